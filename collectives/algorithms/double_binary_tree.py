@@ -1,0 +1,110 @@
+"""NCCL's double binary tree AllReduce (Sanders, Speck & Träff 2009; NCCL 2.4, ``src/graph/trees.cc``).
+
+Tree A is NCCL's ``ncclGetBtree``: the parent of r > 0 is ``(r ^ b) | (b << 1)`` with b the lowest set bit of
+r, or ``r ^ b`` when that is out of range; the root is 0. Tree B is tree A mirrored (r -> n-1-r) when n is
+even and shifted by one (r -> r+1) when n is odd, so that the leaves of one tree are the inner nodes of
+the other. Each tree reduces and broadcasts one half of the buffer, pipelined in K chunks: a node of height
+h sends chunk j to its parent at step j + h, and a node at depth d sends chunk j to its children at step
+j + H + d (H: the tree's height). Steps: K + 2H - 1; every rank sends and receives about M in all, and no
+link carries more than M/2 per tree, which is why the tree gets close to ring bandwidth at log latency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import layouts
+from ..primitives import Op, block_sizes
+from ..schedule import Schedule, Step, Transfers
+from ._base import Cost, Request, pipeline_chunks, register
+
+
+def btree_parents(n: int) -> np.ndarray:
+    """NCCL ncclGetBtree parent of every rank (-1 for the root 0)."""
+    r = np.arange(n)
+    low = r & -r
+    up = (r ^ low) | (low << 1)
+    up = np.where(up >= n, r ^ low, up)
+    up[0] = -1
+    return up
+
+
+def dtree_parents(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parents in NCCL's two trees (ncclGetDtree)."""
+    first = btree_parents(n)
+    r = np.arange(n)
+    if n % 2:
+        shifted = first[(r - 1) % n]
+        second = np.where(shifted < 0, -1, (shifted + 1) % n)
+    else:
+        mirrored = first[n - 1 - r]
+        second = np.where(mirrored < 0, -1, n - 1 - mirrored)
+    return first, second
+
+
+def heights_and_depths(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = len(parent)
+    depth = np.zeros(n, dtype=np.int64)
+    for v in range(n):
+        u, d = v, 0
+        while parent[u] >= 0:
+            u, d = parent[u], d + 1
+        depth[v] = d
+    height = np.zeros(n, dtype=np.int64)
+    for v in np.argsort(-depth):  # deepest first: children settle before parents
+        if parent[v] >= 0:
+            height[parent[v]] = max(height[parent[v]], height[v] + 1)
+    return height, depth
+
+
+def _tree_steps(parent: np.ndarray, first_slot: int, num_chunks: int) -> list[list[Transfers]]:
+    height, depth = heights_and_depths(parent)
+    top = int(height.max(initial=0))
+    child = np.nonzero(parent >= 0)[0]
+    per_step: list[list[Transfers]] = [[] for _ in range(num_chunks + 2 * top - 1)] if top else []
+    for s in range(len(per_step)):
+        up_chunk = s - height[child]
+        live = (up_chunk >= 0) & (up_chunk < num_chunks)
+        c = child[live]
+        per_step[s].append(Transfers.of(c, parent[c], up_chunk[live] + first_slot, up_chunk[live] + first_slot, True))
+        down_chunk = s - top - depth[parent[child]]
+        live = (down_chunk >= 0) & (down_chunk < num_chunks)
+        c = child[live]
+        slot = down_chunk[live] + first_slot
+        per_step[s].append(Transfers.of(parent[c], c, slot, slot, False))
+    return per_step
+
+
+def _cost(req: Request) -> Cost:
+    n = req.num_ranks
+    if n == 1:
+        return Cost(0, 0, 0)
+    k = pipeline_chunks(req.message_bytes)
+    sizes = block_sizes(req.count, 2 * k) * req.itemsize
+    halves = (int(sizes[:k].sum()), int(sizes[k:].sum()))
+    moved = np.zeros(n, dtype=np.int64)
+    steps = 0
+    for parent, half in zip(dtree_parents(n), halves, strict=True):
+        children = np.bincount(parent[parent >= 0], minlength=n)
+        moved += (children + (parent >= 0)) * half
+        steps = max(steps, k + 2 * int(heights_and_depths(parent)[0].max()) - 1)
+    # each tree edge carries the half once up and once down, so every rank sends what it receives
+    return Cost(steps, int(moved.max()), int(moved.max()))
+
+
+@register("double_binary_tree", Op.ALLREDUCE, cost=_cost,
+          formula="(K + 2·⌈log2 n⌉)·(α + M/(2K)·β), K pipeline chunks; ≈ M per rank each way",
+          source="Sanders, Speck & Träff 2009; NCCL src/graph/trees.cc")
+def double_binary_tree_allreduce(req: Request) -> Schedule:
+    n = req.num_ranks
+    k = pipeline_chunks(req.message_bytes)
+    layout = layouts.chunked(Op.ALLREDUCE, req.count, 2 * k)
+
+    def steps():
+        if n == 1:
+            return
+        trees = [_tree_steps(parent, first, k) for parent, first in zip(dtree_parents(n), (0, k), strict=True)]
+        for s in range(max(len(t) for t in trees)):
+            yield Step.of(*(x for t in trees if s < len(t) for x in t[s]))
+
+    return Schedule(req.op, "double_binary_tree", n, req.count, req.itemsize, layout, steps)

@@ -1,0 +1,88 @@
+"""Recursive doubling (Thakur, Rabenseifner & Gropp 2005 §4.1, §4.4).
+
+AllReduce: at step k every rank exchanges its whole (partially reduced) buffer with rank r xor 2^k and
+reduces: log2(n) steps of M each way. A non-power-of-two n is folded first (MPICH's approach): with p the
+largest power of two <= n, each of the n-p extra ranks p+j sends its buffer to rank j, the p ranks run
+recursive doubling, and rank j sends the result back: log2(p) + 2 steps.
+
+AllGather: at step k rank r exchanges the 2^k blocks it holds with r xor 2^k: log2(n) steps,
+(n-1)/n M each way; power-of-two n only (the non-power-of-two variant is Bruck's, see bruck.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import layouts
+from ..primitives import Op
+from ..schedule import Schedule, Step, Transfers
+from ._base import Cost, Request, floor_pow2, need_pow2, register, share
+
+
+def fold_in(n: int, slots, reduce: bool = True) -> Step:
+    """Extra ranks p..n-1 hand their slots to ranks 0..n-p-1 (the non-power-of-two pre-step)."""
+    p = floor_pow2(n)
+    extra = np.arange(p, n)
+    src, slot = np.meshgrid(extra, slots, indexing="ij")
+    return Step.of(Transfers.of(src, src - p, slot, slot, reduce))
+
+
+def fold_out(n: int, slots) -> Step:
+    """Ranks 0..n-p-1 return the finished slots to the extra ranks (the non-power-of-two post-step)."""
+    p = floor_pow2(n)
+    extra = np.arange(p, n)
+    dst, slot = np.meshgrid(extra, slots, indexing="ij")
+    return Step.of(Transfers.of(dst - p, dst, slot, slot, False))
+
+
+def _cost_allreduce(req: Request) -> Cost:
+    n, m = req.num_ranks, req.message_bytes
+    p = floor_pow2(n)
+    rounds = p.bit_length() - 1 + (1 if n > p else 0)
+    return Cost(p.bit_length() - 1 + (2 if n > p else 0), rounds * m, rounds * m)
+
+
+@register("recursive_doubling", Op.ALLREDUCE, cost=_cost_allreduce,
+          formula="log2(n)·α + log2(n)·M·β (+2 fold steps of M when n is not a power of two)",
+          source="Thakur, Rabenseifner & Gropp 2005 §4.4; MPICH allreduce")
+def recursive_doubling_allreduce(req: Request) -> Schedule:
+    n = req.num_ranks
+    p = floor_pow2(n)
+    layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
+
+    def steps():
+        if n > p:
+            yield fold_in(n, [0])
+        r = np.arange(p)
+        mask = 1
+        while mask < p:
+            yield Step.of(Transfers.of(r, r ^ mask, 0, 0, True))
+            mask <<= 1
+        if n > p:
+            yield fold_out(n, [0])
+
+    return Schedule(req.op, "recursive_doubling", n, req.count, req.itemsize, layout, steps)
+
+
+def _cost_allgather(req: Request) -> Cost:
+    n, m = req.num_ranks, req.message_bytes
+    return Cost(n.bit_length() - 1, share(m, n - 1, n), share(m, n - 1, n))
+
+
+@register("recursive_doubling", Op.ALLGATHER, cost=_cost_allgather, check=need_pow2,
+          formula="log2(n)·α + (n-1)/n·M·β", source="Thakur, Rabenseifner & Gropp 2005 §4.1")
+def recursive_doubling_allgather(req: Request) -> Schedule:
+    n = req.num_ranks
+    layout = layouts.blocked(Op.ALLGATHER, req.count, n)
+
+    def steps():
+        r = np.arange(n)
+        mask = 1
+        while mask < n:
+            # rank r holds the blocks of its aligned group of size mask: base(r) .. base(r)+mask-1
+            held = (r & ~(mask - 1))[:, None] + np.arange(mask)[None, :]
+            src = np.broadcast_to(r[:, None], held.shape)
+            yield Step.of(Transfers.of(src, src ^ mask, held, held, False))
+            mask <<= 1
+
+    return Schedule(req.op, "recursive_doubling", n, req.count, req.itemsize, layout, steps)
