@@ -26,9 +26,11 @@ def main(ranks: int = 1024, count: int = 1 << 20) -> None:
     del inputs
     worst = max(float(np.abs(out - expected).max()) for out in run.outputs[:: max(1, ranks // 16)])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"ring allreduce {ranks} ranks x {count} float32: {elapsed:.2f} s, {run.steps} steps, "
-          f"{run.bytes_sent.max()} B sent per rank (closed form {2 * (ranks - 1) * count * 4 // ranks}), "
-          f"max error {worst}, peak RSS {peak:.2f} GiB (inputs included)")
+    print(
+        f"ring allreduce {ranks} ranks x {count} float32: {elapsed:.2f} s, {run.steps} steps, "
+        f"{run.bytes_sent.max()} B sent per rank (closed form {2 * (ranks - 1) * count * 4 // ranks}), "
+        f"max error {worst}, peak RSS {peak:.2f} GiB (inputs included)"
+    )
 
 
 if __name__ == "__main__":

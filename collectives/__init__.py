@@ -25,8 +25,9 @@ from .schedule import Schedule, Step, StepClass, Transfers
 from .verify import Verification, verify
 
 
-def build_schedule(op, algorithm: str, num_ranks: int, count: int, itemsize: int = 4, *, root: int = 0,
-                   local_size: int = 1) -> Schedule:
+def build_schedule(
+    op, algorithm: str, num_ranks: int, count: int, itemsize: int = 4, *, root: int = 0, local_size: int = 1
+) -> Schedule:
     """The schedule of ``algorithm`` for ``op`` over ``num_ranks`` ranks and a ``count``-element message."""
     req = Request(parse_op(op), num_ranks, count, itemsize, root, local_size)
     impl = lookup(algorithm, req.op)
@@ -52,7 +53,25 @@ def catalogue() -> list[dict]:
 
 
 __all__ = [
-    "CollectiveError", "Cost", "Execution", "Op", "Reduction", "Request", "Schedule", "Step", "StepClass",
-    "Transfers", "Verification", "block_sizes", "build_schedule", "busbw_factor", "catalogue", "closed_form",
-    "execute", "parse_dtype", "parse_op", "reference", "verify",
+    "CollectiveError",
+    "Cost",
+    "Execution",
+    "Op",
+    "Reduction",
+    "Request",
+    "Schedule",
+    "Step",
+    "StepClass",
+    "Transfers",
+    "Verification",
+    "block_sizes",
+    "build_schedule",
+    "busbw_factor",
+    "catalogue",
+    "closed_form",
+    "execute",
+    "parse_dtype",
+    "parse_op",
+    "reference",
+    "verify",
 ]

@@ -109,9 +109,7 @@ def check_count(op: Op, count: int, n: int) -> None:
     if count < 0:
         raise CollectiveError("count", f"count must be >= 0, got {count}")
     if op is Op.ALLTOALL and count % n:
-        raise CollectiveError(
-            "count", f"alltoall needs equal blocks: count {count} is not a multiple of num_ranks {n}"
-        )
+        raise CollectiveError("count", f"alltoall needs equal blocks: count {count} is not a multiple of num_ranks {n}")
     if op is Op.SENDRECV and n != 2:
         raise CollectiveError("num_ranks", f"sendrecv is between 2 ranks, got {n}")
 

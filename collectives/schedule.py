@@ -158,3 +158,19 @@ def compress(steps: Iterator[Step], slot_bytes: np.ndarray) -> list[StepClass]:
 def _wire_part(t: Transfers, slot_bytes: np.ndarray):
     remote = t.src != t.dst
     return t.src[remote], t.dst[remote], slot_bytes[t.src_slot[remote]]
+
+
+def merge(classes: list[StepClass], label: str = "pipelined") -> list[StepClass]:
+    """One class for a pipelined schedule: its steps overlap on different links, so it is charged every
+    step's latency but only the busiest link's total bytes (the steady-state bound)."""
+    if not classes:
+        return []
+    return [
+        StepClass(
+            sum(c.repeat for c in classes),
+            np.concatenate([c.src for c in classes]),
+            np.concatenate([c.dst for c in classes]),
+            np.concatenate([c.nbytes for c in classes]),
+            label,
+        )
+    ]

@@ -45,8 +45,17 @@ def random_inputs(op: Op, n: int, count: int, dtype: np.dtype, seed: int, root: 
     return [rng.integers(low, high, int(s), endpoint=True).astype(dtype) for s in sizes]
 
 
-def verify(op, algorithm: str, num_ranks: int, count: int, dtype="float32", seed: int = 0,
-           reduction="sum", root: int = 0, local_size: int = 1) -> Verification:
+def verify(
+    op,
+    algorithm: str,
+    num_ranks: int,
+    count: int,
+    dtype="float32",
+    seed: int = 0,
+    reduction="sum",
+    root: int = 0,
+    local_size: int = 1,
+) -> Verification:
     op, dtype, reduction = parse_op(op), parse_dtype(dtype), parse_reduction(reduction)
     check_reduction_dtype(reduction, dtype)
     req = Request(op, num_ranks, count, dtype.itemsize, root, local_size)

@@ -31,8 +31,13 @@ def _cost_direct(req: Request) -> Cost:
     return Cost(1 if n > 1 else 0, share(m, n - 1, n), share(m, n - 1, n))
 
 
-@register("pairwise", Op.ALLTOALL, cost=_cost_pairwise, formula="(n-1)·α + (n-1)/n·M·β",
-          source="Thakur, Rabenseifner & Gropp 2005 §4.6 (pairwise exchange)")
+@register(
+    "pairwise",
+    Op.ALLTOALL,
+    cost=_cost_pairwise,
+    formula="(n-1)·α + (n-1)/n·M·β",
+    source="Thakur, Rabenseifner & Gropp 2005 §4.6 (pairwise exchange)",
+)
 def pairwise_alltoall(req: Request) -> Schedule:
     n = req.num_ranks
     r = np.arange(n)
@@ -46,8 +51,13 @@ def pairwise_alltoall(req: Request) -> Schedule:
     return Schedule(req.op, "pairwise", n, req.count, req.itemsize, layouts.alltoall(req.count, n), steps)
 
 
-@register("direct", Op.ALLTOALL, cost=_cost_direct, formula="α + (n-1)/n·M·β (all peers at once)",
-          source="NCCL all-to-all as grouped ncclSend/ncclRecv")
+@register(
+    "direct",
+    Op.ALLTOALL,
+    cost=_cost_direct,
+    formula="α + (n-1)/n·M·β (all peers at once)",
+    source="NCCL all-to-all as grouped ncclSend/ncclRecv",
+)
 def direct_alltoall(req: Request) -> Schedule:
     n = req.num_ranks
     src, dst = np.nonzero(~np.eye(n, dtype=bool))

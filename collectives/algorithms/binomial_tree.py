@@ -31,8 +31,9 @@ def reduce_steps(n: int, root: int):
 def _rooted(req: Request, steps_fn) -> Schedule:
     layout = layouts.chunked(req.op, req.count, 1, req.root)
     n = req.num_ranks
-    return Schedule(req.op, "binomial_tree", n, req.count, req.itemsize, layout,
-                    lambda: steps_fn(n, req.root), root=req.root)
+    return Schedule(
+        req.op, "binomial_tree", n, req.count, req.itemsize, layout, lambda: steps_fn(n, req.root), root=req.root
+    )
 
 
 def _cost_broadcast(req: Request) -> Cost:
@@ -50,20 +51,35 @@ def _cost_allreduce(req: Request) -> Cost:
     return Cost(2 * depth, depth * req.message_bytes, depth * req.message_bytes)
 
 
-@register("binomial_tree", Op.BROADCAST, cost=_cost_broadcast, formula="⌈log2 n⌉·(α + M·β)",
-          source="Thakur, Rabenseifner & Gropp 2005 §4.2")
+@register(
+    "binomial_tree",
+    Op.BROADCAST,
+    cost=_cost_broadcast,
+    formula="⌈log2 n⌉·(α + M·β)",
+    source="Thakur, Rabenseifner & Gropp 2005 §4.2",
+)
 def binomial_broadcast(req: Request) -> Schedule:
     return _rooted(req, broadcast_steps)
 
 
-@register("binomial_tree", Op.REDUCE, cost=_cost_reduce, formula="⌈log2 n⌉·(α + M·β + M·γ)",
-          source="Thakur, Rabenseifner & Gropp 2005 §4.5")
+@register(
+    "binomial_tree",
+    Op.REDUCE,
+    cost=_cost_reduce,
+    formula="⌈log2 n⌉·(α + M·β + M·γ)",
+    source="Thakur, Rabenseifner & Gropp 2005 §4.5",
+)
 def binomial_reduce(req: Request) -> Schedule:
     return _rooted(req, reduce_steps)
 
 
-@register("binomial_tree", Op.ALLREDUCE, cost=_cost_allreduce, formula="2⌈log2 n⌉·(α + M·β)",
-          source="reduce + broadcast on a binomial tree; Thakur, Rabenseifner & Gropp 2005")
+@register(
+    "binomial_tree",
+    Op.ALLREDUCE,
+    cost=_cost_allreduce,
+    formula="2⌈log2 n⌉·(α + M·β)",
+    source="reduce + broadcast on a binomial tree; Thakur, Rabenseifner & Gropp 2005",
+)
 def binomial_allreduce(req: Request) -> Schedule:
     n = req.num_ranks
 

@@ -25,8 +25,13 @@ def _cost_allgather(req: Request) -> Cost:
     return Cost(ceil_log2(n), share(m, n - 1, n), share(m, n - 1, n))
 
 
-@register("bruck", Op.ALLGATHER, cost=_cost_allgather, formula="⌈log2 n⌉·α + (n-1)/n·M·β",
-          source="Bruck et al. 1997; Thakur, Rabenseifner & Gropp 2005 §4.1")
+@register(
+    "bruck",
+    Op.ALLGATHER,
+    cost=_cost_allgather,
+    formula="⌈log2 n⌉·α + (n-1)/n·M·β",
+    source="Bruck et al. 1997; Thakur, Rabenseifner & Gropp 2005 §4.1",
+)
 def bruck_allgather(req: Request) -> Schedule:
     n = req.num_ranks
     layout = layouts.blocked(Op.ALLGATHER, req.count, n)
@@ -49,9 +54,13 @@ def _cost_alltoall(req: Request) -> Cost:
     return Cost(ceil_log2(n), moved, moved)
 
 
-@register("bruck", Op.ALLTOALL, cost=_cost_alltoall,
-          formula="⌈log2 n⌉·α + ⌈log2 n⌉/2·M·β (n a power of two)",
-          source="Bruck et al. 1997; Thakur, Rabenseifner & Gropp 2005 §4.6")
+@register(
+    "bruck",
+    Op.ALLTOALL,
+    cost=_cost_alltoall,
+    formula="⌈log2 n⌉·α + ⌈log2 n⌉/2·M·β (n a power of two)",
+    source="Bruck et al. 1997; Thakur, Rabenseifner & Gropp 2005 §4.6",
+)
 def bruck_alltoall(req: Request) -> Schedule:
     n = req.num_ranks
     work = 2 * n  # slots 2n .. 3n-1 hold the rotated buffer

@@ -22,8 +22,9 @@ def _cost_sendrecv(req: Request) -> Cost:
 @register("direct", Op.SENDRECV, cost=_cost_sendrecv, formula="α + M·β", source="NCCL ncclSend/ncclRecv")
 def direct_sendrecv(req: Request) -> Schedule:
     layout = layouts.sendrecv(req.count)
-    return Schedule(req.op, "direct", 2, req.count, req.itemsize, layout,
-                    lambda: iter([Step.of(Transfers.of(0, 1, 0, 0, False))]))
+    return Schedule(
+        req.op, "direct", 2, req.count, req.itemsize, layout, lambda: iter([Step.of(Transfers.of(0, 1, 0, 0, False))])
+    )
 
 
 def _others_bytes(req: Request) -> tuple[int, int]:
@@ -47,19 +48,109 @@ def _others(req: Request) -> np.ndarray:
     return np.delete(np.arange(req.num_ranks), req.root)
 
 
-@register("direct", Op.GATHER, cost=_cost_gather, formula="α + (n-1)/n·M·β at the root",
-          source="MPI linear gather; NCCL grouped send/recv")
+@register(
+    "direct",
+    Op.GATHER,
+    cost=_cost_gather,
+    formula="α + (n-1)/n·M·β at the root",
+    source="MPI linear gather; NCCL grouped send/recv",
+)
 def direct_gather(req: Request) -> Schedule:
     layout = layouts.blocked(Op.GATHER, req.count, req.num_ranks, req.root)
     others = _others(req)
-    return Schedule(req.op, "direct", req.num_ranks, req.count, req.itemsize, layout,
-                    lambda: iter([Step.of(Transfers.of(others, req.root, others, others, False))]), root=req.root)
+    return Schedule(
+        req.op,
+        "direct",
+        req.num_ranks,
+        req.count,
+        req.itemsize,
+        layout,
+        lambda: iter([Step.of(Transfers.of(others, req.root, others, others, False))]),
+        root=req.root,
+    )
 
 
-@register("direct", Op.SCATTER, cost=_cost_scatter, formula="α + (n-1)/n·M·β at the root",
-          source="MPI linear scatter; NCCL grouped send/recv")
+@register(
+    "direct",
+    Op.SCATTER,
+    cost=_cost_scatter,
+    formula="α + (n-1)/n·M·β at the root",
+    source="MPI linear scatter; NCCL grouped send/recv",
+)
 def direct_scatter(req: Request) -> Schedule:
     layout = layouts.blocked(Op.SCATTER, req.count, req.num_ranks, req.root)
     others = _others(req)
-    return Schedule(req.op, "direct", req.num_ranks, req.count, req.itemsize, layout,
-                    lambda: iter([Step.of(Transfers.of(req.root, others, others, others, False))]), root=req.root)
+    return Schedule(
+        req.op,
+        "direct",
+        req.num_ranks,
+        req.count,
+        req.itemsize,
+        layout,
+        lambda: iter([Step.of(Transfers.of(req.root, others, others, others, False))]),
+        root=req.root,
+    )
+
+
+# Direct ("mesh") reduce-scatter / all-gather / allreduce: every rank talks to every other rank in one
+# step, using all n-1 links of a full mesh at once (Huawei HCCL's mesh algorithm; TensorRT-LLM's
+# one-shot/two-shot allreduce on NVSwitch). Same bytes as the ring, 1 or 2 steps.
+
+
+def _cost_mesh(passes: int):
+    def cost(req: Request) -> Cost:
+        n, m = req.num_ranks, req.message_bytes
+        moved = passes * (m * (n - 1) // n)
+        return Cost(passes * int(n > 1), moved, moved)
+
+    return cost
+
+
+def _scatter_reduce(n: int) -> Transfers:
+    src, dst = np.nonzero(~np.eye(n, dtype=bool))
+    return Transfers.of(src, dst, dst, dst, True)
+
+
+def _all_gather(n: int) -> Transfers:
+    src, dst = np.nonzero(~np.eye(n, dtype=bool))
+    return Transfers.of(src, dst, src, src, False)
+
+
+def _mesh(req: Request, layout, parts) -> Schedule:
+    n = req.num_ranks
+
+    def steps():
+        if n > 1:
+            for make in parts:
+                yield Step.of(make(n))
+
+    return Schedule(req.op, "direct", n, req.count, req.itemsize, layout, steps)
+
+
+_MESH_SOURCE = "HCCL mesh algorithm on full-mesh NPU boards; TensorRT-LLM two-shot allreduce"
+
+
+@register(
+    "direct",
+    Op.REDUCESCATTER,
+    cost=_cost_mesh(1),
+    formula="α + (n-1)/n·M·β over n-1 links at once",
+    source=_MESH_SOURCE,
+)
+def direct_reducescatter(req: Request) -> Schedule:
+    return _mesh(req, layouts.blocked(Op.REDUCESCATTER, req.count, req.num_ranks), [_scatter_reduce])
+
+
+@register(
+    "direct", Op.ALLGATHER, cost=_cost_mesh(1), formula="α + (n-1)/n·M·β over n-1 links at once", source=_MESH_SOURCE
+)
+def direct_allgather(req: Request) -> Schedule:
+    return _mesh(req, layouts.blocked(Op.ALLGATHER, req.count, req.num_ranks), [_all_gather])
+
+
+@register(
+    "direct", Op.ALLREDUCE, cost=_cost_mesh(2), formula="2·α + 2(n-1)/n·M·β over n-1 links at once", source=_MESH_SOURCE
+)
+def direct_allreduce(req: Request) -> Schedule:
+    layout = layouts.chunked(Op.ALLREDUCE, req.count, req.num_ranks)
+    return _mesh(req, layout, [_scatter_reduce, _all_gather])

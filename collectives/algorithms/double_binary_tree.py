@@ -11,11 +11,13 @@ link carries more than M/2 per tree, which is why the tree gets close to ring ba
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .. import layouts
 from ..primitives import Op, block_sizes
-from ..schedule import Schedule, Step, Transfers
+from ..schedule import Schedule, Step, StepClass, Transfers
 from ._base import Cost, Request, pipeline_chunks, register
 
 
@@ -29,6 +31,7 @@ def btree_parents(n: int) -> np.ndarray:
     return up
 
 
+@lru_cache(maxsize=256)
 def dtree_parents(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Parents in NCCL's two trees (ncclGetDtree)."""
     first = btree_parents(n)
@@ -43,6 +46,12 @@ def dtree_parents(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def heights_and_depths(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return _shape(parent.tobytes())
+
+
+@lru_cache(maxsize=512)
+def _shape(parent_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
+    parent = np.frombuffer(parent_bytes, dtype=np.int64)
     n = len(parent)
     depth = np.zeros(n, dtype=np.int64)
     for v in range(n):
@@ -92,9 +101,13 @@ def _cost(req: Request) -> Cost:
     return Cost(steps, int(moved.max()), int(moved.max()))
 
 
-@register("double_binary_tree", Op.ALLREDUCE, cost=_cost,
-          formula="(K + 2·⌈log2 n⌉)·(α + M/(2K)·β), K pipeline chunks; ≈ M per rank each way",
-          source="Sanders, Speck & Träff 2009; NCCL src/graph/trees.cc")
+@register(
+    "double_binary_tree",
+    Op.ALLREDUCE,
+    cost=_cost,
+    formula="(K + 2·⌈log2 n⌉)·(α + M/(2K)·β), K pipeline chunks; ≈ M per rank each way",
+    source="Sanders, Speck & Träff 2009; NCCL src/graph/trees.cc",
+)
 def double_binary_tree_allreduce(req: Request) -> Schedule:
     n = req.num_ranks
     k = pipeline_chunks(req.message_bytes)
@@ -107,4 +120,21 @@ def double_binary_tree_allreduce(req: Request) -> Schedule:
         for s in range(max(len(t) for t in trees)):
             yield Step.of(*(x for t in trees if s < len(t) for x in t[s]))
 
-    return Schedule(req.op, "double_binary_tree", n, req.count, req.itemsize, layout, steps)
+    schedule = Schedule(req.op, "double_binary_tree", n, req.count, req.itemsize, layout, steps)
+    schedule._classes = lambda: _pipelined_class(n, k, schedule.slot_bytes)
+    return schedule
+
+
+def _pipelined_class(n: int, k: int, slot_bytes: np.ndarray) -> list[StepClass]:
+    """The whole pipeline as one class (see schedule.merge): every tree edge carries its tree's half once
+    up and once down."""
+    if n == 1:
+        return []
+    srcs, dsts, sizes, steps = [], [], [], 0
+    for parent, half in zip(dtree_parents(n), (slot_bytes[:k].sum(), slot_bytes[k:].sum()), strict=True):
+        child = np.nonzero(parent >= 0)[0]
+        srcs += [child, parent[child]]
+        dsts += [parent[child], child]
+        sizes.append(np.full(2 * len(child), half, dtype=np.int64))
+        steps = max(steps, k + 2 * int(heights_and_depths(parent)[0].max()) - 1)
+    return [StepClass(steps, np.concatenate(srcs), np.concatenate(dsts), np.concatenate(sizes), "pipelined trees")]

@@ -62,8 +62,9 @@ def _cost_allreduce(req: Request) -> Cost:
     owner = ranks = np.arange(p)
     kept = _kept_bytes(sizes, owner, p)
     # in the doubling phase rank r receives what its partner r ^ 2^j holds
-    partner_held = sum((_held_bytes(sizes, owner, j, ranks ^ (1 << j)) for j in range(p.bit_length() - 1)),
-                       np.zeros(p, np.int64))
+    partner_held = sum(
+        (_held_bytes(sizes, owner, j, ranks ^ (1 << j)) for j in range(p.bit_length() - 1)), np.zeros(p, np.int64)
+    )
     folded = ranks < n - p
     sent = (m - sizes) + kept + folded * m
     received = kept + partner_held + folded * m
@@ -72,9 +73,13 @@ def _cost_allreduce(req: Request) -> Cost:
     return Cost(steps, int(max(sent.max(), extra)), int(max(received.max(), extra)))
 
 
-@register("halving_doubling", Op.ALLREDUCE, cost=_cost_allreduce,
-          formula="2·log2(p)·α + 2(p-1)/p·M·β (p = n a power of two; else +2 steps and +M)",
-          source="Rabenseifner 2004; Thakur, Rabenseifner & Gropp 2005 §4.4")
+@register(
+    "halving_doubling",
+    Op.ALLREDUCE,
+    cost=_cost_allreduce,
+    formula="2·log2(p)·α + 2(p-1)/p·M·β (p = n a power of two; else +2 steps and +M)",
+    source="Rabenseifner 2004; Thakur, Rabenseifner & Gropp 2005 §4.4",
+)
 def halving_doubling_allreduce(req: Request) -> Schedule:
     n = req.num_ranks
     p = floor_pow2(n)
@@ -117,9 +122,13 @@ def _cost_reducescatter(req: Request) -> Cost:
     return Cost(steps, int(max(sent.max(), extra_sent)), int(max(received.max(), extra_received)))
 
 
-@register("halving_doubling", Op.REDUCESCATTER, cost=_cost_reducescatter,
-          formula="log2(p)·α + (p-1)/p·M·β (p = n a power of two; else +2 steps and +M)",
-          source="Thakur, Rabenseifner & Gropp 2005 §4.3 (recursive halving); MPICH reduce_scatter")
+@register(
+    "halving_doubling",
+    Op.REDUCESCATTER,
+    cost=_cost_reducescatter,
+    formula="log2(p)·α + (p-1)/p·M·β (p = n a power of two; else +2 steps and +M)",
+    source="Thakur, Rabenseifner & Gropp 2005 §4.3 (recursive halving); MPICH reduce_scatter",
+)
 def halving_doubling_reducescatter(req: Request) -> Schedule:
     n = req.num_ranks
     p = floor_pow2(n)

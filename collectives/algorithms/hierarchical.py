@@ -102,23 +102,41 @@ def _cost_one_pass_gather(req: Request) -> Cost:
 _SOURCE = "Jia et al. 2018 (2D/hierarchical ring); NCCL CollNet; Horovod hierarchical allreduce"
 
 
-@register("hierarchical", Op.ALLREDUCE, cost=_cost_allreduce, check=_check, source=_SOURCE,
-          formula="2(g-1)·α_intra + 2(g-1)/g·M·β_intra + 2(N-1)·α_inter + 2(N-1)/(N·g)·M·β_inter")
+@register(
+    "hierarchical",
+    Op.ALLREDUCE,
+    cost=_cost_allreduce,
+    check=_check,
+    source=_SOURCE,
+    formula="2(g-1)·α_intra + 2(g-1)/g·M·β_intra + 2(N-1)·α_inter + 2(N-1)/(N·g)·M·β_inter",
+)
 def hierarchical_allreduce(req: Request) -> Schedule:
     layout = layouts.chunked(Op.ALLREDUCE, req.count, req.num_ranks)
     plan = [("intra", True), ("inter", True), ("inter", False), ("intra", False)]
     return _hierarchical(req, layout, plan)
 
 
-@register("hierarchical", Op.REDUCESCATTER, cost=_cost_one_pass, check=_check, source=_SOURCE,
-          formula="(g-1)·α_intra + (g-1)/g·M·β_intra + (N-1)·α_inter + (N-1)/(N·g)·M·β_inter")
+@register(
+    "hierarchical",
+    Op.REDUCESCATTER,
+    cost=_cost_one_pass,
+    check=_check,
+    source=_SOURCE,
+    formula="(g-1)·α_intra + (g-1)/g·M·β_intra + (N-1)·α_inter + (N-1)/(N·g)·M·β_inter",
+)
 def hierarchical_reducescatter(req: Request) -> Schedule:
     layout = layouts.blocked(Op.REDUCESCATTER, req.count, req.num_ranks)
     return _hierarchical(req, layout, [("intra", True), ("inter", True)])
 
 
-@register("hierarchical", Op.ALLGATHER, cost=_cost_one_pass_gather, check=_check, source=_SOURCE,
-          formula="(N-1)·α_inter + (N-1)/(N·g)·M·β_inter + (g-1)·α_intra + (g-1)/g·M·β_intra")
+@register(
+    "hierarchical",
+    Op.ALLGATHER,
+    cost=_cost_one_pass_gather,
+    check=_check,
+    source=_SOURCE,
+    formula="(N-1)·α_inter + (N-1)/(N·g)·M·β_inter + (g-1)·α_intra + (g-1)/g·M·β_intra",
+)
 def hierarchical_allgather(req: Request) -> Schedule:
     layout = layouts.blocked(Op.ALLGATHER, req.count, req.num_ranks)
     return _hierarchical(req, layout, [("inter", False), ("intra", False)])
@@ -131,9 +149,14 @@ def _cost_alltoall(req: Request) -> Cost:
     return Cost(int(g > 1) + int(nodes > 1), moved, moved)
 
 
-@register("hierarchical", Op.ALLTOALL, cost=_cost_alltoall, check=_check,
-          formula="α_intra + (g-1)/g·M·β_intra + α_inter + (N-1)/N·M·β_inter",
-          source="NCCL PXN (2.12): gather per rail inside the node, then one send per remote node")
+@register(
+    "hierarchical",
+    Op.ALLTOALL,
+    cost=_cost_alltoall,
+    check=_check,
+    formula="α_intra + (g-1)/g·M·β_intra + α_inter + (N-1)/N·M·β_inter",
+    source="NCCL PXN (2.12): gather per rail inside the node, then one send per remote node",
+)
 def hierarchical_alltoall(req: Request) -> Schedule:
     n, g = req.num_ranks, req.local_size
     nodes = n // g

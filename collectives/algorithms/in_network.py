@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import layouts
 from ..primitives import Op, block_sizes
-from ..schedule import Schedule, Step, Transfers
+from ..schedule import Schedule, Step, Transfers, compress, merge
 from ._base import Cost, Request, register
 
 _SOURCE = "NCCL NVLS (2.17+); Graham et al. 2016 (SHARP)"
@@ -30,7 +30,11 @@ def _to_switch(n: int, slots, reduce: bool) -> Step:
 
 
 def _schedule(req: Request, layout, steps) -> Schedule:
-    return Schedule(req.op, "in_network", req.num_ranks, req.count, req.itemsize, layout, steps, num_virtual=1)
+    """Up and down use opposite link directions and the switch streams them (NVLS pipelines its chunks),
+    so for pricing both steps form one class: two latency terms, one bandwidth term."""
+    schedule = Schedule(req.op, "in_network", req.num_ranks, req.count, req.itemsize, layout, steps, num_virtual=1)
+    schedule._classes = lambda: merge(compress(steps(), schedule.slot_bytes), "pipelined up and down")
+    return schedule
 
 
 def _cost_allreduce(req: Request) -> Cost:
@@ -38,8 +42,13 @@ def _cost_allreduce(req: Request) -> Cost:
     return Cost(2, m, m) if req.num_ranks > 1 else Cost(0, 0, 0)
 
 
-@register("in_network", Op.ALLREDUCE, cost=_cost_allreduce, formula="2·α + M·β (switch reduces and multicasts)",
-          source=_SOURCE)
+@register(
+    "in_network",
+    Op.ALLREDUCE,
+    cost=_cost_allreduce,
+    formula="2·α + M·β (switch reduces and multicasts)",
+    source=_SOURCE,
+)
 def in_network_allreduce(req: Request) -> Schedule:
     n = req.num_ranks
     layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
@@ -60,8 +69,7 @@ def _cost_reducescatter(req: Request) -> Cost:
     return Cost(2, req.message_bytes, largest)
 
 
-@register("in_network", Op.REDUCESCATTER, cost=_cost_reducescatter, formula="2·α + M·β up, M/n·β down",
-          source=_SOURCE)
+@register("in_network", Op.REDUCESCATTER, cost=_cost_reducescatter, formula="2·α + M·β up, M/n·β down", source=_SOURCE)
 def in_network_reducescatter(req: Request) -> Schedule:
     n = req.num_ranks
     layout = layouts.blocked(Op.REDUCESCATTER, req.count, n)
@@ -83,8 +91,9 @@ def _cost_allgather(req: Request) -> Cost:
     return Cost(2, largest, req.message_bytes)
 
 
-@register("in_network", Op.ALLGATHER, cost=_cost_allgather, formula="2·α + M/n·β up, M·β down (multicast)",
-          source=_SOURCE)
+@register(
+    "in_network", Op.ALLGATHER, cost=_cost_allgather, formula="2·α + M/n·β up, M·β down (multicast)", source=_SOURCE
+)
 def in_network_allgather(req: Request) -> Schedule:
     n = req.num_ranks
     layout = layouts.blocked(Op.ALLGATHER, req.count, n)

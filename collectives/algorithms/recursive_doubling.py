@@ -42,9 +42,13 @@ def _cost_allreduce(req: Request) -> Cost:
     return Cost(p.bit_length() - 1 + (2 if n > p else 0), rounds * m, rounds * m)
 
 
-@register("recursive_doubling", Op.ALLREDUCE, cost=_cost_allreduce,
-          formula="log2(n)·α + log2(n)·M·β (+2 fold steps of M when n is not a power of two)",
-          source="Thakur, Rabenseifner & Gropp 2005 §4.4; MPICH allreduce")
+@register(
+    "recursive_doubling",
+    Op.ALLREDUCE,
+    cost=_cost_allreduce,
+    formula="log2(n)·α + log2(n)·M·β (+2 fold steps of M when n is not a power of two)",
+    source="Thakur, Rabenseifner & Gropp 2005 §4.4; MPICH allreduce",
+)
 def recursive_doubling_allreduce(req: Request) -> Schedule:
     n = req.num_ranks
     p = floor_pow2(n)
@@ -69,8 +73,14 @@ def _cost_allgather(req: Request) -> Cost:
     return Cost(n.bit_length() - 1, share(m, n - 1, n), share(m, n - 1, n))
 
 
-@register("recursive_doubling", Op.ALLGATHER, cost=_cost_allgather, check=need_pow2,
-          formula="log2(n)·α + (n-1)/n·M·β", source="Thakur, Rabenseifner & Gropp 2005 §4.1")
+@register(
+    "recursive_doubling",
+    Op.ALLGATHER,
+    cost=_cost_allgather,
+    check=need_pow2,
+    formula="log2(n)·α + (n-1)/n·M·β",
+    source="Thakur, Rabenseifner & Gropp 2005 §4.1",
+)
 def recursive_doubling_allgather(req: Request) -> Schedule:
     n = req.num_ranks
     layout = layouts.blocked(Op.ALLGATHER, req.count, n)

@@ -79,20 +79,35 @@ def _cost_one_pass(req: Request) -> Cost:
     return Cost(n - 1, share(m, n - 1, n), share(m, n - 1, n))
 
 
-@register("ring", Op.ALLREDUCE, cost=_cost_allreduce, formula="2(n-1)·α + 2(n-1)/n·M·β",
-          source="Patarasuk & Yuan 2009; NCCL ring")
+@register(
+    "ring",
+    Op.ALLREDUCE,
+    cost=_cost_allreduce,
+    formula="2(n-1)·α + 2(n-1)/n·M·β",
+    source="Patarasuk & Yuan 2009; NCCL ring",
+)
 def ring_allreduce(req: Request) -> Schedule:
     return _ring_schedule(req, layouts.chunked(Op.ALLREDUCE, req.count, req.num_ranks), [True, False])
 
 
-@register("ring", Op.REDUCESCATTER, cost=_cost_one_pass, formula="(n-1)·α + (n-1)/n·M·β",
-          source="Thakur, Rabenseifner & Gropp 2005; NCCL ring")
+@register(
+    "ring",
+    Op.REDUCESCATTER,
+    cost=_cost_one_pass,
+    formula="(n-1)·α + (n-1)/n·M·β",
+    source="Thakur, Rabenseifner & Gropp 2005; NCCL ring",
+)
 def ring_reducescatter(req: Request) -> Schedule:
     return _ring_schedule(req, layouts.blocked(Op.REDUCESCATTER, req.count, req.num_ranks), [True])
 
 
-@register("ring", Op.ALLGATHER, cost=_cost_one_pass, formula="(n-1)·α + (n-1)/n·M·β",
-          source="Thakur, Rabenseifner & Gropp 2005; NCCL ring")
+@register(
+    "ring",
+    Op.ALLGATHER,
+    cost=_cost_one_pass,
+    formula="(n-1)·α + (n-1)/n·M·β",
+    source="Thakur, Rabenseifner & Gropp 2005; NCCL ring",
+)
 def ring_allgather(req: Request) -> Schedule:
     return _ring_schedule(req, layouts.blocked(Op.ALLGATHER, req.count, req.num_ranks), [False])
 
@@ -104,8 +119,13 @@ def _cost_broadcast(req: Request) -> Cost:
     return Cost(pipeline_chunks(m) + n - 2, m, m)
 
 
-@register("ring", Op.BROADCAST, cost=_cost_broadcast, formula="(K+n-2)·(α + M/K·β), K pipeline chunks",
-          source="pipelined chain broadcast, NCCL ring broadcast; Thakur et al. 2005")
+@register(
+    "ring",
+    Op.BROADCAST,
+    cost=_cost_broadcast,
+    formula="(K+n-2)·(α + M/K·β), K pipeline chunks",
+    source="pipelined chain broadcast, NCCL ring broadcast; Thakur et al. 2005",
+)
 def ring_broadcast(req: Request) -> Schedule:
     n = req.num_ranks
     num_chunks = pipeline_chunks(req.message_bytes)

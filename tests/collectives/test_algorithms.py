@@ -46,8 +46,17 @@ def supported(algorithm: str, op: str, n: int) -> bool:
 
 
 def run(algorithm, op, n, count, dtype="int32", reduction="sum", root=0):
-    return c.verify(op, algorithm, n, count, dtype, seed=n * 1000 + count, reduction=reduction, root=root,
-                    local_size=local_size_for(algorithm, n))
+    return c.verify(
+        op,
+        algorithm,
+        n,
+        count,
+        dtype,
+        seed=n * 1000 + count,
+        reduction=reduction,
+        root=root,
+        local_size=local_size_for(algorithm, n),
+    )
 
 
 @pytest.mark.parametrize(("algorithm", "op"), IMPLS)

@@ -18,8 +18,11 @@ import collectives as c
         ({"op": "allreduce", "algorithm": "ring", "dtype": "int32", "reduction": "avg"}, "reduction", "floating"),
         ({"op": "alltoall", "algorithm": "pairwise", "num_ranks": 3, "count": 10}, "count", "not a multiple"),
         ({"op": "allgather", "algorithm": "recursive_doubling", "num_ranks": 6}, "num_ranks", "power-of-two"),
-        ({"op": "allreduce", "algorithm": "hierarchical", "num_ranks": 6, "local_size": 4}, "num_ranks",
-         "local_size 4 must divide"),
+        (
+            {"op": "allreduce", "algorithm": "hierarchical", "num_ranks": 6, "local_size": 4},
+            "num_ranks",
+            "local_size 4 must divide",
+        ),
         ({"op": "broadcast", "algorithm": "ring", "root": 9}, "root", "not a rank"),
         ({"op": "sendrecv", "algorithm": "direct", "num_ranks": 3}, "num_ranks", "between 2 ranks"),
     ],
@@ -37,5 +40,15 @@ def test_catalogue_lists_every_op_with_formulas():
     ops = {r["op"] for r in rows}
     assert ops == {o.value for o in c.Op}
     assert all(r["formula"] and r["source"] for r in rows)
-    assert {"ring", "recursive_doubling", "halving_doubling", "binomial_tree", "double_binary_tree", "bruck",
-            "pairwise", "direct", "hierarchical", "in_network"} == {r["algorithm"] for r in rows}
+    assert {
+        "ring",
+        "recursive_doubling",
+        "halving_doubling",
+        "binomial_tree",
+        "double_binary_tree",
+        "bruck",
+        "pairwise",
+        "direct",
+        "hierarchical",
+        "in_network",
+    } == {r["algorithm"] for r in rows}

@@ -1,0 +1,445 @@
+"""A cluster as directed links with capacities, and device-to-device routing over them.
+
+Every directed link has an integer id; links of one kind form a *family* laid out so that the link a
+transfer uses is index arithmetic on the device number (``dev_up[d] = d`` and so on). Routing a step of
+16,384 transfers is therefore a handful of numpy operations, with no all-pairs shortest paths:
+
+- inside a node: the intra fabric (switch: device up-link then the destination's down-link; full mesh:
+  the direct link; ring: the shorter way round, split evenly when both ways are equally short);
+- between nodes: device -> its NIC (PCIe) -> network -> the destination's NIC -> device. On a fat-tree
+  the network part is leaf, or leaf -> spines -> leaf; ECMP spreads a leaf's traffic evenly over its
+  spine up-links, so the up-links of one leaf act as one bundle of their summed capacity (exact for an
+  even split). Torus, dragonfly and hypercube networks route over their router graph: every shortest path
+  is equally likely (ECMP), the share of each link comes from shortest-path counts, memoised per router
+  pair.
+
+:meth:`Cluster.graph` builds the same links as a networkx DiGraph with typed nodes for inspection and
+drawing; routing never needs it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from functools import cached_property
+
+import networkx as nx
+import numpy as np
+
+from .._errors import CollectiveError
+from .spec import ClusterSpec, validate_cluster
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: str
+    start: int
+    size: int
+    capacity_GBps: float
+    latency_s: float
+
+
+class Cluster:
+    def __init__(self, spec: ClusterSpec):
+        validate_cluster(spec)
+        self.spec = spec
+        self.num_nodes, self.per_node = spec.num_nodes, spec.devices_per_node
+        self.num_devices = spec.num_devices
+        self.families: dict[str, Family] = {}
+        self._layout_links()
+        self._router_memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
+
+    # ---- link layout -------------------------------------------------------------------------------
+    def _add(self, name: str, kind: str, size: int, capacity: float, latency: float) -> None:
+        start = sum(f.size for f in self.families.values())
+        self.families[name] = Family(name, kind, start, size, capacity, latency)
+
+    def _layout_links(self) -> None:
+        s, n_dev, d = self.spec, self.num_devices, self.per_node
+        intra = s.intra
+        if intra.fabric == "switch":
+            self._add("dev_up", intra.link_name, n_dev, intra.bandwidth_GBps, intra.latency_s / 2)
+            self._add("dev_down", intra.link_name, n_dev, intra.bandwidth_GBps, intra.latency_s / 2)
+        elif intra.fabric == "full_mesh":
+            self._add("mesh", intra.link_name, n_dev * d, intra.bandwidth_GBps, intra.latency_s)
+        elif intra.fabric == "ring":
+            self._add("ring", intra.link_name, n_dev * 2, intra.bandwidth_GBps, intra.latency_s)
+        if self.num_nodes == 1:
+            return
+        k = s.nics_per_node
+        self._add("host_up", "pcie", n_dev, s.pcie_bandwidth_GBps, 0.0)
+        self._add("host_down", "pcie", n_dev, s.pcie_bandwidth_GBps, 0.0)
+        self._add("nic_up", "nic", self.num_nodes * k, s.nic_bandwidth_GBps, s.nic_latency_s)
+        self._add("nic_down", "nic", self.num_nodes * k, s.nic_bandwidth_GBps, s.nic_latency_s)
+        net = s.network
+        if net.topology == "fat_tree":
+            leaves, nics_per_leaf = self._leaf_shape()
+            bundle = nics_per_leaf * s.nic_bandwidth_GBps / net.oversubscription
+            self._add("leaf_up", "leaf_uplink", leaves, bundle, net.switch_latency_s)
+            self._add("leaf_down", "spine_downlink", leaves, bundle, net.switch_latency_s)
+        else:
+            self._add("router", "network_link", len(self.router_links), net.link_bandwidth_GBps, net.switch_latency_s)
+
+    def _leaf_shape(self) -> tuple[int, int]:
+        net, k = self.spec.network, self.spec.nics_per_node
+        units = -(-self.num_nodes // net.nodes_per_leaf)
+        if net.rail_optimized:
+            return units * k, min(net.nodes_per_leaf, self.num_nodes)
+        return units, min(net.nodes_per_leaf, self.num_nodes) * k
+
+    @property
+    def num_links(self) -> int:
+        return sum(f.size for f in self.families.values())
+
+    @cached_property
+    def capacity_GBps(self) -> np.ndarray:
+        return np.concatenate([np.full(f.size, f.capacity_GBps) for f in self.families.values()])
+
+    def rate(self, calibration, in_network: bool = False) -> np.ndarray:
+        """Bytes per second each link really carries: capacity x the calibrated efficiency of its kind
+        (x the in-network reduction efficiency when the switches reduce)."""
+        key = (id(calibration), in_network)
+        cache = self.__dict__.setdefault("_rate_memo", {})
+        if key not in cache:
+            per_family = [
+                np.full(
+                    f.size,
+                    f.capacity_GBps
+                    * 1e9
+                    * (calibration.in_network_efficiency if in_network else calibration.efficiency.get(f.kind, 1.0)),
+                )
+                for f in self.families.values()
+            ]
+            cache[key] = np.concatenate(per_family)
+        return cache[key]
+
+    def describe_link(self, link: int) -> dict:
+        for f in self.families.values():
+            if f.start <= link < f.start + f.size:
+                return {
+                    "id": int(link),
+                    "family": f.name,
+                    "kind": f.kind,
+                    "index": int(link - f.start),
+                    "label": self._label(f, int(link - f.start)),
+                    "capacity_GBps": f.capacity_GBps,
+                }
+        raise CollectiveError("link", f"no link {link}")
+
+    def _label(self, f: Family, i: int) -> str:
+        d, k = self.per_node, self.spec.nics_per_node
+        if f.name in ("dev_up", "host_up"):
+            return f"node {i // d} gpu {i % d} -> {'switch' if f.name == 'dev_up' else 'nic'}"
+        if f.name in ("dev_down", "host_down"):
+            return f"{'switch' if f.name == 'dev_down' else 'nic'} -> node {i // d} gpu {i % d}"
+        if f.name == "mesh":
+            return f"node {i // (d * d)} gpu {i // d % d} -> gpu {i % d}"
+        if f.name == "ring":
+            return f"node {i // (2 * d)} gpu {i // 2 % d} -> gpu {(i // 2 + (1 if i % 2 == 0 else -1)) % d}"
+        if f.name in ("nic_up", "nic_down"):
+            arrow = "-> leaf" if f.name == "nic_up" else "<- leaf"
+            return f"node {i // k} nic {i % k} {arrow}"
+        if f.name == "leaf_up":
+            return f"leaf {i} -> spines"
+        if f.name == "leaf_down":
+            return f"spines -> leaf {i}"
+        u, v = self.router_links[i]
+        return f"router {u} -> router {v}"
+
+    # ---- device coordinates ------------------------------------------------------------------------
+    def node_of(self, dev: np.ndarray) -> np.ndarray:
+        return dev // self.per_node
+
+    def nic_of(self, dev: np.ndarray) -> np.ndarray:
+        """Global NIC index a device sends through: its rail's NIC (NIC i*K/D of its node)."""
+        return self._nic_table[dev]
+
+    def leaf_of_nic(self, nic: np.ndarray) -> np.ndarray:
+        return self._leaf_table[nic]
+
+    @cached_property
+    def _nic_table(self) -> np.ndarray:
+        k, d = self.spec.nics_per_node, self.per_node
+        dev = np.arange(self.num_devices)
+        return dev // d * k + (dev % d) * k // d
+
+    @cached_property
+    def _leaf_table(self) -> np.ndarray:
+        net, k = self.spec.network, self.spec.nics_per_node
+        nic = np.arange(self.num_nodes * k)
+        unit = (nic // k) // net.nodes_per_leaf
+        return unit * k + nic % k if net.rail_optimized else unit
+
+    def check_devices(self, devices: np.ndarray, field: str = "ranks") -> None:
+        if devices.size and (devices.min() < 0 or devices.max() >= self.num_devices):
+            bad = int(devices[(devices < 0) | (devices >= self.num_devices)][0])
+            raise CollectiveError(
+                field, f"device {bad} is outside the cluster's {self.num_devices} devices (0..{self.num_devices - 1})"
+            )
+
+    # ---- routing -----------------------------------------------------------------------------------
+    def route(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray | None, in_network: str | None = None):
+        """Bytes per link for transfers src[i] -> dst[i] of nbytes[i] (``None``: one byte each), and the
+        longest path latency.
+
+        A negative device number stands for the in-network reduction switch (see in_network.py):
+        ``in_network='intra'`` (NVLS: the node's switch) or ``'network'`` (SHARP: the leaf).
+        """
+        loads = _Loads(self.num_links)
+        latency = 0.0
+        to_switch, from_switch = dst < 0, src < 0
+        if to_switch.any() or from_switch.any():
+            latency = self._route_in_network(
+                loads, src, dst, _ones_if_none(nbytes, src), to_switch, from_switch, in_network
+            )
+            keep = ~(to_switch | from_switch)
+            src, dst, nbytes = src[keep], dst[keep], _pick(nbytes, keep)
+        same = self.node_of(src) == self.node_of(dst)
+        if same.all():
+            latency = max(latency, self._route_intra(loads, src, dst, nbytes))
+        elif not same.any():
+            latency = max(latency, self._route_inter(loads, src, dst, nbytes))
+        else:
+            latency = max(latency, self._route_intra(loads, src[same], dst[same], _pick(nbytes, same)))
+            latency = max(latency, self._route_inter(loads, src[~same], dst[~same], _pick(nbytes, ~same)))
+        return loads.total(), latency
+
+    def _fam(self, name: str) -> int:
+        return self.families[name].start
+
+    def _route_intra(self, loads, src, dst, nbytes) -> float:
+        fabric, d = self.spec.intra.fabric, self.per_node
+        local_src, local_dst = src % d, dst % d
+        if fabric == "switch":
+            loads.add(self._fam("dev_up") + src, nbytes)
+            loads.add(self._fam("dev_down") + dst, nbytes)
+            return self.spec.intra.latency_s
+        if fabric == "full_mesh":
+            loads.add(self._fam("mesh") + src * d + local_dst, nbytes)
+            return self.spec.intra.latency_s
+        if fabric == "ring":
+            return self._route_ring(loads, src, local_src, local_dst, _ones_if_none(nbytes, src))
+        raise CollectiveError("intra.fabric", "devices of a node with fabric 'none' cannot talk to each other")
+
+    def _route_ring(self, loads, src, local_src, local_dst, nbytes) -> float:
+        d = self.per_node
+        forward = (local_dst - local_src) % d
+        backward = (local_src - local_dst) % d
+        base = self._fam("ring") + (src - local_src) * 2
+        for direction, hops, share in ((0, forward, forward <= backward), (1, backward, backward <= forward)):
+            weight = np.where(forward == backward, 0.5, 1.0) * share
+            step = 1 if direction == 0 else -1
+            for h in range(int(hops.max(initial=0))):
+                live = (h < hops) & (weight > 0)
+                at = (local_src[live] + step * h) % d
+                loads.add(base[live] + at * 2 + direction, nbytes[live] * weight[live])
+        return float(np.minimum(forward, backward).max(initial=0)) * self.spec.intra.latency_s
+
+    def _route_inter(self, loads, src, dst, nbytes) -> float:
+        s = self.spec
+        loads.add(self._fam("host_up") + src, nbytes)
+        loads.add(self._fam("host_down") + dst, nbytes)
+        nic_src, nic_dst = self.nic_of(src), self.nic_of(dst)
+        loads.add(self._fam("nic_up") + nic_src, nbytes)
+        loads.add(self._fam("nic_down") + nic_dst, nbytes)
+        endpoints = 2 * s.nic_latency_s
+        if s.network.topology == "fat_tree":
+            leaf_src, leaf_dst = self.leaf_of_nic(nic_src), self.leaf_of_nic(nic_dst)
+            cross = leaf_src != leaf_dst
+            loads.add(self._fam("leaf_up") + leaf_src[cross], _pick(nbytes, cross))
+            loads.add(self._fam("leaf_down") + leaf_dst[cross], _pick(nbytes, cross))
+            switches = 3 if cross.any() else 1
+            return endpoints + switches * s.network.switch_latency_s
+        return endpoints + self._route_routers(loads, self.node_of(src), self.node_of(dst), _ones_if_none(nbytes, src))
+
+    def _route_in_network(self, loads, src, dst, nbytes, to_switch, from_switch, level) -> float:
+        if level == "intra":
+            loads.add(self._fam("dev_up") + src[to_switch], nbytes[to_switch])
+            loads.add(self._fam("dev_down") + dst[from_switch], nbytes[from_switch])
+            return self.spec.intra.latency_s
+        nbytes = _ones_if_none(nbytes, src)
+        up, down = src[to_switch], dst[from_switch]
+        loads.add(self._fam("host_up") + up, nbytes[to_switch])
+        loads.add(self._fam("nic_up") + self.nic_of(up), nbytes[to_switch])
+        loads.add(self._fam("nic_down") + self.nic_of(down), nbytes[from_switch])
+        loads.add(self._fam("host_down") + down, nbytes[from_switch])
+        return self.spec.nic_latency_s + 2 * self.spec.network.switch_latency_s
+
+    # ---- router networks (torus, dragonfly, hypercube) ---------------------------------------------
+    @cached_property
+    def router_links(self) -> list[tuple[int, int]]:
+        return sorted({(u, v) for u, v in self._router_graph.edges} | {(v, u) for u, v in self._router_graph.edges})
+
+    @cached_property
+    def _router_link_id(self) -> dict[tuple[int, int], int]:
+        return {uv: i for i, uv in enumerate(self.router_links)}
+
+    @cached_property
+    def _router_graph(self) -> nx.Graph:
+        net, n = self.spec.network, self.num_nodes
+        if net.topology == "torus":
+            g = nx.grid_graph(dim=list(reversed(net.dims)), periodic=True) if n > 1 else nx.empty_graph(1)
+            return nx.convert_node_labels_to_integers(g, ordering="sorted")
+        if net.topology == "hypercube":
+            return nx.convert_node_labels_to_integers(nx.hypercube_graph(n.bit_length() - 1), ordering="sorted")
+        return _dragonfly(n, net.group_size)
+
+    @cached_property
+    def _adjacency(self) -> list[list[int]]:
+        g = self._router_graph
+        return [sorted(g.neighbors(v)) for v in range(self.num_nodes)]
+
+    def _route_routers(self, loads, node_src, node_dst, nbytes) -> float:
+        pairs = node_src * self.num_nodes + node_dst
+        unique, inverse = np.unique(pairs, return_inverse=True)
+        per_pair = np.bincount(inverse, weights=nbytes)
+        base = self._fam("router")
+        longest = 0
+        for pair, total in zip(unique.tolist(), per_pair.tolist(), strict=True):
+            links, shares, hops = self._router_path(*divmod(pair, self.num_nodes))
+            loads.add(base + links, total * shares)
+            longest = max(longest, hops)
+        return longest * self.spec.network.switch_latency_s
+
+    def _bfs(self, source: int) -> tuple[np.ndarray, np.ndarray]:
+        """Hop distance and number of shortest paths from ``source`` to every router."""
+        dist = np.full(self.num_nodes, -1, dtype=np.int64)
+        count = np.zeros(self.num_nodes)
+        dist[source], count[source] = 0, 1.0
+        queue = deque([source])
+        adjacency = self._adjacency
+        while queue:
+            u = queue.popleft()
+            for v in adjacency[u]:
+                if dist[v] < 0:
+                    dist[v] = dist[u] + 1
+                    queue.append(v)
+                if dist[v] == dist[u] + 1:
+                    count[v] += count[u]
+        return dist, count
+
+    def _router_path(self, a: int, b: int):
+        """ECMP over all shortest router paths a -> b: each link's share is the fraction of shortest paths
+        through it, sigma_a(u) * sigma_b(v) / sigma_a(b) (Brandes' counting)."""
+        key = (a, b)
+        if key not in self._router_memo:
+            dist_a, count_a = self._bfs_cached(a)
+            dist_b, count_b = self._bfs_cached(b)
+            total = dist_a[b]
+            if total < 0:
+                raise CollectiveError(
+                    "network", f"router {b} is unreachable from router {a}: the graph is disconnected"
+                )
+            links, shares = [], []
+            for (u, v), link in self._router_link_id.items():
+                if dist_a[u] + 1 + dist_b[v] == total:
+                    links.append(link)
+                    shares.append(count_a[u] * count_b[v] / count_a[b])
+            self._router_memo[key] = (np.array(links, dtype=np.int64), np.array(shares), int(total))
+        return self._router_memo[key]
+
+    def _bfs_cached(self, source: int):
+        cache = self.__dict__.setdefault("_bfs_memo", {})
+        if source not in cache:
+            cache[source] = self._bfs(source)
+        return cache[source]
+
+    # ---- the graph view ----------------------------------------------------------------------------
+    def graph(self) -> nx.DiGraph:
+        """The cluster as a networkx DiGraph: typed nodes (device, switch, nic, leaf, spine, router) and
+        directed edges carrying ``link`` (the id routing uses), ``kind``, ``capacity_GBps``, ``latency_s``.
+        For clusters of a few thousand devices; routing itself never builds it."""
+        g = nx.DiGraph()
+        d = self.per_node
+        for dev in range(self.num_devices):
+            g.add_node(("device", dev), kind="device", node=dev // d, local=dev % d)
+        for name, fam in self.families.items():
+            for i in range(fam.size):
+                u, v = self._endpoints(name, i)
+                g.add_edge(
+                    u, v, link=fam.start + i, kind=fam.kind, capacity_GBps=fam.capacity_GBps, latency_s=fam.latency_s
+                )
+        return g
+
+    def _endpoints(self, name: str, i: int):
+        d, k = self.per_node, self.spec.nics_per_node
+        switch = ("switch", i // d)
+        nic = ("nic", i // d, (i % d) * k // d)
+        ends = {
+            "dev_up": (("device", i), switch),
+            "dev_down": (switch, ("device", i)),
+            "mesh": (("device", i // d), ("device", (i // d) - (i // d) % d + i % d)),
+            "ring": (
+                ("device", i // 2),
+                ("device", (i // 2) - (i // 2) % d + ((i // 2) % d + (1 if i % 2 == 0 else -1)) % d),
+            ),
+            "host_up": (("device", i), nic),
+            "host_down": (nic, ("device", i)),
+        }
+        if name in ends:
+            return ends[name]
+        if name in ("nic_up", "nic_down"):
+            here = ("nic", i // k, i % k)
+            there = (
+                ("leaf", int(self.leaf_of_nic(np.int64(i))))
+                if self.spec.network.topology == "fat_tree"
+                else ("router", i // k)
+            )
+            return (here, there) if name == "nic_up" else (there, here)
+        if name == "leaf_up":
+            return ("leaf", i), ("spine", "all")
+        if name == "leaf_down":
+            return ("spine", "all"), ("leaf", i)
+        u, v = self.router_links[i]
+        return ("router", u), ("router", v)
+
+
+def _pick(nbytes, mask):
+    return None if nbytes is None else nbytes[mask]
+
+
+def _ones_if_none(nbytes, like):
+    return np.ones(len(like)) if nbytes is None else nbytes
+
+
+class _Loads:
+    """(link, bytes) pairs gathered while routing and summed once: one bincount beats many np.add.at.
+    With unit weights (``amounts is None`` throughout) the integer bincount is used, about twice as fast."""
+
+    def __init__(self, num_links: int):
+        self.num_links, self.links, self.amounts = num_links, [], []
+
+    def add(self, links, amounts) -> None:
+        links = np.asarray(links).ravel()
+        self.links.append(links)
+        self.amounts.append(None if amounts is None else np.broadcast_to(amounts, links.shape).ravel())
+
+    def total(self) -> np.ndarray:
+        if not self.links:
+            return np.zeros(self.num_links)
+        links = np.concatenate(self.links)
+        if all(a is None for a in self.amounts):
+            return np.bincount(links, minlength=self.num_links).astype(np.float64)
+        amounts = [np.ones(len(x)) if a is None else a for x, a in zip(self.links, self.amounts, strict=True)]
+        return np.bincount(links, np.concatenate(amounts), self.num_links)
+
+
+def _dragonfly(n: int, group_size: int) -> nx.Graph:
+    """Routers in groups, all-to-all inside a group; one global link per pair of groups, attached
+    round-robin to the routers of each group (Kim et al. 2008)."""
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    groups = n // group_size
+    for grp in range(groups):
+        members = range(grp * group_size, (grp + 1) * group_size)
+        g.add_edges_from((u, v) for u in members for v in members if u < v)
+    slot = [0] * groups
+    for x in range(groups):
+        for y in range(x + 1, groups):
+            u = x * group_size + slot[x] % group_size
+            v = y * group_size + slot[y] % group_size
+            slot[x] += 1
+            slot[y] += 1
+            g.add_edge(u, v)
+    return g

@@ -1,0 +1,147 @@
+"""Price a schedule on a cluster with every concurrent group of the same call running at once.
+
+``placement`` is a (groups x n) array of device ids: row g is group g's ranks in schedule order. All rows
+run the same schedule at the same moment, so eight DP rings leaving one node share its NICs unless the
+network is rail-optimised. Per step class: route every transfer of every group, add bytes per directed
+link, and charge max over links of bytes / (capacity x efficiency), plus per step the overhead and the
+longest path latency (DESIGN.md §7). The bandwidth term of a class is exact when its steps load the links
+equally, which the regular algorithms do (up to one element per step for uneven splits); pipelined trees
+are charged their total per-link bytes, the steady-state bound.
+
+Cost grows as O(classes x groups x transfers per class): ring allreduce is 2 classes of n transfers per
+group, so pricing 8 DP rings of 2,048 ranks routes 2 x 16,384 transfers with numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._errors import CollectiveError
+from ..primitives import busbw_factor
+from ..schedule import Schedule
+from .calibration import DEFAULT, Calibration
+from .cluster import Cluster
+
+
+@dataclass
+class Price:
+    algorithm: str
+    time_s: float
+    algbw_GBps: float
+    busbw_GBps: float
+    bytes_sent_per_rank: int
+    bytes_received_per_rank: int
+    steps: int
+    bottleneck: dict
+    links: list[dict]
+    span: str
+    nodes_per_group: int
+
+
+def in_network_level(cluster: Cluster, placement: np.ndarray) -> str:
+    """Where the reduction can happen for these groups: the node's switch (NVLS) when every group sits in
+    one node, the network's switches (SHARP) otherwise."""
+    one_node = bool((cluster.node_of(placement) == cluster.node_of(placement[:, :1])).all())
+    spec = cluster.spec
+    if one_node and spec.intra.fabric == "switch" and spec.intra.in_network_reduction:
+        return "intra"
+    if not one_node and spec.network.in_network_reduction and spec.network.topology == "fat_tree":
+        return "network"
+    where = "the node's switch (NVLS)" if one_node else "the network switches (SHARP)"
+    raise CollectiveError("algorithm", f"in_network needs reduction in {where}, which cluster {spec.name} lacks")
+
+
+@dataclass
+class Evaluation:
+    """A priced schedule before it is summarised: enough to compare candidates cheaply."""
+
+    schedule: Schedule
+    placement: np.ndarray
+    time_s: float
+    loads: np.ndarray
+    rate: np.ndarray
+
+
+def evaluate(
+    schedule: Schedule, placement: np.ndarray, cluster: Cluster, calibration: Calibration = DEFAULT
+) -> Evaluation:
+    placement = np.atleast_2d(np.asarray(placement, dtype=np.int64))
+    if placement.shape[1] != schedule.num_ranks:
+        raise CollectiveError(
+            "ranks", f"placement has {placement.shape[1]} ranks per group, schedule {schedule.num_ranks}"
+        )
+    cluster.check_devices(placement)
+    level = in_network_level(cluster, placement) if schedule.num_virtual else None
+    holders = np.hstack([placement, np.full((len(placement), schedule.num_virtual), -1, dtype=np.int64)])
+    rate = cluster.rate(calibration, in_network=bool(level))
+    time = calibration.base_latency(schedule.algorithm) if schedule.num_steps else 0.0
+    total_loads = np.zeros(cluster.num_links)
+    routed: dict[bytes, tuple[np.ndarray, float]] = {}
+    for cls in schedule.step_classes():
+        loads, latency = _route_class(cls, holders, cluster, level, routed)
+        time += float((loads / rate).max(initial=0.0)) + cls.repeat * (calibration.step_overhead_s + latency)
+        total_loads += loads
+    return Evaluation(schedule, placement, time, total_loads, rate)
+
+
+def price(
+    schedule: Schedule, placement: np.ndarray, cluster: Cluster, calibration: Calibration = DEFAULT, top_links: int = 5
+) -> Price:
+    return summarise(evaluate(schedule, placement, cluster, calibration), cluster, top_links)
+
+
+def _route_class(cls, holders, cluster, level, routed):
+    """Route a class's transfers for every group. Loads are linear in bytes, so a class whose transfers
+    all carry the same bytes is routed once per (src, dst) pattern with unit weight and scaled: the
+    reduce-scatter and all-gather halves of a ring share one routing."""
+    uniform = bool(len(cls.nbytes)) and bool((cls.nbytes == cls.nbytes[0]).all())
+    key = cls.src.tobytes() + b"|" + cls.dst.tobytes()
+    if uniform and key in routed:
+        unit, latency = routed[key]
+        return unit * float(cls.nbytes[0]), latency
+    src = holders[:, cls.src].ravel()
+    dst = holders[:, cls.dst].ravel()
+    weights = None if uniform else np.tile(cls.nbytes.astype(np.float64), len(holders))
+    loads, latency = cluster.route(src, dst, weights, level)
+    if not uniform:
+        return loads, latency
+    routed[key] = (loads, latency)
+    return loads * float(cls.nbytes[0]), latency
+
+
+def summarise(ev: Evaluation, cluster: Cluster, top_links: int = 5) -> Price:
+    schedule, placement, time, total_loads, rate = ev.schedule, ev.placement, ev.time_s, ev.loads, ev.rate
+    sent, received = schedule.wire_bytes()
+    busy = total_loads / rate
+    top = min(top_links, len(busy))
+    order = np.argpartition(-busy, top - 1)[:top] if top else np.zeros(0, dtype=np.int64)
+    order = order[np.argsort(-busy[order])]
+    links = [
+        cluster.describe_link(int(i))
+        | {
+            "bytes": int(total_loads[i]),
+            "busy_s": float(busy[i]),
+            "utilisation": float(busy[i] / time) if time else 0.0,
+        }
+        for i in order
+        if total_loads[i] > 0
+    ]
+    algbw = schedule.message_bytes / time / 1e9 if time else 0.0
+    nodes = np.sort(cluster.node_of(placement), axis=1)
+    nodes_per_group = int((np.diff(nodes, axis=1) != 0).sum(axis=1).max(initial=0)) + 1
+    span = "intra_node" if nodes_per_group == 1 else "inter_node"
+    return Price(
+        algorithm=schedule.algorithm,
+        time_s=time,
+        algbw_GBps=algbw,
+        busbw_GBps=algbw * busbw_factor(schedule.op, schedule.num_ranks),
+        bytes_sent_per_rank=int(sent.max(initial=0)),
+        bytes_received_per_rank=int(received.max(initial=0)),
+        steps=schedule.num_steps,
+        bottleneck=links[0] if links else {},
+        links=links,
+        span=span,
+        nodes_per_group=int(nodes_per_group),
+    )

@@ -1,0 +1,47 @@
+"""Price every record of shared/reference/nccl/measurements.json with the default calibration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..primitives import Op
+from .calibration import DEFAULT, Calibration, cluster_for_record
+from .cluster import Cluster
+from .select import price_call
+
+# nccl-tests records without a size are statements about "large sizes"; they are priced at 4 GiB.
+LARGE = 1 << 32
+
+
+@dataclass
+class Comparison:
+    record: dict
+    size_bytes: int
+    measured_busbw: float
+    predicted_busbw: float
+    predicted_time_s: float
+    algorithm: str
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_busbw - self.measured_busbw) / self.measured_busbw
+
+
+def compare(record: dict, calibration: Calibration = DEFAULT) -> Comparison:
+    size = record["size_bytes"] or LARGE
+    n = record["gpus"]
+    op = Op(record["op"])
+    cluster = Cluster(cluster_for_record(record))
+    # sendrecv_perf: every GPU sends to the next and receives from the previous, all at once
+    ring_pairs = np.stack([np.arange(n), (np.arange(n) + 1) % n], axis=1)
+    placement = ring_pairs if op is Op.SENDRECV else np.arange(n)[None, :]
+    if op is Op.ALLTOALL:
+        size -= size % n
+    p = price_call(op, size, placement, cluster, calibration=calibration)
+    return Comparison(record, size, record["busbw_GBps"], p.busbw_GBps, p.time_s, p.algorithm)
+
+
+def compare_all(records: list[dict], calibration: Calibration = DEFAULT) -> list[Comparison]:
+    return [compare(r, calibration) for r in records if r.get("busbw_GBps")]

@@ -1,0 +1,166 @@
+"""Topologies, routing and contention: the effects the field designs for, with numbers."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from collectives import CollectiveError, Op
+from collectives.topology import (
+    Cluster,
+    ClusterSpec,
+    IntraNode,
+    Network,
+    cluster_preset,
+    price_call,
+)
+
+GIB = 1 << 30
+
+
+def dp_groups(cluster: Cluster) -> np.ndarray:
+    """One group per local index across all nodes (data parallel with TP = devices per node)."""
+    return np.arange(cluster.num_devices).reshape(cluster.num_nodes, cluster.per_node).T
+
+
+def test_full_mesh_group_of_4_gets_3_of_7_links():
+    mesh = Cluster(cluster_preset("npu-mesh-8"))
+    whole = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None, :], mesh, "direct")
+    half = price_call(Op.ALLREDUCE, GIB, np.arange(4)[None, :], mesh, "direct")
+    assert half.busbw_GBps / whole.busbw_GBps == pytest.approx(3 / 7, rel=0.02)
+    # and auto picks the mesh algorithm over the ring, which uses one link of seven
+    assert price_call(Op.ALLREDUCE, GIB, np.arange(8)[None, :], mesh).algorithm == "direct"
+
+
+def test_shared_nic_makes_eight_rings_eight_times_slower():
+    shared = Cluster(cluster_preset("pcie-server", 16))
+    railed = Cluster(replace(shared.spec, nics_per_node=8, network=replace(shared.spec.network, rail_optimized=True)))
+    slow = price_call(Op.ALLREDUCE, GIB, dp_groups(shared), shared, "ring")
+    fast = price_call(Op.ALLREDUCE, GIB, dp_groups(railed), railed, "ring")
+    assert slow.time_s / fast.time_s == pytest.approx(8, rel=0.05)
+    assert slow.bottleneck["kind"] == "nic"
+
+
+def test_hierarchical_beats_flat_ring_across_many_nodes_for_large_messages():
+    cluster = Cluster(cluster_preset("dgx-a100", 16))
+    everyone = np.arange(128)[None, :]
+    flat = price_call(Op.ALLREDUCE, GIB, everyone, cluster, "ring")
+    two_level = price_call(Op.ALLREDUCE, GIB, everyone, cluster, "hierarchical")
+    assert two_level.time_s < flat.time_s / 4
+
+
+def test_halving_doubling_wins_small_ring_wins_or_ties_large():
+    """Thakur et al.: same bandwidth term, log vs linear latency terms. With one NIC per node, halving-
+    doubling's long-distance steps push all eight GPUs of a node through the NIC at once while the ring
+    crosses each node boundary with one transfer: ring wins large messages. With a NIC per GPU both are
+    NIC-bound on the same bytes: a tie."""
+    for name, ring_vs_hd in (("pcie-server", 0.5), ("dgx-h100", 1.10)):
+        cluster = Cluster(cluster_preset(name, 32))
+        group = np.arange(256)[None, :]
+        small_hd = price_call(Op.ALLREDUCE, 1024, group, cluster, "halving_doubling")
+        small_ring = price_call(Op.ALLREDUCE, 1024, group, cluster, "ring")
+        assert small_hd.time_s < small_ring.time_s / 10
+        large_hd = price_call(Op.ALLREDUCE, GIB, group, cluster, "halving_doubling")
+        large_ring = price_call(Op.ALLREDUCE, GIB, group, cluster, "ring")
+        assert large_ring.time_s <= large_hd.time_s * ring_vs_hd, name
+
+
+def test_rail_optimised_dp_traffic_never_crosses_spines_within_a_unit():
+    cluster = Cluster(cluster_preset("dgx-h100", 32))  # 32 nodes = one scalable unit
+    p = price_call(Op.ALLREDUCE, GIB, dp_groups(cluster), cluster, "ring")
+    assert p.bottleneck["kind"] == "nic"
+    assert all(link["kind"] not in ("leaf_uplink", "spine_downlink") for link in p.links)
+
+
+def test_oversubscription_slows_cross_leaf_traffic():
+    base = cluster_preset("pcie-server", 64)
+    spec = replace(
+        base,
+        nics_per_node=8,
+        nic_bandwidth_GBps=25.0,
+        network=Network("fat_tree", rail_optimized=False, nodes_per_leaf=4, oversubscription=4.0),
+    )
+    cluster = Cluster(spec)
+    p = price_call(Op.ALLREDUCE, GIB, dp_groups(cluster), cluster, "ring")
+    assert p.bottleneck["kind"] in ("leaf_uplink", "spine_downlink")
+
+
+def test_route_conserves_bytes():
+    cluster = Cluster(cluster_preset("dgx-h100", 4))
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, 32, 200), rng.integers(0, 32, 200)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    nbytes = rng.integers(1, 1000, len(src)).astype(float)
+    loads, _ = cluster.route(src, dst, nbytes)
+    cross = cluster.node_of(src) != cluster.node_of(dst)
+    fam = cluster.families
+    assert loads[fam["nic_up"].start : fam["nic_up"].start + fam["nic_up"].size].sum() == pytest.approx(
+        nbytes[cross].sum()
+    )
+    assert loads[fam["dev_up"].start : fam["dev_up"].start + fam["dev_up"].size].sum() == pytest.approx(
+        nbytes[~cross].sum()
+    )
+
+
+def test_torus_ecmp_shares():
+    torus = Cluster(cluster_preset("tpu-torus", 64))
+    _, shares, hops = torus._router_path(0, 21)  # (1,1,1) away in a 4x4x4 torus: 3 hops, 6 paths
+    assert hops == 3
+    assert shares.sum() == pytest.approx(3.0)  # every path crosses 3 links
+    assert shares.max() == pytest.approx(1 / 3)
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(64)[None, :], torus, "ring")
+    assert p.bottleneck["kind"] == "network_link"
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "gb200-nvl72", "npu-mesh-8", "tpu-torus", "pcie-server"])
+def test_presets_build_connected_graphs(name):
+    cluster = Cluster(
+        cluster_preset(name, 8 if name == "tpu-torus" else 2) if name != "tpu-torus" else cluster_preset(name)
+    )
+    g = cluster.graph()
+    import networkx as nx
+
+    assert nx.is_weakly_connected(g)
+    kinds = {d["kind"] for _, d in g.nodes(data=True) if "kind" in d}
+    assert "device" in kinds
+    assert g.number_of_edges() == cluster.num_links
+
+
+def test_dragonfly_and_hypercube_route():
+    for net in (
+        Network("dragonfly", group_size=4, link_bandwidth_GBps=25.0),
+        Network("hypercube", link_bandwidth_GBps=25.0),
+    ):
+        spec = ClusterSpec(
+            "x", 16, 4, IntraNode("switch", 100.0), nics_per_node=4, nic_bandwidth_GBps=25.0, network=net
+        )
+        cluster = Cluster(spec)
+        p = price_call(Op.ALLGATHER, 1 << 24, dp_groups(cluster), cluster, "ring")
+        assert p.time_s > 0 and p.links
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: cluster_preset("dgx-h200"), "preset"),
+        (lambda: Cluster(replace(cluster_preset("dgx-h100", 2), nic_bandwidth_GBps=0)), "nic_bandwidth_GBps"),
+        (lambda: Cluster(replace(cluster_preset("dgx-h100"), intra=IntraNode("switch", -5.0))), "intra.bandwidth_GBps"),
+        (lambda: Cluster(replace(cluster_preset("dgx-h100", 2), nics_per_node=0)), "nics_per_node"),
+        (lambda: Cluster(replace(cluster_preset("dgx-h100", 2), network=Network("none"))), "network.topology"),
+        (lambda: Cluster(replace(cluster_preset("dgx-h100"), intra=IntraNode("none"))), "intra.fabric"),
+        (
+            lambda: Cluster(replace(cluster_preset("tpu-torus", 64), network=Network("torus", dims=(4, 4, 5)))),
+            "network.dims",
+        ),
+        (lambda: price_call(Op.ALLREDUCE, 1024, [[0, 99]], Cluster(cluster_preset("dgx-h100"))), "ranks"),
+        (
+            lambda: price_call(Op.ALLREDUCE, 1024, [[0, 1]], Cluster(cluster_preset("dgx-a100")), "in_network"),
+            "algorithm",
+        ),
+    ],
+)
+def test_bad_clusters_are_named(make, field):
+    with pytest.raises(CollectiveError) as caught:
+        make()
+    assert caught.value.field == field
