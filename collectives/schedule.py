@@ -136,16 +136,19 @@ class Schedule:
 
 
 def compress(steps: Iterator[Step], slot_bytes: np.ndarray) -> list[StepClass]:
-    """Group steps by their (src, dst) pattern; the generic way to get step classes from any schedule."""
+    """Group steps by their (src, dst) pattern; the generic way to get step classes from any schedule.
+    Transfers of one step between the same two holders are summed (pricing sees links, not slots)."""
     classes: dict[bytes, list] = {}
     for step in steps:
         wire = [_wire_part(t, slot_bytes) for t in step.transfers]
         wire = [w for w in wire if len(w[0])]
         if not wire:
             continue
-        src = np.concatenate([w[0] for w in wire])
-        dst = np.concatenate([w[1] for w in wire])
-        nbytes = np.concatenate([w[2] for w in wire])
+        src, dst, nbytes = _per_pair(
+            np.concatenate([w[0] for w in wire]),
+            np.concatenate([w[1] for w in wire]),
+            np.concatenate([w[2] for w in wire]),
+        )
         key = src.tobytes() + b"|" + dst.tobytes()
         if key in classes:
             classes[key][0] += 1
@@ -153,6 +156,12 @@ def compress(steps: Iterator[Step], slot_bytes: np.ndarray) -> list[StepClass]:
         else:
             classes[key] = [1, src, dst, nbytes]
     return [StepClass(repeat, src, dst, nbytes) for repeat, src, dst, nbytes in classes.values()]
+
+
+def _per_pair(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray):
+    span = int(max(src.max(), dst.max())) + 1
+    pairs, inverse = np.unique(src * span + dst, return_inverse=True)
+    return pairs // span, pairs % span, np.bincount(inverse, nbytes, len(pairs)).astype(np.int64)
 
 
 def _wire_part(t: Transfers, slot_bytes: np.ndarray):

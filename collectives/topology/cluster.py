@@ -180,8 +180,8 @@ class Cluster:
 
     # ---- routing -----------------------------------------------------------------------------------
     def route(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray | None, in_network: str | None = None):
-        """Bytes per link for transfers src[i] -> dst[i] of nbytes[i] (``None``: one byte each), and the
-        longest path latency.
+        """Bytes per link (sparse :class:`Loads`) for transfers src[i] -> dst[i] of nbytes[i] (``None``: one
+        byte each), and the longest path latency.
 
         A negative device number stands for the in-network reduction switch (see in_network.py):
         ``in_network='intra'`` (NVLS: the node's switch) or ``'network'`` (SHARP: the leaf).
@@ -403,9 +403,47 @@ def _ones_if_none(nbytes, like):
     return np.ones(len(like)) if nbytes is None else nbytes
 
 
+@dataclass(frozen=True)
+class Loads:
+    """Bytes per directed link, sparse: the links a set of transfers touches (sorted, unique) and what
+    each carries. Pricing an 8-GPU group on a 16,384-GPU cluster then costs what the group touches."""
+
+    links: np.ndarray
+    bytes: np.ndarray
+
+    def scaled(self, factor: float) -> Loads:
+        return Loads(self.links, self.bytes * factor)
+
+    def dense(self, num_links: int) -> np.ndarray:
+        out = np.zeros(num_links)
+        out[self.links] = self.bytes
+        return out
+
+    @staticmethod
+    def reduce(links: np.ndarray, amounts: np.ndarray | None, num_links: int) -> Loads:
+        """Sum duplicate links: a dense bincount when the transfers touch a large share of the cluster,
+        sort-and-sum otherwise."""
+        if len(links) == 0:
+            return Loads(np.zeros(0, dtype=np.int64), np.zeros(0))
+        if len(links) * 4 > num_links:
+            dense = np.bincount(links, amounts, num_links).astype(np.float64, copy=False)
+            touched = np.flatnonzero(dense)
+            return Loads(touched, dense[touched])
+        unique, inverse = np.unique(links, return_inverse=True)
+        return Loads(unique, np.bincount(inverse, amounts, len(unique)).astype(np.float64, copy=False))
+
+    @staticmethod
+    def total(parts: list[Loads], num_links: int) -> Loads:
+        if not parts:
+            return Loads.reduce(np.zeros(0, dtype=np.int64), None, num_links)
+        return Loads.reduce(
+            np.concatenate([p.links for p in parts]), np.concatenate([p.bytes for p in parts]), num_links
+        )
+
+
 class _Loads:
-    """(link, bytes) pairs gathered while routing and summed once: one bincount beats many np.add.at.
-    With unit weights (``amounts is None`` throughout) the integer bincount is used, about twice as fast."""
+    """(link, bytes) pairs gathered while routing and summed once. With unit weights (``amounts`` None
+    throughout) the integer bincount is used, about twice as fast."""
 
     def __init__(self, num_links: int):
         self.num_links, self.links, self.amounts = num_links, [], []
@@ -415,14 +453,14 @@ class _Loads:
         self.links.append(links)
         self.amounts.append(None if amounts is None else np.broadcast_to(amounts, links.shape).ravel())
 
-    def total(self) -> np.ndarray:
+    def total(self) -> Loads:
         if not self.links:
-            return np.zeros(self.num_links)
+            return Loads.reduce(np.zeros(0, dtype=np.int64), None, self.num_links)
         links = np.concatenate(self.links)
         if all(a is None for a in self.amounts):
-            return np.bincount(links, minlength=self.num_links).astype(np.float64)
+            return Loads.reduce(links, None, self.num_links)
         amounts = [np.ones(len(x)) if a is None else a for x, a in zip(self.links, self.amounts, strict=True)]
-        return np.bincount(links, np.concatenate(amounts), self.num_links)
+        return Loads.reduce(links, np.concatenate(amounts), self.num_links)
 
 
 def _dragonfly(n: int, group_size: int) -> nx.Graph:

@@ -22,7 +22,7 @@ from .._errors import CollectiveError
 from ..primitives import busbw_factor
 from ..schedule import Schedule
 from .calibration import DEFAULT, Calibration
-from .cluster import Cluster
+from .cluster import Cluster, Loads
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Evaluation:
     schedule: Schedule
     placement: np.ndarray
     time_s: float
-    loads: np.ndarray
+    loads: Loads
     rate: np.ndarray
 
 
@@ -77,13 +77,14 @@ def evaluate(
     holders = np.hstack([placement, np.full((len(placement), schedule.num_virtual), -1, dtype=np.int64)])
     rate = cluster.rate(calibration, in_network=bool(level))
     time = calibration.base_latency(schedule.algorithm) if schedule.num_steps else 0.0
-    total_loads = np.zeros(cluster.num_links)
-    routed: dict[bytes, tuple[np.ndarray, float]] = {}
+    parts: list[Loads] = []
+    routed: dict[bytes, tuple[Loads, float]] = {}
     for cls in schedule.step_classes():
         loads, latency = _route_class(cls, holders, cluster, level, routed)
-        time += float((loads / rate).max(initial=0.0)) + cls.repeat * (calibration.step_overhead_s + latency)
-        total_loads += loads
-    return Evaluation(schedule, placement, time, total_loads, rate)
+        busiest = float((loads.bytes / rate[loads.links]).max(initial=0.0))
+        time += busiest + cls.repeat * (calibration.step_overhead_s + latency)
+        parts.append(loads)
+    return Evaluation(schedule, placement, time, Loads.total(parts, cluster.num_links), rate)
 
 
 def price(
@@ -100,7 +101,7 @@ def _route_class(cls, holders, cluster, level, routed):
     key = cls.src.tobytes() + b"|" + cls.dst.tobytes()
     if uniform and key in routed:
         unit, latency = routed[key]
-        return unit * float(cls.nbytes[0]), latency
+        return unit.scaled(float(cls.nbytes[0])), latency
     src = holders[:, cls.src].ravel()
     dst = holders[:, cls.dst].ravel()
     weights = None if uniform else np.tile(cls.nbytes.astype(np.float64), len(holders))
@@ -108,25 +109,22 @@ def _route_class(cls, holders, cluster, level, routed):
     if not uniform:
         return loads, latency
     routed[key] = (loads, latency)
-    return loads * float(cls.nbytes[0]), latency
+    return loads.scaled(float(cls.nbytes[0])), latency
 
 
 def summarise(ev: Evaluation, cluster: Cluster, top_links: int = 5) -> Price:
-    schedule, placement, time, total_loads, rate = ev.schedule, ev.placement, ev.time_s, ev.loads, ev.rate
+    schedule, placement, time, rate = ev.schedule, ev.placement, ev.time_s, ev.rate
     sent, received = schedule.wire_bytes()
-    busy = total_loads / rate
+    ids, carried = ev.loads.links, ev.loads.bytes
+    busy = carried / rate[ids]
     top = min(top_links, len(busy))
     order = np.argpartition(-busy, top - 1)[:top] if top else np.zeros(0, dtype=np.int64)
     order = order[np.argsort(-busy[order])]
     links = [
-        cluster.describe_link(int(i))
-        | {
-            "bytes": int(total_loads[i]),
-            "busy_s": float(busy[i]),
-            "utilisation": float(busy[i] / time) if time else 0.0,
-        }
+        cluster.describe_link(int(ids[i]))
+        | {"bytes": int(carried[i]), "busy_s": float(busy[i]), "utilisation": float(busy[i] / time) if time else 0.0}
         for i in order
-        if total_loads[i] > 0
+        if carried[i] > 0
     ]
     algbw = schedule.message_bytes / time / 1e9 if time else 0.0
     nodes = np.sort(cluster.node_of(placement), axis=1)

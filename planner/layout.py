@@ -1,0 +1,95 @@
+"""Rank layout and communication groups, with Megatron-Core's RankGenerator semantics.
+
+The order string (default ``tp-cp-ep-dp-pp``) names the dimensions fastest first: with tp = 8 the eight
+ranks of a TP group are consecutive and share a node. Dense groups use (tp, cp, dp, pp) with ep = 1; the
+expert grid re-partitions the same ranks as (expert_tp, ep, expert_dp, pp) with cp = 1
+(megatron/core/parallel_state.py, ``RankGenerator`` and ``generate_masked_orthogonal_rank_groups``).
+
+A group of several dimensions lists its ranks with the fastest dimension varying fastest, as Megatron
+does. Groups come out as one (groups x size) numpy array built by a reshape and a transpose of
+``arange(world)``: O(world) work and memory, 16,384 ranks in microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .parallel import ParallelSpec
+
+
+@dataclass(frozen=True)
+class Group:
+    """Which ranks talk: ``dims`` of the dense or the expert grid, restricted to pipeline ``stages``.
+
+    ``pairs`` turns the groups into point-to-point pairs: ``"pp+1"`` / ``"pp-1"`` pair each stage with the
+    next / previous one (wrapping round for interleaved schedules), ``"ring"`` pairs every member of a
+    group with its successor (ring attention), ``"ends"`` keeps the first and last stage of each pipeline
+    (Megatron's embedding group).
+    """
+
+    dims: tuple[str, ...]
+    expert: bool = False
+    pairs: str | None = None
+    split: int | None = None  # hybrid sharding: the inner size of the dp dimension ("dp_shard")
+
+
+class RankLayout:
+    def __init__(self, par: ParallelSpec):
+        self.par = par
+        self.order = par.order.split("-")  # fastest first
+        self.world = par.world_size
+        self.sizes = {
+            False: {"tp": par.tp, "cp": par.cp, "ep": 1, "dp": par.dp, "pp": par.pp},
+            True: {"tp": par.expert_tp, "cp": 1, "ep": par.ep, "dp": par.expert_dp, "pp": par.pp},
+        }
+
+    def _grid(self, expert: bool, split: int | None):
+        """arange(world) shaped slowest-first, and the axis names; ``split`` cuts dp into
+        (dp_rep, dp_shard) with the shard part faster."""
+        names, shape = [], []
+        for dim in reversed(self.order):
+            size = self.sizes[expert][dim]
+            if dim == "dp" and split:
+                names += ["dp_rep", "dp_shard"]
+                shape += [size // split, split]
+            else:
+                names.append(dim)
+                shape.append(size)
+        return np.arange(self.world).reshape(shape), names
+
+    def groups(self, dims: tuple[str, ...], expert: bool = False, stages=None, split: int | None = None) -> np.ndarray:
+        """(number of groups) x (group size) array of global ranks."""
+        grid, names = self._grid(expert, split)
+        inside = [names.index(d) for d in names if d in dims]  # keeps slowest-first, so fastest ends last
+        outside = [i for i in range(len(names)) if i not in inside]
+        if stages is not None and "pp" not in dims:
+            pp_axis = names.index("pp")
+            grid = np.take(grid, np.asarray(stages), axis=pp_axis)
+        arranged = np.transpose(grid, outside + inside)
+        size = int(np.prod([grid.shape[i] for i in inside])) if inside else 1
+        return arranged.reshape(-1, size)
+
+    def stage_of(self, ranks: np.ndarray) -> np.ndarray:
+        by_stage = self.groups(("pp",))
+        stage = np.empty(self.world, dtype=np.int64)
+        stage[by_stage] = np.arange(self.par.pp)[None, :]
+        return stage[ranks]
+
+    def placement(self, group: Group, stages) -> np.ndarray:
+        """The rank matrix that prices a call issued by ``stages``: collectives get their groups in those
+        stages; point-to-point calls get (sender, receiver) rows."""
+        if group.pairs in ("pp+1", "pp-1"):
+            chains = self.groups(("pp",), group.expert)
+            step = 1 if group.pairs == "pp+1" else -1
+            stages = np.asarray(stages)
+            senders = chains[:, stages]
+            receivers = chains[:, (stages + step) % self.par.pp]
+            return np.stack([senders.ravel(), receivers.ravel()], axis=1)
+        if group.pairs == "ends":  # the embedding group: first and last stage of every pipeline
+            return self.groups(("pp",), group.expert)[:, [0, self.par.pp - 1]]
+        members = self.groups(group.dims, group.expert, stages, group.split)
+        if group.pairs == "ring":
+            return np.stack([members.ravel(), np.roll(members, -1, axis=1).ravel()], axis=1)
+        return members

@@ -1,0 +1,101 @@
+"""The parameters one rank of a pipeline stage holds, in registration order, split into the dense buffer
+(reduced over the data-parallel x context-parallel group) and the expert buffer (reduced over the expert
+data-parallel group, parallel_state.py).
+
+Sharding over TP follows Megatron: column- and row-parallel weights and column-parallel biases are split,
+norms, row-parallel biases, routers and position embeddings are replicated; the vocabulary is padded to a
+multiple of 128·t (the torch flavour does not pad). Registration order matters for gradient buckets
+(DDP and Megatron both fill buckets walking the parameters in reverse).
+MLA (DeepSeek) projections are all taken as TP-split: Megatron replicates the two small down-projections
+(q_a: h x 1536, kv_a: h x 576 per layer), so the per-rank dense buffer is slightly under-counted for tp > 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .context import Context
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    numel: int
+    unit: str  # the FSDP / ZeRO-3 unit: "root" (embedding, final norm, head) or "layer.N"
+
+
+def stage_params(ctx: Context, stage: int) -> tuple[list[Param], list[Param]]:
+    """(dense, expert) parameters of one rank of ``stage``."""
+    m, t = ctx.model, ctx.par.tp
+    torch = ctx.flavour == "torch"
+    vocab = m.vocab_size if torch else m.padded_vocab(t)
+    dense: list[Param] = []
+    expert: list[Param] = []
+    if ctx.is_first(stage):
+        dense.append(Param("embedding.word", vocab // t * m.hidden_size, "root"))
+        if m.learned_position_embeddings:
+            dense.append(Param("embedding.position", m.seq_length * m.hidden_size, "root"))
+    for layer in ctx.stage_layers[stage]:
+        dense += _layer(ctx, layer, torch)
+        expert += _experts(ctx, layer)
+    if ctx.is_last(stage):
+        dense.append(Param("final_norm", m.norm_params(), "root"))
+        if not m.tied_embeddings or ctx.par.pp > 1:
+            dense.append(Param("output_layer", vocab // t * m.hidden_size, "root"))
+    return dense, expert
+
+
+def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
+    m, t = ctx.model, ctx.par.tp
+    unit = f"layer.{layer}"
+    h, hd = m.hidden_size, m.head_size
+    q, kv = m.num_attention_heads * hd, m.kv_heads * hd
+    bias = m.linear_bias or m.qkv_bias
+    out = [Param(f"{unit}.input_norm", m.norm_params(), unit)]
+    if m.mla:
+        out.append(Param(f"{unit}.attention", m.attention_params() // t, unit))
+    elif torch:
+        out += [
+            Param(f"{unit}.q", (h * q + (q if bias else 0)) // t, unit),
+            Param(f"{unit}.k", (h * kv + (kv if bias else 0)) // t, unit),
+            Param(f"{unit}.v", (h * kv + (kv if bias else 0)) // t, unit),
+            Param(f"{unit}.o", q * h // t + (h if m.linear_bias else 0), unit),
+        ]
+    else:
+        out += [
+            Param(f"{unit}.qkv", (h * (q + 2 * kv) + ((q + 2 * kv) if bias else 0)) // t, unit),
+            Param(f"{unit}.proj", q * h // t + (h if m.linear_bias else 0), unit),
+        ]
+    if m.qk_norm:
+        out.append(Param(f"{unit}.qk_norm", 2 * hd, unit))
+    out.append(Param(f"{unit}.mlp_norm", m.norm_params(), unit))
+    if m.is_moe_layer(layer):
+        out.append(Param(f"{unit}.router", h * m.moe.num_experts, unit))
+        if m.moe.shared_ffn:
+            out += _mlp(ctx, f"{unit}.shared", m.moe.shared_ffn, t, unit, torch)
+    else:
+        out += _mlp(ctx, f"{unit}.mlp", m.ffn_hidden_size, t, unit, torch)
+    return out
+
+
+def _mlp(ctx: Context, prefix: str, ffn: int, t: int, unit: str, torch: bool) -> list[Param]:
+    m = ctx.model
+    h, bias = m.hidden_size, m.linear_bias
+    down = Param(f"{prefix}.down", ffn * h // t + (h if bias else 0), unit)
+    if torch and m.gated_mlp:
+        return [Param(f"{prefix}.gate", h * ffn // t, unit), Param(f"{prefix}.up", h * ffn // t, unit), down]
+    up_rows = ffn * (2 if m.gated_mlp else 1)
+    return [Param(f"{prefix}.up", (h * up_rows + (up_rows if bias else 0)) // t, unit), down]
+
+
+def _experts(ctx: Context, layer: int) -> list[Param]:
+    m = ctx.model
+    if not m.is_moe_layer(layer):
+        return []
+    local = m.moe.num_experts // ctx.par.ep
+    per_expert = m.expert_params() // ctx.par.expert_tp
+    return [Param(f"layer.{layer}.experts", local * per_expert, f"layer.{layer}")]
+
+
+def total(params: list[Param]) -> int:
+    return sum(p.numel for p in params)

@@ -1,0 +1,248 @@
+"""Data parallelism and ZeRO traffic (Rajbhandari et al. 2020, "ZeRO", §5: 2Ψ per rank for DP, ZeRO-1 and
+ZeRO-2, 3Ψ for ZeRO-3, Ψ = parameters).
+
+- ZeRO-0 (DDP; megatron/core/distributed/distributed_data_parallel.py, torch DistributedDataParallel):
+  gradients all-reduced once per iteration in buckets (DDP skips the other micro-batches with no_sync).
+- ZeRO-1 (Megatron distributed optimizer, optimizer/distrib_optimizer.py): reduce-scatter of the gradient
+  buckets once per iteration, all-gather of the updated parameter buckets. Megatron pads each bucket to
+  a multiple of lcm(dp, 128) elements (param_and_grad_buffer.py).
+- ZeRO-2 (DeepSpeed stage 2, FSDP SHARD_GRAD_OP): gradients are partitioned every backward, so the
+  reduce-scatter runs every micro-batch; one parameter all-gather per iteration.
+- ZeRO-3 (DeepSpeed stage 3, FSDP): per micro-batch and per unit (a transformer layer; the embedding,
+  final norm and head form the root unit) an all-gather of the parameters in forward, again in backward,
+  and a reduce-scatter of the gradients. PyTorch FSDP2 (fully_shard per block + root) does not reshard the
+  root after forward, so the root is not re-gathered in backward; with reshard_after_forward=False (our
+  ZeRO-2 for the torch flavour) no unit is, but parameters are still re-gathered every micro-batch
+  (reference/pytorch/fsdp2_*.json). Hybrid sharding (HSDP) shards inside groups of hybrid_shard_size and
+  all-reduces the sharded gradients across the replicas.
+Dense parameters reduce over the data x context parallel group, expert parameters over the expert
+data-parallel group. Megatron also all-reduces the loss for reporting (2 fp32 values, last stage).
+"""
+
+from __future__ import annotations
+
+from math import lcm
+
+from collectives import Op
+
+from ..context import Context
+from ..layout import Group
+from ..ledger import Call
+from ..params import Param, stage_params
+
+DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed reduce_bucket_size / allgather_bucket_size defaults
+ZERO_PAPER = "Rajbhandari et al. 2020 (ZeRO) §5"
+SOURCES = {
+    0: {
+        "megatron": "megatron/core/distributed/distributed_data_parallel.py",
+        "torch": "torch DistributedDataParallel (Reducer buckets)",
+        "deepspeed": "DeepSpeed engine allreduce_gradients",
+    },
+    1: {
+        "megatron": "megatron/core/optimizer/distrib_optimizer.py",
+        "torch": ZERO_PAPER,
+        "deepspeed": "DeepSpeed ZeRO stage 1",
+    },
+    2: {
+        "megatron": "DeepSpeed ZeRO stage 2 semantics; " + ZERO_PAPER,
+        "torch": "FSDP2 reshard_after_forward=False",
+        "deepspeed": "DeepSpeed ZeRO stage 2",
+    },
+    3: {
+        "megatron": "DeepSpeed ZeRO stage 3 / Megatron-FSDP semantics; " + ZERO_PAPER,
+        "torch": "FSDP2 fully_shard",
+        "deepspeed": "DeepSpeed ZeRO stage 3",
+    },
+}
+
+
+def calls(ctx: Context) -> list[Call]:
+    if not ctx.training:
+        return []
+    out: list[Call] = []
+    for stage in range(ctx.par.pp):
+        dense, expert = stage_params(ctx, stage)
+        if ctx.par.dp * ctx.par.cp > 1:
+            out += [c.at(stage) for c in _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)]
+        if expert and ctx.par.expert_dp > 1:
+            out += [c.at(stage) for c in _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)]
+        if ctx.is_last(stage) and ctx.flavour == "megatron" and ctx.par.dp * ctx.par.cp > 1:
+            out.append(
+                Call(
+                    "dp.loss_report",
+                    "dp",
+                    Op.ALLREDUCE,
+                    "forward",
+                    8,
+                    ctx.micro_batches,
+                    Group(("cp", "dp")),
+                    "megatron pretrain_gpt.py loss_func (loss and token count)",
+                    (stage,),
+                    "fp32",
+                )
+            )
+    return out
+
+
+def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+    stage = ctx.par.zero_stage
+    if stage == 3 or (stage == 2 and ctx.flavour == "torch"):
+        return _sharded_units(ctx, params, group, kind, size)
+    source = SOURCES[stage][ctx.flavour]
+    buckets = _buckets(ctx, params, size)
+    gbytes, pbytes, m = ctx.grad_bytes, ctx.param_bytes, ctx.micro_batches
+    out = []
+    for numel, count in _counted(buckets):
+        if stage == 0:
+            out.append(
+                _call(
+                    ctx, f"{kind}.grads", Op.ALLREDUCE, "backward", numel * gbytes, count, group, source, ctx.grad_dtype
+                )
+            )
+            continue
+        reduce_count = count * (m if stage == 2 else 1)
+        out += [
+            _call(
+                ctx,
+                f"{kind}.grads",
+                Op.REDUCESCATTER,
+                "backward",
+                numel * gbytes,
+                reduce_count,
+                group,
+                source,
+                ctx.grad_dtype,
+            ),
+            _call(
+                ctx,
+                f"{kind}.params",
+                Op.ALLGATHER,
+                "optimizer",
+                numel * pbytes,
+                count,
+                group,
+                source,
+                ctx.work.param_dtype,
+            ),
+        ]
+    return out
+
+
+def _call(ctx, name, op, phase, message, count, group, source, dtype) -> Call:
+    return Call(name, name.split(".")[0], op, phase, message, count, group, source, dtype=dtype)
+
+
+def _buckets(ctx: Context, params: list[Param], dp_size: int) -> list[int]:
+    """Gradient buckets in elements: parameters taken in reverse registration order, a bucket closing
+    once it reaches the cap (torch Reducer and Megatron's _ParamAndGradBuffer use the same rule)."""
+    cap = _cap_elements(ctx)
+    buckets, current = [], 0
+    for p in reversed(params):
+        current += p.numel
+        if current >= cap:
+            buckets.append(current)
+            current = 0
+    if current:
+        buckets.append(current)
+    if ctx.flavour == "megatron" and ctx.par.zero_stage >= 1:
+        pad = lcm(dp_size, 128)
+        buckets = [-(-b // pad) * pad for b in buckets]
+    return buckets
+
+
+def _cap_elements(ctx: Context) -> float:
+    if ctx.par.dp_bucket_bytes is not None:
+        return max(1, ctx.par.dp_bucket_bytes // ctx.grad_bytes)
+    if ctx.flavour == "torch":
+        return DDP_TORCH_BUCKET_BYTES / ctx.grad_bytes
+    if ctx.flavour == "deepspeed":
+        return DEEPSPEED_BUCKET_ELEMENTS
+    return float("inf")  # Megatron without --overlap-grad-reduce: one bucket per buffer
+
+
+def _counted(sizes: list[int]) -> list[tuple[int, int]]:
+    """Equal buckets as one row with a count, in first-seen order."""
+    counts: dict[int, int] = {}
+    for s in sizes:
+        counts[s] = counts.get(s, 0) + 1
+    return list(counts.items())
+
+
+def _sharded_units(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+    """ZeRO-3 / FSDP: per micro-batch and unit, all-gather forward (and backward), reduce-scatter."""
+    units: dict[str, int] = {}
+    for p in params:
+        units[p.unit] = units.get(p.unit, 0) + p.numel
+    torch, m = ctx.flavour == "torch", ctx.micro_batches
+    regather_backward = ctx.par.zero_stage == 3
+    hs = ctx.par.hybrid_shard_size
+    shard_group = (
+        Group(tuple(d for d in ("cp", "dp_shard") if d != "cp" or ctx.par.cp > 1), group.expert, split=hs)
+        if hs
+        else group
+    )
+    source = SOURCES[ctx.par.zero_stage][ctx.flavour]
+    out = []
+    by_size: dict[tuple[int, bool], int] = {}
+    for unit, numel in units.items():
+        again = regather_backward and not (torch and unit == "root")
+        by_size[(numel, again)] = by_size.get((numel, again), 0) + 1
+    for (numel, again), count in by_size.items():
+        out.append(
+            _call(
+                ctx,
+                f"{kind}.params",
+                Op.ALLGATHER,
+                "forward",
+                numel * ctx.param_bytes,
+                count * m,
+                shard_group,
+                source,
+                ctx.work.param_dtype,
+            )
+        )
+        if again:
+            out.append(
+                _call(
+                    ctx,
+                    f"{kind}.params.bwd",
+                    Op.ALLGATHER,
+                    "backward",
+                    numel * ctx.param_bytes,
+                    count * m,
+                    shard_group,
+                    source,
+                    ctx.work.param_dtype,
+                )
+            )
+        out.append(
+            _call(
+                ctx,
+                f"{kind}.grads",
+                Op.REDUCESCATTER,
+                "backward",
+                numel * ctx.grad_bytes,
+                count * m,
+                shard_group,
+                source,
+                ctx.grad_dtype,
+            )
+        )
+        replicas_count = (ctx.par.expert_dp if group.expert else ctx.par.dp) // hs if hs else 1
+        if replicas_count > 1:
+            replicas = Group(("dp_rep",), group.expert, split=hs)
+            out.append(
+                _call(
+                    ctx,
+                    f"{kind}.grads.replicas",
+                    Op.ALLREDUCE,
+                    "backward",
+                    numel * ctx.grad_bytes // hs,
+                    count * m,
+                    replicas,
+                    source + " (HSDP replicate all-reduce)",
+                    ctx.grad_dtype,
+                )
+            )
+    return out

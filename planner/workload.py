@@ -1,0 +1,63 @@
+"""What one iteration is: a training step, or one inference prefill pass or decode step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import SpecError
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    kind: str = "training"  # training | inference
+    # training
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    activation_recompute: str = "none"  # none | selective (core attention) | full (whole layer)
+    # inference
+    phase: str = "prefill"  # prefill | decode
+    batch_size: int = 1  # sequences across all data-parallel replicas
+    context_length: int | None = None  # prompt length (prefill) or KV length (decode); default seq_length
+    # dtypes
+    param_dtype: str = "bf16"
+    activation_dtype: str = "bf16"
+    grad_reduce_dtype: str | None = None  # None: the framework's default (megatron fp32, others = params)
+    moe_dispatch_dtype: str | None = None  # None: activation dtype; "fp8" for DeepSeek-style dispatch
+
+    @property
+    def training(self) -> bool:
+        return self.kind == "training"
+
+    def bytes_of(self, which: str) -> int:
+        return DTYPE_BYTES[getattr(self, which)]
+
+
+def validate_workload(w: WorkloadSpec) -> None:
+    if w.kind not in ("training", "inference"):
+        raise SpecError("workload.kind", f"must be 'training' or 'inference', got {w.kind!r}")
+    for name in ("param_dtype", "activation_dtype", "grad_reduce_dtype", "moe_dispatch_dtype"):
+        value = getattr(w, name)
+        if value is not None and value not in DTYPE_BYTES:
+            raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    if w.training:
+        _at_least_one("workload.micro_batch_size", w.micro_batch_size)
+        _at_least_one("workload.global_batch_size", w.global_batch_size)
+        if w.activation_recompute not in RECOMPUTE:
+            raise SpecError(
+                "workload.activation_recompute",
+                f"must be one of {', '.join(RECOMPUTE)}, got {w.activation_recompute!r}",
+            )
+        return
+    if w.phase not in ("prefill", "decode"):
+        raise SpecError("workload.phase", f"must be 'prefill' or 'decode', got {w.phase!r}")
+    _at_least_one("workload.batch_size", w.batch_size)
+    if w.context_length is not None:
+        _at_least_one("workload.context_length", w.context_length)
+
+
+def _at_least_one(field: str, value: int) -> None:
+    if value < 1:
+        raise SpecError(field, f"must be >= 1, got {value}")
