@@ -60,7 +60,7 @@ def test_megatron_sc21_tp_volume():
 def test_sequence_parallel_adds_the_wgrad_regather():
     """Korthikanti et al.: SP moves the same bytes as TP (AG + RS = AR); Megatron's backward re-gathers the
     column-parallel inputs for the weight gradient: 10 instead of 8 units of A(t-1)/t per layer."""
-    plain, model = _tp_plan(sp=False)
+    plain, _ = _tp_plan(sp=False)
     seq, _ = _tp_plan(sp=True)
     ratio = (sent(seq, "tp.attn.") + sent(seq, "tp.mlp.")) / (sent(plain, "tp.attn.") + sent(plain, "tp.mlp."))
     assert ratio == pytest.approx(10 / 8, rel=1e-9)
