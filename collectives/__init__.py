@@ -22,7 +22,7 @@ from .primitives import (
     reference,
 )
 from .schedule import Schedule, Step, StepClass, Transfers
-from .verify import Verification, verify
+from .verify import Verification, verify, verify_inputs
 
 
 def build_schedule(
@@ -74,4 +74,5 @@ __all__ = [
     "parse_op",
     "reference",
     "verify",
+    "verify_inputs",
 ]

@@ -25,8 +25,13 @@ class Execution:
     steps: int
 
 
-def execute(schedule: Schedule, inputs: list[np.ndarray], reduction: Reduction = Reduction.SUM) -> Execution:
-    """Execute ``schedule`` on ``inputs[r]`` (rank r's send buffer) and read every rank's output."""
+def execute(
+    schedule: Schedule, inputs: list[np.ndarray], reduction: Reduction = Reduction.SUM, observe=None
+) -> Execution:
+    """Execute ``schedule`` on ``inputs[r]`` (rank r's send buffer) and read every rank's output.
+
+    ``observe(step, state, transfers)``, if given, sees the (holders x slots x width) state before the
+    first step (step -1, no transfers) and after every step: the schedule view of the web page uses it."""
     n = schedule.num_ranks
     if len(inputs) != n:
         raise CollectiveError("inputs", f"need one buffer per rank: {len(inputs)} buffers for {n} ranks")
@@ -48,7 +53,9 @@ def execute(schedule: Schedule, inputs: list[np.ndarray], reduction: Reduction =
     received = np.zeros(holders, dtype=np.int64)
     scratch = _Scratch(width, dtype)
     steps = 0
-    for step in schedule.steps():
+    if observe:
+        observe(-1, state, ())
+    for index, step in enumerate(schedule.steps()):
         # Read every source first: transfers of one step see the state before the step.
         staged = [(t, scratch.take(flat, t.src * num_slots + t.src_slot, i)) for i, t in enumerate(step.transfers)]
         wire = False
@@ -60,6 +67,8 @@ def execute(schedule: Schedule, inputs: list[np.ndarray], reduction: Reduction =
                 np.add.at(sent, t.src[remote], slot_bytes[t.src_slot[remote]])
                 np.add.at(received, t.dst[remote], slot_bytes[t.dst_slot[remote]])
         steps += wire
+        if observe:
+            observe(index, state, step.transfers)
 
     outputs = [maps.read(state[r], layout.output_slots(r)) for r in range(n)]
     if reduction is Reduction.AVG:

@@ -34,10 +34,20 @@ class Verification:
     bytes_received: list[int]
 
 
+def input_sizes(op: Op, n: int, count: int) -> np.ndarray:
+    """Elements of each rank's send buffer: its block for allgather/gather, ``count`` otherwise."""
+    return block_sizes(count, n) if op in (Op.ALLGATHER, Op.GATHER) else np.full(n, count)
+
+
+def verify_inputs(op, n: int, count: int, root: int = 0) -> list[np.ndarray]:
+    """Zero-filled send buffers of the right sizes (callers fill them)."""
+    return [np.zeros(int(s)) for s in input_sizes(parse_op(op), n, count)]
+
+
 def random_inputs(op: Op, n: int, count: int, dtype: np.dtype, seed: int, root: int = 0) -> list[np.ndarray]:
-    """Each rank's send buffer: its block for allgather/gather, ``count`` elements otherwise."""
+    """Each rank's send buffer, random: normal floats, or integers in [-100, 100]."""
     rng = np.random.default_rng(seed)
-    sizes = block_sizes(count, n) if op in (Op.ALLGATHER, Op.GATHER) else np.full(n, count)
+    sizes = input_sizes(op, n, count)
     if dtype.kind == "f":
         return [rng.standard_normal(int(s)).astype(dtype) for s in sizes]
     info = np.iinfo(dtype)

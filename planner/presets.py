@@ -208,3 +208,25 @@ def _hf_mla(config: dict) -> MLASpec | None:
         get("qk_rope_head_dim", 64),
         get("v_head_dim", 128),
     )
+
+
+# Workload and parallel presets: partial specs a request can start from and override.
+WORKLOAD_PRESETS: dict[str, dict] = {
+    "pretrain": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 1024},
+    "pretrain-recompute": {
+        "kind": "training",
+        "micro_batch_size": 1,
+        "global_batch_size": 1024,
+        "activation_recompute": "full",
+    },
+    "prefill": {"kind": "inference", "phase": "prefill", "batch_size": 8},
+    "decode": {"kind": "inference", "phase": "decode", "batch_size": 64},
+}
+
+PARALLEL_PRESETS: dict[str, dict] = {
+    "megatron-tp8-pp4-zero1": {"tp": 8, "pp": 4, "zero_stage": 1, "sequence_parallel": True},
+    "megatron-tp8-zero1": {"tp": 8, "zero_stage": 1, "sequence_parallel": True},
+    "fsdp": {"framework": "torch", "zero_stage": 3},
+    "ddp": {"framework": "torch", "zero_stage": 0},
+    "moe-ep8": {"ep": 8, "zero_stage": 1},
+}

@@ -94,7 +94,7 @@ class Cluster:
 
     @cached_property
     def capacity_GBps(self) -> np.ndarray:
-        return np.concatenate([np.full(f.size, f.capacity_GBps) for f in self.families.values()])
+        return np.concatenate([np.zeros(0), *(np.full(f.size, f.capacity_GBps) for f in self.families.values())])
 
     def rate(self, calibration, in_network: bool = False) -> np.ndarray:
         """Bytes per second each link really carries: capacity x the calibrated efficiency of its kind
@@ -111,7 +111,7 @@ class Cluster:
                 )
                 for f in self.families.values()
             ]
-            cache[key] = np.concatenate(per_family)
+            cache[key] = np.concatenate([np.zeros(0), *per_family])  # a one-device cluster has no links
         return cache[key]
 
     def describe_link(self, link: int) -> dict:

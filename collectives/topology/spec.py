@@ -94,7 +94,7 @@ def validate_cluster(spec: ClusterSpec) -> None:
     if spec.intra.fabric == "none" and spec.devices_per_node > 1:
         raise CollectiveError("intra.fabric", f"'none' needs 1 device per node, got {spec.devices_per_node}")
     if spec.intra.fabric != "none" or spec.devices_per_node > 1:
-        _positive("intra.bandwidth_GBps", spec.intra.bandwidth_GBps)
+        _bandwidth("intra.bandwidth_GBps", spec.intra.bandwidth_GBps)
     _non_negative("intra.latency_s", spec.intra.latency_s)
     net = spec.network
     if net.topology not in NETWORKS:
@@ -103,8 +103,8 @@ def validate_cluster(spec: ClusterSpec) -> None:
         raise CollectiveError("network.topology", f"{spec.num_nodes} nodes need a network, got 'none'")
     if spec.num_nodes > 1:
         _positive("nics_per_node", spec.nics_per_node)
-        _positive("nic_bandwidth_GBps", spec.nic_bandwidth_GBps)
-        _positive("pcie_bandwidth_GBps", spec.pcie_bandwidth_GBps)
+        _bandwidth("nic_bandwidth_GBps", spec.nic_bandwidth_GBps)
+        _bandwidth("pcie_bandwidth_GBps", spec.pcie_bandwidth_GBps)
         if spec.devices_per_node % spec.nics_per_node and spec.nics_per_node % spec.devices_per_node:
             raise CollectiveError(
                 "nics_per_node",
@@ -126,7 +126,7 @@ def _validate_network(spec: ClusterSpec) -> None:
                 "network.oversubscription", f"must be >= 1 (downlink:uplink), got {net.oversubscription}"
             )
         return
-    _positive("network.link_bandwidth_GBps", net.link_bandwidth_GBps)
+    _bandwidth("network.link_bandwidth_GBps", net.link_bandwidth_GBps)
     if net.topology == "torus":
         product = 1
         for d in net.dims:
@@ -150,6 +150,16 @@ def _validate_network(spec: ClusterSpec) -> None:
 def _positive(name: str, value) -> None:
     if not value > 0:
         raise CollectiveError(name, f"must be > 0, got {value}")
+
+
+MIN_BANDWIDTH_GBPS = 1e-3  # 1 MB/s: below it a byte count over a link overflows the float seconds
+
+
+def _bandwidth(name: str, value) -> None:
+    if not value >= MIN_BANDWIDTH_GBPS:
+        raise CollectiveError(
+            name, f"must be >= {MIN_BANDWIDTH_GBPS} GB/s (zero or negative bandwidth is no link), got {value}"
+        )
 
 
 def _non_negative(name: str, value) -> None:

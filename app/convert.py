@@ -1,0 +1,155 @@
+"""Request blocks -> planner and cluster specs: presets first, then the fields the request sets."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from collectives import CollectiveError
+from collectives.topology import ClusterSpec, IntraNode, Network, cluster_preset, validate_cluster
+from planner import MODEL_PRESETS, ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
+from planner.model import MLASpec, MoESpec
+from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
+
+from .schemas.cluster import ClusterIn
+from .schemas.plan import ModelIn, OptionsIn, ParallelIn, PlanRequest, WorkloadIn
+from .settings import Settings
+
+MODEL_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length")
+
+
+def _set(block, skip=("preset", "hf_config")) -> dict:
+    """The fields a request block actually sets (so that an explicit null can clear a preset's value)."""
+    return {k: getattr(block, k) for k in block.model_fields_set if k not in skip}
+
+
+def model_spec(block: ModelIn) -> ModelSpec:
+    if block.preset is not None:
+        if block.preset not in MODEL_PRESETS:
+            raise SpecError("model.preset", f"unknown model preset {block.preset!r}; known: {', '.join(MODEL_PRESETS)}")
+        base = MODEL_PRESETS[block.preset]
+    elif block.hf_config is not None:
+        base = from_hf_config(block.hf_config, block.seq_length)
+    else:
+        missing = [f for f in MODEL_REQUIRED if getattr(block, f) is None]
+        if missing:
+            raise SpecError(
+                f"model.{missing[0]}",
+                f"required when neither preset nor hf_config is given (missing: {', '.join(missing)})",
+            )
+        base = ModelSpec(**{f: getattr(block, f) for f in MODEL_REQUIRED}, name="custom")
+    changes = _set(block)
+    if "moe" in changes:
+        changes["moe"] = MoESpec(**block.moe.model_dump()) if block.moe else None
+    if "mla" in changes:
+        changes["mla"] = MLASpec(**block.mla.model_dump()) if block.mla else None
+    return replace(
+        base, **{k: v for k, v in changes.items() if v is not None or k in ("moe", "mla", "num_kv_heads", "head_dim")}
+    )
+
+
+def workload_spec(block: WorkloadIn) -> WorkloadSpec:
+    base = _preset(WORKLOAD_PRESETS, block.preset, "workload")
+    return WorkloadSpec(**(base | {k: v for k, v in _set(block).items() if v is not None}))
+
+
+def parallel_spec(block: ParallelIn, num_devices: int) -> ParallelSpec:
+    values = _preset(PARALLEL_PRESETS, block.preset, "parallel") | {
+        k: v for k, v in _set(block).items() if v is not None
+    }
+    if values.get("dp") is None:
+        per_replica = values.get("tp", 1) * values.get("cp", 1) * values.get("pp", 1)
+        if num_devices % per_replica:
+            raise SpecError(
+                "parallel.dp",
+                f"dp omitted, but the cluster's {num_devices} devices do not divide into "
+                f"tp*cp*pp = {values.get('tp', 1)}*{values.get('cp', 1)}*{values.get('pp', 1)} = {per_replica}",
+            )
+        values["dp"] = num_devices // per_replica
+    return ParallelSpec(**values)
+
+
+def _preset(table: dict, name: str | None, block: str) -> dict:
+    if name is None:
+        return {}
+    if name not in table:
+        raise SpecError(f"{block}.preset", f"unknown {block} preset {name!r}; known: {', '.join(table)}")
+    return dict(table[name])
+
+
+def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
+    if block.preset is not None:
+        try:
+            base = cluster_preset(block.preset, block.num_nodes)
+        except CollectiveError as err:
+            raise SpecError("cluster.preset", err.rule) from None
+    else:
+        for required in ("num_nodes", "devices_per_node"):
+            if getattr(block, required) is None:
+                raise SpecError(f"cluster.{required}", "required when no preset is given")
+        base = ClusterSpec(block.name or "custom", block.num_nodes, block.devices_per_node)
+    spec = replace(base, **{k: v for k, v in _set(block, ("preset", "intra", "network")).items() if v is not None})
+    if block.intra is not None:
+        spec = replace(spec, intra=replace(spec.intra, **_present(block.intra)))
+    if block.network is not None:
+        net = _present(block.network)
+        if "dims" in net:
+            net["dims"] = tuple(net["dims"])
+        spec = replace(spec, network=replace(spec.network, **net))
+    devices = spec.num_nodes * spec.devices_per_node
+    if devices > settings.max_devices:
+        raise SpecError(
+            "cluster.num_nodes",
+            f"num_nodes x devices_per_node = {spec.num_nodes} x {spec.devices_per_node} = "
+            f"{devices} devices; this service prices at most {settings.max_devices} (COMMPLAN_MAX_DEVICES)",
+        )
+    try:
+        validate_cluster(spec)
+    except CollectiveError as err:
+        raise SpecError(f"cluster.{err.field}", err.rule) from None
+    return spec
+
+
+def _present(block) -> dict:
+    return {k: v for k, v in block.model_dump(exclude_unset=True).items() if v is not None}
+
+
+def options(block: OptionsIn) -> Options:
+    return Options(algorithm=block.algorithm, candidates=block.candidates, contention=block.contention)
+
+
+def plan_inputs(request: PlanRequest, settings: Settings):
+    """(model, workload, parallel, cluster, options) for planner.build_plan."""
+    cluster = cluster_spec(request.cluster, settings)
+    return (
+        model_spec(request.model),
+        workload_spec(request.workload),
+        parallel_spec(request.parallel, cluster.num_devices),
+        cluster,
+        options(request.options),
+    )
+
+
+def spec_dict(spec) -> dict:
+    """A (nested) spec dataclass as JSON-ready data."""
+    out = {}
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        if hasattr(value, "__dataclass_fields__"):
+            value = spec_dict(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+__all__ = [
+    "IntraNode",
+    "Network",
+    "cluster_spec",
+    "model_spec",
+    "options",
+    "parallel_spec",
+    "plan_inputs",
+    "spec_dict",
+    "workload_spec",
+]

@@ -1,0 +1,189 @@
+"""POST /v1/collectives/price, /verify, /schedule and GET /v1/collectives/algorithms."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+import collectives as coll
+from collectives.topology import price_call
+from planner import SpecError
+from planner.plan import cluster_for
+
+from ..convert import cluster_spec
+from ..errors import BAD_INPUT
+from ..schemas.collectives import (
+    AlgorithmOut,
+    PriceOut,
+    PriceRequest,
+    ScheduleOut,
+    ScheduleRequest,
+    VerifyOut,
+    VerifyRequest,
+)
+
+router = APIRouter(prefix="/v1/collectives", tags=["collectives"])
+# a CollectiveError's field, as named in the request body of these endpoints
+PRICE_FIELDS = {"count": "message_bytes", "num_ranks": "ranks"}
+
+
+@router.get(
+    "/algorithms",
+    response_model=list[AlgorithmOut],
+    summary="Which algorithms exist for which op",
+    description="Each (algorithm, op) with its alpha-beta closed form and source.",
+)
+def algorithms() -> list[dict]:
+    return coll.catalogue()
+
+
+@router.post(
+    "/price",
+    responses=BAD_INPUT,
+    response_model=PriceOut,
+    summary="Price one collective call on a cluster",
+    description="All listed groups run the call at the same moment and share links. message_bytes follows "
+    "nccl-tests; bandwidth in GB/s = 1e9 B/s.",
+)
+def price(body: PriceRequest, request: Request) -> dict:
+    settings = request.app.state.settings
+    cluster = cluster_for(cluster_spec(body.cluster, settings))
+    placement = _placement(body, settings.max_price_transfers)
+    try:
+        p = price_call(coll.Op(body.op), body.message_bytes, placement, cluster, body.algorithm, which=body.candidates)
+    except coll.CollectiveError as err:
+        raise SpecError(PRICE_FIELDS.get(err.field, err.field), err.rule) from None
+    return {
+        **{
+            k: getattr(p, k)
+            for k in (
+                "algorithm",
+                "time_s",
+                "algbw_GBps",
+                "busbw_GBps",
+                "bytes_sent_per_rank",
+                "bytes_received_per_rank",
+                "steps",
+                "links",
+                "span",
+                "nodes_per_group",
+            )
+        },
+        "bottleneck": p.bottleneck.get("kind", "none"),
+        "bottleneck_link": p.bottleneck or None,
+    }
+
+
+def _placement(body: PriceRequest, limit: int) -> np.ndarray:
+    if body.ranks is None and body.group_size is None:
+        raise SpecError("ranks", "give ranks (global device ids) or group_size")
+    first = body.ranks if body.ranks is not None else list(range(body.group_size))
+    groups = [first, *(body.concurrent_groups or [])]
+    if any(len(g) != len(first) for g in groups):
+        raise SpecError("concurrent_groups", f"every group must have {len(first)} ranks like the first")
+    if len(groups) * len(first) > limit:
+        raise SpecError(
+            "concurrent_groups",
+            f"{len(groups)} groups x {len(first)} ranks exceed {limit} (COMMPLAN_MAX_PRICE_TRANSFERS)",
+        )
+    if body.op == "sendrecv" and len(first) != 2:
+        raise SpecError("ranks", f"sendrecv is between 2 ranks, got {len(first)}")
+    return np.array(groups, dtype=np.int64)
+
+
+@router.post(
+    "/verify",
+    responses=BAD_INPUT,
+    response_model=VerifyOut,
+    summary="Run an algorithm's schedule on random data",
+    description="Executes the same schedule that is priced on numpy buffers and compares the result with "
+    "the primitive's reference, and the bytes moved with the closed form.",
+)
+def verify(body: VerifyRequest, request: Request) -> dict:
+    limit = request.app.state.settings.max_verify_elements
+    if body.num_ranks * max(body.count, 1) > limit:
+        raise SpecError(
+            "count",
+            f"num_ranks x count = {body.num_ranks} x {body.count} = {body.num_ranks * body.count} "
+            f"elements; at most {limit} (COMMPLAN_MAX_VERIFY_ELEMENTS)",
+        )
+    if body.num_ranks > 1024:
+        raise SpecError("num_ranks", f"at most 1024 ranks are executed here, got {body.num_ranks}")
+    result = coll.verify(
+        body.op,
+        body.algorithm,
+        body.num_ranks,
+        body.count,
+        body.dtype,
+        body.seed,
+        body.reduction,
+        body.root,
+        body.local_size,
+    )
+    return result.__dict__
+
+
+@router.post(
+    "/schedule",
+    responses=BAD_INPUT,
+    response_model=ScheduleOut,
+    summary="The steps of an algorithm on a small group",
+    description="Every transfer of every step, and after each step which ranks' data each slot holds "
+    "(executed with rank r contributing 2^r).",
+)
+def schedule(body: ScheduleRequest) -> dict:
+    sched = coll.build_schedule(
+        body.op, body.algorithm, body.num_ranks, body.count, 4, root=body.root, local_size=body.local_size
+    )
+    if sched.num_steps > 256:
+        raise SpecError("num_ranks", f"{sched.num_steps} steps; the step view shows at most 256")
+    inputs = [
+        np.full(len(x), 1 << r, dtype=np.int64)
+        for r, x in enumerate(coll.verify_inputs(sched.op, body.num_ranks, body.count, body.root))
+    ]
+    frames: list[dict] = []
+    initial: list = []
+    slot_bytes = sched.slot_bytes
+
+    def observe(step, state, transfers):
+        holds = [
+            [_ranks(state[h, s, 0]) if sched.layout.slot_elems[s] else [] for s in range(state.shape[1])]
+            for h in range(state.shape[0])
+        ]
+        if step < 0:
+            initial.extend(holds)
+            return
+        frames.append(
+            {
+                "holds": holds,
+                "transfers": [
+                    {
+                        "src": int(a),
+                        "dst": int(b),
+                        "src_slot": int(c),
+                        "dst_slot": int(d),
+                        "bytes": int(slot_bytes[c]),
+                        "reduce": t.reduce,
+                    }
+                    for t in transfers
+                    for a, b, c, d in zip(t.src, t.dst, t.src_slot, t.dst_slot, strict=True)
+                ],
+            }
+        )
+
+    coll.execute(sched, inputs, observe=observe)
+    return {
+        "op": sched.op.value,
+        "algorithm": sched.algorithm,
+        "num_ranks": sched.num_ranks,
+        "num_virtual": sched.num_virtual,
+        "slot_bytes": slot_bytes.tolist(),
+        "initial": initial,
+        "steps": frames,
+        "wire_steps": sched.num_steps,
+    }
+
+
+def _ranks(mask) -> list[int]:
+    mask = int(mask)
+    return [r for r in range(mask.bit_length()) if mask >> r & 1]

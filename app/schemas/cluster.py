@@ -1,0 +1,48 @@
+"""Cluster block of a request: a preset with overrides, or every field given."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s per direction; at least 1 MB/s")
+Latency = Field(default=None, ge=0, le=1.0, description="seconds")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IntraIn(Strict):
+    fabric: Literal["switch", "full_mesh", "ring", "none"] | None = None
+    bandwidth_GBps: float | None = Bandwidth
+    latency_s: float | None = Latency
+    in_network_reduction: bool | None = Field(default=None, description="NVLink SHARP (NVLS) in the switch")
+    link_name: str | None = Field(default=None, max_length=32)
+
+
+class NetworkIn(Strict):
+    topology: Literal["fat_tree", "torus", "dragonfly", "hypercube", "none"] | None = None
+    rail_optimized: bool | None = None
+    nodes_per_leaf: int | None = Field(default=None, ge=1, le=1 << 16)
+    num_spines: int | None = Field(default=None, ge=1, le=1 << 12)
+    oversubscription: float | None = Field(default=None, ge=1, le=1024)
+    dims: list[int] | None = Field(default=None, min_length=1, max_length=6)
+    group_size: int | None = Field(default=None, ge=1, le=1 << 12)
+    link_bandwidth_GBps: float | None = Bandwidth
+    switch_latency_s: float | None = Latency
+    in_network_reduction: bool | None = Field(default=None, description="SHARP in the switches")
+
+
+class ClusterIn(Strict):
+    preset: str | None = Field(default=None, description="a name from GET /v1/presets/clusters")
+    num_nodes: int | None = Field(default=None, ge=1, le=1 << 17)
+    devices_per_node: int | None = Field(default=None, ge=1, le=1024)
+    intra: IntraIn | None = None
+    nics_per_node: int | None = Field(default=None, ge=1, le=1024)
+    nic_bandwidth_GBps: float | None = Bandwidth
+    nic_latency_s: float | None = Latency
+    pcie_bandwidth_GBps: float | None = Bandwidth
+    network: NetworkIn | None = None
+    name: str | None = Field(default=None, max_length=64)

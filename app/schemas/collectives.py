@@ -1,0 +1,150 @@
+"""Collective pricing, verification and schedule-inspection schemas."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .cluster import ClusterIn
+
+OpName = Literal[
+    "allreduce", "reducescatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter", "sendrecv"
+]
+DtypeName = Literal["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+
+
+class PriceRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "op": "allreduce",
+                    "algorithm": "auto",
+                    "message_bytes": 1 << 30,
+                    "cluster": {"preset": "dgx-h100"},
+                    "group_size": 8,
+                }
+            ]
+        },
+    )
+    op: OpName
+    algorithm: str = Field(default="auto", max_length=64)
+    message_bytes: int = Field(ge=0, le=1 << 46, description="nccl-tests convention")
+    cluster: ClusterIn
+    ranks: list[int] | None = Field(
+        default=None, min_length=1, max_length=1 << 17, description="global device ids of one group"
+    )
+    group_size: int | None = Field(default=None, ge=1, le=1 << 17, description="devices 0..group_size-1")
+    concurrent_groups: list[list[int]] | None = Field(
+        default=None, max_length=1 << 14, description="more groups running the same call at the same time"
+    )
+    candidates: Literal["library", "all"] = "library"
+
+
+class LinkOut(BaseModel):
+    id: int
+    family: str
+    kind: str
+    label: str
+    capacity_GBps: float
+    bytes: int
+    busy_s: float
+    utilisation: float
+
+
+class PriceOut(BaseModel):
+    algorithm: str
+    time_s: float
+    algbw_GBps: float
+    busbw_GBps: float
+    bytes_sent_per_rank: int
+    bytes_received_per_rank: int
+    steps: int
+    bottleneck: str
+    bottleneck_link: LinkOut | None
+    links: list[LinkOut]
+    span: str
+    nodes_per_group: int
+
+
+class VerifyRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"op": "allreduce", "algorithm": "ring", "num_ranks": 8, "count": 1024, "dtype": "float32", "seed": 0}
+            ]
+        },
+    )
+    op: OpName
+    algorithm: str = Field(max_length=64)
+    num_ranks: int = Field(ge=1, le=4096)
+    count: int = Field(ge=0, le=1 << 26, description="message elements, nccl-tests convention")
+    dtype: DtypeName = "float32"
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    reduction: Literal["sum", "max", "min", "avg"] = "sum"
+    root: int = Field(default=0, ge=0)
+    local_size: int = Field(default=1, ge=1, le=4096, description="ranks per node, for hierarchical")
+
+
+class VerifyOut(BaseModel):
+    ok: bool
+    max_abs_error: float
+    tolerance: float
+    steps: int
+    expected_steps: int
+    bytes_sent_per_rank: int = Field(description="measured on the executed schedule, busiest rank")
+    bytes_received_per_rank: int
+    expected_bytes_sent_per_rank: int = Field(description="closed form")
+    expected_bytes_received_per_rank: int
+    bytes_sent: list[int] = Field(description="per rank")
+    bytes_received: list[int]
+
+
+class AlgorithmOut(BaseModel):
+    algorithm: str
+    op: str
+    formula: str
+    source: str
+
+
+class ScheduleRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8}]},
+    )
+    op: OpName
+    algorithm: str = Field(max_length=64)
+    num_ranks: int = Field(ge=1, le=16)
+    count: int = Field(ge=0, le=4096)
+    root: int = Field(default=0, ge=0)
+    local_size: int = Field(default=1, ge=1, le=16)
+
+
+class TransferOut(BaseModel):
+    src: int
+    dst: int
+    src_slot: int
+    dst_slot: int
+    bytes: int
+    reduce: bool
+
+
+class StepOut(BaseModel):
+    transfers: list[TransferOut]
+    holds: list[list[list[int]]] = Field(
+        description="after the step: holds[rank][slot] = ranks whose data the slot contains"
+    )
+
+
+class ScheduleOut(BaseModel):
+    op: str
+    algorithm: str
+    num_ranks: int
+    num_virtual: int
+    slot_bytes: list[int]
+    initial: list[list[list[int]]]
+    steps: list[StepOut]
+    wire_steps: int

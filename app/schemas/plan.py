@@ -1,0 +1,213 @@
+"""Plan request and response schemas (CONTRACT.md). Units: bytes are integers, seconds floats, bandwidth
+GB/s = 1e9 bytes/s per direction. Every block may be ``{"preset": NAME, ...overrides}``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .cluster import ClusterIn
+
+# Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
+# request cheap; they are far above any real model.
+Layers = Field(default=None, ge=1, le=2048)
+Width = Field(default=None, ge=1, le=1 << 20)
+Heads = Field(default=None, ge=1, le=1 << 14)
+Vocab = Field(default=None, ge=1, le=1 << 24)
+Seq = Field(default=None, ge=1, le=1 << 24)
+Degree = Field(default=None, ge=1, le=1 << 17)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MoEIn(Strict):
+    num_experts: int = Field(ge=1, le=1 << 14)
+    top_k: int = Field(ge=1, le=1 << 14)
+    expert_ffn_hidden_size: int = Field(ge=1, le=1 << 20)
+    num_shared_experts: int = Field(default=0, ge=0, le=64)
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1, le=1 << 20)
+    first_dense_layers: int = Field(default=0, ge=0, le=2048)
+    layer_freq: int = Field(default=1, ge=1, le=2048)
+    capacity_factor: float | None = Field(default=None, gt=0, le=64, description="null: dropless routing")
+
+
+class MLAIn(Strict):
+    q_lora_rank: int = Field(ge=0, le=1 << 16)
+    kv_lora_rank: int = Field(ge=1, le=1 << 16)
+    qk_nope_head_dim: int = Field(ge=1, le=4096)
+    qk_rope_head_dim: int = Field(ge=0, le=4096)
+    v_head_dim: int = Field(ge=1, le=4096)
+
+
+class ModelIn(Strict):
+    preset: str | None = Field(default=None, description="a name from GET /v1/presets/models")
+    hf_config: dict[str, Any] | None = Field(
+        default=None, description="a Hugging Face config.json (Llama, Mixtral, Qwen2/3-MoE, DeepSeek)"
+    )
+    num_layers: int | None = Layers
+    hidden_size: int | None = Width
+    num_attention_heads: int | None = Heads
+    num_kv_heads: int | None = Heads
+    head_dim: int | None = Field(default=None, ge=1, le=1 << 14)
+    ffn_hidden_size: int | None = Width
+    gated_mlp: bool | None = None
+    vocab_size: int | None = Vocab
+    tied_embeddings: bool | None = None
+    seq_length: int | None = Seq
+    norm: Literal["rmsnorm", "layernorm"] | None = None
+    linear_bias: bool | None = None
+    qkv_bias: bool | None = None
+    qk_norm: bool | None = None
+    learned_position_embeddings: bool | None = None
+    moe: MoEIn | None = None
+    mla: MLAIn | None = None
+
+
+class WorkloadIn(Strict):
+    preset: str | None = Field(default=None, description="a name from GET /v1/presets/workloads")
+    kind: Literal["training", "inference"] | None = None
+    micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16)
+    global_batch_size: int | None = Field(default=None, ge=1, le=1 << 24)
+    activation_recompute: Literal["none", "selective", "full"] | None = None
+    phase: Literal["prefill", "decode"] | None = None
+    batch_size: int | None = Field(default=None, ge=1, le=1 << 20, description="sequences over all replicas")
+    context_length: int | None = Seq
+    param_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    moe_dispatch_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+
+
+class ParallelIn(Strict):
+    preset: str | None = Field(default=None, description="a name from GET /v1/presets/parallel")
+    tp: int | None = Degree
+    pp: int | None = Degree
+    dp: int | None = Field(default=None, ge=1, le=1 << 17, description="omitted: devices / (tp·cp·pp)")
+    cp: int | None = Degree
+    ep: int | None = Degree
+    expert_tp: int | None = Degree
+    zero_stage: int | None = Field(default=None, ge=0, le=3)
+    sequence_parallel: bool | None = None
+    virtual_pipeline_stages: int | None = Field(default=None, ge=1, le=256)
+    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] | None = None
+    hybrid_shard_size: int | None = Degree
+    dp_bucket_bytes: int | None = Field(default=None, ge=1, le=1 << 40)
+    order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
+    framework: Literal["megatron", "torch", "deepspeed"] | None = None
+    cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
+    first_stage_layers: int | None = Layers
+    last_stage_layers: int | None = Layers
+
+
+class OptionsIn(Strict):
+    algorithm: str = Field(
+        default="auto", max_length=64, description="auto, or an algorithm name used wherever it applies"
+    )
+    candidates: Literal["library", "all"] = Field(
+        default="library", description="library: what NCCL/HCCL would pick from"
+    )
+    contention: Literal["neighbourhood", "full"] = "neighbourhood"
+
+
+class PlanRequest(Strict):
+    model: ModelIn
+    workload: WorkloadIn = Field(default_factory=WorkloadIn)
+    parallel: ParallelIn = Field(default_factory=ParallelIn)
+    cluster: ClusterIn
+    options: OptionsIn = Field(default_factory=OptionsIn)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": {"preset": "llama3-70b"},
+                    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 1024},
+                    "parallel": {"tp": 8, "pp": 4, "dp": 16, "zero_stage": 1, "sequence_parallel": True},
+                    "cluster": {"preset": "dgx-h100", "num_nodes": 64},
+                }
+            ]
+        },
+    )
+
+
+# ---- response ------------------------------------------------------------------------------------------
+
+
+class PlacementOut(BaseModel):
+    span: Literal["intra_node", "inter_node"]
+    nodes_per_group: int
+    bottleneck: str = Field(description="kind of the busiest link: nvlink, pcie, nic, leaf_uplink, ...")
+    bottleneck_link: str
+    busbw_GBps: float
+    algbw_GBps: float
+    steps: int
+
+
+class CallOut(BaseModel):
+    name: str
+    parallelism: Literal["tp", "cp", "pp", "dp", "ep", "edp", "embedding"]
+    op: str
+    phase: Literal["forward", "backward", "optimizer"]
+    stages: list[int]
+    group_size: int
+    num_groups: int
+    message_bytes: int = Field(description="nccl-tests convention; sendrecv: what one rank sends")
+    calls_per_iteration: int = Field(description="per rank of each listed stage")
+    algorithm: str
+    bytes_sent_per_rank: int = Field(description="one call, busiest rank")
+    bytes_received_per_rank: int
+    time_s: float = Field(description="one call")
+    dtype: str
+    group_dims: list[str]
+    expert_grid: bool
+    source: str
+    placement: PlacementOut
+
+
+class Amounts(BaseModel):
+    message_bytes: int
+    bytes_sent: int
+    time_s: float
+
+
+class StageTotals(Amounts):
+    stage: int
+
+
+class TotalsOut(BaseModel):
+    time_s: float = Field(description="the busiest stage's communication time, calls serialised")
+    busiest_stage: int
+    per_stage: list[StageTotals]
+    by_parallelism: dict[str, Amounts] = Field(description="each parallelism's share on the busiest stage")
+
+
+class PlanOut(BaseModel):
+    world_size: int
+    num_microbatches: int
+    params_total: int
+    calls: list[CallOut]
+    totals: TotalsOut
+    warnings: list[str]
+
+
+class BatchRequest(BaseModel):
+    requests: list[dict[str, Any]] = Field(description="plan requests, each as for POST /v1/plan", max_length=100_000)
+
+
+class ErrorOut(BaseModel):
+    status: int
+    detail: list[dict[str, Any]]
+
+
+class BatchItem(BaseModel):
+    ok: bool
+    plan: PlanOut | None = None
+    error: ErrorOut | None = None
+
+
+class BatchOut(BaseModel):
+    results: list[BatchItem]

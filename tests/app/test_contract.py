@@ -1,0 +1,270 @@
+"""The HTTP contract (CONTRACT.md) as scheduling systems call it, through httpx's ASGI transport."""
+
+import copy
+
+import pytest
+
+from .conftest import LLAMA70B
+
+CALL_FIELDS = {
+    "name",
+    "parallelism",
+    "op",
+    "phase",
+    "stages",
+    "group_size",
+    "num_groups",
+    "message_bytes",
+    "calls_per_iteration",
+    "algorithm",
+    "bytes_sent_per_rank",
+    "bytes_received_per_rank",
+    "time_s",
+    "placement",
+}
+
+
+def with_(base: dict, **blocks) -> dict:
+    body = copy.deepcopy(base)
+    for block, fields in blocks.items():
+        body[block] = fields
+    return body
+
+
+def test_health(api):
+    assert api.get("/healthz").json() == {"status": "ok"}
+
+
+def test_plan_contract_example(api):
+    r = api.post("/v1/plan", json=LLAMA70B)
+    assert r.status_code == 200
+    plan = r.json()
+    assert plan["world_size"] == 512 and plan["num_microbatches"] == 64
+    assert set(plan["calls"][0]) >= CALL_FIELDS
+    assert {"span", "nodes_per_group", "bottleneck"} <= set(plan["calls"][0]["placement"])
+    qkv = next(c for c in plan["calls"] if c["name"] == "tp.attn.qkv")
+    assert (qkv["op"], qkv["group_size"], qkv["num_groups"], qkv["message_bytes"], qkv["calls_per_iteration"]) == (
+        "allgather",
+        8,
+        64,
+        134217728,
+        1280,
+    )
+    assert qkv["placement"] == qkv["placement"] | {"span": "intra_node", "nodes_per_group": 1, "bottleneck": "nvlink"}
+    totals = plan["totals"]
+    assert totals["time_s"] == max(s["time_s"] for s in totals["per_stage"])
+    assert set(totals["by_parallelism"]) == {"tp", "pp", "dp"}
+
+
+def test_preset_overrides_and_derived_dp(api):
+    body = with_(
+        LLAMA70B, model={"preset": "llama3-70b", "seq_length": 4096}, parallel={"preset": "megatron-tp8-pp4-zero1"}
+    )
+    plan = api.post("/v1/plan", json=body).json()
+    qkv = next(c for c in plan["calls"] if c["name"] == "tp.attn.qkv")
+    assert qkv["message_bytes"] == 4096 * 8192 * 2
+    assert plan["num_microbatches"] == 1024 // 16  # dp = 512 / (8*4) derived
+
+
+def test_hf_config_and_custom_cluster(api):
+    body = {
+        "model": {
+            "hf_config": {
+                "model_type": "llama",
+                "num_hidden_layers": 16,
+                "hidden_size": 2048,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "intermediate_size": 8192,
+                "vocab_size": 128256,
+                "max_position_embeddings": 131072,
+                "tie_word_embeddings": True,
+            }
+        },
+        "workload": {"micro_batch_size": 2, "global_batch_size": 64},
+        "parallel": {"tp": 2, "dp": 8, "zero_stage": 3, "framework": "torch"},
+        "cluster": {
+            "num_nodes": 2,
+            "devices_per_node": 8,
+            "intra": {"fabric": "full_mesh", "bandwidth_GBps": 56},
+            "nics_per_node": 8,
+            "nic_bandwidth_GBps": 25,
+            "network": {"topology": "fat_tree", "oversubscription": 2},
+        },
+    }
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    assert any(c["name"] == "dp.params.bwd" for c in r.json()["calls"])
+
+
+def test_inference_decode(api):
+    body = with_(
+        LLAMA70B,
+        workload={"kind": "inference", "phase": "decode", "batch_size": 64, "context_length": 4096},
+        parallel={"tp": 8, "dp": 64},
+        cluster={"preset": "dgx-h100", "num_nodes": 64},
+    )
+    plan = api.post("/v1/plan", json=body).json()
+    assert {c["phase"] for c in plan["calls"]} == {"forward"}
+
+
+def test_batch_keeps_order_and_isolates_failures(api):
+    good = LLAMA70B
+    bad = with_(LLAMA70B, parallel={"tp": 8, "pp": 4, "dp": 8})
+    r = api.post("/v1/plan/batch", json={"requests": [good, bad, {"model": {}}, good]})
+    results = r.json()["results"]
+    assert [x["ok"] for x in results] == [True, False, False, True]
+    assert "tp*cp*pp*dp = 8*1*4*8 = 256 but the cluster has 512 devices" in results[1]["error"]["detail"][0]["msg"]
+    assert results[2]["error"]["status"] == 422
+    assert results[0]["plan"] == results[3]["plan"]
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "words"),
+    [
+        (
+            with_(LLAMA70B, parallel={"tp": 16, "pp": 2, "dp": 16}),
+            ["body", "parallel", "tp"],
+            "num_kv_heads 8 is not divisible by tp 16",
+        ),
+        (with_(LLAMA70B, model={"preset": "llama-9"}), ["body", "model", "preset"], "unknown model preset 'llama-9'"),
+        (with_(LLAMA70B, cluster={"preset": "dgx-z"}), ["body", "cluster", "preset"], "unknown cluster preset 'dgx-z'"),
+        (
+            with_(LLAMA70B, cluster={"preset": "dgx-h100", "num_nodes": 64, "nic_bandwidth_GBps": 0}),
+            ["body", "cluster", "nic_bandwidth_GBps"],
+            "greater than 0",
+        ),
+        (
+            with_(LLAMA70B, model={"num_layers": 4}),
+            ["body", "model", "hidden_size"],
+            "required when neither preset nor hf_config",
+        ),
+        (
+            with_(LLAMA70B, parallel={"tp": 8, "pp": 3}),
+            ["body", "parallel", "dp"],
+            "do not divide into tp*cp*pp = 8*1*3 = 24",
+        ),
+        (with_(LLAMA70B, options={"algorithm": "bruck"}), ["body", "options", "algorithm"], ""),
+        (
+            with_(LLAMA70B, cluster={"preset": "tpu-torus", "num_nodes": 64, "network": {"dims": [4, 4, 5]}}),
+            ["body", "cluster", "network", "dims"],
+            "torus 4 x 4 x 5 = 80 routers but the cluster has 64 nodes",
+        ),
+        (
+            with_(LLAMA70B, workload={"micro_batch_size": 0}),
+            ["body", "workload", "micro_batch_size"],
+            "greater than or equal to 1",
+        ),
+    ],
+)
+def test_bad_plans_are_422_naming_field_and_rule(api, body, loc, words):
+    r = api.post("/v1/plan", json=body)
+    if loc[-1] == "algorithm":  # bruck implements allgather/alltoall only: used there, auto elsewhere
+        assert r.status_code == 200
+        return
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert any(d["loc"][: len(loc)] == loc and words in d["msg"] for d in detail), detail
+
+
+def test_unknown_pinned_algorithm_is_named(api):
+    r = api.post("/v1/plan", json=with_(LLAMA70B, options={"algorithm": "telepathy"}))
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "options", "algorithm"]
+
+
+def test_limits_refuse_up_front(small_limits):
+    r = small_limits.post("/v1/plan", content=b"{" + b" " * 4096 + b"}", headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "exceeds 2048 bytes" in r.json()["detail"][0]["msg"]
+    r = small_limits.post("/v1/plan/batch", json={"requests": [{}] * 4})
+    assert r.status_code == 422 and "at most 3 per batch" in r.json()["detail"][0]["msg"]
+    r = small_limits.post("/v1/plan", json=with_(LLAMA70B, cluster={"preset": "dgx-h100", "num_nodes": 9}))
+    assert r.status_code == 422 and "at most 64" in r.json()["detail"][0]["msg"]
+    r = small_limits.post(
+        "/v1/collectives/verify", json={"op": "allreduce", "algorithm": "ring", "num_ranks": 8, "count": 1024}
+    )
+    assert r.status_code == 422 and "8 x 1024 = 8192 elements; at most 4096" in r.json()["detail"][0]["msg"]
+
+
+def test_price(api):
+    r = api.post(
+        "/v1/collectives/price",
+        json={
+            "op": "allreduce",
+            "algorithm": "auto",
+            "message_bytes": 1 << 30,
+            "cluster": {"preset": "dgx-h100"},
+            "group_size": 8,
+        },
+    )
+    body = r.json()
+    assert body["algorithm"] == "in_network" and 460 < body["busbw_GBps"] < 480
+    assert body["bottleneck"] == "nvlink" and body["bytes_sent_per_rank"] == 1 << 30
+    rail = {
+        "op": "allreduce",
+        "algorithm": "ring",
+        "message_bytes": 1 << 30,
+        "cluster": {"preset": "dgx-h100", "num_nodes": 4},
+        "ranks": [0, 8, 16, 24],
+        "concurrent_groups": [[i, i + 8, i + 16, i + 24] for i in range(1, 8)],
+    }
+    assert api.post("/v1/collectives/price", json=rail).json()["bottleneck"] == "nic"
+    r = api.post("/v1/collectives/price", json={**rail, "ranks": [0, 999]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", "concurrent_groups"]
+    r = api.post("/v1/collectives/price", json={**rail, "concurrent_groups": None, "ranks": [0, 999]})
+    assert r.status_code == 422 and "device 999 is outside the cluster's 32 devices" in r.json()["detail"][0]["msg"]
+
+
+def test_verify_and_catalogue(api):
+    r = api.post(
+        "/v1/collectives/verify",
+        json={
+            "op": "allreduce",
+            "algorithm": "halving_doubling",
+            "num_ranks": 6,
+            "count": 1200,
+            "dtype": "int32",
+            "seed": 3,
+        },
+    )
+    body = r.json()
+    assert body["ok"] and body["max_abs_error"] == 0
+    assert (
+        body["bytes_sent_per_rank"] == body["expected_bytes_sent_per_rank"]
+        and body["steps"] == body["expected_steps"] == 6
+    )
+    r = api.post(
+        "/v1/collectives/verify",
+        json={"op": "allgather", "algorithm": "recursive_doubling", "num_ranks": 6, "count": 12},
+    )
+    assert r.status_code == 422 and "power-of-two" in r.json()["detail"][0]["msg"]
+    catalogue = api.get("/v1/collectives/algorithms").json()
+    assert {"algorithm": "ring", "op": "allreduce"}.items() <= next(
+        x for x in catalogue if x["algorithm"] == "ring" and x["op"] == "allreduce"
+    ).items()
+
+
+def test_schedule_view_shows_reduction_progress(api):
+    body = api.post(
+        "/v1/collectives/schedule", json={"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8}
+    ).json()
+    assert body["wire_steps"] == 6 and len(body["steps"]) == 6
+    assert body["initial"][2] == [[2], [2], [2], [2]]
+    assert all(slot == [0, 1, 2, 3] for rank in body["steps"][-1]["holds"] for slot in rank)
+    assert body["steps"][2]["holds"][0][0] == [0, 1, 2, 3]  # after the reduce-scatter rank 0 owns chunk 0
+
+
+def test_presets(api):
+    models = api.get("/v1/presets/models").json()
+    assert models["llama3-8b"]["params_total"] == 8_030_261_248
+    clusters = api.get("/v1/presets/clusters").json()
+    assert clusters["dgx-h100"]["intra"]["bandwidth_GBps"] == 450
+    assert "pretrain" in api.get("/v1/presets/workloads").json()
+    assert "fsdp" in api.get("/v1/presets/parallel").json()
+
+
+def test_openapi_has_examples_and_units(api):
+    spec = api.get("/openapi.json").json()
+    assert "GB/s = 1e9" in spec["info"]["description"]
+    assert spec["components"]["schemas"]["PlanRequest"]["examples"]
+    assert api.get("/docs").status_code == 200
