@@ -22,8 +22,12 @@ def base_url():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(150):
         try:
@@ -40,14 +44,18 @@ def configs_1024():
     """Distinct Llama-3 70B layouts on 128 DGX H100 nodes (1,024 GPUs)."""
     for tp, pp, mb, zero in itertools.product((8, 4, 2), (4, 8, 2, 1), (1, 2), (1, 0, 3)):
         dp = 1024 // (tp * pp)
-        yield {"model": {"preset": "llama3-70b"}, "cluster": {"preset": "dgx-h100", "num_nodes": 128},
-               "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 8},
-               "parallel": {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "sequence_parallel": tp > 1}}
+        yield {
+            "model": {"preset": "llama3-70b"},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 128},
+            "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 8},
+            "parallel": {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "sequence_parallel": tp > 1},
+        }
 
 
 def test_plan_round_trip_1024_gpus(benchmark, base_url):
     configs = configs_1024()
     with httpx.Client(base_url=base_url, timeout=60) as client:
+
         def setup():
             return (next(configs),), {}
 
@@ -64,15 +72,19 @@ def small_plans(n=1000):
     fitting = ((tp, pp, cp, zero, mb, nodes) for tp, pp, cp, zero, mb, nodes in combos if tp * pp * cp <= nodes * 8)
     for tp, pp, cp, zero, mb, nodes in itertools.islice(fitting, n):
         dp = nodes * 8 // (tp * pp * cp)
-        yield {"model": {"preset": "llama3-8b"}, "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
-               "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 4},
-               "parallel": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero_stage": zero, "sequence_parallel": tp > 1}}
+        yield {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
+            "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 4},
+            "parallel": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero_stage": zero, "sequence_parallel": tp > 1},
+        }
 
 
 def test_batch_of_1000_small_plans(benchmark, base_url):
     body = {"requests": list(small_plans())}
     assert len(body["requests"]) == 1000
     with httpx.Client(base_url=base_url, timeout=120) as client:
+
         def post():
             r = client.post("/v1/plan/batch", json=body)
             assert r.status_code == 200

@@ -33,6 +33,8 @@ class PricedCall:
     num_groups: int
     group_size: int
     price: Price
+    group_ranks: list[int] = field(default_factory=list)  # group 0, in schedule order
+    links: list[dict] = field(default_factory=list)  # the busiest links, labelled where they really are
 
     def to_dict(self) -> dict:
         c, p = self.call, self.price
@@ -58,10 +60,12 @@ class PricedCall:
                 "span": p.span,
                 "nodes_per_group": p.nodes_per_group,
                 "bottleneck": p.bottleneck.get("kind", "none"),
-                "bottleneck_link": p.bottleneck.get("label", ""),
+                "bottleneck_link": self.links[0]["label"] if self.links else "",
                 "busbw_GBps": p.busbw_GBps,
                 "algbw_GBps": p.algbw_GBps,
                 "steps": p.steps,
+                "group_ranks": self.group_ranks,
+                "links": self.links,
             },
         }
 
@@ -73,6 +77,7 @@ class Plan:
     calls: list[PricedCall]
     num_stages: int
     params_total: int
+    cluster: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
     def totals(self) -> dict:
@@ -106,6 +111,7 @@ class Plan:
             "world_size": self.world_size,
             "num_microbatches": self.num_microbatches,
             "params_total": self.params_total,
+            "cluster": self.cluster,
             "calls": [c.to_dict() for c in self.calls],
             "totals": self.totals(),
             "warnings": self.warnings,
@@ -123,7 +129,26 @@ def build_plan(
     ctx = Context(model, work, par)
     layout = RankLayout(par)
     priced = [_price(call, layout, cluster, options) for call in ledger(ctx)]
-    return Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params())
+    return Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+
+
+def cluster_summary(cluster: Cluster) -> dict:
+    """What a reader (or the page's topology view) needs to place ranks on nodes, NICs and leaves."""
+    s = cluster.spec
+    return {
+        "name": s.name,
+        "num_nodes": s.num_nodes,
+        "devices_per_node": s.devices_per_node,
+        "nics_per_node": s.nics_per_node,
+        "intra_fabric": s.intra.fabric,
+        "intra_link": s.intra.link_name,
+        "intra_bandwidth_GBps": s.intra.bandwidth_GBps,
+        "nic_bandwidth_GBps": s.nic_bandwidth_GBps,
+        "network": s.network.topology,
+        "rail_optimized": s.network.rail_optimized,
+        "nodes_per_leaf": s.network.nodes_per_leaf,
+        "oversubscription": s.network.oversubscription,
+    }
 
 
 def _validate_options(options: Options) -> None:
@@ -152,7 +177,9 @@ def cluster_for(spec: ClusterSpec) -> Cluster:
 
 def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> PricedCall:
     placement = layout.placement(call.group, list(call.stages))
-    priced_on = placement if options.contention == "full" else canonical(neighbourhood(placement, cluster), cluster)
+    priced_on, units = (
+        (placement, 0) if options.contention == "full" else canonical(neighbourhood(placement, cluster), cluster)
+    )
     key = (cluster.spec, call.op, call.message_bytes, options, priced_on.shape, priced_on.tobytes())
     price = _PRICES.get(key)
     if price is None:
@@ -160,28 +187,38 @@ def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -
         _PRICES[key] = price
         if len(_PRICES) > PRICE_CACHE:
             _PRICES.popitem(last=False)
-    return PricedCall(call, num_groups=len(placement), group_size=placement.shape[1], price=price)
+    links = [
+        cluster.describe_link(cluster.translate_link(link["id"], units))
+        | {k: link[k] for k in ("bytes", "busy_s", "utilisation")}
+        for link in price.links
+    ]
+    return PricedCall(call, len(placement), placement.shape[1], price, placement[0].tolist(), links)
+
+
+# the page colours the first group's links: a node's eight GPU links and NICs, plus the network above
+REPORTED_LINKS = 24
 
 
 def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, options: Options) -> Price:
     if options.algorithm != "auto":
         try:
-            return price_call(op, message, placement, cluster, options.algorithm)
+            return price_call(op, message, placement, cluster, options.algorithm, top_links=REPORTED_LINKS)
         except CollectiveError as err:
             if "does not implement" not in str(err):
                 raise
-    return price_call(op, message, placement, cluster, "auto", which=options.candidates)
+    return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=REPORTED_LINKS)
 
 
-def canonical(placement: np.ndarray, cluster: Cluster) -> np.ndarray:
-    """The placement moved down by whole leaf units so that it starts in unit 0. Every unit of a fat-tree
-    is wired alike, so the move changes no price, and the same call on another stage (or another DP
-    replica) hits the price cache."""
+def canonical(placement: np.ndarray, cluster: Cluster) -> tuple[np.ndarray, int]:
+    """The placement moved down by whole leaf units so that it starts in unit 0, and how many units it
+    moved. Every unit of a fat-tree is wired alike, so the move changes no price, and the same call on
+    another stage (or another DP replica) hits the price cache."""
     spec = cluster.spec
     if cluster.num_nodes == 1 or spec.network.topology != "fat_tree":
-        return placement
+        return placement, 0
     per_unit = spec.network.nodes_per_leaf * cluster.per_node
-    return placement - (placement.min() // per_unit) * per_unit
+    units = int(placement.min()) // per_unit
+    return placement - units * per_unit, units
 
 
 def neighbourhood(placement: np.ndarray, cluster: Cluster) -> np.ndarray:

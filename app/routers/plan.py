@@ -7,10 +7,11 @@ from pydantic import ValidationError
 
 from collectives import CollectiveError
 from planner import SpecError, build_plan
+from planner.explore import explore
 
 from ..convert import plan_inputs
 from ..errors import BAD_INPUT, detail, error_detail
-from ..schemas.plan import BatchOut, BatchRequest, PlanOut, PlanRequest
+from ..schemas.plan import BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
 
 router = APIRouter(prefix="/v1/plan", tags=["plan"])
 
@@ -73,3 +74,17 @@ def _one(item: dict, settings) -> dict:
             "ok": False,
             "error": {"status": 422, "detail": detail("requests", "request nested too deeply", "value_error")},
         }
+
+
+@router.post(
+    "/explore",
+    responses=BAD_INPUT,
+    response_model=ExploreOut,
+    summary="Time vs message size for every algorithm on one call's groups",
+    description="Places the named call as the plan does (every group at once) and prices each algorithm at each "
+    "size (1 KiB to 4 GiB by default, plus the call's own size); auto shows the selector's pick per size.",
+)
+def explore_call(body: ExploreRequest, request: Request) -> dict:
+    model, work, par, cluster, opts = plan_inputs(body.request, request.app.state.settings)
+    sizes = [s for s in (body.sizes or []) if s >= 0] or None
+    return explore(model, work, par, cluster, body.call, body.stage, sizes, opts)

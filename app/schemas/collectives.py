@@ -46,6 +46,7 @@ class PriceRequest(BaseModel):
 class LinkOut(BaseModel):
     id: int
     family: str
+    index: int = Field(description="position within its family (device, NIC or leaf number)")
     kind: str
     label: str
     capacity_GBps: float

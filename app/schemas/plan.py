@@ -137,6 +137,18 @@ class PlanRequest(Strict):
 # ---- response ------------------------------------------------------------------------------------------
 
 
+class PlacementLink(BaseModel):
+    id: int
+    family: str
+    index: int = Field(description="position within its family (device, NIC or leaf number)")
+    kind: str
+    label: str
+    capacity_GBps: float
+    bytes: int = Field(description="over one call, all concurrent groups")
+    busy_s: float
+    utilisation: float = Field(description="busy time / call time")
+
+
 class PlacementOut(BaseModel):
     span: Literal["intra_node", "inter_node"]
     nodes_per_group: int
@@ -145,6 +157,8 @@ class PlacementOut(BaseModel):
     busbw_GBps: float
     algbw_GBps: float
     steps: int
+    group_ranks: list[int] = Field(description="the global ranks of the first group, in schedule order")
+    links: list[PlacementLink] = Field(description="the busiest links while this call runs on every group")
 
 
 class CallOut(BaseModel):
@@ -185,10 +199,26 @@ class TotalsOut(BaseModel):
     by_parallelism: dict[str, Amounts] = Field(description="each parallelism's share on the busiest stage")
 
 
+class ClusterSummary(BaseModel):
+    name: str
+    num_nodes: int
+    devices_per_node: int
+    nics_per_node: int
+    intra_fabric: str
+    intra_link: str
+    intra_bandwidth_GBps: float
+    nic_bandwidth_GBps: float
+    network: str
+    rail_optimized: bool
+    nodes_per_leaf: int
+    oversubscription: float
+
+
 class PlanOut(BaseModel):
     world_size: int
     num_microbatches: int
     params_total: int
+    cluster: ClusterSummary
     calls: list[CallOut]
     totals: TotalsOut
     warnings: list[str]
@@ -211,3 +241,30 @@ class BatchItem(BaseModel):
 
 class BatchOut(BaseModel):
     results: list[BatchItem]
+
+
+class ExploreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request: PlanRequest
+    call: str = Field(max_length=128, description="a call name from the plan, e.g. dp.grads")
+    stage: int | None = Field(default=None, ge=0, le=1 << 17, description="which stage's row (default: the first)")
+    sizes: list[int] | None = Field(default=None, min_length=1, max_length=24, description="message bytes to price")
+
+
+class SeriesOut(BaseModel):
+    algorithm: str
+    time_s: list[float | None]
+    busbw_GBps: list[float | None]
+    note: str
+
+
+class ExploreOut(BaseModel):
+    call: str
+    op: str
+    stages: list[int]
+    group_size: int
+    groups_priced: int
+    message_bytes: int
+    sizes: list[int]
+    series: list[SeriesOut]
+    auto: list[str] = Field(description="the algorithm auto picks at each size")

@@ -114,6 +114,30 @@ class Cluster:
             cache[key] = np.concatenate([np.zeros(0), *per_family])  # a one-device cluster has no links
         return cache[key]
 
+    def translate_link(self, link: int, units: int) -> int:
+        """The same link ``units`` leaf units further on (fat-trees are wired alike unit by unit); pricing
+        reuses a unit-0 price and relabels its links with this."""
+        if units == 0:
+            return link
+        net, d, k = self.spec.network, self.per_node, self.spec.nics_per_node
+        nodes = units * net.nodes_per_leaf
+        step = {
+            "dev_up": nodes * d,
+            "dev_down": nodes * d,
+            "host_up": nodes * d,
+            "host_down": nodes * d,
+            "mesh": nodes * d * d,
+            "ring": nodes * d * 2,
+            "nic_up": nodes * k,
+            "nic_down": nodes * k,
+            "leaf_up": units * (k if net.rail_optimized else 1),
+            "leaf_down": units * (k if net.rail_optimized else 1),
+        }
+        for f in self.families.values():
+            if f.start <= link < f.start + f.size:
+                return link + step.get(f.name, 0)
+        raise CollectiveError("link", f"no link {link}")
+
     def describe_link(self, link: int) -> dict:
         for f in self.families.values():
             if f.start <= link < f.start + f.size:

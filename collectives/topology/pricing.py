@@ -112,14 +112,25 @@ def _route_class(cls, holders, cluster, level, routed):
     return loads.scaled(float(cls.nbytes[0])), latency
 
 
+def _busiest(busy: np.ndarray, ids: np.ndarray, top: int) -> np.ndarray:
+    """Indices of the ``top`` busiest links. Among links tied at the maximum the lowest ids win: the first
+    group's own links, so the page highlights the group the user looks at. O(links), no sort."""
+    top = min(top, len(busy))
+    if not top:
+        return np.zeros(0, dtype=np.int64)
+    tied = np.flatnonzero(busy >= busy.max() * (1 - 1e-12))  # ascending ids, as ids are sorted
+    if len(tied) >= top:
+        return tied[:top]
+    order = np.argpartition(-busy, top - 1)[:top]
+    return order[np.argsort(-busy[order], kind="stable")]
+
+
 def summarise(ev: Evaluation, cluster: Cluster, top_links: int = 5) -> Price:
     schedule, placement, time, rate = ev.schedule, ev.placement, ev.time_s, ev.rate
     sent, received = schedule.wire_bytes()
     ids, carried = ev.loads.links, ev.loads.bytes
     busy = carried / rate[ids]
-    top = min(top_links, len(busy))
-    order = np.argpartition(-busy, top - 1)[:top] if top else np.zeros(0, dtype=np.int64)
-    order = order[np.argsort(-busy[order])]
+    order = _busiest(busy, ids, top_links)
     links = [
         cluster.describe_link(int(ids[i]))
         | {"bytes": int(carried[i]), "busy_s": float(busy[i]), "utilisation": float(busy[i] / time) if time else 0.0}

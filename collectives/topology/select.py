@@ -68,8 +68,10 @@ def price_call(
     algorithm: str = "auto",
     calibration: Calibration = DEFAULT,
     which: str = "library",
+    top_links: int = 5,
 ) -> Price:
-    """Price one call of ``op`` with ``message_bytes`` on every group in ``placement`` at once."""
+    """Price one call of ``op`` with ``message_bytes`` on every group in ``placement`` at once; the
+    ``top_links`` busiest links are reported."""
     placement = np.atleast_2d(np.asarray(placement, dtype=np.int64))
     n = placement.shape[1]
     cluster.check_devices(placement)
@@ -77,7 +79,8 @@ def price_call(
         raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
     local = local_size(cluster, placement)
     if algorithm != "auto":
-        return summarise(_evaluate_one(algorithm, op, message_bytes, placement, cluster, local, calibration), cluster)
+        ev = _evaluate_one(algorithm, op, message_bytes, placement, cluster, local, calibration)
+        return summarise(ev, cluster, top_links)
     best, reasons = None, []
     for name in candidates(op, cluster, which):
         try:
@@ -89,7 +92,7 @@ def price_call(
             best = ev
     if best is None:
         raise CollectiveError("algorithm", f"no algorithm can run {op.value} on {n} ranks here: {'; '.join(reasons)}")
-    return summarise(best, cluster)
+    return summarise(best, cluster, top_links)
 
 
 def _evaluate_one(name, op, message_bytes, placement, cluster, local, calibration, auto=False) -> Evaluation:

@@ -73,16 +73,20 @@ def test_rail_optimised_dp_traffic_never_crosses_spines_within_a_unit():
 
 
 def test_oversubscription_slows_cross_leaf_traffic():
-    base = cluster_preset("pcie-server", 64)
-    spec = replace(
-        base,
-        nics_per_node=8,
-        nic_bandwidth_GBps=25.0,
-        network=Network("fat_tree", rail_optimized=False, nodes_per_leaf=4, oversubscription=4.0),
-    )
-    cluster = Cluster(spec)
-    p = price_call(Op.ALLREDUCE, GIB, dp_groups(cluster), cluster, "ring")
-    assert p.bottleneck["kind"] in ("leaf_uplink", "spine_downlink")
+    """8 rings leave each group of 4 nodes through one leaf: 8 transfers of M/n per step share the leaf's
+    up-links (4 nodes x 8 NICs x 25 GB/s / ratio) while each NIC carries one. At 4:1 the two tie; at 8:1
+    the up-links are the bottleneck and the ring takes twice as long."""
+
+    def ring(ratio):
+        spec = replace(cluster_preset("pcie-server", 64), nics_per_node=8, nic_bandwidth_GBps=25.0,
+                       network=Network("fat_tree", rail_optimized=False, nodes_per_leaf=4, oversubscription=ratio))
+        cluster = Cluster(spec)
+        return price_call(Op.ALLREDUCE, GIB, dp_groups(cluster), cluster, "ring")
+
+    full, over = ring(1.0), ring(8.0)
+    assert full.bottleneck["kind"] == "nic"
+    assert over.bottleneck["kind"] in ("leaf_uplink", "spine_downlink")
+    assert over.time_s / full.time_s == pytest.approx(2, rel=0.1)
 
 
 def test_route_conserves_bytes():
