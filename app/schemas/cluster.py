@@ -46,3 +46,17 @@ class ClusterIn(Strict):
     pcie_bandwidth_GBps: float | None = Bandwidth
     network: NetworkIn | None = None
     name: str | None = Field(default=None, max_length=64)
+
+
+class LinkOut(BaseModel):
+    """One directed link and what it carried during one call (all concurrent groups)."""
+
+    id: int
+    family: str
+    index: int = Field(description="position within its family (device, NIC or leaf number)")
+    kind: str
+    label: str
+    capacity_GBps: float
+    bytes: int = Field(description="over one call, all concurrent groups")
+    busy_s: float
+    utilisation: float = Field(description="busy time / call time")

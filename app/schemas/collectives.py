@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cluster import ClusterIn
+from .cluster import ClusterIn, LinkOut
 
 OpName = Literal[
     "allreduce", "reducescatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter", "sendrecv"
@@ -41,18 +41,6 @@ class PriceRequest(BaseModel):
         default=None, max_length=1 << 14, description="more groups running the same call at the same time"
     )
     candidates: Literal["library", "all"] = "library"
-
-
-class LinkOut(BaseModel):
-    id: int
-    family: str
-    index: int = Field(description="position within its family (device, NIC or leaf number)")
-    kind: str
-    label: str
-    capacity_GBps: float
-    bytes: int
-    busy_s: float
-    utilisation: float
 
 
 class PriceOut(BaseModel):

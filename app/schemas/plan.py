@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cluster import ClusterIn
+from .cluster import ClusterIn, LinkOut
 
 # Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
 # request cheap; they are far above any real model.
@@ -137,18 +137,6 @@ class PlanRequest(Strict):
 # ---- response ------------------------------------------------------------------------------------------
 
 
-class PlacementLink(BaseModel):
-    id: int
-    family: str
-    index: int = Field(description="position within its family (device, NIC or leaf number)")
-    kind: str
-    label: str
-    capacity_GBps: float
-    bytes: int = Field(description="over one call, all concurrent groups")
-    busy_s: float
-    utilisation: float = Field(description="busy time / call time")
-
-
 class PlacementOut(BaseModel):
     span: Literal["intra_node", "inter_node"]
     nodes_per_group: int
@@ -158,7 +146,7 @@ class PlacementOut(BaseModel):
     algbw_GBps: float
     steps: int
     group_ranks: list[int] = Field(description="the global ranks of the first group, in schedule order")
-    links: list[PlacementLink] = Field(description="the busiest links while this call runs on every group")
+    links: list[LinkOut] = Field(description="the busiest links while this call runs on every group")
 
 
 class CallOut(BaseModel):

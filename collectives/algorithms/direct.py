@@ -48,6 +48,17 @@ def _others(req: Request) -> np.ndarray:
     return np.delete(np.arange(req.num_ranks), req.root)
 
 
+def _linear(req: Request, to_root: bool) -> Schedule:
+    """Every other rank's block moves to the root (gather) or from it (scatter) in one step."""
+    layout = layouts.blocked(req.op, req.count, req.num_ranks, req.root)
+    others = _others(req)
+    src, dst = (others, req.root) if to_root else (req.root, others)
+    step = Step.of(Transfers.of(src, dst, others, others, False))
+    return Schedule(
+        req.op, "direct", req.num_ranks, req.count, req.itemsize, layout, lambda: iter([step]), root=req.root
+    )
+
+
 @register(
     "direct",
     Op.GATHER,
@@ -56,18 +67,7 @@ def _others(req: Request) -> np.ndarray:
     source="MPI linear gather; NCCL grouped send/recv",
 )
 def direct_gather(req: Request) -> Schedule:
-    layout = layouts.blocked(Op.GATHER, req.count, req.num_ranks, req.root)
-    others = _others(req)
-    return Schedule(
-        req.op,
-        "direct",
-        req.num_ranks,
-        req.count,
-        req.itemsize,
-        layout,
-        lambda: iter([Step.of(Transfers.of(others, req.root, others, others, False))]),
-        root=req.root,
-    )
+    return _linear(req, to_root=True)
 
 
 @register(
@@ -78,18 +78,7 @@ def direct_gather(req: Request) -> Schedule:
     source="MPI linear scatter; NCCL grouped send/recv",
 )
 def direct_scatter(req: Request) -> Schedule:
-    layout = layouts.blocked(Op.SCATTER, req.count, req.num_ranks, req.root)
-    others = _others(req)
-    return Schedule(
-        req.op,
-        "direct",
-        req.num_ranks,
-        req.count,
-        req.itemsize,
-        layout,
-        lambda: iter([Step.of(Transfers.of(req.root, others, others, others, False))]),
-        root=req.root,
-    )
+    return _linear(req, to_root=False)
 
 
 # Direct ("mesh") reduce-scatter / all-gather / allreduce: every rank talks to every other rank in one

@@ -39,8 +39,14 @@ def compare(record: dict, calibration: Calibration = DEFAULT) -> Comparison:
     placement = ring_pairs if op is Op.SENDRECV else np.arange(n)[None, :]
     if op is Op.ALLTOALL:
         size -= size % n
-    p = price_call(op, size, placement, cluster, calibration=calibration)
+    p = price_call(op, size, placement, cluster, stated_algorithm(record), calibration=calibration)
     return Comparison(record, size, record["busbw_GBps"], p.busbw_GBps, p.time_s, p.algorithm)
+
+
+def stated_algorithm(record: dict) -> str:
+    """A record measured with the algorithm forced (NCCL_ALGO=RING) is priced with that algorithm;
+    every other record with the selector, as NCCL chose for itself."""
+    return "ring" if "NCCL_ALGO=RING" in (record.get("algo") or "") else "auto"
 
 
 def compare_all(records: list[dict], calibration: Calibration = DEFAULT) -> list[Comparison]:

@@ -54,46 +54,49 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     if moe.capacity_factor is None and par.expert_tp * par.ep > 1:
         counts = par.expert_tp * par.ep * moe.num_experts * 8
         out.append(
-            Call(
+            _call(
+                ctx,
                 "ep.token_counts",
-                "ep",
                 Op.ALLGATHER,
                 "forward",
                 counts,
                 layers,
                 Group(("tp", "ep"), expert=True),
                 SOURCE + " preprocess",
-                dtype="int64",
+                "int64",
             )
         )
     if par.ep > 1:
-        dispatch_dtype = ctx.work.moe_dispatch_dtype or ctx.work.activation_dtype
+        group = Group(("ep",), expert=True)
         out += [
-            Call(
+            _call(
+                ctx,
                 "ep.dispatch",
-                "ep",
                 Op.ALLTOALL,
                 "forward",
                 rows * h * ctx.dispatch_bytes,
                 layers,
-                Group(("ep",), expert=True),
-                SOURCE,
-                dtype=dispatch_dtype,
+                group,
+                dtype=ctx.work.moe_dispatch_dtype,
             ),
-            Call(
-                "ep.combine",
-                "ep",
-                Op.ALLTOALL,
-                "forward",
-                rows * h * ctx.x,
-                layers,
-                Group(("ep",), expert=True),
-                SOURCE,
-                dtype=ctx.work.activation_dtype,
-            ),
+            _call(ctx, "ep.combine", Op.ALLTOALL, "forward", rows * h * ctx.x, layers, group),
         ]
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
+
+
+def _call(
+    ctx: Context,
+    name: str,
+    op: Op,
+    phase: str,
+    message: int,
+    layers: int,
+    group: Group,
+    source: str = SOURCE,
+    dtype: str | None = None,
+) -> Call:
+    return Call(name, "ep", op, phase, message, layers, group, source, dtype=dtype or ctx.work.activation_dtype)
 
 
 def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
@@ -104,29 +107,10 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     group = Group(("tp",), expert=True)
     first, second = (Op.ALLGATHER, Op.REDUCESCATTER) if phase == "forward" else (Op.REDUCESCATTER, Op.ALLGATHER)
     suffix = "" if phase == "forward" else ".bwd"
+    source = SOURCE + " (expert TP)"
     return [
-        Call(
-            "ep.expert_tp.gather" + suffix,
-            "ep",
-            first,
-            phase,
-            message,
-            layers,
-            group,
-            SOURCE + " (expert TP)",
-            dtype=ctx.work.activation_dtype,
-        ),
-        Call(
-            "ep.expert_tp.scatter" + suffix,
-            "ep",
-            second,
-            phase,
-            message,
-            layers,
-            group,
-            SOURCE + " (expert TP)",
-            dtype=ctx.work.activation_dtype,
-        ),
+        _call(ctx, "ep.expert_tp.gather" + suffix, first, phase, message, layers, group, source),
+        _call(ctx, "ep.expert_tp.scatter" + suffix, second, phase, message, layers, group, source),
     ]
 
 
@@ -137,27 +121,7 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
         message = rows * ctx.model.hidden_size * ctx.x
         group = Group(("ep",), expert=True)
         out += [
-            Call(
-                "ep.combine.bwd",
-                "ep",
-                Op.ALLTOALL,
-                "backward",
-                message,
-                layers,
-                group,
-                SOURCE,
-                dtype=ctx.work.activation_dtype,
-            ),
-            Call(
-                "ep.dispatch.bwd",
-                "ep",
-                Op.ALLTOALL,
-                "backward",
-                message,
-                layers,
-                group,
-                SOURCE,
-                dtype=ctx.work.activation_dtype,
-            ),
+            _call(ctx, "ep.combine.bwd", Op.ALLTOALL, "backward", message, layers, group),
+            _call(ctx, "ep.dispatch.bwd", Op.ALLTOALL, "backward", message, layers, group),
         ]
     return out + _expert_tp(ctx, layers, rows, "backward")

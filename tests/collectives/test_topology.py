@@ -78,8 +78,12 @@ def test_oversubscription_slows_cross_leaf_traffic():
     the up-links are the bottleneck and the ring takes twice as long."""
 
     def ring(ratio):
-        spec = replace(cluster_preset("pcie-server", 64), nics_per_node=8, nic_bandwidth_GBps=25.0,
-                       network=Network("fat_tree", rail_optimized=False, nodes_per_leaf=4, oversubscription=ratio))
+        spec = replace(
+            cluster_preset("pcie-server", 64),
+            nics_per_node=8,
+            nic_bandwidth_GBps=25.0,
+            network=Network("fat_tree", rail_optimized=False, nodes_per_leaf=4, oversubscription=ratio),
+        )
         cluster = Cluster(spec)
         return price_call(Op.ALLREDUCE, GIB, dp_groups(cluster), cluster, "ring")
 
