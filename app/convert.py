@@ -114,7 +114,14 @@ def _present(block) -> dict:
 
 
 def options(block: OptionsIn) -> Options:
-    return Options(algorithm=block.algorithm, candidates=block.candidates, contention=block.contention)
+    device_map = tuple(block.device_map) if block.device_map is not None else None
+    return Options(
+        algorithm=block.algorithm,
+        candidates=block.candidates,
+        contention=block.contention,
+        device_map=device_map,
+        links_per_call=block.links_per_call,
+    )
 
 
 def plan_inputs(request: PlanRequest, settings: Settings):

@@ -10,7 +10,7 @@ Public surface::
 """
 
 from ._errors import CollectiveError
-from .algorithms import Cost, Request, implementations, lookup, validate
+from .algorithms import Cost, Request, allreduce_lower_bound, implementations, lookup, validate
 from .executor import Execution, execute
 from .primitives import (
     Op,
@@ -64,6 +64,7 @@ __all__ = [
     "StepClass",
     "Transfers",
     "Verification",
+    "allreduce_lower_bound",
     "block_sizes",
     "build_schedule",
     "busbw_factor",

@@ -104,7 +104,8 @@
     put(network, "oversubscription", num("oversub"));
     if (base && base.network.rail_optimized !== $("rail").checked) network.rail_optimized = $("rail").checked;
     if (Object.keys(network).length) cluster.network = network;
-    return { model, workload, parallel, cluster, options: { algorithm: $("algorithm").value } };
+    // 24 links: enough to colour a node's GPU links and NICs in the topology view
+    return { model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } };
   }
 
   function fillForm(req) {
@@ -361,7 +362,7 @@
 
   function drawTopology(call, cluster) {
     const D = cluster.devices_per_node, K = cluster.nics_per_node, multi = cluster.num_nodes > 1;
-    const ranks = call.placement.group_ranks, members = new Set(ranks);
+    const ranks = call.placement.group_devices, members = new Set(ranks);
     const allNodes = [...new Set(ranks.map((r) => Math.floor(r / D)))];
     const nodes = allNodes.slice(0, 6);
     const util = new Map();

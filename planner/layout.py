@@ -38,6 +38,7 @@ class Group:
 class RankLayout:
     def __init__(self, par: ParallelSpec):
         self.par = par
+        self._memo: dict = {}
         self.order = par.order.split("-")  # fastest first
         self.world = par.world_size
         self.sizes = {
@@ -79,7 +80,14 @@ class RankLayout:
 
     def placement(self, group: Group, stages) -> np.ndarray:
         """The rank matrix that prices a call issued by ``stages``: collectives get their groups in those
-        stages; point-to-point calls get (sender, receiver) rows."""
+        stages; point-to-point calls get (sender, receiver) rows. Memoised: a plan asks for the same
+        groups many times."""
+        key = (group, tuple(stages))
+        if key not in self._memo:
+            self._memo[key] = self._placement(group, stages)
+        return self._memo[key]
+
+    def _placement(self, group: Group, stages) -> np.ndarray:
         if group.pairs in ("pp+1", "pp-1"):
             chains = self.groups(("pp",), group.expert)
             step = 1 if group.pairs == "pp+1" else -1

@@ -25,6 +25,13 @@ class Options:
     algorithm: str = "auto"  # or an algorithm name, used for every call whose op it implements
     candidates: str = "library"  # library | all (see collectives.topology.select)
     contention: str = "neighbourhood"  # neighbourhood | full
+    device_map: tuple[int, ...] | None = None  # rank r runs on device device_map[r]; None: rank = device
+    links_per_call: int = 5  # busiest links reported per call (the page asks for more to colour the topology)
+
+    @property
+    def exact_contention(self) -> bool:
+        """Price every group: asked for, or needed because a custom map may break the layout's symmetry."""
+        return self.contention == "full" or self.device_map is not None
 
 
 @dataclass
@@ -34,6 +41,7 @@ class PricedCall:
     group_size: int
     price: Price
     group_ranks: list[int] = field(default_factory=list)  # group 0, in schedule order
+    group_devices: list[int] = field(default_factory=list)  # where those ranks run
     links: list[dict] = field(default_factory=list)  # the busiest links, labelled where they really are
 
     def to_dict(self) -> dict:
@@ -65,6 +73,7 @@ class PricedCall:
                 "algbw_GBps": p.algbw_GBps,
                 "steps": p.steps,
                 "group_ranks": self.group_ranks,
+                "group_devices": self.group_devices,
                 "links": self.links,
             },
         }
@@ -125,7 +134,7 @@ def build_plan(
     validate_workload(work)
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
-    _validate_options(options)
+    _validate_options(options, cluster.num_devices)
     ctx = Context(model, work, par)
     layout = RankLayout(par)
     priced = [_price(call, layout, cluster, options) for call in ledger(ctx)]
@@ -151,7 +160,15 @@ def cluster_summary(cluster: Cluster) -> dict:
     }
 
 
-def _validate_options(options: Options) -> None:
+def _validate_options(options: Options, num_devices: int) -> None:
+    if options.device_map is not None:
+        dm = options.device_map
+        if len(dm) != num_devices or sorted(dm) != list(range(num_devices)):
+            raise SpecError(
+                "options.device_map",
+                f"must list each of the cluster's {num_devices} devices once "
+                f"(rank r runs on device_map[r]); got {len(dm)} entries",
+            )
     if options.candidates not in ("library", "all"):
         raise SpecError("options.candidates", f"must be 'library' or 'all', got {options.candidates!r}")
     if options.contention not in ("neighbourhood", "full"):
@@ -176,9 +193,10 @@ def cluster_for(spec: ClusterSpec) -> Cluster:
 
 
 def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> PricedCall:
-    placement = layout.placement(call.group, list(call.stages))
+    ranks = layout.placement(call.group, call.stages)
+    placement = np.asarray(options.device_map)[ranks] if options.device_map else ranks
     priced_on, units = (
-        (placement, 0) if options.contention == "full" else canonical(neighbourhood(placement, cluster), cluster)
+        (placement, 0) if options.exact_contention else canonical(neighbourhood(placement, cluster), cluster)
     )
     key = (cluster.spec, call.op, call.message_bytes, options, priced_on.shape, priced_on.tobytes())
     price = _PRICES.get(key)
@@ -189,24 +207,21 @@ def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -
             _PRICES.popitem(last=False)
     links = [
         cluster.describe_link(cluster.translate_link(link["id"], units))
-        | {k: link[k] for k in ("bytes", "busy_s", "utilisation")}
+        | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
         for link in price.links
     ]
-    return PricedCall(call, len(placement), placement.shape[1], price, placement[0].tolist(), links)
-
-
-# the page colours the first group's links: a node's eight GPU links and NICs, plus the network above
-REPORTED_LINKS = 24
+    return PricedCall(call, len(placement), placement.shape[1], price, ranks[0].tolist(), placement[0].tolist(), links)
 
 
 def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, options: Options) -> Price:
+    top = options.links_per_call
     if options.algorithm != "auto":
         try:
-            return price_call(op, message, placement, cluster, options.algorithm, top_links=REPORTED_LINKS)
+            return price_call(op, message, placement, cluster, options.algorithm, top_links=top)
         except CollectiveError as err:
             if "does not implement" not in str(err):
                 raise
-    return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=REPORTED_LINKS)
+    return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=top)
 
 
 def canonical(placement: np.ndarray, cluster: Cluster) -> tuple[np.ndarray, int]:
@@ -231,9 +246,12 @@ def neighbourhood(placement: np.ndarray, cluster: Cluster) -> np.ndarray:
     if len(placement) == 1 or (cluster.num_nodes > 1 and spec.network.topology != "fat_tree"):
         return placement
     per_unit = spec.network.nodes_per_leaf * cluster.per_node
-    units = np.unique(placement[0] // per_unit)
-    touches = np.isin(placement // per_unit, units).any(axis=1)
-    return placement[touches]
+    num_units = -(-cluster.num_devices // per_unit)
+    if num_units == 1:
+        return placement
+    near = np.zeros(num_units, dtype=bool)
+    near[placement[0] // per_unit] = True
+    return placement[near[placement // per_unit].any(axis=1)]
 
 
 __all__ = ["Group", "Options", "Plan", "build_plan", "canonical", "cluster_for", "neighbourhood"]

@@ -110,6 +110,10 @@ class OptionsIn(Strict):
         default="library", description="library: what NCCL/HCCL would pick from"
     )
     contention: Literal["neighbourhood", "full"] = "neighbourhood"
+    links_per_call: int = Field(default=5, ge=1, le=64, description="busiest links reported per call")
+    device_map: list[int] | None = Field(
+        default=None, max_length=1 << 17, description="rank r runs on device device_map[r]; default: rank = device"
+    )
 
 
 class PlanRequest(Strict):
@@ -146,6 +150,7 @@ class PlacementOut(BaseModel):
     algbw_GBps: float
     steps: int
     group_ranks: list[int] = Field(description="the global ranks of the first group, in schedule order")
+    group_devices: list[int] = Field(description="the devices those ranks run on")
     links: list[LinkOut] = Field(description="the busiest links while this call runs on every group")
 
 
@@ -213,6 +218,18 @@ class PlanOut(BaseModel):
 
 
 class BatchRequest(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "requests": [
+                        {"model": {"preset": "llama3-8b"}, "parallel": {"tp": 8}, "cluster": {"preset": "dgx-h100"}},
+                        {"model": {"preset": "llama3-8b"}, "parallel": {"tp": 16}, "cluster": {"preset": "dgx-h100"}},
+                    ]
+                }
+            ]
+        }
+    )
     requests: list[dict[str, Any]] = Field(description="plan requests, each as for POST /v1/plan", max_length=100_000)
 
 
@@ -232,7 +249,21 @@ class BatchOut(BaseModel):
 
 
 class ExploreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "request": {
+                        "model": {"preset": "llama3-70b"},
+                        "parallel": {"tp": 8, "pp": 4, "zero_stage": 1},
+                        "cluster": {"preset": "dgx-h100", "num_nodes": 16},
+                    },
+                    "call": "dp.grads",
+                }
+            ]
+        },
+    )
     request: PlanRequest
     call: str = Field(max_length=128, description="a call name from the plan, e.g. dp.grads")
     stage: int | None = Field(default=None, ge=0, le=1 << 17, description="which stage's row (default: the first)")

@@ -12,6 +12,24 @@ from . import (  # noqa: F401  (imported for registration)
     recursive_doubling,
     ring,
 )
-from ._base import Cost, Implementation, Request, build_schedule, implementations, lookup, validate
+from ._base import (
+    Cost,
+    Implementation,
+    Request,
+    allreduce_lower_bound,
+    build_schedule,
+    implementations,
+    lookup,
+    validate,
+)
 
-__all__ = ["Cost", "Implementation", "Request", "build_schedule", "implementations", "lookup", "validate"]
+__all__ = [
+    "Cost",
+    "Implementation",
+    "Request",
+    "allreduce_lower_bound",
+    "build_schedule",
+    "implementations",
+    "lookup",
+    "validate",
+]

@@ -39,6 +39,16 @@ class Cost:
     bytes_sent: int
     bytes_received: int
 
+    def time(self, alpha_s: float, beta_s_per_byte: float) -> float:
+        """The alpha-beta time (Hockney; Thakur, Rabenseifner & Gropp 2005): a latency per step plus the
+        busiest rank's bytes at the link's inverse bandwidth. Reduction compute (gamma) is not charged."""
+        return self.steps * alpha_s + max(self.bytes_sent, self.bytes_received) * beta_s_per_byte
+
+
+def allreduce_lower_bound(num_ranks: int, message_bytes: int) -> int:
+    """No allreduce sends less than 2(n-1)/n x M per rank (Patarasuk & Yuan 2009)."""
+    return 2 * (num_ranks - 1) * message_bytes // num_ranks
+
 
 @dataclass(frozen=True)
 class Implementation:

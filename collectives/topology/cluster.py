@@ -139,6 +139,13 @@ class Cluster:
         raise CollectiveError("link", f"no link {link}")
 
     def describe_link(self, link: int) -> dict:
+        """id, family, index, kind, label and capacity of one link (memoised; callers get a copy)."""
+        memo = self.__dict__.setdefault("_describe_memo", {})
+        if link not in memo:
+            memo[link] = self._describe(link)
+        return dict(memo[link])
+
+    def _describe(self, link: int) -> dict:
         for f in self.families.values():
             if f.start <= link < f.start + f.size:
                 return {

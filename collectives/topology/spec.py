@@ -92,7 +92,9 @@ def validate_cluster(spec: ClusterSpec) -> None:
             "intra.fabric", f"unknown fabric {spec.intra.fabric!r}; known: {', '.join(INTRA_FABRICS)}"
         )
     if spec.intra.fabric == "none" and spec.devices_per_node > 1:
-        raise CollectiveError("intra.fabric", f"'none' needs 1 device per node, got {spec.devices_per_node}")
+        raise CollectiveError(
+            "intra.fabric", f"'none' needs 1 device per node, got {spec.devices_per_node} (they would be disconnected)"
+        )
     if spec.intra.fabric != "none" or spec.devices_per_node > 1:
         _bandwidth("intra.bandwidth_GBps", spec.intra.bandwidth_GBps)
     _non_negative("intra.latency_s", spec.intra.latency_s)
@@ -100,7 +102,9 @@ def validate_cluster(spec: ClusterSpec) -> None:
     if net.topology not in NETWORKS:
         raise CollectiveError("network.topology", f"unknown network {net.topology!r}; known: {', '.join(NETWORKS)}")
     if spec.num_nodes > 1 and net.topology == "none":
-        raise CollectiveError("network.topology", f"{spec.num_nodes} nodes need a network, got 'none'")
+        raise CollectiveError(
+            "network.topology", f"{spec.num_nodes} nodes need a network, got 'none' (the graph would be disconnected)"
+        )
     if spec.num_nodes > 1:
         _positive("nics_per_node", spec.nics_per_node)
         _bandwidth("nic_bandwidth_GBps", spec.nic_bandwidth_GBps)

@@ -146,3 +146,13 @@ def test_textbook_values():
     assert c.closed_form("allreduce", "in_network", 64, m) == c.Cost(2, m, m)
     # hierarchical 4 nodes x 8: intra 2*7/8 M, inter 2*3/(4*8) M
     assert c.closed_form("allreduce", "hierarchical", 32, m, local_size=8).bytes_sent == 7 * m // 4 + 3 * m // 16
+
+
+def test_alpha_beta_time_and_lower_bound():
+    ring = c.closed_form("allreduce", "ring", 8, 1 << 20)
+    alpha, beta = 5e-6, 1 / 100e9
+    assert ring.time(alpha, beta) == pytest.approx(14 * alpha + 2 * 7 / 8 * (1 << 20) * beta)
+    assert c.allreduce_lower_bound(8, 1 << 20) == ring.bytes_sent
+    # halving-doubling: same bandwidth term, fewer latency terms: faster when alpha dominates
+    hd = c.closed_form("allreduce", "halving_doubling", 8, 1 << 20)
+    assert hd.time(1e-3, beta) < ring.time(1e-3, beta)
