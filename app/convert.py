@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from collectives import CollectiveError
-from collectives.topology import ClusterSpec, IntraNode, Network, cluster_preset, validate_cluster
+from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from planner import MODEL_PRESETS, ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
 from planner.model import MLASpec, MoESpec
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
@@ -150,8 +150,6 @@ def spec_dict(spec) -> dict:
 
 
 __all__ = [
-    "IntraNode",
-    "Network",
     "cluster_spec",
     "model_spec",
     "options",

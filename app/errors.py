@@ -47,7 +47,12 @@ def install(app: FastAPI) -> None:
         # FastAPI answers a body it cannot decode with a bare 400; bad input is a 422 here, always.
         if err.status_code == 400:
             return JSONResponse(
-                status_code=422, content={"detail": detail("", "the body is not valid UTF-8 JSON", "json_invalid")[:1]}
+                status_code=422,
+                content={
+                    "detail": detail(
+                        "", "the body could not be read as JSON (not UTF-8, or nested too deeply)", "json_invalid"
+                    )[:1]
+                },
             )
         return await http_exception_handler(request, err)
 

@@ -91,14 +91,17 @@ class Layout:
 
 @dataclass
 class Schedule:
+    """``make_steps()`` yields the steps; ``make_classes(slot_bytes)``, where an algorithm knows its step
+    classes in closed form, builds them directly (otherwise they are compressed from the steps)."""
+
     op: Op
     algorithm: str
     num_ranks: int
     count: int
     itemsize: int
     layout: Layout
-    _steps: Callable[[], Iterator[Step]]
-    _classes: Callable[[], list[StepClass]] | None = None
+    make_steps: Callable[[], Iterator[Step]]
+    make_classes: Callable[[np.ndarray], list[StepClass]] | None = None
     num_virtual: int = 0
     root: int = 0
     _cached_classes: list[StepClass] | None = field(default=None, repr=False)
@@ -112,11 +115,11 @@ class Schedule:
         return self.count * self.itemsize
 
     def steps(self) -> Iterator[Step]:
-        return self._steps()
+        return self.make_steps()
 
     def step_classes(self) -> list[StepClass]:
         if self._cached_classes is None:
-            made = self._classes() if self._classes is not None else compress(self.steps(), self.slot_bytes)
+            made = self.make_classes(self.slot_bytes) if self.make_classes else compress(self.steps(), self.slot_bytes)
             self._cached_classes = [c for c in made if c.repeat > 0]
         return self._cached_classes
 

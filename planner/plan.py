@@ -12,7 +12,7 @@ from collectives.topology import Cluster, ClusterSpec, Price, price_call
 
 from ._errors import SpecError
 from .context import Context
-from .layout import Group, RankLayout
+from .layout import RankLayout
 from .ledger import Call
 from .model import ModelSpec, validate_model
 from .parallel import ParallelSpec, validate_parallel
@@ -254,4 +254,4 @@ def neighbourhood(placement: np.ndarray, cluster: Cluster) -> np.ndarray:
     return placement[near[placement // per_unit].any(axis=1)]
 
 
-__all__ = ["Group", "Options", "Plan", "build_plan", "canonical", "cluster_for", "neighbourhood"]
+__all__ = ["Options", "Plan", "build_plan", "canonical", "cluster_for", "neighbourhood"]

@@ -120,9 +120,16 @@ def double_binary_tree_allreduce(req: Request) -> Schedule:
         for s in range(max(len(t) for t in trees)):
             yield Step.of(*(x for t in trees if s < len(t) for x in t[s]))
 
-    schedule = Schedule(req.op, "double_binary_tree", n, req.count, req.itemsize, layout, steps)
-    schedule._classes = lambda: _pipelined_class(n, k, schedule.slot_bytes)
-    return schedule
+    return Schedule(
+        req.op,
+        "double_binary_tree",
+        n,
+        req.count,
+        req.itemsize,
+        layout,
+        steps,
+        lambda slot_bytes: _pipelined_class(n, k, slot_bytes),
+    )
 
 
 def _pipelined_class(n: int, k: int, slot_bytes: np.ndarray) -> list[StepClass]:

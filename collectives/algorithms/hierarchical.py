@@ -69,9 +69,7 @@ def _phases(req: Request, plan: list[tuple[str, bool]]):
 
 def _hierarchical(req: Request, layout, plan) -> Schedule:
     steps, classes = _phases(req, plan)
-    schedule = Schedule(req.op, "hierarchical", req.num_ranks, req.count, req.itemsize, layout, steps)
-    schedule._classes = lambda: classes(schedule.slot_bytes)
-    return schedule
+    return Schedule(req.op, "hierarchical", req.num_ranks, req.count, req.itemsize, layout, steps, classes)
 
 
 def _levels(req: Request) -> tuple[int, int]:

@@ -32,9 +32,11 @@ def _to_switch(n: int, slots, reduce: bool) -> Step:
 def _schedule(req: Request, layout, steps) -> Schedule:
     """Up and down use opposite link directions and the switch streams them (NVLS pipelines its chunks),
     so for pricing both steps form one class: two latency terms, one bandwidth term."""
-    schedule = Schedule(req.op, "in_network", req.num_ranks, req.count, req.itemsize, layout, steps, num_virtual=1)
-    schedule._classes = lambda: merge(compress(steps(), schedule.slot_bytes), "pipelined up and down")
-    return schedule
+
+    def classes(slot_bytes):
+        return merge(compress(steps(), slot_bytes), "pipelined up and down")
+
+    return Schedule(req.op, "in_network", req.num_ranks, req.count, req.itemsize, layout, steps, classes, num_virtual=1)
 
 
 def _cost_allreduce(req: Request) -> Cost:

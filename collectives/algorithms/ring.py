@@ -50,10 +50,6 @@ def _flat(req: Request) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(n)[None, :], np.arange(n)[None, :, None]
 
 
-def _slot_bytes(schedule: Schedule) -> np.ndarray:
-    return schedule.slot_bytes[None, :]
-
-
 def _ring_schedule(req: Request, layout, phases: list[bool]) -> Schedule:
     members, chunks = _flat(req)
 
@@ -61,12 +57,13 @@ def _ring_schedule(req: Request, layout, phases: list[bool]) -> Schedule:
         for reduce in phases:
             yield from ring_pass_steps(members, chunks, reduce)
 
-    schedule = Schedule(req.op, "ring", req.num_ranks, req.count, req.itemsize, layout, steps)
-    schedule._classes = lambda: [
-        ring_pass_class(members, _slot_bytes(schedule), reduce, "reduce-scatter" if reduce else "all-gather")
-        for reduce in phases
-    ]
-    return schedule
+    def classes(slot_bytes: np.ndarray) -> list[StepClass]:
+        return [
+            ring_pass_class(members, slot_bytes[None, :], reduce, "reduce-scatter" if reduce else "all-gather")
+            for reduce in phases
+        ]
+
+    return Schedule(req.op, "ring", req.num_ranks, req.count, req.itemsize, layout, steps, classes)
 
 
 def _cost_allreduce(req: Request) -> Cost:
