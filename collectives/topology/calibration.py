@@ -31,7 +31,9 @@ class Calibration:
         }
     )
     # NVLink SHARP: 8 x H100 allreduce reaches busbw 466-480 GB/s (reference/nccl), i.e. algbw ~270 GB/s
-    # with each GPU moving M up and M down over 450 GB/s links: 0.60 of the link rate.
+    # with each GPU moving M up and M down over 450 GB/s links: 0.60 of the link rate. Applied to the
+    # device ports of an NVLS switch only; InfiniBand SHARP (streaming aggregation) is taken at the NICs'
+    # own efficiency, for want of a measurement in reference/nccl to calibrate it on.
     in_network_efficiency: float = 0.60
     # Per step: NCCL's per-hop latency for the LL128/Simple protocols on NVLink is ~1-2 us
     # (src/graph/tuning.cc hwLat); 1.8 us matches the ~42 us of 14-step 8 x A100 ring allreduce at 2-64 KiB.

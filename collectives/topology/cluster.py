@@ -96,23 +96,25 @@ class Cluster:
     def capacity_GBps(self) -> np.ndarray:
         return np.concatenate([np.zeros(0), *(np.full(f.size, f.capacity_GBps) for f in self.families.values())])
 
-    def rate(self, calibration, in_network: bool = False) -> np.ndarray:
-        """Bytes per second each link really carries: capacity x the calibrated efficiency of its kind
-        (x the in-network reduction efficiency when the switches reduce)."""
+    def rate(self, calibration, in_network: str | None = None) -> np.ndarray:
+        """Bytes per second each link really carries: capacity x the calibrated efficiency of its kind.
+        When the node's switch reduces (``in_network='intra'``, NVLS) the device ports run at the NVLS
+        efficiency instead; SHARP in the network (``'network'``) streams at line rate, so links keep theirs."""
         key = (id(calibration), in_network)
         cache = self.__dict__.setdefault("_rate_memo", {})
         if key not in cache:
             per_family = [
-                np.full(
-                    f.size,
-                    f.capacity_GBps
-                    * 1e9
-                    * (calibration.in_network_efficiency if in_network else calibration.efficiency.get(f.kind, 1.0)),
-                )
+                np.full(f.size, f.capacity_GBps * 1e9 * self._efficiency(f, calibration, in_network))
                 for f in self.families.values()
             ]
             cache[key] = np.concatenate([np.zeros(0), *per_family])  # a one-device cluster has no links
         return cache[key]
+
+    @staticmethod
+    def _efficiency(f: Family, calibration, in_network: str | None) -> float:
+        if in_network == "intra" and f.name in ("dev_up", "dev_down"):
+            return calibration.in_network_efficiency
+        return calibration.efficiency.get(f.kind, 1.0)
 
     def translate_link(self, link: int, units: int) -> int:
         """The same link ``units`` leaf units further on (fat-trees are wired alike unit by unit); pricing

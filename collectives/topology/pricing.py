@@ -75,7 +75,7 @@ def evaluate(
     cluster.check_devices(placement)
     level = in_network_level(cluster, placement) if schedule.num_virtual else None
     holders = np.hstack([placement, np.full((len(placement), schedule.num_virtual), -1, dtype=np.int64)])
-    rate = cluster.rate(calibration, in_network=bool(level))
+    rate = cluster.rate(calibration, in_network=level)
     time = calibration.base_latency(schedule.algorithm) if schedule.num_steps else 0.0
     parts: list[Loads] = []
     routed: dict[bytes, tuple[Loads, float]] = {}
