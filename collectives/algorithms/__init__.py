@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (imported for registration)
     in_network,
     recursive_doubling,
     ring,
+    swing,
 )
 from ._base import (
     Cost,

@@ -26,7 +26,7 @@ def granularity(algorithm: str, op: str, n: int) -> int:
         return floor_pow2(n)
     if algorithm == "double_binary_tree":
         return 2 * pipeline_chunks(1)
-    if algorithm in ("recursive_doubling", "binomial_tree", "in_network") and op == "allreduce":
+    if algorithm in ("recursive_doubling", "binomial_tree", "in_network", "swing") and op == "allreduce":
         return 1
     return n
 
@@ -144,6 +144,7 @@ def test_textbook_values():
     assert c.closed_form("allreduce", "halving_doubling", 6, m) == c.Cost(6, 3 * m // 2 + m, 3 * m // 2 + m)
     assert c.closed_form("alltoall", "bruck", 8, m) == c.Cost(3, 3 * m // 2, 3 * m // 2)
     assert c.closed_form("allreduce", "in_network", 64, m) == c.Cost(2, m, m)
+    assert c.closed_form("allreduce", "swing", 16, m) == c.Cost(4, 4 * m, 4 * m)
     # hierarchical 4 nodes x 8: intra 2*7/8 M, inter 2*3/(4*8) M
     assert c.closed_form("allreduce", "hierarchical", 32, m, local_size=8).bytes_sent == 7 * m // 4 + 3 * m // 16
 

@@ -51,4 +51,5 @@ def test_catalogue_lists_every_op_with_formulas():
         "direct",
         "hierarchical",
         "in_network",
+        "swing",
     } == {r["algorithm"] for r in rows}

@@ -1,0 +1,51 @@
+"""Swing allreduce, latency-optimal variant (De Sensi et al., "Swing: Short-cutting Rings for Higher
+Bandwidth Allreduce", NSDI 2024, §3).
+
+At step s rank r exchanges its whole buffer with r + rho(s) if r is even, r - rho(s) if odd, where
+rho(s) = (1 - (-2)^(s+1)) / 3 = 1, -1, 3, -5, 11, ...: the partners alternate direction and stay about
+2^s / 1.5 apart instead of recursive doubling's 2^s, which shortens paths on tori. log2(p) steps of M each
+way, p a power of two. (The paper's bandwidth-optimal variant, reduce-scatter + all-gather over the same
+peers, is not implemented.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import layouts
+from ..primitives import Op
+from ..schedule import Schedule, Step, Transfers
+from ._base import Cost, Request, need_pow2, register
+
+
+def rho(step: int) -> int:
+    return (1 - (-2) ** (step + 1)) // 3
+
+
+def swing_peers(n: int, step: int) -> np.ndarray:
+    r = np.arange(n)
+    return np.where(r % 2 == 0, r + rho(step), r - rho(step)) % n
+
+
+def _cost(req: Request) -> Cost:
+    steps = req.num_ranks.bit_length() - 1
+    return Cost(steps, steps * req.message_bytes, steps * req.message_bytes)
+
+
+@register(
+    "swing",
+    Op.ALLREDUCE,
+    cost=_cost,
+    check=need_pow2,
+    formula="log2(n)·α + log2(n)·M·β (peers ±1, ±3, ±5, ±11…)",
+    source="De Sensi et al., NSDI 2024 (Swing), latency-optimal variant",
+)
+def swing_allreduce(req: Request) -> Schedule:
+    n = req.num_ranks
+    layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
+
+    def steps():
+        for s in range(n.bit_length() - 1):
+            yield Step.of(Transfers.of(np.arange(n), swing_peers(n, s), 0, 0, True))
+
+    return Schedule(req.op, "swing", n, req.count, req.itemsize, layout, steps)
