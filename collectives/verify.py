@@ -39,12 +39,12 @@ def input_sizes(op: Op, n: int, count: int) -> np.ndarray:
     return block_sizes(count, n) if op in (Op.ALLGATHER, Op.GATHER) else np.full(n, count)
 
 
-def verify_inputs(op, n: int, count: int, root: int = 0) -> list[np.ndarray]:
+def verify_inputs(op, n: int, count: int) -> list[np.ndarray]:
     """Zero-filled send buffers of the right sizes (callers fill them)."""
     return [np.zeros(int(s)) for s in input_sizes(parse_op(op), n, count)]
 
 
-def random_inputs(op: Op, n: int, count: int, dtype: np.dtype, seed: int, root: int = 0) -> list[np.ndarray]:
+def random_inputs(op: Op, n: int, count: int, dtype: np.dtype, seed: int) -> list[np.ndarray]:
     """Each rank's send buffer, random: normal floats, or integers in [-100, 100]."""
     rng = np.random.default_rng(seed)
     sizes = input_sizes(op, n, count)
@@ -72,7 +72,7 @@ def verify(
     impl = lookup(algorithm, op)
     validate(impl, req)
     schedule = impl.build(req)
-    inputs = random_inputs(op, num_ranks, count, dtype, seed, root)
+    inputs = random_inputs(op, num_ranks, count, dtype, seed)
     expected = reference(op, inputs, reduction, root)
     run = execute(schedule, inputs, reduction)
     error, tolerance = _compare(run.outputs, expected, inputs, dtype)

@@ -51,10 +51,6 @@ class ParallelSpec:
         return self.sequence_parallel and self.tp > 1
 
     @property
-    def stages(self) -> int:
-        return self.pp
-
-    @property
     def chunks_per_rank(self) -> int:
         return self.virtual_pipeline_stages if self.pipeline_schedule == "interleaved" else 1
 

@@ -139,7 +139,7 @@ def schedule(body: ScheduleRequest) -> dict:
         raise SpecError("num_ranks", f"{sched.num_steps} steps; the step view shows at most 256")
     inputs = [
         np.full(len(x), 1 << r, dtype=np.int64)
-        for r, x in enumerate(coll.verify_inputs(sched.op, body.num_ranks, body.count, body.root))
+        for r, x in enumerate(coll.verify_inputs(sched.op, body.num_ranks, body.count))
     ]
     frames: list[dict] = []
     initial: list = []

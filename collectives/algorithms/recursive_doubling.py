@@ -35,6 +35,12 @@ def fold_out(n: int, slots) -> Step:
     return Step.of(Transfers.of(dst - p, dst, slot, slot, False))
 
 
+def exchange_and_reduce(peers: np.ndarray) -> Step:
+    """Every rank r swaps its whole (single-slot) buffer with peers[r] and reduces: one step of recursive
+    doubling, and of Swing with its own peers."""
+    return Step.of(Transfers.of(np.arange(len(peers)), peers, 0, 0, True))
+
+
 def _cost_allreduce(req: Request) -> Cost:
     n, m = req.num_ranks, req.message_bytes
     p = floor_pow2(n)
@@ -60,7 +66,7 @@ def recursive_doubling_allreduce(req: Request) -> Schedule:
         r = np.arange(p)
         mask = 1
         while mask < p:
-            yield Step.of(Transfers.of(r, r ^ mask, 0, 0, True))
+            yield exchange_and_reduce(r ^ mask)
             mask <<= 1
         if n > p:
             yield fold_out(n, [0])

@@ -14,8 +14,9 @@ import numpy as np
 
 from .. import layouts
 from ..primitives import Op
-from ..schedule import Schedule, Step, Transfers
+from ..schedule import Schedule
 from ._base import Cost, Request, need_pow2, register
+from .recursive_doubling import exchange_and_reduce
 
 
 def rho(step: int) -> int:
@@ -46,6 +47,6 @@ def swing_allreduce(req: Request) -> Schedule:
 
     def steps():
         for s in range(n.bit_length() - 1):
-            yield Step.of(Transfers.of(np.arange(n), swing_peers(n, s), 0, 0, True))
+            yield exchange_and_reduce(swing_peers(n, s))
 
     return Schedule(req.op, "swing", n, req.count, req.itemsize, layout, steps)
