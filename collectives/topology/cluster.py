@@ -469,6 +469,8 @@ class Loads:
     def total(parts: list[Loads], num_links: int) -> Loads:
         if not parts:
             return Loads.reduce(np.zeros(0, dtype=np.int64), None, num_links)
+        if all(p.links is parts[0].links for p in parts):  # classes routed once and scaled (a ring's RS and AG)
+            return Loads(parts[0].links, np.sum([p.bytes for p in parts], axis=0))
         return Loads.reduce(
             np.concatenate([p.links for p in parts]), np.concatenate([p.bytes for p in parts]), num_links
         )
