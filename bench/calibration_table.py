@@ -14,7 +14,7 @@ import numpy as np
 
 from collectives.topology.reference import compare_all
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "shared" / "reference" / "nccl" / "measurements.json"
+DEFAULT_PATH = Path(__file__).resolve().parents[1] / "tests" / "reference" / "nccl" / "measurements.json"
 
 
 def main(path: Path = DEFAULT_PATH) -> None:

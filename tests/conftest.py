@@ -1,4 +1,6 @@
-"""Shared fixtures. Reference data lives in ../shared/reference beside the project (CI clones it there)."""
+"""Shared fixtures. Reference data (recorded traces, AICB workloads, nccl-tests measurements) lives in
+tests/reference/ inside the project, copied with its provenance notes (tests/reference/README.md), so a
+fresh clone runs the whole suite; COMMPLAN_REFERENCE points elsewhere, e.g. at a larger private set."""
 
 from __future__ import annotations
 
@@ -18,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def reference_dir() -> Path:
     configured = os.environ.get("COMMPLAN_REFERENCE")
-    return Path(configured) if configured else ROOT.parent / "shared" / "reference"
+    return Path(configured) if configured else ROOT / "tests" / "reference"
 
 
 @pytest.fixture(scope="session")
 def reference():
-    """Open a file under shared/reference: ``reference("nccl/measurements.json")`` -> parsed JSON or Path."""
+    """Open a file under tests/reference: ``reference("nccl/measurements.json")`` -> parsed JSON or Path."""
     base = reference_dir()
     if not base.is_dir():
         pytest.fail(f"reference data not found at {base}; set COMMPLAN_REFERENCE")

@@ -1,6 +1,6 @@
 """Pricing constants, each with where it comes from. One set for every cluster: nothing is fitted per
 measurement. The calibration test (tests/collectives/test_calibration.py) prices every record of
-shared/reference/nccl/measurements.json with these and reports the error; README shows the table.
+tests/reference/nccl/measurements.json with these and reports the error; README shows the table.
 
 Time of one call = base latency of the algorithm family
                  + sum over step classes of [ repeat x (step overhead + longest path latency)
@@ -56,7 +56,7 @@ class Calibration:
 DEFAULT = Calibration()
 
 
-# The clusters behind the records of shared/reference/nccl/measurements.json, from each record's own
+# The clusters behind the records of tests/reference/nccl/measurements.json, from each record's own
 # description of its interconnect. EFA (AWS) has a far longer per-message latency than InfiniBand: the
 # aws-ofi-nccl plugin over SRD, ~15 us one way (AWS EFA documentation); that is a property of the NIC,
 # used for every EFA record alike.

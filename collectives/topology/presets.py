@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .._errors import CollectiveError
+from .gpu import GPUS
 from .spec import ClusterSpec, IntraNode, Network
 
 
@@ -21,6 +22,7 @@ def dgx_a100(num_nodes: int = 1) -> ClusterSpec:
         pcie_bandwidth_GBps=32.0,
         network=Network("fat_tree", rail_optimized=True, nodes_per_leaf=20, num_spines=8),
         device="A100 SXM4 80GB",
+        gpu=GPUS["a100-sxm4-80gb"],
         description="DGX A100: 8 GPUs on NVSwitch (300 GB/s), 8 x 200G HDR, rail-optimised fat-tree",
         sources=("DGX A100 system architecture white paper", "DGX SuperPOD A100 reference architecture"),
     )
@@ -41,6 +43,7 @@ def dgx_h100(num_nodes: int = 1) -> ClusterSpec:
         pcie_bandwidth_GBps=64.0,
         network=Network("fat_tree", rail_optimized=True, nodes_per_leaf=32, num_spines=16, in_network_reduction=True),
         device="H100 SXM 80GB",
+        gpu=GPUS["h100-sxm5-80gb"],
         description="DGX H100: 8 GPUs on NVSwitch (450 GB/s, NVLS), 8 x 400G NDR, rail-optimised fat-tree",
         sources=("DGX H100 user guide", "DGX SuperPOD H100 reference architecture"),
     )
@@ -60,6 +63,7 @@ def gb200_nvl72(num_nodes: int = 1) -> ClusterSpec:
         pcie_bandwidth_GBps=64.0,
         network=Network("fat_tree", rail_optimized=True, nodes_per_leaf=8, num_spines=16, in_network_reduction=True),
         device="B200 (GB200)",
+        gpu=GPUS["gb200-186gb"],
         description="GB200 NVL72: 72 GPUs in one NVLink domain (900 GB/s, NVLS), 400G per GPU",
         sources=("NVIDIA GB200 NVL72 product brief",),
     )
@@ -79,6 +83,7 @@ def npu_mesh_8(num_nodes: int = 1) -> ClusterSpec:
         pcie_bandwidth_GBps=32.0,
         network=Network("fat_tree", rail_optimized=True, nodes_per_leaf=16, num_spines=8),
         device="Ascend 910B",
+        gpu=GPUS["ascend-910b"],
         description="8-NPU full-mesh board (7 x 56 GB/s per NPU), 8 x 200G RoCE",
         sources=("Atlas 800T A2 hardware description",),
     )
@@ -99,6 +104,7 @@ def tpu_torus(num_nodes: int = 64, dims: tuple[int, ...] | None = None) -> Clust
         pcie_bandwidth_GBps=600.0,
         network=Network("torus", dims=dims, link_bandwidth_GBps=50.0, switch_latency_s=1.0e-6),
         device="TPU v4-like",
+        gpu=GPUS["tpu-v4"],
         description=f"{' x '.join(map(str, dims))} 3-D torus, 50 GB/s links",
         sources=("Jouppi et al., TPU v4, ISCA 2023",),
     )
@@ -116,7 +122,8 @@ def pcie_server(num_nodes: int = 1) -> ClusterSpec:
         nic_bandwidth_GBps=12.5,
         pcie_bandwidth_GBps=32.0,
         network=Network("fat_tree", rail_optimized=False, nodes_per_leaf=32, num_spines=4),
-        device="PCIe GPU",
+        device="A100 PCIe 80GB",
+        gpu=GPUS["a100-pcie-80gb"],
         description="8 PCIe GPUs, one shared 100G NIC, plain fat-tree",
         sources=("PCIe Gen4 x16: 32 GB/s per direction",),
     )

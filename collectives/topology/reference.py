@@ -1,4 +1,4 @@
-"""Price every record of shared/reference/nccl/measurements.json with the default calibration."""
+"""Price every record of tests/reference/nccl/measurements.json with the default calibration."""
 
 from __future__ import annotations
 

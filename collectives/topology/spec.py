@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .._errors import CollectiveError
+from .gpu import GPUSpec
 
 INTRA_FABRICS = ("switch", "full_mesh", "ring", "none")
 NETWORKS = ("fat_tree", "torus", "dragonfly", "hypercube", "none")
@@ -63,6 +64,7 @@ class ClusterSpec:
     pcie_bandwidth_GBps: float = 64.0
     network: Network = field(default_factory=Network)
     device: str = ""
+    gpu: GPUSpec | None = None  # compute and memory of each device (gpu.py); None: step time unavailable
     description: str = ""
     sources: tuple[str, ...] = ()
 

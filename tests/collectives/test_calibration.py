@@ -1,4 +1,4 @@
-"""Every NCCL measurement in shared/reference priced with one set of constants (no per-record fitting)."""
+"""Every NCCL measurement in tests/reference priced with one set of constants (no per-record fitting)."""
 
 import numpy as np
 
