@@ -10,6 +10,9 @@ from .gpu import GPUSpec
 
 INTRA_FABRICS = ("switch", "full_mesh", "ring", "none")
 NETWORKS = ("fat_tree", "torus", "dragonfly", "hypercube", "none")
+NETWORK_KINDS = ("ib", "roce", "efa", "tcpxo")  # per-hop latency by kind: library/calibration.py
+CPU_VENDORS = ("intel", "amd", "arm")  # NCCL's llMaxBw across nodes and per-step net overhead depend on it
+NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in library/tables.py
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class Network:
     group_size: int = 4
     link_bandwidth_GBps: float = 50.0
     switch_latency_s: float = 0.15e-6
-    in_network_reduction: bool = False
+    in_network_reduction: bool = False  # SHARP in the switches (NCCL CollNet)
+    kind: str = "ib"  # ib | roce | efa | tcpxo
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ class ClusterSpec:
     gpu: GPUSpec | None = None  # compute and memory of each device (gpu.py); None: step time unavailable
     description: str = ""
     sources: tuple[str, ...] = ()
+    nccl_version: str = "2.30"  # major.minor of the NCCL whose tuning model prices this cluster
+    cpu_vendor: str = "intel"
 
     @property
     def num_devices(self) -> int:
@@ -100,6 +106,9 @@ def validate_cluster(spec: ClusterSpec) -> None:
     if spec.intra.fabric != "none" or spec.devices_per_node > 1:
         _bandwidth("intra.bandwidth_GBps", spec.intra.bandwidth_GBps)
     _non_negative("intra.latency_s", spec.intra.latency_s)
+    _one_of("network.kind", spec.network.kind, NETWORK_KINDS, "network kind")
+    _one_of("cpu_vendor", spec.cpu_vendor, CPU_VENDORS, "CPU vendor")
+    _one_of("nccl_version", nccl_minor(spec.nccl_version), NCCL_VERSIONS, "NCCL version (major.minor)")
     net = spec.network
     if net.topology not in NETWORKS:
         raise CollectiveError("network.topology", f"unknown network {net.topology!r}; known: {', '.join(NETWORKS)}")
@@ -151,6 +160,16 @@ def _validate_network(spec: ClusterSpec) -> None:
             )
     elif net.topology == "hypercube" and spec.num_nodes & (spec.num_nodes - 1):
         raise CollectiveError("num_nodes", f"a hypercube needs a power-of-two number of nodes, got {spec.num_nodes}")
+
+
+def nccl_minor(version: str) -> str:
+    """'2.30.7-1' or '2.30' -> '2.30'."""
+    return ".".join(str(version).split("-")[0].split(".")[:2])
+
+
+def _one_of(name: str, value: str, known: tuple[str, ...], what: str) -> None:
+    if value not in known:
+        raise CollectiveError(name, f"unknown {what} {value!r}; known: {', '.join(known)}")
 
 
 def _positive(name: str, value) -> None:
