@@ -134,7 +134,7 @@ def nvls_graph(shape: Shape) -> Graph | None:
 
 
 def collnet_graph(shape: Shape) -> Graph:
-    """CollNet (SHARP) heads: one per NIC the node's GPUs use (init.cc collNetDirectGraph, heads on NICs),
-    at the ring's inter-node speed."""
+    """CollNet (SHARP) heads: one per NIC the node's GPUs use, at most NCCL_MAX_DIRECT_ARITY + 1 = 8
+    (search.cc:ncclTopoCompute, device.h v2.30.7-1), at the ring's inter-node speed."""
     ring = ring_graph(shape)
-    return Graph(max(1, shape.nets), ring.bw_inter, ring.bw_inter)
+    return Graph(min(max(1, shape.nets), T.MAX_DIRECT_ARITY + 1), ring.bw_inter, ring.bw_inter)

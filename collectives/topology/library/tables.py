@@ -132,3 +132,4 @@ def speeds(sm: int, inter: bool, version: str) -> tuple[float, ...]:
 
 MAX_RING_CHANNELS = 32  # init.cc: ringGraph->maxChannels = MAXCHANNELS / 2, MAXCHANNELS 64 (device.h) (v2.30.7-1)
 MAX_NVLS_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY (v2.30.7-1)
+MAX_DIRECT_ARITY = 7  # device.h NCCL_MAX_DIRECT_ARITY (v2.30.7-1)
