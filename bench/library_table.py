@@ -30,7 +30,7 @@ def fit(records) -> LibraryCalibration:
     eff = defaultdict(list)
     for c in compare_all(records, raw, "library"):
         if c.size_bytes >= 64 << 20 and c.record["op"] != "sendrecv":
-            kind = "nic" if c.record["nodes"] > 1 else "nvls" if c.algorithm == "in_network" else "nvlink"
+            kind = "nic" if c.record["nodes"] > 1 else "in_network" if c.algorithm == "in_network" else "nvlink"
             eff[kind].append(c.measured_busbw / c.predicted_busbw)
     cal = replace(raw, efficiency={k: float(np.median(v)) for k, v in eff.items()})
     best = None

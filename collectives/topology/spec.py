@@ -73,6 +73,7 @@ class ClusterSpec:
     sources: tuple[str, ...] = ()
     nccl_version: str = "2.30"  # major.minor of the NCCL whose tuning model prices this cluster
     cpu_vendor: str = "intel"
+    calibration: object = None  # a library.LibraryCalibration fitted for this cluster; None: the defaults
 
     @property
     def num_devices(self) -> int:
@@ -109,6 +110,7 @@ def validate_cluster(spec: ClusterSpec) -> None:
     _one_of("network.kind", spec.network.kind, NETWORK_KINDS, "network kind")
     _one_of("cpu_vendor", spec.cpu_vendor, CPU_VENDORS, "CPU vendor")
     _one_of("nccl_version", nccl_minor(spec.nccl_version), NCCL_VERSIONS, "NCCL version (major.minor)")
+    _validate_calibration(spec.calibration)
     net = spec.network
     if net.topology not in NETWORKS:
         raise CollectiveError("network.topology", f"unknown network {net.topology!r}; known: {', '.join(NETWORKS)}")
@@ -160,6 +162,22 @@ def _validate_network(spec: ClusterSpec) -> None:
             )
     elif net.topology == "hypercube" and spec.num_nodes & (spec.num_nodes - 1):
         raise CollectiveError("num_nodes", f"a hypercube needs a power-of-two number of nodes, got {spec.num_nodes}")
+
+
+def _validate_calibration(cal) -> None:
+    if cal is None:
+        return
+    from .library.calibration import LibraryCalibration
+
+    if not isinstance(cal, LibraryCalibration):
+        raise CollectiveError("calibration", f"must be a LibraryCalibration, got {type(cal).__name__}")
+    for group in ("efficiency", "latency_scale", "network_latency_s"):
+        for key, value in getattr(cal, group).items():
+            if not (value > 0 if group != "network_latency_s" else value >= 0) or value != value:
+                raise CollectiveError(
+                    f"calibration.{group}.{key}",
+                    f"must be {'>= 0' if group == 'network_latency_s' else '> 0'}, got {value}",
+                )
 
 
 def nccl_minor(version: str) -> str:

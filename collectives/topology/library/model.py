@@ -125,7 +125,7 @@ def _kind(a: str, shape: Shape, feat: Features) -> str:
     if shape.nodes > 1:
         return "nic"
     if a == "nvls":
-        return "nvls"
+        return "in_network"
     return "nvlink" if feat.nvlink else "pcie"
 
 
@@ -189,7 +189,7 @@ def _latency(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal: 
     lat = T.BASE_LATENCY_US[a][pi]
     intra = T.HW_LATENCY_US[intra_hw][a][pi]
     inter = T.HW_LATENCY_US["net"]["tree" if ppn == 1 else a][pi]  # ppn 1: the tree's network latency
-    plugin = cal.net_latency_us.get(feat.network_kind, 0.0)
+    plugin = cal.net_latency_us(feat.network_kind)
     inter += plugin * (2 if p == "Simple" else 1)  # graph latencyInter, twice for Simple (flush)
     if a == "ring":
         hw = T.HW_LATENCY_US["net" if nodes > 1 else intra_hw]["ring"][pi]

@@ -162,7 +162,7 @@ def curves(op: Op, sizes: list[int], cluster: Cluster, group: np.ndarray, cal=DE
 def price_library(op: Op, nbytes: int, placement: np.ndarray, cluster: Cluster, cal=DEFAULT_LIBRARY,
                   algo: str = "auto", proto: str = "auto", top_links: int = 5) -> Price:
     if not isinstance(cal, LibraryCalibration):
-        cal = DEFAULT_LIBRARY
+        cal = cluster.spec.calibration if isinstance(cluster.spec.calibration, LibraryCalibration) else DEFAULT_LIBRARY
     if op not in NCCL_FUNCS:
         raise CollectiveError("op", f"NCCL's tuner does not price {op.value}")
     n = placement.shape[1]
