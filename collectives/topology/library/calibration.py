@@ -24,7 +24,7 @@ NETWORK_KINDS = ("ib", "roce", "efa", "tcpxo")
 @dataclass(frozen=True)
 class LibraryCalibration:
     efficiency: dict[str, float] = field(
-        default_factory=lambda: {"nvlink": 0.96, "in_network": 0.96, "pcie": 0.90, "nic": 0.92}
+        default_factory=lambda: {"nvlink": 0.96, "in_network": 0.99, "pcie": 0.90, "nic": 0.95}
     )
     # Fitted (docs/pricing.md): measured latency is ~2.75x NCCL's table latency at 64 KiB-64 MiB, one scalar
     # for both spans (the research notes' "2-3x"); efficiencies fitted on >= 64 MiB rows.
