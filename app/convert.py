@@ -114,6 +114,22 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
     return spec
 
 
+def cluster_block(spec: ClusterSpec) -> dict:
+    """A request cluster block (ClusterIn) that rebuilds ``spec`` exactly: every field given, no preset."""
+    block = {
+        k: getattr(spec, k)
+        for k in ("name", "num_nodes", "devices_per_node", "nics_per_node", "nic_bandwidth_GBps", "nic_latency_s",
+                  "pcie_bandwidth_GBps", "nccl_version", "cpu_vendor")
+    }
+    block["intra"] = spec_dict(spec.intra)
+    block["network"] = {k: v for k, v in spec_dict(spec.network).items() if v != []}
+    if spec.gpu is not None:
+        g = spec.gpu
+        block["gpu"] = {"name": g.name, "peak_tflops": dict(g.peak_tflops), "hbm_bytes": g.hbm_bytes,
+                        "hbm_GBps": g.hbm_GBps, "sm": g.sm, "nvlink_links": g.nvlink_links}
+    return block
+
+
 def _gpu(block) -> GPUSpec:
     """A GPU by name (GPUS) or by its fields."""
     if isinstance(block, str):

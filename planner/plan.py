@@ -186,7 +186,7 @@ def _validate_options(options: Options, num_devices: int) -> None:
         normalise_algo(options.nccl_algo)
         normalise_proto(options.nccl_proto)
     except CollectiveError as err:
-        raise SpecError(err.field, err.rule) from None
+        raise SpecError(f"options.{err.field}", err.rule) from None
     if options.contention not in ("neighbourhood", "full"):
         raise SpecError("options.contention", f"must be 'neighbourhood' or 'full', got {options.contention!r}")
 

@@ -62,8 +62,7 @@ def price(body: PriceRequest, request: Request) -> dict:
             nccl_proto=body.nccl_proto,
         )
     except coll.CollectiveError as err:
-        field = PRICE_FIELDS.get(err.field, err.field).removeprefix("options.")
-        raise SpecError(field, err.rule) from None
+        raise SpecError(PRICE_FIELDS.get(err.field, err.field), err.rule) from None
     return {
         **{
             k: getattr(p, k)

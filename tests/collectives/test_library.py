@@ -21,8 +21,12 @@ RAW = LibraryCalibration(efficiency={}, latency_scale={})  # NCCL's model alone,
 
 
 def bus(preset, nodes, algo, op=Op.ALLREDUCE):
-    cluster = Cluster(replace(cluster_preset(preset, nodes), network=replace(cluster_preset(preset, nodes).network,
-                                                                                in_network_reduction=False)))
+    cluster = Cluster(
+        replace(
+            cluster_preset(preset, nodes),
+            network=replace(cluster_preset(preset, nodes).network, in_network_reduction=False),
+        )
+    )
     group = np.arange(cluster.num_devices)
     cands = candidates(op, shape_of(cluster, group), Features(), RAW)
     return {(c.algorithm, c.protocol): c.bus_bw for c in cands}.get((algo, "Simple"))
@@ -46,8 +50,12 @@ def test_dgx_h100_nvls_480_one_node_and_nvlstree_462_on_two():
 def test_three_or_more_h100_nodes_ring_384_beats_nvlstree_364():
     assert bus("dgx-h100", 4, "ring") == pytest.approx(384.0)  # sm90SpeedArrayInter 48 x 8 NICs
     assert bus("dgx-h100", 4, "nvls_tree") == pytest.approx(8 * 45.5)
-    cluster = Cluster(replace(cluster_preset("dgx-h100", 4), network=replace(cluster_preset("dgx-h100").network,
-                                                                              in_network_reduction=False)))
+    cluster = Cluster(
+        replace(
+            cluster_preset("dgx-h100", 4),
+            network=replace(cluster_preset("dgx-h100").network, in_network_reduction=False),
+        )
+    )
     assert choose(Op.ALLREDUCE, GIB, cluster, np.arange(32), RAW).algorithm == "ring"
 
 
@@ -66,26 +74,31 @@ def test_small_sizes_pick_ll_and_large_pick_simple():
 
 def test_price_is_linear_in_bytes_for_a_fixed_pair():
     cluster = Cluster(cluster_preset("dgx-h100", 2))
-    t = [price_call(Op.ALLREDUCE, s, np.arange(16)[None], cluster, pricing="library", nccl_algo="ring",
-                    nccl_proto="Simple").time_s for s in (GIB, 2 * GIB, 3 * GIB)]
+    t = [
+        price_call(
+            Op.ALLREDUCE, s, np.arange(16)[None], cluster, pricing="library", nccl_algo="ring", nccl_proto="Simple"
+        ).time_s
+        for s in (GIB, 2 * GIB, 3 * GIB)
+    ]
     assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-9)
 
 
 def test_pins_and_protocol_are_reported():
     cluster = Cluster(cluster_preset("dgx-h100"))
-    p = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="Ring",
-                   nccl_proto="LL128")
+    p = price_call(
+        Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="Ring", nccl_proto="LL128"
+    )
     assert (p.nccl_algorithm, p.protocol, p.algorithm, p.channels) == ("Ring", "LL128", "ring", 12)
 
 
 @pytest.mark.parametrize(
     ("preset", "algo", "field", "words"),
     [
-        ("dgx-a100", "NVLS", "options.nccl_algo", "SM90"),  # A100: NVLS needs SM90+
-        ("pcie-server", "NVLS", "options.nccl_algo", "NVLink switch"),
-        ("dgx-h100", "NVLSTree", "options.nccl_algo", "single node"),
-        ("dgx-h100", "PAT", "options.nccl_algo", "allgather and reducescatter"),
-        ("dgx-h100", "bogus", "options.nccl_algo", "unknown NCCL algorithm"),
+        ("dgx-a100", "NVLS", "nccl_algo", "SM90"),  # A100: NVLS needs SM90+
+        ("pcie-server", "NVLS", "nccl_algo", "NVLink switch"),
+        ("dgx-h100", "NVLSTree", "nccl_algo", "single node"),
+        ("dgx-h100", "PAT", "nccl_algo", "allgather and reducescatter"),
+        ("dgx-h100", "bogus", "nccl_algo", "unknown NCCL algorithm"),
     ],
 )
 def test_algorithms_that_cannot_run_are_named(preset, algo, field, words):
@@ -128,8 +141,16 @@ def test_flat_ring_spreads_over_all_nics():
 
 
 def test_every_new_preset_prices():
-    for name in ("dgx-h200", "dgx-b200", "hgx-h20", "hgx-h800", "gb200-nvl72", "aws-p5", "gcp-a3-mega",
-                 "azure-nd-h100-v5"):
+    for name in (
+        "dgx-h200",
+        "dgx-b200",
+        "hgx-h20",
+        "hgx-h800",
+        "gb200-nvl72",
+        "aws-p5",
+        "gcp-a3-mega",
+        "azure-nd-h100-v5",
+    ):
         spec = cluster_preset(name, 2)
         assert spec.sources and spec.gpu and spec.gpu.sm >= 90
         cluster = Cluster(spec)

@@ -44,8 +44,15 @@ SCHEDULE_OF = {
     "collnet_chain": "hierarchical",
     "pat": "ring",
 }
-NCCL_NAMES = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "nvls_tree": "NVLSTree",
-              "collnet_direct": "CollNetDirect", "collnet_chain": "CollNetChain", "pat": "PAT"}
+NCCL_NAMES = {
+    "ring": "Ring",
+    "tree": "Tree",
+    "nvls": "NVLS",
+    "nvls_tree": "NVLSTree",
+    "collnet_direct": "CollNetDirect",
+    "collnet_chain": "CollNetChain",
+    "pat": "PAT",
+}
 ALGO_ALIASES = {k.lower(): k for k in T.ALGORITHMS} | {v.lower(): k for k, v in NCCL_NAMES.items()}
 PROTO_ALIASES = {p.lower(): p for p in T.PROTOCOLS}
 
@@ -53,11 +60,14 @@ PROTO_ALIASES = {p.lower(): p for p in T.PROTOCOLS}
 def is_nvidia(cluster: Cluster) -> bool:
     """NCCL's model applies: an NVIDIA GPU (sm > 0) on NVLink/PCIe inside the node."""
     s = cluster.spec
-    return bool(s.gpu and s.gpu.sm > 0) and s.intra.link_name in ("nvlink", "pcie") and s.intra.fabric in (
-        "switch", "none")
+    return (
+        bool(s.gpu and s.gpu.sm > 0)
+        and s.intra.link_name in ("nvlink", "pcie")
+        and s.intra.fabric in ("switch", "none")
+    )
 
 
-def normalise_algo(name: str, field: str = "options.nccl_algo") -> str:
+def normalise_algo(name: str, field: str = "nccl_algo") -> str:
     if name in ("", "auto"):
         return "auto"
     key = ALGO_ALIASES.get(name.lower())
@@ -66,7 +76,7 @@ def normalise_algo(name: str, field: str = "options.nccl_algo") -> str:
     return key
 
 
-def normalise_proto(name: str, field: str = "options.nccl_proto") -> str:
+def normalise_proto(name: str, field: str = "nccl_proto") -> str:
     if name in ("", "auto"):
         return "auto"
     key = PROTO_ALIASES.get(name.lower())
@@ -92,8 +102,16 @@ def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
         nets = len(np.unique(cluster.nic_of(first)))
         fused = max(1, s.nics_per_node // s.devices_per_node)
         net_bw = min(fused * s.nic_bandwidth_GBps, T.pci_bw(s.pcie_bandwidth_GBps))
-    return Shape(sm, len(nodes), ppn, gpu_bw, s.intra.fabric == "switch" and s.intra.link_name == "nvlink", nets,
-                 net_bw, nccl_minor(s.nccl_version))
+    return Shape(
+        sm,
+        len(nodes),
+        ppn,
+        gpu_bw,
+        s.intra.fabric == "switch" and s.intra.link_name == "nvlink",
+        nets,
+        net_bw,
+        nccl_minor(s.nccl_version),
+    )
 
 
 def features_of(cluster: Cluster) -> Features:
@@ -114,8 +132,11 @@ def _candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration, a
     key = (op, shape, feat, cal, algo, proto)
     got = _CANDS.get(key)
     if got is None:
-        got = [c for c in candidates(op, shape, feat, cal)
-               if algo in ("auto", c.algorithm) and proto in ("auto", c.protocol)]
+        got = [
+            c
+            for c in candidates(op, shape, feat, cal)
+            if algo in ("auto", c.algorithm) and proto in ("auto", c.protocol)
+        ]
         if not got:
             raise CollectiveError(*_why_none(op, shape, feat, algo, proto))
         _CANDS[key] = got
@@ -128,16 +149,17 @@ def _why_none(op, shape, feat, algo, proto) -> tuple[str, str]:
     if algo != "auto":
         rule = why_unavailable(algo, op, shape, feat)
         if rule:
-            return "options.nccl_algo", f"{NCCL_NAMES[algo]} cannot run {op.value} here: {rule}"
+            return "nccl_algo", f"{NCCL_NAMES[algo]} cannot run {op.value} here: {rule}"
         if proto != "auto":
             rule = why_no_protocol(algo, proto, shape, feat)
             if rule:
-                return "options.nccl_proto", f"{proto} with {NCCL_NAMES[algo]}: {rule}"
-    return "options.nccl_proto", f"no NCCL algorithm runs {op.value} with protocol {proto} here"
+                return "nccl_proto", f"{proto} with {NCCL_NAMES[algo]}: {rule}"
+    return "nccl_proto", f"no NCCL algorithm runs {op.value} with protocol {proto} here"
 
 
-def choose(op: Op, nbytes: int, cluster: Cluster, group: np.ndarray, cal=DEFAULT_LIBRARY, algo="auto",
-           proto="auto") -> Candidate:
+def choose(
+    op: Op, nbytes: int, cluster: Cluster, group: np.ndarray, cal=DEFAULT_LIBRARY, algo="auto", proto="auto"
+) -> Candidate:
     """NCCL's pick (or the pinned pair) for one call of ``nbytes`` on a communicator shaped like ``group``."""
     cands = _candidates(op, shape_of(cluster, group), features_of(cluster), cal, algo, proto)
     return best(op, nbytes, cands)
@@ -150,17 +172,27 @@ def curves(op: Op, sizes: list[int], cluster: Cluster, group: np.ndarray, cal=DE
     out = []
     for c in cands:
         times = [c.time_s(s, op) for s in sizes]
-        out.append({
-            "algorithm": f"{NCCL_NAMES[c.algorithm]}/{c.protocol}",
-            "time_s": times,
-            "busbw_GBps": [s / t / 1e9 * busbw_factor(op, n) for s, t in zip(sizes, times, strict=True)],
-            "note": f"NCCL model: {c.channels} channels",
-        })
+        out.append(
+            {
+                "algorithm": f"{NCCL_NAMES[c.algorithm]}/{c.protocol}",
+                "time_s": times,
+                "busbw_GBps": [s / t / 1e9 * busbw_factor(op, n) for s, t in zip(sizes, times, strict=True)],
+                "note": f"NCCL model: {c.channels} channels",
+            }
+        )
     return out
 
 
-def price_library(op: Op, nbytes: int, placement: np.ndarray, cluster: Cluster, cal=DEFAULT_LIBRARY,
-                  algo: str = "auto", proto: str = "auto", top_links: int = 5) -> Price:
+def price_library(
+    op: Op,
+    nbytes: int,
+    placement: np.ndarray,
+    cluster: Cluster,
+    cal=DEFAULT_LIBRARY,
+    algo: str = "auto",
+    proto: str = "auto",
+    top_links: int = 5,
+) -> Price:
     if not isinstance(cal, LibraryCalibration):
         cal = cluster.spec.calibration if isinstance(cluster.spec.calibration, LibraryCalibration) else DEFAULT_LIBRARY
     if op not in NCCL_FUNCS:
