@@ -98,3 +98,18 @@ def test_cluster_block_round_trips(name):
     # everything that prices is rebuilt; the prose (description, sources, GPU source) stays with the preset
     prose = {"description": spec.description, "sources": spec.sources, "device": spec.device}
     assert replace(again, gpu=replace(again.gpu, source=spec.gpu.source), **prose) == spec
+
+
+def test_explorer_plots_algorithm_x_protocol_curves(api):
+    request = PLAN | {"cluster": {"preset": "dgx-h100", "num_nodes": 2}}
+    r = api.post("/v1/plan/explore", json={"request": request, "call": "tp.attn.out_proj", "sizes": [1 << 10, 1 << 30]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    names = [s["algorithm"] for s in body["series"]]
+    assert {"NVLS/Simple", "Ring/LL", "Ring/LL128", "Ring/Simple"} <= set(names) and "ring" in names
+    assert body["auto"][0].endswith("/LL") and body["auto"][-1] == "NVLS/Simple"
+    nvls = body["series"][names.index("NVLS/Simple")]
+    assert nvls["busbw_GBps"][-1] > 400  # NCCL's 480 x the fitted NVLS efficiency, less the latency
+    request["options"] = {"pricing": "schedule"}
+    plain = api.post("/v1/plan/explore", json={"request": request, "call": "tp.attn.out_proj"}).json()
+    assert all("/" not in s["algorithm"] for s in plain["series"])
