@@ -7,6 +7,7 @@ from dataclasses import fields, replace
 from collectives import CollectiveError
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset
+from collectives.topology.spec import spec_block
 from planner import MODEL_PRESETS, ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
 from planner.model import MLASpec, MoESpec
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
@@ -115,19 +116,8 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
 
 
 def cluster_block(spec: ClusterSpec) -> dict:
-    """A request cluster block (ClusterIn) that rebuilds ``spec`` exactly: every field given, no preset."""
-    block = {
-        k: getattr(spec, k)
-        for k in ("name", "num_nodes", "devices_per_node", "nics_per_node", "nic_bandwidth_GBps", "nic_latency_s",
-                  "pcie_bandwidth_GBps", "nccl_version", "cpu_vendor")
-    }
-    block["intra"] = spec_dict(spec.intra)
-    block["network"] = {k: v for k, v in spec_dict(spec.network).items() if v != []}
-    if spec.gpu is not None:
-        g = spec.gpu
-        block["gpu"] = {"name": g.name, "peak_tflops": dict(g.peak_tflops), "hbm_bytes": g.hbm_bytes,
-                        "hbm_GBps": g.hbm_GBps, "sm": g.sm, "nvlink_links": g.nvlink_links}
-    return block
+    """A request cluster block (ClusterIn) that rebuilds ``spec``: collectives.topology.spec.spec_block."""
+    return spec_block(spec)
 
 
 def _gpu(block) -> GPUSpec:

@@ -10,6 +10,7 @@ import numpy as np
 from collectives import CollectiveError, Op
 from collectives.topology import Cluster, ClusterSpec, Price, price_call
 from collectives.topology.library import normalise_algo, normalise_proto
+from collectives.topology.spec import spec_block
 
 from ._errors import SpecError
 from .context import Context
@@ -166,6 +167,7 @@ def cluster_summary(cluster: Cluster) -> dict:
         "rail_optimized": s.network.rail_optimized,
         "nodes_per_leaf": s.network.nodes_per_leaf,
         "oversubscription": s.network.oversubscription,
+        "request": spec_block(s),  # a valid request cluster block rebuilding this cluster (round trip)
     }
 
 

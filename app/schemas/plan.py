@@ -217,6 +217,7 @@ class ClusterSummary(BaseModel):
     rail_optimized: bool
     nodes_per_leaf: int
     oversubscription: float
+    request: ClusterIn = Field(description="this cluster as a request block: paste it into a new request")
 
 
 class PlanOut(BaseModel):

@@ -3,7 +3,7 @@ in seconds). The HTTP layer maps its pydantic models onto these; presets.py hold
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .._errors import CollectiveError
 from .gpu import GPUSpec
@@ -81,6 +81,42 @@ class ClusterSpec:
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         return replace(self, num_nodes=num_nodes)
+
+
+def spec_block(spec: ClusterSpec) -> dict:
+    """The cluster as a request block (the HTTP ClusterIn): every field that prices it, no preset, so the
+    block pasted into a new request rebuilds this spec."""
+    block = {
+        k: getattr(spec, k)
+        for k in (
+            "name",
+            "num_nodes",
+            "devices_per_node",
+            "nics_per_node",
+            "nic_bandwidth_GBps",
+            "nic_latency_s",
+            "pcie_bandwidth_GBps",
+            "nccl_version",
+            "cpu_vendor",
+        )
+    }
+    block["intra"] = {f.name: getattr(spec.intra, f.name) for f in fields(spec.intra)}
+    block["network"] = {
+        f.name: list(v) if isinstance(v, tuple) else v
+        for f in fields(spec.network)
+        if (v := getattr(spec.network, f.name)) != ()
+    }
+    if spec.gpu is not None:
+        g = spec.gpu
+        block["gpu"] = {
+            "name": g.name,
+            "peak_tflops": dict(g.peak_tflops),
+            "hbm_bytes": g.hbm_bytes,
+            "hbm_GBps": g.hbm_GBps,
+            "sm": g.sm,
+            "nvlink_links": g.nvlink_links,
+        }
+    return block
 
 
 MAX_DEVICES = 131_072

@@ -113,3 +113,11 @@ def test_explorer_plots_algorithm_x_protocol_curves(api):
     request["options"] = {"pricing": "schedule"}
     plain = api.post("/v1/plan/explore", json={"request": request, "call": "tp.attn.out_proj"}).json()
     assert all("/" not in s["algorithm"] for s in plain["series"])
+
+
+def test_plan_response_cluster_block_round_trips(api):
+    first = plan(api, {"preset": "aws-p5", "num_nodes": 2}).json()
+    block = first["cluster"]["request"]
+    again = plan(api, block).json()
+    assert again["cluster"]["request"] == block
+    assert [c["time_s"] for c in again["calls"]] == [c["time_s"] for c in first["calls"]]
