@@ -198,9 +198,8 @@ def price_library(
     if op not in NCCL_FUNCS:
         raise CollectiveError("op", f"NCCL's tuner does not price {op.value}")
     n = placement.shape[1]
-    group = placement[0]
-    cand = choose(op, nbytes, cluster, group, cal, algo, proto)
-    ratio, link, link_bytes_per_byte = contention(cluster, placement)
+    shape, (ratio, link, link_bytes_per_byte) = _placement_part(cluster, placement)
+    cand = best(op, nbytes, _candidates(op, shape, features_of(cluster), cal, algo, proto))
     lat_s = cand.latency_us * 1e-6
     bw_s = cand.time_s(nbytes, op) - lat_s
     time = lat_s + bw_s * ratio if n > 1 else 0.0
@@ -212,7 +211,7 @@ def price_library(
         d = cluster.describe_link(link)
         busy = carried / (d["capacity_GBps"] * 1e9)
         links = [d | {"bytes": carried, "busy_s": busy, "utilisation": min(1.0, busy / time)}][:top_links]
-    nodes = len(np.unique(cluster.node_of(group)))
+    nodes = shape.nodes
     return Price(
         algorithm=schedule,
         time_s=time,
@@ -250,16 +249,21 @@ def _schedule_bytes(name: str, op: Op, n: int, nbytes: int) -> tuple[str, int, i
 _CONTENTION: OrderedDict = OrderedDict()
 
 
-def contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | None, float]:
-    """(slow-down of the bandwidth term, the busiest link's id, bytes on it per bus byte) for all groups of
-    ``placement`` running at once; see the module docstring, point 3. Memoised per placement."""
+def _placement_part(cluster: Cluster, placement: np.ndarray):
+    """What depends on the placement only, memoised: NCCL's view of group 0 and the contention."""
     key = (cluster.spec, placement.shape, placement.tobytes())
     got = _CONTENTION.get(key)
     if got is None:
-        got = _CONTENTION[key] = _contention(cluster, placement)
-        if len(_CONTENTION) > 4096:
+        got = _CONTENTION[key] = (shape_of(cluster, placement[0]), _contention(cluster, placement))
+        if len(_CONTENTION) > 1024:
             _CONTENTION.popitem(last=False)
     return got
+
+
+def contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | None, float]:
+    """(slow-down of the bandwidth term, the busiest link's id, bytes on it per bus byte) for all groups of
+    ``placement`` running at once; see the module docstring, point 3."""
+    return _placement_part(cluster, placement)[1]
 
 
 def _contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | None, float]:
@@ -291,21 +295,30 @@ def _contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | N
     return max(1.0, worst), link, per_nic * max(1.0, worst)
 
 
+def _crossing_hops(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
+    """Keys group x num_nodes + node of every node whose next node in its group's ring of nodes (ascending,
+    wrapping round) sits under another leaf unit."""
+    g, n = placement.shape
+    nodes = np.sort(cluster.node_of(placement), axis=1).ravel()
+    group = np.repeat(np.arange(g), n)
+    keep = np.r_[True, (nodes[1:] != nodes[:-1]) | (group[1:] != group[:-1])]
+    nodes, group = nodes[keep], group[keep]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    ends = np.r_[starts[1:] - 1, len(nodes) - 1]
+    nxt = np.r_[nodes[1:], 0]
+    nxt[ends] = nodes[starts]
+    unit = cluster.spec.network.nodes_per_leaf
+    cross = nodes // unit != nxt // unit
+    return group[cross] * cluster.spec.num_nodes + nodes[cross]
+
+
 def _leaf_bundles(cluster, placement, pg, pn, weight, worst, link, per_nic):
     """A node-to-node hop whose two nodes sit under different leaf units crosses the spines: the NICs of the
     sending node push their share up their leaf's bundle (nics_per_leaf x NIC rate / oversubscription)."""
     spec = cluster.spec
-    per_unit = spec.network.nodes_per_leaf
-    order = [np.unique(cluster.node_of(row)) for row in placement]  # each group's nodes, ring order
-    cross_from = set()
-    for gi, nodes in enumerate(order):
-        nxt = np.roll(nodes, -1)
-        for a in nodes[(nodes // per_unit) != (nxt // per_unit)]:
-            cross_from.add((gi, int(a)))
-    if not cross_from:
+    crossing = np.isin(pg * spec.num_nodes + pn // spec.nics_per_node, _crossing_hops(cluster, placement))
+    if not crossing.any():
         return worst, link, per_nic
-    pnode = pn // spec.nics_per_node
-    crossing = np.array([(int(a), int(b)) in cross_from for a, b in zip(pg, pnode, strict=True)])
     leaf = cluster.leaf_of_nic(pn)
     fam = cluster.families["leaf_up"]
     up = np.bincount(leaf[crossing], weight[crossing], minlength=fam.size)
