@@ -181,3 +181,15 @@ def test_reference_measurements_median_error_per_band():
     assert len(large) >= 40 and len(mid) >= 30
     assert np.median(large) <= 0.10
     assert np.median(mid) <= 0.25
+
+
+def test_two_level_algorithms_name_the_hierarchical_schedule_and_its_bytes():
+    # NVLSTree on 2 DGX H100 nodes runs as the two-level schedule: the ranks send what hierarchical sends,
+    # not the flat in-network schedule's full message through every NIC
+    cluster = Cluster(cluster_preset("azure-nd-h100-v5", 2))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(16)[None], cluster, pricing="library")
+    assert (p.nccl_algorithm, p.algorithm) == ("NVLSTree", "hierarchical")
+    from collectives.topology.select import cached_schedule
+
+    sent, _ = cached_schedule("hierarchical", Op.ALLREDUCE, 16, GIB, 8).wire_bytes()
+    assert p.bytes_sent_per_rank == int(sent.max())

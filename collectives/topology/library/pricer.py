@@ -203,7 +203,10 @@ def price_library(
     lat_s = cand.latency_us * 1e-6
     bw_s = cand.time_s(nbytes, op) - lat_s
     time = lat_s + bw_s * ratio if n > 1 else 0.0
-    schedule, sent, received, steps = _schedule_bytes(SCHEDULE_OF[cand.algorithm], op, n, nbytes)
+    name = SCHEDULE_OF[cand.algorithm]
+    if cand.algorithm == "nvls" and shape.nodes > 1:
+        name = "hierarchical"  # NVLS inside each node, SHARP across: never the full message through every NIC
+    schedule, sent, received, steps = _schedule_bytes(name, op, n, nbytes, shape.ppn if shape.nodes > 1 else 1)
     algbw = nbytes / time / 1e9 if time else 0.0
     links = []
     if link is not None and time:
@@ -231,14 +234,14 @@ def price_library(
 
 
 @lru_cache(maxsize=4096)
-def _schedule_bytes(name: str, op: Op, n: int, nbytes: int) -> tuple[str, int, int, int]:
+def _schedule_bytes(name: str, op: Op, n: int, nbytes: int, local: int) -> tuple[str, int, int, int]:
     """Exact bytes per rank from the executable schedule (falls back to ring where the named one cannot be
     built for this shape, e.g. hierarchical needs a local size)."""
     from ..select import cached_schedule
 
     for candidate in (name, "ring", "binomial_tree"):
         try:
-            s = cached_schedule(candidate, op, n, nbytes, 1)
+            s = cached_schedule(candidate, op, n, nbytes, local)
         except CollectiveError:
             continue
         sent, received = s.wire_bytes()
