@@ -193,3 +193,19 @@ def test_two_level_algorithms_name_the_hierarchical_schedule_and_its_bytes():
 
     sent, _ = cached_schedule("hierarchical", Op.ALLREDUCE, 16, GIB, 8).wire_bytes()
     assert p.bytes_sent_per_rank == int(sent.max())
+
+
+def test_nccl_algo_and_proto_lists_as_nccl_parses_them():
+    # tuning.cc:parseList: "^X" disables X, "func:list" sets one function apart
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    group = np.arange(8)[None]
+    no_nvls = price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library", nccl_algo="^NVLS")
+    assert no_nvls.nccl_algorithm == "Ring"
+    split = dict(pricing="library", nccl_algo="ring;allreduce:tree", nccl_proto="^LL128")
+    assert price_call(Op.ALLREDUCE, GIB, group, cluster, **split).nccl_algorithm == "Tree"
+    assert price_call(Op.ALLGATHER, GIB, group, cluster, **split).nccl_algorithm == "Ring"
+    assert price_call(Op.ALLREDUCE, 1 << 20, group, cluster, **split).protocol in ("LL", "Simple")
+    for bad, words in (("allreduce:ring;tree", "function prefix"), ("allgathr:ring", "unknown function")):
+        with pytest.raises(CollectiveError) as caught:
+            price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library", nccl_algo=bad)
+        assert caught.value.field == "nccl_algo" and words in caught.value.rule

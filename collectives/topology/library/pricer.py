@@ -27,10 +27,12 @@ from ...primitives import Op, busbw_factor
 from ..cluster import Cluster
 from ..pricing import Price
 from ..spec import nccl_minor
+from . import pins
 from . import tables as T
 from .calibration import DEFAULT_LIBRARY, LibraryCalibration
 from .graphs import Shape
 from .model import NCCL_FUNCS, Candidate, Features, best, candidates, why_no_protocol, why_unavailable
+from .pins import NCCL_NAMES
 
 # NCCL algorithm -> our executable schedule moving the same bytes per rank (PAT's allgather/reducescatter
 # sends (n-1)/n of the message per rank, as the ring does; NVLSTree and CollNet reduce inside the node, then
@@ -44,17 +46,6 @@ SCHEDULE_OF = {
     "collnet_chain": "hierarchical",
     "pat": "ring",
 }
-NCCL_NAMES = {
-    "ring": "Ring",
-    "tree": "Tree",
-    "nvls": "NVLS",
-    "nvls_tree": "NVLSTree",
-    "collnet_direct": "CollNetDirect",
-    "collnet_chain": "CollNetChain",
-    "pat": "PAT",
-}
-ALGO_ALIASES = {k.lower(): k for k in T.ALGORITHMS} | {v.lower(): k for k, v in NCCL_NAMES.items()}
-PROTO_ALIASES = {p.lower(): p for p in T.PROTOCOLS}
 
 
 def is_nvidia(cluster: Cluster) -> bool:
@@ -67,22 +58,16 @@ def is_nvidia(cluster: Cluster) -> bool:
     )
 
 
-def normalise_algo(name: str, field: str = "nccl_algo") -> str:
-    if name in ("", "auto"):
-        return "auto"
-    key = ALGO_ALIASES.get(name.lower())
-    if key is None:
-        raise CollectiveError(field, f"unknown NCCL algorithm {name!r}; known: {', '.join(NCCL_NAMES.values())}")
-    return key
+def normalise_algo(text: str) -> str:
+    """Validate an NCCL_ALGO value (pins.py); returns it unchanged ('auto' for empty)."""
+    pins.parse(text, "algo")
+    return text.strip() or "auto"
 
 
-def normalise_proto(name: str, field: str = "nccl_proto") -> str:
-    if name in ("", "auto"):
-        return "auto"
-    key = PROTO_ALIASES.get(name.lower())
-    if key is None:
-        raise CollectiveError(field, f"unknown NCCL protocol {name!r}; known: {', '.join(T.PROTOCOLS)}")
-    return key
+def normalise_proto(text: str) -> str:
+    """Validate an NCCL_PROTO value (pins.py)."""
+    pins.parse(text, "proto")
+    return text.strip() or "auto"
 
 
 def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
@@ -132,29 +117,34 @@ def _candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration, a
     key = (op, shape, feat, cal, algo, proto)
     got = _CANDS.get(key)
     if got is None:
+        algos, protos = pins.enabled(pins.parse(algo, "algo"), op), pins.enabled(pins.parse(proto, "proto"), op)
         got = [
             c
             for c in candidates(op, shape, feat, cal)
-            if algo in ("auto", c.algorithm) and proto in ("auto", c.protocol)
+            if (algos is None or c.algorithm in algos) and (protos is None or c.protocol in protos)
         ]
         if not got:
-            raise CollectiveError(*_why_none(op, shape, feat, algo, proto))
+            raise CollectiveError(*_why_none(op, shape, feat, algos, protos))
         _CANDS[key] = got
         if len(_CANDS) > 4096:
             _CANDS.popitem(last=False)
     return got
 
 
-def _why_none(op, shape, feat, algo, proto) -> tuple[str, str]:
-    if algo != "auto":
-        rule = why_unavailable(algo, op, shape, feat)
-        if rule:
-            return "nccl_algo", f"{NCCL_NAMES[algo]} cannot run {op.value} here: {rule}"
-        if proto != "auto":
-            rule = why_no_protocol(algo, proto, shape, feat)
-            if rule:
-                return "nccl_proto", f"{proto} with {NCCL_NAMES[algo]}: {rule}"
-    return "nccl_proto", f"no NCCL algorithm runs {op.value} with protocol {proto} here"
+def _why_none(op, shape, feat, algos, protos) -> tuple[str, str]:
+    """NCCL fails a call no enabled (algorithm, protocol) can run; say which rule stops each pinned one."""
+    if algos is not None:
+        reasons = [
+            f"{NCCL_NAMES[a]}: {why_unavailable(a, op, shape, feat) or _proto_rule(a, protos, shape, feat)}"
+            for a in sorted(algos)
+        ]
+        return "nccl_algo", f"no enabled algorithm can run {op.value} here ({'; '.join(reasons)})"
+    return "nccl_proto", f"no NCCL algorithm runs {op.value} with protocol {', '.join(sorted(protos))} here"
+
+
+def _proto_rule(algo, protos, shape, feat) -> str:
+    rules = [why_no_protocol(algo, p, shape, feat) for p in sorted(protos or T.PROTOCOLS)]
+    return "; ".join(r for r in rules if r) or "not with the enabled protocols"
 
 
 def choose(
