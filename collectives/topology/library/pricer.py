@@ -190,7 +190,7 @@ def price_library(
     n = placement.shape[1]
     shape, (ratio, link, link_bytes_per_byte) = _placement_part(cluster, placement)
     cand = best(op, nbytes, _candidates(op, shape, features_of(cluster), cal, algo, proto))
-    lat_s = cand.latency_us * 1e-6
+    lat_s = cand.latency_s
     bw_s = cand.time_s(nbytes, op) - lat_s
     time = lat_s + bw_s * ratio if n > 1 else 0.0
     name = SCHEDULE_OF[cand.algorithm]
@@ -219,7 +219,7 @@ def price_library(
         nodes_per_group=nodes,
         protocol=cand.protocol,
         nccl_algorithm=NCCL_NAMES[cand.algorithm],
-        channels=cand.channels,
+        channels=cand.channels_used(nbytes),
     )
 
 
