@@ -116,6 +116,13 @@ def spec_block(spec: ClusterSpec) -> dict:
             "sm": g.sm,
             "nvlink_links": g.nvlink_links,
         }
+    if spec.calibration is not None:  # fitted constants (fit.py names), as POST /v1/calibrate returns them
+        c = spec.calibration
+        block["calibration"] = {
+            "efficiency": dict(c.efficiency),
+            "latency_scale": dict(c.latency_scale),
+            "network_latency_s": dict(c.network_latency_s),
+        }
     return block
 
 
