@@ -123,14 +123,35 @@ def test_concurrent_groups_sharing_a_nic_slow_down():
     # 8 GPUs, 1 NIC: eight DP groups (one per GPU position) all leave the node through it
     cluster = Cluster(cluster_preset("pcie-server", 2))
     placement = np.stack([np.array([g, 8 + g]) for g in range(8)])
-    ratio, link, _ = contention(cluster, placement)
-    assert ratio == pytest.approx(8.0) and cluster.describe_link(link)["family"] == "nic_up"
+    ratio, links = contention(cluster, placement)
+    assert ratio == pytest.approx(8.0) and cluster.describe_link(links[0][0])["family"] == "nic_up"
     one = price_call(Op.ALLREDUCE, GIB, placement[:1], cluster, pricing="library")
     all8 = price_call(Op.ALLREDUCE, GIB, placement, cluster, pricing="library")
     assert all8.time_s > 7 * one.time_s
+    assert all8.bottleneck["bytes"] == 8 * one.bottleneck["bytes"]  # the one NIC carries all eight groups
     # rail-optimised DGX: each DP group on its own rail, nothing shared
     dgx = Cluster(cluster_preset("dgx-h100", 2))
     assert contention(dgx, placement)[0] == 1.0
+
+
+def test_oversubscribed_spine_bundle_slows_groups_crossing_leaf_units():
+    spec = cluster_preset("dgx-h100", 4)
+    spec = replace(spec, network=replace(spec.network, nodes_per_leaf=2, oversubscription=4.0))
+    cluster = Cluster(spec)
+    # nodes 0-3 over two leaf units: hops 1->2 and 3->0 cross the spines. Rail leaf (unit, k) holds NIC k of
+    # 2 nodes: a bundle of 2 x 50 / 4 = 25 GB/s carrying one crossing NIC's 50 GB/s share -> 2x slower
+    ring = np.arange(32)[None]
+    ratio, links = contention(cluster, ring)
+    assert ratio == pytest.approx(2.0) and cluster.describe_link(links[0][0])["family"] == "leaf_up"
+    inside = np.arange(16)[None]  # two nodes of one leaf unit: nothing crosses
+    assert contention(cluster, inside)[0] == 1.0
+
+
+def test_links_report_group_zero_ports_for_one_node_groups():
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="ring", top_links=8)
+    assert len(p.links) == 8 and {link["family"] for link in p.links} == {"dev_up"}
+    assert all(link["bytes"] == p.bytes_sent_per_rank for link in p.links)
 
 
 def test_flat_ring_spreads_over_all_nics():
