@@ -13,7 +13,7 @@ from collectives.topology import Cluster, cluster_preset, price_call, validate_c
 from collectives.topology.library import LibraryCalibration, choose
 from collectives.topology.library.graphs import Shape, nvls_graph, ring_graph
 from collectives.topology.library.model import Features, candidates
-from collectives.topology.library.pricer import contention, shape_of
+from collectives.topology.library.pricer import contention, features_of, shape_of
 from collectives.topology.reference import compare_all
 
 GIB = 1 << 30
@@ -230,3 +230,79 @@ def test_nccl_algo_and_proto_lists_as_nccl_parses_them():
         with pytest.raises(CollectiveError) as caught:
             price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library", nccl_algo=bad)
         assert caught.value.field == "nccl_algo" and words in caught.value.rule
+
+
+def _raw(preset, nodes, op=Op.ALLREDUCE, **changes):
+    spec = cluster_preset(preset, nodes)
+    cluster = Cluster(replace(spec, network=replace(spec.network, in_network_reduction=False), **changes))
+    group = np.arange(cluster.num_devices)
+    return {(c.algorithm, c.protocol): c for c in candidates(op, shape_of(cluster, group), features_of(cluster), RAW)}
+
+
+def test_latencies_are_nccl_tables():
+    one = _raw("dgx-h100", 1)
+    # tuning.cc:412 ring: base + nsteps x intraLat; 8 GPUs: 14 steps; baseLat ring (6.6, 14, 8.4), NVLink
+    # hwLat ring (.6, 1.9, 3.4)
+    assert one["ring", "LL"].latency_us == pytest.approx(6.6 + 14 * 0.6)
+    assert one["ring", "Simple"].latency_us == pytest.approx(8.4 + 14 * 3.4)
+    assert one["nvls", "Simple"].latency_us == pytest.approx(25.0)  # tuning.cc:425 NVLS = intraLat
+    two = _raw("dgx-h100", 2)
+    # tuning.cc:416 tree: base 8.4 + 2 x ((ppn-1) x 4.0 + log2(2) x (14 + 14... net)) with IB latencyInter 0
+    assert two["tree", "Simple"].latency_us == pytest.approx(8.4 + 2 * (7 * 4.0 + 1 * 14.0))
+    # tuning.cc:428 NVLSTree: intraLat 25 + 2 log2(N) x interLat 20.9
+    assert two["nvls_tree", "Simple"].latency_us == pytest.approx(25.0 + 2 * 20.9)
+    # tuning.cc:405-412 + 649: ring across nodes, Simple: netOverhead 1 us (Intel) x 3 as the intra step floor,
+    # 2(N-1) network steps at 14 us, then x1.4 (plateau)
+    assert two["ring", "Simple"].latency_us == pytest.approx((8.4 + 28 * 3.4 + 2 * 14.0) * 1.4)
+
+
+def test_per_hop_network_latency_by_kind():
+    ib = _raw("dgx-h100", 2)["tree", "Simple"].latency_us
+    efa = _raw(
+        "dgx-h100",
+        2,
+    )["tree", "Simple"]
+    spec = cluster_preset("aws-p5", 2)
+    p5 = Cluster(spec)
+    cands = candidates(Op.ALLREDUCE, shape_of(p5, np.arange(16)), Features(network_kind="efa"), LibraryCalibration())
+    tree = next(c for c in cands if (c.algorithm, c.protocol) == ("tree", "Simple"))
+    # graph latencyInter (the plugin's) is added twice for Simple (tuning.cc:383-386), on each network hop
+    assert tree.latency_us == pytest.approx(ib + 2 * 2 * 25.0)
+    assert efa.latency_us == ib
+
+
+def test_availability_rules():
+    assert ("nvls_tree", "Simple") not in _raw("dgx-h100", 1)  # tuning.cc:502: no NVLSTree on one node
+    assert ("nvls", "Simple") not in _raw("dgx-h100", 2)  # tuning.cc:505: NVLS across nodes needs CollNet
+    assert ("nvls", "Simple") not in _raw("dgx-a100", 1)  # search.cc:1124: NVLS needs NVSwitch and SM90+
+    assert ("nvls", "LL") not in _raw("dgx-h100", 1)  # NVLS runs Simple only
+    pcie = _raw("pcie-server", 1)
+    assert ("ring", "LL128") not in pcie and ("ring", "LL") in pcie  # tuning.cc:531 LL128 needs NVLink paths
+    ag = _raw("dgx-h100", 2, op=Op.ALLGATHER)
+    assert {a for a, _ in ag} == {"ring"}  # tree never runs allgather; PAT needs 1 GPU per node (tuning.cc:220)
+    one_gpu = Cluster(
+        replace(
+            cluster_preset("dgx-h100", 4),
+            devices_per_node=1,
+            nics_per_node=1,
+            intra=replace(cluster_preset("dgx-h100").intra, fabric="none"),
+        )
+    )
+    cands = candidates(Op.ALLGATHER, shape_of(one_gpu, np.arange(4)), Features(), RAW)
+    assert ("pat", "Simple") in {(c.algorithm, c.protocol) for c in cands}
+
+
+def test_small_messages_launch_fewer_channels():
+    # enqueue.cc:topoGetAlgoInfo: ring LL on 8 ranks needs nt 512 x threadThreshold 8 x 8 = 32 KiB a channel
+    ring_ll = _raw("dgx-h100", 1)["ring", "LL"]
+    assert ring_ll.channels == 12
+    assert [ring_ll.channels_used(s) for s in (1 << 10, 64 << 10, 256 << 10, 1 << 20)] == [1, 2, 8, 12]
+
+
+def test_version_keyed_speed_arrays():
+    # search.cc sm100SpeedArrayInter with 800G NICs (90 GB/s): 2.30 finds 8 x 86, duplicated to 16 x 43
+    # (ncclTopoDupChannels: >= 50 GB/s); 2.28 has no 86/80 step and stops at 8 x 48 (no duplication)
+    b200 = Shape(100, 2, 8, 18 * 40.1, True, 8, 90.0, "2.30")
+    g30, g28 = ring_graph(b200), ring_graph(replace(b200, version="2.28"))
+    assert (g30.channels, g30.bw_inter) == (16, 43.0)
+    assert (g28.channels, g28.bw_inter) == (8, 48.0)
