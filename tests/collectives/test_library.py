@@ -301,8 +301,9 @@ def test_small_messages_launch_fewer_channels():
 
 def test_version_keyed_speed_arrays():
     # search.cc sm100SpeedArrayInter with 800G NICs (90 GB/s): 2.30 finds 8 x 86, duplicated to 16 x 43
-    # (ncclTopoDupChannels: >= 50 GB/s); 2.28 has no 86/80 step and stops at 8 x 48 (no duplication)
+    # (ncclTopoDupChannels: >= 50 GB/s); 2.28 has no 86/80 step: one 48 channel per NIC gives 384, and walking
+    # down it finds three 30 GB/s channels per NIC, 24 x 30 = 720, below 50 GB/s so not duplicated
     b200 = Shape(100, 2, 8, 18 * 40.1, True, 8, 90.0, "2.30")
     g30, g28 = ring_graph(b200), ring_graph(replace(b200, version="2.28"))
     assert (g30.channels, g30.bw_inter) == (16, 43.0)
-    assert (g28.channels, g28.bw_inter) == (8, 48.0)
+    assert (g28.channels, g28.bw_inter) == (24, 30.0)
