@@ -73,6 +73,14 @@ def resolve_pricing(pricing: str, cluster: Cluster, op: Op | None = None) -> str
         raise CollectiveError("options.pricing", f"must be one of {', '.join(PRICINGS)}, got {pricing!r}")
     if pricing == "auto":
         pricing = "library" if is_nvidia(cluster) else "schedule"
+    elif pricing == "library" and not is_nvidia(cluster):
+        s = cluster.spec
+        raise CollectiveError(
+            "pricing",
+            f"library pricing is NCCL's model: it needs an NVIDIA GPU (gpu.sm > 0, got "
+            f"{s.gpu.sm if s.gpu else 'no GPU'}) on an NVLink/PCIe switch or one GPU per node (got intra "
+            f"{s.intra.fabric}/{s.intra.link_name}); use pricing 'schedule'",
+        )
     if pricing == "library" and op is not None and op not in NCCL_FUNCS:
         return "schedule"
     return pricing
