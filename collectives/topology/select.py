@@ -108,7 +108,8 @@ def price_call(
     cluster.check_devices(placement)
     if len(np.unique(placement[0])) != n:
         raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
-    if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto":
+    # one rank: NCCL returns at once (tuning.cc: nRanks <= 1); the schedule pricer prices the empty schedule
+    if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto" and n > 1:
         from .library import normalise_algo, normalise_proto, price_library
 
         return price_library(op, message_bytes, placement, cluster, calibration, normalise_algo(nccl_algo),
