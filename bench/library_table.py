@@ -4,7 +4,6 @@ without a source, then that source predicted). Run: PYTHONPATH=. python bench/li
 
 import json
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,23 +23,35 @@ def source(r: dict) -> str:
 
 
 def fit(records) -> LibraryCalibration:
-    """The handful of scalars: efficiency per link kind (median measured/modelled on >= 64 MiB rows, from
-    NCCL's raw model) and one latency scale (grid, median |error| on 64 KiB-64 MiB rows)."""
+    """The handful of scalars, each on the rows that show it:
+    - efficiency per link kind: median measured / modelled busbw on >= 64 MiB rows (NCCL's raw model);
+    - latency scale inside a node: grid, median |error| on one-node rows below 64 MiB;
+    - latency scale across nodes: the same on multi-node rows of non-EFA networks;
+    - EFA's per-hop latency: the same on EFA rows, with the inter-node scale fixed."""
     raw = LibraryCalibration(efficiency={}, latency_scale={})
     eff = defaultdict(list)
     for c in compare_all(records, raw, "library"):
         if c.size_bytes >= 64 << 20 and c.record["op"] != "sendrecv":
             kind = "nic" if c.record["nodes"] > 1 else "in_network" if c.algorithm == "in_network" else "nvlink"
             eff[kind].append(c.measured_busbw / c.predicted_busbw)
-    cal = replace(raw, efficiency={k: float(np.median(v)) for k, v in eff.items()})
-    best = None
-    for s in np.arange(1.0, 4.01, 0.25):
-        trial = replace(cal, latency_scale={"intra_node": s, "inter_node": s})
-        err = [abs(c.error) for c in compare_all(records, trial, "library") if band(c.size_bytes) == "64 KiB-64 MiB"]
-        score = float(np.median(err)) if err else 0.0
-        if best is None or score < best[0]:
-            best = (score, trial)
-    return best[1]
+    cal = raw.with_values(efficiency={k: float(np.median(v)) for k, v in eff.items()})
+    small = [r for r in records if r.get("size_bytes") and r["size_bytes"] < 64 << 20]
+    one = [r for r in small if r["nodes"] == 1]
+    efa = [r for r in small if r["nodes"] > 1 and "EFA" in r["interconnect"]]
+    other = [r for r in small if r["nodes"] > 1 and "EFA" not in r["interconnect"]]
+    cal = _grid(cal, one, [cal.with_values(latency_scale={"intra_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
+    cal = _grid(cal, other, [cal.with_values(latency_scale={"inter_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
+    return _grid(cal, efa, [cal.with_values(network_latency_s={"efa": u * 1e-6}) for u in range(10, 151, 10)])
+
+
+def _grid(cal: LibraryCalibration, rows: list[dict], trials: list[LibraryCalibration]) -> LibraryCalibration:
+    """The trial with the smallest median |busbw error| on ``rows`` (``cal`` when there are none)."""
+    if not rows:
+        return cal
+    scored = [
+        (float(np.median([abs(c.error) for c in compare_all(rows, t, "library")])), i) for i, t in enumerate(trials)
+    ]
+    return trials[min(scored)[1]]
 
 
 def table(rows, key) -> list[str]:
