@@ -28,7 +28,9 @@ def fit(records) -> LibraryCalibration:
     - latency scale inside a node: grid, median |error| on one-node rows below 64 MiB;
     - latency scale across nodes: the same on multi-node rows of non-EFA networks;
     - EFA's per-hop latency: the same on EFA rows, with the inter-node scale fixed."""
-    raw = LibraryCalibration(efficiency={}, latency_scale={})
+    # priors, before any fit: NCCL's model as is, and EFA's per-hop latency as AWS quotes it (~15 us), so
+    # that leaving out the one EFA source really predicts it blind
+    raw = LibraryCalibration(efficiency={}, latency_scale={}).with_values(network_latency_s={"efa": 15e-6})
     eff = defaultdict(list)
     for c in compare_all(records, raw, "library"):
         if c.size_bytes >= 64 << 20 and c.record["op"] != "sendrecv":
