@@ -3,7 +3,7 @@
 algorithm x protocol), calibration.py (our global constants), pricer.py (placement, contention, Price)."""
 
 from .calibration import DEFAULT_LIBRARY, NETWORK_KINDS, LibraryCalibration
-from .pricer import NCCL_NAMES, SCHEDULE_OF, choose, curves, is_nvidia, normalise_algo, normalise_proto, price_library
+from .pricer import NCCL_NAMES, SCHEDULE_OF, choose, is_nvidia, normalise_algo, normalise_proto, price_library
 
 __all__ = [
     "DEFAULT_LIBRARY",
@@ -12,7 +12,6 @@ __all__ = [
     "SCHEDULE_OF",
     "LibraryCalibration",
     "choose",
-    "curves",
     "is_nvidia",
     "normalise_algo",
     "normalise_proto",

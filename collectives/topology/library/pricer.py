@@ -156,24 +156,6 @@ def choose(
     return best(op, nbytes, cands)
 
 
-def curves(op: Op, sizes: list[int], cluster: Cluster, group: np.ndarray, cal=DEFAULT_LIBRARY) -> list[dict]:
-    """Time against size for every enabled (algorithm, protocol): the explorer's library series."""
-    cands = candidates(op, shape_of(cluster, group), features_of(cluster), cal)
-    n = len(group)
-    out = []
-    for c in cands:
-        times = [c.time_s(s, op) for s in sizes]
-        out.append(
-            {
-                "algorithm": f"{NCCL_NAMES[c.algorithm]}/{c.protocol}",
-                "time_s": times,
-                "busbw_GBps": [s / t / 1e9 * busbw_factor(op, n) for s, t in zip(sizes, times, strict=True)],
-                "note": f"NCCL model: {c.channels} channels",
-            }
-        )
-    return out
-
-
 def price_library(
     op: Op,
     nbytes: int,
