@@ -14,7 +14,8 @@ transfer uses is index arithmetic on the device number (``dev_up[d] = d`` and so
   pair.
 
 :meth:`Cluster.graph` builds the same links as a networkx DiGraph with typed nodes for inspection and
-drawing; routing never needs it.
+drawing; routing never needs it. The networks live in their own modules: fat_tree.py (leaves, rails, spine
+bundles) and routers.py (torus, dragonfly, hypercube); loads.py sums bytes per link.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import networkx as nx
 import numpy as np
 
 from .._errors import CollectiveError
+from .fat_tree import FatTree
 from .loads import Loads, _Loads, _ones_if_none, _pick
 from .routers import RouterNetwork
 from .spec import ClusterSpec, validate_cluster
@@ -76,19 +78,16 @@ class Cluster:
         self._add("nic_down", "nic", self.num_nodes * k, s.nic_bandwidth_GBps, s.nic_latency_s)
         net = s.network
         if net.topology == "fat_tree":
-            leaves, nics_per_leaf = self._leaf_shape()
-            bundle = nics_per_leaf * s.nic_bandwidth_GBps / net.oversubscription
-            self._add("leaf_up", "leaf_uplink", leaves, bundle, net.switch_latency_s)
-            self._add("leaf_down", "spine_downlink", leaves, bundle, net.switch_latency_s)
+            tree = self.fat_tree
+            self._add("leaf_up", "leaf_uplink", tree.num_leaves, tree.bundle_GBps, net.switch_latency_s)
+            self._add("leaf_down", "spine_downlink", tree.num_leaves, tree.bundle_GBps, net.switch_latency_s)
         else:
             self._add("router", "network_link", len(self.router_links), net.link_bandwidth_GBps, net.switch_latency_s)
 
-    def _leaf_shape(self) -> tuple[int, int]:
-        net, k = self.spec.network, self.spec.nics_per_node
-        units = -(-self.num_nodes // net.nodes_per_leaf)
-        if net.rail_optimized:
-            return units * k, min(net.nodes_per_leaf, self.num_nodes)
-        return units, min(net.nodes_per_leaf, self.num_nodes) * k
+    @cached_property
+    def fat_tree(self) -> FatTree:
+        s = self.spec
+        return FatTree(s.network, self.num_nodes, s.nics_per_node, s.nic_bandwidth_GBps)
 
     @property
     def num_links(self) -> int:
@@ -134,8 +133,8 @@ class Cluster:
             "ring": nodes * d * 2,
             "nic_up": nodes * k,
             "nic_down": nodes * k,
-            "leaf_up": units * (k if net.rail_optimized else 1),
-            "leaf_down": units * (k if net.rail_optimized else 1),
+            "leaf_up": units * self.fat_tree.leaves_per_unit,
+            "leaf_down": units * self.fat_tree.leaves_per_unit,
         }
         for f in self.families.values():
             if f.start <= link < f.start + f.size:
@@ -191,20 +190,13 @@ class Cluster:
         return self._nic_table[dev]
 
     def leaf_of_nic(self, nic: np.ndarray) -> np.ndarray:
-        return self._leaf_table[nic]
+        return self.fat_tree.leaf_of(nic)
 
     @cached_property
     def _nic_table(self) -> np.ndarray:
         k, d = self.spec.nics_per_node, self.per_node
         dev = np.arange(self.num_devices)
         return dev // d * k + (dev % d) * k // d
-
-    @cached_property
-    def _leaf_table(self) -> np.ndarray:
-        net, k = self.spec.network, self.spec.nics_per_node
-        nic = np.arange(self.num_nodes * k)
-        unit = (nic // k) // net.nodes_per_leaf
-        return unit * k + nic % k if net.rail_optimized else unit
 
     def check_devices(self, devices: np.ndarray, field: str = "ranks") -> None:
         if devices.size and (devices.min() < 0 or devices.max() >= self.num_devices):
@@ -280,12 +272,8 @@ class Cluster:
         loads.add(self._fam("nic_down") + nic_dst, nbytes)
         endpoints = 2 * s.nic_latency_s
         if s.network.topology == "fat_tree":
-            leaf_src, leaf_dst = self.leaf_of_nic(nic_src), self.leaf_of_nic(nic_dst)
-            cross = leaf_src != leaf_dst
-            loads.add(self._fam("leaf_up") + leaf_src[cross], _pick(nbytes, cross))
-            loads.add(self._fam("leaf_down") + leaf_dst[cross], _pick(nbytes, cross))
-            switches = 3 if cross.any() else 1
-            return endpoints + switches * s.network.switch_latency_s
+            up, down = self._fam("leaf_up"), self._fam("leaf_down")
+            return endpoints + self.fat_tree.route(loads, up, down, nic_src, nic_dst, nbytes)
         return endpoints + self._route_routers(loads, self.node_of(src), self.node_of(dst), _ones_if_none(nbytes, src))
 
     def _route_in_network(self, loads, src, dst, nbytes, to_switch, from_switch, level) -> float:
