@@ -9,17 +9,21 @@
 - :func:`run_bounded` runs the work in a worker thread under a deadline, with a bounded number of requests
   computing at once, stops it when the client disconnects, and serialises the answer off the event loop.
 
-Work units. What the pricing engine spends, measured (``make bench``-style runs on one core, numpy 2.4):
+Work units. One unit is about 15 ns of this machine's pricing engine (numpy 2.4, CPython 3.11, one core);
+the weights were measured per algorithm on one group of n = 256 .. 8,192 ranks (docs/hardening.md):
 
-- building a schedule of n ranks: ~n^2 (layouts keep n blocks per rank; one 8,192-rank allreduce ~1 s);
-- routing: ~groups x n x ceil(log2 n) (a class of n transfers per group per logarithmic step);
-- quadratic algorithms (direct / pairwise / Bruck all-to-all, every algorithm under ``candidates: all``):
-  ~16 x n^2 x ceil(log2 n) (n blocks moved per step, log n steps; a 2,048-rank DP group over 20 s);
-- placing a call: its groups x n ranks (numpy arrays over the whole world, every call);
-- router networks (torus, dragonfly, hypercube) are routed by breadth-first search from each router:
-  num_nodes^2 router visits (512 routers ~6-12 s, 256 routers 1-2.5 s).
+- building and evaluating a call's library schedules: 130 n log2 n (double binary tree: 93 ms at n = 4,096);
+- routing every priced group: 4 g n log2 n (numpy over all transfers of a step class);
+- in-network all-gather / reduce-scatter (NVLS / SHARP, when the cluster reduces in the network): 15 n^2
+  (its layout keeps n blocks per rank: 2.4 s at n = 4,096);
+- ``candidates: all``: 70 n^2 + g n^2 (direct allreduce ~640 ns per n^2, halving-doubling ~160 ns);
+- direct (or pinned pairwise / Bruck) all-to-all: 60 n^2 + g n^2 (n(n-1) transfers per group);
+- placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
+- router networks (torus, dragonfly, hypercube) are routed by a breadth-first search from each router:
+  num_nodes^2 router visits, x4 for dragonfly and hypercube (torus 256 routers ~1 s, hypercube 256 ~1.4 s,
+  dragonfly 256 ~2.4 s, 512 routers 6-12 s), against their own budget.
 
-``max_work`` = 2^27 units is about 2 s and 400 MiB on this machine's measurement; see docs/hardening.md.
+``max_work`` = 2^27 units is about 2 s and at most a few hundred MiB.
 """
 
 from __future__ import annotations
@@ -42,19 +46,27 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from planner import ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec
 from planner.context import Context
 from planner.deadline import Deadline, DeadlineExceeded, bounded
+from planner.explore import QUADRATIC_LIMIT
 from planner.layout import RankLayout
 from planner.model import validate_model
 from planner.parallel import validate_parallel
 from planner.rules import ledger
 from planner.workload import validate_workload
 
+from .settings import Settings
+
 log = logging.getLogger("commplan")
 
 ROUTER_NETWORKS = ("torus", "dragonfly", "hypercube")
 QUADRATIC = {"direct", "pairwise", "bruck"}  # n(n-1) transfers per group (explore.py's QUADRATIC)
-QUADRATIC_WEIGHT = 16  # per n^2 log2 n, relative to one schedule slot (measured, module docstring)
-ALL_CANDIDATES = 8  # algorithms `candidates: all` tries per op (collectives.topology.select.candidates)
-LIBRARY_CANDIDATES = 4  # ring, double binary tree, hierarchical, in-network (select.LIBRARY_CANDIDATES)
+# weights of the work model, in ~15 ns units (module docstring: what each was measured on)
+SCHEDULE_WEIGHT = 130  # x n log2 n
+ROUTE_WEIGHT = 4  # x groups x n log2 n
+BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
+ALLTOALL_WEIGHT = 60  # x n^2: direct and hierarchical all-to-all (0.17 s at n = 1,024, 6 s and 1 GB at 2,048)
+ALL_WEIGHT = 70  # x n^2: every algorithm (direct allreduce, halving-doubling, ...)
+HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are left out (explorer)
+ROUTER_WEIGHT = {"torus": 1, "dragonfly": 4, "hypercube": 4}  # x num_nodes^2 router visits
 
 
 # ---- estimates -------------------------------------------------------------------------------------------
@@ -80,24 +92,35 @@ def _log2(n: int) -> int:
 
 
 def call_work(
-    op: str, n: int, groups_priced: int, candidates: str = "library", algorithm: str = "auto", sizes: int = 1
+    op: str,
+    n: int,
+    groups_priced: int,
+    candidates: str = "library",
+    algorithm: str = "auto",
+    sizes: int = 1,
+    in_network: bool = False,
 ) -> int:
-    """Work units to price one call of ``op`` on ``groups_priced`` groups of ``n`` ranks (module docstring);
-    ``sizes``: how many message sizes (the explorer prices each)."""
+    """Work units to price one call of ``op`` on ``groups_priced`` groups of ``n`` ranks (module docstring).
+    ``sizes``: how many message sizes (the explorer prices each, and leaves the quadratic algorithms out
+    above planner.explore.QUADRATIC_LIMIT); ``in_network``: the cluster can reduce in its switches."""
     if n <= 1:
         return 0
-    algorithms = ALL_CANDIDATES if candidates == "all" else LIBRARY_CANDIDATES
-    units = n * n + algorithms * groups_priced * n * _log2(n)
-    quadratic = candidates == "all" or algorithm in QUADRATIC or (op == "alltoall" and algorithm == "auto")
-    if quadratic:
-        units += QUADRATIC_WEIGHT * n * n * _log2(n) + groups_priced * n * n
+    g, log = groups_priced, _log2(n)
+    units = SCHEDULE_WEIGHT * n * log + ROUTE_WEIGHT * g * n * log
+    if in_network and op in ("allgather", "reducescatter") and algorithm in ("auto", "in_network"):
+        units += BLOCKED_WEIGHT * n * n
+    quadratic_ok = sizes == 1 or n * n * g <= QUADRATIC_LIMIT
+    if candidates == "all" and algorithm == "auto":
+        units += (ALL_WEIGHT + g) * n * n if quadratic_ok else HALVING_WEIGHT * n * n
+    elif op == "alltoall" and (algorithm == "auto" or algorithm in QUADRATIC):
+        units += (ALLTOALL_WEIGHT + g) * n * n
     return units * sizes
 
 
 def router_work(cluster) -> int:
     """Router visits to route on a torus / dragonfly / hypercube: a breadth-first search per router."""
     if cluster.network.topology in ROUTER_NETWORKS and cluster.num_nodes > 1:
-        return cluster.num_nodes**2
+        return ROUTER_WEIGHT[cluster.network.topology] * cluster.num_nodes**2
     return 0
 
 
@@ -107,8 +130,9 @@ def check_router(cluster, limit: int) -> None:
         raise SpecError(
             "cluster.num_nodes",
             f"a {cluster.network.topology} of {cluster.num_nodes} routers is routed by a search from every "
-            f"router: {cluster.num_nodes}^2 = {visits:,} router visits, over the budget of {limit:,} "
-            f"(COMMPLAN_MAX_ROUTER_PAIRS, {int(limit**0.5):,} routers)",
+            f"router: {ROUTER_WEIGHT[cluster.network.topology]} x {cluster.num_nodes}^2 = {visits:,} router "
+            f"visits, over the budget of {limit:,} (COMMPLAN_MAX_ROUTER_PAIRS: a torus of "
+            f"{int(limit**0.5):,} routers)",
         )
 
 
@@ -137,19 +161,24 @@ def plan_calls(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster,
         yield call, ranks
 
 
-def plan_work(model, work, par, cluster, options: Options, calls: str | None = None, sizes: int = 1) -> Estimate:
-    """The estimate of planning (``calls`` None) or exploring one call (``calls`` = its name) at ``sizes``."""
+def plan_work(
+    model, work, par, cluster, options: Options, call: str | None = None, stage: int | None = None, sizes: int = 1
+) -> Estimate:
+    """The estimate of planning (``call`` None), or of exploring the first call named ``call`` (on
+    ``stage``) at ``sizes`` message sizes with every algorithm, as planner.explore does."""
     est = Estimate()
-    est.add(router_work(cluster), f"routing on {cluster.num_nodes} routers")
-    exact = options.contention == "full" or options.device_map is not None
-    for call, placement in plan_calls(model, work, par, cluster, options):
-        if calls is not None and call.name != calls:
+    exact = call is None and (options.contention == "full" or options.device_map is not None)
+    in_network = cluster.intra.in_network_reduction or cluster.network.in_network_reduction
+    which = "all" if call is not None else options.candidates
+    for c, placement in plan_calls(model, work, par, cluster, options):
+        if call is not None and (c.name != call or (stage is not None and stage not in c.stages)):
             continue
-        n, g = placement.shape[1], groups_priced(placement, cluster, exact and calls is None)
-        which = "all" if calls is not None else options.candidates
+        n, g = placement.shape[1], groups_priced(placement, cluster, exact)
         # placing and describing every group (numpy over all ranks, then the answer's rank lists) ~ g·n
-        units = call_work(call.op.value, n, g, which, options.algorithm, sizes) + placement.size
-        est.add(units, f"{call.name} ({call.op.value} on {g} groups of {n} ranks)")
+        units = call_work(c.op.value, n, g, which, options.algorithm, sizes, in_network) + placement.size
+        est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks)")
+        if call is not None:
+            break
     return est
 
 
@@ -367,7 +396,7 @@ class GuardedH11(H11Protocol):
     line and headers must arrive within ``header_timeout`` seconds, however slowly they trickle in
     (uvicorn's keep-alive timer is reset by every byte, so alone it does not stop a slow loris)."""
 
-    header_timeout = 10.0
+    header_timeout = Settings.from_env().header_timeout_s  # read here: worker processes re-import this module
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)

@@ -20,7 +20,7 @@ class Settings:
     max_router_pairs: int = 1 << 16  # num_nodes^2 of a torus / dragonfly / hypercube (256 routers)
     max_response_bytes: int = 64 * 2**20  # a batch's JSON response
     # time
-    deadline_s: float = 20.0  # per request's work; past it the work is stopped and the answer is a 503
+    deadline_s: float = 15.0  # per request's work; past it the work is stopped and the answer is a 503
     queue_s: float = 10.0  # longest wait for a work slot before a 503 with Retry-After
     work_slots: int = max(os.cpu_count() or 1, 1)  # requests computing at once per worker process
     body_timeout_s: float = 10.0  # the whole body must arrive within this (408 otherwise)

@@ -57,7 +57,9 @@ def _price(body: PriceRequest, settings) -> dict:
     placement = _placement(body, settings.max_price_transfers)
     check_router(spec, settings.max_router_pairs)
     est, (groups, n) = Estimate(), placement.shape
-    est.add(call_work(body.op, n, groups, body.candidates, body.algorithm), f"{body.op}: {groups} groups of {n} ranks")
+    in_network = spec.intra.in_network_reduction or spec.network.in_network_reduction
+    units = call_work(body.op, n, groups, body.candidates, body.algorithm, in_network=in_network)
+    est.add(units, f"{body.op}: {groups} groups of {n} ranks")
     refuse(est, settings.max_work, "")
     cluster = cluster_for(spec)
     try:

@@ -140,7 +140,7 @@ async def explore_call(body: ExploreRequest, request: Request) -> Response:
     def work() -> bytes:
         sizes = [s for s in (body.sizes or []) if s >= 0] or None
         count = len(sizes or DEFAULT_SIZES) + 1
-        inputs, _ = bounded_inputs(body.request, settings, calls=body.call, sizes=count)
+        inputs, _ = bounded_inputs(body.request, settings, call=body.call, stage=body.stage, sizes=count)
         return encode(explore(*inputs[:4], body.call, body.stage, sizes, inputs[4]), ExploreOut)
 
     return await run_bounded(request, work)
