@@ -62,6 +62,8 @@ def _serve(args) -> int:
         timeout_keep_alive=settings.keep_alive_s,
         limit_concurrency=settings.max_connections,  # per worker: open connections + tasks, then 503
         timeout_graceful_shutdown=5,
+        # a line per request costs the event loop and, on a pipe nobody drains, blocks the server: opt in
+        access_log=os.environ.get("COMMPLAN_ACCESS_LOG", "0") == "1",
     )
     return 0
 
