@@ -5,11 +5,17 @@ requests inside the old device limits are refused up front with the estimate and
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+import threading
 import time
 
 import httpx
 import pytest
+
+from tests.conftest import ROOT, free_port
 
 L70 = {"preset": "llama3-70b"}
 H100_131K = {"preset": "dgx-h100", "num_nodes": 16384}
@@ -411,3 +417,84 @@ def test_a_body_that_never_arrives_is_a_408(server):
         reply = sock.recv(4096)
         assert reply.startswith(b"HTTP/1.1 408")
         assert time.monotonic() - start < 20
+
+
+# ---- deadline and disconnect, on a server of their own with one work slot and a short deadline ----------
+
+SLOW = plan_at(
+    {"preset": "tpu-torus", "num_nodes": 1000},
+    {"tp": 8, "pp": 5},
+    work={"micro_batch_size": 1, "global_batch_size": 1000},
+)
+
+
+@pytest.fixture(scope="module")
+def tight_server():
+    """`commplan serve` with one work slot, a 5 s deadline and no router budget: a 1,000-router torus
+    (about a minute of routing) gets past the estimate and must be stopped by the deadline or the disconnect."""
+    port = free_port()
+    env = dict(os.environ, COMMPLAN_WORK_SLOTS="1", COMMPLAN_DEADLINE_S="5", COMMPLAN_MAX_ROUTER_PAIRS=str(1 << 40))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_work_past_the_deadline_is_stopped(tight_server):
+    response, took = _send(tight_server, "/v1/plan", SLOW)
+    assert response.status_code == 503, response.text[:300]
+    assert "COMMPLAN_DEADLINE_S" in response.json()["detail"][0]["msg"]
+    assert took < 9
+
+
+def test_healthz_answers_while_the_only_work_slot_is_busy(tight_server):
+    with httpx.Client(base_url=tight_server, timeout=30) as http:
+        worker = threading.Thread(target=lambda: _send(tight_server, "/v1/plan", SLOW))
+        worker.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        assert http.get("/healthz").status_code == 200
+        assert http.head("/healthz").status_code == 200
+        assert time.monotonic() - start < 1
+        worker.join(30)
+
+
+def test_a_client_that_disconnects_stops_its_work(tight_server):
+    """The only slot is freed as soon as the client goes: a small plan right after answers at once, not
+    after the abandoned work's deadline."""
+    with pytest.raises(httpx.ReadTimeout):
+        _send(tight_server, "/v1/plan", SLOW, timeout=0.5)
+    response, took = _send(tight_server, "/v1/plan", SMALL)
+    assert response.status_code == 200
+    assert took < 3, f"the abandoned work held the slot for {took:.1f} s"
+
+
+def test_schema_bounds_are_the_planners():
+    """A model meets the same bounds as fields, preset overrides or a config.json (planner.presets.BOUNDS)."""
+    from app.schemas.plan import MLAIn, ModelIn, MoEIn
+    from planner.presets import BOUNDS
+
+    def bounds(model, name):
+        schema = model.model_json_schema()["properties"][name]
+        option = next((o for o in schema.get("anyOf", [schema]) if o.get("type") == "integer"), schema)
+        return option.get("minimum"), option.get("maximum")
+
+    names = {**{k: ModelIn for k in list(BOUNDS)[:8]}, "num_kv_heads": ModelIn, "seq_length": ModelIn}
+    names |= {k: MoEIn for k in ("num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts")}
+    names |= {k: MoEIn for k in ("shared_expert_ffn_hidden_size", "first_dense_layers", "layer_freq")}
+    names |= {k: MLAIn for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    for name, model in names.items():
+        assert bounds(model, name) == BOUNDS[name], name
