@@ -428,6 +428,9 @@ SLOW = plan_at(
 )
 
 
+TIGHT_PID: list[int] = []
+
+
 @pytest.fixture(scope="module")
 def tight_server():
     """`commplan serve` with one work slot, a 5 s deadline and no router budget: a 1,000-router torus
@@ -448,6 +451,7 @@ def tight_server():
                 break
         except httpx.TransportError:
             time.sleep(0.2)
+    TIGHT_PID.append(proc.pid)
     yield base
     proc.terminate()
     proc.wait(timeout=10)
@@ -480,6 +484,18 @@ def test_a_client_that_disconnects_stops_its_work(tight_server):
     response, took = _send(tight_server, "/v1/plan", SMALL)
     assert response.status_code == 200
     assert took < 3, f"the abandoned work held the slot for {took:.1f} s"
+
+
+def test_peak_memory_stays_bounded(tight_server):
+    """After the stopped and abandoned torus work, and every costly request of the issue that is not a router
+    network (those this server lets through), the server's peak resident memory is a few hundred MiB."""
+    for name, path, body, setting in COSTLY:
+        if "ROUTER" not in setting:
+            response, took = _send(tight_server, path, body)
+            assert response.status_code == 422 and took < 10, name
+    with open(f"/proc/{TIGHT_PID[0]}/status") as status:
+        peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+    assert peak_kib < 400 * 1024, f"peak RSS {peak_kib // 1024} MiB"
 
 
 def test_schema_bounds_are_the_planners():
