@@ -58,6 +58,9 @@ from .settings import Settings
 log = logging.getLogger("commplan")
 
 ROUTER_NETWORKS = ("torus", "dragonfly", "hypercube")
+# Every bound is far above real jobs and keeps byte counts inside int64 (numpy's) with room for sums:
+MAX_MESSAGE = 1 << 46  # bytes of one call, as the price endpoint's message_bytes (app/schemas/base.py)
+MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 bytes of optimizer state fits
 QUADRATIC = {"direct", "pairwise", "bruck"}  # n(n-1) transfers per group (explore.py's QUADRATIC)
 # weights of the work model, in ~15 ns units (module docstring: what each was measured on)
 SCHEDULE_WEIGHT = 130  # x n log2 n
@@ -153,8 +156,18 @@ def plan_calls(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster,
     validate_model(model)
     validate_workload(work)
     validate_parallel(par, model, work, cluster.num_devices)
+    params = model.total_params()
+    if params > MAX_PARAMS:
+        raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
     layout = RankLayout(par)
     for call in ledger(Context(model, work, par)):
+        if call.message_bytes > MAX_MESSAGE:
+            raise SpecError(
+                "workload",
+                f"call {call.name} would move {call.message_bytes:,} bytes per call, over {MAX_MESSAGE:,} "
+                "(2^46, 64 TiB: the largest message priced; products of batch, sequence, width and experts "
+                "past it overflow 64-bit byte counts)",
+            )
         ranks = layout.placement(call.group, call.stages)
         if options.device_map is not None and len(options.device_map) == cluster.num_devices:
             ranks = np.asarray(options.device_map)[ranks]

@@ -300,6 +300,26 @@ BAD = [
     ("not JSON", "/v1/plan", "{model:", 422, ["body"]),
     ("not UTF-8", "/v1/plan", b'{"model": "\xff\xfe"}', 422, ["body"]),
     ("nested 100000 deep", "/v1/plan", "[" * 100_000 + "]" * 100_000, 422, ["body"]),
+    (
+        "message bytes past int64 within every field's bounds",
+        "/v1/plan",
+        {
+            "model": {
+                "num_layers": 2048,
+                "hidden_size": 1 << 20,
+                "num_attention_heads": 1 << 14,
+                "ffn_hidden_size": 1 << 20,
+                "vocab_size": 1 << 24,
+                "seq_length": 1 << 24,
+                "moe": {"num_experts": 1 << 14, "top_k": 1 << 14, "expert_ffn_hidden_size": 1 << 20},
+            },
+            "workload": {"micro_batch_size": 1 << 16, "global_batch_size": 1 << 24},
+            "parallel": {"ep": 8},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 8},
+        },
+        422,
+        ["body"],
+    ),
     ("2001 requests in a batch", "/v1/plan/batch", {"requests": [{}] * 2001}, 422, ["body", "requests"]),
     ("empty body", "/v1/plan", "", 422, ["body"]),
 ]
