@@ -285,19 +285,20 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
 
 def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> float:
     """Adam over the parameters this rank updates: all of them, or 1/dp of them with a sharded optimizer."""
-    from .params import stage_params, total
+    from .memory import param_totals
 
-    dense, expert = stage_params(ctx, stage)
+    dense, expert, _ = param_totals(ctx, stage)
     par = ctx.par
     shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
     shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
-    local = total(dense) / shard_dense + total(expert) / shard_expert
+    local = dense / shard_dense + expert / shard_expert
     return local * ADAM_BYTES / (gpu.hbm_GBps * 1e9 * eff.hbm)
 
 
 # ---- model FLOPs (the MFU definition) --------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1024)
 def model_flops_per_token(ctx: Context) -> float:
     """PaLM (Chowdhery et al. 2022, Appendix B) and Llama 3 (Dubey et al. 2024 §3.3) count model FLOPs per
     token as 6·N + 12·L·H·Q·T for training (2·N + 4·L·H·Q·T for a forward pass): N the active parameters in

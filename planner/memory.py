@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
@@ -170,6 +171,7 @@ def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> L
     return LayerActivations(split, replicated, scores)
 
 
+@lru_cache(maxsize=4096)
 def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool = True) -> int:
     """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference)."""
     par = ctx.par
@@ -212,10 +214,19 @@ def _shards(ctx: Context, expert: bool) -> int:
     return par.expert_dp if expert else par.dp * par.cp
 
 
-def stage_memory(ctx: Context, stage: int, sched: Schedule, calls: Sequence = ()) -> StageMemory:
-    """One rank of ``stage``; ``calls`` (ledger Calls or PricedCalls) size the communication buffers."""
+@lru_cache(maxsize=4096)
+def param_totals(ctx: Context, stage: int) -> tuple[int, int, int]:
+    """(dense, expert, largest ZeRO-3 unit) parameter counts of one rank of ``stage`` (params.py), cached:
+    the search asks for the same stages many times."""
     dense, expert = stage_params(ctx, stage)
-    nd, ne = total(dense), total(expert)
+    return total(dense), total(expert), _largest_unit(dense)
+
+
+def stage_memory(
+    ctx: Context, stage: int, sched: Schedule, calls: Sequence = (), comm_buffer: int | None = None
+) -> StageMemory:
+    """One rank of ``stage``; ``calls`` (ledger Calls or PricedCalls) size the communication buffers."""
+    nd, ne, unit = param_totals(ctx, stage)
     xp = ctx.param_bytes
     z = ctx.par.zero_stage if ctx.training else 0
     params = grads = opt = 0.0
@@ -232,9 +243,9 @@ def stage_memory(ctx: Context, stage: int, sched: Schedule, calls: Sequence = ()
         acts = stage_activation_bytes(ctx, stage, sched) + _kv_cache(ctx, stage)
     else:
         acts = stage_activation_bytes(ctx, stage, sched)
-    buffers = WORKSPACE_BYTES + _comm_buffer(ctx, calls, stage)
+    buffers = WORKSPACE_BYTES + (_comm_buffers(calls).get(stage, 0) if comm_buffer is None else comm_buffer)
     if z >= 3 and ctx.training:
-        buffers += ZERO3_UNITS_IN_FLIGHT * _largest_unit(dense) * xp
+        buffers += ZERO3_UNITS_IN_FLIGHT * unit * xp
     return StageMemory(stage, nd + ne, int(params), int(grads), int(opt), int(acts), int(buffers))
 
 
@@ -249,19 +260,21 @@ def _kv_cache(ctx: Context, stage: int) -> int:
     return kv_cache_bytes_per_layer(ctx) * len(ctx.stage_layers[stage])
 
 
-def _comm_buffer(ctx: Context, calls: Sequence, stage: int) -> int:
-    """The largest non-gradient communication buffer (EP dispatch, CP KV, TP gathers are activations
-    already; DP gradients live in the gradient buffer): all-to-all send and receive buffers."""
-    largest = 0
+def _comm_buffers(calls: Sequence) -> dict[int, int]:
+    """Per stage, the largest communication buffer that is not already counted (TP gathers and CP KV are
+    activations, DP gradients live in the gradient buffer): the all-to-all send + receive buffers of EP."""
+    largest: dict[int, int] = {}
     for c in calls:
         call = getattr(c, "call", c)
-        if stage in call.stages and call.parallelism == "ep":
-            largest = max(largest, 2 * call.message_bytes)
+        if call.parallelism == "ep":
+            for s in call.stages:
+                largest[s] = max(largest.get(s, 0), 2 * call.message_bytes)
     return largest
 
 
 def memory_per_stage(ctx: Context, sched: Schedule, capacity_bytes: int, calls: Sequence = ()) -> Memory:
-    return Memory(capacity_bytes, tuple(stage_memory(ctx, s, sched, calls) for s in range(ctx.par.pp)))
+    buffers = _comm_buffers(calls)
+    return Memory(capacity_bytes, tuple(stage_memory(ctx, s, sched, (), buffers.get(s, 0)) for s in range(ctx.par.pp)))
 
 
 __all__ = [

@@ -14,7 +14,8 @@ megatron/training/arguments.py) each steady-state micro-batch also waits for its
 
 A real schedule of 10^5 micro-batch events is never built: ``timeline`` lays the same closed form out as
 blocks per stage, one per micro-batch for the warm-up and cool-down when they are few, and one aggregated
-block for the steady state when m is large (``microbatches`` says how many a block holds).
+block each for the warm-up, the steady state and the cool-down when 2·m·v·p exceeds MAX_EVENTS
+(``microbatch`` is the first micro-batch of a block, ``microbatches`` how many it holds).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MAX_EVENTS_PER_STAGE = 64  # beyond this, steady-state micro-batches become one block per stage
+MAX_EVENTS = 256  # compute blocks in all; beyond, each stage's warm-up, steady state and cool-down are one block each
 
 
 @dataclass(frozen=True)
@@ -97,36 +98,38 @@ def timeline(passes: Sequence[StagePass], sched: Schedule, start_s: float = 0.0)
     t_max = max(x.total_s for x in passes)
     period = t_max + (0.0 if sched.overlap_p2p or p == 1 else 2 * sched.p2p_s)
     events: list[dict] = []
+    each = 2 * m * v * p <= MAX_EVENTS
+    lead = tail = 0.0
     for s, x in enumerate(passes):
         f, b = x.forward_s / v, x.backward_s / v  # one chunk
-        lead = sum(q.forward_s / v + sched.p2p_s for q in passes[:s])
-        tail = sum(q.backward_s / v + sched.p2p_s for q in passes[:s])
         warm = warmup_microbatches(sched, s)
         steady = m * v - warm
         t = start_s + lead
-        t = _blocks(events, s, "forward", 0, warm, f, t)
+        t = _blocks(events, s, "forward", 0, warm, f, t, each)
         if steady:
             per = period / v
-            if steady <= MAX_EVENTS_PER_STAGE:
+            if each:
                 for i in range(steady):
                     events.append(_event(s, "forward", warm + i, 1, t + i * per, t + i * per + f))
                     events.append(_event(s, "backward", i, 1, t + i * per + f, t + i * per + f + b))
             else:
                 events.append(_event(s, "1f1b", warm, steady, t, t + steady * per))
         end = start_s + total - tail
-        _blocks(events, s, "backward", steady, warm, b, end - warm * b)
+        _blocks(events, s, "backward", steady, warm, b, end - warm * b, each)
+        lead += f + sched.p2p_s
+        tail += b + sched.p2p_s
     return events
 
 
-def _blocks(events: list, stage: int, name: str, first: int, count: int, each: float, t: float) -> float:
+def _blocks(events: list, stage: int, name: str, first: int, count: int, dur: float, t: float, each: bool) -> float:
     if count <= 0:
         return t
-    if count <= MAX_EVENTS_PER_STAGE:
+    if each:
         for i in range(count):
-            events.append(_event(stage, name, first + i, 1, t + i * each, t + (i + 1) * each))
+            events.append(_event(stage, name, first + i, 1, t + i * dur, t + (i + 1) * dur))
     else:
-        events.append(_event(stage, name, first, count, t, t + count * each))
-    return t + count * each
+        events.append(_event(stage, name, first, count, t, t + count * dur))
+    return t + count * dur
 
 
 def _event(stage: int, name: str, mb: int, count: int, start: float, end: float) -> dict:

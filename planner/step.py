@@ -145,45 +145,54 @@ def step_time(
 # ---- communication onto streams ------------------------------------------------------------------------
 
 
+def _stream(call, m: int, zero: int) -> str:
+    """Which stream a call runs on: a pass stream ("tp.forward", "cp.ring.backward", "dp.forward" for ZeRO-2/3
+    per-unit calls, ...), once-per-iteration DP streams (grad_reduce, param_gather), "tail" (critical-path
+    per-iteration calls), or "pp" (boundary sends)."""
+    par, phase = call.parallelism, call.phase
+    if par == "pp":
+        return "pp"
+    if par in ("dp", "edp"):
+        if phase == "optimizer":
+            return "param_gather"
+        if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward"):
+            return "dp." + phase
+        return "grad_reduce" if phase == "backward" else "tail"  # the loss report is on the path
+    if par == "embedding":
+        return "tail"
+    kind = "cp.ring" if par == "cp" and call.op.value == "sendrecv" else par
+    return f"{kind}.{'forward' if phase == 'forward' else 'backward'}"
+
+
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap) -> float:
     """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
-    m = ctx.micro_batches
-    zero = ctx.par.zero_stage
-    raw: dict[tuple[int, str], float] = {}
+    m, zero, p = ctx.micro_batches, ctx.par.zero_stage, len(stages)
+    acc: dict[str, list[float]] = {}
+    counts: dict[str, list[int]] = {}
     p2p = 0.0
     for pc in calls:
         c, t = pc.call, pc.price.time_s
-        total = c.calls_per_iteration * t
-        par = c.parallelism
-        if par == "pp":
+        stream = _stream(c, m, zero)
+        if stream == "pp":
             p2p = max(p2p, t)
             continue
+        amount, n = c.calls_per_iteration * t, c.calls_per_iteration
+        row = acc.setdefault(stream, [0.0] * p)
+        num = counts.setdefault(stream, [0] * p)
         for s in c.stages:
-            st = stages[s]
-            if par in ("dp", "edp"):
-                if c.phase == "optimizer":
-                    st.param_gather_s += total
-                    st.param_units += c.calls_per_iteration
-                elif zero >= 2 and c.calls_per_iteration >= m and c.phase in ("forward", "backward"):
-                    key = (s, "dp." + c.phase)
-                    raw[key] = raw.get(key, 0.0) + total / m
-                elif c.phase == "backward":
-                    st.grad_reduce_s += total
-                    st.grad_buckets += c.calls_per_iteration
-                else:
-                    st.tail_s += total  # loss report
-            elif par == "embedding":
-                st.tail_s += total
-            else:
-                kind = "cp.ring" if par == "cp" and c.op.value == "sendrecv" else par
-                key = (s, f"{kind}.{'forward' if c.phase == 'forward' else 'backward'}")
-                raw[key] = raw.get(key, 0.0) + total / m
+            row[s] += amount
+            num[s] += n
+    zeros = [0.0] * p
     for st in stages:
+        i = st.stage
+        st.grad_reduce_s, st.grad_buckets = acc.get("grad_reduce", zeros)[i], counts.get("grad_reduce", zeros)[i]
+        st.param_gather_s, st.param_units = acc.get("param_gather", zeros)[i], counts.get("param_gather", zeros)[i]
+        st.tail_s = acc.get("tail", zeros)[i]
         comp = st.compute
         for phase, pass_time in (("forward", comp.forward), ("backward", comp.backward)):
             exposed = 0.0
             for kind in ("tp", "ep", "cp", "cp.ring", "dp"):
-                t = raw.get((st.stage, f"{kind}.{phase}"), 0.0)
+                t = acc.get(f"{kind}.{phase}", zeros)[i] / m
                 if not t:
                     continue
                 if kind == "tp" and flags.tp_comm_overlap:
@@ -214,10 +223,9 @@ def _training(
     passes = [StagePass(st.forward_s, st.backward_s) for st in stages]
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
+    leads = _drain_leads(passes, sched)
     ends = []
-    for st, p in zip(stages, passes, strict=True):
-        # stage s finishes its last backward this long before stage 0 does (the cool-down drains upwards)
-        lead = sum(q.backward_s / v + sched.p2p_s for q in passes[: st.stage])
+    for st, p, lead in zip(stages, passes, leads, strict=True):
         window = p.backward_s / v  # the last micro-batch's backward (one chunk)
         if st.grad_reduce_s:
             if flags.overlap_grad_reduce:
@@ -263,13 +271,20 @@ def _training(
     )
 
 
+def _drain_leads(passes: list[StagePass], sched: Schedule) -> list[float]:
+    """How long before stage 0 each stage finishes its last backward (the cool-down drains upwards)."""
+    v, out, lead = max(1, sched.chunks), [], 0.0
+    for q in passes:
+        out.append(lead)
+        lead += q.backward_s / v + sched.p2p_s
+    return out
+
+
 def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict]:
     if not with_timeline:
         return []
     events = timeline(passes, sched)
-    v = max(1, sched.chunks)
-    for st in stages:
-        lead = sum(q.backward_s / v + sched.p2p_s for q in passes[: st.stage])
+    for st, lead in zip(stages, _drain_leads(passes, sched), strict=True):
         last = pipe_end - lead
         if st.grad_reduce_s:
             start = max(0.0, last + st.exposed_dp_s - st.grad_reduce_s)
