@@ -220,7 +220,7 @@ def _elementwise_bytes(ctx: Context, moe: bool) -> float:
 
 def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
     """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds)."""
-    peak, hbm = gpu.peak(_compute_dtype(ctx)), gpu.hbm_GBps * 1e9
+    peak, hbm = gpu.peak(compute_dtype(ctx)), gpu.hbm_GBps * 1e9
     shapes = _gemm_shapes(ctx, moe)
     gemm_t = sum(gemm_s(m, n, k, ctx.x, peak, hbm, eff) for m, n, k in shapes)
     gemm_f = sum(2.0 * m * n * k for m, n, k in shapes)
@@ -251,7 +251,8 @@ def kv_cache_bytes_per_layer(ctx: Context) -> int:
     return 2 * ctx.b * length * mdl.kv_heads * mdl.head_size // ctx.par.tp * ctx.x
 
 
-def _compute_dtype(ctx: Context) -> str:
+def compute_dtype(ctx: Context) -> str:
+    """The tensor-core dtype the matmuls run in: fp8 when activations are fp8, bf16 for 2-byte types, else fp32."""
     return "fp8" if ctx.work.activation_dtype == "fp8" else "bf16" if ctx.x <= 2 else "fp32"
 
 
@@ -293,7 +294,7 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
     """LM head GEMM and the fp32 softmax cross-entropy over the logits (read + write, fp32)."""
     mdl, t = ctx.model, ctx.par.tp
     T, V = ctx.b * ctx.s_cp, mdl.padded_vocab(t) // t
-    peak, hbm = gpu.peak(_compute_dtype(ctx)), gpu.hbm_GBps * 1e9
+    peak, hbm = gpu.peak(compute_dtype(ctx)), gpu.hbm_GBps * 1e9
     g = gemm_s(T, V, mdl.hidden_size, ctx.x, peak, hbm, eff)
     loss = (2 * 4 * T * V if ctx.training else 0) / (hbm * eff.hbm)
     return PassTime(g, 0.0, loss, 2.0 * T * V * mdl.hidden_size)
@@ -337,6 +338,7 @@ __all__ = [
     "PassTime",
     "StageCompute",
     "check_gpu",
+    "compute_dtype",
     "gemm_s",
     "kv_cache_bytes_per_layer",
     "layer_forward",

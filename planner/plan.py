@@ -222,6 +222,10 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
     pipeline = layout.groups(("pp",), call.group.expert)[0]
     stride = int(pipeline[1] - pipeline[0])
     unit = None if options.device_map is not None else _symmetry_unit(cluster)
+    if unit and cluster.num_nodes > 1:
+        first = layout.placement(call.group, stages[:1])[0]
+        if (first // cluster.per_node == first[0] // cluster.per_node).all():
+            unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
     classes: dict[int, list[int]] = {}
     for s in stages:
         classes.setdefault((s * stride) % unit if unit else s, []).append(s)
@@ -232,8 +236,9 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
         pc = _price(replace(call, stages=tuple(members)), layout, cluster, options)
         key = (pc.price.algorithm, pc.price.time_s)
         if key in rows:
-            merged = tuple(sorted(rows[key].call.stages + pc.call.stages))
-            rows[key].call = replace(rows[key].call, stages=merged)
+            row = rows[key]
+            row.call = replace(row.call, stages=tuple(sorted(row.call.stages + pc.call.stages)))
+            row.num_groups += pc.num_groups
         else:
             rows[key] = pc
     return sorted(rows.values(), key=lambda r: r.call.stages[0])

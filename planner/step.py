@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from collectives.topology.gpu import GPUSpec
 
-from .compute import StageCompute, check_gpu, model_flops_per_token, stage_compute
+from .compute import StageCompute, check_gpu, compute_dtype, model_flops_per_token, stage_compute
 from .context import Context
 from .memory import Memory, memory_per_stage
 from .pipeline import Schedule, StagePass, pipeline_time, timeline
@@ -132,7 +132,7 @@ def step_time(
 ) -> StepTime:
     """Critical path of one iteration (training step, prefill pass or decode step). ``calls`` are the plan's
     PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``)."""
-    check_gpu(gpu, "fp8" if ctx.work.activation_dtype == "fp8" else "bf16")
+    check_gpu(gpu, compute_dtype(ctx))
     flags = overlap.resolved(ctx)
     stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
     p2p = _assign_calls(ctx, calls, stages, flags)
@@ -341,8 +341,8 @@ def _inference(ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUS
 
 def _mfu(ctx: Context, tokens: float, time_s: float, gpu: GPUSpec) -> float:
     """Model FLOPs (compute.model_flops_per_token: 6N + 12·L·H·Q·T, PaLM / Llama 3) over the cluster's dense
-    bf16 (or fp8) peak."""
-    peak = gpu.peak("fp8" if ctx.work.activation_dtype == "fp8" else "bf16")
+    peak in the compute dtype (bf16; fp8 with fp8 activations)."""
+    peak = gpu.peak(compute_dtype(ctx))
     return model_flops_per_token(ctx) * tokens / (time_s * ctx.par.world_size * peak)
 
 
