@@ -39,7 +39,7 @@ def case_inputs(case: dict, data: dict):
 def measured_time(case: dict, data: dict) -> float:
     if "measured_time_s" in case:
         return case["measured_time_s"]
-    spec, work, par, cluster, _ = case_inputs(case, data)
+    spec, work, par, _, _ = case_inputs(case, data)
     tokens = work.global_batch_size * spec.seq_length
     flops = model_flops_per_token(Context(spec, work, par)) * tokens
     return flops / (par.world_size * case["measured_tflops_per_gpu"] * 1e12)

@@ -107,7 +107,8 @@ def test_param_count_is_the_ranks_unsharded_share():
 
 def test_decode_holds_the_kv_cache():
     model = model_preset("llama3-70b")
-    c = Context(model, WorkloadSpec("inference", phase="decode", batch_size=16, context_length=8192), ParallelSpec(tp=8))
+    work = WorkloadSpec("inference", phase="decode", batch_size=16, context_length=8192)
+    c = Context(model, work, ParallelSpec(tp=8))
     per_layer = 2 * 16 * 8192 * model.kv_heads * model.head_size // 8 * 2
     assert kv_cache_bytes_per_layer(c) == per_layer
     mem = stage_memory(c, 0, Schedule("1f1b", 1, 1))

@@ -1,6 +1,8 @@
 """Pipeline schedules in closed form (planner/pipeline.py): Narayanan et al. SC'21 §2.2 bubbles, and a timeline
 that agrees with the critical path."""
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -58,7 +60,7 @@ def test_critical_path_bounds_and_timeline(times, m, kind, v):
         mine = sorted((e for e in events if e["stage"] == s), key=lambda e: e["start_s"])
         assert sum(e["microbatches"] for e in mine if e["name"] in ("forward", "1f1b")) == m * v
         assert sum(e["microbatches"] for e in mine if e["name"] in ("backward", "1f1b")) == m * v
-        for a, b in zip(mine, mine[1:], strict=False):
+        for a, b in itertools.pairwise(mine):
             assert b["start_s"] >= a["end_s"] - 1e-9  # one compute stream: blocks never overlap
         assert mine[0]["start_s"] >= -1e-9 and mine[-1]["end_s"] <= t.time_s + 1e-9
 
