@@ -76,6 +76,13 @@ EFFICIENCY = Efficiency(
 # ~50-60% of the 312 TFLOP/s peak. (fwd, bwd) fractions by compute capability x 10.
 ATTENTION_BY_SM = {80: (0.60, 0.50)}
 
+# Tensor-core clock sustained under long GEMM loads, as a fraction of the clock the dense peak is quoted at.
+# A100 SXM4: the 312 TFLOP/s peak is quoted at its 1,410 MHz boost clock, which it holds at 400 W (1.0).
+# H100 SXM5: the 989 TFLOP/s peak is quoted at the 1,980 MHz maximum boost; at the 700 W limit large GEMMs run
+# at about 1,750-1,800 MHz (NVIDIA H100 datasheet clocks; nvidia-smi under cuBLAS load), 0.9. Unknown parts: 1.0.
+# The flash-attention fractions above were measured on the parts themselves, so they are not scaled again.
+SUSTAINED_CLOCK_BY_SM = {90: 0.90}
+
 # Elementwise traffic per token per layer in forward, in units of x-byte vectors, counted kernel by kernel for
 # a Megatron-Core / TransformerEngine layer: two norms (read + write h each: 4h), two residual adds (read 2h,
 # write h each: 6h), rotary on q and k (read + write: 2(q + kv)), the gated activation (read 2·ffn, write
@@ -221,8 +228,9 @@ def _elementwise_bytes(ctx: Context, moe: bool) -> float:
 def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
     """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds)."""
     peak, hbm = gpu.peak(compute_dtype(ctx)), gpu.hbm_GBps * 1e9
+    gemm_peak = peak * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
     shapes = _gemm_shapes(ctx, moe)
-    gemm_t = sum(gemm_s(m, n, k, ctx.x, peak, hbm, eff) for m, n, k in shapes)
+    gemm_t = sum(gemm_s(m, n, k, ctx.x, gemm_peak, hbm, eff) for m, n, k in shapes)
     gemm_f = sum(2.0 * m * n * k for m, n, k in shapes)
     attn_f = _attention_flops(ctx)
     attn_fwd, _ = attention_efficiency(gpu, eff)
@@ -294,7 +302,8 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
     """LM head GEMM and the fp32 softmax cross-entropy over the logits (read + write, fp32)."""
     mdl, t = ctx.model, ctx.par.tp
     T, V = ctx.b * ctx.s_cp, mdl.padded_vocab(t) // t
-    peak, hbm = gpu.peak(compute_dtype(ctx)), gpu.hbm_GBps * 1e9
+    peak = gpu.peak(compute_dtype(ctx)) * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
+    hbm = gpu.hbm_GBps * 1e9
     g = gemm_s(T, V, mdl.hidden_size, ctx.x, peak, hbm, eff)
     loss = (2 * 4 * T * V if ctx.training else 0) / (hbm * eff.hbm)
     return PassTime(g, 0.0, loss, 2.0 * T * V * mdl.hidden_size)
