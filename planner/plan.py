@@ -219,11 +219,10 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
     stages = call.stages
     if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
         return [_price(call, layout, cluster, options)]
-    pipeline = layout.groups(("pp",), call.group.expert)[0]
-    stride = int(pipeline[1] - pipeline[0])
+    stride = _pp_stride(layout, call.group.expert)
     unit = None if options.device_map is not None else _symmetry_unit(cluster)
     if unit and cluster.num_nodes > 1:
-        first = layout.placement(call.group, stages[:1])[0]
+        first = layout.placement(call.group, stages)[0]  # group 0 of the first stage (memoised for _price)
         if (first // cluster.per_node == first[0] // cluster.per_node).all():
             unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
     classes: dict[int, list[int]] = {}
@@ -242,6 +241,17 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
         else:
             rows[key] = pc
     return sorted(rows.values(), key=lambda r: r.call.stages[0])
+
+
+def _pp_stride(layout: RankLayout, expert: bool) -> int:
+    """Rank distance between neighbouring stages: the product of the sizes of the dimensions ordered faster
+    than pp (layout.py: the order names the dimensions fastest first)."""
+    stride = 1
+    for dim in layout.order:
+        if dim == "pp":
+            return stride
+        stride *= layout.sizes[expert][dim]
+    return stride
 
 
 def _symmetry_unit(cluster: Cluster) -> int | None:
