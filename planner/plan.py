@@ -145,7 +145,10 @@ def build_plan(
     _validate_options(options, cluster.num_devices)
     ctx = Context(model, work, par)
     layout = RankLayout(par)
-    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, layout, cluster, options)]
+    # the step-time switches do not change a price: keep them out of the price cache's key
+    default = options.overlap == Overlap() and options.timeline
+    pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
+    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, layout, cluster, pricing)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
     gpu = cluster_spec.gpu
     if gpu is None:

@@ -184,3 +184,30 @@ def test_gpu_spec_missing_a_figure_is_a_spec_error():
         model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), ParallelSpec(tp=8), replace(cluster, gpu=None)
     )
     assert no_gpu.step is None and any("no GPU spec" in w for w in no_gpu.warnings)
+
+
+def test_http_plan_has_step_and_memory_and_takes_the_flags():
+    from tests.app.conftest import Api
+
+    api = Api()
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "workload": {"micro_batch_size": 1, "global_batch_size": 32},
+        "parallel": {"tp": 8, "zero_stage": 1, "sequence_parallel": True},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+        "options": {"overlap": {"overlap_grad_reduce": True}, "timeline": False},
+    }
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["step"]["timeline"] == [] and plan["step"]["time_s"] > 0
+    assert plan["memory"]["fits"] is True
+    assert set(plan["memory"]["per_stage"][0]) == {
+        "stage", "param_count", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+        "buffers_bytes", "peak_bytes",
+    }  # fmt: skip
+    body["workload"]["global_batch_size"] = 31
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 422 and "31" in r.text and "micro_batch_size*dp" in r.text
+    body["options"]["overlap"] = {"no_such_flag": True}
+    assert api.post("/v1/plan", json=body).status_code == 422
