@@ -160,8 +160,8 @@ def _stream(call, m: int, zero: int) -> str:
         if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward"):
             return "dp." + phase
         return "grad_reduce" if phase == "backward" else "tail"  # the loss report is on the path
-    if par == "embedding":
-        return "tail"
+    if par == "embedding" or phase == "optimizer":
+        return "tail"  # once per iteration after the last backward (tied embeddings, SP norm-weight grads)
     kind = "cp.ring" if par == "cp" and call.op.value == "sendrecv" else par
     return f"{kind}.{'forward' if phase == 'forward' else 'backward'}"
 

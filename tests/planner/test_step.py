@@ -211,3 +211,17 @@ def test_http_plan_has_step_and_memory_and_takes_the_flags():
     assert r.status_code == 422 and "31" in r.text and "micro_batch_size*dp" in r.text
     body["options"]["overlap"] = {"no_such_flag": True}
     assert api.post("/v1/plan", json=body).status_code == 422
+
+
+def test_every_call_lands_on_one_stream():
+    """Per-iteration calls (optimizer phase) are not spread over micro-batches; pass calls are."""
+    from planner.step import _stream
+
+    plan = plan_405b()
+    m = plan.num_microbatches
+    for pc in plan.calls:
+        stream = _stream(pc.call, m, 1)
+        if pc.call.phase == "optimizer":
+            assert stream in ("tail", "param_gather"), pc.call.name
+        elif pc.call.parallelism == "tp":
+            assert stream == f"tp.{pc.call.phase}"
