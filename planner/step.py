@@ -80,6 +80,7 @@ class StageStep:
     param_gather_s: float = 0.0  # ZeRO-1/2 parameter all-gather, whole iteration
     param_units: int = 0
     tail_s: float = 0.0  # other per-iteration calls on the critical path (tied embeddings, loss)
+    exposed_by_stream: dict = field(default_factory=dict)  # (stream, phase) -> exposed seconds per micro-batch
     exposed_dp_s: float = 0.0
     exposed_gather_s: float = 0.0
 
@@ -210,6 +211,10 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                 elif kind == "dp" and _prefetch(ctx, flags):
                     t = max(0.0, t - pass_time.total_s)
                 exposed += t
+                if t:
+                    stream = "cp" if kind == "cp.ring" else kind
+                    key = (stream, phase)
+                    st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + t
             if phase == "forward":
                 st.fwd_comm_s = exposed
             else:
@@ -308,6 +313,7 @@ def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict
     if not with_timeline:
         return []
     events = timeline(passes, sched)
+    events += _pass_comm_events(events, stages, sched)
     for st, lead in zip(stages, _drain_leads(passes, sched), strict=True):
         last = pipe_end - lead
         if st.grad_reduce_s:
@@ -321,6 +327,27 @@ def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict
         if st.param_gather_s:
             events.append(_ev(st.stage, "dp", "param_gather", end_opt, end_opt + st.param_gather_s))
     return events
+
+
+def _pass_comm_events(compute: list[dict], stages: list[StageStep], sched: Schedule) -> list[dict]:
+    """The exposed communication inside each compute block, drawn on its own stream (tp, ep, cp, dp) at the
+    block's end: a block's duration includes it, and the compute stream waits for it."""
+    v = max(1, sched.chunks)
+    out = []
+    for ev in compute:
+        st = stages[ev["stage"]]
+        if not st.exposed_by_stream:
+            continue
+        n = ev["microbatches"]
+        phases = ("forward", "backward") if ev["name"] == "1f1b" else (ev["name"],)
+        end = ev["end_s"]
+        for (stream, phase), per_mb in sorted(st.exposed_by_stream.items(), reverse=True):
+            if phase not in phases:
+                continue
+            dur = per_mb * n / v
+            out.append({**ev, "stream": stream, "name": f"{stream} {phase}", "start_s": end - dur, "end_s": end})
+            end -= dur
+    return out
 
 
 def _ev(stage: int, stream: str, name: str, start: float, end: float) -> dict:
