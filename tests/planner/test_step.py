@@ -227,3 +227,14 @@ def test_every_call_lands_on_one_stream():
             assert stream in ("tail", "param_gather"), pc.call.name
         elif pc.call.parallelism == "tp":
             assert stream == f"tp.{pc.call.phase}"
+
+
+def test_timeline_draws_the_exposed_pass_communication():
+    plan = plan_405b()
+    m = plan.num_microbatches
+    for st in plan.step.stages:
+        drawn = sum(
+            e["end_s"] - e["start_s"] for e in plan.step.timeline if e["stage"] == st.stage and e["stream"] == "tp"
+        )
+        assert drawn == pytest.approx(m * (st.fwd_comm_s + st.bwd_comm_s), rel=1e-9)
+        assert st.fwd_comm_s > 0  # TP collectives are exposed by default (tp_comm_overlap off)
