@@ -48,7 +48,7 @@ class Context:
     def s(self) -> int:
         """Tokens per sequence in one pass: the training sequence, the prompt, or 1 when decoding."""
         if self.training:
-            return self.model.seq_length
+            return self.work.seq_length or self.model.seq_length
         if self.work.phase == "decode":
             return 1
         return self.work.context_length or self.model.seq_length

@@ -70,16 +70,15 @@ def calls(ctx: Context) -> list[Call]:
         if ctx.is_last(stage) and ctx.flavour == "megatron" and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
-                    "dp.loss_report",
-                    "dp",
-                    Op.ALLREDUCE,
-                    "forward",
-                    8,
-                    ctx.micro_batches,
-                    Group(("cp", "dp")),
-                    "megatron pretrain_gpt.py loss_func (loss and token count)",
-                    (stage,),
-                    "fp32",
+                    name="dp.loss_report",
+                    op=Op.ALLREDUCE,
+                    phase="forward",
+                    message_bytes=8,
+                    calls_per_iteration=ctx.micro_batches,
+                    group=Group(("cp", "dp")),
+                    source="megatron pretrain_gpt.py loss_func (loss and token count)",
+                    stages=(stage,),
+                    dtype="fp32",
                 )
             )
     return out
@@ -97,40 +96,54 @@ def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: in
         if stage == 0:
             out.append(
                 _call(
-                    ctx, f"{kind}.grads", Op.ALLREDUCE, "backward", numel * gbytes, count, group, source, ctx.grad_dtype
+                    name=f"{kind}.grads",
+                    op=Op.ALLREDUCE,
+                    phase="backward",
+                    message=numel * gbytes,
+                    count=count,
+                    group=group,
+                    source=source,
+                    dtype=ctx.grad_dtype,
                 )
             )
             continue
         reduce_count = count * (m if stage == 2 else 1)
         out += [
             _call(
-                ctx,
-                f"{kind}.grads",
-                Op.REDUCESCATTER,
-                "backward",
-                numel * gbytes,
-                reduce_count,
-                group,
-                source,
-                ctx.grad_dtype,
+                name=f"{kind}.grads",
+                op=Op.REDUCESCATTER,
+                phase="backward",
+                message=numel * gbytes,
+                count=reduce_count,
+                group=group,
+                source=source,
+                dtype=ctx.grad_dtype,
             ),
             _call(
-                ctx,
-                f"{kind}.params",
-                Op.ALLGATHER,
-                "optimizer",
-                numel * pbytes,
-                count,
-                group,
-                source,
-                ctx.work.param_dtype,
+                name=f"{kind}.params",
+                op=Op.ALLGATHER,
+                phase="optimizer",
+                message=numel * pbytes,
+                count=count,
+                group=group,
+                source=source,
+                dtype=ctx.work.param_dtype,
             ),
         ]
     return out
 
 
-def _call(ctx, name, op, phase, message, count, group, source, dtype) -> Call:
-    return Call(name, name.split(".")[0], op, phase, message, count, group, source, dtype=dtype)
+def _call(*, name: str, op: Op, phase: str, message: int, count: int, group: Group, source: str, dtype: str) -> Call:
+    return Call(
+        name=name,
+        op=op,
+        phase=phase,
+        message_bytes=message,
+        calls_per_iteration=count,
+        group=group,
+        source=source,
+        dtype=dtype,
+    )
 
 
 def _buckets(ctx: Context, params: list[Param], dp_size: int) -> list[int]:
@@ -191,42 +204,39 @@ def _sharded_units(ctx: Context, params: list[Param], group: Group, kind: str, s
     for (numel, again), count in by_size.items():
         out.append(
             _call(
-                ctx,
-                f"{kind}.params",
-                Op.ALLGATHER,
-                "forward",
-                numel * ctx.param_bytes,
-                count * m,
-                shard_group,
-                source,
-                ctx.work.param_dtype,
+                name=f"{kind}.params",
+                op=Op.ALLGATHER,
+                phase="forward",
+                message=numel * ctx.param_bytes,
+                count=count * m,
+                group=shard_group,
+                source=source,
+                dtype=ctx.work.param_dtype,
             )
         )
         if again:
             out.append(
                 _call(
-                    ctx,
-                    f"{kind}.params.bwd",
-                    Op.ALLGATHER,
-                    "backward",
-                    numel * ctx.param_bytes,
-                    count * m,
-                    shard_group,
-                    source,
-                    ctx.work.param_dtype,
+                    name=f"{kind}.params.bwd",
+                    op=Op.ALLGATHER,
+                    phase="backward",
+                    message=numel * ctx.param_bytes,
+                    count=count * m,
+                    group=shard_group,
+                    source=source,
+                    dtype=ctx.work.param_dtype,
                 )
             )
         out.append(
             _call(
-                ctx,
-                f"{kind}.grads",
-                Op.REDUCESCATTER,
-                "backward",
-                numel * ctx.grad_bytes,
-                count * m,
-                shard_group,
-                source,
-                ctx.grad_dtype,
+                name=f"{kind}.grads",
+                op=Op.REDUCESCATTER,
+                phase="backward",
+                message=numel * ctx.grad_bytes,
+                count=count * m,
+                group=shard_group,
+                source=source,
+                dtype=ctx.grad_dtype,
             )
         )
         replicas_count = (ctx.par.expert_dp if group.expert else ctx.par.dp) // hs if hs else 1
@@ -234,15 +244,14 @@ def _sharded_units(ctx: Context, params: list[Param], group: Group, kind: str, s
             replicas = Group(("dp_rep",), group.expert, split=hs)
             out.append(
                 _call(
-                    ctx,
-                    f"{kind}.grads.replicas",
-                    Op.ALLREDUCE,
-                    "backward",
-                    numel * ctx.grad_bytes // hs,
-                    count * m,
-                    replicas,
-                    source + " (HSDP replicate all-reduce)",
-                    ctx.grad_dtype,
+                    name=f"{kind}.grads.replicas",
+                    op=Op.ALLREDUCE,
+                    phase="backward",
+                    message=numel * ctx.grad_bytes // hs,
+                    count=count * m,
+                    group=replicas,
+                    source=source + " (HSDP replicate all-reduce)",
+                    dtype=ctx.grad_dtype,
                 )
             )
     return out

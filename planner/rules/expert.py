@@ -8,7 +8,8 @@ fixed capacity; dropless otherwise); combine returns the expert outputs the same
 the two transposes (same sizes). Dropless routing first all-gathers every rank's per-expert token counts
 over the expert-TP x EP group (E int64 per rank). With expert tensor parallelism (expert_tp > 1) the
 received tokens are all-gathered over the expert-TP group before the experts and reduce-scattered after.
-The dispatch may use fp8 (DeepSeek-V3 §3.3); combine stays in the activation dtype.
+The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile; combine stays in the
+activation dtype. torchtitan's EP exchanges the counts with an all-to-all instead of an all-gather.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from ..layout import Group
 from ..ledger import Call, recomputed
 
 SOURCE = "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
+TORCHTITAN = "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch (all_to_all_single of counts)"
+FP8_SCALES = "DeepSeek-V3 report §3.3: 1x128 tiles, one fp32 scale each"
+FP8_TILE = 128
 
 
 def calls(ctx: Context) -> list[Call]:
@@ -52,51 +56,102 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     rows = _routed(ctx)
     out = []
     if moe.capacity_factor is None and par.expert_tp * par.ep > 1:
-        counts = par.expert_tp * par.ep * moe.num_experts * 8
-        out.append(
-            _call(
-                ctx,
-                "ep.token_counts",
-                Op.ALLGATHER,
-                "forward",
-                counts,
-                layers,
-                Group(("tp", "ep"), expert=True),
-                SOURCE + " preprocess",
-                "int64",
-            )
-        )
+        out.append(_token_counts(ctx, layers))
     if par.ep > 1:
         group = Group(("ep",), expert=True)
         out += [
-            _call(
+            _ep(
                 ctx,
-                "ep.dispatch",
-                Op.ALLTOALL,
-                "forward",
-                rows * h * ctx.dispatch_bytes,
-                layers,
-                group,
+                name="ep.dispatch",
+                op=Op.ALLTOALL,
+                phase="forward",
+                message=rows * dispatch_row_bytes(ctx),
+                count=layers,
+                group=group,
+                source=SOURCE + ("; " + FP8_SCALES if _fp8(ctx) else ""),
                 dtype=ctx.work.moe_dispatch_dtype,
             ),
-            _call(ctx, "ep.combine", Op.ALLTOALL, "forward", rows * h * ctx.x, layers, group),
+            _ep(
+                ctx,
+                name="ep.combine",
+                op=Op.ALLTOALL,
+                phase="forward",
+                message=rows * h * ctx.x,
+                count=layers,
+                group=group,
+            ),
         ]
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
 
 
-def _call(
+def _fp8(ctx: Context) -> bool:
+    return ctx.work.moe_dispatch_dtype == "fp8"
+
+
+def dispatch_row_bytes(ctx: Context) -> int:
+    """Bytes of one dispatched token row: h elements, plus with fp8 one fp32 scale per 1x128 tile
+    (DeepSeek-V3 report §3.3 fine-grained quantisation; DeepEP low-latency dispatch sends the same)."""
+    h = ctx.model.hidden_size
+    if _fp8(ctx):
+        return h * ctx.dispatch_bytes + -(-h // FP8_TILE) * 4
+    return h * ctx.dispatch_bytes
+
+
+def _token_counts(ctx: Context, layers: int) -> Call:
+    """Dropless routing first tells every rank how many tokens it will receive. Megatron all-gathers each
+    rank's per-expert counts over expert-TP x EP (token_dispatcher.py preprocess, E int64 per rank);
+    torchtitan exchanges them with all_to_all_single over EP (torchtitan/distributed/expert_parallel.py
+    ExpertParallel._token_dispatch: num_tokens_per_expert, E int64 in)."""
+    moe, par = ctx.model.moe, ctx.par
+    if ctx.flavour == "torch":
+        return _ep(
+            ctx,
+            name="ep.token_counts",
+            op=Op.ALLTOALL,
+            phase="forward",
+            message=moe.num_experts * 8,
+            count=layers,
+            group=Group(("ep",), expert=True),
+            source=TORCHTITAN,
+            dtype="int64",
+        )
+    counts = par.expert_tp * par.ep * moe.num_experts * 8
+    return _ep(
+        ctx,
+        name="ep.token_counts",
+        op=Op.ALLGATHER,
+        phase="forward",
+        message=counts,
+        count=layers,
+        group=Group(("tp", "ep"), expert=True),
+        source=SOURCE + " preprocess",
+        dtype="int64",
+    )
+
+
+def _ep(
     ctx: Context,
+    *,
     name: str,
     op: Op,
     phase: str,
     message: int,
-    layers: int,
+    count: int,
     group: Group,
     source: str = SOURCE,
     dtype: str | None = None,
 ) -> Call:
-    return Call(name, "ep", op, phase, message, layers, group, source, dtype=dtype or ctx.work.activation_dtype)
+    return Call(
+        name=name,
+        op=op,
+        phase=phase,
+        message_bytes=message,
+        calls_per_iteration=count,
+        group=group,
+        source=source,
+        dtype=dtype or ctx.work.activation_dtype,
+    )
 
 
 def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
@@ -109,8 +164,26 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     suffix = "" if phase == "forward" else ".bwd"
     source = SOURCE + " (expert TP)"
     return [
-        _call(ctx, "ep.expert_tp.gather" + suffix, first, phase, message, layers, group, source),
-        _call(ctx, "ep.expert_tp.scatter" + suffix, second, phase, message, layers, group, source),
+        _ep(
+            ctx,
+            name="ep.expert_tp.gather" + suffix,
+            op=first,
+            phase=phase,
+            message=message,
+            count=layers,
+            group=group,
+            source=source,
+        ),
+        _ep(
+            ctx,
+            name="ep.expert_tp.scatter" + suffix,
+            op=second,
+            phase=phase,
+            message=message,
+            count=layers,
+            group=group,
+            source=source,
+        ),
     ]
 
 
@@ -121,7 +194,17 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
         message = rows * ctx.model.hidden_size * ctx.x
         group = Group(("ep",), expert=True)
         out += [
-            _call(ctx, "ep.combine.bwd", Op.ALLTOALL, "backward", message, layers, group),
-            _call(ctx, "ep.dispatch.bwd", Op.ALLTOALL, "backward", message, layers, group),
+            _ep(
+                ctx, name="ep.combine.bwd", op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group
+            ),
+            _ep(
+                ctx,
+                name="ep.dispatch.bwd",
+                op=Op.ALLTOALL,
+                phase="backward",
+                message=message,
+                count=layers,
+                group=group,
+            ),
         ]
     return out + _expert_tp(ctx, layers, rows, "backward")
