@@ -29,6 +29,7 @@ from ..context import Context
 from ..layout import Group
 from ..ledger import Call
 from ..params import Param, stage_params
+from . import deepspeed
 
 DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed reduce_bucket_size / allgather_bucket_size defaults
@@ -85,6 +86,8 @@ def calls(ctx: Context) -> list[Call]:
 
 
 def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+    if ctx.flavour == "deepspeed":
+        return deepspeed.calls(ctx, params, group, kind, size)
     stage = ctx.par.zero_stage
     if stage == 3 or (stage == 2 and ctx.flavour == "torch"):
         return _sharded_units(ctx, params, group, kind, size)
