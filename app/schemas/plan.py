@@ -32,6 +32,8 @@ class MoEIn(Strict):
     first_dense_layers: int = Field(default=0, ge=0, le=2048)
     layer_freq: int = Field(default=1, ge=1, le=2048)
     capacity_factor: float | None = Field(default=None, gt=0, le=64, description="null: dropless routing")
+    load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    expert_bias: bool = False
 
 
 class MLAIn(Strict):

@@ -68,6 +68,8 @@ def calls(ctx: Context) -> list[Call]:
             out += [c.at(stage) for c in _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)]
         if expert and ctx.par.expert_dp > 1:
             out += [c.at(stage) for c in _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)]
+        if ctx.flavour == "megatron":
+            out += [c.at(stage) for c in _megatron_step(ctx)]
         if ctx.is_last(stage) and ctx.flavour == "megatron" and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
@@ -83,6 +85,39 @@ def calls(ctx: Context) -> list[Call]:
                 )
             )
     return out
+
+
+def _megatron_step(ctx: Context) -> list[Call]:
+    """The optimizer step's 1-element reductions (Megatron-LM core_r0.13):
+    - gradient norm for clipping (--clip-grad, default 1.0): megatron/core/optimizer/clip_grads.py
+      get_grad_norm_fp32 all-reduces the squared norm (fp32) over the optimizer's grad-stats group: the
+      model-parallel group (tp x pp) with the plain optimizer, every rank with the distributed optimizer
+      (distrib_optimizer.py get_grad_stats_parallel_group returns None, "reduced over all ranks");
+    - with fp16 the found-inf flag before unscaling, over the same group (optimizer.py
+      _unscale_main_grads_and_check_for_nan; bf16 has no loss scaler).
+    The dense and expert optimizers of a ChainedOptimizer share the group, so the norm is reduced once."""
+    par = ctx.par
+    dims = ("tp", "cp", "dp", "pp") if par.zero_stage >= 1 else ("tp", "pp")
+    size = par.world_size if par.zero_stage >= 1 else par.tp * par.pp
+    if size == 1:
+        return []
+    where = "megatron/core/optimizer/"
+    wanted = [("grad_norm", where + "clip_grads.py get_grad_norm_fp32")]
+    if ctx.work.param_dtype == "fp16":
+        wanted.insert(0, ("found_inf", where + "optimizer.py _unscale_main_grads_and_check_for_nan"))
+    return [
+        Call(
+            name=f"dp.{name}",
+            op=Op.ALLREDUCE,
+            phase="optimizer",
+            message_bytes=4,
+            calls_per_iteration=1,
+            group=Group(dims),
+            source=source,
+            dtype="fp32",
+        )
+        for name, source in wanted
+    ]
 
 
 def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:

@@ -35,12 +35,61 @@ def calls(ctx: Context) -> list[Call]:
         layers = ctx.moe_layers(stage) * ctx.micro_batches
         if layers == 0:
             continue
+        out += [c.at(stage) for c in _router(ctx, stage)]
         forward = _forward(ctx, layers)
         out += [c.at(stage) for c in forward]
         if ctx.training:
             out += [c.at(stage) for c in _backward(ctx, layers)]
             if ctx.forward_passes == 2:
                 out += [recomputed(c).at(stage) for c in forward]
+    return out
+
+
+def _router(ctx: Context, stage: int) -> list[Call]:
+    """Megatron's router reductions (training only; megatron/core/transformer/moe/router.py, core_r0.13).
+
+    - Load-balancing loss: the per-expert token counts are all-reduced over TP x CP before the loss
+      (TopKRouter aux-loss path: reduce_from_tensor_model_parallel_region(tokens_per_expert, tp_cp_group)):
+      E int64 per MoE layer and micro-batch (b x E with the sequence-wise loss).
+    - DeepSeek-V3 expert bias (--moe-router-enable-expert-bias): once per iteration finalize_model_grads.py
+      _update_router_expert_bias all-reduces the stacked local_tokens_per_expert of the stage's MoE layers
+      (fp32) over TP x CP x DP, then nudges the biases (DeepSeek-V3 report §2.1.2).
+    Other flavours (torchtitan, DeepSpeed-MoE) compute their balance losses locally: nothing is listed.
+    """
+    moe, par = ctx.model.moe, ctx.par
+    if not ctx.training or ctx.flavour != "megatron":
+        return []
+    out = []
+    moe_layers = ctx.moe_layers(stage)
+    if moe.load_balancing != "none" and par.tp * par.cp > 1:
+        per = moe.num_experts * (ctx.b if moe.load_balancing == "seq_aux_loss" else 1)
+        out.append(
+            _ep(
+                ctx,
+                name="ep.router.tokens_per_expert",
+                op=Op.ALLREDUCE,
+                phase="forward",
+                message=per * 8,
+                count=moe_layers * ctx.micro_batches,
+                group=Group(("tp", "cp")),
+                dtype="int64",
+                source="megatron/core/transformer/moe/router.py TopKRouter aux loss (tokens_per_expert over TP x CP)",
+            )
+        )
+    if moe.expert_bias and par.tp * par.cp * par.dp > 1:
+        out.append(
+            _ep(
+                ctx,
+                name="ep.router.expert_bias",
+                op=Op.ALLREDUCE,
+                phase="optimizer",
+                message=moe_layers * moe.num_experts * 4,
+                count=1,
+                group=Group(("tp", "cp", "dp")),
+                dtype="fp32",
+                source="megatron/core/distributed/finalize_model_grads.py _update_router_expert_bias",
+            )
+        )
     return out
 
 
