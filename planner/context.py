@@ -23,6 +23,7 @@ class Context:
     model: ModelSpec
     work: WorkloadSpec
     par: ParallelSpec
+    devices_per_node: int | None = None  # the cluster's; DeepEP dispatch needs it to split its two legs
 
     @property
     def training(self) -> bool:

@@ -28,6 +28,9 @@ class MoESpec:
     load_balancing: str = "aux_loss"
     # Megatron --moe-router-enable-expert-bias: DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2)
     expert_bias: bool = False
+    # node-limited routing: each token's experts lie on at most this many nodes (DeepSeek-V3 §2.1.2 M = 4;
+    # Megatron --moe-router-group-topk with one group per node; HF topk_group). None: no limit
+    node_limit: int | None = None
 
     @property
     def shared_ffn(self) -> int:
@@ -192,6 +195,8 @@ def _validate_moe(moe: MoESpec, layers: int) -> None:
         )
     if moe.layer_freq < 1:
         raise SpecError("model.moe.layer_freq", f"must be >= 1, got {moe.layer_freq}")
+    if moe.node_limit is not None and moe.node_limit < 1:
+        raise SpecError("model.moe.node_limit", f"must be >= 1 or null, got {moe.node_limit}")
     if moe.load_balancing not in LOAD_BALANCING:
         raise SpecError(
             "model.moe.load_balancing",

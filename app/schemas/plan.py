@@ -34,6 +34,7 @@ class MoEIn(Strict):
     capacity_factor: float | None = Field(default=None, gt=0, le=64, description="null: dropless routing")
     load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
     expert_bias: bool = False
+    node_limit: int | None = Field(default=None, ge=1, le=1 << 14, description="max nodes per token (DeepEP)")
 
 
 class MLAIn(Strict):

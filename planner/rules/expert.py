@@ -8,8 +8,9 @@ fixed capacity; dropless otherwise); combine returns the expert outputs the same
 the two transposes (same sizes). Dropless routing first all-gathers every rank's per-expert token counts
 over the expert-TP x EP group (E int64 per rank). With expert tensor parallelism (expert_tp > 1) the
 received tokens are all-gathered over the expert-TP group before the experts and reduce-scattered after.
-The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile; combine stays in the
-activation dtype. torchtitan's EP exchanges the counts with an all-to-all instead of an all-gather.
+With ``parallel.ep_dispatch: "deepep"`` the two all-to-alls become DeepEP's node-limited RDMA + NVLink legs
+(rules/deepep.py). The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile;
+combine stays in the activation dtype. torchtitan's EP exchanges the counts with an all-to-all instead of an all-gather.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed
+from . import deepep
 
 SOURCE = "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
 TORCHTITAN = "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch (all_to_all_single of counts)"
@@ -104,6 +106,10 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     moe, par, h = ctx.model.moe, ctx.par, ctx.model.hidden_size
     rows = _routed(ctx)
     out = []
+    if _deepep(ctx):  # the layout notification travels inside DeepEP's kernels
+        return deepep.calls(ctx, layers, ctx.tokens_local, dispatch_row_bytes(ctx), "forward") + _expert_tp(
+            ctx, layers, rows, "forward"
+        )
     if moe.capacity_factor is None and par.expert_tp * par.ep > 1:
         out.append(_token_counts(ctx, layers))
     if par.ep > 1:
@@ -132,6 +138,10 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
         ]
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
+
+
+def _deepep(ctx: Context) -> bool:
+    return ctx.par.ep > 1 and ctx.par.ep_dispatch == "deepep"
 
 
 def _fp8(ctx: Context) -> bool:
@@ -239,7 +249,9 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
 def _backward(ctx: Context, layers: int) -> list[Call]:
     rows = _routed(ctx)
     out = []
-    if ctx.par.ep > 1:
+    if _deepep(ctx):
+        out += deepep.calls(ctx, layers, ctx.tokens_local, 0, "backward")
+    elif ctx.par.ep > 1:
         message = rows * ctx.model.hidden_size * ctx.x
         group = Group(("ep",), expert=True)
         out += [

@@ -7,6 +7,7 @@ import pytest
 
 from collectives.topology import ClusterSpec, IntraNode, Network, cluster_preset
 from planner import ModelSpec, MoESpec, ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
+from planner.rules.deepep import distinct
 from planner.rules.tensor import vllm_padded_vocab
 
 LLAMA70B = model_preset("llama3-70b")
@@ -210,3 +211,39 @@ def test_zero_config_and_seq_length_reach_the_plan(api):
     oversized = 128256 * 8192 // 8 * 2
     assert grads and all(c["message_bytes"] <= 1e8 * 2 or c["message_bytes"] == oversized for c in grads)
     assert any(c["message_bytes"] == oversized for c in grads)
+
+
+# ---- DeepEP dispatch ---------------------------------------------------------------------------------------
+
+
+def test_deepep_two_legs_on_two_nodes():
+    """EP 16 over 2 DGX nodes, top-2, no node limit: a token reaches 2(1 - 1/2^2) = 1.5 nodes on average
+    (one RDMA copy each, to the same-index GPU) and 8(1 - (7/8)^(2/1.5)) GPUs per node over NVLink."""
+    model = replace(SMALL, moe=MoESpec(16, 2, 1024))
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=16)
+    plan = calls(model, work, ParallelSpec(ep=16, dp=16, ep_dispatch="deepep"), cluster_preset("dgx-h100", 2))
+    tokens, row = 1024, 1024 * 2
+    nodes, gpus = distinct(2, 2), distinct(8, 2 / distinct(2, 2))
+    assert nodes == 1.5
+    rdma, nvlink = named(plan, "ep.dispatch.rdma")[0], named(plan, "ep.dispatch.nvlink")[0]
+    assert (rdma["group_size"], rdma["message_bytes"]) == (2, round(tokens * nodes) * row)
+    assert (nvlink["group_size"], nvlink["message_bytes"]) == (8, round(tokens * nodes * gpus) * row)
+    assert rdma["placement"]["bottleneck"] == "nic" and nvlink["placement"]["bottleneck"] == "nvlink"
+    assert rdma["placement"]["group_ranks"] == [0, 8]  # same in-node index on each node
+    assert nvlink["placement"]["group_ranks"] == list(range(8))
+    for name in ("ep.combine.rdma", "ep.combine.nvlink", "ep.dispatch.bwd.rdma", "ep.combine.bwd.nvlink"):
+        assert named(plan, name), name
+    assert not named(plan, "ep.token_counts") and not named(plan, "ep.dispatch")
+
+
+def test_deepep_node_limit_and_single_node():
+    """DeepSeek-V3's M = 4 bounds the nodes per token; inside one node only the NVLink leg exists, one copy
+    per target GPU: 8(1 - (7/8)^2) GPUs for top-2."""
+    assert distinct(4, 8) == pytest.approx(4 * (1 - 0.75**8)) and distinct(1, 8) == 1.0
+    model = replace(SMALL, moe=MoESpec(8, 2, 1024))
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8)
+    plan = calls(model, work, ParallelSpec(ep=8, dp=8, ep_dispatch="deepep"), cluster_preset("dgx-h100", 1))
+    leg = named(plan, "ep.dispatch.nvlink")[0]
+    assert leg["message_bytes"] == round(1024 * distinct(8, 2)) * 1024 * 2 and leg["group_size"] == 8
+    assert not named(plan, "ep.dispatch.rdma")
+    assert model_preset("deepseek-v3").moe.node_limit == 4
