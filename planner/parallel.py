@@ -50,7 +50,8 @@ def zero_config_from_dict(values: dict | None) -> ZeroConfig:
 
 
 # Expert TP when not given, by framework: Megatron sets --expert-tensor-parallel-size to the TP size
-# (megatron/training/arguments.py: "if args.expert_tensor_parallel_size is None: = tensor_model_parallel_size");
+# (Megatron-LM d98e8a6 megatron/training/arguments.py:587: "if args.expert_tensor_parallel_size is None:
+# args.expert_tensor_parallel_size = args.tensor_model_parallel_size");
 # torchtitan's expert_tensor_parallel_degree and DeepSpeed-MoE default to 1.
 EXPERT_TP_DEFAULT_IS_TP = {"megatron": True, "torch": False, "deepspeed": False}
 

@@ -18,8 +18,8 @@ class WorkloadSpec:
     global_batch_size: int = 1
     activation_recompute: str = "none"  # none | selective (core attention) | full (whole layer)
     seq_length: int | None = None  # CONTRACT v1.1: the training sequence; wins over the model's seq_length
-    # Megatron --create-attention-mask-in-dataloader (default on, megatron/training/arguments.py): the
-    # b x 1 x s x s bool mask is built by the loader and broadcast over TP with the batch
+    # Megatron --create-attention-mask-in-dataloader (default on: Megatron-LM d98e8a6 arguments.py:3332
+    # store_false): the b x 1 x s x s bool mask is built by the loader and broadcast over TP with the batch
     attention_mask_in_dataloader: bool = True
     # inference
     phase: str = "prefill"  # prefill | decode

@@ -101,8 +101,8 @@ def _megatron_step(ctx: Context) -> list[Call]:
     size = par.world_size if par.zero_stage >= 1 else par.tp * par.pp
     if size == 1:
         return []
-    where = "megatron/core/optimizer/"
-    wanted = [("grad_norm", where + "clip_grads.py get_grad_norm_fp32")]
+    where = "Megatron-LM d98e8a6 megatron/core/optimizer/"
+    wanted = [("grad_norm", where + "clip_grads.py:132 get_grad_norm_fp32; distrib_optimizer.py:796")]
     if ctx.work.param_dtype == "fp16":
         wanted.insert(0, ("found_inf", where + "optimizer.py _unscale_main_grads_and_check_for_nan"))
     return [

@@ -22,7 +22,8 @@ from ..layout import Group
 from ..ledger import Call, recomputed
 from . import deepep
 
-SOURCE = "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
+M = "Megatron-LM d98e8a6 "
+SOURCE = M + "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
 TORCHTITAN = "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch (all_to_all_single of counts)"
 FP8_SCALES = "DeepSeek-V3 report §3.3: 1x128 tiles, one fp32 scale each"
 FP8_TILE = 128
@@ -75,7 +76,7 @@ def _router(ctx: Context, stage: int) -> list[Call]:
                 count=moe_layers * ctx.micro_batches,
                 group=Group(("tp", "cp")),
                 dtype="int64",
-                source="megatron/core/transformer/moe/router.py TopKRouter aux loss (tokens_per_expert over TP x CP)",
+                source=M + "megatron/core/transformer/moe/router.py _apply_aux_loss -> moe_utils.py:269 (tp_cp_group)",
             )
         )
     if moe.expert_bias and par.tp * par.cp * par.dp > 1:
@@ -89,7 +90,7 @@ def _router(ctx: Context, stage: int) -> list[Call]:
                 count=1,
                 group=Group(("tp", "cp", "dp")),
                 dtype="fp32",
-                source="megatron/core/distributed/finalize_model_grads.py _update_router_expert_bias",
+                source=M + "megatron/core/distributed/finalize_model_grads.py:334 _update_router_expert_bias",
             )
         )
     return out

@@ -27,7 +27,8 @@ from ..layout import Group
 from ..ledger import Call, recomputed
 
 TP = Group(("tp",))
-MEGATRON_TP = "Megatron-LM SC'21 §3; megatron/core/tensor_parallel/mappings.py"
+M = "Megatron-LM d98e8a6 "
+MEGATRON_TP = "Megatron-LM SC'21 §3; " + M + "megatron/core/tensor_parallel/mappings.py"
 MEGATRON_SP = "Korthikanti et al. 2022 §4.2.2; megatron/core/tensor_parallel/layers.py (input re-gathered for wgrad)"
 DTENSOR = "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel); reference/pytorch/tp2*.json"
 FSDP2_TP = "torch/distributed/fsdp/_fully_shard/_fsdp_param.py _get_grad_inner_tensor (Partial -> Replicate)"
@@ -190,7 +191,7 @@ def _head(ctx: Context) -> list[Call]:
                 op=Op.ALLREDUCE,
                 phase="forward",
                 count=3,
-                source="megatron/core/tensor_parallel/cross_entropy.py (max, target logit, sum exp; fp32)",
+                source=M + "megatron/core/tensor_parallel/cross_entropy.py:25,130,146,150 (fp32 max, target, sum exp)",
                 message=tokens * 4,
                 dtype="fp32",
             )
@@ -226,7 +227,7 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
             message_bytes=size,
             calls_per_iteration=ctx.micro_batches,
             group=TP,
-            source="megatron/training/utils.py get_batch_on_this_tp_rank",
+            source=M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank",
             dtype=dtype,
         )
         for name, size, dtype in wanted
@@ -283,7 +284,7 @@ def _norm_grads(ctx: Context, stage: int) -> list[Call]:
             message_bytes=norm_params(ctx, stage) * ctx.grad_bytes,
             calls_per_iteration=1,
             group=TP,
-            source="megatron/core/distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads",
+            source=M + "megatron/core/distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads",
             dtype=ctx.grad_dtype,
         )
     ]
