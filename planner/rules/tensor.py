@@ -15,7 +15,8 @@ PyTorch DTensor (torch.distributed.tensor.parallel; the Megatron-style plan of t
 gate, up are separate colwise linears, so backward all-reduces each input gradient separately (5 per
 block); with sequence parallelism no input re-gather happens in backward, the vocabulary-parallel
 cross-entropy is not used (the LM head gathers the logits), and norm weights keep partial gradients that
-the optimizer all-reduces as it reads them (3 reads per weight in AdamW: reference/pytorch/tp2_sp.json).
+the optimizer all-reduces as it reads them (3 reads per weight in AdamW: reference/pytorch/tp2_sp.json) —
+unless FSDP2 shards the DTensor parameters on top, whose post-backward reduces them (_norm_grads).
 """
 
 from __future__ import annotations
