@@ -3,6 +3,7 @@ cluster (in the manner of torchtitan's ParallelDims: every message prints the nu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from ._errors import SpecError
@@ -44,7 +45,13 @@ def zero_config_from_dict(values: dict | None) -> ZeroConfig:
                 f"parallel.zero_config.{key}",
                 f"DeepSpeed has no zero_optimization key {key!r}; known: {', '.join(sorted(known))}",
             )
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value != int(value)
+            or value < 0
+        ):
             raise SpecError(f"parallel.zero_config.{key}", f"must be a whole number of elements >= 0, got {value!r}")
     return ZeroConfig(**{k: int(v) for k, v in values.items()})
 

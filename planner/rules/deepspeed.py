@@ -74,7 +74,6 @@ def _call(
         group=group,
         source=DS + source,
         dtype=dtype,
-        parallelism="dp",
     )
 
 
@@ -272,13 +271,13 @@ def fetch_sizes(numels: list[int], persist: list[bool], zc, ranks: int) -> list[
             s, q = queue[head]
             recent[q] = max(recent[q], s)
             head += 1
-        limit, batch, prefetching = min(zc.stage3_max_live_parameters - live, zc.stage3_prefetch_bucket_size), [], 0
+        limit, batch, prefetching = min(zc.stage3_max_live_parameters - live, zc.stage3_prefetch_bucket_size), {}, 0
         while head < len(queue) and prefetching < limit:
             s, q = queue[head]
             head += 1
             recent[q] = max(recent[q], s)
             if not available[q] and q not in batch:
-                batch.append(q)
+                batch[q] = None  # an ordered set
                 prefetching += numels[q]
         if batch:
             out.append((phase, sum(_padded(numels[q], ranks) for q in batch)))

@@ -126,4 +126,20 @@ def test_zero_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(SpecError) as err:
         zero_config_from_dict({"stage3_max_reuse_distance": -1})
     assert err.value.field == "parallel.zero_config.stage3_max_reuse_distance"
+    for bad in (float("inf"), float("nan"), 1.5, True, "5e8"):
+        with pytest.raises(SpecError):
+            zero_config_from_dict({"reduce_bucket_size": bad})
     assert zero_config_from_dict({"reduce_bucket_size": 5e8}) == ZeroConfig()
+
+
+def test_expert_parameters_are_their_own_group_on_the_expert_grid():
+    """DeepSpeed-MoE puts experts in their own parameter group over the expert data-parallel group."""
+    from collectives.topology import cluster_preset
+    from planner import ModelSpec, MoESpec, ParallelSpec, WorkloadSpec
+
+    model = ModelSpec(2, 1024, 8, 4096, 32000, 1024, moe=MoESpec(8, 2, 1024))
+    par = ParallelSpec(dp=8, ep=4, zero_stage=2, framework="deepspeed")
+    calls = build_plan(model, WorkloadSpec(micro_batch_size=1, global_batch_size=8), par,
+                       cluster_preset("dgx-h100", 1)).to_dict()["calls"]  # fmt: skip
+    edp = [c for c in calls if c["name"].startswith("edp.")]
+    assert edp and all(c["parallelism"] == "edp" and c["expert_grid"] and c["group_size"] == 2 for c in edp)
