@@ -20,7 +20,8 @@
 - ZeRO-3 (stage3.py, partitioned_param_coordinator.py, partition_parameters.py): parameters of at most
   ``stage3_param_persistence_threshold`` elements stay resident (parameter_offload.py
   ``mark_persistent_parameters``) and are all-gathered one by one after the step (``_post_step``). The others are
-  fetched module by module (``fetch_sub_module``): the module's own missing parameters in one call, then a
+  fetched module by module (``fetch_sub_module``; containers own no parameters but prefetch too, module_tree):
+  the module's own missing parameters in one call, then a
   prefetch of the next parameters of the recorded trace up to ``stage3_prefetch_bucket_size`` elements (and
   ``stage3_max_live_parameters``) in one coalesced call; after a module runs, a parameter is released unless the
   prefetcher already passed its next use or it recurs within ``stage3_max_reuse_distance`` elements
@@ -31,7 +32,7 @@
   ``sub_group_size`` partition elements.
 
 The model-parallel group (tp x pp, Megatron-DeepSpeed's mpu) gets the same 1-element reductions when tp*pp > 1.
-Each parameter is one module (its weight and bias counted together, planner/params.py).
+A Linear's weight and bias count as one parameter (planner/params.py).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def calls(ctx: Context, params: list[Param], group: Group, kind: str, size: int)
     stage = ctx.par.zero_stage
     if stage == 0:
         return _zero0(ctx, numels, group, kind)
-    out = _zero12(ctx, numels, group, kind, size) if stage in (1, 2) else _zero3(ctx, numels, group, kind, size)
+    out = _zero12(ctx, numels, group, kind, size) if stage in (1, 2) else _zero3(ctx, params, group, kind, size)
     return out + _step_checks(ctx, numels, group, kind, size)
 
 
@@ -199,10 +200,11 @@ def _reduce_cap(ctx: Context) -> int:
 # ---- ZeRO-3 -------------------------------------------------------------------------------------------------
 
 
-def _zero3(ctx: Context, numels: list[int], group: Group, kind: str, size: int) -> list[Call]:
+def _zero3(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+    numels = [p.numel for p in params]
     zc, m = ctx.par.zero_config, ctx.micro_batches
     persist = [n <= zc.stage3_param_persistence_threshold for n in numels]
-    fetches = fetch_sizes(numels, persist, ctx.par.zero_config, size)
+    fetches = fetch_sizes(numels, persist, ctx.par.zero_config, size, module_tree(params))
     param = {"group": group, "dtype": ctx.work.param_dtype, "itemsize": ctx.param_bytes}
     out = []
     for phase, suffix in (("forward", ""), ("backward", ".bwd")):
@@ -244,30 +246,41 @@ def _zero3(ctx: Context, numels: list[int], group: Group, kind: str, size: int) 
     return out
 
 
-def fetch_sizes(numels: list[int], persist: list[bool], zc, ranks: int) -> list[tuple[str, int]]:
+def fetch_sizes(
+    numels: list[int], persist: list[bool], zc, ranks: int, tree: list | None = None
+) -> list[tuple[str, int]]:
     """(phase, elements) of every parameter all-gather in one forward + backward of ZeRO-3, replaying
-    PartitionedParameterCoordinator with a complete trace: modules run in registration order forward and in
-    reverse backward, one parameter each."""
-    n = len(numels)
-    order = list(range(n)) + list(reversed(range(n)))
-    traversed = [0, *accumulate(numels[p] for p in order)]  # numel of order[:k]
-    next_use = [len(order)] * len(order)
+    PartitionedParameterCoordinator with a complete trace. ``tree`` is the module tree (a list is a container,
+    an int a leaf module owning that parameter; default: leaves only, no containers), walked pre-order in
+    forward and mirrored in backward (module_walk)."""
+    if tree is None:
+        forward: list[tuple[int, ...]] = [(i,) for i in range(len(numels))]
+        order = forward + forward[::-1]
+    else:
+        forward = module_walk(tree, backward=False)
+        order = forward + module_walk(tree, backward=True)
+    sizes = [sum(numels[i] for i in m) for m in order]
+    traversed = [0, *accumulate(sizes)]  # numel of the modules order[:k]
+    next_use: list[dict[int, int]] = [{} for _ in order]
     last_seen: dict[int, int] = {}
     for step in reversed(range(len(order))):
-        next_use[step] = last_seen.get(order[step], len(order))
-        last_seen[order[step]] = step
-    queue = list(enumerate(order))  # (step, param) of the recorded trace; a cursor pops it
+        next_use[step] = {p: last_seen.get(p, len(order)) for p in order[step]}
+        last_seen.update({p: step for p in order[step]})
+    queue = [(step, p) for step, m in enumerate(order) for p in sorted(m)]  # the recorded parameter trace
     head = 0
     available = list(persist)
-    recent = [-(10**18)] * n  # most recent trace step the prefetcher has seen for each parameter
+    recent = [-(10**18)] * len(numels)  # most recent trace step the prefetcher has passed, per parameter
     live = 0
     out: list[tuple[str, int]] = []
-    for step, p in enumerate(order):
-        phase = "forward" if step < n else "backward"
-        if not available[p]:
-            out.append((phase, _padded(numels[p], ranks)))
-            available[p], live = True, live + numels[p]
-        if recent[p] < step:  # the module's own entry leaves the queue
+    for step, module in enumerate(order):
+        phase = "forward" if step < len(forward) else "backward"
+        missing = [p for p in module if not available[p]]
+        if missing:  # the module's own parameters, one call
+            out.append((phase, sum(_padded(numels[p], ranks) for p in missing)))
+            for p in missing:
+                available[p] = True
+            live += sum(numels[p] for p in missing)
+        for _ in [p for p in module if recent[p] < step]:  # their trace entries leave the queue
             s, q = queue[head]
             recent[q] = max(recent[q], s)
             head += 1
@@ -285,13 +298,66 @@ def fetch_sizes(numels: list[int], persist: list[bool], zc, ranks: int) -> list[
                 available[q] = True
             live += prefetching
         # release_sub_module after the module ran (the coordinator's step id is now step + 1)
-        if persist[p] or recent[p] > step + 1:
-            continue
-        nxt = next_use[step]
-        reused = nxt < len(order) and traversed[nxt] - traversed[step + 1] < zc.stage3_max_reuse_distance
-        if not reused:
-            available[p], live = False, live - numels[p]
+        for p in module:
+            if persist[p] or recent[p] > step + 1:
+                continue
+            nxt = next_use[step][p]
+            reused = nxt < len(order) and traversed[nxt] - traversed[step + 1] < zc.stage3_max_reuse_distance
+            if not reused:
+                available[p], live = False, live - numels[p]
     return out
+
+
+def module_walk(node, backward: bool) -> list[tuple[int, ...]]:
+    """Module fetch order: a container fetches (nothing of its own) before its children; backward visits the
+    children in reverse, a container's pre-backward hook on its outputs firing before its children's
+    (parameter_offload.py _register_deepspeed_module: pre-forward, post-forward, pre-/post-backward hooks on
+    every module)."""
+    if isinstance(node, int):
+        return [(node,)]
+    children = reversed(node) if backward else node
+    return [(), *[m for child in children for m in module_walk(child, backward)]]
+
+
+def module_tree(params: list[Param]) -> list:
+    """The module tree of a Hugging-Face-style decoder from the parameter list: the model (root container)
+    holds the embedding, one container per layer and the final norm and head; a layer holds its norms, an
+    attention container (q, k, v, o and q/k norms) and an MLP container (gate/up/down, or router, shared
+    experts and experts)."""
+    root: list = []
+    layer: list | None = None
+    sub: tuple[str, list] | None = None
+    current_unit = None
+    for i, p in enumerate(params):
+        if p.unit == "root":
+            root.append(i)
+            layer, current_unit = None, None
+            continue
+        if p.unit != current_unit:
+            layer, current_unit, sub = [], p.unit, None
+            root.append(layer)
+        kind = _submodule(p.name[len(p.unit) + 1 :])
+        if kind is None:
+            layer.append(i)
+            sub = None
+            continue
+        if sub is None or sub[0] != kind:
+            sub = (kind, [])
+            layer.append(sub[1])
+        sub[1].append(i)
+    return root
+
+
+ATTENTION = ("q", "k", "v", "o", "qkv", "proj", "attention", "qk_norm")
+
+
+def _submodule(local: str) -> str | None:
+    head = local.split(".")[0]
+    if head in ATTENTION:
+        return "attention"
+    if head in ("mlp", "shared", "router", "experts"):
+        return "mlp"
+    return None
 
 
 def _sub_groups(numels: list[int], ranks: int, sub_group_size: int) -> int:

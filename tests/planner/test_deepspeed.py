@@ -7,8 +7,10 @@ from dataclasses import replace
 import pytest
 
 from planner import SpecError, build_plan
+from planner.context import Context
 from planner.parallel import ZeroConfig, zero_config_from_dict
-from planner.rules.deepspeed import fetch_sizes
+from planner.params import stage_params
+from planner.rules.deepspeed import fetch_sizes, module_tree, module_walk
 
 from .traces import specs_from_trace
 
@@ -76,11 +78,11 @@ def test_a_parameter_larger_than_the_bucket_is_reduced_in_partition_slices(refer
 
 
 def test_zero3_without_persistence_gathers_in_forward_and_prefetches(reference):
-    """stage3_param_persistence_threshold 0: nothing is resident. The first module (embedding) is fetched
-    alone, then the prefetcher takes every other parameter of the trace in one coalesced call (155,968 <
-    5e7 elements); with the default reuse distance (1e9) none is released before backward."""
+    """stage3_param_persistence_threshold 0: nothing is resident. The model's own (root) module runs first and
+    owns no parameter, so its fetch is only a prefetch: every parameter of the trace in one coalesced call
+    (188,736 < 5e7 elements); with the default reuse distance (1e9) none is released before backward."""
     calls = ds_plan(reference, 3, stage3_param_persistence_threshold=0)
-    assert rows(calls, "dp.params") == {EMB * 4: 1, (TOTAL - EMB) * 4: 1}
+    assert rows(calls, "dp.params") == {TOTAL * 4: 1}
     assert rows(calls, "dp.params.bwd") == {}
     assert rows(calls, "dp.params.persistent") == {}
     assert rows(calls, "dp.grads") == {TOTAL * 4: 1}
@@ -101,9 +103,23 @@ def test_zero3_small_prefetch_and_no_reuse_regathers_in_backward():
     assert fetch_sizes([10], [True], ZeroConfig(), 4) == []
 
 
+def test_module_tree_of_the_recorded_model(reference):
+    """Root: embedding, two layer containers, final norm, head; a layer: norm, attention container (q, k, v, o),
+    norm, MLP container (gate, up, down). Backward visits a container before its children, children reversed."""
+    trace = reference("deepspeed/ds_zero3_mb1.json")
+    model, work, par, _ = specs_from_trace(trace)
+    params = stage_params(Context(model, work, par), 0)[0]
+    assert [p.numel for p in params] == PARAMS
+    layer0 = [1, [2, 3, 4, 5], 6, [7, 8, 9]]
+    layer1 = [10, [11, 12, 13, 14], 15, [16, 17, 18]]
+    assert module_tree(params) == [0, layer0, layer1, 19, 20]
+    assert module_walk([0, [1, [2, 3]]], backward=False) == [(), (0,), (), (1,), (), (2,), (3,)]
+    assert module_walk([0, [1, [2, 3]]], backward=True) == [(), (), (), (3,), (2,), (1,), (0,)]
+
+
 def test_zero3_accumulation_repeats_gathers_and_reduce_scatters(reference):
     calls = ds_plan(reference, 3, micro_batches=3, stage3_param_persistence_threshold=0)
-    assert rows(calls, "dp.params") == {EMB * 4: 3, (TOTAL - EMB) * 4: 3}
+    assert rows(calls, "dp.params") == {TOTAL * 4: 3}
     assert rows(calls, "dp.grads") == {TOTAL * 4: 3}
     assert sum(rows(calls, "dp.params.persistent").values()) == 0
 
