@@ -16,7 +16,9 @@ ZeRO-2, 3Ψ for ZeRO-3, Ψ = parameters).
   (reference/pytorch/fsdp2_*.json). Hybrid sharding (HSDP) shards inside groups of hybrid_shard_size and
   all-reduces the sharded gradients across the replicas.
 Dense parameters reduce over the data x context parallel group, expert parameters over the expert
-data-parallel group. Megatron also all-reduces the loss for reporting (2 fp32 values, last stage).
+data-parallel group. Megatron also all-reduces the loss for reporting (2 fp32 values, last stage) and
+the gradient norm in the step (_megatron_step). The DeepSpeed flavour is DeepSpeed's own (rules/deepspeed.py):
+all-reduced buckets, not the paper's reduce-scatter.
 """
 
 from __future__ import annotations
@@ -32,28 +34,23 @@ from ..params import Param, stage_params
 from . import deepspeed
 
 DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
-DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed reduce_bucket_size / allgather_bucket_size defaults
 ZERO_PAPER = "Rajbhandari et al. 2020 (ZeRO) §5"
 SOURCES = {
     0: {
         "megatron": "megatron/core/distributed/distributed_data_parallel.py",
         "torch": "torch DistributedDataParallel (Reducer buckets)",
-        "deepspeed": "DeepSpeed engine allreduce_gradients",
     },
     1: {
         "megatron": "megatron/core/optimizer/distrib_optimizer.py",
         "torch": ZERO_PAPER,
-        "deepspeed": "DeepSpeed ZeRO stage 1",
     },
     2: {
         "megatron": "DeepSpeed ZeRO stage 2 semantics; " + ZERO_PAPER,
         "torch": "FSDP2 reshard_after_forward=False",
-        "deepspeed": "DeepSpeed ZeRO stage 2",
     },
     3: {
         "megatron": "DeepSpeed ZeRO stage 3 / Megatron-FSDP semantics; " + ZERO_PAPER,
         "torch": "FSDP2 fully_shard",
-        "deepspeed": "DeepSpeed ZeRO stage 3",
     },
 }
 
@@ -207,8 +204,6 @@ def _cap_elements(ctx: Context) -> float:
         return max(1, ctx.par.dp_bucket_bytes // ctx.grad_bytes)
     if ctx.flavour == "torch":
         return DDP_TORCH_BUCKET_BYTES / ctx.grad_bytes
-    if ctx.flavour == "deepspeed":
-        return DEEPSPEED_BUCKET_ELEMENTS
     return float("inf")  # Megatron without --overlap-grad-reduce: one bucket per buffer
 
 
