@@ -135,7 +135,7 @@ def build_plan(
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
     _validate_options(options, cluster.num_devices)
-    ctx = Context(model, work, par)
+    ctx = Context(model, work, par, devices_per_node=cluster.spec.devices_per_node)
     layout = RankLayout(par)
     priced = [_price(call, layout, cluster, options) for call in ledger(ctx)]
     return Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
