@@ -143,7 +143,7 @@ def build_plan(
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
     _validate_options(options, cluster.num_devices)
-    ctx = Context(model, work, par)
+    ctx = Context(model, work, par, devices_per_node=cluster.spec.devices_per_node)
     layout = RankLayout(par)
     # the step-time switches do not change a price: keep them out of the price cache's key
     default = options.overlap == Overlap() and options.timeline
