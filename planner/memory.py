@@ -201,7 +201,8 @@ def _logits(ctx: Context, stage: int) -> int:
     if not ctx.is_last(stage):
         return 0
     vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
-    return 4 * ctx.b * ctx.s_cp * vocab
+    rows = ctx.b * ctx.s_cp if ctx.training else ctx.b  # inference keeps the last position's logits only
+    return 4 * rows * vocab
 
 
 # ---- weights, gradients, optimizer ----------------------------------------------------------------------
