@@ -156,8 +156,20 @@ def build_plan(
         return plan
     plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline)
     plan.memory = memory(ctx, gpu, priced)
-    plan.warnings += plan.memory.warnings()
+    plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
     return plan
+
+
+BUBBLE_WARNING = 0.25  # share of the step idle in the pipeline bubble worth a warning
+
+
+def _bubble_warning(step: StepTime, par: ParallelSpec, m: int) -> list[str]:
+    if not step.time_s or step.bubble_s / step.time_s <= BUBBLE_WARNING or par.pp == 1:
+        return []
+    return [
+        f"stage {step.critical_stage} idles {step.bubble_s / step.time_s:.0%} of the step in the pipeline bubble "
+        f"({m} micro-batches for {par.pp} stages): more micro-batches or virtual_pipeline_stages shrink it"
+    ]
 
 
 def cluster_summary(cluster: Cluster) -> dict:

@@ -238,3 +238,9 @@ def test_timeline_draws_the_exposed_pass_communication():
         )
         assert drawn == pytest.approx(m * (st.fwd_comm_s + st.bwd_comm_s), rel=1e-9)
         assert st.fwd_comm_s > 0  # TP collectives are exposed by default (tp_comm_overlap off)
+
+
+def test_a_large_bubble_is_a_warning():
+    """Issue 11: a layout idling half of each step in the bubble came back without a word."""
+    plan = plan_405b()  # 16 micro-batches over 16 stages, no interleaving
+    assert any("pipeline bubble" in w and "16 micro-batches for 16 stages" in w for w in plan.warnings)
