@@ -97,16 +97,18 @@ class Memory:
         return max(s.peak_bytes for s in self.per_stage)
 
     def warnings(self) -> list[str]:
-        out = []
-        for s in self.per_stage:
-            if s.peak_bytes > self.capacity_bytes:
-                part = s.largest()
-                out.append(
-                    f"stage {s.stage} does not fit: {s.peak_bytes / 1e9:.1f} GB per rank > "
-                    f"{self.capacity_bytes / 1e9:.1f} GB capacity; largest part: {part} "
-                    f"({getattr(s, part + '_bytes') / 1e9:.1f} GB)"
-                )
-        return out
+        """One line: which stages do not fit, and the worst one's peak and largest part."""
+        over = [s for s in self.per_stage if s.peak_bytes > self.capacity_bytes]
+        if not over:
+            return []
+        worst = max(over, key=lambda s: s.peak_bytes)
+        part = worst.largest()
+        which = f"stage {over[0].stage} does" if len(over) == 1 else f"stages {_ranges([s.stage for s in over])} do"
+        return [
+            f"{which} not fit ({len(over)} of {len(self.per_stage)}): stage {worst.stage} needs "
+            f"{worst.peak_bytes / 1e9:.1f} GB per rank > {self.capacity_bytes / 1e9:.1f} GB capacity; largest part: "
+            f"{part} ({getattr(worst, part + '_bytes') / 1e9:.1f} GB)"
+        ]
 
     def to_dict(self) -> dict:
         return {
@@ -114,6 +116,17 @@ class Memory:
             "fits": self.fits,
             "per_stage": [s.to_dict() for s in self.per_stage],
         }
+
+
+def _ranges(stages: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for s in stages:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
 # ---- activations ---------------------------------------------------------------------------------------
