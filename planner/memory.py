@@ -157,14 +157,15 @@ def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> L
     dropout = has_dropout(ctx) if dropout is None else dropout
     sbx = ctx.b * ctx.s_cp * ctx.x  # one h-independent token-row unit
     h, hd = mdl.hidden_size, mdl.head_size
-    q, kv = mdl.num_attention_heads * hd, mdl.kv_heads * hd
-    if mdl.mla:
+    heads = mdl.num_attention_heads
+    if mdl.mla:  # Q and K at qk = nope + rope per head, V and the projection input at v_head_dim per head
         a = mdl.mla
-        q = mdl.num_attention_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
-        kv = (q + mdl.num_attention_heads * a.v_head_dim) / 2
+        qkvo = heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + 2 * a.v_head_dim)
+    else:  # Q and the projection input q wide, K and V kv wide (GQA)
+        qkvo = 2 * heads * hd + 2 * mdl.kv_heads * hd
     mask = ctx.b * ctx.s_cp if dropout else 0  # 1-byte dropout masks
-    # attention: Q, K, V and the projection input (= q wide) split; QKV input replicated (+ dropout mask)
-    split = sbx * (q + 2 * kv + q)
+    # attention: Q, K, V and the projection input split; QKV input replicated (+ dropout mask)
+    split = sbx * qkvo
     replicated = sbx * h + mask * h
     # softmax output (x bytes per score); with dropout also its 1-byte mask and x-byte output: 5·a·s²·b at x = 2
     per_score = (2 * ctx.x + 1) if dropout else ctx.x
