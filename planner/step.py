@@ -156,8 +156,8 @@ def _stream(call, m: int, zero: int) -> str:
     if par == "pp":
         return "pp"
     if par in ("dp", "edp"):
-        if phase == "optimizer":
-            return "param_gather"
+        if phase == "optimizer":  # the updated parameters' all-gather; norms and overflow checks are on the path
+            return "param_gather" if call.op.value == "allgather" else "tail"
         if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward"):
             return "dp." + phase
         return "grad_reduce" if phase == "backward" else "tail"  # the loss report is on the path
