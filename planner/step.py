@@ -13,8 +13,9 @@ whose ``None`` means the framework's default:
   (DistributedDataParallelConfig); torch True (DDP/FSDP2 hooks); deepspeed overlap_comm (True at ZeRO-3 only).
 - ``overlap_param_gather``: the ZeRO-1/2 parameter all-gather behind the next forward. Megatron False; torch
   True; deepspeed overlap_comm.
-- ``fsdp_prefetch``: ZeRO-2/3 per-unit all-gather / reduce-scatter behind the unit's compute. True (FSDP2
-  implicit prefetch; DeepSpeed stage3_prefetch_bucket_size > 0); Megatron follows overlap_grad_reduce.
+- ``fsdp_prefetch``: torch FSDP2's per-unit all-gather / reduce-scatter behind the unit's compute. True
+  (implicit forward and backward prefetch). DeepSpeed's and Megatron's per-micro-batch ZeRO-2/3 traffic
+  follows ``overlap_grad_reduce`` instead (DeepSpeed overlap_comm: on at ZeRO-3 only).
 - ``cp_ring_overlap``: ring-attention KV exchanges behind the attention blocks. True (TransformerEngine
   AttnFuncWithCPAndKVP2P).
 - ``tp_comm_overlap``: TP collectives behind the GEMMs. False (Megatron --tp-comm-overlap).
@@ -158,7 +159,8 @@ def _stream(call, m: int, zero: int) -> str:
     if par in ("dp", "edp"):
         if phase == "optimizer":  # the updated parameters' all-gather; norms and overflow checks are on the path
             return "param_gather" if call.op.value == "allgather" else "tail"
-        if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward"):
+        per_unit = phase == "backward" or call.op.value != "allreduce"  # not the forward loss report
+        if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward") and per_unit:
             return "dp." + phase
         return "grad_reduce" if phase == "backward" else "tail"  # the loss report is on the path
     if par == "embedding" or phase == "optimizer":
@@ -223,7 +225,9 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
 
 
 def _prefetch(ctx: Context, flags: Overlap) -> bool:
-    return bool(flags.overlap_grad_reduce if ctx.par.framework == "megatron" else flags.fsdp_prefetch)
+    """Whether ZeRO-2/3 per-micro-batch traffic hides behind the pass: FSDP2 prefetches; DeepSpeed overlaps only
+    with overlap_comm (its default: on at ZeRO-3 only); Megatron with overlap_grad_reduce."""
+    return bool(flags.fsdp_prefetch if ctx.par.framework == "torch" else flags.overlap_grad_reduce)
 
 
 # ---- assembly -----------------------------------------------------------------------------------------
