@@ -244,3 +244,17 @@ def test_a_large_bubble_is_a_warning():
     """Issue 11: a layout idling half of each step in the bubble came back without a word."""
     plan = plan_405b()  # 16 micro-batches over 16 stages, no interleaving
     assert any("pipeline bubble" in w and "16 micro-batches for 16 stages" in w for w in plan.warnings)
+
+
+def test_deepspeed_zero2_reductions_hide_only_with_overlap_comm():
+    args = (
+        model_preset("llama3-8b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=64),
+        ParallelSpec(dp=8, zero_stage=2, framework="deepspeed"),
+        cluster_preset("dgx-h100", 1),
+    )
+    default = build_plan(*args).step
+    overlapped = build_plan(*args, Options(overlap=Overlap(overlap_grad_reduce=True))).step
+    assert default.exposed_comm_s > 5 * overlapped.exposed_comm_s
+    fsdp = build_plan(*args[:2], ParallelSpec(dp=8, zero_stage=3, framework="torch"), args[3]).step
+    assert fsdp.exposed_comm_s < default.exposed_comm_s  # FSDP2 prefetches by default
