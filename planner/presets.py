@@ -81,7 +81,17 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         head_dim=128,
         name="DeepSeek-V3",
         published_params=671e9,
-        moe=MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3),
+        # DeepSeek-V3 §2.1.2: auxiliary-loss-free bias plus a small sequence-wise balance loss
+        moe=MoESpec(
+            256,
+            8,
+            2048,
+            num_shared_experts=1,
+            first_dense_layers=3,
+            load_balancing="seq_aux_loss",
+            expert_bias=True,
+            node_limit=4,
+        ),
         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 technical report: 671B total (685B on the hub "
         "includes the 14B multi-token-prediction module, not modelled), 37B active",
@@ -167,6 +177,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "shared_expert_ffn_hidden_size": (1, 1 << 20),
     "first_dense_layers": (0, 2048),
     "layer_freq": (1, 2048),
+    "node_limit": (1, 1 << 14),
+    "expert_groups": (1, 1 << 14),
     "q_lora_rank": (0, 1 << 16),
     "kv_lora_rank": (1, 1 << 16),
     "qk_nope_head_dim": (1, 4096),
@@ -194,6 +206,8 @@ HF_KEYS: dict[str, str] = {
     "first_k_dense_replace": "first_dense_layers",
     "moe_layer_freq": "layer_freq",
     "decoder_sparse_step": "layer_freq",
+    "topk_group": "node_limit",
+    "n_group": "expert_groups",  # DeepSeek's expert groups (one per node in node-limited routing)
     "q_lora_rank": "q_lora_rank",
     "kv_lora_rank": "kv_lora_rank",
     "qk_nope_head_dim": "qk_nope_head_dim",
@@ -210,7 +224,7 @@ HF_ZERO_IS_NONE = {
     "moe_layer_freq",
     "decoder_sparse_step",
 }
-HF_TEXT = {"model_type": 64, "_name_or_path": 256}
+HF_TEXT = {"model_type": 64, "_name_or_path": 256, "topk_method": 32}
 
 
 class _HFConfig:
@@ -309,6 +323,9 @@ def _hf_moe(hf: _HFConfig, ffn: int) -> MoESpec | None:
         shared_expert_ffn_hidden_size=shared_ffn,
         first_dense_layers=hf.int("first_k_dense_replace", 0),
         layer_freq=hf.int("moe_layer_freq") or hf.int("decoder_sparse_step") or 1,
+        # DeepSeek-V3's "noaux_tc" router: bias-based balancing (Megatron --moe-router-enable-expert-bias)
+        expert_bias=hf.text("topk_method") == "noaux_tc",
+        node_limit=hf.int("topk_group") if (hf.int("n_group") or 1) > 1 else None,  # group-limited routing
     )
 
 
