@@ -48,8 +48,23 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args) -> int:
     import uvicorn
 
+    from .limits import GuardedH11
+    from .settings import Settings
+
+    settings = Settings.from_env()
     workers = args.workers or int(os.environ.get("COMMPLAN_WORKERS", "1"))
-    uvicorn.run("app.main:app", host=args.host, port=args.port, workers=workers)
+    uvicorn.run(
+        "app.main:app",
+        host=args.host,
+        port=args.port,
+        workers=workers,
+        http=GuardedH11,  # h11 with a deadline for each request's line and headers (header_timeout_s)
+        timeout_keep_alive=settings.keep_alive_s,
+        limit_concurrency=settings.max_connections,  # per worker: open connections + tasks, then 503
+        timeout_graceful_shutdown=5,
+        # a line per request costs the event loop and, on a pipe nobody drains, blocks the server: opt in
+        access_log=os.environ.get("COMMPLAN_ACCESS_LOG", "0") == "1",
+    )
     return 0
 
 

@@ -35,9 +35,6 @@ class WorkloadSpec:
     def training(self) -> bool:
         return self.kind == "training"
 
-    def bytes_of(self, which: str) -> int:
-        return DTYPE_BYTES[getattr(self, which)]
-
 
 def validate_workload(w: WorkloadSpec) -> None:
     if w.kind not in ("training", "inference"):

@@ -7,20 +7,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.presets import BOUNDS
+
+from .base import DeviceId, MessageBytes, Strict
 from .cluster import ClusterIn, LinkOut
 
 # Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
 # request cheap; they are far above any real model.
-Layers = Field(default=None, ge=1, le=2048)
-Width = Field(default=None, ge=1, le=1 << 20)
-Heads = Field(default=None, ge=1, le=1 << 14)
-Vocab = Field(default=None, ge=1, le=1 << 24)
-Seq = Field(default=None, ge=1, le=1 << 24)
+# planner.presets.BOUNDS holds them, so hf_config is read against the same numbers.
+Layers = Field(default=None, ge=BOUNDS["num_layers"][0], le=BOUNDS["num_layers"][1])
+Width = Field(default=None, ge=BOUNDS["hidden_size"][0], le=BOUNDS["hidden_size"][1])
+Heads = Field(default=None, ge=BOUNDS["num_attention_heads"][0], le=BOUNDS["num_attention_heads"][1])
+Vocab = Field(default=None, ge=BOUNDS["vocab_size"][0], le=BOUNDS["vocab_size"][1])
+Seq = Field(default=None, ge=BOUNDS["seq_length"][0], le=BOUNDS["seq_length"][1])
 Degree = Field(default=None, ge=1, le=1 << 17)
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class MoEIn(Strict):
@@ -139,7 +139,7 @@ class OptionsIn(Strict):
     )
     contention: Literal["neighbourhood", "full"] = "neighbourhood"
     links_per_call: int = Field(default=5, ge=1, le=64, description="busiest links reported per call")
-    device_map: list[int] | None = Field(
+    device_map: list[DeviceId] | None = Field(
         default=None, max_length=1 << 17, description="rank r runs on device device_map[r]; default: rank = device"
     )
     overlap: OverlapIn = Field(default_factory=OverlapIn)
@@ -287,7 +287,7 @@ class PlanOut(BaseModel):
     warnings: list[str]
 
 
-class BatchRequest(BaseModel):
+class BatchRequest(Strict):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
@@ -318,7 +318,7 @@ class BatchOut(BaseModel):
     results: list[BatchItem]
 
 
-class ExploreRequest(BaseModel):
+class ExploreRequest(Strict):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -337,7 +337,9 @@ class ExploreRequest(BaseModel):
     request: PlanRequest
     call: str = Field(max_length=128, description="a call name from the plan, e.g. dp.grads")
     stage: int | None = Field(default=None, ge=0, le=1 << 17, description="which stage's row (default: the first)")
-    sizes: list[int] | None = Field(default=None, min_length=1, max_length=24, description="message bytes to price")
+    sizes: list[MessageBytes] | None = Field(
+        default=None, min_length=1, max_length=24, description="message bytes to price"
+    )
 
 
 class SeriesOut(BaseModel):
