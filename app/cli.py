@@ -48,8 +48,23 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args) -> int:
     import uvicorn
 
+    from .limits import GuardedH11
+    from .settings import Settings
+
+    settings = Settings.from_env()
     workers = args.workers or int(os.environ.get("COMMPLAN_WORKERS", "1"))
-    uvicorn.run("app.main:app", host=args.host, port=args.port, workers=workers)
+    uvicorn.run(
+        "app.main:app",
+        host=args.host,
+        port=args.port,
+        workers=workers,
+        http=GuardedH11,  # h11 with a deadline for each request's line and headers (header_timeout_s)
+        timeout_keep_alive=settings.keep_alive_s,
+        limit_concurrency=settings.max_connections,  # per worker: open connections + tasks, then 503
+        timeout_graceful_shutdown=5,
+        # a line per request costs the event loop and, on a pipe nobody drains, blocks the server: opt in
+        access_log=os.environ.get("COMMPLAN_ACCESS_LOG", "0") == "1",
+    )
     return 0
 
 
@@ -120,6 +135,25 @@ def _table(result: dict) -> None:
     )
     for name, share in sorted(totals["by_parallelism"].items(), key=lambda kv: -kv[1]["time_s"]):
         print(f"  {name:9s} {_seconds(share['time_s']):>10s}  {_bytes(share['bytes_sent'])} sent per rank")
+    _step_lines(result)
+
+
+def _step_lines(result: dict) -> None:
+    step, memory = result.get("step"), result.get("memory")
+    if not step or not memory:
+        return
+    print(
+        f"\nstep time {_seconds(step['time_s'])}: compute {_seconds(step['compute_s'])}, exposed communication "
+        f"{_seconds(step['exposed_comm_s'])}, bubble {_seconds(step['bubble_s'])} (stage {step['critical_stage']}); "
+        f"MFU {step['mfu']:.1%}, {step['tokens_per_s']:,.0f} tokens/s"
+    )
+    cap = memory["capacity_bytes"]
+    print(f"memory per rank (capacity {_bytes(cap)}): {'fits' if memory['fits'] else 'DOES NOT FIT'}")
+    parts = ("params", "grads", "optimizer", "activations", "buffers")
+    for row in memory["per_stage"]:
+        mark = "" if row["peak_bytes"] <= cap else "  <- over capacity"
+        detail = ", ".join(f"{p} {_bytes(row[p + '_bytes'])}" for p in parts)
+        print(f"  stage {row['stage']:<3d} {_bytes(row['peak_bytes']):>9s}  ({detail}){mark}")
 
 
 def _stages(stages: list[int]) -> str:
@@ -129,7 +163,7 @@ def _stages(stages: list[int]) -> str:
 
 
 def _bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{int(n)} B"

@@ -1,32 +1,74 @@
-"""Bad input is a 422 in FastAPI's shape, naming the field and the rule; nothing becomes a 500."""
+"""Bad input is a 422 in FastAPI's shape, naming the field and the rule; nothing becomes a 500.
+
+Every error body is built here, and always encodes: strings are made valid UTF-8 (a lone surrogate such
+as "\\ud800" in a key is written as the text \\ud800), numbers JSON lacks are written as text, and the
+offending input is not echoed back (FastAPI's default ``input`` field is dropped).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from collectives import CollectiveError
 from planner import SpecError
+from planner.deadline import DeadlineExceeded
+
+from .limits import Busy
 
 log = logging.getLogger("commplan")
 
 
+def safe(value):
+    """``value`` with every string valid UTF-8 and every float finite or text: always JSON-encodable."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {safe(str(k)): safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [safe(v) for v in value]
+    return safe(str(value))
+
+
 def detail(field: str, message: str, kind: str) -> list[dict]:
-    return [{"loc": ["body", *[part for part in field.split(".") if part]], "msg": message, "type": kind}]
+    return [{"loc": ["body", *[part for part in field.split(".") if part]], "msg": safe(message), "type": kind}]
 
 
-def error_detail(err: Exception, prefix: str = "") -> list[dict]:
-    """The 422 detail of a SpecError or CollectiveError (``prefix`` places a collectives field in its block)."""
+def error_detail(err: Exception, prefix: str = "", fields: dict[str, str] | None = None) -> list[dict]:
+    """The 422 detail of a SpecError or CollectiveError. The one place a collectives field becomes a request
+    field: ``fields`` renames it (the price endpoint's ``count`` is its ``message_bytes``), then ``prefix``
+    places it in its block (``options.``)."""
     if isinstance(err, SpecError):
         return detail(err.field, err.rule, "value_error.spec")
     if isinstance(err, CollectiveError):
-        return detail(prefix + err.field, err.rule, "value_error.collective")
+        name = (fields or {}).get(err.field, err.field)
+        return detail(prefix + name, err.rule, "value_error.collective")
     raise TypeError(err)
+
+
+def validation_detail(err: ValidationError | RequestValidationError, root: tuple = ()) -> list[dict]:
+    """Pydantic's errors as loc / msg / type only, made encodable (``root`` prefixes loc)."""
+    return [
+        {"loc": safe([*root, *e["loc"]]), "msg": safe(e["msg"]), "type": safe(e["type"])}
+        for e in (err.errors(include_url=False) if isinstance(err, ValidationError) else err.errors())
+    ]
+
+
+def relocate(err: CollectiveError, prefix: str = "", fields: dict[str, str] | None = None) -> SpecError:
+    """A CollectiveError raised for a request: the SpecError naming the request's field (see error_detail)."""
+    return SpecError(prefix + (fields or {}).get(err.field, err.field), err.rule)
 
 
 class ErrorList(BaseModel):
@@ -37,8 +79,14 @@ class ErrorList(BaseModel):
 
 BAD_INPUT = {
     413: {"model": ErrorList, "description": "Body over COMMPLAN_MAX_BODY_BYTES"},
-    422: {"model": ErrorList, "description": "Invalid input: msg names the rule and the numbers"},
+    422: {"model": ErrorList, "description": "Invalid input, or work over a budget: msg names the rule and numbers"},
+    503: {"model": ErrorList, "description": "Busy (Retry-After) or past the deadline COMMPLAN_DEADLINE_S"},
 }
+
+
+def _unavailable(msg: str, kind: str, retry: bool) -> JSONResponse:
+    headers = {"Retry-After": "1"} if retry else None
+    return JSONResponse(status_code=503, content={"detail": [{"loc": [], "msg": msg, "type": kind}]}, headers=headers)
 
 
 def install(app: FastAPI) -> None:
@@ -56,6 +104,10 @@ def install(app: FastAPI) -> None:
             )
         return await http_exception_handler(request, err)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError):
+        return JSONResponse(status_code=422, content={"detail": validation_detail(err)})
+
     @app.exception_handler(SpecError)
     async def spec_error(_: Request, err: SpecError):
         return JSONResponse(status_code=422, content={"detail": error_detail(err)})
@@ -63,3 +115,54 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(CollectiveError)
     async def collective_error(_: Request, err: CollectiveError):
         return JSONResponse(status_code=422, content={"detail": error_detail(err)})
+
+    @app.exception_handler(DeadlineExceeded)
+    async def too_slow(request: Request, err: DeadlineExceeded):
+        limit = request.app.state.settings.deadline_s
+        return _unavailable(f"the work ran past {limit:g} s (COMMPLAN_DEADLINE_S) and was stopped", "deadline", False)
+
+    @app.exception_handler(Busy)
+    async def busy(request: Request, _: Busy):
+        s = request.app.state.settings
+        msg = f"all {s.work_slots} work slots stayed busy for {s.queue_s:g} s (COMMPLAN_WORK_SLOTS); retry"
+        return _unavailable(msg, "busy", True)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(_: Request, err: RecursionError):
+        return JSONResponse(status_code=422, content={"detail": detail("", "the body is nested too deeply", "json")})
+
+
+class SafetyNet:
+    """Outermost ASGI middleware: an exception no handler took becomes a logged 500 JSON answer here, so the
+    connection stays open (Starlette's ServerErrorMiddleware re-raises, and uvicorn then closes the
+    keep-alive connection, failing the next request a client sends on it)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            body = json.dumps({"detail": [{"loc": [], "msg": "internal error (logged)", "type": "internal"}]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+                }
+            )
+            await send({"type": "http.response.body", "body": body.encode()})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from . import errors
@@ -14,18 +14,66 @@ from .routers import collectives, health, plan, presets
 from .settings import Settings
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
+SWAGGER = "/static/vendor/swagger-ui-5.35.0"  # npm swagger-ui-dist 5.35.0 (Apache-2.0), LICENSE beside it
+REDOC = "/static/vendor/redoc-2.5.4"  # npm redoc 2.5.4 (MIT), LICENSE beside it
 
 DESCRIPTION = """What goes over the wire in a distributed transformer job, over which links, and what it costs.
 
 Units: bytes are integers; seconds are floats; bandwidth is GB/s = 1e9 bytes/s per direction.
 Message bytes follow nccl-tests (allgather: gathered output; reducescatter: full input; alltoall: the
 whole per-rank send buffer). Counts are per rank per iteration. Bad input is a 422 whose `msg` names the
-rule and the numbers; bodies over the limit are a 413."""
+rule and the numbers, and so is work over a budget (docs/hardening.md); bodies over the limit are a 413."""
+
+# The page loads only its own files (script-src 'self': no inline script, no CDN). Styles may be inline
+# (ECharts and Cytoscape set style attributes), images may be data:/blob: URIs (the favicon, chart
+# exports); nothing may frame the page.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+SWAGGER_PAGE = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>commplan API</title>
+<link rel="icon" href="{SWAGGER}/favicon-32x32.png"><link rel="stylesheet" href="{SWAGGER}/swagger-ui.css">
+</head><body><div id="swagger-ui"></div>
+<script src="{SWAGGER}/swagger-ui-bundle.js"></script><script src="/docs/init.js"></script></body></html>"""
+SWAGGER_INIT = """SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui", deepLinking: true,
+  presets: [SwaggerUIBundle.presets.apis], layout: "BaseLayout"});"""
+REDOC_PAGE = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>commplan API</title></head>
+<body><redoc spec-url="/openapi.json"></redoc><script src="{REDOC}/redoc.standalone.js"></script></body></html>"""
+
+
+class SecurityHeaders:
+    """Pure ASGI: CSP, nosniff, DENY framing and no referrer on every response. The same CSP serves /docs
+    and /redoc (checked in Chromium: both render with no violation but ReDoc's remote logo, left blocked)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        csp = CSP.encode()
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"content-security-policy", csp), *HEADERS]
+            await send(message)
+
+        return await self.app(scope, receive, with_headers)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
-    app = FastAPI(title="commplan", version="0.1.0", description=DESCRIPTION)
+    app = FastAPI(title="commplan", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None)
     app.state.settings = settings
     errors.install(app)
     for router in (health.router, plan.router, collectives.router, presets.router):
@@ -37,7 +85,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         def index() -> FileResponse:
             return FileResponse(FRONTEND / "index.html")
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(SWAGGER_PAGE)
+
+    @app.get("/docs/init.js", include_in_schema=False)
+    async def docs_init() -> Response:
+        return Response(SWAGGER_INIT, media_type="text/javascript")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return HTMLResponse(REDOC_PAGE)
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    app.add_middleware(SecurityHeaders)
+    app.add_middleware(errors.SafetyNet)
     return app
 
 

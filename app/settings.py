@@ -1,13 +1,10 @@
-"""Service settings from the environment (COMMPLAN_*), read once at start-up."""
+"""Service settings from the environment (COMMPLAN_*), read once at start-up. docs/hardening.md lists them
+with how each default was measured."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
-
-def _int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -17,13 +14,25 @@ class Settings:
     max_devices: int = 131_072  # devices in one cluster
     max_verify_elements: int = 1 << 24  # num_ranks x count for POST /v1/collectives/verify
     max_price_transfers: int = 1 << 22  # ranks x concurrent groups for POST /v1/collectives/price
+    # cost budgets (app/limits.py: what a unit is and how the defaults were measured)
+    max_work: int = 1 << 27  # estimated work units of one plan / price / explore request
+    max_batch_work: int = 1 << 29  # estimated work units of one batch, all its plans together
+    max_router_pairs: int = 1 << 16  # num_nodes^2 of a torus / dragonfly / hypercube (256 routers)
+    max_response_bytes: int = 64 * 2**20  # a batch's JSON response
+    # time
+    deadline_s: float = 15.0  # per request's work; past it the work is stopped and the answer is a 503
+    queue_s: float = 10.0  # longest wait for a work slot before a 503 with Retry-After
+    work_slots: int = max(os.cpu_count() or 1, 1)  # requests computing at once per worker process
+    body_timeout_s: float = 10.0  # the whole body must arrive within this (408 otherwise)
+    header_timeout_s: float = 10.0  # a connection's request line and headers must arrive within this
+    keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
+    max_connections: int = 512  # open connections + tasks per worker before uvicorn answers 503
 
     @classmethod
     def from_env(cls) -> Settings:
-        return cls(
-            max_body_bytes=_int("COMMPLAN_MAX_BODY_BYTES", cls.max_body_bytes),
-            max_batch=_int("COMMPLAN_MAX_BATCH", cls.max_batch),
-            max_devices=_int("COMMPLAN_MAX_DEVICES", cls.max_devices),
-            max_verify_elements=_int("COMMPLAN_MAX_VERIFY_ELEMENTS", cls.max_verify_elements),
-            max_price_transfers=_int("COMMPLAN_MAX_PRICE_TRANSFERS", cls.max_price_transfers),
-        )
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"COMMPLAN_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = float(raw) if f.type == "float" else int(raw)
+        return cls(**values)

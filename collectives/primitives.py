@@ -45,9 +45,6 @@ class Reduction(StrEnum):
     AVG = "avg"
 
 
-REDUCING_OPS = frozenset({Op.ALLREDUCE, Op.REDUCESCATTER, Op.REDUCE})
-ROOTED_OPS = frozenset({Op.BROADCAST, Op.REDUCE, Op.GATHER, Op.SCATTER})
-
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
 
 # The numpy ufunc that combines two partial results; AVG sums and divides once at the end (ncclAvg).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -16,9 +16,11 @@ from ._errors import SpecError
 from .context import Context
 from .layout import RankLayout
 from .ledger import Call
+from .memory import Memory
 from .model import ModelSpec, validate_model
 from .parallel import ParallelSpec, validate_parallel
 from .rules import ledger
+from .step import Overlap, StepTime, memory, step_time
 from .workload import WorkloadSpec, validate_workload
 
 
@@ -32,6 +34,8 @@ class Options:
     pricing: str = "auto"  # auto | library (NCCL's model) | schedule (step by step); see collectives.topology.select
     nccl_algo: str = "auto"  # pin like NCCL_ALGO (library pricing)
     nccl_proto: str = "auto"  # pin like NCCL_PROTO (library pricing)
+    overlap: Overlap = field(default_factory=Overlap)  # framework overlap switches for the step time (planner/step.py)
+    timeline: bool = True  # build the step timeline (the search turns it off)
 
     @property
     def exact_contention(self) -> bool:
@@ -98,6 +102,8 @@ class Plan:
     params_total: int
     cluster: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    step: StepTime | None = None  # None when the cluster has no GPU spec
+    memory: Memory | None = None
 
     def totals(self) -> dict:
         stages = [{"stage": s, "message_bytes": 0, "bytes_sent": 0, "time_s": 0.0} for s in range(self.num_stages)]
@@ -133,6 +139,8 @@ class Plan:
             "cluster": self.cluster,
             "calls": [c.to_dict() for c in self.calls],
             "totals": self.totals(),
+            "step": self.step.to_dict() if self.step else None,
+            "memory": self.memory.to_dict() if self.memory else None,
             "warnings": self.warnings,
         }
 
@@ -145,10 +153,33 @@ def build_plan(
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
     _validate_options(options, cluster.num_devices)
-    ctx = Context(model, work, par)
+    ctx = Context(model, work, par, devices_per_node=cluster.spec.devices_per_node)
     layout = RankLayout(par)
-    priced = [_price(call, layout, cluster, options) for call in ledger(ctx)]
-    return Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+    # the step-time switches do not change a price: keep them out of the price cache's key
+    default = options.overlap == Overlap() and options.timeline
+    pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
+    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, layout, cluster, pricing)]
+    plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+    gpu = cluster_spec.gpu
+    if gpu is None:
+        plan.warnings.append(f"cluster {cluster_spec.name!r} has no GPU spec: no step time or memory")
+        return plan
+    plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline)
+    plan.memory = memory(ctx, gpu, priced)
+    plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
+    return plan
+
+
+BUBBLE_WARNING = 0.25  # share of the step idle in the pipeline bubble worth a warning
+
+
+def _bubble_warning(step: StepTime, par: ParallelSpec, m: int) -> list[str]:
+    if not step.time_s or step.bubble_s / step.time_s <= BUBBLE_WARNING or par.pp == 1:
+        return []
+    return [
+        f"stage {step.critical_stage} idles {step.bubble_s / step.time_s:.0%} of the step in the pipeline bubble "
+        f"({m} micro-batches for {par.pp} stages): more micro-batches or virtual_pipeline_stages shrink it"
+    ]
 
 
 def cluster_summary(cluster: Cluster) -> dict:
@@ -208,6 +239,77 @@ def cluster_for(spec: ClusterSpec) -> Cluster:
         if len(_CLUSTERS) > CLUSTER_CACHE:
             _CLUSTERS.popitem(last=False)
     return cluster
+
+
+def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> list[PricedCall]:
+    """One row per set of stages whose groups sit alike on the cluster (issue 9 item 5): a row merges
+    stages only when their prices are equal, so a stage whose groups stay inside one NVLink domain is not
+    priced like one whose groups straddle two.
+
+    Stage s's groups are stage 0's shifted by s times the pipeline stride (ranks are a product grid), so
+    stages whose shift is a whole number of symmetry units of the cluster (leaf units of a fat-tree) are
+    priced once; without a known symmetry, stages are grouped by where their groups sit on nodes
+    (``_node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
+    stages = call.stages
+    if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
+        return [_price(call, layout, cluster, options)]
+    stride = _pp_stride(layout, call.group.expert)
+    unit = None if options.device_map is not None else _symmetry_unit(cluster)
+    if unit and cluster.num_nodes > 1:
+        first = layout.placement(call.group, stages)[0]  # group 0 of the first stage (memoised for _price)
+        if (first // cluster.per_node == first[0] // cluster.per_node).all():
+            unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
+    classes: dict[object, list[int]] = {}
+    for s in stages:
+        key = (s * stride) % unit if unit else _node_signature(layout, call, s, cluster, options)
+        classes.setdefault(key, []).append(s)
+    if len(classes) == 1:
+        return [_price(call, layout, cluster, options)]
+    rows: dict[tuple, PricedCall] = {}
+    for members in classes.values():
+        pc = _price(replace(call, stages=tuple(members)), layout, cluster, options)
+        key = (pc.price.algorithm, pc.price.time_s)
+        if key in rows:
+            row = rows[key]
+            row.call = replace(row.call, stages=tuple(sorted(row.call.stages + pc.call.stages)))
+            row.num_groups += pc.num_groups
+        else:
+            rows[key] = pc
+    return sorted(rows.values(), key=lambda r: r.call.stages[0])
+
+
+def _node_signature(layout: RankLayout, call: Call, stage: int, cluster: Cluster, options: Options) -> tuple:
+    """Where a stage's groups sit, when no symmetry of the cluster is known (router networks, custom device
+    maps): how many groups cross a node boundary, and the in-node positions of the first group. Stages alike
+    in this are priced together, as before per-stage prices, so a torus or dragonfly is not priced p times."""
+    ranks = layout.placement(call.group, (stage,))
+    devices = np.asarray(options.device_map)[ranks] if options.device_map else ranks
+    nodes = devices // cluster.per_node
+    crossing = int((nodes.max(axis=1) != nodes.min(axis=1)).sum())
+    return crossing, tuple((devices[0] % cluster.per_node).tolist())
+
+
+def _pp_stride(layout: RankLayout, expert: bool) -> int:
+    """Rank distance between neighbouring stages: the product of the sizes of the dimensions ordered faster
+    than pp (layout.py: the order names the dimensions fastest first)."""
+    stride = 1
+    for dim in layout.order:
+        if dim == "pp":
+            return stride
+        stride *= layout.sizes[expert][dim]
+    return stride
+
+
+def _symmetry_unit(cluster: Cluster) -> int | None:
+    """Devices by which a placement can be shifted without changing its price: a fat-tree's leaf unit (every
+    unit is wired alike, see ``canonical``); the whole cluster when it is one node; None otherwise."""
+    spec = cluster.spec
+    if cluster.num_nodes == 1:
+        return cluster.num_devices
+    if spec.network.topology != "fat_tree":
+        return None
+    per_unit = spec.network.nodes_per_leaf * cluster.per_node
+    return per_unit if cluster.num_devices % per_unit == 0 else None
 
 
 def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> PricedCall:

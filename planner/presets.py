@@ -81,7 +81,17 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         head_dim=128,
         name="DeepSeek-V3",
         published_params=671e9,
-        moe=MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3),
+        # DeepSeek-V3 §2.1.2: auxiliary-loss-free bias plus a small sequence-wise balance loss
+        moe=MoESpec(
+            256,
+            8,
+            2048,
+            num_shared_experts=1,
+            first_dense_layers=3,
+            load_balancing="seq_aux_loss",
+            expert_bias=True,
+            node_limit=4,
+        ),
         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 technical report: 671B total (685B on the hub "
         "includes the 14B multi-token-prediction module, not modelled), 37B active",
@@ -146,67 +156,189 @@ def model_preset(name: str) -> ModelSpec:
 DEFAULT_SEQ_CAP = 8192
 
 
+# The bounds of a model's integer fields: the HTTP schema (app/schemas/plan.py) takes its limits from this
+# table and hf_config is read against it, so a model meets the same rules whether it arrives as fields,
+# preset overrides or a config.json. They keep every product the rules form (b·s·h·bytes, parameters x
+# bytes) inside int64 and every request cheap, far above any published model (Llama-3.1 405B: 126 layers,
+# hidden 16,384, ffn 53,248, vocab 128,256; DeepSeek-V3: 256 experts).
+BOUNDS: dict[str, tuple[int, int]] = {
+    "num_layers": (1, 2048),
+    "hidden_size": (1, 1 << 20),
+    "num_attention_heads": (1, 1 << 14),
+    "num_kv_heads": (1, 1 << 14),
+    "head_dim": (1, 1 << 14),
+    "ffn_hidden_size": (1, 1 << 20),
+    "vocab_size": (1, 1 << 24),
+    "seq_length": (1, 1 << 24),
+    "num_experts": (1, 1 << 14),
+    "top_k": (1, 1 << 14),
+    "expert_ffn_hidden_size": (1, 1 << 20),
+    "num_shared_experts": (0, 64),
+    "shared_expert_ffn_hidden_size": (1, 1 << 20),
+    "first_dense_layers": (0, 2048),
+    "layer_freq": (1, 2048),
+    "node_limit": (1, 1 << 14),
+    "expert_groups": (1, 1 << 14),
+    "q_lora_rank": (0, 1 << 16),
+    "kv_lora_rank": (1, 1 << 16),
+    "qk_nope_head_dim": (1, 4096),
+    "qk_rope_head_dim": (0, 4096),
+    "v_head_dim": (1, 4096),
+}
+# config.json key -> the ModelSpec / MoESpec / MLASpec field whose bounds apply (transformers' names:
+# LlamaConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV3Config, transformers 4.x)
+HF_KEYS: dict[str, str] = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "ffn_hidden_size",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "seq_length",
+    "num_local_experts": "num_experts",
+    "n_routed_experts": "num_experts",
+    "num_experts": "num_experts",
+    "num_experts_per_tok": "top_k",
+    "moe_intermediate_size": "expert_ffn_hidden_size",
+    "n_shared_experts": "num_shared_experts",
+    "shared_expert_intermediate_size": "shared_expert_ffn_hidden_size",
+    "first_k_dense_replace": "first_dense_layers",
+    "moe_layer_freq": "layer_freq",
+    "decoder_sparse_step": "layer_freq",
+    "topk_group": "node_limit",
+    "n_group": "expert_groups",  # DeepSeek's expert groups (one per node in node-limited routing)
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+}
+# keys where 0 has always meant "none" in config.json files (a dense Qwen2 has num_experts 0)
+HF_ZERO_IS_NONE = {
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts",
+    "shared_expert_intermediate_size",
+    "kv_lora_rank",
+    "moe_layer_freq",
+    "decoder_sparse_step",
+}
+HF_TEXT = {"model_type": 64, "_name_or_path": 256, "topk_method": 32}
+
+
+class _HFConfig:
+    """Typed, bounded reads of a config.json: an integer key must be a JSON integer (not a boolean, not
+    1.0) within its field's bounds, a flag a boolean, a name a short string; null means absent."""
+
+    def __init__(self, config):
+        if not isinstance(config, dict):
+            raise SpecError("model.hf_config", f"must be a JSON object, got {type(config).__name__}")
+        self.config = config
+
+    def _where(self, key: str) -> str:
+        return f"model.hf_config.{key}"
+
+    def int(self, key: str, default=None):
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if type(value) is not int:
+            shown = f"{value!r}"[:40]
+            raise SpecError(self._where(key), f"must be an integer, got {shown} ({type(value).__name__})")
+        if value == 0 and key in HF_ZERO_IS_NONE:
+            return default
+        lo, hi = BOUNDS[HF_KEYS[key]]
+        if not lo <= value <= hi:
+            shown = f"{value}" if abs(value) < 10**20 else f"an integer of {len(str(abs(value)))} digits"
+            raise SpecError(
+                self._where(key), f"must be in [{lo}, {hi}] like the model block's {HF_KEYS[key]}, got {shown}"
+            )
+        return value
+
+    def required(self, key: str) -> int:
+        value = self.int(key)
+        if value is None:
+            raise SpecError(self._where(key), "required field is missing (or null)")
+        return value
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if type(value) is not bool:
+            raise SpecError(self._where(key), f"must be true or false, got {f'{value!r}'[:40]}")
+        return value
+
+    def text(self, key: str, default: str = "") -> str:
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str) or len(value) > HF_TEXT[key]:
+            raise SpecError(self._where(key), f"must be a string of at most {HF_TEXT[key]} characters")
+        return value
+
+
 def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3).
 
-    ``seq_length`` defaults to max_position_embeddings capped at 8192 (long-context models advertise
-    128K positions that nobody trains every step with).
+    Every key read is typed and bounded as the model block's field is (BOUNDS); other keys are ignored, as
+    a config.json carries many this planner does not use. ``seq_length`` defaults to max_position_embeddings
+    capped at 8192 (long-context models advertise 128K positions that nobody trains every step with).
     """
-    get = config.get
-    try:
-        layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
-        vocab = config["vocab_size"]
-    except KeyError as missing:
-        raise SpecError(f"model.hf_config.{missing.args[0]}", "required field is missing") from None
-    kind = str(get("model_type", "")).lower()
-    seq = seq_length or min(get("max_position_embeddings", 4096), DEFAULT_SEQ_CAP)
+    hf = _HFConfig(config)
+    layers, hidden = hf.required("num_hidden_layers"), hf.required("hidden_size")
+    heads, vocab = hf.required("num_attention_heads"), hf.required("vocab_size")
+    kind = hf.text("model_type").lower()
+    seq = seq_length or min(hf.int("max_position_embeddings", 4096), DEFAULT_SEQ_CAP)
+    ffn = hf.int("intermediate_size", min(4 * hidden, BOUNDS["ffn_hidden_size"][1]))
     spec = ModelSpec(
         num_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
-        ffn_hidden_size=get("intermediate_size", 4 * hidden),
+        ffn_hidden_size=ffn,
         vocab_size=vocab,
         seq_length=seq,
-        num_kv_heads=get("num_key_value_heads", heads),
-        head_dim=get("head_dim"),
-        tied_embeddings=bool(get("tie_word_embeddings", False)),
-        qkv_bias=bool(get("attention_bias", False)) or kind.startswith("qwen2"),
+        num_kv_heads=hf.int("num_key_value_heads", heads),
+        head_dim=hf.int("head_dim"),
+        tied_embeddings=hf.flag("tie_word_embeddings"),
+        qkv_bias=hf.flag("attention_bias") or kind.startswith("qwen2"),
         qk_norm=kind.startswith("qwen3"),
-        name=name or get("_name_or_path", kind or "hf-model"),
+        name=name or hf.text("_name_or_path") or kind or "hf-model",
         source="Hugging Face config.json",
     )
-    return replace(spec, moe=_hf_moe(config, kind), mla=_hf_mla(config))
+    return replace(spec, moe=_hf_moe(hf, ffn), mla=_hf_mla(hf))
 
 
-def _hf_moe(config: dict, kind: str) -> MoESpec | None:
-    get = config.get
-    experts = get("num_local_experts") or get("n_routed_experts") or get("num_experts")
+def _hf_moe(hf: _HFConfig, ffn: int) -> MoESpec | None:
+    experts = hf.int("num_local_experts") or hf.int("n_routed_experts") or hf.int("num_experts")
     if not experts:
         return None
-    top_k = get("num_experts_per_tok", 2)
-    expert_ffn = get("moe_intermediate_size") or get("intermediate_size")
-    shared = get("n_shared_experts") or (1 if get("shared_expert_intermediate_size") else 0)
+    shared_ffn = hf.int("shared_expert_intermediate_size")
     return MoESpec(
         num_experts=experts,
-        top_k=top_k,
-        expert_ffn_hidden_size=expert_ffn,
-        num_shared_experts=shared,
-        shared_expert_ffn_hidden_size=get("shared_expert_intermediate_size"),
-        first_dense_layers=get("first_k_dense_replace", 0),
-        layer_freq=get("moe_layer_freq", get("decoder_sparse_step", 1)) or 1,
+        top_k=hf.int("num_experts_per_tok", 2),
+        expert_ffn_hidden_size=hf.int("moe_intermediate_size") or ffn,
+        num_shared_experts=hf.int("n_shared_experts") or (1 if shared_ffn else 0),
+        shared_expert_ffn_hidden_size=shared_ffn,
+        first_dense_layers=hf.int("first_k_dense_replace", 0),
+        layer_freq=hf.int("moe_layer_freq") or hf.int("decoder_sparse_step") or 1,
+        # DeepSeek-V3's "noaux_tc" router: bias-based balancing (Megatron --moe-router-enable-expert-bias)
+        expert_bias=hf.text("topk_method") == "noaux_tc",
+        node_limit=hf.int("topk_group") if (hf.int("n_group") or 1) > 1 else None,  # group-limited routing
     )
 
 
-def _hf_mla(config: dict) -> MLASpec | None:
-    if not config.get("kv_lora_rank"):
+def _hf_mla(hf: _HFConfig) -> MLASpec | None:
+    kv_lora = hf.int("kv_lora_rank")
+    if not kv_lora:
         return None
-    get = config.get
     return MLASpec(
-        get("q_lora_rank") or 0,
-        get("kv_lora_rank"),
-        get("qk_nope_head_dim", 128),
-        get("qk_rope_head_dim", 64),
-        get("v_head_dim", 128),
+        hf.int("q_lora_rank") or 0,
+        kv_lora,
+        hf.int("qk_nope_head_dim", 128),
+        hf.int("qk_rope_head_dim", 64),
+        hf.int("v_head_dim", 128),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 import collectives as coll
 from collectives.topology import price_call
@@ -11,7 +12,8 @@ from planner import SpecError
 from planner.plan import cluster_for
 
 from ..convert import cluster_spec
-from ..errors import BAD_INPUT
+from ..errors import BAD_INPUT, relocate
+from ..limits import Estimate, call_work, check_router, encode, refuse, run_bounded
 from ..schemas.collectives import (
     AlgorithmOut,
     PriceOut,
@@ -45,10 +47,21 @@ def algorithms() -> list[dict]:
     description="All listed groups run the call at the same moment and share links. message_bytes follows "
     "nccl-tests; bandwidth in GB/s = 1e9 B/s.",
 )
-def price(body: PriceRequest, request: Request) -> dict:
+async def price(body: PriceRequest, request: Request) -> Response:
     settings = request.app.state.settings
-    cluster = cluster_for(cluster_spec(body.cluster, settings))
+    return await run_bounded(request, lambda: encode(_price(body, settings), PriceOut))
+
+
+def _price(body: PriceRequest, settings) -> dict:
+    spec = cluster_spec(body.cluster, settings)
     placement = _placement(body, settings.max_price_transfers)
+    check_router(spec, settings.max_router_pairs)
+    est, (groups, n) = Estimate(), placement.shape
+    in_network = spec.intra.in_network_reduction or spec.network.in_network_reduction
+    units = call_work(body.op, n, groups, body.candidates, body.algorithm, in_network=in_network)
+    est.add(units, f"{body.op}: {groups} groups of {n} ranks")
+    refuse(est, settings.max_work, "")
+    cluster = cluster_for(spec)
     try:
         p = price_call(
             coll.Op(body.op),
@@ -62,7 +75,7 @@ def price(body: PriceRequest, request: Request) -> dict:
             nccl_proto=body.nccl_proto,
         )
     except coll.CollectiveError as err:
-        raise SpecError(PRICE_FIELDS.get(err.field, err.field), err.rule) from None
+        raise relocate(err, fields=PRICE_FIELDS) from None
     return {
         **{
             k: getattr(p, k)
@@ -112,8 +125,12 @@ def _placement(body: PriceRequest, limit: int) -> np.ndarray:
     description="Executes the same schedule that is priced on numpy buffers and compares the result with "
     "the primitive's reference, and the bytes moved with the closed form.",
 )
-def verify(body: VerifyRequest, request: Request) -> dict:
-    limit = request.app.state.settings.max_verify_elements
+async def verify(body: VerifyRequest, request: Request) -> Response:
+    settings = request.app.state.settings
+    return await run_bounded(request, lambda: encode(_verify(body, settings.max_verify_elements), VerifyOut))
+
+
+def _verify(body: VerifyRequest, limit: int) -> dict:
     if body.num_ranks * max(body.count, 1) > limit:
         raise SpecError(
             "count",

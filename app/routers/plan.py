@@ -1,27 +1,44 @@
-"""POST /v1/plan and /v1/plan/batch."""
+"""POST /v1/plan, /v1/plan/batch and /v1/plan/explore.
+
+Each runs in a worker thread under the request's deadline (app/limits.run_bounded), after its work is
+estimated and checked against the budget; the JSON answer is built in that thread too."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from collectives import CollectiveError
 from planner import SpecError, build_plan
-from planner.explore import explore
+from planner.deadline import check as check_deadline
+from planner.explore import DEFAULT_SIZES, explore
 
 from ..convert import plan_inputs
-from ..errors import BAD_INPUT, detail, error_detail
-from ..schemas.plan import BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
+from ..errors import BAD_INPUT, detail, error_detail, relocate, validation_detail
+from ..limits import Estimate, check_router, encode, plan_work, refuse, run_bounded
+from ..schemas.plan import BatchItem, BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
 
 router = APIRouter(prefix="/v1/plan", tags=["plan"])
 
 
-def run_plan(request: PlanRequest, settings) -> dict:
-    model, work, par, cluster, opts = plan_inputs(request, settings)
+def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, **explore_args):
+    """The planner's inputs, after the work they ask for is estimated and found within ``budget``."""
+    inputs = plan_inputs(request, settings)
+    check_router(inputs[3], settings.max_router_pairs)
+    estimate = plan_work(*inputs, **explore_args)
+    refuse(estimate, settings.max_work if budget is None else budget, "")
+    return inputs, estimate
+
+
+def run_plan(request: PlanRequest, settings, inputs=None) -> dict:
+    inputs = inputs or bounded_inputs(request, settings)[0]
     try:
-        return build_plan(model, work, par, cluster, opts).to_dict()
+        return build_plan(*inputs).to_dict()
     except CollectiveError as err:  # an algorithm pinned in options that cannot run somewhere
-        raise SpecError(f"options.{err.field}", err.rule) from None
+        raise relocate(err, "options.") from None
 
 
 @router.post(
@@ -33,8 +50,9 @@ def run_plan(request: PlanRequest, settings) -> dict:
     "and time. Bytes are integers (nccl-tests message convention), seconds floats, bandwidth "
     "GB/s = 1e9 B/s per direction; counts are per rank per iteration.",
 )
-def plan(body: PlanRequest, request: Request) -> dict:
-    return run_plan(body, request.app.state.settings)
+async def plan(body: PlanRequest, request: Request) -> Response:
+    settings = request.app.state.settings
+    return await run_bounded(request, lambda: encode(run_plan(body, settings), PlanOut))
 
 
 @router.post(
@@ -42,38 +60,70 @@ def plan(body: PlanRequest, request: Request) -> dict:
     responses=BAD_INPUT,
     response_model=BatchOut,
     summary="Plan many configurations",
-    description="Results in request order; one bad request never fails the others.",
+    description="Results in request order; one bad request never fails the others. The batch is bounded by "
+    "its total estimated work (COMMPLAN_MAX_BATCH_WORK) and its answer's size (COMMPLAN_MAX_RESPONSE_BYTES).",
 )
-def batch(body: BatchRequest, request: Request) -> dict:
+async def batch(body: BatchRequest, request: Request) -> Response:
     settings = request.app.state.settings
     if len(body.requests) > settings.max_batch:
         raise SpecError(
             "requests", f"{len(body.requests)} requests; at most {settings.max_batch} per batch (COMMPLAN_MAX_BATCH)"
         )
-    return {"results": [_one(item, settings) for item in body.requests]}
+    return await run_bounded(request, lambda: _batch(body.requests, settings))
 
 
-def _one(item: dict, settings) -> dict:
+def _batch(items: list[dict], settings) -> bytes:
+    """Estimate every item first (identical items once), refuse the batch if the total is over budget,
+    then plan them in order, stopping if the answer grows past its cap."""
+    total, seen, parsed = Estimate(), {}, []
+    for i, item in enumerate(items):
+        check_deadline()
+        key = json.dumps(item, sort_keys=True, default=str)
+        if key not in seen:
+            seen[key] = _estimate(item, settings)
+        outcome = seen[key]
+        if isinstance(outcome, tuple):
+            total.add(outcome[1].units, f"requests.{i} ({outcome[1].biggest})")
+            refuse(total, settings.max_batch_work, "requests", "COMMPLAN_MAX_BATCH_WORK")
+        parsed.append(outcome)
+    parts, size = [], 0
+    for i, (item, outcome) in enumerate(zip(items, parsed, strict=True)):
+        check_deadline()
+        part = _one(item, settings, outcome[0]) if isinstance(outcome, tuple) else outcome
+        size += len(part) + 1
+        if size > settings.max_response_bytes:
+            raise SpecError(
+                "requests",
+                f"the answer passed {settings.max_response_bytes:,} bytes at request {i} of {len(items)} "
+                "(COMMPLAN_MAX_RESPONSE_BYTES); send fewer or smaller plans per batch",
+            )
+        parts.append(part)
+    return b'{"results":[' + b",".join(parts) + b"]}"
+
+
+def _estimate(item: dict, settings) -> tuple | bytes:
+    """(the item's planner inputs, its estimate), or its error item when it is invalid or over the
+    single-plan budget."""
     try:
-        return {"ok": True, "plan": run_plan(PlanRequest.model_validate(item), settings)}
+        return bounded_inputs(PlanRequest.model_validate(item), settings)
     except ValidationError as err:
-        return {
-            "ok": False,
-            "error": {
-                "status": 422,
-                "detail": [
-                    {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                    for e in err.errors(include_url=False)
-                ],
-            },
-        }
+        return _failed(validation_detail(err, ("body",)))
     except (SpecError, CollectiveError) as err:
-        return {"ok": False, "error": {"status": 422, "detail": error_detail(err)}}
+        return _failed(error_detail(err))
     except RecursionError:
-        return {
-            "ok": False,
-            "error": {"status": 422, "detail": detail("requests", "request nested too deeply", "value_error")},
-        }
+        return _failed(detail("requests", "request nested too deeply", "value_error"))
+
+
+def _one(item: dict, settings, inputs) -> bytes:
+    try:
+        result = {"ok": True, "plan": run_plan(PlanRequest.model_validate(item), settings, inputs)}
+    except (SpecError, CollectiveError) as err:
+        return _failed(error_detail(err))
+    return encode(result, BatchItem)
+
+
+def _failed(errors: list[dict]) -> bytes:
+    return encode({"ok": False, "error": {"status": 422, "detail": errors}}, BatchItem)
 
 
 @router.post(
@@ -84,7 +134,13 @@ def _one(item: dict, settings) -> dict:
     description="Places the named call as the plan does (every group at once) and prices each algorithm at each "
     "size (1 KiB to 4 GiB by default, plus the call's own size); auto shows the selector's pick per size.",
 )
-def explore_call(body: ExploreRequest, request: Request) -> dict:
-    model, work, par, cluster, opts = plan_inputs(body.request, request.app.state.settings)
-    sizes = [s for s in (body.sizes or []) if s >= 0] or None
-    return explore(model, work, par, cluster, body.call, body.stage, sizes, opts)
+async def explore_call(body: ExploreRequest, request: Request) -> Response:
+    settings = request.app.state.settings
+
+    def work() -> bytes:
+        sizes = [s for s in (body.sizes or []) if s >= 0] or None
+        count = len(sizes or DEFAULT_SIZES) + 1
+        inputs, _ = bounded_inputs(body.request, settings, call=body.call, stage=body.stage, sizes=count)
+        return encode(explore(*inputs[:4], body.call, body.stage, sizes, inputs[4]), ExploreOut)
+
+    return await run_bounded(request, work)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from .base import Strict
 
 Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s per direction; at least 1 MB/s")
 Latency = Field(default=None, ge=0, le=1.0, description="seconds")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class IntraIn(Strict):
@@ -28,7 +26,7 @@ class NetworkIn(Strict):
     nodes_per_leaf: int | None = Field(default=None, ge=1, le=1 << 16)
     num_spines: int | None = Field(default=None, ge=1, le=1 << 12)
     oversubscription: float | None = Field(default=None, ge=1, le=1024)
-    dims: list[int] | None = Field(default=None, min_length=1, max_length=6)
+    dims: list[Annotated[int, Field(ge=1, le=1 << 17)]] | None = Field(default=None, min_length=1, max_length=6)
     group_size: int | None = Field(default=None, ge=1, le=1 << 12)
     link_bandwidth_GBps: float | None = Bandwidth
     switch_latency_s: float | None = Latency

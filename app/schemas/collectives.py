@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .base import DeviceId, Strict
 from .cluster import ClusterIn, LinkOut
 
 OpName = Literal[
@@ -14,7 +15,7 @@ OpName = Literal[
 DtypeName = Literal["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
 
 
-class PriceRequest(BaseModel):
+class PriceRequest(Strict):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -33,11 +34,11 @@ class PriceRequest(BaseModel):
     algorithm: str = Field(default="auto", max_length=64)
     message_bytes: int = Field(ge=0, le=1 << 46, description="nccl-tests convention")
     cluster: ClusterIn
-    ranks: list[int] | None = Field(
+    ranks: list[DeviceId] | None = Field(
         default=None, min_length=1, max_length=1 << 17, description="global device ids of one group"
     )
     group_size: int | None = Field(default=None, ge=1, le=1 << 17, description="devices 0..group_size-1")
-    concurrent_groups: list[list[int]] | None = Field(
+    concurrent_groups: list[list[DeviceId]] | None = Field(
         default=None, max_length=1 << 14, description="more groups running the same call at the same time"
     )
     candidates: Literal["library", "all"] = "library"
@@ -66,7 +67,7 @@ class PriceOut(BaseModel):
     nodes_per_group: int
 
 
-class VerifyRequest(BaseModel):
+class VerifyRequest(Strict):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -82,7 +83,7 @@ class VerifyRequest(BaseModel):
     dtype: DtypeName = "float32"
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     reduction: Literal["sum", "max", "min", "avg"] = "sum"
-    root: int = Field(default=0, ge=0)
+    root: int = Field(default=0, ge=0, le=4096)
     local_size: int = Field(default=1, ge=1, le=4096, description="ranks per node, for hierarchical")
 
 
@@ -107,7 +108,7 @@ class AlgorithmOut(BaseModel):
     source: str
 
 
-class ScheduleRequest(BaseModel):
+class ScheduleRequest(Strict):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={"examples": [{"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8}]},
@@ -116,7 +117,7 @@ class ScheduleRequest(BaseModel):
     algorithm: str = Field(max_length=64)
     num_ranks: int = Field(ge=1, le=16)
     count: int = Field(ge=0, le=4096)
-    root: int = Field(default=0, ge=0)
+    root: int = Field(default=0, ge=0, le=16)
     local_size: int = Field(default=1, ge=1, le=16)
 
 

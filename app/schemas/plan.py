@@ -7,20 +7,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.presets import BOUNDS
+
+from .base import DeviceId, MessageBytes, Strict
 from .cluster import ClusterIn, LinkOut
 
 # Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
 # request cheap; they are far above any real model.
-Layers = Field(default=None, ge=1, le=2048)
-Width = Field(default=None, ge=1, le=1 << 20)
-Heads = Field(default=None, ge=1, le=1 << 14)
-Vocab = Field(default=None, ge=1, le=1 << 24)
-Seq = Field(default=None, ge=1, le=1 << 24)
+# planner.presets.BOUNDS holds them, so hf_config is read against the same numbers.
+Layers = Field(default=None, ge=BOUNDS["num_layers"][0], le=BOUNDS["num_layers"][1])
+Width = Field(default=None, ge=BOUNDS["hidden_size"][0], le=BOUNDS["hidden_size"][1])
+Heads = Field(default=None, ge=BOUNDS["num_attention_heads"][0], le=BOUNDS["num_attention_heads"][1])
+Vocab = Field(default=None, ge=BOUNDS["vocab_size"][0], le=BOUNDS["vocab_size"][1])
+Seq = Field(default=None, ge=BOUNDS["seq_length"][0], le=BOUNDS["seq_length"][1])
 Degree = Field(default=None, ge=1, le=1 << 17)
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class MoEIn(Strict):
@@ -32,6 +32,9 @@ class MoEIn(Strict):
     first_dense_layers: int = Field(default=0, ge=0, le=2048)
     layer_freq: int = Field(default=1, ge=1, le=2048)
     capacity_factor: float | None = Field(default=None, gt=0, le=64, description="null: dropless routing")
+    load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    expert_bias: bool = False
+    node_limit: int | None = Field(default=None, ge=1, le=1 << 14, description="max nodes per token (DeepEP)")
 
 
 class MLAIn(Strict):
@@ -75,6 +78,13 @@ class WorkloadIn(Strict):
     phase: Literal["prefill", "decode"] | None = None
     batch_size: int | None = Field(default=None, ge=1, le=1 << 20, description="sequences over all replicas")
     context_length: int | None = Seq
+    seq_length: int | None = Field(
+        default=None, ge=1, le=1 << 22, description="training sequence; wins over the model's"
+    )
+    attention_mask_in_dataloader: bool | None = Field(
+        default=None,
+        description="Megatron --create-attention-mask-in-dataloader (default true): mask broadcast over TP",
+    )
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
@@ -98,8 +108,26 @@ class ParallelIn(Strict):
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
     framework: Literal["megatron", "torch", "deepspeed"] | None = None
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
+    ep_dispatch: Literal["alltoall", "deepep"] | None = None
+    zero_config: dict[str, float] | None = Field(
+        default=None,
+        description="DeepSpeed zero_optimization names in elements: reduce_bucket_size, allgather_bucket_size, "
+        "stage3_prefetch_bucket_size, stage3_param_persistence_threshold, stage3_max_reuse_distance, "
+        "stage3_max_live_parameters, sub_group_size (DeepSpeed's defaults)",
+    )
     first_stage_layers: int | None = Layers
     last_stage_layers: int | None = Layers
+
+
+class OverlapIn(Strict):
+    """Framework overlap switches for the step time; null = the framework's default (docs/step-time.md)."""
+
+    overlap_grad_reduce: bool | None = Field(default=None, description="Megatron --overlap-grad-reduce (off)")
+    overlap_param_gather: bool | None = Field(default=None, description="Megatron --overlap-param-gather (off)")
+    fsdp_prefetch: bool | None = Field(default=None, description="FSDP2 / DeepSpeed ZeRO-3 prefetch (on)")
+    cp_ring_overlap: bool | None = Field(default=None, description="ring-attention KV exchange behind attention (on)")
+    tp_comm_overlap: bool | None = Field(default=None, description="Megatron --tp-comm-overlap (off)")
+    overlap_p2p: bool | None = Field(default=None, description="pipeline sends overlapped (Megatron: interleaved only)")
 
 
 class OptionsIn(Strict):
@@ -111,7 +139,7 @@ class OptionsIn(Strict):
     )
     contention: Literal["neighbourhood", "full"] = "neighbourhood"
     links_per_call: int = Field(default=5, ge=1, le=64, description="busiest links reported per call")
-    device_map: list[int] | None = Field(
+    device_map: list[DeviceId] | None = Field(
         default=None, max_length=1 << 17, description="rank r runs on device device_map[r]; default: rank = device"
     )
     pricing: Literal["auto", "library", "schedule"] = Field(
@@ -121,6 +149,8 @@ class OptionsIn(Strict):
     )
     nccl_algo: str = Field(default="auto", max_length=32, description="pin like NCCL_ALGO: Ring, Tree, NVLS, ...")
     nccl_proto: str = Field(default="auto", max_length=16, description="pin like NCCL_PROTO: LL, LL128, Simple")
+    overlap: OverlapIn = Field(default_factory=OverlapIn)
+    timeline: bool = Field(default=True, description="include the step timeline in the response")
 
 
 class PlanRequest(Strict):
@@ -220,6 +250,44 @@ class ClusterSummary(BaseModel):
     request: ClusterIn = Field(description="this cluster as a request block: paste it into a new request")
 
 
+class TimelineEvent(BaseModel):
+    stage: int
+    stream: str = Field(description="compute | dp")
+    name: str = Field(description="forward, backward, 1f1b (aggregated steady state), optimizer, grad_reduce, ...")
+    microbatch: int = Field(description="the (first) micro-batch of the block; -1 for per-iteration work")
+    microbatches: int = Field(description="micro-batches the block holds (1 unless aggregated; 0: per iteration)")
+    start_s: float
+    end_s: float
+
+
+class StepOut(BaseModel):
+    time_s: float = Field(description="one iteration (training step, prefill pass or decode step), critical path")
+    compute_s: float = Field(description="compute on the critical stage")
+    exposed_comm_s: float = Field(description="communication not hidden behind compute on the critical stage")
+    bubble_s: float = Field(description="pipeline idle time on the critical stage")
+    mfu: float = Field(description="model FLOPs (6N + 12·L·H·Q·T per token, PaLM / Llama 3) / (time x peak)")
+    tokens_per_s: float
+    critical_stage: int
+    timeline: list[TimelineEvent] = Field(description="aggregated beyond 256 compute blocks (docs/step-time.md)")
+
+
+class StageMemoryOut(BaseModel):
+    stage: int
+    param_count: int = Field(description="parameters one rank of the stage holds before ZeRO sharding")
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    buffers_bytes: int
+    peak_bytes: int
+
+
+class MemoryOut(BaseModel):
+    capacity_bytes: int
+    fits: bool
+    per_stage: list[StageMemoryOut]
+
+
 class PlanOut(BaseModel):
     world_size: int
     num_microbatches: int
@@ -227,10 +295,12 @@ class PlanOut(BaseModel):
     cluster: ClusterSummary
     calls: list[CallOut]
     totals: TotalsOut
+    step: StepOut | None = Field(default=None, description="null when the cluster has no GPU spec")
+    memory: MemoryOut | None = None
     warnings: list[str]
 
 
-class BatchRequest(BaseModel):
+class BatchRequest(Strict):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
@@ -261,7 +331,7 @@ class BatchOut(BaseModel):
     results: list[BatchItem]
 
 
-class ExploreRequest(BaseModel):
+class ExploreRequest(Strict):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -280,7 +350,9 @@ class ExploreRequest(BaseModel):
     request: PlanRequest
     call: str = Field(max_length=128, description="a call name from the plan, e.g. dp.grads")
     stage: int | None = Field(default=None, ge=0, le=1 << 17, description="which stage's row (default: the first)")
-    sizes: list[int] | None = Field(default=None, min_length=1, max_length=24, description="message bytes to price")
+    sizes: list[MessageBytes] | None = Field(
+        default=None, min_length=1, max_length=24, description="message bytes to price"
+    )
 
 
 class SeriesOut(BaseModel):

@@ -100,12 +100,6 @@ def validate(impl: Implementation, req: Request) -> None:
         raise CollectiveError("num_ranks", f"{impl.algorithm} {req.op.value}: {reason}")
 
 
-def build_schedule(algorithm: str, op: Op, req: Request) -> Schedule:
-    impl = lookup(algorithm, op)
-    validate(impl, req)
-    return impl.build(req)
-
-
 # Small shared arithmetic -------------------------------------------------------------------------------
 
 

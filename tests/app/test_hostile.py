@@ -1,0 +1,536 @@
+"""Every hostile input of issue 13 (and more), against the real server over HTTP: each is refused with
+its 4xx (or answered) within a time bound, and the body is JSON naming the field and the rule. Costly
+requests inside the old device limits are refused up front with the estimate and the budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+L70 = {"preset": "llama3-70b"}
+H100_131K = {"preset": "dgx-h100", "num_nodes": 16384}
+WORK = {"micro_batch_size": 1, "global_batch_size": 16384}
+SMALL = {"model": {"preset": "llama3-8b"}, "parallel": {"tp": 8}, "cluster": {"preset": "dgx-h100"}}
+
+
+def plan_at(cluster, par=None, opts=None, model=L70, work=WORK):
+    return {"model": model, "workload": work, "parallel": par or {"tp": 8, "pp": 4}, "cluster": cluster} | (
+        {"options": opts} if opts else {}
+    )
+
+
+def hf(**fields):
+    base = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
+    return {"model": {"hf_config": base | fields}, "parallel": {"tp": 8}, "cluster": {"preset": "dgx-h100"}}
+
+
+DS3 = {"pp": 16, "ep": 64, "zero_stage": 1, "first_stage_layers": 3, "last_stage_layers": 2}
+
+# (name, path, JSON body, expected status, a fragment of msg, the loc it names)
+COSTLY = [
+    (
+        "price 131072 ranks candidates all (Bruck n x n)",
+        "/v1/collectives/price",
+        {"op": "allreduce", "message_bytes": 1 << 30, "cluster": H100_131K, "group_size": 131072, "candidates": "all"},
+        "COMMPLAN_MAX_WORK",
+    ),
+    (
+        "plan 131072 devices contention full candidates all",
+        "/v1/plan",
+        plan_at(H100_131K, opts={"contention": "full", "candidates": "all"}),
+        "COMMPLAN_MAX_WORK",
+    ),
+    ("tpu-torus 131072", "/v1/plan", plan_at({"preset": "tpu-torus", "num_nodes": 131072}), "MAX_ROUTER_PAIRS"),
+    (
+        "dragonfly 16384 nodes",
+        "/v1/plan",
+        plan_at(H100_131K | {"network": {"topology": "dragonfly", "group_size": 64}}),
+        "MAX_ROUTER_PAIRS",
+    ),
+    ("hypercube 16384 nodes", "/v1/plan", plan_at(H100_131K | {"network": {"topology": "hypercube"}}), "ROUTER"),
+    ("deepseek-v3 at 131072", "/v1/plan", plan_at(H100_131K, DS3, model={"preset": "deepseek-v3"}), "MAX_WORK"),
+    (
+        "explore at 131072",
+        "/v1/plan/explore",
+        {"request": plan_at(H100_131K), "call": "dp.grads"},
+        "COMMPLAN_MAX_WORK",
+    ),
+    (
+        "DDP Llama-3 8B on 131072",
+        "/v1/plan",
+        plan_at(H100_131K, {"preset": "ddp"}, model={"preset": "llama3-8b"}, work={"global_batch_size": 131072}),
+        "COMMPLAN_MAX_WORK",
+    ),
+    (
+        "FSDP Llama-3 8B on 8192 (in-network all-gather n^2)",
+        "/v1/plan",
+        plan_at({"preset": "dgx-h100", "num_nodes": 1024}, {"preset": "fsdp"}, model={"preset": "llama3-8b"}),
+        "COMMPLAN_MAX_WORK",
+    ),
+    (
+        "batch of 2000 plans on 131072 devices",
+        "/v1/plan/batch",
+        {"requests": [plan_at(H100_131K)] * 2000},
+        "COMMPLAN_MAX_BATCH_WORK",
+    ),
+    (
+        "alltoall of 4096 ranks",
+        "/v1/collectives/price",
+        {
+            "op": "alltoall",
+            "message_bytes": 1 << 30,
+            "cluster": {"preset": "dgx-h100", "num_nodes": 512},
+            "group_size": 4096,
+        },
+        "COMMPLAN_MAX_WORK",
+    ),
+]
+
+BAD = [
+    # name, path, raw body (str) or JSON, status, loc prefix
+    (
+        "NaN",
+        "/v1/plan",
+        '{"model": {"preset": "llama3-8b", "seq_length": NaN}, "cluster": {"preset": "dgx-h100"}}',
+        422,
+        ["body"],
+    ),
+    (
+        "Infinity",
+        "/v1/collectives/price",
+        '{"op": "allreduce", "message_bytes": 8, "cluster": {"preset": "dgx-h100", "nic_bandwidth_GBps": Infinity},'
+        ' "group_size": 8}',
+        422,
+        ["body"],
+    ),
+    (
+        "-Infinity",
+        "/v1/plan",
+        '{"model": {"preset": "llama3-8b"}, "cluster": {"preset": "dgx-h100", "nic_latency_s": -Infinity}}',
+        422,
+        ["body"],
+    ),
+    (
+        "1e309",
+        "/v1/plan",
+        '{"model": {"preset": "llama3-8b"}, "options": {"links_per_call": 1e309}, "cluster": {"preset": "dgx-h100"}}',
+        422,
+        ["body"],
+    ),
+    (
+        "a 400-digit float",
+        "/v1/plan",
+        '{"model": {"preset": "llama3-8b"}, "cluster": {"preset": "dgx-h100", '
+        '"nic_bandwidth_GBps": ' + "9" * 400 + ".5}}",
+        422,
+        ["body"],
+    ),
+    (
+        "lone surrogate in a value",
+        "/v1/plan",
+        '{"model": {"preset": "\\ud800"}, "cluster": {"preset": "dgx-h100"}}',
+        422,
+        ["body", "model", "preset"],
+    ),
+    (
+        "lone surrogate as a key",
+        "/v1/plan",
+        '{"model": {"preset": "llama3-8b", "\\udfff": 1}, "cluster": {"preset": "dgx-h100"}}',
+        422,
+        ["body", "model"],
+    ),
+    (
+        "lone surrogate in a cluster name",
+        "/v1/plan",
+        '{"model": {"preset": "llama3-8b"}, '
+        '"cluster": {"num_nodes": 1, "devices_per_node": 8, "name": "\\ud800x"}, "parallel": {"tp": 16}}',
+        422,
+        ["body"],
+    ),
+    (
+        "2^64 in ranks",
+        "/v1/collectives/price",
+        {"op": "allreduce", "message_bytes": 8, "cluster": {"preset": "dgx-h100"}, "ranks": [0, 2**64]},
+        422,
+        ["body", "ranks", 1],
+    ),
+    (
+        "10^30 in sizes",
+        "/v1/plan/explore",
+        {"request": SMALL, "call": "tp.x", "sizes": [10**30]},
+        422,
+        ["body", "sizes", 0],
+    ),
+    (
+        "2^70 root",
+        "/v1/collectives/verify",
+        {"op": "broadcast", "algorithm": "ring", "num_ranks": 4, "count": 8, "root": 2**70},
+        422,
+        ["body", "root"],
+    ),
+    (
+        "2^63 in device_map",
+        "/v1/plan",
+        SMALL | {"options": {"device_map": [2**63, *range(1, 8)]}},
+        422,
+        ["body", "options", "device_map", 0],
+    ),
+    (
+        "negative device id",
+        "/v1/collectives/price",
+        {"op": "allreduce", "message_bytes": 8, "cluster": {"preset": "dgx-h100"}, "ranks": [-1, 0]},
+        422,
+        ["body", "ranks", 0],
+    ),
+    (
+        "a 5000-digit integer",
+        "/v1/plan",
+        '{"model": {"preset": "llama3-8b", "num_layers": ' + "7" * 5000 + '}, "cluster": {"preset": "dgx-h100"}}',
+        422,
+        ["body"],
+    ),
+    ("boolean as integer", "/v1/plan", SMALL | {"parallel": {"tp": True}}, 422, ["body", "parallel", "tp"]),
+    ("string as integer", "/v1/plan", SMALL | {"parallel": {"tp": "8"}}, 422, ["body", "parallel", "tp"]),
+    ("float as integer", "/v1/plan", SMALL | {"parallel": {"tp": 8.0}}, 422, ["body", "parallel", "tp"]),
+    (
+        "integer as boolean",
+        "/v1/plan",
+        SMALL | {"parallel": {"tp": 8, "sequence_parallel": 1}},
+        422,
+        ["body", "parallel", "sequence_parallel"],
+    ),
+    (
+        "boolean as group_size",
+        "/v1/collectives/price",
+        {"op": "allreduce", "message_bytes": 8, "cluster": {"preset": "dgx-h100"}, "group_size": True},
+        422,
+        ["body", "group_size"],
+    ),
+    (
+        "hf_config layers 1e6",
+        "/v1/plan",
+        hf(num_hidden_layers=1_000_000),
+        422,
+        ["body", "model", "hf_config", "num_hidden_layers"],
+    ),
+    (
+        "hf_config layers as string",
+        "/v1/plan",
+        hf(num_hidden_layers="32"),
+        422,
+        ["body", "model", "hf_config", "num_hidden_layers"],
+    ),
+    ("hf_config hidden null", "/v1/plan", hf(hidden_size=None), 422, ["body", "model", "hf_config", "hidden_size"]),
+    (
+        "hf_config heads list",
+        "/v1/plan",
+        hf(num_attention_heads=[32]),
+        422,
+        ["body", "model", "hf_config", "num_attention_heads"],
+    ),
+    (
+        "hf_config fractional",
+        "/v1/plan",
+        hf(intermediate_size=11008.5),
+        422,
+        ["body", "model", "hf_config", "intermediate_size"],
+    ),
+    ("hf_config 10^30 vocab", "/v1/plan", hf(vocab_size=10**30), 422, ["body", "model", "hf_config", "vocab_size"]),
+    ("hf_config hidden 2^40", "/v1/plan", hf(hidden_size=2**40), 422, ["body", "model", "hf_config", "hidden_size"]),
+    (
+        "hf_config tie 'no'",
+        "/v1/plan",
+        hf(tie_word_embeddings="no"),
+        422,
+        ["body", "model", "hf_config", "tie_word_embeddings"],
+    ),
+    (
+        "hf_config layers true",
+        "/v1/plan",
+        hf(num_hidden_layers=True),
+        422,
+        ["body", "model", "hf_config", "num_hidden_layers"],
+    ),
+    (
+        "hf_config experts as float",
+        "/v1/plan",
+        hf(num_local_experts=8.0),
+        422,
+        ["body", "model", "hf_config", "num_local_experts"],
+    ),
+    (
+        "hf_config not an object",
+        "/v1/plan",
+        {"model": {"hf_config": [1, 2]}, "cluster": {"preset": "dgx-h100"}},
+        422,
+        ["body", "model", "hf_config"],
+    ),
+    ("unknown field in batch", "/v1/plan/batch", {"requests": [], "extra": 1}, 422, ["body", "extra"]),
+    (
+        "unknown field in explore",
+        "/v1/plan/explore",
+        {"request": SMALL, "call": "x", "bogus": 1},
+        422,
+        ["body", "bogus"],
+    ),
+    (
+        "unknown field in verify",
+        "/v1/collectives/verify",
+        {"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8, "bogus": 1},
+        422,
+        ["body", "bogus"],
+    ),
+    (
+        "unknown field in a cluster",
+        "/v1/plan",
+        SMALL | {"cluster": {"preset": "dgx-h100", "nodes": 2}},
+        422,
+        ["body", "cluster", "nodes"],
+    ),
+    ("not JSON", "/v1/plan", "{model:", 422, ["body"]),
+    ("not UTF-8", "/v1/plan", b'{"model": "\xff\xfe"}', 422, ["body"]),
+    ("nested 100000 deep", "/v1/plan", "[" * 100_000 + "]" * 100_000, 422, ["body"]),
+    (
+        "message bytes past int64 within every field's bounds",
+        "/v1/plan",
+        {
+            "model": {
+                "num_layers": 2048,
+                "hidden_size": 1 << 20,
+                "num_attention_heads": 1 << 14,
+                "ffn_hidden_size": 1 << 20,
+                "vocab_size": 1 << 24,
+                "seq_length": 1 << 24,
+                "moe": {"num_experts": 1 << 14, "top_k": 1 << 14, "expert_ffn_hidden_size": 1 << 20},
+            },
+            "workload": {"micro_batch_size": 1 << 16, "global_batch_size": 1 << 24},
+            "parallel": {"ep": 8},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 8},
+        },
+        422,
+        ["body"],
+    ),
+    ("2001 requests in a batch", "/v1/plan/batch", {"requests": [{}] * 2001}, 422, ["body", "requests"]),
+    ("empty body", "/v1/plan", "", 422, ["body"]),
+]
+
+
+def _send(base: str, path: str, body, timeout: float = 30.0) -> tuple[httpx.Response, float]:
+    headers = {"content-type": "application/json"}
+    if isinstance(body, str):
+        content = body.encode("utf-8", "surrogatepass")
+    elif isinstance(body, bytes):
+        content = body
+    else:
+        content = json.dumps(body).encode()
+    start = time.monotonic()
+    response = httpx.post(base + path, content=content, headers=headers, timeout=timeout)
+    return response, time.monotonic() - start
+
+
+@pytest.mark.parametrize(("name", "path", "body", "setting"), COSTLY, ids=[c[0] for c in COSTLY])
+def test_costly_requests_are_refused_up_front(server, name, path, body, setting):
+    response, took = _send(server, path, body)
+    assert response.status_code == 422, response.text[:300]
+    msg = response.json()["detail"][0]["msg"]
+    assert setting in msg
+    assert "budget" in msg  # names the estimate and the limit
+    assert took < 10, f"{name} took {took:.1f} s to refuse"
+
+
+@pytest.mark.parametrize(("name", "path", "body", "status", "loc"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_a_clean_4xx(server, name, path, body, status, loc):
+    response, took = _send(server, path, body)
+    assert response.status_code == status, response.text[:300]
+    detail = response.json()["detail"]  # always valid JSON, whatever the input held
+    assert detail[0]["loc"][: len(loc)] == loc, detail
+    assert detail[0]["msg"]
+    assert "input" not in detail[0]  # the offending input is not echoed
+    assert took < 5, f"{name} took {took:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"model": {"preset": "llama3-8b", "\\ud800": 1}, "cluster": {}}',
+        '{"model": {"hf_config": {"\\udc00": 1, "model_type": "\\ud800"}}, "cluster": {"preset": "dgx-h100"}}',
+        '{"requests": [{"model": {"preset": "\\ud800"}, "\\ud801": 2}]}',
+    ],
+)
+def test_error_bodies_are_strict_utf8(server, body):
+    path = "/v1/plan/batch" if "requests" in body else "/v1/plan"
+    response, _ = _send(server, path, body)
+    assert response.status_code in (200, 422)
+    json.loads(response.content.decode("utf-8"))  # strict UTF-8: no lone surrogate survived into the answer
+
+
+def test_costly_requests_inside_the_budget_still_answer(server):
+    """The largest 70B plan on the largest preset cluster is inside the budget and answers in seconds."""
+    response, took = _send(server, "/v1/plan", plan_at(H100_131K))
+    assert response.status_code == 200, response.text[:300]
+    assert response.json()["world_size"] == 131072
+    assert took < 15
+
+
+def test_batch_items_are_strict_too(server):
+    response, _ = _send(server, "/v1/plan/batch", {"requests": [SMALL, SMALL | {"parallel": {"tp": True}}]})
+    assert response.status_code == 200
+    ok, bad = response.json()["results"]
+    assert ok["ok"] and not bad["ok"]
+    assert bad["error"]["detail"][0]["loc"] == ["body", "parallel", "tp"]
+
+
+def test_head_healthz_and_security_headers(server):
+    head = httpx.head(server + "/healthz", timeout=5)
+    assert head.status_code == 200
+    page = httpx.get(server + "/", timeout=5)
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "cdn" not in csp
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert page.headers["x-frame-options"] == "DENY"
+
+
+def test_docs_are_served_offline_from_vendored_assets(server):
+    for path in ("/docs", "/redoc"):
+        html = httpx.get(server + path, timeout=5).text
+        assert "cdn" not in html.lower() and "https://" not in html
+        for src in [part.split('"')[1] for part in html.split("src=")[1:]]:
+            asset = httpx.get(server + src, timeout=10)
+            assert asset.status_code == 200 and len(asset.content) > 100, src
+
+
+def test_a_stalled_connection_is_closed(server):
+    """Slow loris: a request line that never ends is cut after the header deadline, not held forever."""
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/plan HTTP/1.1\r\nHost: x\r\n")
+        start = time.monotonic()
+        data = b"x"
+        while data and time.monotonic() - start < 25:
+            sock.sendall(b"X-a: b\r\n")
+            try:
+                data = sock.recv(1024)
+            except TimeoutError:
+                break
+            except (ConnectionResetError, BrokenPipeError):
+                data = b""
+        assert time.monotonic() - start < 20
+
+
+def test_a_body_that_never_arrives_is_a_408(server):
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/plan HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        start = time.monotonic()
+        reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408")
+        assert time.monotonic() - start < 20
+
+
+# ---- deadline and disconnect, on a server of their own with one work slot and a short deadline ----------
+
+SLOW = plan_at(
+    {"preset": "tpu-torus", "num_nodes": 1000},
+    {"tp": 8, "pp": 5},
+    work={"micro_batch_size": 1, "global_batch_size": 1000},
+)
+
+
+TIGHT_PID: list[int] = []
+
+
+@pytest.fixture(scope="module")
+def tight_server():
+    """`commplan serve` with one work slot, a 5 s deadline and no router budget: a 1,000-router torus
+    (about a minute of routing) gets past the estimate and must be stopped by the deadline or the disconnect."""
+    port = free_port()
+    env = dict(os.environ, COMMPLAN_WORK_SLOTS="1", COMMPLAN_DEADLINE_S="5", COMMPLAN_MAX_ROUTER_PAIRS=str(1 << 40))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    TIGHT_PID.append(proc.pid)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_work_past_the_deadline_is_stopped(tight_server):
+    response, took = _send(tight_server, "/v1/plan", SLOW)
+    assert response.status_code == 503, response.text[:300]
+    assert "COMMPLAN_DEADLINE_S" in response.json()["detail"][0]["msg"]
+    assert took < 9
+
+
+def test_healthz_answers_while_the_only_work_slot_is_busy(tight_server):
+    with httpx.Client(base_url=tight_server, timeout=30) as http:
+        worker = threading.Thread(target=lambda: _send(tight_server, "/v1/plan", SLOW))
+        worker.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        assert http.get("/healthz").status_code == 200
+        assert http.head("/healthz").status_code == 200
+        assert time.monotonic() - start < 1
+        worker.join(30)
+
+
+def test_a_client_that_disconnects_stops_its_work(tight_server):
+    """The only slot is freed as soon as the client goes: a small plan right after answers at once, not
+    after the abandoned work's deadline."""
+    with pytest.raises(httpx.ReadTimeout):
+        _send(tight_server, "/v1/plan", SLOW, timeout=0.5)
+    response, took = _send(tight_server, "/v1/plan", SMALL)
+    assert response.status_code == 200
+    assert took < 3, f"the abandoned work held the slot for {took:.1f} s"
+
+
+def test_peak_memory_stays_bounded(tight_server):
+    """After the stopped and abandoned torus work, and every costly request of the issue that is not a router
+    network (those this server lets through), the server's peak resident memory is a few hundred MiB."""
+    for name, path, body, setting in COSTLY:
+        if "ROUTER" not in setting:
+            response, took = _send(tight_server, path, body)
+            assert response.status_code == 422 and took < 10, name
+    with open(f"/proc/{TIGHT_PID[0]}/status") as status:
+        peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+    assert peak_kib < 400 * 1024, f"peak RSS {peak_kib // 1024} MiB"
+
+
+def test_schema_bounds_are_the_planners():
+    """A model meets the same bounds as fields, preset overrides or a config.json (planner.presets.BOUNDS)."""
+    from app.schemas.plan import MLAIn, ModelIn, MoEIn
+    from planner.presets import BOUNDS
+
+    def bounds(model, name):
+        schema = model.model_json_schema()["properties"][name]
+        option = next((o for o in schema.get("anyOf", [schema]) if o.get("type") == "integer"), schema)
+        return option.get("minimum"), option.get("maximum")
+
+    names = {**{k: ModelIn for k in list(BOUNDS)[:8]}, "num_kv_heads": ModelIn, "seq_length": ModelIn}
+    names |= {k: MoEIn for k in ("num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts")}
+    names |= {k: MoEIn for k in ("shared_expert_ffn_hidden_size", "first_dense_layers", "layer_freq")}
+    names |= {k: MLAIn for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    for name, model in names.items():
+        assert bounds(model, name) == BOUNDS[name], name
