@@ -86,6 +86,11 @@ def resolve_pricing(pricing: str, cluster: Cluster, op: Op | None = None) -> str
     return pricing
 
 
+def check_group(placement: np.ndarray) -> None:
+    if len(np.unique(placement[0])) != placement.shape[1]:
+        raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
+
+
 def price_call(
     op: Op,
     message_bytes: int,
@@ -106,14 +111,22 @@ def price_call(
     placement = np.atleast_2d(np.asarray(placement, dtype=np.int64))
     n = placement.shape[1]
     cluster.check_devices(placement)
-    if len(np.unique(placement[0])) != n:
-        raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
     # one rank: NCCL returns at once (tuning.cc: nRanks <= 1); the schedule pricer prices the empty schedule
     if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto" and n > 1:
         from .library import normalise_algo, normalise_proto, price_library
 
-        return price_library(op, message_bytes, placement, cluster, calibration, normalise_algo(nccl_algo),
-                             normalise_proto(nccl_proto), top_links)
+        # the library checks the placement (devices listed twice) once per placement, memoised
+        return price_library(
+            op,
+            message_bytes,
+            placement,
+            cluster,
+            calibration,
+            normalise_algo(nccl_algo),
+            normalise_proto(nccl_proto),
+            top_links,
+        )
+    check_group(placement)
     if not isinstance(calibration, Calibration):
         calibration = DEFAULT
     local = local_size(cluster, placement)

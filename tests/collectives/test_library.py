@@ -342,3 +342,10 @@ def test_any_group_prices_finite_and_ring_simple_grows_with_bytes(preset, nodes,
     small, big = (price_call(op, s, group[None], cluster, **pin).time_s for s in (full, 2 * full))
     base = price_call(op, 0, group[None], cluster, **pin).time_s
     assert big - base == pytest.approx(2 * (small - base), rel=1e-6)
+
+
+def test_a_device_listed_twice_is_named_under_library_pricing():
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    with pytest.raises(CollectiveError) as caught:
+        price_call(Op.ALLREDUCE, GIB, [[0, 1, 1, 2]], cluster, pricing="library")
+    assert caught.value.field == "ranks" and "twice" in caught.value.rule

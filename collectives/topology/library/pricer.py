@@ -230,6 +230,9 @@ def _placement_part(cluster: Cluster, placement: np.ndarray):
     key = (cluster.spec, placement.shape, placement.tobytes())
     got = _CONTENTION.get(key)
     if got is None:
+        from ..select import check_group
+
+        check_group(placement)
         got = _CONTENTION[key] = (shape_of(cluster, placement[0]), _contention(cluster, placement))
         if len(_CONTENTION) > 1024:
             _CONTENTION.popitem(last=False)
