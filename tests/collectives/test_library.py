@@ -349,3 +349,14 @@ def test_a_device_listed_twice_is_named_under_library_pricing():
     with pytest.raises(CollectiveError) as caught:
         price_call(Op.ALLREDUCE, GIB, [[0, 1, 1, 2]], cluster, pricing="library")
     assert caught.value.field == "ranks" and "twice" in caught.value.rule
+
+
+def test_131072_ranks_price_from_closed_forms():
+    # the bytes come from the schedule's closed form (checked by verify), so a 131,072-rank group costs
+    # O(ranks) for the placement and O(1) per size
+    cluster = Cluster(cluster_preset("dgx-h100", 16384))
+    group = np.arange(131072)[None]
+    p = price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library")
+    g, nodes = 8, 16384
+    assert p.algorithm == "hierarchical"
+    assert p.bytes_sent_per_rank == 2 * (g - 1) * GIB // g + 2 * (nodes - 1) * GIB // (nodes * g)

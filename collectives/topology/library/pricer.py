@@ -23,6 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..._errors import CollectiveError
+from ...algorithms import Request, lookup, validate
 from ...primitives import Op, busbw_factor
 from ..cluster import Cluster
 from ..pricing import Price
@@ -208,17 +209,18 @@ def price_library(
 
 @lru_cache(maxsize=4096)
 def _schedule_bytes(name: str, op: Op, n: int, nbytes: int, local: int) -> tuple[str, int, int, int]:
-    """Exact bytes per rank from the executable schedule (falls back to ring where the named one cannot be
-    built for this shape, e.g. hierarchical needs a local size)."""
-    from ..select import cached_schedule
-
+    """The busiest rank's bytes sent and received and the steps of the executable schedule, from its
+    closed form (algorithms/_base.py Cost, which ``verify`` checks against the executed schedule): O(1)
+    for 131,072 ranks. Falls back to ring where the named schedule does not fit the shape."""
     for candidate in (name, "ring", "binomial_tree"):
         try:
-            s = cached_schedule(candidate, op, n, nbytes, local)
+            impl = lookup(candidate, op)
+            req = Request(op, n, nbytes, 1, 0, max(local, 1))
+            validate(impl, req)
         except CollectiveError:
             continue
-        sent, received = s.wire_bytes()
-        return candidate, int(sent.max(initial=0)), int(received.max(initial=0)), s.num_steps
+        cost = impl.cost(req)
+        return candidate, int(cost.bytes_sent), int(cost.bytes_received), int(cost.steps)
     return name, 0, 0, 0
 
 
