@@ -63,7 +63,17 @@ def _price(body: PriceRequest, settings) -> dict:
     refuse(est, settings.max_work, "")
     cluster = cluster_for(spec)
     try:
-        p = price_call(coll.Op(body.op), body.message_bytes, placement, cluster, body.algorithm, which=body.candidates)
+        p = price_call(
+            coll.Op(body.op),
+            body.message_bytes,
+            placement,
+            cluster,
+            body.algorithm,
+            which=body.candidates,
+            pricing=body.pricing,
+            nccl_algo=body.nccl_algo,
+            nccl_proto=body.nccl_proto,
+        )
     except coll.CollectiveError as err:
         raise relocate(err, fields=PRICE_FIELDS) from None
     return {
@@ -80,6 +90,9 @@ def _price(body: PriceRequest, settings) -> dict:
                 "links",
                 "span",
                 "nodes_per_group",
+                "protocol",
+                "nccl_algorithm",
+                "channels",
             )
         },
         "bottleneck": p.bottleneck.get("kind", "none"),

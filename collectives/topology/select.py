@@ -60,23 +60,75 @@ def candidates(op: Op, cluster: Cluster, which: str = "library") -> tuple[str, .
     return LIBRARY_CANDIDATES[op] + extra
 
 
+PRICINGS = ("auto", "library", "schedule")
+
+
+def resolve_pricing(pricing: str, cluster: Cluster, op: Op | None = None) -> str:
+    """``auto``: NCCL's model (``library``) on NVIDIA clusters for the collectives NCCL's tuner prices, the
+    step-by-step ``schedule`` pricer elsewhere (NPU full mesh, TPU torus, all-to-all and point-to-point)."""
+    from .library import is_nvidia
+    from .library.model import NCCL_FUNCS
+
+    if pricing not in PRICINGS:
+        raise CollectiveError("options.pricing", f"must be one of {', '.join(PRICINGS)}, got {pricing!r}")
+    if pricing == "auto":
+        pricing = "library" if is_nvidia(cluster) else "schedule"
+    elif pricing == "library" and not is_nvidia(cluster):
+        s = cluster.spec
+        raise CollectiveError(
+            "pricing",
+            f"library pricing is NCCL's model: it needs an NVIDIA GPU (gpu.sm > 0, got "
+            f"{s.gpu.sm if s.gpu else 'no GPU'}) on an NVLink/PCIe switch or one GPU per node (got intra "
+            f"{s.intra.fabric}/{s.intra.link_name}); use pricing 'schedule'",
+        )
+    if pricing == "library" and op is not None and op not in NCCL_FUNCS:
+        return "schedule"
+    return pricing
+
+
+def check_group(placement: np.ndarray) -> None:
+    if len(np.unique(placement[0])) != placement.shape[1]:
+        raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
+
+
 def price_call(
     op: Op,
     message_bytes: int,
     placement,
     cluster: Cluster,
     algorithm: str = "auto",
-    calibration: Calibration = DEFAULT,
+    calibration=DEFAULT,
     which: str = "library",
     top_links: int = 5,
+    pricing: str = "schedule",
+    nccl_algo: str = "auto",
+    nccl_proto: str = "auto",
 ) -> Price:
     """Price one call of ``op`` with ``message_bytes`` on every group in ``placement`` at once; the
-    ``top_links`` busiest links are reported."""
+    ``top_links`` busiest links are reported. ``pricing='library'`` (or ``'auto'`` on an NVIDIA cluster)
+    uses NCCL's model (library/), with ``nccl_algo`` / ``nccl_proto`` pinning like NCCL_ALGO / NCCL_PROTO
+    and ``calibration`` a :class:`LibraryCalibration`; ``'schedule'`` prices the named schedule step by step."""
     placement = np.atleast_2d(np.asarray(placement, dtype=np.int64))
     n = placement.shape[1]
     cluster.check_devices(placement)
-    if len(np.unique(placement[0])) != n:
-        raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
+    # one rank: NCCL returns at once (tuning.cc: nRanks <= 1); the schedule pricer prices the empty schedule
+    if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto" and n > 1:
+        from .library import normalise_algo, normalise_proto, price_library
+
+        # the library checks the placement (devices listed twice) once per placement, memoised
+        return price_library(
+            op,
+            message_bytes,
+            placement,
+            cluster,
+            calibration,
+            normalise_algo(nccl_algo),
+            normalise_proto(nccl_proto),
+            top_links,
+        )
+    check_group(placement)
+    if not isinstance(calibration, Calibration):
+        calibration = DEFAULT
     local = local_size(cluster, placement)
     if algorithm != "auto":
         ev = _evaluate_one(algorithm, op, message_bytes, placement, cluster, local, calibration)

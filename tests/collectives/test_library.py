@@ -1,0 +1,362 @@
+"""The library pricer against NCCL's own rules (NVIDIA/nccl v2.30.7-1, src/graph/tuning.cc and search.cc)
+and against the reference measurements (tests/reference/nccl/measurements.json)."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collectives import CollectiveError, Op
+from collectives.topology import Cluster, cluster_preset, price_call, validate_cluster
+from collectives.topology.library import LibraryCalibration, choose
+from collectives.topology.library.graphs import Shape, nvls_graph, ring_graph
+from collectives.topology.library.model import Features, candidates
+from collectives.topology.library.pricer import contention, features_of, shape_of
+from collectives.topology.reference import compare_all
+
+GIB = 1 << 30
+RAW = LibraryCalibration(efficiency={}, latency_scale={})  # NCCL's model alone, no fitted constant
+
+
+def bus(preset, nodes, algo, op=Op.ALLREDUCE):
+    cluster = Cluster(
+        replace(
+            cluster_preset(preset, nodes),
+            network=replace(cluster_preset(preset, nodes).network, in_network_reduction=False),
+        )
+    )
+    group = np.arange(cluster.num_devices)
+    cands = candidates(op, shape_of(cluster, group), Features(), RAW)
+    return {(c.algorithm, c.protocol): c.bus_bw for c in cands}.get((algo, "Simple"))
+
+
+def test_dgx_h100_one_node_ring_is_12_channels_of_30():
+    # search.cc: sm90SpeedArrayIntra, 18 x 20.6 GB/s NVLink (topo.h SM90_NVLINK_BW): 6 x 60 best, then
+    # ncclTopoDupChannels -> 12 x 30
+    g = ring_graph(Shape(90, 1, 8, 18 * 20.6, True, 1, 0.0))
+    assert (g.channels, g.bw_intra) == (12, 30.0)
+    assert bus("dgx-h100", 1, "ring") == pytest.approx(360.0)
+
+
+def test_dgx_h100_nvls_480_one_node_and_nvlstree_462_on_two():
+    assert nvls_graph(Shape(90, 1, 8, 18 * 20.6, True, 1, 0.0)).bus_bw == 480.0
+    assert bus("dgx-h100", 1, "nvls") == pytest.approx(480.0)
+    # tuning.cc: 8 x min(48 x .85 x 7/8 x 2, 2 x 48, perChMaxNVLSTreeBw 57.7)
+    assert bus("dgx-h100", 2, "nvls_tree") == pytest.approx(8 * 57.7, rel=1e-6)
+
+
+def test_three_or_more_h100_nodes_ring_384_beats_nvlstree_364():
+    assert bus("dgx-h100", 4, "ring") == pytest.approx(384.0)  # sm90SpeedArrayInter 48 x 8 NICs
+    assert bus("dgx-h100", 4, "nvls_tree") == pytest.approx(8 * 45.5)
+    cluster = Cluster(
+        replace(
+            cluster_preset("dgx-h100", 4),
+            network=replace(cluster_preset("dgx-h100").network, in_network_reduction=False),
+        )
+    )
+    assert choose(Op.ALLREDUCE, GIB, cluster, np.arange(32), RAW).algorithm == "ring"
+
+
+def test_dgx_a100_ring_12x20_on_one_node_8x24_across():
+    assert ring_graph(Shape(80, 1, 8, 12 * 20.0, True, 1, 0.0)).bus_bw == 240.0
+    g = ring_graph(Shape(80, 2, 8, 12 * 20.0, True, 8, 24.0))
+    assert (g.channels, g.bw_inter) == (8, 24.0)
+
+
+def test_small_sizes_pick_ll_and_large_pick_simple():
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    assert choose(Op.ALLREDUCE, 1024, cluster, np.arange(8)).protocol == "LL"
+    big = choose(Op.ALLREDUCE, GIB, cluster, np.arange(8))
+    assert (big.algorithm, big.protocol) == ("nvls", "Simple")
+
+
+def test_price_is_linear_in_bytes_for_a_fixed_pair():
+    cluster = Cluster(cluster_preset("dgx-h100", 2))
+    t = [
+        price_call(
+            Op.ALLREDUCE, s, np.arange(16)[None], cluster, pricing="library", nccl_algo="ring", nccl_proto="Simple"
+        ).time_s
+        for s in (GIB, 2 * GIB, 3 * GIB)
+    ]
+    assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-9)
+
+
+def test_pins_and_protocol_are_reported():
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    p = price_call(
+        Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="Ring", nccl_proto="LL128"
+    )
+    assert (p.nccl_algorithm, p.protocol, p.algorithm, p.channels) == ("Ring", "LL128", "ring", 12)
+
+
+@pytest.mark.parametrize(
+    ("preset", "algo", "field", "words"),
+    [
+        ("dgx-a100", "NVLS", "nccl_algo", "SM90"),  # A100: NVLS needs SM90+
+        ("pcie-server", "NVLS", "nccl_algo", "NVLink switch"),
+        ("dgx-h100", "NVLSTree", "nccl_algo", "single node"),
+        ("dgx-h100", "PAT", "nccl_algo", "allgather and reducescatter"),
+        ("dgx-h100", "bogus", "nccl_algo", "unknown NCCL algorithm"),
+    ],
+)
+def test_algorithms_that_cannot_run_are_named(preset, algo, field, words):
+    cluster = Cluster(cluster_preset(preset))
+    with pytest.raises(CollectiveError) as caught:
+        price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo=algo)
+    assert caught.value.field == field and words in caught.value.rule
+
+
+def test_bad_network_kind_and_version_are_named():
+    for change, field in (
+        (lambda s: replace(s, network=replace(s.network, kind="myrinet")), "network.kind"),
+        (lambda s: replace(s, nccl_version="2.18.5"), "nccl_version"),
+        (lambda s: replace(s, cpu_vendor="sparc"), "cpu_vendor"),
+    ):
+        with pytest.raises(CollectiveError) as caught:
+            validate_cluster(change(cluster_preset("dgx-h100", 2)))
+        assert caught.value.field == field
+
+
+def test_concurrent_groups_sharing_a_nic_slow_down():
+    # 8 GPUs, 1 NIC: eight DP groups (one per GPU position) all leave the node through it
+    cluster = Cluster(cluster_preset("pcie-server", 2))
+    placement = np.stack([np.array([g, 8 + g]) for g in range(8)])
+    ratio, links = contention(cluster, placement)
+    assert ratio == pytest.approx(8.0) and cluster.describe_link(links[0][0])["family"] == "nic_up"
+    one = price_call(Op.ALLREDUCE, GIB, placement[:1], cluster, pricing="library")
+    all8 = price_call(Op.ALLREDUCE, GIB, placement, cluster, pricing="library")
+    assert all8.time_s > 7 * one.time_s
+    assert all8.bottleneck["bytes"] == 8 * one.bottleneck["bytes"]  # the one NIC carries all eight groups
+    # rail-optimised DGX: each DP group on its own rail, nothing shared
+    dgx = Cluster(cluster_preset("dgx-h100", 2))
+    assert contention(dgx, placement)[0] == 1.0
+
+
+def test_oversubscribed_spine_bundle_slows_groups_crossing_leaf_units():
+    spec = cluster_preset("dgx-h100", 4)
+    spec = replace(spec, network=replace(spec.network, nodes_per_leaf=2, oversubscription=4.0))
+    cluster = Cluster(spec)
+    # nodes 0-3 over two leaf units: hops 1->2 and 3->0 cross the spines. Rail leaf (unit, k) holds NIC k of
+    # 2 nodes: a bundle of 2 x 50 / 4 = 25 GB/s carrying one crossing NIC's 50 GB/s share -> 2x slower
+    ring = np.arange(32)[None]
+    ratio, links = contention(cluster, ring)
+    assert ratio == pytest.approx(2.0) and cluster.describe_link(links[0][0])["family"] == "leaf_up"
+    inside = np.arange(16)[None]  # two nodes of one leaf unit: nothing crosses
+    assert contention(cluster, inside)[0] == 1.0
+
+
+def test_links_report_group_zero_ports_for_one_node_groups():
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="ring", top_links=8)
+    assert len(p.links) == 8 and {link["family"] for link in p.links} == {"dev_up"}
+    assert all(link["bytes"] == p.bytes_sent_per_rank for link in p.links)
+
+
+def test_flat_ring_spreads_over_all_nics():
+    # NCCL's 8 channels leave a node through its 8 NICs, not through the NIC of the last GPU
+    cluster = Cluster(cluster_preset("dgx-h100", 2))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(16)[None], cluster, pricing="library", nccl_algo="ring")
+    assert p.busbw_GBps > 300  # one NIC (50 GB/s) would cap it below 100
+
+
+def test_every_new_preset_prices():
+    for name in (
+        "dgx-h200",
+        "dgx-b200",
+        "hgx-h20",
+        "hgx-h800",
+        "gb200-nvl72",
+        "aws-p5",
+        "gcp-a3-mega",
+        "azure-nd-h100-v5",
+    ):
+        spec = cluster_preset(name, 2)
+        assert spec.sources and spec.gpu and spec.gpu.sm >= 90
+        cluster = Cluster(spec)
+        p = price_call(Op.ALLREDUCE, GIB, np.arange(cluster.num_devices)[None], cluster, pricing="auto")
+        assert p.protocol == "Simple" and 50 < p.busbw_GBps < 2000
+
+
+def test_h800_has_less_nvlink_than_h100():
+    h800 = Cluster(cluster_preset("hgx-h800"))
+    g = ring_graph(shape_of(h800, np.arange(8)))
+    assert g.bus_bw == 160.0  # 8 x 20.6 = 164.8: 4 x 40 found, duplicated to 8 x 20
+
+
+def test_two_h100_nodes_1gib_allreduce_in_published_range():
+    # issue 9: published nccl-tests runs on 2 x 8 H100 with 8 x 400G show 330-490 GB/s busbw at 1 GiB
+    cluster = Cluster(cluster_preset("azure-nd-h100-v5", 2))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(16)[None], cluster, pricing="auto")
+    assert 330 <= p.busbw_GBps <= 490
+
+
+RECORDS = json.loads((Path(__file__).parents[1] / "reference" / "nccl" / "measurements.json").read_text())
+
+
+def test_reference_measurements_median_error_per_band():
+    rows = compare_all(RECORDS, LibraryCalibration(), "library")
+    large = [abs(c.error) for c in rows if c.size_bytes >= 64 << 20]
+    mid = [abs(c.error) for c in rows if 64 << 10 <= c.size_bytes < 64 << 20]
+    assert len(large) >= 40 and len(mid) >= 30
+    assert np.median(large) <= 0.10
+    assert np.median(mid) <= 0.25
+
+
+def test_two_level_algorithms_name_the_hierarchical_schedule_and_its_bytes():
+    # NVLSTree on 2 DGX H100 nodes runs as the two-level schedule: the ranks send what hierarchical sends,
+    # not the flat in-network schedule's full message through every NIC
+    cluster = Cluster(cluster_preset("azure-nd-h100-v5", 2))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(16)[None], cluster, pricing="library")
+    assert (p.nccl_algorithm, p.algorithm) == ("NVLSTree", "hierarchical")
+    from collectives.topology.select import cached_schedule
+
+    sent, _ = cached_schedule("hierarchical", Op.ALLREDUCE, 16, GIB, 8).wire_bytes()
+    assert p.bytes_sent_per_rank == int(sent.max())
+
+
+def test_nccl_algo_and_proto_lists_as_nccl_parses_them():
+    # tuning.cc:parseList: "^X" disables X, "func:list" sets one function apart
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    group = np.arange(8)[None]
+    no_nvls = price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library", nccl_algo="^NVLS")
+    assert no_nvls.nccl_algorithm == "Ring"
+    split = dict(pricing="library", nccl_algo="ring;allreduce:tree", nccl_proto="^LL128")
+    assert price_call(Op.ALLREDUCE, GIB, group, cluster, **split).nccl_algorithm == "Tree"
+    assert price_call(Op.ALLGATHER, GIB, group, cluster, **split).nccl_algorithm == "Ring"
+    assert price_call(Op.ALLREDUCE, 1 << 20, group, cluster, **split).protocol in ("LL", "Simple")
+    for bad, words in (("allreduce:ring;tree", "function prefix"), ("allgathr:ring", "unknown function")):
+        with pytest.raises(CollectiveError) as caught:
+            price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library", nccl_algo=bad)
+        assert caught.value.field == "nccl_algo" and words in caught.value.rule
+
+
+def _raw(preset, nodes, op=Op.ALLREDUCE, **changes):
+    spec = cluster_preset(preset, nodes)
+    cluster = Cluster(replace(spec, network=replace(spec.network, in_network_reduction=False), **changes))
+    group = np.arange(cluster.num_devices)
+    return {(c.algorithm, c.protocol): c for c in candidates(op, shape_of(cluster, group), features_of(cluster), RAW)}
+
+
+def test_latencies_are_nccl_tables():
+    one = _raw("dgx-h100", 1)
+    # tuning.cc:412 ring: base + nsteps x intraLat; 8 GPUs: 14 steps; baseLat ring (6.6, 14, 8.4), NVLink
+    # hwLat ring (.6, 1.9, 3.4)
+    assert one["ring", "LL"].latency_us == pytest.approx(6.6 + 14 * 0.6)
+    assert one["ring", "Simple"].latency_us == pytest.approx(8.4 + 14 * 3.4)
+    assert one["nvls", "Simple"].latency_us == pytest.approx(25.0)  # tuning.cc:425 NVLS = intraLat
+    two = _raw("dgx-h100", 2)
+    # tuning.cc:416 tree: base 8.4 + 2 x ((ppn-1) x 4.0 + log2(2) x (14 + 14... net)) with IB latencyInter 0
+    assert two["tree", "Simple"].latency_us == pytest.approx(8.4 + 2 * (7 * 4.0 + 1 * 14.0))
+    # tuning.cc:428 NVLSTree: intraLat 25 + 2 log2(N) x interLat 20.9
+    assert two["nvls_tree", "Simple"].latency_us == pytest.approx(25.0 + 2 * 20.9)
+    # tuning.cc:405-412 + 649: ring across nodes, Simple: netOverhead 1 us (Intel) x 3 as the intra step floor,
+    # 2(N-1) network steps at 14 us, then x1.4 (plateau)
+    assert two["ring", "Simple"].latency_us == pytest.approx((8.4 + 28 * 3.4 + 2 * 14.0) * 1.4)
+
+
+def test_per_hop_network_latency_by_kind():
+    ib = _raw("dgx-h100", 2)["tree", "Simple"].latency_us
+    p5 = Cluster(cluster_preset("aws-p5", 2))
+    cands = candidates(Op.ALLREDUCE, shape_of(p5, np.arange(16)), features_of(p5), RAW)
+    tree = next(c for c in cands if (c.algorithm, c.protocol) == ("tree", "Simple"))
+    # the plugin's latencyInter is added to the network latency, twice for Simple (tuning.cc:383-386), and the
+    # tree crosses log2(2) = 1 network hop each way: + 2 x 2 x the EFA constant
+    efa_us = RAW.network_latency_s["efa"] * 1e6
+    assert efa_us > 0 and tree.latency_us == pytest.approx(ib + 2 * 2 * efa_us)
+
+
+def test_availability_rules():
+    assert ("nvls_tree", "Simple") not in _raw("dgx-h100", 1)  # tuning.cc:502: no NVLSTree on one node
+    assert ("nvls", "Simple") not in _raw("dgx-h100", 2)  # tuning.cc:505: NVLS across nodes needs CollNet
+    assert ("nvls", "Simple") not in _raw("dgx-a100", 1)  # search.cc:1124: NVLS needs NVSwitch and SM90+
+    assert ("nvls", "LL") not in _raw("dgx-h100", 1)  # NVLS runs Simple only
+    pcie = _raw("pcie-server", 1)
+    assert ("ring", "LL128") not in pcie and ("ring", "LL") in pcie  # tuning.cc:531 LL128 needs NVLink paths
+    ag = _raw("dgx-h100", 2, op=Op.ALLGATHER)
+    assert {a for a, _ in ag} == {"ring"}  # tree never runs allgather; PAT needs 1 GPU per node (tuning.cc:220)
+    one_gpu = Cluster(
+        replace(
+            cluster_preset("dgx-h100", 4),
+            devices_per_node=1,
+            nics_per_node=1,
+            intra=replace(cluster_preset("dgx-h100").intra, fabric="none"),
+        )
+    )
+    cands = candidates(Op.ALLGATHER, shape_of(one_gpu, np.arange(4)), Features(), RAW)
+    assert ("pat", "Simple") in {(c.algorithm, c.protocol) for c in cands}
+
+
+def test_small_messages_launch_fewer_channels():
+    # enqueue.cc:topoGetAlgoInfo: ring LL on 8 ranks needs nt 512 x threadThreshold 8 x 8 = 32 KiB a channel
+    ring_ll = _raw("dgx-h100", 1)["ring", "LL"]
+    assert ring_ll.channels == 12
+    assert [ring_ll.channels_used(s) for s in (1 << 10, 64 << 10, 256 << 10, 1 << 20)] == [1, 2, 8, 12]
+
+
+def test_version_keyed_speed_arrays():
+    # search.cc sm100SpeedArrayInter with 800G NICs (90 GB/s): 2.30 finds 8 x 86, duplicated to 16 x 43
+    # (ncclTopoDupChannels: >= 50 GB/s); 2.28 has no 86/80 step: one 48 channel per NIC gives 384, and walking
+    # down it finds three 30 GB/s channels per NIC, 24 x 30 = 720, below 50 GB/s so not duplicated
+    b200 = Shape(100, 2, 8, 18 * 40.1, True, 8, 90.0, "2.30")
+    g30, g28 = ring_graph(b200), ring_graph(replace(b200, version="2.28"))
+    assert (g30.channels, g30.bw_inter) == (16, 43.0)
+    assert (g28.channels, g28.bw_inter) == (24, 30.0)
+
+
+NVIDIA_PRESETS = (
+    "dgx-a100",
+    "dgx-h100",
+    "dgx-h200",
+    "dgx-b200",
+    "hgx-h20",
+    "hgx-h800",
+    "aws-p5",
+    "gcp-a3-mega",
+    "azure-nd-h100-v5",
+    "pcie-server",
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    preset=st.sampled_from(NVIDIA_PRESETS),
+    nodes=st.integers(1, 4),
+    op=st.sampled_from([Op.ALLREDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.BROADCAST, Op.REDUCE]),
+    picks=st.lists(st.integers(0, 31), min_size=2, max_size=32, unique=True),
+    size=st.integers(0, 1 << 36),
+)
+def test_any_group_prices_finite_and_ring_simple_grows_with_bytes(preset, nodes, op, picks, size):
+    cluster = Cluster(cluster_preset(preset, nodes))
+    group = np.array(sorted({p % cluster.num_devices for p in picks}))
+    if len(group) < 2:
+        return
+    p = price_call(op, size, group[None], cluster, pricing="library")
+    assert np.isfinite(p.time_s) and p.time_s > 0 and p.protocol and p.nccl_algorithm
+    # linear in bytes once every channel runs (below that NCCL's channel count saw-tooths, as measured)
+    pin = dict(pricing="library", nccl_algo="ring", nccl_proto="Simple")
+    full = max(size, 1 << 25)
+    small, big = (price_call(op, s, group[None], cluster, **pin).time_s for s in (full, 2 * full))
+    base = price_call(op, 0, group[None], cluster, **pin).time_s
+    assert big - base == pytest.approx(2 * (small - base), rel=1e-6)
+
+
+def test_a_device_listed_twice_is_named_under_library_pricing():
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    with pytest.raises(CollectiveError) as caught:
+        price_call(Op.ALLREDUCE, GIB, [[0, 1, 1, 2]], cluster, pricing="library")
+    assert caught.value.field == "ranks" and "twice" in caught.value.rule
+
+
+def test_131072_ranks_price_from_closed_forms():
+    # the bytes come from the schedule's closed form (checked by verify), so a 131,072-rank group costs
+    # O(ranks) for the placement and O(1) per size
+    cluster = Cluster(cluster_preset("dgx-h100", 16384))
+    group = np.arange(131072)[None]
+    p = price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library")
+    g, nodes = 8, 16384
+    assert p.algorithm == "hierarchical"
+    assert p.bytes_sent_per_rank == 2 * (g - 1) * GIB // g + 2 * (nodes - 1) * GIB // (nodes * g)
