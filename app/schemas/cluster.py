@@ -35,6 +35,14 @@ class NetworkIn(Strict):
     in_network_reduction: bool | None = Field(default=None, description="SHARP in the switches")
 
 
+class CalibrationIn(Strict):
+    """Fitted constants (POST /v1/calibrate returns them in its cluster); absent names keep the defaults."""
+
+    efficiency: dict[str, float] | None = Field(default=None, description="link kind -> fraction of its rate")
+    latency_scale: dict[str, float] | None = Field(default=None, description="intra_node / inter_node -> multiplier")
+    network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpxo -> s per hop")
+
+
 class ClusterIn(Strict):
     preset: str | None = Field(default=None, description="a name from GET /v1/presets/clusters")
     num_nodes: int | None = Field(default=None, ge=1, le=1 << 17)
@@ -46,6 +54,7 @@ class ClusterIn(Strict):
     pcie_bandwidth_GBps: float | None = Bandwidth
     network: NetworkIn | None = None
     name: str | None = Field(default=None, max_length=64)
+    calibration: CalibrationIn | None = None
 
 
 class LinkOut(BaseModel):
