@@ -196,7 +196,7 @@ def parse(
             continue
         if stripped.startswith("#"):
             body = stripped.lstrip("#").strip()
-            if body.startswith("nThread") or (target is context and _starts_table(body)):
+            if body.startswith("nThread") or (_starts_table(body) and (current is None or current.rows)):
                 current = target = _Pending(
                     number, context.program, nccl_version=context.nccl_version, nccl_algo=context.nccl_algo
                 )
@@ -205,7 +205,7 @@ def parse(
                 target.program = context.program = m.group(1)
             if m := _LIB_VERSION.search(body):
                 target.nccl_version = context.nccl_version = _version_from_code(int(m.group(1)))
-            if target is not context:
+            if current is not None:  # its header, rank lines, column names, units, footer
                 _header_line(current, body, number, field_name)
             continue
         if _ROW_START.match(line):
@@ -242,8 +242,6 @@ def _header_line(run: _Pending, body: str, number: int, field_name: str) -> None
     words = body.split()
     if words[:2] == ["size", "count"]:
         run.columns = tuple(words)
-        if run.rows:
-            raise CollectiveError(field_name, f"line {number}: a second column header inside one table: {body!r}")
         return
     if words[:2] == ["(B)", "(elements)"]:
         run.time_scale = 1e3 if "(ms)" in words else 1.0
