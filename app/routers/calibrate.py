@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from collectives import CollectiveError
-from collectives.topology.fit import ALGORITHMS, Constants, Observation, fit, network_kind
+from collectives.topology.fit import ALGORITHMS, Constants, Observation, fit, network_kind, placement_for
 from collectives.topology.nccl_tests import parse
 from planner import SpecError
 
@@ -53,6 +53,7 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
             if devices > settings.max_devices:
                 raise SpecError(f"{prefix}nodes", f"{nodes} nodes x {spec.devices_per_node} = {devices} devices; "
                                 f"this service prices at most {settings.max_devices}")  # fmt: skip
+            _field(prefix, lambda r=r, spec=spec: placement_for(r.ranks, spec))
             algorithm = log.algorithm or ALGORITHMS.get(r.nccl_algo or "", "auto")
             runs.append(
                 {

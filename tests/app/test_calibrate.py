@@ -1,0 +1,127 @@
+"""POST /v1/calibrate and `commplan calibrate`: logs in, constants, rows and a cluster for /v1/plan out;
+malformed logs and oversized input are 422s naming the line or the limit."""
+
+import json
+
+import pytest
+
+from app.cli import main
+from app.schemas.calibrate import MAX_LOG_CHARS, MAX_LOGS, MAX_ROWS
+
+from .conftest import LLAMA70B
+
+LOGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "reference" / "nccl_logs"
+SAMPLE = (LOGS / "sample_h100_2node.txt").read_text()
+EFA = next(LOGS.glob("02_allreduce_2x8_*.txt"))
+EFA_CLUSTER = {"preset": "dgx-a100", "nics_per_node": 4, "nic_bandwidth_GBps": 12.5, "nic_latency_s": 15e-6,
+               "network": {"rail_optimized": False}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def efa(api):
+    body = {"cluster": EFA_CLUSTER, "logs": [{"text": EFA.read_text(), "nodes": 2}]}
+    response = api.post("/v1/calibrate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_calibrate_answers_the_contract(efa):
+    assert set(efa) >= {"cluster", "constants", "rows", "median_error_before", "median_error_after"}
+    assert len(efa["rows"]) == 29
+    row = efa["rows"][-1]
+    assert set(row) >= {"op", "size_bytes", "nodes", "measured_busbw_GBps", "before_GBps", "after_GBps"}
+    assert (row["op"], row["size_bytes"], row["nodes"]) == ("allreduce", 2147483648, 2)
+    assert row["measured_busbw_GBps"] == pytest.approx(78.33, abs=0.01)
+    # the EFA run: 56% before, under 15% after (docs/calibration.md)
+    assert efa["median_error_before"] > 0.5 > 0.15 > efa["median_error_after"]
+    assert efa["cluster"]["calibration"] == efa["constants"] and efa["constants"]
+    assert efa["runs"] == [{"log": 0, "op": "allreduce", "ranks": 16, "nodes": 2, "rows": 29, "nccl_version": None,
+                            "nccl_algo": None, "devices": ["NVIDIA A100-SXM4-80GB"]}]  # fmt: skip
+
+
+def test_returned_cluster_plans_and_recalibrates_from_where_it_was(api, efa):
+    plan = api.post("/v1/plan", json=LLAMA70B | {"cluster": efa["cluster"] | {"num_nodes": 64}})
+    assert plan.status_code == 200, plan.text
+    again = api.post("/v1/calibrate", json={"cluster": efa["cluster"], "logs": [{"text": EFA.read_text()}]})
+    assert again.status_code == 200
+    assert again.json()["median_error_before"] == pytest.approx(efa["median_error_after"], abs=0.005)
+
+
+def test_sample_log_with_two_runs(api):
+    response = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE}]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [(r["op"], r["ranks"], r["nodes"], r["nccl_version"]) for r in body["runs"]] == [
+        ("allreduce", 16, 2, "2.21.5"), ("allgather", 16, 2, "2.21.5")]  # fmt: skip
+    assert body["median_error_after"] <= body["median_error_before"]
+
+
+@pytest.mark.parametrize(
+    ("text", "loc", "needle"),
+    [
+        (SAMPLE.replace("35104  244.70", "35104  2x4.70"), ["logs", "0", "text"], "line 56: "),
+        ("nothing here\n", ["logs", "0", "text"], "no nccl-tests result rows"),
+        (
+            SAMPLE.replace("all_reduce_perf", "hypercube_perf").split("+ srun", 2)[1],
+            ["logs", "0", "op"],
+            "hypercube_perf is not one of them",
+        ),
+    ],
+)
+def test_malformed_log_is_a_422_naming_the_line(api, text, loc, needle):
+    response = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h100"}, "logs": [{"text": text}]})
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", *loc] and needle in error["msg"], error
+
+
+def test_bad_nodes_cluster_and_calibration_are_422s(api):
+    cases = [
+        ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "nodes": 1}]}, ["logs", "0", "nodes"],
+         "the rank lines name 2 hosts"),
+        ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "nodes": 3}]}, ["logs", "0", "nodes"],
+         "16 ranks on 3 nodes"),
+        ({"cluster": {"preset": "dgx-h100", "calibration": {"efficiency": {"nvlink": 2}}}, "logs": [{"text": SAMPLE}]},
+         ["cluster", "calibration", "efficiency", "nvlink"], "within [0.2, 1]"),
+    ]  # fmt: skip
+    for body, loc, needle in cases:
+        response = api.post("/v1/calibrate", json=body)
+        assert response.status_code == 422, response.text
+        error = response.json()["detail"][0]
+        assert error["loc"] == ["body", *loc] and needle in error["msg"], error
+    cluster = {"preset": "dgx-h100", "num_nodes": 64, "calibration": {"latency_scale": {"rack": 2}}}
+    plan = api.post("/v1/plan", json=LLAMA70B | {"cluster": cluster})
+    assert plan.status_code == 422
+    assert plan.json()["detail"][0]["loc"] == ["body", "cluster", "calibration", "latency_scale", "rack"]
+
+
+def test_limits_are_422s_naming_them(api):
+    too_many = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h100"}, "logs": [{"text": "x"}] * 65})
+    assert too_many.status_code == 422 and f"at most {MAX_LOGS}" in too_many.text
+    row = (
+        "     1048576        262144     float     sum      -1    50.00   20.97   36.70       0"
+        + "  50.00  20.97  36.70  0\n"
+    )
+    log = {"text": row * (MAX_ROWS + 1), "op": "allreduce", "ranks": 8}
+    rows = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h100"}, "logs": [log]})
+    assert rows.status_code == 422 and f"more than {MAX_ROWS} table rows (the limit)" in rows.text
+    assert MAX_LOG_CHARS < 8 * 2**20  # a log at the limit fits the body limit, so the 422 is the log's own
+
+
+def test_cli_table_and_json(capsys, tmp_path):
+    path = tmp_path / "efa.txt"
+    path.write_text(EFA.read_text())
+    cluster = tmp_path / "unused"
+    assert main(["calibrate", str(path), "--cluster", "dgx-h100", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["rows"]) == 29 and result["median_error_after"] <= result["median_error_before"]
+    assert main(["calibrate", str(path), "--cluster", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "MB" in out and "GB/s" in out and "%" in out and "median |error|" in out
+    assert "e-0" not in out and "e+0" not in out  # no scientific notation
+    assert "efa.txt:55" in out  # rows name their file and line
+    bad = tmp_path / "bad.txt"
+    bad.write_text(SAMPLE.replace("35104  244.70", "35104  2x4.70"))
+    assert main(["calibrate", str(bad), "--cluster", "dgx-h100"]) == 2
+    assert f"{bad}: line 56: " in capsys.readouterr().err
+    assert main(["calibrate", str(cluster), "--cluster", "dgx-h100"]) == 2
