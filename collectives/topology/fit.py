@@ -20,8 +20,9 @@ defaults so that parameters the rows cannot tell apart stay where they were. Det
 sweeps. A stage is kept only if the median error over *all* rows does not rise; rows between 64 KiB and
 256 MiB are fitted by nothing and show whether the constants carry over.
 
-The mapping of these names onto the pricer is ``pricing_inputs`` below, the one place to change when the
-pricer's own constants change.
+The mapping of these names onto the pricer is ``calibration_for`` / ``apply_constants`` below (the one
+adapter), the place to change when the pricer's own constants change. A cluster spec carries fitted
+constants in ``ClusterSpec.calibration``; price_call reads them from there (select.py ``calibration_of``).
 """
 
 from __future__ import annotations
@@ -107,9 +108,10 @@ class Constants:
 # latency scale per span, per-hop latency per network kind), these two functions are what changes.
 
 
-def pricing_inputs(
-    constants: Constants, spec: ClusterSpec, span: str, network_kind: str, base: Calibration = DEFAULT
-) -> tuple[ClusterSpec, Calibration]:
+def calibration_for(constants: Constants, span: str, base: Calibration = DEFAULT) -> Calibration:
+    """The pricer's Calibration under ``constants`` for a call of ``span``: link efficiencies replaced (NVLS
+    ports: ``in_network``), and every fixed latency of the pricer (per-call base latency, per-step overhead)
+    multiplied by the span's scale."""
     efficiency = dict(base.efficiency)
     in_network = base.in_network_efficiency
     for kind, value in constants.efficiency:
@@ -118,7 +120,7 @@ def pricing_inputs(
         else:
             efficiency[kind] = value
     scale = dict(constants.latency_scale).get(span, 1.0)
-    calibration = replace(
+    return replace(
         base,
         efficiency=efficiency,
         in_network_efficiency=in_network,
@@ -126,16 +128,23 @@ def pricing_inputs(
         base_latency_s={k: v * scale for k, v in base.base_latency_s.items()},
         default_base_latency_s=base.default_base_latency_s * scale,
     )
-    hop = dict(constants.network_latency_s).get(network_kind)
-    if hop is not None:
-        spec = replace(spec, nic_latency_s=hop)
-    return spec, calibration
 
 
 def apply_constants(constants: Constants, spec: ClusterSpec, kind: str | None = None) -> ClusterSpec:
-    """What of ``constants`` the cluster spec itself carries for /v1/plan: today the network's per-hop latency
-    (ClusterSpec.nic_latency_s). Link efficiencies and latency scales need the pricer to read them; the
-    library pricer takes them by these same names."""
+    """The cluster spec carrying ``constants``: the network's per-hop latency is the spec's own
+    ``nic_latency_s``; the rest rides along in ``spec.calibration`` for price_call (select.py) to read."""
+    return replace(_with_hop(constants, spec, kind), calibration=constants if constants != Constants() else None)
+
+
+def pricing_inputs(
+    constants: Constants, spec: ClusterSpec, span: str, kind: str | None = None
+) -> tuple[ClusterSpec, Calibration]:
+    """What price_call takes under ``constants``: the spec (its own constants dropped: the calibration is
+    passed explicitly) and the Calibration."""
+    return replace(_with_hop(constants, spec, kind), calibration=None), calibration_for(constants, span)
+
+
+def _with_hop(constants: Constants, spec: ClusterSpec, kind: str | None) -> ClusterSpec:
     hop = dict(constants.network_latency_s).get(network_kind(spec, kind))
     return replace(spec, nic_latency_s=hop) if hop is not None else spec
 

@@ -66,13 +66,15 @@ def price_call(
     placement,
     cluster: Cluster,
     algorithm: str = "auto",
-    calibration: Calibration = DEFAULT,
+    calibration: Calibration | None = None,
     which: str = "library",
     top_links: int = 5,
 ) -> Price:
     """Price one call of ``op`` with ``message_bytes`` on every group in ``placement`` at once; the
-    ``top_links`` busiest links are reported."""
+    ``top_links`` busiest links are reported. ``calibration``: default the cluster's own (calibration_of)."""
     placement = np.atleast_2d(np.asarray(placement, dtype=np.int64))
+    if calibration is None:
+        calibration = calibration_of(cluster, placement)
     n = placement.shape[1]
     cluster.check_devices(placement)
     if len(np.unique(placement[0])) != n:
@@ -93,6 +95,23 @@ def price_call(
     if best is None:
         raise CollectiveError("algorithm", f"no algorithm can run {op.value} on {n} ranks here: {'; '.join(reasons)}")
     return summarise(best, cluster, top_links)
+
+
+def calibration_of(cluster: Cluster, placement: np.ndarray) -> Calibration:
+    """The constants fitted to the user's nccl-tests logs (ClusterSpec.calibration, POST /v1/calibrate) for
+    this call's span, else the defaults. Kept on the cluster: Cluster.rate memoises by id(calibration), so
+    a calibration must live as long as the cluster does."""
+    constants = cluster.spec.calibration
+    if constants is None:
+        return DEFAULT
+    nodes = cluster.node_of(placement[0])
+    span = "intra_node" if (nodes == nodes[0]).all() else "inter_node"
+    memo = cluster.__dict__.setdefault("_fitted_calibration", {})
+    if span not in memo:
+        from .fit import calibration_for  # fit.py prices through this module
+
+        memo[span] = calibration_for(constants, span)
+    return memo[span]
 
 
 def _evaluate_one(name, op, message_bytes, placement, cluster, local, calibration, auto=False) -> Evaluation:

@@ -67,6 +67,7 @@ class ClusterSpec:
     gpu: GPUSpec | None = None  # compute and memory of each device (gpu.py); None: step time unavailable
     description: str = ""
     sources: tuple[str, ...] = ()
+    calibration: object = None  # fitted constants (fit.Constants, hashable) price_call applies; None: defaults
 
     @property
     def num_devices(self) -> int:

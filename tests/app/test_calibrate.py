@@ -125,3 +125,28 @@ def test_cli_table_and_json(capsys, tmp_path):
     assert main(["calibrate", str(bad), "--cluster", "dgx-h100"]) == 2
     assert f"{bad}: line 56: " in capsys.readouterr().err
     assert main(["calibrate", str(cluster), "--cluster", "dgx-h100"]) == 2
+
+
+def test_price_and_plan_use_the_clusters_calibration(api):
+    """Half the NVLink efficiency halves a bandwidth-bound ring's bus bandwidth; a 3x inter-node latency scale
+    makes a plan's inter-node calls slower and leaves its intra-node calls alone."""
+    call = {"op": "allgather", "algorithm": "ring", "message_bytes": 1 << 30, "group_size": 8}
+    plain = api.post("/v1/collectives/price", json=call | {"cluster": {"preset": "dgx-h100"}}).json()
+    half = {"preset": "dgx-h100", "calibration": {"efficiency": {"nvlink": 0.39}}}
+    slow = api.post("/v1/collectives/price", json=call | {"cluster": half}).json()
+    assert slow["busbw_GBps"] == pytest.approx(plain["busbw_GBps"] / 2, rel=0.01)
+
+    def plan(calibration):
+        cluster = {"preset": "dgx-h100", "num_nodes": 64} | ({"calibration": calibration} if calibration else {})
+        response = api.post("/v1/plan", json=LLAMA70B | {"cluster": cluster})
+        assert response.status_code == 200, response.text
+        return {c["name"]: c for c in response.json()["calls"]}
+
+    before, after = plan(None), plan({"latency_scale": {"inter_node": 3.0}})
+    spans = {c["placement"]["span"] for c in before.values()}
+    assert spans == {"intra_node", "inter_node"}
+    for name, call in before.items():
+        if call["placement"]["span"] == "inter_node":
+            assert after[name]["time_s"] > call["time_s"], name
+        else:
+            assert after[name]["time_s"] == call["time_s"], name
