@@ -14,7 +14,7 @@ The constants (never one per row; DESIGN.md §7):
   on the same small rows of multi-node runs.
 
 Method: coordinate-wise search, each parameter on a log-spaced grid inside its bounds and then a
-golden-section refinement, minimising the median absolute log error of the stage's rows (robust to a few
+golden-section refinement (GRID + 2 + GOLDEN_STEPS evaluations: 0.1% resolution), minimising the median absolute log error of the stage's rows (robust to a few
 outliers; log error treats "twice too fast" and "twice too slow" alike) plus a small pull towards the
 defaults so that parameters the rows cannot tell apart stay where they were. Deterministic, bounded, two
 sweeps. A stage is kept only if the median error over *all* rows does not rise; rows between 64 KiB and
@@ -50,8 +50,8 @@ LINK_KINDS = (*DEFAULT.efficiency, "in_network")  # calibration.py's link kinds;
 BANDWIDTH_MIN_BYTES = 256 << 20
 LATENCY_MAX_BYTES = 64 << 10
 PULL = 0.002  # weight of |log(value / default)| added to the objective: breaks ties towards the defaults
-GRID = 25
-GOLDEN_STEPS = 14
+GRID = 13
+GOLDEN_STEPS = 12
 SWEEPS = 2
 
 
@@ -371,7 +371,7 @@ def _search(rows: list[Observation], names: list[str], start: Constants, pricer:
     current = start
     for n in names:
         current = current.with_value(n, defaults[n])
-    for _ in range(SWEEPS):
+    for _ in range(SWEEPS if len(names) > 1 else 1):  # one parameter: one pass finds its minimum
         for n in names:
             current = current.with_value(n, _line_search(lambda v, n=n, c=current: objective(c.with_value(n, v)), n))
     return current

@@ -13,8 +13,9 @@ The format, from NVIDIA/nccl-tests (read at v2.19.6, commit a0b82b2, and its his
   Before the resync with NCCL 2.13 (commit 51af557, 2022-08) each test printed its own leading columns
   (all_reduce: size count type redop; all_gather and sendrecv: size count type; broadcast: size count type
   root; reduce: size count type redop root) and the check column was ``error`` (max delta, ``%5.0le``); the
-  2017 version printed the time in ms. Optional extras are read from the header too: per-iteration
-  statistics (``-I 1``: i_min i_max i_p99 i_cv% after each #wrong), a side-bandwidth column, a timestamp;
+  2017-2019 versions named them ``bytes N type op ... res`` and printed the time in ms. Optional extras
+  are read from the header too: per-iteration statistics (``-I 1``: i_min i_max i_p99 i_cv% after each
+  #wrong), a side-bandwidth column, a timestamp;
 - rows (``writeBenchmarkLinePreamble`` / ``writeBenchmarkLineBody``): ``%12li  %12li  %8s  %6s  %6s`` then per
   placement ``  %7s  %6s  %6s  %6g`` (time us, algbw, busbw, #wrong; ``N/A`` when not checked; numbers through
   ``getFloatStr``: 2 decimals, fewer as they grow, ``%.1e`` past the width). ``size`` is max(send, receive)
@@ -103,7 +104,7 @@ class Placement:
     time_us: float
     algbw_GBps: float
     busbw_GBps: float
-    wrong: float | None  # None: not checked (N/A)
+    wrong: float | None  # #wrong (>= 2.13) or the max deviation (before); None: not checked (N/A)
 
 
 @dataclass(frozen=True)
@@ -234,12 +235,21 @@ def parse(
     return [_finish(r, forced, ranks, field_name) for r in runs]
 
 
+# the 2017-2019 header (src/all_reduce.cu print_header before commit cbe7f65): "bytes N type op time algbw busbw
+# res", times printed in ms ("%7.3f", deltaSec x 1e3) and no units line
+OLDEST = {"bytes": "size", "N": "count", "op": "redop", "res": "error"}
+
+
 def _starts_table(body: str) -> bool:
-    return body.split()[:2] == ["size", "count"]
+    return body.split()[:2] in (["size", "count"], ["bytes", "N"])
 
 
 def _header_line(run: _Pending, body: str, number: int, field_name: str) -> None:
     words = body.split()
+    if words[:2] == ["bytes", "N"]:
+        run.columns = tuple(OLDEST.get(w, w) for w in words)
+        run.time_scale = 1e3
+        return
     if words[:2] == ["size", "count"]:
         run.columns = tuple(words)
         return
@@ -310,8 +320,11 @@ def _row(run: _Pending, line: str, number: int, field_name: str, op: Op | None) 
     oop, inp = (placements[0], placements[1]) if len(placements) == 2 else (None, placements[0])
     if size < 0 or count < 0:
         raise bad("size and count must be >= 0")
+    # '#wrong' counts corrupted elements (>= 2.13); before, 'error'/'res' was the max deviation, which float
+    # reductions legitimately make (1e-06), so only a count refuses the row
+    counts = "#wrong" in run.columns if run.columns else body[check].lstrip("-").isdigit()
     for p in (oop, inp):
-        if p is not None and p.wrong:
+        if counts and p is not None and p.wrong:
             raise bad(f"#wrong = {p.wrong:g}: nccl-tests found corrupted results, so these timings are not valid")
     return Row(number, size, count, dtype, values.get("redop"), root, oop, inp)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
@@ -202,8 +203,55 @@ def logs(records: list[dict]) -> list[dict]:
     return out
 
 
+def table(records: list[dict]) -> None:
+    """The before/after table of docs/calibration.md: each public log with >= 6 rows calibrated on its own
+    (all sizes, then even-indexed sizes with the odd ones held out), and all logs fitted together."""
+    import numpy as np
+
+    from collectives.topology.calibration import cluster_for_record
+    from collectives.topology.fit import ALGORITHMS, Constants, Observation, _Pricer, fit, network_kind
+    from collectives.topology.nccl_tests import parse
+
+    def observations(log):
+        (run,) = parse(log["text"])
+        spec = cluster_for_record(records[log["records"][0]])
+        algorithm = ALGORITHMS.get(run.nccl_algo or "", "auto")
+        return [Observation(run.op, r.size_bytes, run.ranks, spec, run.busbw_GBps(r), algorithm, network_kind(spec))
+                for r in run.rows]  # fmt: skip
+
+    def held_out(obs):
+        result, pricer = fit(obs[::2]), _Pricer()
+        test = obs[1::2]
+        measured = np.array([o.measured_busbw_GBps for o in test])
+        errors = [np.median(np.abs(np.array([pricer.busbw(o, c) for o in test]) / measured - 1))
+                  for c in (Constants(), result.constants)]  # fmt: skip
+        return errors
+
+    print("| log | rows | median error before | after | held-out before | after | constants fitted |")
+    print("|---|---|---|---|---|---|---|")
+    everything = []
+    for log in logs(records):
+        obs = observations(log)
+        everything += obs
+        if len(obs) < 6:
+            continue
+        result = fit(obs)
+        before, after = held_out(obs)
+        fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
+        print(f"| {log['file'][:-4]} | {len(obs)} | {result.median_error_before:.1%} | {result.median_error_after:.1%} "
+              f"| {before:.1%} | {after:.1%} | {fitted or 'none (defaults kept)'} |")  # fmt: skip
+    result = fit(everything)
+    before, after = held_out(everything)
+    fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
+    print(f"| all 20 logs together | {len(everything)} | {result.median_error_before:.1%} | "
+          f"{result.median_error_after:.1%} | {before:.1%} | {after:.1%} | {fitted} |")  # fmt: skip
+
+
 def main() -> None:
     records = json.loads((REFERENCE / "nccl" / "measurements.json").read_text())
+    if "--table" in sys.argv:
+        table(records)
+        return
     OUT.mkdir(exist_ok=True)
     for stale in OUT.glob("[0-9][0-9]_*.txt"):
         stale.unlink()

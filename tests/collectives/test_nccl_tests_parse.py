@@ -166,3 +166,20 @@ def test_no_rows_and_row_limit():
         parse("hello\n# nThread 1\n")
     with pytest.raises(CollectiveError, match="more than 10 table rows"):
         parse(SAMPLE.read_text(), max_rows=10)
+
+
+def test_2017_layout_in_milliseconds():
+    """nccl-tests 2017-2019 (src/all_reduce.cu before commit cbe7f65): 'bytes N type op ... res', time in ms."""
+    text = (
+        "# nThread 1 nGpus 8 minBytes 33554432 maxBytes 33554432 step: 1048576(bytes) warmup iters: 5 iters: 20 "
+        "validation: 1\n"
+        "#                                  out-of-place                    in-place\n"
+        "#       bytes             N    type      op     time  algbw  busbw      res     time  algbw  busbw      res\n"
+        "    33554432       8388608   float     sum    0.300  111.85  195.74    1e-06"
+        "    0.302  111.11  194.44    1e-06\n"
+    )
+    (run,) = parse(text, op="all_reduce_perf", ranks=8)
+    row = run.rows[0]
+    assert (row.size_bytes, row.count, row.redop) == (33554432, 8388608, "sum")
+    assert row.time_us == pytest.approx(301.0)
+    assert run.busbw_GBps(row) == pytest.approx(1.75 * 33554432 / 301e-6 / 1e9)
