@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from collectives import CollectiveError
+from collectives.algorithms import lookup
 from collectives.topology.fit import ALGORITHMS, Constants, Observation, fit, network_kind, placement_for
 from collectives.topology.nccl_tests import parse
 from planner import SpecError
@@ -55,6 +56,8 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                                 f"this service prices at most {settings.max_devices}")  # fmt: skip
             _field(prefix, lambda r=r, spec=spec: placement_for(r.ranks, spec))
             algorithm = log.algorithm or ALGORITHMS.get(r.nccl_algo or "", "auto")
+            if algorithm != "auto":
+                _field(prefix, lambda r=r, algorithm=algorithm: lookup(algorithm, r.op))
             runs.append(
                 {
                     "log": i,

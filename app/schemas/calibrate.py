@@ -8,11 +8,11 @@ from pydantic import BaseModel, Field
 
 from .cluster import ClusterIn, Strict
 
-# Bounds: one nccl-tests run of 8 B..16 GiB is ~32 rows and ~5 kB (more with NCCL_DEBUG=INFO); these leave
-# room for verbose logs of many runs and keep a fit under a few seconds.
+# Bounds: one nccl-tests run of 8 B..16 GiB is ~32 rows and ~5 kB (more with NCCL_DEBUG=INFO), so 1,000 rows
+# is every op at several node counts; a fit searches at most 64 rows per stage and prices all rows 3-4 times.
 MAX_LOGS = 64
 MAX_LOG_CHARS = 2_000_000
-MAX_ROWS = 2_000
+MAX_ROWS = 1_000
 
 
 class LogIn(Strict):

@@ -14,10 +14,11 @@ The constants (never one per row; DESIGN.md §7):
   on the same small rows of multi-node runs.
 
 Method: coordinate-wise search, each parameter on a log-spaced grid inside its bounds and then a
-golden-section refinement (GRID + 2 + GOLDEN_STEPS evaluations: 0.1% resolution), minimising the median absolute log error of the stage's rows (robust to a few
-outliers; log error treats "twice too fast" and "twice too slow" alike) plus a small pull towards the
-defaults so that parameters the rows cannot tell apart stay where they were. Deterministic, bounded, two
-sweeps. A stage is kept only if the median error over *all* rows does not rise; rows between 64 KiB and
+golden-section refinement (GRID + 2 + GOLDEN_STEPS evaluations: 0.1% resolution), minimising the median
+absolute log error of the stage's rows (at most STAGE_ROWS of them, evenly spread; robust to a few outliers;
+log error treats "twice too fast" and "twice too slow" alike) plus a small pull towards the defaults so that
+parameters the rows cannot tell apart stay where they were. Deterministic, bounded, two sweeps when a stage
+has several parameters. A stage is kept only if the median error over *all* rows does not rise; rows between 64 KiB and
 256 MiB are fitted by nothing and show whether the constants carry over.
 
 The mapping of these names onto the pricer is ``calibration_for`` / ``apply_constants`` below (the one
@@ -53,6 +54,7 @@ PULL = 0.002  # weight of |log(value / default)| added to the objective: breaks 
 GRID = 13
 GOLDEN_STEPS = 12
 SWEEPS = 2
+STAGE_ROWS = 64  # rows a stage searches on at most (evenly spread over its rows): bounds the fit's cost
 
 
 @dataclass(frozen=True)
@@ -241,9 +243,14 @@ class _Pricer:
     def __init__(self):
         self.clusters: dict[ClusterSpec, Cluster] = {}
         self.inputs: dict[tuple, tuple[ClusterSpec, Calibration]] = {}
+        self.busbws: dict[tuple, float] = {}
 
     def busbw(self, obs: Observation, constants: Constants) -> float:
-        return self.price(obs, constants).busbw_GBps
+        """Memoised: repeated runs of one test price the same row once per set of constants."""
+        key = (obs.op, obs.size_bytes, obs.ranks, obs.spec, obs.algorithm, obs.network_kind, constants)
+        if key not in self.busbws:
+            self.busbws[key] = self.price(obs, constants).busbw_GBps
+        return self.busbws[key]
 
     def price(self, obs: Observation, constants: Constants):
         key = (constants, obs.spec, obs.span, obs.network_kind)
@@ -358,6 +365,9 @@ def _stages(obs, pricer, start, bandwidth_min_bytes, latency_max_bytes):
 
 
 def _search(rows: list[Observation], names: list[str], start: Constants, pricer: _Pricer) -> Constants:
+    if len(rows) > STAGE_ROWS:  # deterministic, spread over sizes, ops and node counts alike
+        order = sorted(rows, key=lambda o: (o.span, o.op.value, o.nodes, o.size_bytes))
+        rows = [order[i] for i in np.linspace(0, len(order) - 1, STAGE_ROWS).round().astype(int)]
     measured = np.array([o.measured_busbw_GBps for o in rows])
     spec = rows[0].spec
     defaults = {n: start.get(n) or default_value(n, spec) for n in names}

@@ -81,6 +81,8 @@ LEADING_BY_OP_PRE_2_13 = {
     Op.SCATTER: ("size", "count", "type", "root"),
 }
 
+MAX_SIZE = 1 << 40  # nccl-tests sizes stop at the GPU's memory; a larger "size" is not a row
+
 _NCCL_LINE = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 _NCCL_NRANKS = re.compile(r"\bnranks (\d+)\b")
@@ -277,7 +279,7 @@ def _layout(run: _Pending, op: Op | None, tokens: int) -> tuple[tuple[str, ...],
         if "timestamp" in rest:
             rest = rest[: rest.index("timestamp")]
         starts = [i for i, c in enumerate(rest) if c in ("time", "cputime")]
-        per = starts[1] - starts[0] if len(starts) > 1 else len(rest)
+        per = max(starts[1] - starts[0] if len(starts) > 1 else len(rest), len(PLACEMENT))
         check = next((i for i, c in enumerate(rest[:per]) if c in CHECK), 3)
         return lead, per, check
     if op is not None and tokens == len(LEADING_BY_OP_PRE_2_13[op]) + 8:
@@ -318,8 +320,8 @@ def _row(run: _Pending, line: str, number: int, field_name: str, op: Op | None) 
     ]
     placements = placements[:2]
     oop, inp = (placements[0], placements[1]) if len(placements) == 2 else (None, placements[0])
-    if size < 0 or count < 0:
-        raise bad("size and count must be >= 0")
+    if not (0 <= size <= MAX_SIZE and count >= 0):
+        raise bad(f"size must be within 0 .. {MAX_SIZE} B (1 TiB) and count >= 0")
     # '#wrong' counts corrupted elements (>= 2.13); before, 'error'/'res' was the max deviation, which float
     # reductions legitimately make (1e-06), so only a count refuses the row
     counts = "#wrong" in run.columns if run.columns else body[check].lstrip("-").isdigit()

@@ -81,6 +81,12 @@ def test_bad_nodes_cluster_and_calibration_are_422s(api):
          "the rank lines name 2 hosts"),
         ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "nodes": 3}]}, ["logs", "0", "nodes"],
          "16 ranks on 3 nodes"),
+        ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "algorithm": "warp"}]},
+         ["logs", "0", "algorithm"], "unknown algorithm 'warp'"),
+        ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "algorithm": "swing"}]},
+         ["logs", "0", "algorithm"], "does not implement allgather"),
+        ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE}], "network_kind": "slingshot"},
+         ["network_kind"], "Input should be"),
         ({"cluster": {"preset": "dgx-h100", "calibration": {"efficiency": {"nvlink": 2}}}, "logs": [{"text": SAMPLE}]},
          ["cluster", "calibration", "efficiency", "nvlink"], "within [0.2, 1]"),
     ]  # fmt: skip

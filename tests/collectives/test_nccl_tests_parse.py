@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectives import CollectiveError
 from collectives.primitives import Op
@@ -183,3 +185,44 @@ def test_2017_layout_in_milliseconds():
     assert (row.size_bytes, row.count, row.redop) == (33554432, 8388608, "sum")
     assert row.time_us == pytest.approx(301.0)
     assert run.busbw_GBps(row) == pytest.approx(1.75 * 33554432 / 301e-6 / 1e9)
+
+
+def test_degenerate_tables_are_errors_not_crashes():
+    for text in (
+        "#  size  count  type\n       8   2   float\n",
+        "#  size  count  type  time\n       8   2   float  1.0\n",
+        "# size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+        "  2199023255553  549755813888  float  sum  -1  1.0  1.0  1.0  0  1.0  1.0  1.0  0\n",
+        "       8             2     float     sum      -1    nan   0.00    0.00       0    38.0   0.00   0.00   0\n",
+        "       8             2     float     sum      -1    inf   0.00    0.00       0    38.0   0.00   0.00   0\n",
+        "       8             2   float128     sum      -1    1.0   0.00    0.00       0    38.0   0.00   0.00   0\n",
+    ):
+        with pytest.raises(CollectiveError, match="line "):
+            parse(text, op="allreduce", ranks=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_any_edit_of_a_real_log_parses_or_names_a_line(data):
+    """Hostile edits (lines dropped, duplicated, characters replaced) never crash the parser."""
+    lines = SAMPLE.read_text().splitlines()
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        action = data.draw(st.sampled_from(["drop", "dup", "char", "cut"]))
+        if action == "drop":
+            del lines[i]
+        elif action == "dup":
+            lines.insert(i, lines[i])
+        elif action == "cut" and lines[i]:
+            lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
+        elif lines[i]:
+            j = data.draw(st.integers(0, len(lines[i]) - 1))
+            lines[i] = lines[i][:j] + data.draw(st.sampled_from(list("x9-. #e\t"))) + lines[i][j + 1 :]
+        if not lines:
+            lines = [""]
+    try:
+        runs = parse("\n".join(lines))
+    except CollectiveError as err:
+        assert err.rule.startswith("line ") or err.field in ("op", "ranks", "text"), err
+    else:
+        assert all(r.rows and r.ranks >= 1 for r in runs)
