@@ -7,6 +7,8 @@ from dataclasses import fields, replace
 from collectives import CollectiveError
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from collectives.topology.fit import Constants, apply_constants
+from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset
+from collectives.topology.spec import spec_block
 from planner import MODEL_PRESETS, ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
 from planner.model import MLASpec, MoESpec
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
@@ -89,8 +91,11 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
                 raise SpecError(f"cluster.{required}", "required when no preset is given")
         base = ClusterSpec(block.name or "custom", block.num_nodes, block.devices_per_node)
     spec = replace(
-        base, **{k: v for k, v in _set(block, ("preset", "intra", "network", "calibration")).items() if v is not None}
+        base,
+        **{k: v for k, v in _set(block, ("preset", "intra", "network", "gpu", "calibration")).items() if v is not None},
     )
+    if block.gpu is not None:
+        spec = replace(spec, gpu=_gpu(block.gpu), device=_gpu(block.gpu).name)
     if block.intra is not None:
         spec = replace(spec, intra=replace(spec.intra, **_present(block.intra)))
     if block.network is not None:
@@ -114,6 +119,32 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
     return spec
 
 
+def cluster_block(spec: ClusterSpec) -> dict:
+    """A request cluster block (ClusterIn) that rebuilds ``spec``: collectives.topology.spec.spec_block."""
+    return spec_block(spec)
+
+
+def _gpu(block) -> GPUSpec:
+    """A GPU by name (GPUS) or by its fields."""
+    if isinstance(block, str):
+        try:
+            return gpu_preset(block)
+        except CollectiveError as err:
+            raise SpecError("cluster.gpu", err.rule) from None
+    for dtype in block.peak_tflops:
+        if dtype not in DTYPES:
+            raise SpecError("cluster.gpu.peak_tflops", f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    return GPUSpec(
+        block.name,
+        dict(block.peak_tflops),
+        block.hbm_bytes,
+        block.hbm_GBps,
+        block.sm,
+        block.nvlink_links,
+        "given in the request",
+    )
+
+
 def _present(block) -> dict:
     return {k: v for k, v in block.model_dump(exclude_unset=True).items() if v is not None}
 
@@ -126,6 +157,9 @@ def options(block: OptionsIn) -> Options:
         contention=block.contention,
         device_map=device_map,
         links_per_call=block.links_per_call,
+        pricing=block.pricing,
+        nccl_algo=block.nccl_algo,
+        nccl_proto=block.nccl_proto,
     )
 
 

@@ -27,3 +27,26 @@ def test_price_dp_allreduce_16k(benchmark, big, algorithm):
     cluster, groups = big
     result = benchmark(price_call, Op.ALLREDUCE, GIB, groups, cluster, algorithm)
     assert result.time_s > 0
+
+
+def test_library_price_dp_allreduce_16k_cold(benchmark, big):
+    """NCCL's model with our contention over all 8 DP groups of 2,048 ranks: the per-placement part
+    (contention) computed afresh each round, the per-shape part (channels, candidates) cached."""
+    from collectives.topology.library import pricer
+
+    cluster, groups = big
+
+    def run():
+        pricer._CONTENTION.clear()
+        return price_call(Op.ALLREDUCE, GIB, groups, cluster, pricing="library")
+
+    result = benchmark(run)
+    assert result.nccl_algorithm and result.time_s > 0
+
+
+def test_library_price_warm(benchmark, big):
+    """The same call again: linear in bytes, every part cached, as a running service sees it."""
+    cluster, groups = big
+    price_call(Op.ALLREDUCE, GIB, groups, cluster, pricing="library")
+    result = benchmark(price_call, Op.ALLREDUCE, 3 * GIB, groups, cluster, pricing="library")
+    assert result.time_s > 0

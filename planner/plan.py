@@ -9,6 +9,8 @@ import numpy as np
 
 from collectives import CollectiveError, Op
 from collectives.topology import Cluster, ClusterSpec, Price, price_call
+from collectives.topology.library import normalise_algo, normalise_proto
+from collectives.topology.spec import spec_block
 
 from ._errors import SpecError
 from .context import Context
@@ -27,6 +29,9 @@ class Options:
     contention: str = "neighbourhood"  # neighbourhood | full
     device_map: tuple[int, ...] | None = None  # rank r runs on device device_map[r]; None: rank = device
     links_per_call: int = 5  # busiest links reported per call (the page asks for more to colour the topology)
+    pricing: str = "auto"  # auto | library (NCCL's model) | schedule (step by step); see collectives.topology.select
+    nccl_algo: str = "auto"  # pin like NCCL_ALGO (library pricing)
+    nccl_proto: str = "auto"  # pin like NCCL_PROTO (library pricing)
 
     @property
     def exact_contention(self) -> bool:
@@ -57,6 +62,8 @@ class PricedCall:
             "message_bytes": int(c.message_bytes),
             "calls_per_iteration": int(c.calls_per_iteration),
             "algorithm": p.algorithm,
+            "protocol": p.protocol,
+            "nccl_algorithm": p.nccl_algorithm,
             "bytes_sent_per_rank": p.bytes_sent_per_rank,
             "bytes_received_per_rank": p.bytes_received_per_rank,
             "time_s": p.time_s,
@@ -75,6 +82,9 @@ class PricedCall:
                 "group_ranks": self.group_ranks,
                 "group_devices": self.group_devices,
                 "links": self.links,
+                "protocol": p.protocol,
+                "nccl_algorithm": p.nccl_algorithm,
+                "channels": p.channels,
             },
         }
 
@@ -157,6 +167,7 @@ def cluster_summary(cluster: Cluster) -> dict:
         "rail_optimized": s.network.rail_optimized,
         "nodes_per_leaf": s.network.nodes_per_leaf,
         "oversubscription": s.network.oversubscription,
+        "request": spec_block(s),  # a valid request cluster block rebuilding this cluster (round trip)
     }
 
 
@@ -171,6 +182,13 @@ def _validate_options(options: Options, num_devices: int) -> None:
             )
     if options.candidates not in ("library", "all"):
         raise SpecError("options.candidates", f"must be 'library' or 'all', got {options.candidates!r}")
+    if options.pricing not in ("auto", "library", "schedule"):
+        raise SpecError("options.pricing", f"must be 'auto', 'library' or 'schedule', got {options.pricing!r}")
+    try:
+        normalise_algo(options.nccl_algo)
+        normalise_proto(options.nccl_proto)
+    except CollectiveError as err:
+        raise SpecError(f"options.{err.field}", err.rule) from None
     if options.contention not in ("neighbourhood", "full"):
         raise SpecError("options.contention", f"must be 'neighbourhood' or 'full', got {options.contention!r}")
 
@@ -215,6 +233,9 @@ def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -
 
 def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, options: Options) -> Price:
     top = options.links_per_call
+    library = dict(pricing=options.pricing, nccl_algo=options.nccl_algo, nccl_proto=options.nccl_proto)
+    if options.algorithm == "auto" and options.pricing != "schedule":
+        return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=top, **library)
     if options.algorithm != "auto":
         try:
             return price_call(op, message, placement, cluster, options.algorithm, top_links=top)

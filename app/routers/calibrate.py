@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fastapi import APIRouter, Request
 
 from collectives import CollectiveError
-from collectives.algorithms import lookup
-from collectives.topology.fit import ALGORITHMS, Constants, Observation, fit, network_kind, placement_for
+from collectives.topology.fit import Constants, Observation, fit, placement_for
+from collectives.topology.library import normalise_algo
 from collectives.topology.nccl_tests import parse
 from planner import SpecError
 
@@ -35,7 +37,8 @@ def calibrate(body: CalibrateRequest, request: Request) -> dict:
 def run(body: CalibrateRequest, settings: Settings) -> dict:
     """The response of POST /v1/calibrate (the CLI prints the same)."""
     base = cluster_spec(body.cluster, settings)
-    kind = _field("network_kind", lambda: network_kind(base, body.network_kind))
+    if body.network_kind is not None:
+        base = replace(base, network=replace(base.network, kind=body.network_kind))
     observations, where, runs, total = [], [], [], 0
     for i, log in enumerate(body.logs):
         prefix = f"logs.{i}."
@@ -55,9 +58,8 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                 raise SpecError(f"{prefix}nodes", f"{nodes} nodes x {spec.devices_per_node} = {devices} devices; "
                                 f"this service prices at most {settings.max_devices}")  # fmt: skip
             _field(prefix, lambda r=r, spec=spec: placement_for(r.ranks, spec))
-            algorithm = log.algorithm or ALGORITHMS.get(r.nccl_algo or "", "auto")
-            if algorithm != "auto":
-                _field(prefix, lambda r=r, algorithm=algorithm: lookup(algorithm, r.op))
+            nccl_algo = log.algorithm or r.nccl_algo or "auto"
+            _field(f"{prefix}algorithm", lambda nccl_algo=nccl_algo: normalise_algo(nccl_algo))
             runs.append(
                 {
                     "log": i,
@@ -80,8 +82,7 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                         r.ranks,
                         spec,
                         r.busbw_GBps(row),
-                        algorithm,
-                        kind,
+                        nccl_algo,
                         f"logs[{i}] line {row.line}",
                     )
                 )
@@ -105,6 +106,7 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                 "measured_busbw_GBps": r.observation.measured_busbw_GBps,
                 "before_GBps": r.before_GBps,
                 "after_GBps": r.after_GBps,
+                "fitted": r.fitted,
                 "log": log,
                 "line": line,
             }

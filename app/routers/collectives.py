@@ -50,7 +50,17 @@ def price(body: PriceRequest, request: Request) -> dict:
     cluster = cluster_for(cluster_spec(body.cluster, settings))
     placement = _placement(body, settings.max_price_transfers)
     try:
-        p = price_call(coll.Op(body.op), body.message_bytes, placement, cluster, body.algorithm, which=body.candidates)
+        p = price_call(
+            coll.Op(body.op),
+            body.message_bytes,
+            placement,
+            cluster,
+            body.algorithm,
+            which=body.candidates,
+            pricing=body.pricing,
+            nccl_algo=body.nccl_algo,
+            nccl_proto=body.nccl_proto,
+        )
     except coll.CollectiveError as err:
         raise SpecError(PRICE_FIELDS.get(err.field, err.field), err.rule) from None
     return {
@@ -67,6 +77,9 @@ def price(body: PriceRequest, request: Request) -> dict:
                 "links",
                 "span",
                 "nodes_per_group",
+                "protocol",
+                "nccl_algorithm",
+                "channels",
             )
         },
         "bottleneck": p.bottleneck.get("kind", "none"),

@@ -36,7 +36,7 @@ class CalibrateRequest(Strict):
     cluster: ClusterIn
     logs: list[LogIn] = Field(min_length=1, max_length=MAX_LOGS)
     network_kind: Literal["ib", "roce", "efa", "tcpxo"] | None = Field(
-        default=None, description="the cluster's network; default: the preset's, else EFA/IB from its NIC latency"
+        default=None, description="the cluster's network kind (default: the cluster's own network.kind)"
     )
 
 
@@ -48,6 +48,7 @@ class RowOut(BaseModel):
     measured_busbw_GBps: float = Field(description="size / time x nccl-tests' busbw factor, from the printed time")
     before_GBps: float = Field(description="bus bandwidth priced with the default constants")
     after_GBps: float = Field(description="bus bandwidth priced with the fitted constants")
+    fitted: bool = Field(description="priced by NCCL's model, which the constants calibrate (alltoall, sendrecv: no)")
     log: int = Field(description="index into logs")
     line: int = Field(description="line of the row in its log")
 

@@ -32,7 +32,23 @@ class NetworkIn(Strict):
     group_size: int | None = Field(default=None, ge=1, le=1 << 12)
     link_bandwidth_GBps: float | None = Bandwidth
     switch_latency_s: float | None = Latency
-    in_network_reduction: bool | None = Field(default=None, description="SHARP in the switches")
+    in_network_reduction: bool | None = Field(default=None, description="SHARP in the switches (NCCL CollNet)")
+    kind: str | None = Field(
+        default=None, max_length=16, description="network kind: ib, roce, efa or tcpxo (sets the per-hop latency)"
+    )
+
+
+class GPUIn(Strict):
+    """A GPU given field by field (or name one of GET /v1/presets/clusters' GPUs with a string)."""
+
+    name: str = Field(default="custom", max_length=64)
+    peak_tflops: dict[str, float] = Field(
+        default_factory=dict, description="dense TFLOP/s per dtype: fp32, tf32, bf16, fp16, fp8"
+    )
+    hbm_bytes: int = Field(default=0, ge=0, le=1 << 50)
+    hbm_GBps: float = Field(default=0.0, ge=0, le=1e6)
+    sm: int = Field(default=0, ge=0, le=1000, description="compute capability x 10 (80, 90, 100); 0: not NVIDIA")
+    nvlink_links: int = Field(default=0, ge=0, le=64)
 
 
 class CalibrationIn(Strict):
@@ -54,6 +70,9 @@ class ClusterIn(Strict):
     pcie_bandwidth_GBps: float | None = Bandwidth
     network: NetworkIn | None = None
     name: str | None = Field(default=None, max_length=64)
+    gpu: str | GPUIn | None = Field(default=None, description="a GPU name (gpu.py GPUS) or its fields")
+    nccl_version: str | None = Field(default=None, max_length=16, description="2.28, 2.29 or 2.30 (NCCL's model)")
+    cpu_vendor: str | None = Field(default=None, max_length=16, description="intel, amd or arm")
     calibration: CalibrationIn | None = None
 
 

@@ -41,10 +41,18 @@ class PriceRequest(BaseModel):
         default=None, max_length=1 << 14, description="more groups running the same call at the same time"
     )
     candidates: Literal["library", "all"] = "library"
+    pricing: Literal["auto", "library", "schedule"] = Field(
+        default="auto", description="library: NCCL's cost model (default on NVIDIA clusters); schedule: step by step"
+    )
+    nccl_algo: str = Field(default="auto", max_length=32, description="pin like NCCL_ALGO: Ring, Tree, NVLS, ...")
+    nccl_proto: str = Field(default="auto", max_length=16, description="pin like NCCL_PROTO: LL, LL128, Simple")
 
 
 class PriceOut(BaseModel):
-    algorithm: str
+    algorithm: str = Field(description="the executable schedule (verify proves it)")
+    protocol: str = Field(default="", description="library pricing: NCCL protocol (LL, LL128, Simple)")
+    nccl_algorithm: str = Field(default="", description="library pricing: NCCL algorithm")
+    channels: int = Field(default=0, description="library pricing: NCCL channels")
     time_s: float
     algbw_GBps: float
     busbw_GBps: float

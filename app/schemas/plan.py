@@ -114,6 +114,13 @@ class OptionsIn(Strict):
     device_map: list[int] | None = Field(
         default=None, max_length=1 << 17, description="rank r runs on device device_map[r]; default: rank = device"
     )
+    pricing: Literal["auto", "library", "schedule"] = Field(
+        default="auto",
+        description="library: NCCL's cost model (default on NVIDIA clusters); schedule: step-by-step pricing of "
+        "the named schedule (default elsewhere)",
+    )
+    nccl_algo: str = Field(default="auto", max_length=32, description="pin like NCCL_ALGO: Ring, Tree, NVLS, ...")
+    nccl_proto: str = Field(default="auto", max_length=16, description="pin like NCCL_PROTO: LL, LL128, Simple")
 
 
 class PlanRequest(Strict):
@@ -152,6 +159,9 @@ class PlacementOut(BaseModel):
     group_ranks: list[int] = Field(description="the global ranks of the first group, in schedule order")
     group_devices: list[int] = Field(description="the devices those ranks run on")
     links: list[LinkOut] = Field(description="the busiest links while this call runs on every group")
+    protocol: str = Field(default="", description="library pricing: NCCL protocol (LL, LL128, Simple)")
+    nccl_algorithm: str = Field(default="", description="library pricing: NCCL algorithm (Ring, Tree, NVLS, ...)")
+    channels: int = Field(default=0, description="library pricing: NCCL channels")
 
 
 class CallOut(BaseModel):
@@ -164,7 +174,9 @@ class CallOut(BaseModel):
     num_groups: int
     message_bytes: int = Field(description="nccl-tests convention; sendrecv: what one rank sends")
     calls_per_iteration: int = Field(description="per rank of each listed stage")
-    algorithm: str
+    algorithm: str = Field(description="the executable schedule (verify proves it)")
+    protocol: str = Field(default="", description="library pricing: NCCL protocol; empty under schedule pricing")
+    nccl_algorithm: str = Field(default="", description="library pricing: NCCL algorithm")
     bytes_sent_per_rank: int = Field(description="one call, busiest rank")
     bytes_received_per_rank: int
     time_s: float = Field(description="one call")
@@ -205,6 +217,7 @@ class ClusterSummary(BaseModel):
     rail_optimized: bool
     nodes_per_leaf: int
     oversubscription: float
+    request: ClusterIn = Field(description="this cluster as a request block: paste it into a new request")
 
 
 class PlanOut(BaseModel):

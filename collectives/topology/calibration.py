@@ -67,11 +67,13 @@ def cluster_for_record(record: dict):
     """A ClusterSpec for one measurement record (see the table in the README)."""
     from dataclasses import replace
 
+    from .gpu import GPUS
     from .presets import dgx_a100, dgx_h100
     from .spec import ClusterSpec, IntraNode, Network
 
     nodes, gpus = record["nodes"], record["gpus"]
     text = record["interconnect"]
+    gpu = GPUS["h100-sxm5-80gb"] if "H100" in record.get("gpu", "") else GPUS["a100-sxm4-80gb"]
     if gpus == nodes:  # one GPU per node: the NIC is all there is
         nic = 50.0 if "NDR" in text or "400" in text else 25.0
         return ClusterSpec(
@@ -81,17 +83,20 @@ def cluster_for_record(record: dict):
             IntraNode("none", 1.0, 0.0),
             nics_per_node=1,
             nic_bandwidth_GBps=nic,
-            pcie_bandwidth_GBps=64.0,
+            pcie_bandwidth_GBps=64.0 if nic > 25 else 32.0,
             network=Network("fat_tree"),
+            gpu=gpu,
         )
     base = dgx_h100(nodes) if "NVLink4" in text else dgx_a100(nodes)
+    # nccl-tests runs use NCCL's defaults: no CollNet/SHARP plugin unless the record says so
+    base = replace(base, network=replace(base.network, in_network_reduction=False))
     if "EFA" in text:
         return replace(
             base,
             nics_per_node=4,
             nic_bandwidth_GBps=12.5,
             nic_latency_s=EFA_LATENCY_S,
-            network=replace(base.network, rail_optimized=False),
+            network=replace(base.network, rail_optimized=False, kind="efa"),
         )
     if "4x" in text and "200" in text:
         return replace(base, nics_per_node=4, nic_bandwidth_GBps=25.0)

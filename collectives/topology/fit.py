@@ -1,29 +1,34 @@
 """Fit a handful of global constants to a user's own nccl-tests measurements, and report every row
 before and after.
 
-The constants (never one per row; DESIGN.md §7):
+The constants (never one per row; DESIGN.md §7) are the library pricer's (library/calibration.py
+``LibraryCalibration``, NCCL's tuning model times our constants), by the same names:
 
-- ``efficiency.<link kind>``: the achievable fraction of a link kind's rated bandwidth, fitted on rows of
-  at least 256 MiB (where nccl-tests' bus bandwidth has reached its plateau: the busbw curves in
-  nccl-tests doc/PERFORMANCE.md and every large-size record of tests/reference/nccl flatten by 256 MiB).
-  Only the kinds that are the bottleneck of some such row are fitted; ``in_network`` is the NVLS port rate.
-- ``latency_scale.<span>``: a multiplier on every fixed per-call and per-step latency of calls inside one
-  node (``intra_node``) or across nodes (``inter_node``), fitted on rows of at most 64 KiB (where NCCL's
-  own model is latency-bound: src/graph/tuning.cc picks LL there, whose bandwidth term is small).
-- ``network_latency_s.<network kind>``: the per-hop latency of the network (ib, roce, efa, tcpxo), fitted
-  on the same small rows of multi-node runs.
+- ``efficiency.<kind>``: achieved / NCCL-modelled bus bandwidth of the resource that bounds the algorithm
+  (``nvlink``, ``in_network`` for NVLS, ``pcie``, ``nic`` for anything across nodes: library/model.py
+  ``_kind``), fitted on rows of at least 256 MiB (where nccl-tests' bus bandwidth has reached its plateau: the
+  busbw curves of nccl-tests doc/PERFORMANCE.md and every large record of tests/reference/nccl flatten by
+  256 MiB). Only the kinds that bound some such row are fitted.
+- ``latency_scale.<span>``: multiplies NCCL's modelled latency of calls inside one node (``intra_node``) or
+  across nodes (``inter_node``), fitted on rows of at most 64 KiB (where NCCL's model is latency-bound:
+  tuning.cc picks LL there, whose bandwidth term is small).
+- ``network_latency_s.<network kind>``: the network plugin's per-hop latency (ib, roce, efa, tcpxo; NCCL's
+  graph->latencyInter), fitted on the same small rows of multi-node runs.
 
-Method: coordinate-wise search, each parameter on a log-spaced grid inside its bounds and then a
-golden-section refinement (GRID + 2 + GOLDEN_STEPS evaluations: 0.1% resolution), minimising the median
-absolute log error of the stage's rows (at most STAGE_ROWS of them, evenly spread; robust to a few outliers;
-log error treats "twice too fast" and "twice too slow" alike) plus a small pull towards the defaults so that
-parameters the rows cannot tell apart stay where they were. Deterministic, bounded, two sweeps when a stage
-has several parameters. A stage is kept only if the median error over *all* rows does not rise; rows between 64 KiB and
-256 MiB are fitted by nothing and show whether the constants carry over.
+Rows NCCL's tuner does not price (alltoall, sendrecv, gather, scatter: the schedule pricer prices them, with
+its own global constants) and rows on clusters the library model does not cover are reported, not fitted.
 
-The mapping of these names onto the pricer is ``calibration_for`` / ``apply_constants`` below (the one
-adapter), the place to change when the pricer's own constants change. A cluster spec carries fitted
-constants in ``ClusterSpec.calibration``; price_call reads them from there (select.py ``calibration_of``).
+Method: coordinate-wise search, each parameter on a grid inside its bounds (log-spaced; latencies also try
+0) and then a golden-section refinement (GRID + 2 + GOLDEN_STEPS evaluations: 0.1% resolution), minimising
+the median absolute log error of the stage's rows (at most STAGE_ROWS of them, evenly spread; robust to a
+few outliers; log error treats "twice too fast" and "twice too slow" alike) plus a small pull towards the
+defaults so that parameters the rows cannot tell apart stay where they were. Deterministic, bounded, two
+sweeps when a stage has several parameters. A stage is kept only if the median error over *all* fitted rows
+does not rise; rows between 64 KiB and 256 MiB are fitted by nothing and show whether the constants carry
+over.
+
+The mapping of these names onto the pricer is ``calibration_for`` / ``apply_constants`` (the one adapter):
+a cluster spec carries the fitted constants in ``ClusterSpec.calibration``, which the library pricer reads.
 """
 
 from __future__ import annotations
@@ -35,19 +40,20 @@ import numpy as np
 
 from .._errors import CollectiveError
 from ..primitives import Op
-from .calibration import DEFAULT, Calibration
 from .cluster import Cluster
-from .select import price_call
-from .spec import ClusterSpec
+from .library import DEFAULT_LIBRARY, LibraryCalibration
+from .library.model import NCCL_FUNCS
+from .select import price_call, resolve_pricing
+from .spec import NETWORK_KINDS, ClusterSpec
 
 SPANS = ("intra_node", "inter_node")
-NETWORK_KINDS = ("ib", "roce", "efa", "tcpxo")
 GROUPS = ("efficiency", "latency_scale", "network_latency_s")
-# bounds of each group: an efficiency is a fraction of the rated rate; a latency scale within 4x of NCCL's
-# tables; a per-hop network latency between a switch hop of InfiniBand (~0.2 us, NVIDIA Quantum-2 port to
-# port is ~0.13 us) and an EFA/SRD message through the provider (~15-20 us, AWS EFA documentation) x 2.5
-BOUNDS = {"efficiency": (0.2, 1.0), "latency_scale": (0.25, 4.0), "network_latency_s": (0.2e-6, 50e-6)}
-LINK_KINDS = (*DEFAULT.efficiency, "in_network")  # calibration.py's link kinds; in_network: NVLS ports
+# bounds of each group: an efficiency is a fraction of NCCL's modelled rate; a latency scale within 0.25-6x
+# of NCCL's tables (the library default is 2.75, docs/pricing.md); a plugin latency from none (InfiniBand,
+# whose latency NCCL's tables hold) to 100 us (EFA/SRD through aws-ofi-nccl is ~15-25 us, AWS EFA docs)
+BOUNDS = {"efficiency": (0.2, 1.0), "latency_scale": (0.25, 6.0), "network_latency_s": (0.0, 100e-6)}
+LATENCY_FLOOR_S = 0.1e-6  # the smallest non-zero latency the grid tries
+LINK_KINDS = ("nvlink", "in_network", "pcie", "nic")  # library/model.py _kind
 BANDWIDTH_MIN_BYTES = 256 << 20
 LATENCY_MAX_BYTES = 64 << 10
 PULL = 0.002  # weight of |log(value / default)| added to the objective: breaks ties towards the defaults
@@ -105,83 +111,42 @@ class Constants:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The one adapter: named constants -> the inputs of the current pricer (calibration.py Calibration and the
-# ClusterSpec's nic_latency_s). When the library pricer exposes its own constants (efficiency per link kind,
-# latency scale per span, per-hop latency per network kind), these two functions are what changes.
+# The one adapter: named constants -> what the pricer reads. The library pricer's LibraryCalibration takes
+# the same three groups by the same names (library/calibration.py), so a name left out keeps its default.
 
 
-def calibration_for(constants: Constants, span: str, base: Calibration = DEFAULT) -> Calibration:
-    """The pricer's Calibration under ``constants`` for a call of ``span``: link efficiencies replaced (NVLS
-    ports: ``in_network``), and every fixed latency of the pricer (per-call base latency, per-step overhead)
-    multiplied by the span's scale."""
-    efficiency = dict(base.efficiency)
-    in_network = base.in_network_efficiency
-    for kind, value in constants.efficiency:
-        if kind == "in_network":
-            in_network = value
-        else:
-            efficiency[kind] = value
-    scale = dict(constants.latency_scale).get(span, 1.0)
-    return replace(
-        base,
-        efficiency=efficiency,
-        in_network_efficiency=in_network,
-        step_overhead_s=base.step_overhead_s * scale,
-        base_latency_s={k: v * scale for k, v in base.base_latency_s.items()},
-        default_base_latency_s=base.default_base_latency_s * scale,
-    )
+def calibration_for(constants: Constants, base: LibraryCalibration = DEFAULT_LIBRARY) -> LibraryCalibration:
+    return base.with_values(**constants.to_dict())
 
 
-def apply_constants(constants: Constants, spec: ClusterSpec, kind: str | None = None) -> ClusterSpec:
-    """The cluster spec carrying ``constants``: the network's per-hop latency is the spec's own
-    ``nic_latency_s``; the rest rides along in ``spec.calibration`` for price_call (select.py) to read."""
-    return replace(_with_hop(constants, spec, kind), calibration=constants if constants != Constants() else None)
+def apply_constants(constants: Constants, spec: ClusterSpec) -> ClusterSpec:
+    """The cluster spec carrying ``constants`` for /v1/plan (the library pricer reads ClusterSpec.calibration)."""
+    return replace(spec, calibration=calibration_for(constants) if constants != Constants() else None)
 
 
-def pricing_inputs(
-    constants: Constants, spec: ClusterSpec, span: str, kind: str | None = None
-) -> tuple[ClusterSpec, Calibration]:
-    """What price_call takes under ``constants``: the spec (its own constants dropped: the calibration is
-    passed explicitly) and the Calibration."""
-    return replace(_with_hop(constants, spec, kind), calibration=None), calibration_for(constants, span)
+def constants_of(calibration: LibraryCalibration | None) -> Constants:
+    """The constants a spec's calibration holds where they differ from the defaults (for round trips)."""
+    out = Constants()
+    if calibration is None:
+        return out
+    for group in GROUPS:
+        defaults = getattr(DEFAULT_LIBRARY, group)
+        for key, value in getattr(calibration, group).items():
+            if defaults.get(key) != value:
+                out = out.with_value(f"{group}.{key}", value)
+    return out
 
 
-def _with_hop(constants: Constants, spec: ClusterSpec, kind: str | None) -> ClusterSpec:
-    hop = dict(constants.network_latency_s).get(network_kind(spec, kind))
-    return replace(spec, nic_latency_s=hop) if hop is not None else spec
-
-
-# NCCL_ALGO as a log shows it -> the current pricer's algorithm (select.py LIBRARY_CANDIDATES)
-ALGORITHMS = {
-    "ring": "ring",
-    "tree": "double_binary_tree",
-    "nvls": "in_network",
-    "nvlstree": "in_network",
-    "collnet": "in_network",
-    "collnetdirect": "in_network",
-    "collnetchain": "in_network",
-}
-
-
-def default_value(name: str, spec: ClusterSpec, base: Calibration = DEFAULT) -> float:
-    """The value a parameter has when no constant is given."""
+def default_value(name: str, base: LibraryCalibration = DEFAULT_LIBRARY) -> float:
+    """The value a parameter has when no constant is given (library/calibration.py: eff() and
+    net_latency_us() default to 1 and 0, the pricer's latency scale to 1)."""
     group, key = name.split(".", 1)
-    if group == "efficiency":
-        return base.in_network_efficiency if key == "in_network" else base.efficiency.get(key, 1.0)
-    if group == "latency_scale":
-        return 1.0
-    return spec.nic_latency_s
+    return getattr(base, group).get(key, 0.0 if group == "network_latency_s" else 1.0)
 
 
-def network_kind(spec: ClusterSpec, given: str | None = None) -> str:
-    """The cluster's network kind: as given, as the spec says (``network_kind``, once the presets carry
-    it), else EFA when the NIC latency is EFA's (calibration.py EFA_LATENCY_S) and InfiniBand otherwise."""
-    kind = given or getattr(spec, "network_kind", None) or getattr(spec.network, "kind", None)
-    if kind is None:
-        kind = "efa" if spec.nic_latency_s >= 10e-6 else "ib"
-    if kind not in NETWORK_KINDS:
-        raise CollectiveError("network_kind", f"unknown network kind {kind!r}; known: {', '.join(NETWORK_KINDS)}")
-    return kind
+def fitted_by_library(op: Op, cluster: Cluster) -> bool:
+    """Whether ``op`` on this cluster is priced by NCCL's model, which the constants calibrate."""
+    return op in NCCL_FUNCS and resolve_pricing("auto", cluster, op) == "library"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -196,8 +161,7 @@ class Observation:
     ranks: int
     spec: ClusterSpec
     measured_busbw_GBps: float
-    algorithm: str = "auto"
-    network_kind: str = "ib"
+    nccl_algo: str = "auto"  # as NCCL_ALGO was set for the run (pins.py syntax)
     where: str = ""  # e.g. "logs[0] line 41", for messages
 
     @property
@@ -214,6 +178,7 @@ class RowResult:
     observation: Observation
     before_GBps: float
     after_GBps: float
+    fitted: bool  # priced by NCCL's model, which the constants calibrate
 
     @property
     def error_before(self) -> float:
@@ -226,42 +191,36 @@ class RowResult:
 
 @dataclass
 class FitResult:
-    constants: Constants  # the fitted values only; everything else keeps the pricer's defaults
+    constants: Constants  # the values that differ from the defaults; everything else keeps them
     rows: list[RowResult]
     median_error_before: float
     median_error_after: float
     stages: list[dict]  # per stage: name, parameters, rows, median errors, kept or not
 
-    def row_errors(self, which: str) -> np.ndarray:
-        return np.array([abs(getattr(r, f"error_{which}")) for r in self.rows])
-
 
 class _Pricer:
-    """Prices observations under constants; keeps every Calibration and Cluster it made alive for its own
-    lifetime (Cluster.rate memoises by id(calibration), so a freed calibration's id must not come back)."""
+    """Prices observations under constants, memoised (a fit prices each row a few hundred times)."""
 
     def __init__(self):
         self.clusters: dict[ClusterSpec, Cluster] = {}
-        self.inputs: dict[tuple, tuple[ClusterSpec, Calibration]] = {}
+        self.calibrations: dict[Constants, LibraryCalibration] = {}
         self.busbws: dict[tuple, float] = {}
+
+    def cluster(self, spec: ClusterSpec) -> Cluster:
+        spec = replace(spec, calibration=None)  # the calibration is passed with each call
+        return self.clusters.get(spec) or self.clusters.setdefault(spec, Cluster(spec))
 
     def busbw(self, obs: Observation, constants: Constants) -> float:
         """Memoised: repeated runs of one test price the same row once per set of constants."""
-        key = (obs.op, obs.size_bytes, obs.ranks, obs.spec, obs.algorithm, obs.network_kind, constants)
+        key = (obs.op, obs.size_bytes, obs.ranks, obs.spec, obs.nccl_algo, constants)
         if key not in self.busbws:
             self.busbws[key] = self.price(obs, constants).busbw_GBps
         return self.busbws[key]
 
     def price(self, obs: Observation, constants: Constants):
-        key = (constants, obs.spec, obs.span, obs.network_kind)
-        if key not in self.inputs:
-            self.inputs[key] = pricing_inputs(constants, obs.spec, obs.span, obs.network_kind)
-        spec, calibration = self.inputs[key]
-        cluster = self.clusters.get(spec) or self.clusters.setdefault(spec, Cluster(spec))
-        return self._price(obs, cluster, calibration)
-
-    @staticmethod
-    def _price(obs: Observation, cluster: Cluster, calibration: Calibration):
+        if constants not in self.calibrations:
+            self.calibrations[constants] = calibration_for(constants)
+        cluster = self.cluster(obs.spec)
         placement = placement_for(obs.ranks, cluster.spec)
         size = obs.size_bytes
         if obs.op is Op.SENDRECV:  # sendrecv_perf: rank r sends to r+1 and receives from r-1, all at once
@@ -270,9 +229,15 @@ class _Pricer:
         if obs.op is Op.ALLTOALL:
             size -= size % obs.ranks
         try:
-            return price_call(obs.op, size, placement, cluster, obs.algorithm, calibration=calibration)
+            return price_call(
+                obs.op, size, placement, cluster, calibration=self.calibrations[constants], pricing="auto",
+                nccl_algo=obs.nccl_algo,
+            )  # fmt: skip
         except CollectiveError as err:
             raise CollectiveError(err.field, f"{obs.where}: {err.rule}") from None
+
+    def fitted(self, obs: Observation) -> bool:
+        return fitted_by_library(obs.op, self.cluster(obs.spec))
 
 
 def placement_for(ranks: int, spec: ClusterSpec) -> np.ndarray:
@@ -286,10 +251,6 @@ def placement_for(ranks: int, spec: ClusterSpec) -> np.ndarray:
         )
     per = ranks // nodes
     return (np.arange(nodes)[:, None] * spec.devices_per_node + np.arange(per)[None, :]).reshape(1, -1)
-
-
-def log_error(predicted: float, measured: float) -> float:
-    return abs(math.log(max(predicted, 1e-30) / measured))
 
 
 def fit(
@@ -306,9 +267,10 @@ def fit(
     pricer = _Pricer()
     before = np.array([pricer.busbw(o, start) for o in obs])
     measured = np.array([o.measured_busbw_GBps for o in obs])
+    fittable = [o for o in obs if pricer.fitted(o)]
     current, current_pred = start, before
     stages: list[dict] = []
-    plan = [p for p in _stages(obs, pricer, start, bandwidth_min_bytes, latency_max_bytes) if p[2]]
+    plan = [p for p in _stages(fittable, pricer, start, bandwidth_min_bytes, latency_max_bytes) if p[1] and p[2]]
     rejected = []
     for stage, rows, names in plan:
         current, current_pred, kept = _stage(stage, rows, names, obs, measured, current, current_pred, pricer, stages)
@@ -319,8 +281,11 @@ def fit(
             current, current_pred, _ = _stage(stage, rows, names, obs, measured, current, current_pred, pricer, stages)
     fitted = Constants()
     for name in current.names():
-        fitted = fitted.with_value(name, current.get(name))
-    rows = [RowResult(o, float(b), float(a)) for o, b, a in zip(obs, before, current_pred, strict=True)]
+        if current.get(name) != default_value(name):
+            fitted = fitted.with_value(name, current.get(name))
+    rows = [
+        RowResult(o, float(b), float(a), pricer.fitted(o)) for o, b, a in zip(obs, before, current_pred, strict=True)
+    ]
     return FitResult(fitted, rows, _median_rel(before, measured), _median_rel(current_pred, measured), stages)
 
 
@@ -329,7 +294,8 @@ def _stage(stage, rows, names, obs, measured, current, current_pred, pricer, sta
     candidate = _search(rows, names, current, pricer)
     pred = np.array([pricer.busbw(o, candidate) for o in obs])
     kept = _median_rel(pred, measured) <= _median_rel(current_pred, measured)
-    idx = [i for i, o in enumerate(obs) if o in set(rows)]
+    members = set(rows)
+    idx = [i for i, o in enumerate(obs) if o in members]
     stages.append(
         {
             "stage": stage,
@@ -350,18 +316,21 @@ def _median_rel(pred: np.ndarray, measured: np.ndarray) -> float:
 def _stages(obs, pricer, start, bandwidth_min_bytes, latency_max_bytes):
     """(name, rows, parameters) of the bandwidth stage, then of the latency stage."""
     large = [o for o in obs if o.size_bytes >= bandwidth_min_bytes]
-    kinds = set()
-    for o in large:
-        price = pricer.price(o, start)
-        if price.algorithm == "in_network" and o.nodes == 1:
-            kinds.add("in_network")  # NVLS: the NVSwitch ports run at the NVLS efficiency (calibration.py)
-        elif price.bottleneck.get("kind"):
-            kinds.add(price.bottleneck["kind"])
+    kinds = {_bound_by(o, pricer.price(o, start)) for o in large}
     yield "bandwidth", large, [f"efficiency.{k}" for k in sorted(kinds)]
     small = [o for o in obs if o.size_bytes <= latency_max_bytes]
     names = [f"latency_scale.{s}" for s in SPANS if any(o.span == s for o in small)]
-    names += sorted({f"network_latency_s.{o.network_kind}" for o in small if o.nodes > 1})
+    names += sorted({f"network_latency_s.{o.spec.network.kind}" for o in small if o.nodes > 1})
     yield "latency", small, names
+
+
+def _bound_by(obs: Observation, price) -> str:
+    """The resource whose efficiency scales this row's bandwidth (library/model.py _kind)."""
+    if obs.nodes > 1:
+        return "nic"
+    if getattr(price, "nccl_algorithm", "") == "NVLS":
+        return "in_network"
+    return "nvlink" if obs.spec.intra.link_name == "nvlink" else "pcie"
 
 
 def _search(rows: list[Observation], names: list[str], start: Constants, pricer: _Pricer) -> Constants:
@@ -369,13 +338,12 @@ def _search(rows: list[Observation], names: list[str], start: Constants, pricer:
         order = sorted(rows, key=lambda o: (o.span, o.op.value, o.nodes, o.size_bytes))
         rows = [order[i] for i in np.linspace(0, len(order) - 1, STAGE_ROWS).round().astype(int)]
     measured = np.array([o.measured_busbw_GBps for o in rows])
-    spec = rows[0].spec
-    defaults = {n: start.get(n) or default_value(n, spec) for n in names}
+    defaults = {n: start.get(n) if start.get(n) is not None else default_value(n) for n in names}
 
     def objective(constants: Constants) -> float:
         pred = np.array([pricer.busbw(o, constants) for o in rows])
         errors = np.abs(np.log(np.maximum(pred, 1e-30) / measured))
-        pull = sum(abs(math.log((constants.get(n) or defaults[n]) / defaults[n])) for n in names)
+        pull = sum(abs(_coordinate(n, constants.get(n)) - _coordinate(n, defaults[n])) for n in names)
         return float(np.median(errors)) + PULL * pull
 
     current = start
@@ -387,28 +355,40 @@ def _search(rows: list[Observation], names: list[str], start: Constants, pricer:
     return current
 
 
+def _offset(name: str) -> float:
+    """Latencies are searched on log(value + LATENCY_FLOOR_S), so that 0 (no plugin latency) is reachable."""
+    return LATENCY_FLOOR_S if name.startswith("network_latency_s.") else 0.0
+
+
+def _coordinate(name: str, value: float) -> float:
+    return math.log(value + _offset(name))
+
+
 def _line_search(f, name: str) -> float:
-    """Minimum of f over the bounds of ``name``'s group: a log-spaced grid, then golden-section between the
-    best grid point's neighbours. Deterministic; GRID + GOLDEN_STEPS evaluations."""
+    """Minimum of f over the bounds of ``name``'s group: a grid even in the search coordinate, then
+    golden-section between the best grid point's neighbours. Deterministic; GRID + 2 + GOLDEN_STEPS
+    evaluations."""
     low, high = BOUNDS[name.split(".", 1)[0]]
-    grid = np.geomspace(low, high, GRID)
-    values = [f(float(v)) for v in grid]
+    off = _offset(name)
+    grid = np.linspace(math.log(low + off), math.log(high + off), GRID)
+    value = lambda x: min(max(math.exp(x) - off, low), high)  # noqa: E731
+    values = [f(value(x)) for x in grid]
     i = int(np.argmin(values))
-    a, b = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, GRID - 1)])
+    a, b = grid[max(i - 1, 0)], grid[min(i + 1, GRID - 1)]
     best_x, best_f = float(grid[i]), values[i]
     ratio = (math.sqrt(5) - 1) / 2
     c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = f(math.exp(c)), f(math.exp(d))
+    fc, fd = f(value(c)), f(value(d))
     for _ in range(GOLDEN_STEPS):
         if fc <= fd:
             b, d, fd = d, c, fc
             c = b - ratio * (b - a)
-            fc = f(math.exp(c))
+            fc = f(value(c))
         else:
             a, c, fc = c, d, fd
             d = a + ratio * (b - a)
-            fd = f(math.exp(d))
-    for x, fx in ((math.exp(c), fc), (math.exp(d), fd)):
+            fd = f(value(d))
+    for x, fx in ((c, fc), (d, fd)):
         if fx < best_f:
             best_x, best_f = x, fx
-    return best_x
+    return value(best_x)

@@ -38,6 +38,9 @@ class Price:
     links: list[dict]
     span: str
     nodes_per_group: int
+    protocol: str = ""  # library pricing: NCCL's protocol (LL, LL128, Simple)
+    nccl_algorithm: str = ""  # library pricing: NCCL's algorithm (Ring, Tree, NVLS, NVLSTree, CollNet*, PAT)
+    channels: int = 0  # library pricing: NCCL channels
 
 
 def in_network_level(cluster: Cluster, placement: np.ndarray) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..primitives import Op
-from .calibration import DEFAULT, Calibration, cluster_for_record
+from .calibration import DEFAULT, cluster_for_record
 from .cluster import Cluster
 from .select import price_call
 
@@ -29,7 +29,7 @@ class Comparison:
         return (self.predicted_busbw - self.measured_busbw) / self.measured_busbw
 
 
-def compare(record: dict, calibration: Calibration = DEFAULT) -> Comparison:
+def compare(record: dict, calibration=DEFAULT, pricing: str = "schedule") -> Comparison:
     size = record["size_bytes"] or LARGE
     n = record["gpus"]
     op = Op(record["op"])
@@ -39,7 +39,12 @@ def compare(record: dict, calibration: Calibration = DEFAULT) -> Comparison:
     placement = ring_pairs if op is Op.SENDRECV else np.arange(n)[None, :]
     if op is Op.ALLTOALL:
         size -= size % n
-    p = price_call(op, size, placement, cluster, stated_algorithm(record), calibration=calibration)
+    algo = stated_algorithm(record)
+    if pricing == "library":
+        p = price_call(op, size, placement, cluster, calibration=calibration, pricing="auto",
+                       nccl_algo="ring" if algo == "ring" else "auto")
+    else:
+        p = price_call(op, size, placement, cluster, algo, calibration=calibration)
     return Comparison(record, size, record["busbw_GBps"], p.busbw_GBps, p.time_s, p.algorithm)
 
 
@@ -49,5 +54,5 @@ def stated_algorithm(record: dict) -> str:
     return "ring" if "NCCL_ALGO=RING" in (record.get("algo") or "") else "auto"
 
 
-def compare_all(records: list[dict], calibration: Calibration = DEFAULT) -> list[Comparison]:
-    return [compare(r, calibration) for r in records if r.get("busbw_GBps")]
+def compare_all(records: list[dict], calibration=DEFAULT, pricing: str = "schedule") -> list[Comparison]:
+    return [compare(r, calibration, pricing) for r in records if r.get("busbw_GBps")]

@@ -60,25 +60,53 @@ def candidates(op: Op, cluster: Cluster, which: str = "library") -> tuple[str, .
     return LIBRARY_CANDIDATES[op] + extra
 
 
+PRICINGS = ("auto", "library", "schedule")
+
+
+def resolve_pricing(pricing: str, cluster: Cluster, op: Op | None = None) -> str:
+    """``auto``: NCCL's model (``library``) on NVIDIA clusters for the collectives NCCL's tuner prices, the
+    step-by-step ``schedule`` pricer elsewhere (NPU full mesh, TPU torus, all-to-all and point-to-point)."""
+    from .library import is_nvidia
+    from .library.model import NCCL_FUNCS
+
+    if pricing not in PRICINGS:
+        raise CollectiveError("options.pricing", f"must be one of {', '.join(PRICINGS)}, got {pricing!r}")
+    if pricing == "auto":
+        pricing = "library" if is_nvidia(cluster) else "schedule"
+    if pricing == "library" and op is not None and op not in NCCL_FUNCS:
+        return "schedule"
+    return pricing
+
+
 def price_call(
     op: Op,
     message_bytes: int,
     placement,
     cluster: Cluster,
     algorithm: str = "auto",
-    calibration: Calibration | None = None,
+    calibration=DEFAULT,
     which: str = "library",
     top_links: int = 5,
+    pricing: str = "schedule",
+    nccl_algo: str = "auto",
+    nccl_proto: str = "auto",
 ) -> Price:
     """Price one call of ``op`` with ``message_bytes`` on every group in ``placement`` at once; the
-    ``top_links`` busiest links are reported. ``calibration``: default the cluster's own (calibration_of)."""
+    ``top_links`` busiest links are reported. ``pricing='library'`` (or ``'auto'`` on an NVIDIA cluster)
+    uses NCCL's model (library/), with ``nccl_algo`` / ``nccl_proto`` pinning like NCCL_ALGO / NCCL_PROTO
+    and ``calibration`` a :class:`LibraryCalibration`; ``'schedule'`` prices the named schedule step by step."""
     placement = np.atleast_2d(np.asarray(placement, dtype=np.int64))
-    if calibration is None:
-        calibration = calibration_of(cluster, placement)
     n = placement.shape[1]
     cluster.check_devices(placement)
     if len(np.unique(placement[0])) != n:
         raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
+    if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto":
+        from .library import normalise_algo, normalise_proto, price_library
+
+        return price_library(op, message_bytes, placement, cluster, calibration, normalise_algo(nccl_algo),
+                             normalise_proto(nccl_proto), top_links)
+    if not isinstance(calibration, Calibration):
+        calibration = DEFAULT
     local = local_size(cluster, placement)
     if algorithm != "auto":
         ev = _evaluate_one(algorithm, op, message_bytes, placement, cluster, local, calibration)
@@ -95,23 +123,6 @@ def price_call(
     if best is None:
         raise CollectiveError("algorithm", f"no algorithm can run {op.value} on {n} ranks here: {'; '.join(reasons)}")
     return summarise(best, cluster, top_links)
-
-
-def calibration_of(cluster: Cluster, placement: np.ndarray) -> Calibration:
-    """The constants fitted to the user's nccl-tests logs (ClusterSpec.calibration, POST /v1/calibrate) for
-    this call's span, else the defaults. Kept on the cluster: Cluster.rate memoises by id(calibration), so
-    a calibration must live as long as the cluster does."""
-    constants = cluster.spec.calibration
-    if constants is None:
-        return DEFAULT
-    nodes = cluster.node_of(placement[0])
-    span = "intra_node" if (nodes == nodes[0]).all() else "inter_node"
-    memo = cluster.__dict__.setdefault("_fitted_calibration", {})
-    if span not in memo:
-        from .fit import calibration_for  # fit.py prices through this module
-
-        memo[span] = calibration_for(constants, span)
-    return memo[span]
 
 
 def _evaluate_one(name, op, message_bytes, placement, cluster, local, calibration, auto=False) -> Evaluation:

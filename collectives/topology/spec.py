@@ -3,13 +3,16 @@ in seconds). The HTTP layer maps its pydantic models onto these; presets.py hold
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .._errors import CollectiveError
 from .gpu import GPUSpec
 
 INTRA_FABRICS = ("switch", "full_mesh", "ring", "none")
 NETWORKS = ("fat_tree", "torus", "dragonfly", "hypercube", "none")
+NETWORK_KINDS = ("ib", "roce", "efa", "tcpxo")  # per-hop latency by kind: library/calibration.py
+CPU_VENDORS = ("intel", "amd", "arm")  # NCCL's llMaxBw across nodes and per-step net overhead depend on it
+NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in library/tables.py
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class Network:
     group_size: int = 4
     link_bandwidth_GBps: float = 50.0
     switch_latency_s: float = 0.15e-6
-    in_network_reduction: bool = False
+    in_network_reduction: bool = False  # SHARP in the switches (NCCL CollNet)
+    kind: str = "ib"  # ib | roce | efa | tcpxo
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ class ClusterSpec:
     gpu: GPUSpec | None = None  # compute and memory of each device (gpu.py); None: step time unavailable
     description: str = ""
     sources: tuple[str, ...] = ()
-    calibration: object = None  # fitted constants (fit.Constants, hashable) price_call applies; None: defaults
+    nccl_version: str = "2.30"  # major.minor of the NCCL whose tuning model prices this cluster
+    cpu_vendor: str = "intel"
+    calibration: object = None  # a library.LibraryCalibration fitted for this cluster; None: the defaults
 
     @property
     def num_devices(self) -> int:
@@ -75,6 +81,45 @@ class ClusterSpec:
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         return replace(self, num_nodes=num_nodes)
+
+
+def spec_block(spec: ClusterSpec) -> dict:
+    """The cluster as a request block (the HTTP ClusterIn): every field that prices it, no preset, so the
+    block pasted into a new request rebuilds this spec."""
+    block = {
+        k: getattr(spec, k)
+        for k in (
+            "name",
+            "num_nodes",
+            "devices_per_node",
+            "nics_per_node",
+            "nic_bandwidth_GBps",
+            "nic_latency_s",
+            "pcie_bandwidth_GBps",
+            "nccl_version",
+            "cpu_vendor",
+        )
+    }
+    block["intra"] = {f.name: getattr(spec.intra, f.name) for f in fields(spec.intra)}
+    block["network"] = {
+        f.name: list(v) if isinstance(v, tuple) else v
+        for f in fields(spec.network)
+        if (v := getattr(spec.network, f.name)) != ()
+    }
+    if spec.gpu is not None:
+        g = spec.gpu
+        block["gpu"] = {
+            "name": g.name,
+            "peak_tflops": dict(g.peak_tflops),
+            "hbm_bytes": g.hbm_bytes,
+            "hbm_GBps": g.hbm_GBps,
+            "sm": g.sm,
+            "nvlink_links": g.nvlink_links,
+        }
+    if spec.calibration is not None:  # fitted constants (fit.py), by the names the request takes
+        groups = ("efficiency", "latency_scale", "network_latency_s")
+        block["calibration"] = {g: dict(getattr(spec.calibration, g)) for g in groups}
+    return block
 
 
 MAX_DEVICES = 131_072
@@ -101,6 +146,10 @@ def validate_cluster(spec: ClusterSpec) -> None:
     if spec.intra.fabric != "none" or spec.devices_per_node > 1:
         _bandwidth("intra.bandwidth_GBps", spec.intra.bandwidth_GBps)
     _non_negative("intra.latency_s", spec.intra.latency_s)
+    _one_of("network.kind", spec.network.kind, NETWORK_KINDS, "network kind")
+    _one_of("cpu_vendor", spec.cpu_vendor, CPU_VENDORS, "CPU vendor")
+    _one_of("nccl_version", nccl_minor(spec.nccl_version), NCCL_VERSIONS, "NCCL version (major.minor)")
+    _validate_calibration(spec.calibration)
     net = spec.network
     if net.topology not in NETWORKS:
         raise CollectiveError("network.topology", f"unknown network {net.topology!r}; known: {', '.join(NETWORKS)}")
@@ -152,6 +201,32 @@ def _validate_network(spec: ClusterSpec) -> None:
             )
     elif net.topology == "hypercube" and spec.num_nodes & (spec.num_nodes - 1):
         raise CollectiveError("num_nodes", f"a hypercube needs a power-of-two number of nodes, got {spec.num_nodes}")
+
+
+def _validate_calibration(cal) -> None:
+    if cal is None:
+        return
+    from .library.calibration import LibraryCalibration
+
+    if not isinstance(cal, LibraryCalibration):
+        raise CollectiveError("calibration", f"must be a LibraryCalibration, got {type(cal).__name__}")
+    for group in ("efficiency", "latency_scale", "network_latency_s"):
+        for key, value in getattr(cal, group).items():
+            if not (value > 0 if group != "network_latency_s" else value >= 0) or value != value:
+                raise CollectiveError(
+                    f"calibration.{group}.{key}",
+                    f"must be {'>= 0' if group == 'network_latency_s' else '> 0'}, got {value}",
+                )
+
+
+def nccl_minor(version: str) -> str:
+    """'2.30.7-1' or '2.30' -> '2.30'."""
+    return ".".join(str(version).split("-")[0].split(".")[:2])
+
+
+def _one_of(name: str, value: str, known: tuple[str, ...], what: str) -> None:
+    if value not in known:
+        raise CollectiveError(name, f"unknown {what} {value!r}; known: {', '.join(known)}")
 
 
 def _positive(name: str, value) -> None:

@@ -209,14 +209,14 @@ def table(records: list[dict]) -> None:
     import numpy as np
 
     from collectives.topology.calibration import cluster_for_record
-    from collectives.topology.fit import ALGORITHMS, Constants, Observation, _Pricer, fit, network_kind
+    from collectives.topology.fit import Constants, Observation, _Pricer, fit
     from collectives.topology.nccl_tests import parse
 
     def observations(log):
         (run,) = parse(log["text"])
         spec = cluster_for_record(records[log["records"][0]])
-        algorithm = ALGORITHMS.get(run.nccl_algo or "", "auto")
-        return [Observation(run.op, r.size_bytes, run.ranks, spec, run.busbw_GBps(r), algorithm, network_kind(spec))
+        algo = run.nccl_algo or "auto"
+        return [Observation(run.op, r.size_bytes, run.ranks, spec, run.busbw_GBps(r), algo)
                 for r in run.rows]  # fmt: skip
 
     def held_out(obs):

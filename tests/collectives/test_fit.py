@@ -8,16 +8,7 @@ import pytest
 from collectives import CollectiveError
 from collectives.primitives import Op
 from collectives.topology.calibration import cluster_for_record
-from collectives.topology.fit import (
-    ALGORITHMS,
-    BOUNDS,
-    Constants,
-    Observation,
-    _Pricer,
-    apply_constants,
-    fit,
-    network_kind,
-)
+from collectives.topology.fit import BOUNDS, Constants, Observation, _Pricer, apply_constants, fit
 from collectives.topology.nccl_tests import parse
 from collectives.topology.presets import dgx_h100
 
@@ -32,9 +23,8 @@ def systems(reference):
     for log in logs(records):
         (run,) = parse(log["text"])
         spec = cluster_for_record(records[log["records"][0]])
-        algorithm = ALGORITHMS.get(run.nccl_algo or "", "auto")
         obs = [
-            Observation(run.op, row.size_bytes, run.ranks, spec, run.busbw_GBps(row), algorithm, network_kind(spec))
+            Observation(run.op, row.size_bytes, run.ranks, spec, run.busbw_GBps(row), run.nccl_algo or "auto")
             for row in run.rows
         ]
         if len(obs) >= 6:
@@ -57,13 +47,15 @@ def test_fit_never_raises_the_median_error(fits):
 
 
 def test_fit_lowers_the_error_where_the_defaults_are_off(fits):
-    """Measured on the records: EFA 2 x 8 A100 56% -> under 15%; 32 x 8 A100 small sizes 15% -> under 2%;
-    8 x H100 NVLS 20% -> under 17%."""
+    """Measured on the records with the library pricer's defaults (docs/calibration.md): EFA 2 x 8 A100 18% ->
+    7%; 32 x 8 A100 at 4-128 B 64% -> 1%; the 8 x A100 logs a few points; 8 x H100 NVLS already at 5%: kept."""
     efa = fits[next(n for n in fits if "aws-samples" in n)]
-    assert efa.median_error_before > 0.5 and efa.median_error_after < 0.15
+    assert efa.median_error_before > 0.15 and efa.median_error_after < 0.10
     big = fits[next(n for n in fits if "32x8" in n)]
-    assert big.median_error_before > 0.14 and big.median_error_after < 0.02
-    assert all(r.median_error_after < r.median_error_before for r in fits.values())
+    assert big.median_error_before > 0.5 and big.median_error_after < 0.02
+    for name, result in fits.items():
+        if not name.startswith("00_"):
+            assert result.median_error_after < result.median_error_before, name
 
 
 def test_held_out_sizes_improve(systems):
@@ -99,8 +91,8 @@ def test_recovers_constants_the_pricer_was_run_with():
     pricer = _Pricer()
     obs = []
     for size in [1 << k for k in range(10, 34, 2)]:
-        o = Observation(Op.ALLGATHER, size, 8, spec, 1.0, "ring", "ib")
-        obs.append(Observation(Op.ALLGATHER, size, 8, spec, pricer.busbw(o, truth), "ring", "ib"))
+        o = Observation(Op.ALLGATHER, size, 8, spec, 1.0, "ring")
+        obs.append(Observation(Op.ALLGATHER, size, 8, spec, pricer.busbw(o, truth), "ring"))
     result = fit(obs)
     assert result.constants.get("efficiency.nvlink") == pytest.approx(0.70, rel=0.01)
     assert result.constants.get("latency_scale.intra_node") == pytest.approx(1.5, rel=0.02)
@@ -119,7 +111,10 @@ def test_constants_validation():
     c = Constants.from_dict({"efficiency": {"nic": 0.9}, "network_latency_s": {"ib": 2e-6}})
     assert c.to_dict() == {"efficiency": {"nic": 0.9}, "latency_scale": {}, "network_latency_s": {"ib": 2e-6}}
     assert hash(c) == hash(Constants.from_dict(c.to_dict()))
-    assert apply_constants(c, dgx_h100(2)).nic_latency_s == 2e-6
+    calibration = apply_constants(c, dgx_h100(2)).calibration
+    assert calibration.efficiency["nic"] == 0.9 and calibration.network_latency_s["ib"] == 2e-6
+    assert calibration.efficiency["nvlink"] == 0.96  # the library default (library/calibration.py) stays
+    assert apply_constants(Constants(), dgx_h100(2)).calibration is None
 
 
 def test_ranks_must_fit_the_cluster():

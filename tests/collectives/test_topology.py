@@ -152,7 +152,7 @@ def test_dragonfly_and_hypercube_route():
 @pytest.mark.parametrize(
     ("make", "field"),
     [
-        (lambda: cluster_preset("dgx-h200"), "preset"),
+        (lambda: cluster_preset("dgx-h999"), "preset"),
         (lambda: Cluster(replace(cluster_preset("dgx-h100", 2), nic_bandwidth_GBps=0)), "nic_bandwidth_GBps"),
         (lambda: Cluster(replace(cluster_preset("dgx-h100"), intra=IntraNode("switch", -5.0))), "intra.bandwidth_GBps"),
         (lambda: Cluster(replace(cluster_preset("dgx-h100", 2), nics_per_node=0)), "nics_per_node"),

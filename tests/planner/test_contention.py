@@ -30,8 +30,8 @@ def test_custom_device_map_moves_groups_across_nodes():
     par = ParallelSpec(tp=8, dp=8)
     work = WorkloadSpec(global_batch_size=8)
     transposed = tuple(int((r % 8) * 8 + r // 8) for r in range(64))  # TP peers on different nodes
-    plain = build_plan(model, work, par, cluster).to_dict()
-    moved = build_plan(model, work, par, cluster, Options(device_map=transposed)).to_dict()
+    plain = build_plan(model, work, par, cluster, Options(pricing="schedule")).to_dict()
+    moved = build_plan(model, work, par, cluster, Options(device_map=transposed, pricing="schedule")).to_dict()
     qkv = lambda plan: next(c for c in plan["calls"] if c["name"] == "tp.attn.out_proj")  # noqa: E731
     assert qkv(plain)["placement"]["bottleneck"] == "nvlink" and qkv(plain)["placement"]["nodes_per_group"] == 1
     assert qkv(moved)["placement"]["bottleneck"] == "nic" and qkv(moved)["placement"]["nodes_per_group"] == 8

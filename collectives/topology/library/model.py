@@ -1,0 +1,218 @@
+"""NCCL's cost model (src/graph/tuning.cc:ncclTopoTuneModel and ncclTopoGetAlgoTime, v2.30.7-1) for one
+communicator: for every enabled (algorithm, protocol) a latency and a bandwidth, and
+``time = latency + bytes / (1000 x bandwidth)`` us, the cheapest pair winning as NCCL's tuner picks.
+
+A pipelined algorithm is one rate: NCCL's bandwidth is the slowest resource's (channels x per-channel speed,
+capped per algorithm), never a sum of phases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...primitives import Op
+from . import tables as T
+from .calibration import LibraryCalibration
+from .graphs import Graph, Shape, collnet_graph, nvls_graph, ring_graph, tree_graph
+
+NCCL_FUNCS = (Op.ALLREDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.BROADCAST, Op.REDUCE)
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the cluster lets NCCL use (tuning.cc algoEnable rules) and the CPU that sets llMaxBw."""
+
+    nvls: bool = True  # NCCL_NVLS_ENABLE and an NVLS-capable switch
+    collnet: bool = False  # SHARP/CollNet plugin (config.collnetEnable)
+    cpu_vendor: str = "intel"
+    network_kind: str = "ib"
+    nvlink: bool = True  # the intra path is NVLink (intraHw NVLINK, LL128 allowed); False: PCIe
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algorithm: str
+    protocol: str
+    latency_us: float
+    bw: float  # NCCL's "bandwidths" entry: algorithm bandwidth in GB/s (busBw converted)
+    bus_bw: float  # before conversion, GB/s
+    channels: int
+    kind: str  # resource kind whose efficiency applies
+
+    def time_s(self, nbytes: int, op: Op) -> float:
+        bw = self.bw
+        log_size = int(math.log2(nbytes >> 6)) if nbytes >> 6 else -1
+        if self.algorithm == "tree" and op is Op.ALLREDUCE and 0 <= log_size < 23:
+            bw *= T.TREE_CORRECTION[T.PROTOCOLS.index(self.protocol)][log_size]  # ncclTopoGetAlgoTime
+        return (self.latency_us + nbytes / (1000.0 * bw)) * 1e-6
+
+
+def graphs_for(shape: Shape) -> dict[str, Graph | None]:
+    ring = ring_graph(shape)
+    return {
+        "ring": ring,
+        "tree": tree_graph(shape, ring),
+        "pat": ring,
+        "nvls": nvls_graph(shape),
+        "nvls_tree": nvls_graph(shape) if shape.nodes > 1 else None,
+        "collnet_direct": collnet_graph(shape) if shape.nodes > 1 else None,
+        "collnet_chain": tree_graph(shape, ring) if shape.nodes > 1 else None,
+    }
+
+
+def why_unavailable(algorithm: str, op: Op, shape: Shape, feat: Features) -> str:
+    """The rule that keeps ``algorithm`` from running, or '' (tuning.cc:ncclTopoTuneModel v2.30.7-1)."""
+    if op not in NCCL_FUNCS:
+        return f"NCCL's tuner prices {', '.join(o.value for o in NCCL_FUNCS)} only"
+    if op in (Op.BROADCAST, Op.REDUCE) and algorithm != "ring":
+        return "broadcast and reduce run on ring only"
+    if op in (Op.ALLGATHER, Op.REDUCESCATTER) and algorithm not in ("pat", "ring", "nvls", "collnet_direct"):
+        return "allgather/reducescatter run on ring, PAT, NVLS or CollNetDirect only"
+    if op is Op.ALLREDUCE and algorithm == "pat":
+        return "PAT implements allgather and reducescatter only"
+    if algorithm in ("nvls", "nvls_tree"):
+        if not feat.nvls or shape.sm < 90 or not shape.nvswitch:
+            return f"{algorithm} needs an NVLink switch with NVLS (SHARP) enabled and SM90+ (got sm {shape.sm})"
+        if shape.ppn < 2:
+            return f"{algorithm} needs at least 2 channels (2 GPUs per node)"
+    if algorithm == "nvls_tree" and shape.nodes == 1:
+        return "NVLSTree is disabled on a single node"
+    if algorithm == "nvls" and shape.nodes > 1 and not feat.collnet:
+        return "NVLS across nodes needs CollNet (SHARP) in the network"
+    if algorithm in ("collnet_direct", "collnet_chain"):
+        if not feat.collnet:
+            return f"{algorithm} needs CollNet (SHARP) in the network"
+        if shape.nodes == 1:
+            return f"{algorithm} needs more than one node"
+        if algorithm == "collnet_direct" and not shape.nvswitch:
+            return "CollNetDirect needs an NVSwitch system"
+    if algorithm in ("nvls", "collnet_direct") and op in (Op.ALLGATHER, Op.REDUCESCATTER) and shape.nodes > 1:
+        return f"{algorithm} allgather/reducescatter across nodes needs a CollNet plugin with iallgather/ireducescatter"
+    if algorithm == "pat" and shape.ppn != 1:
+        return "PAT runs with 1 GPU per node only (NCCL_PAT_ENABLE default)"
+    return ""
+
+
+def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features) -> str:
+    if algorithm in ("nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat") and protocol != "Simple":
+        return f"{algorithm} runs with the Simple protocol only"
+    if protocol == "LL128" and shape.ppn > 1 and not feat.nvlink:
+        return "LL128 is enabled only over NVLink paths (typeIntra <= PATH_NVB)"
+    if protocol == "LL128" and shape.sm < 70:
+        return "LL128 needs SM70+"
+    return ""
+
+
+def candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration) -> list[Candidate]:
+    """Every enabled (algorithm, protocol) with NCCL's latency and bandwidth for this communicator."""
+    graphs = graphs_for(shape)
+    out = []
+    for a in T.ALGORITHMS:
+        g = graphs.get(a)
+        if g is None or why_unavailable(a, op, shape, feat):
+            continue
+        for p in T.PROTOCOLS:
+            if why_no_protocol(a, p, shape, feat):
+                continue
+            c = _candidate(op, a, p, g, shape, feat, cal)
+            if c is not None:
+                out.append(c)
+    return out
+
+
+def _kind(a: str, shape: Shape, feat: Features) -> str:
+    if shape.nodes > 1:
+        return "nic"
+    if a == "nvls":
+        return "in_network"
+    return "nvlink" if feat.nvlink else "pcie"
+
+
+def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration) -> Candidate | None:
+    nodes, n = shape.nodes, shape.ppn * shape.nodes
+    ppn = n / nodes
+    cc, nc = T.cc_class(shape.sm), T.node_class(nodes)
+    pi = T.PROTOCOLS.index(p)
+    nsteps = 2 * (n - 1) if op is Op.ALLREDUCE else n - 1 if op in (Op.ALLGATHER, Op.REDUCESCATTER) else n
+    collnet = a in ("collnet_direct", "collnet_chain")
+    bw = g.bw_intra if nodes <= 2 or collnet else g.bw_inter
+    if a in ("nvls", "nvls_tree"):
+        intra = g.bw_intra * T.NVLS_EFFICIENCY[cc] * (g.channels - 1) / g.channels
+        intra *= 2.0 if op is Op.ALLREDUCE else (ppn - 1) / ppn
+        inter = g.bw_inter * (2 if nodes <= 2 and a == "nvls_tree" else 1)
+        cap = T.PER_CH_MAX_NVLS_TREE_BW[cc][nc] if a == "nvls_tree" else math.inf
+        bw = min(intra, inter, cap)
+    bus = g.channels * bw
+    index1 = cc if nodes == 1 else (1 if feat.cpu_vendor == "amd" else 0)
+    ll_max = T.LL_MAX_BW[index1][nc]
+    if a == "ring" and p == "LL":
+        bus = min(ll_max, bus * T.RING_LL_FACTOR)
+    if a == "ring" and p == "LL128":
+        bus = min(bus * T.LL128_FACTOR, g.channels * T.PER_CH_MAX_RING_LL128_BW[cc][nc])
+    if a == "tree" and op is Op.ALLREDUCE:
+        bus = min(bus * T.TREE_FACTOR, g.channels * T.PER_CH_MAX_TREE_BW[cc][nc])
+    if a == "tree" and p == "LL":
+        bus = min(bus * T.TREE_LL_FACTOR, ll_max)
+    if a == "tree" and p == "LL128":
+        f = T.TREE_LL128_FACTOR_ONE_NODE if nodes == 1 else 120.0 / 128.0
+        bus = min(bus * f, g.channels * T.PER_CH_MAX_TREE_LL128_BW[cc][nc])
+    if a == "pat":
+        bus *= T.PAT_FACTOR
+    if a == "collnet_direct":
+        if op in (Op.ALLGATHER, Op.REDUCESCATTER):
+            bus = ppn * min(g.bw_intra, g.bw_inter * 0.9)
+        else:
+            factor = ppn / g.channels
+            factor -= (factor - 1) / 2
+            bus /= factor
+            if shape.sm >= 90:
+                bus *= T.COLLNET_HOPPER_FACTOR
+    if bus <= 0:
+        return None
+    kind = _kind(a, shape, feat)
+    bus *= cal.eff(kind)
+    algbw = bus
+    if not (a != "ring" and op in (Op.ALLGATHER, Op.REDUCESCATTER)):
+        algbw = bus * (n / nsteps if a in ("ring", "nvls", "nvls_tree") else 0.5)
+    lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
+    if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
+        lat *= T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime plateau (large sizes)
+    scale = cal.latency_scale.get("inter_node" if nodes > 1 else "intra_node", 1.0)
+    return Candidate(a, p, lat * scale, algbw, bus, g.channels, kind)
+
+
+def _latency(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal: LibraryCalibration) -> float:
+    """tuning.cc:ncclTopoTuneModel latencies (v2.30.7-1), us."""
+    ppn = n // nodes
+    intra_hw = "nvlink" if feat.nvlink else "pci"
+    lat = T.BASE_LATENCY_US[a][pi]
+    intra = T.HW_LATENCY_US[intra_hw][a][pi]
+    inter = T.HW_LATENCY_US["net"]["tree" if ppn == 1 else a][pi]  # ppn 1: the tree's network latency
+    plugin = cal.net_latency_us(feat.network_kind)
+    inter += plugin * (2 if p == "Simple" else 1)  # graph latencyInter, twice for Simple (flush)
+    if a == "ring":
+        hw = T.HW_LATENCY_US["net" if nodes > 1 else intra_hw]["ring"][pi]
+        if op in (Op.REDUCE, Op.BROADCAST):
+            return lat + hw  # sameChannels graphs (the usual case)
+        overhead = T.NET_OVERHEAD_US.get(feat.cpu_vendor, 1.0) * (3 if p == "Simple" else 1) if nodes > 1 else 0.0
+        intra = max(intra, overhead)
+        n_inter = 0 if nodes == 1 else 2 * (nodes - 1) if op is Op.ALLREDUCE else nodes - 1
+        return lat + (nsteps - n_inter) * intra + n_inter * inter
+    log_nodes = int(math.log2(nodes))
+    if a == "tree":
+        return lat + (2 * ((ppn - 1) * intra + log_nodes * inter) if op is Op.ALLREDUCE else 0.0)
+    if a == "collnet_direct":
+        return lat + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
+    if a == "collnet_chain":
+        return lat + 2 * (ppn - 1) * intra + inter
+    if a == "nvls":
+        return intra + (inter if nodes > 1 else 0.0)
+    if a == "nvls_tree":
+        return lat + intra + 2 * log_nodes * inter
+    return lat + log_nodes * (inter / 3.5) + n * 2.8  # pat
+
+
+def best(op: Op, nbytes: int, cands: list[Candidate]) -> Candidate | None:
+    """ncclTopoGetAlgoTime over every candidate, the smallest time winning (enqueue.cc topoGetAlgoInfo)."""
+    return min(cands, key=lambda c: c.time_s(nbytes, op), default=None)

@@ -1,0 +1,326 @@
+"""The ``library`` pricer: NCCL's own cost model (model.py) on our cluster graph, with our contention.
+
+1. What NCCL sees of the call is read from group 0 of the placement (:func:`shape_of`): GPUs per node, nodes,
+   the GPU's NVLink bandwidth from its sm and link count, and the NICs its GPUs drive (a GPU with several
+   NICs sees them fused into one, topo.cc:ncclTopoMakeVNics), each capped by NCCL's PCIe figure.
+2. NCCL's tuner gives every enabled (algorithm, protocol) a latency and a bandwidth; the cheapest at this
+   size wins, or the pinned pair (NCCL_ALGO / NCCL_PROTO). The time is linear in bytes for a fixed pair.
+3. Contention, which NCCL's per-communicator model cannot see: every concurrent group of the call spreads its
+   inter-node bytes evenly over the NICs its GPUs drive on each node (NCCL's channels are spread over the
+   node's NICs, one channel per NIC rail, so no single NIC carries a flat ring's traffic), and on a fat-tree
+   the bytes of a node-to-node hop that leaves a leaf unit also cross that leaf's spine bundle. The
+   bandwidth term is multiplied by the worst ratio, over group 0's NICs and leaf bundles, of the busy time
+   with every group running to group 0's own busy time on its NIC (1 when nothing is shared).
+4. The executable schedule that moves the same bytes (``SCHEDULE_OF``) gives the exact bytes per rank and
+   is what ``verify`` proves.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from functools import lru_cache
+
+import numpy as np
+
+from ..._errors import CollectiveError
+from ...primitives import Op, busbw_factor
+from ..cluster import Cluster
+from ..pricing import Price
+from ..spec import nccl_minor
+from . import pins
+from . import tables as T
+from .calibration import DEFAULT_LIBRARY, LibraryCalibration
+from .graphs import Shape
+from .model import NCCL_FUNCS, Candidate, Features, best, candidates, why_no_protocol, why_unavailable
+from .pins import NCCL_NAMES
+
+# NCCL algorithm -> our executable schedule moving the same bytes per rank (PAT's allgather/reducescatter
+# sends (n-1)/n of the message per rank, as the ring does; NVLSTree and CollNet reduce inside the node, then
+# across nodes: the two-level schedule).
+SCHEDULE_OF = {
+    "ring": "ring",
+    "tree": "double_binary_tree",
+    "nvls": "in_network",
+    "nvls_tree": "hierarchical",
+    "collnet_direct": "hierarchical",
+    "collnet_chain": "hierarchical",
+    "pat": "ring",
+}
+
+
+def is_nvidia(cluster: Cluster) -> bool:
+    """NCCL's model applies: an NVIDIA GPU (sm > 0) on NVLink/PCIe inside the node."""
+    s = cluster.spec
+    return (
+        bool(s.gpu and s.gpu.sm > 0)
+        and s.intra.link_name in ("nvlink", "pcie")
+        and s.intra.fabric in ("switch", "none")
+    )
+
+
+def normalise_algo(text: str) -> str:
+    """Validate an NCCL_ALGO value (pins.py); returns it unchanged ('auto' for empty)."""
+    pins.parse(text, "algo")
+    return text.strip() or "auto"
+
+
+def normalise_proto(text: str) -> str:
+    """Validate an NCCL_PROTO value (pins.py)."""
+    pins.parse(text, "proto")
+    return text.strip() or "auto"
+
+
+def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
+    s = cluster.spec
+    sm = s.gpu.sm if s.gpu else 0
+    nodes, counts = np.unique(cluster.node_of(group), return_counts=True)
+    ppn = int(counts.max())
+    if s.intra.link_name == "nvlink" and s.intra.fabric == "switch":
+        per_link = 50.0 if sm >= 100 else 25.0  # NVLink5 / NVLink3-4 GB/s per link per direction
+        links = (s.gpu.nvlink_links if s.gpu and s.gpu.nvlink_links else 0) or round(s.intra.bandwidth_GBps / per_link)
+        gpu_bw = links * T.nvlink_bw(sm)
+    else:
+        gpu_bw = T.pci_bw(s.intra.bandwidth_GBps if s.intra.fabric != "none" else s.pcie_bandwidth_GBps)
+    nets, net_bw = 1, 0.0
+    if len(nodes) > 1:
+        first = group[cluster.node_of(group) == nodes[0]]
+        nets = len(np.unique(cluster.nic_of(first)))
+        fused = max(1, s.nics_per_node // s.devices_per_node)
+        net_bw = min(fused * s.nic_bandwidth_GBps, T.pci_bw(s.pcie_bandwidth_GBps))
+    return Shape(
+        sm,
+        len(nodes),
+        ppn,
+        gpu_bw,
+        s.intra.fabric == "switch" and s.intra.link_name == "nvlink",
+        nets,
+        net_bw,
+        nccl_minor(s.nccl_version),
+    )
+
+
+def features_of(cluster: Cluster) -> Features:
+    s = cluster.spec
+    return Features(
+        nvls=s.intra.in_network_reduction,
+        collnet=s.network.in_network_reduction,
+        cpu_vendor=s.cpu_vendor,
+        network_kind=s.network.kind,
+        nvlink=s.intra.link_name == "nvlink",
+    )
+
+
+_CANDS: OrderedDict = OrderedDict()
+
+
+def _candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration, algo: str, proto: str):
+    key = (op, shape, feat, cal, algo, proto)
+    got = _CANDS.get(key)
+    if got is None:
+        algos, protos = pins.enabled(pins.parse(algo, "algo"), op), pins.enabled(pins.parse(proto, "proto"), op)
+        got = [
+            c
+            for c in candidates(op, shape, feat, cal)
+            if (algos is None or c.algorithm in algos) and (protos is None or c.protocol in protos)
+        ]
+        if not got:
+            raise CollectiveError(*_why_none(op, shape, feat, algos, protos))
+        _CANDS[key] = got
+        if len(_CANDS) > 4096:
+            _CANDS.popitem(last=False)
+    return got
+
+
+def _why_none(op, shape, feat, algos, protos) -> tuple[str, str]:
+    """NCCL fails a call no enabled (algorithm, protocol) can run; say which rule stops each pinned one."""
+    if algos is not None:
+        reasons = [
+            f"{NCCL_NAMES[a]}: {why_unavailable(a, op, shape, feat) or _proto_rule(a, protos, shape, feat)}"
+            for a in sorted(algos)
+        ]
+        return "nccl_algo", f"no enabled algorithm can run {op.value} here ({'; '.join(reasons)})"
+    return "nccl_proto", f"no NCCL algorithm runs {op.value} with protocol {', '.join(sorted(protos))} here"
+
+
+def _proto_rule(algo, protos, shape, feat) -> str:
+    rules = [why_no_protocol(algo, p, shape, feat) for p in sorted(protos or T.PROTOCOLS)]
+    return "; ".join(r for r in rules if r) or "not with the enabled protocols"
+
+
+def choose(
+    op: Op, nbytes: int, cluster: Cluster, group: np.ndarray, cal=DEFAULT_LIBRARY, algo="auto", proto="auto"
+) -> Candidate:
+    """NCCL's pick (or the pinned pair) for one call of ``nbytes`` on a communicator shaped like ``group``."""
+    cands = _candidates(op, shape_of(cluster, group), features_of(cluster), cal, algo, proto)
+    return best(op, nbytes, cands)
+
+
+def curves(op: Op, sizes: list[int], cluster: Cluster, group: np.ndarray, cal=DEFAULT_LIBRARY) -> list[dict]:
+    """Time against size for every enabled (algorithm, protocol): the explorer's library series."""
+    cands = candidates(op, shape_of(cluster, group), features_of(cluster), cal)
+    n = len(group)
+    out = []
+    for c in cands:
+        times = [c.time_s(s, op) for s in sizes]
+        out.append(
+            {
+                "algorithm": f"{NCCL_NAMES[c.algorithm]}/{c.protocol}",
+                "time_s": times,
+                "busbw_GBps": [s / t / 1e9 * busbw_factor(op, n) for s, t in zip(sizes, times, strict=True)],
+                "note": f"NCCL model: {c.channels} channels",
+            }
+        )
+    return out
+
+
+def price_library(
+    op: Op,
+    nbytes: int,
+    placement: np.ndarray,
+    cluster: Cluster,
+    cal=DEFAULT_LIBRARY,
+    algo: str = "auto",
+    proto: str = "auto",
+    top_links: int = 5,
+) -> Price:
+    if not isinstance(cal, LibraryCalibration):
+        cal = cluster.spec.calibration if isinstance(cluster.spec.calibration, LibraryCalibration) else DEFAULT_LIBRARY
+    if op not in NCCL_FUNCS:
+        raise CollectiveError("op", f"NCCL's tuner does not price {op.value}")
+    n = placement.shape[1]
+    shape, (ratio, link, link_bytes_per_byte) = _placement_part(cluster, placement)
+    cand = best(op, nbytes, _candidates(op, shape, features_of(cluster), cal, algo, proto))
+    lat_s = cand.latency_us * 1e-6
+    bw_s = cand.time_s(nbytes, op) - lat_s
+    time = lat_s + bw_s * ratio if n > 1 else 0.0
+    name = SCHEDULE_OF[cand.algorithm]
+    if cand.algorithm == "nvls" and shape.nodes > 1:
+        name = "hierarchical"  # NVLS inside each node, SHARP across: never the full message through every NIC
+    schedule, sent, received, steps = _schedule_bytes(name, op, n, nbytes, shape.ppn if shape.nodes > 1 else 1)
+    algbw = nbytes / time / 1e9 if time else 0.0
+    links = []
+    if link is not None and time:
+        carried = int(link_bytes_per_byte * nbytes * busbw_factor(op, n))
+        d = cluster.describe_link(link)
+        busy = carried / (d["capacity_GBps"] * 1e9)
+        links = [d | {"bytes": carried, "busy_s": busy, "utilisation": min(1.0, busy / time)}][:top_links]
+    nodes = shape.nodes
+    return Price(
+        algorithm=schedule,
+        time_s=time,
+        algbw_GBps=algbw,
+        busbw_GBps=algbw * busbw_factor(op, n),
+        bytes_sent_per_rank=sent,
+        bytes_received_per_rank=received,
+        steps=steps,
+        bottleneck=links[0] if links else {},
+        links=links,
+        span="intra_node" if nodes == 1 else "inter_node",
+        nodes_per_group=nodes,
+        protocol=cand.protocol,
+        nccl_algorithm=NCCL_NAMES[cand.algorithm],
+        channels=cand.channels,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _schedule_bytes(name: str, op: Op, n: int, nbytes: int, local: int) -> tuple[str, int, int, int]:
+    """Exact bytes per rank from the executable schedule (falls back to ring where the named one cannot be
+    built for this shape, e.g. hierarchical needs a local size)."""
+    from ..select import cached_schedule
+
+    for candidate in (name, "ring", "binomial_tree"):
+        try:
+            s = cached_schedule(candidate, op, n, nbytes, local)
+        except CollectiveError:
+            continue
+        sent, received = s.wire_bytes()
+        return candidate, int(sent.max(initial=0)), int(received.max(initial=0)), s.num_steps
+    return name, 0, 0, 0
+
+
+_CONTENTION: OrderedDict = OrderedDict()
+
+
+def _placement_part(cluster: Cluster, placement: np.ndarray):
+    """What depends on the placement only, memoised: NCCL's view of group 0 and the contention."""
+    key = (cluster.spec, placement.shape, placement.tobytes())
+    got = _CONTENTION.get(key)
+    if got is None:
+        got = _CONTENTION[key] = (shape_of(cluster, placement[0]), _contention(cluster, placement))
+        if len(_CONTENTION) > 1024:
+            _CONTENTION.popitem(last=False)
+    return got
+
+
+def contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | None, float]:
+    """(slow-down of the bandwidth term, the busiest link's id, bytes on it per bus byte) for all groups of
+    ``placement`` running at once; see the module docstring, point 3."""
+    return _placement_part(cluster, placement)[1]
+
+
+def _contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | None, float]:
+    spec = cluster.spec
+    g, n = placement.shape
+    node = cluster.node_of(placement)
+    if (node == node[:, :1]).all():
+        fam = cluster.families.get("dev_up")
+        link = fam.start + int(placement[0, 0]) if fam else None
+        return 1.0, link, 1.0  # one node per group: its GPUs' ports belong to it alone
+    nic = cluster.nic_of(placement)
+    num_nics = spec.num_nodes * spec.nics_per_node
+    gid = np.repeat(np.arange(g), n)
+    pairs = np.unique(gid * num_nics + nic.ravel())  # (group, NIC) used
+    pg, pn = pairs // num_nics, pairs % num_nics
+    pnode = pn // spec.nics_per_node
+    gn = pg * spec.num_nodes + pnode
+    _, inv, cnt = np.unique(gn, return_inverse=True, return_counts=True)
+    weight = 1.0 / cnt[inv]  # each group-node's bytes spread evenly over its NICs
+    load = np.bincount(pn, weight, minlength=num_nics)
+    own = pg == 0
+    ratios = load[pn[own]] / weight[own]
+    worst = float(ratios.max())
+    nic_fam = cluster.families["nic_up"]
+    link = nic_fam.start + int(pn[own][np.argmax(ratios)])
+    per_nic = float(weight[own][np.argmax(ratios)])
+    if spec.network.topology == "fat_tree" and "leaf_up" in cluster.families:
+        worst, link, per_nic = _leaf_bundles(cluster, placement, pg, pn, weight, worst, link, per_nic)
+    return max(1.0, worst), link, per_nic * max(1.0, worst)
+
+
+def _crossing_hops(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
+    """Keys group x num_nodes + node of every node whose next node in its group's ring of nodes (ascending,
+    wrapping round) sits under another leaf unit."""
+    g, n = placement.shape
+    nodes = np.sort(cluster.node_of(placement), axis=1).ravel()
+    group = np.repeat(np.arange(g), n)
+    keep = np.r_[True, (nodes[1:] != nodes[:-1]) | (group[1:] != group[:-1])]
+    nodes, group = nodes[keep], group[keep]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    ends = np.r_[starts[1:] - 1, len(nodes) - 1]
+    nxt = np.r_[nodes[1:], 0]
+    nxt[ends] = nodes[starts]
+    unit = cluster.spec.network.nodes_per_leaf
+    cross = nodes // unit != nxt // unit
+    return group[cross] * cluster.spec.num_nodes + nodes[cross]
+
+
+def _leaf_bundles(cluster, placement, pg, pn, weight, worst, link, per_nic):
+    """A node-to-node hop whose two nodes sit under different leaf units crosses the spines: the NICs of the
+    sending node push their share up their leaf's bundle (nics_per_leaf x NIC rate / oversubscription)."""
+    spec = cluster.spec
+    crossing = np.isin(pg * spec.num_nodes + pn // spec.nics_per_node, _crossing_hops(cluster, placement))
+    if not crossing.any():
+        return worst, link, per_nic
+    leaf = cluster.leaf_of_nic(pn)
+    fam = cluster.families["leaf_up"]
+    up = np.bincount(leaf[crossing], weight[crossing], minlength=fam.size)
+    share = fam.capacity_GBps / spec.nic_bandwidth_GBps  # a bundle's capacity in NICs
+    own = (pg == 0) & crossing
+    if not own.any():
+        return worst, link, per_nic
+    ratios = up[leaf[own]] / share / weight[own]
+    i = int(np.argmax(ratios))
+    if ratios[i] > worst:
+        return float(ratios[i]), fam.start + int(leaf[own][i]), float(weight[own][i])
+    return worst, link, per_nic
