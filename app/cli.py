@@ -188,7 +188,8 @@ def _in_file(message: str, files: list[str]) -> str:
 
 
 def _calibration_table(result: dict, files: list[str]) -> None:
-    rows = [("log", "op", "size", "nodes", "measured GB/s", "before GB/s", "after GB/s", "error before", "error after")]
+    rows = [("log", "op", "size", "nodes", "measured GB/s", "before GB/s", "after GB/s", "error before", "error after",
+             "fitted")]  # fmt: skip
     for r in result["rows"]:
         measured = r["measured_busbw_GBps"]
         rows.append(
@@ -202,6 +203,7 @@ def _calibration_table(result: dict, files: list[str]) -> None:
                 _rate(r["after_GBps"]),
                 _percent(r["before_GBps"] / measured - 1),
                 _percent(r["after_GBps"] / measured - 1),
+                "yes" if r["fitted"] else "no",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -219,6 +221,8 @@ def _calibration_table(result: dict, files: list[str]) -> None:
             print(f"  {group}.{key} = {shown}")
     if not result["constants"]:
         print("  no constant moved: the defaults fit these logs best")
+    if not all(r["fitted"] for r in result["rows"]):
+        print("  rows marked 'no' are priced by the schedule pricer (alltoall, sendrecv), which these do not calibrate")
     print('\npost the "cluster" of --format json to /v1/plan to plan with these constants')
 
 

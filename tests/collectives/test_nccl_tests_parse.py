@@ -73,7 +73,7 @@ def test_verbatim_sample_with_nccl_info_lines():
     assert allreduce.ranks == allgather.ranks == 16
     assert allreduce.hosts == ("h100-a001", "h100-a002")
     assert allreduce.devices == ("NVIDIA H100 80GB HBM3",)
-    assert allreduce.nccl_version == "2.21.5" and allreduce.avg_busbw_GBps == 118.563
+    assert allreduce.nccl_version == "2.21.5" and allreduce.avg_busbw_GBps == 123.803
     assert len(allreduce.rows) == 16 and len(allgather.rows) == 4
     last = allreduce.rows[-1]
     assert (last.size_bytes, last.count, last.dtype, last.redop, last.root) == (
