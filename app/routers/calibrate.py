@@ -10,6 +10,7 @@ from collectives import CollectiveError
 from collectives.topology.fit import Constants, Observation, fit, placement_for
 from collectives.topology.library import normalise_algo
 from collectives.topology.nccl_tests import parse
+from collectives.topology.spec import NCCL_VERSIONS, nccl_minor
 from planner import SpecError
 
 from ..convert import cluster_spec
@@ -53,6 +54,8 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
             if len(r.hosts) > nodes:
                 raise SpecError(f"{prefix}nodes", f"{nodes} given but the rank lines name {len(r.hosts)} hosts")
             spec = base.with_nodes(nodes)
+            if r.nccl_version and nccl_minor(r.nccl_version) in NCCL_VERSIONS:  # the run's own NCCL's model
+                spec = replace(spec, nccl_version=nccl_minor(r.nccl_version))
             devices = nodes * spec.devices_per_node
             if devices > settings.max_devices:
                 raise SpecError(f"{prefix}nodes", f"{nodes} nodes x {spec.devices_per_node} = {devices} devices; "
@@ -68,6 +71,7 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                     "nodes": nodes,
                     "rows": len(r.rows),
                     "nccl_version": r.nccl_version,
+                    "priced_as_nccl": spec.nccl_version,
                     "nccl_algo": r.nccl_algo,
                     "devices": list(r.devices),
                 }

@@ -59,7 +59,10 @@ class RunOut(BaseModel):
     ranks: int
     nodes: int
     rows: int
-    nccl_version: str | None
+    nccl_version: str | None = Field(description="as the log says")
+    priced_as_nccl: str = Field(
+        description="the NCCL tuning model priced with: the log's when modelled, else the cluster's"
+    )
     nccl_algo: str | None
     devices: list[str]
 

@@ -36,8 +36,9 @@ def test_calibrate_answers_the_contract(efa):
     assert efa["median_error_before"] > 0.15 > 0.10 > efa["median_error_after"]
     assert all(r["fitted"] for r in efa["rows"])
     assert efa["cluster"]["calibration"] == efa["constants"] and efa["constants"]
-    assert efa["runs"] == [{"log": 0, "op": "allreduce", "ranks": 16, "nodes": 2, "rows": 29, "nccl_version": None,
-                            "nccl_algo": None, "devices": ["NVIDIA A100-SXM4-80GB"]}]  # fmt: skip
+    run = {"log": 0, "op": "allreduce", "ranks": 16, "nodes": 2, "rows": 29, "nccl_version": None}
+    run |= {"priced_as_nccl": "2.30", "nccl_algo": None, "devices": ["NVIDIA A100-SXM4-80GB"]}
+    assert efa["runs"] == [run]
 
 
 def test_returned_cluster_plans_and_recalibrates_from_where_it_was(api, efa):
