@@ -233,8 +233,10 @@ def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -
 
 def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, options: Options) -> Price:
     top = options.links_per_call
-    library = dict(pricing=options.pricing, nccl_algo=options.nccl_algo, nccl_proto=options.nccl_proto)
-    if options.algorithm == "auto" and options.pricing != "schedule":
+    # candidates='all' compares every textbook schedule: step-by-step pricing unless library is asked for
+    pricing = "schedule" if options.candidates == "all" and options.pricing == "auto" else options.pricing
+    library = dict(pricing=pricing, nccl_algo=options.nccl_algo, nccl_proto=options.nccl_proto)
+    if options.algorithm == "auto" and pricing != "schedule":
         return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=top, **library)
     if options.algorithm != "auto":
         try:

@@ -60,6 +60,7 @@ PULL = 0.002  # weight of |log(value / default)| added to the objective: breaks 
 GRID = 13
 GOLDEN_STEPS = 12
 SWEEPS = 2
+MIN_GAIN = 0.0  # a stage must lower the median error over all rows by more than this to be kept
 STAGE_ROWS = 64  # rows a stage searches on at most (evenly spread over its rows): bounds the fit's cost
 
 
@@ -280,8 +281,8 @@ def fit(
         for stage, rows, names in rejected:
             current, current_pred, _ = _stage(stage, rows, names, obs, measured, current, current_pred, pricer, stages)
     fitted = Constants()
-    for name in current.names():
-        if current.get(name) != default_value(name):
+    for name in current.names():  # values within 0.1% of the default are the default
+        if abs(_coordinate(name, current.get(name)) - _coordinate(name, default_value(name))) > 1e-3:
             fitted = fitted.with_value(name, current.get(name))
     rows = [
         RowResult(o, float(b), float(a), pricer.fitted(o)) for o, b, a in zip(obs, before, current_pred, strict=True)
@@ -290,10 +291,15 @@ def fit(
 
 
 def _stage(stage, rows, names, obs, measured, current, current_pred, pricer, stages):
-    """Search ``names`` on ``rows``; keep the result only if the median error over all rows does not rise."""
+    """Search ``names`` on ``rows``; keep the result only if it lowers the median error over all rows by more
+    than MIN_GAIN and, fitted on either half of the rows (every other one), it does not raise the median error
+    of the rows that half left out: a constant moves only when moving it also predicts rows it was not fitted
+    on."""
     candidate = _search(rows, names, current, pricer)
     pred = np.array([pricer.busbw(o, candidate) for o in obs])
-    kept = _median_rel(pred, measured) <= _median_rel(current_pred, measured)
+    gain = _median_rel(current_pred, measured) - _median_rel(pred, measured)
+    kept = gain > MIN_GAIN and all(_holds_out(rows[h::2], names, obs, measured, current, current_pred, pricer)
+                                   for h in (0, 1))  # fmt: skip
     members = set(rows)
     idx = [i for i, o in enumerate(obs) if o in members]
     stages.append(
@@ -307,6 +313,16 @@ def _stage(stage, rows, names, obs, measured, current, current_pred, pricer, sta
         }
     )
     return (candidate, pred, True) if kept else (current, current_pred, False)
+
+
+def _holds_out(half, names, obs, measured, current, current_pred, pricer) -> bool:
+    if not half:
+        return True
+    candidate = _search(half, names, current, pricer)
+    used = set(half)
+    idx = [i for i, o in enumerate(obs) if o not in used]
+    pred = np.array([pricer.busbw(obs[i], candidate) for i in idx])
+    return _median_rel(pred, measured[idx]) <= _median_rel(current_pred[idx], measured[idx])
 
 
 def _median_rel(pred: np.ndarray, measured: np.ndarray) -> float:

@@ -116,9 +116,13 @@ def spec_block(spec: ClusterSpec) -> dict:
             "sm": g.sm,
             "nvlink_links": g.nvlink_links,
         }
-    if spec.calibration is not None:  # fitted constants (fit.py), by the names the request takes
-        groups = ("efficiency", "latency_scale", "network_latency_s")
-        block["calibration"] = {g: dict(getattr(spec.calibration, g)) for g in groups}
+    if spec.calibration is not None:  # fitted constants (fit.py names), as POST /v1/calibrate returns them
+        c = spec.calibration
+        block["calibration"] = {
+            "efficiency": dict(c.efficiency),
+            "latency_scale": dict(c.latency_scale),
+            "network_latency_s": dict(c.network_latency_s),
+        }
     return block
 
 

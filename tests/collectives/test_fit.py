@@ -9,6 +9,7 @@ from collectives import CollectiveError
 from collectives.primitives import Op
 from collectives.topology.calibration import cluster_for_record
 from collectives.topology.fit import BOUNDS, Constants, Observation, _Pricer, apply_constants, fit
+from collectives.topology.library import DEFAULT_LIBRARY
 from collectives.topology.nccl_tests import parse
 from collectives.topology.presets import dgx_h100
 
@@ -47,15 +48,24 @@ def test_fit_never_raises_the_median_error(fits):
 
 
 def test_fit_lowers_the_error_where_the_defaults_are_off(fits):
-    """Measured on the records with the library pricer's defaults (docs/calibration.md): EFA 2 x 8 A100 18% ->
-    7%; 32 x 8 A100 at 4-128 B 64% -> 1%; the 8 x A100 logs a few points; 8 x H100 NVLS already at 5%: kept."""
+    """The EFA run (2 x 8 A100, aws-ofi-nccl) and the 32-node latency run are where one global set of defaults
+    is off; the fit brings both down (docs/calibration.md: 13% -> 6%, 61% -> 0.8%)."""
     efa = fits[next(n for n in fits if "aws-samples" in n)]
-    assert efa.median_error_before > 0.15 and efa.median_error_after < 0.10
+    assert efa.median_error_after < 0.6 * efa.median_error_before
     big = fits[next(n for n in fits if "32x8" in n)]
-    assert big.median_error_before > 0.5 and big.median_error_after < 0.02
-    for name, result in fits.items():
-        if not name.startswith("00_"):
-            assert result.median_error_after < result.median_error_before, name
+    assert big.median_error_after < 0.02 < 0.2 < big.median_error_before
+
+
+def test_fit_recovers_from_wrong_constants(systems):
+    """Start every log from constants far off (twice the latency scale, 0.6 x the efficiency of the resource
+    that bounds it): 40-80% median error before, under 10% after (docs/calibration.md)."""
+    for name, obs in systems.items():
+        span, kind = ("intra_node", "nvlink") if obs[0].nodes == 1 else ("inter_node", "nic")
+        start = Constants().with_value(f"latency_scale.{span}", 2 * DEFAULT_LIBRARY.latency_scale[span])
+        start = start.with_value(f"efficiency.{kind}", 0.6 * DEFAULT_LIBRARY.efficiency[kind])
+        result = fit(obs, start)
+        assert result.median_error_before > 0.35, name
+        assert result.median_error_after < 0.10, (name, result.median_error_after)
 
 
 def test_held_out_sizes_improve(systems):

@@ -13,7 +13,7 @@ from collectives.topology import Cluster, cluster_preset, price_call, validate_c
 from collectives.topology.library import LibraryCalibration, choose
 from collectives.topology.library.graphs import Shape, nvls_graph, ring_graph
 from collectives.topology.library.model import Features, candidates
-from collectives.topology.library.pricer import contention, shape_of
+from collectives.topology.library.pricer import contention, features_of, shape_of
 from collectives.topology.reference import compare_all
 
 GIB = 1 << 30
@@ -123,14 +123,35 @@ def test_concurrent_groups_sharing_a_nic_slow_down():
     # 8 GPUs, 1 NIC: eight DP groups (one per GPU position) all leave the node through it
     cluster = Cluster(cluster_preset("pcie-server", 2))
     placement = np.stack([np.array([g, 8 + g]) for g in range(8)])
-    ratio, link, _ = contention(cluster, placement)
-    assert ratio == pytest.approx(8.0) and cluster.describe_link(link)["family"] == "nic_up"
+    ratio, links = contention(cluster, placement)
+    assert ratio == pytest.approx(8.0) and cluster.describe_link(links[0][0])["family"] == "nic_up"
     one = price_call(Op.ALLREDUCE, GIB, placement[:1], cluster, pricing="library")
     all8 = price_call(Op.ALLREDUCE, GIB, placement, cluster, pricing="library")
     assert all8.time_s > 7 * one.time_s
+    assert all8.bottleneck["bytes"] == 8 * one.bottleneck["bytes"]  # the one NIC carries all eight groups
     # rail-optimised DGX: each DP group on its own rail, nothing shared
     dgx = Cluster(cluster_preset("dgx-h100", 2))
     assert contention(dgx, placement)[0] == 1.0
+
+
+def test_oversubscribed_spine_bundle_slows_groups_crossing_leaf_units():
+    spec = cluster_preset("dgx-h100", 4)
+    spec = replace(spec, network=replace(spec.network, nodes_per_leaf=2, oversubscription=4.0))
+    cluster = Cluster(spec)
+    # nodes 0-3 over two leaf units: hops 1->2 and 3->0 cross the spines. Rail leaf (unit, k) holds NIC k of
+    # 2 nodes: a bundle of 2 x 50 / 4 = 25 GB/s carrying one crossing NIC's 50 GB/s share -> 2x slower
+    ring = np.arange(32)[None]
+    ratio, links = contention(cluster, ring)
+    assert ratio == pytest.approx(2.0) and cluster.describe_link(links[0][0])["family"] == "leaf_up"
+    inside = np.arange(16)[None]  # two nodes of one leaf unit: nothing crosses
+    assert contention(cluster, inside)[0] == 1.0
+
+
+def test_links_report_group_zero_ports_for_one_node_groups():
+    cluster = Cluster(cluster_preset("dgx-h100"))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="ring", top_links=8)
+    assert len(p.links) == 8 and {link["family"] for link in p.links} == {"dev_up"}
+    assert all(link["bytes"] == p.bytes_sent_per_rank for link in p.links)
 
 
 def test_flat_ring_spreads_over_all_nics():
@@ -209,3 +230,80 @@ def test_nccl_algo_and_proto_lists_as_nccl_parses_them():
         with pytest.raises(CollectiveError) as caught:
             price_call(Op.ALLREDUCE, GIB, group, cluster, pricing="library", nccl_algo=bad)
         assert caught.value.field == "nccl_algo" and words in caught.value.rule
+
+
+def _raw(preset, nodes, op=Op.ALLREDUCE, **changes):
+    spec = cluster_preset(preset, nodes)
+    cluster = Cluster(replace(spec, network=replace(spec.network, in_network_reduction=False), **changes))
+    group = np.arange(cluster.num_devices)
+    return {(c.algorithm, c.protocol): c for c in candidates(op, shape_of(cluster, group), features_of(cluster), RAW)}
+
+
+def test_latencies_are_nccl_tables():
+    one = _raw("dgx-h100", 1)
+    # tuning.cc:412 ring: base + nsteps x intraLat; 8 GPUs: 14 steps; baseLat ring (6.6, 14, 8.4), NVLink
+    # hwLat ring (.6, 1.9, 3.4)
+    assert one["ring", "LL"].latency_us == pytest.approx(6.6 + 14 * 0.6)
+    assert one["ring", "Simple"].latency_us == pytest.approx(8.4 + 14 * 3.4)
+    assert one["nvls", "Simple"].latency_us == pytest.approx(25.0)  # tuning.cc:425 NVLS = intraLat
+    two = _raw("dgx-h100", 2)
+    # tuning.cc:416 tree: base 8.4 + 2 x ((ppn-1) x 4.0 + log2(2) x (14 + 14... net)) with IB latencyInter 0
+    assert two["tree", "Simple"].latency_us == pytest.approx(8.4 + 2 * (7 * 4.0 + 1 * 14.0))
+    # tuning.cc:428 NVLSTree: intraLat 25 + 2 log2(N) x interLat 20.9
+    assert two["nvls_tree", "Simple"].latency_us == pytest.approx(25.0 + 2 * 20.9)
+    # tuning.cc:405-412 + 649: ring across nodes, Simple: netOverhead 1 us (Intel) x 3 as the intra step floor,
+    # 2(N-1) network steps at 14 us, then x1.4 (plateau)
+    assert two["ring", "Simple"].latency_us == pytest.approx((8.4 + 28 * 3.4 + 2 * 14.0) * 1.4)
+
+
+def test_per_hop_network_latency_by_kind():
+    ib = _raw("dgx-h100", 2)["tree", "Simple"].latency_us
+    efa = _raw(
+        "dgx-h100",
+        2,
+    )["tree", "Simple"]
+    spec = cluster_preset("aws-p5", 2)
+    p5 = Cluster(spec)
+    cands = candidates(Op.ALLREDUCE, shape_of(p5, np.arange(16)), Features(network_kind="efa"), LibraryCalibration())
+    tree = next(c for c in cands if (c.algorithm, c.protocol) == ("tree", "Simple"))
+    # graph latencyInter (the plugin's) is added twice for Simple (tuning.cc:383-386), on each network hop
+    assert tree.latency_us == pytest.approx(ib + 2 * 2 * 25.0)
+    assert efa.latency_us == ib
+
+
+def test_availability_rules():
+    assert ("nvls_tree", "Simple") not in _raw("dgx-h100", 1)  # tuning.cc:502: no NVLSTree on one node
+    assert ("nvls", "Simple") not in _raw("dgx-h100", 2)  # tuning.cc:505: NVLS across nodes needs CollNet
+    assert ("nvls", "Simple") not in _raw("dgx-a100", 1)  # search.cc:1124: NVLS needs NVSwitch and SM90+
+    assert ("nvls", "LL") not in _raw("dgx-h100", 1)  # NVLS runs Simple only
+    pcie = _raw("pcie-server", 1)
+    assert ("ring", "LL128") not in pcie and ("ring", "LL") in pcie  # tuning.cc:531 LL128 needs NVLink paths
+    ag = _raw("dgx-h100", 2, op=Op.ALLGATHER)
+    assert {a for a, _ in ag} == {"ring"}  # tree never runs allgather; PAT needs 1 GPU per node (tuning.cc:220)
+    one_gpu = Cluster(
+        replace(
+            cluster_preset("dgx-h100", 4),
+            devices_per_node=1,
+            nics_per_node=1,
+            intra=replace(cluster_preset("dgx-h100").intra, fabric="none"),
+        )
+    )
+    cands = candidates(Op.ALLGATHER, shape_of(one_gpu, np.arange(4)), Features(), RAW)
+    assert ("pat", "Simple") in {(c.algorithm, c.protocol) for c in cands}
+
+
+def test_small_messages_launch_fewer_channels():
+    # enqueue.cc:topoGetAlgoInfo: ring LL on 8 ranks needs nt 512 x threadThreshold 8 x 8 = 32 KiB a channel
+    ring_ll = _raw("dgx-h100", 1)["ring", "LL"]
+    assert ring_ll.channels == 12
+    assert [ring_ll.channels_used(s) for s in (1 << 10, 64 << 10, 256 << 10, 1 << 20)] == [1, 2, 8, 12]
+
+
+def test_version_keyed_speed_arrays():
+    # search.cc sm100SpeedArrayInter with 800G NICs (90 GB/s): 2.30 finds 8 x 86, duplicated to 16 x 43
+    # (ncclTopoDupChannels: >= 50 GB/s); 2.28 has no 86/80 step: one 48 channel per NIC gives 384, and walking
+    # down it finds three 30 GB/s channels per NIC, 24 x 30 = 720, below 50 GB/s so not duplicated
+    b200 = Shape(100, 2, 8, 18 * 40.1, True, 8, 90.0, "2.30")
+    g30, g28 = ring_graph(b200), ring_graph(replace(b200, version="2.28"))
+    assert (g30.channels, g30.bw_inter) == (16, 43.0)
+    assert (g28.channels, g28.bw_inter) == (24, 30.0)

@@ -32,20 +32,47 @@ class Features:
 
 @dataclass(frozen=True)
 class Candidate:
+    """One (algorithm, protocol) for one communicator: NCCL's own latency and bandwidth (what its tuner
+    compares), and what a run achieves: the calibrated constants and, for ring and tree, the channels NCCL
+    really launches at this size (enqueue.cc:topoGetAlgoInfo lowers them for small messages)."""
+
     algorithm: str
     protocol: str
-    latency_us: float
+    latency_us: float  # NCCL's modelled latency
     bw: float  # NCCL's "bandwidths" entry: algorithm bandwidth in GB/s (busBw converted)
     bus_bw: float  # before conversion, GB/s
     channels: int
     kind: str  # resource kind whose efficiency applies
+    efficiency: float = 1.0  # calibrated: achieved / modelled bandwidth
+    latency_scale: float = 1.0  # calibrated: achieved / modelled latency
+    channel_bytes: int = 0  # bytes per channel below which NCCL launches fewer channels (0: never)
+
+    def model_time_s(self, nbytes: int, op: Op) -> float:
+        """tuning.cc:ncclTopoGetAlgoTime (one operation): what NCCL's tuner ranks the pairs by."""
+        return (self.latency_us + nbytes / (1000.0 * self._bw(nbytes, op))) * 1e-6
 
     def time_s(self, nbytes: int, op: Op) -> float:
+        """The time a run takes: calibrated latency and bandwidth on the channels NCCL launches."""
+        bw = self._bw(nbytes, op) * self.efficiency * self.channels_used(nbytes) / self.channels
+        return self.latency_s + nbytes / (1e9 * bw)
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * self.latency_scale * 1e-6
+
+    def channels_used(self, nbytes: int) -> int:
+        """enqueue.cc:topoGetAlgoInfo (v2.30.7-1), ring/tree: ``while (nBytes < nc * nt * threadThreshold)
+        nc--`` down to 1 channel; NVLS and CollNet keep theirs."""
+        if not self.channel_bytes or nbytes >= self.channels * self.channel_bytes:
+            return self.channels
+        return max(1, min(self.channels, nbytes // self.channel_bytes))
+
+    def _bw(self, nbytes: int, op: Op) -> float:
         bw = self.bw
         log_size = int(math.log2(nbytes >> 6)) if nbytes >> 6 else -1
         if self.algorithm == "tree" and op is Op.ALLREDUCE and 0 <= log_size < 23:
             bw *= T.TREE_CORRECTION[T.PROTOCOLS.index(self.protocol)][log_size]  # ncclTopoGetAlgoTime
-        return (self.latency_us + nbytes / (1000.0 * bw)) * 1e-6
+        return bw
 
 
 def graphs_for(shape: Shape) -> dict[str, Graph | None]:
@@ -171,7 +198,6 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     if bus <= 0:
         return None
     kind = _kind(a, shape, feat)
-    bus *= cal.eff(kind)
     algbw = bus
     if not (a != "ring" and op in (Op.ALLGATHER, Op.REDUCESCATTER)):
         algbw = bus * (n / nsteps if a in ("ring", "nvls", "nvls_tree") else 0.5)
@@ -179,7 +205,21 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
         lat *= T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime plateau (large sizes)
     scale = cal.latency_scale.get("inter_node" if nodes > 1 else "intra_node", 1.0)
-    return Candidate(a, p, lat * scale, algbw, bus, g.channels, kind)
+    return Candidate(a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g))
+
+
+def _channel_bytes(a: str, p: str, n: int, g: Graph) -> int:
+    """nt x threadThreshold: the bytes one channel must have before NCCL adds another (enqueue.cc
+    topoGetAlgoInfo; tuning.cc threadThresholds LL 8 (x nRanks for ring), LL128 8, Simple 64 bytes per
+    thread; maxThreads LL 512, LL128 640, Simple 512, or 256 for a ring whose nChannels x bwIntra is within
+    PCI_BW 12 GB/s; comm.h, device.h, v2.30.7-1)."""
+    if a not in ("ring", "tree"):
+        return 0
+    threads = {"LL": 512, "LL128": 640, "Simple": 512}[p]
+    if a == "ring" and p == "Simple" and g.channels * g.bw_intra <= 12.0:
+        threads = 256
+    threshold = {"LL": 8, "LL128": 8, "Simple": 64}[p] * (n if a == "ring" and p == "LL" else 1)
+    return threads * threshold
 
 
 def _latency(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal: LibraryCalibration) -> float:
@@ -214,5 +254,6 @@ def _latency(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal: 
 
 
 def best(op: Op, nbytes: int, cands: list[Candidate]) -> Candidate | None:
-    """ncclTopoGetAlgoTime over every candidate, the smallest time winning (enqueue.cc topoGetAlgoInfo)."""
-    return min(cands, key=lambda c: c.time_s(nbytes, op), default=None)
+    """ncclTopoGetAlgoTime over every candidate, NCCL's own smallest time winning (enqueue.cc
+    topoGetAlgoInfo): the pick is NCCL's, whatever the calibration."""
+    return min(cands, key=lambda c: c.model_time_s(nbytes, op), default=None)

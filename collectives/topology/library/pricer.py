@@ -188,9 +188,9 @@ def price_library(
     if op not in NCCL_FUNCS:
         raise CollectiveError("op", f"NCCL's tuner does not price {op.value}")
     n = placement.shape[1]
-    shape, (ratio, link, link_bytes_per_byte) = _placement_part(cluster, placement)
+    shape, (ratio, loaded) = _placement_part(cluster, placement)
     cand = best(op, nbytes, _candidates(op, shape, features_of(cluster), cal, algo, proto))
-    lat_s = cand.latency_us * 1e-6
+    lat_s = cand.latency_s
     bw_s = cand.time_s(nbytes, op) - lat_s
     time = lat_s + bw_s * ratio if n > 1 else 0.0
     name = SCHEDULE_OF[cand.algorithm]
@@ -199,11 +199,11 @@ def price_library(
     schedule, sent, received, steps = _schedule_bytes(name, op, n, nbytes, shape.ppn if shape.nodes > 1 else 1)
     algbw = nbytes / time / 1e9 if time else 0.0
     links = []
-    if link is not None and time:
-        carried = int(link_bytes_per_byte * nbytes * busbw_factor(op, n))
+    for link, units in loaded[:top_links] if time else ():
+        carried = sent if units < 0 else int(units * nbytes * busbw_factor(op, n))
         d = cluster.describe_link(link)
         busy = carried / (d["capacity_GBps"] * 1e9)
-        links = [d | {"bytes": carried, "busy_s": busy, "utilisation": min(1.0, busy / time)}][:top_links]
+        links.append(d | {"bytes": carried, "busy_s": busy, "utilisation": min(1.0, busy / time)})
     nodes = shape.nodes
     return Price(
         algorithm=schedule,
@@ -219,7 +219,7 @@ def price_library(
         nodes_per_group=nodes,
         protocol=cand.protocol,
         nccl_algorithm=NCCL_NAMES[cand.algorithm],
-        channels=cand.channels,
+        channels=cand.channels_used(nbytes),
     )
 
 
@@ -253,20 +253,21 @@ def _placement_part(cluster: Cluster, placement: np.ndarray):
     return got
 
 
-def contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | None, float]:
-    """(slow-down of the bandwidth term, the busiest link's id, bytes on it per bus byte) for all groups of
-    ``placement`` running at once; see the module docstring, point 3."""
+def contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """(slow-down of the bandwidth term, group 0's loaded links busiest first with their bytes per bus byte)
+    for all groups of ``placement`` running at once; see the module docstring, point 3."""
     return _placement_part(cluster, placement)[1]
 
 
-def _contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | None, float]:
+def _contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """(slow-down, group 0's loaded links busiest first as (link id, bytes per bus byte; -1 = the bytes each
+    rank sends))."""
     spec = cluster.spec
     g, n = placement.shape
     node = cluster.node_of(placement)
-    if (node == node[:, :1]).all():
+    if (node == node[:, :1]).all():  # one node per group: its GPUs' ports belong to it alone
         fam = cluster.families.get("dev_up")
-        link = fam.start + int(placement[0, 0]) if fam else None
-        return 1.0, link, 1.0  # one node per group: its GPUs' ports belong to it alone
+        return 1.0, tuple((fam.start + int(d), -1.0) for d in placement[0]) if fam else ()
     nic = cluster.nic_of(placement)
     num_nics = spec.num_nodes * spec.nics_per_node
     gid = np.repeat(np.arange(g), n)
@@ -279,13 +280,13 @@ def _contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, int | N
     load = np.bincount(pn, weight, minlength=num_nics)
     own = pg == 0
     ratios = load[pn[own]] / weight[own]
-    worst = float(ratios.max())
-    nic_fam = cluster.families["nic_up"]
-    link = nic_fam.start + int(pn[own][np.argmax(ratios)])
-    per_nic = float(weight[own][np.argmax(ratios)])
+    start = cluster.families["nic_up"].start
+    links = [(start + int(i), float(u), float(r)) for i, u, r in zip(pn[own], load[pn[own]], ratios, strict=True)]
     if spec.network.topology == "fat_tree" and "leaf_up" in cluster.families:
-        worst, link, per_nic = _leaf_bundles(cluster, placement, pg, pn, weight, worst, link, per_nic)
-    return max(1.0, worst), link, per_nic * max(1.0, worst)
+        links += _leaf_bundles(cluster, placement, pg, pn, weight)
+    links.sort(key=lambda x: -x[2])
+    worst = max(1.0, links[0][2])
+    return worst, tuple((i, u) for i, u, _ in links)
 
 
 def _crossing_hops(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
@@ -305,22 +306,21 @@ def _crossing_hops(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
     return group[cross] * cluster.spec.num_nodes + nodes[cross]
 
 
-def _leaf_bundles(cluster, placement, pg, pn, weight, worst, link, per_nic):
+def _leaf_bundles(cluster, placement, pg, pn, weight) -> list[tuple[int, float, float]]:
     """A node-to-node hop whose two nodes sit under different leaf units crosses the spines: the NICs of the
-    sending node push their share up their leaf's bundle (nics_per_leaf x NIC rate / oversubscription)."""
+    sending node push their share up their leaf's bundle (nics_per_leaf x NIC rate / oversubscription).
+    Group 0's bundles as (link id, bytes per bus byte, busy ratio to group 0's own NIC)."""
     spec = cluster.spec
     crossing = np.isin(pg * spec.num_nodes + pn // spec.nics_per_node, _crossing_hops(cluster, placement))
-    if not crossing.any():
-        return worst, link, per_nic
+    own = (pg == 0) & crossing
+    if not own.any():
+        return []
     leaf = cluster.leaf_of_nic(pn)
     fam = cluster.families["leaf_up"]
     up = np.bincount(leaf[crossing], weight[crossing], minlength=fam.size)
     share = fam.capacity_GBps / spec.nic_bandwidth_GBps  # a bundle's capacity in NICs
-    own = (pg == 0) & crossing
-    if not own.any():
-        return worst, link, per_nic
     ratios = up[leaf[own]] / share / weight[own]
-    i = int(np.argmax(ratios))
-    if ratios[i] > worst:
-        return float(ratios[i]), fam.start + int(leaf[own][i]), float(weight[own][i])
-    return worst, link, per_nic
+    best = {}
+    for i, r in zip(leaf[own].tolist(), ratios.tolist(), strict=True):
+        best[i] = max(r, best.get(i, 0.0))
+    return [(fam.start + i, float(up[i]), r) for i, r in best.items()]
