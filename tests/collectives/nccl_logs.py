@@ -239,10 +239,11 @@ def table(records: list[dict]) -> None:
         before, after = held_out(obs)
         fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
         print(f"| {log['file'][:-4]} | {len(obs)} | {result.median_error_before:.1%} | {result.median_error_after:.1%} "
-              f"| {before:.1%} | {after:.1%} | {fitted or 'none (defaults kept)'} |")  # fmt: skip
+              f"| {before:.1%} | {after:.1%} | {fitted} |")  # fmt: skip
     result = fit(everything)
     before, after = held_out(everything)
     fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
+    fitted = fitted or "none (defaults kept)"
     print(f"| all 20 logs together | {len(everything)} | {result.median_error_before:.1%} | "
           f"{result.median_error_after:.1%} | {before:.1%} | {after:.1%} | {fitted} |")  # fmt: skip
 
