@@ -110,8 +110,8 @@ def test_recovers_constants_the_pricer_was_run_with():
 
 
 def test_constants_validation():
-    with pytest.raises(CollectiveError, match=r"calibration.efficiency.nvlink: must be within \[0.2, 1\]"):
-        Constants.from_dict({"efficiency": {"nvlink": 1.3}})
+    with pytest.raises(CollectiveError, match=r"calibration.efficiency.nvlink: must be within \[0.2, 1.5\], got 1.6"):
+        Constants.from_dict({"efficiency": {"nvlink": 1.6}})
     with pytest.raises(CollectiveError, match="unknown span"):
         Constants.from_dict({"latency_scale": {"rack": 1.0}})
     with pytest.raises(CollectiveError, match="unknown network kind"):
