@@ -238,6 +238,7 @@ def table(records: list[dict]) -> None:
         result = fit(obs)
         before, after = held_out(obs)
         fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
+        fitted = fitted or "none (defaults kept)"
         print(f"| {log['file'][:-4]} | {len(obs)} | {result.median_error_before:.1%} | {result.median_error_after:.1%} "
               f"| {before:.1%} | {after:.1%} | {fitted} |")  # fmt: skip
     result = fit(everything)
