@@ -90,10 +90,8 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
             if getattr(block, required) is None:
                 raise SpecError(f"cluster.{required}", "required when no preset is given")
         base = ClusterSpec(block.name or "custom", block.num_nodes, block.devices_per_node)
-    spec = replace(
-        base,
-        **{k: v for k, v in _set(block, ("preset", "intra", "network", "gpu", "calibration")).items() if v is not None},
-    )
+    skip = ("preset", "intra", "network", "gpu", "calibration")
+    spec = replace(base, **{k: v for k, v in _set(block, skip).items() if v is not None})
     if block.gpu is not None:
         spec = replace(spec, gpu=_gpu(block.gpu), device=_gpu(block.gpu).name)
     if block.intra is not None:
@@ -134,15 +132,8 @@ def _gpu(block) -> GPUSpec:
     for dtype in block.peak_tflops:
         if dtype not in DTYPES:
             raise SpecError("cluster.gpu.peak_tflops", f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-    return GPUSpec(
-        block.name,
-        dict(block.peak_tflops),
-        block.hbm_bytes,
-        block.hbm_GBps,
-        block.sm,
-        block.nvlink_links,
-        "given in the request",
-    )
+    return GPUSpec(block.name, dict(block.peak_tflops), block.hbm_bytes, block.hbm_GBps, block.sm, block.nvlink_links,
+                   "given in the request")
 
 
 def _present(block) -> dict:
