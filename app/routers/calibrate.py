@@ -43,11 +43,13 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
     observations, where, runs, total = [], [], [], 0
     for i, log in enumerate(body.logs):
         prefix = f"logs.{i}."
-        parsed = _field(
-            prefix, lambda log=log, total=total: parse(log.text, log.op, log.ranks, "text", MAX_ROWS - total)
-        )
+        parsed = _field(prefix, lambda log=log: parse(log.text, log.op, log.ranks, "text", MAX_ROWS))
+        total += sum(len(r.rows) for r in parsed)
+        if total > MAX_ROWS:
+            raise SpecError(
+                f"{prefix}text", f"logs 0..{i} hold {total} table rows; at most {MAX_ROWS} in all (the limit)"
+            )
         for r in parsed:
-            total += len(r.rows)
             nodes = log.nodes or len(r.hosts)
             if not nodes:
                 raise SpecError(f"{prefix}nodes", f"line {r.first_line}: the log names no hosts; give nodes")

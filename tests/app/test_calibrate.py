@@ -113,6 +113,11 @@ def test_limits_are_422s_naming_them(api):
     log = {"text": row * (MAX_ROWS + 1), "op": "allreduce", "ranks": 8}
     rows = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h100"}, "logs": [log]})
     assert rows.status_code == 422 and f"more than {MAX_ROWS} table rows (the limit)" in rows.text
+    half = {"text": row * (MAX_ROWS // 2 + 1), "op": "allreduce", "ranks": 8, "nodes": 1}
+    both = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h100"}, "logs": [half, half]})
+    assert both.status_code == 422, both.text
+    assert both.json()["detail"][0]["loc"] == ["body", "logs", "1", "text"]
+    assert f"hold {MAX_ROWS + 2} table rows; at most {MAX_ROWS} in all (the limit)" in both.text
     assert MAX_LOG_CHARS < 8 * 2**20  # a log at the limit fits the body limit, so the 422 is the log's own
 
 
