@@ -19,7 +19,6 @@ drawing; routing never needs it.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -27,7 +26,11 @@ import networkx as nx
 import numpy as np
 
 from .._errors import CollectiveError
+from .loads import Loads, _Loads, _ones_if_none, _pick
+from .routers import RouterNetwork
 from .spec import ClusterSpec, validate_cluster
+
+__all__ = ["Cluster", "Family", "Loads"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,6 @@ class Cluster:
         self.num_devices = spec.num_devices
         self.families: dict[str, Family] = {}
         self._layout_links()
-        self._router_memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
 
     # ---- link layout -------------------------------------------------------------------------------
     def _add(self, name: str, kind: str, size: int, capacity: float, latency: float) -> None:
@@ -299,84 +301,17 @@ class Cluster:
         loads.add(self._fam("host_down") + down, nbytes[from_switch])
         return self.spec.nic_latency_s + 2 * self.spec.network.switch_latency_s
 
-    # ---- router networks (torus, dragonfly, hypercube) ---------------------------------------------
+    # ---- router networks (torus, dragonfly, hypercube): routers.py -------------------------------------
     @cached_property
+    def routers(self) -> RouterNetwork:
+        return RouterNetwork(self.spec.network, self.num_nodes)
+
+    @property
     def router_links(self) -> list[tuple[int, int]]:
-        return sorted({(u, v) for u, v in self._router_graph.edges} | {(v, u) for u, v in self._router_graph.edges})
-
-    @cached_property
-    def _router_link_id(self) -> dict[tuple[int, int], int]:
-        return {uv: i for i, uv in enumerate(self.router_links)}
-
-    @cached_property
-    def _router_graph(self) -> nx.Graph:
-        net, n = self.spec.network, self.num_nodes
-        if net.topology == "torus":
-            g = nx.grid_graph(dim=list(reversed(net.dims)), periodic=True) if n > 1 else nx.empty_graph(1)
-            return nx.convert_node_labels_to_integers(g, ordering="sorted")
-        if net.topology == "hypercube":
-            return nx.convert_node_labels_to_integers(nx.hypercube_graph(n.bit_length() - 1), ordering="sorted")
-        return _dragonfly(n, net.group_size)
-
-    @cached_property
-    def _adjacency(self) -> list[list[int]]:
-        g = self._router_graph
-        return [sorted(g.neighbors(v)) for v in range(self.num_nodes)]
+        return self.routers.links
 
     def _route_routers(self, loads, node_src, node_dst, nbytes) -> float:
-        pairs = node_src * self.num_nodes + node_dst
-        unique, inverse = np.unique(pairs, return_inverse=True)
-        per_pair = np.bincount(inverse, weights=nbytes)
-        base = self._fam("router")
-        longest = 0
-        for pair, total in zip(unique.tolist(), per_pair.tolist(), strict=True):
-            links, shares, hops = self._router_path(*divmod(pair, self.num_nodes))
-            loads.add(base + links, total * shares)
-            longest = max(longest, hops)
-        return longest * self.spec.network.switch_latency_s
-
-    def _bfs(self, source: int) -> tuple[np.ndarray, np.ndarray]:
-        """Hop distance and number of shortest paths from ``source`` to every router."""
-        dist = np.full(self.num_nodes, -1, dtype=np.int64)
-        count = np.zeros(self.num_nodes)
-        dist[source], count[source] = 0, 1.0
-        queue = deque([source])
-        adjacency = self._adjacency
-        while queue:
-            u = queue.popleft()
-            for v in adjacency[u]:
-                if dist[v] < 0:
-                    dist[v] = dist[u] + 1
-                    queue.append(v)
-                if dist[v] == dist[u] + 1:
-                    count[v] += count[u]
-        return dist, count
-
-    def _router_path(self, a: int, b: int):
-        """ECMP over all shortest router paths a -> b: each link's share is the fraction of shortest paths
-        through it, sigma_a(u) * sigma_b(v) / sigma_a(b) (Brandes' counting)."""
-        key = (a, b)
-        if key not in self._router_memo:
-            dist_a, count_a = self._bfs_cached(a)
-            dist_b, count_b = self._bfs_cached(b)
-            total = dist_a[b]
-            if total < 0:
-                raise CollectiveError(
-                    "network", f"router {b} is unreachable from router {a}: the graph is disconnected"
-                )
-            links, shares = [], []
-            for (u, v), link in self._router_link_id.items():
-                if dist_a[u] + 1 + dist_b[v] == total:
-                    links.append(link)
-                    shares.append(count_a[u] * count_b[v] / count_a[b])
-            self._router_memo[key] = (np.array(links, dtype=np.int64), np.array(shares), int(total))
-        return self._router_memo[key]
-
-    def _bfs_cached(self, source: int):
-        cache = self.__dict__.setdefault("_bfs_memo", {})
-        if source not in cache:
-            cache[source] = self._bfs(source)
-        return cache[source]
+        return self.routers.route(loads, self._fam("router"), node_src, node_dst, nbytes)
 
     # ---- the graph view ----------------------------------------------------------------------------
     def graph(self) -> nx.DiGraph:
@@ -426,93 +361,3 @@ class Cluster:
             return ("spine", "all"), ("leaf", i)
         u, v = self.router_links[i]
         return ("router", u), ("router", v)
-
-
-def _pick(nbytes, mask):
-    return None if nbytes is None else nbytes[mask]
-
-
-def _ones_if_none(nbytes, like):
-    return np.ones(len(like)) if nbytes is None else nbytes
-
-
-@dataclass(frozen=True)
-class Loads:
-    """Bytes per directed link, sparse: the links a set of transfers touches (sorted, unique) and what
-    each carries. Pricing an 8-GPU group on a 16,384-GPU cluster then costs what the group touches."""
-
-    links: np.ndarray
-    bytes: np.ndarray
-
-    def scaled(self, factor: float) -> Loads:
-        return Loads(self.links, self.bytes * factor)
-
-    def dense(self, num_links: int) -> np.ndarray:
-        out = np.zeros(num_links)
-        out[self.links] = self.bytes
-        return out
-
-    @staticmethod
-    def reduce(links: np.ndarray, amounts: np.ndarray | None, num_links: int) -> Loads:
-        """Sum duplicate links: a dense bincount when the transfers touch a large share of the cluster,
-        sort-and-sum otherwise."""
-        if len(links) == 0:
-            return Loads(np.zeros(0, dtype=np.int64), np.zeros(0))
-        if len(links) * 4 > num_links:
-            dense = np.bincount(links, amounts, num_links).astype(np.float64, copy=False)
-            touched = np.flatnonzero(dense)
-            return Loads(touched, dense[touched])
-        unique, inverse = np.unique(links, return_inverse=True)
-        return Loads(unique, np.bincount(inverse, amounts, len(unique)).astype(np.float64, copy=False))
-
-    @staticmethod
-    def total(parts: list[Loads], num_links: int) -> Loads:
-        if not parts:
-            return Loads.reduce(np.zeros(0, dtype=np.int64), None, num_links)
-        if all(p.links is parts[0].links for p in parts):  # classes routed once and scaled (a ring's RS and AG)
-            return Loads(parts[0].links, np.sum([p.bytes for p in parts], axis=0))
-        return Loads.reduce(
-            np.concatenate([p.links for p in parts]), np.concatenate([p.bytes for p in parts]), num_links
-        )
-
-
-class _Loads:
-    """(link, bytes) pairs gathered while routing and summed once. With unit weights (``amounts`` None
-    throughout) the integer bincount is used, about twice as fast."""
-
-    def __init__(self, num_links: int):
-        self.num_links, self.links, self.amounts = num_links, [], []
-
-    def add(self, links, amounts) -> None:
-        links = np.asarray(links).ravel()
-        self.links.append(links)
-        self.amounts.append(None if amounts is None else np.broadcast_to(amounts, links.shape).ravel())
-
-    def total(self) -> Loads:
-        if not self.links:
-            return Loads.reduce(np.zeros(0, dtype=np.int64), None, self.num_links)
-        links = np.concatenate(self.links)
-        if all(a is None for a in self.amounts):
-            return Loads.reduce(links, None, self.num_links)
-        amounts = [np.ones(len(x)) if a is None else a for x, a in zip(self.links, self.amounts, strict=True)]
-        return Loads.reduce(links, np.concatenate(amounts), self.num_links)
-
-
-def _dragonfly(n: int, group_size: int) -> nx.Graph:
-    """Routers in groups, all-to-all inside a group; one global link per pair of groups, attached
-    round-robin to the routers of each group (Kim et al. 2008)."""
-    g = nx.Graph()
-    g.add_nodes_from(range(n))
-    groups = n // group_size
-    for grp in range(groups):
-        members = range(grp * group_size, (grp + 1) * group_size)
-        g.add_edges_from((u, v) for u in members for v in members if u < v)
-    slot = [0] * groups
-    for x in range(groups):
-        for y in range(x + 1, groups):
-            u = x * group_size + slot[x] % group_size
-            v = y * group_size + slot[y] % group_size
-            slot[x] += 1
-            slot[y] += 1
-            g.add_edge(u, v)
-    return g

@@ -73,6 +73,14 @@ def resolve_pricing(pricing: str, cluster: Cluster, op: Op | None = None) -> str
         raise CollectiveError("options.pricing", f"must be one of {', '.join(PRICINGS)}, got {pricing!r}")
     if pricing == "auto":
         pricing = "library" if is_nvidia(cluster) else "schedule"
+    elif pricing == "library" and not is_nvidia(cluster):
+        s = cluster.spec
+        raise CollectiveError(
+            "pricing",
+            f"library pricing is NCCL's model: it needs an NVIDIA GPU (gpu.sm > 0, got "
+            f"{s.gpu.sm if s.gpu else 'no GPU'}) on an NVLink/PCIe switch or one GPU per node (got intra "
+            f"{s.intra.fabric}/{s.intra.link_name}); use pricing 'schedule'",
+        )
     if pricing == "library" and op is not None and op not in NCCL_FUNCS:
         return "schedule"
     return pricing
@@ -100,7 +108,8 @@ def price_call(
     cluster.check_devices(placement)
     if len(np.unique(placement[0])) != n:
         raise CollectiveError("ranks", f"a group lists a device twice: {placement[0].tolist()[:16]}")
-    if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto":
+    # one rank: NCCL returns at once (tuning.cc: nRanks <= 1); the schedule pricer prices the empty schedule
+    if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto" and n > 1:
         from .library import normalise_algo, normalise_proto, price_library
 
         return price_library(op, message_bytes, placement, cluster, calibration, normalise_algo(nccl_algo),

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectives import CollectiveError, Op
 from collectives.topology import Cluster, cluster_preset, price_call, validate_cluster
@@ -307,3 +309,40 @@ def test_version_keyed_speed_arrays():
     g30, g28 = ring_graph(b200), ring_graph(replace(b200, version="2.28"))
     assert (g30.channels, g30.bw_inter) == (16, 43.0)
     assert (g28.channels, g28.bw_inter) == (24, 30.0)
+
+
+NVIDIA_PRESETS = (
+    "dgx-a100",
+    "dgx-h100",
+    "dgx-h200",
+    "dgx-b200",
+    "hgx-h20",
+    "hgx-h800",
+    "aws-p5",
+    "gcp-a3-mega",
+    "azure-nd-h100-v5",
+    "pcie-server",
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    preset=st.sampled_from(NVIDIA_PRESETS),
+    nodes=st.integers(1, 4),
+    op=st.sampled_from([Op.ALLREDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.BROADCAST, Op.REDUCE]),
+    picks=st.lists(st.integers(0, 31), min_size=2, max_size=32, unique=True),
+    size=st.integers(0, 1 << 36),
+)
+def test_any_group_prices_finite_and_ring_simple_grows_with_bytes(preset, nodes, op, picks, size):
+    cluster = Cluster(cluster_preset(preset, nodes))
+    group = np.array(sorted({p % cluster.num_devices for p in picks}))
+    if len(group) < 2:
+        return
+    p = price_call(op, size, group[None], cluster, pricing="library")
+    assert np.isfinite(p.time_s) and p.time_s > 0 and p.protocol and p.nccl_algorithm
+    # linear in bytes once every channel runs (below that NCCL's channel count saw-tooths, as measured)
+    pin = dict(pricing="library", nccl_algo="ring", nccl_proto="Simple")
+    full = max(size, 1 << 25)
+    small, big = (price_call(op, s, group[None], cluster, **pin).time_s for s in (full, 2 * full))
+    base = price_call(op, 0, group[None], cluster, **pin).time_s
+    assert big - base == pytest.approx(2 * (small - base), rel=1e-6)

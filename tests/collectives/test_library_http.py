@@ -51,6 +51,7 @@ def test_plan_calls_report_protocol_and_nccl_algorithm(api):
         ({"preset": "dgx-h100", "nccl_version": "2.18.5"}, {}, ["cluster", "nccl_version"], "unknown NCCL version"),
         ({"preset": "pcie-server", "num_nodes": 2}, {"nccl_algo": "NVLS"}, ["options", "nccl_algo"], "NVLink switch"),
         ({"preset": "dgx-a100", "num_nodes": 2}, {"nccl_algo": "NVLS"}, ["options", "nccl_algo"], "SM90"),
+        ({"preset": "npu-mesh-8", "num_nodes": 2}, {"pricing": "library"}, ["options", "pricing"], "NVIDIA GPU"),
         (
             {"preset": "dgx-h100", "num_nodes": 2},
             {"nccl_algo": "ringo"},

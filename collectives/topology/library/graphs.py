@@ -30,6 +30,11 @@ class Shape:
     nets: int  # NICs (after fusion) the communicator's GPUs use on one node
     net_bw: float  # per NIC, NCCL's figure (Gb/s / 8000), capped by the PCIe path
     version: str = "2.30"
+    ranks: int = 0  # the communicator's ranks (0: ppn x nodes); uneven groups have fewer
+
+    @property
+    def num_ranks(self) -> int:
+        return self.ranks or self.ppn * self.nodes
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def _kind(a: str, shape: Shape, feat: Features) -> str:
 
 
 def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration) -> Candidate | None:
-    nodes, n = shape.nodes, shape.ppn * shape.nodes
+    nodes, n = shape.nodes, shape.num_ranks
     ppn = n / nodes
     cc, nc = T.cc_class(shape.sm), T.node_class(nodes)
     pi = T.PROTOCOLS.index(p)

@@ -96,6 +96,7 @@ def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
         nets,
         net_bw,
         nccl_minor(s.nccl_version),
+        len(group),
     )
 
 
