@@ -167,3 +167,17 @@ def test_price_and_plan_use_the_clusters_calibration(api):
             assert after[name]["time_s"] > call["time_s"], name
         else:
             assert after[name]["time_s"] == call["time_s"], name
+
+
+def test_a_plans_cluster_request_carries_the_calibration_back(api, efa):
+    """The plan's cluster.request (spec_block) holds the fitted constants by the same names, and planning it
+    again gives the same times."""
+    first = api.post("/v1/plan", json=LLAMA70B | {"cluster": efa["cluster"] | {"num_nodes": 64}})
+    assert first.status_code == 200, first.text
+    block = first.json()["cluster"]["request"]
+    for group, values in efa["constants"].items():
+        for key, value in values.items():
+            assert block["calibration"][group][key] == pytest.approx(value)
+    again = api.post("/v1/plan", json=LLAMA70B | {"cluster": block})
+    assert again.status_code == 200, again.text
+    assert again.json()["totals"]["time_s"] == pytest.approx(first.json()["totals"]["time_s"], rel=1e-12)
