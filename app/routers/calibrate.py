@@ -50,6 +50,12 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                 f"{prefix}text", f"logs 0..{i} hold {total} table rows; at most {MAX_ROWS} in all (the limit)"
             )
         for r in parsed:
+            if r.ranks < 2:
+                raise SpecError(
+                    f"{prefix}text",
+                    f"line {r.first_line}: a run of 1 rank moves no data (a binary built without MPI=1 runs every "
+                    "process alone, each printing its own 1-rank table); give ranks if the log is complete",
+                )
             nodes = log.nodes or len(r.hosts)
             if not nodes:
                 raise SpecError(f"{prefix}nodes", f"line {r.first_line}: the log names no hosts; give nodes")

@@ -78,7 +78,14 @@ def test_malformed_log_is_a_422_naming_the_line(api, text, loc, needle):
 
 
 def test_bad_nodes_cluster_and_calibration_are_422s(api):
+    alone = (  # what each process prints when the binary was built without MPI=1
+        "# Collective test starting: all_reduce_perf\n# nThread 1 nGpus 1 minBytes 1048576 maxBytes 1048576\n"
+        "#  Rank  0 Group  0 Pid  41 on  node1 device  0 [0000:18:00] NVIDIA H100 80GB HBM3\n"
+        "  1048576  262144  float  sum  -1  5.100  205.60  0.00  0  5.00  209.72  0.00  0\n"
+    )
     cases = [
+        ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": alone}]},
+         ["logs", "0", "text"], "a run of 1 rank moves no data"),
         ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "nodes": 1}]}, ["logs", "0", "nodes"],
          "the rank lines name 2 hosts"),
         ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "nodes": 3}]}, ["logs", "0", "nodes"],
