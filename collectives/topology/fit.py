@@ -106,7 +106,7 @@ class Constants:
                 if group == "network_latency_s" and key not in NETWORK_KINDS:
                     raise CollectiveError(f"{field}.{name}", f"unknown network kind; known: {', '.join(NETWORK_KINDS)}")
                 low, high = BOUNDS[group]
-                if not (isinstance(value, int | float) and low <= value <= high):
+                if isinstance(value, bool) or not (isinstance(value, int | float) and low <= value <= high):
                     raise CollectiveError(f"{field}.{name}", f"must be within [{low:g}, {high:g}], got {value!r}")
                 out = out.with_value(name, value)
         return out
@@ -124,19 +124,6 @@ def calibration_for(constants: Constants, base: LibraryCalibration = DEFAULT_LIB
 def apply_constants(constants: Constants, spec: ClusterSpec) -> ClusterSpec:
     """The cluster spec carrying ``constants`` for /v1/plan (the library pricer reads ClusterSpec.calibration)."""
     return replace(spec, calibration=calibration_for(constants) if constants != Constants() else None)
-
-
-def constants_of(calibration: LibraryCalibration | None) -> Constants:
-    """The constants a spec's calibration holds where they differ from the defaults (for round trips)."""
-    out = Constants()
-    if calibration is None:
-        return out
-    for group in GROUPS:
-        defaults = getattr(DEFAULT_LIBRARY, group)
-        for key, value in getattr(calibration, group).items():
-            if defaults.get(key) != value:
-                out = out.with_value(f"{group}.{key}", value)
-    return out
 
 
 def default_value(name: str, base: LibraryCalibration = DEFAULT_LIBRARY) -> float:
