@@ -10,7 +10,7 @@ from collectives import CollectiveError
 from collectives.topology.fit import Constants, Observation, fit, placement_for
 from collectives.topology.library import normalise_algo
 from collectives.topology.nccl_tests import parse
-from collectives.topology.spec import NCCL_VERSIONS, nccl_minor
+from collectives.topology.spec import NCCL_VERSIONS, nccl_minor, validate_cluster
 from planner import SpecError
 
 from ..convert import cluster_spec
@@ -68,6 +68,7 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
             if devices > settings.max_devices:
                 raise SpecError(f"{prefix}nodes", f"{nodes} nodes x {spec.devices_per_node} = {devices} devices; "
                                 f"this service prices at most {settings.max_devices}")  # fmt: skip
+            _field(f"{prefix}nodes", lambda spec=spec: validate_cluster(spec))  # a torus sized for other counts
             _field(prefix, lambda r=r, spec=spec: placement_for(r.ranks, spec))
             nccl_algo = log.algorithm or r.nccl_algo or "auto"
             _field(f"{prefix}algorithm", lambda nccl_algo=nccl_algo: normalise_algo(nccl_algo))

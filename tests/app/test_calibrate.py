@@ -86,6 +86,8 @@ def test_bad_nodes_cluster_and_calibration_are_422s(api):
     cases = [
         ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": alone}]},
          ["logs", "0", "text"], "a run of 1 rank moves no data"),
+        ({"cluster": {"preset": "tpu-torus"}, "logs": [{"text": SAMPLE}]}, ["logs", "0", "nodes"],
+         "torus 4 x 4 x 4 = 64 routers but the cluster has 2 nodes"),
         ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "nodes": 1}]}, ["logs", "0", "nodes"],
          "the rank lines name 2 hosts"),
         ({"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE, "nodes": 3}]}, ["logs", "0", "nodes"],
