@@ -375,7 +375,11 @@ def _line_search(f, name: str) -> float:
     low, high = BOUNDS[name.split(".", 1)[0]]
     off = _offset(name)
     grid = np.linspace(math.log(low + off), math.log(high + off), GRID)
-    value = lambda x: min(max(math.exp(x) - off, low), high)  # noqa: E731
+
+    def value(x: float) -> float:  # a latency under 1 ns is none
+        v = min(max(math.exp(x) - off, low), high)
+        return 0.0 if off and v < 0.01 * off else v
+
     values = [f(value(x)) for x in grid]
     i = int(np.argmin(values))
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, GRID - 1)]
