@@ -35,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
     plan.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    cal = sub.add_parser("calibrate", help="fit the pricing constants to nccl-tests logs (POST /v1/calibrate)")
+    cal.add_argument("logs", nargs="+", help="nccl-tests output files (stdout of rank 0, as printed)")
+    cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
+    cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
+    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "tcpxo"), default=None)
+    cal.add_argument("--format", choices=("table", "json"), default="table")
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -42,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "calibrate":
+        return _calibrate(args)
     return _plan(args)
 
 
@@ -175,6 +183,98 @@ def _seconds(s: float) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.3g} ms"
     return f"{s * 1e6:.3g} us"
+
+
+def _calibrate(args) -> int:
+    from .routers.calibrate import run
+    from .schemas.calibrate import CalibrateRequest
+    from .settings import Settings
+
+    try:
+        logs = [{"text": Path(f).read_text(errors="replace"), "nodes": args.nodes, "name": f} for f in args.logs]
+        request = CalibrateRequest.model_validate(
+            {"cluster": {"preset": args.cluster}, "logs": logs, "network_kind": args.network_kind}
+        )
+        result = run(request, Settings.from_env())
+    except OSError as err:
+        print(f"commplan: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
+    except ValidationError as err:
+        for e in err.errors(include_url=False):
+            print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+        return 2
+    except (SpecError, CollectiveError) as err:
+        print(f"commplan: {_in_file(str(err), args.logs)}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        _json(result)
+        return 0
+    _calibration_table(result, args.logs)
+    return 0
+
+
+def _in_file(message: str, files: list[str]) -> str:
+    """'logs.1.text: line 7: ...' -> 'FILE: line 7: ...'."""
+    parts = message.split(".", 2)
+    if parts[0] == "logs" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) < len(files):
+        return f"{files[int(parts[1])]}: {message.split(': ', 1)[-1]}"
+    return message
+
+
+def _calibration_table(result: dict, files: list[str]) -> None:
+    rows = [("log", "op", "size", "nodes", "measured GB/s", "before GB/s", "after GB/s", "error before", "error after",
+             "fitted")]  # fmt: skip
+    for r in result["rows"]:
+        measured = r["measured_busbw_GBps"]
+        rows.append(
+            (
+                f"{Path(files[r['log']]).name}:{r['line']}",
+                r["op"],
+                _megabytes(r["size_bytes"]),
+                str(r["nodes"]),
+                _rate(measured),
+                _rate(r["before_GBps"]),
+                _rate(r["after_GBps"]),
+                _percent(r["before_GBps"] / measured - 1),
+                _percent(r["after_GBps"] / measured - 1),
+                "yes" if r["fitted"] else "no",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(
+                cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    before, after = result["median_error_before"], result["median_error_after"]
+    print(f"\nmedian |error|: {before * 100:.1f}% before, {after * 100:.1f}% after, over {len(result['rows'])} rows")
+    for group, values in result["constants"].items():
+        for key, value in values.items():
+            shown = f"{value * 1e6:.2f} us" if group == "network_latency_s" else f"{value:.3f}"
+            print(f"  {group}.{key} = {shown}")
+    if not result["constants"]:
+        print("  no constant moved: the defaults fit these logs best")
+    if not all(r["fitted"] for r in result["rows"]):
+        print("  rows marked 'no' are priced by the schedule pricer (alltoall, sendrecv), which these do not calibrate")
+    print('\npost the "cluster" of --format json to /v1/plan to plan with these constants')
+
+
+def _megabytes(n: int) -> str:
+    """Sizes in MB (1e6 B), fixed-point with enough decimals for three significant digits."""
+    mb = n / 1e6
+    decimals = 0 if mb >= 100 else 1 if mb >= 10 else 2 if mb >= 1 else min(6, 2 - int(f"{mb:e}".split("e")[1]))
+    return f"{mb:.{decimals}f} MB"
+
+
+def _rate(gbps: float) -> str:
+    if gbps >= 1 or gbps == 0:
+        return f"{gbps:.2f}"
+    return f"{gbps:.{min(6, 2 - int(f'{gbps:e}'.split('e')[1]))}f}"
+
+
+def _percent(x: float) -> str:
+    return f"{x * 100:+.1f}%"
 
 
 if __name__ == "__main__":

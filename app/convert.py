@@ -6,6 +6,7 @@ from dataclasses import fields, replace
 
 from collectives import CollectiveError
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
+from collectives.topology.fit import Constants, apply_constants
 from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset
 from collectives.topology.spec import spec_block
 from planner import MODEL_PRESETS, ModelSpec, Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
@@ -92,9 +93,8 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
             if getattr(block, required) is None:
                 raise SpecError(f"cluster.{required}", "required when no preset is given")
         base = ClusterSpec(block.name or "custom", block.num_nodes, block.devices_per_node)
-    spec = replace(
-        base, **{k: v for k, v in _set(block, ("preset", "intra", "network", "gpu")).items() if v is not None}
-    )
+    skip = ("preset", "intra", "network", "gpu", "calibration")
+    spec = replace(base, **{k: v for k, v in _set(block, skip).items() if v is not None})
     if block.gpu is not None:
         spec = replace(spec, gpu=_gpu(block.gpu), device=_gpu(block.gpu).name)
     if block.intra is not None:
@@ -113,6 +113,8 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
         )
     try:
         validate_cluster(spec)
+        if block.calibration is not None:  # fitted constants (POST /v1/calibrate), through fit.py's one adapter
+            spec = apply_constants(Constants.from_dict(block.calibration.model_dump(exclude_none=True)), spec)
     except CollectiveError as err:
         raise SpecError(f"cluster.{err.field}", err.rule) from None
     return spec

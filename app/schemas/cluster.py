@@ -49,6 +49,14 @@ class GPUIn(Strict):
     nvlink_links: int = Field(default=0, ge=0, le=64)
 
 
+class CalibrationIn(Strict):
+    """Fitted constants (POST /v1/calibrate returns them in its cluster); absent names keep the defaults."""
+
+    efficiency: dict[str, float] | None = Field(default=None, description="link kind -> fraction of its rate")
+    latency_scale: dict[str, float] | None = Field(default=None, description="intra_node / inter_node -> multiplier")
+    network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpxo -> s per hop")
+
+
 class ClusterIn(Strict):
     preset: str | None = Field(default=None, description="a name from GET /v1/presets/clusters")
     num_nodes: int | None = Field(default=None, ge=1, le=1 << 17)
@@ -63,6 +71,7 @@ class ClusterIn(Strict):
     gpu: str | GPUIn | None = Field(default=None, description="a GPU name (gpu.py GPUS) or its fields")
     nccl_version: str | None = Field(default=None, max_length=16, description="2.28, 2.29 or 2.30 (NCCL's model)")
     cpu_vendor: str | None = Field(default=None, max_length=16, description="intel, amd or arm")
+    calibration: CalibrationIn | None = None
 
 
 class LinkOut(BaseModel):

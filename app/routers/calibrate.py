@@ -1,0 +1,147 @@
+"""POST /v1/calibrate: fit the few global pricing constants to the user's own nccl-tests logs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+
+from collectives import CollectiveError
+from collectives.topology.fit import Constants, Observation, fit, placement_for
+from collectives.topology.library import normalise_algo
+from collectives.topology.nccl_tests import parse
+from collectives.topology.spec import NCCL_VERSIONS, nccl_minor, validate_cluster
+from planner import SpecError
+
+from ..convert import cluster_spec
+from ..errors import BAD_INPUT
+from ..schemas.calibrate import MAX_ROWS, CalibrateOut, CalibrateRequest
+from ..settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["calibration"])
+
+
+@router.post(
+    "/calibrate",
+    responses=BAD_INPUT,
+    response_model=CalibrateOut,
+    summary="Fit the pricing constants to nccl-tests logs",
+    description="Each log is nccl-tests output as printed (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+    "alltoall_perf, broadcast_perf, reduce_perf, sendrecv_perf; NCCL_DEBUG=INFO lines may be mixed in) with the "
+    "number of nodes it ran on. Fits link efficiencies on rows >= 256 MiB, latency scales and the network's per-hop "
+    f"latency on rows <= 64 KiB; at most {MAX_ROWS} rows in all. A malformed log is a 422 naming the line.",
+)
+def calibrate(body: CalibrateRequest, request: Request) -> dict:
+    return run(body, request.app.state.settings)
+
+
+def run(body: CalibrateRequest, settings: Settings) -> dict:
+    """The response of POST /v1/calibrate (the CLI prints the same)."""
+    base = cluster_spec(body.cluster, settings)
+    if body.network_kind is not None:
+        base = replace(base, network=replace(base.network, kind=body.network_kind))
+    observations, where, runs, total = [], [], [], 0
+    for i, log in enumerate(body.logs):
+        prefix = f"logs.{i}."
+        parsed = _field(prefix, lambda log=log: parse(log.text, log.op, log.ranks, "text", MAX_ROWS))
+        total += sum(len(r.rows) for r in parsed)
+        if total > MAX_ROWS:
+            raise SpecError(
+                f"{prefix}text", f"logs 0..{i} hold {total} table rows; at most {MAX_ROWS} in all (the limit)"
+            )
+        for r in parsed:
+            if r.ranks < 2:
+                raise SpecError(
+                    f"{prefix}text",
+                    f"line {r.first_line}: a run of 1 rank moves no data (a binary built without MPI=1 runs every "
+                    "process alone, each printing its own 1-rank table); give ranks if the log is complete",
+                )
+            nodes = log.nodes or len(r.hosts)
+            if not nodes:
+                raise SpecError(f"{prefix}nodes", f"line {r.first_line}: the log names no hosts; give nodes")
+            if len(r.hosts) > nodes:
+                raise SpecError(f"{prefix}nodes", f"{nodes} given but the rank lines name {len(r.hosts)} hosts")
+            spec = base.with_nodes(nodes)
+            if r.nccl_version and nccl_minor(r.nccl_version) in NCCL_VERSIONS:  # the run's own NCCL's model
+                spec = replace(spec, nccl_version=nccl_minor(r.nccl_version))
+            devices = nodes * spec.devices_per_node
+            if devices > settings.max_devices:
+                raise SpecError(f"{prefix}nodes", f"{nodes} nodes x {spec.devices_per_node} = {devices} devices; "
+                                f"this service prices at most {settings.max_devices}")  # fmt: skip
+            _field(f"{prefix}nodes", lambda spec=spec: validate_cluster(spec))  # a torus sized for other counts
+            _field(prefix, lambda r=r, spec=spec: placement_for(r.ranks, spec))
+            nccl_algo = log.algorithm or r.nccl_algo or "auto"
+            _field(f"{prefix}algorithm", lambda nccl_algo=nccl_algo: normalise_algo(nccl_algo))
+            runs.append(
+                {
+                    "log": i,
+                    "op": r.op.value,
+                    "ranks": r.ranks,
+                    "nodes": nodes,
+                    "rows": len(r.rows),
+                    "nccl_version": r.nccl_version,
+                    "priced_as_nccl": spec.nccl_version,
+                    "nccl_algo": r.nccl_algo,
+                    "devices": list(r.devices),
+                }
+            )
+            for row in r.rows:
+                if row.size_bytes == 0:
+                    continue
+                observations.append(
+                    Observation(
+                        r.op,
+                        row.size_bytes,
+                        r.ranks,
+                        spec,
+                        r.busbw_GBps(row),
+                        nccl_algo,
+                        f"logs[{i}] line {row.line}",
+                    )
+                )
+                where.append((i, row.line))
+    given = body.cluster.calibration
+    start = _field(
+        "cluster.calibration", lambda: Constants.from_dict(given.model_dump(exclude_none=True) if given else {})
+    )
+    result = _field("logs", lambda: fit(observations, start))
+    constants = {group: values for group, values in result.constants.to_dict().items() if values}
+    cluster = body.cluster.model_dump(exclude_none=True) | {"calibration": constants}
+    return {
+        "cluster": cluster,
+        "constants": constants,
+        "rows": [
+            {
+                "op": r.observation.op.value,
+                "size_bytes": r.observation.size_bytes,
+                "nodes": r.observation.nodes,
+                "ranks": r.observation.ranks,
+                "measured_busbw_GBps": r.observation.measured_busbw_GBps,
+                "before_GBps": r.before_GBps,
+                "after_GBps": r.after_GBps,
+                "fitted": r.fitted,
+                "log": log,
+                "line": line,
+            }
+            for r, (log, line) in zip(result.rows, _kept(observations, where, result.rows), strict=True)
+        ],
+        "median_error_before": result.median_error_before,
+        "median_error_after": result.median_error_after,
+        "stages": result.stages,
+        "runs": runs,
+    }
+
+
+def _kept(observations, where, rows):
+    """Where each fitted row came from (fit drops rows without bandwidth, so match by identity)."""
+    index = {id(o): w for o, w in zip(observations, where, strict=True)}
+    return [index[id(r.observation)] for r in rows]
+
+
+def _field(prefix: str, call):
+    """Run ``call``; a CollectiveError becomes a SpecError placed at ``prefix`` in the request body (under it
+    when ``prefix`` ends with a dot)."""
+    try:
+        return call()
+    except CollectiveError as err:
+        raise SpecError(prefix + err.field if prefix.endswith(".") else prefix, err.rule) from None

@@ -1,0 +1,133 @@
+"""The fit of the global constants: on the public records written as nccl-tests logs (never raises the median
+error, lowers it where the defaults are off, improves held-out sizes), on measurements the pricer itself
+produced with known constants (recovers them), and its bounds and determinism."""
+
+import numpy as np
+import pytest
+
+from collectives import CollectiveError
+from collectives.primitives import Op
+from collectives.topology.calibration import cluster_for_record
+from collectives.topology.fit import BOUNDS, Constants, Observation, _Pricer, apply_constants, fit
+from collectives.topology.library import DEFAULT_LIBRARY
+from collectives.topology.nccl_tests import parse
+from collectives.topology.presets import dgx_h100
+
+from .nccl_logs import logs
+
+
+@pytest.fixture(scope="module")
+def systems(reference):
+    """Observations per public log with at least 6 rows (the systems a user would calibrate)."""
+    records = reference("nccl/measurements.json")
+    out = {}
+    for log in logs(records):
+        (run,) = parse(log["text"])
+        spec = cluster_for_record(records[log["records"][0]])
+        obs = [
+            Observation(run.op, row.size_bytes, run.ranks, spec, run.busbw_GBps(row), run.nccl_algo or "auto")
+            for row in run.rows
+        ]
+        if len(obs) >= 6:
+            out[log["file"]] = obs
+    assert len(out) == 5
+    return out
+
+
+@pytest.fixture(scope="module")
+def fits(systems):
+    return {name: fit(obs) for name, obs in systems.items()}
+
+
+def test_fit_never_raises_the_median_error(fits):
+    for name, result in fits.items():
+        assert result.median_error_after <= result.median_error_before, name
+        for stage in result.stages:
+            if stage["kept"]:
+                assert stage["median_error_after"] <= stage["median_error_before"] + 1e-12, (name, stage)
+
+
+def test_fit_lowers_the_error_where_the_defaults_are_off(fits):
+    """The EFA run (2 x 8 A100, aws-ofi-nccl) and the 32-node latency run are where one global set of defaults
+    is off; the fit brings both down (docs/calibration.md: 13% -> 6%, 61% -> 0.8%)."""
+    efa = fits[next(n for n in fits if "aws-samples" in n)]
+    assert efa.median_error_after < 0.6 * efa.median_error_before
+    big = fits[next(n for n in fits if "32x8" in n)]
+    assert big.median_error_after < 0.02 < 0.2 < big.median_error_before
+
+
+def test_fit_recovers_from_wrong_constants(systems):
+    """Start every log from constants far off (twice the latency scale, 0.6 x the efficiency of the resource
+    that bounds it): 40-80% median error before, under 10% after (docs/calibration.md)."""
+    for name, obs in systems.items():
+        span, kind = ("intra_node", "nvlink") if obs[0].nodes == 1 else ("inter_node", "nic")
+        start = Constants().with_value(f"latency_scale.{span}", 2 * DEFAULT_LIBRARY.latency_scale[span])
+        start = start.with_value(f"efficiency.{kind}", 0.6 * DEFAULT_LIBRARY.efficiency[kind])
+        result = fit(obs, start)
+        assert result.median_error_before > 0.35, name
+        assert result.median_error_after < 0.10, (name, result.median_error_after)
+
+
+def test_held_out_sizes_improve(systems):
+    """Fit on every other size, price the sizes in between: the held-out median error must not rise, and must
+    fall where the defaults are off."""
+    for name, obs in systems.items():
+        train, test = obs[::2], obs[1::2]
+        result = fit(train)
+        pricer = _Pricer()
+        measured = np.array([o.measured_busbw_GBps for o in test])
+        before = np.array([pricer.busbw(o, Constants()) for o in test])
+        after = np.array([pricer.busbw(o, result.constants) for o in test])
+        err_before = np.median(np.abs(before / measured - 1))
+        err_after = np.median(np.abs(after / measured - 1))
+        assert err_after <= err_before + 1e-9, (name, err_before, err_after)
+        if "aws-samples" in name or "32x8" in name:
+            assert err_after < 0.5 * err_before, (name, err_before, err_after)
+
+
+def test_fitted_constants_stay_in_bounds_and_are_deterministic(systems, fits):
+    for name, result in fits.items():
+        for group, values in result.constants.to_dict().items():
+            low, high = BOUNDS[group]
+            assert all(low <= v <= high for v in values.values()), (name, group, values)
+    name = next(iter(systems))
+    assert fit(systems[name]).constants == fits[name].constants
+
+
+def test_recovers_constants_the_pricer_was_run_with():
+    """Measurements priced with NVLink efficiency 0.70 and a 1.5x intra-node latency: the fit finds both."""
+    spec = dgx_h100(1)
+    truth = Constants().with_value("efficiency.nvlink", 0.70).with_value("latency_scale.intra_node", 1.5)
+    pricer = _Pricer()
+    obs = []
+    for size in [1 << k for k in range(10, 34, 2)]:
+        o = Observation(Op.ALLGATHER, size, 8, spec, 1.0, "ring")
+        obs.append(Observation(Op.ALLGATHER, size, 8, spec, pricer.busbw(o, truth), "ring"))
+    result = fit(obs)
+    assert result.constants.get("efficiency.nvlink") == pytest.approx(0.70, rel=0.01)
+    assert result.constants.get("latency_scale.intra_node") == pytest.approx(1.5, rel=0.02)
+    assert result.median_error_after < 0.005 < result.median_error_before
+
+
+def test_constants_validation():
+    with pytest.raises(CollectiveError, match=r"calibration.efficiency.nvlink: must be within \[0.2, 1.5\], got 1.6"):
+        Constants.from_dict({"efficiency": {"nvlink": 1.6}})
+    with pytest.raises(CollectiveError, match="unknown span"):
+        Constants.from_dict({"latency_scale": {"rack": 1.0}})
+    with pytest.raises(CollectiveError, match="unknown network kind"):
+        Constants.from_dict({"network_latency_s": {"slingshot": 2e-6}})
+    with pytest.raises(CollectiveError, match="unknown link kind"):
+        Constants.from_dict({"efficiency": {"warp": 0.5}})
+    c = Constants.from_dict({"efficiency": {"nic": 0.9}, "network_latency_s": {"ib": 2e-6}})
+    assert c.to_dict() == {"efficiency": {"nic": 0.9}, "latency_scale": {}, "network_latency_s": {"ib": 2e-6}}
+    assert hash(c) == hash(Constants.from_dict(c.to_dict()))
+    calibration = apply_constants(c, dgx_h100(2)).calibration
+    assert calibration.efficiency["nic"] == 0.9 and calibration.network_latency_s["ib"] == 2e-6
+    assert calibration.efficiency["nvlink"] == 0.96  # the library default (library/calibration.py) stays
+    assert apply_constants(Constants(), dgx_h100(2)).calibration is None
+
+
+def test_ranks_must_fit_the_cluster():
+    o = Observation(Op.ALLREDUCE, 1 << 20, 24, dgx_h100(2), 10.0)
+    with pytest.raises(CollectiveError, match="24 ranks on 2 nodes of 8 devices"):
+        fit([o])

@@ -1,0 +1,228 @@
+"""The nccl-tests parser on the public records written as nccl-tests prints them, on a verbatim-format
+sample with NCCL INFO lines interleaved, and on malformed logs (an error naming the line)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collectives import CollectiveError
+from collectives.primitives import Op
+from collectives.topology.nccl_tests import parse
+
+from .nccl_logs import OUT, float_str, logs, record_row
+
+SAMPLE = OUT / "sample_h100_2node.txt"
+
+
+@pytest.fixture(scope="module")
+def records(reference):
+    return reference("nccl/measurements.json")
+
+
+def test_fixtures_are_what_the_generator_writes(records):
+    """The committed logs are exactly the generator's output on the records (regenerate with
+    `python -m tests.collectives.nccl_logs`)."""
+    written = logs(records)
+    assert len(written) == 20
+    for log in written:
+        assert (OUT / log["file"]).read_text() == log["text"], log["file"]
+    manifest = json.loads((OUT / "manifest.json").read_text())
+    assert [m["file"] for m in manifest] == [log["file"] for log in written]
+
+
+def test_round_trip_of_every_record(records):
+    """Size exact; the printed time and busbw exactly as nccl-tests would print the record's; the bus
+    bandwidth recomputed from the time within the printing's rounding of the record's."""
+    seen = 0
+    for log in logs(records):
+        (run,) = parse(log["text"])
+        assert run.op is Op(log["op"]) and run.ranks == log["ranks"] and len(run.hosts) == log["nodes"]
+        assert len(run.rows) == len(log["records"])
+        for row, i in zip(run.rows, log["records"], strict=True):
+            record, want = records[i], record_row(records[i])
+            assert row.size_bytes == want["size_bytes"]
+            printed_time = float(float_str(want["time_us"], 7)) if not log["old"] else None
+            if printed_time is not None:
+                assert row.out_of_place.time_us == row.in_place.time_us == printed_time
+            two_decimals_below = 100 if log["old"] else 1e4  # %7.2f below 100 us before 2.13, getFloatStr after
+            time = record.get("time_us")
+            if time and time < two_decimals_below and round(time, 2) == time:
+                assert row.time_us == time  # a measured time printed with two decimals comes back unchanged
+            if "busbw(from time)" not in (record.get("derived_fields") or []):
+                assert row.printed_busbw_GBps == record["busbw_GBps"]  # two decimals in, two decimals out
+            measured = run.busbw_GBps(row)
+            assert measured == pytest.approx(record["busbw_GBps"], rel=3e-3, abs=0.0051)
+            seen += 1
+    assert seen == sum(1 for r in records if r.get("busbw_GBps"))
+
+
+def test_both_layouts_are_exercised(records):
+    written = logs(records)
+    assert {log["old"] for log in written} == {True, False}
+    old = next(log for log in written if log["old"])
+    assert "error" in old["text"] and "#wrong" not in old["text"]
+
+
+def test_verbatim_sample_with_nccl_info_lines():
+    runs = parse(SAMPLE.read_text())
+    assert [r.op for r in runs] == [Op.ALLREDUCE, Op.ALLGATHER]
+    allreduce, allgather = runs
+    assert allreduce.ranks == allgather.ranks == 16
+    assert allreduce.hosts == ("h100-a001", "h100-a002")
+    assert allreduce.devices == ("NVIDIA H100 80GB HBM3",)
+    assert allreduce.nccl_version == "2.21.5" and allreduce.avg_busbw_GBps == 123.803
+    assert len(allreduce.rows) == 16 and len(allgather.rows) == 4
+    last = allreduce.rows[-1]
+    assert (last.size_bytes, last.count, last.dtype, last.redop, last.root) == (
+        8589934592,
+        2147483648,
+        "float",
+        "sum",
+        -1,
+    )
+    assert (last.out_of_place.time_us, last.in_place.time_us) == (35104.0, 35071.0)
+    # 8 GiB / 35087.5 us x 2 x 15/16 = 459.03 GB/s; the printed 458.81 / 459.24 average to the same
+    assert allreduce.busbw_GBps(last) == pytest.approx(2 * 15 / 16 * 8589934592 / 35087.5e-6 / 1e9)
+    assert allreduce.busbw_GBps(last) == pytest.approx(last.printed_busbw_GBps, rel=1e-3)
+    # allgather: count is per rank, size = 65536 x 4 B x 16 ranks
+    assert allgather.rows[2].count * 4 * 16 == allgather.rows[2].size_bytes
+
+
+TABLE = """#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)
+     1048576        262144     float     sum      -1    50.00   20.97   36.70       0    50.00   20.97   36.70       0
+"""
+
+
+def test_op_and_ranks_can_be_given_for_a_bare_table():
+    with pytest.raises(CollectiveError, match="cannot tell which test"):
+        parse(TABLE)
+    (run,) = parse(TABLE, op="all_reduce_perf", ranks=8)
+    assert run.op is Op.ALLREDUCE and run.ranks == 8
+    assert run.busbw_GBps(run.rows[0]) == pytest.approx(1.75 * 1048576 / 50e-6 / 1e9)
+
+
+def test_old_layouts_per_test():
+    """Before 2.13 each test printed its own leading columns and an ``error`` column (%5.0le)."""
+    broadcast = (
+        "# nThread 1 nGpus 8 minBytes 8 maxBytes 8 step: 2(factor) warmup iters: 5 iters: 20 validation: 1\n"
+        "#       size         count      type    root     time   algbw   busbw  error     time   algbw   busbw  error\n"
+        "#        (B)    (elements)                       (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+        "   134217728      33554432     float       0   1000.0  134.22  134.22  0e+00    990.0  135.57  135.57  0e+00\n"
+    )
+    (run,) = parse(broadcast, op="broadcast", ranks=8)
+    assert run.rows[0].root == 0 and run.rows[0].redop is None
+    assert run.busbw_GBps(run.rows[0]) == pytest.approx(134217728 / 995e-6 / 1e9)
+
+
+def test_srun_label_prefixes_and_command_line_name_the_test():
+    text = "0: $ mpirun ./build/reduce_scatter_perf -b 8M -e 8M\n" + "".join(f"0: {line}\n" for line in (
+        "#  Rank  0 Group  0 Pid   1 on node1 device  0 [0000:18:00] NVIDIA H100 80GB HBM3",
+        "#  Rank  1 Group  0 Pid   2 on node1 device  1 [0000:2a:00] NVIDIA H100 80GB HBM3",
+        TABLE.splitlines()[0],
+        "     1048576        131072     float     sum      -1    50.00   20.97   10.49       0"
+        "    50.00   20.97   10.49       0",
+    ))  # fmt: skip
+    (run,) = parse(text)
+    assert run.op is Op.REDUCESCATTER and run.ranks == 2
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "rule"),
+    [
+        (lambda t: t.replace("  8589934592    2147483648     float", "  8589934592    2147483648"), 56, "fields"),
+        (lambda t: t.replace("35104  244.70", "35104  2x4.70"), 56, "must be numbers"),
+        (
+            lambda t: t.replace(
+                "sum      -1    43.90    0.19    0.35       0", "sum      -1    43.90    0.19    0.35       3"
+            ),
+            45,
+            "#wrong = 3",
+        ),
+        (lambda t: t.replace("    131072         32768     float", "    131072         32769     float"), 48, "count"),
+        (lambda t: t.replace("h100-a001 device  7", "h100-a001 device  7").replace("#  Rank 15", "#  Rank 16"), 0, ""),
+    ],
+)
+def test_malformed_rows_name_the_line(edit, line, rule):
+    text = edit(SAMPLE.read_text())
+    if not rule:  # a harmless edit parses
+        assert parse(text)
+        return
+    with pytest.raises(CollectiveError) as err:
+        parse(text)
+    assert err.value.rule.startswith(f"line {line}: "), err.value.rule
+    assert rule in err.value.rule
+    assert Path(SAMPLE).read_text().splitlines()[line - 1].split()[0] in err.value.rule  # quotes the line
+
+
+def test_wrong_rank_count_is_caught():
+    with pytest.raises(CollectiveError, match="factor"):
+        parse(SAMPLE.read_text(), ranks=8)  # busbw/algbw printed for 16 ranks
+
+
+def test_no_rows_and_row_limit():
+    with pytest.raises(CollectiveError, match="no nccl-tests result rows"):
+        parse("hello\n# nThread 1\n")
+    with pytest.raises(CollectiveError, match="more than 10 table rows"):
+        parse(SAMPLE.read_text(), max_rows=10)
+
+
+def test_2017_layout_in_milliseconds():
+    """nccl-tests 2017-2019 (src/all_reduce.cu before commit cbe7f65): 'bytes N type op ... res', time in ms."""
+    text = (
+        "# nThread 1 nGpus 8 minBytes 33554432 maxBytes 33554432 step: 1048576(bytes) warmup iters: 5 iters: 20 "
+        "validation: 1\n"
+        "#                                  out-of-place                    in-place\n"
+        "#       bytes             N    type      op     time  algbw  busbw      res     time  algbw  busbw      res\n"
+        "    33554432       8388608   float     sum    0.300  111.85  195.74    1e-06"
+        "    0.302  111.11  194.44    1e-06\n"
+    )
+    (run,) = parse(text, op="all_reduce_perf", ranks=8)
+    row = run.rows[0]
+    assert (row.size_bytes, row.count, row.redop) == (33554432, 8388608, "sum")
+    assert row.time_us == pytest.approx(301.0)
+    assert run.busbw_GBps(row) == pytest.approx(1.75 * 33554432 / 301e-6 / 1e9)
+
+
+def test_degenerate_tables_are_errors_not_crashes():
+    for text in (
+        "#  size  count  type\n       8   2   float\n",
+        "#  size  count  type  time\n       8   2   float  1.0\n",
+        "# size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+        "  2199023255553  549755813888  float  sum  -1  1.0  1.0  1.0  0  1.0  1.0  1.0  0\n",
+        "       8             2     float     sum      -1    nan   0.00    0.00       0    38.0   0.00   0.00   0\n",
+        "       8             2     float     sum      -1    inf   0.00    0.00       0    38.0   0.00   0.00   0\n",
+        "       8             2   float128     sum      -1    1.0   0.00    0.00       0    38.0   0.00   0.00   0\n",
+    ):
+        with pytest.raises(CollectiveError, match="line "):
+            parse(text, op="allreduce", ranks=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_any_edit_of_a_real_log_parses_or_names_a_line(data):
+    """Hostile edits (lines dropped, duplicated, characters replaced) never crash the parser."""
+    lines = SAMPLE.read_text().splitlines()
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        action = data.draw(st.sampled_from(["drop", "dup", "char", "cut"]))
+        if action == "drop":
+            del lines[i]
+        elif action == "dup":
+            lines.insert(i, lines[i])
+        elif action == "cut" and lines[i]:
+            lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
+        elif lines[i]:
+            j = data.draw(st.integers(0, len(lines[i]) - 1))
+            lines[i] = lines[i][:j] + data.draw(st.sampled_from(list("x9-. #e\t"))) + lines[i][j + 1 :]
+        if not lines:
+            lines = [""]
+    try:
+        runs = parse("\n".join(lines))
+    except CollectiveError as err:
+        assert err.rule.startswith("line ") or err.field in ("op", "ranks", "text"), err
+    else:
+        assert all(r.rows and r.ranks >= 1 for r in runs)
