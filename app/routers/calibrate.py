@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from collectives import CollectiveError
 from collectives.topology.fit import Constants, Observation, fit, placement_for
@@ -15,6 +16,7 @@ from planner import SpecError
 
 from ..convert import cluster_spec
 from ..errors import BAD_INPUT
+from ..limits import encode, run_bounded
 from ..schemas.calibrate import MAX_ROWS, CalibrateOut, CalibrateRequest
 from ..settings import Settings
 
@@ -31,8 +33,11 @@ router = APIRouter(prefix="/v1", tags=["calibration"])
     "number of nodes it ran on. Fits link efficiencies on rows >= 256 MiB, latency scales and the network's per-hop "
     f"latency on rows <= 64 KiB; at most {MAX_ROWS} rows in all. A malformed log is a 422 naming the line.",
 )
-def calibrate(body: CalibrateRequest, request: Request) -> dict:
-    return run(body, request.app.state.settings)
+async def calibrate(body: CalibrateRequest, request: Request) -> Response:
+    # A fit at the row limit takes seconds: like every heavy endpoint it runs in a worker thread under the
+    # request's deadline, among the bounded work slots, and stops when the client goes away.
+    settings = request.app.state.settings
+    return await run_bounded(request, lambda: encode(run(body, settings), CalibrateOut))
 
 
 def run(body: CalibrateRequest, settings: Settings) -> dict:

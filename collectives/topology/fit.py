@@ -33,6 +33,7 @@ a cluster spec carries the fitted constants in ``ClusterSpec.calibration``, whic
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -61,6 +62,9 @@ PULL = 0.002  # weight of |log(value / default)| added to the objective: breaks 
 GRID = 13
 GOLDEN_STEPS = 12
 SWEEPS = 2
+TIEBREAK_WEIGHT = 0.25  # weight of the mid-size rows' median log error in the latency stage's objective
+JOINT_GRID = 6  # values per parameter of the coarse joint grid that seeds a second search
+JOINT_GRID_MAX_NAMES = 3  # 6^3 = 216 evaluations at most
 MIN_GAIN = 0.0  # a stage must lower the median error over all rows by more than this to be kept
 STAGE_ROWS = 64  # rows a stage searches on at most (evenly spread over its rows): bounds the fit's cost
 
@@ -261,13 +265,17 @@ def fit(
     stages: list[dict] = []
     plan = [p for p in _stages(fittable, pricer, start, bandwidth_min_bytes, latency_max_bytes) if p[1] and p[2]]
     rejected = []
-    for stage, rows, names in plan:
-        current, current_pred, kept = _stage(stage, rows, names, obs, measured, current, current_pred, pricer, stages)
+    for stage, rows, names, tiebreak in plan:
+        current, current_pred, kept = _stage(
+            stage, rows, names, tiebreak, obs, measured, current, current_pred, pricer, stages
+        )
         if not kept:
-            rejected.append((stage, rows, names))
+            rejected.append((stage, rows, names, tiebreak))
     if rejected and len(rejected) < len(plan):  # a stage that raised the error may not once the other moved
-        for stage, rows, names in rejected:
-            current, current_pred, _ = _stage(stage, rows, names, obs, measured, current, current_pred, pricer, stages)
+        for stage, rows, names, tiebreak in rejected:
+            current, current_pred, _ = _stage(
+                stage, rows, names, tiebreak, obs, measured, current, current_pred, pricer, stages
+            )
     fitted = Constants()
     for name in current.names():  # values within 0.1% of the default are the default
         if abs(_coordinate(name, current.get(name)) - _coordinate(name, default_value(name))) > 1e-3:
@@ -278,15 +286,15 @@ def fit(
     return FitResult(fitted, rows, _median_rel(before, measured), _median_rel(current_pred, measured), stages)
 
 
-def _stage(stage, rows, names, obs, measured, current, current_pred, pricer, stages):
+def _stage(stage, rows, names, tiebreak, obs, measured, current, current_pred, pricer, stages):
     """Search ``names`` on ``rows``; keep the result only if it lowers the median error over all rows by more
     than MIN_GAIN and, fitted on either half of the rows (every other one), it does not raise the median error
     of the rows that half left out: a constant moves only when moving it also predicts rows it was not fitted
     on."""
-    candidate = _search(rows, names, current, pricer)
+    candidate = _search(rows, names, current, pricer, tiebreak)
     pred = np.array([pricer.busbw(o, candidate) for o in obs])
     gain = _median_rel(current_pred, measured) - _median_rel(pred, measured)
-    kept = gain > MIN_GAIN and all(_holds_out(rows[h::2], names, obs, measured, current, current_pred, pricer)
+    kept = gain > MIN_GAIN and all(_holds_out(rows[h::2], names, tiebreak, obs, measured, current, current_pred, pricer)
                                    for h in (0, 1))  # fmt: skip
     members = set(rows)
     idx = [i for i, o in enumerate(obs) if o in members]
@@ -303,10 +311,10 @@ def _stage(stage, rows, names, obs, measured, current, current_pred, pricer, sta
     return (candidate, pred, True) if kept else (current, current_pred, False)
 
 
-def _holds_out(half, names, obs, measured, current, current_pred, pricer) -> bool:
+def _holds_out(half, names, tiebreak, obs, measured, current, current_pred, pricer) -> bool:
     if not half:
         return True
-    candidate = _search(half, names, current, pricer)
+    candidate = _search(half, names, current, pricer, tiebreak)
     used = set(half)
     idx = [i for i, o in enumerate(obs) if o not in used]
     pred = np.array([pricer.busbw(obs[i], candidate) for i in idx])
@@ -321,11 +329,14 @@ def _stages(obs, pricer, start, bandwidth_min_bytes, latency_max_bytes):
     """(name, rows, parameters) of the bandwidth stage, then of the latency stage."""
     large = [o for o in obs if o.size_bytes >= bandwidth_min_bytes]
     kinds = {_bound_by(o, pricer.price(o, start)) for o in large}
-    yield "bandwidth", large, [f"efficiency.{k}" for k in sorted(kinds)]
+    yield "bandwidth", large, [f"efficiency.{k}" for k in sorted(kinds)], []
     small = [o for o in obs if o.size_bytes <= latency_max_bytes]
     names = [f"latency_scale.{s}" for s in SPANS if any(o.span == s for o in small)]
     names += sorted({f"network_latency_s.{o.spec.network.kind}" for o in small if o.nodes > 1})
-    yield "latency", small, names
+    # The rows between the bands break ties: small rows alone cannot tell a larger latency scale from a
+    # larger per-hop latency (they price alike there), the mid-size rows can.
+    middle = [o for o in obs if latency_max_bytes < o.size_bytes < bandwidth_min_bytes]
+    yield "latency", small, names, middle
 
 
 def _bound_by(obs: Observation, price) -> str:
@@ -337,26 +348,62 @@ def _bound_by(obs: Observation, price) -> str:
     return "nvlink" if obs.spec.intra.link_name == "nvlink" else "pcie"
 
 
-def _search(rows: list[Observation], names: list[str], start: Constants, pricer: _Pricer) -> Constants:
-    if len(rows) > STAGE_ROWS:  # deterministic, spread over sizes, ops and node counts alike
-        order = sorted(rows, key=lambda o: (o.span, o.op.value, o.nodes, o.size_bytes))
-        rows = [order[i] for i in np.linspace(0, len(order) - 1, STAGE_ROWS).round().astype(int)]
-    measured = np.array([o.measured_busbw_GBps for o in rows])
+def _search(
+    rows: list[Observation], names: list[str], start: Constants, pricer: _Pricer, tiebreak: list[Observation] = ()
+) -> Constants:
+    rows = _spread(rows)
     defaults = {n: start.get(n) if start.get(n) is not None else default_value(n) for n in names}
 
-    def objective(constants: Constants) -> float:
-        pred = np.array([pricer.busbw(o, constants) for o in rows])
-        errors = np.abs(np.log(np.maximum(pred, 1e-30) / measured))
-        pull = sum(abs(_coordinate(n, constants.get(n)) - _coordinate(n, defaults[n])) for n in names)
-        return float(np.median(errors)) + PULL * pull
+    tiebreak = _spread(list(tiebreak))
 
-    current = start
+    def log_errors(sample: list[Observation], constants: Constants) -> np.ndarray:
+        pred = np.array([pricer.busbw(o, constants) for o in sample])
+        return np.abs(np.log(np.maximum(pred, 1e-30) / np.array([o.measured_busbw_GBps for o in sample])))
+
+    def objective(constants: Constants) -> float:
+        pull = sum(abs(_coordinate(n, constants.get(n)) - _coordinate(n, defaults[n])) for n in names)
+        ties = TIEBREAK_WEIGHT * float(np.median(log_errors(tiebreak, constants))) if tiebreak else 0.0
+        return float(np.median(log_errors(rows, constants))) + ties + PULL * pull
+
+    first = start
     for n in names:
-        current = current.with_value(n, defaults[n])
+        first = first.with_value(n, defaults[n])
+    starts = [first]
+    if 1 < len(names) <= JOINT_GRID_MAX_NAMES:
+        # Latency scale and per-hop latency trade off along a valley (a larger scale with a smaller hop
+        # latency prices small rows alike), where a coordinate search stops wherever it enters. A coarse
+        # joint grid finds the valley's best region; the search then starts from there too.
+        starts.append(min(_joint_grid(names, first), key=objective))
+    return min((_descend(objective, names, s) for s in starts), key=objective)
+
+
+def _descend(objective, names: list[str], current: Constants) -> Constants:
     for _ in range(SWEEPS if len(names) > 1 else 1):  # one parameter: one pass finds its minimum
         for n in names:
             current = current.with_value(n, _line_search(lambda v, n=n, c=current: objective(c.with_value(n, v)), n))
     return current
+
+
+def _joint_grid(names: list[str], base: Constants):
+    """Every combination of JOINT_GRID values per name, even in the search coordinate within its bounds."""
+    axes = []
+    for n in names:
+        low, high = BOUNDS[n.split(".", 1)[0]]
+        off = _offset(n)
+        axes.append([math.exp(x) - off for x in np.linspace(math.log(low + off), math.log(high + off), JOINT_GRID)])
+    for values in itertools.product(*axes):
+        point = base
+        for n, v in zip(names, values, strict=True):
+            point = point.with_value(n, max(v, 0.0))
+        yield point
+
+
+def _spread(rows: list[Observation]) -> list[Observation]:
+    """At most STAGE_ROWS rows, deterministic, spread over spans, ops, node counts and sizes alike."""
+    if len(rows) <= STAGE_ROWS:
+        return rows
+    order = sorted(rows, key=lambda o: (o.span, o.op.value, o.nodes, o.size_bytes))
+    return [order[i] for i in np.linspace(0, len(order) - 1, STAGE_ROWS).round().astype(int)]
 
 
 def _offset(name: str) -> float:

