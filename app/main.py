@@ -10,7 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import errors
 from .limits import BodyLimit
-from .routers import collectives, health, plan, presets
+from .routers import collectives, export, health, plan, presets
 from .settings import Settings
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -30,6 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for router in (health.router, plan.router, collectives.router, presets.router):
         app.include_router(router)
+    app.include_router(export.router)  # exports of a plan (docs/exports.md)
     if FRONTEND.is_dir():
         app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
 
