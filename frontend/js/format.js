@@ -1,0 +1,49 @@
+// Human units (issue 14 point 4): 3 significant digits, decimal prefixes (1 GB = 1e9 B, as GB/s), never
+// scientific notation. The CLI (app/cli.py human_bytes/human_seconds) follows the same rules.
+const BYTE_UNITS = [["PB", 1e15], ["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["KB", 1e3]];
+const TIME_UNITS = [["s", 1], ["ms", 1e-3], ["µs", 1e-6], ["ns", 1e-9]];
+const COUNT_UNITS = [["T", 1e12], ["B", 1e9], ["M", 1e6], ["K", 1e3]];
+
+// 3 significant digits as a plain decimal: 1530 -> "1530", 0.01234 -> "0.0123", 0.9996 -> "1.00"
+export function sig3(x) {
+  const r = Number(Number(x).toPrecision(3));
+  if (r === 0 || !Number.isFinite(r)) return r === 0 ? "0" : String(r);
+  return r.toFixed(Math.max(0, 2 - Math.floor(Math.log10(Math.abs(r)))));
+}
+
+// the largest unit in which the rounded value is at least 1 (999.6 ms -> "1.00 s")
+function human(x, units, floor) {
+  for (const [unit, scale] of units) if (Math.abs(Number((x / scale).toPrecision(3))) >= 1) return `${sig3(x / scale)} ${unit}`;
+  return floor(x);
+}
+
+export const fmtBytes = (n) => (n === null || n === undefined || Number.isNaN(n) ? "–"
+  : Math.abs(n) < 999.5 ? `${Math.round(n)} B` : human(n, BYTE_UNITS));
+export const fmtTime = (s) => (s === null || s === undefined || Number.isNaN(s) ? "–" : s === 0 ? "0 s"
+  : human(s, TIME_UNITS, (v) => `${sig3(v / 1e-9)} ns`));
+export const fmtCount = (n) => (n === null || n === undefined ? "–" : Math.abs(n) < 999.5 ? sig3(n)
+  : human(n, COUNT_UNITS));
+export const fmtInt = (n) => (n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"));
+export const fmtPct = (x) => (x === null || x === undefined ? "–" : `${sig3(100 * x)}%`);
+export const fmtBw = (gbps) => (gbps === null || gbps === undefined ? "–" : `${sig3(gbps)} GB/s`);
+
+// axis ticks: "0" for zero, else the same units (ECharts passes plain numbers)
+export const axisTime = (v) => (v === 0 ? "0" : fmtTime(v));
+export const axisBytes = (v) => (v === 0 ? "0" : fmtBytes(v));
+
+export const fmtStages = (st) => (st.length > 2 && st[st.length - 1] - st[0] === st.length - 1 ? `${st[0]}–${st[st.length - 1]}` : st.join(","));
+export function fmtRanks(ranks) {
+  const out = [];
+  let i = 0;
+  while (i < ranks.length) {
+    let j = i;
+    while (j + 1 < ranks.length && ranks[j + 1] === ranks[j] + 1) j++;
+    out.push(j > i + 1 ? `${ranks[i]}–${ranks[j]}` : ranks.slice(i, j + 1).join(","));
+    i = j + 1;
+  }
+  return out.join(",") || "·";
+}
+
+export const PAR_COLORS = { tp: "#2f6fb0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", embedding: "#7f8c8d" };
+export const utilColor = (u) => (u >= 0.9 ? "#c0392b" : u >= 0.5 ? "#e67e22" : u > 0 ? "#27ae60" : "#c5ced8");
+export const timeIter = (c) => c.time_s * c.calls_per_iteration;
