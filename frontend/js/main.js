@@ -19,12 +19,16 @@ function setStale(kind) {
   state.stale = kind;
   const results = $("results");
   results.classList.toggle("stale", !!kind && !!state.plan);
-  $("stale-badge").hidden = !kind || !state.plan;
+  $("stale-badge").classList.toggle("off", !kind || !state.plan);  // keeps its space: no layout shift under the pointer
   $("stale-badge").textContent = kind === "invalid" ? "Stale: these results are for the last valid configuration, not the inputs shown"
     : kind === "offline" ? "Stale: the server could not be reached" : "Stale: replanning…";
 }
 
 function banner(text) { $("banner").hidden = !text; $("banner").textContent = text || ""; }
+
+function formChanged() {
+  try { return JSON.stringify(readForm()) !== JSON.stringify(state.request); } catch { return true; }
+}
 
 let debounce = null;
 function schedulePlan(delay = 250) { setStale("pending"); clearTimeout(debounce); debounce = setTimeout(runPlan, delay); }
@@ -125,7 +129,8 @@ async function start() {
   if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
 
   $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); schedulePlan(); });
-  $("config").addEventListener("change", () => { syncVisibility(); schedulePlan(); });
+  // a blur after typing fires "change" for a value already planned: replan only when the request differs
+  $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });
   $("config").addEventListener("submit", (e) => { e.preventDefault(); schedulePlan(0); });
   $("scenario").addEventListener("change", () => {
     const s = SCENARIOS.find((x) => x.id === $("scenario").value);

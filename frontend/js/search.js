@@ -3,7 +3,7 @@
 // ticked results (or one and the current plan) compared side by side.
 import { postJson, search } from "./api.js";
 import { $, el } from "./dom.js";
-import { axisBytes, axisTime, fmtBytes, fmtCount, fmtPct, fmtTime, timeIter } from "./format.js";
+import { axisBytes, axisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
 
@@ -47,7 +47,7 @@ async function runSearch() {
   try {
     const result = await search(searchBody(), (p) => {
       setProgress(p.done, p.total);
-      $("search-status").textContent = `${fmtCount(p.done)} of ${fmtCount(p.total)} layouts, ${fmtCount(p.feasible)} fit`
+      $("search-status").textContent = `${fmtInt(p.done)} of ${fmtInt(p.total)} layouts, ${fmtInt(p.feasible)} fit`
         + (p.best ? `; best so far ${layoutName(p.best.parallel)}, ${fmtTime(p.best.step_time_s)}` : "");
     }, controller.signal);
     state.search = result; ticked.clear();
@@ -79,8 +79,8 @@ export function renderSearch() {
   const result = state.search;
   if (!result) return;
   const hits = result.results || [];
-  const pruned = Object.entries(result.pruned || {}).map(([k, v]) => `${k} ${fmtCount(v)}`).join(", ");
-  $("search-status").textContent = `${fmtCount(result.evaluated)} layouts evaluated, ${fmtCount(result.feasible)} fit, in ${fmtTime(result.elapsed_s)}.`
+  const pruned = Object.entries(result.pruned || {}).map(([k, v]) => `${k} ${fmtInt(v)}`).join(", ");
+  $("search-status").textContent = `${fmtInt(result.evaluated)} layouts evaluated, ${fmtInt(result.feasible)} fit, in ${fmtTime(result.elapsed_s)}.`
     + (pruned ? ` Pruned: ${pruned}.` : "") + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.");
   $("search-results").hidden = !hits.length;
   if (!hits.length) return;
