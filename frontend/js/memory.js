@@ -33,7 +33,7 @@ export function renderMemory(plan) {
     grid: { left: narrow() ? 58 : 72, right: 16, top: 40, bottom: 30 },
     xAxis: { type: "category", data: stages.map((s) => `stage ${s.stage}`),
       axisLabel: { color: (_, i) => (stages[i] && stages[i].peak_bytes > cap ? "#c0392b" : "#333"), hideOverlap: true } },
-    yAxis: { type: "value", max: top, axisLabel: { formatter: axisBytes }, splitNumber: narrow() ? 3 : 5 },
+    yAxis: { type: "value", max: top, axisLabel: { formatter: axisBytes, showMaxLabel: false }, splitNumber: narrow() ? 3 : 5 },
     series,
   }, true);
   chart("memory").resize();

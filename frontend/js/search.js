@@ -103,11 +103,12 @@ export function renderSearch() {
     animation: false, legend: { top: 0 },
     tooltip: { formatter: (p) => (p.seriesName === "Pareto front" ? "Pareto front" : `#${p.dataIndex + 1} ${layoutName(hits[p.dataIndex].parallel)}: ${fmtTime(p.value[1])}, ${fmtBytes(p.value[0])}`) },
     grid: { left: narrow() ? 58 : 72, right: 20, top: 36, bottom: 44 },
-    xAxis: { type: "value", name: "peak memory per device", nameLocation: "middle", nameGap: 26, scale: true, axisLabel: { formatter: axisBytes, hideOverlap: true } },
+    xAxis: { type: "value", name: "peak memory per device", nameLocation: "middle", nameGap: 26, scale: true, splitNumber: narrow() ? 3 : 5,
+      axisLabel: { formatter: axisBytes, hideOverlap: true } },
     yAxis: { type: "value", scale: true, axisLabel: { formatter: axisTime } },
     series: [
-      { name: "layouts", type: "scatter", symbolSize: 10, data: hits.map((h, i) => ({ value: [peakOf(h), h.step.time_s], itemStyle: { color: onFront.has(i) ? "#c0392b" : "#2f6fb0" } })) },
-      { name: "Pareto front", type: "line", step: "end", symbol: "none", lineStyle: { color: "#c0392b", type: "dashed" }, data: front.map((p) => [p.x, p.y]) },
+      { name: "layouts", type: "scatter", symbolSize: 10, itemStyle: { color: "#2f6fb0" }, data: hits.map((h, i) => ({ value: [peakOf(h), h.step.time_s], itemStyle: { color: onFront.has(i) ? "#c0392b" : "#2f6fb0" } })) },
+      { name: "Pareto front", type: "line", step: "end", symbol: "none", itemStyle: { color: "#c0392b" }, lineStyle: { color: "#c0392b", type: "dashed" }, data: front.map((p) => [p.x, p.y]) },
     ],
   }, true);
   c.resize();
