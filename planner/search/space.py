@@ -61,11 +61,23 @@ class Constraints:
     """Fixed or allowed values per dimension (``None``: the default candidates above) and the memory
     headroom: the fraction of the device memory a layout must leave free (0.1 keeps 10 % spare)."""
 
-    allowed: dict[str, tuple] = field(default_factory=dict)
+    allowed: tuple[tuple[str, tuple], ...] = ()  # (dimension, allowed values) pairs; see ``of``
     memory_headroom: float = 0.0
 
+    @classmethod
+    def of(cls, allowed: dict | None = None, memory_headroom: float = 0.0) -> Constraints:
+        """From {dimension: value or list of values}."""
+        pairs = []
+        for name, values in (allowed or {}).items():
+            values = tuple(values) if isinstance(values, list | tuple | set) else (values,)
+            pairs.append((name, values))
+        return cls(tuple(sorted(pairs)), memory_headroom)
+
+    def get(self, name: str) -> tuple | None:
+        return dict(self.allowed).get(name)
+
     def __post_init__(self):
-        for name, values in self.allowed.items():
+        for name, values in self.allowed:
             if name not in DIMENSIONS:
                 raise SpecError(f"constraints.{name}", f"unknown dimension; constrainable: {', '.join(DIMENSIONS)}")
             if not values:
@@ -74,10 +86,10 @@ class Constraints:
             raise SpecError(
                 "constraints.memory_headroom", f"must be a fraction in [0, 1), got {self.memory_headroom}"
             )
-        _check_values(self.allowed)
+        _check_values(dict(self.allowed))
 
     def values(self, name: str, default: list) -> list:
-        given = self.allowed.get(name)
+        given = self.get(name)
         return list(default) if given is None else sorted(set(given), key=default_key)
 
 
@@ -220,7 +232,7 @@ class Space:
     def pipelines(self, pp: int) -> list[tuple[int, str]]:
         """(virtual stages, schedule) pairs: v = 1 for 1f1b and gpipe; interleaved takes every v >= 2 with
         pp·v dividing the layers (pp >= 2), or the values the constraints list (then the rules prune)."""
-        given = self.c.allowed.get("virtual_pipeline_stages")
+        given = self.c.get("virtual_pipeline_stages")
         out = []
         for schedule in self.schedules:
             if schedule != "interleaved":
@@ -241,26 +253,33 @@ class Space:
         return len(self.pipelines(pp)) * len(self.zeros) * len(self.sps(tp)) * len(self.frameworks)
 
     # ---- the walk ------------------------------------------------------------------------------------
-    def shapes(self, pruned: Pruned) -> Iterator[Shape]:
-        """Shapes whose degrees multiply to a divisor of the device count; the rest are counted as
-        pruned (``world_size``) with every layout they would have held."""
+    def _triples(self) -> Iterator[tuple[int, int, int, bool]]:
+        """(tp, cp, pp, divides). Triples of divisors whose product does not divide the devices are not
+        layouts at all (dp would not be whole) and are left out; a constrained degree that does not
+        divide the devices is kept, to be counted as pruned by ``world_size``."""
         for tp in self.tps:
             for cp in self.cps:
                 for pp in self.pps:
-                    for ep in self.eps:
-                        for etp in self.expert_tps(tp):
-                            per_replica = tp * cp * pp
-                            if self.devices % per_replica:
-                                dp = 1
-                                inner = self.variants_per_shape(tp, pp) * len(self.micro_batches(dp))
-                                pruned.add(
-                                    WORLD,
-                                    inner * len(self.recomputes),
-                                    f"tp*cp*pp = {tp}*{cp}*{pp} = {per_replica} does not divide the "
-                                    f"{self.devices} devices",
-                                )
-                                continue
-                            yield Shape(tp, cp, pp, self.devices // per_replica, ep, etp)
+                    if self.devices % (tp * cp * pp) == 0:
+                        yield tp, cp, pp, True
+                    elif any(self.devices % d for d in (tp, cp, pp)):
+                        yield tp, cp, pp, False
+
+    def _inner(self, tp: int, pp: int, dp: int) -> int:
+        return self.variants_per_shape(tp, pp) * len(self.micro_batches(dp)) * len(self.recomputes)
+
+    def shapes(self, pruned: Pruned) -> Iterator[Shape]:
+        for tp, cp, pp, divides in self._triples():
+            for ep in self.eps:
+                for etp in self.expert_tps(tp):
+                    if not divides:
+                        pruned.add(
+                            WORLD,
+                            self._inner(tp, pp, 1),
+                            f"tp*cp*pp = {tp}*{cp}*{pp} = {tp * cp * pp} does not divide the {self.devices} devices",
+                        )
+                        continue
+                    yield Shape(tp, cp, pp, self.devices // (tp * cp * pp), ep, etp)
 
     def variants(self, shape: Shape) -> Iterator[Variant]:
         for v, schedule in self.pipelines(shape.pp):
@@ -272,13 +291,9 @@ class Space:
     def size(self) -> int:
         """Layouts in the constrained space, before any rule prunes one (what the size limit counts)."""
         total = 0
-        for tp in self.tps:
-            for cp in self.cps:
-                for pp in self.pps:
-                    per_replica = tp * cp * pp
-                    dp = self.devices // per_replica if self.devices % per_replica == 0 else 1
-                    inner = self.variants_per_shape(tp, pp) * len(self.micro_batches(dp)) * len(self.recomputes)
-                    total += inner * len(self.eps) * len(self.expert_tps(tp))
+        for tp, cp, pp, divides in self._triples():
+            dp = self.devices // (tp * cp * pp) if divides else 1
+            total += self._inner(tp, pp, dp) * len(self.eps) * len(self.expert_tps(tp))
         return total
 
     def check(self, variant: Variant, micro_batch_size: int) -> SpecError | None:
