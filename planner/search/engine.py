@@ -1,8 +1,7 @@
 """The search driver: walk the space in chunks of shapes (on both cores for long searches), keep the best
 screened layouts, re-evaluate them with ``build_plan`` and return the top k.
 
-Long searches run their chunks in worker processes (a forkserver pool, safe inside a threaded server; the
-modules are preloaded so a worker starts in milliseconds after the first). Progress is reported between
+Long searches run their chunks in worker processes (a pool of forked workers, kept between searches). Progress is reported between
 chunks; ``cancelled()`` is polled as well and stops the search: pending chunks are cancelled and the
 workers terminated.
 """
@@ -133,9 +132,9 @@ _POOL: dict = {}
 def _pool(workers: int) -> cf.ProcessPoolExecutor:
     pool = _POOL.get(workers)
     if pool is None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["planner.search.evaluate"])
-        pool = _POOL[workers] = cf.ProcessPoolExecutor(workers, mp_context=ctx)
+        # fork: a worker starts in milliseconds with the planner already imported, and runs only the pure
+        # chunk function (no locks of the server's threads are taken in it)
+        pool = _POOL[workers] = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
     return pool
 
 

@@ -109,6 +109,7 @@ class ShapeEvaluator:
         self.step_model = StepModel(problem.model, self.cluster, problem.constraints.memory_headroom)
         self._templates: dict = {}
         self._curves: dict = {}
+        self._priced_memo: dict = {}
 
     # ---- ledger ----------------------------------------------------------------------------------------
     def template(self, rules, par, recompute: str) -> templates.Template | None:
@@ -136,17 +137,25 @@ class ShapeEvaluator:
         act_par = replace(par, zero_stage=0)  # the activation rules do not read the ZeRO stage
         data_par = replace(par, sequence_parallel=False)  # the data-parallel rule does not read SP
         m = self.problem.work.global_batch_size // (b * par.dp)
-        calls, msgs, counts, times = [], [], [], []
+        parts = []
         for rules, p, rc in ((templates.ACTIVATION_RULES, act_par, recompute), (templates.DATA_RULES, data_par, "none")):
             tpl = self.template(rules, p, rc)
             if tpl is None:
                 return self._exact_calls(par, b, recompute)
-            tpl_msgs = tpl.messages(b)
-            calls += tpl.calls
-            msgs.append(tpl_msgs)
-            counts.append(tpl.counts(m))
-            times.append(np.array([c.time(x) for c, x in zip(self.curves(tpl), tpl_msgs.tolist(), strict=True)]))
-        return calls, np.concatenate(msgs), np.concatenate(counts), np.concatenate(times)
+            parts.append(self._priced(tpl, b, m))
+        (ca, ma, na, ta), (cd, md, nd, td) = parts
+        return ca + cd, np.concatenate([ma, md]), np.concatenate([na, nd]), np.concatenate([ta, td])
+
+    def _priced(self, tpl: templates.Template, b: int, m: int):
+        """(calls, messages, counts, times) of a template at micro-batch size b: memoised, as every
+        recompute and ZeRO variant of the shape reuses it."""
+        key = (id(tpl), b, m)
+        found = self._priced_memo.get(key)
+        if found is None:
+            msgs = tpl.messages(b)
+            times = np.array([c.time(x) for c, x in zip(self.curves(tpl), msgs.tolist(), strict=True)])
+            found = self._priced_memo[key] = (tpl.calls, msgs, tpl.counts(m), times)
+        return found
 
     def _exact_calls(self, par, b, recompute):
         work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)

@@ -26,10 +26,24 @@ class StepModel:
         return True
 
     def step_time(self, par: ParallelSpec, work: WorkloadSpec, calls, counts: np.ndarray, times: np.ndarray) -> float:
-        per_stage = np.zeros(par.pp)
-        for call, count, time in zip(calls, counts.tolist(), times.tolist(), strict=True):
-            per_stage[list(call.stages)] += count * time
-        return float(per_stage.max())
+        return float((stage_matrix(calls, par.pp) @ (counts * times)).max())
+
+
+_INCIDENCE: dict = {}
+
+
+def stage_matrix(calls, stages: int) -> np.ndarray:
+    """(stages x calls) 0/1: which stages issue each call; memoised on the call list's identity."""
+    key = (tuple(id(c) for c in calls), stages)
+    found = _INCIDENCE.get(key)
+    if found is None:
+        found = np.zeros((stages, len(calls)))
+        for i, call in enumerate(calls):
+            found[list(call.stages), i] = 1.0
+        if len(_INCIDENCE) > 4096:
+            _INCIDENCE.clear()
+        _INCIDENCE[key] = found
+    return found
 
 
 __all__ = ["StepModel"]
