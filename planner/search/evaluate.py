@@ -21,12 +21,12 @@ from collectives.topology import ClusterSpec
 from .._errors import SpecError
 from ..layout import RankLayout
 from ..model import ModelSpec
-from ..plan import Options, cluster_for
+from ..plan import Options, _symmetry_unit, cluster_for
 from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer
 from .space import MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
-from .step_model import StepModel
+from .step_model import Priced, Row, StepModel
 
 
 @dataclass(frozen=True)
@@ -122,17 +122,34 @@ class ShapeEvaluator:
                 self._templates[key] = None
         return self._templates[key]
 
-    def curves(self, tpl: templates.Template) -> list:
+    def classes(self, tpl: templates.Template) -> list[tuple[int, tuple[int, ...], object]]:
+        """(call index, stages, price curve) per row the plan prices: a call's stages split where their
+        groups sit differently on the cluster, as ``planner.plan._price_by_stage`` splits them."""
         key = id(tpl)
         if key not in self._curves:
-            self._curves[key] = [
-                self.pricer.curve(c.op, self.layout.placement(c.group, c.stages)) for c in tpl.calls
-            ]
-        return self._curves[key]
+            rows = []
+            for i, call in enumerate(tpl.calls):
+                for members in self._stage_classes(call):
+                    placement = self.layout.placement(call.group, members)
+                    rows.append((i, members, self.pricer.curve(call.op, placement)))
+            self._curves[key] = (tpl, rows)  # holding tpl keeps its id from being reused
+        return self._curves[key][1]
+
+    def _stage_classes(self, call) -> list[tuple[int, ...]]:
+        stages = call.stages
+        if len(stages) < 2 or call.group.pairs or self.shape.pp < 2:
+            return [tuple(stages)]
+        pipeline = self.layout.groups(("pp",), call.group.expert)[0]
+        stride = int(pipeline[1] - pipeline[0])
+        unit = _symmetry_unit(self.cluster)
+        classes: dict[int, list[int]] = {}
+        for s in stages:
+            classes.setdefault((s * stride) % unit if unit else s, []).append(s)
+        return [tuple(members) for members in classes.values()]
 
     def calls(self, variant: Variant, b: int, recompute: str):
-        """(calls, messages, counts, times per call) of one layout, from the two templates; an exact
-        ledger when a template refused."""
+        """(rows, counts, times) of one layout from the two templates (rows: what step_time reads of a
+        priced call); an exact ledger when a template refused."""
         par = variant.parallel()
         act_par = replace(par, zero_stage=0)  # the activation rules do not read the ZeRO stage
         data_par = replace(par, sequence_parallel=False)  # the data-parallel rule does not read SP
@@ -141,31 +158,33 @@ class ShapeEvaluator:
         for rules, p, rc in ((templates.ACTIVATION_RULES, act_par, recompute), (templates.DATA_RULES, data_par, "none")):
             tpl = self.template(rules, p, rc)
             if tpl is None:
-                return self._exact_calls(par, b, recompute)
+                work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)
+                tpl = templates.Template.fixed(templates.exact(self.problem.model, work, par))
+                return self._rows(tpl, 1, 1)
             parts.append(self._priced(tpl, b, m))
-        (ca, ma, na, ta), (cd, md, nd, td) = parts
-        return ca + cd, np.concatenate([ma, md]), np.concatenate([na, nd]), np.concatenate([ta, td])
+        (ra, na, ta), (rd, nd, td) = parts
+        return ra + rd, np.concatenate([na, nd]), np.concatenate([ta, td])
 
     def _priced(self, tpl: templates.Template, b: int, m: int):
-        """(calls, messages, counts, times) of a template at micro-batch size b: memoised, as every
-        recompute and ZeRO variant of the shape reuses it."""
+        """Rows of a template at micro-batch size b and count m: memoised, as every recompute and ZeRO
+        variant of the shape reuses them."""
         key = (id(tpl), b, m)
         found = self._priced_memo.get(key)
         if found is None:
-            msgs = tpl.messages(b)
-            times = np.array([c.time(x) for c, x in zip(self.curves(tpl), msgs.tolist(), strict=True)])
-            found = self._priced_memo[key] = (tpl.calls, msgs, tpl.counts(m), times)
+            found = self._priced_memo[key] = self._rows(tpl, b, m)
         return found
 
-    def _exact_calls(self, par, b, recompute):
-        work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)
-        calls = templates.exact(self.problem.model, work, par)
-        msgs = np.array([c.message_bytes for c in calls], dtype=np.int64)
-        counts = np.array([c.calls_per_iteration for c in calls], dtype=np.int64)
-        times = np.array(
-            [self.pricer.curve(c.op, self.layout.placement(c.group, c.stages)).time(c.message_bytes) for c in calls]
-        )
-        return calls, msgs, counts, times
+    def _rows(self, tpl: templates.Template, b: int, m: int):
+        msgs, counts = tpl.messages(b).tolist(), tpl.counts(m).tolist()
+        rows, row_counts, times = [], [], []
+        for i, members, curve in self.classes(tpl):
+            call = tpl.calls[i]
+            t = curve.time(msgs[i])
+            call = replace(call, stages=members, message_bytes=msgs[i], calls_per_iteration=counts[i])
+            rows.append(Row(call, Priced(t)))
+            row_counts.append(counts[i])
+            times.append(t)
+        return rows, np.array(row_counts, dtype=np.float64), np.array(times)
 
     # ---- the walk ----------------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -202,10 +221,10 @@ class ShapeEvaluator:
     def score(self, variant: Variant, layout: Layout) -> float | None:
         """Screened step time in seconds, or None when the layout does not fit."""
         work = layout.workload(self.problem.work)
-        if not self.step_model.fits(layout.parallel, work):
+        rows, counts, times = self.calls(variant, layout.micro_batch_size, layout.activation_recompute)
+        if not self.step_model.fits(layout.parallel, work, rows):
             return None
-        calls, msgs, counts, times = self.calls(variant, layout.micro_batch_size, layout.activation_recompute)
-        return self.step_model.step_time(layout.parallel, work, calls, counts, times)
+        return self.step_model.step_time(layout.parallel, work, rows, counts, times)
 
 
 def sort_key(layout: Layout) -> tuple:

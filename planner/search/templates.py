@@ -44,6 +44,18 @@ class Template:
     per_b: np.ndarray  # bool per call
     per_m: np.ndarray
 
+    @classmethod
+    def fixed(cls, calls: list[Call]) -> Template:
+        """An exact ledger as a template that does not scale (the fallback of a variant that refused)."""
+        n = len(calls)
+        return cls(
+            calls,
+            np.array([c.message_bytes for c in calls], dtype=np.int64),
+            np.array([c.calls_per_iteration for c in calls], dtype=np.int64),
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=bool),
+        )
+
     def messages(self, b: int) -> np.ndarray:
         return np.where(self.per_b, self.bytes1 * b, self.bytes1)
 
