@@ -136,10 +136,13 @@ class Variant:
     zero_stage: int
     sequence_parallel: bool
     framework: str
+    end_stage_layers: int | None = None  # uneven split: layers of the first and of the last stage
 
     def parallel(self) -> ParallelSpec:
         s = self.shape
         return ParallelSpec(
+            first_stage_layers=self.end_stage_layers,
+            last_stage_layers=self.end_stage_layers,
             tp=s.tp,
             pp=s.pp,
             dp=s.dp,
@@ -171,10 +174,10 @@ class Layout:
         p = self.parallel
         keep = (
             "tp", "pp", "dp", "cp", "ep", "expert_tp", "zero_stage", "sequence_parallel",
-            "virtual_pipeline_stages", "pipeline_schedule", "framework",
+            "virtual_pipeline_stages", "pipeline_schedule", "framework", "first_stage_layers", "last_stage_layers",
         )  # fmt: skip
         return {
-            "parallel": {f.name: getattr(p, f.name) for f in fields(p) if f.name in keep},
+            "parallel": {f.name: getattr(p, f.name) for f in fields(p) if f.name in keep and getattr(p, f.name) is not None},
             "micro_batch_size": self.micro_batch_size,
             "activation_recompute": self.activation_recompute,
         }
@@ -281,12 +284,22 @@ class Space:
                         continue
                     yield Shape(tp, cp, pp, self.devices // (tp * cp * pp), ep, etp)
 
+    def end_layers(self, pp: int, v: int) -> int | None:
+        """Layers that do not split evenly over pp stages split as Llama 3 405B's did (126 layers on 16
+        stages: one layer fewer on the first and the last stage, The Llama 3 Herd of Models §3.3.2), with
+        Megatron's --decoder-first/last-pipeline-num-layers; None: the even split."""
+        layers = self.model.num_layers
+        if v == 1 and pp > 2 and layers % pp and (layers + 2) % pp == 0:
+            return (layers + 2) // pp - 1
+        return None
+
     def variants(self, shape: Shape) -> Iterator[Variant]:
         for v, schedule in self.pipelines(shape.pp):
+            ends = self.end_layers(shape.pp, v)
             for sp in self.sps(shape.tp):
                 for framework in self.frameworks:
                     for zero in self.zeros:
-                        yield Variant(shape, v, schedule, zero, sp, framework)
+                        yield Variant(shape, v, schedule, zero, sp, framework, ends)
 
     def size(self) -> int:
         """Layouts in the constrained space, before any rule prunes one (what the size limit counts)."""
