@@ -35,6 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
     plan.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    find = sub.add_parser("search", help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)")
+    find.add_argument("file", help="path to a JSON search request, or - for standard input")
+    find.add_argument("--format", choices=("table", "json"), default="table")
+    find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    sweep = sub.add_parser("sweep", help="run a sweep of searches (SPEC.json or SPEC.yaml; docs/search.md)")
+    sweep.add_argument("spec")
+    sweep.add_argument("--engine", choices=("local", "ray"), default="local")
+    sweep.add_argument("--out", default="sweep.csv", help="output file: .csv, or .parquet (needs pyarrow)")
+    sweep.add_argument("--workers", type=int, default=None)
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -42,6 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command in ("search", "sweep"):
+        from .search_cli import search_command, sweep_command
+
+        try:
+            return (search_command if args.command == "search" else sweep_command)(args)
+        except ValidationError as err:
+            for e in err.errors(include_url=False):
+                print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+            return 2
+        except (SpecError, CollectiveError) as err:
+            print(f"commplan: {err}", file=sys.stderr)
+            return 2
     return _plan(args)
 
 

@@ -30,15 +30,13 @@ class ConstraintsIn(Strict):
     ) = None
     zero_stage: int | list[int] | None = None
     sequence_parallel: bool | list[bool] | None = None
-    framework: (
-        Literal["megatron", "torch", "deepspeed"] | list[Literal["megatron", "torch", "deepspeed"]] | None
-    ) = None
-    activation_recompute: (
-        Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None
-    ) = None
-    recompute: (
-        Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None
-    ) = Field(default=None, description="alias of activation_recompute")
+    framework: Literal["megatron", "torch", "deepspeed"] | list[Literal["megatron", "torch", "deepspeed"]] | None = None
+    activation_recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None = (
+        None
+    )
+    recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None = Field(
+        default=None, description="alias of activation_recompute"
+    )
     micro_batch_size: Degrees | None = None
     memory_headroom: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="fraction of device memory a layout must leave free"

@@ -1,7 +1,7 @@
 """The search driver: walk the space in chunks of shapes (on both cores for long searches), keep the best
 screened layouts, re-evaluate them with ``build_plan`` and return the top k.
 
-Long searches run their chunks in worker processes (a pool of forked workers, kept between searches). Progress is reported between
+Long searches run their chunks in worker processes Progress is reported between
 chunks; ``cancelled()`` is polled as well and stops the search: pending chunks are cancelled and the
 workers terminated.
 """
@@ -169,7 +169,9 @@ def _exact(problem: Problem, total: Outcome) -> list[Ranked]:
     """The best screened layouts through ``build_plan``: the step and memory blocks /v1/plan answers."""
     ranked = []
     for _, _, layout in total.best:
-        plan = build_plan(problem.model, layout.workload(problem.work), layout.parallel, problem.cluster, problem.options)
+        plan = build_plan(
+            problem.model, layout.workload(problem.work), layout.parallel, problem.cluster, problem.options
+        )
         data = plan.to_dict()
         if not fits(data, problem.constraints.memory_headroom):  # the screen and the plan disagree: trust the plan
             total.feasible -= 1

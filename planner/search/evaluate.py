@@ -155,7 +155,10 @@ class ShapeEvaluator:
         data_par = replace(par, sequence_parallel=False)  # the data-parallel rule does not read SP
         m = self.problem.work.global_batch_size // (b * par.dp)
         parts = []
-        for rules, p, rc in ((templates.ACTIVATION_RULES, act_par, recompute), (templates.DATA_RULES, data_par, "none")):
+        for rules, p, rc in (
+            (templates.ACTIVATION_RULES, act_par, recompute),
+            (templates.DATA_RULES, data_par, "none"),
+        ):
             tpl = self.template(rules, p, rc)
             if tpl is None:
                 work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)

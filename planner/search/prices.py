@@ -19,8 +19,6 @@ Placements are reduced the way ``planner.plan`` prices them (neighbourhood of gr
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from collectives import CollectiveError, Op
@@ -55,7 +53,7 @@ class Curve:
     def _interpolated(self, algorithm: str, message: int) -> float | None:
         if message <= 1:
             return self._at(algorithm, max(message, 0))
-        lo = 1 << int(math.floor(math.log2(message)))
+        lo = 1 << (message.bit_length() - 1)
         if lo == message:
             return self._at(algorithm, lo)
         t_lo, t_hi = self._at(algorithm, lo), self._at(algorithm, 2 * lo)

@@ -83,9 +83,7 @@ class Constraints:
             if not values:
                 raise SpecError(f"constraints.{name}", "lists no value; omit it to search every value")
         if not 0.0 <= self.memory_headroom < 1.0:
-            raise SpecError(
-                "constraints.memory_headroom", f"must be a fraction in [0, 1), got {self.memory_headroom}"
-            )
+            raise SpecError("constraints.memory_headroom", f"must be a fraction in [0, 1), got {self.memory_headroom}")
         _check_values(dict(self.allowed))
 
     def values(self, name: str, default: list) -> list:
@@ -177,7 +175,9 @@ class Layout:
             "virtual_pipeline_stages", "pipeline_schedule", "framework", "first_stage_layers", "last_stage_layers",
         )  # fmt: skip
         return {
-            "parallel": {f.name: getattr(p, f.name) for f in fields(p) if f.name in keep and getattr(p, f.name) is not None},
+            "parallel": {
+                f.name: getattr(p, f.name) for f in fields(p) if f.name in keep and getattr(p, f.name) is not None
+            },
             "micro_batch_size": self.micro_batch_size,
             "activation_recompute": self.activation_recompute,
         }

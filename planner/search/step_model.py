@@ -38,8 +38,9 @@ class Row:
 
 
 class StepModel:
-    def __init__(self, model: ModelSpec, cluster: Cluster, headroom: float = 0.0, overlap: Overlap = Overlap()):
-        self.model, self.cluster, self.headroom, self.overlap = model, cluster, headroom, overlap
+    def __init__(self, model: ModelSpec, cluster: Cluster, headroom: float = 0.0, overlap: Overlap | None = None):
+        self.model, self.cluster, self.headroom = model, cluster, headroom
+        self.overlap = overlap or Overlap()
         self.gpu = cluster.spec.gpu
         self.last_reason = ""
 

@@ -12,8 +12,7 @@ from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_plan
 from planner.context import Context
 from planner.rules import ledger
-from planner.search import Constraints, Problem, search
-from planner.search import templates
+from planner.search import Constraints, Problem, search, templates
 from planner.search.engine import fits, step_time
 
 SMALL = dict(framework=("megatron",), zero_stage=(0, 1), activation_recompute=("none", "full"))
@@ -29,11 +28,22 @@ def brute_force(model, work, cluster, allowed):
         dp = devices // (tp * cp * pp)
         pipes = [(1, "1f1b")] + [(v, "interleaved") for v in (2, 4, 8, 16, 32) if pp > 1]
         for (v, sched), sp, zero, b, rc in itertools.product(
-            pipes, (False, True) if tp > 1 else (False,), allowed["zero_stage"], (1, 2, 4, 8, 16),
+            pipes,
+            (False, True) if tp > 1 else (False,),
+            allowed["zero_stage"],
+            (1, 2, 4, 8, 16),
             allowed["activation_recompute"],
-        ):  # fmt: skip
-            par = ParallelSpec(tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=zero, sequence_parallel=sp,
-                               virtual_pipeline_stages=v, pipeline_schedule=sched)  # fmt: skip
+        ):
+            par = ParallelSpec(
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                cp=cp,
+                zero_stage=zero,
+                sequence_parallel=sp,
+                virtual_pipeline_stages=v,
+                pipeline_schedule=sched,
+            )
             w = replace(work, micro_batch_size=b, activation_recompute=rc)
             try:
                 plan = build_plan(model, w, par, cluster).to_dict()
@@ -46,8 +56,17 @@ def brute_force(model, work, cluster, allowed):
 
 def key(r):
     p = r.layout.parallel
-    return (p.tp, p.cp, p.pp, p.virtual_pipeline_stages, p.pipeline_schedule, p.sequence_parallel, p.zero_stage,
-            r.layout.micro_batch_size, r.layout.activation_recompute)  # fmt: skip
+    return (
+        p.tp,
+        p.cp,
+        p.pp,
+        p.virtual_pipeline_stages,
+        p.pipeline_schedule,
+        p.sequence_parallel,
+        p.zero_stage,
+        r.layout.micro_batch_size,
+        r.layout.activation_recompute,
+    )
 
 
 @pytest.mark.slow
@@ -73,8 +92,19 @@ def test_search_equals_brute_force_through_plan():
         ("gpt3-175b", ParallelSpec(tp=8, pp=8, dp=16, zero_stage=1, sequence_parallel=True), "full"),
         ("llama3-70b", ParallelSpec(tp=4, pp=4, dp=2, cp=2, zero_stage=3, framework="torch"), "selective"),
         ("mixtral-8x7b", ParallelSpec(tp=2, pp=2, dp=8, ep=8, sequence_parallel=True, zero_stage=2), "none"),
-        ("llama3-8b", ParallelSpec(tp=2, pp=4, dp=4, virtual_pipeline_stages=2, pipeline_schedule="interleaved",
-                                   framework="deepspeed", zero_stage=1), "full"),  # fmt: skip
+        (
+            "llama3-8b",
+            ParallelSpec(
+                tp=2,
+                pp=4,
+                dp=4,
+                virtual_pipeline_stages=2,
+                pipeline_schedule="interleaved",
+                framework="deepspeed",
+                zero_stage=1,
+            ),
+            "full",
+        ),
     ],
 )
 def test_templates_equal_the_ledger(preset, par, rc):
@@ -83,20 +113,33 @@ def test_templates_equal_the_ledger(preset, par, rc):
         work = WorkloadSpec(micro_batch_size=b, global_batch_size=b * par.dp * 8, activation_recompute=rc)
         m = 8
         act = templates.build(templates.ACTIVATION_RULES, model, work, replace(par, zero_stage=0))
-        data = templates.build(templates.DATA_RULES, model, replace(work, activation_recompute="none"),
-                               replace(par, sequence_parallel=False))  # fmt: skip
+        data = templates.build(
+            templates.DATA_RULES,
+            model,
+            replace(work, activation_recompute="none"),
+            replace(par, sequence_parallel=False),
+        )
         built = []
         for tpl in (act, data):
             for call, msg, cnt in zip(tpl.calls, tpl.messages(b).tolist(), tpl.counts(m).tolist(), strict=True):
                 built.append((call.name, call.stages, call.op, msg, cnt))
-        exact = [(c.name, c.stages, c.op, c.message_bytes, c.calls_per_iteration) for c in ledger(Context(model, work, par))]
+        exact = [
+            (c.name, c.stages, c.op, c.message_bytes, c.calls_per_iteration) for c in ledger(Context(model, work, par))
+        ]
         assert sorted(built, key=str) == sorted(exact, key=str)
 
 
 def test_empty_space_after_constraints_counts_the_pruning():
     model = MODEL_PRESETS["gpt3-175b"]
-    result = search(Problem(model, WorkloadSpec(global_batch_size=1536), cluster_preset("dgx-a100", 128),
-                            Constraints.of({"tp": 3, "framework": "megatron"})), workers=1)  # fmt: skip
+    result = search(
+        Problem(
+            model,
+            WorkloadSpec(global_batch_size=1536),
+            cluster_preset("dgx-a100", 128),
+            Constraints.of({"tp": 3, "framework": "megatron"}),
+        ),
+        workers=1,
+    )
     assert result.results == []
     assert result.outcome.evaluated == 0
     assert result.pruned.counts["world_size"] == result.space_size > 0
@@ -133,8 +176,16 @@ def test_megatron_gpt3_layout_fits_and_is_found_or_beaten():
 def test_llama3_405b_layout_fits_and_is_found_or_beaten():
     """The Llama 3 Herd of Models (2024) Table 4: TP8 CP1 PP16 DP128 on 16,384 H100, batch 2048 x 8192."""
     work = WorkloadSpec(micro_batch_size=1, global_batch_size=2048, activation_recompute="none")
-    par = ParallelSpec(tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, first_stage_layers=7,
-                       last_stage_layers=7)  # fmt: skip
-    allowed = {"framework": "megatron", "tp": 8, "pp": 16, "cp": 1, "zero_stage": 1, "micro_batch_size": 1,
-               "virtual_pipeline_stages": 1}  # fmt: skip
+    par = ParallelSpec(
+        tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, first_stage_layers=7, last_stage_layers=7
+    )
+    allowed = {
+        "framework": "megatron",
+        "tp": 8,
+        "pp": 16,
+        "cp": 1,
+        "zero_stage": 1,
+        "micro_batch_size": 1,
+        "virtual_pipeline_stages": 1,
+    }
     _published("llama3-405b", work, cluster_preset("dgx-h100", 2048), par, allowed)
