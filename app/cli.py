@@ -141,6 +141,25 @@ def _table(result: dict) -> None:
     )
     for name, share in sorted(totals["by_parallelism"].items(), key=lambda kv: -kv[1]["time_s"]):
         print(f"  {name:9s} {_seconds(share['time_s']):>10s}  {_bytes(share['bytes_sent'])} sent per rank")
+    _step_lines(result)
+
+
+def _step_lines(result: dict) -> None:
+    step, memory = result.get("step"), result.get("memory")
+    if not step or not memory:
+        return
+    print(
+        f"\nstep time {_seconds(step['time_s'])}: compute {_seconds(step['compute_s'])}, exposed communication "
+        f"{_seconds(step['exposed_comm_s'])}, bubble {_seconds(step['bubble_s'])} (stage {step['critical_stage']}); "
+        f"MFU {step['mfu']:.1%}, {step['tokens_per_s']:,.0f} tokens/s"
+    )
+    cap = memory["capacity_bytes"]
+    print(f"memory per rank (capacity {_bytes(cap)}): {'fits' if memory['fits'] else 'DOES NOT FIT'}")
+    parts = ("params", "grads", "optimizer", "activations", "buffers")
+    for row in memory["per_stage"]:
+        mark = "" if row["peak_bytes"] <= cap else "  <- over capacity"
+        detail = ", ".join(f"{p} {_bytes(row[p + '_bytes'])}" for p in parts)
+        print(f"  stage {row['stage']:<3d} {_bytes(row['peak_bytes']):>9s}  ({detail}){mark}")
 
 
 def _stages(stages: list[int]) -> str:

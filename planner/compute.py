@@ -50,23 +50,38 @@ class Efficiency:
     attention_bwd: float  # flash attention backward / dense peak
     hbm: float  # achieved / peak HBM bandwidth for streaming kernels
     kernel_s: float  # fixed cost per GEMM launch (launch + tail), seconds
+    gemm_k0: float = 0.0  # main-loop amortisation: a GEMM runs at gemm·k/(k + k0)
 
 
 EFFICIENCY = Efficiency(
-    # cuBLAS bf16 GEMMs of transformer shapes reach ~70-80% of dense peak on A100 and H100 (NVIDIA Deep Learning
-    # Performance guide, "Matrix Multiplication Background"; Megatron-LM's 52-57% MFU on A100 with bubbles and
-    # TP communication, Narayanan et al. SC'21 Table 1, Korthikanti et al. 2022 Table 5, imply >= 0.65).
-    # Fitted: one global value on the published runs of docs/step-time.md (never per case).
-    gemm=0.74,
-    # FlashAttention-2 (Dao 2023, Fig. 5/6): A100, head dim 128, causal, seq 2k-16k: forward 60-73%, backward
-    # 45-63% of peak; FlashAttention-3 (Shah et al. 2024) reports H100 bf16 forward ~75%.
-    attention_fwd=0.60,
-    attention_bwd=0.50,
-    # STREAM-like copies reach ~90% of HBM peak on A100/H100 (NVIDIA nvbandwidth / babelstream results).
+    # Large bf16 cuBLAS GEMMs reach ~75-85% of the dense peak on A100 and H100 (NVIDIA Deep Learning Performance
+    # guide, "Matrix Multiplication Background"); Megatron's 52-57% MFU on A100 with bubbles and TP communication
+    # (Korthikanti et al. 2022 Table 5) implies >= 0.7. Fitted: ONE global value on the published runs of
+    # docs/step-time.md (never per case).
+    gemm=0.78,
+    # FlashAttention-2 (Dao 2023) measured on H100 SXM5: up to 335 TFLOP/s forward + backward (34% of peak; §4.1,
+    # Fig. 7), forward faster than backward; the default for sm90 and newer (ATTENTION_BY_SM for others).
+    attention_fwd=0.38,
+    attention_bwd=0.32,
+    # STREAM-like copies reach ~85-90% of HBM peak on A100/H100 (NVIDIA nvbandwidth / BabelStream results).
     hbm=0.85,
-    # CUDA kernel launch + wave tail ~ 5 us (NVIDIA CUDA best-practices guide: launch overhead few us).
+    # CUDA kernel launch + wave tail ~ 5 us (CUDA C++ best-practices guide: launch overhead of a few us).
     kernel_s=5e-6,
+    # cuBLAS/CUTLASS tiles iterate over k in blocks of 32-64 with a prologue and epilogue of about two blocks: a
+    # GEMM with k = 128 runs at half the rate of a long one (NVIDIA matmul guide: throughput grows with K).
+    gemm_k0=128.0,
 )
+
+# FlashAttention-2 (Dao 2023, Fig. 4-6): A100 80GB, causal, head dim 128, seq 2k-16k: forward ~60-70%, backward
+# ~50-60% of the 312 TFLOP/s peak. (fwd, bwd) fractions by compute capability x 10.
+ATTENTION_BY_SM = {80: (0.60, 0.50)}
+
+# Tensor-core clock sustained under long GEMM loads, as a fraction of the clock the dense peak is quoted at.
+# A100 SXM4: the 312 TFLOP/s peak is quoted at its 1,410 MHz boost clock, which it holds at 400 W (1.0).
+# H100 SXM5: the 989 TFLOP/s peak is quoted at the 1,980 MHz maximum boost; at the 700 W limit large GEMMs run
+# at about 1,750-1,800 MHz (NVIDIA H100 datasheet clocks; nvidia-smi under cuBLAS load), 0.9. Unknown parts: 1.0.
+# The flash-attention fractions above were measured on the parts themselves, so they are not scaled again.
+SUSTAINED_CLOCK_BY_SM = {90: 0.90}
 
 # Elementwise traffic per token per layer in forward, in units of x-byte vectors, counted kernel by kernel for
 # a Megatron-Core / TransformerEngine layer: two norms (read + write h each: 4h), two residual adds (read 2h,
@@ -134,7 +149,8 @@ def gemm_s(m: float, n: float, k: float, x: int, peak: float, hbm: float, eff: E
         return 0.0
     flops = 2.0 * m * n * k
     traffic = (m * k + k * n + m * n) * x
-    return max(flops / (peak * eff.gemm), traffic / (hbm * eff.hbm)) + eff.kernel_s
+    rate = peak * eff.gemm * k / (k + eff.gemm_k0)
+    return max(flops / rate, traffic / (hbm * eff.hbm)) + eff.kernel_s
 
 
 def _gemm_shapes(ctx: Context, moe: bool) -> list[tuple[float, float, float]]:
@@ -211,14 +227,21 @@ def _elementwise_bytes(ctx: Context, moe: bool) -> float:
 
 def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
     """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds)."""
-    peak, hbm = gpu.peak(_compute_dtype(ctx)), gpu.hbm_GBps * 1e9
+    peak, hbm = gpu.peak(compute_dtype(ctx)), gpu.hbm_GBps * 1e9
+    gemm_peak = peak * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
     shapes = _gemm_shapes(ctx, moe)
-    gemm_t = sum(gemm_s(m, n, k, ctx.x, peak, hbm, eff) for m, n, k in shapes)
+    gemm_t = sum(gemm_s(m, n, k, ctx.x, gemm_peak, hbm, eff) for m, n, k in shapes)
     gemm_f = sum(2.0 * m * n * k for m, n, k in shapes)
     attn_f = _attention_flops(ctx)
-    attn_t = attn_f / (peak * eff.attention_fwd) if ctx.s > 1 else _decode_attention_s(ctx, gpu, eff)
+    attn_fwd, _ = attention_efficiency(gpu, eff)
+    attn_t = attn_f / (peak * attn_fwd) if ctx.s > 1 else _decode_attention_s(ctx, gpu, eff)
     elem_t = _elementwise_bytes(ctx, moe) / (hbm * eff.hbm)
     return PassTime(gemm_t, attn_t, elem_t, gemm_f + attn_f), attn_t
+
+
+def attention_efficiency(gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[float, float]:
+    """(forward, backward) achieved fraction of peak for flash attention on this GPU generation."""
+    return ATTENTION_BY_SM.get(gpu.sm, (eff.attention_fwd, eff.attention_bwd))
 
 
 def _decode_attention_s(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> float:
@@ -236,7 +259,8 @@ def kv_cache_bytes_per_layer(ctx: Context) -> int:
     return 2 * ctx.b * length * mdl.kv_heads * mdl.head_size // ctx.par.tp * ctx.x
 
 
-def _compute_dtype(ctx: Context) -> str:
+def compute_dtype(ctx: Context) -> str:
+    """The tensor-core dtype the matmuls run in: fp8 when activations are fp8, bf16 for 2-byte types, else fp32."""
     return "fp8" if ctx.work.activation_dtype == "fp8" else "bf16" if ctx.x <= 2 else "fp32"
 
 
@@ -256,9 +280,10 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
         layer, attn_s = layer_forward(ctx, moe, gpu, eff)
         fwd = fwd + layer.scaled(count)
         attn += attn_s * count
+        a_fwd, a_bwd = attention_efficiency(gpu, eff)
         back = PassTime(
             2 * layer.gemm_s,
-            FLASH_BWD * layer.attention_s * eff.attention_fwd / eff.attention_bwd,
+            FLASH_BWD * layer.attention_s * a_fwd / a_bwd if ctx.s > 1 else 0.0,
             2 * layer.elementwise_s,
             2 * layer.flops,
         )
@@ -277,7 +302,8 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
     """LM head GEMM and the fp32 softmax cross-entropy over the logits (read + write, fp32)."""
     mdl, t = ctx.model, ctx.par.tp
     T, V = ctx.b * ctx.s_cp, mdl.padded_vocab(t) // t
-    peak, hbm = gpu.peak(_compute_dtype(ctx)), gpu.hbm_GBps * 1e9
+    peak = gpu.peak(compute_dtype(ctx)) * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
+    hbm = gpu.hbm_GBps * 1e9
     g = gemm_s(T, V, mdl.hidden_size, ctx.x, peak, hbm, eff)
     loss = (2 * 4 * T * V if ctx.training else 0) / (hbm * eff.hbm)
     return PassTime(g, 0.0, loss, 2.0 * T * V * mdl.hidden_size)
@@ -321,6 +347,7 @@ __all__ = [
     "PassTime",
     "StageCompute",
     "check_gpu",
+    "compute_dtype",
     "gemm_s",
     "kv_cache_bytes_per_layer",
     "layer_forward",

@@ -187,7 +187,7 @@ def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: boo
     if not ctx.training:  # one layer's working set at a time
         return int(max(per_layer.values(), default=0.0)) + _logits(ctx, stage)
     if recompute == "full":
-        stored = sum(counts[k] for k in per_layer) * 2 * ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x
+        stored = sum(counts[k] for k in per_layer) * ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x  # 2sbh at x = 2
         stored /= t if sp else 1
         one_mb = stored
         working = max(per_layer.values(), default=0.0)

@@ -145,7 +145,10 @@ def build_plan(
     _validate_options(options, cluster.num_devices)
     ctx = Context(model, work, par)
     layout = RankLayout(par)
-    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, layout, cluster, options)]
+    # the step-time switches do not change a price: keep them out of the price cache's key
+    default = options.overlap == Overlap() and options.timeline
+    pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
+    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, layout, cluster, pricing)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
     gpu = cluster_spec.gpu
     if gpu is None:
@@ -219,9 +222,12 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
     stages = call.stages
     if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
         return [_price(call, layout, cluster, options)]
-    pipeline = layout.groups(("pp",), call.group.expert)[0]
-    stride = int(pipeline[1] - pipeline[0])
+    stride = _pp_stride(layout, call.group.expert)
     unit = None if options.device_map is not None else _symmetry_unit(cluster)
+    if unit and cluster.num_nodes > 1:
+        first = layout.placement(call.group, stages)[0]  # group 0 of the first stage (memoised for _price)
+        if (first // cluster.per_node == first[0] // cluster.per_node).all():
+            unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
     classes: dict[int, list[int]] = {}
     for s in stages:
         classes.setdefault((s * stride) % unit if unit else s, []).append(s)
@@ -232,11 +238,23 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
         pc = _price(replace(call, stages=tuple(members)), layout, cluster, options)
         key = (pc.price.algorithm, pc.price.time_s)
         if key in rows:
-            merged = tuple(sorted(rows[key].call.stages + pc.call.stages))
-            rows[key].call = replace(rows[key].call, stages=merged)
+            row = rows[key]
+            row.call = replace(row.call, stages=tuple(sorted(row.call.stages + pc.call.stages)))
+            row.num_groups += pc.num_groups
         else:
             rows[key] = pc
     return sorted(rows.values(), key=lambda r: r.call.stages[0])
+
+
+def _pp_stride(layout: RankLayout, expert: bool) -> int:
+    """Rank distance between neighbouring stages: the product of the sizes of the dimensions ordered faster
+    than pp (layout.py: the order names the dimensions fastest first)."""
+    stride = 1
+    for dim in layout.order:
+        if dim == "pp":
+            return stride
+        stride *= layout.sizes[expert][dim]
+    return stride
 
 
 def _symmetry_unit(cluster: Cluster) -> int | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from collectives.topology.gpu import GPUSpec
 
-from .compute import StageCompute, check_gpu, model_flops_per_token, stage_compute
+from .compute import StageCompute, check_gpu, compute_dtype, model_flops_per_token, stage_compute
 from .context import Context
 from .memory import Memory, memory_per_stage
 from .pipeline import Schedule, StagePass, pipeline_time, timeline
@@ -75,6 +75,8 @@ class StageStep:
     bwd_comm_s: float = 0.0
     grad_reduce_s: float = 0.0  # end-of-backward gradient reduction (ZeRO 0/1), whole iteration
     grad_buckets: int = 0
+    grad_bytes: int = 0
+    param_bytes: int = 0
     param_gather_s: float = 0.0  # ZeRO-1/2 parameter all-gather, whole iteration
     param_units: int = 0
     tail_s: float = 0.0  # other per-iteration calls on the critical path (tied embeddings, loss)
@@ -132,7 +134,7 @@ def step_time(
 ) -> StepTime:
     """Critical path of one iteration (training step, prefill pass or decode step). ``calls`` are the plan's
     PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``)."""
-    check_gpu(gpu, "fp8" if ctx.work.activation_dtype == "fp8" else "bf16")
+    check_gpu(gpu, compute_dtype(ctx))
     flags = overlap.resolved(ctx)
     stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
     p2p = _assign_calls(ctx, calls, stages, flags)
@@ -158,8 +160,8 @@ def _stream(call, m: int, zero: int) -> str:
         if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward"):
             return "dp." + phase
         return "grad_reduce" if phase == "backward" else "tail"  # the loss report is on the path
-    if par == "embedding":
-        return "tail"
+    if par == "embedding" or phase == "optimizer":
+        return "tail"  # once per iteration after the last backward (tied embeddings, SP norm-weight grads)
     kind = "cp.ring" if par == "cp" and call.op.value == "sendrecv" else par
     return f"{kind}.{'forward' if phase == 'forward' else 'backward'}"
 
@@ -169,6 +171,7 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
     m, zero, p = ctx.micro_batches, ctx.par.zero_stage, len(stages)
     acc: dict[str, list[float]] = {}
     counts: dict[str, list[int]] = {}
+    volume: dict[str, list[float]] = {}
     p2p = 0.0
     for pc in calls:
         c, t = pc.call, pc.price.time_s
@@ -179,13 +182,17 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
         amount, n = c.calls_per_iteration * t, c.calls_per_iteration
         row = acc.setdefault(stream, [0.0] * p)
         num = counts.setdefault(stream, [0] * p)
+        vol = volume.setdefault(stream, [0.0] * p)
         for s in c.stages:
             row[s] += amount
             num[s] += n
+            vol[s] += n * c.message_bytes
     zeros = [0.0] * p
     for st in stages:
         i = st.stage
         st.grad_reduce_s, st.grad_buckets = acc.get("grad_reduce", zeros)[i], counts.get("grad_reduce", zeros)[i]
+        st.grad_bytes = int(volume.get("grad_reduce", zeros)[i])
+        st.param_bytes = int(volume.get("param_gather", zeros)[i])
         st.param_gather_s, st.param_units = acc.get("param_gather", zeros)[i], counts.get("param_gather", zeros)[i]
         st.tail_s = acc.get("tail", zeros)[i]
         comp = st.compute
@@ -229,13 +236,16 @@ def _training(
         window = p.backward_s / v  # the last micro-batch's backward (one chunk)
         if st.grad_reduce_s:
             if flags.overlap_grad_reduce:
-                last_bucket = st.grad_reduce_s / max(1, st.grad_buckets)
+                last_bucket = st.grad_reduce_s / max(
+                    1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes)
+                )
                 st.exposed_dp_s = max(st.grad_reduce_s - window, last_bucket)
             else:
                 st.exposed_dp_s = st.grad_reduce_s
         if st.param_gather_s:
             if flags.overlap_param_gather:
-                first = st.param_gather_s / max(1, st.param_units)
+                buckets = _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes)
+                first = st.param_gather_s / max(1, st.param_units, buckets)
                 st.exposed_gather_s = max(st.param_gather_s - p.forward_s / v, first)
             else:
                 st.exposed_gather_s = st.param_gather_s
@@ -243,7 +253,8 @@ def _training(
     sync = max(ends)  # gradient-norm all-reduce over the model-parallel ranks (megatron/core/optimizer/clip_grads.py)
     finish = [sync + st.compute.optimizer_s + st.exposed_gather_s for st in stages]
     time = max(finish)
-    crit = max(range(len(stages)), key=lambda s: (finish[s] - sync, stages[s].compute.forward.total_s))
+    # the breakdown is reported for the stage that sets the pace: the most work per iteration
+    crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))
     st = stages[crit]
     m = sched.microbatches
     compute = m * (st.compute.forward.total_s + st.compute.backward.total_s) + st.compute.optimizer_s
@@ -269,6 +280,19 @@ def _training(
         stages,
         events,
     )
+
+
+def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:
+    """Buckets the gradients fall into once overlap_grad_reduce is on: Megatron sizes them max(40M, 1M·dp)
+    elements (megatron/core/distributed/distributed_data_parallel.py; with the overlap off it uses one bucket,
+    as the ledger does), DDP 25 MiB (bucket_cap_mb), DeepSpeed reduce_bucket_size 5e8 elements."""
+    par = ctx.par
+    elems = {
+        "megatron": max(40_000_000, 1_000_000 * par.dp * par.cp),
+        "torch": 25 * 2**20 // ctx.grad_bytes,
+        "deepspeed": 500_000_000,
+    }[par.framework]
+    return -(-total_bytes // (elems * elem_bytes))
 
 
 def _drain_leads(passes: list[StagePass], sched: Schedule) -> list[float]:
@@ -341,8 +365,8 @@ def _inference(ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUS
 
 def _mfu(ctx: Context, tokens: float, time_s: float, gpu: GPUSpec) -> float:
     """Model FLOPs (compute.model_flops_per_token: 6N + 12·L·H·Q·T, PaLM / Llama 3) over the cluster's dense
-    bf16 (or fp8) peak."""
-    peak = gpu.peak("fp8" if ctx.work.activation_dtype == "fp8" else "bf16")
+    peak in the compute dtype (bf16; fp8 with fp8 activations)."""
+    peak = gpu.peak(compute_dtype(ctx))
     return model_flops_per_token(ctx) * tokens / (time_s * ctx.par.world_size * peak)
 
 
