@@ -23,6 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--format", choices=("table", "json", "csv", "nccl-tests", "simai"), default="table")
     plan.add_argument("--stage", type=int, default=0, help="simai: the pipeline stage whose rank to write")
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
+    find = sub.add_parser("search", help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)")
+    find.add_argument("file", help="path to a JSON search request, or - for standard input")
+    find.add_argument("--format", choices=("table", "json"), default="table")
+    find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    sweep = sub.add_parser("sweep", help="run a sweep of searches (SPEC.json or SPEC.yaml; docs/search.md)")
+    sweep.add_argument("spec")
+    sweep.add_argument("--engine", choices=("local", "ray"), default="local")
+    sweep.add_argument("--out", default="sweep.csv", help="output file: .csv, or .parquet (needs pyarrow)")
+    sweep.add_argument("--workers", type=int, default=None)
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -30,6 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command in ("search", "sweep"):
+        from .search_cli import search_command, sweep_command
+
+        try:
+            return (search_command if args.command == "search" else sweep_command)(args)
+        except ValidationError as err:
+            for e in err.errors(include_url=False):
+                print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+            return 2
+        except (SpecError, CollectiveError) as err:
+            print(f"commplan: {err}", file=sys.stderr)
+            return 2
     return _plan(args)
 
 
@@ -101,18 +122,27 @@ def _table(result: dict) -> str:
         lines.append(
             f"  {name:9s} {human_seconds(share['time_s']):>10s}  {human_bytes(share['bytes_sent'])} sent per rank"
         )
+    return "\n".join(lines + _step_lines(result)) + "\n"
+
+
+def _step_lines(result: dict) -> list[str]:
     step, memory = result.get("step"), result.get("memory")
-    if step:
-        lines.append(
-            f"step {human_seconds(step['time_s'])}: compute {human_seconds(step['compute_s'])}, exposed "
-            f"communication {human_seconds(step['exposed_comm_s'])}, bubble {human_seconds(step['bubble_s'])}; "
-            f"MFU {100 * step['mfu']:.3g}%, {step['tokens_per_s']:,.0f} tokens/s"
-        )
-    if memory:
-        peak = max((s["peak_bytes"] for s in memory["per_stage"]), default=0)
-        verdict = "fits" if memory["fits"] else "DOES NOT FIT"
-        lines.append(f"memory: peak {human_bytes(peak)} per rank of {human_bytes(memory['capacity_bytes'])}: {verdict}")
-    return "\n".join(lines) + "\n"
+    if not step or not memory:
+        return []
+    cap = memory["capacity_bytes"]
+    lines = [
+        f"\nstep time {human_seconds(step['time_s'])}: compute {human_seconds(step['compute_s'])}, exposed "
+        f"communication {human_seconds(step['exposed_comm_s'])}, bubble {human_seconds(step['bubble_s'])} "
+        f"(stage {step.get('critical_stage', '?')}); MFU {100 * step['mfu']:.3g}%, "
+        f"{step['tokens_per_s']:,.0f} tokens/s",
+        f"memory per rank (capacity {human_bytes(cap)}): {'fits' if memory['fits'] else 'DOES NOT FIT'}",
+    ]
+    parts = ("params", "grads", "optimizer", "activations", "buffers")
+    for row in memory["per_stage"]:
+        mark = "" if row["peak_bytes"] <= cap else "  <- over capacity"
+        detail = ", ".join(f"{p} {human_bytes(row[p + '_bytes'])}" for p in parts)
+        lines.append(f"  stage {row['stage']:<3d} {human_bytes(row['peak_bytes']):>9s}  ({detail}){mark}")
+    return lines
 
 
 def _stages(stages: list[int]) -> str:

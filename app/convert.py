@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 
 from collectives import CollectiveError
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
-from planner import MODEL_PRESETS, ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
+from planner import MODEL_PRESETS, ModelSpec, Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
 from planner.model import MLASpec, MoESpec
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
 
@@ -121,6 +121,8 @@ def options(block: OptionsIn) -> Options:
         contention=block.contention,
         device_map=device_map,
         links_per_call=block.links_per_call,
+        overlap=Overlap(**block.overlap.model_dump()),
+        timeline=block.timeline,
     )
 
 

@@ -10,7 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import errors
 from .limits import BodyLimit
-from .routers import collectives, export, health, plan, presets
+from .routers import collectives, export, health, plan, presets, search
 from .settings import Settings
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -28,7 +28,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="commplan", version="0.1.0", description=DESCRIPTION)
     app.state.settings = settings
     errors.install(app)
-    for router in (health.router, plan.router, collectives.router, presets.router):
+    for router in (health.router, plan.router, collectives.router, presets.router, search.router):
         app.include_router(router)
     app.include_router(export.router)  # exports of a plan (docs/exports.md)
     if FRONTEND.is_dir():

@@ -1,14 +1,16 @@
-"""Whole-plan benchmarks (issue 4): ledger, placement, pricing with contention, totals; p50 under 50 ms.
+"""Whole-plan benchmarks (issues 4, 11): ledger, placement, pricing with contention, totals, step time and memory;
+target p50 <= 10 ms warm for the Llama-3 405B / 16,384-GPU plan (DESIGN.md §11).
 
-The price cache is emptied before every round so each round prices every call; clusters and schedules
-stay cached as they do in the running service.
+The price cache is emptied before every round so each round prices every call; clusters, schedules and the
+per-stage compute/parameter caches stay warm as they do in the running service. ``test_step_and_memory``
+times the pure functions the layout search calls (planner.step_time / planner.memory) on a priced plan.
 """
 
 import pytest
 
 import planner.plan as plan_module
 from collectives.topology import cluster_preset
-from planner import ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner import Context, ParallelSpec, WorkloadSpec, build_plan, memory, model_preset, step_time
 
 CASES = {
     # Llama 3 paper §3.3: 126 layers over 16 stages, one layer fewer on the first and the last
@@ -42,3 +44,18 @@ def test_plan(benchmark, case):
 
     result = benchmark(run)
     assert result["world_size"] == nodes * 8
+    assert result["step"]["time_s"] > 0 and result["memory"]["per_stage"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_step_and_memory(benchmark, case):
+    model, nodes, par, work = CASES[case]
+    spec, cluster = model_preset(model), cluster_preset("dgx-h100", nodes)
+    plan = build_plan(spec, work, par, cluster)
+    ctx = Context(spec, work, par)
+
+    def run():
+        return step_time(ctx, plan.calls, cluster.gpu, with_timeline=False), memory(ctx, cluster.gpu, plan.calls)
+
+    step, mem = benchmark(run)
+    assert step.time_s == plan.step.time_s and mem.fits == plan.memory.fits

@@ -256,10 +256,10 @@ def _aicb_row(pc: PricedCall, phase: str) -> tuple:
 # One row per ledger entry with every stage it runs on and its group count; units in the header, plain decimals
 # (never scientific notation) in the cells.
 CSV_COLUMNS = (
-    ("name", "call"),
-    ("parallelism", "parallelism"),
+    ("name", "name"),
     ("op", "op"),
     ("phase", "phase"),
+    ("parallelism", "parallelism"),
     ("stages", "stages (space-separated)"),
     ("group_size", "group_size (ranks)"),
     ("num_groups", "num_groups"),

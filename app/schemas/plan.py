@@ -102,6 +102,17 @@ class ParallelIn(Strict):
     last_stage_layers: int | None = Layers
 
 
+class OverlapIn(Strict):
+    """Framework overlap switches for the step time; null = the framework's default (docs/step-time.md)."""
+
+    overlap_grad_reduce: bool | None = Field(default=None, description="Megatron --overlap-grad-reduce (off)")
+    overlap_param_gather: bool | None = Field(default=None, description="Megatron --overlap-param-gather (off)")
+    fsdp_prefetch: bool | None = Field(default=None, description="FSDP2 / DeepSpeed ZeRO-3 prefetch (on)")
+    cp_ring_overlap: bool | None = Field(default=None, description="ring-attention KV exchange behind attention (on)")
+    tp_comm_overlap: bool | None = Field(default=None, description="Megatron --tp-comm-overlap (off)")
+    overlap_p2p: bool | None = Field(default=None, description="pipeline sends overlapped (Megatron: interleaved only)")
+
+
 class OptionsIn(Strict):
     algorithm: str = Field(
         default="auto", max_length=64, description="auto, or an algorithm name used wherever it applies"
@@ -114,6 +125,8 @@ class OptionsIn(Strict):
     device_map: list[int] | None = Field(
         default=None, max_length=1 << 17, description="rank r runs on device device_map[r]; default: rank = device"
     )
+    overlap: OverlapIn = Field(default_factory=OverlapIn)
+    timeline: bool = Field(default=True, description="include the step timeline in the response")
 
 
 class PlanRequest(Strict):
@@ -207,6 +220,44 @@ class ClusterSummary(BaseModel):
     oversubscription: float
 
 
+class TimelineEvent(BaseModel):
+    stage: int
+    stream: str = Field(description="compute | dp")
+    name: str = Field(description="forward, backward, 1f1b (aggregated steady state), optimizer, grad_reduce, ...")
+    microbatch: int = Field(description="the (first) micro-batch of the block; -1 for per-iteration work")
+    microbatches: int = Field(description="micro-batches the block holds (1 unless aggregated; 0: per iteration)")
+    start_s: float
+    end_s: float
+
+
+class StepOut(BaseModel):
+    time_s: float = Field(description="one iteration (training step, prefill pass or decode step), critical path")
+    compute_s: float = Field(description="compute on the critical stage")
+    exposed_comm_s: float = Field(description="communication not hidden behind compute on the critical stage")
+    bubble_s: float = Field(description="pipeline idle time on the critical stage")
+    mfu: float = Field(description="model FLOPs (6N + 12·L·H·Q·T per token, PaLM / Llama 3) / (time x peak)")
+    tokens_per_s: float
+    critical_stage: int
+    timeline: list[TimelineEvent] = Field(description="aggregated beyond 256 compute blocks (docs/step-time.md)")
+
+
+class StageMemoryOut(BaseModel):
+    stage: int
+    param_count: int = Field(description="parameters one rank of the stage holds before ZeRO sharding")
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    buffers_bytes: int
+    peak_bytes: int
+
+
+class MemoryOut(BaseModel):
+    capacity_bytes: int
+    fits: bool
+    per_stage: list[StageMemoryOut]
+
+
 class PlanOut(BaseModel):
     world_size: int
     num_microbatches: int
@@ -214,6 +265,8 @@ class PlanOut(BaseModel):
     cluster: ClusterSummary
     calls: list[CallOut]
     totals: TotalsOut
+    step: StepOut | None = Field(default=None, description="null when the cluster has no GPU spec")
+    memory: MemoryOut | None = None
     warnings: list[str]
 
 

@@ -1,0 +1,289 @@
+"""Memory of one rank of each pipeline stage: weights, gradients, optimizer states, activations, buffers.
+
+**Weights, gradients, optimizer** per parameter the rank holds (before sharding), by ZeRO stage:
+
+    weights  = x_param                   (bf16: 2)
+    grads    = x_grad                    (Megatron accumulates and reduces main grads in fp32: 4; others: x_param)
+    optimizer= 4 (fp32 master, when params are not fp32) + 8 (Adam m and v)  = 12
+
+so Megatron is 2 + 4 + 12 = 18 B/param, and 6 + 12/dp with the distributed optimizer
+(megatron/training/theoretical_memory_usage.py, num_bytes_per_parameter), and DeepSpeed's mixed-precision
+Adam is 2 + 2 + 12 = 16 B/param (Rajbhandari et al. 2020, ZeRO §3.1, K = 12). ZeRO-1 shards the optimizer,
+ZeRO-2 also the gradients, ZeRO-3 / FSDP also the weights, over the data-parallel group (x cp for dense
+parameters as Megatron's distributed optimizer does; expert parameters over the expert data-parallel
+group; over hybrid_shard_size with HSDP). ZeRO-3 also holds the gathered units being used and prefetched.
+
+**Activations** per layer and micro-batch, Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+Large Transformer Models") Table 2, generalised tensor by tensor to GQA, gated MLPs and dropout-free models;
+for GPT (MHA, 4h GeLU MLP, LayerNorm, dropout) it is their 34·s·b·h + 5·a·s²·b bytes (2-byte activations):
+attention 11·sbh + 5·a·s²·b (QKV input 2, Q and K 4, V 2, projection input 2, dropout mask 1; softmax 2,
+its dropout mask 1 and output 2 per a·s²·b), MLP 19·sbh (input 2, GeLU input 8, output 8, dropout mask 1),
+two norms 4·sbh. Tensor parallelism splits the 24·sbh inside the attention and MLP blocks; sequence
+parallelism splits the rest; context parallelism splits s. Flash attention and selective recompute remove
+the s² term (flash keeps only the output and the log-sum-exp); full recompute keeps each layer's input
+(2·sbh, /t with SP) plus one layer's working set. MoE layers store the expert inputs and activations of the
+top-k copies of each token. Micro-batches in flight come from the schedule (pipeline.in_flight).
+The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3).
+
+**Buffers**: a fixed WORKSPACE (CUDA context, cuBLAS/cuDNN workspaces, NCCL channel buffers) plus the
+largest communication buffer the stage allocates besides its gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .compute import kv_cache_bytes_per_layer
+from .context import Context
+from .params import stage_params, total
+from .pipeline import Schedule, in_flight
+
+GIB = 1 << 30
+# CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
+# TransformerEngine/NCCL buffers (NCCL_BUFFSIZE 4 MiB per channel and peer); rounded up to a stated 1 GiB.
+WORKSPACE_BYTES = 1 * GIB
+ADAM_STATE_BYTES = 8  # m and v in fp32
+MASTER_BYTES = 4  # fp32 master weights when the parameters are not fp32
+ZERO3_UNITS_IN_FLIGHT = 2  # the unit computing and the one prefetched (FSDP2 / DeepSpeed prefetch)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    param_count: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    buffers_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.buffers_bytes
+
+    def largest(self) -> str:
+        parts = {
+            k: getattr(self, k)
+            for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")
+        }
+        return max(parts, key=parts.get).removesuffix("_bytes")
+
+    def to_dict(self) -> dict:
+        return {
+            "stage": self.stage,
+            "param_count": self.param_count,
+            "params_bytes": self.params_bytes,
+            "grads_bytes": self.grads_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "activations_bytes": self.activations_bytes,
+            "buffers_bytes": self.buffers_bytes,
+            "peak_bytes": self.peak_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Memory:
+    capacity_bytes: int
+    per_stage: tuple[StageMemory, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(s.peak_bytes <= self.capacity_bytes for s in self.per_stage)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(s.peak_bytes for s in self.per_stage)
+
+    def warnings(self) -> list[str]:
+        out = []
+        for s in self.per_stage:
+            if s.peak_bytes > self.capacity_bytes:
+                part = s.largest()
+                out.append(
+                    f"stage {s.stage} does not fit: {s.peak_bytes / 1e9:.1f} GB per rank > "
+                    f"{self.capacity_bytes / 1e9:.1f} GB capacity; largest part: {part} "
+                    f"({getattr(s, part + '_bytes') / 1e9:.1f} GB)"
+                )
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "per_stage": [s.to_dict() for s in self.per_stage],
+        }
+
+
+# ---- activations ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one layer stores for backward, for one micro-batch on one rank: split (over tp), replicated
+    (over tp unless sequence parallel) and the s² attention-score part (gone with flash attention)."""
+
+    split: float
+    replicated: float
+    scores: float
+
+    def per_rank(self, tp: int, sp: bool, flash: bool) -> float:
+        return self.split / tp + self.replicated / (tp if sp else 1) + (0.0 if flash else self.scores / tp)
+
+
+def has_dropout(ctx: Context) -> bool:
+    """GPT-style models train with Megatron's default attention and hidden dropout 0.1 (arguments.py); Llama-style
+    recipes (no biases, rotary) set both to 0."""
+    return ctx.model.learned_position_embeddings or ctx.model.linear_bias
+
+
+def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> LayerActivations:
+    """Korthikanti et al. 2022 Table 2 tensor by tensor (module docstring), for b·s/cp tokens, x bytes."""
+    mdl = ctx.model
+    dropout = has_dropout(ctx) if dropout is None else dropout
+    sbx = ctx.b * ctx.s_cp * ctx.x  # one h-independent token-row unit
+    h, hd = mdl.hidden_size, mdl.head_size
+    q, kv = mdl.num_attention_heads * hd, mdl.kv_heads * hd
+    if mdl.mla:
+        a = mdl.mla
+        q = mdl.num_attention_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+        kv = (q + mdl.num_attention_heads * a.v_head_dim) / 2
+    mask = ctx.b * ctx.s_cp if dropout else 0  # 1-byte dropout masks
+    # attention: Q, K, V and the projection input (= q wide) split; QKV input replicated (+ dropout mask)
+    split = sbx * (q + 2 * kv + q)
+    replicated = sbx * h + mask * h
+    # softmax output (x bytes per score); with dropout also its 1-byte mask and x-byte output: 5·a·s²·b at x = 2
+    per_score = (2 * ctx.x + 1) if dropout else ctx.x
+    scores = per_score * mdl.num_attention_heads * ctx.b * ctx.s_cp * ctx.s
+    # MLP: input replicated; activation input and output split (+ dropout mask)
+    replicated += sbx * h + mask * h
+    gate = 2 if mdl.gated_mlp else 1
+    if moe:
+        m = mdl.moe
+        copies = m.top_k * (m.capacity_factor or 1.0)
+        ffn = m.expert_ffn_hidden_size
+        split += sbx * copies * (h + (gate + 1) * ffn) + (sbx * (gate + 1) * m.shared_ffn if m.shared_ffn else 0)
+        replicated += ctx.b * ctx.s_cp * m.num_experts * 4  # fp32 router logits
+    else:
+        split += sbx * (gate + 1) * mdl.ffn_hidden_size
+    replicated += 2 * sbx * h  # the two norms' inputs
+    return LayerActivations(split, replicated, scores)
+
+
+@lru_cache(maxsize=4096)
+def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool = True) -> int:
+    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference)."""
+    par = ctx.par
+    t, sp = par.tp, par.sp
+    recompute = ctx.work.activation_recompute if ctx.training else "none"
+    no_scores = flash or recompute == "selective"
+    per_layer = {
+        moe: layer_activations(ctx, moe).per_rank(t, sp, no_scores)
+        for moe in (False, True)
+        if (ctx.moe_layers(stage) if moe else ctx.dense_layers(stage))
+    }
+    counts = {False: ctx.dense_layers(stage), True: ctx.moe_layers(stage)}
+    if not ctx.training:  # one layer's working set at a time
+        return int(max(per_layer.values(), default=0.0)) + _logits(ctx, stage)
+    if recompute == "full":
+        stored = sum(counts[k] for k in per_layer) * ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x  # 2sbh at x = 2
+        stored /= t if sp else 1
+        one_mb = stored
+        working = max(per_layer.values(), default=0.0)
+    else:
+        one_mb = sum(per_layer[k] * counts[k] for k in per_layer)
+        working = 0.0
+    return int(one_mb * in_flight(sched, stage) + working) + _logits(ctx, stage)
+
+
+def _logits(ctx: Context, stage: int) -> int:
+    if not ctx.is_last(stage):
+        return 0
+    vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
+    return 4 * ctx.b * ctx.s_cp * vocab
+
+
+# ---- weights, gradients, optimizer ----------------------------------------------------------------------
+
+
+def _shards(ctx: Context, expert: bool) -> int:
+    par = ctx.par
+    if par.hybrid_shard_size:
+        return par.hybrid_shard_size
+    return par.expert_dp if expert else par.dp * par.cp
+
+
+@lru_cache(maxsize=4096)
+def param_totals(ctx: Context, stage: int) -> tuple[int, int, int]:
+    """(dense, expert, largest ZeRO-3 unit) parameter counts of one rank of ``stage`` (params.py), cached:
+    the search asks for the same stages many times."""
+    dense, expert = stage_params(ctx, stage)
+    return total(dense), total(expert), _largest_unit(dense)
+
+
+def stage_memory(
+    ctx: Context, stage: int, sched: Schedule, calls: Sequence = (), comm_buffer: int | None = None
+) -> StageMemory:
+    """One rank of ``stage``; ``calls`` (ledger Calls or PricedCalls) size the communication buffers."""
+    nd, ne, unit = param_totals(ctx, stage)
+    xp = ctx.param_bytes
+    z = ctx.par.zero_stage if ctx.training else 0
+    params = grads = opt = 0.0
+    for count, is_expert in ((nd, False), (ne, True)):
+        if not count:
+            continue
+        shards = _shards(ctx, is_expert)
+        params += count * xp / (shards if z >= 3 else 1)
+        if ctx.training:
+            grads += count * ctx.grad_bytes / (shards if z >= 2 else 1)
+            opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
+            opt += count * opt_per / (shards if z >= 1 else 1)
+    if not ctx.training:
+        acts = stage_activation_bytes(ctx, stage, sched) + _kv_cache(ctx, stage)
+    else:
+        acts = stage_activation_bytes(ctx, stage, sched)
+    buffers = WORKSPACE_BYTES + (_comm_buffers(calls).get(stage, 0) if comm_buffer is None else comm_buffer)
+    if z >= 3 and ctx.training:
+        buffers += ZERO3_UNITS_IN_FLIGHT * unit * xp
+    return StageMemory(stage, nd + ne, int(params), int(grads), int(opt), int(acts), int(buffers))
+
+
+def _largest_unit(params) -> int:
+    units: dict[str, int] = {}
+    for p in params:
+        units[p.unit] = units.get(p.unit, 0) + p.numel
+    return max(units.values(), default=0)
+
+
+def _kv_cache(ctx: Context, stage: int) -> int:
+    return kv_cache_bytes_per_layer(ctx) * len(ctx.stage_layers[stage])
+
+
+def _comm_buffers(calls: Sequence) -> dict[int, int]:
+    """Per stage, the largest communication buffer that is not already counted (TP gathers and CP KV are
+    activations, DP gradients live in the gradient buffer): the all-to-all send + receive buffers of EP."""
+    largest: dict[int, int] = {}
+    for c in calls:
+        call = getattr(c, "call", c)
+        if call.parallelism == "ep":
+            for s in call.stages:
+                largest[s] = max(largest.get(s, 0), 2 * call.message_bytes)
+    return largest
+
+
+def memory_per_stage(ctx: Context, sched: Schedule, capacity_bytes: int, calls: Sequence = ()) -> Memory:
+    buffers = _comm_buffers(calls)
+    return Memory(capacity_bytes, tuple(stage_memory(ctx, s, sched, (), buffers.get(s, 0)) for s in range(ctx.par.pp)))
+
+
+__all__ = [
+    "WORKSPACE_BYTES",
+    "LayerActivations",
+    "Memory",
+    "StageMemory",
+    "layer_activations",
+    "memory_per_stage",
+    "stage_activation_bytes",
+    "stage_memory",
+]

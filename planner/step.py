@@ -1,0 +1,373 @@
+"""Step time and memory of a plan: compute (compute.py), the pipeline schedule (pipeline.py), the priced
+communication of the ledger (``PricedCall.price.time_s`` per call) and what overlaps what.
+
+Public, pure and cheap (no JSON), for the plan and the layout search::
+
+    step_time(ctx, priced_calls, gpu, overlap=Overlap(), with_timeline=True) -> StepTime
+    memory(ctx, gpu, calls=()) -> Memory          (planner.memory.Memory: .fits, .per_stage, .warnings())
+
+A call overlaps compute only where the framework overlaps it; each overlap is a named flag of ``Overlap``
+whose ``None`` means the framework's default:
+
+- ``overlap_grad_reduce``: DP/ZeRO-1 gradient buckets behind the last backward. Megatron False
+  (DistributedDataParallelConfig); torch True (DDP/FSDP2 hooks); deepspeed overlap_comm (True at ZeRO-3 only).
+- ``overlap_param_gather``: the ZeRO-1/2 parameter all-gather behind the next forward. Megatron False; torch
+  True; deepspeed overlap_comm.
+- ``fsdp_prefetch``: ZeRO-2/3 per-unit all-gather / reduce-scatter behind the unit's compute. True (FSDP2
+  implicit prefetch; DeepSpeed stage3_prefetch_bucket_size > 0); Megatron follows overlap_grad_reduce.
+- ``cp_ring_overlap``: ring-attention KV exchanges behind the attention blocks. True (TransformerEngine
+  AttnFuncWithCPAndKVP2P).
+- ``tp_comm_overlap``: TP collectives behind the GEMMs. False (Megatron --tp-comm-overlap).
+- ``overlap_p2p``: pipeline sends in the steady state. Megatron True for the interleaved schedule only
+  (--overlap-p2p-communication), else False.
+
+Everything else (TP, EP all-to-all, CP all-gather/all-to-all, the tied-embedding all-reduce, the loss
+all-reduce) is on the critical path. Step time = the pipeline's critical path + the exposed gradient
+reduction of the slowest stage (Megatron's gradient-norm all-reduce syncs the stages before the optimizer)
++ the optimizer step (memory-bound) + the exposed parameter all-gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from collectives.topology.gpu import GPUSpec
+
+from .compute import StageCompute, check_gpu, compute_dtype, model_flops_per_token, stage_compute
+from .context import Context
+from .memory import Memory, memory_per_stage
+from .pipeline import Schedule, StagePass, pipeline_time, timeline
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Framework overlap switches; None: the framework's default (module docstring)."""
+
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    fsdp_prefetch: bool | None = None
+    cp_ring_overlap: bool | None = None
+    tp_comm_overlap: bool | None = None
+    overlap_p2p: bool | None = None
+
+    def resolved(self, ctx: Context) -> Overlap:
+        fw, z, sched = ctx.par.framework, ctx.par.zero_stage, ctx.par.pipeline_schedule
+        ds_overlap = z == 3  # DeepSpeedZeroConfig.overlap_comm: None -> True for stage 3 only
+        defaults = {
+            "overlap_grad_reduce": {"megatron": False, "torch": True, "deepspeed": ds_overlap}[fw],
+            "overlap_param_gather": {"megatron": False, "torch": True, "deepspeed": ds_overlap}[fw],
+            "fsdp_prefetch": True,
+            "cp_ring_overlap": True,
+            "tp_comm_overlap": False,
+            "overlap_p2p": fw == "megatron" and sched == "interleaved",
+        }
+        return Overlap(**{k: defaults[k] if getattr(self, k) is None else getattr(self, k) for k in defaults})
+
+
+@dataclass
+class StageStep:
+    """One rank of a stage, one iteration: where its time goes."""
+
+    stage: int
+    compute: StageCompute
+    fwd_comm_s: float = 0.0  # exposed communication inside one forward (per micro-batch)
+    bwd_comm_s: float = 0.0
+    grad_reduce_s: float = 0.0  # end-of-backward gradient reduction (ZeRO 0/1), whole iteration
+    grad_buckets: int = 0
+    grad_bytes: int = 0
+    param_bytes: int = 0
+    param_gather_s: float = 0.0  # ZeRO-1/2 parameter all-gather, whole iteration
+    param_units: int = 0
+    tail_s: float = 0.0  # other per-iteration calls on the critical path (tied embeddings, loss)
+    exposed_dp_s: float = 0.0
+    exposed_gather_s: float = 0.0
+
+    @property
+    def forward_s(self) -> float:
+        return self.compute.forward.total_s + self.fwd_comm_s
+
+    @property
+    def backward_s(self) -> float:
+        return self.compute.backward.total_s + self.bwd_comm_s
+
+
+@dataclass
+class StepTime:
+    time_s: float
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    mfu: float
+    tokens_per_s: float
+    critical_stage: int
+    stages: list[StageStep] = field(default_factory=list)
+    timeline: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "time_s": self.time_s,
+            "compute_s": self.compute_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "bubble_s": self.bubble_s,
+            "mfu": self.mfu,
+            "tokens_per_s": self.tokens_per_s,
+            "critical_stage": self.critical_stage,
+            "timeline": self.timeline,
+        }
+
+
+def schedule_of(ctx: Context, p2p_s: float = 0.0, overlap_p2p: bool = False) -> Schedule:
+    par = ctx.par
+    return Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank, p2p_s, overlap_p2p)
+
+
+def memory(ctx: Context, gpu: GPUSpec, calls: Sequence = ()) -> Memory:
+    """Memory per rank of each stage against the GPU's capacity (planner/memory.py)."""
+    if gpu is None or gpu.hbm_bytes <= 0:
+        check_gpu(gpu, "bf16")  # raises naming the missing figure
+    return memory_per_stage(ctx, schedule_of(ctx), gpu.hbm_bytes, calls)
+
+
+def step_time(
+    ctx: Context, calls: Sequence, gpu: GPUSpec, overlap: Overlap = Overlap(), with_timeline: bool = True
+) -> StepTime:
+    """Critical path of one iteration (training step, prefill pass or decode step). ``calls`` are the plan's
+    PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``)."""
+    check_gpu(gpu, compute_dtype(ctx))
+    flags = overlap.resolved(ctx)
+    stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
+    p2p = _assign_calls(ctx, calls, stages, flags)
+    sched = schedule_of(ctx, p2p, bool(flags.overlap_p2p))
+    if not ctx.training:
+        return _inference(ctx, stages, sched, gpu, with_timeline)
+    return _training(ctx, stages, sched, gpu, flags, with_timeline)
+
+
+# ---- communication onto streams ------------------------------------------------------------------------
+
+
+def _stream(call, m: int, zero: int) -> str:
+    """Which stream a call runs on: a pass stream ("tp.forward", "cp.ring.backward", "dp.forward" for ZeRO-2/3
+    per-unit calls, ...), once-per-iteration DP streams (grad_reduce, param_gather), "tail" (critical-path
+    per-iteration calls), or "pp" (boundary sends)."""
+    par, phase = call.parallelism, call.phase
+    if par == "pp":
+        return "pp"
+    if par in ("dp", "edp"):
+        if phase == "optimizer":
+            return "param_gather"
+        if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward"):
+            return "dp." + phase
+        return "grad_reduce" if phase == "backward" else "tail"  # the loss report is on the path
+    if par == "embedding" or phase == "optimizer":
+        return "tail"  # once per iteration after the last backward (tied embeddings, SP norm-weight grads)
+    kind = "cp.ring" if par == "cp" and call.op.value == "sendrecv" else par
+    return f"{kind}.{'forward' if phase == 'forward' else 'backward'}"
+
+
+def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap) -> float:
+    """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
+    m, zero, p = ctx.micro_batches, ctx.par.zero_stage, len(stages)
+    acc: dict[str, list[float]] = {}
+    counts: dict[str, list[int]] = {}
+    volume: dict[str, list[float]] = {}
+    p2p = 0.0
+    for pc in calls:
+        c, t = pc.call, pc.price.time_s
+        stream = _stream(c, m, zero)
+        if stream == "pp":
+            p2p = max(p2p, t)
+            continue
+        amount, n = c.calls_per_iteration * t, c.calls_per_iteration
+        row = acc.setdefault(stream, [0.0] * p)
+        num = counts.setdefault(stream, [0] * p)
+        vol = volume.setdefault(stream, [0.0] * p)
+        for s in c.stages:
+            row[s] += amount
+            num[s] += n
+            vol[s] += n * c.message_bytes
+    zeros = [0.0] * p
+    for st in stages:
+        i = st.stage
+        st.grad_reduce_s, st.grad_buckets = acc.get("grad_reduce", zeros)[i], counts.get("grad_reduce", zeros)[i]
+        st.grad_bytes = int(volume.get("grad_reduce", zeros)[i])
+        st.param_bytes = int(volume.get("param_gather", zeros)[i])
+        st.param_gather_s, st.param_units = acc.get("param_gather", zeros)[i], counts.get("param_gather", zeros)[i]
+        st.tail_s = acc.get("tail", zeros)[i]
+        comp = st.compute
+        for phase, pass_time in (("forward", comp.forward), ("backward", comp.backward)):
+            exposed = 0.0
+            for kind in ("tp", "ep", "cp", "cp.ring", "dp"):
+                t = acc.get(f"{kind}.{phase}", zeros)[i] / m
+                if not t:
+                    continue
+                if kind == "tp" and flags.tp_comm_overlap:
+                    t = max(0.0, t - pass_time.gemm_s)
+                elif kind == "cp.ring" and flags.cp_ring_overlap:
+                    window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
+                    t = max(0.0, t - window)
+                elif kind == "dp" and _prefetch(ctx, flags):
+                    t = max(0.0, t - pass_time.total_s)
+                exposed += t
+            if phase == "forward":
+                st.fwd_comm_s = exposed
+            else:
+                st.bwd_comm_s = exposed
+    return p2p
+
+
+def _prefetch(ctx: Context, flags: Overlap) -> bool:
+    return bool(flags.overlap_grad_reduce if ctx.par.framework == "megatron" else flags.fsdp_prefetch)
+
+
+# ---- assembly -----------------------------------------------------------------------------------------
+
+
+def _training(
+    ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, flags: Overlap, with_timeline: bool
+) -> StepTime:
+    passes = [StagePass(st.forward_s, st.backward_s) for st in stages]
+    pipe = pipeline_time(passes, sched)
+    v = max(1, sched.chunks)
+    leads = _drain_leads(passes, sched)
+    ends = []
+    for st, p, lead in zip(stages, passes, leads, strict=True):
+        window = p.backward_s / v  # the last micro-batch's backward (one chunk)
+        if st.grad_reduce_s:
+            if flags.overlap_grad_reduce:
+                last_bucket = st.grad_reduce_s / max(
+                    1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes)
+                )
+                st.exposed_dp_s = max(st.grad_reduce_s - window, last_bucket)
+            else:
+                st.exposed_dp_s = st.grad_reduce_s
+        if st.param_gather_s:
+            if flags.overlap_param_gather:
+                buckets = _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes)
+                first = st.param_gather_s / max(1, st.param_units, buckets)
+                st.exposed_gather_s = max(st.param_gather_s - p.forward_s / v, first)
+            else:
+                st.exposed_gather_s = st.param_gather_s
+        ends.append(pipe.time_s - lead + st.exposed_dp_s + st.tail_s)
+    sync = max(ends)  # gradient-norm all-reduce over the model-parallel ranks (megatron/core/optimizer/clip_grads.py)
+    finish = [sync + st.compute.optimizer_s + st.exposed_gather_s for st in stages]
+    time = max(finish)
+    # the breakdown is reported for the stage that sets the pace: the most work per iteration
+    crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))
+    st = stages[crit]
+    m = sched.microbatches
+    compute = m * (st.compute.forward.total_s + st.compute.backward.total_s) + st.compute.optimizer_s
+    steady_wait = 0.0 if sched.overlap_p2p or sched.stages == 1 else 2 * sched.p2p_s
+    exposed = (
+        m * (st.fwd_comm_s + st.bwd_comm_s + steady_wait)
+        + 2 * (sched.stages - 1) * sched.p2p_s
+        + st.exposed_dp_s
+        + st.tail_s
+        + st.exposed_gather_s
+    )
+    exposed = min(exposed, time - compute)
+    tokens = ctx.work.global_batch_size * ctx.model.seq_length
+    events = _timeline(stages, passes, sched, pipe.time_s, sync, with_timeline)
+    return StepTime(
+        time,
+        compute,
+        exposed,
+        max(0.0, time - compute - exposed),
+        _mfu(ctx, tokens, time, gpu),
+        tokens / time,
+        crit,
+        stages,
+        events,
+    )
+
+
+def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:
+    """Buckets the gradients fall into once overlap_grad_reduce is on: Megatron sizes them max(40M, 1M·dp)
+    elements (megatron/core/distributed/distributed_data_parallel.py; with the overlap off it uses one bucket,
+    as the ledger does), DDP 25 MiB (bucket_cap_mb), DeepSpeed reduce_bucket_size 5e8 elements."""
+    par = ctx.par
+    elems = {
+        "megatron": max(40_000_000, 1_000_000 * par.dp * par.cp),
+        "torch": 25 * 2**20 // ctx.grad_bytes,
+        "deepspeed": 500_000_000,
+    }[par.framework]
+    return -(-total_bytes // (elems * elem_bytes))
+
+
+def _drain_leads(passes: list[StagePass], sched: Schedule) -> list[float]:
+    """How long before stage 0 each stage finishes its last backward (the cool-down drains upwards)."""
+    v, out, lead = max(1, sched.chunks), [], 0.0
+    for q in passes:
+        out.append(lead)
+        lead += q.backward_s / v + sched.p2p_s
+    return out
+
+
+def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict]:
+    if not with_timeline:
+        return []
+    events = timeline(passes, sched)
+    for st, lead in zip(stages, _drain_leads(passes, sched), strict=True):
+        last = pipe_end - lead
+        if st.grad_reduce_s:
+            start = max(0.0, last + st.exposed_dp_s - st.grad_reduce_s)
+            events.append(_ev(st.stage, "dp", "grad_reduce", start, start + st.grad_reduce_s))
+        if st.tail_s:
+            begin = last + st.exposed_dp_s
+            events.append(_ev(st.stage, "dp", "embedding/loss", begin, begin + st.tail_s))
+        end_opt = sync + st.compute.optimizer_s
+        events.append(_ev(st.stage, "compute", "optimizer", sync, end_opt))
+        if st.param_gather_s:
+            events.append(_ev(st.stage, "dp", "param_gather", end_opt, end_opt + st.param_gather_s))
+    return events
+
+
+def _ev(stage: int, stream: str, name: str, start: float, end: float) -> dict:
+    return {
+        "stage": stage,
+        "stream": stream,
+        "name": name,
+        "microbatch": -1,
+        "microbatches": 0,
+        "start_s": start,
+        "end_s": end,
+    }
+
+
+def _inference(ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, with_timeline: bool) -> StepTime:
+    """One prefill pass or one decode step: the batch flows through the stages once."""
+    p2p = sched.p2p_s
+    t, events = 0.0, []
+    for st in stages:
+        if st.stage:
+            t += p2p
+        if with_timeline:
+            events.append(
+                {
+                    "stage": st.stage,
+                    "stream": "compute",
+                    "name": "forward",
+                    "microbatch": 0,
+                    "microbatches": 1,
+                    "start_s": t,
+                    "end_s": t + st.forward_s,
+                }
+            )
+        t += st.forward_s
+    compute = sum(st.compute.forward.total_s for st in stages)
+    exposed = t - compute
+    w = ctx.work
+    tokens = w.batch_size if w.phase == "decode" else w.batch_size * (w.context_length or ctx.model.seq_length)
+    crit = max(range(len(stages)), key=lambda s: stages[s].forward_s)
+    return StepTime(t, compute, exposed, 0.0, _mfu(ctx, tokens, t, gpu), tokens / t, crit, stages, events)
+
+
+def _mfu(ctx: Context, tokens: float, time_s: float, gpu: GPUSpec) -> float:
+    """Model FLOPs (compute.model_flops_per_token: 6N + 12·L·H·Q·T, PaLM / Llama 3) over the cluster's dense
+    peak in the compute dtype (bf16; fp8 with fp8 activations)."""
+    peak = gpu.peak(compute_dtype(ctx))
+    return model_flops_per_token(ctx) * tokens / (time_s * ctx.par.world_size * peak)
+
+
+__all__ = ["Overlap", "StageStep", "StepTime", "memory", "schedule_of", "step_time"]

@@ -1,0 +1,113 @@
+"""Compute model (planner/compute.py): FLOPs against closed forms and parameter counts, times against the roofline."""
+
+from dataclasses import replace
+
+import pytest
+
+from collectives.topology.gpu import GPUS, GPUSpec
+from planner import ModelSpec, MoESpec, ParallelSpec, SpecError, WorkloadSpec, model_preset
+from planner.compute import (
+    EFFICIENCY,
+    FLASH_BWD,
+    attention_efficiency,
+    check_gpu,
+    gemm_s,
+    layer_forward,
+    model_flops_per_token,
+    stage_compute,
+)
+from planner.context import Context
+
+H100 = GPUS["h100-sxm5-80gb"]
+A100 = GPUS["a100-sxm4-80gb"]
+GPT = ModelSpec(24, 2048, 16, 8192, 51200, 2048, gated_mlp=False, norm="layernorm")
+
+
+def ctx(model=GPT, tp=1, cp=1, pp=1, sp=False, recompute="none", b=1, **par):
+    return Context(
+        model,
+        WorkloadSpec(micro_batch_size=b, global_batch_size=b * 8, activation_recompute=recompute),
+        ParallelSpec(tp=tp, cp=cp, pp=pp, dp=1, sequence_parallel=sp, **par),
+    )
+
+
+def test_dense_layer_flops_are_twice_tokens_times_matmul_params_plus_causal_attention():
+    """A layer's forward = 2·T·(matmul parameters) + causal attention 2·b·s²·h (half of 4·b·s²·h)."""
+    for model in (GPT, model_preset("llama3-8b"), model_preset("llama3-70b")):
+        c = ctx(model)
+        matmul = model.attention_params() + model.mlp_params(model.ffn_hidden_size)
+        s, hq = model.seq_length, model.num_attention_heads * model.head_size
+        fwd, _ = layer_forward(c, False, H100)
+        assert fwd.flops == pytest.approx(2 * s * matmul + 2 * s * s * hq, rel=1e-12)
+
+
+def test_tensor_and_context_parallel_split_the_flops_exactly():
+    model = model_preset("llama3-70b")
+    whole = layer_forward(ctx(model), False, H100)[0].flops
+    assert layer_forward(ctx(model, tp=8), False, H100)[0].flops * 8 == pytest.approx(whole)
+    assert layer_forward(ctx(model, tp=8, cp=4), False, H100)[0].flops * 32 == pytest.approx(whole)
+
+
+def test_moe_layer_runs_top_k_experts_per_token():
+    """Router 2·T·h·E + attention + shared experts + k routed experts, independent of ep (uniform routing)."""
+    moe = MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024, num_shared_experts=1)
+    model = replace(GPT, gated_mlp=True, moe=moe)
+    s, h = model.seq_length, model.hidden_size
+    expect = 2 * s * (model.attention_params() + h * 8 + model.mlp_params(1024) + 2 * model.expert_params())
+    expect += 2 * s * s * h
+    for ep in (1, 2, 8):
+        c = Context(model, WorkloadSpec(global_batch_size=8), ParallelSpec(dp=8, ep=ep))
+        assert layer_forward(c, True, H100)[0].flops == pytest.approx(expect, rel=1e-12)
+
+
+def test_backward_is_twice_forward_and_recompute_adds_forward_work():
+    none = stage_compute(ctx(pp=2), 0, A100)  # stage 0 of 2: layers only (the LM head is not recomputed)
+    fwd, bwd = none.forward, none.backward
+    assert bwd.gemm_s == pytest.approx(2 * fwd.gemm_s)
+    assert bwd.elementwise_s == pytest.approx(2 * fwd.elementwise_s)
+    a_fwd, a_bwd = attention_efficiency(A100)
+    assert bwd.attention_s == pytest.approx(FLASH_BWD * fwd.attention_s * a_fwd / a_bwd)
+    full = stage_compute(ctx(pp=2, recompute="full"), 0, A100).backward
+    assert full.total_s == pytest.approx(bwd.total_s + fwd.total_s)
+    selective = stage_compute(ctx(pp=2, recompute="selective"), 0, A100).backward
+    assert selective.total_s - bwd.total_s == pytest.approx(none.attention_fwd_s)
+
+
+def test_gemm_roofline_compute_bound_and_memory_bound():
+    peak, hbm = H100.peak("bf16"), H100.hbm_GBps * 1e9
+    m = n = k = 8192
+    big = gemm_s(m, n, k, 2, peak, hbm)
+    rate = peak * EFFICIENCY.gemm * k / (k + EFFICIENCY.gemm_k0)
+    assert big == pytest.approx(2 * m * n * k / rate + EFFICIENCY.kernel_s)
+    # decode: one token row against a weight matrix reads the weights: memory-bound
+    thin = gemm_s(1, 8192, 8192, 2, peak, hbm)
+    assert thin == pytest.approx((8192 + 8192 * 8192 + 8192) * 2 / (hbm * EFFICIENCY.hbm) + EFFICIENCY.kernel_s)
+    assert gemm_s(0, 10, 10, 2, peak, hbm) == 0.0
+
+
+def test_efficiency_constants_are_fractions():
+    for value in (EFFICIENCY.gemm, EFFICIENCY.attention_fwd, EFFICIENCY.attention_bwd, EFFICIENCY.hbm):
+        assert 0.2 < value < 1.0
+    assert attention_efficiency(A100) != attention_efficiency(H100)  # per-generation FA measurements
+
+
+def test_model_flops_follow_palm_and_llama3():
+    """6N + 12·L·H·Q·T per token; N excludes the input embedding (no matmul), includes the LM head."""
+    model = model_preset("llama3-405b")
+    c = Context(model, WorkloadSpec(global_batch_size=8), ParallelSpec(dp=8))
+    n = model.total_params() - model.vocab_size * model.hidden_size
+    attn = 12 * model.num_layers * model.num_attention_heads * model.head_size * model.seq_length
+    assert model_flops_per_token(c) == pytest.approx(6 * n + attn, rel=1e-12)
+    assert 6 * n == pytest.approx(6 * 404e9, rel=0.01)  # Llama 3 paper: 405B parameters
+
+
+def test_gpu_without_a_needed_figure_is_named():
+    with pytest.raises(SpecError) as err:
+        check_gpu(GPUSpec("x", {"bf16": 100.0}, hbm_bytes=1 << 30, hbm_GBps=0.0), "bf16")
+    assert err.value.field == "cluster.gpu.hbm_GBps"
+    with pytest.raises(SpecError) as err:
+        check_gpu(GPUSpec("x", {"fp32": 10.0}, hbm_bytes=1 << 30, hbm_GBps=100.0), "bf16")
+    assert err.value.field == "cluster.gpu.peak_tflops.bf16"
+    with pytest.raises(SpecError) as err:
+        check_gpu(None, "bf16")
+    assert err.value.field == "cluster.gpu"

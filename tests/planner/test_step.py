@@ -1,0 +1,227 @@
+"""Step time (planner/step.py): published iteration times, the breakdown's invariants, overlap flags, inference,
+per-stage prices and bad input."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from collectives.topology import cluster_preset
+from collectives.topology.gpu import GPUS
+from planner import (
+    Context,
+    Options,
+    Overlap,
+    ParallelSpec,
+    SpecError,
+    WorkloadSpec,
+    build_plan,
+    memory,
+    model_preset,
+    step_time,
+)
+from planner.compute import model_flops_per_token
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import step_validation
+
+DATA = step_validation.load()
+CASES = {c["name"]: c for c in DATA["cases"]}
+
+# Published runs and the tolerance each is held to (docs/step-time.md gives the table). GPT-22B on one node is
+# the known outlier (-14% / -19%): one micro-batch of 1.1 s, where per-iteration overheads we do not model weigh
+# most; it is held to 25%.
+TOLERANCE = {name: 0.10 for name in CASES} | {"GPT-22B full recompute": 0.25, "GPT-22B SP + selective": 0.25}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_published_iteration_times(name):
+    row = step_validation.predict(CASES[name], DATA)
+    assert abs(row["error"]) <= TOLERANCE[name], row
+    if name.startswith("GPT"):  # Korthikanti et al. ran these without running out of memory
+        assert row["fits"]
+
+
+def test_selective_recompute_with_sp_is_faster_than_full_recompute():
+    """Korthikanti et al. 2022 Table 5: 29-32% faster for 175B-1T; the model reproduces the ordering and size."""
+    for size in ("175B", "530B", "1T"):
+        full = step_validation.predict(CASES[f"GPT-{size} full recompute"], DATA)["predicted_s"]
+        sel = step_validation.predict(CASES[f"GPT-{size} SP + selective"], DATA)["predicted_s"]
+        assert 1.2 < full / sel < 1.5
+
+
+def plan_405b(**overrides):
+    par = dict(tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, first_stage_layers=7, last_stage_layers=7)
+    return build_plan(
+        model_preset("llama3-405b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=2048),
+        ParallelSpec(**par),
+        cluster_preset("dgx-h100", 2048),
+        Options(**overrides),
+    )
+
+
+def test_breakdown_adds_up_and_mfu_follows_its_definition():
+    plan = plan_405b()
+    step = plan.step
+    assert step.time_s == pytest.approx(step.compute_s + step.exposed_comm_s + step.bubble_s)
+    assert min(step.compute_s, step.exposed_comm_s, step.bubble_s) >= 0
+    ctx = Context(model_preset("llama3-405b"), WorkloadSpec(micro_batch_size=1, global_batch_size=2048), ParallelSpec())
+    tokens = 2048 * 8192
+    peak = GPUS["h100-sxm5-80gb"].peak("bf16")
+    assert step.mfu == pytest.approx(model_flops_per_token(ctx) * tokens / (step.time_s * 16384 * peak))
+    assert step.tokens_per_s == pytest.approx(tokens / step.time_s)
+    out = plan.to_dict()["step"]
+    assert set(out) >= {"time_s", "compute_s", "exposed_comm_s", "bubble_s", "mfu", "tokens_per_s", "timeline"}
+    ev = out["timeline"][0]
+    assert set(ev) >= {"stage", "stream", "name", "microbatch", "start_s", "end_s"}
+    assert max(e["end_s"] for e in out["timeline"]) == pytest.approx(step.time_s)
+
+
+def test_overlap_flags_hide_data_parallel_communication():
+    """Megatron's defaults (no overlap) expose the gradient reduce-scatter and parameter all-gather."""
+    plain = plan_405b().step
+    hidden = plan_405b(overlap=Overlap(overlap_grad_reduce=True, overlap_param_gather=True)).step
+    assert hidden.time_s < plain.time_s
+    assert hidden.exposed_comm_s < plain.exposed_comm_s
+    assert hidden.compute_s == pytest.approx(plain.compute_s)
+
+
+def test_tp_comm_overlap_hides_tensor_parallel_collectives():
+    args = (
+        model_preset("llama3-70b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=16),
+        ParallelSpec(tp=8, dp=2, zero_stage=1, sequence_parallel=True),
+        cluster_preset("dgx-h100", 2),
+    )
+    off = build_plan(*args).step
+    on = build_plan(*args, Options(overlap=Overlap(tp_comm_overlap=True))).step
+    assert on.exposed_comm_s < 0.5 * off.exposed_comm_s
+
+
+def test_interleaving_shrinks_the_bubble():
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=64)
+    cluster = cluster_preset("dgx-h100", 4)
+    model = model_preset("llama3-70b")
+    one = build_plan(model, work, ParallelSpec(tp=8, pp=4, zero_stage=1, sequence_parallel=True), cluster).step
+    par = ParallelSpec(
+        tp=8, pp=4, zero_stage=1, sequence_parallel=True, pipeline_schedule="interleaved", virtual_pipeline_stages=5
+    )
+    inter = build_plan(model, work, par, cluster).step
+    assert inter.bubble_s < one.bubble_s
+    assert inter.time_s < one.time_s
+
+
+def test_decode_step_is_bounded_by_reading_weights_and_kv_cache():
+    model = model_preset("llama3-70b")
+    work = WorkloadSpec("inference", phase="decode", batch_size=32, context_length=8192)
+    par = ParallelSpec(tp=8)
+    plan = build_plan(model, work, par, cluster_preset("dgx-h100", 1))
+    gpu = GPUS["h100-sxm5-80gb"]
+    weights = plan.memory.per_stage[0].params_bytes
+    kv = 2 * 32 * 8192 * model.kv_heads * model.head_size // 8 * 2 * model.num_layers
+    assert plan.step.time_s > (weights + kv) / (gpu.hbm_GBps * 1e9)
+    assert plan.step.tokens_per_s == pytest.approx(32 / plan.step.time_s)
+    prefill = build_plan(model, WorkloadSpec("inference", batch_size=8, context_length=4096), par,
+                         cluster_preset("dgx-h100", 1)).step  # fmt: skip
+    assert prefill.time_s > plan.step.time_s
+
+
+def test_pure_functions_match_the_plan():
+    plan = plan_405b()
+    ctx = Context(
+        model_preset("llama3-405b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=2048),
+        ParallelSpec(
+            tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, first_stage_layers=7, last_stage_layers=7
+        ),
+    )
+    gpu = GPUS["h100-sxm5-80gb"]
+    assert step_time(ctx, plan.calls, gpu, with_timeline=False).time_s == pytest.approx(plan.step.time_s)
+    assert memory(ctx, gpu, plan.calls).peak_bytes == plan.memory.peak_bytes
+
+
+def test_per_stage_prices_split_rows_only_where_stages_differ():
+    """Issue 9 item 5: two GB200 NVL72 racks, TP8 PP9 DP2: only stage 4's DP groups straddle the racks."""
+    plan = build_plan(
+        model_preset("llama3-70b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=36),
+        ParallelSpec(tp=8, pp=9, dp=2, zero_stage=1, sequence_parallel=True, first_stage_layers=5,
+                     last_stage_layers=5),
+        cluster_preset("gb200-nvl72", 2),
+    )  # fmt: skip
+    grads = [pc for pc in plan.calls if pc.call.name == "dp.grads"]
+    straddling = [pc for pc in grads if 4 in pc.call.stages]
+    assert len(straddling) == 1 and straddling[0].call.stages == (4,)
+    inside = [pc for pc in grads if 4 not in pc.call.stages]
+    assert inside and all(pc.price.time_s < straddling[0].price.time_s for pc in inside)
+    for name in {pc.call.name for pc in plan.calls}:
+        rows = [pc for pc in plan.calls if pc.call.name == name and pc.call.phase == "backward"]
+        stages = [s for pc in rows for s in pc.call.stages]
+        assert len(stages) == len(set(stages))  # every stage in exactly one row of a call
+
+
+def test_bad_input_names_the_numbers():
+    with pytest.raises(SpecError) as err:
+        build_plan(
+            model_preset("llama3-8b"),
+            WorkloadSpec(micro_batch_size=3, global_batch_size=100),
+            ParallelSpec(tp=8),
+            cluster_preset("dgx-h100", 1),
+        )
+    assert err.value.field == "workload.global_batch_size" and "100" in err.value.rule and "3" in err.value.rule
+
+
+def test_gpu_spec_missing_a_figure_is_a_spec_error():
+    from dataclasses import replace
+
+    cluster = cluster_preset("dgx-h100", 1)
+    broken = replace(cluster, gpu=replace(cluster.gpu, hbm_GBps=0.0))
+    with pytest.raises(SpecError) as err:
+        build_plan(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), ParallelSpec(tp=8), broken)
+    assert err.value.field == "cluster.gpu.hbm_GBps"
+    no_gpu = build_plan(
+        model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), ParallelSpec(tp=8), replace(cluster, gpu=None)
+    )
+    assert no_gpu.step is None and any("no GPU spec" in w for w in no_gpu.warnings)
+
+
+def test_http_plan_has_step_and_memory_and_takes_the_flags():
+    from tests.app.conftest import Api
+
+    api = Api()
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "workload": {"micro_batch_size": 1, "global_batch_size": 32},
+        "parallel": {"tp": 8, "zero_stage": 1, "sequence_parallel": True},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+        "options": {"overlap": {"overlap_grad_reduce": True}, "timeline": False},
+    }
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["step"]["timeline"] == [] and plan["step"]["time_s"] > 0
+    assert plan["memory"]["fits"] is True
+    assert set(plan["memory"]["per_stage"][0]) == {
+        "stage", "param_count", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+        "buffers_bytes", "peak_bytes",
+    }  # fmt: skip
+    body["workload"]["global_batch_size"] = 31
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 422 and "31" in r.text and "micro_batch_size*dp" in r.text
+    body["options"]["overlap"] = {"no_such_flag": True}
+    assert api.post("/v1/plan", json=body).status_code == 422
+
+
+def test_every_call_lands_on_one_stream():
+    """Per-iteration calls (optimizer phase) are not spread over micro-batches; pass calls are."""
+    from planner.step import _stream
+
+    plan = plan_405b()
+    m = plan.num_microbatches
+    for pc in plan.calls:
+        stream = _stream(pc.call, m, 1)
+        if pc.call.phase == "optimizer":
+            assert stream in ("tail", "param_gather"), pc.call.name
+        elif pc.call.parallelism == "tp":
+            assert stream == f"tp.{pc.call.phase}"
