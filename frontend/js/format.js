@@ -4,16 +4,16 @@ const BYTE_UNITS = [["PB", 1e15], ["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["KB",
 const TIME_UNITS = [["s", 1], ["ms", 1e-3], ["µs", 1e-6], ["ns", 1e-9]];
 const COUNT_UNITS = [["T", 1e12], ["B", 1e9], ["M", 1e6], ["K", 1e3]];
 
-// 3 significant digits as a plain decimal: 1530 -> "1530", 0.01234 -> "0.0123", 0.9996 -> "1.00"
-export function sig3(x) {
-  const r = Number(Number(x).toPrecision(3));
+// n (default 3) significant digits as a plain decimal: 1530 -> "1530", 0.01234 -> "0.0123", 0.9996 -> "1.00"
+export function sig3(x, n = 3) {
+  const r = Number(Number(x).toPrecision(n));
   if (r === 0 || !Number.isFinite(r)) return r === 0 ? "0" : String(r);
-  return r.toFixed(Math.max(0, 2 - Math.floor(Math.log10(Math.abs(r)))));
+  return r.toFixed(Math.max(0, n - 1 - Math.floor(Math.log10(Math.abs(r)))));
 }
 
 // the largest unit in which the rounded value is at least 1 (999.6 ms -> "1.00 s")
-function human(x, units, floor) {
-  for (const [unit, scale] of units) if (Math.abs(Number((x / scale).toPrecision(3))) >= 1) return `${sig3(x / scale)} ${unit}`;
+function human(x, units, floor, n = 3) {
+  for (const [unit, scale] of units) if (Math.abs(Number((x / scale).toPrecision(n))) >= 1) return `${sig3(x / scale, n)} ${unit}`;
   return floor(x);
 }
 
@@ -30,6 +30,14 @@ export const fmtBw = (gbps) => (gbps === null || gbps === undefined ? "–" : `$
 // axis ticks: "0" for zero, else the same units (ECharts passes plain numbers)
 export const axisTime = (v) => (v === 0 ? "0" : fmtTime(v));
 export const axisBytes = (v) => (v === 0 ? "0" : fmtBytes(v));
+
+// ticks over a narrow range (8.140 s .. 8.150 s) need more than 3 digits to differ: enough digits to
+// resolve a tenth of the range, never fewer than 3
+export function fineAxisTime(values) {
+  const lo = Math.min(...values), hi = Math.max(...values), span = hi - lo;
+  const n = span > 0 && hi > 0 ? Math.min(8, Math.max(3, Math.ceil(Math.log10(hi / (span / 10))))) : 3;
+  return (v) => (v === 0 ? "0" : human(v, TIME_UNITS, (x) => `${sig3(x / 1e-9, n)} ns`, n));
+}
 
 export const fmtStages = (st) => (st.length > 2 && st[st.length - 1] - st[0] === st.length - 1 ? `${st[0]}–${st[st.length - 1]}` : st.join(","));
 export function fmtRanks(ranks) {

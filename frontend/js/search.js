@@ -3,7 +3,7 @@
 // ticked results (or one and the current plan) compared side by side.
 import { postJson, search } from "./api.js";
 import { $, el } from "./dom.js";
-import { axisBytes, axisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtTime, timeIter } from "./format.js";
+import { axisBytes, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
 
@@ -101,11 +101,11 @@ export function renderSearch() {
   const c = chart("search-chart");
   c.setOption({
     animation: false, legend: { top: 0 },
-    tooltip: { formatter: (p) => (p.seriesName === "Pareto front" ? "Pareto front" : `#${p.dataIndex + 1} ${layoutName(hits[p.dataIndex].parallel)}: ${fmtTime(p.value[1])}, ${fmtBytes(p.value[0])}`) },
+    tooltip: { formatter: (p) => (p.seriesName === "Pareto front" ? "Pareto front" : `#${p.dataIndex + 1} ${layoutName(hits[p.dataIndex].parallel)}: ${fineAxisTime(hits.map((h) => h.step.time_s))(p.value[1])}, ${fmtBytes(p.value[0])}`) },
     grid: { left: narrow() ? 58 : 72, right: 20, top: 36, bottom: 44 },
     xAxis: { type: "value", name: "peak memory per device", nameLocation: "middle", nameGap: 26, scale: true, splitNumber: narrow() ? 3 : 5,
       axisLabel: { formatter: axisBytes, hideOverlap: true } },
-    yAxis: { type: "value", scale: true, axisLabel: { formatter: axisTime } },
+    yAxis: { type: "value", scale: true, axisLabel: { formatter: fineAxisTime(hits.map((h) => h.step.time_s)) } },
     series: [
       { name: "layouts", type: "scatter", symbolSize: 10, itemStyle: { color: "#2f6fb0" }, data: hits.map((h, i) => ({ value: [peakOf(h), h.step.time_s], itemStyle: { color: onFront.has(i) ? "#c0392b" : "#2f6fb0" } })) },
       { name: "Pareto front", type: "line", step: "end", symbol: "none", itemStyle: { color: "#c0392b" }, lineStyle: { color: "#c0392b", type: "dashed" }, data: front.map((p) => [p.x, p.y]) },

@@ -33,6 +33,12 @@ export function aggregate(events, span) {
   return { blocks, merged: true };
 }
 
+// the server may aggregate a run of micro-batches into one event ("microbatches": how many, CONTRACT v1.1)
+function mbLabel(d) {
+  if (d.microbatch === null || d.microbatch === undefined) return "";
+  return d.microbatches > 1 ? ` (micro-batches ${d.microbatch}–${d.microbatch + d.microbatches - 1})` : ` (micro-batch ${d.microbatch})`;
+}
+
 export function renderTimeline(plan) {
   const section = $("timeline-card"), step = plan && plan.step;
   const events = step && Array.isArray(step.timeline) ? step.timeline : [];
@@ -47,7 +53,7 @@ export function renderTimeline(plan) {
   const { blocks, merged } = aggregate(events, end);
   const data = blocks.map((b) => ({
     value: [laneIndex.get(`${b.stage}|${b.stream}`), b.start_s, b.end_s, b.count],
-    name: String(b.name), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch,
+    name: String(b.name), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch, microbatches: b.microbatches,
   }));
   const height = Math.min(720, Math.max(180, lanes.length * (narrow() ? 18 : 24) + 90));
   $("timeline").style.height = `${height}px`;
@@ -61,7 +67,7 @@ export function renderTimeline(plan) {
   const idle = lanes.map((_, i) => ({ value: [i, 0, end, 0], name: "idle", itemStyle: { color: "#e9eef4" } }));
   chart("timeline").setOption({
     animation: false,
-    tooltip: { formatter: (p) => (p.name === "idle" ? "idle" : `${p.name}${p.data.microbatch != null ? ` (micro-batch ${p.data.microbatch})` : ""}`
+    tooltip: { formatter: (p) => (p.name === "idle" ? "idle" : `${p.name}${mbLabel(p.data)}`
       + `${p.value[3] > 1 ? `, ${p.value[3]} events` : ""}: ${fmtTime(p.value[1])} → ${fmtTime(p.value[2])} (${fmtTime(p.value[2] - p.value[1])})`) },
     grid: { left: narrow() ? 70 : 110, right: 16, top: 10, bottom: 60 },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "weakFilter" }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 8, filterMode: "weakFilter", labelFormatter: axisTime }],

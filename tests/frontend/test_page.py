@@ -291,10 +291,14 @@ def test_first_visit_shows_the_plan(page):
         assert box and box["width"] > 100 and box["height"] > 100, chart
     expect(page.locator("#detail-text")).to_contain_text("busiest link")
     expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=10_000)
-    # the real server has no step/memory blocks yet: those views stay out of the way, and nothing breaks
-    if "step" not in page.evaluate("window.commplan.state.plan"):
-        expect(page.locator("#timeline-card")).to_be_hidden()
-        expect(page.locator("#memory-card")).to_be_hidden()
+    # views of blocks the server does not send stay out of the way; those it sends are drawn
+    blocks = page.evaluate("Object.keys(window.commplan.state.plan)")
+    for block, card in (("step", "#timeline-card"), ("memory", "#memory-card")):
+        if block in blocks:
+            expect(page.locator(card)).to_be_visible()
+            assert page.locator(f"{card} canvas").first.bounding_box()["height"] >= 180
+        else:
+            expect(page.locator(card)).to_be_hidden()
     shot(page, "page-1440")
 
 
@@ -480,10 +484,14 @@ def test_human_units_everywhere(page):
           const f = await import('/static/js/format.js');
           return [f.fmtBytes(8), f.fmtBytes(1.53e12), f.fmtBytes(999600), f.fmtBytes(134217728),
                   f.fmtTime(4.1e-5), f.fmtTime(0.9996), f.fmtTime(3.2e-10), f.axisTime(0), f.axisTime(2e-7),
-                  f.axisBytes(0), f.fmtCount(1234567)];
+                  f.axisBytes(0), f.fmtCount(1234567), f.fineAxisTime([8.14, 8.15])(8.142),
+                  f.fineAxisTime([0.1, 2])(1.2345)];
         }"""
     )
-    assert got == ["8 B", "1.53 TB", "1.00 MB", "134 MB", "41.0 µs", "1.00 s", "0.320 ns", "0", "200 ns", "0", "1.23 M"]
+    assert got == [
+        *["8 B", "1.53 TB", "1.00 MB", "134 MB", "41.0 µs", "1.00 s", "0.320 ns", "0", "200 ns", "0", "1.23 M"],
+        *["8.142 s", "1.23 s"],  # ticks 10 ms apart on an 8 s axis need 4 digits; a wide range keeps 3
+    ]
     # the chart axes use the same formatters: read the live option of the by-parallelism chart
     labels = page.evaluate(
         """() => { const c = window.commplan.state.charts.chart; const f = c.getOption().yAxis[0].axisLabel.formatter;
