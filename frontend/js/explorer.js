@@ -3,7 +3,7 @@
 // answer that arrives after a newer selection is dropped: a chart never sits under another call's title.
 import { postJson } from "./api.js";
 import { $ } from "./dom.js";
-import { axisBytes, axisTime, fmtBytes, fmtTime } from "./format.js";
+import { axisBytes, axisTime, esc, fmtBytes, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
 
@@ -36,7 +36,7 @@ export async function explore(call) {
   if (series.length > 1) series[0].markLine = { symbol: "none", label: { formatter: "this call" }, lineStyle: { type: "dashed", color: "#444" }, data: [{ xAxis: body.message_bytes }] };
   chart("explorer").setOption({
     animation: false, legend: { type: "scroll", top: 0 },
-    tooltip: { trigger: "item", formatter: (p) => `${p.seriesName === "auto" ? `auto → ${p.name}` : p.seriesName}: ${fmtBytes(p.value[0])}, ${fmtTime(p.value[1])}` },
+    tooltip: { trigger: "item", formatter: (p) => esc(`${p.seriesName === "auto" ? `auto → ${p.name}` : p.seriesName}: ${fmtBytes(p.value[0])}, ${fmtTime(p.value[1])}`) },
     grid: { left: narrow() ? 58 : 70, right: 20, top: 50, bottom: 40 },
     xAxis: { type: "log", name: "message", nameLocation: "middle", nameGap: 24, axisLabel: { formatter: axisBytes, hideOverlap: true } },
     yAxis: { type: "log", axisLabel: { formatter: axisTime } },

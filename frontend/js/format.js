@@ -55,3 +55,14 @@ export function fmtRanks(ranks) {
 export const PAR_COLORS = { tp: "#2f6fb0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", embedding: "#7f8c8d" };
 export const utilColor = (u) => (u >= 0.9 ? "#c0392b" : u >= 0.5 ? "#e67e22" : u > 0 ? "#27ae60" : "#c5ced8");
 export const timeIter = (c) => c.time_s * c.calls_per_iteration;
+
+// ECharts writes tooltip text as HTML: every string that reaches a tooltip goes through esc()
+const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+export const esc = (text) => String(text ?? "").replace(/[&<>"']/g, (c) => ESC[c]);
+
+// an axis-trigger tooltip: the category, then "series: value" per series, all escaped
+export const axisTooltip = (fmt) => (params) => {
+  const list = Array.isArray(params) ? params : [params];
+  const head = list.length ? esc(list[0].axisValueLabel ?? list[0].name) : "";
+  return [head, ...list.filter((p) => p.value !== 0 && p.value != null).map((p) => `${p.marker || ""}${esc(p.seriesName)}: ${esc(fmt(Array.isArray(p.value) ? p.value[1] : p.value))}`)].join("<br>");
+};

@@ -1,7 +1,7 @@
 // Memory per rank of each stage (plan.memory, CONTRACT v1.1) as stacked bars against the device capacity;
 // a stage over capacity is drawn with a red outline and named in the note.
 import { $ } from "./dom.js";
-import { axisBytes, fmtBytes } from "./format.js";
+import { axisBytes, axisTooltip, fmtBytes } from "./format.js";
 import { chart, narrow } from "./charts.js";
 
 export const PARTS = [
@@ -29,7 +29,7 @@ export function renderMemory(plan) {
   const top = Math.max(cap, ...stages.map((s) => s.peak_bytes)) * 1.08;
   chart("memory").setOption({
     animation: false, legend: { type: "scroll", top: 0 },
-    tooltip: { trigger: "axis", valueFormatter: fmtBytes },
+    tooltip: { trigger: "axis", formatter: axisTooltip(fmtBytes) },
     grid: { left: narrow() ? 58 : 72, right: 16, top: 40, bottom: 30 },
     xAxis: { type: "category", data: stages.map((s) => `stage ${s.stage}`),
       axisLabel: { color: (_, i) => (stages[i] && stages[i].peak_bytes > cap ? "#c0392b" : "#333"), hideOverlap: true } },

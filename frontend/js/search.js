@@ -3,7 +3,7 @@
 // ticked results (or one and the current plan) compared side by side.
 import { postJson, search } from "./api.js";
 import { $, el } from "./dom.js";
-import { axisBytes, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtTime, timeIter } from "./format.js";
+import { axisBytes, esc, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
 
@@ -101,7 +101,7 @@ export function renderSearch() {
   const c = chart("search-chart");
   c.setOption({
     animation: false, legend: { top: 0 },
-    tooltip: { formatter: (p) => (p.seriesName === "Pareto front" ? "Pareto front" : `#${p.dataIndex + 1} ${layoutName(hits[p.dataIndex].parallel)}: ${fineAxisTime(hits.map((h) => h.step.time_s))(p.value[1])}, ${fmtBytes(p.value[0])}`) },
+    tooltip: { formatter: (p) => esc(p.seriesName === "Pareto front" ? "Pareto front" : `#${p.dataIndex + 1} ${layoutName(hits[p.dataIndex].parallel)}: ${fineAxisTime(hits.map((h) => h.step.time_s))(p.value[1])}, ${fmtBytes(p.value[0])}`) },
     grid: { left: narrow() ? 58 : 72, right: 20, top: 36, bottom: 44 },
     xAxis: { type: "value", name: "peak memory per device", nameLocation: "middle", nameGap: 26, scale: true, splitNumber: narrow() ? 3 : 5,
       axisLabel: { formatter: axisBytes, hideOverlap: true } },

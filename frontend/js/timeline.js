@@ -3,7 +3,7 @@
 // Hundreds of micro-batches: events closer than 1/1500 of the step on one lane are drawn as one block.
 /* global echarts */
 import { $ } from "./dom.js";
-import { axisTime, fmtTime } from "./format.js";
+import { axisTime, esc, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
 
 const STREAM_COLORS = { compute: "#2f6fb0", tp: "#5b8fd0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", comm: "#1e8449" };
@@ -67,7 +67,7 @@ export function renderTimeline(plan) {
   const idle = lanes.map((_, i) => ({ value: [i, 0, end, 0], name: "idle", itemStyle: { color: "#e9eef4" } }));
   chart("timeline").setOption({
     animation: false,
-    tooltip: { formatter: (p) => (p.name === "idle" ? "idle" : `${p.name}${mbLabel(p.data)}`
+    tooltip: { formatter: (p) => esc(p.name === "idle" ? "idle" : `${p.name}${mbLabel(p.data)}`
       + `${p.value[3] > 1 ? `, ${p.value[3]} events` : ""}: ${fmtTime(p.value[1])} → ${fmtTime(p.value[2])} (${fmtTime(p.value[2] - p.value[1])})`) },
     grid: { left: narrow() ? 70 : 110, right: 16, top: 10, bottom: 60 },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "weakFilter" }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 8, filterMode: "weakFilter", labelFormatter: axisTime }],

@@ -560,7 +560,8 @@ def test_xss_in_every_string_the_server_echoes(make_page):
             c["placement"]["bottleneck_link"] = XSS
             for link in c["placement"]["links"]:
                 link["label"] = XSS
-        for e in body["step"]["timeline"][:5]:
+            c["op"] = XSS + c["op"]
+        for e in body["step"]["timeline"]:
             e["name"] = XSS
 
     page = make_page()
@@ -574,6 +575,23 @@ def test_xss_in_every_string_the_server_echoes(make_page):
     expect(page.locator("#explorer-note")).to_contain_text("<img src=x", timeout=10_000)
     page.click("#search-run")
     expect(page.locator("#search-table tbody")).to_contain_text("<img src=x", timeout=10_000)
+    # chart tooltips are HTML in ECharts: show a tooltip on every item of every chart, each with a planted string
+    shown = page.evaluate(
+        """async () => {
+          let found = 0;
+          for (const [id, chart] of Object.entries(window.commplan.state.charts)) {
+            const series = chart.getOption().series;
+            for (let s = 0; s < series.length; s++) for (let i = 0; i < 4; i++) {
+              chart.dispatchAction({ type: "showTip", seriesIndex: s, dataIndex: i });
+              await new Promise((r) => setTimeout(r, 20));
+              const tips = [...document.querySelectorAll(`#${id} > div`)].map((d) => d.textContent);
+              if (tips.some((t) => t.includes("<img src=x"))) found++;
+            }
+          }
+          return found;
+        }"""
+    )
+    assert shown > 0  # tooltips did show the payload, as text
     assert_no_script_ran(page)
     page.errors.clear()
 
