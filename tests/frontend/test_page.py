@@ -458,7 +458,7 @@ def test_keyboard_selects_rows(page):
     row.focus()
     page.keyboard.press("Enter")
     expect(page.locator("#detail-title")).to_contain_text("dp.grads")
-    expect(page.locator("#topology-note")).to_contain_text("Edge colour")
+    expect(page.locator("#topology-note")).to_contain_text("The first group spans 16 nodes")
 
 
 def test_server_unreachable_is_said_and_results_marked_stale(page):
@@ -730,3 +730,32 @@ def test_search_progress_bar_moves_while_streaming(make_page):
     assert page.locator("#search-bar").evaluate("e => parseFloat(e.style.width)") == 25
     expect(page.locator("#search-progress")).to_have_attribute("aria-valuenow", "25")
     expect(page.locator("#search-status")).to_contain_text("No layout fits", timeout=10_000)
+
+
+def test_topology_of_a_group_over_many_nodes_is_aggregated(page):
+    """dp.grads spans 16 nodes: node boxes and rail bundles; a click expands a node, the background goes back."""
+    open_page(page)
+    page.locator("#ledger tbody tr", has_text="dp.grads").first.click()
+    note = page.locator("#topology-note")
+    expect(note).to_contain_text("The first group spans 16 nodes")
+    expect(note).to_contain_text("each rail gathers its NIC links")
+    sel = page.evaluate("window.commplan.state.selected")
+    call = page.evaluate(
+        "(s) => window.commplan.state.plan.calls.find((c) => c.name === s.name && c.stages.includes(s.stage))", sel
+    )
+    devices = call["placement"]["group_devices"]  # 16 devices, one per node, stride 8
+    nodes = sorted({d // 8 for d in devices})
+    counts = page.evaluate(
+        "(() => { const cy = window.commplan.state.cy; return [cy.nodes('.box').length, cy.nodes('.rail').length,"
+        " cy.nodes('.box')[0].data('label'), cy.nodes('.rail')[0].data('label')]; })()"
+    )
+    assert counts == [16, 8, f"node {nodes[0]}\n1/8", "rail 0\n100% busy"]
+    shot_of(page, "#topology", "topology-aggregate-1440")
+    page.evaluate(f"window.commplan.state.cy.getElementById('b{nodes[3]}').emit('tap')")
+    expect(note).to_contain_text(f"Node {nodes[3]}, one of the 16 nodes")
+    member = [d for d in devices if d // 8 == nodes[3]]
+    assert page.evaluate("window.commplan.state.cy.nodes('.member').map((n) => n.id())") == [f"d{member[0]}"]
+    page.evaluate("window.commplan.state.cy.emit('tap')")
+    expect(note).to_contain_text("The first group spans 16 nodes")
+    page.locator("#ledger tbody tr", has_text="tp.attn.qkv").first.click()  # one node: the detailed view
+    expect(note).to_contain_text("Edge colour")
