@@ -103,3 +103,29 @@ def test_decode_reads_the_v11_blocks():
     assert plan.step.timeline[0].end_s == 1 and plan.step.mfu == 0.41
     assert plan.memory.per_stage[0].peak_bytes == 166 and plan.memory.fits is False
     assert decode(Plan, {**data, "step": None}).step is None
+
+
+def test_search_and_plan_agree_through_the_client(cp):
+    """A small search (one 8-GPU node, 8 layers), typed; planning its best result gives the same step time."""
+    body = {
+        "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
+        "workload": {"kind": "training", "global_batch_size": 16},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "constraints": {"framework": "megatron", "zero_stage": 1, "activation_recompute": "none"},
+        "top_k": 3,
+    }
+    found = cp.search(body)
+    assert 0 < len(found.results) <= 3 and found.feasible <= found.evaluated
+    assert [r.step.time_s for r in found.results] == sorted(r.step.time_s for r in found.results)
+    best = found.results[0]
+    assert all(s.peak_bytes <= best.memory.capacity_bytes for s in best.memory.per_stage)
+    request = {
+        "model": body["model"],
+        "workload": {**body["workload"], "micro_batch_size": best.micro_batch_size,
+                     "activation_recompute": best.activation_recompute},
+        "parallel": best.parallel,
+        "cluster": body["cluster"],
+    }  # fmt: skip
+    plan = cp.plan(request)
+    assert plan.step.time_s == pytest.approx(best.step.time_s, rel=1e-9)
+    assert plan.memory.fits and len(plan.memory.per_stage) == best.parallel["pp"]
