@@ -151,7 +151,8 @@ function worstByName(plan) {
 }
 
 export function renderCompare(labels, plans) {
-  const head = el("tr", {}, el("th", { scope: "col" }, ""), labels.map((l) => el("th", { scope: "col" }, l)), el("th", { scope: "col" }, "B − A"));
+  const head = el("tr", {}, el("th", { scope: "col" }, ""), el("th", { scope: "col", className: "num" }, "A"), el("th", { scope: "col", className: "num" }, "B"),
+    el("th", { scope: "col", className: "num" }, "B − A"));
   const rows = METRICS.map(([name, f, fmt]) => {
     const [a, b] = plans.map((p) => metric(p, f));
     if (a === null && b === null) return null;
@@ -167,10 +168,11 @@ export function renderCompare(labels, plans) {
     el("td", { className: "num" }, b === undefined ? "absent" : fmtTime(b)),
     el("td", { className: "num" }, a === undefined || b === undefined ? "–" : `${b >= a ? "+" : "−"}${fmtTime(Math.abs(b - a))}`)));
   $("compare-body").replaceChildren(
+    el("p", { className: "compare-legend" }, el("strong", {}, "A"), ` = ${labels[0]} · `, el("strong", {}, "B"), ` = ${labels[1]}`),
     el("div", { className: "table-wrap" }, el("table", { className: "compare-table" }, el("thead", {}, head), el("tbody", {}, rows.filter(Boolean)))),
     el("h3", {}, "Ledger differences ", el("span", { className: "hint" }, "(time per iteration on the worst stage, largest changes first)")),
     el("div", { className: "table-wrap" }, el("table", { className: "compare-table" },
-      el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Call"), labels.map((l) => el("th", { scope: "col" }, l)), el("th", { scope: "col" }, "B − A"))),
+      el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Call"), ["A", "B", "B − A"].map((l) => el("th", { scope: "col", className: "num" }, l)))),
       el("tbody", {}, diff))),
   );
 }

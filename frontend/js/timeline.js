@@ -69,10 +69,10 @@ export function renderTimeline(plan) {
     animation: false,
     tooltip: { formatter: (p) => esc(p.name === "idle" ? "idle" : `${p.name}${mbLabel(p.data)}`
       + `${p.value[3] > 1 ? `, ${p.value[3]} events` : ""}: ${fmtTime(p.value[1])} → ${fmtTime(p.value[2])} (${fmtTime(p.value[2] - p.value[1])})`) },
-    grid: { left: narrow() ? 70 : 110, right: 16, top: 10, bottom: 60 },
+    grid: { left: narrow() ? 76 : 110, right: 16, top: 10, bottom: 60 },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "weakFilter" }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 8, filterMode: "weakFilter", labelFormatter: axisTime }],
     xAxis: { type: "value", min: 0, max: end, axisLabel: { formatter: axisTime, hideOverlap: true } },
-    yAxis: { type: "category", inverse: true, data: lanes.map((k) => { const [s, st] = k.split("|"); return `stage ${s} · ${st}`; }),
+    yAxis: { type: "category", inverse: true, data: lanes.map((k) => { const [s, st] = k.split("|"); return narrow() ? `s${s} ${st}` : `stage ${s} · ${st}`; }),
       axisLabel: { fontSize: narrow() ? 9 : 11 } },
     series: [
       { type: "custom", name: "idle", renderItem, encode: { x: [1, 2], y: 0 }, data: idle, silent: true, z: 1 },

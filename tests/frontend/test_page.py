@@ -690,7 +690,9 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     page.click("#compare-run")
     expect(page.locator("#compare-body")).to_contain_text("Step time", timeout=20_000)
     expect(page.locator("#compare-body")).to_contain_text("Ledger differences")
-    expect(page.locator("#compare-body thead").first).to_contain_text("TP8 PP8 DP8")
+    expect(page.locator("#compare-body .compare-legend")).to_contain_text(
+        "A = #1 TP8 PP4 DP16 ZeRO-1 · B = #2 TP8 PP8 DP8"
+    )
     assert overflow(page) <= 0
     shot_of(page, "#search-card", f"search-compare-{viewport['width']}")
     # a click loads the layout into the form and replans
