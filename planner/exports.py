@@ -44,7 +44,7 @@ class NcclTestsRun:
     """How to measure one call with nccl-tests on the plan's cluster.
 
     ``ranks`` processes (one GPU each, ``-g 1``) on ``nodes`` consecutive nodes from ``first_node``, in rank order;
-    ``split`` (NCCL_TESTS_SPLIT of nccl-tests >= 2.13: ``MOD k`` colours rank r by r % k, ``DIV k`` by r // k)
+    ``split`` (nccl-tests' NCCL_TESTS_SPLIT, src/common.cu: ``MOD k`` colours rank r by r % k, ``DIV k`` by r // k)
     cuts them into ``groups`` communicators of ``group_size`` ranks that run at once, as the call's groups do.
     Sizes follow nccl-tests' convention, which is the plan's ``message_bytes`` convention (DESIGN.md §3).
     """
@@ -136,7 +136,8 @@ def nccl_tests_script(plan: Plan, launcher: str = "mpirun") -> str:
         "#!/bin/sh",
         "# nccl-tests command lines that measure each call of this plan on its cluster (commplan).",
         "# Run from the nccl-tests checkout (built with MPI=1 for mpirun). hosts-A-B.txt lists nodes A..B of the",
-        "# cluster in rank order, one per line. NCCL_TESTS_SPLIT needs nccl-tests >= 2.13.",
+        "# cluster in rank order, one per line. NCCL_TESTS_SPLIT needs a recent nccl-tests; on builds that only",
+        "# know NCCL_TESTS_SPLIT_MASK, 'MOD k' with k a power of two is NCCL_TESTS_SPLIT_MASK=k-1.",
         f"# Cluster: {plan.cluster.get('name', '?')}, {plan.cluster.get('num_nodes', '?')} nodes x "
         f"{plan.cluster.get('devices_per_node', '?')} devices.",
     ]
