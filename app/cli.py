@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -14,27 +14,24 @@ from pydantic import ValidationError
 from collectives import CollectiveError
 from planner import SpecError
 
-COLUMNS = (
-    "name",
-    "op",
-    "phase",
-    "stages",
-    "group_size",
-    "num_groups",
-    "message_bytes",
-    "calls_per_iteration",
-    "algorithm",
-    "bytes_sent_per_rank",
-    "time_s",
-)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="commplan", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
-    plan.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    plan.add_argument("--format", choices=("table", "json", "csv", "nccl-tests", "simai"), default="table")
+    plan.add_argument("--stage", type=int, default=0, help="simai: the pipeline stage whose rank to write")
+    plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
+    find = sub.add_parser("search", help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)")
+    find.add_argument("file", help="path to a JSON search request, or - for standard input")
+    find.add_argument("--format", choices=("table", "json"), default="table")
+    find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    sweep = sub.add_parser("sweep", help="run a sweep of searches (SPEC.json or SPEC.yaml; docs/search.md)")
+    sweep.add_argument("spec")
+    sweep.add_argument("--engine", choices=("local", "ray"), default="local")
+    sweep.add_argument("--out", default="sweep.csv", help="output file: .csv, or .parquet (needs pyarrow)")
+    sweep.add_argument("--workers", type=int, default=None)
     cal = sub.add_parser("calibrate", help="fit the pricing constants to nccl-tests logs (POST /v1/calibrate)")
     cal.add_argument("logs", nargs="+", help="nccl-tests output files (stdout of rank 0, as printed)")
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
@@ -50,6 +47,18 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "calibrate":
         return _calibrate(args)
+    if args.command in ("search", "sweep"):
+        from .search_cli import search_command, sweep_command
+
+        try:
+            return (search_command if args.command == "search" else sweep_command)(args)
+        except ValidationError as err:
+            for e in err.errors(include_url=False):
+                print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+            return 2
+        except (SpecError, CollectiveError) as err:
+            print(f"commplan: {err}", file=sys.stderr)
+            return 2
     return _plan(args)
 
 
@@ -77,16 +86,20 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
-    from planner import build_plan
-
-    from .convert import plan_inputs
+    from .routers.export import Format, Launcher, render, typed_plan
+    from .routers.plan import run_plan
     from .schemas.plan import PlanRequest
     from .settings import Settings
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
         request = PlanRequest.model_validate(json.loads(text))
-        result = build_plan(*plan_inputs(request, Settings.from_env())).to_dict()
+        settings = Settings.from_env()
+        if args.format in ("table", "json"):
+            result = run_plan(request, settings)
+            output = json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
+        else:
+            output = render(typed_plan(request, settings), Format(args.format), args.stage, Launcher(args.launcher))
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
@@ -98,25 +111,13 @@ def _plan(args) -> int:
         print(f"commplan: {err}", file=sys.stderr)
         return 2
     try:
-        {"json": _json, "csv": _csv, "table": _table}[args.format](result)
+        sys.stdout.write(output)
     except BrokenPipeError:  # `commplan plan ... | head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
-def _json(result: dict) -> None:
-    json.dump(result, sys.stdout, indent=2)
-    print()
-
-
-def _csv(result: dict) -> None:
-    writer = csv.writer(sys.stdout)
-    writer.writerow(COLUMNS)
-    for c in result["calls"]:
-        writer.writerow([" ".join(map(str, c[k])) if k == "stages" else c[k] for k in COLUMNS])
-
-
-def _table(result: dict) -> None:
+def _table(result: dict) -> str:
     rows = [("call", "op", "phase", "stages", "group", "message", "x/iter", "algorithm", "sent/call", "time/call")]
     for c in result["calls"]:
         rows.append(
@@ -126,42 +127,45 @@ def _table(result: dict) -> None:
                 c["phase"],
                 _stages(c["stages"]),
                 f"{c['group_size']}x{c['num_groups']}",
-                _bytes(c["message_bytes"]),
+                human_bytes(c["message_bytes"]),
                 str(c["calls_per_iteration"]),
                 c["algorithm"],
-                _bytes(c["bytes_sent_per_rank"]),
-                _seconds(c["time_s"]),
+                human_bytes(c["bytes_sent_per_rank"]),
+                human_seconds(c["time_s"]),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     totals = result["totals"]
-    print(
+    lines.append(
         f"\nworld {result['world_size']}, {result['num_microbatches']} micro-batches; communication per iteration "
-        f"{_seconds(totals['time_s'])} on stage {totals['busiest_stage']} (calls serialised)"
+        f"{human_seconds(totals['time_s'])} on stage {totals['busiest_stage']} (calls serialised, not a step time)"
     )
     for name, share in sorted(totals["by_parallelism"].items(), key=lambda kv: -kv[1]["time_s"]):
-        print(f"  {name:9s} {_seconds(share['time_s']):>10s}  {_bytes(share['bytes_sent'])} sent per rank")
-    _step_lines(result)
+        lines.append(
+            f"  {name:9s} {human_seconds(share['time_s']):>10s}  {human_bytes(share['bytes_sent'])} sent per rank"
+        )
+    return "\n".join(lines + _step_lines(result)) + "\n"
 
 
-def _step_lines(result: dict) -> None:
+def _step_lines(result: dict) -> list[str]:
     step, memory = result.get("step"), result.get("memory")
     if not step or not memory:
-        return
-    print(
-        f"\nstep time {_seconds(step['time_s'])}: compute {_seconds(step['compute_s'])}, exposed communication "
-        f"{_seconds(step['exposed_comm_s'])}, bubble {_seconds(step['bubble_s'])} (stage {step['critical_stage']}); "
-        f"MFU {step['mfu']:.1%}, {step['tokens_per_s']:,.0f} tokens/s"
-    )
+        return []
     cap = memory["capacity_bytes"]
-    print(f"memory per rank (capacity {_bytes(cap)}): {'fits' if memory['fits'] else 'DOES NOT FIT'}")
+    lines = [
+        f"\nstep time {human_seconds(step['time_s'])}: compute {human_seconds(step['compute_s'])}, exposed "
+        f"communication {human_seconds(step['exposed_comm_s'])}, bubble {human_seconds(step['bubble_s'])} "
+        f"(stage {step.get('critical_stage', '?')}); MFU {100 * step['mfu']:.3g}%, "
+        f"{step['tokens_per_s']:,.0f} tokens/s",
+        f"memory per rank (capacity {human_bytes(cap)}): {'fits' if memory['fits'] else 'DOES NOT FIT'}",
+    ]
     parts = ("params", "grads", "optimizer", "activations", "buffers")
     for row in memory["per_stage"]:
         mark = "" if row["peak_bytes"] <= cap else "  <- over capacity"
-        detail = ", ".join(f"{p} {_bytes(row[p + '_bytes'])}" for p in parts)
-        print(f"  stage {row['stage']:<3d} {_bytes(row['peak_bytes']):>9s}  ({detail}){mark}")
+        detail = ", ".join(f"{p} {human_bytes(row[p + '_bytes'])}" for p in parts)
+        lines.append(f"  stage {row['stage']:<3d} {human_bytes(row['peak_bytes']):>9s}  ({detail}){mark}")
+    return lines
 
 
 def _stages(stages: list[int]) -> str:
@@ -170,19 +174,34 @@ def _stages(stages: list[int]) -> str:
     return ",".join(map(str, stages))
 
 
-def _bytes(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} B"
+# Human units (issue 14): 3 significant digits, decimal prefixes (1 GB = 1e9 B, as GB/s), never scientific notation.
+BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
+TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
 
 
-def _seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} us"
+def _sig3(x: float) -> str:
+    """3 significant digits as a plain decimal: 1530 -> '1530', 0.01234 -> '0.0123', 0.9996 -> '1.00'."""
+    v = float(f"{x:.3g}")
+    if v == 0:
+        return "0"
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"
+
+
+def _human(x: float, units: tuple[tuple[str, float], ...]) -> str:
+    """In the largest unit that shows the value, rounded to 3 digits, as at least 1 (999.6 ms -> 1.00 s)."""
+    for unit, scale in units:
+        if abs(float(f"{x / scale:.3g}")) >= 1:
+            return f"{_sig3(x / scale)} {unit}"
+    unit, scale = units[-1]
+    return f"{_sig3(x / scale)} {unit}"
+
+
+def human_bytes(n: float) -> str:
+    return f"{int(n)} B" if abs(n) < 999.5 else _human(n, BYTE_UNITS)
+
+
+def human_seconds(s: float) -> str:
+    return "0 s" if s == 0 else _human(s, TIME_UNITS)
 
 
 def _calibrate(args) -> int:
@@ -207,7 +226,7 @@ def _calibrate(args) -> int:
         print(f"commplan: {_in_file(str(err), args.logs)}", file=sys.stderr)
         return 2
     if args.format == "json":
-        _json(result)
+        print(json.dumps(result, indent=2))
         return 0
     _calibration_table(result, args.logs)
     return 0

@@ -10,7 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import errors
 from .limits import BodyLimit
-from .routers import calibrate, collectives, health, plan, presets
+from .routers import calibrate, collectives, export, health, plan, presets, search
 from .settings import Settings
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -76,8 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="commplan", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None)
     app.state.settings = settings
     errors.install(app)
-    for router in (health.router, plan.router, collectives.router, presets.router, calibrate.router):
-        app.include_router(router)
+    routers = (health, plan, export, search, collectives, calibrate, presets)
+    for module in routers:
+        app.include_router(module.router)
     if FRONTEND.is_dir():
         app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
 

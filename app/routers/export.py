@@ -1,0 +1,90 @@
+"""POST /v1/plan/export/{format}: the plan of a request as a file other tools read (docs/exports.md)."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from collectives import CollectiveError
+from planner import Plan, SpecError, build_plan
+from planner.exports import aicb_omitted, nccl_tests_script, plan_csv, simai_workload
+
+from ..convert import plan_inputs
+from ..errors import BAD_INPUT
+from ..schemas.plan import PlanRequest
+from .plan import run_plan
+
+router = APIRouter(prefix="/v1/plan/export", tags=["plan"])
+
+
+class Format(StrEnum):
+    JSON = "json"
+    CSV = "csv"
+    NCCL_TESTS = "nccl-tests"
+    SIMAI = "simai"
+
+
+class Launcher(StrEnum):
+    MPIRUN = "mpirun"
+    SRUN = "srun"
+
+
+MEDIA = {
+    Format.JSON: ("application/json", "json"),
+    Format.CSV: ("text/csv; charset=utf-8", "csv"),
+    Format.NCCL_TESTS: ("text/x-shellscript; charset=utf-8", "sh"),
+    Format.SIMAI: ("text/csv; charset=utf-8", "csv"),
+}
+
+
+def typed_plan(request: PlanRequest, settings) -> Plan:
+    try:
+        return build_plan(*plan_inputs(request, settings))
+    except CollectiveError as err:  # an algorithm pinned in options that cannot run somewhere
+        raise SpecError(f"options.{err.field}", err.rule) from None
+
+
+def render(plan: Plan, fmt: Format, stage: int = 0, launcher: Launcher = Launcher.MPIRUN) -> str:
+    """The text of one non-JSON export; shared by the route and the CLI."""
+    if fmt is Format.CSV:
+        return plan_csv(plan)
+    if fmt is Format.NCCL_TESTS:
+        return nccl_tests_script(plan, launcher.value)
+    return simai_workload(plan, stage)
+
+
+@router.post(
+    "/{fmt}",
+    responses={**BAD_INPUT, 200: {"content": {"text/csv": {}, "text/x-shellscript": {}}}},
+    summary="Export a plan",
+    description="`json`: the full plan (as POST /v1/plan). `csv`: one row per call with every stage and the group "
+    "count, units in the header. `nccl-tests`: a shell script with, per call, the nccl-tests command line that "
+    "measures it on the cluster (`launcher` mpirun or srun). `simai`: AICB's workload CSV for one rank of "
+    "pipeline stage `stage`, which SimAI replays; calls AICB cannot express are named in the "
+    "`X-Commplan-Omitted` header.",
+    response_class=Response,
+)
+def export(
+    fmt: Format,
+    body: PlanRequest,
+    request: Request,
+    stage: Annotated[int, Query(ge=0, description="pipeline stage whose rank the simai workload describes")] = 0,
+    launcher: Annotated[Launcher, Query(description="nccl-tests launcher")] = Launcher.MPIRUN,
+) -> Response:
+    settings = request.app.state.settings
+    media, ext = MEDIA[fmt]
+    headers = {"Content-Disposition": f'attachment; filename="commplan-plan.{ext}"'}
+    if fmt is Format.JSON:  # exactly what POST /v1/plan answers, blocks added there included
+        return Response(json.dumps(run_plan(body, settings), indent=1) + "\n", media_type=media, headers=headers)
+    plan = typed_plan(body, settings)
+    text = render(plan, fmt, stage, launcher)
+    if fmt is Format.SIMAI:
+        headers["Content-Disposition"] = f'attachment; filename="commplan-stage{stage}-workload.csv"'
+        omitted = aicb_omitted(plan, stage)
+        if omitted:
+            headers["X-Commplan-Omitted"] = ",".join(sorted(set(omitted)))
+    return Response(text, media_type=media, headers=headers)

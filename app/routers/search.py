@@ -1,0 +1,158 @@
+"""POST /v1/search: the fastest layouts that fit, as one JSON body or streamed as NDJSON progress lines.
+
+The search runs in a worker thread (and, when long, on worker processes); the request task polls the
+client and a disconnect cancels the search. Everything that can be refused is refused before the first
+byte (bad input, a space over the size limit), so a stream only ever ends in a result or, should the
+planner fail midway, an error line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from collectives import CollectiveError
+from planner import SpecError
+from planner.search import Cancelled, Constraints, Problem, SearchResult, search, space_of
+from planner.search.engine import MAX_LAYOUTS
+
+from ..convert import cluster_spec, model_spec, workload_spec
+from ..errors import BAD_INPUT, error_detail
+from ..schemas.search import SearchOut, SearchRequest
+
+router = APIRouter(prefix="/v1/search", tags=["search"])
+NDJSON = "application/x-ndjson"
+POLL_S = 0.2
+
+
+def max_layouts(settings) -> int:
+    return getattr(settings, "max_search_layouts", None) or int(
+        os.environ.get("COMMPLAN_MAX_SEARCH_LAYOUTS", MAX_LAYOUTS)
+    )
+
+
+def problem_of(body: SearchRequest, settings) -> Problem:
+    """The request as a planner Problem; a workload's micro_batch_size or activation_recompute fixes that
+    dimension unless the constraints list values for it."""
+    cluster = cluster_spec(body.cluster, settings)
+    work = workload_spec(body.workload)
+    given = body.constraints.model_dump(exclude_none=True)
+    headroom = given.pop("memory_headroom", 0.0)
+    if "recompute" in given:
+        given.setdefault("activation_recompute", given.pop("recompute"))
+    for name in ("micro_batch_size", "activation_recompute"):
+        if name in body.workload.model_fields_set and getattr(body.workload, name) is not None:
+            given.setdefault(name, getattr(body.workload, name))
+    return Problem(model_spec(body.model), work, cluster, Constraints.of(given, headroom), body.top_k)
+
+
+def check_size(problem: Problem, limit: int) -> int:
+    size = space_of(problem).size()
+    if size > limit:
+        raise SpecError(
+            "constraints",
+            f"the space holds {size} layouts, above the limit of {limit} (COMMPLAN_MAX_SEARCH_LAYOUTS); "
+            "fix or list values of tp, pp, cp, framework or micro_batch_size to narrow it",
+        )
+    return size
+
+
+def result_dict(result: SearchResult) -> dict:
+    out = result.outcome
+    return {
+        "evaluated": out.evaluated,
+        "feasible": out.feasible,
+        "elapsed_s": result.elapsed_s,
+        "space_size": result.space_size,
+        "pruned": dict(sorted(out.pruned.counts.items())),
+        "pruned_examples": dict(sorted(out.pruned.examples.items())),
+        "layouts_per_s": out.evaluated / result.elapsed_s if result.elapsed_s else 0.0,
+        "workers": result.workers,
+        "results": [
+            {
+                **r.layout.to_dict(),
+                "step": r.plan.get("step"),
+                "memory": r.plan.get("memory"),
+                "communication_s": r.plan["totals"]["time_s"],
+            }
+            for r in result.results
+        ],
+    }
+
+
+def wants_stream(request: Request, stream: bool) -> bool:
+    return stream or NDJSON in request.headers.get("accept", "")
+
+
+@router.post(
+    "",
+    responses=BAD_INPUT | {200: {"content": {NDJSON: {}}, "description": "with ?stream=true: NDJSON progress"}},
+    response_model=SearchOut,
+    summary="Find the fastest layouts that fit",
+    description="Enumerates every valid layout (tp, cp, pp, virtual stages, dp, ep, expert tp, ZeRO stage, "
+    "sequence parallelism, micro-batch size, recompute, framework) under the constraints, drops what does not "
+    "fit, ranks by step time. `?stream=true` or `Accept: application/x-ndjson` streams progress lines "
+    '`{"type": "progress", "done", "total", "evaluated", "feasible", "best"}` then `{"type": "result", ...}`.',
+)
+async def search_layouts(body: SearchRequest, request: Request, stream: bool = False):
+    settings = request.app.state.settings
+    problem = problem_of(body, settings)
+    await asyncio.to_thread(check_size, problem, max_layouts(settings))
+    cancel = threading.Event()
+    if wants_stream(request, stream):
+        return StreamingResponse(_stream(problem, request, cancel, settings), media_type=NDJSON)
+    task = asyncio.ensure_future(asyncio.to_thread(_run, problem, cancel, None, max_layouts(settings)))
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=POLL_S)
+            if not task.done() and await request.is_disconnected():
+                cancel.set()
+        return JSONResponse(result_dict(task.result()))
+    finally:
+        cancel.set()
+
+
+def _run(problem: Problem, cancel: threading.Event, progress, limit: int) -> SearchResult:
+    try:
+        return search(problem, progress=progress, cancelled=cancel.is_set, max_layouts=limit)
+    except CollectiveError as err:
+        raise SpecError(f"cluster.{err.field}", err.rule) from None
+
+
+async def _stream(problem: Problem, request: Request, cancel: threading.Event, settings):
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue = asyncio.Queue()
+
+    def progress(state: dict) -> None:
+        loop.call_soon_threadsafe(lines.put_nowait, {"type": "progress", **state})
+
+    task = asyncio.ensure_future(asyncio.to_thread(_run, problem, cancel, progress, max_layouts(settings)))
+    try:
+        while True:
+            try:
+                line = await asyncio.wait_for(lines.get(), timeout=POLL_S)
+                yield json.dumps(line) + "\n"
+                continue
+            except TimeoutError:
+                pass
+            if await request.is_disconnected():
+                cancel.set()
+                return
+            if task.done() and lines.empty():
+                break
+        try:
+            yield json.dumps({"type": "result", **result_dict(task.result())}) + "\n"
+        except (SpecError, CollectiveError) as err:
+            yield json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
+        except Cancelled:
+            return
+    finally:
+        cancel.set()  # the client went away (the generator is closed) or the search ended: stop the workers
+
+
+__all__ = ["problem_of", "result_dict", "router"]

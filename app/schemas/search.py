@@ -1,0 +1,87 @@
+"""POST /v1/search request and response (CONTRACT.md v1.1; docs/search.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .cluster import ClusterIn
+from .plan import ModelIn, WorkloadIn
+
+Degrees = int | list[int]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConstraintsIn(Strict):
+    """A fixed value or a list of allowed values per dimension; omitted: every valid value."""
+
+    tp: Degrees | None = None
+    cp: Degrees | None = None
+    pp: Degrees | None = None
+    ep: Degrees | None = None
+    expert_tp: Degrees | None = None
+    virtual_pipeline_stages: Degrees | None = None
+    pipeline_schedule: (
+        Literal["1f1b", "interleaved", "gpipe"] | list[Literal["1f1b", "interleaved", "gpipe"]] | None
+    ) = None
+    zero_stage: int | list[int] | None = None
+    sequence_parallel: bool | list[bool] | None = None
+    framework: Literal["megatron", "torch", "deepspeed"] | list[Literal["megatron", "torch", "deepspeed"]] | None = None
+    activation_recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None = (
+        None
+    )
+    recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None = Field(
+        default=None, description="alias of activation_recompute"
+    )
+    micro_batch_size: Degrees | None = None
+    memory_headroom: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="fraction of device memory a layout must leave free"
+    )
+
+
+class SearchRequest(Strict):
+    model: ModelIn
+    workload: WorkloadIn = Field(default_factory=WorkloadIn)
+    cluster: ClusterIn
+    constraints: ConstraintsIn = Field(default_factory=ConstraintsIn)
+    top_k: int = Field(default=10, ge=1, le=1000)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": {"preset": "gpt3-175b"},
+                    "workload": {"kind": "training", "global_batch_size": 1536},
+                    "cluster": {"preset": "dgx-a100", "num_nodes": 128},
+                    "constraints": {"framework": "megatron", "memory_headroom": 0.05},
+                    "top_k": 10,
+                }
+            ]
+        },
+    )
+
+
+class SearchResultOut(BaseModel):
+    parallel: dict[str, Any] = Field(description="the parallel block to post to /v1/plan as it is")
+    micro_batch_size: int
+    activation_recompute: str
+    step: dict[str, Any] | None = Field(description="the plan's step block (CONTRACT v1.1); time_s ranks")
+    memory: dict[str, Any] | None = Field(description="the plan's memory block (CONTRACT v1.1)")
+    communication_s: float = Field(description="the busiest stage's communication, calls serialised")
+
+
+class SearchOut(BaseModel):
+    evaluated: int = Field(description="layouts valid under every rule whose memory and step time were computed")
+    feasible: int = Field(description="evaluated layouts that fit in memory (with the headroom)")
+    elapsed_s: float
+    space_size: int = Field(description="layouts in the constrained space (evaluated + pruned other than memory)")
+    pruned: dict[str, int] = Field(description="layouts dropped, by the request field whose rule fails, or memory")
+    pruned_examples: dict[str, str] = Field(description="one message per reason, with the numbers")
+    layouts_per_s: float = Field(description="evaluated / elapsed_s")
+    workers: int = Field(description="processes the search ran on")
+    results: list[SearchResultOut]

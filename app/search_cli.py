@@ -1,0 +1,111 @@
+"""`commplan search FILE.json` and `commplan sweep SPEC.yaml` (the subcommands of app/cli.py)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import sys
+from pathlib import Path
+
+from planner.search import search
+from planner.sweep import Task, run, write
+
+from .routers.search import problem_of, result_dict
+from .schemas.search import SearchRequest
+from .settings import Settings
+
+
+def _read(path: str) -> dict:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    if path.endswith((".yaml", ".yml")):
+        import yaml  # pyyaml: only needed for YAML specs
+
+        return yaml.safe_load(text)
+    return json.loads(text)
+
+
+def _bar(state: dict) -> None:
+    total = max(state["total"], 1)
+    best = state["best"]["step_time_s"] if state["best"] else float("nan")
+    print(
+        f"\r{100 * state['done'] / total:5.1f}%  {state['evaluated']} evaluated, {state['feasible']} fit, "
+        f"best {best:.3f} s",
+        end="",
+        file=sys.stderr,
+    )
+
+
+def search_command(args) -> int:
+    try:
+        body = SearchRequest.model_validate(_read(args.file))
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
+        return 2
+    result = result_dict(search(problem_of(body, Settings.from_env()), progress=_bar, workers=args.workers))
+    print(file=sys.stderr)
+    if args.format == "json":
+        json.dump(result, sys.stdout, indent=2)
+        print()
+        return 0
+    print(
+        f"{result['evaluated']} layouts evaluated in {result['elapsed_s']:.2f} s "
+        f"({result['layouts_per_s']:.0f}/s on {result['workers']} process(es)); {result['feasible']} fit"
+    )
+    for reason, count in result["pruned"].items():
+        print(f"  pruned {count:>9d}  {reason}: {result['pruned_examples'].get(reason, '')}")
+    print(
+        f"\n{'#':>3} {'step':>9} {'tp':>3} {'cp':>3} {'pp':>3} {'v':>3} {'dp':>5} {'zero':>4} {'sp':>3} "
+        f"{'mbs':>4} {'recompute':>9} framework   peak mem"
+    )
+    for i, r in enumerate(result["results"], 1):
+        p, step, mem = r["parallel"], r["step"] or {}, r["memory"] or {}
+        peak = max((s["peak_bytes"] for s in mem.get("per_stage", [])), default=0)
+        sp = "y" if p["sequence_parallel"] else "n"
+        print(
+            f"{i:>3} {step.get('time_s', r['communication_s']):>8.3f}s {p['tp']:>3} {p['cp']:>3} {p['pp']:>3} "
+            f"{p['virtual_pipeline_stages']:>3} {p['dp']:>5} {p['zero_stage']:>4} {sp:>3} "
+            f"{r['micro_batch_size']:>4} {r['activation_recompute']:>9} {p['framework']:<10} {peak / 1e9:6.1f} GB"
+        )
+    return 0
+
+
+def _set(body: dict, dotted: str, value) -> None:
+    *path, last = dotted.split(".")
+    node = body
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def expand(spec: dict) -> list[tuple[str, dict]]:
+    """A sweep spec: ``{"base": SEARCH_REQUEST, "grid": {"dotted.field": [values, ...]}}`` -> one search
+    request per combination, labelled ``field=value,...``; or ``{"searches": [{"label", ...request}]}``."""
+    if "searches" in spec:
+        return [(s.pop("label", f"search {i}"), s) for i, s in enumerate(copy.deepcopy(spec["searches"]))]
+    grid = spec.get("grid") or {}
+    out = []
+    for values in itertools.product(*grid.values()):
+        body = copy.deepcopy(spec["base"])
+        for name, value in zip(grid, values, strict=True):
+            _set(body, name, value)
+        out.append((",".join(f"{k}={v}" for k, v in zip(grid, values, strict=True)) or "base", body))
+    return out
+
+
+def sweep_command(args) -> int:
+    try:
+        spec = _read(args.spec)
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"commplan: cannot read {args.spec}: {err}", file=sys.stderr)
+        return 2
+    settings = Settings.from_env()
+    tasks = [Task(label, problem_of(SearchRequest.model_validate(body), settings)) for label, body in expand(spec)]
+
+    def bar(done: int, total: int) -> None:
+        print(f"\r{done}/{total} chunks", end="", file=sys.stderr)
+
+    rows = run(tasks, args.engine, args.workers, bar)
+    print(file=sys.stderr)
+    print(f"{len(rows)} rows from {len(tasks)} searches -> {write(rows, args.out)}")
+    return 0

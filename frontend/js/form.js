@@ -1,0 +1,158 @@
+// The configuration form <-> a POST /v1/plan request, scenarios, and 422 messages marked on their inputs.
+import { $, el, options } from "./dom.js";
+import { state } from "./state.js";
+
+export const SCENARIOS = [
+  { id: "llama70b-h100", label: "Llama-3 70B on 64 DGX H100 nodes, TP8 PP4 DP16, ZeRO-1",
+    request: { model: { preset: "llama3-70b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 1024 },
+      parallel: { tp: 8, pp: 4, dp: 16, zero_stage: 1, sequence_parallel: true }, cluster: { preset: "dgx-h100", num_nodes: 64 } } },
+  { id: "llama405b-16k", label: "Llama-3 405B on 2,048 DGX H100 nodes, TP8 PP16 DP128, ZeRO-1",
+    request: { model: { preset: "llama3-405b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 2048 },
+      parallel: { tp: 8, pp: 16, dp: 128, zero_stage: 1, sequence_parallel: true, first_stage_layers: 7, last_stage_layers: 7 },
+      cluster: { preset: "dgx-h100", num_nodes: 2048 } } },
+  { id: "dsv3", label: "DeepSeek-V3 on 256 DGX H100 nodes, PP16 EP64, ZeRO-1",
+    request: { model: { preset: "deepseek-v3" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 15360 },
+      parallel: { tp: 1, pp: 16, dp: 128, ep: 64, zero_stage: 1, first_stage_layers: 3, last_stage_layers: 2 },
+      cluster: { preset: "dgx-h100", num_nodes: 256 } } },
+  { id: "mixtral-npu", label: "Mixtral 8x7B on four 8-NPU full-mesh boards, EP8, ZeRO-1",
+    request: { model: { preset: "mixtral-8x7b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 256 },
+      parallel: { tp: 1, pp: 1, dp: 32, ep: 8, zero_stage: 1 }, cluster: { preset: "npu-mesh-8", num_nodes: 4 } } },
+  { id: "fsdp-a100", label: "Llama-3 8B with FSDP2 on 2 DGX A100 nodes (PyTorch)",
+    request: { model: { preset: "llama3-8b" }, workload: { kind: "training", micro_batch_size: 2, global_batch_size: 64 },
+      parallel: { tp: 1, pp: 1, dp: 16, zero_stage: 3, framework: "torch" }, cluster: { preset: "dgx-a100", num_nodes: 2 } } },
+  { id: "decode", label: "Llama-3 70B decode, TP8, 64 sequences on one DGX H100",
+    request: { model: { preset: "llama3-70b" }, workload: { kind: "inference", phase: "decode", batch_size: 64, context_length: 8192 },
+      parallel: { tp: 8, pp: 1, dp: 1 }, cluster: { preset: "dgx-h100", num_nodes: 1 } } },
+  { id: "gpt3-a100", label: "GPT-3 175B on 128 DGX A100 nodes, TP8 PP8 DP16",
+    request: { model: { preset: "gpt3-175b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 1536 },
+      parallel: { tp: 8, pp: 8, dp: 16, zero_stage: 1, sequence_parallel: true }, cluster: { preset: "dgx-a100", num_nodes: 128 } } },
+];
+
+// request field -> form control, so 422 messages mark the right input
+const FIELDS = {
+  "model.preset": "model-preset", "model.hf_config": "hf-config", "model.seq_length": "seq-length", "workload.seq_length": "seq-length",
+  "workload.kind": "kind", "workload.micro_batch_size": "micro-batch", "workload.global_batch_size": "global-batch",
+  "workload.activation_recompute": "recompute", "workload.phase": "phase", "workload.batch_size": "batch-size",
+  "workload.context_length": "context-length", "parallel.tp": "tp", "parallel.pp": "pp", "parallel.dp": "dp",
+  "parallel.cp": "cp", "parallel.ep": "ep", "parallel.zero_stage": "zero", "parallel.sequence_parallel": "sp",
+  "parallel.pipeline_schedule": "schedule", "parallel.virtual_pipeline_stages": "vpp", "parallel.framework": "framework",
+  "parallel.first_stage_layers": "first-layers", "parallel.last_stage_layers": "last-layers", "parallel": "tp",
+  "cluster.preset": "cluster-preset", "cluster.num_nodes": "nodes", "cluster.intra.bandwidth_GBps": "intra-bw",
+  "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
+  "options.algorithm": "algorithm",
+};
+const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
+
+const num = (id) => { const v = $(id).value.trim(); return v === "" ? undefined : Number(v); };
+const put = (obj, key, value) => { if (value !== undefined && value !== "" && !Number.isNaN(value)) obj[key] = value; };
+
+export class FormError extends Error {
+  constructor(field, msg) { super(msg); this.field = field; }
+}
+
+export function readForm() {
+  const model = {};
+  if ($("model-source-hf").checked) {
+    try { model.hf_config = JSON.parse($("hf-config").value || "{}"); } catch (e) { throw new FormError("model.hf_config", `config.json is not valid JSON: ${e.message}`); }
+  } else model.preset = $("model-preset").value;
+  put(model, "seq_length", num("seq-length"));
+  const workload = { kind: $("kind").value };
+  if (workload.kind === "training") {
+    put(workload, "micro_batch_size", num("micro-batch")); put(workload, "global_batch_size", num("global-batch"));
+    workload.activation_recompute = $("recompute").value;
+  } else {
+    workload.phase = $("phase").value; put(workload, "batch_size", num("batch-size")); put(workload, "context_length", num("context-length"));
+  }
+  const parallel = { zero_stage: Number($("zero").value), sequence_parallel: $("sp").checked,
+    pipeline_schedule: $("schedule").value, framework: $("framework").value };
+  for (const [key, id] of [["tp", "tp"], ["pp", "pp"], ["dp", "dp"], ["cp", "cp"], ["ep", "ep"], ["virtual_pipeline_stages", "vpp"],
+    ["first_stage_layers", "first-layers"], ["last_stage_layers", "last-layers"]]) put(parallel, key, num(id));
+  const cluster = { preset: $("cluster-preset").value };
+  put(cluster, "num_nodes", num("nodes"));
+  const base = state.presets.clusters[cluster.preset];
+  if (num("intra-bw") !== undefined) cluster.intra = { bandwidth_GBps: num("intra-bw") };
+  put(cluster, "nics_per_node", num("nics")); put(cluster, "nic_bandwidth_GBps", num("nic-bw"));
+  const network = {};
+  put(network, "oversubscription", num("oversub"));
+  if (base && base.network && base.network.rail_optimized !== $("rail").checked) network.rail_optimized = $("rail").checked;
+  if (Object.keys(network).length) cluster.network = network;
+  // 24 links: enough to colour a node's GPU links and NICs in the topology view
+  return { model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } };
+}
+
+const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
+
+export function fillForm(req) {
+  const obj = (v) => (v && typeof v === "object" ? v : {});
+  const m = obj(req.model), w = obj(req.workload), p = obj(req.parallel), c = obj(req.cluster);
+  $("model-source-hf").checked = !!m.hf_config; $("model-source-preset").checked = !m.hf_config;
+  if (m.preset) setSelect("model-preset", m.preset);
+  $("hf-config").value = m.hf_config ? JSON.stringify(m.hf_config, null, 1) : "";
+  $("seq-length").value = str(w.seq_length ?? m.seq_length);
+  $("kind").value = w.kind === "inference" ? "inference" : "training";
+  $("micro-batch").value = str(w.micro_batch_size, "1"); $("global-batch").value = str(w.global_batch_size, "1024");
+  setSelect("recompute", w.activation_recompute || "none"); setSelect("phase", w.phase || "prefill");
+  $("batch-size").value = str(w.batch_size, "64"); $("context-length").value = str(w.context_length);
+  for (const [key, id, dflt] of [["tp", "tp", "1"], ["pp", "pp", "1"], ["dp", "dp", ""], ["cp", "cp", "1"], ["ep", "ep", "1"],
+    ["virtual_pipeline_stages", "vpp", "1"], ["first_stage_layers", "first-layers", ""], ["last_stage_layers", "last-layers", ""]]) $(id).value = str(p[key], dflt);
+  setSelect("zero", String(p.zero_stage ?? 0)); $("sp").checked = !!p.sequence_parallel;
+  setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
+  if (c.preset) setSelect("cluster-preset", c.preset);
+  $("nodes").value = str(c.num_nodes, "1");
+  $("intra-bw").value = str(obj(c.intra).bandwidth_GBps); $("nics").value = str(c.nics_per_node); $("nic-bw").value = str(c.nic_bandwidth_GBps);
+  $("oversub").value = str(obj(c.network).oversubscription);
+  const base = state.presets.clusters[$("cluster-preset").value];
+  $("rail").checked = obj(c.network).rail_optimized ?? (base && base.network ? base.network.rail_optimized : true);
+  setSelect("algorithm", obj(req.options).algorithm || "auto");
+  syncVisibility();
+}
+
+// a value the select does not offer (say, a preset name from a pasted link) is added as an option, as text,
+// so the server names it in its 422 instead of the page silently picking another
+function setSelect(id, value) {
+  const select = $(id), v = String(value);
+  if (![...select.options].some((o) => o.value === v)) select.append(el("option", { value: v }, v));
+  select.value = v;
+}
+
+export function syncVisibility() {
+  const values = { "model-source": $("model-source-hf").checked ? "hf" : "preset", kind: $("kind").value };
+  for (const node of document.querySelectorAll("[data-when]")) {
+    const [key, value] = node.dataset.when.split("=");
+    node.hidden = values[key] !== value;
+  }
+  const model = state.presets.models[$("model-preset").value];
+  $("model-facts").textContent = model && !$("model-source-hf").checked
+    ? `${model.num_layers} layers, hidden ${model.hidden_size}, ${model.num_attention_heads} heads / ${model.num_kv_heads || model.num_attention_heads} KV, `
+      + `${(model.params_total / 1e9).toFixed(1)}B parameters${model.moe ? ` (${(model.params_active / 1e9).toFixed(1)}B active)` : ""}`
+    : "";
+}
+
+export function fillPresets() {
+  options($("scenario"), [["", "— pick a scenario —"], ...SCENARIOS.map((s) => [s.id, s.label])]);
+  options($("model-preset"), Object.entries(state.presets.models).map(([k, m]) => [k, m.name || k]));
+  options($("cluster-preset"), Object.entries(state.presets.clusters).map(([k, c]) => [k, k, c.description]));
+  const algs = [...new Set(state.catalogue.map((c) => c.algorithm))].sort();
+  options($("algorithm"), [["auto", "auto (fastest the library would pick)"], ...algs.map((a) => [a, a])]);
+}
+
+// ---- errors: at the top of the results (first screen at every width), each naming and marking its input ----
+export function clearErrors() {
+  $("form-errors").replaceChildren();
+  $("form-errors").hidden = true;
+  for (const node of document.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
+}
+
+export function showErrors(detail) {
+  const items = detail.map((d) => {
+    const path = (d.loc || []).filter((x) => x !== "body").join(".");
+    const control = FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
+    const input = control && $(control);
+    if (input) input.setAttribute("aria-invalid", "true");
+    const go = input ? el("button", { type: "button", className: "link", onclick: () => { input.scrollIntoView({ block: "center" }); input.focus(); } },
+      `Go to ${LABELS[control] || (input.labels && input.labels[0] ? input.labels[0].textContent.trim() : control)}`) : null;
+    return el("li", {}, el("strong", {}, path || "request"), ": ", String(d.msg ?? ""), " ", go);
+  });
+  $("form-errors").replaceChildren(el("h2", {}, "This configuration cannot be planned"), el("ul", {}, items));
+  $("form-errors").hidden = false;
+}

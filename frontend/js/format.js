@@ -1,0 +1,68 @@
+// Human units (issue 14 point 4): 3 significant digits, decimal prefixes (1 GB = 1e9 B, as GB/s), never
+// scientific notation. The CLI (app/cli.py human_bytes/human_seconds) follows the same rules.
+const BYTE_UNITS = [["PB", 1e15], ["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["KB", 1e3]];
+const TIME_UNITS = [["s", 1], ["ms", 1e-3], ["µs", 1e-6], ["ns", 1e-9]];
+const COUNT_UNITS = [["T", 1e12], ["B", 1e9], ["M", 1e6], ["K", 1e3]];
+
+// n (default 3) significant digits as a plain decimal: 1530 -> "1530", 0.01234 -> "0.0123", 0.9996 -> "1.00"
+export function sig3(x, n = 3) {
+  const r = Number(Number(x).toPrecision(n));
+  if (r === 0 || !Number.isFinite(r)) return r === 0 ? "0" : String(r);
+  return r.toFixed(Math.max(0, n - 1 - Math.floor(Math.log10(Math.abs(r)))));
+}
+
+// the largest unit in which the rounded value is at least 1 (999.6 ms -> "1.00 s")
+function human(x, units, floor, n = 3) {
+  for (const [unit, scale] of units) if (Math.abs(Number((x / scale).toPrecision(n))) >= 1) return `${sig3(x / scale, n)} ${unit}`;
+  return floor(x);
+}
+
+export const fmtBytes = (n) => (n === null || n === undefined || Number.isNaN(n) ? "–"
+  : Math.abs(n) < 999.5 ? `${Math.round(n)} B` : human(n, BYTE_UNITS));
+export const fmtTime = (s) => (s === null || s === undefined || Number.isNaN(s) ? "–" : s === 0 ? "0 s"
+  : human(s, TIME_UNITS, (v) => `${sig3(v / 1e-9)} ns`));
+export const fmtCount = (n) => (n === null || n === undefined ? "–" : Math.abs(n) < 999.5 ? sig3(n)
+  : human(n, COUNT_UNITS));
+export const fmtInt = (n) => (n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"));
+export const fmtPct = (x) => (x === null || x === undefined ? "–" : `${sig3(100 * x)}%`);
+export const fmtBw = (gbps) => (gbps === null || gbps === undefined ? "–" : `${sig3(gbps)} GB/s`);
+
+// axis ticks: "0" for zero, else the same units (ECharts passes plain numbers)
+export const axisTime = (v) => (v === 0 ? "0" : fmtTime(v));
+export const axisBytes = (v) => (v === 0 ? "0" : fmtBytes(v));
+
+// ticks over a narrow range (8.140 s .. 8.150 s) need more than 3 digits to differ: enough digits to
+// resolve a tenth of the range, never fewer than 3
+export function fineAxisTime(values) {
+  const lo = Math.min(...values), hi = Math.max(...values), span = hi - lo;
+  const n = span > 0 && hi > 0 ? Math.min(8, Math.max(3, Math.ceil(Math.log10(hi / (span / 10))))) : 3;
+  return (v) => (v === 0 ? "0" : human(v, TIME_UNITS, (x) => `${sig3(x / 1e-9, n)} ns`, n));
+}
+
+export const fmtStages = (st) => (st.length > 2 && st[st.length - 1] - st[0] === st.length - 1 ? `${st[0]}–${st[st.length - 1]}` : st.join(","));
+export function fmtRanks(ranks) {
+  const out = [];
+  let i = 0;
+  while (i < ranks.length) {
+    let j = i;
+    while (j + 1 < ranks.length && ranks[j + 1] === ranks[j] + 1) j++;
+    out.push(j > i + 1 ? `${ranks[i]}–${ranks[j]}` : ranks.slice(i, j + 1).join(","));
+    i = j + 1;
+  }
+  return out.join(",") || "·";
+}
+
+export const PAR_COLORS = { tp: "#2f6fb0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", embedding: "#7f8c8d" };
+export const utilColor = (u) => (u >= 0.9 ? "#c0392b" : u >= 0.5 ? "#e67e22" : u > 0 ? "#27ae60" : "#c5ced8");
+export const timeIter = (c) => c.time_s * c.calls_per_iteration;
+
+// ECharts writes tooltip text as HTML: every string that reaches a tooltip goes through esc()
+const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+export const esc = (text) => String(text ?? "").replace(/[&<>"']/g, (c) => ESC[c]);
+
+// an axis-trigger tooltip: the category, then "series: value" per series, all escaped
+export const axisTooltip = (fmt) => (params) => {
+  const list = Array.isArray(params) ? params : [params];
+  const head = list.length ? esc(list[0].axisValueLabel ?? list[0].name) : "";
+  return [head, ...list.filter((p) => p.value !== 0 && p.value != null).map((p) => `${p.marker || ""}${esc(p.seriesName)}: ${esc(fmt(Array.isArray(p.value) ? p.value[1] : p.value))}`)].join("<br>");
+};

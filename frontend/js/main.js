@@ -1,0 +1,167 @@
+// commplan what-if page: wires the modules. No build step: ES modules; ECharts and Cytoscape.js vendored.
+import { ApiError, getJson, postJson, Unreachable } from "./api.js";
+import { $ } from "./dom.js";
+import { fmtBw, fmtBytes, fmtInt, fmtStages, fmtTime, timeIter } from "./format.js";
+import { clearErrors, fillForm, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
+import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
+import { renderMemory } from "./memory.js";
+import { renderParChart } from "./charts.js";
+import { applyLayout, initSearch, renderSearch } from "./search.js";
+import { loadUrl, saveUrl, state } from "./state.js";
+import { explore } from "./explorer.js";
+import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
+import { renderSummary } from "./summary.js";
+import { renderTimeline } from "./timeline.js";
+import { drawTopology } from "./topology.js";
+
+// ---- honest updates: stale while replanning, stale-and-invalid while the inputs cannot be planned ----------
+function setStale(kind) {
+  state.stale = kind;
+  const results = $("results");
+  results.classList.toggle("stale", !!kind && !!state.plan);
+  $("stale-badge").classList.toggle("off", !kind || !state.plan);  // keeps its space: no layout shift under the pointer
+  $("stale-badge").textContent = kind === "invalid" ? "Stale: these results are for the last valid configuration, not the inputs shown"
+    : kind === "offline" ? "Stale: the server could not be reached" : "Stale: replanning…";
+}
+
+function banner(text) { $("banner").hidden = !text; $("banner").textContent = text || ""; }
+
+function formChanged() {
+  try { return JSON.stringify(readForm()) !== JSON.stringify(state.request); } catch { return true; }
+}
+
+let debounce = null;
+function schedulePlan(delay = 250) { setStale("pending"); clearTimeout(debounce); debounce = setTimeout(runPlan, delay); }
+
+async function runPlan() {
+  let request;
+  try { request = readForm(); } catch (err) {
+    if (!(err instanceof FormError)) throw err;
+    clearErrors(); showErrors([{ loc: ["body", ...err.field.split(".")], msg: err.message }]); setStale("invalid");
+    $("status").textContent = "Invalid configuration.";
+    return;
+  }
+  state.request = request;
+  saveUrl();
+  const seq = ++state.planSeq;
+  $("results").setAttribute("aria-busy", "true");
+  $("status").textContent = "Planning…";
+  let plan;
+  try {
+    plan = await postJson("/v1/plan", request);
+  } catch (err) {
+    if (seq !== state.planSeq) return;
+    $("results").setAttribute("aria-busy", "false");
+    if (err instanceof ApiError && (err.status === 422 || err.status === 413)) {
+      clearErrors(); banner(null); showErrors(err.detail); setStale("invalid");
+      $("status").textContent = "Invalid configuration: see the message above.";
+    } else {
+      banner(err instanceof Unreachable ? `${err.message} Check that it is running; the page retries when you change a field.` : `The server failed: ${err.message}`);
+      setStale("offline");
+      $("status").textContent = err instanceof Unreachable ? "Server unreachable." : "Server error.";
+    }
+    return;
+  }
+  if (seq !== state.planSeq) return;
+  $("results").setAttribute("aria-busy", "false");
+  clearErrors(); banner(null);
+  state.plan = plan;
+  setStale(false);
+  try { render(); } catch (err) { banner(`The page failed to show this plan: ${err.message}`); throw err; }
+}
+
+function render() {
+  const plan = state.plan, totals = plan.totals, busiest = totals.busiest_stage;
+  const onBusiest = plan.calls.filter((c) => c.stages.includes(busiest));
+  $("status").textContent = `${fmtInt(plan.world_size)} devices, ${fmtInt(plan.num_microbatches)} micro-batch${plan.num_microbatches > 1 ? "es" : ""} per iteration, `
+    + `${plan.calls.length} kinds of call. Busiest stage: ${busiest}.`;
+  renderSummary(plan, onBusiest, state.request && state.request.workload.kind);
+  renderTimeline(plan);
+  renderMemory(plan);
+  renderParChart(onBusiest);
+  renderFilters(plan);
+  renderTable();
+  const sel = state.selected;
+  const keep = sel && plan.calls.find((c) => c.name === sel.name && c.stages.includes(sel.stage));
+  const first = [...onBusiest].sort((a, b) => timeIter(b) - timeIter(a))[0];
+  selectCall(keep || first, false);
+}
+
+// ---- selected call: every ledger field, the topology, the explorer and the step view ---------------------------
+function selectCall(call, save = true) {
+  if (!call) return;
+  state.selected = { name: call.name, stage: call.stages[0] };
+  for (const row of $("ledger").tBodies[0].rows) row.setAttribute("aria-selected", String(row.dataset.name === call.name && Number(row.dataset.stage) === call.stages[0]));
+  const p = call.placement, link = (p.links || [])[0];
+  $("detail-title").textContent = `Selected call: ${call.name} (stage${call.stages.length > 1 ? "s" : ""} ${fmtStages(call.stages)})`;
+  $("detail-text").textContent = `${call.op} of ${fmtBytes(call.message_bytes)} over ${call.group_size} ranks `
+    + `(${fmtInt(call.num_groups)} groups at once, ${String(p.span).replace("_", "-")}, ${p.nodes_per_group} node${p.nodes_per_group > 1 ? "s" : ""} per group), `
+    + `${fmtInt(call.calls_per_iteration)}× per iteration in the ${call.phase} pass with ${call.algorithm}${call.protocol ? ` (${call.protocol})` : ""}: `
+    + `${fmtTime(call.time_s)} per call, ${fmtTime(timeIter(call))} per iteration, ${fmtBytes(call.bytes_sent_per_rank)} sent per rank per call, bus bandwidth ${fmtBw(p.busbw_GBps)}. `
+    + (link ? `The busiest link is ${link.label} (${link.kind}, ${fmtBw(link.capacity_GBps)}), busy ${(100 * link.utilisation).toFixed(0)}% of the call` : "")
+    + (link && link.utilisation > 0.8 ? ": the call is bandwidth-bound there." : link ? ": latency dominates." : ".")
+    + (call.source ? ` Source: ${call.source}.` : "");
+  drawTopology(call, state.plan.cluster);
+  explore(call);
+  presetSteps(call);
+  if (save) saveUrl();
+}
+
+function loadLayout(hit) {
+  state.selected = null;
+  fillForm(applyLayout(state.request, hit));
+  $("scenario").value = "";
+  schedulePlan(0);
+  $("results").scrollIntoView({ block: "start" });
+}
+
+// ---- start ------------------------------------------------------------------------------------------------------
+async function start() {
+  try {
+    const [models, clusters, catalogue] = await Promise.all(["/v1/presets/models", "/v1/presets/clusters", "/v1/collectives/algorithms"].map(getJson));
+    Object.assign(state.presets, { models, clusters }); state.catalogue = catalogue;
+  } catch {
+    banner(`Cannot reach the commplan server at ${location.origin}.`); $("status").textContent = "Server unreachable."; return;
+  }
+  fillPresets();
+  fillStepOps();
+  const saved = loadUrl();
+  if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
+
+  $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); schedulePlan(); });
+  // a blur after typing fires "change" for a value already planned: replan only when the request differs
+  $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });
+  $("config").addEventListener("submit", (e) => { e.preventDefault(); schedulePlan(0); });
+  $("scenario").addEventListener("change", () => {
+    const s = SCENARIOS.find((x) => x.id === $("scenario").value);
+    if (s) { state.selected = null; fillForm(s.request); schedulePlan(0); }
+  });
+  $("share").addEventListener("click", async () => {
+    saveUrl();
+    try { await navigator.clipboard.writeText(location.href); $("share").textContent = "Link copied"; } catch { $("share").textContent = "Link in address bar"; }
+    setTimeout(() => { $("share").textContent = "Copy link"; }, 2000);
+  });
+  $("filter-text").addEventListener("input", renderTable);
+  $("filter-par").addEventListener("change", renderTable);
+  $("all-columns").addEventListener("change", () => $("ledger").classList.toggle("all-columns", $("all-columns").checked));
+  for (const button of document.querySelectorAll("[data-export]")) button.addEventListener("click", () => exportPlan(button.dataset.export));
+  $("ledger").tHead.addEventListener("click", (e) => { const key = e.target.closest("button")?.dataset.sort; if (key) sortBy(key); });
+  const pick = (row) => selectCall(state.plan.calls.find((c) => c.name === row.dataset.name && c.stages.includes(Number(row.dataset.stage))));
+  $("ledger").tBodies[0].addEventListener("click", (e) => { const row = e.target.closest("tr"); if (row) pick(row); });
+  $("ledger").tBodies[0].addEventListener("keydown", (e) => {
+    const row = e.target.closest("tr"); if (!row) return;
+    if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pick(row); }
+    if (e.key === "ArrowDown") { e.preventDefault(); row.nextElementSibling?.focus(); }
+    if (e.key === "ArrowUp") { e.preventDefault(); row.previousElementSibling?.focus(); }
+  });
+  $("step-op").addEventListener("change", fillStepAlgorithms);
+  $("step-load").addEventListener("click", loadSteps);
+  $("step-prev").addEventListener("click", () => { stopPlay(); step(-1); });
+  $("step-next").addEventListener("click", () => { stopPlay(); step(1); });
+  $("step-play").addEventListener("click", togglePlay);
+  initSearch(loadLayout);
+  await runPlan();
+}
+
+window.commplan = { state, render, runPlan, renderSearch };  // for the browser tests and the curious
+start();

@@ -1,0 +1,178 @@
+// "Find a layout": POST /v1/search (NDJSON progress) for this model, workload and cluster; the results as a
+// table and a step-time vs memory scatter with its Pareto front; a click loads a layout into the form; two
+// ticked results (or one and the current plan) compared side by side.
+import { postJson, search } from "./api.js";
+import { $, el } from "./dom.js";
+import { axisBytes, esc, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtTime, timeIter } from "./format.js";
+import { chart, narrow } from "./charts.js";
+import { state } from "./state.js";
+
+let controller = null, onLoad = () => {};
+const ticked = new Set();
+
+export function initSearch(loadLayout) {
+  onLoad = loadLayout;
+  $("search-run").addEventListener("click", runSearch);
+  $("search-stop").addEventListener("click", () => controller && controller.abort());
+  $("compare-run").addEventListener("click", runCompare);
+}
+
+export const peakOf = (hit) => Math.max(0, ...((hit.memory && hit.memory.per_stage) || []).map((s) => s.peak_bytes));
+export const layoutName = (p) => ["tp", "pp", "dp", "cp", "ep"].filter((k) => k === "tp" || k === "pp" || k === "dp" || (p[k] || 1) > 1)
+  .map((k) => `${k.toUpperCase()}${p[k] ?? 1}`).join(" ") + (p.zero_stage ? ` ZeRO-${p.zero_stage}` : "")
+  + (p.virtual_pipeline_stages > 1 ? ` v${p.virtual_pipeline_stages}` : "") + (p.framework && p.framework !== "megatron" ? ` (${p.framework})` : "");
+
+export function applyLayout(request, hit) {
+  return { ...request, parallel: { ...hit.parallel },
+    workload: { ...request.workload, micro_batch_size: hit.micro_batch_size, activation_recompute: hit.activation_recompute } };
+}
+
+function searchBody() {
+  const r = state.request;
+  const workload = { kind: "training", global_batch_size: r.workload.global_batch_size };
+  if (r.workload.seq_length) workload.seq_length = r.workload.seq_length;
+  const constraints = {};
+  const headroom = Number($("search-headroom").value);
+  if (headroom > 0) constraints.memory_headroom = headroom / 100;
+  if ($("search-framework").checked) constraints.framework = r.parallel.framework || "megatron";
+  return { model: r.model, workload, cluster: r.cluster, constraints, top_k: Number($("search-topk").value) || 20 };
+}
+
+async function runSearch() {
+  if (!state.request) return;
+  if (state.request.workload.kind !== "training") { $("search-status").textContent = "The search ranks training layouts: switch the workload to training."; return; }
+  controller = new AbortController();
+  $("search-run").disabled = true; $("search-stop").hidden = false; $("search-progress").hidden = false;
+  setProgress(0, 1); $("search-status").textContent = "Searching…";
+  try {
+    const result = await search(searchBody(), (p) => {
+      setProgress(p.done, p.total);
+      $("search-status").textContent = `${fmtInt(p.done)} of ${fmtInt(p.total)} layouts, ${fmtInt(p.feasible)} fit`
+        + (p.best ? `; best so far ${layoutName(p.best.parallel)}, ${fmtTime(p.best.step_time_s)}` : "");
+    }, controller.signal);
+    state.search = result; ticked.clear();
+    setProgress(1, 1);
+    renderSearch();
+  } catch (err) {
+    $("search-status").textContent = err.name === "AbortError" ? "Search stopped." : `Search failed: ${err.message}`;
+  } finally {
+    $("search-run").disabled = false; $("search-stop").hidden = true; controller = null;
+  }
+}
+
+function setProgress(done, total) {
+  const frac = total ? Math.min(1, done / total) : 0;
+  $("search-bar").style.width = `${(100 * frac).toFixed(1)}%`;
+  $("search-progress").setAttribute("aria-valuenow", String(Math.round(100 * frac)));
+}
+
+// the layouts no other result beats in both step time and memory
+export function paretoFront(hits) {
+  const pts = hits.map((h, i) => ({ i, x: peakOf(h), y: h.step.time_s })).sort((a, b) => a.x - b.x || a.y - b.y);
+  const front = [];
+  let best = Infinity;
+  for (const p of pts) if (p.y < best) { front.push(p); best = p.y; }
+  return front;
+}
+
+export function renderSearch() {
+  const result = state.search;
+  if (!result) return;
+  const hits = result.results || [];
+  const pruned = Object.entries(result.pruned || {}).map(([k, v]) => `${k} ${fmtInt(v)}`).join(", ");
+  $("search-status").textContent = `${fmtInt(result.evaluated)} layouts evaluated, ${fmtInt(result.feasible)} fit, in ${fmtTime(result.elapsed_s)}.`
+    + (pruned ? ` Pruned: ${pruned}.` : "") + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.");
+  $("search-results").hidden = !hits.length;
+  if (!hits.length) return;
+  const front = paretoFront(hits), onFront = new Set(front.map((p) => p.i));
+  $("search-table").tBodies[0].replaceChildren(...hits.map((h, i) => el("tr", { tabIndex: 0, "data-index": i, "aria-selected": "false", onclick: (e) => { if (!e.target.closest("input")) onLoad(h); },
+    onkeydown: (e) => { if (e.key === "Enter") onLoad(h); } },
+    el("td", { className: "num" }, String(i + 1)),
+    el("td", {}, layoutName(h.parallel), onFront.has(i) ? el("span", { className: "tag", title: "on the Pareto front" }, "front") : null),
+    el("td", { className: "num col-wide" }, String(h.micro_batch_size)),
+    el("td", { className: "col-wide" }, String(h.activation_recompute)),
+    el("td", { className: "num" }, fmtTime(h.step.time_s)),
+    el("td", { className: "num col-wide" }, fmtPct(h.step.mfu)),
+    el("td", { className: "num" }, fmtBytes(peakOf(h))),
+    el("td", {}, el("input", { type: "checkbox", "aria-label": `compare layout ${i + 1}`, checked: ticked.has(i),
+      onchange: (e) => { if (e.target.checked) ticked.add(i); else ticked.delete(i); $("compare-run").disabled = ticked.size < 1 || ticked.size > 2; } })),
+  )));
+  $("compare-run").disabled = ticked.size < 1 || ticked.size > 2;
+  const c = chart("search-chart");
+  c.setOption({
+    animation: false, legend: { top: 0 },
+    tooltip: { formatter: (p) => esc(p.seriesName === "Pareto front" ? "Pareto front" : `#${p.dataIndex + 1} ${layoutName(hits[p.dataIndex].parallel)}: ${fineAxisTime(hits.map((h) => h.step.time_s))(p.value[1])}, ${fmtBytes(p.value[0])}`) },
+    grid: { left: narrow() ? 58 : 72, right: 20, top: 36, bottom: 44 },
+    xAxis: { type: "value", name: "peak memory per device", nameLocation: "middle", nameGap: 26, scale: true, splitNumber: narrow() ? 3 : 5,
+      axisLabel: { formatter: axisBytes, hideOverlap: true } },
+    yAxis: { type: "value", scale: true, axisLabel: { formatter: fineAxisTime(hits.map((h) => h.step.time_s)) } },
+    series: [
+      { name: "layouts", type: "scatter", symbolSize: 10, itemStyle: { color: "#2f6fb0" }, data: hits.map((h, i) => ({ value: [peakOf(h), h.step.time_s], itemStyle: { color: onFront.has(i) ? "#c0392b" : "#2f6fb0" } })) },
+      { name: "Pareto front", type: "line", step: "end", symbol: "none", itemStyle: { color: "#c0392b" }, lineStyle: { color: "#c0392b", type: "dashed" }, data: front.map((p) => [p.x, p.y]) },
+    ],
+  }, true);
+  c.resize();
+  c.off("click");
+  c.on("click", (p) => { if (p.seriesName === "layouts") onLoad(hits[p.dataIndex]); });
+}
+
+// ---- compare ------------------------------------------------------------------------------------------------
+async function runCompare() {
+  const hits = [...ticked].sort((a, b) => a - b).map((i) => state.search.results[i]);
+  const base = state.request;
+  const sides = hits.length === 2 ? hits.map((h, k) => ({ label: `#${[...ticked].sort((a, b) => a - b)[k] + 1} ${layoutName(h.parallel)}`, request: applyLayout(base, h) }))
+    : [{ label: `current: ${layoutName(base.parallel)}`, request: base }, { label: `#${[...ticked][0] + 1} ${layoutName(hits[0].parallel)}`, request: applyLayout(base, hits[0]) }];
+  $("compare").hidden = false;
+  $("compare-body").replaceChildren(el("p", { className: "hint" }, "Planning both layouts…"));
+  let plans;
+  try {
+    plans = await Promise.all(sides.map((s) => postJson("/v1/plan", s.request)));
+  } catch (err) {
+    $("compare-body").replaceChildren(el("p", { className: "bad" }, `Compare failed: ${err.message}`));
+    return;
+  }
+  renderCompare(sides.map((s) => s.label), plans);
+}
+
+const metric = (p, f) => { try { return f(p); } catch { return null; } };
+const METRICS = [
+  ["Step time", (p) => p.step.time_s, fmtTime],
+  ["MFU", (p) => p.step.mfu, fmtPct],
+  ["Tokens / s", (p) => p.step.tokens_per_s, fmtCount],
+  ["Exposed communication", (p) => p.step.exposed_comm_s, fmtTime],
+  ["Peak memory per device", (p) => Math.max(...p.memory.per_stage.map((s) => s.peak_bytes)), fmtBytes],
+  ["Communication if serialised", (p) => p.totals.time_s, fmtTime],
+];
+
+function worstByName(plan) {
+  const out = new Map();
+  for (const c of plan.calls) out.set(c.name, Math.max(out.get(c.name) || 0, timeIter(c)));
+  return out;
+}
+
+export function renderCompare(labels, plans) {
+  const head = el("tr", {}, el("th", { scope: "col" }, ""), el("th", { scope: "col", className: "num" }, "A"), el("th", { scope: "col", className: "num" }, "B"),
+    el("th", { scope: "col", className: "num" }, "B − A"));
+  const rows = METRICS.map(([name, f, fmt]) => {
+    const [a, b] = plans.map((p) => metric(p, f));
+    if (a === null && b === null) return null;
+    const d = a !== null && b !== null ? b - a : null;
+    return el("tr", {}, el("th", { scope: "row" }, name), el("td", { className: "num" }, fmt(a)), el("td", { className: "num" }, fmt(b)),
+      el("td", { className: `num ${d > 0 ? "worse" : d < 0 ? "better" : ""}` }, d === null ? "–" : `${d > 0 ? "+" : d < 0 ? "−" : ""}${fmt(Math.abs(d))}`));
+  });
+  const [wa, wb] = plans.map(worstByName);
+  const names = [...new Set([...wa.keys(), ...wb.keys()])]
+    .map((n) => ({ n, a: wa.get(n), b: wb.get(n) }))
+    .sort((x, y) => Math.abs((y.b || 0) - (y.a || 0)) - Math.abs((x.b || 0) - (x.a || 0))).slice(0, 15);
+  const diff = names.map(({ n, a, b }) => el("tr", {}, el("td", {}, n), el("td", { className: "num" }, a === undefined ? "absent" : fmtTime(a)),
+    el("td", { className: "num" }, b === undefined ? "absent" : fmtTime(b)),
+    el("td", { className: "num" }, a === undefined || b === undefined ? "–" : `${b >= a ? "+" : "−"}${fmtTime(Math.abs(b - a))}`)));
+  $("compare-body").replaceChildren(
+    el("p", { className: "compare-legend" }, el("strong", {}, "A"), ` = ${labels[0]} · `, el("strong", {}, "B"), ` = ${labels[1]}`),
+    el("div", { className: "table-wrap" }, el("table", { className: "compare-table" }, el("thead", {}, head), el("tbody", {}, rows.filter(Boolean)))),
+    el("h3", {}, "Ledger differences ", el("span", { className: "hint" }, "(time per iteration on the worst stage, largest changes first)")),
+    el("div", { className: "table-wrap" }, el("table", { className: "compare-table" },
+      el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Call"), ["A", "B", "B − A"].map((l) => el("th", { scope: "col", className: "num" }, l)))),
+      el("tbody", {}, diff))),
+  );
+}

@@ -1,0 +1,35 @@
+// The headline cards: step time, MFU, tokens/s and exposed communication when the plan has a step block
+// (CONTRACT v1.1), then the communication figures, labelled so nobody reads them as a step time.
+import { $, el } from "./dom.js";
+import { fmtBytes, fmtCount, fmtPct, fmtTime, PAR_COLORS, timeIter } from "./format.js";
+
+const card = (label, value, hint, extra, id) => el("div", { className: "card metric-card", "data-card": id },
+  el("div", { className: "metric-label" }, label), el("div", { className: "metric" }, value), hint ? el("div", { className: "hint" }, hint) : null, extra);
+
+export function renderSummary(plan, onBusiest, kind) {
+  const t = plan.totals, stage = t.per_stage[t.busiest_stage] || { bytes_sent: 0, message_bytes: 0 };
+  const cards = [];
+  const step = plan.step;
+  if (step) {
+    const inference = kind === "inference";
+    cards.push(card(inference ? "Latency" : "Step time", fmtTime(step.time_s),
+      `compute ${fmtTime(step.compute_s)} · bubble ${fmtTime(step.bubble_s)}`, null, "step"));
+    cards.push(card("MFU", fmtPct(step.mfu), "model FLOPs / peak FLOPs", null, "mfu"));
+    cards.push(card("Tokens / s", fmtCount(step.tokens_per_s), "whole job", null, "tokens"));
+    cards.push(card("Exposed communication", fmtTime(step.exposed_comm_s), "not hidden behind compute", null, "exposed"));
+  }
+  const shares = Object.entries(t.by_parallelism).filter(([, v]) => v.time_s > 0).sort((a, b) => b[1].time_s - a[1].time_s);
+  const bar = el("div", { className: "bar", "aria-hidden": "true" }, shares.map(([k, v]) =>
+    el("span", { style: { width: `${(100 * v.time_s / (t.time_s || 1)).toFixed(2)}%`, background: PAR_COLORS[k] || "#999" } })));
+  const legend = shares.filter(([, v]) => v.time_s >= 0.005 * t.time_s).map(([k, v]) => `${k} ${(100 * v.time_s / (t.time_s || 1)).toFixed(0)}%`).join(" · ");
+  cards.push(card("Communication if serialised", fmtTime(t.time_s),
+    `all calls of stage ${t.busiest_stage} back to back, no overlap: not a step time`, null, "comm"));
+  cards.push(card("Sent per rank per iteration", fmtBytes(stage.bytes_sent), `${fmtBytes(stage.message_bytes)} of messages`, null, "sent"));
+  cards.push(card("Share by parallelism", legend || "–", null, bar, "share"));
+  const top = [...onBusiest].sort((a, b) => timeIter(b) - timeIter(a))[0];
+  if (top) cards.push(card("Largest cost", top.name, `${fmtTime(timeIter(top))} per iteration; busiest link ${top.placement.bottleneck_link || "–"}`, null, "top"));
+  $("summary").replaceChildren(...cards);
+  const warnings = [...(plan.warnings || []), ...(plan.memory && plan.memory.fits === false ? ["The plan does not fit in device memory: see Memory per stage."] : [])];
+  $("warnings").replaceChildren(...warnings.map((w) => el("li", {}, String(w))));
+  $("warnings").hidden = !warnings.length;
+}

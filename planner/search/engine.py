@@ -1,0 +1,200 @@
+"""The search driver: walk the space in chunks of shapes (on both cores for long searches), keep the best
+screened layouts, re-evaluate them with ``build_plan`` and return the top k.
+
+Long searches run their chunks in worker processes Progress is reported between
+chunks; ``cancelled()`` is polled as well and stops the search: pending chunks are cancelled and the
+workers terminated.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .._errors import SpecError
+from ..plan import build_plan
+from .evaluate import Outcome, Problem, evaluate_shapes, space_of
+from .space import MEMORY, Layout, Pruned, Shape
+
+MAX_LAYOUTS = 2_000_000  # default size limit (COMMPLAN_MAX_SEARCH_LAYOUTS in the service)
+IN_PROCESS_BELOW = 20_000  # layouts: below this, worker start-up costs more than it saves
+CHUNK_LAYOUTS = 6_000  # target layouts per chunk: progress every ~0.3 s, and balanced cores
+PROGRESS_EVERY_S = 0.25
+
+
+class Cancelled(Exception):
+    """The caller went away (the HTTP client disconnected)."""
+
+
+@dataclass
+class Ranked:
+    layout: Layout
+    plan: dict  # Plan.to_dict() of the layout: step and memory blocks as /v1/plan answers them
+
+    @property
+    def time_s(self) -> float:
+        return step_time(self.plan)
+
+
+@dataclass
+class SearchResult:
+    space_size: int
+    outcome: Outcome
+    results: list[Ranked]
+    elapsed_s: float
+    workers: int = 1
+    pruned: Pruned = field(default_factory=Pruned)
+
+
+def step_time(plan: dict) -> float:
+    """The plan's step time; the communication of its busiest stage where no step model applies."""
+    step = plan.get("step")
+    return step["time_s"] if step else plan["totals"]["time_s"]
+
+
+def fits(plan: dict, headroom: float) -> bool:
+    memory = plan.get("memory")
+    if not memory:
+        return True
+    limit = memory["capacity_bytes"] * (1 - headroom)
+    return all(s["peak_bytes"] <= limit for s in memory["per_stage"])
+
+
+def chunks(shapes: list[Shape], cost: Callable[[Shape], int], target: int) -> list[list[Shape]]:
+    out, current, weight = [], [], 0
+    for shape in shapes:
+        current.append(shape)
+        weight += cost(shape)
+        if weight >= target:
+            out.append(current)
+            current, weight = [], 0
+    if current:
+        out.append(current)
+    return out
+
+
+def search(
+    problem: Problem,
+    progress: Callable[[dict], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    workers: int | None = None,
+    max_layouts: int = MAX_LAYOUTS,
+) -> SearchResult:
+    start = time.perf_counter()
+    space = space_of(problem)
+    size = space.size()
+    if size > max_layouts:
+        raise SpecError(
+            "constraints",
+            f"the space holds {size} layouts, above the limit of {max_layouts} (COMMPLAN_MAX_SEARCH_LAYOUTS); "
+            "fix or list values of tp, pp, cp, framework or micro_batch_size to narrow it",
+        )
+    total = Outcome()
+    shapes = list(space.shapes(total.pruned))
+    total.done = total.pruned.total
+
+    def cost(shape: Shape) -> int:
+        return space.variants_per_shape(shape.tp, shape.pp) * len(space.micro_batches(shape.dp)) * len(space.recomputes)
+
+    work = sum(cost(s) for s in shapes)
+    workers = workers or os.cpu_count() or 1
+    parts = chunks(shapes, cost, CHUNK_LAYOUTS)
+    last = [0.0]
+
+    def report(force: bool = False) -> None:
+        now = time.perf_counter()
+        if progress and (force or now - last[0] >= PROGRESS_EVERY_S):
+            last[0] = now
+            progress(_progress(total, size, now - start))
+
+    report(force=True)
+    if work < IN_PROCESS_BELOW or workers == 1 or len(parts) == 1:
+        workers = 1
+        for part in parts:
+            if cancelled and cancelled():
+                raise Cancelled()
+            total.merge(evaluate_shapes(problem, part), problem.keep)
+            report()
+    else:
+        _in_pool(problem, parts, total, workers, report, cancelled)
+    report(force=True)
+    results = _exact(problem, total)
+    return SearchResult(size, total, results, time.perf_counter() - start, workers, total.pruned)
+
+
+_POOL: dict = {}
+
+
+def _pool(workers: int) -> cf.ProcessPoolExecutor:
+    pool = _POOL.get(workers)
+    if pool is None:
+        # fork: a worker starts in milliseconds with the planner already imported, and runs only the pure
+        # chunk function (no locks of the server's threads are taken in it)
+        pool = _POOL[workers] = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    return pool
+
+
+def _drop_pool(workers: int) -> None:
+    pool = _POOL.pop(workers, None)
+    if pool is None:
+        return
+    for proc in list(getattr(pool, "_processes", {}).values()):  # terminate our own workers, by handle
+        proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _in_pool(problem, parts, total: Outcome, workers: int, report, cancelled) -> None:
+    pool = _pool(workers)
+    try:
+        pending = {pool.submit(evaluate_shapes, problem, part) for part in parts}
+    except cf.process.BrokenProcessPool:
+        _drop_pool(workers)
+        pool = _pool(workers)
+        pending = {pool.submit(evaluate_shapes, problem, part) for part in parts}
+    while pending:
+        done, pending = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
+        for future in done:
+            total.merge(future.result(), problem.keep)
+        if cancelled and cancelled():
+            _drop_pool(workers)
+            raise Cancelled()
+        report()
+
+
+def _exact(problem: Problem, total: Outcome) -> list[Ranked]:
+    """The best screened layouts through ``build_plan``: the step and memory blocks /v1/plan answers."""
+    ranked = []
+    for _, _, layout in total.best:
+        plan = build_plan(
+            problem.model, layout.workload(problem.work), layout.parallel, problem.cluster, problem.options
+        )
+        data = plan.to_dict()
+        if not fits(data, problem.constraints.memory_headroom):  # the screen and the plan disagree: trust the plan
+            total.feasible -= 1
+            total.pruned.add(MEMORY, 1)
+            continue
+        ranked.append(Ranked(layout, data))
+    ranked.sort(key=lambda r: r.time_s)
+    return ranked[: problem.top_k]
+
+
+def _progress(total: Outcome, size: int, elapsed: float) -> dict:
+    best = None
+    if total.best:
+        score, _, layout = total.best[0]
+        best = {"step_time_s": score, **layout.to_dict()}
+    return {
+        "done": total.done,
+        "total": size,
+        "evaluated": total.evaluated,
+        "feasible": total.feasible,
+        "elapsed_s": elapsed,
+        "best": best,
+    }
+
+
+__all__ = ["MAX_LAYOUTS", "Cancelled", "Ranked", "SearchResult", "search", "step_time"]

@@ -1,0 +1,258 @@
+"""Evaluate the layouts of one shape: validity, ledger from templates, prices from curves, memory, step time.
+
+This is the pure per-chunk function of the search and of sweeps: ``evaluate_shape(problem, shape)`` reads
+nothing but its arguments and returns counts and the best layouts of that shape.
+
+Work is shared down the tree of space.py: per shape one rank layout and one set of price curves; per
+(virtual stages, schedule, SP, framework, recompute) one activation-ledger template and per (virtual stages,
+schedule, ZeRO, framework) one data-parallel template; per layout only array arithmetic over the template's
+calls (messages x b, counts x m, time from the curve) and the step and memory models.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from collectives.topology import ClusterSpec
+
+from .._errors import SpecError
+from ..layout import RankLayout
+from ..model import ModelSpec
+from ..plan import Options, _symmetry_unit, cluster_for
+from ..workload import WorkloadSpec
+from . import templates
+from .prices import Pricer
+from .space import MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
+from .step_model import Priced, Row, StepModel
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A search problem: what every worker needs, small enough to pickle per chunk."""
+
+    model: ModelSpec
+    work: WorkloadSpec
+    cluster: ClusterSpec
+    constraints: Constraints = field(default_factory=Constraints)
+    top_k: int = 10
+    options: Options = field(default_factory=Options)
+
+    @property
+    def keep(self) -> int:
+        """Candidates kept per chunk and re-evaluated exactly at the end: top_k plus a margin, so that a
+        screening difference of a few ulps can never drop a true top-k layout."""
+        return self.top_k + max(8, self.top_k // 2)
+
+
+@dataclass
+class Outcome:
+    """What a chunk of the space yields; outcomes merge (the sweep and the search add them up)."""
+
+    done: int = 0  # layouts handled, pruned or not (progress)
+    evaluated: int = 0  # layouts valid under every rule: memory (and step when they fit) computed
+    feasible: int = 0
+    pruned: Pruned = field(default_factory=Pruned)
+    best: list[tuple[float, tuple, Layout]] = field(default_factory=list)  # (screened step s, tiebreak, layout)
+
+    def merge(self, other: Outcome, keep: int) -> None:
+        self.done += other.done
+        self.evaluated += other.evaluated
+        self.feasible += other.feasible
+        self.pruned.merge(other.pruned)
+        self.best = heapq.nsmallest(keep, self.best + other.best, key=_rank)
+
+
+_SPACES: dict = {}
+
+
+def space_of(problem: Problem) -> Space:
+    key = (problem.model, problem.work, problem.cluster, problem.constraints)
+    space = _SPACES.get(key)
+    if space is None:
+        cluster = cluster_for(problem.cluster)
+        space = _SPACES[key] = Space(problem.model, problem.work, cluster.num_devices, problem.constraints)
+        if len(_SPACES) > 8:
+            _SPACES.pop(next(iter(_SPACES)))
+    return space
+
+
+def batch_rule(space: Space, variant: Variant, b: int) -> SpecError | None:
+    """The micro-batch rules of planner/parallel.py ``_fits_workload`` for one b, once the variant passed
+    ``validate_parallel`` at b = 1 (the other rules do not read b). Same fields and messages."""
+    dp, pp, gbs = variant.shape.dp, variant.shape.pp, space.work.global_batch_size
+    if gbs % (b * dp):
+        return SpecError(
+            "workload.global_batch_size",
+            f"global_batch_size {gbs} is not divisible by micro_batch_size*dp = {b}*{dp} = {b * dp}",
+        )
+    m = gbs // (b * dp)
+    if variant.pipeline_schedule == "interleaved" and m % pp:
+        return SpecError(
+            "workload.global_batch_size", f"the interleaved schedule needs micro-batches {m} divisible by pp {pp}"
+        )
+    return None
+
+
+class ShapeEvaluator:
+    """Everything shared by the layouts of one shape."""
+
+    def __init__(self, problem: Problem, shape: Shape):
+        self.problem, self.shape = problem, shape
+        self.space = space_of(problem)
+        self.cluster = cluster_for(problem.cluster)
+        base = Variant(shape, 1, "1f1b", 0, False, "megatron").parallel()
+        self.layout = RankLayout(base)  # placements depend on the degrees and the order only
+        self.pricer = Pricer(self.cluster, problem.options)
+        self.step_model = StepModel(problem.model, self.cluster, problem.constraints.memory_headroom)
+        self._templates: dict = {}
+        self._curves: dict = {}
+        self._priced_memo: dict = {}
+
+    # ---- ledger ----------------------------------------------------------------------------------------
+    def template(self, rules, par, recompute: str) -> templates.Template | None:
+        key = (rules, par, recompute)
+        if key not in self._templates:
+            work = replace(self.problem.work, activation_recompute=recompute)
+            try:
+                self._templates[key] = templates.build(rules, self.problem.model, work, par)
+            except templates.NotLinear:
+                self._templates[key] = None
+        return self._templates[key]
+
+    def classes(self, tpl: templates.Template) -> list[tuple[int, tuple[int, ...], object]]:
+        """(call index, stages, price curve) per row the plan prices: a call's stages split where their
+        groups sit differently on the cluster, as ``planner.plan._price_by_stage`` splits them."""
+        key = id(tpl)
+        if key not in self._curves:
+            rows = []
+            for i, call in enumerate(tpl.calls):
+                for members in self._stage_classes(call):
+                    placement = self.layout.placement(call.group, members)
+                    rows.append((i, members, self.pricer.curve(call.op, placement)))
+            self._curves[key] = (tpl, rows)  # holding tpl keeps its id from being reused
+        return self._curves[key][1]
+
+    def _stage_classes(self, call) -> list[tuple[int, ...]]:
+        stages = call.stages
+        if len(stages) < 2 or call.group.pairs or self.shape.pp < 2:
+            return [tuple(stages)]
+        pipeline = self.layout.groups(("pp",), call.group.expert)[0]
+        stride = int(pipeline[1] - pipeline[0])
+        unit = _symmetry_unit(self.cluster)
+        classes: dict[int, list[int]] = {}
+        for s in stages:
+            classes.setdefault((s * stride) % unit if unit else s, []).append(s)
+        return [tuple(members) for members in classes.values()]
+
+    def calls(self, variant: Variant, b: int, recompute: str):
+        """(rows, counts, times) of one layout from the two templates (rows: what step_time reads of a
+        priced call); an exact ledger when a template refused."""
+        par = variant.parallel()
+        act_par = replace(par, zero_stage=0)  # the activation rules do not read the ZeRO stage
+        data_par = replace(par, sequence_parallel=False)  # the data-parallel rule does not read SP
+        m = self.problem.work.global_batch_size // (b * par.dp)
+        parts = []
+        for rules, p, rc in (
+            (templates.ACTIVATION_RULES, act_par, recompute),
+            (templates.DATA_RULES, data_par, "none"),
+        ):
+            tpl = self.template(rules, p, rc)
+            if tpl is None:
+                work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)
+                tpl = templates.Template.fixed(templates.exact(self.problem.model, work, par))
+                return self._rows(tpl, 1, 1)
+            parts.append(self._priced(tpl, b, m))
+        (ra, na, ta), (rd, nd, td) = parts
+        return ra + rd, np.concatenate([na, nd]), np.concatenate([ta, td])
+
+    def _priced(self, tpl: templates.Template, b: int, m: int):
+        """Rows of a template at micro-batch size b and count m: memoised, as every recompute and ZeRO
+        variant of the shape reuses them."""
+        key = (id(tpl), b, m)
+        found = self._priced_memo.get(key)
+        if found is None:
+            found = self._priced_memo[key] = self._rows(tpl, b, m)
+        return found
+
+    def _rows(self, tpl: templates.Template, b: int, m: int):
+        msgs, counts = tpl.messages(b).tolist(), tpl.counts(m).tolist()
+        rows, row_counts, times = [], [], []
+        for i, members, curve in self.classes(tpl):
+            call = tpl.calls[i]
+            t = curve.time(msgs[i])
+            call = replace(call, stages=members, message_bytes=msgs[i], calls_per_iteration=counts[i])
+            rows.append(Row(call, Priced(t)))
+            row_counts.append(counts[i])
+            times.append(t)
+        return rows, np.array(row_counts, dtype=np.float64), np.array(times)
+
+    # ---- the walk ----------------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        out = Outcome()
+        space, keep = self.space, self.problem.keep
+        recomputes = space.recomputes
+        bs = space.micro_batches(self.shape.dp)
+        for variant in space.variants(self.shape):
+            n = len(bs) * len(recomputes)
+            out.done += n
+            err = space.check(variant, 1)
+            if err is not None:
+                out.pruned.add(err.field, n, err.rule)
+                continue
+            for b in bs:
+                err = batch_rule(space, variant, b)
+                if err is not None:
+                    out.pruned.add(err.field, len(recomputes), err.rule)
+                    continue
+                for rc in recomputes:
+                    out.evaluated += 1
+                    layout = Layout(variant.parallel(), b, rc)
+                    score = self.score(variant, layout)
+                    if score is None:
+                        out.pruned.add(MEMORY, 1, self.step_model.last_reason)
+                        continue
+                    out.feasible += 1
+                    out.best.append((score, sort_key(layout), layout))
+                    if len(out.best) > 4 * keep:
+                        out.best = heapq.nsmallest(keep, out.best, key=_rank)
+        out.best = heapq.nsmallest(keep, out.best, key=_rank)
+        return out
+
+    def score(self, variant: Variant, layout: Layout) -> float | None:
+        """Screened step time in seconds, or None when the layout does not fit."""
+        work = layout.workload(self.problem.work)
+        rows, counts, times = self.calls(variant, layout.micro_batch_size, layout.activation_recompute)
+        if not self.step_model.fits(layout.parallel, work, rows):
+            return None
+        return self.step_model.step_time(layout.parallel, work, rows, counts, times)
+
+
+def sort_key(layout: Layout) -> tuple:
+    """Equal step times rank by a stable order of the layout: fewer pipeline stages, smaller tp, ..."""
+    p = layout.parallel
+    return (
+        p.pp, p.tp, p.cp, p.ep, p.expert_tp, p.virtual_pipeline_stages, p.pipeline_schedule, p.zero_stage,
+        p.sequence_parallel, p.framework, layout.micro_batch_size, layout.activation_recompute,
+    )  # fmt: skip
+
+
+def _rank(item: tuple) -> tuple:
+    return item[0], item[1]
+
+
+def evaluate_shape(problem: Problem, shape: Shape) -> Outcome:
+    return ShapeEvaluator(problem, shape).run()
+
+
+def evaluate_shapes(problem: Problem, shapes: list[Shape]) -> Outcome:
+    """The pure per-chunk function: the outcome of a list of shapes."""
+    out = Outcome()
+    for shape in shapes:
+        out.merge(evaluate_shape(problem, shape), problem.keep)
+    return out
+
+
+__all__ = ["Outcome", "Problem", "ShapeEvaluator", "batch_rule", "evaluate_shape", "evaluate_shapes", "space_of"]

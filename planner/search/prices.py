@@ -1,0 +1,100 @@
+"""Prices of calls for many layouts at once: a (placement, algorithm) is priced a few times, not per layout.
+
+The time of one call priced on the topology (collectives/topology/pricing.py) is
+
+    base latency + sum over step classes of [repeat x (overhead + path latency) + max_link bytes / rate]
+
+and every class's bytes are the message's chunks, so for a fixed algorithm and placement the time is
+linear in the message size M (up to one element of rounding per chunk, and up to the pipelining step of
+the double binary tree, whose chunk count is ceil(M / 512 KiB) up to 64: collectives/algorithms/_base.py).
+A :class:`Curve` therefore prices each candidate algorithm exactly at the two powers of two that bracket
+M (memoised: a few sizes per placement serve every layout) and interpolates linearly between them; the
+library's choice (``auto``) is the cheapest candidate at M, as in ``price_call``. At a power of two the
+curve equals ``price_call`` exactly; between them the error is the rounding above (tests/planner/
+test_search.py checks the agreement with /v1/plan).
+
+Placements are reduced the way ``planner.plan`` prices them (neighbourhood of group 0, moved to leaf unit
+0), so the same memo serves every stage and every replica that the plan itself would price alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collectives import CollectiveError, Op
+from collectives.topology import DEFAULT_CALIBRATION, Cluster, candidates
+from collectives.topology.select import _evaluate_one, local_size
+
+from ..plan import Options, canonical, neighbourhood
+
+
+class Curve:
+    """Time of one call of ``op`` on the groups of ``placement`` against message bytes."""
+
+    def __init__(self, op: Op, placement: np.ndarray, cluster: Cluster, options: Options):
+        self.op, self.placement, self.cluster, self.options = op, placement, cluster, options
+        self.local = local_size(cluster, placement)
+        self.algorithms = list(candidates(op, cluster, options.candidates))
+        self._exact: dict[tuple[str, int], float | None] = {}
+        self._memo: dict[int, float] = {}
+
+    def _at(self, algorithm: str, size: int) -> float | None:
+        key = (algorithm, size)
+        if key not in self._exact:
+            try:
+                ev = _evaluate_one(
+                    algorithm, self.op, size, self.placement, self.cluster, self.local, DEFAULT_CALIBRATION, auto=True
+                )
+                self._exact[key] = ev.time_s
+            except CollectiveError:  # this algorithm cannot run here (as price_call skips it)
+                self._exact[key] = None
+        return self._exact[key]
+
+    def _interpolated(self, algorithm: str, message: int) -> float | None:
+        if message <= 1:
+            return self._at(algorithm, max(message, 0))
+        lo = 1 << (message.bit_length() - 1)
+        if lo == message:
+            return self._at(algorithm, lo)
+        t_lo, t_hi = self._at(algorithm, lo), self._at(algorithm, 2 * lo)
+        if t_lo is None or t_hi is None:
+            return self._at(algorithm, message)
+        return t_lo + (t_hi - t_lo) * (message - lo) / lo
+
+    def time(self, message: int) -> float:
+        message = int(message)
+        cached = self._memo.get(message)
+        if cached is not None:
+            return cached
+        if self.op is Op.ALLTOALL or self.options.algorithm != "auto":
+            # all-to-all chunks must divide the group (sizes are then not powers of two), and a pinned
+            # algorithm is rare in a search: price these exactly, memoised per size
+            from ..plan import _price_op
+
+            best = _price_op(self.op, message, self.placement, self.cluster, self.options).time_s
+        else:
+            times = [t for a in self.algorithms if (t := self._interpolated(a, message)) is not None]
+            if not times:
+                raise CollectiveError("algorithm", f"no algorithm can run {self.op.value} here")
+            best = min(times)
+        self._memo[message] = best
+        return best
+
+
+class Pricer:
+    """Curves of one rank layout on one cluster, keyed as planner.plan keys its price cache."""
+
+    def __init__(self, cluster: Cluster, options: Options | None = None):
+        self.cluster, self.options = cluster, options or Options()
+        self._curves: dict[tuple, Curve] = {}
+
+    def curve(self, op: Op, placement: np.ndarray) -> Curve:
+        priced_on, _ = canonical(neighbourhood(placement, self.cluster), self.cluster)
+        key = (op, priced_on.shape, priced_on.tobytes())
+        found = self._curves.get(key)
+        if found is None:
+            found = self._curves[key] = Curve(op, priced_on, self.cluster, self.options)
+        return found
+
+
+__all__ = ["Curve", "Pricer"]

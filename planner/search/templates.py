@@ -1,0 +1,98 @@
+"""Ledger templates: the ledger of a variant built once for every micro-batch size and micro-batch count.
+
+A call's message is either proportional to the micro-batch size b (activations, tokens, logits: A = b·s/c·h·x
+and its relatives in planner/rules) or independent of it (gradients, parameters, norm weights); its count
+per iteration is either proportional to the micro-batch count m = B/(b·dp) (per-micro-batch calls) or
+fixed (per-iteration calls). The real rules are run twice, at (b, m) = (1, 1) and (2, 2), and each call is
+classified from the two ledgers: message x2 -> scales with b, x1 -> fixed; count likewise with m. Anything
+else (a rounding in some rule) is refused here and that variant is built exactly per layout instead, so a
+template never guesses.
+
+The rules split in two groups with different keys: the activation rules (tensor, context, expert, pipeline
+parallelism) do not read the ZeRO stage; the data-parallel rule does not read sequence parallelism, b or
+recompute. tests/planner/test_search.py checks template == ``rules.ledger`` call by call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..context import Context
+from ..ledger import Call, merge_stages
+from ..model import ModelSpec
+from ..parallel import ParallelSpec
+from ..rules import context_parallel, data, expert, pipeline, tensor
+from ..workload import WorkloadSpec
+
+ACTIVATION_RULES = (tensor, context_parallel, expert, pipeline)
+DATA_RULES = (data,)
+
+
+class NotLinear(Exception):
+    """A call whose bytes or count do not scale as a template assumes."""
+
+
+@dataclass
+class Template:
+    """Calls at b = 1, m = 1 with their scaling: message = bytes x (b if per_b), count x (m if per_m)."""
+
+    calls: list[Call]
+    bytes1: np.ndarray  # int64 per call
+    count1: np.ndarray
+    per_b: np.ndarray  # bool per call
+    per_m: np.ndarray
+
+    @classmethod
+    def fixed(cls, calls: list[Call]) -> Template:
+        """An exact ledger as a template that does not scale (the fallback of a variant that refused)."""
+        n = len(calls)
+        return cls(
+            calls,
+            np.array([c.message_bytes for c in calls], dtype=np.int64),
+            np.array([c.calls_per_iteration for c in calls], dtype=np.int64),
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=bool),
+        )
+
+    def messages(self, b: int) -> np.ndarray:
+        return np.where(self.per_b, self.bytes1 * b, self.bytes1)
+
+    def counts(self, m: int) -> np.ndarray:
+        return np.where(self.per_m, self.count1 * m, self.count1)
+
+
+def _ledger(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, b: int, m: int) -> list[Call]:
+    w = replace(work, micro_batch_size=b, global_batch_size=b * m * par.dp)
+    ctx = Context(model, w, par)
+    calls: list[Call] = []
+    for rule in rules:
+        calls += rule.calls(ctx)
+    return merge_stages(calls)
+
+
+def build(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> Template:
+    one = _ledger(rules, model, work, par, 1, 1)
+    two = _ledger(rules, model, work, par, 2, 2)
+    if len(one) != len(two) or any(a.name != c.name or a.stages != c.stages for a, c in zip(one, two, strict=True)):
+        raise NotLinear("the ledger's calls differ between micro-batch sizes")
+    bytes1 = np.array([c.message_bytes for c in one], dtype=np.int64)
+    bytes2 = np.array([c.message_bytes for c in two], dtype=np.int64)
+    count1 = np.array([c.calls_per_iteration for c in one], dtype=np.int64)
+    count2 = np.array([c.calls_per_iteration for c in two], dtype=np.int64)
+    per_b, per_m = bytes2 == 2 * bytes1, count2 == 2 * count1
+    if not ((per_b | (bytes2 == bytes1)).all() and (per_m | (count2 == count1)).all()):
+        raise NotLinear("a call's bytes or count do not scale with the micro-batch size or count")
+    # a zero-byte call is fixed either way; mark it fixed so that it never scales
+    return Template(one, bytes1, count1, per_b & (bytes1 > 0), per_m & (count1 > 0))
+
+
+def exact(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> list[Call]:
+    """The ledger the plan builds (the reference a template must equal)."""
+    from ..rules import ledger
+
+    return ledger(Context(model, work, par))
+
+
+__all__ = ["ACTIVATION_RULES", "DATA_RULES", "NotLinear", "Template", "build", "exact"]

@@ -1,0 +1,131 @@
+"""app.client in-process (no server): typed results equal the raw JSON, errors carry the field and the rule."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+
+import pytest
+
+from app.client import AsyncClient, Call, Client, CommplanError, Plan, decode
+from app.main import create_app
+
+from .conftest import LLAMA70B
+
+
+@pytest.fixture(scope="module")
+def cp():
+    with Client(app=create_app()) as client:
+        yield client
+
+
+def test_plan_in_process_is_typed_and_matches_the_json(cp, api):
+    plan = cp.plan(LLAMA70B)
+    raw = api.post("/v1/plan", json=LLAMA70B).json()
+    assert isinstance(plan, Plan) and isinstance(plan.calls[0], Call)
+    assert plan.world_size == 512 and plan.num_microbatches == 64
+    assert [c.name for c in plan.calls] == [c["name"] for c in raw["calls"]]
+    assert plan.totals.time_s == raw["totals"]["time_s"]
+    assert [s.time_s for s in plan.totals.per_stage] == [s["time_s"] for s in raw["totals"]["per_stage"]]
+    first = plan.calls[0]
+    assert first.time_per_iteration_s == first.time_s * first.calls_per_iteration
+    assert first.placement.group_devices == raw["calls"][0]["placement"]["group_devices"]
+    assert plan.raw == raw  # fields added later stay reachable
+
+
+def test_bad_request_raises_with_field_and_numbers(cp):
+    bad = {**LLAMA70B, "parallel": {**LLAMA70B["parallel"], "tp": 16}}
+    with pytest.raises(CommplanError) as err:
+        cp.plan(bad)
+    assert err.value.status == 422
+    assert "tp*cp*pp*dp = 16*1*4*16 = 1024 but the cluster has 512" in str(err.value)
+    assert err.value.fields == ["parallel"] or err.value.fields[0].startswith("parallel")
+
+
+def test_batch_keeps_order_and_isolates_errors(cp):
+    bad = {**LLAMA70B, "parallel": {**LLAMA70B["parallel"], "tp": 16}}
+    results = cp.plan_batch([LLAMA70B, bad])
+    assert isinstance(results[0], Plan) and isinstance(results[1], CommplanError)
+    assert results[1].status == 422
+
+
+def test_export_through_the_client(cp):
+    rows = list(csv.reader(io.StringIO(cp.export(LLAMA70B, "csv"))))
+    assert len(rows) == 1 + len(cp.plan(LLAMA70B).calls)
+
+
+def test_async_client_in_process():
+    async def run():
+        async with AsyncClient(app=create_app()) as acp:
+            plan = await acp.plan(LLAMA70B)
+            models = await acp.presets("models")
+            return plan, models
+
+    plan, models = asyncio.run(run())
+    assert plan.world_size == 512 and "llama3-70b" in models
+
+
+def test_decode_reads_the_v11_blocks():
+    """step and memory (CONTRACT v1.1) decode into dataclasses; absent blocks are None."""
+    data = {
+        "world_size": 8,
+        "num_microbatches": 2,
+        "calls": [],
+        "totals": {"time_s": 0.5, "per_stage": [], "by_parallelism": {}},
+        "step": {
+            "time_s": 1.5,
+            "compute_s": 1.0,
+            "exposed_comm_s": 0.25,
+            "bubble_s": 0.25,
+            "mfu": 0.41,
+            "tokens_per_s": 9000.0,
+            "timeline": [{"stage": 0, "stream": "compute", "name": "F0", "microbatch": 0, "start_s": 0, "end_s": 1}],
+        },
+        "memory": {
+            "capacity_bytes": 80_000_000_000,
+            "fits": False,
+            "per_stage": [
+                {
+                    "stage": 0,
+                    "param_count": 10,
+                    "params_bytes": 20,
+                    "grads_bytes": 20,
+                    "optimizer_bytes": 120,
+                    "activations_bytes": 5,
+                    "buffers_bytes": 1,
+                    "peak_bytes": 166,
+                }
+            ],
+        },
+    }
+    plan = decode(Plan, data)
+    assert plan.step.timeline[0].end_s == 1 and plan.step.mfu == 0.41
+    assert plan.memory.per_stage[0].peak_bytes == 166 and plan.memory.fits is False
+    assert decode(Plan, {**data, "step": None}).step is None
+
+
+def test_search_and_plan_agree_through_the_client(cp):
+    """A small search (one 8-GPU node, 8 layers), typed; planning its best result gives the same step time."""
+    body = {
+        "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
+        "workload": {"kind": "training", "global_batch_size": 16},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "constraints": {"framework": "megatron", "zero_stage": 1, "activation_recompute": "none"},
+        "top_k": 3,
+    }
+    found = cp.search(body)
+    assert 0 < len(found.results) <= 3 and found.feasible <= found.evaluated
+    assert [r.step.time_s for r in found.results] == sorted(r.step.time_s for r in found.results)
+    best = found.results[0]
+    assert all(s.peak_bytes <= best.memory.capacity_bytes for s in best.memory.per_stage)
+    request = {
+        "model": body["model"],
+        "workload": {**body["workload"], "micro_batch_size": best.micro_batch_size,
+                     "activation_recompute": best.activation_recompute},
+        "parallel": best.parallel,
+        "cluster": body["cluster"],
+    }  # fmt: skip
+    plan = cp.plan(request)
+    assert plan.step.time_s == pytest.approx(best.step.time_s, rel=1e-9)
+    assert plan.memory.fits and len(plan.memory.per_stage) == best.parallel["pp"]

