@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from typing import Annotated
 
@@ -13,10 +12,10 @@ from collectives import CollectiveError
 from planner import Plan, SpecError, build_plan
 from planner.exports import aicb_omitted, nccl_tests_script, plan_csv, simai_workload
 
-from ..convert import plan_inputs
 from ..errors import BAD_INPUT
-from ..schemas.plan import PlanRequest
-from .plan import run_plan
+from ..limits import encode, run_bounded
+from ..schemas.plan import PlanOut, PlanRequest
+from .plan import bounded_inputs, run_plan
 
 router = APIRouter(prefix="/v1/plan/export", tags=["plan"])
 
@@ -42,8 +41,9 @@ MEDIA = {
 
 
 def typed_plan(request: PlanRequest, settings) -> Plan:
+    """The plan, after its work is estimated and found within the budget (as POST /v1/plan does)."""
     try:
-        return build_plan(*plan_inputs(request, settings))
+        return build_plan(*bounded_inputs(request, settings)[0])
     except CollectiveError as err:  # an algorithm pinned in options that cannot run somewhere
         raise SpecError(f"options.{err.field}", err.rule) from None
 
@@ -68,23 +68,31 @@ def render(plan: Plan, fmt: Format, stage: int = 0, launcher: Launcher = Launche
     "`X-Commplan-Omitted` header.",
     response_class=Response,
 )
-def export(
+async def export(
     fmt: Format,
     body: PlanRequest,
     request: Request,
-    stage: Annotated[int, Query(ge=0, description="pipeline stage whose rank the simai workload describes")] = 0,
+    stage: Annotated[int, Query(ge=0, le=1 << 17, description="pipeline stage of the simai rank")] = 0,
     launcher: Annotated[Launcher, Query(description="nccl-tests launcher")] = Launcher.MPIRUN,
 ) -> Response:
+    # Planning runs in a worker thread under the request's deadline, like POST /v1/plan (app/limits.py).
     settings = request.app.state.settings
     media, ext = MEDIA[fmt]
     headers = {"Content-Disposition": f'attachment; filename="commplan-plan.{ext}"'}
     if fmt is Format.JSON:  # exactly what POST /v1/plan answers, blocks added there included
-        return Response(json.dumps(run_plan(body, settings), indent=1) + "\n", media_type=media, headers=headers)
-    plan = typed_plan(body, settings)
-    text = render(plan, fmt, stage, launcher)
+        answer = await run_bounded(request, lambda: encode(run_plan(body, settings), PlanOut))
+        return Response(answer.body, media_type=media, headers=headers)
+    omitted: list[str] = []
+
+    def work() -> bytes:
+        plan = typed_plan(body, settings)
+        if fmt is Format.SIMAI:
+            omitted.extend(aicb_omitted(plan, stage))
+        return render(plan, fmt, stage, launcher).encode()
+
+    answer = await run_bounded(request, work)
     if fmt is Format.SIMAI:
         headers["Content-Disposition"] = f'attachment; filename="commplan-stage{stage}-workload.csv"'
-        omitted = aicb_omitted(plan, stage)
         if omitted:
             headers["X-Commplan-Omitted"] = ",".join(sorted(set(omitted)))
-    return Response(text, media_type=media, headers=headers)
+    return Response(answer.body, media_type=media, headers=headers)
