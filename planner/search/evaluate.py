@@ -26,7 +26,7 @@ from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer
 from .space import MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
-from .step_model import Priced, Row, StepModel
+from .step_model import Priced, Row, RowCall, StepModel
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Outcome:
     done: int = 0  # layouts handled, pruned or not (progress)
     evaluated: int = 0  # layouts valid under every rule: memory (and step when they fit) computed
     feasible: int = 0
+    bounded: int = 0  # feasible layouts whose compute-only lower bound was slower than the k-th best so far
     pruned: Pruned = field(default_factory=Pruned)
     best: list[tuple[float, tuple, Layout]] = field(default_factory=list)  # (screened step s, tiebreak, layout)
 
@@ -61,6 +62,7 @@ class Outcome:
         self.done += other.done
         self.evaluated += other.evaluated
         self.feasible += other.feasible
+        self.bounded += other.bounded
         self.pruned.merge(other.pruned)
         self.best = heapq.nsmallest(keep, self.best + other.best, key=_rank)
 
@@ -106,15 +108,22 @@ class ShapeEvaluator:
         base = Variant(shape, 1, "1f1b", 0, False, "megatron").parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
         self.pricer = Pricer(self.cluster, problem.options)
-        self.step_model = StepModel(problem.model, self.cluster, problem.constraints.memory_headroom)
+        self.step_model = StepModel(problem.model, problem.work, self.cluster, problem.constraints.memory_headroom)
         self._templates: dict = {}
         self._curves: dict = {}
         self._priced_memo: dict = {}
 
     # ---- ledger ----------------------------------------------------------------------------------------
-    def template(self, rules, par, recompute: str) -> templates.Template | None:
-        key = (rules, par, recompute)
+    def template(self, rules, variant: Variant, recompute: str) -> templates.Template | None:
+        """The activation template ignores the ZeRO stage, the data-parallel one SP and recompute."""
+        act = rules is templates.ACTIVATION_RULES
+        key = (
+            act, variant.virtual_pipeline_stages, variant.pipeline_schedule, variant.framework,
+            variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
+        )  # fmt: skip
         if key not in self._templates:
+            par = variant.parallel()
+            par = replace(par, zero_stage=0) if act else replace(par, sequence_parallel=False)
             work = replace(self.problem.work, activation_recompute=recompute)
             try:
                 self._templates[key] = templates.build(rules, self.problem.model, work, par)
@@ -148,25 +157,18 @@ class ShapeEvaluator:
         return [tuple(members) for members in classes.values()]
 
     def calls(self, variant: Variant, b: int, recompute: str):
-        """(rows, counts, times) of one layout from the two templates (rows: what step_time reads of a
-        priced call); an exact ledger when a template refused."""
-        par = variant.parallel()
-        act_par = replace(par, zero_stage=0)  # the activation rules do not read the ZeRO stage
-        data_par = replace(par, sequence_parallel=False)  # the data-parallel rule does not read SP
-        m = self.problem.work.global_batch_size // (b * par.dp)
+        """[(rows, counts, times)] of one layout, one part per template (activation rules, data-parallel
+        rule; rows: what step_time reads of a priced call); one exact part when a template refused."""
+        m = self.problem.work.global_batch_size // (b * self.shape.dp)
         parts = []
-        for rules, p, rc in (
-            (templates.ACTIVATION_RULES, act_par, recompute),
-            (templates.DATA_RULES, data_par, "none"),
-        ):
-            tpl = self.template(rules, p, rc)
+        for rules, rc in ((templates.ACTIVATION_RULES, recompute), (templates.DATA_RULES, "none")):
+            tpl = self.template(rules, variant, rc)
             if tpl is None:
                 work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)
-                tpl = templates.Template.fixed(templates.exact(self.problem.model, work, par))
-                return self._rows(tpl, 1, 1)
+                tpl = templates.Template.fixed(templates.exact(self.problem.model, work, variant.parallel()))
+                return [self._rows(tpl, 1, 1)]
             parts.append(self._priced(tpl, b, m))
-        (ra, na, ta), (rd, nd, td) = parts
-        return ra + rd, np.concatenate([na, nd]), np.concatenate([ta, td])
+        return parts
 
     def _priced(self, tpl: templates.Template, b: int, m: int):
         """Rows of a template at micro-batch size b and count m: memoised, as every recompute and ZeRO
@@ -181,10 +183,8 @@ class ShapeEvaluator:
         msgs, counts = tpl.messages(b).tolist(), tpl.counts(m).tolist()
         rows, row_counts, times = [], [], []
         for i, members, curve in self.classes(tpl):
-            call = tpl.calls[i]
             t = curve.time(msgs[i])
-            call = replace(call, stages=members, message_bytes=msgs[i], calls_per_iteration=counts[i])
-            rows.append(Row(call, Priced(t)))
+            rows.append(Row(RowCall.of(tpl.calls[i], members, msgs[i], counts[i]), Priced(t)))
             row_counts.append(counts[i])
             times.append(t)
         return rows, np.array(row_counts, dtype=np.float64), np.array(times)
@@ -192,9 +192,11 @@ class ShapeEvaluator:
     # ---- the walk ----------------------------------------------------------------------------------------
     def run(self) -> Outcome:
         out = Outcome()
-        space, keep = self.space, self.problem.keep
+        space, keep, model = self.space, self.problem.keep, self.step_model
         recomputes = space.recomputes
         bs = space.micro_batches(self.shape.dp)
+        heap: list = []  # (-screened step time, sequence, (score, sort key, layout)): the keep best so far
+        seq = 0
         for variant in space.variants(self.shape):
             n = len(bs) * len(recomputes)
             out.done += n
@@ -202,6 +204,7 @@ class ShapeEvaluator:
             if err is not None:
                 out.pruned.add(err.field, n, err.rule)
                 continue
+            par = variant.parallel()
             for b in bs:
                 err = batch_rule(space, variant, b)
                 if err is not None:
@@ -209,26 +212,22 @@ class ShapeEvaluator:
                     continue
                 for rc in recomputes:
                     out.evaluated += 1
-                    layout = Layout(variant.parallel(), b, rc)
-                    score = self.score(variant, layout)
-                    if score is None:
-                        out.pruned.add(MEMORY, 1, self.step_model.last_reason)
+                    parts = self.calls(variant, b, rc) if self.problem.model.moe else None
+                    if not model.fits(par, b, rc, [r for part in parts for r in part[0]] if parts else None):
+                        out.pruned.add(MEMORY, 1, model.last_reason)
                         continue
                     out.feasible += 1
-                    out.best.append((score, sort_key(layout), layout))
-                    if len(out.best) > 4 * keep:
-                        out.best = heapq.nsmallest(keep, out.best, key=_rank)
-        out.best = heapq.nsmallest(keep, out.best, key=_rank)
+                    if len(heap) >= keep and model.lower_bound(par, b, rc) > -heap[0][0]:
+                        out.bounded += 1  # cannot enter the top k: its compute alone is slower
+                        continue
+                    score = model.step_time(par, b, rc, parts or self.calls(variant, b, rc))
+                    layout = Layout(par, b, rc)
+                    seq += 1
+                    heapq.heappush(heap, (-score, seq, (score, sort_key(layout), layout)))
+                    if len(heap) > keep:
+                        heapq.heappop(heap)
+        out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
-
-    def score(self, variant: Variant, layout: Layout) -> float | None:
-        """Screened step time in seconds, or None when the layout does not fit."""
-        work = layout.workload(self.problem.work)
-        rows, counts, times = self.calls(variant, layout.micro_batch_size, layout.activation_recompute)
-        if not self.step_model.fits(layout.parallel, work, rows):
-            return None
-        return self.step_model.step_time(layout.parallel, work, rows, counts, times)
-
 
 def sort_key(layout: Layout) -> tuple:
     """Equal step times rank by a stable order of the layout: fewer pipeline stages, smaller tp, ..."""
