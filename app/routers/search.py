@@ -67,6 +67,7 @@ def result_dict(result: SearchResult) -> dict:
     return {
         "evaluated": out.evaluated,
         "feasible": out.feasible,
+        "bounded": out.bounded,
         "elapsed_s": result.elapsed_s,
         "space_size": result.space_size,
         "pruned": dict(sorted(out.pruned.counts.items())),

@@ -78,6 +78,10 @@ class SearchResultOut(BaseModel):
 class SearchOut(BaseModel):
     evaluated: int = Field(description="layouts valid under every rule whose memory and step time were computed")
     feasible: int = Field(description="evaluated layouts that fit in memory (with the headroom)")
+    bounded: int = Field(
+        description="feasible layouts not timed in full: their compute-only critical path was already slower "
+        "than the k-th best (branch and bound; the top k is unchanged)"
+    )
     elapsed_s: float
     space_size: int = Field(description="layouts in the constrained space (evaluated + pruned other than memory)")
     pruned: dict[str, int] = Field(description="layouts dropped, by the request field whose rule fails, or memory")

@@ -192,6 +192,7 @@ def _progress(total: Outcome, size: int, elapsed: float) -> dict:
         "total": size,
         "evaluated": total.evaluated,
         "feasible": total.feasible,
+        "bounded": total.bounded,
         "elapsed_s": elapsed,
         "best": best,
     }

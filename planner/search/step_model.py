@@ -110,9 +110,7 @@ class Row:
 
 
 class StepModel:
-    def __init__(
-        self, model: ModelSpec, work: WorkloadSpec, cluster: Cluster, headroom: float = 0.0, overlap=None
-    ):
+    def __init__(self, model: ModelSpec, work: WorkloadSpec, cluster: Cluster, headroom: float = 0.0, overlap=None):
         self.model, self.work, self.cluster, self.headroom = model, work, cluster, headroom
         self.overlap = overlap or Overlap()
         self.gpu = cluster.spec.gpu
@@ -136,11 +134,12 @@ class StepModel:
         return self.gpu is not None
 
     @staticmethod
-    def _key(par: ParallelSpec, zero: bool = True, sp: bool = True) -> tuple:
-        """A memo key of the layout's degrees, leaving out the ZeRO stage or SP where a part ignores them."""
+    def _key(par: ParallelSpec, zero: bool = True, sp: bool = True, framework: bool = True) -> tuple:
+        """A memo key of the layout's degrees, leaving out what a part ignores: the ZeRO stage, SP, or the
+        framework (compute.py and memory.py's activations never read it; parameter counts do)."""
         return (
             par.tp, par.cp, par.pp, par.dp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
-            par.pipeline_schedule, par.framework, par.first_stage_layers, par.last_stage_layers,
+            par.pipeline_schedule, par.framework if framework else None, par.first_stage_layers, par.last_stage_layers,
             par.zero_stage if zero else 0, par.sequence_parallel if sp else False,
         )  # fmt: skip
 
@@ -188,7 +187,7 @@ class StepModel:
         return found
 
     def _activation_bytes(self, par: ParallelSpec, b: int, rc: str) -> np.ndarray:
-        key = (self._key(par, zero=False), b, rc)
+        key = (self._key(par, zero=False, framework=False), b, rc)
         found = self._acts.get(key)
         if found is None:
             ctx = Context(self.model, self._work(b, rc), replace(par, zero_stage=0))
@@ -222,7 +221,7 @@ class StepModel:
     # ---- step time ---------------------------------------------------------------------------------------
     def _passes(self, par: ParallelSpec, b: int, rc: str) -> list[tuple[PassTime, PassTime, float]]:
         """(forward, backward, core-attention forward) per stage, as compute._stage_compute sums them."""
-        key = (self._key(par, zero=False), b, rc)
+        key = (self._key(par, zero=False, framework=False), b, rc)
         found = self._compute.get(key)
         if found is None:
             ctx, eff = Context(self.model, self._work(b, rc), replace(par, zero_stage=0)), EFFICIENCY
