@@ -232,3 +232,17 @@ def test_screen_equals_build_plan_without_falling_back(preset, nodes, shape, var
     model_ = ev.step_model
     assert not (model_.exact_only or model_.path_exact or model_.memory_exact)
     assert checked == 3 * len(variants)
+
+
+def test_cancel_stops_the_search_and_progress_counts_up():
+    model = replace(MODEL_PRESETS["llama3-8b"], seq_length=2048, num_layers=8)
+    problem = Problem(model, WorkloadSpec(global_batch_size=16), cluster_preset("dgx-h100", 1), Constraints.of(SMALL))
+    from planner.search import Cancelled
+
+    with pytest.raises(Cancelled):
+        search(problem, cancelled=lambda: True, workers=1)
+    seen = []
+    result = search(problem, progress=seen.append, workers=1)
+    done = [s["done"] for s in seen]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == result.space_size
+    assert seen[-1]["best"]["step_time_s"] == pytest.approx(result.results[0].time_s, rel=1e-9)
