@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .cluster import ClusterIn
 from .plan import ModelIn, WorkloadIn
 
-Degrees = int | list[int]
+Degree = Annotated[int, Field(ge=1, le=1 << 17)]
+Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
 
 
 class Strict(BaseModel):
@@ -28,8 +29,12 @@ class ConstraintsIn(Strict):
     pipeline_schedule: (
         Literal["1f1b", "interleaved", "gpipe"] | list[Literal["1f1b", "interleaved", "gpipe"]] | None
     ) = None
-    zero_stage: int | list[int] | None = None
-    sequence_parallel: bool | list[bool] | None = None
+    zero_stage: (
+        Annotated[int, Field(ge=0, le=3)]
+        | Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(max_length=4)]
+        | None
+    ) = None
+    sequence_parallel: bool | Annotated[list[bool], Field(max_length=2)] | None = None
     framework: Literal["megatron", "torch", "deepspeed"] | list[Literal["megatron", "torch", "deepspeed"]] | None = None
     activation_recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None = (
         None
