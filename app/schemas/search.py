@@ -43,6 +43,13 @@ class ConstraintsIn(Strict):
         default=None, description="alias of activation_recompute"
     )
     micro_batch_size: Degrees | None = None
+    max_dp_group: int = Field(
+        default=2048,
+        ge=1,
+        le=1 << 17,
+        description="shapes whose cp x dp group is larger are pruned (max_dp_group): pricing such groups costs "
+        "seconds and gigabytes per shape",
+    )
     memory_headroom: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="fraction of device memory a layout must leave free"
     )

@@ -12,11 +12,13 @@ calls (messages x b, counts x m, time from the curve) and the step and memory mo
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from collectives.topology import ClusterSpec
+from collectives.topology.select import cached_schedule
 
 from .._errors import SpecError
 from ..layout import RankLayout
@@ -67,6 +69,7 @@ class Outcome:
         self.best = heapq.nsmallest(keep, self.best + other.best, key=_rank)
 
 
+SCHEDULES_KEPT = 128  # executable schedules kept between shapes (collectives' own cache holds up to 4096)
 _SPACES: dict = {}
 
 
@@ -101,8 +104,9 @@ def batch_rule(space: Space, variant: Variant, b: int) -> SpecError | None:
 class ShapeEvaluator:
     """Everything shared by the layouts of one shape."""
 
-    def __init__(self, problem: Problem, shape: Shape):
+    def __init__(self, problem: Problem, shape: Shape, threshold: float = math.inf):
         self.problem, self.shape = problem, shape
+        self.threshold = threshold  # the k-th best step time found elsewhere so far (branch and bound)
         self.space = space_of(problem)
         self.cluster = cluster_for(problem.cluster)
         base = Variant(shape, 1, "1f1b", 0, False, "megatron").parallel()
@@ -217,7 +221,8 @@ class ShapeEvaluator:
                         out.pruned.add(MEMORY, 1, model.last_reason)
                         continue
                     out.feasible += 1
-                    if len(heap) >= keep and model.lower_bound(par, b, rc) > -heap[0][0]:
+                    bound = min(self.threshold, -heap[0][0] if len(heap) >= keep else math.inf)
+                    if bound < math.inf and model.lower_bound(par, b, rc) > bound:
                         out.bounded += 1  # cannot enter the top k: its compute alone is slower
                         continue
                     score = model.step_time(par, b, rc, parts or self.calls(variant, b, rc))
@@ -228,6 +233,7 @@ class ShapeEvaluator:
                         heapq.heappop(heap)
         out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
+
 
 def sort_key(layout: Layout) -> tuple:
     """Equal step times rank by a stable order of the layout: fewer pipeline stages, smaller tp, ..."""
@@ -242,15 +248,25 @@ def _rank(item: tuple) -> tuple:
     return item[0], item[1]
 
 
-def evaluate_shape(problem: Problem, shape: Shape) -> Outcome:
-    return ShapeEvaluator(problem, shape).run()
+def evaluate_shape(problem: Problem, shape: Shape, threshold: float = math.inf) -> Outcome:
+    return ShapeEvaluator(problem, shape, threshold).run()
 
 
-def evaluate_shapes(problem: Problem, shapes: list[Shape]) -> Outcome:
-    """The pure per-chunk function: the outcome of a list of shapes."""
+def kth(outcome: Outcome, keep: int) -> float:
+    """The keep-th best screened step time so far (a layout slower than it cannot enter the answer)."""
+    return outcome.best[keep - 1][0] if len(outcome.best) >= keep else math.inf
+
+
+def evaluate_shapes(problem: Problem, shapes: list[Shape], threshold: float = math.inf) -> Outcome:
+    """The pure per-chunk function: the outcome of a list of shapes. ``threshold``: the keep-th best step
+    time known when the chunk was handed out (layouts whose lower bound is slower are not timed)."""
     out = Outcome()
     for shape in shapes:
-        out.merge(evaluate_shape(problem, shape), problem.keep)
+        out.merge(evaluate_shape(problem, shape, min(threshold, kth(out, problem.keep))), problem.keep)
+        if cached_schedule.cache_info().currsize > SCHEDULES_KEPT:
+            # schedules of groups of thousands of ranks, at every size a curve priced, add up to gigabytes;
+            # a new shape mostly needs new ones anyway
+            cached_schedule.cache_clear()
     return out
 
 

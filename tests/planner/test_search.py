@@ -222,7 +222,7 @@ def test_screen_equals_build_plan_without_falling_back(preset, nodes, shape, var
             rows = [r for part in parts for r in part[0]]
             screen = ev.step_model.step_time(par, b, rc, parts)
             plan = build_plan(model, replace(work, micro_batch_size=b, activation_recompute=rc), par, cluster)
-            assert screen == pytest.approx(plan.step.time_s, rel=1e-9)
+            assert screen == pytest.approx(plan.step.time_s, rel=1e-6)  # prices interpolated: rounding only
             assert ev.step_model.lower_bound(par, b, rc) <= plan.step.time_s
             peaks = ev.step_model._static_bytes(par) + ev.step_model._activation_bytes(par, b, rc)
             for stage, size in _comm_buffers(rows).items():
