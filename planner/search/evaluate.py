@@ -44,8 +44,8 @@ class Problem:
 
     @property
     def keep(self) -> int:
-        """Candidates kept per chunk and re-evaluated exactly at the end: top_k plus a margin, so that a
-        screening difference of a few ulps can never drop a true top-k layout."""
+        """Candidates kept per chunk and re-evaluated exactly at the end: top_k plus a margin, so that the
+        screen's rounding (interpolated prices, ~1e-6 relative) cannot drop a true top-k layout."""
         return self.top_k + max(8, self.top_k // 2)
 
 
