@@ -117,7 +117,7 @@ def search(
         for part in parts:
             if cancelled and cancelled():
                 raise Cancelled()
-            total.merge(evaluate_shapes(problem, part, kth(total, problem.keep)), problem.keep)
+            total.merge(evaluate_shapes(problem, part, kth(total, problem.top_k)), problem.keep)
             report()
     else:
         _in_pool(problem, parts, total, workers, report, cancelled)
@@ -159,7 +159,7 @@ def _in_pool(problem, parts, total: Outcome, workers: int, report, cancelled) ->
         while queue and len(pending) < 2 * workers:
             part = queue.pop(0)
             try:
-                pending.add(pool.submit(evaluate_shapes, problem, part, kth(total, problem.keep)))
+                pending.add(pool.submit(evaluate_shapes, problem, part, kth(total, problem.top_k)))
             except cf.process.BrokenProcessPool:
                 _drop_pool(workers)
                 pool = _pool(workers)

@@ -252,9 +252,13 @@ def evaluate_shape(problem: Problem, shape: Shape, threshold: float = math.inf) 
     return ShapeEvaluator(problem, shape, threshold).run()
 
 
-def kth(outcome: Outcome, keep: int) -> float:
-    """The keep-th best screened step time so far (a layout slower than it cannot enter the answer)."""
-    return outcome.best[keep - 1][0] if len(outcome.best) >= keep else math.inf
+BOUND_SLACK = 1e-5  # the screen's rounding against build_plan is ~1e-6 relative: a bound with room to spare
+
+
+def kth(outcome: Outcome, k: int) -> float:
+    """A step time no top-k layout is slower than: the k-th best screened so far, with slack for the
+    screen's rounding (a layout whose lower bound exceeds it cannot enter the answer)."""
+    return outcome.best[k - 1][0] * (1 + BOUND_SLACK) if len(outcome.best) >= k else math.inf
 
 
 def evaluate_shapes(problem: Problem, shapes: list[Shape], threshold: float = math.inf) -> Outcome:
@@ -262,7 +266,7 @@ def evaluate_shapes(problem: Problem, shapes: list[Shape], threshold: float = ma
     time known when the chunk was handed out (layouts whose lower bound is slower are not timed)."""
     out = Outcome()
     for shape in shapes:
-        out.merge(evaluate_shape(problem, shape, min(threshold, kth(out, problem.keep))), problem.keep)
+        out.merge(evaluate_shape(problem, shape, min(threshold, kth(out, problem.top_k))), problem.keep)
         if cached_schedule.cache_info().currsize > SCHEDULES_KEPT:
             # schedules of groups of thousands of ranks, at every size a curve priced, add up to gigabytes;
             # a new shape mostly needs new ones anyway
