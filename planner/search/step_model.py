@@ -79,6 +79,30 @@ from ..step import (
 )
 from ..workload import WorkloadSpec
 
+
+class SplitContext(Context):
+    """A Context whose per-stage dense and MoE layer counts come from a table shared by every layout with the
+    same stage split (Context recounts them layer by layer on every call); same values, computed by
+    Context.moe_layers once per split (dense = the stage's layers - MoE, as Context.dense_layers)."""
+
+    def _split(self) -> list[tuple[int, int]]:
+        par = self.par
+        key = (id(self.model), par.pp, par.chunks_per_rank, par.first_stage_layers, par.last_stage_layers)
+        found = _SPLITS.get(key)
+        if found is None:
+            moe = [Context.moe_layers(self, s) for s in range(par.pp)]
+            counts = [(len(self.stage_layers[s]) - moe[s], moe[s]) for s in range(par.pp)]
+            found = _SPLITS[key] = (self.model, counts)  # holding the model keeps its id from being reused
+        return found[1]
+
+    def dense_layers(self, stage: int) -> int:
+        return self._split()[stage][0]
+
+    def moe_layers(self, stage: int) -> int:
+        return self._split()[stage][1]
+
+
+_SPLITS: dict = {}
 REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
 
 
@@ -125,6 +149,7 @@ class StepModel:
         self.path_checked = False  # the restated critical path checked against step._training once per shape
         self.path_exact = False
         self._sum_memo: dict = {}
+        self._works: dict = {}
         self._reads_zero: dict = {}
         self._static: dict = {}
         self._acts: dict = {}
@@ -144,13 +169,16 @@ class StepModel:
         )  # fmt: skip
 
     def _work(self, b: int, rc: str) -> WorkloadSpec:
-        return replace(self.work, micro_batch_size=b, activation_recompute=rc)
+        found = self._works.get((b, rc))
+        if found is None:
+            found = self._works[(b, rc)] = replace(self.work, micro_batch_size=b, activation_recompute=rc)
+        return found
 
     # ---- parameters ------------------------------------------------------------------------------------
     def _params_ctx(self, par: ParallelSpec) -> Context:
         """A context with the fields parameter counts read (tp, pp, virtual stages, uneven ends, framework,
         dp/cp only for sharding): b, recompute, SP and ZeRO at their defaults, so param_totals' cache hits."""
-        return Context(self.model, self._work(1, "none"), replace(par, zero_stage=0, sequence_parallel=False))
+        return SplitContext(self.model, self._work(1, "none"), replace(par, zero_stage=0, sequence_parallel=False))
 
     def _static_bytes(self, par: ParallelSpec) -> np.ndarray:
         """Per stage: parameters + gradients + optimizer states + fixed buffers, as stage_memory sums them
@@ -159,7 +187,7 @@ class StepModel:
         key = self._key(par, sp=False)
         found = self._static.get(key)
         if found is None:
-            ctx = Context(self.model, self._work(1, "none"), replace(par, sequence_parallel=False))
+            ctx = SplitContext(self.model, self._work(1, "none"), replace(par, sequence_parallel=False))
             pctx = self._params_ctx(par)
             xp, z = ctx.param_bytes, par.zero_stage
             out = []
@@ -190,7 +218,7 @@ class StepModel:
         key = (self._key(par, zero=False, framework=False), b, rc)
         found = self._acts.get(key)
         if found is None:
-            ctx = Context(self.model, self._work(b, rc), replace(par, zero_stage=0))
+            ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
             sched = schedule_of(ctx)
             found = self._acts[key] = np.array(
                 [stage_activation_bytes(ctx, s, sched) for s in range(par.pp)], dtype=np.int64
@@ -207,7 +235,7 @@ class StepModel:
             for stage, size in _comm_buffers(rows).items():
                 peak[stage] += size
         if self.memory_exact:
-            ctx = Context(self.model, self._work(b, rc), par)
+            ctx = SplitContext(self.model, self._work(b, rc), par)
             peak = np.array([st.peak_bytes for st in memory(ctx, self.gpu, rows or ()).per_stage])
         worst = int(np.argmax(peak))
         if peak[worst] <= self.capacity:
@@ -224,7 +252,7 @@ class StepModel:
         key = (self._key(par, zero=False, framework=False), b, rc)
         found = self._compute.get(key)
         if found is None:
-            ctx, eff = Context(self.model, self._work(b, rc), replace(par, zero_stage=0)), EFFICIENCY
+            ctx, eff = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0)), EFFICIENCY
             layers = {}
             found = []
             for stage in range(par.pp):
@@ -275,7 +303,7 @@ class StepModel:
 
     def _stage_compute(self, par: ParallelSpec, b: int, rc: str) -> list[StageCompute]:
         if self.exact_only:
-            ctx = Context(self.model, self._work(b, rc), par)
+            ctx = SplitContext(self.model, self._work(b, rc), par)
             return [stage_compute(ctx, s, self.gpu) for s in range(par.pp)]
         out = [
             StageCompute(f, bw, a, o)
@@ -283,7 +311,7 @@ class StepModel:
         ]
         if not self.checked:  # the restated assembly must equal compute.py's, or the exact path is used
             self.checked = True
-            ctx = Context(self.model, self._work(b, rc), par)
+            ctx = SplitContext(self.model, self._work(b, rc), par)
             exact = [stage_compute(ctx, s, self.gpu) for s in range(par.pp)]
             if not all(_close(a, e) for a, e in zip(out, exact, strict=True)):
                 self.exact_only = True
@@ -304,7 +332,7 @@ class StepModel:
         no MFU). ``parts``: [(rows, counts, times)] per ledger template."""
         if not self.timed:
             return float(sum(stage_matrix(r, par.pp) @ (n * t) for r, n, t in parts).max())
-        ctx = Context(self.model, self._work(b, rc), par)
+        ctx = SplitContext(self.model, self._work(b, rc), par)
         flags = self.overlap.resolved(ctx)
         stages = [StageStep(s, c) for s, c in enumerate(self._stage_compute(par, b, rc))]
         if self.path_exact:
