@@ -63,8 +63,9 @@ def divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Constraints:
-    """Fixed or allowed values per dimension (``None``: the default candidates above) and the memory
-    headroom: the fraction of the device memory a layout must leave free (0.1 keeps 10 % spare)."""
+    """Fixed or allowed values per dimension (``None``: the default candidates above), the memory
+    headroom (the fraction of the device memory a layout must leave free: 0.1 keeps 10 % spare) and the
+    largest cp x dp group searched (MAX_DP_GROUP)."""
 
     allowed: tuple[tuple[str, tuple], ...] = ()  # (dimension, allowed values) pairs; see ``of``
     memory_headroom: float = 0.0
