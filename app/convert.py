@@ -8,6 +8,7 @@ from collectives import CollectiveError
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from planner import MODEL_PRESETS, ModelSpec, Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
 from planner.model import MLASpec, MoESpec
+from planner.parallel import zero_config_from_dict
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
 
 from .schemas.cluster import ClusterIn
@@ -65,6 +66,8 @@ def parallel_spec(block: ParallelIn, num_devices: int) -> ParallelSpec:
                 f"tp*cp*pp = {values.get('tp', 1)}*{values.get('cp', 1)}*{values.get('pp', 1)} = {per_replica}",
             )
         values["dp"] = num_devices // per_replica
+    if "zero_config" in values:
+        values["zero_config"] = zero_config_from_dict(values["zero_config"])
     return ParallelSpec(**values)
 
 

@@ -301,7 +301,8 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
 def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
     """LM head GEMM and the fp32 softmax cross-entropy over the logits (read + write, fp32)."""
     mdl, t = ctx.model, ctx.par.tp
-    T, V = ctx.b * ctx.s_cp, mdl.padded_vocab(t) // t
+    # inference samples from the last position of each sequence only (vLLM LogitsProcessor)
+    T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), mdl.padded_vocab(t) // t
     peak = gpu.peak(compute_dtype(ctx)) * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
     hbm = gpu.hbm_GBps * 1e9
     g = gemm_s(T, V, mdl.hidden_size, ctx.x, peak, hbm, eff)

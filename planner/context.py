@@ -23,6 +23,7 @@ class Context:
     model: ModelSpec
     work: WorkloadSpec
     par: ParallelSpec
+    devices_per_node: int | None = None  # the cluster's; DeepEP dispatch needs it to split its two legs
 
     @property
     def training(self) -> bool:
@@ -48,7 +49,7 @@ class Context:
     def s(self) -> int:
         """Tokens per sequence in one pass: the training sequence, the prompt, or 1 when decoding."""
         if self.training:
-            return self.model.seq_length
+            return self.work.seq_length or self.model.seq_length
         if self.work.phase == "decode":
             return 1
         return self.work.context_length or self.model.seq_length

@@ -32,7 +32,16 @@ class Group:
     dims: tuple[str, ...]
     expert: bool = False
     pairs: str | None = None
-    split: int | None = None  # hybrid sharding: the inner size of the dp dimension ("dp_shard")
+    # the inner size of a split dimension: dp -> (dp_rep, dp_shard) for hybrid sharding, ep -> (ep_node,
+    # ep_local) for DeepEP's two legs (inter-node RDMA among same-index GPUs, NVLink inside a node)
+    split: int | None = None
+
+
+SPLITS = {"dp": ("dp_rep", "dp_shard"), "ep": ("ep_node", "ep_local")}
+
+
+def _split_dim(dims: tuple[str, ...]) -> str:
+    return "ep" if any(d.startswith("ep_") for d in dims) else "dp"
 
 
 class RankLayout:
@@ -46,14 +55,14 @@ class RankLayout:
             True: {"tp": par.expert_tp, "cp": 1, "ep": par.ep, "dp": par.expert_dp, "pp": par.pp},
         }
 
-    def _grid(self, expert: bool, split: int | None):
-        """arange(world) shaped slowest-first, and the axis names; ``split`` cuts dp into
-        (dp_rep, dp_shard) with the shard part faster."""
+    def _grid(self, expert: bool, split: int | None, split_dim: str = "dp"):
+        """arange(world) shaped slowest-first, and the axis names; ``split`` cuts ``split_dim`` into
+        (outer, inner) with the inner part faster (SPLITS names them)."""
         names, shape = [], []
         for dim in reversed(self.order):
             size = self.sizes[expert][dim]
-            if dim == "dp" and split:
-                names += ["dp_rep", "dp_shard"]
+            if dim == split_dim and split:
+                names += list(SPLITS[dim])
                 shape += [size // split, split]
             else:
                 names.append(dim)
@@ -62,7 +71,7 @@ class RankLayout:
 
     def groups(self, dims: tuple[str, ...], expert: bool = False, stages=None, split: int | None = None) -> np.ndarray:
         """(number of groups) x (group size) array of global ranks."""
-        grid, names = self._grid(expert, split)
+        grid, names = self._grid(expert, split, _split_dim(dims))
         inside = [names.index(d) for d in names if d in dims]  # keeps slowest-first, so fastest ends last
         outside = [i for i in range(len(names)) if i not in inside]
         if stages is not None and "pp" not in dims:
@@ -71,6 +80,11 @@ class RankLayout:
         arranged = np.transpose(grid, outside + inside)
         size = int(np.prod([grid.shape[i] for i in inside])) if inside else 1
         return arranged.reshape(-1, size)
+
+    def stride(self, dim: str, expert: bool = False) -> int:
+        """Ranks between neighbours along ``dim``: the product of the faster dimensions' sizes."""
+        faster = self.order[: self.order.index(dim)]
+        return int(np.prod([self.sizes[expert][d] for d in faster]))
 
     def stage_of(self, ranks: np.ndarray) -> np.ndarray:
         by_stage = self.groups(("pp",))

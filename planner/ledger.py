@@ -9,24 +9,31 @@ from collectives import Op
 from .layout import Group
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Call:
     """One kind of call: ``calls_per_iteration`` times per rank of each of ``stages``.
 
+    The only way to make one is by keyword: ``Call(name="tp.attn.qkv", op=Op.ALLGATHER, phase="forward",
+    message_bytes=..., calls_per_iteration=..., group=TP, source="...", dtype="bf16")``.
+    ``parallelism`` defaults to the name's first component ("tp" for "tp.attn.qkv").
     ``message_bytes`` follows nccl-tests (DESIGN.md §3); for ``sendrecv`` it is what one rank sends.
     ``source`` names where in the framework (or which paper) the call comes from.
     """
 
     name: str
-    parallelism: str
     op: Op
     phase: str
     message_bytes: int
     calls_per_iteration: int
     group: Group
     source: str
-    stages: tuple[int, ...] = ()
     dtype: str = ""
+    parallelism: str = ""
+    stages: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.parallelism:
+            object.__setattr__(self, "parallelism", self.name.split(".")[0])
 
     def at(self, stage: int) -> Call:
         return replace(self, stages=(stage,))
@@ -46,18 +53,7 @@ class Call:
 
 def recomputed(call: Call, what: str = "activation recompute") -> Call:
     """The same call issued again in backward because the forward is re-run."""
-    return Call(
-        call.name + ".recompute",
-        call.parallelism,
-        call.op,
-        "backward",
-        call.message_bytes,
-        call.calls_per_iteration,
-        call.group,
-        f"{call.source}; {what}",
-        call.stages,
-        call.dtype,
-    )
+    return replace(call, name=call.name + ".recompute", phase="backward", source=f"{call.source}; {what}")
 
 
 def merge_stages(calls: list[Call]) -> list[Call]:

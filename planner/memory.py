@@ -97,16 +97,18 @@ class Memory:
         return max(s.peak_bytes for s in self.per_stage)
 
     def warnings(self) -> list[str]:
-        out = []
-        for s in self.per_stage:
-            if s.peak_bytes > self.capacity_bytes:
-                part = s.largest()
-                out.append(
-                    f"stage {s.stage} does not fit: {s.peak_bytes / 1e9:.1f} GB per rank > "
-                    f"{self.capacity_bytes / 1e9:.1f} GB capacity; largest part: {part} "
-                    f"({getattr(s, part + '_bytes') / 1e9:.1f} GB)"
-                )
-        return out
+        """One line: which stages do not fit, and the worst one's peak and largest part."""
+        over = [s for s in self.per_stage if s.peak_bytes > self.capacity_bytes]
+        if not over:
+            return []
+        worst = max(over, key=lambda s: s.peak_bytes)
+        part = worst.largest()
+        which = f"stage {over[0].stage} does" if len(over) == 1 else f"stages {_ranges([s.stage for s in over])} do"
+        return [
+            f"{which} not fit ({len(over)} of {len(self.per_stage)}): stage {worst.stage} needs "
+            f"{worst.peak_bytes / 1e9:.1f} GB per rank > {self.capacity_bytes / 1e9:.1f} GB capacity; largest part: "
+            f"{part} ({getattr(worst, part + '_bytes') / 1e9:.1f} GB)"
+        ]
 
     def to_dict(self) -> dict:
         return {
@@ -114,6 +116,17 @@ class Memory:
             "fits": self.fits,
             "per_stage": [s.to_dict() for s in self.per_stage],
         }
+
+
+def _ranges(stages: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for s in stages:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
 # ---- activations ---------------------------------------------------------------------------------------
@@ -144,14 +157,15 @@ def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> L
     dropout = has_dropout(ctx) if dropout is None else dropout
     sbx = ctx.b * ctx.s_cp * ctx.x  # one h-independent token-row unit
     h, hd = mdl.hidden_size, mdl.head_size
-    q, kv = mdl.num_attention_heads * hd, mdl.kv_heads * hd
-    if mdl.mla:
+    heads = mdl.num_attention_heads
+    if mdl.mla:  # Q and K at qk = nope + rope per head, V and the projection input at v_head_dim per head
         a = mdl.mla
-        q = mdl.num_attention_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
-        kv = (q + mdl.num_attention_heads * a.v_head_dim) / 2
+        qkvo = heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + 2 * a.v_head_dim)
+    else:  # Q and the projection input q wide, K and V kv wide (GQA)
+        qkvo = 2 * heads * hd + 2 * mdl.kv_heads * hd
     mask = ctx.b * ctx.s_cp if dropout else 0  # 1-byte dropout masks
-    # attention: Q, K, V and the projection input (= q wide) split; QKV input replicated (+ dropout mask)
-    split = sbx * (q + 2 * kv + q)
+    # attention: Q, K, V and the projection input split; QKV input replicated (+ dropout mask)
+    split = sbx * qkvo
     replicated = sbx * h + mask * h
     # softmax output (x bytes per score); with dropout also its 1-byte mask and x-byte output: 5·a·s²·b at x = 2
     per_score = (2 * ctx.x + 1) if dropout else ctx.x
@@ -201,7 +215,8 @@ def _logits(ctx: Context, stage: int) -> int:
     if not ctx.is_last(stage):
         return 0
     vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
-    return 4 * ctx.b * ctx.s_cp * vocab
+    rows = ctx.b * ctx.s_cp if ctx.training else ctx.b  # inference keeps the last position's logits only
+    return 4 * rows * vocab
 
 
 # ---- weights, gradients, optimizer ----------------------------------------------------------------------

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from ._errors import SpecError
 
+LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
+
 
 @dataclass(frozen=True)
 class MoESpec:
@@ -21,6 +23,14 @@ class MoESpec:
     first_dense_layers: int = 0
     layer_freq: int = 1  # every layer_freq-th layer after the dense ones is MoE
     capacity_factor: float | None = None  # None: dropless
+    # Megatron --moe-router-load-balancing-type (default aux_loss, megatron/training/arguments.py):
+    # aux_loss | seq_aux_loss | none
+    load_balancing: str = "aux_loss"
+    # Megatron --moe-router-enable-expert-bias: DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2)
+    expert_bias: bool = False
+    # node-limited routing: each token's experts lie on at most this many nodes (DeepSeek-V3 §2.1.2 M = 4;
+    # Megatron --moe-router-group-topk with one group per node; HF topk_group). None: no limit
+    node_limit: int | None = None
 
     @property
     def shared_ffn(self) -> int:
@@ -185,5 +195,12 @@ def _validate_moe(moe: MoESpec, layers: int) -> None:
         )
     if moe.layer_freq < 1:
         raise SpecError("model.moe.layer_freq", f"must be >= 1, got {moe.layer_freq}")
+    if moe.node_limit is not None and moe.node_limit < 1:
+        raise SpecError("model.moe.node_limit", f"must be >= 1 or null, got {moe.node_limit}")
+    if moe.load_balancing not in LOAD_BALANCING:
+        raise SpecError(
+            "model.moe.load_balancing",
+            f"must be one of {', '.join(LOAD_BALANCING)}, got {moe.load_balancing!r}",
+        )
     if moe.capacity_factor is not None and moe.capacity_factor <= 0:
         raise SpecError("model.moe.capacity_factor", f"must be > 0 or null (dropless), got {moe.capacity_factor}")

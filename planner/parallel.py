@@ -3,7 +3,8 @@ cluster (in the manner of torchtitan's ParallelDims: every message prints the nu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, fields
 
 from ._errors import SpecError
 from .model import ModelSpec
@@ -12,7 +13,54 @@ from .workload import WorkloadSpec
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 FRAMEWORKS = ("megatron", "torch", "deepspeed")
 CP_COMM = ("p2p", "all_gather", "a2a")
+EP_DISPATCH = ("alltoall", "deepep")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """DeepSpeed's ``zero_optimization`` knobs that shape its traffic, by DeepSpeed's own names, in elements,
+    with DeepSpeed's defaults (deepspeed/runtime/zero/config.py, DeepSpeed 0.19.6 commit edaa722:
+    reduce_bucket_size / allgather_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
+    stage3_param_persistence_threshold 1e5, stage3_max_reuse_distance 1e9, stage3_max_live_parameters 1e9,
+    sub_group_size 1e9)."""
+
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    stage3_max_reuse_distance: int = 1_000_000_000
+    stage3_max_live_parameters: int = 1_000_000_000
+    sub_group_size: int = 1_000_000_000
+
+
+def zero_config_from_dict(values: dict | None) -> ZeroConfig:
+    """A ZeroConfig from a request's ``parallel.zero_config``; an unknown key or a bad value is a SpecError."""
+    if not values:
+        return ZeroConfig()
+    known = {f.name for f in fields(ZeroConfig)}
+    for key, value in values.items():
+        if key not in known:
+            raise SpecError(
+                f"parallel.zero_config.{key}",
+                f"DeepSpeed has no zero_optimization key {key!r}; known: {', '.join(sorted(known))}",
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value != int(value)
+            or value < 0
+        ):
+            raise SpecError(f"parallel.zero_config.{key}", f"must be a whole number of elements >= 0, got {value!r}")
+    return ZeroConfig(**{k: int(v) for k, v in values.items()})
+
+
+# Expert TP when not given, by framework: Megatron sets --expert-tensor-parallel-size to the TP size
+# (Megatron-LM d98e8a6 megatron/training/arguments.py:587: "if args.expert_tensor_parallel_size is None:
+# args.expert_tensor_parallel_size = args.tensor_model_parallel_size");
+# torchtitan's expert_tensor_parallel_degree and DeepSpeed-MoE default to 1.
+EXPERT_TP_DEFAULT_IS_TP = {"megatron": True, "torch": False, "deepspeed": False}
 
 
 @dataclass(frozen=True)
@@ -22,7 +70,7 @@ class ParallelSpec:
     dp: int = 1
     cp: int = 1
     ep: int = 1
-    expert_tp: int = 1
+    expert_tp: int | None = None  # None: the framework's default (Megatron: = tp; torch, DeepSpeed: 1)
     zero_stage: int = 0
     sequence_parallel: bool = False
     virtual_pipeline_stages: int = 1  # model chunks per pipeline rank (Megatron's virtual pipeline size)
@@ -35,6 +83,14 @@ class ParallelSpec:
     # Megatron --decoder-first/last-pipeline-num-layers: uneven stages, the rest split evenly in between
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    zero_config: ZeroConfig = field(default_factory=ZeroConfig)  # DeepSpeed flavour only
+    ep_dispatch: str = "alltoall"  # alltoall | deepep (node-limited, RDMA then NVLink: DeepSeek-V3 §3.2)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "expert_tp_given", self.expert_tp is not None)
+        if self.expert_tp is None:
+            default_is_tp = EXPERT_TP_DEFAULT_IS_TP.get(self.framework, False)
+            object.__setattr__(self, "expert_tp", self.tp if default_is_tp else 1)
 
     @property
     def world_size(self) -> int:
@@ -88,6 +144,8 @@ def _choices(par: ParallelSpec) -> None:
         raise SpecError("parallel.framework", f"must be one of {', '.join(FRAMEWORKS)}, got {par.framework!r}")
     if par.cp_comm not in CP_COMM:
         raise SpecError("parallel.cp_comm", f"must be one of {', '.join(CP_COMM)}, got {par.cp_comm!r}")
+    if par.ep_dispatch not in EP_DISPATCH:
+        raise SpecError("parallel.ep_dispatch", f"must be one of {', '.join(EP_DISPATCH)}, got {par.ep_dispatch!r}")
     dims = par.order.split("-")
     if sorted(dims) != sorted(DEFAULT_ORDER.split("-")):
         raise SpecError("parallel.order", f"must name tp, cp, ep, dp and pp once each, got {par.order!r}")
@@ -116,6 +174,7 @@ def _fits_model(par: ParallelSpec, m: ModelSpec) -> None:
         raise SpecError("parallel.tp", f"num_kv_heads {m.kv_heads} is not divisible by tp {t}")
     if m.ffn_hidden_size % t:
         raise SpecError("parallel.tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by tp {t}")
+    _ulysses(par, m)
     if par.first_stage_layers is not None or par.last_stage_layers is not None:
         _uneven_stages(par, m)
         return
@@ -131,6 +190,21 @@ def _fits_model(par: ParallelSpec, m: ModelSpec) -> None:
             f"num_layers {m.num_layers} is not divisible by {what}; set first_stage_layers / last_stage_layers "
             "(Megatron --decoder-first/last-pipeline-num-layers) to split unevenly",
         )
+
+
+def _ulysses(par: ParallelSpec, m: ModelSpec) -> None:
+    """Ulysses all-to-all moves whole heads: TransformerEngine asserts the heads of one TP rank divide
+    by cp, for q and for k/v (transformer_engine/pytorch/attention.py AttnFuncWithCPAndQKVOA2A:
+    "The number of attention heads needs to be divisible by CP size!")."""
+    if par.cp_comm != "a2a" or par.cp == 1:
+        return
+    kv = m.num_attention_heads if m.mla else m.kv_heads
+    for name, heads in (("num_attention_heads", m.num_attention_heads), ("num_kv_heads", kv)):
+        if (heads // par.tp) % par.cp:
+            raise SpecError(
+                "parallel.cp",
+                f"{name} {heads} / tp {par.tp} = {heads // par.tp} is not divisible by cp {par.cp} (Ulysses)",
+            )
 
 
 def stage_layer_counts(par: ParallelSpec, num_layers: int) -> list[int]:
@@ -171,7 +245,8 @@ def _uneven_stages(par: ParallelSpec, m: ModelSpec) -> None:
 
 def _fits_moe(par: ParallelSpec, m: ModelSpec) -> None:
     if m.moe is None:
-        if par.ep > 1 or par.expert_tp > 1:
+        # expert_tp equal to tp is what Megatron's default resolves to, harmless on a dense model
+        if par.ep > 1 or par.expert_tp not in (1, par.tp):
             raise SpecError(
                 "parallel.ep", f"ep {par.ep} / expert_tp {par.expert_tp} need an MoE model (model.moe is null)"
             )
@@ -183,7 +258,13 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec) -> None:
         raise SpecError(
             "parallel.ep",
             f"expert_tp*ep = {par.expert_tp}*{par.ep} = {par.expert_tp * par.ep} does not divide "
-            f"tp*cp*dp = {par.tp}*{par.cp}*{par.dp} = {dense}",
+            f"tp*cp*dp = {par.tp}*{par.cp}*{par.dp} = {dense}"
+            + (
+                ""
+                if par.expert_tp_given
+                else " (expert_tp defaults to tp, as Megatron's --expert-tensor-parallel-size;"
+                " set expert_tp to 1 for experts without TP)"
+            ),
         )
     if m.moe.expert_ffn_hidden_size % par.expert_tp:
         raise SpecError(
@@ -195,7 +276,7 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec) -> None:
 
 
 def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
-    seq = m.seq_length if w.training or w.context_length is None else w.context_length
+    seq = (w.seq_length or m.seq_length) if w.training or w.context_length is None else w.context_length
     if w.training or w.phase == "prefill":
         if par.cp > 1 and seq % (2 * par.cp):
             raise SpecError(

@@ -4,7 +4,8 @@ data-parallel group, parallel_state.py).
 
 Sharding over TP follows Megatron: column- and row-parallel weights and column-parallel biases are split,
 norms, row-parallel biases, routers and position embeddings are replicated; the vocabulary is padded to a
-multiple of 128·t (the torch flavour does not pad). Registration order matters for gradient buckets
+multiple of 128·t (the torch and DeepSpeed flavours do not pad, and keep q, k, v and gate, up as separate
+modules, as a Hugging Face model registers them). Registration order matters for gradient buckets
 (DDP and Megatron both fill buckets walking the parameters in reverse).
 MLA (DeepSeek) projections are all taken as TP-split: Megatron replicates the two small down-projections
 (q_a: h x 1536, kv_a: h x 576 per layer), so the per-rank dense buffer is slightly under-counted for tp > 1.
@@ -27,7 +28,7 @@ class Param:
 def stage_params(ctx: Context, stage: int) -> tuple[list[Param], list[Param]]:
     """(dense, expert) parameters of one rank of ``stage``."""
     m, t = ctx.model, ctx.par.tp
-    torch = ctx.flavour == "torch"
+    torch = ctx.flavour in ("torch", "deepspeed")  # DeepSpeed wraps the HF-style modules of the user's model
     vocab = m.vocab_size if torch else m.padded_vocab(t)
     dense: list[Param] = []
     expert: list[Param] = []

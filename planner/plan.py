@@ -143,7 +143,7 @@ def build_plan(
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
     _validate_options(options, cluster.num_devices)
-    ctx = Context(model, work, par)
+    ctx = Context(model, work, par, devices_per_node=cluster.spec.devices_per_node)
     layout = RankLayout(par)
     # the step-time switches do not change a price: keep them out of the price cache's key
     default = options.overlap == Overlap() and options.timeline
@@ -156,8 +156,20 @@ def build_plan(
         return plan
     plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline)
     plan.memory = memory(ctx, gpu, priced)
-    plan.warnings += plan.memory.warnings()
+    plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
     return plan
+
+
+BUBBLE_WARNING = 0.25  # share of the step idle in the pipeline bubble worth a warning
+
+
+def _bubble_warning(step: StepTime, par: ParallelSpec, m: int) -> list[str]:
+    if not step.time_s or step.bubble_s / step.time_s <= BUBBLE_WARNING or par.pp == 1:
+        return []
+    return [
+        f"stage {step.critical_stage} idles {step.bubble_s / step.time_s:.0%} of the step in the pipeline bubble "
+        f"({m} micro-batches for {par.pp} stages): more micro-batches or virtual_pipeline_stages shrink it"
+    ]
 
 
 def cluster_summary(cluster: Cluster) -> dict:
@@ -218,7 +230,8 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
 
     Stage s's groups are stage 0's shifted by s times the pipeline stride (ranks are a product grid), so
     stages whose shift is a whole number of symmetry units of the cluster (leaf units of a fat-tree) are
-    priced once; the others are priced each on their own placement and merged back when equal."""
+    priced once; without a known symmetry, stages are grouped by where their groups sit on nodes
+    (``_node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
     stages = call.stages
     if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
         return [_price(call, layout, cluster, options)]
@@ -228,9 +241,10 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
         first = layout.placement(call.group, stages)[0]  # group 0 of the first stage (memoised for _price)
         if (first // cluster.per_node == first[0] // cluster.per_node).all():
             unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
-    classes: dict[int, list[int]] = {}
+    classes: dict[object, list[int]] = {}
     for s in stages:
-        classes.setdefault((s * stride) % unit if unit else s, []).append(s)
+        key = (s * stride) % unit if unit else _node_signature(layout, call, s, cluster, options)
+        classes.setdefault(key, []).append(s)
     if len(classes) == 1:
         return [_price(call, layout, cluster, options)]
     rows: dict[tuple, PricedCall] = {}
@@ -244,6 +258,17 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
         else:
             rows[key] = pc
     return sorted(rows.values(), key=lambda r: r.call.stages[0])
+
+
+def _node_signature(layout: RankLayout, call: Call, stage: int, cluster: Cluster, options: Options) -> tuple:
+    """Where a stage's groups sit, when no symmetry of the cluster is known (router networks, custom device
+    maps): how many groups cross a node boundary, and the in-node positions of the first group. Stages alike
+    in this are priced together, as before per-stage prices, so a torus or dragonfly is not priced p times."""
+    ranks = layout.placement(call.group, (stage,))
+    devices = np.asarray(options.device_map)[ranks] if options.device_map else ranks
+    nodes = devices // cluster.per_node
+    crossing = int((nodes.max(axis=1) != nodes.min(axis=1)).sum())
+    return crossing, tuple((devices[0] % cluster.per_node).tolist())
 
 
 def _pp_stride(layout: RankLayout, expert: bool) -> int:

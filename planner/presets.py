@@ -81,7 +81,17 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         head_dim=128,
         name="DeepSeek-V3",
         published_params=671e9,
-        moe=MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3),
+        # DeepSeek-V3 §2.1.2: auxiliary-loss-free bias plus a small sequence-wise balance loss
+        moe=MoESpec(
+            256,
+            8,
+            2048,
+            num_shared_experts=1,
+            first_dense_layers=3,
+            load_balancing="seq_aux_loss",
+            expert_bias=True,
+            node_limit=4,
+        ),
         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 technical report: 671B total (685B on the hub "
         "includes the 14B multi-token-prediction module, not modelled), 37B active",
@@ -194,6 +204,9 @@ def _hf_moe(config: dict, kind: str) -> MoESpec | None:
         shared_expert_ffn_hidden_size=get("shared_expert_intermediate_size"),
         first_dense_layers=get("first_k_dense_replace", 0),
         layer_freq=get("moe_layer_freq", get("decoder_sparse_step", 1)) or 1,
+        # DeepSeek-V3's "noaux_tc" router: bias-based balancing (Megatron --moe-router-enable-expert-bias)
+        expert_bias=get("topk_method") == "noaux_tc",
+        node_limit=get("topk_group") if (get("n_group") or 1) > 1 else None,  # group-limited routing
     )
 
 

@@ -13,8 +13,9 @@ whose ``None`` means the framework's default:
   (DistributedDataParallelConfig); torch True (DDP/FSDP2 hooks); deepspeed overlap_comm (True at ZeRO-3 only).
 - ``overlap_param_gather``: the ZeRO-1/2 parameter all-gather behind the next forward. Megatron False; torch
   True; deepspeed overlap_comm.
-- ``fsdp_prefetch``: ZeRO-2/3 per-unit all-gather / reduce-scatter behind the unit's compute. True (FSDP2
-  implicit prefetch; DeepSpeed stage3_prefetch_bucket_size > 0); Megatron follows overlap_grad_reduce.
+- ``fsdp_prefetch``: torch FSDP2's per-unit all-gather / reduce-scatter behind the unit's compute. True
+  (implicit forward and backward prefetch). DeepSpeed's and Megatron's per-micro-batch ZeRO-2/3 traffic
+  follows ``overlap_grad_reduce`` instead (DeepSpeed overlap_comm: on at ZeRO-3 only).
 - ``cp_ring_overlap``: ring-attention KV exchanges behind the attention blocks. True (TransformerEngine
   AttnFuncWithCPAndKVP2P).
 - ``tp_comm_overlap``: TP collectives behind the GEMMs. False (Megatron --tp-comm-overlap).
@@ -80,6 +81,7 @@ class StageStep:
     param_gather_s: float = 0.0  # ZeRO-1/2 parameter all-gather, whole iteration
     param_units: int = 0
     tail_s: float = 0.0  # other per-iteration calls on the critical path (tied embeddings, loss)
+    exposed_by_stream: dict = field(default_factory=dict)  # (stream, phase) -> exposed seconds per micro-batch
     exposed_dp_s: float = 0.0
     exposed_gather_s: float = 0.0
 
@@ -155,9 +157,10 @@ def _stream(call, m: int, zero: int) -> str:
     if par == "pp":
         return "pp"
     if par in ("dp", "edp"):
-        if phase == "optimizer":
-            return "param_gather"
-        if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward"):
+        if phase == "optimizer":  # the updated parameters' all-gather; norms and overflow checks are on the path
+            return "param_gather" if call.op.value == "allgather" else "tail"
+        per_unit = phase == "backward" or call.op.value != "allreduce"  # not the forward loss report
+        if zero >= 2 and call.calls_per_iteration >= m and phase in ("forward", "backward") and per_unit:
             return "dp." + phase
         return "grad_reduce" if phase == "backward" else "tail"  # the loss report is on the path
     if par == "embedding" or phase == "optimizer":
@@ -210,6 +213,10 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                 elif kind == "dp" and _prefetch(ctx, flags):
                     t = max(0.0, t - pass_time.total_s)
                 exposed += t
+                if t:
+                    stream = "cp" if kind == "cp.ring" else kind
+                    key = (stream, phase)
+                    st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + t
             if phase == "forward":
                 st.fwd_comm_s = exposed
             else:
@@ -218,7 +225,9 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
 
 
 def _prefetch(ctx: Context, flags: Overlap) -> bool:
-    return bool(flags.overlap_grad_reduce if ctx.par.framework == "megatron" else flags.fsdp_prefetch)
+    """Whether ZeRO-2/3 per-micro-batch traffic hides behind the pass: FSDP2 prefetches; DeepSpeed overlaps only
+    with overlap_comm (its default: on at ZeRO-3 only); Megatron with overlap_grad_reduce."""
+    return bool(flags.fsdp_prefetch if ctx.par.framework == "torch" else flags.overlap_grad_reduce)
 
 
 # ---- assembly -----------------------------------------------------------------------------------------
@@ -308,6 +317,7 @@ def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict
     if not with_timeline:
         return []
     events = timeline(passes, sched)
+    events += _pass_comm_events(events, stages, sched)
     for st, lead in zip(stages, _drain_leads(passes, sched), strict=True):
         last = pipe_end - lead
         if st.grad_reduce_s:
@@ -321,6 +331,27 @@ def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict
         if st.param_gather_s:
             events.append(_ev(st.stage, "dp", "param_gather", end_opt, end_opt + st.param_gather_s))
     return events
+
+
+def _pass_comm_events(compute: list[dict], stages: list[StageStep], sched: Schedule) -> list[dict]:
+    """The exposed communication inside each compute block, drawn on its own stream (tp, ep, cp, dp) at the
+    block's end: a block's duration includes it, and the compute stream waits for it."""
+    v = max(1, sched.chunks)
+    out = []
+    for ev in compute:
+        st = stages[ev["stage"]]
+        if not st.exposed_by_stream:
+            continue
+        n = ev["microbatches"]
+        phases = ("forward", "backward") if ev["name"] == "1f1b" else (ev["name"],)
+        end = ev["end_s"]
+        for (stream, phase), per_mb in sorted(st.exposed_by_stream.items(), reverse=True):
+            if phase not in phases:
+                continue
+            dur = per_mb * n / v
+            out.append({**ev, "stream": stream, "name": f"{stream} {phase}", "start_s": end - dur, "end_s": end})
+            end -= dur
+    return out
 
 
 def _ev(stage: int, stream: str, name: str, start: float, end: float) -> dict:

@@ -17,6 +17,10 @@ class WorkloadSpec:
     micro_batch_size: int = 1
     global_batch_size: int = 1
     activation_recompute: str = "none"  # none | selective (core attention) | full (whole layer)
+    seq_length: int | None = None  # CONTRACT v1.1: the training sequence; wins over the model's seq_length
+    # Megatron --create-attention-mask-in-dataloader (default on: Megatron-LM d98e8a6 arguments.py:3332
+    # store_false): the b x 1 x s x s bool mask is built by the loader and broadcast over TP with the batch
+    attention_mask_in_dataloader: bool = True
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas
@@ -45,6 +49,8 @@ def validate_workload(w: WorkloadSpec) -> None:
     if w.training:
         _at_least_one("workload.micro_batch_size", w.micro_batch_size)
         _at_least_one("workload.global_batch_size", w.global_batch_size)
+        if w.seq_length is not None:
+            _at_least_one("workload.seq_length", w.seq_length)
         if w.activation_recompute not in RECOMPUTE:
             raise SpecError(
                 "workload.activation_recompute",

@@ -32,6 +32,9 @@ class MoEIn(Strict):
     first_dense_layers: int = Field(default=0, ge=0, le=2048)
     layer_freq: int = Field(default=1, ge=1, le=2048)
     capacity_factor: float | None = Field(default=None, gt=0, le=64, description="null: dropless routing")
+    load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    expert_bias: bool = False
+    node_limit: int | None = Field(default=None, ge=1, le=1 << 14, description="max nodes per token (DeepEP)")
 
 
 class MLAIn(Strict):
@@ -75,6 +78,13 @@ class WorkloadIn(Strict):
     phase: Literal["prefill", "decode"] | None = None
     batch_size: int | None = Field(default=None, ge=1, le=1 << 20, description="sequences over all replicas")
     context_length: int | None = Seq
+    seq_length: int | None = Field(
+        default=None, ge=1, le=1 << 22, description="training sequence; wins over the model's"
+    )
+    attention_mask_in_dataloader: bool | None = Field(
+        default=None,
+        description="Megatron --create-attention-mask-in-dataloader (default true): mask broadcast over TP",
+    )
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
@@ -98,6 +108,13 @@ class ParallelIn(Strict):
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
     framework: Literal["megatron", "torch", "deepspeed"] | None = None
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
+    ep_dispatch: Literal["alltoall", "deepep"] | None = None
+    zero_config: dict[str, float] | None = Field(
+        default=None,
+        description="DeepSpeed zero_optimization names in elements: reduce_bucket_size, allgather_bucket_size, "
+        "stage3_prefetch_bucket_size, stage3_param_persistence_threshold, stage3_max_reuse_distance, "
+        "stage3_max_live_parameters, sub_group_size (DeepSpeed's defaults)",
+    )
     first_stage_layers: int | None = Layers
     last_stage_layers: int | None = Layers
 

@@ -5,8 +5,10 @@ implementations are TransformerEngine's attention.py: AttnFuncWithCPAndKVP2P, ..
   backward passes K,V again and the accumulated dK,dV, c-1 steps each.
   KV bytes = 2·b·(s/c)·(kv_heads/t)·head_dim·x (MLA: the per-head K of nope+rope dims and V).
 - all_gather: K,V all-gathered before attention (c x KV), backward re-gathers them and reduce-scatters dK,dV.
-- a2a (Ulysses; Jacobs et al. 2023): all-to-all of q, k, v to head-sharding and of the output back, the
-  same four in backward.
+- a2a (Ulysses; Jacobs et al. 2023): TE's flash_attn_a2a_communicate issues one all_to_all_single per
+  tensor (transformer_engine/pytorch/attention.py, TE 1.x/2.x: ``for i in range(len(a2a_inputs) + 2)``):
+  q, k and v separately to head-sharding, the output back; backward: dout, then dq, dk, dv.
+  It needs the KV heads of one TP rank divisible by cp (validated in planner/parallel.py).
 Core-attention recompute (selective) or full recompute re-runs the forward exchange in backward.
 """
 
@@ -19,16 +21,27 @@ from ..layout import Group
 from ..ledger import Call, recomputed
 
 SOURCE = "TransformerEngine attention.py (AttnFuncWithCP*); Megatron-Core cp_comm_type"
+ULYSSES = "TransformerEngine attention.py AttnFuncWithCPAndQKVOA2A / flash_attn_a2a_communicate (one a2a per tensor)"
+
+
+def k_bytes(ctx: Context) -> int:
+    m, t = ctx.model, ctx.par.tp
+    per_token = (
+        (m.num_attention_heads // t) * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim)
+        if m.mla
+        else (m.kv_heads // t) * m.head_size
+    )
+    return ctx.b * ctx.s_cp * per_token * ctx.x
+
+
+def v_bytes(ctx: Context) -> int:
+    m, t = ctx.model, ctx.par.tp
+    per_token = (m.num_attention_heads // t) * m.mla.v_head_dim if m.mla else (m.kv_heads // t) * m.head_size
+    return ctx.b * ctx.s_cp * per_token * ctx.x
 
 
 def kv_bytes(ctx: Context) -> int:
-    m, t = ctx.model, ctx.par.tp
-    per_token = (
-        (m.num_attention_heads // t) * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim)
-        if m.mla
-        else 2 * (m.kv_heads // t) * m.head_size
-    )
-    return ctx.b * ctx.s_cp * per_token * ctx.x
+    return k_bytes(ctx) + v_bytes(ctx)
 
 
 def q_bytes(ctx: Context) -> int:
@@ -51,23 +64,38 @@ def calls(ctx: Context) -> list[Call]:
     return out
 
 
-def _call(ctx, name, op, phase, message, count, pairs=None) -> Call:
+def _cp(ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int, pairs=None) -> Call:
     return Call(
-        name, "cp", op, phase, message, count, Group(("cp",), pairs=pairs), SOURCE, dtype=ctx.work.activation_dtype
+        name=name,
+        op=op,
+        phase=phase,
+        message_bytes=message,
+        calls_per_iteration=count,
+        group=Group(("cp",), pairs=pairs),
+        source=ULYSSES if op == Op.ALLTOALL else SOURCE,
+        dtype=ctx.work.activation_dtype,
     )
 
 
 def _forward(ctx: Context, layers: int) -> list[Call]:
     c, kv = ctx.par.cp, kv_bytes(ctx)
     if ctx.par.cp_comm == "p2p":
-        return [_call(ctx, "cp.attn.kv", Op.SENDRECV, "forward", kv, (c - 1) * layers, "ring")]
+        return [
+            _cp(
+                ctx,
+                name="cp.attn.kv",
+                op=Op.SENDRECV,
+                phase="forward",
+                message=kv,
+                count=(c - 1) * layers,
+                pairs="ring",
+            )
+        ]
     if ctx.par.cp_comm == "all_gather":
-        return [_call(ctx, "cp.attn.kv_gather", Op.ALLGATHER, "forward", c * kv, layers)]
-    q = q_bytes(ctx)
+        return [_cp(ctx, name="cp.attn.kv_gather", op=Op.ALLGATHER, phase="forward", message=c * kv, count=layers)]
     return [
-        _call(ctx, "cp.attn.q", Op.ALLTOALL, "forward", q, layers),
-        _call(ctx, "cp.attn.kv", Op.ALLTOALL, "forward", kv, layers),
-        _call(ctx, "cp.attn.out", Op.ALLTOALL, "forward", q, layers),
+        _cp(ctx, name=f"cp.attn.{what}", op=Op.ALLTOALL, phase="forward", message=size, count=layers)
+        for what, size in (("q", q_bytes(ctx)), ("k", k_bytes(ctx)), ("v", v_bytes(ctx)), ("out", q_bytes(ctx)))
     ]
 
 
@@ -75,17 +103,31 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
     c, kv = ctx.par.cp, kv_bytes(ctx)
     if ctx.par.cp_comm == "p2p":
         return [
-            _call(ctx, "cp.attn.kv.bwd", Op.SENDRECV, "backward", kv, (c - 1) * layers, "ring"),
-            _call(ctx, "cp.attn.dkv", Op.SENDRECV, "backward", kv, (c - 1) * layers, "ring"),
+            _cp(
+                ctx,
+                name="cp.attn.kv.bwd",
+                op=Op.SENDRECV,
+                phase="backward",
+                message=kv,
+                count=(c - 1) * layers,
+                pairs="ring",
+            ),
+            _cp(
+                ctx,
+                name="cp.attn.dkv",
+                op=Op.SENDRECV,
+                phase="backward",
+                message=kv,
+                count=(c - 1) * layers,
+                pairs="ring",
+            ),
         ]
     if ctx.par.cp_comm == "all_gather":
         return [
-            _call(ctx, "cp.attn.kv_gather.bwd", Op.ALLGATHER, "backward", c * kv, layers),
-            _call(ctx, "cp.attn.dkv", Op.REDUCESCATTER, "backward", c * kv, layers),
+            _cp(ctx, name="cp.attn.kv_gather.bwd", op=Op.ALLGATHER, phase="backward", message=c * kv, count=layers),
+            _cp(ctx, name="cp.attn.dkv", op=Op.REDUCESCATTER, phase="backward", message=c * kv, count=layers),
         ]
-    q = q_bytes(ctx)
     return [
-        _call(ctx, "cp.attn.dout", Op.ALLTOALL, "backward", q, layers),
-        _call(ctx, "cp.attn.dq", Op.ALLTOALL, "backward", q, layers),
-        _call(ctx, "cp.attn.dkv", Op.ALLTOALL, "backward", kv, layers),
+        _cp(ctx, name=f"cp.attn.{what}", op=Op.ALLTOALL, phase="backward", message=size, count=layers)
+        for what, size in (("dout", q_bytes(ctx)), ("dq", q_bytes(ctx)), ("dk", k_bytes(ctx)), ("dv", v_bytes(ctx)))
     ]

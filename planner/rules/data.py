@@ -16,7 +16,9 @@ ZeRO-2, 3Ψ for ZeRO-3, Ψ = parameters).
   (reference/pytorch/fsdp2_*.json). Hybrid sharding (HSDP) shards inside groups of hybrid_shard_size and
   all-reduces the sharded gradients across the replicas.
 Dense parameters reduce over the data x context parallel group, expert parameters over the expert
-data-parallel group. Megatron also all-reduces the loss for reporting (2 fp32 values, last stage).
+data-parallel group. Megatron also all-reduces the loss for reporting (2 fp32 values, last stage) and
+the gradient norm in the step (_megatron_step). The DeepSpeed flavour is DeepSpeed's own (rules/deepspeed.py):
+all-reduced buckets, not the paper's reduce-scatter.
 """
 
 from __future__ import annotations
@@ -29,30 +31,26 @@ from ..context import Context
 from ..layout import Group
 from ..ledger import Call
 from ..params import Param, stage_params
+from . import deepspeed
 
 DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
-DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed reduce_bucket_size / allgather_bucket_size defaults
 ZERO_PAPER = "Rajbhandari et al. 2020 (ZeRO) §5"
 SOURCES = {
     0: {
         "megatron": "megatron/core/distributed/distributed_data_parallel.py",
         "torch": "torch DistributedDataParallel (Reducer buckets)",
-        "deepspeed": "DeepSpeed engine allreduce_gradients",
     },
     1: {
         "megatron": "megatron/core/optimizer/distrib_optimizer.py",
         "torch": ZERO_PAPER,
-        "deepspeed": "DeepSpeed ZeRO stage 1",
     },
     2: {
         "megatron": "DeepSpeed ZeRO stage 2 semantics; " + ZERO_PAPER,
         "torch": "FSDP2 reshard_after_forward=False",
-        "deepspeed": "DeepSpeed ZeRO stage 2",
     },
     3: {
         "megatron": "DeepSpeed ZeRO stage 3 / Megatron-FSDP semantics; " + ZERO_PAPER,
         "torch": "FSDP2 fully_shard",
-        "deepspeed": "DeepSpeed ZeRO stage 3",
     },
 }
 
@@ -67,25 +65,61 @@ def calls(ctx: Context) -> list[Call]:
             out += [c.at(stage) for c in _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)]
         if expert and ctx.par.expert_dp > 1:
             out += [c.at(stage) for c in _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)]
+        if ctx.flavour == "megatron":
+            out += [c.at(stage) for c in _megatron_step(ctx)]
         if ctx.is_last(stage) and ctx.flavour == "megatron" and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
-                    "dp.loss_report",
-                    "dp",
-                    Op.ALLREDUCE,
-                    "forward",
-                    8,
-                    ctx.micro_batches,
-                    Group(("cp", "dp")),
-                    "megatron pretrain_gpt.py loss_func (loss and token count)",
-                    (stage,),
-                    "fp32",
+                    name="dp.loss_report",
+                    op=Op.ALLREDUCE,
+                    phase="forward",
+                    message_bytes=8,
+                    calls_per_iteration=ctx.micro_batches,
+                    group=Group(("cp", "dp")),
+                    source="megatron pretrain_gpt.py loss_func (loss and token count)",
+                    stages=(stage,),
+                    dtype="fp32",
                 )
             )
     return out
 
 
+def _megatron_step(ctx: Context) -> list[Call]:
+    """The optimizer step's 1-element reductions (Megatron-LM core_r0.13):
+    - gradient norm for clipping (--clip-grad, default 1.0): megatron/core/optimizer/clip_grads.py
+      get_grad_norm_fp32 all-reduces the squared norm (fp32) over the optimizer's grad-stats group: the
+      model-parallel group (tp x pp) with the plain optimizer, every rank with the distributed optimizer
+      (distrib_optimizer.py get_grad_stats_parallel_group returns None, "reduced over all ranks");
+    - with fp16 the found-inf flag before unscaling, over the same group (optimizer.py
+      _unscale_main_grads_and_check_for_nan; bf16 has no loss scaler).
+    The dense and expert optimizers of a ChainedOptimizer share the group, so the norm is reduced once."""
+    par = ctx.par
+    dims = ("tp", "cp", "dp", "pp") if par.zero_stage >= 1 else ("tp", "pp")
+    size = par.world_size if par.zero_stage >= 1 else par.tp * par.pp
+    if size == 1:
+        return []
+    where = "Megatron-LM d98e8a6 megatron/core/optimizer/"
+    wanted = [("grad_norm", where + "clip_grads.py:132 get_grad_norm_fp32; distrib_optimizer.py:796")]
+    if ctx.work.param_dtype == "fp16":
+        wanted.insert(0, ("found_inf", where + "optimizer.py _unscale_main_grads_and_check_for_nan"))
+    return [
+        Call(
+            name=f"dp.{name}",
+            op=Op.ALLREDUCE,
+            phase="optimizer",
+            message_bytes=4,
+            calls_per_iteration=1,
+            group=Group(dims),
+            source=source,
+            dtype="fp32",
+        )
+        for name, source in wanted
+    ]
+
+
 def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+    if ctx.flavour == "deepspeed":
+        return deepspeed.calls(ctx, params, group, kind, size)
     stage = ctx.par.zero_stage
     if stage == 3 or (stage == 2 and ctx.flavour == "torch"):
         return _sharded_units(ctx, params, group, kind, size)
@@ -97,40 +131,54 @@ def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: in
         if stage == 0:
             out.append(
                 _call(
-                    ctx, f"{kind}.grads", Op.ALLREDUCE, "backward", numel * gbytes, count, group, source, ctx.grad_dtype
+                    name=f"{kind}.grads",
+                    op=Op.ALLREDUCE,
+                    phase="backward",
+                    message=numel * gbytes,
+                    count=count,
+                    group=group,
+                    source=source,
+                    dtype=ctx.grad_dtype,
                 )
             )
             continue
         reduce_count = count * (m if stage == 2 else 1)
         out += [
             _call(
-                ctx,
-                f"{kind}.grads",
-                Op.REDUCESCATTER,
-                "backward",
-                numel * gbytes,
-                reduce_count,
-                group,
-                source,
-                ctx.grad_dtype,
+                name=f"{kind}.grads",
+                op=Op.REDUCESCATTER,
+                phase="backward",
+                message=numel * gbytes,
+                count=reduce_count,
+                group=group,
+                source=source,
+                dtype=ctx.grad_dtype,
             ),
             _call(
-                ctx,
-                f"{kind}.params",
-                Op.ALLGATHER,
-                "optimizer",
-                numel * pbytes,
-                count,
-                group,
-                source,
-                ctx.work.param_dtype,
+                name=f"{kind}.params",
+                op=Op.ALLGATHER,
+                phase="optimizer",
+                message=numel * pbytes,
+                count=count,
+                group=group,
+                source=source,
+                dtype=ctx.work.param_dtype,
             ),
         ]
     return out
 
 
-def _call(ctx, name, op, phase, message, count, group, source, dtype) -> Call:
-    return Call(name, name.split(".")[0], op, phase, message, count, group, source, dtype=dtype)
+def _call(*, name: str, op: Op, phase: str, message: int, count: int, group: Group, source: str, dtype: str) -> Call:
+    return Call(
+        name=name,
+        op=op,
+        phase=phase,
+        message_bytes=message,
+        calls_per_iteration=count,
+        group=group,
+        source=source,
+        dtype=dtype,
+    )
 
 
 def _buckets(ctx: Context, params: list[Param], dp_size: int) -> list[int]:
@@ -156,8 +204,6 @@ def _cap_elements(ctx: Context) -> float:
         return max(1, ctx.par.dp_bucket_bytes // ctx.grad_bytes)
     if ctx.flavour == "torch":
         return DDP_TORCH_BUCKET_BYTES / ctx.grad_bytes
-    if ctx.flavour == "deepspeed":
-        return DEEPSPEED_BUCKET_ELEMENTS
     return float("inf")  # Megatron without --overlap-grad-reduce: one bucket per buffer
 
 
@@ -191,42 +237,39 @@ def _sharded_units(ctx: Context, params: list[Param], group: Group, kind: str, s
     for (numel, again), count in by_size.items():
         out.append(
             _call(
-                ctx,
-                f"{kind}.params",
-                Op.ALLGATHER,
-                "forward",
-                numel * ctx.param_bytes,
-                count * m,
-                shard_group,
-                source,
-                ctx.work.param_dtype,
+                name=f"{kind}.params",
+                op=Op.ALLGATHER,
+                phase="forward",
+                message=numel * ctx.param_bytes,
+                count=count * m,
+                group=shard_group,
+                source=source,
+                dtype=ctx.work.param_dtype,
             )
         )
         if again:
             out.append(
                 _call(
-                    ctx,
-                    f"{kind}.params.bwd",
-                    Op.ALLGATHER,
-                    "backward",
-                    numel * ctx.param_bytes,
-                    count * m,
-                    shard_group,
-                    source,
-                    ctx.work.param_dtype,
+                    name=f"{kind}.params.bwd",
+                    op=Op.ALLGATHER,
+                    phase="backward",
+                    message=numel * ctx.param_bytes,
+                    count=count * m,
+                    group=shard_group,
+                    source=source,
+                    dtype=ctx.work.param_dtype,
                 )
             )
         out.append(
             _call(
-                ctx,
-                f"{kind}.grads",
-                Op.REDUCESCATTER,
-                "backward",
-                numel * ctx.grad_bytes,
-                count * m,
-                shard_group,
-                source,
-                ctx.grad_dtype,
+                name=f"{kind}.grads",
+                op=Op.REDUCESCATTER,
+                phase="backward",
+                message=numel * ctx.grad_bytes,
+                count=count * m,
+                group=shard_group,
+                source=source,
+                dtype=ctx.grad_dtype,
             )
         )
         replicas_count = (ctx.par.expert_dp if group.expert else ctx.par.dp) // hs if hs else 1
@@ -234,15 +277,14 @@ def _sharded_units(ctx: Context, params: list[Param], group: Group, kind: str, s
             replicas = Group(("dp_rep",), group.expert, split=hs)
             out.append(
                 _call(
-                    ctx,
-                    f"{kind}.grads.replicas",
-                    Op.ALLREDUCE,
-                    "backward",
-                    numel * ctx.grad_bytes // hs,
-                    count * m,
-                    replicas,
-                    source + " (HSDP replicate all-reduce)",
-                    ctx.grad_dtype,
+                    name=f"{kind}.grads.replicas",
+                    op=Op.ALLREDUCE,
+                    phase="backward",
+                    message=numel * ctx.grad_bytes // hs,
+                    count=count * m,
+                    group=replicas,
+                    source=source + " (HSDP replicate all-reduce)",
+                    dtype=ctx.grad_dtype,
                 )
             )
     return out

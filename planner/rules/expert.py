@@ -8,7 +8,9 @@ fixed capacity; dropless otherwise); combine returns the expert outputs the same
 the two transposes (same sizes). Dropless routing first all-gathers every rank's per-expert token counts
 over the expert-TP x EP group (E int64 per rank). With expert tensor parallelism (expert_tp > 1) the
 received tokens are all-gathered over the expert-TP group before the experts and reduce-scattered after.
-The dispatch may use fp8 (DeepSeek-V3 §3.3); combine stays in the activation dtype.
+With ``parallel.ep_dispatch: "deepep"`` the two all-to-alls become DeepEP's node-limited RDMA + NVLink legs
+(rules/deepep.py). The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile;
+combine stays in the activation dtype. torchtitan's EP exchanges the counts with an all-to-all instead of an all-gather.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed
+from . import deepep
 
-SOURCE = "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
+M = "Megatron-LM d98e8a6 "
+SOURCE = M + "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
+TORCHTITAN = "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch (all_to_all_single of counts)"
+FP8_SCALES = "DeepSeek-V3 report §3.3: 1x128 tiles, one fp32 scale each"
+FP8_TILE = 128
 
 
 def calls(ctx: Context) -> list[Call]:
@@ -31,12 +38,61 @@ def calls(ctx: Context) -> list[Call]:
         layers = ctx.moe_layers(stage) * ctx.micro_batches
         if layers == 0:
             continue
+        out += [c.at(stage) for c in _router(ctx, stage)]
         forward = _forward(ctx, layers)
         out += [c.at(stage) for c in forward]
         if ctx.training:
             out += [c.at(stage) for c in _backward(ctx, layers)]
             if ctx.forward_passes == 2:
                 out += [recomputed(c).at(stage) for c in forward]
+    return out
+
+
+def _router(ctx: Context, stage: int) -> list[Call]:
+    """Megatron's router reductions (training only; megatron/core/transformer/moe/router.py, core_r0.13).
+
+    - Load-balancing loss: the per-expert token counts are all-reduced over TP x CP before the loss
+      (TopKRouter aux-loss path: reduce_from_tensor_model_parallel_region(tokens_per_expert, tp_cp_group)):
+      E int64 per MoE layer and micro-batch (b x E with the sequence-wise loss).
+    - DeepSeek-V3 expert bias (--moe-router-enable-expert-bias): once per iteration finalize_model_grads.py
+      _update_router_expert_bias all-reduces the stacked local_tokens_per_expert of the stage's MoE layers
+      (fp32) over TP x CP x DP, then nudges the biases (DeepSeek-V3 report §2.1.2).
+    Other flavours (torchtitan, DeepSpeed-MoE) compute their balance losses locally: nothing is listed.
+    """
+    moe, par = ctx.model.moe, ctx.par
+    if not ctx.training or ctx.flavour != "megatron":
+        return []
+    out = []
+    moe_layers = ctx.moe_layers(stage)
+    if moe.load_balancing != "none" and par.tp * par.cp > 1:
+        per = moe.num_experts * (ctx.b if moe.load_balancing == "seq_aux_loss" else 1)
+        out.append(
+            _ep(
+                ctx,
+                name="ep.router.tokens_per_expert",
+                op=Op.ALLREDUCE,
+                phase="forward",
+                message=per * 8,
+                count=moe_layers * ctx.micro_batches,
+                group=Group(("tp", "cp")),
+                dtype="int64",
+                source=M + "megatron/core/transformer/moe/router.py _apply_aux_loss -> moe_utils.py:269 (tp_cp_group)",
+            )
+        )
+    if moe.expert_bias and par.tp * par.cp * par.dp > 1:
+        out.append(
+            _ep(
+                ctx,
+                name="ep.router.expert_bias",
+                op=Op.ALLREDUCE,
+                phase="optimizer",
+                message=moe_layers * moe.num_experts * 4,
+                count=1,
+                group=Group(("tp", "cp", "dp")),
+                dtype="fp32",
+                source=M + "megatron/core/distributed/finalize_model_grads.py:334 _update_router_expert_bias",
+            )
+        )
     return out
 
 
@@ -51,52 +107,111 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     moe, par, h = ctx.model.moe, ctx.par, ctx.model.hidden_size
     rows = _routed(ctx)
     out = []
-    if moe.capacity_factor is None and par.expert_tp * par.ep > 1:
-        counts = par.expert_tp * par.ep * moe.num_experts * 8
-        out.append(
-            _call(
-                ctx,
-                "ep.token_counts",
-                Op.ALLGATHER,
-                "forward",
-                counts,
-                layers,
-                Group(("tp", "ep"), expert=True),
-                SOURCE + " preprocess",
-                "int64",
-            )
+    if _deepep(ctx):  # the layout notification travels inside DeepEP's kernels
+        return deepep.calls(ctx, layers, ctx.tokens_local, dispatch_row_bytes(ctx), "forward") + _expert_tp(
+            ctx, layers, rows, "forward"
         )
+    if moe.capacity_factor is None and par.expert_tp * par.ep > 1:
+        out.append(_token_counts(ctx, layers))
     if par.ep > 1:
         group = Group(("ep",), expert=True)
         out += [
-            _call(
+            _ep(
                 ctx,
-                "ep.dispatch",
-                Op.ALLTOALL,
-                "forward",
-                rows * h * ctx.dispatch_bytes,
-                layers,
-                group,
+                name="ep.dispatch",
+                op=Op.ALLTOALL,
+                phase="forward",
+                message=rows * dispatch_row_bytes(ctx),
+                count=layers,
+                group=group,
+                source=SOURCE + ("; " + FP8_SCALES if _fp8(ctx) else ""),
                 dtype=ctx.work.moe_dispatch_dtype,
             ),
-            _call(ctx, "ep.combine", Op.ALLTOALL, "forward", rows * h * ctx.x, layers, group),
+            _ep(
+                ctx,
+                name="ep.combine",
+                op=Op.ALLTOALL,
+                phase="forward",
+                message=rows * h * ctx.x,
+                count=layers,
+                group=group,
+            ),
         ]
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
 
 
-def _call(
+def _deepep(ctx: Context) -> bool:
+    return ctx.par.ep > 1 and ctx.par.ep_dispatch == "deepep"
+
+
+def _fp8(ctx: Context) -> bool:
+    return ctx.work.moe_dispatch_dtype == "fp8"
+
+
+def dispatch_row_bytes(ctx: Context) -> int:
+    """Bytes of one dispatched token row: h elements, plus with fp8 one fp32 scale per 1x128 tile
+    (DeepSeek-V3 report §3.3 fine-grained quantisation; DeepEP low-latency dispatch sends the same)."""
+    h = ctx.model.hidden_size
+    if _fp8(ctx):
+        return h * ctx.dispatch_bytes + -(-h // FP8_TILE) * 4
+    return h * ctx.dispatch_bytes
+
+
+def _token_counts(ctx: Context, layers: int) -> Call:
+    """Dropless routing first tells every rank how many tokens it will receive. Megatron all-gathers each
+    rank's per-expert counts over expert-TP x EP (token_dispatcher.py preprocess, E int64 per rank);
+    torchtitan exchanges them with all_to_all_single over EP (torchtitan/distributed/expert_parallel.py
+    ExpertParallel._token_dispatch: num_tokens_per_expert, E int64 in)."""
+    moe, par = ctx.model.moe, ctx.par
+    if ctx.flavour == "torch":
+        return _ep(
+            ctx,
+            name="ep.token_counts",
+            op=Op.ALLTOALL,
+            phase="forward",
+            message=moe.num_experts * 8,
+            count=layers,
+            group=Group(("ep",), expert=True),
+            source=TORCHTITAN,
+            dtype="int64",
+        )
+    counts = par.expert_tp * par.ep * moe.num_experts * 8
+    return _ep(
+        ctx,
+        name="ep.token_counts",
+        op=Op.ALLGATHER,
+        phase="forward",
+        message=counts,
+        count=layers,
+        group=Group(("tp", "ep"), expert=True),
+        source=SOURCE + " preprocess",
+        dtype="int64",
+    )
+
+
+def _ep(
     ctx: Context,
+    *,
     name: str,
     op: Op,
     phase: str,
     message: int,
-    layers: int,
+    count: int,
     group: Group,
     source: str = SOURCE,
     dtype: str | None = None,
 ) -> Call:
-    return Call(name, "ep", op, phase, message, layers, group, source, dtype=dtype or ctx.work.activation_dtype)
+    return Call(
+        name=name,
+        op=op,
+        phase=phase,
+        message_bytes=message,
+        calls_per_iteration=count,
+        group=group,
+        source=source,
+        dtype=dtype or ctx.work.activation_dtype,
+    )
 
 
 def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
@@ -109,19 +224,49 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     suffix = "" if phase == "forward" else ".bwd"
     source = SOURCE + " (expert TP)"
     return [
-        _call(ctx, "ep.expert_tp.gather" + suffix, first, phase, message, layers, group, source),
-        _call(ctx, "ep.expert_tp.scatter" + suffix, second, phase, message, layers, group, source),
+        _ep(
+            ctx,
+            name="ep.expert_tp.gather" + suffix,
+            op=first,
+            phase=phase,
+            message=message,
+            count=layers,
+            group=group,
+            source=source,
+        ),
+        _ep(
+            ctx,
+            name="ep.expert_tp.scatter" + suffix,
+            op=second,
+            phase=phase,
+            message=message,
+            count=layers,
+            group=group,
+            source=source,
+        ),
     ]
 
 
 def _backward(ctx: Context, layers: int) -> list[Call]:
     rows = _routed(ctx)
     out = []
-    if ctx.par.ep > 1:
+    if _deepep(ctx):
+        out += deepep.calls(ctx, layers, ctx.tokens_local, 0, "backward")
+    elif ctx.par.ep > 1:
         message = rows * ctx.model.hidden_size * ctx.x
         group = Group(("ep",), expert=True)
         out += [
-            _call(ctx, "ep.combine.bwd", Op.ALLTOALL, "backward", message, layers, group),
-            _call(ctx, "ep.dispatch.bwd", Op.ALLTOALL, "backward", message, layers, group),
+            _ep(
+                ctx, name="ep.combine.bwd", op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group
+            ),
+            _ep(
+                ctx,
+                name="ep.dispatch.bwd",
+                op=Op.ALLTOALL,
+                phase="backward",
+                message=message,
+                count=layers,
+                group=group,
+            ),
         ]
     return out + _expert_tp(ctx, layers, rows, "backward")

@@ -36,31 +36,29 @@ def calls(ctx: Context) -> list[Call]:
         if forward_sends:
             out.append(
                 Call(
-                    "pp.activation",
-                    "pp",
-                    Op.SENDRECV,
-                    "forward",
-                    message,
-                    forward_sends * m,
-                    Group(("pp",), pairs="pp+1"),
-                    src,
-                    (stage,),
-                    ctx.work.activation_dtype,
+                    name="pp.activation",
+                    op=Op.SENDRECV,
+                    phase="forward",
+                    message_bytes=message,
+                    calls_per_iteration=forward_sends * m,
+                    group=Group(("pp",), pairs="pp+1"),
+                    source=src,
+                    stages=(stage,),
+                    dtype=ctx.work.activation_dtype,
                 )
             )
         if backward_sends and ctx.training:
             out.append(
                 Call(
-                    "pp.activation_grad",
-                    "pp",
-                    Op.SENDRECV,
-                    "backward",
-                    message,
-                    backward_sends * m,
-                    Group(("pp",), pairs="pp-1"),
-                    src,
-                    (stage,),
-                    ctx.work.activation_dtype,
+                    name="pp.activation_grad",
+                    op=Op.SENDRECV,
+                    phase="backward",
+                    message_bytes=message,
+                    calls_per_iteration=backward_sends * m,
+                    group=Group(("pp",), pairs="pp-1"),
+                    source=src,
+                    stages=(stage,),
+                    dtype=ctx.work.activation_dtype,
                 )
             )
     if ctx.training and ctx.model.tied_embeddings and ctx.flavour != "torch":
@@ -68,16 +66,15 @@ def calls(ctx: Context) -> list[Call]:
         grads = vocab * ctx.model.hidden_size * ctx.grad_bytes
         out.append(
             Call(
-                "embedding.tied_grads",
-                "embedding",
-                Op.ALLREDUCE,
-                "optimizer",
-                grads,
-                1,
-                Group(("pp",), pairs="ends"),
-                "megatron/core/distributed/finalize_model_grads.py _allreduce_word_embedding_grads",
-                (0, p - 1),
-                ctx.grad_dtype,
+                name="embedding.tied_grads",
+                op=Op.ALLREDUCE,
+                phase="optimizer",
+                message_bytes=grads,
+                calls_per_iteration=1,
+                group=Group(("pp",), pairs="ends"),
+                source="megatron/core/distributed/finalize_model_grads.py _allreduce_word_embedding_grads",
+                stages=(0, p - 1),
+                dtype=ctx.grad_dtype,
             )
         )
     return out

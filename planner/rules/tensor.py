@@ -15,7 +15,8 @@ PyTorch DTensor (torch.distributed.tensor.parallel; the Megatron-style plan of t
 gate, up are separate colwise linears, so backward all-reduces each input gradient separately (5 per
 block); with sequence parallelism no input re-gather happens in backward, the vocabulary-parallel
 cross-entropy is not used (the LM head gathers the logits), and norm weights keep partial gradients that
-the optimizer all-reduces as it reads them (3 reads per weight in AdamW: reference/pytorch/tp2_sp.json).
+the optimizer all-reduces as it reads them (3 reads per weight in AdamW: reference/pytorch/tp2_sp.json) —
+unless FSDP2 shards the DTensor parameters on top, whose post-backward reduces them (_norm_grads).
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from ..layout import Group
 from ..ledger import Call, recomputed
 
 TP = Group(("tp",))
-MEGATRON_TP = "Megatron-LM SC'21 §3; megatron/core/tensor_parallel/mappings.py"
+M = "Megatron-LM d98e8a6 "
+MEGATRON_TP = "Megatron-LM SC'21 §3; " + M + "megatron/core/tensor_parallel/mappings.py"
 MEGATRON_SP = "Korthikanti et al. 2022 §4.2.2; megatron/core/tensor_parallel/layers.py (input re-gathered for wgrad)"
 DTENSOR = "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel); reference/pytorch/tp2*.json"
+FSDP2_TP = "torch/distributed/fsdp/_fully_shard/_fsdp_param.py _get_grad_inner_tensor (Partial -> Replicate)"
+VLLM = "vllm LogitsProcessor._gather_logits; vocab_parallel_embedding.py pads to 64"
+VLLM_VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 
 
 def calls(ctx: Context) -> list[Call]:
@@ -47,18 +52,27 @@ def calls(ctx: Context) -> list[Call]:
     return out
 
 
-def _mb(ctx: Context, name: str, op: Op, phase: str, count: int, source: str, message: int | None = None) -> Call:
-    """A call issued ``count`` times per micro-batch."""
+def _mb(
+    ctx: Context,
+    *,
+    name: str,
+    op: Op,
+    phase: str,
+    count: int,
+    source: str,
+    message: int | None = None,
+    dtype: str | None = None,
+) -> Call:
+    """A TP call issued ``count`` times per micro-batch; the message defaults to the TP unit A."""
     return Call(
-        name,
-        "tp",
-        op,
-        phase,
-        ctx.activation if message is None else message,
-        count * ctx.micro_batches,
-        TP,
-        source,
-        dtype=ctx.work.activation_dtype,
+        name=name,
+        op=op,
+        phase=phase,
+        message_bytes=ctx.activation if message is None else message,
+        calls_per_iteration=count * ctx.micro_batches,
+        group=TP,
+        source=source,
+        dtype=dtype or ctx.work.activation_dtype,
     )
 
 
@@ -85,14 +99,14 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
     src = MEGATRON_SP if ctx.par.sp else (MEGATRON_TP if ctx.flavour != "torch" else DTENSOR)
     if not ctx.par.sp:
         return [
-            _mb(ctx, "tp.attn.out_proj", Op.ALLREDUCE, "forward", attn, src),
-            _mb(ctx, "tp.mlp.down_proj", Op.ALLREDUCE, "forward", mlp, src),
+            _mb(ctx, name="tp.attn.out_proj", op=Op.ALLREDUCE, phase="forward", count=attn, source=src),
+            _mb(ctx, name="tp.mlp.down_proj", op=Op.ALLREDUCE, phase="forward", count=mlp, source=src),
         ]
     return [
-        _mb(ctx, "tp.attn.qkv", Op.ALLGATHER, "forward", attn, src),
-        _mb(ctx, "tp.attn.out_proj", Op.REDUCESCATTER, "forward", attn, src),
-        _mb(ctx, "tp.mlp.up_proj", Op.ALLGATHER, "forward", mlp, src),
-        _mb(ctx, "tp.mlp.down_proj", Op.REDUCESCATTER, "forward", mlp, src),
+        _mb(ctx, name="tp.attn.qkv", op=Op.ALLGATHER, phase="forward", count=attn, source=src),
+        _mb(ctx, name="tp.attn.out_proj", op=Op.REDUCESCATTER, phase="forward", count=attn, source=src),
+        _mb(ctx, name="tp.mlp.up_proj", op=Op.ALLGATHER, phase="forward", count=mlp, source=src),
+        _mb(ctx, name="tp.mlp.down_proj", op=Op.REDUCESCATTER, phase="forward", count=mlp, source=src),
     ]
 
 
@@ -103,20 +117,20 @@ def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
         qkv, up = (3, 2 if ctx.model.gated_mlp else 1) if torch else (1, 1)
         src = DTENSOR if torch else MEGATRON_TP
         return [
-            _mb(ctx, "tp.attn.qkv.dgrad", Op.ALLREDUCE, "backward", qkv * attn, src),
-            _mb(ctx, "tp.mlp.up_proj.dgrad", Op.ALLREDUCE, "backward", up * mlp, src),
+            _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.ALLREDUCE, phase="backward", count=qkv * attn, source=src),
+            _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.ALLREDUCE, phase="backward", count=up * mlp, source=src),
         ]
     src = DTENSOR if torch else MEGATRON_SP
     out = [
-        _mb(ctx, "tp.attn.qkv.dgrad", Op.REDUCESCATTER, "backward", attn, src),
-        _mb(ctx, "tp.attn.out_proj.dgrad", Op.ALLGATHER, "backward", attn, src),
-        _mb(ctx, "tp.mlp.up_proj.dgrad", Op.REDUCESCATTER, "backward", mlp, src),
-        _mb(ctx, "tp.mlp.down_proj.dgrad", Op.ALLGATHER, "backward", mlp, src),
+        _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.REDUCESCATTER, phase="backward", count=attn, source=src),
+        _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
+        _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
+        _mb(ctx, name="tp.mlp.down_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
     ]
     if not torch:
         out += [
-            _mb(ctx, "tp.attn.qkv.wgrad_gather", Op.ALLGATHER, "backward", attn, src),
-            _mb(ctx, "tp.mlp.up_proj.wgrad_gather", Op.ALLGATHER, "backward", mlp, src),
+            _mb(ctx, name="tp.attn.qkv.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
+            _mb(ctx, name="tp.mlp.up_proj.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
         ]
     return out
 
@@ -128,83 +142,96 @@ def _embedding(ctx: Context) -> list[Call]:
     locally; the scatter's backward all-gathers."""
     src = "megatron/core/tensor_parallel/layers.py VocabParallelEmbedding" if ctx.flavour != "torch" else DTENSOR
     if not ctx.par.sp:
-        return [_mb(ctx, "tp.embedding", Op.ALLREDUCE, "forward", 1, src)]
+        return [_mb(ctx, name="tp.embedding", op=Op.ALLREDUCE, phase="forward", count=1, source=src)]
     fwd_op = Op.ALLREDUCE if ctx.model.learned_position_embeddings and ctx.flavour != "torch" else Op.REDUCESCATTER
-    out = [_mb(ctx, "tp.embedding", fwd_op, "forward", 1, src)]
+    out = [_mb(ctx, name="tp.embedding", op=fwd_op, phase="forward", count=1, source=src)]
     if ctx.training:
-        out.append(_mb(ctx, "tp.embedding.dgrad", Op.ALLGATHER, "backward", 1, src))
+        out.append(_mb(ctx, name="tp.embedding.dgrad", op=Op.ALLGATHER, phase="backward", count=1, source=src))
     return out
 
 
 def _head(ctx: Context) -> list[Call]:
     """The LM head is a column-parallel linear over the vocabulary. Megatron keeps the logits sharded and
     runs the vocab-parallel cross-entropy: 3 all-reduces of b·s/c fp32 values (max, predicted logit,
-    sum of exponentials; megatron/core/tensor_parallel/cross_entropy.py). PyTorch gathers the logits
-    (b·s/c·V·x) and computes the loss locally. Inference gathers the last position's logits for sampling
-    (vLLM LogitsProcessor)."""
-    m, model = ctx.model, ctx.model
+    sum of exponentials; megatron/core/tensor_parallel/cross_entropy.py, the logits are cast to fp32 first).
+    PyTorch gathers the logits (b·s/c·V·x) and computes the loss locally. Inference gathers the last
+    position's logits for sampling (vLLM LogitsProcessor._gather_logits) over the serving engine's
+    vocabulary, padded to a multiple of 64 (vllm/model_executor/layers/vocab_parallel_embedding.py
+    DEFAULT_VOCAB_PADDING_SIZE = 64), not Megatron's 128·t."""
+    model = ctx.model
     tokens = ctx.b * ctx.s_cp
     if not ctx.training:
-        logits = ctx.b * m.padded_vocab(ctx.par.tp) * ctx.x
+        logits = ctx.b * vllm_padded_vocab(model.vocab_size) * ctx.x
         return [
-            _mb(ctx, "tp.lm_head.logits", Op.ALLGATHER, "forward", 1, "vLLM LogitsProcessor._gather_logits", logits)
+            _mb(ctx, name="tp.lm_head.logits", op=Op.ALLGATHER, phase="forward", count=1, source=VLLM, message=logits)
         ]
     out = []
     if ctx.par.sp:
         src = DTENSOR if ctx.flavour == "torch" else MEGATRON_SP
         out += [
-            _mb(ctx, "tp.lm_head.input", Op.ALLGATHER, "forward", 1, src),
-            _mb(ctx, "tp.lm_head.dgrad", Op.REDUCESCATTER, "backward", 1, src),
+            _mb(ctx, name="tp.lm_head.input", op=Op.ALLGATHER, phase="forward", count=1, source=src),
+            _mb(ctx, name="tp.lm_head.dgrad", op=Op.REDUCESCATTER, phase="backward", count=1, source=src),
         ]
         if ctx.flavour != "torch":
-            out.append(_mb(ctx, "tp.lm_head.wgrad_gather", Op.ALLGATHER, "backward", 1, src))
+            out.append(_mb(ctx, name="tp.lm_head.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=1, source=src))
     else:
         src = DTENSOR if ctx.flavour == "torch" else MEGATRON_TP
-        out.append(_mb(ctx, "tp.lm_head.dgrad", Op.ALLREDUCE, "backward", 1, src))
+        out.append(_mb(ctx, name="tp.lm_head.dgrad", op=Op.ALLREDUCE, phase="backward", count=1, source=src))
     if ctx.flavour == "torch":
         logits = tokens * model.vocab_size * ctx.x
-        out.append(_mb(ctx, "tp.lm_head.logits", Op.ALLGATHER, "forward", 1, DTENSOR, logits))
+        out.append(
+            _mb(
+                ctx, name="tp.lm_head.logits", op=Op.ALLGATHER, phase="forward", count=1, source=DTENSOR, message=logits
+            )
+        )
     else:
         out.append(
             _mb(
                 ctx,
-                "tp.cross_entropy",
-                Op.ALLREDUCE,
-                "forward",
-                3,
-                "megatron/core/tensor_parallel/cross_entropy.py (max, target logit, sum exp)",
-                tokens * 4,
+                name="tp.cross_entropy",
+                op=Op.ALLREDUCE,
+                phase="forward",
+                count=3,
+                source=M + "megatron/core/tensor_parallel/cross_entropy.py:25,130,146,150 (fp32 max, target, sum exp)",
+                message=tokens * 4,
+                dtype="fp32",
             )
         )
     return out
 
 
+def vllm_padded_vocab(vocab: int) -> int:
+    return -(-vocab // VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING
+
+
 def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
-    """Megatron's rank 0 of each TP group loads the batch and broadcasts it: tokens and position ids to
-    the first stage, labels and loss mask to the last (megatron/training/utils.py
-    get_batch_on_this_tp_rank); the full sequence, before the context-parallel split."""
+    """Megatron's rank 0 of each TP group loads the batch and broadcasts it (megatron/training/utils.py
+    get_batch_on_this_tp_rank): tokens and position ids to the first stage, labels and loss mask to the
+    last, and the attention mask (bool b x 1 x s x s) to both when the data loader builds it
+    (--create-attention-mask-in-dataloader, on by default in megatron/training/arguments.py); the full
+    sequence, before the context-parallel split."""
     if ctx.flavour == "torch":
         return []
     tokens = ctx.b * ctx.s
     wanted = []
     if ctx.is_first(stage):
-        wanted += [("tokens", 8), ("position_ids", 8)]
+        wanted += [("tokens", tokens * 8, "int64"), ("position_ids", tokens * 8, "int64")]
     if ctx.is_last(stage):
-        wanted += [("labels", 8), ("loss_mask", 4)]
-    src = "megatron/training/utils.py get_batch_on_this_tp_rank"
+        wanted += [("labels", tokens * 8, "int64"), ("loss_mask", tokens * 4, "fp32")]
+    if ctx.work.attention_mask_in_dataloader and (ctx.is_first(stage) or ctx.is_last(stage)):
+        wanted.append(("attention_mask", ctx.b * ctx.s * ctx.s, "bool"))
     return [
         Call(
-            f"tp.data.{name}",
-            "tp",
-            Op.BROADCAST,
-            "forward",
-            tokens * size,
-            ctx.micro_batches,
-            TP,
-            src,
-            dtype="int64" if size == 8 else "fp32",
+            name=f"tp.data.{name}",
+            op=Op.BROADCAST,
+            phase="forward",
+            message_bytes=size,
+            calls_per_iteration=ctx.micro_batches,
+            group=TP,
+            source=M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank",
+            dtype=dtype,
         )
-        for name, size in wanted
+        for name, size, dtype in wanted
     ]
 
 
@@ -222,34 +249,43 @@ def norm_params(ctx: Context, stage: int) -> int:
 
 
 def _norm_grads(ctx: Context, stage: int) -> list[Call]:
+    """Sequence parallelism leaves the gradients of TP-replicated weights partial.
+
+    Megatron all-reduces them once per iteration (finalize_model_grads.py
+    _allreduce_non_tensor_model_parallel_grads). Plain DTensor leaves them Partial and the optimizer
+    reduces each when AdamW reads it (3 reads per weight: reference/pytorch/tp2_sp.json). Under FSDP2
+    (our torch ZeRO-2/3) the post-backward hook redistributes every Partial gradient to the parameter's
+    TP placement (Replicate) before its reduce-scatter (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    FSDPParam._get_grad_inner_tensor, torch 2.4+): one all-reduce per weight and micro-batch in backward,
+    and the optimizer then sees plain replicated gradients and issues none.
+    """
     if not ctx.par.sp:
         return []
     if ctx.flavour == "torch":
         m = ctx.model
         weights = 2 * len(ctx.stage_layers[stage]) + (1 if ctx.is_last(stage) else 0)
+        fsdp2 = ctx.par.zero_stage >= 2
         return [
             Call(
-                "tp.norm_weight_grads",
-                "tp",
-                Op.ALLREDUCE,
-                "optimizer",
-                m.norm_params() * ctx.grad_bytes,
-                3 * weights,
-                TP,
-                DTENSOR + " (partial gradients reduced when AdamW reads them)",
+                name="tp.norm_weight_grads",
+                op=Op.ALLREDUCE,
+                phase="backward" if fsdp2 else "optimizer",
+                message_bytes=m.norm_params() * ctx.grad_bytes,
+                calls_per_iteration=weights * (ctx.micro_batches if fsdp2 else 3),
+                group=TP,
+                source=FSDP2_TP if fsdp2 else DTENSOR + " (partial gradients reduced when AdamW reads them)",
                 dtype=ctx.grad_dtype,
             )
         ]
     return [
         Call(
-            "tp.sp_param_grads",
-            "tp",
-            Op.ALLREDUCE,
-            "optimizer",
-            norm_params(ctx, stage) * ctx.grad_bytes,
-            1,
-            TP,
-            "megatron/core/distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads",
+            name="tp.sp_param_grads",
+            op=Op.ALLREDUCE,
+            phase="optimizer",
+            message_bytes=norm_params(ctx, stage) * ctx.grad_bytes,
+            calls_per_iteration=1,
+            group=TP,
+            source=M + "megatron/core/distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads",
             dtype=ctx.grad_dtype,
         )
     ]

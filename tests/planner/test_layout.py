@@ -31,7 +31,7 @@ def test_every_rank_in_exactly_one_group_of_each_kind():
 
 
 def test_expert_grid_repartitions_tp_cp_dp():
-    layout = RankLayout(ParallelSpec(tp=2, dp=8, ep=4))
+    layout = RankLayout(ParallelSpec(tp=2, dp=8, ep=4, expert_tp=1))
     ep = layout.groups(("ep",), expert=True)
     assert ep.tolist()[0] == [0, 1, 2, 3]  # expert_tp 1 -> ep is the fastest dimension
     assert layout.groups(("dp",), expert=True).tolist()[0] == [0, 4, 8, 12]

@@ -144,3 +144,16 @@ def test_405b_on_16k_gpus_fits():
     assert plan.memory.fits
     first = plan.memory.per_stage[0]
     assert first.activations_bytes > plan.memory.per_stage[-2].activations_bytes  # stage 0 holds p micro-batches
+
+
+def test_warning_lists_the_stages_that_break_once():
+    """Issue 11: Llama-3 70B TP1 PP16 ZeRO-1 on 512 GPUs at seq 8192 was ranked first and does not fit."""
+    plan = build_plan(
+        model_preset("llama3-70b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=1024),
+        ParallelSpec(tp=1, pp=16, dp=32, zero_stage=1),
+        cluster_preset("dgx-h100", 64),
+    )
+    memory = [w for w in plan.warnings if "do not fit" in w]
+    assert len(memory) == 1 and memory[0].startswith("stages 0-10 do not fit (11 of 16): stage 0 needs")
+    assert "largest part: activations" in memory[0]

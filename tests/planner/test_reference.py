@@ -26,6 +26,21 @@ def test_pytorch_trace_step2_equals_plan_for_every_rank(reference, name):
         assert plan_ops(plan, int(stages[rank])) == trace_ops(trace, rank), f"rank {rank}"
 
 
+DEEPSPEED = ["ds_zero1_mb1", "ds_zero2_mb1", "ds_zero3_mb1"]
+
+
+@pytest.mark.parametrize("name", DEEPSPEED)
+def test_deepspeed_trace_step2_equals_plan_for_every_rank(reference, name):
+    """Real DeepSpeed 0.19.8 ZeRO-1/2/3 (reference README): all-reduced gradient buckets, the 1-element norm
+    (fp64 under ZeRO-3), one all_gather_into_tensor per group, persistent parameters gathered after the step."""
+    trace = reference(f"deepspeed/{name}.json")
+    model, work, par, cluster = specs_from_trace(trace)
+    assert par.framework == "deepspeed"
+    plan = build_plan(model, work, par, cluster).to_dict()
+    for rank in range(trace["world_size"]):
+        assert plan_ops(plan, 0) == trace_ops(trace, rank), f"rank {rank}"
+
+
 AICB = {
     "A": ("megatron_A_llama7b_tp2_dp4_nosp_sp_False_iteration_1_computationEnable_False_8n_workload.csv", False),
     "B": ("megatron_B_llama7b_tp2_dp4_sp_sp_True_iteration_1_computationEnable_False_8n_workload.csv", True),

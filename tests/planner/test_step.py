@@ -28,17 +28,19 @@ import step_validation
 DATA = step_validation.load()
 CASES = {c["name"]: c for c in DATA["cases"]}
 
-# Published runs and the tolerance each is held to (docs/step-time.md gives the table). GPT-22B on one node is
-# the known outlier (-14% / -19%): one micro-batch of 1.1 s, where per-iteration overheads we do not model weigh
-# most; it is held to 25%.
+# Published runs and the tolerance each is held to (docs/step-time.md gives the table). Known misses, held to
+# wider bounds and explained there: GPT-22B on one node (-14% / -19%: one 1.1 s micro-batch, where per-iteration
+# overheads we do not model weigh most) and MT-NLG 530B (-25% to -28%: the 2021 DeepSpeed-Megatron stack ran the
+# same model on the same GPUs at 126 TFLOP/s where Korthikanti et al.'s 2022 Megatron ran it at ~180).
 TOLERANCE = {name: 0.10 for name in CASES} | {"GPT-22B full recompute": 0.25, "GPT-22B SP + selective": 0.25}
+TOLERANCE |= {name: 0.30 for name in CASES if name.startswith("MT-NLG")}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_published_iteration_times(name):
     row = step_validation.predict(CASES[name], DATA)
     assert abs(row["error"]) <= TOLERANCE[name], row
-    if name.startswith("GPT"):  # Korthikanti et al. ran these without running out of memory
+    if not name.startswith("Llama"):  # these ran in 80 GB (see docs/step-time.md for Llama 3)
         assert row["fits"]
 
 
@@ -222,6 +224,37 @@ def test_every_call_lands_on_one_stream():
     for pc in plan.calls:
         stream = _stream(pc.call, m, 1)
         if pc.call.phase == "optimizer":
-            assert stream in ("tail", "param_gather"), pc.call.name
+            assert stream == ("param_gather" if pc.call.name == "dp.params" else "tail"), pc.call.name
         elif pc.call.parallelism == "tp":
             assert stream == f"tp.{pc.call.phase}"
+
+
+def test_timeline_draws_the_exposed_pass_communication():
+    plan = plan_405b()
+    m = plan.num_microbatches
+    for st in plan.step.stages:
+        drawn = sum(
+            e["end_s"] - e["start_s"] for e in plan.step.timeline if e["stage"] == st.stage and e["stream"] == "tp"
+        )
+        assert drawn == pytest.approx(m * (st.fwd_comm_s + st.bwd_comm_s), rel=1e-9)
+        assert st.fwd_comm_s > 0  # TP collectives are exposed by default (tp_comm_overlap off)
+
+
+def test_a_large_bubble_is_a_warning():
+    """Issue 11: a layout idling half of each step in the bubble came back without a word."""
+    plan = plan_405b()  # 16 micro-batches over 16 stages, no interleaving
+    assert any("pipeline bubble" in w and "16 micro-batches for 16 stages" in w for w in plan.warnings)
+
+
+def test_deepspeed_zero2_reductions_hide_only_with_overlap_comm():
+    args = (
+        model_preset("llama3-8b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=64),
+        ParallelSpec(dp=8, zero_stage=2, framework="deepspeed"),
+        cluster_preset("dgx-h100", 1),
+    )
+    default = build_plan(*args).step
+    overlapped = build_plan(*args, Options(overlap=Overlap(overlap_grad_reduce=True))).step
+    assert default.exposed_comm_s > 5 * overlapped.exposed_comm_s
+    fsdp = build_plan(*args[:2], ParallelSpec(dp=8, zero_stage=3, framework="torch"), args[3]).step
+    assert fsdp.exposed_comm_s < default.exposed_comm_s  # FSDP2 prefetches by default

@@ -20,9 +20,15 @@ def sent(plan: dict, prefix: str, stage: int = 0) -> int:
     )
 
 
+def zero_sent(plan: dict) -> int:
+    """The gradient and parameter traffic (not the step's 1-element norm reductions)."""
+    return sent(plan, "dp.grads") + sent(plan, "dp.params")
+
+
 def zero_plan(stage: int, micro_batches: int = 1, dp: int = 8) -> tuple[dict, int]:
     work = WorkloadSpec(micro_batch_size=1, global_batch_size=dp * micro_batches, grad_reduce_dtype="bf16")
-    par = ParallelSpec(dp=dp, zero_stage=stage, framework="deepspeed")
+    # the paper's ZeRO (Megatron flavour: reduce-scatter + all-gather); real DeepSpeed differs (test_deepspeed.py)
+    par = ParallelSpec(dp=dp, zero_stage=stage, framework="megatron")
     psi = total(stage_params(Context(SMALL, work, par), 0)[0])
     return build_plan(SMALL, work, par, cluster_preset("dgx-h100", dp // 8), RING).to_dict(), psi
 
@@ -32,14 +38,15 @@ def test_zero_paper_volumes_one_micro_batch(stage, psis):
     """ZeRO §5: 2Ψ per rank for DP, ZeRO-1 and ZeRO-2, 3Ψ for ZeRO-3 (ring: x (n-1)/n)."""
     plan, psi = zero_plan(stage)
     n, bytes_per = 8, 2
-    assert sent(plan, "dp.") == pytest.approx(psis * psi * bytes_per * (n - 1) / n, rel=1e-6)
+    # Megatron pads the bucket to lcm(dp, 128) elements: well under 1e-5 of Ψ
+    assert zero_sent(plan) == pytest.approx(psis * psi * bytes_per * (n - 1) / n, rel=1e-5)
 
 
 def test_zero_volumes_scale_with_micro_batches():
     m, n = 4, 8
     for stage, per_iteration in ((0, 2), (1, 2), (2, m + 1), (3, 3 * m)):
         plan, psi = zero_plan(stage, m)
-        assert sent(plan, "dp.") == pytest.approx(per_iteration * psi * 2 * (n - 1) / n, rel=1e-6), stage
+        assert zero_sent(plan) == pytest.approx(per_iteration * psi * 2 * (n - 1) / n, rel=1e-5), stage
 
 
 def _tp_plan(sp: bool, t: int = 8, m: int = 2):

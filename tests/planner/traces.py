@@ -6,6 +6,7 @@ from collections import Counter
 
 from collectives.topology import ClusterSpec, IntraNode, Network
 from planner import ModelSpec, ParallelSpec, WorkloadSpec
+from planner.parallel import zero_config_from_dict
 
 TRACE_OP = {
     "allreduce": "all_reduce",
@@ -46,8 +47,9 @@ def specs_from_trace(trace: dict):
         ep=p["ep"],
         zero_stage=p["zero_stage"],
         sequence_parallel=p["sequence_parallel"],
-        framework="torch",
+        framework=p.get("framework", "torch"),
         dp_bucket_bytes=int(bucket * 2**20) if bucket else None,
+        zero_config=zero_config_from_dict(p.get("zero_config_overrides")),
     )
     world = trace["world_size"]
     cluster = ClusterSpec("trace-host", 1, world, IntraNode("switch", 10.0), network=Network("none"))

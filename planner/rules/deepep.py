@@ -1,0 +1,110 @@
+"""DeepEP-style expert dispatch and combine (``parallel.ep_dispatch: "deepep"``), as DeepSeek-V3 trains
+(DeepSeek-V3 technical report §3.2.2; github.com/deepseek-ai/DeepEP README, normal kernels
+``Buffer.dispatch``/``Buffer.combine``; Megatron-Core MoEFlexTokenDispatcher with --moe-enable-deepep).
+
+Routing is node-limited: each token's k experts lie on at most M nodes (``model.moe.node_limit``, M = 4 in
+DeepSeek-V3). A token leaves its GPU once per target *node* over RDMA, to the GPU with the same in-node
+index there (inter-node leg, one copy per node however many experts it hits on that node), and that GPU
+forwards it over NVLink once per target *GPU* of the node (intra-node leg). Combine runs the legs in reverse
+(in bf16: DeepEP combines in the activation dtype); backward swaps dispatch and combine. When the EP group
+fits in one node only the NVLink leg exists (DeepEP intranode kernels), one copy per target GPU.
+
+Under uniform routing the expected number of distinct targets when k picks fall on n equally likely bins is
+n(1 - (1 - 1/n)^k): nodes per token with n = min(M, EP nodes); GPUs per token and node with n = EP GPUs per
+node and k/(nodes per token) picks. The per-rank message (all-to-all convention: local input) is the
+tokens times those counts times the row bytes (fp8 rows carry their 1x128 scales). DeepEP's layout
+notification (per-rank token counts, in-kernel) is not listed.
+"""
+
+from __future__ import annotations
+
+from collectives import Op
+
+from .._errors import SpecError
+from ..context import Context
+from ..layout import Group, RankLayout
+from ..ledger import Call
+
+SOURCE = "DeepEP normal kernels (Buffer.dispatch/combine); DeepSeek-V3 report §3.2.2"
+
+
+def distinct(bins: int, picks: float) -> float:
+    """Expected distinct bins hit by ``picks`` uniform picks among ``bins``."""
+    return bins * (1 - (1 - 1 / bins) ** picks) if bins > 1 else 1.0
+
+
+def ep_per_node(ctx: Context) -> int:
+    """EP ranks that share a node, from the rank order (expert grid) and the cluster's devices per node."""
+    par, per_node = ctx.par, ctx.devices_per_node
+    if per_node is None:
+        raise SpecError("parallel.ep_dispatch", "deepep needs the cluster (devices per node) to split its legs")
+    stride = RankLayout(par).stride("ep", expert=True)
+    if stride >= per_node:
+        if stride % per_node:
+            raise SpecError(
+                "parallel.ep_dispatch",
+                f"EP ranks {stride} apart do not align with nodes of {per_node} devices (DeepEP)",
+            )
+        return 1
+    if per_node % stride:
+        raise SpecError(
+            "parallel.ep_dispatch",
+            f"EP ranks {stride} apart do not tile nodes of {per_node} devices (DeepEP)",
+        )
+    local = min(par.ep, per_node // stride)
+    if par.ep % local:
+        raise SpecError("parallel.ep_dispatch", f"ep {par.ep} does not split into nodes of {local} EP ranks (DeepEP)")
+    return local
+
+
+def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple[list[tuple], list[tuple]]:
+    """(dispatch legs, combine legs) as (leg, group, message bytes per row kind) for one MoE layer."""
+    moe, par = ctx.model.moe, ctx.par
+    local = ep_per_node(ctx)
+    nodes = par.ep // local
+    k = moe.top_k
+    if nodes == 1:
+        per_token = distinct(local, k)
+        group = Group(("ep",), expert=True)
+        return [("nvlink", group, round(tokens * per_token) * row_bytes)], [
+            ("nvlink", group, round(tokens * per_token) * combine_bytes)
+        ]
+    limit = min(moe.node_limit or nodes, nodes)
+    nodes_per_token = distinct(limit, k)
+    gpus_per_node = distinct(local, k / nodes_per_token)
+    rdma_rows = round(tokens * nodes_per_token)
+    nvlink_rows = round(tokens * nodes_per_token * gpus_per_node)
+    inter = Group(("ep_node",), expert=True, split=local)
+    intra = Group(("ep_local",), expert=True, split=local)
+    dispatch = [("rdma", inter, rdma_rows * row_bytes), ("nvlink", intra, nvlink_rows * row_bytes)]
+    combine = [("nvlink", intra, nvlink_rows * combine_bytes), ("rdma", inter, rdma_rows * combine_bytes)]
+    return dispatch, combine
+
+
+def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) -> list[Call]:
+    """Forward: dispatch (activation or fp8 rows) then combine; backward: the combine's gradient goes out
+    the dispatch way and the dispatch's gradient comes back the combine way, both in the activation dtype."""
+    h, x = ctx.model.hidden_size, ctx.x
+    if phase == "forward":
+        dispatch, combine = legs(ctx, tokens, row_bytes, h * x)
+        named = [("ep.dispatch", dispatch, ctx.work.moe_dispatch_dtype), ("ep.combine", combine, None)]
+    else:
+        dispatch, combine = legs(ctx, tokens, h * x, h * x)
+        named = [("ep.combine.bwd", dispatch, None), ("ep.dispatch.bwd", combine, None)]
+    out = []
+    for name, path, dtype in named:
+        for leg, group, message in path:
+            out.append(
+                Call(
+                    name=f"{name}.{leg}",
+                    op=Op.ALLTOALL,
+                    phase=phase,
+                    message_bytes=message,
+                    calls_per_iteration=layers,
+                    group=group,
+                    source=SOURCE + (" inter-node RDMA leg" if leg == "rdma" else " NVLink leg"),
+                    dtype=dtype or ctx.work.activation_dtype,
+                    parallelism="ep",
+                )
+            )
+    return out

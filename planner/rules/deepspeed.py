@@ -1,0 +1,416 @@
+"""ZeRO data parallelism as DeepSpeed runs it (Rajbhandari et al. 2020, "ZeRO"), read from DeepSpeed's source
+(github.com/deepspeedai/DeepSpeed 0.19.6, commit edaa722; the recorded runs in tests/reference/deepspeed are
+0.19.8) and matched rank by rank against those runs.
+
+- ZeRO-0 (engine.py ``allreduce_gradients`` -> ``buffered_allreduce_fallback`` -> ``allreduce_no_retain``): at
+  the accumulation boundary, gradients in registration order, a bucket closing once it holds *more* than
+  MEMORY_OPT_ALLREDUCE_SIZE = 5e8 elements; one all-reduce per bucket.
+- ZeRO-1/2 (stage_1_and_2.py): gradients go into an IPG bucket that is flushed *before* a parameter would make it
+  exceed ``reduce_bucket_size`` (``reduce_independent_p_g_buckets_and_remove_grads``); a flush runs
+  ``average_tensor`` -> ``allreduce_and_scatter``: one **all-reduce** of the bucket (use_multi_rank_bucket_allreduce,
+  default on), not a reduce-scatter. A parameter larger than the bucket is reduced alone, its per-partition slices
+  grouped until they exceed ``reduce_bucket_size``. ZeRO-1 reduces only at the accumulation boundary, walking the
+  flat group in registration order (``reduce_gradients``); ZeRO-2 reduces every micro-batch from the backward
+  hooks, in gradient order (reverse registration). Step: with fp16/bf16 an overflow check (``has_overflow``:
+  1 uint8 all-reduce, check_grad_overflow defaults on for both), the gradient norm (``get_grad_norm_direct``: 1 fp32
+  all-reduce per parameter group), then the updated partitions come back with one ``all_gather_into_tensor``
+  per parameter group (runtime/utils.py ``all_gather_dp_groups``: allgather_bucket_size is unused when the
+  backend has all_gather_into_tensor). The flat group is padded to a multiple of 2 x dp
+  (nccl_start_alignment_factor = 2).
+- ZeRO-3 (stage3.py, partitioned_param_coordinator.py, partition_parameters.py): parameters of at most
+  ``stage3_param_persistence_threshold`` elements stay resident (parameter_offload.py
+  ``mark_persistent_parameters``) and are all-gathered one by one after the step (``_post_step``). The others are
+  fetched module by module (``fetch_sub_module``; containers own no parameters but prefetch too, module_tree):
+  the module's own missing parameters in one call, then a
+  prefetch of the next parameters of the recorded trace up to ``stage3_prefetch_bucket_size`` elements (and
+  ``stage3_max_live_parameters``) in one coalesced call; after a module runs, a parameter is released unless the
+  prefetcher already passed its next use or it recurs within ``stage3_max_reuse_distance`` elements
+  (``__params_to_release``). Every call carries ceil(numel/dp) x dp elements per parameter. Gradients are
+  reduce-scattered every micro-batch in buckets flushed before exceeding ``reduce_bucket_size``
+  (``reduce_scatter_coalesced``: one reduce_scatter_tensor of the padded bucket). Step: with fp16 only an
+  overflow check (``_overflow_check_and_loss_scale_update``), one fp64 gradient-norm all-reduce per sub-group of
+  ``sub_group_size`` partition elements.
+
+The model-parallel group (tp x pp, Megatron-DeepSpeed's mpu) gets the same 1-element reductions when tp*pp > 1.
+A Linear's weight and bias count as one parameter (planner/params.py).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from collectives import Op
+
+from ..context import Context
+from ..layout import Group
+from ..ledger import Call
+from ..params import Param
+
+DS = "DeepSpeed 0.19.6 "
+MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000  # deepspeed/runtime/constants.py, engine.allreduce_gradients default
+NCCL_START_ALIGNMENT = 2  # stage_1_and_2.py nccl_start_alignment_factor: flat groups pad to 2 x dp elements
+OVERFLOW_BYTES = 1  # has_overflow: a uint8 flag
+NORM_BYTES = {1: 4, 2: 4, 3: 8}  # fp32 norm in stage_1_and_2.get_grad_norm_direct; fp64 in stage3 (.double())
+
+
+def calls(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+    """The calls one rank issues for one parameter group reduced over ``group`` of ``size`` ranks."""
+    numels = [p.numel for p in params]
+    stage = ctx.par.zero_stage
+    if stage == 0:
+        return _zero0(ctx, numels, group, kind)
+    out = _zero12(ctx, numels, group, kind, size) if stage in (1, 2) else _zero3(ctx, params, group, kind, size)
+    return out + _step_checks(ctx, numels, group, kind, size)
+
+
+def _call(
+    *, name: str, op: Op, phase: str, elements: int, count: int, group: Group, source: str, dtype: str, itemsize: int
+) -> Call:
+    return Call(
+        name=name,
+        op=op,
+        phase=phase,
+        message_bytes=elements * itemsize,
+        calls_per_iteration=count,
+        group=group,
+        source=DS + source,
+        dtype=dtype,
+    )
+
+
+def _rows(ctx: Context, sizes: list[int], **kw) -> list[Call]:
+    """Equal sizes become one row with their count (times ``per``), first-seen order."""
+    per = kw.pop("per", 1)
+    counts: dict[int, int] = {}
+    for s in sizes:
+        counts[s] = counts.get(s, 0) + 1
+    return [_call(elements=s, count=n * per, **kw) for s, n in counts.items()]
+
+
+def _padded(numel: int, ranks: int) -> int:
+    return -(-numel // ranks) * ranks
+
+
+# ---- ZeRO-0 -------------------------------------------------------------------------------------------------
+
+
+def _zero0(ctx: Context, numels: list[int], group: Group, kind: str) -> list[Call]:
+    buckets, current = [], 0
+    for n in numels:
+        current += n
+        if current > MEMORY_OPT_ALLREDUCE_SIZE:  # allreduce_no_retain: flush once past the size
+            buckets.append(current)
+            current = 0
+    if current:
+        buckets.append(current)
+    return _rows(
+        ctx,
+        buckets,
+        name=f"{kind}.grads",
+        op=Op.ALLREDUCE,
+        phase="backward",
+        group=group,
+        source="engine.py buffered_allreduce_fallback",
+        dtype=ctx.grad_dtype,
+        itemsize=ctx.grad_bytes,
+    )
+
+
+# ---- ZeRO-1/2 -----------------------------------------------------------------------------------------------
+
+
+def _flat_partition(numels: list[int], ranks: int) -> int:
+    """Elements per rank of the flat group: the total padded to 2 x dp, split evenly."""
+    return _padded(sum(numels), NCCL_START_ALIGNMENT * ranks) // ranks
+
+
+def _ipg_buckets(numels: list[int], order: list[int], cap: int) -> list[list[int]]:
+    """Parameter indices per IPG flush: a bucket is flushed before a parameter would make it exceed ``cap``."""
+    buckets: list[list[int]] = [[]]
+    elements = 0
+    for i in order:
+        if elements + numels[i] > cap and buckets[-1]:
+            buckets.append([])
+            elements = 0
+        buckets[-1].append(i)
+        elements += numels[i]
+    return [b for b in buckets if b]
+
+
+def _allreduce_sizes(bucket: list[int], numels: list[int], starts: list[int], partition: int, cap: int) -> list[int]:
+    """``allreduce_and_scatter``: the bucket's per-partition slices, grouped until they exceed ``cap``. Only an
+    oversized single parameter gives more than one all-reduce."""
+    slices = []
+    for i in bucket:
+        lo, hi = starts[i], starts[i] + numels[i]
+        while lo < hi:
+            end = min(hi, (lo // partition + 1) * partition)
+            slices.append(end - lo)
+            lo = end
+    sizes, current = [], 0
+    for s in slices:
+        current += s
+        if current > cap:
+            sizes.append(current)
+            current = 0
+    return sizes + ([current] if current else [])
+
+
+def _zero12(ctx: Context, numels: list[int], group: Group, kind: str, size: int) -> list[Call]:
+    stage = ctx.par.zero_stage
+    cap = _reduce_cap(ctx)
+    starts = [0, *accumulate(numels)][:-1]
+    partition = _flat_partition(numels, size)
+    order = list(range(len(numels))) if stage == 1 else list(reversed(range(len(numels))))
+    sizes = [s for b in _ipg_buckets(numels, order, cap) for s in _allreduce_sizes(b, numels, starts, partition, cap)]
+    grads = _rows(
+        ctx,
+        sizes,
+        per=ctx.micro_batches if stage == 2 else 1,
+        name=f"{kind}.grads",
+        op=Op.ALLREDUCE,
+        phase="backward",
+        group=group,
+        dtype=ctx.grad_dtype,
+        itemsize=ctx.grad_bytes,
+        source="stage_1_and_2.py average_tensor -> allreduce_and_scatter",
+    )
+    gather = _call(
+        name=f"{kind}.params",
+        op=Op.ALLGATHER,
+        phase="optimizer",
+        elements=partition * size,
+        count=1,
+        group=group,
+        source="runtime/utils.py all_gather_into_tensor_dp_groups",
+        dtype=ctx.work.param_dtype,
+        itemsize=ctx.param_bytes,
+    )
+    return [*grads, gather]
+
+
+def _reduce_cap(ctx: Context) -> int:
+    """reduce_bucket_size; a request's dp_bucket_bytes (the older, byte-denominated knob) converts to it."""
+    zc = ctx.par.zero_config
+    if ctx.par.dp_bucket_bytes is not None and zc.reduce_bucket_size == type(zc)().reduce_bucket_size:
+        return max(1, ctx.par.dp_bucket_bytes // ctx.grad_bytes)
+    return zc.reduce_bucket_size
+
+
+# ---- ZeRO-3 -------------------------------------------------------------------------------------------------
+
+
+def _zero3(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+    numels = [p.numel for p in params]
+    zc, m = ctx.par.zero_config, ctx.micro_batches
+    persist = [n <= zc.stage3_param_persistence_threshold for n in numels]
+    fetches = fetch_sizes(numels, persist, ctx.par.zero_config, size, module_tree(params))
+    param = {"group": group, "dtype": ctx.work.param_dtype, "itemsize": ctx.param_bytes}
+    out = []
+    for phase, suffix in (("forward", ""), ("backward", ".bwd")):
+        out += _rows(
+            ctx,
+            [s for p, s in fetches if p == phase],
+            per=m,
+            name=f"{kind}.params{suffix}",
+            op=Op.ALLGATHER,
+            phase=phase,
+            source="partitioned_param_coordinator.py fetch_sub_module",
+            **param,
+        )
+    cap = _reduce_cap(ctx)
+    buckets = _ipg_buckets(numels, list(reversed(range(len(numels)))), cap)
+    rs = [sum(_padded(numels[i], size) for i in b) for b in buckets]
+    out += _rows(
+        ctx,
+        rs,
+        per=m,
+        name=f"{kind}.grads",
+        op=Op.REDUCESCATTER,
+        phase="backward",
+        group=group,
+        dtype=ctx.grad_dtype,
+        itemsize=ctx.grad_bytes,
+        source="stage3.py __avg_scatter_grads -> reduce_scatter_coalesced",
+    )
+    resident = [_padded(n, size) for n, p in zip(numels, persist, strict=True) if p]
+    out += _rows(
+        ctx,
+        resident,
+        name=f"{kind}.params.persistent",
+        op=Op.ALLGATHER,
+        phase="optimizer",
+        source="stage3.py _post_step (persistent parameters)",
+        **param,
+    )
+    return out
+
+
+def fetch_sizes(
+    numels: list[int], persist: list[bool], zc, ranks: int, tree: list | None = None
+) -> list[tuple[str, int]]:
+    """(phase, elements) of every parameter all-gather in one forward + backward of ZeRO-3, replaying
+    PartitionedParameterCoordinator with a complete trace. ``tree`` is the module tree (a list is a container,
+    an int a leaf module owning that parameter; default: leaves only, no containers), walked pre-order in
+    forward and mirrored in backward (module_walk)."""
+    if tree is None:
+        forward: list[tuple[int, ...]] = [(i,) for i in range(len(numels))]
+        order = forward + forward[::-1]
+    else:
+        forward = module_walk(tree, backward=False)
+        order = forward + module_walk(tree, backward=True)
+    sizes = [sum(numels[i] for i in m) for m in order]
+    traversed = [0, *accumulate(sizes)]  # numel of the modules order[:k]
+    next_use: list[dict[int, int]] = [{} for _ in order]
+    last_seen: dict[int, int] = {}
+    for step in reversed(range(len(order))):
+        next_use[step] = {p: last_seen.get(p, len(order)) for p in order[step]}
+        last_seen.update({p: step for p in order[step]})
+    queue = [(step, p) for step, m in enumerate(order) for p in sorted(m)]  # the recorded parameter trace
+    head = 0
+    available = list(persist)
+    recent = [-(10**18)] * len(numels)  # most recent trace step the prefetcher has passed, per parameter
+    live = 0
+    out: list[tuple[str, int]] = []
+    for step, module in enumerate(order):
+        phase = "forward" if step < len(forward) else "backward"
+        missing = [p for p in module if not available[p]]
+        if missing:  # the module's own parameters, one call
+            out.append((phase, sum(_padded(numels[p], ranks) for p in missing)))
+            for p in missing:
+                available[p] = True
+            live += sum(numels[p] for p in missing)
+        for _ in [p for p in module if recent[p] < step]:  # their trace entries leave the queue
+            s, q = queue[head]
+            recent[q] = max(recent[q], s)
+            head += 1
+        limit, batch, prefetching = min(zc.stage3_max_live_parameters - live, zc.stage3_prefetch_bucket_size), {}, 0
+        while head < len(queue) and prefetching < limit:
+            s, q = queue[head]
+            head += 1
+            recent[q] = max(recent[q], s)
+            if not available[q] and q not in batch:
+                batch[q] = None  # an ordered set
+                prefetching += numels[q]
+        if batch:
+            out.append((phase, sum(_padded(numels[q], ranks) for q in batch)))
+            for q in batch:
+                available[q] = True
+            live += prefetching
+        # release_sub_module after the module ran (the coordinator's step id is now step + 1)
+        for p in module:
+            if persist[p] or recent[p] > step + 1:
+                continue
+            nxt = next_use[step][p]
+            reused = nxt < len(order) and traversed[nxt] - traversed[step + 1] < zc.stage3_max_reuse_distance
+            if not reused:
+                available[p], live = False, live - numels[p]
+    return out
+
+
+def module_walk(node, backward: bool) -> list[tuple[int, ...]]:
+    """Module fetch order: a container fetches (nothing of its own) before its children; backward visits the
+    children in reverse, a container's pre-backward hook on its outputs firing before its children's
+    (parameter_offload.py _register_deepspeed_module: pre-forward, post-forward, pre-/post-backward hooks on
+    every module)."""
+    if isinstance(node, int):
+        return [(node,)]
+    children = reversed(node) if backward else node
+    return [(), *[m for child in children for m in module_walk(child, backward)]]
+
+
+def module_tree(params: list[Param]) -> list:
+    """The module tree of a Hugging-Face-style decoder from the parameter list: the model (root container)
+    holds the embedding, one container per layer and the final norm and head; a layer holds its norms, an
+    attention container (q, k, v, o and q/k norms) and an MLP container (gate/up/down, or router, shared
+    experts and experts)."""
+    root: list = []
+    layer: list | None = None
+    sub: tuple[str, list] | None = None
+    current_unit = None
+    for i, p in enumerate(params):
+        if p.unit == "root":
+            root.append(i)
+            layer, current_unit = None, None
+            continue
+        if p.unit != current_unit:
+            layer, current_unit, sub = [], p.unit, None
+            root.append(layer)
+        kind = _submodule(p.name[len(p.unit) + 1 :])
+        if kind is None:
+            layer.append(i)
+            sub = None
+            continue
+        if sub is None or sub[0] != kind:
+            sub = (kind, [])
+            layer.append(sub[1])
+        sub[1].append(i)
+    return root
+
+
+ATTENTION = ("q", "k", "v", "o", "qkv", "proj", "attention", "qk_norm")
+
+
+def _submodule(local: str) -> str | None:
+    head = local.split(".")[0]
+    if head in ATTENTION:
+        return "attention"
+    if head in ("mlp", "shared", "router", "experts"):
+        return "mlp"
+    return None
+
+
+def _sub_groups(numels: list[int], ranks: int, sub_group_size: int) -> int:
+    """stage3._create_fp16_sub_groups: a sub-group closes once its partition elements reach sub_group_size."""
+    parts = [-(-n // ranks) for n in numels]
+    if sub_group_size >= sum(parts):
+        return 1
+    groups, current = 0, 0
+    for i, part in enumerate(parts):
+        current += part
+        if current >= sub_group_size or i == len(parts) - 1:
+            groups, current = groups + 1, 0
+    return groups
+
+
+# ---- the step's small reductions ----------------------------------------------------------------------------
+
+
+def _step_checks(ctx: Context, numels: list[int], group: Group, kind: str, size: int) -> list[Call]:
+    stage, dtype = ctx.par.zero_stage, ctx.work.param_dtype
+    overflow = dtype == "fp16" if stage == 3 else dtype in ("fp16", "bf16")
+    norms = _sub_groups(numels, size, ctx.par.zero_config.sub_group_size) if stage == 3 else 1
+    groups = [group]
+    if ctx.par.tp * ctx.par.pp > 1:
+        groups.append(Group(("tp", "pp")))
+    out = []
+    for g in groups:
+        where = "" if g is group else ".model_parallel"
+        if overflow:
+            out.append(
+                _call(
+                    name=f"{kind}.overflow_check{where}",
+                    op=Op.ALLREDUCE,
+                    phase="optimizer",
+                    elements=1,
+                    count=1,
+                    group=g,
+                    dtype="uint8",
+                    itemsize=OVERFLOW_BYTES,
+                    source=("stage3.py" if stage == 3 else "stage_1_and_2.py") + " has_overflow",
+                )
+            )
+        out.append(
+            _call(
+                name=f"{kind}.grad_norm{where}",
+                op=Op.ALLREDUCE,
+                phase="optimizer",
+                elements=1,
+                count=norms,
+                group=g,
+                dtype="fp64" if stage == 3 else "fp32",
+                itemsize=NORM_BYTES[stage],
+                source=("stage3.py" if stage == 3 else "stage_1_and_2.py") + " get_grad_norm_direct",
+            )
+        )
+    return out
