@@ -43,12 +43,13 @@ def problem_of(body: SearchRequest, settings) -> Problem:
     work = workload_spec(body.workload)
     given = body.constraints.model_dump(exclude_none=True)
     headroom = given.pop("memory_headroom", 0.0)
+    max_dp_group = given.pop("max_dp_group", 0)
     if "recompute" in given:
         given.setdefault("activation_recompute", given.pop("recompute"))
     for name in ("micro_batch_size", "activation_recompute"):
         if name in body.workload.model_fields_set and getattr(body.workload, name) is not None:
             given.setdefault(name, getattr(body.workload, name))
-    return Problem(model_spec(body.model), work, cluster, Constraints.of(given, headroom), body.top_k)
+    return Problem(model_spec(body.model), work, cluster, Constraints.of(given, headroom, max_dp_group), body.top_k)
 
 
 def check_size(problem: Problem, limit: int) -> int:
@@ -67,6 +68,7 @@ def result_dict(result: SearchResult) -> dict:
     return {
         "evaluated": out.evaluated,
         "feasible": out.feasible,
+        "bounded": out.bounded,
         "elapsed_s": result.elapsed_s,
         "space_size": result.space_size,
         "pruned": dict(sorted(out.pruned.counts.items())),

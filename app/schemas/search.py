@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .cluster import ClusterIn
 from .plan import ModelIn, WorkloadIn
 
-Degrees = int | list[int]
+Degree = Annotated[int, Field(ge=1, le=1 << 17)]
+Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
 
 
 class Strict(BaseModel):
@@ -28,8 +29,12 @@ class ConstraintsIn(Strict):
     pipeline_schedule: (
         Literal["1f1b", "interleaved", "gpipe"] | list[Literal["1f1b", "interleaved", "gpipe"]] | None
     ) = None
-    zero_stage: int | list[int] | None = None
-    sequence_parallel: bool | list[bool] | None = None
+    zero_stage: (
+        Annotated[int, Field(ge=0, le=3)]
+        | Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(max_length=4)]
+        | None
+    ) = None
+    sequence_parallel: bool | Annotated[list[bool], Field(max_length=2)] | None = None
     framework: Literal["megatron", "torch", "deepspeed"] | list[Literal["megatron", "torch", "deepspeed"]] | None = None
     activation_recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None = (
         None
@@ -38,6 +43,13 @@ class ConstraintsIn(Strict):
         default=None, description="alias of activation_recompute"
     )
     micro_batch_size: Degrees | None = None
+    max_dp_group: int = Field(
+        default=2048,
+        ge=1,
+        le=1 << 17,
+        description="shapes whose cp x dp group is larger are pruned (max_dp_group): pricing such groups costs "
+        "seconds and gigabytes per shape",
+    )
     memory_headroom: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="fraction of device memory a layout must leave free"
     )
@@ -78,6 +90,10 @@ class SearchResultOut(BaseModel):
 class SearchOut(BaseModel):
     evaluated: int = Field(description="layouts valid under every rule whose memory and step time were computed")
     feasible: int = Field(description="evaluated layouts that fit in memory (with the headroom)")
+    bounded: int = Field(
+        description="feasible layouts not timed in full: their compute-only critical path was already slower "
+        "than the k-th best (branch and bound; the top k is unchanged)"
+    )
     elapsed_s: float
     space_size: int = Field(description="layouts in the constrained space (evaluated + pruned other than memory)")
     pruned: dict[str, int] = Field(description="layouts dropped, by the request field whose rule fails, or memory")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .._errors import SpecError
 from ..plan import build_plan
-from .evaluate import Outcome, Problem, evaluate_shapes, space_of
+from .evaluate import Outcome, Problem, evaluate_shapes, kth, space_of
 from .space import MEMORY, Layout, Pruned, Shape
 
 MAX_LAYOUTS = 2_000_000  # default size limit (COMMPLAN_MAX_SEARCH_LAYOUTS in the service)
@@ -117,7 +117,7 @@ def search(
         for part in parts:
             if cancelled and cancelled():
                 raise Cancelled()
-            total.merge(evaluate_shapes(problem, part), problem.keep)
+            total.merge(evaluate_shapes(problem, part, kth(total, problem.top_k)), problem.keep)
             report()
     else:
         _in_pool(problem, parts, total, workers, report, cancelled)
@@ -148,20 +148,42 @@ def _drop_pool(workers: int) -> None:
 
 
 def _in_pool(problem, parts, total: Outcome, workers: int, report, cancelled) -> None:
+    """Chunks are handed out a few at a time, each with the best threshold known then, so that later chunks
+    bound against what earlier ones found."""
     pool = _pool(workers)
-    try:
-        pending = {pool.submit(evaluate_shapes, problem, part) for part in parts}
-    except cf.process.BrokenProcessPool:
-        _drop_pool(workers)
-        pool = _pool(workers)
-        pending = {pool.submit(evaluate_shapes, problem, part) for part in parts}
+    queue = list(parts)
+    pending: set = set()
+
+    def refill() -> None:
+        nonlocal pool
+        while queue and len(pending) < 2 * workers:
+            part = queue.pop(0)
+            try:
+                pending.add(pool.submit(evaluate_shapes, problem, part, kth(total, problem.top_k)))
+            except cf.process.BrokenProcessPool:
+                _drop_pool(workers)
+                pool = _pool(workers)
+                queue.insert(0, part)
+
+    refill()
     while pending:
-        done, pending = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
+        done, rest = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
+        pending.clear()
+        pending.update(rest)
         for future in done:
-            total.merge(future.result(), problem.keep)
+            try:
+                total.merge(future.result(), problem.keep)
+            except cf.process.BrokenProcessPool:
+                _drop_pool(workers)
+                raise SpecError(
+                    "constraints",
+                    "a search worker was stopped (out of memory on this machine?); narrow the space with "
+                    "constraints (fewer cp / dp-heavy shapes, e.g. a minimum tp)",
+                ) from None
         if cancelled and cancelled():
             _drop_pool(workers)
             raise Cancelled()
+        refill()
         report()
 
 
@@ -192,6 +214,7 @@ def _progress(total: Outcome, size: int, elapsed: float) -> dict:
         "total": size,
         "evaluated": total.evaluated,
         "feasible": total.feasible,
+        "bounded": total.bounded,
         "elapsed_s": elapsed,
         "best": best,
     }

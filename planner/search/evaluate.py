@@ -12,11 +12,13 @@ calls (messages x b, counts x m, time from the curve) and the step and memory mo
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from collectives.topology import ClusterSpec
+from collectives.topology.select import cached_schedule
 
 from .._errors import SpecError
 from ..layout import RankLayout
@@ -26,7 +28,7 @@ from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer
 from .space import MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
-from .step_model import Priced, Row, StepModel
+from .step_model import Priced, Row, RowCall, StepModel
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,8 @@ class Problem:
 
     @property
     def keep(self) -> int:
-        """Candidates kept per chunk and re-evaluated exactly at the end: top_k plus a margin, so that a
-        screening difference of a few ulps can never drop a true top-k layout."""
+        """Candidates kept per chunk and re-evaluated exactly at the end: top_k plus a margin, so that the
+        screen's rounding (interpolated prices, ~1e-6 relative) cannot drop a true top-k layout."""
         return self.top_k + max(8, self.top_k // 2)
 
 
@@ -54,6 +56,7 @@ class Outcome:
     done: int = 0  # layouts handled, pruned or not (progress)
     evaluated: int = 0  # layouts valid under every rule: memory (and step when they fit) computed
     feasible: int = 0
+    bounded: int = 0  # feasible layouts whose compute-only lower bound was slower than the k-th best so far
     pruned: Pruned = field(default_factory=Pruned)
     best: list[tuple[float, tuple, Layout]] = field(default_factory=list)  # (screened step s, tiebreak, layout)
 
@@ -61,10 +64,12 @@ class Outcome:
         self.done += other.done
         self.evaluated += other.evaluated
         self.feasible += other.feasible
+        self.bounded += other.bounded
         self.pruned.merge(other.pruned)
         self.best = heapq.nsmallest(keep, self.best + other.best, key=_rank)
 
 
+SCHEDULES_KEPT = 128  # executable schedules kept between shapes (collectives' own cache holds up to 4096)
 _SPACES: dict = {}
 
 
@@ -99,22 +104,30 @@ def batch_rule(space: Space, variant: Variant, b: int) -> SpecError | None:
 class ShapeEvaluator:
     """Everything shared by the layouts of one shape."""
 
-    def __init__(self, problem: Problem, shape: Shape):
+    def __init__(self, problem: Problem, shape: Shape, threshold: float = math.inf):
         self.problem, self.shape = problem, shape
+        self.threshold = threshold  # the k-th best step time found elsewhere so far (branch and bound)
         self.space = space_of(problem)
         self.cluster = cluster_for(problem.cluster)
         base = Variant(shape, 1, "1f1b", 0, False, "megatron").parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
         self.pricer = Pricer(self.cluster, problem.options)
-        self.step_model = StepModel(problem.model, self.cluster, problem.constraints.memory_headroom)
+        self.step_model = StepModel(problem.model, problem.work, self.cluster, problem.constraints.memory_headroom)
         self._templates: dict = {}
         self._curves: dict = {}
         self._priced_memo: dict = {}
 
     # ---- ledger ----------------------------------------------------------------------------------------
-    def template(self, rules, par, recompute: str) -> templates.Template | None:
-        key = (rules, par, recompute)
+    def template(self, rules, variant: Variant, recompute: str) -> templates.Template | None:
+        """The activation template ignores the ZeRO stage, the data-parallel one SP and recompute."""
+        act = rules is templates.ACTIVATION_RULES
+        key = (
+            act, variant.virtual_pipeline_stages, variant.pipeline_schedule, variant.framework,
+            variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
+        )  # fmt: skip
         if key not in self._templates:
+            par = variant.parallel()
+            par = replace(par, zero_stage=0) if act else replace(par, sequence_parallel=False)
             work = replace(self.problem.work, activation_recompute=recompute)
             try:
                 self._templates[key] = templates.build(rules, self.problem.model, work, par)
@@ -148,25 +161,18 @@ class ShapeEvaluator:
         return [tuple(members) for members in classes.values()]
 
     def calls(self, variant: Variant, b: int, recompute: str):
-        """(rows, counts, times) of one layout from the two templates (rows: what step_time reads of a
-        priced call); an exact ledger when a template refused."""
-        par = variant.parallel()
-        act_par = replace(par, zero_stage=0)  # the activation rules do not read the ZeRO stage
-        data_par = replace(par, sequence_parallel=False)  # the data-parallel rule does not read SP
-        m = self.problem.work.global_batch_size // (b * par.dp)
+        """[(rows, counts, times)] of one layout, one part per template (activation rules, data-parallel
+        rule; rows: what step_time reads of a priced call); one exact part when a template refused."""
+        m = self.problem.work.global_batch_size // (b * self.shape.dp)
         parts = []
-        for rules, p, rc in (
-            (templates.ACTIVATION_RULES, act_par, recompute),
-            (templates.DATA_RULES, data_par, "none"),
-        ):
-            tpl = self.template(rules, p, rc)
+        for rules, rc in ((templates.ACTIVATION_RULES, recompute), (templates.DATA_RULES, "none")):
+            tpl = self.template(rules, variant, rc)
             if tpl is None:
                 work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)
-                tpl = templates.Template.fixed(templates.exact(self.problem.model, work, par))
-                return self._rows(tpl, 1, 1)
+                tpl = templates.Template.fixed(templates.exact(self.problem.model, work, variant.parallel()))
+                return [self._rows(tpl, 1, 1)]
             parts.append(self._priced(tpl, b, m))
-        (ra, na, ta), (rd, nd, td) = parts
-        return ra + rd, np.concatenate([na, nd]), np.concatenate([ta, td])
+        return parts
 
     def _priced(self, tpl: templates.Template, b: int, m: int):
         """Rows of a template at micro-batch size b and count m: memoised, as every recompute and ZeRO
@@ -181,10 +187,8 @@ class ShapeEvaluator:
         msgs, counts = tpl.messages(b).tolist(), tpl.counts(m).tolist()
         rows, row_counts, times = [], [], []
         for i, members, curve in self.classes(tpl):
-            call = tpl.calls[i]
             t = curve.time(msgs[i])
-            call = replace(call, stages=members, message_bytes=msgs[i], calls_per_iteration=counts[i])
-            rows.append(Row(call, Priced(t)))
+            rows.append(Row(RowCall.of(tpl.calls[i], members, msgs[i], counts[i]), Priced(t)))
             row_counts.append(counts[i])
             times.append(t)
         return rows, np.array(row_counts, dtype=np.float64), np.array(times)
@@ -192,9 +196,11 @@ class ShapeEvaluator:
     # ---- the walk ----------------------------------------------------------------------------------------
     def run(self) -> Outcome:
         out = Outcome()
-        space, keep = self.space, self.problem.keep
+        space, keep, model = self.space, self.problem.keep, self.step_model
         recomputes = space.recomputes
         bs = space.micro_batches(self.shape.dp)
+        heap: list = []  # (-screened step time, sequence, (score, sort key, layout)): the keep best so far
+        seq = 0
         for variant in space.variants(self.shape):
             n = len(bs) * len(recomputes)
             out.done += n
@@ -202,6 +208,7 @@ class ShapeEvaluator:
             if err is not None:
                 out.pruned.add(err.field, n, err.rule)
                 continue
+            par = variant.parallel()
             for b in bs:
                 err = batch_rule(space, variant, b)
                 if err is not None:
@@ -209,25 +216,23 @@ class ShapeEvaluator:
                     continue
                 for rc in recomputes:
                     out.evaluated += 1
-                    layout = Layout(variant.parallel(), b, rc)
-                    score = self.score(variant, layout)
-                    if score is None:
-                        out.pruned.add(MEMORY, 1, self.step_model.last_reason)
+                    parts = self.calls(variant, b, rc) if self.problem.model.moe else None
+                    if not model.fits(par, b, rc, [r for part in parts for r in part[0]] if parts else None):
+                        out.pruned.add(MEMORY, 1, model.last_reason)
                         continue
                     out.feasible += 1
-                    out.best.append((score, sort_key(layout), layout))
-                    if len(out.best) > 4 * keep:
-                        out.best = heapq.nsmallest(keep, out.best, key=_rank)
-        out.best = heapq.nsmallest(keep, out.best, key=_rank)
+                    bound = min(self.threshold, -heap[0][0] if len(heap) >= keep else math.inf)
+                    if bound < math.inf and model.lower_bound(par, b, rc) > bound:
+                        out.bounded += 1  # cannot enter the top k: its compute alone is slower
+                        continue
+                    score = model.step_time(par, b, rc, parts or self.calls(variant, b, rc))
+                    layout = Layout(par, b, rc)
+                    seq += 1
+                    heapq.heappush(heap, (-score, seq, (score, sort_key(layout), layout)))
+                    if len(heap) > keep:
+                        heapq.heappop(heap)
+        out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
-
-    def score(self, variant: Variant, layout: Layout) -> float | None:
-        """Screened step time in seconds, or None when the layout does not fit."""
-        work = layout.workload(self.problem.work)
-        rows, counts, times = self.calls(variant, layout.micro_batch_size, layout.activation_recompute)
-        if not self.step_model.fits(layout.parallel, work, rows):
-            return None
-        return self.step_model.step_time(layout.parallel, work, rows, counts, times)
 
 
 def sort_key(layout: Layout) -> tuple:
@@ -243,15 +248,29 @@ def _rank(item: tuple) -> tuple:
     return item[0], item[1]
 
 
-def evaluate_shape(problem: Problem, shape: Shape) -> Outcome:
-    return ShapeEvaluator(problem, shape).run()
+def evaluate_shape(problem: Problem, shape: Shape, threshold: float = math.inf) -> Outcome:
+    return ShapeEvaluator(problem, shape, threshold).run()
 
 
-def evaluate_shapes(problem: Problem, shapes: list[Shape]) -> Outcome:
-    """The pure per-chunk function: the outcome of a list of shapes."""
+BOUND_SLACK = 1e-5  # the screen's rounding against build_plan is ~1e-6 relative: a bound with room to spare
+
+
+def kth(outcome: Outcome, k: int) -> float:
+    """A step time no top-k layout is slower than: the k-th best screened so far, with slack for the
+    screen's rounding (a layout whose lower bound exceeds it cannot enter the answer)."""
+    return outcome.best[k - 1][0] * (1 + BOUND_SLACK) if len(outcome.best) >= k else math.inf
+
+
+def evaluate_shapes(problem: Problem, shapes: list[Shape], threshold: float = math.inf) -> Outcome:
+    """The pure per-chunk function: the outcome of a list of shapes. ``threshold``: the keep-th best step
+    time known when the chunk was handed out (layouts whose lower bound is slower are not timed)."""
     out = Outcome()
     for shape in shapes:
-        out.merge(evaluate_shape(problem, shape), problem.keep)
+        out.merge(evaluate_shape(problem, shape, min(threshold, kth(out, problem.top_k))), problem.keep)
+        if cached_schedule.cache_info().currsize > SCHEDULES_KEPT:
+            # schedules of groups of thousands of ranks, at every size a curve priced, add up to gigabytes;
+            # a new shape mostly needs new ones anyway
+            cached_schedule.cache_clear()
     return out
 
 

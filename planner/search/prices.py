@@ -8,7 +8,8 @@ and every class's bytes are the message's chunks, so for a fixed algorithm and p
 linear in the message size M (up to one element of rounding per chunk, and up to the pipelining step of
 the double binary tree, whose chunk count is ceil(M / 512 KiB) up to 64: collectives/algorithms/_base.py).
 A :class:`Curve` therefore prices each candidate algorithm exactly at the two powers of two that bracket
-M (memoised: a few sizes per placement serve every layout) and interpolates linearly between them; the
+M (from 64 MiB up: at 64 and 128 MiB; memoised, so a few sizes per placement serve every layout) and
+interpolates linearly; the
 library's choice (``auto``) is the cheapest candidate at M, as in ``price_call``. At a power of two the
 curve equals ``price_call`` exactly; between them the error is the rounding above (tests/planner/
 test_search.py checks the agreement with /v1/plan).
@@ -26,6 +27,12 @@ from collectives.topology import DEFAULT_CALIBRATION, Cluster, candidates
 from collectives.topology.select import _evaluate_one, local_size
 
 from ..plan import Options, canonical, neighbourhood
+
+# From 64 MiB up every algorithm's schedule has a fixed structure (the double binary tree's pipelining
+# saturates at 64 chunks of 512 KiB = 32 MiB: collectives/algorithms/_base.py), so its time is one line in M:
+# priced at 64 and 128 MiB, extrapolated. Groups of thousands of ranks then cost two schedule builds per
+# algorithm, shared by every shape with the same group size.
+LINEAR_FROM = 1 << 26
 
 
 class Curve:
@@ -54,6 +61,8 @@ class Curve:
         if message <= 1:
             return self._at(algorithm, max(message, 0))
         lo = 1 << (message.bit_length() - 1)
+        if lo >= LINEAR_FROM:  # one straight line through two anchors for every large message
+            lo = LINEAR_FROM
         if lo == message:
             return self._at(algorithm, lo)
         t_lo, t_hi = self._at(algorithm, lo), self._at(algorithm, 2 * lo)

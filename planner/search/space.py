@@ -48,6 +48,11 @@ DIMENSIONS = (
     "activation_recompute",
 )
 WORLD = "world_size"  # the pruning reason of a shape whose degrees do not divide the devices
+DP_GROUP = "max_dp_group"  # the pruning reason of a shape whose data-parallel group is above the limit
+# Pricing one collective on a group of thousands of ranks costs seconds and gigabytes (the in-network
+# schedule of 8,192 ranks: ~3 s and ~1 GB per build in collectives/algorithms/in_network.py), and a shape
+# needs a few; shapes whose cp x dp group is larger are counted as pruned unless the limit is raised.
+MAX_DP_GROUP = 2048
 MEMORY = "memory"  # the pruning reason of a valid layout that does not fit
 
 
@@ -58,20 +63,22 @@ def divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Constraints:
-    """Fixed or allowed values per dimension (``None``: the default candidates above) and the memory
-    headroom: the fraction of the device memory a layout must leave free (0.1 keeps 10 % spare)."""
+    """Fixed or allowed values per dimension (``None``: the default candidates above), the memory
+    headroom (the fraction of the device memory a layout must leave free: 0.1 keeps 10 % spare) and the
+    largest cp x dp group searched (MAX_DP_GROUP)."""
 
     allowed: tuple[tuple[str, tuple], ...] = ()  # (dimension, allowed values) pairs; see ``of``
     memory_headroom: float = 0.0
+    max_dp_group: int = MAX_DP_GROUP
 
     @classmethod
-    def of(cls, allowed: dict | None = None, memory_headroom: float = 0.0) -> Constraints:
+    def of(cls, allowed: dict | None = None, memory_headroom: float = 0.0, max_dp_group: int = 0) -> Constraints:
         """From {dimension: value or list of values}."""
         pairs = []
         for name, values in (allowed or {}).items():
             values = tuple(values) if isinstance(values, list | tuple | set) else (values,)
             pairs.append((name, values))
-        return cls(tuple(sorted(pairs)), memory_headroom)
+        return cls(tuple(sorted(pairs)), memory_headroom, max_dp_group or MAX_DP_GROUP)
 
     def get(self, name: str) -> tuple | None:
         return dict(self.allowed).get(name)
@@ -282,7 +289,16 @@ class Space:
                             f"tp*cp*pp = {tp}*{cp}*{pp} = {tp * cp * pp} does not divide the {self.devices} devices",
                         )
                         continue
-                    yield Shape(tp, cp, pp, self.devices // (tp * cp * pp), ep, etp)
+                    dp = self.devices // (tp * cp * pp)
+                    if cp * dp > self.c.max_dp_group:
+                        pruned.add(
+                            DP_GROUP,
+                            self._inner(tp, pp, dp),
+                            f"cp*dp = {cp}*{dp} = {cp * dp} ranks reduce gradients together, above the "
+                            f"{self.c.max_dp_group} the search prices (constraints.max_dp_group raises it)",
+                        )
+                        continue
+                    yield Shape(tp, cp, pp, dp, ep, etp)
 
     def end_layers(self, pp: int, v: int) -> int | None:
         """Layers that do not split evenly over pp stages split as Llama 3 405B's did (126 layers on 16
@@ -320,4 +336,17 @@ class Space:
         return None
 
 
-__all__ = ["DIMENSIONS", "MEMORY", "WORLD", "Constraints", "Layout", "Pruned", "Shape", "Space", "Variant", "divisors"]
+__all__ = [
+    "DIMENSIONS",
+    "DP_GROUP",
+    "MAX_DP_GROUP",
+    "MEMORY",
+    "WORLD",
+    "Constraints",
+    "Layout",
+    "Pruned",
+    "Shape",
+    "Space",
+    "Variant",
+    "divisors",
+]

@@ -1,27 +1,109 @@
-"""Adapter between the search and the step-time and memory models of planner/step.py: the same functions
-``build_plan`` calls (``step_time`` and ``memory``), fed with rows built from the ledger templates and
-the price curves instead of a priced plan, and without the timeline. The search re-evaluates its best
-layouts with ``build_plan`` itself, so the step and memory blocks it answers are exactly /v1/plan's.
+"""Adapter between the search and the step-time and memory models (planner/step.py, memory.py, compute.py).
 
-Without a GPU spec on the cluster there is no step time or memory (``build_plan`` says so in a warning);
-the screen then ranks by the communication time of the busiest stage, calls serialised
-(``Plan.totals()["time_s"]``), and every layout counts as fitting.
+The same functions ``build_plan`` calls, composed as ``step_time`` and ``memory`` compose them, with the
+parts memoised on what they depend on, so that layouts which differ only in ZeRO stage, framework or
+recompute share them. planner/compute.py and memory.py cache their per-stage parts on the whole Context
+(every layout is a new key), and ``stage_compute`` and ``stage_memory`` recount each stage's parameters
+inside; so the two thin assemblies (``_passes``: _stage_compute's forward/backward sums; ``_static``:
+stage_memory's weight/gradient/optimizer/buffer sums; ``_optimizer``: optimizer_s) are restated here over
+``param_totals`` of a canonical context, and tests/planner/test_search.py checks them equal to
+``stage_compute`` and ``memory`` on layouts of every framework, ZeRO stage, recompute and MoE:
+
+- per-stage compute (``stage_compute``: forward and backward of one micro-batch) does not read the ZeRO
+  stage: keyed on the layout with zero_stage 0;
+- the optimizer step (``optimizer_s``) and parameters, gradients and optimizer states (``stage_memory``)
+  read neither micro-batch size, recompute nor sequence parallelism: keyed on the layout with those at
+  their defaults;
+- activations (``stage_activation_bytes``) do not read the ZeRO stage.
+
+A lower bound prunes without changing the answer (branch and bound): ``_training`` in step.py takes
+time = max over stages of (sync + optimizer + exposed gather) with sync >= stage 0's end >= the pipeline's
+critical path, which only grows with the communication added to each pass; so the pipeline of the compute
+alone (no sends, no exposed communication) plus the smallest optimizer step bounds the step time from
+below. A layout whose bound is already slower than the k-th best so far cannot enter the top k and is not
+timed further (counted as ``bounded``). tests/planner/test_search.py checks screen == build_plan and
+bound <= step time.
+
+The search re-evaluates its best layouts with ``build_plan`` itself, so the step and memory blocks it
+answers are exactly /v1/plan's. Without a GPU spec there is no step time or memory: the screen ranks by the
+communication of the busiest stage (``Plan.totals()["time_s"]``) and every layout fits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from collectives.topology import Cluster
 
+from ..compute import (
+    ADAM_BYTES,
+    EFFICIENCY,
+    FLASH_BWD,
+    PassTime,
+    StageCompute,
+    _attention_flops,
+    _head,
+    attention_efficiency,
+    layer_forward,
+    stage_compute,
+)
 from ..context import Context
 from ..ledger import Call
+from ..memory import (
+    ADAM_STATE_BYTES,
+    MASTER_BYTES,
+    WORKSPACE_BYTES,
+    ZERO3_UNITS_IN_FLIGHT,
+    _comm_buffers,
+    _shards,
+    param_totals,
+    stage_activation_bytes,
+    stage_memory,
+)
 from ..model import ModelSpec
 from ..parallel import ParallelSpec
-from ..step import Overlap, memory, step_time
+from ..pipeline import Schedule, StagePass, pipeline_time
+from ..step import (
+    Overlap,
+    StageStep,
+    _assign_calls,
+    _drain_leads,
+    _overlap_buckets,
+    _prefetch,
+    _stream,
+    _training,
+    memory,
+    schedule_of,
+)
 from ..workload import WorkloadSpec
+
+
+class SplitContext(Context):
+    """A Context whose per-stage dense and MoE layer counts come from a table shared by every layout with the
+    same stage split (Context recounts them layer by layer on every call); same values, computed by
+    Context.moe_layers once per split (dense = the stage's layers - MoE, as Context.dense_layers)."""
+
+    def _split(self) -> list[tuple[int, int]]:
+        par = self.par
+        key = (id(self.model), par.pp, par.chunks_per_rank, par.first_stage_layers, par.last_stage_layers)
+        found = _SPLITS.get(key)
+        if found is None:
+            moe = [Context.moe_layers(self, s) for s in range(par.pp)]
+            counts = [(len(self.stage_layers[s]) - moe[s], moe[s]) for s in range(par.pp)]
+            found = _SPLITS[key] = (self.model, counts)  # holding the model keeps its id from being reused
+        return found[1]
+
+    def dense_layers(self, stage: int) -> int:
+        return self._split()[stage][0]
+
+    def moe_layers(self, stage: int) -> int:
+        return self._split()[stage][1]
+
+
+_SPLITS: dict = {}
+REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
 
 
 @dataclass(frozen=True)
@@ -31,38 +113,358 @@ class Priced:
     time_s: float
 
 
+class RowCall:
+    """The fields of a ledger Call that step.py and memory.py read, at one layout's b and m (a plain
+    slotted object: built thousands of times a second, where dataclasses.replace would dominate)."""
+
+    __slots__ = ("calls_per_iteration", "message_bytes", "name", "op", "parallelism", "phase", "stages")
+
+    @classmethod
+    def of(cls, call: Call, stages: tuple[int, ...], message_bytes: int, count: int) -> RowCall:
+        row = cls()
+        row.name, row.parallelism, row.op, row.phase = call.name, call.parallelism, call.op, call.phase
+        row.stages, row.message_bytes, row.calls_per_iteration = stages, message_bytes, count
+        return row
+
+
 @dataclass(frozen=True)
 class Row:
-    call: Call
+    call: RowCall
     price: Priced
 
 
 class StepModel:
-    def __init__(self, model: ModelSpec, cluster: Cluster, headroom: float = 0.0, overlap: Overlap | None = None):
-        self.model, self.cluster, self.headroom = model, cluster, headroom
+    def __init__(self, model: ModelSpec, work: WorkloadSpec, cluster: Cluster, headroom: float = 0.0, overlap=None):
+        self.model, self.work, self.cluster, self.headroom = model, work, cluster, headroom
         self.overlap = overlap or Overlap()
         self.gpu = cluster.spec.gpu
+        self.capacity = (self.gpu.hbm_bytes * (1 - headroom)) if self.gpu else None
         self.last_reason = ""
+        self._compute: dict = {}
+        self._optimizer_memo: dict = {}
+        self.checked = False  # the restated compute checked against compute.stage_compute once per shape
+        self.exact_only = False
+        self.memory_checked = False
+        self.memory_exact = False
+        self.path_checked = False  # the restated critical path checked against step._training once per shape
+        self.path_exact = False
+        self._sum_memo: dict = {}
+        self._works: dict = {}
+        self._reads_zero: dict = {}
+        self._static: dict = {}
+        self._acts: dict = {}
 
-    def fits(self, par: ParallelSpec, work: WorkloadSpec, rows) -> bool:
-        if self.gpu is None:
+    @property
+    def timed(self) -> bool:
+        return self.gpu is not None
+
+    @staticmethod
+    def _key(par: ParallelSpec, zero: bool = True, sp: bool = True, framework: bool = True) -> tuple:
+        """A memo key of the layout's degrees, leaving out what a part ignores: the ZeRO stage, SP, or the
+        framework (compute.py and memory.py's activations never read it; parameter counts do)."""
+        return (
+            par.tp, par.cp, par.pp, par.dp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
+            par.pipeline_schedule, par.framework if framework else None, par.first_stage_layers, par.last_stage_layers,
+            par.zero_stage if zero else 0, par.sequence_parallel if sp else False,
+        )  # fmt: skip
+
+    def _work(self, b: int, rc: str) -> WorkloadSpec:
+        found = self._works.get((b, rc))
+        if found is None:
+            found = self._works[(b, rc)] = replace(self.work, micro_batch_size=b, activation_recompute=rc)
+        return found
+
+    # ---- parameters ------------------------------------------------------------------------------------
+    def _params_ctx(self, par: ParallelSpec) -> Context:
+        """A context with the fields parameter counts read (tp, pp, virtual stages, uneven ends, framework,
+        dp/cp only for sharding): b, recompute, SP and ZeRO at their defaults, so param_totals' cache hits."""
+        return SplitContext(self.model, self._work(1, "none"), replace(par, zero_stage=0, sequence_parallel=False))
+
+    def _static_bytes(self, par: ParallelSpec) -> np.ndarray:
+        """Per stage: parameters + gradients + optimizer states + fixed buffers, as stage_memory sums them
+        (memory.py: x_param, grad bytes, 12 B/param Adam + master, sharded by ZeRO stage; workspace and the
+        ZeRO-3 units in flight)."""
+        key = self._key(par, sp=False)
+        found = self._static.get(key)
+        if found is None:
+            ctx = SplitContext(self.model, self._work(1, "none"), replace(par, sequence_parallel=False))
+            pctx = self._params_ctx(par)
+            xp, z = ctx.param_bytes, par.zero_stage
+            out = []
+            for stage in range(par.pp):
+                nd, ne, unit = param_totals(pctx, stage)
+                total = 0.0
+                params = grads = opt = 0.0
+                for count, is_expert in ((nd, False), (ne, True)):
+                    if not count:
+                        continue
+                    shards = _shards(ctx, is_expert)
+                    params += count * xp / (shards if z >= 3 else 1)
+                    grads += count * ctx.grad_bytes / (shards if z >= 2 else 1)
+                    opt += count * (ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)) / (shards if z >= 1 else 1)
+                buffers = WORKSPACE_BYTES + (ZERO3_UNITS_IN_FLIGHT * unit * xp if z >= 3 else 0)
+                total = int(params) + int(grads) + int(opt) + int(buffers)
+                out.append(total)
+            if not self.memory_checked:  # the restated sum must equal memory.stage_memory's parts
+                self.memory_checked = True
+                sched = schedule_of(ctx)
+                parts = [stage_memory(ctx, st, sched, comm_buffer=0) for st in range(par.pp)]
+                exact = [p.params_bytes + p.grads_bytes + p.optimizer_bytes + p.buffers_bytes for p in parts]
+                self.memory_exact = exact != out  # drifted: screen with memory.memory itself (slower, exact)
+            found = self._static[key] = np.array(out, dtype=np.int64)
+        return found
+
+    def _activation_bytes(self, par: ParallelSpec, b: int, rc: str) -> np.ndarray:
+        key = (self._key(par, zero=False, framework=False), b, rc)
+        found = self._acts.get(key)
+        if found is None:
+            ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
+            sched = schedule_of(ctx)
+            found = self._acts[key] = np.array(
+                [stage_activation_bytes(ctx, s, sched) for s in range(par.pp)], dtype=np.int64
+            )
+        return found
+
+    def fits(self, par: ParallelSpec, b: int, rc: str, rows=None) -> bool:
+        """Peak per stage = stage_memory's five parts; ``rows`` (needed for MoE only: the all-to-all
+        buffers) are the layout's priced rows."""
+        if not self.timed:
             return True
-        mem = memory(Context(self.model, work, par), self.gpu, rows)
-        limit = mem.capacity_bytes * (1 - self.headroom)
-        worst = max(mem.per_stage, key=lambda s: s.peak_bytes)
-        if worst.peak_bytes <= limit:
+        peak = self._static_bytes(par) + self._activation_bytes(par, b, rc)
+        if rows is not None:
+            for stage, size in _comm_buffers(rows).items():
+                peak[stage] += size
+        if self.memory_exact:
+            ctx = SplitContext(self.model, self._work(b, rc), par)
+            peak = np.array([st.peak_bytes for st in memory(ctx, self.gpu, rows or ()).per_stage])
+        worst = int(np.argmax(peak))
+        if peak[worst] <= self.capacity:
             return True
         self.last_reason = (
-            f"stage {worst.stage} needs {worst.peak_bytes / 1e9:.1f} GB per device, above "
-            f"{limit / 1e9:.1f} GB ({mem.capacity_bytes / 1e9:.1f} GB x (1 - headroom {self.headroom:g}))"
+            f"stage {worst} needs {peak[worst] / 1e9:.1f} GB per device, above {self.capacity / 1e9:.1f} GB "
+            f"({self.gpu.hbm_bytes / 1e9:.1f} GB x (1 - headroom {self.headroom:g}))"
         )
         return False
 
-    def step_time(self, par: ParallelSpec, work: WorkloadSpec, rows, counts: np.ndarray, times: np.ndarray) -> float:
-        if self.gpu is None:
-            return float((stage_matrix(rows, par.pp) @ (counts * times)).max())
-        ctx = Context(self.model, work, par)
-        return step_time(ctx, rows, self.gpu, self.overlap, with_timeline=False).time_s
+    # ---- step time ---------------------------------------------------------------------------------------
+    def _passes(self, par: ParallelSpec, b: int, rc: str) -> list[tuple[PassTime, PassTime, float]]:
+        """(forward, backward, core-attention forward) per stage, as compute._stage_compute sums them."""
+        key = (self._key(par, zero=False, framework=False), b, rc)
+        found = self._compute.get(key)
+        if found is None:
+            ctx, eff = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0)), EFFICIENCY
+            layers = {}
+            found = []
+            for stage in range(par.pp):
+                fwd, bwd, attn = PassTime(), PassTime(), 0.0
+                for moe, count in ((False, ctx.dense_layers(stage)), (True, ctx.moe_layers(stage))):
+                    if not count:
+                        continue
+                    if moe not in layers:
+                        layers[moe] = layer_forward(ctx, moe, self.gpu, eff)
+                    layer, attn_s = layers[moe]
+                    fwd = fwd + layer.scaled(count)
+                    attn += attn_s * count
+                    a_fwd, a_bwd = attention_efficiency(self.gpu, eff)
+                    back = PassTime(
+                        2 * layer.gemm_s,
+                        FLASH_BWD * layer.attention_s * a_fwd / a_bwd if ctx.s > 1 else 0.0,
+                        2 * layer.elementwise_s,
+                        2 * layer.flops,
+                    )
+                    if rc == "full":
+                        back = back + layer
+                    elif rc == "selective":
+                        back = back + PassTime(attention_s=layer.attention_s, flops=_attention_flops(ctx))
+                    bwd = bwd + back.scaled(count)
+                if ctx.is_last(stage):
+                    head = _head(ctx, self.gpu, eff)
+                    fwd = fwd + head
+                    bwd = bwd + PassTime(2 * head.gemm_s, 0.0, 2 * head.elementwise_s, 2 * head.flops)
+                found.append((fwd, bwd, attn))
+            self._compute[key] = found
+        return found
+
+    def _optimizer(self, par: ParallelSpec) -> list[float]:
+        """compute.optimizer_s per stage: Adam's ADAM_BYTES per parameter the rank updates, at HBM speed."""
+        key = self._key(par, sp=False)
+        found = self._optimizer_memo.get(key)
+        if found is None:
+            pctx = self._params_ctx(par)
+            found = []
+            for stage in range(par.pp):
+                dense, expert, _ = param_totals(pctx, stage)
+                shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
+                shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
+                local = dense / shard_dense + expert / shard_expert
+                found.append(local * ADAM_BYTES / (self.gpu.hbm_GBps * 1e9 * EFFICIENCY.hbm))
+            self._optimizer_memo[key] = found
+        return found
+
+    def _stage_compute(self, par: ParallelSpec, b: int, rc: str) -> list[StageCompute]:
+        if self.exact_only:
+            ctx = SplitContext(self.model, self._work(b, rc), par)
+            return [stage_compute(ctx, s, self.gpu) for s in range(par.pp)]
+        out = [
+            StageCompute(f, bw, a, o)
+            for (f, bw, a), o in zip(self._passes(par, b, rc), self._optimizer(par), strict=True)
+        ]
+        if not self.checked:  # the restated assembly must equal compute.py's, or the exact path is used
+            self.checked = True
+            ctx = SplitContext(self.model, self._work(b, rc), par)
+            exact = [stage_compute(ctx, s, self.gpu) for s in range(par.pp)]
+            if not all(_close(a, e) for a, e in zip(out, exact, strict=True)):
+                self.exact_only = True
+                return self._stage_compute(par, b, rc)
+        return out
+
+    def lower_bound(self, par: ParallelSpec, b: int, rc: str) -> float:
+        if not self.timed:
+            return 0.0
+        comp = self._stage_compute(par, b, rc)
+        m = self.work.global_batch_size // (b * par.dp)
+        passes = [StagePass(c.forward.total_s, c.backward.total_s) for c in comp]
+        sched = Schedule(par.pipeline_schedule, par.pp, m, par.chunks_per_rank, 0.0, True)
+        return pipeline_time(passes, sched).time_s + min(c.optimizer_s for c in comp)
+
+    def step_time(self, par: ParallelSpec, b: int, rc: str, parts) -> float:
+        """step.step_time, composed as it composes it, on memoised compute and stream sums (no timeline,
+        no MFU). ``parts``: [(rows, counts, times)] per ledger template."""
+        if not self.timed:
+            return float(sum(stage_matrix(r, par.pp) @ (n * t) for r, n, t in parts).max())
+        ctx = SplitContext(self.model, self._work(b, rc), par)
+        flags = self.overlap.resolved(ctx)
+        stages = [StageStep(s, c) for s, c in enumerate(self._stage_compute(par, b, rc))]
+        if self.path_exact:
+            rows = [r for part in parts for r in part[0]]
+            p2p = _assign_calls(ctx, rows, stages, flags)
+            sched = schedule_of(ctx, p2p, bool(flags.overlap_p2p))
+            return _training(ctx, stages, sched, self.gpu, flags, False).time_s
+        p2p = self._assign(ctx, parts, stages, flags)
+        sched = schedule_of(ctx, p2p, bool(flags.overlap_p2p))
+        time = _critical_path(ctx, stages, sched, flags)
+        if not self.path_checked:  # the restated assembly must equal step.py's on this shape's first layout
+            self.path_checked = True
+            rows = [r for part in parts for r in part[0]]
+            check = [StageStep(s, c) for s, c in enumerate(self._stage_compute(par, b, rc))]
+            exact_p2p = _assign_calls(ctx, rows, check, flags)
+            exact = _training(ctx, check, schedule_of(ctx, exact_p2p, bool(flags.overlap_p2p)), self.gpu, flags, False)
+            if abs(exact.time_s - time) > REL_TOLERANCE * exact.time_s:
+                self.path_exact = True
+                return exact.time_s
+        return time
+
+    def _sums(self, rows, m: int, zero: int, p: int):
+        """Per stream: (time, calls, bytes) per stage, and the longest pipeline send; step._assign_calls's
+        first loop, memoised on the row list (rows of a template at one b are shared by many layouts)."""
+        reads_zero = self._reads_zero.get(id(rows))
+        if reads_zero is None:  # only data-parallel calls change stream with the ZeRO stage (step._stream)
+            reads_zero = self._reads_zero[id(rows)] = any(r.call.parallelism in ("dp", "edp") for r in rows)
+        key = (id(rows), m, zero if reads_zero else None)
+        found = self._sum_memo.get(key)
+        if found is None:
+            acc: dict[str, np.ndarray] = {}
+            p2p = 0.0
+            for row in rows:
+                c, t = row.call, row.price.time_s
+                stream = _stream(c, m, zero)
+                if stream == "pp":
+                    p2p = max(p2p, t)
+                    continue
+                cell = acc.get(stream)
+                if cell is None:
+                    cell = acc[stream] = np.zeros((3, p))
+                for s in c.stages:
+                    cell[0, s] += c.calls_per_iteration * t
+                    cell[1, s] += c.calls_per_iteration
+                    cell[2, s] += c.calls_per_iteration * c.message_bytes
+            found = self._sum_memo[key] = (rows, acc, p2p)  # holding rows keeps its id from being reused
+        return found[1], found[2]
+
+    def _assign(self, ctx: Context, parts, stages: list[StageStep], flags: Overlap) -> float:
+        """step._assign_calls on the memoised sums: the stream totals per stage, then what each pass
+        exposes (TP overlap behind GEMMs, CP ring behind attention, ZeRO-2/3 prefetch behind the pass)."""
+        m, zero, p = ctx.micro_batches, ctx.par.zero_stage, len(stages)
+        acc: dict[str, np.ndarray] = {}
+        p2p = 0.0
+        for rows, _, _ in parts:
+            sums, send = self._sums(rows, m, zero, p)
+            p2p = max(p2p, send)
+            for stream, cell in sums.items():
+                acc[stream] = acc[stream] + cell if stream in acc else cell
+        none = np.zeros((3, p))
+        grad, gather, tail = acc.get("grad_reduce", none), acc.get("param_gather", none), acc.get("tail", none)
+        prefetch = _prefetch(ctx, flags)
+        passes = {
+            (phase, kind): acc[f"{kind}.{phase}"][0] / m
+            for phase in ("forward", "backward")
+            for kind in ("tp", "ep", "cp", "cp.ring", "dp")
+            if f"{kind}.{phase}" in acc
+        }
+        for st in stages:
+            i = st.stage
+            st.grad_reduce_s, st.grad_buckets, st.grad_bytes = float(grad[0, i]), int(grad[1, i]), int(grad[2, i])
+            st.param_gather_s, st.param_units = float(gather[0, i]), int(gather[1, i])
+            st.param_bytes = int(gather[2, i])
+            st.tail_s = float(tail[0, i])
+            comp = st.compute
+            for phase, pass_time in (("forward", comp.forward), ("backward", comp.backward)):
+                exposed = 0.0
+                for kind in ("tp", "ep", "cp", "cp.ring", "dp"):
+                    per = passes.get((phase, kind))
+                    t = float(per[i]) if per is not None else 0.0
+                    if not t:
+                        continue
+                    if kind == "tp" and flags.tp_comm_overlap:
+                        t = max(0.0, t - pass_time.gemm_s)
+                    elif kind == "cp.ring" and flags.cp_ring_overlap:
+                        t = max(0.0, t - comp.attention_fwd_s * (1 if phase == "forward" else 2))
+                    elif kind == "dp" and prefetch:
+                        t = max(0.0, t - pass_time.total_s)
+                    exposed += t
+                if phase == "forward":
+                    st.fwd_comm_s = exposed
+                else:
+                    st.bwd_comm_s = exposed
+        return p2p
+
+
+def _close(a: StageCompute, e: StageCompute) -> bool:
+    values = (
+        (a.forward.total_s, e.forward.total_s), (a.backward.total_s, e.backward.total_s),
+        (a.forward.gemm_s, e.forward.gemm_s), (a.attention_fwd_s, e.attention_fwd_s), (a.optimizer_s, e.optimizer_s),
+    )  # fmt: skip
+    return all(abs(x - y) <= REL_TOLERANCE * max(abs(y), 1e-30) for x, y in values)
+
+
+def _critical_path(ctx: Context, stages: list[StageStep], sched: Schedule, flags: Overlap) -> float:
+    """The time of step._training without its breakdown, timeline and MFU (which cost more than the time
+    itself): the pipeline's critical path, each stage's exposed gradient reduction and tail, the sync,
+    then the slowest optimizer step with its exposed parameter gather."""
+    passes = [StagePass(st.forward_s, st.backward_s) for st in stages]
+    pipe = pipeline_time(passes, sched).time_s
+    v = max(1, sched.chunks)
+    sync = 0.0
+    for st, p, lead in zip(stages, passes, _drain_leads(passes, sched), strict=True):
+        exposed_dp = 0.0
+        if st.grad_reduce_s:
+            if flags.overlap_grad_reduce:
+                buckets = max(1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes))
+                exposed_dp = max(st.grad_reduce_s - p.backward_s / v, st.grad_reduce_s / buckets)
+            else:
+                exposed_dp = st.grad_reduce_s
+        sync = max(sync, pipe - lead + exposed_dp + st.tail_s)
+    finish = 0.0
+    for st, p in zip(stages, passes, strict=True):
+        gather = 0.0
+        if st.param_gather_s:
+            if flags.overlap_param_gather:
+                buckets = max(1, st.param_units, _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes))
+                gather = max(st.param_gather_s - p.forward_s / v, st.param_gather_s / buckets)
+            else:
+                gather = st.param_gather_s
+        finish = max(finish, st.compute.optimizer_s + gather)
+    return sync + finish
 
 
 _INCIDENCE: dict = {}

@@ -75,4 +75,15 @@ def test_space_over_the_limit_is_a_422_naming_size_and_limit(monkeypatch):
 def test_bad_constraint_is_a_422_naming_the_field():
     r = client.post("/v1/search", json=BODY | {"constraints": {"tp": [0]}})
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"][-1] == "tp"
+    assert r.json()["detail"][0]["loc"][:3] == ["body", "constraints", "tp"]
+
+
+def test_cli_search_prints_the_table(tmp_path, capsys):
+    from app.cli import main
+
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(BODY))
+    assert main(["search", str(path), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "layouts evaluated" in out and "megatron" in out
+    assert main(["search", str(tmp_path / "missing.json")]) == 2

@@ -11,6 +11,7 @@ import pytest
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_plan
 from planner.context import Context
+from planner.memory import _comm_buffers
 from planner.rules import ledger
 from planner.search import Constraints, Problem, search, templates
 from planner.search.engine import fits, step_time
@@ -189,3 +190,59 @@ def test_llama3_405b_layout_fits_and_is_found_or_beaten():
         "virtual_pipeline_stages": 1,
     }
     _published("llama3-405b", work, cluster_preset("dgx-h100", 2048), par, allowed)
+
+
+@pytest.mark.parametrize(
+    "preset, nodes, shape, variants",
+    [
+        ("llama3-8b", 2, (2, 2, 2), [("megatron", 1, True), ("torch", 3, False), ("deepspeed", 2, False)]),
+        ("mixtral-8x7b", 4, (2, 1, 4), [("megatron", 1, True), ("torch", 0, True)]),
+        ("gpt3-175b", 16, (8, 1, 8), [("megatron", 1, True), ("megatron", 0, False)]),
+    ],
+)
+def test_screen_equals_build_plan_without_falling_back(preset, nodes, shape, variants):
+    """The search's screen (templates, price curves, memoised compute and memory, restated assemblies) gives
+    build_plan's step time and memory peaks, its bound never exceeds the step time, and the self-checks
+    against step.py did not switch it to the slow exact path."""
+    from planner.search.evaluate import ShapeEvaluator
+    from planner.search.space import Shape, Variant
+
+    model, cluster = MODEL_PRESETS[preset], cluster_preset("dgx-h100", nodes)
+    tp, cp, pp = shape
+    dp = nodes * 8 // (tp * cp * pp)
+    work = WorkloadSpec(global_batch_size=dp * 8)
+    ep = 2 if model.moe else 1
+    ev = ShapeEvaluator(Problem(model, work, cluster), Shape(tp, cp, pp, dp, ep, 1))
+    checked = 0
+    for framework, zero, sp in variants:
+        variant = Variant(ev.shape, 1, "1f1b", zero, sp, framework)
+        par = variant.parallel()
+        for b, rc in ((1, "none"), (2, "selective"), (1, "full")):
+            parts = ev.calls(variant, b, rc)
+            rows = [r for part in parts for r in part[0]]
+            screen = ev.step_model.step_time(par, b, rc, parts)
+            plan = build_plan(model, replace(work, micro_batch_size=b, activation_recompute=rc), par, cluster)
+            assert screen == pytest.approx(plan.step.time_s, rel=1e-6)  # prices interpolated: rounding only
+            assert ev.step_model.lower_bound(par, b, rc) <= plan.step.time_s
+            peaks = ev.step_model._static_bytes(par) + ev.step_model._activation_bytes(par, b, rc)
+            for stage, size in _comm_buffers(rows).items():
+                peaks[stage] += size
+            assert peaks.tolist() == [s.peak_bytes for s in plan.memory.per_stage]
+            checked += 1
+    model_ = ev.step_model
+    assert not (model_.exact_only or model_.path_exact or model_.memory_exact)
+    assert checked == 3 * len(variants)
+
+
+def test_cancel_stops_the_search_and_progress_counts_up():
+    model = replace(MODEL_PRESETS["llama3-8b"], seq_length=2048, num_layers=8)
+    problem = Problem(model, WorkloadSpec(global_batch_size=16), cluster_preset("dgx-h100", 1), Constraints.of(SMALL))
+    from planner.search import Cancelled
+
+    with pytest.raises(Cancelled):
+        search(problem, cancelled=lambda: True, workers=1)
+    seen = []
+    result = search(problem, progress=seen.append, workers=1)
+    done = [s["done"] for s in seen]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == result.space_size
+    assert seen[-1]["best"]["step_time_s"] == pytest.approx(result.results[0].time_s, rel=1e-9)
