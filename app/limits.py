@@ -229,20 +229,27 @@ def limiter(request: Request) -> anyio.CapacityLimiter:
     return state.work_limiter
 
 
+async def acquire_slot(request: Request) -> Callable[[], None]:
+    """One of the ``work_slots``, waiting at most ``queue_s`` (else Busy, a 503). Returns its release, which
+    any task may call once (a streamed answer releases from the task that streams it)."""
+    slots, borrower = limiter(request), object()
+    with anyio.move_on_after(request.app.state.settings.queue_s) as waited:
+        await slots.acquire_on_behalf_of(borrower)
+    if waited.cancelled_caught:
+        raise Busy()
+    return lambda: slots.release_on_behalf_of(borrower)
+
+
 async def run_bounded(request: Request, work: Callable[[], bytes]) -> Response:
     """Run ``work`` (returns the JSON body) in a thread of its own: at most ``work_slots`` at once, waiting
     at most ``queue_s`` for a slot; stopped at ``deadline_s`` or as soon as the client disconnects."""
     settings = request.app.state.settings
-    slots = limiter(request)
-    with anyio.move_on_after(settings.queue_s) as waited:
-        await slots.acquire()
-    if waited.cancelled_caught:
-        raise Busy()
+    release = await acquire_slot(request)
     try:
         deadline = Deadline(settings.deadline_s)
         box = await _supervise(request, deadline, work)
     finally:
-        slots.release()
+        release()
     error = box.get("error")
     if isinstance(error, DeadlineExceeded) or (error is None and "body" not in box):
         raise DeadlineExceeded(deadline.reason or "deadline")

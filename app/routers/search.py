@@ -23,6 +23,7 @@ from planner.search.engine import MAX_LAYOUTS
 
 from ..convert import cluster_spec, model_spec, workload_spec
 from ..errors import BAD_INPUT, error_detail
+from ..limits import acquire_slot
 from ..schemas.search import SearchOut, SearchRequest
 
 router = APIRouter(prefix="/v1/search", tags=["search"])
@@ -106,8 +107,11 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
     problem = problem_of(body, settings)
     await asyncio.to_thread(check_size, problem, max_layouts(settings))
     cancel = threading.Event()
+    # A search keeps every core busy with worker processes: it holds one of the service's work slots
+    # (app/limits.py) like any heavy request, so concurrent searches queue instead of multiplying the pools.
+    release = await acquire_slot(request)
     if wants_stream(request, stream):
-        return StreamingResponse(_stream(problem, request, cancel, settings), media_type=NDJSON)
+        return StreamingResponse(_stream(problem, request, cancel, settings, release), media_type=NDJSON)
     task = asyncio.ensure_future(asyncio.to_thread(_run, problem, cancel, None, max_layouts(settings)))
     try:
         while not task.done():
@@ -117,6 +121,8 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
         return JSONResponse(result_dict(task.result()))
     finally:
         cancel.set()
+        if not wants_stream(request, stream):
+            release()
 
 
 def _run(problem: Problem, cancel: threading.Event, progress, limit: int) -> SearchResult:
@@ -126,7 +132,7 @@ def _run(problem: Problem, cancel: threading.Event, progress, limit: int) -> Sea
         raise SpecError(f"cluster.{err.field}", err.rule) from None
 
 
-async def _stream(problem: Problem, request: Request, cancel: threading.Event, settings):
+async def _stream(problem: Problem, request: Request, cancel: threading.Event, settings, release):
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue = asyncio.Queue()
 
@@ -155,6 +161,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
             return
     finally:
         cancel.set()  # the client went away (the generator is closed) or the search ended: stop the workers
+        release()
 
 
 __all__ = ["problem_of", "result_dict", "router"]

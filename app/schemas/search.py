@@ -6,15 +6,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .base import Strict
 from .cluster import ClusterIn
 from .plan import ModelIn, WorkloadIn
 
 Degree = Annotated[int, Field(ge=1, le=1 << 17)]
 Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ConstraintsIn(Strict):

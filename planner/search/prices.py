@@ -1,6 +1,8 @@
 """Prices of calls for many layouts at once: a (placement, algorithm) is priced a few times, not per layout.
 
-The time of one call priced on the topology (collectives/topology/pricing.py) is
+Under NCCL's model (library pricing, the default on NVIDIA clusters) a call is priced exactly through the
+plan's own ``_price_op``, memoised per (placement, message). Under the step-by-step schedule pricer
+(collectives/topology/pricing.py) the time of one call is
 
     base latency + sum over step classes of [repeat x (overhead + path latency) + max_link bytes / rate]
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from collectives import CollectiveError, Op
 from collectives.topology import DEFAULT_CALIBRATION, Cluster, candidates
-from collectives.topology.select import _evaluate_one, local_size
+from collectives.topology.select import _evaluate_one, local_size, resolve_pricing
 
 from ..plan import Options, canonical, neighbourhood
 
@@ -44,6 +46,11 @@ class Curve:
         self.algorithms = list(candidates(op, cluster, options.candidates))
         self._exact: dict[tuple[str, int], float | None] = {}
         self._memo: dict[int, float] = {}
+        # NCCL's model (the plan's default on NVIDIA clusters) switches algorithm, protocol and channel count
+        # with the size, so it is not one line between powers of two; it is cheap (memoised per communicator
+        # in collectives/topology/library), so those calls are priced exactly, as the plan prices them.
+        schedule = options.candidates == "all" and options.pricing == "auto"  # as planner.plan._price_op
+        self.library = not schedule and resolve_pricing(options.pricing, cluster, op) == "library"
 
     def _at(self, algorithm: str, size: int) -> float | None:
         key = (algorithm, size)
@@ -75,9 +82,9 @@ class Curve:
         cached = self._memo.get(message)
         if cached is not None:
             return cached
-        if self.op is Op.ALLTOALL or self.options.algorithm != "auto":
-            # all-to-all chunks must divide the group (sizes are then not powers of two), and a pinned
-            # algorithm is rare in a search: price these exactly, memoised per size
+        if self.library or self.op is Op.ALLTOALL or self.options.algorithm != "auto":
+            # NCCL's model (above); all-to-all chunks must divide the group (sizes are then not powers of two);
+            # a pinned algorithm is rare in a search: price these exactly, memoised per size
             from ..plan import _price_op
 
             best = _price_op(self.op, message, self.placement, self.cluster, self.options).time_s
