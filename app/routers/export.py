@@ -59,7 +59,7 @@ def render(plan: Plan, fmt: Format, stage: int = 0, launcher: Launcher = Launche
 
 @router.post(
     "/{fmt}",
-    responses={**BAD_INPUT, 200: {"content": {"text/csv": {}, "text/x-shellscript": {}}}},
+    responses={**BAD_INPUT, 200: {"content": {"application/json": {}, "text/csv": {}, "text/x-shellscript": {}}}},
     summary="Export a plan",
     description="`json`: the full plan (as POST /v1/plan). `csv`: one row per call with every stage and the group "
     "count, units in the header. `nccl-tests`: a shell script with, per call, the nccl-tests command line that "

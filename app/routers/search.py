@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 
 from fastapi import APIRouter, Request
@@ -19,7 +18,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from collectives import CollectiveError
 from planner import SpecError
 from planner.search import Cancelled, Constraints, Problem, SearchResult, search, space_of
-from planner.search.engine import MAX_LAYOUTS
 
 from ..convert import cluster_spec, model_spec, workload_spec
 from ..errors import BAD_INPUT, error_detail
@@ -32,9 +30,8 @@ POLL_S = 0.2
 
 
 def max_layouts(settings) -> int:
-    return getattr(settings, "max_search_layouts", None) or int(
-        os.environ.get("COMMPLAN_MAX_SEARCH_LAYOUTS", MAX_LAYOUTS)
-    )
+    """COMMPLAN_MAX_SEARCH_LAYOUTS, read with the other settings (app/settings.py)."""
+    return settings.max_search_layouts
 
 
 def problem_of(body: SearchRequest, settings) -> Problem:

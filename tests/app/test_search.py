@@ -7,6 +7,7 @@ import json
 from fastapi.testclient import TestClient
 
 from app.main import create_app
+from app.settings import Settings
 
 BODY = {
     "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
@@ -64,9 +65,9 @@ def test_empty_space_is_200_with_the_pruning_counts():
     )
 
 
-def test_space_over_the_limit_is_a_422_naming_size_and_limit(monkeypatch):
-    monkeypatch.setenv("COMMPLAN_MAX_SEARCH_LAYOUTS", "10")
-    r = client.post("/v1/search", json=BODY | {"constraints": {}})
+def test_space_over_the_limit_is_a_422_naming_size_and_limit():
+    limited = TestClient(create_app(Settings(max_search_layouts=10)))  # COMMPLAN_MAX_SEARCH_LAYOUTS=10
+    r = limited.post("/v1/search", json=BODY | {"constraints": {}})
     assert r.status_code == 422
     msg = r.json()["detail"][0]["msg"]
     assert "above the limit of 10" in msg and "holds" in msg
