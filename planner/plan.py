@@ -183,23 +183,10 @@ def _bubble_warning(step: StepTime, par: ParallelSpec, m: int) -> list[str]:
 
 
 def cluster_summary(cluster: Cluster) -> dict:
-    """What a reader (or the page's topology view) needs to place ranks on nodes, NICs and leaves."""
-    s = cluster.spec
-    return {
-        "name": s.name,
-        "num_nodes": s.num_nodes,
-        "devices_per_node": s.devices_per_node,
-        "nics_per_node": s.nics_per_node,
-        "intra_fabric": s.intra.fabric,
-        "intra_link": s.intra.link_name,
-        "intra_bandwidth_GBps": s.intra.bandwidth_GBps,
-        "nic_bandwidth_GBps": s.nic_bandwidth_GBps,
-        "network": s.network.topology,
-        "rail_optimized": s.network.rail_optimized,
-        "nodes_per_leaf": s.network.nodes_per_leaf,
-        "oversubscription": s.network.oversubscription,
-        "request": spec_block(s),  # a valid request cluster block rebuilding this cluster (round trip)
-    }
+    """The cluster as a request block (CONTRACT v1.1: the response's cluster block is a valid request
+    cluster block): every field that prices it, nested as a request nests them, so pasting it into a new
+    request rebuilds this cluster, and the page's topology view reads nodes, NICs and leaves from it."""
+    return spec_block(cluster.spec)
 
 
 def _validate_options(options: Options, num_devices: int) -> None:

@@ -234,22 +234,6 @@ class TotalsOut(BaseModel):
     by_parallelism: dict[str, Amounts] = Field(description="each parallelism's share on the busiest stage")
 
 
-class ClusterSummary(BaseModel):
-    name: str
-    num_nodes: int
-    devices_per_node: int
-    nics_per_node: int
-    intra_fabric: str
-    intra_link: str
-    intra_bandwidth_GBps: float
-    nic_bandwidth_GBps: float
-    network: str
-    rail_optimized: bool
-    nodes_per_leaf: int
-    oversubscription: float
-    request: ClusterIn = Field(description="this cluster as a request block: paste it into a new request")
-
-
 class TimelineEvent(BaseModel):
     stage: int
     stream: str = Field(description="compute | dp")
@@ -292,7 +276,7 @@ class PlanOut(BaseModel):
     world_size: int
     num_microbatches: int
     params_total: int
-    cluster: ClusterSummary
+    cluster: ClusterIn
     calls: list[CallOut]
     totals: TotalsOut
     step: StepOut | None = Field(default=None, description="null when the cluster has no GPU spec")

@@ -58,7 +58,7 @@ function drawAggregate(call, cluster, allNodes, members, util) {
   const D = cluster.devices_per_node, K = cluster.nics_per_node;
   const nodes = allNodes.slice(0, MAX_BOXES), els = [];
   const perRow = Math.max(4, Math.min(12, Math.ceil(Math.sqrt(2 * nodes.length))));
-  const railOf = (a, k) => (cluster.network !== "fat_tree" ? null : cluster.rail_optimized ? `rail ${k}` : `leaf ${Math.floor(a / cluster.nodes_per_leaf)}`);
+  const railOf = (a, k) => (cluster.network.topology !== "fat_tree" ? null : cluster.network.rail_optimized ? `rail ${k}` : `leaf ${Math.floor(a / cluster.network.nodes_per_leaf)}`);
   const bundles = new Map();
   nodes.forEach((a, i) => {
     let count = 0;
@@ -81,7 +81,7 @@ function drawAggregate(call, cluster, allNodes, members, util) {
   });
   show(els, `The first group spans ${allNodes.length} nodes${allNodes.length > nodes.length ? ` (the first ${nodes.length} drawn)` : ""}: `
     + `each box is a node with how many of its ${D} devices are in the group; `
-    + (bundles.size ? `each ${cluster.rail_optimized ? "rail" : "leaf"} gathers its NIC links, coloured by the busiest reported link while the call runs on all ${call.num_groups} groups. ` : "")
+    + (bundles.size ? `each ${cluster.network.rail_optimized ? "rail" : "leaf"} gathers its NIC links, coloured by the busiest reported link while the call runs on all ${call.num_groups} groups. ` : "")
     + "Click a node to expand it; click the background to come back.");
 }
 
@@ -104,10 +104,10 @@ export function drawTopology(call, cluster) {
       const dev = a * D + i;
       els.push({ data: { id: `d${dev}`, parent: `n${a}`, label: `${i}` }, classes: members.has(dev) ? "member" : "", position: { x: x0 + (i % cols) * 60, y: Math.floor(i / cols) * 60 } });
     }
-    if (cluster.intra_fabric === "switch") {
-      els.push({ data: { id: `s${a}`, parent: `n${a}`, label: cluster.intra_link === "pcie" ? "PCIe switch" : "NVSwitch" }, classes: "switch", position: { x: x0 + (cols - 1) * 30, y: 130 } });
+    if (cluster.intra.fabric === "switch") {
+      els.push({ data: { id: `s${a}`, parent: `n${a}`, label: cluster.intra.link_name === "pcie" ? "PCIe switch" : "NVSwitch" }, classes: "switch", position: { x: x0 + (cols - 1) * 30, y: 130 } });
       for (let i = 0; i < shown; i++) els.push({ data: { id: `dev-${a * D + i}`, source: `d${a * D + i}`, target: `s${a}`, u: util.get(`dev-${a * D + i}`) || 0 } });
-    } else if (cluster.intra_fabric === "full_mesh") {
+    } else if (cluster.intra.fabric === "full_mesh") {
       for (let i = 0; i < shown; i++) for (let j = i + 1; j < shown; j++) els.push({ data: { id: `mesh-${a * D + i}-${a * D + j}`, source: `d${a * D + i}`, target: `d${a * D + j}`, u: util.get(`mesh-${a * D + i}-${a * D + j}`) || 0 } });
     }
     if (!multi) return;
@@ -115,8 +115,8 @@ export function drawTopology(call, cluster) {
     for (let k = 0; k < nicsShown; k++) {
       const nic = a * K + k;
       els.push({ data: { id: `c${nic}`, parent: `n${a}`, label: `nic ${k}` }, classes: "nic", position: { x: x0 + k * (cols * 60 / Math.max(nicsShown, 1)), y: 200 } });
-      const unit = Math.floor(a / cluster.nodes_per_leaf);
-      const leaf = cluster.network !== "fat_tree" ? a : cluster.rail_optimized ? unit * K + k : unit;
+      const unit = Math.floor(a / cluster.network.nodes_per_leaf);
+      const leaf = cluster.network.topology !== "fat_tree" ? a : cluster.network.rail_optimized ? unit * K + k : unit;
       if (!leaves.has(leaf)) leaves.set(leaf, x0 + k * 60);
       els.push({ data: { id: `nic-${nic}`, source: `c${nic}`, target: `l${leaf}`, u: util.get(`nic-${nic}`) || 0 } });
       for (let i = 0; i < Math.min(D, 16); i++) if (Math.floor(i * K / D) === k) {
@@ -125,7 +125,7 @@ export function drawTopology(call, cluster) {
       }
     }
   });
-  if (multi && cluster.network === "fat_tree") {
+  if (multi && cluster.network.topology === "fat_tree") {
     let i = 0;
     for (const [leaf] of leaves) {
       els.push({ data: { id: `l${leaf}`, label: `leaf ${leaf}` }, classes: "leaf", position: { x: i * 70, y: 320 } });

@@ -179,11 +179,11 @@ def test_price_and_plan_use_the_clusters_calibration(api):
 
 
 def test_a_plans_cluster_request_carries_the_calibration_back(api, efa):
-    """The plan's cluster.request (spec_block) holds the fitted constants by the same names, and planning it
-    again gives the same times."""
+    """The plan's cluster block (a request block: spec_block) holds the fitted constants by the same names,
+    and planning it again gives the same times."""
     first = api.post("/v1/plan", json=LLAMA70B | {"cluster": efa["cluster"] | {"num_nodes": 64}})
     assert first.status_code == 200, first.text
-    block = first.json()["cluster"]["request"]
+    block = first.json()["cluster"]
     for group, values in efa["constants"].items():
         for key, value in values.items():
             assert block["calibration"][group][key] == pytest.approx(value)
