@@ -33,3 +33,6 @@ test: $(VENV)/.test browser lint
 bench: $(VENV)/.test
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,max,rounds
 	$(PY) bench/bench_execute.py
+	PYTHONPATH=. $(PY) bench/bench_search.py
+	PYTHONPATH=. $(PY) bench/library_table.py
+	PYTHONPATH=. $(PY) bench/step_validation.py

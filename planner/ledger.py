@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 
 from collectives import Op
@@ -36,7 +37,11 @@ class Call:
             object.__setattr__(self, "parallelism", self.name.split(".")[0])
 
     def at(self, stage: int) -> Call:
-        return replace(self, stages=(stage,))
+        # The same validated call on one stage. replace() would re-run __init__ and __post_init__; a plan
+        # builds thousands of these (every rule emits per stage), so copy and set the one field instead.
+        twin = copy.copy(self)
+        object.__setattr__(twin, "stages", (stage,))
+        return twin
 
     def signature(self) -> tuple:
         return (
@@ -58,13 +63,17 @@ def recomputed(call: Call, what: str = "activation recompute") -> Call:
 
 def merge_stages(calls: list[Call]) -> list[Call]:
     """Calls identical but for their stage become one row listing every stage, in first-seen order."""
-    rows: dict[tuple, Call] = {}
+    rows: dict[tuple, tuple[Call, set[int]]] = {}
     for call in calls:
         if call.calls_per_iteration <= 0:
             continue
         key = call.signature()
         if key in rows:
-            rows[key] = replace(rows[key], stages=tuple(sorted(set(rows[key].stages) | set(call.stages))))
+            rows[key][1].update(call.stages)
         else:
-            rows[key] = call
-    return list(rows.values())
+            rows[key] = (call, set(call.stages))
+    merged = []
+    for call, stages in rows.values():
+        ordered = tuple(sorted(stages))
+        merged.append(call if ordered == call.stages else replace(call, stages=ordered))
+    return merged
