@@ -53,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return (search_command if args.command == "search" else sweep_command)(args)
         except ValidationError as err:
-            for e in err.errors(include_url=False):
-                print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
-            return 2
+            return _invalid(err)
         except (SpecError, CollectiveError) as err:
             print(f"commplan: {err}", file=sys.stderr)
             return 2
@@ -104,9 +102,7 @@ def _plan(args) -> int:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
     except ValidationError as err:
-        for e in err.errors(include_url=False):
-            print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
-        return 2
+        return _invalid(err)
     except (SpecError, CollectiveError) as err:
         print(f"commplan: {err}", file=sys.stderr)
         return 2
@@ -204,6 +200,13 @@ def human_seconds(s: float) -> str:
     return "0 s" if s == 0 else _human(s, TIME_UNITS)
 
 
+def _invalid(err: ValidationError) -> int:
+    """A request file that does not match its schema: one line per error, named by its field; exit 2."""
+    for e in err.errors(include_url=False):
+        print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+    return 2
+
+
 def _calibrate(args) -> int:
     from .routers.calibrate import run
     from .schemas.calibrate import CalibrateRequest
@@ -219,9 +222,7 @@ def _calibrate(args) -> int:
         print(f"commplan: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
     except ValidationError as err:
-        for e in err.errors(include_url=False):
-            print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
-        return 2
+        return _invalid(err)
     except (SpecError, CollectiveError) as err:
         print(f"commplan: {_in_file(str(err), args.logs)}", file=sys.stderr)
         return 2
