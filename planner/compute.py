@@ -270,6 +270,29 @@ def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFI
 
 
 @lru_cache(maxsize=4096)
+
+def layer_backward(ctx: Context, layer: PassTime, gpu: GPUSpec, eff, recompute: str) -> PassTime:
+    """One layer's backward from its forward: 2x the GEMMs and elementwise work, flash attention's backward
+    at FLASH_BWD x its forward FLOPs and its own efficiency, plus what recompute runs again (full: the
+    whole forward; selective: core attention)."""
+    a_fwd, a_bwd = attention_efficiency(gpu, eff)
+    back = PassTime(
+        2 * layer.gemm_s,
+        FLASH_BWD * layer.attention_s * a_fwd / a_bwd if ctx.s > 1 else 0.0,
+        2 * layer.elementwise_s,
+        2 * layer.flops,
+    )
+    if recompute == "full":
+        return back + layer
+    if recompute == "selective":
+        return back + PassTime(attention_s=layer.attention_s, flops=_attention_flops(ctx))
+    return back
+
+
+def head_backward(head: PassTime) -> PassTime:
+    """The LM head and loss backward: 2x the forward GEMMs and elementwise work."""
+    return PassTime(2 * head.gemm_s, 0.0, 2 * head.elementwise_s, 2 * head.flops)
+
 def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> StageCompute:
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
@@ -280,21 +303,10 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
         layer, attn_s = layer_forward(ctx, moe, gpu, eff)
         fwd = fwd + layer.scaled(count)
         attn += attn_s * count
-        a_fwd, a_bwd = attention_efficiency(gpu, eff)
-        back = PassTime(
-            2 * layer.gemm_s,
-            FLASH_BWD * layer.attention_s * a_fwd / a_bwd if ctx.s > 1 else 0.0,
-            2 * layer.elementwise_s,
-            2 * layer.flops,
-        )
-        if recompute == "full":
-            back = back + layer
-        elif recompute == "selective":
-            back = back + PassTime(attention_s=layer.attention_s, flops=_attention_flops(ctx))
-        bwd = bwd + back.scaled(count)
+        bwd = bwd + layer_backward(ctx, layer, gpu, eff, recompute).scaled(count)
     if ctx.is_last(stage):
         head = _head(ctx, gpu, eff)
-        fwd, bwd = fwd + head, bwd + PassTime(2 * head.gemm_s, 0.0, 2 * head.elementwise_s, 2 * head.flops)
+        fwd, bwd = fwd + head, bwd + head_backward(head)
     return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff) if ctx.training else 0.0)
 
 

@@ -40,12 +40,11 @@ from collectives.topology import Cluster
 from ..compute import (
     ADAM_BYTES,
     EFFICIENCY,
-    FLASH_BWD,
     PassTime,
     StageCompute,
-    _attention_flops,
     _head,
-    attention_efficiency,
+    head_backward,
+    layer_backward,
     layer_forward,
     stage_compute,
 )
@@ -265,22 +264,11 @@ class StepModel:
                     layer, attn_s = layers[moe]
                     fwd = fwd + layer.scaled(count)
                     attn += attn_s * count
-                    a_fwd, a_bwd = attention_efficiency(self.gpu, eff)
-                    back = PassTime(
-                        2 * layer.gemm_s,
-                        FLASH_BWD * layer.attention_s * a_fwd / a_bwd if ctx.s > 1 else 0.0,
-                        2 * layer.elementwise_s,
-                        2 * layer.flops,
-                    )
-                    if rc == "full":
-                        back = back + layer
-                    elif rc == "selective":
-                        back = back + PassTime(attention_s=layer.attention_s, flops=_attention_flops(ctx))
-                    bwd = bwd + back.scaled(count)
+                    bwd = bwd + layer_backward(ctx, layer, self.gpu, eff, rc).scaled(count)
                 if ctx.is_last(stage):
                     head = _head(ctx, self.gpu, eff)
                     fwd = fwd + head
-                    bwd = bwd + PassTime(2 * head.gemm_s, 0.0, 2 * head.elementwise_s, 2 * head.flops)
+                    bwd = bwd + head_backward(head)
                 found.append((fwd, bwd, attn))
             self._compute[key] = found
         return found
