@@ -103,7 +103,12 @@ class Context:
         return [[(chunk * p + s) * per_chunk + i for chunk in range(v) for i in range(per_chunk)] for s in range(p)]
 
     def moe_layers(self, stage: int) -> int:
-        return sum(self.model.is_moe_layer(i) for i in self.stage_layers[stage])
+        return self._moe_layers[stage]
+
+    @cached_property
+    def _moe_layers(self) -> tuple[int, ...]:
+        # asked for per stage by several rules, the step time and the memory model
+        return tuple(sum(self.model.is_moe_layer(i) for i in layers) for layers in self.stage_layers)
 
     def dense_layers(self, stage: int) -> int:
         return len(self.stage_layers[stage]) - self.moe_layers(stage)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 from collectives import Op
@@ -37,10 +36,11 @@ class Call:
             object.__setattr__(self, "parallelism", self.name.split(".")[0])
 
     def at(self, stage: int) -> Call:
-        # The same validated call on one stage. replace() would re-run __init__ and __post_init__; a plan
-        # builds thousands of these (every rule emits per stage), so copy and set the one field instead.
-        twin = copy.copy(self)
-        object.__setattr__(twin, "stages", (stage,))
+        # The same validated call on one stage. replace() would re-run __init__ and __post_init__, and
+        # copy.copy() goes through __reduce_ex__; a plan builds hundreds of these (every rule emits per
+        # stage), so clone the field dict and set the one field instead.
+        twin = object.__new__(Call)
+        twin.__dict__.update(self.__dict__, stages=(stage,))
         return twin
 
     def signature(self) -> tuple:

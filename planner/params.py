@@ -14,8 +14,18 @@ MLA (DeepSeek) projections are all taken as TP-split: Megatron replicates the tw
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .context import Context
+from .model import ModelSpec
+from .parallel import ParallelSpec
+from .workload import WorkloadSpec
+
+# (model, layout) pairs whose per-stage parameter lists are kept: a plan asks for every stage twice (the
+# data-parallel rule and the memory model), the layout search for the same few models many times
+STAGE_PARAMS_CACHE = 64
+
+Params = tuple["Param", ...]
 
 
 @dataclass(frozen=True)
@@ -25,8 +35,20 @@ class Param:
     unit: str  # the FSDP / ZeRO-3 unit: "root" (embedding, final norm, head) or "layer.N"
 
 
-def stage_params(ctx: Context, stage: int) -> tuple[list[Param], list[Param]]:
-    """(dense, expert) parameters of one rank of ``stage``."""
+def stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
+    """(dense, expert) parameters of one rank of ``stage``, as immutable tuples shared between plans."""
+    return _params_by_stage(ctx.model, ctx.par)[stage]
+
+
+@lru_cache(maxsize=STAGE_PARAMS_CACHE)
+def _params_by_stage(model: ModelSpec, par: ParallelSpec) -> tuple[tuple[Params, Params], ...]:
+    # the parameters depend on the model and the layout alone (never on the workload), so the key is
+    # those two frozen specs and any workload gives the same lists
+    ctx = Context(model, WorkloadSpec(), par)
+    return tuple(_stage_params(ctx, stage) for stage in range(par.pp))
+
+
+def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
     m, t = ctx.model, ctx.par.tp
     torch = ctx.flavour in ("torch", "deepspeed")  # DeepSpeed wraps the HF-style modules of the user's model
     vocab = m.vocab_size if torch else m.padded_vocab(t)
@@ -43,7 +65,7 @@ def stage_params(ctx: Context, stage: int) -> tuple[list[Param], list[Param]]:
         dense.append(Param("final_norm", m.norm_params(), "root"))
         if not m.tied_embeddings or ctx.par.pp > 1:
             dense.append(Param("output_layer", vocab // t * m.hidden_size, "root"))
-    return dense, expert
+    return tuple(dense), tuple(expert)
 
 
 def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
@@ -98,5 +120,5 @@ def _experts(ctx: Context, layer: int) -> list[Param]:
     return [Param(f"layer.{layer}.experts", local * per_expert, f"layer.{layer}")]
 
 
-def total(params: list[Param]) -> int:
+def total(params: Params) -> int:
     return sum(p.numel for p in params)

@@ -23,6 +23,7 @@ all-reduced buckets, not the paper's reduce-scatter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import lcm
 
 from collectives import Op
@@ -117,7 +118,7 @@ def _megatron_step(ctx: Context) -> list[Call]:
     ]
 
 
-def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
     if ctx.flavour == "deepspeed":
         return deepspeed.calls(ctx, params, group, kind, size)
     stage = ctx.par.zero_stage
@@ -181,7 +182,7 @@ def _call(*, name: str, op: Op, phase: str, message: int, count: int, group: Gro
     )
 
 
-def _buckets(ctx: Context, params: list[Param], dp_size: int) -> list[int]:
+def _buckets(ctx: Context, params: Sequence[Param], dp_size: int) -> list[int]:
     """Gradient buckets in elements: parameters taken in reverse registration order, a bucket closing
     once it reaches the cap (torch Reducer and Megatron's _ParamAndGradBuffer use the same rule)."""
     cap = _cap_elements(ctx)
@@ -215,7 +216,7 @@ def _counted(sizes: list[int]) -> list[tuple[int, int]]:
     return list(counts.items())
 
 
-def _sharded_units(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
     """ZeRO-3 / FSDP: per micro-batch and unit, all-gather forward (and backward), reduce-scatter."""
     units: dict[str, int] = {}
     for p in params:
