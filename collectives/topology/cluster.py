@@ -15,11 +15,17 @@ transfer uses is index arithmetic on the device number (``dev_up[d] = d`` and so
 
 :meth:`Cluster.graph` builds the same links as a networkx DiGraph with typed nodes for inspection and
 drawing; routing never needs it. The networks live in their own modules: fat_tree.py (leaves, rails, spine
-bundles) and routers.py (torus, dragonfly, hypercube); loads.py sums bytes per link.
+bundles) and routers.py (torus, dragonfly, hypercube); loads.py sums bytes per link. Each network module
+says its own unit of symmetry (``unit_nodes``, ``link_shifts``); :attr:`Cluster.symmetry_unit` and
+:meth:`Cluster.translate_link` turn that into devices and link ids, and symmetry.py prices with it.
+
+Clusters are immutable: :func:`cluster_for` builds one per spec and keeps the last ``CLUSTER_CACHE``
+(routing tables, link rates and labels are memoised on them).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -32,7 +38,9 @@ from .loads import Loads, _Loads, _ones_if_none, _pick
 from .routers import RouterNetwork
 from .spec import ClusterSpec, validate_cluster
 
-__all__ = ["Cluster", "Family", "Loads"]
+__all__ = ["CLUSTER_CACHE", "Cluster", "Family", "Loads", "cluster_for"]
+
+CLUSTER_CACHE = 16  # clusters kept by cluster_for: a service plans on a few clusters at a time
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,20 @@ class Cluster:
         return FatTree(s.network, self.num_nodes, s.nics_per_node, s.nic_bandwidth_GBps)
 
     @property
+    def network(self) -> FatTree | RouterNetwork:
+        """The network between nodes, as its own module models it."""
+        return self.fat_tree if self.spec.network.topology == "fat_tree" else self.routers
+
+    @cached_property
+    def symmetry_unit(self) -> int | None:
+        """Devices by which a placement can be moved without changing its price: the whole cluster when it
+        is one node, else the network's unit (``unit_nodes`` nodes), or None when the network has none."""
+        if self.num_nodes == 1:
+            return self.num_devices
+        nodes = self.network.unit_nodes
+        return None if nodes is None else nodes * self.per_node
+
+    @property
     def num_links(self) -> int:
         return sum(f.size for f in self.families.values())
 
@@ -118,28 +140,37 @@ class Cluster:
         return calibration.efficiency.get(f.kind, 1.0)
 
     def translate_link(self, link: int, units: int) -> int:
-        """The same link ``units`` leaf units further on (fat-trees are wired alike unit by unit); pricing
-        reuses a unit-0 price and relabels its links with this."""
+        """The same link ``units`` units of symmetry further on (``symmetry_unit``); pricing reuses a
+        unit-0 price and relabels its links with this."""
         if units == 0:
             return link
-        net, d, k = self.spec.network, self.per_node, self.spec.nics_per_node
-        nodes = units * net.nodes_per_leaf
-        step = {
-            "dev_up": nodes * d,
-            "dev_down": nodes * d,
-            "host_up": nodes * d,
-            "host_down": nodes * d,
-            "mesh": nodes * d * d,
-            "ring": nodes * d * 2,
-            "nic_up": nodes * k,
-            "nic_down": nodes * k,
-            "leaf_up": units * self.fat_tree.leaves_per_unit,
-            "leaf_down": units * self.fat_tree.leaves_per_unit,
-        }
-        for f in self.families.values():
-            if f.start <= link < f.start + f.size:
-                return link + step.get(f.name, 0)
+        for start, end, shift in self._link_shifts(units):
+            if start <= link < end:
+                return link + shift
         raise CollectiveError("link", f"no link {link}")
+
+    def _link_shifts(self, units: int) -> list[tuple[int, int, int]]:
+        """(first id, end id, shift) per family when a placement moves ``units`` units on (memoised)."""
+        memo = self.__dict__.setdefault("_shift_memo", {})
+        if units not in memo:
+            if self.symmetry_unit is None:
+                raise CollectiveError("link", f"cluster {self.spec.name!r} has no unit of symmetry to move links by")
+            devices = units * self.symmetry_unit
+            nodes = devices // self.per_node
+            step = {
+                "dev_up": devices,
+                "dev_down": devices,
+                "host_up": devices,
+                "host_down": devices,
+                "mesh": devices * self.per_node,
+                "ring": devices * 2,
+                "nic_up": nodes * self.spec.nics_per_node,
+                "nic_down": nodes * self.spec.nics_per_node,
+            }
+            if self.num_nodes > 1:
+                step |= self.network.link_shifts(units)
+            memo[units] = [(f.start, f.start + f.size, step.get(f.name, 0)) for f in self.families.values()]
+        return memo[units]
 
     def describe_link(self, link: int) -> dict:
         """id, family, index, kind, label and capacity of one link (memoised; callers get a copy)."""
@@ -349,3 +380,16 @@ class Cluster:
             return ("spine", "all"), ("leaf", i)
         u, v = self.router_links[i]
         return ("router", u), ("router", v)
+
+
+_CLUSTERS: OrderedDict[ClusterSpec, Cluster] = OrderedDict()
+
+
+def cluster_for(spec: ClusterSpec) -> Cluster:
+    """The cluster of ``spec``, built once and reused while it is among the last ``CLUSTER_CACHE`` asked for."""
+    cluster = _CLUSTERS.get(spec)
+    if cluster is None:
+        cluster = _CLUSTERS[spec] = Cluster(spec)
+        if len(_CLUSTERS) > CLUSTER_CACHE:
+            _CLUSTERS.popitem(last=False)
+    return cluster

@@ -28,6 +28,16 @@ class FatTree:
         return self.nics_per_node if self.network.rail_optimized else 1
 
     @property
+    def unit_nodes(self) -> int:
+        """Nodes per unit of symmetry: the scalable unit under one set of leaves."""
+        return self.network.nodes_per_leaf
+
+    def link_shifts(self, units: int) -> dict[str, int]:
+        """How far this network's link families move when a placement moves ``units`` units on."""
+        leaves = units * self.leaves_per_unit
+        return {"leaf_up": leaves, "leaf_down": leaves}
+
+    @property
     def num_leaves(self) -> int:
         return self.units * self.leaves_per_unit
 
