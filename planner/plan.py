@@ -163,11 +163,11 @@ def build_plan(
     validate_parallel(par, model, work, cluster.num_devices)
     _validate_options(options, cluster.num_devices)
     ctx = Context(model, work, par, devices_per_node=cluster.spec.devices_per_node)
-    places = _placements(cluster, layout_for(par))
     # the step-time switches do not change a price: keep them out of the price cache's key
     default = options.overlap == Overlap() and options.timeline
     pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
-    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, places, pricing)]
+    pricer = _pricer(cluster, layout_for(par), pricing)
+    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
     gpu = cluster_spec.gpu
     if gpu is None:
@@ -315,7 +315,33 @@ def _placements(cluster: Cluster, layout: RankLayout) -> _Placements:
     return found
 
 
-def _price_by_stage(call: Call, places: _Placements, options: Options) -> list[PricedCall]:
+@dataclass(frozen=True)
+class _Pricer:
+    """What one plan prices with: its placements, its options, and the price cache's key prefix for
+    (cluster, options), interned so that it is hashed once per plan and not once per call."""
+
+    places: _Placements
+    options: Options
+    prefix: int
+
+
+_PREFIXES: OrderedDict = OrderedDict()
+_next_prefix = iter(range(1 << 62))
+
+
+def _pricer(cluster: Cluster, layout: RankLayout, options: Options) -> _Pricer:
+    key = (cluster.spec, options)
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        # a new number for a new pair, even one seen before and evicted: no price is ever found under
+        # a prefix that named other (cluster, options)
+        prefix = _PREFIXES[key] = next(_next_prefix)
+        if len(_PREFIXES) > SITES_CACHE:
+            _PREFIXES.popitem(last=False)
+    return _Pricer(_placements(cluster, layout), options, prefix)
+
+
+def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     """One row per set of stages whose groups sit alike on the cluster (issue 9 item 5): a row merges
     stages only when their prices are equal, so a stage whose groups stay inside one NVLink domain is not
     priced like one whose groups straddle two.
@@ -324,9 +350,10 @@ def _price_by_stage(call: Call, places: _Placements, options: Options) -> list[P
     stages whose shift is a whole number of units of the cluster's symmetry (``tiling_unit``) are priced
     once; without a known symmetry, stages are grouped by where their groups sit on nodes
     (``node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
+    places, options = pricer.places, pricer.options
     stages, layout, cluster = call.stages, places.layout, places.cluster
     if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
-        return [_price(call, places, options)]
+        return [_price(call, pricer)]
     stride = _pp_stride(layout, call.group.expert)
     unit = None if options.device_map is not None else tiling_unit(cluster)
     if unit and cluster.num_nodes > 1 and places.within_node(call.group, stages):
@@ -336,10 +363,10 @@ def _price_by_stage(call: Call, places: _Placements, options: Options) -> list[P
         key = (s * stride) % unit if unit else places.node_signature(call.group, s, options)
         classes.setdefault(key, []).append(s)
     if len(classes) == 1:
-        return [_price(call, places, options)]
+        return [_price(call, pricer)]
     rows: dict[tuple, PricedCall] = {}
     for members in classes.values():
-        pc = _price(replace(call, stages=tuple(members)), places, options)
+        pc = _price(call.on(tuple(members)), pricer)
         key = (pc.price.algorithm, pc.price.time_s)
         if key in rows:
             row = rows[key]
@@ -361,21 +388,23 @@ def _pp_stride(layout: RankLayout, expert: bool) -> int:
     return stride
 
 
-def _price(call: Call, places: _Placements, options: Options) -> PricedCall:
-    cluster = places.cluster
-    site = places.site(call.group, call.stages, options)
-    key = (cluster.spec, call.op, call.message_bytes, options, site.price_key)
-    price = _PRICES.get(key)
-    if price is None:
-        price = _price_op(call.op, call.message_bytes, site.priced_on, cluster, options)
-        _PRICES[key] = price
+def _price(call: Call, pricer: _Pricer) -> PricedCall:
+    cluster, options = pricer.places.cluster, pricer.options
+    site = pricer.places.site(call.group, call.stages, options)
+    key = (pricer.prefix, call.op, call.message_bytes, site.price_key)
+    cached = _PRICES.get(key)
+    if cached is None:
+        cached = _PRICES[key] = (_price_op(call.op, call.message_bytes, site.priced_on, cluster, options), {})
         if len(_PRICES) > PRICE_CACHE:
             _PRICES.popitem(last=False)
-    links = [
-        cluster.describe_link(cluster.translate_link(link["id"], site.units))
-        | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
-        for link in price.links
-    ]
+    price, relabelled = cached
+    if site.units not in relabelled:
+        relabelled[site.units] = [
+            cluster.describe_link(cluster.translate_link(link["id"], site.units))
+            | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
+            for link in price.links
+        ]
+    links = [dict(link) for link in relabelled[site.units]]  # each call's own: callers may edit them
     num_groups, group_size = site.devices.shape
     return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)
 
