@@ -234,25 +234,25 @@ _symmetry_unit = tiling_unit  # the layout search's name for it (planner/search/
 @dataclass(frozen=True)
 class _Site:
     """Where one call's groups sit, and the placement that prices them: the neighbourhood of group 0 moved
-    to unit 0 of the cluster's symmetry (collectives/topology/symmetry.py), or every group where it is
-    when contention is priced exactly."""
+    to the start of the cluster by its symmetry (collectives/topology/symmetry.py), or every group where
+    it is when contention is priced exactly."""
 
     ranks: np.ndarray  # groups x size, read-only
     devices: np.ndarray  # where the ranks run
     priced_on: np.ndarray
-    units: int  # units of symmetry priced_on was moved down by
+    shift: int  # devices priced_on was moved down by (symmetry.canonical)
     price_key: tuple  # priced_on as a hashable key: (shape, bytes)
     group_ranks: tuple[int, ...]  # group 0, in schedule order
     group_devices: tuple[int, ...]
 
 
 def _site(ranks: np.ndarray, devices: np.ndarray, cluster: Cluster, exact: bool) -> _Site:
-    priced_on, units = (devices, 0) if exact else canonical(neighbourhood(devices, cluster), cluster)
+    priced_on, shift = (devices, 0) if exact else canonical(neighbourhood(devices, cluster), cluster)
     return _Site(
         ranks,
         devices,
         priced_on,
-        units,
+        shift,
         (priced_on.shape, priced_on.tobytes()),
         tuple(ranks[0].tolist()),
         tuple(devices[0].tolist()),
@@ -398,13 +398,13 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
         if len(_PRICES) > PRICE_CACHE:
             _PRICES.popitem(last=False)
     price, relabelled = cached
-    if site.units not in relabelled:
-        relabelled[site.units] = [
-            cluster.describe_link(cluster.translate_link(link["id"], site.units))
+    if site.shift not in relabelled:
+        relabelled[site.shift] = [
+            cluster.describe_link(cluster.translate_link(link["id"], site.shift))
             | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
             for link in price.links
         ]
-    links = [dict(link) for link in relabelled[site.units]]  # each call's own: callers may edit them
+    links = [dict(link) for link in relabelled[site.shift]]  # each call's own: callers may edit them
     num_groups, group_size = site.devices.shape
     return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)
 

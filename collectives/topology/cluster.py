@@ -112,6 +112,12 @@ class Cluster:
         return None if nodes is None else nodes * self.per_node
 
     @property
+    def nodes_alike_in_unit(self) -> bool:
+        """Whether the nodes of one unit of symmetry are interchangeable (a placement inside one unit may
+        move by whole nodes too): said by the network; trivially so on one node."""
+        return self.num_nodes == 1 or self.network.nodes_alike_in_unit
+
+    @property
     def num_links(self) -> int:
         return sum(f.size for f in self.families.values())
 
@@ -139,38 +145,40 @@ class Cluster:
             return calibration.in_network_efficiency
         return calibration.efficiency.get(f.kind, 1.0)
 
-    def translate_link(self, link: int, units: int) -> int:
-        """The same link ``units`` units of symmetry further on (``symmetry_unit``); pricing reuses a
-        unit-0 price and relabels its links with this."""
-        if units == 0:
+    def translate_link(self, link: int, shift: int) -> int:
+        """The same link on a placement moved ``shift`` devices further on, a shift that symmetry.canonical
+        makes: whole units of symmetry (``symmetry_unit``), plus whole nodes inside one unit. Pricing reuses
+        the moved placement's price and relabels its links with this."""
+        if shift == 0:
             return link
-        for start, end, shift in self._link_shifts(units):
+        for start, end, step in self._link_shifts(shift):
             if start <= link < end:
-                return link + shift
+                return link + step
         raise CollectiveError("link", f"no link {link}")
 
-    def _link_shifts(self, units: int) -> list[tuple[int, int, int]]:
-        """(first id, end id, shift) per family when a placement moves ``units`` units on (memoised)."""
+    def _link_shifts(self, shift: int) -> list[tuple[int, int, int]]:
+        """(first id, end id, step) per family for a placement moved ``shift`` devices on (memoised). Links
+        of the network move by the whole units in the shift; the rest of a shift keeps the placement
+        under the same leaves."""
         memo = self.__dict__.setdefault("_shift_memo", {})
-        if units not in memo:
-            if self.symmetry_unit is None:
-                raise CollectiveError("link", f"cluster {self.spec.name!r} has no unit of symmetry to move links by")
-            devices = units * self.symmetry_unit
-            nodes = devices // self.per_node
+        if shift not in memo:
+            if self.symmetry_unit is None or shift % self.per_node:
+                raise CollectiveError("link", f"cluster {self.spec.name!r} cannot move a placement by {shift} devices")
+            nodes = shift // self.per_node
             step = {
-                "dev_up": devices,
-                "dev_down": devices,
-                "host_up": devices,
-                "host_down": devices,
-                "mesh": devices * self.per_node,
-                "ring": devices * 2,
+                "dev_up": shift,
+                "dev_down": shift,
+                "host_up": shift,
+                "host_down": shift,
+                "mesh": shift * self.per_node,
+                "ring": shift * 2,
                 "nic_up": nodes * self.spec.nics_per_node,
                 "nic_down": nodes * self.spec.nics_per_node,
             }
             if self.num_nodes > 1:
-                step |= self.network.link_shifts(units)
-            memo[units] = [(f.start, f.start + f.size, step.get(f.name, 0)) for f in self.families.values()]
-        return memo[units]
+                step |= self.network.link_shifts(shift // self.symmetry_unit)
+            memo[shift] = [(f.start, f.start + f.size, step.get(f.name, 0)) for f in self.families.values()]
+        return memo[shift]
 
     def describe_link(self, link: int) -> dict:
         """id, family, index, kind, label and capacity of one link (memoised; callers get a copy)."""

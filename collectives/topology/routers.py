@@ -28,6 +28,7 @@ class RouterNetwork:
     # links and a partial hypercube are not, and every router link may carry any group's traffic, so
     # placements on router networks are always priced where they are.
     unit_nodes: int | None = None
+    nodes_alike_in_unit = False
 
     def link_shifts(self, units: int) -> dict[str, int]:
         raise CollectiveError("network", "router networks have no unit of symmetry to move links by")

@@ -8,9 +8,12 @@ is wired alike, fat_tree.py), the whole cluster when it is one node; router netw
   group 0 touches. Every link group 0 uses then carries exactly the load it carries with all groups
   running, so with symmetric layouts (every group placed like group 0, as rank orders make them) the
   busiest link is found at a fraction of the cost. Without a unit, every group is kept.
-- :func:`canonical`: the placement moved down by whole units so that it starts in unit 0, and how many
-  units it moved (:meth:`Cluster.translate_link` moves the priced links back). The same call on another
-  pipeline stage or replica then hits a price cache.
+- :func:`canonical`: the placement moved down by whole units so that it starts in unit 0 and, when it
+  lies inside one unit whose nodes are interchangeable (``Cluster.nodes_alike_in_unit``: a fat-tree's
+  nodes all hang off their unit's leaves), by whole nodes so that it starts on node 0; and how many
+  devices it moved (:meth:`Cluster.translate_link` moves the priced links back). The move keeps the
+  order of devices, so the links' order, and with it which of tied links are reported, is kept too.
+  The same call on another pipeline stage or replica then hits a price cache.
 - :func:`tiling_unit`: the unit when it tiles the cluster exactly, so that a shift by s devices prices like
   a shift by s mod unit (stages of a pipeline are such shifts of one another).
 """
@@ -31,13 +34,17 @@ def tiling_unit(cluster: Cluster) -> int | None:
 
 
 def canonical(placement: np.ndarray, cluster: Cluster) -> tuple[np.ndarray, int]:
-    """The placement moved down by whole units of symmetry so that it starts in unit 0, and how many units
-    it moved; unchanged (0 units) on a cluster without symmetry."""
+    """The placement moved down by whole units of symmetry so that it starts in unit 0, and inside one
+    unit of interchangeable nodes by whole nodes so that it starts on node 0; and the devices it moved.
+    Unchanged (0) on a cluster without symmetry."""
     unit = cluster.symmetry_unit
     if unit is None:
         return placement, 0
-    units = int(placement.min()) // unit
-    return (placement - units * unit, units) if units else (placement, 0)
+    low = int(placement.min())
+    shift = low // unit * unit
+    if cluster.nodes_alike_in_unit and int(placement.max()) < shift + unit:
+        shift = low // cluster.per_node * cluster.per_node
+    return (placement - shift, shift) if shift else (placement, 0)
 
 
 def neighbourhood(placement: np.ndarray, cluster: Cluster) -> np.ndarray:
