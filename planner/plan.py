@@ -261,8 +261,9 @@ def _site(ranks: np.ndarray, devices: np.ndarray, cluster: Cluster, exact: bool)
 
 class _Placements:
     """A layout's placements on one cluster, memoised: they depend on (cluster, layout, group, stages) and
-    not on the model or workload, so plans of one layout on one cluster share them. A custom device map
-    is not part of the key: its placements are worked out per plan."""
+    not on the model or workload, so plans of one layout on one cluster share them. Kept are the small
+    ones, the neighbourhoods the symmetry shortcut prices; exact contention and custom device maps (not
+    part of the key) are worked out per plan."""
 
     def __init__(self, cluster: Cluster, layout: RankLayout):
         self.cluster, self.layout = cluster, layout
@@ -272,9 +273,11 @@ class _Placements:
         ranks = self.layout.placement(group, stages)
         if options.device_map is not None:
             return _site(ranks, np.asarray(options.device_map)[ranks], self.cluster, exact=True)
-        key = ("site", group, stages, options.exact_contention)
+        if options.exact_contention:  # every group is priced: a key as large as the layout, not kept
+            return _site(ranks, ranks, self.cluster, exact=True)
+        key = ("site", group, stages)
         if key not in self._memo:
-            self._memo[key] = _site(ranks, ranks, self.cluster, options.exact_contention)
+            self._memo[key] = _site(ranks, ranks, self.cluster, exact=False)
         return self._memo[key]
 
     def within_node(self, group: Group, stages: tuple[int, ...]) -> bool:
