@@ -15,8 +15,8 @@ layout (the last ``LAYOUT_CACHE``), whose placements are memoised read-only arra
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -128,16 +128,7 @@ class RankLayout:
         return members
 
 
-_LAYOUTS: OrderedDict[ParallelSpec, RankLayout] = OrderedDict()
-
-
+@lru_cache(maxsize=LAYOUT_CACHE)
 def layout_for(par: ParallelSpec) -> RankLayout:
-    """The rank layout of ``par``, reused while it is among the last ``LAYOUT_CACHE`` asked for."""
-    layout = _LAYOUTS.get(par)
-    if layout is None:
-        layout = _LAYOUTS[par] = RankLayout(par)
-        if len(_LAYOUTS) > LAYOUT_CACHE:
-            _LAYOUTS.popitem(last=False)
-    else:
-        _LAYOUTS.move_to_end(par)
-    return layout
+    """The rank layout of ``par``, reused while it is among the last ``LAYOUT_CACHE`` used."""
+    return RankLayout(par)

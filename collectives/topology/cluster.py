@@ -25,9 +25,8 @@ Clusters are immutable: :func:`cluster_for` builds one per spec and keeps the la
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import networkx as nx
 import numpy as np
@@ -390,14 +389,7 @@ class Cluster:
         return ("router", u), ("router", v)
 
 
-_CLUSTERS: OrderedDict[ClusterSpec, Cluster] = OrderedDict()
-
-
+@lru_cache(maxsize=CLUSTER_CACHE)
 def cluster_for(spec: ClusterSpec) -> Cluster:
-    """The cluster of ``spec``, built once and reused while it is among the last ``CLUSTER_CACHE`` asked for."""
-    cluster = _CLUSTERS.get(spec)
-    if cluster is None:
-        cluster = _CLUSTERS[spec] = Cluster(spec)
-        if len(_CLUSTERS) > CLUSTER_CACHE:
-            _CLUSTERS.popitem(last=False)
-    return cluster
+    """The cluster of ``spec``, built once and reused while it is among the last ``CLUSTER_CACHE`` used."""
+    return Cluster(spec)
