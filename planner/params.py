@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .context import Context
+from .ledger import stage_classes
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .workload import WorkloadSpec
@@ -46,6 +47,29 @@ def _params_by_stage(model: ModelSpec, par: ParallelSpec) -> tuple[tuple[Params,
     # those two frozen specs and any workload gives the same lists
     ctx = Context(model, WorkloadSpec(), par)
     return tuple(_stage_params(ctx, stage) for stage in range(par.pp))
+
+
+def alike_stages(ctx: Context) -> dict[int, tuple[int, ...]]:
+    """Stages whose ranks hold alike parameters (the same sizes, names and unit boundaries but for the layer
+    numbers): first stage -> every stage of the class (ledger.stage_classes), memoised like the lists."""
+    return _alike_stages(ctx.model, ctx.par)
+
+
+@lru_cache(maxsize=STAGE_PARAMS_CACHE)
+def _alike_stages(model: ModelSpec, par: ParallelSpec) -> dict[int, tuple[int, ...]]:
+    by_stage = _params_by_stage(model, par)
+    return stage_classes(range(par.pp), lambda stage: tuple(_shape(params) for params in by_stage[stage]))
+
+
+def _shape(params: Params) -> tuple:
+    """A parameter list with its layer numbers taken out: name within its unit, size, root or not, and which
+    unit of the list it belongs to."""
+    shape, unit, ordinal = [], None, -1
+    for p in params:
+        if p.unit != unit:
+            unit, ordinal = p.unit, ordinal + 1
+        shape.append((p.name.removeprefix(p.unit), p.numel, p.unit == "root", ordinal))
+    return tuple(shape)
 
 
 def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:

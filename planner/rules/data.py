@@ -31,7 +31,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call
-from ..params import Param, stage_params
+from ..params import Param, alike_stages, stage_params
 from . import deepspeed
 
 DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
@@ -60,14 +60,10 @@ def calls(ctx: Context) -> list[Call]:
     if not ctx.training:
         return []
     out: list[Call] = []
+    alike = alike_stages(ctx)  # the buffers' calls depend on the parameter sizes and names alone
     for stage in range(ctx.par.pp):
-        dense, expert = stage_params(ctx, stage)
-        if ctx.par.dp * ctx.par.cp > 1:
-            out += [c.at(stage) for c in _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)]
-        if expert and ctx.par.expert_dp > 1:
-            out += [c.at(stage) for c in _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)]
-        if ctx.flavour == "megatron":
-            out += [c.at(stage) for c in _megatron_step(ctx)]
+        if stage in alike:  # the first stage of its class: the class's calls, on all its stages
+            out += [c.on(alike[stage]) for c in _stage_buffers(ctx, stage)]
         if ctx.is_last(stage) and ctx.flavour == "megatron" and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
@@ -82,6 +78,20 @@ def calls(ctx: Context) -> list[Call]:
                     dtype="fp32",
                 )
             )
+    return out
+
+
+def _stage_buffers(ctx: Context, stage: int) -> list[Call]:
+    """The gradient and parameter traffic of one rank of ``stage``: its dense and expert buffers, and
+    Megatron's optimizer-step reductions."""
+    dense, expert = stage_params(ctx, stage)
+    out = []
+    if ctx.par.dp * ctx.par.cp > 1:
+        out += _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)
+    if expert and ctx.par.expert_dp > 1:
+        out += _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)
+    if ctx.flavour == "megatron":
+        out += _megatron_step(ctx)
     return out
 
 

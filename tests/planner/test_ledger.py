@@ -2,7 +2,7 @@
 
 from planner import Context, ParallelSpec, WorkloadSpec, model_preset
 from planner.ledger import stage_classes
-from planner.params import stage_params, total
+from planner.params import alike_stages, stage_params, total
 from planner.rules import ledger
 
 
@@ -32,3 +32,17 @@ def test_emitting_a_class_once_lists_every_stage_of_it():
     qkv = [c for c in calls if c.name == "tp.attn.qkv"]
     assert [c.stages for c in qkv] == [(0, 15), tuple(range(1, 15))]
     assert [c.calls_per_iteration for c in qkv] == [7 * 16, 8 * 16]
+
+
+def test_alike_stages_hold_the_same_parameters_but_for_layer_numbers():
+    model = model_preset("llama3-405b")
+    ends = dict(first_stage_layers=7, last_stage_layers=7)
+    par = ParallelSpec(tp=8, pp=16, dp=2, zero_stage=1, sequence_parallel=True, **ends)
+    ctx = Context(model, WorkloadSpec(global_batch_size=32), par)
+    # the embedding stage, the 14 middle stages of 8 layers, the head stage
+    assert alike_stages(ctx) == {0: (0,), 1: tuple(range(1, 15)), 15: (15,)}
+    grads = [c for c in ledger(ctx) if c.name == "dp.grads"]
+    assert [c.stages for c in grads] == [(0,), tuple(range(1, 15)), (15,)]
+    middle = [total(p) for p in stage_params(ctx, 1)]
+    assert grads[1].message_bytes >= middle[0] * 4  # fp32 gradients, padded to lcm(dp, 128) elements
+    assert grads[1].message_bytes - middle[0] * 4 < 128 * 4
