@@ -1,0 +1,60 @@
+"""The held-out nccl-tests logs (tests/reference/nccl_heldout/, README there), priced blind with the default
+constants: none of them chose a constant. Asserts the figures README.md's "Prices match NCCL" states."""
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from collectives.topology.nccl_tests import parse
+
+from .heldout import HELDOUT, manifest, rows
+
+
+@pytest.fixture(scope="module")
+def medians():
+    groups = defaultdict(list)
+    for r in rows():
+        groups[(r.entry["file"], r.band)].append(abs(r.error))
+    return {k: float(np.median(v)) for k, v in groups.items()}
+
+
+def test_every_heldout_log_parses_with_its_stated_system():
+    counts = {}
+    for entry in manifest():
+        (run,) = parse((HELDOUT / entry["file"]).read_text(), op=entry["op"], ranks=entry["ranks"])
+        assert entry["ranks"] == entry["nodes"] * entry["gpus_per_node"]
+        counts[entry["file"]] = len(run.rows)
+    assert counts == {
+        "gcp_a3mega_2x8_allreduce.txt": 31,
+        "gcp_a4_b200_2x8_allgather.txt": 24,
+        "gb200_nvl72_72_allreduce.txt": 5,
+        "aws_p6b200_2x8_allreduce.txt": 11,
+        "hgx_h20_2x8_allreduce_nvlstree.txt": 8,
+    }
+
+
+def test_efa_small_messages_blind_within_target(medians):
+    # aws-ofi-nccl's RDMA protocol on p6-b200, EFA's per-hop latency as AWS documents it (15 us): 5.2%
+    assert medians[("aws_p6b200_2x8_allreduce.txt", "< 64 KiB")] <= 0.10
+
+
+def test_tcpxo_large_messages_within_target(medians):
+    # a3-mega 2 x 8 allreduce at >= 64 MiB: 12.2% (NCCL's 2-node tree on 8 x 200G; the 64-128 MiB rows
+    # are still climbing)
+    assert medians[("gcp_a3mega_2x8_allreduce.txt", ">= 64 MiB")] <= 0.15
+
+
+def test_h20_nvlstree_small_messages(medians):
+    # NCCL_ALGO=NVLSTree on 2 x 8 H20 over NDR IB, 4-512 B: predicted 30% slow (the model's NVLSTree
+    # latency, 2 x 20.9 us of NET hops plus 25 us NVLS, is above the ~47 us measured)
+    assert 0.20 <= medians[("hgx_h20_2x8_allreduce_nvlstree.txt", "< 64 KiB")] <= 0.35
+
+
+def test_known_misses_are_stated_not_hidden(medians):
+    """The misses README.md lists: TCPXO's small messages (its plugin latency is assumed, 20 us; measured
+    floor 123 us), GB200 NVL72's NVLS (62% fast) and GKE A4 B200 allgather over RoCE (86% fast at >= 64 MiB).
+    If one of these falls inside the target, README's table is out of date."""
+    assert medians[("gcp_a3mega_2x8_allreduce.txt", "< 64 KiB")] > 0.25
+    assert medians[("gb200_nvl72_72_allreduce.txt", ">= 64 MiB")] > 0.25
+    assert medians[("gcp_a4_b200_2x8_allgather.txt", ">= 64 MiB")] > 0.25
