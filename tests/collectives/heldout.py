@@ -9,6 +9,8 @@ here is fitted: these logs were not used to choose any constant.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from collectives.topology.library import LibraryCalibration
 from collectives.topology.nccl_tests import parse
 from collectives.topology.presets import PRESETS
 from collectives.topology.select import price_call
+
+from .nccl_logs import factor, write_run
 
 HELDOUT = Path(__file__).parents[1] / "reference" / "nccl_heldout"
 BANDS = ((64 << 20, ">= 64 MiB"), (64 << 10, "64 KiB-64 MiB"), (0, "< 64 KiB"))
@@ -45,9 +49,9 @@ class HeldOutRow:
 
     @property
     def category(self) -> str:
-        """GPU x nodes x network, e.g. 'B200 2 nodes efa'."""
+        """GPU, nodes x GPUs per node, network, e.g. 'B200 2 x 8 efa'."""
         e = self.entry
-        return f"{e['gpu']} {e['nodes']} node{'s' if e['nodes'] > 1 else ''} {e['network']}"
+        return f"{e['gpu']} {e['nodes']} x {e['gpus_per_node']} {e['network']}"
 
 
 def manifest() -> list[dict]:
@@ -76,3 +80,28 @@ def rows(calibration: LibraryCalibration | None = None) -> list[HeldOutRow]:
             )  # fmt: skip
             out.append(HeldOutRow(entry, row.size_bytes, run.busbw_GBps(row), price.busbw_GBps, price.nccl_algorithm))
     return out
+
+
+# Azure's result tables label sizes 1K, 65K, 132K ... 8G: powers of two with the digits rounded (as in the
+# reference set, tests/reference/README.md); the unit letter gives the power of 1024.
+_LABEL = re.compile(r"^\|\s*(\d+)([KMG])\s*\|\s*([\d.]+)\s*\|")
+_UNIT = {"K": 10, "M": 20, "G": 30}
+
+
+def table_rows(markdown: str, op: str, ranks: int) -> list[dict]:
+    """The rows of a published busbw table: size (the power of two its label rounds), busbw as printed, time
+    and algbw derived from it (nccl-tests' own relation, busbw = algbw x factor)."""
+    rows = []
+    for line in markdown.splitlines():
+        if m := _LABEL.match(line.strip()):
+            number, unit, busbw = int(m.group(1)), m.group(2), float(m.group(3))
+            size = 1 << round(math.log2(number) + _UNIT[unit])
+            algbw = busbw / factor(op, ranks)
+            rows.append({"size_bytes": size, "time_us": size / (algbw * 1e3), "algbw_GBps": algbw, "busbw_GBps": busbw})
+    return rows
+
+
+def log_from_table(entry: dict) -> str:
+    """The nccl-tests log a manifest entry's published table stands for (``entry['table']``)."""
+    rows = table_rows((HELDOUT / entry["table"]).read_text(), entry["op"], entry["ranks"])
+    return write_run(entry["op"], entry["nodes"], entry["ranks"], entry["gpu"], rows, entry["nccl_version"], False)
