@@ -188,8 +188,9 @@ def hgx_h800(num_nodes: int = 1) -> ClusterSpec:
 
 def aws_p5(num_nodes: int = 1) -> ClusterSpec:
     """AWS p5.48xlarge: 8 H100 on NVSwitch (450 GB/s, NVLS); 32 x 100 Gb/s EFA (3,200 Gb/s per instance),
-    four NICs per GPU, EFA/SRD through aws-ofi-nccl; not rail-optimised from NCCL's view. Source: AWS EC2
-    P5 instance documentation."""
+    four NICs per GPU, EFA/SRD through aws-ofi-nccl; not rail-optimised from NCCL's view. Network kind ``efa``:
+    aws-ofi-nccl runs its RDMA-write protocol on p5 (src/platform-aws.cpp default_protocol); p4d/p4de clusters
+    are ``efa_sendrecv``. Sources: AWS EC2 P5 instance documentation; aws/aws-ofi-nccl."""
     return _hgx("aws-p5", num_nodes, "h100-sxm5-80gb", 450.0, 32, 12.5, kind="efa", rail=False,
                 description="AWS p5.48xlarge: 8 H100, 32 x 100G EFA",
                 sources=("AWS EC2 P5 instance documentation",))
