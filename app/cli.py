@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("logs", nargs="+", help="nccl-tests output files (stdout of rank 0, as printed)")
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
-    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "tcpxo"), default=None)
+    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
     cal.add_argument("--format", choices=("table", "json"), default="table")
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
