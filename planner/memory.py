@@ -70,18 +70,6 @@ class StageMemory:
         }
         return max(parts, key=parts.get).removesuffix("_bytes")
 
-    def to_dict(self) -> dict:
-        return {
-            "stage": self.stage,
-            "param_count": self.param_count,
-            "params_bytes": self.params_bytes,
-            "grads_bytes": self.grads_bytes,
-            "optimizer_bytes": self.optimizer_bytes,
-            "activations_bytes": self.activations_bytes,
-            "buffers_bytes": self.buffers_bytes,
-            "peak_bytes": self.peak_bytes,
-        }
-
 
 @dataclass(frozen=True)
 class Memory:
@@ -109,13 +97,6 @@ class Memory:
             f"{worst.peak_bytes / 1e9:.1f} GB per rank > {self.capacity_bytes / 1e9:.1f} GB capacity; largest part: "
             f"{part} ({getattr(worst, part + '_bytes') / 1e9:.1f} GB)"
         ]
-
-    def to_dict(self) -> dict:
-        return {
-            "capacity_bytes": self.capacity_bytes,
-            "fits": self.fits,
-            "per_stage": [s.to_dict() for s in self.per_stage],
-        }
 
 
 def _ranges(stages: list[int]) -> str:

@@ -3,7 +3,7 @@ in seconds). The HTTP layer maps its pydantic models onto these; presets.py hold
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from .._errors import CollectiveError
 from .gpu import GPUSpec
@@ -78,9 +78,6 @@ class ClusterSpec:
     @property
     def num_devices(self) -> int:
         return self.num_nodes * self.devices_per_node
-
-    def with_nodes(self, num_nodes: int) -> ClusterSpec:
-        return replace(self, num_nodes=num_nodes)
 
 
 def spec_block(spec: ClusterSpec) -> dict:

@@ -3,6 +3,7 @@ theoretical_memory_usage.py (18 B/param, 6 + 12/dp), the ZeRO paper (16 B/param,
 
 import pytest
 
+from app.serialize import plan_dict
 from collectives.topology import cluster_preset
 from planner import ModelSpec, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.compute import kv_cache_bytes_per_layer
@@ -126,7 +127,7 @@ def test_plan_warns_naming_the_stage_and_the_component():
     )
     assert plan.memory is not None and not plan.memory.fits
     assert any("stage 0 does not fit" in w and "optimizer" in w for w in plan.warnings)
-    out = plan.to_dict()["memory"]
+    out = plan_dict(plan)["memory"]
     row = out["per_stage"][0]
     assert row["peak_bytes"] == sum(row[k] for k in row if k.endswith("_bytes") and k != "peak_bytes")
     assert out["capacity_bytes"] == cluster_preset("dgx-h100").gpu.hbm_bytes

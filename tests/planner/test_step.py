@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from app.serialize import plan_dict
 from collectives.topology import cluster_preset
 from collectives.topology.gpu import GPUS
 from planner import (
@@ -73,7 +74,7 @@ def test_breakdown_adds_up_and_mfu_follows_its_definition():
     peak = GPUS["h100-sxm5-80gb"].peak("bf16")
     assert step.mfu == pytest.approx(model_flops_per_token(ctx) * tokens / (step.time_s * 16384 * peak))
     assert step.tokens_per_s == pytest.approx(tokens / step.time_s)
-    out = plan.to_dict()["step"]
+    out = plan_dict(plan)["step"]
     assert set(out) >= {"time_s", "compute_s", "exposed_comm_s", "bubble_s", "mfu", "tokens_per_s", "timeline"}
     ev = out["timeline"][0]
     assert set(ev) >= {"stage", "stream", "name", "microbatch", "start_s", "end_s"}
