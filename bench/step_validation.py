@@ -85,8 +85,9 @@ def predict(case: dict, data: dict) -> dict:
 def main() -> None:
     data = load()
     rows = [predict(c, data) for c in data["cases"]]
-    print("| case | split | measured (s) | predicted (s) | error | MFU | compute / exposed comm / bubble (s) "
-          "| source |")
+    print(
+        "| case | split | measured (s) | predicted (s) | error | MFU | compute / exposed comm / bubble (s) | source |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(

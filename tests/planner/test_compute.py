@@ -146,8 +146,10 @@ def test_unfused_attention_is_two_batched_gemms_and_the_memory_bound_softmax_and
     scores = 2 * llama.num_attention_heads * llama.seq_length**2
     peak_h = H100.peak("bf16") * 0.9
     L, dh = llama.seq_length, llama.head_size
-    gemms = 2 * llama.num_attention_heads * (
-        gemm_s(L, L, dh, 2, peak_h, H100.hbm_GBps * 1e9) + gemm_s(L, dh, L, 2, peak_h, H100.hbm_GBps * 1e9)
+    gemms = (
+        2
+        * llama.num_attention_heads
+        * (gemm_s(L, L, dh, 2, peak_h, H100.hbm_GBps * 1e9) + gemm_s(L, dh, L, 2, peak_h, H100.hbm_GBps * 1e9))
     )
     assert fwd == pytest.approx(gemms + scores * 4 / hbm_h)
     assert bwd == pytest.approx(2 * gemms + scores * 6 / hbm_h)
