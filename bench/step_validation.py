@@ -48,19 +48,34 @@ def measured_time(case: dict, data: dict) -> float:
     tokens = work.global_batch_size * spec.seq_length
     if "measured_tokens_per_s_per_gpu" in case:
         return tokens / (par.world_size * case["measured_tokens_per_s_per_gpu"])
-    if "measured_hw_tflops_per_gpu" in case:
-        return megatron_hardware_flops(spec, work.global_batch_size) / (
-            par.world_size * case["measured_hw_tflops_per_gpu"] * 1e12
-        )
-    flops = model_flops_per_token(Context(spec, work, par)) * tokens
-    return flops / (par.world_size * case["measured_tflops_per_gpu"] * 1e12)
+    count = FLOPS_COUNTS[case.get("flops_count", "model")]
+    return count(spec, work, par) / (par.world_size * case["measured_tflops_per_gpu"] * 1e12)
 
 
-def megatron_hardware_flops(spec, batch: int) -> float:
+def planner_model_flops(spec, work, par) -> float:
+    """The planner's model FLOPs of one iteration (PaLM Appendix B, as the Llama 3 paper counts its MFU)."""
+    return model_flops_per_token(Context(spec, work, par)) * work.global_batch_size * spec.seq_length
+
+
+def narayanan2021_eq3(spec, work, par) -> float:
     """Narayanan et al. 2021 Eq. 3: FLOPs of one iteration with full activation recompute, as Megatron's
     2021 papers count them (GPT, 4h MLP): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
     s, layers, h, v = spec.seq_length, spec.num_layers, spec.hidden_size, spec.vocab_size
-    return 96.0 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    return 96.0 * work.global_batch_size * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def megatron_2024(spec, work, par) -> float:
+    """Megatron-LM f2e5db402c (July 2024) training.py num_floating_point_operations: 12·B·s·l·h²·((1 + g/a +
+    s/h)·q/h + ffn/h·(3/2 if gated) + V_padded/(2·l·h)), q = heads·head_dim, g the query groups."""
+    s, layers, h, a = spec.seq_length, spec.num_layers, spec.hidden_size, spec.num_attention_heads
+    q_ratio = a * spec.head_size / h
+    attention = (1 + spec.kv_heads / a + s / h) * q_ratio
+    mlp = spec.ffn_hidden_size / h * (1.5 if spec.gated_mlp else 1)
+    logit = spec.padded_vocab(par.tp) / (2 * layers * h)
+    return 12.0 * work.global_batch_size * s * layers * h * h * (attention + mlp + logit)
+
+
+FLOPS_COUNTS = {"model": planner_model_flops, "narayanan2021_eq3": narayanan2021_eq3, "megatron_2024": megatron_2024}
 
 
 def predict(case: dict, data: dict) -> dict:
