@@ -262,9 +262,9 @@ def _elementwise_bytes(ctx: Context, moe: bool) -> float:
 
 def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
     """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds)."""
-    hbm = gpu.hbm_GBps * 1e9
+    hbm, peak = gpu.hbm_GBps * 1e9, gemm_peak(ctx, gpu)
     shapes = _gemm_shapes(ctx, moe)
-    gemm_t = sum(gemm_s(m, n, k, ctx.x, gemm_peak(ctx, gpu), hbm, eff) for m, n, k in shapes)
+    gemm_t = sum(gemm_s(m, n, k, ctx.x, peak, hbm, eff) for m, n, k in shapes)
     gemm_f = sum(2.0 * m * n * k for m, n, k in shapes)
     attn_f = _attention_flops(ctx)
     if ctx.s == 1:
