@@ -186,6 +186,12 @@ def test_fp8_runs_the_linear_gemms_at_175x_bf16_and_keeps_attention_and_head_in_
     assert f8.fp8_cast_s == pytest.approx(elements * FP8_CAST_BYTES / (H100.hbm_GBps * 1e9 * EFFICIENCY.hbm))
     assert 1.2 < f16.gemm_s / f8.gemm_s <= 1.75  # thin shapes gain less (their operand traffic halves, not the rate)
     assert _head(fp8, H100, EFFICIENCY) == _head(bf16, H100, EFFICIENCY)
+    from planner.compute import unfused_attention
+
+    unfused = {
+        dt: Context(model, work(activation_dtype=dt, attention_kernel="unfused"), bf16.par) for dt in ("fp8", "bf16")
+    }
+    assert unfused_attention(unfused["fp8"], H100) == unfused_attention(unfused["bf16"], H100)
 
 
 def test_unknown_attention_kernel_is_named():
