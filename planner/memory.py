@@ -167,11 +167,13 @@ def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> L
 
 
 @lru_cache(maxsize=4096)
-def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool = True) -> int:
-    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference)."""
+def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool | None = None) -> int:
+    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference). The s² scores
+    are kept only by unfused attention (``workload.attention_kernel``) without selective recompute."""
     par = ctx.par
     t, sp = par.tp, par.sp
     recompute = ctx.work.activation_recompute if ctx.training else "none"
+    flash = ctx.work.attention_kernel == "flash" if flash is None else flash
     no_scores = flash or recompute == "selective"
     per_layer = {
         moe: layer_activations(ctx, moe).per_rank(t, sp, no_scores)

@@ -87,6 +87,9 @@ class WorkloadIn(Strict):
         default=None,
         description="Megatron --create-attention-mask-in-dataloader (default true): mask broadcast over TP",
     )
+    attention_kernel: Literal["flash", "unfused"] | None = Field(
+        default=None, description="core attention: flash (default) or unfused (Megatron-LM 2021-22: scores in HBM)"
+    )
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None

@@ -158,3 +158,19 @@ def test_warning_lists_the_stages_that_break_once():
     memory = [w for w in plan.warnings if "do not fit" in w]
     assert len(memory) == 1 and memory[0].startswith("stages 0-10 do not fit (11 of 16): stage 0 needs")
     assert "largest part: activations" in memory[0]
+
+
+def test_unfused_attention_keeps_the_score_tensors():
+    """Korthikanti et al. 2022 Table 2: without flash attention a layer keeps 5·a·s²·b bytes of scores (softmax
+    output, dropout mask and output), /t; selective recompute drops them; full recompute keeps them for the one
+    layer it re-runs at a time."""
+    from dataclasses import replace
+
+    gpt = replace(GPT, linear_bias=True, learned_position_embeddings=True)  # GPT-3: dropout, as Table 2
+    one_layer = 5 * gpt.num_attention_heads * gpt.seq_length**2 * B / 2
+    sched = Schedule("1f1b", 1, 16)  # one micro-batch in flight
+    for recompute, layers in (("none", gpt.num_layers), ("selective", 0), ("full", 1)):
+        flash = ctx(gpt, tp=2, recompute=recompute)
+        unfused = Context(gpt, replace(flash.work, attention_kernel="unfused"), flash.par)
+        diff = stage_activation_bytes(unfused, 0, sched) - stage_activation_bytes(flash, 0, sched)
+        assert diff == pytest.approx(layers * one_layer)
