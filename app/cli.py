@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("logs", nargs="+", help="nccl-tests output files (stdout of rank 0, as printed)")
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
-    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "tcpxo"), default=None)
+    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
     cal.add_argument("--format", choices=("table", "json"), default="table")
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
@@ -84,20 +84,22 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
-    from .routers.export import Format, Launcher, render, typed_plan
-    from .routers.plan import run_plan
+    from .routers.export import Format, Launcher, render
+    from .routers.plan import plan_of
     from .schemas.plan import PlanRequest
+    from .serialize import plan_dict
     from .settings import Settings
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
         request = PlanRequest.model_validate(json.loads(text))
         settings = Settings.from_env()
+        plan = plan_of(request, settings)
         if args.format in ("table", "json"):
-            result = run_plan(request, settings)
+            result = plan_dict(plan)
             output = json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
         else:
-            output = render(typed_plan(request, settings), Format(args.format), args.stage, Launcher(args.launcher))
+            output = render(plan, Format(args.format), args.stage, Launcher(args.launcher))
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from collectives import CollectiveError
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from collectives.topology.fit import Constants, apply_constants
 from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset
@@ -14,6 +13,7 @@ from planner.model import MLASpec, MoESpec
 from planner.parallel import zero_config_from_dict
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
 
+from .errors import relocated
 from .schemas.cluster import ClusterIn
 from .schemas.plan import ModelIn, OptionsIn, ParallelIn, PlanRequest, WorkloadIn
 from .settings import Settings
@@ -84,10 +84,8 @@ def _preset(table: dict, name: str | None, block: str) -> dict:
 
 def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
     if block.preset is not None:
-        try:
+        with relocated("cluster.preset"):
             base = cluster_preset(block.preset, block.num_nodes)
-        except CollectiveError as err:
-            raise SpecError("cluster.preset", err.rule) from None
     else:
         for required in ("num_nodes", "devices_per_node"):
             if getattr(block, required) is None:
@@ -111,12 +109,10 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
             f"num_nodes x devices_per_node = {spec.num_nodes} x {spec.devices_per_node} = "
             f"{devices} devices; this service prices at most {settings.max_devices} (COMMPLAN_MAX_DEVICES)",
         )
-    try:
+    with relocated("cluster."):
         validate_cluster(spec)
         if block.calibration is not None:  # fitted constants (POST /v1/calibrate), through fit.py's one adapter
             spec = apply_constants(Constants.from_dict(block.calibration.model_dump(exclude_none=True)), spec)
-    except CollectiveError as err:
-        raise SpecError(f"cluster.{err.field}", err.rule) from None
     return spec
 
 
@@ -128,10 +124,8 @@ def cluster_block(spec: ClusterSpec) -> dict:
 def _gpu(block) -> GPUSpec:
     """A GPU by name (GPUS) or by its fields."""
     if isinstance(block, str):
-        try:
+        with relocated("cluster.gpu"):
             return gpu_preset(block)
-        except CollectiveError as err:
-            raise SpecError("cluster.gpu", err.rule) from None
     for dtype in block.peak_tflops:
         if dtype not in DTYPES:
             raise SpecError("cluster.gpu.peak_tflops", f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -46,15 +48,12 @@ def detail(field: str, message: str, kind: str) -> list[dict]:
     return [{"loc": ["body", *[part for part in field.split(".") if part]], "msg": safe(message), "type": kind}]
 
 
-def error_detail(err: Exception, prefix: str = "", fields: dict[str, str] | None = None) -> list[dict]:
-    """The 422 detail of a SpecError or CollectiveError. The one place a collectives field becomes a request
-    field: ``fields`` renames it (the price endpoint's ``count`` is its ``message_bytes``), then ``prefix``
-    places it in its block (``options.``)."""
+def error_detail(err: Exception) -> list[dict]:
+    """The 422 detail of a SpecError, or of a CollectiveError no route placed in the request (``relocated``)."""
     if isinstance(err, SpecError):
         return detail(err.field, err.rule, "value_error.spec")
     if isinstance(err, CollectiveError):
-        name = (fields or {}).get(err.field, err.field)
-        return detail(prefix + name, err.rule, "value_error.collective")
+        return detail(err.field, err.rule, "value_error.collective")
     raise TypeError(err)
 
 
@@ -66,9 +65,36 @@ def validation_detail(err: ValidationError | RequestValidationError, root: tuple
     ]
 
 
-def relocate(err: CollectiveError, prefix: str = "", fields: dict[str, str] | None = None) -> SpecError:
-    """A CollectiveError raised for a request: the SpecError naming the request's field (see error_detail)."""
-    return SpecError(prefix + (fields or {}).get(err.field, err.field), err.rule)
+def relocate(err: CollectiveError, where: str = "", fields: dict[str, str] | None = None) -> SpecError:
+    """The one place a collectives field becomes a request field: ``fields`` renames it (the price endpoint's
+    ``count`` is its ``message_bytes``); ``where`` places it, under that block when it ends with a dot
+    (``options.``), else as that field itself (``cluster.preset``: the whole preset is at fault)."""
+    name = (fields or {}).get(err.field, err.field)
+    return SpecError(where + name if where.endswith(".") or not where else where, err.rule)
+
+
+@contextmanager
+def relocated(where: str = "", fields: dict[str, str] | None = None) -> Iterator[None]:
+    """Inside, a CollectiveError is raised again as the SpecError naming the request's field (``relocate``)."""
+    try:
+        yield
+    except CollectiveError as err:
+        raise relocate(err, where, fields) from None
+
+
+PLAN_BLOCKS = ("model", "workload", "parallel", "cluster", "options")  # a plan request's blocks
+
+
+@contextmanager
+def nested(block: str) -> Iterator[None]:
+    """Inside, the plan request sits under ``block`` of the body (explore's ``request.``): an error naming one
+    of the plan's blocks names it there; other fields (the explorer's own ``call``) stay where they are."""
+    try:
+        yield
+    except SpecError as err:
+        if err.field.split(".")[0] not in PLAN_BLOCKS:
+            raise
+        raise SpecError(block + err.field, err.rule) from None
 
 
 class ErrorList(BaseModel):

@@ -11,8 +11,9 @@ from pathlib import Path
 from planner.search import search
 from planner.sweep import Task, run, write
 
-from .routers.search import problem_of, result_dict
+from .routers.search import problem_of
 from .schemas.search import SearchRequest
+from .serialize import search_dict
 from .settings import Settings
 
 
@@ -42,7 +43,7 @@ def search_command(args) -> int:
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
-    result = result_dict(search(problem_of(body, Settings.from_env()), progress=_bar, workers=args.workers))
+    result = search_dict(search(problem_of(body, Settings.from_env()), progress=_bar, workers=args.workers))
     print(file=sys.stderr)
     if args.format == "json":
         json.dump(result, sys.stdout, indent=2)

@@ -1,6 +1,7 @@
 """Error tables of the library pricer on tests/reference/nccl/measurements.json (docs/pricing.md):
 per category (GPU generation x nodes x size band) and leave-one-source-out (the global scalars refitted
-without a source, then that source predicted). Run: PYTHONPATH=. python bench/library_table.py"""
+without a source, then that source predicted); then the held-out logs of tests/reference/nccl_heldout/,
+priced blind with the default constants. Run: PYTHONPATH=. python bench/library_table.py"""
 
 import json
 from collections import defaultdict
@@ -10,6 +11,7 @@ import numpy as np
 
 from collectives.topology.library import LibraryCalibration
 from collectives.topology.reference import compare_all
+from tests.collectives.heldout import rows as heldout_rows
 
 RECORDS = json.loads((Path(__file__).parents[1] / "tests/reference/nccl/measurements.json").read_text())
 
@@ -27,10 +29,12 @@ def fit(records) -> LibraryCalibration:
     - efficiency per link kind: median measured / modelled busbw on >= 64 MiB rows (NCCL's raw model);
     - latency scale inside a node: grid, median |error| on one-node rows below 64 MiB;
     - latency scale across nodes: the same on multi-node rows of non-EFA networks;
-    - EFA's per-hop latency: the same on EFA rows, with the inter-node scale fixed."""
-    # priors, before any fit: NCCL's model as is, and EFA's per-hop latency as AWS quotes it (~15 us), so
-    # that leaving out the one EFA source really predicts it blind
-    raw = LibraryCalibration(efficiency={}, latency_scale={}).with_values(network_latency_s={"efa": 15e-6})
+    - EFA's per-hop latency (the p4de records: aws-ofi-nccl's SENDRECV protocol): the same on EFA rows,
+      with the inter-node scale fixed."""
+    # priors, before any fit: NCCL's model as is, and the SENDRECV EFA latency as aws-ofi-nccl reports it to
+    # NCCL's tuner for p4d/p4de (75 us, src/platform-aws.cpp), so that leaving out the one EFA source
+    # really predicts it blind
+    raw = LibraryCalibration(efficiency={}, latency_scale={}).with_values(network_latency_s={"efa_sendrecv": 75e-6})
     eff = defaultdict(list)
     for c in compare_all(records, raw, "library"):
         if c.size_bytes >= 64 << 20 and c.record["op"] != "sendrecv":
@@ -43,7 +47,7 @@ def fit(records) -> LibraryCalibration:
     other = [r for r in small if r["nodes"] > 1 and "EFA" not in r["interconnect"]]
     cal = _grid(cal, one, [cal.with_values(latency_scale={"intra_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
     cal = _grid(cal, other, [cal.with_values(latency_scale={"inter_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
-    return _grid(cal, efa, [cal.with_values(network_latency_s={"efa": u * 1e-6}) for u in range(10, 151, 10)])
+    return _grid(cal, efa, [cal.with_values(network_latency_s={"efa_sendrecv": u * 1e-6}) for u in range(10, 151, 10)])
 
 
 def _grid(cal: LibraryCalibration, rows: list[dict], trials: list[LibraryCalibration]) -> LibraryCalibration:
@@ -74,6 +78,11 @@ def main() -> None:
         cal = fit([r for r in RECORDS if source(r) != src])
         held = compare_all([r for r in RECORDS if source(r) == src], cal, "library")
         print("\n".join(table(held, lambda c, s=src: (s, band(c.size_bytes)))))
+    held = heldout_rows()
+    print("\n| held-out system | band | rows | median abs busbw error |\n|---|---|---|---|")
+    print("\n".join(table(held, lambda r: (r.category, r.band))))
+    print("\n| held-out band | rows | median abs busbw error |\n|---|---|---|")
+    print("\n".join(table(held, lambda r: (r.band,))))
 
 
 if __name__ == "__main__":

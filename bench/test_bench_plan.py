@@ -5,12 +5,16 @@ The price cache is emptied before every round so each round prices every call. W
 stays warm as it does in the running service: clusters (``cluster_for``), schedules, per-(model, layout)
 parameter lists, per-layout placements and their neighbourhoods on the cluster, per-stage compute. No plan,
 ledger or response is cached. ``test_step_and_memory`` times the pure functions the layout search calls
-(planner.step_time / planner.memory) on a priced plan.
+(planner.step_time / planner.memory) on a priced plan; ``test_serialise`` the app's JSON answer
+(app/serialize.py) of an already built plan.
 """
+
+import json
 
 import pytest
 
 import planner.plan as plan_module
+from app.serialize import plan_json
 from collectives.topology import cluster_preset
 from planner import Context, ParallelSpec, WorkloadSpec, build_plan, memory, model_preset, step_time
 
@@ -42,9 +46,9 @@ def test_plan(benchmark, case):
 
     def run():
         plan_module._PRICES.clear()
-        return build_plan(spec, work, par, cluster).to_dict()
+        return plan_json(build_plan(spec, work, par, cluster))
 
-    result = benchmark(run)
+    result = json.loads(benchmark(run))
     assert result["world_size"] == nodes * 8
     assert result["step"]["time_s"] > 0 and result["memory"]["per_stage"]
 
@@ -61,3 +65,12 @@ def test_step_and_memory(benchmark, case):
 
     step, mem = benchmark(run)
     assert step.time_s == plan.step.time_s and mem.fits == plan.memory.fits
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_serialise(benchmark, case):
+    model, nodes, par, work = CASES[case]
+    plan = build_plan(model_preset(model), work, par, cluster_preset("dgx-h100", nodes))
+    body = json.loads(benchmark(plan_json, plan))
+    assert body["world_size"] == plan.world_size and len(body["calls"]) == len(plan.calls)
+    assert body["totals"]["time_s"] == plan.totals.time_s and body["step"]["time_s"] == plan.step.time_s

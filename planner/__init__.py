@@ -4,7 +4,7 @@ Public surface::
 
     ModelSpec, MoESpec, MLASpec, WorkloadSpec, ParallelSpec   the specs (validated in build_plan)
     MODEL_PRESETS, model_preset, from_hf_config                 models
-    build_plan(model, workload, parallel, cluster, Options())   -> Plan (.to_dict() is the HTTP response)
+    build_plan(model, workload, parallel, cluster, Options())   -> Plan (typed; app/serialize.py writes it as JSON)
     step_time(Context(m, w, p), priced_calls, gpu, Overlap())  -> StepTime (planner/step.py)
     memory(Context(m, w, p), gpu, calls)                        -> Memory (fits, per stage)
     SpecError                                                   bad input: .field and .rule

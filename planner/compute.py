@@ -56,9 +56,10 @@ class Efficiency:
 EFFICIENCY = Efficiency(
     # Large bf16 cuBLAS GEMMs reach ~75-85% of the dense peak on A100 and H100 (NVIDIA Deep Learning Performance
     # guide, "Matrix Multiplication Background"); Megatron's 52-57% MFU on A100 with bubbles and TP communication
-    # (Korthikanti et al. 2022 Table 5) implies >= 0.7. Fitted: ONE global value on the published runs of
-    # docs/step-time.md (never per case).
-    gemm=0.78,
+    # (Korthikanti et al. 2022 Table 5) implies >= 0.7. Fitted: ONE global value, least squares in log error over
+    # the 11 runs marked "fit" in tests/reference/step_times/published.json (Korthikanti 2022, Llama 3), never per
+    # case; 0.83 and 0.84 tie (rms 0.028), 0.83 has the smaller bias. The held-out runs never informed it.
+    gemm=0.83,
     # FlashAttention-2 (Dao 2023) measured on H100 SXM5: up to 335 TFLOP/s forward + backward (34% of peak; §4.1,
     # Fig. 7), forward faster than backward; the default for sm90 and newer (ATTENTION_BY_SM for others).
     attention_fwd=0.38,
@@ -93,6 +94,30 @@ ELEMENTWISE_H = 10  # norms + residual adds, in h-vectors (split over tp with se
 ADAM_BYTES = 34
 FLASH_BWD = 2.5  # FlashAttention-2 §3.1.2: backward = 5 matmuls of the 2 the forward does
 
+# Unfused core attention (Megatron-LM 2021-2022 CoreAttention: baddbmm QK^T, FusedScaleMaskSoftmax, dropout, bmm
+# PV; Korthikanti et al. 2022 Table 2 lists the s x s tensors it keeps). Bytes per attention score moved by the
+# memory-bound kernels between the two batched GEMMs (whose own operand traffic the GEMM roofline counts):
+# softmax reads and writes the scores (2 + 2 at 2 bytes); dropout reads them, writes its output and a 1-byte mask
+# (2 + 2 + 1). Backward: dropout reads the gradient and the mask and writes the gradient (2 + 1 + 2), softmax
+# reads its output and the gradient and writes the gradient (2 + 2 + 2).
+UNFUSED_SOFTMAX_BYTES = (4, 6)  # (forward, backward) per score, 2-byte scores
+UNFUSED_DROPOUT_BYTES = (5, 5)
+
+# FP8 training (TransformerEngine recipes, Megatron-Core --fp8-format): only the linear layers' GEMMs run in fp8.
+# Norms, residuals, activations and core attention stay in bf16 (TE's fp8 dot-product attention is off by
+# default: NVTE_FP8_DPA=0, Megatron-Core --fp8-dot-product-attention false).
+# Achieved fp8 / bf16 GEMM rate on Hopper: up to 1.75x for large matmuls, at least 1.25x for most others (NVIDIA
+# technical blog "Boosting Matrix Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9", 2025, measured
+# with its channel- and block-scaled fp8; TE's per-tensor scaling does no more work per tile) rather than the 2x
+# of the datasheet peaks. The large-matmul figure is used: the k0 amortisation already slows thin shapes.
+FP8_GEMM_SPEEDUP = 1.75
+# TE casts each GEMM operand to fp8 before the GEMM (cast_transpose: read bf16 2 B, write fp8 1 B and the
+# transposed fp8 copy 1 B that Hopper's TN-only fp8 GEMM needs for the weight gradient): 4 bytes per element of
+# the forward's input and weight; the backward casts the output gradient (m x n) the same way. Summed over a
+# layer's GEMMs the backward's casts equal the forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a
+# GPT layer), so the backward is charged the forward's cast time.
+FP8_CAST_BYTES = 4
+
 
 @dataclass(frozen=True)
 class PassTime:
@@ -102,10 +127,11 @@ class PassTime:
     attention_s: float = 0.0
     elementwise_s: float = 0.0
     flops: float = 0.0
+    fp8_cast_s: float = 0.0  # TransformerEngine's casts of GEMM operands to fp8 (0 unless fp8)
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.elementwise_s
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.fp8_cast_s
 
     def __add__(self, o: PassTime) -> PassTime:
         return PassTime(
@@ -113,10 +139,13 @@ class PassTime:
             self.attention_s + o.attention_s,
             self.elementwise_s + o.elementwise_s,
             self.flops + o.flops,
+            self.fp8_cast_s + o.fp8_cast_s,
         )
 
     def scaled(self, k: float) -> PassTime:
-        return PassTime(self.gemm_s * k, self.attention_s * k, self.elementwise_s * k, self.flops * k)
+        return PassTime(
+            self.gemm_s * k, self.attention_s * k, self.elementwise_s * k, self.flops * k, self.fp8_cast_s * k
+        )
 
 
 @dataclass(frozen=True)
@@ -203,6 +232,12 @@ def _attention_flops(ctx: Context) -> float:
     return 2.0 * ctx.b * ctx.s_cp * s_kv * heads * (qk + v) * causal
 
 
+def layer_attention_flops(ctx: Context) -> float:
+    """FLOPs the core-attention kernels execute: flash skips the masked half; unfused computes the whole square."""
+    unfused = ctx.work.attention_kernel == "unfused" and ctx.s > 1
+    return _attention_flops(ctx) * (2 if unfused else 1)
+
+
 def _kv_length(ctx: Context) -> int:
     """Keys each query attends to: the sequence (training, prefill) or the cache (decode)."""
     if not ctx.training and ctx.work.phase == "decode":
@@ -222,21 +257,65 @@ def _elementwise_bytes(ctx: Context, moe: bool) -> float:
     else:
         ffn_rows = mdl.ffn_hidden_size / t
     act = 3 if mdl.gated_mlp else 2
+    x = 2 if x < 2 else x  # fp8 recipes keep the tensors between kernels in bf16
     return T * x * (ELEMENTWISE_H * h / (t if par.sp else 1) + 2 * (q + kv) / t + act * ffn_rows)
 
 
 def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
     """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds)."""
-    peak, hbm = gpu.peak(compute_dtype(ctx)), gpu.hbm_GBps * 1e9
-    gemm_peak = peak * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
+    hbm, peak = gpu.hbm_GBps * 1e9, gemm_peak(ctx, gpu)
     shapes = _gemm_shapes(ctx, moe)
-    gemm_t = sum(gemm_s(m, n, k, ctx.x, gemm_peak, hbm, eff) for m, n, k in shapes)
+    gemm_t = sum(gemm_s(m, n, k, ctx.x, peak, hbm, eff) for m, n, k in shapes)
     gemm_f = sum(2.0 * m * n * k for m, n, k in shapes)
     attn_f = _attention_flops(ctx)
-    attn_fwd, _ = attention_efficiency(gpu, eff)
-    attn_t = attn_f / (peak * attn_fwd) if ctx.s > 1 else _decode_attention_s(ctx, gpu, eff)
+    if ctx.s == 1:
+        attn_t = _decode_attention_s(ctx, gpu, eff)
+    elif ctx.work.attention_kernel == "unfused":
+        attn_t, attn_f = unfused_attention(ctx, gpu, eff)[0], layer_attention_flops(ctx)
+    else:
+        attn_t = attn_f / (gpu.peak(attention_dtype(ctx)) * attention_efficiency(gpu, eff)[0])
     elem_t = _elementwise_bytes(ctx, moe) / (hbm * eff.hbm)
-    return PassTime(gemm_t, attn_t, elem_t, gemm_f + attn_f), attn_t
+    return PassTime(gemm_t, attn_t, elem_t, gemm_f + attn_f, _fp8_cast_s(ctx, shapes, hbm, eff)), attn_t
+
+
+def gemm_peak(ctx: Context, gpu: GPUSpec, dtype: str | None = None) -> float:
+    """FLOP/s a long GEMM is measured against: the dense peak of its dtype at the sustained clock; fp8 at
+    FP8_GEMM_SPEEDUP x the bf16 peak (what cuBLAS achieves), not the datasheet's 2x."""
+    dtype = dtype or compute_dtype(ctx)
+    peak = gpu.peak("bf16") * FP8_GEMM_SPEEDUP if dtype == "fp8" else gpu.peak(dtype)
+    return peak * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
+
+
+def attention_dtype(ctx: Context) -> str:
+    """Core attention runs in bf16 under fp8 recipes (TE's fp8 dot-product attention is off by default)."""
+    dtype = compute_dtype(ctx)
+    return "bf16" if dtype == "fp8" else dtype
+
+
+def _fp8_cast_s(ctx: Context, shapes: list[tuple[float, float, float]], hbm: float, eff: Efficiency) -> float:
+    """TE's cast of each forward GEMM's input (m x k) and weight (k x n) to fp8, with the transposed copy."""
+    if compute_dtype(ctx) != "fp8":
+        return 0.0
+    elements = sum(m * k + k * n for m, n, k in shapes)
+    return elements * FP8_CAST_BYTES / (hbm * eff.hbm)
+
+
+def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[float, float]:
+    """(forward, backward) seconds of Megatron-LM's pre-flash core attention on one rank: per head, QK^T
+    (s x d @ d x s) and PV (s x s @ s x d) as GEMMs over the whole square (the causal mask is applied to the
+    scores, not skipped), and the memory-bound softmax (and dropout, for GPT recipes) over the b·(a/t)·s² scores.
+    Backward: each GEMM twice (both operands' gradients) and the softmax/dropout backward kernels."""
+    from .memory import has_dropout
+
+    mdl = ctx.model
+    heads, d, s_q, s_k = ctx.b * mdl.num_attention_heads / ctx.par.tp, mdl.head_size, ctx.s_cp, ctx.s
+    hbm, peak, x = gpu.hbm_GBps * 1e9, gemm_peak(ctx, gpu, attention_dtype(ctx)), 2  # bf16 under fp8 recipes
+    gemms = heads * (gemm_s(s_q, s_k, d, x, peak, hbm, eff) + gemm_s(s_q, d, s_k, x, peak, hbm, eff))
+    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)
+    per_score = [a + b for a, b in zip(UNFUSED_SOFTMAX_BYTES, dropout, strict=True)]
+    scores = heads * s_q * s_k
+    fwd, bwd = (scores * n / (hbm * eff.hbm) for n in per_score)
+    return gemms + fwd, 2 * gemms + bwd
 
 
 def attention_efficiency(gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[float, float]:
@@ -269,23 +348,22 @@ def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFI
     return _stage_compute(ctx, stage, gpu, eff)
 
 
-@lru_cache(maxsize=4096)
-
 def layer_backward(ctx: Context, layer: PassTime, gpu: GPUSpec, eff, recompute: str) -> PassTime:
     """One layer's backward from its forward: 2x the GEMMs and elementwise work, flash attention's backward
     at FLASH_BWD x its forward FLOPs and its own efficiency, plus what recompute runs again (full: the
     whole forward; selective: core attention)."""
     a_fwd, a_bwd = attention_efficiency(gpu, eff)
-    back = PassTime(
-        2 * layer.gemm_s,
-        FLASH_BWD * layer.attention_s * a_fwd / a_bwd if ctx.s > 1 else 0.0,
-        2 * layer.elementwise_s,
-        2 * layer.flops,
-    )
+    if ctx.s == 1:
+        attention = 0.0
+    elif ctx.work.attention_kernel == "unfused":
+        attention = unfused_attention(ctx, gpu, eff)[1]
+    else:
+        attention = FLASH_BWD * layer.attention_s * a_fwd / a_bwd
+    back = PassTime(2 * layer.gemm_s, attention, 2 * layer.elementwise_s, 2 * layer.flops, layer.fp8_cast_s)
     if recompute == "full":
         return back + layer
     if recompute == "selective":
-        return back + PassTime(attention_s=layer.attention_s, flops=_attention_flops(ctx))
+        return back + PassTime(attention_s=layer.attention_s, flops=layer_attention_flops(ctx))
     return back
 
 
@@ -293,6 +371,8 @@ def head_backward(head: PassTime) -> PassTime:
     """The LM head and loss backward: 2x the forward GEMMs and elementwise work."""
     return PassTime(2 * head.gemm_s, 0.0, 2 * head.elementwise_s, 2 * head.flops)
 
+
+@lru_cache(maxsize=4096)
 def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> StageCompute:
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
@@ -311,13 +391,15 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
 
 
 def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
-    """LM head GEMM and the fp32 softmax cross-entropy over the logits (read + write, fp32)."""
+    """LM head GEMM and the fp32 softmax cross-entropy over the logits (read + write, fp32). Under fp8 the head
+    stays bf16: Megatron-Core's output layer is a plain ColumnParallelLinear outside TransformerEngine's fp8
+    autocast, which wraps the transformer block only (transformer_block.py get_fp8_context)."""
     mdl, t = ctx.model, ctx.par.tp
     # inference samples from the last position of each sequence only (vLLM LogitsProcessor)
     T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), mdl.padded_vocab(t) // t
-    peak = gpu.peak(compute_dtype(ctx)) * SUSTAINED_CLOCK_BY_SM.get(gpu.sm, 1.0)
     hbm = gpu.hbm_GBps * 1e9
-    g = gemm_s(T, V, mdl.hidden_size, ctx.x, peak, hbm, eff)
+    dtype = attention_dtype(ctx)  # the compute dtype, bf16 under fp8
+    g = gemm_s(T, V, mdl.hidden_size, max(ctx.x, 2), gemm_peak(ctx, gpu, dtype), hbm, eff)
     loss = (2 * 4 * T * V if ctx.training else 0) / (hbm * eff.hbm)
     return PassTime(g, 0.0, loss, 2.0 * T * V * mdl.hidden_size)
 

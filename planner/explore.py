@@ -12,6 +12,8 @@ schedules priced step by step; ``auto`` is then the pair NCCL's tuner picks at e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from collectives import CollectiveError, Op
 from collectives.topology import ClusterSpec, candidates, price_call
 from collectives.topology.library import NCCL_NAMES, choose
@@ -20,17 +22,40 @@ from collectives.topology.library.pricer import features_of, shape_of
 from collectives.topology.select import resolve_pricing
 
 from ._errors import SpecError
-from .context import Context
-from .layout import RankLayout
-from .model import ModelSpec, validate_model
-from .parallel import ParallelSpec, validate_parallel
-from .plan import Options, canonical, cluster_for, neighbourhood
+from .model import ModelSpec
+from .parallel import ParallelSpec
+from .plan import Options, placement_priced, setup
 from .rules import ledger
-from .workload import WorkloadSpec, validate_workload
+from .workload import WorkloadSpec
 
 QUADRATIC = {"direct", "pairwise", "bruck"}
 QUADRATIC_LIMIT = 1 << 20
 DEFAULT_SIZES = [1 << k for k in range(10, 33, 2)]  # 1 KiB .. 4 GiB
+
+
+@dataclass(frozen=True)
+class Series:
+    """One algorithm's time and bus bandwidth at each size; None where it cannot run (``note`` says why)."""
+
+    algorithm: str
+    time_s: list[float | None]
+    busbw_GBps: list[float | None]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """One call of a plan priced at many sizes with every algorithm, on the groups the plan prices it on."""
+
+    call: str
+    op: Op
+    stages: tuple[int, ...]
+    group_size: int
+    groups_priced: int
+    message_bytes: int
+    sizes: list[int]
+    series: list[Series]
+    auto: list[str]  # what the selector (or NCCL's tuner, under library pricing) picks at each size
 
 
 def explore(
@@ -42,16 +67,11 @@ def explore(
     stage: int | None = None,
     sizes: list[int] | None = None,
     options: Options | None = None,
-) -> dict:
+) -> Exploration:
     options = options or Options()
-    validate_model(model)
-    validate_workload(work)
-    cluster = cluster_for(cluster_spec)
-    validate_parallel(par, model, work, cluster.num_devices)
-    ctx = Context(model, work, par)
+    ctx, layout, cluster = setup(model, work, par, cluster_spec, options)
     call = _find(ledger(ctx), call_name, stage)
-    placement = RankLayout(par).placement(call.group, list(call.stages))
-    priced_on, _ = canonical(neighbourhood(placement, cluster), cluster)
+    priced_on = placement_priced(call, layout, cluster, options)
     n, groups = priced_on.shape[1], priced_on.shape[0]
     sizes = sorted(set(sizes or DEFAULT_SIZES) | {call.message_bytes})
     if call.op is Op.ALLTOALL:
@@ -60,14 +80,9 @@ def explore(
     series = _library_series(call.op, sizes, priced_on, cluster) if library else []
     for algorithm in candidates(call.op, cluster, "all"):
         if algorithm in QUADRATIC and n * n * groups > QUADRATIC_LIMIT:
-            series.append(
-                {
-                    "algorithm": algorithm,
-                    "time_s": [None] * len(sizes),
-                    "busbw_GBps": [None] * len(sizes),
-                    "note": f"{n} ranks x {groups} groups: n^2 schedule too large to price here",
-                }
-            )
+            nothing = [None] * len(sizes)
+            note = f"{n} ranks x {groups} groups: n^2 schedule too large to price here"
+            series.append(Series(algorithm, nothing, nothing, note))
             continue
         series.append(_series(call.op, algorithm, sizes, priced_on, cluster))
     if library:
@@ -75,20 +90,10 @@ def explore(
         auto = [f"{NCCL_NAMES[c.algorithm]}/{c.protocol}" for c in picks]
     else:
         auto = [price_call(call.op, s, priced_on, cluster, "auto", which=options.candidates).algorithm for s in sizes]
-    return {
-        "call": call.name,
-        "op": call.op.value,
-        "stages": list(call.stages),
-        "group_size": n,
-        "groups_priced": groups,
-        "message_bytes": call.message_bytes,
-        "sizes": sizes,
-        "series": series,
-        "auto": auto,
-    }
+    return Exploration(call.name, call.op, call.stages, n, groups, call.message_bytes, sizes, series, auto)
 
 
-def _series(op, algorithm, sizes, placement, cluster) -> dict:
+def _series(op, algorithm, sizes, placement, cluster) -> Series:
     times, busbw, note = [], [], ""
     for size in sizes:
         try:
@@ -100,14 +105,11 @@ def _series(op, algorithm, sizes, placement, cluster) -> dict:
             continue
         times.append(p.time_s)
         busbw.append(p.busbw_GBps)
-    return {"algorithm": algorithm, "time_s": times, "busbw_GBps": busbw, "note": note}
+    return Series(algorithm, times, busbw, note)
 
 
-def _library_series(op, sizes, placement, cluster) -> list[dict]:
+def _library_series(op, sizes, placement, cluster) -> list[Series]:
     """One series per (algorithm, protocol) NCCL enables for these groups, priced as the plan prices them."""
-    from collectives.topology.library.model import Features
-
-    del Features
     pairs = [
         (c.algorithm, c.protocol)
         for c in nccl_candidates(op, shape_of(cluster, placement[0]), features_of(cluster), _calibration(cluster))
@@ -117,14 +119,9 @@ def _library_series(op, sizes, placement, cluster) -> list[dict]:
         prices = [
             price_call(op, s, placement, cluster, pricing="library", nccl_algo=algo, nccl_proto=proto) for s in sizes
         ]
-        out.append(
-            {
-                "algorithm": f"{NCCL_NAMES[algo]}/{proto}",
-                "time_s": [p.time_s for p in prices],
-                "busbw_GBps": [p.busbw_GBps for p in prices],
-                "note": f"NCCL model, {prices[0].channels} channels; runs as the {prices[0].algorithm} schedule",
-            }
-        )
+        note = f"NCCL model, {prices[0].channels} channels; runs as the {prices[0].algorithm} schedule"
+        times, busbw = [p.time_s for p in prices], [p.busbw_GBps for p in prices]
+        out.append(Series(f"{NCCL_NAMES[algo]}/{proto}", times, busbw, note))
     return out
 
 
@@ -142,3 +139,6 @@ def _find(calls, name: str, stage: int | None):
     names = sorted({c.name for c in calls})
     where = f" on stage {stage}" if stage is not None else ""
     raise SpecError("call", f"no call {name!r}{where} in this plan; calls: {', '.join(names)}")
+
+
+__all__ = ["DEFAULT_SIZES", "QUADRATIC", "QUADRATIC_LIMIT", "Exploration", "Series", "explore"]

@@ -70,18 +70,6 @@ class StageMemory:
         }
         return max(parts, key=parts.get).removesuffix("_bytes")
 
-    def to_dict(self) -> dict:
-        return {
-            "stage": self.stage,
-            "param_count": self.param_count,
-            "params_bytes": self.params_bytes,
-            "grads_bytes": self.grads_bytes,
-            "optimizer_bytes": self.optimizer_bytes,
-            "activations_bytes": self.activations_bytes,
-            "buffers_bytes": self.buffers_bytes,
-            "peak_bytes": self.peak_bytes,
-        }
-
 
 @dataclass(frozen=True)
 class Memory:
@@ -109,13 +97,6 @@ class Memory:
             f"{worst.peak_bytes / 1e9:.1f} GB per rank > {self.capacity_bytes / 1e9:.1f} GB capacity; largest part: "
             f"{part} ({getattr(worst, part + '_bytes') / 1e9:.1f} GB)"
         ]
-
-    def to_dict(self) -> dict:
-        return {
-            "capacity_bytes": self.capacity_bytes,
-            "fits": self.fits,
-            "per_stage": [s.to_dict() for s in self.per_stage],
-        }
 
 
 def _ranges(stages: list[int]) -> str:
@@ -186,11 +167,13 @@ def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> L
 
 
 @lru_cache(maxsize=4096)
-def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool = True) -> int:
-    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference)."""
+def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool | None = None) -> int:
+    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference). The s² scores
+    are kept only by unfused attention (``workload.attention_kernel``) without selective recompute."""
     par = ctx.par
     t, sp = par.tp, par.sp
     recompute = ctx.work.activation_recompute if ctx.training else "none"
+    flash = ctx.work.attention_kernel == "flash" if flash is None else flash
     no_scores = flash or recompute == "selective"
     per_layer = {
         moe: layer_activations(ctx, moe).per_rank(t, sp, no_scores)

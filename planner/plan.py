@@ -62,44 +62,29 @@ class PricedCall:
     group_devices: list[int] = field(default_factory=list)  # where those ranks run
     links: list[dict] = field(default_factory=list)  # the busiest links, labelled where they really are
 
-    def to_dict(self) -> dict:
-        c, p = self.call, self.price
-        return {
-            "name": c.name,
-            "parallelism": c.parallelism,
-            "op": c.op.value,
-            "phase": c.phase,
-            "stages": list(c.stages),
-            "group_size": self.group_size,
-            "num_groups": self.num_groups,
-            "message_bytes": int(c.message_bytes),
-            "calls_per_iteration": int(c.calls_per_iteration),
-            "algorithm": p.algorithm,
-            "protocol": p.protocol,
-            "nccl_algorithm": p.nccl_algorithm,
-            "bytes_sent_per_rank": p.bytes_sent_per_rank,
-            "bytes_received_per_rank": p.bytes_received_per_rank,
-            "time_s": p.time_s,
-            "dtype": c.dtype,
-            "group_dims": list(c.group.dims) if not c.group.pairs else [c.group.pairs],
-            "expert_grid": c.group.expert,
-            "source": c.source,
-            "placement": {
-                "span": p.span,
-                "nodes_per_group": p.nodes_per_group,
-                "bottleneck": p.bottleneck.get("kind", "none"),
-                "bottleneck_link": self.links[0]["label"] if self.links else "",
-                "busbw_GBps": p.busbw_GBps,
-                "algbw_GBps": p.algbw_GBps,
-                "steps": p.steps,
-                "group_ranks": self.group_ranks,
-                "group_devices": self.group_devices,
-                "links": self.links,
-                "protocol": p.protocol,
-                "nccl_algorithm": p.nccl_algorithm,
-                "channels": p.channels,
-            },
-        }
+
+@dataclass(frozen=True)
+class Amounts:
+    """What calls add up to on one stage, per iteration: message bytes, bytes one rank sends, seconds."""
+
+    message_bytes: int = 0
+    bytes_sent: int = 0
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageTotals(Amounts):
+    stage: int = 0
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The ledger's communication added up per stage, calls serialised (not a step time: see StepTime)."""
+
+    time_s: float  # the busiest stage's
+    busiest_stage: int
+    per_stage: list[StageTotals]
+    by_parallelism: dict[str, Amounts]  # each parallelism's share on the busiest stage
 
 
 @dataclass
@@ -114,44 +99,30 @@ class Plan:
     step: StepTime | None = None  # None when the cluster has no GPU spec
     memory: Memory | None = None
 
-    def totals(self) -> dict:
-        stages = [{"stage": s, "message_bytes": 0, "bytes_sent": 0, "time_s": 0.0} for s in range(self.num_stages)]
-        by_par: dict[str, list[dict]] = {}
+    @property
+    def totals(self) -> Totals:
+        n = self.num_stages
+        # per stage [message bytes, bytes sent, seconds], over every call and per parallelism; added in call
+        # order (the float sums are those of one loop over the ledger)
+        stages = [[0, 0, 0.0] for _ in range(n)]
+        by_par: dict[str, list[list]] = {}
         for pc in self.calls:
-            c, p = pc.call, pc.price
-            amounts = (
-                c.calls_per_iteration * c.message_bytes,
-                c.calls_per_iteration * p.bytes_sent_per_rank,
-                c.calls_per_iteration * p.time_s,
-            )
-            rows = by_par.setdefault(
-                c.parallelism, [{"message_bytes": 0, "bytes_sent": 0, "time_s": 0.0} for _ in range(self.num_stages)]
-            )
+            c = pc.call
+            k = c.calls_per_iteration
+            message, sent, time_s = k * c.message_bytes, k * pc.price.bytes_sent_per_rank, k * pc.price.time_s
+            rows = by_par.get(c.parallelism) or by_par.setdefault(c.parallelism, [[0, 0, 0.0] for _ in range(n)])
             for s in c.stages:
-                for key, value in zip(("message_bytes", "bytes_sent", "time_s"), amounts, strict=True):
-                    stages[s][key] += value
-                    rows[s][key] += value
-        busiest = max(stages, key=lambda r: r["time_s"])
-        return {
-            "time_s": busiest["time_s"],
-            "busiest_stage": busiest["stage"],
-            "per_stage": stages,
-            # per parallelism: its share on the busiest stage
-            "by_parallelism": {k: v[busiest["stage"]] for k, v in by_par.items()},
-        }
-
-    def to_dict(self) -> dict:
-        return {
-            "world_size": self.world_size,
-            "num_microbatches": self.num_microbatches,
-            "params_total": self.params_total,
-            "cluster": self.cluster,
-            "calls": [c.to_dict() for c in self.calls],
-            "totals": self.totals(),
-            "step": self.step.to_dict() if self.step else None,
-            "memory": self.memory.to_dict() if self.memory else None,
-            "warnings": self.warnings,
-        }
+                for row in (stages[s], rows[s]):
+                    row[0] += message
+                    row[1] += sent
+                    row[2] += time_s
+        busiest = max(range(n), key=lambda s: stages[s][2])
+        return Totals(
+            stages[busiest][2],
+            busiest,
+            [StageTotals(*row, stage=s) for s, row in enumerate(stages)],
+            {name: Amounts(*rows[busiest]) for name, rows in by_par.items()},
+        )
 
 
 def build_plan(
@@ -177,6 +148,28 @@ def build_plan(
     plan.memory = memory(ctx, gpu, priced)
     plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
     return plan
+
+
+def setup(
+    model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster_spec: ClusterSpec, options: Options
+) -> tuple[Context, RankLayout, Cluster]:
+    """The validated inputs of a plan as the ledger and the placements need them; the explorer starts here too,
+    so that it places a call exactly as the plan does."""
+    validate_model(model)
+    validate_workload(work)
+    cluster = cluster_for(cluster_spec)
+    validate_parallel(par, model, work, cluster.num_devices)
+    _validate_options(options, cluster.num_devices)
+    return Context(model, work, par, devices_per_node=cluster.spec.devices_per_node), layout_for(par), cluster
+
+
+def placement_priced(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> np.ndarray:
+    """The groups a call's price is computed on, as ``_price`` chooses them: the devices its ranks run on
+    (``options.device_map``), every group under exact contention, else group 0's neighbourhood moved by the
+    cluster's symmetry (collectives/topology/symmetry.py)."""
+    ranks = layout.placement(call.group, call.stages)
+    placement = np.asarray(options.device_map)[ranks] if options.device_map else ranks
+    return placement if options.exact_contention else canonical(neighbourhood(placement, cluster), cluster)[0]
 
 
 BUBBLE_WARNING = 0.25  # share of the step idle in the pipeline bubble worth a warning
@@ -428,4 +421,17 @@ def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, opt
     return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=top)
 
 
-__all__ = ["Options", "Plan", "build_plan", "canonical", "cluster_for", "neighbourhood"]
+__all__ = [
+    "Amounts",
+    "Options",
+    "Plan",
+    "PricedCall",
+    "StageTotals",
+    "Totals",
+    "build_plan",
+    "canonical",
+    "cluster_for",
+    "neighbourhood",
+    "placement_priced",
+    "setup",
+]

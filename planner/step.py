@@ -106,18 +106,6 @@ class StepTime:
     stages: list[StageStep] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return {
-            "time_s": self.time_s,
-            "compute_s": self.compute_s,
-            "exposed_comm_s": self.exposed_comm_s,
-            "bubble_s": self.bubble_s,
-            "mfu": self.mfu,
-            "tokens_per_s": self.tokens_per_s,
-            "critical_stage": self.critical_stage,
-            "timeline": self.timeline,
-        }
-
 
 def schedule_of(ctx: Context, p2p_s: float = 0.0, overlap_p2p: bool = False) -> Schedule:
     par = ctx.par

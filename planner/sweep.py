@@ -65,7 +65,6 @@ def run(
             rows.append(base | {"rank": 0})
         for rank, r in enumerate(ranked, 1):
             p = r.layout.parallel
-            memory = r.plan.get("memory") or {}
             rows.append(
                 base
                 | {"rank": rank, "tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp, "ep": p.ep,
@@ -73,7 +72,7 @@ def run(
                    "sequence_parallel": p.sequence_parallel, "framework": p.framework,
                    "micro_batch_size": r.layout.micro_batch_size,
                    "activation_recompute": r.layout.activation_recompute, "step_time_s": r.time_s,
-                   "peak_memory_bytes": max((s["peak_bytes"] for s in memory.get("per_stage", [])), default=0)}
+                   "peak_memory_bytes": r.plan.memory.peak_bytes if r.plan.memory else 0}
             )  # fmt: skip
     return rows
 

@@ -8,6 +8,10 @@ from ._errors import SpecError
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
 RECOMPUTE = ("none", "selective", "full")
+# Core-attention kernels: "flash" (FlashAttention-2 / TransformerEngine fused attention, Megatron-Core's default
+# since 2023) or "unfused" (Megatron-LM before FlashAttention, 2021-2022: QK^T and PV as batched GEMMs around
+# FusedScaleMaskSoftmax and dropout, the s x s scores written to HBM).
+ATTENTION_KERNELS = ("flash", "unfused")
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,7 @@ class WorkloadSpec:
     # Megatron --create-attention-mask-in-dataloader (default on: Megatron-LM d98e8a6 arguments.py:3332
     # store_false): the b x 1 x s x s bool mask is built by the loader and broadcast over TP with the batch
     attention_mask_in_dataloader: bool = True
+    attention_kernel: str = "flash"  # flash | unfused (ATTENTION_KERNELS)
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas
@@ -43,6 +48,11 @@ def validate_workload(w: WorkloadSpec) -> None:
         value = getattr(w, name)
         if value is not None and value not in DTYPE_BYTES:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    if w.attention_kernel not in ATTENTION_KERNELS:
+        raise SpecError(
+            "workload.attention_kernel",
+            f"must be one of {', '.join(ATTENTION_KERNELS)}, got {w.attention_kernel!r}",
+        )
     if w.training:
         _at_least_one("workload.micro_batch_size", w.micro_batch_size)
         _at_least_one("workload.global_batch_size", w.global_batch_size)

@@ -7,7 +7,6 @@ from dataclasses import replace
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from collectives import CollectiveError
 from collectives.topology.fit import Constants, Observation, fit, placement_for
 from collectives.topology.library import normalise_algo
 from collectives.topology.nccl_tests import parse
@@ -15,7 +14,7 @@ from collectives.topology.spec import NCCL_VERSIONS, nccl_minor, validate_cluste
 from planner import SpecError
 
 from ..convert import cluster_spec
-from ..errors import BAD_INPUT
+from ..errors import BAD_INPUT, relocated
 from ..limits import encode, run_bounded
 from ..schemas.calibrate import MAX_ROWS, CalibrateOut, CalibrateRequest
 from ..settings import Settings
@@ -48,7 +47,8 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
     observations, where, runs, total = [], [], [], 0
     for i, log in enumerate(body.logs):
         prefix = f"logs.{i}."
-        parsed = _field(prefix, lambda log=log: parse(log.text, log.op, log.ranks, "text", MAX_ROWS))
+        with relocated(prefix):
+            parsed = parse(log.text, log.op, log.ranks, "text", MAX_ROWS)
         total += sum(len(r.rows) for r in parsed)
         if total > MAX_ROWS:
             raise SpecError(
@@ -66,17 +66,20 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                 raise SpecError(f"{prefix}nodes", f"line {r.first_line}: the log names no hosts; give nodes")
             if len(r.hosts) > nodes:
                 raise SpecError(f"{prefix}nodes", f"{nodes} given but the rank lines name {len(r.hosts)} hosts")
-            spec = base.with_nodes(nodes)
+            spec = replace(base, num_nodes=nodes)  # the log's node count on the request's cluster
             if r.nccl_version and nccl_minor(r.nccl_version) in NCCL_VERSIONS:  # the run's own NCCL's model
                 spec = replace(spec, nccl_version=nccl_minor(r.nccl_version))
             devices = nodes * spec.devices_per_node
             if devices > settings.max_devices:
                 raise SpecError(f"{prefix}nodes", f"{nodes} nodes x {spec.devices_per_node} = {devices} devices; "
                                 f"this service prices at most {settings.max_devices}")  # fmt: skip
-            _field(f"{prefix}nodes", lambda spec=spec: validate_cluster(spec))  # a torus sized for other counts
-            _field(prefix, lambda r=r, spec=spec: placement_for(r.ranks, spec))
+            with relocated(f"{prefix}nodes"):  # a torus sized for other counts
+                validate_cluster(spec)
+            with relocated(prefix):
+                placement_for(r.ranks, spec)
             nccl_algo = log.algorithm or r.nccl_algo or "auto"
-            _field(f"{prefix}algorithm", lambda nccl_algo=nccl_algo: normalise_algo(nccl_algo))
+            with relocated(f"{prefix}algorithm"):
+                normalise_algo(nccl_algo)
             runs.append(
                 {
                     "log": i,
@@ -106,10 +109,10 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
                 )
                 where.append((i, row.line))
     given = body.cluster.calibration
-    start = _field(
-        "cluster.calibration", lambda: Constants.from_dict(given.model_dump(exclude_none=True) if given else {})
-    )
-    result = _field("logs", lambda: fit(observations, start))
+    with relocated("cluster.calibration"):
+        start = Constants.from_dict(given.model_dump(exclude_none=True) if given else {})
+    with relocated("logs"):
+        result = fit(observations, start)
     constants = {group: values for group, values in result.constants.to_dict().items() if values}
     cluster = body.cluster.model_dump(exclude_none=True) | {"calibration": constants}
     return {
@@ -141,12 +144,3 @@ def _kept(observations, where, rows):
     """Where each fitted row came from (fit drops rows without bandwidth, so match by identity)."""
     index = {id(o): w for o, w in zip(observations, where, strict=True)}
     return [index[id(r.observation)] for r in rows]
-
-
-def _field(prefix: str, call):
-    """Run ``call``; a CollectiveError becomes a SpecError placed at ``prefix`` in the request body (under it
-    when ``prefix`` ends with a dot)."""
-    try:
-        return call()
-    except CollectiveError as err:
-        raise SpecError(prefix + err.field if prefix.endswith(".") else prefix, err.rule) from None

@@ -12,7 +12,7 @@ from planner import SpecError
 from planner.plan import cluster_for
 
 from ..convert import cluster_spec
-from ..errors import BAD_INPUT, relocate
+from ..errors import BAD_INPUT, relocated
 from ..limits import Estimate, call_work, check_router, encode, refuse, run_bounded
 from ..schemas.collectives import (
     AlgorithmOut,
@@ -62,7 +62,7 @@ def _price(body: PriceRequest, settings) -> dict:
     est.add(units, f"{body.op}: {groups} groups of {n} ranks")
     refuse(est, settings.max_work, "")
     cluster = cluster_for(spec)
-    try:
+    with relocated(fields=PRICE_FIELDS):
         p = price_call(
             coll.Op(body.op),
             body.message_bytes,
@@ -74,8 +74,6 @@ def _price(body: PriceRequest, settings) -> dict:
             nccl_algo=body.nccl_algo,
             nccl_proto=body.nccl_proto,
         )
-    except coll.CollectiveError as err:
-        raise relocate(err, fields=PRICE_FIELDS) from None
     return {
         **{
             k: getattr(p, k)

@@ -8,14 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from collectives import CollectiveError
-from planner import Plan, SpecError, build_plan
+from planner import Plan
 from planner.exports import aicb_omitted, nccl_tests_script, plan_csv, simai_workload
 
 from ..errors import BAD_INPUT
-from ..limits import encode, run_bounded
-from ..schemas.plan import PlanOut, PlanRequest
-from .plan import bounded_inputs, run_plan
+from ..limits import run_bounded
+from ..schemas.plan import PlanRequest
+from ..serialize import plan_json
+from .plan import plan_of
 
 router = APIRouter(prefix="/v1/plan/export", tags=["plan"])
 
@@ -38,14 +38,6 @@ MEDIA = {
     Format.NCCL_TESTS: ("text/x-shellscript; charset=utf-8", "sh"),
     Format.SIMAI: ("text/csv; charset=utf-8", "csv"),
 }
-
-
-def typed_plan(request: PlanRequest, settings) -> Plan:
-    """The plan, after its work is estimated and found within the budget (as POST /v1/plan does)."""
-    try:
-        return build_plan(*bounded_inputs(request, settings)[0])
-    except CollectiveError as err:  # an algorithm pinned in options that cannot run somewhere
-        raise SpecError(f"options.{err.field}", err.rule) from None
 
 
 def render(plan: Plan, fmt: Format, stage: int = 0, launcher: Launcher = Launcher.MPIRUN) -> str:
@@ -80,12 +72,12 @@ async def export(
     media, ext = MEDIA[fmt]
     headers = {"Content-Disposition": f'attachment; filename="commplan-plan.{ext}"'}
     if fmt is Format.JSON:  # exactly what POST /v1/plan answers, blocks added there included
-        answer = await run_bounded(request, lambda: encode(run_plan(body, settings), PlanOut))
+        answer = await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
         return Response(answer.body, media_type=media, headers=headers)
     omitted: list[str] = []
 
     def work() -> bytes:
-        plan = typed_plan(body, settings)
+        plan = plan_of(body, settings)
         if fmt is Format.SIMAI:
             omitted.extend(aicb_omitted(plan, stage))
         return render(plan, fmt, stage, launcher).encode()

@@ -12,14 +12,15 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from collectives import CollectiveError
-from planner import SpecError, build_plan
+from planner import Plan, SpecError, build_plan
 from planner.deadline import check as check_deadline
 from planner.explore import DEFAULT_SIZES, explore
 
 from ..convert import plan_inputs
-from ..errors import BAD_INPUT, detail, error_detail, relocate, validation_detail
+from ..errors import BAD_INPUT, detail, error_detail, nested, relocated, validation_detail
 from ..limits import Estimate, check_router, encode, plan_work, refuse, run_bounded
 from ..schemas.plan import BatchItem, BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
+from ..serialize import exploration_json, plan_json, plan_out
 
 router = APIRouter(prefix="/v1/plan", tags=["plan"])
 
@@ -33,12 +34,11 @@ def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, **
     return inputs, estimate
 
 
-def run_plan(request: PlanRequest, settings, inputs=None) -> dict:
+def plan_of(request: PlanRequest, settings, inputs=None) -> Plan:
+    """The typed plan of a request, after its work is estimated and found within the budget."""
     inputs = inputs or bounded_inputs(request, settings)[0]
-    try:
-        return build_plan(*inputs).to_dict()
-    except CollectiveError as err:  # an algorithm pinned in options that cannot run somewhere
-        raise relocate(err, "options.") from None
+    with relocated("options."):  # an algorithm pinned in options that cannot run somewhere
+        return build_plan(*inputs)
 
 
 @router.post(
@@ -52,7 +52,7 @@ def run_plan(request: PlanRequest, settings, inputs=None) -> dict:
 )
 async def plan(body: PlanRequest, request: Request) -> Response:
     settings = request.app.state.settings
-    return await run_bounded(request, lambda: encode(run_plan(body, settings), PlanOut))
+    return await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
 
 
 @router.post(
@@ -116,10 +116,10 @@ def _estimate(item: dict, settings) -> tuple | bytes:
 
 def _one(item: dict, settings, inputs) -> bytes:
     try:
-        result = {"ok": True, "plan": run_plan(PlanRequest.model_validate(item), settings, inputs)}
+        plan = plan_out(plan_of(PlanRequest.model_validate(item), settings, inputs))
     except (SpecError, CollectiveError) as err:
         return _failed(error_detail(err))
-    return encode(result, BatchItem)
+    return BatchItem(ok=True, plan=plan).model_dump_json().encode()
 
 
 def _failed(errors: list[dict]) -> bytes:
@@ -140,7 +140,10 @@ async def explore_call(body: ExploreRequest, request: Request) -> Response:
     def work() -> bytes:
         sizes = [s for s in (body.sizes or []) if s >= 0] or None
         count = len(sizes or DEFAULT_SIZES) + 1
-        inputs, _ = bounded_inputs(body.request, settings, call=body.call, stage=body.stage, sizes=count)
-        return encode(explore(*inputs[:4], body.call, body.stage, sizes, inputs[4]), ExploreOut)
+        with nested("request."):  # the plan request is the body's `request` block
+            inputs, _ = bounded_inputs(body.request, settings, call=body.call, stage=body.stage, sizes=count)
+            with relocated("options."):  # as for the plan
+                exploration = explore(*inputs[:4], body.call, body.stage, sizes, inputs[4])
+        return exploration_json(exploration)
 
     return await run_bounded(request, work)

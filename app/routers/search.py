@@ -20,9 +20,10 @@ from planner import SpecError
 from planner.search import Cancelled, Constraints, Problem, SearchResult, search, space_of
 
 from ..convert import cluster_spec, model_spec, workload_spec
-from ..errors import BAD_INPUT, error_detail
+from ..errors import BAD_INPUT, error_detail, relocated
 from ..limits import acquire_slot
 from ..schemas.search import SearchOut, SearchRequest
+from ..serialize import progress_line, search_dict
 
 router = APIRouter(prefix="/v1/search", tags=["search"])
 NDJSON = "application/x-ndjson"
@@ -61,30 +62,6 @@ def check_size(problem: Problem, limit: int) -> int:
     return size
 
 
-def result_dict(result: SearchResult) -> dict:
-    out = result.outcome
-    return {
-        "evaluated": out.evaluated,
-        "feasible": out.feasible,
-        "bounded": out.bounded,
-        "elapsed_s": result.elapsed_s,
-        "space_size": result.space_size,
-        "pruned": dict(sorted(out.pruned.counts.items())),
-        "pruned_examples": dict(sorted(out.pruned.examples.items())),
-        "layouts_per_s": out.evaluated / result.elapsed_s if result.elapsed_s else 0.0,
-        "workers": result.workers,
-        "results": [
-            {
-                **r.layout.to_dict(),
-                "step": r.plan.get("step"),
-                "memory": r.plan.get("memory"),
-                "communication_s": r.plan["totals"]["time_s"],
-            }
-            for r in result.results
-        ],
-    }
-
-
 def wants_stream(request: Request, stream: bool) -> bool:
     return stream or NDJSON in request.headers.get("accept", "")
 
@@ -115,7 +92,7 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
             await asyncio.wait({task}, timeout=POLL_S)
             if not task.done() and await request.is_disconnected():
                 cancel.set()
-        return JSONResponse(result_dict(task.result()))
+        return JSONResponse(search_dict(task.result()))
     finally:
         cancel.set()
         if not wants_stream(request, stream):
@@ -123,10 +100,8 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
 
 
 def _run(problem: Problem, cancel: threading.Event, progress, limit: int) -> SearchResult:
-    try:
+    with relocated("cluster."):  # a cluster the search's pricing cannot run on
         return search(problem, progress=progress, cancelled=cancel.is_set, max_layouts=limit)
-    except CollectiveError as err:
-        raise SpecError(f"cluster.{err.field}", err.rule) from None
 
 
 async def _stream(problem: Problem, request: Request, cancel: threading.Event, settings, release):
@@ -134,7 +109,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
     lines: asyncio.Queue = asyncio.Queue()
 
     def progress(state: dict) -> None:
-        loop.call_soon_threadsafe(lines.put_nowait, {"type": "progress", **state})
+        loop.call_soon_threadsafe(lines.put_nowait, {"type": "progress", **progress_line(state)})
 
     task = asyncio.ensure_future(asyncio.to_thread(_run, problem, cancel, progress, max_layouts(settings)))
     try:
@@ -151,7 +126,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
             if task.done() and lines.empty():
                 break
         try:
-            yield json.dumps({"type": "result", **result_dict(task.result())}) + "\n"
+            yield json.dumps({"type": "result", **search_dict(task.result())}) + "\n"
         except (SpecError, CollectiveError) as err:
             yield json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
         except Cancelled:
@@ -161,4 +136,4 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
         release()
 
 
-__all__ = ["problem_of", "result_dict", "router"]
+__all__ = ["problem_of", "router"]

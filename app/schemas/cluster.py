@@ -32,7 +32,7 @@ class NetworkIn(Strict):
     switch_latency_s: float | None = Latency
     in_network_reduction: bool | None = Field(default=None, description="SHARP in the switches (NCCL CollNet)")
     kind: str | None = Field(
-        default=None, max_length=16, description="network kind: ib, roce, efa or tcpxo (sets the per-hop latency)"
+        default=None, max_length=16, description="network kind: ib, roce, efa, efa_sendrecv, tcpxo (per-hop latency)"
     )
 
 

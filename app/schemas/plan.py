@@ -3,14 +3,16 @@ GB/s = 1e9 bytes/s per direction. Every block may be ``{"preset": NAME, ...overr
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.plan import PricedCall
 from planner.presets import BOUNDS
 
 from .base import DeviceId, MessageBytes, Strict
 from .cluster import ClusterIn, LinkOut
+from .read import From, reader
 
 # Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
 # request cheap; they are far above any real model.
@@ -84,6 +86,9 @@ class WorkloadIn(Strict):
     attention_mask_in_dataloader: bool | None = Field(
         default=None,
         description="Megatron --create-attention-mask-in-dataloader (default true): mask broadcast over TP",
+    )
+    attention_kernel: Literal["flash", "unfused"] | None = Field(
+        default=None, description="core attention: flash (default) or unfused (Megatron-LM 2021-22: scores in HBM)"
     )
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
@@ -175,49 +180,88 @@ class PlanRequest(Strict):
     )
 
 
-# ---- response ------------------------------------------------------------------------------------------
+# ---- response ----------------------------------------------------------------------------------------
+# Read straight from the planner's dataclasses (app/serialize.py, app/schemas/read.py): a field is the
+# attribute of its name unless ``From`` says where it lives, so each wire key is written once, here.
 
 
-class PlacementOut(BaseModel):
-    span: Literal["intra_node", "inter_node"]
-    nodes_per_group: int
-    bottleneck: str = Field(description="kind of the busiest link: nvlink, pcie, nic, leaf_uplink, ...")
-    bottleneck_link: str
-    busbw_GBps: float
-    algbw_GBps: float
-    steps: int
+class Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+def _bottleneck(pc: PricedCall) -> str:
+    return pc.price.bottleneck.get("kind", "none")
+
+
+def _bottleneck_link(pc: PricedCall) -> str:
+    return pc.links[0]["label"] if pc.links else ""
+
+
+def _group_dims(pc: PricedCall) -> list[str]:
+    group = pc.call.group
+    return [group.pairs] if group.pairs else list(group.dims)
+
+
+class PlacementOut(Out):
+    span: Annotated[Literal["intra_node", "inter_node"], From("price.span")]
+    nodes_per_group: Annotated[int, From("price.nodes_per_group")]
+    bottleneck: Annotated[str, From(derive=_bottleneck)] = Field(
+        description="kind of the busiest link: nvlink, pcie, nic, leaf_uplink, ..."
+    )
+    bottleneck_link: Annotated[str, From(derive=_bottleneck_link)]
+    busbw_GBps: Annotated[float, From("price.busbw_GBps")]
+    algbw_GBps: Annotated[float, From("price.algbw_GBps")]
+    steps: Annotated[int, From("price.steps")]
     group_ranks: list[int] = Field(description="the global ranks of the first group, in schedule order")
     group_devices: list[int] = Field(description="the devices those ranks run on")
     links: list[LinkOut] = Field(description="the busiest links while this call runs on every group")
-    protocol: str = Field(default="", description="library pricing: NCCL protocol (LL, LL128, Simple)")
-    nccl_algorithm: str = Field(default="", description="library pricing: NCCL algorithm (Ring, Tree, NVLS, ...)")
-    channels: int = Field(default=0, description="library pricing: NCCL channels")
+    protocol: Annotated[str, From("price.protocol")] = Field(
+        default="", description="library pricing: NCCL protocol (LL, LL128, Simple)"
+    )
+    nccl_algorithm: Annotated[str, From("price.nccl_algorithm")] = Field(
+        default="", description="library pricing: NCCL algorithm (Ring, Tree, NVLS, ...)"
+    )
+    channels: Annotated[int, From("price.channels")] = Field(default=0, description="library pricing: NCCL channels")
 
 
-class CallOut(BaseModel):
-    name: str
-    parallelism: Literal["tp", "cp", "pp", "dp", "ep", "edp", "embedding"]
-    op: str
-    phase: Literal["forward", "backward", "optimizer"]
-    stages: list[int]
+class CallOut(Out):
+    # read from a planner.plan.PricedCall (its call, its price, group 0 and the busiest links)
+    name: Annotated[str, From("call.name")]
+    parallelism: Annotated[Literal["tp", "cp", "pp", "dp", "ep", "edp", "embedding"], From("call.parallelism")]
+    op: Annotated[str, From("call.op")]
+    phase: Annotated[Literal["forward", "backward", "optimizer"], From("call.phase")]
+    stages: Annotated[list[int], From("call.stages")]
     group_size: int
     num_groups: int
-    message_bytes: int = Field(description="nccl-tests convention; sendrecv: what one rank sends")
-    calls_per_iteration: int = Field(description="per rank of each listed stage")
-    algorithm: str = Field(description="the executable schedule (verify proves it)")
-    protocol: str = Field(default="", description="library pricing: NCCL protocol; empty under schedule pricing")
-    nccl_algorithm: str = Field(default="", description="library pricing: NCCL algorithm")
-    bytes_sent_per_rank: int = Field(description="one call, busiest rank")
-    bytes_received_per_rank: int
-    time_s: float = Field(description="one call")
-    dtype: str
-    group_dims: list[str]
-    expert_grid: bool
-    source: str
+    message_bytes: Annotated[int, From("call.message_bytes")] = Field(
+        description="nccl-tests convention; sendrecv: what one rank sends"
+    )
+    calls_per_iteration: Annotated[int, From("call.calls_per_iteration")] = Field(
+        description="per rank of each listed stage"
+    )
+    algorithm: Annotated[str, From("price.algorithm")] = Field(description="the executable schedule (verify proves it)")
+    protocol: Annotated[str, From("price.protocol")] = Field(
+        default="", description="library pricing: NCCL protocol; empty under schedule pricing"
+    )
+    nccl_algorithm: Annotated[str, From("price.nccl_algorithm")] = Field(
+        default="", description="library pricing: NCCL algorithm"
+    )
+    bytes_sent_per_rank: Annotated[int, From("price.bytes_sent_per_rank")] = Field(description="one call, busiest rank")
+    bytes_received_per_rank: Annotated[int, From("price.bytes_received_per_rank")]
+    time_s: Annotated[float, From("price.time_s")] = Field(description="one call")
+    dtype: Annotated[str, From("call.dtype")]
+    group_dims: Annotated[list[str], From(derive=_group_dims)]
+    expert_grid: Annotated[bool, From("call.group.expert")]
+    source: Annotated[str, From("call.source")]
     placement: PlacementOut
 
+    @model_validator(mode="before")
+    @classmethod
+    def _priced_call(cls, data):
+        return reader(cls)(data) if isinstance(data, PricedCall) else data
 
-class Amounts(BaseModel):
+
+class Amounts(Out):
     message_bytes: int
     bytes_sent: int
     time_s: float
@@ -227,14 +271,14 @@ class StageTotals(Amounts):
     stage: int
 
 
-class TotalsOut(BaseModel):
+class TotalsOut(Out):
     time_s: float = Field(description="the busiest stage's communication time, calls serialised")
     busiest_stage: int
     per_stage: list[StageTotals]
     by_parallelism: dict[str, Amounts] = Field(description="each parallelism's share on the busiest stage")
 
 
-class TimelineEvent(BaseModel):
+class TimelineEvent(Out):
     stage: int
     stream: str = Field(description="compute | dp")
     name: str = Field(description="forward, backward, 1f1b (aggregated steady state), optimizer, grad_reduce, ...")
@@ -244,7 +288,7 @@ class TimelineEvent(BaseModel):
     end_s: float
 
 
-class StepOut(BaseModel):
+class StepOut(Out):
     time_s: float = Field(description="one iteration (training step, prefill pass or decode step), critical path")
     compute_s: float = Field(description="compute on the critical stage")
     exposed_comm_s: float = Field(description="communication not hidden behind compute on the critical stage")
@@ -255,7 +299,7 @@ class StepOut(BaseModel):
     timeline: list[TimelineEvent] = Field(description="aggregated beyond 256 compute blocks (docs/step-time.md)")
 
 
-class StageMemoryOut(BaseModel):
+class StageMemoryOut(Out):
     stage: int
     param_count: int = Field(description="parameters one rank of the stage holds before ZeRO sharding")
     params_bytes: int
@@ -266,13 +310,13 @@ class StageMemoryOut(BaseModel):
     peak_bytes: int
 
 
-class MemoryOut(BaseModel):
+class MemoryOut(Out):
     capacity_bytes: int
     fits: bool
     per_stage: list[StageMemoryOut]
 
 
-class PlanOut(BaseModel):
+class PlanOut(Out):
     world_size: int
     num_microbatches: int
     params_total: int
@@ -300,18 +344,18 @@ class BatchRequest(Strict):
     requests: list[dict[str, Any]] = Field(description="plan requests, each as for POST /v1/plan", max_length=100_000)
 
 
-class ErrorOut(BaseModel):
+class ErrorOut(Out):
     status: int
     detail: list[dict[str, Any]]
 
 
-class BatchItem(BaseModel):
+class BatchItem(Out):
     ok: bool
     plan: PlanOut | None = None
     error: ErrorOut | None = None
 
 
-class BatchOut(BaseModel):
+class BatchOut(Out):
     results: list[BatchItem]
 
 
@@ -339,14 +383,14 @@ class ExploreRequest(Strict):
     )
 
 
-class SeriesOut(BaseModel):
+class SeriesOut(Out):
     algorithm: str
     time_s: list[float | None]
     busbw_GBps: list[float | None]
     note: str
 
 
-class ExploreOut(BaseModel):
+class ExploreOut(Out):
     call: str
     op: str
     stages: list[int]

@@ -59,7 +59,8 @@ DEFAULT = Calibration()
 # The clusters behind the records of tests/reference/nccl/measurements.json, from each record's own
 # description of its interconnect. EFA (AWS) has a far longer per-message latency than InfiniBand: the
 # aws-ofi-nccl plugin over SRD, ~15 us one way (AWS EFA documentation); that is a property of the NIC,
-# used for every EFA record alike.
+# used for every EFA record alike. The EFA records are p4de (EFA without RDMA write), where aws-ofi-nccl
+# runs its SENDRECV protocol (src/platform-aws.cpp): network kind "efa_sendrecv".
 EFA_LATENCY_S = 15e-6
 
 
@@ -96,7 +97,7 @@ def cluster_for_record(record: dict):
             nics_per_node=4,
             nic_bandwidth_GBps=12.5,
             nic_latency_s=EFA_LATENCY_S,
-            network=replace(base.network, rail_optimized=False, kind="efa"),
+            network=replace(base.network, rail_optimized=False, kind="efa_sendrecv"),
         )
     if "4x" in text and "200" in text:
         return replace(base, nics_per_node=4, nic_bandwidth_GBps=25.0)

@@ -188,8 +188,9 @@ def hgx_h800(num_nodes: int = 1) -> ClusterSpec:
 
 def aws_p5(num_nodes: int = 1) -> ClusterSpec:
     """AWS p5.48xlarge: 8 H100 on NVSwitch (450 GB/s, NVLS); 32 x 100 Gb/s EFA (3,200 Gb/s per instance),
-    four NICs per GPU, EFA/SRD through aws-ofi-nccl; not rail-optimised from NCCL's view. Source: AWS EC2
-    P5 instance documentation."""
+    four NICs per GPU, EFA/SRD through aws-ofi-nccl; not rail-optimised from NCCL's view. Network kind ``efa``:
+    aws-ofi-nccl runs its RDMA-write protocol on p5 (src/platform-aws.cpp default_protocol); p4d/p4de clusters
+    are ``efa_sendrecv``. Sources: AWS EC2 P5 instance documentation; aws/aws-ofi-nccl."""
     return _hgx("aws-p5", num_nodes, "h100-sxm5-80gb", 450.0, 32, 12.5, kind="efa", rail=False,
                 description="AWS p5.48xlarge: 8 H100, 32 x 100G EFA",
                 sources=("AWS EC2 P5 instance documentation",))
@@ -197,10 +198,13 @@ def aws_p5(num_nodes: int = 1) -> ClusterSpec:
 
 def gcp_a3_mega(num_nodes: int = 1) -> ClusterSpec:
     """Google Cloud a3-megagpu-8g: 8 H100 on NVSwitch (450 GB/s); 8 x 200 Gb/s NICs with GPUDirect-TCPXO
-    (1,600 Gb/s per VM). Source: Google Cloud A3 Mega machine type documentation."""
-    return _hgx("gcp-a3-mega", num_nodes, "h100-sxm5-80gb", 450.0, 8, 25.0, kind="tcpxo",
+    (1,600 Gb/s per VM). NVLS off and the Simple protocol only, as Google's TCPXO NCCL profile sets them
+    (NCCL_NVLS_ENABLE=0, NCCL_PROTO=Simple: library/model.py NETWORK_PROTOCOLS). Sources: Google Cloud A3 Mega
+    machine type documentation; GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo."""
+    return _hgx("gcp-a3-mega", num_nodes, "h100-sxm5-80gb", 450.0, 8, 25.0, kind="tcpxo", nvls=False,
                 description="GCP a3-megagpu-8g: 8 H100, 8 x 200G TCPXO",
-                sources=("Google Cloud A3 Mega machine type documentation",))
+                sources=("Google Cloud A3 Mega machine type documentation",
+                         "GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo NCCL profile"))
 
 
 def azure_nd_h100_v5(num_nodes: int = 1) -> ClusterSpec:

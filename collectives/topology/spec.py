@@ -3,14 +3,14 @@ in seconds). The HTTP layer maps its pydantic models onto these; presets.py hold
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from .._errors import CollectiveError
 from .gpu import GPUSpec
 
 INTRA_FABRICS = ("switch", "full_mesh", "ring", "none")
 NETWORKS = ("fat_tree", "torus", "dragonfly", "hypercube", "none")
-NETWORK_KINDS = ("ib", "roce", "efa", "tcpxo")  # per-hop latency by kind: library/calibration.py
+NETWORK_KINDS = ("ib", "roce", "efa", "efa_sendrecv", "tcpxo")  # per-hop latency by kind: library/calibration.py
 CPU_VENDORS = ("intel", "amd", "arm")  # NCCL's llMaxBw across nodes and per-step net overhead depend on it
 NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in library/tables.py
 
@@ -53,7 +53,7 @@ class Network:
     link_bandwidth_GBps: float = 50.0
     switch_latency_s: float = 0.15e-6
     in_network_reduction: bool = False  # SHARP in the switches (NCCL CollNet)
-    kind: str = "ib"  # ib | roce | efa | tcpxo
+    kind: str = "ib"  # ib | roce | efa | efa_sendrecv | tcpxo
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,6 @@ class ClusterSpec:
     @property
     def num_devices(self) -> int:
         return self.num_nodes * self.devices_per_node
-
-    def with_nodes(self, num_nodes: int) -> ClusterSpec:
-        return replace(self, num_nodes=num_nodes)
 
 
 def spec_block(spec: ClusterSpec) -> dict:

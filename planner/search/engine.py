@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._errors import SpecError
-from ..plan import build_plan
+from ..plan import Plan, build_plan
 from .evaluate import Outcome, Problem, evaluate_shapes, kth, space_of
 from .space import MEMORY, Layout, Pruned, Shape
 
@@ -33,7 +33,7 @@ class Cancelled(Exception):
 @dataclass
 class Ranked:
     layout: Layout
-    plan: dict  # Plan.to_dict() of the layout: step and memory blocks as /v1/plan answers them
+    plan: Plan  # the layout through build_plan: step and memory as /v1/plan answers them
 
     @property
     def time_s(self) -> float:
@@ -50,18 +50,16 @@ class SearchResult:
     pruned: Pruned = field(default_factory=Pruned)
 
 
-def step_time(plan: dict) -> float:
+def step_time(plan: Plan) -> float:
     """The plan's step time; the communication of its busiest stage where no step model applies."""
-    step = plan.get("step")
-    return step["time_s"] if step else plan["totals"]["time_s"]
+    return plan.step.time_s if plan.step else plan.totals.time_s
 
 
-def fits(plan: dict, headroom: float) -> bool:
-    memory = plan.get("memory")
-    if not memory:
+def fits(plan: Plan, headroom: float) -> bool:
+    if not plan.memory:
         return True
-    limit = memory["capacity_bytes"] * (1 - headroom)
-    return all(s["peak_bytes"] <= limit for s in memory["per_stage"])
+    limit = plan.memory.capacity_bytes * (1 - headroom)
+    return all(s.peak_bytes <= limit for s in plan.memory.per_stage)
 
 
 def chunks(shapes: list[Shape], cost: Callable[[Shape], int], target: int) -> list[list[Shape]]:
@@ -194,12 +192,11 @@ def _exact(problem: Problem, total: Outcome) -> list[Ranked]:
         plan = build_plan(
             problem.model, layout.workload(problem.work), layout.parallel, problem.cluster, problem.options
         )
-        data = plan.to_dict()
-        if not fits(data, problem.constraints.memory_headroom):  # the screen and the plan disagree: trust the plan
+        if not fits(plan, problem.constraints.memory_headroom):  # the screen and the plan disagree: trust the plan
             total.feasible -= 1
             total.pruned.add(MEMORY, 1)
             continue
-        ranked.append(Ranked(layout, data))
+        ranked.append(Ranked(layout, plan))
     ranked.sort(key=lambda r: r.time_s)
     return ranked[: problem.top_k]
 
@@ -208,7 +205,7 @@ def _progress(total: Outcome, size: int, elapsed: float) -> dict:
     best = None
     if total.best:
         score, _, layout = total.best[0]
-        best = {"step_time_s": score, **layout.to_dict()}
+        best = {"step_time_s": score, "layout": layout}  # the app writes the layout (app/serialize.py)
     return {
         "done": total.done,
         "total": size,

@@ -26,7 +26,7 @@ then prune, counted by reason):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from .._errors import SpecError
 from ..model import ModelSpec
@@ -172,22 +172,6 @@ class Layout:
 
     def workload(self, base: WorkloadSpec) -> WorkloadSpec:
         return replace(base, micro_batch_size=self.micro_batch_size, activation_recompute=self.activation_recompute)
-
-    def to_dict(self) -> dict:
-        """The parallel block as /v1/plan takes it (the fields the search chooses), and the two workload
-        choices."""
-        p = self.parallel
-        keep = (
-            "tp", "pp", "dp", "cp", "ep", "expert_tp", "zero_stage", "sequence_parallel",
-            "virtual_pipeline_stages", "pipeline_schedule", "framework", "first_stage_layers", "last_stage_layers",
-        )  # fmt: skip
-        return {
-            "parallel": {
-                f.name: getattr(p, f.name) for f in fields(p) if f.name in keep and getattr(p, f.name) is not None
-            },
-            "micro_batch_size": self.micro_batch_size,
-            "activation_recompute": self.activation_recompute,
-        }
 
 
 @dataclass

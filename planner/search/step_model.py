@@ -26,7 +26,7 @@ bound <= step time.
 
 The search re-evaluates its best layouts with ``build_plan`` itself, so the step and memory blocks it
 answers are exactly /v1/plan's. Without a GPU spec there is no step time or memory: the screen ranks by the
-communication of the busiest stage (``Plan.totals()["time_s"]``) and every layout fits.
+communication of the busiest stage (``Plan.totals.time_s``) and every layout fits.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def test_aicb_rows_add_up_to_the_stage_totals():
         rows = parse_aicb(simai_workload(plan, stage))
         assert not aicb_omitted(plan, stage)
         total = sum(int(r["msg_size"]) for r in rows)
-        assert total == plan.totals()["per_stage"][stage]["message_bytes"]
+        assert total == plan.totals.per_stage[stage].message_bytes
         on_stage = [pc for pc in plan.calls if stage in pc.call.stages]
         assert len(rows) - 1 == sum(pc.call.calls_per_iteration for pc in on_stage)
     # forward rows come before backward rows, the optimizer's last

@@ -269,6 +269,29 @@ def test_per_hop_network_latency_by_kind():
     assert efa_us > 0 and tree.latency_us == pytest.approx(ib + 2 * 2 * efa_us)
 
 
+def test_efa_latency_follows_the_plugins_transport_protocol():
+    # aws-ofi-nccl src/platform-aws.cpp: SENDRECV on p4d/p4de (75 us reported to NCCL's tuner; 80 us fitted on
+    # the p4de records), RDMA write on p5 and later (AWS's ~15 us): the same tree pays 4 x the difference
+    p5 = _raw("aws-p5", 2)["tree", "Simple"].latency_us
+    sendrecv = Cluster(replace(cluster_preset("aws-p5", 2), network=replace(cluster_preset("aws-p5").network,
+                                                                             kind="efa_sendrecv")))
+    cands = candidates(Op.ALLREDUCE, shape_of(sendrecv, np.arange(16)), features_of(sendrecv), RAW)
+    tree = next(c for c in cands if (c.algorithm, c.protocol) == ("tree", "Simple"))
+    difference = RAW.network_latency_s["efa_sendrecv"] - RAW.network_latency_s["efa"]
+    assert difference == pytest.approx(65e-6)
+    assert tree.latency_us == pytest.approx(p5 + 2 * 2 * difference * 1e6)
+
+
+def test_tcpxo_runs_the_simple_protocol_without_nvls():
+    # Google's TCPXO NCCL profile: NCCL_PROTO=Simple, NCCL_NVLS_ENABLE=0 (gpudirect-tcpxo nccl-env-profile.sh)
+    across = _raw("gcp-a3-mega", 2)
+    assert {p for _, p in across} == {"Simple"} and not {"nvls", "nvls_tree"} & {a for a, _ in across}
+    assert {"LL", "LL128"} <= {p for _, p in _raw("gcp-a3-mega", 1)}  # inside a node the network is not used
+    cluster = Cluster(cluster_preset("gcp-a3-mega", 2))
+    with pytest.raises(CollectiveError, match="tcpxo networks run Simple only"):
+        price_call(Op.ALLREDUCE, 1024, np.arange(16)[None], cluster, pricing="library", nccl_proto="LL")
+
+
 def test_availability_rules():
     assert ("nvls_tree", "Simple") not in _raw("dgx-h100", 1)  # tuning.cc:502: no NVLSTree on one node
     assert ("nvls", "Simple") not in _raw("dgx-h100", 2)  # tuning.cc:505: NVLS across nodes needs CollNet

@@ -111,3 +111,91 @@ def test_gpu_without_a_needed_figure_is_named():
     with pytest.raises(SpecError) as err:
         check_gpu(None, "bf16")
     assert err.value.field == "cluster.gpu"
+
+
+# ---- unfused attention (Megatron-LM 2021-2022) and fp8 (TransformerEngine) ----------------------------------
+
+
+def work(**kw):
+    return WorkloadSpec(micro_batch_size=2, global_batch_size=16, **kw)
+
+
+def test_unfused_attention_is_two_batched_gemms_and_the_memory_bound_softmax_and_dropout():
+    """Per head: QK^T (s x d @ d x s) and PV (s x s @ s x d) over the whole square; 9 bytes per score forward
+    (softmax 4, dropout 5) and 11 backward (6 + 5) for GPT with dropout, the softmax alone without dropout."""
+    from planner.compute import unfused_attention
+
+    gpt = replace(GPT, linear_bias=True, learned_position_embeddings=True)  # GPT-2/3: dropout 0.1
+    hbm = A100.hbm_GBps * 1e9 * EFFICIENCY.hbm
+    s, d = gpt.seq_length, gpt.head_size
+    for tp in (1, 4):
+        c = Context(gpt, work(attention_kernel="unfused"), ParallelSpec(tp=tp, dp=1))
+        heads = 2 * gpt.num_attention_heads / tp
+        peak = A100.peak("bf16")
+        hbm_peak = A100.hbm_GBps * 1e9
+        gemms = heads * (gemm_s(s, s, d, 2, peak, hbm_peak) + gemm_s(s, d, s, 2, peak, hbm_peak))
+        fwd, bwd = unfused_attention(c, A100)
+        assert fwd == pytest.approx(gemms + heads * s * s * 9 / hbm)
+        assert bwd == pytest.approx(2 * gemms + heads * s * s * 11 / hbm)
+        _, attn = layer_forward(c, False, A100)
+        assert attn == pytest.approx(fwd)
+    llama = model_preset("llama3-8b")  # no dropout: the softmax alone
+    c = Context(llama, work(attention_kernel="unfused"), ParallelSpec(dp=1))
+    fwd, bwd = unfused_attention(c, H100)
+    hbm_h = H100.hbm_GBps * 1e9 * EFFICIENCY.hbm
+    scores = 2 * llama.num_attention_heads * llama.seq_length**2
+    peak_h = H100.peak("bf16") * 0.9
+    L, dh = llama.seq_length, llama.head_size
+    gemms = (
+        2
+        * llama.num_attention_heads
+        * (gemm_s(L, L, dh, 2, peak_h, H100.hbm_GBps * 1e9) + gemm_s(L, dh, L, 2, peak_h, H100.hbm_GBps * 1e9))
+    )
+    assert fwd == pytest.approx(gemms + scores * 4 / hbm_h)
+    assert bwd == pytest.approx(2 * gemms + scores * 6 / hbm_h)
+
+
+def test_unfused_attention_is_slower_than_flash_and_selective_recompute_reruns_it():
+    flash = stage_compute(Context(GPT, work(activation_recompute="selective"), ParallelSpec(dp=1)), 0, A100)
+    unfused_ctx = Context(GPT, work(activation_recompute="selective", attention_kernel="unfused"), ParallelSpec(dp=1))
+    unfused = stage_compute(unfused_ctx, 0, A100)
+    assert unfused.forward.attention_s > 2 * flash.forward.attention_s
+    assert unfused.forward.gemm_s == flash.forward.gemm_s  # the linear layers do not change
+    from planner.compute import unfused_attention
+
+    fwd, bwd = unfused_attention(unfused_ctx, A100)
+    assert unfused.backward.attention_s == pytest.approx(GPT.num_layers * (bwd + fwd))
+
+
+def test_fp8_runs_the_linear_gemms_at_175x_bf16_and_keeps_attention_and_head_in_bf16():
+    """cuBLAS 12.9 blog: fp8 GEMMs reach 1.75x bf16 on Hopper; TE keeps attention (fp8 DPA off), the tensors
+    between kernels and Megatron-Core's output layer in bf16; each GEMM's input and weight are cast (4 B each)."""
+    from planner.compute import FP8_CAST_BYTES, FP8_GEMM_SPEEDUP, _gemm_shapes, _head, gemm_peak
+
+    model = model_preset("llama3-8b")
+    bf16 = Context(model, work(), ParallelSpec(tp=2, dp=1, sequence_parallel=True))
+    fp8 = Context(model, work(activation_dtype="fp8"), ParallelSpec(tp=2, dp=1, sequence_parallel=True))
+    assert FP8_GEMM_SPEEDUP == 1.75
+    assert gemm_peak(fp8, H100) == pytest.approx(989.4e12 * 1.75 * 0.9)
+    assert gemm_peak(fp8, H100, "bf16") == gemm_peak(bf16, H100)
+    f8, a8 = layer_forward(fp8, False, H100)
+    f16, a16 = layer_forward(bf16, False, H100)
+    assert a8 == a16 and f8.elementwise_s == f16.elementwise_s
+    assert f16.fp8_cast_s == 0
+    elements = sum(m * k + k * n for m, n, k in _gemm_shapes(fp8, False))
+    assert f8.fp8_cast_s == pytest.approx(elements * FP8_CAST_BYTES / (H100.hbm_GBps * 1e9 * EFFICIENCY.hbm))
+    assert 1.2 < f16.gemm_s / f8.gemm_s <= 1.75  # thin shapes gain less (their operand traffic halves, not the rate)
+    assert _head(fp8, H100, EFFICIENCY) == _head(bf16, H100, EFFICIENCY)
+    from planner.compute import unfused_attention
+
+    unfused = {
+        dt: Context(model, work(activation_dtype=dt, attention_kernel="unfused"), bf16.par) for dt in ("fp8", "bf16")
+    }
+    assert unfused_attention(unfused["fp8"], H100) == unfused_attention(unfused["bf16"], H100)
+
+
+def test_unknown_attention_kernel_is_named():
+    from planner.workload import validate_workload
+
+    with pytest.raises(SpecError, match=r"workload\.attention_kernel"):
+        validate_workload(work(attention_kernel="xformers"))

@@ -2,6 +2,7 @@
 
 import pytest
 
+from app.serialize import plan_dict
 from collectives.topology import cluster_preset
 from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
 
@@ -19,8 +20,8 @@ from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_prese
 def test_neighbourhood_equals_full(cluster, par):
     model = model_preset("llama3-8b")
     work = WorkloadSpec(global_batch_size=par.dp * 4)
-    quick = build_plan(model, work, par, cluster).to_dict()
-    full = build_plan(model, work, par, cluster, Options(contention="full")).to_dict()
+    quick = plan_dict(build_plan(model, work, par, cluster))
+    full = plan_dict(build_plan(model, work, par, cluster, Options(contention="full")))
     for a, b in zip(quick["calls"], full["calls"], strict=True):
         assert a["name"] == b["name"]
         assert a["time_s"] == pytest.approx(b["time_s"], rel=1e-9), a["name"]
@@ -32,8 +33,8 @@ def test_custom_device_map_moves_groups_across_nodes():
     par = ParallelSpec(tp=8, dp=8)
     work = WorkloadSpec(global_batch_size=8)
     transposed = tuple(int((r % 8) * 8 + r // 8) for r in range(64))  # TP peers on different nodes
-    plain = build_plan(model, work, par, cluster, Options(pricing="schedule")).to_dict()
-    moved = build_plan(model, work, par, cluster, Options(device_map=transposed, pricing="schedule")).to_dict()
+    plain = plan_dict(build_plan(model, work, par, cluster, Options(pricing="schedule")))
+    moved = plan_dict(build_plan(model, work, par, cluster, Options(device_map=transposed, pricing="schedule")))
     qkv = lambda plan: next(c for c in plan["calls"] if c["name"] == "tp.attn.out_proj")  # noqa: E731
     assert qkv(plain)["placement"]["bottleneck"] == "nvlink" and qkv(plain)["placement"]["nodes_per_group"] == 1
     assert qkv(moved)["placement"]["bottleneck"] == "nic" and qkv(moved)["placement"]["nodes_per_group"] == 8

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from app.serialize import plan_dict
 from planner import SpecError, build_plan
 from planner.context import Context
 from planner.parallel import ZeroConfig, zero_config_from_dict
@@ -28,7 +29,7 @@ def ds_plan(reference, stage: int, micro_batches: int = 1, dtype: str = "fp32", 
         work, global_batch_size=work.global_batch_size * micro_batches, param_dtype=dtype, activation_dtype=dtype
     )
     par = replace(par, zero_config=ZeroConfig(**zero))
-    return build_plan(model, work, par, cluster).to_dict()["calls"]
+    return plan_dict(build_plan(model, work, par, cluster))["calls"]
 
 
 def rows(calls: list[dict], name: str) -> Counter:
@@ -155,7 +156,7 @@ def test_expert_parameters_are_their_own_group_on_the_expert_grid():
 
     model = ModelSpec(2, 1024, 8, 4096, 32000, 1024, moe=MoESpec(8, 2, 1024))
     par = ParallelSpec(dp=8, ep=4, zero_stage=2, framework="deepspeed")
-    calls = build_plan(model, WorkloadSpec(micro_batch_size=1, global_batch_size=8), par,
-                       cluster_preset("dgx-h100", 1)).to_dict()["calls"]  # fmt: skip
+    calls = plan_dict(build_plan(model, WorkloadSpec(micro_batch_size=1, global_batch_size=8), par,
+                       cluster_preset("dgx-h100", 1)))["calls"]  # fmt: skip
     edp = [c for c in calls if c["name"].startswith("edp.")]
     assert edp and all(c["parallelism"] == "edp" and c["expert_grid"] and c["group_size"] == 2 for c in edp)

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from app.serialize import plan_dict
 from collectives.topology import ClusterSpec, IntraNode, Network, cluster_preset
 from planner import ModelSpec, MoESpec, ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
 from planner.rules.deepep import distinct
@@ -21,7 +22,7 @@ def host(devices: int) -> ClusterSpec:
 
 
 def calls(model, work, par, cluster=None) -> list[dict]:
-    return build_plan(model, work, par, cluster or host(par.world_size)).to_dict()["calls"]
+    return plan_dict(build_plan(model, work, par, cluster or host(par.world_size)))["calls"]
 
 
 def named(plan: list[dict], name: str) -> list[dict]:

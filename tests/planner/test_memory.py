@@ -3,6 +3,7 @@ theoretical_memory_usage.py (18 B/param, 6 + 12/dp), the ZeRO paper (16 B/param,
 
 import pytest
 
+from app.serialize import plan_dict
 from collectives.topology import cluster_preset
 from planner import ModelSpec, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.compute import kv_cache_bytes_per_layer
@@ -126,7 +127,7 @@ def test_plan_warns_naming_the_stage_and_the_component():
     )
     assert plan.memory is not None and not plan.memory.fits
     assert any("stage 0 does not fit" in w and "optimizer" in w for w in plan.warnings)
-    out = plan.to_dict()["memory"]
+    out = plan_dict(plan)["memory"]
     row = out["per_stage"][0]
     assert row["peak_bytes"] == sum(row[k] for k in row if k.endswith("_bytes") and k != "peak_bytes")
     assert out["capacity_bytes"] == cluster_preset("dgx-h100").gpu.hbm_bytes
@@ -157,3 +158,19 @@ def test_warning_lists_the_stages_that_break_once():
     memory = [w for w in plan.warnings if "do not fit" in w]
     assert len(memory) == 1 and memory[0].startswith("stages 0-10 do not fit (11 of 16): stage 0 needs")
     assert "largest part: activations" in memory[0]
+
+
+def test_unfused_attention_keeps_the_score_tensors():
+    """Korthikanti et al. 2022 Table 2: without flash attention a layer keeps 5·a·s²·b bytes of scores (softmax
+    output, dropout mask and output), /t; selective recompute drops them; full recompute keeps them for the one
+    layer it re-runs at a time."""
+    from dataclasses import replace
+
+    gpt = replace(GPT, linear_bias=True, learned_position_embeddings=True)  # GPT-3: dropout, as Table 2
+    one_layer = 5 * gpt.num_attention_heads * gpt.seq_length**2 * B / 2
+    sched = Schedule("1f1b", 1, 16)  # one micro-batch in flight
+    for recompute, layers in (("none", gpt.num_layers), ("selective", 0), ("full", 1)):
+        flash = ctx(gpt, tp=2, recompute=recompute)
+        unfused = Context(gpt, replace(flash.work, attention_kernel="unfused"), flash.par)
+        diff = stage_activation_bytes(unfused, 0, sched) - stage_activation_bytes(flash, 0, sched)
+        assert diff == pytest.approx(layers * one_layer)

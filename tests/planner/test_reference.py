@@ -6,6 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from app.serialize import plan_dict
 from collectives.topology import ClusterSpec, IntraNode, Network
 from planner import ModelSpec, ParallelSpec, WorkloadSpec, build_plan
 from planner.layout import RankLayout
@@ -20,7 +21,7 @@ def test_pytorch_trace_step2_equals_plan_for_every_rank(reference, name):
     """Multiset of (op, group size, message bytes) per rank, steady-state step 2 (reference README)."""
     trace = reference(f"pytorch/{name}.json")
     model, work, par, cluster = specs_from_trace(trace)
-    plan = build_plan(model, work, par, cluster).to_dict()
+    plan = plan_dict(build_plan(model, work, par, cluster))
     stages = RankLayout(par).stage_of(np.arange(trace["world_size"]))
     for rank in range(trace["world_size"]):
         assert plan_ops(plan, int(stages[rank])) == trace_ops(trace, rank), f"rank {rank}"
@@ -36,7 +37,7 @@ def test_deepspeed_trace_step2_equals_plan_for_every_rank(reference, name):
     trace = reference(f"deepspeed/{name}.json")
     model, work, par, cluster = specs_from_trace(trace)
     assert par.framework == "deepspeed"
-    plan = build_plan(model, work, par, cluster).to_dict()
+    plan = plan_dict(build_plan(model, work, par, cluster))
     for rank in range(trace["world_size"]):
         assert plan_ops(plan, 0) == trace_ops(trace, rank), f"rank {rank}"
 
@@ -57,7 +58,7 @@ def _aicb_plan(sp: bool) -> dict:
     model = ModelSpec(32, 4096, 32, 11008, 32000, 4096)
     par = ParallelSpec(tp=2, dp=4, sequence_parallel=sp, zero_stage=1 if sp else 0)
     cluster = ClusterSpec("aicb", 1, 8, IntraNode("switch", 300.0), network=Network("none"))
-    return build_plan(model, WorkloadSpec(micro_batch_size=1, global_batch_size=8), par, cluster).to_dict()
+    return plan_dict(build_plan(model, WorkloadSpec(micro_batch_size=1, global_batch_size=8), par, cluster))
 
 
 @pytest.mark.parametrize("case", ["A", "B"])

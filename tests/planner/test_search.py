@@ -47,7 +47,7 @@ def brute_force(model, work, cluster, allowed):
             )
             w = replace(work, micro_batch_size=b, activation_recompute=rc)
             try:
-                plan = build_plan(model, w, par, cluster).to_dict()
+                plan = build_plan(model, w, par, cluster)
             except SpecError:
                 continue
             if fits(plan, 0.0):
@@ -154,13 +154,13 @@ def test_space_over_the_limit_is_refused_with_size_and_limit():
 
 def _published(preset, work, cluster, par, allowed):
     model = MODEL_PRESETS[preset]
-    plan = build_plan(model, work, par, cluster).to_dict()
-    assert plan["memory"]["fits"], plan["warnings"]
+    plan = build_plan(model, work, par, cluster)
+    assert plan.memory.fits, plan.warnings
     result = search(Problem(model, replace(work, micro_batch_size=1), cluster, Constraints.of(allowed), top_k=3))
     assert result.results
     best = result.results[0]
     assert best.time_s <= step_time(plan) * (1 + 1e-12)
-    assert best.plan["memory"]["fits"]
+    assert best.plan.memory.fits
     return step_time(plan), best
 
 

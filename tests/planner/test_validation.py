@@ -2,6 +2,7 @@
 
 import pytest
 
+from app.serialize import plan_dict
 from collectives.topology import cluster_preset
 from planner import ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
 from planner.model import MoESpec, validate_model
@@ -128,5 +129,5 @@ def test_moe_rules():
 
 
 def test_good_config_plans():
-    result = plan(ParallelSpec(tp=8, pp=4, dp=16, zero_stage=1, sequence_parallel=True)).to_dict()
+    result = plan_dict(plan(ParallelSpec(tp=8, pp=4, dp=16, zero_stage=1, sequence_parallel=True)))
     assert result["world_size"] == 512 and result["num_microbatches"] == 64

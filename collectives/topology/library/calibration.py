@@ -7,7 +7,7 @@ cluster, never fitted per record (fitted on tests/reference/nccl/measurements.js
 - ``latency_scale[span]``: multiplies NCCL's modelled latency, ``intra_node`` or ``inter_node``.
 - ``network_latency_s[kind]``: the network plugin's per-hop latency in seconds (NCCL's graph->latencyInter,
   added to the per-hop network latency and twice for Simple, tuning.cc:ncclTopoTuneModel v2.30.7-1), by
-  network kind (ib, roce, efa, tcpxo).
+  network kind (ib, roce, efa, efa_sendrecv, tcpxo).
 
 The names match collectives/topology/fit.py's constants (``efficiency.<kind>``, ``latency_scale.<span>``,
 ``network_latency_s.<kind>``), so fitted values go in unchanged (:meth:`LibraryCalibration.with_values`).
@@ -36,9 +36,13 @@ class LibraryCalibration:
         default_factory=lambda: {
             "ib": 0.0,  # NCCL's NET hwLat tables are InfiniBand's; the IB plugin reports no extra latency
             "roce": 1.0e-6,  # RoCE: switch buffering and PFC, ~1 us over IB (assumed; calibrate from logs)
-            # AWS EFA/SRD via aws-ofi-nccl: fitted on the p4de records (80 us; AWS quotes ~15 us one way for a
-            # message, the rest is the provider's per-step cost as NCCL's model places it)
-            "efa": 80.0e-6,
+            # AWS EFA/SRD through aws-ofi-nccl, by the plugin's transport protocol (its platform table,
+            # src/platform-aws.cpp default_protocol, aws-ofi-nccl v1.4.0-1383-g2daf7d30): RDMA write on p5,
+            # p5e, p5en, p6-b200, p6-b300 ("efa"): AWS's ~15 us one-way EFA latency (AWS EFA documentation),
+            # not fitted; SENDRECV on EFA without RDMA write, p3dn, p4d, p4de ("efa_sendrecv"): fitted on the
+            # p4de records (80 us; the plugin itself reports 75 us to NCCL's tuner for these platforms)
+            "efa": 15.0e-6,
+            "efa_sendrecv": 80.0e-6,
             "tcpxo": 20.0e-6,  # GCP TCPXO (GPUDirect-TCPX over TCP), assumed; calibrate from logs
         }
     )

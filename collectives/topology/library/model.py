@@ -121,9 +121,20 @@ def why_unavailable(algorithm: str, op: Op, shape: Shape, feat: Features) -> str
     return ""
 
 
+# Protocols a network's own NCCL set-up enables across nodes, where it restricts them. Google's GPUDirect-TCPXO
+# profile (GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo: nccl-env-profile.sh, sourced by
+# a3-mega workloads, and its nccl-env-profile-simple.sh since the Aug 2025 release) sets NCCL_PROTO=Simple with
+# NCCL_ALGO=Ring,Tree and NCCL_NVLS_ENABLE=0; LL is never enabled. Its opt-in LL128/NVLSTree profile hands the
+# choice to Google's tuner plugin (a3plus_tuner_config), which is not NCCL's model and is not modelled here.
+NETWORK_PROTOCOLS = {"tcpxo": ("Simple",)}
+
+
 def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features) -> str:
     if algorithm in ("nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat") and protocol != "Simple":
         return f"{algorithm} runs with the Simple protocol only"
+    allowed = NETWORK_PROTOCOLS.get(feat.network_kind)
+    if shape.nodes > 1 and allowed and protocol not in allowed:
+        return f"{feat.network_kind} networks run {' and '.join(allowed)} only (the provider's NCCL_PROTO profile)"
     if protocol == "LL128" and shape.ppn > 1 and not feat.nvlink:
         return "LL128 is enabled only over NVLink paths (typeIntra <= PATH_NVB)"
     if protocol == "LL128" and shape.sm < 70:

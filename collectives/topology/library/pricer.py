@@ -141,7 +141,10 @@ def _why_none(op, shape, feat, algos, protos) -> tuple[str, str]:
             for a in sorted(algos)
         ]
         return "nccl_algo", f"no enabled algorithm can run {op.value} here ({'; '.join(reasons)})"
-    return "nccl_proto", f"no NCCL algorithm runs {op.value} with protocol {', '.join(sorted(protos))} here"
+    runnable = [a for a in T.ALGORITHMS if not why_unavailable(a, op, shape, feat)]
+    rules = sorted({why_no_protocol(a, p, shape, feat) for a in runnable for p in protos} - {""})
+    because = f" ({'; '.join(rules)})" if rules else ""
+    return "nccl_proto", f"no NCCL algorithm runs {op.value} with protocol {', '.join(sorted(protos))} here{because}"
 
 
 def _proto_rule(algo, protos, shape, feat) -> str:

@@ -1,0 +1,89 @@
+"""The planner's typed results as the wire answers them: the one place a plan, an exploration or a search
+result becomes JSON. The response models (app/schemas) read the dataclasses' attributes directly
+(``from_attributes``), so each wire key is written once, in its schema."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from planner.explore import Exploration
+from planner.plan import Plan
+from planner.search import SearchResult
+from planner.search.space import Layout
+
+from .schemas.plan import ExploreOut, MemoryOut, PlanOut, StepOut
+
+# The parallel block of a search result: the fields the search chooses, as /v1/plan takes them.
+LAYOUT_FIELDS = (
+    "tp", "pp", "dp", "cp", "ep", "expert_tp", "zero_stage", "sequence_parallel",
+    "virtual_pipeline_stages", "pipeline_schedule", "framework", "first_stage_layers", "last_stage_layers",
+)  # fmt: skip
+
+
+def plan_out(plan: Plan) -> PlanOut:
+    return PlanOut.model_validate(plan, from_attributes=True)
+
+
+def plan_json(plan: Plan) -> bytes:
+    """The body of POST /v1/plan."""
+    return plan_out(plan).model_dump_json().encode()
+
+
+def plan_dict(plan: Plan) -> dict:
+    """The body of POST /v1/plan as Python data (the CLI, the batch items)."""
+    return plan_out(plan).model_dump(mode="json")
+
+
+def exploration_json(exploration: Exploration) -> bytes:
+    """The body of POST /v1/plan/explore."""
+    return ExploreOut.model_validate(exploration, from_attributes=True).model_dump_json().encode()
+
+
+def layout_block(layout: Layout) -> dict:
+    """A layout as a search answers it: the parallel block to post to /v1/plan as it is (unset fields left
+    out), and the two workload choices."""
+    p = layout.parallel
+    parallel = {f.name: getattr(p, f.name) for f in fields(p) if f.name in LAYOUT_FIELDS}
+    return {
+        "parallel": {k: v for k, v in parallel.items() if v is not None},
+        "micro_batch_size": layout.micro_batch_size,
+        "activation_recompute": layout.activation_recompute,
+    }
+
+
+def progress_line(state: dict) -> dict:
+    """A search's progress state (planner.search.engine) with its best layout as the wire writes layouts."""
+    best = state["best"]
+    return {**state, "best": best and {"step_time_s": best["step_time_s"], **layout_block(best["layout"])}}
+
+
+def search_dict(result: SearchResult) -> dict:
+    """The body of POST /v1/search (and its NDJSON result line)."""
+    out = result.outcome
+    return {
+        "evaluated": out.evaluated,
+        "feasible": out.feasible,
+        "bounded": out.bounded,
+        "elapsed_s": result.elapsed_s,
+        "space_size": result.space_size,
+        "pruned": dict(sorted(out.pruned.counts.items())),
+        "pruned_examples": dict(sorted(out.pruned.examples.items())),
+        "layouts_per_s": out.evaluated / result.elapsed_s if result.elapsed_s else 0.0,
+        "workers": result.workers,
+        "results": [
+            {
+                **layout_block(r.layout),
+                "step": _block(StepOut, r.plan.step),
+                "memory": _block(MemoryOut, r.plan.memory),
+                "communication_s": r.plan.totals.time_s,
+            }
+            for r in result.results
+        ],
+    }
+
+
+def _block(model, value) -> dict | None:
+    return None if value is None else model.model_validate(value, from_attributes=True).model_dump(mode="json")
+
+
+__all__ = ["exploration_json", "layout_block", "plan_dict", "plan_json", "plan_out", "progress_line", "search_dict"]
