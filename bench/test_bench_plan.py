@@ -1,10 +1,12 @@
-"""Whole-plan benchmarks (issues 4, 11): ledger, placement, pricing with contention, totals, step time and memory;
-target p50 <= 10 ms warm for the Llama-3 405B / 16,384-GPU plan (DESIGN.md §11).
+"""Whole-plan benchmarks (issues 4, 9, 11): ledger, placement, pricing with contention, totals, step time and
+memory; target p50 <= 10 ms for the Llama-3 405B / 16,384-GPU plan as a running service sees it (DESIGN.md §11).
 
-The price cache is emptied before every round so each round prices every call; clusters, schedules and the
-per-stage compute/parameter caches stay warm as they do in the running service. ``test_step_and_memory``
-times the pure functions the layout search calls (planner.step_time / planner.memory) on a priced plan;
-``test_serialise`` the app's JSON answer (app/serialize.py) of an already built plan.
+The price cache is emptied before every round so each round prices every call. What depends only on the specs
+stays warm as it does in the running service: clusters (``cluster_for``), schedules, per-(model, layout)
+parameter lists, per-layout placements and their neighbourhoods on the cluster, per-stage compute. No plan,
+ledger or response is cached. ``test_step_and_memory`` times the pure functions the layout search calls
+(planner.step_time / planner.memory) on a priced plan; ``test_serialise`` the app's JSON answer
+(app/serialize.py) of an already built plan.
 """
 
 import json

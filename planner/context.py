@@ -20,12 +20,14 @@ DEFAULT_GRAD_DTYPE = {
 
 @dataclass(frozen=True)
 class Context:
+    # Derived quantities are cached properties: the specs are frozen, and the rules, the step time and the
+    # memory model ask for them thousands of times per plan.
     model: ModelSpec
     work: WorkloadSpec
     par: ParallelSpec
     devices_per_node: int | None = None  # the cluster's; DeepEP dispatch needs it to split its two legs
 
-    @property
+    @cached_property
     def training(self) -> bool:
         return self.work.training
 
@@ -41,11 +43,11 @@ class Context:
             return 1
         return self.work.global_batch_size // (self.work.micro_batch_size * self.par.dp)
 
-    @property
+    @cached_property
     def b(self) -> int:
         return self.work.micro_batch_size if self.training else self.work.batch_size // self.par.dp
 
-    @property
+    @cached_property
     def s(self) -> int:
         """Tokens per sequence in one pass: the training sequence, the prompt, or 1 when decoding."""
         if self.training:
@@ -54,38 +56,38 @@ class Context:
             return 1
         return self.work.context_length or self.model.seq_length
 
-    @property
+    @cached_property
     def s_cp(self) -> int:
         return self.s // self.par.cp
 
-    @property
+    @cached_property
     def x(self) -> int:
         return DTYPE_BYTES[self.work.activation_dtype]
 
-    @property
+    @cached_property
     def activation(self) -> int:
         """A = b x s/c x h x x: the TP unit (one layer's activations on one CP rank)."""
         return self.b * self.s_cp * self.model.hidden_size * self.x
 
-    @property
+    @cached_property
     def tokens_local(self) -> int:
         """Tokens a rank holds between layers: sequence-parallel ranks hold 1/tp of them."""
         return self.b * self.s_cp // (self.par.tp if self.par.sp else 1)
 
     # ---- dtypes ------------------------------------------------------------------------------------
-    @property
+    @cached_property
     def grad_dtype(self) -> str:
         return self.work.grad_reduce_dtype or DEFAULT_GRAD_DTYPE[self.flavour] or self.work.param_dtype
 
-    @property
+    @cached_property
     def grad_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
 
-    @property
+    @cached_property
     def param_bytes(self) -> int:
         return DTYPE_BYTES[self.work.param_dtype]
 
-    @property
+    @cached_property
     def dispatch_bytes(self) -> int:
         return DTYPE_BYTES[self.work.moe_dispatch_dtype or self.work.activation_dtype]
 
@@ -103,7 +105,12 @@ class Context:
         return [[(chunk * p + s) * per_chunk + i for chunk in range(v) for i in range(per_chunk)] for s in range(p)]
 
     def moe_layers(self, stage: int) -> int:
-        return sum(self.model.is_moe_layer(i) for i in self.stage_layers[stage])
+        return self._moe_layers[stage]
+
+    @cached_property
+    def _moe_layers(self) -> tuple[int, ...]:
+        # asked for per stage by several rules, the step time and the memory model
+        return tuple(sum(self.model.is_moe_layer(i) for i in layers) for layers in self.stage_layers)
 
     def dense_layers(self, stage: int) -> int:
         return len(self.stage_layers[stage]) - self.moe_layers(stage)

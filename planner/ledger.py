@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, replace
 
 from collectives import Op
@@ -37,10 +37,14 @@ class Call:
             object.__setattr__(self, "parallelism", self.name.split(".")[0])
 
     def at(self, stage: int) -> Call:
-        # The same validated call on one stage. replace() would re-run __init__ and __post_init__; a plan
-        # builds thousands of these (every rule emits per stage), so copy and set the one field instead.
-        twin = copy.copy(self)
-        object.__setattr__(twin, "stages", (stage,))
+        return self.on((stage,))
+
+    def on(self, stages: tuple[int, ...]) -> Call:
+        # The same validated call on those stages. replace() would re-run __init__ and __post_init__, and
+        # copy.copy() goes through __reduce_ex__; a plan builds hundreds of these (every rule emits per
+        # stage), so clone the field dict and set the one field instead.
+        twin = object.__new__(Call)
+        twin.__dict__.update(self.__dict__, stages=stages)
         return twin
 
     def signature(self) -> tuple:
@@ -54,6 +58,17 @@ class Call:
             self.group,
             self.dtype,
         )
+
+
+def stage_classes(stages: Iterable[int], key: Callable[[int], Hashable]) -> dict[int, tuple[int, ...]]:
+    """Stages whose calls a rule derives from the same ``key`` (layer counts, say) issue the same calls:
+    the first stage of each class -> every stage of the class. A rule emits a class's calls once, on all
+    its stages, where its first stage comes, so merge_stages sees the rows in the same order as if every
+    stage had emitted its own."""
+    classes: dict[Hashable, list[int]] = {}
+    for stage in stages:
+        classes.setdefault(key(stage), []).append(stage)
+    return {members[0]: tuple(members) for members in classes.values()}
 
 
 def recomputed(call: Call, what: str = "activation recompute") -> Call:

@@ -14,8 +14,19 @@ MLA (DeepSeek) projections are all taken as TP-split: Megatron replicates the tw
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .context import Context
+from .ledger import stage_classes
+from .model import ModelSpec
+from .parallel import ParallelSpec
+from .workload import WorkloadSpec
+
+# (model, layout) pairs whose per-stage parameter lists are kept: a plan asks for every stage twice (the
+# data-parallel rule and the memory model), the layout search for the same few models many times
+STAGE_PARAMS_CACHE = 64
+
+Params = tuple["Param", ...]
 
 
 @dataclass(frozen=True)
@@ -25,8 +36,43 @@ class Param:
     unit: str  # the FSDP / ZeRO-3 unit: "root" (embedding, final norm, head) or "layer.N"
 
 
-def stage_params(ctx: Context, stage: int) -> tuple[list[Param], list[Param]]:
-    """(dense, expert) parameters of one rank of ``stage``."""
+def stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
+    """(dense, expert) parameters of one rank of ``stage``, as immutable tuples shared between plans."""
+    return _params_by_stage(ctx.model, ctx.par)[stage]
+
+
+@lru_cache(maxsize=STAGE_PARAMS_CACHE)
+def _params_by_stage(model: ModelSpec, par: ParallelSpec) -> tuple[tuple[Params, Params], ...]:
+    # the parameters depend on the model and the layout alone (never on the workload), so the key is
+    # those two frozen specs and any workload gives the same lists
+    ctx = Context(model, WorkloadSpec(), par)
+    return tuple(_stage_params(ctx, stage) for stage in range(par.pp))
+
+
+def alike_stages(ctx: Context) -> dict[int, tuple[int, ...]]:
+    """Stages whose ranks hold alike parameters (the same sizes, names and unit boundaries but for the layer
+    numbers): first stage -> every stage of the class (ledger.stage_classes), memoised like the lists."""
+    return _alike_stages(ctx.model, ctx.par)
+
+
+@lru_cache(maxsize=STAGE_PARAMS_CACHE)
+def _alike_stages(model: ModelSpec, par: ParallelSpec) -> dict[int, tuple[int, ...]]:
+    by_stage = _params_by_stage(model, par)
+    return stage_classes(range(par.pp), lambda stage: tuple(_shape(params) for params in by_stage[stage]))
+
+
+def _shape(params: Params) -> tuple:
+    """A parameter list with its layer numbers taken out: name within its unit, size, root or not, and which
+    unit of the list it belongs to."""
+    shape, unit, ordinal = [], None, -1
+    for p in params:
+        if p.unit != unit:
+            unit, ordinal = p.unit, ordinal + 1
+        shape.append((p.name.removeprefix(p.unit), p.numel, p.unit == "root", ordinal))
+    return tuple(shape)
+
+
+def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
     m, t = ctx.model, ctx.par.tp
     torch = ctx.flavour in ("torch", "deepspeed")  # DeepSpeed wraps the HF-style modules of the user's model
     vocab = m.vocab_size if torch else m.padded_vocab(t)
@@ -43,7 +89,7 @@ def stage_params(ctx: Context, stage: int) -> tuple[list[Param], list[Param]]:
         dense.append(Param("final_norm", m.norm_params(), "root"))
         if not m.tied_embeddings or ctx.par.pp > 1:
             dense.append(Param("output_layer", vocab // t * m.hidden_size, "root"))
-    return dense, expert
+    return tuple(dense), tuple(expert)
 
 
 def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
@@ -98,5 +144,5 @@ def _experts(ctx: Context, layer: int) -> list[Param]:
     return [Param(f"layer.{layer}.experts", local * per_expert, f"layer.{layer}")]
 
 
-def total(params: list[Param]) -> int:
+def total(params: Params) -> int:
     return sum(p.numel for p in params)

@@ -8,13 +8,22 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from collectives import CollectiveError, Op
-from collectives.topology import Cluster, ClusterSpec, Price, price_call
+from collectives.topology import (
+    Cluster,
+    ClusterSpec,
+    Price,
+    canonical,
+    cluster_for,
+    neighbourhood,
+    price_call,
+    tiling_unit,
+)
 from collectives.topology.library import normalise_algo, normalise_proto
 from collectives.topology.spec import spec_block
 
 from ._errors import SpecError
 from .context import Context
-from .layout import RankLayout
+from .layout import Group, RankLayout, layout_for
 from .ledger import Call
 from .memory import Memory
 from .model import ModelSpec, validate_model
@@ -125,11 +134,11 @@ def build_plan(
     validate_parallel(par, model, work, cluster.num_devices)
     _validate_options(options, cluster.num_devices)
     ctx = Context(model, work, par, devices_per_node=cluster.spec.devices_per_node)
-    layout = RankLayout(par)
     # the step-time switches do not change a price: keep them out of the price cache's key
     default = options.overlap == Overlap() and options.timeline
     pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
-    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, layout, cluster, pricing)]
+    pricer = _pricer(cluster, layout_for(par), pricing)
+    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
     gpu = cluster_spec.gpu
     if gpu is None:
@@ -151,13 +160,13 @@ def setup(
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
     _validate_options(options, cluster.num_devices)
-    return Context(model, work, par, devices_per_node=cluster.spec.devices_per_node), RankLayout(par), cluster
+    return Context(model, work, par, devices_per_node=cluster.spec.devices_per_node), layout_for(par), cluster
 
 
 def placement_priced(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> np.ndarray:
     """The groups a call's price is computed on, as ``_price`` chooses them: the devices its ranks run on
-    (``options.device_map``), every group under exact contention, else group 0's neighbourhood moved to the
-    first leaf unit."""
+    (``options.device_map``), every group under exact contention, else group 0's neighbourhood moved by the
+    cluster's symmetry (collectives/topology/symmetry.py)."""
     ranks = layout.placement(call.group, call.stages)
     placement = np.asarray(options.device_map)[ranks] if options.device_map else ranks
     return placement if options.exact_contention else canonical(neighbourhood(placement, cluster), cluster)[0]
@@ -206,48 +215,154 @@ def _validate_options(options: Options, num_devices: int) -> None:
 
 # ---- pricing with caches ------------------------------------------------------------------------------
 
-_CLUSTERS: OrderedDict = OrderedDict()
 _PRICES: OrderedDict = OrderedDict()
-CLUSTER_CACHE, PRICE_CACHE = 16, 20_000
+PRICE_CACHE = 20_000
+# (cluster, layout) pairs whose placements on the cluster are kept (each holds a few dozen small arrays)
+SITES_CACHE = 16
+_SITES: OrderedDict = OrderedDict()
+
+_symmetry_unit = tiling_unit  # the layout search's name for it (planner/search/evaluate.py)
 
 
-def cluster_for(spec: ClusterSpec) -> Cluster:
-    """Clusters are immutable: built once per spec and reused (routing tables, link rates)."""
-    cluster = _CLUSTERS.get(spec)
-    if cluster is None:
-        cluster = _CLUSTERS[spec] = Cluster(spec)
-        if len(_CLUSTERS) > CLUSTER_CACHE:
-            _CLUSTERS.popitem(last=False)
-    return cluster
+@dataclass(frozen=True)
+class _Site:
+    """Where one call's groups sit, and the placement that prices them: the neighbourhood of group 0 moved
+    to the start of the cluster by its symmetry (collectives/topology/symmetry.py), or every group where
+    it is when contention is priced exactly."""
+
+    ranks: np.ndarray  # groups x size, read-only
+    devices: np.ndarray  # where the ranks run
+    priced_on: np.ndarray
+    shift: int  # devices priced_on was moved down by (symmetry.canonical)
+    price_key: tuple  # priced_on as a hashable key: (shape, bytes)
+    group_ranks: tuple[int, ...]  # group 0, in schedule order
+    group_devices: tuple[int, ...]
 
 
-def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> list[PricedCall]:
+def _site(ranks: np.ndarray, devices: np.ndarray, cluster: Cluster, exact: bool) -> _Site:
+    priced_on, shift = (devices, 0) if exact else canonical(neighbourhood(devices, cluster), cluster)
+    return _Site(
+        ranks,
+        devices,
+        priced_on,
+        shift,
+        (priced_on.shape, priced_on.tobytes()),
+        tuple(ranks[0].tolist()),
+        tuple(devices[0].tolist()),
+    )
+
+
+class _Placements:
+    """A layout's placements on one cluster, memoised: they depend on (cluster, layout, group, stages) and
+    not on the model or workload, so plans of one layout on one cluster share them. Kept are the small
+    ones, the neighbourhoods the symmetry shortcut prices; exact contention and custom device maps (not
+    part of the key) are worked out per plan."""
+
+    def __init__(self, cluster: Cluster, layout: RankLayout):
+        self.cluster, self.layout = cluster, layout
+        self._memo: dict = {}
+
+    def site(self, group: Group, stages: tuple[int, ...], options: Options) -> _Site:
+        ranks = self.layout.placement(group, stages)
+        if options.device_map is not None:
+            return _site(ranks, np.asarray(options.device_map)[ranks], self.cluster, exact=True)
+        if options.exact_contention:  # every group is priced: a key as large as the layout, not kept
+            return _site(ranks, ranks, self.cluster, exact=True)
+        key = ("site", group, stages)
+        if key not in self._memo:
+            self._memo[key] = _site(ranks, ranks, self.cluster, exact=False)
+        return self._memo[key]
+
+    def within_node(self, group: Group, stages: tuple[int, ...]) -> bool:
+        """Whether group 0 of the first of ``stages`` stays inside one node (ranks = devices)."""
+        key = ("within_node", group, stages)
+        if key not in self._memo:
+            first = self.layout.placement(group, stages)[0].tolist()
+            per_node = self.cluster.per_node
+            self._memo[key] = len({r // per_node for r in first}) == 1
+        return self._memo[key]
+
+    def node_signature(self, group: Group, stage: int, options: Options) -> tuple:
+        """Where a stage's groups sit, when no symmetry of the cluster is known (router networks, custom device
+        maps): how many groups cross a node boundary, and the in-node positions of the first group. Stages
+        alike in this are priced together, so a torus or dragonfly is not priced p times."""
+        if options.device_map is not None:
+            return self._node_signature(group, stage, options.device_map)
+        key = ("nodes", group, stage)
+        if key not in self._memo:
+            self._memo[key] = self._node_signature(group, stage, None)
+        return self._memo[key]
+
+    def _node_signature(self, group: Group, stage: int, device_map: tuple[int, ...] | None) -> tuple:
+        ranks = self.layout.placement(group, (stage,))
+        devices = np.asarray(device_map)[ranks] if device_map else ranks
+        nodes = devices // self.cluster.per_node
+        crossing = int((nodes.max(axis=1) != nodes.min(axis=1)).sum())
+        return crossing, tuple((devices[0] % self.cluster.per_node).tolist())
+
+
+def _placements(cluster: Cluster, layout: RankLayout) -> _Placements:
+    key = (cluster.spec, layout.par)
+    found = _SITES.get(key)
+    if found is None or found.cluster is not cluster or found.layout is not layout:
+        found = _SITES[key] = _Placements(cluster, layout)
+        if len(_SITES) > SITES_CACHE:
+            _SITES.popitem(last=False)
+    return found
+
+
+@dataclass(frozen=True)
+class _Pricer:
+    """What one plan prices with: its placements, its options, and the price cache's key prefix for
+    (cluster, options), interned so that it is hashed once per plan and not once per call."""
+
+    places: _Placements
+    options: Options
+    prefix: int
+
+
+_PREFIXES: OrderedDict = OrderedDict()
+_next_prefix = iter(range(1 << 62))
+
+
+def _pricer(cluster: Cluster, layout: RankLayout, options: Options) -> _Pricer:
+    key = (cluster.spec, options)
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        # a new number for a new pair, even one seen before and evicted: no price is ever found under
+        # a prefix that named other (cluster, options)
+        prefix = _PREFIXES[key] = next(_next_prefix)
+        if len(_PREFIXES) > SITES_CACHE:
+            _PREFIXES.popitem(last=False)
+    return _Pricer(_placements(cluster, layout), options, prefix)
+
+
+def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     """One row per set of stages whose groups sit alike on the cluster (issue 9 item 5): a row merges
     stages only when their prices are equal, so a stage whose groups stay inside one NVLink domain is not
     priced like one whose groups straddle two.
 
     Stage s's groups are stage 0's shifted by s times the pipeline stride (ranks are a product grid), so
-    stages whose shift is a whole number of symmetry units of the cluster (leaf units of a fat-tree) are
-    priced once; without a known symmetry, stages are grouped by where their groups sit on nodes
-    (``_node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
-    stages = call.stages
+    stages whose shift is a whole number of units of the cluster's symmetry (``tiling_unit``) are priced
+    once; without a known symmetry, stages are grouped by where their groups sit on nodes
+    (``node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
+    places, options = pricer.places, pricer.options
+    stages, layout, cluster = call.stages, places.layout, places.cluster
     if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
-        return [_price(call, layout, cluster, options)]
+        return [_price(call, pricer)]
     stride = _pp_stride(layout, call.group.expert)
-    unit = None if options.device_map is not None else _symmetry_unit(cluster)
-    if unit and cluster.num_nodes > 1:
-        first = layout.placement(call.group, stages)[0]  # group 0 of the first stage (memoised for _price)
-        if (first // cluster.per_node == first[0] // cluster.per_node).all():
-            unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
+    unit = None if options.device_map is not None else tiling_unit(cluster)
+    if unit and cluster.num_nodes > 1 and places.within_node(call.group, stages):
+        unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
     classes: dict[object, list[int]] = {}
     for s in stages:
-        key = (s * stride) % unit if unit else _node_signature(layout, call, s, cluster, options)
+        key = (s * stride) % unit if unit else places.node_signature(call.group, s, options)
         classes.setdefault(key, []).append(s)
     if len(classes) == 1:
-        return [_price(call, layout, cluster, options)]
+        return [_price(call, pricer)]
     rows: dict[tuple, PricedCall] = {}
     for members in classes.values():
-        pc = _price(replace(call, stages=tuple(members)), layout, cluster, options)
+        pc = _price(call.on(tuple(members)), pricer)
         key = (pc.price.algorithm, pc.price.time_s)
         if key in rows:
             row = rows[key]
@@ -256,17 +371,6 @@ def _price_by_stage(call: Call, layout: RankLayout, cluster: Cluster, options: O
         else:
             rows[key] = pc
     return sorted(rows.values(), key=lambda r: r.call.stages[0])
-
-
-def _node_signature(layout: RankLayout, call: Call, stage: int, cluster: Cluster, options: Options) -> tuple:
-    """Where a stage's groups sit, when no symmetry of the cluster is known (router networks, custom device
-    maps): how many groups cross a node boundary, and the in-node positions of the first group. Stages alike
-    in this are priced together, as before per-stage prices, so a torus or dragonfly is not priced p times."""
-    ranks = layout.placement(call.group, (stage,))
-    devices = np.asarray(options.device_map)[ranks] if options.device_map else ranks
-    nodes = devices // cluster.per_node
-    crossing = int((nodes.max(axis=1) != nodes.min(axis=1)).sum())
-    return crossing, tuple((devices[0] % cluster.per_node).tolist())
 
 
 def _pp_stride(layout: RankLayout, expert: bool) -> int:
@@ -280,37 +384,25 @@ def _pp_stride(layout: RankLayout, expert: bool) -> int:
     return stride
 
 
-def _symmetry_unit(cluster: Cluster) -> int | None:
-    """Devices by which a placement can be shifted without changing its price: a fat-tree's leaf unit (every
-    unit is wired alike, see ``canonical``); the whole cluster when it is one node; None otherwise."""
-    spec = cluster.spec
-    if cluster.num_nodes == 1:
-        return cluster.num_devices
-    if spec.network.topology != "fat_tree":
-        return None
-    per_unit = spec.network.nodes_per_leaf * cluster.per_node
-    return per_unit if cluster.num_devices % per_unit == 0 else None
-
-
-def _price(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> PricedCall:
-    ranks = layout.placement(call.group, call.stages)
-    placement = np.asarray(options.device_map)[ranks] if options.device_map else ranks
-    priced_on, units = (
-        (placement, 0) if options.exact_contention else canonical(neighbourhood(placement, cluster), cluster)
-    )
-    key = (cluster.spec, call.op, call.message_bytes, options, priced_on.shape, priced_on.tobytes())
-    price = _PRICES.get(key)
-    if price is None:
-        price = _price_op(call.op, call.message_bytes, priced_on, cluster, options)
-        _PRICES[key] = price
+def _price(call: Call, pricer: _Pricer) -> PricedCall:
+    cluster, options = pricer.places.cluster, pricer.options
+    site = pricer.places.site(call.group, call.stages, options)
+    key = (pricer.prefix, call.op, call.message_bytes, site.price_key)
+    cached = _PRICES.get(key)
+    if cached is None:
+        cached = _PRICES[key] = (_price_op(call.op, call.message_bytes, site.priced_on, cluster, options), {})
         if len(_PRICES) > PRICE_CACHE:
             _PRICES.popitem(last=False)
-    links = [
-        cluster.describe_link(cluster.translate_link(link["id"], units))
-        | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
-        for link in price.links
-    ]
-    return PricedCall(call, len(placement), placement.shape[1], price, ranks[0].tolist(), placement[0].tolist(), links)
+    price, relabelled = cached
+    if site.shift not in relabelled:
+        relabelled[site.shift] = [
+            cluster.describe_link(cluster.translate_link(link["id"], site.shift))
+            | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
+            for link in price.links
+        ]
+    links = [dict(link) for link in relabelled[site.shift]]  # each call's own: callers may edit them
+    num_groups, group_size = site.devices.shape
+    return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)
 
 
 def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, options: Options) -> Price:
@@ -327,36 +419,6 @@ def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, opt
             if "does not implement" not in str(err):
                 raise
     return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=top)
-
-
-def canonical(placement: np.ndarray, cluster: Cluster) -> tuple[np.ndarray, int]:
-    """The placement moved down by whole leaf units so that it starts in unit 0, and how many units it
-    moved. Every unit of a fat-tree is wired alike, so the move changes no price, and the same call on
-    another stage (or another DP replica) hits the price cache."""
-    spec = cluster.spec
-    if cluster.num_nodes == 1 or spec.network.topology != "fat_tree":
-        return placement, 0
-    per_unit = spec.network.nodes_per_leaf * cluster.per_node
-    units = int(placement.min()) // per_unit
-    return placement - units * per_unit, units
-
-
-def neighbourhood(placement: np.ndarray, cluster: Cluster) -> np.ndarray:
-    """The groups whose traffic can share a link with group 0: those touching a node under the same leaf
-    switches as group 0's nodes. Every link group 0 uses then carries exactly the load it carries with
-    all groups running, so with symmetric layouts (every group placed like group 0, as rank orders make
-    them) the busiest link is found at a fraction of the cost. Router networks (torus, dragonfly,
-    hypercube) share links everywhere and are always priced in full."""
-    spec = cluster.spec
-    if len(placement) == 1 or (cluster.num_nodes > 1 and spec.network.topology != "fat_tree"):
-        return placement
-    per_unit = spec.network.nodes_per_leaf * cluster.per_node
-    num_units = -(-cluster.num_devices // per_unit)
-    if num_units == 1:
-        return placement
-    near = np.zeros(num_units, dtype=bool)
-    near[placement[0] // per_unit] = True
-    return placement[near[placement // per_unit].any(axis=1)]
 
 
 __all__ = [

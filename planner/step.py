@@ -326,14 +326,17 @@ def _pass_comm_events(compute: list[dict], stages: list[StageStep], sched: Sched
     block's end: a block's duration includes it, and the compute stream waits for it."""
     v = max(1, sched.chunks)
     out = []
+    streams: dict[int, list] = {}  # per stage, its exposed streams in drawing order (sorted once, not per block)
     for ev in compute:
         st = stages[ev["stage"]]
         if not st.exposed_by_stream:
             continue
+        if ev["stage"] not in streams:
+            streams[ev["stage"]] = sorted(st.exposed_by_stream.items(), reverse=True)
         n = ev["microbatches"]
         phases = ("forward", "backward") if ev["name"] == "1f1b" else (ev["name"],)
         end = ev["end_s"]
-        for (stream, phase), per_mb in sorted(st.exposed_by_stream.items(), reverse=True):
+        for (stream, phase), per_mb in streams[ev["stage"]]:
             if phase not in phases:
                 continue
             dur = per_mb * n / v

@@ -1,12 +1,17 @@
-"""Cluster topologies as link graphs, routing, and contention-aware pricing of schedules."""
+"""Cluster topologies as link graphs, routing, and contention-aware pricing of schedules.
+
+Public surface: ``Cluster`` and ``cluster_for`` (one immutable cluster per spec, cached), the specs and
+presets, ``price`` / ``price_call`` / ``candidates`` (pricing), and the symmetry shortcuts ``neighbourhood``,
+``canonical``, ``tiling_unit`` (symmetry.py)."""
 
 from .calibration import DEFAULT as DEFAULT_CALIBRATION
 from .calibration import Calibration
-from .cluster import Cluster
+from .cluster import Cluster, cluster_for
 from .presets import PRESETS, cluster_preset
 from .pricing import Price, price
 from .select import candidates, price_call
 from .spec import ClusterSpec, IntraNode, Network, validate_cluster
+from .symmetry import canonical, neighbourhood, tiling_unit
 
 __all__ = [
     "DEFAULT_CALIBRATION",
@@ -18,8 +23,12 @@ __all__ = [
     "Network",
     "Price",
     "candidates",
+    "canonical",
+    "cluster_for",
     "cluster_preset",
+    "neighbourhood",
     "price",
     "price_call",
+    "tiling_unit",
     "validate_cluster",
 ]

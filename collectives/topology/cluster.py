@@ -15,13 +15,18 @@ transfer uses is index arithmetic on the device number (``dev_up[d] = d`` and so
 
 :meth:`Cluster.graph` builds the same links as a networkx DiGraph with typed nodes for inspection and
 drawing; routing never needs it. The networks live in their own modules: fat_tree.py (leaves, rails, spine
-bundles) and routers.py (torus, dragonfly, hypercube); loads.py sums bytes per link.
+bundles) and routers.py (torus, dragonfly, hypercube); loads.py sums bytes per link. Each network module
+says its own unit of symmetry (``unit_nodes``, ``link_shifts``); :attr:`Cluster.symmetry_unit` and
+:meth:`Cluster.translate_link` turn that into devices and link ids, and symmetry.py prices with it.
+
+Clusters are immutable: :func:`cluster_for` builds one per spec and keeps the last ``CLUSTER_CACHE``
+(routing tables, link rates and labels are memoised on them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import networkx as nx
 import numpy as np
@@ -32,7 +37,9 @@ from .loads import Loads, _Loads, _ones_if_none, _pick
 from .routers import RouterNetwork
 from .spec import ClusterSpec, validate_cluster
 
-__all__ = ["Cluster", "Family", "Loads"]
+__all__ = ["CLUSTER_CACHE", "Cluster", "Family", "Loads", "cluster_for"]
+
+CLUSTER_CACHE = 16  # clusters kept by cluster_for: a service plans on a few clusters at a time
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,26 @@ class Cluster:
         return FatTree(s.network, self.num_nodes, s.nics_per_node, s.nic_bandwidth_GBps)
 
     @property
+    def network(self) -> FatTree | RouterNetwork:
+        """The network between nodes, as its own module models it."""
+        return self.fat_tree if self.spec.network.topology == "fat_tree" else self.routers
+
+    @cached_property
+    def symmetry_unit(self) -> int | None:
+        """Devices by which a placement can be moved without changing its price: the whole cluster when it
+        is one node, else the network's unit (``unit_nodes`` nodes), or None when the network has none."""
+        if self.num_nodes == 1:
+            return self.num_devices
+        nodes = self.network.unit_nodes
+        return None if nodes is None else nodes * self.per_node
+
+    @property
+    def nodes_alike_in_unit(self) -> bool:
+        """Whether the nodes of one unit of symmetry are interchangeable (a placement inside one unit may
+        move by whole nodes too): said by the network; trivially so on one node."""
+        return self.num_nodes == 1 or self.network.nodes_alike_in_unit
+
+    @property
     def num_links(self) -> int:
         return sum(f.size for f in self.families.values())
 
@@ -117,29 +144,40 @@ class Cluster:
             return calibration.in_network_efficiency
         return calibration.efficiency.get(f.kind, 1.0)
 
-    def translate_link(self, link: int, units: int) -> int:
-        """The same link ``units`` leaf units further on (fat-trees are wired alike unit by unit); pricing
-        reuses a unit-0 price and relabels its links with this."""
-        if units == 0:
+    def translate_link(self, link: int, shift: int) -> int:
+        """The same link on a placement moved ``shift`` devices further on, a shift that symmetry.canonical
+        makes: whole units of symmetry (``symmetry_unit``), plus whole nodes inside one unit. Pricing reuses
+        the moved placement's price and relabels its links with this."""
+        if shift == 0:
             return link
-        net, d, k = self.spec.network, self.per_node, self.spec.nics_per_node
-        nodes = units * net.nodes_per_leaf
-        step = {
-            "dev_up": nodes * d,
-            "dev_down": nodes * d,
-            "host_up": nodes * d,
-            "host_down": nodes * d,
-            "mesh": nodes * d * d,
-            "ring": nodes * d * 2,
-            "nic_up": nodes * k,
-            "nic_down": nodes * k,
-            "leaf_up": units * self.fat_tree.leaves_per_unit,
-            "leaf_down": units * self.fat_tree.leaves_per_unit,
-        }
-        for f in self.families.values():
-            if f.start <= link < f.start + f.size:
-                return link + step.get(f.name, 0)
+        for start, end, step in self._link_shifts(shift):
+            if start <= link < end:
+                return link + step
         raise CollectiveError("link", f"no link {link}")
+
+    def _link_shifts(self, shift: int) -> list[tuple[int, int, int]]:
+        """(first id, end id, step) per family for a placement moved ``shift`` devices on (memoised). Links
+        of the network move by the whole units in the shift; the rest of a shift keeps the placement
+        under the same leaves."""
+        memo = self.__dict__.setdefault("_shift_memo", {})
+        if shift not in memo:
+            if self.symmetry_unit is None or shift % self.per_node:
+                raise CollectiveError("link", f"cluster {self.spec.name!r} cannot move a placement by {shift} devices")
+            nodes = shift // self.per_node
+            step = {
+                "dev_up": shift,
+                "dev_down": shift,
+                "host_up": shift,
+                "host_down": shift,
+                "mesh": shift * self.per_node,
+                "ring": shift * 2,
+                "nic_up": nodes * self.spec.nics_per_node,
+                "nic_down": nodes * self.spec.nics_per_node,
+            }
+            if self.num_nodes > 1:
+                step |= self.network.link_shifts(shift // self.symmetry_unit)
+            memo[shift] = [(f.start, f.start + f.size, step.get(f.name, 0)) for f in self.families.values()]
+        return memo[shift]
 
     def describe_link(self, link: int) -> dict:
         """id, family, index, kind, label and capacity of one link (memoised; callers get a copy)."""
@@ -349,3 +387,9 @@ class Cluster:
             return ("spine", "all"), ("leaf", i)
         u, v = self.router_links[i]
         return ("router", u), ("router", v)
+
+
+@lru_cache(maxsize=CLUSTER_CACHE)
+def cluster_for(spec: ClusterSpec) -> Cluster:
+    """The cluster of ``spec``, built once and reused while it is among the last ``CLUSTER_CACHE`` used."""
+    return Cluster(spec)

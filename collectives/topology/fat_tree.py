@@ -4,6 +4,11 @@
 unit (DGX SuperPOD), otherwise all NICs of the unit's nodes share one leaf. ECMP spreads a leaf's traffic
 evenly over its spine up-links, so they act as one bundle of nics_per_leaf x NIC rate / oversubscription
 (exact for an even split). A transfer between NICs on one leaf crosses 1 switch, otherwise 3.
+
+Symmetry (symmetry.py): every scalable unit is wired alike (its nodes, their NICs, its own leaves, one
+bundle per leaf to the same spines), so moving a placement by whole units changes no price; the leaf
+links move by ``leaves_per_unit`` per unit. Inside a unit every node hangs off the same leaves (NIC k on
+leaf k, or all on the unit's one leaf), so the nodes of one unit are interchangeable too.
 """
 
 from __future__ import annotations
@@ -26,6 +31,19 @@ class FatTree:
     @property
     def leaves_per_unit(self) -> int:
         return self.nics_per_node if self.network.rail_optimized else 1
+
+    # the nodes of one unit hang off the same leaves: any of them may stand for any other
+    nodes_alike_in_unit = True
+
+    @property
+    def unit_nodes(self) -> int:
+        """Nodes per unit of symmetry: the scalable unit under one set of leaves."""
+        return self.network.nodes_per_leaf
+
+    def link_shifts(self, units: int) -> dict[str, int]:
+        """How far this network's link families move when a placement moves ``units`` units on."""
+        leaves = units * self.leaves_per_unit
+        return {"leaf_up": leaves, "leaf_down": leaves}
 
     @property
     def num_leaves(self) -> int:

@@ -24,6 +24,15 @@ def graph_of(network, num_nodes: int) -> nx.Graph:
 
 
 class RouterNetwork:
+    # Symmetry (symmetry.py): none is used. A torus is symmetric under translation, but a dragonfly's global
+    # links and a partial hypercube are not, and every router link may carry any group's traffic, so
+    # placements on router networks are always priced where they are.
+    unit_nodes: int | None = None
+    nodes_alike_in_unit = False
+
+    def link_shifts(self, units: int) -> dict[str, int]:
+        raise CollectiveError("network", "router networks have no unit of symmetry to move links by")
+
     def __init__(self, network, num_nodes: int):
         self.network, self.num_nodes = network, num_nodes
         self._memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}

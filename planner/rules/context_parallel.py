@@ -18,7 +18,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, recomputed
+from ..ledger import Call, recomputed, stage_classes
 
 SOURCE = "TransformerEngine attention.py (AttnFuncWithCP*); Megatron-Core cp_comm_type"
 ULYSSES = "TransformerEngine attention.py AttnFuncWithCPAndQKVOA2A / flash_attn_a2a_communicate (one a2a per tensor)"
@@ -52,15 +52,16 @@ def calls(ctx: Context) -> list[Call]:
     if ctx.par.cp == 1:
         return []
     out = []
-    for stage in range(ctx.par.pp):
-        layers = len(ctx.stage_layers[stage]) * ctx.micro_batches
+    # every call of a stage depends on its number of layers alone
+    for first, stages in stage_classes(range(ctx.par.pp), lambda stage: len(ctx.stage_layers[stage])).items():
+        layers = len(ctx.stage_layers[first]) * ctx.micro_batches
         forward = _forward(ctx, layers)
-        out += [c.at(stage) for c in forward]
+        out += [c.on(stages) for c in forward]
         if not ctx.training:
             continue
-        out += [c.at(stage) for c in _backward(ctx, layers)]
+        out += [c.on(stages) for c in _backward(ctx, layers)]
         if ctx.work.activation_recompute != "none":  # both selective (core attention) and full re-run it
-            out += [recomputed(c, "attention recompute").at(stage) for c in forward]
+            out += [recomputed(c, "attention recompute").on(stages) for c in forward]
     return out
 
 

@@ -23,6 +23,7 @@ all-reduced buckets, not the paper's reduce-scatter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import lcm
 
 from collectives import Op
@@ -30,7 +31,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call
-from ..params import Param, stage_params
+from ..params import Param, alike_stages, stage_params
 from . import deepspeed
 
 DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
@@ -59,14 +60,10 @@ def calls(ctx: Context) -> list[Call]:
     if not ctx.training:
         return []
     out: list[Call] = []
+    alike = alike_stages(ctx)  # the buffers' calls depend on the parameter sizes and names alone
     for stage in range(ctx.par.pp):
-        dense, expert = stage_params(ctx, stage)
-        if ctx.par.dp * ctx.par.cp > 1:
-            out += [c.at(stage) for c in _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)]
-        if expert and ctx.par.expert_dp > 1:
-            out += [c.at(stage) for c in _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)]
-        if ctx.flavour == "megatron":
-            out += [c.at(stage) for c in _megatron_step(ctx)]
+        if stage in alike:  # the first stage of its class: the class's calls, on all its stages
+            out += [c.on(alike[stage]) for c in _stage_buffers(ctx, stage)]
         if ctx.is_last(stage) and ctx.flavour == "megatron" and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
@@ -81,6 +78,20 @@ def calls(ctx: Context) -> list[Call]:
                     dtype="fp32",
                 )
             )
+    return out
+
+
+def _stage_buffers(ctx: Context, stage: int) -> list[Call]:
+    """The gradient and parameter traffic of one rank of ``stage``: its dense and expert buffers, and
+    Megatron's optimizer-step reductions."""
+    dense, expert = stage_params(ctx, stage)
+    out = []
+    if ctx.par.dp * ctx.par.cp > 1:
+        out += _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)
+    if expert and ctx.par.expert_dp > 1:
+        out += _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)
+    if ctx.flavour == "megatron":
+        out += _megatron_step(ctx)
     return out
 
 
@@ -117,7 +128,7 @@ def _megatron_step(ctx: Context) -> list[Call]:
     ]
 
 
-def _buffer(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
     if ctx.flavour == "deepspeed":
         return deepspeed.calls(ctx, params, group, kind, size)
     stage = ctx.par.zero_stage
@@ -181,7 +192,7 @@ def _call(*, name: str, op: Op, phase: str, message: int, count: int, group: Gro
     )
 
 
-def _buckets(ctx: Context, params: list[Param], dp_size: int) -> list[int]:
+def _buckets(ctx: Context, params: Sequence[Param], dp_size: int) -> list[int]:
     """Gradient buckets in elements: parameters taken in reverse registration order, a bucket closing
     once it reaches the cap (torch Reducer and Megatron's _ParamAndGradBuffer use the same rule)."""
     cap = _cap_elements(ctx)
@@ -215,7 +226,7 @@ def _counted(sizes: list[int]) -> list[tuple[int, int]]:
     return list(counts.items())
 
 
-def _sharded_units(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
     """ZeRO-3 / FSDP: per micro-batch and unit, all-gather forward (and backward), reduce-scatter."""
     units: dict[str, int] = {}
     for p in params:

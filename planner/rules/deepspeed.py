@@ -37,6 +37,7 @@ A Linear's weight and bias count as one parameter (planner/params.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate
 
 from collectives import Op
@@ -53,7 +54,7 @@ OVERFLOW_BYTES = 1  # has_overflow: a uint8 flag
 NORM_BYTES = {1: 4, 2: 4, 3: 8}  # fp32 norm in stage_1_and_2.get_grad_norm_direct; fp64 in stage3 (.double())
 
 
-def calls(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+def calls(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
     """The calls one rank issues for one parameter group reduced over ``group`` of ``size`` ranks."""
     numels = [p.numel for p in params]
     stage = ctx.par.zero_stage
@@ -200,7 +201,7 @@ def _reduce_cap(ctx: Context) -> int:
 # ---- ZeRO-3 -------------------------------------------------------------------------------------------------
 
 
-def _zero3(ctx: Context, params: list[Param], group: Group, kind: str, size: int) -> list[Call]:
+def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
     numels = [p.numel for p in params]
     zc, m = ctx.par.zero_config, ctx.micro_batches
     persist = [n <= zc.stage3_param_persistence_threshold for n in numels]
@@ -319,7 +320,7 @@ def module_walk(node, backward: bool) -> list[tuple[int, ...]]:
     return [(), *[m for child in children for m in module_walk(child, backward)]]
 
 
-def module_tree(params: list[Param]) -> list:
+def module_tree(params: Sequence[Param]) -> list:
     """The module tree of a Hugging-Face-style decoder from the parameter list: the model (root container)
     holds the embedding, one container per layer and the final norm and head; a layer holds its norms, an
     attention container (q, k, v, o and q/k norms) and an MLP container (gate/up/down, or router, shared

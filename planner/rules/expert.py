@@ -19,7 +19,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, recomputed
+from ..ledger import Call, recomputed, stage_classes
 from . import deepep
 
 M = "Megatron-LM d98e8a6 "
@@ -34,17 +34,18 @@ def calls(ctx: Context) -> list[Call]:
     if moe is None:
         return []
     out = []
-    for stage in range(ctx.par.pp):
-        layers = ctx.moe_layers(stage) * ctx.micro_batches
+    # every call of a stage depends on its number of MoE layers alone
+    for first, stages in stage_classes(range(ctx.par.pp), ctx.moe_layers).items():
+        layers = ctx.moe_layers(first) * ctx.micro_batches
         if layers == 0:
             continue
-        out += [c.at(stage) for c in _router(ctx, stage)]
+        out += [c.on(stages) for c in _router(ctx, first)]
         forward = _forward(ctx, layers)
-        out += [c.at(stage) for c in forward]
+        out += [c.on(stages) for c in forward]
         if ctx.training:
-            out += [c.at(stage) for c in _backward(ctx, layers)]
+            out += [c.on(stages) for c in _backward(ctx, layers)]
             if ctx.forward_passes == 2:
-                out += [recomputed(c).at(stage) for c in forward]
+                out += [recomputed(c).on(stages) for c in forward]
     return out
 
 

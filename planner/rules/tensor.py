@@ -25,7 +25,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, recomputed
+from ..ledger import Call, recomputed, stage_classes
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -41,8 +41,10 @@ def calls(ctx: Context) -> list[Call]:
     if ctx.par.tp == 1:
         return []
     out: list[Call] = []
+    alike = stage_classes(range(ctx.par.pp), lambda stage: _block_counts(ctx, stage))
     for stage in range(ctx.par.pp):
-        out += [c.at(stage) for c in _blocks(ctx, stage)]
+        if stage in alike:  # the blocks depend on the stage's block counts alone
+            out += [c.on(alike[stage]) for c in _blocks(ctx, stage)]
         if ctx.is_first(stage):
             out += [c.at(stage) for c in _embedding(ctx)]
         if ctx.is_last(stage):

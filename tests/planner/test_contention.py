@@ -13,6 +13,8 @@ from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_prese
         (cluster_preset("dgx-h100", 64), ParallelSpec(tp=8, pp=4, dp=16, zero_stage=1, sequence_parallel=True)),
         (cluster_preset("pcie-server", 32), ParallelSpec(tp=4, pp=2, dp=32, zero_stage=0)),
         (cluster_preset("dgx-a100", 40), ParallelSpec(tp=4, cp=2, pp=4, dp=10, zero_stage=3, sequence_parallel=True)),
+        # stages 128 devices apart on 256-device units: odd stages are priced moved down by 16 nodes
+        (cluster_preset("dgx-h100", 64), ParallelSpec(pp=4, dp=128, zero_stage=1)),
     ],
 )
 def test_neighbourhood_equals_full(cluster, par):

@@ -1,6 +1,7 @@
 """Rank layout: Megatron-Core's RankGenerator semantics (parallel_state.py docstring example)."""
 
 import numpy as np
+import pytest
 
 from planner import ParallelSpec
 from planner.layout import Group, RankLayout
@@ -51,3 +52,17 @@ def test_sixteen_thousand_ranks_are_cheap():
     dp = layout.groups(("cp", "dp"), stages=[3])
     assert dp.shape == (8, 128)
     assert np.all(layout.stage_of(dp) == 3)
+
+
+def test_layout_for_shares_read_only_placements():
+    """Placements depend on the layout alone: plans of one layout share them, so nobody may write to them."""
+    from planner.layout import layout_for
+
+    par = ParallelSpec(tp=2, pp=4, dp=2)
+    layout = layout_for(par)
+    assert layout_for(ParallelSpec(tp=2, pp=4, dp=2)) is layout
+    tp = layout.placement(Group(("tp",)), (1, 2))
+    assert tp.tolist() == [[4, 5], [6, 7], [8, 9], [10, 11]]  # the TP groups of stages 1 and 2
+    assert layout.placement(Group(("tp",)), (1, 2)) is tp
+    with pytest.raises(ValueError, match="read-only"):
+        tp[0, 0] = 99
