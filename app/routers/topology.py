@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -52,6 +50,6 @@ def _topology(body: TopologyRequest, settings) -> dict:
         "nodes": view.nodes,
         "nodes_drawn": list(view.nodes_drawn),
         "truncated": view.truncated,
-        "vertices": [asdict(v) for v in view.vertices],
-        "edges": [asdict(e) for e in view.edges],
+        "vertices": [vars(v) for v in view.vertices],
+        "edges": [vars(e) for e in view.edges],
     }

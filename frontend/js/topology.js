@@ -9,6 +9,7 @@ import { utilColor } from "./format.js";
 import { state } from "./state.js";
 
 const CACHE = 32;  // subgraphs kept, per cluster + devices: reselecting a call or a node draws at once
+const PREFETCH = 16;  // device sets of a new plan fetched ahead, one at a time, so a click draws from the cache
 const subgraphs = new Map();
 let focus = null, focusCall = null, drawSeq = 0;  // the node expanded from the aggregate view, for its call
 
@@ -26,16 +27,28 @@ const STYLE = [
 ];
 
 // POST /v1/topology once per cluster + devices; the colours come from the call, so one answer serves every call
-// placed on the same devices
+// placed on the same devices. An answer already here is handed back as is (not a promise): drawn at once.
 function subgraph(cluster, devices) {
   const key = JSON.stringify([cluster, devices]);
   if (!subgraphs.has(key)) {
     const answer = postJson("/v1/topology", { cluster, devices });
-    answer.catch(() => subgraphs.delete(key));  // a failure is not remembered
-    subgraphs.set(key, answer);
+    answer.then((view) => { if (subgraphs.get(key) === answer) subgraphs.set(key, view); }, () => subgraphs.delete(key));
+    subgraphs.set(key, answer);  // a failure is not remembered
     if (subgraphs.size > CACHE) subgraphs.delete(subgraphs.keys().next().value);
   }
   return subgraphs.get(key);
+}
+
+// after a plan is drawn: the subgraphs of its calls' groups, one request at a time, stopping at a newer plan
+export async function prefetchTopology(plan) {
+  const seen = new Set();
+  for (const call of plan.calls) {
+    const devices = call.placement.group_devices || [], key = JSON.stringify(devices);
+    if (seen.has(key) || !devices.length) continue;
+    if (seen.size >= PREFETCH || state.plan !== plan) return;
+    seen.add(key);
+    try { await subgraph(plan.cluster, devices); } catch { return; }  // the selected call's draw reports errors
+  }
 }
 
 function graph() {
@@ -122,9 +135,9 @@ export async function drawTopology(call, cluster) {
   if (!focusCall || focusCall.call !== call) focus = null;
   focusCall = { call, cluster };
   const devices = focus === null ? group : group.filter((d) => Math.floor(d / D) === focus);
-  let view;
+  let view = subgraph(cluster, devices);
   try {
-    view = await subgraph(cluster, devices);
+    if (view instanceof Promise) view = await view;
   } catch (err) {
     if (seq === drawSeq) { graph().elements().remove(); $("topology-note").textContent = `The topology could not be drawn: ${err.message}`; }
     return;
