@@ -221,6 +221,8 @@ class Cluster:
             )
             keep = ~(to_switch | from_switch)
             src, dst, nbytes = src[keep], dst[keep], _pick(nbytes, keep)
+            if src.size == 0:  # all to or from the switch: no device pair left (a fabric 'none' node has none)
+                return loads.total(), latency
         same = self.node_of(src) == self.node_of(dst)
         if same.all():
             latency = max(latency, self._route_intra(loads, src, dst, nbytes))

@@ -2,16 +2,16 @@
 
 Built from the cluster's own link table: every edge is one or more link ids of :class:`Cluster`, with the
 label ``describe_link`` gives it, which is the label pricing reports in a call's ``placement.links``, and
-its endpoints come from ``Cluster.endpoints``, the same description ``Cluster.graph`` reads. Nothing here
-knows how a topology is wired; a new topology is a new family of links in the cluster, drawn as is.
+its endpoints come from ``Cluster.endpoints``, the same description ``Cluster.graph`` reads.
 
 Two shapes, both bounded in size whatever the group:
 
 - **detailed** (the group spans at most ``MAX_NODES`` nodes): the nodes as boxes holding their GPUs (the
-  group's first, then the others, at most ``MAX_GPUS`` per node), the node's switch, the NICs those GPUs
-  use, and the network their traffic crosses: leaves and the spines (fat-tree) or every router on a
-  shortest path between the nodes' routers (torus, dragonfly, hypercube; at most ``MAX_ROUTER_LINKS``).
-  One edge per directed link.
+  group's first, then the others, at most ``MAX_GPUS`` per node) and every link that traffic among those GPUs
+  crosses as ``Cluster.route`` routes it (the node's switch or mesh, PCIe, NICs, leaves, the spines when it
+  crosses leaves, every router on a shortest path, at most ``MAX_ROUTER_LINKS``), plus each GPU's PCIe and
+  NIC links into the network. One edge per directed link. Routing decides, so a new fabric or network is
+  drawn once it is routed, with no change here.
 - **aggregated** (more nodes): the first ``MAX_BOXES`` nodes as boxes counting their devices in the group;
   on a fat-tree each node's NIC k joins its rail (rail-optimised: leaf k of every unit) or its unit's leaf,
   one edge holding both directions' link ids; on a router network, the router links between drawn nodes.
@@ -136,7 +136,9 @@ class _Builder:
 
 
 class _Detailed(_Builder):
-    """Every directed link among the drawn vertices, named by ``Cluster.endpoints``."""
+    """The links traffic among the drawn GPUs crosses, as ``Cluster.route`` routes it (so a new fabric or
+    network is drawn as soon as it is routed), plus each GPU's way into the network (PCIe and NIC, both
+    directions, as routing takes it for in-network reduction); vertices named by ``Cluster.endpoints``."""
 
     def build(self) -> Subgraph:
         c = self.cluster
@@ -146,9 +148,7 @@ class _Detailed(_Builder):
             gpus += self._gpus(node)
         for g in gpus:
             self.vertex(self._vertex(("device", g)))
-        shown = {("device", g) for g in gpus}
-        links = [link for link in self._candidate_links(gpus, shown) if self._inside(link, shown)]
-        for link in links:
+        for link in self._links(np.array(gpus, dtype=np.int64)):
             u, v = c.endpoints(link)
             self.vertex(self._vertex(u))
             self.vertex(self._vertex(v))
@@ -162,54 +162,32 @@ class _Detailed(_Builder):
         self.truncated |= d > MAX_GPUS
         return sorted(first[:MAX_GPUS])
 
-    def _candidate_links(self, gpus: list[int], shown: set[tuple]) -> list[int]:
-        """Links leaving or entering the shown GPUs, the NICs and leaves those reach, and the network
-        between them (adding the far ends to ``shown``); ``_inside`` keeps those whose both ends are drawn."""
-        c, fam = self.cluster, self.cluster.families
-        out: list[int] = []
-        per = c.per_node
-        for name in ("dev_up", "dev_down", "host_up", "host_down"):
-            if name in fam:
-                out += [fam[name].start + g for g in gpus]
-        if "mesh" in fam:
-            out += [
-                fam["mesh"].start + g * per + (h % per) for g in gpus for h in gpus if g != h and g // per == h // per
-            ]
-        if "ring" in fam:
-            out += [fam["ring"].start + 2 * g + side for g in gpus for side in (0, 1)]
-        if c.num_nodes == 1:
-            return out
-        nics = sorted({int(n) for n in c.nic_of(np.array(gpus, dtype=np.int64))})
-        out += [fam[name].start + n for name in ("nic_up", "nic_down") for n in nics]
-        for link in out:  # the NICs' far ends (leaves, routers) are drawn
-            shown.update(c.endpoints(link))
-        if "leaf_up" in fam:
-            leaves = sorted({int(c.leaf_of_nic(np.int64(n))) for n in nics})
-            if len(leaves) > 1:  # traffic between leaves crosses the spines
-                out += [fam[name].start + leaf for name in ("leaf_up", "leaf_down") for leaf in leaves]
-                shown.add(("spine", "all"))
-        elif "router" in fam:
-            out += self._router_paths(shown)
-        return out
+    def _links(self, gpus: np.ndarray) -> list[int]:
+        """Sorted link ids: routed among ``gpus`` and to the network, whose ends are drawn GPUs or lie
+        outside any node (a ring passing an undrawn GPU is cut there); router links capped."""
+        c = self.cluster
+        src, dst = np.repeat(gpus, gpus.size), np.tile(gpus, gpus.size)
+        apart = src != dst
+        if c.spec.intra.fabric == "none":  # GPUs of a node do not talk to each other (Cluster.route refuses)
+            apart &= c.node_of(src) != c.node_of(dst)
+        found = set(_loaded(c.route(src[apart], dst[apart], None)[0]))
+        if c.num_nodes > 1:  # a negative device is the network's switch (Cluster.route)
+            switch = np.full(gpus.size, -1, dtype=np.int64)
+            found.update(
+                _loaded(c.route(np.concatenate([gpus, switch]), np.concatenate([switch, gpus]), None, "network")[0])
+            )
+        drawn = set(gpus.tolist())
+        keep = sorted(link for link in found if all(self._drawn(end, drawn) for end in c.endpoints(link)))
+        routers = [link for link in keep if c.family_of(link).name == "router"]
+        self.truncated |= len(routers) > MAX_ROUTER_LINKS
+        dropped = set(routers[MAX_ROUTER_LINKS:])
+        return [link for link in keep if link not in dropped]
 
-    def _router_paths(self, shown: set[tuple]) -> list[int]:
-        """Every link on a shortest path between two drawn nodes' routers (ECMP spreads over all of them)."""
-        c, base = self.cluster, self.cluster.families["router"].start
-        links: set[int] = set()
-        for a in self.nodes:
-            for b in self.nodes:
-                if a != b:
-                    links.update(int(link) for link in c.routers.path(a, b)[0])
-        chosen = sorted(links)
-        self.truncated |= len(chosen) > MAX_ROUTER_LINKS
-        chosen = chosen[:MAX_ROUTER_LINKS]
-        for link in chosen:
-            shown.update(c.endpoints(base + link))
-        return [base + link for link in chosen]
-
-    def _inside(self, link: int, shown: set[tuple]) -> bool:
-        u, v = self.cluster.endpoints(link)
-        return u in shown and v in shown
+    def _drawn(self, vertex: tuple, gpus: set[int]) -> bool:
+        if vertex[0] == "device":
+            return vertex[1] in gpus
+        node = self.cluster.vertex_node(vertex)
+        return node is None or node in self.nodes
 
     def _vertex(self, key: tuple) -> Vertex:
         c, kind = self.cluster, key[0]
@@ -256,6 +234,10 @@ class _Aggregated(_Builder):
         for i, (u, v) in enumerate(c.router_links):
             if u in boxes and v in boxes:
                 self.edge(f"e{base + i}", f"b{u}", f"b{v}", (base + i,))
+
+
+def _loaded(loads) -> list[int]:
+    return [int(link) for link in loads.links[loads.bytes > 0]]
 
 
 def _vid(cluster: Cluster, key: tuple) -> str:
