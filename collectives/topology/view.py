@@ -13,8 +13,9 @@ Two shapes, both bounded in size whatever the group:
   NIC links into the network. One edge per directed link. Routing decides, so a new fabric or network is
   drawn once it is routed, with no change here.
 - **aggregated** (more nodes): the first ``MAX_BOXES`` nodes as boxes counting their devices in the group;
-  on a fat-tree each node's NIC k joins its rail (rail-optimised: leaf k of every unit) or its unit's leaf,
-  one edge holding both directions' link ids; on a router network, the router links between drawn nodes.
+  on a fat-tree each node's NIC k (k < ``MAX_NICS``) joins its rail (rail-optimised: leaf k of every unit)
+  or its unit's leaf, one edge holding both directions' link ids; on a router network, the router links
+  between drawn nodes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .cluster import Cluster
 MAX_NODES = 6  # nodes drawn in detail; more is drawn aggregated (a screen holds about six node boxes)
 MAX_GPUS = 16  # GPUs drawn per node (an NVL72 rack shows its group's GPUs first)
 MAX_BOXES = 128  # node boxes in the aggregated view
+MAX_NICS = 16  # NICs per box bundled to their rails in the aggregated view: at most 128 x 16 = 2,048 bundles
 MAX_ROUTER_LINKS = 512  # router links on shortest paths drawn in the detailed view of a router network
 
 
@@ -221,8 +223,9 @@ class _Aggregated(_Builder):
         c, k = self.cluster, self.cluster.spec.nics_per_node
         rail_optimized = c.spec.network.rail_optimized
         up, down = c.families["nic_up"].start, c.families["nic_down"].start
+        self.truncated |= k > MAX_NICS
         for node in drawn:
-            for i in range(k):
+            for i in range(min(k, MAX_NICS)):
                 nic = node * k + i
                 rail = f"rail {i}" if rail_optimized else f"leaf {int(c.leaf_of_nic(np.int64(nic)))}"
                 self.vertex(Vertex(rail, "rail", rail))

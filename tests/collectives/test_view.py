@@ -12,7 +12,7 @@ import pytest
 from collectives import CollectiveError
 from collectives.topology import Cluster, cluster_preset
 from collectives.topology.spec import Network
-from collectives.topology.view import MAX_BOXES, MAX_GPUS, MAX_NODES, subgraph
+from collectives.topology.view import MAX_BOXES, MAX_GPUS, MAX_NICS, MAX_NODES, subgraph
 
 
 def routed(cluster: Cluster, devices) -> set[int]:
@@ -164,3 +164,11 @@ def test_dragonfly_from_the_spec():
     assert {e.label for e in view.edges if e.family == "router"} <= {
         f"router {u} -> router {v}" for u, v in cluster.router_links
     }
+
+
+def test_many_nics_per_node_stay_bounded():
+    """1,024 NICs on each of 128 nodes would be 131,072 bundles: the first MAX_NICS of each node are drawn."""
+    cluster = Cluster(replace(cluster_preset("dgx-h100", 128), nics_per_node=1024))
+    view = subgraph(cluster, range(0, 1024, 8))
+    assert view.aggregated and view.truncated
+    assert len(view.edges) == 128 * MAX_NICS and kinds(view) == {"node_box": 128, "rail": MAX_NICS}
