@@ -10,7 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import errors
 from .limits import BodyLimit
-from .routers import calibrate, collectives, export, health, plan, presets, search
+from .routers import calibrate, collectives, export, health, plan, presets, search, topology
 from .settings import Settings
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="commplan", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None)
     app.state.settings = settings
     errors.install(app)
-    routers = (health, plan, export, search, collectives, calibrate, presets)
+    routers = (health, plan, export, search, collectives, calibrate, presets, topology)
     for module in routers:
         app.include_router(module.router)
     if FRONTEND.is_dir():

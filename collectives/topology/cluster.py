@@ -187,37 +187,36 @@ class Cluster:
         return dict(memo[link])
 
     def _describe(self, link: int) -> dict:
-        for f in self.families.values():
-            if f.start <= link < f.start + f.size:
-                return {
-                    "id": int(link),
-                    "family": f.name,
-                    "kind": f.kind,
-                    "index": int(link - f.start),
-                    "label": self._label(f, int(link - f.start)),
-                    "capacity_GBps": f.capacity_GBps,
-                }
-        raise CollectiveError("link", f"no link {link}")
+        f = self.family_of(link)
+        i = int(link - f.start)
+        return {
+            "id": int(link),
+            "family": f.name,
+            "kind": f.kind,
+            "index": i,
+            "label": self._label(f, i),
+            "capacity_GBps": f.capacity_GBps,
+        }
 
     def _label(self, f: Family, i: int) -> str:
-        d, k = self.per_node, self.spec.nics_per_node
-        if f.name in ("dev_up", "host_up"):
-            return f"node {i // d} gpu {i % d} -> {'switch' if f.name == 'dev_up' else 'nic'}"
-        if f.name in ("dev_down", "host_down"):
-            return f"{'switch' if f.name == 'dev_down' else 'nic'} -> node {i // d} gpu {i % d}"
-        if f.name == "mesh":
-            return f"node {i // (d * d)} gpu {i // d % d} -> gpu {i % d}"
-        if f.name == "ring":
-            return f"node {i // (2 * d)} gpu {i // 2 % d} -> gpu {(i // 2 + (1 if i % 2 == 0 else -1)) % d}"
-        if f.name in ("nic_up", "nic_down"):
-            arrow = "-> leaf" if f.name == "nic_up" else "<- leaf"
-            return f"node {i // k} nic {i % k} {arrow}"
-        if f.name == "leaf_up":
-            return f"leaf {i} -> spines"
-        if f.name == "leaf_down":
-            return f"spines -> leaf {i}"
-        u, v = self.router_links[i]
-        return f"router {u} -> router {v}"
+        """``source -> target``, named from the link's endpoints (``endpoints``: the one description of where
+        each link runs); the target leaves out the node its source already names (``node 3 gpu 1 -> nic 0``)."""
+        u, v = self._endpoints(f.name, i)
+        return f"{self.vertex_name(u)} -> {self.vertex_name(v, within=self.vertex_node(u))}"
+
+    def vertex_node(self, vertex: tuple) -> int | None:
+        """The node a vertex of the graph sits in (GPU, its switch, its NICs); None for network switches."""
+        if vertex[0] == "device":
+            return vertex[1] // self.per_node
+        return vertex[1] if vertex[0] in ("switch", "nic") else None
+
+    def vertex_name(self, vertex: tuple, within: int | None = None) -> str:
+        """``node 3 gpu 1``, ``node 3 switch``, ``node 3 nic 0``, ``leaf 4``, ``spines``, ``router 7``; without
+        the ``node 3`` when the vertex is ``within`` node 3."""
+        kind, node = vertex[0], self.vertex_node(vertex)
+        local = {"device": lambda: f"gpu {vertex[1] % self.per_node}", "switch": lambda: "switch"}
+        name = local[kind]() if kind in local else "spines" if kind == "spine" else f"{kind} {vertex[-1]}"
+        return name if node is None or node == within else f"node {node} {name}"
 
     # ---- device coordinates ------------------------------------------------------------------------
     def node_of(self, dev: np.ndarray) -> np.ndarray:
@@ -260,6 +259,8 @@ class Cluster:
             )
             keep = ~(to_switch | from_switch)
             src, dst, nbytes = src[keep], dst[keep], _pick(nbytes, keep)
+            if src.size == 0:  # all to or from the switch: no device pair left (a fabric 'none' node has none)
+                return loads.total(), latency
         same = self.node_of(src) == self.node_of(dst)
         if same.all():
             latency = max(latency, self._route_intra(loads, src, dst, nbytes))
@@ -355,6 +356,18 @@ class Cluster:
                     u, v, link=fam.start + i, kind=fam.kind, capacity_GBps=fam.capacity_GBps, latency_s=fam.latency_s
                 )
         return g
+
+    def endpoints(self, link: int) -> tuple[tuple, tuple]:
+        """The two vertices a link joins, as graph() names them: the one description of the link geometry
+        that graph(), the labels and the drawn subgraph (view.py) all read."""
+        f = self.family_of(link)
+        return self._endpoints(f.name, link - f.start)
+
+    def family_of(self, link: int) -> Family:
+        for f in self.families.values():
+            if f.start <= link < f.start + f.size:
+                return f
+        raise CollectiveError("link", f"no link {link} (the cluster has {self.num_links})")
 
     def _endpoints(self, name: str, i: int):
         d, k = self.per_node, self.spec.nics_per_node

@@ -12,7 +12,7 @@ import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
 import { renderSummary } from "./summary.js";
 import { renderTimeline } from "./timeline.js";
-import { drawTopology } from "./topology.js";
+import { drawTopology, prefetchTopology } from "./topology.js";
 
 // ---- honest updates: stale while replanning, stale-and-invalid while the inputs cannot be planned ----------
 function setStale(kind) {
@@ -85,6 +85,7 @@ function render() {
   const keep = sel && plan.calls.find((c) => c.name === sel.name && c.stages.includes(sel.stage));
   const first = [...onBusiest].sort((a, b) => timeIter(b) - timeIter(a))[0];
   selectCall(keep || first, false);
+  prefetchTopology(plan);
 }
 
 // ---- selected call: every ledger field, the topology, the explorer and the step view ---------------------------

@@ -766,3 +766,37 @@ def test_topology_of_a_group_over_many_nodes_is_aggregated(page):
     expect(note).to_contain_text("The first group spans 16 nodes")
     page.locator("#ledger tbody tr", has_text="tp.attn.qkv").first.click()  # one node: the detailed view
     expect(note).to_contain_text("Edge colour")
+
+
+def test_topology_of_a_multi_node_call_is_the_servers_subgraph(page):
+    """pp.activation joins 2 nodes: the page draws exactly the vertices and edges POST /v1/topology answers
+    (one per directed link, with the plan's link ids), and the bottleneck NIC link in red (≥ 90% busy)."""
+    open_page(page)
+    page.locator('#ledger tbody tr[data-name="pp.activation"]').first.click()
+    expect(page.locator("#topology-note")).to_contain_text("Edge colour")
+    sel = page.evaluate("window.commplan.state.selected")
+    call = page.evaluate(
+        "(s) => window.commplan.state.plan.calls.find((c) => c.name === s.name && c.stages.includes(s.stage))", sel
+    )
+    cluster = page.evaluate("window.commplan.state.plan.cluster")
+    body = {"cluster": cluster, "devices": call["placement"]["group_devices"]}
+    view = page.request.post(page.base + "/v1/topology", data=body).json()
+    assert call["placement"]["nodes_per_group"] == 2 and not view["aggregated"]
+    drawn = page.evaluate(
+        "(() => { const cy = window.commplan.state.cy; return [cy.nodes().map((n) => n.id()).sort(),"
+        " cy.edges().map((e) => [e.id(), e.source().id(), e.target().id()]).sort()]; })()"
+    )
+    assert drawn[0] == sorted(v["id"] for v in view["vertices"])
+    assert drawn[1] == sorted([e["id"], e["source"], e["target"]] for e in view["edges"])
+    assert len(view["edges"]) == 2 * 48 + 8 * 2  # 2 DGX nodes (see tests/collectives/test_view.py), 8 rail leaves
+    bottleneck = call["placement"]["links"][0]
+    assert bottleneck["utilisation"] >= 0.9 and bottleneck["family"] == "nic_up"
+    (edge,) = [e for e in view["edges"] if e["links"] == [bottleneck["id"]]]
+    assert edge["label"] == bottleneck["label"]
+    colour = page.evaluate(
+        "(id) => { const e = window.commplan.state.cy.getElementById(id);"
+        " return [e.data('u'), e.style('line-color')]; }",
+        edge["id"],
+    )
+    assert colour == [bottleneck["utilisation"], "rgb(192,57,43)"]  # utilColor(u >= 0.9) = #c0392b
+    shot_of(page, "#topology", "topology-detail-1440")
