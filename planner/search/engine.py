@@ -114,8 +114,7 @@ def search(
     report(force=True)
     if work < IN_PROCESS_BELOW or workers == 1 or len(parts) == 1:
         workers = 1
-    # each chunk is bounded by the k-th best known when it is handed out; the first runs alone, so that the
-    # rest start from its threshold
+    # each chunk is bounded by the k-th best known when it is handed out
     jobs = ((evaluate_shapes, (problem, part, kth(total, problem.top_k))) for part in parts)
     _run(workers, jobs, lambda out: total.merge(out, problem.keep), report, cancelled)
     report(force=True)
@@ -158,20 +157,18 @@ def _drop_pool(workers: int) -> None:
 
 
 def _in_pool(workers: int, jobs, merge, report, cancelled) -> None:
-    """Jobs are handed out a few at a time (the first alone), each drawn when a worker is free so that it
-    bounds against what earlier ones found."""
+    """Jobs are handed out a few at a time, each drawn when a worker is free so that it bounds against what
+    earlier ones found."""
     pool = _pool(workers)
     jobs = iter(jobs)
     pending: set = set()
-    started = [False]
 
     def refill() -> None:
         nonlocal pool
-        while len(pending) < (2 * workers if started[0] else 1):
+        while len(pending) < 2 * workers:
             job = next(jobs, None)
             if job is None:
                 return
-            started[0] = True
             try:
                 pending.add(pool.submit(job[0], *job[1]))
             except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
