@@ -112,16 +112,25 @@ def search(
     report(force=True)
     if work < IN_PROCESS_BELOW or workers == 1 or len(parts) == 1:
         workers = 1
-        for part in parts:
-            if cancelled and cancelled():
-                raise Cancelled()
-            total.merge(evaluate_shapes(problem, part, kth(total, problem.top_k)), problem.keep)
-            report()
-    else:
-        _in_pool(problem, parts, total, workers, report, cancelled)
+    # each chunk is bounded by the k-th best known when it is handed out
+    jobs = ((evaluate_shapes, (problem, part, kth(total, problem.top_k))) for part in parts)
+    _run(workers, jobs, lambda out: total.merge(out, problem.keep), report, cancelled)
     report(force=True)
     results = _exact(problem, total)
     return SearchResult(size, total, results, time.perf_counter() - start, workers, total.pruned)
+
+
+def _run(workers: int, jobs, merge, report, cancelled) -> None:
+    """Runs ``jobs`` ((function, args), drawn lazily so that each sees the latest results) in this process
+    or on the pool, merging each result as it comes."""
+    if workers == 1:
+        for fn, args in jobs:
+            if cancelled and cancelled():
+                raise Cancelled()
+            merge(fn(*args))
+            report()
+    else:
+        _in_pool(workers, jobs, merge, report, cancelled)
 
 
 _POOL: dict = {}
@@ -145,23 +154,25 @@ def _drop_pool(workers: int) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _in_pool(problem, parts, total: Outcome, workers: int, report, cancelled) -> None:
-    """Chunks are handed out a few at a time, each with the best threshold known then, so that later chunks
-    bound against what earlier ones found."""
+def _in_pool(workers: int, jobs, merge, report, cancelled) -> None:
+    """Jobs are handed out a few at a time, each drawn when a worker is free so that it bounds against what
+    earlier ones found."""
     pool = _pool(workers)
-    queue = list(parts)
+    jobs = iter(jobs)
     pending: set = set()
 
     def refill() -> None:
         nonlocal pool
-        while queue and len(pending) < 2 * workers:
-            part = queue.pop(0)
+        while len(pending) < 2 * workers:
+            job = next(jobs, None)
+            if job is None:
+                return
             try:
-                pending.add(pool.submit(evaluate_shapes, problem, part, kth(total, problem.top_k)))
-            except cf.process.BrokenProcessPool:
+                pending.add(pool.submit(job[0], *job[1]))
+            except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
                 _drop_pool(workers)
                 pool = _pool(workers)
-                queue.insert(0, part)
+                pending.add(pool.submit(job[0], *job[1]))
 
     refill()
     while pending:
@@ -170,19 +181,23 @@ def _in_pool(problem, parts, total: Outcome, workers: int, report, cancelled) ->
         pending.update(rest)
         for future in done:
             try:
-                total.merge(future.result(), problem.keep)
+                merge(future.result())
             except cf.process.BrokenProcessPool:
                 _drop_pool(workers)
-                raise SpecError(
-                    "constraints",
-                    "a search worker was stopped (out of memory on this machine?); narrow the space with "
-                    "constraints (fewer cp / dp-heavy shapes, e.g. a minimum tp)",
-                ) from None
+                raise _stopped() from None
         if cancelled and cancelled():
             _drop_pool(workers)
             raise Cancelled()
         refill()
         report()
+
+
+def _stopped() -> SpecError:
+    return SpecError(
+        "constraints",
+        "a search worker was stopped (out of memory on this machine?); narrow the space with "
+        "constraints (fewer cp / dp-heavy shapes, e.g. a minimum tp)",
+    )
 
 
 def _exact(problem: Problem, total: Outcome) -> list[Ranked]:

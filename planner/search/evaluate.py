@@ -23,6 +23,7 @@ from collectives.topology.select import cached_schedule
 from .._errors import SpecError
 from ..layout import RankLayout
 from ..model import ModelSpec
+from ..parallel import ParallelSpec
 from ..plan import Options, _symmetry_unit, cluster_for
 from ..workload import WorkloadSpec
 from . import templates
@@ -116,6 +117,8 @@ class ShapeEvaluator:
         self._templates: dict = {}
         self._curves: dict = {}
         self._priced_memo: dict = {}
+        self.variants = list(self.space.variants(shape))
+        self._parallels: dict[int, ParallelSpec] = {}
 
     # ---- ledger ----------------------------------------------------------------------------------------
     def template(self, rules, variant: Variant, recompute: str) -> templates.Template | None:
@@ -196,43 +199,109 @@ class ShapeEvaluator:
     # ---- the walk ----------------------------------------------------------------------------------------
     def run(self) -> Outcome:
         out = Outcome()
-        space, keep, model = self.space, self.problem.keep, self.step_model
+        screened = self.screen(out)
+        out.merge(self.time(screened), self.problem.keep)
+        return out
+
+    def screen(self, out: Outcome) -> Screened:
+        """Count every layout of the shape (pruned by a rule, by memory, or feasible) into ``out`` and return
+        the feasible ones with their lower bounds, sorted (validity per variant; memory and bounds as array
+        operations over the variant's (b, recompute) pairs)."""
+        space, model = self.space, self.step_model
         recomputes = space.recomputes
         bs = space.micro_batches(self.shape.dp)
-        heap: list = []  # (-screened step time, sequence, (score, sort key, layout)): the keep best so far
-        seq = 0
-        for variant in space.variants(self.shape):
-            n = len(bs) * len(recomputes)
-            out.done += n
+        bounds: list[float] = []
+        picks: list[tuple[int, int, int]] = []  # (variant index, b, recompute index)
+        for index, variant in enumerate(self.variants):
+            out.done += len(bs) * len(recomputes)
             err = space.check(variant, 1)
             if err is not None:
-                out.pruned.add(err.field, n, err.rule)
+                out.pruned.add(err.field, len(bs) * len(recomputes), err.rule)
                 continue
-            par = variant.parallel()
+            grid = []
             for b in bs:
                 err = batch_rule(space, variant, b)
                 if err is not None:
                     out.pruned.add(err.field, len(recomputes), err.rule)
-                    continue
-                for rc in recomputes:
-                    out.evaluated += 1
-                    parts = self.calls(variant, b, rc) if self.problem.model.moe else None
-                    if not model.fits(par, b, rc, [r for part in parts for r in part[0]] if parts else None):
-                        out.pruned.add(MEMORY, 1, model.last_reason)
-                        continue
-                    out.feasible += 1
-                    bound = min(self.threshold, -heap[0][0] if len(heap) >= keep else math.inf)
-                    if bound < math.inf and model.lower_bound(par, b, rc) > bound:
-                        out.bounded += 1  # cannot enter the top k: its compute alone is slower
-                        continue
-                    score = model.step_time(par, b, rc, parts or self.calls(variant, b, rc))
-                    layout = Layout(par, b, rc)
-                    seq += 1
-                    heapq.heappush(heap, (-score, seq, (score, sort_key(layout), layout)))
-                    if len(heap) > keep:
-                        heapq.heappop(heap)
+                else:
+                    grid += [(b, rc) for rc in recomputes]
+            if not grid:
+                continue
+            par, grid = self.parallel(index), tuple(grid)
+            out.evaluated += len(grid)
+            ok = self._fits(variant, par, grid)
+            fitting = tuple(pair for pair, fit in zip(grid, ok.tolist(), strict=True) if fit)
+            out.pruned.add(MEMORY, len(grid) - len(fitting), model.last_reason)
+            if not fitting:
+                continue
+            out.feasible += len(fitting)
+            bounds += model.lower_bounds(par, fitting).tolist()
+            picks += [(index, b, recomputes.index(rc)) for b, rc in fitting]
+        return Screened.of(self.shape, bounds, picks)
+
+    def time(self, screened: Screened) -> Outcome:
+        """Step times of the screened layouts, best bound first: once a bound is slower than the k-th best
+        step time (this shape's or the threshold), every layout left is too (``bounded``)."""
+        out = Outcome()
+        keep, model, recomputes = self.problem.keep, self.step_model, self.space.recomputes
+        heap: list = []  # (-screened step time, sequence, (score, sort key, layout)): the keep best so far
+        picks = zip(screened.variants.tolist(), screened.batches.tolist(), screened.recomputes.tolist(), strict=True)
+        for seq, (bound_s, (index, b, r)) in enumerate(zip(screened.bounds.tolist(), picks, strict=True)):
+            bound = min(self.threshold, -heap[0][0] if len(heap) >= keep else math.inf)
+            if bound_s > bound:  # it cannot enter the top k, and neither can any after it (sorted)
+                out.bounded += len(screened) - seq
+                break
+            par, rc = self.parallel(index), recomputes[r]
+            score = model.step_time(par, b, rc, self.calls(self.variants[index], b, rc))
+            layout = Layout(par, b, rc)
+            heapq.heappush(heap, (-score, seq, (score, sort_key(layout), layout)))
+            if len(heap) > keep:
+                heapq.heappop(heap)
         out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
+
+    def parallel(self, index: int) -> ParallelSpec:
+        found = self._parallels.get(index)
+        if found is None:
+            found = self._parallels[index] = self.variants[index].parallel()
+        return found
+
+    def _fits(self, variant: Variant, par, grid) -> np.ndarray:
+        """Whether each (b, recompute) of the variant fits; MoE layouts add their all-to-all buffers, read
+        off their priced calls, one by one."""
+        model = self.step_model
+        if not self.problem.model.moe:
+            return model.fits_many(par, grid)
+        ok = []
+        for b, rc in grid:
+            rows = [r for part in self.calls(variant, b, rc) for r in part[0]]
+            ok.append(model.fits(par, b, rc, rows))
+        return np.array(ok, dtype=bool)
+
+
+@dataclass
+class Screened:
+    """The feasible layouts of one shape as the screen leaves them, sorted by lower bound: indices into
+    the shape's variants and the space's recompute list, small to send between processes."""
+
+    shape: Shape
+    bounds: np.ndarray  # seconds, ascending
+    variants: np.ndarray  # index into Space.variants(shape)
+    batches: np.ndarray  # micro-batch size
+    recomputes: np.ndarray  # index into Space.recomputes
+
+    @classmethod
+    def of(cls, shape: Shape, bounds: list[float], picks: list[tuple[int, int, int]]) -> Screened:
+        order = np.argsort(np.array(bounds, dtype=np.float64), kind="stable")  # ties keep the walk's order
+        cols = np.array(picks, dtype=np.int64).reshape(-1, 3)[order]
+        return cls(shape, np.array(bounds, dtype=np.float64)[order], cols[:, 0], cols[:, 1], cols[:, 2])
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    @property
+    def best_bound(self) -> float:
+        return float(self.bounds[0]) if len(self.bounds) else math.inf
 
 
 def sort_key(layout: Layout) -> tuple:
@@ -262,11 +331,37 @@ def kth(outcome: Outcome, k: int) -> float:
 
 
 def evaluate_shapes(problem: Problem, shapes: list[Shape], threshold: float = math.inf) -> Outcome:
-    """The pure per-chunk function: the outcome of a list of shapes. ``threshold``: the keep-th best step
-    time known when the chunk was handed out (layouts whose lower bound is slower are not timed)."""
-    out = Outcome()
+    """The pure per-chunk function: the outcome of a list of shapes (screen, then time best bound first).
+    ``threshold``: the k-th best step time known when the chunk was handed out (layouts whose lower bound
+    is slower are not timed)."""
+    out, screened = screen_shapes(problem, shapes)
+    out.merge(time_shapes(problem, screened, threshold), problem.keep)
+    return out
+
+
+def screen_shapes(problem: Problem, shapes: list[Shape]) -> tuple[Outcome, list[Screened]]:
+    """Phase one of a search: every layout of the shapes counted, the feasible ones with their lower
+    bounds (shapes with none left out)."""
+    out, screened = Outcome(), []
     for shape in shapes:
-        out.merge(evaluate_shape(problem, shape, min(threshold, kth(out, problem.top_k))), problem.keep)
+        found = ShapeEvaluator(problem, shape).screen(out)
+        if len(found):
+            screened.append(found)
+    return out, screened
+
+
+def time_shapes(problem: Problem, screened: list[Screened], threshold: float = math.inf) -> Outcome:
+    """Phase two: step times of screened shapes, each bounded by the k-th best found so far (in this call or
+    ``threshold``); a shape whose best bound is slower is counted as bounded without being timed. (Shapes
+    are not reordered by their best bound: a low compute bound often hides heavy communication, and
+    timing such a shape first leaves the threshold loose for the rest.)"""
+    out = Outcome()
+    for found in screened:
+        limit = min(threshold, kth(out, problem.top_k))
+        if found.best_bound > limit:
+            out.bounded += len(found)
+            continue
+        out.merge(ShapeEvaluator(problem, found.shape, limit).time(found), problem.keep)
         if cached_schedule.cache_info().currsize > SCHEDULES_KEPT:
             # schedules of groups of thousands of ranks, at every size a curve priced, add up to gigabytes;
             # a new shape mostly needs new ones anyway
@@ -274,4 +369,15 @@ def evaluate_shapes(problem: Problem, shapes: list[Shape], threshold: float = ma
     return out
 
 
-__all__ = ["Outcome", "Problem", "ShapeEvaluator", "batch_rule", "evaluate_shape", "evaluate_shapes", "space_of"]
+__all__ = [
+    "Outcome",
+    "Problem",
+    "Screened",
+    "ShapeEvaluator",
+    "batch_rule",
+    "evaluate_shape",
+    "evaluate_shapes",
+    "screen_shapes",
+    "space_of",
+    "time_shapes",
+]

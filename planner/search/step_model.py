@@ -85,6 +85,9 @@ class SplitContext(Context):
     Context.moe_layers once per split (dense = the stage's layers - MoE, as Context.dense_layers)."""
 
     def _split(self) -> list[tuple[int, int]]:
+        mine = self.__dict__.get("_counts")
+        if mine is not None:
+            return mine
         par = self.par
         key = (id(self.model), par.pp, par.chunks_per_rank, par.first_stage_layers, par.last_stage_layers)
         found = _SPLITS.get(key)
@@ -92,7 +95,16 @@ class SplitContext(Context):
             moe = [Context.moe_layers(self, s) for s in range(par.pp)]
             counts = [(len(self.stage_layers[s]) - moe[s], moe[s]) for s in range(par.pp)]
             found = _SPLITS[key] = (self.model, counts)  # holding the model keeps its id from being reused
+        self.__dict__["_counts"] = found[1]
         return found[1]
+
+    def __hash__(self) -> int:
+        """The dataclass hash, computed once: it walks the model, workload and layout specs, and
+        compute.py's and memory.py's caches hash the context on every call."""
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = self.__dict__["_hash"] = super().__hash__()
+        return found
 
     def dense_layers(self, stage: int) -> int:
         return self._split()[stage][0]
@@ -239,10 +251,7 @@ class StepModel:
         worst = int(np.argmax(peak))
         if peak[worst] <= self.capacity:
             return True
-        self.last_reason = (
-            f"stage {worst} needs {peak[worst] / 1e9:.1f} GB per device, above {self.capacity / 1e9:.1f} GB "
-            f"({self.gpu.hbm_bytes / 1e9:.1f} GB x (1 - headroom {self.headroom:g}))"
-        )
+        self.last_reason = self._reason(worst, peak[worst])
         return False
 
     # ---- step time ---------------------------------------------------------------------------------------
@@ -307,13 +316,70 @@ class StepModel:
         return out
 
     def lower_bound(self, par: ParallelSpec, b: int, rc: str) -> float:
+        """The pipeline of the compute alone plus the slowest optimizer step (module docstring): step._training
+        takes max over stages of (sync + optimizer + gather) with sync >= that pipeline."""
         if not self.timed:
             return 0.0
         comp = self._stage_compute(par, b, rc)
         m = self.work.global_batch_size // (b * par.dp)
         passes = [StagePass(c.forward.total_s, c.backward.total_s) for c in comp]
         sched = Schedule(par.pipeline_schedule, par.pp, m, par.chunks_per_rank, 0.0, True)
-        return pipeline_time(passes, sched).time_s + min(c.optimizer_s for c in comp)
+        return pipeline_time(passes, sched).time_s + max(c.optimizer_s for c in comp)
+
+    # ---- many layouts of one variant at once -------------------------------------------------------------
+    def peaks(self, par: ParallelSpec, grid: tuple[tuple[int, str], ...]) -> np.ndarray:
+        """(layouts x stages) peak bytes of the (b, recompute) pairs of ``grid`` without communication
+        buffers (dense models): ``fits``'s sum, one array operation per variant."""
+        return self._static_bytes(par)[None, :] + self._grid_acts(par, grid)
+
+    def _grid_acts(self, par: ParallelSpec, grid) -> np.ndarray:
+        key = (self._key(par, zero=False, framework=False), grid)
+        found = self._acts.get(key)
+        if found is None:
+            found = self._acts[key] = np.stack([self._activation_bytes(par, b, rc) for b, rc in grid])
+        return found
+
+    def fits_many(self, par: ParallelSpec, grid) -> np.ndarray:
+        """``fits`` for every (b, recompute) of ``grid`` (dense models, no communication buffer): a bool per
+        pair; ``last_reason`` names the first that does not fit."""
+        if not self.timed:
+            return np.ones(len(grid), dtype=bool)
+        if self.memory_exact:  # the restated sum drifted from memory.py: layout by layout, exactly
+            return np.array([self.fits(par, b, rc) for b, rc in grid], dtype=bool)
+        peak = self.peaks(par, grid)
+        worst = peak.max(axis=1)
+        ok = worst <= self.capacity
+        if not ok.all():
+            i = int(np.argmin(ok))
+            stage = int(np.argmax(peak[i]))
+            self.last_reason = self._reason(stage, peak[i, stage])
+        return ok
+
+    def _reason(self, stage: int, peak: float) -> str:
+        return (
+            f"stage {stage} needs {peak / 1e9:.1f} GB per device, above {self.capacity / 1e9:.1f} GB "
+            f"({self.gpu.hbm_bytes / 1e9:.1f} GB x (1 - headroom {self.headroom:g}))"
+        )
+
+    def lower_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
+        """``lower_bound`` for every (b, recompute) of ``grid``: pipeline_time's closed form (p2p 0) over a
+        (layouts x stages) array of pass times, plus the slowest optimizer step of the variant."""
+        if not self.timed:
+            return np.zeros(len(grid))
+        totals, micro = self._grid_passes(par, grid)
+        t_max = totals.max(axis=1)
+        pipe = micro * t_max + (totals.sum(axis=1) - t_max) / max(1, par.chunks_per_rank)
+        return pipe + max(self._optimizer(par))
+
+    def _grid_passes(self, par: ParallelSpec, grid):
+        key = ("passes", self._key(par, zero=False, framework=False), grid)
+        found = self._compute.get(key)
+        if found is None:
+            comp = [self._stage_compute(par, b, rc) for b, rc in grid]
+            totals = np.array([[c.forward.total_s + c.backward.total_s for c in stages] for stages in comp])
+            micro = np.array([self.work.global_batch_size // (b * par.dp) for b, _ in grid], dtype=np.float64)
+            found = self._compute[key] = (totals, micro)
+        return found
 
     def step_time(self, par: ParallelSpec, b: int, rc: str, parts) -> float:
         """step.step_time, composed as it composes it, on memoised compute and stream sums (no timeline,

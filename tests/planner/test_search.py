@@ -246,3 +246,40 @@ def test_cancel_stops_the_search_and_progress_counts_up():
     done = [s["done"] for s in seen]
     assert done == sorted(done) and done[0] == 0 and done[-1] == result.space_size
     assert seen[-1]["best"]["step_time_s"] == pytest.approx(result.results[0].time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "preset, nodes, shape, pipeline",
+    [
+        ("gpt3-175b", 8, (8, 1, 8), (1, "1f1b")),
+        ("gpt3-175b", 8, (4, 2, 4), (3, "interleaved")),
+        ("llama3-8b", 2, (2, 2, 2), (2, "interleaved")),
+    ],
+)
+def test_screen_over_a_variant_equals_the_layout_by_layout_screen(preset, nodes, shape, pipeline):
+    """fits_many and lower_bounds (array operations over a variant's (b, recompute) pairs) answer what fits
+    and lower_bound answer one layout at a time, and the bound is below build_plan's step time."""
+    from planner.search.evaluate import ShapeEvaluator
+    from planner.search.space import Shape, Variant
+
+    model, cluster = MODEL_PRESETS[preset], cluster_preset("dgx-h100", nodes)
+    tp, cp, pp = shape
+    dp = nodes * 8 // (tp * cp * pp)
+    work = WorkloadSpec(global_batch_size=dp * 32)
+    ev = ShapeEvaluator(Problem(model, work, cluster), Shape(tp, cp, pp, dp))
+    model_ = ev.step_model
+    seen = set()
+    for framework, zero in (("megatron", 1), ("torch", 3), ("deepspeed", 2)):
+        par = Variant(ev.shape, *pipeline, zero, True, framework).parallel()
+        grid = tuple((b, rc) for b in (1, 4, 16, 32) for rc in ("none", "selective", "full"))
+        fits_each = [model_.fits(par, b, rc) for b, rc in grid]
+        assert model_.fits_many(par, grid).tolist() == fits_each
+        seen.update(fits_each)
+        bounds = model_.lower_bounds(par, grid).tolist()
+        assert bounds == pytest.approx([model_.lower_bound(par, b, rc) for b, rc in grid], rel=1e-12)
+        for (b, rc), bound in list(zip(grid, bounds, strict=True))[::5]:
+            if (work.global_batch_size // (b * dp)) % pp and pipeline[1] == "interleaved":
+                continue  # not a valid layout (the interleaved schedule's micro-batch rule)
+            plan = build_plan(model, replace(work, micro_batch_size=b, activation_recompute=rc), par, cluster)
+            assert bound <= plan.step.time_s
+    assert seen == {True, False}  # layouts that fit and layouts that do not
