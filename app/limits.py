@@ -43,6 +43,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from collectives.topology import cluster_for, neighbourhood
 from planner import ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec
 from planner.context import Context
 from planner.deadline import Deadline, DeadlineExceeded, bounded
@@ -140,15 +141,13 @@ def check_router(cluster, limit: int) -> None:
 
 
 def groups_priced(placement: np.ndarray, cluster, exact: bool) -> int:
-    """How many of a call's groups are priced: all of them for exact contention or router networks, else
-    those touching group 0's leaf units (planner.plan.neighbourhood, computed from the spec alone)."""
-    if exact or len(placement) == 1 or (cluster.num_nodes > 1 and cluster.network.topology != "fat_tree"):
+    """How many of a call's groups are priced: all of them for exact contention, else those the symmetry
+    shortcut keeps (collectives.topology.neighbourhood: every group on a network without a unit of symmetry,
+    those touching group 0's units on one with). ``cluster`` is the spec; its Cluster is the one the plan
+    itself builds (cached), after check_router has bounded what building it costs."""
+    if exact or len(placement) == 1:
         return len(placement)
-    per_unit = cluster.network.nodes_per_leaf * cluster.devices_per_node
-    units = placement // per_unit
-    near = np.zeros(int(units.max()) + 1, dtype=bool)
-    near[units[0]] = True
-    return int(near[units].any(axis=1).sum())
+    return len(neighbourhood(placement, cluster_for(cluster)))
 
 
 def plan_calls(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster, options: Options):
