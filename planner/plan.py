@@ -128,16 +128,11 @@ class Plan:
 def build_plan(
     model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster_spec: ClusterSpec, options: Options = Options()
 ) -> Plan:
-    validate_model(model)
-    validate_workload(work)
-    cluster = cluster_for(cluster_spec)
-    validate_parallel(par, model, work, cluster.num_devices)
-    _validate_options(options, cluster.num_devices)
-    ctx = Context(model, work, par, devices_per_node=cluster.spec.devices_per_node)
+    ctx, layout, cluster = setup(model, work, par, cluster_spec, options)
     # the step-time switches do not change a price: keep them out of the price cache's key
     default = options.overlap == Overlap() and options.timeline
     pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
-    pricer = _pricer(cluster, layout_for(par), pricing)
+    pricer = _pricer(cluster, layout, pricing)
     priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
     gpu = cluster_spec.gpu
@@ -167,9 +162,7 @@ def placement_priced(call: Call, layout: RankLayout, cluster: Cluster, options: 
     """The groups a call's price is computed on, as ``_price`` chooses them: the devices its ranks run on
     (``options.device_map``), every group under exact contention, else group 0's neighbourhood moved by the
     cluster's symmetry (collectives/topology/symmetry.py)."""
-    ranks = layout.placement(call.group, call.stages)
-    placement = np.asarray(options.device_map)[ranks] if options.device_map else ranks
-    return placement if options.exact_contention else canonical(neighbourhood(placement, cluster), cluster)[0]
+    return _placements(cluster, layout).site(call.group, call.stages, options).priced_on
 
 
 BUBBLE_WARNING = 0.25  # share of the step idle in the pipeline bubble worth a warning
