@@ -252,6 +252,9 @@ class ShapeEvaluator:
                 out.bounded += len(screened) - seq
                 break
             par, rc = self.parallel(index), recomputes[r]
+            if self.refined_bound(index, b, rc) > bound:  # its data-parallel calls alone make it too slow
+                out.bounded += 1
+                continue
             score = model.step_time(par, b, rc, self.calls(self.variants[index], b, rc))
             layout = Layout(par, b, rc)
             heapq.heappush(heap, (-score, seq, (score, sort_key(layout), layout)))
@@ -259,6 +262,17 @@ class ShapeEvaluator:
                 heapq.heappop(heap)
         out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
+
+    def refined_bound(self, index: int, b: int, rc: str) -> float:
+        """``StepModel.refined_bound`` on the variant's data-parallel template (built and priced once per
+        variant and micro-batch count, as timing builds it); the compute-only bound's stand-in, 0, where the
+        template refused (the variant is then timed from its exact ledger)."""
+        variant = self.variants[index]
+        tpl = self.template(templates.DATA_RULES, variant, "none")
+        if tpl is None:
+            return 0.0
+        m = self.problem.work.global_batch_size // (b * self.shape.dp)
+        return self.step_model.refined_bound(self.parallel(index), b, rc, self._priced(tpl, b, m))
 
     def parallel(self, index: int) -> ParallelSpec:
         found = self._parallels.get(index)

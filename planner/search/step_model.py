@@ -408,6 +408,21 @@ class StepModel:
                 return exact.time_s
         return time
 
+    def refined_bound(self, par: ParallelSpec, b: int, rc: str, data) -> float:
+        """A lower bound of ``step_time`` from the data-parallel template's priced calls alone (``data``:
+        one part as ``step_time`` takes them), tighter than ``lower_bound`` wherever the framework does not
+        overlap them: Megatron's gradient all-reduce and parameter all-gather (overlap off by default),
+        DeepSpeed below ZeRO-3, per-micro-batch ZeRO-2/3 traffic beyond its pass. The activation calls
+        (TP, CP, pipeline sends) are left out: each only lengthens the path (``_critical_path``'s
+        ``bound``); tests/planner/test_search.py checks bound <= step time over many layouts."""
+        if not self.timed:
+            return 0.0
+        ctx = SplitContext(self.model, self._work(b, rc), par)
+        flags = self.overlap.resolved(ctx)
+        stages = [StageStep(s, c) for s, c in enumerate(self._stage_compute(par, b, rc))]
+        self._assign(ctx, [data], stages, flags)
+        return _critical_path(ctx, stages, schedule_of(ctx), flags, bound=True)
+
     def _sums(self, rows, m: int, zero: int, p: int):
         """Per stream: (time, calls, bytes) per stage, and the longest pipeline send; step._assign_calls's
         first loop, memoised on the row list (rows of a template at one b are shared by many layouts)."""
@@ -491,17 +506,25 @@ def _close(a: StageCompute, e: StageCompute) -> bool:
     return all(abs(x - y) <= REL_TOLERANCE * max(abs(y), 1e-30) for x, y in values)
 
 
-def _critical_path(ctx: Context, stages: list[StageStep], sched: Schedule, flags: Overlap) -> float:
+def _critical_path(
+    ctx: Context, stages: list[StageStep], sched: Schedule, flags: Overlap, bound: bool = False
+) -> float:
     """The time of step._training without its breakdown, timeline and MFU (which cost more than the time
     itself): the pipeline's critical path, each stage's exposed gradient reduction and tail, the sync,
-    then the slowest optimizer step with its exposed parameter gather."""
+    then the slowest optimizer step with its exposed parameter gather.
+
+    ``bound``: a lower bound when ``stages`` hold only part of the communication (``refined_bound``): the
+    overlapped gradient reduction and parameter gather count as 0 (their exposure max(t - pass / v, t /
+    buckets) can fall when the passes lengthen or other calls add buckets); every other term only grows
+    with more communication (pipe - lead_s grows by at least the lead's growth: the pipeline grows by the
+    sum over stages of each pass's growth / v)."""
     passes = [StagePass(st.forward_s, st.backward_s) for st in stages]
     pipe = pipeline_time(passes, sched).time_s
     v = max(1, sched.chunks)
     sync = 0.0
     for st, p, lead in zip(stages, passes, _drain_leads(passes, sched), strict=True):
         exposed_dp = 0.0
-        if st.grad_reduce_s:
+        if st.grad_reduce_s and not (bound and flags.overlap_grad_reduce):
             if flags.overlap_grad_reduce:
                 buckets = max(1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes))
                 exposed_dp = max(st.grad_reduce_s - p.backward_s / v, st.grad_reduce_s / buckets)
@@ -511,7 +534,7 @@ def _critical_path(ctx: Context, stages: list[StageStep], sched: Schedule, flags
     finish = 0.0
     for st, p in zip(stages, passes, strict=True):
         gather = 0.0
-        if st.param_gather_s:
+        if st.param_gather_s and not (bound and flags.overlap_param_gather):
             if flags.overlap_param_gather:
                 buckets = max(1, st.param_units, _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes))
                 gather = max(st.param_gather_s - p.forward_s / v, st.param_gather_s / buckets)
