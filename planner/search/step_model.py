@@ -423,6 +423,26 @@ class StepModel:
         self._assign(ctx, [data], stages, flags)
         return _critical_path(ctx, stages, schedule_of(ctx), flags, bound=True)
 
+    def data_floor(self, par: ParallelSpec, m: int, data) -> float:
+        """What the data-parallel calls (``data``: one part as ``step_time`` takes them) add to the
+        compute-only ``lower_bound`` of any layout of the variant with m micro-batches: stage 0's exposed
+        gradient reduction and tail (it drains last: lead 0), and the slowest stage's optimizer step with
+        its exposed parameter gather in place of the slowest optimizer step (``_critical_path``). Overlapped
+        reductions and gathers count as 0 (``_critical_path``'s ``bound``); at most ``refined_bound`` minus
+        that bound."""
+        if not self.timed:
+            return 0.0
+        ctx = SplitContext(self.model, self._work(1, "none"), par)
+        flags = self.overlap.resolved(ctx)
+        sums, _ = self._sums(data[0], m, par.zero_stage, par.pp)
+        opt = np.array(self._optimizer(par))
+        gathers = sums.get("param_gather")
+        finish = opt + gathers[0] if gathers is not None and not flags.overlap_param_gather else opt
+        first = sums["tail"][0, 0] if "tail" in sums else 0.0
+        if "grad_reduce" in sums and not flags.overlap_grad_reduce:
+            first += sums["grad_reduce"][0, 0]
+        return float(first + finish.max() - opt.max())
+
     def _sums(self, rows, m: int, zero: int, p: int):
         """Per stream: (time, calls, bytes) per stage, and the longest pipeline send; step._assign_calls's
         first loop, memoised on the row list (rows of a template at one b are shared by many layouts)."""

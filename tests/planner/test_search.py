@@ -297,13 +297,14 @@ def test_refined_bound_is_below_the_step_time_and_tighter_where_dp_is_exposed(pr
     """The bound from the data-parallel calls (refined_bound) never exceeds the step time, over every
     pipeline, framework, ZeRO stage, SP, micro-batch size and recompute of several shapes (build_plan's on
     a sample, the screen's, equal to it to 1e-6, on the rest); it is at least the compute-only bound, and
-    above it wherever Megatron exposes its gradient all-reduce."""
+    above it wherever Megatron exposes its gradient all-reduce; the compute bound plus data_floor (the
+    cheap first test) lies between the two."""
     from planner.search.evaluate import ShapeEvaluator, batch_rule
     from planner.search.space import Shape
 
     model, cluster = MODEL_PRESETS[preset], cluster_preset("dgx-h100", nodes)
     work = WorkloadSpec(global_batch_size=nodes * 8 * 8)
-    checked = tighter = planned = 0
+    checked = tighter = planned = floors = 0
     for tp, cp, pp in shapes:
         dp = nodes * 8 // (tp * cp * pp)
         ep = 2 if model.moe else 1
@@ -317,7 +318,8 @@ def test_refined_bound_is_below_the_step_time_and_tighter_where_dp_is_exposed(pr
                     continue
                 bound = ev.refined_bound(index, b, rc)
                 step = ev.step_model.step_time(par, b, rc, ev.calls(variant, b, rc))
-                assert ev.step_model.lower_bound(par, b, rc) <= bound * (1 + 1e-12) <= step * (1 + 1e-9)
+                floor = ev.step_model.lower_bound(par, b, rc) + ev.data_floor(index, b)
+                assert ev.step_model.lower_bound(par, b, rc) <= floor <= bound * (1 + 1e-12) <= step * (1 + 1e-9)
                 if checked % 97 == 0:
                     w = replace(work, micro_batch_size=b, activation_recompute=rc)
                     assert bound <= build_plan(model, w, par, cluster).step.time_s * (1 + 1e-9)
@@ -325,4 +327,5 @@ def test_refined_bound_is_below_the_step_time_and_tighter_where_dp_is_exposed(pr
                 checked += 1
                 if par.framework == "megatron" and par.dp * par.cp > 1 and variant.zero_stage < 2:
                     tighter += bound > ev.step_model.lower_bound(par, b, rc) * (1 + 1e-9)
-    assert checked > 200 and planned > 2 and tighter > 20
+                    floors += floor > ev.step_model.lower_bound(par, b, rc) * (1 + 1e-9)
+    assert checked > 200 and planned > 2 and tighter > 20 and floors > 20
