@@ -114,6 +114,8 @@ class SplitContext(Context):
 
 
 _SPLITS: dict = {}
+_TOTALS: dict = {}
+TOTALS_KEPT = 4096  # (model, tp, pp, virtual stages, framework, ...) entries of a few numbers per stage
 REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
 
 
@@ -191,6 +193,22 @@ class StepModel:
         dp/cp only for sharding): b, recompute, SP and ZeRO at their defaults, so param_totals' cache hits."""
         return SplitContext(self.model, self._work(1, "none"), replace(par, zero_stage=0, sequence_parallel=False))
 
+    def _totals(self, par: ParallelSpec) -> list[tuple[int, int, int]]:
+        """memory.param_totals per stage: (dense, expert, largest ZeRO-3 unit) parameters of one rank.
+        They read the model, tp, ep, expert tp, the framework and the stage split only (params.py), so the
+        memo is shared by every shape and variant with those (param_totals caches on the whole Context)."""
+        key = (
+            id(self.model), par.tp, par.pp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
+            par.pipeline_schedule, par.framework, par.first_stage_layers, par.last_stage_layers,
+        )  # fmt: skip
+        found = _TOTALS.get(key)
+        if found is None:
+            pctx = self._params_ctx(par)
+            found = _TOTALS[key] = (self.model, [param_totals(pctx, stage) for stage in range(par.pp)])
+            if len(_TOTALS) > TOTALS_KEPT:
+                _TOTALS.pop(next(iter(_TOTALS)))
+        return found[1]  # holding the model keeps its id from being reused
+
     def _static_bytes(self, par: ParallelSpec) -> np.ndarray:
         """Per stage: parameters + gradients + optimizer states + fixed buffers, as stage_memory sums them
         (memory.py: x_param, grad bytes, 12 B/param Adam + master, sharded by ZeRO stage; workspace and the
@@ -199,11 +217,9 @@ class StepModel:
         found = self._static.get(key)
         if found is None:
             ctx = SplitContext(self.model, self._work(1, "none"), replace(par, sequence_parallel=False))
-            pctx = self._params_ctx(par)
             xp, z = ctx.param_bytes, par.zero_stage
             out = []
-            for stage in range(par.pp):
-                nd, ne, unit = param_totals(pctx, stage)
+            for nd, ne, unit in self._totals(par):
                 total = 0.0
                 params = grads = opt = 0.0
                 for count, is_expert in ((nd, False), (ne, True)):
@@ -287,10 +303,8 @@ class StepModel:
         key = self._key(par, sp=False)
         found = self._optimizer_memo.get(key)
         if found is None:
-            pctx = self._params_ctx(par)
             found = []
-            for stage in range(par.pp):
-                dense, expert, _ = param_totals(pctx, stage)
+            for dense, expert, _ in self._totals(par):
                 shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
                 shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
                 local = dense / shard_dense + expert / shard_expert
