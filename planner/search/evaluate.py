@@ -57,7 +57,7 @@ class Outcome:
     done: int = 0  # layouts handled, pruned or not (progress)
     evaluated: int = 0  # layouts valid under every rule: memory (and step when they fit) computed
     feasible: int = 0
-    bounded: int = 0  # feasible layouts whose compute-only lower bound was slower than the k-th best so far
+    bounded: int = 0  # feasible layouts whose lower bound (compute, then data-parallel) was slower than the k-th best
     pruned: Pruned = field(default_factory=Pruned)
     best: list[tuple[float, tuple, Layout]] = field(default_factory=list)  # (screened step s, tiebreak, layout)
 

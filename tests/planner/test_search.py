@@ -329,3 +329,21 @@ def test_refined_bound_is_below_the_step_time_and_tighter_where_dp_is_exposed(pr
                     tighter += bound > ev.step_model.lower_bound(par, b, rc) * (1 + 1e-9)
                     floors += floor > ev.step_model.lower_bound(par, b, rc) * (1 + 1e-9)
     assert checked > 200 and planned > 2 and tighter > 20 and floors > 20
+
+
+def test_parameter_lists_shared_across_dp_cp_zero_and_sp_are_the_layouts_own():
+    """params.stage_params keys its cache on the layout without dp, cp, ZeRO stage and SP: the lists it
+    answers equal those built for the full layout (dense and MoE, every framework, uneven ends)."""
+    from planner.params import _stage_params, stage_params
+
+    cases = [
+        ("gpt3-175b", dict(tp=8, pp=8, dp=4, cp=2, zero_stage=1, sequence_parallel=True)),
+        ("llama3-405b", dict(tp=4, pp=16, dp=8, cp=4, zero_stage=3, first_stage_layers=7, last_stage_layers=7)),
+        ("mixtral-8x7b", dict(tp=2, pp=4, dp=4, ep=4, expert_tp=1, zero_stage=2, framework="torch")),
+        ("llama3-8b", dict(tp=2, pp=2, dp=2, cp=2, virtual_pipeline_stages=4, pipeline_schedule="interleaved")),
+        ("llama3-8b", dict(tp=1, pp=4, dp=16, zero_stage=3, framework="deepspeed")),
+    ]
+    for preset, fields in cases:
+        ctx = Context(MODEL_PRESETS[preset], WorkloadSpec(), ParallelSpec(**fields))
+        for stage in range(ctx.par.pp):
+            assert stage_params(ctx, stage) == _stage_params(ctx, stage)
