@@ -21,8 +21,9 @@ time = max over stages of (sync + optimizer + exposed gather) with sync >= stage
 critical path, which only grows with the communication added to each pass; so the pipeline of the compute
 alone (no sends, no exposed communication) plus the smallest optimizer step bounds the step time from
 below. A layout whose bound is already slower than the k-th best so far cannot enter the top k and is not
-timed further (counted as ``bounded``). tests/planner/test_search.py checks screen == build_plan and
-bound <= step time.
+timed further (counted as ``bounded``). Before timing, ``data_floor`` and ``refined_bound`` add the
+variant's data-parallel calls to that path (docs/search.md, Branch and bound). tests/planner/test_search.py
+checks screen == build_plan and bound <= step time.
 
 The search re-evaluates its best layouts with ``build_plan`` itself, so the step and memory blocks it
 answers are exactly /v1/plan's. Without a GPU spec there is no step time or memory: the screen ranks by the
