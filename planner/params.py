@@ -13,7 +13,7 @@ MLA (DeepSeek) projections are all taken as TP-split: Megatron replicates the tw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from .context import Context
@@ -38,7 +38,16 @@ class Param:
 
 def stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
     """(dense, expert) parameters of one rank of ``stage``, as immutable tuples shared between plans."""
-    return _params_by_stage(ctx.model, ctx.par)[stage]
+    return _params_by_stage(ctx.model, _holding(ctx.par))[stage]
+
+
+def _holding(par: ParallelSpec) -> ParallelSpec:
+    """The layout with what the parameter lists never read (dp, cp, ZeRO stage, sequence parallelism) at
+    fixed values: _stage_params reads tp, ep, expert tp, the framework and the stage split only, so layouts
+    that differ elsewhere (a search's shapes and variants: thousands a second) share one entry."""
+    if (par.dp, par.cp, par.zero_stage, par.sequence_parallel) == (1, 1, 0, False):
+        return par
+    return replace(par, dp=1, cp=1, zero_stage=0, sequence_parallel=False)
 
 
 @lru_cache(maxsize=STAGE_PARAMS_CACHE)
@@ -52,7 +61,7 @@ def _params_by_stage(model: ModelSpec, par: ParallelSpec) -> tuple[tuple[Params,
 def alike_stages(ctx: Context) -> dict[int, tuple[int, ...]]:
     """Stages whose ranks hold alike parameters (the same sizes, names and unit boundaries but for the layer
     numbers): first stage -> every stage of the class (ledger.stage_classes), memoised like the lists."""
-    return _alike_stages(ctx.model, ctx.par)
+    return _alike_stages(ctx.model, _holding(ctx.par))
 
 
 @lru_cache(maxsize=STAGE_PARAMS_CACHE)

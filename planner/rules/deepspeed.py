@@ -38,6 +38,7 @@ A Linear's weight and bias count as one parameter (planner/params.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import accumulate
 
 from collectives import Op
@@ -253,7 +254,26 @@ def fetch_sizes(
     """(phase, elements) of every parameter all-gather in one forward + backward of ZeRO-3, replaying
     PartitionedParameterCoordinator with a complete trace. ``tree`` is the module tree (a list is a container,
     an int a leaf module owning that parameter; default: leaves only, no containers), walked pre-order in
-    forward and mirrored in backward (module_walk)."""
+    forward and mirrored in backward (module_walk). Each call carries ceil(numel/ranks) x ranks elements per
+    parameter; which parameters a call fetches does not depend on ``ranks`` (the coordinator counts unpadded
+    numels), so that replay is memoised per (numels, persistence, config, tree) and shared by every
+    data-parallel size (the layout search asks for the same stage at many cp x dp)."""
+    plan = _fetch_plan(tuple(numels), tuple(persist), zc, _frozen(tree) if tree is not None else None)
+    return [(phase, sum(_padded(numels[p], ranks) for p in fetched)) for phase, fetched in plan]
+
+
+FETCH_PLANS_KEPT = 1024  # stages x tp x virtual stages x models a search sees; each plan is a few KB
+
+
+def _frozen(tree) -> tuple | int:
+    return tree if isinstance(tree, int) else tuple(_frozen(child) for child in tree)
+
+
+@lru_cache(maxsize=FETCH_PLANS_KEPT)
+def _fetch_plan(
+    numels: tuple[int, ...], persist: tuple[bool, ...], zc, tree: tuple | None
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(phase, parameter indices) of every all-gather: the coordinator's replay (fetch_sizes)."""
     if tree is None:
         forward: list[tuple[int, ...]] = [(i,) for i in range(len(numels))]
         order = forward + forward[::-1]
@@ -272,12 +292,12 @@ def fetch_sizes(
     available = list(persist)
     recent = [-(10**18)] * len(numels)  # most recent trace step the prefetcher has passed, per parameter
     live = 0
-    out: list[tuple[str, int]] = []
+    out: list[tuple[str, tuple[int, ...]]] = []
     for step, module in enumerate(order):
         phase = "forward" if step < len(forward) else "backward"
         missing = [p for p in module if not available[p]]
         if missing:  # the module's own parameters, one call
-            out.append((phase, sum(_padded(numels[p], ranks) for p in missing)))
+            out.append((phase, tuple(missing)))
             for p in missing:
                 available[p] = True
             live += sum(numels[p] for p in missing)
@@ -294,7 +314,7 @@ def fetch_sizes(
                 batch[q] = None  # an ordered set
                 prefetching += numels[q]
         if batch:
-            out.append((phase, sum(_padded(numels[q], ranks) for q in batch)))
+            out.append((phase, tuple(batch)))
             for q in batch:
                 available[q] = True
             live += prefetching
@@ -306,7 +326,7 @@ def fetch_sizes(
             reused = nxt < len(order) and traversed[nxt] - traversed[step + 1] < zc.stage3_max_reuse_distance
             if not reused:
                 available[p], live = False, live - numels[p]
-    return out
+    return tuple(out)
 
 
 def module_walk(node, backward: bool) -> list[tuple[int, ...]]:

@@ -57,7 +57,7 @@ class Outcome:
     done: int = 0  # layouts handled, pruned or not (progress)
     evaluated: int = 0  # layouts valid under every rule: memory (and step when they fit) computed
     feasible: int = 0
-    bounded: int = 0  # feasible layouts whose compute-only lower bound was slower than the k-th best so far
+    bounded: int = 0  # feasible layouts whose lower bound (compute, then data-parallel) was slower than the k-th best
     pruned: Pruned = field(default_factory=Pruned)
     best: list[tuple[float, tuple, Layout]] = field(default_factory=list)  # (screened step s, tiebreak, layout)
 
@@ -180,7 +180,7 @@ class ShapeEvaluator:
     def _priced(self, tpl: templates.Template, b: int, m: int):
         """Rows of a template at micro-batch size b and count m: memoised, as every recompute and ZeRO
         variant of the shape reuses them."""
-        key = (id(tpl), b, m)
+        key = (id(tpl), b if tpl.scales_with_b else None, m)  # data-parallel calls do not read b
         found = self._priced_memo.get(key)
         if found is None:
             found = self._priced_memo[key] = self._rows(tpl, b, m)
@@ -252,6 +252,11 @@ class ShapeEvaluator:
                 out.bounded += len(screened) - seq
                 break
             par, rc = self.parallel(index), recomputes[r]
+            # its data-parallel calls alone make it too slow: first the part that only adds to the compute
+            # bound (memoised per variant and micro-batch count), then the whole path with those calls
+            if bound_s + self.data_floor(index, b) > bound or self.refined_bound(index, b, rc) > bound:
+                out.bounded += 1
+                continue
             score = model.step_time(par, b, rc, self.calls(self.variants[index], b, rc))
             layout = Layout(par, b, rc)
             heapq.heappush(heap, (-score, seq, (score, sort_key(layout), layout)))
@@ -259,6 +264,31 @@ class ShapeEvaluator:
                 heapq.heappop(heap)
         out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
+
+    def refined_bound(self, index: int, b: int, rc: str) -> float:
+        """``StepModel.refined_bound`` on the variant's data-parallel template (built and priced once per
+        variant and micro-batch count, as timing builds it); 0 where the template refused (the variant is
+        then timed from its exact ledger)."""
+        data = self._data_part(index, b)
+        return 0.0 if data is None else self.step_model.refined_bound(self.parallel(index), b, rc, data)
+
+    def data_floor(self, index: int, b: int) -> float:
+        """``StepModel.data_floor``: what the data-parallel calls add to any compute-only bound."""
+        m = self.problem.work.global_batch_size // (b * self.shape.dp)
+        key = ("floor", index, m)
+        found = self._priced_memo.get(key)
+        if found is None:
+            data = self._data_part(index, b)
+            found = self._priced_memo[key] = (
+                0.0 if data is None else self.step_model.data_floor(self.parallel(index), m, data)
+            )
+        return found
+
+    def _data_part(self, index: int, b: int):
+        tpl = self.template(templates.DATA_RULES, self.variants[index], "none")
+        if tpl is None:
+            return None
+        return self._priced(tpl, b, self.problem.work.global_batch_size // (b * self.shape.dp))
 
     def parallel(self, index: int) -> ParallelSpec:
         found = self._parallels.get(index)

@@ -21,8 +21,9 @@ time = max over stages of (sync + optimizer + exposed gather) with sync >= stage
 critical path, which only grows with the communication added to each pass; so the pipeline of the compute
 alone (no sends, no exposed communication) plus the smallest optimizer step bounds the step time from
 below. A layout whose bound is already slower than the k-th best so far cannot enter the top k and is not
-timed further (counted as ``bounded``). tests/planner/test_search.py checks screen == build_plan and
-bound <= step time.
+timed further (counted as ``bounded``). Before timing, ``data_floor`` and ``refined_bound`` add the
+variant's data-parallel calls to that path (docs/search.md, Branch and bound). tests/planner/test_search.py
+checks screen == build_plan and bound <= step time.
 
 The search re-evaluates its best layouts with ``build_plan`` itself, so the step and memory blocks it
 answers are exactly /v1/plan's. Without a GPU spec there is no step time or memory: the screen ranks by the
@@ -114,6 +115,8 @@ class SplitContext(Context):
 
 
 _SPLITS: dict = {}
+_TOTALS: dict = {}
+TOTALS_KEPT = 4096  # (model, tp, pp, virtual stages, framework, ...) entries of a few numbers per stage
 REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
 
 
@@ -191,6 +194,22 @@ class StepModel:
         dp/cp only for sharding): b, recompute, SP and ZeRO at their defaults, so param_totals' cache hits."""
         return SplitContext(self.model, self._work(1, "none"), replace(par, zero_stage=0, sequence_parallel=False))
 
+    def _totals(self, par: ParallelSpec) -> list[tuple[int, int, int]]:
+        """memory.param_totals per stage: (dense, expert, largest ZeRO-3 unit) parameters of one rank.
+        They read the model, tp, ep, expert tp, the framework and the stage split only (params.py), so the
+        memo is shared by every shape and variant with those (param_totals caches on the whole Context)."""
+        key = (
+            id(self.model), par.tp, par.pp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
+            par.pipeline_schedule, par.framework, par.first_stage_layers, par.last_stage_layers,
+        )  # fmt: skip
+        found = _TOTALS.get(key)
+        if found is None:
+            pctx = self._params_ctx(par)
+            found = _TOTALS[key] = (self.model, [param_totals(pctx, stage) for stage in range(par.pp)])
+            if len(_TOTALS) > TOTALS_KEPT:
+                _TOTALS.pop(next(iter(_TOTALS)))
+        return found[1]  # holding the model keeps its id from being reused
+
     def _static_bytes(self, par: ParallelSpec) -> np.ndarray:
         """Per stage: parameters + gradients + optimizer states + fixed buffers, as stage_memory sums them
         (memory.py: x_param, grad bytes, 12 B/param Adam + master, sharded by ZeRO stage; workspace and the
@@ -199,11 +218,9 @@ class StepModel:
         found = self._static.get(key)
         if found is None:
             ctx = SplitContext(self.model, self._work(1, "none"), replace(par, sequence_parallel=False))
-            pctx = self._params_ctx(par)
             xp, z = ctx.param_bytes, par.zero_stage
             out = []
-            for stage in range(par.pp):
-                nd, ne, unit = param_totals(pctx, stage)
+            for nd, ne, unit in self._totals(par):
                 total = 0.0
                 params = grads = opt = 0.0
                 for count, is_expert in ((nd, False), (ne, True)):
@@ -287,10 +304,8 @@ class StepModel:
         key = self._key(par, sp=False)
         found = self._optimizer_memo.get(key)
         if found is None:
-            pctx = self._params_ctx(par)
             found = []
-            for stage in range(par.pp):
-                dense, expert, _ = param_totals(pctx, stage)
+            for dense, expert, _ in self._totals(par):
                 shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
                 shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
                 local = dense / shard_dense + expert / shard_expert
@@ -408,6 +423,41 @@ class StepModel:
                 return exact.time_s
         return time
 
+    def refined_bound(self, par: ParallelSpec, b: int, rc: str, data) -> float:
+        """A lower bound of ``step_time`` from the data-parallel template's priced calls alone (``data``:
+        one part as ``step_time`` takes them), tighter than ``lower_bound`` wherever the framework does not
+        overlap them: Megatron's gradient all-reduce and parameter all-gather (overlap off by default),
+        DeepSpeed below ZeRO-3, per-micro-batch ZeRO-2/3 traffic beyond its pass. The activation calls
+        (TP, CP, pipeline sends) are left out: each only lengthens the path (``_critical_path``'s
+        ``bound``); tests/planner/test_search.py checks bound <= step time over many layouts."""
+        if not self.timed:
+            return 0.0
+        ctx = SplitContext(self.model, self._work(b, rc), par)
+        flags = self.overlap.resolved(ctx)
+        stages = [StageStep(s, c) for s, c in enumerate(self._stage_compute(par, b, rc))]
+        self._assign(ctx, [data], stages, flags)
+        return _critical_path(ctx, stages, schedule_of(ctx), flags, bound=True)
+
+    def data_floor(self, par: ParallelSpec, m: int, data) -> float:
+        """What the data-parallel calls (``data``: one part as ``step_time`` takes them) add to the
+        compute-only ``lower_bound`` of any layout of the variant with m micro-batches: stage 0's exposed
+        gradient reduction and tail (it drains last: lead 0), and the slowest stage's optimizer step with
+        its exposed parameter gather in place of the slowest optimizer step (``_critical_path``). Overlapped
+        reductions and gathers count as 0 (``_critical_path``'s ``bound``); at most ``refined_bound`` minus
+        that bound."""
+        if not self.timed:
+            return 0.0
+        ctx = SplitContext(self.model, self._work(1, "none"), par)
+        flags = self.overlap.resolved(ctx)
+        sums, _ = self._sums(data[0], m, par.zero_stage, par.pp)
+        opt = np.array(self._optimizer(par))
+        gathers = sums.get("param_gather")
+        finish = opt + gathers[0] if gathers is not None and not flags.overlap_param_gather else opt
+        first = sums["tail"][0, 0] if "tail" in sums else 0.0
+        if "grad_reduce" in sums and not flags.overlap_grad_reduce:
+            first += sums["grad_reduce"][0, 0]
+        return float(first + finish.max() - opt.max())
+
     def _sums(self, rows, m: int, zero: int, p: int):
         """Per stream: (time, calls, bytes) per stage, and the longest pipeline send; step._assign_calls's
         first loop, memoised on the row list (rows of a template at one b are shared by many layouts)."""
@@ -491,17 +541,25 @@ def _close(a: StageCompute, e: StageCompute) -> bool:
     return all(abs(x - y) <= REL_TOLERANCE * max(abs(y), 1e-30) for x, y in values)
 
 
-def _critical_path(ctx: Context, stages: list[StageStep], sched: Schedule, flags: Overlap) -> float:
+def _critical_path(
+    ctx: Context, stages: list[StageStep], sched: Schedule, flags: Overlap, bound: bool = False
+) -> float:
     """The time of step._training without its breakdown, timeline and MFU (which cost more than the time
     itself): the pipeline's critical path, each stage's exposed gradient reduction and tail, the sync,
-    then the slowest optimizer step with its exposed parameter gather."""
+    then the slowest optimizer step with its exposed parameter gather.
+
+    ``bound``: a lower bound when ``stages`` hold only part of the communication (``refined_bound``): the
+    overlapped gradient reduction and parameter gather count as 0 (their exposure max(t - pass / v, t /
+    buckets) can fall when the passes lengthen or other calls add buckets); every other term only grows
+    with more communication (pipe - lead_s grows by at least the lead's growth: the pipeline grows by the
+    sum over stages of each pass's growth / v)."""
     passes = [StagePass(st.forward_s, st.backward_s) for st in stages]
     pipe = pipeline_time(passes, sched).time_s
     v = max(1, sched.chunks)
     sync = 0.0
     for st, p, lead in zip(stages, passes, _drain_leads(passes, sched), strict=True):
         exposed_dp = 0.0
-        if st.grad_reduce_s:
+        if st.grad_reduce_s and not (bound and flags.overlap_grad_reduce):
             if flags.overlap_grad_reduce:
                 buckets = max(1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes))
                 exposed_dp = max(st.grad_reduce_s - p.backward_s / v, st.grad_reduce_s / buckets)
@@ -511,7 +569,7 @@ def _critical_path(ctx: Context, stages: list[StageStep], sched: Schedule, flags
     finish = 0.0
     for st, p in zip(stages, passes, strict=True):
         gather = 0.0
-        if st.param_gather_s:
+        if st.param_gather_s and not (bound and flags.overlap_param_gather):
             if flags.overlap_param_gather:
                 buckets = max(1, st.param_units, _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes))
                 gather = max(st.param_gather_s - p.forward_s / v, st.param_gather_s / buckets)

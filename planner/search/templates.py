@@ -56,6 +56,13 @@ class Template:
             np.zeros(n, dtype=bool),
         )
 
+    @property
+    def scales_with_b(self) -> bool:
+        found = self.__dict__.get("_scales")
+        if found is None:
+            found = self.__dict__["_scales"] = bool(self.per_b.any())
+        return found
+
     def messages(self, b: int) -> np.ndarray:
         return np.where(self.per_b, self.bytes1 * b, self.bytes1)
 

@@ -102,6 +102,11 @@ def test_zero3_small_prefetch_and_no_reuse_regathers_in_backward():
     # a 10-element parameter on 4 ranks travels padded to ceil(10 / 4) x 4 = 12
     assert fetch_sizes([10], [False], ZeroConfig(), 4) == [("forward", 12)]
     assert fetch_sizes([10], [True], ZeroConfig(), 4) == []
+    # the replay is memoised without the rank count: the same fetches padded for 5 ranks (8 -> 10, 16 -> 20,
+    # 24 -> 25), and 4 ranks again unchanged
+    padded5 = [("forward", 10), ("forward", 20), ("forward", 25), ("forward", 20), ("backward", 25), ("backward", 10)]
+    assert fetch_sizes([8, 16, 24], [False] * 3, zc, 5) == padded5
+    assert fetch_sizes([8, 16, 24], [False] * 3, zc, 4) == got
 
 
 def test_module_tree_of_the_recorded_model(reference):

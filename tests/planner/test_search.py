@@ -283,3 +283,67 @@ def test_screen_over_a_variant_equals_the_layout_by_layout_screen(preset, nodes,
             plan = build_plan(model, replace(work, micro_batch_size=b, activation_recompute=rc), par, cluster)
             assert bound <= plan.step.time_s
     assert seen == {True, False}  # layouts that fit and layouts that do not
+
+
+@pytest.mark.parametrize(
+    "preset, nodes, shapes",
+    [
+        ("gpt3-175b", 8, [(8, 1, 8), (4, 2, 4), (2, 1, 2), (1, 4, 1)]),
+        ("llama3-8b", 2, [(2, 2, 2), (1, 1, 4), (4, 1, 1)]),
+        ("mixtral-8x7b", 4, [(2, 1, 4)]),
+    ],
+)
+def test_refined_bound_is_below_the_step_time_and_tighter_where_dp_is_exposed(preset, nodes, shapes):
+    """The bound from the data-parallel calls (refined_bound) never exceeds the step time, over every
+    pipeline, framework, ZeRO stage, SP, micro-batch size and recompute of several shapes (build_plan's on
+    a sample, the screen's, equal to it to 1e-6, on the rest); it is at least the compute-only bound, and
+    above it wherever Megatron exposes its gradient all-reduce; the compute bound plus data_floor (the
+    cheap first test) lies between the two."""
+    from planner.search.evaluate import ShapeEvaluator, batch_rule
+    from planner.search.space import Shape
+
+    model, cluster = MODEL_PRESETS[preset], cluster_preset("dgx-h100", nodes)
+    work = WorkloadSpec(global_batch_size=nodes * 8 * 8)
+    checked = tighter = planned = floors = 0
+    for tp, cp, pp in shapes:
+        dp = nodes * 8 // (tp * cp * pp)
+        ep = 2 if model.moe else 1
+        ev = ShapeEvaluator(Problem(model, work, cluster), Shape(tp, cp, pp, dp, ep, 1))
+        for index, variant in enumerate(ev.variants):
+            if ev.space.check(variant, 1) is not None:
+                continue
+            par = ev.parallel(index)
+            for b, rc in itertools.product((1, 2, 4), ("none", "selective", "full")):
+                if batch_rule(ev.space, variant, b) is not None:
+                    continue
+                bound = ev.refined_bound(index, b, rc)
+                step = ev.step_model.step_time(par, b, rc, ev.calls(variant, b, rc))
+                floor = ev.step_model.lower_bound(par, b, rc) + ev.data_floor(index, b)
+                assert ev.step_model.lower_bound(par, b, rc) <= floor <= bound * (1 + 1e-12) <= step * (1 + 1e-9)
+                if checked % 97 == 0:
+                    w = replace(work, micro_batch_size=b, activation_recompute=rc)
+                    assert bound <= build_plan(model, w, par, cluster).step.time_s * (1 + 1e-9)
+                    planned += 1
+                checked += 1
+                if par.framework == "megatron" and par.dp * par.cp > 1 and variant.zero_stage < 2:
+                    tighter += bound > ev.step_model.lower_bound(par, b, rc) * (1 + 1e-9)
+                    floors += floor > ev.step_model.lower_bound(par, b, rc) * (1 + 1e-9)
+    assert checked > 200 and planned > 2 and tighter > 20 and floors > 20
+
+
+def test_parameter_lists_shared_across_dp_cp_zero_and_sp_are_the_layouts_own():
+    """params.stage_params keys its cache on the layout without dp, cp, ZeRO stage and SP: the lists it
+    answers equal those built for the full layout (dense and MoE, every framework, uneven ends)."""
+    from planner.params import _stage_params, stage_params
+
+    cases = [
+        ("gpt3-175b", dict(tp=8, pp=8, dp=4, cp=2, zero_stage=1, sequence_parallel=True)),
+        ("llama3-405b", dict(tp=4, pp=16, dp=8, cp=4, zero_stage=3, first_stage_layers=7, last_stage_layers=7)),
+        ("mixtral-8x7b", dict(tp=2, pp=4, dp=4, ep=4, expert_tp=1, zero_stage=2, framework="torch")),
+        ("llama3-8b", dict(tp=2, pp=2, dp=2, cp=2, virtual_pipeline_stages=4, pipeline_schedule="interleaved")),
+        ("llama3-8b", dict(tp=1, pp=4, dp=16, zero_stage=3, framework="deepspeed")),
+    ]
+    for preset, fields in cases:
+        ctx = Context(MODEL_PRESETS[preset], WorkloadSpec(), ParallelSpec(**fields))
+        for stage in range(ctx.par.pp):
+            assert stage_params(ctx, stage) == _stage_params(ctx, stage)
