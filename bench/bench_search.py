@@ -35,11 +35,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     parser.add_argument("--constraints", default="{}", help="JSON constraints, as in POST /v1/search")
     parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--max-dp-group", type=int, default=0, help="largest cp x dp group searched (0: default)")
     args = parser.parse_args()
     model, work, (preset, nodes) = PROBLEMS[args.problem]
     problem = Problem(
-        MODEL_PRESETS[model], work, cluster_preset(preset, nodes), Constraints.of(json.loads(args.constraints)),
-        args.top_k,
+        MODEL_PRESETS[model], work, cluster_preset(preset, nodes),
+        Constraints.of(json.loads(args.constraints), max_dp_group=args.max_dp_group), args.top_k,
     )  # fmt: skip
     print(f"{args.problem}: space of {space_of(problem).size()} layouts")
     start = time.perf_counter()

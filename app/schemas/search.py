@@ -41,11 +41,12 @@ class ConstraintsIn(Strict):
     )
     micro_batch_size: Degrees | None = None
     max_dp_group: int = Field(
-        default=2048,
-        ge=1,
+        default=0,
+        ge=0,
         le=1 << 17,
-        description="shapes whose cp x dp group is larger are pruned (max_dp_group): pricing such groups costs "
-        "seconds and gigabytes per shape",
+        description="shapes whose cp x dp group is larger are pruned (max_dp_group). 0: no limit where NCCL's "
+        "model prices the cluster (NVIDIA GPUs; closed form), 2048 where the step-by-step schedule pricer does "
+        "(pricing such groups step by step costs seconds and gigabytes per shape)",
     )
     memory_headroom: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="fraction of device memory a layout must leave free"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from collectives.topology import ClusterSpec
-from collectives.topology.select import cached_schedule
+from collectives.topology.select import cached_schedule, resolve_pricing
 
 from .._errors import SpecError
 from ..layout import RankLayout
@@ -28,7 +28,7 @@ from ..plan import Options, _symmetry_unit, cluster_for
 from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer
-from .space import MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
+from .space import MAX_DP_GROUP, MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
 from .step_model import Priced, Row, RowCall, StepModel
 
 
@@ -79,10 +79,20 @@ def space_of(problem: Problem) -> Space:
     space = _SPACES.get(key)
     if space is None:
         cluster = cluster_for(problem.cluster)
-        space = _SPACES[key] = Space(problem.model, problem.work, cluster.num_devices, problem.constraints)
+        constraints = problem.constraints
+        if not constraints.max_dp_group:
+            constraints = replace(constraints, max_dp_group=default_dp_group(cluster))
+        space = _SPACES[key] = Space(problem.model, problem.work, cluster.num_devices, constraints)
         if len(_SPACES) > 8:
             _SPACES.pop(next(iter(_SPACES)))
     return space
+
+
+def default_dp_group(cluster) -> int:
+    """The largest cp x dp group searched when the request sets none: every group where NCCL's model prices
+    the data-parallel collectives (closed form, milliseconds at 8,192 ranks), MAX_DP_GROUP where the schedule
+    pricer builds them step by step (space.py says what that costs)."""
+    return cluster.num_devices if resolve_pricing("auto", cluster) == "library" else MAX_DP_GROUP
 
 
 def batch_rule(space: Space, variant: Variant, b: int) -> SpecError | None:

@@ -49,9 +49,11 @@ DIMENSIONS = (
 )
 WORLD = "world_size"  # the pruning reason of a shape whose degrees do not divide the devices
 DP_GROUP = "max_dp_group"  # the pruning reason of a shape whose data-parallel group is above the limit
-# Pricing one collective on a group of thousands of ranks costs seconds and gigabytes (the in-network
-# schedule of 8,192 ranks: ~3 s and ~1 GB per build in collectives/algorithms/in_network.py), and a shape
-# needs a few; shapes whose cp x dp group is larger are counted as pruned unless the limit is raised.
+# Pricing one collective step by step on a group of thousands of ranks costs seconds and gigabytes (the
+# in-network schedule of 8,192 ranks: ~3 s and ~1 GB per build in collectives/algorithms/in_network.py), and
+# a shape needs a few: on clusters the schedule pricer prices, shapes whose cp x dp group is larger are
+# counted as pruned unless the limit is raised. NCCL's model (library pricing, NVIDIA clusters) prices such
+# a group in closed form (~30 ms at 8,192 ranks), so there the default is no limit (``default_dp_group``).
 MAX_DP_GROUP = 2048
 MEMORY = "memory"  # the pruning reason of a valid layout that does not fit
 
@@ -65,11 +67,11 @@ def divisors(n: int) -> list[int]:
 class Constraints:
     """Fixed or allowed values per dimension (``None``: the default candidates above), the memory
     headroom (the fraction of the device memory a layout must leave free: 0.1 keeps 10 % spare) and the
-    largest cp x dp group searched (MAX_DP_GROUP)."""
+    largest cp x dp group searched (0: ``default_dp_group`` of the cluster)."""
 
     allowed: tuple[tuple[str, tuple], ...] = ()  # (dimension, allowed values) pairs; see ``of``
     memory_headroom: float = 0.0
-    max_dp_group: int = MAX_DP_GROUP
+    max_dp_group: int = 0  # 0: the pricer's default (default_dp_group)
 
     @classmethod
     def of(cls, allowed: dict | None = None, memory_headroom: float = 0.0, max_dp_group: int = 0) -> Constraints:
@@ -78,7 +80,7 @@ class Constraints:
         for name, values in (allowed or {}).items():
             values = tuple(values) if isinstance(values, list | tuple | set) else (values,)
             pairs.append((name, values))
-        return cls(tuple(sorted(pairs)), memory_headroom, max_dp_group or MAX_DP_GROUP)
+        return cls(tuple(sorted(pairs)), memory_headroom, max_dp_group)
 
     def get(self, name: str) -> tuple | None:
         return dict(self.allowed).get(name)

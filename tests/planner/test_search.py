@@ -347,3 +347,16 @@ def test_parameter_lists_shared_across_dp_cp_zero_and_sp_are_the_layouts_own():
         ctx = Context(MODEL_PRESETS[preset], WorkloadSpec(), ParallelSpec(**fields))
         for stage in range(ctx.par.pp):
             assert stage_params(ctx, stage) == _stage_params(ctx, stage)
+
+
+def test_group_size_limit_follows_the_pricer():
+    """Unset, max_dp_group prunes nothing where NCCL's closed-form model prices the data-parallel collectives
+    (NVIDIA clusters) and keeps MAX_DP_GROUP where the step-by-step schedule pricer builds them."""
+    from collectives.topology import cluster_for, cluster_preset
+    from planner.search.evaluate import default_dp_group
+    from planner.search.space import MAX_DP_GROUP
+
+    h100 = cluster_for(cluster_preset("dgx-h100", 2048))
+    assert default_dp_group(h100) == 16384
+    assert default_dp_group(cluster_for(cluster_preset("tpu-torus", 512))) == MAX_DP_GROUP == 2048
+    assert default_dp_group(cluster_for(cluster_preset("npu-mesh-8", 512))) == MAX_DP_GROUP
