@@ -214,9 +214,6 @@ PRICE_CACHE = 20_000
 SITES_CACHE = 16
 _SITES: OrderedDict = OrderedDict()
 
-_symmetry_unit = tiling_unit  # the layout search's name for it (planner/search/evaluate.py)
-
-
 @dataclass(frozen=True)
 class _Site:
     """Where one call's groups sit, and the placement that prices them: the neighbourhood of group 0 moved

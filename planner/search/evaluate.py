@@ -17,14 +17,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from collectives.topology import ClusterSpec
+from collectives.topology import ClusterSpec, cluster_for, tiling_unit
 from collectives.topology.select import cached_schedule, resolve_pricing
 
 from .._errors import SpecError
 from ..layout import RankLayout
 from ..model import ModelSpec
 from ..parallel import ParallelSpec
-from ..plan import Options, _symmetry_unit, cluster_for
+from ..plan import Options
 from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer
@@ -167,7 +167,7 @@ class ShapeEvaluator:
             return [tuple(stages)]
         pipeline = self.layout.groups(("pp",), call.group.expert)[0]
         stride = int(pipeline[1] - pipeline[0])
-        unit = _symmetry_unit(self.cluster)
+        unit = tiling_unit(self.cluster)
         classes: dict[int, list[int]] = {}
         for s in stages:
             classes.setdefault((s * stride) % unit if unit else s, []).append(s)
