@@ -230,22 +230,10 @@ def _training(
     leads = _drain_leads(passes, sched)
     ends = []
     for st, p, lead in zip(stages, passes, leads, strict=True):
-        window = p.backward_s / v  # the last micro-batch's backward (one chunk)
         if st.grad_reduce_s:
-            if flags.overlap_grad_reduce:
-                last_bucket = st.grad_reduce_s / max(
-                    1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes)
-                )
-                st.exposed_dp_s = max(st.grad_reduce_s - window, last_bucket)
-            else:
-                st.exposed_dp_s = st.grad_reduce_s
+            st.exposed_dp_s = exposed_grad_reduce(ctx, st, p, v, flags)
         if st.param_gather_s:
-            if flags.overlap_param_gather:
-                buckets = _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes)
-                first = st.param_gather_s / max(1, st.param_units, buckets)
-                st.exposed_gather_s = max(st.param_gather_s - p.forward_s / v, first)
-            else:
-                st.exposed_gather_s = st.param_gather_s
+            st.exposed_gather_s = exposed_param_gather(ctx, st, p, v, flags)
         ends.append(pipe.time_s - lead + st.exposed_dp_s + st.tail_s)
     sync = max(ends)  # gradient-norm all-reduce over the model-parallel ranks (megatron/core/optimizer/clip_grads.py)
     finish = [sync + st.compute.optimizer_s + st.exposed_gather_s for st in stages]
@@ -277,6 +265,27 @@ def _training(
         stages,
         events,
     )
+
+
+def exposed_grad_reduce(ctx: Context, st: StageStep, p: StagePass, v: int, flags: Overlap) -> float:
+    """The stage's gradient reduction left exposed after its last backward: all of it without
+    overlap_grad_reduce; with it, what outlasts the last micro-batch's backward (one chunk of v), and never
+    less than the last bucket, which starts only once that backward ends."""
+    if not flags.overlap_grad_reduce:
+        return st.grad_reduce_s
+    last_bucket = st.grad_reduce_s / max(1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes))
+    return max(st.grad_reduce_s - p.backward_s / v, last_bucket)
+
+
+def exposed_param_gather(ctx: Context, st: StageStep, p: StagePass, v: int, flags: Overlap) -> float:
+    """The stage's parameter all-gather left exposed after its optimizer step: all of it without
+    overlap_param_gather; with it, what outlasts the first micro-batch's forward (one chunk of v), and never
+    less than the first bucket, which the forward waits for."""
+    if not flags.overlap_param_gather:
+        return st.param_gather_s
+    buckets = _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes)
+    first = st.param_gather_s / max(1, st.param_units, buckets)
+    return max(st.param_gather_s - p.forward_s / v, first)
 
 
 def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:

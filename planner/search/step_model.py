@@ -70,10 +70,11 @@ from ..step import (
     StageStep,
     _assign_calls,
     _drain_leads,
-    _overlap_buckets,
     _prefetch,
     _stream,
     _training,
+    exposed_grad_reduce,
+    exposed_param_gather,
     memory,
     schedule_of,
 )
@@ -560,21 +561,13 @@ def _critical_path(
     for st, p, lead in zip(stages, passes, _drain_leads(passes, sched), strict=True):
         exposed_dp = 0.0
         if st.grad_reduce_s and not (bound and flags.overlap_grad_reduce):
-            if flags.overlap_grad_reduce:
-                buckets = max(1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes))
-                exposed_dp = max(st.grad_reduce_s - p.backward_s / v, st.grad_reduce_s / buckets)
-            else:
-                exposed_dp = st.grad_reduce_s
+            exposed_dp = exposed_grad_reduce(ctx, st, p, v, flags)
         sync = max(sync, pipe - lead + exposed_dp + st.tail_s)
     finish = 0.0
     for st, p in zip(stages, passes, strict=True):
         gather = 0.0
         if st.param_gather_s and not (bound and flags.overlap_param_gather):
-            if flags.overlap_param_gather:
-                buckets = max(1, st.param_units, _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes))
-                gather = max(st.param_gather_s - p.forward_s / v, st.param_gather_s / buckets)
-            else:
-                gather = st.param_gather_s
+            gather = exposed_param_gather(ctx, st, p, v, flags)
         finish = max(finish, st.compute.optimizer_s + gather)
     return sync + finish
 
