@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from collectives.topology.calibration import cluster_for_record
 from collectives.topology.library import LibraryCalibration
+from collectives.topology.library.calibration import GENERATIONS, generation
 from collectives.topology.reference import compare_all
 from tests.collectives.heldout import rows as heldout_rows
 
@@ -27,7 +29,8 @@ def source(r: dict) -> str:
 def fit(records) -> LibraryCalibration:
     """The handful of scalars, each on the rows that show it:
     - efficiency per link kind: median measured / modelled busbw on >= 64 MiB rows (NCCL's raw model);
-    - latency scale inside a node: grid, median |error| on one-node rows below 64 MiB;
+    - latency scale inside a node, per GPU generation: grid, median |error| on that generation's one-node rows
+      below 64 MiB; a generation without rows takes the nearest generation's value (newer on a tie);
     - latency scale across nodes: the same on multi-node rows of non-EFA networks;
     - EFA's per-hop latency (the p4de records: aws-ofi-nccl's SENDRECV protocol): the same on EFA rows,
       with the inter-node scale fixed."""
@@ -45,9 +48,29 @@ def fit(records) -> LibraryCalibration:
     one = [r for r in small if r["nodes"] == 1]
     efa = [r for r in small if r["nodes"] > 1 and "EFA" in r["interconnect"]]
     other = [r for r in small if r["nodes"] > 1 and "EFA" not in r["interconnect"]]
-    cal = _grid(cal, one, [cal.with_values(latency_scale={"intra_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
+    scales = np.arange(1.0, 4.01, 0.125)
+    fitted = {}
+    for gen in GENERATIONS:
+        rows = [r for r in one if generation(sm_of(r)) == gen]
+        if rows:
+            key = f"intra_node:{gen}"
+            cal = _grid(cal, rows, [cal.with_values(latency_scale={key: s}) for s in scales])
+            fitted[gen] = cal.latency_scale[key]
+    cal = cal.with_values(latency_scale={f"intra_node:{g}": _nearest(g, fitted) for g in GENERATIONS})
     cal = _grid(cal, other, [cal.with_values(latency_scale={"inter_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
     return _grid(cal, efa, [cal.with_values(network_latency_s={"efa_sendrecv": u * 1e-6}) for u in range(10, 151, 10)])
+
+
+def sm_of(record: dict) -> int:
+    """The record's compute capability, from its preset (reference.py picks the preset by GPU)."""
+    return cluster_for_record(record).gpu.sm
+
+
+def _nearest(gen: str, fitted: dict[str, float]) -> float:
+    """``gen``'s fitted value, or that of the nearest generation that has one (the newer on a tie)."""
+    i = GENERATIONS.index(gen)
+    order = sorted(range(len(GENERATIONS)), key=lambda j: (abs(j - i), -j))
+    return next(fitted[GENERATIONS[j]] for j in order if GENERATIONS[j] in fitted)
 
 
 def _grid(cal: LibraryCalibration, rows: list[dict], trials: list[LibraryCalibration]) -> LibraryCalibration:
@@ -68,6 +91,7 @@ def table(rows, key) -> list[str]:
 
 
 def main() -> None:
+    print(f"fit on every record: {fit(RECORDS)}\n")
     rows = compare_all(RECORDS, LibraryCalibration(), "library")
     print("| GPU | nodes | size band | records | median abs busbw error |\n|---|---|---|---|---|")
     print("\n".join(table(rows, lambda c: (c.record["gpu"].split()[0], c.record["nodes"], band(c.size_bytes)))))

@@ -53,7 +53,9 @@ class CalibrationIn(Strict):
     """Fitted constants (POST /v1/calibrate returns them in its cluster); absent names keep the defaults."""
 
     efficiency: dict[str, float] | None = Field(default=None, description="link kind -> fraction of its rate")
-    latency_scale: dict[str, float] | None = Field(default=None, description="intra_node / inter_node -> multiplier")
+    latency_scale: dict[str, float] | None = Field(
+        default=None, description="intra_node / inter_node, or a generation's (intra_node:hopper) -> multiplier"
+    )
     network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpxo -> s per hop")
 
 

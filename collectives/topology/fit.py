@@ -43,15 +43,15 @@ from .._errors import CollectiveError
 from ..primitives import Op
 from .cluster import Cluster
 from .library import DEFAULT_LIBRARY, LibraryCalibration
+from .library.calibration import SPANS, latency_keys
 from .library.model import NCCL_FUNCS
 from .select import price_call, resolve_pricing
 from .spec import NETWORK_KINDS, ClusterSpec
 
-SPANS = ("intra_node", "inter_node")
 GROUPS = ("efficiency", "latency_scale", "network_latency_s")
 # bounds of each group: an efficiency is achieved / NCCL-modelled bandwidth (above 1 where NCCL's model is
-# pessimistic, as its 2-3x latency tables are the other way); a latency scale within 0.25-6x
-# of NCCL's tables (the library default is 2.75, docs/pricing.md); a plugin latency from none (InfiniBand,
+# pessimistic, as its 2-3x latency tables are the other way); a latency scale within 0.25-6x of NCCL's tables
+# (the library defaults are 1.875-2.75 by GPU generation, docs/pricing.md); a plugin latency from none (InfiniBand,
 # whose latency NCCL's tables hold) to 100 us (EFA/SRD through aws-ofi-nccl is ~15-25 us, AWS EFA docs)
 BOUNDS = {"efficiency": (0.2, 1.5), "latency_scale": (0.25, 6.0), "network_latency_s": (0.0, 100e-6)}
 LATENCY_FLOOR_S = 0.1e-6  # the smallest non-zero latency the grid tries
@@ -105,8 +105,12 @@ class Constants:
                 name = f"{group}.{key}"
                 if group == "efficiency" and key not in LINK_KINDS:
                     raise CollectiveError(f"{field}.{name}", f"unknown link kind; known: {', '.join(LINK_KINDS)}")
-                if group == "latency_scale" and key not in SPANS:
-                    raise CollectiveError(f"{field}.{name}", f"unknown span; known: {', '.join(SPANS)}")
+                if group == "latency_scale" and key not in latency_keys():
+                    raise CollectiveError(
+                        f"{field}.{name}",
+                        f"unknown span; known: {', '.join(SPANS)}, each optionally :<GPU generation>"
+                        f" ({', '.join(latency_keys()[len(SPANS) :])})",
+                    )
                 if group == "network_latency_s" and key not in NETWORK_KINDS:
                     raise CollectiveError(f"{field}.{name}", f"unknown network kind; known: {', '.join(NETWORK_KINDS)}")
                 low, high = BOUNDS[group]
@@ -164,6 +168,10 @@ class Observation:
     @property
     def span(self) -> str:
         return "intra_node" if self.nodes == 1 else "inter_node"
+
+    @property
+    def sm(self) -> int:
+        return self.spec.gpu.sm if self.spec.gpu else 0
 
 
 @dataclass(frozen=True)
@@ -276,6 +284,9 @@ def fit(
             current, current_pred, _ = _stage(
                 stage, rows, names, tiebreak, obs, measured, current, current_pred, pricer, stages
             )
+    elif len(rejected) == len(plan) > 1:  # neither helps alone where both are off (a lower efficiency and
+        # a lower latency cancel on mid sizes): the stages in turn, kept together on the same two tests
+        current, current_pred = _joint(plan, obs, measured, current, current_pred, pricer, stages)
     fitted = Constants()
     for name in current.names():  # values within 0.1% of the default are the default
         if abs(_coordinate(name, current.get(name)) - _coordinate(name, default_value(name))) > 1e-3:
@@ -311,6 +322,39 @@ def _stage(stage, rows, names, tiebreak, obs, measured, current, current_pred, p
     return (candidate, pred, True) if kept else (current, current_pred, False)
 
 
+def _joint(plan, obs, measured, current, current_pred, pricer, stages):
+    """Every stage searched in turn from the one before; kept only as _stage keeps one stage: it lowers
+    the median error over all rows, and fitted on either half of every stage's rows it does not raise the
+    error of the rows that half left out."""
+
+    def run(start: Constants, half: int | None) -> Constants:
+        for _, rows, names, tiebreak in plan:
+            start = _search(rows if half is None else rows[half::2], names, start, pricer, tiebreak)
+        return start
+
+    def median_error(constants: Constants, idx: list[int]) -> float:
+        return _median_rel(np.array([pricer.busbw(obs[i], constants) for i in idx]), measured[idx])
+
+    candidate = run(current, None)
+    pred = np.array([pricer.busbw(o, candidate) for o in obs])
+    kept = _median_rel(pred, measured) < _median_rel(current_pred, measured) - MIN_GAIN
+    for h in (0, 1) if kept else ():
+        used = {o for _, rows, _, _ in plan for o in rows[h::2]}
+        idx = [i for i, o in enumerate(obs) if o not in used]
+        kept = kept and median_error(run(current, h), idx) <= _median_rel(current_pred[idx], measured[idx])
+    stages.append(
+        {
+            "stage": "+".join(p[0] for p in plan),
+            "parameters": [n for p in plan for n in p[2]],
+            "rows": len({o for p in plan for o in p[1]}),
+            "median_error_before": _median_rel(current_pred, measured),
+            "median_error_after": _median_rel(pred, measured),
+            "kept": bool(kept),
+        }
+    )
+    return (candidate, pred) if kept else (current, current_pred)
+
+
 def _holds_out(half, names, tiebreak, obs, measured, current, current_pred, pricer) -> bool:
     if not half:
         return True
@@ -331,7 +375,9 @@ def _stages(obs, pricer, start, bandwidth_min_bytes, latency_max_bytes):
     kinds = {_bound_by(o, pricer.price(o, start)) for o in large}
     yield "bandwidth", large, [f"efficiency.{k}" for k in sorted(kinds)], []
     small = [o for o in obs if o.size_bytes <= latency_max_bytes]
-    names = [f"latency_scale.{s}" for s in SPANS if any(o.span == s for o in small)]
+    # the key each row's latency reads: its span, or its span for its GPU generation where that has its own
+    latency_key = calibration_for(start).latency_key
+    names = sorted({f"latency_scale.{latency_key(o.span, o.sm)}" for o in small})
     names += sorted({f"network_latency_s.{o.spec.network.kind}" for o in small if o.nodes > 1})
     # The rows between the bands break ties: small rows alone cannot tell a larger latency scale from a
     # larger per-hop latency (they price alike there), the mid-size rows can.

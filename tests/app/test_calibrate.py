@@ -168,7 +168,7 @@ def test_price_and_plan_use_the_clusters_calibration(api):
         assert response.status_code == 200, response.text
         return {c["name"]: c for c in response.json()["calls"]}
 
-    before, after = plan(None), plan({"latency_scale": {"inter_node": 5.5}})  # library default 2.75
+    before, after = plan(None), plan({"latency_scale": {"inter_node": 5.5}})  # library default 1.0
     library = {n: c for n, c in before.items() if c.get("protocol")}  # NCCL's model prices them
     assert {c["placement"]["span"] for c in library.values()} == {"intra_node", "inter_node"}
     for name, call in library.items():

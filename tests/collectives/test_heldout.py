@@ -63,17 +63,31 @@ def test_tcpxo_blind(medians):
 
 
 def test_one_node_nvlink_large_messages_blind(medians):
-    # Azure ND H200 v5 (8 GPUs, NVLS, NCCL 2.20.5) 1.1%; ND GB200 v6 (4 GPUs, NCCL 2.25.1) 2.9%
+    # Azure ND H200 v5 (8 GPUs, NVLS, NCCL 2.20.5) 3.0%; ND GB200 v6 (4 GPUs, NCCL 2.25.1) 3.5%
     assert medians[("azure_nd_h200_v5_1x8_allreduce.txt", ">= 64 MiB")] <= 0.10
     assert medians[("azure_nd_gb200_v6_1x4_allreduce.txt", ">= 64 MiB")] <= 0.10
 
 
-def test_one_node_small_and_mid_sizes_priced_slow(medians):
-    """README's stated miss: below 64 MiB on one node the newer NCCL releases (2.20, 2.25) are faster than the
-    2.75 x NCCL-table latency fitted on 2.18-era runs: H200 28% / 33%, GB200 x 4 43% / 41% (small / mid)."""
+def test_one_node_small_and_mid_sizes_blind_within_target(medians):
+    """Below 64 MiB on one node, with each GPU generation's own latency scale (Hopper's 1.875, fitted on the
+    H100 records, stands for Blackwell): H200 5.3% / 11.2%, GB200 x 4 17.6% / 15.7% (small / mid). One
+    scale for all generations (2.75, A100-dominated) had them at 28-43%."""
     for name in ("azure_nd_h200_v5_1x8_allreduce.txt", "azure_nd_gb200_v6_1x4_allreduce.txt"):
-        assert 0.25 < medians[(name, "< 64 KiB")] < 0.45
-        assert 0.25 < medians[(name, "64 KiB-64 MiB")] < 0.45
+        assert medians[(name, "< 64 KiB")] <= 0.20, name
+        assert medians[(name, "64 KiB-64 MiB")] <= 0.20, name
+
+
+def test_heldout_bands_blind(medians):
+    """README's held-out summary: every log but the GKE demo (times not monotone in size below 4 MiB, 86% off
+    at >= 64 MiB; see the README of the logs), median |busbw error| per band: >= 64 MiB 6.6% (target 10%),
+    64 KiB-64 MiB 14.6% (target 25%), < 64 KiB 18.4%."""
+    errors = defaultdict(list)
+    for r in rows():
+        if r.entry["file"] != "gcp_a4_b200_2x8_allgather.txt":
+            errors[r.band].append(abs(r.error))
+    assert np.median(errors[">= 64 MiB"]) <= 0.10
+    assert np.median(errors["64 KiB-64 MiB"]) <= 0.25
+    assert np.median(errors["< 64 KiB"]) <= 0.25
 
 
 def test_h20_nvlstree_small_messages(medians):
@@ -83,7 +97,8 @@ def test_h20_nvlstree_small_messages(medians):
 
 
 def test_known_misses_are_stated_not_hidden(medians):
-    """The misses README.md lists: GB200 NVL72's NVLS (62% fast) and GKE A4 B200 allgather over RoCE (86%
-    fast at >= 64 MiB). If one of these falls inside the target, README's table is out of date."""
-    assert medians[("gb200_nvl72_72_allreduce.txt", ">= 64 MiB")] > 0.25
+    """The misses README.md lists: GB200 NVL72's NVLS, 17.5% fast (8% at 4-8 GiB, where it has flattened;
+    50% at 512 MiB, where the measurement is still climbing) and GKE A4 B200 allgather over RoCE (86% fast at
+    >= 64 MiB). If one of these falls inside the 10% target, README's table is out of date."""
+    assert 0.10 < medians[("gb200_nvl72_72_allreduce.txt", ">= 64 MiB")] < 0.25
     assert medians[("gcp_a4_b200_2x8_allgather.txt", ">= 64 MiB")] > 0.25

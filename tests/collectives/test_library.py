@@ -42,11 +42,29 @@ def test_dgx_h100_one_node_ring_is_12_channels_of_30():
     assert bus("dgx-h100", 1, "ring") == pytest.approx(360.0)
 
 
-def test_dgx_h100_nvls_480_one_node_and_nvlstree_462_on_two():
-    assert nvls_graph(Shape(90, 1, 8, 18 * 20.6, True, 1, 0.0)).bus_bw == 480.0
-    assert bus("dgx-h100", 1, "nvls") == pytest.approx(480.0)
+def test_dgx_h100_nvls_476_one_node_and_nvlstree_462_on_two():
+    # search.cc ncclTopoSearchTryNvls: a head GPU's NVSwitch link carries (8 + 1) x speed <= 18 x 20.6, so
+    # 40 (50 x 9 = 450 does not fit); pass 2 raises bwInter to 60 (< 2 x 40); tuning.cc: 8 x min(40 x .85 x
+    # 7/8 x 2, 60) = 476
+    graph = nvls_graph(Shape(90, 1, 8, 18 * 20.6, True, 1, 0.0))
+    assert (graph.channels, graph.bw_intra, graph.bw_inter) == (8, 40.0, 60.0)
+    assert bus("dgx-h100", 1, "nvls") == pytest.approx(8 * 40 * 0.85 * 7 / 8 * 2)
     # tuning.cc: 8 x min(48 x .85 x 7/8 x 2, 2 x 48, perChMaxNVLSTreeBw 57.7)
     assert bus("dgx-h100", 2, "nvls_tree") == pytest.approx(8 * 57.7, rel=1e-6)
+
+
+def test_gb200_nvl72_nvls_32_heads_of_20():
+    # search.cc: maxChannels = NCCL_MAX_NVLS_ARITY 32 (device.h), forced on one node; 33 x 20 <= 18 x 40.1
+    # (SM100 NVLink 40.1, topo.h) where the first speed allowed, 20 (32 x 24 > totalBw x 72/71), fits; pass 2
+    # raises bwInter to 40; tuning.cc nvlsEfficiency[Blackwell] 0.74: 32 x 20 x .74 x 31/32 x 2 = 917.6
+    graph = nvls_graph(Shape(100, 1, 72, 18 * 40.1, True, 1, 0.0))
+    assert (graph.channels, graph.bw_intra, graph.bw_inter) == (32, 20.0, 40.0)
+    assert bus("gb200-nvl72", 1, "nvls") == pytest.approx(32 * 20 * 0.74 * 31 / 32 * 2)
+
+
+def test_no_nvls_graph_where_no_speed_fits_the_head():
+    # (heads + 1) x the slowest speed (sm90 3 GB/s) above the GPU's NVSwitch link: NCCL finds no NVLS graph
+    assert nvls_graph(Shape(90, 1, 8, 20.0, True, 1, 0.0)) is None
 
 
 def test_three_or_more_h100_nodes_ring_384_beats_nvlstree_364():
@@ -273,8 +291,9 @@ def test_efa_latency_follows_the_plugins_transport_protocol():
     # aws-ofi-nccl src/platform-aws.cpp: SENDRECV on p4d/p4de (75 us reported to NCCL's tuner; 80 us fitted on
     # the p4de records), RDMA write on p5 and later (AWS's ~15 us): the same tree pays 4 x the difference
     p5 = _raw("aws-p5", 2)["tree", "Simple"].latency_us
-    sendrecv = Cluster(replace(cluster_preset("aws-p5", 2), network=replace(cluster_preset("aws-p5").network,
-                                                                             kind="efa_sendrecv")))
+    sendrecv = Cluster(
+        replace(cluster_preset("aws-p5", 2), network=replace(cluster_preset("aws-p5").network, kind="efa_sendrecv"))
+    )
     cands = candidates(Op.ALLREDUCE, shape_of(sendrecv, np.arange(16)), features_of(sendrecv), RAW)
     tree = next(c for c in cands if (c.algorithm, c.protocol) == ("tree", "Simple"))
     difference = RAW.network_latency_s["efa_sendrecv"] - RAW.network_latency_s["efa"]
@@ -383,3 +402,26 @@ def test_131072_ranks_price_from_closed_forms():
     g, nodes = 8, 16384
     assert p.algorithm == "hierarchical"
     assert p.bytes_sent_per_rank == 2 * (g - 1) * GIB // g + 2 * (nodes - 1) * GIB // (nodes * g)
+
+
+def test_latency_scale_per_gpu_generation():
+    """A generation's key wins over the plain span; a plain span given sets every generation; Blackwell takes
+    Hopper's default (library/calibration.py)."""
+    cal = LibraryCalibration()
+    assert (cal.latency_multiplier("intra_node", 80), cal.latency_multiplier("intra_node", 90)) == (2.75, 1.875)
+    assert cal.latency_multiplier("intra_node", 100) == 1.875 and cal.latency_multiplier("inter_node", 90) == 1.0
+    plain = cal.with_values(latency_scale={"intra_node": 2.0})
+    assert plain.latency_multiplier("intra_node", 80) == plain.latency_multiplier("intra_node", 90) == 2.0
+    one = cal.with_values(latency_scale={"intra_node:ampere": 3.0})
+    assert (one.latency_multiplier("intra_node", 80), one.latency_multiplier("intra_node", 90)) == (3.0, 1.875)
+
+
+def test_shipped_constants_are_the_fit_on_the_reference_records():
+    """bench/library_table.py fit on every record gives the defaults: the latency scales exactly (grid of
+    1/8), the efficiencies to their rounding."""
+    from bench.library_table import RECORDS, fit
+
+    fitted, shipped = fit(RECORDS), LibraryCalibration()
+    assert {k: float(v) for k, v in fitted.latency_scale.items()} == shipped.latency_scale
+    for kind, value in fitted.efficiency.items():
+        assert value == pytest.approx(shipped.efficiency[kind], abs=0.005), kind

@@ -4,7 +4,10 @@ cluster, never fitted per record (fitted on tests/reference/nccl/measurements.js
 - ``efficiency[kind]``: achieved / NCCL-modelled bus bandwidth, by the resource that bounds the algorithm:
   ``nvlink`` (ring/tree inside a node), ``in_network`` (NVLS: NVLink SHARP inside a node), ``pcie``
   (PCIe-only GPUs), ``nic`` (anything that crosses nodes).
-- ``latency_scale[span]``: multiplies NCCL's modelled latency, ``intra_node`` or ``inter_node``.
+- ``latency_scale[span]``: multiplies NCCL's modelled latency, ``intra_node`` or ``inter_node``; a key
+  ``<span>:<generation>`` (``intra_node:ampere``) holds one GPU generation's own value (the generations of
+  NCCL's compCapIndex: volta, ampere, hopper, blackwell) and wins over the plain span for that generation.
+  A plain span given in :meth:`LibraryCalibration.with_values` sets the span for every generation.
 - ``network_latency_s[kind]``: the network plugin's per-hop latency in seconds (NCCL's graph->latencyInter,
   added to the per-hop network latency and twice for Simple, tuning.cc:ncclTopoTuneModel v2.30.7-1), by
   network kind (ib, roce, efa, efa_sendrecv, tcpxo).
@@ -19,19 +22,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..spec import NETWORK_KINDS  # noqa: F401  (re-exported: the kinds network_latency_s is keyed by)
+from .tables import cc_class
+
+SPANS = ("intra_node", "inter_node")
+GENERATIONS = ("volta", "ampere", "hopper", "blackwell")  # tuning.cc compCapIndex 0-3 (tables.cc_class)
+
+
+def generation(sm: int) -> str:
+    return GENERATIONS[cc_class(sm)]
+
+
+def latency_keys() -> tuple[str, ...]:
+    """Every key latency_scale accepts: a span, or a span qualified by one GPU generation."""
+    return SPANS + tuple(f"{s}:{g}" for s in SPANS for g in GENERATIONS)
 
 
 @dataclass(frozen=True)
 class LibraryCalibration:
     efficiency: dict[str, float] = field(
-        default_factory=lambda: {"nvlink": 0.96, "in_network": 0.99, "pcie": 0.90, "nic": 0.95}
+        default_factory=lambda: {"nvlink": 0.96, "in_network": 0.995, "pcie": 0.90, "nic": 0.95}
     )
     # Fitted by bench/library_table.py:fit on tests/reference/nccl (docs/pricing.md), with the channels NCCL
-    # really launches at small sizes modelled (model.py Candidate.channels_used): inside a node measured
-    # latency is ~2.75x NCCL's NVLink table (the research notes' "2-3x"); across InfiniBand nodes NCCL's NET
-    # table already matches (1.0: 8-byte..64 KiB rows of 2- and 32-node A100 runs). Efficiencies: median
-    # measured / modelled busbw at >= 64 MiB (in_network 0.987, nvlink 0.962, nic 0.946; pcie assumed).
-    latency_scale: dict[str, float] = field(default_factory=lambda: {"intra_node": 2.75, "inter_node": 1.0})
+    # really launches at small sizes modelled (model.py Candidate.channels_used). Inside a node the measured
+    # latency is a generation's multiple of NCCL's NVLink table (the research notes' "2-3x"): the one-node rows
+    # below 64 MiB give 2.75 on A100 (27 rows, Azure ND A100 v4 and stas00's DGX A100, both NCCL 2.18-era) and
+    # 1.875 on H100 (16 rows, Azure ND H100 v5, NCCL 2.18.5); one scale for both fits neither (2.75 prices the
+    # H100's 1 KiB all-reduce at 41 us where it takes 26 us). A generation without one-node records in the fit
+    # set takes its nearest generation's value: Blackwell Hopper's, Volta Ampere's (assumed).
+    # Across InfiniBand nodes NCCL's NET table already matches (1.0: 8-byte..64 KiB rows of 2- and 32-node A100
+    # runs). Efficiencies: median measured / modelled busbw at >= 64 MiB (in_network 0.995 with NCCL's own
+    # one-node NVLS graph, graphs.py _nvls_speed; nvlink 0.962, nic 0.954; pcie assumed).
+    latency_scale: dict[str, float] = field(
+        default_factory=lambda: {
+            "intra_node:volta": 2.75,
+            "intra_node:ampere": 2.75,
+            "intra_node:hopper": 1.875,
+            "intra_node:blackwell": 1.875,
+            "inter_node": 1.0,
+        }
+    )
     network_latency_s: dict[str, float] = field(
         default_factory=lambda: {
             "ib": 0.0,  # NCCL's NET hwLat tables are InfiniBand's; the IB plugin reports no extra latency
@@ -50,14 +79,25 @@ class LibraryCalibration:
     def eff(self, kind: str) -> float:
         return self.efficiency.get(kind, 1.0)
 
+    def latency_key(self, span: str, sm: int) -> str:
+        """The latency_scale key a call of ``span`` on GPUs of compute capability ``sm`` reads."""
+        key = f"{span}:{generation(sm)}"
+        return key if key in self.latency_scale else span
+
+    def latency_multiplier(self, span: str, sm: int) -> float:
+        return self.latency_scale.get(self.latency_key(span, sm), 1.0)
+
     def net_latency_us(self, kind: str) -> float:
         return self.network_latency_s.get(kind, 0.0) * 1e6
 
     def with_values(self, efficiency=None, latency_scale=None, network_latency_s=None) -> LibraryCalibration:
-        """These constants with some replaced (absent names keep their values)."""
+        """These constants with some replaced (absent names keep their values; a plain span replaces that
+        span's per-generation values too)."""
+        scales = dict(latency_scale or {})
+        kept = {k: v for k, v in self.latency_scale.items() if k.split(":")[0] not in scales}
         return LibraryCalibration(
             self.efficiency | dict(efficiency or {}),
-            self.latency_scale | dict(latency_scale or {}),
+            kept | scales,
             self.network_latency_s | dict(network_latency_s or {}),
         )
 

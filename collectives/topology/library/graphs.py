@@ -117,25 +117,46 @@ def tree_graph(shape: Shape, ring: Graph) -> Graph:
 
 
 def nvls_graph(shape: Shape) -> Graph | None:
-    """NVLS heads: one channel per GPU of the node (search.cc: maxChannels = min(NCCL_MAX_NVLS_ARITY, ngpus),
-    and on one node minChannels = maxChannels), needing an NVSwitch and SM90+ (search.cc:ncclTopoCompute).
-
-    Per-channel speed on one node: the highest intra speed whose busBw (heads x speed) does not exceed what
-    the GPU's NVLink can carry for an NVLS allreduce (each GPU moves the message once up and once down, so
-    busBw <= 2 (n-1)/n x NVLink bandwidth); this bound is ours, standing in for ncclTopoSearchTryNvls, and
-    gives NCCL's logged 8 x 60 on DGX H100. Across nodes the heads also own a NIC each and the speed is the
-    inter speed of the NIC path, as the ring's."""
+    """NVLS heads: one channel per GPU of the node up to NCCL_MAX_NVLS_ARITY (search.cc: maxChannels =
+    min(NCCL_MAX_NVLS_ARITY, ngpus), and on one node minChannels = maxChannels), needing an NVSwitch and SM90+
+    (search.cc:ncclTopoCompute v2.30.7-1). On one node the speed is :func:`_nvls_speed`'s; across nodes the
+    heads also own a NIC each and the speed is the inter speed of the NIC path, as the ring's."""
     if not shape.nvswitch or shape.sm < 90 or shape.ppn < 2:
         return None
     heads = min(shape.ppn, T.MAX_NVLS_ARITY)
     if shape.nodes == 1:
-        bound = 2 * (shape.ppn - 1) / shape.ppn * shape.gpu_bw / heads
-        arr = T.speeds(shape.sm, False, shape.version)
-        s = next((v for v in arr if v <= bound + EPS), arr[-1])
-        return Graph(heads, s, s)
+        speed = _nvls_speed(shape, heads)
+        return Graph(heads, speed, _nvls_inter_speed(shape, speed)) if speed else None
     ring = ring_graph(shape)
     heads = min(heads, shape.nets * max(1, math.floor(shape.net_bw / ring.bw_inter + EPS)))
     return Graph(heads, ring.bw_inter, ring.bw_inter)
+
+
+def _nvls_speed(shape: Shape, heads: int) -> float | None:
+    """The per-channel speed of one node's NVLS graph (search.cc v2.30.7-1; the same since v2.18):
+    ncclTopoSearchTryNvls takes every channel's speed on every GPU's NVSwitch link, each way, and twice on its
+    head GPU's, so a GPU heading one of ``heads`` channels carries (heads + 1) x speed; ncclTopoCompute starts
+    at the first speed within maxBw (the GPU's link) whose heads x speed is within totalBw x n / (n - 1) (the
+    allowance for non-ring patterns) and walks the intra speed array down until that fits. DGX H100:
+    9 x 40 <= 18 x 20.6, so 8 x 40; GB200 NVL72: 32 heads, 33 x 20 <= 18 x 40.1, so 32 x 20. None: no speed
+    fits, and NCCL finds no NVLS graph."""
+    arr = T.speeds(shape.sm, False, shape.version)
+    total = shape.gpu_bw * shape.ppn / (shape.ppn - 1)
+    first = next((i for i, v in enumerate(arr) if v <= shape.gpu_bw + EPS and v * heads <= total + EPS), len(arr))
+    return next((v for v in arr[first:] if (heads + 1) * v <= shape.gpu_bw + EPS), None)
+
+
+def _nvls_inter_speed(shape: Shape, speed: float) -> float:
+    """search.cc:ncclTopoCompute pass 2 for NVLS (v2.30.7-1): bwInter steps up the speed array while it is
+    below 2 x bwIntra; the NVSwitch paths are charged bwIntra, so every step fits. DGX H100: 40 -> 60 (the
+    "8 x 60" NCCL logs); NVL72: 20 -> 40. The one-node tuning takes min(NVLS bus bandwidth, bwInter)."""
+    arr = T.speeds(shape.sm, False, shape.version)
+    i = next((k for k, v in enumerate(arr) if v <= speed + EPS), len(arr) - 1)
+    inter = speed
+    while i > 0 and inter < 2 * speed - EPS:
+        i -= 1
+        inter = arr[i]
+    return inter
 
 
 def collnet_graph(shape: Shape) -> Graph:

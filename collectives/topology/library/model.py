@@ -215,7 +215,7 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
     if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
         lat *= T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime plateau (large sizes)
-    scale = cal.latency_scale.get("inter_node" if nodes > 1 else "intra_node", 1.0)
+    scale = cal.latency_multiplier("inter_node" if nodes > 1 else "intra_node", shape.sm)
     return Candidate(a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g))
 
 
