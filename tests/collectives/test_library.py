@@ -425,3 +425,15 @@ def test_shipped_constants_are_the_fit_on_the_reference_records():
     assert {k: float(v) for k, v in fitted.latency_scale.items()} == shipped.latency_scale
     for kind, value in fitted.efficiency.items():
         assert value == pytest.approx(shipped.efficiency[kind], abs=0.005), kind
+
+
+def test_nvls_across_nodes_one_channel_per_nic_and_the_nvswitch_heads_rule():
+    # search.cc ncclTopoSearchRecNet: an NVLS channel per NIC; ncclTopoSearchTryNvls charges the NVSwitch links
+    # as on one node. DGX H100, 2 nodes: 9 x 48 and 9 x 42 exceed 18 x 20.6, 9 x 40 fits; pass 2 raises bwInter
+    # to the NIC path's 48. HGX H800 (8 NVLinks): 9 x 17.5 <= 164.8, bwInter raised while below 35: 40.
+    h100 = nvls_graph(Shape(90, 2, 8, 18 * 20.6, True, 8, 50.0))
+    assert (h100.channels, h100.bw_intra, h100.bw_inter) == (8, 40.0, 48.0)
+    h800 = nvls_graph(Shape(90, 2, 8, 8 * 20.6, True, 8, 50.0))
+    assert (h800.channels, h800.bw_intra, h800.bw_inter) == (8, 17.5, 40.0)
+    four_nics = nvls_graph(Shape(90, 2, 8, 18 * 20.6, True, 4, 50.0))
+    assert four_nics.channels == 4  # a head per NIC, at most

@@ -119,17 +119,48 @@ def tree_graph(shape: Shape, ring: Graph) -> Graph:
 def nvls_graph(shape: Shape) -> Graph | None:
     """NVLS heads: one channel per GPU of the node up to NCCL_MAX_NVLS_ARITY (search.cc: maxChannels =
     min(NCCL_MAX_NVLS_ARITY, ngpus), and on one node minChannels = maxChannels), needing an NVSwitch and SM90+
-    (search.cc:ncclTopoCompute v2.30.7-1). On one node the speed is :func:`_nvls_speed`'s; across nodes the
-    heads also own a NIC each and the speed is the inter speed of the NIC path, as the ring's."""
+    (search.cc:ncclTopoCompute v2.30.7-1). Every channel is charged on every GPU's NVSwitch link, twice on its
+    head's (:func:`_nvls_speed`); across nodes each head also owns one NIC of its own (search.cc
+    ncclTopoSearchRecNet: an NVLS channel per NIC, no GPU heading two), see :func:`_nvls_across_nodes`."""
     if not shape.nvswitch or shape.sm < 90 or shape.ppn < 2:
         return None
     heads = min(shape.ppn, T.MAX_NVLS_ARITY)
-    if shape.nodes == 1:
-        speed = _nvls_speed(shape, heads)
-        return Graph(heads, speed, _nvls_inter_speed(shape, speed)) if speed else None
-    ring = ring_graph(shape)
-    heads = min(heads, shape.nets * max(1, math.floor(shape.net_bw / ring.bw_inter + EPS)))
-    return Graph(heads, ring.bw_inter, ring.bw_inter)
+    if shape.nodes > 1:
+        return _nvls_across_nodes(shape, min(heads, shape.nets))
+    speed = _nvls_speed(shape, heads)
+    return Graph(heads, speed, _raised_inter(shape, speed, math.inf)) if speed else None
+
+
+def _heads_fit(shape: Shape, heads: int, speed: float) -> bool:
+    """ncclTopoSearchTryNvls: a GPU heading one of ``heads`` channels carries (heads + 1) x speed on its
+    NVSwitch link, each way."""
+    return (heads + 1) * speed <= shape.gpu_bw + EPS
+
+
+def _nvls_across_nodes(shape: Shape, max_heads: int) -> Graph | None:
+    """search.cc:ncclTopoCompute pass 1 with the inter speed array (v2.30.7-1): from the first speed within
+    maxBw (the GPU-NIC path) down, the channels that fit at each speed (a NIC each, the NVSwitch links
+    charged as on one node); NCCL keeps the graph with more channels, or more channels x speed, stops at
+    maxChannels ("PERFECT") or once the next speed is below 0.49 of the kept one. Pass 2 raises bwInter
+    while below 2 x bwIntra and within the NIC. DGX H100, 2 nodes: 9 x 48 and 9 x 42 exceed 18 x 20.6, so
+    8 x 40, bwInter 48; HGX H800 (8 NVLinks, 8 x 20.6): 8 x 17.5, bwInter raised while below 35, to 40."""
+    if max_heads < 1:
+        return None
+    arr = T.speeds(shape.sm, True, shape.version)
+    i = next((k for k, v in enumerate(arr) if v <= _max_bw(shape) + EPS), len(arr) - 1)
+    best: tuple[int, float] | None = None
+    while True:
+        fits = [c for c in range(max_heads, 0, -1) if _heads_fit(shape, c, arr[i])]
+        c = fits[0] if fits and arr[i] <= shape.net_bw + EPS else 0
+        if c and (best is None or c > best[0] or c * arr[i] > best[0] * best[1] + EPS):
+            best = (c, arr[i])
+        if (best and best[0] == max_heads) or i == len(arr) - 1 or (best and arr[i + 1] / best[1] <= 0.49):
+            break
+        i += 1
+    if best is None:
+        return None
+    channels, speed = best
+    return Graph(channels, speed, _raised_inter(shape, speed, shape.net_bw))
 
 
 def _nvls_speed(shape: Shape, heads: int) -> float | None:
@@ -143,17 +174,18 @@ def _nvls_speed(shape: Shape, heads: int) -> float | None:
     arr = T.speeds(shape.sm, False, shape.version)
     total = shape.gpu_bw * shape.ppn / (shape.ppn - 1)
     first = next((i for i, v in enumerate(arr) if v <= shape.gpu_bw + EPS and v * heads <= total + EPS), len(arr))
-    return next((v for v in arr[first:] if (heads + 1) * v <= shape.gpu_bw + EPS), None)
+    return next((v for v in arr[first:] if _heads_fit(shape, heads, v)), None)
 
 
-def _nvls_inter_speed(shape: Shape, speed: float) -> float:
+def _raised_inter(shape: Shape, speed: float, limit: float) -> float:
     """search.cc:ncclTopoCompute pass 2 for NVLS (v2.30.7-1): bwInter steps up the speed array while it is
-    below 2 x bwIntra; the NVSwitch paths are charged bwIntra, so every step fits. DGX H100: 40 -> 60 (the
-    "8 x 60" NCCL logs); NVL72: 20 -> 40. The one-node tuning takes min(NVLS bus bandwidth, bwInter)."""
-    arr = T.speeds(shape.sm, False, shape.version)
+    below 2 x bwIntra and the search still succeeds; the NVSwitch paths are charged bwIntra, so only the NIC
+    (``limit``; none on one node) can stop it. DGX H100 one node: 40 -> 60 (the "8 x 60" NCCL logs); NVL72:
+    20 -> 40. The one-node tuning takes min(NVLS bus bandwidth, bwInter)."""
+    arr = T.speeds(shape.sm, shape.nodes > 1, shape.version)
     i = next((k for k, v in enumerate(arr) if v <= speed + EPS), len(arr) - 1)
     inter = speed
-    while i > 0 and inter < 2 * speed - EPS:
+    while i > 0 and inter < 2 * speed - EPS and arr[i - 1] <= limit + EPS:
         i -= 1
         inter = arr[i]
     return inter
