@@ -50,6 +50,8 @@ def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source) ->
 
 
 # name: bf16 (= fp16), fp8, tf32, fp32 dense TFLOP/s; HBM bytes; HBM GB/s; sm; NVLink links per GPU; source
+# (one GPU per row, kept as a table)
+# fmt: off
 GPUS: dict[str, GPUSpec] = {
     "a100-sxm4-80gb": _gpu(
         "A100 SXM4 80GB", 312.0, 0.0, 156.0, 19.5, 81920 * MIB, 2039.0, 80, 12,
@@ -97,6 +99,7 @@ GPUS: dict[str, GPUSpec] = {
         "Jouppi et al., TPU v4, ISCA 2023, Table 1: 275 TF bf16, 32 GiB HBM2 at 1,200 GB/s",
     ),
 }
+# fmt: on
 
 
 def gpu_preset(name: str) -> GPUSpec:

@@ -129,8 +129,20 @@ def pcie_server(num_nodes: int = 1) -> ClusterSpec:
     )
 
 
-def _hgx(name, num_nodes, gpu, nvlink_GBps, nics, nic_GBps, kind="ib", nvls=True, sharp=False, rail=True,
-         description="", sources=()) -> ClusterSpec:
+def _hgx(
+    name,
+    num_nodes,
+    gpu,
+    nvlink_GBps,
+    nics,
+    nic_GBps,
+    kind="ib",
+    nvls=True,
+    sharp=False,
+    rail=True,
+    description="",
+    sources=(),
+) -> ClusterSpec:
     """An 8-GPU HGX/DGX-style node: NVSwitch, ``nics`` NICs of ``nic_GBps`` on PCIe Gen5 x16 (64 GB/s),
     rail-optimised (or not) fat-tree of 32 nodes per leaf unit."""
     return ClusterSpec(
@@ -141,8 +153,9 @@ def _hgx(name, num_nodes, gpu, nvlink_GBps, nics, nic_GBps, kind="ib", nvls=True
         nics_per_node=nics,
         nic_bandwidth_GBps=nic_GBps,
         pcie_bandwidth_GBps=64.0,
-        network=Network("fat_tree", rail_optimized=rail, nodes_per_leaf=32, num_spines=16,
-                        in_network_reduction=sharp, kind=kind),
+        network=Network(
+            "fat_tree", rail_optimized=rail, nodes_per_leaf=32, num_spines=16, in_network_reduction=sharp, kind=kind
+        ),
         device=GPUS[gpu].name,
         gpu=GPUS[gpu],
         description=description,
@@ -154,36 +167,65 @@ def dgx_h200(num_nodes: int = 1) -> ClusterSpec:
     """NVIDIA DGX H200: 8 H200 (141 GB HBM3e) on NVSwitch, 18 NVLink4 links = 450 GB/s per GPU per
     direction, NVLS; 8 ConnectX-7 400 Gb/s InfiniBand NICs (50 GB/s), PCIe Gen5. Source: NVIDIA DGX H200
     datasheet (2024)."""
-    return _hgx("dgx-h200", num_nodes, "h200-sxm-141gb", 450.0, 8, 50.0,
-                description="DGX H200: 8 GPUs on NVSwitch (450 GB/s, NVLS), 8 x 400G IB",
-                sources=("NVIDIA DGX H200 datasheet (2024)",))
+    return _hgx(
+        "dgx-h200",
+        num_nodes,
+        "h200-sxm-141gb",
+        450.0,
+        8,
+        50.0,
+        description="DGX H200: 8 GPUs on NVSwitch (450 GB/s, NVLS), 8 x 400G IB",
+        sources=("NVIDIA DGX H200 datasheet (2024)",),
+    )
 
 
 def dgx_b200(num_nodes: int = 1) -> ClusterSpec:
     """NVIDIA DGX B200: 8 B200 on two fifth-generation NVSwitch chips, 18 NVLink5 links x 50 GB/s = 900 GB/s
     per GPU per direction, NVLS; 8 ConnectX-7 400 Gb/s NICs (50 GB/s), PCIe Gen5. Source: NVIDIA DGX B200
     datasheet (2024)."""
-    return _hgx("dgx-b200", num_nodes, "b200-180gb", 900.0, 8, 50.0,
-                description="DGX B200: 8 GPUs on NVSwitch (900 GB/s, NVLS), 8 x 400G IB",
-                sources=("NVIDIA DGX B200 datasheet (2024)",))
+    return _hgx(
+        "dgx-b200",
+        num_nodes,
+        "b200-180gb",
+        900.0,
+        8,
+        50.0,
+        description="DGX B200: 8 GPUs on NVSwitch (900 GB/s, NVLS), 8 x 400G IB",
+        sources=("NVIDIA DGX B200 datasheet (2024)",),
+    )
 
 
 def hgx_h20(num_nodes: int = 1) -> ClusterSpec:
     """NVIDIA HGX H20: 8 H20 on NVSwitch, NVLink 900 GB/s bidirectional (18 NVLink4 links, 450 GB/s per
     direction); 8 x 400 Gb/s RoCE NICs as Chinese cloud H20 servers ship them. Sources: NVIDIA HGX H20
     product brief (2024); Alibaba Cloud ebmgn8v instance family (8 x 400G RoCE)."""
-    return _hgx("hgx-h20", num_nodes, "h20-96gb", 450.0, 8, 50.0, kind="roce",
-                description="HGX H20: 8 GPUs on NVSwitch (450 GB/s), 8 x 400G RoCE",
-                sources=("NVIDIA HGX H20 product brief (2024)", "Alibaba Cloud ebmgn8v instance family"))
+    return _hgx(
+        "hgx-h20",
+        num_nodes,
+        "h20-96gb",
+        450.0,
+        8,
+        50.0,
+        kind="roce",
+        description="HGX H20: 8 GPUs on NVSwitch (450 GB/s), 8 x 400G RoCE",
+        sources=("NVIDIA HGX H20 product brief (2024)", "Alibaba Cloud ebmgn8v instance family"),
+    )
 
 
 def hgx_h800(num_nodes: int = 1) -> ClusterSpec:
     """HGX H800: 8 H800 on NVSwitch with 8 NVLink4 links per GPU (200 GB/s per direction, 400 GB/s
     bidirectional), 8 x 400 Gb/s InfiniBand NICs. Source: DeepSeek-V3 technical report §3.1 (H800 nodes:
     NVLink 160 GB/s achievable, 8 x 400G IB)."""
-    return _hgx("hgx-h800", num_nodes, "h800-sxm5-80gb", 200.0, 8, 50.0,
-                description="HGX H800: 8 GPUs on NVSwitch (8 NVLinks, 200 GB/s), 8 x 400G IB",
-                sources=("DeepSeek-V3 technical report, section 3.1",))
+    return _hgx(
+        "hgx-h800",
+        num_nodes,
+        "h800-sxm5-80gb",
+        200.0,
+        8,
+        50.0,
+        description="HGX H800: 8 GPUs on NVSwitch (8 NVLinks, 200 GB/s), 8 x 400G IB",
+        sources=("DeepSeek-V3 technical report, section 3.1",),
+    )
 
 
 def aws_p5(num_nodes: int = 1) -> ClusterSpec:
@@ -191,9 +233,18 @@ def aws_p5(num_nodes: int = 1) -> ClusterSpec:
     four NICs per GPU, EFA/SRD through aws-ofi-nccl; not rail-optimised from NCCL's view. Network kind ``efa``:
     aws-ofi-nccl runs its RDMA-write protocol on p5 (src/platform-aws.cpp default_protocol); p4d/p4de clusters
     are ``efa_sendrecv``. Sources: AWS EC2 P5 instance documentation; aws/aws-ofi-nccl."""
-    return _hgx("aws-p5", num_nodes, "h100-sxm5-80gb", 450.0, 32, 12.5, kind="efa", rail=False,
-                description="AWS p5.48xlarge: 8 H100, 32 x 100G EFA",
-                sources=("AWS EC2 P5 instance documentation",))
+    return _hgx(
+        "aws-p5",
+        num_nodes,
+        "h100-sxm5-80gb",
+        450.0,
+        32,
+        12.5,
+        kind="efa",
+        rail=False,
+        description="AWS p5.48xlarge: 8 H100, 32 x 100G EFA",
+        sources=("AWS EC2 P5 instance documentation",),
+    )
 
 
 def gcp_a3_mega(num_nodes: int = 1) -> ClusterSpec:
@@ -201,18 +252,36 @@ def gcp_a3_mega(num_nodes: int = 1) -> ClusterSpec:
     (1,600 Gb/s per VM). NVLS off and the Simple protocol only, as Google's TCPXO NCCL profile sets them
     (NCCL_NVLS_ENABLE=0, NCCL_PROTO=Simple: library/model.py NETWORK_PROTOCOLS). Sources: Google Cloud A3 Mega
     machine type documentation; GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo."""
-    return _hgx("gcp-a3-mega", num_nodes, "h100-sxm5-80gb", 450.0, 8, 25.0, kind="tcpxo", nvls=False,
-                description="GCP a3-megagpu-8g: 8 H100, 8 x 200G TCPXO",
-                sources=("Google Cloud A3 Mega machine type documentation",
-                         "GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo NCCL profile"))
+    return _hgx(
+        "gcp-a3-mega",
+        num_nodes,
+        "h100-sxm5-80gb",
+        450.0,
+        8,
+        25.0,
+        kind="tcpxo",
+        nvls=False,
+        description="GCP a3-megagpu-8g: 8 H100, 8 x 200G TCPXO",
+        sources=(
+            "Google Cloud A3 Mega machine type documentation",
+            "GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo NCCL profile",
+        ),
+    )
 
 
 def azure_nd_h100_v5(num_nodes: int = 1) -> ClusterSpec:
     """Azure ND H100 v5: 8 H100 on NVSwitch (450 GB/s, NVLS); 8 x 400 Gb/s NDR InfiniBand, one per GPU
     (3.2 Tb/s per VM). Source: Azure ND H100 v5 series documentation."""
-    return _hgx("azure-nd-h100-v5", num_nodes, "h100-sxm5-80gb", 450.0, 8, 50.0,
-                description="Azure ND H100 v5: 8 H100, 8 x 400G NDR IB",
-                sources=("Azure ND H100 v5 series documentation",))
+    return _hgx(
+        "azure-nd-h100-v5",
+        num_nodes,
+        "h100-sxm5-80gb",
+        450.0,
+        8,
+        50.0,
+        description="Azure ND H100 v5: 8 H100, 8 x 400G NDR IB",
+        sources=("Azure ND H100 v5 series documentation",),
+    )
 
 
 def _cube(n: int) -> tuple[int, ...]:

@@ -41,8 +41,15 @@ def compare(record: dict, calibration=DEFAULT, pricing: str = "schedule") -> Com
         size -= size % n
     algo = stated_algorithm(record)
     if pricing == "library":
-        p = price_call(op, size, placement, cluster, calibration=calibration, pricing="auto",
-                       nccl_algo="ring" if algo == "ring" else "auto")
+        p = price_call(
+            op,
+            size,
+            placement,
+            cluster,
+            calibration=calibration,
+            pricing="auto",
+            nccl_algo="ring" if algo == "ring" else "auto",
+        )
     else:
         p = price_call(op, size, placement, cluster, algo, calibration=calibration)
     return Comparison(record, size, record["busbw_GBps"], p.busbw_GBps, p.time_s, p.algorithm)
