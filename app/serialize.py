@@ -1,6 +1,7 @@
 """The planner's typed results as the wire answers them: the one place a plan, an exploration or a search
 result becomes JSON. The response models (app/schemas) read the dataclasses' attributes directly
-(``from_attributes``), so each wire key is written once, in its schema."""
+(``from_attributes``), so each wire key is written once, in its schema; a plan's answer is written by the
+models' compiled writers (app/schemas/write.py) without validating the typed plan a second time."""
 
 from __future__ import annotations
 

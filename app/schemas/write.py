@@ -10,8 +10,8 @@ field becomes a float, so ``400`` is written ``400.0`` as before). ``pydantic_co
 it with the same float and string writer the model's serializer uses, so the bytes are the model's.
 
 What is not done: constraints (``ge``, ``Literal`` members, ``max_length``) are not re-checked on the way
-out, and list items of a scalar type are passed as they are (a list of ints is not walked); the planner's
-dataclasses type them. A model whose output a validator or serializer would change is refused when
+out, and integer items of a list or dict are passed as they are (a list of ints is not walked); the
+planner's dataclasses type them. A model whose output a validator or serializer would change is refused when
 compiled, and tests/app/test_write.py checks the writer against ``model_validate`` on many plans.
 """
 
@@ -29,8 +29,6 @@ from .read import SAME, From
 
 Convert = Callable[[object], object] | None  # None: the value is written as it is
 SCALARS = (str, bool, int, float)
-
-
 MISSING = object()  # a required field a dict source lacks
 
 
@@ -48,7 +46,7 @@ def writer(model: type[BaseModel]) -> Callable[[object], dict]:
         (name, source.path or name) for name, source in sources.items() if source.derive is None and source.path != SAME
     ]
     derived = [
-        (name, source.derive or _itself) for name, source in sources.items() if (name, source.path or name) not in read
+        (name, source.derive or _itself) for name, source in sources.items() if source.derive or source.path == SAME
     ]
     converts = [
         (name, EXACT.get(c), c) for name, f in model.model_fields.items() if (c := _convert(f.annotation)) is not None
