@@ -1,17 +1,22 @@
 """The planner's typed results as the wire answers them: the one place a plan, an exploration or a search
 result becomes JSON. The response models (app/schemas) read the dataclasses' attributes directly
-(``from_attributes``), so each wire key is written once, in its schema."""
+(``from_attributes``), so each wire key is written once, in its schema; a plan's answer is written by the
+models' compiled writers (app/schemas/write.py) without validating the typed plan a second time."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
+
+from pydantic_core import to_json
 
 from planner.explore import Exploration
 from planner.plan import Plan
 from planner.search import SearchResult
 from planner.search.space import Layout
 
-from .schemas.plan import ExploreOut, MemoryOut, PlanOut, StepOut
+from .schemas.plan import BatchItem, ExploreOut, MemoryOut, PlanOut, StepOut
+from .schemas.write import writer
 
 # The parallel block of a search result: the fields the search chooses, as /v1/plan takes them.
 LAYOUT_FIELDS = (
@@ -21,17 +26,29 @@ LAYOUT_FIELDS = (
 
 
 def plan_out(plan: Plan) -> PlanOut:
+    """The plan as its validated response model (the typed client's view; the wire does not need it)."""
     return PlanOut.model_validate(plan, from_attributes=True)
 
 
 def plan_json(plan: Plan) -> bytes:
-    """The body of POST /v1/plan."""
-    return plan_out(plan).model_dump_json().encode()
+    """The body of POST /v1/plan: ``PlanOut``'s bytes, written off the typed plan without validating it
+    again (app/schemas/write.py)."""
+    return _json(writer(PlanOut)(plan))
+
+
+def plan_item_json(plan: Plan) -> bytes:
+    """A good item of POST /v1/plan/batch."""
+    return _json(writer(BatchItem)({"ok": True, "plan": plan}))
 
 
 def plan_dict(plan: Plan) -> dict:
-    """The body of POST /v1/plan as Python data (the CLI, the batch items)."""
-    return plan_out(plan).model_dump(mode="json")
+    """The body of POST /v1/plan as Python data (the CLI): what the wire carries, parsed."""
+    return json.loads(plan_json(plan))
+
+
+def _json(data: dict) -> bytes:
+    # a non-finite float is written null, as the response models' serializer (ser_json_inf_nan) writes it
+    return to_json(data, inf_nan_mode="null")
 
 
 def exploration_json(exploration: Exploration) -> bytes:
@@ -86,4 +103,7 @@ def _block(model, value) -> dict | None:
     return None if value is None else model.model_validate(value, from_attributes=True).model_dump(mode="json")
 
 
-__all__ = ["exploration_json", "layout_block", "plan_dict", "plan_json", "plan_out", "progress_line", "search_dict"]
+__all__ = [
+    "exploration_json", "layout_block", "plan_dict", "plan_item_json", "plan_json", "plan_out", "progress_line",
+    "search_dict",
+]  # fmt: skip

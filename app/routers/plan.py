@@ -20,7 +20,7 @@ from ..convert import plan_inputs
 from ..errors import BAD_INPUT, detail, error_detail, nested, relocated, validation_detail
 from ..limits import Estimate, check_router, encode, plan_work, refuse, run_bounded
 from ..schemas.plan import BatchItem, BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
-from ..serialize import exploration_json, plan_json, plan_out
+from ..serialize import exploration_json, plan_item_json, plan_json
 
 router = APIRouter(prefix="/v1/plan", tags=["plan"])
 
@@ -116,10 +116,10 @@ def _estimate(item: dict, settings) -> tuple | bytes:
 
 def _one(item: dict, settings, inputs) -> bytes:
     try:
-        plan = plan_out(plan_of(PlanRequest.model_validate(item), settings, inputs))
+        plan = plan_of(PlanRequest.model_validate(item), settings, inputs)
     except (SpecError, CollectiveError) as err:
         return _failed(error_detail(err))
-    return BatchItem(ok=True, plan=plan).model_dump_json().encode()
+    return plan_item_json(plan)
 
 
 def _failed(errors: list[dict]) -> bytes:

@@ -12,7 +12,7 @@ from planner.presets import BOUNDS
 
 from .base import DeviceId, MessageBytes, Strict
 from .cluster import ClusterIn, LinkOut
-from .read import From, reader
+from .read import SAME, From, reader
 
 # Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
 # request cheap; they are far above any real model.
@@ -253,7 +253,7 @@ class CallOut(Out):
     group_dims: Annotated[list[str], From(derive=_group_dims)]
     expert_grid: Annotated[bool, From("call.group.expert")]
     source: Annotated[str, From("call.source")]
-    placement: PlacementOut
+    placement: Annotated[PlacementOut, From(SAME)]
 
     @model_validator(mode="before")
     @classmethod

@@ -2,8 +2,8 @@
 
 A response model's field is read, by default, from the attribute of the same name (pydantic's
 ``from_attributes``). Where the wire names or groups a value differently from the planner, the field says
-where it comes from with ``From``: a dotted attribute path (``From("call.name")``) or a function of the
-object (``From(derive=...)``); a nested model without a path is read off the same object (a call's
+where it comes from with ``From``: a dotted attribute path (``From("call.name")``), a function of the
+object (``From(derive=...)``), or ``From(SAME)`` for a nested block read off the same object (a call's
 ``placement`` block). ``reader(model)`` compiles those into one function per model that builds the
 model's data as a dict, which pydantic validates faster than it reads attributes one by one: the
 16,384-GPU plan's rows are read in C (``operator.attrgetter``), not through pydantic's attribute lookups.
@@ -17,6 +17,8 @@ from functools import cache
 from operator import attrgetter
 
 from pydantic import BaseModel
+
+SAME = "."  # From(SAME): the nested block is read off the object itself, not off one of its attributes
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,13 @@ def reader(model: type[BaseModel]) -> Callable[[object], dict]:
     getters: list[tuple[str, Callable]] = []
     for name, field in model.model_fields.items():
         source = next((m for m in field.metadata if isinstance(m, From)), From())
-        nested = isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
         if source.derive is not None:
             getters.append((name, source.derive))
-        elif nested and not source.path:
+        elif source.path == SAME:
             getters.append((name, reader(field.annotation)))
         else:
             getters.append((name, attrgetter(source.path or name)))
     return lambda obj: {name: get(obj) for name, get in getters}
 
 
-__all__ = ["From", "reader"]
+__all__ = ["SAME", "From", "reader"]

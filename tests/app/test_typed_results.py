@@ -11,7 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from app.cli import main
-from app.schemas.read import From, reader
+from app.schemas.read import SAME, From, reader
+from app.schemas.write import writer
 from app.serialize import plan_dict, plan_json
 from collectives.topology import cluster_preset
 from planner import ParallelSpec, WorkloadSpec, build_plan, model_preset
@@ -83,12 +84,13 @@ def test_reader_follows_paths_derivations_and_nested_blocks():
     class Outer(BaseModel):
         size: int
         twice: Annotated[int, From(derive=lambda obj: 2 * obj.size)]
-        inner: Inner
+        inner: Annotated[Inner, From(SAME)]  # read off the same object
 
     node = type("Node", (), {"label": "gpu 3"})()
     obj = type("Obj", (), {"size": 4, "node": node})()
     assert reader(Outer)(obj) == {"size": 4, "twice": 8, "inner": {"label": "gpu 3"}}
     assert Outer.model_validate(reader(Outer)(obj)).model_dump() == {"size": 4, "twice": 8, "inner": {"label": "gpu 3"}}
+    assert writer(Outer)(obj) == {"size": 4, "twice": 8, "inner": {"label": "gpu 3"}}
 
 
 # ---- the explorer places a call as the plan does --------------------------------------------------------

@@ -1,0 +1,107 @@
+"""The wire writer (app/schemas/write.py) writes the bytes the validated response model writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field, field_serializer
+from pydantic_core import to_json
+
+from app.schemas.cluster import LinkOut
+from app.schemas.plan import BatchItem, PlanOut
+from app.schemas.write import writer
+from app.serialize import plan_dict, plan_item_json, plan_json
+from collectives.topology import cluster_preset
+from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
+
+PLANS = {
+    "llama3-70b tp8 pp4 full contention": (
+        "llama3-70b", ("dgx-h100", 8), ParallelSpec(tp=8, pp=4, dp=2, zero_stage=1, sequence_parallel=True),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=64), Options(contention="full"),
+    ),
+    "mixtral ep8 schedule pricing": (
+        "mixtral-8x7b", ("dgx-a100", 4), ParallelSpec(tp=2, dp=16, ep=8, zero_stage=1, sequence_parallel=True),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=32), Options(pricing="schedule"),
+    ),
+    "llama3-8b fsdp reversed device map": (
+        "llama3-8b", ("dgx-h100", 2), ParallelSpec(dp=16, framework="torch", zero_stage=3),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=16), Options(device_map=tuple(range(16))[::-1]),
+    ),
+}  # fmt: skip
+
+
+def built(name: str):
+    model, (cluster, nodes), par, work, options = PLANS[name]
+    return build_plan(model_preset(model), work, par, cluster_preset(cluster, nodes), options)
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_plan_bytes_are_the_validated_models(name):
+    plan = built(name)
+    validated = PlanOut.model_validate(plan, from_attributes=True)
+    assert plan_json(plan) == validated.model_dump_json().encode()
+    assert plan_item_json(plan) == BatchItem(ok=True, plan=validated).model_dump_json().encode()
+    assert plan_dict(plan) == validated.model_dump(mode="json")
+    ranks = sum(len(c["placement"]["group_ranks"]) for c in plan_dict(plan)["calls"])
+    assert ranks == sum(len(pc.group_ranks) for pc in plan.calls) > 0
+
+
+def test_a_plan_without_gpu_writes_null_step_and_memory():
+    model, (cluster, nodes), par, work, options = PLANS["llama3-8b fsdp reversed device map"]
+    no_gpu = replace(cluster_preset(cluster, nodes), gpu=None)
+    plan = build_plan(model_preset(model), work, par, no_gpu, options)
+    body = json.loads(plan_json(plan))
+    assert body["step"] is None and body["memory"] is None
+    assert plan_json(plan) == PlanOut.model_validate(plan, from_attributes=True).model_dump_json().encode()
+
+
+LINK = {"id": 3, "family": "nic_up", "kind": "nic", "index": 1, "label": "node 0 nic 1 -> leaf 0",
+        "capacity_GBps": 50, "bytes": 2.0, "busy_s": 1, "utilisation": float("inf"), "extra": "dropped"}  # fmt: skip
+
+
+def test_a_block_read_from_a_dict_is_coerced_as_validation_coerces_it():
+    # ints in float fields become floats, an integral float in an int field an int, keys in field order,
+    # unknown keys dropped, a non-finite float null
+    data = writer(LinkOut)(LINK)
+    assert list(data) == list(LinkOut.model_fields)
+    assert (data["capacity_GBps"], data["bytes"], data["busy_s"]) == (50.0, 2, 1.0)
+    assert type(data["capacity_GBps"]) is float and type(data["bytes"]) is int
+    written = to_json(data, inf_nan_mode="null")
+    assert written == LinkOut.model_validate(LINK).model_dump_json().encode()
+    assert b'"utilisation":null' in written
+
+
+def test_a_fractional_float_in_an_int_field_is_refused():
+    with pytest.raises(ValueError, match=r"2\.5 is not an integer"):
+        writer(LinkOut)({**LINK, "bytes": 2.5})
+
+
+def test_a_required_field_missing_from_a_dict_is_refused():
+    with pytest.raises(ValueError, match=r"lacks the required field\(s\) \['label'\]"):
+        writer(LinkOut)({k: v for k, v in LINK.items() if k != "label"})
+
+
+def test_models_the_writer_cannot_write_faithfully_are_refused_when_compiled():
+    class Serialised(BaseModel):
+        x: float
+
+        @field_serializer("x")
+        def _x(self, x: float) -> str:
+            return f"{x} s"
+
+    class Unioned(BaseModel):
+        x: int | float
+
+    class Fine(BaseModel):
+        kind: Literal["a", "b"]
+        sizes: list[int] = Field(default_factory=list)
+        by_name: dict[str, float] = Field(default_factory=dict)
+
+    with pytest.raises(TypeError, match="validators or serializers"):
+        writer(Serialised)
+    with pytest.raises(TypeError, match="no writer for the response union"):
+        writer(Unioned)
+    assert writer(Fine)({"kind": "a", "by_name": {"x": 1}}) == {"kind": "a", "sizes": [], "by_name": {"x": 1.0}}
