@@ -66,11 +66,23 @@ def cluster_of(entry: dict) -> Cluster:
     return Cluster(spec)
 
 
+# mpirun --tag-output prefixes every write of a rank with "[job,rank]<stdout>:"; nccl-tests prints a row in
+# three writes (size columns, out-of-place, in-place: src/common.cu at v2.13.9, lines 602 and 555-557), so in
+# a tagged log the tag also sits inside the row. The parser reads a tag at the start of a line only.
+MPIRUN_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
+
+
+def log_text(entry: dict) -> str:
+    """The text of a manifest entry's log as the parser reads it: the stored file, with mpirun's tags taken
+    out of the middle of lines where the entry says its author ran ``mpirun --tag-output``."""
+    text = (HELDOUT / entry["file"]).read_text()
+    return MPIRUN_TAG.sub("", text) if entry.get("mpirun_tag_output") else text
+
+
 def rows(calibration: LibraryCalibration | None = None) -> list[HeldOutRow]:
     out = []
     for entry in manifest():
-        text = (HELDOUT / entry["file"]).read_text()
-        (run,) = parse(text, op=entry["op"], ranks=entry["ranks"])
+        (run,) = parse(log_text(entry), op=entry["op"], ranks=entry["ranks"])
         cluster = cluster_of(entry)
         placement = placement_for(run.ranks, cluster.spec)
         for row in run.rows:

@@ -6,9 +6,20 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from collectives import CollectiveError
 from collectives.topology.nccl_tests import parse
 
-from .heldout import HELDOUT, log_from_table, manifest, rows
+from .heldout import HELDOUT, MPIRUN_TAG, log_from_table, log_text, manifest, rows
+from .nccl_logs import factor
+
+# the GKE DRA demo: times not monotone in size below 4 MiB (README of the logs), left out of the band medians
+DEMO = "gcp_a4_b200_2x8_allgather.txt"
+# the first held-out set (collected 2026-11-22), less the demo
+FIRST_SET = (
+    "gcp_a3mega_2x8_allreduce.txt", "gb200_nvl72_72_allreduce.txt", "aws_p6b200_2x8_allreduce.txt",
+    "hgx_h20_2x8_allreduce_nvlstree.txt", "azure_nd_h200_v5_1x8_allreduce.txt",
+    "azure_nd_gb200_v6_1x4_allreduce.txt",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +33,10 @@ def medians():
 def test_every_heldout_log_parses_with_its_stated_system():
     counts = {}
     for entry in manifest():
-        (run,) = parse((HELDOUT / entry["file"]).read_text(), op=entry["op"], ranks=entry["ranks"])
+        (run,) = parse(log_text(entry), op=entry["op"], ranks=entry["ranks"])
         assert entry["ranks"] == entry["nodes"] * entry["gpus_per_node"]
+        # a version the log prints is the manifest's (some take it from the text around the log)
+        assert run.ranks == entry["ranks"] and run.nccl_version in (None, entry["nccl_version"]), entry["file"]
         counts[entry["file"]] = len(run.rows)
     assert counts == {
         "gcp_a3mega_2x8_allreduce.txt": 31,
@@ -33,7 +46,28 @@ def test_every_heldout_log_parses_with_its_stated_system():
         "hgx_h20_2x8_allreduce_nvlstree.txt": 8,
         "azure_nd_h200_v5_1x8_allreduce.txt": 24,
         "azure_nd_gb200_v6_1x4_allreduce.txt": 24,
+        "aws_p5_2x8_allreduce.log": 32,
+        "lambda_b200_2x8_allreduce.txt": 29,
+        "dstack_gcp_a4_b200_2x8_allreduce.txt": 11,
+        "nebius_h100_2x8_allreduce.txt": 31,
+        "gcp_a3ultra_h200_2x8_allgather.txt": 24,
     }
+
+
+def test_mpirun_tagged_log_reads_as_printed():
+    """The p5 log is mpirun --tag-output's: its rows carry the tag mid-line, so the raw text is not a log
+    the parser reads; untagged, every bus bandwidth recomputed from its time is the one printed."""
+    (entry,) = (e for e in manifest() if e.get("mpirun_tag_output"))
+    raw = (HELDOUT / entry["file"]).read_text()
+    assert all(MPIRUN_TAG.search(line, 1) for line in raw.splitlines() if "float     sum" in line)
+    with pytest.raises(CollectiveError, match="root must be an integer"):
+        parse(raw, op=entry["op"], ranks=entry["ranks"])
+    (run,) = parse(log_text(entry), op=entry["op"], ranks=entry["ranks"])
+    assert (run.rows[0].size_bytes, run.rows[-1].size_bytes) == (8, 16 << 30)
+    for row in run.rows:
+        for place in (row.out_of_place, row.in_place):
+            busbw = row.size_bytes / (place.time_us * 1e3) * factor(run.op, run.ranks)
+            assert busbw == pytest.approx(place.busbw_GBps, rel=0.02, abs=0.006)
 
 
 def test_logs_written_from_published_tables_match_them():
@@ -70,24 +104,83 @@ def test_one_node_nvlink_large_messages_blind(medians):
 
 def test_one_node_small_and_mid_sizes_blind_within_target(medians):
     """Below 64 MiB on one node, with each GPU generation's own latency scale (Hopper's 1.875, fitted on the
-    H100 records, stands for Blackwell): H200 5.3% / 11.2%, GB200 x 4 17.6% / 15.7% (small / mid). One
+    H100 records, stands for Blackwell): H200 5.3% / 11.4%, GB200 x 4 17.6% / 15.7% (small / mid). One
     scale for all generations (2.75, A100-dominated) had them at 28-43%."""
     for name in ("azure_nd_h200_v5_1x8_allreduce.txt", "azure_nd_gb200_v6_1x4_allreduce.txt"):
         assert medians[(name, "< 64 KiB")] <= 0.20, name
         assert medians[(name, "64 KiB-64 MiB")] <= 0.20, name
 
 
-def test_heldout_bands_blind(medians):
-    """README's held-out summary: every log but the GKE demo (times not monotone in size below 4 MiB, 86% off
-    at >= 64 MiB; see the README of the logs), median |busbw error| per band: >= 64 MiB 6.6% (target 10%),
-    64 KiB-64 MiB 14.6% (target 25%), < 64 KiB 18.4%."""
+def _band_medians(files=None) -> dict[str, float]:
     errors = defaultdict(list)
     for r in rows():
-        if r.entry["file"] != "gcp_a4_b200_2x8_allgather.txt":
+        if r.entry["file"] != DEMO and (files is None or r.entry["file"] in files):
             errors[r.band].append(abs(r.error))
-    assert np.median(errors[">= 64 MiB"]) <= 0.10
-    assert np.median(errors["64 KiB-64 MiB"]) <= 0.25
-    assert np.median(errors["< 64 KiB"]) <= 0.25
+    return {band: float(np.median(v)) for band, v in errors.items()}
+
+
+def test_heldout_bands_blind():
+    """README's held-out summary: every log but the GKE demo (DEMO above), median |busbw error| per band:
+    >= 64 MiB 8.5% (68 rows, target 10%), 64 KiB-64 MiB 24.9% (73 rows, target 25%: just inside, the 2 x 8
+    logs of p5, Nebius and the two B200 clusters being 33-47% fast there), < 64 KiB 22.5% (89)."""
+    bands = _band_medians()
+    assert bands[">= 64 MiB"] <= 0.10
+    assert bands["64 KiB-64 MiB"] <= 0.25
+    assert bands["< 64 KiB"] <= 0.25
+
+
+def test_first_heldout_set_bands_blind():
+    # the first set's figures, unchanged by the logs added later: 6.6% (29 rows), 14.5% (30), 18.4% (44)
+    bands = _band_medians(FIRST_SET)
+    assert bands[">= 64 MiB"] <= 0.10
+    assert bands["64 KiB-64 MiB"] <= 0.25
+    assert bands["< 64 KiB"] <= 0.25
+
+
+def test_hopper_2x8_blind_within_target(medians):
+    """Two nodes of 8 H100, p5 over EFA (NCCL 2.22.3) and Nebius over NDR IB: >= 64 MiB 8.9% and 6.2%
+    (NVLSTree from 16 MiB on, the model 7-10% slow from 4 GiB on: 438 GB/s against 468-488); < 64 KiB 22.5%
+    and 22.7% (Tree/LL priced at 55 us on EFA and 25 us on IB against 64 and 30 us measured)."""
+    for name, band, target in (
+        ("aws_p5_2x8_allreduce.log", ">= 64 MiB", 0.10),
+        ("nebius_h100_2x8_allreduce.txt", ">= 64 MiB", 0.10),
+        ("aws_p5_2x8_allreduce.log", "< 64 KiB", 0.25),
+        ("nebius_h100_2x8_allreduce.txt", "< 64 KiB", 0.25),
+    ):  # fmt: skip
+        assert medians[(name, band)] <= target, (name, band)
+
+
+def test_h200_2x8_roce_allgather_blind_within_target(medians):
+    """GCP a3-ultra, 2 x 8 H200 over RoCE (gIB, NCCL 2.26.6), allgather on Ring: 10.5% at >= 64 MiB (the 10%
+    target missed by half a point: 364 GB/s priced against 329 from 512 MiB on), 11.4% at 64 KiB-64 MiB,
+    14.0% below."""
+    name = "gcp_a3ultra_h200_2x8_allgather.txt"
+    assert medians[(name, ">= 64 MiB")] <= 0.12
+    assert medians[(name, "64 KiB-64 MiB")] <= 0.25
+    assert medians[(name, "< 64 KiB")] <= 0.25
+
+
+def test_two_node_mid_sizes_are_priced_fast(medians):
+    """The miss that moves the 64 KiB-64 MiB band: on every 2 x 8 allreduce log of this size range the model is fast,
+    Tree LL/LL128 and then NVLSTree Simple 1.3-1.7x the measured bus bandwidth (p5 42.5%, Nebius 33.2%,
+    Lambda B200 40.1%, dstack a4 B200 46.5%). If one falls inside 25%, docs/pricing.md is out of date."""
+    for name, low, high in (
+        ("aws_p5_2x8_allreduce.log", 0.35, 0.50),
+        ("nebius_h100_2x8_allreduce.txt", 0.25, 0.40),
+        ("lambda_b200_2x8_allreduce.txt", 0.30, 0.50),
+        ("dstack_gcp_a4_b200_2x8_allreduce.txt", 0.35, 0.55),
+    ):  # fmt: skip
+        assert low < medians[(name, "64 KiB-64 MiB")] < high, name
+
+
+def test_blackwell_2x8_large_messages_priced_slow(medians):
+    """B200 2 x 8, Lambda over NDR IB (NCCL 2.26.2) and GCP a4 over RoCE: measured 680-700 GB/s from 1 GiB,
+    the model flat at 465-471 (NVLSTree: 8 channels x min(48 x 0.74 x 7/8 x 2, 2 x 48, 96) GB/s, NCCL
+    v2.30.7 tuning.cc); 21.1% and 24.7% at >= 64 MiB, 31-33% at 1-8 GiB."""
+    assert 0.15 < medians[("lambda_b200_2x8_allreduce.txt", ">= 64 MiB")] < 0.30
+    assert 0.15 < medians[("dstack_gcp_a4_b200_2x8_allreduce.txt", ">= 64 MiB")] < 0.30
+    # Tree/LL priced at 25 us against 36 us measured
+    assert 0.35 < medians[("lambda_b200_2x8_allreduce.txt", "< 64 KiB")] < 0.55
 
 
 def test_h20_nvlstree_small_messages(medians):
@@ -97,7 +190,7 @@ def test_h20_nvlstree_small_messages(medians):
 
 
 def test_known_misses_are_stated_not_hidden(medians):
-    """The misses README.md lists: GB200 NVL72's NVLS, 17.5% fast (8% at 4-8 GiB, where it has flattened;
+    """The misses README.md lists: GB200 NVL72's NVLS, 18.1% fast (8% at 4-8 GiB, where it has flattened;
     50% at 512 MiB, where the measurement is still climbing) and GKE A4 B200 allgather over RoCE (86% fast at
     >= 64 MiB). If one of these falls inside the 10% target, README's table is out of date."""
     assert 0.10 < medians[("gb200_nvl72_72_allreduce.txt", ">= 64 MiB")] < 0.25
