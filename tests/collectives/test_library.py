@@ -437,3 +437,34 @@ def test_nvls_across_nodes_one_channel_per_nic_and_the_nvswitch_heads_rule():
     assert (h800.channels, h800.bw_intra, h800.bw_inter) == (8, 17.5, 40.0)
     four_nics = nvls_graph(Shape(90, 2, 8, 18 * 20.6, True, 4, 50.0))
     assert four_nics.channels == 4  # a head per NIC, at most
+
+
+def test_blackwell_nvlstree_time_takes_the_nodes_own_nvls_speed():
+    """NCCL's pick uses its model (bwIntra 48, the NIC speed: 8 x min(62.2, 96, 96) on 2 B200 nodes); the time
+    takes the in-node NVLS at the node's one-node speed, 80: 8 x min(103.6, 96, 96) = 768. Hopper: 40 either
+    way, so the two agree."""
+    b200 = {
+        c.algorithm: c for c in candidates(Op.ALLREDUCE, Shape(100, 2, 8, 18 * 40.1, True, 8, 50.0), Features(), RAW)
+    }
+    nvls_tree = b200["nvls_tree"]
+    assert nvls_tree.bus_bw == pytest.approx(8 * 48 * 0.74 * 7 / 8 * 2)
+    assert nvls_tree.bus_bw * nvls_tree.achieved_ratio == pytest.approx(8 * 96.0)
+    h100 = {
+        c.algorithm: c for c in candidates(Op.ALLREDUCE, Shape(90, 2, 8, 18 * 20.6, True, 8, 50.0), Features(), RAW)
+    }
+    assert h100["nvls_tree"].achieved_ratio == 1.0
+
+
+def test_nvlstree_tree_correction_on_blackwell_x86_since_2_29():
+    """tuning.cc:ncclTopoGetAlgoTime (v2.29+): NVLSTree allreduce on SM100+ with x86 hosts takes
+    treeCorrectionFactor (Simple, 4 MiB: 2^16 x 64 B -> 0.7); not on Arm hosts, not in v2.28, not on Hopper."""
+    shape = Shape(100, 2, 8, 18 * 40.1, True, 8, 50.0)
+
+    def corrected(shape, feat):
+        c = next(c for c in candidates(Op.ALLREDUCE, shape, feat, RAW) if c.algorithm == "nvls_tree")
+        return c._bw(4 << 20, Op.ALLREDUCE) / c.bw
+
+    assert corrected(shape, Features()) == pytest.approx(0.7)
+    assert corrected(shape, Features(cpu_vendor="arm")) == 1.0
+    assert corrected(replace(shape, version="2.28"), Features()) == 1.0
+    assert corrected(Shape(90, 2, 8, 18 * 20.6, True, 8, 50.0), Features()) == 1.0

@@ -46,6 +46,8 @@ class Candidate:
     efficiency: float = 1.0  # calibrated: achieved / modelled bandwidth
     latency_scale: float = 1.0  # calibrated: achieved / modelled latency
     channel_bytes: int = 0  # bytes per channel below which NCCL launches fewer channels (0: never)
+    corrected_sizes: int = 0  # allreduce sizes (log2(bytes / 64) below this) taking treeCorrectionFactor
+    achieved_ratio: float = 1.0  # what runs / what NCCL's model says, where our model departs from NCCL's
 
     def model_time_s(self, nbytes: int, op: Op) -> float:
         """tuning.cc:ncclTopoGetAlgoTime (one operation): what NCCL's tuner ranks the pairs by."""
@@ -53,7 +55,7 @@ class Candidate:
 
     def time_s(self, nbytes: int, op: Op) -> float:
         """The time a run takes: calibrated latency and bandwidth on the channels NCCL launches."""
-        bw = self._bw(nbytes, op) * self.efficiency * self.channels_used(nbytes) / self.channels
+        bw = self._bw(nbytes, op) * self.efficiency * self.achieved_ratio * self.channels_used(nbytes) / self.channels
         return self.latency_s + nbytes / (1e9 * bw)
 
     @property
@@ -70,7 +72,7 @@ class Candidate:
     def _bw(self, nbytes: int, op: Op) -> float:
         bw = self.bw
         log_size = int(math.log2(nbytes >> 6)) if nbytes >> 6 else -1
-        if self.algorithm == "tree" and op is Op.ALLREDUCE and 0 <= log_size < 23:
+        if op is Op.ALLREDUCE and 0 <= log_size < self.corrected_sizes:
             bw *= T.TREE_CORRECTION[T.PROTOCOLS.index(self.protocol)][log_size]  # ncclTopoGetAlgoTime
         return bw
 
@@ -175,19 +177,17 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     nsteps = 2 * (n - 1) if op is Op.ALLREDUCE else n - 1 if op in (Op.ALLGATHER, Op.REDUCESCATTER) else n
     collnet = a in ("collnet_direct", "collnet_chain")
     bw = g.bw_intra if nodes <= 2 or collnet else g.bw_inter
+    achieved = 1.0
     if a in ("nvls", "nvls_tree"):
-        intra = g.bw_intra * T.NVLS_EFFICIENCY[cc] * (g.channels - 1) / g.channels
-        intra *= 2.0 if op is Op.ALLREDUCE else (ppn - 1) / ppn
-        inter = g.bw_inter * (2 if nodes <= 2 and a == "nvls_tree" else 1)
-        cap = T.PER_CH_MAX_NVLS_TREE_BW[cc][nc] if a == "nvls_tree" else math.inf
-        bw = min(intra, inter, cap)
+        bw = _nvls_channel_bw(op, a, g, g.bw_intra, shape, ppn)
+        achieved = _nvls_channel_bw(op, a, g, max(g.bw_intra, _node_nvls_speed(shape)), shape, ppn) / bw
     bus = g.channels * bw
     index1 = cc if nodes == 1 else (1 if feat.cpu_vendor == "amd" else 0)
     ll_max = T.LL_MAX_BW[index1][nc]
     if a == "ring" and p == "LL":
         bus = min(ll_max, bus * T.RING_LL_FACTOR)
     if a == "ring" and p == "LL128":
-        bus = min(bus * T.LL128_FACTOR, g.channels * T.PER_CH_MAX_RING_LL128_BW[cc][nc])
+        bus = min(bus * T.LL128_FACTOR, g.channels * T.per_channel_cap("ring_ll128", cc, nc, shape.version))
     if a == "tree" and op is Op.ALLREDUCE:
         bus = min(bus * T.TREE_FACTOR, g.channels * T.PER_CH_MAX_TREE_BW[cc][nc])
     if a == "tree" and p == "LL":
@@ -216,7 +216,48 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
         lat *= T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime plateau (large sizes)
     scale = cal.latency_multiplier("inter_node" if nodes > 1 else "intra_node", shape.sm)
-    return Candidate(a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g))
+    return Candidate(
+        a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g),
+        _corrected_sizes(a, shape, feat), achieved,
+    )  # fmt: skip
+
+
+def _nvls_channel_bw(op: Op, a: str, g: Graph, intra_speed: float, shape: Shape, ppn: float) -> float:
+    """tuning.cc:ncclTopoTuneModel NVLS / NVLSTree busBw per channel (v2.30.7-1): the NVSwitch part (speed x
+    nvlsEfficiency x (c - 1)/c, x 2 for allreduce's two pipelined operations), the network part (bwInter, x 2
+    for NVLSTree on two nodes) and NVLSTree's per-channel cap, the smallest."""
+    cc, nc = T.cc_class(shape.sm), T.node_class(shape.nodes)
+    intra = intra_speed * T.NVLS_EFFICIENCY[cc] * (g.channels - 1) / g.channels
+    intra *= 2.0 if op is Op.ALLREDUCE else (ppn - 1) / ppn
+    inter = g.bw_inter * (2 if shape.nodes <= 2 and a == "nvls_tree" else 1)
+    cap = T.per_channel_cap("nvls_tree", cc, nc, shape.version) if a == "nvls_tree" else math.inf
+    return min(intra, inter, cap)
+
+
+def _node_nvls_speed(shape: Shape) -> float:
+    """What the NVSwitch part of a multi-node NVLS call runs at: the node's own one-node NVLS speed. NCCL's
+    multi-node search ties bwIntra to the NIC path's speed (pass 1 tries bwIntra = bwInter from the inter
+    array; pass 2 raises bwIntra only with a bwInter the NIC cannot carry, search.cc v2.30.7-1), so its model
+    prices the in-node NVLS of a B200 with 400G NICs at 48 GB/s a channel where the node alone runs 80; the
+    tuner's pick keeps NCCL's figure, the time this one (docs/pricing.md). Hopper: 40 either way."""
+    if shape.nodes == 1:
+        return 0.0
+    node = nvls_graph(Shape(shape.sm, 1, shape.ppn, shape.gpu_bw, shape.nvswitch, 1, 0.0, shape.version))
+    return node.bw_intra if node else 0.0
+
+
+def _corrected_sizes(a: str, shape: Shape, feat: Features) -> int:
+    """tuning.cc:ncclTopoGetAlgoTime: which allreduce sizes take treeCorrectionFactor (v2.30.7-1)."""
+    if a == "tree":
+        return T.TREE_CORRECTED_SIZES
+    if (
+        a == "nvls_tree"
+        and shape.sm >= 100
+        and feat.cpu_vendor in T.X86_VENDORS
+        and T.at_least(shape.version, T.NVLS_TREE_CORRECTION_SINCE)
+    ):
+        return T.NVLS_TREE_CORRECTED_SIZES
+    return 0
 
 
 def _channel_bytes(a: str, p: str, n: int, g: Graph) -> int:

@@ -74,6 +74,33 @@ PER_CH_MAX_RING_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7,
 PER_CH_MAX_TREE_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
 PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
 PER_CH_MAX_NVLS_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 80.0))
+# The Blackwell rows of older tags, where they differ (tuning.cc v2.28.9-1 and v2.29.7-1):
+# perChMaxRingLL128Bws {2*36.7, 34.6, 2*36.7} in v2.28; perChMaxNVLSTreeBws {0, 96, 43.8} in v2.28 and v2.29.
+BLACKWELL_ROWS_BY_VERSION = {
+    ("2.28", "ring_ll128"): (73.4, 34.6, 73.4),
+    ("2.28", "nvls_tree"): (0.0, 96.0, 43.8),
+    ("2.29", "nvls_tree"): (0.0, 96.0, 43.8),
+}
+_PER_CHANNEL_CAPS = {"ring_ll128": PER_CH_MAX_RING_LL128_BW, "nvls_tree": PER_CH_MAX_NVLS_TREE_BW}
+
+
+def per_channel_cap(table: str, cc: int, nc: int, version: str) -> float:
+    """perChMaxRingLL128Bws / perChMaxNVLSTreeBws [cc][nc] of the NCCL tag ``version`` (tuning.cc)."""
+    row = BLACKWELL_ROWS_BY_VERSION.get((version, table)) if cc == 3 else None
+    return (row or _PER_CHANNEL_CAPS[table][cc])[nc]
+
+
+def at_least(version: str, minor: str) -> bool:
+    """'2.30' >= '2.29' as versions, not as strings."""
+    return tuple(map(int, version.split("."))) >= tuple(map(int, minor.split(".")))
+
+
+# tuning.cc:ncclTopoGetAlgoTime, powers of two 64 B .. 256 MB: tree allreduce below 2^23 x 64 B, and since
+# v2.29 NVLSTree allreduce on SM100+ with x86 hosts below 2^24 x 64 B, take treeCorrectionFactor
+TREE_CORRECTED_SIZES = 23
+NVLS_TREE_CORRECTED_SIZES = 24
+NVLS_TREE_CORRECTION_SINCE = "2.29"
+X86_VENDORS = ("intel", "amd")  # comm->cpuArch == NCCL_TOPO_CPU_ARCH_X86
 # tuning.cc nvlsEfficiency[cc] (added in v2.28) (v2.30.7-1)
 NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)
 # tuning.cc ncclTopoTuneModel "Various model refinements" (v2.30.7-1)
