@@ -27,6 +27,9 @@ def _set(block, skip=("preset", "hf_config")) -> dict:
 
 
 def model_spec(block: ModelIn) -> ModelSpec:
+    if block.preset is not None and block.hf_config is not None:
+        # Two complete models: which one was meant cannot be guessed, and planning one would silently drop the other.
+        raise SpecError("model.hf_config", f"give either preset {block.preset!r} or hf_config, not both")
     if block.preset is not None:
         if block.preset not in MODEL_PRESETS:
             raise SpecError("model.preset", f"unknown model preset {block.preset!r}; known: {', '.join(MODEL_PRESETS)}")

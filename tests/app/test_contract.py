@@ -135,6 +135,12 @@ def test_batch_keeps_order_and_isolates_failures(api):
             "greater than or equal to 0.001",
         ),
         (
+            # both sources of a model: the preset used to win and the config.json was dropped without a word
+            with_(LLAMA70B, model={"preset": "llama3-70b", "hf_config": {"num_hidden_layers": 2}}),
+            ["body", "model", "hf_config"],
+            "give either preset 'llama3-70b' or hf_config, not both",
+        ),
+        (
             with_(LLAMA70B, model={"num_layers": 4}),
             ["body", "model", "hidden_size"],
             "required when neither preset nor hf_config",
