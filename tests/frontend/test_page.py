@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
@@ -292,6 +293,18 @@ def test_first_visit_shows_the_plan(page):
         assert box and box["width"] > 100 and box["height"] > 100, chart
     expect(page.locator("#detail-text")).to_contain_text("busiest link")
     expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=10_000)
+    # "Not shown" lists exactly the curves without a price at any size (it used to list every curve with a note)
+    explored = httpx.post(
+        page.base + "/v1/plan/explore",
+        json={"request": page.evaluate("window.commplan.state.request"), "call": "tp.attn.qkv", "stage": 0},
+    ).json()
+    missing = {s["algorithm"] for s in explored["series"] if all(t is None for t in s["time_s"])}
+    assert missing and len(missing) < len(explored["series"])
+    expect(page.locator("#explorer")).to_have_attribute("data-call", "tp.attn.qkv (stage 0)")
+    not_shown = page.locator("#explorer-note").inner_text().partition("Not shown: ")[2]
+    for s in explored["series"]:
+        listed = re.search(rf"(^|; ){re.escape(s['algorithm'])}( \(|;|\.$)", not_shown) is not None
+        assert listed == (s["algorithm"] in missing), (s["algorithm"], not_shown)
     # views of blocks the server does not send stay out of the way; those it sends are drawn
     blocks = page.evaluate("Object.keys(window.commplan.state.plan)")
     for block, card in (("step", "#timeline-card"), ("memory", "#memory-card")):
