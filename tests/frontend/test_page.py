@@ -457,6 +457,43 @@ def test_step_view_runs_the_real_schedule(page):
     expect(page.locator("#step-transfers li")).to_have_count(4)
 
 
+def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
+    """A new user's own nccl-tests output: fitted on the form's cluster, every row shown in human units, then
+    planned with; the constants survive a reload of the URL and a bad log names its file."""
+    log = reference("nccl_logs/sample_h100_2node.txt")
+    open_page(page)
+    expect(page.locator("#calib-active")).to_contain_text("default constants")
+    page.set_input_files("#calib-files", str(log))
+    page.click("#calib-run")
+    expect(page.locator("#calib-results")).to_be_visible(timeout=20_000)
+    status = page.locator("#calib-status").inner_text()
+    # the log's 20 rows (16 allreduce, 4 allgather) on 2 nodes; the fit moves the inter-node latency scale
+    expect(page.locator("#calib-table tbody tr")).to_have_count(20)
+    assert "latency_scale.inter_node" in status and "allreduce on 2 nodes × 8" in status, status
+    before, after = (float(x) for x in re.findall(r"([\d.]+)% (?:with the defaults|fitted)", status))
+    assert after < before
+    first = page.locator("#calib-table tbody tr").first.locator("td").all_inner_texts()
+    assert first[0] == f"{log.name}:40" and first[3] == "8 B" and re.fullmatch(r"\d+(\.\d+)? KB/s", first[4]), first
+    assert not re.search(r"\de[-+]?\d", page.locator("#calib-card").inner_text())
+    step_before = page.evaluate("window.commplan.state.plan.step.time_s")
+    page.click("#calib-use")
+    expect(page.locator("#calib-active")).to_contain_text("calibrated constants: latency_scale.inter_node")
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    calibration = page.evaluate("window.commplan.state.request.cluster.calibration")
+    assert set(calibration) == {"latency_scale"}
+    assert page.evaluate("window.commplan.state.plan.step.time_s") != step_before  # priced with the fit
+    page.reload()
+    expect(page.locator("#calib-active")).to_contain_text("calibrated constants", timeout=20_000)
+    page.click("#calib-clear")
+    expect(page.locator("#calib-active")).to_contain_text("default constants")
+    page.set_input_files("#calib-files", [])
+    page.fill("#calib-text", "# nothing here\nhello")
+    page.click("#calib-run")
+    bad_log = "pasted log (text): no nccl-tests result rows"
+    expect(page.locator("#calib-status")).to_contain_text(bad_log, timeout=10_000)
+    expect(page.locator("#calib-results")).to_be_hidden()
+
+
 def test_sort_and_filter(page):
     open_page(page)
     page.get_by_role("button", name=re.compile("^Message")).click()
