@@ -35,6 +35,9 @@ async function readLogs() {
   return logs;
 }
 
+// "logs.1: ..." (a warning) -> "all_gather.txt: ..."
+const named = (text, logs) => text.replace(/^logs\.(\d+)/, (m, i) => (logs[Number(i)] ? logs[Number(i)].name : m));
+
 // a 422 names logs.<i>.<field>: say which file that is
 function explain(err, logs) {
   if (!(err instanceof ApiError)) return err.message;
@@ -84,6 +87,9 @@ function renderFit(body, logs) {
     el("td", { className: "num" }, signedPct(error(r.after_GBps, r.measured_busbw_GBps))),
     el("td", { className: "col-wide" }, r.fitted ? "yes" : "no"),
   )));
+  const warnings = body.warnings || [];
+  $("calib-warnings").replaceChildren(...warnings.map((w) => el("li", {}, named(w, logs))));
+  $("calib-warnings").hidden = !warnings.length;
   $("calib-use").disabled = !Object.keys(body.constants).length;
   $("calib-results").hidden = false;
 }

@@ -469,6 +469,7 @@ def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
     status = page.locator("#calib-status").inner_text()
     # the log's 20 rows (16 allreduce, 4 allgather) on 2 nodes; the fit moves the inter-node latency scale
     expect(page.locator("#calib-table tbody tr")).to_have_count(20)
+    expect(page.locator("#calib-warnings")).to_be_hidden()  # an H100 log on an H100 cluster
     assert "latency_scale.inter_node" in status and "allreduce on 2 nodes × 8" in status, status
     before, after = (float(x) for x in re.findall(r"([\d.]+)% (?:with the defaults|fitted)", status))
     assert after < before
@@ -492,6 +493,13 @@ def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
     bad_log = "pasted log (text): no nccl-tests result rows"
     expect(page.locator("#calib-status")).to_contain_text(bad_log, timeout=10_000)
     expect(page.locator("#calib-results")).to_be_hidden()
+    # an A100 log fitted on this H100 cluster: said, with the file's name
+    a100 = next(log.parent.glob("02_allreduce_2x8_*.txt"))
+    page.fill("#calib-text", "")
+    page.set_input_files("#calib-files", str(a100))
+    page.click("#calib-run")
+    warning = f"{a100.name}: ran on NVIDIA A100-SXM4-80GB, but the cluster's GPU is H100 SXM5 80GB"
+    expect(page.locator("#calib-warnings")).to_contain_text(warning, timeout=20_000)
 
 
 def test_sort_and_filter(page):
