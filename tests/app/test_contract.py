@@ -141,6 +141,18 @@ def test_batch_keeps_order_and_isolates_failures(api):
             "give either preset 'llama3-70b' or hf_config, not both",
         ),
         (
+            # a field of the other kind of workload was dropped: a training batch_size of 64 planned a global batch of 1
+            with_(LLAMA70B, workload={"kind": "training", "micro_batch_size": 1, "batch_size": 64}),
+            ["body", "workload", "batch_size"],
+            "batch_size describes an inference workload, but kind is 'training'; the training fields are "
+            "micro_batch_size, global_batch_size, activation_recompute",
+        ),
+        (
+            with_(LLAMA70B, workload={"kind": "inference", "batch_size": 8, "global_batch_size": 1024}),
+            ["body", "workload", "global_batch_size"],
+            "global_batch_size describes a training workload, but kind is 'inference'",
+        ),
+        (
             with_(LLAMA70B, model={"num_layers": 4}),
             ["body", "model", "hidden_size"],
             "required when neither preset nor hf_config",
