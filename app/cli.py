@@ -277,6 +277,8 @@ def _calibration_table(result: dict, files: list[str]) -> None:
             print(f"  {group}.{key} = {shown}")
     if not result["constants"]:
         print("  no constant moved: the defaults fit these logs best")
+    for warning in result["warnings"]:
+        print(f"  warning: {_in_file(warning, files)}")
     if not all(r["fitted"] for r in result["rows"]):
         print("  rows marked 'no' are priced by the schedule pricer (alltoall, sendrecv), which these do not calibrate")
     print('\npost the "cluster" of --format json to /v1/plan to plan with these constants')

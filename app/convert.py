@@ -27,6 +27,9 @@ def _set(block, skip=("preset", "hf_config")) -> dict:
 
 
 def model_spec(block: ModelIn) -> ModelSpec:
+    if block.preset is not None and block.hf_config is not None:
+        # Two complete models: which one was meant cannot be guessed, and planning one would silently drop the other.
+        raise SpecError("model.hf_config", f"give either preset {block.preset!r} or hf_config, not both")
     if block.preset is not None:
         if block.preset not in MODEL_PRESETS:
             raise SpecError("model.preset", f"unknown model preset {block.preset!r}; known: {', '.join(MODEL_PRESETS)}")
@@ -51,9 +54,28 @@ def model_spec(block: ModelIn) -> ModelSpec:
     )
 
 
+# The fields that describe one kind of workload only: given for the other kind they were dropped without a word
+# (a training request's batch_size 64 planned a global batch of 1, the default).
+ONLY_FOR = {
+    "training": ("micro_batch_size", "global_batch_size", "activation_recompute"),
+    "inference": ("phase", "batch_size", "context_length"),
+}
+
+
 def workload_spec(block: WorkloadIn) -> WorkloadSpec:
     base = _preset(WORKLOAD_PRESETS, block.preset, "workload")
-    return WorkloadSpec(**(base | {k: v for k, v in _set(block).items() if v is not None}))
+    given = {k: v for k, v in _set(block).items() if v is not None}
+    kind = given.get("kind", base.get("kind", "training"))
+    for other, names in ONLY_FOR.items():
+        stray = [name for name in names if name in given] if other != kind else []
+        if stray:
+            verb, article = "describes" if len(stray) == 1 else "describe", "an" if other == "inference" else "a"
+            raise SpecError(
+                f"workload.{stray[0]}",
+                f"{', '.join(stray)} {verb} {article} {other} workload, but kind is {kind!r}; "
+                f"the {kind} fields are {', '.join(ONLY_FOR[kind])}",
+            )
+    return WorkloadSpec(**(base | given))
 
 
 def parallel_spec(block: ParallelIn, num_devices: int) -> ParallelSpec:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -71,9 +73,30 @@ class SecurityHeaders:
         return await self.app(scope, receive, with_headers)
 
 
+def stop_worker_processes(timeout_s: float = 2.0) -> list[int]:
+    """Kills the processes this one forked (the search's worker pool) and returns their ids. They inherit
+    uvicorn's SIGTERM handler, which only flags a server they do not run, so a terminated service used to
+    leave them orphaned, holding its listening socket: the port then accepted connections nobody answered and
+    a restart on it failed. SIGKILL is the one signal their copied handler cannot take."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout_s)
+    return [child.pid for child in children]
+
+
+@asynccontextmanager
+async def lifespan(_: FastAPI):
+    yield
+    stop_worker_processes()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
-    app = FastAPI(title="commplan", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="commplan", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None, lifespan=lifespan
+    )
     app.state.settings = settings
     errors.install(app)
     routers = (health, plan, export, search, collectives, calibrate, presets, topology)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from collectives.topology.fit import Constants, Observation, fit, placement_for
+from collectives.topology.fit import BOUNDS, Constants, Observation, fit, placement_for
 from collectives.topology.library import normalise_algo
 from collectives.topology.nccl_tests import parse
 from collectives.topology.spec import NCCL_VERSIONS, nccl_minor, validate_cluster
@@ -137,7 +138,49 @@ def run(body: CalibrateRequest, settings: Settings) -> dict:
         "median_error_after": result.median_error_after,
         "stages": result.stages,
         "runs": runs,
+        "warnings": [*_other_gpu(runs, base.gpu), *_at_bounds(constants)],
     }
+
+
+def _gpu_models(name: str) -> set[str]:
+    """The model names in a GPU's name: 'A100 SXM4 80GB' -> {A100}; 'NVIDIA GB200' -> {GB200}; form factors
+    (SXM4, PCIe, NVL72), memory (80GB, HBM3) name no model."""
+    words = re.split(r"[\s_-]+", name.upper())
+    return {w for w in words if re.fullmatch(r"[A-Z]+\d+[A-Z]?", w) and not w.endswith("GB")
+            and not w.startswith(("SXM", "PCIE", "NVL", "HBM"))}  # fmt: skip
+
+
+def _other_gpu(runs: list[dict], gpu) -> list[str]:
+    """A log run on another GPU than the cluster's: its constants would price the cluster wrongly, silently
+    (an A100 log on dgx-h100 drove efficiency.nic to its floor)."""
+    models = _gpu_models(gpu.name) if gpu is not None else set()
+    if not models:
+        return []  # a GPU whose name says no model: nothing to compare
+    warned = {}
+    for run in runs:
+        others = [d for d in run["devices"] if not models & _gpu_models(d)]
+        if others and run["log"] not in warned:
+            warned[run["log"]] = (
+                f"logs.{run['log']}: ran on {', '.join(others)}, but the cluster's GPU is {gpu.name}: constants "
+                "fitted on one GPU price another wrongly; calibrate the cluster the log ran on"
+            )
+    return list(warned.values())
+
+
+def _at_bounds(constants: dict) -> list[str]:
+    """A fitted constant at an end of its range (collectives/topology/fit.py BOUNDS): the logs ask for more than
+    the constant can give, so the cluster is likely not the one they ran on (GPU, NICs, network kind, nodes).
+    A plugin latency of zero is InfiniBand's own value, not a bound hit."""
+    out = []
+    for group, values in constants.items():
+        low, high = BOUNDS[group]
+        for name, value in values.items():
+            if value >= high * (1 - 1e-9) or (low > 0 and value <= low * (1 + 1e-9)):
+                out.append(
+                    f"cluster.calibration.{group}.{name} = {value:g} sits at the end of its range [{low:g}, {high:g}]: "
+                    "the logs do not fit this cluster; check its GPU, NICs, network kind and the node count"
+                )
+    return out
 
 
 def _kept(observations, where, rows):

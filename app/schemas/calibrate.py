@@ -75,3 +75,7 @@ class CalibrateOut(BaseModel):
     median_error_after: float = Field(description="median |after / measured - 1| over all rows")
     stages: list[dict] = Field(description="each fitting stage: parameters, rows, median errors, kept or not")
     runs: list[RunOut]
+    warnings: list[str] = Field(
+        description="what makes the fit doubtful: a log run on another GPU than the cluster's, a constant fitted "
+        "to an end of its range"
+    )

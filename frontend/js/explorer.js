@@ -36,14 +36,17 @@ export async function explore(call) {
   if (series.length > 1) series[0].markLine = { symbol: "none", label: { formatter: "this call" }, lineStyle: { type: "dashed", color: "#444" }, data: [{ xAxis: body.message_bytes }] };
   chart("explorer").setOption({
     animation: false, legend: { type: "scroll", top: 0 },
-    tooltip: { trigger: "item", formatter: (p) => esc(`${p.seriesName === "auto" ? `auto → ${p.name}` : p.seriesName}: ${fmtBytes(p.value[0])}, ${fmtTime(p.value[1])}`) },
+    tooltip: { trigger: "item", formatter: (p) => esc(`${p.seriesName === "auto" ? `auto → ${p.name}` : p.seriesName}: ${fmtBytes(p.value[0])}, ${fmtTime(p.value[1])}`
+      + (byName[p.seriesName]?.note ? ` (${byName[p.seriesName].note})` : "")) },
     grid: { left: narrow() ? 58 : 70, right: 20, top: 50, bottom: 40 },
     xAxis: { type: "log", name: "message", nameLocation: "middle", nameGap: 24, axisLabel: { formatter: axisBytes, hideOverlap: true } },
     yAxis: { type: "log", axisLabel: { formatter: axisTime } },
     series,
   }, true);
   $("explorer").dataset.call = label;
-  const skipped = body.series.filter((s) => s.note).map((s) => `${s.algorithm}: ${s.note}`);
+  // A note also rides on drawn curves (how NCCL's model priced them: those go in the tooltip); only a curve
+  // without a price at any size is missing from the chart.
+  const skipped = body.series.filter((s) => s.time_s.every((t) => t === null)).map((s) => (s.note ? `${s.algorithm} (${s.note})` : s.algorithm));
   const cross = body.auto.map((a, i) => (i && a !== body.auto[i - 1] ? `${body.auto[i - 1]} → ${a} near ${fmtBytes(body.sizes[i])}` : null)).filter(Boolean);
   $("explorer-note").textContent = `${body.group_size} ranks, ${body.groups_priced} group${body.groups_priced > 1 ? "s" : ""} priced together. `
     + (cross.length ? `Auto switches ${cross.join("; ")}. ` : `Auto picks ${body.auto[0]} at every size. `) + (skipped.length ? `Not shown: ${skipped.join("; ")}.` : "");

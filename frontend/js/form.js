@@ -39,7 +39,7 @@ const FIELDS = {
   "parallel.first_stage_layers": "first-layers", "parallel.last_stage_layers": "last-layers", "parallel": "tp",
   "cluster.preset": "cluster-preset", "cluster.num_nodes": "nodes", "cluster.intra.bandwidth_GBps": "intra-bw",
   "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
-  "options.algorithm": "algorithm",
+  "options.algorithm": "algorithm", "cluster.calibration": "calib-clear",
 };
 const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
 
@@ -76,6 +76,7 @@ export function readForm() {
   put(network, "oversubscription", num("oversub"));
   if (base && base.network && base.network.rail_optimized !== $("rail").checked) network.rail_optimized = $("rail").checked;
   if (Object.keys(network).length) cluster.network = network;
+  if (state.calibration) cluster.calibration = state.calibration;
   // 24 links: enough to colour a node's GPU links and NICs in the topology view
   return { model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } };
 }
@@ -101,6 +102,8 @@ export function fillForm(req) {
   $("nodes").value = str(c.num_nodes, "1");
   $("intra-bw").value = str(obj(c.intra).bandwidth_GBps); $("nics").value = str(c.nics_per_node); $("nic-bw").value = str(c.nic_bandwidth_GBps);
   $("oversub").value = str(obj(c.network).oversubscription);
+  // no input shows the constants (the calibration card does), but a link or a result loaded here keeps them
+  state.calibration = c.calibration && typeof c.calibration === "object" ? c.calibration : null;
   const base = state.presets.clusters[$("cluster-preset").value];
   $("rail").checked = obj(c.network).rail_optimized ?? (base && base.network ? base.network.rail_optimized : true);
   setSelect("algorithm", obj(req.options).algorithm || "auto");

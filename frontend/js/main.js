@@ -7,6 +7,7 @@ import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
 import { applyLayout, initSearch, renderSearch } from "./search.js";
+import { initCalibrate, showActiveCalibration } from "./calibrate.js";
 import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
@@ -42,6 +43,7 @@ async function runPlan() {
     return;
   }
   state.request = request;
+  showActiveCalibration(request.cluster.calibration);
   saveUrl();
   const seq = ++state.planSeq;
   $("results").setAttribute("aria-busy", "true");
@@ -161,6 +163,7 @@ async function start() {
   $("step-next").addEventListener("click", () => { stopPlay(); step(1); });
   $("step-play").addEventListener("click", togglePlay);
   initSearch(loadLayout);
+  initCalibrate((constants) => { state.calibration = constants; $("scenario").value = ""; schedulePlan(0); });
   await runPlan();
 }
 

@@ -2,6 +2,7 @@
 export const state = {
   presets: { models: {}, clusters: {} }, catalogue: [], plan: null, request: null, selected: null,
   sort: { key: "time_iter", dir: -1 }, planSeq: 0, charts: {}, stale: false, search: null,
+  calibration: null,  // fitted constants (POST /v1/calibrate) the plan is priced with: cluster.calibration
 };
 
 const encode = (obj) => btoa(unescape(encodeURIComponent(JSON.stringify(obj)))).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");

@@ -41,6 +41,26 @@ def test_calibrate_answers_the_contract(efa):
     assert efa["runs"] == [run]
 
 
+def test_a_log_from_another_gpu_is_warned_about(api, efa):
+    """The EFA log ran on A100s: fitted on its own cluster it raises nothing; fitted on dgx-h100 the fit drives
+    the NIC efficiency to its floor and the inter-node latency scale to its ceiling, and both are said."""
+    assert efa["warnings"] == []
+    body = {"cluster": {"preset": "dgx-h100"}, "logs": [{"text": EFA.read_text(), "nodes": 2}]}
+    got = api.post("/v1/calibrate", json=body).json()
+    assert got["constants"]["efficiency"]["nic"] == pytest.approx(0.2)
+    assert got["warnings"] == [
+        "logs.0: ran on NVIDIA A100-SXM4-80GB, but the cluster's GPU is H100 SXM5 80GB: constants fitted on one GPU "
+        "price another wrongly; calibrate the cluster the log ran on",
+        "cluster.calibration.efficiency.nic = 0.2 sits at the end of its range [0.2, 1.5]: the logs do not fit this "
+        "cluster; check its GPU, NICs, network kind and the node count",
+        "cluster.calibration.latency_scale.inter_node = 6 sits at the end of its range [0.25, 6]: the logs do not fit "
+        "this cluster; check its GPU, NICs, network kind and the node count",
+    ]
+    # the H100 sample on dgx-h100: nothing to say
+    body = {"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE}]}
+    assert api.post("/v1/calibrate", json=body).json()["warnings"] == []
+
+
 def test_returned_cluster_plans_and_recalibrates_from_where_it_was(api, efa):
     plan = api.post("/v1/plan", json=LLAMA70B | {"cluster": efa["cluster"] | {"num_nodes": 64}})
     assert plan.status_code == 200, plan.text

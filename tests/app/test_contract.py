@@ -135,6 +135,24 @@ def test_batch_keeps_order_and_isolates_failures(api):
             "greater than or equal to 0.001",
         ),
         (
+            # both sources of a model: the preset used to win and the config.json was dropped without a word
+            with_(LLAMA70B, model={"preset": "llama3-70b", "hf_config": {"num_hidden_layers": 2}}),
+            ["body", "model", "hf_config"],
+            "give either preset 'llama3-70b' or hf_config, not both",
+        ),
+        (
+            # a field of the other kind of workload was dropped: a training batch_size of 64 planned a global batch of 1
+            with_(LLAMA70B, workload={"kind": "training", "micro_batch_size": 1, "batch_size": 64}),
+            ["body", "workload", "batch_size"],
+            "batch_size describes an inference workload, but kind is 'training'; the training fields are "
+            "micro_batch_size, global_batch_size, activation_recompute",
+        ),
+        (
+            with_(LLAMA70B, workload={"kind": "inference", "batch_size": 8, "global_batch_size": 1024}),
+            ["body", "workload", "global_batch_size"],
+            "global_batch_size describes a training workload, but kind is 'inference'",
+        ),
+        (
             with_(LLAMA70B, model={"num_layers": 4}),
             ["body", "model", "hidden_size"],
             "required when neither preset nor hf_config",
@@ -165,6 +183,34 @@ def test_bad_plans_are_422_naming_field_and_rule(api, body, loc, words):
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert any(d["loc"][: len(loc)] == loc and words in d["msg"] for d in detail), detail
+
+
+def test_a_flood_of_unknown_fields_is_one_error(api):
+    """100,000 unknown keys in one block were 100,000 errors (a 9 MB answer, seconds of the event loop)."""
+    flood = {f"k{i}": i for i in range(100_000)}
+    r = api.post("/v1/plan", json={"model": {"preset": "llama3-8b"} | flood, "cluster": {"preset": "dgx-h100"}})
+    assert r.status_code == 422
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "model"]
+    assert "100,000 unknown fields (first: 'k0', 'k1', 'k2'); at most 16" in error["msg"]
+    # up to 16 unknown fields are each named where they are, as before
+    few = {f"k{i}": i for i in range(16)}
+    r = api.post("/v1/plan", json={"model": {"preset": "llama3-8b"}, "cluster": {"preset": "dgx-h100"} | few})
+    assert [d["loc"] for d in r.json()["detail"]] == [["body", "cluster", f"k{i}"] for i in range(16)]
+
+
+def test_many_errors_are_listed_fifty_then_counted(api):
+    """One error per wrong item of a long list: the first 50, then how many more."""
+    r = api.post("/v1/topology", json={"cluster": {"preset": "dgx-h100", "num_nodes": 2}, "devices": ["x"] * 5000})
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert len(detail) == 51
+    assert [d["loc"] for d in detail[:50]] == [["body", "devices", i] for i in range(50)]
+    assert detail[50] == {
+        "loc": ["body"],
+        "msg": "4,950 more errors not listed (5,000 in all; the first 50 are above)",
+        "type": "too_many_errors",
+    }
 
 
 def test_unknown_pinned_algorithm_is_named(api):

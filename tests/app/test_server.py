@@ -1,11 +1,16 @@
 """The real service: uvicorn on a loopback port, spoken to over TCP with httpx, and the CLI."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
+
+from tests.conftest import free_port
 
 from .conftest import LLAMA70B
 
@@ -39,3 +44,54 @@ def test_cli_plan_formats(tmp_path):
     request.write_text(json.dumps({**LLAMA70B, "parallel": {"tp": 16, "pp": 2, "dp": 16}}))
     failed = run()
     assert failed.returncode == 2 and "num_kv_heads 8 is not divisible by tp 16" in failed.stderr
+
+
+def test_a_terminated_service_leaves_no_search_workers(tmp_path):
+    """The search forks its worker pool from the server; terminating the server used to orphan them (they
+    ignore SIGTERM, uvicorn's handler copied into them), still holding the port."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("the search runs in-process on one core: no workers to leave")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(base)
+        body = {
+            "model": {"preset": "llama3-70b"},
+            "workload": {"global_batch_size": 1024},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 64},
+            "constraints": {"framework": "megatron"},
+        }
+        result = httpx.post(f"{base}/v1/search", json=body, timeout=120).json()
+        assert result["workers"] >= 2  # the pool ran
+        workers = children_of(proc.pid)
+        assert len(workers) >= 2, workers
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:  # so that a failure here leaves nothing behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"search workers {left} outlived the service"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{base}/healthz", timeout=2)  # the port is closed, not held by an orphan
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid="], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")  # a zombie has exited: only its entry is left
+
+
+def wait_for(base: str) -> None:
+    """Until the server answers: httpx retries a refused connection with backoff (0.5 s, 1 s, 2 s, ...)."""
+    with httpx.Client(transport=httpx.HTTPTransport(retries=7)) as client:
+        assert client.get(f"{base}/healthz", timeout=5).status_code == 200

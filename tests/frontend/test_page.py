@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
@@ -292,6 +293,18 @@ def test_first_visit_shows_the_plan(page):
         assert box and box["width"] > 100 and box["height"] > 100, chart
     expect(page.locator("#detail-text")).to_contain_text("busiest link")
     expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=10_000)
+    # "Not shown" lists exactly the curves without a price at any size (it used to list every curve with a note)
+    explored = httpx.post(
+        page.base + "/v1/plan/explore",
+        json={"request": page.evaluate("window.commplan.state.request"), "call": "tp.attn.qkv", "stage": 0},
+    ).json()
+    missing = {s["algorithm"] for s in explored["series"] if all(t is None for t in s["time_s"])}
+    assert missing and len(missing) < len(explored["series"])
+    expect(page.locator("#explorer")).to_have_attribute("data-call", "tp.attn.qkv (stage 0)")
+    not_shown = page.locator("#explorer-note").inner_text().partition("Not shown: ")[2]
+    for s in explored["series"]:
+        listed = re.search(rf"(^|; ){re.escape(s['algorithm'])}( \(|;|\.$)", not_shown) is not None
+        assert listed == (s["algorithm"] in missing), (s["algorithm"], not_shown)
     # views of blocks the server does not send stay out of the way; those it sends are drawn
     blocks = page.evaluate("Object.keys(window.commplan.state.plan)")
     for block, card in (("step", "#timeline-card"), ("memory", "#memory-card")):
@@ -442,6 +455,51 @@ def test_step_view_runs_the_real_schedule(page):
     assert len(cells) == 16 and all(c == "0–3" for c in cells)
     page.click("#step-prev")
     expect(page.locator("#step-transfers li")).to_have_count(4)
+
+
+def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
+    """A new user's own nccl-tests output: fitted on the form's cluster, every row shown in human units, then
+    planned with; the constants survive a reload of the URL and a bad log names its file."""
+    log = reference("nccl_logs/sample_h100_2node.txt")
+    open_page(page)
+    expect(page.locator("#calib-active")).to_contain_text("default constants")
+    page.set_input_files("#calib-files", str(log))
+    page.click("#calib-run")
+    expect(page.locator("#calib-results")).to_be_visible(timeout=20_000)
+    status = page.locator("#calib-status").inner_text()
+    # the log's 20 rows (16 allreduce, 4 allgather) on 2 nodes; the fit moves the inter-node latency scale
+    expect(page.locator("#calib-table tbody tr")).to_have_count(20)
+    expect(page.locator("#calib-warnings")).to_be_hidden()  # an H100 log on an H100 cluster
+    assert "latency_scale.inter_node" in status and "allreduce on 2 nodes × 8" in status, status
+    before, after = (float(x) for x in re.findall(r"([\d.]+)% (?:with the defaults|fitted)", status))
+    assert after < before
+    first = page.locator("#calib-table tbody tr").first.locator("td").all_inner_texts()
+    assert first[0] == f"{log.name}:40" and first[3] == "8 B" and re.fullmatch(r"\d+(\.\d+)? KB/s", first[4]), first
+    assert not re.search(r"\de[-+]?\d", page.locator("#calib-card").inner_text())
+    step_before = page.evaluate("window.commplan.state.plan.step.time_s")
+    page.click("#calib-use")
+    expect(page.locator("#calib-active")).to_contain_text("calibrated constants: latency_scale.inter_node")
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    calibration = page.evaluate("window.commplan.state.request.cluster.calibration")
+    assert set(calibration) == {"latency_scale"}
+    assert page.evaluate("window.commplan.state.plan.step.time_s") != step_before  # priced with the fit
+    page.reload()
+    expect(page.locator("#calib-active")).to_contain_text("calibrated constants", timeout=20_000)
+    page.click("#calib-clear")
+    expect(page.locator("#calib-active")).to_contain_text("default constants")
+    page.set_input_files("#calib-files", [])
+    page.fill("#calib-text", "# nothing here\nhello")
+    page.click("#calib-run")
+    bad_log = "pasted log (text): no nccl-tests result rows"
+    expect(page.locator("#calib-status")).to_contain_text(bad_log, timeout=10_000)
+    expect(page.locator("#calib-results")).to_be_hidden()
+    # an A100 log fitted on this H100 cluster: said, with the file's name
+    a100 = next(log.parent.glob("02_allreduce_2x8_*.txt"))
+    page.fill("#calib-text", "")
+    page.set_input_files("#calib-files", str(a100))
+    page.click("#calib-run")
+    warning = f"{a100.name}: ran on NVIDIA A100-SXM4-80GB, but the cluster's GPU is H100 SXM5 80GB"
+    expect(page.locator("#calib-warnings")).to_contain_text(warning, timeout=20_000)
 
 
 def test_sort_and_filter(page):

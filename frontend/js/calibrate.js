@@ -1,0 +1,103 @@
+// "Calibrate from nccl-tests": the user's own nccl-tests output (files or pasted) -> POST /v1/calibrate on the
+// form's cluster -> every measured row before and after, the fitted constants, and a button that plans with
+// them. The constants ride in the request (cluster.calibration), so the URL keeps them.
+import { ApiError, postJson } from "./api.js";
+import { $, el } from "./dom.js";
+import { fmtBytes, fmtInt, fmtPct, sig3 } from "./format.js";
+import { state } from "./state.js";
+
+let onUse = () => {}, fitted = null, seq = 0;
+
+export function initCalibrate(useConstants) {
+  onUse = useConstants;
+  $("calib-run").addEventListener("click", runCalibrate);
+  $("calib-use").addEventListener("click", () => fitted && onUse(fitted.constants));
+  $("calib-clear").addEventListener("click", () => onUse(null));
+}
+
+// nccl-tests prints bus bandwidth in GB/s with two decimals; rows of a few bytes are far below 1 GB/s
+const fmtBusBw = (gbps) => (gbps >= 1 ? `${sig3(gbps)} GB/s` : gbps >= 1e-3 ? `${sig3(gbps * 1e3)} MB/s` : `${sig3(gbps * 1e6)} KB/s`);
+const error = (priced, measured) => (measured > 0 ? priced / measured - 1 : null);
+const signedPct = (x) => (x === null ? "–" : `${x > 0 ? "+" : ""}${fmtPct(x)}`);
+
+// "efficiency.nic 0.986, network_latency_s.ib 0.929 µs": seconds in µs, the rest as plain factors
+export function describeConstants(constants) {
+  return Object.entries(constants || {}).flatMap(([group, values]) => Object.entries(values).map(([name, v]) =>
+    `${group}.${name} ${group.endsWith("_s") ? `${sig3(v * 1e6)} µs` : sig3(v)}`)).join(", ") || "none (the defaults fit best)";
+}
+
+async function readLogs() {
+  const logs = [];
+  for (const file of $("calib-files").files) logs.push({ text: await file.text(), name: file.name });
+  if ($("calib-text").value.trim()) logs.push({ text: $("calib-text").value, name: "pasted log" });
+  const nodes = $("calib-nodes").value.trim();
+  if (nodes !== "") for (const log of logs) log.nodes = Number(nodes);
+  return logs;
+}
+
+// "logs.1: ..." (a warning) -> "all_gather.txt: ..."
+const named = (text, logs) => text.replace(/^logs\.(\d+)/, (m, i) => (logs[Number(i)] ? logs[Number(i)].name : m));
+
+// a 422 names logs.<i>.<field>: say which file that is
+function explain(err, logs) {
+  if (!(err instanceof ApiError)) return err.message;
+  return err.detail.map((d) => {
+    const loc = (d.loc || []).filter((x) => x !== "body");
+    const where = loc[0] === "logs" && logs[Number(loc[1])] ? `${logs[Number(loc[1])].name}${loc.length > 2 ? ` (${loc.slice(2).join(".")})` : ""}` : loc.join(".") || "request";
+    return `${where}: ${d.msg}`;
+  }).join("; ");
+}
+
+async function runCalibrate() {
+  const mine = ++seq;
+  const logs = await readLogs();
+  if (!logs.length) { $("calib-status").textContent = "Choose nccl-tests output files or paste one."; return; }
+  if (!state.request) return;
+  $("calib-run").disabled = true;
+  $("calib-status").textContent = `Fitting to ${logs.length} log${logs.length > 1 ? "s" : ""} on ${state.request.cluster.preset}…`;
+  const cluster = { ...state.request.cluster };
+  delete cluster.calibration;  // fit from the defaults, not from an earlier fit
+  try {
+    const body = await postJson("/v1/calibrate", { cluster, logs });
+    if (mine !== seq) return;
+    fitted = body;
+    renderFit(body, logs);
+  } catch (err) {
+    if (mine !== seq) return;
+    fitted = null; $("calib-results").hidden = true;
+    $("calib-status").textContent = `Calibration failed: ${explain(err, logs)}`;
+  } finally {
+    if (mine === seq) $("calib-run").disabled = false;
+  }
+}
+
+function renderFit(body, logs) {
+  const runs = body.runs.map((r) => `${r.op} on ${r.nodes} node${r.nodes > 1 ? "s" : ""} × ${r.ranks / r.nodes} (${r.rows} row${r.rows > 1 ? "s" : ""}${r.devices.length ? `, ${r.devices.join(", ")}` : ""})`);
+  $("calib-status").textContent = `Median |error| of the bus bandwidth over ${fmtInt(body.rows.length)} rows: ${fmtPct(body.median_error_before)} with the defaults, `
+    + `${fmtPct(body.median_error_after)} fitted. Fitted: ${describeConstants(body.constants)}. Runs: ${runs.join("; ")}.`;
+  $("calib-table").tBodies[0].replaceChildren(...body.rows.map((r) => el("tr", {},
+    el("td", { title: `${logs[r.log] ? logs[r.log].name : r.log}, line ${r.line}` }, `${logs[r.log] ? logs[r.log].name : r.log}:${r.line}`),
+    el("td", { className: "col-wide" }, r.op),
+    el("td", { className: "num col-wide" }, `${r.nodes} × ${r.ranks / r.nodes}`),
+    el("td", { className: "num" }, fmtBytes(r.size_bytes)),
+    el("td", { className: "num" }, fmtBusBw(r.measured_busbw_GBps)),
+    el("td", { className: "num col-wide" }, fmtBusBw(r.before_GBps)),
+    el("td", { className: "num col-wide" }, signedPct(error(r.before_GBps, r.measured_busbw_GBps))),
+    el("td", { className: "num" }, fmtBusBw(r.after_GBps)),
+    el("td", { className: "num" }, signedPct(error(r.after_GBps, r.measured_busbw_GBps))),
+    el("td", { className: "col-wide" }, r.fitted ? "yes" : "no"),
+  )));
+  const warnings = body.warnings || [];
+  $("calib-warnings").replaceChildren(...warnings.map((w) => el("li", {}, named(w, logs))));
+  $("calib-warnings").hidden = !warnings.length;
+  $("calib-use").disabled = !Object.keys(body.constants).length;
+  $("calib-results").hidden = false;
+}
+
+// what the current plan is priced with: the card says it whatever set it (this view, a pasted link)
+export function showActiveCalibration(calibration) {
+  const active = calibration && Object.keys(calibration).length;
+  $("calib-active").textContent = active ? `The plan is priced with calibrated constants: ${describeConstants(calibration)}.`
+    : "The plan is priced with the default constants.";
+  $("calib-clear").hidden = !active;
+}
