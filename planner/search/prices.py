@@ -103,8 +103,20 @@ class Pricer:
     def __init__(self, cluster: Cluster, options: Options | None = None):
         self.cluster, self.options = cluster, options or Options()
         self._curves: dict[tuple, Curve] = {}
+        self._by_array: dict[tuple, tuple[np.ndarray, Curve]] = {}
 
     def curve(self, op: Op, placement: np.ndarray) -> Curve:
+        """The curve of ``op`` on ``placement``. Placements come from the rank layout's memo (read-only
+        arrays, the same object for the same group and stages), so the reduction below (neighbourhood and
+        canonical move: most of the pricing time in a search) is done once per array, not per template."""
+        key = (op, id(placement))
+        found = self._by_array.get(key)
+        if found is None:
+            # holding the array keeps its id from being reused
+            found = self._by_array[key] = (placement, self._reduced_curve(op, placement))
+        return found[1]
+
+    def _reduced_curve(self, op: Op, placement: np.ndarray) -> Curve:
         priced_on, _ = canonical(neighbourhood(placement, self.cluster), self.cluster)
         key = (op, priced_on.shape, priced_on.tobytes())
         found = self._curves.get(key)
