@@ -27,7 +27,7 @@ from ..parallel import ParallelSpec
 from ..plan import Options
 from ..workload import WorkloadSpec
 from . import templates
-from .prices import Pricer
+from .prices import Pricer, shared_curves
 from .space import MAX_DP_GROUP, MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
 from .step_model import Priced, Row, RowCall, StepModel
 
@@ -154,7 +154,7 @@ class ShapeEvaluator:
         self.cluster = cluster_for(problem.cluster)
         base = Variant(shape, 1, "1f1b", 0, False, "megatron").parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
-        self.pricer = Pricer(self.cluster, problem.options)
+        self.pricer = Pricer(self.cluster, problem.options, shared_curves(self.cluster, problem.options))
         self.step_model = StepModel(problem.model, problem.work, self.cluster, problem.constraints.memory_headroom)
         self._templates: dict = {}
         self._curves: dict = {}

@@ -116,6 +116,10 @@ class SplitContext(Context):
 
 
 _SPLITS: dict = {}
+_STAGE_PASSES: dict = {}  # (layer key, dense layers, MoE layers, last stage) -> (forward, backward, attention)
+_LAYERS: dict = {}  # (layer key, MoE) -> (layer forward, attention forward, layer backward)
+_HELD: dict = {}  # (model id, GPU id) -> (model, GPU): keeps the ids in the keys above from being reused
+PASSES_KEPT = 65536  # a few PassTimes each
 _TOTALS: dict = {}
 TOTALS_KEPT = 4096  # (model, tp, pp, virtual stages, framework, ...) entries of a few numbers per stage
 REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
@@ -278,26 +282,55 @@ class StepModel:
         key = (self._key(par, zero=False, framework=False), b, rc)
         found = self._compute.get(key)
         if found is None:
-            ctx, eff = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0)), EFFICIENCY
-            layers = {}
+            ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
+            # what compute.py's layer_forward, layer_backward and _head read of the layout (b·s/cp tokens,
+            # tp, SP, the expert split) with b, recompute and the workload: not pp, dp, v or the schedule
+            layer_key = (
+                id(self.model), id(self.gpu), ctx.work, par.tp, par.cp, par.sp, par.ep, par.expert_tp, rc
+            )  # fmt: skip
             found = []
             for stage in range(par.pp):
-                fwd, bwd, attn = PassTime(), PassTime(), 0.0
-                for moe, count in ((False, ctx.dense_layers(stage)), (True, ctx.moe_layers(stage))):
-                    if not count:
-                        continue
-                    if moe not in layers:
-                        layers[moe] = layer_forward(ctx, moe, self.gpu, eff)
-                    layer, attn_s = layers[moe]
-                    fwd = fwd + layer.scaled(count)
-                    attn += attn_s * count
-                    bwd = bwd + layer_backward(ctx, layer, self.gpu, eff, rc).scaled(count)
-                if ctx.is_last(stage):
-                    head = _head(ctx, self.gpu, eff)
-                    fwd = fwd + head
-                    bwd = bwd + head_backward(head)
-                found.append((fwd, bwd, attn))
+                dense, moe, last = ctx.dense_layers(stage), ctx.moe_layers(stage), ctx.is_last(stage)
+                part = _STAGE_PASSES.get((layer_key, dense, moe, last))
+                if part is None:
+                    part = self._stage_passes(ctx, layer_key, dense, moe, last, rc)
+                found.append(part)
             self._compute[key] = found
+        return found
+
+    def _stage_passes(self, ctx: Context, layer_key: tuple, dense: int, moe: int, last: bool, rc: str):
+        """One stage of ``_passes``: its dense and MoE layers' passes scaled and summed, then the head, in
+        compute._stage_compute's order (so the sums round alike); memoised across shapes and variants on
+        what it reads (stages with the same layers, at any pp, dp or schedule, share it)."""
+        eff = EFFICIENCY
+        fwd, bwd, attn = PassTime(), PassTime(), 0.0
+        for is_moe, count in ((False, dense), (True, moe)):
+            if not count:
+                continue
+            layer, attn_s, back = self._layer(ctx, layer_key, is_moe, rc)
+            fwd = fwd + layer.scaled(count)
+            attn += attn_s * count
+            bwd = bwd + back.scaled(count)
+        if last:
+            head = _head(ctx, self.gpu, eff)
+            fwd = fwd + head
+            bwd = bwd + head_backward(head)
+        part = (fwd, bwd, attn)
+        if len(_STAGE_PASSES) > PASSES_KEPT:
+            _STAGE_PASSES.clear()
+            _LAYERS.clear()
+        # holding the model and GPU keeps their ids from being reused
+        _STAGE_PASSES[(layer_key, dense, moe, last)] = part
+        _HELD[layer_key[:2]] = (self.model, self.gpu)
+        return part
+
+    def _layer(self, ctx: Context, layer_key: tuple, moe: bool, rc: str) -> tuple[PassTime, float, PassTime]:
+        """compute.layer_forward and layer_backward of one layer, memoised on ``layer_key``."""
+        found = _LAYERS.get((layer_key, moe))
+        if found is None:
+            layer, attn_s = layer_forward(ctx, moe, self.gpu, EFFICIENCY)
+            back = layer_backward(ctx, layer, self.gpu, EFFICIENCY, rc)
+            found = _LAYERS[(layer_key, moe)] = (layer, attn_s, back)
         return found
 
     def _optimizer(self, par: ParallelSpec) -> list[float]:
@@ -498,26 +531,29 @@ class StepModel:
             for stream, cell in sums.items():
                 acc[stream] = acc[stream] + cell if stream in acc else cell
         none = np.zeros((3, p))
-        grad, gather, tail = acc.get("grad_reduce", none), acc.get("param_gather", none), acc.get("tail", none)
+        # plain lists: the per-stage loop below reads single elements, which numpy indexing makes slow
+        grad, gather = acc.get("grad_reduce", none).tolist(), acc.get("param_gather", none).tolist()
+        tail = acc.get("tail", none)[0].tolist()
         prefetch = _prefetch(ctx, flags)
         passes = {
-            (phase, kind): acc[f"{kind}.{phase}"][0] / m
+            phase: [
+                (kind, (acc[f"{kind}.{phase}"][0] / m).tolist())
+                for kind in ("tp", "ep", "cp", "cp.ring", "dp")
+                if f"{kind}.{phase}" in acc
+            ]
             for phase in ("forward", "backward")
-            for kind in ("tp", "ep", "cp", "cp.ring", "dp")
-            if f"{kind}.{phase}" in acc
         }
         for st in stages:
             i = st.stage
-            st.grad_reduce_s, st.grad_buckets, st.grad_bytes = float(grad[0, i]), int(grad[1, i]), int(grad[2, i])
-            st.param_gather_s, st.param_units = float(gather[0, i]), int(gather[1, i])
-            st.param_bytes = int(gather[2, i])
-            st.tail_s = float(tail[0, i])
+            st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[0][i], int(grad[1][i]), int(grad[2][i])
+            st.param_gather_s, st.param_units = gather[0][i], int(gather[1][i])
+            st.param_bytes = int(gather[2][i])
+            st.tail_s = tail[i]
             comp = st.compute
             for phase, pass_time in (("forward", comp.forward), ("backward", comp.backward)):
                 exposed = 0.0
-                for kind in ("tp", "ep", "cp", "cp.ring", "dp"):
-                    per = passes.get((phase, kind))
-                    t = float(per[i]) if per is not None else 0.0
+                for kind, per in passes[phase]:
+                    t = per[i]
                     if not t:
                         continue
                     if kind == "tp" and flags.tp_comm_overlap:
