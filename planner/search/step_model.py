@@ -32,6 +32,7 @@ communication of the busiest stage (``Plan.totals.time_s``) and every layout fit
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -64,7 +65,7 @@ from ..memory import (
 )
 from ..model import ModelSpec
 from ..parallel import ParallelSpec
-from ..pipeline import Schedule, StagePass, pipeline_time
+from ..pipeline import Schedule, StagePass, in_flight, pipeline_time
 from ..step import (
     Overlap,
     StageStep,
@@ -116,10 +117,25 @@ class SplitContext(Context):
 
 
 _SPLITS: dict = {}
+# Per-stage parts shared across shapes and variants, keyed on what the step and memory functions read
+# (``_passes``, ``_activation_bytes``); the layout part of a key is interned to a small int first, so that a
+# stage's lookup hashes an int and not the workload.
 _STAGE_PASSES: dict = {}  # (layer key, dense layers, MoE layers, last stage) -> (forward, backward, attention)
 _LAYERS: dict = {}  # (layer key, MoE) -> (layer forward, attention forward, layer backward)
-_HELD: dict = {}  # (model id, GPU id) -> (model, GPU): keeps the ids in the keys above from being reused
-PASSES_KEPT = 65536  # a few PassTimes each
+_STAGE_ACTS: dict = {}  # (layer key, dense layers, MoE layers, last stage, in flight) -> activation bytes
+_INTERNED: dict = {}  # layer key -> (int, the objects whose ids it holds, kept alive with it)
+_SERIAL = itertools.count()
+INTERNED_KEPT = 16384  # layer keys (model, workload, tp, cp, SP, ...); the memos above go with them
+
+
+def _interned(key: tuple, *held) -> int:
+    found = _INTERNED.get(key)
+    if found is None:
+        if len(_INTERNED) >= INTERNED_KEPT:
+            for memo in (_INTERNED, _STAGE_PASSES, _LAYERS, _STAGE_ACTS):
+                memo.clear()
+        found = _INTERNED[key] = (next(_SERIAL), held)
+    return found[0]
 _TOTALS: dict = {}
 TOTALS_KEPT = 4096  # (model, tp, pp, virtual stages, framework, ...) entries of a few numbers per stage
 REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
@@ -253,9 +269,18 @@ class StepModel:
         if found is None:
             ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
             sched = schedule_of(ctx)
-            found = self._acts[key] = np.array(
-                [stage_activation_bytes(ctx, s, sched) for s in range(par.pp)], dtype=np.int64
-            )
+            # what memory.stage_activation_bytes reads (b·s/cp tokens, tp, SP, the workload and the model;
+            # of the stage: its layers, whether it holds the head, and its micro-batches in flight), so
+            # stages and variants that agree on those share one call
+            layer_key = _interned((id(self.model), ctx.work, par.tp, par.cp, par.sp), self.model)
+            out = []
+            for s in range(par.pp):
+                stage_key = (layer_key, ctx.dense_layers(s), ctx.moe_layers(s), ctx.is_last(s), in_flight(sched, s))
+                size = _STAGE_ACTS.get(stage_key)
+                if size is None:
+                    size = _STAGE_ACTS[stage_key] = stage_activation_bytes(ctx, s, sched)
+                out.append(size)
+            found = self._acts[key] = np.array(out, dtype=np.int64)
         return found
 
     def fits(self, par: ParallelSpec, b: int, rc: str, rows=None) -> bool:
@@ -285,9 +310,11 @@ class StepModel:
             ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
             # what compute.py's layer_forward, layer_backward and _head read of the layout (b·s/cp tokens,
             # tp, SP, the expert split) with b, recompute and the workload: not pp, dp, v or the schedule
-            layer_key = (
-                id(self.model), id(self.gpu), ctx.work, par.tp, par.cp, par.sp, par.ep, par.expert_tp, rc
-            )  # fmt: skip
+            layer_key = _interned(
+                (id(self.model), id(self.gpu), ctx.work, par.tp, par.cp, par.sp, par.ep, par.expert_tp, rc),
+                self.model,
+                self.gpu,
+            )
             found = []
             for stage in range(par.pp):
                 dense, moe, last = ctx.dense_layers(stage), ctx.moe_layers(stage), ctx.is_last(stage)
@@ -298,7 +325,7 @@ class StepModel:
             self._compute[key] = found
         return found
 
-    def _stage_passes(self, ctx: Context, layer_key: tuple, dense: int, moe: int, last: bool, rc: str):
+    def _stage_passes(self, ctx: Context, layer_key: int, dense: int, moe: int, last: bool, rc: str):
         """One stage of ``_passes``: its dense and MoE layers' passes scaled and summed, then the head, in
         compute._stage_compute's order (so the sums round alike); memoised across shapes and variants on
         what it reads (stages with the same layers, at any pp, dp or schedule, share it)."""
@@ -316,15 +343,10 @@ class StepModel:
             fwd = fwd + head
             bwd = bwd + head_backward(head)
         part = (fwd, bwd, attn)
-        if len(_STAGE_PASSES) > PASSES_KEPT:
-            _STAGE_PASSES.clear()
-            _LAYERS.clear()
-        # holding the model and GPU keeps their ids from being reused
         _STAGE_PASSES[(layer_key, dense, moe, last)] = part
-        _HELD[layer_key[:2]] = (self.model, self.gpu)
         return part
 
-    def _layer(self, ctx: Context, layer_key: tuple, moe: bool, rc: str) -> tuple[PassTime, float, PassTime]:
+    def _layer(self, ctx: Context, layer_key: int, moe: bool, rc: str) -> tuple[PassTime, float, PassTime]:
         """compute.layer_forward and layer_backward of one layer, memoised on ``layer_key``."""
         found = _LAYERS.get((layer_key, moe))
         if found is None:
