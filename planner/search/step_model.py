@@ -523,7 +523,7 @@ class StepModel:
         key = (id(rows), m, zero if reads_zero else None)
         found = self._sum_memo.get(key)
         if found is None:
-            acc: dict[str, np.ndarray] = {}
+            lists: dict[str, tuple[list[float], list[float], list[float]]] = {}
             p2p = 0.0
             for row in rows:
                 c, t = row.call, row.price.time_s
@@ -531,13 +531,17 @@ class StepModel:
                 if stream == "pp":
                     p2p = max(p2p, t)
                     continue
-                cell = acc.get(stream)
+                cell = lists.get(stream)
                 if cell is None:
-                    cell = acc[stream] = np.zeros((3, p))
+                    cell = lists[stream] = ([0.0] * p, [0.0] * p, [0.0] * p)
+                # plain floats, added in the same order as into an array (numpy's element-wise += is slow)
+                times, counts, sizes = cell
+                n = c.calls_per_iteration
                 for s in c.stages:
-                    cell[0, s] += c.calls_per_iteration * t
-                    cell[1, s] += c.calls_per_iteration
-                    cell[2, s] += c.calls_per_iteration * c.message_bytes
+                    times[s] += n * t
+                    counts[s] += n
+                    sizes[s] += float(n * c.message_bytes)
+            acc = {stream: np.array(cell, dtype=np.float64) for stream, cell in lists.items()}
             found = self._sum_memo[key] = (rows, acc, p2p)  # holding rows keeps its id from being reused
         return found[1], found[2]
 
