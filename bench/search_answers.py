@@ -23,16 +23,46 @@ from planner.search import Constraints, Problem, search
 
 # (label, model preset, workload, (cluster preset, nodes), constraints, top_k)
 PROBLEMS = [
-    ("gpt3-175b megatron tp4-8", "gpt3-175b", WorkloadSpec(global_batch_size=1536), ("dgx-a100", 128),
-     {"framework": "megatron", "tp": [4, 8]}, 10),
-    ("llama3-70b torch", "llama3-70b", WorkloadSpec(global_batch_size=1024), ("dgx-h100", 64),
-     {"framework": "torch"}, 10),
-    ("llama3-70b deepspeed zero3", "llama3-70b", WorkloadSpec(global_batch_size=1024), ("dgx-h100", 32),
-     {"framework": "deepspeed", "zero_stage": 3}, 10),
-    ("mixtral-8x7b megatron", "mixtral-8x7b", WorkloadSpec(global_batch_size=256), ("dgx-h100", 8),
-     {"framework": "megatron"}, 10),
-    ("deepseek-v3 megatron tp1-2", "deepseek-v3", WorkloadSpec(global_batch_size=1024), ("dgx-h100", 64),
-     {"framework": "megatron", "tp": [1, 2], "zero_stage": [1]}, 5),
+    (
+        "gpt3-175b megatron tp4-8",
+        "gpt3-175b",
+        WorkloadSpec(global_batch_size=1536),
+        ("dgx-a100", 128),
+        {"framework": "megatron", "tp": [4, 8]},
+        10,
+    ),
+    (
+        "llama3-70b torch",
+        "llama3-70b",
+        WorkloadSpec(global_batch_size=1024),
+        ("dgx-h100", 64),
+        {"framework": "torch"},
+        10,
+    ),
+    (
+        "llama3-70b deepspeed zero3",
+        "llama3-70b",
+        WorkloadSpec(global_batch_size=1024),
+        ("dgx-h100", 32),
+        {"framework": "deepspeed", "zero_stage": 3},
+        10,
+    ),
+    (
+        "mixtral-8x7b megatron",
+        "mixtral-8x7b",
+        WorkloadSpec(global_batch_size=256),
+        ("dgx-h100", 8),
+        {"framework": "megatron"},
+        10,
+    ),
+    (
+        "deepseek-v3 megatron tp1-2",
+        "deepseek-v3",
+        WorkloadSpec(global_batch_size=1024),
+        ("dgx-h100", 64),
+        {"framework": "megatron", "tp": [1, 2], "zero_stage": [1]},
+        5,
+    ),
     ("llama3-8b one node", "llama3-8b", WorkloadSpec(global_batch_size=64), ("dgx-h100", 1), {}, 20),
     ("llama3-405b whole space", "llama3-405b", WorkloadSpec(global_batch_size=2048), ("dgx-h100", 2048), {}, 10),
 ]
@@ -84,8 +114,10 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(body, indent=1, sort_keys=True))
     for label, ans in body.items():
         best = ans["results"][0] if ans["results"] else None
-        print(f"{label}: evaluated {ans['evaluated']} feasible {ans['feasible']} bounded {ans['bounded']}; "
-              f"best {best and best['step']['time_s']}")
+        print(
+            f"{label}: evaluated {ans['evaluated']} feasible {ans['feasible']} bounded {ans['bounded']}; "
+            f"best {best and best['step']['time_s']}"
+        )
 
 
 if __name__ == "__main__":

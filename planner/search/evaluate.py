@@ -172,13 +172,12 @@ class ShapeEvaluator:
             variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
         )  # fmt: skip
         if key not in self._templates:
-            par = variant.parallel()
+            par, model = variant.parallel(), self.problem.model
+            work = replace(self.problem.work, activation_recompute=recompute)
             if act:
-                work = replace(self.problem.work, activation_recompute=recompute)
-                self._templates[key] = _build(rules, self.problem.model, work, replace(par, zero_stage=0))
+                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=0))
             else:
-                work = replace(self.problem.work, activation_recompute=recompute)
-                self._templates[key] = data_template(self.problem.model, work, par)
+                self._templates[key] = data_template(model, work, par)
         return self._templates[key]
 
     def classes(self, tpl: templates.Template) -> list[tuple[int, tuple[int, ...], object]]:
@@ -374,9 +373,7 @@ class Screened:
     evaluator: ShapeEvaluator | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(
-        cls, shape: Shape, bounds: list[float], picks: list[tuple[int, int, int]], evaluator=None
-    ) -> Screened:
+    def of(cls, shape: Shape, bounds: list[float], picks: list[tuple[int, int, int]], evaluator=None) -> Screened:
         order = np.argsort(np.array(bounds, dtype=np.float64), kind="stable")  # ties keep the walk's order
         cols = np.array(picks, dtype=np.int64).reshape(-1, 3)[order]
         bounds = np.array(bounds, dtype=np.float64)[order]
@@ -455,9 +452,10 @@ def time_shapes(problem: Problem, screened: list[Screened], threshold: float = m
         limit = min(threshold, kth(out, problem.top_k))
         if found.best_bound > limit:
             out.bounded += len(found)
+            found.evaluator = None  # its memos are not needed again
             continue
         out.merge(found.timer(problem, limit).time(found), problem.keep)
-        found.evaluator = None  # its memos are not needed again
+        found.evaluator = None
         if cached_schedule.cache_info().currsize > SCHEDULES_KEPT:
             # schedules of groups of thousands of ranks, at every size a curve priced, add up to gigabytes;
             # a new shape mostly needs new ones anyway

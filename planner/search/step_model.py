@@ -136,6 +136,8 @@ def _interned(key: tuple, *held) -> int:
                 memo.clear()
         found = _INTERNED[key] = (next(_SERIAL), held)
     return found[0]
+
+
 _TOTALS: dict = {}
 TOTALS_KEPT = 4096  # (model, tp, pp, virtual stages, framework, ...) entries of a few numbers per stage
 REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
