@@ -27,7 +27,7 @@ from ..parallel import ParallelSpec
 from ..plan import Options
 from ..workload import WorkloadSpec
 from . import templates
-from .prices import Pricer
+from .prices import Pricer, shared_curves
 from .space import MAX_DP_GROUP, MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
 from .step_model import Priced, Row, RowCall, StepModel
 
@@ -95,6 +95,38 @@ def default_dp_group(cluster) -> int:
     return cluster.num_devices if resolve_pricing("auto", cluster) == "library" else MAX_DP_GROUP
 
 
+_DATA_TEMPLATES: dict = {}
+DATA_TEMPLATES_KEPT = 8192  # (model, tp, pp, v, schedule, framework, ZeRO, cp x dp, ...) templates of a few calls
+
+
+def data_template(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> templates.Template | None:
+    """The data-parallel template of a layout (None where it refused: the layout is built exactly), shared
+    by every shape with the same cp x dp. The data-parallel rule (planner/rules/data.py, deepspeed.py) reads
+    cp and dp only as their product (the gradient group cp x dp, its padding and bucket sizes; expert_dp =
+    tp·cp·dp / (ep·expert_tp)), the micro-batch count (fixed by the template's global batch) and, for
+    hybrid sharding only, dp and cp apart; parameters per stage do not read them (params.py ``_holding``).
+    Its groups are symbolic (``Group(("cp", "dp"))``), placed per shape when priced. So the many cp values
+    of one (tp, pp) (cp x dp = devices / (tp·pp)) share one template, built on the first of them; tests/
+    planner/test_search_speed.py checks shared == built on each shape's own layout."""
+    par = replace(par, sequence_parallel=False)  # the rule does not read it (templates.py)
+    shared = par if par.hybrid_shard_size else replace(par, cp=1, dp=par.cp * par.dp)
+    key = (id(model), work, shared)
+    found = _DATA_TEMPLATES.get(key)
+    if found is None:
+        # holding the model keeps its id from being reused
+        found = _DATA_TEMPLATES[key] = (model, _build(templates.DATA_RULES, model, work, par))
+        if len(_DATA_TEMPLATES) > DATA_TEMPLATES_KEPT:
+            _DATA_TEMPLATES.pop(next(iter(_DATA_TEMPLATES)))
+    return found[1]
+
+
+def _build(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> templates.Template | None:
+    try:
+        return templates.build(rules, model, work, par)
+    except templates.NotLinear:
+        return None
+
+
 def batch_rule(space: Space, variant: Variant, b: int) -> SpecError | None:
     """The micro-batch rules of planner/parallel.py ``_fits_workload`` for one b, once the variant passed
     ``validate_parallel`` at b = 1 (the other rules do not read b). Same fields and messages."""
@@ -122,11 +154,12 @@ class ShapeEvaluator:
         self.cluster = cluster_for(problem.cluster)
         base = Variant(shape, 1, "1f1b", 0, False, "megatron").parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
-        self.pricer = Pricer(self.cluster, problem.options)
+        self.pricer = Pricer(self.cluster, problem.options, shared_curves(self.cluster, problem.options))
         self.step_model = StepModel(problem.model, problem.work, self.cluster, problem.constraints.memory_headroom)
         self._templates: dict = {}
         self._curves: dict = {}
         self._priced_memo: dict = {}
+        self._classes_memo: dict = {}
         self.variants = list(self.space.variants(shape))
         self._parallels: dict[int, ParallelSpec] = {}
 
@@ -139,13 +172,12 @@ class ShapeEvaluator:
             variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
         )  # fmt: skip
         if key not in self._templates:
-            par = variant.parallel()
-            par = replace(par, zero_stage=0) if act else replace(par, sequence_parallel=False)
+            par, model = variant.parallel(), self.problem.model
             work = replace(self.problem.work, activation_recompute=recompute)
-            try:
-                self._templates[key] = templates.build(rules, self.problem.model, work, par)
-            except templates.NotLinear:
-                self._templates[key] = None
+            if act:
+                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=0))
+            else:
+                self._templates[key] = data_template(model, work, par)
         return self._templates[key]
 
     def classes(self, tpl: templates.Template) -> list[tuple[int, tuple[int, ...], object]]:
@@ -165,7 +197,14 @@ class ShapeEvaluator:
         stages = call.stages
         if len(stages) < 2 or call.group.pairs or self.shape.pp < 2:
             return [tuple(stages)]
-        pipeline = self.layout.groups(("pp",), call.group.expert)[0]
+        key = (tuple(stages), call.group.expert)  # all the split reads of the call (memoised per shape)
+        found = self._classes_memo.get(key)
+        if found is None:
+            found = self._classes_memo[key] = self._split_stages(stages, call.group.expert)
+        return found
+
+    def _split_stages(self, stages, expert: bool) -> list[tuple[int, ...]]:
+        pipeline = self.layout.groups(("pp",), expert)[0]
         stride = int(pipeline[1] - pipeline[0])
         unit = tiling_unit(self.cluster)
         classes: dict[int, list[int]] = {}
@@ -247,7 +286,7 @@ class ShapeEvaluator:
             out.feasible += len(fitting)
             bounds += model.lower_bounds(par, fitting).tolist()
             picks += [(index, b, recomputes.index(rc)) for b, rc in fitting]
-        return Screened.of(self.shape, bounds, picks)
+        return Screened.of(self.shape, bounds, picks, self)
 
     def time(self, screened: Screened) -> Outcome:
         """Step times of the screened layouts, best bound first: once a bound is slower than the k-th best
@@ -329,12 +368,25 @@ class Screened:
     variants: np.ndarray  # index into Space.variants(shape)
     batches: np.ndarray  # micro-batch size
     recomputes: np.ndarray  # index into Space.recomputes
+    # the evaluator that screened it, reused to time it in the same process (its compute, memory and
+    # template memos); not sent between processes (a fresh one is built there)
+    evaluator: ShapeEvaluator | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, shape: Shape, bounds: list[float], picks: list[tuple[int, int, int]]) -> Screened:
+    def of(cls, shape: Shape, bounds: list[float], picks: list[tuple[int, int, int]], evaluator=None) -> Screened:
         order = np.argsort(np.array(bounds, dtype=np.float64), kind="stable")  # ties keep the walk's order
         cols = np.array(picks, dtype=np.int64).reshape(-1, 3)[order]
-        return cls(shape, np.array(bounds, dtype=np.float64)[order], cols[:, 0], cols[:, 1], cols[:, 2])
+        bounds = np.array(bounds, dtype=np.float64)[order]
+        return cls(shape, bounds, cols[:, 0], cols[:, 1], cols[:, 2], evaluator)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "evaluator": None}
+
+    def timer(self, problem: Problem, threshold: float) -> ShapeEvaluator:
+        """The evaluator to time it with, bounded by ``threshold``: the screen's own when it is here."""
+        evaluator = self.evaluator or ShapeEvaluator(problem, self.shape)
+        evaluator.threshold = threshold
+        return evaluator
 
     def __len__(self) -> int:
         return len(self.bounds)
@@ -400,8 +452,10 @@ def time_shapes(problem: Problem, screened: list[Screened], threshold: float = m
         limit = min(threshold, kth(out, problem.top_k))
         if found.best_bound > limit:
             out.bounded += len(found)
+            found.evaluator = None  # its memos are not needed again
             continue
-        out.merge(ShapeEvaluator(problem, found.shape, limit).time(found), problem.keep)
+        out.merge(found.timer(problem, limit).time(found), problem.keep)
+        found.evaluator = None
         if cached_schedule.cache_info().currsize > SCHEDULES_KEPT:
             # schedules of groups of thousands of ranks, at every size a curve priced, add up to gigabytes;
             # a new shape mostly needs new ones anyway

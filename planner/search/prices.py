@@ -97,14 +97,47 @@ class Curve:
         return best
 
 
+CURVES_KEPT = 4096  # curves shared between the shapes of a process (a few prices each)
+_SHARED: dict = {}
+
+
+def shared_curves(cluster: Cluster, options: Options) -> dict:
+    """The curves of every shape searched on ``cluster`` with ``options`` in this process. A curve is a
+    function of its op and reduced placement alone (the key below), so shapes whose groups reduce alike
+    (every cp of one (tp, pp) has the same cp x dp gradient groups, every shape of one tp the same tensor
+    groups) price a message once."""
+    key = (id(cluster), options)
+    found = _SHARED.get(key)
+    if found is None:
+        if len(_SHARED) > 8:
+            _SHARED.clear()
+        found = _SHARED[key] = (cluster, {})  # holding the cluster keeps its id from being reused
+    curves = found[1]
+    if len(curves) > CURVES_KEPT:
+        curves.clear()
+    return curves
+
+
 class Pricer:
     """Curves of one rank layout on one cluster, keyed as planner.plan keys its price cache."""
 
-    def __init__(self, cluster: Cluster, options: Options | None = None):
+    def __init__(self, cluster: Cluster, options: Options | None = None, curves: dict | None = None):
         self.cluster, self.options = cluster, options or Options()
-        self._curves: dict[tuple, Curve] = {}
+        self._curves: dict[tuple, Curve] = {} if curves is None else curves  # shared_curves: across shapes
+        self._by_array: dict[tuple, tuple[np.ndarray, Curve]] = {}
 
     def curve(self, op: Op, placement: np.ndarray) -> Curve:
+        """The curve of ``op`` on ``placement``. Placements come from the rank layout's memo (read-only
+        arrays, the same object for the same group and stages), so the reduction below (neighbourhood and
+        canonical move: most of the pricing time in a search) is done once per array, not per template."""
+        key = (op, id(placement))
+        found = self._by_array.get(key)
+        if found is None:
+            # holding the array keeps its id from being reused
+            found = self._by_array[key] = (placement, self._reduced_curve(op, placement))
+        return found[1]
+
+    def _reduced_curve(self, op: Op, placement: np.ndarray) -> Curve:
         priced_on, _ = canonical(neighbourhood(placement, self.cluster), self.cluster)
         key = (op, priced_on.shape, priced_on.tobytes())
         found = self._curves.get(key)
@@ -113,4 +146,4 @@ class Pricer:
         return found
 
 
-__all__ = ["Curve", "Pricer"]
+__all__ = ["Curve", "Pricer", "shared_curves"]

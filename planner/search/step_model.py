@@ -32,6 +32,7 @@ communication of the busiest stage (``Plan.totals.time_s``) and every layout fit
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -64,7 +65,7 @@ from ..memory import (
 )
 from ..model import ModelSpec
 from ..parallel import ParallelSpec
-from ..pipeline import Schedule, StagePass, pipeline_time
+from ..pipeline import Schedule, StagePass, in_flight, pipeline_time
 from ..step import (
     Overlap,
     StageStep,
@@ -116,6 +117,27 @@ class SplitContext(Context):
 
 
 _SPLITS: dict = {}
+# Per-stage parts shared across shapes and variants, keyed on what the step and memory functions read
+# (``_passes``, ``_activation_bytes``); the layout part of a key is interned to a small int first, so that a
+# stage's lookup hashes an int and not the workload.
+_STAGE_PASSES: dict = {}  # (layer key, dense layers, MoE layers, last stage) -> (forward, backward, attention)
+_LAYERS: dict = {}  # (layer key, MoE) -> (layer forward, attention forward, layer backward)
+_STAGE_ACTS: dict = {}  # (layer key, dense layers, MoE layers, last stage, in flight) -> activation bytes
+_INTERNED: dict = {}  # layer key -> (int, the objects whose ids it holds, kept alive with it)
+_SERIAL = itertools.count()
+INTERNED_KEPT = 16384  # layer keys (model, workload, tp, cp, SP, ...); the memos above go with them
+
+
+def _interned(key: tuple, *held) -> int:
+    found = _INTERNED.get(key)
+    if found is None:
+        if len(_INTERNED) >= INTERNED_KEPT:
+            for memo in (_INTERNED, _STAGE_PASSES, _LAYERS, _STAGE_ACTS):
+                memo.clear()
+        found = _INTERNED[key] = (next(_SERIAL), held)
+    return found[0]
+
+
 _TOTALS: dict = {}
 TOTALS_KEPT = 4096  # (model, tp, pp, virtual stages, framework, ...) entries of a few numbers per stage
 REL_TOLERANCE = 1e-9  # the restated sums add the same terms in another order: rounding only
@@ -249,9 +271,18 @@ class StepModel:
         if found is None:
             ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
             sched = schedule_of(ctx)
-            found = self._acts[key] = np.array(
-                [stage_activation_bytes(ctx, s, sched) for s in range(par.pp)], dtype=np.int64
-            )
+            # what memory.stage_activation_bytes reads (b·s/cp tokens, tp, SP, the workload and the model;
+            # of the stage: its layers, whether it holds the head, and its micro-batches in flight), so
+            # stages and variants that agree on those share one call
+            layer_key = _interned((id(self.model), ctx.work, par.tp, par.cp, par.sp), self.model)
+            out = []
+            for s in range(par.pp):
+                stage_key = (layer_key, ctx.dense_layers(s), ctx.moe_layers(s), ctx.is_last(s), in_flight(sched, s))
+                size = _STAGE_ACTS.get(stage_key)
+                if size is None:
+                    size = _STAGE_ACTS[stage_key] = stage_activation_bytes(ctx, s, sched)
+                out.append(size)
+            found = self._acts[key] = np.array(out, dtype=np.int64)
         return found
 
     def fits(self, par: ParallelSpec, b: int, rc: str, rows=None) -> bool:
@@ -278,26 +309,52 @@ class StepModel:
         key = (self._key(par, zero=False, framework=False), b, rc)
         found = self._compute.get(key)
         if found is None:
-            ctx, eff = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0)), EFFICIENCY
-            layers = {}
+            ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
+            # what compute.py's layer_forward, layer_backward and _head read of the layout (b·s/cp tokens,
+            # tp, SP, the expert split) with b, recompute and the workload: not pp, dp, v or the schedule
+            layer_key = _interned(
+                (id(self.model), id(self.gpu), ctx.work, par.tp, par.cp, par.sp, par.ep, par.expert_tp, rc),
+                self.model,
+                self.gpu,
+            )
             found = []
             for stage in range(par.pp):
-                fwd, bwd, attn = PassTime(), PassTime(), 0.0
-                for moe, count in ((False, ctx.dense_layers(stage)), (True, ctx.moe_layers(stage))):
-                    if not count:
-                        continue
-                    if moe not in layers:
-                        layers[moe] = layer_forward(ctx, moe, self.gpu, eff)
-                    layer, attn_s = layers[moe]
-                    fwd = fwd + layer.scaled(count)
-                    attn += attn_s * count
-                    bwd = bwd + layer_backward(ctx, layer, self.gpu, eff, rc).scaled(count)
-                if ctx.is_last(stage):
-                    head = _head(ctx, self.gpu, eff)
-                    fwd = fwd + head
-                    bwd = bwd + head_backward(head)
-                found.append((fwd, bwd, attn))
+                dense, moe, last = ctx.dense_layers(stage), ctx.moe_layers(stage), ctx.is_last(stage)
+                part = _STAGE_PASSES.get((layer_key, dense, moe, last))
+                if part is None:
+                    part = self._stage_passes(ctx, layer_key, dense, moe, last, rc)
+                found.append(part)
             self._compute[key] = found
+        return found
+
+    def _stage_passes(self, ctx: Context, layer_key: int, dense: int, moe: int, last: bool, rc: str):
+        """One stage of ``_passes``: its dense and MoE layers' passes scaled and summed, then the head, in
+        compute._stage_compute's order (so the sums round alike); memoised across shapes and variants on
+        what it reads (stages with the same layers, at any pp, dp or schedule, share it)."""
+        eff = EFFICIENCY
+        fwd, bwd, attn = PassTime(), PassTime(), 0.0
+        for is_moe, count in ((False, dense), (True, moe)):
+            if not count:
+                continue
+            layer, attn_s, back = self._layer(ctx, layer_key, is_moe, rc)
+            fwd = fwd + layer.scaled(count)
+            attn += attn_s * count
+            bwd = bwd + back.scaled(count)
+        if last:
+            head = _head(ctx, self.gpu, eff)
+            fwd = fwd + head
+            bwd = bwd + head_backward(head)
+        part = (fwd, bwd, attn)
+        _STAGE_PASSES[(layer_key, dense, moe, last)] = part
+        return part
+
+    def _layer(self, ctx: Context, layer_key: int, moe: bool, rc: str) -> tuple[PassTime, float, PassTime]:
+        """compute.layer_forward and layer_backward of one layer, memoised on ``layer_key``."""
+        found = _LAYERS.get((layer_key, moe))
+        if found is None:
+            layer, attn_s = layer_forward(ctx, moe, self.gpu, EFFICIENCY)
+            back = layer_backward(ctx, layer, self.gpu, EFFICIENCY, rc)
+            found = _LAYERS[(layer_key, moe)] = (layer, attn_s, back)
         return found
 
     def _optimizer(self, par: ParallelSpec) -> list[float]:
@@ -468,7 +525,7 @@ class StepModel:
         key = (id(rows), m, zero if reads_zero else None)
         found = self._sum_memo.get(key)
         if found is None:
-            acc: dict[str, np.ndarray] = {}
+            lists: dict[str, tuple[list[float], list[float], list[float]]] = {}
             p2p = 0.0
             for row in rows:
                 c, t = row.call, row.price.time_s
@@ -476,13 +533,17 @@ class StepModel:
                 if stream == "pp":
                     p2p = max(p2p, t)
                     continue
-                cell = acc.get(stream)
+                cell = lists.get(stream)
                 if cell is None:
-                    cell = acc[stream] = np.zeros((3, p))
+                    cell = lists[stream] = ([0.0] * p, [0.0] * p, [0.0] * p)
+                # plain floats, added in the same order as into an array (numpy's element-wise += is slow)
+                times, counts, sizes = cell
+                n = c.calls_per_iteration
                 for s in c.stages:
-                    cell[0, s] += c.calls_per_iteration * t
-                    cell[1, s] += c.calls_per_iteration
-                    cell[2, s] += c.calls_per_iteration * c.message_bytes
+                    times[s] += n * t
+                    counts[s] += n
+                    sizes[s] += float(n * c.message_bytes)
+            acc = {stream: np.array(cell, dtype=np.float64) for stream, cell in lists.items()}
             found = self._sum_memo[key] = (rows, acc, p2p)  # holding rows keeps its id from being reused
         return found[1], found[2]
 
@@ -498,26 +559,29 @@ class StepModel:
             for stream, cell in sums.items():
                 acc[stream] = acc[stream] + cell if stream in acc else cell
         none = np.zeros((3, p))
-        grad, gather, tail = acc.get("grad_reduce", none), acc.get("param_gather", none), acc.get("tail", none)
+        # plain lists: the per-stage loop below reads single elements, which numpy indexing makes slow
+        grad, gather = acc.get("grad_reduce", none).tolist(), acc.get("param_gather", none).tolist()
+        tail = acc.get("tail", none)[0].tolist()
         prefetch = _prefetch(ctx, flags)
         passes = {
-            (phase, kind): acc[f"{kind}.{phase}"][0] / m
+            phase: [
+                (kind, (acc[f"{kind}.{phase}"][0] / m).tolist())
+                for kind in ("tp", "ep", "cp", "cp.ring", "dp")
+                if f"{kind}.{phase}" in acc
+            ]
             for phase in ("forward", "backward")
-            for kind in ("tp", "ep", "cp", "cp.ring", "dp")
-            if f"{kind}.{phase}" in acc
         }
         for st in stages:
             i = st.stage
-            st.grad_reduce_s, st.grad_buckets, st.grad_bytes = float(grad[0, i]), int(grad[1, i]), int(grad[2, i])
-            st.param_gather_s, st.param_units = float(gather[0, i]), int(gather[1, i])
-            st.param_bytes = int(gather[2, i])
-            st.tail_s = float(tail[0, i])
+            st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[0][i], int(grad[1][i]), int(grad[2][i])
+            st.param_gather_s, st.param_units = gather[0][i], int(gather[1][i])
+            st.param_bytes = int(gather[2][i])
+            st.tail_s = tail[i]
             comp = st.compute
             for phase, pass_time in (("forward", comp.forward), ("backward", comp.backward)):
                 exposed = 0.0
-                for kind in ("tp", "ep", "cp", "cp.ring", "dp"):
-                    per = passes.get((phase, kind))
-                    t = float(per[i]) if per is not None else 0.0
+                for kind, per in passes[phase]:
+                    t = per[i]
                     if not t:
                         continue
                     if kind == "tp" and flags.tp_comm_overlap:
