@@ -119,8 +119,8 @@ def _library_series(op, sizes, placement, cluster) -> list[Series]:
         prices = [
             price_call(op, s, placement, cluster, pricing="library", nccl_algo=algo, nccl_proto=proto) for s in sizes
         ]
-        channels = prices[0].channels
-        note = f"NCCL model, {channels} channel{'s' if channels != 1 else ''}; runs as the {prices[0].algorithm} schedule"
+        channels = f"{prices[0].channels} channel{'s' if prices[0].channels != 1 else ''}"
+        note = f"NCCL model, {channels}; runs as the {prices[0].algorithm} schedule"
         times, busbw = [p.time_s for p in prices], [p.busbw_GBps for p in prices]
         out.append(Series(f"{NCCL_NAMES[algo]}/{proto}", times, busbw, note))
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,16 +142,27 @@ def _pool(workers: int) -> cf.ProcessPoolExecutor:
     if pool is None:
         # fork: a worker starts in milliseconds with the planner already imported, and runs only the pure
         # chunk function (no locks of the server's threads are taken in it)
-        pool = _POOL[workers] = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        pool = _POOL[workers] = cf.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("fork"), initializer=_plain_signals
+        )
     return pool
+
+
+def _plain_signals() -> None:
+    """A forked worker inherits the server's handlers: uvicorn's SIGTERM handler only flags a server the worker
+    does not run, so a SIGTERM sent to the service's process group would leave it computing. SIGTERM ends it
+    again; SIGINT (a terminal's Ctrl-C reaches the whole process group) is left to the parent, which stops its
+    pool."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _drop_pool(workers: int) -> None:
     pool = _POOL.pop(workers, None)
     if pool is None:
         return
-    for proc in list(getattr(pool, "_processes", {}).values()):  # terminate our own workers, by handle
-        proc.terminate()
+    for proc in list(getattr(pool, "_processes", {}).values()):  # kill our own workers, by handle: a worker
+        proc.kill()  # still starting has the inherited handlers (_plain_signals), which may ignore SIGTERM
     pool.shutdown(wait=False, cancel_futures=True)
 
 
