@@ -468,3 +468,12 @@ def test_nvlstree_tree_correction_on_blackwell_x86_since_2_29():
     assert corrected(shape, Features(cpu_vendor="arm")) == 1.0
     assert corrected(replace(shape, version="2.28"), Features()) == 1.0
     assert corrected(Shape(90, 2, 8, 18 * 20.6, True, 8, 50.0), Features()) == 1.0
+
+
+def test_nvls_needs_two_channels_one_nic_per_node_has_one_head():
+    # tuning.cc ncclTopoTuneModel: "NVLS/NVLStree needs at least 2 channels"; across nodes a head per NIC
+    # (search.cc), so one NIC per node leaves NVLSTree out instead of dividing by a zero bandwidth
+    cands = candidates(Op.ALLREDUCE, Shape(90, 2, 8, 18 * 20.6, True, 1, 50.0), Features(), RAW)
+    assert "nvls_tree" not in {c.algorithm for c in cands} and {"ring", "tree"} <= {c.algorithm for c in cands}
+    cluster = Cluster(replace(cluster_preset("dgx-h100", 2), nics_per_node=1))
+    assert price_call(Op.ALLREDUCE, GIB, np.arange(16)[None, :], cluster, pricing="library").time_s > 0

@@ -179,6 +179,8 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     bw = g.bw_intra if nodes <= 2 or collnet else g.bw_inter
     achieved = 1.0
     if a in ("nvls", "nvls_tree"):
+        if g.channels < 2:  # tuning.cc: "NVLS/NVLStree needs at least 2 channels" (one NIC per node: one head)
+            return None
         bw = _nvls_channel_bw(op, a, g, g.bw_intra, shape, ppn)
         achieved = _nvls_channel_bw(op, a, g, max(g.bw_intra, _node_nvls_speed(shape)), shape, ppn) / bw
     bus = g.channels * bw
