@@ -151,8 +151,15 @@ def _gpu(block) -> GPUSpec:
     for dtype in block.peak_tflops:
         if dtype not in DTYPES:
             raise SpecError("cluster.gpu.peak_tflops", f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-    return GPUSpec(block.name, dict(block.peak_tflops), block.hbm_bytes, block.hbm_GBps, block.sm, block.nvlink_links,
-                   "given in the request")
+    return GPUSpec(
+        block.name,
+        dict(block.peak_tflops),
+        block.hbm_bytes,
+        block.hbm_GBps,
+        block.sm,
+        block.nvlink_links,
+        "given in the request",
+    )
 
 
 def _present(block) -> dict:

@@ -51,7 +51,8 @@ class Exploration:
     op: Op
     stages: tuple[int, ...]
     group_size: int
-    groups_priced: int
+    groups_priced: int  # the groups the price is computed on (group 0's neighbourhood, or every group)
+    num_groups: int  # the call's groups; those not priced are alike by the cluster's symmetry
     message_bytes: int
     sizes: list[int]
     series: list[Series]
@@ -90,7 +91,8 @@ def explore(
         auto = [f"{NCCL_NAMES[c.algorithm]}/{c.protocol}" for c in picks]
     else:
         auto = [price_call(call.op, s, priced_on, cluster, "auto", which=options.candidates).algorithm for s in sizes]
-    return Exploration(call.name, call.op, call.stages, n, groups, call.message_bytes, sizes, series, auto)
+    num_groups = layout.placement(call.group, call.stages).shape[0]
+    return Exploration(call.name, call.op, call.stages, n, groups, num_groups, call.message_bytes, sizes, series, auto)
 
 
 def _series(op, algorithm, sizes, placement, cluster) -> Series:

@@ -214,6 +214,7 @@ PRICE_CACHE = 20_000
 SITES_CACHE = 16
 _SITES: OrderedDict = OrderedDict()
 
+
 @dataclass(frozen=True)
 class _Site:
     """Where one call's groups sit, and the placement that prices them: the neighbourhood of group 0 moved

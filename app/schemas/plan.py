@@ -395,7 +395,8 @@ class ExploreOut(Out):
     op: str
     stages: list[int]
     group_size: int
-    groups_priced: int
+    groups_priced: int = Field(description="the groups the price is computed on, all at once (contention)")
+    num_groups: int = Field(description="the call's groups; those not priced are alike by the cluster's symmetry")
     message_bytes: int
     sizes: list[int]
     series: list[SeriesOut]

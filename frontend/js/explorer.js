@@ -48,6 +48,9 @@ export async function explore(call) {
   // without a price at any size is missing from the chart.
   const skipped = body.series.filter((s) => s.time_s.every((t) => t === null)).map((s) => (s.note ? `${s.algorithm} (${s.note})` : s.algorithm));
   const cross = body.auto.map((a, i) => (i && a !== body.auto[i - 1] ? `${body.auto[i - 1]} → ${a} near ${fmtBytes(body.sizes[i])}` : null)).filter(Boolean);
-  $("explorer-note").textContent = `${body.group_size} ranks, ${body.groups_priced} group${body.groups_priced > 1 ? "s" : ""} priced together. `
+  const priced = body.groups_priced === body.num_groups
+    ? `${body.num_groups === 1 ? "its one group" : `all ${body.num_groups} groups`} priced together`
+    : `${body.groups_priced} of its ${body.num_groups} groups priced together (the others alike by the cluster's symmetry)`;
+  $("explorer-note").textContent = `${body.group_size} ranks, ${priced}. `
     + (cross.length ? `Auto switches ${cross.join("; ")}. ` : `Auto picks ${body.auto[0]} at every size. `) + (skipped.length ? `Not shown: ${skipped.join("; ")}.` : "");
 }

@@ -121,10 +121,11 @@ def test_explore_prices_the_plan_s_groups(api, options, call, nodes, parallel):
     pick = f"{row['nccl_algorithm']}/{row['protocol']}" if library else row["algorithm"]
     assert seen["auto"][i] == pick
     assert {s["algorithm"]: s for s in seen["series"]}[pick]["time_s"][i] == row["time_s"]
-    assert seen["groups_priced"] == row["num_groups"]  # custom maps and full contention price every group
+    assert seen["groups_priced"] == seen["num_groups"] == row["num_groups"]  # custom maps, full contention: all
     plain = {**request, "options": {"pricing": options["pricing"]}}
     default = api.post("/v1/plan/explore", json={"request": plain, "call": call, "sizes": [1024]}).json()
     assert (default["groups_priced"], default["series"]) != (seen["groups_priced"], seen["series"])
+    assert default["groups_priced"] <= default["num_groups"] == row["num_groups"]  # group 0's neighbourhood
 
 
 @pytest.mark.parametrize(

@@ -301,6 +301,12 @@ def test_first_visit_shows_the_plan(page):
     missing = {s["algorithm"] for s in explored["series"] if all(t is None for t in s["time_s"])}
     assert missing and len(missing) < len(explored["series"])
     expect(page.locator("#explorer")).to_have_attribute("data-call", "tp.attn.qkv (stage 0)")
+    # the groups priced are the neighbourhood of group 0, out of all the call's groups (it said "32 groups
+    # priced together" of a call with 64)
+    assert explored["groups_priced"] < explored["num_groups"]
+    expect(page.locator("#explorer-note")).to_contain_text(
+        f"{explored['groups_priced']} of its {explored['num_groups']} groups priced together"
+    )
     not_shown = page.locator("#explorer-note").inner_text().partition("Not shown: ")[2]
     for s in explored["series"]:
         listed = re.search(rf"(^|; ){re.escape(s['algorithm'])}( \(|;|\.$)", not_shown) is not None
