@@ -273,20 +273,16 @@ def fit(
     stages: list[dict] = []
     plan = [p for p in _stages(fittable, pricer, start, bandwidth_min_bytes, latency_max_bytes) if p[1] and p[2]]
     rejected = []
-    for stage, rows, names, tiebreak in plan:
-        current, current_pred, kept = _stage(
-            stage, rows, names, tiebreak, obs, measured, current, current_pred, pricer, stages
-        )
+    for part in plan:
+        current, current_pred, kept = _try([part], obs, measured, current, current_pred, pricer, stages)
         if not kept:
-            rejected.append((stage, rows, names, tiebreak))
+            rejected.append(part)
     if rejected and len(rejected) < len(plan):  # a stage that raised the error may not once the other moved
-        for stage, rows, names, tiebreak in rejected:
-            current, current_pred, _ = _stage(
-                stage, rows, names, tiebreak, obs, measured, current, current_pred, pricer, stages
-            )
+        for part in rejected:
+            current, current_pred, _ = _try([part], obs, measured, current, current_pred, pricer, stages)
     elif len(rejected) == len(plan) > 1:  # neither helps alone where both are off (a lower efficiency and
         # a lower latency cancel on mid sizes): the stages in turn, kept together on the same two tests
-        current, current_pred = _joint(plan, obs, measured, current, current_pred, pricer, stages)
+        current, current_pred, _ = _try(plan, obs, measured, current, current_pred, pricer, stages)
     fitted = Constants()
     for name in current.names():  # values within 0.1% of the default are the default
         if abs(_coordinate(name, current.get(name)) - _coordinate(name, default_value(name))) > 1e-3:
@@ -297,72 +293,45 @@ def fit(
     return FitResult(fitted, rows, _median_rel(before, measured), _median_rel(current_pred, measured), stages)
 
 
-def _stage(stage, rows, names, tiebreak, obs, measured, current, current_pred, pricer, stages):
-    """Search ``names`` on ``rows``; keep the result only if it lowers the median error over all rows by more
-    than MIN_GAIN and, fitted on either half of the rows (every other one), it does not raise the median error
-    of the rows that half left out: a constant moves only when moving it also predicts rows it was not fitted
-    on."""
-    candidate = _search(rows, names, current, pricer, tiebreak)
+def _try(plan, obs, measured, current, current_pred, pricer, stages):
+    """Search each stage's ``names`` on its rows, in turn; keep the result only if it lowers the median error
+    over all rows by more than MIN_GAIN and, fitted on either half of the rows (every other one), it does not
+    raise the median error of the rows that half left out: a constant moves only when moving it also predicts
+    rows it was not fitted on. Records the attempt (errors over the stages' own rows) in ``stages``."""
+
+    def fitted(half: int | None) -> Constants:
+        start = current
+        for _, rows, names, tiebreak in plan:
+            part = rows if half is None else rows[half::2]
+            start = _search(part, names, start, pricer, tiebreak) if part else start
+        return start
+
+    def holds_out(half: int) -> bool:
+        used = {o for _, rows, _, _ in plan for o in rows[half::2]}
+        if not used:
+            return True
+        idx = [i for i, o in enumerate(obs) if o not in used]
+        constants = fitted(half)
+        pred = np.array([pricer.busbw(obs[i], constants) for i in idx])
+        return _median_rel(pred, measured[idx]) <= _median_rel(current_pred[idx], measured[idx])
+
+    candidate = fitted(None)
     pred = np.array([pricer.busbw(o, candidate) for o in obs])
     gain = _median_rel(current_pred, measured) - _median_rel(pred, measured)
-    kept = gain > MIN_GAIN and all(_holds_out(rows[h::2], names, tiebreak, obs, measured, current, current_pred, pricer)
-                                   for h in (0, 1))  # fmt: skip
-    members = set(rows)
+    kept = gain > MIN_GAIN and all(holds_out(h) for h in (0, 1))
+    members = {o for _, rows, _, _ in plan for o in rows}
     idx = [i for i, o in enumerate(obs) if o in members]
     stages.append(
         {
-            "stage": stage,
-            "parameters": names,
-            "rows": len(rows),
+            "stage": "+".join(p[0] for p in plan),
+            "parameters": [n for p in plan for n in p[2]],
+            "rows": len(members),
             "median_error_before": _median_rel(current_pred[idx], measured[idx]),
             "median_error_after": _median_rel(pred[idx], measured[idx]),
             "kept": bool(kept),
         }
     )
     return (candidate, pred, True) if kept else (current, current_pred, False)
-
-
-def _joint(plan, obs, measured, current, current_pred, pricer, stages):
-    """Every stage searched in turn from the one before; kept only as _stage keeps one stage: it lowers
-    the median error over all rows, and fitted on either half of every stage's rows it does not raise the
-    error of the rows that half left out."""
-
-    def run(start: Constants, half: int | None) -> Constants:
-        for _, rows, names, tiebreak in plan:
-            start = _search(rows if half is None else rows[half::2], names, start, pricer, tiebreak)
-        return start
-
-    def median_error(constants: Constants, idx: list[int]) -> float:
-        return _median_rel(np.array([pricer.busbw(obs[i], constants) for i in idx]), measured[idx])
-
-    candidate = run(current, None)
-    pred = np.array([pricer.busbw(o, candidate) for o in obs])
-    kept = _median_rel(pred, measured) < _median_rel(current_pred, measured) - MIN_GAIN
-    for h in (0, 1) if kept else ():
-        used = {o for _, rows, _, _ in plan for o in rows[h::2]}
-        idx = [i for i, o in enumerate(obs) if o not in used]
-        kept = kept and median_error(run(current, h), idx) <= _median_rel(current_pred[idx], measured[idx])
-    stages.append(
-        {
-            "stage": "+".join(p[0] for p in plan),
-            "parameters": [n for p in plan for n in p[2]],
-            "rows": len({o for p in plan for o in p[1]}),
-            "median_error_before": _median_rel(current_pred, measured),
-            "median_error_after": _median_rel(pred, measured),
-            "kept": bool(kept),
-        }
-    )
-    return (candidate, pred) if kept else (current, current_pred)
-
-
-def _holds_out(half, names, tiebreak, obs, measured, current, current_pred, pricer) -> bool:
-    if not half:
-        return True
-    candidate = _search(half, names, current, pricer, tiebreak)
-    used = set(half)
-    idx = [i for i, o in enumerate(obs) if o not in used]
-    pred = np.array([pricer.busbw(obs[i], candidate) for i in idx])
-    return _median_rel(pred, measured[idx]) <= _median_rel(current_pred[idx], measured[idx])
 
 
 def _median_rel(pred: np.ndarray, measured: np.ndarray) -> float:

@@ -150,8 +150,8 @@ def _nvls_across_nodes(shape: Shape, max_heads: int) -> Graph | None:
     i = next((k for k, v in enumerate(arr) if v <= _max_bw(shape) + EPS), len(arr) - 1)
     best: tuple[int, float] | None = None
     while True:
-        fits = [c for c in range(max_heads, 0, -1) if _heads_fit(shape, c, arr[i])]
-        c = fits[0] if fits and arr[i] <= shape.net_bw + EPS else 0
+        heads_fit = math.floor((shape.gpu_bw + EPS) / arr[i]) - 1  # the most that _heads_fit allows
+        c = max(0, min(max_heads, heads_fit)) if arr[i] <= shape.net_bw + EPS else 0
         if c and (best is None or c > best[0] or c * arr[i] > best[0] * best[1] + EPS):
             best = (c, arr[i])
         if (best and best[0] == max_heads) or i == len(arr) - 1 or (best and arr[i + 1] / best[1] <= 0.49):
