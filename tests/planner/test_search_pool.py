@@ -15,6 +15,15 @@ def _spin(seconds: float) -> int:
     return os.getpid()
 
 
+def _gone(pid: int) -> bool:
+    """No running process ``pid``: none at all, or a zombie waiting to be reaped (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
 def test_a_dropped_pool_stops_its_busy_workers_at_once():
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a server's handler that only flags
     try:
@@ -30,7 +39,9 @@ def test_a_dropped_pool_stops_its_busy_workers_at_once():
         engine._drop_pool(2)
         for proc in workers:
             proc.join(5)
-        assert [proc.exitcode for proc in workers] == [-signal.SIGKILL] * 2
+        # stopped: exited, or reaped by another waiter (the executor's own thread may reap a worker first, and
+        # Process.exitcode then stays None), never still spinning
+        assert all(proc.exitcode == -signal.SIGKILL or _gone(proc.pid) for proc in workers)
         assert time.monotonic() - start < 5  # not the 20 s they were asked to spin
     finally:
         signal.signal(signal.SIGTERM, previous)
