@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
     cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
     cal.add_argument("--format", choices=("table", "json"), default="table")
+    dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
+    dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
+    dep.add_argument("--format", choices=("table", "json"), default="table")
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "calibrate":
         return _calibrate(args)
+    if args.command == "serve-plan":
+        return _serve_plan(args)
     if args.command in ("search", "sweep"):
         from .search_cli import search_command, sweep_command
 
@@ -112,6 +117,56 @@ def _plan(args) -> int:
         sys.stdout.write(output)
     except BrokenPipeError:  # `commplan plan ... | head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _serve_plan(args) -> int:
+    from planner.serving import plan_serving
+
+    from .convert import serve_inputs
+    from .schemas.serve import ServeRequest
+    from .serialize import serve_dict
+    from .settings import Settings
+
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        result = serve_dict(
+            plan_serving(*serve_inputs(ServeRequest.model_validate(json.loads(text)), Settings.from_env()))
+        )
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
+        return 2
+    except ValidationError as err:
+        return _invalid(err)
+    except (SpecError, CollectiveError) as err:
+        print(f"commplan: {err}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return 0
+    tp = result["throughput"]
+    ttft = "unbounded (saturated)" if result["ttft_s"] is None else human_seconds(result["ttft_s"])
+    lines = [
+        f"GPUs {result['gpus']}  TTFT {ttft}  TPOT {human_seconds(result['tpot_s'])}  fits {result['fits']}",
+        f"output {tp['output_tokens_per_s']:,.0f} tokens/s, {tp['output_tokens_per_s_per_gpu']:,.1f} per GPU, "
+        f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s; "
+        f"bound by {result['bottleneck']}",
+        f"KV cache {result['kv_cache']['bytes_per_token']:,} B/token, {result['kv_cache']['capacity_tokens']:,} "
+        f"tokens per worker, {result['kv_cache']['max_concurrency']:,} requests",
+    ]
+    if result["kv_transfer"]:
+        kv = result["kv_transfer"]
+        lines.append(
+            f"KV transfer {human_bytes(kv['bytes_per_request'])} per request in {human_seconds(kv['time_s'])} "
+            f"over {kv['bottleneck']}"
+        )
+    for p in result["pools"]:
+        lines.append(
+            f"pool {p['role']}: {p['gpus']} GPUs, batch {p['batch']}, step {human_seconds(p['step_s'])}, "
+            f"{len(p['calls'])} calls per step"
+        )
+    lines += [f"warning: {w}" for w in result["warnings"]]
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -58,7 +58,7 @@ def model_spec(block: ModelIn) -> ModelSpec:
 # (a training request's batch_size 64 planned a global batch of 1, the default).
 ONLY_FOR = {
     "training": ("micro_batch_size", "global_batch_size", "activation_recompute"),
-    "inference": ("phase", "batch_size", "context_length"),
+    "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }
 
 
@@ -207,12 +207,36 @@ def spec_dict(spec) -> dict:
     return out
 
 
+def serve_inputs(body, settings: Settings):
+    """plan_serving's inputs for a POST /v1/serve body, after the work of every step it will plan is estimated
+    from the same workers it plans (planner.serving.worker_inputs) and found within the budget."""
+    from planner.serving import MTP, Pool, ServeOptions, Traffic, engine, worker_inputs
+
+    from .limits import Estimate, plan_work, refuse
+
+    cluster = cluster_spec(body.cluster, settings)
+    model = model_spec(body.model)
+    traffic = Traffic(**body.traffic.model_dump())
+    pools = tuple(Pool(**p.model_dump()) for p in body.deployment.pools)
+    opts = body.options.model_dump()
+    opts["mtp"] = MTP(**opts["mtp"]) if opts["mtp"] else None
+    options_ = ServeOptions(**opts)
+    traits = engine(body.engine)
+    total = Estimate()
+    for role, work, par, sub, plans in worker_inputs(model, cluster, traits, traffic, pools, options_):
+        est = plan_work(model, work, par, sub, Options(timeline=False))
+        total.add(est.units * plans, f"{plans} steps of the {role} pool ({est.biggest})")
+    refuse(total, settings.max_work, "deployment")
+    return model, cluster, traits, traffic, pools, options_
+
+
 __all__ = [
     "cluster_spec",
     "model_spec",
     "options",
     "parallel_spec",
     "plan_inputs",
+    "serve_inputs",
     "spec_dict",
     "workload_spec",
 ]

@@ -94,6 +94,9 @@ class WorkloadIn(Strict):
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     moe_dispatch_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    kv_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="inference: the KV cache's dtype (vLLM --kv-cache-dtype); null: activation dtype"
+    )
 
 
 class ParallelIn(Strict):
