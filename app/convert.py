@@ -207,10 +207,19 @@ def spec_dict(spec) -> dict:
     return out
 
 
+def serve_options(block):
+    """A serve request's options block as planner.serving.ServeOptions."""
+    from planner.serving import MTP, ServeOptions
+
+    opts = block.model_dump()
+    opts["mtp"] = MTP(**opts["mtp"]) if opts["mtp"] else None
+    return ServeOptions(**opts)
+
+
 def serve_inputs(body, settings: Settings):
     """plan_serving's inputs for a POST /v1/serve body, after the work of every step it will plan is estimated
     from the same workers it plans (planner.serving.worker_inputs) and found within the budget."""
-    from planner.serving import MTP, Pool, ServeOptions, Traffic, engine, worker_inputs
+    from planner.serving import Pool, Traffic, engine, worker_inputs
 
     from .limits import Estimate, plan_work, refuse
 
@@ -218,9 +227,7 @@ def serve_inputs(body, settings: Settings):
     model = model_spec(body.model)
     traffic = Traffic(**body.traffic.model_dump())
     pools = tuple(Pool(**p.model_dump()) for p in body.deployment.pools)
-    opts = body.options.model_dump()
-    opts["mtp"] = MTP(**opts["mtp"]) if opts["mtp"] else None
-    options_ = ServeOptions(**opts)
+    options_ = serve_options(body.options)
     traits = engine(body.engine)
     total = Estimate()
     for role, work, par, sub, plans in worker_inputs(model, cluster, traits, traffic, pools, options_):
@@ -237,6 +244,7 @@ __all__ = [
     "parallel_spec",
     "plan_inputs",
     "serve_inputs",
+    "serve_options",
     "spec_dict",
     "workload_spec",
 ]

@@ -6,7 +6,7 @@ models' compiled writers (app/schemas/write.py) without validating the typed pla
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 from pydantic_core import to_json
 
@@ -15,6 +15,7 @@ from planner.plan import Plan
 from planner.search import SearchResult
 from planner.search.space import Layout
 from planner.serving import ServePlan
+from planner.serving.search import ServeSearchResult
 
 from .schemas.plan import BatchItem, CallOut, ExploreOut, MemoryOut, PlanOut, StepOut
 from .schemas.write import writer
@@ -92,9 +93,40 @@ def serve_dict(plan: ServePlan) -> dict:
     }
 
 
+def serve_search_dict(result: ServeSearchResult, base: dict, candidates: int) -> dict:
+    """The body of POST /v1/serve/search; ``base`` holds the request's model, cluster and options blocks as
+    given, so each deployment's ``request`` can be posted to /v1/serve as it is."""
+
+    def request(c) -> dict:
+        traffic = {k: v for k, v in asdict(c.traffic).items() if v is not None}
+        pools = [{k: v for k, v in asdict(p).items() if v is not None} for p in c.pools]
+        return base | {"engine": c.engine, "traffic": traffic, "deployment": {"pools": pools}}
+
+    return {
+        "results": [
+            {"engine": c.engine, "mode": c.mode, "request": request(c), "meets_sla": c.meets_sla,
+             "answer": serve_dict(c.plan)}
+            for c in result.results
+        ],
+        "pareto": [
+            {"engine": c.engine, "mode": c.mode, "request": request(c), "output_tokens_per_s_per_gpu": c.per_gpu,
+             "tokens_per_s_per_user": c.per_user, "ttft_s": c.plan.ttft_s, "tpot_s": c.plan.tpot_s}
+            for c in result.pareto
+        ],
+        "evaluated": result.evaluated,
+        "candidates": candidates,
+        "rejected": result.rejected,
+        "why": result.why,
+    }  # fmt: skip
+
+
 def serve_json(plan: ServePlan) -> bytes:
     """The body of POST /v1/serve."""
     return _json(serve_dict(plan))
+
+
+def serve_search_json(result: ServeSearchResult, base: dict, candidates: int) -> bytes:
+    return _json(serve_search_dict(result, base, candidates))
 
 
 def exploration_json(exploration: Exploration) -> bytes:

@@ -121,7 +121,7 @@ def validate_parallel(par: ParallelSpec, model: ModelSpec, work: WorkloadSpec, n
             f"{num_devices} devices",
         )
     _fits_model(par, model)
-    _fits_moe(par, model)
+    _fits_moe(par, model, work)
     _fits_workload(par, model, work)
 
 
@@ -243,7 +243,7 @@ def _uneven_stages(par: ParallelSpec, m: ModelSpec) -> None:
         )
 
 
-def _fits_moe(par: ParallelSpec, m: ModelSpec) -> None:
+def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
     if m.moe is None:
         # expert_tp equal to tp is what Megatron's default resolves to, harmless on a dense model
         if par.ep > 1 or par.expert_tp not in (1, par.tp):
@@ -271,7 +271,8 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec) -> None:
             "parallel.expert_tp",
             f"expert_ffn_hidden_size {m.moe.expert_ffn_hidden_size} is not divisible by expert_tp {par.expert_tp}",
         )
-    if par.tp > 1 and par.ep > 1 and not par.sequence_parallel and par.framework == "megatron":
+    # a training rule (megatron/training/arguments.py); serving engines run TP + EP with all-reduces
+    if par.tp > 1 and par.ep > 1 and not par.sequence_parallel and par.framework == "megatron" and work.training:
         raise SpecError("parallel.sequence_parallel", "Megatron requires sequence_parallel with MoE, tp > 1 and ep > 1")
 
 

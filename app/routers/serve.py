@@ -5,13 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from planner import SpecError
 from planner.serving import plan_serving
+from planner.serving.search import SLA, candidates, search_serving
 
-from ..convert import serve_inputs
+from ..convert import cluster_spec, model_spec, serve_inputs, serve_options
 from ..errors import BAD_INPUT
 from ..limits import run_bounded
-from ..schemas.serve import ServeOut, ServeRequest
-from ..serialize import serve_json
+from ..schemas.serve import ServeOut, ServeRequest, ServeSearchOut, ServeSearchRequest
+from ..serialize import serve_json, serve_search_json
 
 router = APIRouter(prefix="/v1/serve", tags=["serve"])
 
@@ -28,3 +30,39 @@ router = APIRouter(prefix="/v1/serve", tags=["serve"])
 async def serve(body: ServeRequest, request: Request) -> Response:
     settings = request.app.state.settings
     return await run_bounded(request, lambda: serve_json(plan_serving(*serve_inputs(body, settings))))
+
+
+@router.post(
+    "/search",
+    responses=BAD_INPUT,
+    response_model=ServeSearchOut,
+    summary="The best serving deployments under an SLA",
+    description="Every engine and mode asked for, each pool's layout and the prefill:decode split, ranked by output "
+    "tokens/s per GPU among the deployments that meet the TTFT/TPOT limits, with the Pareto front of tokens/s per "
+    "GPU against tokens/s per user and why the winner wins. Bounded up front (COMMPLAN_MAX_SERVE_CANDIDATES).",
+)
+async def serve_search(body: ServeSearchRequest, request: Request) -> Response:
+    settings = request.app.state.settings
+
+    def work() -> bytes:
+        from planner.serving import Traffic
+
+        cluster = cluster_spec(body.cluster, settings)
+        model = model_spec(body.model)
+        traffic = Traffic(**body.traffic.model_dump())
+        engines, modes = tuple(dict.fromkeys(body.engines)), tuple(dict.fromkeys(body.modes))
+        count = len(candidates(model, cluster, traffic, engines, modes))
+        if count > settings.max_serve_candidates:
+            raise SpecError(
+                "cluster",
+                f"{count:,} deployments to plan, above the limit of {settings.max_serve_candidates:,} "
+                f"(COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or a smaller cluster",
+            )
+        result = search_serving(
+            model, cluster, traffic, engines, modes, SLA(**body.sla.model_dump()), serve_options(body.options),
+            body.top_k,
+        )  # fmt: skip
+        base = body.model_dump(include={"model", "cluster", "options"}, exclude_unset=True)
+        return serve_search_json(result, base, count)
+
+    return await run_bounded(request, work)

@@ -129,3 +129,65 @@ class ServeOut(Out):
     pools: list[PoolOut]
     kv_transfer: KVTransferOut | None
     warnings: list[str]
+
+
+class SLAIn(Strict):
+    ttft_s: float | None = Field(default=None, gt=0, le=3600, description="time to first token at most")
+    tpot_s: float | None = Field(default=None, gt=0, le=60, description="time per output token at most")
+
+
+class ServeSearchRequest(Strict):
+    model: ModelIn
+    cluster: ClusterIn = Field(description="the GPU budget: deployments use at most its devices")
+    traffic: TrafficIn
+    engines: list[Literal["vllm", "sglang", "trtllm"]] = Field(
+        default_factory=lambda: ["vllm", "sglang", "trtllm"], min_length=1, max_length=3
+    )
+    modes: list[Literal["aggregated", "disaggregated"]] = Field(
+        default_factory=lambda: ["aggregated", "disaggregated"], min_length=1, max_length=2
+    )
+    sla: SLAIn = Field(default_factory=SLAIn)
+    options: ServeOptionsIn = Field(default_factory=ServeOptionsIn)
+    top_k: int = Field(default=10, ge=1, le=100)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": {"preset": "deepseek-v3"},
+                    "cluster": {"preset": "dgx-h100", "num_nodes": 12},
+                    "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 256},
+                    "sla": {"ttft_s": 5.0, "tpot_s": 0.05},
+                    "options": {"weight_dtype": "fp8"},
+                }
+            ]
+        },
+    )
+
+
+class ServeCandidateOut(Out):
+    engine: str
+    mode: str
+    request: dict = Field(description="the POST /v1/serve body of this deployment, to post as it is")
+    meets_sla: bool
+    answer: ServeOut
+
+
+class ParetoPointOut(Out):
+    engine: str
+    mode: str
+    request: dict
+    output_tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    ttft_s: float | None
+    tpot_s: float
+
+
+class ServeSearchOut(Out):
+    results: list[ServeCandidateOut] = Field(description="meet the SLA and fit, best tokens/s per GPU first")
+    pareto: list[ParetoPointOut] = Field(description="tokens/s per GPU against tokens/s per user, every load tried")
+    evaluated: int
+    candidates: int
+    rejected: dict[str, int]
+    why: str

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -194,6 +195,7 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
     )
 
 
+@lru_cache(maxsize=512)  # value keys (frozen specs); the SLA search plans a layout's steps once per split
 def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
     """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks."""
     return build_plan(model, _work(options, phase, batch, context), w.par, w.cluster, Options(timeline=False))

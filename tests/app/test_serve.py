@@ -97,3 +97,41 @@ def test_cli_serve_plan():
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert bad.returncode != 0 and "engine" in bad.stderr
+
+
+def test_serve_search_over_http_round_trips_its_winner(api):
+    body = {
+        "model": {"preset": "llama3-70b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+        "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 128},
+        "engines": ["vllm", "sglang"],
+        "sla": {"ttft_s": 3.0, "tpot_s": 0.06},
+        "top_k": 3,
+    }
+    r = api.post("/v1/serve/search", json=body)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert 1 <= len(d["results"]) <= 3 and d["pareto"] and d["candidates"] >= d["evaluated"] // 3
+    best = d["results"][0]
+    assert best["meets_sla"] and best["answer"]["tpot_s"] <= 0.06
+    again = api.post("/v1/serve", json=best["request"]).json()
+    assert again["throughput"] == best["answer"]["throughput"]
+
+
+def test_serve_search_over_its_limit_is_refused_up_front():
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 8},
+        "traffic": {"input_tokens": 100, "output_tokens": 100, "concurrency": 8},
+    }
+    from app.settings import Settings
+
+    from .conftest import Api
+
+    tight = Api(Settings(max_serve_candidates=10))
+    try:
+        r = tight.post("/v1/serve/search", json=body)
+    finally:
+        tight.close()
+    assert r.status_code == 422
+    assert "COMMPLAN_MAX_SERVE_CANDIDATES" in r.json()["detail"][0]["msg"]

@@ -138,3 +138,39 @@ def test_a_model_too_big_for_its_pool_is_an_answer_that_does_not_fit():
     assert not out.fits and out.kv_cache.capacity_tokens == 0
     assert any("does not fit" in w for w in out.warnings)
     assert math.isfinite(out.tpot_s)
+
+
+# ---- the SLA search ---------------------------------------------------------------------------------------
+
+
+def test_sla_search_ranks_by_tokens_per_gpu_and_keeps_its_promises():
+    from planner.serving.search import MODES, SLA, candidates, pareto_front, search_serving
+
+    cluster = cluster_preset("dgx-h100", 2)
+    traffic = Traffic(2000, 200, concurrency=128)
+    sla = SLA(ttft_s=3.0, tpot_s=0.06)
+    out = search_serving(LLAMA70B, cluster, traffic, ("vllm",), MODES, sla)
+    assert out.results, out.why
+    per_gpu = [c.per_gpu for c in out.results]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    for c in out.results:
+        assert c.meets_sla and c.plan.ttft_s <= 3.0 and c.plan.tpot_s <= 0.06 and c.plan.fits
+        assert c.plan.gpus <= 16
+        # the search's numbers are plan_serving's own for the same deployment (one model, many callers)
+        again = plan_serving(LLAMA70B, cluster, engine("vllm"), c.traffic, c.pools)
+        assert again.output_tokens_per_s_per_gpu == c.per_gpu and again.tpot_s == c.plan.tpot_s
+    # the front: no point beaten on both axes by any deployment tried
+    front = pareto_front(out.pareto)
+    assert front == out.pareto
+    assert len(candidates(LLAMA70B, cluster, traffic, ("vllm",), MODES)) > len({c.pools for c in out.results})
+    assert "bound by" in out.why
+
+
+def test_sla_search_that_nothing_meets_says_so():
+    from planner.serving.search import SLA, search_serving
+
+    out = search_serving(
+        LLAMA70B, cluster_preset("dgx-h100", 1), Traffic(2000, 200, concurrency=64), ("vllm",), ("aggregated",),
+        SLA(tpot_s=0.001),
+    )  # fmt: skip
+    assert out.results == [] and "no deployment meets the SLA" in out.why and out.pareto
