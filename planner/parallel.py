@@ -13,7 +13,7 @@ from .workload import WorkloadSpec
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 FRAMEWORKS = ("megatron", "torch", "deepspeed")
 CP_COMM = ("p2p", "all_gather", "a2a")
-EP_DISPATCH = ("alltoall", "deepep")
+EP_DISPATCH = ("alltoall", "deepep", "deepep_ll")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
@@ -84,7 +84,9 @@ class ParallelSpec:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     zero_config: ZeroConfig = field(default_factory=ZeroConfig)  # DeepSpeed flavour only
-    ep_dispatch: str = "alltoall"  # alltoall | deepep (node-limited, RDMA then NVLink: DeepSeek-V3 §3.2)
+    # alltoall | deepep (normal kernels: node-limited, RDMA then NVLink: DeepSeek-V3 §3.2) | deepep_ll (DeepEP's
+    # low-latency kernels for decoding: one direct send per token and expert, rules/expert.py)
+    ep_dispatch: str = "alltoall"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "expert_tp_given", self.expert_tp is not None)
@@ -277,6 +279,11 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
 
 
 def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
+    if par.ep_dispatch == "deepep_ll" and w.training:
+        raise SpecError(
+            "parallel.ep_dispatch",
+            "deepep_ll runs DeepEP's low-latency kernels, which serve inference decoding; training uses deepep",
+        )
     seq = (w.seq_length or m.seq_length) if w.training or w.context_length is None else w.context_length
     if w.training or w.phase == "prefill":
         if par.cp > 1 and seq % (2 * par.cp):

@@ -116,7 +116,9 @@ class ParallelIn(Strict):
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
     framework: Literal["megatron", "torch", "deepspeed"] | None = None
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
-    ep_dispatch: Literal["alltoall", "deepep"] | None = None
+    ep_dispatch: Literal["alltoall", "deepep", "deepep_ll"] | None = Field(
+        default=None, description="deepep_ll: DeepEP's low-latency kernels (inference decoding only)"
+    )
     zero_config: dict[str, float] | None = Field(
         default=None,
         description="DeepSpeed zero_optimization names in elements: reduce_bucket_size, allgather_bucket_size, "

@@ -29,8 +29,10 @@ class PoolIn(Strict):
     dp: int = Field(default=1, ge=1, le=1 << 12, description="attention ranks of one worker")
     ep: int = Degree
     attention_dp: bool = False
-    ep_dispatch: Literal["alltoall", "allgather", "deepep"] | None = Field(
-        default=None, description="null: the engine's default"
+    ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll"] | None = Field(
+        default=None,
+        description="null: the engine's default; deepep: normal kernels, and low-latency ones for decode where the "
+        "engine switches (SGLang --deepep-mode auto)",
     )
     max_batch_tokens: int | None = Field(default=None, ge=1, le=1 << 20, description="null: the engine's default")
 

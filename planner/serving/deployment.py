@@ -95,6 +95,7 @@ class _Worker:
     par: ParallelSpec
     cluster: ClusterSpec
     batch_tokens: int
+    decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
 
 
 def plan_serving(
@@ -163,7 +164,10 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     except SpecError as err:
         name = err.field.removeprefix("parallel").lstrip(".")
         raise SpecError(f"{where}.{name}" if name else where, err.rule) from None
-    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens)
+    decode = par
+    if dispatch == "deepep" and traits.deepep_low_latency_decode:
+        decode = replace(par, ep_dispatch="deepep_ll")
+    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode)
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -198,7 +202,8 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
 @lru_cache(maxsize=512)  # value keys (frozen specs); the SLA search plans a layout's steps once per split
 def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
     """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks."""
-    return build_plan(model, _work(options, phase, batch, context), w.par, w.cluster, Options(timeline=False))
+    par = w.decode_par if phase == "decode" else w.par
+    return build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
 
 
 def _prefill(model: ModelSpec, w: _Worker, options: ServeOptions, isl: int) -> tuple[Plan, int]:

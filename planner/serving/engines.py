@@ -24,6 +24,9 @@ class EngineTraits:
     page_tokens: int  # tokens per KV-cache block
     attention_dp: bool  # whether attention can run data-parallel inside a worker
     sources: tuple[str, ...]
+    # DeepEP's mode switch: with "deepep", decode steps run the low-latency kernels (deepep_ll) and prefill the
+    # normal ones; False: the mode asked for runs in both phases
+    deepep_low_latency_decode: bool = False
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -41,7 +44,7 @@ VLLM = register(
         # --all2all-backend allgather_reducescatter is vLLM's default; the planner prices it as its all-to-all
         # token exchange until the all-gather dispatcher is modelled (docs/serving.md, "not modelled")
         ep_dispatch="alltoall",
-        ep_dispatches=("alltoall", "deepep"),
+        ep_dispatches=("alltoall", "deepep", "deepep_ll"),
         # vllm/engine/arg_utils.py: default max_num_batched_tokens 8192 for the OpenAI API server (chunked
         # prefill on); vllm/config/cache.py: gpu_memory_utilization 0.9, block_size 16
         max_batch_tokens=8192,
@@ -56,7 +59,7 @@ SGLANG = register(
         "sglang",
         "SGLang",
         ep_dispatch="alltoall",
-        ep_dispatches=("alltoall", "deepep"),
+        ep_dispatches=("alltoall", "deepep", "deepep_ll"),
         # python/sglang/srt/server_args.py: chunked_prefill_size 8192 on 80-96 GB GPUs; mem_fraction_static
         # about 0.88 there (it is derived from the GPU's memory and TP size); page_size 1
         max_batch_tokens=8192,
@@ -64,6 +67,9 @@ SGLANG = register(
         page_tokens=1,
         attention_dp=True,
         sources=("python/sglang/srt/server_args.py", "python/sglang/srt/layers/dp_attention.py"),
+        # --deepep-mode auto (the default): low_latency for decode batches, normal for prefill
+        # (python/sglang/srt/layers/moe/utils.py DeepEPMode.resolve)
+        deepep_low_latency_decode=True,
     )
 )
 TRTLLM = register(
@@ -71,7 +77,7 @@ TRTLLM = register(
         "trtllm",
         "TensorRT-LLM",
         ep_dispatch="alltoall",
-        ep_dispatches=("alltoall", "deepep"),
+        ep_dispatches=("alltoall", "deepep", "deepep_ll"),
         # tensorrt_llm/llmapi/llm_args.py: max_num_tokens 8192; KvCacheConfig free_gpu_memory_fraction 0.9 of
         # the memory left after weights; tokens_per_block 32
         max_batch_tokens=8192,
@@ -79,6 +85,8 @@ TRTLLM = register(
         page_tokens=32,
         attention_dp=True,
         sources=("tensorrt_llm/llmapi/llm_args.py", "_torch/modules/fused_moe/communication/communication_factory.py"),
+        # communication_factory.py: DeepEPLowLatency for generation when DeepEP is selected
+        deepep_low_latency_decode=True,
     )
 )
 

@@ -135,3 +135,21 @@ def test_serve_search_over_its_limit_is_refused_up_front():
         tight.close()
     assert r.status_code == 422
     assert "COMMPLAN_MAX_SERVE_CANDIDATES" in r.json()["detail"][0]["msg"]
+
+
+def test_plan_with_deepep_low_latency_over_http(api):
+    body = {
+        "model": {"preset": "deepseek-v3"},
+        "workload": {"kind": "inference", "phase": "decode", "batch_size": 2048, "context_length": 4096,
+                     "moe_dispatch_dtype": "fp8"},
+        "parallel": {"tp": 1, "dp": 16, "ep": 16, "ep_dispatch": "deepep_ll"},
+        "cluster": {"preset": "hgx-h800", "num_nodes": 2},
+    }  # fmt: skip
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    ep = {c["name"]: c for c in r.json()["calls"] if c["parallelism"] == "ep"}
+    assert ep["ep.dispatch.ll"]["message_bytes"] == 7_569_408
+    assert 100e-6 < ep["ep.dispatch.ll"]["time_s"] < 136e-6  # DeepEP's table: 118 us at EP 16
+    training = body | {"workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16}}
+    bad = api.post("/v1/plan", json=training)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "ep_dispatch"
