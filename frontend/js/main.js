@@ -8,6 +8,7 @@ import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
 import { applyLayout, initSearch, renderSearch } from "./search.js";
 import { initCalibrate, showActiveCalibration } from "./calibrate.js";
+import { initServe, serveBody } from "./serve.js";
 import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
@@ -163,9 +164,10 @@ async function start() {
   $("step-next").addEventListener("click", () => { stopPlay(); step(1); });
   $("step-play").addEventListener("click", togglePlay);
   initSearch(loadLayout);
+  initServe();
   initCalibrate((constants) => { state.calibration = constants; $("scenario").value = ""; schedulePlan(0); });
   await runPlan();
 }
 
-window.commplan = { state, render, runPlan, renderSearch };  // for the browser tests and the curious
+window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime };  // for the browser tests and the curious
 start();

@@ -438,25 +438,33 @@ def _mtp_overhead(model: ModelSpec, options: ServeOptions) -> float:
 
 
 def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets) -> KVTransfer:
-    """A request's KV moves from the prefill worker's ranks that hold distinct parts of it (one per pipeline
-    stage and per distinct KV shard across TP; one rank of an attention-DP group) to the decode worker's ranks
-    holding the same layers, all prefill workers sending at once, priced on the whole cluster's graph."""
+    """A request's KV moves from the prefill worker's ranks that hold distinct parts of it to the decode
+    worker's ranks that will hold them, all prefill workers sending at once, priced on the whole cluster's graph.
+
+    Parts: per pipeline stage, the KV heads split over ``min(tp, kv_heads)`` ranks on each side (MLA: one
+    latent, held whole by every TP rank, sent once as TensorRT-LLM's mlaCacheFormatter does). Where the two
+    sides split the heads differently each prefill rank sends to every decode rank that holds some of its heads
+    (cacheFormatter.cpp splitKVCacheDispatch): ``max`` of the two splits pairs, each an equal share. A request
+    lives on one attention-DP rank; prefill worker w's requests go to decode worker w mod workers and to its
+    attention rank w mod dp, so concurrent transfers spread as the engines' round-robin spreads them."""
     kv_x = DTYPE_BYTES[options.kv]
     whole = model.num_layers * model.kv_token_bytes(1, kv_x) * isl
-    shards = 1 if model.mla else min(p_w.par.tp, model.kv_heads)
-    senders = p_w.par.pp * shards
-    message = -(-whole // senders)
+    p_par, d_par = p_w.par, d_w.par
+    p_split, d_split = (1, 1) if model.mla else (min(p_par.tp, model.kv_heads), min(d_par.tp, model.kv_heads))
+    n = max(p_split, d_split)
+    message = -(-whole // (p_par.pp * n))
     pairs = []
-    p_size, d_size = p_pool.worker_gpus, d_pool.worker_gpus
     for wk in range(p_pool.workers):
-        src0 = offsets[0] + wk * p_size
-        dst0 = offsets[1] + (wk % d_pool.workers) * d_size
-        for s in range(p_w.par.pp):
-            for t in range(shards):
-                src = src0 + s * p_w.par.tp * p_w.par.dp + t  # tp fastest, then dp, then pp (Megatron order)
-                d_stage = s * d_w.par.pp // p_w.par.pp
-                dst = dst0 + d_stage * d_w.par.tp * d_w.par.dp + t % d_w.par.tp
+        src0 = offsets[0] + wk * p_pool.worker_gpus + (wk % p_par.dp) * p_par.tp  # tp fastest, then dp, then pp
+        dst_worker = wk % d_pool.workers
+        dst0 = offsets[1] + dst_worker * d_pool.worker_gpus + (wk % d_par.dp) * d_par.tp
+        for s in range(p_par.pp):
+            d_stage = s * d_par.pp // p_par.pp
+            for i in range(n):
+                src = src0 + s * p_par.tp * p_par.dp + i * p_split // n
+                dst = dst0 + d_stage * d_par.tp * d_par.dp + i * d_split // n
                 pairs.append((src, dst))
+    senders = p_par.pp * p_split
     whole_cluster = cluster_for(cluster)
     price = price_call(Op.SENDRECV, message, np.array(pairs, dtype=np.int64), whole_cluster, "auto", top_links=3)
     busiest = price.links[0] if price.links else None
