@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
-    dep.add_argument("--format", choices=("table", "json"), default="table")
+    dep.add_argument("--format", choices=("table", "json", "launch"), default="table")
+    dep.add_argument("--model-path", default="", help="launch: what the engine loads (default: the model's name)")
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -122,6 +123,7 @@ def _plan(args) -> int:
 
 def _serve_plan(args) -> int:
     from planner.serving import plan_serving
+    from planner.serving.launch import launch_commands, render
 
     from .convert import serve_inputs
     from .schemas.serve import ServeRequest
@@ -130,9 +132,15 @@ def _serve_plan(args) -> int:
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        result = serve_dict(
-            plan_serving(*serve_inputs(ServeRequest.model_validate(json.loads(text)), Settings.from_env()))
-        )
+        inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), Settings.from_env())
+        if args.format == "launch":
+            if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
+                raise SpecError("--model-path", "may not hold control characters")
+            model, cluster, traits, _, pools, options = inputs
+            path = args.model_path or model.name or "MODEL"
+            output = render(launch_commands(path, traits, pools, options, cluster.devices_per_node), traits.label)
+        else:
+            result = serve_dict(plan_serving(*inputs))
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
@@ -141,6 +149,9 @@ def _serve_plan(args) -> int:
     except (SpecError, CollectiveError) as err:
         print(f"commplan: {err}", file=sys.stderr)
         return 2
+    if args.format == "launch":
+        sys.stdout.write(output)
+        return 0
     if args.format == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return 0

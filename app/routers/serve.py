@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from planner import SpecError
 from planner.serving import plan_serving
+from planner.serving.launch import launch_commands, render
 from planner.serving.search import SLA, candidates, search_serving
 
 from ..convert import cluster_spec, model_spec, serve_inputs, serve_options
@@ -66,3 +67,32 @@ async def serve_search(body: ServeSearchRequest, request: Request) -> Response:
         return serve_search_json(result, base, count)
 
     return await run_bounded(request, work)
+
+
+@router.post(
+    "/export",
+    responses=BAD_INPUT | {200: {"content": {"text/x-shellscript": {}}}},
+    summary="The deployment as its engine's launch commands",
+    description="A POSIX shell script: one line per worker with the engine's own flags (vllm serve, "
+    "python -m sglang.launch_server, trtllm-serve), every argument quoted. `model_path` is what the engine loads "
+    "(a Hugging Face repository or a local path); it may not hold control characters.",
+)
+async def export(
+    body: ServeRequest,
+    request: Request,
+    model_path: str = Query(default="", max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$"),
+) -> Response:
+    settings = request.app.state.settings
+
+    def work() -> bytes:
+        model, cluster, traits, _, pools, options = serve_inputs(body, settings)
+        path = model_path or model.name or "MODEL"
+        launches = launch_commands(path, traits, pools, options, cluster.devices_per_node)
+        return render(launches, traits.label).encode()
+
+    response = await run_bounded(request, work)
+    return Response(
+        response.body,
+        media_type="text/x-shellscript",
+        headers={"content-disposition": f'attachment; filename="serve-{body.engine}.sh"'},
+    )

@@ -97,6 +97,13 @@ def test_cli_serve_plan():
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert bad.returncode != 0 and "engine" in bad.stderr
+    launch = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve-plan", str(ROOT / "examples/serve-llama3-70b.json"), "--format",
+         "launch", "--model-path", "$(touch PWNED)"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert launch.returncode == 0, launch.stderr
+    assert launch.stdout.count("vllm serve '$(touch PWNED)' --tensor-parallel-size 8") == 2
 
 
 def test_serve_search_over_http_round_trips_its_winner(api):
@@ -153,3 +160,55 @@ def test_plan_with_deepep_low_latency_over_http(api):
     training = body | {"workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16}}
     bad = api.post("/v1/plan", json=training)
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "ep_dispatch"
+
+
+HOSTILE = ["$(touch PWNED)", "x; touch PWNED #", "`touch PWNED`", "a'b\"c", "--tp-size 99", "x && touch PWNED"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_launch_export_runs_only_the_launcher(api, tmp_path, engine):
+    """Every argument is quoted: the script, run with dummy launchers first on PATH, starts exactly the engine
+    with the model path as one argument, whatever it holds, and nothing else."""
+    body = json.loads(json.dumps(DSV3)) | {"engine": engine}
+    for pool in body["deployment"]["pools"]:
+        pool["ep_dispatch"] = "deepep_ll" if engine != "vllm" else "alltoall"
+    body["options"]["mtp"] = {"draft_tokens": 1, "acceptance": 1.8}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "argv.log"
+    for name in ("vllm", "python3", "trtllm-serve"):
+        dummy = bin_dir / name
+        dummy.write_text(f'#!/bin/sh\nprintf "%s\\0" "{name}" "$@" >> "{log}"\nprintf "\\n" >> "{log}"\n')
+        dummy.chmod(0o755)
+    for path in HOSTILE:
+        r = api.post("/v1/serve/export", params={"model_path": path}, json=body)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/x-shellscript")
+        script = tmp_path / "serve.sh"
+        script.write_text(r.text)
+        assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+        log.unlink(missing_ok=True)
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "DP_START_RANK": "0"}
+        done = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert not (tmp_path / "PWNED").exists()
+        runs = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
+        assert len(runs) == 2  # one prefill worker, one decode worker
+        for argv in runs:
+            assert path in argv  # the model path arrives whole, as one argument
+            launcher = {"vllm": ["vllm", "serve"], "sglang": ["python3", "-m", "sglang.launch_server"]}.get(engine)
+            assert argv[: len(launcher or ["trtllm-serve"])] == (launcher or ["trtllm-serve"])
+    bad = api.post("/v1/serve/export", params={"model_path": "x\ntouch PWNED"}, json=body)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "model_path"]
+
+
+def test_launch_export_flags_by_engine(api):
+    body = json.loads(json.dumps(DSV3)) | {"engine": "sglang"}
+    for pool in body["deployment"]["pools"]:
+        pool["ep_dispatch"] = "deepep_ll"
+    text = api.post("/v1/serve/export", params={"model_path": "deepseek-ai/DeepSeek-V3"}, json=body).text
+    prefill, decode = [line for line in text.splitlines() if line.startswith("python3")]
+    # DP attention: --tp-size is the worker's GPUs, --dp-size its attention ranks (server_args.py)
+    assert "--tp-size 32 --dp-size 32 --enable-dp-attention" in prefill and "--ep-size 32" in prefill
+    assert "--moe-a2a-backend deepep --deepep-mode low_latency" in decode and "--disaggregation-mode decode" in decode
+    assert '--node-rank "${NODE_RANK}"' in decode  # a 64-GPU worker spans 8 nodes
