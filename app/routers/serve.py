@@ -46,12 +46,13 @@ async def serve_search(body: ServeSearchRequest, request: Request) -> Response:
     settings = request.app.state.settings
 
     def work() -> bytes:
-        from planner.serving import Traffic
+        from planner.serving import Traffic, validate_traffic
 
         cluster = cluster_spec(body.cluster, settings)
         model = model_spec(body.model)
         traffic = Traffic(**body.traffic.model_dump())
         engines, modes = tuple(dict.fromkeys(body.engines)), tuple(dict.fromkeys(body.modes))
+        validate_traffic(traffic)
         count = len(candidates(model, cluster, traffic, engines, modes))
         if count > settings.max_serve_candidates:
             raise SpecError(

@@ -18,7 +18,9 @@ class TrafficIn(Strict):
     input_tokens: int = Tokens
     output_tokens: int = Tokens
     concurrency: int | None = Field(default=None, ge=1, le=1 << 22, description="requests in the system at once")
-    request_rate: float | None = Field(default=None, gt=0, le=1e6, description="requests per second (open loop)")
+    request_rate: float | None = Field(
+        default=None, ge=1e-6, le=1e6, description="requests per second (open loop), from one a million seconds"
+    )
 
 
 class PoolIn(Strict):

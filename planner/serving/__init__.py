@@ -3,7 +3,7 @@ on the planner's own inference plans (docs/serving.md)."""
 
 from .deployment import KVCache, KVTransfer, PoolResult, ServePlan, plan_serving, worker_inputs
 from .engines import ENGINES, EngineTraits, engine
-from .spec import MTP, Pool, ServeOptions, Traffic, validate_serving
+from .spec import MTP, Pool, ServeOptions, Traffic, validate_serving, validate_traffic
 
 __all__ = [
     "ENGINES",
@@ -19,5 +19,6 @@ __all__ = [
     "engine",
     "plan_serving",
     "validate_serving",
+    "validate_traffic",
     "worker_inputs",
 ]

@@ -19,7 +19,7 @@ from .._errors import SpecError
 from ..model import ModelSpec
 from .deployment import ServePlan, plan_serving
 from .engines import EngineTraits, engine
-from .spec import Pool, ServeOptions, Traffic
+from .spec import Pool, ServeOptions, Traffic, validate_options, validate_traffic
 
 MODES = ("aggregated", "disaggregated")
 LOAD_FRACTIONS = (1.0, 0.5, 0.25)  # the traffic's concurrency, and lighter loads, for the Pareto front
@@ -141,6 +141,8 @@ def search_serving(
     progress: Callable[[int, int], None] | None = None,
 ) -> ServeSearchResult:
     options = options or ServeOptions()
+    validate_traffic(traffic)
+    validate_options(options)
     for m in modes:
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
@@ -190,7 +192,7 @@ def _why(best: Candidate, at_load: list[Candidate]) -> str:
     runner = max(other, key=lambda c: c.per_gpu, default=None)
     if runner is None:
         lead = "the only deployment tried that meets the SLA"
-    elif runner.per_gpu >= best.per_gpu * 0.995:
+    elif runner.per_gpu >= best.per_gpu * 0.995 or runner.per_gpu <= 0:
         lead = f"ties with {runner.engine} {runner.mode} {' + '.join(_label(x) for x in runner.pools)}"
     else:
         lead = f"{best.per_gpu / runner.per_gpu - 1:.0%} more tokens/s per GPU than the next layout"

@@ -73,6 +73,12 @@ class ServeOptions:
 
 
 def validate_serving(traffic: Traffic, pools: tuple[Pool, ...], options: ServeOptions) -> None:
+    validate_traffic(traffic)
+    validate_pools(pools)
+    validate_options(options)
+
+
+def validate_traffic(traffic: Traffic) -> None:
     for name in ("input_tokens", "output_tokens"):
         value = getattr(traffic, name)
         if not 1 <= value <= MAX_TOKENS:
@@ -81,8 +87,11 @@ def validate_serving(traffic: Traffic, pools: tuple[Pool, ...], options: ServeOp
         raise SpecError("traffic", "give exactly one of concurrency and request_rate")
     if traffic.concurrency is not None and traffic.concurrency < 1:
         raise SpecError("traffic.concurrency", f"must be >= 1, got {traffic.concurrency}")
-    if traffic.request_rate is not None and not 0 < traffic.request_rate <= 1e6:
-        raise SpecError("traffic.request_rate", f"must be in (0, 1e6] requests/s, got {traffic.request_rate}")
+    if traffic.request_rate is not None and not 1e-6 <= traffic.request_rate <= 1e6:
+        raise SpecError("traffic.request_rate", f"must be in [1e-6, 1e6] requests/s, got {traffic.request_rate}")
+
+
+def validate_pools(pools: tuple[Pool, ...]) -> None:
     if not pools:
         raise SpecError("deployment.pools", "needs at least one pool")
     roles = [p.role for p in pools]
@@ -98,6 +107,9 @@ def validate_serving(traffic: Traffic, pools: tuple[Pool, ...], options: ServeOp
         raise SpecError(
             "deployment.pools", f"a disaggregated deployment is one 'prefill' and one 'decode' pool; got roles {roles}"
         )
+
+
+def validate_options(options: ServeOptions) -> None:
     for name in ("weight_dtype", "kv_dtype"):
         value = getattr(options, name)
         if value is not None and value not in DTYPE_BYTES:
@@ -116,4 +128,4 @@ def validate_serving(traffic: Traffic, pools: tuple[Pool, ...], options: ServeOp
         raise SpecError("options.transfer_overhead_s", f"must be in [0, 1] s, got {options.transfer_overhead_s}")
 
 
-__all__ = ["MTP", "Pool", "ServeOptions", "Traffic", "validate_serving"]
+__all__ = ["MTP", "Pool", "ServeOptions", "Traffic", "validate_options", "validate_serving", "validate_traffic"]
