@@ -94,18 +94,25 @@ def _plan(args) -> int:
     from .routers.plan import plan_of
     from .schemas.plan import PlanRequest
     from .serialize import plan_dict
+
+    def produce(text: str, settings) -> str:
+        plan = plan_of(PlanRequest.model_validate(json.loads(text)), settings)
+        if args.format in ("table", "json"):
+            result = plan_dict(plan)
+            return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
+        return render(plan, Format(args.format), args.stage, Launcher(args.launcher))
+
+    return _answer(args, produce)
+
+
+def _answer(args, produce) -> int:
+    """Read the request file (or standard input), write what ``produce(text, settings)`` makes of it; bad input
+    is exit status 2 with the field and the rule, as the service's 422."""
     from .settings import Settings
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        request = PlanRequest.model_validate(json.loads(text))
-        settings = Settings.from_env()
-        plan = plan_of(request, settings)
-        if args.format in ("table", "json"):
-            result = plan_dict(plan)
-            output = json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        else:
-            output = render(plan, Format(args.format), args.stage, Launcher(args.launcher))
+        output = produce(text, Settings.from_env())
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
@@ -128,33 +135,22 @@ def _serve_plan(args) -> int:
     from .convert import serve_inputs
     from .schemas.serve import ServeRequest
     from .serialize import serve_dict
-    from .settings import Settings
 
-    try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), Settings.from_env())
+    def produce(text: str, settings) -> str:
+        inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), settings)
         if args.format == "launch":
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
             path = args.model_path or model.name or "MODEL"
-            output = render(launch_commands(path, traits, pools, options, cluster.devices_per_node), traits.label)
-        else:
-            result = serve_dict(plan_serving(*inputs))
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
-        return 2
-    except ValidationError as err:
-        return _invalid(err)
-    except (SpecError, CollectiveError) as err:
-        print(f"commplan: {err}", file=sys.stderr)
-        return 2
-    if args.format == "launch":
-        sys.stdout.write(output)
-        return 0
-    if args.format == "json":
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        return 0
+            return render(launch_commands(path, traits, pools, options, cluster.devices_per_node), traits.label)
+        result = serve_dict(plan_serving(*inputs))
+        return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
+
+    return _answer(args, produce)
+
+
+def _serve_table(result: dict) -> str:
     tp = result["throughput"]
     ttft = "unbounded (saturated)" if result["ttft_s"] is None else human_seconds(result["ttft_s"])
     lines = [
@@ -177,8 +173,7 @@ def _serve_plan(args) -> int:
             f"{len(p['calls'])} calls per step"
         )
     lines += [f"warning: {w}" for w in result["warnings"]]
-    sys.stdout.write("\n".join(lines) + "\n")
-    return 0
+    return "\n".join(lines) + "\n"
 
 
 def _table(result: dict) -> str:
