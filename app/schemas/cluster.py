@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from collectives.topology import networks
+
 from .base import Strict
 
 Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s per direction; at least 1 MB/s")
@@ -21,7 +23,13 @@ class IntraIn(Strict):
 
 
 class NetworkIn(Strict):
-    topology: Literal["fat_tree", "torus", "dragonfly", "hypercube", "none"] | None = None
+    topology: str | None = Field(
+        default=None,
+        max_length=64,
+        description="a registered network (collectives/topology/networks/): "
+        + ", ".join(networks.names())
+        + "; another name is a 422 listing them",
+    )
     rail_optimized: bool | None = None
     nodes_per_leaf: int | None = Field(default=None, ge=1, le=1 << 16)
     num_spines: int | None = Field(default=None, ge=1, le=1 << 12)

@@ -6,18 +6,16 @@ transfer uses is index arithmetic on the device number (``dev_up[d] = d`` and so
 
 - inside a node: the intra fabric (switch: device up-link then the destination's down-link; full mesh:
   the direct link; ring: the shorter way round, split evenly when both ways are equally short);
-- between nodes: device -> its NIC (PCIe) -> network -> the destination's NIC -> device. On a fat-tree
-  the network part is leaf, or leaf -> spines -> leaf; ECMP spreads a leaf's traffic evenly over its
-  spine up-links, so the up-links of one leaf act as one bundle of their summed capacity (exact for an
-  even split). Torus, dragonfly and hypercube networks route over their router graph: every shortest path
-  is equally likely (ECMP), the share of each link comes from shortest-path counts, memoised per router
-  pair.
+- between nodes: device -> its NIC (PCIe) -> network -> the destination's NIC -> device. The network part
+  is the network plug-in's (networks/: one module per network, registered by name): on a fat-tree leaf,
+  or leaf -> spines -> leaf, the up-links of one leaf acting as one bundle (ECMP); on a torus, dragonfly or
+  hypercube every shortest router path, equally likely (ECMP), shares from shortest-path counts.
 
 :meth:`Cluster.graph` builds the same links as a networkx DiGraph with typed nodes for inspection and
-drawing; routing never needs it. The networks live in their own modules: fat_tree.py (leaves, rails, spine
-bundles) and routers.py (torus, dragonfly, hypercube); loads.py sums bytes per link. Each network module
-says its own unit of symmetry (``unit_nodes``, ``link_shifts``); :attr:`Cluster.symmetry_unit` and
-:meth:`Cluster.translate_link` turn that into devices and link ids, and symmetry.py prices with it.
+drawing; routing never needs it. :attr:`Cluster.network` is the plug-in built for this cluster: its link
+families come after the NICs', it routes between NICs, names its links' endpoints and says its unit of
+symmetry (``unit_nodes``, ``link_shifts``); :attr:`Cluster.symmetry_unit` and :meth:`Cluster.translate_link`
+turn that into devices and link ids, and symmetry.py prices with it. loads.py sums bytes per link.
 
 Clusters are immutable: :func:`cluster_for` builds one per spec and keeps the last ``CLUSTER_CACHE``
 (routing tables, link rates and labels are memoised on them).
@@ -32,9 +30,8 @@ import networkx as nx
 import numpy as np
 
 from .._errors import CollectiveError
-from .fat_tree import FatTree
 from .loads import Loads, _Loads, _ones_if_none, _pick
-from .routers import RouterNetwork
+from .networks import NetworkModel, network_type
 from .spec import ClusterSpec, validate_cluster
 
 __all__ = ["CLUSTER_CACHE", "Cluster", "Family", "Loads", "cluster_for"]
@@ -83,23 +80,13 @@ class Cluster:
         self._add("host_down", "pcie", n_dev, s.pcie_bandwidth_GBps, 0.0)
         self._add("nic_up", "nic", self.num_nodes * k, s.nic_bandwidth_GBps, s.nic_latency_s)
         self._add("nic_down", "nic", self.num_nodes * k, s.nic_bandwidth_GBps, s.nic_latency_s)
-        net = s.network
-        if net.topology == "fat_tree":
-            tree = self.fat_tree
-            self._add("leaf_up", "leaf_uplink", tree.num_leaves, tree.bundle_GBps, net.switch_latency_s)
-            self._add("leaf_down", "spine_downlink", tree.num_leaves, tree.bundle_GBps, net.switch_latency_s)
-        else:
-            self._add("router", "network_link", len(self.router_links), net.link_bandwidth_GBps, net.switch_latency_s)
+        for family in self.network.families():
+            self._add(*family)
 
     @cached_property
-    def fat_tree(self) -> FatTree:
-        s = self.spec
-        return FatTree(s.network, self.num_nodes, s.nics_per_node, s.nic_bandwidth_GBps)
-
-    @property
-    def network(self) -> FatTree | RouterNetwork:
-        """The network between nodes, as its own module models it."""
-        return self.fat_tree if self.spec.network.topology == "fat_tree" else self.routers
+    def network(self) -> NetworkModel:
+        """The network between nodes: the plug-in registered under the spec's ``network.topology``."""
+        return network_type(self.spec.network.topology)(self.spec)
 
     @cached_property
     def symmetry_unit(self) -> int | None:
@@ -226,9 +213,6 @@ class Cluster:
         """Global NIC index a device sends through: its rail's NIC (NIC i*K/D of its node)."""
         return self._nic_table[dev]
 
-    def leaf_of_nic(self, nic: np.ndarray) -> np.ndarray:
-        return self.fat_tree.leaf_of(nic)
-
     @cached_property
     def _nic_table(self) -> np.ndarray:
         k, d = self.spec.nics_per_node, self.per_node
@@ -309,11 +293,8 @@ class Cluster:
         nic_src, nic_dst = self.nic_of(src), self.nic_of(dst)
         loads.add(self._fam("nic_up") + nic_src, nbytes)
         loads.add(self._fam("nic_down") + nic_dst, nbytes)
-        endpoints = 2 * s.nic_latency_s
-        if s.network.topology == "fat_tree":
-            up, down = self._fam("leaf_up"), self._fam("leaf_down")
-            return endpoints + self.fat_tree.route(loads, up, down, nic_src, nic_dst, nbytes)
-        return endpoints + self._route_routers(loads, self.node_of(src), self.node_of(dst), _ones_if_none(nbytes, src))
+        network = self.network.route(loads, self._fam, nic_src, nic_dst, self.node_of(src), self.node_of(dst), nbytes)
+        return 2 * s.nic_latency_s + network
 
     def _route_in_network(self, loads, src, dst, nbytes, to_switch, from_switch, level) -> float:
         if level == "intra":
@@ -327,18 +308,6 @@ class Cluster:
         loads.add(self._fam("nic_down") + self.nic_of(down), nbytes[from_switch])
         loads.add(self._fam("host_down") + down, nbytes[from_switch])
         return self.spec.nic_latency_s + 2 * self.spec.network.switch_latency_s
-
-    # ---- router networks (torus, dragonfly, hypercube): routers.py -------------------------------------
-    @cached_property
-    def routers(self) -> RouterNetwork:
-        return RouterNetwork(self.spec.network, self.num_nodes)
-
-    @property
-    def router_links(self) -> list[tuple[int, int]]:
-        return self.routers.links
-
-    def _route_routers(self, loads, node_src, node_dst, nbytes) -> float:
-        return self.routers.route(loads, self._fam("router"), node_src, node_dst, nbytes)
 
     # ---- the graph view ----------------------------------------------------------------------------
     def graph(self) -> nx.DiGraph:
@@ -387,19 +356,9 @@ class Cluster:
         if name in ends:
             return ends[name]
         if name in ("nic_up", "nic_down"):
-            here = ("nic", i // k, i % k)
-            there = (
-                ("leaf", int(self.leaf_of_nic(np.int64(i))))
-                if self.spec.network.topology == "fat_tree"
-                else ("router", i // k)
-            )
+            here, there = ("nic", i // k, i % k), self.network.attach(i)
             return (here, there) if name == "nic_up" else (there, here)
-        if name == "leaf_up":
-            return ("leaf", i), ("spine", "all")
-        if name == "leaf_down":
-            return ("spine", "all"), ("leaf", i)
-        u, v = self.router_links[i]
-        return ("router", u), ("router", v)
+        return self.network.endpoints(name, i)
 
 
 @lru_cache(maxsize=CLUSTER_CACHE)
