@@ -224,8 +224,12 @@ def _loaded(loads) -> list[int]:
     return [int(link) for link in loads.links[loads.bytes > 0]]
 
 
+VERTEX_PREFIX = {"leaf": "l", "router": "r"}
+
+
 def _vid(cluster: Cluster, key: tuple) -> str:
-    """Drawing ids: d<device>, s<node>, c<global NIC>, l<leaf>, spine, r<router>."""
+    """Drawing ids: d<device>, s<node>, c<global NIC>, l<leaf>, spine, r<router>; a vertex kind of another
+    network plug-in: <kind>:<index> (its first letter could be taken)."""
     kind = key[0]
     if kind == "device":
         return f"d{key[1]}"
@@ -235,4 +239,4 @@ def _vid(cluster: Cluster, key: tuple) -> str:
         return f"c{key[1] * cluster.spec.nics_per_node + key[2]}"
     if kind == "spine":
         return "spine"
-    return f"{kind[0]}{key[1]}"
+    return f"{VERTEX_PREFIX.get(kind, kind + ':')}{key[1]}"
