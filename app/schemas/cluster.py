@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from collectives.topology import networks
+from collectives.topology import fabrics, networks
 
 from .base import Strict
 
@@ -15,7 +15,13 @@ Latency = Field(default=None, ge=0, le=1.0, description="seconds")
 
 
 class IntraIn(Strict):
-    fabric: Literal["switch", "full_mesh", "ring", "none"] | None = None
+    fabric: str | None = Field(
+        default=None,
+        max_length=64,
+        description="a registered fabric (collectives/topology/fabrics/): "
+        + ", ".join(fabrics.names())
+        + "; another name is a 422 listing them",
+    )
     bandwidth_GBps: float | None = Bandwidth
     latency_s: float | None = Latency
     in_network_reduction: bool | None = Field(default=None, description="NVLink SHARP (NVLS) in the switch")

@@ -48,7 +48,7 @@ def in_network_level(cluster: Cluster, placement: np.ndarray) -> str:
     one node, the network's switches (SHARP) otherwise."""
     one_node = bool((cluster.node_of(placement) == cluster.node_of(placement[:, :1])).all())
     spec = cluster.spec
-    if one_node and spec.intra.fabric == "switch" and spec.intra.in_network_reduction:
+    if one_node and cluster.fabric.reduces:
         return "intra"
     if not one_node and cluster.network.reduces:
         return "network"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from .._errors import CollectiveError
+from .fabrics import fabric_type
 from .gpu import GPUSpec
 from .networks import network_type
 
-INTRA_FABRICS = ("switch", "full_mesh", "ring", "none")
 NETWORK_KINDS = ("ib", "roce", "efa", "efa_sendrecv", "tcpxo")  # per-hop latency by kind: library/calibration.py
 CPU_VENDORS = ("intel", "amd", "arm")  # NCCL's llMaxBw across nodes and per-step net overhead depend on it
 NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in library/tables.py
@@ -17,7 +17,8 @@ NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in lib
 
 @dataclass(frozen=True)
 class IntraNode:
-    """The fabric inside one node (one NVLink domain).
+    """The fabric inside one node (one NVLink domain); ``fabric`` names a registered fabric plug-in
+    (fabrics/: one module each, ``fabrics.names()``).
 
     ``switch``: every device has ``bandwidth_GBps`` to a non-blocking switch (NVSwitch; the several
     switch chips of a DGX are one logical switch because traffic is sprayed over all of them).
@@ -138,16 +139,13 @@ def validate_cluster(spec: ClusterSpec) -> None:
             f"num_nodes x devices_per_node = {spec.num_nodes} x {spec.devices_per_node} = {spec.num_devices} "
             f"devices; at most {MAX_DEVICES} are supported",
         )
-    if spec.intra.fabric not in INTRA_FABRICS:
+    fabric = fabric_type(spec.intra.fabric)  # an unknown name is an error listing the registered ones
+    if spec.devices_per_node > 1 and not fabric.connects_devices:
         raise CollectiveError(
-            "intra.fabric", f"unknown fabric {spec.intra.fabric!r}; known: {', '.join(INTRA_FABRICS)}"
+            "intra.fabric",
+            f"{spec.intra.fabric!r} needs 1 device per node, got {spec.devices_per_node} (they would be disconnected)",
         )
-    if spec.intra.fabric == "none" and spec.devices_per_node > 1:
-        raise CollectiveError(
-            "intra.fabric", f"'none' needs 1 device per node, got {spec.devices_per_node} (they would be disconnected)"
-        )
-    if spec.intra.fabric != "none" or spec.devices_per_node > 1:
-        _bandwidth("intra.bandwidth_GBps", spec.intra.bandwidth_GBps)
+    fabric.validate(spec)  # the fabric's own rules (fabrics/<name>.py)
     _non_negative("intra.latency_s", spec.intra.latency_s)
     _one_of("network.kind", spec.network.kind, NETWORK_KINDS, "network kind")
     _one_of("cpu_vendor", spec.cpu_vendor, CPU_VENDORS, "CPU vendor")

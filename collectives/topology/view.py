@@ -171,7 +171,7 @@ class _Detailed(_Builder):
         c = self.cluster
         src, dst = np.repeat(gpus, gpus.size), np.tile(gpus, gpus.size)
         apart = src != dst
-        if c.spec.intra.fabric == "none":  # GPUs of a node do not talk to each other (Cluster.route refuses)
+        if not c.fabric.connects_devices:  # GPUs of a node do not talk to each other (Cluster.route refuses)
             apart &= c.node_of(src) != c.node_of(dst)
         found = set(_loaded(c.route(src[apart], dst[apart], None)[0]))
         if c.num_nodes > 1:  # a negative device is the network's switch (Cluster.route)

@@ -1,6 +1,7 @@
-"""A network is a plug-in (collectives/topology/networks/): a toy one registered here, in the test only, is
-planned on over HTTP like the built-in ones, its work estimate guards the service, and an unregistered name
-is a 422 naming the field and every registered network."""
+"""A network is a plug-in (collectives/topology/networks/), and so is a fabric inside a node (fabrics/): toy
+ones registered here, in the test only, are planned and priced on over HTTP like the built-in ones, a toy
+network's work estimate guards the service, and an unregistered name is a 422 naming the field and every
+registered name."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 
 from app.settings import Settings
 from collectives import CollectiveError
-from collectives.topology import networks
+from collectives.topology import fabrics, networks
+from collectives.topology.fabrics import FabricModel
 from collectives.topology.networks import NetworkModel
 
 from .conftest import Api
@@ -115,3 +117,41 @@ def test_a_name_registers_once_and_every_module_registers_itself():
     with pytest.raises(CollectiveError, match="network 'torus' is registered already"):
         networks.register(Other)
     assert networks.network_type("torus").__name__ == "Torus"
+
+
+class Bus(FabricModel):
+    """Every device of a node on one shared bus of ``bandwidth_GBps`` (both directions together)."""
+
+    name = "toy_bus"
+    summary = "one shared bus per node (test only)"
+
+    def families(self):
+        intra = self.intra
+        return [("bus", intra.link_name, self.spec.num_nodes, intra.bandwidth_GBps, intra.latency_s)]
+
+    def endpoints(self, family, i):
+        return ("switch", i), ("switch", i)
+
+    def route(self, loads, start, src, dst, nbytes):
+        loads.add(start("bus") + src // self.per_node, nbytes)
+        return self.intra.latency_s
+
+
+def test_a_toy_fabric_prices_over_http_with_its_own_links(api):
+    """Ring allreduce of M on the 8 GPUs of a node on one bus: every byte of every step (2(n-1)/n M a rank,
+    n ranks) crosses the bus, 2(n-1) M in all; unregistered, the name is a 422 listing the fabrics."""
+    fabrics.register(Bus)
+    try:
+        m, n = 1 << 20, 8
+        body = {"op": "allreduce", "message_bytes": m, "group_size": n, "algorithm": "ring", "pricing": "schedule",
+                "cluster": {"preset": "dgx-h100", "intra": {"fabric": "toy_bus"}}}  # fmt: skip
+        r = api.post("/v1/collectives/price", json=body)
+        assert r.status_code == 200, r.text
+        link = r.json()["bottleneck_link"]
+        assert (link["family"], link["bytes"], link["label"]) == ("bus", 2 * (n - 1) * m, "node 0 switch -> switch")
+    finally:
+        fabrics.unregister(Bus.name)
+    r = api.post("/v1/collectives/price", json=body)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "cluster", "intra", "fabric"]
+    assert r.json()["detail"][0]["msg"] == "unknown fabric 'toy_bus'; known: full_mesh, none, ring, switch"

@@ -52,11 +52,7 @@ SCHEDULE_OF = {
 def is_nvidia(cluster: Cluster) -> bool:
     """NCCL's model applies: an NVIDIA GPU (sm > 0) on NVLink/PCIe inside the node."""
     s = cluster.spec
-    return (
-        bool(s.gpu and s.gpu.sm > 0)
-        and s.intra.link_name in ("nvlink", "pcie")
-        and s.intra.fabric in ("switch", "none")
-    )
+    return bool(s.gpu and s.gpu.sm > 0) and s.intra.link_name in ("nvlink", "pcie") and cluster.fabric.library_model
 
 
 def normalise_algo(text: str) -> str:
@@ -76,12 +72,13 @@ def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
     sm = s.gpu.sm if s.gpu else 0
     nodes, counts = np.unique(cluster.node_of(group), return_counts=True)
     ppn = int(counts.max())
-    if s.intra.link_name == "nvlink" and s.intra.fabric == "switch":
+    nvswitch = s.intra.link_name == "nvlink" and cluster.fabric.switched
+    if nvswitch:
         per_link = 50.0 if sm >= 100 else 25.0  # NVLink5 / NVLink3-4 GB/s per link per direction
         links = (s.gpu.nvlink_links if s.gpu and s.gpu.nvlink_links else 0) or round(s.intra.bandwidth_GBps / per_link)
         gpu_bw = links * T.nvlink_bw(sm)
     else:
-        gpu_bw = T.pci_bw(s.intra.bandwidth_GBps if s.intra.fabric != "none" else s.pcie_bandwidth_GBps)
+        gpu_bw = T.pci_bw(s.intra.bandwidth_GBps if cluster.fabric.connects_devices else s.pcie_bandwidth_GBps)
     nets, net_bw = 1, 0.0
     if len(nodes) > 1:
         first = group[cluster.node_of(group) == nodes[0]]
@@ -93,7 +90,7 @@ def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
         len(nodes),
         ppn,
         gpu_bw,
-        s.intra.fabric == "switch" and s.intra.link_name == "nvlink",
+        nvswitch,
         nets,
         net_bw,
         nccl_minor(s.nccl_version),
