@@ -14,34 +14,22 @@ from .schedule import Schedule
 from .verify import verify_inputs
 
 MAX_VIEW_STEPS = 256  # steps the view shows at most
-
-
-@dataclass(frozen=True)
-class TransferView:
-    src: int
-    dst: int
-    src_slot: int
-    dst_slot: int
-    bytes: int
-    reduce: bool
+TRANSFER = ("src", "dst", "src_slot", "dst_slot", "bytes", "reduce")  # what a step's transfer says
 
 
 @dataclass(frozen=True)
 class StepView:
-    transfers: list[TransferView]
+    transfers: list[dict]  # src, dst, src_slot, dst_slot, bytes, reduce (TRANSFER)
     holds: list[list[list[int]]]  # after the step: holds[holder][slot] = ranks whose data the slot contains
 
 
 @dataclass(frozen=True)
 class ScheduleView:
-    op: str
-    algorithm: str
-    num_ranks: int
-    num_virtual: int
-    slot_bytes: list[int]
+    """What executing ``schedule`` showed: the holds before the first step, then every step."""
+
+    schedule: Schedule
     initial: list[list[list[int]]]
     steps: list[StepView]
-    wire_steps: int
 
 
 def schedule_view(sched: Schedule) -> ScheduleView:
@@ -63,16 +51,14 @@ def schedule_view(sched: Schedule) -> ScheduleView:
             initial.extend(holds)
             return
         moved = [
-            TransferView(int(a), int(b), int(c), int(d), int(slot_bytes[c]), t.reduce)
+            dict(zip(TRANSFER, (int(a), int(b), int(c), int(d), int(slot_bytes[c]), t.reduce), strict=True))
             for t in transfers
             for a, b, c, d in zip(t.src, t.dst, t.src_slot, t.dst_slot, strict=True)
         ]
         frames.append(StepView(moved, holds))
 
     execute(sched, inputs, observe=observe)
-    return ScheduleView(
-        sched.op.value, sched.algorithm, n, sched.num_virtual, slot_bytes.tolist(), initial, frames, sched.num_steps
-    )
+    return ScheduleView(sched, initial, frames)
 
 
 def _ranks(mask) -> list[int]:

@@ -167,4 +167,14 @@ def schedule(body: ScheduleRequest) -> dict:
         body.op, body.algorithm, body.num_ranks, body.count, 4, root=body.root, local_size=body.local_size
     )
     with relocated():  # the step view's own limit, a SpecError as it always was
-        return asdict(schedule_view(sched))
+        view = schedule_view(sched)
+    return {
+        "op": sched.op.value,
+        "algorithm": sched.algorithm,
+        "num_ranks": sched.num_ranks,
+        "num_virtual": sched.num_virtual,
+        "slot_bytes": sched.slot_bytes.tolist(),
+        "initial": view.initial,
+        "steps": [asdict(step) for step in view.steps],
+        "wire_steps": sched.num_steps,
+    }

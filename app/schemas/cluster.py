@@ -14,14 +14,15 @@ Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s
 Latency = Field(default=None, ge=0, le=1.0, description="seconds")
 
 
+def plugin(what: str, registry) -> Field:
+    """A plug-in's name: checked against its registry when the cluster is built (a 422 listing the names)."""
+    where = f"collectives/topology/{registry.__name__.rsplit('.', 1)[-1]}/"
+    names = ", ".join(registry.names())
+    return Field(default=None, max_length=64, description=f"a registered {what} ({where}): {names}")
+
+
 class IntraIn(Strict):
-    fabric: str | None = Field(
-        default=None,
-        max_length=64,
-        description="a registered fabric (collectives/topology/fabrics/): "
-        + ", ".join(fabrics.names())
-        + "; another name is a 422 listing them",
-    )
+    fabric: str | None = plugin("fabric", fabrics)
     bandwidth_GBps: float | None = Bandwidth
     latency_s: float | None = Latency
     in_network_reduction: bool | None = Field(default=None, description="NVLink SHARP (NVLS) in the switch")
@@ -29,13 +30,7 @@ class IntraIn(Strict):
 
 
 class NetworkIn(Strict):
-    topology: str | None = Field(
-        default=None,
-        max_length=64,
-        description="a registered network (collectives/topology/networks/): "
-        + ", ".join(networks.names())
-        + "; another name is a 422 listing them",
-    )
+    topology: str | None = plugin("network", networks)
     rail_optimized: bool | None = None
     nodes_per_leaf: int | None = Field(default=None, ge=1, le=1 << 16)
     num_spines: int | None = Field(default=None, ge=1, le=1 << 12)

@@ -41,6 +41,10 @@ class Registry:
         self._load()
         return tuple(sorted(self._classes))
 
+    def functions(self):
+        """(register, unregister, names, get): what a plug-in package exports."""
+        return self.register, self.unregister, self.names, self.get
+
     def get(self, name: str) -> type:
         """The class registered as ``name``; an unknown name is an error listing the known ones."""
         self._load()

@@ -13,13 +13,12 @@ def test_ring_allreduce_gathers_every_rank_into_every_slot_in_2n_minus_2_steps()
     n = 4
     sched = build_schedule("allreduce", "ring", n, 8, 4)
     v = view.schedule_view(sched)
-    assert (v.op, v.algorithm, v.num_ranks, v.wire_steps) == ("allreduce", "ring", n, 2 * (n - 1))
-    assert len(v.steps) == 2 * (n - 1)
+    assert v.schedule is sched and len(v.steps) == sched.num_steps == 2 * (n - 1)
     assert v.initial == [[[r]] * n for r in range(n)]  # rank r holds only its own data in every slot
     assert all(slot == list(range(n)) for holder in v.steps[-1].holds for slot in holder)
     # reduce-scatter half: reduces; all-gather half: copies; n transfers a step of one slot (8 x 4 / 4 bytes)
-    assert [all(t.reduce for t in s.transfers) for s in v.steps] == [True] * (n - 1) + [False] * (n - 1)
-    assert all(len(s.transfers) == n and {t.bytes for t in s.transfers} == {8} for s in v.steps)
+    assert [all(t["reduce"] for t in s.transfers) for s in v.steps] == [True] * (n - 1) + [False] * (n - 1)
+    assert all(len(s.transfers) == n and {t["bytes"] for t in s.transfers} == {8} for s in v.steps)
 
 
 def test_a_schedule_over_the_step_limit_is_refused_naming_it(monkeypatch):

@@ -7,10 +7,6 @@ from __future__ import annotations
 from ..registry import Registry
 from ._base import FabricModel, Families
 
-_REGISTRY = Registry(__name__, __path__, "intra.fabric", "fabric")
-register = _REGISTRY.register
-unregister = _REGISTRY.unregister
-names = _REGISTRY.names
-fabric_type = _REGISTRY.get
+register, unregister, names, fabric_type = Registry(__name__, __path__, "intra.fabric", "fabric").functions()
 
 __all__ = ["FabricModel", "Families", "fabric_type", "names", "register", "unregister"]

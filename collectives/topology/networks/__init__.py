@@ -11,10 +11,6 @@ from __future__ import annotations
 from ..registry import Registry
 from ._base import Families, NetworkModel
 
-_REGISTRY = Registry(__name__, __path__, "network.topology", "network")
-register = _REGISTRY.register
-unregister = _REGISTRY.unregister
-names = _REGISTRY.names
-network_type = _REGISTRY.get
+register, unregister, names, network_type = Registry(__name__, __path__, "network.topology", "network").functions()
 
 __all__ = ["Families", "NetworkModel", "names", "network_type", "register", "unregister"]

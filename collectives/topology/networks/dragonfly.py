@@ -6,6 +6,7 @@ from __future__ import annotations
 import networkx as nx
 
 from ..._errors import CollectiveError
+from ..spec import _positive
 from . import register
 from ._routed import RouterNetwork
 
@@ -16,17 +17,6 @@ class Dragonfly(RouterNetwork):
     summary = "router groups (group_size), all-to-all inside, one global link per pair of groups"
     fields = (*RouterNetwork.fields, "group_size")
     visit_weight = 4  # dragonfly 256 routers ~2.4 s (docs/hardening.md)
-
-    @classmethod
-    def validate(cls, spec) -> None:
-        from ..spec import _positive
-
-        super().validate(spec)
-        _positive("network.group_size", spec.network.group_size)
-        if spec.num_nodes % spec.network.group_size:
-            raise CollectiveError(
-                "network.group_size", f"{spec.num_nodes} nodes do not split into groups of {spec.network.group_size}"
-            )
 
     def build_graph(self) -> nx.Graph:
         """Global links attached round-robin to the routers of each group."""
@@ -46,3 +36,12 @@ class Dragonfly(RouterNetwork):
                 slot[y] += 1
                 g.add_edge(u, v)
         return g
+
+    @classmethod
+    def validate(cls, spec) -> None:
+        super().validate(spec)
+        _positive("network.group_size", spec.network.group_size)
+        if spec.num_nodes % spec.network.group_size:
+            raise CollectiveError(
+                "network.group_size", f"{spec.num_nodes} nodes do not split into groups of {spec.network.group_size}"
+            )

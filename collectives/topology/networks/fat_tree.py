@@ -19,6 +19,7 @@ import numpy as np
 
 from ..._errors import CollectiveError
 from ..loads import _pick
+from ..spec import _positive
 from . import register
 from ._base import Families, NetworkModel
 
@@ -38,8 +39,6 @@ class FatTree(NetworkModel):
 
     @classmethod
     def validate(cls, spec) -> None:
-        from ..spec import _positive
-
         net = spec.network
         _positive("network.nodes_per_leaf", net.nodes_per_leaf)
         _positive("network.num_spines", net.num_spines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import networkx as nx
 
 from ..._errors import CollectiveError
+from ..spec import _positive
 from . import register
 from ._routed import RouterNetwork
 
@@ -19,8 +20,6 @@ class Torus(RouterNetwork):
 
     @classmethod
     def validate(cls, spec) -> None:
-        from ..spec import _positive
-
         super().validate(spec)
         product = 1
         for d in spec.network.dims:
