@@ -64,5 +64,7 @@ class FabricModel:
         raise CollectiveError("algorithm", f"fabric {self.name!r} does not reduce")
 
     def link_shifts(self, devices: int) -> dict[str, int]:
-        """How far each family's link ids move when a placement moves ``devices`` devices (whole nodes) on."""
-        return {}
+        """How far each family's link ids move when a placement moves ``devices`` devices (whole nodes) on.
+        A fabric lays its families out node by node with the same count per node (the convention every fabric
+        keeps: a device's links are index arithmetic on its number), so each moves in proportion."""
+        return {name: devices * size // self.spec.num_devices for name, _, size, _, _ in self.families()}

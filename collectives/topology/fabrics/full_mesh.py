@@ -33,6 +33,3 @@ class FullMesh(FabricModel):
     def route(self, loads, start, src, dst, nbytes) -> float:
         loads.add(start("mesh") + src * self.per_node + dst % self.per_node, nbytes)
         return self.intra.latency_s
-
-    def link_shifts(self, devices: int) -> dict[str, int]:
-        return {"mesh": devices * self.per_node}

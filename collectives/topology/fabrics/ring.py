@@ -40,6 +40,3 @@ class Ring(FabricModel):
                 at = (local_src[live] + step * h) % d
                 loads.add(base[live] + at * 2 + direction, nbytes[live] * weight[live])
         return float(np.minimum(forward, backward).max(initial=0)) * self.intra.latency_s
-
-    def link_shifts(self, devices: int) -> dict[str, int]:
-        return {"ring": devices * 2}

@@ -46,6 +46,3 @@ class Switch(FabricModel):
         loads.add(start("dev_up") + up, up_bytes)
         loads.add(start("dev_down") + down, down_bytes)
         return self.intra.latency_s
-
-    def link_shifts(self, devices: int) -> dict[str, int]:
-        return {"dev_up": devices, "dev_down": devices}
