@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 
 from .._errors import CollectiveError
 
@@ -15,6 +16,7 @@ class Registry:
         self.package, self.path, self.field, self.what = package, path, field, what
         self._classes: dict[str, type] = {}
         self._loaded = False
+        self._lock = threading.RLock()  # a module that asks for the names while loading does not deadlock
 
     def register(self, cls: type) -> type:
         """Register ``cls`` under its ``name`` (a class decorator)."""
@@ -30,11 +32,15 @@ class Registry:
         self._classes.pop(name, None)
 
     def _load(self) -> None:
-        if not self._loaded:
-            self._loaded = True
-            for module in pkgutil.iter_modules(self.path):
-                if not module.name.startswith("_"):
-                    importlib.import_module(f"{self.package}.{module.name}")
+        """Import every module of the package once; a thread that asks meanwhile waits for all of them."""
+        if self._loaded:
+            return
+        with self._lock:
+            if not self._loaded:
+                for module in pkgutil.iter_modules(self.path):
+                    if not module.name.startswith("_"):
+                        importlib.import_module(f"{self.package}.{module.name}")
+                self._loaded = True
 
     def names(self) -> tuple[str, ...]:
         """Every registered name, sorted."""
