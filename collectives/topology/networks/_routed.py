@@ -1,7 +1,7 @@
 """Router-based networks: one router per node, joined as the subclass's graph (torus.py, dragonfly.py,
 hypercube.py); ECMP over every shortest path. The share of each directed router link in a node pair's traffic
 comes from shortest-path counts (Brandes), memoised per router pair. A new router network is a subclass with
-its ``graph`` and its rules in a module of its own.
+its ``build_graph`` and its rules (``validate``, ``visit_weight``) in a module of its own.
 
 Work (the cost guard, app/limits.py): routing runs a breadth-first search from each router a priced group
 touches, num_nodes^2 router visits in the worst case, times ``visit_weight`` (measured: torus 256 routers
