@@ -239,15 +239,17 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
 
 def norm_params(ctx: Context, stage: int) -> int:
     """Parameters replicated across TP whose gradients sequence parallelism leaves partial: layer norms
-    (and q/k norms, MLA's latent norms), MoE routers, and the final norm on the last stage."""
+    (and q/k norms), MLA's latent norms and its two down-projections (TELinear parallel_mode "duplicated"
+    sets sequence_parallel on its weights: megatron/core/extensions/transformer_engine.py TELinear), MoE
+    routers, the final norm and the MTP modules' three norms on the last stage."""
     m = ctx.model
     per_layer = 2 * m.norm_params() + (2 * m.head_size if m.qk_norm else 0)
     if m.mla:
-        per_layer += m.mla.q_lora_rank + m.mla.kv_lora_rank
+        per_layer += sum(n for _, n, split in m.mla.projections(m.hidden_size, m.num_attention_heads) if not split)
     total = per_layer * len(ctx.stage_layers[stage]) + ctx.moe_layers(stage) * m.hidden_size * (
         m.moe.num_experts if m.moe else 0
     )
-    return total + (m.norm_params() if ctx.is_last(stage) else 0)
+    return total + ((1 + 3 * m.mtp_layers) * m.norm_params() if ctx.is_last(stage) else 0)
 
 
 def _norm_grads(ctx: Context, stage: int) -> list[Call]:
