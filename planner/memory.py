@@ -37,7 +37,7 @@ from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
-from .params import stage_params, total
+from .params import recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight
 
 GIB = 1 << 30
@@ -237,6 +237,7 @@ def stage_memory(
             grads += count * ctx.grad_bytes / (shards if z >= 2 else 1)
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
             opt += count * opt_per / (shards if z >= 1 else 1)
+    params += recipe_weight_bytes(ctx, stage)  # fp8/fp4 weight copies (workload.fp8_recipe, params.py)
     if not ctx.training:
         acts = stage_activation_bytes(ctx, stage, sched) + _kv_cache(ctx, stage)
     else:

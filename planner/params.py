@@ -175,3 +175,24 @@ def _experts(ctx: Context, layer: int) -> list[Param]:
 
 def total(params: Params) -> int:
     return sum(p.numel for p in params)
+
+
+def quantized_numels(ctx: Context, stage: int) -> tuple[int, ...]:
+    """Element counts of the stage's TE linear weights that the fp8/fp4 recipe quantizes (recipes.quantized:
+    not embeddings, output layer, norms, routers, sinks), dense then expert (biases inside the linears'
+    counts are included: at most 0.1% of GPT-OSS's)."""
+    from .recipes import quantized
+
+    return tuple(p.numel for params in stage_params(ctx, stage) for p in params if quantized(p.name))
+
+
+def recipe_weight_bytes(ctx: Context, stage: int) -> int:
+    """What the recipe adds to one rank's weights: TE's quantized rowwise and columnwise copies of every
+    linear weight with their scales (recipes.Recipe.weight_copy_bytes); with fp8_param_gather those copies
+    are the primary weights and the bf16 ones are gone (Megatron --fp8-param-gather)."""
+    recipe = ctx.work.recipe
+    if recipe is None or (ctx.training and ctx.par.zero_stage >= 3):
+        return 0  # ZeRO-3 / FSDP units are gathered and cast per use: no persistent copies
+    numels = quantized_numels(ctx, stage)
+    copies = sum(recipe.weight_copy_bytes(n) for n in numels)
+    return copies - (sum(numels) * ctx.param_bytes if ctx.work.fp8_param_gather else 0)

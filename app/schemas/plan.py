@@ -37,6 +37,11 @@ class MoEIn(Strict):
     load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
     expert_bias: bool = False
     node_limit: int | None = Field(default=None, ge=1, le=1 << 14, description="max nodes per token (DeepEP)")
+    mlp_only_layers: list[int] = Field(
+        default_factory=list,
+        max_length=BOUNDS["num_layers"][1],
+        description="0-based layers that keep a dense MLP (HF Qwen3MoeConfig.mlp_only_layers)",
+    )
 
 
 class MLAIn(Strict):
@@ -69,6 +74,25 @@ class ModelIn(Strict):
     learned_position_embeddings: bool | None = None
     moe: MoEIn | None = None
     mla: MLAIn | None = None
+    sliding_window: int | None = Field(
+        default=None,
+        ge=BOUNDS["sliding_window"][0],
+        le=BOUNDS["sliding_window"][1],
+        description="keys each query attends in sliding layers (GPT-OSS 128, Mistral 4096); null: full attention",
+    )
+    full_attention_interval: int | None = Field(
+        default=None,
+        ge=BOUNDS["full_attention_interval"][0],
+        le=BOUNDS["full_attention_interval"][1],
+        description="layers k, 2k, ... (1-based) attend fully (GPT-OSS 2); null: every layer slides",
+    )
+    attention_sinks: bool | None = Field(default=None, description="GPT-OSS: one learned sink logit per head")
+    mtp_layers: int | None = Field(
+        default=None,
+        ge=BOUNDS["mtp_layers"][0],
+        le=BOUNDS["mtp_layers"][1],
+        description="DeepSeek-V3 multi-token-prediction modules on the last stage (HF num_nextn_predict_layers)",
+    )
 
 
 class WorkloadIn(Strict):

@@ -1,0 +1,114 @@
+"""Traffic of the low-precision recipes (workload.fp8_recipe, planner/recipes.py), Megatron flavour:
+
+- ``fp8.amax`` (delayed scaling only): TransformerEngine all-reduces (MAX) the amaxes of every fp8 tensor of
+  an autocast region when the region's forward ends and again when its backward ends
+  (transformer_engine/pytorch/quantization.py FP8GlobalStateManager.reduce_and_update_fp8_tensors, one
+  fused call per direction). Megatron-Core wraps each model chunk's transformer block in one autocast for
+  delayed scaling (transformer_block.py use_outer_fp8_context) with fp8_group = the amax-reduction group,
+  TP x CP x DP (megatron/core/fp8_utils.py get_fp8_context, parallel_state.get_amax_reduction_group).
+  A TE linear holds 3 forward fp8 tensors (input, weight, output) and 2 backward ones (grad output, grad
+  input); a grouped linear (experts) that many per GEMM. Messages: 3·G·4 bytes forward, 2·G·4 backward,
+  G = fp8 GEMMs of the chunk. The step time counts it on the pass like a TP call (parallelism "tp":
+  it blocks the pass), though its group spans TP x CP x DP. The current-scaling and block recipes scale
+  from each tensor's own amax and issue none of these.
+- ``dp.fp8_param_amax`` / ``edp.fp8_param_amax`` (fp8_param_gather with the distributed optimizer): the
+  optimizer step casts each rank's master shard to the fp8 primary weights after one MAX all-reduce of
+  the amaxes over the DP group (TE tensor/utils.py cast_master_weights_to_fp8 / _to_nvfp4; Megatron
+  fp8_utils.py quantize_param_shard), Recipe.master_cast_amaxes fp32 values per weight.
+The fp8 parameter all-gather itself is in rules/data.py (``dp.params.fp8``).
+MTP modules run under their own autocast; their amax calls are not listed.
+"""
+
+from __future__ import annotations
+
+from collectives import Op
+
+from ..context import Context
+from ..layout import Group
+from ..ledger import Call, stage_classes
+from ..params import stage_params
+from ..recipes import quantized
+
+TE = "TransformerEngine 2.x transformer_engine/pytorch/"
+AMAX_SOURCE = (
+    TE + "quantization.py reduce_and_update_fp8_tensors; Megatron-Core transformer_block.py outer fp8 autocast "
+    "(delayed), fp8_utils.py get_fp8_context (amax-reduction group tp x cp x dp)"
+)
+CAST_SOURCE = TE + "tensor/utils.py cast_master_weights_to_fp8 (MAX all-reduce of packed amaxes over the DP group)"
+FORWARD_TENSORS, BACKWARD_TENSORS = 3, 2  # TE Linear num_fp8_tensors: fwd input/weight/output, bwd 2
+AMAX_BYTES = 4
+
+
+def calls(ctx: Context) -> list[Call]:
+    recipe = ctx.work.recipe
+    if recipe is None or ctx.flavour != "megatron":
+        return []
+    out = _amax(ctx) if recipe.name == "delayed" else []
+    if ctx.work.fp8_param_gather and ctx.training and ctx.par.zero_stage == 1:
+        out += _master_cast(ctx)
+    return out
+
+
+def gemms(ctx: Context, layer: int) -> int:
+    """fp8 GEMMs of one layer on one rank: the attention linears (Megatron fused qkv + proj, or MLA's five),
+    and the MLP's two, or per local expert two plus the shared expert's two."""
+    m = ctx.model
+    attn = sum(1 for name, _, _ in m.mla.projections(1, 1) if "norm" not in name) if m.mla else 2
+    if not m.is_moe_layer(layer):
+        return attn + 2
+    return attn + 2 * (m.moe.num_experts // ctx.par.ep) + (2 if m.moe.shared_ffn else 0)
+
+
+def _amax(ctx: Context) -> list[Call]:
+    par = ctx.par
+    if par.tp * par.cp * par.dp == 1:
+        return []
+    v = par.chunks_per_rank
+    out = []
+    per_stage = {s: sum(gemms(ctx, i) for i in ctx.stage_layers[s] if i < ctx.model.num_layers) for s in range(par.pp)}
+    for first, stages in stage_classes(range(par.pp), per_stage.get).items():
+        g = per_stage[first] // v  # per chunk (chunks of one rank are alike in Megatron's even split)
+        phases = [("forward", FORWARD_TENSORS)] + ([("backward", BACKWARD_TENSORS)] if ctx.training else [])
+        for phase, tensors in phases:
+            out.append(
+                Call(
+                    name=f"fp8.amax{'' if phase == 'forward' else '.bwd'}",
+                    op=Op.ALLREDUCE,
+                    phase=phase,
+                    message_bytes=tensors * g * AMAX_BYTES,
+                    calls_per_iteration=v * ctx.micro_batches,
+                    group=Group(("tp", "cp", "dp")),
+                    source=AMAX_SOURCE,
+                    dtype="fp32",
+                    parallelism="tp",  # blocking, once per pass: on the pass's stream like a TP call
+                ).on(stages)
+            )
+    return out
+
+
+def _master_cast(ctx: Context) -> list[Call]:
+    recipe, par = ctx.work.recipe, ctx.par
+    out = []
+    for stage in range(par.pp):
+        dense, expert = stage_params(ctx, stage)
+        for kind, params, group, size in (
+            ("dp", dense, Group(("cp", "dp")), par.dp * par.cp),
+            ("edp", expert, Group(("dp",), expert=True), par.expert_dp),
+        ):
+            amaxes = sum(recipe.master_cast_amaxes(p.numel) for p in params if quantized(p.name))
+            if not amaxes or size == 1:
+                continue
+            out.append(
+                Call(
+                    name=f"{kind}.fp8_param_amax",
+                    op=Op.ALLREDUCE,
+                    phase="optimizer",
+                    message_bytes=amaxes * AMAX_BYTES,
+                    calls_per_iteration=1,
+                    group=group,
+                    source=CAST_SOURCE + f" ({recipe.name})",
+                    dtype="fp32",
+                    parallelism=kind,
+                ).on((stage,))
+            )
+    return out
