@@ -137,7 +137,11 @@ class ParallelIn(Strict):
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
     framework: Literal["megatron", "torch", "deepspeed"] | None = None
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
-    ep_dispatch: Literal["alltoall", "deepep"] | None = None
+    ep_dispatch: Literal["alltoall", "allgather", "deepep"] | None = Field(
+        default=None,
+        description="Megatron --moe-token-dispatcher-type: alltoall (default here), allgather, or deepep (flex "
+        "with --moe-enable-deepep)",
+    )
     zero_config: dict[str, float] | None = Field(
         default=None,
         description="DeepSpeed zero_optimization names in elements: reduce_bucket_size, allgather_bucket_size, "
@@ -157,6 +161,13 @@ class OverlapIn(Strict):
     cp_ring_overlap: bool | None = Field(default=None, description="ring-attention KV exchange behind attention (on)")
     tp_comm_overlap: bool | None = Field(default=None, description="Megatron --tp-comm-overlap (off)")
     overlap_p2p: bool | None = Field(default=None, description="pipeline sends overlapped (Megatron: interleaved only)")
+    overlap_moe_expert_parallel_comm: bool | None = Field(
+        default=None, description="Megatron --overlap-moe-expert-parallel-comm: EP all-to-all behind another "
+        "micro-batch's compute (off)",
+    )  # fmt: skip
+    moe_shared_expert_overlap: bool | None = Field(
+        default=None, description="Megatron --moe-shared-expert-overlap: shared experts behind the all-to-all (off)"
+    )
 
 
 class OptionsIn(Strict):
