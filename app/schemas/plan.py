@@ -118,6 +118,13 @@ class WorkloadIn(Strict):
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     moe_dispatch_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"] | None = Field(
+        default=None,
+        description="low-precision GEMMs (TransformerEngine recipes; mxfp8 and nvfp4 need Blackwell); null: none",
+    )
+    fp8_param_gather: bool | None = Field(
+        default=None, description="Megatron --fp8-param-gather: fp8 primary weights, the parameter all-gather in fp8"
+    )
 
 
 class ParallelIn(Strict):

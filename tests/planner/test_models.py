@@ -239,6 +239,14 @@ def test_mla_projections_under_tp_by_hand():
     assert by_name["layer.0.proj"] == heads * 128 * h // 8
     mla = sum(by_name[f"layer.0.{n}"] for n in ("q_down", "q_norm", "q_up", "kv_down", "kv_norm", "kv_up", "proj"))
     assert mla == 11_010_048 + 1536 + 4_718_592 + 4_128_768 + 512 + 2_097_152 + 14_680_064 == 36_636_672
+    # under sequence parallelism the replicated weights' gradients are all-reduced over TP once per
+    # iteration (finalize_model_grads.py): per layer 2 RMSNorms, both down-projections and the latent norms
+    from planner.rules.tensor import norm_params
+
+    sp = Context(v3, WorkloadSpec(), ParallelSpec(tp=8, pp=61, ep=8, sequence_parallel=True))
+    per_layer = 2 * h + h * 1536 + 1536 + h * 576 + 512
+    assert norm_params(sp, 0) == per_layer  # stage 0: layer 0 only (dense, no router)
+    assert norm_params(sp, 60) == 2 * per_layer + 2 * h * 256 + (1 + 3) * h  # layer 60 + MTP, routers, 4 norms
     # tp 1 holds the whole block, MTP block included on the (only) stage
     whole = Context(v3, WorkloadSpec(), ParallelSpec())
     dense1, expert1 = stage_params(whole, 0)
@@ -279,3 +287,20 @@ def test_bad_model_fields_are_named(change, field):
     with pytest.raises(SpecError) as caught:
         validate_model(replace(ModelSpec(32, 4096, 32, 14336, 32000, 4096), **change))
     assert caught.value.field == field
+
+
+def test_deepep_two_legs_by_hand_in_process():
+    """The HTTP test's numbers (tests/app/test_models_http.py, waiting on the cost guard) through build_plan:
+    EP 16 over 2 nodes of 8, top 2 of 16 experts, 4096 tokens of h = 2048 bf16 per rank."""
+    from collectives.topology import cluster_preset
+    from planner.plan import build_plan
+
+    model = ModelSpec(4, 2048, 16, 8192, 32000, 4096, moe=MoESpec(16, 2, 1024))
+    par = ParallelSpec(ep=16, dp=16, ep_dispatch="deepep")
+    result = build_plan(model, WorkloadSpec(global_batch_size=16), par, cluster_preset("dgx-h100", 2))
+    legs = {pc.call.name: pc for pc in result.calls if pc.call.name.startswith("ep.dispatch.")}
+    nodes = 2 * (1 - 0.5**2)
+    gpus = 8 * (1 - (7 / 8) ** (2 / nodes))
+    assert legs["ep.dispatch.rdma"].call.message_bytes == round(4096 * nodes) * 2048 * 2
+    assert legs["ep.dispatch.nvlink"].call.message_bytes == round(4096 * nodes * gpus) * 2048 * 2
+    assert legs["ep.dispatch.rdma"].price.span == "inter_node" and legs["ep.dispatch.nvlink"].price.span == "intra_node"
