@@ -256,7 +256,13 @@ def _largest_unit(params) -> int:
 
 
 def _kv_cache(ctx: Context, stage: int) -> int:
-    return kv_cache_bytes_per_layer(ctx) * len(ctx.stage_layers[stage])
+    """The stage's KV cache; when decoding, a sliding-window layer keeps only its last window of keys
+    (model.attended_keys; vLLM's sliding-window KV manager frees the blocks that left the window)."""
+    per_layer, layers, m = kv_cache_bytes_per_layer(ctx), ctx.stage_layers[stage], ctx.model
+    if m.sliding_window is None or ctx.work.phase != "decode":
+        return per_layer * len(layers)
+    length = ctx.work.context_length or m.seq_length
+    return int(sum(per_layer * m.attended_keys(i, length) / length for i in layers))
 
 
 def _comm_buffers(calls: Sequence) -> dict[int, int]:
