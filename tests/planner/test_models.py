@@ -264,6 +264,13 @@ def test_mtp_block_sits_on_the_last_stage_with_its_embedding_copy():
     assert "layer.61.kv_down" in last
     first, last_all = (sum(map(total, stage_params(ctx, s))) for s in (0, 1))
     assert first + last_all == v3.total_params() + 129280 * 7168  # the last stage's copy of the embedding
+    # ... whose gradient is all-reduced with the first stage's (finalize_model_grads.py, mtp_num_layers)
+    from planner.rules import pipeline
+
+    [sync] = [c for c in pipeline.calls(ctx) if c.name == "embedding.tied_grads"]
+    assert sync.message_bytes == 129280 * 7168 * 4 and sync.stages == (0, 1)
+    assert not [c for c in pipeline.calls(Context(replace(v3, mtp_layers=0), WorkloadSpec(), ctx.par))
+                if c.name == "embedding.tied_grads"]  # fmt: skip
 
 
 def test_sinks_split_with_the_heads():
