@@ -67,6 +67,16 @@ class Recipe:
         blocks = self.weight_scales(numel) if self.weight_block[0] else 0
         return self.amax_per_weight + self.amax_per_block * blocks
 
+    @property
+    def cast_bytes_per_element(self) -> float:
+        """HBM bytes TE moves to quantize one bf16 element for a GEMM operand: read it (2 B; current scaling
+        reads it twice, once for the amax: Float8CurrentScalingQuantizer), write the rowwise and the
+        columnwise copy, and their block scales (one per block in each direction). For compute.py's cast
+        time (the kernels' model decides whether to use it)."""
+        reads = 4 if self.name == "tensorwise" else 2
+        scales = 2 * self.scale_bytes / self.activation_block if self.activation_block else 0.0
+        return reads + 2 * self.element_bytes + scales
+
     def weight_copy_bytes(self, numel: int) -> int:
         """The quantized copies TE keeps of a bf16 weight between micro-batches (the is_first_microbatch cache):
         the rowwise data and the columnwise (transposed) data for the dgrad/wgrad GEMMs, with their scales."""

@@ -49,6 +49,17 @@ def test_presets_list_the_new_models_with_their_fields(api):
     assert models["deepseek-v3"]["mtp_layers"] == 1
 
 
+def test_qwen3_mlp_only_layers_over_http(api):
+    """A dense layer instead of an MoE one: 128 experts (3 x 2048 x 768 each) and the router (2048 x 128) go,
+    one dense SwiGLU MLP (3 x 2048 x 6144) comes."""
+    moe = {"num_experts": 128, "top_k": 8, "expert_ffn_hidden_size": 768}
+    body = {"model": {"preset": "qwen3-30b-a3b", "moe": moe}, "workload": {"global_batch_size": 16}, "cluster": H100x2}
+    base = plan(api, body)["params_total"]
+    body["model"]["moe"] = moe | {"mlp_only_layers": [0, 47]}
+    dense = plan(api, body)["params_total"]
+    assert base - dense == 2 * (128 * 3 * 2048 * 768 + 2048 * 128 - 3 * 2048 * 6144)
+
+
 def test_deepseek_v3_mtp_layers_over_http(api):
     """The MTP module on the last stage: with mtp_layers 0 the main model's 671.03B; with 1 its block, norms
     and eh_proj (11.61B) join, and the last stage's ledger carries one more MoE layer's all-to-alls."""

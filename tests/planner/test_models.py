@@ -326,3 +326,16 @@ def test_decode_kv_cache_keeps_the_window_on_sliding_layers():
     full = Context(replace(model_preset("gpt-oss-20b"), sliding_window=None, full_attention_interval=None), work,
                    ParallelSpec(dp=1))  # fmt: skip
     assert _kv_cache(full, 0) == 24 * per_layer
+
+
+def test_recipes_describe_their_dtypes_scales_and_support():
+    from planner.recipes import RECIPES
+
+    assert {r.gemm_dtype for r in RECIPES.values()} == {"fp8", "fp4"}
+    assert RECIPES["blockwise"].weight_scales(7168 * 2048) == 56 * 16  # DeepSeek-V3 expert up: 56 x 16 blocks
+    assert RECIPES["mxfp8"].master_cast_amaxes(4096 * 4096) == 2 * 4096 * 4096 // 32
+    assert RECIPES["nvfp4"].master_cast_amaxes(4096 * 4096) == 4096 * 4096 // 256 + 1
+    assert RECIPES["delayed"].cast_bytes_per_element == 4  # TE cast_transpose: read 2, write 1 + 1
+    assert RECIPES["tensorwise"].cast_bytes_per_element == 6  # plus the amax pass
+    assert RECIPES["nvfp4"].weight_copy_bytes(4096 * 4096) == 4096 * 4096 + 2 * 4096 * 4096 // 256
+    assert [r.min_sm for r in RECIPES.values()] == [89, 89, 90, 100, 100]
