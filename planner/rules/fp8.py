@@ -15,6 +15,13 @@
   optimizer step casts each rank's master shard to the fp8 primary weights after one MAX all-reduce of
   the amaxes over the DP group (TE tensor/utils.py cast_master_weights_to_fp8 / _to_nvfp4; Megatron
   fp8_utils.py quantize_param_shard), Recipe.master_cast_amaxes fp32 values per weight.
+- ``fp8.tp_amax`` / ``fp8.tp_amax.bwd`` (current scaling: tensorwise and nvfp4, under sequence parallelism):
+  a column-parallel linear's input is gathered over TP before its quantization, so its amax is all-reduced
+  (MAX, one fp32) over TP first; a row-parallel linear's output gradient likewise in backward (TE
+  module/linear.py _customize_quantizers_float8_current_scaling and _customize_quantizers_nvfp4:
+  with_amax_reduction on GEMM1_INPUT for parallel_mode "column", GRAD_OUTPUT1 for "row"). Per layer:
+  forward qkv (MLA: q and kv up-projections) and fc1 (the shared expert's in MoE layers), backward proj and
+  fc2; the routed experts' grouped linears do not reduce. A full recompute issues the forward ones again.
 The fp8 parameter all-gather itself is in rules/data.py (``dp.params.fp8``).
 MTP modules run under their own autocast; their amax calls are not listed.
 """
@@ -25,7 +32,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, stage_classes
+from ..ledger import Call, recomputed, stage_classes
 from ..params import stage_params
 from ..recipes import quantized
 
@@ -35,6 +42,8 @@ AMAX_SOURCE = (
     "(delayed), fp8_utils.py get_fp8_context (amax-reduction group tp x cp x dp)"
 )
 CAST_SOURCE = TE + "tensor/utils.py cast_master_weights_to_fp8 (MAX all-reduce of packed amaxes over the DP group)"
+TP_AMAX_SOURCE = TE + "module/linear.py _customize_quantizers_float8_current_scaling / _nvfp4 (amax_reduction_group tp)"
+CURRENT_SCALING = ("tensorwise", "nvfp4")  # the recipes whose quantizers reduce their amax over TP under SP
 FORWARD_TENSORS, BACKWARD_TENSORS = 3, 2  # TE Linear num_fp8_tensors: fwd input/weight/output, bwd 2
 AMAX_BYTES = 4
 
@@ -44,6 +53,8 @@ def calls(ctx: Context) -> list[Call]:
     if recipe is None or ctx.flavour != "megatron":
         return []
     out = _amax(ctx) if recipe.name == "delayed" else []
+    if recipe.name in CURRENT_SCALING and ctx.par.sp:
+        out += _tp_amax(ctx)
     if ctx.work.fp8_param_gather and ctx.training and ctx.par.zero_stage == 1:
         out += _master_cast(ctx)
     return out
@@ -83,6 +94,42 @@ def _amax(ctx: Context) -> list[Call]:
                     parallelism="tp",  # blocking, once per pass: on the pass's stream like a TP call
                 ).on(stages)
             )
+    return out
+
+
+def tp_amax_linears(ctx: Context, layer: int) -> tuple[int, int]:
+    """(column-parallel, row-parallel) TE linears of one layer whose quantizers reduce over TP under SP."""
+    m = ctx.model
+    column, row = (2 if m.mla else 1), 1  # qkv (MLA: q and kv up-projections); proj
+    if not m.is_moe_layer(layer) or m.moe.shared_ffn:
+        column, row = column + 1, row + 1  # fc1 and fc2 of the dense MLP or of the shared expert
+    return column, row
+
+
+def _tp_amax(ctx: Context) -> list[Call]:
+    out = []
+    counts = {s: [tp_amax_linears(ctx, i) for i in ctx.stage_layers[s]] for s in range(ctx.par.pp)}
+    totals = {s: (sum(c for c, _ in v), sum(r for _, r in v)) for s, v in counts.items()}
+    for first, stages in stage_classes(range(ctx.par.pp), totals.get).items():
+        column, row = totals[first]
+        wanted = [("fp8.tp_amax", "forward", column)]
+        if ctx.training:
+            wanted.append(("fp8.tp_amax.bwd", "backward", row))
+        for name, phase, linears in wanted:
+            call = Call(
+                name=name,
+                op=Op.ALLREDUCE,
+                phase=phase,
+                message_bytes=AMAX_BYTES,
+                calls_per_iteration=linears * ctx.micro_batches,
+                group=Group(("tp",)),
+                source=TP_AMAX_SOURCE,
+                dtype="fp32",
+                parallelism="tp",
+            )
+            out.append(call.on(stages))
+            if phase == "forward" and ctx.forward_passes == 2:
+                out.append(recomputed(call).on(stages))
     return out
 
 

@@ -162,6 +162,20 @@ def test_delayed_scaling_amax_reduction_by_hand(api):
     assert not calls(plan(api, body), "fp8.amax")
 
 
+def test_current_scaling_amax_over_tp_by_hand(api):
+    """tensorwise under SP: per layer the qkv and fc1 inputs' amax (one fp32) all-reduced over TP in forward,
+    proj's and fc2's output gradients in backward; 32 layers x 8 micro-batches."""
+    body = json.loads(json.dumps(LLAMA8B_FP8))
+    body["workload"]["fp8_recipe"] = "tensorwise"
+    amax = calls(plan(api, body), "fp8.tp_amax")
+    assert {n: (c["message_bytes"], c["calls_per_iteration"], c["group_size"]) for n, c in amax.items()} == {
+        "fp8.tp_amax": (4, 32 * 2 * 8, 2),
+        "fp8.tp_amax.bwd": (4, 32 * 2 * 8, 2),
+    }
+    body["parallel"]["sequence_parallel"] = False  # each rank quantizes the whole input: nothing to reduce
+    assert not calls(plan(api, body), "fp8.tp_amax")
+
+
 def test_blackwell_recipes_are_refused_on_hopper(api):
     body = json.loads(json.dumps(LLAMA8B_FP8))
     body["workload"]["fp8_recipe"] = "mxfp8"
