@@ -70,30 +70,37 @@ def gemms(ctx: Context, layer: int) -> int:
     return attn + 2 * (m.moe.num_experts // ctx.par.ep) + (2 if m.moe.shared_ffn else 0)
 
 
+def chunk_gemms(ctx: Context, stage: int) -> tuple[int, ...]:
+    """fp8 GEMMs of each model chunk of one rank (its decoder layers split into chunks_per_rank equal runs,
+    Context.stage_layers' interleaved order; the MTP block is not in the chunk's autocast)."""
+    layers = [i for i in ctx.stage_layers[stage] if i < ctx.model.num_layers]
+    v = ctx.par.chunks_per_rank
+    size = len(layers) // v
+    return tuple(sum(gemms(ctx, i) for i in layers[c * size : (c + 1) * size]) for c in range(v))
+
+
 def _amax(ctx: Context) -> list[Call]:
     par = ctx.par
     if par.tp * par.cp * par.dp == 1:
         return []
-    v = par.chunks_per_rank
     out = []
-    per_stage = {s: sum(gemms(ctx, i) for i in ctx.stage_layers[s] if i < ctx.model.num_layers) for s in range(par.pp)}
-    for first, stages in stage_classes(range(par.pp), per_stage.get).items():
-        g = per_stage[first] // v  # per chunk (chunks of one rank are alike in Megatron's even split)
-        phases = [("forward", FORWARD_TENSORS)] + ([("backward", BACKWARD_TENSORS)] if ctx.training else [])
-        for phase, tensors in phases:
-            out.append(
-                Call(
+    phases = [("forward", FORWARD_TENSORS)] + ([("backward", BACKWARD_TENSORS)] if ctx.training else [])
+    for first, stages in stage_classes(range(par.pp), lambda s: chunk_gemms(ctx, s)).items():
+        chunks = chunk_gemms(ctx, first)
+        for g in sorted(set(chunks)):
+            for phase, tensors in phases:
+                call = Call(
                     name=f"fp8.amax{'' if phase == 'forward' else '.bwd'}",
                     op=Op.ALLREDUCE,
                     phase=phase,
                     message_bytes=tensors * g * AMAX_BYTES,
-                    calls_per_iteration=v * ctx.micro_batches,
+                    calls_per_iteration=chunks.count(g) * ctx.micro_batches,
                     group=Group(("tp", "cp", "dp")),
                     source=AMAX_SOURCE,
                     dtype="fp32",
                     parallelism="tp",  # blocking, once per pass: on the pass's stream like a TP call
-                ).on(stages)
-            )
+                )
+                out.append(call.on(stages))
     return out
 
 

@@ -339,3 +339,17 @@ def test_recipes_describe_their_dtypes_scales_and_support():
     assert RECIPES["tensorwise"].cast_bytes_per_element == 6  # plus the amax pass
     assert RECIPES["nvfp4"].weight_copy_bytes(4096 * 4096) == 4096 * 4096 + 2 * 4096 * 4096 // 256
     assert [r.min_sm for r in RECIPES.values()] == [89, 89, 90, 100, 100]
+
+
+def test_delayed_amax_per_chunk_follows_the_chunk_layers():
+    """DeepSeek-V3's first 3 dense layers make the first chunk's GEMM count differ: MLA's 5 linears + 2 (dense)
+    or + 2 x 256/ep + 2 (shared) per MoE layer; interleaved v = 2 gives each chunk its own reduction size."""
+    from planner.rules import fp8
+
+    v3 = replace(model_preset("deepseek-v3"), num_layers=16, mtp_layers=0)
+    par = ParallelSpec(pp=2, dp=8, ep=8, virtual_pipeline_stages=2, pipeline_schedule="interleaved")
+    ctx = Context(v3, WorkloadSpec(global_batch_size=64, fp8_recipe="delayed"), par)
+    moe, dense = 5 + 2 * 32 + 2, 5 + 2
+    assert fp8.chunk_gemms(ctx, 0) == (3 * dense + moe, 4 * moe)  # layers 0-3 and 8-11
+    rows = {(c.message_bytes, c.calls_per_iteration) for c in fp8.calls(ctx) if c.name == "fp8.amax" and 0 in c.stages}
+    assert rows == {(3 * (3 * dense + moe) * 4, 8), (3 * 4 * moe * 4, 8)}  # 64 / (1 x dp 8) micro-batches
