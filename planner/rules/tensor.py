@@ -21,6 +21,8 @@ unless FSDP2 shards the DTensor parameters on top, whose post-backward reduces t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collectives import Op
 
 from ..context import Context
@@ -48,7 +50,7 @@ def calls(ctx: Context) -> list[Call]:
         if ctx.is_first(stage):
             out += [c.at(stage) for c in _embedding(ctx)]
         if ctx.is_last(stage):
-            out += [c.at(stage) for c in _head(ctx)]
+            out += [c.at(stage) for c in _head(ctx) + _mtp(ctx)]
         if ctx.training:
             out += [c.at(stage) for c in _data_broadcast(ctx, stage) + _norm_grads(ctx, stage)]
     return out
@@ -150,6 +152,22 @@ def _embedding(ctx: Context) -> list[Call]:
     if ctx.training:
         out.append(_mb(ctx, name="tp.embedding.dgrad", op=Op.ALLGATHER, phase="backward", count=1, source=src))
     return out
+
+
+def _mtp(ctx: Context) -> list[Call]:
+    """Each MTP module (training, last stage) looks up the shifted tokens in the shared embedding and scores
+    its output with the shared LM head and cross-entropy (Megatron-Core multi_token_prediction.py
+    MultiTokenPredictionLayer: self.embedding(...), then the output layer and the loss in
+    gpt_model.py): the embedding's and the head's TP calls once more per module, named tp.mtp.*."""
+    n = ctx.model.mtp_layers
+    if not n or not ctx.training:
+        return []
+    src = "; Megatron-Core multi_token_prediction.py (MTP module: shared embedding and output head)"
+    return [
+        replace(c, name="tp.mtp." + c.name.removeprefix("tp."), calls_per_iteration=c.calls_per_iteration * n,
+                source=c.source + src)
+        for c in _embedding(ctx) + _head(ctx)
+    ]  # fmt: skip
 
 
 def _head(ctx: Context) -> list[Call]:

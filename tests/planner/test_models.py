@@ -353,3 +353,22 @@ def test_delayed_amax_per_chunk_follows_the_chunk_layers():
     assert fp8.chunk_gemms(ctx, 0) == (3 * dense + moe, 4 * moe)  # layers 0-3 and 8-11
     rows = {(c.message_bytes, c.calls_per_iteration) for c in fp8.calls(ctx) if c.name == "fp8.amax" and 0 in c.stages}
     assert rows == {(3 * (3 * dense + moe) * 4, 8), (3 * 4 * moe * 4, 8)}  # 64 / (1 x dp 8) micro-batches
+
+
+def test_mtp_adds_its_embedding_and_head_tp_calls_on_the_last_stage():
+    """Megatron MTP: the shifted tokens through the shared (vocab-parallel) embedding, the output through the
+    shared head and the vocab-parallel cross-entropy: 3 fp32 all-reduces of b·s values more per module."""
+    from planner.rules import tensor
+
+    v3 = replace(model_preset("deepseek-v3"), num_layers=4, mtp_layers=1, moe=None)
+    par = ParallelSpec(tp=2, pp=2, dp=4, sequence_parallel=True)
+    ctx = Context(v3, WorkloadSpec(global_batch_size=16), par)
+    rows = {c.name: c for c in tensor.calls(ctx)}
+    ce, mtp_ce = rows["tp.cross_entropy"], rows["tp.mtp.cross_entropy"]
+    assert mtp_ce.message_bytes == ce.message_bytes == 4096 * 4 and mtp_ce.stages == (1,)
+    assert mtp_ce.calls_per_iteration == ce.calls_per_iteration == 3 * 4  # 4 micro-batches
+    assert rows["tp.mtp.embedding"].stages == (1,) and rows["tp.embedding"].stages == (0,)
+    assert {n for n in rows if n.startswith("tp.mtp.")} == {
+        "tp.mtp.embedding", "tp.mtp.embedding.dgrad", "tp.mtp.lm_head.input", "tp.mtp.lm_head.dgrad",
+        "tp.mtp.lm_head.wgrad_gather", "tp.mtp.cross_entropy",
+    }  # fmt: skip
