@@ -54,6 +54,9 @@ class Recipe:
     # fp32 amaxes cast_master_weights_to_fp8 all-reduces per weight: one per weight, and per weight block
     amax_per_weight: int = 1
     amax_per_block: int = 0
+    # the GEMM-table key of the kernels branch's planner/kernels.py (FP8_RECIPES: fp8, fp8_block, mxfp8, nvfp4),
+    # so that its GEMM model can read the recipe from here when the branches meet
+    kernel_dtype: str = "fp8"
 
     def weight_scales(self, numel: int) -> int:
         """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
@@ -96,17 +99,17 @@ RECIPES: dict[str, Recipe] = {
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
         TE + "recipe.Float8BlockScaling; DeepSeek-V3 report §3.3.2 (1x128 activation tiles, 128x128 weight blocks)",
-        0, 1,
+        0, 1, "fp8_block",
     ),
     "mxfp8": Recipe(
         "mxfp8", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 32, (1, 32), 1, 1.0, 100,
         TE + "recipe.MXFP8BlockScaling; OCP Microscaling Formats (MX) v1.0: 32-element blocks, E8M0 scales",
-        0, 2,
+        0, 2, "mxfp8",
     ),
     "nvfp4": Recipe(
         "nvfp4", "fp4", "E2M1 / E2M1", ("fprop", "dgrad", "wgrad"), 16, (16, 16), 1, 0.5, 100,
         TE + "recipe.NVFP4BlockScaling: 16-element blocks, E4M3 scales and an fp32 per-tensor scale",
-        1, 1,
+        1, 1, "nvfp4",
     ),
 }  # fmt: skip
 
