@@ -22,10 +22,11 @@ whose ``None`` means the framework's default:
 - ``overlap_p2p``: pipeline sends in the steady state. Megatron True for the interleaved schedule only
   (--overlap-p2p-communication), else False.
 - ``overlap_moe_expert_parallel_comm``: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B
-  schedule, megatron/core/pipeline_parallel/combined_1f1b.py): one micro-batch's EP dispatch/combine runs
-  while another micro-batch computes, forward behind a backward and backward behind a forward. False. Not
-  with the allgather dispatcher. Priced as the steady state for every micro-batch (warm-up and cool-down
-  micro-batches also hide theirs: an under-estimate of the exposed time for few micro-batches).
+  schedule, megatron/core/pipeline_parallel/combined_1f1b.py): a forward and a backward of two micro-batches
+  run as a pair, the EP dispatch/combine of both exposed only beyond the pair's compute
+  (overlap_forward_backward; DualPipe's F&B is the same overlap). False. Not with the allgather dispatcher.
+  Priced as the steady state for every micro-batch (warm-up and cool-down micro-batches also hide theirs:
+  an under-estimate of the exposed time for few micro-batches).
 - ``moe_shared_expert_overlap``: Megatron --moe-shared-expert-overlap: the shared experts compute while the
   routed tokens' all-to-all runs (megatron/core/transformer/moe/shared_experts.py, alltoall/flex
   dispatchers). False. The window is the shared experts' share of the pass's GEMM time (by FLOPs).
@@ -219,10 +220,7 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                     t = max(0.0, t - window)
                 elif kind == "dp" and _prefetch(ctx, flags):
                     t = max(0.0, t - pass_time.total_s)
-                elif kind == "ep" and flags.overlap_moe_expert_parallel_comm:
-                    other = comp.backward if phase == "forward" else comp.forward
-                    t = max(0.0, t - other.total_s)
-                elif kind == "ep" and flags.moe_shared_expert_overlap:
+                elif kind == "ep" and flags.moe_shared_expert_overlap and not flags.overlap_moe_expert_parallel_comm:
                     t = max(0.0, t - pass_time.gemm_s * shared_expert_share(ctx, i, comp))
                 exposed += t
                 if t:
@@ -233,7 +231,30 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                 st.fwd_comm_s = exposed
             else:
                 st.bwd_comm_s = exposed
+        if flags.overlap_moe_expert_parallel_comm:
+            overlap_forward_backward(st)
     return p2p
+
+
+def overlap_forward_backward(st: StageStep) -> None:
+    """A forward and a backward of two micro-batches run as one pair (Megatron's combined 1F1B A2A overlap;
+    DualPipe's F&B, DeepSeek-V3 §3.2.1): the EP all-to-alls of both directions are exposed only beyond the
+    pair's compute, the same fraction of each direction; the other streams stay as they were."""
+    ep_f = st.exposed_by_stream.get(("ep", "forward"), 0.0)
+    ep_b = st.exposed_by_stream.get(("ep", "backward"), 0.0)
+    if not ep_f + ep_b:
+        return
+    window = st.compute.forward.total_s + st.compute.backward.total_s
+    left = max(0.0, ep_f + ep_b - window) / (ep_f + ep_b)
+    for phase, t in (("forward", ep_f), ("backward", ep_b)):
+        if phase == "forward":
+            st.fwd_comm_s -= t * (1 - left)
+        else:
+            st.bwd_comm_s -= t * (1 - left)
+        if t * left:
+            st.exposed_by_stream[("ep", phase)] = t * left
+        else:
+            st.exposed_by_stream.pop(("ep", phase), None)
 
 
 def shared_expert_share(ctx: Context, stage: int, comp: StageCompute) -> float:

@@ -50,7 +50,9 @@ AMAX_BYTES = 4
 
 def calls(ctx: Context) -> list[Call]:
     recipe = ctx.work.recipe
-    if recipe is None or ctx.flavour != "megatron":
+    # par.framework (a name in both the string and the traits-object worlds): once flavours are traits objects
+    # this is a trait of the Megatron/TransformerEngine flavour
+    if recipe is None or ctx.par.framework != "megatron":
         return []
     out = _amax(ctx) if recipe.name == "delayed" else []
     if recipe.name in CURRENT_SCALING and ctx.par.sp:
