@@ -96,6 +96,32 @@ def test_mla_without_query_compression_over_http(api):
     assert plan(api, body)["params_total"] == 2 * layer + 2 * 32000 * 1024 + 1024
 
 
+def test_mla_projections_under_tp_over_http(api):
+    """Per TP rank (tp 2, one stage): q_down h x 512 and kv_down h x (256 + 32) and the two latent norms whole
+    on every rank; q_up, kv_up and the output projection halved; with SP their gradients (and the layer norms')
+    are all-reduced over TP once per iteration."""
+    model = {
+        "num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8, "ffn_hidden_size": 4096,
+        "vocab_size": 32000, "seq_length": 2048,
+        "mla": {"q_lora_rank": 512, "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+                "v_head_dim": 64},
+    }  # fmt: skip
+    body = {
+        "model": model,
+        "workload": {"global_batch_size": 16},
+        "parallel": {"tp": 2, "dp": 8, "sequence_parallel": True},
+        "cluster": H100x2,
+    }
+    result = plan(api, body)
+    replicated = 1024 * 512 + 512 + 1024 * (256 + 32) + 256
+    split = 512 * 8 * 96 + 256 * 8 * (64 + 64) + 8 * 64 * 1024
+    layer = replicated + split // 2 + 2 * 1024 + 3 * 1024 * 4096 // 2
+    head = 2 * 32000 * 1024 // 2 + 1024  # vocab 32,000 is a multiple of 128 x 2: no padding
+    assert result["memory"]["per_stage"][0]["param_count"] == 2 * layer + head
+    sp_grads = calls(result, "tp.sp_param_grads")["tp.sp_param_grads"]
+    assert sp_grads["message_bytes"] == (2 * (replicated + 2 * 1024) + 1024) * 4  # fp32 main grads
+
+
 @pytest.mark.parametrize(
     ("model", "loc", "words"),
     [
