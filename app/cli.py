@@ -90,8 +90,9 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
-    from .routers.export import Format, Launcher, render
-    from .routers.plan import plan_of
+    from planner.exports import render
+
+    from .inputs import plan_of
     from .schemas.plan import PlanRequest
     from .serialize import plan_dict
 
@@ -100,7 +101,7 @@ def _plan(args) -> int:
         if args.format in ("table", "json"):
             result = plan_dict(plan)
             return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        return render(plan, Format(args.format), args.stage, Launcher(args.launcher))
+        return render(plan, args.format, args.stage, args.launcher)
 
     return _answer(args, produce)
 
@@ -271,7 +272,7 @@ def _invalid(err: ValidationError) -> int:
 
 
 def _calibrate(args) -> int:
-    from .routers.calibrate import run
+    from .calibration import calibration_response as run
     from .schemas.calibrate import CalibrateRequest
     from .settings import Settings
 

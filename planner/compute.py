@@ -289,7 +289,7 @@ def gemm_peak(ctx: Context, gpu: GPUSpec, dtype: str | None = None) -> float:
 def attention_dtype(ctx: Context) -> str:
     """Core attention runs in bf16 under fp8 recipes (TE's fp8 dot-product attention is off by default)."""
     dtype = compute_dtype(ctx)
-    return "bf16" if dtype == "fp8" else dtype
+    return "bf16" if dtype in ("fp8", "fp4") else dtype  # fp4 recipes too (TE NVFP4 attention stays bf16)
 
 
 def _fp8_cast_s(ctx: Context, shapes: list[tuple[float, float, float]], hbm: float, eff: Efficiency) -> float:
@@ -335,7 +335,10 @@ def kv_cache_bytes_per_layer(ctx: Context) -> int:
 
 
 def compute_dtype(ctx: Context) -> str:
-    """The tensor-core dtype the matmuls run in: fp8 when activations are fp8, bf16 for 2-byte types, else fp32."""
+    """The tensor-core dtype the matmuls run in: the recipe's (workload.fp8_recipe, planner/recipes.py), fp8 when
+    activations are fp8, bf16 for 2-byte types, else fp32."""
+    if ctx.work.recipe is not None:
+        return ctx.work.recipe.gemm_dtype
     return "fp8" if ctx.work.activation_dtype == "fp8" else "bf16" if ctx.x <= 2 else "fp32"
 
 

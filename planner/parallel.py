@@ -13,7 +13,10 @@ from .workload import WorkloadSpec
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 FRAMEWORKS = ("megatron", "torch", "deepspeed")
 CP_COMM = ("p2p", "all_gather", "a2a")
-EP_DISPATCH = ("alltoall", "deepep", "deepep_ll")
+# Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
+# (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep"); deepep_ll:
+# DeepEP's low-latency kernels for decoding (rules/expert.py)
+EP_DISPATCH = ("alltoall", "allgather", "deepep", "deepep_ll")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
@@ -84,8 +87,9 @@ class ParallelSpec:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     zero_config: ZeroConfig = field(default_factory=ZeroConfig)  # DeepSpeed flavour only
-    # alltoall | deepep (normal kernels: node-limited, RDMA then NVLink: DeepSeek-V3 §3.2) | deepep_ll (DeepEP's
-    # low-latency kernels for decoding: one direct send per token and expert, rules/expert.py)
+    # alltoall | allgather | deepep (node-limited, RDMA then NVLink: DeepSeek-V3 §3.2). Megatron's CLI default
+    # is allgather; every published EP recipe sets alltoall (or flex), which stays this planner's default
+    # deepep_ll: DeepEP's low-latency kernels for decoding, one direct send per token and expert (rules/expert.py)
     ep_dispatch: str = "alltoall"
 
     def __post_init__(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import SpecError
+from .recipes import Recipe, recipe_of, validate_recipe
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
 RECOMPUTE = ("none", "selective", "full")
@@ -36,10 +37,19 @@ class WorkloadSpec:
     grad_reduce_dtype: str | None = None  # None: the framework's default (megatron fp32, others = params)
     moe_dispatch_dtype: str | None = None  # None: activation dtype; "fp8" for DeepSeek-style dispatch
     kv_dtype: str | None = None  # inference: the KV cache's dtype (vLLM --kv-cache-dtype); None: activation dtype
+    # low-precision training (planner/recipes.py): delayed | tensorwise | blockwise | mxfp8 | nvfp4; None: the
+    # GEMMs run in the activation dtype. fp8_param_gather: Megatron --fp8-param-gather (fp8 primary weights,
+    # the distributed optimizer's parameter all-gather in fp8)
+    fp8_recipe: str | None = None
+    fp8_param_gather: bool = False
 
     @property
     def training(self) -> bool:
         return self.kind == "training"
+
+    @property
+    def recipe(self) -> Recipe | None:
+        return recipe_of(self.fp8_recipe)
 
 
 def validate_workload(w: WorkloadSpec) -> None:
@@ -49,6 +59,7 @@ def validate_workload(w: WorkloadSpec) -> None:
         value = getattr(w, name)
         if value is not None and value not in DTYPE_BYTES:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    validate_recipe(w.fp8_recipe, w.fp8_param_gather)
     if w.attention_kernel not in ATTENTION_KERNELS:
         raise SpecError(
             "workload.attention_kernel",

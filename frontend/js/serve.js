@@ -2,7 +2,7 @@
 // pools), its cards, pools and KV transfer; "Find a deployment": POST /v1/serve/search under a TTFT/TPOT SLA,
 // its ranked table and the Pareto front of tokens/s per GPU against tokens/s per user; a click loads one.
 import { postJson } from "./api.js";
-import { $, el } from "./dom.js";
+import { $, el, options as fillOptions } from "./dom.js";
 import { esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
@@ -10,7 +10,39 @@ import { state } from "./state.js";
 const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Number(v); };
 const POOL_FIELDS = ["workers", "tp", "dp", "ep"];
 
+// published deployments to start from (their sources: docs/serving.md)
+export const SERVE_SCENARIOS = [
+  { id: "dsv3-pd", label: "DeepSeek-V3 on 96 H100: SGLang prefill DP32 + decode DP64, DeepEP (LMSYS 2025)",
+    request: { model: { preset: "deepseek-v3" }, nodes: 12, engine: "sglang",
+      traffic: { input_tokens: 2000, output_tokens: 100, concurrency: 2048 }, options: { weight_dtype: "fp8" },
+      deployment: { pools: [
+        { role: "prefill", workers: 1, tp: 1, dp: 32, ep: 32, attention_dp: true, ep_dispatch: "deepep" },
+        { role: "decode", workers: 1, tp: 1, dp: 64, ep: 64, attention_dp: true, ep_dispatch: "deepep" }] } } },
+  { id: "llama70b-vllm", label: "Llama-3 70B on 16 H100: vLLM, two TP8 workers",
+    request: { model: { preset: "llama3-70b" }, nodes: 2, engine: "vllm",
+      traffic: { input_tokens: 1000, output_tokens: 200, concurrency: 64 }, options: { weight_dtype: "bf16" },
+      deployment: { pools: [{ role: "both", workers: 2, tp: 8 }] } } },
+];
+
+export function fillServeModels(presets) {
+  fillOptions($("serve-model"), [["", "the form's model"], ...Object.entries(presets).map(([k, m]) => [k, m.name || k])]);
+  fillOptions($("serve-scenario"), [["", "— pick one —"], ...SERVE_SCENARIOS.map((s) => [s.id, s.label])]);
+}
+
+function loadScenario() {
+  const s = SERVE_SCENARIOS.find((x) => x.id === $("serve-scenario").value);
+  if (!s) return;
+  const r = s.request;
+  $("serve-model").value = r.model.preset;
+  $("serve-nodes").value = r.nodes;
+  $("serve-isl").value = r.traffic.input_tokens; $("serve-osl").value = r.traffic.output_tokens;
+  $("serve-load").value = "concurrency"; $("serve-concurrency").value = r.traffic.concurrency;
+  $("serve-weights").value = r.options.weight_dtype; $("serve-kv").value = "";
+  loadDeployment({ engine: r.engine, deployment: r.deployment });
+}
+
 export function initServe() {
+  $("serve-scenario").addEventListener("change", loadScenario);
   $("serve-mode").addEventListener("change", syncMode);
   $("serve-run").addEventListener("click", runServe);
   $("serve-search-run").addEventListener("click", runServeSearch);
@@ -44,10 +76,18 @@ function options() {
   return o;
 }
 
-export function serveBody() {
+// the model and cluster served: the card's own choices, else the form's
+function modelAndCluster() {
   const r = state.request;
+  const model = $("serve-model").value ? { preset: $("serve-model").value } : r.model;
+  const nodes = num("serve-nodes");
+  const cluster = nodes === null ? r.cluster : { ...r.cluster, num_nodes: nodes };
+  return { model, cluster };
+}
+
+export function serveBody() {
   const pools = $("serve-mode").value === "disaggregated" ? [pool("serve-p", "prefill"), pool("serve-d", "decode")] : [pool("serve-a", "both")];
-  return { model: r.model, cluster: r.cluster, engine: $("serve-engine").value, traffic: traffic(), deployment: { pools }, options: options() };
+  return { ...modelAndCluster(), engine: $("serve-engine").value, traffic: traffic(), deployment: { pools }, options: options() };
 }
 
 function errorText(err) {
@@ -106,8 +146,7 @@ async function runServeSearch() {
   const sla = {};
   if (num("serve-sla-ttft") !== null) sla.ttft_s = num("serve-sla-ttft") / 1e3;
   if (num("serve-sla-tpot") !== null) sla.tpot_s = num("serve-sla-tpot") / 1e3;
-  const r = state.request;
-  const body = { model: r.model, cluster: r.cluster, traffic: traffic(), sla, options: options(), top_k: 10 };
+  const body = { ...modelAndCluster(), traffic: traffic(), sla, options: options(), top_k: 10 };
   $("serve-search-status").textContent = "Searching deployments…";
   $("serve-search-run").disabled = true;
   try {

@@ -41,10 +41,12 @@ VLLM = register(
     EngineTraits(
         "vllm",
         "vLLM",
-        # --all2all-backend allgather_reducescatter is vLLM's default; the planner prices it as its all-to-all
-        # token exchange until the all-gather dispatcher is modelled (docs/serving.md, "not modelled")
-        ep_dispatch="alltoall",
-        ep_dispatches=("alltoall", "deepep", "deepep_ll"),
+        # --all2all-backend allgather_reducescatter, vLLM's default (vllm/distributed/device_communicators/
+        # all2all.py AgRsAll2AllManager): all-gather the tokens before the experts, reduce-scatter after, as the
+        # planner's all-gather dispatcher does (it does not add the router logits vLLM gathers too: E values per
+        # token beside h, 3.6% more for DeepSeek-V3)
+        ep_dispatch="allgather",
+        ep_dispatches=("allgather", "alltoall", "deepep", "deepep_ll"),
         # vllm/engine/arg_utils.py: default max_num_batched_tokens 8192 for the OpenAI API server (chunked
         # prefill on); vllm/config/cache.py: gpu_memory_utilization 0.9, block_size 16
         max_batch_tokens=8192,
@@ -58,8 +60,10 @@ SGLANG = register(
     EngineTraits(
         "sglang",
         "SGLang",
-        ep_dispatch="alltoall",
-        ep_dispatches=("alltoall", "deepep", "deepep_ll"),
+        # without --moe-a2a-backend, DP attention gathers every rank's tokens before the MoE and scatters after
+        # (python/sglang/srt/layers/dp_attention.py): priced as the all-gather dispatcher
+        ep_dispatch="allgather",
+        ep_dispatches=("allgather", "alltoall", "deepep", "deepep_ll"),
         # python/sglang/srt/server_args.py: chunked_prefill_size 8192 on 80-96 GB GPUs; mem_fraction_static
         # about 0.88 there (it is derived from the GPU's memory and TP size); page_size 1
         max_batch_tokens=8192,
@@ -77,7 +81,7 @@ TRTLLM = register(
         "trtllm",
         "TensorRT-LLM",
         ep_dispatch="alltoall",
-        ep_dispatches=("alltoall", "deepep", "deepep_ll"),
+        ep_dispatches=("allgather", "alltoall", "deepep", "deepep_ll"),
         # tensorrt_llm/llmapi/llm_args.py: max_num_tokens 8192; KvCacheConfig free_gpu_memory_fraction 0.9 of
         # the memory left after weights; tokens_per_block 32
         max_batch_tokens=8192,

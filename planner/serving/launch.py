@@ -62,7 +62,11 @@ def _vllm(model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, d
         argv += ["--data-parallel-size", str(pool.dp)]
     if pool.ep > 1:
         argv.append("--enable-expert-parallel")
-        backend = {"deepep": "deepep_high_throughput", "deepep_ll": "deepep_low_latency"}.get(pool.ep_dispatch or "")
+        backend = {
+            "allgather": "allgather_reducescatter",
+            "deepep": "deepep_high_throughput",
+            "deepep_ll": "deepep_low_latency",
+        }.get(pool.ep_dispatch or "")
         if backend:
             argv += ["--all2all-backend", backend]
     argv += ["--max-num-batched-tokens", str(pool.max_batch_tokens or traits.max_batch_tokens)]

@@ -43,7 +43,8 @@ def test_disaggregated_answer_prices_the_kv_transfer(api):
     assert kv["time_s"] >= kv["bytes_per_request"] / 50e9 and "nic" in kv["bottleneck"]
     assert kv["links"] and kv["links"][0]["label"] == kv["bottleneck"]
     ep = [c for c in d["pools"][1]["calls"] if c["parallelism"] == "ep"]
-    assert {c["op"] for c in ep} >= {"alltoall"}
+    # SGLang's DP attention without DeepEP gathers the tokens before the MoE and scatters after
+    assert {c["op"] for c in ep} >= {"allgather", "reducescatter"}
 
 
 def test_deepep_dispatch_over_http(api):

@@ -899,3 +899,20 @@ def test_serve_view_plans_a_deployment_and_finds_one_under_an_sla(make_page, vie
     text = page.locator("#serve-card").inner_text()
     assert not re.search(r"\de[+-]?\d", text), "scientific notation on the Serve card"
     shot_of(page, "#serve-card", f"serve-{viewport['width']}")
+
+
+def test_serve_scenario_deepseek_on_96_gpus(page):
+    """The user's path of the mission: switch to serving DeepSeek-V3 on 96 GPUs and see TTFT, TPOT, tokens/s
+    per GPU, the KV cache and the KV transfer with the links it crosses."""
+    open_page(page)
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    cards = page.locator("#serve-cards")
+    for label in ("TTFT", "TPOT", "Tokens/s per GPU", "KV cache", "KV transfer"):
+        expect(cards).to_contain_text(label)
+    expect(cards.locator("[data-card=kv-transfer]")).to_contain_text("141 MB per request")
+    rows = page.locator("#serve-pools tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("prefill")
+    expect(rows.first).to_contain_text("32")
+    expect(page.locator("#serve-links")).to_contain_text("nic")
