@@ -98,6 +98,10 @@ def parallel_spec(block: ParallelIn, num_devices: int) -> ParallelSpec:
         values["dp"] = num_devices // per_replica
     if "zero_config" in values:
         values["zero_config"] = zero_config_from_dict(values["zero_config"])
+    if isinstance(values.get("pipeline_layout"), list):  # hashable, as the spec is a cache key
+        values["pipeline_layout"] = tuple(tuple(stage) for stage in values["pipeline_layout"])
+    if values.get("pipeline_split_points") is not None:
+        values["pipeline_split_points"] = tuple(values["pipeline_split_points"])
     return ParallelSpec(**values)
 
 

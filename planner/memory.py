@@ -38,7 +38,7 @@ from functools import lru_cache
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
 from .params import recipe_weight_bytes, stage_params, total
-from .pipeline import Schedule, in_flight
+from .pipeline import Schedule, in_flight_chunks
 
 GIB = 1 << 30
 # CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
@@ -46,6 +46,9 @@ GIB = 1 << 30
 WORKSPACE_BYTES = 1 * GIB
 ADAM_STATE_BYTES = 8  # m and v in fp32
 MASTER_BYTES = 4  # fp32 master weights when the parameters are not fp32
+# DualPipe keeps two copies of the parameters, one per direction, each with its gradients (DualPipe README
+# table: Parameter 2x; DeepSeek-V3 report §3.2.1); the optimizer steps them as one. DualPipeV: 1x.
+SCHEDULE_PARAM_COPIES = {"dualpipe": 2}
 ZERO3_UNITS_IN_FLIGHT = 2  # the unit computing and the one prefetched (FSDP2 / DeepSpeed prefetch)
 
 
@@ -180,18 +183,18 @@ def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: boo
         for moe in (False, True)
         if (ctx.moe_layers(stage) if moe else ctx.dense_layers(stage))
     }
-    counts = {False: ctx.dense_layers(stage), True: ctx.moe_layers(stage)}
     if not ctx.training:  # one layer's working set at a time
         return int(max(per_layer.values(), default=0.0)) + _logits(ctx, stage)
+    working = 0.0
     if recompute == "full":
-        stored = sum(counts[k] for k in per_layer) * ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x  # 2sbh at x = 2
-        stored /= t if sp else 1
-        one_mb = stored
         working = max(per_layer.values(), default=0.0)
-    else:
-        one_mb = sum(per_layer[k] * counts[k] for k in per_layer)
-        working = 0.0
-    return int(one_mb * in_flight(sched, stage) + working) + _logits(ctx, stage)
+        # each layer keeps only its input: 2sbh at x = 2, /t with SP
+        per_layer = dict.fromkeys(per_layer, ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (t if sp else 1))
+    # the chunks in flight, each with the layers it holds (pipeline.in_flight_chunks)
+    held = 0.0
+    for chunk, count in zip(ctx.chunks[stage], in_flight_chunks(sched, stage), strict=True):
+        held += count * sum(per_layer[ctx.model.is_moe_layer(i)] for i in chunk.layers)
+    return int(held + working) + _logits(ctx, stage)
 
 
 def _logits(ctx: Context, stage: int) -> int:
@@ -228,13 +231,14 @@ def stage_memory(
     xp = ctx.param_bytes
     z = ctx.par.zero_stage if ctx.training else 0
     params = grads = opt = 0.0
+    copies = SCHEDULE_PARAM_COPIES.get(ctx.par.pipeline_schedule, 1) if ctx.training else 1
     for count, is_expert in ((nd, False), (ne, True)):
         if not count:
             continue
         shards = _shards(ctx, is_expert)
-        params += count * xp / (shards if z >= 3 else 1)
+        params += copies * count * xp / (shards if z >= 3 else 1)
         if ctx.training:
-            grads += count * ctx.grad_bytes / (shards if z >= 2 else 1)
+            grads += copies * count * ctx.grad_bytes / (shards if z >= 2 else 1)
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
             opt += count * opt_per / (shards if z >= 1 else 1)
     params += recipe_weight_bytes(ctx, stage)  # fp8/fp4 weight copies (workload.fp8_recipe, params.py)

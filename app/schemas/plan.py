@@ -138,7 +138,11 @@ class ParallelIn(Strict):
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     sequence_parallel: bool | None = None
     virtual_pipeline_stages: int | None = Field(default=None, ge=1, le=256)
-    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] | None = None
+    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"] | None = Field(
+        default=None,
+        description="1f1b (default), interleaved, gpipe; zero-bubble zb-h1 and zbv (Qi et al. 2024); dualpipe and "
+        "dualpipev (DeepSeek-V3 §3.2.1)",
+    )
     hybrid_shard_size: int | None = Degree
     dp_bucket_bytes: int | None = Field(default=None, ge=1, le=1 << 40)
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
@@ -157,6 +161,33 @@ class ParallelIn(Strict):
     )
     first_stage_layers: int | None = Layers
     last_stage_layers: int | None = Layers
+    # pipeline layouts (issue 21): docs/frameworks.md, Pipeline layouts
+    pipeline_layout: (
+        Annotated[str, Field(min_length=1, max_length=4096)]
+        | Annotated[
+            list[Annotated[list[Annotated[str, Field(max_length=16)]], Field(max_length=4096)]],
+            Field(min_length=1, max_length=4096),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description='Megatron --pipeline-model-parallel-layout: "E|(t|)*126,L" (E embedding, t decoder layer, '
+        "m MTP layer, L loss; | between the pp*v virtual stages, which go to rank k % pp) or a list of lists",
+    )
+    account_for_embedding_in_pipeline_split: bool | None = Field(
+        default=None, description="Megatron --account-for-embedding-in-pipeline-split: the embedding counts as a layer"
+    )
+    account_for_loss_in_pipeline_split: bool | None = Field(
+        default=None, description="Megatron --account-for-loss-in-pipeline-split: the loss counts as a layer"
+    )
+    pipeline_split_points: (
+        Annotated[list[Annotated[int, Field(ge=1, le=BOUNDS["num_layers"][1])]], Field(min_length=1, max_length=4096)]
+        | None
+    ) = Field(
+        default=None,
+        description="torch.distributed.pipelining / torchtitan pipeline_parallel_split_points as layer indices: "
+        "the first layer of stages 1, 2, ...",
+    )
 
 
 class OverlapIn(Strict):
