@@ -62,7 +62,14 @@ def model_spec(block: ModelIn) -> ModelSpec:
 # The fields that describe one kind of workload only: given for the other kind they were dropped without a word
 # (a training request's batch_size 64 planned a global batch of 1, the default).
 ONLY_FOR = {
-    "training": ("micro_batch_size", "global_batch_size", "activation_recompute"),
+    "training": (
+        "micro_batch_size",
+        "global_batch_size",
+        "activation_recompute",
+        "recompute_method",
+        "recompute_num_layers",
+        "recompute_modules",
+    ),
     "inference": ("phase", "batch_size", "context_length"),
 }
 
@@ -80,6 +87,8 @@ def workload_spec(block: WorkloadIn) -> WorkloadSpec:
                 f"{', '.join(stray)} {verb} {article} {other} workload, but kind is {kind!r}; "
                 f"the {kind} fields are {', '.join(ONLY_FOR[kind])}",
             )
+    if given.get("recompute_modules") is not None:  # hashable, as the spec is a cache key
+        given["recompute_modules"] = tuple(given["recompute_modules"])
     return WorkloadSpec(**(base | given))
 
 

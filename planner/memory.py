@@ -39,6 +39,7 @@ from .compute import kv_cache_bytes_per_layer
 from .context import Context
 from .params import recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
+from .recompute import LayerRecompute, chunk_plans, working_layers
 
 GIB = 1 << 30
 # CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
@@ -169,31 +170,68 @@ def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> L
     return LayerActivations(split, replicated, scores)
 
 
+def freed_activations(ctx: Context, moe: bool, modules: frozenset[str]) -> LayerActivations:
+    """The tensors of ``layer_activations`` that selective recompute of ``modules`` frees (planner/recompute.py
+    lists what each module re-runs); core_attn's s² scores go through ``per_rank``'s ``flash`` switch."""
+    mdl = ctx.model
+    sbx, h = ctx.b * ctx.s_cp * ctx.x, mdl.hidden_size
+    gate = 2 if mdl.gated_mlp else 1
+    split = replicated = 0.0
+    if "layernorm" in modules:  # the norms' outputs: the QKV input and the MLP input
+        replicated += 2 * sbx * h
+    if "mla_up_proj" in modules and mdl.mla:  # Q, K and V after the up-projections
+        a = mdl.mla
+        split += sbx * mdl.num_attention_heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim)
+    if not moe:
+        if "mlp" in modules:
+            split += sbx * (gate + 1) * mdl.ffn_hidden_size
+        return LayerActivations(split, replicated, 0.0)
+    m = mdl.moe
+    copies = m.top_k * (m.capacity_factor or 1.0)
+    if "moe" in modules:  # the whole MoE block: experts, shared experts, router logits
+        split += sbx * copies * (h + (gate + 1) * m.expert_ffn_hidden_size)
+        split += sbx * (gate + 1) * m.shared_ffn if m.shared_ffn else 0
+        replicated += ctx.b * ctx.s_cp * m.num_experts * 4
+        return LayerActivations(split, replicated, 0.0)
+    if "moe_act" in modules:  # the experts' activation output (FC2's input)
+        split += sbx * copies * m.expert_ffn_hidden_size
+    if "shared_experts" in modules and m.shared_ffn:
+        split += sbx * (gate + 1) * m.shared_ffn
+    return LayerActivations(split, replicated, 0.0)
+
+
 @lru_cache(maxsize=4096)
 def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool | None = None) -> int:
-    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference). The s² scores
-    are kept only by unfused attention (``workload.attention_kernel``) without selective recompute."""
+    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference): what each
+    layer keeps under recompute as configured (planner/recompute.py) for the chunks in flight
+    (pipeline.in_flight_chunks), plus the working set a full recompute rebuilds. The s² scores are kept
+    only by unfused attention (``workload.attention_kernel``) without core_attn recompute."""
     par = ctx.par
     t, sp = par.tp, par.sp
-    recompute = ctx.work.activation_recompute if ctx.training else "none"
     flash = ctx.work.attention_kernel == "flash" if flash is None else flash
-    no_scores = flash or recompute == "selective"
-    per_layer = {
-        moe: layer_activations(ctx, moe).per_rank(t, sp, no_scores)
-        for moe in (False, True)
-        if (ctx.moe_layers(stage) if moe else ctx.dense_layers(stage))
-    }
+    kinds = [k for k in (False, True) if (ctx.moe_layers(stage) if k else ctx.dense_layers(stage))]
+    full = {moe: layer_activations(ctx, moe) for moe in kinds}
     if not ctx.training:  # one layer's working set at a time
-        return int(max(per_layer.values(), default=0.0)) + _logits(ctx, stage)
-    working = 0.0
-    if recompute == "full":
-        working = max(per_layer.values(), default=0.0)
-        # each layer keeps only its input: 2sbh at x = 2, /t with SP
-        per_layer = dict.fromkeys(per_layer, ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (t if sp else 1))
-    # the chunks in flight, each with the layers it holds (pipeline.in_flight_chunks)
+        return int(max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)) + _logits(ctx, stage)
+    layer_input = ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (t if sp else 1)  # 2sbh at x = 2, /t with SP
+    kept: dict = {}
+
+    def keeps(moe: bool, plan: LayerRecompute) -> float:
+        key = (moe, plan)
+        if key not in kept:
+            if plan.full:
+                kept[key] = layer_input if plan.keeps_input else 0.0
+            else:
+                acts, freed = full[moe], freed_activations(ctx, moe, plan.modules)
+                left = LayerActivations(acts.split - freed.split, acts.replicated - freed.replicated, acts.scores)
+                kept[key] = left.per_rank(t, sp, flash or "core_attn" in plan.modules)
+        return kept[key]
+
     held = 0.0
-    for chunk, count in zip(ctx.chunks[stage], in_flight_chunks(sched, stage), strict=True):
-        held += count * sum(per_layer[ctx.model.is_moe_layer(i)] for i in chunk.layers)
+    chunks = zip(ctx.chunks[stage], chunk_plans(ctx, stage), in_flight_chunks(sched, stage), strict=True)
+    for chunk, plans, count in chunks:
+        held += count * sum(keeps(ctx.model.is_moe_layer(i), plan) for i, plan in zip(chunk.layers, plans, strict=True))
+    working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
     return int(held + working) + _logits(ctx, stage)
 
 
@@ -291,6 +329,7 @@ __all__ = [
     "LayerActivations",
     "Memory",
     "StageMemory",
+    "freed_activations",
     "layer_activations",
     "memory_per_stage",
     "stage_activation_bytes",

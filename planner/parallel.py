@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from ._errors import SpecError
 from .model import ModelSpec
-from .workload import WorkloadSpec
+from .workload import WorkloadSpec, check_recompute_modules
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev")
 FRAMEWORKS = ("megatron", "torch", "deepspeed")
@@ -313,6 +313,7 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
     elif par.cp > 1:
         raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
     if w.training:
+        check_recompute_modules(w, m)
         per_step = w.micro_batch_size * par.dp
         if w.global_batch_size % per_step:
             raise SpecError(

@@ -100,7 +100,22 @@ class WorkloadIn(Strict):
     kind: Literal["training", "inference"] | None = None
     micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16)
     global_batch_size: int | None = Field(default=None, ge=1, le=1 << 24)
-    activation_recompute: Literal["none", "selective", "full"] | None = None
+    activation_recompute: Literal["none", "selective", "full"] | None = Field(
+        default=None, description="Megatron --recompute-granularity: none, selective (recompute_modules) or full"
+    )
+    recompute_method: Literal["uniform", "block"] | None = Field(
+        default=None, description="Megatron --recompute-method (full): uniform groups or the first layers (block)"
+    )
+    recompute_num_layers: int | None = Field(
+        default=None, ge=1, le=BOUNDS["num_layers"][1], description="Megatron --recompute-num-layers (full)"
+    )
+    recompute_modules: (
+        Annotated[
+            list[Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]],
+            Field(max_length=7),
+        ]
+        | None
+    ) = Field(default=None, description='Megatron --recompute-modules (selective); default ["core_attn"]')
     phase: Literal["prefill", "decode"] | None = None
     batch_size: int | None = Field(default=None, ge=1, le=1 << 20, description="sequences over all replicas")
     context_length: int | None = Seq

@@ -1,0 +1,158 @@
+"""Recompute as configured (issue 21 item 3): Megatron's --recompute-method/-num-layers/-modules, memory and
+step time both following (planner/recompute.py, memory.py, compute.py)."""
+
+from dataclasses import replace
+
+import pytest
+
+from collectives.topology.gpu import GPUS
+from planner import ParallelSpec, SpecError, WorkloadSpec
+from planner.compute import layer_forward, stage_compute
+from planner.context import Context
+from planner.memory import layer_activations, stage_activation_bytes
+from planner.parallel import validate_parallel
+from planner.pipeline import Schedule
+from planner.presets import model_preset
+
+GPU = GPUS["h100-sxm5-80gb"]
+SCHED = Schedule("1f1b", 1, 4)  # one stage: one micro-batch in flight
+
+
+def ctx_of(model="llama3-8b", **work):
+    base = dict(micro_batch_size=1, global_batch_size=4)
+    return Context(model_preset(model), WorkloadSpec(**(base | work)), ParallelSpec(dp=4))
+
+
+def acts(ctx):
+    return stage_activation_bytes(ctx, 0, SCHED)
+
+
+def test_block_and_uniform_keep_what_megatron_keeps():
+    """32 layers, b 1, s 8192, h 4096, bf16: a layer's input is 8192·4096·2 = 64 MiB; a whole layer's
+    activations A. block N = 8: 8 inputs + 24 A, plus one layer rebuilt; uniform N = 4: 8 group inputs,
+    plus a group of 4 rebuilt; without a method: every input, plus one layer."""
+    none = ctx_of()
+    layer = layer_activations(none, False).per_rank(1, False, True)
+    logits = 4 * 8192 * none.model.padded_vocab(1)
+    one_input = 8192 * 4096 * 2
+    assert acts(none) == pytest.approx(32 * layer + logits, abs=64)
+    block = ctx_of(activation_recompute="full", recompute_method="block", recompute_num_layers=8)
+    assert acts(block) == pytest.approx(8 * one_input + 24 * layer + layer + logits, abs=64)
+    uniform = ctx_of(activation_recompute="full", recompute_method="uniform", recompute_num_layers=4)
+    assert acts(uniform) == pytest.approx(8 * one_input + 4 * layer + logits, abs=64)
+    full = ctx_of(activation_recompute="full")
+    assert acts(full) == pytest.approx(32 * one_input + layer + logits, abs=64)
+
+
+def test_block_recomputes_only_its_layers():
+    """The backward re-runs the forward of the block's layers only: 8 of 32 here."""
+    none = stage_compute(ctx_of(), 0, GPU)
+    block = stage_compute(ctx_of(activation_recompute="full", recompute_method="block", recompute_num_layers=8), 0, GPU)
+    full = stage_compute(ctx_of(activation_recompute="full"), 0, GPU)
+    layer = layer_forward(ctx_of(), False, GPU)[0]
+    assert block.backward.total_s == pytest.approx(none.backward.total_s + 8 * layer.total_s)
+    assert full.backward.total_s == pytest.approx(none.backward.total_s + 32 * layer.total_s)
+    assert block.forward.total_s == pytest.approx(none.forward.total_s)
+
+
+def test_selective_modules_free_their_tensors_and_rerun_their_forward():
+    """mlp frees a dense layer's MLP intermediates, sbx·(gate + 1)·ffn = 8192·2·3·14336 bytes per layer, and
+    re-runs the MLP GEMMs: their share of the layer's GEMM FLOPs (MLP params over attention + MLP params)."""
+    attn = ctx_of(activation_recompute="selective")
+    mlp = ctx_of(activation_recompute="selective", recompute_modules=("core_attn", "mlp"))
+    freed = 8192 * 2 * 3 * 14336
+    assert acts(attn) - acts(mlp) == pytest.approx(32 * freed, abs=64)
+    m = attn.model
+    share = m.mlp_params(m.ffn_hidden_size) / (m.attention_params() + m.mlp_params(m.ffn_hidden_size))
+    layer = layer_forward(attn, False, GPU)[0]
+    extra = stage_compute(mlp, 0, GPU).backward.total_s - stage_compute(attn, 0, GPU).backward.total_s
+    assert extra == pytest.approx(32 * share * layer.gemm_s)
+    norms = ctx_of(activation_recompute="selective", recompute_modules=("layernorm",))
+    assert acts(attn) - acts(norms) == pytest.approx(32 * 2 * 8192 * 4096 * 2, abs=64)  # the two norms' outputs
+
+
+def test_moe_modules():
+    """Mixtral: moe_act frees the experts' activation output, top-k·ffn per token; moe the whole block."""
+    base = dict(micro_batch_size=1, global_batch_size=4)
+    model = model_preset("mixtral-8x7b")
+
+    def ctx(**w):
+        return Context(model, WorkloadSpec(**(base | w)), ParallelSpec(dp=4))
+
+    attn = ctx(activation_recompute="selective")
+    act = ctx(activation_recompute="selective", recompute_modules=("core_attn", "moe_act"))
+    s = model.seq_length
+    assert acts(attn) - acts(act) == pytest.approx(32 * s * 2 * 2 * model.moe.expert_ffn_hidden_size, abs=64)
+    whole = ctx(activation_recompute="selective", recompute_modules=("core_attn", "moe"))
+    assert acts(whole) < acts(act)
+    assert stage_compute(whole, 0, GPU).backward.total_s > stage_compute(act, 0, GPU).backward.total_s
+
+
+@pytest.mark.parametrize(
+    ("model", "work", "field", "words"),
+    [
+        (
+            "llama3-8b",
+            dict(activation_recompute="selective", recompute_modules=("moe_act",)),
+            "workload.recompute_modules",
+            "recompute module 'moe_act': the model has no MoE layers",
+        ),
+        (
+            "llama3-8b",
+            dict(activation_recompute="selective", recompute_modules=("mla_up_proj",)),
+            "workload.recompute_modules",
+            "no multi-head latent attention",
+        ),
+        (
+            "mixtral-8x7b",
+            dict(activation_recompute="selective", recompute_modules=("mlp",)),
+            "workload.recompute_modules",
+            "no dense MLP: all 32 layers are MoE",
+        ),
+        (
+            "mixtral-8x7b",
+            dict(activation_recompute="selective", recompute_modules=("shared_experts",)),
+            "workload.recompute_modules",
+            "no shared experts",
+        ),
+        (
+            "llama3-8b",
+            dict(activation_recompute="full", recompute_num_layers=33),
+            "workload.recompute_num_layers",
+            "recompute_num_layers 33 > num_layers 32",
+        ),
+    ],
+)
+def test_recompute_the_model_cannot_run(model, work, field, words):
+    w = WorkloadSpec(micro_batch_size=1, global_batch_size=4, **work)
+    with pytest.raises(SpecError) as err:
+        validate_parallel(ParallelSpec(dp=4), model_preset(model), w, 4)
+    assert err.value.field == field and words in err.value.rule
+
+
+@pytest.mark.parametrize(
+    ("work", "field", "words"),
+    [
+        (
+            dict(activation_recompute="selective", recompute_method="block"),
+            "workload.recompute_method",
+            "goes with activation_recompute 'full'",
+        ),
+        (
+            dict(activation_recompute="full", recompute_modules=("mlp",)),
+            "workload.recompute_modules",
+            "goes with activation_recompute 'selective'",
+        ),
+        (
+            dict(activation_recompute="selective", recompute_modules=("attn",)),
+            "workload.recompute_modules",
+            "unknown module 'attn'",
+        ),
+    ],
+)
+def test_recompute_options_follow_megatrons_rules(work, field, words):
+    from planner.workload import validate_workload
+
+    with pytest.raises(SpecError) as err:
+        validate_workload(replace(WorkloadSpec(), **work))
+    assert err.value.field == field and words in err.value.rule
