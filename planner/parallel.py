@@ -347,6 +347,7 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
 V_SCHEDULES = ("zbv", "dualpipe", "dualpipev")  # two chunks per rank in a V (DualPipe: its two directions)
 LAYER_CHARS = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
 LAYOUT_MAX_STAGES = 4096  # virtual stages in a layout: far above any run (Llama 3 405B: 128)
+LAYOUT_MAX_CHARS = 1 << 16  # an unrolled layout's characters, checked after each unrolling pass
 
 
 @dataclass(frozen=True)
@@ -369,6 +370,8 @@ def parse_layout(layout: str | tuple | list) -> tuple[tuple[str, ...], ...]:
         text = layout.replace(",", "").replace(" ", "")
         for pattern in (r"\(([^()]+)\)\*(\d+)", r"(.)\*(\d+)"):
             text = re.sub(pattern, lambda g: _unroll(g.group(1), int(g.group(2))), text)
+            if len(text) > LAYOUT_MAX_CHARS:
+                raise SpecError(field_, f"unrolls to more than {LAYOUT_MAX_CHARS} layers")
         if any(c in text for c in "()*"):
             raise SpecError(field_, f"cannot read {layout!r}: nested or unmatched '(...)*n'")
         stages = [tuple(stage) for stage in text.split("|")]
@@ -387,10 +390,8 @@ def parse_layout(layout: str | tuple | list) -> tuple[tuple[str, ...], ...]:
 
 
 def _unroll(text: str, n: int) -> str:
-    if len(text) * n > LAYOUT_MAX_STAGES * 64:
-        raise SpecError(
-            "parallel.pipeline_layout", f"{text!r}*{n} unrolls to more than {LAYOUT_MAX_STAGES * 64} layers"
-        )
+    if len(text) * n > LAYOUT_MAX_CHARS:
+        raise SpecError("parallel.pipeline_layout", f"{text!r}*{n} unrolls to more than {LAYOUT_MAX_CHARS} layers")
     return text * n
 
 
