@@ -69,6 +69,7 @@ ONLY_FOR = {
         "recompute_method",
         "recompute_num_layers",
         "recompute_modules",
+        "selective_ac_option",
     ),
     "inference": ("phase", "batch_size", "context_length"),
 }

@@ -379,9 +379,15 @@ def recompute_modules_forward(ctx: Context, layer: PassTime, gpu: GPUSpec, eff, 
     active parameters over the layer's); layernorm and moe_act memory-bound, reading and writing their
     tensors at the achievable HBM bandwidth."""
     out = PassTime()
+    mdl = ctx.model
+    if "op" in modules:  # torchtitan per-op SAC: k, o and w3 (w2 without a gate) and every elementwise op
+        hd = mdl.head_size
+        redo = mdl.hidden_size * (mdl.kv_heads * hd + mdl.num_attention_heads * hd + mdl.ffn_hidden_size)
+        share = redo / (mdl.attention_params() + mdl.mlp_params(mdl.ffn_hidden_size))
+        gemm_flops = layer.flops - layer_attention_flops(ctx)
+        return PassTime(gemm_s=layer.gemm_s * share, elementwise_s=layer.elementwise_s, flops=gemm_flops * share)
     if "core_attn" in modules:
         out = out + PassTime(attention_s=layer.attention_s, flops=layer_attention_flops(ctx))
-    mdl = ctx.model
     shares = {"mlp": 0.0 if moe else mdl.mlp_params(mdl.ffn_hidden_size)}
     if moe and mdl.moe:
         m = mdl.moe

@@ -200,6 +200,24 @@ def freed_activations(ctx: Context, moe: bool, modules: frozenset[str]) -> Layer
     return LayerActivations(split, replicated, 0.0)
 
 
+def torch_op_sac_kept(ctx: Context) -> float:
+    """What torchtitan's per-op selective checkpointing keeps of a dense block, per rank (planner/recompute.py):
+    the block's input, the saved mm outputs (q, v, w1 and, gated, w2: odd in the order q, k, v, o, w1, w3, w2;
+    the row-parallel w2's is its full-width partial sum), the attention output and its fp32 log-sum-exp, and
+    with sequence parallelism the two reduce-scatter outputs."""
+    mdl, par = ctx.model, ctx.par
+    t, sp = par.tp, par.sp
+    sbx, h, hd = ctx.b * ctx.s_cp * ctx.x, mdl.hidden_size, mdl.head_size
+    q, kv = mdl.num_attention_heads * hd, mdl.kv_heads * hd
+    kept = sbx * (q + kv + q + mdl.ffn_hidden_size) / t + sbx * h / (t if sp else 1)
+    kept += ctx.b * ctx.s_cp * mdl.num_attention_heads / t * 4
+    if mdl.gated_mlp:  # w2 is the 7th mm; without a gate the 6th, recomputed
+        kept += sbx * h
+    if sp:
+        kept += 2 * sbx * h / t
+    return kept
+
+
 @lru_cache(maxsize=4096)
 def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool | None = None) -> int:
     """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference): what each
@@ -219,7 +237,9 @@ def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: boo
     def keeps(moe: bool, plan: LayerRecompute) -> float:
         key = (moe, plan)
         if key not in kept:
-            if plan.full:
+            if "op" in plan.modules:
+                kept[key] = torch_op_sac_kept(ctx)
+            elif plan.full:
                 kept[key] = layer_input if plan.keeps_input else 0.0
             else:
                 acts, freed = full[moe], freed_activations(ctx, moe, plan.modules)

@@ -314,6 +314,11 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
         raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
     if w.training:
         check_recompute_modules(w, m)
+        if w.selective_ac_option is not None and par.framework != "torch":
+            raise SpecError(
+                "workload.selective_ac_option",
+                f"is torchtitan's (framework torch), framework is {par.framework!r}; Megatron: recompute_modules",
+            )
         per_step = w.micro_batch_size * par.dp
         if w.global_batch_size % per_step:
             raise SpecError(

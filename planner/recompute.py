@@ -13,6 +13,11 @@ backward, and what each keeps.
   (the two norms' outputs, the QKV and FC1 inputs), mlp (a dense layer's MLP intermediates), moe_act (the
   experts' activation output, FC2's input), moe (the whole MoE block's intermediates and router logits),
   shared_experts (the shared experts' intermediates), mla_up_proj (MLA's up-projected Q, K and V).
+- torch (torchtitan ``activation_checkpoint``, mode selective): ``selective_ac_option`` "N" checkpoints every
+  N-th transformer block of the rank whole (its 1-based count); "op" saves the outputs of the compute ops
+  (mm, scaled-dot-product attention, reduce-scatter, max) except every second mm, and re-runs the rest:
+  in a Llama block's mm order q, k, v, o, w1, w3, w2 it keeps q, v, w1 and w2 and re-runs k, o, w3 and
+  every elementwise op (torchtitan/distributed/activation_checkpoint.py _custom_policy).
 
 memory.py asks ``chunk_plans`` what each layer keeps; compute.py asks ``layer_counts`` what each layer
 re-runs. A module the model does not have is a SpecError (workload.check_recompute_modules).
@@ -53,6 +58,10 @@ def chunk_plans(ctx: Context, stage: int) -> tuple[tuple[LayerRecompute, ...], .
         n = len(chunk.layers)
         if not ctx.training or work.activation_recompute == "none":
             out.append((LayerRecompute(),) * n)
+        elif work.selective_ac_option is not None and work.selective_ac_option.isdigit():
+            # torchtitan layer SAC: its 1-based count of the rank's blocks, every N-th checkpointed whole
+            every, before = int(work.selective_ac_option), sum(len(c.layers) for c in ctx.chunks[stage][: len(out)])
+            out.append(tuple(LayerRecompute(full=(before + i + 1) % every == 0) for i in range(n)))
         elif work.activation_recompute == "selective":
             out.append((LayerRecompute(modules=modules_of(work)),) * n)
         else:
@@ -67,6 +76,8 @@ def chunk_plans(ctx: Context, stage: int) -> tuple[tuple[LayerRecompute, ...], .
 def working_layers(ctx: Context) -> int:
     """Layers whose full activations the backward rebuilds at once: a uniform group, or one layer."""
     w = ctx.work
+    if ctx.training and w.activation_recompute == "selective" and (w.selective_ac_option or "").isdigit():
+        return 1
     if not ctx.training or w.activation_recompute != "full":
         return 0
     return 1 if w.recompute_method == "block" else (w.recompute_num_layers or 1)

@@ -47,6 +47,9 @@ class WorkloadSpec:
     recompute_method: str | None = None  # --recompute-method uniform | block (full only; None: uniform, 1 layer)
     recompute_num_layers: int | None = None  # --recompute-num-layers: layers per group (uniform) or per chunk (block)
     recompute_modules: tuple[str, ...] | None = None  # --recompute-modules (selective); None: ("core_attn",)
+    # torchtitan activation_checkpoint.selective_ac_option (selective, torch flavour): "op" (per-op: save the
+    # compute ops' outputs but every second mm) or "N" (every N-th layer fully checkpointed)
+    selective_ac_option: str | None = None
 
     @property
     def training(self) -> bool:
@@ -121,6 +124,18 @@ def _recompute_options(w: WorkloadSpec) -> None:
                 f"goes with activation_recompute 'full', got {w.activation_recompute!r}",
             )
         _at_least_one("workload.recompute_num_layers", w.recompute_num_layers)
+    if w.selective_ac_option is not None:
+        opt = w.selective_ac_option
+        if not (opt == "op" or (opt.isdigit() and int(opt) >= 1)):
+            raise SpecError(
+                "workload.selective_ac_option",
+                f"must be 'op' or a positive int representing layer frequency (torchtitan), got {opt!r}",
+            )
+        if w.activation_recompute != "selective" or w.recompute_modules is not None:
+            raise SpecError(
+                "workload.selective_ac_option",
+                "goes with activation_recompute 'selective' and no recompute_modules (torchtitan's mode selective)",
+            )
     if w.recompute_modules is not None:
         if w.activation_recompute != "selective":
             raise SpecError(
@@ -138,16 +153,25 @@ DEFAULT_RECOMPUTE_MODULES = ("core_attn",)  # Megatron-Core's recompute_modules 
 
 
 def selective_modules(work: WorkloadSpec) -> tuple[str, ...]:
-    """The modules selective recompute re-runs; none unless activation_recompute is selective."""
+    """The modules selective recompute re-runs; none unless activation_recompute is selective (torchtitan's
+    per-layer option: none here, planner/recompute.py checkpoints whole layers; per-op: "op")."""
     if work.activation_recompute != "selective":
         return ()
+    if work.selective_ac_option is not None:
+        return ("op",) if work.selective_ac_option == "op" else ()
     return work.recompute_modules if work.recompute_modules is not None else DEFAULT_RECOMPUTE_MODULES
 
 
 def check_recompute_modules(work: WorkloadSpec, model: ModelSpec) -> None:
     """A recompute module the model does not have is bad input, named with what the model has."""
-    mods = set(selective_modules(work))
+    mods = set(selective_modules(work)) - {"op"}
     moe = model.moe
+    if work.selective_ac_option == "op" and moe is not None:
+        raise SpecError(
+            "workload.selective_ac_option",
+            "per-op selective checkpointing is modelled for dense layers (torchtitan's mm save list); "
+            f"the model has {moe.num_experts} experts",
+        )
     dense_layers = model.num_layers - model.num_moe_layers if moe else model.num_layers
     lacks = {
         "moe_act": moe is None,

@@ -116,6 +116,12 @@ class WorkloadIn(Strict):
         ]
         | None
     ) = Field(default=None, description='Megatron --recompute-modules (selective); default ["core_attn"]')
+    selective_ac_option: str | None = Field(
+        default=None,
+        max_length=8,
+        description='torchtitan activation_checkpoint.selective_ac_option (selective, framework torch): "op" '
+        '(every second mm re-run) or "N" (every N-th block checkpointed)',
+    )
     phase: Literal["prefill", "decode"] | None = None
     batch_size: int | None = Field(default=None, ge=1, le=1 << 20, description="sequences over all replicas")
     context_length: int | None = Seq

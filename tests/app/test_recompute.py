@@ -76,3 +76,22 @@ def test_recompute_fields_are_training_fields(api):
     }
     r = api.post("/v1/plan", json=body)
     assert r.status_code == 422 and "recompute_method describes a training workload" in r.text
+
+
+def test_torch_selective_checkpointing_over_http(api):
+    body = copy.deepcopy(SMALL)
+    body["parallel"]["framework"] = "torch"
+    body["workload"]["activation_recompute"] = "selective"
+    out = {}
+    for option in ("op", "2"):
+        body["workload"]["selective_ac_option"] = option
+        r = api.post("/v1/plan", json=body)
+        assert r.status_code == 200, r.text
+        out[option] = acts(r)
+    del body["workload"]["selective_ac_option"]
+    default = acts(api.post("/v1/plan", json=body))  # core_attn: flash keeps everything else
+    assert out["op"] < default and out["2"] < default
+    body["parallel"]["framework"] = "megatron"
+    body["workload"]["selective_ac_option"] = "op"
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 422 and "selective_ac_option" in r.text and "framework torch" in r.text

@@ -13,6 +13,7 @@ from planner.memory import layer_activations, stage_activation_bytes
 from planner.parallel import validate_parallel
 from planner.pipeline import Schedule
 from planner.presets import model_preset
+from planner.workload import validate_workload
 
 GPU = GPUS["h100-sxm5-80gb"]
 SCHED = Schedule("1f1b", 1, 4)  # one stage: one micro-batch in flight
@@ -151,8 +152,59 @@ def test_recompute_the_model_cannot_run(model, work, field, words):
     ],
 )
 def test_recompute_options_follow_megatrons_rules(work, field, words):
-    from planner.workload import validate_workload
-
     with pytest.raises(SpecError) as err:
         validate_workload(replace(WorkloadSpec(), **work))
     assert err.value.field == field and words in err.value.rule
+
+
+def torch_ctx(model="llama3-8b", **work):
+    base = dict(micro_batch_size=1, global_batch_size=4, activation_recompute="selective")
+    return Context(model_preset(model), WorkloadSpec(**(base | work)), ParallelSpec(dp=4, framework="torch"))
+
+
+def test_torchtitan_per_op_checkpointing_keeps_every_other_mm():
+    """Llama-3 8B block, b 1, s 8192, bf16, no TP: keeps its input (h), q (4096), v (1024), the attention
+    output (4096) and its fp32 log-sum-exp (32 heads), w1 (14336) and w2 (h): 8192·2·(4096 + 1024 + 4096 +
+    14336 + 2·4096) + 8192·32·4 bytes per layer; re-runs k, o and w3 (their share of the GEMMs) and every
+    elementwise op."""
+    op = torch_ctx(selective_ac_option="op")
+    per_layer = 8192 * 2 * (4096 + 1024 + 4096 + 14336 + 2 * 4096) + 8192 * 32 * 4
+    logits = 4 * 8192 * op.model.padded_vocab(1)
+    assert acts(op) == pytest.approx(32 * per_layer + logits, abs=64)
+    none = stage_compute(torch_ctx(activation_recompute="none"), 0, GPU)
+    layer = layer_forward(op, False, GPU)[0]
+    m = op.model
+    share = 4096 * (1024 + 4096 + 14336) / (m.attention_params() + m.mlp_params(m.ffn_hidden_size))
+    extra = stage_compute(op, 0, GPU).backward.total_s - none.backward.total_s
+    assert extra == pytest.approx(32 * (share * layer.gemm_s + layer.elementwise_s))
+
+
+def test_torchtitan_layer_checkpointing_every_second_block():
+    """selective_ac_option "2": blocks 2, 4, ..., 32 (1-based) checkpointed whole: 16 inputs, 16 full blocks,
+    one block rebuilt at a time; their forward re-runs."""
+    two = torch_ctx(selective_ac_option="2")
+    none = torch_ctx(activation_recompute="none")
+    layer = layer_activations(none, False).per_rank(1, False, True)
+    logits = 4 * 8192 * none.model.padded_vocab(1)
+    assert acts(two) == pytest.approx(16 * 8192 * 4096 * 2 + 16 * layer + layer + logits, abs=64)
+    fwd = layer_forward(none, False, GPU)[0]
+    extra = stage_compute(two, 0, GPU).backward.total_s - stage_compute(none, 0, GPU).backward.total_s
+    assert extra == pytest.approx(16 * fwd.total_s)
+
+
+@pytest.mark.parametrize(
+    ("model", "framework", "option", "words"),
+    [
+        ("llama3-8b", "megatron", "op", "is torchtitan's (framework torch), framework is 'megatron'"),
+        ("mixtral-8x7b", "torch", "op", "modelled for dense layers"),
+        ("llama3-8b", "torch", "every2", "must be 'op' or a positive int"),
+    ],
+)
+def test_torch_checkpointing_options_that_cannot_run(model, framework, option, words):
+    w = WorkloadSpec(
+        micro_batch_size=1, global_batch_size=4, activation_recompute="selective", selective_ac_option=option
+    )
+    with pytest.raises(SpecError) as err:
+        validate_workload(w)
+        validate_parallel(ParallelSpec(dp=4, framework=framework), model_preset(model), w, 4)
+    assert err.value.field == "workload.selective_ac_option" and words in err.value.rule
