@@ -70,6 +70,7 @@ ONLY_FOR = {
         "recompute_num_layers",
         "recompute_modules",
         "selective_ac_option",
+        "cpu_offloading_num_layers",
     ),
     "inference": ("phase", "batch_size", "context_length"),
 }

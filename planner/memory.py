@@ -252,7 +252,20 @@ def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: boo
     for chunk, plans, count in chunks:
         held += count * sum(keeps(ctx.model.is_moe_layer(i), plan) for i, plan in zip(chunk.layers, plans, strict=True))
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
-    return int(held + working) + _logits(ctx, stage)
+    return int(held + working - offloaded_bytes(ctx, stage)) + _logits(ctx, stage)
+
+
+def offloaded_bytes(ctx: Context, stage: int) -> float:
+    """Activations of one micro-batch that CPU offload moves to host memory (and back): those of the first
+    ``cpu_offloading_num_layers`` layers (TransformerEngine get_cpu_offload_context over the model's layers;
+    Megatron allows it only with pp 1, where one micro-batch is in flight). No staging buffer is counted."""
+    n = ctx.work.cpu_offloading_num_layers if ctx.training else 0
+    if not n:
+        return 0.0
+    t, sp, flash = ctx.par.tp, ctx.par.sp, ctx.work.attention_kernel == "flash"
+    layers = ctx.stage_layers[stage][:n]
+    per = {k: layer_activations(ctx, k).per_rank(t, sp, flash) for k in {ctx.model.is_moe_layer(i) for i in layers}}
+    return sum(per[ctx.model.is_moe_layer(i)] for i in layers)
 
 
 def _logits(ctx: Context, stage: int) -> int:
@@ -352,6 +365,7 @@ __all__ = [
     "freed_activations",
     "layer_activations",
     "memory_per_stage",
+    "offloaded_bytes",
     "stage_activation_bytes",
     "stage_memory",
 ]

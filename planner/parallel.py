@@ -314,6 +314,12 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
         raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
     if w.training:
         check_recompute_modules(w, m)
+        if w.cpu_offloading_num_layers and par.pp > 1:
+            raise SpecError(
+                "workload.cpu_offloading_num_layers",
+                f"Currently there is no support for Pipeline parallelism with CPU offloading (Megatron "
+                f"transformer_config.py); pp is {par.pp}",
+            )
         if w.selective_ac_option is not None and par.framework != "torch":
             raise SpecError(
                 "workload.selective_ac_option",

@@ -48,8 +48,11 @@ from collectives.topology.gpu import GPUSpec
 from ._errors import SpecError
 from .compute import StageCompute, check_gpu, compute_dtype, layer_forward, model_flops_per_token, stage_compute
 from .context import Context
-from .memory import Memory, memory_per_stage
+from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import Schedule, StagePass, drain_leads, pipeline_time, timeline
+
+HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
+
 
 # DualPipe runs the forward of one micro-batch and the backward of another as one overlapped pair, the
 # all-to-all dispatch and combine of each hidden behind the other's compute (DeepSeek-V3 report §3.2.1,
@@ -147,14 +150,23 @@ def memory(ctx: Context, gpu: GPUSpec, calls: Sequence = ()) -> Memory:
 
 
 def step_time(
-    ctx: Context, calls: Sequence, gpu: GPUSpec, overlap: Overlap = Overlap(), with_timeline: bool = True
+    ctx: Context,
+    calls: Sequence,
+    gpu: GPUSpec,
+    overlap: Overlap = Overlap(),
+    with_timeline: bool = True,
+    host_GBps: float = HOST_LINK_GBPS,
 ) -> StepTime:
     """Critical path of one iteration (training step, prefill pass or decode step). ``calls`` are the plan's
-    PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``)."""
+    PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``); ``host_GBps`` the GPU's link
+    to host memory per direction (the cluster's pcie_bandwidth_GBps), for CPU activation offload."""
     check_gpu(gpu, compute_dtype(ctx))
     flags = overlap.resolved(ctx)
     stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
     p2p = _assign_calls(ctx, calls, stages, flags)
+    if ctx.training and ctx.work.cpu_offloading_num_layers:
+        for st in stages:
+            _offload(st, offloaded_bytes(ctx, st.stage) / (host_GBps * 1e9))
     sched = schedule_of(ctx, p2p, bool(flags.overlap_p2p))
     if not ctx.training:
         return _inference(ctx, stages, sched, gpu, with_timeline)
@@ -273,6 +285,19 @@ def shared_expert_share(ctx: Context, stage: int, comp: StageCompute) -> float:
     matrices = 3 if m.gated_mlp else 2
     flops = ctx.moe_layers(stage) * 2 * ctx.b * ctx.s_cp * m.hidden_size * m.moe.shared_ffn * matrices / ctx.par.tp
     return min(1.0, flops / comp.forward.flops)
+
+
+def _offload(st: StageStep, transfer_s: float) -> None:
+    """CPU activation offload: the copy to host in the forward and back in the backward run on their own
+    stream behind the pass (TransformerEngine's offload handler); what outlasts the pass is exposed."""
+    for phase, pass_time in (("forward", st.compute.forward), ("backward", st.compute.backward)):
+        exposed = max(0.0, transfer_s - pass_time.total_s)
+        if exposed:
+            st.exposed_by_stream[("pcie", phase)] = exposed
+            if phase == "forward":
+                st.fwd_comm_s += exposed
+            else:
+                st.bwd_comm_s += exposed
 
 
 def _prefetch(ctx: Context, flags: Overlap) -> bool:

@@ -50,6 +50,9 @@ class WorkloadSpec:
     # torchtitan activation_checkpoint.selective_ac_option (selective, torch flavour): "op" (per-op: save the
     # compute ops' outputs but every second mm) or "N" (every N-th layer fully checkpointed)
     selective_ac_option: str | None = None
+    # Megatron --cpu-offloading --cpu-offloading-num-layers N (TransformerEngine's activation offload): the
+    # activations of N layers go to host memory over PCIe in the forward and come back in the backward
+    cpu_offloading_num_layers: int = 0
 
     @property
     def training(self) -> bool:
@@ -84,6 +87,8 @@ def validate_workload(w: WorkloadSpec) -> None:
                 f"must be one of {', '.join(RECOMPUTE)}, got {w.activation_recompute!r}",
             )
         _recompute_options(w)
+        if w.cpu_offloading_num_layers < 0:
+            raise SpecError("workload.cpu_offloading_num_layers", f"must be >= 0, got {w.cpu_offloading_num_layers}")
         return
     if w.phase not in ("prefill", "decode"):
         raise SpecError("workload.phase", f"must be 'prefill' or 'decode', got {w.phase!r}")
@@ -190,6 +195,19 @@ def check_recompute_modules(work: WorkloadSpec, model: ModelSpec) -> None:
                 "mlp": f"no dense MLP: all {model.num_layers} layers are MoE",
             }[name]
             raise SpecError("workload.recompute_modules", f"recompute module {name!r}: the model has {what}")
+    off = work.cpu_offloading_num_layers
+    if off and not 0 < off < model.num_layers:
+        raise SpecError(
+            "workload.cpu_offloading_num_layers",
+            f"CPU offloading can be done only for layers less than {model.num_layers}, got {off} "
+            "(megatron/core/transformer/transformer_config.py)",
+        )
+    if off and work.activation_recompute != "none":
+        raise SpecError(
+            "workload.cpu_offloading_num_layers",
+            "CPU offloading does not work when activation recomputation is enabled (transformer_config.py); "
+            f"activation_recompute is {work.activation_recompute!r}",
+        )
     n = work.recompute_num_layers
     if work.activation_recompute == "full" and n is not None and n > model.num_layers:
         raise SpecError(

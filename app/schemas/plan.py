@@ -116,6 +116,13 @@ class WorkloadIn(Strict):
         ]
         | None
     ) = Field(default=None, description='Megatron --recompute-modules (selective); default ["core_attn"]')
+    cpu_offloading_num_layers: int | None = Field(
+        default=None,
+        ge=0,
+        le=BOUNDS["num_layers"][1],
+        description="Megatron --cpu-offloading-num-layers: layers whose activations go to host memory over PCIe "
+        "(pp 1, no recompute)",
+    )
     selective_ac_option: str | None = Field(
         default=None,
         max_length=8,

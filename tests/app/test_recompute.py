@@ -95,3 +95,17 @@ def test_torch_selective_checkpointing_over_http(api):
     body["workload"]["selective_ac_option"] = "op"
     r = api.post("/v1/plan", json=body)
     assert r.status_code == 422 and "selective_ac_option" in r.text and "framework torch" in r.text
+
+
+def test_cpu_offload_over_http(api):
+    body = copy.deepcopy(SMALL)
+    body["parallel"] = {"tp": 1, "pp": 1, "dp": 8}
+    body["workload"]["global_batch_size"] = 8
+    base = api.post("/v1/plan", json=body)
+    body["workload"]["cpu_offloading_num_layers"] = 16
+    off = api.post("/v1/plan", json=body)
+    assert base.status_code == 200 and off.status_code == 200, off.text
+    assert acts(off)[0] < acts(base)[0]
+    body["parallel"] = {"tp": 1, "pp": 2, "dp": 4}
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 422 and "no support for Pipeline parallelism with CPU offloading" in r.text

@@ -13,6 +13,7 @@ from planner.memory import layer_activations, stage_activation_bytes
 from planner.parallel import validate_parallel
 from planner.pipeline import Schedule
 from planner.presets import model_preset
+from planner.step import StageStep, _offload
 from planner.workload import validate_workload
 
 GPU = GPUS["h100-sxm5-80gb"]
@@ -208,3 +209,39 @@ def test_torch_checkpointing_options_that_cannot_run(model, framework, option, w
         validate_workload(w)
         validate_parallel(ParallelSpec(dp=4, framework=framework), model_preset(model), w, 4)
     assert err.value.field == "workload.selective_ac_option" and words in err.value.rule
+
+
+def test_cpu_offload_moves_activations_over_pcie():
+    """Megatron --cpu-offloading-num-layers 8 (pp 1): eight layers' activations leave HBM; the copy of
+    8·A bytes at the host link's 64 GB/s runs behind each pass, exposed only where it outlasts the pass."""
+    none = ctx_of()
+    off = ctx_of(cpu_offloading_num_layers=8)
+    layer = layer_activations(none, False).per_rank(1, False, True)
+    assert acts(none) - acts(off) == pytest.approx(8 * layer, abs=64)
+    st = StageStep(0, stage_compute(off, 0, GPU))
+    _offload(st, 8 * layer / 64e9)
+    exposed = max(0.0, 8 * layer / 64e9 - st.compute.forward.total_s)
+    assert st.fwd_comm_s == pytest.approx(exposed)
+    slow = StageStep(0, stage_compute(off, 0, GPU))
+    _offload(slow, 10.0)  # a transfer longer than both passes
+    assert slow.fwd_comm_s == pytest.approx(10.0 - slow.compute.forward.total_s)
+    assert slow.bwd_comm_s == pytest.approx(10.0 - slow.compute.backward.total_s)
+
+
+@pytest.mark.parametrize(
+    ("pp", "work", "words"),
+    [
+        (2, dict(cpu_offloading_num_layers=4), "no support for Pipeline parallelism with CPU offloading"),
+        (1, dict(cpu_offloading_num_layers=32), "CPU offloading can be done only for layers less than 32, got 32"),
+        (
+            1,
+            dict(cpu_offloading_num_layers=4, activation_recompute="full"),
+            "does not work when activation recomputation",
+        ),
+    ],
+)
+def test_cpu_offload_as_megatron_allows_it(pp, work, words):
+    w = WorkloadSpec(micro_batch_size=1, global_batch_size=4, **work)
+    with pytest.raises(SpecError) as err:
+        validate_parallel(ParallelSpec(pp=pp, dp=4), model_preset("llama3-8b"), w, 4 * pp)
+    assert err.value.field == "workload.cpu_offloading_num_layers" and words in err.value.rule
