@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from ._errors import SpecError
 from .model import ModelSpec
-from .parallel import ParallelSpec, pipeline_chunks
+from .parallel import Chunk, ParallelSpec, pipeline_chunks, rank_of
 from .workload import DTYPE_BYTES, WorkloadSpec
 
 DEFAULT_GRAD_DTYPE = {
@@ -97,9 +98,29 @@ class Context:
         """Per pipeline rank, its model chunks (parallel.pipeline_chunks: layers, embedding, loss). When
         training, the MTP modules' transformer blocks (layers num_layers, num_layers + 1, ...) join the chunk
         that holds them (``m`` in the layout; by default the last, with the loss: Megatron-Core gpt_model.py
-        runs the MTP block on the post-process stage); inference runs the main model (no speculation)."""
+        runs the MTP block on the post-process stage); inference runs the main model (no speculation). A
+        layout validation would refuse (a context built without validate_parallel) keeps the floor split it
+        always had: num_layers // (pp·v) layers per chunk."""
         mtp = self.model.mtp_layers
-        chunks = pipeline_chunks(self.par, self.model.num_layers, mtp)
+        try:
+            chunks = pipeline_chunks(self.par, self.model.num_layers, mtp)
+        except SpecError:
+            p, v = self.par.pp, max(1, self.par.chunks_per_rank)
+            per = self.model.num_layers // (p * v)
+            chunks = tuple(
+                tuple(
+                    Chunk(
+                        k,
+                        rank_of(self.par, k),
+                        tuple(range(k * per, (k + 1) * per)),
+                        k == 0,
+                        k == p * v - 1,
+                        mtp * (k == p * v - 1),
+                    )
+                    for k in sorted(k for k in range(p * v) if rank_of(self.par, k) == r)
+                )
+                for r in range(p)
+            )
         if not mtp or not self.training:
             return chunks
         blocks = tuple(range(self.model.num_layers, self.model.num_layers + mtp))
