@@ -1,10 +1,15 @@
-"""Pipeline schedules in closed form: GPipe, 1F1B (PipeDream-Flush) and interleaved 1F1B, per stage.
+"""Pipeline schedules in closed form: GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (chunks of their real
+sizes), zero-bubble ZB-H1 and ZBV, DualPipe and DualPipeV, per stage (``bubble_s`` gives each its bubble and
+source; ``in_flight`` / ``in_flight_chunks`` its activations in flight).
 
 Every stage s runs, per micro-batch, a forward of f_s and a backward of b_s seconds (compute plus the
 communication that cannot overlap inside the pass); a boundary send costs c seconds. With m micro-batches,
 p stages and v model chunks per stage (Narayanan et al. SC'21 §2.2):
 
     T = m·t_max + (Σ_s t_s - t_max)/v + 2·(p-1)·c      t_s = f_s + b_s, t_max = max_s t_s
+
+(with even chunks; ``bubble_s`` replaces the middle term by each rank's own fill and drain, or by the
+zero-bubble and DualPipe forms)
 
 which is (m + p - 1)·t for equal stages without interleaving (bubble (p-1)/m) and m·t + (p-1)·t/v with v
 chunks (bubble (p-1)/(v·m)), and lets the slowest stage set the steady-state pace. GPipe runs the same

@@ -1,7 +1,8 @@
 """Pipeline parallelism traffic (megatron/core/pipeline_parallel/schedules.py, p2p_communication.py;
 torch.distributed.pipelining).
 
-Per micro-batch each stage boundary carries the activations forward and their gradient backward, one
+Per micro-batch each chunk boundary between two ranks (``boundary_sends``: the layout's chunks, planner/
+parallel.py) carries the activations forward and their gradient backward, one
 tensor of b·s/c·h·x (divided by tp with sequence parallelism: Megatron sends the sequence-sharded tensor,
 get_tensor_shapes). GPipe and 1F1B send the same tensors, only the order differs. The interleaved schedule
 gives every rank v model chunks, so a micro-batch crosses p·v - 1 boundaries: each rank sends v times
@@ -32,6 +33,8 @@ def calls(ctx: Context) -> list[Call]:
     message = ctx.activation // (ctx.par.tp if ctx.par.sp else 1)
     src = TORCH if ctx.flavour == "torch" else SOURCE
     out = []
+    # DualPipe: each micro-batch crosses each rank once, half of them each way (dualpipe.py num_chunks // 2)
+    halves = 2 if ctx.par.pipeline_schedule == "dualpipe" and ctx.training else 1
     for stage, (fwd, bwd) in enumerate(boundary_sends(ctx)):
         for phase, sends, name in (("forward", fwd, "pp.activation"), ("backward", bwd, "pp.activation_grad")):
             if phase == "backward" and not ctx.training:
@@ -43,7 +46,7 @@ def calls(ctx: Context) -> list[Call]:
                         op=Op.SENDRECV,
                         phase=phase,
                         message_bytes=message,
-                        calls_per_iteration=count * m // (2 if ctx.par.pipeline_schedule == "dualpipe" else 1),
+                        calls_per_iteration=count * m // halves,
                         group=Group(("pp",), pairs=pairs),
                         source=src if ctx.par.pipeline_schedule in ("1f1b", "interleaved", "gpipe") else SCHEDULES,
                         stages=(stage,),
