@@ -84,12 +84,14 @@ def test_deepseek_v3_61_layers_with_virtual_stages():
     par = ParallelSpec(pp=4, pipeline_schedule="interleaved", virtual_pipeline_stages=4)
     with pytest.raises(SpecError, match="num_layers 61 is not divisible by pp\\*virtual_pipeline_stages = 4\\*4 = 16"):
         pipeline_chunks(par, 61)
-    par = replace(par, pipeline_layout="Et*3|(t*4|)*14,t*2L")
-    chunks = pipeline_chunks(par, 61)
+    par = replace(par, pipeline_layout="Et*3|(t*4|)*14,t*2mL")  # the MTP module with the loss
+    chunks = pipeline_chunks(par, 61, 1)
     assert [len(c.layers) for c in chunks[0]] == [3, 4, 4, 4]
-    assert [len(c.layers) for c in chunks[3]] == [4, 4, 4, 2]
+    assert [len(c.layers) for c in chunks[3]] == [4, 4, 4, 2] and chunks[3][-1].mtp == 1
     ctx = Context(model, WorkloadSpec(), par)
-    assert sum(ctx.moe_layers(s) for s in range(4)) == 58  # the first 3 dense layers on rank 0's first chunk
+    # 58 MoE layers (the first 3 dense ones on rank 0's first chunk) and, training, the MTP block (an MoE
+    # layer, index 61) on the last chunk
+    assert sum(ctx.moe_layers(s) for s in range(4)) == 59 and ctx.stage_layers[3][-1] == 61
     assert ctx.moe_layers(0) == 12 and ctx.dense_layers(0) == 3
 
 
