@@ -62,7 +62,16 @@ def model_spec(block: ModelIn) -> ModelSpec:
 # The fields that describe one kind of workload only: given for the other kind they were dropped without a word
 # (a training request's batch_size 64 planned a global batch of 1, the default).
 ONLY_FOR = {
-    "training": ("micro_batch_size", "global_batch_size", "activation_recompute"),
+    "training": (
+        "micro_batch_size",
+        "global_batch_size",
+        "activation_recompute",
+        "recompute_method",
+        "recompute_num_layers",
+        "recompute_modules",
+        "selective_ac_option",
+        "cpu_offloading_num_layers",
+    ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }
 
@@ -80,6 +89,8 @@ def workload_spec(block: WorkloadIn) -> WorkloadSpec:
                 f"{', '.join(stray)} {verb} {article} {other} workload, but kind is {kind!r}; "
                 f"the {kind} fields are {', '.join(ONLY_FOR[kind])}",
             )
+    if given.get("recompute_modules") is not None:  # hashable, as the spec is a cache key
+        given["recompute_modules"] = tuple(given["recompute_modules"])
     return WorkloadSpec(**(base | given))
 
 
@@ -98,6 +109,10 @@ def parallel_spec(block: ParallelIn, num_devices: int) -> ParallelSpec:
         values["dp"] = num_devices // per_replica
     if "zero_config" in values:
         values["zero_config"] = zero_config_from_dict(values["zero_config"])
+    if isinstance(values.get("pipeline_layout"), list):  # hashable, as the spec is a cache key
+        values["pipeline_layout"] = tuple(tuple(stage) for stage in values["pipeline_layout"])
+    if values.get("pipeline_split_points") is not None:
+        values["pipeline_split_points"] = tuple(values["pipeline_split_points"])
     return ParallelSpec(**values)
 
 

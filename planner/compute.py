@@ -39,6 +39,7 @@ from collectives.topology.gpu import GPUSpec
 
 from ._errors import SpecError
 from .context import Context
+from .recompute import layer_counts
 
 
 @dataclass(frozen=True)
@@ -347,10 +348,12 @@ def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFI
     return _stage_compute(ctx, stage, gpu, eff)
 
 
-def layer_backward(ctx: Context, layer: PassTime, gpu: GPUSpec, eff, recompute: str) -> PassTime:
+def layer_backward(
+    ctx: Context, layer: PassTime, gpu: GPUSpec, eff, recompute: str, modules=("core_attn",), moe: bool = False
+) -> PassTime:
     """One layer's backward from its forward: 2x the GEMMs and elementwise work, flash attention's backward
     at FLASH_BWD x its forward FLOPs and its own efficiency, plus what recompute runs again (full: the
-    whole forward; selective: core attention)."""
+    whole forward; selective: the forward of each of ``modules``, planner/recompute.py)."""
     a_fwd, a_bwd = attention_efficiency(gpu, eff)
     if ctx.s == 1:
         attention = 0.0
@@ -362,8 +365,55 @@ def layer_backward(ctx: Context, layer: PassTime, gpu: GPUSpec, eff, recompute: 
     if recompute == "full":
         return back + layer
     if recompute == "selective":
-        return back + PassTime(attention_s=layer.attention_s, flops=layer_attention_flops(ctx))
+        return back + recompute_modules_forward(ctx, layer, gpu, eff, frozenset(modules), moe)
     return back
+
+
+def recompute_modules_forward(ctx: Context, layer: PassTime, gpu: GPUSpec, eff, modules: frozenset, moe: bool):
+    """The forward selective recompute re-runs (Megatron --recompute-modules): core attention as it ran;
+    the GEMM modules (mlp, moe, shared_experts, mla_up_proj) at their share of the layer's GEMM FLOPs (their
+    active parameters over the layer's); layernorm and moe_act memory-bound, reading and writing their
+    tensors at the achievable HBM bandwidth."""
+    out = PassTime()
+    mdl = ctx.model
+    if "op" in modules:  # torchtitan per-op SAC: k, o and w3 (w2 without a gate) and every elementwise op
+        hd = mdl.head_size
+        redo = mdl.hidden_size * (mdl.kv_heads * hd + mdl.num_attention_heads * hd + mdl.ffn_hidden_size)
+        share = redo / (mdl.attention_params() + mdl.mlp_params(mdl.ffn_hidden_size))
+        gemm_flops = layer.flops - layer_attention_flops(ctx)
+        return PassTime(gemm_s=layer.gemm_s * share, elementwise_s=layer.elementwise_s, flops=gemm_flops * share)
+    if "core_attn" in modules:
+        out = out + PassTime(attention_s=layer.attention_s, flops=layer_attention_flops(ctx))
+    shares = {"mlp": 0.0 if moe else mdl.mlp_params(mdl.ffn_hidden_size)}
+    if moe and mdl.moe:
+        m = mdl.moe
+        shares["moe"] = m.top_k * (m.capacity_factor or 1.0) * mdl.expert_params() + mdl.moe_dense_params()
+        shares["shared_experts"] = mdl.mlp_params(m.shared_ffn) if m.shared_ffn else 0.0
+    if mdl.mla:
+        a = mdl.mla
+        shares["mla_up_proj"] = mdl.num_attention_heads * (
+            a.q_lora_rank * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+            + a.kv_lora_rank * (a.qk_nope_head_dim + a.v_head_dim)
+        )
+    active = mdl.attention_params() + (
+        shares.get("moe", 0.0) if moe and mdl.moe else mdl.mlp_params(mdl.ffn_hidden_size)
+    )
+    picked = sum(v for k, v in shares.items() if k in modules and not (k == "shared_experts" and "moe" in modules))
+    if picked:
+        gemm_flops = layer.flops - layer_attention_flops(ctx)
+        out = out + PassTime(gemm_s=layer.gemm_s * picked / active, flops=gemm_flops * picked / active)
+    x, t = max(ctx.x, 2), ctx.par.tp
+    tokens = ctx.b * ctx.s_cp
+    moved = 0.0
+    if "layernorm" in modules:  # two norms, each reading and writing b·s·h (/t with SP)
+        moved += 2 * 2 * tokens * mdl.hidden_size * x / (t if ctx.par.sp else 1)
+    if "moe_act" in modules and moe and mdl.moe:  # SwiGLU over the expert rows: read gate and up, write one
+        m = mdl.moe
+        act = 3 if mdl.gated_mlp else 2
+        moved += tokens * act * m.top_k * (m.capacity_factor or 1.0) * m.expert_ffn_hidden_size * x / t
+    if moved:
+        out = out + PassTime(elementwise_s=moved / (gpu.hbm_GBps * 1e9 * eff.hbm))
+    return out
 
 
 def head_backward(head: PassTime) -> PassTime:
@@ -375,14 +425,15 @@ def head_backward(head: PassTime) -> PassTime:
 def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> StageCompute:
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
-    recompute = ctx.work.activation_recompute if ctx.training else "none"
+    layers = {}
     for moe, count in ((False, dense_n), (True, moe_n)):
         if not count:
             continue
-        layer, attn_s = layer_forward(ctx, moe, gpu, eff)
+        layer, attn_s = layers[moe] = layer_forward(ctx, moe, gpu, eff)
         fwd = fwd + layer.scaled(count)
         attn += attn_s * count
-        bwd = bwd + layer_backward(ctx, layer, gpu, eff, recompute).scaled(count)
+    for (moe, plan), count in layer_counts(ctx, stage).items():  # what each layer re-runs (recompute.py)
+        bwd = bwd + layer_backward(ctx, layers[moe][0], gpu, eff, plan.kind, plan.modules, moe).scaled(count)
     if ctx.is_last(stage):
         head = _head(ctx, gpu, eff)
         fwd, bwd = fwd + head, bwd + head_backward(head)

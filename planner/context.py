@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
+from ._errors import SpecError
 from .model import ModelSpec
-from .parallel import ParallelSpec, stage_layer_counts
+from .parallel import Chunk, ParallelSpec, pipeline_chunks, rank_of
 from .workload import DTYPE_BYTES, WorkloadSpec
 
 DEFAULT_GRAD_DTYPE = {
@@ -97,27 +98,44 @@ class Context:
 
     # ---- layers per pipeline rank ------------------------------------------------------------------
     @cached_property
-    def stage_layers(self) -> list[list[int]]:
-        """Global layer indices each pipeline rank holds, the MTP modules' transformer blocks (layers
-        num_layers, num_layers + 1, ...) on the last rank after its decoder layers when training (Megatron-Core
-        gpt_model.py: the MTP block runs on the post-process stage)."""
-        layers = self._decoder_stage_layers
-        if not self.model.mtp_layers or not self.training:  # inference runs the main model (no speculation)
-            return layers
-        mtp = list(range(self.model.num_layers, self.model.num_layers + self.model.mtp_layers))
-        return [*layers[:-1], layers[-1] + mtp]
+    def chunks(self) -> tuple:
+        """Per pipeline rank, its model chunks (parallel.pipeline_chunks: layers, embedding, loss). When
+        training, the MTP modules' transformer blocks (layers num_layers, num_layers + 1, ...) join the chunk
+        that holds them (``m`` in the layout; by default the last, with the loss: Megatron-Core gpt_model.py
+        runs the MTP block on the post-process stage); inference runs the main model (no speculation). A
+        layout validation would refuse (a context built without validate_parallel) keeps the floor split it
+        always had: num_layers // (pp·v) layers per chunk."""
+        mtp = self.model.mtp_layers
+        try:
+            chunks = pipeline_chunks(self.par, self.model.num_layers, mtp)
+        except SpecError:
+            p, v = self.par.pp, max(1, self.par.chunks_per_rank)
+            per = self.model.num_layers // (p * v)
+            chunks = tuple(
+                tuple(
+                    Chunk(
+                        k,
+                        rank_of(self.par, k),
+                        tuple(range(k * per, (k + 1) * per)),
+                        k == 0,
+                        k == p * v - 1,
+                        mtp * (k == p * v - 1),
+                    )
+                    for k in sorted(k for k in range(p * v) if rank_of(self.par, k) == r)
+                )
+                for r in range(p)
+            )
+        if not mtp or not self.training:
+            return chunks
+        blocks = tuple(range(self.model.num_layers, self.model.num_layers + mtp))
+        return tuple(tuple(replace(c, layers=c.layers + blocks) if c.mtp else c for c in r) for r in chunks)
 
     @cached_property
-    def _decoder_stage_layers(self) -> list[list[int]]:
-        """Decoder layers per pipeline rank: contiguous blocks, or with v virtual stages the
-        chunks s, s + p, s + 2p, ... (Megatron's interleaved assignment)."""
-        p, v = self.par.pp, self.par.chunks_per_rank
-        if v == 1:
-            counts = stage_layer_counts(self.par, self.model.num_layers)
-            starts = [sum(counts[:s]) for s in range(p)]
-            return [list(range(start, start + n)) for start, n in zip(starts, counts, strict=True)]
-        per_chunk = self.model.num_layers // (p * v)
-        return [[(chunk * p + s) * per_chunk + i for chunk in range(v) for i in range(per_chunk)] for s in range(p)]
+    def stage_layers(self) -> list[list[int]]:
+        """Global layer indices each pipeline rank holds, over all its chunks (contiguous blocks without
+        virtual stages; chunks s, s + p, s + 2p, ... interleaved; the V's two for ZBV and DualPipe), the MTP
+        blocks with their chunk."""
+        return [[i for c in chunks for i in c.layers] for chunks in self.chunks]
 
     def moe_layers(self, stage: int) -> int:
         return self._moe_layers[stage]
@@ -131,10 +149,12 @@ class Context:
         return len(self.stage_layers[stage]) - self.moe_layers(stage)
 
     def is_first(self, stage: int) -> bool:
-        return stage == 0
+        """Whether the rank holds the embedding (rank 0 in every layout)."""
+        return any(c.embedding for c in self.chunks[stage])
 
     def is_last(self, stage: int) -> bool:
-        return stage == self.par.pp - 1
+        """Whether the rank holds the loss: the last rank, or rank 0 in a V (ZBV, DualPipe(V))."""
+        return any(c.loss for c in self.chunks[stage])
 
     @property
     def forward_passes(self) -> int:

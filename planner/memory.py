@@ -38,7 +38,8 @@ from functools import lru_cache
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
 from .params import recipe_weight_bytes, stage_params, total
-from .pipeline import Schedule, in_flight
+from .pipeline import Schedule, in_flight_chunks
+from .recompute import LayerRecompute, chunk_plans, working_layers
 
 GIB = 1 << 30
 # CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
@@ -46,6 +47,9 @@ GIB = 1 << 30
 WORKSPACE_BYTES = 1 * GIB
 ADAM_STATE_BYTES = 8  # m and v in fp32
 MASTER_BYTES = 4  # fp32 master weights when the parameters are not fp32
+# DualPipe keeps two copies of the parameters, one per direction, each with its gradients (DualPipe README
+# table: Parameter 2x; DeepSeek-V3 report §3.2.1); the optimizer steps them as one. DualPipeV: 1x.
+SCHEDULE_PARAM_COPIES = {"dualpipe": 2}
 ZERO3_UNITS_IN_FLIGHT = 2  # the unit computing and the one prefetched (FSDP2 / DeepSpeed prefetch)
 
 
@@ -166,32 +170,102 @@ def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> L
     return LayerActivations(split, replicated, scores)
 
 
+def freed_activations(ctx: Context, moe: bool, modules: frozenset[str]) -> LayerActivations:
+    """The tensors of ``layer_activations`` that selective recompute of ``modules`` frees (planner/recompute.py
+    lists what each module re-runs); core_attn's s² scores go through ``per_rank``'s ``flash`` switch."""
+    mdl = ctx.model
+    sbx, h = ctx.b * ctx.s_cp * ctx.x, mdl.hidden_size
+    gate = 2 if mdl.gated_mlp else 1
+    split = replicated = 0.0
+    if "layernorm" in modules:  # the norms' outputs: the QKV input and the MLP input
+        replicated += 2 * sbx * h
+    if "mla_up_proj" in modules and mdl.mla:  # Q, K and V after the up-projections
+        a = mdl.mla
+        split += sbx * mdl.num_attention_heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim)
+    if not moe:
+        if "mlp" in modules:
+            split += sbx * (gate + 1) * mdl.ffn_hidden_size
+        return LayerActivations(split, replicated, 0.0)
+    m = mdl.moe
+    copies = m.top_k * (m.capacity_factor or 1.0)
+    if "moe" in modules:  # the whole MoE block: experts, shared experts, router logits
+        split += sbx * copies * (h + (gate + 1) * m.expert_ffn_hidden_size)
+        split += sbx * (gate + 1) * m.shared_ffn if m.shared_ffn else 0
+        replicated += ctx.b * ctx.s_cp * m.num_experts * 4
+        return LayerActivations(split, replicated, 0.0)
+    if "moe_act" in modules:  # the experts' activation output (FC2's input)
+        split += sbx * copies * m.expert_ffn_hidden_size
+    if "shared_experts" in modules and m.shared_ffn:
+        split += sbx * (gate + 1) * m.shared_ffn
+    return LayerActivations(split, replicated, 0.0)
+
+
+def torch_op_sac_kept(ctx: Context) -> float:
+    """What torchtitan's per-op selective checkpointing keeps of a dense block, per rank (planner/recompute.py):
+    the block's input, the saved mm outputs (q, v, w1 and, gated, w2: odd in the order q, k, v, o, w1, w3, w2;
+    the row-parallel w2's is its full-width partial sum), the attention output and its fp32 log-sum-exp, and
+    with sequence parallelism the two reduce-scatter outputs."""
+    mdl, par = ctx.model, ctx.par
+    t, sp = par.tp, par.sp
+    sbx, h, hd = ctx.b * ctx.s_cp * ctx.x, mdl.hidden_size, mdl.head_size
+    q, kv = mdl.num_attention_heads * hd, mdl.kv_heads * hd
+    kept = sbx * (q + kv + q + mdl.ffn_hidden_size) / t + sbx * h / (t if sp else 1)
+    kept += ctx.b * ctx.s_cp * mdl.num_attention_heads / t * 4
+    if mdl.gated_mlp:  # w2 is the 7th mm; without a gate the 6th, recomputed
+        kept += sbx * h
+    if sp:
+        kept += 2 * sbx * h / t
+    return kept
+
+
 @lru_cache(maxsize=4096)
 def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: bool | None = None) -> int:
-    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference). The s² scores
-    are kept only by unfused attention (``workload.attention_kernel``) without selective recompute."""
+    """Activations one rank of ``stage`` holds at its peak (training) or for one pass (inference): what each
+    layer keeps under recompute as configured (planner/recompute.py) for the chunks in flight
+    (pipeline.in_flight_chunks), plus the working set a full recompute rebuilds. The s² scores are kept
+    only by unfused attention (``workload.attention_kernel``) without core_attn recompute."""
     par = ctx.par
     t, sp = par.tp, par.sp
-    recompute = ctx.work.activation_recompute if ctx.training else "none"
     flash = ctx.work.attention_kernel == "flash" if flash is None else flash
-    no_scores = flash or recompute == "selective"
-    per_layer = {
-        moe: layer_activations(ctx, moe).per_rank(t, sp, no_scores)
-        for moe in (False, True)
-        if (ctx.moe_layers(stage) if moe else ctx.dense_layers(stage))
-    }
-    counts = {False: ctx.dense_layers(stage), True: ctx.moe_layers(stage)}
+    kinds = [k for k in (False, True) if (ctx.moe_layers(stage) if k else ctx.dense_layers(stage))]
+    full = {moe: layer_activations(ctx, moe) for moe in kinds}
     if not ctx.training:  # one layer's working set at a time
-        return int(max(per_layer.values(), default=0.0)) + _logits(ctx, stage)
-    if recompute == "full":
-        stored = sum(counts[k] for k in per_layer) * ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x  # 2sbh at x = 2
-        stored /= t if sp else 1
-        one_mb = stored
-        working = max(per_layer.values(), default=0.0)
-    else:
-        one_mb = sum(per_layer[k] * counts[k] for k in per_layer)
-        working = 0.0
-    return int(one_mb * in_flight(sched, stage) + working) + _logits(ctx, stage)
+        return int(max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)) + _logits(ctx, stage)
+    layer_input = ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (t if sp else 1)  # 2sbh at x = 2, /t with SP
+    kept: dict = {}
+
+    def keeps(moe: bool, plan: LayerRecompute) -> float:
+        key = (moe, plan)
+        if key not in kept:
+            if "op" in plan.modules:
+                kept[key] = torch_op_sac_kept(ctx)
+            elif plan.full:
+                kept[key] = layer_input if plan.keeps_input else 0.0
+            else:
+                acts, freed = full[moe], freed_activations(ctx, moe, plan.modules)
+                left = LayerActivations(acts.split - freed.split, acts.replicated - freed.replicated, acts.scores)
+                kept[key] = left.per_rank(t, sp, flash or "core_attn" in plan.modules)
+        return kept[key]
+
+    held = 0.0
+    chunks = zip(ctx.chunks[stage], chunk_plans(ctx, stage), in_flight_chunks(sched, stage), strict=True)
+    for chunk, plans, count in chunks:
+        held += count * sum(keeps(ctx.model.is_moe_layer(i), plan) for i, plan in zip(chunk.layers, plans, strict=True))
+    working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
+    return int(held + working - offloaded_bytes(ctx, stage)) + _logits(ctx, stage)
+
+
+def offloaded_bytes(ctx: Context, stage: int) -> float:
+    """Activations of one micro-batch that CPU offload moves to host memory (and back): those of the first
+    ``cpu_offloading_num_layers`` layers (TransformerEngine get_cpu_offload_context over the model's layers;
+    Megatron allows it only with pp 1, where one micro-batch is in flight). No staging buffer is counted."""
+    n = ctx.work.cpu_offloading_num_layers if ctx.training else 0
+    if not n:
+        return 0.0
+    t, sp, flash = ctx.par.tp, ctx.par.sp, ctx.work.attention_kernel == "flash"
+    layers = ctx.stage_layers[stage][:n]
+    per = {k: layer_activations(ctx, k).per_rank(t, sp, flash) for k in {ctx.model.is_moe_layer(i) for i in layers}}
+    return sum(per[ctx.model.is_moe_layer(i)] for i in layers)
 
 
 def _logits(ctx: Context, stage: int) -> int:
@@ -228,13 +302,14 @@ def stage_memory(
     xp = ctx.param_bytes
     z = ctx.par.zero_stage if ctx.training else 0
     params = grads = opt = 0.0
+    copies = SCHEDULE_PARAM_COPIES.get(ctx.par.pipeline_schedule, 1) if ctx.training else 1
     for count, is_expert in ((nd, False), (ne, True)):
         if not count:
             continue
         shards = _shards(ctx, is_expert)
-        params += count * xp / (shards if z >= 3 else 1)
+        params += copies * count * xp / (shards if z >= 3 else 1)
         if ctx.training:
-            grads += count * ctx.grad_bytes / (shards if z >= 2 else 1)
+            grads += copies * count * ctx.grad_bytes / (shards if z >= 2 else 1)
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
             opt += count * opt_per / (shards if z >= 1 else 1)
     params += recipe_weight_bytes(ctx, stage)  # fp8/fp4 weight copies (workload.fp8_recipe, params.py)
@@ -287,8 +362,10 @@ __all__ = [
     "LayerActivations",
     "Memory",
     "StageMemory",
+    "freed_activations",
     "layer_activations",
     "memory_per_stage",
+    "offloaded_bytes",
     "stage_activation_bytes",
     "stage_memory",
 ]

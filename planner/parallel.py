@@ -4,13 +4,15 @@ cluster (in the manner of torchtitan's ParallelDims: every message prints the nu
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 
 from ._errors import SpecError
 from .model import ModelSpec
-from .workload import WorkloadSpec
+from .workload import WorkloadSpec, check_recompute_modules
 
-SCHEDULES = ("1f1b", "interleaved", "gpipe")
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev")
 FRAMEWORKS = ("megatron", "torch", "deepspeed")
 CP_COMM = ("p2p", "all_gather", "a2a")
 # Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
@@ -91,6 +93,14 @@ class ParallelSpec:
     # is allgather; every published EP recipe sets alltoall (or flex), which stays this planner's default
     # deepep_ll: DeepEP's low-latency kernels for decoding, one direct send per token and expert (rules/expert.py)
     ep_dispatch: str = "alltoall"
+    # ---- pipeline layout (issue 21; parse and rules in the pipeline-layout block below) ----
+    # Megatron --pipeline-model-parallel-layout: "E|(t|)*126,L" or a list of pp*v lists of E/t/m/L
+    pipeline_layout: str | tuple[tuple[str, ...], ...] | None = None
+    # Megatron --account-for-embedding/loss-in-pipeline-split: the embedding / the loss count as one layer
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    # torch.distributed.pipelining / torchtitan pipeline_parallel_split_points: the first layer of stages 1..
+    pipeline_split_points: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "expert_tp_given", self.expert_tp is not None)
@@ -114,7 +124,9 @@ class ParallelSpec:
 
     @property
     def chunks_per_rank(self) -> int:
-        return self.virtual_pipeline_stages if self.pipeline_schedule == "interleaved" else 1
+        """Model chunks per pipeline rank: v of the interleaved schedule or of an explicit layout / split,
+        2 for the V schedules (ZBV, DualPipeV) and DualPipe (its two directions), else 1."""
+        return virtual_stages(self) // self.pp if self.pp >= 1 else 1
 
 
 def validate_parallel(par: ParallelSpec, model: ModelSpec, work: WorkloadSpec, num_devices: int) -> None:
@@ -155,12 +167,17 @@ def _choices(par: ParallelSpec) -> None:
     dims = par.order.split("-")
     if sorted(dims) != sorted(DEFAULT_ORDER.split("-")):
         raise SpecError("parallel.order", f"must name tp, cp, ep, dp and pp once each, got {par.order!r}")
-    if par.pipeline_schedule == "interleaved" and (par.virtual_pipeline_stages < 2 or par.pp < 2):
+    if par.pipeline_layout is not None:
+        _parsed(par.pipeline_layout)  # a malformed layout names itself before what it implies
+    explicit = par.pipeline_layout is not None or par.pipeline_split_points is not None
+    v = par.chunks_per_rank if explicit else par.virtual_pipeline_stages
+    if par.pipeline_schedule == "interleaved" and (v < 2 or par.pp < 2):
         raise SpecError(
             "parallel.virtual_pipeline_stages",
             f"the interleaved schedule needs pp >= 2 and virtual_pipeline_stages >= 2, got pp {par.pp}, "
-            f"virtual_pipeline_stages {par.virtual_pipeline_stages}",
+            f"virtual_pipeline_stages {v}",
         )
+    _schedule_fits_pp(par)
     if par.hybrid_shard_size is not None:
         if par.zero_stage != 3:
             raise SpecError(
@@ -169,6 +186,29 @@ def _choices(par: ParallelSpec) -> None:
         if par.hybrid_shard_size < 1 or par.dp % par.hybrid_shard_size:
             raise SpecError(
                 "parallel.hybrid_shard_size", f"hybrid_shard_size {par.hybrid_shard_size} must divide dp {par.dp}"
+            )
+
+
+def _schedule_fits_pp(par: ParallelSpec) -> None:
+    """What the zero-bubble and DualPipe schedules need of the pipeline (sources in planner/pipeline.py)."""
+    sched, p = par.pipeline_schedule, par.pp
+    if sched in ("zb-h1", *V_SCHEDULES) and p < 2:
+        raise SpecError("parallel.pipeline_schedule", f"{sched} is a pipeline schedule: it needs pp >= 2, got pp {p}")
+    if sched == "dualpipe" and p % 2:
+        raise SpecError(
+            "parallel.pp", f"DualPipe needs an even pp (dualpipe.py: assert num_ranks % 2 == 0), got pp {p}"
+        )
+    if sched in V_SCHEDULES and par.virtual_pipeline_stages not in (1, 2):
+        raise SpecError(
+            "parallel.virtual_pipeline_stages",
+            f"{sched} runs exactly 2 chunks per rank, got virtual_pipeline_stages {par.virtual_pipeline_stages}",
+        )
+    if par.pipeline_split_points is not None and sched not in ("interleaved", *V_SCHEDULES):
+        n = len(par.pipeline_split_points) + 1
+        if n != p:
+            raise SpecError(
+                "parallel.pipeline_split_points",
+                f"{n} stages over pp {p}: one stage per rank with {sched}; use interleaved for {n // p} per rank",
             )
 
 
@@ -181,21 +221,7 @@ def _fits_model(par: ParallelSpec, m: ModelSpec) -> None:
     if m.ffn_hidden_size % t:
         raise SpecError("parallel.tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by tp {t}")
     _ulysses(par, m)
-    if par.first_stage_layers is not None or par.last_stage_layers is not None:
-        _uneven_stages(par, m)
-        return
-    layer_split = par.pp * par.chunks_per_rank
-    if m.num_layers % layer_split:
-        what = (
-            f"pp*virtual_pipeline_stages = {par.pp}*{par.chunks_per_rank} = {layer_split}"
-            if par.chunks_per_rank > 1
-            else f"pp {par.pp}"
-        )
-        raise SpecError(
-            "parallel.pp",
-            f"num_layers {m.num_layers} is not divisible by {what}; set first_stage_layers / last_stage_layers "
-            "(Megatron --decoder-first/last-pipeline-num-layers) to split unevenly",
-        )
+    pipeline_chunks(par, m.num_layers, getattr(m, "mtp_layers", 0))  # raises naming the layout's numbers
 
 
 def _ulysses(par: ParallelSpec, m: ModelSpec) -> None:
@@ -214,39 +240,32 @@ def _ulysses(par: ParallelSpec, m: ModelSpec) -> None:
 
 
 def stage_layer_counts(par: ParallelSpec, num_layers: int) -> list[int]:
-    """Layers per pipeline rank: even, or Megatron's uneven split with given first/last counts."""
-    p = par.pp
-    if par.first_stage_layers is None and par.last_stage_layers is None:
-        return [num_layers // p] * p
-    first = par.first_stage_layers if par.first_stage_layers is not None else None
-    last = par.last_stage_layers if par.last_stage_layers is not None else None
-    middle_stages = p - (first is not None) - (last is not None)
-    rest = num_layers - (first or 0) - (last or 0)
-    per = rest // middle_stages if middle_stages else 0
-    counts = [per] * p
+    """Decoder layers per pipeline rank (all its chunks), from ``pipeline_chunks``."""
+    return [sum(len(c.layers) for c in chunks) for chunks in pipeline_chunks(par, num_layers)]
+
+
+def _uneven_counts(par: ParallelSpec, num_layers: int) -> list[int]:
+    """Megatron --decoder-first/last-pipeline-num-layers: the given ends, the rest split evenly in between."""
+    if par.pp < 2:
+        raise SpecError("parallel.first_stage_layers", f"uneven stages need pp >= 2, got pp {par.pp}")
+    first, last = par.first_stage_layers, par.last_stage_layers
+    given = [x for x in (first, last) if x is not None]
+    if any(x < 1 for x in given):
+        raise SpecError("parallel.first_stage_layers", f"first/last stage layers must be >= 1, got {given}")
+    middle = par.pp - len(given)
+    rest = num_layers - sum(given)
+    if (middle == 0 and rest != 0) or (middle and (rest < middle or rest % middle)):
+        raise SpecError(
+            "parallel.first_stage_layers",
+            f"num_layers {num_layers} - first/last {'+'.join(map(str, given))} = {rest} layers do not split "
+            f"evenly over the {middle} other stages",
+        )
+    counts = [rest // middle if middle else 0] * par.pp
     if first is not None:
         counts[0] = first
     if last is not None:
         counts[-1] = last
     return counts
-
-
-def _uneven_stages(par: ParallelSpec, m: ModelSpec) -> None:
-    if par.chunks_per_rank > 1:
-        raise SpecError("parallel.first_stage_layers", "uneven stages are not modelled with the interleaved schedule")
-    if par.pp < 2:
-        raise SpecError("parallel.first_stage_layers", f"uneven stages need pp >= 2, got pp {par.pp}")
-    given = [x for x in (par.first_stage_layers, par.last_stage_layers) if x is not None]
-    if any(x < 1 for x in given):
-        raise SpecError("parallel.first_stage_layers", f"first/last stage layers must be >= 1, got {given}")
-    middle = par.pp - len(given)
-    rest = m.num_layers - sum(given)
-    if (middle == 0 and rest != 0) or (middle and (rest < middle or rest % middle)):
-        raise SpecError(
-            "parallel.first_stage_layers",
-            f"num_layers {m.num_layers} - first/last {'+'.join(map(str, given))} = {rest} layers do not split "
-            f"evenly over the {middle} other stages",
-        )
 
 
 def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
@@ -302,6 +321,18 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
     elif par.cp > 1:
         raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
     if w.training:
+        check_recompute_modules(w, m)
+        if w.cpu_offloading_num_layers and par.pp > 1:
+            raise SpecError(
+                "workload.cpu_offloading_num_layers",
+                f"Currently there is no support for Pipeline parallelism with CPU offloading (Megatron "
+                f"transformer_config.py); pp is {par.pp}",
+            )
+        if w.selective_ac_option is not None and par.framework != "torch":
+            raise SpecError(
+                "workload.selective_ac_option",
+                f"is torchtitan's (framework torch), framework is {par.framework!r}; Megatron: recompute_modules",
+            )
         per_step = w.micro_batch_size * par.dp
         if w.global_batch_size % per_step:
             raise SpecError(
@@ -315,5 +346,226 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
                 "workload.global_batch_size",
                 f"the interleaved schedule needs micro-batches {m_batches} divisible by pp {par.pp}",
             )
+        if par.pipeline_schedule in ("dualpipe", "dualpipev") and (m_batches % 2 or m_batches < 2 * par.pp):
+            raise SpecError(
+                "workload.global_batch_size",
+                f"{par.pipeline_schedule} needs an even number of micro-batches >= 2*pp = {2 * par.pp} "
+                f"(dualpipe.py: num_chunks % 2 == 0 and num_chunks >= num_ranks * 2), got {m_batches}",
+            )
     elif w.batch_size % par.dp:
         raise SpecError("workload.batch_size", f"batch_size {w.batch_size} is not divisible by dp {par.dp} (replicas)")
+
+
+# ---- pipeline layout (issue 21) -----------------------------------------------------------------------
+# Which layers, embedding and loss each model chunk (virtual stage) of each pipeline rank holds. Four ways
+# to say it, one representation: the virtual stages in model order, each a tuple of Megatron's layer
+# characters (megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list: E embedding,
+# t decoder layer, m MTP layer, L loss), virtual stage k on rank k % pp as chunk k // pp (the interleaved
+# assignment), or folded into a V for ZBV and DualPipe(V) (rank k for k < pp, else 2·pp - 1 - k).
+
+V_SCHEDULES = ("zbv", "dualpipe", "dualpipev")  # two chunks per rank in a V (DualPipe: its two directions)
+LAYER_CHARS = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
+LAYOUT_MAX_STAGES = 4096  # virtual stages in a layout: far above any run (Llama 3 405B: 128)
+LAYOUT_MAX_CHARS = 1 << 16  # an unrolled layout's characters, checked after each unrolling pass
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One model chunk of a pipeline rank: its place in the model (virtual stage ``index``) and contents."""
+
+    index: int
+    rank: int
+    layers: tuple[int, ...]  # global decoder-layer indices
+    embedding: bool = False
+    loss: bool = False
+    mtp: int = 0
+
+
+def parse_layout(layout: str | tuple | list) -> tuple[tuple[str, ...], ...]:
+    """Megatron's --pipeline-model-parallel-layout: the string ("Et*3|(tt|)*29,m|L", commas cosmetic,
+    (...)*n and x*n unrolled) or a list of lists of layer names or characters; SpecError when malformed."""
+    field_ = "parallel.pipeline_layout"
+    if isinstance(layout, str):
+        text = layout.replace(",", "").replace(" ", "")
+        for pattern in (r"\(([^()]+)\)\*(\d+)", r"(.)\*(\d+)"):
+            text = re.sub(pattern, lambda g: _unroll(g.group(1), int(g.group(2))), text)
+            if len(text) > LAYOUT_MAX_CHARS:
+                raise SpecError(field_, f"unrolls to more than {LAYOUT_MAX_CHARS} layers")
+        if any(c in text for c in "()*"):
+            raise SpecError(field_, f"cannot read {layout!r}: nested or unmatched '(...)*n'")
+        stages = [tuple(stage) for stage in text.split("|")]
+    else:
+        names = {v: k for k, v in LAYER_CHARS.items()}
+        stages = [tuple(names.get(str(x).strip().lower(), str(x).strip()) for x in stage) for stage in layout]
+    if len(stages) > LAYOUT_MAX_STAGES:
+        raise SpecError(field_, f"{len(stages)} virtual stages, more than {LAYOUT_MAX_STAGES}")
+    for i, stage in enumerate(stages):
+        bad = [c for c in stage if c not in LAYER_CHARS]
+        if bad:
+            raise SpecError(
+                field_, f"virtual stage {i} has {bad[0]!r}; known: E (embedding), t (decoder), m (mtp), L (loss)"
+            )
+    return tuple(stages)
+
+
+def _unroll(text: str, n: int) -> str:
+    if len(text) * n > LAYOUT_MAX_CHARS:
+        raise SpecError("parallel.pipeline_layout", f"{text!r}*{n} unrolls to more than {LAYOUT_MAX_CHARS} layers")
+    return text * n
+
+
+def virtual_stages(par: ParallelSpec) -> int:
+    """Model chunks over all pipeline ranks (pp·v); a malformed layout counts as pp (validation names it)."""
+    if par.pipeline_layout is not None:
+        try:
+            return len(_parsed(par.pipeline_layout))
+        except SpecError:
+            return par.pp
+    if par.pipeline_split_points is not None:
+        return len(par.pipeline_split_points) + 1
+    if par.pipeline_schedule in V_SCHEDULES:
+        return 2 * par.pp
+    return par.pp * (par.virtual_pipeline_stages if par.pipeline_schedule == "interleaved" else 1)
+
+
+@lru_cache(maxsize=256)
+def _parsed(layout) -> tuple[tuple[str, ...], ...]:
+    return parse_layout(layout)
+
+
+def rank_of(par: ParallelSpec, k: int) -> int:
+    """The pipeline rank of virtual stage k: interleaved k % pp; V-shaped k, then back down from pp - 1."""
+    p = par.pp
+    if par.pipeline_schedule in V_SCHEDULES:
+        return k if k < p else 2 * p - 1 - k
+    return k % p
+
+
+@lru_cache(maxsize=1024)
+def pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int = 0) -> tuple[tuple[Chunk, ...], ...]:
+    """Per pipeline rank, its chunks in execution order (chunk c of rank r is virtual stage c·pp + r, or the
+    V's); raises SpecError when the layout does not cover the layers exactly."""
+    stages = _stage_tokens(par, num_layers, mtp_layers)
+    per_rank: list[list[Chunk]] = [[] for _ in range(par.pp)]
+    layer = 0
+    for k, tokens in enumerate(stages):
+        count = tokens.count("t")
+        chunk = Chunk(
+            k, rank_of(par, k), tuple(range(layer, layer + count)), "E" in tokens, "L" in tokens, tokens.count("m")
+        )
+        layer += count
+        per_rank[chunk.rank].append(chunk)
+    return tuple(tuple(chunks) for chunks in per_rank)
+
+
+def _stage_tokens(par: ParallelSpec, num_layers: int, mtp: int) -> tuple[tuple[str, ...], ...]:
+    p = par.pp
+    if par.pipeline_layout is not None:
+        stages = _parsed(par.pipeline_layout)
+        _check_layout(par, stages, num_layers, mtp)
+        return stages
+    tail = ("m",) * mtp + ("L",)
+    if par.pipeline_split_points is not None:
+        points = list(par.pipeline_split_points)
+        bounds = [0, *points, num_layers]
+        if any(b >= a for a, b in zip(bounds[1:], bounds, strict=False)) or (
+            points and (points[0] < 1 or points[-1] >= num_layers)
+        ):
+            raise SpecError(
+                "parallel.pipeline_split_points",
+                f"split points {points} must rise strictly inside 1..{num_layers - 1} (num_layers {num_layers})",
+            )
+        n = len(bounds) - 1
+        if par.pipeline_schedule in V_SCHEDULES and n != 2 * p:
+            raise SpecError(
+                "parallel.pipeline_split_points",
+                f"{par.pipeline_schedule} runs 2 stages per rank: {2 * p} stages, got {n} from {len(points)} points",
+            )
+        if n % p:
+            raise SpecError(
+                "parallel.pipeline_split_points",
+                f"{len(points)} split points give {n} stages, not a multiple of pp {p}",
+            )
+        stages = [("t",) * (bounds[i + 1] - bounds[i]) for i in range(n)]
+        stages[0] = ("E", *stages[0])
+        stages[-1] = (*stages[-1], *tail)
+        return tuple(stages)
+    n = virtual_stages(par)
+    v = n // p
+    emb, loss = par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split
+    if par.first_stage_layers is not None or par.last_stage_layers is not None:
+        if emb or loss:
+            raise SpecError(
+                "parallel.account_for_embedding_in_pipeline_split",
+                "not modelled together with first_stage_layers / last_stage_layers: give pipeline_layout instead",
+            )
+        counts = _uneven_counts(par, num_layers)
+        for r, c in enumerate(counts):
+            if c % v:
+                where = "first" if r == 0 else "last" if r == p - 1 else "each middle"
+                raise SpecError(
+                    "parallel.first_stage_layers"
+                    if r == 0
+                    else "parallel.last_stage_layers"
+                    if r == p - 1
+                    else "parallel.pp",
+                    f"number of layers at the {where} stage: {c} must be divisible by the {v} chunks per rank "
+                    "(Megatron get_transformer_layer_offset splits each stage evenly over its virtual stages); "
+                    "give pipeline_layout for chunks of other sizes",
+                )
+        per = [counts[rank_of(par, k)] // v for k in range(n)]
+    else:
+        slots = num_layers + emb + loss
+        if slots % n:
+            what = f"num_layers {num_layers}" + (
+                f" + {emb + loss} (embedding/loss counted as layers)" if emb or loss else ""
+            )
+            split = f"pp*virtual_pipeline_stages = {p}*{v} = {n}" if v > 1 else f"pp {p}"
+            raise SpecError(
+                "parallel.pp",
+                f"{what} is not divisible by {split}; set first_stage_layers / last_stage_layers "
+                "(Megatron --decoder-first/last-pipeline-num-layers), account_for_embedding/loss_in_pipeline_split "
+                "or pipeline_layout to split unevenly",
+            )
+        per = [slots // n] * n
+        per[0] -= emb
+        per[-1] -= loss
+    stages = [("t",) * c for c in per]
+    stages[0] = ("E", *stages[0])
+    stages[-1] = (*stages[-1], *tail)
+    return tuple(stages)
+
+
+def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
+    f, p, n = "parallel.pipeline_layout", par.pp, len(stages)
+    if n % p:
+        raise SpecError(f, f"{n} virtual stages do not divide over pp {p} (Megatron: len(layout) % pp == 0)")
+    v = n // p
+    if par.pipeline_schedule in V_SCHEDULES and v != 2:
+        raise SpecError(f, f"{par.pipeline_schedule} runs 2 chunks per rank; the layout has {n} = {p}*{v}")
+    if par.pipeline_schedule not in V_SCHEDULES and v > 1 and par.pipeline_schedule != "interleaved":
+        raise SpecError(
+            f, f"{n} virtual stages over pp {p} are {v} chunks per rank: set pipeline_schedule to interleaved"
+        )
+    if par.virtual_pipeline_stages not in (1, v):
+        raise SpecError(
+            "parallel.virtual_pipeline_stages",
+            f"virtual_pipeline_stages {par.virtual_pipeline_stages} but the layout has {v} chunks per rank ({n}/{p})",
+        )
+    flat = [c for stage in stages for c in stage]
+    counts = {c: flat.count(c) for c in LAYER_CHARS}
+    if counts["E"] != 1 or counts["L"] != 1 or flat[0] != "E" or flat[-1] != "L":
+        raise SpecError(
+            f,
+            f"the embedding (E) must come first and the loss (L) last, once each; got {counts['E']} E, "
+            f"{counts['L']} L, first {flat[0] if flat else None!r}, last {flat[-1] if flat else None!r}",
+        )
+    if counts["t"] != num_layers:
+        raise SpecError(f, f"the layout's chunks hold {counts['t']} decoder layers (t) but the model has {num_layers}")
+    if counts["m"] != mtp:
+        raise SpecError(f, f"the layout holds {counts['m']} MTP layers (m) but the model has {mtp}")
+    if "m" in flat and "t" in flat[flat.index("m") :]:
+        raise SpecError(f, "decoder layers must come before the MTP layers (pipeline_parallel_layer_layout.py)")
+    for name in ("first_stage_layers", "last_stage_layers", "pipeline_split_points"):
+        if getattr(par, name) is not None:
+            raise SpecError(f"parallel.{name}", "give either pipeline_layout or this, not both")

@@ -1,10 +1,15 @@
-"""Pipeline schedules in closed form: GPipe, 1F1B (PipeDream-Flush) and interleaved 1F1B, per stage.
+"""Pipeline schedules in closed form: GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (chunks of their real
+sizes), zero-bubble ZB-H1 and ZBV, DualPipe and DualPipeV, per stage (``bubble_s`` gives each its bubble and
+source; ``in_flight`` / ``in_flight_chunks`` its activations in flight).
 
 Every stage s runs, per micro-batch, a forward of f_s and a backward of b_s seconds (compute plus the
 communication that cannot overlap inside the pass); a boundary send costs c seconds. With m micro-batches,
 p stages and v model chunks per stage (Narayanan et al. SC'21 §2.2):
 
     T = m·t_max + (Σ_s t_s - t_max)/v + 2·(p-1)·c      t_s = f_s + b_s, t_max = max_s t_s
+
+(with even chunks; ``bubble_s`` replaces the middle term by each rank's own fill and drain, or by the
+zero-bubble and DualPipe forms)
 
 which is (m + p - 1)·t for equal stages without interleaving (bubble (p-1)/m) and m·t + (p-1)·t/v with v
 chunks (bubble (p-1)/(v·m)), and lets the slowest stage set the steady-state pace. GPipe runs the same
@@ -28,19 +33,32 @@ MAX_EVENTS = 256  # compute blocks in all; beyond, each stage's warm-up, steady 
 
 @dataclass(frozen=True)
 class StagePass:
-    """One micro-batch on one rank of a stage, seconds: forward and backward (whole stage, all chunks)."""
+    """One micro-batch on one rank of a stage, seconds: forward and backward (whole stage, all chunks).
+
+    ``fill_s`` / ``drain_s``: the forward of the rank's first chunk and the backward of its last one, what the
+    pipeline's fill and drain wait for (None: an even share, forward_s / v and backward_s / v);
+    ``weight_s``: the weight-gradient part W of ``backward_s`` the zero-bubble schedules defer."""
 
     forward_s: float
     backward_s: float
+    fill_s: float | None = None
+    drain_s: float | None = None
+    weight_s: float = 0.0
 
     @property
     def total_s(self) -> float:
         return self.forward_s + self.backward_s
 
+    def ends(self, v: int) -> tuple[float, float]:
+        """(fill, drain): what this rank adds to the fill and to the drain of the 1F1B family."""
+        fill = self.forward_s / v if self.fill_s is None else self.fill_s
+        drain = self.backward_s / v if self.drain_s is None else self.drain_s
+        return fill, drain
+
 
 @dataclass(frozen=True)
 class Schedule:
-    kind: str  # gpipe | 1f1b | interleaved
+    kind: str  # gpipe | 1f1b | interleaved | zb-h1 | zbv | dualpipe | dualpipev
     stages: int  # p
     microbatches: int  # m
     chunks: int = 1  # v: model chunks per stage (interleaved)
@@ -57,24 +75,62 @@ class PipelineTime:
 
 def pipeline_time(passes: Sequence[StagePass], sched: Schedule) -> PipelineTime:
     """Closed-form critical path of the schedule (module docstring)."""
-    m, p, v = sched.microbatches, sched.stages, max(1, sched.chunks)
+    m, p = sched.microbatches, sched.stages
     totals = [x.total_s for x in passes]
     t_max = max(totals)
     fill = 2 * (p - 1) * sched.p2p_s
-    steady_wait = 0.0 if sched.overlap_p2p or p == 1 else 2 * sched.p2p_s
-    time = m * (t_max + steady_wait) + (sum(totals) - t_max) / v + fill
+    time = m * (t_max + _steady_wait(sched)) + bubble_s(passes, sched) + fill
     busy = tuple(m * t for t in totals)
     return PipelineTime(time, busy, tuple(time - b for b in busy))
 
 
+def _steady_wait(sched: Schedule) -> float:
+    return 0.0 if sched.overlap_p2p or sched.stages == 1 else 2 * sched.p2p_s
+
+
+def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
+    """The fill and drain beyond m times the slowest rank, each rank r but the slowest adding its share:
+
+    - gpipe, 1f1b, interleaved: its first chunk's forward and last chunk's backward (Narayanan et al. SC'21
+      §2.2: (p-1)(F+B) for 1F1B, /v interleaved; chunks of their real sizes in an uneven layout);
+    - zb-h1: F + B - 2W (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1; the DualPipe
+      README's table: ZB1P (PP-1)(F+B-2W), B the full backward);
+    - dualpipe: (PP/2-1)/(PP-1) of (F&B + B - 3W) (DualPipe README table; F&B, the overlapped forward and
+      backward, is the rank's steady-state pass, its EP all-to-all hidden by step.py);
+    - dualpipev, V-shaped with half-size chunks: (F&B + B - 3W)/2 per rank, DualPipe's bubble on 2·pp
+      half-size stages (DualPipeV is DualPipe "cut in half"); zbv likewise (F + B - 3W)/2, our reading of
+      Qi et al.'s V schedule (not a published closed form): zero when T_F = T_B = T_W as the sail-sg README
+      table states, growing with the imbalance as ZB-H1's does.
+    """
+    p, v = sched.stages, max(1, sched.chunks)
+    if p == 1:
+        return 0.0
+    crit = max(range(len(passes)), key=lambda r: passes[r].total_s)
+    others = [x for r, x in enumerate(passes) if r != crit]
+    kind = sched.kind
+    if kind == "zb-h1":
+        return sum(max(0.0, x.total_s - 2 * x.weight_s) for x in others)
+    if kind == "zbv":
+        return sum(max(0.0, x.total_s - 3 * x.weight_s) for x in others) / 2
+    if kind == "dualpipev":
+        return sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others) / 2
+    if kind == "dualpipe":
+        share = (p / 2 - 1) / (p - 1)
+        return share * sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others)
+    return sum(sum(x.ends(v)) for x in others)
+
+
 def warmup_microbatches(sched: Schedule, stage: int) -> int:
-    """Forwards before the first backward on ``stage``: p - s - 1 (1F1B); Megatron's interleaved schedule
-    runs (p - s - 1)·2 + (v - 1)·p chunk forwards (schedules.py get_pp_rank_microbatches); GPipe all m."""
+    """Forwards before the first backward on ``stage``: p - s - 1 (1F1B, ZB-H1); Megatron's interleaved
+    schedule runs (p - s - 1)·2 + (v - 1)·p chunk forwards (schedules.py get_pp_rank_microbatches); the V
+    schedules 2(p - s) - 1 chunk forwards, down the V and back up to the rank; GPipe all m."""
     p, m, v = sched.stages, sched.microbatches, max(1, sched.chunks)
     if sched.kind == "gpipe":
         return m
     if sched.kind == "interleaved":
         return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+    if sched.kind in ("zbv", "dualpipe", "dualpipev"):
+        return min(2 * (p - stage) - 1, m * v)
     return min(p - stage - 1, m)
 
 
@@ -82,11 +138,36 @@ def in_flight(sched: Schedule, stage: int) -> float:
     """Micro-batches whose activations one rank of ``stage`` holds at its peak, in units of a whole stage's
     layers: 1F1B min(p - s, m) (stage 0 holds p); interleaved (warm-up + 1) chunks of 1/v of the stage each,
     so stage 0 holds p·(1 + (p - 1)/(p·v)) (Korthikanti et al. 2022 §4.2.3, Megatron
-    theoretical_memory_usage.py interleaved_schedule_memory_penalty); GPipe all m."""
-    v = max(1, sched.chunks)
+    theoretical_memory_usage.py interleaved_schedule_memory_penalty); GPipe all m. ZB-H1 holds what 1F1B
+    holds (Qi et al. 2024 §3.1); ZBV p on every rank (the V balances it; "1x" of 1F1B in the sail-sg
+    README table); DualPipe PP + 1 of its stages (DualPipe README table); DualPipeV, DualPipe on 2·pp
+    half-size stages, 2·pp + 1 half-stages."""
+    v, p, m = max(1, sched.chunks), sched.stages, sched.microbatches
     if sched.kind == "interleaved":
-        return min(warmup_microbatches(sched, stage) + 1, sched.microbatches * v) / v
-    return min(warmup_microbatches(sched, stage) + 1, sched.microbatches)
+        return min(warmup_microbatches(sched, stage) + 1, m * v) / v
+    if sched.kind == "zbv":
+        return min(p, m)
+    if sched.kind == "dualpipe":
+        return min(p + 1, m)
+    if sched.kind == "dualpipev":
+        return min(2 * p + 1, 2 * m) / 2
+    return min(warmup_microbatches(sched, stage) + 1, m)
+
+
+def in_flight_chunks(sched: Schedule, stage: int) -> tuple[float, ...]:
+    """Per chunk of ``stage`` (its order on the rank), how many micro-batches of it one rank holds at its
+    peak: ``in_flight`` resolved by chunk, so that chunks of different sizes (an embedding-only or a
+    loss-only chunk, first/last stages of other sizes) count what they hold. Interleaved: the first
+    warm-up + 1 chunk forwards, forward k running chunk (k // p) % v (Megatron schedules.py
+    get_model_chunk_id with microbatch_group_size_per_vp_stage = p); the other schedules hold their
+    chunks alike."""
+    v, p = max(1, sched.chunks), sched.stages
+    if sched.kind != "interleaved":
+        return (in_flight(sched, stage),) * v
+    counts = [0] * v
+    for k in range(min(warmup_microbatches(sched, stage) + 1, sched.microbatches * v)):
+        counts[(k // p) % v] += 1
+    return tuple(float(c) for c in counts)
 
 
 def timeline(passes: Sequence[StagePass], sched: Schedule, start_s: float = 0.0) -> list[dict]:
@@ -95,12 +176,10 @@ def timeline(passes: Sequence[StagePass], sched: Schedule, start_s: float = 0.0)
     Each block: {stage, stream, name, microbatch (first), microbatches (count), start_s, end_s}."""
     total = pipeline_time(passes, sched).time_s
     p, m, v = sched.stages, sched.microbatches, max(1, sched.chunks)
-    t_max = max(x.total_s for x in passes)
-    period = t_max + (0.0 if sched.overlap_p2p or p == 1 else 2 * sched.p2p_s)
+    period = max(x.total_s for x in passes) + _steady_wait(sched)
     events: list[dict] = []
     each = 2 * m * v * p <= MAX_EVENTS
-    lead = tail = 0.0
-    for s, x in enumerate(passes):
+    for s, (x, lead, tail) in enumerate(zip(passes, *_offsets(passes, sched, total), strict=True)):
         f, b = x.forward_s / v, x.backward_s / v  # one chunk
         warm = warmup_microbatches(sched, s)
         steady = m * v - warm
@@ -116,9 +195,34 @@ def timeline(passes: Sequence[StagePass], sched: Schedule, start_s: float = 0.0)
                 events.append(_event(s, "1f1b", warm, steady, t, t + steady * per))
         end = start_s + total - tail
         _blocks(events, s, "backward", steady, warm, b, end - warm * b, each)
-        lead += f + sched.p2p_s
-        tail += b + sched.p2p_s
     return events
+
+
+def drain_leads(passes: Sequence[StagePass], sched: Schedule) -> list[float]:
+    """How long before the end of the pipeline each stage finishes its last backward."""
+    return _offsets(passes, sched, pipeline_time(passes, sched).time_s)[1]
+
+
+def _offsets(passes: Sequence[StagePass], sched: Schedule, total: float) -> tuple[list[float], list[float]]:
+    """Per stage, when its first forward starts and how long before the end its last backward ends: the
+    fill and drain of the stages above it (chunks of their real sizes, plus a send each), shrunk where a
+    schedule's smaller bubble (zero-bubble, DualPipe) leaves the stage less idle time than that."""
+    m, v = sched.microbatches, max(1, sched.chunks)
+    period = max(x.total_s for x in passes) + _steady_wait(sched)
+    leads, tails, lead, tail = [], [], 0.0, 0.0
+    for x in passes:
+        leads.append(lead)
+        tails.append(tail)
+        fill, drain = x.ends(v)
+        lead += fill + sched.p2p_s
+        tail += drain + sched.p2p_s
+    for s, x in enumerate(passes):
+        warm = warmup_microbatches(sched, s)
+        room = max(0.0, total - (m * v - warm) * period / v - warm * x.total_s / v)
+        idle = leads[s] + tails[s]
+        if idle > room:
+            leads[s], tails[s] = leads[s] * room / idle, tails[s] * room / idle
+    return leads, tails
 
 
 def _blocks(events: list, stage: int, name: str, first: int, count: int, dur: float, t: float, each: bool) -> float:
@@ -144,4 +248,15 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
     }
 
 
-__all__ = ["PipelineTime", "Schedule", "StagePass", "in_flight", "pipeline_time", "timeline", "warmup_microbatches"]
+__all__ = [
+    "PipelineTime",
+    "Schedule",
+    "StagePass",
+    "bubble_s",
+    "drain_leads",
+    "in_flight",
+    "in_flight_chunks",
+    "pipeline_time",
+    "timeline",
+    "warmup_microbatches",
+]

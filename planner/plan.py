@@ -140,7 +140,7 @@ def build_plan(
     if gpu is None:
         plan.warnings.append(f"cluster {cluster_spec.name!r} has no GPU spec: no step time or memory")
         return plan
-    plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline)
+    plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline, cluster_spec.pcie_bandwidth_GBps)
     plan.memory = memory(ctx, gpu, priced)
     plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
     return plan

@@ -24,7 +24,8 @@ whose ``None`` means the framework's default:
 - ``overlap_moe_expert_parallel_comm``: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B
   schedule, megatron/core/pipeline_parallel/combined_1f1b.py): a forward and a backward of two micro-batches
   run as a pair, the EP dispatch/combine of both exposed only beyond the pair's compute
-  (overlap_forward_backward; DualPipe's F&B is the same overlap). False. Not with the allgather dispatcher.
+  (overlap_forward_backward; DualPipe's F&B is the same overlap). False, but True under the dualpipe and
+  dualpipev schedules, which provide it. Not with the allgather dispatcher.
   Priced as the steady state for every micro-batch (warm-up and cool-down micro-batches also hide theirs:
   an under-estimate of the exposed time for few micro-batches).
 - ``moe_shared_expert_overlap``: Megatron --moe-shared-expert-overlap: the shared experts compute while the
@@ -45,10 +46,18 @@ from dataclasses import dataclass, field
 from collectives.topology.gpu import GPUSpec
 
 from ._errors import SpecError
-from .compute import StageCompute, check_gpu, compute_dtype, model_flops_per_token, stage_compute
+from .compute import StageCompute, check_gpu, compute_dtype, layer_forward, model_flops_per_token, stage_compute
 from .context import Context
-from .memory import Memory, memory_per_stage
-from .pipeline import Schedule, StagePass, pipeline_time, timeline
+from .memory import Memory, memory_per_stage, offloaded_bytes
+from .pipeline import Schedule, StagePass, drain_leads, pipeline_time, timeline
+
+HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
+
+
+# DualPipe runs the forward of one micro-batch and the backward of another as one overlapped pair, the
+# all-to-all dispatch and combine of each hidden behind the other's compute (DeepSeek-V3 report §3.2.1,
+# Figure 4; DualPipe README: "full overlap of forward and backward computation-communication phases").
+EP_OVERLAP_SCHEDULES = ("dualpipe", "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,8 @@ class Overlap:
             "cp_ring_overlap": True,
             "tp_comm_overlap": False,
             "overlap_p2p": fw == "megatron" and sched == "interleaved",
-            "overlap_moe_expert_parallel_comm": False,
+            # DualPipe(V) pairs each forward with another micro-batch's backward: the schedule provides it
+            "overlap_moe_expert_parallel_comm": sched in EP_OVERLAP_SCHEDULES,
             "moe_shared_expert_overlap": False,
         }
         for name in ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap"):
@@ -140,14 +150,23 @@ def memory(ctx: Context, gpu: GPUSpec, calls: Sequence = ()) -> Memory:
 
 
 def step_time(
-    ctx: Context, calls: Sequence, gpu: GPUSpec, overlap: Overlap = Overlap(), with_timeline: bool = True
+    ctx: Context,
+    calls: Sequence,
+    gpu: GPUSpec,
+    overlap: Overlap = Overlap(),
+    with_timeline: bool = True,
+    host_GBps: float = HOST_LINK_GBPS,
 ) -> StepTime:
     """Critical path of one iteration (training step, prefill pass or decode step). ``calls`` are the plan's
-    PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``)."""
+    PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``); ``host_GBps`` the GPU's link
+    to host memory per direction (the cluster's pcie_bandwidth_GBps), for CPU activation offload."""
     check_gpu(gpu, compute_dtype(ctx))
     flags = overlap.resolved(ctx)
     stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
     p2p = _assign_calls(ctx, calls, stages, flags)
+    if ctx.training and ctx.work.cpu_offloading_num_layers:
+        for st in stages:
+            _offload(st, offloaded_bytes(ctx, st.stage) / (host_GBps * 1e9))
     sched = schedule_of(ctx, p2p, bool(flags.overlap_p2p))
     if not ctx.training:
         return _inference(ctx, stages, sched, gpu, with_timeline)
@@ -268,6 +287,19 @@ def shared_expert_share(ctx: Context, stage: int, comp: StageCompute) -> float:
     return min(1.0, flops / comp.forward.flops)
 
 
+def _offload(st: StageStep, transfer_s: float) -> None:
+    """CPU activation offload: the copy to host in the forward and back in the backward run on their own
+    stream behind the pass (TransformerEngine's offload handler); what outlasts the pass is exposed."""
+    for phase, pass_time in (("forward", st.compute.forward), ("backward", st.compute.backward)):
+        exposed = max(0.0, transfer_s - pass_time.total_s)
+        if exposed:
+            st.exposed_by_stream[("pcie", phase)] = exposed
+            if phase == "forward":
+                st.fwd_comm_s += exposed
+            else:
+                st.bwd_comm_s += exposed
+
+
 def _prefetch(ctx: Context, flags: Overlap) -> bool:
     """Whether ZeRO-2/3 per-micro-batch traffic hides behind the pass: FSDP2 prefetches; DeepSpeed overlaps only
     with overlap_comm (its default: on at ZeRO-3 only); Megatron with overlap_grad_reduce."""
@@ -280,10 +312,10 @@ def _prefetch(ctx: Context, flags: Overlap) -> bool:
 def _training(
     ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, flags: Overlap, with_timeline: bool
 ) -> StepTime:
-    passes = [StagePass(st.forward_s, st.backward_s) for st in stages]
+    passes = stage_passes(ctx, stages, gpu)
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
-    leads = _drain_leads(passes, sched)
+    leads = drain_leads(passes, sched)
     ends = []
     for st, p, lead in zip(stages, passes, leads, strict=True):
         if st.grad_reduce_s:
@@ -323,6 +355,40 @@ def _training(
     )
 
 
+_drain_leads = drain_leads  # the name planner/search/step_model.py imports
+
+
+def stage_passes(ctx: Context, stages: Sequence[StageStep], gpu: GPUSpec) -> list[StagePass]:
+    """Each rank's pass for the pipeline: forward and backward with their exposed communication, the
+    forward of its first chunk and the backward of its last one at their real sizes (the layers each
+    holds, the LM head and loss with the chunk that has them; a chunk's share of the backward taken as its
+    share of the forward), and W, the weight-gradient GEMMs the zero-bubble schedules defer: as many FLOPs
+    as the forward GEMMs (Qi et al. 2024 §2), so the forward's GEMM time."""
+    out = []
+    for st in stages:
+        shares = _chunk_shares(ctx, st, gpu)
+        fwd, bwd = st.forward_s, st.backward_s
+        fill = drain = None
+        if shares is not None:
+            fill, drain = fwd * shares[0], bwd * shares[-1]
+        out.append(StagePass(fwd, bwd, fill, drain, st.compute.forward.gemm_s))
+    return out
+
+
+def _chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | None:
+    """Each chunk's share of the rank's forward compute; None with one chunk."""
+    chunks = ctx.chunks[st.stage]
+    if len(chunks) == 1:
+        return None
+    kinds = [[ctx.model.is_moe_layer(i) for i in c.layers] for c in chunks]
+    per_layer = {moe: layer_forward(ctx, moe, gpu)[0].total_s for moe in {k for ks in kinds for k in ks}}
+    times = [sum(per_layer[k] for k in ks) for ks in kinds]
+    head = max(0.0, st.compute.forward.total_s - sum(times))  # the LM head and loss, where the loss is
+    times = [t + (head if c.loss else 0.0) for t, c in zip(times, chunks, strict=True)]
+    total = sum(times)
+    return [t / total for t in times] if total > 0 else None
+
+
 def exposed_grad_reduce(ctx: Context, st: StageStep, p: StagePass, v: int, flags: Overlap) -> float:
     """The stage's gradient reduction left exposed after its last backward: all of it without
     overlap_grad_reduce; with it, what outlasts the last micro-batch's backward (one chunk of v), and never
@@ -357,21 +423,12 @@ def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:
     return -(-total_bytes // (elems * elem_bytes))
 
 
-def _drain_leads(passes: list[StagePass], sched: Schedule) -> list[float]:
-    """How long before stage 0 each stage finishes its last backward (the cool-down drains upwards)."""
-    v, out, lead = max(1, sched.chunks), [], 0.0
-    for q in passes:
-        out.append(lead)
-        lead += q.backward_s / v + sched.p2p_s
-    return out
-
-
 def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict]:
     if not with_timeline:
         return []
     events = timeline(passes, sched)
     events += _pass_comm_events(events, stages, sched)
-    for st, lead in zip(stages, _drain_leads(passes, sched), strict=True):
+    for st, lead in zip(stages, drain_leads(passes, sched), strict=True):
         last = pipe_end - lead
         if st.grad_reduce_s:
             start = max(0.0, last + st.exposed_dp_s - st.grad_reduce_s)

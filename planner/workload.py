@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import SpecError
+from .model import ModelSpec
 from .recipes import Recipe, recipe_of, validate_recipe
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
@@ -42,6 +43,17 @@ class WorkloadSpec:
     # the distributed optimizer's parameter all-gather in fp8)
     fp8_recipe: str | None = None
     fp8_param_gather: bool = False
+    # ---- recompute as configured (issue 21; planner/recompute.py): activation_recompute is Megatron's
+    # --recompute-granularity (none | selective | full) ----
+    recompute_method: str | None = None  # --recompute-method uniform | block (full only; None: uniform, 1 layer)
+    recompute_num_layers: int | None = None  # --recompute-num-layers: layers per group (uniform) or per chunk (block)
+    recompute_modules: tuple[str, ...] | None = None  # --recompute-modules (selective); None: ("core_attn",)
+    # torchtitan activation_checkpoint.selective_ac_option (selective, torch flavour): "op" (per-op: save the
+    # compute ops' outputs but every second mm) or "N" (every N-th layer fully checkpointed)
+    selective_ac_option: str | None = None
+    # Megatron --cpu-offloading --cpu-offloading-num-layers N (TransformerEngine's activation offload): the
+    # activations of N layers go to host memory over PCIe in the forward and come back in the backward
+    cpu_offloading_num_layers: int = 0
 
     @property
     def training(self) -> bool:
@@ -75,6 +87,9 @@ def validate_workload(w: WorkloadSpec) -> None:
                 "workload.activation_recompute",
                 f"must be one of {', '.join(RECOMPUTE)}, got {w.activation_recompute!r}",
             )
+        _recompute_options(w)
+        if w.cpu_offloading_num_layers < 0:
+            raise SpecError("workload.cpu_offloading_num_layers", f"must be >= 0, got {w.cpu_offloading_num_layers}")
         return
     if w.phase not in ("prefill", "decode"):
         raise SpecError("workload.phase", f"must be 'prefill' or 'decode', got {w.phase!r}")
@@ -86,3 +101,117 @@ def validate_workload(w: WorkloadSpec) -> None:
 def _at_least_one(field: str, value: int) -> None:
     if value < 1:
         raise SpecError(field, f"must be >= 1, got {value}")
+
+
+RECOMPUTE_METHODS = ("uniform", "block")
+# Megatron-Core --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def _recompute_options(w: WorkloadSpec) -> None:
+    """Megatron's TransformerConfig rules: method and layer count go with full recompute, modules with
+    selective (transformer_config.py __post_init__)."""
+    full = w.activation_recompute == "full"
+    if w.recompute_method is not None:
+        if w.recompute_method not in RECOMPUTE_METHODS:
+            raise SpecError(
+                "workload.recompute_method",
+                f"must be one of {', '.join(RECOMPUTE_METHODS)}, got {w.recompute_method!r}",
+            )
+        if not full:
+            raise SpecError(
+                "workload.recompute_method",
+                f"goes with activation_recompute 'full', got {w.activation_recompute!r}",
+            )
+    if w.recompute_num_layers is not None:
+        if not full:
+            raise SpecError(
+                "workload.recompute_num_layers",
+                f"goes with activation_recompute 'full', got {w.activation_recompute!r}",
+            )
+        _at_least_one("workload.recompute_num_layers", w.recompute_num_layers)
+    if w.selective_ac_option is not None:
+        opt = w.selective_ac_option
+        if not (opt == "op" or (opt.isdigit() and int(opt) >= 1)):
+            raise SpecError(
+                "workload.selective_ac_option",
+                f"must be 'op' or a positive int representing layer frequency (torchtitan), got {opt!r}",
+            )
+        if w.activation_recompute != "selective" or w.recompute_modules is not None:
+            raise SpecError(
+                "workload.selective_ac_option",
+                "goes with activation_recompute 'selective' and no recompute_modules (torchtitan's mode selective)",
+            )
+    if w.recompute_modules is not None:
+        if w.activation_recompute != "selective":
+            raise SpecError(
+                "workload.recompute_modules",
+                f"goes with activation_recompute 'selective', got {w.activation_recompute!r}",
+            )
+        bad = [m for m in w.recompute_modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise SpecError(
+                "workload.recompute_modules", f"unknown module {bad[0]!r}; known: {', '.join(RECOMPUTE_MODULES)}"
+            )
+
+
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)  # Megatron-Core's recompute_modules default
+
+
+def selective_modules(work: WorkloadSpec) -> tuple[str, ...]:
+    """The modules selective recompute re-runs; none unless activation_recompute is selective (torchtitan's
+    per-layer option: none here, planner/recompute.py checkpoints whole layers; per-op: "op")."""
+    if work.activation_recompute != "selective":
+        return ()
+    if work.selective_ac_option is not None:
+        return ("op",) if work.selective_ac_option == "op" else ()
+    return work.recompute_modules if work.recompute_modules is not None else DEFAULT_RECOMPUTE_MODULES
+
+
+def check_recompute_modules(work: WorkloadSpec, model: ModelSpec) -> None:
+    """A recompute module the model does not have is bad input, named with what the model has."""
+    mods = set(selective_modules(work)) - {"op"}
+    moe = model.moe
+    if work.selective_ac_option == "op" and moe is not None:
+        raise SpecError(
+            "workload.selective_ac_option",
+            "per-op selective checkpointing is modelled for dense layers (torchtitan's mm save list); "
+            f"the model has {moe.num_experts} experts",
+        )
+    dense_layers = model.num_layers - model.num_moe_layers if moe else model.num_layers
+    lacks = {
+        "moe_act": moe is None,
+        "moe": moe is None,
+        "shared_experts": moe is None or not moe.shared_ffn,
+        "mla_up_proj": model.mla is None,
+        "mlp": dense_layers == 0,
+    }
+    for name in sorted(mods):
+        if lacks.get(name):
+            what = {
+                "moe_act": "no MoE layers (model.moe is null)",
+                "moe": "no MoE layers (model.moe is null)",
+                "shared_experts": "no shared experts",
+                "mla_up_proj": "no multi-head latent attention (model.mla is null)",
+                "mlp": f"no dense MLP: all {model.num_layers} layers are MoE",
+            }[name]
+            raise SpecError("workload.recompute_modules", f"recompute module {name!r}: the model has {what}")
+    off = work.cpu_offloading_num_layers
+    if off and not 0 < off < model.num_layers:
+        raise SpecError(
+            "workload.cpu_offloading_num_layers",
+            f"CPU offloading can be done only for layers less than {model.num_layers}, got {off} "
+            "(megatron/core/transformer/transformer_config.py)",
+        )
+    if off and work.activation_recompute != "none":
+        raise SpecError(
+            "workload.cpu_offloading_num_layers",
+            "CPU offloading does not work when activation recomputation is enabled (transformer_config.py); "
+            f"activation_recompute is {work.activation_recompute!r}",
+        )
+    n = work.recompute_num_layers
+    if work.activation_recompute == "full" and n is not None and n > model.num_layers:
+        raise SpecError(
+            "workload.recompute_num_layers",
+            f"recompute_num_layers {work.recompute_num_layers} > num_layers {model.num_layers}",
+        )

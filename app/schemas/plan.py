@@ -100,7 +100,35 @@ class WorkloadIn(Strict):
     kind: Literal["training", "inference"] | None = None
     micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16)
     global_batch_size: int | None = Field(default=None, ge=1, le=1 << 24)
-    activation_recompute: Literal["none", "selective", "full"] | None = None
+    activation_recompute: Literal["none", "selective", "full"] | None = Field(
+        default=None, description="Megatron --recompute-granularity: none, selective (recompute_modules) or full"
+    )
+    recompute_method: Literal["uniform", "block"] | None = Field(
+        default=None, description="Megatron --recompute-method (full): uniform groups or the first layers (block)"
+    )
+    recompute_num_layers: int | None = Field(
+        default=None, ge=1, le=BOUNDS["num_layers"][1], description="Megatron --recompute-num-layers (full)"
+    )
+    recompute_modules: (
+        Annotated[
+            list[Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]],
+            Field(max_length=7),
+        ]
+        | None
+    ) = Field(default=None, description='Megatron --recompute-modules (selective); default ["core_attn"]')
+    cpu_offloading_num_layers: int | None = Field(
+        default=None,
+        ge=0,
+        le=BOUNDS["num_layers"][1],
+        description="Megatron --cpu-offloading-num-layers: layers whose activations go to host memory over PCIe "
+        "(pp 1, no recompute)",
+    )
+    selective_ac_option: str | None = Field(
+        default=None,
+        max_length=8,
+        description='torchtitan activation_checkpoint.selective_ac_option (selective, framework torch): "op" '
+        '(every second mm re-run) or "N" (every N-th block checkpointed)',
+    )
     phase: Literal["prefill", "decode"] | None = None
     batch_size: int | None = Field(default=None, ge=1, le=1 << 20, description="sequences over all replicas")
     context_length: int | None = Seq
@@ -141,7 +169,11 @@ class ParallelIn(Strict):
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     sequence_parallel: bool | None = None
     virtual_pipeline_stages: int | None = Field(default=None, ge=1, le=256)
-    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe"] | None = None
+    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"] | None = Field(
+        default=None,
+        description="1f1b (default), interleaved, gpipe; zero-bubble zb-h1 and zbv (Qi et al. 2024); dualpipe and "
+        "dualpipev (DeepSeek-V3 §3.2.1)",
+    )
     hybrid_shard_size: int | None = Degree
     dp_bucket_bytes: int | None = Field(default=None, ge=1, le=1 << 40)
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
@@ -160,6 +192,33 @@ class ParallelIn(Strict):
     )
     first_stage_layers: int | None = Layers
     last_stage_layers: int | None = Layers
+    # pipeline layouts (issue 21): docs/frameworks.md, Pipeline layouts
+    pipeline_layout: (
+        Annotated[str, Field(min_length=1, max_length=4096)]
+        | Annotated[
+            list[Annotated[list[Annotated[str, Field(max_length=16)]], Field(max_length=4096)]],
+            Field(min_length=1, max_length=4096),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description='Megatron --pipeline-model-parallel-layout: "E|(t|)*126,L" (E embedding, t decoder layer, '
+        "m MTP layer, L loss; | between the pp*v virtual stages, which go to rank k % pp) or a list of lists",
+    )
+    account_for_embedding_in_pipeline_split: bool | None = Field(
+        default=None, description="Megatron --account-for-embedding-in-pipeline-split: the embedding counts as a layer"
+    )
+    account_for_loss_in_pipeline_split: bool | None = Field(
+        default=None, description="Megatron --account-for-loss-in-pipeline-split: the loss counts as a layer"
+    )
+    pipeline_split_points: (
+        Annotated[list[Annotated[int, Field(ge=1, le=BOUNDS["num_layers"][1])]], Field(min_length=1, max_length=4096)]
+        | None
+    ) = Field(
+        default=None,
+        description="torch.distributed.pipelining / torchtitan pipeline_parallel_split_points as layer indices: "
+        "the first layer of stages 1, 2, ...",
+    )
 
 
 class OverlapIn(Strict):

@@ -6,9 +6,9 @@ export const SCENARIOS = [
   { id: "llama70b-h100", label: "Llama-3 70B on 64 DGX H100 nodes, TP8 PP4 DP16, ZeRO-1",
     request: { model: { preset: "llama3-70b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 1024 },
       parallel: { tp: 8, pp: 4, dp: 16, zero_stage: 1, sequence_parallel: true }, cluster: { preset: "dgx-h100", num_nodes: 64 } } },
-  { id: "llama405b-16k", label: "Llama-3 405B on 2,048 DGX H100 nodes, TP8 PP16 DP128, ZeRO-1",
+  { id: "llama405b-16k", label: "Llama-3 405B on 2,048 DGX H100 nodes, TP8 PP16 DP128, interleaved as Meta ran it, ZeRO-1",
     request: { model: { preset: "llama3-405b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 2048 },
-      parallel: { tp: 8, pp: 16, dp: 128, zero_stage: 1, sequence_parallel: true, first_stage_layers: 7, last_stage_layers: 7 },
+      parallel: { tp: 8, pp: 16, dp: 128, zero_stage: 1, sequence_parallel: true, pipeline_schedule: "interleaved", pipeline_layout: "E|(t|)*126,L" },
       cluster: { preset: "dgx-h100", num_nodes: 2048 } } },
   { id: "dsv3", label: "DeepSeek-V3 on 256 DGX H100 nodes, PP16 EP64, ZeRO-1",
     request: { model: { preset: "deepseek-v3" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 15360 },
@@ -37,6 +37,7 @@ const FIELDS = {
   "parallel.cp": "cp", "parallel.ep": "ep", "parallel.zero_stage": "zero", "parallel.sequence_parallel": "sp",
   "parallel.pipeline_schedule": "schedule", "parallel.virtual_pipeline_stages": "vpp", "parallel.framework": "framework",
   "parallel.first_stage_layers": "first-layers", "parallel.last_stage_layers": "last-layers", "parallel": "tp",
+  "parallel.pipeline_layout": "pipeline-layout",
   "cluster.preset": "cluster-preset", "cluster.num_nodes": "nodes", "cluster.intra.bandwidth_GBps": "intra-bw",
   "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
   "options.algorithm": "algorithm", "cluster.calibration": "calib-clear",
@@ -67,6 +68,7 @@ export function readForm() {
     pipeline_schedule: $("schedule").value, framework: $("framework").value };
   for (const [key, id] of [["tp", "tp"], ["pp", "pp"], ["dp", "dp"], ["cp", "cp"], ["ep", "ep"], ["virtual_pipeline_stages", "vpp"],
     ["first_stage_layers", "first-layers"], ["last_stage_layers", "last-layers"]]) put(parallel, key, num(id));
+  if ($("pipeline-layout").value.trim()) parallel.pipeline_layout = $("pipeline-layout").value.trim();
   const cluster = { preset: $("cluster-preset").value };
   put(cluster, "num_nodes", num("nodes"));
   const base = state.presets.clusters[cluster.preset];
@@ -96,6 +98,8 @@ export function fillForm(req) {
   $("batch-size").value = str(w.batch_size, "64"); $("context-length").value = str(w.context_length);
   for (const [key, id, dflt] of [["tp", "tp", "1"], ["pp", "pp", "1"], ["dp", "dp", ""], ["cp", "cp", "1"], ["ep", "ep", "1"],
     ["virtual_pipeline_stages", "vpp", "1"], ["first_stage_layers", "first-layers", ""], ["last_stage_layers", "last-layers", ""]]) $(id).value = str(p[key], dflt);
+  $("pipeline-layout").value = typeof p.pipeline_layout === "string" ? p.pipeline_layout
+    : Array.isArray(p.pipeline_layout) ? p.pipeline_layout.map((st) => (Array.isArray(st) ? st.join("") : "")).join("|") : "";
   setSelect("zero", String(p.zero_stage ?? 0)); $("sp").checked = !!p.sequence_parallel;
   setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
   if (c.preset) setSelect("cluster-preset", c.preset);

@@ -1,7 +1,8 @@
 """Pipeline parallelism traffic (megatron/core/pipeline_parallel/schedules.py, p2p_communication.py;
 torch.distributed.pipelining).
 
-Per micro-batch each stage boundary carries the activations forward and their gradient backward, one
+Per micro-batch each chunk boundary between two ranks (``boundary_sends``: the layout's chunks, planner/
+parallel.py) carries the activations forward and their gradient backward, one
 tensor of b·s/c·h·x (divided by tp with sequence parallelism: Megatron sends the sequence-sharded tensor,
 get_tensor_shapes). GPipe and 1F1B send the same tensors, only the order differs. The interleaved schedule
 gives every rank v model chunks, so a micro-batch crosses p·v - 1 boundaries: each rank sends v times
@@ -18,53 +19,45 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call
+from ..parallel import rank_of
 
 SOURCE = "megatron/core/pipeline_parallel/schedules.py, p2p_communication.py"
 TORCH = "torch.distributed.pipelining; reference/pytorch/pp2_1f1b.json"
+SCHEDULES = "planner/pipeline.py (ZB: Qi et al. 2024; DualPipe: DeepSeek-V3 §3.2.1, deepseek-ai/DualPipe dualpipe.py)"
 
 
 def calls(ctx: Context) -> list[Call]:
     if ctx.par.pp == 1:
         return []
-    p, v, m = ctx.par.pp, ctx.par.chunks_per_rank, ctx.micro_batches
+    p, m = ctx.par.pp, ctx.micro_batches
     message = ctx.activation // (ctx.par.tp if ctx.par.sp else 1)
     src = TORCH if ctx.flavour == "torch" else SOURCE
     out = []
-    for stage in range(p):
-        forward_sends = v - (1 if stage == p - 1 else 0)
-        backward_sends = v - (1 if stage == 0 else 0)
-        if forward_sends:
-            out.append(
-                Call(
-                    name="pp.activation",
-                    op=Op.SENDRECV,
-                    phase="forward",
-                    message_bytes=message,
-                    calls_per_iteration=forward_sends * m,
-                    group=Group(("pp",), pairs="pp+1"),
-                    source=src,
-                    stages=(stage,),
-                    dtype=ctx.work.activation_dtype,
+    # DualPipe: each micro-batch crosses each rank once, half of them each way (dualpipe.py num_chunks // 2)
+    halves = 2 if ctx.par.pipeline_schedule == "dualpipe" and ctx.training else 1
+    for stage, (fwd, bwd) in enumerate(boundary_sends(ctx)):
+        for phase, sends, name in (("forward", fwd, "pp.activation"), ("backward", bwd, "pp.activation_grad")):
+            if phase == "backward" and not ctx.training:
+                continue
+            for pairs, count in sorted(sends.items()):
+                out.append(
+                    Call(
+                        name=name,
+                        op=Op.SENDRECV,
+                        phase=phase,
+                        message_bytes=message,
+                        calls_per_iteration=count * m // halves,
+                        group=Group(("pp",), pairs=pairs),
+                        source=src if ctx.par.pipeline_schedule in ("1f1b", "interleaved", "gpipe") else SCHEDULES,
+                        stages=(stage,),
+                        dtype=ctx.work.activation_dtype,
+                    )
                 )
-            )
-        if backward_sends and ctx.training:
-            out.append(
-                Call(
-                    name="pp.activation_grad",
-                    op=Op.SENDRECV,
-                    phase="backward",
-                    message_bytes=message,
-                    calls_per_iteration=backward_sends * m,
-                    group=Group(("pp",), pairs="pp-1"),
-                    source=src,
-                    stages=(stage,),
-                    dtype=ctx.work.activation_dtype,
-                )
-            )
     # MTP modules read the word embedding on the last stage too: Megatron-Core finalize_model_grads.py
     # _get_shared_word_embedding_weight reduces it "if share_embeddings_and_output_weights or mtp_num_layers"
     shared = ctx.model.tied_embeddings or ctx.model.mtp_layers > 0
-    if ctx.training and shared and ctx.flavour != "torch":
+    ends_apart = not (ctx.is_first(0) and ctx.is_last(0))  # a V holds the embedding and the output layer on rank 0
+    if ctx.training and shared and ctx.flavour != "torch" and ends_apart:
         vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
         grads = vocab * ctx.model.hidden_size * ctx.grad_bytes
         out.append(
@@ -80,4 +73,26 @@ def calls(ctx: Context) -> list[Call]:
                 dtype=ctx.grad_dtype,
             )
         )
+    return out
+
+
+def boundary_sends(ctx: Context) -> list[tuple[dict[str, int], dict[str, int]]]:
+    """Per pipeline rank, the chunk boundaries it sends across per micro-batch, forward and backward, by
+    direction ("pp+1" / "pp-1"): chunk k sends its output to the rank of chunk k + 1 and its input gradient
+    to the rank of chunk k - 1, unless that is the rank itself (the turn of a V). An empty chunk still
+    passes the tensor on (Megatron builds it as an identity stage)."""
+    par, p = ctx.par, ctx.par.pp
+    n = p * par.chunks_per_rank
+    out = []
+    for stage, chunks in enumerate(ctx.chunks):
+        fwd: dict[str, int] = {}
+        bwd: dict[str, int] = {}
+        for c in chunks:
+            for other, sends, step in ((c.index + 1, fwd, 1), (c.index - 1, bwd, -1)):
+                if 0 <= other < n and (dest := rank_of(par, other)) != stage:
+                    # the direction of travel, unless the V turns back (with pp 2 both reach the same rank)
+                    ahead = dest == (stage + step) % p
+                    pairs = ("pp+1" if step == 1 else "pp-1") if ahead else ("pp-1" if step == 1 else "pp+1")
+                    sends[pairs] = sends.get(pairs, 0) + 1
+        out.append((fwd, bwd))
     return out

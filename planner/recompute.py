@@ -1,0 +1,97 @@
+"""Activation recompute as Megatron-Core configures it: which layers of a stage re-run their forward in the
+backward, and what each keeps.
+
+- ``activation_recompute`` is --recompute-granularity: ``none``, ``selective`` (the modules of
+  ``recompute_modules``, default ["core_attn"]) or ``full`` (whole layers).
+- ``full`` with ``recompute_method`` ``uniform`` and ``recompute_num_layers`` N: the layers of each model
+  chunk in groups of N, each group keeping only its input and re-run whole in the backward; ``block``: the
+  first N layers of each chunk re-run (each keeps its input), the others keep everything
+  (megatron/core/transformer/transformer_block.py _checkpointed_forward). Without a method: uniform, N = 1.
+- ``selective`` modules (megatron/core/transformer/transformer_config.py recompute_modules): each frees the
+  tensors only it needs for its backward and re-runs its forward: core_attn (the s x s scores of unfused
+  attention; with flash attention nothing is stored beyond its inputs, and the kernel re-runs), layernorm
+  (the two norms' outputs, the QKV and FC1 inputs), mlp (a dense layer's MLP intermediates), moe_act (the
+  experts' activation output, FC2's input), moe (the whole MoE block's intermediates and router logits),
+  shared_experts (the shared experts' intermediates), mla_up_proj (MLA's up-projected Q, K and V).
+- torch (torchtitan ``activation_checkpoint``, mode selective): ``selective_ac_option`` "N" checkpoints every
+  N-th transformer block of the rank whole (its 1-based count); "op" saves the outputs of the compute ops
+  (mm, scaled-dot-product attention, reduce-scatter, max) except every second mm, and re-runs the rest:
+  in a Llama block's mm order q, k, v, o, w1, w3, w2 it keeps q, v, w1 and w2 and re-runs k, o, w3 and
+  every elementwise op (torchtitan/distributed/activation_checkpoint.py _custom_policy).
+
+memory.py asks ``chunk_plans`` what each layer keeps; compute.py asks ``layer_counts`` what each layer
+re-runs. A module the model does not have is a SpecError (workload.check_recompute_modules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .context import Context
+from .workload import WorkloadSpec, selective_modules
+
+
+@dataclass(frozen=True)
+class LayerRecompute:
+    """What one layer re-runs in the backward and keeps until then."""
+
+    full: bool = False  # the whole forward re-runs
+    keeps_input: bool = True  # full: whether this layer's input is the checkpoint (uniform: the group's first)
+    modules: frozenset[str] = frozenset()  # selective: the modules re-run
+
+    @property
+    def kind(self) -> str:
+        return "full" if self.full else "selective" if self.modules else "none"
+
+
+def modules_of(work: WorkloadSpec) -> frozenset[str]:
+    return frozenset(selective_modules(work))
+
+
+@lru_cache(maxsize=4096)
+def chunk_plans(ctx: Context, stage: int) -> tuple[tuple[LayerRecompute, ...], ...]:
+    """Per chunk of ``stage``, per layer of the chunk, its LayerRecompute (module docstring)."""
+    work = ctx.work
+    out = []
+    for chunk in ctx.chunks[stage]:
+        n = len(chunk.layers)
+        if not ctx.training or work.activation_recompute == "none":
+            out.append((LayerRecompute(),) * n)
+        elif work.selective_ac_option is not None and work.selective_ac_option.isdigit():
+            # torchtitan layer SAC: its 1-based count of the rank's blocks, every N-th checkpointed whole
+            every, before = int(work.selective_ac_option), sum(len(c.layers) for c in ctx.chunks[stage][: len(out)])
+            out.append(tuple(LayerRecompute(full=(before + i + 1) % every == 0) for i in range(n)))
+        elif work.activation_recompute == "selective":
+            out.append((LayerRecompute(modules=modules_of(work)),) * n)
+        else:
+            group = work.recompute_num_layers or 1
+            if work.recompute_method == "block":
+                out.append(tuple(LayerRecompute(full=i < group) for i in range(n)))
+            else:
+                out.append(tuple(LayerRecompute(full=True, keeps_input=i % group == 0) for i in range(n)))
+    return tuple(out)
+
+
+def working_layers(ctx: Context) -> int:
+    """Layers whose full activations the backward rebuilds at once: a uniform group, or one layer."""
+    w = ctx.work
+    if ctx.training and w.activation_recompute == "selective" and (w.selective_ac_option or "").isdigit():
+        return 1
+    if not ctx.training or w.activation_recompute != "full":
+        return 0
+    return 1 if w.recompute_method == "block" else (w.recompute_num_layers or 1)
+
+
+@lru_cache(maxsize=4096)
+def layer_counts(ctx: Context, stage: int) -> dict[tuple[bool, LayerRecompute], int]:
+    """(is MoE, what it re-runs) -> layers of ``stage``, for the compute of its backward."""
+    counts: dict[tuple[bool, LayerRecompute], int] = {}
+    for chunk, plans in zip(ctx.chunks[stage], chunk_plans(ctx, stage), strict=True):
+        for layer, plan in zip(chunk.layers, plans, strict=True):
+            key = (ctx.model.is_moe_layer(layer), LayerRecompute(plan.full, True, plan.modules))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+__all__ = ["LayerRecompute", "chunk_plans", "layer_counts", "modules_of", "working_layers"]
