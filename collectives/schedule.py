@@ -73,6 +73,37 @@ class StepClass:
     dst: np.ndarray
     nbytes: np.ndarray
     label: str = ""
+    # An all-pairs class (a full mesh's step: every rank sends to every other rank at once) keeps two
+    # n-long vectors instead of its n(n-1) transfers: pair (i, j), i != j, carries out_bytes[i] + in_bytes[j]
+    # over the repeats. src, dst and nbytes are then empty; :meth:`expanded` materialises them (tests).
+    all_pairs: tuple[np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def every_pair(cls, repeat: int, out_bytes: np.ndarray, in_bytes: np.ndarray, label: str = "all pairs"):
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(repeat, empty, empty, empty, label, (_ints(out_bytes), _ints(in_bytes)))
+
+    def expanded(self) -> StepClass:
+        """The same class with every transfer listed (n(n-1) of them for an all-pairs class)."""
+        if self.all_pairs is None:
+            return self
+        out, into = self.all_pairs
+        src, dst = np.nonzero(~np.eye(len(out), dtype=bool))
+        return StepClass(self.repeat, _ints(src), _ints(dst), out[src] + into[dst], self.label)
+
+    def wire(self, holders: int) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes each holder sends and receives in this class, over its repeats."""
+        sent = np.zeros(holders, dtype=np.int64)
+        received = np.zeros(holders, dtype=np.int64)
+        if self.all_pairs is not None:
+            out, into = self.all_pairs
+            n = len(out)
+            sent[:n] = (n - 1) * out + (into.sum() - into)
+            received[:n] = (out.sum() - out) + (n - 1) * into
+        else:
+            np.add.at(sent, self.src, self.nbytes)
+            np.add.at(received, self.dst, self.nbytes)
+        return sent, received
 
 
 @dataclass(frozen=True)
@@ -133,8 +164,9 @@ class Schedule:
         sent = np.zeros(holders, dtype=np.int64)
         received = np.zeros(holders, dtype=np.int64)
         for c in self.step_classes():
-            np.add.at(sent, c.src, c.nbytes)
-            np.add.at(received, c.dst, c.nbytes)
+            out, into = c.wire(holders)
+            sent += out
+            received += into
         return sent[: self.num_ranks], received[: self.num_ranks]
 
 

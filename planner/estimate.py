@@ -7,8 +7,8 @@ call for what the pricer will really do with it (:func:`pricing_path`, the mirro
 on (:func:`planner.plan.placement_priced`), once per stage class (:func:`planner.plan.price_classes`):
 
 - NCCL's closed-form model (library pricing, the default on NVIDIA clusters): ``LIBRARY_WEIGHT`` per
-  class, whatever the group size. Its contention pass is numpy over the groups priced, and is charged
-  with the placement below;
+  class, whatever the group size, plus the contention pass our library pricer adds (numpy over the groups
+  priced, and a Python pass over group 0's NICs): ``CONTENTION_WEIGHT`` g n, memoised per placement;
 - the step-by-step schedule pricer: what the schedules it builds materialise (:func:`schedule_work`).
 
 Work units. One unit is about 15 ns of this machine's pricing engine (numpy 2.4, CPython 3.11, one core);
@@ -52,7 +52,11 @@ MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 b
 
 # weights of the work model, in ~15 ns units (module docstring: what each was measured on)
 LIBRARY_WEIGHT = 4_000  # one call through NCCL's model, any group size (~60 us measured: docs/hardening.md)
-SCHEDULE_WEIGHT = 130  # x n log2 n
+# x g n of the groups priced: the library pricer's contention pass over them (library/pricer.py _contention,
+# memoised per placement): 100-170 units per rank over many groups on 131,072 H100, 156-520 for one group
+# of 16,384-131,072 ranks (its Python pass over group 0's NICs and leaf bundles); charged at the top
+CONTENTION_WEIGHT = 400
+SCHEDULE_WEIGHT = 70  # x n log2 n: a call's candidate schedules (npu-mesh-8, 16,384 ranks: 236 ms = 69 n log2 n)
 ROUTE_WEIGHT = 4  # x groups x n log2 n
 BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
 ALLTOALL_WEIGHT = 60  # x n^2: direct and hierarchical all-to-all (0.17 s at n = 1,024, 6 s and 1 GB at 2,048)
@@ -137,7 +141,7 @@ def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = Fals
     planner.explore.QUADRATIC_LIMIT transfers); ``in_net``: the cluster can reduce in its switches."""
     if n <= 1:
         return 0
-    if path.library:
+    if path.library:  # plus the contention pass, once per placement: contention_work
         return LIBRARY_WEIGHT * sizes
     log = _log2(n)
     units = SCHEDULE_WEIGHT * n * log + ROUTE_WEIGHT * g * n * log
@@ -149,6 +153,11 @@ def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = Fals
     elif any((name, op) in QUADRATIC for name in path.algorithms):
         units += (ALLTOALL_WEIGHT + g) * n * n
     return units * sizes
+
+
+def contention_work(path: PricingPath, g: int, n: int) -> int:
+    """The library pricer's contention pass over ``g`` groups of ``n`` ranks (memoised per placement)."""
+    return CONTENTION_WEIGHT * g * n if path.library and n > 1 else 0
 
 
 def network_work(cluster: ClusterSpec) -> int:
@@ -175,7 +184,7 @@ def estimate(
     params = model.total_params()
     if params > MAX_PARAMS:
         raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
-    est, in_net, paths = Estimate(), in_network(cluster_spec), {}
+    est, in_net, paths, contended = Estimate(), in_network(cluster_spec), {}, set()
     for c in ledger(ctx):
         if c.message_bytes > MAX_MESSAGE:
             raise SpecError(
@@ -190,13 +199,15 @@ def estimate(
         g, n = priced_on.shape
         if call is None:
             path = paths.get((c.op, n)) or paths.setdefault((c.op, n), plan_pricing_path(c.op, n, cluster, options))
-            # NCCL's model is O(1) a class: charge every stage as a class rather than work the classes out
-            classes = len(c.stages) if path.library else len(price_classes(c, layout, cluster, options))
+            classes = price_classes(c, layout, cluster, options)
         else:  # the explorer: every schedule at every size, and NCCL's pairs where its model applies
-            path, classes = PricingPath(False, every=True), 1
+            path, classes = PricingPath(False, every=True), [c.stages]
         # placing and describing every group (numpy over all ranks, then the answer's rank lists) ~ g·n
         placed = layout.placement(c.group, c.stages).size
-        units = classes * schedule_work(c.op, n, g, path, in_net, sizes) + placed
+        units = len(classes) * schedule_work(c.op, n, g, path, in_net, sizes) + placed
+        if (c.group, tuple(classes)) not in contended:  # calls on the same groups share one pass
+            contended.add((c.group, tuple(classes)))
+            units += len(classes) * contention_work(path, g, n)
         how = "NCCL model" if path.library else "schedules"
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
@@ -209,6 +220,7 @@ __all__ = [
     "MAX_PARAMS",
     "Estimate",
     "PricingPath",
+    "contention_work",
     "estimate",
     "in_network",
     "network_work",

@@ -12,7 +12,7 @@ import collectives as coll
 from collectives.steps import schedule_view
 from collectives.topology import price_call
 from planner import SpecError
-from planner.estimate import Estimate, in_network, pricing_path, schedule_work
+from planner.estimate import Estimate, contention_work, in_network, pricing_path, schedule_work
 from planner.plan import cluster_for
 
 from ..convert import cluster_spec
@@ -62,7 +62,7 @@ def _price(body: PriceRequest, settings) -> dict:
     check_router(spec, settings.max_router_pairs)
     est, (groups, n), cluster, op = Estimate(), placement.shape, cluster_for(spec), coll.Op(body.op)
     path = pricing_path(op, n, cluster, body.algorithm, body.candidates, body.pricing)
-    units = schedule_work(op, n, groups, path, in_network(spec)) + placement.size
+    units = schedule_work(op, n, groups, path, in_network(spec)) + contention_work(path, groups, n) + placement.size
     est.add(units, f"{body.op}: {groups} groups of {n} ranks")
     refuse(est, settings.max_work, "")
     with relocated(fields=PRICE_FIELDS):

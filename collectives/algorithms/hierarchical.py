@@ -55,11 +55,17 @@ def _phases(req: Request, plan: list[tuple[str, bool]]):
             members, chunks = rings[level]
             yield from ring_pass_steps(members, chunks, reduce)
 
+    nodes, g = pos.shape
+
     def classes(slot_bytes: np.ndarray):
+        # slot b * g + i: an intra ring's member i passes the sum over nodes of its column, an inter ring's
+        # member b its own slot; summed in O(n), not through the N x g x N chunk index (16 GiB at 131,072)
+        grid = slot_bytes[: nodes * g].reshape(nodes, g)
+        chunk_bytes_of = {"intra": np.broadcast_to(grid.sum(axis=0), (nodes, g)), "inter": grid.T}
         out = []
         for level, reduce in plan:
-            members, chunks = rings[level]
-            chunk_bytes = slot_bytes[chunks].sum(axis=2)
+            members = rings[level][0]
+            chunk_bytes = chunk_bytes_of[level]
             label = f"{level} {'reduce-scatter' if reduce else 'all-gather'}"
             out.append(ring_pass_class(members, chunk_bytes, reduce, label))
         return out

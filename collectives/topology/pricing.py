@@ -9,7 +9,9 @@ equally, which the regular algorithms do (up to one element per step for uneven 
 are charged their total per-link bytes, the steady-state bound.
 
 Cost grows as O(classes x groups x transfers per class): ring allreduce is 2 classes of n transfers per
-group, so pricing 8 DP rings of 2,048 ranks routes 2 x 16,384 transfers with numpy.
+group, so pricing 8 DP rings of 2,048 ranks routes 2 x 16,384 transfers with numpy. An all-pairs class (a
+full mesh's direct step, schedule.py) is routed from per-rank sums in O(groups x n) instead of its n(n-1)
+transfers per group (:func:`route_all_pairs`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..primitives import busbw_factor
 from ..schedule import Schedule
 from .calibration import DEFAULT, Calibration
 from .cluster import Cluster, Loads
+from .loads import _Loads
 
 
 @dataclass
@@ -100,6 +103,8 @@ def _route_class(cls, holders, cluster, level, routed):
     """Route a class's transfers for every group. Loads are linear in bytes, so a class whose transfers
     all carry the same bytes is routed once per (src, dst) pattern with unit weight and scaled: the
     reduce-scatter and all-gather halves of a ring share one routing."""
+    if cls.all_pairs is not None:
+        return route_all_pairs(cluster, holders[:, : len(cls.all_pairs[0])], *cls.all_pairs)
     uniform = bool(len(cls.nbytes)) and bool((cls.nbytes == cls.nbytes[0]).all())
     key = cls.src.tobytes() + b"|" + cls.dst.tobytes()
     if uniform and key in routed:
@@ -113,6 +118,87 @@ def _route_class(cls, holders, cluster, level, routed):
         return loads, latency
     routed[key] = (loads, latency)
     return loads.scaled(float(cls.nbytes[0])), latency
+
+
+def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes: np.ndarray, in_bytes: np.ndarray):
+    """What ``cluster.route`` gives for an all-pairs class on every group at once (pair (i, j), i != j, of
+    group k: ``devices[k, i] -> devices[k, j]`` carrying ``out_bytes[i] + in_bytes[j]``), without listing the
+    g n(n-1) transfers: O(g n) numpy, plus the pairs inside each node (at most devices-per-node per rank)
+    and, on a router network, the node pairs of each group.
+
+    A transfer between nodes loads links at its source (host and NIC up-links, the leaf's spine bundle when
+    it leaves the leaf) and at its destination (the same, down), so each of those links carries a sum over
+    the peers of one rank that sit on other nodes (other leaves): the group's total minus the rank's own
+    node's (leaf's) share, by inclusion-exclusion. Transfers inside a node are routed as they are."""
+    g, n = devices.shape
+    loads, latency = _Loads(cluster.num_links), 0.0
+    dev, group = devices.ravel(), np.repeat(np.arange(g, dtype=np.int64), n)
+    out, into = np.tile(out_bytes.astype(np.float64), g), np.tile(in_bytes.astype(np.float64), g)
+    total_out, total_in = float(out_bytes.sum()), float(in_bytes.sum())
+    node = cluster.node_of(dev)
+    by_node = group * cluster.num_nodes + node
+    c_node, o_node, i_node = _alike(by_node, out, into)
+    src, dst = _pairs_within(by_node)
+    if len(src):
+        latency = cluster._route_intra(loads, dev[src], dev[dst], out[src] + into[dst])
+    far = c_node < n  # ranks with peers on other nodes
+    if not far.any():
+        return loads.total(), latency
+    sent = (n - c_node) * out + (total_in - i_node)
+    received = (total_out - o_node) + (n - c_node) * into
+    nic = cluster.nic_of(dev)
+    for family, links, amounts in (
+        ("host_up", dev, sent),
+        ("host_down", dev, received),
+        ("nic_up", nic, sent),
+        ("nic_down", nic, received),
+    ):
+        loads.add(cluster.families[family].start + links[far], amounts[far])
+    spec = cluster.spec
+    inter = 2 * spec.nic_latency_s
+    if spec.network.topology == "fat_tree":
+        leaf = cluster.leaf_of_nic(nic)
+        c_leaf, o_leaf, i_leaf = _alike(group * cluster.fat_tree.num_leaves + leaf, out, into)
+        c_both, o_both, i_both = _alike(by_node * cluster.fat_tree.num_leaves + leaf, out, into)
+        crossing = n - c_node - c_leaf + c_both  # peers on other nodes under other leaves
+        cross = crossing > 0
+        up = crossing * out + (total_in - i_node - i_leaf + i_both)
+        down = (total_out - o_node - o_leaf + o_both) + crossing * into
+        loads.add(cluster.families["leaf_up"].start + leaf[cross], up[cross])
+        loads.add(cluster.families["leaf_down"].start + leaf[cross], down[cross])
+        inter += (3 if cross.any() else 1) * spec.network.switch_latency_s
+    else:  # router networks route node pairs: each pair of a group's nodes carries its ranks' sums
+        keys, first, count = np.unique(by_node, return_index=True, return_counts=True)
+        o_sum, i_sum = o_node[first], i_node[first]
+        a, b = _pairs_within(keys // cluster.num_nodes)
+        weight = o_sum[a] * count[b] + count[a] * i_sum[b]
+        inter += cluster._route_routers(loads, keys[a] % cluster.num_nodes, keys[b] % cluster.num_nodes, weight)
+    return loads.total(), max(latency, inter)
+
+
+def _alike(key: np.ndarray, out: np.ndarray, into: np.ndarray):
+    """Per entry: how many entries share its key, and their sums of ``out`` and of ``into``."""
+    _, inverse, count = np.unique(key, return_inverse=True, return_counts=True)
+    return count[inverse], np.bincount(inverse, out)[inverse], np.bincount(inverse, into)[inverse]
+
+
+def _pairs_within(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every ordered pair (i, j), i != j, of entries with the same key: sum of squares of the run lengths."""
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    lengths = np.diff(np.r_[starts, len(key)])
+    start = np.repeat(starts, lengths)
+    length = np.repeat(lengths, lengths)
+    offset = np.arange(len(key)) - start
+    src, dst = [], []
+    for shift in range(1, int(lengths.max(initial=1))):
+        live = length > shift
+        src.append(order[live])
+        dst.append(order[start[live] + (offset[live] + shift) % length[live]])
+    if not src:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(src), np.concatenate(dst)
 
 
 def _busiest(busy: np.ndarray, ids: np.ndarray, top: int) -> np.ndarray:
