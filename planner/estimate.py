@@ -12,16 +12,18 @@ on (:func:`planner.plan.placement_priced`), once per stage class (:func:`planner
 - the step-by-step schedule pricer: what the schedules it builds materialise (:func:`schedule_work`).
 
 Work units. One unit is about 15 ns of this machine's pricing engine (numpy 2.4, CPython 3.11, one core);
-the weights were measured per algorithm on one group of n = 256 .. 8,192 ranks (docs/hardening.md):
+the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks (docs/hardening.md):
 
-- building and evaluating a schedule: 130 n log2 n (double binary tree: 93 ms at n = 4,096);
+- building and evaluating a call's candidate schedules: 70 n log2 n (npu-mesh-8: 69 at n = 16,384, 42 at
+  65,536; dgx-h100: 25-47);
 - routing every priced group: 4 g n log2 n (numpy over all transfers of a step class);
 - in-network all-gather / reduce-scatter (NVLS / SHARP, when the cluster reduces in the network): 15 n^2
   (its layout keeps n blocks per rank: 2.4 s at n = 4,096);
 - ``candidates: all``: 70 n^2 + g n^2 (halving-doubling ~160 ns per n^2, the quadratic all-to-alls);
-- direct (or pinned pairwise / Bruck) all-to-all: 60 n^2 + g n^2 (n(n-1) transfers per group). The direct
-  (mesh) reduce-scatter, all-gather and allreduce are priced per class in O(n) (pricing.py's all-pairs
-  classes) and cost what a ring does;
+- the all-to-alls that list n(n-1) transfers (planner.explore.QUADRATIC: hierarchical, pairwise, Bruck):
+  60 n^2 + g n^2 (hierarchical: 18.5 n^2 of CPU and ~150 bytes per n^2 at n = 2,048, 613 MiB). The direct
+  (mesh) reduce-scatter, all-gather, allreduce and all-to-all are one all-pairs class each, priced in O(g n)
+  (collectives/topology/pricing.py route_all_pairs), and cost what a ring does;
 - placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
 - building a network's routing: the network plug-in's ``work`` (:func:`network_work`; router networks are
   routed by a breadth-first search from each router: num_nodes^2 router visits, x4 for dragonfly and
@@ -59,7 +61,7 @@ CONTENTION_WEIGHT = 400
 SCHEDULE_WEIGHT = 70  # x n log2 n: a call's candidate schedules (npu-mesh-8, 16,384 ranks: 236 ms = 69 n log2 n)
 ROUTE_WEIGHT = 4  # x groups x n log2 n
 BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
-ALLTOALL_WEIGHT = 60  # x n^2: direct and hierarchical all-to-all (0.17 s at n = 1,024, 6 s and 1 GB at 2,048)
+ALLTOALL_WEIGHT = 60  # x n^2: the all-to-alls of explore.QUADRATIC (memory-bound: 613 MiB at n = 2,048)
 ALL_WEIGHT = 70  # x n^2: every algorithm (halving-doubling, the quadratic all-to-alls, ...)
 HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are left out (explorer)
 
