@@ -19,7 +19,8 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
 - routing every priced group: 4 g n log2 n (numpy over all transfers of a step class);
 - in-network all-gather / reduce-scatter (NVLS / SHARP, when the cluster reduces in the network): 15 n^2
   (its layout keeps n blocks per rank: 2.4 s at n = 4,096);
-- ``candidates: all``: 70 n^2 + g n^2 (halving-doubling ~160 ns per n^2, the quadratic all-to-alls);
+- ``candidates: all``: 70 n^2 + g n^2 (at n = 4,096: halving-doubling allreduce 24 n^2, Bruck all-gather
+  10 n^2, recursive doubling 7 n^2, in-network 9-14 n^2; the quadratic all-to-alls);
 - the all-to-alls that list n(n-1) transfers (planner.explore.QUADRATIC: hierarchical, pairwise, Bruck):
   60 n^2 + g n^2 (hierarchical: 18.5 n^2 of CPU and ~150 bytes per n^2 at n = 2,048, 613 MiB). The direct
   (mesh) reduce-scatter, all-gather, allreduce and all-to-all are one all-pairs class each, priced in O(g n)
