@@ -2,8 +2,8 @@
 
 The call is placed exactly as in the plan (its groups, all running at once), then priced with each
 algorithm at each size; ``auto`` is what the selector picks at that size, so the crossovers show.
-Schedules that grow as n^2 transfers (the direct, pairwise, Bruck and hierarchical all-to-alls) are left out
-above QUADRATIC_LIMIT transfers per step class, and say so.
+Schedules that grow as n^2 transfers (pairwise exchange and Bruck's all-to-all) are left out above
+QUADRATIC_LIMIT transfers per step class, and say so.
 
 Under library pricing (NCCL's model, the default on NVIDIA clusters) the series are NCCL's algorithm x
 protocol pairs (``NVLS/Simple``, ``Ring/LL``, ...) on the same groups, contention included, followed by the
@@ -28,10 +28,11 @@ from .plan import Options, placement_priced, setup
 from .rules import ledger
 from .workload import WorkloadSpec
 
-# (algorithm, op) whose schedules materialise n(n-1) transfers per group: the all-to-alls but the ring's. The
-# direct (mesh) reduce-scatter, all-gather and allreduce are all-pairs classes priced in O(n) (pricing.py).
+# (algorithm, op) whose schedules materialise n(n-1) transfers per group: pairwise exchange and Bruck's
+# all-to-all. The direct (mesh) collectives and the direct and hierarchical all-to-alls are all-pairs step
+# classes priced in O(n) (collectives/topology/pricing.py route_all_pairs).
 # One home: the cost estimate (planner/estimate.py) charges these n^2.
-QUADRATIC = {(name, Op.ALLTOALL) for name in ("direct", "pairwise", "bruck", "hierarchical")}
+QUADRATIC = {(name, Op.ALLTOALL) for name in ("pairwise", "bruck")}
 QUADRATIC_LIMIT = 1 << 20
 DEFAULT_SIZES = [1 << k for k in range(10, 33, 2)]  # 1 KiB .. 4 GiB
 

@@ -104,7 +104,8 @@ def _route_class(cls, holders, cluster, level, routed):
     all carry the same bytes is routed once per (src, dst) pattern with unit weight and scaled: the
     reduce-scatter and all-gather halves of a ring share one routing."""
     if cls.all_pairs is not None:
-        return route_all_pairs(cluster, holders[:, : len(cls.all_pairs[0])], *cls.all_pairs)
+        out, into, blocks = cls.all_pairs
+        return route_all_pairs(cluster, holders[:, : len(out)], out, into, blocks)
     uniform = bool(len(cls.nbytes)) and bool((cls.nbytes == cls.nbytes[0]).all())
     key = cls.src.tobytes() + b"|" + cls.dst.tobytes()
     if uniform and key in routed:
@@ -120,11 +121,12 @@ def _route_class(cls, holders, cluster, level, routed):
     return loads.scaled(float(cls.nbytes[0])), latency
 
 
-def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes: np.ndarray, in_bytes: np.ndarray):
+def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes, in_bytes, blocks=None):
     """What ``cluster.route`` gives for an all-pairs class on every group at once (pair (i, j), i != j, of
-    group k: ``devices[k, i] -> devices[k, j]`` carrying ``out_bytes[i] + in_bytes[j]``), without listing the
-    g n(n-1) transfers: O(g n) numpy, plus the pairs inside each node (at most devices-per-node per rank)
-    and, on a router network, the node pairs of each group.
+    group k: ``devices[k, i] -> devices[k, j]`` carrying ``out_bytes[i] + in_bytes[j]``, for i and j in the
+    same block, ``blocks[i] == blocks[j]``; None: one block), without listing the g n(n-1) transfers: O(g n)
+    numpy, plus the pairs inside each node (at most devices-per-node per rank) and, on a router network, the
+    node pairs of each block.
 
     A transfer between nodes loads links at its source (host and NIC up-links, the leaf's spine bundle when
     it leaves the leaf) and at its destination (the same, down), so each of those links carries a sum over
@@ -132,9 +134,12 @@ def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes: np.ndarray
     node's (leaf's) share, by inclusion-exclusion. Transfers inside a node are routed as they are."""
     g, n = devices.shape
     loads, latency = _Loads(cluster.num_links), 0.0
-    dev, group = devices.ravel(), np.repeat(np.arange(g, dtype=np.int64), n)
-    out, into = np.tile(out_bytes.astype(np.float64), g), np.tile(in_bytes.astype(np.float64), g)
-    total_out, total_in = float(out_bytes.sum()), float(in_bytes.sum())
+    block = np.unique(np.zeros(n) if blocks is None else blocks, return_inverse=True)[1].ravel()
+    width = int(block.max(initial=0)) + 1
+    dev = devices.ravel()
+    group = np.repeat(np.arange(g, dtype=np.int64) * width, n) + np.tile(block, g)  # (group, block)
+    out, into = np.tile(np.asarray(out_bytes, np.float64), g), np.tile(np.asarray(in_bytes, np.float64), g)
+    n, total_out, total_in = _alike(group, out, into)  # per rank: its block's size and sums
     node = cluster.node_of(dev)
     by_node = group * cluster.num_nodes + node
     c_node, o_node, i_node = _alike(by_node, out, into)

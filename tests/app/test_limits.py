@@ -41,10 +41,10 @@ def test_schedule_work_closed_forms():
     ag = PricingPath(False, ("ring", "hierarchical", "in_network"))
     assert schedule_work(Op.ALLGATHER, n, g, ag, in_net=True) == base + BLOCKED_WEIGHT * n * n
     assert schedule_work(Op.ALLGATHER, n, g, PricingPath(False, ("ring",)), in_net=True) == base  # not tried
-    assert (
-        schedule_work(Op.ALLTOALL, n, g, PricingPath(False, ("direct", "hierarchical")))
-        == base + (ALLTOALL_WEIGHT + g) * n * n
-    )
+    pairwise = PricingPath(False, ("pairwise",))
+    assert schedule_work(Op.ALLTOALL, n, g, pairwise) == base + (ALLTOALL_WEIGHT + g) * n * n
+    # direct and hierarchical all-to-alls are all-pairs step classes, priced in O(g n) (pricing.route_all_pairs)
+    assert schedule_work(Op.ALLTOALL, n, g, PricingPath(False, ("direct", "hierarchical"))) == base
     every = PricingPath(False, ("ring",), every=True)
     assert schedule_work(Op.ALLREDUCE, n, g, every) == base + (ALL_WEIGHT + g) * n * n
     assert schedule_work(Op.ALLREDUCE, n, g, RING, sizes=14) == 14 * base

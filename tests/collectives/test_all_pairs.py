@@ -47,27 +47,36 @@ def test_all_pairs_loads_match_routing_every_transfer(name):
     for what, devices in _placements(cluster.num_devices):
         g, n = devices.shape
         out, into = rng.integers(0, 1000, n), rng.integers(0, 1000, n)
-        fast, fast_latency = route_all_pairs(cluster, devices, out, into)
-        i, j = np.nonzero(~np.eye(n, dtype=bool))
-        src, dst = devices[:, i].ravel(), devices[:, j].ravel()
-        slow, slow_latency = cluster.route(src, dst, np.tile((out[i] + into[j]).astype(float), g))
-        np.testing.assert_allclose(
-            fast.dense(cluster.num_links), slow.dense(cluster.num_links), rtol=1e-12, err_msg=f"{name}: {what}"
-        )
-        assert fast_latency == slow_latency, (name, what)
+        for blocks in (None, rng.integers(0, 3, n)):  # every pair, or pairs inside blocks (a two-level step)
+            fast, fast_latency = route_all_pairs(cluster, devices, out, into, blocks)
+            same = np.ones((n, n), dtype=bool) if blocks is None else blocks[:, None] == blocks[None, :]
+            i, j = np.nonzero(same & ~np.eye(n, dtype=bool))
+            if not len(i):
+                continue
+            src, dst = devices[:, i].ravel(), devices[:, j].ravel()
+            slow, slow_latency = cluster.route(src, dst, np.tile((out[i] + into[j]).astype(float), g))
+            np.testing.assert_allclose(
+                fast.dense(cluster.num_links), slow.dense(cluster.num_links), rtol=1e-12, err_msg=f"{name}: {what}"
+            )
+            assert fast_latency == slow_latency, (name, what)
 
 
-@pytest.mark.parametrize("op", [Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.ALLTOALL])
+@pytest.mark.parametrize(
+    ("algorithm", "op"),
+    [("direct", op) for op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.ALLTOALL)]
+    + [("hierarchical", Op.ALLTOALL)],
+)
 @pytest.mark.parametrize("name", ["npu-mesh-8", "dgx-h100", "torus"])
-def test_direct_prices_as_its_expanded_transfers(name, op):
-    """The direct schedule's price from its all-pairs class equals the price of the same schedule with the
-    class listed transfer by transfer (uneven blocks included: 1,000,003 bytes over 12 ranks)."""
+def test_all_pairs_schedules_price_as_their_expanded_transfers(name, algorithm, op):
+    """A schedule's price from its all-pairs classes equals the price of the same schedule with the classes
+    listed transfer by transfer (uneven blocks included: 1,000,003 bytes over 12 ranks)."""
     cluster = cluster_for(CLUSTERS[name])
     devices = rng.permutation(cluster.num_devices)[:24].reshape(2, 12)
-    schedule = cached_schedule("direct", op, 12, 1_000_003 if op is not Op.ALLTOALL else 12 * 83_333, 0)
-    (cls,) = schedule.step_classes()
-    assert cls.all_pairs is not None and len(cls.src) == 0
-    listed = replace(schedule, _cached_classes=[cls.expanded()])
+    count = 1_000_003 if op is not Op.ALLTOALL else 12 * 83_333
+    schedule = cached_schedule(algorithm, op, 12, count, 4 if algorithm == "hierarchical" else 0)
+    classes = schedule.step_classes()
+    assert all(c.all_pairs is not None and len(c.src) == 0 for c in classes)
+    listed = replace(schedule, _cached_classes=[c.expanded() for c in classes])
     fast, slow = evaluate(schedule, devices, cluster), evaluate(listed, devices, cluster)
     assert fast.time_s == pytest.approx(slow.time_s, rel=1e-12)
     np.testing.assert_allclose(fast.loads.dense(cluster.num_links), slow.loads.dense(cluster.num_links), rtol=1e-12)
