@@ -21,10 +21,10 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
   (its layout keeps n blocks per rank: 2.4 s at n = 4,096);
 - ``candidates: all``: 70 n^2 + g n^2 (at n = 4,096: halving-doubling allreduce 24 n^2, Bruck all-gather
   10 n^2, recursive doubling 7 n^2, in-network 9-14 n^2; the quadratic all-to-alls);
-- the all-to-alls that list n(n-1) transfers (planner.explore.QUADRATIC: hierarchical, pairwise, Bruck):
-  60 n^2 + g n^2 (hierarchical: 18.5 n^2 of CPU and ~150 bytes per n^2 at n = 2,048, 613 MiB). The direct
-  (mesh) reduce-scatter, all-gather, allreduce and all-to-all are one all-pairs class each, priced in O(g n)
-  (collectives/topology/pricing.py route_all_pairs), and cost what a ring does;
+- the all-to-alls that list n(n-1) transfers (planner.explore.QUADRATIC: pairwise, Bruck): 60 n^2 + g n^2
+  (the hierarchical one measured 18.5 n^2 of CPU and 613 MiB at n = 2,048 when it listed them). The direct
+  (mesh) reduce-scatter, all-gather, allreduce and the direct and hierarchical all-to-alls are all-pairs
+  classes, priced in O(g n) (collectives/topology/pricing.py route_all_pairs), and cost what a ring does;
 - placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
 - building a network's routing: the network plug-in's ``work`` (:func:`network_work`; router networks are
   routed by a breadth-first search from each router: num_nodes^2 router visits, x4 for dragonfly and
