@@ -26,6 +26,7 @@ from ..schedule import Schedule
 from .calibration import DEFAULT, Calibration
 from .cluster import Cluster, Loads
 from .loads import _Loads
+from .networks._base import alike, pairs_within
 
 
 @dataclass
@@ -125,13 +126,12 @@ def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes, in_bytes, 
     """What ``cluster.route`` gives for an all-pairs class on every group at once (pair (i, j), i != j, of
     group k: ``devices[k, i] -> devices[k, j]`` carrying ``out_bytes[i] + in_bytes[j]``, for i and j in the
     same block, ``blocks[i] == blocks[j]``; None: one block), without listing the g n(n-1) transfers: O(g n)
-    numpy, plus the pairs inside each node (at most devices-per-node per rank) and, on a router network, the
-    node pairs of each block.
+    numpy, plus the pairs inside each node (at most devices-per-node per rank) and what the network plug-in
+    needs (``route_all_pairs``: O(n) on a fat-tree, the NIC pairs of each block on a router network).
 
-    A transfer between nodes loads links at its source (host and NIC up-links, the leaf's spine bundle when
-    it leaves the leaf) and at its destination (the same, down), so each of those links carries a sum over
-    the peers of one rank that sit on other nodes (other leaves): the group's total minus the rank's own
-    node's (leaf's) share, by inclusion-exclusion. Transfers inside a node are routed as they are."""
+    A transfer between nodes loads links at its source (host and NIC up-links) and at its destination (the
+    same, down), so each of those links carries a sum over the peers of one rank that sit on other nodes:
+    the block's total minus the rank's own node's share. Transfers inside a node are routed as they are."""
     g, n = devices.shape
     loads, latency = _Loads(cluster.num_links), 0.0
     block = np.unique(np.zeros(n) if blocks is None else blocks, return_inverse=True)[1].ravel()
@@ -139,11 +139,11 @@ def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes, in_bytes, 
     dev = devices.ravel()
     group = np.repeat(np.arange(g, dtype=np.int64) * width, n) + np.tile(block, g)  # (group, block)
     out, into = np.tile(np.asarray(out_bytes, np.float64), g), np.tile(np.asarray(in_bytes, np.float64), g)
-    n, total_out, total_in = _alike(group, out, into)  # per rank: its block's size and sums
+    n, total_out, total_in = alike(group, out, into)  # per rank: its block's size and sums
     node = cluster.node_of(dev)
     by_node = group * cluster.num_nodes + node
-    c_node, o_node, i_node = _alike(by_node, out, into)
-    src, dst = _pairs_within(by_node)
+    c_node, o_node, i_node = alike(by_node, out, into)
+    src, dst = pairs_within(by_node)
     if len(src):
         latency = cluster._route_intra(loads, dev[src], dev[dst], out[src] + into[dst])
     far = c_node < n  # ranks with peers on other nodes
@@ -159,51 +159,11 @@ def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes, in_bytes, 
         ("nic_down", nic, received),
     ):
         loads.add(cluster.families[family].start + links[far], amounts[far])
-    spec = cluster.spec
-    inter = 2 * spec.nic_latency_s
-    if spec.network.topology == "fat_tree":
-        leaf = cluster.leaf_of_nic(nic)
-        c_leaf, o_leaf, i_leaf = _alike(group * cluster.fat_tree.num_leaves + leaf, out, into)
-        c_both, o_both, i_both = _alike(by_node * cluster.fat_tree.num_leaves + leaf, out, into)
-        crossing = n - c_node - c_leaf + c_both  # peers on other nodes under other leaves
-        cross = crossing > 0
-        up = crossing * out + (total_in - i_node - i_leaf + i_both)
-        down = (total_out - o_node - o_leaf + o_both) + crossing * into
-        loads.add(cluster.families["leaf_up"].start + leaf[cross], up[cross])
-        loads.add(cluster.families["leaf_down"].start + leaf[cross], down[cross])
-        inter += (3 if cross.any() else 1) * spec.network.switch_latency_s
-    else:  # router networks route node pairs: each pair of a group's nodes carries its ranks' sums
-        keys, first, count = np.unique(by_node, return_index=True, return_counts=True)
-        o_sum, i_sum = o_node[first], i_node[first]
-        a, b = _pairs_within(keys // cluster.num_nodes)
-        weight = o_sum[a] * count[b] + count[a] * i_sum[b]
-        inter += cluster._route_routers(loads, keys[a] % cluster.num_nodes, keys[b] % cluster.num_nodes, weight)
+    # past the NICs: the network plug-in's own (networks/: the fat-tree's leaf bundles in O(n), by default the
+    # NIC pairs of each block)
+    network = cluster.network.route_all_pairs(loads, cluster._fam, nic[far], node[far], group[far], out[far], into[far])
+    inter = 2 * cluster.spec.nic_latency_s + network
     return loads.total(), max(latency, inter)
-
-
-def _alike(key: np.ndarray, out: np.ndarray, into: np.ndarray):
-    """Per entry: how many entries share its key, and their sums of ``out`` and of ``into``."""
-    _, inverse, count = np.unique(key, return_inverse=True, return_counts=True)
-    return count[inverse], np.bincount(inverse, out)[inverse], np.bincount(inverse, into)[inverse]
-
-
-def _pairs_within(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every ordered pair (i, j), i != j, of entries with the same key: sum of squares of the run lengths."""
-    order = np.argsort(key, kind="stable")
-    ordered = key[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    lengths = np.diff(np.r_[starts, len(key)])
-    start = np.repeat(starts, lengths)
-    length = np.repeat(lengths, lengths)
-    offset = np.arange(len(key)) - start
-    src, dst = [], []
-    for shift in range(1, int(lengths.max(initial=1))):
-        live = length > shift
-        src.append(order[live])
-        dst.append(order[start[live] + (offset[live] + shift) % length[live]])
-    if not src:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(src), np.concatenate(dst)
 
 
 def _busiest(busy: np.ndarray, ids: np.ndarray, top: int) -> np.ndarray:
