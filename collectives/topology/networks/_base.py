@@ -53,7 +53,7 @@ class NetworkModel:
 
     @classmethod
     def work(cls, spec) -> int:
-        """Work units (app/limits.py: about 15 ns each) of building this network's routing for ``spec``."""
+        """Work units (planner/estimate.py: about 15 ns each) of building this network's routing for ``spec``."""
         return 0
 
     @classmethod
