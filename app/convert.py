@@ -54,9 +54,7 @@ def model_spec(block: ModelIn) -> ModelSpec:
         changes["moe"] = MoESpec(**moe | {"mlp_only_layers": tuple(moe["mlp_only_layers"])}) if moe else None
     if "mla" in changes:
         changes["mla"] = MLASpec(**block.mla.model_dump()) if block.mla else None
-    return replace(
-        base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE}
-    )
+    return replace(base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE})
 
 
 # The fields that describe one kind of workload only: given for the other kind they were dropped without a word

@@ -5,11 +5,12 @@ search request."""
 from __future__ import annotations
 
 from planner import Plan, build_plan
+from planner.estimate import estimate
 from planner.search import Constraints, Problem
 
 from .convert import cluster_spec, model_spec, plan_inputs, workload_spec
 from .errors import relocated
-from .limits import check_router, plan_work, refuse
+from .limits import check_router, refuse
 from .schemas.plan import PlanRequest
 from .schemas.search import SearchRequest
 
@@ -18,9 +19,9 @@ def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, **
     """The planner's inputs, after the work they ask for is estimated and found within ``budget``."""
     inputs = plan_inputs(request, settings)
     check_router(inputs[3], settings.max_router_pairs)
-    estimate = plan_work(*inputs, **explore_args)
-    refuse(estimate, settings.max_work if budget is None else budget, "")
-    return inputs, estimate
+    work = estimate(*inputs, **explore_args)
+    refuse(work, settings.max_work if budget is None else budget, "")
+    return inputs, work
 
 
 def plan_of(request: PlanRequest, settings, inputs=None) -> Plan:

@@ -4,27 +4,12 @@
   ``body_timeout_s`` (408), and numbers JSON does not have (NaN, Infinity, 1e309: 422) before any parsing;
 - :class:`GuardedH11` is uvicorn's HTTP/1.1 protocol with a header deadline (a slow-loris connection that
   never finishes its request line and headers is closed after ``header_timeout_s``);
-- ``*_work`` estimate a request's cost from its shape before any work, and :func:`refuse` answers 422
-  naming the estimate and the budget;
+- the work a request asks for is estimated by planner/estimate.py from the plan's own set-up;
+  :func:`check_router` and :func:`refuse` answer 422 naming the estimate and the budget (setting);
 - :func:`run_bounded` runs the work in a worker thread under a deadline, with a bounded number of requests
   computing at once, stops it when the client disconnects, and serialises the answer off the event loop.
 
-Work units. One unit is about 15 ns of this machine's pricing engine (numpy 2.4, CPython 3.11, one core);
-the weights were measured per algorithm on one group of n = 256 .. 8,192 ranks (docs/hardening.md):
-
-- building and evaluating a call's library schedules: 130 n log2 n (double binary tree: 93 ms at n = 4,096);
-- routing every priced group: 4 g n log2 n (numpy over all transfers of a step class);
-- in-network all-gather / reduce-scatter (NVLS / SHARP, when the cluster reduces in the network): 15 n^2
-  (its layout keeps n blocks per rank: 2.4 s at n = 4,096);
-- ``candidates: all``: 70 n^2 + g n^2 (direct allreduce ~640 ns per n^2, halving-doubling ~160 ns);
-- direct (or pinned pairwise / Bruck) all-to-all: 60 n^2 + g n^2 (n(n-1) transfers per group);
-- placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
-- building a network's routing: the network plug-in's ``work`` (collectives/topology/networks/); router
-  networks (torus, dragonfly, hypercube) are routed by a breadth-first search from each router: num_nodes^2
-  router visits, x4 for dragonfly and hypercube (torus 256 routers ~1 s, hypercube 256 ~1.4 s, dragonfly
-  256 ~2.4 s, 512 routers 6-12 s), against their own budget.
-
-``max_work`` = 2^27 units is about 2 s and at most a few hundred MiB.
+``max_work`` = 2^27 units is about 2 s and at most a few hundred MiB (planner/estimate.py: what a unit is).
 """
 
 from __future__ import annotations
@@ -36,98 +21,28 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import anyio
-import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from collectives.topology import cluster_for, neighbourhood
 from collectives.topology.networks import network_type
-from planner import ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec
-from planner.context import Context
+from planner import SpecError
 from planner.deadline import Deadline, DeadlineExceeded, bounded
-from planner.explore import QUADRATIC_LIMIT
-from planner.layout import RankLayout
-from planner.model import validate_model
-from planner.parallel import validate_parallel
-from planner.rules import ledger
-from planner.workload import validate_workload
+from planner.estimate import Estimate
 
 from .settings import Settings
 
 log = logging.getLogger("commplan")
 
-# Every bound is far above real jobs and keeps byte counts inside int64 (numpy's) with room for sums:
-MAX_MESSAGE = 1 << 46  # bytes of one call, as the price endpoint's message_bytes (app/schemas/base.py)
-MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 bytes of optimizer state fits
-QUADRATIC = {"direct", "pairwise", "bruck"}  # n(n-1) transfers per group (explore.py's QUADRATIC)
-# weights of the work model, in ~15 ns units (module docstring: what each was measured on)
-SCHEDULE_WEIGHT = 130  # x n log2 n
-ROUTE_WEIGHT = 4  # x groups x n log2 n
-BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
-ALLTOALL_WEIGHT = 60  # x n^2: direct and hierarchical all-to-all (0.17 s at n = 1,024, 6 s and 1 GB at 2,048)
-ALL_WEIGHT = 70  # x n^2: every algorithm (direct allreduce, halving-doubling, ...)
-HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are left out (explorer)
 
-
-# ---- estimates -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Estimate:
-    """Work units of a request, and the largest contributor (named in a refusal)."""
-
-    units: int = 0
-    biggest: str = ""
-    biggest_units: int = 0
-    parts: list[str] = field(default_factory=list)
-
-    def add(self, units: int, what: str) -> None:
-        self.units += int(units)
-        if units > self.biggest_units:
-            self.biggest, self.biggest_units = what, int(units)
-
-
-def _log2(n: int) -> int:
-    return max(int(n - 1).bit_length(), 1)
-
-
-def call_work(
-    op: str,
-    n: int,
-    groups_priced: int,
-    candidates: str = "library",
-    algorithm: str = "auto",
-    sizes: int = 1,
-    in_network: bool = False,
-) -> int:
-    """Work units to price one call of ``op`` on ``groups_priced`` groups of ``n`` ranks (module docstring).
-    ``sizes``: how many message sizes (the explorer prices each, and leaves the quadratic algorithms out
-    above planner.explore.QUADRATIC_LIMIT); ``in_network``: the cluster can reduce in its switches."""
-    if n <= 1:
-        return 0
-    g, log = groups_priced, _log2(n)
-    units = SCHEDULE_WEIGHT * n * log + ROUTE_WEIGHT * g * n * log
-    if in_network and op in ("allgather", "reducescatter") and algorithm in ("auto", "in_network"):
-        units += BLOCKED_WEIGHT * n * n
-    quadratic_ok = sizes == 1 or n * n * g <= QUADRATIC_LIMIT
-    if candidates == "all" and algorithm == "auto":
-        units += (ALL_WEIGHT + g) * n * n if quadratic_ok else HALVING_WEIGHT * n * n
-    elif op == "alltoall" and (algorithm == "auto" or algorithm in QUADRATIC):
-        units += (ALLTOALL_WEIGHT + g) * n * n
-    return units * sizes
-
-
-def router_work(cluster) -> int:
-    """Work of building the network's routing: the network plug-in's own estimate (networks/, ``work``;
-    a torus / dragonfly / hypercube: a breadth-first search per router)."""
-    return network_type(cluster.network.topology).work(cluster)
+# ---- the budget ----------------------------------------------------------------------------------------
 
 
 def check_router(cluster, limit: int) -> None:
+    """422 when building the network's routing (its plug-in's ``work``, planner.estimate.network_work) is
+    over ``limit``: a torus / dragonfly / hypercube is routed by a search from every router."""
     network = network_type(cluster.network.topology)
     if network.work(cluster) > limit:
         raise SpecError(
@@ -135,60 +50,6 @@ def check_router(cluster, limit: int) -> None:
             f"{network.work_rule(cluster)}, over the budget of {limit:,} (COMMPLAN_MAX_ROUTER_PAIRS: a torus of "
             f"{int(limit**0.5):,} routers)",
         )
-
-
-def groups_priced(placement: np.ndarray, cluster, exact: bool) -> int:
-    """How many of a call's groups are priced: all of them for exact contention, else those the symmetry
-    shortcut keeps (collectives.topology.neighbourhood: every group on a network without a unit of symmetry,
-    those touching group 0's units on one with). ``cluster`` is the spec; its Cluster is the one the plan
-    itself builds (cached), after check_router has bounded what building it costs."""
-    if exact or len(placement) == 1:
-        return len(placement)
-    return len(neighbourhood(placement, cluster_for(cluster)))
-
-
-def plan_calls(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster, options: Options):
-    """(call, placement on devices) for every call of the plan, validated as build_plan validates."""
-    validate_model(model)
-    validate_workload(work)
-    validate_parallel(par, model, work, cluster.num_devices)
-    params = model.total_params()
-    if params > MAX_PARAMS:
-        raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
-    layout = RankLayout(par)
-    for call in ledger(Context(model, work, par)):
-        if call.message_bytes > MAX_MESSAGE:
-            raise SpecError(
-                "workload",
-                f"call {call.name} would move {call.message_bytes:,} bytes per call, over {MAX_MESSAGE:,} "
-                "(2^46, 64 TiB: the largest message priced; products of batch, sequence, width and experts "
-                "past it overflow 64-bit byte counts)",
-            )
-        ranks = layout.placement(call.group, call.stages)
-        if options.device_map is not None and len(options.device_map) == cluster.num_devices:
-            ranks = np.asarray(options.device_map)[ranks]
-        yield call, ranks
-
-
-def plan_work(
-    model, work, par, cluster, options: Options, call: str | None = None, stage: int | None = None, sizes: int = 1
-) -> Estimate:
-    """The estimate of planning (``call`` None), or of exploring the first call named ``call`` (on
-    ``stage``) at ``sizes`` message sizes with every algorithm, as planner.explore does."""
-    est = Estimate()
-    exact = call is None and (options.contention == "full" or options.device_map is not None)
-    in_network = cluster.intra.in_network_reduction or cluster.network.in_network_reduction
-    which = "all" if call is not None else options.candidates
-    for c, placement in plan_calls(model, work, par, cluster, options):
-        if call is not None and (c.name != call or (stage is not None and stage not in c.stages)):
-            continue
-        n, g = placement.shape[1], groups_priced(placement, cluster, exact)
-        # placing and describing every group (numpy over all ranks, then the answer's rank lists) ~ g·n
-        units = call_work(c.op.value, n, g, which, options.algorithm, sizes, in_network) + placement.size
-        est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks)")
-        if call is not None:
-            break
-    return est
 
 
 def refuse(est: Estimate, limit: int, where: str, setting: str = "COMMPLAN_MAX_WORK") -> None:
@@ -445,12 +306,9 @@ __all__ = [
     "Busy",
     "Estimate",
     "GuardedH11",
-    "call_work",
     "check_router",
     "encode",
     "non_finite",
-    "plan_work",
     "refuse",
-    "router_work",
     "run_bounded",
 ]

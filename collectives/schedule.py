@@ -73,6 +73,49 @@ class StepClass:
     dst: np.ndarray
     nbytes: np.ndarray
     label: str = ""
+    # An all-pairs class (a full mesh's step: every rank sends to every other rank at once) keeps n-long
+    # vectors instead of its n(n-1) transfers: pair (i, j), i != j, carries out_bytes[i] + in_bytes[j] over
+    # the repeats, for every i, j in the same block (``blocks[i] == blocks[j]``: the nodes or the rails of a
+    # two-level all-to-all; one block: every pair). src, dst and nbytes are then empty; :meth:`expanded`
+    # materialises them (tests).
+    all_pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def every_pair(
+        cls, repeat: int, out_bytes: np.ndarray, in_bytes: np.ndarray, blocks=None, label: str = "all pairs"
+    ):
+        empty = np.zeros(0, dtype=np.int64)
+        blocks = np.zeros(len(out_bytes), dtype=np.int64) if blocks is None else blocks
+        return cls(repeat, empty, empty, empty, label, (_ints(out_bytes), _ints(in_bytes), _ints(blocks)))
+
+    def expanded(self) -> StepClass:
+        """The same class with every transfer listed (n(n-1) of them for an all-pairs class of one block)."""
+        if self.all_pairs is None:
+            return self
+        out, into, blocks = self.all_pairs
+        src, dst = np.nonzero((blocks[:, None] == blocks[None, :]) & ~np.eye(len(out), dtype=bool))
+        return StepClass(self.repeat, _ints(src), _ints(dst), out[src] + into[dst], self.label)
+
+    def block_sums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per rank of an all-pairs class: its block's size, and the block's sums of out and in bytes."""
+        out, into, blocks = self.all_pairs
+        _, inverse, size = np.unique(blocks, return_inverse=True, return_counts=True)
+        return size[inverse], np.bincount(inverse, out)[inverse], np.bincount(inverse, into)[inverse]
+
+    def wire(self, holders: int) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes each holder sends and receives in this class, over its repeats."""
+        sent = np.zeros(holders, dtype=np.int64)
+        received = np.zeros(holders, dtype=np.int64)
+        if self.all_pairs is not None:
+            out, into, _ = self.all_pairs
+            n = len(out)
+            size, total_out, total_in = (np.rint(x).astype(np.int64) for x in self.block_sums())
+            sent[:n] = (size - 1) * out + (total_in - into)
+            received[:n] = (total_out - out) + (size - 1) * into
+        else:
+            np.add.at(sent, self.src, self.nbytes)
+            np.add.at(received, self.dst, self.nbytes)
+        return sent, received
 
 
 @dataclass(frozen=True)
@@ -133,8 +176,9 @@ class Schedule:
         sent = np.zeros(holders, dtype=np.int64)
         received = np.zeros(holders, dtype=np.int64)
         for c in self.step_classes():
-            np.add.at(sent, c.src, c.nbytes)
-            np.add.at(received, c.dst, c.nbytes)
+            out, into = c.wire(holders)
+            sent += out
+            received += into
         return sent[: self.num_ranks], received[: self.num_ranks]
 
 

@@ -2,8 +2,8 @@
 
 The call is placed exactly as in the plan (its groups, all running at once), then priced with each
 algorithm at each size; ``auto`` is what the selector picks at that size, so the crossovers show.
-Algorithms whose schedules grow as n^2 transfers (direct and pairwise exchange, Bruck's all-to-all) are
-left out above QUADRATIC_LIMIT transfers per step class, and say so.
+Schedules that grow as n^2 transfers (pairwise exchange and Bruck's all-to-all) are left out above
+QUADRATIC_LIMIT transfers per step class, and say so.
 
 Under library pricing (NCCL's model, the default on NVIDIA clusters) the series are NCCL's algorithm x
 protocol pairs (``NVLS/Simple``, ``Ring/LL``, ...) on the same groups, contention included, followed by the
@@ -28,7 +28,11 @@ from .plan import Options, placement_priced, setup
 from .rules import ledger
 from .workload import WorkloadSpec
 
-QUADRATIC = {"direct", "pairwise", "bruck"}
+# (algorithm, op) whose schedules materialise n(n-1) transfers per group: pairwise exchange and Bruck's
+# all-to-all. The direct (mesh) collectives and the direct and hierarchical all-to-alls are all-pairs step
+# classes priced in O(n) (collectives/topology/pricing.py route_all_pairs).
+# One home: the cost estimate (planner/estimate.py) charges these n^2.
+QUADRATIC = {(name, Op.ALLTOALL) for name in ("pairwise", "bruck")}
 QUADRATIC_LIMIT = 1 << 20
 DEFAULT_SIZES = [1 << k for k in range(10, 33, 2)]  # 1 KiB .. 4 GiB
 
@@ -80,7 +84,7 @@ def explore(
     library = resolve_pricing(options.pricing, cluster, call.op) == "library"
     series = _library_series(call.op, sizes, priced_on, cluster) if library else []
     for algorithm in candidates(call.op, cluster, "all"):
-        if algorithm in QUADRATIC and n * n * groups > QUADRATIC_LIMIT:
+        if (algorithm, call.op) in QUADRATIC and n * n * groups > QUADRATIC_LIMIT:
             nothing = [None] * len(sizes)
             note = f"{n} ranks x {groups} groups: n^2 schedule too large to price here"
             series.append(Series(algorithm, nothing, nothing, note))

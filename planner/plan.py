@@ -340,23 +340,12 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     stages whose shift is a whole number of units of the cluster's symmetry (``tiling_unit``) are priced
     once; without a known symmetry, stages are grouped by where their groups sit on nodes
     (``node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
-    places, options = pricer.places, pricer.options
-    stages, layout, cluster = call.stages, places.layout, places.cluster
-    if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
-        return [_price(call, pricer)]
-    stride = _pp_stride(layout, call.group.expert)
-    unit = None if options.device_map is not None else tiling_unit(cluster)
-    if unit and cluster.num_nodes > 1 and places.within_node(call.group, stages):
-        unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
-    classes: dict[object, list[int]] = {}
-    for s in stages:
-        key = (s * stride) % unit if unit else places.node_signature(call.group, s, options)
-        classes.setdefault(key, []).append(s)
+    classes = _stage_classes(call, pricer.places, pricer.options)
     if len(classes) == 1:
         return [_price(call, pricer)]
     rows: dict[tuple, PricedCall] = {}
-    for members in classes.values():
-        pc = _price(call.on(tuple(members)), pricer)
+    for members in classes:
+        pc = _price(call.on(members), pricer)
         key = (pc.price.algorithm, pc.price.time_s)
         if key in rows:
             row = rows[key]
@@ -365,6 +354,28 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
         else:
             rows[key] = pc
     return sorted(rows.values(), key=lambda r: r.call.stages[0])
+
+
+def _stage_classes(call: Call, places: _Placements, options: Options) -> list[tuple[int, ...]]:
+    """The sets of a call's stages priced apart (``_price_by_stage``), in order of their first stage."""
+    stages, layout, cluster = call.stages, places.layout, places.cluster
+    if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
+        return [stages]
+    stride = _pp_stride(layout, call.group.expert)
+    unit = None if options.device_map is not None else tiling_unit(cluster)
+    if unit and cluster.num_nodes > 1 and places.within_node(call.group, stages):
+        unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
+    classes: dict[object, list[int]] = {}
+    for s in stages:
+        key = (s * stride) % unit if unit else places.node_signature(call.group, s, options)
+        classes.setdefault(key, []).append(s)
+    return [tuple(members) for members in classes.values()]
+
+
+def price_classes(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> list[tuple[int, ...]]:
+    """The sets of ``call``'s stages the plan prices apart, each on its own placement (``_price_by_stage``):
+    what the cost estimate (planner/estimate.py) charges the pricer for."""
+    return _stage_classes(call, _placements(cluster, layout), options)
 
 
 def _pp_stride(layout: RankLayout, expert: bool) -> int:
@@ -436,5 +447,6 @@ __all__ = [
     "cluster_for",
     "neighbourhood",
     "placement_priced",
+    "price_classes",
     "setup",
 ]

@@ -12,11 +12,12 @@ import collectives as coll
 from collectives.steps import schedule_view
 from collectives.topology import price_call
 from planner import SpecError
+from planner.estimate import Estimate, contention_work, in_network, pricing_path, schedule_work
 from planner.plan import cluster_for
 
 from ..convert import cluster_spec
 from ..errors import BAD_INPUT, relocated
-from ..limits import Estimate, call_work, check_router, encode, refuse, run_bounded
+from ..limits import check_router, encode, refuse, run_bounded
 from ..schemas.collectives import (
     AlgorithmOut,
     PriceOut,
@@ -59,12 +60,11 @@ def _price(body: PriceRequest, settings) -> dict:
     spec = cluster_spec(body.cluster, settings)
     placement = _placement(body, settings.max_price_transfers)
     check_router(spec, settings.max_router_pairs)
-    est, (groups, n) = Estimate(), placement.shape
-    in_network = spec.intra.in_network_reduction or spec.network.in_network_reduction
-    units = call_work(body.op, n, groups, body.candidates, body.algorithm, in_network=in_network)
+    est, (groups, n), cluster, op = Estimate(), placement.shape, cluster_for(spec), coll.Op(body.op)
+    path = pricing_path(op, n, cluster, body.algorithm, body.candidates, body.pricing)
+    units = schedule_work(op, n, groups, path, in_network(spec)) + contention_work(path, groups, n) + placement.size
     est.add(units, f"{body.op}: {groups} groups of {n} ranks")
     refuse(est, settings.max_work, "")
-    cluster = cluster_for(spec)
     with relocated(fields=PRICE_FIELDS):
         p = price_call(
             coll.Op(body.op),

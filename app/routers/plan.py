@@ -14,11 +14,12 @@ from pydantic import ValidationError
 from collectives import CollectiveError
 from planner import SpecError
 from planner.deadline import check as check_deadline
+from planner.estimate import Estimate
 from planner.explore import DEFAULT_SIZES, explore
 
 from ..errors import BAD_INPUT, detail, error_detail, nested, relocated, validation_detail
 from ..inputs import bounded_inputs, plan_of
-from ..limits import Estimate, encode, refuse, run_bounded
+from ..limits import encode, refuse, run_bounded
 from ..schemas.plan import BatchItem, BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
 from ..serialize import exploration_json, plan_item_json, plan_json
 

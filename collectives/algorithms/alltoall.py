@@ -3,7 +3,8 @@
 Pairwise exchange: n-1 steps; at step k rank r sends its block for r+k and receives the block of r-k, one
 peer at a time (MPICH's long-message algorithm). Direct: every rank posts all n-1 sends at once, as NCCL's
 ``ncclGroupStart`` loop of ncclSend/ncclRecv does: one step in which the network sorts out contention.
-Both move (n-1)/n M each way; the own block is a local copy.
+Both move (n-1)/n M each way; the own block is a local copy. The direct one is priced as one all-pairs
+step class in O(n) (schedule.py), without listing its n(n-1) transfers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 
 from .. import layouts
 from ..primitives import Op
-from ..schedule import Schedule, Step, Transfers
+from ..schedule import Schedule, Step, StepClass, Transfers
 from ._base import Cost, Request, register, share
 
 
@@ -60,9 +61,16 @@ def pairwise_alltoall(req: Request) -> Schedule:
 )
 def direct_alltoall(req: Request) -> Schedule:
     n = req.num_ranks
-    src, dst = np.nonzero(~np.eye(n, dtype=bool))
 
     def steps():
+        src, dst = np.nonzero(~np.eye(n, dtype=bool))
         yield Step.of(_own_block_copy(n), Transfers.of(src, dst, dst, n + src, False))
 
-    return Schedule(req.op, "direct", n, req.count, req.itemsize, layouts.alltoall(req.count, n), steps)
+    def classes(slot_bytes: np.ndarray) -> list[StepClass]:
+        """One all-pairs class (i -> j carries send block j), in O(n): the own block is a local copy."""
+        if n < 2:
+            return []
+        return [StepClass.every_pair(1, np.zeros(n, dtype=np.int64), slot_bytes[:n])]
+
+    layout = layouts.alltoall(req.count, n)
+    return Schedule(req.op, "direct", n, req.count, req.itemsize, layout, steps, classes)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import layouts
 from ..primitives import Op, block_sizes
-from ..schedule import Schedule, Step, Transfers
+from ..schedule import Schedule, Step, StepClass, Transfers
 from ._base import Cost, Request, register
 
 
@@ -113,7 +113,20 @@ def _mesh(req: Request, layout, parts) -> Schedule:
             for make in parts:
                 yield Step.of(make(n))
 
-    return Schedule(req.op, "direct", n, req.count, req.itemsize, layout, steps)
+    def classes(slot_bytes: np.ndarray) -> list[StepClass]:
+        """Every step is all pairs (i -> j carries slot j to reduce, or slot i to gather): one all-pairs
+        class in O(n), as compress() would merge them, without listing n(n-1) transfers."""
+        if n < 2:
+            return []
+        out, into = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        for make in parts:
+            if make is _scatter_reduce:
+                into = into + slot_bytes[:n]
+            else:
+                out = out + slot_bytes[:n]
+        return [StepClass.every_pair(len(parts), out, into)]
+
+    return Schedule(req.op, "direct", n, req.count, req.itemsize, layout, steps, classes)
 
 
 _MESH_SOURCE = "HCCL mesh algorithm on full-mesh NPU boards; TensorRT-LLM two-shot allreduce"

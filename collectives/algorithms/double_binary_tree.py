@@ -53,16 +53,19 @@ def heights_and_depths(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _shape(parent_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
     parent = np.frombuffer(parent_bytes, dtype=np.int64)
     n = len(parent)
+    # numpy over the levels (a tree of n ranks has O(log n) of them): pointer-jump every rank up one level
+    # at a time for its depth, then settle heights from the deepest level up
     depth = np.zeros(n, dtype=np.int64)
-    for v in range(n):
-        u, d = v, 0
-        while parent[u] >= 0:
-            u, d = parent[u], d + 1
-        depth[v] = d
+    up = parent.copy()
+    live = up >= 0
+    while live.any():
+        depth[live] += 1
+        up[live] = parent[up[live]]
+        live = up >= 0
     height = np.zeros(n, dtype=np.int64)
-    for v in np.argsort(-depth):  # deepest first: children settle before parents
-        if parent[v] >= 0:
-            height[parent[v]] = max(height[parent[v]], height[v] + 1)
+    for d in range(int(depth.max(initial=0)), 0, -1):
+        v = np.flatnonzero(depth == d)
+        np.maximum.at(height, parent[v], height[v] + 1)
     return height, depth
 
 

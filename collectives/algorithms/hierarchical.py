@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import layouts
 from ..primitives import Op
-from ..schedule import Schedule, Step, Transfers
+from ..schedule import Schedule, Step, StepClass, Transfers
 from ._base import Cost, Request, register, share
 from .ring import ring_pass_class, ring_pass_steps
 
@@ -55,11 +55,17 @@ def _phases(req: Request, plan: list[tuple[str, bool]]):
             members, chunks = rings[level]
             yield from ring_pass_steps(members, chunks, reduce)
 
+    nodes, g = pos.shape
+
     def classes(slot_bytes: np.ndarray):
+        # slot b * g + i: an intra ring's member i passes the sum over nodes of its column, an inter ring's
+        # member b its own slot; summed in O(n), not through the N x g x N chunk index (16 GiB at 131,072)
+        grid = slot_bytes[: nodes * g].reshape(nodes, g)
+        chunk_bytes_of = {"intra": np.broadcast_to(grid.sum(axis=0), (nodes, g)), "inter": grid.T}
         out = []
         for level, reduce in plan:
-            members, chunks = rings[level]
-            chunk_bytes = slot_bytes[chunks].sum(axis=2)
+            members = rings[level][0]
+            chunk_bytes = chunk_bytes_of[level]
             label = f"{level} {'reduce-scatter' if reduce else 'all-gather'}"
             out.append(ring_pass_class(members, chunk_bytes, reduce, label))
         return out
@@ -161,13 +167,30 @@ def hierarchical_alltoall(req: Request) -> Schedule:
     # staging slot on (a, j) for the block from local rank i of node a bound for node b: 2n + i * N + b
     stage = 2 * n
     layout = layouts.alltoall(req.count, n, extra_slots=n)
-    a, i, b, j = (x.ravel() for x in np.meshgrid(*(np.arange(k) for k in (nodes, g, nodes, g)), indexing="ij"))
-    src, dst = a * g + i, b * g + j  # the block from src bound for dst, at every (a, i, b, j)
-    via = a * g + j  # the rank on src's node with dst's local index
-    staged = stage + i * nodes + b
 
     def steps():
+        grid = (np.arange(k) for k in (nodes, g, nodes, g))
+        a, i, b, j = (x.ravel() for x in np.meshgrid(*grid, indexing="ij"))
+        src, dst = a * g + i, b * g + j  # the block from src bound for dst, at every (a, i, b, j)
+        via = a * g + j  # the rank on src's node with dst's local index
+        staged = stage + i * nodes + b
         yield Step.of(Transfers.of(src, via, dst, staged, False))
         yield Step.of(Transfers.of(via, dst, staged, n + src, False))
 
-    return Schedule(req.op, "hierarchical", n, req.count, req.itemsize, layout, steps)
+    def classes(slot_bytes: np.ndarray) -> list[StepClass]:
+        """Two all-pairs classes, in O(n) (schedule.py): inside each node, (a, i) -> (a, j) carries the
+        blocks bound for local index j of every node; along each rail, (a, j) -> (b, j) the staged blocks
+        of node a's ranks bound for (b, j). The block's bytes depend on the receiver only."""
+        rank, none = np.arange(n), np.zeros(n, dtype=np.int64)
+        send = slot_bytes[:n].reshape(nodes, g)  # send block of every rank, by destination (node, local)
+        staged = slot_bytes[stage : stage + n].reshape(g, nodes)  # staging slot i * N + b
+        out = []
+        if g > 1:  # bytes into (a, j): the blocks bound for local index j, on every node
+            into = np.broadcast_to(send.sum(axis=0), (nodes, g)).ravel()
+            out.append(StepClass.every_pair(1, none, into, rank // g, "intra-node gather per rail"))
+        if nodes > 1:  # bytes into (b, j): the staged blocks bound for node b, from every local index
+            into = np.broadcast_to(staged.sum(axis=0)[:, None], (nodes, g)).ravel()
+            out.append(StepClass.every_pair(1, none, into, rank % g, "one send per remote node"))
+        return out
+
+    return Schedule(req.op, "hierarchical", n, req.count, req.itemsize, layout, steps, classes)

@@ -9,7 +9,9 @@ equally, which the regular algorithms do (up to one element per step for uneven 
 are charged their total per-link bytes, the steady-state bound.
 
 Cost grows as O(classes x groups x transfers per class): ring allreduce is 2 classes of n transfers per
-group, so pricing 8 DP rings of 2,048 ranks routes 2 x 16,384 transfers with numpy.
+group, so pricing 8 DP rings of 2,048 ranks routes 2 x 16,384 transfers with numpy. An all-pairs class (a
+full mesh's direct step, schedule.py) is routed from per-rank sums in O(groups x n) instead of its n(n-1)
+transfers per group (:func:`route_all_pairs`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from ..primitives import busbw_factor
 from ..schedule import Schedule
 from .calibration import DEFAULT, Calibration
 from .cluster import Cluster, Loads
+from .loads import _Loads
+from .networks._base import alike, pairs_within
 
 
 @dataclass
@@ -100,6 +104,9 @@ def _route_class(cls, holders, cluster, level, routed):
     """Route a class's transfers for every group. Loads are linear in bytes, so a class whose transfers
     all carry the same bytes is routed once per (src, dst) pattern with unit weight and scaled: the
     reduce-scatter and all-gather halves of a ring share one routing."""
+    if cls.all_pairs is not None:
+        out, into, blocks = cls.all_pairs
+        return route_all_pairs(cluster, holders[:, : len(out)], out, into, blocks)
     uniform = bool(len(cls.nbytes)) and bool((cls.nbytes == cls.nbytes[0]).all())
     key = cls.src.tobytes() + b"|" + cls.dst.tobytes()
     if uniform and key in routed:
@@ -113,6 +120,50 @@ def _route_class(cls, holders, cluster, level, routed):
         return loads, latency
     routed[key] = (loads, latency)
     return loads.scaled(float(cls.nbytes[0])), latency
+
+
+def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes, in_bytes, blocks=None):
+    """What ``cluster.route`` gives for an all-pairs class on every group at once (pair (i, j), i != j, of
+    group k: ``devices[k, i] -> devices[k, j]`` carrying ``out_bytes[i] + in_bytes[j]``, for i and j in the
+    same block, ``blocks[i] == blocks[j]``; None: one block), without listing the g n(n-1) transfers: O(g n)
+    numpy, plus the pairs inside each node (at most devices-per-node per rank) and what the network plug-in
+    needs (``route_all_pairs``: O(n) on a fat-tree, the NIC pairs of each block on a router network).
+
+    A transfer between nodes loads links at its source (host and NIC up-links) and at its destination (the
+    same, down), so each of those links carries a sum over the peers of one rank that sit on other nodes:
+    the block's total minus the rank's own node's share. Transfers inside a node are routed as they are."""
+    g, n = devices.shape
+    loads, latency = _Loads(cluster.num_links), 0.0
+    block = np.unique(np.zeros(n) if blocks is None else blocks, return_inverse=True)[1].ravel()
+    width = int(block.max(initial=0)) + 1
+    dev = devices.ravel()
+    group = np.repeat(np.arange(g, dtype=np.int64) * width, n) + np.tile(block, g)  # (group, block)
+    out, into = np.tile(np.asarray(out_bytes, np.float64), g), np.tile(np.asarray(in_bytes, np.float64), g)
+    n, total_out, total_in = alike(group, out, into)  # per rank: its block's size and sums
+    node = cluster.node_of(dev)
+    by_node = group * cluster.num_nodes + node
+    c_node, o_node, i_node = alike(by_node, out, into)
+    src, dst = pairs_within(by_node)
+    if len(src):
+        latency = cluster._route_intra(loads, dev[src], dev[dst], out[src] + into[dst])
+    far = c_node < n  # ranks with peers on other nodes
+    if not far.any():
+        return loads.total(), latency
+    sent = (n - c_node) * out + (total_in - i_node)
+    received = (total_out - o_node) + (n - c_node) * into
+    nic = cluster.nic_of(dev)
+    for family, links, amounts in (
+        ("host_up", dev, sent),
+        ("host_down", dev, received),
+        ("nic_up", nic, sent),
+        ("nic_down", nic, received),
+    ):
+        loads.add(cluster.families[family].start + links[far], amounts[far])
+    # past the NICs: the network plug-in's own (networks/: the fat-tree's leaf bundles in O(n), by default the
+    # NIC pairs of each block)
+    network = cluster.network.route_all_pairs(loads, cluster._fam, nic[far], node[far], group[far], out[far], into[far])
+    inter = 2 * cluster.spec.nic_latency_s + network
+    return loads.total(), max(latency, inter)
 
 
 def _busiest(busy: np.ndarray, ids: np.ndarray, top: int) -> np.ndarray:

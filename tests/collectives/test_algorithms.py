@@ -121,7 +121,7 @@ def test_step_classes_agree_with_the_executed_steps(algorithm, op):
 
 def _per_pair(classes) -> dict:
     totals: dict = {}
-    for k in classes:
+    for k in (k.expanded() for k in classes):
         for src, dst, nbytes in zip(k.src.tolist(), k.dst.tolist(), k.nbytes.tolist(), strict=True):
             totals[(src, dst)] = totals.get((src, dst), 0) + nbytes
     return {pair: b for pair, b in totals.items() if b}

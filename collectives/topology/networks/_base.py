@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
+
 from ..._errors import CollectiveError
 
 Families = list[tuple[str, str, int, float, float]]  # (name, kind, count, capacity_GBps, latency_s)
@@ -51,7 +53,7 @@ class NetworkModel:
 
     @classmethod
     def work(cls, spec) -> int:
-        """Work units (app/limits.py: about 15 ns each) of building this network's routing for ``spec``."""
+        """Work units (planner/estimate.py: about 15 ns each) of building this network's routing for ``spec``."""
         return 0
 
     @classmethod
@@ -77,6 +79,22 @@ class NetworkModel:
         one byte each. Returns the longest path's latency past the NICs."""
         raise CollectiveError("network", f"network {self.name!r} cannot route between nodes")
 
+    def route_all_pairs(self, loads, start, nic, node, block, out, into) -> float:
+        """An all-pairs class between nodes (collectives/topology/pricing.py ``route_all_pairs``): every rank x
+        sends ``out[x] + into[y]`` to every rank y of its ``block`` on another node. Adds the bytes on the
+        network's links and returns the longest path's latency, as ``route`` would for those transfers. By
+        default through ``route`` on the NIC pairs of each block, each carrying its ranks' sums (exact for any
+        network); a network whose links a transfer loads at its two ends only overrides it in O(n)."""
+        num_nics = self.num_nodes * self.spec.nics_per_node
+        keys, first, inverse, count = np.unique(
+            block * num_nics + nic, return_index=True, return_inverse=True, return_counts=True
+        )
+        o_sum, i_sum = np.bincount(inverse.ravel(), out), np.bincount(inverse.ravel(), into)
+        a, b = pairs_within(keys // num_nics)
+        a, b = a[node[first[a]] != node[first[b]]], b[node[first[a]] != node[first[b]]]
+        weight = o_sum[a] * count[b] + count[a] * i_sum[b]
+        return self.route(loads, start, nic[first[a]], nic[first[b]], node[first[a]], node[first[b]], weight)
+
     @property
     def reduces(self) -> bool:
         """Whether the switches reduce (SHARP; the in_network algorithm and NCCL's CollNet across nodes)."""
@@ -95,3 +113,28 @@ class NetworkModel:
     # ---- drawing (view.py's aggregated view) ----------------------------------------------------------
     def draw_aggregated(self, builder, drawn: list[int]) -> None:
         """Add the network's edges between the node boxes ``drawn`` to ``builder`` (view._Aggregated)."""
+
+
+def alike(key: np.ndarray, out: np.ndarray, into: np.ndarray):
+    """Per entry: how many entries share its key, and their sums of ``out`` and of ``into``."""
+    _, inverse, count = np.unique(key, return_inverse=True, return_counts=True)
+    return count[inverse], np.bincount(inverse, out)[inverse], np.bincount(inverse, into)[inverse]
+
+
+def pairs_within(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every ordered pair (i, j), i != j, of entries with the same key: sum of squares of the run lengths."""
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    lengths = np.diff(np.r_[starts, len(key)])
+    start = np.repeat(starts, lengths)
+    length = np.repeat(lengths, lengths)
+    offset = np.arange(len(key)) - start
+    src, dst = [], []
+    for shift in range(1, int(lengths.max(initial=1))):
+        live = length > shift
+        src.append(order[live])
+        dst.append(order[start[live] + (offset[live] + shift) % length[live]])
+    if not src:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(src), np.concatenate(dst)

@@ -3,7 +3,7 @@ hypercube.py); ECMP over every shortest path. The share of each directed router 
 comes from shortest-path counts (Brandes), memoised per router pair. A new router network is a subclass with
 its ``build_graph`` and its rules (``validate``, ``visit_weight``) in a module of its own.
 
-Work (the cost guard, app/limits.py): routing runs a breadth-first search from each router a priced group
+Work (the cost guard, planner/estimate.py): routing runs a breadth-first search from each router a priced group
 touches, num_nodes^2 router visits in the worst case, times ``visit_weight`` (measured: torus 256 routers
 ~1 s, hypercube 256 ~1.4 s, dragonfly 256 ~2.4 s; docs/hardening.md), against their own budget.
 """

@@ -21,7 +21,7 @@ from ..._errors import CollectiveError
 from ..loads import _pick
 from ..spec import _positive
 from . import register
-from ._base import Families, NetworkModel
+from ._base import Families, NetworkModel, alike
 
 
 @register
@@ -115,6 +115,24 @@ class FatTree(NetworkModel):
         cross = leaf_src != leaf_dst
         loads.add(start("leaf_up") + leaf_src[cross], _pick(nbytes, cross))
         loads.add(start("leaf_down") + leaf_dst[cross], _pick(nbytes, cross))
+        return (3 if cross.any() else 1) * self.network.switch_latency_s
+
+    def route_all_pairs(self, loads, start, nic, node, block, out, into) -> float:
+        """An all-pairs class crosses the spines between ranks under different leaves: each leaf bundle
+        carries, per rank on it, its bytes to (from) the peers of its block on other nodes under other leaves,
+        by inclusion-exclusion over the block's, the node's and the leaf's sums. O(n), exact."""
+        leaf, leaves = self.leaf_of(nic), self.num_leaves
+        size, total_out, total_in = alike(block, out, into)
+        by_node = block * self.num_nodes + node
+        c_node, o_node, i_node = alike(by_node, out, into)
+        c_leaf, o_leaf, i_leaf = alike(block * leaves + leaf, out, into)
+        c_both, o_both, i_both = alike(by_node * leaves + leaf, out, into)
+        crossing = size - c_node - c_leaf + c_both  # peers on other nodes under other leaves
+        cross = crossing > 0
+        up = crossing * out + (total_in - i_node - i_leaf + i_both)
+        down = (total_out - o_node - o_leaf + o_both) + crossing * into
+        loads.add(start("leaf_up") + leaf[cross], up[cross])
+        loads.add(start("leaf_down") + leaf[cross], down[cross])
         return (3 if cross.any() else 1) * self.network.switch_latency_s
 
     # ---- NCCL's ring of nodes (library/pricer.py) -------------------------------------------------------

@@ -1,0 +1,233 @@
+"""What a plan, an explore or one priced call will cost, estimated before any pricing (docs/hardening.md).
+
+The estimate starts where the plan starts, :func:`planner.plan.setup` (the same Context, with the cluster's
+devices per node that DeepEP needs, the same layout and Cluster), walks the same ledger, and charges each
+call for what the pricer will really do with it (:func:`pricing_path`, the mirror of
+``planner.plan._price_op`` and ``collectives.topology.select.price_call``) on the groups the plan prices it
+on (:func:`planner.plan.placement_priced`), once per stage class (:func:`planner.plan.price_classes`):
+
+- NCCL's closed-form model (library pricing, the default on NVIDIA clusters): ``LIBRARY_WEIGHT`` per
+  class, whatever the group size, plus the contention pass our library pricer adds (numpy over the groups
+  priced, and a Python pass over group 0's NICs): ``CONTENTION_WEIGHT`` g n, memoised per placement;
+- the step-by-step schedule pricer: what the schedules it builds materialise (:func:`schedule_work`).
+
+Work units. One unit is about 15 ns of this machine's pricing engine (numpy 2.4, CPython 3.11, one core);
+the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks (docs/hardening.md):
+
+- building and evaluating a call's candidate schedules: 70 n log2 n (npu-mesh-8: 69 at n = 16,384, 42 at
+  65,536; dgx-h100: 25-47);
+- routing every priced group: 4 g n log2 n (numpy over all transfers of a step class);
+- in-network all-gather / reduce-scatter (NVLS / SHARP, when the cluster reduces in the network): 15 n^2
+  (its layout keeps n blocks per rank: 2.4 s at n = 4,096);
+- ``candidates: all``: 70 n^2 + g n^2 (at n = 4,096: halving-doubling allreduce 24 n^2, Bruck all-gather
+  10 n^2, recursive doubling 7 n^2, in-network 9-14 n^2; the quadratic all-to-alls);
+- the all-to-alls that list n(n-1) transfers (planner.explore.QUADRATIC: pairwise, Bruck): 60 n^2 + g n^2
+  (the hierarchical one measured 18.5 n^2 of CPU and 613 MiB at n = 2,048 when it listed them). The direct
+  (mesh) reduce-scatter, all-gather, allreduce and the direct and hierarchical all-to-alls are all-pairs
+  classes, priced in O(g n) (collectives/topology/pricing.py route_all_pairs), and cost what a ring does;
+- placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
+- building a network's routing: the network plug-in's ``work`` (:func:`network_work`; router networks are
+  routed by a breadth-first search from each router: num_nodes^2 router visits, x4 for dragonfly and
+  hypercube), against their own budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from collectives import CollectiveError, Op
+from collectives.algorithms import lookup
+from collectives.topology import Cluster, ClusterSpec, candidates
+from collectives.topology.networks import network_type
+from collectives.topology.select import resolve_pricing
+
+from ._errors import SpecError
+from .explore import QUADRATIC, QUADRATIC_LIMIT
+from .model import ModelSpec
+from .parallel import ParallelSpec
+from .plan import Options, placement_priced, price_classes, setup
+from .rules import ledger
+from .workload import WorkloadSpec
+
+# Every bound is far above real jobs and keeps byte counts inside int64 (numpy's) with room for sums:
+MAX_MESSAGE = 1 << 46  # bytes of one call, as the price endpoint's message_bytes (app/schemas/base.py)
+MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 bytes of optimizer state fits
+
+# weights of the work model, in ~15 ns units (module docstring: what each was measured on)
+LIBRARY_WEIGHT = 4_000  # one call through NCCL's model, any group size (~60 us measured: docs/hardening.md)
+# x g n of the groups priced: the library pricer's contention pass over them (library/pricer.py _contention,
+# memoised per placement): 100-170 units per rank over many groups on 131,072 H100, 156-520 for one group
+# of 16,384-131,072 ranks (its Python pass over group 0's NICs and leaf bundles); charged at the top
+CONTENTION_WEIGHT = 400
+SCHEDULE_WEIGHT = 70  # x n log2 n: a call's candidate schedules (npu-mesh-8, 16,384 ranks: 236 ms = 69 n log2 n)
+ROUTE_WEIGHT = 4  # x groups x n log2 n
+BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
+ALLTOALL_WEIGHT = 60  # x n^2: the all-to-alls of explore.QUADRATIC (memory-bound: 613 MiB at n = 2,048)
+ALL_WEIGHT = 70  # x n^2: every algorithm (halving-doubling, the quadratic all-to-alls, ...)
+HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are left out (explorer)
+
+
+@dataclass
+class Estimate:
+    """Work units of a request, and the largest contributor (named in a refusal)."""
+
+    units: int = 0
+    biggest: str = ""
+    biggest_units: int = 0
+    parts: list[str] = field(default_factory=list)
+
+    def add(self, units: int, what: str) -> None:
+        self.units += int(units)
+        if units > self.biggest_units:
+            self.biggest, self.biggest_units = what, int(units)
+
+
+@dataclass(frozen=True)
+class PricingPath:
+    """What the pricer does with one call: NCCL's closed form (``library``), or the schedules it builds and
+    prices step by step (``algorithms``; ``every``: all registered ones, ``candidates: all``)."""
+
+    library: bool
+    algorithms: tuple[str, ...] = ()
+    every: bool = False
+
+
+def _log2(n: int) -> int:
+    return max(int(n - 1).bit_length(), 1)
+
+
+def _implements(algorithm: str, op: Op) -> bool:
+    try:
+        lookup(algorithm, op)
+    except CollectiveError:
+        return False
+    return True
+
+
+def pricing_path(
+    op: Op, n: int, cluster: Cluster, algorithm: str = "auto", which: str = "library", pricing: str = "auto"
+) -> PricingPath:
+    """What ``collectives.topology.select.price_call`` does with these arguments: NCCL's model where it
+    applies (``auto`` on an NVIDIA cluster, an op NCCL's tuner prices, more than one rank), else the named
+    schedule, else every candidate schedule (``which``)."""
+    if algorithm == "auto" and n > 1:
+        try:
+            library = resolve_pricing(pricing, cluster, op) == "library"
+        except CollectiveError:  # price_call refuses it with its own message
+            library = True
+        if library:
+            return PricingPath(True)
+    if algorithm != "auto":
+        return PricingPath(False, (algorithm,))
+    return PricingPath(False, candidates(op, cluster, which), every=which == "all")
+
+
+def plan_pricing_path(op: Op, n: int, cluster: Cluster, options: Options) -> PricingPath:
+    """What the plan's pricer does with one call (``planner.plan._price_op``): ``candidates: all`` compares
+    every schedule step by step unless library pricing is asked for; a pinned algorithm is priced step by
+    step where it implements ``op``, else the call is priced as under ``auto`` step by step."""
+    pricing = "schedule" if options.candidates == "all" and options.pricing == "auto" else options.pricing
+    if options.algorithm == "auto" and pricing != "schedule":
+        return pricing_path(op, n, cluster, "auto", options.candidates, pricing)
+    if options.algorithm != "auto" and _implements(options.algorithm, op):
+        return PricingPath(False, (options.algorithm,))
+    return pricing_path(op, n, cluster, "auto", options.candidates, "schedule")
+
+
+def in_network(cluster: ClusterSpec) -> bool:
+    return cluster.intra.in_network_reduction or cluster.network.in_network_reduction
+
+
+def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = False, sizes: int = 1) -> int:
+    """Work units to price one call of ``op`` on ``g`` groups of ``n`` ranks along ``path``, at ``sizes``
+    message sizes (the explorer prices each, and leaves the quadratic schedules out above
+    planner.explore.QUADRATIC_LIMIT transfers); ``in_net``: the cluster can reduce in its switches."""
+    if n <= 1:
+        return 0
+    if path.library:  # plus the contention pass, once per placement: contention_work
+        return LIBRARY_WEIGHT * sizes
+    log = _log2(n)
+    units = SCHEDULE_WEIGHT * n * log + ROUTE_WEIGHT * g * n * log
+    if in_net and op in (Op.ALLGATHER, Op.REDUCESCATTER) and "in_network" in path.algorithms:
+        units += BLOCKED_WEIGHT * n * n
+    if path.every:
+        quadratic_ok = sizes == 1 or n * n * g <= QUADRATIC_LIMIT
+        units += (ALL_WEIGHT + g) * n * n if quadratic_ok else HALVING_WEIGHT * n * n
+    elif any((name, op) in QUADRATIC for name in path.algorithms):
+        units += (ALLTOALL_WEIGHT + g) * n * n
+    return units * sizes
+
+
+def contention_work(path: PricingPath, g: int, n: int) -> int:
+    """The library pricer's contention pass over ``g`` groups of ``n`` ranks (memoised per placement)."""
+    return CONTENTION_WEIGHT * g * n if path.library and n > 1 else 0
+
+
+def network_work(cluster: ClusterSpec) -> int:
+    """Work of building the network's routing: the network plug-in's own estimate (collectives/topology/
+    networks/, ``work``: a torus / dragonfly / hypercube is routed by a search from every router)."""
+    return network_type(cluster.network.topology).work(cluster)
+
+
+def estimate(
+    model: ModelSpec,
+    work: WorkloadSpec,
+    par: ParallelSpec,
+    cluster_spec: ClusterSpec,
+    options: Options | None = None,
+    call: str | None = None,
+    stage: int | None = None,
+    sizes: int = 1,
+) -> Estimate:
+    """The estimate of planning (``call`` None), or of exploring the first call named ``call`` (on ``stage``)
+    at ``sizes`` message sizes with every algorithm, as planner.explore does. Validates as build_plan does
+    (the same set-up), and refuses models and calls too large for 64-bit byte counts."""
+    options = options or Options()
+    ctx, layout, cluster = setup(model, work, par, cluster_spec, options)
+    params = model.total_params()
+    if params > MAX_PARAMS:
+        raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
+    est, in_net, paths, contended = Estimate(), in_network(cluster_spec), {}, set()
+    for c in ledger(ctx):
+        if c.message_bytes > MAX_MESSAGE:
+            raise SpecError(
+                "workload",
+                f"call {c.name} would move {c.message_bytes:,} bytes per call, over {MAX_MESSAGE:,} "
+                "(2^46, 64 TiB: the largest message priced; products of batch, sequence, width and experts "
+                "past it overflow 64-bit byte counts)",
+            )
+        if call is not None and (c.name != call or (stage is not None and stage not in c.stages)):
+            continue
+        priced_on = placement_priced(c, layout, cluster, options)
+        g, n = priced_on.shape
+        if call is None:
+            path = paths.get((c.op, n)) or paths.setdefault((c.op, n), plan_pricing_path(c.op, n, cluster, options))
+            classes = price_classes(c, layout, cluster, options)
+        else:  # the explorer: every schedule at every size, and NCCL's pairs where its model applies
+            path, classes = PricingPath(False, every=True), [c.stages]
+        # placing and describing every group (numpy over all ranks, then the answer's rank lists) ~ g·n
+        placed = layout.placement(c.group, c.stages).size
+        units = len(classes) * schedule_work(c.op, n, g, path, in_net, sizes) + placed
+        if (c.group, tuple(classes)) not in contended:  # calls on the same groups share one pass
+            contended.add((c.group, tuple(classes)))
+            units += len(classes) * contention_work(path, g, n)
+        how = "NCCL model" if path.library else "schedules"
+        est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
+        if call is not None:
+            break
+    return est
+
+
+__all__ = [
+    "MAX_MESSAGE",
+    "MAX_PARAMS",
+    "Estimate",
+    "PricingPath",
+    "contention_work",
+    "estimate",
+    "in_network",
+    "network_work",
+    "plan_pricing_path",
+    "pricing_path",
+    "schedule_work",
+]
