@@ -237,9 +237,10 @@ def serve_options(block):
 def serve_inputs(body, settings: Settings):
     """plan_serving's inputs for a POST /v1/serve body, after the work of every step it will plan is estimated
     from the same workers it plans (planner.serving.worker_inputs) and found within the budget."""
+    from planner.estimate import Estimate, estimate
     from planner.serving import Pool, Traffic, engine, worker_inputs
 
-    from .limits import Estimate, plan_work, refuse
+    from .limits import check_router, refuse
 
     cluster = cluster_spec(body.cluster, settings)
     model = model_spec(body.model)
@@ -247,9 +248,10 @@ def serve_inputs(body, settings: Settings):
     pools = tuple(Pool(**p.model_dump()) for p in body.deployment.pools)
     options_ = serve_options(body.options)
     traits = engine(body.engine)
+    check_router(cluster, settings.max_router_pairs)  # the KV transfer is priced on the whole cluster
     total = Estimate()
     for role, work, par, sub, plans in worker_inputs(model, cluster, traits, traffic, pools, options_):
-        est = plan_work(model, work, par, sub, Options(timeline=False))
+        est = estimate(model, work, par, sub, Options(timeline=False))
         total.add(est.units * plans, f"{plans} steps of the {role} pool ({est.biggest})")
     refuse(total, settings.max_work, "deployment")
     return model, cluster, traits, traffic, pools, options_
