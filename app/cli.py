@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
     cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
     cal.add_argument("--format", choices=("table", "json"), default="table")
+    dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
+    dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
+    dep.add_argument("--format", choices=("table", "json", "launch"), default="table")
+    dep.add_argument("--model-path", default="", help="launch: what the engine loads (default: the model's name)")
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -47,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "calibrate":
         return _calibrate(args)
+    if args.command == "serve-plan":
+        return _serve_plan(args)
     if args.command in ("search", "sweep"):
         from .search_cli import search_command, sweep_command
 
@@ -89,18 +95,25 @@ def _plan(args) -> int:
     from .inputs import plan_of
     from .schemas.plan import PlanRequest
     from .serialize import plan_dict
+
+    def produce(text: str, settings) -> str:
+        plan = plan_of(PlanRequest.model_validate(json.loads(text)), settings)
+        if args.format in ("table", "json"):
+            result = plan_dict(plan)
+            return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
+        return render(plan, args.format, args.stage, args.launcher)
+
+    return _answer(args, produce)
+
+
+def _answer(args, produce) -> int:
+    """Read the request file (or standard input), write what ``produce(text, settings)`` makes of it; bad input
+    is exit status 2 with the field and the rule, as the service's 422."""
     from .settings import Settings
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        request = PlanRequest.model_validate(json.loads(text))
-        settings = Settings.from_env()
-        plan = plan_of(request, settings)
-        if args.format in ("table", "json"):
-            result = plan_dict(plan)
-            output = json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        else:
-            output = render(plan, args.format, args.stage, args.launcher)
+        output = produce(text, Settings.from_env())
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
@@ -114,6 +127,54 @@ def _plan(args) -> int:
     except BrokenPipeError:  # `commplan plan ... | head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _serve_plan(args) -> int:
+    from planner.serving import plan_serving
+    from planner.serving.launch import launch_commands, render
+
+    from .convert import serve_inputs
+    from .schemas.serve import ServeRequest
+    from .serialize import serve_dict
+
+    def produce(text: str, settings) -> str:
+        inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), settings)
+        if args.format == "launch":
+            if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
+                raise SpecError("--model-path", "may not hold control characters")
+            model, cluster, traits, _, pools, options = inputs
+            path = args.model_path or model.name or "MODEL"
+            return render(launch_commands(path, traits, pools, options, cluster.devices_per_node), traits.label)
+        result = serve_dict(plan_serving(*inputs))
+        return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
+
+    return _answer(args, produce)
+
+
+def _serve_table(result: dict) -> str:
+    tp = result["throughput"]
+    ttft = "unbounded (saturated)" if result["ttft_s"] is None else human_seconds(result["ttft_s"])
+    lines = [
+        f"GPUs {result['gpus']}  TTFT {ttft}  TPOT {human_seconds(result['tpot_s'])}  fits {result['fits']}",
+        f"output {tp['output_tokens_per_s']:,.0f} tokens/s, {tp['output_tokens_per_s_per_gpu']:,.1f} per GPU, "
+        f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s; "
+        f"bound by {result['bottleneck']}",
+        f"KV cache {result['kv_cache']['bytes_per_token']:,} B/token, {result['kv_cache']['capacity_tokens']:,} "
+        f"tokens per worker, {result['kv_cache']['max_concurrency']:,} requests",
+    ]
+    if result["kv_transfer"]:
+        kv = result["kv_transfer"]
+        lines.append(
+            f"KV transfer {human_bytes(kv['bytes_per_request'])} per request in {human_seconds(kv['time_s'])} "
+            f"over {kv['bottleneck']}"
+        )
+    for p in result["pools"]:
+        lines.append(
+            f"pool {p['role']}: {p['gpus']} GPUs, batch {p['batch']}, step {human_seconds(p['step_s'])}, "
+            f"{len(p['calls'])} calls per step"
+        )
+    lines += [f"warning: {w}" for w in result["warnings"]]
+    return "\n".join(lines) + "\n"
 
 
 def _table(result: dict) -> str:

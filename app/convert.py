@@ -70,7 +70,7 @@ ONLY_FOR = {
         "selective_ac_option",
         "cpu_offloading_num_layers",
     ),
-    "inference": ("phase", "batch_size", "context_length"),
+    "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }
 
 
@@ -225,12 +225,46 @@ def spec_dict(spec) -> dict:
     return out
 
 
+def serve_options(block):
+    """A serve request's options block as planner.serving.ServeOptions."""
+    from planner.serving import MTP, ServeOptions
+
+    opts = block.model_dump()
+    opts["mtp"] = MTP(**opts["mtp"]) if opts["mtp"] else None
+    return ServeOptions(**opts)
+
+
+def serve_inputs(body, settings: Settings):
+    """plan_serving's inputs for a POST /v1/serve body, after the work of every step it will plan is estimated
+    from the same workers it plans (planner.serving.worker_inputs) and found within the budget."""
+    from planner.estimate import Estimate, estimate
+    from planner.serving import Pool, Traffic, engine, worker_inputs
+
+    from .limits import check_router, refuse
+
+    cluster = cluster_spec(body.cluster, settings)
+    model = model_spec(body.model)
+    traffic = Traffic(**body.traffic.model_dump())
+    pools = tuple(Pool(**p.model_dump()) for p in body.deployment.pools)
+    options_ = serve_options(body.options)
+    traits = engine(body.engine)
+    check_router(cluster, settings.max_router_pairs)  # the KV transfer is priced on the whole cluster
+    total = Estimate()
+    for role, work, par, sub, plans in worker_inputs(model, cluster, traits, traffic, pools, options_):
+        est = estimate(model, work, par, sub, Options(timeline=False))
+        total.add(est.units * plans, f"{plans} steps of the {role} pool ({est.biggest})")
+    refuse(total, settings.max_work, "deployment")
+    return model, cluster, traits, traffic, pools, options_
+
+
 __all__ = [
     "cluster_spec",
     "model_spec",
     "options",
     "parallel_spec",
     "plan_inputs",
+    "serve_inputs",
+    "serve_options",
     "spec_dict",
     "workload_spec",
 ]

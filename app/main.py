@@ -12,7 +12,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import errors
 from .limits import BodyLimit
-from .routers import calibrate, collectives, export, health, plan, presets, search, topology
+from .routers import calibrate, collectives, export, health, plan, presets, search, serve, topology
 from .settings import Settings
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -99,7 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
-    routers = (health, plan, export, search, collectives, calibrate, presets, topology)
+    routers = (health, plan, export, search, serve, collectives, calibrate, presets, topology)
     for module in routers:
         app.include_router(module.router)
     if FRONTEND.is_dir():

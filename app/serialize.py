@@ -6,7 +6,7 @@ models' compiled writers (app/schemas/write.py) without validating the typed pla
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 from pydantic_core import to_json
 
@@ -14,8 +14,10 @@ from planner.explore import Exploration
 from planner.plan import Plan
 from planner.search import SearchResult
 from planner.search.space import Layout
+from planner.serving import ServePlan
+from planner.serving.search import ServeSearchResult
 
-from .schemas.plan import BatchItem, ExploreOut, MemoryOut, PlanOut, StepOut
+from .schemas.plan import BatchItem, CallOut, ExploreOut, MemoryOut, PlanOut, StepOut
 from .schemas.write import writer
 
 # The parallel block of a search result: the fields the search chooses, as /v1/plan takes them.
@@ -49,6 +51,82 @@ def plan_dict(plan: Plan) -> dict:
 def _json(data: dict) -> bytes:
     # a non-finite float is written null, as the response models' serializer (ser_json_inf_nan) writes it
     return to_json(data, inf_nan_mode="null")
+
+
+def serve_dict(plan: ServePlan) -> dict:
+    """The body of POST /v1/serve as Python data: every call written by /v1/plan's own call writer."""
+    call = writer(CallOut)
+    transfer = plan.kv_transfer
+    return {
+        "gpus": plan.gpus,
+        "ttft_s": plan.ttft_s,
+        "tpot_s": plan.tpot_s,
+        "fits": plan.fits,
+        "request_rate": plan.request_rate,
+        "bottleneck": plan.bottleneck,
+        "throughput": {
+            "input_tokens_per_s": plan.input_tokens_per_s,
+            "output_tokens_per_s": plan.output_tokens_per_s,
+            "output_tokens_per_s_per_gpu": plan.output_tokens_per_s_per_gpu,
+            "tokens_per_s_per_user": plan.tokens_per_s_per_user,
+        },
+        "kv_cache": {f.name: getattr(plan.kv_cache, f.name) for f in fields(plan.kv_cache)},
+        "pools": [
+            {
+                "role": p.role,
+                "gpus": p.gpus,
+                "workers": p.pool.workers,
+                "batch": p.batch,
+                "step_s": p.step_s,
+                "prefill_s": p.prefill_s,
+                "input_tokens_per_s": p.input_tokens_per_s,
+                "output_tokens_per_s": p.output_tokens_per_s,
+                "fits": p.fits,
+                "memory_peak_bytes": p.memory_peak_bytes,
+                "calls": [call(c) for c in p.calls],
+                "prefill_calls": [call(c) for c in p.prefill_calls],
+            }
+            for p in plan.pools
+        ],
+        "kv_transfer": None if transfer is None else {f.name: getattr(transfer, f.name) for f in fields(transfer)},
+        "warnings": list(plan.warnings),
+    }
+
+
+def serve_search_dict(result: ServeSearchResult, base: dict, candidates: int) -> dict:
+    """The body of POST /v1/serve/search; ``base`` holds the request's model, cluster and options blocks as
+    given, so each deployment's ``request`` can be posted to /v1/serve as it is."""
+
+    def request(c) -> dict:
+        traffic = {k: v for k, v in asdict(c.traffic).items() if v is not None}
+        pools = [{k: v for k, v in asdict(p).items() if v is not None} for p in c.pools]
+        return base | {"engine": c.engine, "traffic": traffic, "deployment": {"pools": pools}}
+
+    return {
+        "results": [
+            {"engine": c.engine, "mode": c.mode, "request": request(c), "meets_sla": c.meets_sla,
+             "answer": serve_dict(c.plan)}
+            for c in result.results
+        ],
+        "pareto": [
+            {"engine": c.engine, "mode": c.mode, "request": request(c), "output_tokens_per_s_per_gpu": c.per_gpu,
+             "tokens_per_s_per_user": c.per_user, "ttft_s": c.plan.ttft_s, "tpot_s": c.plan.tpot_s}
+            for c in result.pareto
+        ],
+        "evaluated": result.evaluated,
+        "candidates": candidates,
+        "rejected": result.rejected,
+        "why": result.why,
+    }  # fmt: skip
+
+
+def serve_json(plan: ServePlan) -> bytes:
+    """The body of POST /v1/serve."""
+    return _json(serve_dict(plan))
+
+
+def serve_search_json(result: ServeSearchResult, base: dict, candidates: int) -> bytes:
+    return _json(serve_search_dict(result, base, candidates))
 
 
 def exploration_json(exploration: Exploration) -> bytes:

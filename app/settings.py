@@ -20,6 +20,7 @@ class Settings:
     max_router_pairs: int = 1 << 16  # num_nodes^2 of a torus / dragonfly / hypercube (256 routers)
     max_response_bytes: int = 64 * 2**20  # a batch's JSON response
     max_search_layouts: int = 2_000_000  # layouts one POST /v1/search may enumerate (planner/search/engine.py)
+    max_serve_candidates: int = 2000  # deployments one POST /v1/serve/search may plan (planner/serving/search.py)
     # time
     deadline_s: float = 15.0  # per request's work; past it the work is stopped and the answer is a 503
     queue_s: float = 10.0  # longest wait for a work slot before a 503 with Retry-After

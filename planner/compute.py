@@ -332,11 +332,7 @@ def _decode_attention_s(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> float:
 def kv_cache_bytes_per_layer(ctx: Context) -> int:
     """K and V of every cached token of the rank's sequences: 2·b·ctx·kv_heads·head_dim/t·x (MLA: the
     compressed latent kv_lora_rank + rope dims, not split by tp)."""
-    mdl = ctx.model
-    length = _kv_length(ctx) // ctx.par.cp
-    if mdl.mla:
-        return ctx.b * length * (mdl.mla.kv_lora_rank + mdl.mla.qk_rope_head_dim) * ctx.x
-    return 2 * ctx.b * length * mdl.kv_heads * mdl.head_size // ctx.par.tp * ctx.x
+    return ctx.b * (_kv_length(ctx) // ctx.par.cp) * ctx.model.kv_token_bytes(ctx.par.tp, ctx.kv_bytes)
 
 
 def compute_dtype(ctx: Context) -> str:

@@ -89,6 +89,10 @@ class Context:
         return DTYPE_BYTES[self.work.param_dtype]
 
     @cached_property
+    def kv_bytes(self) -> int:
+        return DTYPE_BYTES[self.work.kv_dtype or self.work.activation_dtype]
+
+    @cached_property
     def dispatch_bytes(self) -> int:
         return DTYPE_BYTES[self.work.moe_dispatch_dtype or self.work.activation_dtype]
 

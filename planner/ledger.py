@@ -31,6 +31,10 @@ class Call:
     dtype: str = ""
     parallelism: str = ""
     stages: tuple[int, ...] = ()
+    # time the call's kernel takes beyond moving its bytes (launch, flag polling), from the kernel's own
+    # measurements; added to the price (planner/plan.py _price). 0 for NCCL calls, whose latency NCCL's
+    # tables already carry
+    fixed_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.parallelism:
@@ -57,6 +61,7 @@ class Call:
             self.calls_per_iteration,
             self.group,
             self.dtype,
+            self.fixed_s,
         )
 
 

@@ -135,6 +135,15 @@ class ModelSpec:
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
+    def kv_token_bytes(self, tp: int, elem_bytes: int) -> int:
+        """KV-cache bytes one token adds to one layer on one tensor-parallel rank: K and V of the rank's
+        max(1, kv_heads / tp) heads (past kv_heads ranks each keeps one replicated head: vLLM
+        vllm/model_executor/models/llama.py, ``max(1, total_num_kv_heads // tp_size)``); MLA: the compressed
+        latent kv_lora_rank + qk_rope_head_dim, whole on every rank (DeepSeek-V3 report §2.1.1)."""
+        if self.mla:
+            return (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) * elem_bytes
+        return 2 * max(1, self.kv_heads // tp) * self.head_size * elem_bytes
+
     def padded_vocab(self, tp: int, divisible_by: int = 128) -> int:
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x tp
         (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)."""

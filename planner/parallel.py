@@ -16,8 +16,9 @@ SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpi
 FRAMEWORKS = ("megatron", "torch", "deepspeed")
 CP_COMM = ("p2p", "all_gather", "a2a")
 # Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
-# (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep")
-EP_DISPATCH = ("alltoall", "allgather", "deepep")
+# (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep"); deepep_ll:
+# DeepEP's low-latency kernels for decoding (rules/expert.py)
+EP_DISPATCH = ("alltoall", "allgather", "deepep", "deepep_ll")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
@@ -90,6 +91,7 @@ class ParallelSpec:
     zero_config: ZeroConfig = field(default_factory=ZeroConfig)  # DeepSpeed flavour only
     # alltoall | allgather | deepep (node-limited, RDMA then NVLink: DeepSeek-V3 §3.2). Megatron's CLI default
     # is allgather; every published EP recipe sets alltoall (or flex), which stays this planner's default
+    # deepep_ll: DeepEP's low-latency kernels for decoding, one direct send per token and expert (rules/expert.py)
     ep_dispatch: str = "alltoall"
     # ---- pipeline layout (issue 21; parse and rules in the pipeline-layout block below) ----
     # Megatron --pipeline-model-parallel-layout: "E|(t|)*126,L" or a list of pp*v lists of E/t/m/L
@@ -137,7 +139,7 @@ def validate_parallel(par: ParallelSpec, model: ModelSpec, work: WorkloadSpec, n
             f"{num_devices} devices",
         )
     _fits_model(par, model)
-    _fits_moe(par, model)
+    _fits_moe(par, model, work)
     _fits_workload(par, model, work)
 
 
@@ -266,7 +268,7 @@ def _uneven_counts(par: ParallelSpec, num_layers: int) -> list[int]:
     return counts
 
 
-def _fits_moe(par: ParallelSpec, m: ModelSpec) -> None:
+def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
     if m.moe is None:
         # expert_tp equal to tp is what Megatron's default resolves to, harmless on a dense model
         if par.ep > 1 or par.expert_tp not in (1, par.tp):
@@ -294,11 +296,17 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec) -> None:
             "parallel.expert_tp",
             f"expert_ffn_hidden_size {m.moe.expert_ffn_hidden_size} is not divisible by expert_tp {par.expert_tp}",
         )
-    if par.tp > 1 and par.ep > 1 and not par.sequence_parallel and par.framework == "megatron":
+    # a training rule (megatron/training/arguments.py); serving engines run TP + EP with all-reduces
+    if par.tp > 1 and par.ep > 1 and not par.sequence_parallel and par.framework == "megatron" and work.training:
         raise SpecError("parallel.sequence_parallel", "Megatron requires sequence_parallel with MoE, tp > 1 and ep > 1")
 
 
 def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
+    if par.ep_dispatch == "deepep_ll" and w.training:
+        raise SpecError(
+            "parallel.ep_dispatch",
+            "deepep_ll runs DeepEP's low-latency kernels, which serve inference decoding; training uses deepep",
+        )
     seq = (w.seq_length or m.seq_length) if w.training or w.context_length is None else w.context_length
     if w.training or w.phase == "prefill":
         if par.cp > 1 and seq % (2 * par.cp):

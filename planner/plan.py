@@ -405,9 +405,18 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
             | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
             for link in price.links
         ]
+    if call.fixed_s:
+        price = with_fixed_time(price, call.fixed_s)
     links = [dict(link) for link in relabelled[site.shift]]  # each call's own: callers may edit them
     num_groups, group_size = site.devices.shape
     return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)
+
+
+def with_fixed_time(price: Price, fixed_s: float) -> Price:
+    """A price with a kernel's fixed time added; its bandwidths are those of the longer time."""
+    time_s = price.time_s + fixed_s
+    scale = price.time_s / time_s if time_s else 0.0
+    return replace(price, time_s=time_s, algbw_GBps=price.algbw_GBps * scale, busbw_GBps=price.busbw_GBps * scale)
 
 
 def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, options: Options) -> Price:

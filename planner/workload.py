@@ -37,6 +37,7 @@ class WorkloadSpec:
     activation_dtype: str = "bf16"
     grad_reduce_dtype: str | None = None  # None: the framework's default (megatron fp32, others = params)
     moe_dispatch_dtype: str | None = None  # None: activation dtype; "fp8" for DeepSeek-style dispatch
+    kv_dtype: str | None = None  # inference: the KV cache's dtype (vLLM --kv-cache-dtype); None: activation dtype
     # low-precision training (planner/recipes.py): delayed | tensorwise | blockwise | mxfp8 | nvfp4; None: the
     # GEMMs run in the activation dtype. fp8_param_gather: Megatron --fp8-param-gather (fp8 primary weights,
     # the distributed optimizer's parameter all-gather in fp8)
@@ -66,7 +67,7 @@ class WorkloadSpec:
 def validate_workload(w: WorkloadSpec) -> None:
     if w.kind not in ("training", "inference"):
         raise SpecError("workload.kind", f"must be 'training' or 'inference', got {w.kind!r}")
-    for name in ("param_dtype", "activation_dtype", "grad_reduce_dtype", "moe_dispatch_dtype"):
+    for name in ("param_dtype", "activation_dtype", "grad_reduce_dtype", "moe_dispatch_dtype", "kv_dtype"):
         value = getattr(w, name)
         if value is not None and value not in DTYPE_BYTES:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")

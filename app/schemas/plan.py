@@ -146,6 +146,9 @@ class WorkloadIn(Strict):
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     moe_dispatch_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    kv_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="inference: the KV cache's dtype (vLLM --kv-cache-dtype); null: activation dtype"
+    )
     fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"] | None = Field(
         default=None,
         description="low-precision GEMMs (TransformerEngine recipes; mxfp8 and nvfp4 need Blackwell); null: none",
@@ -176,10 +179,10 @@ class ParallelIn(Strict):
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
     framework: Literal["megatron", "torch", "deepspeed"] | None = None
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
-    ep_dispatch: Literal["alltoall", "allgather", "deepep"] | None = Field(
+    ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll"] | None = Field(
         default=None,
         description="Megatron --moe-token-dispatcher-type: alltoall (default here), allgather, or deepep (flex "
-        "with --moe-enable-deepep)",
+        "with --moe-enable-deepep); deepep_ll: DeepEP's low-latency kernels (inference decoding only)",
     )
     zero_config: dict[str, float] | None = Field(
         default=None,

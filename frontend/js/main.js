@@ -8,6 +8,7 @@ import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
 import { applyLayout, initSearch, renderSearch } from "./search.js";
 import { initCalibrate, showActiveCalibration } from "./calibrate.js";
+import { fillServeModels, initServe, serveBody } from "./serve.js";
 import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
@@ -127,6 +128,7 @@ async function start() {
     banner(`Cannot reach the commplan server at ${location.origin}.`); $("status").textContent = "Server unreachable."; return;
   }
   fillPresets();
+  fillServeModels(state.presets.models);
   fillStepOps();
   const saved = loadUrl();
   if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
@@ -163,9 +165,10 @@ async function start() {
   $("step-next").addEventListener("click", () => { stopPlay(); step(1); });
   $("step-play").addEventListener("click", togglePlay);
   initSearch(loadLayout);
+  initServe();
   initCalibrate((constants) => { state.calibration = constants; $("scenario").value = ""; schedulePlan(0); });
   await runPlan();
 }
 
-window.commplan = { state, render, runPlan, renderSearch };  // for the browser tests and the curious
+window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime };  // for the browser tests and the curious
 start();

@@ -119,8 +119,11 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
         return deepep.calls(ctx, layers, ctx.tokens_local, dispatch_row_bytes(ctx), "forward") + _expert_tp(
             ctx, layers, rows, "forward"
         )
-    if moe.capacity_factor is None and par.expert_tp * par.ep > 1:
+    low_latency = par.ep > 1 and par.ep_dispatch == "deepep_ll"
+    if moe.capacity_factor is None and par.expert_tp * par.ep > 1 and not low_latency:
         out.append(_token_counts(ctx, layers))
+    if low_latency:
+        return _low_latency(ctx, layers, rows) + _expert_tp(ctx, layers, rows, "forward")
     if par.ep > 1:
         group = Group(("ep",), expert=True)
         out += [
@@ -147,6 +150,48 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
         ]
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
+
+
+# DeepEP low-latency kernels (deepseek-ai/DeepEP, Buffer.low_latency_dispatch / low_latency_combine): every
+# token goes straight to the rank of each of its k experts (no node-limited forwarding, no de-duplication: its
+# README's per-rank bytes are tokens x k x row), NVLink inside a node and RDMA across (docs/legacy.md@0297fc80),
+# with the per-rank counts inside the kernel (no layout all-gather). Priced as a direct all-to-all on the graph
+# plus a fixed kernel time: launch, the receivers' flag polling and the FP8 cast inside the kernel. That time,
+# 28 us, is the median gap between the graph's direct all-to-all and DeepEP's published H800 low-latency table
+# (EP 8-256, 128 tokens, h 7168, top-8, FP8 dispatch / BF16 combine: 12 rows); fitted there, one global
+# constant; tests/planner/test_deepep_ll.py holds the table and the error per row.
+DEEPEP_LL_KERNEL_S = 28e-6
+DEEPEP_LL_SOURCE = "DeepEP low-latency kernels (Buffer.low_latency_dispatch/combine; README, docs/legacy.md@0297fc80)"
+
+
+def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
+    group = Group(("ep",), expert=True)
+    return [
+        Call(
+            name="ep.dispatch.ll",
+            op=Op.ALLTOALL,
+            phase="forward",
+            message_bytes=rows * dispatch_row_bytes(ctx),
+            calls_per_iteration=layers,
+            group=group,
+            source=DEEPEP_LL_SOURCE + ("; " + FP8_SCALES if _fp8(ctx) else ""),
+            dtype=ctx.work.moe_dispatch_dtype or ctx.work.activation_dtype,
+            parallelism="ep",
+            fixed_s=DEEPEP_LL_KERNEL_S,
+        ),
+        Call(
+            name="ep.combine.ll",
+            op=Op.ALLTOALL,
+            phase="forward",
+            message_bytes=rows * ctx.model.hidden_size * ctx.x,
+            calls_per_iteration=layers,
+            group=group,
+            source=DEEPEP_LL_SOURCE,
+            dtype=ctx.work.activation_dtype,
+            parallelism="ep",
+            fixed_s=DEEPEP_LL_KERNEL_S,
+        ),
+    ]
 
 
 def _deepep(ctx: Context) -> bool:

@@ -254,11 +254,6 @@ def test_allgather_dispatcher_bytes_by_hand(api):
     assert not calls(result, "ep.dispatch") and not calls(result, "ep.token_counts")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="main's cost guard (app/limits.py) builds its Context without devices per node and refuses DeepEP; "
-    "the guard branch (ea5d59e, estimate from plan.setup) fixes it: drop this mark when it merges",
-)
 def test_deepep_two_legs_over_http_by_hand(api):
     """EP 16 over 2 nodes of 8: each token's 2 experts fall on 2(1 - 1/2^2) = 1.5 nodes on average (RDMA leg,
     one copy per node) and 8(1 - (7/8)^(2/1.5)) GPUs per node reached (NVLink leg); 4096 tokens, h = 2048 bf16."""

@@ -94,9 +94,6 @@ def test_schedules_over_http(api, schedule):
         assert step["exposed_comm_s"] < one["exposed_comm_s"]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="DeepEP over HTTP lands with the guard branch (issue 19 item 2): then drop this mark"
-)
 def test_dualpipe_with_deepep_over_http(api):
     r = api.post("/v1/plan", json=body(MOE, pipeline_schedule="dualpipev", ep_dispatch="deepep"))
     assert r.status_code == 200, r.text

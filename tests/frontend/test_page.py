@@ -864,3 +864,55 @@ def test_topology_of_a_multi_node_call_is_the_servers_subgraph(page):
     )
     assert colour == [bottleneck["utilisation"], "rgb(192,57,43)"]  # utilColor(u >= 0.9) = #c0392b
     shot_of(page, "#topology", "topology-detail-1440")
+
+
+@VIEWPORTS
+def test_serve_view_plans_a_deployment_and_finds_one_under_an_sla(make_page, viewport):
+    """The Serve card: the form's model and cluster served by a disaggregated deployment, its cards, pools and
+    KV-transfer links; then the SLA search's table and Pareto chart, and a click that loads a result."""
+    page = make_page(viewport)
+    request = {**LLAMA, "cluster": {"preset": "dgx-h100", "num_nodes": 2}, "parallel": {"tp": 8, "dp": 2}}
+    open_page(page, url_state(request))
+    page.select_option("#serve-mode", "disaggregated")
+    page.fill("#serve-p-tp", "4")
+    page.fill("#serve-p-workers", "2")
+    page.click("#serve-run")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=30_000)
+    cards = page.locator("#serve-cards")
+    for label in ("TTFT", "TPOT", "Tokens/s per GPU", "KV cache", "KV transfer"):
+        expect(cards).to_contain_text(label)
+    answer = httpx.post(page.base + "/v1/serve", json=page.evaluate("window.commplan.serveBody()")).json()
+    expect(cards.locator("[data-card=tpot] .metric")).to_have_text(
+        page.evaluate(f"window.commplan.fmtTime({answer['tpot_s']})")
+    )
+    assert page.locator("#serve-pools tbody tr").count() == 2
+    expect(page.locator("#serve-links")).to_contain_text("nic")
+    page.fill("#serve-sla-tpot", "60")
+    page.click("#serve-search-run")
+    expect(page.locator("#serve-search-results")).to_be_visible(timeout=60_000)
+    assert page.locator("#serve-search-table tbody tr").count() >= 1
+    assert page.locator("#serve-pareto canvas").first.bounding_box()["width"] > 150
+    expect(page.locator("#serve-search-status")).to_contain_text("bound by")
+    page.locator("#serve-search-table tbody tr").first.click()
+    expect(page.locator("#serve-status")).to_have_text("", timeout=30_000)
+    assert overflow(page) == 0
+    text = page.locator("#serve-card").inner_text()
+    assert not re.search(r"\de[+-]?\d", text), "scientific notation on the Serve card"
+    shot_of(page, "#serve-card", f"serve-{viewport['width']}")
+
+
+def test_serve_scenario_deepseek_on_96_gpus(page):
+    """The user's path of the mission: switch to serving DeepSeek-V3 on 96 GPUs and see TTFT, TPOT, tokens/s
+    per GPU, the KV cache and the KV transfer with the links it crosses."""
+    open_page(page)
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    cards = page.locator("#serve-cards")
+    for label in ("TTFT", "TPOT", "Tokens/s per GPU", "KV cache", "KV transfer"):
+        expect(cards).to_contain_text(label)
+    expect(cards.locator("[data-card=kv-transfer]")).to_contain_text("141 MB per request")
+    rows = page.locator("#serve-pools tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("prefill")
+    expect(rows.first).to_contain_text("32")
+    expect(page.locator("#serve-links")).to_contain_text("nic")

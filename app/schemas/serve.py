@@ -1,0 +1,197 @@
+"""POST /v1/serve: a serving deployment (CONTRACT v1.2). Request blocks reuse /v1/plan's model and cluster."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from .base import Strict
+from .cluster import ClusterIn
+from .plan import CallOut, ModelIn, Out
+
+Degree = Field(default=1, ge=1, le=1 << 12)
+Tokens = Field(ge=1, le=1 << 21, description="tokens per request")
+
+
+class TrafficIn(Strict):
+    input_tokens: int = Tokens
+    output_tokens: int = Tokens
+    concurrency: int | None = Field(default=None, ge=1, le=1 << 22, description="requests in the system at once")
+    request_rate: float | None = Field(
+        default=None, ge=1e-6, le=1e6, description="requests per second (open loop), from one a million seconds"
+    )
+
+
+class PoolIn(Strict):
+    role: Literal["both", "prefill", "decode"] = "both"
+    workers: int = Field(default=1, ge=1, le=1 << 14, description="engine instances of this layout")
+    tp: int = Degree
+    pp: int = Degree
+    dp: int = Field(default=1, ge=1, le=1 << 12, description="attention ranks of one worker")
+    ep: int = Degree
+    attention_dp: bool = False
+    ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll"] | None = Field(
+        default=None,
+        description="null: the engine's default; deepep: normal kernels, and low-latency ones for decode where the "
+        "engine switches (SGLang --deepep-mode auto)",
+    )
+    max_batch_tokens: int | None = Field(default=None, ge=1, le=1 << 20, description="null: the engine's default")
+
+
+class DeploymentIn(Strict):
+    pools: list[PoolIn] = Field(min_length=1, max_length=2)
+
+
+class MTPIn(Strict):
+    draft_tokens: int = Field(ge=1, le=16)
+    acceptance: float = Field(
+        ge=0, le=17, description="mean tokens per step (>= 1), or a per-draft-token acceptance rate (< 1)"
+    )
+
+
+class ServeOptionsIn(Strict):
+    weight_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    kv_dtype: Literal["bf16", "fp16", "fp8"] | None = None
+    mtp: MTPIn | None = None
+    cuda_graphs: bool = True
+    chunked_prefill: bool = True
+    transfer_overhead_s: float = Field(
+        default=0.0005, ge=0, le=1, description="per KV transfer (transfer-engine set-up), an assumption"
+    )
+
+
+class ServeRequest(Strict):
+    model: ModelIn
+    cluster: ClusterIn
+    engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    traffic: TrafficIn
+    deployment: DeploymentIn
+    options: ServeOptionsIn = Field(default_factory=ServeOptionsIn)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": {"preset": "llama3-70b"},
+                    "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+                    "engine": "vllm",
+                    "traffic": {"input_tokens": 1000, "output_tokens": 200, "concurrency": 64},
+                    "deployment": {"pools": [{"role": "both", "workers": 2, "tp": 8}]},
+                }
+            ]
+        },
+    )
+
+
+class ThroughputOut(Out):
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    output_tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+
+
+class KVCacheOut(Out):
+    bytes_per_token: int = Field(description="one token of one request, every layer, as the model stores it")
+    capacity_tokens: int = Field(description="tokens of KV one worker of the decode (or aggregated) pool holds")
+    max_concurrency: int = Field(description="requests of input + output tokens one such worker holds")
+
+
+class KVTransferOut(Out):
+    bytes_per_request: int
+    senders: int = Field(description="ranks of a prefill worker that each send their part")
+    time_s: float
+    bottleneck: str
+    links: list[dict]
+
+
+class PoolOut(Out):
+    role: str
+    gpus: int
+    workers: int
+    batch: int = Field(description="sequences per worker in a decode step; prompts per worker in a prefill pass")
+    step_s: float = Field(description="the decode step (prefill pool: the prefill pass)")
+    prefill_s: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    fits: bool
+    memory_peak_bytes: int
+    calls: list[CallOut] = Field(description="one step's calls (decode; prefill for a prefill pool)")
+    prefill_calls: list[CallOut]
+
+
+class ServeOut(Out):
+    gpus: int
+    ttft_s: float | None = Field(description="null when the queue grows without bound")
+    tpot_s: float
+    fits: bool
+    request_rate: float
+    bottleneck: str
+    throughput: ThroughputOut
+    kv_cache: KVCacheOut
+    pools: list[PoolOut]
+    kv_transfer: KVTransferOut | None
+    warnings: list[str]
+
+
+class SLAIn(Strict):
+    ttft_s: float | None = Field(default=None, gt=0, le=3600, description="time to first token at most")
+    tpot_s: float | None = Field(default=None, gt=0, le=60, description="time per output token at most")
+
+
+class ServeSearchRequest(Strict):
+    model: ModelIn
+    cluster: ClusterIn = Field(description="the GPU budget: deployments use at most its devices")
+    traffic: TrafficIn
+    engines: list[Literal["vllm", "sglang", "trtllm"]] = Field(
+        default_factory=lambda: ["vllm", "sglang", "trtllm"], min_length=1, max_length=3
+    )
+    modes: list[Literal["aggregated", "disaggregated"]] = Field(
+        default_factory=lambda: ["aggregated", "disaggregated"], min_length=1, max_length=2
+    )
+    sla: SLAIn = Field(default_factory=SLAIn)
+    options: ServeOptionsIn = Field(default_factory=ServeOptionsIn)
+    top_k: int = Field(default=10, ge=1, le=100)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": {"preset": "deepseek-v3"},
+                    "cluster": {"preset": "dgx-h100", "num_nodes": 12},
+                    "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 256},
+                    "sla": {"ttft_s": 5.0, "tpot_s": 0.05},
+                    "options": {"weight_dtype": "fp8"},
+                }
+            ]
+        },
+    )
+
+
+class ServeCandidateOut(Out):
+    engine: str
+    mode: str
+    request: dict = Field(description="the POST /v1/serve body of this deployment, to post as it is")
+    meets_sla: bool
+    answer: ServeOut
+
+
+class ParetoPointOut(Out):
+    engine: str
+    mode: str
+    request: dict
+    output_tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    ttft_s: float | None
+    tpot_s: float
+
+
+class ServeSearchOut(Out):
+    results: list[ServeCandidateOut] = Field(description="meet the SLA and fit, best tokens/s per GPU first")
+    pareto: list[ParetoPointOut] = Field(description="tokens/s per GPU against tokens/s per user, every load tried")
+    evaluated: int
+    candidates: int
+    rejected: dict[str, int]
+    why: str

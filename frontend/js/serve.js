@@ -1,0 +1,206 @@
+// "Serve it": POST /v1/serve for this form's model and cluster with a serving deployment (engine, traffic,
+// pools), its cards, pools and KV transfer; "Find a deployment": POST /v1/serve/search under a TTFT/TPOT SLA,
+// its ranked table and the Pareto front of tokens/s per GPU against tokens/s per user; a click loads one.
+import { postJson } from "./api.js";
+import { $, el, options as fillOptions } from "./dom.js";
+import { esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
+import { chart, narrow } from "./charts.js";
+import { state } from "./state.js";
+
+const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Number(v); };
+const POOL_FIELDS = ["workers", "tp", "dp", "ep"];
+
+// published deployments to start from (their sources: docs/serving.md)
+export const SERVE_SCENARIOS = [
+  { id: "dsv3-pd", label: "DeepSeek-V3 on 96 H100: SGLang prefill DP32 + decode DP64, DeepEP (LMSYS 2025)",
+    request: { model: { preset: "deepseek-v3" }, nodes: 12, engine: "sglang",
+      traffic: { input_tokens: 2000, output_tokens: 100, concurrency: 2048 }, options: { weight_dtype: "fp8" },
+      deployment: { pools: [
+        { role: "prefill", workers: 1, tp: 1, dp: 32, ep: 32, attention_dp: true, ep_dispatch: "deepep" },
+        { role: "decode", workers: 1, tp: 1, dp: 64, ep: 64, attention_dp: true, ep_dispatch: "deepep" }] } } },
+  { id: "llama70b-vllm", label: "Llama-3 70B on 16 H100: vLLM, two TP8 workers",
+    request: { model: { preset: "llama3-70b" }, nodes: 2, engine: "vllm",
+      traffic: { input_tokens: 1000, output_tokens: 200, concurrency: 64 }, options: { weight_dtype: "bf16" },
+      deployment: { pools: [{ role: "both", workers: 2, tp: 8 }] } } },
+];
+
+export function fillServeModels(presets) {
+  fillOptions($("serve-model"), [["", "the form's model"], ...Object.entries(presets).map(([k, m]) => [k, m.name || k])]);
+  fillOptions($("serve-scenario"), [["", "— pick one —"], ...SERVE_SCENARIOS.map((s) => [s.id, s.label])]);
+}
+
+function loadScenario() {
+  const s = SERVE_SCENARIOS.find((x) => x.id === $("serve-scenario").value);
+  if (!s) return;
+  const r = s.request;
+  $("serve-model").value = r.model.preset;
+  $("serve-nodes").value = r.nodes;
+  $("serve-isl").value = r.traffic.input_tokens; $("serve-osl").value = r.traffic.output_tokens;
+  $("serve-load").value = "concurrency"; $("serve-concurrency").value = r.traffic.concurrency;
+  $("serve-weights").value = r.options.weight_dtype; $("serve-kv").value = "";
+  loadDeployment({ engine: r.engine, deployment: r.deployment });
+}
+
+export function initServe() {
+  $("serve-scenario").addEventListener("change", loadScenario);
+  $("serve-mode").addEventListener("change", syncMode);
+  $("serve-run").addEventListener("click", runServe);
+  $("serve-search-run").addEventListener("click", runServeSearch);
+  syncMode();
+}
+
+function syncMode() {
+  const disagg = $("serve-mode").value === "disaggregated";
+  $("serve-agg").hidden = disagg;
+  $("serve-disagg").hidden = !disagg;
+}
+
+function pool(prefix, role) {
+  const p = { role };
+  for (const f of POOL_FIELDS) { const v = num(`${prefix}-${f}`); if (v !== null) p[f] = v; }
+  p.attention_dp = $(`${prefix}-adp`).checked;
+  const d = $(`${prefix}-dispatch`).value;
+  if (d) p.ep_dispatch = d;
+  return p;
+}
+
+function traffic() {
+  const t = { input_tokens: num("serve-isl"), output_tokens: num("serve-osl") };
+  if ($("serve-load").value === "rate") t.request_rate = num("serve-concurrency"); else t.concurrency = num("serve-concurrency");
+  return t;
+}
+
+function options() {
+  const o = { weight_dtype: $("serve-weights").value };
+  if ($("serve-kv").value) o.kv_dtype = $("serve-kv").value;
+  return o;
+}
+
+// the model and cluster served: the card's own choices, else the form's
+function modelAndCluster() {
+  const r = state.request;
+  const model = $("serve-model").value ? { preset: $("serve-model").value } : r.model;
+  const nodes = num("serve-nodes");
+  const cluster = nodes === null ? r.cluster : { ...r.cluster, num_nodes: nodes };
+  return { model, cluster };
+}
+
+export function serveBody() {
+  const pools = $("serve-mode").value === "disaggregated" ? [pool("serve-p", "prefill"), pool("serve-d", "decode")] : [pool("serve-a", "both")];
+  return { ...modelAndCluster(), engine: $("serve-engine").value, traffic: traffic(), deployment: { pools }, options: options() };
+}
+
+function errorText(err) {
+  const d = err.detail && err.detail[0];
+  return d && d.loc ? `${d.loc.slice(1).join(".")}: ${d.msg}` : err.message;
+}
+
+async function runServe() {
+  if (!state.request) return;
+  $("serve-status").textContent = "Planning the deployment…";
+  try {
+    state.serve = await postJson("/v1/serve", serveBody());
+    $("serve-status").textContent = "";
+    renderServe(state.serve);
+  } catch (err) {
+    $("serve-status").textContent = `Cannot plan this deployment: ${errorText(err)}`;
+    $("serve-results").hidden = true;
+  }
+}
+
+const metric = (label, value, hint, id) => el("div", { className: "card metric-card", "data-card": id },
+  el("div", { className: "metric-label" }, label), el("div", { className: "metric" }, value), hint ? el("div", { className: "hint" }, hint) : null);
+
+export function renderServe(d) {
+  const t = d.throughput, kv = d.kv_cache;
+  const cards = [
+    metric("TTFT", d.ttft_s === null ? "unbounded" : fmtTime(d.ttft_s), d.ttft_s === null ? "the queue grows without bound" : "prefill + queue + KV transfer", "ttft"),
+    metric("TPOT", fmtTime(d.tpot_s), `${fmtCount(t.tokens_per_s_per_user)} tokens/s per user`, "tpot"),
+    metric("Tokens/s per GPU", fmtCount(t.output_tokens_per_s_per_gpu), `${fmtCount(t.output_tokens_per_s)} output tokens/s on ${fmtInt(d.gpus)} GPUs`, "per-gpu"),
+    metric("KV cache", `${fmtCount(kv.capacity_tokens)} tokens`, `${fmtBytes(kv.bytes_per_token)} per token; ${fmtInt(kv.max_concurrency)} requests per worker`, "kv"),
+    metric("Bound by", d.bottleneck, `${fmtCount(d.request_rate)} requests/s`, "bound"),
+  ];
+  if (d.kv_transfer) {
+    const k = d.kv_transfer;
+    cards.push(metric("KV transfer", fmtTime(k.time_s), `${fmtBytes(k.bytes_per_request)} per request from ${k.senders} rank${k.senders > 1 ? "s" : ""}; busiest link ${k.bottleneck}`, "kv-transfer"));
+  }
+  $("serve-cards").replaceChildren(...cards);
+  const rows = d.pools.map((p) => el("tr", {},
+    el("td", {}, p.role), el("td", { className: "num" }, fmtInt(p.gpus)), el("td", { className: "num" }, fmtInt(p.batch)),
+    el("td", { className: "num" }, fmtTime(p.step_s)), el("td", { className: "num" }, fmtCount(p.output_tokens_per_s || p.input_tokens_per_s)),
+    el("td", {}, p.fits ? "fits" : "does not fit"),
+    el("td", { title: p.calls.map((c) => `${c.name} ${fmtBytes(c.message_bytes)} × ${c.calls_per_iteration}: ${fmtTime(c.time_s)}`).join("\n") },
+      `${p.calls.length}: ${fmtTime(p.calls.reduce((s, c) => s + c.time_s * c.calls_per_iteration, 0))} if serialised`)));
+  $("serve-pools").querySelector("tbody").replaceChildren(...rows);
+  const links = d.kv_transfer ? d.kv_transfer.links.map((l) => el("li", {}, `${l.label}: ${fmtBytes(l.bytes)}, ${Math.round(100 * l.utilisation)}% busy`)) : [];
+  $("serve-links").replaceChildren(...links);
+  $("serve-links").hidden = !links.length;
+  $("serve-links-title").hidden = !links.length;
+  $("serve-warnings").replaceChildren(...(d.warnings || []).map((w) => el("li", {}, String(w))));
+  $("serve-warnings").hidden = !(d.warnings || []).length;
+  $("serve-results").hidden = false;
+}
+
+async function runServeSearch() {
+  if (!state.request) return;
+  const sla = {};
+  if (num("serve-sla-ttft") !== null) sla.ttft_s = num("serve-sla-ttft") / 1e3;
+  if (num("serve-sla-tpot") !== null) sla.tpot_s = num("serve-sla-tpot") / 1e3;
+  const body = { ...modelAndCluster(), traffic: traffic(), sla, options: options(), top_k: 10 };
+  $("serve-search-status").textContent = "Searching deployments…";
+  $("serve-search-run").disabled = true;
+  try {
+    const result = await postJson("/v1/serve/search", body);
+    state.serveSearch = result;
+    $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
+      + `${fmtInt(result.evaluated)} of those plans fit. ${result.why}`;
+    renderServeSearch(result);
+  } catch (err) {
+    $("serve-search-status").textContent = `Search failed: ${errorText(err)}`;
+  } finally {
+    $("serve-search-run").disabled = false;
+  }
+}
+
+const poolName = (p) => `${p.role} ${p.workers}× ` + ["tp", "pp", "dp", "ep"].filter((k) => (p[k] || 1) > 1).map((k) => `${k.toUpperCase()}${p[k]}`).join(" ")
+  + (p.attention_dp ? " attention-DP" : "");
+
+function renderServeSearch(result) {
+  const rows = result.results.map((c, i) => el("tr", { tabIndex: 0, onclick: () => loadDeployment(c.request), onkeydown: (e) => { if (e.key === "Enter") loadDeployment(c.request); } },
+    el("td", { className: "num" }, String(i + 1)), el("td", {}, `${c.engine} ${c.mode}`),
+    el("td", {}, c.request.deployment.pools.map(poolName).join(" + ")),
+    el("td", { className: "num" }, fmtCount(c.answer.throughput.output_tokens_per_s_per_gpu)),
+    el("td", { className: "num" }, fmtCount(c.answer.throughput.tokens_per_s_per_user)),
+    el("td", { className: "num" }, c.answer.ttft_s === null ? "unbounded" : fmtTime(c.answer.ttft_s)),
+    el("td", { className: "num" }, fmtTime(c.answer.tpot_s))));
+  $("serve-search-table").querySelector("tbody").replaceChildren(...rows);
+  $("serve-search-results").hidden = false;
+  const pts = result.pareto.map((p) => [p.tokens_per_s_per_user, p.output_tokens_per_s_per_gpu, p]);
+  chart("serve-pareto").setOption({
+    animation: false,
+    tooltip: { trigger: "item", formatter: (q) => esc(`${q.data[2].engine} ${q.data[2].mode}: ${q.data[2].request.deployment.pools.map(poolName).join(" + ")}; `
+      + `${fmtCount(q.data[1])} tokens/s per GPU, ${fmtCount(q.data[0])} per user`) },
+    grid: { left: narrow() ? 50 : 70, right: 16, top: 24, bottom: 44 },
+    xAxis: { type: "value", name: "tokens/s per user", nameLocation: "middle", nameGap: 28, axisLabel: { formatter: (v) => fmtCount(v) } },
+    yAxis: { type: "value", name: "tokens/s per GPU", axisLabel: { formatter: (v) => fmtCount(v) } },
+    series: [{ type: "line", step: false, symbolSize: 9, data: pts, itemStyle: { color: "#c0392b" } }],
+  }, true);
+  chart("serve-pareto").off("click");
+  chart("serve-pareto").on("click", (q) => loadDeployment(q.data[2].request));
+}
+
+function setPool(prefix, p) {
+  for (const f of POOL_FIELDS) $(`${prefix}-${f}`).value = p[f] ?? 1;
+  $(`${prefix}-adp`).checked = !!p.attention_dp;
+  $(`${prefix}-dispatch`).value = p.ep_dispatch || "";
+}
+
+export function loadDeployment(request) {
+  $("serve-engine").value = request.engine;
+  const pools = request.deployment.pools;
+  $("serve-mode").value = pools.length > 1 ? "disaggregated" : "aggregated";
+  if (pools.length > 1) { setPool("serve-p", pools[0]); setPool("serve-d", pools[1]); } else setPool("serve-a", pools[0]);
+  syncMode();
+  runServe();
+}
+

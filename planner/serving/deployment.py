@@ -1,0 +1,489 @@
+"""A serving deployment on a cluster: each pool's prefill and decode steps planned by the training planner's
+own inference path (the same ledger, placement, NCCL prices, kernels and memory), then the KV cache, the
+batching model and, when disaggregated, the KV transfer priced on the cluster graph.
+
+The queueing model (docs/serving.md states it in full):
+
+- decode: a worker holds ``b`` sequences; one step emits ``b · tokens_per_step`` tokens (MTP) and takes
+  ``t_d(b)``, the planner's decode step at batch b and the mean context ISL + OSL/2;
+- prefill: a worker prefills ``n = max(1, max_batch_tokens // ISL)`` prompts per attention rank in one pass of
+  ``t_p`` (the planner's prefill step); a request's share of prefill time is ``t_p / (n · dp)``;
+- aggregated (chunked prefill, continuous batching): prefill work steals ``u = R_w · t_p / (n · dp)`` of the
+  worker's time, so the time between tokens is ``t_d(b) / (1 - u)``; Little's law closes it:
+  ``b = R_w · (TTFT + OSL · TPOT)`` (Little 1961);
+- disaggregated: the prefill pool serves at most ``R_p = workers · n · dp / t_p`` requests/s and the decode pool
+  ``R_d = workers · b · tokens_per_step / (OSL · t_d(b))``; the system runs at the smaller (rate matching);
+- TTFT = the prefill pass + the wait for it in an M/D/1 queue, ``ρ · t_p / (2 (1 - ρ))`` (Pollaczek-Khinchine
+  with deterministic service) + the KV transfer when disaggregated; past ρ = 1 the queue grows without bound
+  and TTFT is reported as None with a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+import numpy as np
+
+from collectives import Op
+from collectives.topology import ClusterSpec, cluster_for, price_call
+
+from .._errors import SpecError
+from ..model import ModelSpec
+from ..parallel import ParallelSpec, validate_parallel
+from ..plan import Options, Plan, PricedCall, build_plan
+from ..workload import DTYPE_BYTES, WorkloadSpec
+from .engines import EngineTraits
+from .spec import Pool, ServeOptions, Traffic, validate_serving
+
+
+@dataclass(frozen=True)
+class KVCache:
+    bytes_per_token: int  # one token of one request, every layer, as the model stores it (no TP replicas)
+    capacity_tokens: int  # tokens one worker of the decode (or aggregated) pool can hold
+    max_concurrency: int  # requests of ISL + OSL tokens one such worker can hold
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    bytes_per_request: int
+    senders: int  # ranks of a prefill worker that each send their part of a request's KV
+    time_s: float
+    bottleneck: str
+    links: list = field(default_factory=list)
+
+
+@dataclass
+class PoolResult:
+    pool: Pool
+    role: str
+    gpus: int
+    batch: int  # sequences per worker in a decode step; prompts per worker in a prefill pass
+    step_s: float  # the decode step (prefill pool: the prefill pass)
+    prefill_s: float  # one prefill pass of the pool's prefill batch
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    fits: bool
+    calls: list[PricedCall]
+    prefill_calls: list[PricedCall]
+    memory_peak_bytes: int
+
+
+@dataclass
+class ServePlan:
+    gpus: int
+    ttft_s: float | None
+    tpot_s: float
+    fits: bool
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    output_tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    request_rate: float
+    kv_cache: KVCache
+    pools: list[PoolResult]
+    kv_transfer: KVTransfer | None
+    bottleneck: str
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Worker:
+    """One worker of a pool as the planner sees it: its parallel layout on a cluster of its own size."""
+
+    par: ParallelSpec
+    cluster: ClusterSpec
+    batch_tokens: int
+    decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
+
+
+def plan_serving(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    traits: EngineTraits,
+    traffic: Traffic,
+    pools: tuple[Pool, ...],
+    options: ServeOptions | None = None,
+) -> ServePlan:
+    options = options or ServeOptions()
+    validate_serving(traffic, pools, options)
+    if cluster.gpu is None:
+        raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
+    used = sum(p.gpus for p in pools)
+    if used > cluster.num_devices:
+        raise SpecError(
+            "deployment.pools",
+            f"the pools use {' + '.join(f'{p.workers}x{p.worker_gpus}' for p in pools)} = {used} GPUs; the cluster "
+            f"has {cluster.num_devices}",
+        )
+    workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
+    tps = options.mtp.tokens_per_step if options.mtp else 1.0
+    warnings: list[str] = []
+    if len(pools) == 1:
+        return _aggregated(model, cluster, traits, traffic, pools[0], workers[0], options, tps, warnings)
+    order = {p.role: i for i, p in enumerate(pools)}
+    pre, dec = order["prefill"], order["decode"]
+    return _disaggregated(
+        model, cluster, traits, traffic, (pools[pre], pools[dec]), (workers[pre], workers[dec]), options, tps,
+        warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
+    )  # fmt: skip
+
+
+# ---- one worker ------------------------------------------------------------------------------------------
+
+
+def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: Pool, i: int) -> _Worker:
+    where = f"deployment.pools.{i}"
+    dispatch = pool.ep_dispatch or traits.ep_dispatch
+    if dispatch not in traits.ep_dispatches:
+        raise SpecError(
+            f"{where}.ep_dispatch",
+            f"{traits.label} runs {', '.join(traits.ep_dispatches)}; got {dispatch!r}",
+        )
+    if pool.attention_dp and not traits.attention_dp:
+        raise SpecError(f"{where}.attention_dp", f"{traits.label} has no data-parallel attention")
+    if pool.ep > 1 and model.moe is None:
+        raise SpecError(f"{where}.ep", f"ep {pool.ep} needs an MoE model; {model.name or 'this model'} is dense")
+    n = pool.worker_gpus
+    per_node = cluster.devices_per_node
+    if n % per_node == 0:
+        sub = replace(cluster, num_nodes=n // per_node)
+    elif per_node % n == 0:  # a worker inside one node: the node's fabric, its share of the NICs
+        nics = max(1, cluster.nics_per_node * n // per_node)
+        sub = replace(cluster, num_nodes=1, devices_per_node=n, nics_per_node=nics)
+    else:
+        raise SpecError(
+            f"{where}",
+            f"a worker's tp*pp*dp = {pool.tp}*{pool.pp}*{pool.dp} = {n} GPUs must fill whole nodes of {per_node} "
+            f"or divide one",
+        )
+    par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=1, ep_dispatch=dispatch)
+    try:  # the layout's own rules (heads by tp, experts by ep, layers by pp), named at the pool's fields
+        validate_parallel(par, model, WorkloadSpec(kind="inference", batch_size=pool.dp), n)
+    except SpecError as err:
+        name = err.field.removeprefix("parallel").lstrip(".")
+        raise SpecError(f"{where}.{name}" if name else where, err.rule) from None
+    decode = par
+    if dispatch == "deepep" and traits.deepep_low_latency_decode:
+        decode = replace(par, ep_dispatch="deepep_ll")
+    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode)
+
+
+def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
+    """(role, workload, parallel, cluster, plans) of every pool's worker as plan_serving plans it: what the
+    cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans)."""
+    validate_serving(traffic, pools, options)
+    context = traffic.input_tokens + traffic.output_tokens // 2
+    plans = 3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS
+    out = []
+    for i, pool in enumerate(pools):
+        w = _worker(model, cluster, traits, pool, i)
+        out.append((pool.role, _work(options, "decode", w.par.dp, context), w.par, w.cluster, plans))
+    return out
+
+
+DECODE_ITERATIONS = 12  # Little's-law iterations for a decode batch at a request rate (_decode_batch)
+
+
+def _work(options: ServeOptions, phase: str, batch: int, context: int) -> WorkloadSpec:
+    return WorkloadSpec(
+        kind="inference",
+        phase=phase,
+        batch_size=batch,
+        context_length=context,
+        param_dtype=options.weight_dtype,
+        activation_dtype="bf16" if DTYPE_BYTES[options.weight_dtype] < 2 else options.weight_dtype,
+        kv_dtype=options.kv,
+        moe_dispatch_dtype="fp8" if options.weight_dtype == "fp8" else None,
+    )
+
+
+@lru_cache(maxsize=512)  # value keys (frozen specs); the SLA search plans a layout's steps once per split
+def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
+    """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks."""
+    par = w.decode_par if phase == "decode" else w.par
+    return build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
+
+
+def _prefill(model: ModelSpec, w: _Worker, options: ServeOptions, isl: int) -> tuple[Plan, int]:
+    """The prefill pass of as many prompts per attention rank as the batch-token budget takes (at least one;
+    a longer prompt is prefilled in chunks whose attention adds up to the whole prompt's)."""
+    per_rank = max(1, w.batch_tokens // isl)
+    batch = per_rank * w.par.dp
+    return _step(model, w, options, "prefill", batch, isl), batch
+
+
+def _decode(model: ModelSpec, w: _Worker, options: ServeOptions, batch: int, context: int, draft: int) -> Plan:
+    """A decode step of ``batch`` sequences (rounded up to whole attention ranks); with ``draft`` speculative
+    tokens each sequence verifies 1 + draft tokens, priced as that many sequences' GEMMs and calls."""
+    per_rank = max(1, math.ceil(batch / w.par.dp))
+    return _step(model, w, options, "decode", per_rank * w.par.dp * (1 + draft), context)
+
+
+# ---- memory --------------------------------------------------------------------------------------------
+
+
+def kv_capacity(
+    model: ModelSpec, w: _Worker, plan: Plan, prefill: Plan, prefill_tokens: int, options: ServeOptions, traits
+) -> int:
+    """Tokens of KV one worker holds: per attention rank, what the engine's memory share leaves after the
+    weights, the largest prefill pass's activations and the buffers, over the rank's KV bytes per token;
+    pipeline stages share a token, so the tightest stage decides; attention ranks each hold their own."""
+    gpu = w.cluster.gpu
+    budget = gpu.hbm_bytes * traits.memory_fraction
+    kv_x = DTYPE_BYTES[options.kv]
+    tokens = math.inf
+    for st, pre in zip(plan.memory.per_stage, prefill.memory.per_stage, strict=True):
+        layers = _stage_layers(model, w.par.pp, st.stage)
+        per_token = layers * model.kv_token_bytes(w.par.tp, kv_x)
+        prefill_kv = per_token * prefill_tokens  # the pass's own KV, counted in its activations
+        activations = max(0, pre.activations_bytes - prefill_kv)
+        free = budget - st.params_bytes - activations - max(st.buffers_bytes, pre.buffers_bytes)
+        tokens = min(tokens, free / per_token if per_token else math.inf)
+    return max(0, int(tokens)) * w.par.dp if math.isfinite(tokens) else 0
+
+
+def _stage_layers(model: ModelSpec, pp: int, stage: int) -> int:
+    base, extra = divmod(model.num_layers, pp)
+    return base + (1 if stage < extra else 0)
+
+
+# ---- the two modes -------------------------------------------------------------------------------------
+
+
+def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings) -> ServePlan:
+    isl, osl = traffic.input_tokens, traffic.output_tokens
+    prefill, n_pre = _prefill(model, w, options, isl)
+    t_p = prefill.step.time_s
+    probe = _decode(model, w, options, 1, isl + osl // 2, 0)
+    capacity = kv_capacity(model, w, probe, prefill, n_pre // w.par.dp * isl, options, traits)
+    max_conc = capacity // (isl + osl)
+    batch, decode = _decode_batch(model, w, options, traffic, pool.workers, max_conc, t_p, tps, warnings)
+    t_d = decode.step.time_s * _mtp_overhead(model, options)
+    ttft = tpot = None
+    rate = 0.0
+    share = t_p / n_pre  # worker time per request's prefill
+    if traffic.request_rate is not None:
+        rate = traffic.request_rate / pool.workers
+        u = rate * share
+        if u < 1:
+            tpot = t_d / (1 - u) / tps
+            ttft = t_p + _wait(u, t_p) + t_d / 2
+    else:
+        # closed loop: b = R (TTFT + OSL TPOT), TPOT = t_d / ((1 - R share) tps); fixed point on R
+        for _ in range(50):
+            u = min(rate * share, 0.999)
+            tpot = t_d / (1 - u) / tps
+            ttft = t_p + _wait(u, t_p) + t_d / 2
+            new = batch / (ttft + osl * tpot)
+            if abs(new - rate) <= 1e-9 * max(new, 1e-12):
+                break
+            rate = 0.5 * (rate + new)
+    if tpot is None:
+        warnings.append(
+            f"saturated: {traffic.request_rate:g} requests/s need {traffic.request_rate * share / pool.workers:.2f} "
+            f"of each worker's time for prefill alone; TTFT grows without bound"
+        )
+        tpot = t_d / tps
+    total_rate = rate * pool.workers
+    fits = prefill.memory.fits and decode.memory.fits and max_conc >= 1
+    result = PoolResult(
+        pool, "both", pool.gpus, batch, t_d, t_p, total_rate * isl, total_rate * osl, fits,
+        decode.calls, prefill.calls, max(prefill.memory.peak_bytes, decode.memory.peak_bytes),
+    )  # fmt: skip
+    bottleneck = "prefill" if rate * share > 0.5 else "decode"
+    return _result(
+        model, traffic, options, [result], None, ttft, tpot, total_rate, capacity, max_conc, bottleneck, warnings
+    )
+
+
+def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps, warnings, offsets) -> ServePlan:
+    isl, osl = traffic.input_tokens, traffic.output_tokens
+    (p_pool, d_pool), (p_w, d_w) = pools, workers
+    prefill, n_pre = _prefill(model, p_w, options, isl)
+    t_p = prefill.step.time_s
+    r_p = p_pool.workers * n_pre / t_p  # requests/s the prefill pool can serve
+    probe = _decode(model, d_w, options, 1, isl + osl // 2, 0)
+    capacity = kv_capacity(model, d_w, probe, probe, isl + osl // 2, options, traits)
+    max_conc = capacity // (isl + osl)
+    batch, decode = _decode_batch(model, d_w, options, traffic, d_pool.workers, max_conc, t_p, tps, warnings)
+    t_d = decode.step.time_s * _mtp_overhead(model, options)
+    r_d = d_pool.workers * batch * tps / (osl * t_d)
+    transfer = kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
+    if traffic.request_rate is not None:
+        rate = traffic.request_rate
+        if rate > r_d:
+            warnings.append(f"the decode pool serves at most {r_d:.3g} requests/s at batch {batch}; asked {rate:g}")
+    else:
+        rate = min(r_p, r_d)
+        if r_p < r_d:  # prefill-bound: the decode pool holds only what the prefill pool feeds it (Little's law)
+            batch = min(batch, max(1, math.ceil(rate * osl * t_d / tps / d_pool.workers)))
+            decode = _decode(model, d_w, options, batch, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
+            t_d = decode.step.time_s * _mtp_overhead(model, options)
+    bottleneck = "prefill" if r_p < r_d else "decode"
+    rho = rate / r_p
+    tpot = t_d / tps
+    if traffic.concurrency is not None:
+        # closed loop: every request is queued, prefilled, moved or decoding: C = R (TTFT + OSL TPOT)
+        ttft = max(
+            t_p + _wait(min(rho, 0.999), t_p) * (rho < 1) + transfer.time_s, traffic.concurrency / rate - osl * tpot
+        )
+    elif rho < 1:
+        ttft = t_p + _wait(rho, t_p) + transfer.time_s
+    else:
+        ttft = None
+        warnings.append(
+            f"saturated: the prefill pool serves at most {r_p:.3g} requests/s ({p_pool.workers} workers x {n_pre} "
+            f"prompts per {t_p * 1e3:.1f} ms); TTFT grows without bound"
+        )
+    results = [
+        PoolResult(
+            p_pool, "prefill", p_pool.gpus, n_pre, t_p, t_p, rate * isl, 0.0, prefill.memory.fits,
+            prefill.calls, prefill.calls, prefill.memory.peak_bytes,
+        ),
+        PoolResult(
+            d_pool, "decode", d_pool.gpus, batch, t_d, 0.0, 0.0, rate * osl, decode.memory.fits and max_conc >= 1,
+            decode.calls, [], decode.memory.peak_bytes,
+        ),
+    ]  # fmt: skip
+    return _result(
+        model, traffic, options, results, transfer, ttft, tpot, rate, capacity, max_conc, bottleneck, warnings
+    )
+
+
+def _result(model, traffic, options, pools, transfer, ttft, tpot, rate, capacity, max_conc, bottleneck, warnings):
+    gpus = sum(p.gpus for p in pools)
+    out_rate = rate * traffic.output_tokens
+    kv = KVCache(model.num_layers * model.kv_token_bytes(1, DTYPE_BYTES[options.kv]), capacity, max_conc)
+    fits = all(p.fits for p in pools)
+    for p in pools:
+        if not p.fits:
+            warnings.append(
+                f"the {p.role} pool does not fit: {p.memory_peak_bytes / 1e9:.1f} GB peak per GPU, or no room for one "
+                f"request's {traffic.input_tokens + traffic.output_tokens:,} tokens of KV cache"
+            )
+    return ServePlan(
+        gpus=gpus,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        fits=fits,
+        input_tokens_per_s=rate * traffic.input_tokens,
+        output_tokens_per_s=out_rate,
+        output_tokens_per_s_per_gpu=out_rate / gpus,
+        tokens_per_s_per_user=1 / tpot if tpot else 0.0,
+        request_rate=rate,
+        kv_cache=kv,
+        pools=pools,
+        kv_transfer=transfer,
+        bottleneck=bottleneck,
+        warnings=warnings,
+    )
+
+
+def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warnings) -> tuple[int, Plan]:
+    """Sequences a worker holds in its decode batch, and that decode step. At a concurrency: the requests
+    spread over the workers, at most what the KV cache holds (the rest wait in the engine's queue). At a
+    request rate: Little's law, b = R_w (TTFT + OSL TPOT(b)), iterated from b = 1 (TTFT taken as one prefill
+    pass); it converges because TPOT(b) grows more slowly than b."""
+    isl, osl = traffic.input_tokens, traffic.output_tokens
+    draft = options.mtp.draft_tokens if options.mtp else 0
+    cap = max(1, max_conc)
+    step = {}
+
+    def decode(b: int) -> Plan:
+        if b not in step:
+            step[b] = _decode(model, w, options, b, isl + osl // 2, draft)
+        return step[b]
+
+    if traffic.concurrency is not None:
+        want = math.ceil(traffic.concurrency / workers)
+        if max_conc and want > max_conc:
+            warnings.append(
+                f"concurrency {traffic.concurrency} is {want} requests per worker, but its KV cache holds "
+                f"{max_conc}: the rest wait in the queue"
+            )
+        b = min(want, cap)
+        return b, decode(b)
+    rate = traffic.request_rate / workers
+    b = 1
+    for _ in range(DECODE_ITERATIONS):
+        tpot = decode(b).step.time_s * _mtp_overhead(model, options) / tps
+        new = min(cap, max(1, math.ceil(rate * (t_p + osl * tpot))))
+        if new == b:
+            break
+        b = new
+    if rate * (t_p + osl * decode(b).step.time_s / tps) > cap:
+        warnings.append(
+            f"{traffic.request_rate:g} requests/s need more sequences per worker than its KV cache "
+            f"holds ({max_conc}): the decode pool is saturated"
+        )
+    return b, decode(b)
+
+
+def _wait(rho: float, service_s: float) -> float:
+    """Mean wait in an M/D/1 queue (Pollaczek-Khinchine with deterministic service)."""
+    return rho * service_s / (2 * (1 - rho)) if rho < 1 else math.inf
+
+
+def _mtp_overhead(model: ModelSpec, options: ServeOptions) -> float:
+    """Each draft token runs the MTP module, about one transformer layer (DeepSeek-V3 report §2.2): the step
+    grows by draft / num_layers."""
+    if options.mtp is None:
+        return 1.0
+    return 1 + options.mtp.draft_tokens / model.num_layers
+
+
+# ---- the KV transfer -----------------------------------------------------------------------------------
+
+
+def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets) -> KVTransfer:
+    """A request's KV moves from the prefill worker's ranks that hold distinct parts of it to the decode
+    worker's ranks that will hold them, all prefill workers sending at once, priced on the whole cluster's graph.
+
+    Parts: per pipeline stage, the KV heads split over ``min(tp, kv_heads)`` ranks on each side (MLA: one
+    latent, held whole by every TP rank, sent once as TensorRT-LLM's mlaCacheFormatter does). Where the two
+    sides split the heads differently each prefill rank sends to every decode rank that holds some of its heads
+    (cacheFormatter.cpp splitKVCacheDispatch): ``max`` of the two splits pairs, each an equal share. A request
+    lives on one attention-DP rank; prefill worker w's requests go to decode worker w mod workers and to its
+    attention rank w mod dp, so concurrent transfers spread as the engines' round-robin spreads them."""
+    kv_x = DTYPE_BYTES[options.kv]
+    whole = model.num_layers * model.kv_token_bytes(1, kv_x) * isl
+    p_par, d_par = p_w.par, d_w.par
+    p_split, d_split = (1, 1) if model.mla else (min(p_par.tp, model.kv_heads), min(d_par.tp, model.kv_heads))
+    n = max(p_split, d_split)
+    message = -(-whole // (p_par.pp * n))
+    pairs = []
+    for wk in range(p_pool.workers):
+        src0 = offsets[0] + wk * p_pool.worker_gpus + (wk % p_par.dp) * p_par.tp  # tp fastest, then dp, then pp
+        dst_worker = wk % d_pool.workers
+        dst0 = offsets[1] + dst_worker * d_pool.worker_gpus + (wk % d_par.dp) * d_par.tp
+        for s in range(p_par.pp):
+            d_stage = s * d_par.pp // p_par.pp
+            for i in range(n):
+                src = src0 + s * p_par.tp * p_par.dp + i * p_split // n
+                dst = dst0 + d_stage * d_par.tp * d_par.dp + i * d_split // n
+                pairs.append((src, dst))
+    senders = p_par.pp * p_split
+    whole_cluster = cluster_for(cluster)
+    price = price_call(Op.SENDRECV, message, np.array(pairs, dtype=np.int64), whole_cluster, "auto", top_links=3)
+    busiest = price.links[0] if price.links else None
+    label = _describe(whole_cluster, busiest) if busiest else "none (same device)"
+    return KVTransfer(whole, senders, price.time_s + options.transfer_overhead_s, label, list(price.links))
+
+
+def _describe(cluster, link: dict) -> str:
+    described = cluster.describe_link(link["id"])
+    return described.get("label") or described.get("kind") or str(link["id"])
+
+
+__all__ = [
+    "KVCache",
+    "KVTransfer",
+    "PoolResult",
+    "ServePlan",
+    "kv_capacity",
+    "kv_transfer",
+    "plan_serving",
+    "worker_inputs",
+]

@@ -1,0 +1,179 @@
+"""A deployment as its engine's own launch commands: one command line per worker (per node where a worker
+spans nodes), each engine's flags by the names its CLI takes. Returned as argument lists; ``render`` writes
+them as a POSIX shell script with every argument quoted (shlex.quote), so no string a request carries can run
+as a command.
+
+Flag names and where they come from:
+- vLLM 0.14 (`vllm serve --help`, docs.vllm.ai serving/expert_parallel_deployment): --tensor-parallel-size,
+  --pipeline-parallel-size, --data-parallel-size, --enable-expert-parallel, --all2all-backend
+  (deepep_high_throughput | deepep_low_latency), --max-num-batched-tokens, --gpu-memory-utilization,
+  --kv-cache-dtype, --enforce-eager, --speculative-config, --kv-transfer-config (NixlConnector).
+- SGLang 0.5 (python/sglang/srt/server_args.py): --model-path, --tp-size (the worker's GPUs with DP attention),
+  --dp-size, --enable-dp-attention, --ep-size, --pp-size, --moe-a2a-backend deepep, --deepep-mode
+  (auto | normal | low_latency), --chunked-prefill-size, --mem-fraction-static, --kv-cache-dtype,
+  --disable-cuda-graph, --disaggregation-mode, --speculative-algorithm / --speculative-num-steps,
+  --nnodes / --node-rank / --dist-init-addr.
+- TensorRT-LLM 1.2 (`trtllm-serve --help`, tensorrt_llm/llmapi/llm_args.py): --tp_size, --pp_size, --ep_size,
+  --max_num_tokens, --kv_cache_free_gpu_memory_fraction; attention-DP and speculative decoding through
+  --extra_llm_api_options (enable_attention_dp, speculative_config).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from .engines import EngineTraits
+from .spec import Pool, ServeOptions
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: tuple[str, ...]
+    files: tuple[tuple[str, str], ...] = ()  # (name, content) written before the command: our own JSON, no input
+    # flags a worker over several nodes takes from each node's environment: (flag, variable, suffix)
+    per_node: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Launch:
+    role: str
+    worker: int
+    nodes: int  # nodes the worker spans
+    command: Command
+
+
+def launch_commands(
+    model_path: str, traits: EngineTraits, pools: tuple[Pool, ...], options: ServeOptions, devices_per_node: int
+) -> list[Launch]:
+    out = []
+    for pool in pools:
+        command = _COMMANDS[traits.name](model_path, traits, pool, options, len(pools) > 1, devices_per_node)
+        nodes = max(1, -(-pool.worker_gpus // devices_per_node))
+        for w in range(pool.workers):
+            out.append(Launch(pool.role, w, nodes, command))
+    return out
+
+
+def _vllm(model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int) -> Command:
+    argv = ["vllm", "serve", model, "--tensor-parallel-size", str(pool.tp), "--pipeline-parallel-size", str(pool.pp)]
+    if pool.dp > 1:
+        argv += ["--data-parallel-size", str(pool.dp)]
+    if pool.ep > 1:
+        argv.append("--enable-expert-parallel")
+        backend = {
+            "allgather": "allgather_reducescatter",
+            "deepep": "deepep_high_throughput",
+            "deepep_ll": "deepep_low_latency",
+        }.get(pool.ep_dispatch or "")
+        if backend:
+            argv += ["--all2all-backend", backend]
+    argv += ["--max-num-batched-tokens", str(pool.max_batch_tokens or traits.max_batch_tokens)]
+    argv += ["--gpu-memory-utilization", str(traits.memory_fraction)]
+    if options.kv_dtype == "fp8":
+        argv += ["--kv-cache-dtype", "fp8"]
+    if not options.cuda_graphs:
+        argv.append("--enforce-eager")
+    if options.mtp:
+        argv += [
+            "--speculative-config",
+            json.dumps({"method": "mtp", "num_speculative_tokens": options.mtp.draft_tokens}),
+        ]
+    if disagg:
+        argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
+    if pool.worker_gpus > per_node:  # multi-node data parallelism: each node runs its share of the DP ranks
+        argv += ["--data-parallel-size-local", str(max(1, per_node // (pool.tp * pool.pp)))]
+    # docs.vllm.ai serving/data_parallel_deployment: the head node's address, each node's first DP rank
+    flags = (("--data-parallel-address", "MASTER_ADDR", ""), ("--data-parallel-start-rank", "DP_START_RANK", ""))
+    return Command(tuple(argv), per_node=flags)
+
+
+def _sglang(
+    model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int
+) -> Command:
+    tp = pool.tp * pool.dp if pool.attention_dp else pool.tp
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(tp)]
+    if pool.attention_dp and pool.dp > 1:
+        argv += ["--dp-size", str(pool.dp), "--enable-dp-attention"]
+    if pool.pp > 1:
+        argv += ["--pp-size", str(pool.pp)]
+    if pool.ep > 1:
+        argv += ["--ep-size", str(pool.ep)]
+        if pool.ep_dispatch in ("deepep", "deepep_ll"):
+            mode = "low_latency" if pool.ep_dispatch == "deepep_ll" else "auto"
+            argv += ["--moe-a2a-backend", "deepep", "--deepep-mode", mode]
+    argv += ["--chunked-prefill-size", str(pool.max_batch_tokens or traits.max_batch_tokens)]
+    argv += ["--mem-fraction-static", str(traits.memory_fraction)]
+    if options.kv_dtype == "fp8":
+        argv += ["--kv-cache-dtype", "fp8_e4m3"]
+    if not options.cuda_graphs:
+        argv.append("--disable-cuda-graph")
+    if options.mtp:
+        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(options.mtp.draft_tokens)]
+    if disagg:
+        argv += ["--disaggregation-mode", pool.role]
+    return Command(
+        tuple(argv), per_node=(("--node-rank", "NODE_RANK", ""), ("--dist-init-addr", "MASTER_ADDR", ":5000"))
+    )
+
+
+def _trtllm(
+    model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int
+) -> Command:
+    argv = [
+        "trtllm-serve",
+        model,
+        "--backend",
+        "pytorch",
+        "--tp_size",
+        str(pool.tp * pool.dp),
+        "--pp_size",
+        str(pool.pp),
+    ]
+    if pool.ep > 1:
+        argv += ["--ep_size", str(pool.ep)]
+    argv += ["--max_num_tokens", str(pool.max_batch_tokens or traits.max_batch_tokens)]
+    argv += ["--kv_cache_free_gpu_memory_fraction", str(traits.memory_fraction)]
+    extra = {}
+    if pool.attention_dp:
+        extra["enable_attention_dp"] = True
+    if options.mtp:
+        extra["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": options.mtp.draft_tokens}
+    if not options.cuda_graphs:
+        extra["cuda_graph_config"] = None
+    if not extra:
+        return Command(tuple(argv))
+    name = f"extra-llm-api-{pool.role}.yml"  # JSON is YAML
+    return Command((*argv, "--extra_llm_api_options", name), files=((name, json.dumps(extra, indent=2)),))
+
+
+_COMMANDS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm}
+
+
+def render(launches: list[Launch], engine_label: str) -> str:
+    """A POSIX shell script: one line per worker, every argument quoted; a worker over several nodes is
+    started on each of them with its node rank (NODE_RANK, MASTER_ADDR from the environment)."""
+    lines = [
+        "#!/bin/sh",
+        f"# {engine_label} launch commands from commplan (POST /v1/serve/export): one line per worker.",
+        "# A worker over several nodes runs its line on each of them, with the variables its line names",
+        "# (node rank, head address) set there. Every argument is quoted.",
+        "set -eu",
+    ]
+    written = set()
+    for launch in launches:
+        lines.append(f"# {launch.role} worker {launch.worker} ({launch.nodes} node{'s' if launch.nodes > 1 else ''})")
+        for name, content in launch.command.files:
+            if name not in written:
+                written.add(name)
+                lines += [f"cat > {shlex.quote(name)} <<'COMMPLAN_EOF'", content, "COMMPLAN_EOF"]
+        line = shlex.join(launch.command.argv)
+        if launch.nodes > 1:
+            line += "".join(f' {flag} "${{{var}}}{suffix}"' for flag, var, suffix in launch.command.per_node)
+        lines.append(line + " &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Launch", "launch_commands", "render"]

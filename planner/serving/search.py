@@ -1,0 +1,223 @@
+"""The best deployments under a latency SLA: every engine and mode asked for, each pool's layout (TP, or
+attention-DP with EP for MoE models; PP where a worker spans nodes), the prefill:decode split of a
+disaggregated deployment, all evaluated by ``plan_serving`` itself (one model, many callers) and ranked by
+output tokens/s per GPU among those that meet the SLA; the Pareto front of tokens/s per GPU against
+tokens/s per user over every deployment tried, at the traffic's concurrency and at 1/2 and 1/4 of it.
+
+The search is bounded up front (``candidates`` counts the deployments before any is planned): the caller
+refuses a space over its limit. Worker step plans are memoised on value keys inside plan_serving's callers
+(``deployment._step``), so a layout's prefill pass is planned once for every split that uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from .._errors import SpecError
+from ..model import ModelSpec
+from .deployment import ServePlan, plan_serving
+from .engines import EngineTraits, engine
+from .spec import Pool, ServeOptions, Traffic, validate_options, validate_traffic
+
+MODES = ("aggregated", "disaggregated")
+LOAD_FRACTIONS = (1.0, 0.5, 0.25)  # the traffic's concurrency, and lighter loads, for the Pareto front
+
+
+@dataclass(frozen=True)
+class SLA:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def met(self, plan: ServePlan) -> bool:
+        if self.ttft_s is not None and (plan.ttft_s is None or plan.ttft_s > self.ttft_s):
+            return False
+        return self.tpot_s is None or plan.tpot_s <= self.tpot_s
+
+
+@dataclass
+class Candidate:
+    engine: str
+    mode: str
+    pools: tuple[Pool, ...]
+    traffic: Traffic
+    plan: ServePlan
+    meets_sla: bool
+
+    @property
+    def per_gpu(self) -> float:
+        return self.plan.output_tokens_per_s_per_gpu
+
+    @property
+    def per_user(self) -> float:
+        return self.plan.tokens_per_s_per_user
+
+
+@dataclass
+class ServeSearchResult:
+    results: list[Candidate]  # meet the SLA and fit, best tokens/s per GPU first
+    pareto: list[Candidate]  # every fitting deployment tried that no other beats on both axes
+    evaluated: int
+    rejected: dict[str, int] = field(default_factory=dict)  # why layouts were not tried, with counts
+    why: str = ""
+
+
+def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
+    """Worker layouts worth trying: tensor-parallel workers of a power-of-two size up to a node (PP across
+    nodes beyond it); for MoE models also attention-DP workers with the experts spread over every rank
+    (DeepSeek-V3 report §3.4; SGLang --enable-dp-attention, vLLM --data-parallel-size with EP)."""
+    out = []
+    tp = 1
+    while tp <= per_node:
+        if model.num_attention_heads % tp == 0 and model.kv_heads % min(tp, model.kv_heads) == 0:
+            pp = 1
+            while tp * pp <= gpus and pp <= model.num_layers:
+                out.append(Pool(tp=tp, pp=pp))
+                pp *= 2
+                if tp < per_node:
+                    break  # pipelines only once a worker fills a node
+        tp *= 2
+    if model.moe is not None:
+        out = [replace(p, ep=_ep(model, p.tp * p.pp, p.tp)) for p in out if p.pp == 1]
+        dp = per_node
+        while dp <= gpus:
+            if model.moe.num_experts % dp == 0:
+                out.append(Pool(dp=dp, ep=dp, attention_dp=True))
+            dp *= 2
+    return [p for p in out if p.ep == 1 or model.moe.num_experts % p.ep == 0]
+
+
+def _ep(model: ModelSpec, gpus: int, tp: int) -> int:
+    """Experts over the worker's tensor-parallel ranks (vLLM --enable-expert-parallel: EP = TP x DP)."""
+    return tp if model.moe.num_experts % tp == 0 else 1
+
+
+def candidates(model, cluster, traffic, engines, modes) -> list[tuple[str, str, tuple[Pool, ...]]]:
+    """Every deployment the search will plan, before any is: (engine, mode, pools)."""
+    gpus = cluster.num_devices
+    layouts = worker_layouts(model, cluster.devices_per_node, gpus)
+    out = []
+    for name in engines:
+        for mode in modes:
+            if mode == "aggregated":
+                for lay in layouts:
+                    if lay.worker_gpus <= gpus:
+                        out.append((name, mode, (replace(lay, role="both", workers=gpus // lay.worker_gpus),)))
+                continue
+            for pre in layouts:
+                for dec in layouts:
+                    for x in _splits(pre.worker_gpus, dec.worker_gpus, gpus):
+                        y = (gpus - x * pre.worker_gpus) // dec.worker_gpus
+                        out.append(
+                            (
+                                name,
+                                mode,
+                                (replace(pre, role="prefill", workers=x), replace(dec, role="decode", workers=y)),
+                            )
+                        )
+    return out
+
+
+def _splits(p: int, d: int, gpus: int) -> list[int]:
+    """Prefill worker counts to try: 1 and powers of two while the decode pool keeps at least one worker,
+    then the rest goes to decode."""
+    out, x = [], 1
+    while x * p + d <= gpus:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def search_serving(
+    model: ModelSpec,
+    cluster,
+    traffic: Traffic,
+    engines: tuple[str, ...],
+    modes: tuple[str, ...],
+    sla: SLA,
+    options: ServeOptions | None = None,
+    top_k: int = 10,
+    progress: Callable[[int, int], None] | None = None,
+) -> ServeSearchResult:
+    options = options or ServeOptions()
+    validate_traffic(traffic)
+    validate_options(options)
+    for m in modes:
+        if m not in MODES:
+            raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
+    traits: dict[str, EngineTraits] = {name: engine(name) for name in engines}
+    plan_list = candidates(model, cluster, traffic, engines, modes)
+    tried: list[Candidate] = []
+    rejected: dict[str, int] = {}
+    for i, (name, mode, pools) in enumerate(plan_list):
+        for fraction in LOAD_FRACTIONS:
+            load = _scaled(traffic, fraction)
+            try:
+                plan = plan_serving(model, cluster, traits[name], load, pools, options)
+            except SpecError as err:
+                rejected[err.rule.split(";")[0][:80]] = rejected.get(err.rule.split(";")[0][:80], 0) + 1
+                break
+            if not plan.fits:
+                rejected["does not fit in memory"] = rejected.get("does not fit in memory", 0) + 1
+                break
+            tried.append(Candidate(name, mode, pools, load, plan, sla.met(plan)))
+        if progress:
+            progress(i + 1, len(plan_list))
+    at_load = [c for c in tried if c.traffic == traffic]
+    ranked = sorted((c for c in at_load if c.meets_sla), key=lambda c: (-c.per_gpu, -c.per_user))
+    front = pareto_front(tried)
+    why = _why(ranked[0], at_load) if ranked else _miss(at_load, sla)
+    return ServeSearchResult(ranked[:top_k], front, len(tried), rejected, why)
+
+
+def _scaled(traffic: Traffic, fraction: float) -> Traffic:
+    if traffic.concurrency is not None:
+        return replace(traffic, concurrency=max(1, math.ceil(traffic.concurrency * fraction)))
+    return replace(traffic, request_rate=traffic.request_rate * fraction)
+
+
+def pareto_front(tried: list[Candidate]) -> list[Candidate]:
+    """Deployments no other beats on both tokens/s per GPU and tokens/s per user, by tokens/s per user."""
+    front: list[Candidate] = []
+    for c in sorted(tried, key=lambda c: (-c.per_user, -c.per_gpu)):
+        if not front or c.per_gpu > front[-1].per_gpu:
+            front.append(c)
+    return front
+
+
+def _why(best: Candidate, at_load: list[Candidate]) -> str:
+    p = best.plan
+    other = [c for c in at_load if c.meets_sla and c is not best]
+    runner = max(other, key=lambda c: c.per_gpu, default=None)
+    if runner is None:
+        lead = "the only deployment tried that meets the SLA"
+    elif runner.per_gpu >= best.per_gpu * 0.995 or runner.per_gpu <= 0:
+        lead = f"ties with {runner.engine} {runner.mode} {' + '.join(_label(x) for x in runner.pools)}"
+    else:
+        lead = f"{best.per_gpu / runner.per_gpu - 1:.0%} more tokens/s per GPU than the next layout"
+    return (
+        f"{best.engine} {best.mode}, {' + '.join(_label(x) for x in best.pools)}: {lead}; bound by {p.bottleneck} "
+        f"(TTFT {_ms(p.ttft_s)}, TPOT {_ms(p.tpot_s)})"
+    )
+
+
+def _miss(at_load: list[Candidate], sla: SLA) -> str:
+    if not at_load:
+        return "no deployment fits on this cluster"
+    best_tpot = min(c.plan.tpot_s for c in at_load)
+    ttfts = [c.plan.ttft_s for c in at_load if c.plan.ttft_s is not None]
+    best_ttft = min(ttfts) if ttfts else None
+    return f"no deployment meets the SLA; the best TPOT tried is {_ms(best_tpot)}, the best TTFT {_ms(best_ttft)}"
+
+
+def _label(p: Pool) -> str:
+    parts = [f"{p.workers}x"] + [f"{k.upper()}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep") if getattr(p, k) > 1]
+    return f"{p.role} " + " ".join(parts) + (" attention-DP" if p.attention_dp else "")
+
+
+def _ms(s: float | None) -> str:
+    return "unbounded" if s is None else f"{s * 1e3:,.1f} ms"
+
+
+__all__ = ["MODES", "SLA", "Candidate", "ServeSearchResult", "candidates", "pareto_front", "search_serving"]

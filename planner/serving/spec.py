@@ -1,0 +1,131 @@
+"""What a serving request says: the traffic, the pools of a deployment, and the engine options (CONTRACT v1.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._errors import SpecError
+from ..workload import DTYPE_BYTES
+
+ROLES = ("both", "prefill", "decode")
+MAX_TOKENS = 1 << 21  # longest input or output a request may ask for (2M tokens)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    input_tokens: int
+    output_tokens: int
+    concurrency: int | None = None  # requests in the system at once (closed loop)
+    request_rate: float | None = None  # requests per second (open loop)
+
+
+@dataclass(frozen=True)
+class Pool:
+    role: str = "both"
+    workers: int = 1
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    attention_dp: bool = False
+    ep_dispatch: str | None = None  # None: the engine's default
+    max_batch_tokens: int | None = None  # None: the engine's default
+
+    @property
+    def worker_gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.worker_gpus
+
+
+@dataclass(frozen=True)
+class MTP:
+    """Multi-token prediction / speculative decoding: ``draft_tokens`` per step; ``acceptance`` either the
+    mean tokens a step emits (>= 1, at most 1 + draft_tokens) or a per-draft-token acceptance rate (< 1)."""
+
+    draft_tokens: int
+    acceptance: float
+
+    @property
+    def tokens_per_step(self) -> float:
+        if self.acceptance >= 1:
+            return self.acceptance
+        # draft i is kept only if drafts 1..i all are: 1 + p + p^2 + ... + p^n (Leviathan et al. 2023, §3.1)
+        return sum(self.acceptance**i for i in range(self.draft_tokens + 1))
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    weight_dtype: str = "bf16"
+    kv_dtype: str | None = None  # None: = weight dtype for 2-byte weights, bf16 for fp8 weights
+    mtp: MTP | None = None
+    cuda_graphs: bool = True
+    chunked_prefill: bool = True
+    transfer_overhead_s: float = 0.0005  # per KV transfer (transfer-engine set-up); an assumption, see docs
+
+    @property
+    def kv(self) -> str:
+        if self.kv_dtype is not None:
+            return self.kv_dtype
+        return self.weight_dtype if DTYPE_BYTES[self.weight_dtype] == 2 else "bf16"
+
+
+def validate_serving(traffic: Traffic, pools: tuple[Pool, ...], options: ServeOptions) -> None:
+    validate_traffic(traffic)
+    validate_pools(pools)
+    validate_options(options)
+
+
+def validate_traffic(traffic: Traffic) -> None:
+    for name in ("input_tokens", "output_tokens"):
+        value = getattr(traffic, name)
+        if not 1 <= value <= MAX_TOKENS:
+            raise SpecError(f"traffic.{name}", f"must be between 1 and {MAX_TOKENS:,}, got {value}")
+    if (traffic.concurrency is None) == (traffic.request_rate is None):
+        raise SpecError("traffic", "give exactly one of concurrency and request_rate")
+    if traffic.concurrency is not None and traffic.concurrency < 1:
+        raise SpecError("traffic.concurrency", f"must be >= 1, got {traffic.concurrency}")
+    if traffic.request_rate is not None and not 1e-6 <= traffic.request_rate <= 1e6:
+        raise SpecError("traffic.request_rate", f"must be in [1e-6, 1e6] requests/s, got {traffic.request_rate}")
+
+
+def validate_pools(pools: tuple[Pool, ...]) -> None:
+    if not pools:
+        raise SpecError("deployment.pools", "needs at least one pool")
+    roles = [p.role for p in pools]
+    for i, pool in enumerate(pools):
+        if pool.role not in ROLES:
+            raise SpecError(f"deployment.pools.{i}.role", f"must be one of {', '.join(ROLES)}, got {pool.role!r}")
+        for name in ("workers", "tp", "pp", "dp", "ep"):
+            if getattr(pool, name) < 1:
+                raise SpecError(f"deployment.pools.{i}.{name}", f"must be >= 1, got {getattr(pool, name)}")
+    if "both" in roles and len(pools) > 1:
+        raise SpecError("deployment.pools", f"an aggregated deployment is one pool of role 'both'; got roles {roles}")
+    if "both" not in roles and sorted(roles) != ["decode", "prefill"]:
+        raise SpecError(
+            "deployment.pools", f"a disaggregated deployment is one 'prefill' and one 'decode' pool; got roles {roles}"
+        )
+
+
+def validate_options(options: ServeOptions) -> None:
+    for name in ("weight_dtype", "kv_dtype"):
+        value = getattr(options, name)
+        if value is not None and value not in DTYPE_BYTES:
+            raise SpecError(f"options.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    if options.mtp is not None:
+        mtp = options.mtp
+        if not 1 <= mtp.draft_tokens <= 16:
+            raise SpecError("options.mtp.draft_tokens", f"must be between 1 and 16, got {mtp.draft_tokens}")
+        if not 0 <= mtp.acceptance <= 1 + mtp.draft_tokens:
+            raise SpecError(
+                "options.mtp.acceptance",
+                f"a rate in [0, 1) or mean tokens per step in [1, 1 + draft_tokens = {1 + mtp.draft_tokens}]; "
+                f"got {mtp.acceptance}",
+            )
+    if not 0 <= options.transfer_overhead_s <= 1:
+        raise SpecError("options.transfer_overhead_s", f"must be in [0, 1] s, got {options.transfer_overhead_s}")
+
+
+__all__ = ["MTP", "Pool", "ServeOptions", "Traffic", "validate_options", "validate_serving", "validate_traffic"]

@@ -1,0 +1,217 @@
+"""POST /v1/serve over HTTP as users call it (CONTRACT v1.2), and `commplan serve-plan`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA = json.loads((ROOT / "examples/serve-llama3-70b.json").read_text())
+DSV3 = json.loads((ROOT / "examples/serve-deepseek-v3-disagg.json").read_text())
+
+
+def test_aggregated_answer_has_the_contract(api):
+    r = api.post("/v1/serve", json=LLAMA)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["gpus"] == 16 and d["fits"] is True and d["kv_transfer"] is None
+    assert set(d["throughput"]) == {
+        "input_tokens_per_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user",
+    }  # fmt: skip
+    assert d["kv_cache"]["bytes_per_token"] == 327_680
+    (pool,) = d["pools"]
+    assert pool["role"] == "both" and pool["gpus"] == 16 and pool["batch"] == 32
+    # the decode step's calls in /v1/plan's shape: TP all-reduces of one token per sequence
+    names = {c["name"] for c in pool["calls"]}
+    assert any(c["parallelism"] == "tp" and c["op"] == "allreduce" for c in pool["calls"]), names
+    assert all({"message_bytes", "time_s", "placement", "source"} <= set(c) for c in pool["calls"])
+    assert d["throughput"]["output_tokens_per_s"] == pytest.approx(d["request_rate"] * 200)
+    assert 0 < d["ttft_s"] < 10 and 0 < d["tpot_s"] < 1
+
+
+def test_disaggregated_answer_prices_the_kv_transfer(api):
+    r = api.post("/v1/serve", json=DSV3)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["gpus"] == 96 and [p["role"] for p in d["pools"]] == ["prefill", "decode"]
+    kv = d["kv_transfer"]
+    assert kv["bytes_per_request"] == 2000 * 70_272
+    assert kv["time_s"] >= kv["bytes_per_request"] / 50e9 and "nic" in kv["bottleneck"]
+    assert kv["links"] and kv["links"][0]["label"] == kv["bottleneck"]
+    ep = [c for c in d["pools"][1]["calls"] if c["parallelism"] == "ep"]
+    # SGLang's DP attention without DeepEP gathers the tokens before the MoE and scatters after
+    assert {c["op"] for c in ep} >= {"allgather", "reducescatter"}
+
+
+def test_deepep_dispatch_over_http(api):
+    body = json.loads(json.dumps(DSV3))
+    for pool in body["deployment"]["pools"]:
+        pool["ep_dispatch"] = "deepep"
+    r = api.post("/v1/serve", json=body)
+    assert r.status_code == 200, r.text
+    prefill, decode = ({c["name"] for c in p["calls"]} for p in r.json()["pools"])
+    # SGLang's --deepep-mode auto: normal kernels (RDMA then NVLink legs) in prefill, low-latency in decode
+    assert {"ep.dispatch.rdma", "ep.dispatch.nvlink"} <= prefill
+    assert {"ep.dispatch.ll", "ep.combine.ll"} <= decode
+
+
+@pytest.mark.parametrize(
+    ("change", "loc", "words"),
+    [
+        ({"traffic": {"input_tokens": 0, "output_tokens": 10, "concurrency": 1}}, ["traffic", "input_tokens"], ""),
+        ({"traffic": {"input_tokens": 10, "output_tokens": 10}}, ["traffic"], "exactly one of"),
+        ({"deployment": {"pools": [{"tp": 3}]}}, ["deployment", "pools", "0"], "must fill whole nodes"),
+        ({"deployment": {"pools": [{"tp": 8, "workers": 3}]}}, ["deployment", "pools"], "the cluster has 16"),
+        ({"engine": "tgi"}, ["engine"], ""),
+        ({"deployment": {"pools": [{"tp": 8, "ep": 8}]}}, ["deployment", "pools", "0", "ep"], "needs an MoE model"),
+        ({"options": {"mtp": {"draft_tokens": 1, "acceptance": 3.0}}}, ["options", "mtp", "acceptance"], "1 + draft"),
+    ],
+)
+def test_bad_deployments_are_422_naming_the_field(api, change, loc, words):
+    r = api.post("/v1/serve", json=LLAMA | change)
+    assert r.status_code == 422, r.text
+    err = r.json()["detail"][0]
+    assert err["loc"][1 : 1 + len(loc)] == loc, err
+    assert words in err["msg"]
+
+
+def test_missing_the_sla_is_an_answer_not_an_error(api):
+    body = LLAMA | {"traffic": {"input_tokens": 8000, "output_tokens": 10, "request_rate": 500.0}}
+    r = api.post("/v1/serve", json=body)
+    assert r.status_code == 200
+    assert r.json()["ttft_s"] is None and any("saturated" in w for w in r.json()["warnings"])
+
+
+def test_cli_serve_plan():
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve-plan", str(ROOT / "examples/serve-deepseek-v3-disagg.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "KV transfer 141 MB per request" in out.stdout and "GPUs 96" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve-plan", "-"], input=json.dumps(LLAMA | {"engine": "tgi"}),
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "engine" in bad.stderr
+    launch = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve-plan", str(ROOT / "examples/serve-llama3-70b.json"), "--format",
+         "launch", "--model-path", "$(touch PWNED)"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert launch.returncode == 0, launch.stderr
+    assert launch.stdout.count("vllm serve '$(touch PWNED)' --tensor-parallel-size 8") == 2
+
+
+def test_serve_search_over_http_round_trips_its_winner(api):
+    body = {
+        "model": {"preset": "llama3-70b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+        "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 128},
+        "engines": ["vllm", "sglang"],
+        "sla": {"ttft_s": 3.0, "tpot_s": 0.06},
+        "top_k": 3,
+    }
+    r = api.post("/v1/serve/search", json=body)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert 1 <= len(d["results"]) <= 3 and d["pareto"] and d["candidates"] >= d["evaluated"] // 3
+    best = d["results"][0]
+    assert best["meets_sla"] and best["answer"]["tpot_s"] <= 0.06
+    again = api.post("/v1/serve", json=best["request"]).json()
+    assert again["throughput"] == best["answer"]["throughput"]
+
+
+def test_serve_search_over_its_limit_is_refused_up_front():
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 8},
+        "traffic": {"input_tokens": 100, "output_tokens": 100, "concurrency": 8},
+    }
+    from app.settings import Settings
+
+    from .conftest import Api
+
+    tight = Api(Settings(max_serve_candidates=10))
+    try:
+        r = tight.post("/v1/serve/search", json=body)
+    finally:
+        tight.close()
+    assert r.status_code == 422
+    assert "COMMPLAN_MAX_SERVE_CANDIDATES" in r.json()["detail"][0]["msg"]
+
+
+def test_plan_with_deepep_low_latency_over_http(api):
+    body = {
+        "model": {"preset": "deepseek-v3"},
+        "workload": {"kind": "inference", "phase": "decode", "batch_size": 2048, "context_length": 4096,
+                     "moe_dispatch_dtype": "fp8"},
+        "parallel": {"tp": 1, "dp": 16, "ep": 16, "ep_dispatch": "deepep_ll"},
+        "cluster": {"preset": "hgx-h800", "num_nodes": 2},
+    }  # fmt: skip
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    ep = {c["name"]: c for c in r.json()["calls"] if c["parallelism"] == "ep"}
+    assert ep["ep.dispatch.ll"]["message_bytes"] == 7_569_408
+    assert 100e-6 < ep["ep.dispatch.ll"]["time_s"] < 136e-6  # DeepEP's table: 118 us at EP 16
+    training = body | {"workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16}}
+    bad = api.post("/v1/plan", json=training)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "ep_dispatch"
+
+
+HOSTILE = ["$(touch PWNED)", "x; touch PWNED #", "`touch PWNED`", "a'b\"c", "--tp-size 99", "x && touch PWNED"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_launch_export_runs_only_the_launcher(api, tmp_path, engine):
+    """Every argument is quoted: the script, run with dummy launchers first on PATH, starts exactly the engine
+    with the model path as one argument, whatever it holds, and nothing else."""
+    body = json.loads(json.dumps(DSV3)) | {"engine": engine}
+    for pool in body["deployment"]["pools"]:
+        pool["ep_dispatch"] = "deepep_ll" if engine != "vllm" else "alltoall"
+    body["options"]["mtp"] = {"draft_tokens": 1, "acceptance": 1.8}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "argv.log"
+    for name in ("vllm", "python3", "trtllm-serve"):
+        dummy = bin_dir / name
+        # each run writes its own file: the script starts the workers in the background, side by side
+        dummy.write_text(f'#!/bin/sh\nprintf "%s\\0" "{name}" "$@" > "{log}.$$"\n')
+        dummy.chmod(0o755)
+    for path in HOSTILE:
+        r = api.post("/v1/serve/export", params={"model_path": path}, json=body)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/x-shellscript")
+        script = tmp_path / "serve.sh"
+        script.write_text(r.text)
+        assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+        for old in tmp_path.glob("argv.log.*"):
+            old.unlink()
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "DP_START_RANK": "0"}
+        done = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert not (tmp_path / "PWNED").exists()
+        runs = [f.read_text().split("\0")[:-1] for f in tmp_path.glob("argv.log.*")]
+        assert len(runs) == 2  # one prefill worker, one decode worker
+        for argv in runs:
+            assert path in argv  # the model path arrives whole, as one argument
+            launcher = {"vllm": ["vllm", "serve"], "sglang": ["python3", "-m", "sglang.launch_server"]}.get(engine)
+            assert argv[: len(launcher or ["trtllm-serve"])] == (launcher or ["trtllm-serve"])
+    bad = api.post("/v1/serve/export", params={"model_path": "x\ntouch PWNED"}, json=body)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "model_path"]
+
+
+def test_launch_export_flags_by_engine(api):
+    body = json.loads(json.dumps(DSV3)) | {"engine": "sglang"}
+    for pool in body["deployment"]["pools"]:
+        pool["ep_dispatch"] = "deepep"
+    text = api.post("/v1/serve/export", params={"model_path": "deepseek-ai/DeepSeek-V3"}, json=body).text
+    prefill, decode = [line for line in text.splitlines() if line.startswith("python3")]
+    # DP attention: --tp-size is the worker's GPUs, --dp-size its attention ranks (server_args.py)
+    assert "--tp-size 32 --dp-size 32 --enable-dp-attention" in prefill and "--ep-size 32" in prefill
+    assert "--moe-a2a-backend deepep --deepep-mode auto" in decode and "--disaggregation-mode decode" in decode
+    assert '--node-rank "${NODE_RANK}"' in decode  # a 64-GPU worker spans 8 nodes

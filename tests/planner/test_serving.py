@@ -1,0 +1,176 @@
+"""The serving planner (planner/serving): KV bytes and capacity by hand, the queueing model's invariants,
+the KV transfer on the graph, and the layout rules named at the pool's fields."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from collectives.topology import cluster_preset
+from planner import MODEL_PRESETS, SpecError
+from planner.serving import MTP, Pool, ServeOptions, Traffic, engine, plan_serving
+
+LLAMA8B, LLAMA70B, DSV3 = (MODEL_PRESETS[n] for n in ("llama3-8b", "llama3-70b", "deepseek-v3"))
+
+
+def test_kv_bytes_per_token_by_hand():
+    # Llama-3 70B: 80 layers x K and V x 8 kv heads x 128 x 2 bytes (docs/serving.md); DeepSeek-V3's MLA latent:
+    # 61 layers x (512 + 64) x 2 bytes
+    assert LLAMA70B.num_layers * LLAMA70B.kv_token_bytes(1, 2) == 80 * 2 * 8 * 128 * 2 == 327_680
+    assert DSV3.num_layers * DSV3.kv_token_bytes(1, 2) == 61 * 576 * 2 == 70_272
+    # past kv_heads ranks each keeps one replicated head (vLLM): tp 16 on 8 kv heads stores 1 head per rank
+    assert LLAMA70B.kv_token_bytes(16, 2) == LLAMA70B.kv_token_bytes(8, 2) == 2 * 1 * 128 * 2
+    # MLA's latent is whole on every tensor-parallel rank
+    assert DSV3.kv_token_bytes(8, 1) == DSV3.kv_token_bytes(1, 1) == 576
+
+
+def test_kv_capacity_by_hand():
+    """Llama-3 8B on one H100 with vLLM: 0.9 x 80 GB, less 16.06 GB of bf16 weights and a few GB of activations
+    and buffers, over 32 x 2 x 8 x 128 x 2 = 131,072 bytes per token."""
+    cluster = cluster_preset("dgx-h100", 1)
+    out = plan_serving(LLAMA8B, cluster, engine("vllm"), Traffic(1000, 1000, concurrency=8), (Pool(tp=1),))
+    budget = 0.9 * cluster.gpu.hbm_bytes
+    weights = LLAMA8B.total_params() * 2
+    per_token = 32 * 2 * 8 * 128 * 2
+    assert (budget - weights - 4e9) / per_token < out.kv_cache.capacity_tokens < (budget - weights) / per_token
+    assert out.kv_cache.max_concurrency == out.kv_cache.capacity_tokens // 2000
+    traffic = Traffic(1000, 1000, concurrency=8)
+    fp8 = plan_serving(LLAMA8B, cluster, engine("vllm"), traffic, (Pool(tp=1),), ServeOptions(kv_dtype="fp8"))
+    assert fp8.kv_cache.bytes_per_token * 2 == out.kv_cache.bytes_per_token
+    assert 1.99 < fp8.kv_cache.capacity_tokens / out.kv_cache.capacity_tokens < 2.01
+
+
+def test_mtp_tokens_per_step():
+    # draft i is kept only if 1..i are: 1 + p + p^2 (Leviathan et al. 2023); a mean given as such is kept
+    assert MTP(2, 0.8).tokens_per_step == pytest.approx(1 + 0.8 + 0.64)
+    assert MTP(1, 1.8).tokens_per_step == 1.8
+
+
+def test_aggregated_littles_law_and_throughput():
+    cluster = cluster_preset("dgx-h100", 2)
+    traffic = Traffic(1000, 200, concurrency=64)
+    out = plan_serving(LLAMA70B, cluster, engine("vllm"), traffic, (Pool(workers=2, tp=8),))
+    assert out.gpus == 16 and out.fits and out.kv_transfer is None
+    # closed loop: every request is in prefill or decode, C = R (TTFT + OSL TPOT) (Little 1961)
+    assert out.request_rate * (out.ttft_s + 200 * out.tpot_s) == pytest.approx(64, rel=1e-3)
+    assert out.output_tokens_per_s == pytest.approx(out.request_rate * 200)
+    assert out.output_tokens_per_s_per_gpu == pytest.approx(out.output_tokens_per_s / 16)
+    assert out.tokens_per_s_per_user == pytest.approx(1 / out.tpot_s)
+    (pool,) = out.pools
+    assert pool.batch == 32  # 64 requests over 2 workers
+    # prefill work steals time from decode: the time between tokens exceeds the bare decode step
+    assert out.tpot_s > pool.step_s
+    assert {c.call.parallelism for c in pool.calls} == {"tp"}
+
+
+def test_more_concurrency_more_throughput_slower_users():
+    cluster = cluster_preset("dgx-h100", 1)
+    run = lambda c: plan_serving(LLAMA70B, cluster, engine("vllm"), Traffic(1000, 500, concurrency=c), (Pool(tp=8),))  # noqa: E731
+    low, high = run(4), run(64)
+    assert high.output_tokens_per_s > 4 * low.output_tokens_per_s
+    assert high.tokens_per_s_per_user < low.tokens_per_s_per_user
+
+
+def test_request_rate_sets_the_batch_by_littles_law():
+    cluster = cluster_preset("dgx-h100", 1)
+    out = plan_serving(LLAMA70B, cluster, engine("vllm"), Traffic(500, 200, request_rate=2.0), (Pool(tp=8),))
+    (pool,) = out.pools
+    assert out.request_rate == 2.0
+    # b = R (TTFT + OSL TPOT), within one sequence of rounding up
+    assert pool.batch == pytest.approx(2.0 * (pool.prefill_s + 200 * pool.step_s), abs=1.5)
+    over = plan_serving(LLAMA70B, cluster, engine("vllm"), Traffic(8000, 10, request_rate=500.0), (Pool(tp=8),))
+    assert over.ttft_s is None and any("saturated" in w for w in over.warnings)
+
+
+def test_disaggregated_kv_transfer_on_the_graph():
+    cluster = cluster_preset("dgx-h100", 12)
+    pools = (
+        Pool("prefill", dp=32, ep=32, attention_dp=True),
+        Pool("decode", dp=64, ep=64, attention_dp=True),
+    )
+    out = plan_serving(DSV3, cluster, engine("sglang"), Traffic(2000, 100, concurrency=2048), pools,
+                       ServeOptions(weight_dtype="fp8", kv_dtype="bf16"))  # fmt: skip
+    kv = out.kv_transfer
+    assert out.gpus == 96
+    assert kv.bytes_per_request == 2000 * 70_272
+    # attention-DP with MLA: one rank holds a request's KV; it leaves through one 400G NIC (50 GB/s)
+    assert kv.senders == 1
+    assert kv.time_s >= kv.bytes_per_request / 50e9
+    assert "nic" in kv.bottleneck
+    assert [p.role for p in out.pools] == ["prefill", "decode"]
+    assert out.pools[0].output_tokens_per_s == 0 and out.pools[1].input_tokens_per_s == 0
+
+
+def test_disaggregated_inside_one_node_moves_kv_over_nvlink():
+    cluster = cluster_preset("dgx-h100", 1)
+    pools = (Pool("prefill", workers=2, tp=2), Pool("decode", workers=1, tp=4))
+    out = plan_serving(LLAMA8B, cluster, engine("vllm"), Traffic(4000, 200, concurrency=16), pools)
+    kv = out.kv_transfer
+    assert kv.bytes_per_request == 4000 * 32 * 2 * 8 * 128 * 2
+    assert kv.senders == 2  # each TP rank of a prefill worker sends its 4 kv heads
+    assert "nvlink" in kv.bottleneck.lower() or "gpu" in kv.bottleneck.lower()
+    assert kv.time_s < kv.bytes_per_request / 50e9  # faster than any NIC
+
+
+@pytest.mark.parametrize(
+    ("model", "pools", "field", "words"),
+    [
+        (LLAMA70B, (Pool(tp=3),), "deployment.pools.0", "must fill whole nodes"),
+        (LLAMA70B, (Pool(tp=16, dp=1),), "deployment.pools", "the cluster has 8"),
+        (DSV3, (Pool(dp=8, ep=3, attention_dp=True),), "deployment.pools.0.ep", "not divisible by ep 3"),
+        (LLAMA70B, (Pool(ep=8, tp=8),), "deployment.pools.0.ep", "needs an MoE model"),
+        (LLAMA70B, (Pool("prefill", tp=8), Pool("prefill", tp=8)), "deployment.pools", "one 'prefill' and one"),
+        (LLAMA70B, (Pool(tp=8, ep_dispatch="flex"),), "deployment.pools.0.ep_dispatch", "runs allgather, alltoall"),
+    ],
+)
+def test_bad_deployments_name_the_field(model, pools, field, words):
+    with pytest.raises(SpecError) as err:
+        plan_serving(model, cluster_preset("dgx-h100", 1), engine("vllm"), Traffic(100, 100, concurrency=1), pools)
+    assert err.value.field == field and words in err.value.rule
+
+
+def test_a_model_too_big_for_its_pool_is_an_answer_that_does_not_fit():
+    out = plan_serving(
+        MODEL_PRESETS["llama3-405b"], cluster_preset("dgx-h100", 1), engine("vllm"), Traffic(100, 100, concurrency=1),
+        (Pool(tp=2),),
+    )  # fmt: skip
+    assert not out.fits and out.kv_cache.capacity_tokens == 0
+    assert any("does not fit" in w for w in out.warnings)
+    assert math.isfinite(out.tpot_s)
+
+
+# ---- the SLA search ---------------------------------------------------------------------------------------
+
+
+def test_sla_search_ranks_by_tokens_per_gpu_and_keeps_its_promises():
+    from planner.serving.search import MODES, SLA, candidates, pareto_front, search_serving
+
+    cluster = cluster_preset("dgx-h100", 2)
+    traffic = Traffic(2000, 200, concurrency=128)
+    sla = SLA(ttft_s=3.0, tpot_s=0.06)
+    out = search_serving(LLAMA70B, cluster, traffic, ("vllm",), MODES, sla)
+    assert out.results, out.why
+    per_gpu = [c.per_gpu for c in out.results]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    for c in out.results:
+        assert c.meets_sla and c.plan.ttft_s <= 3.0 and c.plan.tpot_s <= 0.06 and c.plan.fits
+        assert c.plan.gpus <= 16
+        # the search's numbers are plan_serving's own for the same deployment (one model, many callers)
+        again = plan_serving(LLAMA70B, cluster, engine("vllm"), c.traffic, c.pools)
+        assert again.output_tokens_per_s_per_gpu == c.per_gpu and again.tpot_s == c.plan.tpot_s
+    # the front: no point beaten on both axes by any deployment tried
+    front = pareto_front(out.pareto)
+    assert front == out.pareto
+    assert len(candidates(LLAMA70B, cluster, traffic, ("vllm",), MODES)) > len({c.pools for c in out.results})
+    assert "bound by" in out.why
+
+
+def test_sla_search_that_nothing_meets_says_so():
+    from planner.serving.search import SLA, search_serving
+
+    out = search_serving(
+        LLAMA70B, cluster_preset("dgx-h100", 1), Traffic(2000, 200, concurrency=64), ("vllm",), ("aggregated",),
+        SLA(tpot_s=0.001),
+    )  # fmt: skip
+    assert out.results == [] and "no deployment meets the SLA" in out.why and out.pareto
