@@ -69,6 +69,12 @@ class ModelSpec:
     learned_position_embeddings: bool = False  # GPT-2/3: max_position x hidden table
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    # sliding-window attention: each query sees the last `sliding_window` keys (Mistral, GPT-OSS, Gemma 3);
+    # with full_attention_interval k, layers k, 2k, ... (1-based) attend fully (GPT-OSS: 2; None: all sliding)
+    sliding_window: int | None = None
+    full_attention_interval: int | None = None
+    attention_sinks: bool = False  # GPT-OSS: one learned sink logit per head and layer
+    mtp_layers: int = 0  # DeepSeek-V3 multi-token prediction modules (HF num_nextn_predict_layers)
     name: str = ""
     published_params: float | None = None
     source: str = ""

@@ -8,10 +8,14 @@ from ._errors import SpecError
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
 RECOMPUTE = ("none", "selective", "full")
-# Core-attention kernels: "flash" (FlashAttention-2 / TransformerEngine fused attention, Megatron-Core's default
-# since 2023) or "unfused" (Megatron-LM before FlashAttention, 2021-2022: QK^T and PV as batched GEMMs around
-# FusedScaleMaskSoftmax and dropout, the s x s scores written to HBM).
-ATTENTION_KERNELS = ("flash", "unfused")
+# Core-attention kernels: "flash" (the framework's default fused kernel for the GPU: planner/kernels.py
+# DEFAULT_ATTENTION), "flash2" (FlashAttention-2), "flash3" (FlashAttention-3, Hopper only), "cudnn"
+# (TransformerEngine / cuDNN fused attention) or "unfused" (Megatron-LM before FlashAttention, 2021-2022: QK^T and
+# PV as batched GEMMs around FusedScaleMaskSoftmax and dropout, the s x s scores written to HBM).
+ATTENTION_KERNELS = ("flash", "flash2", "flash3", "cudnn", "unfused")
+# FP8 recipes (planner/kernels.py FP8_RECIPES): per-tensor scaling (TE's default), 1x128/128x128 blocks
+# (DeepSeek-V3), MXFP8 and NVFP4 (Blackwell)
+FP8_RECIPES = ("tensor", "block", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,12 @@ class WorkloadSpec:
     # Megatron --create-attention-mask-in-dataloader (default on: Megatron-LM d98e8a6 arguments.py:3332
     # store_false): the b x 1 x s x s bool mask is built by the loader and broadcast over TP with the batch
     attention_mask_in_dataloader: bool = True
-    attention_kernel: str = "flash"  # flash | unfused (ATTENTION_KERNELS)
+    attention_kernel: str = "flash"  # ATTENTION_KERNELS
+    fp8_recipe: str | None = None  # with activation_dtype fp8: FP8_RECIPES; None = "tensor"
+    # Kernel launch and fusion: None = the framework's default (Megatron-Core, torchtitan and DeepSpeed: no CUDA
+    # graphs, no torch.compile; Megatron's TransformerEngine fuses its elementwise kernels anyway)
+    cuda_graphs: bool | None = None
+    torch_compile: bool | None = None
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas
@@ -53,6 +62,8 @@ def validate_workload(w: WorkloadSpec) -> None:
             "workload.attention_kernel",
             f"must be one of {', '.join(ATTENTION_KERNELS)}, got {w.attention_kernel!r}",
         )
+    if w.fp8_recipe is not None and w.fp8_recipe not in FP8_RECIPES:
+        raise SpecError("workload.fp8_recipe", f"must be one of {', '.join(FP8_RECIPES)}, got {w.fp8_recipe!r}")
     if w.training:
         _at_least_one("workload.micro_batch_size", w.micro_batch_size)
         _at_least_one("workload.global_batch_size", w.global_batch_size)
