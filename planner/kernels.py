@@ -571,8 +571,13 @@ def attention_kernels(
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
     bwd = [
         Kernel(
-            f"{kernel}_bwd", "attention", max(b_t, steps * FLASH_BWD_KERNELS * floor), FLASH_BWD * flops,
-            shape=shape, dtype="bf16", count=steps * FLASH_BWD_KERNELS,
+            f"{kernel}_bwd",
+            "attention",
+            max(b_t, steps * FLASH_BWD_KERNELS * floor),
+            FLASH_BWD * flops,
+            shape=shape,
+            dtype="bf16",
+            count=steps * FLASH_BWD_KERNELS,
         )
     ]
     if steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
@@ -616,9 +621,9 @@ __all__ = [
     "ADAM_BYTES",
     "ATTENTION_CEILING",
     "EFFICIENCY",
-    "Efficiency",
     "FP8_RECIPES",
     "GEMM_CEILING",
+    "Efficiency",
     "Kernel",
     "LayerKernels",
     "attention_flops",

@@ -91,8 +91,8 @@ def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, po
 GPUS: dict[str, GPUSpec] = {
     "a100-sxm4-80gb": _gpu(
         "A100 SXM4 80GB", 312.0, 0.0, 156.0, 19.5, 81920 * MIB, 2039.0, 80, 12,
-        "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF bf16 dense, 2,039 GB/s HBM2e, 400 W; nvidia-smi 81920 MiB, "
-        "power limits 100-400 W; 108 SMs (NVIDIA A100 architecture whitepaper)",
+        "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF bf16 dense, 2,039 GB/s HBM2e, 400 W; "
+        "nvidia-smi 81920 MiB, power limits 100-400 W; 108 SMs (NVIDIA A100 architecture whitepaper)",
         (108, 400, 100),
     ),
     "a100-pcie-80gb": _gpu(

@@ -96,5 +96,3 @@ def test_gpu_without_a_needed_figure_is_named():
     with pytest.raises(SpecError) as err:
         check_gpu(None, "bf16")
     assert err.value.field == "cluster.gpu"
-
-

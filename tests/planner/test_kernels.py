@@ -10,7 +10,7 @@ import pytest
 
 from collectives import CollectiveError
 from collectives.topology.gpu import GPUS, STATIC_POWER_FRACTION, with_power_limit
-from planner import ModelSpec, MoESpec, ParallelSpec, SpecError, WorkloadSpec, model_preset
+from planner import MoESpec, ParallelSpec, SpecError, WorkloadSpec, model_preset
 from planner.compute import check_gpu, layer_forward, stage_compute
 from planner.context import Context
 from planner.kernels import (
@@ -56,9 +56,7 @@ def test_a_measured_gemm_by_hand():
     m = n = k = 8192
     tiles = (m // 128) * (n // 256)
     rate = 989.4e12 * SUSTAINED_CLOCK[90] * GEMM_CEILING[90, "bf16"] * tiles / (tiles + 0.1 * 132) * k / (k + 128)
-    assert gemm_time((8192.0,), 8192.0, 8192.0, "bf16", H100, EFFICIENCY) == pytest.approx(
-        2 * m * n * k / rate + 8e-6
-    )
+    assert gemm_time((8192.0,), 8192.0, 8192.0, "bf16", H100, EFFICIENCY) == pytest.approx(2 * m * n * k / rate + 8e-6)
     measured = {(r[0], r[1], r[2]): r[3] for r in kernel_fit.load()["systems"]["h100_sxm"]["dtypes"]["bf16"]}
     assert kernel_fit.predicted(H100, "bf16", m, n, k) == pytest.approx(measured[m, n, k] * 1e-3, rel=0.05)
 
@@ -72,7 +70,7 @@ def test_tile_quantization_pads_rows_to_the_tile():
 
 def test_decode_gemm_is_memory_bound():
     t = gemm_time((1.0,), 8192.0, 8192.0, "bf16", H100, EFFICIENCY)
-    bytes_ = (8192 * 2 + 8192 * 8192 * 2 + 8192 * 2)
+    bytes_ = 8192 * 2 + 8192 * 8192 * 2 + 8192 * 2
     assert t == pytest.approx(bytes_ / (3350e9 * EFFICIENCY.hbm) + EFFICIENCY.gemm_fixed_s)
 
 
