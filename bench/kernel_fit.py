@@ -5,7 +5,10 @@
                                                      # per-(generation, dtype) ceilings, by least squares in log time
 
 The tables were measured in short bursts at the boost clock; planner/kernels.py predicts at the clock sustained
-through a training step (SUSTAINED_CLOCK), so the comparison scales the compute-bound part back by that factor.
+through a training step (SUSTAINED_CLOCK), so the comparison runs the model on the GPU at the burst clock
+(``burst``: its peaks over SUSTAINED_CLOCK). The MoE table (aiconfigurator_moe.json: TensorRT-LLM's fused MoE
+forward on H100) is compared with kernels.routed_expert_kernels' forward under uniform routing; its power-law
+token distributions show what skewed routing costs over balanced.
 """
 
 from __future__ import annotations
@@ -18,13 +21,35 @@ from pathlib import Path
 from statistics import median
 
 from collectives.topology.gpu import GPUS
-from planner.kernels import EFFICIENCY, GEMM_CEILING, SUSTAINED_CLOCK, gemm_time, generation
+from planner.kernels import (
+    EFFICIENCY,
+    FUSED,
+    GEMM_CEILING,
+    SUSTAINED_CLOCK,
+    causal_keys,
+    flash_attention_s,
+    gemm_time,
+    generation,
+    routed_expert_kernels,
+)
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels" / "aiconfigurator_gemm.json"
+REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels"
+DATA = REFERENCE / "aiconfigurator_gemm.json"
+MOE = REFERENCE / "aiconfigurator_moe.json"
+ATTENTION = REFERENCE / "aiconfigurator_attention.json"
+# TensorRT-LLM's context FMHA, by generation, is the kernel class it is compared as: on Hopper and Blackwell its
+# warp-specialised kernels (the cuDNN / FlashAttention-3 class), on Ampere FlashAttention-2's algorithm
+FMHA_CLASS = {80: "flash2", 90: "cudnn", 100: "cudnn"}
 
 
 def load() -> dict:
     return json.loads(DATA.read_text())
+
+
+def burst(gpu):
+    """``gpu`` with its peaks raised by 1/SUSTAINED_CLOCK: the model then runs at the tables' burst clock."""
+    scale = SUSTAINED_CLOCK.get(generation(gpu), 1.0)
+    return replace(gpu, peak_tflops={k: v / scale for k, v in gpu.peak_tflops.items()})
 
 
 def rows(data: dict):
@@ -38,8 +63,7 @@ def rows(data: dict):
 
 def predicted(gpu, dtype, m, n, k, eff=EFFICIENCY) -> float:
     """The model's time at the tables' (burst) clock."""
-    t = gemm_time((float(m),), float(n), float(k), dtype, gpu, eff)
-    return (t - eff.gemm_fixed_s) * SUSTAINED_CLOCK.get(generation(gpu), 1.0) + eff.gemm_fixed_s
+    return gemm_time((float(m),), float(n), float(k), dtype, burst(gpu), eff)
 
 
 def table(data: dict, eff=EFFICIENCY) -> list[dict]:
@@ -61,6 +85,60 @@ def table(data: dict, eff=EFFICIENCY) -> list[dict]:
             }
         )
     return out
+
+
+def moe_rows():
+    """(hidden, inter, experts, topk, ep, tokens, distribution, predicted s, measured s) per measured MoE forward."""
+    data = json.loads(MOE.read_text())
+    gpu = burst(GPUS[data["gpu"]])
+    for h, f, experts, topk, ep, tokens, dist, ms in data["rows"]:
+        local = experts // ep
+        rows = tokens * topk / experts  # per local expert, uniform routing
+        fwd, _ = routed_expert_kernels(tokens, rows, local, h, f, True, "bf16", 2, FUSED, gpu)
+        yield h, f, experts, topk, ep, tokens, dist, sum(k.time_s for k in fwd), ms * 1e-3
+
+
+def attention_rows():
+    """(system, isl, predicted s, measured s) per measured causal attention forward (head dim 128)."""
+    data = json.loads(ATTENTION.read_text())
+    for system, entry in data["systems"].items():
+        gpu = burst(GPUS[entry["gpu"]])
+        for batch, isl, heads, _kv, ms in entry["rows"]:
+            flops = 2.0 * batch * isl * causal_keys(isl, None) * heads * (128 + 128)
+            predicted, _ = flash_attention_s(flops, isl, FMHA_CLASS[generation(gpu)], gpu)
+            yield system, isl, predicted, ms * 1e-3
+
+
+def attention_table() -> list[dict]:
+    by: dict[str, list[float]] = {}
+    for system, _, predicted_s, measured_s in attention_rows():
+        by.setdefault(system, []).append(predicted_s / measured_s - 1)
+    return [
+        {
+            "system": system,
+            "n": len(e),
+            "median_abs": median(abs(x) for x in e),
+            "signed_median": median(e),
+            "p90_abs": sorted(abs(x) for x in e)[int(0.9 * len(e))],
+        }
+        for system, e in by.items()
+    ]
+
+
+def moe_table() -> list[dict]:
+    by: dict[str, list[float]] = {}
+    for *_, dist, predicted_s, measured_s in moe_rows():
+        by.setdefault(dist, []).append(predicted_s / measured_s - 1)
+    return [
+        {
+            "distribution": dist,
+            "n": len(e),
+            "median_abs": median(abs(x) for x in e),
+            "signed_median": median(e),
+            "p90_abs": sorted(abs(x) for x in e)[int(0.9 * len(e))],
+        }
+        for dist, e in by.items()
+    ]
 
 
 def fit(data: dict) -> None:
@@ -87,6 +165,27 @@ def main() -> None:
         print(
             f"| {r['system']} | {r['dtype']} | {r['n']} | {r['ceiling']:.3f} | {r['median_abs']:.1%} | "
             f"{r['signed_median']:+.1%} | {r['p90_abs']:.1%} |"
+        )
+    print()
+    print(
+        "| attention forward (TensorRT-LLM FMHA, causal, bf16, d 128) | measured | median abs error | signed median "
+        "| p90 abs error |"
+    )
+    print("|---|---|---|---|---|")
+    systems = json.loads(ATTENTION.read_text())["systems"]
+    for r in attention_table():
+        kernel = FMHA_CLASS[generation(GPUS[systems[r["system"]]["gpu"]])]
+        print(
+            f"| {r['system']} ({kernel}) | {r['n']} | {r['median_abs']:.1%} | {r['signed_median']:+.1%} | "
+            f"{r['p90_abs']:.1%} |"
+        )
+    print()
+    print("| MoE forward, H100 bf16 (routing) | measured | median abs error | signed median | p90 abs error |")
+    print("|---|---|---|---|---|")
+    for r in moe_table():
+        print(
+            f"| {r['distribution']} | {r['n']} | {r['median_abs']:.1%} | {r['signed_median']:+.1%} | "
+            f"{r['p90_abs']:.1%} |"
         )
 
 

@@ -69,7 +69,8 @@ EFFICIENCY = Efficiency(
     gemm_fill=0.1,
     gemm_fixed_s=8e-6,
     # aiconfigurator's measured context-attention tables (H100, B200, A100; head dim 128, bf16): the achieved
-    # fraction grows with the sequence as s / (s + s0) (H100: 0.39 of peak at 2k, 0.63 at 16k); s0 = 1,024 fits.
+    # fraction grows with the sequence as s / (s + s0); s0 = 1,024 fits best (rms log error 0.13 over 255 shapes,
+    # against 0.18 at 512 and 0.14 at 2,048; bench/kernel_fit.py).
     attention_s0=1024.0,
     # PyTorch eager dispatch: ~10 us of host time per op (He, "Making Deep Learning Go Brrrr From First
     # Principles", 2022, overhead section); CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
@@ -115,16 +116,17 @@ FP8_RECIPES = {
 }
 _PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
-# Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak at long sequences, by kernel
-# and generation. The shape term s/(s + s0) is divided out of the published points (at 8-16k, s/(s+s0) ~ 0.9).
-# - flash2 on A100: FlashAttention-2 (Dao 2023) Fig. 4-6, causal, head dim 128: ~0.6 forward, ~0.5 backward;
+# Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
+# s_kv/(s_kv + s0), by kernel and generation:
+# - cudnn on H100 and B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
+#   context-attention tables (TensorRT-LLM's warp-specialised FMHA, bf16, head dim 128: 85 shapes per GPU,
+#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.55 and 0.42; TransformerEngine's
+#   cuDNN fused attention is the same class of kernel. Backward at FlashAttention-3's backward/forward ratio (0.76,
+#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k);
+# - flash3 on H100: FlashAttention-3's own figures (bf16, causal, head dim 128, 8-16k) over s/(s + s0) ~ 0.9;
+# - flash2 on A100: FlashAttention-2 (Dao 2023) Fig. 4-6, causal, head dim 128: ~0.6 forward, ~0.5 backward
+#   (aiconfigurator's A100 table, TensorRT-LLM's older sm80 FMHA, runs 18% slower than this);
 # - flash2 on H100: the same kernels (mma.sync, no TMA/wgmma), §4.1 Fig. 7: 335 TF/s forward + backward;
-# - flash3 on H100: FlashAttention-3 (Shah et al. 2024) Fig. 5-6, bf16, causal, head dim 128: ~610-640 TF/s
-#   forward and ~450-500 TF/s backward at 8-16k;
-# - cudnn on H100: TransformerEngine's fused attention (cuDNN 9), at par with FlashAttention-3 in its Fig. 5;
-#   aiconfigurator's H100 context-attention table (TensorRT-LLM FMHA, forward) fits 0.66 at s0 = 1,024;
-# - cudnn on B200: aiconfigurator's B200 table fits a forward ceiling of 0.55; the backward at Hopper's
-#   backward/forward ratio (0.75);
 # - flash2 on Blackwell: FA2's sm80 mma.sync code reaches no more TF/s than on H100 (0.42·989 / 2,250);
 # - cudnn on A100: cuDNN's fused attention on sm80 is FlashAttention-2's algorithm (cuDNN 8.9 release notes).
 ATTENTION_CEILING = {
@@ -133,8 +135,8 @@ ATTENTION_CEILING = {
     ("flash2", 100): (0.19, 0.16),
     ("flash3", 90): (0.70, 0.53),
     ("cudnn", 80): (0.66, 0.55),
-    ("cudnn", 90): (0.70, 0.53),
-    ("cudnn", 100): (0.55, 0.41),
+    ("cudnn", 90): (0.55, 0.42),
+    ("cudnn", 100): (0.42, 0.32),
 }
 FLASH3_GENERATIONS = (90,)  # FlashAttention-3 is Hopper-only (wgmma/TMA; flash-attention hopper/ README)
 FLASH_BWD = 2.5  # FlashAttention-2 §3.1.2: backward = 5 matmuls of the 2 the forward does
@@ -451,16 +453,11 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
             mem("shared_activation", act_b * T * m.shared_ffn / t, act_n)
             gemm("shared_fc2", T, h, m.shared_ffn / t)
         rows, local = expert_rows(ctx, eff)
-        R = rows * local
-        f = m.expert_ffn_hidden_size / par.expert_tp
         tokens = T / t * par.expert_tp  # tokens this rank dispatches (the etp group's, after SP's gather)
-        # permute: argsort of the routing map, then gather rows into expert order (moe_utils.permute): read the
-        # tokens, write R rows, plus the indices; unpermute: read R rows and the probs, scatter-add into tokens
-        mem("permute", x * h * (tokens + R) + 16 * R, 3)
-        gemm("experts_fc1", rows, gate * f, h, groups=local)
-        mem("expert_activation", act_b * R * f, act_n)
-        gemm("experts_fc2", rows, h, f, groups=local)
-        mem("unpermute", x * h * (R + tokens) + 4 * R, 2)
+        f = m.expert_ffn_hidden_size / par.expert_tp
+        ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, dt, x, fu, gpu, eff, floor)
+        fwd.extend(ef)
+        bwd.extend(eb)
     mem("residual_add", fu.residual[0] * T_sp * h, fu.residual[1])
     if ctx.work.activation_dtype == "fp8":
         cast = sum(k.shape[0] * k.shape[2] * k.shape[3] + k.shape[2] * k.shape[1] * k.shape[3] for k in fwd if _cast(k))
@@ -478,6 +475,46 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     else:
         recompute = ()
     return LayerKernels(forward, backward, recompute, tuple(core_fwd))
+
+
+def routed_expert_kernels(
+    tokens: float,
+    rows: float,
+    local: int,
+    h: int,
+    f: float,
+    gated: bool,
+    dtype: str,
+    x: int,
+    fu: Fusion,
+    gpu: GPUSpec,
+    eff: Efficiency = EFFICIENCY,
+    floor: float = 0.0,
+) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
+    expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
+    expert order (Megatron-Core moe_utils.permute: read the tokens, write R rows, the indices); the experts as two
+    grouped GEMMs around the activation; unpermute: read R rows and the probs, scatter-add into the tokens."""
+    R = rows * local
+    fwd: list[Kernel] = []
+    bwd: list[Kernel] = []
+    act_b, act_n = fu.gated_act if gated else fu.act
+    steps = (
+        ("permute", x * h * (tokens + R) + 16 * R, 3),
+        ("experts_fc1", (2 if gated else 1) * f, h),
+        ("expert_activation", act_b * R * f, act_n),
+        ("experts_fc2", h, f),
+        ("unpermute", x * h * (R + tokens) + 4 * R, 2),
+    )
+    for name, a, b in steps:
+        if name.startswith("experts_"):
+            kf, kd, kw = gemm_kernels(name, rows, a, b, dtype, gpu, eff, groups=local)
+            fwd.append(_floored(kf, floor))
+            bwd.extend((_floored(kd, floor), _floored(kw, floor)))
+        else:
+            fwd.append(memory_kernel(name, a, gpu, eff, b, floor))
+            bwd.append(memory_kernel(name + ".bwd", a * BACKWARD_BYTES, gpu, eff, b, floor))
+    return fwd, bwd
 
 
 def _cast(k: Kernel) -> bool:
@@ -562,12 +599,8 @@ def attention_kernels(
     window = ctx.model.sliding_window
     if window:
         s_kv = min(s_kv, window)
-    shape_f = s_kv / (s_kv + eff.attention_s0)
-    c_f, c_b = attention_ceiling(kernel, gpu, eff)
-    peak = dense_peak(gpu, "bf16")  # core attention runs in bf16 under fp8 recipes (NVTE_FP8_DPA=0 default)
     shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
-    f_t = flops / (peak * c_f * shape_f) + steps * eff.kernel_s
-    b_t = FLASH_BWD * flops / (peak * c_b * shape_f) + steps * FLASH_BWD_KERNELS * eff.kernel_s
+    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps)
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
     bwd = [
         Kernel(
@@ -585,6 +618,20 @@ def attention_kernels(
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
+
+
+def flash_attention_s(
+    flops: float, s_kv: float, kernel: str, gpu: GPUSpec, eff: Efficiency = EFFICIENCY, launches: int = 1
+) -> tuple[float, float]:
+    """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
+    per query block: the kernel's ceiling x s_kv/(s_kv + s0) of the bf16 peak (core attention stays bf16 under
+    fp8 recipes: NVTE_FP8_DPA=0 by default); the backward FLASH_BWD x the FLOPs at its own ceiling."""
+    shape_f = s_kv / (s_kv + eff.attention_s0)
+    c_f, c_b = attention_ceiling(kernel, gpu, eff)
+    peak = dense_peak(gpu, "bf16")
+    forward = flops / (peak * c_f * shape_f) + launches * eff.kernel_s
+    backward = FLASH_BWD * flops / (peak * c_b * shape_f) + launches * FLASH_BWD_KERNELS * eff.kernel_s
+    return forward, backward
 
 
 def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
