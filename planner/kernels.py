@@ -499,21 +499,21 @@ def routed_expert_kernels(
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
     act_b, act_n = fu.gated_act if gated else fu.act
-    steps = (
-        ("permute", x * h * (tokens + R) + 16 * R, 3),
-        ("experts_fc1", (2 if gated else 1) * f, h),
-        ("expert_activation", act_b * R * f, act_n),
-        ("experts_fc2", h, f),
-        ("unpermute", x * h * (R + tokens) + 4 * R, 2),
-    )
-    for name, a, b in steps:
-        if name.startswith("experts_"):
-            kf, kd, kw = gemm_kernels(name, rows, a, b, dtype, gpu, eff, groups=local)
+    gemms = {"experts_fc1": ((2 if gated else 1) * f, h), "experts_fc2": (h, f)}
+    memory = {
+        "permute": (x * h * (tokens + R) + 16 * R, 3),
+        "expert_activation": (act_b * R * f, act_n),
+        "unpermute": (x * h * (R + tokens) + 4 * R, 2),
+    }
+    for name in ("permute", "experts_fc1", "expert_activation", "experts_fc2", "unpermute"):
+        if name in gemms:
+            kf, kd, kw = gemm_kernels(name, rows, *gemms[name], dtype, gpu, eff, groups=local)
             fwd.append(_floored(kf, floor))
             bwd.extend((_floored(kd, floor), _floored(kw, floor)))
         else:
-            fwd.append(memory_kernel(name, a, gpu, eff, b, floor))
-            bwd.append(memory_kernel(name + ".bwd", a * BACKWARD_BYTES, gpu, eff, b, floor))
+            nbytes, count = memory[name]
+            fwd.append(memory_kernel(name, nbytes, gpu, eff, count, floor))
+            bwd.append(memory_kernel(name + ".bwd", nbytes * BACKWARD_BYTES, gpu, eff, count, floor))
     return fwd, bwd
 
 
