@@ -204,3 +204,35 @@ def test_grouped_expert_gemms_match_the_measured_moe_tables():
         if dist == "power_law_1.01" and ep == 8 and tokens == 16384
     )
     assert len(ratios) == 14 and ratios[1] > 1.3 and 1.6 < ratios[7] < 1.8
+
+
+def test_the_kernel_list_names_each_kernel_with_its_shape():
+    """What the page and serving can show: a dense Llama layer's forward in launch order with GEMM shapes
+    (m, n, k, groups) on one rank (T = 8,192 tokens, tp 1); MoE and MLA layers list their own kernels; fp8 adds
+    the casts; the backward has a data and a weight gradient per GEMM."""
+    lk = layer_kernels(ctx(), False, H100)
+    names = [k.name for k in lk.forward]
+    assert names == [
+        "input_norm", "qkv", "rotary", "cudnn_fwd", "attn_out", "residual_add", "pre_mlp_norm", "fc1",
+        "activation", "fc2", "residual_add",
+    ]  # fmt: skip
+    T, h = 8192, 4096
+    shapes = {k.name: k.shape for k in lk.forward if k.kind == "gemm"}
+    assert shapes == {
+        "qkv": (T, 4096 + 2 * 1024, h, 1),
+        "attn_out": (T, h, 4096, 1),
+        "fc1": (T, 2 * 14336, h, 1),
+        "fc2": (T, h, 14336, 1),
+    }
+    gemm_back = [k.name for k in lk.backward if k.kind == "gemm"]
+    assert sorted(gemm_back) == sorted(f"{n}.{g}" for n in shapes for g in ("dgrad", "wgrad"))
+    moe = layer_kernels(ctx(model_preset("mixtral-8x7b")), True, H100)
+    assert {"router", "router_topk", "permute", "experts_fc1", "experts_fc2", "unpermute"} <= {
+        k.name for k in moe.forward
+    }
+    assert next(k for k in moe.forward if k.name == "experts_fc1").shape[3] == 8  # ep 1: all 8 experts local
+    mla = layer_kernels(ctx(model_preset("deepseek-v3")), True, H100)
+    assert {"q_down", "q_up", "kv_down", "kv_up"} <= {k.name for k in mla.forward}
+    fp8 = layer_kernels(ctx(activation_dtype="fp8"), False, H100)
+    assert [k.name for k in fp8.forward if k.kind == "cast"] == ["fp8_cast"]
+    assert {k.dtype for k in fp8.forward if k.kind == "gemm"} == {"fp8"}
