@@ -189,8 +189,6 @@ FRAMEWORK_FUSION = {"megatron": FUSED, "torch": EAGER, "deepspeed": EAGER}
 # on sm90+ and FlashAttention-2 on sm80 (transformer_engine/pytorch/attention get_attention_backend);
 # PyTorch SDPA's flash backend is FlashAttention-2 (torch.nn.functional.scaled_dot_product_attention docs).
 DEFAULT_ATTENTION = {"megatron": {80: "flash2", 90: "cudnn", 100: "cudnn"}}
-# The kernels behind an attention name (unfused is handled apart).
-ATTENTION_KERNELS = ("flash", "flash2", "flash3", "cudnn", "unfused")
 
 
 @dataclass(frozen=True)
@@ -258,9 +256,7 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
             f"flash3 (FlashAttention-3) runs on Hopper (sm90) only; {gpu.name} is sm{gpu.sm}: use flash2 or cudnn",
         )
     if ctx.work.activation_dtype == "fp8" and gpu.sm:
-        recipe = fp8_recipe(ctx)
-        if recipe not in FP8_RECIPES:
-            raise SpecError("workload.fp8_recipe", f"must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
+        recipe = fp8_recipe(ctx)  # validate_workload checked the name (workload.FP8_RECIPES)
         oldest = FP8_RECIPES[recipe][2]
         if gpu.sm < oldest:
             raise SpecError(

@@ -150,6 +150,14 @@ def test_attention_kernel_defaults_and_what_a_gpu_lacks():
     check_gpu(B200, "fp8", ctx(activation_dtype="fp8", fp8_recipe="mxfp8"))  # Blackwell has it
 
 
+def test_the_workload_names_exactly_the_recipes_and_kernels_the_model_prices():
+    from planner import kernels, workload
+
+    assert set(workload.FP8_RECIPES) == set(kernels.FP8_RECIPES)
+    priced = {kernel for kernel, _ in kernels.ATTENTION_CEILING} | {"flash", "unfused"}
+    assert set(workload.ATTENTION_KERNELS) == priced
+
+
 def test_fp8_recipes_run_at_their_measured_rates():
     """Block-scaled fp8 on H100 is slower than per-tensor (0.596 vs 0.639 of the fp8 peak, aiconfigurator)."""
     tensor = stage_compute(ctx(activation_dtype="fp8"), 0, H100).forward.gemm_s
