@@ -84,8 +84,9 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
-    from .routers.export import Format, Launcher, render
-    from .routers.plan import plan_of
+    from planner.exports import render
+
+    from .inputs import plan_of
     from .schemas.plan import PlanRequest
     from .serialize import plan_dict
     from .settings import Settings
@@ -99,7 +100,7 @@ def _plan(args) -> int:
             result = plan_dict(plan)
             output = json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
         else:
-            output = render(plan, Format(args.format), args.stage, Launcher(args.launcher))
+            output = render(plan, args.format, args.stage, args.launcher)
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
@@ -210,7 +211,7 @@ def _invalid(err: ValidationError) -> int:
 
 
 def _calibrate(args) -> int:
-    from .routers.calibrate import run
+    from .calibration import calibration_response as run
     from .schemas.calibrate import CalibrateRequest
     from .settings import Settings
 

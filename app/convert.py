@@ -26,6 +26,10 @@ def _set(block, skip=("preset", "hf_config")) -> dict:
     return {k: getattr(block, k) for k in block.model_fields_set if k not in skip}
 
 
+# model fields an explicit null sets to None (clearing a preset's value) rather than leaving the preset's
+NULLABLE = ("moe", "mla", "num_kv_heads", "head_dim", "sliding_window", "full_attention_interval")
+
+
 def model_spec(block: ModelIn) -> ModelSpec:
     if block.preset is not None and block.hf_config is not None:
         # Two complete models: which one was meant cannot be guessed, and planning one would silently drop the other.
@@ -46,11 +50,12 @@ def model_spec(block: ModelIn) -> ModelSpec:
         base = ModelSpec(**{f: getattr(block, f) for f in MODEL_REQUIRED}, name="custom")
     changes = _set(block)
     if "moe" in changes:
-        changes["moe"] = MoESpec(**block.moe.model_dump()) if block.moe else None
+        moe = block.moe.model_dump() if block.moe else None
+        changes["moe"] = MoESpec(**moe | {"mlp_only_layers": tuple(moe["mlp_only_layers"])}) if moe else None
     if "mla" in changes:
         changes["mla"] = MLASpec(**block.mla.model_dump()) if block.mla else None
     return replace(
-        base, **{k: v for k, v in changes.items() if v is not None or k in ("moe", "mla", "num_kv_heads", "head_dim")}
+        base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE}
     )
 
 

@@ -19,9 +19,10 @@ the weights were measured per algorithm on one group of n = 256 .. 8,192 ranks (
 - ``candidates: all``: 70 n^2 + g n^2 (direct allreduce ~640 ns per n^2, halving-doubling ~160 ns);
 - direct (or pinned pairwise / Bruck) all-to-all: 60 n^2 + g n^2 (n(n-1) transfers per group);
 - placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
-- router networks (torus, dragonfly, hypercube) are routed by a breadth-first search from each router:
-  num_nodes^2 router visits, x4 for dragonfly and hypercube (torus 256 routers ~1 s, hypercube 256 ~1.4 s,
-  dragonfly 256 ~2.4 s, 512 routers 6-12 s), against their own budget.
+- building a network's routing: the network plug-in's ``work`` (collectives/topology/networks/); router
+  networks (torus, dragonfly, hypercube) are routed by a breadth-first search from each router: num_nodes^2
+  router visits, x4 for dragonfly and hypercube (torus 256 routers ~1 s, hypercube 256 ~1.4 s, dragonfly
+  256 ~2.4 s, 512 routers 6-12 s), against their own budget.
 
 ``max_work`` = 2^27 units is about 2 s and at most a few hundred MiB.
 """
@@ -44,6 +45,7 @@ from fastapi.responses import Response
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from collectives.topology import cluster_for, neighbourhood
+from collectives.topology.networks import network_type
 from planner import ModelSpec, Options, ParallelSpec, SpecError, WorkloadSpec
 from planner.context import Context
 from planner.deadline import Deadline, DeadlineExceeded, bounded
@@ -58,7 +60,6 @@ from .settings import Settings
 
 log = logging.getLogger("commplan")
 
-ROUTER_NETWORKS = ("torus", "dragonfly", "hypercube")
 # Every bound is far above real jobs and keeps byte counts inside int64 (numpy's) with room for sums:
 MAX_MESSAGE = 1 << 46  # bytes of one call, as the price endpoint's message_bytes (app/schemas/base.py)
 MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 bytes of optimizer state fits
@@ -70,7 +71,6 @@ BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
 ALLTOALL_WEIGHT = 60  # x n^2: direct and hierarchical all-to-all (0.17 s at n = 1,024, 6 s and 1 GB at 2,048)
 ALL_WEIGHT = 70  # x n^2: every algorithm (direct allreduce, halving-doubling, ...)
 HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are left out (explorer)
-ROUTER_WEIGHT = {"torus": 1, "dragonfly": 4, "hypercube": 4}  # x num_nodes^2 router visits
 
 
 # ---- estimates -------------------------------------------------------------------------------------------
@@ -122,20 +122,17 @@ def call_work(
 
 
 def router_work(cluster) -> int:
-    """Router visits to route on a torus / dragonfly / hypercube: a breadth-first search per router."""
-    if cluster.network.topology in ROUTER_NETWORKS and cluster.num_nodes > 1:
-        return ROUTER_WEIGHT[cluster.network.topology] * cluster.num_nodes**2
-    return 0
+    """Work of building the network's routing: the network plug-in's own estimate (networks/, ``work``;
+    a torus / dragonfly / hypercube: a breadth-first search per router)."""
+    return network_type(cluster.network.topology).work(cluster)
 
 
 def check_router(cluster, limit: int) -> None:
-    visits = router_work(cluster)
-    if visits > limit:
+    network = network_type(cluster.network.topology)
+    if network.work(cluster) > limit:
         raise SpecError(
             "cluster.num_nodes",
-            f"a {cluster.network.topology} of {cluster.num_nodes} routers is routed by a search from every "
-            f"router: {ROUTER_WEIGHT[cluster.network.topology]} x {cluster.num_nodes}^2 = {visits:,} router "
-            f"visits, over the budget of {limit:,} (COMMPLAN_MAX_ROUTER_PAIRS: a torus of "
+            f"{network.work_rule(cluster)}, over the budget of {limit:,} (COMMPLAN_MAX_ROUTER_PAIRS: a torus of "
             f"{int(limit**0.5):,} routers)",
         )
 

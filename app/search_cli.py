@@ -11,7 +11,7 @@ from pathlib import Path
 from planner.search import search
 from planner.sweep import Task, run, write
 
-from .routers.search import problem_of
+from .inputs import problem_of
 from .schemas.search import SearchRequest
 from .serialize import search_dict
 from .settings import Settings

@@ -144,7 +144,10 @@ def head_backward(head: PassTime) -> PassTime:
 
 
 def compute_dtype(ctx: Context) -> str:
-    """The tensor-core dtype the matmuls run in: fp8 when activations are fp8, bf16 for 2-byte types, else fp32."""
+    """The tensor-core dtype the matmuls run in: the recipe's (workload.fp8_recipe, planner/recipes.py), fp8 when
+    activations are fp8, bf16 for 2-byte types, else fp32."""
+    if ctx.work.recipe is not None:
+        return ctx.work.recipe.gemm_dtype
     return "fp8" if ctx.work.activation_dtype == "fp8" else "bf16" if ctx.x <= 2 else "fp32"
 
 

@@ -94,7 +94,18 @@ class Context:
     # ---- layers per pipeline rank ------------------------------------------------------------------
     @cached_property
     def stage_layers(self) -> list[list[int]]:
-        """Global layer indices each pipeline rank holds: contiguous blocks, or with v virtual stages the
+        """Global layer indices each pipeline rank holds, the MTP modules' transformer blocks (layers
+        num_layers, num_layers + 1, ...) on the last rank after its decoder layers when training (Megatron-Core
+        gpt_model.py: the MTP block runs on the post-process stage)."""
+        layers = self._decoder_stage_layers
+        if not self.model.mtp_layers or not self.training:  # inference runs the main model (no speculation)
+            return layers
+        mtp = list(range(self.model.num_layers, self.model.num_layers + self.model.mtp_layers))
+        return [*layers[:-1], layers[-1] + mtp]
+
+    @cached_property
+    def _decoder_stage_layers(self) -> list[list[int]]:
+        """Decoder layers per pipeline rank: contiguous blocks, or with v virtual stages the
         chunks s, s + p, s + 2p, ... (Megatron's interleaved assignment)."""
         p, v = self.par.pp, self.par.chunks_per_rank
         if v == 1:

@@ -306,3 +306,18 @@ def plan_csv(plan: Plan) -> str:
         }
         writer.writerow([row[key] for key, _ in CSV_COLUMNS])
     return out.getvalue()
+
+
+# The text exports by name (POST /v1/plan/export/{format} and `commplan plan --format`): plan, stage, launcher.
+TEXT_EXPORTS = {
+    "csv": lambda plan, stage, launcher: plan_csv(plan),
+    "nccl-tests": lambda plan, stage, launcher: nccl_tests_script(plan, launcher),
+    "simai": lambda plan, stage, launcher: simai_workload(plan, stage),
+}
+
+
+def render(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> str:
+    """The text of one non-JSON export; the route and the CLI both call it."""
+    if fmt not in TEXT_EXPORTS:
+        raise SpecError("format", f"unknown export {fmt!r}; known: {', '.join(TEXT_EXPORTS)}")
+    return TEXT_EXPORTS[fmt](plan, stage, launcher)

@@ -104,16 +104,9 @@ SUSTAINED_CLOCK = {90: 0.90, 100: 0.90}
 # per SM). The table's m, n are multiples of 128, so the fit cannot tell the tiles apart: they are the kernels'.
 GEMM_TILE = {80: (128, 128), 90: (128, 256), 100: (128, 256)}
 
-# FP8 recipes: the GEMM dtype each runs (GEMM_CEILING's key), its operand bytes, and the oldest generation with it.
-# tensor: TransformerEngine delayed / current per-tensor scaling (TE's default); block: 1x128 activations and
-# 128x128 weights (DeepSeek-V3 report §3.3, DeepGEMM); mxfp8: OCP microscaling, 1x32 blocks, Blackwell tensor
-# cores only (TE MXFP8BlockScaling requires sm100); nvfp4: 16-element blocks, Blackwell only (TE NVFP4BlockScaling).
-FP8_RECIPES = {
-    "tensor": ("fp8", 1.0, 89),
-    "block": ("fp8_block", 1.0, 89),
-    "mxfp8": ("mxfp8", 1.0, 100),
-    "nvfp4": ("nvfp4", 0.5, 100),
-}
+# Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
+# per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
+# activation_dtype fp8 without a recipe is TE's default, delayed per-tensor scaling.
 _PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 # Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
@@ -243,10 +236,6 @@ def attention_kernel(ctx: Context, gpu: GPUSpec) -> str:
     return DEFAULT_ATTENTION.get(ctx.par.framework, {}).get(generation(gpu), "flash2")
 
 
-def fp8_recipe(ctx: Context) -> str:
-    return ctx.work.fp8_recipe or "tensor"
-
-
 def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
     """A kernel option the GPU does not have is a SpecError naming the field and the rule."""
     gen = generation(gpu)
@@ -255,32 +244,33 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
             "workload.attention_kernel",
             f"flash3 (FlashAttention-3) runs on Hopper (sm90) only; {gpu.name} is sm{gpu.sm}: use flash2 or cudnn",
         )
-    if ctx.work.activation_dtype == "fp8" and gpu.sm:
-        recipe = fp8_recipe(ctx)  # validate_workload checked the name (workload.FP8_RECIPES)
-        oldest = FP8_RECIPES[recipe][2]
-        if gpu.sm < oldest:
-            raise SpecError(
-                "workload.fp8_recipe",
-                f"{recipe} needs compute capability {oldest / 10:g} or newer (Blackwell for mxfp8/nvfp4, Ada/"
-                f"Hopper for fp8); {gpu.name} is {gpu.sm / 10:g}",
-            )
-        if recipe == "nvfp4" and not gpu.peak_tflops.get("fp4"):
-            raise SpecError("cluster.gpu.peak_tflops.fp4", f"nvfp4 needs the GPU's fp4 peak; {gpu.name} has none")
+    recipe = ctx.work.recipe  # the recipe's own GPU rule is planner/recipes.py check_recipe_gpu (plan.py)
+    if recipe is not None and recipe.kernel_dtype == "nvfp4" and gpu.sm and not gpu.peak_tflops.get("fp4"):
+        raise SpecError("cluster.gpu.peak_tflops.fp4", f"nvfp4 needs the GPU's dense fp4 peak; {gpu.name} has none")
 
 
 # ---- GEMMs ------------------------------------------------------------------------------------------------
 
 
 def gemm_dtype(ctx: Context) -> str:
-    """The GEMM dtype key of the layer's linear layers: bf16, fp32, or the fp8 recipe's."""
-    x = ctx.x
+    """The GEMM-table key of the layer's linear layers: the recipe's (Recipe.kernel_dtype), fp8 (per-tensor) for
+    fp8 activations without a recipe, bf16 for 2-byte activations, else fp32."""
+    if ctx.work.recipe is not None:
+        return ctx.work.recipe.kernel_dtype
     if ctx.work.activation_dtype == "fp8":
-        return FP8_RECIPES.get(fp8_recipe(ctx), FP8_RECIPES["tensor"])[0]
-    return "bf16" if x <= 2 else "fp32"
+        return "fp8"
+    return "bf16" if ctx.x <= 2 else "fp32"
 
 
 def operand_bytes(dtype: str) -> float:
     return {"bf16": 2.0, "fp32": 4.0, "nvfp4": 0.5}.get(dtype, 1.0)
+
+
+def cast_bytes_per_element(ctx: Context) -> float:
+    """HBM bytes to quantize one element of a GEMM operand: the recipe's (Recipe.cast_bytes_per_element: read,
+    rowwise and columnwise copies, block scales), or TE's per-tensor cast_transpose (FP8_CAST_BYTES)."""
+    recipe = ctx.work.recipe
+    return recipe.cast_bytes_per_element if recipe is not None else FP8_CAST_BYTES
 
 
 def dense_peak(gpu: GPUSpec, dtype: str) -> float:
@@ -455,9 +445,10 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         fwd.extend(ef)
         bwd.extend(eb)
     mem("residual_add", fu.residual[0] * T_sp * h, fu.residual[1])
-    if ctx.work.activation_dtype == "fp8":
+    if dt not in ("bf16", "fp32"):
         cast = sum(k.shape[0] * k.shape[2] * k.shape[3] + k.shape[2] * k.shape[1] * k.shape[3] for k in fwd if _cast(k))
-        fwd.append(Kernel("fp8_cast", "cast", _mem_s(cast * FP8_CAST_BYTES, gpu, eff), bytes=cast * FP8_CAST_BYTES))
+        nbytes = cast * cast_bytes_per_element(ctx)
+        fwd.append(Kernel("fp8_cast", "cast", _mem_s(nbytes, gpu, eff), bytes=nbytes))
         # the backward casts the output gradients the same way; summed over a layer's GEMMs its bytes equal the
         # forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a GPT layer): charged alike
         bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes))
@@ -664,7 +655,6 @@ __all__ = [
     "ADAM_BYTES",
     "ATTENTION_CEILING",
     "EFFICIENCY",
-    "FP8_RECIPES",
     "GEMM_CEILING",
     "Efficiency",
     "Kernel",

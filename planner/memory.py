@@ -37,7 +37,7 @@ from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
-from .params import stage_params, total
+from .params import recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight
 
 GIB = 1 << 30
@@ -237,6 +237,7 @@ def stage_memory(
             grads += count * ctx.grad_bytes / (shards if z >= 2 else 1)
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
             opt += count * opt_per / (shards if z >= 1 else 1)
+    params += recipe_weight_bytes(ctx, stage)  # fp8/fp4 weight copies (workload.fp8_recipe, params.py)
     if not ctx.training:
         acts = stage_activation_bytes(ctx, stage, sched) + _kv_cache(ctx, stage)
     else:
@@ -255,7 +256,13 @@ def _largest_unit(params) -> int:
 
 
 def _kv_cache(ctx: Context, stage: int) -> int:
-    return kv_cache_bytes_per_layer(ctx) * len(ctx.stage_layers[stage])
+    """The stage's KV cache; when decoding, a sliding-window layer keeps only its last window of keys
+    (model.attended_keys; vLLM's sliding-window KV manager frees the blocks that left the window)."""
+    per_layer, layers, m = kv_cache_bytes_per_layer(ctx), ctx.stage_layers[stage], ctx.model
+    if m.sliding_window is None or ctx.work.phase != "decode":
+        return per_layer * len(layers)
+    length = ctx.work.context_length or m.seq_length
+    return int(sum(per_layer * m.attended_keys(i, length) / length for i in layers))
 
 
 def _comm_buffers(calls: Sequence) -> dict[int, int]:

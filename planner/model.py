@@ -31,6 +31,8 @@ class MoESpec:
     # node-limited routing: each token's experts lie on at most this many nodes (DeepSeek-V3 §2.1.2 M = 4;
     # Megatron --moe-router-group-topk with one group per node; HF topk_group). None: no limit
     node_limit: int | None = None
+    # layers (0-based) that keep a dense MLP whatever the rule above says (HF Qwen3MoeConfig.mlp_only_layers)
+    mlp_only_layers: tuple[int, ...] = ()
 
     @property
     def shared_ffn(self) -> int:
@@ -41,13 +43,57 @@ class MoESpec:
 
 @dataclass(frozen=True)
 class MLASpec:
-    """DeepSeek-V2/V3 multi-head latent attention (DeepSeek-V3 technical report §2.1.1)."""
+    """DeepSeek-V2/V3 multi-head latent attention (DeepSeek-V3 technical report §2.1.1).
+
+    ``q_lora_rank`` 0 means no query compression (DeepSeek-V2-Lite: one column-parallel q projection).
+    """
 
     q_lora_rank: int
     kv_lora_rank: int
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_kv_dim(self) -> int:
+        """Elements cached per token and layer: the compressed latent c_KV and the shared decoupled RoPE key
+        (kv_lora_rank + qk_rope_head_dim = 576 for DeepSeek-V3), whatever the head count or TP (report
+        §2.1.1 eq. 1-5: only c_KV and k_R are cached)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def absorbed(self) -> tuple[int, int]:
+        """(qk dim, v dim) per head of the absorbed decode form: W_UK folds into the query and W_UV into the
+        output projection (DeepSeek-V2 report §2.1.2), so every head attends over the cached latent:
+        scores at kv_lora_rank + rope dims, values at kv_lora_rank (FlashMLA / vLLM's MLA backend:
+        head_dim 576, head_dim_v 512 for DeepSeek-V3)."""
+        return self.latent_kv_dim, self.kv_lora_rank
+
+    def projections(self, hidden: int, heads: int) -> tuple[tuple[str, int, bool], ...]:
+        """(name, parameters, split over TP) of one MLA block, in Megatron-Core's registration order
+        (megatron/core/transformer/multi_latent_attention.py MLASelfAttention; gpt_layer_specs.py: the two
+        down-projections are ``backend.linear()``, TELinear with parallel_mode "duplicated", i.e. replicated
+        on every TP rank, the q/kv layernorms are fused into the column-parallel up-projections and
+        replicated, linear_proj is row-parallel)."""
+        out: list[tuple[str, int, bool]] = []
+        if self.q_lora_rank:
+            out += [
+                ("q_down", hidden * self.q_lora_rank, False),
+                ("q_norm", self.q_lora_rank, False),
+                ("q_up", self.q_lora_rank * heads * self.qk_head_dim, True),
+            ]
+        else:
+            out.append(("q", hidden * heads * self.qk_head_dim, True))
+        out += [
+            ("kv_down", hidden * self.latent_kv_dim, False),
+            ("kv_norm", self.kv_lora_rank, False),
+            ("kv_up", self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim), True),
+            ("proj", heads * self.v_head_dim * hidden, True),
+        ]
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -96,14 +142,29 @@ class ModelSpec:
         return -(-self.vocab_size // multiple) * multiple
 
     def is_moe_layer(self, layer: int) -> bool:
+        """Layers num_layers .. num_layers + mtp_layers - 1 are the MTP modules' transformer blocks, which
+        follow the same rule (DeepSeek-V3's MTP block is an MoE layer: modeling_deepseek.py builds layer 61
+        like the others)."""
         moe = self.moe
-        if moe is None or layer < moe.first_dense_layers:
+        if moe is None or layer < moe.first_dense_layers or layer in moe.mlp_only_layers:
             return False
         return (layer - moe.first_dense_layers) % moe.layer_freq == 0
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers + self.mtp_layers))
+
+    def attention_window(self, layer: int) -> int | None:
+        """Keys one query of ``layer`` (0-based) attends at most: the sliding window, or None (all)."""
+        if self.sliding_window is None:
+            return None
+        k = self.full_attention_interval
+        return None if k and (layer + 1) % k == 0 else self.sliding_window
+
+    def attended_keys(self, layer: int, length: int) -> int:
+        """Keys the last query of a ``length``-token sequence attends in ``layer`` (the KV a decode step keeps)."""
+        window = self.attention_window(layer)
+        return length if window is None else min(length, window)
 
     # ---- parameters --------------------------------------------------------------------------------
     def norm_params(self) -> int:
@@ -111,20 +172,14 @@ class ModelSpec:
 
     def attention_params(self) -> int:
         h, hd = self.hidden_size, self.head_size
+        sinks = self.num_attention_heads if self.attention_sinks else 0
         if self.mla:
-            return self._mla_params()
+            return sum(n for _, n, _ in self.mla.projections(h, self.num_attention_heads)) + sinks
         q, kv = self.num_attention_heads * hd, self.kv_heads * hd
         weights = h * q + 2 * h * kv + q * h
         biases = (q + 2 * kv + h) if self.linear_bias else (q + 2 * kv) if self.qkv_bias else 0
         qk_norm = 2 * hd if self.qk_norm else 0
-        return weights + biases + qk_norm
-
-    def _mla_params(self) -> int:
-        m, h, heads = self.mla, self.hidden_size, self.num_attention_heads
-        q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
-        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-        kv += m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
-        return q + kv + heads * m.v_head_dim * h
+        return weights + biases + qk_norm + sinks
 
     def mlp_params(self, ffn: int) -> int:
         h = self.hidden_size
@@ -138,7 +193,8 @@ class ModelSpec:
     def moe_dense_params(self) -> int:
         """The non-expert part of an MoE layer's MLP block: router and shared experts."""
         moe = self.moe
-        router = self.hidden_size * moe.num_experts
+        # the router's bias: GPT-OSS (GptOssTopKRouter.bias, transformers modeling_gpt_oss.py)
+        router = self.hidden_size * moe.num_experts + (moe.num_experts if self.linear_bias else 0)
         return router + (self.mlp_params(moe.shared_ffn) if moe.shared_ffn else 0)
 
     def layer_params(self, layer: int) -> int:
@@ -151,13 +207,25 @@ class ModelSpec:
         emb = self.vocab_size * self.hidden_size
         return emb + (self.seq_length * self.hidden_size if self.learned_position_embeddings else 0)
 
+    def mtp_module_params(self) -> int:
+        """One multi-token-prediction module without the embedding and output head it shares with the main
+        model (DeepSeek-V3 report §2.2; Megatron-Core multi_token_prediction.py MultiTokenPredictionLayer:
+        enorm, hnorm, eh_proj 2h -> h, one transformer layer, final_layernorm)."""
+        return 3 * self.norm_params() + 2 * self.hidden_size * self.hidden_size
+
+    def mtp_params(self) -> int:
+        """All MTP modules: their own parts and their transformer blocks (layers num_layers, num_layers + 1...)."""
+        blocks = sum(self.layer_params(self.num_layers + i) for i in range(self.mtp_layers))
+        return self.mtp_layers * self.mtp_module_params() + blocks
+
     def total_params(self) -> int:
+        """Every trained parameter once: the main model and its MTP modules (which share its embedding and head)."""
         body = sum(self.layer_params(i) for i in range(self.num_layers))
         head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
-        return self.embedding_params() + body + self.norm_params() + head
+        return self.embedding_params() + body + self.norm_params() + head + self.mtp_params()
 
     def active_params(self) -> int:
-        """Parameters one token touches (MoE: top-k routed experts instead of all)."""
+        """Parameters one token touches (MoE: top-k routed experts instead of all), MTP modules included."""
         if not self.moe:
             return self.total_params()
         idle = (self.moe.num_experts - self.moe.top_k) * self.expert_params() * self.num_moe_layers
@@ -185,6 +253,21 @@ def validate_model(m: ModelSpec) -> None:
         raise SpecError("model.norm", f"must be 'rmsnorm' or 'layernorm', got {m.norm!r}")
     if m.moe:
         _validate_moe(m.moe, m.num_layers)
+    if m.sliding_window is not None and m.sliding_window < 1:
+        raise SpecError("model.sliding_window", f"must be >= 1 or null, got {m.sliding_window}")
+    if m.full_attention_interval is not None:
+        if m.sliding_window is None:
+            raise SpecError(
+                "model.full_attention_interval",
+                f"full_attention_interval {m.full_attention_interval} needs a sliding_window (every layer is full)",
+            )
+        if not 1 <= m.full_attention_interval <= m.num_layers:
+            raise SpecError(
+                "model.full_attention_interval",
+                f"must be in [1, num_layers {m.num_layers}], got {m.full_attention_interval}",
+            )
+    if m.mtp_layers < 0:
+        raise SpecError("model.mtp_layers", f"must be >= 0, got {m.mtp_layers}")
 
 
 def _validate_moe(moe: MoESpec, layers: int) -> None:
@@ -199,6 +282,9 @@ def _validate_moe(moe: MoESpec, layers: int) -> None:
         raise SpecError(
             "model.moe.first_dense_layers", f"must be in [0, num_layers {layers}), got {moe.first_dense_layers}"
         )
+    stray = [i for i in moe.mlp_only_layers if not 0 <= i < layers]
+    if stray:
+        raise SpecError("model.moe.mlp_only_layers", f"layers must be in [0, num_layers {layers}), got {stray[:4]}")
     if moe.layer_freq < 1:
         raise SpecError("model.moe.layer_freq", f"must be >= 1, got {moe.layer_freq}")
     if moe.node_limit is not None and moe.node_limit < 1:

@@ -13,7 +13,9 @@ from .workload import WorkloadSpec
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 FRAMEWORKS = ("megatron", "torch", "deepspeed")
 CP_COMM = ("p2p", "all_gather", "a2a")
-EP_DISPATCH = ("alltoall", "deepep")
+# Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
+# (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep")
+EP_DISPATCH = ("alltoall", "allgather", "deepep")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
@@ -84,7 +86,9 @@ class ParallelSpec:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     zero_config: ZeroConfig = field(default_factory=ZeroConfig)  # DeepSpeed flavour only
-    ep_dispatch: str = "alltoall"  # alltoall | deepep (node-limited, RDMA then NVLink: DeepSeek-V3 §3.2)
+    # alltoall | allgather | deepep (node-limited, RDMA then NVLink: DeepSeek-V3 §3.2). Megatron's CLI default
+    # is allgather; every published EP recipe sets alltoall (or flex), which stays this planner's default
+    ep_dispatch: str = "alltoall"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "expert_tp_given", self.expert_tp is not None)

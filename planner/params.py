@@ -7,8 +7,13 @@ norms, row-parallel biases, routers and position embeddings are replicated; the 
 multiple of 128·t (the torch and DeepSpeed flavours do not pad, and keep q, k, v and gate, up as separate
 modules, as a Hugging Face model registers them). Registration order matters for gradient buckets
 (DDP and Megatron both fill buckets walking the parameters in reverse).
-MLA (DeepSeek) projections are all taken as TP-split: Megatron replicates the two small down-projections
-(q_a: h x 1536, kv_a: h x 576 per layer), so the per-rank dense buffer is slightly under-counted for tp > 1.
+MLA (DeepSeek) follows MLASpec.projections: the two down-projections and the latent norms are replicated on
+every TP rank (Megatron TELinear parallel_mode "duplicated"), the up-projections and linear_proj are split.
+Attention sinks (GPT-OSS) are per head: split with the heads. MTP modules (DeepSeek-V3) sit on the last
+stage after the final norm (Megatron-Core gpt_model.py: mtp_process on the post-process stage); their
+transformer blocks are layers num_layers.. of Context.stage_layers, and with pp > 1 the last stage also
+holds a copy of the word embedding they read (GPTModel builds the embedding when pre_process or
+mtp_process).
 """
 
 from __future__ import annotations
@@ -96,6 +101,15 @@ def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
         expert += _experts(ctx, layer)
     if ctx.is_last(stage):
         dense.append(Param("final_norm", m.norm_params(), "root"))
+        if m.mtp_layers and ctx.par.pp > 1:
+            dense.append(Param("mtp.embedding.word", vocab // t * m.hidden_size, "root"))
+        for i in range(m.mtp_layers):
+            # enorm, hnorm, final_layernorm replicated; eh_proj (2h -> h) a column-parallel linear
+            unit = f"layer.{m.num_layers + i}"
+            dense += [
+                Param(f"mtp.{i}.norms", 3 * m.norm_params(), unit),
+                Param(f"mtp.{i}.eh_proj", 2 * m.hidden_size * m.hidden_size // t, unit),
+            ]
         if not m.tied_embeddings or ctx.par.pp > 1:
             dense.append(Param("output_layer", vocab // t * m.hidden_size, "root"))
     return tuple(dense), tuple(expert)
@@ -109,7 +123,10 @@ def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
     bias = m.linear_bias or m.qkv_bias
     out = [Param(f"{unit}.input_norm", m.norm_params(), unit)]
     if m.mla:
-        out.append(Param(f"{unit}.attention", m.attention_params() // t, unit))
+        out += [
+            Param(f"{unit}.{name}", numel // t if split else numel, unit)
+            for name, numel, split in m.mla.projections(h, m.num_attention_heads)
+        ]
     elif torch:
         out += [
             Param(f"{unit}.q", (h * q + (q if bias else 0)) // t, unit),
@@ -124,9 +141,12 @@ def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
         ]
     if m.qk_norm:
         out.append(Param(f"{unit}.qk_norm", 2 * hd, unit))
+    if m.attention_sinks:  # GptOssAttention.sinks: one logit per head, split with the heads
+        out.append(Param(f"{unit}.sinks", m.num_attention_heads // t, unit))
     out.append(Param(f"{unit}.mlp_norm", m.norm_params(), unit))
     if m.is_moe_layer(layer):
-        out.append(Param(f"{unit}.router", h * m.moe.num_experts, unit))
+        router = h * m.moe.num_experts + (m.moe.num_experts if m.linear_bias else 0)
+        out.append(Param(f"{unit}.router", router, unit))
         if m.moe.shared_ffn:
             out += _mlp(ctx, f"{unit}.shared", m.moe.shared_ffn, t, unit, torch)
     else:
@@ -155,3 +175,24 @@ def _experts(ctx: Context, layer: int) -> list[Param]:
 
 def total(params: Params) -> int:
     return sum(p.numel for p in params)
+
+
+def quantized_numels(ctx: Context, stage: int) -> tuple[int, ...]:
+    """Element counts of the stage's TE linear weights that the fp8/fp4 recipe quantizes (recipes.quantized:
+    not embeddings, output layer, norms, routers, sinks), dense then expert (biases inside the linears'
+    counts are included: at most 0.1% of GPT-OSS's)."""
+    from .recipes import quantized
+
+    return tuple(p.numel for params in stage_params(ctx, stage) for p in params if quantized(p.name))
+
+
+def recipe_weight_bytes(ctx: Context, stage: int) -> int:
+    """What the recipe adds to one rank's weights: TE's quantized rowwise and columnwise copies of every
+    linear weight with their scales (recipes.Recipe.weight_copy_bytes); with fp8_param_gather those copies
+    are the primary weights and the bf16 ones are gone (Megatron --fp8-param-gather)."""
+    recipe = ctx.work.recipe
+    if recipe is None or (ctx.training and ctx.par.zero_stage >= 3):
+        return 0  # ZeRO-3 / FSDP units are gathered and cast per use: no persistent copies
+    numels = quantized_numels(ctx, stage)
+    copies = sum(recipe.weight_copy_bytes(n) for n in numels)
+    return copies - (sum(numels) * ctx.param_bytes if ctx.work.fp8_param_gather else 0)

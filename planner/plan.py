@@ -28,6 +28,7 @@ from .ledger import Call
 from .memory import Memory
 from .model import ModelSpec, validate_model
 from .parallel import ParallelSpec, validate_parallel
+from .recipes import check_param_gather, check_recipe_gpu
 from .rules import ledger
 from .step import Overlap, StepTime, memory, step_time
 from .workload import WorkloadSpec, validate_workload
@@ -154,6 +155,8 @@ def setup(
     validate_workload(work)
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
+    check_param_gather(work, par)
+    check_recipe_gpu(work.fp8_recipe, cluster_spec.gpu)
     _validate_options(options, cluster.num_devices)
     return Context(model, work, par, devices_per_node=cluster.spec.devices_per_node), layout_for(par), cluster
 

@@ -80,7 +80,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         num_kv_heads=128,
         head_dim=128,
         name="DeepSeek-V3",
-        published_params=671e9,
+        published_params=685e9,
         # DeepSeek-V3 §2.1.2: auxiliary-loss-free bias plus a small sequence-wise balance loss
         moe=MoESpec(
             256,
@@ -93,8 +93,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             node_limit=4,
         ),
         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
-        source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 technical report: 671B total (685B on the hub "
-        "includes the 14B multi-token-prediction module, not modelled), 37B active",
+        mtp_layers=1,  # report §2.2: D = 1 MTP module (config.json num_nextn_predict_layers 1)
+        source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 README_WEIGHTS.md: 685B on the hub = 671B main "
+        "model + 14B MTP module; the hub's MTP stores its own copies of the embedding and head, which the MTP "
+        "here shares as in training (so total_params is 682.6B; with the two copies 684.5B); report: 37B active",
     ),
     "qwen3-30b-a3b": ModelSpec(
         48,
@@ -110,6 +112,59 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         published_params=30.5e9,
         moe=MoESpec(128, 8, 768),
         source="Qwen/Qwen3-30B-A3B config.json; model card: 30.5B total, 3.3B active",
+    ),
+    "qwen3-235b-a22b": ModelSpec(
+        94,
+        4096,
+        64,
+        12288,
+        151936,
+        4096,
+        num_kv_heads=4,
+        head_dim=128,
+        qk_norm=True,
+        name="Qwen3-235B-A22B",
+        published_params=235e9,
+        moe=MoESpec(128, 8, 1536),
+        source="Qwen/Qwen3-235B-A22B config.json; model card: 235B total, 22B activated",
+    ),
+    "gpt-oss-120b": ModelSpec(
+        36,
+        2880,
+        64,
+        2880,
+        201088,
+        4096,
+        num_kv_heads=8,
+        head_dim=64,
+        linear_bias=True,
+        sliding_window=128,
+        full_attention_interval=2,
+        attention_sinks=True,
+        name="gpt-oss-120b",
+        published_params=116.83e9,
+        moe=MoESpec(128, 4, 2880),
+        source="openai/gpt-oss-120b config.json; gpt-oss-120b & gpt-oss-20b Model Card (OpenAI, 2025) Table 1: "
+        "116.83B total, 5.13B active",
+    ),
+    "gpt-oss-20b": ModelSpec(
+        24,
+        2880,
+        64,
+        2880,
+        201088,
+        4096,
+        num_kv_heads=8,
+        head_dim=64,
+        linear_bias=True,
+        sliding_window=128,
+        full_attention_interval=2,
+        attention_sinks=True,
+        name="gpt-oss-20b",
+        published_params=20.91e9,
+        moe=MoESpec(32, 4, 2880),
+        source="openai/gpt-oss-20b config.json; gpt-oss-120b & gpt-oss-20b Model Card (OpenAI, 2025) Table 1: "
+        "20.91B total, 3.61B active",
     ),
     "qwen2-57b-a14b": ModelSpec(
         28,
@@ -184,6 +239,9 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "qk_nope_head_dim": (1, 4096),
     "qk_rope_head_dim": (0, 4096),
     "v_head_dim": (1, 4096),
+    "sliding_window": (1, 1 << 24),
+    "full_attention_interval": (1, 2048),
+    "mtp_layers": (0, 64),
 }
 # config.json key -> the ModelSpec / MoESpec / MLASpec field whose bounds apply (transformers' names:
 # LlamaConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV3Config, transformers 4.x)
@@ -213,6 +271,9 @@ HF_KEYS: dict[str, str] = {
     "qk_nope_head_dim": "qk_nope_head_dim",
     "qk_rope_head_dim": "qk_rope_head_dim",
     "v_head_dim": "v_head_dim",
+    "experts_per_token": "top_k",  # GptOssConfig (beside num_experts_per_tok)
+    "sliding_window": "sliding_window",
+    "num_nextn_predict_layers": "mtp_layers",  # DeepseekV3Config
 }
 # keys where 0 has always meant "none" in config.json files (a dense Qwen2 has num_experts 0)
 HF_ZERO_IS_NONE = {
@@ -225,6 +286,20 @@ HF_ZERO_IS_NONE = {
     "decoder_sparse_step",
 }
 HF_TEXT = {"model_type": 64, "_name_or_path": 256, "topk_method": 32}
+# What a model_type implies beyond its config keys (transformers 4.55 modeling files): ModelSpec fields.
+HF_MODEL_TYPES: dict[str, dict] = {
+    # modeling_qwen2(_moe).py: q/k/v projections with bias=True
+    "qwen2": {"qkv_bias": True},
+    "qwen2_moe": {"qkv_bias": True},
+    # modeling_qwen3(_moe).py: q_norm, k_norm (Qwen3RMSNorm(head_dim)) in every attention block
+    "qwen3": {"qk_norm": True},
+    "qwen3_moe": {"qk_norm": True},
+    # modeling_gpt_oss.py: q/k/v/o, router and experts all with biases (attention_bias true in every
+    # released config; the router and the experts' gate_up/down biases regardless) and GptOssAttention.sinks
+    "gpt_oss": {"linear_bias": True, "attention_sinks": True},
+}
+# layer_types entries (transformers configuration_utils.ALLOWED_LAYER_TYPES, the ones that matter here)
+HF_FULL, HF_SLIDING = "full_attention", "sliding_attention"
 
 
 class _HFConfig:
@@ -280,7 +355,8 @@ class _HFConfig:
 
 
 def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3).
+    """A ModelSpec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3,
+    GPT-OSS).
 
     Every key read is typed and bounded as the model block's field is (BOUNDS); other keys are ignored, as
     a config.json carries many this planner does not use. ``seq_length`` defaults to max_position_embeddings
@@ -290,8 +366,10 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
     layers, hidden = hf.required("num_hidden_layers"), hf.required("hidden_size")
     heads, vocab = hf.required("num_attention_heads"), hf.required("vocab_size")
     kind = hf.text("model_type").lower()
+    traits = HF_MODEL_TYPES.get(kind, {})
     seq = seq_length or min(hf.int("max_position_embeddings", 4096), DEFAULT_SEQ_CAP)
     ffn = hf.int("intermediate_size", min(4 * hidden, BOUNDS["ffn_hidden_size"][1]))
+    window, interval = _hf_window(hf, layers)
     spec = ModelSpec(
         num_layers=layers,
         hidden_size=hidden,
@@ -302,31 +380,92 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         num_kv_heads=hf.int("num_key_value_heads", heads),
         head_dim=hf.int("head_dim"),
         tied_embeddings=hf.flag("tie_word_embeddings"),
-        qkv_bias=hf.flag("attention_bias") or kind.startswith("qwen2"),
-        qk_norm=kind.startswith("qwen3"),
+        qkv_bias=(hf.flag("attention_bias") or traits.get("qkv_bias", False)) and not traits.get("linear_bias"),
+        linear_bias=traits.get("linear_bias", False),
+        qk_norm=traits.get("qk_norm", False),
+        sliding_window=window,
+        full_attention_interval=interval,
+        attention_sinks=traits.get("attention_sinks", False),
+        mtp_layers=hf.int("num_nextn_predict_layers", 0),
         name=name or hf.text("_name_or_path") or kind or "hf-model",
         source="Hugging Face config.json",
     )
-    return replace(spec, moe=_hf_moe(hf, ffn), mla=_hf_mla(hf))
+    return replace(spec, moe=_hf_moe(hf, ffn, layers), mla=_hf_mla(hf))
 
 
-def _hf_moe(hf: _HFConfig, ffn: int) -> MoESpec | None:
+def _hf_window(hf: _HFConfig, layers: int) -> tuple[int | None, int | None]:
+    """(sliding_window, full_attention_interval). GPT-OSS and Gemma 3 list ``layer_types``; Mistral gives a
+    window for every layer; Qwen2/3 carry a window that ``use_sliding_window: false`` turns off."""
+    types = hf.config.get("layer_types")
+    if hf.config.get("use_sliding_window") is False:
+        return None, None
+    window = hf.int("sliding_window")
+    if types is None:
+        return window, None
+    where = "model.hf_config.layer_types"
+    if not isinstance(types, list) or len(types) != layers or any(t not in (HF_FULL, HF_SLIDING) for t in types):
+        raise SpecError(
+            where,
+            f"must list num_hidden_layers {layers} entries of {HF_FULL!r} / {HF_SLIDING!r}"
+            + (f", got {len(types)}" if isinstance(types, list) else ""),
+        )
+    full = [i + 1 for i, t in enumerate(types) if t == HF_FULL]
+    if len(full) == layers:
+        return None, None
+    if window is None:
+        raise SpecError(
+            "model.hf_config.sliding_window", "layer_types has sliding layers but sliding_window is missing"
+        )
+    if not full:
+        return window, None
+    k = full[0]
+    if full != list(range(k, layers + 1, k)):
+        raise SpecError(
+            where,
+            f"full-attention layers {full[:6]} (1-based) are not every {k}th layer: only a periodic pattern "
+            "(full_attention_interval) is modelled",
+        )
+    return window, k
+
+
+def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
     experts = hf.int("num_local_experts") or hf.int("n_routed_experts") or hf.int("num_experts")
     if not experts:
         return None
     shared_ffn = hf.int("shared_expert_intermediate_size")
+    # Qwen2/3-MoE: layer i is MoE when (i + 1) % decoder_sparse_step == 0 (modeling_qwen3_moe.py
+    # Qwen3MoeDecoderLayer), i.e. layers k-1, 2k-1, ...; DeepSeek: i >= first_k_dense_replace and
+    # i % moe_layer_freq == 0 (freq 1 in every released config)
+    step = hf.int("decoder_sparse_step")
+    first = hf.int("first_k_dense_replace", 0)
     return MoESpec(
         num_experts=experts,
-        top_k=hf.int("num_experts_per_tok", 2),
+        top_k=hf.int("num_experts_per_tok") or hf.int("experts_per_token", 2),
         expert_ffn_hidden_size=hf.int("moe_intermediate_size") or ffn,
         num_shared_experts=hf.int("n_shared_experts") or (1 if shared_ffn else 0),
         shared_expert_ffn_hidden_size=shared_ffn,
-        first_dense_layers=hf.int("first_k_dense_replace", 0),
-        layer_freq=hf.int("moe_layer_freq") or hf.int("decoder_sparse_step") or 1,
+        first_dense_layers=first + (step - 1 if step else 0),
+        layer_freq=hf.int("moe_layer_freq") or step or 1,
         # DeepSeek-V3's "noaux_tc" router: bias-based balancing (Megatron --moe-router-enable-expert-bias)
         expert_bias=hf.text("topk_method") == "noaux_tc",
+        # DeepseekV3Config.seq_aux: the sequence-wise balance loss (report §2.1.2 eq. 17-20)
+        load_balancing="seq_aux_loss" if hf.flag("seq_aux") else "aux_loss",
         node_limit=hf.int("topk_group") if (hf.int("n_group") or 1) > 1 else None,  # group-limited routing
+        mlp_only_layers=_hf_layer_list(hf, "mlp_only_layers", layers),
     )
+
+
+def _hf_layer_list(hf: _HFConfig, key: str, layers: int) -> tuple[int, ...]:
+    value = hf.config.get(key)
+    if value is None:
+        return ()
+    if (
+        not isinstance(value, list)
+        or len(value) > layers
+        or any(type(i) is not int or not 0 <= i < layers for i in value)
+    ):
+        raise SpecError(f"model.hf_config.{key}", f"must be a list of layer indices in [0, {layers})")
+    return tuple(sorted(set(value)))
 
 
 def _hf_mla(hf: _HFConfig) -> MLASpec | None:
@@ -334,7 +473,7 @@ def _hf_mla(hf: _HFConfig) -> MLASpec | None:
     if not kv_lora:
         return None
     return MLASpec(
-        hf.int("q_lora_rank") or 0,
+        hf.int("q_lora_rank") or 0,  # null in DeepSeek-V2-Lite: no query compression
         kv_lora,
         hf.int("qk_nope_head_dim", 128),
         hf.int("qk_rope_head_dim", 64),

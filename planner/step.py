@@ -21,6 +21,15 @@ whose ``None`` means the framework's default:
 - ``tp_comm_overlap``: TP collectives behind the GEMMs. False (Megatron --tp-comm-overlap).
 - ``overlap_p2p``: pipeline sends in the steady state. Megatron True for the interleaved schedule only
   (--overlap-p2p-communication), else False.
+- ``overlap_moe_expert_parallel_comm``: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B
+  schedule, megatron/core/pipeline_parallel/combined_1f1b.py): a forward and a backward of two micro-batches
+  run as a pair, the EP dispatch/combine of both exposed only beyond the pair's compute
+  (overlap_forward_backward; DualPipe's F&B is the same overlap). False. Not with the allgather dispatcher.
+  Priced as the steady state for every micro-batch (warm-up and cool-down micro-batches also hide theirs:
+  an under-estimate of the exposed time for few micro-batches).
+- ``moe_shared_expert_overlap``: Megatron --moe-shared-expert-overlap: the shared experts compute while the
+  routed tokens' all-to-all runs (megatron/core/transformer/moe/shared_experts.py, alltoall/flex
+  dispatchers). False. The window is the shared experts' share of the pass's GEMM time (by FLOPs).
 
 Everything else (TP, EP all-to-all, CP all-gather/all-to-all, the tied-embedding all-reduce, the loss
 all-reduce) is on the critical path. Step time = the pipeline's critical path + the exposed gradient
@@ -35,6 +44,7 @@ from dataclasses import dataclass, field
 
 from collectives.topology.gpu import GPUSpec
 
+from ._errors import SpecError
 from .compute import StageCompute, check_gpu, compute_dtype, model_flops_per_token, stage_compute
 from .context import Context
 from .memory import Memory, memory_per_stage
@@ -51,6 +61,8 @@ class Overlap:
     cp_ring_overlap: bool | None = None
     tp_comm_overlap: bool | None = None
     overlap_p2p: bool | None = None
+    overlap_moe_expert_parallel_comm: bool | None = None
+    moe_shared_expert_overlap: bool | None = None
 
     def resolved(self, ctx: Context) -> Overlap:
         fw, z, sched = ctx.par.framework, ctx.par.zero_stage, ctx.par.pipeline_schedule
@@ -62,7 +74,15 @@ class Overlap:
             "cp_ring_overlap": True,
             "tp_comm_overlap": False,
             "overlap_p2p": fw == "megatron" and sched == "interleaved",
+            "overlap_moe_expert_parallel_comm": False,
+            "moe_shared_expert_overlap": False,
         }
+        for name in ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap"):
+            if getattr(self, name) and ctx.par.ep_dispatch == "allgather":
+                raise SpecError(
+                    f"options.overlap.{name}",
+                    "overlaps the EP all-to-all (alltoall or deepep dispatch); parallel.ep_dispatch is 'allgather'",
+                )
         return Overlap(**{k: defaults[k] if getattr(self, k) is None else getattr(self, k) for k in defaults})
 
 
@@ -200,6 +220,8 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                     t = max(0.0, t - window)
                 elif kind == "dp" and _prefetch(ctx, flags):
                     t = max(0.0, t - pass_time.total_s)
+                elif kind == "ep" and flags.moe_shared_expert_overlap and not flags.overlap_moe_expert_parallel_comm:
+                    t = max(0.0, t - pass_time.gemm_s * shared_expert_share(ctx, i, comp))
                 exposed += t
                 if t:
                     stream = "cp" if kind == "cp.ring" else kind
@@ -209,7 +231,41 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                 st.fwd_comm_s = exposed
             else:
                 st.bwd_comm_s = exposed
+        if flags.overlap_moe_expert_parallel_comm:
+            overlap_forward_backward(st)
     return p2p
+
+
+def overlap_forward_backward(st: StageStep) -> None:
+    """A forward and a backward of two micro-batches run as one pair (Megatron's combined 1F1B A2A overlap;
+    DualPipe's F&B, DeepSeek-V3 §3.2.1): the EP all-to-alls of both directions are exposed only beyond the
+    pair's compute, the same fraction of each direction; the other streams stay as they were."""
+    ep_f = st.exposed_by_stream.get(("ep", "forward"), 0.0)
+    ep_b = st.exposed_by_stream.get(("ep", "backward"), 0.0)
+    if not ep_f + ep_b:
+        return
+    window = st.compute.forward.total_s + st.compute.backward.total_s
+    left = max(0.0, ep_f + ep_b - window) / (ep_f + ep_b)
+    for phase, t in (("forward", ep_f), ("backward", ep_b)):
+        if phase == "forward":
+            st.fwd_comm_s -= t * (1 - left)
+        else:
+            st.bwd_comm_s -= t * (1 - left)
+        if t * left:
+            st.exposed_by_stream[("ep", phase)] = t * left
+        else:
+            st.exposed_by_stream.pop(("ep", phase), None)
+
+
+def shared_expert_share(ctx: Context, stage: int, comp: StageCompute) -> float:
+    """The shared experts' share of the stage's forward FLOPs (backward alike): per MoE layer a TP-split MLP of
+    shared_ffn over the b·s/c tokens (Megatron SharedExpertMLP), 2 FLOPs per multiply-add."""
+    m = ctx.model
+    if not m.moe or not m.moe.shared_ffn or not comp.forward.flops:
+        return 0.0
+    matrices = 3 if m.gated_mlp else 2
+    flops = ctx.moe_layers(stage) * 2 * ctx.b * ctx.s_cp * m.hidden_size * m.moe.shared_ffn * matrices / ctx.par.tp
+    return min(1.0, flops / comp.forward.flops)
 
 
 def _prefetch(ctx: Context, flags: Overlap) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import SpecError
+from .recipes import Recipe, recipe_of, validate_recipe
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
 RECOMPUTE = ("none", "selective", "full")
@@ -13,9 +14,6 @@ RECOMPUTE = ("none", "selective", "full")
 # (TransformerEngine / cuDNN fused attention) or "unfused" (Megatron-LM before FlashAttention, 2021-2022: QK^T and
 # PV as batched GEMMs around FusedScaleMaskSoftmax and dropout, the s x s scores written to HBM).
 ATTENTION_KERNELS = ("flash", "flash2", "flash3", "cudnn", "unfused")
-# FP8 recipes (planner/kernels.py FP8_RECIPES): per-tensor scaling (TE's default), 1x128/128x128 blocks
-# (DeepSeek-V3), MXFP8 and NVFP4 (Blackwell)
-FP8_RECIPES = ("tensor", "block", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -30,7 +28,6 @@ class WorkloadSpec:
     # store_false): the b x 1 x s x s bool mask is built by the loader and broadcast over TP with the batch
     attention_mask_in_dataloader: bool = True
     attention_kernel: str = "flash"  # ATTENTION_KERNELS
-    fp8_recipe: str | None = None  # with activation_dtype fp8: FP8_RECIPES; None = "tensor"
     # Kernel launch and fusion: None = the framework's default (Megatron-Core, torchtitan and DeepSpeed: no CUDA
     # graphs, no torch.compile; Megatron's TransformerEngine fuses its elementwise kernels anyway)
     cuda_graphs: bool | None = None
@@ -44,10 +41,19 @@ class WorkloadSpec:
     activation_dtype: str = "bf16"
     grad_reduce_dtype: str | None = None  # None: the framework's default (megatron fp32, others = params)
     moe_dispatch_dtype: str | None = None  # None: activation dtype; "fp8" for DeepSeek-style dispatch
+    # low-precision training (planner/recipes.py): delayed | tensorwise | blockwise | mxfp8 | nvfp4; None: the
+    # GEMMs run in the activation dtype. fp8_param_gather: Megatron --fp8-param-gather (fp8 primary weights,
+    # the distributed optimizer's parameter all-gather in fp8)
+    fp8_recipe: str | None = None
+    fp8_param_gather: bool = False
 
     @property
     def training(self) -> bool:
         return self.kind == "training"
+
+    @property
+    def recipe(self) -> Recipe | None:
+        return recipe_of(self.fp8_recipe)
 
 
 def validate_workload(w: WorkloadSpec) -> None:
@@ -57,13 +63,12 @@ def validate_workload(w: WorkloadSpec) -> None:
         value = getattr(w, name)
         if value is not None and value not in DTYPE_BYTES:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    validate_recipe(w.fp8_recipe, w.fp8_param_gather)
     if w.attention_kernel not in ATTENTION_KERNELS:
         raise SpecError(
             "workload.attention_kernel",
             f"must be one of {', '.join(ATTENTION_KERNELS)}, got {w.attention_kernel!r}",
         )
-    if w.fp8_recipe is not None and w.fp8_recipe not in FP8_RECIPES:
-        raise SpecError("workload.fp8_recipe", f"must be one of {', '.join(FP8_RECIPES)}, got {w.fp8_recipe!r}")
     if w.training:
         _at_least_one("workload.micro_batch_size", w.micro_batch_size)
         _at_least_one("workload.global_batch_size", w.global_batch_size)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 import collectives as coll
+from collectives.steps import schedule_view
 from collectives.topology import price_call
 from planner import SpecError
 from planner.plan import cluster_for
@@ -163,55 +166,15 @@ def schedule(body: ScheduleRequest) -> dict:
     sched = coll.build_schedule(
         body.op, body.algorithm, body.num_ranks, body.count, 4, root=body.root, local_size=body.local_size
     )
-    if sched.num_steps > 256:
-        raise SpecError("num_ranks", f"{sched.num_steps} steps; the step view shows at most 256")
-    inputs = [
-        np.full(len(x), 1 << r, dtype=np.int64)
-        for r, x in enumerate(coll.verify_inputs(sched.op, body.num_ranks, body.count))
-    ]
-    frames: list[dict] = []
-    initial: list = []
-    slot_bytes = sched.slot_bytes
-
-    def observe(step, state, transfers):
-        holds = [
-            [_ranks(state[h, s, 0]) if sched.layout.slot_elems[s] else [] for s in range(state.shape[1])]
-            for h in range(state.shape[0])
-        ]
-        if step < 0:
-            initial.extend(holds)
-            return
-        frames.append(
-            {
-                "holds": holds,
-                "transfers": [
-                    {
-                        "src": int(a),
-                        "dst": int(b),
-                        "src_slot": int(c),
-                        "dst_slot": int(d),
-                        "bytes": int(slot_bytes[c]),
-                        "reduce": t.reduce,
-                    }
-                    for t in transfers
-                    for a, b, c, d in zip(t.src, t.dst, t.src_slot, t.dst_slot, strict=True)
-                ],
-            }
-        )
-
-    coll.execute(sched, inputs, observe=observe)
+    with relocated():  # the step view's own limit, a SpecError as it always was
+        view = schedule_view(sched)
     return {
         "op": sched.op.value,
         "algorithm": sched.algorithm,
         "num_ranks": sched.num_ranks,
         "num_virtual": sched.num_virtual,
-        "slot_bytes": slot_bytes.tolist(),
-        "initial": initial,
-        "steps": frames,
+        "slot_bytes": sched.slot_bytes.tolist(),
+        "initial": view.initial,
+        "steps": [asdict(step) for step in view.steps],
         "wire_steps": sched.num_steps,
     }
-
-
-def _ranks(mask) -> list[int]:
-    mask = int(mask)
-    return [r for r in range(mask.bit_length()) if mask >> r & 1]

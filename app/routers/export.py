@@ -8,14 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from planner import Plan
-from planner.exports import aicb_omitted, nccl_tests_script, plan_csv, simai_workload
+from planner.exports import aicb_omitted, render
 
 from ..errors import BAD_INPUT
+from ..inputs import plan_of
 from ..limits import run_bounded
 from ..schemas.plan import PlanRequest
 from ..serialize import plan_json
-from .plan import plan_of
 
 router = APIRouter(prefix="/v1/plan/export", tags=["plan"])
 
@@ -38,15 +37,6 @@ MEDIA = {
     Format.NCCL_TESTS: ("text/x-shellscript; charset=utf-8", "sh"),
     Format.SIMAI: ("text/csv; charset=utf-8", "csv"),
 }
-
-
-def render(plan: Plan, fmt: Format, stage: int = 0, launcher: Launcher = Launcher.MPIRUN) -> str:
-    """The text of one non-JSON export; shared by the route and the CLI."""
-    if fmt is Format.CSV:
-        return plan_csv(plan)
-    if fmt is Format.NCCL_TESTS:
-        return nccl_tests_script(plan, launcher.value)
-    return simai_workload(plan, stage)
 
 
 @router.post(
@@ -80,7 +70,7 @@ async def export(
         plan = plan_of(body, settings)
         if fmt is Format.SIMAI:
             omitted.extend(aicb_omitted(plan, stage))
-        return render(plan, fmt, stage, launcher).encode()
+        return render(plan, fmt.value, stage, launcher.value).encode()
 
     answer = await run_bounded(request, work)
     if fmt is Format.SIMAI:

@@ -12,33 +12,17 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from collectives import CollectiveError
-from planner import Plan, SpecError, build_plan
+from planner import SpecError
 from planner.deadline import check as check_deadline
 from planner.explore import DEFAULT_SIZES, explore
 
-from ..convert import plan_inputs
 from ..errors import BAD_INPUT, detail, error_detail, nested, relocated, validation_detail
-from ..limits import Estimate, check_router, encode, plan_work, refuse, run_bounded
+from ..inputs import bounded_inputs, plan_of
+from ..limits import Estimate, encode, refuse, run_bounded
 from ..schemas.plan import BatchItem, BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
 from ..serialize import exploration_json, plan_item_json, plan_json
 
 router = APIRouter(prefix="/v1/plan", tags=["plan"])
-
-
-def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, **explore_args):
-    """The planner's inputs, after the work they ask for is estimated and found within ``budget``."""
-    inputs = plan_inputs(request, settings)
-    check_router(inputs[3], settings.max_router_pairs)
-    estimate = plan_work(*inputs, **explore_args)
-    refuse(estimate, settings.max_work if budget is None else budget, "")
-    return inputs, estimate
-
-
-def plan_of(request: PlanRequest, settings, inputs=None) -> Plan:
-    """The typed plan of a request, after its work is estimated and found within the budget."""
-    inputs = inputs or bounded_inputs(request, settings)[0]
-    with relocated("options."):  # an algorithm pinned in options that cannot run somewhere
-        return build_plan(*inputs)
 
 
 @router.post(

@@ -17,10 +17,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from collectives import CollectiveError
 from planner import SpecError
-from planner.search import Cancelled, Constraints, Problem, SearchResult, search, space_of
+from planner.search import Cancelled, Problem, SearchResult, search, space_of
 
-from ..convert import cluster_spec, model_spec, workload_spec
 from ..errors import BAD_INPUT, error_detail, relocated
+from ..inputs import problem_of
 from ..limits import acquire_slot
 from ..schemas.search import SearchOut, SearchRequest
 from ..serialize import progress_line, search_dict
@@ -33,22 +33,6 @@ POLL_S = 0.2
 def max_layouts(settings) -> int:
     """COMMPLAN_MAX_SEARCH_LAYOUTS, read with the other settings (app/settings.py)."""
     return settings.max_search_layouts
-
-
-def problem_of(body: SearchRequest, settings) -> Problem:
-    """The request as a planner Problem; a workload's micro_batch_size or activation_recompute fixes that
-    dimension unless the constraints list values for it."""
-    cluster = cluster_spec(body.cluster, settings)
-    work = workload_spec(body.workload)
-    given = body.constraints.model_dump(exclude_none=True)
-    headroom = given.pop("memory_headroom", 0.0)
-    max_dp_group = given.pop("max_dp_group", 0)
-    if "recompute" in given:
-        given.setdefault("activation_recompute", given.pop("recompute"))
-    for name in ("micro_batch_size", "activation_recompute"):
-        if name in body.workload.model_fields_set and getattr(body.workload, name) is not None:
-            given.setdefault(name, getattr(body.workload, name))
-    return Problem(model_spec(body.model), work, cluster, Constraints.of(given, headroom, max_dp_group), body.top_k)
 
 
 def check_size(problem: Problem, limit: int) -> int:
@@ -136,4 +120,4 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
         release()
 
 
-__all__ = ["problem_of", "router"]
+__all__ = ["router"]

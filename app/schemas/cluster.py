@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, Field
+
+from collectives.topology import fabrics, networks
 
 from .base import Strict
 
@@ -12,8 +14,15 @@ Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s
 Latency = Field(default=None, ge=0, le=1.0, description="seconds")
 
 
+def plugin(what: str, registry) -> Field:
+    """A plug-in's name: checked against its registry when the cluster is built (a 422 listing the names)."""
+    where = f"collectives/topology/{registry.__name__.rsplit('.', 1)[-1]}/"
+    names = ", ".join(registry.names())
+    return Field(default=None, max_length=64, description=f"a registered {what} ({where}): {names}")
+
+
 class IntraIn(Strict):
-    fabric: Literal["switch", "full_mesh", "ring", "none"] | None = None
+    fabric: str | None = plugin("fabric", fabrics)
     bandwidth_GBps: float | None = Bandwidth
     latency_s: float | None = Latency
     in_network_reduction: bool | None = Field(default=None, description="NVLink SHARP (NVLS) in the switch")
@@ -21,7 +30,7 @@ class IntraIn(Strict):
 
 
 class NetworkIn(Strict):
-    topology: Literal["fat_tree", "torus", "dragonfly", "hypercube", "none"] | None = None
+    topology: str | None = plugin("network", networks)
     rail_optimized: bool | None = None
     nodes_per_leaf: int | None = Field(default=None, ge=1, le=1 << 16)
     num_spines: int | None = Field(default=None, ge=1, le=1 << 12)

@@ -37,6 +37,11 @@ class MoEIn(Strict):
     load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
     expert_bias: bool = False
     node_limit: int | None = Field(default=None, ge=1, le=1 << 14, description="max nodes per token (DeepEP)")
+    mlp_only_layers: list[int] = Field(
+        default_factory=list,
+        max_length=BOUNDS["num_layers"][1],
+        description="0-based layers that keep a dense MLP (HF Qwen3MoeConfig.mlp_only_layers)",
+    )
 
 
 class MLAIn(Strict):
@@ -69,6 +74,25 @@ class ModelIn(Strict):
     learned_position_embeddings: bool | None = None
     moe: MoEIn | None = None
     mla: MLAIn | None = None
+    sliding_window: int | None = Field(
+        default=None,
+        ge=BOUNDS["sliding_window"][0],
+        le=BOUNDS["sliding_window"][1],
+        description="keys each query attends in sliding layers (GPT-OSS 128, Mistral 4096); null: full attention",
+    )
+    full_attention_interval: int | None = Field(
+        default=None,
+        ge=BOUNDS["full_attention_interval"][0],
+        le=BOUNDS["full_attention_interval"][1],
+        description="layers k, 2k, ... (1-based) attend fully (GPT-OSS 2); null: every layer slides",
+    )
+    attention_sinks: bool | None = Field(default=None, description="GPT-OSS: one learned sink logit per head")
+    mtp_layers: int | None = Field(
+        default=None,
+        ge=BOUNDS["mtp_layers"][0],
+        le=BOUNDS["mtp_layers"][1],
+        description="DeepSeek-V3 multi-token-prediction modules on the last stage (HF num_nextn_predict_layers)",
+    )
 
 
 class WorkloadIn(Strict):
@@ -92,11 +116,6 @@ class WorkloadIn(Strict):
         description="core attention: flash (default: the framework's fused kernel for the GPU), flash2, flash3 "
         "(Hopper only), cudnn, or unfused (Megatron-LM 2021-22: scores in HBM)",
     )
-    fp8_recipe: Literal["tensor", "block", "mxfp8", "nvfp4"] | None = Field(
-        default=None,
-        description="with activation_dtype fp8: per-tensor scaling (default), 1x128/128x128 blocks, MXFP8 or "
-        "NVFP4 (Blackwell only)",
-    )
     cuda_graphs: bool | None = Field(default=None, description="CUDA graphs capture the step (default off)")
     torch_compile: bool | None = Field(
         default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
@@ -105,6 +124,13 @@ class WorkloadIn(Strict):
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     moe_dispatch_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"] | None = Field(
+        default=None,
+        description="low-precision GEMMs (TransformerEngine recipes; mxfp8 and nvfp4 need Blackwell); null: none",
+    )
+    fp8_param_gather: bool | None = Field(
+        default=None, description="Megatron --fp8-param-gather: fp8 primary weights, the parameter all-gather in fp8"
+    )
 
 
 class ParallelIn(Strict):
@@ -124,7 +150,11 @@ class ParallelIn(Strict):
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
     framework: Literal["megatron", "torch", "deepspeed"] | None = None
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
-    ep_dispatch: Literal["alltoall", "deepep"] | None = None
+    ep_dispatch: Literal["alltoall", "allgather", "deepep"] | None = Field(
+        default=None,
+        description="Megatron --moe-token-dispatcher-type: alltoall (default here), allgather, or deepep (flex "
+        "with --moe-enable-deepep)",
+    )
     zero_config: dict[str, float] | None = Field(
         default=None,
         description="DeepSpeed zero_optimization names in elements: reduce_bucket_size, allgather_bucket_size, "
@@ -144,6 +174,13 @@ class OverlapIn(Strict):
     cp_ring_overlap: bool | None = Field(default=None, description="ring-attention KV exchange behind attention (on)")
     tp_comm_overlap: bool | None = Field(default=None, description="Megatron --tp-comm-overlap (off)")
     overlap_p2p: bool | None = Field(default=None, description="pipeline sends overlapped (Megatron: interleaved only)")
+    overlap_moe_expert_parallel_comm: bool | None = Field(
+        default=None, description="Megatron --overlap-moe-expert-parallel-comm: EP all-to-all behind another "
+        "micro-batch's compute (off)",
+    )  # fmt: skip
+    moe_shared_expert_overlap: bool | None = Field(
+        default=None, description="Megatron --moe-shared-expert-overlap: shared experts behind the all-to-all (off)"
+    )
 
 
 class OptionsIn(Strict):

@@ -1,18 +1,10 @@
-"""Every algorithm module registers its (algorithm, op) pairs on import."""
+"""The algorithms, one module each: every module of this package registers its (algorithm, op) pairs with
+``@register`` (_base.py, the one registry) when imported, and every module is imported here, so a new
+algorithm is a new module (or, in a test, a builder passed to ``register``) and nothing else."""
 
-from . import (  # noqa: F401  (imported for registration)
-    alltoall,
-    binomial_tree,
-    bruck,
-    direct,
-    double_binary_tree,
-    halving_doubling,
-    hierarchical,
-    in_network,
-    recursive_doubling,
-    ring,
-    swing,
-)
+import importlib
+import pkgutil
+
 from ._base import (
     Cost,
     Implementation,
@@ -20,8 +12,14 @@ from ._base import (
     allreduce_lower_bound,
     implementations,
     lookup,
+    register,
+    unregister,
     validate,
 )
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "Cost",
@@ -30,5 +28,7 @@ __all__ = [
     "allreduce_lower_bound",
     "implementations",
     "lookup",
+    "register",
+    "unregister",
     "validate",
 ]

@@ -65,13 +65,24 @@ _REGISTRY: dict[tuple[str, Op], Implementation] = {}
 
 
 def register(algorithm: str, op: Op, *, cost, formula: str, source: str, check=None):
+    """Register ``build`` (the decorated function) as ``algorithm`` for ``op``, with its closed-form ``cost``,
+    the alpha-beta ``formula`` and its ``source``; ``check`` says why a request cannot run (None: it can).
+    A pair registers once."""
+
     def wrap(build: Callable[[Request], Schedule]):
+        if (algorithm, op) in _REGISTRY:
+            raise CollectiveError("algorithm", f"{algorithm} {op.value} is registered already")
         _REGISTRY[(algorithm, op)] = Implementation(
             algorithm, op, build, cost, formula, source, check or (lambda r: None)
         )
         return build
 
     return wrap
+
+
+def unregister(algorithm: str, op: Op) -> None:
+    """Remove a registered pair (tests that register a toy algorithm)."""
+    _REGISTRY.pop((algorithm, op), None)
 
 
 def implementations() -> list[Implementation]:

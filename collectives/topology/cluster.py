@@ -4,20 +4,19 @@ Every directed link has an integer id; links of one kind form a *family* laid ou
 transfer uses is index arithmetic on the device number (``dev_up[d] = d`` and so on). Routing a step of
 16,384 transfers is therefore a handful of numpy operations, with no all-pairs shortest paths:
 
-- inside a node: the intra fabric (switch: device up-link then the destination's down-link; full mesh:
-  the direct link; ring: the shorter way round, split evenly when both ways are equally short);
-- between nodes: device -> its NIC (PCIe) -> network -> the destination's NIC -> device. On a fat-tree
-  the network part is leaf, or leaf -> spines -> leaf; ECMP spreads a leaf's traffic evenly over its
-  spine up-links, so the up-links of one leaf act as one bundle of their summed capacity (exact for an
-  even split). Torus, dragonfly and hypercube networks route over their router graph: every shortest path
-  is equally likely (ECMP), the share of each link comes from shortest-path counts, memoised per router
-  pair.
+- inside a node: the fabric plug-in's (fabrics/: one module per fabric, registered by name; switch: device
+  up-link then the destination's down-link; full mesh: the direct link; ring: the shorter way round, split
+  evenly when both ways are equally short);
+- between nodes: device -> its NIC (PCIe) -> network -> the destination's NIC -> device. The network part
+  is the network plug-in's (networks/: one module per network, registered by name): on a fat-tree leaf,
+  or leaf -> spines -> leaf, the up-links of one leaf acting as one bundle (ECMP); on a torus, dragonfly or
+  hypercube every shortest router path, equally likely (ECMP), shares from shortest-path counts.
 
 :meth:`Cluster.graph` builds the same links as a networkx DiGraph with typed nodes for inspection and
-drawing; routing never needs it. The networks live in their own modules: fat_tree.py (leaves, rails, spine
-bundles) and routers.py (torus, dragonfly, hypercube); loads.py sums bytes per link. Each network module
-says its own unit of symmetry (``unit_nodes``, ``link_shifts``); :attr:`Cluster.symmetry_unit` and
-:meth:`Cluster.translate_link` turn that into devices and link ids, and symmetry.py prices with it.
+drawing; routing never needs it. :attr:`Cluster.network` is the plug-in built for this cluster: its link
+families come after the NICs', it routes between NICs, names its links' endpoints and says its unit of
+symmetry (``unit_nodes``, ``link_shifts``); :attr:`Cluster.symmetry_unit` and :meth:`Cluster.translate_link`
+turn that into devices and link ids, and symmetry.py prices with it. loads.py sums bytes per link.
 
 Clusters are immutable: :func:`cluster_for` builds one per spec and keeps the last ``CLUSTER_CACHE``
 (routing tables, link rates and labels are memoised on them).
@@ -32,9 +31,9 @@ import networkx as nx
 import numpy as np
 
 from .._errors import CollectiveError
-from .fat_tree import FatTree
+from .fabrics import FabricModel, fabric_type
 from .loads import Loads, _Loads, _ones_if_none, _pick
-from .routers import RouterNetwork
+from .networks import NetworkModel, network_type
 from .spec import ClusterSpec, validate_cluster
 
 __all__ = ["CLUSTER_CACHE", "Cluster", "Family", "Loads", "cluster_for"]
@@ -67,15 +66,9 @@ class Cluster:
         self.families[name] = Family(name, kind, start, size, capacity, latency)
 
     def _layout_links(self) -> None:
-        s, n_dev, d = self.spec, self.num_devices, self.per_node
-        intra = s.intra
-        if intra.fabric == "switch":
-            self._add("dev_up", intra.link_name, n_dev, intra.bandwidth_GBps, intra.latency_s / 2)
-            self._add("dev_down", intra.link_name, n_dev, intra.bandwidth_GBps, intra.latency_s / 2)
-        elif intra.fabric == "full_mesh":
-            self._add("mesh", intra.link_name, n_dev * d, intra.bandwidth_GBps, intra.latency_s)
-        elif intra.fabric == "ring":
-            self._add("ring", intra.link_name, n_dev * 2, intra.bandwidth_GBps, intra.latency_s)
+        s, n_dev = self.spec, self.num_devices
+        for family in self.fabric.families():
+            self._add(*family)
         if self.num_nodes == 1:
             return
         k = s.nics_per_node
@@ -83,23 +76,18 @@ class Cluster:
         self._add("host_down", "pcie", n_dev, s.pcie_bandwidth_GBps, 0.0)
         self._add("nic_up", "nic", self.num_nodes * k, s.nic_bandwidth_GBps, s.nic_latency_s)
         self._add("nic_down", "nic", self.num_nodes * k, s.nic_bandwidth_GBps, s.nic_latency_s)
-        net = s.network
-        if net.topology == "fat_tree":
-            tree = self.fat_tree
-            self._add("leaf_up", "leaf_uplink", tree.num_leaves, tree.bundle_GBps, net.switch_latency_s)
-            self._add("leaf_down", "spine_downlink", tree.num_leaves, tree.bundle_GBps, net.switch_latency_s)
-        else:
-            self._add("router", "network_link", len(self.router_links), net.link_bandwidth_GBps, net.switch_latency_s)
+        for family in self.network.families():
+            self._add(*family)
 
     @cached_property
-    def fat_tree(self) -> FatTree:
-        s = self.spec
-        return FatTree(s.network, self.num_nodes, s.nics_per_node, s.nic_bandwidth_GBps)
+    def fabric(self) -> FabricModel:
+        """The fabric inside each node: the plug-in registered under the spec's ``intra.fabric``."""
+        return fabric_type(self.spec.intra.fabric)(self.spec)
 
-    @property
-    def network(self) -> FatTree | RouterNetwork:
-        """The network between nodes, as its own module models it."""
-        return self.fat_tree if self.spec.network.topology == "fat_tree" else self.routers
+    @cached_property
+    def network(self) -> NetworkModel:
+        """The network between nodes: the plug-in registered under the spec's ``network.topology``."""
+        return network_type(self.spec.network.topology)(self.spec)
 
     @cached_property
     def symmetry_unit(self) -> int | None:
@@ -138,9 +126,8 @@ class Cluster:
             cache[key] = np.concatenate([np.zeros(0), *per_family])  # a one-device cluster has no links
         return cache[key]
 
-    @staticmethod
-    def _efficiency(f: Family, calibration, in_network: str | None) -> float:
-        if in_network == "intra" and f.name in ("dev_up", "dev_down"):
+    def _efficiency(self, f: Family, calibration, in_network: str | None) -> float:
+        if in_network == "intra" and f.name in self.fabric.reduction_families:
             return calibration.in_network_efficiency
         return calibration.efficiency.get(f.kind, 1.0)
 
@@ -164,13 +151,9 @@ class Cluster:
             if self.symmetry_unit is None or shift % self.per_node:
                 raise CollectiveError("link", f"cluster {self.spec.name!r} cannot move a placement by {shift} devices")
             nodes = shift // self.per_node
-            step = {
-                "dev_up": shift,
-                "dev_down": shift,
+            step = self.fabric.link_shifts(shift) | {
                 "host_up": shift,
                 "host_down": shift,
-                "mesh": shift * self.per_node,
-                "ring": shift * 2,
                 "nic_up": nodes * self.spec.nics_per_node,
                 "nic_down": nodes * self.spec.nics_per_node,
             }
@@ -226,9 +209,6 @@ class Cluster:
         """Global NIC index a device sends through: its rail's NIC (NIC i*K/D of its node)."""
         return self._nic_table[dev]
 
-    def leaf_of_nic(self, nic: np.ndarray) -> np.ndarray:
-        return self.fat_tree.leaf_of(nic)
-
     @cached_property
     def _nic_table(self) -> np.ndarray:
         k, d = self.spec.nics_per_node, self.per_node
@@ -275,32 +255,7 @@ class Cluster:
         return self.families[name].start
 
     def _route_intra(self, loads, src, dst, nbytes) -> float:
-        fabric, d = self.spec.intra.fabric, self.per_node
-        local_src, local_dst = src % d, dst % d
-        if fabric == "switch":
-            loads.add(self._fam("dev_up") + src, nbytes)
-            loads.add(self._fam("dev_down") + dst, nbytes)
-            return self.spec.intra.latency_s
-        if fabric == "full_mesh":
-            loads.add(self._fam("mesh") + src * d + local_dst, nbytes)
-            return self.spec.intra.latency_s
-        if fabric == "ring":
-            return self._route_ring(loads, src, local_src, local_dst, _ones_if_none(nbytes, src))
-        raise CollectiveError("intra.fabric", "devices of a node with fabric 'none' cannot talk to each other")
-
-    def _route_ring(self, loads, src, local_src, local_dst, nbytes) -> float:
-        d = self.per_node
-        forward = (local_dst - local_src) % d
-        backward = (local_src - local_dst) % d
-        base = self._fam("ring") + (src - local_src) * 2
-        for direction, hops, share in ((0, forward, forward <= backward), (1, backward, backward <= forward)):
-            weight = np.where(forward == backward, 0.5, 1.0) * share
-            step = 1 if direction == 0 else -1
-            for h in range(int(hops.max(initial=0))):
-                live = (h < hops) & (weight > 0)
-                at = (local_src[live] + step * h) % d
-                loads.add(base[live] + at * 2 + direction, nbytes[live] * weight[live])
-        return float(np.minimum(forward, backward).max(initial=0)) * self.spec.intra.latency_s
+        return self.fabric.route(loads, self._fam, src, dst, nbytes)
 
     def _route_inter(self, loads, src, dst, nbytes) -> float:
         s = self.spec
@@ -309,17 +264,14 @@ class Cluster:
         nic_src, nic_dst = self.nic_of(src), self.nic_of(dst)
         loads.add(self._fam("nic_up") + nic_src, nbytes)
         loads.add(self._fam("nic_down") + nic_dst, nbytes)
-        endpoints = 2 * s.nic_latency_s
-        if s.network.topology == "fat_tree":
-            up, down = self._fam("leaf_up"), self._fam("leaf_down")
-            return endpoints + self.fat_tree.route(loads, up, down, nic_src, nic_dst, nbytes)
-        return endpoints + self._route_routers(loads, self.node_of(src), self.node_of(dst), _ones_if_none(nbytes, src))
+        network = self.network.route(loads, self._fam, nic_src, nic_dst, self.node_of(src), self.node_of(dst), nbytes)
+        return 2 * s.nic_latency_s + network
 
     def _route_in_network(self, loads, src, dst, nbytes, to_switch, from_switch, level) -> float:
         if level == "intra":
-            loads.add(self._fam("dev_up") + src[to_switch], nbytes[to_switch])
-            loads.add(self._fam("dev_down") + dst[from_switch], nbytes[from_switch])
-            return self.spec.intra.latency_s
+            return self.fabric.route_reduction(
+                loads, self._fam, src[to_switch], nbytes[to_switch], dst[from_switch], nbytes[from_switch]
+            )
         nbytes = _ones_if_none(nbytes, src)
         up, down = src[to_switch], dst[from_switch]
         loads.add(self._fam("host_up") + up, nbytes[to_switch])
@@ -327,18 +279,6 @@ class Cluster:
         loads.add(self._fam("nic_down") + self.nic_of(down), nbytes[from_switch])
         loads.add(self._fam("host_down") + down, nbytes[from_switch])
         return self.spec.nic_latency_s + 2 * self.spec.network.switch_latency_s
-
-    # ---- router networks (torus, dragonfly, hypercube): routers.py -------------------------------------
-    @cached_property
-    def routers(self) -> RouterNetwork:
-        return RouterNetwork(self.spec.network, self.num_nodes)
-
-    @property
-    def router_links(self) -> list[tuple[int, int]]:
-        return self.routers.links
-
-    def _route_routers(self, loads, node_src, node_dst, nbytes) -> float:
-        return self.routers.route(loads, self._fam("router"), node_src, node_dst, nbytes)
 
     # ---- the graph view ----------------------------------------------------------------------------
     def graph(self) -> nx.DiGraph:
@@ -371,35 +311,21 @@ class Cluster:
 
     def _endpoints(self, name: str, i: int):
         d, k = self.per_node, self.spec.nics_per_node
-        switch = ("switch", i // d)
         nic = ("nic", i // d, (i % d) * k // d)
-        ends = {
-            "dev_up": (("device", i), switch),
-            "dev_down": (switch, ("device", i)),
-            "mesh": (("device", i // d), ("device", (i // d) - (i // d) % d + i % d)),
-            "ring": (
-                ("device", i // 2),
-                ("device", (i // 2) - (i // 2) % d + ((i // 2) % d + (1 if i % 2 == 0 else -1)) % d),
-            ),
-            "host_up": (("device", i), nic),
-            "host_down": (nic, ("device", i)),
-        }
-        if name in ends:
-            return ends[name]
+        if name == "host_up":
+            return ("device", i), nic
+        if name == "host_down":
+            return nic, ("device", i)
         if name in ("nic_up", "nic_down"):
-            here = ("nic", i // k, i % k)
-            there = (
-                ("leaf", int(self.leaf_of_nic(np.int64(i))))
-                if self.spec.network.topology == "fat_tree"
-                else ("router", i // k)
-            )
+            here, there = ("nic", i // k, i % k), self.network.attach(i)
             return (here, there) if name == "nic_up" else (there, here)
-        if name == "leaf_up":
-            return ("leaf", i), ("spine", "all")
-        if name == "leaf_down":
-            return ("spine", "all"), ("leaf", i)
-        u, v = self.router_links[i]
-        return ("router", u), ("router", v)
+        if name in self.intra_families:
+            return self.fabric.endpoints(name, i)
+        return self.network.endpoints(name, i)
+
+    @cached_property
+    def intra_families(self) -> frozenset[str]:
+        return frozenset(f[0] for f in self.fabric.families())
 
 
 @lru_cache(maxsize=CLUSTER_CACHE)

@@ -176,65 +176,85 @@ def parse(
     """Every run in ``text``. ``op`` / ``ranks`` override what the log says (for tables pasted without
     their header). Raises CollectiveError(field_name, 'line N: ...') on a malformed log."""
     forced = _op(op, field_name) if op is not None else None
-    runs: list[_Pending] = []
-    current: _Pending | None = None
-    context = _Pending(0)  # what was read outside any run: program name, NCCL version and nranks
-    total_rows = 0
+    reader = _Reader(field_name, max_rows, forced)
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip()
-        if m := _NCCL_ALGO.search(line):
-            target = current if current is not None and not current.rows else context
-            target.nccl_algo = context.nccl_algo = m.group(1).lower()
-        # a run's own facts are taken until its first row; after that they belong to the next run
-        target = current if current is not None and not current.rows else context
-        if _NCCL_LINE.search(line):
-            if m := _NCCL_VERSION.search(line):
-                target.nccl_version = context.nccl_version = m.group(1)
-            if m := _NCCL_NRANKS.search(line):
-                target.nranks = context.nranks = int(m.group(1))
-            continue
-        line = _PREFIX.sub("", line)
-        stripped = line.strip()
-        if not stripped:
-            continue
-        if stripped.startswith("#"):
-            body = stripped.lstrip("#").strip()
-            if body.startswith("nThread") or (_starts_table(body) and (current is None or current.rows)):
-                current = target = _Pending(
-                    number, context.program, nccl_version=context.nccl_version, nccl_algo=context.nccl_algo
-                )
-                runs.append(current)
-            if m := _PROGRAM.search(body) if body.startswith("Collective test starting") else None:
-                target.program = context.program = m.group(1)
-            if m := _LIB_VERSION.search(body):
-                target.nccl_version = context.nccl_version = _version_from_code(int(m.group(1)))
-            if current is not None:  # its header, rank lines, column names, units, footer
-                _header_line(current, body, number, field_name)
-            continue
-        if _ROW_START.match(line):
-            if current is None:
-                current = _Pending(
-                    number,
-                    context.program,
-                    nranks=context.nranks,
-                    nccl_version=context.nccl_version,
-                    nccl_algo=context.nccl_algo,
-                )
-                runs.append(current)
-            current.rows.append(_row(current, line, number, field_name, forced))
-            total_rows += 1
-            if total_rows > max_rows:
-                raise CollectiveError(field_name, f"line {number}: more than {max_rows} table rows (the limit)")
-            continue
-        # a command line (mpirun ... ./build/all_reduce_perf -b 8 ...) names the test; anything else is
-        # another program's output (mpirun, srun, the shell) and is skipped
-        m = _PROGRAM.search(stripped)
-        if m and m.group(1) in PROGRAMS:
-            target.program = context.program = m.group(1)
-    runs = [r for r in runs if r.rows]
+        reader.read(number, raw)
+    runs = [r for r in reader.runs if r.rows]
     if not runs:
         raise CollectiveError(field_name, "no nccl-tests result rows found (lines starting with the size in bytes)")
     return [_finish(r, forced, ranks, field_name) for r in runs]
+
+
+class _Reader:
+    """Reads a log line by line into runs. ``context`` keeps what was read outside any run (program name,
+    NCCL version, nranks, NCCL_ALGO); a run's own facts are taken until its first row, after that they
+    belong to the next run."""
+
+    def __init__(self, field_name: str, max_rows: int, forced: Op | None):
+        self.field_name, self.max_rows, self.forced = field_name, max_rows, forced
+        self.runs: list[_Pending] = []
+        self.current: _Pending | None = None
+        self.context = _Pending(0)
+        self.total_rows = 0
+
+    @property
+    def target(self) -> _Pending:
+        """Where a fact read now belongs: the current run until its first row, else the context."""
+        return self.current if self.current is not None and not self.current.rows else self.context
+
+    def read(self, number: int, raw: str) -> None:
+        line = raw.rstrip()
+        if m := _NCCL_ALGO.search(line):
+            self.target.nccl_algo = self.context.nccl_algo = m.group(1).lower()
+        if _NCCL_LINE.search(line):
+            self._nccl_line(line)
+            return
+        line = _PREFIX.sub("", line)
+        stripped = line.strip()
+        if not stripped:
+            return
+        if stripped.startswith("#"):
+            self._comment(stripped.lstrip("#").strip(), number)
+        elif _ROW_START.match(line):
+            self._table_row(line, number)
+        elif (m := _PROGRAM.search(stripped)) and m.group(1) in PROGRAMS:
+            # a command line (mpirun ... ./build/all_reduce_perf -b 8 ...) names the test; anything else is
+            # another program's output (mpirun, srun, the shell) and is skipped
+            self.target.program = self.context.program = m.group(1)
+
+    def _nccl_line(self, line: str) -> None:
+        target = self.target
+        if m := _NCCL_VERSION.search(line):
+            target.nccl_version = self.context.nccl_version = m.group(1)
+        if m := _NCCL_NRANKS.search(line):
+            target.nranks = self.context.nranks = int(m.group(1))
+
+    def _comment(self, body: str, number: int) -> None:
+        context = self.context
+        if body.startswith("nThread") or (_starts_table(body) and (self.current is None or self.current.rows)):
+            self.current = _Pending(
+                number, context.program, nccl_version=context.nccl_version, nccl_algo=context.nccl_algo
+            )
+            self.runs.append(self.current)
+        target = self.target
+        if body.startswith("Collective test starting") and (m := _PROGRAM.search(body)):
+            target.program = context.program = m.group(1)
+        if m := _LIB_VERSION.search(body):
+            target.nccl_version = context.nccl_version = _version_from_code(int(m.group(1)))
+        if self.current is not None:  # its header, rank lines, column names, units, footer
+            _header_line(self.current, body, number, self.field_name)
+
+    def _table_row(self, line: str, number: int) -> None:
+        if self.current is None:
+            c = self.context
+            self.current = _Pending(
+                number, c.program, nranks=c.nranks, nccl_version=c.nccl_version, nccl_algo=c.nccl_algo
+            )
+            self.runs.append(self.current)
+        self.current.rows.append(_row(self.current, line, number, self.field_name, self.forced))
+        self.total_rows += 1
+        if self.total_rows > self.max_rows:
+            raise CollectiveError(self.field_name, f"line {number}: more than {self.max_rows} table rows (the limit)")
 
 
 # the 2017-2019 header (src/all_reduce.cu print_header before commit cbe7f65): "bytes N type op time algbw busbw
@@ -302,19 +322,7 @@ def _row(run: _Pending, line: str, number: int, field_name: str, op: Op | None) 
     if len(body) not in (per, 2 * per) and not (len(body) > 2 * per and run.columns and "timestamp" in run.columns):
         raise bad(f"{len(tokens)} fields where the table has {len(lead)} leading columns and {per} per placement")
     values = dict(zip(lead, tokens, strict=False))
-    try:
-        size, count = int(values["size"]), int(values["count"])
-    except ValueError:
-        raise bad("size and count must be integers") from None
-    dtype = values["type"]
-    if dtype not in WORD_BYTES:
-        raise bad(f"unknown data type {dtype!r}; nccl-tests prints one of {', '.join(sorted(WORD_BYTES))}")
-    root = None
-    if "root" in values:
-        try:
-            root = int(values["root"])
-        except ValueError:
-            raise bad(f"root must be an integer, got {values['root']!r}") from None
+    size, count, dtype, root = _leading(values, bad)
     placements = [
         _placement(body[i * per : (i + 1) * per], check, run.time_scale, bad) for i in range(len(body) // per)
     ]
@@ -329,6 +337,23 @@ def _row(run: _Pending, line: str, number: int, field_name: str, op: Op | None) 
         if counts and p is not None and p.wrong:
             raise bad(f"#wrong = {p.wrong:g}: nccl-tests found corrupted results, so these timings are not valid")
     return Row(number, size, count, dtype, values.get("redop"), root, oop, inp)
+
+
+def _leading(values: dict[str, str], bad) -> tuple[int, int, str, int | None]:
+    """size, count, data type and root of a row's leading columns."""
+    try:
+        size, count = int(values["size"]), int(values["count"])
+    except ValueError:
+        raise bad("size and count must be integers") from None
+    dtype = values["type"]
+    if dtype not in WORD_BYTES:
+        raise bad(f"unknown data type {dtype!r}; nccl-tests prints one of {', '.join(sorted(WORD_BYTES))}")
+    if "root" not in values:
+        return size, count, dtype, None
+    try:
+        return size, count, dtype, int(values["root"])
+    except ValueError:
+        raise bad(f"root must be an integer, got {values['root']!r}") from None
 
 
 def _placement(fields: list[str], check: int, scale: float, bad) -> Placement:

@@ -48,9 +48,9 @@ def in_network_level(cluster: Cluster, placement: np.ndarray) -> str:
     one node, the network's switches (SHARP) otherwise."""
     one_node = bool((cluster.node_of(placement) == cluster.node_of(placement[:, :1])).all())
     spec = cluster.spec
-    if one_node and spec.intra.fabric == "switch" and spec.intra.in_network_reduction:
+    if one_node and cluster.fabric.reduces:
         return "intra"
-    if not one_node and spec.network.in_network_reduction and spec.network.topology == "fat_tree":
+    if not one_node and cluster.network.reduces:
         return "network"
     where = "the node's switch (NVLS)" if one_node else "the network switches (SHARP)"
     raise CollectiveError("algorithm", f"in_network needs reduction in {where}, which cluster {spec.name} lacks")

@@ -32,7 +32,6 @@ LIBRARY_CANDIDATES: dict[Op, tuple[str, ...]] = {
     Op.SCATTER: ("direct",),
     Op.SENDRECV: ("direct",),
 }
-MESH_EXTRA = {Op.ALLREDUCE: ("direct",), Op.REDUCESCATTER: ("direct",), Op.ALLGATHER: ("direct",)}
 
 
 def local_size(cluster: Cluster, placement: np.ndarray) -> int:
@@ -56,8 +55,7 @@ def cached_schedule(algorithm: str, op: Op, n: int, count: int, local: int) -> S
 def candidates(op: Op, cluster: Cluster, which: str = "library") -> tuple[str, ...]:
     if which == "all":
         return tuple(sorted({i.algorithm for i in implementations() if i.op is op}))
-    extra = MESH_EXTRA.get(op, ()) if cluster.spec.intra.fabric == "full_mesh" else ()
-    return LIBRARY_CANDIDATES[op] + extra
+    return LIBRARY_CANDIDATES[op] + cluster.fabric.extra_candidates.get(op, ())  # a mesh's direct algorithms
 
 
 PRICINGS = ("auto", "library", "schedule")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from .._errors import CollectiveError
+from .fabrics import fabric_type
 from .gpu import GPUSpec
+from .networks import network_type
 
-INTRA_FABRICS = ("switch", "full_mesh", "ring", "none")
-NETWORKS = ("fat_tree", "torus", "dragonfly", "hypercube", "none")
 NETWORK_KINDS = ("ib", "roce", "efa", "efa_sendrecv", "tcpxo")  # per-hop latency by kind: library/calibration.py
 CPU_VENDORS = ("intel", "amd", "arm")  # NCCL's llMaxBw across nodes and per-step net overhead depend on it
 NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in library/tables.py
@@ -17,7 +17,8 @@ NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in lib
 
 @dataclass(frozen=True)
 class IntraNode:
-    """The fabric inside one node (one NVLink domain).
+    """The fabric inside one node (one NVLink domain); ``fabric`` names a registered fabric plug-in
+    (fabrics/: one module each, ``fabrics.names()``).
 
     ``switch``: every device has ``bandwidth_GBps`` to a non-blocking switch (NVSwitch; the several
     switch chips of a DGX are one logical switch because traffic is sprayed over all of them).
@@ -36,6 +37,8 @@ class IntraNode:
 class Network:
     """The fabric between nodes.
 
+    ``topology`` names a registered network plug-in (networks/: one module each, ``networks.names()``);
+    this block holds every network's parameters and each plug-in reads its own (its ``fields``).
     ``fat_tree``: NICs attach to leaf switches, leaves to spines; ``rail_optimized`` puts NIC k of every node
     of a scalable unit on leaf k (DGX SuperPOD), otherwise all NICs of a node share the node's leaf;
     ``oversubscription`` = leaf downlink / uplink capacity. ``torus`` (``dims``), ``dragonfly``
@@ -137,27 +140,24 @@ def validate_cluster(spec: ClusterSpec) -> None:
             f"num_nodes x devices_per_node = {spec.num_nodes} x {spec.devices_per_node} = {spec.num_devices} "
             f"devices; at most {MAX_DEVICES} are supported",
         )
-    if spec.intra.fabric not in INTRA_FABRICS:
+    fabric = fabric_type(spec.intra.fabric)  # an unknown name is an error listing the registered ones
+    if spec.devices_per_node > 1 and not fabric.connects_devices:
         raise CollectiveError(
-            "intra.fabric", f"unknown fabric {spec.intra.fabric!r}; known: {', '.join(INTRA_FABRICS)}"
+            "intra.fabric",
+            f"{spec.intra.fabric!r} needs 1 device per node, got {spec.devices_per_node} (they would be disconnected)",
         )
-    if spec.intra.fabric == "none" and spec.devices_per_node > 1:
-        raise CollectiveError(
-            "intra.fabric", f"'none' needs 1 device per node, got {spec.devices_per_node} (they would be disconnected)"
-        )
-    if spec.intra.fabric != "none" or spec.devices_per_node > 1:
-        _bandwidth("intra.bandwidth_GBps", spec.intra.bandwidth_GBps)
+    fabric.validate(spec)  # the fabric's own rules (fabrics/<name>.py)
     _non_negative("intra.latency_s", spec.intra.latency_s)
     _one_of("network.kind", spec.network.kind, NETWORK_KINDS, "network kind")
     _one_of("cpu_vendor", spec.cpu_vendor, CPU_VENDORS, "CPU vendor")
     _one_of("nccl_version", nccl_minor(spec.nccl_version), NCCL_VERSIONS, "NCCL version (major.minor)")
     _validate_calibration(spec.calibration)
     net = spec.network
-    if net.topology not in NETWORKS:
-        raise CollectiveError("network.topology", f"unknown network {net.topology!r}; known: {', '.join(NETWORKS)}")
-    if spec.num_nodes > 1 and net.topology == "none":
+    network = network_type(net.topology)  # an unknown name is an error listing the registered ones
+    if spec.num_nodes > 1 and not network.connects_nodes:
         raise CollectiveError(
-            "network.topology", f"{spec.num_nodes} nodes need a network, got 'none' (the graph would be disconnected)"
+            "network.topology",
+            f"{spec.num_nodes} nodes need a network, got {net.topology!r} (the graph would be disconnected)",
         )
     if spec.num_nodes > 1:
         _positive("nics_per_node", spec.nics_per_node)
@@ -171,38 +171,7 @@ def validate_cluster(spec: ClusterSpec) -> None:
             )
         _non_negative("nic_latency_s", spec.nic_latency_s)
         _non_negative("network.switch_latency_s", net.switch_latency_s)
-        _validate_network(spec)
-
-
-def _validate_network(spec: ClusterSpec) -> None:
-    net = spec.network
-    if net.topology == "fat_tree":
-        _positive("network.nodes_per_leaf", net.nodes_per_leaf)
-        _positive("network.num_spines", net.num_spines)
-        if net.oversubscription < 1:
-            raise CollectiveError(
-                "network.oversubscription", f"must be >= 1 (downlink:uplink), got {net.oversubscription}"
-            )
-        return
-    _bandwidth("network.link_bandwidth_GBps", net.link_bandwidth_GBps)
-    if net.topology == "torus":
-        product = 1
-        for d in net.dims:
-            _positive("network.dims", d)
-            product *= d
-        if product != spec.num_nodes:
-            dims = " x ".join(map(str, net.dims)) or "()"
-            raise CollectiveError(
-                "network.dims", f"torus {dims} = {product} routers but the cluster has {spec.num_nodes} nodes"
-            )
-    elif net.topology == "dragonfly":
-        _positive("network.group_size", net.group_size)
-        if spec.num_nodes % net.group_size:
-            raise CollectiveError(
-                "network.group_size", f"{spec.num_nodes} nodes do not split into groups of {net.group_size}"
-            )
-    elif net.topology == "hypercube" and spec.num_nodes & (spec.num_nodes - 1):
-        raise CollectiveError("num_nodes", f"a hypercube needs a power-of-two number of nodes, got {spec.num_nodes}")
+        network.validate(spec)  # the network's own rules (networks/<name>.py)
 
 
 def _validate_calibration(cal) -> None:

@@ -2,7 +2,8 @@
 
 A cluster's *unit of symmetry* (:attr:`Cluster.symmetry_unit`, said by each network module) is a block of
 devices such that moving a placement by whole units changes no price: a fat-tree's scalable unit (every unit
-is wired alike, fat_tree.py), the whole cluster when it is one node; router networks (routers.py) have none.
+is wired alike, networks/fat_tree.py), the whole cluster when it is one node; router networks (networks/_routed.py)
+have none.
 
 - :func:`neighbourhood`: the groups whose traffic can share a link with group 0, those touching a unit
   group 0 touches. Every link group 0 uses then carries exactly the load it carries with all groups

@@ -9,13 +9,14 @@ Two shapes, both bounded in size whatever the group:
 - **detailed** (the group spans at most ``MAX_NODES`` nodes): the nodes as boxes holding their GPUs (the
   group's first, then the others, at most ``MAX_GPUS`` per node) and every link that traffic among those GPUs
   crosses as ``Cluster.route`` routes it (the node's switch or mesh, PCIe, NICs, leaves, the spines when it
-  crosses leaves, every router on a shortest path, at most ``MAX_ROUTER_LINKS``), plus each GPU's PCIe and
+  crosses leaves, every router on a shortest path, at most ``MAX_ROUTER_LINKS`` of the network's
+  ``capped_family``), plus each GPU's PCIe and
   NIC links into the network. One edge per directed link. Routing decides, so a new fabric or network is
   drawn once it is routed, with no change here.
-- **aggregated** (more nodes): the first ``MAX_BOXES`` nodes as boxes counting their devices in the group;
-  on a fat-tree each node's NIC k (k < ``MAX_NICS``) joins its rail (rail-optimised: leaf k of every unit)
-  or its unit's leaf, one edge holding both directions' link ids; on a router network, the router links
-  between drawn nodes.
+- **aggregated** (more nodes): the first ``MAX_BOXES`` nodes as boxes counting their devices in the group,
+  and what the network plug-in draws between them (``draw_aggregated``): on a fat-tree each node's NIC k
+  (k < ``MAX_NICS``) joins its rail (rail-optimised: leaf k of every unit) or its unit's leaf, one edge
+  holding both directions' link ids; on a router network, the router links between drawn nodes.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class _Detailed(_Builder):
         c = self.cluster
         src, dst = np.repeat(gpus, gpus.size), np.tile(gpus, gpus.size)
         apart = src != dst
-        if c.spec.intra.fabric == "none":  # GPUs of a node do not talk to each other (Cluster.route refuses)
+        if not c.fabric.connects_devices:  # GPUs of a node do not talk to each other (Cluster.route refuses)
             apart &= c.node_of(src) != c.node_of(dst)
         found = set(_loaded(c.route(src[apart], dst[apart], None)[0]))
         if c.num_nodes > 1:  # a negative device is the network's switch (Cluster.route)
@@ -180,9 +181,10 @@ class _Detailed(_Builder):
             )
         drawn = set(gpus.tolist())
         keep = sorted(link for link in found if all(self._drawn(end, drawn) for end in c.endpoints(link)))
-        routers = [link for link in keep if c.family_of(link).name == "router"]
-        self.truncated |= len(routers) > MAX_ROUTER_LINKS
-        dropped = set(routers[MAX_ROUTER_LINKS:])
+        capped = c.network.capped_family if c.num_nodes > 1 else None
+        fanned = [link for link in keep if c.family_of(link).name == capped]
+        self.truncated |= len(fanned) > MAX_ROUTER_LINKS
+        dropped = set(fanned[MAX_ROUTER_LINKS:])
         return [link for link in keep if link not in dropped]
 
     def _drawn(self, vertex: tuple, gpus: set[int]) -> bool:
@@ -213,38 +215,21 @@ class _Aggregated(_Builder):
         counts = np.bincount(self.dev // d, minlength=c.num_nodes)
         for node in drawn:
             self.vertex(Vertex(f"b{node}", "node_box", f"node {node}", node, members=int(counts[node])))
-        if c.num_nodes > 1 and "leaf_up" in c.families:
-            self._rails(drawn)
-        elif "router" in c.families:
-            self._router_links(drawn)
+        if c.num_nodes > 1:
+            c.network.draw_aggregated(self, drawn)  # the network plug-in draws its part (networks/)
         return self.result(True, drawn)
-
-    def _rails(self, drawn: list[int]) -> None:
-        c, k = self.cluster, self.cluster.spec.nics_per_node
-        rail_optimized = c.spec.network.rail_optimized
-        up, down = c.families["nic_up"].start, c.families["nic_down"].start
-        self.truncated |= k > MAX_NICS
-        for node in drawn:
-            for i in range(min(k, MAX_NICS)):
-                nic = node * k + i
-                rail = f"rail {i}" if rail_optimized else f"leaf {int(c.leaf_of_nic(np.int64(nic)))}"
-                self.vertex(Vertex(rail, "rail", rail))
-                label = f"node {node} nic {i} <-> {rail}"
-                self.edge(f"b{node}-{i}", f"b{node}", rail, (up + nic, down + nic), label)
-
-    def _router_links(self, drawn: list[int]) -> None:
-        c, base, boxes = self.cluster, self.cluster.families["router"].start, set(drawn)
-        for i, (u, v) in enumerate(c.router_links):
-            if u in boxes and v in boxes:
-                self.edge(f"e{base + i}", f"b{u}", f"b{v}", (base + i,))
 
 
 def _loaded(loads) -> list[int]:
     return [int(link) for link in loads.links[loads.bytes > 0]]
 
 
+VERTEX_PREFIX = {"leaf": "l", "router": "r"}
+
+
 def _vid(cluster: Cluster, key: tuple) -> str:
-    """Drawing ids: d<device>, s<node>, c<global NIC>, l<leaf>, spine, r<router>."""
+    """Drawing ids: d<device>, s<node>, c<global NIC>, l<leaf>, spine, r<router>; a vertex kind of another
+    network plug-in: <kind>:<index> (its first letter could be taken)."""
     kind = key[0]
     if kind == "device":
         return f"d{key[1]}"
@@ -254,4 +239,4 @@ def _vid(cluster: Cluster, key: tuple) -> str:
         return f"c{key[1] * cluster.spec.nics_per_node + key[2]}"
     if kind == "spine":
         return "spine"
-    return f"{kind[0]}{key[1]}"
+    return f"{VERTEX_PREFIX.get(kind, kind + ':')}{key[1]}"

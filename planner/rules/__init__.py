@@ -2,9 +2,9 @@
 
 from ..context import Context
 from ..ledger import Call, merge_stages
-from . import context_parallel, data, expert, pipeline, tensor
+from . import context_parallel, data, expert, fp8, pipeline, tensor
 
-RULES = (tensor, context_parallel, expert, pipeline, data)
+RULES = (tensor, context_parallel, expert, pipeline, data, fp8)
 
 
 def ledger(ctx: Context) -> list[Call]:

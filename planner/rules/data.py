@@ -32,6 +32,7 @@ from ..context import Context
 from ..layout import Group
 from ..ledger import Call
 from ..params import Param, alike_stages, stage_params
+from ..recipes import quantized
 from . import deepspeed
 
 DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
@@ -134,6 +135,21 @@ def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size
     stage = ctx.par.zero_stage
     if stage == 3 or (stage == 2 and ctx.flavour == "torch"):
         return _sharded_units(ctx, params, group, kind, size)
+    if ctx.work.fp8_param_gather and stage <= 1:
+        # --fp8-param-gather: the TE linear weights live in their own uint8 buffer (param_and_grad_buffer.py
+        # groups buffers by parameter dtype), bucketed and gathered apart from the bf16 rest
+        low = [p for p in params if quantized(p.name)]
+        high = [p for p in params if not quantized(p.name)]
+        return _bucketed(ctx, high, group, kind, size) + _bucketed(ctx, low, group, kind, size, ctx.work.recipe)
+    return _bucketed(ctx, params, group, kind, size)
+
+
+def _bucketed(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int, recipe=None) -> list[Call]:
+    """The buckets of one buffer; ``recipe``: the buffer of fp8 (fp4) primary weights, whose all-gather
+    moves Recipe.element_bytes per element (``{kind}.params.fp8``)."""
+    stage = ctx.par.zero_stage
+    if not params:
+        return []
     source = SOURCES[stage][ctx.flavour]
     buckets = _buckets(ctx, params, size)
     gbytes, pbytes, m = ctx.grad_bytes, ctx.param_bytes, ctx.micro_batches
@@ -166,14 +182,15 @@ def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size
                 dtype=ctx.grad_dtype,
             ),
             _call(
-                name=f"{kind}.params",
+                name=f"{kind}.params" + (".fp8" if recipe else ""),
                 op=Op.ALLGATHER,
                 phase="optimizer",
-                message=numel * pbytes,
+                message=int(numel * recipe.element_bytes) if recipe else numel * pbytes,
                 count=count,
                 group=group,
-                source=source,
-                dtype=ctx.work.param_dtype,
+                source=source
+                + (f"; --fp8-param-gather ({recipe.name}: {recipe.element_bytes:g} B/element)" if recipe else ""),
+                dtype=recipe.gemm_dtype if recipe else ctx.work.param_dtype,
             ),
         ]
     return out

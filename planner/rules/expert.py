@@ -9,7 +9,12 @@ the two transposes (same sizes). Dropless routing first all-gathers every rank's
 over the expert-TP x EP group (E int64 per rank). With expert tensor parallelism (expert_tp > 1) the
 received tokens are all-gathered over the expert-TP group before the experts and reduce-scattered after.
 With ``parallel.ep_dispatch: "deepep"`` the two all-to-alls become DeepEP's node-limited RDMA + NVLink legs
-(rules/deepep.py). The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile;
+(rules/deepep.py). With ``"allgather"`` (Megatron MoEAllGatherTokenDispatcher, --moe-token-dispatcher-type
+allgather) every rank all-gathers the hidden states, the routing map (bool, T x E) and the probabilities
+(T x E) of the whole expert-TP x EP group, keeps the tokens of its local experts, and reduce-scatters the
+expert output back (token_combine); backward runs the conjugates for the hidden states and the probabilities
+(the routing map has no gradient). No token counts and no separate expert-TP gather: the group is TP x EP.
+The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile;
 combine stays in the activation dtype. torchtitan's EP exchanges the counts with an all-to-all instead of an all-gather.
 """
 
@@ -108,6 +113,8 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     moe, par, h = ctx.model.moe, ctx.par, ctx.model.hidden_size
     rows = _routed(ctx)
     out = []
+    if ctx.par.ep_dispatch == "allgather":
+        return _allgather(ctx, layers, "forward")
     if _deepep(ctx):  # the layout notification travels inside DeepEP's kernels
         return deepep.calls(ctx, layers, ctx.tokens_local, dispatch_row_bytes(ctx), "forward") + _expert_tp(
             ctx, layers, rows, "forward"
@@ -248,8 +255,42 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     ]
 
 
+def _allgather(ctx: Context, layers: int, phase: str) -> list[Call]:
+    """MoEAllGatherTokenDispatcher (token_dispatcher.py): token_dispatch gathers routing_map, probs and the
+    hidden states over tp_ep_group (gather_from_sequence_parallel_region); token_combine reduce-scatters
+    the output (reduce_scatter_to_sequence_parallel_region). Backward: the hidden gather's gradient is a
+    reduce-scatter, the combine's an all-gather, the probabilities' a reduce-scatter."""
+    par, moe, h, x = ctx.par, ctx.model.moe, ctx.model.hidden_size, ctx.x
+    n = par.expert_tp * par.ep
+    if n == 1:
+        return []
+    t = ctx.tokens_local
+    group = Group(("tp", "ep"), expert=True)
+    source = SOURCE.replace("MoEAlltoAllTokenDispatcher", "MoEAllGatherTokenDispatcher")
+    hidden, probs = n * t * h * x, n * t * moe.num_experts * x
+
+    def call(name: str, op: Op, message: int, dtype: str | None = None) -> Call:
+        return _ep(ctx, name=name, op=op, phase=phase, message=message, count=layers, group=group, source=source,
+                   dtype=dtype)  # fmt: skip
+
+    if phase == "forward":
+        return [
+            call("ep.allgather.routing_map", Op.ALLGATHER, n * t * moe.num_experts, "bool"),
+            call("ep.allgather.probs", Op.ALLGATHER, probs),
+            call("ep.allgather.hidden", Op.ALLGATHER, hidden),
+            call("ep.allgather.combine", Op.REDUCESCATTER, hidden),
+        ]
+    return [
+        call("ep.allgather.combine.bwd", Op.ALLGATHER, hidden),
+        call("ep.allgather.hidden.bwd", Op.REDUCESCATTER, hidden),
+        call("ep.allgather.probs.bwd", Op.REDUCESCATTER, probs),
+    ]
+
+
 def _backward(ctx: Context, layers: int) -> list[Call]:
     rows = _routed(ctx)
+    if ctx.par.ep_dispatch == "allgather":
+        return _allgather(ctx, layers, "backward")
     out = []
     if _deepep(ctx):
         out += deepep.calls(ctx, layers, ctx.tokens_local, 0, "backward")

@@ -61,7 +61,10 @@ def calls(ctx: Context) -> list[Call]:
                     dtype=ctx.work.activation_dtype,
                 )
             )
-    if ctx.training and ctx.model.tied_embeddings and ctx.flavour != "torch":
+    # MTP modules read the word embedding on the last stage too: Megatron-Core finalize_model_grads.py
+    # _get_shared_word_embedding_weight reduces it "if share_embeddings_and_output_weights or mtp_num_layers"
+    shared = ctx.model.tied_embeddings or ctx.model.mtp_layers > 0
+    if ctx.training and shared and ctx.flavour != "torch":
         vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
         grads = vocab * ctx.model.hidden_size * ctx.grad_bytes
         out.append(

@@ -21,6 +21,8 @@ unless FSDP2 shards the DTensor parameters on top, whose post-backward reduces t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collectives import Op
 
 from ..context import Context
@@ -48,7 +50,7 @@ def calls(ctx: Context) -> list[Call]:
         if ctx.is_first(stage):
             out += [c.at(stage) for c in _embedding(ctx)]
         if ctx.is_last(stage):
-            out += [c.at(stage) for c in _head(ctx)]
+            out += [c.at(stage) for c in _head(ctx) + _mtp(ctx)]
         if ctx.training:
             out += [c.at(stage) for c in _data_broadcast(ctx, stage) + _norm_grads(ctx, stage)]
     return out
@@ -152,6 +154,22 @@ def _embedding(ctx: Context) -> list[Call]:
     return out
 
 
+def _mtp(ctx: Context) -> list[Call]:
+    """Each MTP module (training, last stage) looks up the shifted tokens in the shared embedding and scores
+    its output with the shared LM head and cross-entropy (Megatron-Core multi_token_prediction.py
+    MultiTokenPredictionLayer: self.embedding(...), then the output layer and the loss in
+    gpt_model.py): the embedding's and the head's TP calls once more per module, named tp.mtp.*."""
+    n = ctx.model.mtp_layers
+    if not n or not ctx.training:
+        return []
+    src = "; Megatron-Core multi_token_prediction.py (MTP module: shared embedding and output head)"
+    return [
+        replace(c, name="tp.mtp." + c.name.removeprefix("tp."), calls_per_iteration=c.calls_per_iteration * n,
+                source=c.source + src)
+        for c in _embedding(ctx) + _head(ctx)
+    ]  # fmt: skip
+
+
 def _head(ctx: Context) -> list[Call]:
     """The LM head is a column-parallel linear over the vocabulary. Megatron keeps the logits sharded and
     runs the vocab-parallel cross-entropy: 3 all-reduces of b·s/c fp32 values (max, predicted logit,
@@ -239,15 +257,17 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
 
 def norm_params(ctx: Context, stage: int) -> int:
     """Parameters replicated across TP whose gradients sequence parallelism leaves partial: layer norms
-    (and q/k norms, MLA's latent norms), MoE routers, and the final norm on the last stage."""
+    (and q/k norms), MLA's latent norms and its two down-projections (TELinear parallel_mode "duplicated"
+    sets sequence_parallel on its weights: megatron/core/extensions/transformer_engine.py TELinear), MoE
+    routers, the final norm and the MTP modules' three norms on the last stage."""
     m = ctx.model
     per_layer = 2 * m.norm_params() + (2 * m.head_size if m.qk_norm else 0)
     if m.mla:
-        per_layer += m.mla.q_lora_rank + m.mla.kv_lora_rank
+        per_layer += sum(n for _, n, split in m.mla.projections(m.hidden_size, m.num_attention_heads) if not split)
     total = per_layer * len(ctx.stage_layers[stage]) + ctx.moe_layers(stage) * m.hidden_size * (
         m.moe.num_experts if m.moe else 0
     )
-    return total + (m.norm_params() if ctx.is_last(stage) else 0)
+    return total + ((1 + 3 * m.mtp_layers) * m.norm_params() if ctx.is_last(stage) else 0)
 
 
 def _norm_grads(ctx: Context, stage: int) -> list[Call]:

@@ -72,9 +72,9 @@ def test_flash3_on_ampere_and_mxfp8_on_hopper_are_named(api):
     a100["cluster"] = {"preset": "dgx-a100", "num_nodes": 1}
     field, msg = error(api, a100)
     assert field == "workload.attention_kernel" and "Hopper (sm90) only" in msg
-    field, msg = error(api, body({"activation_dtype": "fp8", "fp8_recipe": "mxfp8"}))
-    assert field == "workload.fp8_recipe" and "compute capability 10 or newer" in msg
-    b200 = body({"activation_dtype": "fp8", "fp8_recipe": "mxfp8"})
+    field, msg = error(api, body({"fp8_recipe": "mxfp8"}))
+    assert field == "workload.fp8_recipe" and "compute capability >= 10.0" in msg
+    b200 = body({"fp8_recipe": "mxfp8"})
     b200["cluster"] = {"preset": "dgx-b200", "num_nodes": 1}
     assert plan(api, b200)["step"]["time_s"] > 0
 
@@ -87,8 +87,8 @@ def test_kernel_options_change_the_step(api):
         for name, b in {
             "cudnn": body(),
             "flash2": body({"attention_kernel": "flash2"}),
-            "tensor": body({"activation_dtype": "fp8"}),
-            "block": body({"activation_dtype": "fp8", "fp8_recipe": "block"}),
+            "tensor": body({"fp8_recipe": "tensorwise"}),
+            "block": body({"fp8_recipe": "blockwise"}),
             "eager": body(framework="torch"),
             "compiled": body({"torch_compile": True}, framework="torch"),
             "graphs": body({"cuda_graphs": True}),

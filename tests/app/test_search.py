@@ -38,7 +38,7 @@ def test_search_answers_the_contract_and_plan_agrees():
     p = client.post("/v1/plan", json=plan)
     assert p.status_code == 200, p.text
     # the plan router's own function: the typed plan the answer was written from
-    from app.routers.plan import plan_of
+    from app.inputs import plan_of
     from app.schemas.plan import PlanRequest
 
     same = plan_of(PlanRequest.model_validate(plan), client.app.state.settings)

@@ -114,7 +114,7 @@ def test_route_conserves_bytes():
 
 def test_torus_ecmp_shares():
     torus = Cluster(cluster_preset("tpu-torus", 64))
-    _, shares, hops = torus.routers.path(0, 21)  # (1,1,1) away in a 4x4x4 torus: 3 hops, 6 paths
+    _, shares, hops = torus.network.path(0, 21)  # (1,1,1) away in a 4x4x4 torus: 3 hops, 6 paths
     assert hops == 3
     assert shares.sum() == pytest.approx(3.0)  # every path crosses 3 links
     assert shares.max() == pytest.approx(1 / 3)

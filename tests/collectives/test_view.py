@@ -162,7 +162,7 @@ def test_dragonfly_from_the_spec():
     view = subgraph(cluster, [0, 8 * 5])
     assert routed(cluster, [0, 40]) <= view.link_ids
     assert {e.label for e in view.edges if e.family == "router"} <= {
-        f"router {u} -> router {v}" for u, v in cluster.router_links
+        f"router {u} -> router {v}" for u, v in cluster.network.links
     }
 
 

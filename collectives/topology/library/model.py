@@ -91,7 +91,17 @@ def graphs_for(shape: Shape) -> dict[str, Graph | None]:
 
 
 def why_unavailable(algorithm: str, op: Op, shape: Shape, feat: Features) -> str:
-    """The rule that keeps ``algorithm`` from running, or '' (tuning.cc:ncclTopoTuneModel v2.30.7-1)."""
+    """The rule that keeps ``algorithm`` from running, or '' (tuning.cc:ncclTopoTuneModel v2.30.7-1): the
+    op's rules, then the NVLS, CollNet and span rules, in that order."""
+    return (
+        _op_rule(algorithm, op)
+        or _nvls_rule(algorithm, shape, feat)
+        or _collnet_rule(algorithm, shape, feat)
+        or _span_rule(algorithm, op, shape)
+    )
+
+
+def _op_rule(algorithm: str, op: Op) -> str:
     if op not in NCCL_FUNCS:
         return f"NCCL's tuner prices {', '.join(o.value for o in NCCL_FUNCS)} only"
     if op in (Op.BROADCAST, Op.REDUCE) and algorithm != "ring":
@@ -100,6 +110,10 @@ def why_unavailable(algorithm: str, op: Op, shape: Shape, feat: Features) -> str
         return "allgather/reducescatter run on ring, PAT, NVLS or CollNetDirect only"
     if op is Op.ALLREDUCE and algorithm == "pat":
         return "PAT implements allgather and reducescatter only"
+    return ""
+
+
+def _nvls_rule(algorithm: str, shape: Shape, feat: Features) -> str:
     if algorithm in ("nvls", "nvls_tree"):
         if not feat.nvls or shape.sm < 90 or not shape.nvswitch:
             return f"{algorithm} needs an NVLink switch with NVLS (SHARP) enabled and SM90+ (got sm {shape.sm})"
@@ -109,13 +123,22 @@ def why_unavailable(algorithm: str, op: Op, shape: Shape, feat: Features) -> str
         return "NVLSTree is disabled on a single node"
     if algorithm == "nvls" and shape.nodes > 1 and not feat.collnet:
         return "NVLS across nodes needs CollNet (SHARP) in the network"
-    if algorithm in ("collnet_direct", "collnet_chain"):
-        if not feat.collnet:
-            return f"{algorithm} needs CollNet (SHARP) in the network"
-        if shape.nodes == 1:
-            return f"{algorithm} needs more than one node"
-        if algorithm == "collnet_direct" and not shape.nvswitch:
-            return "CollNetDirect needs an NVSwitch system"
+    return ""
+
+
+def _collnet_rule(algorithm: str, shape: Shape, feat: Features) -> str:
+    if algorithm not in ("collnet_direct", "collnet_chain"):
+        return ""
+    if not feat.collnet:
+        return f"{algorithm} needs CollNet (SHARP) in the network"
+    if shape.nodes == 1:
+        return f"{algorithm} needs more than one node"
+    if algorithm == "collnet_direct" and not shape.nvswitch:
+        return "CollNetDirect needs an NVSwitch system"
+    return ""
+
+
+def _span_rule(algorithm: str, op: Op, shape: Shape) -> str:
     if algorithm in ("nvls", "collnet_direct") and op in (Op.ALLGATHER, Op.REDUCESCATTER) and shape.nodes > 1:
         return f"{algorithm} allgather/reducescatter across nodes needs a CollNet plugin with iallgather/ireducescatter"
     if algorithm == "pat" and shape.ppn != 1:
@@ -172,7 +195,6 @@ def _kind(a: str, shape: Shape, feat: Features) -> str:
 def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration) -> Candidate | None:
     nodes, n = shape.nodes, shape.num_ranks
     ppn = n / nodes
-    cc, nc = T.cc_class(shape.sm), T.node_class(nodes)
     pi = T.PROTOCOLS.index(p)
     nsteps = 2 * (n - 1) if op is Op.ALLREDUCE else n - 1 if op in (Op.ALLGATHER, Op.REDUCESCATTER) else n
     collnet = a in ("collnet_direct", "collnet_chain")
@@ -183,7 +205,28 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
             return None
         bw = _nvls_channel_bw(op, a, g, g.bw_intra, shape, ppn)
         achieved = _nvls_channel_bw(op, a, g, max(g.bw_intra, _node_nvls_speed(shape)), shape, ppn) / bw
-    bus = g.channels * bw
+    bus = _bus(op, a, p, g, shape, feat, g.channels * bw, ppn)
+    if bus <= 0:
+        return None
+    kind = _kind(a, shape, feat)
+    algbw = bus
+    if not (a != "ring" and op in (Op.ALLGATHER, Op.REDUCESCATTER)):
+        algbw = bus * (n / nsteps if a in ("ring", "nvls", "nvls_tree") else 0.5)
+    lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
+    if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
+        lat *= T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime plateau (large sizes)
+    scale = cal.latency_multiplier("inter_node" if nodes > 1 else "intra_node", shape.sm)
+    return Candidate(
+        a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g),
+        _corrected_sizes(a, shape, feat), achieved,
+    )  # fmt: skip
+
+
+def _bus(op: Op, a: str, p: str, g: Graph, shape: Shape, feat: Features, bus: float, ppn: float) -> float:
+    """NCCL's busBw of (a, p) from channels x per-channel bandwidth ``bus``: the LL, LL128, tree, PAT and
+    CollNetDirect factors and caps of tuning.cc:ncclTopoTuneModel (v2.30.7-1)."""
+    nodes = shape.nodes
+    cc, nc = T.cc_class(shape.sm), T.node_class(nodes)
     index1 = cc if nodes == 1 else (1 if feat.cpu_vendor == "amd" else 0)
     ll_max = T.LL_MAX_BW[index1][nc]
     if a == "ring" and p == "LL":
@@ -208,20 +251,7 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
             bus /= factor
             if shape.sm >= 90:
                 bus *= T.COLLNET_HOPPER_FACTOR
-    if bus <= 0:
-        return None
-    kind = _kind(a, shape, feat)
-    algbw = bus
-    if not (a != "ring" and op in (Op.ALLGATHER, Op.REDUCESCATTER)):
-        algbw = bus * (n / nsteps if a in ("ring", "nvls", "nvls_tree") else 0.5)
-    lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
-    if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
-        lat *= T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime plateau (large sizes)
-    scale = cal.latency_multiplier("inter_node" if nodes > 1 else "intra_node", shape.sm)
-    return Candidate(
-        a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g),
-        _corrected_sizes(a, shape, feat), achieved,
-    )  # fmt: skip
+    return bus
 
 
 def _nvls_channel_bw(op: Op, a: str, g: Graph, intra_speed: float, shape: Shape, ppn: float) -> float:

@@ -52,11 +52,7 @@ SCHEDULE_OF = {
 def is_nvidia(cluster: Cluster) -> bool:
     """NCCL's model applies: an NVIDIA GPU (sm > 0) on NVLink/PCIe inside the node."""
     s = cluster.spec
-    return (
-        bool(s.gpu and s.gpu.sm > 0)
-        and s.intra.link_name in ("nvlink", "pcie")
-        and s.intra.fabric in ("switch", "none")
-    )
+    return bool(s.gpu and s.gpu.sm > 0) and s.intra.link_name in ("nvlink", "pcie") and cluster.fabric.library_model
 
 
 def normalise_algo(text: str) -> str:
@@ -76,12 +72,13 @@ def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
     sm = s.gpu.sm if s.gpu else 0
     nodes, counts = np.unique(cluster.node_of(group), return_counts=True)
     ppn = int(counts.max())
-    if s.intra.link_name == "nvlink" and s.intra.fabric == "switch":
+    nvswitch = s.intra.link_name == "nvlink" and cluster.fabric.switched
+    if nvswitch:
         per_link = 50.0 if sm >= 100 else 25.0  # NVLink5 / NVLink3-4 GB/s per link per direction
         links = (s.gpu.nvlink_links if s.gpu and s.gpu.nvlink_links else 0) or round(s.intra.bandwidth_GBps / per_link)
         gpu_bw = links * T.nvlink_bw(sm)
     else:
-        gpu_bw = T.pci_bw(s.intra.bandwidth_GBps if s.intra.fabric != "none" else s.pcie_bandwidth_GBps)
+        gpu_bw = T.pci_bw(s.intra.bandwidth_GBps if cluster.fabric.connects_devices else s.pcie_bandwidth_GBps)
     nets, net_bw = 1, 0.0
     if len(nodes) > 1:
         first = group[cluster.node_of(group) == nodes[0]]
@@ -93,7 +90,7 @@ def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
         len(nodes),
         ppn,
         gpu_bw,
-        s.intra.fabric == "switch" and s.intra.link_name == "nvlink",
+        nvswitch,
         nets,
         net_bw,
         nccl_minor(s.nccl_version),
@@ -273,45 +270,7 @@ def _contention(cluster: Cluster, placement: np.ndarray) -> tuple[float, tuple[t
     ratios = load[pn[own]] / weight[own]
     start = cluster.families["nic_up"].start
     links = [(start + int(i), float(u), float(r)) for i, u, r in zip(pn[own], load[pn[own]], ratios, strict=True)]
-    if spec.network.topology == "fat_tree" and "leaf_up" in cluster.families:
-        links += _leaf_bundles(cluster, placement, pg, pn, weight)
+    links += cluster.network.ring_links(cluster, placement, pg, pn, weight)  # a fat-tree's leaf bundles
     links.sort(key=lambda x: -x[2])
     worst = max(1.0, links[0][2])
     return worst, tuple((i, u) for i, u, _ in links)
-
-
-def _crossing_hops(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
-    """Keys group x num_nodes + node of every node whose next node in its group's ring of nodes (ascending,
-    wrapping round) sits under another leaf unit."""
-    g, n = placement.shape
-    nodes = np.sort(cluster.node_of(placement), axis=1).ravel()
-    group = np.repeat(np.arange(g), n)
-    keep = np.r_[True, (nodes[1:] != nodes[:-1]) | (group[1:] != group[:-1])]
-    nodes, group = nodes[keep], group[keep]
-    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-    ends = np.r_[starts[1:] - 1, len(nodes) - 1]
-    nxt = np.r_[nodes[1:], 0]
-    nxt[ends] = nodes[starts]
-    unit = cluster.spec.network.nodes_per_leaf
-    cross = nodes // unit != nxt // unit
-    return group[cross] * cluster.spec.num_nodes + nodes[cross]
-
-
-def _leaf_bundles(cluster, placement, pg, pn, weight) -> list[tuple[int, float, float]]:
-    """A node-to-node hop whose two nodes sit under different leaf units crosses the spines: the NICs of the
-    sending node push their share up their leaf's bundle (nics_per_leaf x NIC rate / oversubscription).
-    Group 0's bundles as (link id, bytes per bus byte, busy ratio to group 0's own NIC)."""
-    spec = cluster.spec
-    crossing = np.isin(pg * spec.num_nodes + pn // spec.nics_per_node, _crossing_hops(cluster, placement))
-    own = (pg == 0) & crossing
-    if not own.any():
-        return []
-    leaf = cluster.leaf_of_nic(pn)
-    fam = cluster.families["leaf_up"]
-    up = np.bincount(leaf[crossing], weight[crossing], minlength=fam.size)
-    share = fam.capacity_GBps / spec.nic_bandwidth_GBps  # a bundle's capacity in NICs
-    ratios = up[leaf[own]] / share / weight[own]
-    best = {}
-    for i, r in zip(leaf[own].tolist(), ratios.tolist(), strict=True):
-        best[i] = max(r, best.get(i, 0.0))
-    return [(fam.start + i, float(up[i]), r) for i, r in best.items()]

@@ -1,46 +1,88 @@
-"""Router-based networks: one router per node joined as a torus, dragonfly or hypercube; ECMP over every
-shortest path. The share of each directed router link in a node pair's traffic comes from shortest-path
-counts (Brandes), memoised per router pair. Adding such a topology means adding its graph to ``graph_of``."""
+"""Router-based networks: one router per node, joined as the subclass's graph (torus.py, dragonfly.py,
+hypercube.py); ECMP over every shortest path. The share of each directed router link in a node pair's traffic
+comes from shortest-path counts (Brandes), memoised per router pair. A new router network is a subclass with
+its ``build_graph`` and its rules (``validate``, ``visit_weight``) in a module of its own.
+
+Work (the cost guard, app/limits.py): routing runs a breadth-first search from each router a priced group
+touches, num_nodes^2 router visits in the worst case, times ``visit_weight`` (measured: torus 256 routers
+~1 s, hypercube 256 ~1.4 s, dragonfly 256 ~2.4 s; docs/hardening.md), against their own budget.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 from functools import cached_property
+from typing import ClassVar
 
 import networkx as nx
 import numpy as np
 
-from .._errors import CollectiveError
+from ..._errors import CollectiveError
+from ..loads import _ones_if_none
+from ._base import Families, NetworkModel
 
 
-def graph_of(network, num_nodes: int) -> nx.Graph:
-    """The router graph of ``network`` (spec.Network) over ``num_nodes`` routers, integer-labelled."""
-    if network.topology == "torus":
-        g = nx.grid_graph(dim=list(reversed(network.dims)), periodic=True) if num_nodes > 1 else nx.empty_graph(1)
-        return nx.convert_node_labels_to_integers(g, ordering="sorted")
-    if network.topology == "hypercube":
-        return nx.convert_node_labels_to_integers(nx.hypercube_graph(num_nodes.bit_length() - 1), ordering="sorted")
-    return _dragonfly(num_nodes, network.group_size)
-
-
-class RouterNetwork:
+class RouterNetwork(NetworkModel):
     # Symmetry (symmetry.py): none is used. A torus is symmetric under translation, but a dragonfly's global
     # links and a partial hypercube are not, and every router link may carry any group's traffic, so
     # placements on router networks are always priced where they are.
     unit_nodes: int | None = None
     nodes_alike_in_unit = False
 
-    def link_shifts(self, units: int) -> dict[str, int]:
-        raise CollectiveError("network", "router networks have no unit of symmetry to move links by")
+    fields = ("link_bandwidth_GBps", "switch_latency_s")
+    capped_family = "router"
+    visit_weight: ClassVar[int] = 1  # x num_nodes^2 router visits (module docstring)
 
-    def __init__(self, network, num_nodes: int):
-        self.network, self.num_nodes = network, num_nodes
+    def __init__(self, spec):
+        super().__init__(spec)
         self._memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
         self._bfs_memo: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
+    def build_graph(self) -> nx.Graph:
+        """The router graph over ``num_nodes`` routers, integer-labelled (each subclass its own)."""
+        raise NotImplementedError
+
     @cached_property
     def graph(self) -> nx.Graph:
-        return graph_of(self.network, self.num_nodes)
+        return self.build_graph()
+
+    @classmethod
+    def validate(cls, spec) -> None:
+        from ..spec import _bandwidth
+
+        _bandwidth("network.link_bandwidth_GBps", spec.network.link_bandwidth_GBps)
+
+    @classmethod
+    def work(cls, spec) -> int:
+        return cls.visit_weight * spec.num_nodes**2 if spec.num_nodes > 1 else 0
+
+    @classmethod
+    def work_rule(cls, spec) -> str:
+        n = spec.num_nodes
+        return (
+            f"a {cls.name} of {n} routers is routed by a search from every router: "
+            f"{cls.visit_weight} x {n}^2 = {cls.work(spec):,} router visits"
+        )
+
+    def families(self) -> Families:
+        net = self.network
+        return [("router", "network_link", len(self.links), net.link_bandwidth_GBps, net.switch_latency_s)]
+
+    def attach(self, nic: int) -> tuple:
+        return ("router", nic // self.spec.nics_per_node)
+
+    def endpoints(self, family: str, i: int) -> tuple[tuple, tuple]:
+        if family != "router":
+            return super().endpoints(family, i)
+        u, v = self.links[i]
+        return ("router", u), ("router", v)
+
+    def draw_aggregated(self, builder, drawn: list[int]) -> None:
+        """The router links between drawn node boxes."""
+        base, boxes = builder.cluster.families["router"].start, set(drawn)
+        for i, (u, v) in enumerate(self.links):
+            if u in boxes and v in boxes:
+                builder.edge(f"e{base + i}", f"b{u}", f"b{v}", (base + i,))
 
     @cached_property
     def links(self) -> list[tuple[int, int]]:
@@ -55,8 +97,9 @@ class RouterNetwork:
     def _adjacency(self) -> list[list[int]]:
         return [sorted(self.graph.neighbors(v)) for v in range(self.num_nodes)]
 
-    def route(self, loads, base: int, node_src, node_dst, nbytes) -> float:
-        """Add each node pair's bytes to ``loads`` (link ids from ``base``); the longest path's latency."""
+    def route(self, loads, start, nic_src, nic_dst, node_src, node_dst, nbytes) -> float:
+        """Add each node pair's bytes to ``loads`` on the router links; the longest path's latency."""
+        base, nbytes = start("router"), _ones_if_none(nbytes, node_src)
         pairs = node_src * self.num_nodes + node_dst
         unique, inverse = np.unique(pairs, return_inverse=True)
         per_pair = np.bincount(inverse, weights=nbytes)
@@ -106,23 +149,3 @@ class RouterNetwork:
                     shares.append(count_a[u] * count_b[v] / count_a[b])
             self._memo[key] = (np.array(links, dtype=np.int64), np.array(shares), int(total))
         return self._memo[key]
-
-
-def _dragonfly(n: int, group_size: int) -> nx.Graph:
-    """Routers in groups, all-to-all inside a group; one global link per pair of groups, attached
-    round-robin to the routers of each group (Kim et al. 2008)."""
-    g = nx.Graph()
-    g.add_nodes_from(range(n))
-    groups = n // group_size
-    for grp in range(groups):
-        members = range(grp * group_size, (grp + 1) * group_size)
-        g.add_edges_from((u, v) for u in members for v in members if u < v)
-    slot = [0] * groups
-    for x in range(groups):
-        for y in range(x + 1, groups):
-            u = x * group_size + slot[x] % group_size
-            v = y * group_size + slot[y] % group_size
-            slot[x] += 1
-            slot[y] += 1
-            g.add_edge(u, v)
-    return g

@@ -1,0 +1,46 @@
+"""A request as the domain's inputs, shared by the routers and the CLI (which never imports a router): the
+plan of a plan request, after its work is estimated and found within the budget; the search problem of a
+search request."""
+
+from __future__ import annotations
+
+from planner import Plan, build_plan
+from planner.search import Constraints, Problem
+
+from .convert import cluster_spec, model_spec, plan_inputs, workload_spec
+from .errors import relocated
+from .limits import check_router, plan_work, refuse
+from .schemas.plan import PlanRequest
+from .schemas.search import SearchRequest
+
+
+def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, **explore_args):
+    """The planner's inputs, after the work they ask for is estimated and found within ``budget``."""
+    inputs = plan_inputs(request, settings)
+    check_router(inputs[3], settings.max_router_pairs)
+    estimate = plan_work(*inputs, **explore_args)
+    refuse(estimate, settings.max_work if budget is None else budget, "")
+    return inputs, estimate
+
+
+def plan_of(request: PlanRequest, settings, inputs=None) -> Plan:
+    """The typed plan of a request, after its work is estimated and found within the budget."""
+    inputs = inputs or bounded_inputs(request, settings)[0]
+    with relocated("options."):  # an algorithm pinned in options that cannot run somewhere
+        return build_plan(*inputs)
+
+
+def problem_of(body: SearchRequest, settings) -> Problem:
+    """The request as a planner Problem; a workload's micro_batch_size or activation_recompute fixes that
+    dimension unless the constraints list values for it."""
+    cluster = cluster_spec(body.cluster, settings)
+    work = workload_spec(body.workload)
+    given = body.constraints.model_dump(exclude_none=True)
+    headroom = given.pop("memory_headroom", 0.0)
+    max_dp_group = given.pop("max_dp_group", 0)
+    if "recompute" in given:
+        given.setdefault("activation_recompute", given.pop("recompute"))
+    for name in ("micro_batch_size", "activation_recompute"):
+        if name in body.workload.model_fields_set and getattr(body.workload, name) is not None:
+            given.setdefault(name, getattr(body.workload, name))
+    return Problem(model_spec(body.model), work, cluster, Constraints.of(given, headroom, max_dp_group), body.top_k)

@@ -1,0 +1,168 @@
+"""Low-precision training recipes (``workload.fp8_recipe``): what each quantizes, at which granularity, what
+it stores and what it communicates. TransformerEngine 2.x names (transformer_engine/common/recipe/__init__.py;
+Megatron-Core --fp8-recipe delayed | tensorwise | blockwise | mxfp8, --fp4-recipe nvfp4):
+
+- ``delayed``: DelayedScaling, per-tensor fp32 scale from an amax history; HYBRID format (E4M3 forward,
+  E5M2 gradients: Megatron --fp8-format hybrid). The amax of every fp8 tensor of the transformer block is
+  all-reduced (MAX) once per forward and once per backward of each micro-batch, over the amax-reduction
+  group (TE quantization.py FP8GlobalStateManager.reduce_and_update_fp8_tensors at autocast exit; Megatron
+  wraps the whole block in one autocast for delayed scaling only: transformer_block.py
+  use_outer_fp8_context; the group is get_amax_reduction_group(with_context_parallel=True), the
+  TP x CP x DP ranks, megatron/core/fp8_utils.py get_fp8_context).
+- ``tensorwise``: Float8CurrentScaling, per-tensor scale from the tensor's own amax (an extra read).
+- ``blockwise``: Float8BlockScaling, DeepSeek-V3 §3.3.2: activations in 1x128 tiles, weights in 128x128
+  blocks, fp32 scales, E4M3 throughout. TE: compute capability >= 9.0 (and CUDA >= 12.9).
+- ``mxfp8``: MXFP8BlockScaling (OCP MX v1.0): 1x32 blocks, one E8M0 (1-byte) scale each, rowwise and
+  columnwise copies. TE: compute capability >= 10.0 (Blackwell).
+- ``nvfp4``: NVFP4BlockScaling: E2M1 (half a byte) in 1x16 blocks with an E4M3 scale each plus one fp32
+  per-tensor scale; weights in 16x16 blocks. TE: compute capability >= 10.0.
+
+The GPU support rules are TE's (transformer_engine/pytorch/quantization.py _compute_fp8_support: >= 8.9;
+_compute_fp8_block_scaling_support: >= 9.0; _compute_mxfp8_support, _compute_nvfp4_support: >= 10.0).
+The compute rate of each recipe belongs to planner/compute.py, which reads ``Recipe.gemm_dtype``.
+
+``fp8_param_gather`` (Megatron --fp8-param-gather) keeps the TE linear weights as fp8 (or fp4) primary weights:
+the distributed optimizer's parameter all-gather then moves ``param_bytes`` per element in its own buffer
+(megatron/core/distributed/param_and_grad_buffer.py groups buffers by parameter dtype: uint8 for fp8), and
+the optimizer step casts the master shard with one MAX all-reduce of the amaxes over the DP group
+(TE transformer_engine/pytorch/tensor/utils.py cast_master_weights_to_fp8: one fp32 per weight for
+delayed/tensorwise, one per 128x128 block for blockwise, one per 1x32 block rowwise and columnwise for
+mxfp8; cast_master_weights_to_nvfp4: one per 16x16 block plus one per weight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import SpecError
+
+TE = "TransformerEngine 2.x "
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    gemm_dtype: str  # fp8 | fp4: the tensor-core dtype of the linear layers' GEMMs (compute.py reads it)
+    formats: str  # element formats, forward / backward
+    gemms: tuple[str, ...]  # which GEMMs of a linear layer run low-precision (fprop, dgrad, wgrad)
+    activation_block: int  # elements per scale along a row of activations; 0: one scale per tensor
+    weight_block: tuple[int, int]  # weight scale block (rows, cols); (0, 0): one scale per tensor
+    scale_bytes: int  # bytes of one block scale (fp32 4, E8M0 / E4M3 1)
+    element_bytes: float  # bytes of one quantized element
+    min_sm: int  # compute capability x 10 TE requires
+    source: str
+    # fp32 amaxes cast_master_weights_to_fp8 all-reduces per weight: one per weight, and per weight block
+    amax_per_weight: int = 1
+    amax_per_block: int = 0
+    # the GEMM-table key of the kernels branch's planner/kernels.py (FP8_RECIPES: fp8, fp8_block, mxfp8, nvfp4),
+    # so that its GEMM model can read the recipe from here when the branches meet
+    kernel_dtype: str = "fp8"
+
+    def weight_scales(self, numel: int) -> int:
+        """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
+        rows, cols = self.weight_block
+        return 1 if not rows else -(-numel // (rows * cols))
+
+    def master_cast_amaxes(self, numel: int) -> int:
+        """fp32 amaxes the optimizer step all-reduces (MAX, over DP) to cast one weight's master shard
+        (TE tensor/utils.py: delayed and current scaling one per weight; blockwise one per 128x128 block;
+        mxfp8 one per 1x32 block rowwise and columnwise; nvfp4 one per 16x16 block and one per weight)."""
+        blocks = self.weight_scales(numel) if self.weight_block[0] else 0
+        return self.amax_per_weight + self.amax_per_block * blocks
+
+    @property
+    def cast_bytes_per_element(self) -> float:
+        """HBM bytes TE moves to quantize one bf16 element for a GEMM operand: read it (2 B; current scaling
+        reads it twice, once for the amax: Float8CurrentScalingQuantizer), write the rowwise and the
+        columnwise copy, and their block scales (one per block in each direction). For compute.py's cast
+        time (the kernels' model decides whether to use it)."""
+        reads = 4 if self.name == "tensorwise" else 2
+        scales = 2 * self.scale_bytes / self.activation_block if self.activation_block else 0.0
+        return reads + 2 * self.element_bytes + scales
+
+    def weight_copy_bytes(self, numel: int) -> int:
+        """The quantized copies TE keeps of a bf16 weight between micro-batches (the is_first_microbatch cache):
+        the rowwise data and the columnwise (transposed) data for the dgrad/wgrad GEMMs, with their scales."""
+        data = 2 * numel * self.element_bytes
+        return int(data + 2 * self.weight_scales(numel) * self.scale_bytes)
+
+
+RECIPES: dict[str, Recipe] = {
+    "delayed": Recipe(
+        "delayed", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
+        TE + "recipe.DelayedScaling; Megatron --fp8-recipe delayed (default) --fp8-format hybrid",
+    ),
+    "tensorwise": Recipe(
+        "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
+        TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise",
+    ),
+    "blockwise": Recipe(
+        "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
+        TE + "recipe.Float8BlockScaling; DeepSeek-V3 report §3.3.2 (1x128 activation tiles, 128x128 weight blocks)",
+        0, 1, "fp8_block",
+    ),
+    "mxfp8": Recipe(
+        "mxfp8", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 32, (1, 32), 1, 1.0, 100,
+        TE + "recipe.MXFP8BlockScaling; OCP Microscaling Formats (MX) v1.0: 32-element blocks, E8M0 scales",
+        0, 2, "mxfp8",
+    ),
+    "nvfp4": Recipe(
+        "nvfp4", "fp4", "E2M1 / E2M1", ("fprop", "dgrad", "wgrad"), 16, (16, 16), 1, 0.5, 100,
+        TE + "recipe.NVFP4BlockScaling: 16-element blocks, E4M3 scales and an fp32 per-tensor scale",
+        1, 1, "nvfp4",
+    ),
+}  # fmt: skip
+
+# Parameters TE does not quantize: embeddings, the output layer, norms, routers, sinks (params.py names)
+FULL_PRECISION_SUFFIXES = ("norm", "norms", "router", "sinks", "word", "position", "output_layer")
+
+
+def recipe_of(name: str | None) -> Recipe | None:
+    return RECIPES[name] if name else None
+
+
+def quantized(param_name: str) -> bool:
+    """Whether a parameter (params.py name) is a TE linear weight the recipe quantizes."""
+    return not param_name.rsplit(".", 1)[-1].endswith(FULL_PRECISION_SUFFIXES)
+
+
+def validate_recipe(fp8_recipe: str | None, fp8_param_gather: bool) -> None:
+    if fp8_recipe is not None and fp8_recipe not in RECIPES:
+        raise SpecError("workload.fp8_recipe", f"must be one of {', '.join(RECIPES)} or null, got {fp8_recipe!r}")
+    if fp8_param_gather and fp8_recipe is None:
+        raise SpecError(
+            "workload.fp8_param_gather",
+            "fp8_param_gather (Megatron --fp8-param-gather) needs an fp8_recipe: the weights must be fp8 to be "
+            "gathered in fp8",
+        )
+
+
+def check_recipe_gpu(fp8_recipe: str | None, gpu) -> None:
+    """A recipe the GPU's tensor cores lack is refused (TE raises at the first autocast)."""
+    recipe = recipe_of(fp8_recipe)
+    if recipe is None or gpu is None:
+        return
+    sm = getattr(gpu, "sm", 0)
+    if sm < recipe.min_sm:
+        have = f"compute capability {sm / 10:.1f}" if sm else "no NVIDIA compute capability (sm 0)"
+        raise SpecError(
+            "workload.fp8_recipe",
+            f"{recipe.name} needs compute capability >= {recipe.min_sm / 10:.1f} (TransformerEngine), but GPU "
+            f"{gpu.name!r} has {have}",
+        )
+
+
+def check_param_gather(work, par) -> None:
+    """--fp8-param-gather is Megatron's (TE primary weights) with its distributed optimizer or plain DDP."""
+    if not work.fp8_param_gather:
+        return
+    if par.framework != "megatron":
+        raise SpecError(
+            "workload.fp8_param_gather",
+            f"is Megatron's --fp8-param-gather (TransformerEngine primary weights); framework is {par.framework!r}",
+        )
+    if par.zero_stage > 1:
+        raise SpecError(
+            "workload.fp8_param_gather",
+            f"is modelled with the distributed optimizer (zero_stage 1) or DDP (0), got zero_stage {par.zero_stage}",
+        )
