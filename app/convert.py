@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from collectives.topology.fit import Constants, apply_constants
-from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset
+from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset, with_power_limit
 from collectives.topology.spec import spec_block
 from planner import MODEL_PRESETS, ModelSpec, Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
 from planner.model import MLASpec, MoESpec
@@ -134,7 +134,8 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
     skip = ("preset", "intra", "network", "gpu", "calibration")
     spec = replace(base, **{k: v for k, v in _set(block, skip).items() if v is not None})
     if block.gpu is not None:
-        spec = replace(spec, gpu=_gpu(block.gpu), device=_gpu(block.gpu).name)
+        gpu = _gpu(block.gpu, spec.gpu)
+        spec = replace(spec, gpu=gpu, device=gpu.name)
     if block.intra is not None:
         spec = replace(spec, intra=replace(spec.intra, **_present(block.intra)))
     if block.network is not None:
@@ -161,23 +162,38 @@ def cluster_block(spec: ClusterSpec) -> dict:
     return spec_block(spec)
 
 
-def _gpu(block) -> GPUSpec:
-    """A GPU by name (GPUS) or by its fields."""
+def _gpu(block, current: GPUSpec | None = None) -> GPUSpec:
+    """A GPU by name (GPUS), by its fields, or a named one (``preset``, or the cluster preset's when only
+    ``power_limit_w`` is given) with the given fields over it; then the power limit, checked against its range."""
     if isinstance(block, str):
         with relocated("cluster.gpu"):
             return gpu_preset(block)
     for dtype in block.peak_tflops:
         if dtype not in DTYPES:
             raise SpecError("cluster.gpu.peak_tflops", f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-    return GPUSpec(
-        block.name,
-        dict(block.peak_tflops),
-        block.hbm_bytes,
-        block.hbm_GBps,
-        block.sm,
-        block.nvlink_links,
-        "given in the request",
-    )
+    given = _present(block)
+    limit = given.pop("power_limit_w", None)
+    name = given.pop("preset", None)
+    if name is not None:
+        with relocated("cluster.gpu.preset"):
+            base = gpu_preset(name)
+    elif current is not None and not given:
+        base = current  # {"power_limit_w": W} alone: the preset cluster's GPU under that limit
+    else:
+        base = GPUSpec(
+            block.name,
+            dict(block.peak_tflops),
+            block.hbm_bytes,
+            block.hbm_GBps,
+            block.sm,
+            block.nvlink_links,
+            "given in the request",
+        )
+        given = {k: v for k, v in given.items() if k in ("sms", "tdp_w", "min_power_w")}
+    if given:
+        base = replace(base, **given)
+    with relocated():  # its field is cluster.gpu.power_limit_w
+        return with_power_limit(base, limit)
 
 
 def _present(block) -> dict:

@@ -160,7 +160,7 @@ def step_time(
     """Critical path of one iteration (training step, prefill pass or decode step). ``calls`` are the plan's
     PricedCalls (anything with ``.call`` (ledger Call) and ``.price.time_s``); ``host_GBps`` the GPU's link
     to host memory per direction (the cluster's pcie_bandwidth_GBps), for CPU activation offload."""
-    check_gpu(gpu, compute_dtype(ctx))
+    check_gpu(gpu, compute_dtype(ctx), ctx)
     flags = overlap.resolved(ctx)
     stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
     p2p = _assign_calls(ctx, calls, stages, flags)
@@ -340,7 +340,7 @@ def _training(
         + st.exposed_gather_s
     )
     exposed = min(exposed, time - compute)
-    tokens = ctx.work.global_batch_size * ctx.model.seq_length
+    tokens = ctx.work.global_batch_size * ctx.s  # the workload's sequence when given (issue 20 item 6)
     events = _timeline(stages, passes, sched, pipe.time_s, sync, with_timeline)
     return StepTime(
         time,

@@ -10,10 +10,11 @@ from .recipes import Recipe, recipe_of, validate_recipe
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
 RECOMPUTE = ("none", "selective", "full")
-# Core-attention kernels: "flash" (FlashAttention-2 / TransformerEngine fused attention, Megatron-Core's default
-# since 2023) or "unfused" (Megatron-LM before FlashAttention, 2021-2022: QK^T and PV as batched GEMMs around
-# FusedScaleMaskSoftmax and dropout, the s x s scores written to HBM).
-ATTENTION_KERNELS = ("flash", "unfused")
+# Core-attention kernels: "flash" (the framework's default fused kernel for the GPU: planner/kernels.py
+# DEFAULT_ATTENTION), "flash2" (FlashAttention-2), "flash3" (FlashAttention-3, Hopper only), "cudnn"
+# (TransformerEngine / cuDNN fused attention) or "unfused" (Megatron-LM before FlashAttention, 2021-2022: QK^T and
+# PV as batched GEMMs around FusedScaleMaskSoftmax and dropout, the s x s scores written to HBM).
+ATTENTION_KERNELS = ("flash", "flash2", "flash3", "cudnn", "unfused")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,11 @@ class WorkloadSpec:
     # Megatron --create-attention-mask-in-dataloader (default on: Megatron-LM d98e8a6 arguments.py:3332
     # store_false): the b x 1 x s x s bool mask is built by the loader and broadcast over TP with the batch
     attention_mask_in_dataloader: bool = True
-    attention_kernel: str = "flash"  # flash | unfused (ATTENTION_KERNELS)
+    attention_kernel: str = "flash"  # ATTENTION_KERNELS
+    # Kernel launch and fusion: None = the framework's default (Megatron-Core, torchtitan and DeepSpeed: no CUDA
+    # graphs, no torch.compile; Megatron's TransformerEngine fuses its elementwise kernels anyway)
+    cuda_graphs: bool | None = None
+    torch_compile: bool | None = None
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas

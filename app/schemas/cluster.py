@@ -56,6 +56,19 @@ class GPUIn(Strict):
     hbm_GBps: float = Field(default=0.0, ge=0, le=1e6)
     sm: int = Field(default=0, ge=0, le=1000, description="compute capability x 10 (80, 90, 100); 0: not NVIDIA")
     nvlink_links: int = Field(default=0, ge=0, le=64)
+    preset: str | None = Field(
+        default=None, max_length=64, description="a GPU name (gpu.py GPUS) to start from; the fields given here win"
+    )
+    sms: int | None = Field(default=None, ge=1, le=4096, description="streaming multiprocessors (GEMM tiles fill them)")
+    tdp_w: float | None = Field(default=None, gt=0, le=10000, description="default power limit, W")
+    min_power_w: float | None = Field(default=None, gt=0, le=10000, description="lowest power limit, W")
+    power_limit_w: float | None = Field(
+        default=None,
+        gt=0,
+        le=10000,
+        description="configured power limit (nvidia-smi -pl), W; within min_power_w..tdp_w; lowers the sustained "
+        "tensor-core clock (gpu.py clock_scale). Alone, it applies to the cluster preset's GPU",
+    )
 
 
 class CalibrationIn(Strict):

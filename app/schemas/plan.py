@@ -139,8 +139,14 @@ class WorkloadIn(Strict):
         default=None,
         description="Megatron --create-attention-mask-in-dataloader (default true): mask broadcast over TP",
     )
-    attention_kernel: Literal["flash", "unfused"] | None = Field(
-        default=None, description="core attention: flash (default) or unfused (Megatron-LM 2021-22: scores in HBM)"
+    attention_kernel: Literal["flash", "flash2", "flash3", "cudnn", "unfused"] | None = Field(
+        default=None,
+        description="core attention: flash (default: the framework's fused kernel for the GPU), flash2, flash3 "
+        "(Hopper only), cudnn, or unfused (Megatron-LM 2021-22: scores in HBM)",
+    )
+    cuda_graphs: bool | None = Field(default=None, description="CUDA graphs capture the step (default off)")
+    torch_compile: bool | None = Field(
+        default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
     )
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None

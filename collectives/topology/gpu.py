@@ -6,17 +6,27 @@ memory.total``) where we know that figure, otherwise the vendor's decimal GB. Th
 FLOPs by ``peak_tflops[dtype]`` x an achieved efficiency; the memory model compares against
 ``hbm_bytes``. ``sm`` is the CUDA compute capability x 10 (80 Ampere, 90 Hopper, 100 Blackwell): NCCL's
 tuning tables are keyed by it (src/graph/tuning.cc). ``nvlink_links`` is the NVLink count per GPU.
+
+The GPU as it runs: ``sms`` (streaming multiprocessors: the GEMM model's tiles fill them, planner/kernels.py),
+``tdp_w`` (the default power limit the published peaks and the measured kernel tables hold at) and
+``min_power_w`` (the lowest limit ``nvidia-smi -pl`` accepts), and ``power_limit_w`` (the configured limit;
+None = the default). Under a lower limit the tensor cores run at a lower sustained clock: ``clock_scale``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .._errors import CollectiveError
 
 MIB = 1 << 20
 GB = 10**9
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+# Static share of the board power under a compute load (leakage, HBM and I/O), the rest dynamic. Dynamic CMOS
+# power is C·V²·f and, in the DVFS range, V rises with f, so the dynamic part goes as f³ (Weste & Harris,
+# CMOS VLSI Design §5.2). A hand-set global constant (idle boards draw ~10% of TDP, nvidia-smi; static power under
+# load is higher); a profiler trace at two power limits refits it.
+STATIC_POWER_FRACTION = 0.2
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,18 @@ class GPUSpec:
     sm: int = 0  # compute capability x 10; 0 = not an NVIDIA GPU (NCCL's tables do not apply)
     nvlink_links: int = 0
     source: str = ""
+    sms: int = 0  # streaming multiprocessors (0: unknown, the GEMM model then skips tile quantization)
+    tdp_w: float = 0.0  # default power limit (0: unknown, no power limit can be set)
+    min_power_w: float = 0.0
+    power_limit_w: float | None = None  # configured limit; None = tdp_w
+
+    def clock_scale(self) -> float:
+        """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
+        P = P_static + P_dyn·(f/f_tdp)³ solved for f (STATIC_POWER_FRACTION). HBM runs at its own clock."""
+        if self.power_limit_w is None or not self.tdp_w or self.power_limit_w >= self.tdp_w:
+            return 1.0
+        static = STATIC_POWER_FRACTION * self.tdp_w
+        return max(0.0, (self.power_limit_w - static) / (self.tdp_w - static)) ** (1 / 3)
 
     def peak(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; fp8 falls back to bf16 on parts without fp8 tensor cores."""
@@ -39,14 +61,28 @@ class GPUSpec:
         return tflops * 1e12
 
     def __hash__(self) -> int:  # frozen, but the dict field needs a hash of its items
-        return hash((self.name, tuple(sorted(self.peak_tflops.items())), self.hbm_bytes, self.hbm_GBps, self.sm))
+        return hash(
+            (
+                self.name,
+                tuple(sorted(self.peak_tflops.items())),
+                self.hbm_bytes,
+                self.hbm_GBps,
+                self.sm,
+                self.sms,
+                self.power_limit_w,
+            )
+        )
 
 
-def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source) -> GPUSpec:
+def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):
+    """``power``: (SMs, default power limit W, lowest power limit W)."""
     peaks = {"bf16": bf16, "fp16": bf16, "tf32": tf32, "fp32": fp32}
     if fp8:
         peaks["fp8"] = fp8
-    return GPUSpec(name, peaks, hbm_bytes, hbm_GBps, sm, links, source)
+    if fp4:
+        peaks["fp4"] = fp4
+    sms, tdp, low = power
+    return GPUSpec(name, peaks, hbm_bytes, hbm_GBps, sm, links, source, sms, tdp, low)
 
 
 # name: bf16 (= fp16), fp8, tf32, fp32 dense TFLOP/s; HBM bytes; HBM GB/s; sm; NVLink links per GPU; source
@@ -55,40 +91,83 @@ def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source) ->
 GPUS: dict[str, GPUSpec] = {
     "a100-sxm4-80gb": _gpu(
         "A100 SXM4 80GB", 312.0, 0.0, 156.0, 19.5, 81920 * MIB, 2039.0, 80, 12,
-        "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF bf16 dense, 2,039 GB/s HBM2e; nvidia-smi 81920 MiB",
+        "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF bf16 dense, 2,039 GB/s HBM2e, 400 W; "
+        "nvidia-smi 81920 MiB, power limits 100-400 W; 108 SMs (NVIDIA A100 architecture whitepaper)",
+        (108, 400, 100),
     ),
     "a100-pcie-80gb": _gpu(
         "A100 PCIe 80GB", 312.0, 0.0, 156.0, 19.5, 81920 * MIB, 1935.0, 80, 0,
-        "NVIDIA A100 Tensor Core GPU datasheet (2021): PCIe 80GB, 1,935 GB/s",
+        "NVIDIA A100 Tensor Core GPU datasheet (2021): PCIe 80GB, 1,935 GB/s, 300 W; 108 SMs",
+        (108, 300, 150),
     ),
     "h100-sxm5-80gb": _gpu(
         "H100 SXM5 80GB", 989.4, 1978.9, 494.7, 66.9, 81559 * MIB, 3350.0, 90, 18,
         "NVIDIA H100 Tensor Core GPU datasheet (2023): 989 TF bf16 / 1,979 TF fp8 dense, 3.35 TB/s HBM3; "
-        "nvidia-smi 81559 MiB",
+        "nvidia-smi 81559 MiB, power limits 200-700 W; 132 SMs (NVIDIA H100 Tensor Core GPU Architecture "
+        "whitepaper)",
+        (132, 700, 200),
+    ),
+    "h100-nvl-94gb": _gpu(
+        "H100 NVL 94GB", 835.5, 1670.5, 417.5, 60.0, 94 * GB, 3900.0, 90, 0,
+        "NVIDIA H100 NVL datasheet (2023): 1,671 TF bf16 / 3,341 TF fp8 with sparsity (half dense), 94 GB HBM3 "
+        "at 3.9 TB/s, 350-400 W; NVLink bridge between pairs (600 GB/s) only; 132 SMs",
+        (132, 400, 200),
+    ),
+    "gh200-96gb": _gpu(
+        "GH200 96GB", 989.4, 1978.9, 494.7, 67.0, 96 * GB, 4000.0, 90, 18,
+        "NVIDIA GH200 Grace Hopper Superchip datasheet (2023): H100 compute (1,979 TF bf16 / 3,958 TF fp8 with "
+        "sparsity), 96 GB HBM3 at 4 TB/s, module power 450-1,000 W (CPU, GPU and memory together); 132 SMs",
+        (132, 1000, 450),
+    ),
+    "gh200-144gb": _gpu(
+        "GH200 144GB", 989.4, 1978.9, 494.7, 67.0, 144 * GB, 4900.0, 90, 18,
+        "NVIDIA GH200 Grace Hopper Superchip datasheet (2024 HBM3e version): 144 GB HBM3e at 4.9 TB/s, the same "
+        "H100 compute and 450-1,000 W module power; 132 SMs",
+        (132, 1000, 450),
     ),
     "h800-sxm5-80gb": _gpu(
         "H800 SXM5 80GB", 989.4, 1978.9, 494.7, 66.9, 81559 * MIB, 3350.0, 90, 8,
         "NVIDIA H800 (export variant of H100 SXM5): same tensor cores and HBM3, 8 NVLink links (400 GB/s); "
         "DeepSeek-V3 technical report §3.1",
+        (132, 700, 200),
     ),
     "h200-sxm-141gb": _gpu(
         "H200 SXM 141GB", 989.4, 1978.9, 494.7, 66.9, 143771 * MIB, 4800.0, 90, 18,
-        "NVIDIA H200 Tensor Core GPU datasheet (2024): H100 compute, 141 GB HBM3e at 4.8 TB/s; nvidia-smi 143771 MiB",
+        "NVIDIA H200 Tensor Core GPU datasheet (2024): H100 compute, 141 GB HBM3e at 4.8 TB/s; nvidia-smi 143771 MiB; "
+        "700 W; 132 SMs",
+        (132, 700, 200),
     ),
     "h20-96gb": _gpu(
         "H20 96GB", 148.0, 296.0, 74.0, 44.0, 96 * GB, 4000.0, 90, 18,
         "NVIDIA HGX H20 product brief (2024): 148 TF bf16 / 296 TF fp8 dense, 96 GB HBM3 at 4.0 TB/s, "
-        "NVLink 900 GB/s bidirectional",
+        "NVLink 900 GB/s bidirectional, 400 W; 78 SMs",
+        (78, 400, 200),
     ),
     "b200-180gb": _gpu(
         "B200 180GB", 2250.0, 4500.0, 1100.0, 75.0, 180 * GB, 8000.0, 100, 18,
         "NVIDIA DGX B200 datasheet (2024): 72 PF fp8 training (sparse) per 8 GPUs = 4.5 PF dense fp8, "
-        "2.25 PF bf16 per GPU; 1,440 GB HBM3e, 64 TB/s per system",
+        "2.25 PF bf16 per GPU, 9 PF fp4 dense; 1,440 GB HBM3e, 64 TB/s per system; 1,000 W per GPU; 148 SMs",
+        (148, 1000, 200), 9000.0,
     ),
     "gb200-186gb": _gpu(
         "B200 in GB200 NVL72", 2500.0, 5000.0, 1250.0, 80.0, 186 * GB, 8000.0, 100, 18,
         "NVIDIA GB200 NVL72 datasheet (2024): 360 PF bf16 and 720 PF fp8 sparse per 72 GPUs "
-        "(2.5 / 5 PF dense per GPU), 13.4 TB HBM3e at 576 TB/s per rack",
+        "(2.5 / 5 PF dense per GPU, 10 PF fp4 dense), 13.4 TB HBM3e at 576 TB/s per rack; 1,200 W per GPU; "
+        "148 SMs",
+        (148, 1200, 200), 10000.0,
+    ),
+    "b300-288gb": _gpu(
+        "B300 288GB", 2250.0, 4500.0, 1100.0, 75.0, 288 * GB, 8000.0, 100, 18,
+        "NVIDIA HGX B300 datasheet (2025): per 8 GPUs 36 PF bf16 and 72 PF fp8 with sparsity (2.25 / 4.5 PF "
+        "dense per GPU), 108 PF dense fp4 (13.5 PF per GPU), 2.3 TB HBM3e; 1,100 W per GPU; 160 SMs (NVIDIA "
+        "technical blog 'Inside NVIDIA Blackwell Ultra', 2025)",
+        (160, 1100, 200), 13500.0,
+    ),
+    "gb300-288gb": _gpu(
+        "B300 in GB300 NVL72", 2500.0, 5000.0, 1250.0, 80.0, 288 * GB, 8000.0, 100, 18,
+        "NVIDIA GB300 NVL72 datasheet (2025): per 72 GPUs 360 PF bf16 and 720 PF fp8 with sparsity (2.5 / 5 PF "
+        "dense per GPU), 1,080 PF dense fp4 (15 PF per GPU), 20 TB HBM3e at 576 TB/s; 1,400 W per GPU; 160 SMs",
+        (160, 1400, 200), 15000.0,
     ),
     "ascend-910b": _gpu(
         "Ascend 910B", 313.0, 0.0, 0.0, 0.0, 64 * GB, 1600.0, 0, 0,
@@ -107,3 +186,20 @@ def gpu_preset(name: str) -> GPUSpec:
     if gpu is None:
         raise CollectiveError("cluster.gpu", f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
     return gpu
+
+
+def with_power_limit(gpu: GPUSpec, watts: float | None) -> GPUSpec:
+    """``gpu`` under a configured power limit, checked against the range the part accepts."""
+    if watts is None:
+        return gpu
+    if not gpu.tdp_w:
+        raise CollectiveError(
+            "cluster.gpu.power_limit_w", f"GPU {gpu.name!r} has no known power range (give tdp_w and min_power_w)"
+        )
+    if not gpu.min_power_w <= watts <= gpu.tdp_w:
+        raise CollectiveError(
+            "cluster.gpu.power_limit_w",
+            f"{watts:g} W is outside {gpu.name}'s power-limit range {gpu.min_power_w:g}-{gpu.tdp_w:g} W "
+            "(nvidia-smi -pl accepts the min..default limit)",
+        )
+    return replace(gpu, power_limit_w=float(watts))

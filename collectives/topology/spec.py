@@ -116,6 +116,7 @@ def spec_block(spec: ClusterSpec) -> dict:
             "sm": g.sm,
             "nvlink_links": g.nvlink_links,
         }
+        block["gpu"] |= {k: v for k in ("sms", "tdp_w", "min_power_w", "power_limit_w") if (v := getattr(g, k))}
     if spec.calibration is not None:  # fitted constants (fit.py names), as POST /v1/calibrate returns them
         c = spec.calibration
         block["calibration"] = {

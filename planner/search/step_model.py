@@ -198,7 +198,7 @@ class StepModel:
     @staticmethod
     def _key(par: ParallelSpec, zero: bool = True, sp: bool = True, framework: bool = True) -> tuple:
         """A memo key of the layout's degrees, leaving out what a part ignores: the ZeRO stage, SP, or the
-        framework (compute.py and memory.py's activations never read it; parameter counts do)."""
+        framework (memory.py's activations never read it; parameter counts and compute's kernels do)."""
         return (
             par.tp, par.cp, par.pp, par.dp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
             par.pipeline_schedule, par.framework if framework else None, par.first_stage_layers, par.last_stage_layers,
@@ -306,14 +306,27 @@ class StepModel:
     # ---- step time ---------------------------------------------------------------------------------------
     def _passes(self, par: ParallelSpec, b: int, rc: str) -> list[tuple[PassTime, PassTime, float]]:
         """(forward, backward, core-attention forward) per stage, as compute._stage_compute sums them."""
-        key = (self._key(par, zero=False, framework=False), b, rc)
+        key = (self._key(par, zero=False), par.cp_comm, b, rc)
         found = self._compute.get(key)
         if found is None:
             ctx = SplitContext(self.model, self._work(b, rc), replace(par, zero_stage=0))
             # what compute.py's layer_forward, layer_backward and _head read of the layout (b·s/cp tokens,
-            # tp, SP, the expert split) with b, recompute and the workload: not pp, dp, v or the schedule
+            # tp, SP, the expert split, CP's exchange, and the framework: its fusion and default attention kernel,
+            # planner/kernels.py) with b, recompute and the workload: not pp, dp, v or the schedule
             layer_key = _interned(
-                (id(self.model), id(self.gpu), ctx.work, par.tp, par.cp, par.sp, par.ep, par.expert_tp, rc),
+                (
+                    id(self.model),
+                    id(self.gpu),
+                    ctx.work,
+                    par.tp,
+                    par.cp,
+                    par.sp,
+                    par.ep,
+                    par.expert_tp,
+                    rc,
+                    par.framework,
+                    par.cp_comm,
+                ),
                 self.model,
                 self.gpu,
             )
@@ -445,7 +458,7 @@ class StepModel:
         return pipe + max(self._optimizer(par))
 
     def _grid_passes(self, par: ParallelSpec, grid):
-        key = ("passes", self._key(par, zero=False, framework=False), grid)
+        key = ("passes", self._key(par, zero=False), par.cp_comm, grid)
         found = self._compute.get(key)
         if found is None:
             comp = [self._stage_compute(par, b, rc) for b, rc in grid]

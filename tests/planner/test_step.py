@@ -30,17 +30,15 @@ import step_validation
 DATA = step_validation.load()
 CASES = {c["name"]: c for c in DATA["cases"]}
 
-# Published runs and the tolerance each is held to (docs/step-time.md gives the table). The runs the global
-# constants were fitted on ("fit": Korthikanti et al. 2022, Llama 3) are held to 10%; the held-out runs (SC'21
-# Table 1, NeMo 24.07 FP8, Megatron-Core H100 weak scaling) to 15%, their median to 10%. Known misses, held to
-# wider bounds and left unexplained in docs/step-time.md: MT-NLG 530B (-24% to -27%: the 2021 DeepSpeed-Megatron
-# stack ran the same model on the same GPUs at 126 TFLOP/s where Megatron alone ran it at 163-180) and small
-# models on H100 (-20% to -25%: Nemotron-8B FP8, Megatron-Core GPT 1.7B and 7.1B in under a second a step).
-TOLERANCE = {name: 0.10 if c["split"] == "fit" else 0.15 for name, c in CASES.items()}
+# Published runs and the tolerance each is held to (docs/step-time.md gives the table). Since issue 20 no constant
+# is fitted on a run (the kernel model's come from measured kernel tables, bench/kernel_fit.py), so every run is
+# held out: each within 20%, the median of all within 10%, the H100 runs (today's software) within 8% at the median
+# and unbiased within 5%. Known misses, held to 30% and left unexplained in docs/step-time.md: MT-NLG 530B (-26% to
+# -29%: the 2021 DeepSpeed-Megatron stack ran the same model on the same GPUs at 126 TFLOP/s where Megatron alone
+# ran it at 163-180) and the small Megatron-Core models on H100 (-24%: GPT 1.7B and 7.1B in under a second a step).
+TOLERANCE = dict.fromkeys(CASES, 0.20)
 TOLERANCE |= {name: 0.30 for name in CASES if name.startswith("MT-NLG")}
-TOLERANCE |= dict.fromkeys(
-    ("NeMo Nemotron-8B FP8, 64 H100", "Megatron-Core GPT 1.7B, 48 H100", "Megatron-Core GPT 7.1B, 96 H100"), 0.30
-)
+TOLERANCE |= dict.fromkeys(("Megatron-Core GPT 1.7B, 48 H100", "Megatron-Core GPT 7.1B, 96 H100"), 0.30)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -51,11 +49,13 @@ def test_published_iteration_times(name):
         assert row["fits"]
 
 
-def test_held_out_runs_within_ten_percent_at_the_median():
-    """Issue 11 item 6: the runs no constant was fitted on judge the model; aim 10% or better."""
-    held = [abs(step_validation.predict(c, DATA)["error"]) for c in DATA["cases"] if c["split"] == "held_out"]
-    assert len(held) >= 20
-    assert median(held) <= 0.10
+def test_runs_within_ten_percent_at_the_median_and_h100_unbiased():
+    """Issue 11 item 6 and issue 20: no constant is fitted on these runs; the median of all within 10%, the H100
+    runs (Llama 3, NeMo 24.07 FP8, Megatron-Core 2024) within 8% and their signed median within 5%."""
+    rows = {c["name"]: step_validation.predict(c, DATA)["error"] for c in DATA["cases"]}
+    assert len(rows) >= 40 and median(abs(e) for e in rows.values()) <= 0.10
+    h100 = [e for name, e in rows.items() if CASES[name]["cluster"] == "dgx-h100"]
+    assert len(h100) >= 19 and median(abs(e) for e in h100) <= 0.08 and abs(median(h100)) <= 0.05
 
 
 def test_measured_time_follows_each_sources_count():

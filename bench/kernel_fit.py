@@ -1,0 +1,234 @@
+"""Predicted vs measured GEMM kernels (tests/reference/kernels/aiconfigurator_gemm.json).
+
+    PYTHONPATH=. python bench/kernel_fit.py          # the per-class table of docs/step-time.md
+    PYTHONPATH=. python bench/kernel_fit.py --fit    # refit the global constants (k0, fill, fixed cost) and the
+                                                     # per-(generation, dtype) ceilings, by least squares in log time
+
+The tables were measured in short bursts at the boost clock; planner/kernels.py predicts at the clock sustained
+through a training step (SUSTAINED_CLOCK), so the comparison runs the model on the GPU at the burst clock
+(``burst``: its peaks over SUSTAINED_CLOCK). The MoE table (aiconfigurator_moe.json: TensorRT-LLM's fused MoE
+forward on H100) is compared with kernels.routed_expert_kernels' forward under uniform routing; its power-law
+token distributions show what skewed routing costs over balanced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from statistics import median
+
+from collectives.topology.gpu import GPUS
+from planner.kernels import (
+    EFFICIENCY,
+    FUSED,
+    GEMM_CEILING,
+    SUSTAINED_CLOCK,
+    Efficiency,
+    causal_keys,
+    flash_attention_s,
+    gemm_time,
+    generation,
+    routed_expert_kernels,
+)
+
+REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels"
+DATA = REFERENCE / "aiconfigurator_gemm.json"
+MOE = REFERENCE / "aiconfigurator_moe.json"
+ATTENTION = REFERENCE / "aiconfigurator_attention.json"
+# TensorRT-LLM's context FMHA, by generation, is the kernel class it is compared as: on Hopper and Blackwell its
+# warp-specialised kernels (the cuDNN / FlashAttention-3 class), on Ampere FlashAttention-2's algorithm
+FMHA_CLASS = {80: "flash2", 90: "cudnn", 100: "cudnn"}
+
+
+def load() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def burst(gpu):
+    """``gpu`` with its peaks raised by 1/SUSTAINED_CLOCK: the model then runs at the tables' burst clock."""
+    scale = SUSTAINED_CLOCK.get(generation(gpu), 1.0)
+    return replace(gpu, peak_tflops={k: v / scale for k, v in gpu.peak_tflops.items()})
+
+
+def rows(data: dict):
+    """(system, gpu, dtype, m, n, k, measured seconds) for every measured GEMM."""
+    for system, entry in data["systems"].items():
+        gpu = GPUS[entry["gpu"]]
+        for dtype, table in entry["dtypes"].items():
+            for m, n, k, ms in table:
+                yield system, gpu, dtype, m, n, k, ms * 1e-3
+
+
+def predicted(gpu, dtype, m, n, k, eff=EFFICIENCY) -> float:
+    """The model's time at the tables' (burst) clock."""
+    return gemm_time((float(m),), float(n), float(k), dtype, burst(gpu), eff)
+
+
+def table(data: dict, eff=EFFICIENCY) -> list[dict]:
+    by: dict[tuple, list[float]] = {}
+    for system, gpu, dtype, m, n, k, measured in rows(data):
+        by.setdefault((system, dtype), []).append(predicted(gpu, dtype, m, n, k, eff) / measured - 1)
+    out = []
+    for (system, dtype), errors in by.items():
+        gpu = GPUS[data["systems"][system]["gpu"]]
+        out.append(
+            {
+                "system": system,
+                "dtype": dtype,
+                "n": len(errors),
+                "ceiling": GEMM_CEILING.get((generation(gpu), dtype)),
+                "median_abs": median(abs(e) for e in errors),
+                "signed_median": median(errors),
+                "p90_abs": sorted(abs(e) for e in errors)[int(0.9 * len(errors))],
+            }
+        )
+    return out
+
+
+def moe_rows():
+    """(hidden, inter, experts, topk, ep, tokens, distribution, predicted s, measured s) per measured MoE forward."""
+    data = json.loads(MOE.read_text())
+    gpu = burst(GPUS[data["gpu"]])
+    for h, f, experts, topk, ep, tokens, dist, ms in data["rows"]:
+        local = experts // ep
+        rows = tokens * topk / experts  # per local expert, uniform routing
+        fwd, _ = routed_expert_kernels(tokens, rows, local, h, f, True, "bf16", 2, FUSED, gpu)
+        yield h, f, experts, topk, ep, tokens, dist, sum(k.time_s for k in fwd), ms * 1e-3
+
+
+def attention_rows():
+    """(system, isl, predicted s, measured s) per measured causal attention forward (head dim 128)."""
+    data = json.loads(ATTENTION.read_text())
+    for system, entry in data["systems"].items():
+        gpu = burst(GPUS[entry["gpu"]])
+        for batch, isl, heads, _kv, ms in entry["rows"]:
+            flops = 2.0 * batch * isl * causal_keys(isl, None) * heads * (128 + 128)
+            predicted, _ = flash_attention_s(flops, isl, FMHA_CLASS[generation(gpu)], gpu)
+            yield system, isl, predicted, ms * 1e-3
+
+
+def attention_table() -> list[dict]:
+    by: dict[str, list[float]] = {}
+    for system, _, predicted_s, measured_s in attention_rows():
+        by.setdefault(system, []).append(predicted_s / measured_s - 1)
+    return [
+        {
+            "system": system,
+            "n": len(e),
+            "median_abs": median(abs(x) for x in e),
+            "signed_median": median(e),
+            "p90_abs": sorted(abs(x) for x in e)[int(0.9 * len(e))],
+        }
+        for system, e in by.items()
+    ]
+
+
+def moe_table() -> list[dict]:
+    by: dict[str, list[float]] = {}
+    for *_, dist, predicted_s, measured_s in moe_rows():
+        by.setdefault(dist, []).append(predicted_s / measured_s - 1)
+    return [
+        {
+            "distribution": dist,
+            "n": len(e),
+            "median_abs": median(abs(x) for x in e),
+            "signed_median": median(e),
+            "p90_abs": sorted(abs(x) for x in e)[int(0.9 * len(e))],
+        }
+        for dist, e in by.items()
+    ]
+
+
+GRID = [
+    replace(EFFICIENCY, gemm_k0=k0, gemm_fill=fill, gemm_fixed_s=fixed)
+    for k0 in (0.0, 64.0, 128.0, 256.0)
+    for fill in (0.0, 0.1, 0.25, 0.5)
+    for fixed in (2e-6, 4e-6, 6e-6, 8e-6)
+]
+
+
+def _centred(points, eff) -> list[float]:
+    """Log errors with each (GPU, dtype) class's median taken out: its ceiling refitted with the globals."""
+    by: dict[tuple, list[float]] = {}
+    for s, g, d, m, n, k, t in points:
+        by.setdefault((s, d), []).append(math.log(predicted(g, d, m, n, k, eff) / t))
+    return [x - median(logs) for logs in by.values() for x in logs]
+
+
+def fit(points) -> tuple[float, Efficiency]:
+    """The grid point of (k0, fill, fixed cost) with the least rms log error over ``points``, each class's ceiling
+    refitted with it (GEMM_CEILING holds the ceilings at the chosen point)."""
+    scored = []
+    for eff in GRID:
+        logs = _centred(points, eff)
+        scored.append((math.sqrt(sum(x * x for x in logs) / len(logs)), eff))
+    return min(scored, key=lambda p: p[0])
+
+
+def leave_one_source_out(data: dict) -> list[dict]:
+    """Refit the global GEMM constants without one GPU's table; that table's shape error then (its ceilings,
+    per-GPU measured constants, refitted on it)."""
+    points = list(rows(data))
+    out = []
+    for system in data["systems"]:
+        _, eff = fit([p for p in points if p[0] != system])
+        errors = [math.exp(x) - 1 for x in _centred([p for p in points if p[0] == system], eff)]
+        out.append(
+            {
+                "left_out": system,
+                "k0": eff.gemm_k0,
+                "fill": eff.gemm_fill,
+                "fixed_us": eff.gemm_fixed_s * 1e6,
+                "median_abs": median(abs(e) for e in errors),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    data = load()
+    if "--fit" in sys.argv:
+        rms, eff = fit(list(rows(data)))
+        fixed_us = eff.gemm_fixed_s * 1e6
+        print(f"rms log error {rms:.3f} at k0 {eff.gemm_k0:g}, fill {eff.gemm_fill:g}, fixed {fixed_us:g} us")
+        print("| left out | refitted k0 / fill / fixed | its median abs error |")
+        print("|---|---|---|")
+        for r in leave_one_source_out(data):
+            print(f"| {r['left_out']} | {r['k0']:g} / {r['fill']:g} / {r['fixed_us']:g} us | {r['median_abs']:.1%} |")
+        print()
+    print("| GPU (table) | dtype | GEMMs | ceiling | median abs error | signed median | p90 abs error |")
+    print("|---|---|---|---|---|---|---|")
+    rows_ = table(data)
+    for r in rows_:
+        print(
+            f"| {r['system']} | {r['dtype']} | {r['n']} | {r['ceiling']:.3f} | {r['median_abs']:.1%} | "
+            f"{r['signed_median']:+.1%} | {r['p90_abs']:.1%} |"
+        )
+    print()
+    print(
+        "| attention forward (TensorRT-LLM FMHA, causal, bf16, d 128) | measured | median abs error | signed median "
+        "| p90 abs error |"
+    )
+    print("|---|---|---|---|---|")
+    systems = json.loads(ATTENTION.read_text())["systems"]
+    for r in attention_table():
+        kernel = FMHA_CLASS[generation(GPUS[systems[r["system"]]["gpu"]])]
+        print(
+            f"| {r['system']} ({kernel}) | {r['n']} | {r['median_abs']:.1%} | {r['signed_median']:+.1%} | "
+            f"{r['p90_abs']:.1%} |"
+        )
+    print()
+    print("| MoE forward, H100 bf16 (routing) | measured | median abs error | signed median | p90 abs error |")
+    print("|---|---|---|---|---|")
+    for r in moe_table():
+        print(
+            f"| {r['distribution']} | {r['n']} | {r['median_abs']:.1%} | {r['signed_median']:+.1%} | "
+            f"{r['p90_abs']:.1%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,662 @@
+"""A layer as the kernels it launches: GEMMs by shape, attention as its kernel, memory-bound kernels by bytes.
+
+``layer_kernels(ctx, moe, gpu)`` lists, for one layer, one micro-batch and one rank, the forward, the backward
+and what recompute runs again, each kernel a ``Kernel`` with its class, shape or bytes, FLOPs and seconds.
+compute.py sums them into PassTime; the page and serving can show the list as it is.
+
+A kernel's time is its own bound plus a fixed cost (``Efficiency``):
+
+- GEMM (m x k) @ (k x n), one or a group (experts): FLOPs at the dense peak of its dtype x the measured ceiling
+  of the GPU generation for that dtype (``GEMM_CEILING``) x tile quantization (rows and columns padded to the
+  generation's CTA tile, ``GEMM_TILE``) x SM fill (tiles / (tiles + fill·SMs)) x main-loop amortisation
+  k / (k + k0); or its operand bytes at the achievable HBM bandwidth, whichever is slower; + ``gemm_fixed_s``.
+  The ceilings, fill, k0 and the fixed cost are fitted on measured cuBLASLt/DeepGEMM tables (bench/kernel_fit.py,
+  tests/reference/kernels/aiconfigurator_gemm.json), not on training runs.
+- attention: FLOPs (causal half, GQA-independent, sliding windows clipped) at the dense bf16 peak x the
+  kernel's ceiling (``ATTENTION_CEILING``: FlashAttention-2/3, cuDNN) x s_kv / (s_kv + s0); unfused attention as
+  its batched GEMMs and the softmax/dropout bytes;
+- memory-bound kernels (norms, rotary, activation, residual adds, MoE permute, router, casts): bytes at
+  hbm_GBps x ``hbm`` + ``kernel_s``. Which kernels exist and their bytes depend on fusion (``FUSION``): Megatron-
+  Core with TransformerEngine fuses them (or torch.compile does), PyTorch eager runs each op as its own kernel.
+- without CUDA graphs each kernel costs at least the host's dispatch (``cpu_op_s``): a small kernel is
+  launch-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from collectives.topology.gpu import GPUSpec
+
+from ._errors import SpecError
+from .context import Context
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The global constants of the kernel model (fitted on kernel tables where marked; docs/step-time.md)."""
+
+    gemm: float  # fallback GEMM ceiling for a GPU generation without a measured one (GEMM_CEILING)
+    attention_fwd: float  # fallback attention ceilings (ATTENTION_CEILING has the measured ones)
+    attention_bwd: float
+    hbm: float  # achieved / peak HBM bandwidth for streaming kernels
+    kernel_s: float  # fixed cost of a memory-bound or attention kernel (launch, ramp, tail), seconds
+    gemm_k0: float = 0.0  # main-loop amortisation: a GEMM runs at ceiling·k/(k + k0)
+    gemm_fill: float = 0.0  # SM fill: tiles / (tiles + fill·SMs)
+    gemm_fixed_s: float = 0.0  # fixed cost of one GEMM (prologue, epilogue, launch), seconds
+    attention_s0: float = 0.0  # attention rate grows as s_kv / (s_kv + s0)
+    cpu_op_s: float = 0.0  # host dispatch per kernel without CUDA graphs: a kernel takes at least this
+    moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
+
+
+EFFICIENCY = Efficiency(
+    # Generations without a measured GEMM table (GEMM_CEILING): large bf16 cuBLAS GEMMs at ~80-85% of the dense
+    # peak (NVIDIA Deep Learning Performance guide, "Matrix Multiplication Background").
+    gemm=0.83,
+    # FlashAttention-2 (Dao 2023) on H100 SXM5: up to 335 TFLOP/s forward + backward (§4.1, Fig. 7).
+    attention_fwd=0.38,
+    attention_bwd=0.32,
+    # STREAM-like copies reach ~85-90% of HBM peak on A100/H100 (NVIDIA nvbandwidth / BabelStream results).
+    hbm=0.85,
+    # CUDA kernel launch + ramp + tail of a short kernel: a few us (CUDA C++ Best Practices Guide, launch overhead).
+    kernel_s=5e-6,
+    # Fitted together on the 1,568 measured GEMMs of tests/reference/kernels/aiconfigurator_gemm.json (A100, H100,
+    # B200; bf16, fp8, fp8 block-scaled, nvfp4) by least squares in log time (bench/kernel_fit.py): k0 = 128,
+    # fill = 0.1, fixed 8 us: median |error| 9.2% over all, 4-6% for bf16 on A100 and H100.
+    gemm_k0=128.0,
+    gemm_fill=0.1,
+    gemm_fixed_s=8e-6,
+    # aiconfigurator's measured context-attention tables (H100, B200, A100; head dim 128, bf16): the achieved
+    # fraction grows with the sequence as s / (s + s0); s0 = 1,024 fits best (rms log error 0.13 over 255 shapes,
+    # against 0.18 at 512 and 0.14 at 2,048; bench/kernel_fit.py).
+    attention_s0=1024.0,
+    # PyTorch eager dispatch: ~10 us of host time per op (He, "Making Deep Learning Go Brrrr From First
+    # Principles", 2022, overhead section); CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
+    cpu_op_s=1e-5,
+)
+
+# Measured ceiling of a large GEMM as a fraction of the datasheet dense peak of its dtype, by (compute capability
+# generation, GEMM dtype): fitted per class with the global k0, fill and fixed cost above (bench/kernel_fit.py) on
+# aiconfigurator's tables (TensorRT-LLM torch flow: cuBLASLt; DeepGEMM for block-scaled fp8 on B200), which were
+# measured at the default power limit. MXFP8 on Blackwell (1x32 blocks, hardware scales) takes block-scaled fp8's.
+GEMM_CEILING = {
+    (80, "bf16"): 0.860,
+    (90, "bf16"): 0.844,
+    (90, "fp8"): 0.639,
+    (90, "fp8_block"): 0.596,
+    (100, "bf16"): 0.733,
+    (100, "fp8"): 0.525,
+    (100, "fp8_block"): 0.635,
+    (100, "mxfp8"): 0.635,
+    (100, "nvfp4"): 0.415,
+}
+# Tensor-core clock sustained through a training step, as a fraction of the clock the kernel tables ran at (short
+# benchmark bursts at the maximum boost). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). H100 SXM5 boosts to
+# 1,980 MHz but sustains about 1,750-1,800 MHz at 700 W under back-to-back GEMMs (NVIDIA H100 datasheet clocks;
+# nvidia-smi under cuBLAS load): 0.9. Blackwell (B200 1,965 MHz boost, 1,000 W): taken as Hopper's until a trace
+# at scale refits it. The power-limit scale (GPUSpec.clock_scale) multiplies this.
+SUSTAINED_CLOCK = {90: 0.90, 100: 0.90}
+
+# CTA tile (rows, columns) cuBLAS picks for large GEMMs: Ampere 128x128 (ampere_bf16_s16816gemm_..._128x128),
+# Hopper and Blackwell 128x256 (sm90_xmma_gemm_..._tilesize128x256x64; Blackwell's 256x256 2-SM tile is 128x256
+# per SM). The table's m, n are multiples of 128, so the fit cannot tell the tiles apart: they are the kernels'.
+GEMM_TILE = {80: (128, 128), 90: (128, 256), 100: (128, 256)}
+
+# Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
+# per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
+# activation_dtype fp8 without a recipe is TE's default, delayed per-tensor scaling.
+_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+
+# Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
+# s_kv/(s_kv + s0), by kernel and generation:
+# - cudnn on H100 and B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
+#   context-attention tables (TensorRT-LLM's warp-specialised FMHA, bf16, head dim 128: 85 shapes per GPU,
+#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.55 and 0.42; TransformerEngine's
+#   cuDNN fused attention is the same class of kernel. Backward at FlashAttention-3's backward/forward ratio (0.76,
+#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k);
+# - flash3 on H100: FlashAttention-3's own figures (bf16, causal, head dim 128, 8-16k) over s/(s + s0) ~ 0.9;
+# - flash2 on A100: FlashAttention-2 (Dao 2023) Fig. 4-6, causal, head dim 128: ~0.6 forward, ~0.5 backward
+#   (aiconfigurator's A100 table, TensorRT-LLM's older sm80 FMHA, runs 18% slower than this);
+# - flash2 on H100: the same kernels (mma.sync, no TMA/wgmma), §4.1 Fig. 7: 335 TF/s forward + backward;
+# - flash2 on Blackwell: FA2's sm80 mma.sync code reaches no more TF/s than on H100 (0.42·989 / 2,250);
+# - cudnn on A100: cuDNN's fused attention on sm80 is FlashAttention-2's algorithm (cuDNN 8.9 release notes).
+ATTENTION_CEILING = {
+    ("flash2", 80): (0.66, 0.55),
+    ("flash2", 90): (0.42, 0.35),
+    ("flash2", 100): (0.19, 0.16),
+    ("flash3", 90): (0.70, 0.53),
+    ("cudnn", 80): (0.66, 0.55),
+    ("cudnn", 90): (0.55, 0.42),
+    ("cudnn", 100): (0.42, 0.32),
+}
+FLASH3_GENERATIONS = (90,)  # FlashAttention-3 is Hopper-only (wgmma/TMA; flash-attention hopper/ README)
+FLASH_BWD = 2.5  # FlashAttention-2 §3.1.2: backward = 5 matmuls of the 2 the forward does
+FLASH_BWD_KERNELS = 3  # backward preprocess (dO·O), the main kernel, and dQ's conversion (flash_bwd_launch_template)
+
+# Unfused core attention (Megatron-LM 2021-2022 CoreAttention): bytes per score moved by the softmax and dropout
+# kernels between the two batched GEMMs (2-byte scores; dropout mask 1 byte); (forward, backward).
+UNFUSED_SOFTMAX_BYTES = (4, 6)
+UNFUSED_DROPOUT_BYTES = (5, 5)
+
+# FP8 (TransformerEngine): cast each GEMM operand to fp8 with its transposed copy (cast_transpose: read bf16 2 B,
+# write fp8 1 B twice) = 4 bytes per element of each forward GEMM's input and weight; amax reduction fused.
+FP8_CAST_BYTES = 4
+
+# Adam step per local parameter (apex / TE FusedAdam): read fp32 grad (4), read/write fp32 master weight, m and
+# v (24), write bf16 weight (2), zero the grad (4) = 34 bytes.
+ADAM_BYTES = 34
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Memory-bound kernels of a layer by how they are fused: bytes per element of each tensor they touch
+    (forward) and how many kernels each launches. Backward: BACKWARD_BYTES x the bytes, the same launches."""
+
+    norm: tuple[float, int]  # per element of h (RMSNorm/LayerNorm): bytes, kernels
+    rotary: tuple[float, int]  # per element of q and k
+    gated_act: tuple[float, int]  # per element of the ffn output (SwiGLU: reads 2, writes 1)
+    act: tuple[float, int]  # per element of the ffn output (GeLU)
+    residual: tuple[float, int]  # per element of h, each of the two residual adds (with bias/dropout)
+    loss: float  # bytes per logit of the cross entropy, forward
+
+
+# Megatron-Core + TransformerEngine (and torch.compile, whose Inductor fuses the same chains): one kernel each;
+# norm reads and writes h (2 + 2 B); rotary reads and writes q, k (apply_rope_fusion); SwiGLU reads 2f, writes f
+# (bias_swiglu_fusion); GeLU reads and writes f; bias-dropout-add reads 2h, writes h; the fused vocab-parallel
+# cross entropy reads and writes fp32 logits (4 + 4 B).
+FUSED = Fusion(norm=(4, 1), rotary=(4, 1), gated_act=(6, 1), act=(4, 1), residual=(6, 1), loss=8)
+# PyTorch eager (torchtitan without compile: torchtitan/models/llama3/model.py): RMSNorm upcasts to fp32 and runs
+# pow, mean, rsqrt, mul, cast and the weight mul (read 2 write 4; 4 -> 4; 4 + 4 -> 4; 4 -> 2; 2 -> 2: 32 B per
+# element, 6 kernels); rotary via view_as_complex: upcast, complex mul, cast (2 -> 4, 4 -> 4, 4 -> 2: 20 B, 3
+# kernels per tensor); SwiGLU silu(w1 x) then * w3 x (2 -> 2, 2 + 2 -> 2: 10 B, 2 kernels); residual add 6 B;
+# cross entropy upcasts the bf16 logits, log-softmax and NLL (2 -> 4, 4 -> 4, read 4: 18 B).
+EAGER = Fusion(norm=(32, 6), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18)
+BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs and the gradient and write two
+
+# Which fusion a framework runs by default (its flavour): Megatron-Core with TransformerEngine fuses; PyTorch-
+# native trainers (torchtitan, FSDP scripts) and DeepSpeed run eager unless torch.compile is on.
+FRAMEWORK_FUSION = {"megatron": FUSED, "torch": EAGER, "deepspeed": EAGER}
+# The attention kernel "flash" means, by framework and generation: TransformerEngine prefers cuDNN fused attention
+# on sm90+ and FlashAttention-2 on sm80 (transformer_engine/pytorch/attention get_attention_backend);
+# PyTorch SDPA's flash backend is FlashAttention-2 (torch.nn.functional.scaled_dot_product_attention docs).
+DEFAULT_ATTENTION = {"megatron": {80: "flash2", 90: "cudnn", 100: "cudnn"}}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel launch (or ``count`` alike): what the page and serving can show."""
+
+    name: str
+    kind: str  # gemm | attention | memory | cast
+    time_s: float
+    flops: float = 0.0
+    bytes: float = 0.0
+    shape: tuple = ()  # GEMM: (m, n, k, groups); attention: (b·heads, s_q, s_kv, head_dim)
+    dtype: str = ""
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class LayerKernels:
+    """One layer, one micro-batch, one rank: the kernels of its forward, its backward, and what recompute reruns
+    inside the backward (none, core attention, or the whole forward)."""
+
+    forward: tuple[Kernel, ...]
+    backward: tuple[Kernel, ...]
+    recompute: tuple[Kernel, ...]
+    attention: tuple[Kernel, ...] = ()  # the core-attention forward kernels (what selective recompute reruns)
+
+
+def generation(gpu: GPUSpec) -> int:
+    """Compute capability generation x 10 (80 Ampere, 90 Hopper, 100 Blackwell; 103 B300 -> 100)."""
+    return gpu.sm // 10 * 10
+
+
+# ---- options ------------------------------------------------------------------------------------------------
+
+
+def fusion(ctx: Context) -> Fusion:
+    if ctx.work.torch_compile:
+        return FUSED
+    return FRAMEWORK_FUSION.get(ctx.par.framework, FUSED)
+
+
+def cuda_graphs(ctx: Context) -> bool:
+    """CUDA graphs capture the step's kernels (Megatron --enable-cuda-graph, torch CUDA graphs): off by default in
+    Megatron-Core, torchtitan and DeepSpeed."""
+    return bool(ctx.work.cuda_graphs)
+
+
+def attention_kernel(ctx: Context, gpu: GPUSpec) -> str:
+    name = ctx.work.attention_kernel
+    if name != "flash":
+        return name
+    return DEFAULT_ATTENTION.get(ctx.par.framework, {}).get(generation(gpu), "flash2")
+
+
+def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
+    """A kernel option the GPU does not have is a SpecError naming the field and the rule."""
+    gen = generation(gpu)
+    if ctx.work.attention_kernel == "flash3" and gen not in FLASH3_GENERATIONS:
+        raise SpecError(
+            "workload.attention_kernel",
+            f"flash3 (FlashAttention-3) runs on Hopper (sm90) only; {gpu.name} is sm{gpu.sm}: use flash2 or cudnn",
+        )
+    recipe = ctx.work.recipe  # the recipe's own GPU rule is planner/recipes.py check_recipe_gpu (plan.py)
+    if recipe is not None and recipe.kernel_dtype == "nvfp4" and gpu.sm and not gpu.peak_tflops.get("fp4"):
+        raise SpecError("cluster.gpu.peak_tflops.fp4", f"nvfp4 needs the GPU's dense fp4 peak; {gpu.name} has none")
+
+
+# ---- GEMMs ------------------------------------------------------------------------------------------------
+
+
+def gemm_dtype(ctx: Context) -> str:
+    """The GEMM-table key of the layer's linear layers: the recipe's (Recipe.kernel_dtype), fp8 (per-tensor) for
+    fp8 activations without a recipe, bf16 for 2-byte activations, else fp32."""
+    if ctx.work.recipe is not None:
+        return ctx.work.recipe.kernel_dtype
+    if ctx.work.activation_dtype == "fp8":
+        return "fp8"
+    return "bf16" if ctx.x <= 2 else "fp32"
+
+
+def operand_bytes(dtype: str) -> float:
+    return {"bf16": 2.0, "fp32": 4.0, "nvfp4": 0.5}.get(dtype, 1.0)
+
+
+def cast_bytes_per_element(ctx: Context) -> float:
+    """HBM bytes to quantize one element of a GEMM operand: the recipe's (Recipe.cast_bytes_per_element: read,
+    rowwise and columnwise copies, block scales), or TE's per-tensor cast_transpose (FP8_CAST_BYTES)."""
+    recipe = ctx.work.recipe
+    return recipe.cast_bytes_per_element if recipe is not None else FP8_CAST_BYTES
+
+
+def dense_peak(gpu: GPUSpec, dtype: str) -> float:
+    """Datasheet dense FLOP/s of a GEMM dtype at the configured power limit's sustained clock."""
+    peak_dtype = _PEAK_DTYPE.get(dtype, dtype)
+    if peak_dtype == "fp8" and not gpu.peak_tflops.get("fp8"):
+        peak_dtype = "bf16"  # no fp8 tensor cores: the GEMM runs in bf16
+    return gpu.peak(peak_dtype) * gpu.clock_scale() * SUSTAINED_CLOCK.get(generation(gpu), 1.0)
+
+
+def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
+    gen = generation(gpu)
+    found = GEMM_CEILING.get((gen, dtype))
+    if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
+        found = GEMM_CEILING.get((gen, "bf16"))
+    return found if found is not None else eff.gemm
+
+
+@lru_cache(maxsize=65536)
+def gemm_time(rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency) -> float:
+    """Seconds of one GEMM (or a grouped GEMM over ``rows``: one m per group) of (m x k) @ (k x n) in ``dtype``.
+    Memoised by value (bounded): the search asks for the same shapes across layouts."""
+    if n <= 0 or k <= 0 or not any(m > 0 for m in rows):
+        return 0.0
+    tm, tn = GEMM_TILE.get(generation(gpu), (128, 128))
+    flops = sum(2.0 * m * n * k for m in rows)
+    cols = math.ceil(n / tn)
+    tiles = sum(math.ceil(m / tm) for m in rows if m > 0) * cols
+    quant = sum(m for m in rows) * n / (tiles * tm * tn)
+    fill = tiles / (tiles + eff.gemm_fill * gpu.sms) if gpu.sms else 1.0
+    rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k / (k + eff.gemm_k0)
+    x = operand_bytes(dtype)
+    traffic = sum(m * k * x + k * n * x + m * n * 2 for m in rows)  # output in bf16
+    return max(flops / rate, traffic / (gpu.hbm_GBps * 1e9 * eff.hbm)) + eff.gemm_fixed_s
+
+
+def gemm_kernels(
+    name: str, m: float, n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency, groups: int = 1
+) -> tuple[Kernel, Kernel, Kernel]:
+    """Forward (m x k)(k x n), and its backward: data gradient (m x n)(n x k) and weight gradient (k x m)(m x n),
+    per group when grouped (each expert's weight gradient is its own GEMM with k = its rows)."""
+    m = max(0.0, m)
+    rows = (_round(m),) * groups
+    flops = 2.0 * m * n * k * groups
+    shape = (m, n, k, groups)
+    fwd = Kernel(name, "gemm", gemm_time(rows, n, k, dtype, gpu, eff), flops, shape=shape, dtype=dtype)
+    dgrad = Kernel(name + ".dgrad", "gemm", gemm_time(rows, k, n, dtype, gpu, eff), flops, shape=shape, dtype=dtype)
+    if groups == 1:
+        wgrad_t = gemm_time((_round(k),), n, m, dtype, gpu, eff)
+    else:  # one (k x n) output per expert, reduced over that expert's rows
+        wgrad_t = gemm_time((_round(k),) * groups, n, m, dtype, gpu, eff)
+    wgrad = Kernel(name + ".wgrad", "gemm", wgrad_t, flops, shape=shape, dtype=dtype)
+    return fwd, dgrad, wgrad
+
+
+def _round(v: float) -> float:
+    return float(round(v, 3))
+
+
+# ---- memory-bound kernels -----------------------------------------------------------------------------------
+
+
+def memory_kernel(name: str, nbytes: float, gpu: GPUSpec, eff: Efficiency, count: int = 1, floor: float = 0.0):
+    t = nbytes / (gpu.hbm_GBps * 1e9 * eff.hbm) + count * eff.kernel_s
+    return Kernel(name, "memory", max(t, count * floor), bytes=nbytes, count=count)
+
+
+# ---- the layer -------------------------------------------------------------------------------------------
+
+
+def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]:
+    """(rows per local expert on the busiest EP rank, local experts). Tokens of the etp x ep ranks, top-k copies
+    each, over E experts (token_dispatcher.py); dropless routing is not uniform: the busiest of the ep ranks
+    carries R + sqrt(2·ln(ep)·R) copies for a rank mean R (the maximum of ep near-Gaussian multinomial counts,
+    Gumbel's extreme-value limit), times (1 + moe_skew); a capacity factor pads every expert to its capacity."""
+    m, par = ctx.model.moe, ctx.par
+    t, etp, ep = par.tp, par.expert_tp, par.ep
+    local = max(1, m.num_experts // ep)
+    mean = (ctx.b * ctx.s_cp / t) * etp * ep * m.top_k / m.num_experts
+    if m.capacity_factor:
+        return mean * m.capacity_factor, local
+    rank = mean * local
+    busiest = rank + math.sqrt(2.0 * math.log(ep) * rank) if ep > 1 else rank
+    return busiest * (1.0 + eff.moe_skew) / local, local
+
+
+def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> LayerKernels:
+    """The kernels of one layer (see the module docstring), memoised on the context and the GPU."""
+    return _layer_kernels(ctx, moe, gpu, eff)
+
+
+@lru_cache(maxsize=4096)
+def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
+    mdl, par = ctx.model, ctx.par
+    t, T, h = par.tp, ctx.b * ctx.s_cp, mdl.hidden_size
+    T_sp = T / (t if par.sp else 1)
+    dt = gemm_dtype(ctx)
+    fu = fusion(ctx)
+    floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+    x = max(2, ctx.x)  # fp8 recipes keep the tensors between kernels in bf16
+    fwd: list[Kernel] = []
+    bwd: list[Kernel] = []
+
+    def gemm(name, m, n, k, dtype=dt, groups=1):
+        f, d, w = gemm_kernels(name, m, n, k, dtype, gpu, eff, groups)
+        fwd.append(_floored(f, floor))
+        bwd.extend((_floored(d, floor), _floored(w, floor)))
+
+    def mem(name, nbytes, count=1, back=BACKWARD_BYTES):
+        fwd.append(memory_kernel(name, nbytes, gpu, eff, count, floor))
+        if back:
+            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, count, floor))
+
+    norm_b, norm_n = fu.norm
+    mem("input_norm", norm_b * T_sp * h, norm_n)
+    # attention projections
+    if mdl.mla:
+        a, heads = mdl.mla, mdl.num_attention_heads
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if a.q_lora_rank:
+            gemm("q_down", T, a.q_lora_rank, h)
+            mem("q_norm", norm_b * T * a.q_lora_rank, norm_n)
+            gemm("q_up", T, heads * qk / t, a.q_lora_rank)
+        else:
+            gemm("q_proj", T, heads * qk / t, h)
+        gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
+        mem("kv_norm", norm_b * T * a.kv_lora_rank, norm_n)
+        gemm("kv_up", T, heads * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)
+        rope = T * heads / t * a.qk_rope_head_dim + T * a.qk_rope_head_dim
+        mem("rotary", fu.rotary[0] * rope, 2 * fu.rotary[1])
+        gemm("attn_out", T, h, heads * a.v_head_dim / t)
+    else:
+        q = mdl.num_attention_heads * mdl.head_size / t
+        kv = mdl.kv_heads * mdl.head_size / t
+        gemm("qkv", T, q + 2 * kv, h)
+        if mdl.qk_norm:
+            mem("qk_norm", norm_b * T * (q + kv), 2 * norm_n)
+        if not mdl.learned_position_embeddings:
+            mem("rotary", fu.rotary[0] * T * (q + kv), 2 * fu.rotary[1])
+        core_index = len(fwd)
+        gemm("attn_out", T, h, q)
+    if mdl.mla:
+        core_index = len(fwd) - 1
+    core_fwd, core_bwd = attention_kernels(ctx, gpu, eff, floor)
+    fwd[core_index:core_index] = list(core_fwd)
+    bwd.extend(core_bwd)
+    mem("residual_add", fu.residual[0] * T_sp * h, fu.residual[1])
+    mem("pre_mlp_norm", norm_b * T_sp * h, norm_n)
+    gated = mdl.gated_mlp
+    gate = 2 if gated else 1
+    act_b, act_n = fu.gated_act if gated else fu.act
+    if not moe:
+        f = mdl.ffn_hidden_size / t
+        gemm("fc1", T, gate * f, h)
+        mem("activation", act_b * T * f, act_n)
+        gemm("fc2", T, h, f)
+    else:
+        m = mdl.moe
+        E = m.num_experts
+        gemm("router", T_sp, E, h, dtype="bf16" if dt != "fp32" else dt)  # the router stays in high precision
+        # router: fp32 softmax/sigmoid over E logits, top-k, the aux loss; Megatron-Core's router (moe/router.py)
+        # runs ~8 small kernels (softmax, topk, scatter to the routing map, the aux-loss sums)
+        mem("router_topk", 4 * 3 * T_sp * E, 8)
+        if m.shared_ffn:
+            gemm("shared_fc1", T, gate * m.shared_ffn / t, h)
+            mem("shared_activation", act_b * T * m.shared_ffn / t, act_n)
+            gemm("shared_fc2", T, h, m.shared_ffn / t)
+        rows, local = expert_rows(ctx, eff)
+        tokens = T / t * par.expert_tp  # tokens this rank dispatches (the etp group's, after SP's gather)
+        f = m.expert_ffn_hidden_size / par.expert_tp
+        ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, dt, x, fu, gpu, eff, floor)
+        fwd.extend(ef)
+        bwd.extend(eb)
+    mem("residual_add", fu.residual[0] * T_sp * h, fu.residual[1])
+    if dt not in ("bf16", "fp32"):
+        cast = sum(k.shape[0] * k.shape[2] * k.shape[3] + k.shape[2] * k.shape[1] * k.shape[3] for k in fwd if _cast(k))
+        nbytes = cast * cast_bytes_per_element(ctx)
+        fwd.append(Kernel("fp8_cast", "cast", _mem_s(nbytes, gpu, eff), bytes=nbytes))
+        # the backward casts the output gradients the same way; summed over a layer's GEMMs its bytes equal the
+        # forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a GPT layer): charged alike
+        bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes))
+    forward = tuple(fwd)
+    backward = tuple(bwd)
+    rc = ctx.work.activation_recompute if ctx.training else "none"
+    if rc == "full":
+        recompute = forward
+    elif rc == "selective":
+        recompute = tuple(core_fwd)
+    else:
+        recompute = ()
+    return LayerKernels(forward, backward, recompute, tuple(core_fwd))
+
+
+def routed_expert_kernels(
+    tokens: float,
+    rows: float,
+    local: int,
+    h: int,
+    f: float,
+    gated: bool,
+    dtype: str,
+    x: int,
+    fu: Fusion,
+    gpu: GPUSpec,
+    eff: Efficiency = EFFICIENCY,
+    floor: float = 0.0,
+) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
+    expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
+    expert order (Megatron-Core moe_utils.permute: read the tokens, write R rows, the indices); the experts as two
+    grouped GEMMs around the activation; unpermute: read R rows and the probs, scatter-add into the tokens."""
+    R = rows * local
+    fwd: list[Kernel] = []
+    bwd: list[Kernel] = []
+    act_b, act_n = fu.gated_act if gated else fu.act
+    gemms = {"experts_fc1": ((2 if gated else 1) * f, h), "experts_fc2": (h, f)}
+    memory = {
+        "permute": (x * h * (tokens + R) + 16 * R, 3),
+        "expert_activation": (act_b * R * f, act_n),
+        "unpermute": (x * h * (R + tokens) + 4 * R, 2),
+    }
+    for name in ("permute", "experts_fc1", "expert_activation", "experts_fc2", "unpermute"):
+        if name in gemms:
+            kf, kd, kw = gemm_kernels(name, rows, *gemms[name], dtype, gpu, eff, groups=local)
+            fwd.append(_floored(kf, floor))
+            bwd.extend((_floored(kd, floor), _floored(kw, floor)))
+        else:
+            nbytes, count = memory[name]
+            fwd.append(memory_kernel(name, nbytes, gpu, eff, count, floor))
+            bwd.append(memory_kernel(name + ".bwd", nbytes * BACKWARD_BYTES, gpu, eff, count, floor))
+    return fwd, bwd
+
+
+def _cast(k: Kernel) -> bool:
+    return k.kind == "gemm" and k.dtype not in ("bf16", "fp32")
+
+
+def _mem_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
+    return nbytes / (gpu.hbm_GBps * 1e9 * eff.hbm)
+
+
+def _floored(k: Kernel, floor: float) -> Kernel:
+    if k.time_s >= floor * k.count:
+        return k
+    return Kernel(k.name, k.kind, floor * k.count, k.flops, k.bytes, k.shape, k.dtype, k.count)
+
+
+# ---- attention ------------------------------------------------------------------------------------------
+
+
+def kv_length(ctx: Context) -> int:
+    """Keys each query attends to: the sequence (training, prefill) or the cache (decode)."""
+    if not ctx.training and ctx.work.phase == "decode":
+        return ctx.work.context_length or ctx.model.seq_length
+    return ctx.s
+
+
+def causal_keys(s: int, window: int | None) -> float:
+    """Mean keys a query attends to under the causal mask, over s queries: (s + 1)/2, or with a window w < s,
+    (sum_{i<w} (i + 1) + (s - w)·w) / s."""
+    if not window or window >= s:
+        return (s + 1) / 2
+    return (window * (window + 1) / 2 + (s - window) * window) / s
+
+
+def attended_keys(ctx: Context) -> float:
+    """Mean keys per query over the model's layers: sliding-window layers see at most the window; with
+    full_attention_interval k every k-th layer attends fully (the layer mix, not per layer: one kernel model)."""
+    mdl, s_kv = ctx.model, kv_length(ctx)
+    decode = s_kv != ctx.s
+    full = s_kv if decode else (s_kv + 1) / 2
+    window = mdl.sliding_window
+    if not window:
+        return full
+    windowed = min(window, s_kv) if decode else causal_keys(s_kv, window)
+    k = mdl.full_attention_interval
+    share_full = (mdl.num_layers // k) / mdl.num_layers if k else 0.0
+    return share_full * full + (1 - share_full) * windowed
+
+
+def attention_flops(ctx: Context) -> float:
+    """Core attention forward on one rank: QKᵀ and PV over the attended keys (flash skips masked blocks)."""
+    mdl = ctx.model
+    heads = mdl.num_attention_heads / ctx.par.tp
+    if mdl.mla:
+        qk, v = mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim, mdl.mla.v_head_dim
+    else:
+        qk = v = mdl.head_size
+    return 2.0 * ctx.b * ctx.s_cp * attended_keys(ctx) * heads * (qk + v)
+
+
+def attention_ceiling(kernel: str, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float]:
+    return ATTENTION_CEILING.get((kernel, generation(gpu)), (eff.attention_fwd, eff.attention_bwd))
+
+
+def attention_kernels(
+    ctx: Context, gpu: GPUSpec, eff: Efficiency, floor: float
+) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """Core attention of one layer on one rank: (forward kernels, backward kernels). Context parallelism with
+    the ring (p2p) runs cp block kernels per pass over s/cp keys each and merges their partial outputs
+    (Megatron-Core / TE context_parallel: a correction kernel per step); all-gather CP runs one kernel."""
+    if ctx.s == 1:  # decode reads the layer's KV cache once (memory-bound)
+        nbytes = kv_cache_bytes_per_layer(ctx)
+        return (memory_kernel("decode_attention", nbytes, gpu, eff, 1, floor),), ()
+    kernel = attention_kernel(ctx, gpu)
+    if kernel == "unfused":
+        return unfused_attention(ctx, gpu, eff)
+    flops = attention_flops(ctx)
+    heads = ctx.model.num_attention_heads / ctx.par.tp
+    d = ctx.model.head_size
+    steps = ctx.par.cp if ctx.par.cp > 1 and ctx.par.cp_comm == "p2p" else 1
+    s_kv = kv_length(ctx) / steps
+    window = ctx.model.sliding_window
+    if window:
+        s_kv = min(s_kv, window)
+    shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
+    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps)
+    fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
+    bwd = [
+        Kernel(
+            f"{kernel}_bwd",
+            "attention",
+            max(b_t, steps * FLASH_BWD_KERNELS * floor),
+            FLASH_BWD * flops,
+            shape=shape,
+            dtype="bf16",
+            count=steps * FLASH_BWD_KERNELS,
+        )
+    ]
+    if steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
+        out = ctx.b * ctx.s_cp * heads * d * 4  # fp32 accumulator
+        fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
+        bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
+    return tuple(fwd), tuple(bwd)
+
+
+def flash_attention_s(
+    flops: float, s_kv: float, kernel: str, gpu: GPUSpec, eff: Efficiency = EFFICIENCY, launches: int = 1
+) -> tuple[float, float]:
+    """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
+    per query block: the kernel's ceiling x s_kv/(s_kv + s0) of the bf16 peak (core attention stays bf16 under
+    fp8 recipes: NVTE_FP8_DPA=0 by default); the backward FLASH_BWD x the FLOPs at its own ceiling."""
+    shape_f = s_kv / (s_kv + eff.attention_s0)
+    c_f, c_b = attention_ceiling(kernel, gpu, eff)
+    peak = dense_peak(gpu, "bf16")
+    forward = flops / (peak * c_f * shape_f) + launches * eff.kernel_s
+    backward = FLASH_BWD * flops / (peak * c_b * shape_f) + launches * FLASH_BWD_KERNELS * eff.kernel_s
+    return forward, backward
+
+
+def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """Megatron-LM's pre-flash core attention on one rank: per (batch, head) QKᵀ (s x d @ d x s) and PV
+    (s x s @ s x d) as batched GEMMs over the whole square (the causal mask is applied, not skipped), with the
+    memory-bound softmax (and dropout, for GPT recipes) over the b·(a/t)·s² scores between them."""
+    from .memory import has_dropout
+
+    mdl = ctx.model
+    bh, d, s_q, s_k = ctx.b * mdl.num_attention_heads / ctx.par.tp, mdl.head_size, ctx.s_cp, ctx.s
+    dtype = "bf16" if ctx.x <= 2 else "fp32"
+    groups = max(1, round(bh))
+    qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
+    pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
+    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)
+    per_score = [a + b for a, b in zip(UNFUSED_SOFTMAX_BYTES, dropout, strict=True)]
+    scores = bh * s_q * s_k
+    soft_f = memory_kernel("softmax_dropout", scores * per_score[0], gpu, eff, 1 + bool(dropout[0]))
+    soft_b = memory_kernel("softmax_dropout.bwd", scores * per_score[1], gpu, eff, 1 + bool(dropout[0]))
+    return (qk[0], soft_f, pv[0]), (pv[1], pv[2], soft_b, qk[1], qk[2])
+
+
+def kv_cache_bytes_per_layer(ctx: Context) -> int:
+    """K and V of every cached token of the rank's sequences (ModelSpec.kv_token_bytes: max(1, kv_heads/t)
+    heads, or MLA's latent whole on every rank), in the KV cache's dtype."""
+    return ctx.b * (kv_length(ctx) // ctx.par.cp) * ctx.model.kv_token_bytes(ctx.par.tp, ctx.kv_bytes)
+
+
+__all__ = [
+    "ADAM_BYTES",
+    "ATTENTION_CEILING",
+    "EFFICIENCY",
+    "GEMM_CEILING",
+    "Efficiency",
+    "Kernel",
+    "LayerKernels",
+    "attention_flops",
+    "check_kernel_options",
+    "gemm_time",
+    "layer_kernels",
+]

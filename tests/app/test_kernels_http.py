@@ -1,0 +1,100 @@
+"""The kernel model's request fields over HTTP (issue 20): the GPU's power limit, the attention kernel, the fp8
+recipe, CUDA graphs and torch.compile; what a GPU lacks is a 422 naming the field and the rule."""
+
+import copy
+
+import pytest
+
+BODY = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 64},
+    "parallel": {"tp": 1, "pp": 1, "dp": 8},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    "options": {"timeline": False},
+}
+
+
+def body(workload=None, gpu=None, framework=None):
+    b = copy.deepcopy(BODY)
+    b["workload"] |= workload or {}
+    if gpu is not None:
+        b["cluster"]["gpu"] = gpu
+    if framework:
+        b["parallel"]["framework"] = framework
+    return b
+
+
+def plan(api, b):
+    r = api.post("/v1/plan", json=b)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def error(api, b) -> tuple[str, str]:
+    """(the field the 422 names, its message)."""
+    r = api.post("/v1/plan", json=b)
+    assert r.status_code == 422, r.text
+    first = r.json()["detail"][0]
+    return ".".join(str(p) for p in first["loc"][1:]), first["msg"]
+
+
+def test_power_limit_slows_the_compute_by_the_cube_law(api):
+    """H100 at 500 W: compute-bound kernels at 0.863x the clock; the step's compute grows, never shrinks."""
+    full = plan(api, body())
+    capped = plan(api, body(gpu={"power_limit_w": 500}))
+    ratio = capped["step"]["compute_s"] / full["step"]["compute_s"]
+    assert 1.05 < ratio < 1 / 0.863 + 1e-9
+    assert capped["cluster"]["gpu"]["power_limit_w"] == 500
+    again = plan(api, body() | {"cluster": capped["cluster"]})  # the answered cluster block rebuilds the limit
+    assert again["step"]["time_s"] == pytest.approx(capped["step"]["time_s"])
+    named = plan(api, body(gpu={"preset": "h100-sxm5-80gb", "power_limit_w": 500}))
+    assert named["step"]["compute_s"] == pytest.approx(capped["step"]["compute_s"])
+
+
+@pytest.mark.parametrize("watts", [150, 701])
+def test_power_limit_outside_the_range_is_named(api, watts):
+    field, msg = error(api, body(gpu={"power_limit_w": watts}))
+    assert field == "cluster.gpu.power_limit_w" and "200-700 W" in msg
+
+
+def test_unknown_gpu_is_named(api):
+    field, msg = error(api, body(gpu={"preset": "z100", "power_limit_w": 300}))
+    assert field == "cluster.gpu.preset" and "unknown GPU 'z100'" in msg
+
+
+def test_new_gpus_plan(api):
+    for name in ("gh200-144gb", "b300-288gb", "gb300-288gb", "h100-nvl-94gb"):
+        assert plan(api, body(gpu=name))["step"]["time_s"] > 0
+
+
+def test_flash3_on_ampere_and_mxfp8_on_hopper_are_named(api):
+    a100 = body({"attention_kernel": "flash3"})
+    a100["cluster"] = {"preset": "dgx-a100", "num_nodes": 1}
+    field, msg = error(api, a100)
+    assert field == "workload.attention_kernel" and "Hopper (sm90) only" in msg
+    field, msg = error(api, body({"fp8_recipe": "mxfp8"}))
+    assert field == "workload.fp8_recipe" and "compute capability >= 10.0" in msg
+    b200 = body({"fp8_recipe": "mxfp8"})
+    b200["cluster"] = {"preset": "dgx-b200", "num_nodes": 1}
+    assert plan(api, b200)["step"]["time_s"] > 0
+
+
+def test_kernel_options_change_the_step(api):
+    """flash2 is slower than Hopper's default cuDNN attention; block-scaled fp8 slower than per-tensor; eager
+    PyTorch slower than torch.compile; CUDA graphs never slower."""
+    t = {
+        name: plan(api, b)["step"]["compute_s"]
+        for name, b in {
+            "cudnn": body(),
+            "flash2": body({"attention_kernel": "flash2"}),
+            "tensor": body({"fp8_recipe": "tensorwise"}),
+            "block": body({"fp8_recipe": "blockwise"}),
+            "eager": body(framework="torch"),
+            "compiled": body({"torch_compile": True}, framework="torch"),
+            "graphs": body({"cuda_graphs": True}),
+        }.items()
+    }
+    assert t["flash2"] > t["cudnn"]
+    assert t["block"] > t["tensor"]
+    assert t["eager"] > t["compiled"]
+    assert t["graphs"] <= t["cudnn"]
