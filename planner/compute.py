@@ -214,7 +214,7 @@ def _gemm_shapes(ctx: Context, moe: bool) -> list[tuple[float, float, float]]:
         shapes += [(T, gate * m.shared_ffn / t, h), (T, h, m.shared_ffn / t)]
     # routed experts: tokens reaching one local expert under uniform routing (token_dispatcher.py: tokens of
     # the etp x ep ranks, k copies each, spread over E experts); each expert's ffn split over expert_tp
-    etp, ep, f = par.expert_tp, par.ep, m.expert_ffn_hidden_size
+    etp, ep, f = par.etp, par.ep, m.expert_ffn_hidden_size
     rows = (T / t) * etp * ep * m.top_k / m.num_experts * (m.capacity_factor or 1.0)
     local = m.num_experts // ep  # the local experts run as one grouped GEMM over all their rows
     return [*shapes, (rows * local, gate * f / etp, h), (rows * local, h, f / etp)]

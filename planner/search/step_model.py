@@ -200,7 +200,7 @@ class StepModel:
         """A memo key of the layout's degrees, leaving out what a part ignores: the ZeRO stage, SP, or the
         framework (compute.py and memory.py's activations never read it; parameter counts do)."""
         return (
-            par.tp, par.cp, par.pp, par.dp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
+            par.tp, par.cp, par.pp, par.dp, par.ep, par.etp, par.virtual_pipeline_stages,
             par.pipeline_schedule, par.framework if framework else None, par.first_stage_layers, par.last_stage_layers,
             par.zero_stage if zero else 0, par.sequence_parallel if sp else False,
         )  # fmt: skip
@@ -222,7 +222,7 @@ class StepModel:
         They read the model, tp, ep, expert tp, the framework and the stage split only (params.py), so the
         memo is shared by every shape and variant with those (param_totals caches on the whole Context)."""
         key = (
-            id(self.model), par.tp, par.pp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
+            id(self.model), par.tp, par.pp, par.ep, par.etp, par.virtual_pipeline_stages,
             par.pipeline_schedule, par.framework, par.first_stage_layers, par.last_stage_layers,
         )  # fmt: skip
         found = _TOTALS.get(key)
@@ -313,7 +313,7 @@ class StepModel:
             # what compute.py's layer_forward, layer_backward and _head read of the layout (b·s/cp tokens,
             # tp, SP, the expert split) with b, recompute and the workload: not pp, dp, v or the schedule
             layer_key = _interned(
-                (id(self.model), id(self.gpu), ctx.work, par.tp, par.cp, par.sp, par.ep, par.expert_tp, rc),
+                (id(self.model), id(self.gpu), ctx.work, par.tp, par.cp, par.sp, par.ep, par.etp, rc),
                 self.model,
                 self.gpu,
             )
