@@ -10,7 +10,7 @@ from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset, with_power_lim
 from collectives.topology.spec import spec_block
 from planner import MODEL_PRESETS, ModelSpec, Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
 from planner.model import MLASpec, MoESpec
-from planner.parallel import zero_config_from_dict
+from planner.parallel import DDPConfig, zero_config_from_dict
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
 
 from .errors import relocated
@@ -111,6 +111,8 @@ def parallel_spec(block: ParallelIn, num_devices: int) -> ParallelSpec:
         values["pipeline_layout"] = tuple(tuple(stage) for stage in values["pipeline_layout"])
     if values.get("pipeline_split_points") is not None:
         values["pipeline_split_points"] = tuple(values["pipeline_split_points"])
+    if "ddp" in values:
+        values["ddp"] = DDPConfig(**values["ddp"].model_dump())
     return ParallelSpec(**values)
 
 

@@ -6,17 +6,10 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ._errors import SpecError
+from .flavours import Flavour
 from .model import ModelSpec
 from .parallel import Chunk, ParallelSpec, pipeline_chunks, rank_of
 from .workload import DTYPE_BYTES, WorkloadSpec
-
-DEFAULT_GRAD_DTYPE = {
-    # Megatron-LM turns on accumulate_allreduce_grads_in_fp32 with --bf16 (megatron/training/arguments.py):
-    # main grads and their reduction are fp32.
-    "megatron": "fp32",
-    "torch": None,  # DDP/FSDP2 reduce in the parameter dtype unless a MixedPrecisionPolicy says otherwise
-    "deepspeed": None,  # DeepSpeed communication_data_type defaults to the model dtype
-}
 
 
 @dataclass(frozen=True)
@@ -32,9 +25,10 @@ class Context:
     def training(self) -> bool:
         return self.work.training
 
-    @property
-    def flavour(self) -> str:
-        return self.par.framework
+    @cached_property
+    def flavour(self) -> Flavour:
+        """The framework's traits (planner/flavours/): what the rules read, never the framework's name."""
+        return self.par.flavour
 
     # ---- batch and sequence ------------------------------------------------------------------------
     @cached_property
@@ -78,7 +72,7 @@ class Context:
     # ---- dtypes ------------------------------------------------------------------------------------
     @cached_property
     def grad_dtype(self) -> str:
-        return self.work.grad_reduce_dtype or DEFAULT_GRAD_DTYPE[self.flavour] or self.work.param_dtype
+        return self.work.grad_reduce_dtype or self.flavour.grad_reduce_dtype or self.work.param_dtype
 
     @cached_property
     def grad_bytes(self) -> int:

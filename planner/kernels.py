@@ -175,13 +175,10 @@ FUSED = Fusion(norm=(4, 1), rotary=(4, 1), gated_act=(6, 1), act=(4, 1), residua
 EAGER = Fusion(norm=(32, 6), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18)
 BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs and the gradient and write two
 
-# Which fusion a framework runs by default (its flavour): Megatron-Core with TransformerEngine fuses; PyTorch-
-# native trainers (torchtitan, FSDP scripts) and DeepSpeed run eager unless torch.compile is on.
-FRAMEWORK_FUSION = {"megatron": FUSED, "torch": EAGER, "deepspeed": EAGER}
-# The attention kernel "flash" means, by framework and generation: TransformerEngine prefers cuDNN fused attention
-# on sm90+ and FlashAttention-2 on sm80 (transformer_engine/pytorch/attention get_attention_backend);
-# PyTorch SDPA's flash backend is FlashAttention-2 (torch.nn.functional.scaled_dot_product_attention docs).
-DEFAULT_ATTENTION = {"megatron": {80: "flash2", 90: "cudnn", 100: "cudnn"}}
+# Which fusion a framework runs by default is its flavour's ``fused_kernels`` trait: Megatron-Core with
+# TransformerEngine fuses; PyTorch-native trainers (torchtitan, FSDP scripts) and DeepSpeed run eager unless
+# torch.compile is on. What "flash" attention means per generation is its ``flash_attention_by_sm``; PyTorch
+# SDPA's flash backend is FlashAttention-2 (torch.nn.functional.scaled_dot_product_attention docs).
 
 
 @dataclass(frozen=True)
@@ -220,7 +217,7 @@ def generation(gpu: GPUSpec) -> int:
 def fusion(ctx: Context) -> Fusion:
     if ctx.work.torch_compile:
         return FUSED
-    return FRAMEWORK_FUSION.get(ctx.par.framework, FUSED)
+    return FUSED if ctx.par.flavour.fused_kernels else EAGER
 
 
 def cuda_graphs(ctx: Context) -> bool:
@@ -233,7 +230,7 @@ def attention_kernel(ctx: Context, gpu: GPUSpec) -> str:
     name = ctx.work.attention_kernel
     if name != "flash":
         return name
-    return DEFAULT_ATTENTION.get(ctx.par.framework, {}).get(generation(gpu), "flash2")
+    return dict(ctx.par.flavour.flash_attention_by_sm).get(generation(gpu), "flash2")
 
 
 def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
@@ -347,7 +344,7 @@ def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]
     carries R + sqrt(2·ln(ep)·R) copies for a rank mean R (the maximum of ep near-Gaussian multinomial counts,
     Gumbel's extreme-value limit), times (1 + moe_skew); a capacity factor pads every expert to its capacity."""
     m, par = ctx.model.moe, ctx.par
-    t, etp, ep = par.tp, par.expert_tp, par.ep
+    t, etp, ep = par.tp, par.etp, par.ep
     local = max(1, m.num_experts // ep)
     mean = (ctx.b * ctx.s_cp / t) * etp * ep * m.top_k / m.num_experts
     if m.capacity_factor:
@@ -439,8 +436,8 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
             mem("shared_activation", act_b * T * m.shared_ffn / t, act_n)
             gemm("shared_fc2", T, h, m.shared_ffn / t)
         rows, local = expert_rows(ctx, eff)
-        tokens = T / t * par.expert_tp  # tokens this rank dispatches (the etp group's, after SP's gather)
-        f = m.expert_ffn_hidden_size / par.expert_tp
+        tokens = T / t * par.etp  # tokens this rank dispatches (the etp group's, after SP's gather)
+        f = m.expert_ffn_hidden_size / par.etp
         ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, dt, x, fu, gpu, eff, floor)
         fwd.extend(ef)
         bwd.extend(eb)

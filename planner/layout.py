@@ -61,7 +61,7 @@ class RankLayout:
         self.world = par.world_size
         self.sizes = {
             False: {"tp": par.tp, "cp": par.cp, "ep": 1, "dp": par.dp, "pp": par.pp},
-            True: {"tp": par.expert_tp, "cp": 1, "ep": par.ep, "dp": par.expert_dp, "pp": par.pp},
+            True: {"tp": par.etp, "cp": 1, "ep": par.ep, "dp": par.expert_dp, "pp": par.pp},
         }
 
     def _grid(self, expert: bool, split: int | None, split_dim: str = "dp"):

@@ -308,6 +308,10 @@ def stage_memory(
             continue
         shards = _shards(ctx, is_expert)
         params += copies * count * xp / (shards if z >= 3 else 1)
+        if z >= 3 and ctx.flavour.zero_plus_plus and ctx.par.zero_config.zero_hpz_partition_size > 1:
+            # hpZ's secondary partition of every released parameter (DeepSpeed partition_parameters.py
+            # _partition_param_sec: aligned numel / zero_hpz_partition_size, kept until the step)
+            params += count * xp / ctx.par.zero_config.zero_hpz_partition_size
         if ctx.training:
             grads += copies * count * ctx.grad_bytes / (shards if z >= 2 else 1)
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)

@@ -8,12 +8,14 @@ import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
+from . import flavours
 from ._errors import SpecError
+from .flavours import Flavour
 from .model import ModelSpec
 from .workload import WorkloadSpec, check_recompute_modules
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev")
-FRAMEWORKS = ("megatron", "torch", "deepspeed")
+FRAMEWORKS = flavours.names()  # the built-in training flavours (planner/flavours/), in registration order
 CP_COMM = ("p2p", "all_gather", "a2a")
 # Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
 # (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep"); deepep_ll:
@@ -37,6 +39,91 @@ class ZeroConfig:
     stage3_max_reuse_distance: int = 1_000_000_000
     stage3_max_live_parameters: int = 1_000_000_000
     sub_group_size: int = 1_000_000_000
+    # ZeRO++ (Wang et al. 2023; DeepSpeed 0.19.8 runtime/zero/config.py:324-340, ZeRO-3 only): hpZ keeps a
+    # secondary partition over groups of this many consecutive ranks for the re-gathers (1: off)
+    zero_hpz_partition_size: int = 1
+    zero_quantized_weights: bool = False  # qwZ: parameter all-gathers in int8 with fp32 block scales
+    zero_quantized_gradients: bool = False  # qgZ: gradient reduce-scatter as int4 all-to-alls across nodes
+    # when calls are issued, not which: overlap_comm None is DeepSpeed's dynamic default (True at ZeRO-3 only,
+    # config.py overlap_comm_valid); contiguous_gradients (default True) copies gradients into one buffer
+    overlap_comm: bool | None = None
+    contiguous_gradients: bool = True
+
+
+ZERO_BOOLS = ("zero_quantized_weights", "zero_quantized_gradients", "overlap_comm", "contiguous_gradients")
+# DeepSpeed 0.19.8 DeepSpeedZeroConfig's other keys (runtime/zero/config.py, with their stage3_ aliases): real
+# keys the plan does not model are refused as such, not as unknown
+DEEPSPEED_UNMODELLED = frozenset(
+    [
+        "stage",
+        "reduce_scatter",
+        "use_multi_rank_bucket_allreduce",
+        "allgather_partitions",
+        "compute_grad_norm",
+        "load_from_fp32_weights",
+        "elastic_checkpoint",
+        "offload_param",
+        "offload_optimizer",
+        "zenflow",
+        "cpu_offload_param",
+        "cpu_offload_use_pin_memory",
+        "cpu_offload",
+        "prefetch_bucket_size",
+        "param_persistence_threshold",
+        "model_persistence_threshold",
+        "max_live_parameters",
+        "max_reuse_distance",
+        "gather_16bit_weights_on_model_save",
+        "module_granularity_threshold",
+        "use_all_reduce_for_fetch_params",
+        "allgather_sequential",
+        "stage3_gather_fp16_weights_on_model_save",
+        "ignore_unused_parameters",
+        "legacy_stage1",
+        "round_robin_gradients",
+        "parameter_alignment",
+        "zero_quantized_nontrainable_weights",
+        "memory_efficient_linear",
+        "pipeline_loading_checkpoint",
+        "override_module_apply",
+        "log_trace_cache_warnings",
+        "enable_sanity_checks",
+        "save_muon_momentum_buffer_in_memory",
+        "leaf_module",
+        "stage3_model_persistence_threshold",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_module_granularity_threshold",
+        "stage3_use_all_reduce_for_fetch_params",
+        "stage3_allgather_sequential",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class DDPConfig:
+    """torch DistributedDataParallel's switches that change its calls, by PyTorch's own names, with its defaults
+    (torch 2.13 torch/nn/parallel/distributed.py DistributedDataParallel.__init__). The torch flavour at ZeRO-0
+    only (rules/data.py reads them):
+
+    - ``find_unused_parameters``: the buckets are never rebuilt (reducer.cpp should_rebuild_buckets:
+      ``(static_graph_ || !find_unused_parameters_) && !has_rebuilt_bucket_``), so the initial layout stays, and
+      every step all-reduces the int32 used-parameter map (one int per parameter tensor) once the last bucket
+      is ready (reducer.cpp mark_variable_ready -> all_reduce_local_used_map).
+    - ``static_graph``: the buckets are rebuilt one step later than plain DDP (the first iteration delays its
+      reduction, the second records the gradient order), and no used-parameter map after the first step.
+    - ``gradient_as_bucket_view``: gradients alias the buckets; the calls and their bytes do not change.
+    - ``bucket_cap_mb``: the bucket cap; None is DDP's 25 MiB with a 1 MiB first bucket
+      (dist._DEFAULT_FIRST_BUCKET_BYTES, distributed.py _BucketCapacityConfig), a given value caps every bucket.
+    """
+
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
+    bucket_cap_mb: float | None = None
+
+    @property
+    def given(self) -> bool:
+        return self != DDPConfig()
 
 
 def zero_config_from_dict(values: dict | None) -> ZeroConfig:
@@ -45,11 +132,20 @@ def zero_config_from_dict(values: dict | None) -> ZeroConfig:
         return ZeroConfig()
     known = {f.name for f in fields(ZeroConfig)}
     for key, value in values.items():
+        if key in DEEPSPEED_UNMODELLED:
+            raise SpecError(
+                f"parallel.zero_config.{key}",
+                f"DeepSpeed's zero_optimization key {key!r} is not modelled here; modelled: {', '.join(sorted(known))}",
+            )
         if key not in known:
             raise SpecError(
                 f"parallel.zero_config.{key}",
                 f"DeepSpeed has no zero_optimization key {key!r}; known: {', '.join(sorted(known))}",
             )
+        if key in ZERO_BOOLS:
+            if not (isinstance(value, bool) or (value is None and key == "overlap_comm")):
+                raise SpecError(f"parallel.zero_config.{key}", f"must be true or false, got {value!r}")
+            continue
         if (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
@@ -58,14 +154,7 @@ def zero_config_from_dict(values: dict | None) -> ZeroConfig:
             or value < 0
         ):
             raise SpecError(f"parallel.zero_config.{key}", f"must be a whole number of elements >= 0, got {value!r}")
-    return ZeroConfig(**{k: int(v) for k, v in values.items()})
-
-
-# Expert TP when not given, by framework: Megatron sets --expert-tensor-parallel-size to the TP size
-# (Megatron-LM d98e8a6 megatron/training/arguments.py:587: "if args.expert_tensor_parallel_size is None:
-# args.expert_tensor_parallel_size = args.tensor_model_parallel_size");
-# torchtitan's expert_tensor_parallel_degree and DeepSpeed-MoE default to 1.
-EXPERT_TP_DEFAULT_IS_TP = {"megatron": True, "torch": False, "deepspeed": False}
+    return ZeroConfig(**{k: v if k in ZERO_BOOLS else int(v) for k, v in values.items()})
 
 
 @dataclass(frozen=True)
@@ -75,7 +164,7 @@ class ParallelSpec:
     dp: int = 1
     cp: int = 1
     ep: int = 1
-    expert_tp: int | None = None  # None: the framework's default (Megatron: = tp; torch, DeepSpeed: 1)
+    expert_tp: int | None = None  # as given; None: the flavour's default, read as ``etp``
     zero_stage: int = 0
     sequence_parallel: bool = False
     virtual_pipeline_stages: int = 1  # model chunks per pipeline rank (Megatron's virtual pipeline size)
@@ -83,7 +172,7 @@ class ParallelSpec:
     hybrid_shard_size: int | None = None  # ZeRO-3 inside groups of this many DP ranks, replicas across them
     dp_bucket_bytes: int | None = None  # None: the framework default (see rules/data.py)
     order: str = DEFAULT_ORDER
-    framework: str = "megatron"
+    framework: str = flavours.DEFAULT  # a registered flavour's name (planner/flavours/)
     cp_comm: str = "p2p"  # p2p (ring attention) | all_gather | a2a (Ulysses)
     # Megatron --decoder-first/last-pipeline-num-layers: uneven stages, the rest split evenly in between
     first_stage_layers: int | None = None
@@ -101,12 +190,20 @@ class ParallelSpec:
     account_for_loss_in_pipeline_split: bool = False
     # torch.distributed.pipelining / torchtitan pipeline_parallel_split_points: the first layer of stages 1..
     pipeline_split_points: tuple[int, ...] | None = None
+    # ---- framework switches by the framework's own names (planner/flavours/: which flavour reads them) ----
+    ddp: DDPConfig = field(default_factory=DDPConfig)  # torch DistributedDataParallel, ZeRO-0
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "expert_tp_given", self.expert_tp is not None)
-        if self.expert_tp is None:
-            default_is_tp = EXPERT_TP_DEFAULT_IS_TP.get(self.framework, False)
-            object.__setattr__(self, "expert_tp", self.tp if default_is_tp else 1)
+    @property
+    def flavour(self) -> Flavour:
+        """The framework's traits object; an unregistered name is a SpecError on parallel.framework."""
+        return flavours.flavour(self.framework)
+
+    @property
+    def etp(self) -> int:
+        """Expert TP as the framework runs it: ``expert_tp`` when given, else the flavour's default
+        (Megatron: tp; torch, DeepSpeed: 1). Resolved on every read, so ``dataclasses.replace`` of the
+        framework changes it."""
+        return self.expert_tp if self.expert_tp is not None else self.flavour.expert_tp(self)
 
     @property
     def world_size(self) -> int:
@@ -115,7 +212,7 @@ class ParallelSpec:
     @property
     def expert_dp(self) -> int:
         """Megatron re-partitions tp x cp x dp into expert_tp x ep x expert_dp (parallel_state.py)."""
-        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
 
     @property
     def sp(self) -> bool:
@@ -145,7 +242,7 @@ def validate_parallel(par: ParallelSpec, model: ModelSpec, work: WorkloadSpec, n
 
 def _degrees(par: ParallelSpec) -> None:
     for name in ("tp", "pp", "dp", "cp", "ep", "expert_tp", "virtual_pipeline_stages"):
-        if getattr(par, name) < 1:
+        if getattr(par, name) is not None and getattr(par, name) < 1:
             raise SpecError(f"parallel.{name}", f"must be >= 1, got {getattr(par, name)}")
     if par.zero_stage not in (0, 1, 2, 3):
         raise SpecError("parallel.zero_stage", f"must be 0, 1, 2 or 3, got {par.zero_stage}")
@@ -158,8 +255,10 @@ def _choices(par: ParallelSpec) -> None:
         raise SpecError(
             "parallel.pipeline_schedule", f"must be one of {', '.join(SCHEDULES)}, got {par.pipeline_schedule!r}"
         )
-    if par.framework not in FRAMEWORKS:
-        raise SpecError("parallel.framework", f"must be one of {', '.join(FRAMEWORKS)}, got {par.framework!r}")
+    if par.flavour.kind != "training":
+        raise SpecError("parallel.framework", f"{par.framework!r} is a serving engine, not a training framework")
+    _ddp(par)
+    _zero_plus_plus(par)
     if par.cp_comm not in CP_COMM:
         raise SpecError("parallel.cp_comm", f"must be one of {', '.join(CP_COMM)}, got {par.cp_comm!r}")
     if par.ep_dispatch not in EP_DISPATCH:
@@ -210,6 +309,55 @@ def _schedule_fits_pp(par: ParallelSpec) -> None:
                 "parallel.pipeline_split_points",
                 f"{n} stages over pp {p}: one stage per rank with {sched}; use interleaved for {n // p} per rank",
             )
+
+
+def _ddp(par: ParallelSpec) -> None:
+    if not par.ddp.given:
+        return
+    if not (par.flavour.ddp_switches and par.zero_stage == 0):
+        raise SpecError(
+            "parallel.ddp",
+            f"DistributedDataParallel switches need framework torch at zero_stage 0 (DDP), got framework "
+            f"{par.framework!r}, zero_stage {par.zero_stage}",
+        )
+    cap = par.ddp.bucket_cap_mb
+    if cap is not None:
+        if not (math.isfinite(cap) and 0 < cap <= 1 << 20):
+            raise SpecError("parallel.ddp.bucket_cap_mb", f"must be > 0 and <= 1048576 MiB, got {cap!r}")
+        if par.dp_bucket_bytes is not None:
+            raise SpecError(
+                "parallel.ddp.bucket_cap_mb",
+                f"give bucket_cap_mb or dp_bucket_bytes, not both (got {cap} MiB and {par.dp_bucket_bytes} bytes)",
+            )
+
+
+def _zero_plus_plus(par: ParallelSpec) -> None:
+    """ZeRO++ is a DeepSpeed ZeRO-3 feature (stage3.py takes zero_hpz_partition_size, the quantized weights and
+    gradients; stage_1_and_2.py does not)."""
+    zc = par.zero_config
+    used = [
+        k
+        for k, on in (
+            ("zero_hpz_partition_size", zc.zero_hpz_partition_size > 1),
+            ("zero_quantized_weights", zc.zero_quantized_weights),
+            ("zero_quantized_gradients", zc.zero_quantized_gradients),
+        )
+        if on
+    ]
+    if not used:
+        return
+    if not par.flavour.zero_plus_plus or par.zero_stage != 3:
+        raise SpecError(
+            f"parallel.zero_config.{used[0]}",
+            f"ZeRO++ is DeepSpeed ZeRO-3 (stage3.py); framework is {par.framework!r}, zero_stage {par.zero_stage}",
+        )
+    hpz, shards = zc.zero_hpz_partition_size, par.dp * par.cp
+    if hpz > 1 and shards % hpz:
+        raise SpecError(
+            "parallel.zero_config.zero_hpz_partition_size",
+            f"zero_hpz_partition_size {hpz} must divide the data-parallel group dp*cp = {shards} "
+            "(groups._create_zero_param_parallel_group: _ensure_divisibility)",
+        )
 
 
 def _fits_model(par: ParallelSpec, m: ModelSpec) -> None:
@@ -271,34 +419,35 @@ def _uneven_counts(par: ParallelSpec, num_layers: int) -> list[int]:
 def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
     if m.moe is None:
         # expert_tp equal to tp is what Megatron's default resolves to, harmless on a dense model
-        if par.ep > 1 or par.expert_tp not in (1, par.tp):
-            raise SpecError(
-                "parallel.ep", f"ep {par.ep} / expert_tp {par.expert_tp} need an MoE model (model.moe is null)"
-            )
+        if par.ep > 1 or par.etp not in (1, par.tp):
+            raise SpecError("parallel.ep", f"ep {par.ep} / expert_tp {par.etp} need an MoE model (model.moe is null)")
         return
     if m.moe.num_experts % par.ep:
         raise SpecError("parallel.ep", f"num_experts {m.moe.num_experts} is not divisible by ep {par.ep}")
     dense = par.tp * par.cp * par.dp
-    if dense % (par.expert_tp * par.ep):
+    if dense % (par.etp * par.ep):
         raise SpecError(
             "parallel.ep",
-            f"expert_tp*ep = {par.expert_tp}*{par.ep} = {par.expert_tp * par.ep} does not divide "
+            f"expert_tp*ep = {par.etp}*{par.ep} = {par.etp * par.ep} does not divide "
             f"tp*cp*dp = {par.tp}*{par.cp}*{par.dp} = {dense}"
             + (
                 ""
-                if par.expert_tp_given
+                if par.expert_tp is not None
                 else " (expert_tp defaults to tp, as Megatron's --expert-tensor-parallel-size;"
                 " set expert_tp to 1 for experts without TP)"
             ),
         )
-    if m.moe.expert_ffn_hidden_size % par.expert_tp:
+    if m.moe.expert_ffn_hidden_size % par.etp:
         raise SpecError(
             "parallel.expert_tp",
-            f"expert_ffn_hidden_size {m.moe.expert_ffn_hidden_size} is not divisible by expert_tp {par.expert_tp}",
+            f"expert_ffn_hidden_size {m.moe.expert_ffn_hidden_size} is not divisible by expert_tp {par.etp}",
         )
     # a training rule (megatron/training/arguments.py); serving engines run TP + EP with all-reduces
-    if par.tp > 1 and par.ep > 1 and not par.sequence_parallel and par.framework == "megatron" and work.training:
-        raise SpecError("parallel.sequence_parallel", "Megatron requires sequence_parallel with MoE, tp > 1 and ep > 1")
+    if par.tp > 1 and par.ep > 1 and not par.sequence_parallel and par.flavour.moe_tp_ep_needs_sp and work.training:
+        raise SpecError(
+            "parallel.sequence_parallel",
+            f"{par.flavour.display} requires sequence_parallel with MoE, tp > 1 and ep > 1",
+        )
 
 
 def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
@@ -328,7 +477,7 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
                 f"Currently there is no support for Pipeline parallelism with CPU offloading (Megatron "
                 f"transformer_config.py); pp is {par.pp}",
             )
-        if w.selective_ac_option is not None and par.framework != "torch":
+        if w.selective_ac_option is not None and not par.flavour.torchtitan_selective_ac:
             raise SpecError(
                 "workload.selective_ac_option",
                 f"is torchtitan's (framework torch), framework is {par.framework!r}; Megatron: recompute_modules",

@@ -39,6 +39,7 @@ class Param:
     name: str
     numel: int
     unit: str  # the FSDP / ZeRO-3 unit: "root" (embedding, final norm, head) or "layer.N"
+    tensors: int = 1  # the tensors it stands for: a Linear's weight and bias, a LayerNorm's weight and bias
 
 
 def stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
@@ -88,7 +89,7 @@ def _shape(params: Params) -> tuple:
 
 def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
     m, t = ctx.model, ctx.par.tp
-    torch = ctx.flavour in ("torch", "deepspeed")  # DeepSpeed wraps the HF-style modules of the user's model
+    torch = ctx.flavour.hf_modules  # separate q, k, v and gate, up; the vocabulary unpadded (planner/flavours/)
     vocab = m.vocab_size if torch else m.padded_vocab(t)
     dense: list[Param] = []
     expert: list[Param] = []
@@ -100,7 +101,7 @@ def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
         dense += _layer(ctx, layer, torch)
         expert += _experts(ctx, layer)
     if ctx.is_last(stage):
-        dense.append(Param("final_norm", m.norm_params(), "root"))
+        dense.append(Param("final_norm", m.norm_params(), "root", _norm_tensors(m)))
         if m.mtp_layers and ctx.par.pp > 1:
             dense.append(Param("mtp.embedding.word", vocab // t * m.hidden_size, "root"))
         for i in range(m.mtp_layers):
@@ -121,7 +122,8 @@ def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
     h, hd = m.hidden_size, m.head_size
     q, kv = m.num_attention_heads * hd, m.kv_heads * hd
     bias = m.linear_bias or m.qkv_bias
-    out = [Param(f"{unit}.input_norm", m.norm_params(), unit)]
+    qkv_t, o_t = 1 + bool(bias), 1 + bool(m.linear_bias)
+    out = [Param(f"{unit}.input_norm", m.norm_params(), unit, _norm_tensors(m))]
     if m.mla:
         out += [
             Param(f"{unit}.{name}", numel // t if split else numel, unit)
@@ -129,21 +131,21 @@ def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
         ]
     elif torch:
         out += [
-            Param(f"{unit}.q", (h * q + (q if bias else 0)) // t, unit),
-            Param(f"{unit}.k", (h * kv + (kv if bias else 0)) // t, unit),
-            Param(f"{unit}.v", (h * kv + (kv if bias else 0)) // t, unit),
-            Param(f"{unit}.o", q * h // t + (h if m.linear_bias else 0), unit),
+            Param(f"{unit}.q", (h * q + (q if bias else 0)) // t, unit, qkv_t),
+            Param(f"{unit}.k", (h * kv + (kv if bias else 0)) // t, unit, qkv_t),
+            Param(f"{unit}.v", (h * kv + (kv if bias else 0)) // t, unit, qkv_t),
+            Param(f"{unit}.o", q * h // t + (h if m.linear_bias else 0), unit, o_t),
         ]
     else:
         out += [
-            Param(f"{unit}.qkv", (h * (q + 2 * kv) + ((q + 2 * kv) if bias else 0)) // t, unit),
-            Param(f"{unit}.proj", q * h // t + (h if m.linear_bias else 0), unit),
+            Param(f"{unit}.qkv", (h * (q + 2 * kv) + ((q + 2 * kv) if bias else 0)) // t, unit, qkv_t),
+            Param(f"{unit}.proj", q * h // t + (h if m.linear_bias else 0), unit, o_t),
         ]
     if m.qk_norm:
-        out.append(Param(f"{unit}.qk_norm", 2 * hd, unit))
+        out.append(Param(f"{unit}.qk_norm", 2 * hd, unit, 2))
     if m.attention_sinks:  # GptOssAttention.sinks: one logit per head, split with the heads
         out.append(Param(f"{unit}.sinks", m.num_attention_heads // t, unit))
-    out.append(Param(f"{unit}.mlp_norm", m.norm_params(), unit))
+    out.append(Param(f"{unit}.mlp_norm", m.norm_params(), unit, _norm_tensors(m)))
     if m.is_moe_layer(layer):
         router = h * m.moe.num_experts + (m.moe.num_experts if m.linear_bias else 0)
         out.append(Param(f"{unit}.router", router, unit))
@@ -157,11 +159,15 @@ def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
 def _mlp(ctx: Context, prefix: str, ffn: int, t: int, unit: str, torch: bool) -> list[Param]:
     m = ctx.model
     h, bias = m.hidden_size, m.linear_bias
-    down = Param(f"{prefix}.down", ffn * h // t + (h if bias else 0), unit)
+    down = Param(f"{prefix}.down", ffn * h // t + (h if bias else 0), unit, 1 + bool(bias))
     if torch and m.gated_mlp:
         return [Param(f"{prefix}.gate", h * ffn // t, unit), Param(f"{prefix}.up", h * ffn // t, unit), down]
     up_rows = ffn * (2 if m.gated_mlp else 1)
-    return [Param(f"{prefix}.up", (h * up_rows + (up_rows if bias else 0)) // t, unit), down]
+    return [Param(f"{prefix}.up", (h * up_rows + (up_rows if bias else 0)) // t, unit, 1 + bool(bias)), down]
+
+
+def _norm_tensors(m: ModelSpec) -> int:
+    return 2 if m.norm == "layernorm" else 1  # weight (and bias)
 
 
 def _experts(ctx: Context, layer: int) -> list[Param]:
@@ -169,7 +175,7 @@ def _experts(ctx: Context, layer: int) -> list[Param]:
     if not m.is_moe_layer(layer):
         return []
     local = m.moe.num_experts // ctx.par.ep
-    per_expert = m.expert_params() // ctx.par.expert_tp
+    per_expert = m.expert_params() // ctx.par.etp
     return [Param(f"layer.{layer}.experts", local * per_expert, f"layer.{layer}")]
 
 

@@ -30,6 +30,7 @@ from .model import ModelSpec, validate_model
 from .parallel import ParallelSpec, validate_parallel
 from .recipes import check_param_gather, check_recipe_gpu
 from .rules import ledger
+from .rules.data import steady_state
 from .step import Overlap, StepTime, memory, step_time
 from .workload import WorkloadSpec, validate_workload
 
@@ -136,6 +137,7 @@ def build_plan(
     pricer = _pricer(cluster, layout, pricing)
     priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+    plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
     gpu = cluster_spec.gpu
     if gpu is None:
         plan.warnings.append(f"cluster {cluster_spec.name!r} has no GPU spec: no step time or memory")

@@ -156,7 +156,7 @@ def check_param_gather(work, par) -> None:
     """--fp8-param-gather is Megatron's (TE primary weights) with its distributed optimizer or plain DDP."""
     if not work.fp8_param_gather:
         return
-    if par.framework != "megatron":
+    if not par.flavour.te_fp8_recipes:
         raise SpecError(
             "workload.fp8_param_gather",
             f"is Megatron's --fp8-param-gather (TransformerEngine primary weights); framework is {par.framework!r}",

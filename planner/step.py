@@ -74,17 +74,16 @@ class Overlap:
     moe_shared_expert_overlap: bool | None = None
 
     def resolved(self, ctx: Context) -> Overlap:
-        fw, z, sched = ctx.par.framework, ctx.par.zero_stage, ctx.par.pipeline_schedule
-        ds_overlap = z == 3  # DeepSpeedZeroConfig.overlap_comm: None -> True for stage 3 only
+        fl = ctx.flavour
         defaults = {
-            "overlap_grad_reduce": {"megatron": False, "torch": True, "deepspeed": ds_overlap}[fw],
-            "overlap_param_gather": {"megatron": False, "torch": True, "deepspeed": ds_overlap}[fw],
+            "overlap_grad_reduce": fl.overlaps(ctx.par),
+            "overlap_param_gather": fl.overlaps(ctx.par),
             "fsdp_prefetch": True,
             "cp_ring_overlap": True,
             "tp_comm_overlap": False,
-            "overlap_p2p": fw == "megatron" and sched == "interleaved",
+            "overlap_p2p": ctx.par.pipeline_schedule in fl.overlap_p2p_schedules,
             # DualPipe(V) pairs each forward with another micro-batch's backward: the schedule provides it
-            "overlap_moe_expert_parallel_comm": sched in EP_OVERLAP_SCHEDULES,
+            "overlap_moe_expert_parallel_comm": ctx.par.pipeline_schedule in EP_OVERLAP_SCHEDULES,
             "moe_shared_expert_overlap": False,
         }
         for name in ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap"):
@@ -303,7 +302,7 @@ def _offload(st: StageStep, transfer_s: float) -> None:
 def _prefetch(ctx: Context, flags: Overlap) -> bool:
     """Whether ZeRO-2/3 per-micro-batch traffic hides behind the pass: FSDP2 prefetches; DeepSpeed overlaps only
     with overlap_comm (its default: on at ZeRO-3 only); Megatron with overlap_grad_reduce."""
-    return bool(flags.fsdp_prefetch if ctx.par.framework == "torch" else flags.overlap_grad_reduce)
+    return bool(flags.fsdp_prefetch if ctx.flavour.prefetches_units else flags.overlap_grad_reduce)
 
 
 # ---- assembly -----------------------------------------------------------------------------------------
@@ -414,12 +413,7 @@ def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:
     """Buckets the gradients fall into once overlap_grad_reduce is on: Megatron sizes them max(40M, 1M·dp)
     elements (megatron/core/distributed/distributed_data_parallel.py; with the overlap off it uses one bucket,
     as the ledger does), DDP 25 MiB (bucket_cap_mb), DeepSpeed reduce_bucket_size 5e8 elements."""
-    par = ctx.par
-    elems = {
-        "megatron": max(40_000_000, 1_000_000 * par.dp * par.cp),
-        "torch": 25 * 2**20 // ctx.grad_bytes,
-        "deepspeed": 500_000_000,
-    }[par.framework]
+    elems = ctx.flavour.overlap_bucket_elements(ctx.par, ctx.grad_bytes)
     return -(-total_bytes // (elems * elem_bytes))
 
 

@@ -11,7 +11,7 @@ from .recipes import Recipe, recipe_of, validate_recipe
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
 RECOMPUTE = ("none", "selective", "full")
 # Core-attention kernels: "flash" (the framework's default fused kernel for the GPU: planner/kernels.py
-# DEFAULT_ATTENTION), "flash2" (FlashAttention-2), "flash3" (FlashAttention-3, Hopper only), "cudnn"
+# the flavour's flash_attention_by_sm), "flash2" (FlashAttention-2), "flash3" (FlashAttention-3, Hopper only), "cudnn"
 # (TransformerEngine / cuDNN fused attention) or "unfused" (Megatron-LM before FlashAttention, 2021-2022: QK^T and
 # PV as batched GEMMs around FusedScaleMaskSoftmax and dropout, the s x s scores written to HBM).
 ATTENTION_KERNELS = ("flash", "flash2", "flash3", "cudnn", "unfused")

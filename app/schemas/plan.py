@@ -183,18 +183,25 @@ class ParallelIn(Strict):
     hybrid_shard_size: int | None = Degree
     dp_bucket_bytes: int | None = Field(default=None, ge=1, le=1 << 40)
     order: str | None = Field(default=None, max_length=64, description='default "tp-cp-ep-dp-pp", fastest first')
-    framework: Literal["megatron", "torch", "deepspeed"] | None = None
+    framework: str | None = Field(
+        default=None,
+        max_length=64,
+        description="a registered training flavour (planner/flavours/): megatron (default), torch, deepspeed; "
+        "another name is a 422 on parallel.framework",
+    )
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
     ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll"] | None = Field(
         default=None,
         description="Megatron --moe-token-dispatcher-type: alltoall (default here), allgather, or deepep (flex "
         "with --moe-enable-deepep); deepep_ll: DeepEP's low-latency kernels (inference decoding only)",
     )
-    zero_config: dict[str, float] | None = Field(
+    zero_config: dict[str, bool | float | None] | None = Field(
         default=None,
-        description="DeepSpeed zero_optimization names in elements: reduce_bucket_size, allgather_bucket_size, "
+        description="DeepSpeed zero_optimization names: in elements reduce_bucket_size, allgather_bucket_size, "
         "stage3_prefetch_bucket_size, stage3_param_persistence_threshold, stage3_max_reuse_distance, "
-        "stage3_max_live_parameters, sub_group_size (DeepSpeed's defaults)",
+        "stage3_max_live_parameters, sub_group_size; ZeRO++ zero_hpz_partition_size (ranks), "
+        "zero_quantized_weights, zero_quantized_gradients (booleans); overlap_comm (boolean or null), "
+        "contiguous_gradients (boolean); DeepSpeed's defaults (docs/frameworks.md)",
     )
     first_stage_layers: int | None = Layers
     last_stage_layers: int | None = Layers
@@ -224,6 +231,22 @@ class ParallelIn(Strict):
         default=None,
         description="torch.distributed.pipelining / torchtitan pipeline_parallel_split_points as layer indices: "
         "the first layer of stages 1, 2, ...",
+    )
+    ddp: DDPIn | None = Field(
+        default=None, description="torch DistributedDataParallel switches (framework torch, zero_stage 0)"
+    )
+
+
+class DDPIn(Strict):
+    """torch DistributedDataParallel's switches by PyTorch's names (torch 2.13 defaults); docs/frameworks.md."""
+
+    find_unused_parameters: bool = Field(
+        default=False, description="buckets never rebuilt; an int32 all-reduce of the used-parameter map per step"
+    )
+    static_graph: bool = Field(default=False, description="buckets rebuilt one step later (steady from step 2)")
+    gradient_as_bucket_view: bool = Field(default=False, description="accepted; changes no call")
+    bucket_cap_mb: float | None = Field(
+        default=None, gt=0, le=1 << 20, description="null: 25 MiB with a 1 MiB first bucket (DDP's default)"
     )
 
 

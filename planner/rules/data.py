@@ -29,32 +29,14 @@ from math import lcm
 from collectives import Op
 
 from ..context import Context
+from ..flavours import Zero
 from ..layout import Group
 from ..ledger import Call
 from ..params import Param, alike_stages, stage_params
 from ..recipes import quantized
 from . import deepspeed
 
-DDP_TORCH_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25)
-ZERO_PAPER = "Rajbhandari et al. 2020 (ZeRO) §5"
-SOURCES = {
-    0: {
-        "megatron": "megatron/core/distributed/distributed_data_parallel.py",
-        "torch": "torch DistributedDataParallel (Reducer buckets)",
-    },
-    1: {
-        "megatron": "megatron/core/optimizer/distrib_optimizer.py",
-        "torch": ZERO_PAPER,
-    },
-    2: {
-        "megatron": "DeepSpeed ZeRO stage 2 semantics; " + ZERO_PAPER,
-        "torch": "FSDP2 reshard_after_forward=False",
-    },
-    3: {
-        "megatron": "DeepSpeed ZeRO stage 3 / Megatron-FSDP semantics; " + ZERO_PAPER,
-        "torch": "FSDP2 fully_shard",
-    },
-}
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.13)
 
 
 def calls(ctx: Context) -> list[Call]:
@@ -64,8 +46,9 @@ def calls(ctx: Context) -> list[Call]:
     alike = alike_stages(ctx)  # the buffers' calls depend on the parameter sizes and names alone
     for stage in range(ctx.par.pp):
         if stage in alike:  # the first stage of its class: the class's calls, on all its stages
-            out += [c.on(alike[stage]) for c in _stage_buffers(ctx, stage)]
-        if ctx.is_last(stage) and ctx.flavour == "megatron" and ctx.par.dp * ctx.par.cp > 1:
+            for members in _by_schedule(ctx, alike[stage]):
+                out += [c.on(members) for c in _stage_buffers(ctx, members[0])]
+        if ctx.is_last(stage) and ctx.flavour.reports_loss and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
                     name="dp.loss_report",
@@ -82,16 +65,27 @@ def calls(ctx: Context) -> list[Call]:
     return out
 
 
+def _by_schedule(ctx: Context, stages: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Stages with alike parameters, split further where the pipeline schedule gives their units different
+    gather counts (FSDP2 inside torch.distributed.pipelining: the warm-up depends on the stage)."""
+    if not fsdp2_pipelined(ctx):
+        return [stages]
+    groups: dict[tuple, list[int]] = {}
+    for s in stages:
+        groups.setdefault(_gathers(ctx, s, root=False), []).append(s)
+    return [tuple(g) for g in groups.values()]
+
+
 def _stage_buffers(ctx: Context, stage: int) -> list[Call]:
     """The gradient and parameter traffic of one rank of ``stage``: its dense and expert buffers, and
     Megatron's optimizer-step reductions."""
     dense, expert = stage_params(ctx, stage)
     out = []
     if ctx.par.dp * ctx.par.cp > 1:
-        out += _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp)
+        out += _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp, stage)
     if expert and ctx.par.expert_dp > 1:
-        out += _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp)
-    if ctx.flavour == "megatron":
+        out += _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp, stage)
+    if ctx.flavour.optimizer_step_reductions:
         out += _megatron_step(ctx)
     return out
 
@@ -129,12 +123,13 @@ def _megatron_step(ctx: Context) -> list[Call]:
     ]
 
 
-def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
-    if ctx.flavour == "deepspeed":
+def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int, pp_stage: int) -> list[Call]:
+    zero = ctx.flavour.zero
+    if zero is Zero.DEEPSPEED:
         return deepspeed.calls(ctx, params, group, kind, size)
     stage = ctx.par.zero_stage
-    if stage == 3 or (stage == 2 and ctx.flavour == "torch"):
-        return _sharded_units(ctx, params, group, kind, size)
+    if stage == 3 or (stage == 2 and zero is Zero.FSDP2):
+        return _sharded_units(ctx, params, group, kind, size, pp_stage)
     if ctx.work.fp8_param_gather and stage <= 1:
         # --fp8-param-gather: the TE linear weights live in their own uint8 buffer (param_and_grad_buffer.py
         # groups buffers by parameter dtype), bucketed and gathered apart from the bf16 rest
@@ -150,10 +145,10 @@ def _bucketed(ctx: Context, params: Sequence[Param], group: Group, kind: str, si
     stage = ctx.par.zero_stage
     if not params:
         return []
-    source = SOURCES[stage][ctx.flavour]
+    source = ctx.flavour.dp_sources[stage]
     buckets = _buckets(ctx, params, size)
     gbytes, pbytes, m = ctx.grad_bytes, ctx.param_bytes, ctx.micro_batches
-    out = []
+    out = ddp_used_map(ctx, params, group, kind)
     for numel, count in _counted(buckets):
         if stage == 0:
             out.append(
@@ -211,7 +206,10 @@ def _call(*, name: str, op: Op, phase: str, message: int, count: int, group: Gro
 
 def _buckets(ctx: Context, params: Sequence[Param], dp_size: int) -> list[int]:
     """Gradient buckets in elements: parameters taken in reverse registration order, a bucket closing
-    once it reaches the cap (torch Reducer and Megatron's _ParamAndGradBuffer use the same rule)."""
+    once it reaches the cap (torch Reducer and Megatron's _ParamAndGradBuffer use the same rule); DDP's
+    Reducer (ddp_buckets) has its own first bucket and keeps its initial layout with find_unused_parameters."""
+    if ctx.flavour.ddp_switches and ctx.par.zero_stage == 0:
+        return ddp_buckets(ctx, params)
     cap = _cap_elements(ctx)
     buckets, current = [], 0
     for p in reversed(params):
@@ -221,7 +219,7 @@ def _buckets(ctx: Context, params: Sequence[Param], dp_size: int) -> list[int]:
             current = 0
     if current:
         buckets.append(current)
-    if ctx.flavour == "megatron" and ctx.par.zero_stage >= 1:
+    if ctx.flavour.bucket_pad_lcm_128 and ctx.par.zero_stage >= 1:
         pad = lcm(dp_size, 128)
         buckets = [-(-b // pad) * pad for b in buckets]
     return buckets
@@ -230,9 +228,94 @@ def _buckets(ctx: Context, params: Sequence[Param], dp_size: int) -> list[int]:
 def _cap_elements(ctx: Context) -> float:
     if ctx.par.dp_bucket_bytes is not None:
         return max(1, ctx.par.dp_bucket_bytes // ctx.grad_bytes)
-    if ctx.flavour == "torch":
-        return DDP_TORCH_BUCKET_BYTES / ctx.grad_bytes
+    if ctx.flavour.bucket_cap_bytes is not None:
+        return ctx.flavour.bucket_cap_bytes / ctx.grad_bytes
     return float("inf")  # Megatron without --overlap-grad-reduce: one bucket per buffer
+
+
+def ddp_buckets(ctx: Context, params: Sequence[Param]) -> list[int]:
+    """DistributedDataParallel's steady-state buckets in elements (torch 2.13).
+
+    Limits (torch/nn/parallel/distributed.py _BucketCapacityConfig.create / compute_bucket_size_limits, and
+    reducer.cpp rebuild_buckets): [first, cap] with cap = bucket_cap_mb MiB (25 by default) and first =
+    dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) when bucket_cap_mb is DDP's default, else the cap itself.
+    compute_bucket_assignment_by_size adds tensors in order and closes a bucket once it holds >= its limit,
+    then moves to the next limit. The order: once rebuilt (plain DDP after step 0, static_graph after step 1),
+    the order gradients became ready, the reverse of registration for a plain decoder; with
+    find_unused_parameters (and no static graph) never rebuilt, so registration order (the initial
+    assignment; its buckets are then reduced last first)."""
+    cap_bytes, explicit = ddp_cap_bytes(ctx)
+    limits = [cap_bytes] if explicit or cap_bytes <= DDP_FIRST_BUCKET_BYTES else [DDP_FIRST_BUCKET_BYTES, cap_bytes]
+    ddp = ctx.par.ddp
+    order = params if ddp.find_unused_parameters and not ddp.static_graph else list(reversed(params))
+    buckets, current, limit = [], 0, 0
+    for p in order:
+        current += p.numel
+        if current * ctx.grad_bytes >= limits[limit]:
+            buckets.append(current)
+            current, limit = 0, min(limit + 1, len(limits) - 1)
+    return buckets + ([current] if current else [])
+
+
+def ddp_cap_bytes(ctx: Context) -> tuple[int, bool]:
+    """(bucket cap in bytes, whether the user gave it): bucket_cap_mb (int(mb x 2^20), distributed.py), the older
+    dp_bucket_bytes, or DDP's default 25 MiB."""
+    if ctx.par.ddp.bucket_cap_mb is not None:
+        return int(ctx.par.ddp.bucket_cap_mb * 2**20), True
+    if ctx.par.dp_bucket_bytes is not None:
+        return ctx.par.dp_bucket_bytes, True
+    return ctx.flavour.bucket_cap_bytes, False
+
+
+def ddp_used_map(ctx: Context, params: Sequence[Param], group: Group, kind: str) -> list[Call]:
+    """find_unused_parameters without static_graph: once the last bucket is ready, the Reducer all-reduces its
+    int32 map of which parameter tensors this rank used (reducer.cpp mark_variable_ready ->
+    all_reduce_local_used_map; local_used_map_ holds one int per tensor, initialize_local_used_map). Once per
+    step: under no_sync the Reducer expects no hooks."""
+    ddp = ctx.par.ddp
+    if not (ctx.flavour.ddp_switches and ctx.par.zero_stage == 0 and ddp.find_unused_parameters):
+        return []
+    if ddp.static_graph:
+        return []  # only the first iteration's delayed reduction sends the map (static_graph_first_iteration)
+    return [
+        _call(
+            name=f"{kind}.used_parameters",
+            op=Op.ALLREDUCE,
+            phase="backward",
+            message=4 * sum(p.tensors for p in params),
+            count=1,
+            group=group,
+            source="torch 2.13 reducer.cpp Reducer::all_reduce_local_used_map (find_unused_parameters)",
+            dtype="int32",
+        )
+    ]
+
+
+def steady_state(ctx: Context) -> list[str]:
+    """When the ledger's steady state starts, where a framework's first steps differ (plan warnings)."""
+    if not (ctx.training and ctx.flavour.ddp_switches and ctx.par.zero_stage == 0 and ctx.par.dp * ctx.par.cp > 1):
+        return []
+    ddp = ctx.par.ddp
+    notes = []
+    if ddp.static_graph:
+        notes.append(
+            "DDP static_graph: step 0 reduces all gradients in one bucket after backward (with the used-parameter "
+            "map), step 1 in one bucket, step 2 rebuilds the buckets (two int32 broadcasts) and uses them: the "
+            "ledger is the steady state from step 2 on, without the rebuild broadcasts from step 3"
+        )
+    elif ddp.find_unused_parameters:
+        notes.append(
+            "DDP find_unused_parameters: the buckets are never rebuilt, every step from step 0 is the ledger's steady "
+            "state (the initial bucket layout and the used-parameter all-reduce)"
+        )
+    else:
+        notes.append(
+            "DDP: step 0 reduces all gradients in one bucket; step 1 rebuilds the buckets (two int32 broadcasts): "
+            "the ledger is the steady state from step 1 on, without the rebuild broadcasts from step 2"
+        )
+    if ddp.gradient_as_bucket_view:
+        notes.append("DDP gradient_as_bucket_view: gradients alias the buckets; the calls do not change")
+    return notes
 
 
 def _counted(sizes: list[int]) -> list[tuple[int, int]]:
@@ -243,58 +326,53 @@ def _counted(sizes: list[int]) -> list[tuple[int, int]]:
     return list(counts.items())
 
 
-def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
-    """ZeRO-3 / FSDP: per micro-batch and unit, all-gather forward (and backward), reduce-scatter."""
+def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int, stage: int) -> list[Call]:
+    """ZeRO-3 / FSDP: per unit, all-gathers in forward (and backward) and a reduce-scatter of its gradients:
+    every micro-batch, or as torch.distributed.pipelining drives FSDP2 (fsdp2_pipelined)."""
     units: dict[str, int] = {}
     for p in params:
         units[p.unit] = units.get(p.unit, 0) + p.numel
-    torch, m = ctx.flavour == "torch", ctx.micro_batches
-    regather_backward = ctx.par.zero_stage == 3
     hs = ctx.par.hybrid_shard_size
     shard_group = (
         Group(tuple(d for d in ("cp", "dp_shard") if d != "cp" or ctx.par.cp > 1), group.expert, split=hs)
         if hs
         else group
     )
-    source = SOURCES[ctx.par.zero_stage][ctx.flavour]
+    source = ctx.flavour.dp_sources[ctx.par.zero_stage]
+    reduces = ctx.micro_batches
+    if fsdp2_pipelined(ctx):
+        source += " in torch.distributed.pipelining (stage.py backward_maybe_with_nosync, perform_reduce_grad)"
+        reduces = 1
     out = []
-    by_size: dict[tuple[int, bool], int] = {}
+    by_size: dict[tuple[int, int, int], int] = {}
     for unit, numel in units.items():
-        again = regather_backward and not (torch and unit == "root")
-        by_size[(numel, again)] = by_size.get((numel, again), 0) + 1
-    for (numel, again), count in by_size.items():
-        out.append(
-            _call(
-                name=f"{kind}.params",
-                op=Op.ALLGATHER,
-                phase="forward",
-                message=numel * ctx.param_bytes,
-                count=count * m,
-                group=shard_group,
-                source=source,
-                dtype=ctx.work.param_dtype,
-            )
-        )
-        if again:
-            out.append(
-                _call(
-                    name=f"{kind}.params.bwd",
-                    op=Op.ALLGATHER,
-                    phase="backward",
-                    message=numel * ctx.param_bytes,
-                    count=count * m,
-                    group=shard_group,
-                    source=source,
-                    dtype=ctx.work.param_dtype,
+        key = (numel, *_gathers(ctx, stage, unit == "root"))
+        by_size[key] = by_size.get(key, 0) + 1
+    for (numel, forward, backward), count in by_size.items():
+        for name, phase, gathers in (
+            (f"{kind}.params", "forward", forward),
+            (f"{kind}.params.bwd", "backward", backward),
+        ):
+            if gathers:
+                out.append(
+                    _call(
+                        name=name,
+                        op=Op.ALLGATHER,
+                        phase=phase,
+                        message=numel * ctx.param_bytes,
+                        count=count * gathers,
+                        group=shard_group,
+                        source=source,
+                        dtype=ctx.work.param_dtype,
+                    )
                 )
-            )
         out.append(
             _call(
                 name=f"{kind}.grads",
                 op=Op.REDUCESCATTER,
                 phase="backward",
                 message=numel * ctx.grad_bytes,
-                count=count * m,
+                count=count * reduces,
                 group=shard_group,
                 source=source,
                 dtype=ctx.grad_dtype,
@@ -309,10 +387,60 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
                     op=Op.ALLREDUCE,
                     phase="backward",
                     message=numel * ctx.grad_bytes // hs,
-                    count=count * m,
+                    count=count * reduces,
                     group=replicas,
                     source=source + " (HSDP replicate all-reduce)",
                     dtype=ctx.grad_dtype,
                 )
             )
     return out
+
+
+def fsdp2_pipelined(ctx: Context) -> bool:
+    """FSDP2 units inside torch.distributed.pipelining stages (the torch flavour's ZeRO-2/3 with pp > 1)."""
+    return ctx.flavour.zero is Zero.FSDP2 and ctx.par.pp > 1 and ctx.par.zero_stage >= 2
+
+
+def _gathers(ctx: Context, stage: int, root: bool) -> tuple[int, int]:
+    """(forward, backward) all-gathers of one unit per iteration.
+
+    Without a pipeline: every micro-batch gathers in forward, and ZeRO-3 again in backward except FSDP2's root,
+    which is not resharded after forward (fully_shard's reshard_after_forward=None: False for the root).
+    Inside torch.distributed.pipelining (torch 2.13): every backward but the step's reduction runs with
+    set_reshard_after_backward(False) and set_requires_gradient_sync(False) (stage.py:844-847
+    backward_maybe_with_nosync), and perform_reduce_grad (stage.py:1164-1177, called once after the last
+    micro-batch: schedules.py:960 GPipe, :1177 1F1B) reduce-scatters and reshards. So a unit is gathered by its
+    first pass of the step, and again only by a pass that follows a forward which resharded it: never with
+    reshard_after_forward=False (our torch ZeRO-2) or for the root; with resharding (blocks at ZeRO-3), by
+    every forward or backward that follows a forward in the stage's order (pipeline_passes)."""
+    m, fsdp2 = ctx.micro_batches, ctx.flavour.zero is Zero.FSDP2
+    if not fsdp2_pipelined(ctx):
+        again = ctx.par.zero_stage == 3 and not (fsdp2 and root)
+        return m, m if again else 0
+    if ctx.par.zero_stage == 2 or root:
+        return 1, 0
+    forward = backward = 0
+    previous = None
+    for chunk_passes in pipeline_passes(ctx, stage):
+        previous = None
+        for kind in chunk_passes:
+            if previous is None or previous == "F":
+                forward += kind == "F"
+                backward += kind == "B"
+            previous = kind
+    return forward, backward
+
+
+def pipeline_passes(ctx: Context, stage: int) -> list[str]:
+    """The order of one stage's forward ("F") and backward ("B") passes in torch.distributed.pipelining
+    (torch 2.13 schedules.py): GPipe all forwards then all backwards (ScheduleGPipe._step_microbatches);
+    1F1B min(m, pp - stage) warm-up forwards, then backward/forward pairs, then the remaining backwards
+    (Schedule1F1B._step_microbatches: warmup_chunks). One list per model chunk the rank holds; the interleaved
+    schedule is taken in 1F1B's order (ScheduleInterleaved1F1B interleaves the chunks in rounds): its gather
+    count per unit is still m + 1, as in any order whose last pass is a backward (every forward is followed
+    by one pass, which gathers), only the split between the forward and backward phases is 1F1B's."""
+    m, p = ctx.micro_batches, ctx.par.pp
+    if ctx.par.pipeline_schedule == "gpipe":
+        return [["F"] * m + ["B"] * m]
+    warmup = min(m, p - stage)
+    return [["F"] * warmup + ["B", "F"] * (m - warmup) + ["B"] * warmup]

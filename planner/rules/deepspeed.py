@@ -209,32 +209,36 @@ def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size:
     fetches = fetch_sizes(numels, persist, ctx.par.zero_config, size, module_tree(params))
     param = {"group": group, "dtype": ctx.work.param_dtype, "itemsize": ctx.param_bytes}
     out = []
+    hpz = zc.zero_hpz_partition_size
+    secondary = _sub_group(ctx, group, hpz) if hpz > 1 else group
     for phase, suffix in (("forward", ""), ("backward", ".bwd")):
-        out += _rows(
-            ctx,
-            [s for p, s in fetches if p == phase],
-            per=m,
-            name=f"{kind}.params{suffix}",
-            op=Op.ALLGATHER,
-            phase=phase,
-            source="partitioned_param_coordinator.py fetch_sub_module",
-            **param,
-        )
+        sizes = [s for p, s in fetches if p == phase]
+        # hpZ: a parameter released after use keeps a secondary partition over its hpZ group
+        # (partition_parameters.py:1769 _partition_param_sec, invalidated by the step: stage3.py:2846), and a
+        # fetch of parameters that have one gathers over that group (partition_parameters.py:1571-1575): only the
+        # first micro-batch's forward fetches over the whole data-parallel group
+        primary = m if hpz == 1 else (1 if phase == "forward" else 0)
+        for grp, ranks, count, where in ((group, size, primary, ""), (secondary, hpz, m - primary, ".hpz")):
+            if count and sizes:
+                out += _fetch_rows(ctx, sizes, count, grp, ranks, f"{kind}.params{suffix}{where}", phase, param)
     cap = _reduce_cap(ctx)
     buckets = _ipg_buckets(numels, list(reversed(range(len(numels)))), cap)
-    rs = [sum(_padded(numels[i], size) for i in b) for b in buckets]
-    out += _rows(
-        ctx,
-        rs,
-        per=m,
-        name=f"{kind}.grads",
-        op=Op.REDUCESCATTER,
-        phase="backward",
-        group=group,
-        dtype=ctx.grad_dtype,
-        itemsize=ctx.grad_bytes,
-        source="stage3.py __avg_scatter_grads -> reduce_scatter_coalesced",
-    )
+    if zc.zero_quantized_gradients and _nodes(ctx, size) > 1:
+        out += _qgz(ctx, numels, buckets, group, kind, size)
+    else:
+        rs = [sum(_padded(numels[i], size) for i in b) for b in buckets]
+        out += _rows(
+            ctx,
+            rs,
+            per=m,
+            name=f"{kind}.grads",
+            op=Op.REDUCESCATTER,
+            phase="backward",
+            group=group,
+            dtype=ctx.grad_dtype,
+            itemsize=ctx.grad_bytes,
+            source="stage3.py __avg_scatter_grads -> reduce_scatter_coalesced",
+        )
     resident = [_padded(n, size) for n, p in zip(numels, persist, strict=True) if p]
     out += _rows(
         ctx,
@@ -246,6 +250,97 @@ def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size:
         **param,
     )
     return out
+
+
+def _sub_group(ctx: Context, group: Group, inner: int) -> Group:
+    """Groups of ``inner`` consecutive data-parallel ranks (hpZ's groups._create_zero_param_parallel_group, qgZ's
+    intra-node groups), as hybrid sharding's dp_shard."""
+    dims = tuple(d for d in ("cp", "dp_shard") if d != "cp" or ctx.par.cp > 1)
+    return Group(dims, group.expert, split=inner)
+
+
+QWZ_TARGET_GROUP = 8000  # partition_parameters.py CUDAQuantizer.target_group_size
+
+
+def qwz_groups(numel: int) -> int:
+    """CUDAQuantizer.quantize's adaptive group count for a tensor of ``numel`` elements (partition_parameters.py
+    :867-889, DeepSpeed 0.19.8): one fp32 scale per group (8-bit symmetric)."""
+    groups = -(-numel // QWZ_TARGET_GROUP)
+    while groups < numel and numel % (8 * groups):
+        groups += 1
+    while numel % (16 * groups) == 0 and numel / groups > QWZ_TARGET_GROUP:
+        groups *= 2
+    return groups
+
+
+def _fetch_rows(ctx: Context, sizes: list[int], count: int, group: Group, ranks: int, name: str, phase: str, param):
+    """All-gathers of fetched parameters, ``count`` times each; with qwZ (zero_quantized_weights) each is an int8
+    all-gather of the same elements and an fp32 all-gather of the block scales (partition_parameters.py
+    _all_gather_coalesced / _all_gather_sequential, quantize=True)."""
+    source = "partitioned_param_coordinator.py fetch_sub_module"
+    if not ctx.par.zero_config.zero_quantized_weights:
+        return _rows(
+            ctx, sizes, per=count, name=name, op=Op.ALLGATHER, phase=phase, source=source, **param | {"group": group}
+        )
+    q = {"group": group, "phase": phase, "op": Op.ALLGATHER, "per": count}
+    return _rows(ctx, sizes, name=name, dtype="int8", itemsize=1, source=source + " (qwZ int8)", **q) + _rows(
+        ctx,
+        [qwz_groups(s // ranks) * ranks for s in sizes],
+        name=name + ".scales",
+        dtype="fp32",
+        itemsize=4,
+        source=source + " (qwZ scales, CUDAQuantizer)",
+        **q,
+    )
+
+
+def _nodes(ctx: Context, size: int) -> int:
+    """Nodes the data-parallel group spans (qgZ: global world // device_count, stage3.py:1924-1928)."""
+    per_node = ctx.devices_per_node or size
+    return max(1, size // min(size, per_node))
+
+
+def _qgz(ctx: Context, numels: list[int], buckets: list[list[int]], group: Group, kind: str, size: int) -> list[Call]:
+    """qgZ (zero_quantized_gradients, across nodes only): each gradient of a flushed bucket goes through
+    all_to_all_quant_reduce (runtime/comm/coalesced_collectives.py:31-76): an int4 all-to-all of the whole
+    tensor (numel/2 bytes, csrc/quantization/pt_binding.cpp ds_swizzle_quant) and of its fp32 scales (one per
+    group, max(rows, cols, world) groups) inside the node, then of the node-reduced quarter (numel/(2·L) bytes,
+    quantized_reduction) and its scales across nodes. A 1-D tensor, or one whose size does not divide by
+    2·world, is reduce-scattered alone. Rows and columns are not in the parameter list: one dimension of a 2-D
+    weight is taken as the hidden size."""
+    local = min(size, ctx.devices_per_node or size)
+    intra, inter = _sub_group(ctx, group, local), Group(("dp_rep",), group.expert, split=local)
+    h, m = ctx.model.hidden_size, ctx.micro_batches
+    src = "runtime/comm/coalesced_collectives.py all_to_all_quant_reduce (qgZ)"
+    rows: dict[tuple, int] = {}
+    for bucket in buckets:
+        for i in bucket:
+            n = numels[i]
+            if n <= h or n % (2 * size):  # 1-D (norms) or not divisible: reduce_scatter_coalesced([tensor])
+                key = (f"{kind}.grads", Op.REDUCESCATTER, group, _padded(n, size) * ctx.grad_bytes, ctx.grad_dtype)
+                rows[key] = rows.get(key, 0) + 1
+                continue
+            groups = max(h, n // h, size)
+            for key in (
+                (f"{kind}.grads.qgz_intra", Op.ALLTOALL, intra, n // 2, "int4"),
+                (f"{kind}.grads.qgz_intra.scales", Op.ALLTOALL, intra, 4 * groups, "fp32"),
+                (f"{kind}.grads.qgz_inter", Op.ALLTOALL, inter, n // (2 * local), "int4"),
+                (f"{kind}.grads.qgz_inter.scales", Op.ALLTOALL, inter, 4 * (groups // local), "fp32"),
+            ):
+                rows[key] = rows.get(key, 0) + 1
+    return [
+        Call(
+            name=name,
+            op=op,
+            phase="backward",
+            message_bytes=message,
+            calls_per_iteration=count * m,
+            group=g,
+            source=DS + src,
+            dtype=dtype,
+        )
+        for (name, op, g, message, dtype), count in rows.items()
+    ]
 
 
 def fetch_sizes(

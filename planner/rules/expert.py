@@ -66,7 +66,7 @@ def _router(ctx: Context, stage: int) -> list[Call]:
     Other flavours (torchtitan, DeepSpeed-MoE) compute their balance losses locally: nothing is listed.
     """
     moe, par = ctx.model.moe, ctx.par
-    if not ctx.training or ctx.flavour != "megatron":
+    if not ctx.training or not ctx.flavour.router_reductions:
         return []
     out = []
     moe_layers = ctx.moe_layers(stage)
@@ -120,7 +120,7 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
             ctx, layers, rows, "forward"
         )
     low_latency = par.ep > 1 and par.ep_dispatch == "deepep_ll"
-    if moe.capacity_factor is None and par.expert_tp * par.ep > 1 and not low_latency:
+    if moe.capacity_factor is None and par.etp * par.ep > 1 and not low_latency:
         out.append(_token_counts(ctx, layers))
     if low_latency:
         return _low_latency(ctx, layers, rows) + _expert_tp(ctx, layers, rows, "forward")
@@ -217,7 +217,7 @@ def _token_counts(ctx: Context, layers: int) -> Call:
     torchtitan exchanges them with all_to_all_single over EP (torchtitan/distributed/expert_parallel.py
     ExpertParallel._token_dispatch: num_tokens_per_expert, E int64 in)."""
     moe, par = ctx.model.moe, ctx.par
-    if ctx.flavour == "torch":
+    if ctx.flavour.token_counts_alltoall:
         return _ep(
             ctx,
             name="ep.token_counts",
@@ -229,7 +229,7 @@ def _token_counts(ctx: Context, layers: int) -> Call:
             source=TORCHTITAN,
             dtype="int64",
         )
-    counts = par.expert_tp * par.ep * moe.num_experts * 8
+    counts = par.etp * par.ep * moe.num_experts * 8
     return _ep(
         ctx,
         name="ep.token_counts",
@@ -268,7 +268,7 @@ def _ep(
 
 
 def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
-    etp = ctx.par.expert_tp
+    etp = ctx.par.etp
     if etp == 1:
         return []
     message = etp * rows * ctx.model.hidden_size * ctx.x
@@ -306,7 +306,7 @@ def _allgather(ctx: Context, layers: int, phase: str) -> list[Call]:
     the output (reduce_scatter_to_sequence_parallel_region). Backward: the hidden gather's gradient is a
     reduce-scatter, the combine's an all-gather, the probabilities' a reduce-scatter."""
     par, moe, h, x = ctx.par, ctx.model.moe, ctx.model.hidden_size, ctx.x
-    n = par.expert_tp * par.ep
+    n = par.etp * par.ep
     if n == 1:
         return []
     t = ctx.tokens_local

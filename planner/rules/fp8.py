@@ -50,9 +50,8 @@ AMAX_BYTES = 4
 
 def calls(ctx: Context) -> list[Call]:
     recipe = ctx.work.recipe
-    # par.framework (a name in both the string and the traits-object worlds): once flavours are traits objects
-    # this is a trait of the Megatron/TransformerEngine flavour
-    if recipe is None or ctx.par.framework != "megatron":
+    # TransformerEngine's FP8/FP4 recipes and their amax reductions: a trait of the flavour (planner/flavours/)
+    if recipe is None or not ctx.flavour.te_fp8_recipes:
         return []
     out = _amax(ctx) if recipe.name == "delayed" else []
     if recipe.name in CURRENT_SCALING and ctx.par.sp:

@@ -21,8 +21,6 @@ from ..layout import Group
 from ..ledger import Call
 from ..parallel import rank_of
 
-SOURCE = "megatron/core/pipeline_parallel/schedules.py, p2p_communication.py"
-TORCH = "torch.distributed.pipelining; reference/pytorch/pp2_1f1b.json"
 SCHEDULES = "planner/pipeline.py (ZB: Qi et al. 2024; DualPipe: DeepSeek-V3 §3.2.1, deepseek-ai/DualPipe dualpipe.py)"
 
 
@@ -31,7 +29,7 @@ def calls(ctx: Context) -> list[Call]:
         return []
     p, m = ctx.par.pp, ctx.micro_batches
     message = ctx.activation // (ctx.par.tp if ctx.par.sp else 1)
-    src = TORCH if ctx.flavour == "torch" else SOURCE
+    src = ctx.flavour.pp_source
     out = []
     # DualPipe: each micro-batch crosses each rank once, half of them each way (dualpipe.py num_chunks // 2)
     halves = 2 if ctx.par.pipeline_schedule == "dualpipe" and ctx.training else 1
@@ -57,7 +55,7 @@ def calls(ctx: Context) -> list[Call]:
     # _get_shared_word_embedding_weight reduces it "if share_embeddings_and_output_weights or mtp_num_layers"
     shared = ctx.model.tied_embeddings or ctx.model.mtp_layers > 0
     ends_apart = not (ctx.is_first(0) and ctx.is_last(0))  # a V holds the embedding and the output layer on rank 0
-    if ctx.training and shared and ctx.flavour != "torch" and ends_apart:
+    if ctx.training and shared and ctx.flavour.tied_embedding_allreduce and ends_apart:
         vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
         grads = vocab * ctx.model.hidden_size * ctx.grad_bytes
         out.append(

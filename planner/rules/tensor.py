@@ -31,9 +31,6 @@ from ..ledger import Call, recomputed, stage_classes
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
-MEGATRON_TP = "Megatron-LM SC'21 §3; " + M + "megatron/core/tensor_parallel/mappings.py"
-MEGATRON_SP = "Korthikanti et al. 2022 §4.2.2; megatron/core/tensor_parallel/layers.py (input re-gathered for wgrad)"
-DTENSOR = "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel); reference/pytorch/tp2*.json"
 FSDP2_TP = "torch/distributed/fsdp/_fully_shard/_fsdp_param.py _get_grad_inner_tensor (Partial -> Replicate)"
 VLLM = "vllm LogitsProcessor._gather_logits; vocab_parallel_embedding.py pads to 64"
 VLLM_VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
@@ -100,7 +97,7 @@ def _blocks(ctx: Context, stage: int) -> list[Call]:
 
 
 def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
-    src = MEGATRON_SP if ctx.par.sp else (MEGATRON_TP if ctx.flavour != "torch" else DTENSOR)
+    src = ctx.flavour.sp_source if ctx.par.sp else ctx.flavour.tp_source
     if not ctx.par.sp:
         return [
             _mb(ctx, name="tp.attn.out_proj", op=Op.ALLREDUCE, phase="forward", count=attn, source=src),
@@ -115,23 +112,23 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
 
 
 def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
-    torch = ctx.flavour == "torch"
+    fl = ctx.flavour
     if not ctx.par.sp:
         # one all-reduce per column-parallel input gradient: fused QKV and fc1, or q,k,v and gate,up
-        qkv, up = (3, 2 if ctx.model.gated_mlp else 1) if torch else (1, 1)
-        src = DTENSOR if torch else MEGATRON_TP
+        qkv, up = (1, 1) if fl.fused_column_dgrad else (3, 2 if ctx.model.gated_mlp else 1)
+        src = fl.tp_source
         return [
             _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.ALLREDUCE, phase="backward", count=qkv * attn, source=src),
             _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.ALLREDUCE, phase="backward", count=up * mlp, source=src),
         ]
-    src = DTENSOR if torch else MEGATRON_SP
+    src = fl.sp_source
     out = [
         _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.REDUCESCATTER, phase="backward", count=attn, source=src),
         _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
         _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
         _mb(ctx, name="tp.mlp.down_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
     ]
-    if not torch:
+    if fl.sp_wgrad_regather:
         out += [
             _mb(ctx, name="tp.attn.qkv.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
             _mb(ctx, name="tp.mlp.up_proj.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
@@ -144,10 +141,11 @@ def _embedding(ctx: Context) -> list[Call]:
     or reduce-scattered into the sequence-parallel region (megatron/core/tensor_parallel/layers.py;
     LanguageModelEmbedding). With learned position embeddings Megatron all-reduces, then scatters
     locally; the scatter's backward all-gathers."""
-    src = "megatron/core/tensor_parallel/layers.py VocabParallelEmbedding" if ctx.flavour != "torch" else DTENSOR
+    src = ctx.flavour.embedding_source
     if not ctx.par.sp:
         return [_mb(ctx, name="tp.embedding", op=Op.ALLREDUCE, phase="forward", count=1, source=src)]
-    fwd_op = Op.ALLREDUCE if ctx.model.learned_position_embeddings and ctx.flavour != "torch" else Op.REDUCESCATTER
+    positions = ctx.model.learned_position_embeddings and ctx.flavour.embedding_allreduce_with_positions
+    fwd_op = Op.ALLREDUCE if positions else Op.REDUCESCATTER
     out = [_mb(ctx, name="tp.embedding", op=fwd_op, phase="forward", count=1, source=src)]
     if ctx.training:
         out.append(_mb(ctx, name="tp.embedding.dgrad", op=Op.ALLGATHER, phase="backward", count=1, source=src))
@@ -187,22 +185,21 @@ def _head(ctx: Context) -> list[Call]:
         ]
     out = []
     if ctx.par.sp:
-        src = DTENSOR if ctx.flavour == "torch" else MEGATRON_SP
+        src = ctx.flavour.sp_source
         out += [
             _mb(ctx, name="tp.lm_head.input", op=Op.ALLGATHER, phase="forward", count=1, source=src),
             _mb(ctx, name="tp.lm_head.dgrad", op=Op.REDUCESCATTER, phase="backward", count=1, source=src),
         ]
-        if ctx.flavour != "torch":
+        if ctx.flavour.sp_wgrad_regather:
             out.append(_mb(ctx, name="tp.lm_head.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=1, source=src))
     else:
-        src = DTENSOR if ctx.flavour == "torch" else MEGATRON_TP
+        src = ctx.flavour.tp_source
         out.append(_mb(ctx, name="tp.lm_head.dgrad", op=Op.ALLREDUCE, phase="backward", count=1, source=src))
-    if ctx.flavour == "torch":
+    if not ctx.flavour.vocab_parallel_loss:
         logits = tokens * model.vocab_size * ctx.x
+        src = ctx.flavour.tp_source
         out.append(
-            _mb(
-                ctx, name="tp.lm_head.logits", op=Op.ALLGATHER, phase="forward", count=1, source=DTENSOR, message=logits
-            )
+            _mb(ctx, name="tp.lm_head.logits", op=Op.ALLGATHER, phase="forward", count=1, source=src, message=logits)
         )
     else:
         out.append(
@@ -230,7 +227,7 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
     last, and the attention mask (bool b x 1 x s x s) to both when the data loader builds it
     (--create-attention-mask-in-dataloader, on by default in megatron/training/arguments.py); the full
     sequence, before the context-parallel split."""
-    if ctx.flavour == "torch":
+    if not ctx.flavour.tp_broadcasts_batch:
         return []
     tokens = ctx.b * ctx.s
     wanted = []
@@ -283,7 +280,7 @@ def _norm_grads(ctx: Context, stage: int) -> list[Call]:
     """
     if not ctx.par.sp:
         return []
-    if ctx.flavour == "torch":
+    if ctx.flavour.norm_grad_reduction == "on_read":
         m = ctx.model
         weights = 2 * len(ctx.stage_layers[stage]) + (1 if ctx.is_last(stage) else 0)
         fsdp2 = ctx.par.zero_stage >= 2
@@ -295,7 +292,9 @@ def _norm_grads(ctx: Context, stage: int) -> list[Call]:
                 message_bytes=m.norm_params() * ctx.grad_bytes,
                 calls_per_iteration=weights * (ctx.micro_batches if fsdp2 else 3),
                 group=TP,
-                source=FSDP2_TP if fsdp2 else DTENSOR + " (partial gradients reduced when AdamW reads them)",
+                source=FSDP2_TP
+                if fsdp2
+                else ctx.flavour.tp_source + " (partial gradients reduced when AdamW reads them)",
                 dtype=ctx.grad_dtype,
             )
         ]

@@ -20,6 +20,7 @@ import numpy as np
 from collectives.topology import ClusterSpec, cluster_for, tiling_unit
 from collectives.topology.select import cached_schedule, resolve_pricing
 
+from .. import flavours
 from .._errors import SpecError
 from ..layout import RankLayout
 from ..model import ModelSpec
@@ -152,7 +153,7 @@ class ShapeEvaluator:
         self.threshold = threshold  # the k-th best step time found elsewhere so far (branch and bound)
         self.space = space_of(problem)
         self.cluster = cluster_for(problem.cluster)
-        base = Variant(shape, 1, "1f1b", 0, False, "megatron").parallel()
+        base = Variant(shape, 1, "1f1b", 0, False, flavours.DEFAULT).parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
         self.pricer = Pricer(self.cluster, problem.options, shared_curves(self.cluster, problem.options))
         self.step_model = StepModel(problem.model, problem.work, self.cluster, problem.constraints.memory_headroom)
@@ -400,7 +401,7 @@ def sort_key(layout: Layout) -> tuple:
     """Equal step times rank by a stable order of the layout: fewer pipeline stages, smaller tp, ..."""
     p = layout.parallel
     return (
-        p.pp, p.tp, p.cp, p.ep, p.expert_tp, p.virtual_pipeline_stages, p.pipeline_schedule, p.zero_stage,
+        p.pp, p.tp, p.cp, p.ep, p.etp, p.virtual_pipeline_stages, p.pipeline_schedule, p.zero_stage,
         p.sequence_parallel, p.framework, layout.micro_batch_size, layout.activation_recompute,
     )  # fmt: skip
 

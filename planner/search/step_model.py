@@ -200,7 +200,7 @@ class StepModel:
         """A memo key of the layout's degrees, leaving out what a part ignores: the ZeRO stage, SP, or the
         framework (memory.py's activations never read it; parameter counts and compute's kernels do)."""
         return (
-            par.tp, par.cp, par.pp, par.dp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
+            par.tp, par.cp, par.pp, par.dp, par.ep, par.etp, par.virtual_pipeline_stages,
             par.pipeline_schedule, par.framework if framework else None, par.first_stage_layers, par.last_stage_layers,
             par.zero_stage if zero else 0, par.sequence_parallel if sp else False,
         )  # fmt: skip
@@ -222,7 +222,7 @@ class StepModel:
         They read the model, tp, ep, expert tp, the framework and the stage split only (params.py), so the
         memo is shared by every shape and variant with those (param_totals caches on the whole Context)."""
         key = (
-            id(self.model), par.tp, par.pp, par.ep, par.expert_tp, par.virtual_pipeline_stages,
+            id(self.model), par.tp, par.pp, par.ep, par.etp, par.virtual_pipeline_stages,
             par.pipeline_schedule, par.framework, par.first_stage_layers, par.last_stage_layers,
         )  # fmt: skip
         found = _TOTALS.get(key)
@@ -322,7 +322,7 @@ class StepModel:
                     par.cp,
                     par.sp,
                     par.ep,
-                    par.expert_tp,
+                    par.etp,
                     rc,
                     par.framework,
                     par.cp_comm,

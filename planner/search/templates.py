@@ -80,6 +80,9 @@ def _ledger(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, b: i
 
 
 def build(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> Template:
+    if data in rules and data.fsdp2_pipelined(Context(model, work, par)):
+        # its gathers follow the schedule's warm-up min(m, pp - stage): linear at (1, 1) and (2, 2), not beyond
+        raise NotLinear("FSDP2 inside a pipeline: the gathers per phase follow the schedule, not m")
     one = _ledger(rules, model, work, par, 1, 1)
     two = _ledger(rules, model, work, par, 2, 2)
     if len(one) != len(two) or any(a.name != c.name or a.stages != c.stages for a, c in zip(one, two, strict=True)):

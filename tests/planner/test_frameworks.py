@@ -34,9 +34,9 @@ def named(plan: list[dict], name: str) -> list[dict]:
 
 def test_expert_tp_defaults_to_tp_in_megatron_and_to_1_elsewhere():
     """arguments.py: --expert-tensor-parallel-size None -> tensor_model_parallel_size."""
-    assert ParallelSpec(tp=4, ep=2, dp=2).expert_tp == 4
-    assert ParallelSpec(tp=4, ep=2, dp=2, framework="torch").expert_tp == 1
-    assert ParallelSpec(tp=4, ep=2, dp=2, expert_tp=1).expert_tp == 1
+    assert ParallelSpec(tp=4, ep=2, dp=2).etp == 4
+    assert ParallelSpec(tp=4, ep=2, dp=2, framework="torch").etp == 1
+    assert ParallelSpec(tp=4, ep=2, dp=2, expert_tp=1).etp == 1
     work = WorkloadSpec(micro_batch_size=1, global_batch_size=2)
     plan = calls(TINY_MOE, work, ParallelSpec(tp=2, ep=2, dp=2, sequence_parallel=True))
     gather = named(plan, "ep.expert_tp.gather")

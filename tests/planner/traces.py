@@ -6,7 +6,10 @@ from collections import Counter
 
 from collectives.topology import ClusterSpec, IntraNode, Network
 from planner import ModelSpec, ParallelSpec, WorkloadSpec
-from planner.parallel import zero_config_from_dict
+from planner.parallel import DDPConfig, zero_config_from_dict
+
+# the schedule as the recorded runs name it (torch.distributed.pipelining class or the recorder's name)
+SCHEDULE = {"Schedule1F1B": "1f1b", "ScheduleGPipe": "gpipe"} | {s: s for s in ("1f1b", "gpipe", "interleaved")}
 
 TRACE_OP = {
     "allreduce": "all_reduce",
@@ -50,6 +53,9 @@ def specs_from_trace(trace: dict):
         framework=p.get("framework", "torch"),
         dp_bucket_bytes=int(bucket * 2**20) if bucket else None,
         zero_config=zero_config_from_dict(p.get("zero_config_overrides")),
+        pipeline_schedule=SCHEDULE.get(p.get("schedule"), "1f1b"),
+        virtual_pipeline_stages=p.get("virtual_stages", 1),
+        ddp=DDPConfig(**(p.get("ddp") or {})),
     )
     world = trace["world_size"]
     cluster = ClusterSpec("trace-host", 1, world, IntraNode("switch", 10.0), network=Network("none"))
@@ -62,16 +68,16 @@ def trace_ops(trace: dict, rank: int, step: int = 2) -> Counter:
     )
 
 
-def plan_ops(plan: dict, stage: int) -> Counter:
+def plan_ops(plan: dict, stage: int, stages: int | None = None) -> Counter:
     """What one rank of ``stage`` issues. A sendrecv row is a send on its listed stages and a receive on
-    the stage it points to."""
+    the stage it points to (modulo ``stages`` when given: the interleaved schedule's last rank feeds the first)."""
     out: Counter = Counter()
     for c in plan["calls"]:
         if c["op"] == "sendrecv":
             step = 1 if c["group_dims"] == ["pp+1"] else -1
             if stage in c["stages"]:
                 out[("send", 2, c["message_bytes"])] += c["calls_per_iteration"]
-            if stage - step in c["stages"]:
+            if (stage - step) % (stages or 1 << 30) in c["stages"]:
                 out[("recv", 2, c["message_bytes"])] += c["calls_per_iteration"]
             continue
         if stage in c["stages"]:

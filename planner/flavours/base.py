@@ -1,0 +1,117 @@
+"""What a framework flavour is: a frozen traits object holding every choice the traffic rules, the parameter
+lists, the step time and the validity checks read. The rules read traits, never a flavour's name; adding a
+flavour is one module that builds a ``Flavour`` and registers it (planner/flavours/__init__.py).
+
+``kind`` leaves room for serving engines (vLLM, SGLang, TensorRT-LLM): a serving flavour is a ``Flavour`` of
+kind "serving" with the inference traits it needs; the training search enumerates kind "training" only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+ZERO_PAPER = "Rajbhandari et al. 2020 (ZeRO) §5"
+
+
+class Zero(Enum):
+    """How a flavour shards and reduces data-parallel state (rules/data.py, rules/deepspeed.py)."""
+
+    # ZeRO-1 = Megatron's distributed optimizer (reduce-scatter + all-gather per iteration), ZeRO-2 the paper's
+    # per-micro-batch reduce-scatter, ZeRO-3 per-unit gathers (Megatron-FSDP / DeepSpeed semantics)
+    PAPER = "paper"
+    # PyTorch FSDP2: ZeRO-2 and ZeRO-3 are fully_shard per block (reshard_after_forward False / True)
+    FSDP2 = "fsdp2"
+    # DeepSpeed's own ZeRO: all-reduced IPG buckets at stage 1/2, the parameter coordinator at stage 3
+    DEEPSPEED = "deepspeed"
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    kind: str = "training"  # "training" | "serving"
+    version: str = ""  # the framework version the traits were read from
+    display: str = ""  # the name in messages ("Megatron", "PyTorch", "DeepSpeed")
+    # ---- parameters (planner/params.py) ------------------------------------------------------------------
+    # separate q, k, v and gate, up modules, unpadded vocabulary (a Hugging Face model); False: Megatron's fused
+    # QKV and fc1, vocabulary padded to a multiple of 128 x tp
+    hf_modules: bool = False
+    # ---- tensor parallelism (rules/tensor.py) ------------------------------------------------------------
+    # backward all-reduces one input gradient per column-parallel linear as the module has it: fused (Megatron:
+    # 1 for QKV, 1 for fc1) or one per separate linear (DTensor: q, k, v; gate, up)
+    fused_column_dgrad: bool = True
+    # sequence parallelism re-gathers the column-parallel input for the weight gradient (Megatron
+    # LinearWithGradAccumulationAndAsyncCommunication.backward); DTensor keeps it
+    sp_wgrad_regather: bool = True
+    # the LM head keeps the logits sharded and runs the vocab-parallel cross-entropy (3 fp32 all-reduces);
+    # False: the logits are all-gathered and the loss is local
+    vocab_parallel_loss: bool = True
+    # with learned position embeddings and SP the embedding all-reduces, then scatters locally (Megatron)
+    embedding_allreduce_with_positions: bool = True
+    # rank 0 of each TP group loads the batch and broadcasts it (Megatron get_batch_on_this_tp_rank)
+    tp_broadcasts_batch: bool = True
+    # SP leaves TP-replicated weights' gradients partial: "finalize" = one all-reduce per stage and iteration
+    # (Megatron finalize_model_grads), "on_read" = DTensor reduces each when AdamW reads it (FSDP2: per
+    # micro-batch in its post-backward)
+    norm_grad_reduction: str = "finalize"
+    tp_source: str = ""
+    sp_source: str = ""
+    embedding_source: str = ""
+    # ---- pipeline (rules/pipeline.py) --------------------------------------------------------------------
+    pp_source: str = ""
+    # tied input/output embeddings on different stages: their gradients all-reduced between the ends
+    tied_embedding_allreduce: bool = True
+    # ---- data parallelism (rules/data.py) ----------------------------------------------------------------
+    zero: Zero = Zero.PAPER
+    dp_sources: dict[int, str] = field(default_factory=dict)  # by ZeRO stage
+    # default gradient-bucket cap in bytes (DDP bucket_cap_mb); None: one bucket per buffer
+    bucket_cap_bytes: int | None = None
+    # ZeRO-1+ buckets padded to a multiple of lcm(dp, 128) elements (Megatron param_and_grad_buffer.py)
+    bucket_pad_lcm_128: bool = False
+    # the optimizer step's 1-element reductions (grad norm, found-inf) of Megatron's optimizer
+    optimizer_step_reductions: bool = False
+    # the loss and token count all-reduced over dp x cp each micro-batch for reporting (Megatron loss_func)
+    reports_loss: bool = False
+    # the gradient reduction dtype when the workload does not say; None: the parameter dtype
+    grad_reduce_dtype: str | None = None
+    # DistributedDataParallel's Reducer at ZeRO-0: its switches (ParallelSpec.ddp) are accepted, its initial and
+    # rebuilt bucket layouts and first bucket apply (rules/data.py)
+    ddp_switches: bool = False
+    # DeepSpeed's ZeRO++ (hpZ, qwZ, qgZ in ParallelSpec.zero_config) at ZeRO-3 (rules/deepspeed.py)
+    zero_plus_plus: bool = False
+    # ---- MoE (rules/expert.py, parallel.py) --------------------------------------------------------------
+    expert_tp_default_is_tp: bool = False
+    moe_tp_ep_needs_sp: bool = False  # tp > 1 and ep > 1 require sequence parallelism (Megatron)
+    router_reductions: bool = False  # the router's token-count / expert-bias all-reduces (Megatron)
+    token_counts_alltoall: bool = False  # per-expert counts by all_to_all over EP (torchtitan); else all-gather
+    # torchtitan's selective activation checkpointing (workload.selective_ac_option) applies (parallel.py)
+    torchtitan_selective_ac: bool = False
+    # ---- kernels (planner/kernels.py) ----
+    # memory-bound kernels fused as TransformerEngine / Megatron-Core fuse them (True), or PyTorch eager's chains
+    fused_kernels: bool = True
+    # what "flash" attention means per GPU generation (compute capability // 10 x 10); missing: FlashAttention-2
+    flash_attention_by_sm: tuple[tuple[int, str], ...] = ()
+    # ---- FP8 (rules/fp8.py, recipes.py) ----------------------------------------------------------------
+    # TransformerEngine's FP8/FP4 recipes: amax reductions, --fp8-param-gather (Megatron + TE)
+    te_fp8_recipes: bool = False
+    # ---- step time (planner/step.py) ---------------------------------------------------------------------
+    # ZeRO stages at which gradient reduction and parameter gathers overlap compute by default
+    overlap_zero_stages: frozenset[int] = frozenset()
+    # per-unit ZeRO-2/3 traffic hides behind compute by implicit prefetch (FSDP2); else overlap_grad_reduce rules
+    prefetches_units: bool = False
+    # pipeline schedules whose sends overlap compute by default (Megatron --overlap-p2p-communication)
+    overlap_p2p_schedules: frozenset[str] = frozenset()
+    # elements per gradient bucket once overlap is on: (ParallelSpec, gradient element bytes) -> elements
+    overlap_bucket_elements: Callable = field(default=lambda par, grad_bytes: 1 << 62, compare=False)
+
+    def overlaps(self, par) -> bool:
+        """The default of overlap_grad_reduce / overlap_param_gather for this layout: a flavour that reads
+        DeepSpeed's overlap_comm takes it when given."""
+        if self.zero is Zero.DEEPSPEED and par.zero_config.overlap_comm is not None:
+            return par.zero_config.overlap_comm
+        return par.zero_stage in self.overlap_zero_stages
+
+    def expert_tp(self, par) -> int:
+        """Expert TP when the layout does not give it."""
+        return par.tp if self.expert_tp_default_is_tp else 1

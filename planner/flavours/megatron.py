@@ -1,0 +1,60 @@
+"""Megatron-Core (Megatron-LM d98e8a6 / core_r0.13): the project's default flavour. Each trait names where
+Megatron decides it."""
+
+from __future__ import annotations
+
+from .base import ZERO_PAPER, Flavour, Zero
+
+M = "Megatron-LM d98e8a6 "
+
+
+def _overlap_bucket_elements(par, grad_bytes: int) -> int:
+    # megatron/core/distributed/distributed_data_parallel.py: with overlap_grad_reduce the buckets hold
+    # max(40M, 1M x dp) elements (dp here is the gradient-reduction group, dp x cp)
+    return max(40_000_000, 1_000_000 * par.dp * par.cp)
+
+
+FLAVOUR = Flavour(
+    name="megatron",
+    display="Megatron",
+    # TransformerEngine prefers cuDNN fused attention on sm90+ and FlashAttention-2 on sm80
+    # (transformer_engine/pytorch/attention get_attention_backend)
+    flash_attention_by_sm=((80, "flash2"), (90, "cudnn"), (100, "cudnn")),
+    version=M.strip(),
+    hf_modules=False,  # fused linear_qkv and linear_fc1; vocabulary padded to 128 x tp (--make-vocab-size-divisible-by)
+    fused_column_dgrad=True,
+    sp_wgrad_regather=True,
+    vocab_parallel_loss=True,  # megatron/core/tensor_parallel/cross_entropy.py
+    embedding_allreduce_with_positions=True,  # LanguageModelEmbedding: all-reduce, then scatter_to_sequence_parallel
+    tp_broadcasts_batch=True,  # megatron/core/utils.py get_batch_on_this_tp_rank
+    norm_grad_reduction="finalize",  # finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads
+    tp_source="Megatron-LM SC'21 §3; " + M + "megatron/core/tensor_parallel/mappings.py",
+    sp_source="Korthikanti et al. 2022 §4.2.2; megatron/core/tensor_parallel/layers.py (input re-gathered for wgrad)",
+    embedding_source="megatron/core/tensor_parallel/layers.py VocabParallelEmbedding",
+    pp_source="megatron/core/pipeline_parallel/schedules.py, p2p_communication.py",
+    tied_embedding_allreduce=True,  # finalize_model_grads.py _allreduce_word_embedding_grads
+    zero=Zero.PAPER,
+    dp_sources={
+        0: "megatron/core/distributed/distributed_data_parallel.py",
+        1: "megatron/core/optimizer/distrib_optimizer.py",
+        2: "DeepSpeed ZeRO stage 2 semantics; " + ZERO_PAPER,
+        3: "DeepSpeed ZeRO stage 3 / Megatron-FSDP semantics; " + ZERO_PAPER,
+    },
+    bucket_cap_bytes=None,  # without --overlap-grad-reduce one bucket per buffer
+    bucket_pad_lcm_128=True,  # param_and_grad_buffer.py pads ZeRO-1 buckets to lcm(dp, 128)
+    optimizer_step_reductions=True,  # clip_grads.py get_grad_norm_fp32, optimizer.py found-inf
+    reports_loss=True,  # pretrain_gpt.py loss_func
+    # megatron/training/arguments.py: --bf16 turns on accumulate_allreduce_grads_in_fp32
+    grad_reduce_dtype="fp32",
+    # megatron/training/arguments.py:587 "if args.expert_tensor_parallel_size is None:
+    # args.expert_tensor_parallel_size = args.tensor_model_parallel_size"
+    expert_tp_default_is_tp=True,
+    moe_tp_ep_needs_sp=True,  # arguments.py: "sequence parallel must be used with MoE when tp > 1 and ep > 1"
+    router_reductions=True,  # megatron/core/transformer/moe/router.py, finalize_model_grads.py
+    te_fp8_recipes=True,  # TransformerEngine fp8_autocast recipes, --fp8-param-gather
+    token_counts_alltoall=False,  # token_dispatcher.py preprocess all-gathers the counts over expert-TP x EP
+    overlap_zero_stages=frozenset(),  # DistributedDataParallelConfig overlap_grad_reduce / overlap_param_gather False
+    prefetches_units=False,
+    overlap_p2p_schedules=frozenset({"interleaved"}),  # --overlap-p2p-communication (interleaved only)
+    overlap_bucket_elements=_overlap_bucket_elements,
+)

@@ -1,0 +1,57 @@
+"""PyTorch 2.13: DDP (ZeRO-0), FSDP2 fully_shard (ZeRO-2: reshard_after_forward=False, ZeRO-3: True),
+DTensor tensor parallelism with torchtitan's Megatron-style plan, torch.distributed.pipelining. Matched call by
+call against tests/reference/pytorch."""
+
+from __future__ import annotations
+
+from .base import ZERO_PAPER, Flavour, Zero
+
+DTENSOR = "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel); reference/pytorch/tp2*.json"
+DDP_BUCKET_BYTES = 25 * 2**20  # torch/nn/parallel/distributed.py DistributedDataParallel(bucket_cap_mb=25)
+
+
+def _overlap_bucket_elements(par, grad_bytes: int) -> int:
+    mb = par.ddp.bucket_cap_mb
+    return (int(mb * 2**20) if mb is not None else DDP_BUCKET_BYTES) // grad_bytes
+
+
+FLAVOUR = Flavour(
+    name="torch",
+    display="PyTorch",
+    version="PyTorch 2.13",
+    hf_modules=True,  # q, k, v and gate, up as separate nn.Linear; the vocabulary is not padded
+    fused_kernels=False,  # eager unless torch.compile (planner/kernels.py EAGER)
+    fused_column_dgrad=False,  # ColwiseParallel on q, k, v (and gate, up): one all-reduce each in backward
+    sp_wgrad_regather=False,
+    vocab_parallel_loss=False,  # the LM head gathers the logits (loss_parallel off)
+    embedding_allreduce_with_positions=False,
+    tp_broadcasts_batch=False,  # every rank loads its batch
+    norm_grad_reduction="on_read",  # Partial gradients: reference/pytorch/tp2_sp.json
+    tp_source=DTENSOR,
+    sp_source=DTENSOR,
+    embedding_source=DTENSOR,
+    pp_source="torch.distributed.pipelining; reference/pytorch/pp2_1f1b.json",
+    tied_embedding_allreduce=False,
+    zero=Zero.FSDP2,
+    dp_sources={
+        0: "torch DistributedDataParallel (Reducer buckets)",
+        1: ZERO_PAPER,
+        2: "FSDP2 reshard_after_forward=False",
+        3: "FSDP2 fully_shard",
+    },
+    bucket_cap_bytes=DDP_BUCKET_BYTES,
+    bucket_pad_lcm_128=False,
+    ddp_switches=True,
+    torchtitan_selective_ac=True,  # torchtitan activation_checkpoint.selective_ac_option
+    optimizer_step_reductions=False,
+    reports_loss=False,
+    grad_reduce_dtype=None,  # DDP/FSDP2 reduce in the parameter dtype unless a MixedPrecisionPolicy says otherwise
+    expert_tp_default_is_tp=False,  # torchtitan expert_tensor_parallel_degree = 1
+    moe_tp_ep_needs_sp=False,
+    router_reductions=False,  # torchtitan computes its balance loss locally
+    token_counts_alltoall=True,  # torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch
+    overlap_zero_stages=frozenset({0, 1, 2, 3}),  # DDP autograd hooks, FSDP2 prefetch
+    prefetches_units=True,  # FSDP2 implicit forward and backward prefetch
+    overlap_p2p_schedules=frozenset(),
+    overlap_bucket_elements=_overlap_bucket_elements,
+)
