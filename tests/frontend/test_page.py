@@ -916,3 +916,30 @@ def test_serve_scenario_deepseek_on_96_gpus(page):
     expect(rows.first).to_contain_text("prefill")
     expect(rows.first).to_contain_text("32")
     expect(page.locator("#serve-links")).to_contain_text("nic")
+
+
+def test_every_scenario_fits_as_shipped(page):
+    """Each built-in scenario plans without errors and its memory card says it fits (issue 25: DeepSeek-V3 needed
+    126 GB of 85.5, Mixtral on the NPU mesh 94.4 of 64, FSDP Llama-3 8B 94.7 of 85.9)."""
+    open_page(page)
+    ids = page.evaluate("[...document.querySelectorAll('#scenario option')].map((o) => o.value).filter(Boolean)")
+    assert {"dsv3", "mixtral-npu", "fsdp-a100"} <= set(ids) and len(ids) >= 7
+    for sid in ids:
+        page.select_option("#scenario", sid)
+        want = page.evaluate(
+            "(id) => import('/static/js/form.js').then((m) => m.SCENARIOS.find((s) => s.id === id).request)", sid
+        )
+        # the plan on show is this scenario's: its request's parallel block, answered and not stale
+        page.wait_for_function(
+            "([want]) => { const s = window.commplan.state; return !s.stale && s.plan && s.request"
+            " && JSON.stringify(s.request.parallel) === JSON.stringify({...s.request.parallel, ...want.parallel})"
+            " && s.request.model.preset === want.model.preset; }",
+            arg=[want],
+            timeout=30_000,
+        )
+        plan = page.evaluate("window.commplan.state.plan")
+        assert plan["memory"]["fits"], sid
+        peak = max(s["peak_bytes"] for s in plan["memory"]["per_stage"])
+        assert peak < plan["memory"]["capacity_bytes"], sid
+        expect(page.locator("#form-errors")).to_be_hidden()
+        expect(page.locator("#memory-note")).to_contain_text("Fits:", timeout=10_000)
