@@ -178,7 +178,8 @@ def _serve_table(result: dict) -> str:
 
 
 def _table(result: dict) -> str:
-    rows = [("call", "op", "phase", "stages", "group", "message", "x/iter", "algorithm", "sent/call", "time/call")]
+    head = ("call", "op", "phase", "stages", "group", "message", "x/iter", "algorithm", "sent/call", "time/call")
+    rows = [(*head, "time/iter")]  # time/iter: time/call x calls per iteration, per rank of each listed stage
     for c in result["calls"]:
         rows.append(
             (
@@ -192,6 +193,7 @@ def _table(result: dict) -> str:
                 c["algorithm"],
                 human_bytes(c["bytes_sent_per_rank"]),
                 human_seconds(c["time_s"]),
+                human_seconds(c["time_s"] * c["calls_per_iteration"]),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
