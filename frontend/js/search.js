@@ -141,7 +141,7 @@ const METRICS = [
   ["Tokens / s", (p) => p.step.tokens_per_s, fmtCount],
   ["Exposed communication", (p) => p.step.exposed_comm_s, fmtTime],
   ["Peak memory per device", (p) => Math.max(...p.memory.per_stage.map((s) => s.peak_bytes)), fmtBytes],
-  ["Communication if serialised", (p) => p.totals.time_s, fmtTime],
+  ["Busiest stage's calls if serialised", (p) => p.totals.time_s, fmtTime],
 ];
 
 function worstByName(plan) {

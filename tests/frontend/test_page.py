@@ -286,7 +286,7 @@ def test_first_visit_shows_the_plan(page):
     open_page(page)
     expect(page.locator("#status")).to_contain_text("512 devices")
     assert page.locator("#ledger tbody tr").count() >= 20
-    expect(page.locator("#summary")).to_contain_text("Communication if serialised")
+    expect(page.locator("#summary")).to_contain_text("Stage 3 calls if serialised")
     expect(page.locator("#summary")).to_contain_text("not a step time")
     for chart in ("#chart canvas", "#topology canvas", "#explorer canvas"):
         box = page.locator(chart).first.bounding_box()
@@ -690,7 +690,7 @@ def test_step_cards_timeline_and_memory_from_the_v11_blocks(make_page, viewport)
     stub_plan_blocks(page, microbatches=64, over_stage=0)
     open_page(page)
     summary = page.locator("#summary")
-    for label in ("Step time", "MFU", "Tokens / s", "Exposed communication", "Communication if serialised"):
+    for label in ("Step time", "MFU", "Tokens / s", "Exposed communication", "calls if serialised"):
         expect(summary).to_contain_text(label)
     expect(summary.locator("[data-card=mfu] .metric")).to_have_text("41.2%")
     expect(summary.locator("[data-card=tokens] .metric")).to_have_text("1.23 M")
@@ -943,3 +943,39 @@ def test_every_scenario_fits_as_shipped(page):
         assert peak < plan["memory"]["capacity_bytes"], sid
         expect(page.locator("#form-errors")).to_be_hidden()
         expect(page.locator("#memory-note")).to_contain_text("Fits:", timeout=10_000)
+
+
+def test_cards_cannot_contradict_and_the_caption_is_the_prices_own(page):
+    """Exposed communication (critical stage, with the pipeline sends it waits for) may exceed one stage's own
+    calls serialised (5.55 s against 5.53 s here): the cards name what each sums, so neither reads as a bound on
+    the other. The selected call's caption is its latency share: time less link bytes over link bandwidth."""
+    open_page(page)
+    plan = page.evaluate("window.commplan.state.plan")
+    step, totals = plan["step"], plan["totals"]
+    assert len(totals["per_stage"]) == 4
+    comm = page.locator("#summary [data-card=comm]")
+    expect(comm.locator(".metric-label")).to_have_text(f"Stage {totals['busiest_stage']} calls if serialised")
+    expect(comm).to_contain_text("nor other stages' sends it waits for")
+    expect(page.locator("#summary [data-card=exposed]")).to_contain_text("pipeline fill and drain sends it waits for")
+    # what the exposed card adds beyond the stage's own calls is the pipeline's: without PP it is bounded
+    if step["exposed_comm_s"] > totals["time_s"]:
+        pp = sum(c["time_s"] * c["calls_per_iteration"] for c in plan["calls"] if c["parallelism"] == "pp")
+        assert step["exposed_comm_s"] - totals["time_s"] <= pp
+
+    def share(call):
+        link = call["placement"]["links"][0]
+        return 1 - link["bytes"] / (link["capacity_GBps"] * 1e9) / call["time_s"]
+
+    calls = [c for c in plan["calls"] if c["placement"]["links"] and c["time_s"] > 0]
+    big = next(c for c in calls if c["name"] == "tp.attn.qkv")
+    small = min(calls, key=lambda c: c["message_bytes"])
+    assert big["placement"]["links"][0]["utilisation"] < 0.8 and share(big) < 0.5  # was "latency dominates"
+    assert share(small) >= 0.5
+    for call, words in ((big, "bandwidth-bound"), (small, "latency dominates")):
+        row = page.locator(f"#ledger tbody tr[data-name='{call['name']}']").first
+        row.focus()
+        page.keyboard.press("Enter")
+        text = page.locator("#detail-text")
+        expect(text).to_contain_text(words)
+        pct = page.evaluate("(x) => import('/static/js/format.js').then((m) => m.fmtPct(x))", share(call))
+        expect(text).to_contain_text(f"latency is {pct} of the call")
