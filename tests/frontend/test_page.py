@@ -554,7 +554,7 @@ def test_human_units_everywhere(page):
         }"""
     )
     assert got == [
-        *["8 B", "1.53 TB", "1.00 MB", "134 MB", "41.0 µs", "1.00 s", "0.320 ns", "0", "200 ns", "0", "1.23 M"],
+        *["8 B", "1.53 TB", "1.00 MB", "134 MB", "41.0 µs", "1.00 s", "< 1 ns", "0", "200 ns", "0", "1.23 M"],
         *["8.142 s", "1.23 s"],  # ticks 10 ms apart on an 8 s axis need 4 digits; a wide range keeps 3
     ]
     # the chart axes use the same formatters: read the live option of the by-parallelism chart
@@ -979,3 +979,40 @@ def test_cards_cannot_contradict_and_the_caption_is_the_prices_own(page):
         expect(text).to_contain_text(words)
         pct = page.evaluate("(x) => import('/static/js/format.js').then((m) => m.fmtPct(x))", share(call))
         expect(text).to_contain_text(f"latency is {pct} of the call")
+
+
+# every value the units rules have an edge at: tiny noise, rounding across a unit, zero, negatives, huge
+FORMAT_CASES = {
+    "time": [0, 1.78e-15, -1e-15, 3.2e-10, 9.99e-10, 1e-9, 1.2e-9, 4.1e-5, 0.000358888, 0.9996, 5.55, 1234.5],
+    "bytes": [0, 8, 999, 999_600, 1020, 134217728, 1.53e12],
+    "rate": [0, 1.86e-4, 2e-13, 0.5, 1, 42.42, 450, 1.2e4],
+    "percent": [0, 1e-9, 3.09e-3, 0.27612, 1, -0.00309],
+}
+
+
+def test_one_formatter_page_and_cli(page):
+    """format.js (page) and app/cli.py (CLI, CSV-free tables) write the same strings for every unit, with no
+    tiny-value noise ("bubble 0.00000178 ns", "0.000186 GB/s"), and memory capacity says GB and GiB."""
+    from app.cli import human_bytes, human_capacity, human_percent, human_rate, human_seconds
+
+    open_page(page)
+    js = page.evaluate(
+        """(cases) => import('/static/js/format.js').then((m) => ({
+            time: cases.time.map(m.fmtTime), bytes: cases.bytes.map(m.fmtBytes), rate: cases.rate.map(m.fmtBw),
+            percent: cases.percent.map(m.fmtPct), capacity: m.fmtCapacity(85520809984)}))""",
+        FORMAT_CASES,
+    )
+    py = {
+        "time": [human_seconds(x).replace(" us", " µs") for x in FORMAT_CASES["time"]],
+        "bytes": [human_bytes(x) for x in FORMAT_CASES["bytes"]],
+        "rate": [human_rate(x) for x in FORMAT_CASES["rate"]],
+        "percent": [human_percent(x) for x in FORMAT_CASES["percent"]],
+        "capacity": human_capacity(85520809984),
+    }
+    assert js == py
+    assert py["time"][:4] == ["0 s", "< 1 ns", "0 s", "< 1 ns"] and py["rate"][1:3] == ["186 KB/s", "< 1 B/s"]
+    assert py["capacity"] == "85.5 GB (79.6 GiB)" and py["percent"][1] == "< 0.01%"
+    for text in [*js["time"], *js["bytes"], *js["rate"], *js["percent"]]:
+        digits = re.sub(r"[^0-9]", "", text).lstrip("0")
+        assert not re.search(r"\de[-+]?\d", text) and len(digits) <= 4, text
+    expect(page.locator("#memory-note")).to_contain_text(re.compile(r"of \d+\.\d GB \(\d+\.\d GiB\) per device"))
