@@ -30,6 +30,8 @@ export const fmtCount = (n) => (n === null || n === undefined ? "–" : Math.abs
 export const fmtInt = (n) => (n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"));
 export const fmtPct = (x) => (x === null || x === undefined ? "–" : x === 0 ? "0%"
   : Math.abs(100 * x) < 0.009995 ? (x > 0 ? "< 0.01%" : "0%") : `${sig3(100 * x)}%`);
+// a difference of two fractions (MFU A vs B) in percentage points: "0.309 pp", never "-0.309%"
+export const fmtPoints = (x) => fmtPct(x).replace("%", " pp");
 // GB/s down to B/s (a 0.000186 GB/s bus bandwidth is 186 KB/s)
 const RATE_UNITS = [["TB/s", 1e12], ["GB/s", 1e9], ["MB/s", 1e6], ["KB/s", 1e3], ["B/s", 1]];
 export const fmtBw = (gbps) => (gbps === null || gbps === undefined || Number.isNaN(gbps) ? "–" : gbps === 0 ? "0 GB/s"

@@ -758,6 +758,13 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     expect(page.locator("#compare-body .compare-legend")).to_contain_text(
         "A = #1 TP8 PP4 DP16 ZeRO-1 · B = #2 TP8 PP8 DP8"
     )
+    # MFU differences in percentage points ("MFU -0.309%" meant points), and no unchanged "+0 s" ledger rows
+    mfu = page.locator("#compare-body tr", has=page.locator("th", has_text=re.compile("^MFU$"))).locator("td").nth(2)
+    expect(mfu).to_have_text(re.compile(r"^([+−]\d[\d.]* pp|0 pp|< 0\.01 pp)$"))
+    ledger = page.locator("#compare-body table").nth(1).locator("tbody tr")
+    for i in range(ledger.count()):
+        a, b, d = (ledger.nth(i).locator("td").nth(k).inner_text() for k in (1, 2, 3))
+        assert a != b and d not in ("+0 s", "−0 s"), (a, b, d)
     assert overflow(page) <= 0
     shot_of(page, "#search-card", f"search-compare-{viewport['width']}")
     # a click loads the layout into the form and replans
