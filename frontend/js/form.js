@@ -14,7 +14,7 @@ export const SCENARIOS = [
       parallel: { tp: 8, pp: 16, dp: 128, zero_stage: 1, sequence_parallel: true, pipeline_schedule: "interleaved", pipeline_layout: "E|(t|)*126,L" },
       cluster: { preset: "dgx-h100", num_nodes: 2048 } } },
   // every scenario fits in memory as shipped (tests/frontend/test_page.py::test_every_scenario_fits).
-  // DeepSeek-V3: TP2 with SP, PP16, EP64 as Megatron-Bridge's DeepSeek-V3 recipe (TP2 EP64): peak 66.2 GB of 85.5;
+  // DeepSeek-V3: TP2 with SP, PP16, EP64 as Megatron-Bridge's DeepSeek-V3 recipe (TP2 EP64): peak 66.4 GB of 85.5;
   // the paper's TP1 PP16 EP64 needs 126 GB here (BF16 activations; no FP8 or partial recompute modelled)
   { id: "dsv3", label: "DeepSeek-V3 on 256 DGX H100 nodes, TP2 PP16 EP64, ZeRO-1",
     request: { model: { preset: "deepseek-v3" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 15360 },
