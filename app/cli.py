@@ -178,7 +178,8 @@ def _serve_table(result: dict) -> str:
 
 
 def _table(result: dict) -> str:
-    rows = [("call", "op", "phase", "stages", "group", "message", "x/iter", "algorithm", "sent/call", "time/call")]
+    head = ("call", "op", "phase", "stages", "group", "message", "x/iter", "algorithm", "sent/call", "time/call")
+    rows = [(*head, "time/iter")]  # time/iter: time/call x calls per iteration, per rank of each listed stage
     for c in result["calls"]:
         rows.append(
             (
@@ -192,6 +193,7 @@ def _table(result: dict) -> str:
                 c["algorithm"],
                 human_bytes(c["bytes_sent_per_rank"]),
                 human_seconds(c["time_s"]),
+                human_seconds(c["time_s"] * c["calls_per_iteration"]),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -216,9 +218,9 @@ def _step_lines(result: dict) -> list[str]:
     lines = [
         f"\nstep time {human_seconds(step['time_s'])}: compute {human_seconds(step['compute_s'])}, exposed "
         f"communication {human_seconds(step['exposed_comm_s'])}, bubble {human_seconds(step['bubble_s'])} "
-        f"(stage {step.get('critical_stage', '?')}); MFU {100 * step['mfu']:.3g}%, "
+        f"(stage {step.get('critical_stage', '?')}); MFU {human_percent(step['mfu'])}, "
         f"{step['tokens_per_s']:,.0f} tokens/s",
-        f"memory per rank (capacity {human_bytes(cap)}): {'fits' if memory['fits'] else 'DOES NOT FIT'}",
+        f"memory per rank (capacity {human_capacity(cap)}): {'fits' if memory['fits'] else 'DOES NOT FIT'}",
     ]
     parts = ("params", "grads", "optimizer", "activations", "buffers")
     for row in memory["per_stage"]:
@@ -256,12 +258,42 @@ def _human(x: float, units: tuple[tuple[str, float], ...]) -> str:
     return f"{_sig3(x / scale)} {unit}"
 
 
+RATE_UNITS = (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3), ("B/s", 1.0))
+
+
+def _below(x: float, unit: str, zero: str) -> str:
+    """A value under the resolution shown: '< 1 ns' if positive, else zero (never '0.00000178 ns' of noise)."""
+    return f"< 1 {unit}" if x > 0 else zero
+
+
 def human_bytes(n: float) -> str:
-    return f"{int(n)} B" if abs(n) < 999.5 else _human(n, BYTE_UNITS)
+    return f"{round(n)} B" if abs(n) < 999.5 else _human(n, BYTE_UNITS)
 
 
 def human_seconds(s: float) -> str:
-    return "0 s" if s == 0 else _human(s, TIME_UNITS)
+    """frontend/js/format.js fmtTime, with 'us' for 'µs' (tests/frontend/test_page.py compares them)."""
+    if s == 0:
+        return "0 s"
+    return _below(s, "ns", "0 s") if abs(s) < 0.9995e-9 else _human(s, TIME_UNITS)
+
+
+def human_rate(gbps: float) -> str:
+    """A bandwidth given in GB/s, in the unit that shows it (0.000186 GB/s -> '186 KB/s'); format.js fmtBw."""
+    if gbps == 0:
+        return "0 GB/s"
+    return _below(gbps, "B/s", "0 GB/s") if abs(gbps) < 0.9995e-9 else _human(gbps * 1e9, RATE_UNITS)
+
+
+def human_percent(x: float) -> str:
+    """A fraction as a percentage, 3 digits, '< 0.01%' under the resolution; format.js fmtPct."""
+    if x == 0 or abs(100 * x) < 0.009995:
+        return "< 0.01%" if x > 0 else "0%"
+    return f"{_sig3(100 * x)}%"
+
+
+def human_capacity(n: int) -> str:
+    """Memory capacity: decimal GB as everywhere, with GiB beside it (format.js fmtCapacity)."""
+    return f"{human_bytes(n)} ({_sig3(n / 2**30)} GiB)"
 
 
 def _invalid(err: ValidationError) -> int:
@@ -306,19 +338,18 @@ def _in_file(message: str, files: list[str]) -> str:
 
 
 def _calibration_table(result: dict, files: list[str]) -> None:
-    rows = [("log", "op", "size", "nodes", "measured GB/s", "before GB/s", "after GB/s", "error before", "error after",
-             "fitted")]  # fmt: skip
+    rows = [("log", "op", "size", "nodes", "measured", "before", "after", "error before", "error after", "fitted")]
     for r in result["rows"]:
         measured = r["measured_busbw_GBps"]
         rows.append(
             (
                 f"{Path(files[r['log']]).name}:{r['line']}",
                 r["op"],
-                _megabytes(r["size_bytes"]),
+                human_bytes(r["size_bytes"]),
                 str(r["nodes"]),
-                _rate(measured),
-                _rate(r["before_GBps"]),
-                _rate(r["after_GBps"]),
+                human_rate(measured),
+                human_rate(r["before_GBps"]),
+                human_rate(r["after_GBps"]),
                 _percent(r["before_GBps"] / measured - 1),
                 _percent(r["after_GBps"] / measured - 1),
                 "yes" if r["fitted"] else "no",
@@ -344,19 +375,6 @@ def _calibration_table(result: dict, files: list[str]) -> None:
     if not all(r["fitted"] for r in result["rows"]):
         print("  rows marked 'no' are priced by the schedule pricer (alltoall, sendrecv), which these do not calibrate")
     print('\npost the "cluster" of --format json to /v1/plan to plan with these constants')
-
-
-def _megabytes(n: int) -> str:
-    """Sizes in MB (1e6 B), fixed-point with enough decimals for three significant digits."""
-    mb = n / 1e6
-    decimals = 0 if mb >= 100 else 1 if mb >= 10 else 2 if mb >= 1 else min(6, 2 - int(f"{mb:e}".split("e")[1]))
-    return f"{mb:.{decimals}f} MB"
-
-
-def _rate(gbps: float) -> str:
-    if gbps >= 1 or gbps == 0:
-        return f"{gbps:.2f}"
-    return f"{gbps:.{min(6, 2 - int(f'{gbps:e}'.split('e')[1]))}f}"
 
 
 def _percent(x: float) -> str:

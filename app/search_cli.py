@@ -11,6 +11,7 @@ from pathlib import Path
 from planner.search import search
 from planner.sweep import Task, run, write
 
+from .cli import human_seconds
 from .inputs import problem_of
 from .schemas.search import SearchRequest
 from .serialize import search_dict
@@ -26,15 +27,37 @@ def _read(path: str) -> dict:
     return json.loads(text)
 
 
-def _bar(state: dict) -> None:
+class Progress:
+    """Progress on stderr on its own line: on a terminal one line redrawn in place (carriage return, padded over
+    the longer line before it) and a newline at the end; piped, a line per milestone (each tenth, or each chunk),
+    so a log never holds "1/4 chunks2/4 chunks"."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.width, self.milestone = 0, None
+
+    def show(self, text: str, milestone) -> None:
+        if self.tty:
+            self.stream.write("\r" + text.ljust(self.width))
+            self.width = max(self.width, len(text))
+        elif milestone != self.milestone:
+            self.stream.write(text + "\n")
+        self.milestone = milestone
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.width = 0
+
+
+def search_line(state: dict) -> str:
+    """'37.5%  1,204 evaluated, 310 fit, best 1.23 s', or 'none fits yet' before a layout fits (it said 'nan s')."""
     total = max(state["total"], 1)
-    best = state["best"]["step_time_s"] if state["best"] else float("nan")
-    print(
-        f"\r{100 * state['done'] / total:5.1f}%  {state['evaluated']} evaluated, {state['feasible']} fit, "
-        f"best {best:.3f} s",
-        end="",
-        file=sys.stderr,
-    )
+    best = f"best {human_seconds(state['best']['step_time_s'])}" if state["best"] else "none fits yet"
+    return f"{100 * state['done'] / total:5.1f}%  {state['evaluated']:,} evaluated, {state['feasible']:,} fit, {best}"
 
 
 def search_command(args) -> int:
@@ -43,8 +66,13 @@ def search_command(args) -> int:
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
-    result = search_dict(search(problem_of(body, Settings.from_env()), progress=_bar, workers=args.workers))
-    print(file=sys.stderr)
+    progress = Progress()
+
+    def bar(state: dict) -> None:
+        progress.show(search_line(state), (10 * state["done"]) // max(state["total"], 1))
+
+    result = search_dict(search(problem_of(body, Settings.from_env()), progress=bar, workers=args.workers))
+    progress.end()
     if args.format == "json":
         json.dump(result, sys.stdout, indent=2)
         print()
@@ -103,10 +131,12 @@ def sweep_command(args) -> int:
     settings = Settings.from_env()
     tasks = [Task(label, problem_of(SearchRequest.model_validate(body), settings)) for label, body in expand(spec)]
 
+    progress = Progress()
+
     def bar(done: int, total: int) -> None:
-        print(f"\r{done}/{total} chunks", end="", file=sys.stderr)
+        progress.show(f"{done}/{total} chunks", done)
 
     rows = run(tasks, args.engine, args.workers, bar)
-    print(file=sys.stderr)
+    progress.end()
     print(f"{len(rows)} rows from {len(tasks)} searches -> {write(rows, args.out)}")
     return 0

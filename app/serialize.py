@@ -17,7 +17,16 @@ from planner.search.space import Layout
 from planner.serving import ServePlan
 from planner.serving.search import ServeSearchResult
 
-from .schemas.plan import BatchItem, CallOut, ExploreOut, MemoryOut, PlanOut, StepOut
+from .schemas.plan import (
+    BatchItem,
+    BatchSummaryItem,
+    CallOut,
+    ExploreOut,
+    MemoryOut,
+    PlanOut,
+    PlanSummaryOut,
+    StepOut,
+)
 from .schemas.write import writer
 
 # The parallel block of a search result: the fields the search chooses, as /v1/plan takes them.
@@ -32,15 +41,15 @@ def plan_out(plan: Plan) -> PlanOut:
     return PlanOut.model_validate(plan, from_attributes=True)
 
 
-def plan_json(plan: Plan) -> bytes:
+def plan_json(plan: Plan, summary: bool = False) -> bytes:
     """The body of POST /v1/plan: ``PlanOut``'s bytes, written off the typed plan without validating it
-    again (app/schemas/write.py)."""
-    return _json(writer(PlanOut)(plan))
+    again (app/schemas/write.py); with ``summary``, ``PlanSummaryOut``'s (no calls, no timeline)."""
+    return _json(writer(PlanSummaryOut if summary else PlanOut)(plan))
 
 
-def plan_item_json(plan: Plan) -> bytes:
+def plan_item_json(plan: Plan, summary: bool = False) -> bytes:
     """A good item of POST /v1/plan/batch."""
-    return _json(writer(BatchItem)({"ok": True, "plan": plan}))
+    return _json(writer(BatchSummaryItem if summary else BatchItem)({"ok": True, "plan": plan}))
 
 
 def plan_dict(plan: Plan) -> dict:

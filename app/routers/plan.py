@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
@@ -20,24 +20,35 @@ from planner.explore import DEFAULT_SIZES, explore
 from ..errors import BAD_INPUT, detail, error_detail, nested, relocated, validation_detail
 from ..inputs import bounded_inputs, plan_of
 from ..limits import encode, refuse, run_bounded
-from ..schemas.plan import BatchItem, BatchOut, BatchRequest, ExploreOut, ExploreRequest, PlanOut, PlanRequest
+from ..schemas.plan import (
+    BatchItem,
+    BatchOut,
+    BatchRequest,
+    ExploreOut,
+    ExploreRequest,
+    PlanOut,
+    PlanRequest,
+    PlanSummaryOut,
+)
 from ..serialize import exploration_json, plan_item_json, plan_json
 
 router = APIRouter(prefix="/v1/plan", tags=["plan"])
+SUMMARY = Query(False, description="true: totals, step (without its timeline), memory, cluster and warnings; no calls")
 
 
 @router.post(
     "",
     responses=BAD_INPUT,
-    response_model=PlanOut,
+    response_model=PlanOut | PlanSummaryOut,
     summary="Plan one configuration",
     description="Every primitive call of one iteration with its group, bytes, count, algorithm, placement "
     "and time. Bytes are integers (nccl-tests message convention), seconds floats, bandwidth "
-    "GB/s = 1e9 B/s per direction; counts are per rank per iteration.",
+    "GB/s = 1e9 B/s per direction; counts are per rank per iteration. `?summary=true`: the same answer "
+    "without `calls` and the step's `timeline` (PlanSummaryOut; 1.7-6.4 KB instead of 31-293 KB, docs/CONTRACT.md).",
 )
-async def plan(body: PlanRequest, request: Request) -> Response:
+async def plan(body: PlanRequest, request: Request, summary: bool = SUMMARY) -> Response:
     settings = request.app.state.settings
-    return await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
+    return await run_bounded(request, lambda: plan_json(plan_of(body, settings), summary))
 
 
 @router.post(
@@ -46,18 +57,19 @@ async def plan(body: PlanRequest, request: Request) -> Response:
     response_model=BatchOut,
     summary="Plan many configurations",
     description="Results in request order; one bad request never fails the others. The batch is bounded by "
-    "its total estimated work (COMMPLAN_MAX_BATCH_WORK) and its answer's size (COMMPLAN_MAX_RESPONSE_BYTES).",
+    "its total estimated work (COMMPLAN_MAX_BATCH_WORK) and its answer's size (COMMPLAN_MAX_RESPONSE_BYTES). "
+    "`?summary=true`: each plan without `calls` and the step's `timeline`, as for POST /v1/plan.",
 )
-async def batch(body: BatchRequest, request: Request) -> Response:
+async def batch(body: BatchRequest, request: Request, summary: bool = SUMMARY) -> Response:
     settings = request.app.state.settings
     if len(body.requests) > settings.max_batch:
         raise SpecError(
             "requests", f"{len(body.requests)} requests; at most {settings.max_batch} per batch (COMMPLAN_MAX_BATCH)"
         )
-    return await run_bounded(request, lambda: _batch(body.requests, settings))
+    return await run_bounded(request, lambda: _batch(body.requests, settings, summary))
 
 
-def _batch(items: list[dict], settings) -> bytes:
+def _batch(items: list[dict], settings, summary: bool = False) -> bytes:
     """Estimate every item first (identical items once), refuse the batch if the total is over budget,
     then plan them in order, stopping if the answer grows past its cap."""
     total, seen, parsed = Estimate(), {}, []
@@ -74,7 +86,7 @@ def _batch(items: list[dict], settings) -> bytes:
     parts, size = [], 0
     for i, (item, outcome) in enumerate(zip(items, parsed, strict=True)):
         check_deadline()
-        part = _one(item, settings, outcome[0]) if isinstance(outcome, tuple) else outcome
+        part = _one(item, settings, outcome[0], summary) if isinstance(outcome, tuple) else outcome
         size += len(part) + 1
         if size > settings.max_response_bytes:
             raise SpecError(
@@ -99,12 +111,12 @@ def _estimate(item: dict, settings) -> tuple | bytes:
         return _failed(detail("requests", "request nested too deeply", "value_error"))
 
 
-def _one(item: dict, settings, inputs) -> bytes:
+def _one(item: dict, settings, inputs, summary: bool = False) -> bytes:
     try:
         plan = plan_of(PlanRequest.model_validate(item), settings, inputs)
     except (SpecError, CollectiveError) as err:
         return _failed(error_detail(err))
-    return plan_item_json(plan)
+    return plan_item_json(plan, summary)
 
 
 def _failed(errors: list[dict]) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from planner.plan import PricedCall
 from planner.presets import BOUNDS
@@ -421,7 +421,7 @@ class TimelineEvent(Out):
     end_s: float
 
 
-class StepOut(Out):
+class StepSummaryOut(Out):
     time_s: float = Field(description="one iteration (training step, prefill pass or decode step), critical path")
     compute_s: float = Field(description="compute on the critical stage")
     exposed_comm_s: float = Field(description="communication not hidden behind compute on the critical stage")
@@ -429,6 +429,9 @@ class StepOut(Out):
     mfu: float = Field(description="model FLOPs (6N + 12·L·H·Q·T per token, PaLM / Llama 3) / (time x peak)")
     tokens_per_s: float
     critical_stage: int
+
+
+class StepOut(StepSummaryOut):
     timeline: list[TimelineEvent] = Field(description="aggregated beyond 256 compute blocks (docs/step-time.md)")
 
 
@@ -461,6 +464,19 @@ class PlanOut(Out):
     warnings: list[str]
 
 
+# ?summary=true (schedulers): the plan without `calls` and without the step's timeline: the same keys, in the
+# same order, as PlanOut otherwise (tests/app/test_summary.py checks it field by field)
+PlanSummaryOut = create_model(
+    "PlanSummaryOut",
+    __base__=Out,
+    **{
+        name: (StepSummaryOut | None, field) if name == "step" else (field.annotation, field)
+        for name, field in PlanOut.model_fields.items()
+        if name != "calls"
+    },
+)
+
+
 class BatchRequest(Strict):
     model_config = ConfigDict(
         json_schema_extra={
@@ -485,11 +501,15 @@ class ErrorOut(Out):
 class BatchItem(Out):
     ok: bool
     plan: PlanOut | None = None
+
     error: ErrorOut | None = None
 
 
+BatchSummaryItem = create_model("BatchSummaryItem", __base__=BatchItem, plan=(PlanSummaryOut | None, None))
+
+
 class BatchOut(Out):
-    results: list[BatchItem]
+    results: list[BatchItem | BatchSummaryItem] = Field(description="with ?summary=true: BatchSummaryItem")
 
 
 class ExploreRequest(Strict):

@@ -19,13 +19,25 @@ function human(x, units, floor, n = 3) {
 
 export const fmtBytes = (n) => (n === null || n === undefined || Number.isNaN(n) ? "–"
   : Math.abs(n) < 999.5 ? `${Math.round(n)} B` : human(n, BYTE_UNITS));
+// below the resolution shown (1 ns, 1 B/s, 0.01%) a value is "< 1 ns" (positive) or "0 s": no "0.00000178 ns"
+// of floating-point noise. app/cli.py human_seconds/human_bytes/human_rate/human_percent write the same strings
+// (tests/frontend/test_page.py::test_one_formatter_page_and_cli).
+const tiny = (x, unit, zero) => (x > 0 ? `< 1 ${unit}` : zero);
 export const fmtTime = (s) => (s === null || s === undefined || Number.isNaN(s) ? "–" : s === 0 ? "0 s"
-  : human(s, TIME_UNITS, (v) => `${sig3(v / 1e-9)} ns`));
+  : Math.abs(s) < 0.9995e-9 ? tiny(s, "ns", "0 s") : human(s, TIME_UNITS, (v) => `${sig3(v / 1e-9)} ns`));
 export const fmtCount = (n) => (n === null || n === undefined ? "–" : Math.abs(n) < 999.5 ? sig3(n)
   : human(n, COUNT_UNITS));
 export const fmtInt = (n) => (n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"));
-export const fmtPct = (x) => (x === null || x === undefined ? "–" : `${sig3(100 * x)}%`);
-export const fmtBw = (gbps) => (gbps === null || gbps === undefined ? "–" : `${sig3(gbps)} GB/s`);
+export const fmtPct = (x) => (x === null || x === undefined ? "–" : x === 0 ? "0%"
+  : Math.abs(100 * x) < 0.009995 ? (x > 0 ? "< 0.01%" : "0%") : `${sig3(100 * x)}%`);
+// a difference of two fractions (MFU A vs B) in percentage points: "0.309 pp", never "-0.309%"
+export const fmtPoints = (x) => fmtPct(x).replace("%", " pp");
+// GB/s down to B/s (a 0.000186 GB/s bus bandwidth is 186 KB/s)
+const RATE_UNITS = [["TB/s", 1e12], ["GB/s", 1e9], ["MB/s", 1e6], ["KB/s", 1e3], ["B/s", 1]];
+export const fmtBw = (gbps) => (gbps === null || gbps === undefined || Number.isNaN(gbps) ? "–" : gbps === 0 ? "0 GB/s"
+  : Math.abs(gbps) < 0.9995e-9 ? tiny(gbps, "B/s", "0 GB/s") : human(gbps * 1e9, RATE_UNITS));
+// memory capacity: decimal GB as everywhere, with the binary GiB beside it (an "80 GB" H100 holds 79.6 GiB)
+export const fmtCapacity = (n) => `${fmtBytes(n)} (${sig3(n / 2 ** 30)} GiB)`;
 
 // axis ticks: "0" for zero, else the same units (ECharts passes plain numbers)
 export const axisTime = (v) => (v === 0 ? "0" : fmtTime(v));

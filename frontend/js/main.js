@@ -1,7 +1,7 @@
 // commplan what-if page: wires the modules. No build step: ES modules; ECharts and Cytoscape.js vendored.
 import { ApiError, getJson, postJson, Unreachable } from "./api.js";
 import { $ } from "./dom.js";
-import { fmtBw, fmtBytes, fmtInt, fmtStages, fmtTime, timeIter } from "./format.js";
+import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { clearErrors, fillForm, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
@@ -102,13 +102,29 @@ function selectCall(call, save = true) {
     + `(${fmtInt(call.num_groups)} groups at once, ${String(p.span).replace("_", "-")}, ${p.nodes_per_group} node${p.nodes_per_group > 1 ? "s" : ""} per group), `
     + `${fmtInt(call.calls_per_iteration)}× per iteration in the ${call.phase} pass with ${call.algorithm}${call.protocol ? ` (${call.protocol})` : ""}: `
     + `${fmtTime(call.time_s)} per call, ${fmtTime(timeIter(call))} per iteration, ${fmtBytes(call.bytes_sent_per_rank)} sent per rank per call, bus bandwidth ${fmtBw(p.busbw_GBps)}. `
-    + (link ? `The busiest link is ${link.label} (${link.kind}, ${fmtBw(link.capacity_GBps)}), busy ${(100 * link.utilisation).toFixed(0)}% of the call` : "")
-    + (link && link.utilisation > 0.8 ? ": the call is bandwidth-bound there." : link ? ": latency dominates." : ".")
+    + (link ? `The busiest link is ${link.label} (${link.kind}, ${fmtBw(link.capacity_GBps)}), busy ${(100 * link.utilisation).toFixed(0)}% of the call. ${boundBy(call, link)}` : "")
     + (call.source ? ` Source: ${call.source}.` : "");
   drawTopology(call, state.plan.cluster);
   explore(call);
   presetSteps(call);
   if (save) saveUrl();
+}
+
+// The caption from the price's own terms: the share of the call's time that is latency, i.e. its time less its
+// bytes over the busiest link's bandwidth (link.bytes / capacity), not a utilisation threshold (it called a
+// 134 MB all-gather at 65% link use "latency dominates")
+export function latencyShare(call, link) {
+  if (!link || !(call.time_s > 0) || !(link.capacity_GBps > 0)) return null;
+  const transfer = link.bytes / (link.capacity_GBps * 1e9);
+  return Math.min(1, Math.max(0, (call.time_s - transfer) / call.time_s));
+}
+
+function boundBy(call, link) {
+  const share = latencyShare(call, link);
+  if (share === null) return "";
+  const transfer = link.bytes / (link.capacity_GBps * 1e9);
+  return `Moving ${fmtBytes(link.bytes)} over it takes ${fmtTime(transfer)} of the ${fmtTime(call.time_s)}, so latency is `
+    + `${fmtPct(share)} of the call: ${share >= 0.5 ? "latency dominates" : "bandwidth-bound"}.`;
 }
 
 function loadLayout(hit) {

@@ -1,7 +1,7 @@
 // Memory per rank of each stage (plan.memory, CONTRACT v1.1) as stacked bars against the device capacity;
 // a stage over capacity is drawn with a red outline and named in the note.
 import { $ } from "./dom.js";
-import { axisBytes, axisTooltip, fmtBytes } from "./format.js";
+import { axisBytes, axisTooltip, fmtBytes, fmtCapacity } from "./format.js";
 import { chart, narrow } from "./charts.js";
 
 export const PARTS = [
@@ -41,6 +41,6 @@ export function renderMemory(plan) {
   const note = $("memory-note");
   note.classList.toggle("bad", over.length > 0);
   note.textContent = over.length
-    ? `Does not fit: ${over.map((s) => `stage ${s.stage} peaks at ${fmtBytes(s.peak_bytes)}`).join(", ")} of ${fmtBytes(cap)} per device.`
-    : `Fits: the largest peak is ${fmtBytes(peak)} of ${fmtBytes(cap)} per device (${Math.round(100 * peak / cap)}%).`;
+    ? `Does not fit: ${over.map((s) => `stage ${s.stage} peaks at ${fmtBytes(s.peak_bytes)}`).join(", ")} of ${fmtCapacity(cap)} per device.`
+    : `Fits: the largest peak is ${fmtBytes(peak)} of ${fmtCapacity(cap)} per device (${Math.round(100 * peak / cap)}%).`;
 }

@@ -3,7 +3,7 @@
 // ticked results (or one and the current plan) compared side by side.
 import { postJson, search } from "./api.js";
 import { $, el } from "./dom.js";
-import { axisBytes, esc, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtTime, timeIter } from "./format.js";
+import { axisBytes, esc, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtPoints, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
 
@@ -135,13 +135,14 @@ async function runCompare() {
 }
 
 const metric = (p, f) => { try { return f(p); } catch { return null; } };
+// [label, value, format, format of the difference (MFU: percentage points, not a percentage), higher is better]
 const METRICS = [
-  ["Step time", (p) => p.step.time_s, fmtTime],
-  ["MFU", (p) => p.step.mfu, fmtPct],
-  ["Tokens / s", (p) => p.step.tokens_per_s, fmtCount],
-  ["Exposed communication", (p) => p.step.exposed_comm_s, fmtTime],
-  ["Peak memory per device", (p) => Math.max(...p.memory.per_stage.map((s) => s.peak_bytes)), fmtBytes],
-  ["Communication if serialised", (p) => p.totals.time_s, fmtTime],
+  ["Step time", (p) => p.step.time_s, fmtTime, fmtTime, false],
+  ["MFU", (p) => p.step.mfu, fmtPct, fmtPoints, true],
+  ["Tokens / s", (p) => p.step.tokens_per_s, fmtCount, fmtCount, true],
+  ["Exposed communication", (p) => p.step.exposed_comm_s, fmtTime, fmtTime, false],
+  ["Peak memory per device", (p) => Math.max(...p.memory.per_stage.map((s) => s.peak_bytes)), fmtBytes, fmtBytes, false],
+  ["Busiest stage's calls if serialised", (p) => p.totals.time_s, fmtTime, fmtTime, false],
 ];
 
 function worstByName(plan) {
@@ -153,16 +154,18 @@ function worstByName(plan) {
 export function renderCompare(labels, plans) {
   const head = el("tr", {}, el("th", { scope: "col" }, ""), el("th", { scope: "col", className: "num" }, "A"), el("th", { scope: "col", className: "num" }, "B"),
     el("th", { scope: "col", className: "num" }, "B − A"));
-  const rows = METRICS.map(([name, f, fmt]) => {
+  const rows = METRICS.map(([name, f, fmt, dfmt, higher]) => {
     const [a, b] = plans.map((p) => metric(p, f));
     if (a === null && b === null) return null;
     const d = a !== null && b !== null ? b - a : null;
+    const good = d === null || d === 0 ? "" : (d > 0) === higher ? "better" : "worse";
     return el("tr", {}, el("th", { scope: "row" }, name), el("td", { className: "num" }, fmt(a)), el("td", { className: "num" }, fmt(b)),
-      el("td", { className: `num ${d > 0 ? "worse" : d < 0 ? "better" : ""}` }, d === null ? "–" : `${d > 0 ? "+" : d < 0 ? "−" : ""}${fmt(Math.abs(d))}`));
+      el("td", { className: `num ${good}` }, d === null ? "–" : `${d > 0 ? "+" : d < 0 ? "−" : ""}${dfmt(Math.abs(d))}`));
   });
   const [wa, wb] = plans.map(worstByName);
   const names = [...new Set([...wa.keys(), ...wb.keys()])]
     .map((n) => ({ n, a: wa.get(n), b: wb.get(n) }))
+    .filter(({ a, b }) => a !== b)  // unchanged calls are not differences (it listed "+0 s" rows)
     .sort((x, y) => Math.abs((y.b || 0) - (y.a || 0)) - Math.abs((x.b || 0) - (x.a || 0))).slice(0, 15);
   const diff = names.map(({ n, a, b }) => el("tr", {}, el("td", {}, n), el("td", { className: "num" }, a === undefined ? "absent" : fmtTime(a)),
     el("td", { className: "num" }, b === undefined ? "absent" : fmtTime(b)),

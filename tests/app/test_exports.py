@@ -189,7 +189,10 @@ def test_plain_decimals(value, text):
         (human_bytes, 134217728, "134 MB"),
         (human_seconds, 4.1e-5, "41.0 us"),
         (human_seconds, 0.9996, "1.00 s"),
-        (human_seconds, 3.2e-10, "0.320 ns"),
+        (human_seconds, 3.2e-10, "< 1 ns"),  # under the resolution shown (issue 25: "bubble 0.00000178 ns")
+        (human_seconds, 1.78e-15, "< 1 ns"),
+        (human_seconds, -1e-15, "0 s"),
+        (human_seconds, 1.2e-9, "1.20 ns"),
         (human_seconds, 0.000358888, "359 us"),
     ],
 )

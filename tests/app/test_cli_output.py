@@ -1,0 +1,96 @@
+"""The CLI's output as a user reads it (issue 25 item 10): a time-per-iteration column in the plan table, progress
+on its own line (redrawn in place on a terminal, a line per milestone when piped), no 'nan' when nothing fits,
+and sweep's chunks never run together."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+from app.cli import human_seconds, main
+from app.search_cli import Progress, search_line
+
+from .conftest import LLAMA70B
+
+SMALL = {
+    "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
+    "workload": {"kind": "training", "global_batch_size": 16},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    "constraints": {"framework": "megatron", "zero_stage": 1, "activation_recompute": "none", "tp": [2, 8]},
+    "top_k": 2,
+}
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plan_table_has_time_per_iteration(tmp_path, capsys):
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(LLAMA70B))
+    assert main(["plan", str(path), "--format", "json"]) == 0
+    calls = json.loads(capsys.readouterr().out)["calls"]
+    assert main(["plan", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines[0].split()
+    assert head[-2:] == ["time/call", "time/iter"]
+    for call, line in zip(calls, lines[1 : 1 + len(calls)], strict=True):
+        cells = re.split(r"\s{2,}", line.strip())
+        assert cells[0] == call["name"]
+        assert cells[-2] == human_seconds(call["time_s"])
+        assert cells[-1] == human_seconds(call["time_s"] * call["calls_per_iteration"])
+    # tp.attn.qkv: 1,280 calls of 400 us per rank per iteration
+    qkv = next(c for c in calls if c["name"] == "tp.attn.qkv")
+    assert qkv["calls_per_iteration"] == 1280 and human_seconds(qkv["time_s"] * 1280) == "512 ms"
+
+
+def test_search_line_never_says_nan():
+    state = {"done": 3, "total": 8, "evaluated": 1204, "feasible": 0, "best": None}
+    assert search_line(state) == " 37.5%  1,204 evaluated, 0 fit, none fits yet"
+    state |= {"feasible": 2, "best": {"step_time_s": 1.234}}
+    assert search_line(state) == " 37.5%  1,204 evaluated, 2 fit, best 1.23 s"
+
+
+def test_progress_piped_is_a_line_per_milestone():
+    out = io.StringIO()
+    bar = Progress(out)
+    for done in range(1, 5):
+        bar.show(f"{done}/4 chunks", done)
+    bar.show("4/4 chunks", 4)  # the same milestone again: not repeated
+    bar.end()
+    assert out.getvalue() == "1/4 chunks\n2/4 chunks\n3/4 chunks\n4/4 chunks\n"
+
+
+def test_progress_on_a_terminal_redraws_one_line_and_ends_it():
+    out = Tty()
+    bar = Progress(out)
+    bar.show("10.0%  best 12.3 s", 1)
+    bar.show("20.0%  best 1 s", 2)
+    bar.end()
+    text = out.getvalue()
+    assert text == "\r10.0%  best 12.3 s\r20.0%  best 1 s   \n"  # padded over the longer line, then a newline
+    assert text.count("\n") == 1 and text.endswith("\n")
+
+
+def test_search_cli_nothing_fits_says_so(tmp_path, capsys):
+    body = SMALL | {"model": {"preset": "llama3-70b"}, "constraints": {**SMALL["constraints"], "tp": [1]}}
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(body))
+    assert main(["search", str(path), "--workers", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "nan" not in captured.err + captured.out
+    lines = captured.err.splitlines()
+    assert lines and all(re.fullmatch(r" *\d+\.\d%  [\d,]+ evaluated, 0 fit, none fits yet", x) for x in lines)
+    assert "0 fit" in captured.out
+
+
+def test_sweep_chunks_on_their_own_lines(tmp_path, capsys):
+    spec = {"base": SMALL, "grid": {"cluster.nic_bandwidth_GBps": [25, 50]}}
+    path, out = tmp_path / "sweep.json", tmp_path / "sweep.csv"
+    path.write_text(json.dumps(spec))
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err and all(re.fullmatch(r"\d+/\d+ chunks", x) for x in err), err
+    assert err[-1].split("/")[0] == err[-1].split("/")[1].split()[0]  # ends at total/total

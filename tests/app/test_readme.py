@@ -1,0 +1,99 @@
+"""The README's Python client snippet runs as shipped, with only what `make serve` installs (issue 25 item 1)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _client_snippet() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Python client", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "README has no python block under '### Python client'"
+    return match.group(1)
+
+
+def test_readme_client_snippet_runs_and_its_plan_fits():
+    code = _client_snippet()
+    scope: dict = {}
+    exec(compile(code, "README.md#python-client", "exec"), scope)  # its own `assert plan.memory.fits`
+    plan = scope["plan"]
+    assert plan.memory.fits and plan.step.time_s > 0
+    peak = max(s["peak_bytes"] for s in plan.raw["memory"]["per_stage"])
+    assert peak < plan.raw["memory"]["capacity_bytes"]
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    mods = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            mods |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            mods.add(node.module.split(".")[0])
+    return mods
+
+
+def test_client_needs_only_runtime_dependencies():
+    """`make serve` runs `pip install -e .`: everything app.client and the snippet import is stdlib, ours or in
+    [project].dependencies (httpx was only a test extra, so the snippet raised ModuleNotFoundError)."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower() for d in deps}
+    ours = {"app", "planner", "collectives"}
+    needed = _top_level_imports(ROOT / "app" / "client.py") | _top_level_imports(ROOT / "app" / "main.py")
+    third_party = {m for m in needed if m not in sys.stdlib_module_names and m not in ours}
+    assert "httpx" in third_party
+    assert third_party <= declared, third_party - declared
+    pins = {ln.split("==")[0] for ln in (ROOT / "constraints.txt").read_text().splitlines() if "==" in ln}
+    assert declared <= pins, declared - pins
+
+
+# ---- the Dockerfile as the README runs it (issue 25 item 10) --------------------------------------------------
+MIB_PER_WORKER_IDLE, MIB_PER_SLOT = 80, 500  # docs/hardening.md "Docker": (80 + slots x 500) MiB per worker
+
+
+def _docker_lines() -> list[str]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def _memory_mib(flag: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([mg])", flag).groups()
+    return int(number) * (1024 if unit == "g" else 1)
+
+
+def test_dockerfile_installs_dependencies_before_the_code():
+    """A code change must not reinstall the dependencies: the pinned closure is installed in a layer that
+    copies only constraints.txt; the project itself goes in after the code, without its dependencies."""
+    lines = _docker_lines()
+    copies = [i for i, ln in enumerate(lines) if ln.startswith("COPY")]
+    deps = next(i for i, ln in enumerate(lines) if ln.startswith("RUN") and "-r constraints.txt" in ln)
+    assert [lines[i] for i in copies if i < deps] == ["COPY constraints.txt ./"]
+    code = [i for i in copies if re.search(r"COPY (app|planner|collectives|frontend) ", lines[i])]
+    assert len(code) == 4 and min(code) > deps
+    project = next(i for i, ln in enumerate(lines) if ln.startswith("RUN") and "--no-deps ." in ln)
+    assert project > max(code)
+
+
+def test_dockerfile_workers_memory_and_healthcheck_agree_with_the_readme():
+    lines = _docker_lines()
+    env = dict(re.findall(r"(COMMPLAN_\w+)=(\d+)", " ".join(ln for ln in lines if ln.startswith("ENV"))))
+    workers, slots = int(env["COMMPLAN_WORKERS"]), int(env["COMMPLAN_WORK_SLOTS"])
+    need = workers * (MIB_PER_WORKER_IDLE + slots * MIB_PER_SLOT)
+    readme = (ROOT / "README.md").read_text()
+    runs = re.findall(r"docker run [^\n#]*", readme)
+    assert runs
+    for run in runs:
+        n = int(m.group(1)) if (m := re.search(r"COMMPLAN_WORKERS=(\d+)", run)) else workers
+        memory = re.search(r"--memory (\d+[mg])", run)
+        assert memory, f"README's `{run.strip()}` sets no memory limit"
+        assert _memory_mib(memory.group(1)) >= n * (MIB_PER_WORKER_IDLE + slots * MIB_PER_SLOT), run
+    assert "--memory 2560m" in (ROOT / "Dockerfile").read_text() and _memory_mib("2560m") >= need
+    health = next(ln for ln in lines if ln.startswith("HEALTHCHECK"))
+    assert "/healthz" in health and "--timeout=5s" in health
+    assert any(ln.startswith("CMD") and "${COMMPLAN_WORKERS}" in ln for ln in lines)
