@@ -478,6 +478,7 @@ PlanSummaryOut = create_model(
 
 
 class BatchRequest(Strict):
+    free_text = frozenset({"requests"})  # each is validated as a PlanRequest, with the rule on its strings
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
