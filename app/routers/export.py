@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from planner import SpecError
 from planner.exports import aicb_omitted, render
 
 from ..errors import BAD_INPUT
@@ -72,7 +73,12 @@ async def export(
             omitted.extend(aicb_omitted(plan, stage))
         return render(plan, fmt.value, stage, launcher.value).encode()
 
-    answer = await run_bounded(request, work)
+    try:
+        answer = await run_bounded(request, work)
+    except SpecError as err:  # the planner names its argument; here it is the query parameter
+        if err.field != "stage":
+            raise
+        raise SpecError("query.stage", err.rule) from None
     if fmt is Format.SIMAI:
         headers["Content-Disposition"] = f'attachment; filename="commplan-stage{stage}-workload.csv"'
         if omitted:

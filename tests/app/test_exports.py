@@ -214,6 +214,7 @@ def test_export_route_every_format(api):
     assert r.status_code == 200 and parse_aicb(r.text)[0]["stage"].startswith("forward.")
     bad = api.post("/v1/plan/export/simai?stage=4", json=LLAMA70B)
     assert bad.status_code == 422 and "stage 4 is not in 0..3" in bad.text
+    assert bad.json()["detail"][0]["loc"] == ["query", "stage"]  # a query parameter, not the body's
     assert api.post("/v1/plan/export/pdf", json=LLAMA70B).status_code == 422
     cp = {**LLAMA70B, "parallel": {**LLAMA70B["parallel"], "cp": 2, "dp": 8}}
     assert "cp." in api.post("/v1/plan/export/simai", json=cp).headers["x-commplan-omitted"]

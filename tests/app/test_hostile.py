@@ -4,7 +4,9 @@ requests inside the old device limits are refused up front with the estimate and
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import math
 import os
 import socket
@@ -21,6 +23,8 @@ import pytest
 from hypothesis import strategies as st
 
 import planner.plan
+from app.main import CSP, create_app
+from app.settings import Settings
 from planner.invariants import InvariantError, check_memory, check_step
 from tests.conftest import ROOT, free_port
 
@@ -867,3 +871,67 @@ def test_an_invariant_violation_is_a_logged_500_not_a_null(api, monkeypatch):
     monkeypatch.setattr("planner.plan.step_time", broken)
     r = api.post("/v1/plan", json=BASE)
     assert r.status_code == 500 and r.json()["detail"][0]["type"] == "internal"
+
+
+# ---- small things (issue 26 item 6) --------------------------------------------------------------------------
+
+
+def test_uvicorns_own_503_at_the_connection_limit_carries_the_csp():
+    """With COMMPLAN_MAX_CONNECTIONS=1 the first connection is already at uvicorn's limit_concurrency: uvicorn
+    answers 503 itself, without running the app; app.main.install_busy_headers gives it the headers too."""
+    port = free_port()
+    env = dict(os.environ, COMMPLAN_MAX_CONNECTIONS="1")
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(150):
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert r.status_code == 503 and r.text == "Service Unavailable"
+        assert r.headers["content-security-policy"] == CSP
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_search_whose_client_went_away_is_logged_as_cancelled(caplog):
+    """The client disconnects once its body is read: the search is stopped, logged at INFO as cancelled and
+    answered 499 (nobody reads it); nothing is logged as an unhandled error."""
+    body = json.dumps(
+        {
+            "model": {"preset": "llama3-70b"},
+            "workload": {"kind": "training", "global_batch_size": 1024},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 64},
+        }
+    ).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/search", "raw_path": b"/v1/search", "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    messages: list[dict] = []
+    read = False
+
+    async def receive():
+        nonlocal read
+        if not read:
+            read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        messages.append(message)
+
+    app = create_app(Settings())
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="commplan"):
+        asyncio.run(app(scope, receive, send))
+    assert time.monotonic() - start < 10
+    assert messages[0]["status"] == 499
+    assert any("cancelled" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
