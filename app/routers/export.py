@@ -13,7 +13,7 @@ from planner.exports import aicb_omitted, render
 
 from ..errors import BAD_INPUT
 from ..inputs import plan_of
-from ..limits import run_bounded
+from ..limits import run_bounded, run_value
 from ..schemas.plan import PlanRequest
 from ..serialize import plan_json
 
@@ -65,16 +65,14 @@ async def export(
     if fmt is Format.JSON:  # exactly what POST /v1/plan answers, blocks added there included
         answer = await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
         return Response(answer.body, media_type=media, headers=headers)
-    omitted: list[str] = []
 
-    def work() -> bytes:
+    def work() -> tuple[bytes, list[str]]:  # computed in another process: the omitted calls come back with it
         plan = plan_of(body, settings)
-        if fmt is Format.SIMAI:
-            omitted.extend(aicb_omitted(plan, stage))
-        return render(plan, fmt.value, stage, launcher.value).encode()
+        omitted = aicb_omitted(plan, stage) if fmt is Format.SIMAI else []
+        return render(plan, fmt.value, stage, launcher.value).encode(), omitted
 
     try:
-        answer = await run_bounded(request, work)
+        text, omitted = await run_value(request, work)
     except SpecError as err:  # the planner names its argument; here it is the query parameter
         if err.field != "stage":
             raise
@@ -83,4 +81,4 @@ async def export(
         headers["Content-Disposition"] = f'attachment; filename="commplan-stage{stage}-workload.csv"'
         if omitted:
             headers["X-Commplan-Omitted"] = ",".join(sorted(set(omitted)))
-    return Response(answer.body, media_type=media, headers=headers)
+    return Response(text, media_type=media, headers=headers)

@@ -14,8 +14,9 @@ Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s
 Latency = Field(default=None, ge=0, le=1.0, description="seconds")
 # A device's dense TFLOP/s per dtype: 1 GFLOP/s (a CPU core) up to 1 EFLOP/s, far above any accelerator (GB300
 # dense FP4 is 15 PFLOP/s, NVIDIA's datasheet). 5e-324 TFLOP/s was accepted and made every time infinite.
+# 0 is "this dtype is not supported" (a preset's fp32 on a TPU-like chip; the planner names the missing
+# figure if the plan needs it), as the plan's own cluster block writes it back.
 TFLOPS_RANGE = (1e-3, 1e6)
-Tflops = Annotated[float, Field(ge=TFLOPS_RANGE[0], le=TFLOPS_RANGE[1])]
 HBM_GBPS_RANGE = (1e-3, 1e6)  # 1 MB/s, as every bandwidth here, to 1 PB/s (B200's HBM3e: 8 TB/s)
 
 
@@ -35,6 +36,9 @@ def plugin(what: str, registry) -> Field:
     where = f"collectives/topology/{registry.__name__.rsplit('.', 1)[-1]}/"
     names = ", ".join(registry.names())
     return Field(default=None, max_length=64, description=f"a registered {what} ({where}): {names}")
+
+
+Tflops = Annotated[float, Field(ge=0, le=TFLOPS_RANGE[1]), _zero_or_in(*TFLOPS_RANGE)]
 
 
 class IntraIn(Strict):
@@ -68,7 +72,7 @@ class GPUIn(Strict):
     peak_tflops: dict[str, Tflops] = Field(
         default_factory=dict,
         max_length=16,
-        description="dense TFLOP/s per dtype: fp32, tf32, bf16, fp16, fp8; each within [1e-3, 1e6]",
+        description="dense TFLOP/s per dtype: fp32, tf32, bf16, fp16, fp8; each 0 (none) or within [1e-3, 1e6]",
     )
     hbm_bytes: int = Field(default=0, ge=0, le=1 << 50)
     hbm_GBps: Annotated[float, _zero_or_in(*HBM_GBPS_RANGE)] = Field(

@@ -798,6 +798,7 @@ def test_every_float_is_refused_or_answered_in_range(api, path, body, value):
     [
         ("cluster.gpu.peak_tflops.bf16", 5e-324, _with_gpu(BASE)),  # answered 200 with null times
         ("cluster.gpu.peak_tflops.bf16", 9.9e-4, _with_gpu(BASE)),
+        ("cluster.gpu.peak_tflops.bf16", 0.0, _with_gpu(BASE)),  # no bf16 peak: the planner names it
         ("cluster.gpu.hbm_GBps", 5e-324, _with_gpu(BASE)),
         ("model.moe.capacity_factor", 0.01, MOE),  # MFU 1.27-1.43
         ("model.moe.capacity_factor", 0.1, MOE),
