@@ -70,6 +70,7 @@ class Stats:
 
 
 STATS = Stats()
+REAPING: set[asyncio.Future] = set()  # the reapers still waiting for a child's exit (kept from the collector)
 
 
 def _portable(err: BaseException) -> tuple:
@@ -139,7 +140,7 @@ async def _reap(pid: int) -> None:
             return
         if done:
             return
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.005)
     _kill(pid)
     with contextlib.suppress(ChildProcessError):
         await asyncio.to_thread(os.waitpid, pid, 0)
@@ -203,7 +204,11 @@ async def frames(
         # otherwise (orphans blocked on their task queue). The child is a zombie at worst until reaped, so its
         # id, the group's, cannot have been reused.
         _kill(pid)
-        await _reap(pid)
+        # reaped in the background: a process with the server's address space takes some 30 ms to exit,
+        # which the answer need not wait for
+        reaping = asyncio.ensure_future(_reap(pid))
+        REAPING.add(reaping)
+        reaping.add_done_callback(REAPING.discard)
 
 
 async def run(work: Callable[[], object], deadline: Deadline, gone: Callable[[], object]) -> object:

@@ -216,7 +216,6 @@ def test_memory_returns_to_its_warm_baseline_after_200_heavy_requests():
     resident size they had once warm (every heavy request's memory goes back when its process exits)."""
     mix = [
         ("/v1/plan", MEDIUM),
-        ("/v1/plan", HEAVY),
         ("/v1/plan/export/csv", MEDIUM),
         ("/v1/plan/explore", {"request": MEDIUM, "call": "dp.grads"}),
         ("/v1/plan/batch", {"requests": [SMALL, MEDIUM]}),
