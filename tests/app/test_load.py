@@ -5,6 +5,7 @@ status, and /healthz prompt while the heavy requests run. Prints the latency per
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import subprocess
@@ -17,7 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app import runner
 from app.runner import rss_bytes
+from planner import SpecError
+from planner.deadline import Deadline, DeadlineExceeded
 from tests.conftest import free_port
 
 DURATION = float(os.environ.get("COMMPLAN_LOAD_S", "20"))
@@ -247,3 +251,52 @@ def test_memory_returns_to_its_warm_baseline_after_200_heavy_requests():
     print(f"\nRSS warm {baseline / 2**20:.0f} MiB, peak {peak[0] / 2**20:.0f} MiB, after 200 {after / 2**20:.0f} MiB")
     assert statuses == [200] * 200 or sorted(set(statuses)) == [200], sorted(set(statuses))
     assert after - baseline < 300 * 2**20, (baseline, after)
+
+
+# ---- the runner itself (app/runner.py) -----------------------------------------------------------------------
+
+
+async def _never() -> bool:
+    return False
+
+
+def _run(work, seconds: float = 30.0):
+    return asyncio.run(runner.run(work, Deadline(seconds), _never))
+
+
+def test_the_runner_answers_and_raises_as_the_work_did():
+    assert _run(lambda: (b"body", ["omitted"])) == (b"body", ["omitted"])
+
+    def spec():
+        raise SpecError("cluster.num_nodes", "too many: 9 > 8")
+
+    with pytest.raises(SpecError) as err:
+        _run(spec)
+    assert (err.value.field, err.value.rule) == ("cluster.num_nodes", "too many: 9 > 8")
+
+    class Local(Exception):  # defined here: cannot be pickled by reference
+        pass
+
+    def local():
+        raise Local("no pickle")
+
+    with pytest.raises(runner.ChildFailed, match="Local: no pickle"):
+        _run(local)
+    with pytest.raises(runner.ChildFailed, match="without an answer"):
+        _run(lambda: os._exit(3))
+
+
+def test_the_runner_kills_the_work_at_its_deadline_and_gives_its_memory_back():
+    before = rss_bytes()
+
+    def hog():
+        block = bytearray(400 << 20)  # 400 MiB, touched
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        time.sleep(60)
+
+    start, killed = time.monotonic(), runner.STATS.killed
+    with pytest.raises(DeadlineExceeded):
+        asyncio.run(runner.run(hog, Deadline(1.0), _never))
+    assert time.monotonic() - start < 10 and runner.STATS.killed == killed + 1
+    assert rss_bytes() - before < 50 << 20  # the 400 MiB were the child's
