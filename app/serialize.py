@@ -11,7 +11,7 @@ from dataclasses import asdict, fields
 from pydantic_core import to_json
 
 from planner.explore import Exploration
-from planner.invariants import check_plan
+from planner.invariants import check_exploration, check_plan
 from planner.plan import Plan
 from planner.search import SearchResult
 from planner.search.space import Layout
@@ -144,6 +144,7 @@ def serve_search_json(result: ServeSearchResult, base: dict, candidates: int) ->
 
 def exploration_json(exploration: Exploration) -> bytes:
     """The body of POST /v1/plan/explore."""
+    check_exploration(exploration)
     return ExploreOut.model_validate(exploration, from_attributes=True).model_dump_json().encode()
 
 

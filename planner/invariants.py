@@ -83,6 +83,20 @@ def check_calls(calls: Iterable, where: str = "calls") -> None:
         _bytes(f"{where}.{i}.calls_per_iteration", int(pc.call.calls_per_iteration))
 
 
+def check_exploration(exploration, where: str = "series") -> None:
+    """An Exploration: per algorithm, one time and one bus bandwidth per size, each finite and non-negative,
+    or None where the algorithm does not run at that size."""
+    n = len(exploration.sizes)
+    for i, s in enumerate(exploration.series):
+        if len(s.time_s) != n or len(s.busbw_GBps) != n:
+            raise InvariantError(f"{where}.{i}", f"{len(s.time_s)} times for {n} sizes")
+        for j, (t, bw) in enumerate(zip(s.time_s, s.busbw_GBps, strict=True)):
+            if t is not None:
+                _time(f"{where}.{i}.time_s.{j}", t)
+            if bw is not None:
+                _time(f"{where}.{i}.busbw_GBps.{j}", bw)
+
+
 def check_plan(plan) -> None:
     """Every invariant of a Plan (the calls, the totals, the step, the memory)."""
     check_calls(plan.calls)
@@ -93,4 +107,4 @@ def check_plan(plan) -> None:
     check_memory(plan.memory)
 
 
-__all__ = ["InvariantError", "check_calls", "check_memory", "check_plan", "check_step"]
+__all__ = ["InvariantError", "check_calls", "check_exploration", "check_memory", "check_plan", "check_step"]

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from planner import SpecError
-from planner.exports import aicb_omitted, render
+from planner.exports import aicb_omitted, quote, render
 
 from ..errors import BAD_INPUT
 from ..inputs import plan_of
@@ -61,7 +61,7 @@ async def export(
     # Planning runs in a worker thread under the request's deadline, like POST /v1/plan (app/limits.py).
     settings = request.app.state.settings
     media, ext = MEDIA[fmt]
-    headers = {"Content-Disposition": f'attachment; filename="commplan-plan.{ext}"'}
+    headers = {"Content-Disposition": f'attachment; filename="{quote(f"commplan-plan.{ext}", "filename")}"'}
     if fmt is Format.JSON:  # exactly what POST /v1/plan answers, blocks added there included
         answer = await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
         return Response(answer.body, media_type=media, headers=headers)
@@ -78,7 +78,8 @@ async def export(
             raise
         raise SpecError("query.stage", err.rule) from None
     if fmt is Format.SIMAI:
-        headers["Content-Disposition"] = f'attachment; filename="commplan-stage{stage}-workload.csv"'
+        name = quote(f"commplan-stage{stage}-workload.csv", "filename")
+        headers["Content-Disposition"] = f'attachment; filename="{name}"'
         if omitted:
             headers["X-Commplan-Omitted"] = ",".join(sorted(set(omitted)))
     return Response(text, media_type=media, headers=headers)

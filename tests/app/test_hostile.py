@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import planner.plan
 from app.main import CSP, create_app
 from app.settings import Settings
-from planner.invariants import InvariantError, check_memory, check_step
+from planner.invariants import InvariantError, check_exploration, check_memory, check_step
 from tests.conftest import ROOT, free_port
 
 L70 = {"preset": "llama3-70b"}
@@ -936,3 +936,17 @@ def test_a_search_whose_client_went_away_is_logged_as_cancelled(caplog):
     assert messages[0]["status"] == 499
     assert any("cancelled" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(t=HOSTILE_STEP, bw=HOSTILE_STEP)
+def test_the_invariant_checker_refuses_every_impossible_exploration_point(t, bw):
+    series = SimpleNamespace(time_s=[1e-6, t, None], busbw_GBps=[10.0, bw, None])
+    exploration = SimpleNamespace(sizes=[1, 2, 3], series=[series])
+    if all(math.isfinite(x) and x >= 0 for x in (t, bw)):
+        check_exploration(exploration)
+    else:
+        with pytest.raises(InvariantError, match=r"series\.0\.(time_s|busbw_GBps)\.1"):
+            check_exploration(exploration)
+    with pytest.raises(InvariantError, match="3 times for 4 sizes"):
+        check_exploration(SimpleNamespace(sizes=[1, 2, 3, 4], series=[series]))
