@@ -16,17 +16,19 @@ from contextlib import contextmanager
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from collectives import CollectiveError
 from planner import SpecError
 from planner.deadline import DeadlineExceeded
+from planner.search import Cancelled
 
 from .limits import Busy
 
 log = logging.getLogger("commplan")
+CLIENT_CLOSED = 499  # nginx's "client closed request": the status an access log shows for a cancelled search
 
 
 def safe(value):
@@ -44,8 +46,14 @@ def safe(value):
     return safe(str(value))
 
 
+# a field named from the query string or the path (``query.stage``) is placed there, not in the body
+PLACES = ("query", "path")
+
+
 def detail(field: str, message: str, kind: str) -> list[dict]:
-    return [{"loc": ["body", *[part for part in field.split(".") if part]], "msg": safe(message), "type": kind}]
+    parts = [part for part in field.split(".") if part]
+    loc = parts if parts and parts[0] in PLACES else ["body", *parts]
+    return [{"loc": loc, "msg": safe(message), "type": kind}]
 
 
 def error_detail(err: Exception) -> list[dict]:
@@ -164,6 +172,12 @@ def install(app: FastAPI) -> None:
         s = request.app.state.settings
         msg = f"all {s.work_slots} work slots stayed busy for {s.queue_s:g} s (COMMPLAN_WORK_SLOTS); retry"
         return _unavailable(msg, "busy", True)
+
+    @app.exception_handler(Cancelled)
+    async def cancelled(request: Request, _: Cancelled):
+        # the client went away and its work was stopped: nobody reads this answer; it is logged as what it is
+        log.info("%s %s cancelled: the client disconnected", request.method, request.url.path)
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(RecursionError)
     async def too_deep(_: Request, err: RecursionError):

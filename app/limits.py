@@ -31,7 +31,9 @@ from collectives.topology.networks import network_type
 from planner import SpecError
 from planner.deadline import Deadline, DeadlineExceeded, bounded
 from planner.estimate import Estimate
+from planner.search import Cancelled
 
+from . import runner
 from .settings import Settings
 
 log = logging.getLogger("commplan")
@@ -98,12 +100,23 @@ async def acquire_slot(request: Request) -> Callable[[], None]:
 
 
 async def run_bounded(request: Request, work: Callable[[], bytes]) -> Response:
-    """Run ``work`` (returns the JSON body) in a thread of its own: at most ``work_slots`` at once, waiting
-    at most ``queue_s`` for a slot; stopped at ``deadline_s`` or as soon as the client disconnects."""
+    """Run ``work`` (returns the JSON body) off the event loop (:func:`run_value`) and answer its bytes."""
+    return Response(await run_value(request, work), media_type="application/json")
+
+
+async def run_value(request: Request, work: Callable[[], object]) -> object:
+    """``work()``'s value, computed off the event loop: at most ``work_slots`` at once, waiting at most
+    ``queue_s`` for a slot; stopped at ``deadline_s`` or as soon as the client disconnects. In a process
+    forked for it (app/runner.py; COMMPLAN_WORK_IN_PROCESS=1, the default), else in a worker thread."""
     settings = request.app.state.settings
     release = await acquire_slot(request)
     try:
         deadline = Deadline(settings.deadline_s)
+        if settings.work_in_process:
+            try:
+                return await runner.run(work, deadline, request.is_disconnected)
+            except Cancelled:
+                raise DeadlineExceeded("disconnected") from None
         box = await _supervise(request, deadline, work)
     finally:
         release()
@@ -112,7 +125,7 @@ async def run_bounded(request: Request, work: Callable[[], bytes]) -> Response:
         raise DeadlineExceeded(deadline.reason or "deadline")
     if error is not None:
         raise error
-    return Response(box["body"], media_type="application/json")
+    return box["body"]
 
 
 async def _supervise(request: Request, deadline: Deadline, work: Callable[[], bytes]) -> dict:

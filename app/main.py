@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
+from uvicorn.protocols.http import flow_control
 
 from . import errors
 from .limits import BodyLimit
@@ -63,14 +65,41 @@ class SecurityHeaders:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        csp = CSP.encode()
 
         async def with_headers(message):
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"content-security-policy", csp), *HEADERS]
+                message["headers"] = security_headers(message.get("headers", []))
             await send(message)
 
         return await self.app(scope, receive, with_headers)
+
+
+def security_headers(headers: list) -> list:
+    """``headers`` with the CSP and the other security headers every response carries."""
+    return [*headers, (b"content-security-policy", CSP.encode()), *HEADERS]
+
+
+async def service_unavailable(scope, receive, send):
+    """uvicorn's own 503 at its connection limit (``limit_concurrency``), with the security headers: uvicorn
+    answers it from the protocol without running the app, so no middleware adds them (issue 26 item 6)."""
+
+    async def with_headers(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": security_headers(list(message.get("headers", [])))}
+        await send(message)
+
+    await flow_control.service_unavailable(scope, receive, with_headers)
+
+
+def install_busy_headers() -> None:
+    """Points uvicorn's HTTP protocols at :func:`service_unavailable`: each looks the name up in its module
+    when a request arrives over the limit (uvicorn 0.54 h11_impl.py / httptools_impl.py handle_events)."""
+    for name in ("h11_impl", "httptools_impl"):
+        try:
+            module = importlib.import_module(f"uvicorn.protocols.http.{name}")
+        except ImportError:  # httptools not installed
+            continue
+        module.service_unavailable = service_unavailable
 
 
 def stop_worker_processes(timeout_s: float = 2.0) -> list[int]:
@@ -94,6 +123,7 @@ async def lifespan(_: FastAPI):
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    install_busy_headers()
     app = FastAPI(
         title="commplan", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None, lifespan=lifespan
     )

@@ -11,6 +11,7 @@ from dataclasses import asdict, fields
 from pydantic_core import to_json
 
 from planner.explore import Exploration
+from planner.invariants import check_exploration, check_plan
 from planner.plan import Plan
 from planner.search import SearchResult
 from planner.search.space import Layout
@@ -43,12 +44,15 @@ def plan_out(plan: Plan) -> PlanOut:
 
 def plan_json(plan: Plan, summary: bool = False) -> bytes:
     """The body of POST /v1/plan: ``PlanOut``'s bytes, written off the typed plan without validating it
-    again (app/schemas/write.py); with ``summary``, ``PlanSummaryOut``'s (no calls, no timeline)."""
+    again (app/schemas/write.py); with ``summary``, ``PlanSummaryOut``'s (no calls, no timeline). The plan's
+    invariants are checked first (planner/invariants.py)."""
+    check_plan(plan)
     return _json(writer(PlanSummaryOut if summary else PlanOut)(plan))
 
 
 def plan_item_json(plan: Plan, summary: bool = False) -> bytes:
     """A good item of POST /v1/plan/batch."""
+    check_plan(plan)
     return _json(writer(BatchSummaryItem if summary else BatchItem)({"ok": True, "plan": plan}))
 
 
@@ -140,6 +144,7 @@ def serve_search_json(result: ServeSearchResult, base: dict, candidates: int) ->
 
 def exploration_json(exploration: Exploration) -> bytes:
     """The body of POST /v1/plan/explore."""
+    check_exploration(exploration)
     return ExploreOut.model_validate(exploration, from_attributes=True).model_dump_json().encode()
 
 
@@ -164,6 +169,8 @@ def progress_line(state: dict) -> dict:
 def search_dict(result: SearchResult) -> dict:
     """The body of POST /v1/search (and its NDJSON result line)."""
     out = result.outcome
+    for r in result.results:
+        check_plan(r.plan)
     return {
         "evaluated": out.evaluated,
         "feasible": out.feasible,

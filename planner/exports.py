@@ -8,16 +8,62 @@ workloads AICB itself wrote, tests/reference/aicb/).
 from __future__ import annotations
 
 import csv
+import html
 import io
 import itertools
 import math
+import re
 import shlex
 from dataclasses import dataclass
+from typing import Literal
 
 from collectives.primitives import Op
 
 from ._errors import SpecError
 from .plan import Plan, PricedCall
+
+# ---- escaping at the boundary ---------------------------------------------------------------------------------
+# Characters that end a line or hide text somewhere a user string lands: C0 and C1 controls with DEL (Unicode Cc:
+# sh ends a comment at LF; a CSV cell or a header at CR/LF), the Unicode line and paragraph separators, and the
+# bidirectional overrides and isolates ("Trojan Source", CVE-2021-42574). The request schemas refuse them in
+# every user string (app/schemas/base.py, the same pattern); escaping here keeps a plan built in Python safe.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP "CSV Injection"): = + - @ (a leading
+# tab or CR, which some readers strip first, is already written as the text \t or \r by visible()). Such a cell
+# gets a leading apostrophe, OWASP's remedy.
+FORMULA_START = ("=", "+", "-", "@")
+FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+MAX_FILENAME = 120
+Where = Literal["shell", "comment", "csv", "filename", "html"]
+
+
+def visible(text: str) -> str:
+    """``text`` with every CONTROL character written as its escape (``\\n``, ``\\x1b``, ``\\u202e``): one line."""
+
+    def escape(m: re.Match) -> str:
+        code = ord(m.group())
+        return {10: "\\n", 13: "\\r", 9: "\\t"}.get(code) or (f"\\x{code:02x}" if code < 256 else f"\\u{code:04x}")
+
+    return CONTROL.sub(escape, text)
+
+
+def quote(text: object, where: Where) -> str:
+    """The one way a user string goes into an export. ``shell``: one sh word (shlex.quote of its visible form);
+    ``comment``: the rest of a ``#`` line (one line, whatever it holds); ``csv``: a cell no spreadsheet runs;
+    ``filename``: a Content-Disposition filename (letters, digits, ``._-``; nothing to quote); ``html``: text."""
+    text = visible(str(text))
+    if where == "shell":
+        return shlex.quote(text)
+    if where == "comment":
+        return text
+    if where == "csv":
+        return "'" + text if text.startswith(FORMULA_START) else text
+    if where == "filename":
+        return FILENAME_UNSAFE.sub("_", text)[:MAX_FILENAME].lstrip(".") or "commplan"
+    if where == "html":
+        return html.escape(text, quote=True)
+    raise ValueError(f"no quoting for {where!r}")
+
 
 # nccl-tests binaries (NVIDIA/nccl-tests src/*.cu, built as build/<name>_perf) by our op.
 NCCL_TESTS_BINARY = {
@@ -138,18 +184,21 @@ def nccl_tests_script(plan: Plan, launcher: str = "mpirun") -> str:
         "# Run from the nccl-tests checkout (built with MPI=1 for mpirun). hosts-A-B.txt lists nodes A..B of the",
         "# cluster in rank order, one per line. NCCL_TESTS_SPLIT needs a recent nccl-tests; on builds that only",
         "# know NCCL_TESTS_SPLIT_MASK, 'MOD k' with k a power of two is NCCL_TESTS_SPLIT_MASK=k-1.",
-        f"# Cluster: {plan.cluster.get('name', '?')}, {plan.cluster.get('num_nodes', '?')} nodes x "
-        f"{plan.cluster.get('devices_per_node', '?')} devices.",
+        "# "
+        + quote(
+            f"Cluster: {plan.cluster.get('name', '?')}, {plan.cluster.get('num_nodes', '?')} nodes x "
+            f"{plan.cluster.get('devices_per_node', '?')} devices.",
+            "comment",
+        ),
     ]
     for pc, run in zip((pc for pc in plan.calls if pc.group_size > 1), nccl_tests_runs(plan), strict=True):
-        lines += [
-            "",
-            f"# {run.call}: {pc.call.op.value} of {run.size_bytes} B over {run.group_size} ranks, "
+        note = (
+            f"{run.call}: {pc.call.op.value} of {run.size_bytes} B over {run.group_size} ranks, "
             f"{pc.num_groups} groups in the plan, {run.groups} measured at once on nodes "
             f"{run.first_node}-{run.first_node + run.nodes - 1}; planned {pc.price.time_s * 1e6:.1f} us per call "
-            f"({pc.price.algorithm})",
-            run.mpirun() if launcher == "mpirun" else run.srun(),
-        ]
+            f"({pc.price.algorithm})"
+        )
+        lines += ["", "# " + quote(note, "comment"), run.mpirun() if launcher == "mpirun" else run.srun()]
     return "\n".join(lines) + "\n"
 
 
@@ -242,7 +291,7 @@ def _aicb_row(pc: PricedCall, phase: str) -> tuple:
         f"CommGroup.{AICB_COMM_GROUP[c.parallelism]}",
         pc.group_size,
         int(c.message_bytes),
-        f"{AICB_STAGE[phase]}.{c.name}",
+        quote(f"{AICB_STAGE[phase]}.{c.name}", "csv"),
         "None",
         "None",
         "",
@@ -272,6 +321,8 @@ CSV_COLUMNS = (
     ("time_per_iteration_s", "time_per_iteration (s)"),
     ("bottleneck_link", "busiest_link"),
 )
+
+TEXT_COLUMNS = frozenset({"name", "op", "phase", "parallelism", "stages", "algorithm", "bottleneck_link"})
 
 
 def plain(x: float) -> str:
@@ -304,7 +355,7 @@ def plan_csv(plan: Plan) -> str:
             "time_per_iteration_s": plain(p.time_s * c.calls_per_iteration),
             "bottleneck_link": pc.links[0]["label"] if pc.links else "",
         }
-        writer.writerow([row[key] for key, _ in CSV_COLUMNS])
+        writer.writerow([quote(row[key], "csv") if key in TEXT_COLUMNS else row[key] for key, _ in CSV_COLUMNS])
     return out.getvalue()
 
 

@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from planner.exports import aicb_omitted, render
+from planner import SpecError
+from planner.exports import aicb_omitted, quote, render
 
 from ..errors import BAD_INPUT
 from ..inputs import plan_of
-from ..limits import run_bounded
+from ..limits import run_bounded, run_value
 from ..schemas.plan import PlanRequest
 from ..serialize import plan_json
 
@@ -60,21 +61,25 @@ async def export(
     # Planning runs in a worker thread under the request's deadline, like POST /v1/plan (app/limits.py).
     settings = request.app.state.settings
     media, ext = MEDIA[fmt]
-    headers = {"Content-Disposition": f'attachment; filename="commplan-plan.{ext}"'}
+    headers = {"Content-Disposition": f'attachment; filename="{quote(f"commplan-plan.{ext}", "filename")}"'}
     if fmt is Format.JSON:  # exactly what POST /v1/plan answers, blocks added there included
         answer = await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
         return Response(answer.body, media_type=media, headers=headers)
-    omitted: list[str] = []
 
-    def work() -> bytes:
+    def work() -> tuple[bytes, list[str]]:  # computed in another process: the omitted calls come back with it
         plan = plan_of(body, settings)
-        if fmt is Format.SIMAI:
-            omitted.extend(aicb_omitted(plan, stage))
-        return render(plan, fmt.value, stage, launcher.value).encode()
+        omitted = aicb_omitted(plan, stage) if fmt is Format.SIMAI else []
+        return render(plan, fmt.value, stage, launcher.value).encode(), omitted
 
-    answer = await run_bounded(request, work)
+    try:
+        text, omitted = await run_value(request, work)
+    except SpecError as err:  # the planner names its argument; here it is the query parameter
+        if err.field != "stage":
+            raise
+        raise SpecError("query.stage", err.rule) from None
     if fmt is Format.SIMAI:
-        headers["Content-Disposition"] = f'attachment; filename="commplan-stage{stage}-workload.csv"'
+        name = quote(f"commplan-stage{stage}-workload.csv", "filename")
+        headers["Content-Disposition"] = f'attachment; filename="{name}"'
         if omitted:
             headers["X-Commplan-Omitted"] = ",".join(sorted(set(omitted)))
-    return Response(answer.body, media_type=media, headers=headers)
+    return Response(text, media_type=media, headers=headers)

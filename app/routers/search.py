@@ -9,16 +9,21 @@ planner fail midway, an error line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import math
 import threading
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from collectives import CollectiveError
 from planner import SpecError
+from planner.deadline import Deadline
 from planner.search import Cancelled, Problem, SearchResult, search, space_of
 
+from .. import runner
 from ..errors import BAD_INPUT, error_detail, relocated
 from ..inputs import problem_of
 from ..limits import acquire_slot
@@ -26,6 +31,7 @@ from ..schemas.search import SearchOut, SearchRequest
 from ..serialize import progress_line, search_dict
 
 router = APIRouter(prefix="/v1/search", tags=["search"])
+log = logging.getLogger("commplan")
 NDJSON = "application/x-ndjson"
 POLL_S = 0.2
 
@@ -68,6 +74,15 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
     # A search keeps every core busy with worker processes: it holds one of the service's work slots
     # (app/limits.py) like any heavy request, so concurrent searches queue instead of multiplying the pools.
     release = await acquire_slot(request)
+    if settings.work_in_process:  # the search and its answer's encoding in a process of their own (app/runner.py)
+        if wants_stream(request, stream):
+            return StreamingResponse(_stream_forked(problem, request, settings, release), media_type=NDJSON)
+        try:
+            limit = max_layouts(settings)
+            answer = await runner.run(lambda: _encoded(problem, limit), unbounded(), request.is_disconnected)
+            return Response(answer, media_type="application/json")
+        finally:
+            release()
     if wants_stream(request, stream):
         return StreamingResponse(_stream(problem, request, cancel, settings, release), media_type=NDJSON)
     task = asyncio.ensure_future(asyncio.to_thread(_run, problem, cancel, None, max_layouts(settings)))
@@ -81,6 +96,45 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
         cancel.set()
         if not wants_stream(request, stream):
             release()
+
+
+def unbounded() -> Deadline:  # a search has no deadline of its own (its size bounds it)
+    return Deadline(math.inf)
+
+
+def _line(data: dict) -> str:
+    """One JSON text as Starlette's JSONResponse writes it (compact, UTF-8, no NaN)."""
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _encoded(problem: Problem, limit: int) -> bytes:
+    """In the search's own process: the search and its JSON body."""
+    return _line(search_dict(_run(problem, threading.Event(), None, limit))).encode()
+
+
+async def _stream_forked(problem: Problem, request: Request, settings, release):
+    """The NDJSON lines, each encoded in the search's process; a disconnect kills it (and its workers)."""
+    limit = max_layouts(settings)
+
+    def work(send) -> str:
+        def progress(state: dict) -> None:
+            send(json.dumps({"type": "progress", **progress_line(state)}) + "\n")
+
+        try:
+            return (
+                json.dumps({"type": "result", **search_dict(_run(problem, threading.Event(), progress, limit))}) + "\n"
+            )
+        except (SpecError, CollectiveError) as err:
+            return json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
+
+    try:
+        async with contextlib.aclosing(runner.frames(work, unbounded(), request.is_disconnected, True)) as lines:
+            async for _, line in lines:
+                yield line
+    except Cancelled:
+        log.info("POST /v1/search (stream) cancelled: the client disconnected")
+    finally:
+        release()
 
 
 def _run(problem: Problem, cancel: threading.Event, progress, limit: int) -> SearchResult:

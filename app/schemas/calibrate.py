@@ -16,6 +16,7 @@ MAX_ROWS = 1_000
 
 
 class LogIn(Strict):
+    free_text = frozenset({"text"})  # the log itself: lines, and whatever nccl-tests printed
     text: str = Field(max_length=MAX_LOG_CHARS, description="nccl-tests output as it printed (stdout of rank 0)")
     nodes: int | None = Field(
         default=None, ge=1, le=1 << 17, description="nodes the run used; default: the hosts named by its rank lines"

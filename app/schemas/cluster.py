@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from collectives.topology import fabrics, networks
 
@@ -12,6 +12,23 @@ from .base import Strict
 
 Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s per direction; at least 1 MB/s")
 Latency = Field(default=None, ge=0, le=1.0, description="seconds")
+# A device's dense TFLOP/s per dtype: 1 GFLOP/s (a CPU core) up to 1 EFLOP/s, far above any accelerator (GB300
+# dense FP4 is 15 PFLOP/s, NVIDIA's datasheet). 5e-324 TFLOP/s was accepted and made every time infinite.
+# 0 is "this dtype is not supported" (a preset's fp32 on a TPU-like chip; the planner names the missing
+# figure if the plan needs it), as the plan's own cluster block writes it back.
+TFLOPS_RANGE = (1e-3, 1e6)
+HBM_GBPS_RANGE = (1e-3, 1e6)  # 1 MB/s, as every bandwidth here, to 1 PB/s (B200's HBM3e: 8 TB/s)
+
+
+def _zero_or_in(low: float, high: float):
+    """0 (not given: the planner names the missing figure) or a value in [low, high]."""
+
+    def check(value: float) -> float:
+        if value != 0 and not low <= value <= high:
+            raise ValueError(f"must be 0 (not given) or within [{low:g}, {high:g}], got {value!r}")
+        return value
+
+    return AfterValidator(check)
 
 
 def plugin(what: str, registry) -> Field:
@@ -19,6 +36,9 @@ def plugin(what: str, registry) -> Field:
     where = f"collectives/topology/{registry.__name__.rsplit('.', 1)[-1]}/"
     names = ", ".join(registry.names())
     return Field(default=None, max_length=64, description=f"a registered {what} ({where}): {names}")
+
+
+Tflops = Annotated[float, Field(ge=0, le=TFLOPS_RANGE[1]), _zero_or_in(*TFLOPS_RANGE)]
 
 
 class IntraIn(Strict):
@@ -49,11 +69,15 @@ class GPUIn(Strict):
     """A GPU given field by field (or name one of GET /v1/presets/clusters' GPUs with a string)."""
 
     name: str = Field(default="custom", max_length=64)
-    peak_tflops: dict[str, float] = Field(
-        default_factory=dict, description="dense TFLOP/s per dtype: fp32, tf32, bf16, fp16, fp8"
+    peak_tflops: dict[str, Tflops] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="dense TFLOP/s per dtype: fp32, tf32, bf16, fp16, fp8; each 0 (none) or within [1e-3, 1e6]",
     )
     hbm_bytes: int = Field(default=0, ge=0, le=1 << 50)
-    hbm_GBps: float = Field(default=0.0, ge=0, le=1e6)
+    hbm_GBps: Annotated[float, _zero_or_in(*HBM_GBPS_RANGE)] = Field(
+        default=0.0, ge=0, le=HBM_GBPS_RANGE[1], description="0: not given; else within [1e-3, 1e6]"
+    )
     sm: int = Field(default=0, ge=0, le=1000, description="compute capability x 10 (80, 90, 100); 0: not NVIDIA")
     nvlink_links: int = Field(default=0, ge=0, le=64)
     preset: str | None = Field(

@@ -33,7 +33,12 @@ class MoEIn(Strict):
     shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1, le=1 << 20)
     first_dense_layers: int = Field(default=0, ge=0, le=2048)
     layer_freq: int = Field(default=1, ge=1, le=2048)
-    capacity_factor: float | None = Field(default=None, gt=0, le=64, description="null: dropless routing")
+    # tokens per expert are padded or dropped to capacity_factor x the even share (GShard, Switch Transformer
+    # section 2.2); below 1 every expert drops tokens by construction, and the ledger's padded rows then count
+    # less work than the model FLOPs the MFU divides by (0.01-0.1 answered an MFU of 1.27-1.43, issue 26)
+    capacity_factor: float | None = Field(
+        default=None, ge=1, le=64, description="null: dropless routing; else at least 1 (Switch: 1.0-2.0)"
+    )
     load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
     expert_bias: bool = False
     node_limit: int | None = Field(default=None, ge=1, le=1 << 14, description="max nodes per token (DeepEP)")
@@ -195,8 +200,9 @@ class ParallelIn(Strict):
         description="Megatron --moe-token-dispatcher-type: alltoall (default here), allgather, or deepep (flex "
         "with --moe-enable-deepep); deepep_ll: DeepEP's low-latency kernels (inference decoding only)",
     )
-    zero_config: dict[str, bool | float | None] | None = Field(
+    zero_config: dict[str, bool | Annotated[float, Field(ge=0, le=float(1 << 50))] | None] | None = Field(
         default=None,
+        max_length=32,
         description="DeepSpeed zero_optimization names: in elements reduce_bucket_size, allgather_bucket_size, "
         "stage3_prefetch_bucket_size, stage3_param_persistence_threshold, stage3_max_reuse_distance, "
         "stage3_max_live_parameters, sub_group_size; ZeRO++ zero_hpz_partition_size (ranks), "
@@ -478,6 +484,7 @@ PlanSummaryOut = create_model(
 
 
 class BatchRequest(Strict):
+    free_text = frozenset({"requests"})  # each is validated as a PlanRequest, with the rule on its strings
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [

@@ -164,10 +164,13 @@ def _is_model(annotation) -> bool:
 
 def _check_plain(model: type[BaseModel]) -> None:
     """Refuse a model whose output a validator or serializer would change: the writer would skip them.
-    A ``before`` model validator that reads a planner object into a dict (``CallOut``) changes nothing."""
+    A ``before`` model validator that reads a planner object into a dict (``CallOut``) changes nothing, nor
+    does a field validator marked ``refuses_only``."""
     decorators = model.__pydantic_decorators__
     after = [d for d in decorators.model_validators.values() if d.info.mode != "before"]
-    changing = (decorators.field_validators, decorators.field_serializers, decorators.model_serializers,
+    # a validator that only refuses (base.Strict's control characters) changes no value it passes
+    fields = [d for d in decorators.field_validators.values() if not getattr(d.func, "refuses_only", False)]
+    changing = (fields, decorators.field_serializers, decorators.model_serializers,
                 decorators.computed_fields, after)  # fmt: skip
     if any(changing):
         raise TypeError(f"{model.__name__} has validators or serializers that the writer would skip")

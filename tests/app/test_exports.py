@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import shlex
+import subprocess
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -26,6 +29,7 @@ from planner.exports import (
     nccl_tests_script,
     plain,
     plan_csv,
+    quote,
     simai_workload,
 )
 
@@ -210,6 +214,7 @@ def test_export_route_every_format(api):
     assert r.status_code == 200 and parse_aicb(r.text)[0]["stage"].startswith("forward.")
     bad = api.post("/v1/plan/export/simai?stage=4", json=LLAMA70B)
     assert bad.status_code == 422 and "stage 4 is not in 0..3" in bad.text
+    assert bad.json()["detail"][0]["loc"] == ["query", "stage"]  # a query parameter, not the body's
     assert api.post("/v1/plan/export/pdf", json=LLAMA70B).status_code == 422
     cp = {**LLAMA70B, "parallel": {**LLAMA70B["parallel"], "cp": 2, "dp": 8}}
     assert "cp." in api.post("/v1/plan/export/simai", json=cp).headers["x-commplan-omitted"]
@@ -228,3 +233,130 @@ def test_cli_formats(tmp_path, capsys):
     assert "srun -N" in capsys.readouterr().out
     assert main(["plan", str(path), "--format", "simai", "--stage", "9"]) == 2
     assert "stage 9 is not in 0..3" in capsys.readouterr().err
+
+
+# ---- injection (issue 26 item 1): every user string, every launcher ------------------------------------------
+SMALL = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 64},
+    "parallel": {"tp": 8, "dp": 2, "zero_stage": 1},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+}
+# control characters end a comment line (LF; CRLF; a lone CR some shells and editors take as a line end), the
+# rest are printable and would run `canary` if a string reached the script unquoted
+LINE_BREAKERS = ("x\ntouch FILE #", "x\r\ntouch FILE #", "x\rtouch FILE #", "x\u2028touch FILE", "a\u202eb", "x\x00y")
+PRINTABLE = ("$(canary)", "`canary`", "';canary;'", '";canary #', "x; canary #", "=cmd|'/C canary'!A0", "-@+x")
+# every string of a plan request a user writes, as (path, body that sets it to VALUE)
+USER_STRINGS = {
+    "cluster.name": lambda v: {"cluster": {**SMALL["cluster"], "name": v}},
+    "cluster.gpu": lambda v: {"cluster": {**SMALL["cluster"], "gpu": v}},
+    "cluster.gpu.name": lambda v: {
+        "cluster": {
+            **SMALL["cluster"],
+            "gpu": {"name": v, "peak_tflops": {"bf16": 989.0}, "hbm_bytes": 80 << 30, "hbm_GBps": 3350.0},
+        }
+    },
+    "cluster.preset": lambda v: {"cluster": {"preset": v, "num_nodes": 2}},
+    "cluster.intra.link_name": lambda v: {"cluster": {**SMALL["cluster"], "intra": {"link_name": v}}},
+    "cluster.network.kind": lambda v: {"cluster": {**SMALL["cluster"], "network": {"kind": v}}},
+    "cluster.nccl_version": lambda v: {"cluster": {**SMALL["cluster"], "nccl_version": v}},
+    "cluster.cpu_vendor": lambda v: {"cluster": {**SMALL["cluster"], "cpu_vendor": v}},
+    "model.preset": lambda v: {"model": {"preset": v}},
+    "model.hf_config": lambda v: {"model": {"hf_config": {**LLAMA8B_HF, "model_type": v, "architectures": [v]}}},
+    "workload.preset": lambda v: {"workload": {"preset": v}},
+    "parallel.preset": lambda v: {"parallel": {"preset": v}},
+    "parallel.order": lambda v: {"parallel": {**SMALL["parallel"], "order": v}},
+    "options.algorithm": lambda v: {"options": {"algorithm": v}},
+    "options.nccl_algo": lambda v: {"options": {"nccl_algo": v}},
+}
+LLAMA8B_HF = {
+    "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_hidden_layers": 32, "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+}  # fmt: skip
+LAUNCHER = '#!/bin/sh\nprintf "%s\\n" "${0##*/} $*" >> "$RAN"\n'
+
+
+def run_script(tmp_path, script: str) -> tuple[list[str], list[str]]:
+    """``script`` checked by ``sh -n``, then run by sh from an empty folder with PATH holding only the two
+    launchers and ``canary``/``touch`` stand-ins that all record their calls: what ran, and the files left."""
+    bin_dir, work = tmp_path / "bin", tmp_path / "work"
+    bin_dir.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    for name in ("mpirun", "srun", "canary", "touch", "calc"):
+        (bin_dir / name).write_text(LAUNCHER)
+        (bin_dir / name).chmod(0o755)
+    path = tmp_path / "export.sh"
+    path.write_bytes(script.encode())
+    check = subprocess.run(["/bin/sh", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0 and not check.stderr, check.stderr
+    ran = tmp_path / "ran.txt"
+    ran.unlink(missing_ok=True)
+    env = {"PATH": str(bin_dir), "RAN": str(ran)}
+    done = subprocess.run(["/bin/sh", str(path)], cwd=work, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    return (ran.read_text().splitlines() if ran.exists() else []), sorted(p.name for p in work.iterdir())
+
+
+def assert_only_launcher_ran(tmp_path, script: str, launcher: str) -> None:
+    ran, files = run_script(tmp_path, script)
+    commands = [line for line in script.splitlines() if line and not line.startswith("#")]
+    assert files == [] and len(ran) == len(commands) >= 1, (ran, files)
+    assert all(line.startswith(f"{launcher} ") for line in ran), ran
+
+
+def test_quote_every_place():
+    hostile = "x\ntouch F #=\u202e<b>"
+    assert quote(hostile, "comment") == "x\\ntouch F #=\\u202e<b>"
+    assert shlex.split(quote(hostile, "shell")) == ["x\\ntouch F #=\\u202e<b>"]
+    assert quote("=1+2", "csv") == "'=1+2" and quote("@SUM(A1)", "csv") == "'@SUM(A1)" and quote("tp.qkv", "csv")
+    assert quote("-1", "csv") == "'-1" and quote("+1", "csv") == "'+1" and quote("\tx", "csv") == "\\tx"
+    assert quote('../a b";x.csv', "filename") == "_a_b__x.csv" and quote("", "filename") == "commplan"
+    assert quote("<script>&'\"", "html") == "&lt;script&gt;&amp;&#x27;&quot;"
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_a_cluster_name_built_in_python_stays_a_comment(tmp_path, launcher):
+    """The schema refuses control characters; a plan built in Python is escaped all the same."""
+    request = PlanRequest.model_validate({**SMALL, "cluster": {**SMALL["cluster"], "name": "placeholder"}})
+    model, work, par, cluster, options = plan_inputs(request, Settings())
+    for name in (*LINE_BREAKERS, *PRINTABLE):
+        plan = build_plan(model, work, par, replace(cluster, name=name), options)
+        script = nccl_tests_script(plan, launcher)
+        assert "touch FILE" not in script.split("# Cluster: ")[0]
+        assert_only_launcher_ran(tmp_path, script, launcher)
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+@pytest.mark.parametrize("field", sorted(USER_STRINGS))
+def test_no_user_string_reaches_the_shell(api, tmp_path, field, launcher):
+    for value in LINE_BREAKERS:  # refused at the schema, naming the field
+        r = api.post(f"/v1/plan/export/nccl-tests?launcher={launcher}", json={**SMALL, **USER_STRINGS[field](value)})
+        assert r.status_code == 422, (field, value, r.text)
+        # a union's member is named in loc too (cluster.gpu.GPUIn.name); the field's own parts are what count
+        locs = [".".join(str(p) for p in d["loc"][1:] if p not in ("str", "GPUIn")) for d in r.json()["detail"]]
+        assert any(
+            loc.startswith(field) and "control character" in d["msg"]
+            for loc, d in zip(locs, r.json()["detail"], strict=True)
+        ), r.text
+    answered = 0
+    for value in PRINTABLE:  # accepted or refused as a name; when accepted, only the launcher runs
+        r = api.post(f"/v1/plan/export/nccl-tests?launcher={launcher}", json={**SMALL, **USER_STRINGS[field](value)})
+        assert r.status_code in (200, 422), (field, value, r.text)
+        if r.status_code == 200:
+            answered += 1
+            assert_only_launcher_ran(tmp_path, r.text, launcher)
+            table = api.post("/v1/plan/export/csv", json={**SMALL, **USER_STRINGS[field](value)}).text
+            cells = [cell for row in csv.reader(io.StringIO(table)) for cell in row]
+            assert not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))], cells
+    assert answered or field not in ("cluster.name", "cluster.gpu.name", "cluster.intra.link_name")
+
+
+def test_cli_refuses_a_control_character_and_quotes_the_rest(tmp_path, capsys):
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps({**SMALL, "cluster": {**SMALL["cluster"], "name": "x\ntouch FILE #"}}))
+    assert main(["plan", str(path), "--format", "nccl-tests"]) == 2
+    assert "cluster.name" in capsys.readouterr().err
+    for launcher in ("mpirun", "srun"):
+        path.write_text(json.dumps({**SMALL, "cluster": {**SMALL["cluster"], "name": "$(canary) `canary`"}}))
+        assert main(["plan", str(path), "--format", "nccl-tests", "--launcher", launcher]) == 0
+        assert_only_launcher_ran(tmp_path, capsys.readouterr().out, launcher)

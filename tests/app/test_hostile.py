@@ -4,17 +4,28 @@ requests inside the old device limits are refused up front with the estimate and
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import math
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
+from types import SimpleNamespace
 
 import httpx
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
+import planner.plan
+from app.main import CSP, create_app
+from app.settings import Settings
+from planner.invariants import InvariantError, check_exploration, check_memory, check_step
 from tests.conftest import ROOT, free_port
 
 L70 = {"preset": "llama3-70b"}
@@ -694,3 +705,248 @@ def test_schema_bounds_are_the_planners():
     names |= {k: MLAIn for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
     for name, model in names.items():
         assert bounds(model, name) == BOUNDS[name], name
+
+
+# ---- every number in range (issue 26 item 5) -----------------------------------------------------------------
+# In-process over HTTP (httpx on the app): each float field of a plan request fed hostile values. Each answer is
+# a 422 naming the field, or a 200 whose every number is in range; the server checks its own answer's invariants
+# (planner/invariants.py) and a violation would be a 500, which fails here.
+BASE = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 64},
+    "parallel": {"tp": 8, "dp": 2, "zero_stage": 1},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+}
+MOE = {
+    "model": {"preset": "mixtral-8x7b", "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 14336}},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 64},
+    "parallel": {"tp": 2, "ep": 8, "dp": 8, "sequence_parallel": True},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+}
+GPU = {"name": "custom", "peak_tflops": {"bf16": 989.0}, "hbm_bytes": 80 << 30, "hbm_GBps": 3350.0}
+
+
+def _set(body: dict, path: str, value) -> dict:
+    body = json.loads(json.dumps(body))
+    *parents, leaf = path.split(".")
+    node = body
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return body
+
+
+def _with_gpu(body: dict) -> dict:
+    return _set(body, "cluster.gpu", dict(GPU))
+
+
+# (path, the body it is set in): every float field of a plan request
+FLOAT_FIELDS = [
+    ("cluster.gpu.peak_tflops.bf16", _with_gpu(BASE)),
+    ("cluster.gpu.hbm_GBps", _with_gpu(BASE)),
+    ("cluster.intra.bandwidth_GBps", BASE),
+    ("cluster.intra.latency_s", BASE),
+    ("cluster.nic_bandwidth_GBps", BASE),
+    ("cluster.nic_latency_s", BASE),
+    ("cluster.pcie_bandwidth_GBps", BASE),
+    ("cluster.network.link_bandwidth_GBps", BASE),
+    ("cluster.network.switch_latency_s", BASE),
+    ("cluster.network.oversubscription", BASE),
+    ("cluster.calibration.efficiency.nvlink", BASE),
+    ("cluster.calibration.latency_scale.inter_node", BASE),
+    ("cluster.calibration.network_latency_s.ib", BASE),
+    ("model.moe.capacity_factor", MOE),
+    ("parallel.zero_config.reduce_bucket_size", _set(BASE, "parallel.framework", "deepspeed")),
+]
+HOSTILE_FLOATS = st.one_of(
+    st.sampled_from([5e-324, -5e-324, 0.0, -0.0, 1e-300, 1e-9, 1e-3, 0.01, 0.1, 0.5, 1.0, 64.0, 1e6, 1e300, -1.0]),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+def _in_range(answer: dict) -> None:
+    step = answer["step"]
+    assert step is not None
+    for name in ("time_s", "compute_s", "exposed_comm_s", "bubble_s", "tokens_per_s"):
+        assert isinstance(step[name], float) and math.isfinite(step[name]) and step[name] >= 0, (name, step[name])
+    assert step["time_s"] > 0 and 0 <= step["mfu"] <= 1, step
+    for part in ("compute_s", "exposed_comm_s", "bubble_s"):
+        assert step[part] <= step["time_s"] * (1 + 1e-9), (part, step)
+    memory = answer["memory"]
+    assert memory["fits"] == all(s["peak_bytes"] <= memory["capacity_bytes"] for s in memory["per_stage"])
+    for call in answer["calls"]:
+        assert math.isfinite(call["time_s"]) and call["time_s"] >= 0 and call["bytes_sent_per_rank"] >= 0
+
+
+@pytest.mark.parametrize(("path", "body"), FLOAT_FIELDS, ids=[p for p, _ in FLOAT_FIELDS])
+@hypothesis.settings(
+    max_examples=25, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
+)
+@hypothesis.given(value=HOSTILE_FLOATS)
+def test_every_float_is_refused_or_answered_in_range(api, path, body, value):
+    r = api.post("/v1/plan", json=_set(body, path, value))
+    assert r.status_code in (200, 422), (path, value, r.text)
+    if r.status_code == 422:
+        locs = [".".join(str(p) for p in d["loc"][1:] if p not in ("str", "GPUIn")) for d in r.json()["detail"]]
+        assert any(path.startswith(loc) or loc.startswith(path) for loc in locs), (path, value, r.text)
+    else:
+        _in_range(r.json())
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "body"),
+    [
+        ("cluster.gpu.peak_tflops.bf16", 5e-324, _with_gpu(BASE)),  # answered 200 with null times
+        ("cluster.gpu.peak_tflops.bf16", 9.9e-4, _with_gpu(BASE)),
+        ("cluster.gpu.peak_tflops.bf16", 0.0, _with_gpu(BASE)),  # no bf16 peak: the planner names it
+        ("cluster.gpu.hbm_GBps", 5e-324, _with_gpu(BASE)),
+        ("model.moe.capacity_factor", 0.01, MOE),  # MFU 1.27-1.43
+        ("model.moe.capacity_factor", 0.1, MOE),
+        ("model.moe.capacity_factor", 0.999, MOE),
+    ],
+)
+def test_the_issues_numbers_are_refused(api, path, value, body):
+    r = api.post("/v1/plan", json=_set(body, path, value))
+    assert r.status_code == 422, r.text
+    assert any(".".join(map(str, d["loc"][1:])).replace("GPUIn.", "") == path for d in r.json()["detail"]), r.text
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.25, 2.0, 64.0])
+def test_capacity_factor_at_and_above_one_answers_an_mfu_in_range(api, factor):
+    r = api.post("/v1/plan", json=_set(MOE, "model.moe.capacity_factor", factor))
+    assert r.status_code == 200, r.text
+    _in_range(r.json())
+
+
+def test_the_least_peak_answers_finite_times(api):
+    """1e-3 TFLOP/s: a 16-GPU Llama 3 8B step of some 1e9 s, finite, and an MFU in range."""
+    r = api.post("/v1/plan", json=_set(_with_gpu(BASE), "cluster.gpu.peak_tflops.bf16", 1e-3))
+    assert r.status_code == 200
+    _in_range(r.json())
+    assert r.json()["step"]["time_s"] > 1e6
+
+
+HOSTILE_STEP = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([5e-324, -0.0, -1e-300, 1.0000001])
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(time=HOSTILE_STEP, compute=HOSTILE_STEP, mfu=HOSTILE_STEP, rate=HOSTILE_STEP)
+def test_the_invariant_checker_refuses_every_impossible_step(time, compute, mfu, rate):
+    step = SimpleNamespace(time_s=time, compute_s=compute, exposed_comm_s=0.0, bubble_s=0.0, mfu=mfu, tokens_per_s=rate)
+    finite = all(math.isfinite(x) for x in (time, compute, mfu, rate))
+    valid = finite and time > 0 and 0 <= compute <= time * (1 + 1e-9) + 1e-15 and 0 <= mfu <= 1 and rate >= 0
+    if valid:
+        check_step(step)
+    else:
+        with pytest.raises(InvariantError):
+            check_step(step)
+
+
+def test_the_invariant_checker_refuses_fits_that_contradict_the_bytes():
+    stage = SimpleNamespace(
+        params_bytes=10, grads_bytes=0, optimizer_bytes=0, activations_bytes=5, buffers_bytes=0, peak_bytes=15
+    )
+    check_memory(SimpleNamespace(capacity_bytes=15, per_stage=[stage], fits=True))
+    with pytest.raises(InvariantError, match="fits"):
+        check_memory(SimpleNamespace(capacity_bytes=14, per_stage=[stage], fits=True))
+    with pytest.raises(InvariantError, match="peak_bytes"):
+        check_memory(
+            SimpleNamespace(
+                capacity_bytes=99, per_stage=[SimpleNamespace(**{**vars(stage), "peak_bytes": 9})], fits=True
+            )
+        )
+    with pytest.raises(InvariantError, match="integer"):
+        check_memory(
+            SimpleNamespace(
+                capacity_bytes=99, per_stage=[SimpleNamespace(**{**vars(stage), "grads_bytes": -1})], fits=True
+            )
+        )
+
+
+def test_an_invariant_violation_is_a_logged_500_not_a_null(api, monkeypatch):
+    real = planner.plan.step_time
+
+    def broken(*args, **kwargs):
+        return replace(real(*args, **kwargs), mfu=1.3)
+
+    monkeypatch.setattr("planner.plan.step_time", broken)
+    r = api.post("/v1/plan", json=BASE)
+    assert r.status_code == 500 and r.json()["detail"][0]["type"] == "internal"
+
+
+# ---- small things (issue 26 item 6) --------------------------------------------------------------------------
+
+
+def test_uvicorns_own_503_at_the_connection_limit_carries_the_csp():
+    """With COMMPLAN_MAX_CONNECTIONS=1 the first connection is already at uvicorn's limit_concurrency: uvicorn
+    answers 503 itself, without running the app; app.main.install_busy_headers gives it the headers too."""
+    port = free_port()
+    env = dict(os.environ, COMMPLAN_MAX_CONNECTIONS="1")
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(150):
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert r.status_code == 503 and r.text == "Service Unavailable"
+        assert r.headers["content-security-policy"] == CSP
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_search_whose_client_went_away_is_logged_as_cancelled(caplog):
+    """The client disconnects once its body is read: the search is stopped, logged at INFO as cancelled and
+    answered 499 (nobody reads it); nothing is logged as an unhandled error."""
+    body = json.dumps(
+        {
+            "model": {"preset": "llama3-70b"},
+            "workload": {"kind": "training", "global_batch_size": 1024},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 64},
+        }
+    ).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/search", "raw_path": b"/v1/search", "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    messages: list[dict] = []
+    read = False
+
+    async def receive():
+        nonlocal read
+        if not read:
+            read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        messages.append(message)
+
+    app = create_app(Settings())
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="commplan"):
+        asyncio.run(app(scope, receive, send))
+    assert time.monotonic() - start < 10
+    assert messages[0]["status"] == 499
+    assert any("cancelled" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(t=HOSTILE_STEP, bw=HOSTILE_STEP)
+def test_the_invariant_checker_refuses_every_impossible_exploration_point(t, bw):
+    series = SimpleNamespace(time_s=[1e-6, t, None], busbw_GBps=[10.0, bw, None])
+    exploration = SimpleNamespace(sizes=[1, 2, 3], series=[series])
+    if all(math.isfinite(x) and x >= 0 for x in (t, bw)):
+        check_exploration(exploration)
+    else:
+        with pytest.raises(InvariantError, match=r"series\.0\.(time_s|busbw_GBps)\.1"):
+            check_exploration(exploration)
+    with pytest.raises(InvariantError, match="3 times for 4 sizes"):
+        check_exploration(SimpleNamespace(sizes=[1, 2, 3, 4], series=[series]))

@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -46,15 +48,17 @@ def test_cli_plan_formats(tmp_path):
     assert failed.returncode == 2 and "num_kv_heads 8 is not divisible by tp 16" in failed.stderr
 
 
-def test_a_terminated_service_leaves_no_search_workers(tmp_path):
-    """The search forks its worker pool from the server; terminating the server used to orphan them (they
-    ignore SIGTERM, uvicorn's handler copied into them), still holding the port."""
+def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path):
+    """A search runs in a process forked for it (app/runner.py), which forks the search's worker pool; the
+    group is killed once the answer is in, so no worker is left behind (they used to stay, and a terminated
+    service orphaned them, still holding its port: they ignore SIGTERM, uvicorn's handler copied into them)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the search runs in-process on one core: no workers to leave")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
+    seen: set[int] = set()
     try:
         wait_for(base)
         body = {
@@ -63,19 +67,36 @@ def test_a_terminated_service_leaves_no_search_workers(tmp_path):
             "cluster": {"preset": "dgx-h100", "num_nodes": 64},
             "constraints": {"framework": "megatron"},
         }
-        result = httpx.post(f"{base}/v1/search", json=body, timeout=120).json()
-        assert result["workers"] >= 2  # the pool ran
-        workers = children_of(proc.pid)
-        assert len(workers) >= 2, workers
+        answer: dict = {}
+        search = threading.Thread(
+            target=lambda: answer.update(httpx.post(f"{base}/v1/search", json=body, timeout=120).json())
+        )
+        search.start()
+        while search.is_alive():
+            seen.update(descendants_of(proc.pid))
+            time.sleep(0.05)
+        assert answer["workers"] >= 2  # the pool ran
+        assert len(seen) >= 3, seen  # the search's process and its workers
+        time.sleep(0.5)
+        assert not [pid for pid in seen if alive(pid)], "search processes outlived their search"
     finally:
         proc.terminate()
         proc.wait(timeout=15)
-    left = [pid for pid in workers if alive(pid)]
+    left = [pid for pid in seen if alive(pid)]
     for pid in left:  # so that a failure here leaves nothing behind either
         os.kill(pid, signal.SIGKILL)
-    assert not left, f"search workers {left} outlived the service"
+    assert not left, f"search processes {left} outlived the service"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{base}/healthz", timeout=2)  # the port is closed, not held by an orphan
+
+
+def descendants_of(pid: int) -> list[int]:
+    out, todo = [], children_of(pid)
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo += children_of(child)
+    return out
 
 
 def children_of(pid: int) -> list[int]:
