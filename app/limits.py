@@ -107,7 +107,7 @@ async def run_bounded(request: Request, work: Callable[[], bytes]) -> Response:
 async def run_value(request: Request, work: Callable[[], object]) -> object:
     """``work()``'s value, computed off the event loop: at most ``work_slots`` at once, waiting at most
     ``queue_s`` for a slot; stopped at ``deadline_s`` or as soon as the client disconnects. In a process
-    forked for it (app/runner.py; COMMPLAN_WORK_IN_PROCESS=1, the default), else in a worker thread."""
+    forked for it (app/runner.py; COMMPLAN_WORK_IN_PROCESS=1), else (the default) in a worker thread."""
     settings = request.app.state.settings
     release = await acquire_slot(request)
     try:

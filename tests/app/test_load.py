@@ -188,7 +188,7 @@ def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit():
     app/runner.py), a prober on /healthz every 20 ms: p99 under 0.2 s (issue 26: 0.53-1.10 s with threads)."""
     health: list[float] = []
     answers: list[int] = []
-    with serving(work_slots=9, deadline_s=300, queue_s=300) as (base, _):
+    with serving(work_slots=9, deadline_s=300, queue_s=300, work_in_process=1) as (base, _):
 
         def heavy(path: str, body: dict) -> None:
             answers.append(httpx.post(base + path, json=body, timeout=300).status_code)
@@ -226,7 +226,7 @@ def test_memory_returns_to_its_warm_baseline_after_200_heavy_requests():
         ("/v1/calibrate", {"cluster": EFA_CLUSTER, "logs": [{"text": EFA_LOG, "nodes": 2}]}),
         ("/v1/search", SEARCH),
     ]
-    with serving(work_slots=4, deadline_s=300, queue_s=300) as (base, pid):
+    with serving(work_slots=4, deadline_s=300, queue_s=300, work_in_process=1) as (base, pid):
         with httpx.Client(base_url=base, timeout=300) as http:
             for path, body in mix:  # warm
                 assert http.post(path, json=body).status_code == 200, path
