@@ -55,8 +55,9 @@ def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the search runs in-process on one core: no workers to leave")
     port = free_port()
+    env = dict(os.environ, COMMPLAN_WORK_IN_PROCESS="1")  # the process mode this test is about
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     seen: set[int] = set()
     try:
@@ -86,6 +87,38 @@ def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path):
     for pid in left:  # so that a failure here leaves nothing behind either
         os.kill(pid, signal.SIGKILL)
     assert not left, f"search processes {left} outlived the service"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{base}/healthz", timeout=2)  # the port is closed, not held by an orphan
+
+
+def test_a_terminated_service_leaves_no_search_workers(tmp_path):
+    """In the default thread mode the search forks its worker pool from the server; terminating the server used
+    to orphan them (they ignore SIGTERM, uvicorn's handler copied into them), still holding the port."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("the search runs in-process on one core: no workers to leave")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(base)
+        body = {
+            "model": {"preset": "llama3-70b"},
+            "workload": {"global_batch_size": 1024},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 64},
+            "constraints": {"framework": "megatron"},
+        }
+        result = httpx.post(f"{base}/v1/search", json=body, timeout=120).json()
+        assert result["workers"] >= 2  # the pool ran
+        workers = children_of(proc.pid)
+        assert len(workers) >= 2, workers
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:  # so that a failure here leaves nothing behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"search workers {left} outlived the service"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{base}/healthz", timeout=2)  # the port is closed, not held by an orphan
 
