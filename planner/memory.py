@@ -37,9 +37,12 @@ from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
-from .params import recipe_weight_bytes, stage_params, total
+from .model import ModelSpec
+from .parallel import ParallelSpec
+from .params import _holding, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
 from .recompute import LayerRecompute, chunk_plans, working_layers
+from .workload import WorkloadSpec
 
 GIB = 1 << 30
 # CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
@@ -298,9 +301,15 @@ def _shards(ctx: Context, expert: bool) -> int:
 
 @lru_cache(maxsize=4096)
 def param_totals(ctx: Context, stage: int) -> tuple[int, int, int]:
-    """(dense, expert, largest ZeRO-3 unit) parameter counts of one rank of ``stage`` (params.py), cached:
-    the search asks for the same stages many times."""
-    dense, expert = stage_params(ctx, stage)
+    """(dense, expert, largest ZeRO-3 unit) parameter counts of one rank of ``stage`` (params.py), cached
+    on the context and on the parameter lists' own key (params._holding: layouts that differ in dp, cp,
+    ZeRO or SP share it): the search asks for the same stages many times."""
+    return _param_totals(ctx.model, _holding(ctx.par), stage)
+
+
+@lru_cache(maxsize=4096)
+def _param_totals(model: ModelSpec, par: ParallelSpec, stage: int) -> tuple[int, int, int]:
+    dense, expert = stage_params(Context(model, WorkloadSpec(), par), stage)
     return total(dense), total(expert), _largest_unit(dense)
 
 

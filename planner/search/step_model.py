@@ -30,6 +30,7 @@ communication of the busiest stage (``Plan.totals.time_s``) and every layout fit
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -67,17 +68,33 @@ class _Context(Context):
         return found
 
 
+# Context's cached properties that read only the model, the layout and whether it trains (fixed per scope):
+# the chunks and layers each stage holds
+_SPLIT = ("chunks", "stage_layers", "_moe_layers")
 SCOPES_KEPT = 8  # (model, workload, GPU) scopes whose memos are kept
 MEMO_KEPT = 1 << 16  # entries per memo before it is cleared
 _SCOPES: dict = {}  # (model, workload, GPU) -> _Memos
+_SERIAL = itertools.count()
 
 
 class _Memos:
-    """The value-keyed memos of one (model, workload, GPU): keys leave those out (the scope holds them)."""
+    """The value-keyed memos of one (model, workload, GPU): keys leave those out (the scope holds them).
+    A layout's per-stage keys (a tuple of tuples) are interned to an int once per layout, so that a
+    lookup per (micro-batch size, recompute) hashes small values; ids are never reused."""
 
     def __init__(self):
         self.compute: dict = {}  # ((b, recompute), stage_compute_key[2:]) -> StageCompute
         self.acts: dict = {}  # ((b, recompute), stage_activation_key[2:]) -> bytes
+        self.ids: dict = {}  # per-stage keys of a layout -> int
+        self.lists: dict = {}  # ((b, recompute), compute id) -> [StageCompute]
+        self.arrays: dict = {}  # ((b, recompute), activation id) -> activation bytes per stage
+        self.bounds: dict = {}  # ((b, recompute), compute id, compute-only Schedule) -> lower bound
+
+    def intern(self, keys: tuple) -> int:
+        found = self.ids.get(keys)
+        if found is None:
+            found = self.put(self.ids, keys, next(_SERIAL))
+        return found
 
     @staticmethod
     def put(memo: dict, key, value):
@@ -159,14 +176,14 @@ class _Variant:
     """What the step model keeps of one layout (degrees, pipeline, ZeRO, SP, framework): its contexts and
     per-stage parts by (micro-batch size, recompute)."""
 
-    __slots__ = ("acts", "compute", "compute_keys", "contexts", "par", "static")
+    __slots__ = ("act_ids", "compute_id", "compute_keys", "contexts", "par", "static")
 
     def __init__(self, par: ParallelSpec):
         self.par = par
         self.contexts: dict = {}
-        self.compute: dict = {}
-        self.acts: dict = {}
-        self.compute_keys: list | None = None
+        self.compute_keys: list | None = None  # per stage: stage_compute_key past the model and workload
+        self.compute_id: int | None = None
+        self.act_ids: dict = {}  # b -> (interned id, per-stage stage_activation_key past the specs)
         self.static: np.ndarray | None = None
 
 
@@ -202,7 +219,12 @@ class StepModel:
     def _ctx(self, v: _Variant, b: int, rc: str) -> Context:
         found = v.contexts.get((b, rc))
         if found is None:
-            found = v.contexts[(b, rc)] = _Context(self.model, self._work(b, rc), v.par)
+            found = _Context(self.model, self._work(b, rc), v.par)
+            if v.contexts:  # the layer split reads the model and the layout only: the variant's contexts share it
+                first = next(iter(v.contexts.values()))
+                for name in _SPLIT:
+                    found.__dict__[name] = getattr(first, name)
+            v.contexts[(b, rc)] = found
         return found
 
     # ---- memory --------------------------------------------------------------------------------------------
@@ -219,20 +241,27 @@ class StepModel:
         return self._acts(self._variant(par), b, rc)
 
     def _acts(self, v: _Variant, b: int, rc: str) -> np.ndarray:
-        """memory.stage_activation_bytes per stage, memoised on memory.stage_activation_key."""
-        found = v.acts.get((b, rc))
+        """memory.stage_activation_bytes per stage, memoised on memory.stage_activation_key (its entries past
+        the model and workload read the layout, the stage and, through the micro-batches in flight, b)."""
+        memos = self._memos
+        found = v.act_ids.get(b)
         if found is None:
             ctx = self._ctx(v, b, rc)
             sched = schedule_of(ctx)
-            memo, out = self._memos.acts, []
-            for s in range(v.par.pp):
-                key = ((b, rc), stage_activation_key(ctx, s, sched)[2:])
-                size = memo.get(key)
+            keys = tuple(stage_activation_key(ctx, s, sched)[2:] for s in range(v.par.pp))
+            found = v.act_ids[b] = (memos.intern(keys), keys)
+        key = ((b, rc), found[0])
+        out = memos.arrays.get(key)
+        if out is None:
+            ctx = self._ctx(v, b, rc)
+            sched, sizes = schedule_of(ctx), []
+            for s, rest in enumerate(found[1]):
+                size = memos.acts.get(((b, rc), rest))
                 if size is None:
-                    size = _Memos.put(memo, key, stage_activation_bytes(ctx, s, sched))
-                out.append(size)
-            found = v.acts[(b, rc)] = np.array(out, dtype=np.int64)
-        return found
+                    size = memos.put(memos.acts, ((b, rc), rest), stage_activation_bytes(ctx, s, sched))
+                sizes.append(size)
+            out = memos.put(memos.arrays, key, np.array(sizes, dtype=np.int64))
+        return out
 
     def fits(self, par: ParallelSpec, b: int, rc: str, rows=None) -> bool:
         """Peak per stage = stage_memory's parts; ``rows`` (needed for MoE only: the all-to-all buffers) are
@@ -276,32 +305,40 @@ class StepModel:
     def _compute(self, v: _Variant, b: int, rc: str) -> list[StageCompute]:
         """compute.stage_compute of every stage, memoised on compute.stage_compute_key (whose entries past
         the model and workload read the layout and the stage alone: computed once per layout)."""
-        found = v.compute.get((b, rc))
+        memos = self._memos
+        if v.compute_id is None:  # on the context held_bytes reads (param_totals is cached on it)
+            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+            v.compute_keys = tuple(stage_compute_key(ctx, s)[2:] for s in range(v.par.pp))
+            v.compute_id = memos.intern(v.compute_keys)
+        key = ((b, rc), v.compute_id)
+        found = memos.lists.get(key)
         if found is None:
-            ctx, memo, gpu = self._ctx(v, b, rc), self._memos.compute, self.gpu
-            if v.compute_keys is None:
-                v.compute_keys = [stage_compute_key(ctx, s)[2:] for s in range(v.par.pp)]
-            found = []
+            ctx, gpu, found = self._ctx(v, b, rc), self.gpu, []
             for s, rest in enumerate(v.compute_keys):
-                key = ((b, rc), rest)
-                part = memo.get(key)
+                part = memos.compute.get(((b, rc), rest))
                 if part is None:
-                    part = _Memos.put(memo, key, stage_compute(ctx, s, gpu))
+                    part = memos.put(memos.compute, ((b, rc), rest), stage_compute(ctx, s, gpu))
                 found.append(part)
-            v.compute[(b, rc)] = found
+            memos.put(memos.lists, key, found)
         return found
 
     # ---- bounds ----------------------------------------------------------------------------------------------
     def lower_bound(self, par: ParallelSpec, b: int, rc: str) -> float:
         """The pipeline of the compute alone (pipeline.pipeline_time, no sends) plus the slowest optimizer
-        step (module docstring)."""
+        step (module docstring); memoised on the compute's id and the schedule."""
         if not self.timed:
             return 0.0
-        comp = self._stage_compute(par, b, rc)
-        # step.stage_passes of the compute alone (chunk shares, deferred weight gradients), no sends
-        ctx, steps = self._ctx(self._variant(par), b, rc), [StageStep(s, c) for s, c in enumerate(comp)]
-        passes = stage_passes(ctx, steps, self.gpu)
-        return pipeline_time(passes, schedule_of(ctx)).time_s + max(c.optimizer_s for c in comp)
+        v = self._variant(par)
+        comp = self._compute(v, b, rc)
+        ctx = self._ctx(v, b, rc)
+        sched = schedule_of(ctx)  # no sends
+        key = ((b, rc), v.compute_id, sched)  # stage_passes reads what the compute keys name
+        found = self._memos.bounds.get(key)
+        if found is None:  # step.stage_passes of the compute alone (chunk shares, deferred weight gradients)
+            passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu)
+            found = pipeline_time(passes, sched).time_s + max(c.optimizer_s for c in comp)
+            self._memos.put(self._memos.bounds, key, found)
+        return found
 
     def lower_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
         """``lower_bound`` for every (b, recompute) of ``grid``."""
