@@ -307,8 +307,8 @@ __all__ = [
 def stage_compute_key(ctx: Context, stage: int) -> tuple:
     """The value key of everything ``stage_compute`` reads of the context: (model, workload, then plain
     values of the layout and the stage alone): the degrees the kernels' shapes read, dp where it splits the
-    batch (inference), the stage's model chunks (its layers, head and MTP modules, which recompute.py plans
-    per layer), and for training the parameters the optimizer step
+    batch (inference), the stage's dense and MoE layers, what each re-runs (recompute.layer_counts) and its
+    head, and for training the parameters the optimizer step
     updates and what shards them (param_totals). Equal keys give equal StageCompute on one GPU
     (tests/planner/test_search.py); the layout search memoises stage_compute on it."""
     from .memory import param_totals
@@ -320,7 +320,13 @@ def stage_compute_key(ctx: Context, stage: int) -> tuple:
     else:
         dense = expert = 0
         shards = (1, 1)
-    layers = (ctx.chunks[stage], ctx.is_last(stage))  # the layers, head and what each re-runs (recompute.py)
+    # the stage's layers, what each re-runs (recompute.py, in the order they are summed) and the head
+    layers = (
+        ctx.dense_layers(stage),
+        ctx.moe_layers(stage),
+        tuple(layer_counts(ctx, stage).items()),
+        ctx.is_last(stage),
+    )
     return (
         ctx.model,
         ctx.work,

@@ -88,7 +88,6 @@ class _Memos:
         self.ids: dict = {}  # per-stage keys of a layout -> int
         self.lists: dict = {}  # ((b, recompute), compute id) -> [StageCompute]
         self.arrays: dict = {}  # ((b, recompute), activation id) -> activation bytes per stage
-        self.bounds: dict = {}  # ((b, recompute), compute id, compute-only Schedule) -> lower bound
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -176,7 +175,7 @@ class _Variant:
     """What the step model keeps of one layout (degrees, pipeline, ZeRO, SP, framework): its contexts and
     per-stage parts by (micro-batch size, recompute)."""
 
-    __slots__ = ("act_ids", "compute_id", "compute_keys", "contexts", "par", "static")
+    __slots__ = ("act_ids", "bounds", "compute_id", "compute_keys", "contexts", "par", "static")
 
     def __init__(self, par: ParallelSpec):
         self.par = par
@@ -185,6 +184,7 @@ class _Variant:
         self.compute_id: int | None = None
         self.act_ids: dict = {}  # b -> (interned id, per-stage stage_activation_key past the specs)
         self.static: np.ndarray | None = None
+        self.bounds: dict = {}  # (b, recompute) -> compute-only lower bound
 
 
 class StepModel:
@@ -325,19 +325,17 @@ class StepModel:
     # ---- bounds ----------------------------------------------------------------------------------------------
     def lower_bound(self, par: ParallelSpec, b: int, rc: str) -> float:
         """The pipeline of the compute alone (pipeline.pipeline_time, no sends) plus the slowest optimizer
-        step (module docstring); memoised on the compute's id and the schedule."""
+        step (module docstring); memoised per layout and (b, recompute)."""
         if not self.timed:
             return 0.0
         v = self._variant(par)
         comp = self._compute(v, b, rc)
-        ctx = self._ctx(v, b, rc)
-        sched = schedule_of(ctx)  # no sends
-        key = ((b, rc), v.compute_id, sched)  # stage_passes reads what the compute keys name
-        found = self._memos.bounds.get(key)
+        found = v.bounds.get((b, rc))  # stage_passes also reads the layout's chunks: kept per layout
         if found is None:  # step.stage_passes of the compute alone (chunk shares, deferred weight gradients)
+            ctx = self._ctx(v, b, rc)
             passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu)
-            found = pipeline_time(passes, sched).time_s + max(c.optimizer_s for c in comp)
-            self._memos.put(self._memos.bounds, key, found)
+            found = pipeline_time(passes, schedule_of(ctx)).time_s + max(c.optimizer_s for c in comp)
+            v.bounds[(b, rc)] = found
         return found
 
     def lower_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
