@@ -217,8 +217,8 @@ def test_equal_stage_compute_keys_give_equal_stage_compute():
 
 
 def test_stage_compute_keys_are_shared_where_compute_reads_nothing_different():
-    """The cases the search's speed rests on: ZeRO 1-3, and frameworks whose parameters agree (a middle
-    stage), share a key; ZeRO 0 against 1 (the optimizer step shards) and another micro-batch do not."""
+    """The cases the search's speed rests on: ZeRO 1-3 share a key; ZeRO 0 against 1 (the optimizer step
+    shards), another micro-batch and another framework (its kernel fusion, kernels.py) do not."""
     from planner.compute import stage_compute_key
 
     model, work = MODEL_PRESETS["llama3-70b"], WorkloadSpec(global_batch_size=64)
@@ -227,7 +227,8 @@ def test_stage_compute_keys_are_shared_where_compute_reads_nothing_different():
     def key(p, w=work, stage=1):
         return stage_compute_key(Context(model, w, p), stage)
 
-    assert key(par) == key(replace(par, zero_stage=3)) == key(replace(par, framework="deepspeed", expert_tp=8))
+    assert key(par) == key(replace(par, zero_stage=3))
+    assert key(par) == key(replace(par, zero_stage=2))
     assert key(par) != key(replace(par, zero_stage=0))
     assert key(par) != key(par, replace(work, micro_batch_size=2))
-    assert key(par, stage=0) != key(replace(par, framework="torch", expert_tp=8), stage=0)  # unpadded vocabulary
+    assert key(par) != key(replace(par, framework="deepspeed", expert_tp=8))  # the flavour's kernels (kernels.py)
