@@ -300,4 +300,46 @@ __all__ = [
     "model_flops_per_token",
     "optimizer_s",
     "stage_compute",
+    "stage_compute_key",
 ]
+
+
+def stage_compute_key(ctx: Context, stage: int) -> tuple:
+    """The value key of everything ``stage_compute`` reads of the context: (model, workload, then plain
+    values of the layout and the stage alone): the degrees the kernels' shapes read, dp where it splits the
+    batch (inference), the stage's dense and MoE layers, what each re-runs (recompute.layer_counts) and its
+    head, and for training the parameters the optimizer step
+    updates and what shards them (param_totals). Equal keys give equal StageCompute on one GPU
+    (tests/planner/test_search.py); the layout search memoises stage_compute on it."""
+    from .memory import param_totals
+
+    par = ctx.par
+    if ctx.training:
+        dense, expert, _ = param_totals(ctx, stage)
+        shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
+    else:
+        dense = expert = 0
+        shards = (1, 1)
+    # the stage's layers, what each re-runs (recompute.py, in the order they are summed) and the head
+    layers = (
+        ctx.dense_layers(stage),
+        ctx.moe_layers(stage),
+        tuple(layer_counts(ctx, stage).items()),
+        ctx.is_last(stage),
+    )
+    return (
+        ctx.model,
+        ctx.work,
+        None if ctx.training else par.dp,
+        par.tp,
+        par.cp,
+        par.sp,
+        par.ep,
+        par.etp,
+        par.framework,  # the flavour's kernel fusion and default attention kernel (kernels.py)
+        par.cp_comm,
+        *layers,
+        dense,
+        expert,
+        *shards,
+    )

@@ -37,9 +37,12 @@ from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
-from .params import recipe_weight_bytes, stage_params, total
+from .model import ModelSpec
+from .parallel import ParallelSpec
+from .params import _holding, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
 from .recompute import LayerRecompute, chunk_plans, working_layers
+from .workload import WorkloadSpec
 
 GIB = 1 << 30
 # CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
@@ -268,6 +271,16 @@ def offloaded_bytes(ctx: Context, stage: int) -> float:
     return sum(per[ctx.model.is_moe_layer(i)] for i in layers)
 
 
+def stage_activation_key(ctx: Context, stage: int, sched: Schedule) -> tuple:
+    """The value key of everything ``stage_activation_bytes`` (default kernel) reads: (model, workload,
+    then plain values of the layout and the stage alone): the rank's sequences per pass, tp, cp, SP, the
+    stage's model chunks and head, and each chunk's micro-batches in flight. The layout search memoises on it."""
+    par = ctx.par
+    held = in_flight_chunks(sched, stage) if ctx.training else None
+    layers = (ctx.chunks[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
+    return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers, held)
+
+
 def _logits(ctx: Context, stage: int) -> int:
     if not ctx.is_last(stage):
         return 0
@@ -288,16 +301,38 @@ def _shards(ctx: Context, expert: bool) -> int:
 
 @lru_cache(maxsize=4096)
 def param_totals(ctx: Context, stage: int) -> tuple[int, int, int]:
-    """(dense, expert, largest ZeRO-3 unit) parameter counts of one rank of ``stage`` (params.py), cached:
-    the search asks for the same stages many times."""
-    dense, expert = stage_params(ctx, stage)
+    """(dense, expert, largest ZeRO-3 unit) parameter counts of one rank of ``stage`` (params.py), cached
+    on the context and on the parameter lists' own key (params._holding: layouts that differ in dp, cp,
+    ZeRO or SP share it): the search asks for the same stages many times."""
+    return _param_totals(ctx.model, _holding(ctx.par), stage)
+
+
+@lru_cache(maxsize=4096)
+def _param_totals(model: ModelSpec, par: ParallelSpec, stage: int) -> tuple[int, int, int]:
+    dense, expert = stage_params(Context(model, WorkloadSpec(), par), stage)
     return total(dense), total(expert), _largest_unit(dense)
 
 
-def stage_memory(
-    ctx: Context, stage: int, sched: Schedule, calls: Sequence = (), comm_buffer: int | None = None
-) -> StageMemory:
-    """One rank of ``stage``; ``calls`` (ledger Calls or PricedCalls) size the communication buffers."""
+@dataclass(frozen=True)
+class HeldBytes:
+    """What one rank of a stage holds besides activations and communication buffers: weights, gradients,
+    optimizer states (sharded by ZeRO stage) and the fixed buffers (workspace, ZeRO-3 units in flight)."""
+
+    param_count: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    buffers_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.buffers_bytes
+
+
+def held_bytes(ctx: Context, stage: int) -> HeldBytes:
+    """Weights, gradients, optimizer states and fixed buffers of one rank of ``stage`` (module docstring).
+    Reads the parameter counts (params.py), the dtypes, the ZeRO stage and the sharding groups; not the
+    micro-batch, recompute or sequence parallelism (the layout search shares it across those)."""
     nd, ne, unit = param_totals(ctx, stage)
     xp = ctx.param_bytes
     z = ctx.par.zero_stage if ctx.training else 0
@@ -317,14 +352,30 @@ def stage_memory(
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
             opt += count * opt_per / (shards if z >= 1 else 1)
     params += recipe_weight_bytes(ctx, stage)  # fp8/fp4 weight copies (workload.fp8_recipe, params.py)
-    if not ctx.training:
-        acts = stage_activation_bytes(ctx, stage, sched) + _kv_cache(ctx, stage)
-    else:
-        acts = stage_activation_bytes(ctx, stage, sched)
-    buffers = WORKSPACE_BYTES + (_comm_buffers(calls).get(stage, 0) if comm_buffer is None else comm_buffer)
+    buffers = WORKSPACE_BYTES
     if z >= 3 and ctx.training:
         buffers += ZERO3_UNITS_IN_FLIGHT * unit * xp
-    return StageMemory(stage, nd + ne, int(params), int(grads), int(opt), int(acts), int(buffers))
+    return HeldBytes(nd + ne, int(params), int(grads), int(opt), int(buffers))
+
+
+def stage_memory(
+    ctx: Context, stage: int, sched: Schedule, calls: Sequence = (), comm_buffer: int | None = None
+) -> StageMemory:
+    """One rank of ``stage``; ``calls`` (ledger Calls or PricedCalls) size the communication buffers."""
+    held = held_bytes(ctx, stage)
+    acts = stage_activation_bytes(ctx, stage, sched)
+    if not ctx.training:
+        acts += _kv_cache(ctx, stage)
+    comm = comm_buffers(calls).get(stage, 0) if comm_buffer is None else comm_buffer
+    return StageMemory(
+        stage,
+        held.param_count,
+        held.params_bytes,
+        held.grads_bytes,
+        held.optimizer_bytes,
+        int(acts),
+        held.buffers_bytes + int(comm),
+    )
 
 
 def _largest_unit(params) -> int:
@@ -344,7 +395,7 @@ def _kv_cache(ctx: Context, stage: int) -> int:
     return int(sum(per_layer * m.attended_keys(i, length) / length for i in layers))
 
 
-def _comm_buffers(calls: Sequence) -> dict[int, int]:
+def comm_buffers(calls: Sequence) -> dict[int, int]:
     """Per stage, the largest communication buffer that is not already counted (TP gathers and CP KV are
     activations, DP gradients live in the gradient buffer): the all-to-all send + receive buffers of EP."""
     largest: dict[int, int] = {}
@@ -357,19 +408,23 @@ def _comm_buffers(calls: Sequence) -> dict[int, int]:
 
 
 def memory_per_stage(ctx: Context, sched: Schedule, capacity_bytes: int, calls: Sequence = ()) -> Memory:
-    buffers = _comm_buffers(calls)
+    buffers = comm_buffers(calls)
     return Memory(capacity_bytes, tuple(stage_memory(ctx, s, sched, (), buffers.get(s, 0)) for s in range(ctx.par.pp)))
 
 
 __all__ = [
     "WORKSPACE_BYTES",
+    "HeldBytes",
     "LayerActivations",
     "Memory",
     "StageMemory",
+    "comm_buffers",
     "freed_activations",
+    "held_bytes",
     "layer_activations",
     "memory_per_stage",
     "offloaded_bytes",
     "stage_activation_bytes",
+    "stage_activation_key",
     "stage_memory",
 ]

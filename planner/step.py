@@ -49,7 +49,7 @@ from ._errors import SpecError
 from .compute import StageCompute, check_gpu, compute_dtype, layer_forward, model_flops_per_token, stage_compute
 from .context import Context
 from .memory import Memory, memory_per_stage, offloaded_bytes
-from .pipeline import Schedule, StagePass, drain_leads, pipeline_time, timeline
+from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
 
@@ -195,40 +195,86 @@ def _stream(call, m: int, zero: int) -> str:
     return f"{kind}.{'forward' if phase == 'forward' else 'backward'}"
 
 
-def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap) -> float:
-    """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
-    m, zero, p = ctx.micro_batches, ctx.par.zero_stage, len(stages)
-    acc: dict[str, list[float]] = {}
-    counts: dict[str, list[int]] = {}
-    volume: dict[str, list[float]] = {}
-    p2p = 0.0
+@dataclass
+class StreamTotals:
+    """One iteration's communication per stream (``_stream``) and stage: seconds, calls and bytes; and the
+    longest pipeline boundary send. The first half of placing calls on streams: it reads only the calls, the
+    micro-batch count and the ZeRO stage, so a caller may sum it once for many layouts."""
+
+    time: dict[str, list[float]] = field(default_factory=dict)
+    count: dict[str, list[int]] = field(default_factory=dict)
+    volume: dict[str, list[float]] = field(default_factory=dict)
+    p2p_s: float = 0.0
+
+    def __add__(self, other: StreamTotals) -> StreamTotals:
+        out = StreamTotals(p2p_s=max(self.p2p_s, other.p2p_s))
+        for name in ("time", "count", "volume"):
+            mine, theirs, into = getattr(self, name), getattr(other, name), getattr(out, name)
+            for stream in mine.keys() | theirs.keys():
+                a, b = mine.get(stream), theirs.get(stream)
+                into[stream] = a if b is None else b if a is None else [x + y for x, y in zip(a, b, strict=True)]
+        return out
+
+
+def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTotals:
+    """Sums each call's time, count and bytes per stage into the stream it runs on (``_stream``)."""
+    out = StreamTotals()
+    acc, counts, volume = out.time, out.count, out.volume
     for pc in calls:
         c, t = pc.call, pc.price.time_s
         stream = _stream(c, m, zero)
         if stream == "pp":
-            p2p = max(p2p, t)
+            out.p2p_s = max(out.p2p_s, t)
             continue
         amount, n = c.calls_per_iteration * t, c.calls_per_iteration
-        row = acc.setdefault(stream, [0.0] * p)
-        num = counts.setdefault(stream, [0] * p)
-        vol = volume.setdefault(stream, [0.0] * p)
+        row = acc.setdefault(stream, [0.0] * stages)
+        num = counts.setdefault(stream, [0] * stages)
+        vol = volume.setdefault(stream, [0.0] * stages)
         for s in c.stages:
             row[s] += amount
             num[s] += n
             vol[s] += n * c.message_bytes
-    zeros = [0.0] * p
+    return out
+
+
+# per pass: (kind, its stream key in StreamTotals, the stream it is reported on)
+_PASS_STREAMS = {
+    phase: tuple(
+        (kind, f"{kind}.{phase}", "cp" if kind == "cp.ring" else kind) for kind in ("tp", "ep", "cp", "cp.ring", "dp")
+    )
+    for phase in ("forward", "backward")
+}
+
+
+def assign_streams(ctx: Context, totals: StreamTotals, stages: list[StageStep], flags: Overlap) -> None:
+    """The second half: each stage's once-per-iteration DP streams and tail, and what each pass exposes
+    (TP behind the GEMMs with tp_comm_overlap, the CP ring behind attention, ZeRO-2/3 prefetch behind the
+    pass), written into ``stages``."""
+    m, zeros = ctx.micro_batches, [0.0] * len(stages)
+    acc, counts, volume = totals.time, totals.count, totals.volume
+    grad, grad_n, grad_v = (
+        acc.get("grad_reduce", zeros),
+        counts.get("grad_reduce", zeros),
+        volume.get("grad_reduce", zeros),
+    )
+    gather, gather_n = acc.get("param_gather", zeros), counts.get("param_gather", zeros)
+    gather_v, tail = volume.get("param_gather", zeros), acc.get("tail", zeros)
+    prefetch = _prefetch(ctx, flags)
+    passes = {
+        phase: [(kind, stream, acc[key]) for kind, key, stream in streams if key in acc]
+        for phase, streams in _PASS_STREAMS.items()
+    }
     for st in stages:
         i = st.stage
-        st.grad_reduce_s, st.grad_buckets = acc.get("grad_reduce", zeros)[i], counts.get("grad_reduce", zeros)[i]
-        st.grad_bytes = int(volume.get("grad_reduce", zeros)[i])
-        st.param_bytes = int(volume.get("param_gather", zeros)[i])
-        st.param_gather_s, st.param_units = acc.get("param_gather", zeros)[i], counts.get("param_gather", zeros)[i]
-        st.tail_s = acc.get("tail", zeros)[i]
+        st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[i], grad_n[i], int(grad_v[i])
+        st.param_bytes = int(gather_v[i])
+        st.param_gather_s, st.param_units = gather[i], gather_n[i]
+        st.tail_s = tail[i]
         comp = st.compute
         for phase, pass_time in (("forward", comp.forward), ("backward", comp.backward)):
             exposed = 0.0
-            for kind in ("tp", "ep", "cp", "cp.ring", "dp"):
-                t = acc.get(f"{kind}.{phase}", zeros)[i] / m
+            for kind, stream, row in passes[phase]:
+                t = row[i] / m
                 if not t:
                     continue
                 if kind == "tp" and flags.tp_comm_overlap:
@@ -236,13 +282,12 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                 elif kind == "cp.ring" and flags.cp_ring_overlap:
                     window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
                     t = max(0.0, t - window)
-                elif kind == "dp" and _prefetch(ctx, flags):
+                elif kind == "dp" and prefetch:
                     t = max(0.0, t - pass_time.total_s)
                 elif kind == "ep" and flags.moe_shared_expert_overlap and not flags.overlap_moe_expert_parallel_comm:
                     t = max(0.0, t - pass_time.gemm_s * shared_expert_share(ctx, i, comp))
                 exposed += t
                 if t:
-                    stream = "cp" if kind == "cp.ring" else kind
                     key = (stream, phase)
                     st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + t
             if phase == "forward":
@@ -251,7 +296,13 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
                 st.bwd_comm_s = exposed
         if flags.overlap_moe_expert_parallel_comm:
             overlap_forward_backward(st)
-    return p2p
+
+
+def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap) -> float:
+    """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
+    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages))
+    assign_streams(ctx, totals, stages, flags)
+    return totals.p2p_s
 
 
 def overlap_forward_backward(st: StageStep) -> None:
@@ -308,23 +359,56 @@ def _prefetch(ctx: Context, flags: Overlap) -> bool:
 # ---- assembly -----------------------------------------------------------------------------------------
 
 
-def _training(
-    ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, flags: Overlap, with_timeline: bool
-) -> StepTime:
+@dataclass(frozen=True)
+class CriticalPath:
+    """The training step's critical path (``critical_path``)."""
+
+    time_s: float
+    pipeline: PipelineTime
+    passes: list[StagePass]
+    sync_s: float  # when the gradient-norm all-reduce syncs the stages
+    finish_s: list[float]  # per stage: sync + optimizer + exposed parameter gather
+    exposed_dp_s: list[float]  # per stage: exposed gradient reduction
+    exposed_gather_s: list[float]
+
+
+def critical_path(
+    ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, flags: Overlap, bound: bool = False
+) -> CriticalPath:
+    """The pipeline's critical path, each stage's exposed gradient reduction and tail, the sync (Megatron's
+    gradient-norm all-reduce over the model-parallel ranks, megatron/core/optimizer/clip_grads.py), then
+    each stage's optimizer step and exposed parameter gather; the step ends with the slowest.
+
+    ``bound``: a lower bound when ``stages`` hold only part of the communication (the layout search): the
+    overlapped gradient reduction and parameter gather count as 0 (their exposure max(t - pass / v, t /
+    buckets) can fall when the passes lengthen or other calls add buckets); every other term only grows
+    with more communication (pipe - lead grows by at least the lead's growth: the pipeline grows by the
+    sum over stages of each pass's growth / v)."""
     passes = stage_passes(ctx, stages, gpu)
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
-    leads = drain_leads(passes, sched)
-    ends = []
-    for st, p, lead in zip(stages, passes, leads, strict=True):
-        if st.grad_reduce_s:
-            st.exposed_dp_s = exposed_grad_reduce(ctx, st, p, v, flags)
-        if st.param_gather_s:
-            st.exposed_gather_s = exposed_param_gather(ctx, st, p, v, flags)
-        ends.append(pipe.time_s - lead + st.exposed_dp_s + st.tail_s)
-    sync = max(ends)  # gradient-norm all-reduce over the model-parallel ranks (megatron/core/optimizer/clip_grads.py)
-    finish = [sync + st.compute.optimizer_s + st.exposed_gather_s for st in stages]
-    time = max(finish)
+    dp, gathers, ends = [], [], []
+    for st, p, lead in zip(stages, passes, drain_leads(passes, sched), strict=True):
+        reduce = gather = 0.0
+        if st.grad_reduce_s and not (bound and flags.overlap_grad_reduce):
+            reduce = exposed_grad_reduce(ctx, st, p, v, flags)
+        if st.param_gather_s and not (bound and flags.overlap_param_gather):
+            gather = exposed_param_gather(ctx, st, p, v, flags)
+        dp.append(reduce)
+        gathers.append(gather)
+        ends.append(pipe.time_s - lead + reduce + st.tail_s)
+    sync = max(ends)
+    finish = [sync + st.compute.optimizer_s + g for st, g in zip(stages, gathers, strict=True)]
+    return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers)
+
+
+def _training(
+    ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, flags: Overlap, with_timeline: bool
+) -> StepTime:
+    path = critical_path(ctx, stages, sched, gpu, flags)
+    for st, reduce, gather in zip(stages, path.exposed_dp_s, path.exposed_gather_s, strict=True):
+        st.exposed_dp_s, st.exposed_gather_s = reduce, gather
+    pipe, passes, sync, finish, time = path.pipeline, path.passes, path.sync_s, path.finish_s, path.time_s
     # the breakdown is reported for the stage that sets the pace: the most work per iteration
     crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))
     st = stages[crit]
@@ -352,9 +436,6 @@ def _training(
         stages,
         events,
     )
-
-
-_drain_leads = drain_leads  # the name planner/search/step_model.py imports
 
 
 def stage_passes(ctx: Context, stages: Sequence[StageStep], gpu: GPUSpec) -> list[StagePass]:
@@ -508,4 +589,18 @@ def _mfu(ctx: Context, tokens: float, time_s: float, gpu: GPUSpec) -> float:
     return model_flops_per_token(ctx) * tokens / (time_s * ctx.par.world_size * peak)
 
 
-__all__ = ["Overlap", "StageStep", "StepTime", "memory", "schedule_of", "step_time"]
+__all__ = [
+    "CriticalPath",
+    "Overlap",
+    "StageStep",
+    "StepTime",
+    "StreamTotals",
+    "assign_streams",
+    "critical_path",
+    "exposed_grad_reduce",
+    "exposed_param_gather",
+    "memory",
+    "schedule_of",
+    "step_time",
+    "stream_totals",
+]

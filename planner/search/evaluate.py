@@ -17,20 +17,20 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from collectives.topology import ClusterSpec, cluster_for, tiling_unit
+from collectives.topology import ClusterSpec, cluster_for
 from collectives.topology.select import cached_schedule, resolve_pricing
 
 from .. import flavours
 from .._errors import SpecError
 from ..layout import RankLayout
 from ..model import ModelSpec
-from ..parallel import ParallelSpec
-from ..plan import Options
+from ..parallel import ParallelSpec, _fits_workload
+from ..plan import Options, price_classes
 from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer, shared_curves
 from .space import MAX_DP_GROUP, MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
-from .step_model import Priced, Row, RowCall, StepModel
+from .step_model import Part, Priced, Row, RowCall, StepModel
 
 
 @dataclass(frozen=True)
@@ -128,20 +128,13 @@ def _build(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> te
         return None
 
 
-def batch_rule(space: Space, variant: Variant, b: int) -> SpecError | None:
-    """The micro-batch rules of planner/parallel.py ``_fits_workload`` for one b, once the variant passed
-    ``validate_parallel`` at b = 1 (the other rules do not read b). Same fields and messages."""
-    dp, pp, gbs = variant.shape.dp, variant.shape.pp, space.work.global_batch_size
-    if gbs % (b * dp):
-        return SpecError(
-            "workload.global_batch_size",
-            f"global_batch_size {gbs} is not divisible by micro_batch_size*dp = {b}*{dp} = {b * dp}",
-        )
-    m = gbs // (b * dp)
-    if variant.pipeline_schedule == "interleaved" and m % pp:
-        return SpecError(
-            "workload.global_batch_size", f"the interleaved schedule needs micro-batches {m} divisible by pp {pp}"
-        )
+def batch_rule(space: Space, variant: Variant, b: int, par: ParallelSpec | None = None) -> SpecError | None:
+    """planner/parallel.py's workload rules (``_fits_workload``) at micro-batch size b, once the variant
+    (``par``: its layout) passed ``validate_parallel`` at b = 1: the error it raises, or None."""
+    try:
+        _fits_workload(par or variant.parallel(), space.model, space.work_at(b))
+    except SpecError as err:
+        return err
     return None
 
 
@@ -195,27 +188,16 @@ class ShapeEvaluator:
         return self._curves[key][1]
 
     def _stage_classes(self, call) -> list[tuple[int, ...]]:
-        stages = call.stages
-        if len(stages) < 2 or call.group.pairs or self.shape.pp < 2:
-            return [tuple(stages)]
-        key = (tuple(stages), call.group.expert)  # all the split reads of the call (memoised per shape)
+        """planner.plan.price_classes, memoised per shape on what it reads of the call."""
+        key = (call.stages, call.group)
         found = self._classes_memo.get(key)
         if found is None:
-            found = self._classes_memo[key] = self._split_stages(stages, call.group.expert)
+            found = self._classes_memo[key] = price_classes(call, self.layout, self.cluster, self.problem.options)
         return found
 
-    def _split_stages(self, stages, expert: bool) -> list[tuple[int, ...]]:
-        pipeline = self.layout.groups(("pp",), expert)[0]
-        stride = int(pipeline[1] - pipeline[0])
-        unit = tiling_unit(self.cluster)
-        classes: dict[int, list[int]] = {}
-        for s in stages:
-            classes.setdefault((s * stride) % unit if unit else s, []).append(s)
-        return [tuple(members) for members in classes.values()]
-
     def calls(self, variant: Variant, b: int, recompute: str):
-        """[(rows, counts, times)] of one layout, one part per template (activation rules, data-parallel
-        rule; rows: what step_time reads of a priced call); one exact part when a template refused."""
+        """The Parts of one layout, one per template (activation rules, data-parallel rule; rows: what
+        step_time reads of a priced call); one exact part when a template refused."""
         m = self.problem.work.global_batch_size // (b * self.shape.dp)
         parts = []
         for rules, rc in ((templates.ACTIVATION_RULES, recompute), (templates.DATA_RULES, "none")):
@@ -236,7 +218,7 @@ class ShapeEvaluator:
             found = self._priced_memo[key] = self._rows(tpl, b, m)
         return found
 
-    def _rows(self, tpl: templates.Template, b: int, m: int):
+    def _rows(self, tpl: templates.Template, b: int, m: int) -> Part:
         msgs, counts = tpl.messages(b).tolist(), tpl.counts(m).tolist()
         rows, row_counts, times = [], [], []
         for i, members, curve in self.classes(tpl):
@@ -244,7 +226,7 @@ class ShapeEvaluator:
             rows.append(Row(RowCall.of(tpl.calls[i], members, msgs[i], counts[i]), Priced(t)))
             row_counts.append(counts[i])
             times.append(t)
-        return rows, np.array(row_counts, dtype=np.float64), np.array(times)
+        return Part(rows, np.array(row_counts, dtype=np.float64), np.array(times))
 
     # ---- the walk ----------------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -268,16 +250,16 @@ class ShapeEvaluator:
             if err is not None:
                 out.pruned.add(err.field, len(bs) * len(recomputes), err.rule)
                 continue
-            grid = []
+            grid, par = [], self.parallel(index)
             for b in bs:
-                err = batch_rule(space, variant, b)
+                err = batch_rule(space, variant, b, par)
                 if err is not None:
                     out.pruned.add(err.field, len(recomputes), err.rule)
                 else:
                     grid += [(b, rc) for rc in recomputes]
             if not grid:
                 continue
-            par, grid = self.parallel(index), tuple(grid)
+            grid = tuple(grid)
             out.evaluated += len(grid)
             ok = self._fits(variant, par, grid)
             fitting = tuple(pair for pair, fit in zip(grid, ok.tolist(), strict=True) if fit)
@@ -330,7 +312,7 @@ class ShapeEvaluator:
         if found is None:
             data = self._data_part(index, b)
             found = self._priced_memo[key] = (
-                0.0 if data is None else self.step_model.data_floor(self.parallel(index), m, data)
+                0.0 if data is None else self.step_model.data_floor(self.parallel(index), b, data)
             )
         return found
 
@@ -354,7 +336,7 @@ class ShapeEvaluator:
             return model.fits_many(par, grid)
         ok = []
         for b, rc in grid:
-            rows = [r for part in self.calls(variant, b, rc) for r in part[0]]
+            rows = [r for part in self.calls(variant, b, rc) for r in part.rows]
             ok.append(model.fits(par, b, rc, rows))
         return np.array(ok, dtype=bool)
 

@@ -218,6 +218,14 @@ class Space:
         self.recomputes = self.c.values("activation_recompute", list(RECOMPUTE))
         self.schedules = self.c.values("pipeline_schedule", ["1f1b", "interleaved"])
 
+    def work_at(self, b: int) -> WorkloadSpec:
+        """The workload at micro-batch size b (memoised: the screen asks once per variant and b)."""
+        works = self.__dict__.setdefault("_works", {})
+        found = works.get(b)
+        if found is None:
+            found = works[b] = replace(self.work, micro_batch_size=b)
+        return found
+
     # ---- candidates that depend on the shape ---------------------------------------------------------
     def expert_tps(self, tp: int) -> list[int]:
         return self.c.values("expert_tp", divisors(tp) if self.model.moe else [1])

@@ -103,7 +103,6 @@ def test_stage_parts_shared_across_shapes_equal_compute_and_memory():
             sched = schedule_of(ctx)
             acts = [stage_activation_bytes(ctx, s, sched) for s in range(par.pp)]
             assert sm._activation_bytes(par, b, rc).tolist() == acts
-        assert not (sm.exact_only or sm.memory_exact)
 
 
 def test_curves_shared_by_array_and_across_shapes():
@@ -139,3 +138,97 @@ def test_screen_then_time_in_process_equals_a_fresh_evaluator():
     assert (here.evaluated, here.feasible, here.bounded) == (there.evaluated, there.feasible, there.bounded)
     assert [(t, layout) for t, _, layout in here.best] == [(t, layout) for t, _, layout in there.best]
     assert here.best and out.feasible > here.bounded
+
+
+_GPU = cluster_preset("dgx-h100", 4).gpu
+
+
+def _layout(draw, st, model) -> ParallelSpec:
+    pp = draw(st.sampled_from([1, 2, 4]))
+    v = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    ep = draw(st.sampled_from([1, 2, 4, 8])) if model.moe else 1
+    return ParallelSpec(
+        tp=tp,
+        pp=pp,
+        dp=draw(st.sampled_from([1, 2, 4, 8])),
+        cp=draw(st.sampled_from([1, 2])),
+        ep=ep,
+        expert_tp=draw(st.sampled_from([1, tp])) if model.moe else 1,
+        zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
+        sequence_parallel=tp > 1 and draw(st.booleans()),
+        framework=draw(st.sampled_from(["megatron", "torch", "deepspeed"])),
+        virtual_pipeline_stages=v,
+        pipeline_schedule="interleaved" if v > 1 else draw(st.sampled_from(["1f1b", "gpipe"])),
+    )
+
+
+def test_equal_stage_compute_keys_give_equal_stage_compute():
+    """compute.stage_compute_key and memory.stage_activation_key (what the search memoises stage_compute and
+    stage_activation_bytes on) name everything those read: two contexts (random layouts, micro-batch sizes
+    and recompute of a dense and an MoE model, the second drawn near the first: ZeRO stage, framework and
+    dp redrawn) with equal keys give equal StageCompute and activation bytes, stage by stage; and the keys
+    do coincide often (the memo is shared)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from planner.compute import stage_compute_key
+    from planner.memory import stage_activation_key
+    from planner.parallel import validate_parallel
+
+    shared, acts = [], []
+
+    @st.composite
+    def pairs(draw):
+        model = MODEL_PRESETS[draw(st.sampled_from(["llama3-8b", "mixtral-8x7b", "gpt3-175b"]))]
+        model = replace(model, num_layers=8)
+        b, rc = draw(st.sampled_from([1, 2])), draw(st.sampled_from(["none", "selective", "full"]))
+        work = WorkloadSpec(global_batch_size=64, micro_batch_size=b, activation_recompute=rc)
+        one = _layout(draw, st, model)
+        other = replace(
+            one,
+            zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
+            framework=draw(st.sampled_from(["megatron", "torch", "deepspeed"])),
+            dp=draw(st.sampled_from([one.dp, 2 * one.dp])),
+            expert_tp=one.expert_tp,
+        )
+        return Context(model, work, one), Context(model, work, other)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(pairs())
+    def check(pair):
+        for ctx in pair:
+            try:
+                validate_parallel(ctx.par, ctx.model, ctx.work, ctx.par.world_size)
+            except Exception:
+                return
+        a, b = pair
+        sa, sb = schedule_of(a), schedule_of(b)
+        for stage in range(a.par.pp):
+            if stage_compute_key(a, stage) == stage_compute_key(b, stage):
+                shared.append(a.par != b.par)
+                assert stage_compute(a, stage, _GPU) == stage_compute(b, stage, _GPU)
+            if stage_activation_key(a, stage, sa) == stage_activation_key(b, stage, sb):
+                acts.append(a.par != b.par)
+                assert stage_activation_bytes(a, stage, sa) == stage_activation_bytes(b, stage, sb)
+
+    check()
+    assert sum(shared) > 10 and sum(acts) > 10  # different layouts met on one key
+
+
+def test_stage_compute_keys_are_shared_where_compute_reads_nothing_different():
+    """The cases the search's speed rests on: ZeRO 1-3 share a key; ZeRO 0 against 1 (the optimizer step
+    shards), another micro-batch and another framework (its kernel fusion, kernels.py) do not."""
+    from planner.compute import stage_compute_key
+
+    model, work = MODEL_PRESETS["llama3-70b"], WorkloadSpec(global_batch_size=64)
+    par = ParallelSpec(tp=8, pp=4, dp=2, zero_stage=1)
+
+    def key(p, w=work, stage=1):
+        return stage_compute_key(Context(model, w, p), stage)
+
+    assert key(par) == key(replace(par, zero_stage=3))
+    assert key(par) == key(replace(par, zero_stage=2))
+    assert key(par) != key(replace(par, zero_stage=0))
+    assert key(par) != key(par, replace(work, micro_batch_size=2))
+    assert key(par) != key(replace(par, framework="deepspeed", expert_tp=8))  # the flavour's kernels (kernels.py)
