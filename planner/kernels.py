@@ -443,7 +443,14 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         bwd.extend(eb)
     mem("residual_add", fu.residual[0] * T_sp * h, fu.residual[1])
     if dt not in ("bf16", "fp32"):
-        cast = sum(k.shape[0] * k.shape[2] * k.shape[3] + k.shape[2] * k.shape[1] * k.shape[3] for k in fwd if _cast(k))
+        # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
+        # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
+        weights = 0 if ctx.param_bytes <= 1 else 1
+        cast = sum(
+            k.shape[0] * k.shape[2] * k.shape[3] + weights * k.shape[2] * k.shape[1] * k.shape[3]
+            for k in fwd
+            if _cast(k)
+        )
         nbytes = cast * cast_bytes_per_element(ctx)
         fwd.append(Kernel("fp8_cast", "cast", _mem_s(nbytes, gpu, eff), bytes=nbytes))
         # the backward casts the output gradients the same way; summed over a layer's GEMMs its bytes equal the

@@ -199,6 +199,8 @@ def recipe_weight_bytes(ctx: Context, stage: int) -> int:
     recipe = ctx.work.recipe
     if recipe is None or (ctx.training and ctx.par.zero_stage >= 3):
         return 0  # ZeRO-3 / FSDP units are gathered and cast per use: no persistent copies
+    if not ctx.training:
+        return 0  # an inference engine loads the quantized checkpoint as its only copy (workload.param_dtype)
     numels = quantized_numels(ctx, stage)
     copies = sum(recipe.weight_copy_bytes(n) for n in numels)
     return copies - (sum(numels) * ctx.param_bytes if ctx.work.fp8_param_gather else 0)

@@ -59,6 +59,9 @@ class ServeOptionsIn(Strict):
     transfer_overhead_s: float = Field(
         default=0.0005, ge=0, le=1, description="per KV transfer (transfer-engine set-up), an assumption"
     )
+    fp8_recipe: Literal["tensorwise", "blockwise", "delayed", "mxfp8"] = Field(
+        default="blockwise", description="the scaling of fp8 weights' GEMMs (DeepSeek-V3: 128x128 blocks)"
+    )
 
 
 class ServeRequest(Strict):

@@ -196,6 +196,10 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
         activation_dtype="bf16" if DTYPE_BYTES[options.weight_dtype] < 2 else options.weight_dtype,
         kv_dtype=options.kv,
         moe_dispatch_dtype="fp8" if options.weight_dtype == "fp8" else None,
+        # the engines capture decode steps in CUDA graphs by default (vLLM, SGLang, TensorRT-LLM): no host dispatch
+        # per kernel (planner/kernels.py cpu_op_s); prefill runs eager in all three
+        cuda_graphs=options.cuda_graphs and phase == "decode",
+        fp8_recipe=options.fp8_recipe if options.weight_dtype == "fp8" else None,
     )
 
 

@@ -64,6 +64,9 @@ class ServeOptions:
     cuda_graphs: bool = True
     chunked_prefill: bool = True
     transfer_overhead_s: float = 0.0005  # per KV transfer (transfer-engine set-up); an assumption, see docs
+    # the GEMMs of fp8 weights (planner/recipes.py): DeepSeek-V3's checkpoints and the engines' DeepGEMM /
+    # CUTLASS kernels scale 128x128 blocks (DeepSeek-V3 report §3.3); per-tensor checkpoints: "tensorwise"
+    fp8_recipe: str = "blockwise"
 
     @property
     def kv(self) -> str:
@@ -124,6 +127,10 @@ def validate_options(options: ServeOptions) -> None:
                 f"a rate in [0, 1) or mean tokens per step in [1, 1 + draft_tokens = {1 + mtp.draft_tokens}]; "
                 f"got {mtp.acceptance}",
             )
+    if options.fp8_recipe not in ("tensorwise", "blockwise", "delayed", "mxfp8"):
+        raise SpecError(
+            "options.fp8_recipe", f"must be tensorwise, blockwise, delayed or mxfp8, got {options.fp8_recipe!r}"
+        )
     if not 0 <= options.transfer_overhead_s <= 1:
         raise SpecError("options.transfer_overhead_s", f"must be in [0, 1] s, got {options.transfer_overhead_s}")
 

@@ -174,3 +174,33 @@ def test_sla_search_that_nothing_meets_says_so():
         SLA(tpot_s=0.001),
     )  # fmt: skip
     assert out.results == [] and "no deployment meets the SLA" in out.why and out.pareto
+
+
+def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
+    """An engine loads the fp8 checkpoint as its only copy: a decode step casts the activations (m x k of each
+    GEMM) and never the weights, and adds no TE weight copies to memory; decode runs in CUDA graphs."""
+    from planner import ParallelSpec, WorkloadSpec
+    from planner.context import Context
+    from planner.kernels import cast_bytes_per_element, layer_kernels
+    from planner.params import recipe_weight_bytes
+
+    gpu = cluster_preset("dgx-h100", 1).gpu
+    par = ParallelSpec(tp=8)
+    common = dict(kind="inference", phase="decode", batch_size=16, context_length=1024, fp8_recipe="blockwise")
+    served = Context(LLAMA70B, WorkloadSpec(param_dtype="fp8", cuda_graphs=True, **common), par, devices_per_node=8)
+    gemms = [k for k in layer_kernels(served, False, gpu).forward if k.kind == "gemm" and k.dtype != "bf16"]
+    (cast,) = [k for k in layer_kernels(served, False, gpu).forward if k.kind == "cast"]
+    activations = sum(k.shape[0] * k.shape[2] * k.shape[3] for k in gemms)
+    assert cast.bytes == pytest.approx(activations * cast_bytes_per_element(served))
+    assert recipe_weight_bytes(served, 0) == 0
+    # the same recipe over bf16 weights (training's master weights) casts the weights every step too
+    bf16 = Context(LLAMA70B, WorkloadSpec(param_dtype="bf16", **common), par, devices_per_node=8)
+    (cast_bf16,) = [k for k in layer_kernels(bf16, False, gpu).forward if k.kind == "cast"]
+    assert cast_bf16.bytes > 10 * cast.bytes
+    # the serving planner's decode step asks for CUDA graphs and the fp8 recipe; its prefill runs eager
+    out = plan_serving(LLAMA70B, cluster_preset("dgx-h100", 1), engine("vllm"), Traffic(1000, 100, concurrency=16),
+                       (Pool(tp=8),), ServeOptions(weight_dtype="fp8"))  # fmt: skip
+    eager = plan_serving(LLAMA70B, cluster_preset("dgx-h100", 1), engine("vllm"), Traffic(1000, 100, concurrency=16),
+                         (Pool(tp=8),), ServeOptions(weight_dtype="fp8", cuda_graphs=False))  # fmt: skip
+    assert out.pools[0].step_s < eager.pools[0].step_s
+    assert out.pools[0].prefill_s == eager.pools[0].prefill_s
