@@ -191,6 +191,7 @@ class _Variant:
         "contexts",
         "layer_key",
         "par",
+        "scheds",
         "static",
     )
 
@@ -202,6 +203,7 @@ class _Variant:
         self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key (None: every stage one chunk)
         self.chunks_id: int | None = None
         self.layer_key: tuple | None = None  # compute.layer_forward_key past the model and workload
+        self.scheds: dict = {}  # b -> step.schedule_of (it reads the layout and the micro-batch count)
         self.act_ids: dict = {}  # b -> (interned id, per-stage stage_activation_key past the specs)
         self.static: np.ndarray | None = None
         self.bounds: dict = {}  # (b, recompute) -> compute-only lower bound
@@ -247,6 +249,14 @@ class StepModel:
             v.contexts[(b, rc)] = found
         return found
 
+    def _schedule(self, v: _Variant, ctx: Context):
+        """step.schedule_of(ctx) without sends, per micro-batch size (it reads the layout and ctx.micro_batches)."""
+        b = ctx.work.micro_batch_size
+        found = v.scheds.get(b)
+        if found is None:
+            found = v.scheds[b] = schedule_of(ctx)
+        return found
+
     # ---- memory --------------------------------------------------------------------------------------------
     def _static_bytes(self, par: ParallelSpec) -> np.ndarray:
         """memory.held_bytes per stage (weights, gradients, optimizer states, fixed buffers): it reads neither
@@ -267,14 +277,14 @@ class StepModel:
         found = v.act_ids.get(b)
         if found is None:
             ctx = self._ctx(v, b, rc)
-            sched = schedule_of(ctx)
+            sched = self._schedule(v, ctx)
             keys = tuple(stage_activation_key(ctx, s, sched)[2:] for s in range(v.par.pp))
             found = v.act_ids[b] = (memos.intern(keys), keys)
         key = ((b, rc), found[0])
         out = memos.arrays.get(key)
         if out is None:
             ctx = self._ctx(v, b, rc)
-            sched, sizes = schedule_of(ctx), []
+            sched, sizes = self._schedule(v, ctx), []
             for s, rest in enumerate(found[1]):
                 size = memos.acts.get(((b, rc), rest))
                 if size is None:
@@ -383,7 +393,7 @@ class StepModel:
             comp = self._compute(v, b, rc)
             shares = self._shares(v, b, rc)
             ctx = self._ctx(v, b, rc)
-            sched = schedule_of(ctx)
+            sched = self._schedule(v, ctx)
             key = ((b, rc), v.compute_id, v.chunks_id, sched)
             found = self._memos.bounds.get(key)
             if found is None:
@@ -412,7 +422,7 @@ class StepModel:
         stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
         assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
         shares = self._shares(v, b, rc)
-        return critical_path(ctx, stages, schedule_of(ctx), self.gpu, flags, bound=True, shares=shares).time_s
+        return critical_path(ctx, stages, self._schedule(v, ctx), self.gpu, flags, bound=True, shares=shares).time_s
 
     def data_floor(self, par: ParallelSpec, b: int, data: Part) -> float:
         """What the data-parallel calls (``data``) add to the compute-only ``lower_bound`` of any layout of the
@@ -429,7 +439,7 @@ class StepModel:
         stages = [StageStep(s, StageCompute(PassTime(), PassTime(), 0.0, o)) for s, o in enumerate(opt)]
         assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
         shares = self._shares(v, b, "none")  # passes of no time: any shares give fill = drain = 0.0
-        path = critical_path(ctx, stages, schedule_of(ctx), self.gpu, flags, bound=True, shares=shares)
+        path = critical_path(ctx, stages, self._schedule(v, ctx), self.gpu, flags, bound=True, shares=shares)
         # never below 0 (communication only adds): time - sync rounds the optimizer step by an ulp
         return max(0.0, path.exposed_dp_s[0] + stages[0].tail_s + (path.time_s - path.sync_s) - max(opt))
 
