@@ -296,6 +296,7 @@ __all__ = [
     "dense_peak",
     "kv_cache_bytes_per_layer",
     "layer_forward",
+    "layer_forward_key",
     "layer_kernels",
     "model_flops_per_token",
     "optimizer_s",
@@ -327,6 +328,14 @@ def stage_compute_key(ctx: Context, stage: int) -> tuple:
         tuple(layer_counts(ctx, stage).items()),
         ctx.is_last(stage),
     )
+    return (*layer_forward_key(ctx), *layers, dense, expert, *shards)
+
+
+def layer_forward_key(ctx: Context) -> tuple:
+    """The value key of everything ``layer_forward`` reads of the context (model, workload, then the degrees
+    the kernels' shapes read, dp where it splits the batch (inference), the framework and cp_comm): the
+    first entries of stage_compute_key. The layout search memoises step.chunk_shares on it."""
+    par = ctx.par
     return (
         ctx.model,
         ctx.work,
@@ -338,8 +347,4 @@ def stage_compute_key(ctx: Context, stage: int) -> tuple:
         par.etp,
         par.framework,  # the flavour's kernel fusion and default attention kernel (kernels.py)
         par.cp_comm,
-        *layers,
-        dense,
-        expert,
-        *shards,
     )

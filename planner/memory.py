@@ -274,10 +274,14 @@ def offloaded_bytes(ctx: Context, stage: int) -> float:
 def stage_activation_key(ctx: Context, stage: int, sched: Schedule) -> tuple:
     """The value key of everything ``stage_activation_bytes`` (default kernel) reads: (model, workload,
     then plain values of the layout and the stage alone): the rank's sequences per pass, tp, cp, SP, the
-    stage's model chunks and head, and each chunk's micro-batches in flight. The layout search memoises on it."""
+    kinds (MoE or dense) of each of the stage's chunks' layers in order and its head, and each chunk's
+    micro-batches in flight. What each layer keeps (recompute.chunk_plans) reads the workload and the chunks'
+    layer counts and order, offload the stage's first layers, never their global indices: stages alike (and
+    layouts differing in pp) share a key. The layout search memoises on it."""
     par = ctx.par
     held = in_flight_chunks(sched, stage) if ctx.training else None
-    layers = (ctx.chunks[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
+    kinds = tuple(tuple(ctx.model.is_moe_layer(i) for i in c.layers) for c in ctx.chunks[stage])
+    layers = (kinds, ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers, held)
 
 

@@ -373,7 +373,13 @@ class CriticalPath:
 
 
 def critical_path(
-    ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, flags: Overlap, bound: bool = False
+    ctx: Context,
+    stages: list[StageStep],
+    sched: Schedule,
+    gpu: GPUSpec,
+    flags: Overlap,
+    bound: bool = False,
+    shares: Sequence | None = None,
 ) -> CriticalPath:
     """The pipeline's critical path, each stage's exposed gradient reduction and tail, the sync (Megatron's
     gradient-norm all-reduce over the model-parallel ranks, megatron/core/optimizer/clip_grads.py), then
@@ -383,8 +389,8 @@ def critical_path(
     overlapped gradient reduction and parameter gather count as 0 (their exposure max(t - pass / v, t /
     buckets) can fall when the passes lengthen or other calls add buckets); every other term only grows
     with more communication (pipe - lead grows by at least the lead's growth: the pipeline grows by the
-    sum over stages of each pass's growth / v)."""
-    passes = stage_passes(ctx, stages, gpu)
+    sum over stages of each pass's growth / v). ``shares``: stage_passes's."""
+    passes = stage_passes(ctx, stages, gpu, shares)
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
     dp, gathers, ends = [], [], []
@@ -438,24 +444,38 @@ def _training(
     )
 
 
-def stage_passes(ctx: Context, stages: Sequence[StageStep], gpu: GPUSpec) -> list[StagePass]:
+def stage_passes(
+    ctx: Context, stages: Sequence[StageStep], gpu: GPUSpec, shares: Sequence | None = None
+) -> list[StagePass]:
     """Each rank's pass for the pipeline: forward and backward with their exposed communication, the
     forward of its first chunk and the backward of its last one at their real sizes (the layers each
     holds, the LM head and loss with the chunk that has them; a chunk's share of the backward taken as its
     share of the forward), and W, the weight-gradient GEMMs the zero-bubble schedules defer: as many FLOPs
-    as the forward GEMMs (Qi et al. 2024 §2), so the forward's GEMM time."""
+    as the forward GEMMs (Qi et al. 2024 §2), so the forward's GEMM time. ``shares``: chunk_shares of each
+    stage, when the caller has them (the layout search memoises them on stage_compute_key and
+    chunk_shares_key); None computes them."""
     out = []
     for st in stages:
-        shares = _chunk_shares(ctx, st, gpu)
+        share = chunk_shares(ctx, st, gpu) if shares is None else shares[st.stage]
         fwd, bwd = st.forward_s, st.backward_s
         fill = drain = None
-        if shares is not None:
-            fill, drain = fwd * shares[0], bwd * shares[-1]
+        if share is not None:
+            fill, drain = fwd * share[0], bwd * share[-1]
         out.append(StagePass(fwd, bwd, fill, drain, st.compute.forward.gemm_s))
     return out
 
 
-def _chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | None:
+def chunk_shares_key(ctx: Context, stage: int) -> tuple | None:
+    """The value key of what ``chunk_shares`` reads of the stage's chunks beyond its compute (whose reads
+    stage_compute_key names): each chunk's layer kinds (MoE or dense, in summing order) and whether it holds
+    the loss; None with one chunk. Equal (stage_compute_key, chunk_shares_key) give equal shares."""
+    chunks = ctx.chunks[stage]
+    if len(chunks) == 1:
+        return None
+    return tuple((tuple(ctx.model.is_moe_layer(i) for i in c.layers), c.loss) for c in chunks)
+
+
+def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | None:
     """Each chunk's share of the rank's forward compute; None with one chunk."""
     chunks = ctx.chunks[st.stage]
     if len(chunks) == 1:
@@ -596,6 +616,8 @@ __all__ = [
     "StepTime",
     "StreamTotals",
     "assign_streams",
+    "chunk_shares",
+    "chunk_shares_key",
     "critical_path",
     "exposed_grad_reduce",
     "exposed_param_gather",

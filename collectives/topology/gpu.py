@@ -61,17 +61,24 @@ class GPUSpec:
         return tflops * 1e12
 
     def __hash__(self) -> int:  # frozen, but the dict field needs a hash of its items
-        return hash(
-            (
-                self.name,
-                tuple(sorted(self.peak_tflops.items())),
-                self.hbm_bytes,
-                self.hbm_GBps,
-                self.sm,
-                self.sms,
-                self.power_limit_w,
+        found = self.__dict__.get("_hash")  # computed once: the planner's lru caches hash the GPU on every call
+        if found is None:
+            found = hash(
+                (
+                    self.name,
+                    tuple(sorted(self.peak_tflops.items())),
+                    self.hbm_bytes,
+                    self.hbm_GBps,
+                    self.sm,
+                    self.sms,
+                    self.power_limit_w,
+                )
             )
-        )
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __getstate__(self) -> dict:  # the cached hash stays in its process (str hashes are salted per process)
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):

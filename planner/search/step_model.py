@@ -37,7 +37,7 @@ import numpy as np
 
 from collectives.topology import Cluster
 
-from ..compute import PassTime, StageCompute, stage_compute, stage_compute_key
+from ..compute import PassTime, StageCompute, layer_forward_key, stage_compute, stage_compute_key
 from ..context import Context
 from ..ledger import Call
 from ..memory import comm_buffers, held_bytes, stage_activation_bytes, stage_activation_key
@@ -49,6 +49,8 @@ from ..step import (
     StageStep,
     StreamTotals,
     assign_streams,
+    chunk_shares,
+    chunk_shares_key,
     critical_path,
     schedule_of,
     stage_passes,
@@ -88,6 +90,10 @@ class _Memos:
         self.ids: dict = {}  # per-stage keys of a layout -> int
         self.lists: dict = {}  # ((b, recompute), compute id) -> [StageCompute]
         self.arrays: dict = {}  # ((b, recompute), activation id) -> activation bytes per stage
+        # ((b, recompute), layer_forward_key[2:], forward seconds, chunk_shares_key) -> chunk shares
+        self.shares: dict = {}
+        self.share_lists: dict = {}  # ((b, recompute), compute id, chunks id) -> chunk shares per stage
+        self.bounds: dict = {}  # ((b, recompute), compute id, chunks id, Schedule) -> compute-only bound
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -175,13 +181,29 @@ class _Variant:
     """What the step model keeps of one layout (degrees, pipeline, ZeRO, SP, framework): its contexts and
     per-stage parts by (micro-batch size, recompute)."""
 
-    __slots__ = ("act_ids", "bounds", "compute_id", "compute_keys", "contexts", "par", "static")
+    __slots__ = (
+        "act_ids",
+        "bounds",
+        "chunk_keys",
+        "chunks_id",
+        "compute_id",
+        "compute_keys",
+        "contexts",
+        "layer_key",
+        "par",
+        "scheds",
+        "static",
+    )
 
     def __init__(self, par: ParallelSpec):
         self.par = par
         self.contexts: dict = {}
         self.compute_keys: list | None = None  # per stage: stage_compute_key past the model and workload
         self.compute_id: int | None = None
+        self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key (None: every stage one chunk)
+        self.chunks_id: int | None = None
+        self.layer_key: tuple | None = None  # compute.layer_forward_key past the model and workload
+        self.scheds: dict = {}  # b -> step.schedule_of (it reads the layout and the micro-batch count)
         self.act_ids: dict = {}  # b -> (interned id, per-stage stage_activation_key past the specs)
         self.static: np.ndarray | None = None
         self.bounds: dict = {}  # (b, recompute) -> compute-only lower bound
@@ -227,6 +249,14 @@ class StepModel:
             v.contexts[(b, rc)] = found
         return found
 
+    def _schedule(self, v: _Variant, ctx: Context):
+        """step.schedule_of(ctx) without sends, per micro-batch size (it reads the layout and ctx.micro_batches)."""
+        b = ctx.work.micro_batch_size
+        found = v.scheds.get(b)
+        if found is None:
+            found = v.scheds[b] = schedule_of(ctx)
+        return found
+
     # ---- memory --------------------------------------------------------------------------------------------
     def _static_bytes(self, par: ParallelSpec) -> np.ndarray:
         """memory.held_bytes per stage (weights, gradients, optimizer states, fixed buffers): it reads neither
@@ -247,14 +277,14 @@ class StepModel:
         found = v.act_ids.get(b)
         if found is None:
             ctx = self._ctx(v, b, rc)
-            sched = schedule_of(ctx)
+            sched = self._schedule(v, ctx)
             keys = tuple(stage_activation_key(ctx, s, sched)[2:] for s in range(v.par.pp))
             found = v.act_ids[b] = (memos.intern(keys), keys)
         key = ((b, rc), found[0])
         out = memos.arrays.get(key)
         if out is None:
             ctx = self._ctx(v, b, rc)
-            sched, sizes = schedule_of(ctx), []
+            sched, sizes = self._schedule(v, ctx), []
             for s, rest in enumerate(found[1]):
                 size = memos.acts.get(((b, rc), rest))
                 if size is None:
@@ -323,18 +353,53 @@ class StepModel:
         return found
 
     # ---- bounds ----------------------------------------------------------------------------------------------
+    def _shares(self, v: _Variant, b: int, rc: str) -> tuple | None:
+        """step.chunk_shares of every stage (None with one chunk per stage). It reads layer_forward of the
+        chunks' layer kinds, the stage's forward seconds and the chunks' kinds and loss: memoised on
+        compute.layer_forward_key, that forward (a value) and step.chunk_shares_key (not the chunks' global
+        layer indices), so stages, and layouts differing in pp, dp, ZeRO or parameters, share entries."""
+        memos = self._memos
+        comp = self._compute(v, b, rc)
+        if v.chunks_id is None:
+            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+            keys = tuple(chunk_shares_key(ctx, s) for s in range(v.par.pp))
+            v.chunk_keys = None if all(k is None for k in keys) else keys
+            v.chunks_id = -1 if v.chunk_keys is None else memos.intern(("chunks", keys))
+            v.layer_key = layer_forward_key(ctx)[2:]
+        if v.chunk_keys is None:
+            return None
+        key = ((b, rc), v.compute_id, v.chunks_id)
+        found = memos.share_lists.get(key)
+        if found is None:
+            ctx, out = self._ctx(v, b, rc), []
+            for s, chunks in enumerate(v.chunk_keys):
+                part_key = ((b, rc), v.layer_key, comp[s].forward.total_s, chunks)
+                part = memos.shares.get(part_key)
+                if part is None:
+                    part = memos.put(memos.shares, part_key, chunk_shares(ctx, StageStep(s, comp[s]), self.gpu))
+                out.append(part)
+            found = memos.put(memos.share_lists, key, tuple(out))
+        return found
+
     def lower_bound(self, par: ParallelSpec, b: int, rc: str) -> float:
         """The pipeline of the compute alone (pipeline.pipeline_time, no sends) plus the slowest optimizer
-        step (module docstring); memoised per layout and (b, recompute)."""
+        step (module docstring); memoised per layout and on (b, recompute, compute id, chunks id, schedule),
+        which layouts differing in dp, ZeRO or framework switches share."""
         if not self.timed:
             return 0.0
         v = self._variant(par)
-        comp = self._compute(v, b, rc)
-        found = v.bounds.get((b, rc))  # stage_passes also reads the layout's chunks: kept per layout
+        found = v.bounds.get((b, rc))
         if found is None:  # step.stage_passes of the compute alone (chunk shares, deferred weight gradients)
+            comp = self._compute(v, b, rc)
+            shares = self._shares(v, b, rc)
             ctx = self._ctx(v, b, rc)
-            passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu)
-            found = pipeline_time(passes, schedule_of(ctx)).time_s + max(c.optimizer_s for c in comp)
+            sched = self._schedule(v, ctx)
+            key = ((b, rc), v.compute_id, v.chunks_id, sched)
+            found = self._memos.bounds.get(key)
+            if found is None:
+                passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu, shares)
+                found = pipeline_time(passes, sched).time_s + max(c.optimizer_s for c in comp)
+                self._memos.put(self._memos.bounds, key, found)
             v.bounds[(b, rc)] = found
         return found
 
@@ -356,7 +421,8 @@ class StepModel:
         flags = self.overlap.resolved(ctx)
         stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
         assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
-        return critical_path(ctx, stages, schedule_of(ctx), self.gpu, flags, bound=True).time_s
+        shares = self._shares(v, b, rc)
+        return critical_path(ctx, stages, self._schedule(v, ctx), self.gpu, flags, bound=True, shares=shares).time_s
 
     def data_floor(self, par: ParallelSpec, b: int, data: Part) -> float:
         """What the data-parallel calls (``data``) add to the compute-only ``lower_bound`` of any layout of the
@@ -372,7 +438,8 @@ class StepModel:
         opt = [c.optimizer_s for c in self._compute(v, b, "none")]
         stages = [StageStep(s, StageCompute(PassTime(), PassTime(), 0.0, o)) for s, o in enumerate(opt)]
         assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
-        path = critical_path(ctx, stages, schedule_of(ctx), self.gpu, flags, bound=True)
+        shares = self._shares(v, b, "none")  # passes of no time: any shares give fill = drain = 0.0
+        path = critical_path(ctx, stages, self._schedule(v, ctx), self.gpu, flags, bound=True, shares=shares)
         # never below 0 (communication only adds): time - sync rounds the optimizer step by an ulp
         return max(0.0, path.exposed_dp_s[0] + stages[0].tail_s + (path.time_s - path.sync_s) - max(opt))
 
@@ -392,7 +459,7 @@ class StepModel:
             totals = totals + part.totals(m, zero, par.pp)
         assign_streams(ctx, totals, stages, flags)
         sched = schedule_of(ctx, totals.p2p_s, bool(flags.overlap_p2p))
-        return critical_path(ctx, stages, sched, self.gpu, flags).time_s
+        return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
 
 
 __all__ = ["Part", "Priced", "Row", "StepModel"]

@@ -163,28 +163,53 @@ def _layout(draw, st, model) -> ParallelSpec:
     )
 
 
+def _drawn(draw, st, models) -> tuple:
+    """A drawn model of ``models`` cut to 8 layers, workload (micro-batch size, recompute) and layout."""
+    model = replace(MODEL_PRESETS[draw(st.sampled_from(models))], num_layers=8)
+    b, rc = draw(st.sampled_from([1, 2])), draw(st.sampled_from(["none", "selective", "full"]))
+    work = WorkloadSpec(global_batch_size=64, micro_batch_size=b, activation_recompute=rc)
+    return model, work, _layout(draw, st, model)
+
+
+def _on_valid_pairs(pairs, examples: int, check) -> None:
+    """check(a, b, a's schedule, b's schedule) on ``examples`` drawn context pairs, skipping those
+    validate_parallel refuses. Derandomized: the examples are the same every run, so the sharing counts the
+    tests assert are checked on a fixed draw (a random one gave 9 coincidences where 10 are asked for, once
+    in the full suite)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from planner.parallel import validate_parallel
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(pairs())
+    def run(pair):
+        for ctx in pair:
+            try:
+                validate_parallel(ctx.par, ctx.model, ctx.work, ctx.par.world_size)
+            except Exception:
+                return
+        a, b = pair
+        check(a, b, schedule_of(a), schedule_of(b))
+
+    run()
+
+
 def test_equal_stage_compute_keys_give_equal_stage_compute():
     """compute.stage_compute_key and memory.stage_activation_key (what the search memoises stage_compute and
     stage_activation_bytes on) name everything those read: two contexts (random layouts, micro-batch sizes
     and recompute of a dense and an MoE model, the second drawn near the first: ZeRO stage, framework and
     dp redrawn) with equal keys give equal StageCompute and activation bytes, stage by stage; and the keys
     do coincide often (the memo is shared)."""
-    from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
     from planner.compute import stage_compute_key
     from planner.memory import stage_activation_key
-    from planner.parallel import validate_parallel
 
     shared, acts = [], []
 
     @st.composite
     def pairs(draw):
-        model = MODEL_PRESETS[draw(st.sampled_from(["llama3-8b", "mixtral-8x7b", "gpt3-175b"]))]
-        model = replace(model, num_layers=8)
-        b, rc = draw(st.sampled_from([1, 2])), draw(st.sampled_from(["none", "selective", "full"]))
-        work = WorkloadSpec(global_batch_size=64, micro_batch_size=b, activation_recompute=rc)
-        one = _layout(draw, st, model)
+        model, work, one = _drawn(draw, st, ["llama3-8b", "mixtral-8x7b", "gpt3-175b"])
         other = replace(
             one,
             zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
@@ -194,18 +219,7 @@ def test_equal_stage_compute_keys_give_equal_stage_compute():
         )
         return Context(model, work, one), Context(model, work, other)
 
-    # derandomized: the examples are the same every run, so "the keys do coincide often" is checked on a fixed
-    # draw (a random one gave 9 coincidences where 10 are asked for, once in the full suite)
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(pairs())
-    def check(pair):
-        for ctx in pair:
-            try:
-                validate_parallel(ctx.par, ctx.model, ctx.work, ctx.par.world_size)
-            except Exception:
-                return
-        a, b = pair
-        sa, sb = schedule_of(a), schedule_of(b)
+    def check(a, b, sa, sb):
         for stage in range(a.par.pp):
             if stage_compute_key(a, stage) == stage_compute_key(b, stage):
                 shared.append(a.par != b.par)
@@ -214,7 +228,7 @@ def test_equal_stage_compute_keys_give_equal_stage_compute():
                 acts.append(a.par != b.par)
                 assert stage_activation_bytes(a, stage, sa) == stage_activation_bytes(b, stage, sb)
 
-    check()
+    _on_valid_pairs(pairs, 60, check)
     assert sum(shared) > 10 and sum(acts) > 10  # different layouts met on one key
 
 
@@ -234,3 +248,61 @@ def test_stage_compute_keys_are_shared_where_compute_reads_nothing_different():
     assert key(par) != key(replace(par, zero_stage=0))
     assert key(par) != key(par, replace(work, micro_batch_size=2))
     assert key(par) != key(replace(par, framework="deepspeed", expert_tp=8))  # the flavour's kernels (kernels.py)
+
+
+def test_equal_chunk_and_activation_keys_give_equal_values_across_stages_and_pipelines():
+    """The keys the search memoises step.chunk_shares and memory.stage_activation_bytes on name what those
+    read relative to the stage (its chunks' layer kinds, loss, in-flight counts; not the stage's index or its
+    layers' global indices): two contexts of one model and workload with different pipelines (pp, v, dp
+    redrawn), any stage of one against any stage of the other, give equal shares where (layer_forward_key,
+    the stage's forward seconds, chunk_shares_key) are equal and equal activation bytes where
+    stage_activation_key is; and such keys do meet across different stages or pipeline depths."""
+    from hypothesis import strategies as st
+
+    from planner.compute import layer_forward_key
+    from planner.memory import stage_activation_key
+    from planner.step import StageStep, chunk_shares, chunk_shares_key
+
+    met_shares, met_acts = [], []
+
+    @st.composite
+    def pairs(draw):
+        model, work, one = _drawn(draw, st, ["llama3-8b", "mixtral-8x7b", "deepseek-v3"])
+        pp = draw(st.sampled_from([2, 4]))
+        v = draw(st.sampled_from([1, 2]))
+        other = replace(
+            one,
+            pp=pp,
+            virtual_pipeline_stages=v,
+            pipeline_schedule="interleaved" if v > 1 else draw(st.sampled_from(["1f1b", "gpipe"])),
+            dp=draw(st.sampled_from([one.dp, 2 * one.dp])),
+        )
+        return Context(model, work, one), Context(model, work, other)
+
+    def share_key(ctx, stage):
+        forward = stage_compute(ctx, stage, _GPU).forward.total_s
+        return layer_forward_key(ctx), forward, chunk_shares_key(ctx, stage)
+
+    def check(a, b, sa, sb):
+        for i in range(a.par.pp):
+            for j in range(b.par.pp):
+                moved = i != j or a.par.pp != b.par.pp
+                if stage_activation_key(a, i, sa) == stage_activation_key(b, j, sb):
+                    met_acts.append(moved)
+                    assert stage_activation_bytes(a, i, sa) == stage_activation_bytes(b, j, sb)
+                key = share_key(a, i)
+                if key[2] is not None and key == share_key(b, j):
+                    met_shares.append(moved)
+                    ca, cb = stage_compute(a, i, _GPU), stage_compute(b, j, _GPU)
+                    assert chunk_shares(a, StageStep(i, ca), _GPU) == chunk_shares(b, StageStep(j, cb), _GPU)
+
+    _on_valid_pairs(pairs, 40, check)
+    assert sum(met_shares) > 5  # other stages and pipelines met on one key
+    # activations meet across stages where the in-flight counts agree: GPipe's stages all hold m micro-batches
+    model, work = replace(MODEL_PRESETS["llama3-8b"], num_layers=8), WorkloadSpec(global_batch_size=64)
+    a = Context(model, work, ParallelSpec(pp=4, dp=2, pipeline_schedule="gpipe"))
+    b = Context(model, work, ParallelSpec(pp=4, dp=2, zero_stage=3, pipeline_schedule="gpipe"))
+    key = stage_activation_key(a, 0, schedule_of(a))
+    assert key == stage_activation_key(a, 2, schedule_of(a)) == stage_activation_key(b, 1, schedule_of(b))
+    assert key != stage_activation_key(a, 3, schedule_of(a))  # the last stage holds the logits
+    assert stage_activation_bytes(a, 0, schedule_of(a)) == stage_activation_bytes(b, 1, schedule_of(b))
