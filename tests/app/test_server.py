@@ -48,26 +48,34 @@ def test_cli_plan_formats(tmp_path):
     assert failed.returncode == 2 and "num_kv_heads 8 is not divisible by tp 16" in failed.stderr
 
 
+SEARCH = {
+    "model": {"preset": "llama3-70b"},
+    "workload": {"global_batch_size": 1024},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 64},
+    "constraints": {"framework": "megatron"},
+}
+
+
+def _service(**env) -> tuple[subprocess.Popen, str]:
+    """`commplan serve` on a free loopback port with ``env`` added to this one's; (process, base URL)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=ROOT, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path):
     """A search runs in a process forked for it (app/runner.py), which forks the search's worker pool; the
     group is killed once the answer is in, so no worker is left behind (they used to stay, and a terminated
     service orphaned them, still holding its port: they ignore SIGTERM, uvicorn's handler copied into them)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the search runs in-process on one core: no workers to leave")
-    port = free_port()
-    env = dict(os.environ, COMMPLAN_WORK_IN_PROCESS="1")  # the process mode this test is about
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    proc, base = _service(COMMPLAN_WORK_IN_PROCESS="1")  # the process mode this test is about
     seen: set[int] = set()
     try:
         wait_for(base)
-        body = {
-            "model": {"preset": "llama3-70b"},
-            "workload": {"global_batch_size": 1024},
-            "cluster": {"preset": "dgx-h100", "num_nodes": 64},
-            "constraints": {"framework": "megatron"},
-        }
+        body = SEARCH
         answer: dict = {}
         search = threading.Thread(
             target=lambda: answer.update(httpx.post(f"{base}/v1/search", json=body, timeout=120).json())
@@ -96,19 +104,10 @@ def test_a_terminated_service_leaves_no_search_workers(tmp_path):
     to orphan them (they ignore SIGTERM, uvicorn's handler copied into them), still holding the port."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the search runs in-process on one core: no workers to leave")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    proc, base = _service()
     try:
         wait_for(base)
-        body = {
-            "model": {"preset": "llama3-70b"},
-            "workload": {"global_batch_size": 1024},
-            "cluster": {"preset": "dgx-h100", "num_nodes": 64},
-            "constraints": {"framework": "megatron"},
-        }
-        result = httpx.post(f"{base}/v1/search", json=body, timeout=120).json()
+        result = httpx.post(f"{base}/v1/search", json=SEARCH, timeout=120).json()
         assert result["workers"] >= 2  # the pool ran
         workers = children_of(proc.pid)
         assert len(workers) >= 2, workers
