@@ -541,18 +541,16 @@ def causal_keys(s: int, window: int | None) -> float:
 
 
 def attended_keys(ctx: Context) -> float:
-    """Mean keys per query over the model's layers: sliding-window layers see at most the window; with
-    full_attention_interval k every k-th layer attends fully (the layer mix, not per layer: one kernel model)."""
+    """Mean keys per query over the model's layers (the layer mix, not per layer: one kernel model): each
+    layer's window is the model's (ModelSpec.attention_window); a decode query sees the cache up to it
+    (ModelSpec.attended_keys), a causal pass causal_keys."""
     mdl, s_kv = ctx.model, kv_length(ctx)
     decode = s_kv != ctx.s
-    full = s_kv if decode else (s_kv + 1) / 2
-    window = mdl.sliding_window
-    if not window:
-        return full
-    windowed = min(window, s_kv) if decode else causal_keys(s_kv, window)
-    k = mdl.full_attention_interval
-    share_full = (mdl.num_layers // k) / mdl.num_layers if k else 0.0
-    return share_full * full + (1 - share_full) * windowed
+    if not mdl.sliding_window:
+        return s_kv if decode else (s_kv + 1) / 2
+    if decode:
+        return sum(mdl.attended_keys(i, s_kv) for i in range(mdl.num_layers)) / mdl.num_layers
+    return sum(causal_keys(s_kv, mdl.attention_window(i)) for i in range(mdl.num_layers)) / mdl.num_layers
 
 
 def attention_flops(ctx: Context) -> float:
