@@ -30,6 +30,7 @@ from collectives import Op
 from collectives.topology import ClusterSpec, cluster_for, price_call
 
 from .._errors import SpecError
+from ..context import Context
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan
@@ -238,19 +239,17 @@ def kv_capacity(
     budget = gpu.hbm_bytes * traits.memory_fraction
     kv_x = DTYPE_BYTES[options.kv]
     tokens = math.inf
+    ctx = Context(
+        model, _work(options, "decode", w.par.dp, 1), w.decode_par, devices_per_node=w.cluster.devices_per_node
+    )
     for st, pre in zip(plan.memory.per_stage, prefill.memory.per_stage, strict=True):
-        layers = _stage_layers(model, w.par.pp, st.stage)
+        layers = len(ctx.stage_layers[st.stage])  # the planner's own split of the layers over the stages
         per_token = layers * model.kv_token_bytes(w.par.tp, kv_x)
         prefill_kv = per_token * prefill_tokens  # the pass's own KV, counted in its activations
         activations = max(0, pre.activations_bytes - prefill_kv)
         free = budget - st.params_bytes - activations - max(st.buffers_bytes, pre.buffers_bytes)
         tokens = min(tokens, free / per_token if per_token else math.inf)
     return max(0, int(tokens)) * w.par.dp if math.isfinite(tokens) else 0
-
-
-def _stage_layers(model: ModelSpec, pp: int, stage: int) -> int:
-    base, extra = divmod(model.num_layers, pp)
-    return base + (1 if stage < extra else 0)
 
 
 # ---- the two modes -------------------------------------------------------------------------------------
