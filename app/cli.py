@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
-    plan.add_argument("--format", choices=("table", "json", "csv", "nccl-tests", "simai"), default="table")
-    plan.add_argument("--stage", type=int, default=0, help="simai: the pipeline stage whose rank to write")
+    formats = ("table", "json", "csv", "nccl-tests", "simai", "aicb", "trace")
+    plan.add_argument("--format", choices=formats, default="table")
+    plan.add_argument("--stage", type=int, default=0, help="simai, aicb: the pipeline stage whose rank to write")
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
     find = sub.add_parser("search", help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)")
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
@@ -90,18 +91,16 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
-    from planner.exports import render
-
     from .inputs import plan_of
     from .schemas.plan import PlanRequest
-    from .serialize import plan_dict
+    from .serialize import export_text, plan_dict
 
     def produce(text: str, settings) -> str:
         plan = plan_of(PlanRequest.model_validate(json.loads(text)), settings)
         if args.format in ("table", "json"):
             result = plan_dict(plan)
             return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        return render(plan, args.format, args.stage, args.launcher)
+        return export_text(plan, args.format, args.stage, args.launcher)
 
     return _answer(args, produce)
 

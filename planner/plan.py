@@ -100,6 +100,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     step: StepTime | None = None  # None when the cluster has no GPU spec
     memory: Memory | None = None
+    parallel: ParallelSpec | None = None  # the layout planned (the exports' headers read it)
 
     @property
     def totals(self) -> Totals:
@@ -137,6 +138,7 @@ def build_plan(
     pricer = _pricer(cluster, layout, pricing)
     priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+    plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
     gpu = cluster_spec.gpu
     if gpu is None:
