@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
     cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
+    cal.add_argument("--op", default=None, help="the test of every log (all_reduce_perf, allgather, ...): for a table "
+                     "pasted without its header, when its columns leave it open")  # fmt: skip
+    cal.add_argument("--ranks", type=int, default=None, help="ranks of every log (default: its rank lines)")
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
@@ -308,7 +311,8 @@ def _calibrate(args) -> int:
     from .settings import Settings
 
     try:
-        logs = [{"text": Path(f).read_text(errors="replace"), "nodes": args.nodes, "name": f} for f in args.logs]
+        given = {"nodes": args.nodes, "op": args.op, "ranks": args.ranks}
+        logs = [{"text": Path(f).read_text(errors="replace"), "name": f, **given} for f in args.logs]
         request = CalibrateRequest.model_validate(
             {"cluster": {"preset": args.cluster}, "logs": logs, "network_kind": args.network_kind}
         )
