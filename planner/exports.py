@@ -200,10 +200,11 @@ def nccl_tests_script(plan: Plan, launcher: str = "mpirun") -> str:
     ]
     for command, members in nccl_tests_commands(plan, launcher):
         run = members[0][1]
+        plural = lambda n: "s" if n > 1 else ""  # noqa: E731
         head = (
             f"{run.binary.removesuffix('_perf')} of {run.size_bytes} B over {run.group_size} ranks, {run.groups} "
-            f"groups measured at once on nodes {run.first_node}-{run.first_node + run.nodes - 1}; stands for "
-            f"{len(members)} call{'s' if len(members) > 1 else ''} of the plan:"
+            f"group{plural(run.groups)} measured at once on nodes {run.first_node}-{run.first_node + run.nodes - 1}"
+            f"; stands for {len(members)} call{plural(len(members))} of the plan:"
         )
         lines += ["", "# " + quote(head, "comment")]
         for pc, _ in members:
