@@ -20,9 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
-    formats = ("table", "json", "csv", "nccl-tests", "simai", "aicb", "trace")
+    formats = ("table", "json", "csv", "nccl-tests", "simai", "aicb", "trace", "chakra")
     plan.add_argument("--format", choices=formats, default="table")
-    plan.add_argument("--stage", type=int, default=0, help="simai, aicb: the pipeline stage whose rank to write")
+    plan.add_argument(
+        "--stage", type=int, default=0, help="simai, aicb, chakra: the pipeline stage whose rank to write"
+    )
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
     find = sub.add_parser("search", help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)")
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
@@ -96,14 +98,16 @@ def _serve(args) -> int:
 def _plan(args) -> int:
     from .inputs import plan_of
     from .schemas.plan import PlanRequest
-    from .serialize import export_text, plan_dict
+    from .serialize import export_bytes, plan_dict
 
     def produce(text: str, settings) -> str:
         plan = plan_of(PlanRequest.model_validate(json.loads(text)), settings)
         if args.format in ("table", "json"):
             result = plan_dict(plan)
             return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        return export_text(plan, args.format, args.stage, args.launcher)
+        if args.format == "chakra":  # binary: written as it is
+            return export_bytes(plan, args.format, args.stage, args.launcher)
+        return export_bytes(plan, args.format, args.stage, args.launcher).decode()
 
     return _answer(args, produce)
 
@@ -125,7 +129,12 @@ def _answer(args, produce) -> int:
         print(f"commplan: {err}", file=sys.stderr)
         return 2
     try:
-        sys.stdout.write(output)
+        if isinstance(output, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(output)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(output)
     except BrokenPipeError:  # `commplan plan ... | head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -563,6 +563,118 @@ def _meta(kind: str, pid: int, tid: int, **args) -> dict:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
 
 
+# ---- Chakra execution trace (ASTRA-sim) -----------------------------------------------------------------------
+# MLCommons Chakra's schema, schema/protobuf/et_def.proto (mlcommons/chakra 21585d8, 2026-05), written by hand: no
+# maintained package of it installs from the registries. A file is a stream of messages, each prefixed by its
+# length as a varint (src/third_party/utils/protolib.py encodeMessage): GlobalMetadata, then the Nodes. The fields
+# and attributes written are the ones ASTRA-sim's feeder reads (src/feeder/et_feeder_node.cpp): Node id (1), name
+# (2), type (3), data_deps (5, packed), duration_micros (7, a compute node's runtime), attr (10); AttributeProto
+# name (1), int64_val (9), bool_val (27), string_val (29); GlobalMetadata attr (2).
+CHAKRA_SCHEMA = "1.0.2-chakra.1.0.0"  # what Chakra's text_converter.py writes as its "schema" attribute
+CHAKRA_COMP_NODE, CHAKRA_COMM_COLL_NODE = 4, 7  # et_def.proto NodeType
+CHAKRA_COMM_TYPE = {  # et_def.proto CollectiveCommType
+    Op.ALLREDUCE: 0,
+    Op.REDUCE: 1,
+    Op.ALLGATHER: 2,
+    Op.GATHER: 3,
+    Op.SCATTER: 4,
+    Op.BROADCAST: 5,
+    Op.ALLTOALL: 6,
+    Op.REDUCESCATTER: 7,
+}
+MAX_CHAKRA_NODES = 500_000
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative integer."""
+    out = bytearray()
+    while True:
+        bits, value = value & 0x7F, value >> 7
+        out.append(bits | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, value: int | str | bytes | bool) -> bytes:
+    """One field: a varint (wire type 0) for integers and booleans, length-delimited (2) for text and bytes."""
+    if isinstance(value, (bool, int)):
+        return _varint(number << 3) + _varint(int(value))
+    data = value.encode() if isinstance(value, str) else value
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _attr(name: str, value: int | str | bool) -> bytes:
+    kind = 27 if isinstance(value, bool) else 9 if isinstance(value, int) else 29  # bool_val, int64_val, string_val
+    return _field(1, name) + _field(kind, value)
+
+
+def _node(node_id: int, name: str, kind: int, deps: list[int], micros: int, attrs: list[bytes]) -> bytes:
+    body = _field(1, node_id) + _field(2, name) + _field(3, kind)
+    if deps:
+        body += _field(5, b"".join(_varint(d) for d in deps))  # packed repeated uint64 (proto3's default)
+    if micros:
+        body += _field(7, micros)
+    return body + b"".join(_field(10, a) for a in attrs)
+
+
+def _delimited(message: bytes) -> bytes:
+    return _varint(len(message)) + message
+
+
+def chakra_omitted(plan: Plan, stage: int = 0) -> list[str]:
+    """Calls of ``stage`` the Chakra trace leaves out: point-to-point ones (pipeline sends and CP's ring need
+    the peer's rank, which a per-stage trace does not fix)."""
+    return [pc.call.name for pc in plan.calls if stage in pc.call.stages and pc.call.op not in CHAKRA_COMM_TYPE]
+
+
+def chakra_trace(plan: Plan, stage: int = 0) -> bytes:
+    """The Chakra execution trace of one rank of stage ``stage`` for one iteration: per micro-batch a forward
+    compute node and the forward collectives, then a backward compute node and the backward collectives (each
+    call's instances spread over the micro-batches), then the optimizer-phase collectives. Each node depends on
+    the one before it (calls serialised, as the ledger's totals are: overlap is the simulator's to model).
+    Collective nodes carry comm_type, comm_size (the message bytes, nccl-tests convention), pg_name (the
+    parallelism: tp, cp, ep, dp, edp, ...) and is_cpu_op false; compute nodes their time in microseconds (the
+    plan's step model, per micro-batch)."""
+    _check_stage(plan, stage)
+    m = max(plan.num_microbatches, 1)
+    mine = [pc for pc in plan.calls if stage in pc.call.stages and pc.call.op in CHAKRA_COMM_TYPE]
+    total = sum(pc.call.calls_per_iteration for pc in mine) + 2 * m
+    if total > MAX_CHAKRA_NODES:
+        raise SpecError("stage", f"the trace has {total} nodes on stage {stage}; at most {MAX_CHAKRA_NODES}")
+    fwd_us = bwd_us = 0
+    if plan.step is not None and stage < len(plan.step.stages):
+        comp = plan.step.stages[stage].compute
+        fwd_us, bwd_us = round(comp.forward.total_s * 1e6), round(comp.backward.total_s * 1e6)
+    per_pass = {phase: [pc for pc in mine if pc.call.phase == phase] for phase in ("forward", "backward")}
+    once = [pc for pc in mine if pc.call.phase not in per_pass]  # the optimizer's
+    nodes: list[bytes] = []
+
+    def add(name: str, kind: int, micros: int = 0, attrs: tuple = ()) -> None:
+        nid = len(nodes)
+        nodes.append(_delimited(_node(nid, name, kind, [nid - 1] if nid else [], micros, list(attrs))))
+
+    def collective(pc: PricedCall) -> None:
+        c = pc.call
+        attrs = (_attr("is_cpu_op", False), _attr("comm_type", CHAKRA_COMM_TYPE[c.op]),
+                 _attr("comm_size", int(c.message_bytes)), _attr("pg_name", c.parallelism))  # fmt: skip
+        add(quote(c.name, "comment"), CHAKRA_COMM_COLL_NODE, attrs=attrs)
+
+    for mb in range(m):
+        for phase, micros in (("forward", fwd_us), ("backward", bwd_us)):
+            add(f"{phase} mb{mb}", CHAKRA_COMP_NODE, micros, (_attr("is_cpu_op", False),))
+            group = per_pass[phase]  # a call's instances spread over the micro-batches, all of them written
+            counts = [
+                pc.call.calls_per_iteration * (mb + 1) // m - pc.call.calls_per_iteration * mb // m for pc in group
+            ]
+            for pc in _interleaved(group, counts):
+                collective(pc)
+    for pc in once:
+        for _ in range(pc.call.calls_per_iteration):
+            collective(pc)
+    meta = _field(2, _attr("schema", CHAKRA_SCHEMA))  # GlobalMetadata.attr, as Chakra's converters write it
+    return _delimited(meta) + b"".join(nodes)
+
+
 # ---- CSV ------------------------------------------------------------------------------------------------------
 # One row per ledger entry with every stage it runs on and its group count; units in the header, plain decimals
 # (never scientific notation) in the cells.

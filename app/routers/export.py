@@ -9,13 +9,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from planner import SpecError
-from planner.exports import aicb_omitted, quote, simai_omitted
+from planner.exports import aicb_omitted, chakra_omitted, quote, simai_omitted
 
 from ..errors import BAD_INPUT
 from ..inputs import plan_of
 from ..limits import run_bounded, run_value
 from ..schemas.plan import PlanRequest
-from ..serialize import export_text, plan_json
+from ..serialize import export_bytes, plan_json
 
 router = APIRouter(prefix="/v1/plan/export", tags=["plan"])
 
@@ -27,6 +27,7 @@ class Format(StrEnum):
     SIMAI = "simai"
     AICB = "aicb"
     TRACE = "trace"
+    CHAKRA = "chakra"
 
 
 class Launcher(StrEnum):
@@ -41,16 +42,26 @@ MEDIA = {
     Format.SIMAI: ("text/plain; charset=utf-8", "txt"),
     Format.AICB: ("text/csv; charset=utf-8", "csv"),
     Format.TRACE: ("application/json", "json"),
+    Format.CHAKRA: ("application/octet-stream", "et"),
 }
-OMITTED = {Format.SIMAI: simai_omitted, Format.AICB: aicb_omitted}  # calls a format cannot express
-PER_STAGE = {Format.SIMAI: "workload.txt", Format.AICB: "workload.csv"}  # one rank of one stage: the name says which
+OMITTED = {Format.SIMAI: simai_omitted, Format.AICB: aicb_omitted, Format.CHAKRA: chakra_omitted}
+# one rank of one stage: the name says which (Chakra: ASTRA-sim reads <prefix>.<rank>.et)
+PER_STAGE = {Format.SIMAI: "workload.txt", Format.AICB: "workload.csv", Format.CHAKRA: "0.et"}
 
 
 @router.post(
     "/{fmt}",
     responses={
         **BAD_INPUT,
-        200: {"content": {"application/json": {}, "text/csv": {}, "text/x-shellscript": {}, "text/plain": {}}},
+        200: {
+            "content": {
+                "application/json": {},
+                "text/csv": {},
+                "text/x-shellscript": {},
+                "text/plain": {},
+                "application/octet-stream": {},
+            }
+        },
     },
     summary="Export a plan",
     description="`json`: the full plan (as POST /v1/plan). `csv`: one row per call with every stage and the group "
@@ -59,7 +70,8 @@ PER_STAGE = {Format.SIMAI: "workload.txt", Format.AICB: "workload.csv"}  # one r
     "SimAI's simulators read (SimAI_analytical, SimAI_simulator) for one rank of pipeline stage `stage`. "
     "`aicb`: AICB's workload CSV for that rank. For both, calls the format cannot express are named in the "
     "`X-Commplan-Omitted` header. `trace`: the step timeline as Chrome trace-event JSON (Perfetto, "
-    "chrome://tracing): one process per stage, one thread per stream, the calls with bytes and links in args.",
+    "chrome://tracing): one process per stage, one thread per stream, the calls with bytes and links in args. "
+    "`chakra`: the Chakra execution trace (protobuf, ASTRA-sim's input) of one rank of stage `stage`.",
     response_class=Response,
 )
 async def export(
@@ -80,7 +92,7 @@ async def export(
     def work() -> tuple[bytes, list[str]]:  # computed in another process: the omitted calls come back with it
         plan = plan_of(body, settings)
         omitted = OMITTED[fmt](plan, stage) if fmt in OMITTED else []
-        return export_text(plan, fmt.value, stage, launcher.value).encode(), omitted
+        return export_bytes(plan, fmt.value, stage, launcher.value), omitted
 
     try:
         text, omitted = await run_value(request, work)
