@@ -356,13 +356,17 @@ SIMAI_UPDATE_NS = 100  # AICB's Work_Item.process_time default, written on every
 MAX_SIMAI_LAYERS = 200_000
 
 
-def _simai_slot(pc: PricedCall) -> str | None:
+def _simai_slot(pc: PricedCall, m: int) -> str | None:
     """Which slot of a SimAI layer a call takes: "fwd", "ig" (backward) or "wg" (the data-parallel reduction
-    and gathers, issued as the backward reaches the layer); None for what SimAI cannot express."""
+    and gathers, issued as the backward reaches the layer); None for what SimAI cannot express, a pass's call
+    that is not issued the same number of times in each of the ``m`` micro-batches included (SimAI repeats
+    one micro-batch's layers)."""
     c = pc.call
     if c.op not in SIMAI_OP:
         return None
     if c.parallelism in SIMAI_PASS_GROUP and c.phase in ("forward", "backward"):
+        if c.calls_per_iteration % m:
+            return None
         return "fwd" if c.phase == "forward" else "ig"
     if c.parallelism in SIMAI_WG_GROUP and c.phase in ("backward", "optimizer"):
         return "wg"
@@ -371,11 +375,14 @@ def _simai_slot(pc: PricedCall) -> str | None:
 
 def simai_omitted(plan: Plan, stage: int = 0) -> list[str]:
     """Calls of ``stage`` the SimAI text cannot express: CP, the embedding group, forward data-parallel gathers
-    (ZeRO-3), point-to-point and rooted ops; pipeline sends are the header's ``pp_comm``, not omitted."""
+    (ZeRO-3), point-to-point and rooted ops, pass calls not issued alike in every micro-batch; pipeline sends are
+    the header's ``pp_comm``, not omitted."""
     return [
         pc.call.name
         for pc in plan.calls
-        if stage in pc.call.stages and pc.call.parallelism != "pp" and _simai_slot(pc) is None
+        if stage in pc.call.stages
+        and pc.call.parallelism != "pp"
+        and _simai_slot(pc, max(plan.num_microbatches, 1)) is None
     ]
 
 
@@ -394,14 +401,14 @@ def simai_workload(plan: Plan, stage: int = 0) -> str:
     m = max(plan.num_microbatches, 1)
     slots: dict[str, list[PricedCall]] = {"fwd": [], "ig": [], "wg": []}
     for pc in plan.calls:
-        slot = _simai_slot(pc) if stage in pc.call.stages else None
+        slot = _simai_slot(pc, m) if stage in pc.call.stages else None
         if slot is not None:
             slots[slot].append(pc)
     total = sum(pc.call.calls_per_iteration for group in slots.values() for pc in group)
     if total > MAX_SIMAI_LAYERS:
         raise SpecError("stage", f"the workload has {total} calls on stage {stage}; at most {MAX_SIMAI_LAYERS} layers")
     for slot, group in slots.items():  # one micro-batch of a pass (the calls of a layer interleaved); wg: all
-        counts = [pc.call.calls_per_iteration // (1 if slot == "wg" else m) or 1 for pc in group]
+        counts = [pc.call.calls_per_iteration // (1 if slot == "wg" else m) for pc in group]
         slots[slot] = _interleaved(group, counts)
     fwd_s = bwd_s = 0.0
     if plan.step is not None and stage < len(plan.step.stages):
