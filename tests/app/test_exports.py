@@ -294,6 +294,36 @@ def test_trace_export_opens_as_trace_events_and_carries_the_step():
     assert trace["otherData"]["step_time_s"] == plan.step.time_s
 
 
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {**LLAMA70B, "model": {"preset": "llama3-8b"}, "workload": {"micro_batch_size": 1, "global_batch_size": 16},
+         "parallel": {"tp": 2, "pp": 2, "dp": 2, "zero_stage": 1}, "cluster": {"preset": "dgx-h100", "num_nodes": 1}},
+        {**LLAMA70B, "model": {"preset": "mixtral-8x7b"},
+         "parallel": {"tp": 2, "pp": 8, "dp": 32, "ep": 8, "zero_stage": 1, "sequence_parallel": True}},
+        {**LLAMA70B, "parallel": {**LLAMA70B["parallel"], "cp": 2, "dp": 8, "pipeline_schedule": "interleaved",
+                                  "virtual_pipeline_stages": 2}},
+        {**LLAMA70B, "model": {"preset": "llama3-8b"}, "workload": {"micro_batch_size": 1, "global_batch_size": 64},
+         "parallel": {"tp": 1, "dp": 8, "zero_stage": 3}, "cluster": {"preset": "dgx-h100", "num_nodes": 1}},
+    ],
+    ids=["8b-pp2-every-block", "mixtral-ep8", "70b-interleaved-cp2", "8b-zero3"],
+)  # fmt: skip
+def test_trace_opens_for_every_schedule_and_stream(request_):
+    """One block per micro-batch (8B PP2, 16 blocks) or aggregated ones, EP, CP with interleaving, ZeRO-3's
+    per-pass gathers: each opens, every slice of a track nested or disjoint; where every block is one
+    micro-batch's, each stage's compute slices add up to its micro-batches' forward and backward time (an
+    aggregated steady-state block runs at the slowest stage's pace, waits included)."""
+    plan = typed(request_)
+    tracks = check_trace(json.loads(export_text(plan, "trace")))
+    blocks = [ev for (_, tid), evs in tracks.items() if tid == 0 for ev in evs if ev["name"] != "optimizer"]
+    if any(ev["args"]["microbatches"] != 1 for ev in blocks):
+        return
+    for stage, st in enumerate(plan.step.stages):
+        busy = sum(ev["dur"] for ev in tracks[(stage, 0)] if ev["name"] != "optimizer")
+        per_mb = st.forward_s + st.backward_s
+        assert busy == pytest.approx(plan.num_microbatches * per_mb * 1e6, rel=1e-6), stage
+
+
 def test_trace_route_and_its_refusals(api):
     r = api.post("/v1/plan/export/trace", json=LLAMA70B)
     assert r.status_code == 200 and "commplan-plan.json" in r.headers["content-disposition"]
