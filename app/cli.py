@@ -20,8 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
-    plan.add_argument("--format", choices=("table", "json", "csv", "nccl-tests", "simai"), default="table")
-    plan.add_argument("--stage", type=int, default=0, help="simai: the pipeline stage whose rank to write")
+    formats = ("table", "json", "csv", "nccl-tests", "simai", "aicb", "trace", "chakra")
+    plan.add_argument("--format", choices=formats, default="table")
+    plan.add_argument(
+        "--stage", type=int, default=0, help="simai, aicb, chakra: the pipeline stage whose rank to write"
+    )
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
     find = sub.add_parser("search", help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)")
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
@@ -37,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
     cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
+    cal.add_argument("--op", default=None, help="the test of every log (all_reduce_perf, allgather, ...): for a table "
+                     "pasted without its header, when its columns leave it open")  # fmt: skip
+    cal.add_argument("--ranks", type=int, default=None, help="ranks of every log (default: its rank lines)")
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
@@ -90,18 +96,18 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
-    from planner.exports import render
-
     from .inputs import plan_of
     from .schemas.plan import PlanRequest
-    from .serialize import plan_dict
+    from .serialize import export_bytes, plan_dict
 
     def produce(text: str, settings) -> str:
         plan = plan_of(PlanRequest.model_validate(json.loads(text)), settings)
         if args.format in ("table", "json"):
             result = plan_dict(plan)
             return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        return render(plan, args.format, args.stage, args.launcher)
+        if args.format == "chakra":  # binary: written as it is
+            return export_bytes(plan, args.format, args.stage, args.launcher)
+        return export_bytes(plan, args.format, args.stage, args.launcher).decode()
 
     return _answer(args, produce)
 
@@ -123,7 +129,12 @@ def _answer(args, produce) -> int:
         print(f"commplan: {err}", file=sys.stderr)
         return 2
     try:
-        sys.stdout.write(output)
+        if isinstance(output, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(output)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(output)
     except BrokenPipeError:  # `commplan plan ... | head` closed the pipe: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
@@ -309,7 +320,8 @@ def _calibrate(args) -> int:
     from .settings import Settings
 
     try:
-        logs = [{"text": Path(f).read_text(errors="replace"), "nodes": args.nodes, "name": f} for f in args.logs]
+        given = {"nodes": args.nodes, "op": args.op, "ranks": args.ranks}
+        logs = [{"text": Path(f).read_text(errors="replace"), "name": f, **given} for f in args.logs]
         request = CalibrateRequest.model_validate(
             {"cluster": {"preset": args.cluster}, "logs": logs, "network_kind": args.network_kind}
         )

@@ -252,7 +252,7 @@ class Client:
         return decode(SearchResult, self._post("/v1/search", request).json())
 
     def export(self, request: JSON, fmt: str, **params: Any) -> str:
-        """``fmt``: json | csv | nccl-tests | simai (params: ``stage``, ``launcher``)."""
+        """``fmt``: json | csv | nccl-tests | simai | aicb | trace (params: ``stage``, ``launcher``)."""
         return self._post(f"/v1/plan/export/{fmt}", request, **params).text
 
     def presets(self, kind: str = "models") -> JSON:

@@ -11,6 +11,7 @@ from dataclasses import asdict, fields
 from pydantic_core import to_json
 
 from planner.explore import Exploration
+from planner.exports import chakra_trace, chrome_trace, render
 from planner.invariants import check_exploration, check_plan
 from planner.plan import Plan
 from planner.search import SearchResult
@@ -54,6 +55,22 @@ def plan_item_json(plan: Plan, summary: bool = False) -> bytes:
     """A good item of POST /v1/plan/batch."""
     check_plan(plan)
     return _json(writer(BatchSummaryItem if summary else BatchItem)({"ok": True, "plan": plan}))
+
+
+def export_text(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> str:
+    """A text export by name: the trace's trace-event object as JSON, every other one planner.exports.render's
+    text."""
+    if fmt == "trace":
+        return json.dumps(chrome_trace(plan), separators=(",", ":"), allow_nan=False) + "\n"
+    return render(plan, fmt, stage, launcher)
+
+
+def export_bytes(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> bytes:
+    """A plan export by name, as the file's bytes (POST /v1/plan/export/{fmt} and ``commplan plan --format``):
+    the Chakra trace is binary (protobuf), the others UTF-8 text."""
+    if fmt == "chakra":
+        return chakra_trace(plan, stage)
+    return export_text(plan, fmt, stage, launcher).encode()
 
 
 def plan_dict(plan: Plan) -> dict:

@@ -135,7 +135,9 @@ def nccl_tests_run(pc: PricedCall, devices_per_node: int) -> NcclTestsRun:
 
     Group 0's devices ``d0, d0+s, ..., d0+(n-1)s`` (an arithmetic run, as every default Megatron/torch layout
     gives): a stride-1 group is coloured ``DIV n`` over whole nodes; a strided one ``MOD s`` over the aligned
-    block of ``s*n`` devices. Anything else (a custom device map) measures group 0 alone.
+    block of ``s*n`` devices, or, when group 0 does not start in the first stride of an aligned block (a later
+    stage's pipeline send) and the stride is whole nodes, over the ``s*n`` devices from the stride it starts in.
+    Anything else (a custom device map) measures group 0 alone.
     """
     c, devs = pc.call, sorted(pc.group_devices) or list(range(pc.group_size))
     n, D = len(devs), devices_per_node
@@ -149,6 +151,10 @@ def nccl_tests_run(pc: PricedCall, devices_per_node: int) -> NcclTestsRun:
     elif arithmetic and devs[0] % (stride * n) < stride:
         ranks = stride * n
         start = devs[0] - devs[0] % ranks
+        split = f"MOD {stride}"
+    elif arithmetic and stride % D == 0:  # a block of s*n devices from the whole stride group 0 starts in
+        ranks = stride * n  # (a pipeline send of a later stage: stage s to s + 1, not aligned on 2 strides)
+        start = devs[0] - devs[0] % stride
         split = f"MOD {stride}"
     per_node = min(D, ranks)
     first_node = start // D
@@ -175,7 +181,8 @@ def nccl_tests_runs(plan: Plan) -> list[NcclTestsRun]:
 
 
 def nccl_tests_script(plan: Plan, launcher: str = "mpirun") -> str:
-    """A shell script: one commented command per call (``launcher``: ``mpirun`` or ``srun``)."""
+    """A shell script: one command per distinct command line, commented with the calls it stands for
+    (``launcher``: ``mpirun`` or ``srun``)."""
     if launcher not in ("mpirun", "srun"):
         raise SpecError("launcher", f"launcher {launcher!r} is not one of mpirun, srun")
     lines = [
@@ -191,15 +198,37 @@ def nccl_tests_script(plan: Plan, launcher: str = "mpirun") -> str:
             "comment",
         ),
     ]
-    for pc, run in zip((pc for pc in plan.calls if pc.group_size > 1), nccl_tests_runs(plan), strict=True):
-        note = (
-            f"{run.call}: {pc.call.op.value} of {run.size_bytes} B over {run.group_size} ranks, "
-            f"{pc.num_groups} groups in the plan, {run.groups} measured at once on nodes "
-            f"{run.first_node}-{run.first_node + run.nodes - 1}; planned {pc.price.time_s * 1e6:.1f} us per call "
-            f"({pc.price.algorithm})"
+    for command, members in nccl_tests_commands(plan, launcher):
+        run = members[0][1]
+        plural = lambda n: "s" if n > 1 else ""  # noqa: E731
+        head = (
+            f"{run.binary.removesuffix('_perf')} of {run.size_bytes} B over {run.group_size} ranks, {run.groups} "
+            f"group{plural(run.groups)} measured at once on nodes {run.first_node}-{run.first_node + run.nodes - 1}"
+            f"; stands for {len(members)} call{plural(len(members))} of the plan:"
         )
-        lines += ["", "# " + quote(note, "comment"), run.mpirun() if launcher == "mpirun" else run.srun()]
+        lines += ["", "# " + quote(head, "comment")]
+        for pc, _ in members:
+            note = (
+                f"  {pc.call.name} (stages {' '.join(map(str, pc.call.stages))}, {pc.num_groups} groups, "
+                f"{pc.call.calls_per_iteration} per iteration): planned {pc.price.time_s * 1e6:.1f} us per call "
+                f"({pc.price.algorithm})"
+            )
+            lines.append("# " + quote(note, "comment"))
+        lines.append(command)
     return "\n".join(lines) + "\n"
+
+
+def nccl_tests_commands(
+    plan: Plan, launcher: str = "mpirun"
+) -> list[tuple[str, list[tuple[PricedCall, NcclTestsRun]]]]:
+    """One entry per distinct command line, in the order the plan first needs it, with every (call, run) it
+    measures: calls of equal op, size, dtype and group layout (the layers' TP calls, the stage classes of one
+    call) are one command."""
+    out: dict[str, list[tuple[PricedCall, NcclTestsRun]]] = {}
+    for pc, run in zip((pc for pc in plan.calls if pc.group_size > 1), nccl_tests_runs(plan), strict=True):
+        command = run.mpirun() if launcher == "mpirun" else run.srun()
+        out.setdefault(command, []).append((pc, run))
+    return list(out.items())
 
 
 # ---- AICB / SimAI workload ------------------------------------------------------------------------------------
@@ -250,15 +279,15 @@ def aicb_omitted(plan: Plan, stage: int = 0) -> list[str]:
     ]
 
 
-def simai_workload(plan: Plan, stage: int = 0) -> str:
-    """AICB's workload CSV (what SimAI's AICB front end replays) for one rank of pipeline stage ``stage``.
+def aicb_workload(plan: Plan, stage: int = 0) -> str:
+    """AICB's workload CSV (what AICB's own replayer, workload_applyer.py, runs) for one rank of pipeline stage
+    ``stage``.
 
     One row per call instance (``count`` 1, as AICB writes), forward then backward per micro-batch with the calls
     of one layer interleaved, then the optimizer step, then AICB's ``epoch_end`` marker. ``stage`` column:
     ``<phase>.<commplan call name>``. Sizes: nccl-tests convention, which AICB uses too (tests/reference/README).
     """
-    if not 0 <= stage < plan.num_stages:
-        raise SpecError("stage", f"stage {stage} is not in 0..{plan.num_stages - 1}")
+    _check_stage(plan, stage)
     calls = [
         pc
         for pc in plan.calls
@@ -276,12 +305,14 @@ def simai_workload(plan: Plan, stage: int = 0) -> str:
         per_mb = all(pc.call.calls_per_iteration % mb == 0 for pc in group) and phase != "optimizer"
         for _ in range(mb if per_mb else 1):
             counts = [pc.call.calls_per_iteration // (mb if per_mb else 1) for pc in group]
-            for j in range(max(counts, default=0)):
-                for pc, k in zip(group, counts, strict=True):
-                    if j < k:
-                        writer.writerow(_aicb_row(pc, phase))
+            writer.writerows(_aicb_row(pc, phase) for pc in _interleaved(group, counts))
     writer.writerow(("CommType.epoch_end", "None", "None", 0, "", "None", "None", "", "None", "None", "None", 1))
     return out.getvalue()
+
+
+def _check_stage(plan: Plan, stage: int) -> None:
+    if not 0 <= stage < plan.num_stages:
+        raise SpecError("stage", f"stage {stage} is not in 0..{plan.num_stages - 1}")
 
 
 def _aicb_row(pc: PricedCall, phase: str) -> tuple:
@@ -300,6 +331,355 @@ def _aicb_row(pc: PricedCall, phase: str) -> tuple:
         "None",
         1,
     )
+
+
+# ---- SimAI workload text --------------------------------------------------------------------------------------
+# What SimAI's simulators (SimAI_analytical, SimAI_simulator) read: aliyun/SimAI astra-sim-alibabacloud/astra-sim/
+# workload/Workload.cc Workload::initialize_workload (commit cef83f9, 2026-08): a header line (the policy, then
+# "key: value" tokens; pp_comm is required when pp > 1 and must be 0 when pp = 1), the number of layers, then per
+# layer 12 whitespace-separated fields: name, dependency (-1), forward compute, forward comm type, size, input-grad
+# compute, comm type, size, weight-grad compute, comm type, size, update time. Compute times are Ticks, which are
+# ns (astra-sim/system/Common.hh CLOCK_PERIOD 1; Sys.cc delay_ns / CLOCK_PERIOD). A forward or input-grad comm
+# type names the TP group, "_EP" the EP group, "_DP_EP" the expert-data-parallel group; a weight-grad type names
+# the DP group (DP = all_gpus / (tp x pp), Layer.cc), "_DP_EP" DP / EP. AICB writes it as
+# workload_generator/SimAI_training_workload_generator.py SimAI_Workload.dump_file (aliyun/aicb 23eec3c).
+SIMAI_POLICY = "HYBRID_TRANSFORMER_FWD_IN_BCKWD"
+SIMAI_OP = {
+    Op.ALLREDUCE: "ALLREDUCE",
+    Op.ALLGATHER: "ALLGATHER",
+    Op.REDUCESCATTER: "REDUCESCATTER",
+    Op.ALLTOALL: "ALLTOALL",
+}
+SIMAI_PASS_GROUP = {"tp": "", "ep": "_EP"}  # forward / input-grad slots: TP unless suffixed
+SIMAI_WG_GROUP = {"dp": "", "edp": "_DP_EP"}  # weight-grad slot: DP unless suffixed
+SIMAI_UPDATE_NS = 100  # AICB's Work_Item.process_time default, written on every layer
+MAX_SIMAI_LAYERS = 200_000
+
+
+def _simai_slot(pc: PricedCall, m: int) -> str | None:
+    """Which slot of a SimAI layer a call takes: "fwd", "ig" (backward) or "wg" (the data-parallel reduction
+    and gathers, issued as the backward reaches the layer); None for what SimAI cannot express, a pass's call
+    that is not issued the same number of times in each of the ``m`` micro-batches included (SimAI repeats
+    one micro-batch's layers)."""
+    c = pc.call
+    if c.op not in SIMAI_OP:
+        return None
+    if c.parallelism in SIMAI_PASS_GROUP and c.phase in ("forward", "backward"):
+        if c.calls_per_iteration % m:
+            return None
+        return "fwd" if c.phase == "forward" else "ig"
+    if c.parallelism in SIMAI_WG_GROUP and c.phase in ("backward", "optimizer"):
+        return "wg"
+    return None
+
+
+def simai_omitted(plan: Plan, stage: int = 0) -> list[str]:
+    """Calls of ``stage`` the SimAI text cannot express: CP, the embedding group, forward data-parallel gathers
+    (ZeRO-3), point-to-point and rooted ops, pass calls not issued alike in every micro-batch; pipeline sends are
+    the header's ``pp_comm``, not omitted."""
+    return [
+        pc.call.name
+        for pc in plan.calls
+        if stage in pc.call.stages
+        and pc.call.parallelism != "pp"
+        and _simai_slot(pc, max(plan.num_microbatches, 1)) is None
+    ]
+
+
+def simai_workload(plan: Plan, stage: int = 0) -> str:
+    """SimAI's workload text for one rank of pipeline stage ``stage`` (format above).
+
+    SimAI runs the layer list forward (0..n-1: compute, then the forward comm), then backward (n-1..0:
+    input-grad compute and comm, weight-grad compute and comm), one micro-batch per pass, ``ga`` passes. So the
+    file holds one micro-batch: first the per-iteration data-parallel calls as weight-grad layers (SimAI issues
+    them last, as the backward ends), then each forward call once per micro-batch in ledger order, then each
+    backward call in reverse order (so that SimAI's backward issues them in ledger order). The stage's compute
+    per micro-batch (the plan's step model) is spread evenly over the layers of its pass, in ns. Pipeline sends
+    are the header's ``pp_comm`` (the activation message), which SimAI prices itself."""
+    _check_stage(plan, stage)
+    par = plan.parallel
+    m = max(plan.num_microbatches, 1)
+    slots: dict[str, list[PricedCall]] = {"fwd": [], "ig": [], "wg": []}
+    for pc in plan.calls:
+        slot = _simai_slot(pc, m) if stage in pc.call.stages else None
+        if slot is not None:
+            slots[slot].append(pc)
+    total = sum(pc.call.calls_per_iteration for group in slots.values() for pc in group)
+    if total > MAX_SIMAI_LAYERS:
+        raise SpecError("stage", f"the workload has {total} calls on stage {stage}; at most {MAX_SIMAI_LAYERS} layers")
+    for slot, group in slots.items():  # one micro-batch of a pass (the calls of a layer interleaved); wg: all
+        counts = [pc.call.calls_per_iteration // (1 if slot == "wg" else m) for pc in group]
+        slots[slot] = _interleaved(group, counts)
+    fwd_s = bwd_s = 0.0
+    if plan.step is not None and stage < len(plan.step.stages):
+        comp = plan.step.stages[stage].compute
+        fwd_s, bwd_s = comp.forward.total_s, comp.backward.total_s
+    fwd_layers = slots["fwd"] or [None]
+    bwd_layers = list(reversed(slots["ig"])) or [None]
+    per_fwd = _ns(fwd_s / len(fwd_layers))
+    per_bwd = _ns(bwd_s / len(bwd_layers))
+    rows = []
+    for pc in slots["wg"]:
+        wg = SIMAI_OP[pc.call.op] + SIMAI_WG_GROUP[pc.call.parallelism]
+        rows.append((pc.call.name, 1, "NONE", 0, 1, "NONE", 0, 1, wg, int(pc.call.message_bytes)))
+    for pc in fwd_layers:
+        comm = (
+            ("NONE", 0)
+            if pc is None
+            else (SIMAI_OP[pc.call.op] + SIMAI_PASS_GROUP[pc.call.parallelism], int(pc.call.message_bytes))
+        )
+        rows.append(("compute" if pc is None else pc.call.name, per_fwd, *comm, 1, "NONE", 0, 1, "NONE", 0))
+    for pc in bwd_layers:
+        comm = (
+            ("NONE", 0)
+            if pc is None
+            else (SIMAI_OP[pc.call.op] + SIMAI_PASS_GROUP[pc.call.parallelism], int(pc.call.message_bytes))
+        )
+        rows.append(("compute" if pc is None else pc.call.name, 1, "NONE", 0, per_bwd, *comm, 1, "NONE", 0))
+    pp_comm = (
+        next(
+            (
+                int(pc.call.message_bytes)
+                for pc in plan.calls
+                if pc.call.parallelism == "pp" and pc.call.op is Op.SENDRECV
+            ),
+            0,
+        )
+        if plan.num_stages > 1
+        else 0
+    )
+    tp = par.tp if par else 1
+    ep = par.ep if par else 1
+    vpp = par.chunks_per_rank if par else 1
+    header = (
+        f"{SIMAI_POLICY} model_parallel_NPU_group: {tp} ep: {ep} pp: {plan.num_stages} vpp: {vpp} ga: {m} "
+        f"all_gpus: {plan.world_size} checkpoints: 0 checkpoint_initiates: 0 pp_comm: {pp_comm}"
+    )
+    lines = [header, str(len(rows))]
+    for name, f_t, f_c, f_s, i_t, i_c, i_s, w_t, w_c, w_s in rows:
+        fields = (_simai_name(name), -1, f_t, f_c, f_s, i_t, i_c, i_s, w_t, w_c, w_s, SIMAI_UPDATE_NS)
+        lines.append("\t".join(map(str, fields)))
+    return "\n".join(lines) + "\n"
+
+
+def _interleaved(group: list, counts: list[int]) -> list:
+    """``counts[i]`` copies of each ``group[i]``, round-robin: one of each, then the next of each, ... (the
+    calls of one layer stay together, as in AICB's files)."""
+    return [pc for j in range(max(counts, default=0)) for pc, k in zip(group, counts, strict=True) if j < k]
+
+
+def _ns(seconds: float) -> int:
+    """A compute time as SimAI's Tick (ns), at least 1 as AICB writes an empty compute."""
+    return max(1, round(seconds * 1e9))
+
+
+def _simai_name(name: str) -> str:
+    """A layer id is one whitespace-free token (SimAI reads it with ``>>``)."""
+    return re.sub(r"\s", "_", visible(name)) or "layer"
+
+
+# ---- Chrome trace-event timeline ------------------------------------------------------------------------------
+# The step timeline in the Trace Event Format (Google, "Trace Event Format", the JSON Object Format that
+# chrome://tracing and Perfetto's legacy JSON importer read): complete events (ph "X", ts and dur in
+# microseconds) on one process per pipeline stage and one thread per stream, named by metadata events (ph "M"
+# process_name / thread_name, with sort indexes). A communication block's args list the calls that make it up:
+# name, op, bytes per call, calls per iteration, time per call and the links their price crosses.
+TRACE_STREAMS = ("compute", "tp", "cp", "ep", "dp")  # thread ids in this order; others follow
+# the step model's stream of a timeline block (planner/step.py _stream) -> the call streams it draws
+TRACE_BLOCK_STREAMS = {
+    "grad_reduce": ("grad_reduce",),
+    "param_gather": ("param_gather",),
+    "embedding/loss": ("tail",),
+}
+
+
+def chrome_trace(plan: Plan) -> dict:
+    """The plan's step timeline as a trace-event object (a dict; app/ writes it as JSON)."""
+    if plan.step is None:
+        raise SpecError("cluster", "the cluster has no GPU spec, so the plan has no step timeline to export")
+    from .step import _stream  # the one rule of which stream a call runs on
+
+    m = max(plan.num_microbatches, 1)
+    zero = plan.parallel.zero_stage if plan.parallel else 0
+    by_stream: dict[tuple[int, str], list[dict]] = {}
+    for pc in plan.calls:
+        stream = _stream(pc.call, m, zero)
+        entry = _trace_call(pc)
+        for stage in pc.call.stages:
+            by_stream.setdefault((stage, stream), []).append(entry)
+    events: list[dict] = []
+    tids: dict[str, int] = {name: i for i, name in enumerate(TRACE_STREAMS)}
+    seen: set[tuple[int, str]] = set()
+    for ev in plan.step.timeline:
+        stage, stream = int(ev["stage"]), str(ev["stream"])
+        tid = tids.setdefault(stream, len(tids))
+        seen.add((stage, stream))
+        args: dict = {"microbatch": ev["microbatch"], "microbatches": ev["microbatches"]}
+        if stream != "compute":
+            phase = ev["name"].rpartition(" ")[2]
+            keys = TRACE_BLOCK_STREAMS.get(ev["name"]) or (f"{stream}.{phase}", f"{stream}.ring.{phase}")
+            args["calls"] = [c for key in keys for c in by_stream.get((stage, key), [])]
+        events.append(
+            {
+                "name": ev["name"],
+                "cat": stream,
+                "ph": "X",
+                "ts": ev["start_s"] * 1e6,
+                "dur": max(0.0, ev["end_s"] - ev["start_s"]) * 1e6,
+                "pid": stage,
+                "tid": tid,
+                "args": args,
+            }
+        )
+    meta: list[dict] = []
+    for stage in range(plan.num_stages):
+        sends = by_stream.get((stage, "pp"), [])
+        meta.append(_meta("process_name", stage, 0, name=f"stage {stage}"))
+        meta.append(_meta("process_sort_index", stage, 0, sort_index=stage))
+        if sends:  # boundary sends are inside the pipeline's waits, not blocks of their own: named on the stage
+            meta.append(_meta("process_labels", stage, 0, labels=", ".join(sorted({c["name"] for c in sends}))))
+    for stage, stream in sorted(seen):
+        meta.append(_meta("thread_name", stage, tids[stream], name=stream))
+        meta.append(_meta("thread_sort_index", stage, tids[stream], sort_index=tids[stream]))
+    step = plan.step
+    other = {
+        "generator": "commplan",
+        "step_time_s": step.time_s,
+        "critical_stage": step.critical_stage,
+        "microbatches": plan.num_microbatches,
+        "world_size": plan.world_size,
+        "pipeline_sends": {str(s): by_stream.get((s, "pp"), []) for s in range(plan.num_stages)},
+    }
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _trace_call(pc: PricedCall) -> dict:
+    c = pc.call
+    return {
+        "name": c.name,
+        "op": c.op.value,
+        "bytes": int(c.message_bytes),
+        "calls_per_iteration": int(c.calls_per_iteration),
+        "time_per_call_s": pc.price.time_s,
+        "group_size": pc.group_size,
+        "links": [link["label"] for link in pc.links],
+    }
+
+
+def _meta(kind: str, pid: int, tid: int, **args) -> dict:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+# ---- Chakra execution trace (ASTRA-sim) -----------------------------------------------------------------------
+# MLCommons Chakra's schema, schema/protobuf/et_def.proto (mlcommons/chakra 21585d8, 2026-05), written by hand: no
+# maintained package of it installs from the registries. A file is a stream of messages, each prefixed by its
+# length as a varint (src/third_party/utils/protolib.py encodeMessage): GlobalMetadata, then the Nodes. The fields
+# and attributes written are the ones ASTRA-sim's feeder reads (src/feeder/et_feeder_node.cpp): Node id (1), name
+# (2), type (3), data_deps (5, packed), duration_micros (7, a compute node's runtime), attr (10); AttributeProto
+# name (1), int64_val (9), bool_val (27), string_val (29); GlobalMetadata attr (2).
+CHAKRA_SCHEMA = "1.0.2-chakra.1.0.0"  # what Chakra's text_converter.py writes as its "schema" attribute
+CHAKRA_COMP_NODE, CHAKRA_COMM_COLL_NODE = 4, 7  # et_def.proto NodeType
+CHAKRA_COMM_TYPE = {  # et_def.proto CollectiveCommType
+    Op.ALLREDUCE: 0,
+    Op.REDUCE: 1,
+    Op.ALLGATHER: 2,
+    Op.GATHER: 3,
+    Op.SCATTER: 4,
+    Op.BROADCAST: 5,
+    Op.ALLTOALL: 6,
+    Op.REDUCESCATTER: 7,
+}
+MAX_CHAKRA_NODES = 500_000
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative integer."""
+    out = bytearray()
+    while True:
+        bits, value = value & 0x7F, value >> 7
+        out.append(bits | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, value: int | str | bytes | bool) -> bytes:
+    """One field: a varint (wire type 0) for integers and booleans, length-delimited (2) for text and bytes."""
+    if isinstance(value, (bool, int)):
+        return _varint(number << 3) + _varint(int(value))
+    data = value.encode() if isinstance(value, str) else value
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _attr(name: str, value: int | str | bool) -> bytes:
+    kind = 27 if isinstance(value, bool) else 9 if isinstance(value, int) else 29  # bool_val, int64_val, string_val
+    return _field(1, name) + _field(kind, value)
+
+
+def _node(node_id: int, name: str, kind: int, deps: list[int], micros: int, attrs: list[bytes]) -> bytes:
+    body = _field(1, node_id) + _field(2, name) + _field(3, kind)
+    if deps:
+        body += _field(5, b"".join(_varint(d) for d in deps))  # packed repeated uint64 (proto3's default)
+    if micros:
+        body += _field(7, micros)
+    return body + b"".join(_field(10, a) for a in attrs)
+
+
+def _delimited(message: bytes) -> bytes:
+    return _varint(len(message)) + message
+
+
+def chakra_omitted(plan: Plan, stage: int = 0) -> list[str]:
+    """Calls of ``stage`` the Chakra trace leaves out: point-to-point ones (pipeline sends and CP's ring need
+    the peer's rank, which a per-stage trace does not fix)."""
+    return [pc.call.name for pc in plan.calls if stage in pc.call.stages and pc.call.op not in CHAKRA_COMM_TYPE]
+
+
+def chakra_trace(plan: Plan, stage: int = 0) -> bytes:
+    """The Chakra execution trace of one rank of stage ``stage`` for one iteration: per micro-batch a forward
+    compute node and the forward collectives, then a backward compute node and the backward collectives (each
+    call's instances spread over the micro-batches), then the optimizer-phase collectives. Each node depends on
+    the one before it (calls serialised, as the ledger's totals are: overlap is the simulator's to model).
+    Collective nodes carry comm_type, comm_size (the message bytes, nccl-tests convention), pg_name (the
+    parallelism: tp, cp, ep, dp, edp, ...) and is_cpu_op false; compute nodes their time in microseconds (the
+    plan's step model, per micro-batch)."""
+    _check_stage(plan, stage)
+    m = max(plan.num_microbatches, 1)
+    mine = [pc for pc in plan.calls if stage in pc.call.stages and pc.call.op in CHAKRA_COMM_TYPE]
+    total = sum(pc.call.calls_per_iteration for pc in mine) + 2 * m
+    if total > MAX_CHAKRA_NODES:
+        raise SpecError("stage", f"the trace has {total} nodes on stage {stage}; at most {MAX_CHAKRA_NODES}")
+    fwd_us = bwd_us = 0
+    if plan.step is not None and stage < len(plan.step.stages):
+        comp = plan.step.stages[stage].compute
+        fwd_us, bwd_us = round(comp.forward.total_s * 1e6), round(comp.backward.total_s * 1e6)
+    per_pass = {phase: [pc for pc in mine if pc.call.phase == phase] for phase in ("forward", "backward")}
+    once = [pc for pc in mine if pc.call.phase not in per_pass]  # the optimizer's
+    nodes: list[bytes] = []
+
+    def add(name: str, kind: int, micros: int = 0, attrs: tuple = ()) -> None:
+        nid = len(nodes)
+        nodes.append(_delimited(_node(nid, name, kind, [nid - 1] if nid else [], micros, list(attrs))))
+
+    def collective(pc: PricedCall) -> None:
+        c = pc.call
+        attrs = (_attr("is_cpu_op", False), _attr("comm_type", CHAKRA_COMM_TYPE[c.op]),
+                 _attr("comm_size", int(c.message_bytes)), _attr("pg_name", c.parallelism))  # fmt: skip
+        add(quote(c.name, "comment"), CHAKRA_COMM_COLL_NODE, attrs=attrs)
+
+    for mb in range(m):
+        for phase, micros in (("forward", fwd_us), ("backward", bwd_us)):
+            add(f"{phase} mb{mb}", CHAKRA_COMP_NODE, micros, (_attr("is_cpu_op", False),))
+            group = per_pass[phase]  # a call's instances spread over the micro-batches, all of them written
+            counts = [
+                pc.call.calls_per_iteration * (mb + 1) // m - pc.call.calls_per_iteration * mb // m for pc in group
+            ]
+            for pc in _interleaved(group, counts):
+                collective(pc)
+    for pc in once:
+        for _ in range(pc.call.calls_per_iteration):
+            collective(pc)
+    meta = _field(2, _attr("schema", CHAKRA_SCHEMA))  # GlobalMetadata.attr, as Chakra's converters write it
+    return _delimited(meta) + b"".join(nodes)
 
 
 # ---- CSV ------------------------------------------------------------------------------------------------------
@@ -363,6 +743,7 @@ def plan_csv(plan: Plan) -> str:
 TEXT_EXPORTS = {
     "csv": lambda plan, stage, launcher: plan_csv(plan),
     "nccl-tests": lambda plan, stage, launcher: nccl_tests_script(plan, launcher),
+    "aicb": lambda plan, stage, launcher: aicb_workload(plan, stage),
     "simai": lambda plan, stage, launcher: simai_workload(plan, stage),
 }
 

@@ -100,6 +100,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     step: StepTime | None = None  # None when the cluster has no GPU spec
     memory: Memory | None = None
+    parallel: ParallelSpec | None = None  # the layout planned (the exports' headers read it)
 
     @property
     def totals(self) -> Totals:
@@ -137,6 +138,7 @@ def build_plan(
     pricer = _pricer(cluster, layout, pricing)
     priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+    plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
     gpu = cluster_spec.gpu
     if gpu is None:
@@ -348,7 +350,7 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     rows: dict[tuple, PricedCall] = {}
     for members in classes:
         pc = _price(call.on(members), pricer)
-        key = (pc.price.algorithm, pc.price.time_s)
+        key = _price_identity(pc.price)
         if key in rows:
             row = rows[key]
             row.call = replace(row.call, stages=tuple(sorted(row.call.stages + pc.call.stages)))
@@ -358,18 +360,36 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     return sorted(rows.values(), key=lambda r: r.call.stages[0])
 
 
+def _price_identity(price: Price) -> tuple:
+    """What two stage classes of one call must share to be one ledger row: the schedule, NCCL's algorithm,
+    protocol and channels, the time and the bottleneck link's kind (a row never merges an NVLink price with
+    a NIC price, even at an equal time)."""
+    where = price.bottleneck.get("kind") if isinstance(price.bottleneck, dict) else None
+    return (price.algorithm, price.nccl_algorithm, price.protocol, price.channels, price.time_s, where)
+
+
 def _stage_classes(call: Call, places: _Placements, options: Options) -> list[tuple[int, ...]]:
-    """The sets of a call's stages priced apart (``_price_by_stage``), in order of their first stage."""
-    stages, layout, cluster = call.stages, places.layout, places.cluster
-    if len(stages) < 2 or call.group.pairs or layout.par.pp < 2:
+    """The sets of a call's stages priced apart (``_price_by_stage``), in order of their first stage.
+
+    Collective groups and pipeline sends alike: stage s's placement is stage 0's moved by s times the
+    pipeline stride, so stages whose move is a whole number of symmetry units share a class. A send that
+    wraps round the pipeline (the last stage's ``pp+1`` to stage 0 in an interleaved schedule, the first
+    stage's ``pp-1``) is not such a move and is a class of its own. The embedding group (``ends``) is one
+    placement whatever the stage."""
+    stages, layout, cluster, pairs = call.stages, places.layout, places.cluster, call.group.pairs
+    if len(stages) < 2 or pairs == "ends" or layout.par.pp < 2:
         return [stages]
     stride = _pp_stride(layout, call.group.expert)
     unit = None if options.device_map is not None else tiling_unit(cluster)
-    if unit and cluster.num_nodes > 1 and places.within_node(call.group, stages):
+    if unit and pairs is None and cluster.num_nodes > 1 and places.within_node(call.group, stages):
         unit = cluster.per_node  # groups inside one node: any whole-node shift prices alike
+    wraps = {"pp+1": layout.par.pp - 1, "pp-1": 0}.get(pairs)
     classes: dict[object, list[int]] = {}
     for s in stages:
-        key = (s * stride) % unit if unit else places.node_signature(call.group, s, options)
+        if s == wraps:
+            key: object = ("wraps", s)
+        else:
+            key = (s * stride) % unit if unit else places.node_signature(call.group, s, options)
         classes.setdefault(key, []).append(s)
     return [tuple(members) for members in classes.values()]
 

@@ -66,6 +66,7 @@ class RunOut(BaseModel):
     )
     nccl_algo: str | None
     devices: list[str]
+    gpus_per_process: int = Field(default=1, description="nccl-tests -g N: GPUs one process drove (nGpus)")
 
 
 class CalibrateOut(BaseModel):

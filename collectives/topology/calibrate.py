@@ -41,6 +41,7 @@ class RunRead:
     priced_as_nccl: str
     nccl_algo: str
     devices: tuple[str, ...]
+    gpus_per_process: int = 1  # nccl-tests -g N
 
 
 @dataclass
@@ -86,6 +87,7 @@ def calibrate(
                     spec.nccl_version,
                     r.nccl_algo,
                     tuple(r.devices),
+                    r.gpus_per_process,
                 )
             )
             for row in r.rows:
@@ -100,7 +102,7 @@ def calibrate(
         result = fit(observations, constants)
     index = {id(o): w for o, w in zip(observations, where, strict=True)}  # fit drops rows without bandwidth
     done = Calibrated(result, [index[id(r.observation)] for r in result.rows], runs)
-    done.warnings = [*_other_gpu(runs, base.gpu), *_at_bounds(done.constants)]
+    done.warnings = [*_other_gpu(runs, base.gpu), *_one_process(runs), *_at_bounds(done.constants)]
     return done
 
 
@@ -184,6 +186,20 @@ def _other_gpu(runs: list[RunRead], gpu) -> list[str]:
                 "fitted on one GPU price another wrongly; calibrate the cluster the log ran on"
             )
     return list(warned.values())
+
+
+def _one_process(runs: list[RunRead]) -> list[str]:
+    """A run with -g N > 1: one process (thread) launches every GPU's call in turn inside one NCCL group
+    (nccl-tests a0b82b2 src/common.cu startColl: ``if (args->nGpus > 1) ncclGroupStart()``). That adds a
+    floor to small messages that a training job, one process per GPU, does not have (issue 23: ~35 us on
+    8 x H100 with -g 8), and the latency constants fitted on it price the job's small calls too slow."""
+    return [
+        f"logs.{run.log}: {run.op} on {run.ranks} ranks ran with -g {run.gpus_per_process} (one process drives "
+        f"{run.gpus_per_process} GPUs); training runs one process per GPU, so its small-message rows carry a "
+        "launch floor the job does not have and the latency constants fitted on them price small calls too slow"
+        for run in runs
+        if run.gpus_per_process > 1
+    ]
 
 
 def _at_bounds(constants: dict) -> list[str]:

@@ -85,18 +85,28 @@ MAX_SIZE = 1 << 40  # nccl-tests sizes stop at the GPU's memory; a larger "size"
 
 _NCCL_LINE = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+_NGPUS = re.compile(r"\bnGpus (\d+)\b")
 _NCCL_NRANKS = re.compile(r"\bnranks (\d+)\b")
 # NCCL_ALGO pinned: NCCL's "NCCL_ALGO set by environment to Ring" (src/enqueue.cc / tuning.cc, INFO NCCL_ENV)
 # or the variable on a command line (mpirun -x NCCL_ALGO=Ring)
 _NCCL_ALGO = re.compile(r"NCCL_ALGO(?:=| set by environment to )([A-Za-z,^]+)")
 _LIB_VERSION = re.compile(r"nccl-library=(\d+)")
-_PREFIX = re.compile(r"^(\[\d+,\d+\]<std(out|err)>:|\d+: )")
+# a launcher's label on a line: mpirun --tag-output "[1,0]<stdout>:", srun --label "3: ", MPICH/Intel MPI
+# -prepend-rank "[0] "
+_PREFIX = re.compile(r"^(\[\d+,\d+\]<std(out|err)>:|\d+: |\[\d+\] )")
+# Open MPI's tag also lands mid-line: nccl-tests prints a row in several printf calls (the preamble, then each
+# placement), each tagged (tests/reference/nccl_heldout/aws_p5_2x8_allreduce.log)
+_TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
+# an NCCL debug message glued after a fragment of a row ("      0[0] host:12:34 [0] NCCL INFO 2048 Bytes ->"):
+# NCCL's prefix "host:pid:tid [dev] " (src/debug.cc ncclDebugLog), optionally "file:line " for WARN
+_NCCL_INLINE = re.compile(r"(?:\[\d+\] )?\S+:\d+:\d+ \[\d+\] (?:\S+:\d+ )?NCCL (?:INFO|WARN|TRACE|ABORT)\b")
 # a test binary, also with a NAME_SUFFIX (all_reduce_perf_mpi); unknown *_perf names are kept for the message
 _PROGRAM = re.compile(r"(?<![A-Za-z0-9_])((?:" + "|".join(p[:-5] for p in PROGRAMS) + r"|[a-z][a-z_]*?)_perf)")
 _RANK = re.compile(
     r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$"
 )
 _ROW_START = re.compile(r"^\s*\d+\s")
+_NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?|N/A")
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,7 @@ class Run:
     rows: tuple[Row, ...]
     avg_busbw_GBps: float | None
     first_line: int
+    gpus_per_process: int = 1  # -g N: one process (thread) drives N GPUs ("# nThread 1 nGpus N")
 
     def busbw_GBps(self, row: Row) -> float:
         """Bus bandwidth as nccl-tests computes it, from the printed time (more digits than the printed
@@ -168,6 +179,7 @@ class _Pending:
     nranks: int | None = None
     nccl_version: str | None = None
     nccl_algo: str | None = None
+    gpus_per_process: int = 1  # nccl-tests -g N
 
 
 def parse(
@@ -179,6 +191,7 @@ def parse(
     reader = _Reader(field_name, max_rows, forced)
     for number, raw in enumerate(text.splitlines(), start=1):
         reader.read(number, raw)
+    reader._flush()
     runs = [r for r in reader.runs if r.rows]
     if not runs:
         raise CollectiveError(field_name, "no nccl-tests result rows found (lines starting with the size in bytes)")
@@ -196,6 +209,7 @@ class _Reader:
         self.current: _Pending | None = None
         self.context = _Pending(0)
         self.total_rows = 0
+        self.pending: tuple[int, str] | None = None  # (line, text) of a row NCCL's debug output interrupted
 
     @property
     def target(self) -> _Pending:
@@ -203,16 +217,25 @@ class _Reader:
         return self.current if self.current is not None and not self.current.rows else self.context
 
     def read(self, number: int, raw: str) -> None:
-        line = raw.rstrip()
+        line = _PREFIX.sub("", _TAG.sub("", raw.rstrip()) if raw.startswith("[") else raw.rstrip())
         if m := _NCCL_ALGO.search(line):
             self.target.nccl_algo = self.context.nccl_algo = m.group(1).lower()
-        if _NCCL_LINE.search(line):
+        if (m := _NCCL_INLINE.search(line)) and m.start() > 0 and self._fragment(line[: m.start()]):
+            line, debug = line[: m.start()], line[m.start() :]  # a row's fragment, then NCCL's message
+            self._nccl_line(debug)
+            self._partial(number, line)
+            return
+        if _NCCL_LINE.search(line) or _NCCL_VERSION.match(line):  # NCCL prints its version bare on rank 0
             self._nccl_line(line)
             return
-        line = _PREFIX.sub("", line)
         stripped = line.strip()
         if not stripped:
             return
+        if self.pending is not None:
+            if self._fragment(stripped) and not _ROW_START.match(line):
+                self._partial(number, stripped)  # the rest of the row NCCL's messages interrupted
+                return
+            self._flush()
         if stripped.startswith("#"):
             self._comment(stripped.lstrip("#").strip(), number)
         elif _ROW_START.match(line):
@@ -221,6 +244,36 @@ class _Reader:
             # a command line (mpirun ... ./build/all_reduce_perf -b 8 ...) names the test; anything else is
             # another program's output (mpirun, srun, the shell) and is skipped
             self.target.program = self.context.program = m.group(1)
+
+    def _fragment(self, text: str) -> bool:
+        """Whether ``text`` is a piece of a table row: a row's start, or numbers (times, bandwidths, #wrong)."""
+        words = text.split()
+        return bool(words) and (_ROW_START.match(text) is not None or all(_NUMBER.fullmatch(w) for w in words))
+
+    def _partial(self, number: int, text: str) -> None:
+        """Keep a row interrupted by NCCL's debug output until its pieces are all there."""
+        if self.pending is None:
+            self.pending = (number, text)
+        else:
+            self.pending = (self.pending[0], self.pending[1] + " " + text.strip())
+        first, joined = self.pending
+        if self._complete(joined):
+            self.pending = None
+            self._table_row(joined, first)
+
+    def _complete(self, text: str) -> bool:
+        run = self.current
+        if run is None or run.columns is None:
+            return False
+        lead, per, _ = _layout(run, None, len(text.split()))
+        return len(text.split()) >= len(lead) + 2 * per
+
+    def _flush(self) -> None:
+        """A row whose pieces stopped coming: read as it is (a complete row, or an error naming it)."""
+        if self.pending is not None:
+            first, joined = self.pending
+            self.pending = None
+            self._table_row(joined, first)
 
     def _nccl_line(self, line: str) -> None:
         target = self.target
@@ -268,6 +321,9 @@ def _starts_table(body: str) -> bool:
 
 def _header_line(run: _Pending, body: str, number: int, field_name: str) -> None:
     words = body.split()
+    if words[:1] == ["nThread"] and (m := _NGPUS.search(body)):  # src/common.cu: "# nThread %d nGpus %d ..."
+        run.gpus_per_process = int(m.group(1))
+        return
     if words[:2] == ["bytes", "N"]:
         run.columns = tuple(OLDEST.get(w, w) for w in words)
         run.time_scale = 1e3
@@ -373,15 +429,16 @@ def _placement(fields: list[str], check: int, scale: float, bad) -> Placement:
 
 def _finish(run: _Pending, forced: Op | None, ranks: int | None, field_name: str) -> Run:
     where = f"line {run.first_line}"
-    op = forced or PROGRAMS.get(run.program or "") or _op_from_columns(run)
-    if op is None:
-        named = f" ({run.program} is not one of them)" if run.program else ""
+    op = forced or PROGRAMS.get(run.program or "")
+    if op is None and run.program:
         raise CollectiveError(
             "op",
-            f"{where}: cannot tell which test printed this table{named}: the log names no "
-            f"{', '.join(PROGRAMS)}; give op",
+            f"{where}: cannot tell which test printed this table ({run.program} is not one of them): the log "
+            f"names no {', '.join(PROGRAMS)}; give op",
         )
-    counted = len(run.ranks) or run.nranks or _ranks_from_counts(op, run.rows)
+    if op is None:  # a bare table: what its columns prove, or a refusal naming what they leave open
+        op = _op_from_columns(run, ranks or len(run.ranks) or run.nranks, where)
+    counted = len(run.ranks) or run.nranks or _ranks_from_counts(op, run.rows) or _ranks_from_factor(op, run.rows)
     n = ranks or counted
     if not n:
         raise CollectiveError("ranks", f"{where}: the log has no '#  Rank' lines nor NCCL 'nranks'; give ranks")
@@ -396,16 +453,84 @@ def _finish(run: _Pending, forced: Op | None, ranks: int | None, field_name: str
         rows=tuple(run.rows),
         avg_busbw_GBps=run.avg_busbw,
         first_line=run.first_line,
+        gpus_per_process=run.gpus_per_process,
     )
 
 
-def _op_from_columns(run: _Pending) -> Op | None:
-    """Only what the columns prove: a root column with redop 'none' is broadcast, with a reduction
-    reduce (allreduce/reduce_scatter/all_gather/alltoall print root -1 since 2.13)."""
-    row = run.rows[0]
+def _op_from_columns(run: _Pending, n: int | None, where: str) -> Op:
+    """The op of a table that does not name its test, from what its columns prove (issue 23 item 7):
+
+    - a root column >= 0: broadcast with redop 'none', else reduce (since 2.13 the other tests print root -1);
+    - size = k x count x word size with k >= 2: a per-rank-count test on k ranks (each test's GetCollByteCount):
+      reduce_scatter when the redop names a reduction; all_gather when there is no redop column (before 2.13
+      only all_gather and sendrecv printed none); all_gather or alltoall when it says 'none' (both print it,
+      src/all_gather.cu and src/alltoall.cu TimeTest, with the same factor): refused, naming both;
+    - size = count x word size: all_reduce (busbw/algbw = 2(n-1)/n > 1 for n > 2) or sendrecv (1; it prints the
+      redop too, 'sum' by default: src/common.cu ncclop). busbw/algbw is bounded by the two printed decimals of
+      every row (``_factor_bounds``); a ratio that may be 1 is sendrecv only when the ranks are known and are not
+      2, where all_reduce's factor is 1 too.
+    Raises, naming the candidates, where the columns leave the op open."""
+    row = next((r for r in run.rows if r.count), run.rows[0])
     if row.root is not None and row.root >= 0:
         return Op.BROADCAST if row.redop in (None, "none") else Op.REDUCE
-    return None
+    k, rest = divmod(row.size_bytes, max(1, row.count * WORD_BYTES[row.dtype]))
+    if row.count and not rest and k >= 2:
+        if row.redop not in (None, "none"):
+            return Op.REDUCESCATTER
+        if row.redop is None:
+            return Op.ALLGATHER
+        raise CollectiveError(
+            "op",
+            f"{where}: size = {k} x count x word size and redop 'none': all_gather_perf or alltoall_perf (the "
+            "same columns and busbw factor); give op",
+        )
+    low, high = _factor_bounds(run.rows)
+    if low > 1:
+        return Op.ALLREDUCE
+    if high < 1 or low > high:
+        raise CollectiveError(
+            "op",
+            f"{where}: size = count x word size but busbw/algbw is within [{low:.3f}, {high:.3f}], which neither "
+            "all_reduce (2(n-1)/n >= 1) nor sendrecv (1) prints; give op",
+        )
+    if n and n > 2 and busbw_factor(Op.ALLREDUCE, n) > high:
+        return Op.SENDRECV
+    on = f"{n} ranks" if n else "an unknown rank count"
+    raise CollectiveError(
+        "op",
+        f"{where}: busbw/algbw may be 1 ([{low:.3f}, {high:.3f}]) on {on}: sendrecv_perf, or all_reduce_perf on 2 "
+        "ranks (2(n-1)/n = 1); give op",
+    )
+
+
+def _factor_bounds(rows: list[Row]) -> tuple[float, float]:
+    """Bounds on busbw / algbw that every row's two printed decimals allow (each of algbw and busbw is off by
+    at most 0.005): the intersection over the rows, or the narrowest row's bounds when the rows disagree (a
+    table edited by hand)."""
+    bounds = []
+    for r in rows:
+        for p in (r.out_of_place, r.in_place):
+            if p is not None and p.algbw_GBps > 0.005:
+                bounds.append(
+                    ((p.busbw_GBps - 0.005) / (p.algbw_GBps + 0.005), (p.busbw_GBps + 0.005) / (p.algbw_GBps - 0.005))
+                )
+    if not bounds:
+        return 0.0, math.inf
+    low, high = max(b[0] for b in bounds), min(b[1] for b in bounds)
+    return (low, high) if low <= high else min(bounds, key=lambda b: b[1] - b[0])
+
+
+def _ranks_from_factor(op: Op, rows: list[Row]) -> int | None:
+    """The rank count an allreduce table's busbw/algbw = 2(n-1)/n allows, when only one does."""
+    if op is not Op.ALLREDUCE:
+        return None
+    low, high = _factor_bounds(rows)
+    if high < 1 or low >= 2:
+        return None
+    first = max(2, math.floor(2 / (2 - low)))
+    last = math.ceil(2 / (2 - high)) if high < 2 else first + 2
+    fits = [n for n in range(first, last + 1) if low <= busbw_factor(op, n) <= high]
+    return fits[0] if len(fits) == 1 else None
 
 
 def _ranks_from_counts(op: Op, rows: list[Row]) -> int | None:

@@ -68,7 +68,9 @@ export function sortBy(key) {
 }
 
 // ---- exports --------------------------------------------------------------------------------------------
-const EXPORTS = { json: "commplan-plan.json", csv: "commplan-plan.csv", "nccl-tests": "commplan-nccl-tests.sh", simai: "commplan-workload.csv" };
+const EXPORTS = { json: "commplan-plan.json", csv: "commplan-plan.csv", "nccl-tests": "commplan-nccl-tests.sh", trace: "commplan-trace.json" };
+// one rank of one stage: the busiest stage's (docs/exports.md)
+const PER_STAGE = { simai: ["workload.txt", "SimAI workload"], aicb: ["workload.csv", "AICB workload"] };
 
 export async function exportPlan(format) {
   if (!state.request) return;
@@ -76,11 +78,12 @@ export async function exportPlan(format) {
   note.textContent = `Preparing ${format}…`;
   try {
     const stage = state.plan && state.plan.totals ? state.plan.totals.busiest_stage : 0;
-    const query = format === "simai" ? `?stage=${encodeURIComponent(stage)}` : "";
+    const perStage = PER_STAGE[format];
+    const query = perStage ? `?stage=${encodeURIComponent(stage)}` : "";
     const response = await call(`/v1/plan/export/${format}${query}`, state.request);
     const omitted = response.headers.get("x-commplan-omitted");
-    download(format === "simai" ? `commplan-stage${stage}-workload.csv` : EXPORTS[format], await response.blob());
-    note.textContent = format === "simai" ? `AICB/SimAI workload of one rank of stage ${stage}.${omitted ? ` Not expressible in AICB's format: ${omitted}.` : ""}` : "";
+    download(perStage ? `commplan-${format}-stage${stage}-${perStage[0]}` : EXPORTS[format], await response.blob());
+    note.textContent = perStage ? `${perStage[1]} of one rank of stage ${stage}.${omitted ? ` Not expressible in that format: ${omitted}.` : ""}` : format === "trace" ? "Open it in ui.perfetto.dev or chrome://tracing." : "";
   } catch (err) {
     note.textContent = `Export failed: ${err.message}`;
   }

@@ -37,7 +37,7 @@ def test_calibrate_answers_the_contract(efa):
     assert all(r["fitted"] for r in efa["rows"])
     assert efa["cluster"]["calibration"] == efa["constants"] and efa["constants"]
     run = {"log": 0, "op": "allreduce", "ranks": 16, "nodes": 2, "rows": 29, "nccl_version": None}
-    run |= {"priced_as_nccl": "2.30", "nccl_algo": None, "devices": ["NVIDIA A100-SXM4-80GB"]}
+    run |= {"priced_as_nccl": "2.30", "nccl_algo": None, "devices": ["NVIDIA A100-SXM4-80GB"], "gpus_per_process": 1}
     assert efa["runs"] == [run]
 
 
@@ -210,3 +210,49 @@ def test_a_plans_cluster_request_carries_the_calibration_back(api, efa):
     again = api.post("/v1/plan", json=LLAMA70B | {"cluster": block})
     assert again.status_code == 200, again.text
     assert again.json()["totals"]["time_s"] == pytest.approx(first.json()["totals"]["time_s"], rel=1e-12)
+
+
+# ---- issue 23 item 7: a bare table, its op given, -g N --------------------------------------------------------
+def _bare(name: str) -> str:
+    text = next(LOGS.glob(name)).read_text()
+    return "\n".join(line for line in text.splitlines() if line[:1] == " " and line.split()[0].isdigit())
+
+
+def test_a_bare_table_is_calibrated_over_http_with_its_op_read_or_given(api):
+    """The Azure ND H100 v5 allreduce table pasted without its banner: allreduce on 8 ranks from its columns.
+    The all_gather table (redop 'none', like alltoall) is a 422 naming both until its op is given."""
+    h100 = {"cluster": {"preset": "dgx-h100"}, "logs": [{"text": _bare("00_allreduce_1x8_*.txt"), "nodes": 1}]}
+    r = api.post("/v1/calibrate", json=h100)
+    assert r.status_code == 200, r.text
+    assert [(run["op"], run["ranks"], run["rows"]) for run in r.json()["runs"]] == [("allreduce", 8, 24)]
+    gather = {"cluster": {"preset": "dgx-h100"}, "logs": [{"text": _bare("12_allgather_1x8_*.txt"), "nodes": 1}]}
+    r = api.post("/v1/calibrate", json=gather)
+    assert r.status_code == 422
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["body", "logs", "0", "op"] and "all_gather_perf or alltoall_perf" in error["msg"]
+    gather["logs"][0]["op"] = "all_gather_perf"
+    r = api.post("/v1/calibrate", json=gather)
+    assert r.status_code == 200 and r.json()["runs"][0]["op"] == "allgather" and r.json()["runs"][0]["ranks"] == 8
+
+
+def test_a_g_n_run_is_reported_and_warned_about(api):
+    from tests.collectives.test_nccl_tests_parse import G4
+
+    r = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-a100"}, "logs": [{"text": G4}]})
+    assert r.status_code == 200, r.text
+    (run,) = r.json()["runs"]
+    assert (run["ranks"], run["nodes"], run["gpus_per_process"]) == (4, 1, 4)
+    assert any("-g 4" in w and "one process per GPU" in w for w in r.json()["warnings"]), r.json()["warnings"]
+    r = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h100"}, "logs": [{"text": SAMPLE}]})
+    assert all(run["gpus_per_process"] == 1 for run in r.json()["runs"])
+    assert not any("-g " in w for w in r.json()["warnings"])
+
+
+def test_cli_op_and_ranks(capsys, tmp_path):
+    path = tmp_path / "bare_allgather.txt"
+    path.write_text(_bare("12_allgather_1x8_*.txt"))
+    assert main(["calibrate", str(path), "--cluster", "dgx-h100", "--nodes", "1", "--format", "json"]) == 2
+    assert "all_gather_perf or alltoall_perf" in capsys.readouterr().err
+    args = ["calibrate", str(path), "--cluster", "dgx-h100", "--nodes", "1", "--op", "all_gather_perf"]
+    assert main([*args, "--ranks", "8", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["op"] == "allgather"

@@ -3,13 +3,14 @@ and the domain procedures answer what the routes answer."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from planner import build_plan
-from planner.exports import TEXT_EXPORTS, plan_csv, render
+from planner.exports import TEXT_EXPORTS, chrome_trace, plan_csv, render
 
 from ..conftest import ROOT
 from .conftest import LLAMA70B
@@ -33,6 +34,8 @@ def test_an_export_over_http_is_the_domains_render(api):
     r = api.post("/v1/plan/export/csv", json=LLAMA70B)
     assert r.status_code == 200
     assert r.text == render(plan, "csv") == plan_csv(plan)
-    assert set(TEXT_EXPORTS) == {"csv", "nccl-tests", "simai"}
-    with pytest.raises(ValueError, match="format: unknown export 'xml'; known: csv, nccl-tests, simai"):
+    assert set(TEXT_EXPORTS) == {"csv", "nccl-tests", "aicb", "simai"}
+    with pytest.raises(ValueError, match="format: unknown export 'xml'; known: csv, nccl-tests, aicb, simai"):
         render(plan, "xml")
+    trace = api.post("/v1/plan/export/trace", json=LLAMA70B)  # the trace is the domain's object, written as JSON
+    assert trace.json() == json.loads(json.dumps(chrome_trace(plan)))

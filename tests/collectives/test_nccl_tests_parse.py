@@ -98,8 +98,8 @@ TABLE = """#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  
 
 
 def test_op_and_ranks_can_be_given_for_a_bare_table():
-    with pytest.raises(CollectiveError, match="cannot tell which test"):
-        parse(TABLE)
+    (run,) = parse(TABLE)  # busbw/algbw = 36.70/20.97 = 1.750 (+-0.0007 from the decimals): 2(n-1)/n, n = 8 only
+    assert run.op is Op.ALLREDUCE and run.ranks == 8
     (run,) = parse(TABLE, op="all_reduce_perf", ranks=8)
     assert run.op is Op.ALLREDUCE and run.ranks == 8
     assert run.busbw_GBps(run.rows[0]) == pytest.approx(1.75 * 1048576 / 50e-6 / 1e9)
@@ -226,3 +226,123 @@ def test_any_edit_of_a_real_log_parses_or_names_a_line(data):
         assert err.rule.startswith("line ") or err.field in ("op", "ranks", "text"), err
     else:
         assert all(r.rows and r.ranks >= 1 for r in runs)
+
+
+# ---- issue 23 item 7: bare tables, -g N, NCCL's debug output inside the table ---------------------------------
+HELDOUT = OUT.parent / "nccl_heldout"
+
+
+def bare(text: str) -> str:
+    """Only the table's rows: what a user pastes from a terminal (no banner, no header, no rank lines)."""
+    return "\n".join(line for line in text.splitlines() if line[:1] == " " and line.split()[0].isdigit())
+
+
+@pytest.mark.parametrize(
+    ("path", "op", "ranks"),
+    [
+        (OUT / "00_allreduce_1x8_github-com-azure-ai-benchmarking-guide.txt", Op.ALLREDUCE, 8),  # 2(n-1)/n = 1.75
+        (OUT / "01_allreduce_1x8_github-com-azure-ai-benchmarking-guide.txt", Op.ALLREDUCE, 8),  # pre-2.13 layout
+        (OUT / "05_allreduce_3x8_github-com-nvidia-nccl-tests-issue-119.txt", Op.ALLREDUCE, 24),
+        (OUT / "14_reducescatter_1x8_github-com-nvidia-nccl-issue-1281.txt", Op.REDUCESCATTER, 8),  # size = 8 x count
+        (OUT / "15_allgather_1x8_github-com-nvidia-nccl-issue-1281.txt", Op.ALLGATHER, 8),  # no redop column: AG
+        (HELDOUT / "gb200_nvl72_72_allreduce.txt", Op.ALLREDUCE, 72),  # CoreWeave, as published
+        (HELDOUT / "azure_nd_h200_v5_1x8_allreduce.txt", Op.ALLREDUCE, 8),
+        (HELDOUT / "nebius_h100_2x8_allreduce.txt", Op.ALLREDUCE, 16),
+    ],
+    ids=lambda x: getattr(x, "name", str(x))[:24],
+)
+def test_a_bare_table_names_its_op_and_ranks_from_its_columns(path, op, ranks):
+    """Stripped of the banner, the header and the rank lines, a table still says which test printed it: the op
+    from size/count and busbw/algbw (nccl-tests' factor), the ranks from size/count or the factor; every row as
+    the full log reads it."""
+    full = parse(path.read_text())
+    (run,) = parse(bare(path.read_text()))
+    assert (run.op, run.ranks) == (op, ranks) == (full[0].op, full[0].ranks)
+    assert [(r.size_bytes, r.time_us) for r in run.rows] == [(r.size_bytes, r.time_us) for r in full[0].rows]
+
+
+@pytest.mark.parametrize(
+    ("path", "needle", "given", "then"),
+    [
+        (OUT / "12_allgather_1x8_github-com-nvidia-nccl-tests-issue-212-s.txt", "all_gather_perf or alltoall_perf",
+         {"op": "all_gather_perf"}, (Op.ALLGATHER, 8)),  # 'none', size = 8 x count: the ranks from the counts
+        (OUT / "04_sendrecv_1x8_github-com-li-plus-playground.txt", "sendrecv_perf, or all_reduce_perf on 2 ranks",
+         {"ranks": 8}, (Op.SENDRECV, 8)),  # factor 1 on 8 ranks: not an allreduce (1.75)
+        (OUT / "18_allreduce_2x1_github-com-nvidia-nccl-tests-issue-119-s.txt", "all_reduce_perf on 2 ranks",
+         {"op": "allreduce"}, (Op.ALLREDUCE, 2)),  # factor 1: the ranks from 2(n-1)/n = 1
+        (HELDOUT / "aws_p6b200_2x8_allreduce.txt", "give ranks", {"ranks": 16}, (Op.ALLREDUCE, 16)),
+    ],
+    ids=["allgather-or-alltoall", "sendrecv", "allreduce-2-ranks", "p6-b200-8B-8KiB"],
+)  # fmt: skip
+def test_a_bare_table_the_columns_leave_open_is_refused_naming_the_candidates(path, needle, given, then):
+    """What the columns cannot tell apart is a 422 naming both (never a guess); given op or ranks, it reads.
+    The AWS P6 B200 table is published bare (8 B - 8 KiB): busbw/algbw > 1 on its 8 KiB rows (0.23/0.12 within
+    the decimals) proves an allreduce, the ranks it cannot."""
+    with pytest.raises(CollectiveError, match=needle):
+        parse(bare(path.read_text()))
+    (run,) = parse(bare(path.read_text()), **given)
+    assert (run.op, run.ranks) == then
+
+
+def test_open_mpi_tags_inside_rows_are_read():
+    """AWS P5 2 x 8 H100 (github.com/KeitaW/p5-nccl-test-2024-07-19, verbatim): mpirun --tag-output tags every
+    printf of a row, so '[1,0]<stdout>:' lands twice inside each row, among 3,000 NCCL INFO lines."""
+    (run,) = parse((HELDOUT / "aws_p5_2x8_allreduce.log").read_text())
+    assert run.op is Op.ALLREDUCE and run.ranks == 16 and run.nccl_version == "2.22.3"
+    assert len(run.rows) == 32 and run.rows[0].size_bytes == 8 and run.rows[-1].size_bytes == 16 << 30
+    assert run.rows[0].out_of_place.time_us == 85.70 and run.rows[0].in_place.time_us == 74.97
+
+
+DEBUG_INSIDE = """[0] # nThread 1 nGpus 1 minBytes 2048 maxBytes 4096 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+[0] #  Rank  0 Group  0 Pid 497888 on h100clust-worker-1 device  0 [0x18] NVIDIA H100 80GB HBM3
+[0] #  Rank  1 Group  0 Pid 497889 on h100clust-worker-1 device  1 [0x2a] NVIDIA H100 80GB HBM3
+[0] h100clust-worker-1:497888:497888 [0] NCCL INFO NCCL version 2.21.5+cuda12.4
+[0] #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+[0] #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+[0]         2048           512     float     sum      -1[0] h100clust-worker-1:497888:497888 [0] NCCL INFO 2048 Bytes -> Algo 0 proto 0 time 25.495272
+[0] h100clust-worker-1:497888:497888 [0] NCCL INFO 2048 Bytes -> Algo 0 proto 0 time 25.495272
+[0]     73.09    0.03    0.03      0[0] h100clust-worker-1:497888:497888 [0] NCCL INFO 2048 Bytes -> Algo 0 proto 0 time 25.495272
+[0] h100clust-worker-1:497888:497888 [0] NCCL INFO 2048 Bytes -> Algo 0 proto 0 time 25.495272
+[0]     70.12    0.03    0.03      0
+[0]         4096          1024     float     sum      -1    71.00    0.06    0.06      0    70.50    0.06    0.06      0
+[0] # Out of bounds values : 0 OK
+"""  # noqa: E501
+
+
+def test_nccl_debug_messages_inside_a_row_are_cut_out_and_the_row_joined():
+    """NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=TUNING prints a line per call, between the printf calls of a row
+    (shaped like NVIDIA/nccl issue 1453, MPICH's '[0] ' rank prefix): the row's pieces are joined, the
+    messages skipped, their NCCL version read."""
+    with pytest.raises(CollectiveError, match="all_reduce_perf on 2 ranks"):  # no binary named, factor 1
+        parse(DEBUG_INSIDE)
+    (run,) = parse(DEBUG_INSIDE, op="all_reduce_perf")
+    assert run.ranks == 2 and run.nccl_version == "2.21.5" and len(run.rows) == 2
+    row = run.rows[0]
+    assert (row.size_bytes, row.out_of_place.time_us, row.in_place.time_us) == (2048, 73.09, 70.12)
+
+
+G4 = """$ mpirun -np 1 ./build/all_reduce_perf -b 8 -e 128M -f 2 -g 4
+# nThread 1 nGpus 4 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 validation: 1
+#
+# Using devices
+#   Rank  0 Pid  71327 on 51e6e7896958 device  0 [0x1a] Tesla V100-SXM3-32GB
+#   Rank  1 Pid  71327 on 51e6e7896958 device  1 [0x1b] Tesla V100-SXM3-32GB
+#   Rank  2 Pid  71327 on 51e6e7896958 device  2 [0x1c] Tesla V100-SXM3-32GB
+#   Rank  3 Pid  71327 on 51e6e7896958 device  3 [0x1e] Tesla V100-SXM3-32GB
+#
+#                                                     out-of-place                       in-place
+#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error
+#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           8             2   float     sum    158.3    0.00    0.00  1e-07    158.4    0.00    0.00  0e+00
+          16             4   float     sum    160.4    0.00    0.00  3e-08    160.7    0.00    0.00  3e-08
+          32             8   float     sum    159.2    0.00    0.00  3e-08    159.9    0.00    0.00  3e-08
+"""
+
+
+def test_a_run_with_g_n_says_so():
+    """One process driving 4 GPUs (NVIDIA/nccl issue 258, its first rows verbatim): 4 ranks from the rank lines
+    (one Pid), gpus_per_process 4 from 'nGpus 4'; a one-GPU-per-process run says 1."""
+    (run,) = parse(G4)
+    assert (run.op, run.ranks, run.gpus_per_process, run.hosts) == (Op.ALLREDUCE, 4, 4, ("51e6e7896958",))
+    assert run.rows[0].out_of_place.time_us == 158.3
+    assert parse(SAMPLE.read_text())[0].gpus_per_process == 1

@@ -569,7 +569,7 @@ def test_human_units_everywhere(page):
 def test_export_buttons_download_every_format(page):
     open_page(page)
     texts = {}
-    for fmt in ("json", "csv", "nccl-tests", "simai"):
+    for fmt in ("json", "csv", "nccl-tests", "simai", "aicb", "trace"):
         with page.expect_download() as download:
             page.click(f"[data-export='{fmt}']")
         texts[fmt] = Path(download.value.path()).read_text()
@@ -579,8 +579,10 @@ def test_export_buttons_download_every_format(page):
     assert len(rows) == len(plan["calls"]) and rows[0]["stages (space-separated)"] == "0 1 2 3"
     assert rows[0]["num_groups"] == "64"
     assert texts["nccl-tests"].startswith("#!/bin/sh") and "mpirun -np" in texts["nccl-tests"]
-    assert texts["simai"].splitlines()[0].startswith("comm_type,comm_group,comm_group_size,msg_size")
-    assert texts["simai"].rstrip().endswith("CommType.epoch_end,None,None,0,,None,None,,None,None,None,1")
+    assert texts["simai"].startswith("HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: 8 ep: 1 pp: 4 ")
+    assert texts["aicb"].splitlines()[0].startswith("comm_type,comm_group,comm_group_size,msg_size")
+    assert texts["aicb"].rstrip().endswith("CommType.epoch_end,None,None,0,,None,None,,None,None,None,1")
+    assert json.loads(texts["trace"])["displayTimeUnit"] == "ms"
     expect(page.locator("#export-note")).to_contain_text("stage 3")
 
 

@@ -53,3 +53,44 @@ def test_device_map_must_be_a_permutation():
             cluster_preset("dgx-h100"),
             Options(device_map=(0, 0, 1, 2, 3, 4, 5, 6)),
         )
+
+
+@pytest.mark.parametrize("schedule", [{}, {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2}])
+def test_pipeline_sends_inside_an_nvl72_rack_go_over_nvlink(schedule):
+    """Issue 23 item 3: Llama 3 405B TP8 PP9 DP2 on two GB200 NVL72 racks (72 GPUs each). A stage holds 16
+    consecutive ranks (tp 8 x dp 2, order tp-cp-ep-dp-pp), so stage s sends from ranks 16s..16s+15 to
+    16(s+1)..: stages 0-2 and 5-7 stay in one rack, 3 (48-63 -> 64-79) and 4 (64-79 -> 80-95) cross to rack 1.
+    Inside a rack the send goes over NVLink (900 GB/s), across it over one 400G NIC (50 GB/s): 33,554,432 B
+    (b s h / tp x bf16 = 8192 x 16384 / 8 x 2) takes >= 671 us on the NIC and < 80 us on NVLink. A row
+    never lists stages whose prices differ: every stage of a row priced alone gives the row's price."""
+    from collectives import Op
+    from planner.layout import layout_for
+    from planner.plan import _price_op, cluster_for
+
+    model, cluster_spec = model_preset("llama3-405b"), cluster_preset("gb200-nvl72", 2)
+    par = ParallelSpec(tp=8, pp=9, dp=2, zero_stage=1, sequence_parallel=True, **schedule)
+    plan = build_plan(model, WorkloadSpec(global_batch_size=36), par, cluster_spec)
+    rows = {(c.call.name, c.call.stages): c for c in plan.calls if c.call.name.startswith("pp.activation")}
+    message = 8192 * 16384 // 8 * 2
+    nic, nvlink = message / 50e9, message / 900e9
+    if not schedule:
+        assert set(rows) == {
+            ("pp.activation", (0, 1, 2, 5, 6, 7)),
+            ("pp.activation", (3, 4)),
+            ("pp.activation_grad", (1, 2, 3, 6, 7, 8)),  # the gradient of stage s + 1's input goes back to s
+            ("pp.activation_grad", (4, 5)),
+        }
+    for (name, stages), row in rows.items():
+        assert row.call.message_bytes == message
+        crosses = any(s in ((3, 4) if name == "pp.activation" else (4, 5)) for s in stages)
+        wraps = 8 if name == "pp.activation" else 0  # interleaved: 8 -> 0 (pp+1) and 0 -> 8 (pp-1), across racks
+        if not schedule or wraps not in stages:
+            assert row.price.bottleneck["kind"] == ("nic" if crosses else "nvlink"), (name, stages)
+            assert (row.price.time_s >= nic) if crosses else (nvlink <= row.price.time_s < 2.2 * nvlink), stages
+        elif schedule:
+            assert stages == (wraps,) and row.price.bottleneck["kind"] == "nic" and row.price.time_s >= nic
+    layout, cluster = layout_for(par), cluster_for(cluster_spec)
+    for row in rows.values():
+        for s in row.call.stages:
+            alone = _price_op(Op.SENDRECV, message, layout.placement(row.call.group, (s,)), cluster, Options())
+            assert alone.time_s == pytest.approx(row.price.time_s, rel=1e-9), (row.call.name, row.call.stages, s)
