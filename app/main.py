@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -116,9 +117,15 @@ def stop_worker_processes(timeout_s: float = 2.0) -> list[int]:
 
 
 @asynccontextmanager
-async def lifespan(_: FastAPI):
-    yield
-    stop_worker_processes()
+async def lifespan(app: FastAPI):
+    # process-wide, set when a server starts (not on import): the event loop's share of the GIL (Settings)
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(app.state.settings.switch_interval_s)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+        stop_worker_processes()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

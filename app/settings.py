@@ -32,6 +32,15 @@ class Settings:
     # 1: each heavy request computes in a process forked for it (app/runner.py: /healthz untouched, memory given
     # back, ~40-100 ms more per request and 3.6x less throughput under load); 0 (default): a worker thread
     work_in_process: int = 0
+    # the GIL switch interval (CPython's sys.setswitchinterval; its default 5 ms). A thread waiting for the GIL
+    # asks the holder to drop it after this long (Python/ceval_gil.c, take_gil), so the event loop waits up to
+    # one interval per work thread at each await: with eight heavy plans in flight, 5 ms gave /healthz a p99
+    # of 174-322 ms and 1 ms 48-59 ms, the plans' own times unchanged (docs/hardening.md)
+    switch_interval_s: float = 0.001
+
+    def __post_init__(self) -> None:
+        if not 1e-5 <= self.switch_interval_s <= 0.1:  # sys.setswitchinterval needs > 0; 0.1 s would starve /healthz
+            raise ValueError(f"COMMPLAN_SWITCH_INTERVAL_S {self.switch_interval_s} is outside 1e-05..0.1 seconds")
 
     @classmethod
     def from_env(cls) -> Settings:

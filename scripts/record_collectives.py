@@ -134,6 +134,16 @@ def profiled(step_fn):
     return out
 
 
+GATHER_SCATTER = {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_"}  # one output and one input tensor
+
+
+def _numel(shape) -> int:
+    numel = 1
+    for d in shape:
+        numel *= d
+    return numel
+
+
 def call_rows(events, rank: int, step: int, group_size: dict) -> list[dict]:
     """One row per c10d op (the dispatcher's event names the API call, which gloo may run as another op: a
     reduce-scatter as an all-reduce of the full input); the dtype from the gloo event that runs it."""
@@ -145,10 +155,13 @@ def call_rows(events, rank: int, step: int, group_size: dict) -> list[dict]:
         shape = dims[0][0] if where == "list" else dims[where]
         runs = next((e for e in events[i + 1 :] if e[0].startswith("gloo:")), None)
         dtype = DTYPE.get(runs[2][0], runs[2][0]) if runs and runs[2] else "?"
-        numel = 1
-        for d in shape:
-            numel *= d
-        rows.append({"rank": rank, "step": step, "op": op, "group_size": group_size[op], "dtype": dtype,
+        numel = _numel(shape)
+        size = group_size[op]
+        if name in GATHER_SCATTER and len(dims) > 1 and dims[0] and dims[1] and _numel(dims[1 - where]):
+            # (output, input) of one tensor each: the group is the full side over the shard (a ZeRO++ hpZ
+            # secondary all-gather shows its 2 ranks where the scenario's mesh says 4)
+            size = numel // _numel(dims[1 - where])
+        rows.append({"rank": rank, "step": step, "op": op, "group_size": size, "dtype": dtype,
                      "numel": numel, "bytes": numel * ITEMSIZE.get(dtype, 4)})  # fmt: skip
     return rows
 
@@ -252,6 +265,8 @@ def deepspeed_worker(rank: int, world: int, cfg: dict, out: dict):
     """DeepSpeed ZeRO through deepspeed.initialize with a plain AdamW client optimizer, DS_ACCELERATOR=cpu (as
     tests/reference/deepspeed was recorded); ``zero`` is the exact zero_optimization dict."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # what the deepspeed / torchrun launchers set (deepspeed.comm asserts LOCAL_RANK); one host here
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_SIZE=str(world))
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -349,7 +364,11 @@ def record(name: str, outdir: str, port: int) -> dict:
             "micro_batches": cfg["micro_batches"],
             "schedule": cfg.get("schedule"),
             "virtual_stages": cfg.get("virtual_stages", 1),
-            "framework": "torch",
+            "framework": "deepspeed" if scenario == "deepspeed" else "torch",
+            # the zero_optimization keys past the stage, by DeepSpeed's names (planner.parallel.zero_config_from_dict)
+            "zero_config_overrides": {k: v for k, v in cfg["zero"].items() if k != "stage"}
+            if scenario == "deepspeed"
+            else None,
             "ddp": {
                 k: cfg[k]
                 for k in ("find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb")

@@ -16,7 +16,7 @@ import math
 import threading
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from collectives import CollectiveError
 from planner import SpecError
@@ -85,13 +85,15 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
             release()
     if wants_stream(request, stream):
         return StreamingResponse(_stream(problem, request, cancel, settings, release), media_type=NDJSON)
-    task = asyncio.ensure_future(asyncio.to_thread(_run, problem, cancel, None, max_layouts(settings)))
+    # the answer is encoded in the thread too: a top_k of 1,000 is a 13 MB body, whose encoding on the event
+    # loop held /healthz for 0.85 s (issue 26)
+    task = asyncio.ensure_future(asyncio.to_thread(_encoded, problem, max_layouts(settings), cancel))
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=POLL_S)
             if not task.done() and await request.is_disconnected():
                 cancel.set()
-        return JSONResponse(search_dict(task.result()))
+        return Response(task.result(), media_type="application/json")
     finally:
         cancel.set()
         if not wants_stream(request, stream):
@@ -107,9 +109,18 @@ def _line(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _encoded(problem: Problem, limit: int) -> bytes:
-    """In the search's own process: the search and its JSON body."""
-    return _line(search_dict(_run(problem, threading.Event(), None, limit))).encode()
+def _body(result: SearchResult) -> str:
+    """``_line(search_dict(result))``, encoded a result at a time: the C encoder holds the GIL for a whole
+    call, and one call over a top_k of 1,000 (18 MB) held it, and so /healthz, for a second or more."""
+    data = search_dict(result)
+    head = _line({**data, "results": []})
+    assert head.endswith('"results":[]}')  # results is the last key (search_dict)
+    return head[:-3] + "[" + ",".join(_line(item) for item in data["results"]) + "]}"
+
+
+def _encoded(problem: Problem, limit: int, cancel: threading.Event | None = None) -> bytes:
+    """Off the event loop (a worker thread, or the search's own process): the search and its JSON body."""
+    return _body(_run(problem, cancel or threading.Event(), None, limit)).encode()
 
 
 async def _stream_forked(problem: Problem, request: Request, settings, release):
@@ -121,9 +132,7 @@ async def _stream_forked(problem: Problem, request: Request, settings, release):
             send(json.dumps({"type": "progress", **progress_line(state)}) + "\n")
 
         try:
-            return (
-                json.dumps({"type": "result", **search_dict(_run(problem, threading.Event(), progress, limit))}) + "\n"
-            )
+            return '{"type":"result",' + _body(_run(problem, threading.Event(), progress, limit))[1:] + "\n"
         except (SpecError, CollectiveError) as err:
             return json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
 
@@ -140,6 +149,11 @@ async def _stream_forked(problem: Problem, request: Request, settings, release):
 def _run(problem: Problem, cancel: threading.Event, progress, limit: int) -> SearchResult:
     with relocated("cluster."):  # a cluster the search's pricing cannot run on
         return search(problem, progress=progress, cancelled=cancel.is_set, max_layouts=limit)
+
+
+def _result_line(task: asyncio.Future) -> str:
+    """The stream's last line, encoded in a worker thread (not on the event loop: it can be megabytes)."""
+    return '{"type":"result",' + _body(task.result())[1:] + "\n"
 
 
 async def _stream(problem: Problem, request: Request, cancel: threading.Event, settings, release):
@@ -164,7 +178,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
             if task.done() and lines.empty():
                 break
         try:
-            yield json.dumps({"type": "result", **search_dict(task.result())}) + "\n"
+            yield await asyncio.to_thread(_result_line, task)
         except (SpecError, CollectiveError) as err:
             yield json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
         except Cancelled:

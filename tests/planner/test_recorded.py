@@ -26,6 +26,12 @@ RECORDED = {
     "fsdp2_pp2_gpipe_noreshard": (1, None),
     "fsdp2_pp2_interleaved_default": (1, None),
     "fsdp2_pp2_interleaved_noreshard": (1, None),
+    # DeepSpeed 0.19.8 ZeRO-3, nothing persistent, 2 micro-batches; step 0 builds the partitions (and hpZ's
+    # secondary copies: its all-gathers over 2 ranks)
+    "ds_zero3_mb2_p0": (1, None),
+    "ds_zero3_hpz2_mb2": (1, None),
+    # qgZ on one host: DeepSpeed quantises gradients only when the group spans nodes (stage3.py), a plain ZeRO-3 step
+    "ds_zero3_qgz": (2, None),  # one micro-batch: step 1 carries ZeRO-3's one-off order check (int64 broadcasts)
 }
 
 
@@ -62,3 +68,21 @@ def test_the_rebuild_is_one_step_later_with_static_graph(reference):
     assert broadcasts == {0: 0, 1: 0, 2: 2 * trace["world_size"]}
     step0 = trace_ops(trace, 0, 0)
     assert step0[("all_reduce", 4, 80)] == 1  # the used-parameter map (20 int32) in the delayed first step
+
+
+def test_zero_plus_plus_hpz_regathers_on_the_secondary_group_as_recorded(reference):
+    """ZeRO++ hpZ (zero_hpz_partition_size 2 of 4 ranks), read off the recording: the first micro-batch gathers
+    over all 4 ranks and builds the secondary copy, the second gathers over its 2-rank secondary group
+    (DeepSpeed 0.19.8 partition_parameters.py, `_allgather_params_coalesced` with the secondary group); the
+    recorder tells the group from the all-gather's output over its input (188,736 fp32 in shards of 94,368)."""
+    steady = [c for c in _trace(reference, "ds_zero3_hpz2_mb2")["calls"] if c["step"] == 2 and c["rank"] == 0]
+    gathers = sorted((c["group_size"], c["bytes"]) for c in steady if c["op"] == "all_gather_into_tensor")
+    assert gathers == [(2, 188_736 * 4), (4, 188_736 * 4)]
+    plain = [c for c in _trace(reference, "ds_zero3_mb2_p0")["calls"] if c["step"] == 2 and c["rank"] == 0]
+    assert sorted(c["group_size"] for c in plain if c["op"] == "all_gather_into_tensor") == [4, 4]
+
+
+def test_quantised_weights_cannot_run_on_cpu_and_say_why(reference):
+    """qwZ needs DeepSpeed's quantizer kernels, which have no CPU implementation: recorded as a failure."""
+    trace = reference("recorded/ds_zero3_qwz.json")
+    assert trace["ok"] is False and "not been implemented on CPU" in trace["reason"]
