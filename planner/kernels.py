@@ -49,6 +49,9 @@ class Efficiency:
     attention_s0: float = 0.0  # attention rate grows as s_kv / (s_kv + s0)
     cpu_op_s: float = 0.0  # host dispatch per kernel without CUDA graphs: a kernel takes at least this
     moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
+    # measured GEMM ceilings of one GPU by dtype, before GEMM_CEILING: what a profiler trace fits for its GPU
+    # (planner/trace_fit.py); () = the tables' ceilings
+    gemm_ceilings: tuple[tuple[str, float], ...] = ()
 
 
 EFFICIENCY = Efficiency(
@@ -260,7 +263,7 @@ def gemm_dtype(ctx: Context) -> str:
 
 
 def operand_bytes(dtype: str) -> float:
-    return {"bf16": 2.0, "fp32": 4.0, "nvfp4": 0.5}.get(dtype, 1.0)
+    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5}.get(dtype, 1.0)
 
 
 def cast_bytes_per_element(ctx: Context) -> float:
@@ -279,6 +282,9 @@ def dense_peak(gpu: GPUSpec, dtype: str) -> float:
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
+    for name, ceiling in eff.gemm_ceilings:
+        if name == dtype:
+            return ceiling
     gen = generation(gpu)
     found = GEMM_CEILING.get((gen, dtype))
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
