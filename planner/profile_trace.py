@@ -25,13 +25,16 @@ import bisect
 import json
 import math
 import re
+import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 from collectives.primitives import Op
 
 from ._errors import SpecError
 
 MAX_EVENTS = 2_000_000  # a few steps of a large model: ~0.2-1M events (HTA's test traces: 2k-300k)
+MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 
 # Kernel classes by name, first match wins (the names as CUDA, cuBLAS, CUTLASS, NCCL and the attention libraries
 # print them in a trace):
@@ -171,7 +174,9 @@ class Trace:
     record_shapes: bool  # any operator carries Input Dims
 
 
+@lru_cache(maxsize=8192)
 def kernel_class(name: str) -> str:
+    """A kernel's class by its name (memoised: a trace repeats a few hundred names)."""
     for kind, pattern in KERNEL_CLASSES:
         if pattern.search(name):
             return kind
@@ -222,9 +227,11 @@ def _count(value) -> int | None:
 # ---- parsing ------------------------------------------------------------------------------------------------
 
 
-def load_trace(data, max_events: int = MAX_EVENTS) -> Trace:
-    """The trace of ``data`` (the parsed JSON, or its text). A malformed or truncated trace is a SpecError
-    naming what is wrong (field ``trace``)."""
+def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -> Trace:
+    """The trace of ``data`` (the parsed JSON, its text, or the bytes of the file, gzipped or not). A malformed
+    or truncated trace is a SpecError naming what is wrong (field ``trace``)."""
+    if isinstance(data, bytes) and data[:2] == b"\x1f\x8b":
+        data = gunzip(data, max_bytes)
     if isinstance(data, (str, bytes)):
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
         try:
@@ -246,30 +253,46 @@ def load_trace(data, max_events: int = MAX_EVENTS) -> Trace:
     return _read(data, events)
 
 
+def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
+    """A gzip file's content, at most ``max_bytes`` of it (a small file may unpack to a great deal)."""
+    unpack = zlib.decompressobj(wbits=31)
+    try:
+        out = unpack.decompress(data, max_bytes + 1)
+    except zlib.error as err:
+        raise SpecError("trace", f"not a readable gzip file: {err}") from None
+    if len(out) > max_bytes:
+        raise SpecError("trace", f"the gzipped trace unpacks to more than {max_bytes} bytes (the limit)")
+    if not unpack.eof:
+        raise SpecError("trace", f"the gzip stream ends early after {len(data)} bytes (a truncated file?)")
+    return out
+
+
 def _read(data: dict, events: list) -> Trace:
     kernels, ops, launches, steps = [], [], {}, set()
+    wanted = ("kernel", "cpu_op", "cuda_runtime", "user_annotation")
     for i, e in enumerate(events):
-        if not isinstance(e, dict):
+        if type(e) is not dict:
             raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
         cat = e.get("cat")
-        if e.get("ph") != "X" or cat not in ("kernel", "cpu_op", "cuda_runtime", "user_annotation"):
+        if cat not in wanted or e.get("ph") != "X":
             continue
         ts, dur = e.get("ts"), e.get("dur")
-        if not _finite(ts) or not _finite(dur) or dur < 0:
+        if type(ts) not in (int, float) or type(dur) not in (int, float) or not (dur >= 0 and math.isfinite(ts + dur)):
             raise SpecError(
                 f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
             )
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        name = str(e.get("name", ""))
+        args = e.get("args")
+        if type(args) is not dict:
+            args = {}
         if cat == "kernel":
-            kernels.append((name, float(dur), args))
+            kernels.append((str(e.get("name", "")), dur, args))
         elif cat == "cuda_runtime":
             if "correlation" in args:
-                launches[args["correlation"]] = (e.get("pid"), e.get("tid"), float(ts))
+                launches[args["correlation"]] = (e.get("pid"), e.get("tid"), ts)
         elif cat == "cpu_op":
-            ops.append((e.get("pid"), e.get("tid"), float(ts), float(ts) + float(dur), name, args))
-        elif name.startswith("ProfilerStep#"):
-            steps.add(name)
+            ops.append((e.get("pid"), e.get("tid"), ts, ts + dur, e.get("name", ""), args))
+        elif str(e.get("name", "")).startswith("ProfilerStep#"):
+            steps.add(e["name"])
     if not kernels:
         raise SpecError(
             "trace",
@@ -287,7 +310,9 @@ def _read(data: dict, events: list) -> Trace:
             op_i = index.get(found)
             if op_i is None:
                 op_i = index[found] = len(table)
-                table.append(TraceOp(op_name, _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type"))))
+                table.append(
+                    TraceOp(str(op_name), _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type")))
+                )
         kind = kernel_class(name)
         if kind == "nccl":
             op = collective_of(name, args)
@@ -310,10 +335,6 @@ def _read(data: dict, events: list) -> Trace:
         events=len(events),
         record_shapes=any("Input Dims" in a for *_, a in ops),
     )
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _tuple(v) -> tuple:

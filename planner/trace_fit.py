@@ -273,21 +273,24 @@ def trace_stage(trace: Trace, world_size: int, pp: int) -> int:
     return min(pp - 1, trace.rank // (world_size // pp))
 
 
-def compare_collectives(trace: Trace, plan, stage: int | None = None) -> tuple[list[dict], list[str]]:
+def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tuple[list[dict], int | None, list[str]]:
     """The trace's NCCL kernels by (op, message bytes) against the plan's ledger rows of the traced rank's
-    stage: calls per step and seconds per call on both sides. Bytes are matched where the trace records them
-    (Kineto's "In msg nelems"), else rows are by op (counts and times only)."""
-    pp = max((max(pc.call.stages, default=0) for pc in plan.calls), default=0) + 1
-    stage = trace_stage(trace, plan.world_size, pp) if stage is None else stage
+    stage: calls per step and seconds per call on both sides; (rows, that stage, warnings). Bytes are matched
+    where the trace records them (Kineto's "In msg nelems"), else rows are by op (counts and times only).
+    Without a plan, the trace's side alone."""
     warnings = []
-    if trace.world_size and trace.world_size != plan.world_size:
-        warnings.append(f"the trace ran on {trace.world_size} ranks, the plan on {plan.world_size}")
+    calls = plan.calls if plan is not None else []
+    if plan is not None:
+        pp = max((max(pc.call.stages, default=0) for pc in calls), default=0) + 1
+        stage = trace_stage(trace, plan.world_size, pp) if stage is None else stage
+        if trace.world_size and trace.world_size != plan.world_size:
+            warnings.append(f"the trace ran on {trace.world_size} ranks, the plan on {plan.world_size}")
     traced: dict[str, dict] = {}
     for k in trace.kernels:
         if k.kind == "nccl":
             traced.setdefault(k.collective, {}).setdefault(k.message_bytes, []).append(k.dur_s)
     planned: dict[str, dict] = {}
-    for pc in plan.calls:
+    for pc in calls:
         c = pc.call
         if stage in c.stages:
             planned.setdefault(c.op.value, {}).setdefault(c.message_bytes, []).append(pc)
@@ -313,7 +316,7 @@ def compare_collectives(trace: Trace, plan, stage: int | None = None) -> tuple[l
                     "plan_calls": sorted({pc.call.name for pc in calls})[:8],
                 }
             )
-    return rows, warnings
+    return rows, stage, warnings
 
 
 __all__ = ["TraceFit", "compare_collectives", "fit_trace", "kernel_summary", "trace_stage"]
