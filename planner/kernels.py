@@ -344,11 +344,32 @@ def memory_kernel(name: str, nbytes: float, gpu: GPUSpec, eff: Efficiency, count
 # ---- the layer -------------------------------------------------------------------------------------------
 
 
+# Persistent per-expert load imbalance of a trained router, as measured: MaxVio_global = (max_i Load_i - mean Load) /
+# mean Load over a whole validation set (Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for
+# Mixture-of-Experts", arXiv 2408.15664, Eq. 4 and Table 2; DeepSeekMoE 1B and 3B, 64 routed experts, top-6):
+# auxiliary-loss-controlled routing 0.72 (1B) and 0.52 (3B), loss-free balancing (the expert bias DeepSeek-V3 adopts,
+# Megatron --moe-router-enable-expert-bias) 0.04 at both sizes. The larger model's aux-loss figure is taken. Keyed by
+# MoESpec: expert_bias wins; load_balancing "aux_loss" (Megatron's default); the other balancings (none,
+# seq_aux_loss) have no measurement here: 0.
+ROUTING_MAXVIO = {"expert_bias": 0.04, "aux_loss": 0.52}
+
+
+def routing_maxvio(moe) -> float:
+    """The measured MaxVio_global of the MoE's router balancing (ROUTING_MAXVIO)."""
+    return ROUTING_MAXVIO["expert_bias"] if moe.expert_bias else ROUTING_MAXVIO.get(moe.load_balancing, 0.0)
+
+
 def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]:
     """(rows per local expert on the busiest EP rank, local experts). Tokens of the etp x ep ranks, top-k copies
-    each, over E experts (token_dispatcher.py); dropless routing is not uniform: the busiest of the ep ranks
-    carries R + sqrt(2·ln(ep)·R) copies for a rank mean R (the maximum of ep near-Gaussian multinomial counts,
-    Gumbel's extreme-value limit), times (1 + moe_skew); a capacity factor pads every expert to its capacity."""
+    each, over E experts (token_dispatcher.py); dropless routing is not uniform:
+
+    - per step the busiest of the ep ranks carries R + sqrt(2·ln(ep)·R) copies for a rank mean R (the maximum of ep
+      near-Gaussian multinomial counts, Gumbel's extreme-value limit);
+    - a trained router keeps its hottest expert at (1 + MaxVio) x the mean load (ROUTING_MAXVIO, measured), and
+      that expert's rank carries the excess, mean x MaxVio (with one rank, ep = 1, the rank carries every copy
+      whatever the skew);
+
+    times (1 + moe_skew) (0: a trace refits it); a capacity factor pads every expert to its capacity."""
     m, par = ctx.model.moe, ctx.par
     t, etp, ep = par.tp, par.etp, par.ep
     local = max(1, m.num_experts // ep)
@@ -356,7 +377,7 @@ def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]
     if m.capacity_factor:
         return mean * m.capacity_factor, local
     rank = mean * local
-    busiest = rank + math.sqrt(2.0 * math.log(ep) * rank) if ep > 1 else rank
+    busiest = rank + math.sqrt(2.0 * math.log(ep) * rank) + mean * routing_maxvio(m) if ep > 1 else rank
     return busiest * (1.0 + eff.moe_skew) / local, local
 
 
@@ -667,4 +688,5 @@ __all__ = [
     "check_kernel_options",
     "gemm_time",
     "layer_kernels",
+    "routing_maxvio",
 ]
