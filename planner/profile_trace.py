@@ -268,58 +268,14 @@ def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
 
 
 def _read(data: dict, events: list) -> Trace:
-    kernels, ops, launches, steps = [], [], {}, set()
-    wanted = ("kernel", "cpu_op", "cuda_runtime", "user_annotation")
-    for i, e in enumerate(events):
-        if type(e) is not dict:
-            raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
-        cat = e.get("cat")
-        if cat not in wanted or e.get("ph") != "X":
-            continue
-        ts, dur = e.get("ts"), e.get("dur")
-        if type(ts) not in (int, float) or type(dur) not in (int, float) or not (dur >= 0 and math.isfinite(ts + dur)):
-            raise SpecError(
-                f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
-            )
-        args = e.get("args")
-        if type(args) is not dict:
-            args = {}
-        if cat == "kernel":
-            kernels.append((str(e.get("name", "")), dur, args))
-        elif cat == "cuda_runtime":
-            if "correlation" in args:
-                launches[args["correlation"]] = (e.get("pid"), e.get("tid"), ts)
-        elif cat == "cpu_op":
-            ops.append((e.get("pid"), e.get("tid"), ts, ts + dur, e.get("name", ""), args))
-        elif str(e.get("name", "")).startswith("ProfilerStep#"):
-            steps.add(e["name"])
+    kernels, ops, launches, steps = _scan(events)
     if not kernels:
         raise SpecError(
             "trace",
             f"no GPU kernel events (ph 'X', cat 'kernel') among {len(events)} events: profile with "
             "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
         )
-    enclosing = _enclosing_ops(ops, launches)
-    table, index = [], {}
-    out = []
-    for name, dur, args in kernels:
-        op_i = -1
-        found = enclosing.get(args.get("correlation"))
-        if found is not None:
-            _, _, _, _, op_name, op_args = ops[found]
-            op_i = index.get(found)
-            if op_i is None:
-                op_i = index[found] = len(table)
-                table.append(
-                    TraceOp(str(op_name), _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type")))
-                )
-        kind = kernel_class(name)
-        if kind == "nccl":
-            op = collective_of(name, args)
-            group = _count(args.get("Group size"))
-            out.append(TraceKernel(name, kind, dur * 1e-6, op_i, op, message_bytes(op, args), group))
-        else:
-            out.append(TraceKernel(name, kind, dur * 1e-6, op_i))
+    table, out = _kernels(kernels, ops, _enclosing_ops(ops, launches))
     props = data.get("deviceProperties")
     first = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else {}
     dist = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
@@ -335,6 +291,62 @@ def _read(data: dict, events: list) -> Trace:
         events=len(events),
         record_shapes=any("Input Dims" in a for *_, a in ops),
     )
+
+
+_WANTED = ("kernel", "cpu_op", "cuda_runtime", "user_annotation")
+
+
+def _scan(events: list) -> tuple[list, list, dict, set]:
+    """One pass over the events: kernels (name, dur, args), host operators (pid, tid, start, end, name, args),
+    launches by correlation id (pid, tid, ts), and the ProfilerStep names."""
+    kernels, ops, launches, steps = [], [], {}, set()
+    for i, e in enumerate(events):
+        if type(e) is not dict:
+            raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
+        cat = e.get("cat")
+        if cat not in _WANTED or e.get("ph") != "X":
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if type(ts) not in (int, float) or type(dur) not in (int, float) or not (dur >= 0 and math.isfinite(ts + dur)):
+            raise SpecError(
+                f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
+            )
+        args = e.get("args")
+        args = args if type(args) is dict else {}
+        if cat == "kernel":
+            kernels.append((str(e.get("name", "")), dur, args))
+        elif cat == "cpu_op":
+            ops.append((e.get("pid"), e.get("tid"), ts, ts + dur, e.get("name", ""), args))
+        elif cat == "cuda_runtime":
+            if "correlation" in args:
+                launches[args["correlation"]] = (e.get("pid"), e.get("tid"), ts)
+        elif str(e.get("name", "")).startswith("ProfilerStep#"):
+            steps.add(e["name"])
+    return kernels, ops, launches, steps
+
+
+def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], list[TraceKernel]]:
+    """The kernels classified, each pointing at its launching operator (one TraceOp per operator instance)."""
+    table, index, out = [], {}, []
+    for name, dur, args in kernels:
+        op_i = -1
+        found = enclosing.get(args.get("correlation"))
+        if found is not None:
+            op_i = index.get(found)
+            if op_i is None:
+                *_, op_name, op_args = ops[found]
+                op_i = index[found] = len(table)
+                table.append(
+                    TraceOp(str(op_name), _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type")))
+                )
+        kind = kernel_class(name)
+        if kind == "nccl":
+            op = collective_of(name, args)
+            group = _count(args.get("Group size"))
+            out.append(TraceKernel(name, kind, dur * 1e-6, op_i, op, message_bytes(op, args), group))
+        else:
+            out.append(TraceKernel(name, kind, dur * 1e-6, op_i))
+    return table, out
 
 
 def _tuple(v) -> tuple:
