@@ -236,6 +236,8 @@ def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
         try:
             data = json.loads(text)
+        except RecursionError:
+            raise SpecError("trace", "JSON nested deeper than Python's parser goes: not a profiler trace") from None
         except json.JSONDecodeError as err:
             end = " (the text ends there: a truncated file?)" if err.pos >= len(text.rstrip()) - 1 else ""
             raise SpecError(
@@ -307,7 +309,7 @@ def _scan(events: list) -> tuple[list, list, dict, set]:
         if cat not in _WANTED or e.get("ph") != "X":
             continue
         ts, dur = e.get("ts"), e.get("dur")
-        if type(ts) not in (int, float) or type(dur) not in (int, float) or not (dur >= 0 and math.isfinite(ts + dur)):
+        if type(ts) not in (int, float) or type(dur) not in (int, float) or not (0 <= dur < 1e18 and abs(ts) < 1e18):
             raise SpecError(
                 f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
             )
@@ -316,12 +318,12 @@ def _scan(events: list) -> tuple[list, list, dict, set]:
         if cat == "kernel":
             kernels.append((str(e.get("name", "")), dur, args))
         elif cat == "cpu_op":
-            ops.append((e.get("pid"), e.get("tid"), ts, ts + dur, e.get("name", ""), args))
+            ops.append((_id(e.get("pid")), _id(e.get("tid")), ts, ts + dur, e.get("name", ""), args))
         elif cat == "cuda_runtime":
             if "correlation" in args:
-                launches[args["correlation"]] = (e.get("pid"), e.get("tid"), ts)
+                launches[_id(args["correlation"])] = (_id(e.get("pid")), _id(e.get("tid")), ts)
         elif str(e.get("name", "")).startswith("ProfilerStep#"):
-            steps.add(e["name"])
+            steps.add(str(e["name"]))
     return kernels, ops, launches, steps
 
 
@@ -330,14 +332,15 @@ def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], 
     table, index, out = [], {}, []
     for name, dur, args in kernels:
         op_i = -1
-        found = enclosing.get(args.get("correlation"))
+        found = enclosing.get(_id(args.get("correlation")))
         if found is not None:
             op_i = index.get(found)
             if op_i is None:
                 *_, op_name, op_args = ops[found]
                 op_i = index[found] = len(table)
+                dims, types = _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type"))
                 table.append(
-                    TraceOp(str(op_name), _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type")))
+                    TraceOp(str(op_name), dims if type(dims) is tuple else (), types if type(types) is tuple else ())
                 )
         kind = kernel_class(name)
         if kind == "nccl":
@@ -349,9 +352,15 @@ def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], 
     return table, out
 
 
-def _tuple(v) -> tuple:
+def _id(v):
+    """An id as a dict key: Kineto writes numbers (pid, tid, correlation) or names; anything else by its text."""
+    return v if v is None or type(v) in (int, float, str) else repr(v)[:64]
+
+
+def _tuple(v, depth: int = 0):
+    """Lists as tuples (hashable, as a TraceOp's dims are); deeper than any tensor list nests: None."""
     if isinstance(v, list):
-        return tuple(_tuple(x) for x in v)
+        return tuple(_tuple(x, depth + 1) for x in v) if depth < 4 else None
     return v
 
 

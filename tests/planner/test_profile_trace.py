@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectives.topology.gpu import GPUS
 from planner import ModelSpec, ParallelSpec, SpecError, WorkloadSpec, build_plan
@@ -194,6 +196,23 @@ def test_a_malformed_or_truncated_trace_names_what_is_wrong(data, field, words):
     assert err.value.field == field and words in err.value.rule
 
 
+def test_hostile_shapes_and_numbers_are_read_safely():
+    """Dims nested deeper than a tensor list, a huge or non-finite time, JSON nested past the parser: named or
+    ignored, never a crash."""
+    deep = [[[[[[1]]]]]]
+    kernel = ("void gemm_kernel(x)", 5, {}, ("aten::mm", deep, ["float"]))
+    trace = load_trace(_kineto_trace([kernel]))
+    assert gemm_shape(trace.ops[0]) is None
+    odd_types = ("void gemm_kernel(x)", 5, {}, ("aten::mm", [[8, 8], [8, 8]], 5))
+    trace = load_trace(_kineto_trace([odd_types] * 3))
+    assert trace.ops[0].types == () and fit_trace(trace, A100).constants == {}  # shapes, but no dtype: no point
+    huge = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10**400}]}
+    with pytest.raises(SpecError, match="numeric ts and dur"):
+        load_trace(huge)
+    with pytest.raises(SpecError, match="nested deeper"):
+        load_trace("[" * 100_000 + "]" * 100_000)
+
+
 def test_a_truncated_gzip_and_a_bomb_are_refused():
     raw = (TRACES / "hta_sampled_rank-0.json.gz").read_bytes()
     with pytest.raises(SpecError, match="ends early"):
@@ -202,3 +221,41 @@ def test_a_truncated_gzip_and_a_bomb_are_refused():
         load_trace(gzip.compress(json.dumps({"traceEvents": []}).encode() + b" " * 5000), max_bytes=1000)
     with pytest.raises(SpecError, match="more than the limit of 3"):
         load_trace({"traceEvents": [{}] * 4}, max_events=3)
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.text(max_size=8)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+_NAMES = ["ncclDevKernel_AllReduce_Sum_f32", "void gemm(x)", "aten::mm", "aten::add", "ProfilerStep#1", 7]
+_ARGS = ["correlation", "Input Dims", "Input type", "dtype", "In msg nelems", "Out msg nelems", "Group size"]
+_EVENT = st.fixed_dictionaries(
+    {
+        "ph": st.sampled_from(["X", "B", 1]),
+        "cat": st.sampled_from(["kernel", "cpu_op", "cuda_runtime", "user_annotation", None]),
+    },
+    optional={
+        "name": st.sampled_from(_NAMES),
+        "ts": _SCALARS,
+        "dur": _SCALARS,
+        "pid": _VALUES,
+        "tid": _VALUES,
+        "args": st.dictionaries(st.sampled_from(_ARGS), _VALUES, max_size=4),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_EVENT, max_size=12), _VALUES)
+def test_any_event_list_is_read_or_refused_with_a_spec_error(events, extra):
+    """Whatever JSON a hostile trace holds, the reader and the fit answer or raise SpecError: never a crash."""
+    try:
+        trace = load_trace({"traceEvents": events, "deviceProperties": extra, "distributedInfo": extra})
+    except SpecError:
+        return
+    fit_trace(trace, A100)
+    compare_collectives(trace)
