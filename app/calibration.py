@@ -1,19 +1,100 @@
 """The answer of POST /v1/calibrate and ``commplan calibrate``: the request's cluster and logs handed to the
-domain's calibration procedure (collectives/topology/calibrate.py), its report as JSON."""
+domain's calibration procedure (collectives/topology/calibrate.py), a profiler trace to planner/trace_fit.py,
+their reports as JSON."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import asdict, replace
 
 from collectives.topology.calibrate import Log, calibrate
+from planner import SpecError
+from planner.compute import check_gpu
+from planner.profile_trace import gunzip, load_trace
+from planner.trace_fit import compare_collectives, fit_trace
 
 from .convert import cluster_spec
-from .errors import relocated
-from .schemas.calibrate import MAX_ROWS, CalibrateRequest
+from .errors import nested, relocated
+from .inputs import plan_of
+from .schemas.calibrate import MAX_ROWS, MAX_TRACE_BYTES, CalibrateRequest
+from .schemas.plan import PlanRequest
 from .settings import Settings
+
+GZIP_BASE64 = "H4sI"  # base64 of a gzip file's first three bytes (1f 8b 08)
 
 
 def calibration_response(body: CalibrateRequest, settings: Settings) -> dict:
+    out = logs_response(body, settings) if body.logs else _no_logs(body)
+    if body.trace is not None:
+        out["trace"] = trace_response(body, settings)
+    return out
+
+
+def _no_logs(body: CalibrateRequest) -> dict:
+    cluster = body.cluster.model_dump(exclude_none=True)
+    return {
+        "cluster": cluster,
+        "constants": {},
+        "rows": [],
+        "median_error_before": None,
+        "median_error_after": None,
+        "stages": [],
+        "runs": [],
+        "warnings": [],
+    }
+
+
+def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
+    """The trace's kernels by class, the compute constants fitted for the cluster's GPU with every measured
+    kernel before and after, and its collectives against the ``compare`` configuration's ledger."""
+    gpu = check_gpu(cluster_spec(body.cluster, settings).gpu, "bf16")
+    trace = load_trace(trace_data(body.trace))
+    if body.trace_steps:
+        trace = replace(trace, steps=body.trace_steps)
+    fit = fit_trace(trace, gpu)
+    plan = None
+    if body.compare is not None:
+        request = PlanRequest(
+            model=body.compare.model,
+            workload=body.compare.workload,
+            parallel=body.compare.parallel,
+            cluster=body.cluster,
+        )
+        with nested("compare."):
+            plan = plan_of(request, settings)
+    collectives, stage, warnings = compare_collectives(trace, plan)
+    return {
+        "device": trace.device,
+        "sms": trace.sms,
+        "steps": trace.steps,
+        "rank": trace.rank,
+        "world_size": trace.world_size,
+        "events": trace.events,
+        "record_shapes": trace.record_shapes,
+        "kernels": fit.kernels,
+        "constants": fit.constants,
+        "rows": fit.rows,
+        "median_error_before": fit.median_error_before,
+        "median_error_after": fit.median_error_after,
+        "stage": stage,
+        "collectives": collectives,
+        "warnings": fit.warnings + warnings,
+    }
+
+
+def trace_data(value):
+    """The trace as the domain reads it: JSON as given, text as given, base64 of a gzip file as its bytes."""
+    if isinstance(value, str) and value.startswith(GZIP_BASE64):
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise SpecError("trace", f"starts as base64 of a gzip file but is not base64: {err}") from None
+        return gunzip(raw, MAX_TRACE_BYTES)
+    return value
+
+
+def logs_response(body: CalibrateRequest, settings: Settings) -> dict:
     base = cluster_spec(body.cluster, settings)
     if body.network_kind is not None:
         base = replace(base, network=replace(base.network, kind=body.network_kind))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -35,8 +36,19 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--engine", choices=("local", "ray"), default="local")
     sweep.add_argument("--out", default="sweep.csv", help="output file: .csv, or .parquet (needs pyarrow)")
     sweep.add_argument("--workers", type=int, default=None)
-    cal = sub.add_parser("calibrate", help="fit the pricing constants to nccl-tests logs (POST /v1/calibrate)")
-    cal.add_argument("logs", nargs="+", help="nccl-tests output files (stdout of rank 0, as printed)")
+    cal = sub.add_parser(
+        "calibrate",
+        help="fit the pricing constants to nccl-tests logs, or the compute constants to a torch.profiler "
+        "trace (POST /v1/calibrate)",
+    )
+    cal.add_argument("logs", nargs="*", help="nccl-tests output files (stdout of rank 0, as printed)")
+    cal.add_argument("--trace", default=None, help="a torch.profiler Chrome trace (.json or .json.gz)")
+    cal.add_argument(
+        "--compare",
+        default=None,
+        help="JSON file {model, workload, parallel}: the trace's configuration, whose "
+        "ledger its collectives are compared with",
+    )
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
     cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
@@ -322,9 +334,13 @@ def _calibrate(args) -> int:
     try:
         given = {"nodes": args.nodes, "op": args.op, "ranks": args.ranks}
         logs = [{"text": Path(f).read_text(errors="replace"), "name": f, **given} for f in args.logs]
-        request = CalibrateRequest.model_validate(
-            {"cluster": {"preset": args.cluster}, "logs": logs, "network_kind": args.network_kind}
-        )
+        body = {"cluster": {"preset": args.cluster}, "logs": logs, "network_kind": args.network_kind}
+        if args.trace:
+            raw = Path(args.trace).read_bytes()  # gzipped: as base64 text, the request's own form for it
+            body["trace"] = base64.b64encode(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode(errors="replace")
+        if args.compare:
+            body["compare"] = json.loads(Path(args.compare).read_text())
+        request = CalibrateRequest.model_validate(body)
         result = run(request, Settings.from_env())
     except OSError as err:
         print(f"commplan: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
@@ -337,8 +353,49 @@ def _calibrate(args) -> int:
     if args.format == "json":
         print(json.dumps(result, indent=2))
         return 0
-    _calibration_table(result, args.logs)
+    if args.logs:
+        _calibration_table(result, args.logs)
+    if result.get("trace"):
+        _trace_table(result["trace"], args.trace)
     return 0
+
+
+def _trace_table(trace: dict, path: str) -> None:
+    """The trace's kernel classes, its fitted compute constants with the kernels before and after, and its
+    collectives against the plan's ledger."""
+    print(f"{path}: {trace['device'] or 'GPU not recorded'}, {trace['steps']} steps, {trace['events']:,} events")
+    for k in trace["kernels"]:
+        print(f"  {k['kind']:<9} {k['per_step']:>9.1f} kernels/step  {human_seconds(k['seconds_per_step'])}/step"
+              f"  {k['share'] * 100:5.1f}%")  # fmt: skip
+    print()
+    rows = [("kind", "op", "shape", "dtype", "count", "measured", "before", "after")]
+    for r in trace["rows"][:40]:
+        shape = " x ".join(str(x) for x in r["shape"]) if r["kind"] == "gemm" else human_bytes(r["shape"][0])
+        cells = (r["kind"], r["op"], shape, r["dtype"], str(r["count"]))
+        rows.append(cells + tuple(human_seconds(r[key]) for key in ("measured_s", "before_s", "after_s")))
+    _print_rows(rows)
+    for group, before in trace["median_error_before"].items():
+        after = trace["median_error_after"][group]
+        print(f"\n{group}: median |error| {before * 100:.1f}% before, {after * 100:.1f}% after")
+    for name, value in trace["constants"].items():
+        print(f"  {name} = {value}")
+    if trace["collectives"]:
+        print()
+        rows = [("op", "message", "trace calls/step", "trace per call", "plan calls/iteration", "plan per call")]
+        for r in trace["collectives"]:
+            size = human_bytes(r["message_bytes"]) if r["message_bytes"] is not None else "-"
+            t, p = r["trace_s_per_call"], r["plan_s_per_call"]
+            rows.append((r["op"], size, f"{r['trace_calls_per_step']:g}", human_seconds(t) if t else "-",
+                         str(r["plan_calls_per_iteration"]), human_seconds(p) if p else "-"))  # fmt: skip
+        _print_rows(rows)
+    for warning in trace["warnings"]:
+        print(f"  warning: {warning}")
+
+
+def _print_rows(rows: list[tuple]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
 def _in_file(message: str, files: list[str]) -> str:

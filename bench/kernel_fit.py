@@ -21,6 +21,7 @@ from pathlib import Path
 from statistics import median
 
 from collectives.topology.gpu import GPUS
+from planner.kernel_fit import centred, fit_grid, log_errors
 from planner.kernels import (
     EFFICIENCY,
     FUSED,
@@ -152,20 +153,26 @@ GRID = [
 
 def _centred(points, eff) -> list[float]:
     """Log errors with each (GPU, dtype) class's median taken out: its ceiling refitted with the globals."""
-    by: dict[tuple, list[float]] = {}
-    for s, g, d, m, n, k, t in points:
-        by.setdefault((s, d), []).append(math.log(predicted(g, d, m, n, k, eff) / t))
-    return [x - median(logs) for logs in by.values() for x in logs]
+    return centred(log_errors(points, eff, _predict, _measured, _class))
+
+
+def _predict(p, eff) -> float:
+    _, gpu, dtype, m, n, k, _ = p
+    return predicted(gpu, dtype, m, n, k, eff)
+
+
+def _measured(p) -> float:
+    return p[6]
+
+
+def _class(p) -> tuple:
+    return p[0], p[2]
 
 
 def fit(points) -> tuple[float, Efficiency]:
     """The grid point of (k0, fill, fixed cost) with the least rms log error over ``points``, each class's ceiling
-    refitted with it (GEMM_CEILING holds the ceilings at the chosen point)."""
-    scored = []
-    for eff in GRID:
-        logs = _centred(points, eff)
-        scored.append((math.sqrt(sum(x * x for x in logs) / len(logs)), eff))
-    return min(scored, key=lambda p: p[0])
+    refitted with it (GEMM_CEILING holds the ceilings at the chosen point): planner/kernel_fit.py's procedure."""
+    return fit_grid(points, GRID, _predict, _measured, _class)
 
 
 def leave_one_source_out(data: dict) -> list[dict]:

@@ -49,6 +49,9 @@ class Efficiency:
     attention_s0: float = 0.0  # attention rate grows as s_kv / (s_kv + s0)
     cpu_op_s: float = 0.0  # host dispatch per kernel without CUDA graphs: a kernel takes at least this
     moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
+    # measured GEMM ceilings of one GPU by dtype, before GEMM_CEILING: what a profiler trace fits for its GPU
+    # (planner/trace_fit.py); () = the tables' ceilings
+    gemm_ceilings: tuple[tuple[str, float], ...] = ()
 
 
 EFFICIENCY = Efficiency(
@@ -260,7 +263,7 @@ def gemm_dtype(ctx: Context) -> str:
 
 
 def operand_bytes(dtype: str) -> float:
-    return {"bf16": 2.0, "fp32": 4.0, "nvfp4": 0.5}.get(dtype, 1.0)
+    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5}.get(dtype, 1.0)
 
 
 def cast_bytes_per_element(ctx: Context) -> float:
@@ -279,6 +282,9 @@ def dense_peak(gpu: GPUSpec, dtype: str) -> float:
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
+    for name, ceiling in eff.gemm_ceilings:
+        if name == dtype:
+            return ceiling
     gen = generation(gpu)
     found = GEMM_CEILING.get((gen, dtype))
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
@@ -338,11 +344,32 @@ def memory_kernel(name: str, nbytes: float, gpu: GPUSpec, eff: Efficiency, count
 # ---- the layer -------------------------------------------------------------------------------------------
 
 
+# Persistent per-expert load imbalance of a trained router, as measured: MaxVio_global = (max_i Load_i - mean Load) /
+# mean Load over a whole validation set (Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for
+# Mixture-of-Experts", arXiv 2408.15664, Eq. 4 and Table 2; DeepSeekMoE 1B and 3B, 64 routed experts, top-6):
+# auxiliary-loss-controlled routing 0.72 (1B) and 0.52 (3B), loss-free balancing (the expert bias DeepSeek-V3 adopts,
+# Megatron --moe-router-enable-expert-bias) 0.04 at both sizes. The larger model's aux-loss figure is taken. Keyed by
+# MoESpec: expert_bias wins; load_balancing "aux_loss" (Megatron's default); the other balancings (none,
+# seq_aux_loss) have no measurement here: 0.
+ROUTING_MAXVIO = {"expert_bias": 0.04, "aux_loss": 0.52}
+
+
+def routing_maxvio(moe) -> float:
+    """The measured MaxVio_global of the MoE's router balancing (ROUTING_MAXVIO)."""
+    return ROUTING_MAXVIO["expert_bias"] if moe.expert_bias else ROUTING_MAXVIO.get(moe.load_balancing, 0.0)
+
+
 def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]:
     """(rows per local expert on the busiest EP rank, local experts). Tokens of the etp x ep ranks, top-k copies
-    each, over E experts (token_dispatcher.py); dropless routing is not uniform: the busiest of the ep ranks
-    carries R + sqrt(2·ln(ep)·R) copies for a rank mean R (the maximum of ep near-Gaussian multinomial counts,
-    Gumbel's extreme-value limit), times (1 + moe_skew); a capacity factor pads every expert to its capacity."""
+    each, over E experts (token_dispatcher.py); dropless routing is not uniform:
+
+    - per step the busiest of the ep ranks carries R + sqrt(2·ln(ep)·R) copies for a rank mean R (the maximum of ep
+      near-Gaussian multinomial counts, Gumbel's extreme-value limit);
+    - a trained router keeps its hottest expert at (1 + MaxVio) x the mean load (ROUTING_MAXVIO, measured), and
+      that expert's rank carries the excess, mean x MaxVio (with one rank, ep = 1, the rank carries every copy
+      whatever the skew);
+
+    times (1 + moe_skew) (0: a trace refits it); a capacity factor pads every expert to its capacity."""
     m, par = ctx.model.moe, ctx.par
     t, etp, ep = par.tp, par.etp, par.ep
     local = max(1, m.num_experts // ep)
@@ -350,7 +377,7 @@ def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]
     if m.capacity_factor:
         return mean * m.capacity_factor, local
     rank = mean * local
-    busiest = rank + math.sqrt(2.0 * math.log(ep) * rank) if ep > 1 else rank
+    busiest = rank + math.sqrt(2.0 * math.log(ep) * rank) + mean * routing_maxvio(m) if ep > 1 else rank
     return busiest * (1.0 + eff.moe_skew) / local, local
 
 
@@ -661,4 +688,5 @@ __all__ = [
     "check_kernel_options",
     "gemm_time",
     "layer_kernels",
+    "routing_maxvio",
 ]

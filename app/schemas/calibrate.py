@@ -1,12 +1,14 @@
-"""POST /v1/calibrate: nccl-tests logs in, fitted constants and a cluster for /v1/plan out."""
+"""POST /v1/calibrate: nccl-tests logs in, fitted constants and a cluster for /v1/plan out; or a torch.profiler
+trace in, the compute constants fitted for its GPU and its collectives against a plan's ledger out."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from .cluster import ClusterIn, Strict
+from .plan import ModelIn, ParallelIn, WorkloadIn
 
 # Bounds: one nccl-tests run of 8 B..16 GiB is ~32 rows and ~5 kB (more with NCCL_DEBUG=INFO), so 1,000 rows
 # is every op at several node counts; a fit searches at most 64 rows per stage and prices all rows 3-4 times.
@@ -33,12 +35,46 @@ class LogIn(Strict):
     name: str | None = Field(default=None, max_length=200)
 
 
+# A trace: the HTTP body limit (COMMPLAN_MAX_BODY_BYTES, 8 MiB) bounds what comes as JSON; a gzipped trace sent as
+# base64 text ("H4sI...") may unpack to MAX_TRACE_BYTES; planner/profile_trace.py MAX_EVENTS bounds the events.
+MAX_TRACE_BYTES = 256 << 20
+
+
+class CompareIn(Strict):
+    """The configuration the trace ran: its plan's ledger is compared with the trace's collectives (the cluster is
+    the request's)."""
+
+    model: ModelIn
+    workload: WorkloadIn = Field(default_factory=WorkloadIn)
+    parallel: ParallelIn = Field(default_factory=ParallelIn)
+
+
 class CalibrateRequest(Strict):
+    free_text = frozenset({"trace"})  # a trace's kernel names and arguments are the profiler's, not names of ours
     cluster: ClusterIn
-    logs: list[LogIn] = Field(min_length=1, max_length=MAX_LOGS)
+    logs: list[LogIn] = Field(default_factory=list, max_length=MAX_LOGS, description="nccl-tests logs (or a trace)")
     network_kind: Literal["ib", "roce", "efa", "efa_sendrecv", "tcpxo"] | None = Field(
         default=None, description="the cluster's network kind (default: the cluster's own network.kind)"
     )
+    trace: dict | list | str | None = Field(
+        default=None,
+        description="a torch.profiler Chrome trace (export_chrome_trace): the JSON itself, its text, or the "
+        f".json.gz file as base64 text (unpacked at most {MAX_TRACE_BYTES >> 20} MiB)",
+    )
+    trace_steps: int | None = Field(
+        default=None, ge=1, le=100_000, description="steps the trace holds (default: its ProfilerStep#N annotations)"
+    )
+    compare: CompareIn | None = Field(
+        default=None, description="the trace's configuration: its plan's ledger against the trace's collectives"
+    )
+
+    @model_validator(mode="after")
+    def _logs_or_trace(self):
+        if not self.logs and self.trace is None:
+            raise ValueError("give nccl-tests logs (logs: at least 1) or a profiler trace (trace), or both")
+        if self.compare is not None and self.trace is None:
+            raise ValueError("compare needs a trace: it compares the trace's collectives with the plan's ledger")
+        return self
 
 
 class RowOut(BaseModel):
@@ -69,15 +105,65 @@ class RunOut(BaseModel):
     gpus_per_process: int = Field(default=1, description="nccl-tests -g N: GPUs one process drove (nGpus)")
 
 
+class KernelClassOut(BaseModel):
+    kind: str = Field(description="gemm, attention, memory, nccl or other (planner/profile_trace.py KERNEL_CLASSES)")
+    count: int
+    per_step: float
+    seconds_per_step: float
+    share: float = Field(description="of the trace's kernel time")
+
+
+class KernelRowOut(BaseModel):
+    kind: str = Field(description="gemm or memory")
+    op: str = Field(description="the aten operator that launched the kernel(s)")
+    shape: list[int] = Field(description="gemm: M, N, K, groups; memory: HBM bytes")
+    dtype: str
+    count: int
+    measured_s: float = Field(description="median over the trace's launches (a GEMM: every kernel its op launched)")
+    before_s: float = Field(description="planner/kernels.py with the default constants")
+    after_s: float = Field(description="with the constants fitted on this trace")
+
+
+class CollectiveRowOut(BaseModel):
+    op: str
+    message_bytes: int | None = Field(description="nccl-tests convention; null where the trace records no sizes")
+    trace_calls_per_step: float
+    trace_s_per_call: float | None
+    plan_calls_per_iteration: int = Field(description="the plan's ledger on the traced rank's stage (0: no plan)")
+    plan_s_per_call: float | None
+    plan_calls: list[str] = Field(description="the ledger rows' names")
+
+
+class TraceOut(BaseModel):
+    device: str = Field(description="deviceProperties[0].name")
+    sms: int
+    steps: int
+    rank: int | None
+    world_size: int | None
+    events: int
+    record_shapes: bool
+    kernels: list[KernelClassOut]
+    constants: dict = Field(description="fitted compute constants (planner/kernels.py Efficiency names)")
+    rows: list[KernelRowOut]
+    median_error_before: dict[str, float] = Field(description="by kernel group: median |before / measured - 1|")
+    median_error_after: dict[str, float]
+    stage: int | None = Field(description="the plan's stage the trace's rank is on (with compare)")
+    collectives: list[CollectiveRowOut]
+    warnings: list[str]
+
+
 class CalibrateOut(BaseModel):
     cluster: dict = Field(description="the request's cluster with the fitted `calibration`: post it to /v1/plan")
     constants: dict = Field(description="fitted constants by group; absent names keep the defaults")
     rows: list[RowOut]
-    median_error_before: float = Field(description="median |before / measured - 1| over all rows")
-    median_error_after: float = Field(description="median |after / measured - 1| over all rows")
+    median_error_before: float | None = Field(
+        description="median |before / measured - 1| over all rows (no logs: null)"
+    )
+    median_error_after: float | None = Field(description="median |after / measured - 1| over all rows (no logs: null)")
     stages: list[dict] = Field(description="each fitting stage: parameters, rows, median errors, kept or not")
     runs: list[RunOut]
     warnings: list[str] = Field(
         description="what makes the fit doubtful: a log run on another GPU than the cluster's, a constant fitted "
         "to an end of its range"
     )
+    trace: TraceOut | None = Field(default=None, description="the profiler trace's calibration (with trace)")

@@ -3,7 +3,7 @@
 // them. The constants ride in the request (cluster.calibration), so the URL keeps them.
 import { ApiError, postJson } from "./api.js";
 import { $, el } from "./dom.js";
-import { fmtBytes, fmtInt, fmtPct, sig3 } from "./format.js";
+import { fmtBytes, fmtInt, fmtPct, fmtTime, sig3 } from "./format.js";
 import { state } from "./state.js";
 
 let onUse = () => {}, fitted = null, seq = 0;
@@ -35,6 +35,30 @@ async function readLogs() {
   return logs;
 }
 
+// a torch.profiler trace: its text, or a .json.gz file as base64 (the request's own form for it: docs/CONTRACT.md)
+async function readTrace() {
+  const file = $("calib-trace").files[0];
+  if (!file) return null;
+  if (!file.name.endsWith(".gz")) return file.text();
+  const bytes = new Uint8Array(await file.arrayBuffer());
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(binary);
+}
+
+// "gemm 398 kernels/step 13.8 ms (18%)..., fitted gemm_ceiling ..., median |error| gemm 25% -> 26%"
+function describeTrace(t) {
+  const kinds = t.kernels.map((k) => `${k.kind} ${sig3(k.per_step)}/step ${fmtTime(k.seconds_per_step)} (${fmtPct(k.share)})`);
+  const errors = Object.keys(t.median_error_before).map((g) => `${g} ${fmtPct(t.median_error_before[g])} → ${fmtPct(t.median_error_after[g])}`);
+  const calls = t.collectives.map((c) => `${c.op}: ${sig3(c.trace_calls_per_step)}/step${c.trace_s_per_call ? ` at ${fmtTime(c.trace_s_per_call)}` : ""}`
+    + (c.plan_calls_per_iteration ? `, plan ${c.plan_calls_per_iteration} at ${fmtTime(c.plan_s_per_call)}` : ""));
+  const constants = Object.entries(t.constants).flatMap(([name, v]) => (typeof v === "object"
+    ? Object.entries(v).map(([dtype, c]) => `${name}.${dtype} ${sig3(c)}`) : [`${name} ${name.endsWith("_s") ? fmtTime(v) : sig3(v)}`]));
+  return `Trace (${t.device || "GPU not recorded"}, ${t.steps} steps): ${kinds.join(", ")}. Fitted compute constants: `
+    + `${constants.join(", ") || "none"}; median |kernel error| ${errors.join(", ") || "–"}. Collectives: ${calls.join("; ") || "none"}.`
+    + (t.warnings.length ? ` Warnings: ${t.warnings.join("; ")}.` : "");
+}
+
 // "logs.1: ..." (a warning) -> "all_gather.txt: ..."
 const named = (text, logs) => text.replace(/^logs\.(\d+)/, (m, i) => (logs[Number(i)] ? logs[Number(i)].name : m));
 
@@ -51,14 +75,15 @@ function explain(err, logs) {
 async function runCalibrate() {
   const mine = ++seq;
   const logs = await readLogs();
-  if (!logs.length) { $("calib-status").textContent = "Choose nccl-tests output files or paste one."; return; }
+  const trace = await readTrace();
+  if (!logs.length && trace === null) { $("calib-status").textContent = "Choose nccl-tests output files, paste one, or choose a profiler trace."; return; }
   if (!state.request) return;
   $("calib-run").disabled = true;
-  $("calib-status").textContent = `Fitting to ${logs.length} log${logs.length > 1 ? "s" : ""} on ${state.request.cluster.preset}…`;
+  $("calib-status").textContent = `Fitting to ${logs.length} log${logs.length === 1 ? "" : "s"}${trace === null ? "" : " and a trace"} on ${state.request.cluster.preset}…`;
   const cluster = { ...state.request.cluster };
   delete cluster.calibration;  // fit from the defaults, not from an earlier fit
   try {
-    const body = await postJson("/v1/calibrate", { cluster, logs });
+    const body = await postJson("/v1/calibrate", trace === null ? { cluster, logs } : { cluster, logs, trace });
     if (mine !== seq) return;
     fitted = body;
     renderFit(body, logs);
@@ -72,6 +97,9 @@ async function runCalibrate() {
 }
 
 function renderFit(body, logs) {
+  $("calib-trace-summary").hidden = !body.trace;
+  $("calib-trace-summary").textContent = body.trace ? describeTrace(body.trace) : "";
+  if (!body.rows.length) { $("calib-status").textContent = ""; $("calib-results").hidden = true; return; }
   const runs = body.runs.map((r) => `${r.op} on ${r.nodes} node${r.nodes > 1 ? "s" : ""} × ${r.ranks / r.nodes} (${r.rows} row${r.rows > 1 ? "s" : ""}${r.devices.length ? `, ${r.devices.join(", ")}` : ""})`);
   $("calib-status").textContent = `Median |error| of the bus bandwidth over ${fmtInt(body.rows.length)} rows: ${fmtPct(body.median_error_before)} with the defaults, `
     + `${fmtPct(body.median_error_after)} fitted. Fitted: ${describeConstants(body.constants)}. Runs: ${runs.join("; ")}.`;

@@ -508,6 +508,21 @@ def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
     expect(page.locator("#calib-warnings")).to_contain_text(warning, timeout=20_000)
 
 
+def test_calibrate_from_a_profiler_trace(page, reference):
+    """A gzipped torch.profiler trace (HTA's sampled rank 0, tests/reference/traces): sent as base64, its kernels
+    by class, the fitted compute constants and its 10 SendRecv kernels over 2 steps shown."""
+    trace = reference("traces/hta_sampled_rank-0.json.gz")
+    open_page(page)
+    page.set_input_files("#calib-trace", str(trace))
+    page.click("#calib-run")
+    summary = page.locator("#calib-trace-summary")
+    expect(summary).to_be_visible(timeout=30_000)
+    text = summary.inner_text()
+    assert "GPU not recorded, 2 steps" in text and "sendrecv: 5.00/step" in text and "gemm_ceiling.tf32" in text, text
+    assert not re.search(r"\de[-+]?\d", text)
+    expect(page.locator("#calib-results")).to_be_hidden()  # no nccl-tests rows
+
+
 def test_sort_and_filter(page):
     open_page(page)
     page.get_by_role("button", name=re.compile("^Message")).click()

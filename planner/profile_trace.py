@@ -1,0 +1,478 @@
+"""A torch.profiler trace read as the kernels the planner models: classified, with their shapes where recorded.
+
+The input is the Chrome-trace JSON ``torch.profiler`` exports (``prof.export_chrome_trace`` or the
+``tensorboard_trace_handler`` file): ``{"traceEvents": [...], "deviceProperties": [...], "distributedInfo": ...}``
+(PyTorch's Kineto writer, pytorch/kineto ``libkineto/src/output_json.cpp``). The events read here:
+
+- ``ph: "X", cat: "kernel"``: a GPU kernel, ``ts``/``dur`` in microseconds, ``args.correlation`` naming the
+  ``cat: "cuda_runtime"`` launch (``cudaLaunchKernel``) on the host thread that issued it;
+- ``cat: "cpu_op"``: the aten operator running on a host thread, with ``args["Input Dims"]`` and
+  ``args["Input type"]`` when the profiler ran with ``record_shapes=True``. A kernel belongs to the innermost
+  operator whose interval holds its launch on the same thread (HTA's and TensorBoard's rule; ``External id``
+  links the same pair in newer traces, but older ones reuse the correlation id there);
+- NCCL kernels: since PyTorch 2.1 Kineto copies the ``record_param_comms`` operator's metadata onto the kernel:
+  ``"Collective name"``, ``"dtype"``, ``"In msg nelems"``, ``"Out msg nelems"``, ``"Group size"``
+  (output_json.cpp ``kCollectiveName``...); older traces have the kernel name alone (counts and times only);
+- ``cat: "user_annotation"`` named ``ProfilerStep#N``: one per profiled step (``torch.profiler.schedule``).
+
+Kernel classes go by name (``KERNEL_CLASSES``), GEMM shapes (M, N, K, groups) by the aten operator's input dims
+(``GEMM_OPERANDS``). Nothing here knows HTTP; the fit and the ledger comparison are ``planner/trace_fit.py``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+from collectives.primitives import Op
+
+from ._errors import SpecError
+
+MAX_EVENTS = 2_000_000  # a few steps of a large model: ~0.2-1M events (HTA's test traces: 2k-300k)
+MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
+
+# Kernel classes by name, first match wins (the names as CUDA, cuBLAS, CUTLASS, NCCL and the attention libraries
+# print them in a trace):
+# - nccl: ncclKernel_<Op>_<Algo>_<Proto>_<Red>_<type> (NCCL <= 2.18), ncclDevKernel_<Op>... (2.19+: src/device/
+#   generate.py), the op is the word after the prefix;
+# - attention: FlashAttention (flash_fwd_kernel, flash::...), cuDNN/TRT fused attention (fmha, sdpa), PyTorch's
+#   memory-efficient kernel (fmha_cutlassF/B, mem_efficient);
+# - gemm: cuBLAS (ampere_sgemm_*, sm90_xmma_gemm_*, nvjet_* since cuBLAS 12.8, gemv*, splitKreduce: the split-K
+#   reduction cuBLAS adds to one GEMM), CUTLASS (cutlass::Kernel, cutlass_80_tensorop_*gemm), DeepGEMM; not
+#   fbgemm_gpu's embedding and permute kernels (a library name, no GEMM);
+# - memory: PyTorch's elementwise/reduce/copy kernels, norms, softmax, Triton (Inductor's fused pointwise), the
+#   optimizer's multi_tensor_apply;
+# - other: the rest (sort, scan, embedding lookups...).
+KERNEL_CLASSES = (
+    ("nccl", re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_", re.I)),
+    ("attention", re.compile(r"flash|fmha|sdpa|attention|mem_eff", re.I)),
+    ("gemm", re.compile(r"(?<!fb)gemm|gemv|cutlass|xmma|nvjet|cublas|splitKreduce|wgmma", re.I)),
+    ("memory", re.compile(r"elementwise|reduce_kernel|copy|norm|softmax|triton|multi_tensor_apply|fill|cat", re.I)),
+)
+NCCL_OPS = {
+    "AllReduce": Op.ALLREDUCE,
+    "AllGather": Op.ALLGATHER,
+    "ReduceScatter": Op.REDUCESCATTER,
+    "Broadcast": Op.BROADCAST,
+    "Reduce": Op.REDUCE,
+    "SendRecv": Op.SENDRECV,
+    "AllToAll": Op.ALLTOALL,
+}
+_NCCL_NAME = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+# c10d's collective names (record_param_comms "Collective name": ProcessGroupNCCL.cpp) -> op, first match wins:
+# all_to_all(v)/alltoall_base is the ncclSend/ncclRecv group NCCL runs as SendRecv kernels
+COLLECTIVE_NAMES = (
+    ("all_to_all", Op.ALLTOALL),
+    ("alltoall", Op.ALLTOALL),
+    ("reduce_scatter", Op.REDUCESCATTER),
+    ("allgather", Op.ALLGATHER),
+    ("all_gather", Op.ALLGATHER),
+    ("allreduce", Op.ALLREDUCE),
+    ("all_reduce", Op.ALLREDUCE),
+    ("broadcast", Op.BROADCAST),
+    ("send", Op.SENDRECV),
+    ("recv", Op.SENDRECV),
+    ("reduce", Op.REDUCE),
+)
+# c10::toString(ScalarType) -> bytes (the "dtype" of a collective; "Input type" of an operator says "float",
+# "c10::BFloat16"...: the same names, lower case, with or without the namespace)
+DTYPE_BYTES = {
+    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "int": 4, "long": 8, "short": 2, "byte": 1, "char": 1,
+    "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}  # fmt: skip
+# aten GEMM operators and where their operands sit in "Input Dims" (the aten schemas, native_functions.yaml):
+# mm(self[M,K], mat2[K,N]); addmm(bias, mat1[M,K], mat2[K,N]); bmm(self[B,M,K], mat2[B,K,N]); baddbmm(bias,
+# batch1, batch2); linear(input[..., K], weight[N, K], bias); matmul(a[..., K], b[K, N]) reduces to mm.
+GEMM_OPERANDS = {
+    "aten::mm": (0, 1, False),
+    "aten::addmm": (1, 2, False),
+    "aten::bmm": (0, 1, False),
+    "aten::baddbmm": (1, 2, False),
+    "aten::matmul": (0, 1, False),
+    "aten::linear": (0, 1, True),  # weight is (N, K)
+    "aten::_scaled_mm": (0, 1, False),
+}
+# Elementwise aten operators whose single kernel's HBM bytes are its tensors' (inputs read, the broadcast output
+# written): the points the HBM fraction and the per-kernel cost are fitted on.
+ELEMENTWISE_OPS = frozenset(
+    "aten::" + name
+    for name in (
+        "add",
+        "add_",
+        "mul",
+        "mul_",
+        "sub",
+        "sub_",
+        "div",
+        "div_",
+        "neg",
+        "exp",
+        "relu",
+        "relu_",
+        "gelu",
+        "silu",
+        "sigmoid",
+        "tanh",
+        "threshold_backward",
+        "gelu_backward",
+        "silu_backward",
+        "sigmoid_backward",
+        "copy_",
+        "fill_",
+        "zero_",
+        "clamp",
+        "where",
+        "pow",
+        "sqrt",
+        "rsqrt",
+        "addcmul_",
+        "addcdiv_",
+        "lerp_",
+    )
+)
+WRITE_ONLY_SELF = frozenset(("aten::copy_", "aten::fill_", "aten::zero_"))  # self is written, not read
+
+
+@dataclass(frozen=True)
+class TraceKernel:
+    """One GPU kernel of the trace: its class, time, and what the host operator around its launch says."""
+
+    name: str
+    kind: str  # gemm | attention | nccl | memory | other
+    dur_s: float
+    op_index: int = -1  # the innermost host operator (TraceOp) around its launch; -1: none found
+    collective: str = ""  # nccl: the Op value
+    message_bytes: int | None = None  # nccl: nccl-tests' message size, when the trace records the nelems
+    group_size: int | None = None
+
+
+@dataclass(frozen=True)
+class TraceOp:
+    """A host operator that launched kernels: its name and recorded input dims and types (record_shapes)."""
+
+    name: str
+    dims: tuple = ()
+    types: tuple = ()
+
+
+@dataclass(frozen=True)
+class Trace:
+    kernels: tuple[TraceKernel, ...]
+    ops: tuple[TraceOp, ...]
+    device: str  # deviceProperties[0].name, "" when absent
+    sms: int  # deviceProperties numSms, 0 when absent
+    compute_capability: int  # major*10 + minor, 0 when absent
+    steps: int  # ProfilerStep annotations (1 when none)
+    rank: int | None
+    world_size: int | None
+    events: int
+    record_shapes: bool  # any operator carries Input Dims
+
+
+@lru_cache(maxsize=8192)
+def kernel_class(name: str) -> str:
+    """A kernel's class by its name (memoised: a trace repeats a few hundred names)."""
+    for kind, pattern in KERNEL_CLASSES:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+def collective_of(name: str, args: dict) -> str:
+    """The op of an NCCL kernel: from Kineto's "Collective name" when present, else from the kernel's name."""
+    given = str(args.get("Collective name") or "").lower()
+    for key, op in COLLECTIVE_NAMES:
+        if key in given:
+            return op.value
+    found = _NCCL_NAME.search(name)
+    if found and found.group(1) in NCCL_OPS:
+        return NCCL_OPS[found.group(1)].value
+    return "unknown"
+
+
+def dtype_bytes(name: str) -> int | None:
+    return DTYPE_BYTES.get(str(name).lower().removeprefix("c10::").strip('"'))
+
+
+def message_bytes(op: str, args: dict) -> int | None:
+    """nccl-tests' message size (DESIGN.md §3) from the kernel's recorded element counts and dtype: the input
+    for allreduce, reducescatter, alltoall, broadcast, reduce; the gathered output for allgather; sendrecv the
+    larger (a send records its input, a recv its output)."""
+    size = dtype_bytes(args.get("dtype", ""))
+    n_in, n_out = _count(args.get("In msg nelems")), _count(args.get("Out msg nelems"))
+    if size is None or (n_in is None and n_out is None):
+        return None
+    if op == Op.ALLGATHER.value:
+        n = n_out if n_out is not None else None
+    elif op == Op.SENDRECV.value:
+        n = max(x for x in (n_in, n_out) if x is not None)
+    else:
+        n = n_in if n_in is not None else n_out
+    return None if n is None else n * size
+
+
+def _count(value) -> int | None:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    return n if n >= 0 else None
+
+
+# ---- parsing ------------------------------------------------------------------------------------------------
+
+
+def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -> Trace:
+    """The trace of ``data`` (the parsed JSON, its text, or the bytes of the file, gzipped or not). A malformed
+    or truncated trace is a SpecError naming what is wrong (field ``trace``)."""
+    if isinstance(data, bytes) and data[:2] == b"\x1f\x8b":
+        data = gunzip(data, max_bytes)
+    if isinstance(data, (str, bytes)):
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise SpecError("trace", "JSON nested deeper than Python's parser goes: not a profiler trace") from None
+        except json.JSONDecodeError as err:
+            end = " (the text ends there: a truncated file?)" if err.pos >= len(text.rstrip()) - 1 else ""
+            raise SpecError(
+                "trace", f"not JSON: {err.msg} at line {err.lineno} column {err.colno} of {len(text)} chars{end}"
+            ) from None
+    if isinstance(data, list):  # the Chrome trace's array form
+        data = {"traceEvents": data}
+    if not isinstance(data, dict):
+        raise SpecError("trace", f"a Chrome trace is an object with traceEvents or an array; got {type(data).__name__}")
+    events = data.get("traceEvents")
+    if not isinstance(events, list):
+        raise SpecError("trace.traceEvents", "missing or not a list: torch.profiler's export_chrome_trace writes one")
+    if len(events) > max_events:
+        raise SpecError("trace.traceEvents", f"{len(events)} events is more than the limit of {max_events}")
+    return _read(data, events)
+
+
+def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
+    """A gzip file's content, at most ``max_bytes`` of it (a small file may unpack to a great deal)."""
+    unpack = zlib.decompressobj(wbits=31)
+    try:
+        out = unpack.decompress(data, max_bytes + 1)
+    except zlib.error as err:
+        raise SpecError("trace", f"not a readable gzip file: {err}") from None
+    if len(out) > max_bytes:
+        raise SpecError("trace", f"the gzipped trace unpacks to more than {max_bytes} bytes (the limit)")
+    if not unpack.eof:
+        raise SpecError("trace", f"the gzip stream ends early after {len(data)} bytes (a truncated file?)")
+    return out
+
+
+def _read(data: dict, events: list) -> Trace:
+    kernels, ops, launches, steps = _scan(events)
+    if not kernels:
+        raise SpecError(
+            "trace",
+            f"no GPU kernel events (ph 'X', cat 'kernel') among {len(events)} events: profile with "
+            "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
+        )
+    table, out = _kernels(kernels, ops, _enclosing_ops(ops, launches))
+    props = data.get("deviceProperties")
+    first = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else {}
+    dist = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+    return Trace(
+        kernels=tuple(out),
+        ops=tuple(table),
+        device=str(first.get("name", "")),
+        sms=_count(first.get("numSms")) or 0,
+        compute_capability=(_count(first.get("computeMajor")) or 0) * 10 + (_count(first.get("computeMinor")) or 0),
+        steps=max(1, len(steps)),
+        rank=_count(dist.get("rank")),
+        world_size=_count(dist.get("world_size")),
+        events=len(events),
+        record_shapes=any("Input Dims" in a for *_, a in ops),
+    )
+
+
+_WANTED = ("kernel", "cpu_op", "cuda_runtime", "user_annotation")
+
+
+def _scan(events: list) -> tuple[list, list, dict, set]:
+    """One pass over the events: kernels (name, dur, args), host operators (pid, tid, start, end, name, args),
+    launches by correlation id (pid, tid, ts), and the ProfilerStep names."""
+    kernels, ops, launches, steps = [], [], {}, set()
+    for i, e in enumerate(events):
+        if type(e) is not dict:
+            raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
+        cat = e.get("cat")
+        if cat not in _WANTED or e.get("ph") != "X":
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if type(ts) not in (int, float) or type(dur) not in (int, float) or not (0 <= dur < 1e18 and abs(ts) < 1e18):
+            raise SpecError(
+                f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
+            )
+        args = e.get("args")
+        args = args if type(args) is dict else {}
+        if cat == "kernel":
+            kernels.append((str(e.get("name", "")), dur, args))
+        elif cat == "cpu_op":
+            ops.append((_id(e.get("pid")), _id(e.get("tid")), ts, ts + dur, e.get("name", ""), args))
+        elif cat == "cuda_runtime":
+            if "correlation" in args:
+                launches[_id(args["correlation"])] = (_id(e.get("pid")), _id(e.get("tid")), ts)
+        elif str(e.get("name", "")).startswith("ProfilerStep#"):
+            steps.add(str(e["name"]))
+    return kernels, ops, launches, steps
+
+
+def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], list[TraceKernel]]:
+    """The kernels classified, each pointing at its launching operator (one TraceOp per operator instance)."""
+    table, index, out = [], {}, []
+    for name, dur, args in kernels:
+        op_i = -1
+        found = enclosing.get(_id(args.get("correlation")))
+        if found is not None:
+            op_i = index.get(found)
+            if op_i is None:
+                *_, op_name, op_args = ops[found]
+                op_i = index[found] = len(table)
+                dims, types = _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type"))
+                table.append(
+                    TraceOp(str(op_name), dims if type(dims) is tuple else (), types if type(types) is tuple else ())
+                )
+        kind = kernel_class(name)
+        if kind == "nccl":
+            op = collective_of(name, args)
+            group = _count(args.get("Group size"))
+            out.append(TraceKernel(name, kind, dur * 1e-6, op_i, op, message_bytes(op, args), group))
+        else:
+            out.append(TraceKernel(name, kind, dur * 1e-6, op_i))
+    return table, out
+
+
+def _id(v):
+    """An id as a dict key: Kineto writes numbers (pid, tid, correlation) or names; anything else by its text."""
+    return v if v is None or type(v) in (int, float, str) else repr(v)[:64]
+
+
+def _tuple(v, depth: int = 0):
+    """Lists as tuples (hashable, as a TraceOp's dims are); deeper than any tensor list nests: None."""
+    if isinstance(v, list):
+        return tuple(_tuple(x, depth + 1) for x in v) if depth < 4 else None
+    return v
+
+
+def _enclosing_ops(ops: list, launches: dict) -> dict:
+    """correlation id -> index into ``ops`` of the innermost operator whose interval holds the launch, on the
+    launching thread. Per thread the operators nest (a RecordFunction stack), so the innermost is the latest
+    started one that is still open: a sweep with a stack."""
+    by_thread: dict[tuple, list[int]] = {}
+    for i, (pid, tid, *_rest) in enumerate(ops):
+        by_thread.setdefault((pid, tid), []).append(i)
+    calls: dict[tuple, list[tuple[float, object]]] = {}
+    for corr, (pid, tid, ts) in launches.items():
+        calls.setdefault((pid, tid), []).append((ts, corr))
+    found = {}
+    for thread, launched in calls.items():
+        indices = sorted(by_thread.get(thread, ()), key=lambda i: (ops[i][2], -ops[i][3]))
+        starts = [ops[i][2] for i in indices]
+        launched.sort(key=lambda p: p[0])
+        stack: list[int] = []
+        j = 0
+        for ts, corr in launched:
+            upto = bisect.bisect_right(starts, ts)
+            while j < upto:
+                i = indices[j]
+                while stack and ops[stack[-1]][3] < ops[i][2]:
+                    stack.pop()
+                stack.append(i)
+                j += 1
+            while stack and ops[stack[-1]][3] < ts:
+                stack.pop()
+            if stack:
+                found[corr] = stack[-1]
+    return found
+
+
+# ---- shapes -------------------------------------------------------------------------------------------------
+
+
+def gemm_shape(op: TraceOp) -> tuple[int, int, int, int] | None:
+    """(M, N, K, groups) of a GEMM operator from its recorded input dims (GEMM_OPERANDS), None when they are
+    missing or not a matrix product."""
+    where = GEMM_OPERANDS.get(op.name)
+    if where is None or len(op.dims) <= max(where[:2]):
+        return None
+    a, b = op.dims[where[0]], op.dims[where[1]]
+    if not (isinstance(a, tuple) and isinstance(b, tuple)) or len(a) < 2 or len(b) < 2:
+        return None
+    if not all(isinstance(x, int) and x > 0 for x in a + b):
+        return None
+    if where[2]:  # linear: weight (N, K)
+        if len(b) != 2 or a[-1] != b[1]:
+            return None
+        return math.prod(a[:-1]), b[0], a[-1], 1
+    if a[-1] != b[-2]:
+        return None
+    if len(b) == 2:  # (..., M, K) @ (K, N): the leading dims fold into M
+        return math.prod(a[:-1]), b[1], a[-1], 1
+    if len(a) == len(b) == 3 and a[0] == b[0]:  # batched: one GEMM per batch
+        return a[1], b[2], a[2], a[0]
+    return None
+
+
+def gemm_dtype(op: TraceOp, kernel_names: list[str]) -> str | None:
+    """The GEMM-table dtype: bf16/fp16 from the operands' type; fp32 operands run as tf32 on the tensor cores
+    when the kernel is a tensor-op kernel (CUTLASS ``tensorop_s1688gemm``, cuBLAS ``*tf32*``/``xmma``; PyTorch's
+    allow_tf32), else as SIMT fp32 (``sgemm``)."""
+    t = str(op.types[GEMM_OPERANDS[op.name][0]] if len(op.types) > GEMM_OPERANDS[op.name][0] else "").lower()
+    if "bfloat16" in t:
+        return "bf16"
+    if "half" in t:
+        return "fp16"
+    if "float8" in t:
+        return "fp8"
+    if t == "float":
+        tensor = any(re.search(r"tensorop|tf32|xmma|s1688|nvjet", n, re.I) for n in kernel_names)
+        return "tf32" if tensor else "fp32"
+    return None
+
+
+def elementwise_bytes(op: TraceOp) -> int | None:
+    """HBM bytes of one elementwise operator's kernel: every tensor input read, the output (the largest input's
+    shape, the broadcast result) written in the first input's dtype; None without dims and types."""
+    if op.name not in ELEMENTWISE_OPS or not op.dims or len(op.types) != len(op.dims):
+        return None
+    total, largest, first = 0, 0, None
+    for i, (dims, t) in enumerate(zip(op.dims, op.types, strict=True)):
+        size = dtype_bytes(t)
+        if not isinstance(dims, tuple) or not dims or size is None:  # a scalar or an untyped input
+            continue
+        if not all(isinstance(x, int) and x >= 0 for x in dims):
+            return None
+        n = math.prod(dims)
+        if i or op.name not in WRITE_ONLY_SELF:
+            total += n * size
+        largest = max(largest, n)
+        first = first or size
+    if not first or not largest:
+        return None
+    return total + largest * first
+
+
+__all__ = [
+    "KERNEL_CLASSES",
+    "MAX_EVENTS",
+    "Trace",
+    "TraceKernel",
+    "TraceOp",
+    "collective_of",
+    "elementwise_bytes",
+    "gemm_dtype",
+    "gemm_shape",
+    "kernel_class",
+    "load_trace",
+    "message_bytes",
+]
