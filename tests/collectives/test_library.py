@@ -108,7 +108,8 @@ def test_pins_and_protocol_are_reported():
     p = price_call(
         Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="Ring", nccl_proto="LL128"
     )
-    assert (p.nccl_algorithm, p.protocol, p.algorithm, p.channels) == ("Ring", "LL128", "ring", 12)
+    # 12 search channels, duplicated by connect.cc:ncclTopoPostset (v2.30.7-1 line 465) to comm->nChannels 24
+    assert (p.nccl_algorithm, p.protocol, p.algorithm, p.channels) == ("Ring", "LL128", "ring", 24)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +132,8 @@ def test_algorithms_that_cannot_run_are_named(preset, algo, field, words):
 def test_bad_network_kind_and_version_are_named():
     for change, field in (
         (lambda s: replace(s, network=replace(s.network, kind="myrinet")), "network.kind"),
-        (lambda s: replace(s, nccl_version="2.18.5"), "nccl_version"),
+        (lambda s: replace(s, nccl_version="2.17.1"), "nccl_version"),
+        (lambda s: replace(s, nccl_version="2.31"), "nccl_version"),
         (lambda s: replace(s, cpu_vendor="sparc"), "cpu_vendor"),
     ):
         with pytest.raises(CollectiveError) as caught:
@@ -272,8 +274,12 @@ def test_latencies_are_nccl_tables():
     # tuning.cc:428 NVLSTree: intraLat 25 + 2 log2(N) x interLat 20.9
     assert two["nvls_tree", "Simple"].latency_us == pytest.approx(25.0 + 2 * 20.9)
     # tuning.cc:405-412 + 649: ring across nodes, Simple: netOverhead 1 us (Intel) x 3 as the intra step floor,
-    # 2(N-1) network steps at 14 us, then x1.4 (plateau)
-    assert two["ring", "Simple"].latency_us == pytest.approx((8.4 + 28 * 3.4 + 2 * 14.0) * 1.4)
+    # 2(N-1) network steps at 14 us; tuning.cc:647-649 x1.4 (plateau) from nBytes / (comm->nChannels x nRanks)
+    # >= 64 on: 16 channels (8 search channels x 2) x 16 ranks x 64 B = 16 KiB
+    ring = two["ring", "Simple"]
+    assert ring.latency_us == pytest.approx(8.4 + 28 * 3.4 + 2 * 14.0)
+    assert (ring.plateau, ring.plateau_bytes) == (1.4, 64 * 16 * 16)
+    assert ring.latency_s_at(16383) * 1.4 == pytest.approx(ring.latency_s_at(16384))
 
 
 def test_per_hop_network_latency_by_kind():
@@ -335,8 +341,10 @@ def test_availability_rules():
 def test_small_messages_launch_fewer_channels():
     # enqueue.cc:topoGetAlgoInfo: ring LL on 8 ranks needs nt 512 x threadThreshold 8 x 8 = 32 KiB a channel
     ring_ll = _raw("dgx-h100", 1)["ring", "LL"]
-    assert ring_ll.channels == 12
-    assert [ring_ll.channels_used(s) for s in (1 << 10, 64 << 10, 256 << 10, 1 << 20)] == [1, 2, 8, 12]
+    # from comm->nChannels = 2 x 12 search channels (connect.cc ncclTopoPostset); the bandwidth counts the 12
+    assert (ring_ll.channels, ring_ll.runtime_channels) == (12, 24)
+    assert [ring_ll.channels_used(s) for s in (1 << 10, 64 << 10, 256 << 10, 1 << 20)] == [1, 2, 8, 24]
+    assert [ring_ll.channel_share(s) for s in (64 << 10, 256 << 10, 1 << 20)] == [2 / 12, 8 / 12, 1.0]
 
 
 def test_version_keyed_speed_arrays():
@@ -381,9 +389,8 @@ def test_any_group_prices_finite_and_ring_simple_grows_with_bytes(preset, nodes,
     # linear in bytes once every channel runs (below that NCCL's channel count saw-tooths, as measured)
     pin = dict(pricing="library", nccl_algo="ring", nccl_proto="Simple")
     full = max(size, 1 << 25)
-    small, big = (price_call(op, s, group[None], cluster, **pin).time_s for s in (full, 2 * full))
-    base = price_call(op, 0, group[None], cluster, **pin).time_s
-    assert big - base == pytest.approx(2 * (small - base), rel=1e-6)
+    one, two, three = (price_call(op, s, group[None], cluster, **pin).time_s for s in (full, 2 * full, 3 * full))
+    assert three - two == pytest.approx(two - one, rel=1e-6)
 
 
 def test_a_device_listed_twice_is_named_under_library_pricing():
@@ -408,12 +415,12 @@ def test_latency_scale_per_gpu_generation():
     """A generation's key wins over the plain span; a plain span given sets every generation; Blackwell takes
     Hopper's default (library/calibration.py)."""
     cal = LibraryCalibration()
-    assert (cal.latency_multiplier("intra_node", 80), cal.latency_multiplier("intra_node", 90)) == (2.75, 1.875)
-    assert cal.latency_multiplier("intra_node", 100) == 1.875 and cal.latency_multiplier("inter_node", 90) == 1.0
+    assert (cal.latency_multiplier("intra_node", 80), cal.latency_multiplier("intra_node", 90)) == (2.75, 1.75)
+    assert cal.latency_multiplier("intra_node", 100) == 1.75 and cal.latency_multiplier("inter_node", 90) == 1.0
     plain = cal.with_values(latency_scale={"intra_node": 2.0})
     assert plain.latency_multiplier("intra_node", 80) == plain.latency_multiplier("intra_node", 90) == 2.0
     one = cal.with_values(latency_scale={"intra_node:ampere": 3.0})
-    assert (one.latency_multiplier("intra_node", 80), one.latency_multiplier("intra_node", 90)) == (3.0, 1.875)
+    assert (one.latency_multiplier("intra_node", 80), one.latency_multiplier("intra_node", 90)) == (3.0, 1.75)
 
 
 def test_shipped_constants_are_the_fit_on_the_reference_records():
