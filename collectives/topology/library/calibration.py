@@ -48,8 +48,9 @@ class LibraryCalibration:
     # below 64 MiB give 2.75 on A100 (27 rows, Azure ND A100 v4 and stas00's DGX A100, both NCCL 2.18-era) and
     # 1.75 on H100 (16 rows, Azure ND H100 v5, NCCL 2.18.5), each row priced with its own NCCL's tables where the
     # record names the version (tables.VERSIONS; Hopper's was 1.875 with v2.30's tables for every row); one
-    # scale for both fits neither (2.75 prices the H100's 1 KiB all-reduce at 41 us where it takes 26 us). A generation without one-node records in the fit
-    # set takes its nearest generation's value: Blackwell Hopper's, Volta Ampere's (assumed).
+    # scale for both fits neither (2.75 prices the H100's 1 KiB all-reduce at 41 us where it takes 26 us). A
+    # generation without one-node records in the fit set takes its nearest generation's value: Blackwell
+    # Hopper's, Volta Ampere's (assumed).
     # Across InfiniBand nodes NCCL's NET table already matches (1.0: 8-byte..64 KiB rows of 2- and 32-node A100
     # runs). Efficiencies: median measured / modelled busbw at >= 64 MiB (in_network 0.995 with NCCL's own
     # one-node NVLS graph, graphs.py _nvls_speed; nvlink 0.962, nic 0.954; pcie assumed).

@@ -395,9 +395,9 @@ _HW_225 = {
 _V225 = replace(
     _V230,
     hw_latency=_HW_225,
-    ring_ll128=PER_CH_MAX_RING_LL128_BW[:3] + ((73.4, 73.4, 73.4),),
-    tree_ll128=PER_CH_MAX_TREE_LL128_BW[:3] + ((73.4, 73.4, 58.0),),
-    tree=PER_CH_MAX_TREE_BW[:3] + ((77.4, 82.8, 72.0),),
+    ring_ll128=(*PER_CH_MAX_RING_LL128_BW[:3], (73.4, 73.4, 73.4)),
+    tree_ll128=(*PER_CH_MAX_TREE_LL128_BW[:3], (73.4, 73.4, 58.0)),
+    tree=(*PER_CH_MAX_TREE_BW[:3], (77.4, 82.8, 72.0)),
     nvls_tree=_NO_CAP,
     nvls_bw="min",
     nvls_min_gpus=3,
@@ -406,7 +406,7 @@ _V225 = replace(
 _V223 = replace(_V225, cc_rows=3)
 # v2.21.5-1 / v2.22.3-1: Tree Simple hwLat 28 on every link kind and no Tree Simple base latency, no PAT, AG/RS on
 # ring, NVLS and CollNetDirect only, the pre-v2.23 latency rules (tuning.cc v2.21.5-1 lines 56-106, 225-265)
-_HW_221 = {k: v | {"tree": v["tree"][:2] + (28.0,)} for k, v in _HW_225.items()}
+_HW_221 = {k: v | {"tree": (*v["tree"][:2], 28.0)} for k, v in _HW_225.items()}
 _V221 = replace(
     _V223,
     base_latency=BASE_LATENCY_US | {"tree": (6.8, 14.0, 0.0)},
@@ -424,7 +424,7 @@ _V219 = replace(
     hw_latency={
         k: v | ({"nvls": (0, 0, 23.0), "nvls_tree": (0, 0, 23.0)} if k == "nvlink" else {}) for k, v in _HW_221.items()
     },
-    ll_max_bw=LL_MAX_BW[:2] + (LL_MAX_BW[1],) + ((0.0, 0.0, 0.0),),
+    ll_max_bw=(*LL_MAX_BW[:2], LL_MAX_BW[1], (0.0, 0.0, 0.0)),
     ring_ll_factor=0.25,
     ag_rs_algorithms=("ring", "nvls"),
 )
@@ -454,10 +454,10 @@ _V218 = replace(
 # perChMaxNVLSTreeBws {0, 96, 43.8} (BLACKWELL_ROWS_BY_VERSION); v2.29.7-1 the latter only
 _V228 = replace(
     _V230,
-    ring_ll128=PER_CH_MAX_RING_LL128_BW[:3] + (BLACKWELL_ROWS_BY_VERSION[("2.28", "ring_ll128")],),
-    nvls_tree=PER_CH_MAX_NVLS_TREE_BW[:3] + (BLACKWELL_ROWS_BY_VERSION[("2.28", "nvls_tree")],),
+    ring_ll128=(*PER_CH_MAX_RING_LL128_BW[:3], BLACKWELL_ROWS_BY_VERSION["2.28", "ring_ll128"]),
+    nvls_tree=(*PER_CH_MAX_NVLS_TREE_BW[:3], BLACKWELL_ROWS_BY_VERSION["2.28", "nvls_tree"]),
 )
-_V229 = replace(_V230, nvls_tree=PER_CH_MAX_NVLS_TREE_BW[:3] + (BLACKWELL_ROWS_BY_VERSION[("2.29", "nvls_tree")],))
+_V229 = replace(_V230, nvls_tree=(*PER_CH_MAX_NVLS_TREE_BW[:3], BLACKWELL_ROWS_BY_VERSION["2.29", "nvls_tree"]))
 _V224 = replace(_V223, pat_factor=0.75)
 
 VERSIONS = {
