@@ -133,13 +133,15 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
             if getattr(block, required) is None:
                 raise SpecError(f"cluster.{required}", "required when no preset is given")
         base = ClusterSpec(block.name or "custom", block.num_nodes, block.devices_per_node)
-    skip = ("preset", "intra", "network", "gpu", "calibration")
+    skip = ("preset", "intra", "network", "gpu", "calibration", "nccl_env")
     spec = replace(base, **{k: v for k, v in _set(block, skip).items() if v is not None})
     if block.gpu is not None:
         gpu = _gpu(block.gpu, spec.gpu)
         spec = replace(spec, gpu=gpu, device=gpu.name)
     if block.intra is not None:
         spec = replace(spec, intra=replace(spec.intra, **_present(block.intra)))
+    if block.nccl_env is not None:
+        spec = replace(spec, nccl_env=replace(spec.nccl_env, **_present(block.nccl_env)))
     if block.network is not None:
         net = _present(block.network)
         if "dims" in net:

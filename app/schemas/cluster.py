@@ -105,6 +105,21 @@ class CalibrationIn(Strict):
     network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpxo -> s per hop")
 
 
+class NcclEnvIn(Strict):
+    """NCCL environment variables the job sets, by NCCL's names; absent: NCCL's default (docs/pricing.md)."""
+
+    NCCL_MIN_NCHANNELS: int | None = Field(
+        default=None, ge=0, le=1024, description="channels ring/tree run at least; 1..MAXCHANNELS (32 before 2.26, 64)"
+    )
+    NCCL_MAX_NCHANNELS: int | None = Field(
+        default=None, ge=0, le=1024, description="channels ring/tree run at most; 1..MAXCHANNELS (32 before 2.26, 64)"
+    )
+    NCCL_NVLS_ENABLE: int | None = Field(default=None, ge=0, le=2, description="0 off, 1 on, 2 auto (default)")
+    NCCL_COLLNET_ENABLE: int | None = Field(
+        default=None, ge=0, le=1, description="1: CollNet (SHARP) where network.in_network_reduction; default 0"
+    )
+
+
 class ClusterIn(Strict):
     preset: str | None = Field(default=None, description="a name from GET /v1/presets/clusters")
     num_nodes: int | None = Field(default=None, ge=1, le=1 << 17)
@@ -117,7 +132,10 @@ class ClusterIn(Strict):
     network: NetworkIn | None = None
     name: str | None = Field(default=None, max_length=64)
     gpu: str | GPUIn | None = Field(default=None, description="a GPU name (gpu.py GPUS) or its fields")
-    nccl_version: str | None = Field(default=None, max_length=16, description="2.28, 2.29 or 2.30 (NCCL's model)")
+    nccl_version: str | None = Field(
+        default=None, max_length=16, description="2.18 to 2.30, or major.minor.patch (NCCL's tuning tables of that tag)"
+    )
+    nccl_env: NcclEnvIn | None = None
     cpu_vendor: str | None = Field(default=None, max_length=16, description="intel, amd or arm")
     calibration: CalibrationIn | None = None
 
