@@ -484,3 +484,25 @@ def test_nvls_needs_two_channels_one_nic_per_node_has_one_head():
     assert "nvls_tree" not in {c.algorithm for c in cands} and {"ring", "tree"} <= {c.algorithm for c in cands}
     cluster = Cluster(replace(cluster_preset("dgx-h100", 2), nics_per_node=1))
     assert price_call(Op.ALLREDUCE, GIB, np.arange(16)[None, :], cluster, pricing="library").time_s > 0
+
+
+def test_issue23_presets():
+    """The presets of issue 23, each with its sources: a3-high runs 12 channels (Google's TCPX settings,
+    NCCL_MIN/MAX_NCHANNELS=12) with Simple only across nodes; GH200 (one GPU a node) runs PAT for a 1 MiB
+    allgather; DGX B300 reaches NVLS on one node and its 800G NICs are NCCL's min(100, PCIe Gen6 x16 0.75 x 128 =
+    96) GB/s; two GB300 NVL72 racks keep CollNet off (no NCCL_COLLNET_ENABLE) and run NVLSTree at 1 GiB."""
+    for name in ("gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72"):
+        assert cluster_preset(name).sources, name
+    a3 = Cluster(cluster_preset("gcp-a3-high", 2))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(16)[None], a3, pricing="library")
+    assert (p.protocol, p.channels, a3.spec.network.kind) == ("Simple", 12, "tcpx")
+    gh = Cluster(cluster_preset("gh200", 4))
+    assert price_call(Op.ALLGATHER, 1 << 20, np.arange(4)[None], gh, pricing="library").nccl_algorithm == "PAT"
+    b300 = Cluster(cluster_preset("dgx-b300", 2))
+    assert shape_of(b300, np.arange(16)).net_bw == pytest.approx(96.0)
+    one = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], Cluster(cluster_preset("dgx-b300")), pricing="library")
+    assert one.nccl_algorithm == "NVLS" and one.busbw_GBps == pytest.approx(704.6, rel=1e-3)
+    gb300 = Cluster(cluster_preset("gb300-nvl72", 2))
+    assert not features_of(gb300).collnet
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(144)[None], gb300, pricing="library")
+    assert p.nccl_algorithm == "NVLSTree" and p.busbw_GBps == pytest.approx(848.5, rel=1e-3)

@@ -214,7 +214,8 @@ def _span_rule(algorithm: str, op: Op, shape: Shape) -> str:
 # a3-mega workloads, and its nccl-env-profile-simple.sh since the Aug 2025 release) sets NCCL_PROTO=Simple with
 # NCCL_ALGO=Ring,Tree and NCCL_NVLS_ENABLE=0; LL is never enabled. Its opt-in LL128/NVLSTree profile hands the
 # choice to Google's tuner plugin (a3plus_tuner_config), which is not NCCL's model and is not modelled here.
-NETWORK_PROTOCOLS = {"tcpxo": ("Simple",)}
+# GPUDirect-TCPX (a3-high) likewise: Google's TCPX run script sets NCCL_PROTO=Simple (presets.gcp_a3_high).
+NETWORK_PROTOCOLS = {"tcpxo": ("Simple",), "tcpx": ("Simple",)}
 
 
 def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features) -> str:
