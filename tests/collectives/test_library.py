@@ -506,3 +506,44 @@ def test_issue23_presets():
     assert not features_of(gb300).collnet
     p = price_call(Op.ALLREDUCE, GIB, np.arange(144)[None], gb300, pricing="library")
     assert p.nccl_algorithm == "NVLSTree" and p.busbw_GBps == pytest.approx(848.5, rel=1e-3)
+
+
+def test_version_tables_are_nccls_per_tag():
+    """tables.VERSIONS against NVIDIA/nccl's tags (tuning.cc / device.h / nvls.cc line numbers in tables.py)."""
+    from collectives.topology.library import tables as T
+
+    v = T.VERSIONS
+    # llMaxBws Hopper row: {87.7, 22.5, 19.0} to v2.20 (tuning.cc v2.20.5-1 line 89), {141, 45, 35} from v2.21
+    assert v["2.20"].ll_max_bw[2] == (87.7, 22.5, 19.0) and v["2.21"].ll_max_bw[2] == (141.0, 45.0, 35.0)
+    # Tree Simple hwLat 28 us on every link kind in v2.19-v2.22 (v2.19.4-1 lines 67-77), 4/4/14 before and after
+    assert [v[x].hw_latency["nvlink"]["tree"][2] for x in ("2.18", "2.19", "2.22", "2.23")] == [4.0, 28.0, 28.0, 4.0]
+    # PAT from v2.23 (.85), .75 from v2.24 (tuning.cc v2.24.3-1 line 256)
+    assert [v[x].pat_factor for x in ("2.22", "2.23", "2.24", "2.30")] == [0.0, 0.85, 0.75, 0.75]
+    # device.h MAXCHANNELS 32 before v2.26, 64 from it
+    assert [T.max_channels(x) for x in ("2.18", "2.25", "2.26", "2.30")] == [32, 32, 64, 64]
+    # nvls.cc ncclNvlsInit: gpuCount <= 2 off up to v2.27 (v2.27.7-1 line 160), < 2 from v2.28 (v2.28.9-1 line 161);
+    # v2.20 also turns NVLS off across nodes (v2.20.5-1 line 240)
+    assert (v["2.27"].nvls_min_gpus, v["2.28"].nvls_min_gpus, v["2.20"].nvls_multi_node) == (3, 2, False)
+    # ring LL busBw x 1/4 before v2.21 (v2.20.5-1 line 181), x .5 since; NVLSTree NET hwLat 19 / 14 / 20.9
+    assert [v[x].ring_ll_factor for x in ("2.20", "2.21")] == [0.25, 0.5]
+    assert [v[x].hw_latency["net"]["nvls_tree"][2] for x in ("2.18", "2.19", "2.27", "2.28")] == [
+        19.0,
+        14.0,
+        14.0,
+        20.9,
+    ]
+    # no Blackwell rows before v2.25: SM100 takes Hopper's (compCapIndex tops at HOPPER_COMPCAP_IDX)
+    assert (v["2.24"].cc_rows, v["2.25"].cc_rows, v["2.25"].ring_ll128[3]) == (3, 4, (73.4, 73.4, 73.4))
+    # allgather/reducescatter algorithms: ring only in v2.18; + NVLS in v2.19; + CollNetDirect v2.20; + PAT v2.23
+    assert [len(v[x].ag_rs_algorithms) for x in ("2.18", "2.19", "2.20", "2.23")] == [1, 2, 3, 4]
+
+
+def test_two_gpus_a_node_keep_nvls_only_from_2_28():
+    """nvls.cc gpuCount <= 2 (to v2.27) vs < 2 (v2.28+): two H100 per node keep NVLS only from v2.28."""
+    spec = replace(cluster_preset("dgx-h100", 1), devices_per_node=2)
+    for version, nvls in (("2.27", False), ("2.28", True)):
+        cluster = Cluster(replace(spec, nccl_version=version))
+        names = {
+            c.algorithm for c in candidates(Op.ALLREDUCE, shape_of(cluster, np.arange(2)), features_of(cluster), RAW)
+        }
+        assert ("nvls" in names) is nvls, version
