@@ -14,7 +14,7 @@ from collectives import CollectiveError, Op
 from collectives.topology import Cluster, cluster_preset, price_call, validate_cluster
 from collectives.topology.library import LibraryCalibration, choose
 from collectives.topology.library.graphs import Shape, nvls_graph, ring_graph
-from collectives.topology.library.model import Features, candidates
+from collectives.topology.library.model import Features, candidates, why_no_protocol
 from collectives.topology.library.pricer import contention, features_of, shape_of
 from collectives.topology.reference import compare_all
 
@@ -536,6 +536,11 @@ def test_version_tables_are_nccls_per_tag():
     assert (v["2.24"].cc_rows, v["2.25"].cc_rows, v["2.25"].ring_ll128[3]) == (3, 4, (73.4, 73.4, 73.4))
     # allgather/reducescatter algorithms: ring only in v2.18; + NVLS in v2.19; + CollNetDirect v2.20; + PAT v2.23
     assert [len(v[x].ag_rs_algorithms) for x in ("2.18", "2.19", "2.20", "2.23")] == [1, 2, 3, 4]
+    # LL128 by default: SM 70/80/90 to v2.24, + 100/120 in v2.25-v2.26, every SM70+ from v2.27
+    assert [v[x].ll128_sms for x in ("2.24", "2.26", "2.27")] == [(70, 80, 90), (70, 80, 90, 100, 120), ()]
+    ada = Shape(89, 1, 8, 8 * 25.0, False, 1, 0.0, "2.24")
+    assert "SM 70, 80, 90 only" in why_no_protocol("ring", "LL128", ada, Features())
+    assert why_no_protocol("ring", "LL128", replace(ada, version="2.27"), Features()) == ""
 
 
 def test_two_gpus_a_node_keep_nvls_only_from_2_28():

@@ -228,6 +228,9 @@ def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features)
         return "LL128 is enabled only over NVLink paths (typeIntra <= PATH_NVB)"
     if protocol == "LL128" and shape.sm < 70:
         return "LL128 needs SM70+"
+    sms = T.tables(shape.version).ll128_sms
+    if protocol == "LL128" and sms and shape.sm not in sms:
+        return f"NCCL {shape.version} enables LL128 by default on SM {', '.join(map(str, sms))} only (got {shape.sm})"
     return ""
 
 

@@ -372,6 +372,10 @@ class VersionTables:
     ppn1_tree_net_latency: bool = True  # one GPU per node takes Tree's NET latency (v2.23+)
     nvls_latency: str = "v2.19"  # "v2.18": base + NET hwLat, NVLSTree 2 (nNodes-1) NET hops
     collnet_arity_us: float = 0.4  # CollNetDirect arity serialisation (0.5 in v2.18)
+    # LL128 by default only on these compute capabilities (tuning.cc switch (minCompCap), default off): 70, 80,
+    # 90 to v2.24 (v2.24.3-1 lines 427-430), + 100, 120 in v2.25-v2.26 (v2.26.6-1 lines 433-438); () from v2.27:
+    # every SM70+ (v2.27.7-1 line 470)
+    ll128_sms: tuple = ()
 
 
 _V230 = VersionTables(
@@ -403,7 +407,7 @@ _V225 = replace(
     nvls_min_gpus=3,
 )
 # v2.23.4-1 / v2.24.3-1 (tuning.cc lines 56-106 / 120-170): no Blackwell rows (compCapIndex tops at Hopper)
-_V223 = replace(_V225, cc_rows=3)
+_V223 = replace(_V225, cc_rows=3, ll128_sms=(70, 80, 90))
 # v2.21.5-1 / v2.22.3-1: Tree Simple hwLat 28 on every link kind and no Tree Simple base latency, no PAT, AG/RS on
 # ring, NVLS and CollNetDirect only, the pre-v2.23 latency rules (tuning.cc v2.21.5-1 lines 56-106, 225-265)
 _HW_221 = {k: v | {"tree": (*v["tree"][:2], 28.0)} for k, v in _HW_225.items()}
@@ -468,8 +472,8 @@ VERSIONS = {
     "2.22": _V221,
     "2.23": replace(_V223, pat_factor=0.85),
     "2.24": _V224,
-    "2.25": _V225,
-    "2.26": _V225,
+    "2.25": replace(_V225, ll128_sms=(70, 80, 90, 100, 120)),
+    "2.26": replace(_V225, ll128_sms=(70, 80, 90, 100, 120)),
     "2.27": _V225,
     "2.28": _V228,
     "2.29": _V229,
