@@ -105,7 +105,7 @@ def test_one_node_nvlink_large_messages_blind(medians):
 
 
 def test_one_node_small_and_mid_sizes_blind_within_target(medians):
-    """Below 64 MiB on one node, with each GPU generation's own latency scale (Hopper's 1.875, fitted on the
+    """Below 64 MiB on one node, with each GPU generation's own latency scale (Hopper's 1.75, fitted on the
     H100 records, stands for Blackwell): H200 5.3% / 11.4%, GB200 x 4 17.6% / 15.7% (small / mid). One
     scale for all generations (2.75, A100-dominated) had them at 28-43%."""
     for name in ("azure_nd_h200_v5_1x8_allreduce.txt", "azure_nd_gb200_v6_1x4_allreduce.txt"):
