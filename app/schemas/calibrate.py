@@ -36,7 +36,7 @@ class LogIn(Strict):
 class CalibrateRequest(Strict):
     cluster: ClusterIn
     logs: list[LogIn] = Field(min_length=1, max_length=MAX_LOGS)
-    network_kind: Literal["ib", "roce", "efa", "efa_sendrecv", "tcpxo"] | None = Field(
+    network_kind: Literal["ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo"] | None = Field(
         default=None, description="the cluster's network kind (default: the cluster's own network.kind)"
     )
 

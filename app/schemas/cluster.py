@@ -61,7 +61,9 @@ class NetworkIn(Strict):
     switch_latency_s: float | None = Latency
     in_network_reduction: bool | None = Field(default=None, description="SHARP in the switches (NCCL CollNet)")
     kind: str | None = Field(
-        default=None, max_length=16, description="network kind: ib, roce, efa, efa_sendrecv, tcpxo (per-hop latency)"
+        default=None,
+        max_length=16,
+        description="network kind: ib, roce, efa, efa_sendrecv, tcpx, tcpxo (per-hop latency)",
     )
 
 
@@ -102,7 +104,7 @@ class CalibrationIn(Strict):
     latency_scale: dict[str, float] | None = Field(
         default=None, description="intra_node / inter_node, or a generation's (intra_node:hopper) -> multiplier"
     )
-    network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpxo -> s per hop")
+    network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpx/tcpxo -> s per hop")
 
 
 class NcclEnvIn(Strict):

@@ -211,3 +211,12 @@ def test_nccl_env_round_trips_in_the_plan_cluster_block(api):
     again = plan(api, body["cluster"]).json()
     assert [c["time_s"] for c in again["calls"]] == [c["time_s"] for c in body["calls"]]
     assert body["cluster"]["nccl_version"] == "2.21"
+
+
+def test_tcpx_network_kind_and_a3_high_over_http(api):
+    """GCP a3-high (GPUDirect-TCPX): Simple only across nodes and 12 channels (its preset's NCCL_MIN/MAX);
+    `network.kind: tcpx` on any cluster restricts the protocol the same way."""
+    r = _price(api, {"preset": "gcp-a3-high", "num_nodes": 2}, 1 << 20)
+    assert (r["protocol"], r["channels"]) == ("Simple", 12)
+    r = _price(api, TWO | {"network": {"kind": "tcpx"}}, 1 << 20)
+    assert r["protocol"] == "Simple"
