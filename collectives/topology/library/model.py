@@ -237,6 +237,11 @@ def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features)
 def candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration) -> list[Candidate]:
     """Every enabled (algorithm, protocol) with NCCL's latency and bandwidth for this communicator."""
     graphs = graphs_for(shape)
+    ring = graphs["ring"]
+    launched = (comm_channels(shape, feat, ring), comm_channels(shape, feat, ring, knobs=False))
+    node_speed = _node_nvls_speed(shape) if graphs.get("nvls") else 0.0
+    last = T.SUPPORTED_VERSIONS[-1]
+    newest = shape if shape.version == last else replace(shape, version=last)
     out = []
     for a in T.ALGORITHMS:
         g = graphs.get(a)
@@ -245,7 +250,7 @@ def candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration) ->
         for p in T.PROTOCOLS:
             if why_no_protocol(a, p, shape, feat):
                 continue
-            c = _candidate(op, a, p, g, shape, feat, cal)
+            c = _candidate(op, a, p, g, shape, feat, cal, launched, node_speed, newest)
             if c is not None:
                 out.append(c)
     return out
@@ -259,7 +264,9 @@ def _kind(a: str, shape: Shape, feat: Features) -> str:
     return "nvlink" if feat.nvlink else "pcie"
 
 
-def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration) -> Candidate | None:
+def _candidate(
+    op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration, launched, node_speed, newest: Shape
+) -> Candidate | None:
     """NCCL's (latency, bandwidth) of (a, p) with the tables of the tag ``shape.version``: what that NCCL's
     tuner ranks. The time a run takes reads the newest tag's latency and bandwidth rules on the same graph
     (``run_latency_us``, ``achieved``):
@@ -274,14 +281,12 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     algbw, bus, uncapped = _algbw(op, a, p, g, shape, feat, nsteps, g.bw_intra)
     if bus <= 0:
         return None
-    newest = replace(shape, version=T.SUPPORTED_VERSIONS[-1])
-    node_speed = max(g.bw_intra, _node_nvls_speed(shape)) if a in ("nvls", "nvls_tree") else g.bw_intra
-    achieved = _algbw(op, a, p, g, newest, feat, nsteps, node_speed)[0] / algbw
+    speed = max(g.bw_intra, node_speed) if a in ("nvls", "nvls_tree") else g.bw_intra
+    achieved = _algbw(op, a, p, g, newest, feat, nsteps, speed)[0] / algbw
     kind = _kind(a, shape, feat)
     lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
     plateau, plateau_bytes = 1.0, 0
-    ring = ring_graph(shape) if a in ("ring", "tree") else g
-    runtime = comm_channels(shape, feat, ring) if a in ("ring", "tree") else 0
+    runtime, default = launched if a in ("ring", "tree") else (0, 0)
     if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
         plateau = T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime
         plateau_bytes = T.RING_PLATEAU_BYTES * runtime * n
@@ -289,7 +294,7 @@ def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCal
     return Candidate(
         a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g),
         _corrected_sizes(a, shape, feat), achieved, runtime,
-        comm_channels(shape, feat, ring, knobs=False) if runtime else 0, uncapped / bus, plateau, plateau_bytes,
+        default, uncapped / bus, plateau, plateau_bytes,
         _latency(op, a, p, pi, n, nodes, nsteps, newest, feat, cal),
     )  # fmt: skip
 
