@@ -17,6 +17,7 @@ from collectives.topology.library.graphs import Shape, nvls_graph, ring_graph
 from collectives.topology.library.model import Features, candidates, why_no_protocol
 from collectives.topology.library.pricer import contention, features_of, shape_of
 from collectives.topology.reference import compare_all
+from collectives.topology.spec import NcclEnv
 
 GIB = 1 << 30
 RAW = LibraryCalibration(efficiency={}, latency_scale={})  # NCCL's model alone, no fitted constant
@@ -552,3 +553,28 @@ def test_two_gpus_a_node_keep_nvls_only_from_2_28():
             c.algorithm for c in candidates(Op.ALLREDUCE, shape_of(cluster, np.arange(2)), features_of(cluster), RAW)
         }
         assert ("nvls" in names) is nvls, version
+
+
+@pytest.mark.parametrize(
+    ("per_partition", "ring_measured", "tree_measured"), [(4, 196.72, 234.43), (8, 393.66, 485.68)]
+)
+def test_gb200_partitions_nvls_off_ring_pick(per_partition, ring_measured, tree_measured):
+    """NVIDIA/nccl issue 1801 (NCCL 2.27.3, GB200, three NVL partitions in different racks joined over IB,
+    NCCL_NVLS_ENABLE=0, 16 GiB allreduce): NCCL picks Ring, as here, and Ring measures 196.7 / 393.7 GB/s busbw
+    (NVL4 / NVL8), priced 182.2 / 363.6 (-7.4% / -7.6%). Tree measures 234 / 486, but NCCL's own model caps
+    it at perChMaxTreeBws[Blackwell][3+ nodes] = 24 GB/s a channel (tuning.cc v2.27.7-1), so its tuner never
+    picks it there and a pinned Tree is priced at that cap (153.8 / 174.7: 34% / 64% slow): the ring/tree
+    crossover at scale is NCCL's, stated, not corrected."""
+    spec = replace(
+        cluster_preset("gb200-nvl72", 3),
+        devices_per_node=per_partition,
+        nics_per_node=per_partition,
+        nccl_version="2.27.3",
+        nccl_env=NcclEnv(NCCL_NVLS_ENABLE=0),
+    )
+    cluster, group = Cluster(spec), np.arange(3 * per_partition)[None]
+    auto = price_call(Op.ALLREDUCE, 1 << 34, group, cluster, pricing="library")
+    assert auto.nccl_algorithm == "Ring"
+    assert auto.busbw_GBps / ring_measured - 1 == pytest.approx(-0.075, abs=0.01)
+    tree = price_call(Op.ALLREDUCE, 1 << 34, group, cluster, pricing="library", nccl_algo="Tree")
+    assert tree.busbw_GBps < 0.7 * tree_measured
