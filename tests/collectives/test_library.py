@@ -17,6 +17,7 @@ from collectives.topology.library.graphs import Shape, nvls_graph, ring_graph
 from collectives.topology.library.model import Features, candidates, why_no_protocol
 from collectives.topology.library.pricer import contention, features_of, shape_of
 from collectives.topology.reference import compare_all
+from collectives.topology.spec import NCCL_VERSIONS as T_VERSIONS
 from collectives.topology.spec import NcclEnv
 
 GIB = 1 << 30
@@ -578,3 +579,34 @@ def test_gb200_partitions_nvls_off_ring_pick(per_partition, ring_measured, tree_
     assert auto.busbw_GBps / ring_measured - 1 == pytest.approx(-0.075, abs=0.01)
     tree = price_call(Op.ALLREDUCE, 1 << 34, group, cluster, pricing="library", nccl_algo="Tree")
     assert tree.busbw_GBps < 0.7 * tree_measured
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    preset=st.sampled_from(NVIDIA_PRESETS + ("gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72")),
+    nodes=st.integers(1, 3),
+    version=st.sampled_from(T_VERSIONS),
+    env=st.tuples(st.integers(0, 32), st.integers(0, 32), st.sampled_from((0, 1, 2)), st.sampled_from((0, 1))),
+    op=st.sampled_from([Op.ALLREDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.BROADCAST, Op.REDUCE]),
+    size=st.integers(0, 1 << 34),
+)
+def test_every_version_and_knob_prices_finite(preset, nodes, version, env, op, size):
+    """Any NCCL 2.18-2.30 with any knobs within MAXCHANNELS: a finite, positive price on every preset, and
+    never more channels than the knobs allow."""
+    lo, hi, nvls, collnet = env
+    spec = replace(
+        cluster_preset(preset, nodes),
+        nccl_version=version,
+        nccl_env=NcclEnv(
+            NCCL_MIN_NCHANNELS=lo, NCCL_MAX_NCHANNELS=hi, NCCL_NVLS_ENABLE=nvls, NCCL_COLLNET_ENABLE=collnet
+        ),
+    )
+    validate_cluster(spec)
+    cluster = Cluster(spec)
+    n = min(cluster.num_devices, 16)
+    if n < 2:  # one GH200 node: nothing to communicate
+        return
+    p = price_call(op, size, np.arange(n)[None], cluster, pricing="library")
+    assert np.isfinite(p.time_s) and p.time_s > 0
+    if p.nccl_algorithm in ("Ring", "Tree"):
+        assert p.channels <= max(lo, hi or 64)
