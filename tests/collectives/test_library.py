@@ -583,7 +583,7 @@ def test_gb200_partitions_nvls_off_ring_pick(per_partition, ring_measured, tree_
 
 @settings(max_examples=60, deadline=None)
 @given(
-    preset=st.sampled_from(NVIDIA_PRESETS + ("gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72")),
+    preset=st.sampled_from((*NVIDIA_PRESETS, "gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72")),
     nodes=st.integers(1, 3),
     version=st.sampled_from(T_VERSIONS),
     env=st.tuples(st.integers(0, 32), st.integers(0, 32), st.sampled_from((0, 1, 2)), st.sampled_from((0, 1))),
