@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
-    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpxo"), default=None)
+    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo"), default=None)
     cal.add_argument("--op", default=None, help="the test of every log (all_reduce_perf, allgather, ...): for a table "
                      "pasted without its header, when its columns leave it open")  # fmt: skip
     cal.add_argument("--ranks", type=int, default=None, help="ranks of every log (default: its rank lines)")

@@ -133,18 +133,12 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
             if getattr(block, required) is None:
                 raise SpecError(f"cluster.{required}", "required when no preset is given")
         base = ClusterSpec(block.name or "custom", block.num_nodes, block.devices_per_node)
-    skip = ("preset", "intra", "network", "gpu", "calibration")
+    skip = ("preset", "intra", "network", "gpu", "calibration", "nccl_env")
     spec = replace(base, **{k: v for k, v in _set(block, skip).items() if v is not None})
     if block.gpu is not None:
         gpu = _gpu(block.gpu, spec.gpu)
         spec = replace(spec, gpu=gpu, device=gpu.name)
-    if block.intra is not None:
-        spec = replace(spec, intra=replace(spec.intra, **_present(block.intra)))
-    if block.network is not None:
-        net = _present(block.network)
-        if "dims" in net:
-            net["dims"] = tuple(net["dims"])
-        spec = replace(spec, network=replace(spec.network, **net))
+    spec = _nested_blocks(spec, block)
     devices = spec.num_nodes * spec.devices_per_node
     if devices > settings.max_devices:
         raise SpecError(
@@ -156,6 +150,18 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
         validate_cluster(spec)
         if block.calibration is not None:  # fitted constants (POST /v1/calibrate), through fit.py's one adapter
             spec = apply_constants(Constants.from_dict(block.calibration.model_dump(exclude_none=True)), spec)
+    return spec
+
+
+def _nested_blocks(spec: ClusterSpec, block: ClusterIn) -> ClusterSpec:
+    """The cluster's nested blocks given in the request (intra, nccl_env, network) over the spec's own."""
+    for name in ("intra", "nccl_env", "network"):
+        given = getattr(block, name)
+        if given is not None:
+            values = _present(given)
+            if "dims" in values:
+                values["dims"] = tuple(values["dims"])
+            spec = replace(spec, **{name: replace(getattr(spec, name), **values)})
     return spec
 
 

@@ -22,6 +22,10 @@ def band(size: int) -> str:
     return ">= 64 MiB" if size >= 64 << 20 else "64 KiB-64 MiB" if size >= 64 << 10 else "< 64 KiB"
 
 
+def span(nodes: int) -> str:
+    return "one node" if nodes == 1 else "across nodes"
+
+
 def source(r: dict) -> str:
     return r["source"].split(":")[0].split(" ")[0]
 
@@ -97,6 +101,8 @@ def main() -> None:
     print("\n".join(table(rows, lambda c: (c.record["gpu"].split()[0], c.record["nodes"], band(c.size_bytes)))))
     print("\n| band | records | median abs busbw error |\n|---|---|---|")
     print("\n".join(table(rows, lambda c: (band(c.size_bytes),))))
+    print("\n| span | band | records | median abs busbw error |\n|---|---|---|---|")
+    print("\n".join(table(rows, lambda c: (span(c.record["nodes"]), band(c.size_bytes)))))
     print("\n| left-out source | band | records | median abs busbw error |\n|---|---|---|---|")
     for src in sorted({source(r) for r in RECORDS}):
         cal = fit([r for r in RECORDS if source(r) != src])
@@ -107,6 +113,9 @@ def main() -> None:
     print("\n".join(table(held, lambda r: (r.category, r.band))))
     print("\n| held-out band | rows | median abs busbw error |\n|---|---|---|")
     print("\n".join(table(held, lambda r: (r.band,))))
+    clean = [r for r in held if "noisy" not in r.entry.get("notes", "")]
+    print("\n| held-out span (no noisy demo) | band | rows | median abs busbw error |\n|---|---|---|---|")
+    print("\n".join(table(clean, lambda r: (span(r.entry["nodes"]), r.band))))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class CalibrateRequest(Strict):
     free_text = frozenset({"trace"})  # a trace's kernel names and arguments are the profiler's, not names of ours
     cluster: ClusterIn
     logs: list[LogIn] = Field(default_factory=list, max_length=MAX_LOGS, description="nccl-tests logs (or a trace)")
-    network_kind: Literal["ib", "roce", "efa", "efa_sendrecv", "tcpxo"] | None = Field(
+    network_kind: Literal["ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo"] | None = Field(
         default=None, description="the cluster's network kind (default: the cluster's own network.kind)"
     )
     trace: dict | list | str | None = Field(

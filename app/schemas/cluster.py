@@ -61,7 +61,9 @@ class NetworkIn(Strict):
     switch_latency_s: float | None = Latency
     in_network_reduction: bool | None = Field(default=None, description="SHARP in the switches (NCCL CollNet)")
     kind: str | None = Field(
-        default=None, max_length=16, description="network kind: ib, roce, efa, efa_sendrecv, tcpxo (per-hop latency)"
+        default=None,
+        max_length=16,
+        description="network kind: ib, roce, efa, efa_sendrecv, tcpx, tcpxo (per-hop latency)",
     )
 
 
@@ -102,7 +104,22 @@ class CalibrationIn(Strict):
     latency_scale: dict[str, float] | None = Field(
         default=None, description="intra_node / inter_node, or a generation's (intra_node:hopper) -> multiplier"
     )
-    network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpxo -> s per hop")
+    network_latency_s: dict[str, float] | None = Field(default=None, description="ib/roce/efa/tcpx/tcpxo -> s per hop")
+
+
+class NcclEnvIn(Strict):
+    """NCCL environment variables the job sets, by NCCL's names; absent: NCCL's default (docs/pricing.md)."""
+
+    NCCL_MIN_NCHANNELS: int | None = Field(
+        default=None, ge=0, le=1024, description="channels ring/tree run at least; 1..MAXCHANNELS (32 before 2.26, 64)"
+    )
+    NCCL_MAX_NCHANNELS: int | None = Field(
+        default=None, ge=0, le=1024, description="channels ring/tree run at most; 1..MAXCHANNELS (32 before 2.26, 64)"
+    )
+    NCCL_NVLS_ENABLE: int | None = Field(default=None, ge=0, le=2, description="0 off, 1 on, 2 auto (default)")
+    NCCL_COLLNET_ENABLE: int | None = Field(
+        default=None, ge=0, le=1, description="1: CollNet (SHARP) where network.in_network_reduction; default 0"
+    )
 
 
 class ClusterIn(Strict):
@@ -117,7 +134,10 @@ class ClusterIn(Strict):
     network: NetworkIn | None = None
     name: str | None = Field(default=None, max_length=64)
     gpu: str | GPUIn | None = Field(default=None, description="a GPU name (gpu.py GPUS) or its fields")
-    nccl_version: str | None = Field(default=None, max_length=16, description="2.28, 2.29 or 2.30 (NCCL's model)")
+    nccl_version: str | None = Field(
+        default=None, max_length=16, description="2.18 to 2.30, or major.minor.patch (NCCL's tuning tables of that tag)"
+    )
+    nccl_env: NcclEnvIn | None = None
     cpu_vendor: str | None = Field(default=None, max_length=16, description="intel, amd or arm")
     calibration: CalibrationIn | None = None
 

@@ -51,7 +51,7 @@ from .spec import NETWORK_KINDS, ClusterSpec
 GROUPS = ("efficiency", "latency_scale", "network_latency_s")
 # bounds of each group: an efficiency is achieved / NCCL-modelled bandwidth (above 1 where NCCL's model is
 # pessimistic, as its 2-3x latency tables are the other way); a latency scale within 0.25-6x of NCCL's tables
-# (the library defaults are 1.875-2.75 by GPU generation, docs/pricing.md); a plugin latency from none (InfiniBand,
+# (the library defaults are 1.75-2.75 by GPU generation, docs/pricing.md); a plugin latency from none (InfiniBand,
 # whose latency NCCL's tables hold) to 100 us (EFA/SRD through aws-ofi-nccl is ~15-25 us, AWS EFA docs)
 BOUNDS = {"efficiency": (0.2, 1.5), "latency_scale": (0.25, 6.0), "network_latency_s": (0.0, 100e-6)}
 LATENCY_FLOOR_S = 0.1e-6  # the smallest non-zero latency the grid tries

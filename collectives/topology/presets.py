@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .._errors import CollectiveError
 from .gpu import GPUS
-from .spec import ClusterSpec, IntraNode, Network
+from .spec import ClusterSpec, IntraNode, NcclEnv, Network
 
 
 def dgx_a100(num_nodes: int = 1) -> ClusterSpec:
@@ -269,6 +271,95 @@ def gcp_a3_mega(num_nodes: int = 1) -> ClusterSpec:
     )
 
 
+def gcp_a3_high(num_nodes: int = 1) -> ClusterSpec:
+    """Google Cloud a3-highgpu-8g: 8 H100 80GB on NVSwitch (450 GB/s); 4 x 200 Gb/s GPU NICs with
+    GPUDirect-TCPX (network kind ``tcpx``; 1,000 Gb/s per VM with the host NIC). Google's TCPX NCCL set-up
+    (the nccl-plugin-gpudirecttcpx image's run script, as Google's a3-high guide and dstack's "GCP A3 High"
+    example run it) sets NCCL_PROTO=Simple (library/model.py NETWORK_PROTOCOLS), NCCL_ALGO=Ring (NVLS is
+    therefore never run: off here) and NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS = 12 (``nccl_env``). Sources:
+    Google Cloud A3 machine types; "Maximize GPU network bandwidth with GPUDirect-TCPX"; dstack examples
+    'GCP A3 High'."""
+    spec = _hgx(
+        "gcp-a3-high",
+        num_nodes,
+        "h100-sxm5-80gb",
+        450.0,
+        4,
+        25.0,
+        kind="tcpx",
+        nvls=False,
+        description="GCP a3-highgpu-8g: 8 H100, 4 x 200G GPUDirect-TCPX",
+        sources=(
+            "Google Cloud A3 machine types documentation",
+            "Google Cloud: Maximize GPU network bandwidth with GPUDirect-TCPX",
+            "dstack examples: GCP A3 High (GPUDirect-TCPX NCCL settings)",
+        ),
+    )
+    return replace(spec, nccl_env=NcclEnv(NCCL_MIN_NCHANNELS=12, NCCL_MAX_NCHANNELS=12))
+
+
+def gh200(num_nodes: int = 1) -> ClusterSpec:
+    """Nodes of one NVIDIA GH200 Grace Hopper Superchip (H100 with 96 GB HBM3, NVLink-C2C to the Grace CPU), one
+    ConnectX-7 400 Gb/s InfiniBand NIC per superchip, as NVIDIA's MGX GH200 servers ship; the host CPU is Arm
+    (NCCL's per-step network overhead and llMaxBw read it). With one GPU per node NCCL runs PAT for
+    allgather/reducescatter (tuning.cc ncclPatEnable). Sources: NVIDIA GH200 Grace Hopper Superchip datasheet
+    (2023); NVIDIA MGX GH200 reference platform."""
+    return ClusterSpec(
+        "gh200",
+        num_nodes,
+        1,
+        IntraNode("none", 1.0, 0.0, False, "nvlink"),
+        nics_per_node=1,
+        nic_bandwidth_GBps=50.0,
+        pcie_bandwidth_GBps=64.0,
+        network=Network("fat_tree", rail_optimized=False, nodes_per_leaf=32, num_spines=16),
+        device=GPUS["gh200-96gb"].name,
+        gpu=GPUS["gh200-96gb"],
+        description="GH200 superchip nodes: 1 GPU each, 1 x 400G NDR IB, Arm host",
+        sources=("NVIDIA GH200 Grace Hopper Superchip datasheet (2023)", "NVIDIA MGX GH200 reference platform"),
+        cpu_vendor="arm",
+    )
+
+
+def dgx_b300(num_nodes: int = 1) -> ClusterSpec:
+    """NVIDIA DGX B300: 8 B300 (288 GB HBM3e) on NVLink5 switches, 900 GB/s per GPU per direction (1.8 TB/s
+    bidirectional), NVLS; 8 single-port ConnectX-8 SuperNICs at 800 Gb/s (100 GB/s) on PCIe Gen6 x16 (128 GB/s).
+    Source: NVIDIA DGX B300 datasheet (2025)."""
+    spec = _hgx(
+        "dgx-b300",
+        num_nodes,
+        "b300-288gb",
+        900.0,
+        8,
+        100.0,
+        description="DGX B300: 8 GPUs on NVSwitch (900 GB/s, NVLS), 8 x 800G ConnectX-8",
+        sources=("NVIDIA DGX B300 datasheet (2025)",),
+    )
+    return replace(spec, pcie_bandwidth_GBps=128.0)
+
+
+def gb300_nvl72(num_nodes: int = 1) -> ClusterSpec:
+    """NVIDIA GB300 NVL72: one NVLink domain of 72 Blackwell Ultra GPUs, 900 GB/s per GPU per direction through
+    the NVLink switch trays (NVLS capable); one ConnectX-8 800 Gb/s SuperNIC per GPU (PCIe Gen6); Grace (Arm)
+    hosts. SHARP-capable switches, but CollNet stays off unless NCCL_COLLNET_ENABLE=1 (``nccl_env``). Source:
+    NVIDIA GB300 NVL72 product page (2025)."""
+    return ClusterSpec(
+        "gb300-nvl72",
+        num_nodes,
+        72,
+        IntraNode("switch", 900.0, 0.7e-6, True, "nvlink"),
+        nics_per_node=72,
+        nic_bandwidth_GBps=100.0,
+        pcie_bandwidth_GBps=128.0,
+        network=Network("fat_tree", rail_optimized=True, nodes_per_leaf=8, num_spines=16, in_network_reduction=True),
+        device=GPUS["gb300-288gb"].name,
+        gpu=GPUS["gb300-288gb"],
+        description="GB300 NVL72: 72 GPUs in one NVLink domain (900 GB/s, NVLS), 800G per GPU",
+        sources=("NVIDIA GB300 NVL72 product page (2025)",),
+        cpu_vendor="arm",
+    )
+
+
 def azure_nd_h100_v5(num_nodes: int = 1) -> ClusterSpec:
     """Azure ND H100 v5: 8 H100 on NVSwitch (450 GB/s, NVLS); 8 x 400 Gb/s NDR InfiniBand, one per GPU
     (3.2 Tb/s per VM). Source: Azure ND H100 v5 series documentation."""
@@ -300,6 +391,10 @@ PRESETS = {
     "hgx-h800": hgx_h800,
     "aws-p5": aws_p5,
     "gcp-a3-mega": gcp_a3_mega,
+    "gcp-a3-high": gcp_a3_high,
+    "gh200": gh200,
+    "dgx-b300": dgx_b300,
+    "gb300-nvl72": gb300_nvl72,
     "azure-nd-h100-v5": azure_nd_h100_v5,
     "gb200-nvl72": gb200_nvl72,
     "npu-mesh-8": npu_mesh_8,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -10,6 +10,7 @@ from ..primitives import Op
 from .calibration import DEFAULT, cluster_for_record
 from .cluster import Cluster
 from .select import price_call
+from .spec import NCCL_VERSIONS, nccl_minor
 
 # nccl-tests records without a size are statements about "large sizes"; they are priced at 4 GiB.
 LARGE = 1 << 32
@@ -33,7 +34,7 @@ def compare(record: dict, calibration=DEFAULT, pricing: str = "schedule") -> Com
     size = record["size_bytes"] or LARGE
     n = record["gpus"]
     op = Op(record["op"])
-    cluster = Cluster(cluster_for_record(record))
+    cluster = Cluster(with_run_version(cluster_for_record(record), record.get("nccl_version")))
     # sendrecv_perf: every GPU sends to the next and receives from the previous, all at once
     ring_pairs = np.stack([np.arange(n), (np.arange(n) + 1) % n], axis=1)
     placement = ring_pairs if op is Op.SENDRECV else np.arange(n)[None, :]
@@ -53,6 +54,14 @@ def compare(record: dict, calibration=DEFAULT, pricing: str = "schedule") -> Com
     else:
         p = price_call(op, size, placement, cluster, algo, calibration=calibration)
     return Comparison(record, size, record["busbw_GBps"], p.busbw_GBps, p.time_s, p.algorithm)
+
+
+def with_run_version(spec, version: str | None):
+    """The spec priced with the NCCL its run used (tables.VERSIONS), where the run states one we transcribed;
+    else with the spec's own (the newest)."""
+    if version and nccl_minor(version) in NCCL_VERSIONS:
+        return replace(spec, nccl_version=nccl_minor(version))
+    return spec
 
 
 def stated_algorithm(record: dict) -> str:

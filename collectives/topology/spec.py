@@ -10,9 +10,27 @@ from .fabrics import fabric_type
 from .gpu import GPUSpec
 from .networks import network_type
 
-NETWORK_KINDS = ("ib", "roce", "efa", "efa_sendrecv", "tcpxo")  # per-hop latency by kind: library/calibration.py
+NETWORK_KINDS = ("ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo")  # per-hop latency: library/calibration.py
 CPU_VENDORS = ("intel", "amd", "arm")  # NCCL's llMaxBw across nodes and per-step net overhead depend on it
-NCCL_VERSIONS = ("2.28", "2.29", "2.30")  # the tuning tables transcribed in library/tables.py
+NCCL_VERSIONS = tuple(f"2.{m}" for m in range(18, 31))  # 2.18 .. 2.30: library/tables.py VERSIONS
+
+
+@dataclass(frozen=True)
+class NcclEnv:
+    """The NCCL environment variables the job sets, by NCCL's own names (0 / None: not set, NCCL's default).
+
+    - ``NCCL_MIN_NCHANNELS`` / ``NCCL_MAX_NCHANNELS`` (connect.cc ncclMinNchannels / ncclMaxNchannels): the
+      channels ring and tree run, within MAXCHANNELS of the version (a value above it is refused here, where
+      NCCL would clamp it silently);
+    - ``NCCL_NVLS_ENABLE`` (transport/nvls.cc, default 2: on where the GPU supports multicast; 0 off; 1 on);
+    - ``NCCL_COLLNET_ENABLE`` (init.cc, default 0): CollNet (SHARP) needs it at 1 and a SHARP plugin, which
+      ``network.in_network_reduction`` says the network has.
+    """
+
+    NCCL_MIN_NCHANNELS: int = 0
+    NCCL_MAX_NCHANNELS: int = 0
+    NCCL_NVLS_ENABLE: int = 2
+    NCCL_COLLNET_ENABLE: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,7 @@ class ClusterSpec:
     nccl_version: str = "2.30"  # major.minor of the NCCL whose tuning model prices this cluster
     cpu_vendor: str = "intel"
     calibration: object = None  # a library.LibraryCalibration fitted for this cluster; None: the defaults
+    nccl_env: NcclEnv = field(default_factory=NcclEnv)  # NCCL_* variables the job sets (NCCL's defaults)
 
     @property
     def num_devices(self) -> int:
@@ -117,6 +136,10 @@ def spec_block(spec: ClusterSpec) -> dict:
             "nvlink_links": g.nvlink_links,
         }
         block["gpu"] |= {k: v for k in ("sms", "tdp_w", "min_power_w", "power_limit_w") if (v := getattr(g, k))}
+    if spec.nccl_env != NcclEnv():
+        block["nccl_env"] = {
+            f.name: v for f in fields(spec.nccl_env) if (v := getattr(spec.nccl_env, f.name)) != f.default
+        }
     if spec.calibration is not None:  # fitted constants (fit.py names), as POST /v1/calibrate returns them
         c = spec.calibration
         block["calibration"] = {
@@ -150,8 +173,14 @@ def validate_cluster(spec: ClusterSpec) -> None:
     _non_negative("intra.latency_s", spec.intra.latency_s)
     _one_of("network.kind", spec.network.kind, NETWORK_KINDS, "network kind")
     _one_of("cpu_vendor", spec.cpu_vendor, CPU_VENDORS, "CPU vendor")
-    _one_of("nccl_version", nccl_minor(spec.nccl_version), NCCL_VERSIONS, "NCCL version (major.minor)")
+    if nccl_minor(spec.nccl_version) not in NCCL_VERSIONS:
+        raise CollectiveError(
+            "nccl_version",
+            f"NCCL {spec.nccl_version!r} is outside the versions whose tuning tables are transcribed: "
+            f"{NCCL_VERSIONS[0]} to {NCCL_VERSIONS[-1]} (major.minor, or major.minor.patch)",
+        )
     _validate_calibration(spec.calibration)
+    _validate_nccl_env(spec.nccl_env, nccl_minor(spec.nccl_version))
     net = spec.network
     network = network_type(net.topology)  # an unknown name is an error listing the registered ones
     if spec.num_nodes > 1 and not network.connects_nodes:
@@ -172,6 +201,24 @@ def validate_cluster(spec: ClusterSpec) -> None:
         _non_negative("nic_latency_s", spec.nic_latency_s)
         _non_negative("network.switch_latency_s", net.switch_latency_s)
         network.validate(spec)  # the network's own rules (networks/<name>.py)
+
+
+def _validate_nccl_env(env: NcclEnv, version: str) -> None:
+    from .library.tables import max_channels
+
+    most = max_channels(version)
+    for name in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"):
+        value = getattr(env, name)
+        if not 0 <= value <= most:
+            raise CollectiveError(
+                f"nccl_env.{name}",
+                f"must be within 1..{most} (MAXCHANNELS of NCCL {version}, device.h; 0: not set), got {value}",
+            )
+    for name, allowed in (("NCCL_NVLS_ENABLE", (0, 1, 2)), ("NCCL_COLLNET_ENABLE", (0, 1))):
+        if getattr(env, name) not in allowed:
+            raise CollectiveError(
+                f"nccl_env.{name}", f"must be one of {', '.join(map(str, allowed))}, got {getattr(env, name)}"
+            )
 
 
 def _validate_calibration(cal) -> None:

@@ -19,6 +19,7 @@ from collectives.topology.fit import placement_for
 from collectives.topology.library import LibraryCalibration
 from collectives.topology.nccl_tests import parse
 from collectives.topology.presets import PRESETS
+from collectives.topology.reference import with_run_version
 from collectives.topology.select import price_call
 
 from .nccl_logs import factor, write_run
@@ -59,11 +60,12 @@ def manifest() -> list[dict]:
 
 
 def cluster_of(entry: dict) -> Cluster:
-    """The manifest's preset at its node count, with the network kind the log's system has."""
+    """The manifest's preset at its node count, with the network kind the log's system has and the NCCL
+    version its log prints (the newest where it prints none)."""
     spec = PRESETS[entry["preset"]](entry["nodes"])
     if "network_kind" in entry:
         spec = replace(spec, network=replace(spec.network, kind=entry["network_kind"]))
-    return Cluster(spec)
+    return Cluster(with_run_version(spec, entry.get("nccl_version")))
 
 
 # mpirun --tag-output prefixes every write of a rank with "[job,rank]<stdout>:"; nccl-tests prints a row in

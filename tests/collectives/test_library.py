@@ -14,9 +14,11 @@ from collectives import CollectiveError, Op
 from collectives.topology import Cluster, cluster_preset, price_call, validate_cluster
 from collectives.topology.library import LibraryCalibration, choose
 from collectives.topology.library.graphs import Shape, nvls_graph, ring_graph
-from collectives.topology.library.model import Features, candidates
+from collectives.topology.library.model import Features, candidates, why_no_protocol
 from collectives.topology.library.pricer import contention, features_of, shape_of
 from collectives.topology.reference import compare_all
+from collectives.topology.spec import NCCL_VERSIONS as T_VERSIONS
+from collectives.topology.spec import NcclEnv
 
 GIB = 1 << 30
 RAW = LibraryCalibration(efficiency={}, latency_scale={})  # NCCL's model alone, no fitted constant
@@ -108,7 +110,8 @@ def test_pins_and_protocol_are_reported():
     p = price_call(
         Op.ALLREDUCE, GIB, np.arange(8)[None], cluster, pricing="library", nccl_algo="Ring", nccl_proto="LL128"
     )
-    assert (p.nccl_algorithm, p.protocol, p.algorithm, p.channels) == ("Ring", "LL128", "ring", 12)
+    # 12 search channels, duplicated by connect.cc:ncclTopoPostset (v2.30.7-1 line 465) to comm->nChannels 24
+    assert (p.nccl_algorithm, p.protocol, p.algorithm, p.channels) == ("Ring", "LL128", "ring", 24)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +134,8 @@ def test_algorithms_that_cannot_run_are_named(preset, algo, field, words):
 def test_bad_network_kind_and_version_are_named():
     for change, field in (
         (lambda s: replace(s, network=replace(s.network, kind="myrinet")), "network.kind"),
-        (lambda s: replace(s, nccl_version="2.18.5"), "nccl_version"),
+        (lambda s: replace(s, nccl_version="2.17.1"), "nccl_version"),
+        (lambda s: replace(s, nccl_version="2.31"), "nccl_version"),
         (lambda s: replace(s, cpu_vendor="sparc"), "cpu_vendor"),
     ):
         with pytest.raises(CollectiveError) as caught:
@@ -272,8 +276,12 @@ def test_latencies_are_nccl_tables():
     # tuning.cc:428 NVLSTree: intraLat 25 + 2 log2(N) x interLat 20.9
     assert two["nvls_tree", "Simple"].latency_us == pytest.approx(25.0 + 2 * 20.9)
     # tuning.cc:405-412 + 649: ring across nodes, Simple: netOverhead 1 us (Intel) x 3 as the intra step floor,
-    # 2(N-1) network steps at 14 us, then x1.4 (plateau)
-    assert two["ring", "Simple"].latency_us == pytest.approx((8.4 + 28 * 3.4 + 2 * 14.0) * 1.4)
+    # 2(N-1) network steps at 14 us; tuning.cc:647-649 x1.4 (plateau) from nBytes / (comm->nChannels x nRanks)
+    # >= 64 on: 16 channels (8 search channels x 2) x 16 ranks x 64 B = 16 KiB
+    ring = two["ring", "Simple"]
+    assert ring.latency_us == pytest.approx(8.4 + 28 * 3.4 + 2 * 14.0)
+    assert (ring.plateau, ring.plateau_bytes) == (1.4, 64 * 16 * 16)
+    assert ring.latency_s_at(16383) * 1.4 == pytest.approx(ring.latency_s_at(16384))
 
 
 def test_per_hop_network_latency_by_kind():
@@ -335,8 +343,10 @@ def test_availability_rules():
 def test_small_messages_launch_fewer_channels():
     # enqueue.cc:topoGetAlgoInfo: ring LL on 8 ranks needs nt 512 x threadThreshold 8 x 8 = 32 KiB a channel
     ring_ll = _raw("dgx-h100", 1)["ring", "LL"]
-    assert ring_ll.channels == 12
-    assert [ring_ll.channels_used(s) for s in (1 << 10, 64 << 10, 256 << 10, 1 << 20)] == [1, 2, 8, 12]
+    # from comm->nChannels = 2 x 12 search channels (connect.cc ncclTopoPostset); the bandwidth counts the 12
+    assert (ring_ll.channels, ring_ll.runtime_channels) == (12, 24)
+    assert [ring_ll.channels_used(s) for s in (1 << 10, 64 << 10, 256 << 10, 1 << 20)] == [1, 2, 8, 24]
+    assert [ring_ll.channel_share(s) for s in (64 << 10, 256 << 10, 1 << 20)] == [2 / 12, 8 / 12, 1.0]
 
 
 def test_version_keyed_speed_arrays():
@@ -381,9 +391,8 @@ def test_any_group_prices_finite_and_ring_simple_grows_with_bytes(preset, nodes,
     # linear in bytes once every channel runs (below that NCCL's channel count saw-tooths, as measured)
     pin = dict(pricing="library", nccl_algo="ring", nccl_proto="Simple")
     full = max(size, 1 << 25)
-    small, big = (price_call(op, s, group[None], cluster, **pin).time_s for s in (full, 2 * full))
-    base = price_call(op, 0, group[None], cluster, **pin).time_s
-    assert big - base == pytest.approx(2 * (small - base), rel=1e-6)
+    one, two, three = (price_call(op, s, group[None], cluster, **pin).time_s for s in (full, 2 * full, 3 * full))
+    assert three - two == pytest.approx(two - one, rel=1e-6)
 
 
 def test_a_device_listed_twice_is_named_under_library_pricing():
@@ -408,12 +417,12 @@ def test_latency_scale_per_gpu_generation():
     """A generation's key wins over the plain span; a plain span given sets every generation; Blackwell takes
     Hopper's default (library/calibration.py)."""
     cal = LibraryCalibration()
-    assert (cal.latency_multiplier("intra_node", 80), cal.latency_multiplier("intra_node", 90)) == (2.75, 1.875)
-    assert cal.latency_multiplier("intra_node", 100) == 1.875 and cal.latency_multiplier("inter_node", 90) == 1.0
+    assert (cal.latency_multiplier("intra_node", 80), cal.latency_multiplier("intra_node", 90)) == (2.75, 1.75)
+    assert cal.latency_multiplier("intra_node", 100) == 1.75 and cal.latency_multiplier("inter_node", 90) == 1.0
     plain = cal.with_values(latency_scale={"intra_node": 2.0})
     assert plain.latency_multiplier("intra_node", 80) == plain.latency_multiplier("intra_node", 90) == 2.0
     one = cal.with_values(latency_scale={"intra_node:ampere": 3.0})
-    assert (one.latency_multiplier("intra_node", 80), one.latency_multiplier("intra_node", 90)) == (3.0, 1.875)
+    assert (one.latency_multiplier("intra_node", 80), one.latency_multiplier("intra_node", 90)) == (3.0, 1.75)
 
 
 def test_shipped_constants_are_the_fit_on_the_reference_records():
@@ -477,3 +486,127 @@ def test_nvls_needs_two_channels_one_nic_per_node_has_one_head():
     assert "nvls_tree" not in {c.algorithm for c in cands} and {"ring", "tree"} <= {c.algorithm for c in cands}
     cluster = Cluster(replace(cluster_preset("dgx-h100", 2), nics_per_node=1))
     assert price_call(Op.ALLREDUCE, GIB, np.arange(16)[None, :], cluster, pricing="library").time_s > 0
+
+
+def test_issue23_presets():
+    """The presets of issue 23, each with its sources: a3-high runs 12 channels (Google's TCPX settings,
+    NCCL_MIN/MAX_NCHANNELS=12) with Simple only across nodes; GH200 (one GPU a node) runs PAT for a 1 MiB
+    allgather; DGX B300 reaches NVLS on one node and its 800G NICs are NCCL's min(100, PCIe Gen6 x16 0.75 x 128 =
+    96) GB/s; two GB300 NVL72 racks keep CollNet off (no NCCL_COLLNET_ENABLE) and run NVLSTree at 1 GiB."""
+    for name in ("gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72"):
+        assert cluster_preset(name).sources, name
+    a3 = Cluster(cluster_preset("gcp-a3-high", 2))
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(16)[None], a3, pricing="library")
+    assert (p.protocol, p.channels, a3.spec.network.kind) == ("Simple", 12, "tcpx")
+    gh = Cluster(cluster_preset("gh200", 4))
+    assert price_call(Op.ALLGATHER, 1 << 20, np.arange(4)[None], gh, pricing="library").nccl_algorithm == "PAT"
+    b300 = Cluster(cluster_preset("dgx-b300", 2))
+    assert shape_of(b300, np.arange(16)).net_bw == pytest.approx(96.0)
+    one = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], Cluster(cluster_preset("dgx-b300")), pricing="library")
+    assert one.nccl_algorithm == "NVLS" and one.busbw_GBps == pytest.approx(704.6, rel=1e-3)
+    gb300 = Cluster(cluster_preset("gb300-nvl72", 2))
+    assert not features_of(gb300).collnet
+    p = price_call(Op.ALLREDUCE, GIB, np.arange(144)[None], gb300, pricing="library")
+    assert p.nccl_algorithm == "NVLSTree" and p.busbw_GBps == pytest.approx(848.5, rel=1e-3)
+
+
+def test_version_tables_are_nccls_per_tag():
+    """tables.VERSIONS against NVIDIA/nccl's tags (tuning.cc / device.h / nvls.cc line numbers in tables.py)."""
+    from collectives.topology.library import tables as T
+
+    v = T.VERSIONS
+    # llMaxBws Hopper row: {87.7, 22.5, 19.0} to v2.20 (tuning.cc v2.20.5-1 line 89), {141, 45, 35} from v2.21
+    assert v["2.20"].ll_max_bw[2] == (87.7, 22.5, 19.0) and v["2.21"].ll_max_bw[2] == (141.0, 45.0, 35.0)
+    # Tree Simple hwLat 28 us on every link kind in v2.19-v2.22 (v2.19.4-1 lines 67-77), 4/4/14 before and after
+    assert [v[x].hw_latency["nvlink"]["tree"][2] for x in ("2.18", "2.19", "2.22", "2.23")] == [4.0, 28.0, 28.0, 4.0]
+    # PAT from v2.23 (.85), .75 from v2.24 (tuning.cc v2.24.3-1 line 256)
+    assert [v[x].pat_factor for x in ("2.22", "2.23", "2.24", "2.30")] == [0.0, 0.85, 0.75, 0.75]
+    # device.h MAXCHANNELS 32 before v2.26, 64 from it
+    assert [T.max_channels(x) for x in ("2.18", "2.25", "2.26", "2.30")] == [32, 32, 64, 64]
+    # nvls.cc ncclNvlsInit: gpuCount <= 2 off up to v2.27 (v2.27.7-1 line 160), < 2 from v2.28 (v2.28.9-1 line 161);
+    # v2.20 also turns NVLS off across nodes (v2.20.5-1 line 240)
+    assert (v["2.27"].nvls_min_gpus, v["2.28"].nvls_min_gpus, v["2.20"].nvls_multi_node) == (3, 2, False)
+    # ring LL busBw x 1/4 before v2.21 (v2.20.5-1 line 181), x .5 since; NVLSTree NET hwLat 19 / 14 / 20.9
+    assert [v[x].ring_ll_factor for x in ("2.20", "2.21")] == [0.25, 0.5]
+    assert [v[x].hw_latency["net"]["nvls_tree"][2] for x in ("2.18", "2.19", "2.27", "2.28")] == [
+        19.0,
+        14.0,
+        14.0,
+        20.9,
+    ]
+    # no Blackwell rows before v2.25: SM100 takes Hopper's (compCapIndex tops at HOPPER_COMPCAP_IDX)
+    assert (v["2.24"].cc_rows, v["2.25"].cc_rows, v["2.25"].ring_ll128[3]) == (3, 4, (73.4, 73.4, 73.4))
+    # allgather/reducescatter algorithms: ring only in v2.18; + NVLS in v2.19; + CollNetDirect v2.20; + PAT v2.23
+    assert [len(v[x].ag_rs_algorithms) for x in ("2.18", "2.19", "2.20", "2.23")] == [1, 2, 3, 4]
+    # LL128 by default: SM 70/80/90 to v2.24, + 100/120 in v2.25-v2.26, every SM70+ from v2.27
+    assert [v[x].ll128_sms for x in ("2.24", "2.26", "2.27")] == [(70, 80, 90), (70, 80, 90, 100, 120), ()]
+    ada = Shape(89, 1, 8, 8 * 25.0, False, 1, 0.0, "2.24")
+    assert "SM 70, 80, 90 only" in why_no_protocol("ring", "LL128", ada, Features())
+    assert why_no_protocol("ring", "LL128", replace(ada, version="2.27"), Features()) == ""
+
+
+def test_two_gpus_a_node_keep_nvls_only_from_2_28():
+    """nvls.cc gpuCount <= 2 (to v2.27) vs < 2 (v2.28+): two H100 per node keep NVLS only from v2.28."""
+    spec = replace(cluster_preset("dgx-h100", 1), devices_per_node=2)
+    for version, nvls in (("2.27", False), ("2.28", True)):
+        cluster = Cluster(replace(spec, nccl_version=version))
+        names = {
+            c.algorithm for c in candidates(Op.ALLREDUCE, shape_of(cluster, np.arange(2)), features_of(cluster), RAW)
+        }
+        assert ("nvls" in names) is nvls, version
+
+
+@pytest.mark.parametrize(
+    ("per_partition", "ring_measured", "tree_measured"), [(4, 196.72, 234.43), (8, 393.66, 485.68)]
+)
+def test_gb200_partitions_nvls_off_ring_pick(per_partition, ring_measured, tree_measured):
+    """NVIDIA/nccl issue 1801 (NCCL 2.27.3, GB200, three NVL partitions in different racks joined over IB,
+    NCCL_NVLS_ENABLE=0, 16 GiB allreduce): NCCL picks Ring, as here, and Ring measures 196.7 / 393.7 GB/s busbw
+    (NVL4 / NVL8), priced 182.2 / 363.6 (-7.4% / -7.6%). Tree measures 234 / 486, but NCCL's own model caps
+    it at perChMaxTreeBws[Blackwell][3+ nodes] = 24 GB/s a channel (tuning.cc v2.27.7-1), so its tuner never
+    picks it there and a pinned Tree is priced at that cap (153.8 / 174.7: 34% / 64% slow): the ring/tree
+    crossover at scale is NCCL's, stated, not corrected."""
+    spec = replace(
+        cluster_preset("gb200-nvl72", 3),
+        devices_per_node=per_partition,
+        nics_per_node=per_partition,
+        nccl_version="2.27.3",
+        nccl_env=NcclEnv(NCCL_NVLS_ENABLE=0),
+    )
+    cluster, group = Cluster(spec), np.arange(3 * per_partition)[None]
+    auto = price_call(Op.ALLREDUCE, 1 << 34, group, cluster, pricing="library")
+    assert auto.nccl_algorithm == "Ring"
+    assert auto.busbw_GBps / ring_measured - 1 == pytest.approx(-0.075, abs=0.01)
+    tree = price_call(Op.ALLREDUCE, 1 << 34, group, cluster, pricing="library", nccl_algo="Tree")
+    assert tree.busbw_GBps < 0.7 * tree_measured
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    preset=st.sampled_from((*NVIDIA_PRESETS, "gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72")),
+    nodes=st.integers(1, 3),
+    version=st.sampled_from(T_VERSIONS),
+    env=st.tuples(st.integers(0, 32), st.integers(0, 32), st.sampled_from((0, 1, 2)), st.sampled_from((0, 1))),
+    op=st.sampled_from([Op.ALLREDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.BROADCAST, Op.REDUCE]),
+    size=st.integers(0, 1 << 34),
+)
+def test_every_version_and_knob_prices_finite(preset, nodes, version, env, op, size):
+    """Any NCCL 2.18-2.30 with any knobs within MAXCHANNELS: a finite, positive price on every preset, and
+    never more channels than the knobs allow."""
+    lo, hi, nvls, collnet = env
+    spec = replace(
+        cluster_preset(preset, nodes),
+        nccl_version=version,
+        nccl_env=NcclEnv(
+            NCCL_MIN_NCHANNELS=lo, NCCL_MAX_NCHANNELS=hi, NCCL_NVLS_ENABLE=nvls, NCCL_COLLNET_ENABLE=collnet
+        ),
+    )
+    validate_cluster(spec)
+    cluster = Cluster(spec)
+    n = min(cluster.num_devices, 16)
+    if n < 2:  # one GH200 node: nothing to communicate
+        return
+    p = price_call(op, size, np.arange(n)[None], cluster, pricing="library")
+    assert np.isfinite(p.time_s) and p.time_s > 0
+    if p.nccl_algorithm in ("Ring", "Tree"):
+        assert p.channels <= max(lo, hi or 64)

@@ -46,9 +46,11 @@ class LibraryCalibration:
     # really launches at small sizes modelled (model.py Candidate.channels_used). Inside a node the measured
     # latency is a generation's multiple of NCCL's NVLink table (the research notes' "2-3x"): the one-node rows
     # below 64 MiB give 2.75 on A100 (27 rows, Azure ND A100 v4 and stas00's DGX A100, both NCCL 2.18-era) and
-    # 1.875 on H100 (16 rows, Azure ND H100 v5, NCCL 2.18.5); one scale for both fits neither (2.75 prices the
-    # H100's 1 KiB all-reduce at 41 us where it takes 26 us). A generation without one-node records in the fit
-    # set takes its nearest generation's value: Blackwell Hopper's, Volta Ampere's (assumed).
+    # 1.75 on H100 (16 rows, Azure ND H100 v5, NCCL 2.18.5), each row priced with its own NCCL's tables where the
+    # record names the version (tables.VERSIONS; Hopper's was 1.875 with v2.30's tables for every row); one
+    # scale for both fits neither (2.75 prices the H100's 1 KiB all-reduce at 41 us where it takes 26 us). A
+    # generation without one-node records in the fit set takes its nearest generation's value: Blackwell
+    # Hopper's, Volta Ampere's (assumed).
     # Across InfiniBand nodes NCCL's NET table already matches (1.0: 8-byte..64 KiB rows of 2- and 32-node A100
     # runs). Efficiencies: median measured / modelled busbw at >= 64 MiB (in_network 0.995 with NCCL's own
     # one-node NVLS graph, graphs.py _nvls_speed; nvlink 0.962, nic 0.954; pcie assumed).
@@ -56,8 +58,8 @@ class LibraryCalibration:
         default_factory=lambda: {
             "intra_node:volta": 2.75,
             "intra_node:ampere": 2.75,
-            "intra_node:hopper": 1.875,
-            "intra_node:blackwell": 1.875,
+            "intra_node:hopper": 1.75,
+            "intra_node:blackwell": 1.75,
             "inter_node": 1.0,
         }
     )
@@ -72,7 +74,8 @@ class LibraryCalibration:
             # p4de records (80 us; the plugin itself reports 75 us to NCCL's tuner for these platforms)
             "efa": 15.0e-6,
             "efa_sendrecv": 80.0e-6,
-            "tcpxo": 20.0e-6,  # GCP TCPXO (GPUDirect-TCPX over TCP), assumed; calibrate from logs
+            "tcpxo": 20.0e-6,  # GCP TCPXO (GPUDirect-TCPXO, a3-mega), assumed; calibrate from logs
+            "tcpx": 20.0e-6,  # GCP GPUDirect-TCPX (a3-high), assumed as TCPXO's; no public a3-high log in the sets
         }
     )
 

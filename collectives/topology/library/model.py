@@ -9,7 +9,7 @@ capped per algorithm), never a sum of phases.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...primitives import Op
 from . import tables as T
@@ -21,13 +21,39 @@ NCCL_FUNCS = (Op.ALLREDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.BROADCAST, Op.RED
 
 @dataclass(frozen=True)
 class Features:
-    """What the cluster lets NCCL use (tuning.cc algoEnable rules) and the CPU that sets llMaxBw."""
+    """What the cluster lets NCCL use (tuning.cc algoEnable rules), the CPU that sets llMaxBw, and the NCCL
+    environment the job sets (ClusterSpec.nccl_env)."""
 
-    nvls: bool = True  # NCCL_NVLS_ENABLE and an NVLS-capable switch
-    collnet: bool = False  # SHARP/CollNet plugin (config.collnetEnable)
+    nvls: bool = True  # an NVLS-capable switch and NCCL_NVLS_ENABLE != 0
+    collnet: bool = False  # a SHARP plugin in the network and NCCL_COLLNET_ENABLE=1 (config.collnetEnable)
     cpu_vendor: str = "intel"
     network_kind: str = "ib"
     nvlink: bool = True  # the intra path is NVLink (intraHw NVLINK, LL128 allowed); False: PCIe
+    min_channels: int = 0  # NCCL_MIN_NCHANNELS (0: not set)
+    max_channels: int = 0  # NCCL_MAX_NCHANNELS (0: not set, MAXCHANNELS)
+
+
+# Networks whose NCCL plugin is a GPUDirect-TCPX(O) "unpack" device (netDeviceType NCCL_NET_DEVICE_UNPACK):
+# connect.cc ncclTopoPostset doubles their channels across nodes up to 16 (NCCL_UNPACK_DOUBLE_NCHANNELS=1).
+UNPACK_NETWORKS = ("tcpx", "tcpxo")
+
+
+def comm_channels(shape: Shape, feat: Features, ring: Graph, knobs: bool = True) -> int:
+    """comm->nChannels, the channels ring and tree launch (connect.cc:ncclTopoPostset, v2.30.7-1 lines 465-506;
+    the same steps since v2.18.6-1 lines 391-420): the search's channels duplicated (x2, at most MAXCHANNELS);
+    doubled again on SM90+ across nodes when the ring's bwIntra > 45 GB/s and fewer than 16; doubled across
+    nodes on an unpack (TCPX/TCPXO) network when fewer than 16; then NCCL_MAX_NCHANNELS, then NCCL_MIN_NCHANNELS
+    (copyChannels duplicates up to the minimum). ``knobs=False``: what NCCL runs without the two variables."""
+    most = T.max_channels(shape.version)
+    n = min(most, 2 * ring.channels)
+    if shape.sm >= 90 and shape.nodes > 1 and ring.bw_intra > 45.0 and n < 16:
+        n = min(most, 2 * n)
+    if feat.network_kind in UNPACK_NETWORKS and shape.nodes > 1 and n < 16:
+        n = min(most, 2 * n)
+    if knobs:
+        n = min(n, feat.max_channels or most)
+        n = max(n, min(feat.min_channels, most))
+    return n
 
 
 @dataclass(frozen=True)
@@ -38,36 +64,63 @@ class Candidate:
 
     algorithm: str
     protocol: str
-    latency_us: float  # NCCL's modelled latency
+    latency_us: float  # NCCL's modelled latency (before the ring plateau)
     bw: float  # NCCL's "bandwidths" entry: algorithm bandwidth in GB/s (busBw converted)
     bus_bw: float  # before conversion, GB/s
-    channels: int
+    channels: int  # the search graph's channels (NCCL's bandwidth model counts these)
     kind: str  # resource kind whose efficiency applies
     efficiency: float = 1.0  # calibrated: achieved / modelled bandwidth
     latency_scale: float = 1.0  # calibrated: achieved / modelled latency
     channel_bytes: int = 0  # bytes per channel below which NCCL launches fewer channels (0: never)
     corrected_sizes: int = 0  # allreduce sizes (log2(bytes / 64) below this) taking treeCorrectionFactor
     achieved_ratio: float = 1.0  # what runs / what NCCL's model says, where our model departs from NCCL's
+    runtime_channels: int = 0  # comm->nChannels with the knobs (0: the graph's channels)
+    default_channels: int = 0  # comm->nChannels without NCCL_MIN/MAX_NCHANNELS (0: runtime_channels)
+    cap_headroom: float = 1.0  # link-bound busBw / per-channel-capped busBw: what more channels can lift
+    plateau: float = 1.0  # ncclTopoGetAlgoTime's ring plateau factor on the latency
+    plateau_bytes: int = 0  # from these bytes on (64 x comm->nChannels x nRanks)
+    run_latency_us: float = 0.0  # the latency a run takes before calibration: the newest tables' (0: latency_us)
+
+    def _latency_us(self, nbytes: int, run: bool = False) -> float:
+        lat = (self.run_latency_us or self.latency_us) if run else self.latency_us
+        return lat * (self.plateau if nbytes >= self.plateau_bytes else 1.0)
 
     def model_time_s(self, nbytes: int, op: Op) -> float:
         """tuning.cc:ncclTopoGetAlgoTime (one operation): what NCCL's tuner ranks the pairs by."""
-        return (self.latency_us + nbytes / (1000.0 * self._bw(nbytes, op))) * 1e-6
+        return (self._latency_us(nbytes) + nbytes / (1000.0 * self._bw(nbytes, op))) * 1e-6
 
     def time_s(self, nbytes: int, op: Op) -> float:
         """The time a run takes: calibrated latency and bandwidth on the channels NCCL launches."""
-        bw = self._bw(nbytes, op) * self.efficiency * self.achieved_ratio * self.channels_used(nbytes) / self.channels
-        return self.latency_s + nbytes / (1e9 * bw)
+        bw = self._bw(nbytes, op) * self.efficiency * self.achieved_ratio * self.channel_share(nbytes)
+        return self.latency_s_at(nbytes) + nbytes / (1e9 * bw)
+
+    def latency_s_at(self, nbytes: int) -> float:
+        return self._latency_us(nbytes, run=True) * self.latency_scale * 1e-6
 
     @property
     def latency_s(self) -> float:
-        return self.latency_us * self.latency_scale * 1e-6
+        return (self.run_latency_us or self.latency_us) * self.latency_scale * 1e-6
 
     def channels_used(self, nbytes: int) -> int:
-        """enqueue.cc:topoGetAlgoInfo (v2.30.7-1), ring/tree: ``while (nBytes < nc * nt * threadThreshold)
-        nc--`` down to 1 channel; NVLS and CollNet keep theirs."""
-        if not self.channel_bytes or nbytes >= self.channels * self.channel_bytes:
-            return self.channels
-        return max(1, min(self.channels, nbytes // self.channel_bytes))
+        """enqueue.cc:topoGetAlgoInfo (v2.30.7-1 lines 2070-2097), ring/tree: from comm->nChannels, ``while
+        (nBytes < nc * nt * threadThreshold) nc--`` down to 1 channel; NVLS and CollNet keep theirs."""
+        start = self.runtime_channels or self.channels
+        if not self.channel_bytes or nbytes >= start * self.channel_bytes:
+            return start
+        return max(1, min(start, nbytes // self.channel_bytes))
+
+    def channel_share(self, nbytes: int) -> float:
+        """The bandwidth the launched channels reach, as a share of NCCL's model. NCCL's bandwidth counts the
+        search graph's channels (``channels``); comm->nChannels duplicates them (connect.cc), and a message too
+        small for all of them runs on fewer: below the graph's count the bandwidth falls in proportion (so
+        does NCCL_MAX_NCHANNELS under it). Channels beyond NCCL's default (NCCL_MIN_NCHANNELS) lift only what
+        the per-channel protocol caps held back (``cap_headroom``: LL128, tree), never the links."""
+        used = self.channels_used(nbytes)
+        default = self.default_channels or used
+        share = min(1.0, min(used, default) / self.channels)
+        if used > default:
+            share *= min(used / default, self.cap_headroom)
+        return share
 
     def _bw(self, nbytes: int, op: Op) -> float:
         bw = self.bw
@@ -91,34 +144,44 @@ def graphs_for(shape: Shape) -> dict[str, Graph | None]:
 
 
 def why_unavailable(algorithm: str, op: Op, shape: Shape, feat: Features) -> str:
-    """The rule that keeps ``algorithm`` from running, or '' (tuning.cc:ncclTopoTuneModel v2.30.7-1): the
-    op's rules, then the NVLS, CollNet and span rules, in that order."""
+    """The rule that keeps ``algorithm`` from running, or '' (tuning.cc:ncclTopoTuneModel of the tag
+    ``shape.version``): the op's rules, then the NVLS, CollNet and span rules, in that order."""
     return (
-        _op_rule(algorithm, op)
+        _op_rule(algorithm, op, shape.version)
         or _nvls_rule(algorithm, shape, feat)
         or _collnet_rule(algorithm, shape, feat)
         or _span_rule(algorithm, op, shape)
     )
 
 
-def _op_rule(algorithm: str, op: Op) -> str:
+def _op_rule(algorithm: str, op: Op, version: str = "2.30") -> str:
+    vt = T.tables(version)
     if op not in NCCL_FUNCS:
         return f"NCCL's tuner prices {', '.join(o.value for o in NCCL_FUNCS)} only"
     if op in (Op.BROADCAST, Op.REDUCE) and algorithm != "ring":
         return "broadcast and reduce run on ring only"
-    if op in (Op.ALLGATHER, Op.REDUCESCATTER) and algorithm not in ("pat", "ring", "nvls", "collnet_direct"):
-        return "allgather/reducescatter run on ring, PAT, NVLS or CollNetDirect only"
+    if algorithm == "pat" and not vt.pat_factor:
+        return f"PAT arrived in NCCL 2.23 (tuning.cc v2.23.4-1 ncclPatEnable); this is NCCL {version}"
+    if op in (Op.ALLGATHER, Op.REDUCESCATTER) and algorithm not in vt.ag_rs_algorithms:
+        names = ", ".join(vt.ag_rs_algorithms)
+        return f"allgather/reducescatter run on {names} only in NCCL {version} (tuning.cc ncclTopoTuneModel)"
     if op is Op.ALLREDUCE and algorithm == "pat":
         return "PAT implements allgather and reducescatter only"
     return ""
 
 
 def _nvls_rule(algorithm: str, shape: Shape, feat: Features) -> str:
+    vt = T.tables(shape.version)
     if algorithm in ("nvls", "nvls_tree"):
         if not feat.nvls or shape.sm < 90 or not shape.nvswitch:
             return f"{algorithm} needs an NVLink switch with NVLS (SHARP) enabled and SM90+ (got sm {shape.sm})"
-        if shape.ppn < 2:
-            return f"{algorithm} needs at least 2 channels (2 GPUs per node)"
+        if shape.ppn < vt.nvls_min_gpus:
+            return (
+                f"{algorithm} needs {vt.nvls_min_gpus}+ GPUs per node in NCCL {shape.version} (nvls.cc ncclNvlsInit: "
+                f"gpuCount {'<= 2' if vt.nvls_min_gpus == 3 else '< 2'} turns NVLS off), got {shape.ppn}"
+            )
+        if shape.nodes > 1 and not vt.nvls_multi_node:
+            return "NCCL 2.20 turns NVLS off on more than one node (nvls.cc v2.20.5-1 line 240)"
     if algorithm == "nvls_tree" and shape.nodes == 1:
         return "NVLSTree is disabled on a single node"
     if algorithm == "nvls" and shape.nodes > 1 and not feat.collnet:
@@ -151,7 +214,8 @@ def _span_rule(algorithm: str, op: Op, shape: Shape) -> str:
 # a3-mega workloads, and its nccl-env-profile-simple.sh since the Aug 2025 release) sets NCCL_PROTO=Simple with
 # NCCL_ALGO=Ring,Tree and NCCL_NVLS_ENABLE=0; LL is never enabled. Its opt-in LL128/NVLSTree profile hands the
 # choice to Google's tuner plugin (a3plus_tuner_config), which is not NCCL's model and is not modelled here.
-NETWORK_PROTOCOLS = {"tcpxo": ("Simple",)}
+# GPUDirect-TCPX (a3-high) likewise: Google's TCPX run script sets NCCL_PROTO=Simple (presets.gcp_a3_high).
+NETWORK_PROTOCOLS = {"tcpxo": ("Simple",), "tcpx": ("Simple",)}
 
 
 def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features) -> str:
@@ -164,12 +228,20 @@ def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features)
         return "LL128 is enabled only over NVLink paths (typeIntra <= PATH_NVB)"
     if protocol == "LL128" and shape.sm < 70:
         return "LL128 needs SM70+"
+    sms = T.tables(shape.version).ll128_sms
+    if protocol == "LL128" and sms and shape.sm not in sms:
+        return f"NCCL {shape.version} enables LL128 by default on SM {', '.join(map(str, sms))} only (got {shape.sm})"
     return ""
 
 
 def candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration) -> list[Candidate]:
     """Every enabled (algorithm, protocol) with NCCL's latency and bandwidth for this communicator."""
     graphs = graphs_for(shape)
+    ring = graphs["ring"]
+    launched = (comm_channels(shape, feat, ring), comm_channels(shape, feat, ring, knobs=False))
+    node_speed = _node_nvls_speed(shape) if graphs.get("nvls") else 0.0
+    last = T.SUPPORTED_VERSIONS[-1]
+    newest = shape if shape.version == last else replace(shape, version=last)
     out = []
     for a in T.ALGORITHMS:
         g = graphs.get(a)
@@ -178,7 +250,7 @@ def candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration) ->
         for p in T.PROTOCOLS:
             if why_no_protocol(a, p, shape, feat):
                 continue
-            c = _candidate(op, a, p, g, shape, feat, cal)
+            c = _candidate(op, a, p, g, shape, feat, cal, launched, node_speed, newest)
             if c is not None:
                 out.append(c)
     return out
@@ -192,56 +264,97 @@ def _kind(a: str, shape: Shape, feat: Features) -> str:
     return "nvlink" if feat.nvlink else "pcie"
 
 
-def _candidate(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration) -> Candidate | None:
+def _candidate(
+    op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration, launched, node_speed, newest: Shape
+) -> Candidate | None:
+    """NCCL's (latency, bandwidth) of (a, p) with the tables of the tag ``shape.version``: what that NCCL's
+    tuner ranks. The time a run takes reads the newest tag's latency and bandwidth rules on the same graph
+    (``run_latency_us``, ``achieved``):
+    the older tables' caps were NCCL's guesses at the hardware, and the newer ones correct them (Blackwell's
+    ring LL128 cap 73.4 GB/s a channel in v2.25-v2.27, 40 since; NVLSTree bounded by bwInter before v2.28,
+    where 2 x 8 B200 on NCCL 2.26.2 measure 680-700 GB/s against the 320 that bound gives)."""
     nodes, n = shape.nodes, shape.num_ranks
-    ppn = n / nodes
     pi = T.PROTOCOLS.index(p)
     nsteps = 2 * (n - 1) if op is Op.ALLREDUCE else n - 1 if op in (Op.ALLGATHER, Op.REDUCESCATTER) else n
-    collnet = a in ("collnet_direct", "collnet_chain")
-    bw = g.bw_intra if nodes <= 2 or collnet else g.bw_inter
-    achieved = 1.0
-    if a in ("nvls", "nvls_tree"):
-        if g.channels < 2:  # tuning.cc: "NVLS/NVLStree needs at least 2 channels" (one NIC per node: one head)
-            return None
-        bw = _nvls_channel_bw(op, a, g, g.bw_intra, shape, ppn)
-        achieved = _nvls_channel_bw(op, a, g, max(g.bw_intra, _node_nvls_speed(shape)), shape, ppn) / bw
-    bus = _bus(op, a, p, g, shape, feat, g.channels * bw, ppn)
+    if a in ("nvls", "nvls_tree") and g.channels < 2:  # tuning.cc: "NVLS/NVLStree needs at least 2 channels"
+        return None
+    algbw, bus, uncapped = _algbw(op, a, p, g, shape, feat, nsteps, g.bw_intra)
     if bus <= 0:
         return None
+    speed = max(g.bw_intra, node_speed) if a in ("nvls", "nvls_tree") else g.bw_intra
+    achieved = _algbw(op, a, p, g, newest, feat, nsteps, speed)[0] / algbw
     kind = _kind(a, shape, feat)
-    algbw = bus
-    if not (a != "ring" and op in (Op.ALLGATHER, Op.REDUCESCATTER)):
-        algbw = bus * (n / nsteps if a in ("ring", "nvls", "nvls_tree") else 0.5)
     lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
+    plateau, plateau_bytes = 1.0, 0
+    runtime, default = launched if a in ("ring", "tree") else (0, 0)
     if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
-        lat *= T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime plateau (large sizes)
+        plateau = T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime
+        plateau_bytes = T.RING_PLATEAU_BYTES * runtime * n
     scale = cal.latency_multiplier("inter_node" if nodes > 1 else "intra_node", shape.sm)
     return Candidate(
         a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g),
-        _corrected_sizes(a, shape, feat), achieved,
+        _corrected_sizes(a, shape, feat), achieved, runtime,
+        default, uncapped / bus, plateau, plateau_bytes,
+        _latency(op, a, p, pi, n, nodes, nsteps, newest, feat, cal),
     )  # fmt: skip
 
 
-def _bus(op: Op, a: str, p: str, g: Graph, shape: Shape, feat: Features, bus: float, ppn: float) -> float:
-    """NCCL's busBw of (a, p) from channels x per-channel bandwidth ``bus``: the LL, LL128, tree, PAT and
-    CollNetDirect factors and caps of tuning.cc:ncclTopoTuneModel (v2.30.7-1)."""
+def _algbw(op, a, p, g: Graph, shape: Shape, feat: Features, nsteps: int, intra_speed: float):
+    """(algorithm bandwidth, busBw, busBw without per-channel caps) of (a, p) under the tables of
+    ``shape.version``, the NVSwitch part at ``intra_speed`` for NVLS/NVLSTree."""
+    nodes, n = shape.nodes, shape.num_ranks
+    ppn = n / nodes
+    collnet = a in ("collnet_direct", "collnet_chain")
+    bw = g.bw_intra if nodes <= 2 or collnet else g.bw_inter
+    if a in ("nvls", "nvls_tree"):
+        bw = _nvls_channel_bw(op, a, g, intra_speed, shape, ppn)
+    bus, uncapped = _bus(op, a, p, g, shape, feat, g.channels * bw, ppn)
+    algbw = bus
+    if not (a != "ring" and op in (Op.ALLGATHER, Op.REDUCESCATTER)):
+        algbw = bus * _bus_to_alg(op, a, n, nodes, nsteps, T.tables(shape.version))
+    return algbw, bus, uncapped
+
+
+def _bus_to_alg(op: Op, a: str, n: int, nodes: int, nsteps: int, vt: T.VersionTables) -> float:
+    """tuning.cc "Convert bus BW to algorithm BW": ring (and NVLS/NVLSTree since v2.28) nRanks / nsteps; NVLS
+    and NVLSTree 5/6 before v2.28 (v2.18: NVLSTree .70 nNodes / (2 (nNodes - 1))); the rest .5."""
+    if a == "ring" or (a in ("nvls", "nvls_tree") and vt.nvls_bw == "efficiency"):
+        return n / nsteps
+    if a == "nvls_tree" and vt.nvls_bw == "v2.18":
+        return 0.70 * nodes / (2 * (nodes - 1))
+    if a in ("nvls", "nvls_tree"):
+        return 5.0 / 6.0
+    return 0.5
+
+
+def _bus(op: Op, a: str, p: str, g: Graph, shape: Shape, feat: Features, bus: float, ppn: float):
+    """(NCCL's busBw of (a, p), the same without its per-channel caps) from channels x per-channel bandwidth
+    ``bus``: the LL, LL128, tree, PAT and CollNetDirect factors and caps of tuning.cc:ncclTopoTuneModel, with the
+    tables of the tag ``shape.version`` (tables.VersionTables)."""
     nodes = shape.nodes
-    cc, nc = T.cc_class(shape.sm), T.node_class(nodes)
+    vt = T.tables(shape.version)
+    cc, nc = min(T.cc_class(shape.sm), vt.cc_rows - 1), T.node_class(nodes)
     index1 = cc if nodes == 1 else (1 if feat.cpu_vendor == "amd" else 0)
-    ll_max = T.LL_MAX_BW[index1][nc]
+    ll_max = vt.ll_max_bw[index1][nc]
+    uncapped = bus
     if a == "ring" and p == "LL":
-        bus = min(ll_max, bus * T.RING_LL_FACTOR)
+        one_node_copy = nodes == 1 and op not in (Op.ALLREDUCE, Op.REDUCE)
+        factor = vt.ring_ll_factor if vt.ring_ll_factor == 0.5 or not one_node_copy else 1.0 / 3.0
+        bus = uncapped = min(ll_max, bus * factor)
     if a == "ring" and p == "LL128":
-        bus = min(bus * T.LL128_FACTOR, g.channels * T.per_channel_cap("ring_ll128", cc, nc, shape.version))
+        uncapped = bus * (vt.ring_ll128_ppn1 if ppn < 2 else T.LL128_FACTOR)
+        bus = min(uncapped, g.channels * vt.ring_ll128[cc][nc])
     if a == "tree" and op is Op.ALLREDUCE:
-        bus = min(bus * T.TREE_FACTOR, g.channels * T.PER_CH_MAX_TREE_BW[cc][nc])
+        uncapped = bus * T.TREE_FACTOR
+        bus = min(uncapped, g.channels * vt.tree[cc][nc])
     if a == "tree" and p == "LL":
-        bus = min(bus * T.TREE_LL_FACTOR, ll_max)
+        bus = uncapped = min(bus * T.TREE_LL_FACTOR, ll_max)
     if a == "tree" and p == "LL128":
         f = T.TREE_LL128_FACTOR_ONE_NODE if nodes == 1 else 120.0 / 128.0
-        bus = min(bus * f, g.channels * T.PER_CH_MAX_TREE_LL128_BW[cc][nc])
+        uncapped *= f
+        bus = min(bus * f, g.channels * vt.tree_ll128[cc][nc])
     if a == "pat":
-        bus *= T.PAT_FACTOR
+        bus = uncapped = bus * vt.pat_factor
     if a == "collnet_direct":
         if op in (Op.ALLGATHER, Op.REDUCESCATTER):
             bus = ppn * min(g.bw_intra, g.bw_inter * 0.9)
@@ -251,18 +364,33 @@ def _bus(op: Op, a: str, p: str, g: Graph, shape: Shape, feat: Features, bus: fl
             bus /= factor
             if shape.sm >= 90:
                 bus *= T.COLLNET_HOPPER_FACTOR
-    return bus
+        uncapped = bus
+    return bus, max(bus, uncapped)
 
 
 def _nvls_channel_bw(op: Op, a: str, g: Graph, intra_speed: float, shape: Shape, ppn: float) -> float:
-    """tuning.cc:ncclTopoTuneModel NVLS / NVLSTree busBw per channel (v2.30.7-1): the NVSwitch part (speed x
-    nvlsEfficiency x (c - 1)/c, x 2 for allreduce's two pipelined operations), the network part (bwInter, x 2
-    for NVLSTree on two nodes) and NVLSTree's per-channel cap, the smallest."""
+    """NCCL's NVLS / NVLSTree busBw per channel (tuning.cc:ncclTopoTuneModel).
+
+    v2.28+ (v2.30.7-1 lines 300-318): the NVSwitch part (speed x nvlsEfficiency x (c - 1)/c, x 2 for
+    allreduce's two pipelined operations, else x (ppn - 1)/ppn), the network part (bwInter, x 2 for NVLSTree on
+    two nodes) and NVLSTree's per-channel cap, the smallest. v2.19-v2.27 (v2.27.7-1 lines 266-275): NVLS
+    allreduce min(bwIntra, bwInter), allgather/reducescatter min(bwIntra (ppn - 1)/ppn, 0.9 bwInter); NVLSTree
+    min(bwIntra, bwInter, or bwInter / 2 on 3+ nodes). v2.18 (v2.18.6-1 line 174): bwIntra (bwInter on 3+
+    nodes), no bound."""
+    vt = T.tables(shape.version)
     cc, nc = T.cc_class(shape.sm), T.node_class(shape.nodes)
+    if vt.nvls_bw == "v2.18":
+        return intra_speed if shape.nodes <= 2 else g.bw_inter
+    if vt.nvls_bw == "min":
+        if a == "nvls_tree":
+            return min(intra_speed, g.bw_inter if shape.nodes <= 2 else g.bw_inter / 2)
+        if op is Op.ALLREDUCE:
+            return min(intra_speed, g.bw_inter)
+        return min(intra_speed * (ppn - 1) / ppn, g.bw_inter * 0.9)
     intra = intra_speed * T.NVLS_EFFICIENCY[cc] * (g.channels - 1) / g.channels
     intra *= 2.0 if op is Op.ALLREDUCE else (ppn - 1) / ppn
     inter = g.bw_inter * (2 if shape.nodes <= 2 and a == "nvls_tree" else 1)
-    cap = T.per_channel_cap("nvls_tree", cc, nc, shape.version) if a == "nvls_tree" else math.inf
+    cap = vt.nvls_tree[cc][nc] if a == "nvls_tree" else math.inf
     return min(intra, inter, cap)
 
 
@@ -307,34 +435,48 @@ def _channel_bytes(a: str, p: str, n: int, g: Graph) -> int:
 
 
 def _latency(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal: LibraryCalibration) -> float:
-    """tuning.cc:ncclTopoTuneModel latencies (v2.30.7-1), us."""
+    """tuning.cc:ncclTopoTuneModel latencies, us, with the tables and rules of the tag ``shape.version``."""
+    vt = T.tables(shape.version)
     ppn = n // nodes
     intra_hw = "nvlink" if feat.nvlink else "pci"
-    lat = T.BASE_LATENCY_US[a][pi]
-    intra = T.HW_LATENCY_US[intra_hw][a][pi]
-    inter = T.HW_LATENCY_US["net"]["tree" if ppn == 1 else a][pi]  # ppn 1: the tree's network latency
+    lat = vt.base_latency[a][pi]
+    intra = vt.hw_latency[intra_hw][a][pi]
+    net = vt.hw_latency["net"]
+    inter = net["tree" if ppn == 1 and vt.ppn1_tree_net_latency else a][pi]  # ppn 1: the tree's (v2.23+)
     plugin = cal.net_latency_us(feat.network_kind)
     inter += plugin * (2 if p == "Simple" else 1)  # graph latencyInter, twice for Simple (flush)
     if a == "ring":
-        hw = T.HW_LATENCY_US["net" if nodes > 1 else intra_hw]["ring"][pi]
+        hw = vt.hw_latency["net" if nodes > 1 else intra_hw]["ring"][pi]
         if op in (Op.REDUCE, Op.BROADCAST):
             return lat + hw  # sameChannels graphs (the usual case)
         overhead = T.NET_OVERHEAD_US.get(feat.cpu_vendor, 1.0) * (3 if p == "Simple" else 1) if nodes > 1 else 0.0
         intra = max(intra, overhead)
-        n_inter = 0 if nodes == 1 else 2 * (nodes - 1) if op is Op.ALLREDUCE else nodes - 1
-        return lat + (nsteps - n_inter) * intra + n_inter * inter
+        return lat + (nsteps - (n_inter := _inter_steps(op, nodes, vt))) * intra + n_inter * inter
     log_nodes = int(math.log2(nodes))
     if a == "tree":
         return lat + (2 * ((ppn - 1) * intra + log_nodes * inter) if op is Op.ALLREDUCE else 0.0)
     if a == "collnet_direct":
-        return lat + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
+        return lat + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * vt.collnet_arity_us) + inter
     if a == "collnet_chain":
         return lat + 2 * (ppn - 1) * intra + inter
+    if vt.nvls_latency == "v2.18" and a in ("nvls", "nvls_tree"):  # v2.18.6-1 lines 235-238: NET hwLat, no plugin
+        hops = (1 if a == "nvls" else 2 * (nodes - 1)) if nodes > 1 else 0
+        return lat + hops * net[a][pi]
     if a == "nvls":
         return intra + (inter if nodes > 1 else 0.0)
     if a == "nvls_tree":
         return lat + intra + 2 * log_nodes * inter
     return lat + log_nodes * (inter / 3.5) + n * 2.8  # pat
+
+
+def _inter_steps(op: Op, nodes: int, vt: T.VersionTables) -> int:
+    """The ring's network steps: allreduce 2 (nNodes - 1), allgather/reducescatter nNodes - 1 (v2.23+); before
+    v2.23 allreduce counted 2 nNodes (tuning.cc v2.22.3-1 line 159)."""
+    if nodes == 1:
+        return 0
+    if op is Op.ALLREDUCE:
+        return 2 * nodes if vt.legacy_inter_steps else 2 * (nodes - 1)
+    return nodes - 1
 
 
 def best(op: Op, nbytes: int, cands: list[Candidate]) -> Candidate | None:

@@ -99,13 +99,19 @@ def shape_of(cluster: Cluster, group: np.ndarray) -> Shape:
 
 
 def features_of(cluster: Cluster) -> Features:
+    """NVLS where the switch has it and NCCL_NVLS_ENABLE is not 0 (transport/nvls.cc ncclNvlsInit); CollNet
+    only where the network has a SHARP plugin and NCCL_COLLNET_ENABLE=1 (init.cc: config.collnetEnable defaults
+    to 0, v2.30.7-1 lines 2146-2203; v2.18.6-1 lines 861-866 the same through collNetSupport)."""
     s = cluster.spec
+    env = s.nccl_env
     return Features(
-        nvls=s.intra.in_network_reduction,
-        collnet=s.network.in_network_reduction,
+        nvls=s.intra.in_network_reduction and env.NCCL_NVLS_ENABLE != 0,
+        collnet=s.network.in_network_reduction and env.NCCL_COLLNET_ENABLE == 1,
         cpu_vendor=s.cpu_vendor,
         network_kind=s.network.kind,
         nvlink=s.intra.link_name == "nvlink",
+        min_channels=env.NCCL_MIN_NCHANNELS,
+        max_channels=env.NCCL_MAX_NCHANNELS,
     )
 
 
@@ -174,7 +180,7 @@ def price_library(
     n = placement.shape[1]
     shape, (ratio, loaded) = _placement_part(cluster, placement)
     cand = best(op, nbytes, _candidates(op, shape, features_of(cluster), cal, algo, proto))
-    lat_s = cand.latency_s
+    lat_s = cand.latency_s_at(nbytes)
     bw_s = cand.time_s(nbytes, op) - lat_s
     time = lat_s + bw_s * ratio if n > 1 else 0.0
     name = SCHEDULE_OF[cand.algorithm]

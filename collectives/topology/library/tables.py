@@ -1,5 +1,7 @@
-"""NCCL's tuning constants, transcribed from NVIDIA/nccl v2.30.7-1 (identical in v2.28.x and v2.29.x except
-where a table is keyed by version). Every table names the file and symbol it comes from.
+"""NCCL's tuning constants, transcribed from NVIDIA/nccl v2.30.7-1, and every earlier minor release from v2.18
+to v2.29 as :class:`VersionTables` (the last tag of each minor: v2.18.6-1, v2.19.4-1, v2.20.5-1, v2.21.5-1,
+v2.22.3-1, v2.23.4-1, v2.24.3-1, v2.25.1-1, v2.26.6-1, v2.27.7-1, v2.28.9-1, v2.29.7-1). Every table names the
+file and symbol it comes from; every difference between versions names the tag where it changed.
 
 Indices as in NCCL: algorithm names are NCCL's (``ncclAlgoStr``), protocols LL / LL128 / Simple
 (``ncclProtoStr``); compute-capability class ``cc`` is 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell
@@ -9,9 +11,11 @@ three or more (``index2``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("LL", "LL128", "Simple")
-SUPPORTED_VERSIONS = ("2.28", "2.29", "2.30")  # tables below read from these tags; other versions differ
+SUPPORTED_VERSIONS = tuple(f"2.{m}" for m in range(18, 31))  # 2.18 .. 2.30: VERSIONS below
 
 
 def cc_class(sm: int) -> int:
@@ -111,7 +115,9 @@ TREE_LL_FACTOR = 1.0 / 3.8
 TREE_LL128_FACTOR_ONE_NODE = 7.0 / 9.0
 PAT_FACTOR = 0.75  # 0.85 before v2.24
 COLLNET_HOPPER_FACTOR = 0.85
-RING_PLATEAU = 1.4  # ncclTopoGetAlgoTime: multi-node ring Simple allreduce latency x1.4 (x1.9 below SM80)
+RING_PLATEAU = 1.4  # ncclTopoGetAlgoTime: multi-node ring Simple allreduce latency x1.4 (x1.9 below SM80) when
+# nBytes / (comm->nChannels x nRanks) >= 64 (every tag from v2.18.6-1, line 391, to v2.30.7-1, line 648)
+RING_PLATEAU_BYTES = 64
 # tuning.cc getNetOverhead: us per network step, Intel 1, AMD 2; x3 for Simple (v2.30.7-1)
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}
 
@@ -297,13 +303,184 @@ SPEEDS_BY_VERSION = {  # search.cc sm100 arrays of older tags
 }
 
 
+# search.cc sm90 arrays before v2.21 (v2.18.6-1 lines 812-813; v2.19.4-1 line 843, v2.20.5-1 line 844: intra
+# only, the inter array already as today); before v2.25 there is no sm100 array and SM100 takes sm90's (ccMin >= 90);
+# v2.25.1-1 and v2.26.6-1 (search.cc lines 940-941, 923-924) have an sm100 intra array without 18 and take sm90's
+# inter array; v2.27.7-1 (lines 962-963) has v2.28's
+_SM90_INTRA_218 = (60.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0)
+_SM90_INTER_218 = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12)
+_SM90_INTRA_219 = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0)
+_SM100_INTRA_225 = (90.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 19.0)
+
+
 def speeds(sm: int, inter: bool, version: str) -> tuple[float, ...]:
-    """search.cc:ncclTopoCompute picks speedArray{Intra,Inter} by ccMin (>=100, >=90, else)."""
+    """search.cc:ncclTopoCompute picks speedArray{Intra,Inter} by ccMin (>=100, >=90, else), as the tag
+    ``version`` has them."""
     cc = 3 if sm >= 100 else 2 if sm >= 90 else 0
     kind = "inter" if inter else "intra"
+    if cc == 3 and not at_least(version, "2.25"):
+        cc = 2  # no sm100 array before v2.25
+    if cc == 3 and not at_least(version, "2.27"):
+        return SPEEDS_INTER[2] if inter else _SM100_INTRA_225
+    if cc == 3 and version == "2.27":
+        version = "2.28"
+    if cc == 2 and not at_least(version, "2.21"):
+        if version == "2.18":
+            return _SM90_INTER_218 if inter else _SM90_INTRA_218
+        if not inter:
+            return _SM90_INTRA_219
     return SPEEDS_BY_VERSION.get((version, kind, cc)) or (SPEEDS_INTER if inter else SPEEDS_INTRA)[cc]
 
 
 MAX_RING_CHANNELS = 32  # init.cc: ringGraph->maxChannels = MAXCHANNELS / 2, MAXCHANNELS 64 (device.h) (v2.30.7-1)
 MAX_NVLS_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY (v2.30.7-1)
 MAX_DIRECT_ARITY = 7  # device.h NCCL_MAX_DIRECT_ARITY (v2.30.7-1)
+
+
+def max_channels(version: str) -> int:
+    """device.h MAXCHANNELS: 32 up to v2.25 (devcomm.h v2.18.6-1 line 52, device.h v2.24.3-1 line 62), 64 from
+    v2.26 (device.h v2.26.6-1 line 62, v2.30.7-1 line 91). NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS are bounded
+    by it (connect.cc ncclMinNchannels / ncclMaxNchannels), and the ring search by half of it (init.cc
+    ringGraph->maxChannels = MAXCHANNELS / 2)."""
+    return 64 if at_least(version, "2.26") else 32
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-version tuning tables. ``VersionTables`` holds what ncclTopoTuneModel / ncclTopoGetAlgoTime read that
+# changed between v2.18 and v2.30; the model (model.py) reads it instead of comparing version strings.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VersionTables:
+    base_latency: dict  # algorithm -> (LL, LL128, Simple) us: baseLat / baseLatencies
+    hw_latency: dict  # nvlink|pci|net -> algorithm -> (LL, LL128, Simple) us: hwLat / hwLatencies
+    ll_max_bw: tuple  # llMaxBws rows (by cc on one node, CPU vendor across nodes)
+    ring_ll128: tuple  # perChMaxRingLL128Bws [cc][nc]
+    tree_ll128: tuple  # perChMaxTreeLL128Bws
+    tree: tuple  # perChMaxTreeBws
+    nvls_tree: tuple  # perChMaxNVLSTreeBws (v2.28+; before: no cap)
+    cc_rows: int = 4  # compCapIndex classes the tag knows (3 before v2.25: Blackwell takes Hopper's rows)
+    ring_ll_factor: float = 0.5  # ring LL busBw factor: .5 since v2.21; 1/4 before (1/3 on one node, AG/RS)
+    ring_ll128_ppn1: float = LL128_FACTOR  # ring LL128 at < 2 GPUs per node: 0.7 before v2.23
+    pat_factor: float = 0.0  # PAT's busBw factor; 0: no PAT in this tag (v2.23: .85, v2.24+: .75)
+    nvls_bw: str = "efficiency"  # NVLS busBw rule: "efficiency" (v2.28+), "min" (v2.19-v2.27), "v2.18"
+    nvls_min_gpus: int = 2  # nvls.cc ncclNvlsInit: gpuCount < 2 off (v2.28+); gpuCount <= 2 before
+    nvls_multi_node: bool = True  # v2.20 turns NVLS off on more than one node (nvls.cc v2.20.5-1 line 240)
+    ag_rs_algorithms: tuple = ("ring", "nvls", "collnet_direct", "pat")  # what AG/RS may run on
+    legacy_inter_steps: bool = False  # ring allreduce counts 2 x nNodes network steps (2 x (nNodes-1) v2.23+)
+    ppn1_tree_net_latency: bool = True  # one GPU per node takes Tree's NET latency (v2.23+)
+    nvls_latency: str = "v2.19"  # "v2.18": base + NET hwLat, NVLSTree 2 (nNodes-1) NET hops
+    collnet_arity_us: float = 0.4  # CollNetDirect arity serialisation (0.5 in v2.18)
+    # LL128 by default only on these compute capabilities (tuning.cc switch (minCompCap), default off): 70, 80,
+    # 90 to v2.24 (v2.24.3-1 lines 427-430), + 100, 120 in v2.25-v2.26 (v2.26.6-1 lines 433-438); () from v2.27:
+    # every SM70+ (v2.27.7-1 line 470)
+    ll128_sms: tuple = ()
+
+
+_V230 = VersionTables(
+    BASE_LATENCY_US,
+    HW_LATENCY_US,
+    LL_MAX_BW,
+    PER_CH_MAX_RING_LL128_BW,
+    PER_CH_MAX_TREE_LL128_BW,
+    PER_CH_MAX_TREE_BW,
+    PER_CH_MAX_NVLS_TREE_BW,
+    pat_factor=PAT_FACTOR,
+)
+_NO_CAP = ((0.0,) * 3,) * 4
+# tuning.cc v2.25.1-1 lines 120-175 (identical in v2.26.6-1 and v2.27.7-1): no PAT latency row (PAT's 8 us base is
+# written in its latency formula), NVLSTree NET 14, Blackwell rows as 2 x Hopper's, no perChMaxNVLSTreeBws
+_HW_225 = {
+    "nvlink": HW_LATENCY_US["nvlink"],
+    "pci": HW_LATENCY_US["pci"],
+    "net": HW_LATENCY_US["net"] | {"nvls_tree": (0, 0, 14.0)},
+}
+_V225 = replace(
+    _V230,
+    hw_latency=_HW_225,
+    ring_ll128=(*PER_CH_MAX_RING_LL128_BW[:3], (73.4, 73.4, 73.4)),
+    tree_ll128=(*PER_CH_MAX_TREE_LL128_BW[:3], (73.4, 73.4, 58.0)),
+    tree=(*PER_CH_MAX_TREE_BW[:3], (77.4, 82.8, 72.0)),
+    nvls_tree=_NO_CAP,
+    nvls_bw="min",
+    nvls_min_gpus=3,
+)
+# v2.23.4-1 / v2.24.3-1 (tuning.cc lines 56-106 / 120-170): no Blackwell rows (compCapIndex tops at Hopper)
+_V223 = replace(_V225, cc_rows=3, ll128_sms=(70, 80, 90))
+# v2.21.5-1 / v2.22.3-1: Tree Simple hwLat 28 on every link kind and no Tree Simple base latency, no PAT, AG/RS on
+# ring, NVLS and CollNetDirect only, the pre-v2.23 latency rules (tuning.cc v2.21.5-1 lines 56-106, 225-265)
+_HW_221 = {k: v | {"tree": (*v["tree"][:2], 28.0)} for k, v in _HW_225.items()}
+_V221 = replace(
+    _V223,
+    base_latency=BASE_LATENCY_US | {"tree": (6.8, 14.0, 0.0)},
+    hw_latency=_HW_221,
+    pat_factor=0.0,
+    ag_rs_algorithms=("ring", "nvls", "collnet_direct"),
+    ring_ll128_ppn1=0.7,
+    legacy_inter_steps=True,
+    ppn1_tree_net_latency=False,
+)
+# v2.19.4-1 / v2.20.5-1: NVLS NVLink hwLat 23 (25 from v2.21), Hopper llMaxBw as Ampere's (87.7, 22.5, 19.0:
+# raised in v2.21), ring LL at 1/4 (1/3 on one node for AG/RS/broadcast), AG/RS on ring and NVLS
+_V219 = replace(
+    _V221,
+    hw_latency={
+        k: v | ({"nvls": (0, 0, 23.0), "nvls_tree": (0, 0, 23.0)} if k == "nvlink" else {}) for k, v in _HW_221.items()
+    },
+    ll_max_bw=(*LL_MAX_BW[:2], LL_MAX_BW[1], (0.0, 0.0, 0.0)),
+    ring_ll_factor=0.25,
+    ag_rs_algorithms=("ring", "nvls"),
+)
+_V220 = replace(_V219, nvls_multi_node=False, ag_rs_algorithms=("ring", "nvls", "collnet_direct"))
+# v2.18.6-1 (tuning.cc lines 54-108, 170-245): NVLS/NVLSTree base 23 us and no NVLink hwLat, NET 18/19; Tree
+# Simple no base, hwLat 4/6/14; CollNet NVLink 8.0/4.75, PCI 8.0/8.0, NET 10.7/14; AG/RS on ring only; NVLS busBw
+# not bounded by bwInter, NVLS ratio 5/6 and NVLSTree .70 nNodes / (2 (nNodes - 1))
+_V218 = replace(
+    _V219,
+    base_latency=BASE_LATENCY_US
+    | {"tree": (6.8, 14.0, 0.0), "collnet_direct": (6.8, 14.0, 0.0), "collnet_chain": (6.8, 14.0, 0.0)}
+    | {"nvls": (0, 0, 23.0), "nvls_tree": (0, 0, 23.0)},
+    hw_latency={
+        "nvlink": HW_LATENCY_US["nvlink"]
+        | {"collnet_direct": (0, 0, 8.0), "collnet_chain": (0, 0, 4.75), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0)},
+        "pci": HW_LATENCY_US["pci"]
+        | {"tree": (1.0, 1.9, 6.0), "collnet_direct": (0, 0, 8.0), "collnet_chain": (0, 0, 8.0)},
+        "net": HW_LATENCY_US["net"]
+        | {"collnet_direct": (0, 0, 10.7), "collnet_chain": (0, 0, 14.0), "nvls_tree": (0, 0, 19.0)},
+    },
+    ag_rs_algorithms=("ring",),
+    nvls_bw="v2.18",
+    nvls_latency="v2.18",
+    collnet_arity_us=0.5,
+)
+# v2.28.9-1: the v2.30 tables with Blackwell's perChMaxRingLL128Bws {2*36.7, 34.6, 2*36.7} and
+# perChMaxNVLSTreeBws {0, 96, 43.8} (BLACKWELL_ROWS_BY_VERSION); v2.29.7-1 the latter only
+_V228 = replace(
+    _V230,
+    ring_ll128=(*PER_CH_MAX_RING_LL128_BW[:3], BLACKWELL_ROWS_BY_VERSION["2.28", "ring_ll128"]),
+    nvls_tree=(*PER_CH_MAX_NVLS_TREE_BW[:3], BLACKWELL_ROWS_BY_VERSION["2.28", "nvls_tree"]),
+)
+_V229 = replace(_V230, nvls_tree=(*PER_CH_MAX_NVLS_TREE_BW[:3], BLACKWELL_ROWS_BY_VERSION["2.29", "nvls_tree"]))
+_V224 = replace(_V223, pat_factor=0.75)
+
+VERSIONS = {
+    "2.18": _V218,
+    "2.19": _V219,
+    "2.20": _V220,
+    "2.21": _V221,
+    "2.22": _V221,
+    "2.23": replace(_V223, pat_factor=0.85),
+    "2.24": _V224,
+    "2.25": replace(_V225, ll128_sms=(70, 80, 90, 100, 120)),
+    "2.26": replace(_V225, ll128_sms=(70, 80, 90, 100, 120)),
+    "2.27": _V225,
+    "2.28": _V228,
+    "2.29": _V229,
+    "2.30": _V230,
+}
+assert tuple(VERSIONS) == SUPPORTED_VERSIONS
+
+
+def tables(version: str) -> VersionTables:
+    return VERSIONS[version]
