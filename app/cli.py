@@ -154,7 +154,7 @@ def _answer(args, produce) -> int:
 
 def _serve_plan(args) -> int:
     from planner.serving import plan_serving
-    from planner.serving.launch import launch_commands, render
+    from planner.serving.launch import launch_script
 
     from .convert import serve_inputs
     from .schemas.serve import ServeRequest
@@ -166,8 +166,7 @@ def _serve_plan(args) -> int:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
-            path = args.model_path or model.name or "MODEL"
-            return render(launch_commands(path, traits, pools, options, cluster.devices_per_node), traits.label)
+            return launch_script(model, cluster, traits, pools, options, args.model_path)
         result = serve_dict(plan_serving(*inputs))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 

@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from planner import SpecError
 from planner.serving import plan_serving
-from planner.serving.launch import launch_commands, render
+from planner.serving.launch import launch_script
 from planner.serving.search import SLA, candidates, search_serving
 
 from ..convert import cluster_spec, model_spec, serve_inputs, serve_options
@@ -87,9 +87,7 @@ async def export(
 
     def work() -> bytes:
         model, cluster, traits, _, pools, options = serve_inputs(body, settings)
-        path = model_path or model.name or "MODEL"
-        launches = launch_commands(path, traits, pools, options, cluster.devices_per_node)
-        return render(launches, traits.label).encode()
+        return launch_script(model, cluster, traits, pools, options, model_path).encode()
 
     response = await run_bounded(request, work)
     return Response(

@@ -31,10 +31,15 @@ class PoolIn(Strict):
     dp: int = Field(default=1, ge=1, le=1 << 12, description="attention ranks of one worker")
     ep: int = Degree
     attention_dp: bool = False
-    ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll"] | None = Field(
-        default=None,
-        description="null: the engine's default; deepep: normal kernels, and low-latency ones for decode where the "
-        "engine switches (SGLang --deepep-mode auto)",
+    ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll", "agrs", "dp_gather", "agrs_quant"] | None = (
+        Field(
+            default=None,
+            description="null: the engine's default (vLLM agrs, SGLang dp_gather, TensorRT-LLM alltoall; none of them "
+            "exchanges tokens when dp is 1); deepep: normal kernels, and low-latency ones for decode where the engine "
+            "switches (SGLang --deepep-mode auto); agrs: vLLM's all-gather of hidden states and router logits + "
+            "reduce-scatter; dp_gather: SGLang's DP-attention gather (MAX_LEN all-gather or SUM_LEN all-reduce); "
+            "agrs_quant: TensorRT-LLM's post-quant all-gather + reduce-scatter",
+        )
     )
     max_batch_tokens: int | None = Field(default=None, ge=1, le=1 << 20, description="null: the engine's default")
 
@@ -61,6 +66,18 @@ class ServeOptionsIn(Strict):
     )
     fp8_recipe: Literal["tensorwise", "blockwise", "delayed", "mxfp8"] = Field(
         default="blockwise", description="the scaling of fp8 weights' GEMMs (DeepSeek-V3: 128x128 blocks)"
+    )
+    two_batch_overlap: bool = Field(
+        default=False,
+        description="two micro-batches per step, the EP exchange of one behind the other's compute (SGLang "
+        "--enable-two-batch-overlap, vLLM --enable-dbo); TensorRT-LLM: a 422",
+    )
+    redundant_experts: int = Field(
+        default=0,
+        ge=0,
+        le=4096,
+        description="EPLB's redundant expert slots beyond the model's experts, spread over the EP ranks (vLLM "
+        "--eplb-config num_redundant_experts, SGLang --ep-num-redundant-experts, TensorRT-LLM num_slots)",
     )
 
 

@@ -25,7 +25,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, stage_classes
-from . import deepep
+from . import deepep, engine_gather
 
 M = "Megatron-LM d98e8a6 "
 SOURCE = M + "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
@@ -115,6 +115,8 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     out = []
     if ctx.par.ep_dispatch == "allgather":
         return _allgather(ctx, layers, "forward")
+    if ctx.par.ep_dispatch in engine_gather.GATHER_DISPATCHES:  # the serving engines' own (inference only)
+        return engine_gather.calls(ctx, layers)
     if _deepep(ctx):  # the layout notification travels inside DeepEP's kernels
         return deepep.calls(ctx, layers, ctx.tokens_local, dispatch_row_bytes(ctx), "forward") + _expert_tp(
             ctx, layers, rows, "forward"

@@ -118,6 +118,8 @@ def plan_serving(
             f"the pools use {' + '.join(f'{p.workers}x{p.worker_gpus}' for p in pools)} = {used} GPUs; the cluster "
             f"has {cluster.num_devices}",
         )
+    _check_engine_options(model, traits, pools, options)
+    model = with_redundant_experts(model, options.redundant_experts)
     workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
     tps = options.mtp.tokens_per_step if options.mtp else 1.0
     warnings: list[str] = []
@@ -129,6 +131,40 @@ def plan_serving(
         model, cluster, traits, traffic, (pools[pre], pools[dec]), (workers[pre], workers[dec]), options, tps,
         warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
     )  # fmt: skip
+
+
+def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
+    if options.two_batch_overlap and traits.two_batch_overlap_flag is None:
+        raise SpecError(
+            "options.two_batch_overlap",
+            f"{traits.label} has no two-batch overlap switch this planner models (SGLang --enable-two-batch-overlap, "
+            "vLLM --enable-dbo)",
+        )
+    r = options.redundant_experts
+    if not r:
+        return
+    if model.moe is None:
+        raise SpecError("options.redundant_experts", f"{r} redundant experts need an MoE model; this one is dense")
+    slots = model.moe.num_experts + r
+    for i, pool in enumerate(pools):
+        if pool.ep > 1 and slots % pool.ep:
+            raise SpecError(
+                "options.redundant_experts",
+                f"{model.moe.num_experts} experts + {r} redundant = {slots} expert slots do not divide over "
+                f"pool {i}'s ep {pool.ep}",
+            )
+
+
+def with_redundant_experts(model: ModelSpec, redundant: int) -> ModelSpec:
+    """EPLB's physical experts: the model's experts plus ``redundant`` replicas of the busiest, as slots spread
+    evenly over the EP ranks (vllm/distributed/eplb, n_physical_experts = n_logical + n_redundant; SGLang
+    --ep-num-redundant-experts; TensorRT-LLM MoeLoadBalancer num_slots). Each slot holds one expert's weights and
+    takes its share of the tokens: planned as a model with that many experts (the replicas split their expert's
+    load, which under the planner's uniform routing is what every slot gets; the router's logits stay E wide
+    in the engines, here they are E + R wide, R/E of a tiny GEMM)."""
+    if not redundant or model.moe is None:
+        return model
+    return replace(model, moe=replace(model.moe, num_experts=model.moe.num_experts + redundant))
 
 
 # ---- one worker ------------------------------------------------------------------------------------------
@@ -159,6 +195,11 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
             f"a worker's tp*pp*dp = {pool.tp}*{pool.pp}*{pool.dp} = {n} GPUs must fill whole nodes of {per_node} "
             f"or divide one",
         )
+    if pool.dp == 1 and pool.ep > 1:
+        # tensor-parallel attention: every EP rank holds every token, so no engine issues a MoE collective (the TP
+        # all-reduce sums the experts' output): vLLM all2all kernels need dp > 1, TensorRT-LLM's
+        # communication_factory returns None without attention DP, SGLang gathers only with DP attention
+        dispatch = "replicated"
     par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=1, ep_dispatch=dispatch)
     try:  # the layout's own rules (heads by tp, experts by ep, layers by pp), named at the pool's fields
         validate_parallel(par, model, WorkloadSpec(kind="inference", batch_size=pool.dp), n)
@@ -175,8 +216,10 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     """(role, workload, parallel, cluster, plans) of every pool's worker as plan_serving plans it: what the
     cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans)."""
     validate_serving(traffic, pools, options)
+    _check_engine_options(model, traits, pools, options)
+    model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
-    plans = 3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS
+    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (2 if options.two_batch_overlap else 1)
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
@@ -211,19 +254,51 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     return build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
 
 
+def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
+    """A step as the engine runs it: one pass, or with ``options.two_batch_overlap`` two micro-batches of half the
+    sequences each (at least one per attention rank), the EP exchange of one behind the other's compute
+    (SGLang two_batch_overlap.py; vLLM dual batch overlap; the DeepSeek-V3 report's decode overlap, §3.4).
+
+    Time: each half is the planner's step at half the batch; run back to back, the two take twice that, less
+    what overlaps: on each stage, per half, the smaller of its exposed EP time and its compute (the other half's
+    compute hides the exchange; the first dispatch and last combine of a step, 1/layers of it, are not hidden: an
+    under-estimate). The calls are the half step's, issued twice; memory is the whole batch's (both halves are
+    in flight)."""
+    whole = _step(model, w, options, phase, batch, context)
+    per_rank = batch // w.par.dp
+    if not options.two_batch_overlap or per_rank < 2 or whole.step is None:
+        return whole
+    half = _step(model, w, options, phase, -(-per_rank // 2) * w.par.dp, context)
+    hidden = sum(
+        min(st.exposed_by_stream.get(("ep", "forward"), 0.0), st.compute.forward.total_s) for st in half.step.stages
+    )
+    time_s = 2 * (half.step.time_s - hidden)
+    step = replace(
+        half.step,
+        time_s=time_s,
+        compute_s=2 * half.step.compute_s,
+        exposed_comm_s=2 * (half.step.exposed_comm_s - hidden),
+        mfu=whole.step.mfu * whole.step.time_s / time_s,
+        tokens_per_s=whole.step.tokens_per_s * whole.step.time_s / time_s,
+    )
+    twice = [replace(pc, call=replace(pc.call, calls_per_iteration=2 * pc.call.calls_per_iteration))
+             for pc in half.calls]  # fmt: skip
+    return replace(whole, calls=twice, step=step)
+
+
 def _prefill(model: ModelSpec, w: _Worker, options: ServeOptions, isl: int) -> tuple[Plan, int]:
     """The prefill pass of as many prompts per attention rank as the batch-token budget takes (at least one;
     a longer prompt is prefilled in chunks whose attention adds up to the whole prompt's)."""
     per_rank = max(1, w.batch_tokens // isl)
     batch = per_rank * w.par.dp
-    return _step(model, w, options, "prefill", batch, isl), batch
+    return _overlapped(model, w, options, "prefill", batch, isl), batch
 
 
 def _decode(model: ModelSpec, w: _Worker, options: ServeOptions, batch: int, context: int, draft: int) -> Plan:
     """A decode step of ``batch`` sequences (rounded up to whole attention ranks); with ``draft`` speculative
     tokens each sequence verifies 1 + draft tokens, priced as that many sequences' GEMMs and calls."""
     per_rank = max(1, math.ceil(batch / w.par.dp))
-    return _step(model, w, options, "decode", per_rank * w.par.dp * (1 + draft), context)
+    return _overlapped(model, w, options, "decode", per_rank * w.par.dp * (1 + draft), context)
 
 
 # ---- memory --------------------------------------------------------------------------------------------

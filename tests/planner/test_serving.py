@@ -121,7 +121,7 @@ def test_disaggregated_inside_one_node_moves_kv_over_nvlink():
         (DSV3, (Pool(dp=8, ep=3, attention_dp=True),), "deployment.pools.0.ep", "not divisible by ep 3"),
         (LLAMA70B, (Pool(ep=8, tp=8),), "deployment.pools.0.ep", "needs an MoE model"),
         (LLAMA70B, (Pool("prefill", tp=8), Pool("prefill", tp=8)), "deployment.pools", "one 'prefill' and one"),
-        (LLAMA70B, (Pool(tp=8, ep_dispatch="flex"),), "deployment.pools.0.ep_dispatch", "runs allgather, alltoall"),
+        (LLAMA70B, (Pool(tp=8, ep_dispatch="flex"),), "deployment.pools.0.ep_dispatch", "runs agrs, alltoall"),
     ],
 )
 def test_bad_deployments_name_the_field(model, pools, field, words):
