@@ -275,6 +275,34 @@ def serve_inputs(body, settings: Settings):
     return model, cluster, traits, traffic, pools, options_
 
 
+def serve_search_inputs(body, settings: Settings) -> tuple[dict, dict, int]:
+    """search_serving's keyword arguments for a POST /v1/serve/search body, with the deployments it will plan
+    counted (once) and within COMMPLAN_MAX_SERVE_CANDIDATES: over it, a 422 before any is planned. Also the
+    request's model, cluster and options (each result's /v1/serve body starts from them) and the count."""
+    from planner.serving import Traffic, validate_traffic
+    from planner.serving.search import SLA, candidates
+
+    cluster = cluster_spec(body.cluster, settings)
+    model = model_spec(body.model)
+    traffic = Traffic(**body.traffic.model_dump())
+    engines, modes = tuple(dict.fromkeys(body.engines)), tuple(dict.fromkeys(body.modes))
+    validate_traffic(traffic)
+    deployments = candidates(model, cluster, traffic, engines, modes)
+    if len(deployments) > settings.max_serve_candidates:
+        raise SpecError(
+            "cluster",
+            f"{len(deployments):,} deployments to plan, above the limit of {settings.max_serve_candidates:,} "
+            f"(COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or a smaller cluster",
+        )
+    args = {
+        "model": model, "cluster": cluster, "traffic": traffic, "engines": engines, "modes": modes,
+        "sla": SLA(**body.sla.model_dump()), "options": serve_options(body.options), "top_k": body.top_k,
+        "deployments": deployments,
+    }  # fmt: skip
+    base = body.model_dump(include={"model", "cluster", "options"}, exclude_unset=True)
+    return args, base, len(deployments)
+
+
 __all__ = [
     "cluster_spec",
     "model_spec",
@@ -283,6 +311,7 @@ __all__ = [
     "plan_inputs",
     "serve_inputs",
     "serve_options",
+    "serve_search_inputs",
     "spec_dict",
     "workload_spec",
 ]

@@ -31,6 +31,7 @@ from collectives.topology import ClusterSpec, cluster_for, price_call
 
 from .._errors import SpecError
 from ..context import Context
+from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan
@@ -305,24 +306,34 @@ def _decode(model: ModelSpec, w: _Worker, options: ServeOptions, batch: int, con
 
 
 def kv_capacity(
-    model: ModelSpec, w: _Worker, plan: Plan, prefill: Plan, prefill_tokens: int, options: ServeOptions, traits
+    model: ModelSpec,
+    w: _Worker,
+    plan: Plan,
+    largest: Plan,
+    counted: tuple[str, int, int],
+    request_tokens: int,
+    options: ServeOptions,
+    traits: EngineTraits,
 ) -> int:
     """Tokens of KV one worker holds: per attention rank, what the engine's memory share leaves after the
-    weights, the largest prefill pass's activations and the buffers, over the rank's KV bytes per token;
-    pipeline stages share a token, so the tightest stage decides; attention ranks each hold their own."""
+    weights (``plan``, a decode step), the activations of ``largest`` (the largest pass the worker runs, without
+    the KV it counted itself: ``counted`` = its phase, batch and context) and the larger of the two passes'
+    buffers, over the KV one request of ``request_tokens``
+    keeps, per token. Both KV amounts are the planner's memory rule (memory.kv_cache_bytes: a sliding-window
+    layer keeps only its window when decoding). Pipeline stages share a request, so the tightest stage decides;
+    attention ranks each hold their own."""
     gpu = w.cluster.gpu
     budget = gpu.hbm_bytes * traits.memory_fraction
-    kv_x = DTYPE_BYTES[options.kv]
+    par = w.decode_par
+    own = Context(model, _work(options, *counted), w.par if counted[0] == "prefill" else par,
+                  devices_per_node=w.cluster.devices_per_node)  # fmt: skip
+    one = Context(model, _work(options, "decode", par.dp, request_tokens), par,
+                  devices_per_node=w.cluster.devices_per_node)  # fmt: skip
     tokens = math.inf
-    ctx = Context(
-        model, _work(options, "decode", w.par.dp, 1), w.decode_par, devices_per_node=w.cluster.devices_per_node
-    )
-    for st, pre in zip(plan.memory.per_stage, prefill.memory.per_stage, strict=True):
-        layers = len(ctx.stage_layers[st.stage])  # the planner's own split of the layers over the stages
-        per_token = layers * model.kv_token_bytes(w.par.tp, kv_x)
-        prefill_kv = per_token * prefill_tokens  # the pass's own KV, counted in its activations
-        activations = max(0, pre.activations_bytes - prefill_kv)
-        free = budget - st.params_bytes - activations - max(st.buffers_bytes, pre.buffers_bytes)
+    for st, big in zip(plan.memory.per_stage, largest.memory.per_stage, strict=True):
+        per_token = kv_cache_bytes(one, st.stage) / request_tokens
+        activations = max(0, big.activations_bytes - kv_cache_bytes(own, st.stage))
+        free = budget - st.params_bytes - activations - max(st.buffers_bytes, big.buffers_bytes)
         tokens = min(tokens, free / per_token if per_token else math.inf)
     return max(0, int(tokens)) * w.par.dp if math.isfinite(tokens) else 0
 
@@ -335,7 +346,7 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
     prefill, n_pre = _prefill(model, w, options, isl)
     t_p = prefill.step.time_s
     probe = _decode(model, w, options, 1, isl + osl // 2, 0)
-    capacity = kv_capacity(model, w, probe, prefill, n_pre // w.par.dp * isl, options, traits)
+    capacity = kv_capacity(model, w, probe, prefill, ("prefill", n_pre, isl), isl + osl, options, traits)
     max_conc = capacity // (isl + osl)
     batch, decode = _decode_batch(model, w, options, traffic, pool.workers, max_conc, t_p, tps, warnings)
     t_d = decode.step.time_s * _mtp_overhead(model, options)
@@ -383,7 +394,8 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     t_p = prefill.step.time_s
     r_p = p_pool.workers * n_pre / t_p  # requests/s the prefill pool can serve
     probe = _decode(model, d_w, options, 1, isl + osl // 2, 0)
-    capacity = kv_capacity(model, d_w, probe, probe, isl + osl // 2, options, traits)
+    counted = ("decode", d_w.par.dp, isl + osl // 2)
+    capacity = kv_capacity(model, d_w, probe, probe, counted, isl + osl, options, traits)
     max_conc = capacity // (isl + osl)
     batch, decode = _decode_batch(model, d_w, options, traffic, d_pool.workers, max_conc, t_p, tps, warnings)
     t_d = decode.step.time_s * _mtp_overhead(model, options)

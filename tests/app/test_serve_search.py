@@ -1,0 +1,86 @@
+"""POST /v1/serve/search streamed as /v1/search streams (NDJSON progress, then the result), in a thread and in a
+process of its own; `commplan serve-search`; the Python client's serve and serve_search."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.client import Client, CommplanError, ServeResult, ServeSearchResult
+from app.main import create_app
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+BODY = json.loads((ROOT / "examples/serve-search-llama3-70b.json").read_text())
+SERVE = json.loads((ROOT / "examples/serve-llama3-70b.json").read_text())
+
+
+def _stream(client: TestClient, body: dict, **kwargs) -> list[dict]:
+    with client.stream("POST", "/v1/serve/search", json=body, **kwargs) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_stream_sends_progress_lines_then_the_result(in_process):
+    client = TestClient(create_app(Settings(work_in_process=in_process)))
+    lines = _stream(client, BODY, params={"stream": "true"})
+    progress, result = lines[:-1], lines[-1]
+    assert progress and all(x["type"] == "progress" for x in progress) and result["type"] == "result"
+    assert set(progress[0]) == {"type", "done", "total", "evaluated", "feasible", "elapsed_s", "best"}
+    done = [x["done"] for x in progress]
+    assert done == sorted(done) and done[-1] == progress[-1]["total"] == result["candidates"]
+    assert progress[-1]["evaluated"] == result["evaluated"]
+    best = progress[-1]["best"]
+    top = result["results"][0]
+    assert best["engine"] == top["engine"] and best["mode"] == top["mode"]
+    assert best["output_tokens_per_s_per_gpu"] == top["answer"]["throughput"]["output_tokens_per_s_per_gpu"]
+    plain = client.post("/v1/serve/search", json=BODY).json()  # the same answer without the stream
+    assert plain["results"] == result["results"] and plain["why"] == result["why"]
+
+
+def test_stream_by_accept_header_and_refusals_before_the_first_byte():
+    client = TestClient(create_app())
+    lines = _stream(client, BODY, headers={"Accept": "application/x-ndjson"})
+    assert lines[-1]["type"] == "result"
+    tight = TestClient(create_app(Settings(max_serve_candidates=5)))
+    r = tight.post("/v1/serve/search", json=BODY, params={"stream": "true"})
+    assert r.status_code == 422 and "COMMPLAN_MAX_SERVE_CANDIDATES" in r.json()["detail"][0]["msg"]
+    r = client.post("/v1/serve/search", json=BODY | {"traffic": {"input_tokens": 0, "output_tokens": 1}},
+                    params={"stream": "true"})  # fmt: skip
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "input_tokens"
+
+
+def test_serve_search_cli_table_and_json():
+    run = [sys.executable, "-m", "app.cli", "serve-search", str(ROOT / "examples/serve-search-llama3-70b.json")]
+    table = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert table.returncode == 0, table.stderr
+    assert "tokens/s/GPU" in table.stdout and "Pareto front" in table.stdout and "bound by" in table.stdout
+    assert "100.0%" in table.stderr  # progress on stderr, on its own line
+    as_json = subprocess.run([*run, "--format", "json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    d = json.loads(as_json.stdout)
+    assert d["results"] and d["results"][0]["meets_sla"]
+    bad = subprocess.run([*run[:-1], "-"], input=json.dumps(BODY | {"engines": ["nope"]}), capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "engines" in bad.stderr
+
+
+def test_client_serve_and_serve_search():
+    with Client(app=create_app()) as cp:
+        one = cp.serve(SERVE)
+        assert isinstance(one, ServeResult) and one.gpus == 16 and one.kv_cache.bytes_per_token == 327_680
+        assert one.pools[0].calls and one.pools[0].calls[0].time_s > 0 and one.kv_transfer is None
+        assert one.throughput.output_tokens_per_s == pytest.approx(one.request_rate * 200)
+        found = cp.serve_search(BODY)
+        assert isinstance(found, ServeSearchResult) and found.results and found.pareto
+        again = cp.serve(found.results[0].request)
+        assert again.throughput == found.results[0].answer.throughput
+        with pytest.raises(CommplanError) as err:
+            cp.serve(SERVE | {"engine": "tensorflow"})
+        assert err.value.status == 422 and err.value.fields == ["engine"]
