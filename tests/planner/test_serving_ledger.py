@@ -171,3 +171,15 @@ def test_redundant_experts_rules(model, redundant, words):
         plan_serving(model, TWO_NODES, engine("vllm"), Traffic(100, 100, concurrency=8), pool,
                      ServeOptions(redundant_experts=redundant))  # fmt: skip
     assert err.value.field == "options.redundant_experts" and words in err.value.rule
+
+
+def test_ep72_all_to_all_blocks_are_equal():
+    """EP 72 (LMSYS's decode pool, 288 expert slots with EPLB): 256 sequences x top-8 rows do not split evenly over
+    72 ranks; the all-to-all's buffer is rounded up to equal blocks (at most 71 bytes) instead of failing to price."""
+    model = with_redundant_experts(DSV3, 32)
+    work = WorkloadSpec(kind="inference", phase="decode", batch_size=256 * 72, context_length=2100,
+                        moe_dispatch_dtype="fp8")  # fmt: skip
+    par = ParallelSpec(dp=72, ep=72, expert_tp=1, ep_dispatch="deepep_ll")
+    rows = _ep_rows(build_plan(model, work, par, cluster_preset("dgx-h100", 9), Options(timeline=False)).calls)
+    exact = 256 * K * (H + H // 128 * 4)
+    assert rows["ep.dispatch.ll"].call.message_bytes == -(-exact // 72) * 72 < exact + 72
