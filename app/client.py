@@ -348,6 +348,10 @@ class Client:
         """POST /v1/serve/search: the best deployments under the request's SLA."""
         return decode(ServeSearchResult, self._post("/v1/serve/search", request).json())
 
+    def serve_calibrate(self, request: JSON) -> JSON:
+        """POST /v1/serve/calibrate: ``constants``, ``options`` to plan with, ``rows`` before and after."""
+        return self._post("/v1/serve/calibrate", request).json()
+
     def presets(self, kind: str = "models") -> JSON:
         return self._request("GET", f"/v1/presets/{kind}").json()
 
@@ -389,6 +393,9 @@ class AsyncClient:
 
     async def serve_search(self, request: JSON) -> ServeSearchResult:
         return decode(ServeSearchResult, (await self._post("/v1/serve/search", request)).json())
+
+    async def serve_calibrate(self, request: JSON) -> JSON:
+        return (await self._post("/v1/serve/calibrate", request)).json()
 
     async def presets(self, kind: str = "models") -> JSON:
         return _check(await self._http.get(f"/v1/presets/{kind}")).json()

@@ -275,6 +275,26 @@ def serve_inputs(body, settings: Settings):
     return model, cluster, traits, traffic, pools, options_
 
 
+def serve_calibrate_inputs(body, settings: Settings) -> tuple[tuple, list]:
+    """calibrate_serving's inputs for a POST /v1/serve/calibrate body: each run parsed (a 422 at
+    ``runs.N.text`` naming what its block lacks) and its traffic planned through serve_inputs, the cost guard
+    included; returns (model, cluster, traits, pools, options) and the runs."""
+    from planner.serving.calibrate import parse_bench
+
+    from .schemas.serve import ServeRequest
+
+    runs = [parse_bench(run.text, f"runs.{i}.text") for i, run in enumerate(body.runs)]
+    blocks = body.model_dump(include={"model", "cluster", "engine", "deployment", "options"}, exclude_unset=True)
+    inputs = None
+    for run in runs:
+        traffic = {k: v for k, v in vars(run.traffic).items() if v is not None}
+        model, cluster, traits, _, pools, options_ = serve_inputs(
+            ServeRequest.model_validate(blocks | {"traffic": traffic}), settings
+        )
+        inputs = (model, cluster, traits, pools, options_)
+    return inputs, runs
+
+
 def serve_search_inputs(body, settings: Settings) -> tuple[dict, dict, int]:
     """search_serving's keyword arguments for a POST /v1/serve/search body, with the deployments it will plan
     counted (once) and within COMMPLAN_MAX_SERVE_CANDIDATES: over it, a 422 before any is planned. Also the
@@ -309,6 +329,7 @@ __all__ = [
     "options",
     "parallel_spec",
     "plan_inputs",
+    "serve_calibrate_inputs",
     "serve_inputs",
     "serve_options",
     "serve_search_inputs",

@@ -155,6 +155,20 @@ def serve_json(plan: ServePlan) -> bytes:
     return _json(serve_dict(plan))
 
 
+def serve_calibration_json(result, options: dict) -> bytes:
+    """The body of POST /v1/serve/calibrate; ``options`` the request's options block as given."""
+    constants = {"prefill_time_scale": result.prefill_time_scale, "decode_time_scale": result.decode_time_scale}
+    return _json(
+        {
+            "constants": constants,
+            "options": options | constants,
+            "rows": result.rows,
+            "median_error_before": result.median_error_before,
+            "median_error_after": result.median_error_after,
+        }
+    )
+
+
 def serve_search_json(result: ServeSearchResult, base: dict, candidates: int) -> bytes:
     return _json(serve_search_dict(result, base, candidates))
 

@@ -8,14 +8,22 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from planner.serving import plan_serving
+from planner.serving.calibrate import calibrate_serving
 from planner.serving.launch import launch_script
 from planner.serving.search import search_serving
 
-from ..convert import serve_inputs, serve_search_inputs
+from ..convert import serve_calibrate_inputs, serve_inputs, serve_search_inputs
 from ..errors import BAD_INPUT
 from ..limits import acquire_slot, run_bounded
-from ..schemas.serve import ServeOut, ServeRequest, ServeSearchOut, ServeSearchRequest
-from ..serialize import serve_json, serve_search_dict, serve_search_json
+from ..schemas.serve import (
+    ServeCalibrateOut,
+    ServeCalibrateRequest,
+    ServeOut,
+    ServeRequest,
+    ServeSearchOut,
+    ServeSearchRequest,
+)
+from ..serialize import serve_calibration_json, serve_json, serve_search_dict, serve_search_json
 from ..streaming import line, ndjson
 from .search import NDJSON, wants_stream
 
@@ -66,6 +74,26 @@ async def serve_search(body: ServeSearchRequest, request: Request, stream: bool 
     def work() -> bytes:
         args, base, count = serve_search_inputs(body, settings)
         return serve_search_json(search_serving(**args), base, count)
+
+    return await run_bounded(request, work)
+
+
+@router.post(
+    "/calibrate",
+    responses=BAD_INPUT,
+    response_model=ServeCalibrateOut,
+    summary="Fit the serving step times to your own benchmark runs",
+    description="Your `vllm bench serve` / `python -m sglang.bench_serving` outputs of this deployment: each run's "
+    "traffic and measured mean TTFT, TPOT and output tokens/s, the planner's prediction before and after, and the "
+    "two constants fitted (prefill_time_scale, decode_time_scale), with the options to post to /v1/serve.",
+)
+async def calibrate(body: ServeCalibrateRequest, request: Request) -> Response:
+    settings = request.app.state.settings
+
+    def work() -> bytes:
+        (model, cluster, traits, pools, options), runs = serve_calibrate_inputs(body, settings)
+        result = calibrate_serving(model, cluster, traits, pools, options, runs)
+        return serve_calibration_json(result, body.options.model_dump(exclude_unset=True))
 
     return await run_bounded(request, work)
 

@@ -72,6 +72,12 @@ class ServeOptionsIn(Strict):
         description="two micro-batches per step, the EP exchange of one behind the other's compute (SGLang "
         "--enable-two-batch-overlap, vLLM --enable-dbo); TensorRT-LLM: a 422",
     )
+    prefill_time_scale: float = Field(
+        default=1.0, ge=0.05, le=20, description="factor on the prefill pass's time (POST /v1/serve/calibrate fits it)"
+    )
+    decode_time_scale: float = Field(
+        default=1.0, ge=0.05, le=20, description="factor on the decode step's time (POST /v1/serve/calibrate fits it)"
+    )
     redundant_experts: int = Field(
         default=0,
         ge=0,
@@ -81,13 +87,18 @@ class ServeOptionsIn(Strict):
     )
 
 
-class ServeRequest(Strict):
+class DeploymentBlocks(Strict):
+    """What /v1/serve and /v1/serve/calibrate share: the model, the cluster, the engine, its pools and options."""
+
     model: ModelIn
     cluster: ClusterIn
     engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
-    traffic: TrafficIn
     deployment: DeploymentIn
     options: ServeOptionsIn = Field(default_factory=ServeOptionsIn)
+
+
+class ServeRequest(DeploymentBlocks):
+    traffic: TrafficIn
 
     model_config = ConfigDict(
         extra="forbid",
@@ -215,3 +226,25 @@ class ServeSearchOut(Out):
     candidates: int
     rejected: dict[str, int]
     why: str
+
+
+class BenchRunIn(Strict):
+    free_text = frozenset({"text"})  # the benchmark's output itself: lines, as it printed them
+    text: str = Field(
+        min_length=1,
+        max_length=200_000,
+        description="the output of one `vllm bench serve` or `python -m sglang.bench_serving` run, as printed (its "
+        "'Serving Benchmark Result' block: requests, tokens, mean TTFT and TPOT, output tokens/s)",
+    )
+
+
+class ServeCalibrateRequest(DeploymentBlocks):
+    runs: list[BenchRunIn] = Field(min_length=1, max_length=16, description="benchmark runs of this deployment")
+
+
+class ServeCalibrateOut(Out):
+    constants: dict[str, float] = Field(description="prefill_time_scale and decode_time_scale")
+    options: dict = Field(description="the request's options with the constants: post them to /v1/serve")
+    rows: list[dict] = Field(description="per run: its traffic, what it measured, the planner before and after")
+    median_error_before: float = Field(description="median |error| of TTFT and TPOT over the runs, before")
+    median_error_after: float

@@ -267,8 +267,9 @@ def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str,
     in flight)."""
     whole = _step(model, w, options, phase, batch, context)
     per_rank = batch // w.par.dp
+    scale = options.prefill_time_scale if phase == "prefill" else options.decode_time_scale
     if not options.two_batch_overlap or per_rank < 2 or whole.step is None:
-        return whole
+        return _calibrated(whole, scale)
     half = _step(model, w, options, phase, -(-per_rank // 2) * w.par.dp, context)
     hidden = sum(
         min(st.exposed_by_stream.get(("ep", "forward"), 0.0), st.compute.forward.total_s) for st in half.step.stages
@@ -284,7 +285,15 @@ def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str,
     )
     twice = [replace(pc, call=replace(pc.call, calls_per_iteration=2 * pc.call.calls_per_iteration))
              for pc in half.calls]  # fmt: skip
-    return replace(whole, calls=twice, step=step)
+    return _calibrated(replace(whole, calls=twice, step=step), scale)
+
+
+def _calibrated(plan: Plan, scale: float) -> Plan:
+    """The step with its time multiplied by the user's calibrated factor (options.*_time_scale; 1: unchanged)."""
+    if scale == 1.0 or plan.step is None:
+        return plan
+    step = plan.step
+    return replace(plan, step=replace(step, time_s=step.time_s * scale, tokens_per_s=step.tokens_per_s / scale))
 
 
 def _prefill(model: ModelSpec, w: _Worker, options: ServeOptions, isl: int) -> tuple[Plan, int]:

@@ -73,6 +73,10 @@ class ServeOptions:
     # EPLB's redundant experts: physical expert slots beyond the model's experts, spread over the EP ranks (vLLM
     # --eplb-config num_redundant_experts, SGLang --ep-num-redundant-experts, TensorRT-LLM num_slots - experts)
     redundant_experts: int = 0
+    # factors on the planner's prefill-pass and decode-step times, fitted from the user's own benchmark runs
+    # (planner/serving/calibrate.py; POST /v1/serve/calibrate); 1: the planner's model as it is
+    prefill_time_scale: float = 1.0
+    decode_time_scale: float = 1.0
 
     @property
     def kv(self) -> str:
@@ -139,6 +143,9 @@ def validate_options(options: ServeOptions) -> None:
         )
     if not 0 <= options.redundant_experts <= 4096:
         raise SpecError("options.redundant_experts", f"must be between 0 and 4,096, got {options.redundant_experts}")
+    for name in ("prefill_time_scale", "decode_time_scale"):
+        if not 0.05 <= getattr(options, name) <= 20:
+            raise SpecError(f"options.{name}", f"must be in [0.05, 20], got {getattr(options, name)}")
     if not 0 <= options.transfer_overhead_s <= 1:
         raise SpecError("options.transfer_overhead_s", f"must be in [0, 1] s, got {options.transfer_overhead_s}")
 

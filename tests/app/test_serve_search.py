@@ -84,3 +84,29 @@ def test_client_serve_and_serve_search():
         with pytest.raises(CommplanError) as err:
             cp.serve(SERVE | {"engine": "tensorflow"})
         assert err.value.status == 422 and err.value.fields == ["engine"]
+
+
+def test_calibrate_over_http_and_plan_with_its_options():
+    """vLLM's documented bench serve output on a Llama 3.1 8B on one H100 worker: the constants, the rows before
+    and after, and options that /v1/serve takes as they are; a block without its numbers is a 422 at runs.0.text."""
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "engine": "vllm",
+        "deployment": {"pools": [{"role": "both", "workers": 1, "tp": 1}]},
+        "runs": [{"text": (ROOT / "tests/reference/serving/vllm-bench-serve-docs.txt").read_text()}],
+    }
+    with Client(app=create_app()) as cp:
+        d = cp.serve_calibrate(body)
+        row = d["rows"][0]
+        assert row["measured"] == {"ttft_s": 0.07154, "tpot_s": 0.00791, "output_tokens_per_s": 382.89}
+        assert set(d["constants"]) == {"prefill_time_scale", "decode_time_scale"}
+        assert d["median_error_after"] <= d["median_error_before"]
+        assert row["after"]["tpot_s"] == pytest.approx(0.00791, rel=0.01)
+        serve = {k: body[k] for k in ("model", "cluster", "engine", "deployment")}
+        again = cp.serve(serve | {"traffic": {"input_tokens": 137, "output_tokens": 221, "concurrency": 10},
+                                  "options": d["options"]})  # fmt: skip
+        assert again.tpot_s == pytest.approx(row["after"]["tpot_s"])
+        with pytest.raises(CommplanError) as err:
+            cp.serve_calibrate(body | {"runs": [{"text": "============ Serving Benchmark Result ====\nfoo: 1"}]})
+        assert err.value.status == 422 and err.value.fields == ["runs.0.text"]
