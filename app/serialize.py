@@ -120,6 +120,7 @@ def serve_dict(plan: ServePlan) -> dict:
         ],
         "kv_transfer": None if transfer is None else {f.name: getattr(transfer, f.name) for f in fields(transfer)},
         "warnings": list(plan.warnings),
+        "cluster": plan.cluster,
     }
 
 

@@ -135,6 +135,10 @@ class KVTransferOut(Out):
     time_s: float
     bottleneck: str
     links: list[dict]
+    devices: list[int] = Field(
+        description="the GPUs of the first prefill worker and of the decode worker it feeds: POST /v1/topology "
+        "with them and `links` draws the transfer"
+    )
 
 
 class PoolOut(Out):
@@ -164,6 +168,7 @@ class ServeOut(Out):
     pools: list[PoolOut]
     kv_transfer: KVTransferOut | None
     warnings: list[str]
+    cluster: dict = Field(description="the cluster as a request block, as /v1/plan answers it")
 
 
 class SLAIn(Strict):

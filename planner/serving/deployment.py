@@ -34,7 +34,7 @@ from ..context import Context
 from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
-from ..plan import Options, Plan, PricedCall, build_plan
+from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
 from .spec import Pool, ServeOptions, Traffic, validate_serving
@@ -54,6 +54,9 @@ class KVTransfer:
     time_s: float
     bottleneck: str
     links: list = field(default_factory=list)
+    # the GPUs of the first prefill worker and of the decode worker it sends to (what the page draws the
+    # transfer's links among: POST /v1/topology with these devices and ``links``)
+    devices: list = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +91,7 @@ class ServePlan:
     kv_transfer: KVTransfer | None
     bottleneck: str
     warnings: list[str] = field(default_factory=list)
+    cluster: dict = field(default_factory=dict)  # the whole cluster as a request block (/v1/plan's cluster block)
 
 
 @dataclass(frozen=True)
@@ -125,13 +129,16 @@ def plan_serving(
     tps = options.mtp.tokens_per_step if options.mtp else 1.0
     warnings: list[str] = []
     if len(pools) == 1:
-        return _aggregated(model, cluster, traits, traffic, pools[0], workers[0], options, tps, warnings)
-    order = {p.role: i for i, p in enumerate(pools)}
-    pre, dec = order["prefill"], order["decode"]
-    return _disaggregated(
-        model, cluster, traits, traffic, (pools[pre], pools[dec]), (workers[pre], workers[dec]), options, tps,
-        warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
-    )  # fmt: skip
+        result = _aggregated(model, cluster, traits, traffic, pools[0], workers[0], options, tps, warnings)
+    else:
+        order = {p.role: i for i, p in enumerate(pools)}
+        pre, dec = order["prefill"], order["decode"]
+        result = _disaggregated(
+            model, cluster, traits, traffic, (pools[pre], pools[dec]), (workers[pre], workers[dec]), options, tps,
+            warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
+        )  # fmt: skip
+    result.cluster = cluster_summary(cluster_for(cluster))
+    return result
 
 
 def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
@@ -568,7 +575,9 @@ def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
     price = price_call(Op.SENDRECV, message, np.array(pairs, dtype=np.int64), whole_cluster, "auto", top_links=3)
     busiest = price.links[0] if price.links else None
     label = _describe(whole_cluster, busiest) if busiest else "none (same device)"
-    return KVTransfer(whole, senders, price.time_s + options.transfer_overhead_s, label, list(price.links))
+    first = pairs[0][1] - (pairs[0][1] - offsets[1]) % d_pool.worker_gpus  # the decode worker prefill worker 0 feeds
+    devices = [*range(offsets[0], offsets[0] + p_pool.worker_gpus), *range(first, first + d_pool.worker_gpus)]
+    return KVTransfer(whole, senders, price.time_s + options.transfer_overhead_s, label, list(price.links), devices)
 
 
 def _describe(cluster, link: dict) -> str:
