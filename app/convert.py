@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+from pydantic import ValidationError
+
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from collectives.topology.fit import Constants, apply_constants
 from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset, with_power_limit
@@ -286,11 +288,14 @@ def serve_calibrate_inputs(body, settings: Settings) -> tuple[tuple, list]:
     runs = [parse_bench(run.text, f"runs.{i}.text") for i, run in enumerate(body.runs)]
     blocks = body.model_dump(include={"model", "cluster", "engine", "deployment", "options"}, exclude_unset=True)
     inputs = None
-    for run in runs:
+    for i, run in enumerate(runs):
         traffic = {k: v for k, v in vars(run.traffic).items() if v is not None}
-        model, cluster, traits, _, pools, options_ = serve_inputs(
-            ServeRequest.model_validate(blocks | {"traffic": traffic}), settings
-        )
+        try:
+            request = ServeRequest.model_validate(blocks | {"traffic": traffic})
+        except ValidationError as err:  # the run's traffic is over what /v1/serve takes
+            first = err.errors(include_url=False)[0]
+            raise SpecError(f"runs.{i}.text", f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        model, cluster, traits, _, pools, options_ = serve_inputs(request, settings)
         inputs = (model, cluster, traits, pools, options_)
     return inputs, runs
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from .._errors import SpecError
 from .deployment import plan_serving
-from .spec import Traffic
+from .spec import Traffic, validate_traffic
 
 HEADER = "Serving Benchmark Result"
 SCALE_RANGE = (0.05, 20.0)
@@ -69,9 +69,12 @@ def parse_bench(text: str, where: str = "text") -> BenchRun:
         for label in labels:
             if label in values:
                 try:
-                    return float(values[label].split("/")[0].replace(",", ""))
+                    value = float(values[label].split("/")[0].replace(",", ""))
                 except ValueError:
                     raise SpecError(where, f"'{label}' is {values[label]!r}, not a number") from None
+                if not 0 <= value < 1e15:
+                    raise SpecError(where, f"'{label}' is {values[label]!r}: not a count or time a run can measure")
+                return value
         raise SpecError(where, f"the summary block has no '{labels[0]}' line")
 
     requests = int(number("Successful requests"))
@@ -79,7 +82,7 @@ def parse_bench(text: str, where: str = "text") -> BenchRun:
         raise SpecError(where, f"'Successful requests' is {requests}: nothing was measured")
     concurrency = _optional(values, ("Maximum request concurrency", "Max request concurrency"), where)
     rate = _optional(values, ("Request rate configured (RPS)", "Traffic request rate"), where)
-    return BenchRun(
+    run = BenchRun(
         tool=tool,
         requests=requests,
         input_tokens=max(1, round(number("Total input tokens") / requests)),
@@ -90,6 +93,11 @@ def parse_bench(text: str, where: str = "text") -> BenchRun:
         concurrency=int(concurrency) if concurrency is not None else None,
         request_rate=rate if concurrency is None else None,
     )
+    try:  # the traffic it stands for must be one /v1/serve takes
+        validate_traffic(run.traffic)
+    except SpecError as err:
+        raise SpecError(where, f"{err.field}: {err.rule}") from None
+    return run
 
 
 def _optional(values: dict, labels: tuple[str, ...], where: str) -> float | None:
@@ -101,7 +109,7 @@ def _optional(values: dict, labels: tuple[str, ...], where: str) -> float | None
             value = float(raw)
         except ValueError:
             raise SpecError(where, f"'{label}' is {raw!r}, not a number") from None
-        return value if math.isfinite(value) and value > 0 else None
+        return value if math.isfinite(value) and 0 < value < 1e9 else None
     return None
 
 

@@ -110,3 +110,29 @@ def test_calibrate_over_http_and_plan_with_its_options():
         with pytest.raises(CommplanError) as err:
             cp.serve_calibrate(body | {"runs": [{"text": "============ Serving Benchmark Result ====\nfoo: 1"}]})
         assert err.value.status == 422 and err.value.fields == ["runs.0.text"]
+
+
+HEAD = "============ Serving Benchmark Result ============\n"
+GOOD = "Total input tokens: 10\nTotal generated tokens: 10\nMean TTFT (ms): 5\nMean TPOT (ms): 5\n" \
+       "Output token throughput (tok/s): 9\n"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [(HEAD + "Successful requests: nan\n", "not a count or time"),
+     (HEAD + "Successful requests: 1e400\n", "not a count or time"),
+     (HEAD + "Successful requests: 2\nTotal input tokens: 100000000000\n" + GOOD.split("\n", 1)[1],
+      "input_tokens: must be between 1 and 2,097,152"),
+     (HEAD + "Successful requests: 2\n" + GOOD + "Max request concurrency: 5000000\n",
+      "concurrency: Input should be less than or equal to 4194304")],
+)  # fmt: skip
+def test_calibrate_refuses_numbers_no_run_measures(text, words):
+    """Hostile or absurd benchmark blocks are 422s at runs.0.text naming the number, never a 500."""
+    client = TestClient(create_app())
+    body = {"model": {"preset": "llama3-8b"}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+            "deployment": {"pools": [{"role": "both", "workers": 1, "tp": 1}]}, "runs": [{"text": text}]}  # fmt: skip
+    r = client.post("/v1/serve/calibrate", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"][-3:] == ["runs", 0, "text"] or detail["loc"][-1] == "text"
+    assert words in detail["msg"]
