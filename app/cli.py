@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
     dep.add_argument("--format", choices=("table", "json", "launch"), default="table")
     dep.add_argument("--model-path", default="", help="launch: what the engine loads (default: the model's name)")
+    dse = sub.add_parser(
+        "serve-search", help="the best serving deployments under an SLA (FILE.json: the body of POST /v1/serve/search)"
+    )
+    dse.add_argument("file", help="path to a JSON serve-search request, or - for standard input")
+    dse.add_argument("--format", choices=("table", "json"), default="table")
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -71,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return _calibrate(args)
     if args.command == "serve-plan":
         return _serve_plan(args)
+    if args.command == "serve-search":
+        return _serve_search(args)
     if args.command in ("search", "sweep"):
         from .search_cli import search_command, sweep_command
 
@@ -154,7 +161,7 @@ def _answer(args, produce) -> int:
 
 def _serve_plan(args) -> int:
     from planner.serving import plan_serving
-    from planner.serving.launch import launch_commands, render
+    from planner.serving.launch import launch_script
 
     from .convert import serve_inputs
     from .schemas.serve import ServeRequest
@@ -166,12 +173,60 @@ def _serve_plan(args) -> int:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
-            path = args.model_path or model.name or "MODEL"
-            return render(launch_commands(path, traits, pools, options, cluster.devices_per_node), traits.label)
+            return launch_script(model, cluster, traits, pools, options, args.model_path)
         result = serve_dict(plan_serving(*inputs))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 
     return _answer(args, produce)
+
+
+def _serve_search(args) -> int:
+    from planner.serving.search import search_serving
+
+    from .convert import serve_search_inputs
+    from .schemas.serve import ServeSearchRequest
+    from .search_cli import Progress
+    from .serialize import serve_search_dict
+
+    def produce(text: str, settings) -> str:
+        kwargs, base, count = serve_search_inputs(ServeSearchRequest.model_validate(json.loads(text)), settings)
+        progress = Progress()
+
+        def bar(state: dict) -> None:
+            best = state["best"]
+            lead = (
+                f"best {best['output_tokens_per_s_per_gpu']:,.0f} tokens/s per GPU"
+                if best
+                else "none meets the SLA yet"
+            )
+            text = f"{100 * state['done'] / state['total']:5.1f}%  {state['evaluated']:,} planned, {lead}"
+            progress.show(text, (10 * state["done"]) // state["total"])
+
+        try:
+            result = serve_search_dict(search_serving(**kwargs, progress=bar), base, count)
+        finally:
+            progress.end()
+        return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_search_table(result)
+
+    return _answer(args, produce)
+
+
+def _serve_search_table(result: dict) -> str:
+    lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments; {result['why']}"]
+    for i, hit in enumerate(result["results"], 1):
+        a = hit["answer"]
+        pools = " + ".join(f"{p['role']} {p['workers']}x{p['gpus'] // max(p['workers'], 1)}" for p in a["pools"])
+        ttft = "unbounded" if a["ttft_s"] is None else human_seconds(a["ttft_s"])
+        lines.append(
+            f"{i:3d}. {hit['engine']:7s} {hit['mode']:14s} {pools:34s} "
+            f"{a['throughput']['output_tokens_per_s_per_gpu']:9,.1f} tokens/s/GPU  "
+            f"{a['throughput']['tokens_per_s_per_user']:7,.1f} tokens/s/user  "
+            f"TTFT {ttft}  TPOT {human_seconds(a['tpot_s'])}"
+        )
+    lines.append(f"Pareto front: {len(result['pareto'])} deployments")
+    if result["rejected"]:
+        lines.append("not planned: " + "; ".join(f"{why} ({n})" for why, n in result["rejected"].items()))
+    return "\n".join(lines) + "\n"
 
 
 def _serve_table(result: dict) -> str:

@@ -172,6 +172,91 @@ class SearchResult:
     raw: JSON = field(default_factory=dict, repr=False, compare=False)
 
 
+@dataclass(frozen=True)
+class Throughput:
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    output_tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+
+
+@dataclass(frozen=True)
+class KVCache:
+    bytes_per_token: int
+    capacity_tokens: int
+    max_concurrency: int
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    bytes_per_request: int
+    time_s: float
+    bottleneck: str
+    senders: int = 1
+
+
+@dataclass(frozen=True)
+class ServePool:
+    role: str
+    gpus: int
+    batch: int
+    step_s: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    calls: list[Call]
+    fits: bool = True
+    prefill_calls: list[Call] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """POST /v1/serve (CONTRACT v1.2): ``ttft_s`` is None when the queue grows without bound."""
+
+    gpus: int
+    ttft_s: float | None
+    tpot_s: float
+    fits: bool
+    throughput: Throughput
+    kv_cache: KVCache
+    pools: list[ServePool]
+    kv_transfer: KVTransfer | None = None
+    bottleneck: str = ""
+    request_rate: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    raw: JSON = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ServeHit:
+    engine: str
+    mode: str
+    request: JSON  # the /v1/serve body that reproduces it
+    meets_sla: bool
+    answer: ServeResult
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    engine: str
+    mode: str
+    request: JSON
+    output_tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    ttft_s: float | None = None
+    tpot_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServeSearchResult:
+    results: list[ServeHit]
+    pareto: list[ParetoPoint]
+    evaluated: int
+    candidates: int
+    rejected: dict[str, int]
+    why: str
+    raw: JSON = field(default_factory=dict, repr=False, compare=False)
+
+
 def decode(cls: type, data: Any) -> Any:
     """``data`` (parsed JSON) as ``cls``: dataclasses by field (unknown keys ignored), lists and optionals inside."""
     if data is None:
@@ -255,6 +340,18 @@ class Client:
         """``fmt``: json | csv | nccl-tests | simai | aicb | trace (params: ``stage``, ``launcher``)."""
         return self._post(f"/v1/plan/export/{fmt}", request, **params).text
 
+    def serve(self, request: JSON) -> ServeResult:
+        """POST /v1/serve: one serving deployment."""
+        return decode(ServeResult, self._post("/v1/serve", request).json())
+
+    def serve_search(self, request: JSON) -> ServeSearchResult:
+        """POST /v1/serve/search: the best deployments under the request's SLA."""
+        return decode(ServeSearchResult, self._post("/v1/serve/search", request).json())
+
+    def serve_calibrate(self, request: JSON) -> JSON:
+        """POST /v1/serve/calibrate: ``constants``, ``options`` to plan with, ``rows`` before and after."""
+        return self._post("/v1/serve/calibrate", request).json()
+
     def presets(self, kind: str = "models") -> JSON:
         return self._request("GET", f"/v1/presets/{kind}").json()
 
@@ -290,6 +387,15 @@ class AsyncClient:
 
     async def export(self, request: JSON, fmt: str, **params: Any) -> str:
         return (await self._post(f"/v1/plan/export/{fmt}", request, **params)).text
+
+    async def serve(self, request: JSON) -> ServeResult:
+        return decode(ServeResult, (await self._post("/v1/serve", request)).json())
+
+    async def serve_search(self, request: JSON) -> ServeSearchResult:
+        return decode(ServeSearchResult, (await self._post("/v1/serve/search", request)).json())
+
+    async def serve_calibrate(self, request: JSON) -> JSON:
+        return (await self._post("/v1/serve/calibrate", request)).json()
 
     async def presets(self, kind: str = "models") -> JSON:
         return _check(await self._http.get(f"/v1/presets/{kind}")).json()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+from pydantic import ValidationError
+
 from collectives.topology import ClusterSpec, cluster_preset, validate_cluster
 from collectives.topology.fit import Constants, apply_constants
 from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset, with_power_limit
@@ -281,14 +283,67 @@ def serve_inputs(body, settings: Settings):
     return model, cluster, traits, traffic, pools, options_
 
 
+def serve_calibrate_inputs(body, settings: Settings) -> tuple[tuple, list]:
+    """calibrate_serving's inputs for a POST /v1/serve/calibrate body: each run parsed (a 422 at
+    ``runs.N.text`` naming what its block lacks) and its traffic planned through serve_inputs, the cost guard
+    included; returns (model, cluster, traits, pools, options) and the runs."""
+    from planner.serving.calibrate import parse_bench
+
+    from .schemas.serve import ServeRequest
+
+    runs = [parse_bench(run.text, f"runs.{i}.text") for i, run in enumerate(body.runs)]
+    blocks = body.model_dump(include={"model", "cluster", "engine", "deployment", "options"}, exclude_unset=True)
+    inputs = None
+    for i, run in enumerate(runs):
+        traffic = {k: v for k, v in vars(run.traffic).items() if v is not None}
+        try:
+            request = ServeRequest.model_validate(blocks | {"traffic": traffic})
+        except ValidationError as err:  # the run's traffic is over what /v1/serve takes
+            first = err.errors(include_url=False)[0]
+            raise SpecError(f"runs.{i}.text", f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        model, cluster, traits, _, pools, options_ = serve_inputs(request, settings)
+        inputs = (model, cluster, traits, pools, options_)
+    return inputs, runs
+
+
+def serve_search_inputs(body, settings: Settings) -> tuple[dict, dict, int]:
+    """search_serving's keyword arguments for a POST /v1/serve/search body, with the deployments it will plan
+    counted (once) and within COMMPLAN_MAX_SERVE_CANDIDATES: over it, a 422 before any is planned. Also the
+    request's model, cluster and options (each result's /v1/serve body starts from them) and the count."""
+    from planner.serving import Traffic, validate_traffic
+    from planner.serving.search import SLA, candidates
+
+    cluster = cluster_spec(body.cluster, settings)
+    model = model_spec(body.model)
+    traffic = Traffic(**body.traffic.model_dump())
+    engines, modes = tuple(dict.fromkeys(body.engines)), tuple(dict.fromkeys(body.modes))
+    validate_traffic(traffic)
+    deployments = candidates(model, cluster, traffic, engines, modes)
+    if len(deployments) > settings.max_serve_candidates:
+        raise SpecError(
+            "cluster",
+            f"{len(deployments):,} deployments to plan, above the limit of {settings.max_serve_candidates:,} "
+            f"(COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or a smaller cluster",
+        )
+    args = {
+        "model": model, "cluster": cluster, "traffic": traffic, "engines": engines, "modes": modes,
+        "sla": SLA(**body.sla.model_dump()), "options": serve_options(body.options), "top_k": body.top_k,
+        "deployments": deployments,
+    }  # fmt: skip
+    base = body.model_dump(include={"model", "cluster", "options"}, exclude_unset=True)
+    return args, base, len(deployments)
+
+
 __all__ = [
     "cluster_spec",
     "model_spec",
     "options",
     "parallel_spec",
     "plan_inputs",
+    "serve_calibrate_inputs",
     "serve_inputs",
     "serve_options",
+    "serve_search_inputs",
     "spec_dict",
     "workload_spec",
 ]

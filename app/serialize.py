@@ -120,6 +120,7 @@ def serve_dict(plan: ServePlan) -> dict:
         ],
         "kv_transfer": None if transfer is None else {f.name: getattr(transfer, f.name) for f in fields(transfer)},
         "warnings": list(plan.warnings),
+        "cluster": plan.cluster,
     }
 
 
@@ -153,6 +154,20 @@ def serve_search_dict(result: ServeSearchResult, base: dict, candidates: int) ->
 def serve_json(plan: ServePlan) -> bytes:
     """The body of POST /v1/serve."""
     return _json(serve_dict(plan))
+
+
+def serve_calibration_json(result, options: dict) -> bytes:
+    """The body of POST /v1/serve/calibrate; ``options`` the request's options block as given."""
+    constants = {"prefill_time_scale": result.prefill_time_scale, "decode_time_scale": result.decode_time_scale}
+    return _json(
+        {
+            "constants": constants,
+            "options": options | constants,
+            "rows": result.rows,
+            "median_error_before": result.median_error_before,
+            "median_error_after": result.median_error_after,
+        }
+    )
 
 
 def serve_search_json(result: ServeSearchResult, base: dict, candidates: int) -> bytes:

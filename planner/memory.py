@@ -369,7 +369,7 @@ def stage_memory(
     held = held_bytes(ctx, stage)
     acts = stage_activation_bytes(ctx, stage, sched)
     if not ctx.training:
-        acts += _kv_cache(ctx, stage)
+        acts += kv_cache_bytes(ctx, stage)
     comm = comm_buffers(calls).get(stage, 0) if comm_buffer is None else comm_buffer
     return StageMemory(
         stage,
@@ -389,7 +389,7 @@ def _largest_unit(params) -> int:
     return max(units.values(), default=0)
 
 
-def _kv_cache(ctx: Context, stage: int) -> int:
+def kv_cache_bytes(ctx: Context, stage: int) -> int:
     """The stage's KV cache; when decoding, a sliding-window layer keeps only its last window of keys
     (model.attended_keys; vLLM's sliding-window KV manager frees the blocks that left the window)."""
     per_layer, layers, m = kv_cache_bytes_per_layer(ctx), ctx.stage_layers[stage], ctx.model
@@ -425,6 +425,7 @@ __all__ = [
     "comm_buffers",
     "freed_activations",
     "held_bytes",
+    "kv_cache_bytes",
     "layer_activations",
     "memory_per_stage",
     "offloaded_bytes",

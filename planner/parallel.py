@@ -19,8 +19,11 @@ FRAMEWORKS = flavours.names()  # the built-in training flavours (planner/flavour
 CP_COMM = ("p2p", "all_gather", "a2a")
 # Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
 # (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep"); deepep_ll:
-# DeepEP's low-latency kernels for decoding (rules/expert.py)
-EP_DISPATCH = ("alltoall", "allgather", "deepep", "deepep_ll")
+# DeepEP's low-latency kernels for decoding (rules/expert.py); the serving engines' own exchanges with
+# data-parallel attention, inference only (rules/engine_gather.py): agrs (vLLM), dp_gather (SGLang), agrs_quant
+# (TensorRT-LLM), replicated (tensor-parallel attention: no MoE collective)
+EP_DISPATCH = ("alltoall", "allgather", "deepep", "deepep_ll", "agrs", "dp_gather", "agrs_quant", "replicated")
+INFERENCE_DISPATCH = ("deepep_ll", "agrs", "dp_gather", "agrs_quant", "replicated")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
@@ -451,10 +454,11 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
 
 
 def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
-    if par.ep_dispatch == "deepep_ll" and w.training:
+    if par.ep_dispatch in INFERENCE_DISPATCH and w.training:
         raise SpecError(
             "parallel.ep_dispatch",
-            "deepep_ll runs DeepEP's low-latency kernels, which serve inference decoding; training uses deepep",
+            f"{par.ep_dispatch} is a serving engine's MoE exchange (deepep_ll: DeepEP's low-latency kernels), "
+            "inference only; training uses alltoall, allgather or deepep",
         )
     seq = (w.seq_length or m.seq_length) if w.training or w.context_length is None else w.context_length
     if w.training or w.phase == "prefill":

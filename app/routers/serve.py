@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
-from planner import SpecError
 from planner.serving import plan_serving
-from planner.serving.launch import launch_commands, render
-from planner.serving.search import SLA, candidates, search_serving
+from planner.serving.calibrate import calibrate_serving
+from planner.serving.launch import launch_script
+from planner.serving.search import search_serving
 
-from ..convert import cluster_spec, model_spec, serve_inputs, serve_options
+from ..convert import serve_calibrate_inputs, serve_inputs, serve_search_inputs
 from ..errors import BAD_INPUT
-from ..limits import run_bounded
-from ..schemas.serve import ServeOut, ServeRequest, ServeSearchOut, ServeSearchRequest
-from ..serialize import serve_json, serve_search_json
+from ..limits import acquire_slot, run_bounded
+from ..schemas.serve import (
+    ServeCalibrateOut,
+    ServeCalibrateRequest,
+    ServeOut,
+    ServeRequest,
+    ServeSearchOut,
+    ServeSearchRequest,
+)
+from ..serialize import serve_calibration_json, serve_json, serve_search_dict, serve_search_json
+from ..streaming import line, ndjson
+from .search import NDJSON, wants_stream
 
 router = APIRouter(prefix="/v1/serve", tags=["serve"])
 
@@ -35,37 +46,54 @@ async def serve(body: ServeRequest, request: Request) -> Response:
 
 @router.post(
     "/search",
-    responses=BAD_INPUT,
+    responses=BAD_INPUT | {200: {"content": {NDJSON: {}}, "description": "with ?stream=true: NDJSON progress"}},
     response_model=ServeSearchOut,
     summary="The best serving deployments under an SLA",
     description="Every engine and mode asked for, each pool's layout and the prefill:decode split, ranked by output "
     "tokens/s per GPU among the deployments that meet the TTFT/TPOT limits, with the Pareto front of tokens/s per "
-    "GPU against tokens/s per user and why the winner wins. Bounded up front (COMMPLAN_MAX_SERVE_CANDIDATES).",
+    "GPU against tokens/s per user and why the winner wins. Bounded up front (COMMPLAN_MAX_SERVE_CANDIDATES). "
+    "`?stream=true` or `Accept: application/x-ndjson` streams progress as /v1/search does: lines "
+    '`{"type": "progress", "done", "total", "evaluated", "feasible", "elapsed_s", "best"}` then '
+    '`{"type": "result", ...}`.',
 )
-async def serve_search(body: ServeSearchRequest, request: Request) -> Response:
+async def serve_search(body: ServeSearchRequest, request: Request, stream: bool = False) -> Response:
+    settings = request.app.state.settings
+    if wants_stream(request, stream):
+        args, base, count = await asyncio.to_thread(serve_search_inputs, body, settings)  # refusals before a byte
+        release = await acquire_slot(request)
+
+        def work(send) -> str:
+            def progress(state: dict) -> None:
+                send(line({"type": "progress", **state}))
+
+            result = search_serving(**args, progress=progress)
+            return line({"type": "result", **serve_search_dict(result, base, count)})
+
+        return StreamingResponse(ndjson(request, work, release), media_type=NDJSON)
+
+    def work() -> bytes:
+        args, base, count = serve_search_inputs(body, settings)
+        return serve_search_json(search_serving(**args), base, count)
+
+    return await run_bounded(request, work)
+
+
+@router.post(
+    "/calibrate",
+    responses=BAD_INPUT,
+    response_model=ServeCalibrateOut,
+    summary="Fit the serving step times to your own benchmark runs",
+    description="Your `vllm bench serve` / `python -m sglang.bench_serving` outputs of this deployment: each run's "
+    "traffic and measured mean TTFT, TPOT and output tokens/s, the planner's prediction before and after, and the "
+    "two constants fitted (prefill_time_scale, decode_time_scale), with the options to post to /v1/serve.",
+)
+async def calibrate(body: ServeCalibrateRequest, request: Request) -> Response:
     settings = request.app.state.settings
 
     def work() -> bytes:
-        from planner.serving import Traffic, validate_traffic
-
-        cluster = cluster_spec(body.cluster, settings)
-        model = model_spec(body.model)
-        traffic = Traffic(**body.traffic.model_dump())
-        engines, modes = tuple(dict.fromkeys(body.engines)), tuple(dict.fromkeys(body.modes))
-        validate_traffic(traffic)
-        count = len(candidates(model, cluster, traffic, engines, modes))
-        if count > settings.max_serve_candidates:
-            raise SpecError(
-                "cluster",
-                f"{count:,} deployments to plan, above the limit of {settings.max_serve_candidates:,} "
-                f"(COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or a smaller cluster",
-            )
-        result = search_serving(
-            model, cluster, traffic, engines, modes, SLA(**body.sla.model_dump()), serve_options(body.options),
-            body.top_k,
-        )  # fmt: skip
-        base = body.model_dump(include={"model", "cluster", "options"}, exclude_unset=True)
-        return serve_search_json(result, base, count)
+        (model, cluster, traits, pools, options), runs = serve_calibrate_inputs(body, settings)
+        result = calibrate_serving(model, cluster, traits, pools, options, runs)
+        return serve_calibration_json(result, body.options.model_dump(exclude_unset=True))
 
     return await run_bounded(request, work)
 
@@ -87,9 +115,7 @@ async def export(
 
     def work() -> bytes:
         model, cluster, traits, _, pools, options = serve_inputs(body, settings)
-        path = model_path or model.name or "MODEL"
-        launches = launch_commands(path, traits, pools, options, cluster.devices_per_node)
-        return render(launches, traits.label).encode()
+        return launch_script(model, cluster, traits, pools, options, model_path).encode()
 
     response = await run_bounded(request, work)
     return Response(

@@ -31,10 +31,15 @@ class PoolIn(Strict):
     dp: int = Field(default=1, ge=1, le=1 << 12, description="attention ranks of one worker")
     ep: int = Degree
     attention_dp: bool = False
-    ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll"] | None = Field(
-        default=None,
-        description="null: the engine's default; deepep: normal kernels, and low-latency ones for decode where the "
-        "engine switches (SGLang --deepep-mode auto)",
+    ep_dispatch: Literal["alltoall", "allgather", "deepep", "deepep_ll", "agrs", "dp_gather", "agrs_quant"] | None = (
+        Field(
+            default=None,
+            description="null: the engine's default (vLLM agrs, SGLang dp_gather, TensorRT-LLM alltoall; none of them "
+            "exchanges tokens when dp is 1); deepep: normal kernels, and low-latency ones for decode where the engine "
+            "switches (SGLang --deepep-mode auto); agrs: vLLM's all-gather of hidden states and router logits + "
+            "reduce-scatter; dp_gather: SGLang's DP-attention gather (MAX_LEN all-gather or SUM_LEN all-reduce); "
+            "agrs_quant: TensorRT-LLM's post-quant all-gather + reduce-scatter",
+        )
     )
     max_batch_tokens: int | None = Field(default=None, ge=1, le=1 << 20, description="null: the engine's default")
 
@@ -62,15 +67,38 @@ class ServeOptionsIn(Strict):
     fp8_recipe: Literal["tensorwise", "blockwise", "delayed", "mxfp8"] = Field(
         default="blockwise", description="the scaling of fp8 weights' GEMMs (DeepSeek-V3: 128x128 blocks)"
     )
+    two_batch_overlap: bool = Field(
+        default=False,
+        description="two micro-batches per step, the EP exchange of one behind the other's compute (SGLang "
+        "--enable-two-batch-overlap, vLLM --enable-dbo); TensorRT-LLM: a 422",
+    )
+    prefill_time_scale: float = Field(
+        default=1.0, ge=0.05, le=20, description="factor on the prefill pass's time (POST /v1/serve/calibrate fits it)"
+    )
+    decode_time_scale: float = Field(
+        default=1.0, ge=0.05, le=20, description="factor on the decode step's time (POST /v1/serve/calibrate fits it)"
+    )
+    redundant_experts: int = Field(
+        default=0,
+        ge=0,
+        le=4096,
+        description="EPLB's redundant expert slots beyond the model's experts, spread over the EP ranks (vLLM "
+        "--eplb-config num_redundant_experts, SGLang --ep-num-redundant-experts, TensorRT-LLM num_slots)",
+    )
 
 
-class ServeRequest(Strict):
+class DeploymentBlocks(Strict):
+    """What /v1/serve and /v1/serve/calibrate share: the model, the cluster, the engine, its pools and options."""
+
     model: ModelIn
     cluster: ClusterIn
     engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
-    traffic: TrafficIn
     deployment: DeploymentIn
     options: ServeOptionsIn = Field(default_factory=ServeOptionsIn)
+
+
+class ServeRequest(DeploymentBlocks):
+    traffic: TrafficIn
 
     model_config = ConfigDict(
         extra="forbid",
@@ -107,6 +135,10 @@ class KVTransferOut(Out):
     time_s: float
     bottleneck: str
     links: list[dict]
+    devices: list[int] = Field(
+        description="the GPUs of the first prefill worker and of the decode worker it feeds: POST /v1/topology "
+        "with them and `links` draws the transfer"
+    )
 
 
 class PoolOut(Out):
@@ -136,6 +168,7 @@ class ServeOut(Out):
     pools: list[PoolOut]
     kv_transfer: KVTransferOut | None
     warnings: list[str]
+    cluster: dict = Field(description="the cluster as a request block, as /v1/plan answers it")
 
 
 class SLAIn(Strict):
@@ -198,3 +231,25 @@ class ServeSearchOut(Out):
     candidates: int
     rejected: dict[str, int]
     why: str
+
+
+class BenchRunIn(Strict):
+    free_text = frozenset({"text"})  # the benchmark's output itself: lines, as it printed them
+    text: str = Field(
+        min_length=1,
+        max_length=200_000,
+        description="the output of one `vllm bench serve` or `python -m sglang.bench_serving` run, as printed (its "
+        "'Serving Benchmark Result' block: requests, tokens, mean TTFT and TPOT, output tokens/s)",
+    )
+
+
+class ServeCalibrateRequest(DeploymentBlocks):
+    runs: list[BenchRunIn] = Field(min_length=1, max_length=16, description="benchmark runs of this deployment")
+
+
+class ServeCalibrateOut(Out):
+    constants: dict[str, float] = Field(description="prefill_time_scale and decode_time_scale")
+    options: dict = Field(description="the request's options with the constants: post them to /v1/serve")
+    rows: list[dict] = Field(description="per run: its traffic, what it measured, the planner before and after")
+    median_error_before: float = Field(description="median |error| of TTFT and TPOT over the runs, before")
+    median_error_after: float

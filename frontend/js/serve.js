@@ -6,6 +6,7 @@ import { $, el, options as fillOptions } from "./dom.js";
 import { esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
+import { drawTopology } from "./topology.js";
 
 const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Number(v); };
 const POOL_FIELDS = ["workers", "tp", "dp", "ep"];
@@ -46,6 +47,7 @@ export function initServe() {
   $("serve-mode").addEventListener("change", syncMode);
   $("serve-run").addEventListener("click", runServe);
   $("serve-search-run").addEventListener("click", runServeSearch);
+  $("serve-draw").addEventListener("click", drawTransfer);
   syncMode();
 }
 
@@ -136,9 +138,24 @@ export function renderServe(d) {
   $("serve-links").replaceChildren(...links);
   $("serve-links").hidden = !links.length;
   $("serve-links-title").hidden = !links.length;
+  $("serve-draw").hidden = !d.kv_transfer;
   $("serve-warnings").replaceChildren(...(d.warnings || []).map((w) => el("li", {}, String(w))));
   $("serve-warnings").hidden = !(d.warnings || []).length;
   $("serve-results").hidden = false;
+}
+
+// the topology view: the first prefill worker's GPUs and the decode worker it feeds (the answer's
+// kv_transfer.devices, highlighted), the links coloured by the KV transfer's own utilisation (kv_transfer.links)
+async function drawTransfer() {
+  const d = state.serve;
+  if (!d || !d.kv_transfer) return;
+  const k = d.kv_transfer, [pre, dec] = d.pools;
+  await drawTopology({ num_groups: 1, placement: { group_devices: k.devices, links: k.links } }, d.cluster);
+  const lead = `The KV transfer: GPUs ${k.devices[0]}-${k.devices[pre.gpus / pre.workers - 1]} are the first prefill worker, `
+    + `${k.devices[pre.gpus / pre.workers]}-${k.devices[k.devices.length - 1]} the decode worker it feeds `
+    + `(${fmtInt(dec.workers)} decode worker${dec.workers > 1 ? "s" : ""} in all); links coloured by the transfer. `;
+  $("topology-note").textContent = lead + $("topology-note").textContent;
+  $("topology").scrollIntoView({ block: "nearest" });
 }
 
 async function runServeSearch() {

@@ -25,7 +25,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, stage_classes
-from . import deepep
+from . import deepep, engine_gather
 
 M = "Megatron-LM d98e8a6 "
 SOURCE = M + "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllTokenDispatcher)"
@@ -115,6 +115,8 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     out = []
     if ctx.par.ep_dispatch == "allgather":
         return _allgather(ctx, layers, "forward")
+    if ctx.par.ep_dispatch in engine_gather.GATHER_DISPATCHES:  # the serving engines' own (inference only)
+        return engine_gather.calls(ctx, layers)
     if _deepep(ctx):  # the layout notification travels inside DeepEP's kernels
         return deepep.calls(ctx, layers, ctx.tokens_local, dispatch_row_bytes(ctx), "forward") + _expert_tp(
             ctx, layers, rows, "forward"
@@ -132,7 +134,7 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
                 name="ep.dispatch",
                 op=Op.ALLTOALL,
                 phase="forward",
-                message=rows * dispatch_row_bytes(ctx),
+                message=equal_blocks(rows * dispatch_row_bytes(ctx), par.ep),
                 count=layers,
                 group=group,
                 source=SOURCE + ("; " + FP8_SCALES if _fp8(ctx) else ""),
@@ -143,7 +145,7 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
                 name="ep.combine",
                 op=Op.ALLTOALL,
                 phase="forward",
-                message=rows * h * ctx.x,
+                message=equal_blocks(rows * h * ctx.x, par.ep),
                 count=layers,
                 group=group,
             ),
@@ -171,7 +173,7 @@ def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
             name="ep.dispatch.ll",
             op=Op.ALLTOALL,
             phase="forward",
-            message_bytes=rows * dispatch_row_bytes(ctx),
+            message_bytes=equal_blocks(rows * dispatch_row_bytes(ctx), ctx.par.ep),
             calls_per_iteration=layers,
             group=group,
             source=DEEPEP_LL_SOURCE + ("; " + FP8_SCALES if _fp8(ctx) else ""),
@@ -183,7 +185,7 @@ def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
             name="ep.combine.ll",
             op=Op.ALLTOALL,
             phase="forward",
-            message_bytes=rows * ctx.model.hidden_size * ctx.x,
+            message_bytes=equal_blocks(rows * ctx.model.hidden_size * ctx.x, ctx.par.ep),
             calls_per_iteration=layers,
             group=group,
             source=DEEPEP_LL_SOURCE,
@@ -192,6 +194,12 @@ def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
             fixed_s=DEEPEP_LL_KERNEL_S,
         ),
     ]
+
+
+def equal_blocks(message: int, ranks: int) -> int:
+    """An all-to-all's send buffer rounded up to equal blocks per rank (what the executable schedules and prices
+    take): at most ranks - 1 bytes more, where the tokens do not split evenly over the EP ranks (EP 72)."""
+    return -(-message // ranks) * ranks
 
 
 def _deepep(ctx: Context) -> bool:

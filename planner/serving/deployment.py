@@ -31,9 +31,10 @@ from collectives.topology import ClusterSpec, cluster_for, price_call
 
 from .._errors import SpecError
 from ..context import Context
+from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
-from ..plan import Options, Plan, PricedCall, build_plan
+from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
 from .spec import Pool, ServeOptions, Traffic, validate_serving
@@ -53,6 +54,9 @@ class KVTransfer:
     time_s: float
     bottleneck: str
     links: list = field(default_factory=list)
+    # the GPUs of the first prefill worker and of the decode worker it sends to (what the page draws the
+    # transfer's links among: POST /v1/topology with these devices and ``links``)
+    devices: list = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +91,7 @@ class ServePlan:
     kv_transfer: KVTransfer | None
     bottleneck: str
     warnings: list[str] = field(default_factory=list)
+    cluster: dict = field(default_factory=dict)  # the whole cluster as a request block (/v1/plan's cluster block)
 
 
 @dataclass(frozen=True)
@@ -118,17 +123,56 @@ def plan_serving(
             f"the pools use {' + '.join(f'{p.workers}x{p.worker_gpus}' for p in pools)} = {used} GPUs; the cluster "
             f"has {cluster.num_devices}",
         )
+    _check_engine_options(model, traits, pools, options)
+    model = with_redundant_experts(model, options.redundant_experts)
     workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
     tps = options.mtp.tokens_per_step if options.mtp else 1.0
     warnings: list[str] = []
     if len(pools) == 1:
-        return _aggregated(model, cluster, traits, traffic, pools[0], workers[0], options, tps, warnings)
-    order = {p.role: i for i, p in enumerate(pools)}
-    pre, dec = order["prefill"], order["decode"]
-    return _disaggregated(
-        model, cluster, traits, traffic, (pools[pre], pools[dec]), (workers[pre], workers[dec]), options, tps,
-        warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
-    )  # fmt: skip
+        result = _aggregated(model, cluster, traits, traffic, pools[0], workers[0], options, tps, warnings)
+    else:
+        order = {p.role: i for i, p in enumerate(pools)}
+        pre, dec = order["prefill"], order["decode"]
+        result = _disaggregated(
+            model, cluster, traits, traffic, (pools[pre], pools[dec]), (workers[pre], workers[dec]), options, tps,
+            warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
+        )  # fmt: skip
+    result.cluster = cluster_summary(cluster_for(cluster))
+    return result
+
+
+def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
+    if options.two_batch_overlap and traits.two_batch_overlap_flag is None:
+        raise SpecError(
+            "options.two_batch_overlap",
+            f"{traits.label} has no two-batch overlap switch this planner models (SGLang --enable-two-batch-overlap, "
+            "vLLM --enable-dbo)",
+        )
+    r = options.redundant_experts
+    if not r:
+        return
+    if model.moe is None:
+        raise SpecError("options.redundant_experts", f"{r} redundant experts need an MoE model; this one is dense")
+    slots = model.moe.num_experts + r
+    for i, pool in enumerate(pools):
+        if pool.ep > 1 and slots % pool.ep:
+            raise SpecError(
+                "options.redundant_experts",
+                f"{model.moe.num_experts} experts + {r} redundant = {slots} expert slots do not divide over "
+                f"pool {i}'s ep {pool.ep}",
+            )
+
+
+def with_redundant_experts(model: ModelSpec, redundant: int) -> ModelSpec:
+    """EPLB's physical experts: the model's experts plus ``redundant`` replicas of the busiest, as slots spread
+    evenly over the EP ranks (vllm/distributed/eplb, n_physical_experts = n_logical + n_redundant; SGLang
+    --ep-num-redundant-experts; TensorRT-LLM MoeLoadBalancer num_slots). Each slot holds one expert's weights and
+    takes its share of the tokens: planned as a model with that many experts (the replicas split their expert's
+    load, which under the planner's uniform routing is what every slot gets; the router's logits stay E wide
+    in the engines, here they are E + R wide, R/E of a tiny GEMM)."""
+    if not redundant or model.moe is None:
+        return model
+    return replace(model, moe=replace(model.moe, num_experts=model.moe.num_experts + redundant))
 
 
 # ---- one worker ------------------------------------------------------------------------------------------
@@ -159,6 +203,11 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
             f"a worker's tp*pp*dp = {pool.tp}*{pool.pp}*{pool.dp} = {n} GPUs must fill whole nodes of {per_node} "
             f"or divide one",
         )
+    if pool.dp == 1 and pool.ep > 1:
+        # tensor-parallel attention: every EP rank holds every token, so no engine issues a MoE collective (the TP
+        # all-reduce sums the experts' output): vLLM all2all kernels need dp > 1, TensorRT-LLM's
+        # communication_factory returns None without attention DP, SGLang gathers only with DP attention
+        dispatch = "replicated"
     par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=1, ep_dispatch=dispatch)
     try:  # the layout's own rules (heads by tp, experts by ep, layers by pp), named at the pool's fields
         validate_parallel(par, model, WorkloadSpec(kind="inference", batch_size=pool.dp), n)
@@ -175,8 +224,10 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     """(role, workload, parallel, cluster, plans) of every pool's worker as plan_serving plans it: what the
     cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans)."""
     validate_serving(traffic, pools, options)
+    _check_engine_options(model, traits, pools, options)
+    model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
-    plans = 3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS
+    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (2 if options.two_batch_overlap else 1)
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
@@ -211,43 +262,94 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     return build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
 
 
+def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
+    """A step as the engine runs it: one pass, or with ``options.two_batch_overlap`` two micro-batches of half the
+    sequences each (at least one per attention rank), the EP exchange of one behind the other's compute
+    (SGLang two_batch_overlap.py; vLLM dual batch overlap; the DeepSeek-V3 report's decode overlap, §3.4).
+
+    Time: each half is the planner's step at half the batch; run back to back, the two take twice that, less
+    what overlaps: on each stage, per half, the smaller of its exposed EP time and its compute (the other half's
+    compute hides the exchange; the first dispatch and last combine of a step, 1/layers of it, are not hidden: an
+    under-estimate). The calls are the half step's, issued twice; memory is the whole batch's (both halves are
+    in flight)."""
+    whole = _step(model, w, options, phase, batch, context)
+    per_rank = batch // w.par.dp
+    scale = options.prefill_time_scale if phase == "prefill" else options.decode_time_scale
+    if not options.two_batch_overlap or per_rank < 2 or whole.step is None:
+        return _calibrated(whole, scale)
+    half = _step(model, w, options, phase, -(-per_rank // 2) * w.par.dp, context)
+    hidden = sum(
+        min(st.exposed_by_stream.get(("ep", "forward"), 0.0), st.compute.forward.total_s) for st in half.step.stages
+    )
+    time_s = 2 * (half.step.time_s - hidden)
+    step = replace(
+        half.step,
+        time_s=time_s,
+        compute_s=2 * half.step.compute_s,
+        exposed_comm_s=2 * (half.step.exposed_comm_s - hidden),
+        mfu=whole.step.mfu * whole.step.time_s / time_s,
+        tokens_per_s=whole.step.tokens_per_s * whole.step.time_s / time_s,
+    )
+    twice = [replace(pc, call=replace(pc.call, calls_per_iteration=2 * pc.call.calls_per_iteration))
+             for pc in half.calls]  # fmt: skip
+    return _calibrated(replace(whole, calls=twice, step=step), scale)
+
+
+def _calibrated(plan: Plan, scale: float) -> Plan:
+    """The step with its time multiplied by the user's calibrated factor (options.*_time_scale; 1: unchanged)."""
+    if scale == 1.0 or plan.step is None:
+        return plan
+    step = plan.step
+    return replace(plan, step=replace(step, time_s=step.time_s * scale, tokens_per_s=step.tokens_per_s / scale))
+
+
 def _prefill(model: ModelSpec, w: _Worker, options: ServeOptions, isl: int) -> tuple[Plan, int]:
     """The prefill pass of as many prompts per attention rank as the batch-token budget takes (at least one;
     a longer prompt is prefilled in chunks whose attention adds up to the whole prompt's)."""
     per_rank = max(1, w.batch_tokens // isl)
     batch = per_rank * w.par.dp
-    return _step(model, w, options, "prefill", batch, isl), batch
+    return _overlapped(model, w, options, "prefill", batch, isl), batch
 
 
 def _decode(model: ModelSpec, w: _Worker, options: ServeOptions, batch: int, context: int, draft: int) -> Plan:
     """A decode step of ``batch`` sequences (rounded up to whole attention ranks); with ``draft`` speculative
     tokens each sequence verifies 1 + draft tokens, priced as that many sequences' GEMMs and calls."""
     per_rank = max(1, math.ceil(batch / w.par.dp))
-    return _step(model, w, options, "decode", per_rank * w.par.dp * (1 + draft), context)
+    return _overlapped(model, w, options, "decode", per_rank * w.par.dp * (1 + draft), context)
 
 
 # ---- memory --------------------------------------------------------------------------------------------
 
 
 def kv_capacity(
-    model: ModelSpec, w: _Worker, plan: Plan, prefill: Plan, prefill_tokens: int, options: ServeOptions, traits
+    model: ModelSpec,
+    w: _Worker,
+    plan: Plan,
+    largest: Plan,
+    counted: tuple[str, int, int],
+    request_tokens: int,
+    options: ServeOptions,
+    traits: EngineTraits,
 ) -> int:
     """Tokens of KV one worker holds: per attention rank, what the engine's memory share leaves after the
-    weights, the largest prefill pass's activations and the buffers, over the rank's KV bytes per token;
-    pipeline stages share a token, so the tightest stage decides; attention ranks each hold their own."""
+    weights (``plan``, a decode step), the activations of ``largest`` (the largest pass the worker runs, without
+    the KV it counted itself: ``counted`` = its phase, batch and context) and the larger of the two passes'
+    buffers, over the KV one request of ``request_tokens``
+    keeps, per token. Both KV amounts are the planner's memory rule (memory.kv_cache_bytes: a sliding-window
+    layer keeps only its window when decoding). Pipeline stages share a request, so the tightest stage decides;
+    attention ranks each hold their own."""
     gpu = w.cluster.gpu
     budget = gpu.hbm_bytes * traits.memory_fraction
-    kv_x = DTYPE_BYTES[options.kv]
+    par = w.decode_par
+    own = Context(model, _work(options, *counted), w.par if counted[0] == "prefill" else par,
+                  devices_per_node=w.cluster.devices_per_node)  # fmt: skip
+    one = Context(model, _work(options, "decode", par.dp, request_tokens), par,
+                  devices_per_node=w.cluster.devices_per_node)  # fmt: skip
     tokens = math.inf
-    ctx = Context(
-        model, _work(options, "decode", w.par.dp, 1), w.decode_par, devices_per_node=w.cluster.devices_per_node
-    )
-    for st, pre in zip(plan.memory.per_stage, prefill.memory.per_stage, strict=True):
-        layers = len(ctx.stage_layers[st.stage])  # the planner's own split of the layers over the stages
-        per_token = layers * model.kv_token_bytes(w.par.tp, kv_x)
-        prefill_kv = per_token * prefill_tokens  # the pass's own KV, counted in its activations
-        activations = max(0, pre.activations_bytes - prefill_kv)
-        free = budget - st.params_bytes - activations - max(st.buffers_bytes, pre.buffers_bytes)
+    for st, big in zip(plan.memory.per_stage, largest.memory.per_stage, strict=True):
+        per_token = kv_cache_bytes(one, st.stage) / request_tokens
+        activations = max(0, big.activations_bytes - kv_cache_bytes(own, st.stage))
+        free = budget - st.params_bytes - activations - max(st.buffers_bytes, big.buffers_bytes)
         tokens = min(tokens, free / per_token if per_token else math.inf)
     return max(0, int(tokens)) * w.par.dp if math.isfinite(tokens) else 0
 
@@ -260,7 +362,7 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
     prefill, n_pre = _prefill(model, w, options, isl)
     t_p = prefill.step.time_s
     probe = _decode(model, w, options, 1, isl + osl // 2, 0)
-    capacity = kv_capacity(model, w, probe, prefill, n_pre // w.par.dp * isl, options, traits)
+    capacity = kv_capacity(model, w, probe, prefill, ("prefill", n_pre, isl), isl + osl, options, traits)
     max_conc = capacity // (isl + osl)
     batch, decode = _decode_batch(model, w, options, traffic, pool.workers, max_conc, t_p, tps, warnings)
     t_d = decode.step.time_s * _mtp_overhead(model, options)
@@ -308,7 +410,8 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     t_p = prefill.step.time_s
     r_p = p_pool.workers * n_pre / t_p  # requests/s the prefill pool can serve
     probe = _decode(model, d_w, options, 1, isl + osl // 2, 0)
-    capacity = kv_capacity(model, d_w, probe, probe, isl + osl // 2, options, traits)
+    counted = ("decode", d_w.par.dp, isl + osl // 2)
+    capacity = kv_capacity(model, d_w, probe, probe, counted, isl + osl, options, traits)
     max_conc = capacity // (isl + osl)
     batch, decode = _decode_batch(model, d_w, options, traffic, d_pool.workers, max_conc, t_p, tps, warnings)
     t_d = decode.step.time_s * _mtp_overhead(model, options)
@@ -472,7 +575,9 @@ def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
     price = price_call(Op.SENDRECV, message, np.array(pairs, dtype=np.int64), whole_cluster, "auto", top_links=3)
     busiest = price.links[0] if price.links else None
     label = _describe(whole_cluster, busiest) if busiest else "none (same device)"
-    return KVTransfer(whole, senders, price.time_s + options.transfer_overhead_s, label, list(price.links))
+    first = pairs[0][1] - (pairs[0][1] - offsets[1]) % d_pool.worker_gpus  # the decode worker prefill worker 0 feeds
+    devices = [*range(offsets[0], offsets[0] + p_pool.worker_gpus), *range(first, first + d_pool.worker_gpus)]
+    return KVTransfer(whole, senders, price.time_s + options.transfer_overhead_s, label, list(price.links), devices)
 
 
 def _describe(cluster, link: dict) -> str:

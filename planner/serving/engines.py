@@ -27,6 +27,11 @@ class EngineTraits:
     # DeepEP's mode switch: with "deepep", decode steps run the low-latency kernels (deepep_ll) and prefill the
     # normal ones; False: the mode asked for runs in both phases
     deepep_low_latency_decode: bool = False
+    # the flag that runs two micro-batches per step with the EP exchange of one behind the other's compute; None:
+    # the engine has none this planner models (options.two_batch_overlap is a 422 there)
+    two_batch_overlap_flag: str | None = None
+    # the flag that adds EPLB's redundant experts (options.redundant_experts)
+    redundant_experts_flag: str | None = None
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -41,12 +46,10 @@ VLLM = register(
     EngineTraits(
         "vllm",
         "vLLM",
-        # --all2all-backend allgather_reducescatter, vLLM's default (vllm/distributed/device_communicators/
-        # all2all.py AgRsAll2AllManager): all-gather the tokens before the experts, reduce-scatter after, as the
-        # planner's all-gather dispatcher does (it does not add the router logits vLLM gathers too: E values per
-        # token beside h, 3.6% more for DeepSeek-V3)
-        ep_dispatch="allgather",
-        ep_dispatches=("allgather", "alltoall", "deepep", "deepep_ll"),
+        # --all2all-backend allgather_reducescatter, vLLM's default: all_gatherv of the hidden states and the router
+        # logits over the DP group before the experts, reduce_scatterv after (rules/engine_gather.py "agrs")
+        ep_dispatch="agrs",
+        ep_dispatches=("agrs", "alltoall", "deepep", "deepep_ll"),
         # vllm/engine/arg_utils.py: default max_num_batched_tokens 8192 for the OpenAI API server (chunked
         # prefill on); vllm/config/cache.py: gpu_memory_utilization 0.9, block_size 16
         max_batch_tokens=8192,
@@ -54,16 +57,19 @@ VLLM = register(
         page_tokens=16,
         attention_dp=True,
         sources=("vllm/engine/arg_utils.py", "vllm/config/cache.py", "docs.vllm.ai expert_parallel_deployment"),
+        # vllm/config/parallel.py: enable_dbo (dual batch overlap, off), EPLBConfig.num_redundant_experts (0)
+        two_batch_overlap_flag="--enable-dbo",
+        redundant_experts_flag="--eplb-config",
     )
 )
 SGLANG = register(
     EngineTraits(
         "sglang",
         "SGLang",
-        # without --moe-a2a-backend, DP attention gathers every rank's tokens before the MoE and scatters after
-        # (python/sglang/srt/layers/dp_attention.py): priced as the all-gather dispatcher
-        ep_dispatch="allgather",
-        ep_dispatches=("allgather", "alltoall", "deepep", "deepep_ll"),
+        # without --moe-a2a-backend, DP attention gathers every rank's tokens before the MoE (MAX_LEN all-gather or
+        # SUM_LEN all-reduce, as dp_attention.py chooses) and scatters after (rules/engine_gather.py "dp_gather")
+        ep_dispatch="dp_gather",
+        ep_dispatches=("dp_gather", "alltoall", "deepep", "deepep_ll"),
         # python/sglang/srt/server_args.py: chunked_prefill_size 8192 on 80-96 GB GPUs; mem_fraction_static
         # about 0.88 there (it is derived from the GPU's memory and TP size); page_size 1
         max_batch_tokens=8192,
@@ -74,14 +80,19 @@ SGLANG = register(
         # --deepep-mode auto (the default): low_latency for decode batches, normal for prefill
         # (python/sglang/srt/layers/moe/utils.py DeepEPMode.resolve)
         deepep_low_latency_decode=True,
+        # python/sglang/srt/server_args.py: enable_two_batch_overlap False, ep_num_redundant_experts 0
+        two_batch_overlap_flag="--enable-two-batch-overlap",
+        redundant_experts_flag="--ep-num-redundant-experts",
     )
 )
 TRTLLM = register(
     EngineTraits(
         "trtllm",
         "TensorRT-LLM",
+        # communication_factory.py (03c36d6222ad): NVLink one-/two-sided all-to-all first, NCCL-EP, DeepEP, then the
+        # post-quant all-gather + reduce-scatter ("agrs_quant"), forced when MoE TP > 1 or experts % EP != 0
         ep_dispatch="alltoall",
-        ep_dispatches=("allgather", "alltoall", "deepep", "deepep_ll"),
+        ep_dispatches=("alltoall", "agrs_quant", "deepep", "deepep_ll"),
         # tensorrt_llm/llmapi/llm_args.py: max_num_tokens 8192; KvCacheConfig free_gpu_memory_fraction 0.9 of
         # the memory left after weights; tokens_per_block 32
         max_batch_tokens=8192,
@@ -91,6 +102,8 @@ TRTLLM = register(
         sources=("tensorrt_llm/llmapi/llm_args.py", "_torch/modules/fused_moe/communication/communication_factory.py"),
         # communication_factory.py: DeepEPLowLatency for generation when DeepEP is selected
         deepep_low_latency_decode=True,
+        # _torch/modules/fused_moe/moe_load_balancer.py: num_slots = experts + redundant (extra_llm_api_options)
+        redundant_experts_flag="moe_config.load_balancer.num_slots",
     )
 )
 

@@ -7,15 +7,16 @@ Flag names and where they come from:
 - vLLM 0.14 (`vllm serve --help`, docs.vllm.ai serving/expert_parallel_deployment): --tensor-parallel-size,
   --pipeline-parallel-size, --data-parallel-size, --enable-expert-parallel, --all2all-backend
   (deepep_high_throughput | deepep_low_latency), --max-num-batched-tokens, --gpu-memory-utilization,
-  --kv-cache-dtype, --enforce-eager, --speculative-config, --kv-transfer-config (NixlConnector).
+  --kv-cache-dtype, --enforce-eager, --speculative-config, --kv-transfer-config (NixlConnector), --enable-dbo,
+  --enable-eplb with --eplb-config num_redundant_experts.
 - SGLang 0.5 (python/sglang/srt/server_args.py): --model-path, --tp-size (the worker's GPUs with DP attention),
   --dp-size, --enable-dp-attention, --ep-size, --pp-size, --moe-a2a-backend deepep, --deepep-mode
   (auto | normal | low_latency), --chunked-prefill-size, --mem-fraction-static, --kv-cache-dtype,
   --disable-cuda-graph, --disaggregation-mode, --speculative-algorithm / --speculative-num-steps,
-  --nnodes / --node-rank / --dist-init-addr.
+  --nnodes / --node-rank / --dist-init-addr, --enable-two-batch-overlap, --enable-eplb, --ep-num-redundant-experts.
 - TensorRT-LLM 1.2 (`trtllm-serve --help`, tensorrt_llm/llmapi/llm_args.py): --tp_size, --pp_size, --ep_size,
   --max_num_tokens, --kv_cache_free_gpu_memory_fraction; attention-DP and speculative decoding through
-  --extra_llm_api_options (enable_attention_dp, speculative_config).
+  --extra_llm_api_options (enable_attention_dp, speculative_config, moe_config.load_balancer.num_slots).
 """
 
 from __future__ import annotations
@@ -45,25 +46,35 @@ class Launch:
 
 
 def launch_commands(
-    model_path: str, traits: EngineTraits, pools: tuple[Pool, ...], options: ServeOptions, devices_per_node: int
+    model_path: str,
+    traits: EngineTraits,
+    pools: tuple[Pool, ...],
+    options: ServeOptions,
+    devices_per_node: int,
+    num_experts: int = 0,
 ) -> list[Launch]:
+    """``num_experts``: the model's routed experts (TensorRT-LLM counts EPLB slots, not redundant experts)."""
     out = []
     for pool in pools:
-        command = _COMMANDS[traits.name](model_path, traits, pool, options, len(pools) > 1, devices_per_node)
+        command = _COMMANDS[traits.name](
+            model_path, traits, pool, options, len(pools) > 1, devices_per_node, num_experts
+        )
         nodes = max(1, -(-pool.worker_gpus // devices_per_node))
         for w in range(pool.workers):
             out.append(Launch(pool.role, w, nodes, command))
     return out
 
 
-def _vllm(model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int) -> Command:
+def _vllm(
+    model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
+) -> Command:
     argv = ["vllm", "serve", model, "--tensor-parallel-size", str(pool.tp), "--pipeline-parallel-size", str(pool.pp)]
     if pool.dp > 1:
         argv += ["--data-parallel-size", str(pool.dp)]
     if pool.ep > 1:
         argv.append("--enable-expert-parallel")
         backend = {
-            "allgather": "allgather_reducescatter",
+            "agrs": "allgather_reducescatter",
             "deepep": "deepep_high_throughput",
             "deepep_ll": "deepep_low_latency",
         }.get(pool.ep_dispatch or "")
@@ -80,6 +91,10 @@ def _vllm(model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, d
             "--speculative-config",
             json.dumps({"method": "mtp", "num_speculative_tokens": options.mtp.draft_tokens}),
         ]
+    if options.two_batch_overlap:
+        argv.append("--enable-dbo")
+    if options.redundant_experts:
+        argv += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": options.redundant_experts})]
     if disagg:
         argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
     if pool.worker_gpus > per_node:  # multi-node data parallelism: each node runs its share of the DP ranks
@@ -90,7 +105,7 @@ def _vllm(model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, d
 
 
 def _sglang(
-    model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int
+    model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
 ) -> Command:
     tp = pool.tp * pool.dp if pool.attention_dp else pool.tp
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(tp)]
@@ -111,6 +126,10 @@ def _sglang(
         argv.append("--disable-cuda-graph")
     if options.mtp:
         argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(options.mtp.draft_tokens)]
+    if options.two_batch_overlap:
+        argv.append("--enable-two-batch-overlap")
+    if options.redundant_experts:
+        argv += ["--enable-eplb", "--ep-num-redundant-experts", str(options.redundant_experts)]
     if disagg:
         argv += ["--disaggregation-mode", pool.role]
     return Command(
@@ -119,7 +138,7 @@ def _sglang(
 
 
 def _trtllm(
-    model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int
+    model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
 ) -> Command:
     argv = [
         "trtllm-serve",
@@ -142,6 +161,8 @@ def _trtllm(
         extra["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": options.mtp.draft_tokens}
     if not options.cuda_graphs:
         extra["cuda_graph_config"] = None
+    if options.redundant_experts:
+        extra["moe_config"] = {"load_balancer": {"num_slots": num_experts + options.redundant_experts}}
     if not extra:
         return Command(tuple(argv))
     name = f"extra-llm-api-{pool.role}.yml"  # JSON is YAML
@@ -149,6 +170,16 @@ def _trtllm(
 
 
 _COMMANDS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm}
+
+
+def launch_script(
+    model, cluster, traits: EngineTraits, pools: tuple[Pool, ...], options: ServeOptions, path: str
+) -> str:
+    """The deployment's launch script (what POST /v1/serve/export and ``commplan serve-plan --format launch``
+    return): ``path`` is what the engine loads, the model's name when empty."""
+    experts = model.moe.num_experts if model.moe else 0
+    launches = launch_commands(path or model.name or "MODEL", traits, pools, options, cluster.devices_per_node, experts)
+    return render(launches, traits.label)
 
 
 def render(launches: list[Launch], engine_label: str) -> str:
@@ -176,4 +207,4 @@ def render(launches: list[Launch], engine_label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Launch", "launch_commands", "render"]
+__all__ = ["Launch", "launch_commands", "launch_script", "render"]

@@ -12,9 +12,11 @@ refuses a space over its limit. Worker step plans are memoised on value keys ins
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from .. import deadline
 from .._errors import SpecError
 from ..model import ModelSpec
 from .deployment import ServePlan, plan_serving
@@ -23,6 +25,7 @@ from .spec import Pool, ServeOptions, Traffic, validate_options, validate_traffi
 
 MODES = ("aggregated", "disaggregated")
 LOAD_FRACTIONS = (1.0, 0.5, 0.25)  # the traffic's concurrency, and lighter loads, for the Pareto front
+PROGRESS_EVERY_S = 0.25  # progress states at most this often (streamed as NDJSON lines)
 
 
 @dataclass(frozen=True)
@@ -138,8 +141,14 @@ def search_serving(
     sla: SLA,
     options: ServeOptions | None = None,
     top_k: int = 10,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[dict], None] | None = None,
+    deployments: list[tuple[str, str, tuple[Pool, ...]]] | None = None,
 ) -> ServeSearchResult:
+    """``deployments``: the ``candidates`` list when the caller already built it (to bound the search).
+    ``progress`` gets, at most every PROGRESS_EVERY_S and once at the end, the state /v1/search streams:
+    ``{done, total, evaluated, feasible, elapsed_s, best}`` (deployments planned, of how many; plans made;
+    those that meet the SLA at the traffic's load; the best of them so far). Each deployment checks the
+    request's deadline (planner.deadline), so a client that leaves stops the search."""
     options = options or ServeOptions()
     validate_traffic(traffic)
     validate_options(options)
@@ -147,10 +156,13 @@ def search_serving(
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
     traits: dict[str, EngineTraits] = {name: engine(name) for name in engines}
-    plan_list = candidates(model, cluster, traffic, engines, modes)
+    plan_list = deployments if deployments is not None else candidates(model, cluster, traffic, engines, modes)
     tried: list[Candidate] = []
     rejected: dict[str, int] = {}
+    start = last = time.monotonic()
+    best: Candidate | None = None
     for i, (name, mode, pools) in enumerate(plan_list):
+        deadline.check()
         for fraction in LOAD_FRACTIONS:
             load = _scaled(traffic, fraction)
             try:
@@ -161,14 +173,26 @@ def search_serving(
             if not plan.fits:
                 rejected["does not fit in memory"] = rejected.get("does not fit in memory", 0) + 1
                 break
-            tried.append(Candidate(name, mode, pools, load, plan, sla.met(plan)))
-        if progress:
-            progress(i + 1, len(plan_list))
+            found = Candidate(name, mode, pools, load, plan, sla.met(plan))
+            tried.append(found)
+            if found.meets_sla and load == traffic and (best is None or found.per_gpu > best.per_gpu):
+                best = found
+        now = time.monotonic()
+        if progress and (now - last >= PROGRESS_EVERY_S or i + 1 == len(plan_list)):
+            last = now
+            feasible = sum(c.meets_sla and c.traffic == traffic for c in tried)
+            progress({"done": i + 1, "total": len(plan_list), "evaluated": len(tried), "feasible": feasible,
+                      "elapsed_s": now - start, "best": best and _brief(best)})  # fmt: skip
     at_load = [c for c in tried if c.traffic == traffic]
     ranked = sorted((c for c in at_load if c.meets_sla), key=lambda c: (-c.per_gpu, -c.per_user))
     front = pareto_front(tried)
     why = _why(ranked[0], at_load) if ranked else _miss(at_load, sla)
     return ServeSearchResult(ranked[:top_k], front, len(tried), rejected, why)
+
+
+def _brief(c: Candidate) -> dict:
+    return {"engine": c.engine, "mode": c.mode, "deployment": " + ".join(_label(p) for p in c.pools),
+            "output_tokens_per_s_per_gpu": c.per_gpu, "tokens_per_s_per_user": c.per_user}  # fmt: skip
 
 
 def _scaled(traffic: Traffic, fraction: float) -> Traffic:

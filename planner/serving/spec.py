@@ -67,6 +67,16 @@ class ServeOptions:
     # the GEMMs of fp8 weights (planner/recipes.py): DeepSeek-V3's checkpoints and the engines' DeepGEMM /
     # CUTLASS kernels scale 128x128 blocks (DeepSeek-V3 report §3.3); per-tensor checkpoints: "tensorwise"
     fp8_recipe: str = "blockwise"
+    # two micro-batches per step, the EP exchange of one behind the other's compute (SGLang
+    # --enable-two-batch-overlap, vLLM --enable-dbo; both off by default): deployment._two_batch
+    two_batch_overlap: bool = False
+    # EPLB's redundant experts: physical expert slots beyond the model's experts, spread over the EP ranks (vLLM
+    # --eplb-config num_redundant_experts, SGLang --ep-num-redundant-experts, TensorRT-LLM num_slots - experts)
+    redundant_experts: int = 0
+    # factors on the planner's prefill-pass and decode-step times, fitted from the user's own benchmark runs
+    # (planner/serving/calibrate.py; POST /v1/serve/calibrate); 1: the planner's model as it is
+    prefill_time_scale: float = 1.0
+    decode_time_scale: float = 1.0
 
     @property
     def kv(self) -> str:
@@ -131,6 +141,11 @@ def validate_options(options: ServeOptions) -> None:
         raise SpecError(
             "options.fp8_recipe", f"must be tensorwise, blockwise, delayed or mxfp8, got {options.fp8_recipe!r}"
         )
+    if not 0 <= options.redundant_experts <= 4096:
+        raise SpecError("options.redundant_experts", f"must be between 0 and 4,096, got {options.redundant_experts}")
+    for name in ("prefill_time_scale", "decode_time_scale"):
+        if not 0.05 <= getattr(options, name) <= 20:
+            raise SpecError(f"options.{name}", f"must be in [0.05, 20], got {getattr(options, name)}")
     if not 0 <= options.transfer_overhead_s <= 1:
         raise SpecError("options.transfer_overhead_s", f"must be in [0, 1] s, got {options.transfer_overhead_s}")
 

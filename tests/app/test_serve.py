@@ -215,3 +215,49 @@ def test_launch_export_flags_by_engine(api):
     assert "--tp-size 32 --dp-size 32 --enable-dp-attention" in prefill and "--ep-size 32" in prefill
     assert "--moe-a2a-backend deepep --deepep-mode auto" in decode and "--disaggregation-mode decode" in decode
     assert '--node-rank "${NODE_RANK}"' in decode  # a 64-GPU worker spans 8 nodes
+
+
+def test_engine_exchanges_and_options_over_http(api):
+    """The engines' own MoE exchanges, two-batch overlap and EPLB's redundant experts, by field, over HTTP."""
+    body = json.loads(json.dumps(DSV3)) | {"engine": "vllm"}
+    r = api.post("/v1/serve", json=body)
+    assert r.status_code == 200, r.text
+    decode = {c["name"]: c for c in r.json()["pools"][1]["calls"] if c["parallelism"] == "ep"}
+    assert set(decode) == {"ep.agrs.gather", "ep.agrs.combine"}  # vLLM's default: hidden + router logits
+    tokens = decode["ep.agrs.combine"]["message_bytes"] // (7168 * 2)
+    assert decode["ep.agrs.gather"]["message_bytes"] == tokens * (7168 + 256) * 2
+    body["deployment"]["pools"][1]["ep_dispatch"] = "deepep_ll"
+    plain = api.post("/v1/serve", json=body).json()
+    body["options"] |= {"two_batch_overlap": True, "redundant_experts": 64}
+    r = api.post("/v1/serve", json=body)
+    assert r.status_code == 200, r.text
+    ll = {c["name"]: c for c in r.json()["pools"][1]["calls"]}["ep.dispatch.ll"]
+    before = {c["name"]: c for c in plain["pools"][1]["calls"]}["ep.dispatch.ll"]
+    assert ll["calls_per_iteration"] == 2 * before["calls_per_iteration"]
+    script = api.post("/v1/serve/export", json=body).text
+    assert "--enable-dbo" in script and "num_redundant_experts" in script
+    bad = api.post("/v1/serve", json=body | {"engine": "trtllm"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "two_batch_overlap"
+    body["options"] |= {"two_batch_overlap": False, "redundant_experts": 10}
+    bad = api.post("/v1/serve", json=body)
+    assert bad.status_code == 422 and "266 expert slots do not divide" in bad.json()["detail"][0]["msg"]
+    body["deployment"]["pools"][0]["ep_dispatch"] = "flex"
+    assert api.post("/v1/serve", json=body).status_code == 422
+
+
+@pytest.mark.parametrize(("dispatch", "names"), [
+    ("agrs", {"ep.agrs.gather", "ep.agrs.combine"}),
+    ("dp_gather", {"ep.dp_gather.max_len", "ep.dp_scatter.max_len"}),
+    ("agrs_quant", {"ep.agrs.gather", "ep.agrs.combine"}),
+    ("replicated", set()),
+])  # fmt: skip
+def test_plan_takes_the_engine_exchanges_over_http(api, dispatch, names):
+    body = {
+        "model": {"preset": "deepseek-v3"},
+        "workload": {"kind": "inference", "phase": "decode", "batch_size": 256, "context_length": 1000},
+        "parallel": {"tp": 1, "dp": 16, "ep": 16, "ep_dispatch": dispatch},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+    }
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    assert {c["name"] for c in r.json()["calls"] if c["parallelism"] == "ep"} == names

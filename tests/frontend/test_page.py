@@ -1040,3 +1040,21 @@ def test_one_formatter_page_and_cli(page):
         digits = re.sub(r"[^0-9]", "", text).lstrip("0")
         assert not re.search(r"\de[-+]?\d", text) and len(digits) <= 4, text
     expect(page.locator("#memory-note")).to_contain_text(re.compile(r"of \d+\.\d GB \(\d+\.\d GiB\) per device"))
+
+
+def test_serve_draws_the_pools_and_the_kv_transfer_on_the_topology(page):
+    """Disaggregated DeepSeek-V3 on 96 H100 (the scenario): the KV transfer's devices (the first prefill worker and
+    the decode worker it feeds) drawn on the topology view, its links coloured by the transfer's utilisation."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    expect(page.locator("#serve-draw")).to_be_visible()
+    page.click("#serve-draw")
+    expect(page.locator("#topology-note")).to_contain_text("The KV transfer: GPUs 0-31 are the first prefill worker",
+                                                            timeout=30_000)  # fmt: skip
+    expect(page.locator("#topology-note")).to_contain_text("32-95 the decode worker it feeds")
+    # the aggregate view (12 nodes): a box per node, the rails coloured by the transfer's busiest link
+    assert page.evaluate("window.commplan.state.cy.nodes('.box').length") == 12
+    busy = page.evaluate("Math.max(...window.commplan.state.cy.edges().map((e) => e.data('u')))")
+    answer = httpx.post(page.base + "/v1/serve", json=page.evaluate("window.commplan.serveBody()")).json()
+    assert busy == pytest.approx(max(link["utilisation"] for link in answer["kv_transfer"]["links"]))

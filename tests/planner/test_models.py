@@ -316,16 +316,16 @@ def test_deepep_two_legs_by_hand_in_process():
 def test_decode_kv_cache_keeps_the_window_on_sliding_layers():
     """gpt-oss-20b decoding at 8192 tokens: 12 full layers keep 8192 keys, 12 sliding ones 128."""
     from planner.compute import kv_cache_bytes_per_layer
-    from planner.memory import _kv_cache
+    from planner.memory import kv_cache_bytes
 
     work = WorkloadSpec(kind="inference", phase="decode", batch_size=8, context_length=8192)
     ctx = Context(model_preset("gpt-oss-20b"), work, ParallelSpec(dp=1))
     per_layer = kv_cache_bytes_per_layer(ctx)
     assert per_layer == 2 * 8 * 8192 * 8 * 64 * 2
-    assert _kv_cache(ctx, 0) == 12 * per_layer + 12 * per_layer * 128 // 8192
+    assert kv_cache_bytes(ctx, 0) == 12 * per_layer + 12 * per_layer * 128 // 8192
     full = Context(replace(model_preset("gpt-oss-20b"), sliding_window=None, full_attention_interval=None), work,
                    ParallelSpec(dp=1))  # fmt: skip
-    assert _kv_cache(full, 0) == 24 * per_layer
+    assert kv_cache_bytes(full, 0) == 24 * per_layer
 
 
 def test_recipes_describe_their_dtypes_scales_and_support():

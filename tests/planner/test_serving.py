@@ -121,7 +121,7 @@ def test_disaggregated_inside_one_node_moves_kv_over_nvlink():
         (DSV3, (Pool(dp=8, ep=3, attention_dp=True),), "deployment.pools.0.ep", "not divisible by ep 3"),
         (LLAMA70B, (Pool(ep=8, tp=8),), "deployment.pools.0.ep", "needs an MoE model"),
         (LLAMA70B, (Pool("prefill", tp=8), Pool("prefill", tp=8)), "deployment.pools", "one 'prefill' and one"),
-        (LLAMA70B, (Pool(tp=8, ep_dispatch="flex"),), "deployment.pools.0.ep_dispatch", "runs allgather, alltoall"),
+        (LLAMA70B, (Pool(tp=8, ep_dispatch="flex"),), "deployment.pools.0.ep_dispatch", "runs agrs, alltoall"),
     ],
 )
 def test_bad_deployments_name_the_field(model, pools, field, words):
@@ -204,3 +204,19 @@ def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
                          (Pool(tp=8),), ServeOptions(weight_dtype="fp8", cuda_graphs=False))  # fmt: skip
     assert out.pools[0].step_s < eager.pools[0].step_s
     assert out.pools[0].prefill_s == eager.pools[0].prefill_s
+
+
+def test_kv_capacity_counts_sliding_window_layers_as_memory_does():
+    """gpt-oss-120b alternates 128-token sliding-window layers with full ones (18 each). A request of 3,000 +
+    1,000 tokens keeps 18 x 4,000 + 18 x 128 = 74,304 layer-tokens of KV (memory.kv_cache_bytes, vLLM's
+    sliding-window manager frees what left the window), not 36 x 4,000: the same memory holds 1.94x the tokens
+    of the model with every layer full."""
+    from dataclasses import replace
+
+    oss = MODEL_PRESETS["gpt-oss-120b"]
+    full = replace(oss, sliding_window=None, full_attention_interval=None)
+    cluster = cluster_preset("dgx-h100", 1)
+    pools, traffic = (Pool(workers=2, tp=4, ep=4),), Traffic(3000, 1000, concurrency=8)
+    windowed, every = (plan_serving(m, cluster, engine("vllm"), traffic, pools).kv_cache for m in (oss, full))
+    assert windowed.capacity_tokens / every.capacity_tokens == pytest.approx(36 * 4000 / 74_304, rel=1e-4)
+    assert windowed.max_concurrency == windowed.capacity_tokens // 4000

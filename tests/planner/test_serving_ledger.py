@@ -1,0 +1,185 @@
+"""Each serving engine's own MoE exchange with data-parallel attention (planner/rules/engine_gather.py), two-batch
+overlap and EPLB's redundant experts (planner/serving/deployment.py): bytes by hand from the engines' sources."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectives.topology import cluster_preset
+from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_plan
+from planner.plan import Options
+from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
+from planner.serving.deployment import _step, _worker, with_redundant_experts
+
+DSV3, LLAMA8B = MODEL_PRESETS["deepseek-v3"], MODEL_PRESETS["llama3-8b"]
+H, E, K, MOE_LAYERS = 7168, 256, 8, 58  # DeepSeek-V3: hidden, routed experts, top-k, 61 - 3 dense layers
+TWO_NODES = cluster_preset("dgx-h100", 2)
+
+
+def _ep_rows(calls) -> dict:
+    return {pc.call.name: pc for pc in calls if pc.call.parallelism == "ep"}
+
+
+def _plan(dispatch: str, phase: str, tp: int = 1, dp: int = 16, batch: int = 256, fp8: bool = False):
+    work = WorkloadSpec(kind="inference", phase=phase, batch_size=batch, context_length=1000,
+                        moe_dispatch_dtype="fp8" if fp8 else None)  # fmt: skip
+    par = ParallelSpec(tp=tp, dp=dp, ep=tp * dp, expert_tp=1, ep_dispatch=dispatch)
+    return build_plan(DSV3, work, par, TWO_NODES, Options(timeline=False))
+
+
+def test_vllm_gathers_hidden_states_and_router_logits():
+    """AgRsAll2AllManager.dispatch_router_logits: one all_gatherv over the DP group of [hidden, router logits];
+    combine: one reduce_scatterv of the hidden states. 256 sequences over 16 ranks: 16 tokens each."""
+    rows = _ep_rows(_plan("agrs", "decode").calls)
+    assert set(rows) == {"ep.agrs.gather", "ep.agrs.combine"}
+    gather, combine = rows["ep.agrs.gather"], rows["ep.agrs.combine"]
+    assert gather.call.message_bytes == 16 * 16 * (H + E) * 2 == 3_801_088
+    assert combine.call.message_bytes == 16 * 16 * H * 2
+    assert gather.call.calls_per_iteration == combine.call.calls_per_iteration == MOE_LAYERS
+    assert gather.group_size == 16 and gather.call.op.value == "allgather" and combine.call.op.value == "reducescatter"
+
+
+def test_sglang_dp_attention_gather_chooses_max_len_in_decode_and_sum_len_in_prefill():
+    """dp_attention.py: an extend batch over several ranks takes SUM_LEN (all-reduce of the summed buffer, then
+    the all-reduce + dp_scatter after the experts); decode takes MAX_LEN (all_gather_into_tensor, then
+    reduce_scatter_tensor)."""
+    decode = _ep_rows(_plan("dp_gather", "decode").calls)
+    assert {n: pc.call.op.value for n, pc in decode.items()} == {
+        "ep.dp_gather.max_len": "allgather", "ep.dp_scatter.max_len": "reducescatter",
+    }  # fmt: skip
+    assert decode["ep.dp_gather.max_len"].call.message_bytes == 16 * 16 * H * 2
+    prefill = _ep_rows(_plan("dp_gather", "prefill", batch=16).calls)  # one 1,000-token prompt per rank
+    assert {n: pc.call.op.value for n, pc in prefill.items()} == {
+        "ep.dp_gather.sum_len": "allreduce", "ep.dp_scatter.sum_len": "allreduce",
+    }  # fmt: skip
+    assert prefill["ep.dp_gather.sum_len"].call.message_bytes == 16 * 1000 * H * 2
+    assert prefill["ep.dp_gather.sum_len"].group_size == 16
+
+
+def test_sglang_attention_tp_scatters_before_the_gather():
+    """Attention TP 2 inside 8 DP ranks (SGLang --tp-size 16 --dp-size 8): _dp_gather_via_all_gather first
+    reduce-scatters the rank's tokens over attention TP, then all-gathers over the whole TP group; the scatter
+    runs the mirror (dp_reduce_scatter_tensor)."""
+    rows = _ep_rows(_plan("dp_gather", "decode", tp=2, dp=8).calls)
+    local = 256 // 8 * H * 2  # 32 sequences per attention rank, replicated over its 2 TP ranks
+    assert rows["ep.dp_gather.attn_tp_scatter"].call.message_bytes == local
+    assert rows["ep.dp_gather.attn_tp_scatter"].group_size == 2
+    assert (
+        rows["ep.dp_gather.max_len"].call.message_bytes == 8 * local and rows["ep.dp_gather.max_len"].group_size == 16
+    )
+    assert rows["ep.dp_scatter.attn_tp_gather"].call.op.value == "allgather"
+
+
+def test_trtllm_all_gather_is_post_quant():
+    """AllGatherReduceScatter.dispatch: [fp8 hidden, one fp32 scale per 128, top-k slot ids int32, top-k
+    weights fp32] in one all-gather; combine a bf16 reduce-scatter."""
+    rows = _ep_rows(_plan("agrs_quant", "decode", fp8=True).calls)
+    assert rows["ep.agrs.gather"].call.message_bytes == 256 * (H + H // 128 * 4 + K * 8) == 256 * 7456
+    assert rows["ep.agrs.combine"].call.message_bytes == 256 * H * 2
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang", "trtllm"])
+def test_tensor_parallel_attention_issues_no_moe_collective(name):
+    """dp 1: every EP rank holds every token; the experts' output is summed by the TP all-reduce (vLLM all2all
+    kernels need dp > 1; TensorRT-LLM's factory returns None; SGLang gathers only with DP attention)."""
+    for dispatch in (None, "deepep"):
+        pool = (Pool(workers=2, tp=8, ep=8, ep_dispatch=dispatch),)
+        out = plan_serving(DSV3, TWO_NODES, engine(name), Traffic(1000, 100, concurrency=8), pool,
+                           ServeOptions(weight_dtype="fp8"))  # fmt: skip
+        for calls in (out.pools[0].calls, out.pools[0].prefill_calls):
+            assert not [pc for pc in calls if pc.call.parallelism == "ep"]
+            assert any(pc.call.name == "tp.mlp.down_proj" for pc in calls)
+
+
+def test_engines_default_exchanges():
+    pool = (Pool(dp=16, ep=16, attention_dp=True),)
+    names = {}
+    for name in ("vllm", "sglang", "trtllm"):
+        out = plan_serving(DSV3, TWO_NODES, engine(name), Traffic(1000, 100, concurrency=256), pool,
+                           ServeOptions(weight_dtype="fp8"))  # fmt: skip
+        names[name] = {pc.call.name for pc in out.pools[0].calls if pc.call.parallelism == "ep"}
+    assert names["vllm"] == {"ep.agrs.gather", "ep.agrs.combine"}
+    assert names["sglang"] == {"ep.dp_gather.max_len", "ep.dp_scatter.max_len"}
+    assert {"ep.dispatch", "ep.combine"} <= names["trtllm"]
+
+
+def test_engine_exchanges_are_inference_only():
+    work = WorkloadSpec(kind="training", micro_batch_size=1, global_batch_size=16)
+    for dispatch in ("agrs", "dp_gather", "agrs_quant", "replicated"):
+        with pytest.raises(SpecError) as err:
+            build_plan(DSV3, work, ParallelSpec(dp=16, ep=16, ep_dispatch=dispatch), TWO_NODES)
+        assert err.value.field == "parallel.ep_dispatch" and "inference only" in err.value.rule
+
+
+def test_two_batch_overlap_hides_the_ep_exchange_behind_the_other_half():
+    """Two halves of 128 sequences per rank: the calls are the half step's, twice; the step is twice the half
+    step less, per half, the smaller of its exposed EP time and its compute."""
+    pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep")
+    options = ServeOptions(weight_dtype="fp8")
+    w = _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0)
+    half = _step(DSV3, w, options, "decode", 128 * 16, 350)
+    whole = _step(DSV3, w, options, "decode", 256 * 16, 350)
+    st = half.step.stages[0]
+    ep, compute = st.exposed_by_stream[("ep", "forward")], st.compute.forward.total_s
+    assert 0 < ep < compute
+    traffic = Traffic(300, 100, concurrency=256 * 16)
+    out = plan_serving(DSV3, TWO_NODES, engine("sglang"), traffic, (pool,), ServeOptions(weight_dtype="fp8",
+                       two_batch_overlap=True))  # fmt: skip
+    p = out.pools[0]
+    assert p.batch == 256 * 16
+    assert p.step_s == pytest.approx(2 * (half.step.time_s - ep))
+    assert p.step_s < whole.step.time_s  # at 256 sequences per GPU the overlap wins
+    rows, half_rows = _ep_rows(p.calls), _ep_rows(half.calls)
+    assert rows["ep.dispatch.ll"].call.calls_per_iteration == 2 * MOE_LAYERS
+    assert rows["ep.dispatch.ll"].call.message_bytes == half_rows["ep.dispatch.ll"].call.message_bytes
+    assert p.memory_peak_bytes >= whole.memory.peak_bytes  # both halves are in flight
+
+
+def test_two_batch_overlap_is_a_422_where_the_engine_has_none():
+    with pytest.raises(SpecError) as err:
+        plan_serving(DSV3, TWO_NODES, engine("trtllm"), Traffic(1000, 100, concurrency=64),
+                     (Pool(dp=16, ep=16, attention_dp=True),), ServeOptions(two_batch_overlap=True))  # fmt: skip
+    assert err.value.field == "options.two_batch_overlap" and "--enable-two-batch-overlap" in err.value.rule
+
+
+def test_redundant_experts_cost_their_weights():
+    """EPLB with 32 redundant experts over EP 16: 288 slots, 18 per rank instead of 16. Each rank holds two more
+    experts' fp8 weights (3 matrices of 7168 x 2048, one byte each) in each MoE layer: DeepSeek-V3's 58 and its
+    MTP module's one; the router grows by 32 columns of 7168 (the engines keep it 256 wide: a stated
+    approximation, 0.2% of the added bytes)."""
+    pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep")
+    options = ServeOptions(weight_dtype="fp8")
+    params = []
+    for r in (0, 32):
+        model = with_redundant_experts(DSV3, r)
+        w = _worker(model, TWO_NODES, engine("sglang"), pool, 0)
+        params.append(_step(model, w, options, "decode", 16 * 16, 1050).memory.per_stage[0].params_bytes)
+    assert params[1] - params[0] == (MOE_LAYERS + 1) * (2 * 3 * H * 2048 + H * 32)
+    traffic = Traffic(1000, 100, concurrency=256)
+    base, eplb = (plan_serving(DSV3, TWO_NODES, engine("sglang"), traffic, (pool,),
+                               ServeOptions(weight_dtype="fp8", redundant_experts=r)) for r in (0, 32))  # fmt: skip
+    assert eplb.kv_cache.capacity_tokens < base.kv_cache.capacity_tokens
+
+
+@pytest.mark.parametrize(
+    ("model", "redundant", "words"),
+    [(DSV3, 10, "266 expert slots do not divide over pool 0's ep 16"), (LLAMA8B, 8, "need an MoE model")],
+)
+def test_redundant_experts_rules(model, redundant, words):
+    pool = (Pool(dp=16, ep=16 if model.moe else 1, attention_dp=True),)
+    with pytest.raises(SpecError) as err:
+        plan_serving(model, TWO_NODES, engine("vllm"), Traffic(100, 100, concurrency=8), pool,
+                     ServeOptions(redundant_experts=redundant))  # fmt: skip
+    assert err.value.field == "options.redundant_experts" and words in err.value.rule
+
+
+def test_ep72_all_to_all_blocks_are_equal():
+    """EP 72 (LMSYS's decode pool, 288 expert slots with EPLB): 256 sequences x top-8 rows do not split evenly over
+    72 ranks; the all-to-all's buffer is rounded up to equal blocks (at most 71 bytes) instead of failing to price."""
+    model = with_redundant_experts(DSV3, 32)
+    work = WorkloadSpec(kind="inference", phase="decode", batch_size=256 * 72, context_length=2100,
+                        moe_dispatch_dtype="fp8")  # fmt: skip
+    par = ParallelSpec(dp=72, ep=72, expert_tp=1, ep_dispatch="deepep_ll")
+    rows = _ep_rows(build_plan(model, work, par, cluster_preset("dgx-h100", 9), Options(timeline=False)).calls)
+    exact = 256 * K * (H + H // 128 * 4)
+    assert rows["ep.dispatch.ll"].call.message_bytes == -(-exact // 72) * 72 < exact + 72
