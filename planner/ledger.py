@@ -35,6 +35,12 @@ class Call:
     # measurements; added to the price (planner/plan.py _price). 0 for NCCL calls, whose latency NCCL's
     # tables already carry
     fixed_s: float = 0.0
+    # calls with the same non-empty ``kernel`` on a stage are legs of one kernel that run concurrently: DeepEP's
+    # normal dispatch and combine pipeline the RDMA leg and the NVLink forwarding in one kernel (different SMs,
+    # chunk by chunk: deep_ep/csrc/kernels/internode.cu ``dispatch``/``combine``, whose README tables give one
+    # time per kernel with both bandwidths). The step charges the longest leg (step.stream_totals); each leg's
+    # own price stays on its row
+    kernel: str = ""
 
     def __post_init__(self) -> None:
         if not self.parallelism:
@@ -62,6 +68,7 @@ class Call:
             self.group,
             self.dtype,
             self.fixed_s,
+            self.kernel,
         )
 
 

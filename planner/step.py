@@ -217,9 +217,11 @@ class StreamTotals:
 
 
 def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTotals:
-    """Sums each call's time, count and bytes per stage into the stream it runs on (``_stream``)."""
+    """Sums each call's time, count and bytes per stage into the stream it runs on (``_stream``); the legs of
+    one kernel (``Call.kernel``) run concurrently, so a kernel adds its longest leg's time."""
     out = StreamTotals()
     acc, counts, volume = out.time, out.count, out.volume
+    legs: dict[tuple, float] = {}  # (stream, kernel, stage) -> its longest leg's time
     for pc in calls:
         c, t = pc.call, pc.price.time_s
         stream = _stream(c, m, zero)
@@ -231,9 +233,15 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
         for s in c.stages:
-            row[s] += amount
             num[s] += n
             vol[s] += n * c.message_bytes
+            if c.kernel:
+                key = (stream, c.kernel, s)
+                legs[key] = max(legs.get(key, 0.0), amount)
+            else:
+                row[s] += amount
+    for (stream, _, s), amount in legs.items():
+        acc[stream][s] += amount
     return out
 
 

@@ -105,6 +105,7 @@ def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) ->
                     source=SOURCE + (" inter-node RDMA leg" if leg == "rdma" else " NVLink leg"),
                     dtype=dtype or ctx.work.activation_dtype,
                     parallelism="ep",
+                    kernel=name if len(path) > 1 else "",  # two legs pipelined in one kernel (Call.kernel)
                 )
             )
     return out
