@@ -45,7 +45,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call
+from ..ledger import Call, rule_call
 from ..params import Param
 
 DS = "DeepSpeed 0.19.6 "
@@ -68,15 +68,9 @@ def calls(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: 
 def _call(
     *, name: str, op: Op, phase: str, elements: int, count: int, group: Group, source: str, dtype: str, itemsize: int
 ) -> Call:
-    return Call(
-        name=name,
-        op=op,
-        phase=phase,
-        message_bytes=elements * itemsize,
-        calls_per_iteration=count,
-        group=group,
-        source=DS + source,
-        dtype=dtype,
+    message = elements * itemsize
+    return rule_call(
+        name=name, op=op, phase=phase, message=message, count=count, group=group, source=DS + source, dtype=dtype
     )
 
 
@@ -87,6 +81,16 @@ def _rows(ctx: Context, sizes: list[int], **kw) -> list[Call]:
     for s in sizes:
         counts[s] = counts.get(s, 0) + 1
     return [_call(elements=s, count=n * per, **kw) for s, n in counts.items()]
+
+
+def _grads(ctx: Context, group: Group) -> dict:
+    """The keywords of a gradient row (its group, dtype and bytes per element)."""
+    return {"group": group, "dtype": ctx.grad_dtype, "itemsize": ctx.grad_bytes}
+
+
+def _params(ctx: Context, group: Group) -> dict:
+    """The keywords of a parameter row."""
+    return {"group": group, "dtype": ctx.work.param_dtype, "itemsize": ctx.param_bytes}
 
 
 def _padded(numel: int, ranks: int) -> int:
@@ -105,17 +109,8 @@ def _zero0(ctx: Context, numels: list[int], group: Group, kind: str) -> list[Cal
             current = 0
     if current:
         buckets.append(current)
-    return _rows(
-        ctx,
-        buckets,
-        name=f"{kind}.grads",
-        op=Op.ALLREDUCE,
-        phase="backward",
-        group=group,
-        source="engine.py buffered_allreduce_fallback",
-        dtype=ctx.grad_dtype,
-        itemsize=ctx.grad_bytes,
-    )
+    grads = {"name": f"{kind}.grads", "op": Op.ALLREDUCE, "phase": "backward", **_grads(ctx, group)}
+    return _rows(ctx, buckets, source="engine.py buffered_allreduce_fallback", **grads)
 
 
 # ---- ZeRO-1/2 -----------------------------------------------------------------------------------------------
@@ -165,29 +160,12 @@ def _zero12(ctx: Context, numels: list[int], group: Group, kind: str, size: int)
     partition = _flat_partition(numels, size)
     order = list(range(len(numels))) if stage == 1 else list(reversed(range(len(numels))))
     sizes = [s for b in _ipg_buckets(numels, order, cap) for s in _allreduce_sizes(b, numels, starts, partition, cap)]
-    grads = _rows(
-        ctx,
-        sizes,
-        per=ctx.micro_batches if stage == 2 else 1,
-        name=f"{kind}.grads",
-        op=Op.ALLREDUCE,
-        phase="backward",
-        group=group,
-        dtype=ctx.grad_dtype,
-        itemsize=ctx.grad_bytes,
-        source="stage_1_and_2.py average_tensor -> allreduce_and_scatter",
-    )
-    gather = _call(
-        name=f"{kind}.params",
-        op=Op.ALLGATHER,
-        phase="optimizer",
-        elements=partition * size,
-        count=1,
-        group=group,
-        source="runtime/utils.py all_gather_into_tensor_dp_groups",
-        dtype=ctx.work.param_dtype,
-        itemsize=ctx.param_bytes,
-    )
+    per, source = ctx.micro_batches if stage == 2 else 1, "stage_1_and_2.py average_tensor -> allreduce_and_scatter"
+    grads = _rows(ctx, sizes, per=per, name=f"{kind}.grads", op=Op.ALLREDUCE, phase="backward", source=source,
+                  **_grads(ctx, group))  # fmt: skip
+    source = "runtime/utils.py all_gather_into_tensor_dp_groups"
+    gather = _call(name=f"{kind}.params", op=Op.ALLGATHER, phase="optimizer", elements=partition * size, count=1,
+                   source=source, **_params(ctx, group))  # fmt: skip
     return [*grads, gather]
 
 
@@ -207,7 +185,7 @@ def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size:
     zc, m = ctx.par.zero_config, ctx.micro_batches
     persist = [n <= zc.stage3_param_persistence_threshold for n in numels]
     fetches = fetch_sizes(numels, persist, ctx.par.zero_config, size, module_tree(params))
-    param = {"group": group, "dtype": ctx.work.param_dtype, "itemsize": ctx.param_bytes}
+    param = _params(ctx, group)
     out = []
     hpz = zc.zero_hpz_partition_size
     secondary = _sub_group(ctx, group, hpz) if hpz > 1 else group
@@ -227,18 +205,9 @@ def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size:
         out += _qgz(ctx, numels, buckets, group, kind, size)
     else:
         rs = [sum(_padded(numels[i], size) for i in b) for b in buckets]
-        out += _rows(
-            ctx,
-            rs,
-            per=m,
-            name=f"{kind}.grads",
-            op=Op.REDUCESCATTER,
-            phase="backward",
-            group=group,
-            dtype=ctx.grad_dtype,
-            itemsize=ctx.grad_bytes,
-            source="stage3.py __avg_scatter_grads -> reduce_scatter_coalesced",
-        )
+        source = "stage3.py __avg_scatter_grads -> reduce_scatter_coalesced"
+        out += _rows(ctx, rs, per=m, name=f"{kind}.grads", op=Op.REDUCESCATTER, phase="backward", source=source,
+                     **_grads(ctx, group))  # fmt: skip
     resident = [_padded(n, size) for n, p in zip(numels, persist, strict=True) if p]
     out += _rows(
         ctx,
@@ -500,33 +469,14 @@ def _step_checks(ctx: Context, numels: list[int], group: Group, kind: str, size:
     if ctx.par.tp * ctx.par.pp > 1:
         groups.append(Group(("tp", "pp")))
     out = []
+    home = "stage3.py" if stage == 3 else "stage_1_and_2.py"
+    checks = [("overflow_check", 1, "uint8", OVERFLOW_BYTES, "has_overflow")] if overflow else []
+    checks.append(("grad_norm", norms, "fp64" if stage == 3 else "fp32", NORM_BYTES[stage], "get_grad_norm_direct"))
     for g in groups:
         where = "" if g is group else ".model_parallel"
-        if overflow:
-            out.append(
-                _call(
-                    name=f"{kind}.overflow_check{where}",
-                    op=Op.ALLREDUCE,
-                    phase="optimizer",
-                    elements=1,
-                    count=1,
-                    group=g,
-                    dtype="uint8",
-                    itemsize=OVERFLOW_BYTES,
-                    source=("stage3.py" if stage == 3 else "stage_1_and_2.py") + " has_overflow",
-                )
-            )
-        out.append(
-            _call(
-                name=f"{kind}.grad_norm{where}",
-                op=Op.ALLREDUCE,
-                phase="optimizer",
-                elements=1,
-                count=norms,
-                group=g,
-                dtype="fp64" if stage == 3 else "fp32",
-                itemsize=NORM_BYTES[stage],
-                source=("stage3.py" if stage == 3 else "stage_1_and_2.py") + " get_grad_norm_direct",
-            )
-        )
+        out += [
+            _call(name=f"{kind}.{what}{where}", op=Op.ALLREDUCE, phase="optimizer", elements=1, count=count, group=g,
+                  dtype=dt, itemsize=nbytes, source=f"{home} {function}")
+            for what, count, dt, nbytes, function in checks
+        ]  # fmt: skip
     return out
