@@ -338,59 +338,90 @@ def _fetch_plan(
     numels: tuple[int, ...], persist: tuple[bool, ...], zc, tree: tuple | None
 ) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(phase, parameter indices) of every all-gather: the coordinator's replay (fetch_sizes)."""
-    if tree is None:
-        forward: list[tuple[int, ...]] = [(i,) for i in range(len(numels))]
-        order = forward + forward[::-1]
-    else:
-        forward = module_walk(tree, backward=False)
-        order = forward + module_walk(tree, backward=True)
-    sizes = [sum(numels[i] for i in m) for m in order]
-    traversed = [0, *accumulate(sizes)]  # numel of the modules order[:k]
-    next_use: list[dict[int, int]] = [{} for _ in order]
-    last_seen: dict[int, int] = {}
-    for step in reversed(range(len(order))):
-        next_use[step] = {p: last_seen.get(p, len(order)) for p in order[step]}
-        last_seen.update({p: step for p in order[step]})
-    queue = [(step, p) for step, m in enumerate(order) for p in sorted(m)]  # the recorded parameter trace
-    head = 0
-    available = list(persist)
-    recent = [-(10**18)] * len(numels)  # most recent trace step the prefetcher has passed, per parameter
-    live = 0
+    forward, order = _trace_order(len(numels), tree)
+    replay = _Replay(numels, persist, zc, order)
     out: list[tuple[str, tuple[int, ...]]] = []
     for step, module in enumerate(order):
         phase = "forward" if step < len(forward) else "backward"
-        missing = [p for p in module if not available[p]]
+        missing = tuple(p for p in module if not replay.available[p])
         if missing:  # the module's own parameters, one call
-            out.append((phase, tuple(missing)))
-            for p in missing:
-                available[p] = True
-            live += sum(numels[p] for p in missing)
-        for _ in [p for p in module if recent[p] < step]:  # their trace entries leave the queue
-            s, q = queue[head]
-            recent[q] = max(recent[q], s)
-            head += 1
-        limit, batch, prefetching = min(zc.stage3_max_live_parameters - live, zc.stage3_prefetch_bucket_size), {}, 0
-        while head < len(queue) and prefetching < limit:
-            s, q = queue[head]
-            head += 1
-            recent[q] = max(recent[q], s)
-            if not available[q] and q not in batch:
-                batch[q] = None  # an ordered set
-                prefetching += numels[q]
+            out.append((phase, missing))
+            replay.gather(missing)
+        replay.pass_trace(module, step)
+        batch = replay.prefetch()
         if batch:
-            out.append((phase, tuple(batch)))
-            for q in batch:
-                available[q] = True
-            live += prefetching
-        # release_sub_module after the module ran (the coordinator's step id is now step + 1)
-        for p in module:
-            if persist[p] or recent[p] > step + 1:
-                continue
-            nxt = next_use[step][p]
-            reused = nxt < len(order) and traversed[nxt] - traversed[step + 1] < zc.stage3_max_reuse_distance
-            if not reused:
-                available[p], live = False, live - numels[p]
+            out.append((phase, batch))
+            replay.gather(batch)
+        replay.release(module, step)
     return tuple(out)
+
+
+def _trace_order(count: int, tree: tuple | None) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """(forward modules, forward + backward modules), each module the parameter indices it owns."""
+    if tree is None:
+        forward: list[tuple[int, ...]] = [(i,) for i in range(count)]
+        return forward, forward + forward[::-1]
+    forward = module_walk(tree, backward=False)
+    return forward, forward + module_walk(tree, backward=True)
+
+
+class _Replay:
+    """PartitionedParameterCoordinator's state while the recorded trace replays: which parameters are gathered,
+    the elements live, and how far the prefetcher has read the trace."""
+
+    def __init__(self, numels: tuple[int, ...], persist: tuple[bool, ...], zc, order: list[tuple[int, ...]]):
+        self.numels, self.persist, self.zc, self.order = numels, persist, zc, order
+        sizes = [sum(numels[i] for i in m) for m in order]
+        self.traversed = [0, *accumulate(sizes)]  # numel of the modules order[:k]
+        self.next_use: list[dict[int, int]] = [{} for _ in order]
+        last_seen: dict[int, int] = {}
+        for step in reversed(range(len(order))):
+            self.next_use[step] = {p: last_seen.get(p, len(order)) for p in order[step]}
+            last_seen.update({p: step for p in order[step]})
+        self.queue = [(step, p) for step, m in enumerate(order) for p in sorted(m)]  # the recorded parameter trace
+        self.head = 0
+        self.available = list(persist)
+        self.recent = [-(10**18)] * len(numels)  # most recent trace step the prefetcher has passed, per parameter
+        self.live = 0
+
+    def gather(self, params: tuple[int, ...]) -> None:
+        for p in params:
+            self.available[p] = True
+        self.live += sum(self.numels[p] for p in params)
+
+    def _read(self) -> int:
+        s, q = self.queue[self.head]
+        self.recent[q] = max(self.recent[q], s)
+        self.head += 1
+        return q
+
+    def pass_trace(self, module: tuple[int, ...], step: int) -> None:
+        """The module's own trace entries leave the queue."""
+        for _ in range(sum(1 for p in module if self.recent[p] < step)):
+            self._read()
+
+    def prefetch(self) -> tuple[int, ...]:
+        """Parameters read ahead in the trace, up to the bucket size and the live limit (an ordered set)."""
+        limit = min(self.zc.stage3_max_live_parameters - self.live, self.zc.stage3_prefetch_bucket_size)
+        batch: dict[int, None] = {}
+        prefetching = 0
+        while self.head < len(self.queue) and prefetching < limit:
+            q = self._read()
+            if not self.available[q] and q not in batch:
+                batch[q] = None
+                prefetching += self.numels[q]
+        return tuple(batch)
+
+    def release(self, module: tuple[int, ...], step: int) -> None:
+        """release_sub_module after the module ran (the coordinator's step id is now step + 1): a parameter
+        not reused within stage3_max_reuse_distance is partitioned again."""
+        for p in module:
+            if self.persist[p] or self.recent[p] > step + 1:
+                continue
+            nxt, distance = self.next_use[step][p], self.zc.stage3_max_reuse_distance
+            reused = nxt < len(self.order) and self.traversed[nxt] - self.traversed[step + 1] < distance
+            if not reused:
+                self.available[p], self.live = False, self.live - self.numels[p]
 
 
 def module_walk(node, backward: bool) -> list[tuple[int, ...]]:
