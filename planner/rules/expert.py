@@ -207,31 +207,17 @@ def _token_counts(ctx: Context, layers: int) -> Call:
             dtype="int64",
         )
     counts = par.etp * par.ep * moe.num_experts * 8
+    group = Group(("tp", "ep"), expert=True)
     return _ep(
-        ctx,
-        name="ep.token_counts",
-        op=Op.ALLGATHER,
-        phase="forward",
-        message=counts,
-        count=layers,
-        group=Group(("tp", "ep"), expert=True),
-        source=SOURCE + " preprocess",
-        dtype="int64",
-    )
+        ctx, name="ep.token_counts", op=Op.ALLGATHER, phase="forward", message=counts, count=layers, group=group,
+        source=SOURCE + " preprocess", dtype="int64",
+    )  # fmt: skip
 
 
 def _ep(
-    ctx: Context,
-    *,
-    name: str,
-    op: Op,
-    phase: str,
-    message: int,
-    count: int,
-    group: Group,
-    source: str = SOURCE,
+    ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int, group: Group, source: str = SOURCE,
     dtype: str | None = None,
-) -> Call:
+) -> Call:  # fmt: skip
     return rule_call(
         name=name, op=op, phase=phase, message=message, count=count, group=group, source=source,
         dtype=dtype or ctx.work.activation_dtype,
@@ -297,17 +283,7 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
         message = rows * ctx.model.hidden_size * ctx.x
         group = Group(("ep",), expert=True)
         out += [
-            _ep(
-                ctx, name="ep.combine.bwd", op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group
-            ),
-            _ep(
-                ctx,
-                name="ep.dispatch.bwd",
-                op=Op.ALLTOALL,
-                phase="backward",
-                message=message,
-                count=layers,
-                group=group,
-            ),
+            _ep(ctx, name=name, op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group)
+            for name in ("ep.combine.bwd", "ep.dispatch.bwd")
         ]
     return out + _expert_tp(ctx, layers, rows, "backward")

@@ -54,16 +54,9 @@ def calls(ctx: Context) -> list[Call]:
 
 
 def _mb(
-    ctx: Context,
-    *,
-    name: str,
-    op: Op,
-    phase: str,
-    count: int,
-    source: str,
-    message: int | None = None,
+    ctx: Context, *, name: str, op: Op, phase: str, count: int, source: str, message: int | None = None,
     dtype: str | None = None,
-) -> Call:
+) -> Call:  # fmt: skip
     """A TP call issued ``count`` times per micro-batch; the message defaults to the TP unit A."""
     message = ctx.activation if message is None else message
     return rule_call(
