@@ -49,6 +49,17 @@ def _held_bytes(sizes: np.ndarray, owner: np.ndarray, j: int, ranks: np.ndarray)
     return np.where((owner[None, :] >> j) == (ranks[:, None] >> j), sizes[None, :], 0).sum(axis=1)
 
 
+def _halving(owner: np.ndarray, p: int):
+    """The recursive-halving reduce-scatter among ranks 0..p-1: distances p/2, ..., 1."""
+    for mask in _masks_down(p):
+        yield _exchange(owner, p, mask, halving=True, reduce=True)
+
+
+def _fold_steps(n: int, p: int) -> int:
+    """The extra ranks' hand-in and hand-back (MPICH's non-power-of-two treatment)."""
+    return 2 if n > p else 0
+
+
 def _kept_bytes(sizes: np.ndarray, owner: np.ndarray, p: int) -> np.ndarray:
     """What each rank keeps after every halving step (= holds before every doubling step), summed."""
     ranks = np.arange(p)
@@ -69,7 +80,7 @@ def _cost_allreduce(req: Request) -> Cost:
     sent = (m - sizes) + kept + folded * m
     received = kept + partner_held + folded * m
     extra = m if n > p else 0
-    steps = 2 * (p.bit_length() - 1) + (2 if n > p else 0)
+    steps = 2 * (p.bit_length() - 1) + _fold_steps(n, p)
     return Cost(steps, int(max(sent.max(), extra)), int(max(received.max(), extra)))
 
 
@@ -89,8 +100,7 @@ def halving_doubling_allreduce(req: Request) -> Schedule:
     def steps():
         if n > p:
             yield fold_in(n, owner)
-        for mask in _masks_down(p):
-            yield _exchange(owner, p, mask, halving=True, reduce=True)
+        yield from _halving(owner, p)
         for mask in reversed(_masks_down(p)):
             yield _exchange(owner, p, mask, halving=False, reduce=False)
         if n > p:
@@ -118,7 +128,7 @@ def _cost_reducescatter(req: Request) -> Cost:
     received = _kept_bytes(sizes, owner, p) + folded * m
     extra_sent = m if n > p else 0
     extra_received = int(sizes[p:].max(initial=0))
-    steps = (p.bit_length() - 1) + (2 if n > p else 0)
+    steps = (p.bit_length() - 1) + _fold_steps(n, p)
     return Cost(steps, int(max(sent.max(), extra_sent)), int(max(received.max(), extra_received)))
 
 
@@ -138,9 +148,8 @@ def halving_doubling_reducescatter(req: Request) -> Schedule:
     def steps():
         if n > p:
             yield fold_in(n, np.arange(n))
-        for mask in _masks_down(p):
-            yield _exchange(owner, p, mask, halving=True, reduce=True)
-        if n > p:
+        yield from _halving(owner, p)
+        if n > p:  # rank j sends block p + j to rank p + j
             extra = np.arange(p, n)
             yield Step.of(Transfers.of(extra - p, extra, extra, extra, False))
 
