@@ -20,7 +20,7 @@ from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, Transfers
 from ._base import Cost, Request, floor_pow2, register
-from .recursive_doubling import fold_in, fold_out
+from .recursive_doubling import fold_in, folded
 
 
 def _exchange(owner: np.ndarray, p: int, mask: int, halving: bool, reduce: bool) -> Step:
@@ -97,14 +97,13 @@ def halving_doubling_allreduce(req: Request) -> Schedule:
     layout = layouts.chunked(Op.ALLREDUCE, req.count, p)
     owner = np.arange(p)
 
-    def steps():
-        if n > p:
-            yield fold_in(n, owner)
+    def halving_doubling():
         yield from _halving(owner, p)
         for mask in reversed(_masks_down(p)):
             yield _exchange(owner, p, mask, halving=False, reduce=False)
-        if n > p:
-            yield fold_out(n, owner)
+
+    def steps():
+        return folded(n, owner, halving_doubling())
 
     return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
 
