@@ -76,9 +76,9 @@ def _cost_allreduce(req: Request) -> Cost:
     partner_held = sum(
         (_held_bytes(sizes, owner, j, ranks ^ (1 << j)) for j in range(p.bit_length() - 1)), np.zeros(p, np.int64)
     )
-    folded = ranks < n - p
-    sent = (m - sizes) + kept + folded * m
-    received = kept + partner_held + folded * m
+    has_extra = ranks < n - p  # the ranks an extra rank folded into
+    sent = (m - sizes) + kept + has_extra * m
+    received = kept + partner_held + has_extra * m
     extra = m if n > p else 0
     steps = 2 * (p.bit_length() - 1) + _fold_steps(n, p)
     return Cost(steps, int(max(sent.max(), extra)), int(max(received.max(), extra)))
@@ -121,10 +121,10 @@ def _cost_reducescatter(req: Request) -> Cost:
     owner = _virtual_owner(n)
     v = np.arange(p)
     owned = np.where(owner[None, :] == v[:, None], sizes[None, :], 0).sum(axis=1)
-    folded = v < n - p
-    returned = np.where(folded, sizes[np.minimum(v + p, n - 1)], 0)
+    has_extra = v < n - p
+    returned = np.where(has_extra, sizes[np.minimum(v + p, n - 1)], 0)
     sent = (m - owned) + returned
-    received = _kept_bytes(sizes, owner, p) + folded * m
+    received = _kept_bytes(sizes, owner, p) + has_extra * m
     extra_sent = m if n > p else 0
     extra_received = int(sizes[p:].max(initial=0))
     steps = (p.bit_length() - 1) + _fold_steps(n, p)
