@@ -83,11 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return (search_command if args.command == "search" else sweep_command)(args)
-        except ValidationError as err:
-            return _invalid(err)
-        except (SpecError, CollectiveError) as err:
-            print(f"commplan: {err}", file=sys.stderr)
-            return 2
+        except (ValidationError, SpecError, CollectiveError) as err:
+            return _refused(err)
     return _plan(args)
 
 
@@ -142,11 +139,8 @@ def _answer(args, produce) -> int:
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
-    except ValidationError as err:
-        return _invalid(err)
-    except (SpecError, CollectiveError) as err:
-        print(f"commplan: {err}", file=sys.stderr)
-        return 2
+    except (ValidationError, SpecError, CollectiveError) as err:
+        return _refused(err)
     try:
         if isinstance(output, bytes):
             sys.stdout.flush()
@@ -374,6 +368,15 @@ def human_capacity(n: int) -> str:
     return f"{human_bytes(n)} ({_sig3(n / 2**30)} GiB)"
 
 
+def _refused(err: Exception, where=str) -> int:
+    """Bad input, as the service's 422 says it: the schema's errors one per line, or a planner or collectives
+    rule with its field (``where`` places it, e.g. in a log file); exit 2."""
+    if isinstance(err, ValidationError):
+        return _invalid(err)
+    print(f"commplan: {where(str(err))}", file=sys.stderr)
+    return 2
+
+
 def _invalid(err: ValidationError) -> int:
     """A request file that does not match its schema: one line per error, named by its field; exit 2."""
     for e in err.errors(include_url=False):
@@ -400,11 +403,8 @@ def _calibrate(args) -> int:
     except OSError as err:
         print(f"commplan: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
-    except ValidationError as err:
-        return _invalid(err)
-    except (SpecError, CollectiveError) as err:
-        print(f"commplan: {_in_file(str(err), args.logs)}", file=sys.stderr)
-        return 2
+    except (ValidationError, SpecError, CollectiveError) as err:
+        return _refused(err, lambda message: _in_file(message, args.logs))
     if args.format == "json":
         print(json.dumps(result, indent=2))
         return 0

@@ -391,100 +391,24 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     mdl, par = ctx.model, ctx.par
     t, T, h = par.tp, ctx.b * ctx.s_cp, mdl.hidden_size
     T_sp = T / (t if par.sp else 1)
-    dt = gemm_dtype(ctx)
-    fu = fusion(ctx)
-    floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
-    x = max(2, ctx.x)  # fp8 recipes keep the tensors between kernels in bf16
-    fwd: list[Kernel] = []
-    bwd: list[Kernel] = []
-
-    def gemm(name, m, n, k, dtype=dt, groups=1):
-        f, d, w = gemm_kernels(name, m, n, k, dtype, gpu, eff, groups)
-        fwd.append(_floored(f, floor))
-        bwd.extend((_floored(d, floor), _floored(w, floor)))
-
-    def mem(name, nbytes, count=1, back=BACKWARD_BYTES):
-        fwd.append(memory_kernel(name, nbytes, gpu, eff, count, floor))
-        if back:
-            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, count, floor))
-
-    norm_b, norm_n = fu.norm
-    mem("input_norm", norm_b * T_sp * h, norm_n)
-    # attention projections
-    if mdl.mla:
-        a, heads = mdl.mla, mdl.num_attention_heads
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        if a.q_lora_rank:
-            gemm("q_down", T, a.q_lora_rank, h)
-            mem("q_norm", norm_b * T * a.q_lora_rank, norm_n)
-            gemm("q_up", T, heads * qk / t, a.q_lora_rank)
-        else:
-            gemm("q_proj", T, heads * qk / t, h)
-        gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
-        mem("kv_norm", norm_b * T * a.kv_lora_rank, norm_n)
-        gemm("kv_up", T, heads * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)
-        rope = T * heads / t * a.qk_rope_head_dim + T * a.qk_rope_head_dim
-        mem("rotary", fu.rotary[0] * rope, 2 * fu.rotary[1])
-        gemm("attn_out", T, h, heads * a.v_head_dim / t)
+    k = _Layer(ctx, gpu, eff)
+    norm_b, norm_n = k.fu.norm
+    k.mem("input_norm", norm_b * T_sp * h, norm_n)
+    core_index = _attention_projections(k, T)
+    core_fwd, core_bwd = attention_kernels(ctx, gpu, eff, k.floor)
+    k.fwd[core_index:core_index] = list(core_fwd)
+    k.bwd.extend(core_bwd)
+    k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
+    k.mem("pre_mlp_norm", norm_b * T_sp * h, norm_n)
+    if moe:
+        _moe_mlp(k, T, T_sp)
     else:
-        q = mdl.num_attention_heads * mdl.head_size / t
-        kv = mdl.kv_heads * mdl.head_size / t
-        gemm("qkv", T, q + 2 * kv, h)
-        if mdl.qk_norm:
-            mem("qk_norm", norm_b * T * (q + kv), 2 * norm_n)
-        if not mdl.learned_position_embeddings:
-            mem("rotary", fu.rotary[0] * T * (q + kv), 2 * fu.rotary[1])
-        core_index = len(fwd)
-        gemm("attn_out", T, h, q)
-    if mdl.mla:
-        core_index = len(fwd) - 1
-    core_fwd, core_bwd = attention_kernels(ctx, gpu, eff, floor)
-    fwd[core_index:core_index] = list(core_fwd)
-    bwd.extend(core_bwd)
-    mem("residual_add", fu.residual[0] * T_sp * h, fu.residual[1])
-    mem("pre_mlp_norm", norm_b * T_sp * h, norm_n)
-    gated = mdl.gated_mlp
-    gate = 2 if gated else 1
-    act_b, act_n = fu.gated_act if gated else fu.act
-    if not moe:
-        f = mdl.ffn_hidden_size / t
-        gemm("fc1", T, gate * f, h)
-        mem("activation", act_b * T * f, act_n)
-        gemm("fc2", T, h, f)
-    else:
-        m = mdl.moe
-        E = m.num_experts
-        gemm("router", T_sp, E, h, dtype="bf16" if dt != "fp32" else dt)  # the router stays in high precision
-        # router: fp32 softmax/sigmoid over E logits, top-k, the aux loss; Megatron-Core's router (moe/router.py)
-        # runs ~8 small kernels (softmax, topk, scatter to the routing map, the aux-loss sums)
-        mem("router_topk", 4 * 3 * T_sp * E, 8)
-        if m.shared_ffn:
-            gemm("shared_fc1", T, gate * m.shared_ffn / t, h)
-            mem("shared_activation", act_b * T * m.shared_ffn / t, act_n)
-            gemm("shared_fc2", T, h, m.shared_ffn / t)
-        rows, local = expert_rows(ctx, eff)
-        tokens = T / t * par.etp  # tokens this rank dispatches (the etp group's, after SP's gather)
-        f = m.expert_ffn_hidden_size / par.etp
-        ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, dt, x, fu, gpu, eff, floor)
-        fwd.extend(ef)
-        bwd.extend(eb)
-    mem("residual_add", fu.residual[0] * T_sp * h, fu.residual[1])
-    if dt not in ("bf16", "fp32"):
-        # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
-        # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
-        weights = 0 if ctx.param_bytes <= 1 else 1
-        cast = sum(
-            k.shape[0] * k.shape[2] * k.shape[3] + weights * k.shape[2] * k.shape[1] * k.shape[3]
-            for k in fwd
-            if _cast(k)
-        )
-        nbytes = cast * cast_bytes_per_element(ctx)
-        fwd.append(Kernel("fp8_cast", "cast", _mem_s(nbytes, gpu, eff), bytes=nbytes))
-        # the backward casts the output gradients the same way; summed over a layer's GEMMs its bytes equal the
-        # forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a GPT layer): charged alike
-        bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes))
-    forward = tuple(fwd)
-    backward = tuple(bwd)
+        _dense_mlp(k, T)
+    k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
+    if k.dt not in ("bf16", "fp32"):
+        _fp8_casts(k)
+    forward = tuple(k.fwd)
+    backward = tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
     if rc == "full":
         recompute = forward
@@ -493,6 +417,116 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     else:
         recompute = ()
     return LayerKernels(forward, backward, recompute, tuple(core_fwd))
+
+
+class _Layer:
+    """A layer's kernels as they are listed, forward and backward: a GEMM adds its forward and its two backward
+    GEMMs (dgrad, wgrad), a memory-bound kernel its forward and (unless ``back`` is 0) its backward."""
+
+    def __init__(self, ctx: Context, gpu: GPUSpec, eff: Efficiency):
+        self.ctx, self.gpu, self.eff = ctx, gpu, eff
+        self.dt = gemm_dtype(ctx)
+        self.fu = fusion(ctx)
+        self.floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+        self.fwd: list[Kernel] = []
+        self.bwd: list[Kernel] = []
+
+    def gemm(self, name, m, n, k, dtype=None, groups=1):
+        f, d, w = gemm_kernels(name, m, n, k, dtype or self.dt, self.gpu, self.eff, groups)
+        self.fwd.append(_floored(f, self.floor))
+        self.bwd.extend((_floored(d, self.floor), _floored(w, self.floor)))
+
+    def mem(self, name, nbytes, count=1, back=BACKWARD_BYTES):
+        self.fwd.append(memory_kernel(name, nbytes, self.gpu, self.eff, count, self.floor))
+        if back:
+            self.bwd.append(memory_kernel(name + ".bwd", nbytes * back, self.gpu, self.eff, count, self.floor))
+
+
+def _attention_projections(k: _Layer, T: float) -> int:
+    """The attention's projections (MLA's low-rank ones, or fused QKV), norms and rotary; returns where in the
+    forward list the core attention goes."""
+    mdl, t, h, fu = k.ctx.model, k.ctx.par.tp, k.ctx.model.hidden_size, k.fu
+    norm_b, norm_n = fu.norm
+    if mdl.mla:
+        a, heads = mdl.mla, mdl.num_attention_heads
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if a.q_lora_rank:
+            k.gemm("q_down", T, a.q_lora_rank, h)
+            k.mem("q_norm", norm_b * T * a.q_lora_rank, norm_n)
+            k.gemm("q_up", T, heads * qk / t, a.q_lora_rank)
+        else:
+            k.gemm("q_proj", T, heads * qk / t, h)
+        k.gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
+        k.mem("kv_norm", norm_b * T * a.kv_lora_rank, norm_n)
+        k.gemm("kv_up", T, heads * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)
+        rope = T * heads / t * a.qk_rope_head_dim + T * a.qk_rope_head_dim
+        k.mem("rotary", fu.rotary[0] * rope, 2 * fu.rotary[1])
+        k.gemm("attn_out", T, h, heads * a.v_head_dim / t)
+        return len(k.fwd) - 1
+    q = mdl.num_attention_heads * mdl.head_size / t
+    kv = mdl.kv_heads * mdl.head_size / t
+    k.gemm("qkv", T, q + 2 * kv, h)
+    if mdl.qk_norm:
+        k.mem("qk_norm", norm_b * T * (q + kv), 2 * norm_n)
+    if not mdl.learned_position_embeddings:
+        k.mem("rotary", fu.rotary[0] * T * (q + kv), 2 * fu.rotary[1])
+    core_index = len(k.fwd)
+    k.gemm("attn_out", T, h, q)
+    return core_index
+
+
+def _activation(k: _Layer) -> tuple[int, float, tuple]:
+    """(1 or 2 up-projections, the activation's bytes per element and kernel count): gated (SwiGLU) or not."""
+    gated = k.ctx.model.gated_mlp
+    return (2 if gated else 1), gated, (k.fu.gated_act if gated else k.fu.act)
+
+
+def _dense_mlp(k: _Layer, T: float) -> None:
+    gate, _, (act_b, act_n) = _activation(k)
+    f, h = k.ctx.model.ffn_hidden_size / k.ctx.par.tp, k.ctx.model.hidden_size
+    k.gemm("fc1", T, gate * f, h)
+    k.mem("activation", act_b * T * f, act_n)
+    k.gemm("fc2", T, h, f)
+
+
+def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
+    """The router, the shared experts (a dense MLP over tp) and the routed experts (routed_expert_kernels)."""
+    ctx, gpu, eff = k.ctx, k.gpu, k.eff
+    mdl, par, t, h = ctx.model, ctx.par, ctx.par.tp, ctx.model.hidden_size
+    gate, gated, (act_b, act_n) = _activation(k)
+    m = mdl.moe
+    E = m.num_experts
+    k.gemm("router", T_sp, E, h, dtype="bf16" if k.dt != "fp32" else k.dt)  # the router stays in high precision
+    # router: fp32 softmax/sigmoid over E logits, top-k, the aux loss; Megatron-Core's router (moe/router.py)
+    # runs ~8 small kernels (softmax, topk, scatter to the routing map, the aux-loss sums)
+    k.mem("router_topk", 4 * 3 * T_sp * E, 8)
+    if m.shared_ffn:
+        k.gemm("shared_fc1", T, gate * m.shared_ffn / t, h)
+        k.mem("shared_activation", act_b * T * m.shared_ffn / t, act_n)
+        k.gemm("shared_fc2", T, h, m.shared_ffn / t)
+    rows, local = expert_rows(ctx, eff)
+    tokens = T / t * par.etp  # tokens this rank dispatches (the etp group's, after SP's gather)
+    f = m.expert_ffn_hidden_size / par.etp
+    x = max(2, ctx.x)  # fp8 recipes keep the tensors between kernels in bf16
+    ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor)
+    k.fwd.extend(ef)
+    k.bwd.extend(eb)
+
+
+def _fp8_casts(k: _Layer) -> None:
+    """The quantizing casts of a low-precision recipe's GEMM operands."""
+    ctx, fwd = k.ctx, k.fwd
+    # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
+    # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
+    weights = 0 if ctx.param_bytes <= 1 else 1
+    cast = sum(
+        g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in fwd if _cast(g)
+    )
+    nbytes = cast * cast_bytes_per_element(ctx)
+    fwd.append(Kernel("fp8_cast", "cast", _mem_s(nbytes, k.gpu, k.eff), bytes=nbytes))
+    # the backward casts the output gradients the same way; summed over a layer's GEMMs its bytes equal the
+    # forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a GPT layer): charged alike
+    k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes))
 
 
 def routed_expert_kernels(

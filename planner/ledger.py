@@ -72,6 +72,17 @@ class Call:
         )
 
 
+def rule_call(
+    *, name: str, op: Op, phase: str, message: int, count: int, group: Group, source: str, dtype: str
+) -> Call:
+    """A Call in the rules' short words (``message`` = message_bytes, ``count`` = calls_per_iteration): the one
+    constructor the rule modules' helpers (data, tensor, context_parallel, expert, deepspeed) wrap."""
+    return Call(
+        name=name, op=op, phase=phase, message_bytes=message, calls_per_iteration=count, group=group,
+        source=source, dtype=dtype,
+    )  # fmt: skip
+
+
 def stage_classes(stages: Iterable[int], key: Callable[[int], Hashable]) -> dict[int, tuple[int, ...]]:
     """Stages whose calls a rule derives from the same ``key`` (layer counts, say) issue the same calls:
     the first stage of each class -> every stage of the class. A rule emits a class's calls once, on all

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._errors import SpecError
+from ._errors import SpecError, one_of
 
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 
@@ -262,6 +262,13 @@ def validate_model(m: ModelSpec) -> None:
         raise SpecError("model.norm", f"must be 'rmsnorm' or 'layernorm', got {m.norm!r}")
     if m.moe:
         _validate_moe(m.moe, m.num_layers)
+    _validate_window(m)
+    if m.mtp_layers < 0:
+        raise SpecError("model.mtp_layers", f"must be >= 0, got {m.mtp_layers}")
+
+
+def _validate_window(m: ModelSpec) -> None:
+    """Sliding-window attention: a window, and every k-th layer full (gpt-oss, Gemma 3)."""
     if m.sliding_window is not None and m.sliding_window < 1:
         raise SpecError("model.sliding_window", f"must be >= 1 or null, got {m.sliding_window}")
     if m.full_attention_interval is not None:
@@ -275,8 +282,6 @@ def validate_model(m: ModelSpec) -> None:
                 "model.full_attention_interval",
                 f"must be in [1, num_layers {m.num_layers}], got {m.full_attention_interval}",
             )
-    if m.mtp_layers < 0:
-        raise SpecError("model.mtp_layers", f"must be >= 0, got {m.mtp_layers}")
 
 
 def _validate_moe(moe: MoESpec, layers: int) -> None:
@@ -298,10 +303,6 @@ def _validate_moe(moe: MoESpec, layers: int) -> None:
         raise SpecError("model.moe.layer_freq", f"must be >= 1, got {moe.layer_freq}")
     if moe.node_limit is not None and moe.node_limit < 1:
         raise SpecError("model.moe.node_limit", f"must be >= 1 or null, got {moe.node_limit}")
-    if moe.load_balancing not in LOAD_BALANCING:
-        raise SpecError(
-            "model.moe.load_balancing",
-            f"must be one of {', '.join(LOAD_BALANCING)}, got {moe.load_balancing!r}",
-        )
+    one_of("model.moe.load_balancing", moe.load_balancing, LOAD_BALANCING)
     if moe.capacity_factor is not None and moe.capacity_factor <= 0:
         raise SpecError("model.moe.capacity_factor", f"must be > 0 or null (dropless), got {moe.capacity_factor}")

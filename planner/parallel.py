@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from . import flavours
-from ._errors import SpecError
+from ._errors import SpecError, one_of
 from .flavours import Flavour
 from .model import ModelSpec
 from .workload import WorkloadSpec, check_recompute_modules
@@ -254,21 +254,35 @@ def _degrees(par: ParallelSpec) -> None:
 
 
 def _choices(par: ParallelSpec) -> None:
-    if par.pipeline_schedule not in SCHEDULES:
-        raise SpecError(
-            "parallel.pipeline_schedule", f"must be one of {', '.join(SCHEDULES)}, got {par.pipeline_schedule!r}"
-        )
+    one_of("parallel.pipeline_schedule", par.pipeline_schedule, SCHEDULES)
     if par.flavour.kind != "training":
         raise SpecError("parallel.framework", f"{par.framework!r} is a serving engine, not a training framework")
     _ddp(par)
     _zero_plus_plus(par)
-    if par.cp_comm not in CP_COMM:
-        raise SpecError("parallel.cp_comm", f"must be one of {', '.join(CP_COMM)}, got {par.cp_comm!r}")
-    if par.ep_dispatch not in EP_DISPATCH:
-        raise SpecError("parallel.ep_dispatch", f"must be one of {', '.join(EP_DISPATCH)}, got {par.ep_dispatch!r}")
+    one_of("parallel.cp_comm", par.cp_comm, CP_COMM)
+    one_of("parallel.ep_dispatch", par.ep_dispatch, EP_DISPATCH)
     dims = par.order.split("-")
     if sorted(dims) != sorted(DEFAULT_ORDER.split("-")):
         raise SpecError("parallel.order", f"must name tp, cp, ep, dp and pp once each, got {par.order!r}")
+    _interleaving(par)
+    _schedule_fits_pp(par)
+    _hybrid_shard(par)
+
+
+def _hybrid_shard(par: ParallelSpec) -> None:
+    if par.hybrid_shard_size is not None:
+        if par.zero_stage != 3:
+            raise SpecError(
+                "parallel.hybrid_shard_size", f"hybrid sharding is a ZeRO-3 option, zero_stage is {par.zero_stage}"
+            )
+        if par.hybrid_shard_size < 1 or par.dp % par.hybrid_shard_size:
+            raise SpecError(
+                "parallel.hybrid_shard_size", f"hybrid_shard_size {par.hybrid_shard_size} must divide dp {par.dp}"
+            )
+
+
+def _interleaving(par: ParallelSpec) -> None:
+    """The interleaved schedule's chunks per rank, from the virtual stages or an explicit layout."""
     if par.pipeline_layout is not None:
         _parsed(par.pipeline_layout)  # a malformed layout names itself before what it implies
     explicit = par.pipeline_layout is not None or par.pipeline_split_points is not None
@@ -279,16 +293,6 @@ def _choices(par: ParallelSpec) -> None:
             f"the interleaved schedule needs pp >= 2 and virtual_pipeline_stages >= 2, got pp {par.pp}, "
             f"virtual_pipeline_stages {v}",
         )
-    _schedule_fits_pp(par)
-    if par.hybrid_shard_size is not None:
-        if par.zero_stage != 3:
-            raise SpecError(
-                "parallel.hybrid_shard_size", f"hybrid sharding is a ZeRO-3 option, zero_stage is {par.zero_stage}"
-            )
-        if par.hybrid_shard_size < 1 or par.dp % par.hybrid_shard_size:
-            raise SpecError(
-                "parallel.hybrid_shard_size", f"hybrid_shard_size {par.hybrid_shard_size} must divide dp {par.dp}"
-            )
 
 
 def _schedule_fits_pp(par: ParallelSpec) -> None:
@@ -460,6 +464,15 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             f"{par.ep_dispatch} is a serving engine's MoE exchange (deepep_ll: DeepEP's low-latency kernels), "
             "inference only; training uses alltoall, allgather or deepep",
         )
+    _sequence_fits(par, m, w)
+    if w.training:
+        _training_fits(par, m, w)
+    elif w.batch_size % par.dp:
+        raise SpecError("workload.batch_size", f"batch_size {w.batch_size} is not divisible by dp {par.dp} (replicas)")
+
+
+def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
+    """CP's load-balanced halves and SP's split of the sequence (prefill and training; decode has no CP)."""
     seq = (w.seq_length or m.seq_length) if w.training or w.context_length is None else w.context_length
     if w.training or w.phase == "prefill":
         if par.cp > 1 and seq % (2 * par.cp):
@@ -473,40 +486,41 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             )
     elif par.cp > 1:
         raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
-    if w.training:
-        check_recompute_modules(w, m)
-        if w.cpu_offloading_num_layers and par.pp > 1:
-            raise SpecError(
-                "workload.cpu_offloading_num_layers",
-                f"Currently there is no support for Pipeline parallelism with CPU offloading (Megatron "
-                f"transformer_config.py); pp is {par.pp}",
-            )
-        if w.selective_ac_option is not None and not par.flavour.torchtitan_selective_ac:
-            raise SpecError(
-                "workload.selective_ac_option",
-                f"is torchtitan's (framework torch), framework is {par.framework!r}; Megatron: recompute_modules",
-            )
-        per_step = w.micro_batch_size * par.dp
-        if w.global_batch_size % per_step:
-            raise SpecError(
-                "workload.global_batch_size",
-                f"global_batch_size {w.global_batch_size} is not divisible by micro_batch_size*dp = "
-                f"{w.micro_batch_size}*{par.dp} = {per_step}",
-            )
-        m_batches = w.global_batch_size // per_step
-        if par.pipeline_schedule == "interleaved" and m_batches % par.pp:
-            raise SpecError(
-                "workload.global_batch_size",
-                f"the interleaved schedule needs micro-batches {m_batches} divisible by pp {par.pp}",
-            )
-        if par.pipeline_schedule in ("dualpipe", "dualpipev") and (m_batches % 2 or m_batches < 2 * par.pp):
-            raise SpecError(
-                "workload.global_batch_size",
-                f"{par.pipeline_schedule} needs an even number of micro-batches >= 2*pp = {2 * par.pp} "
-                f"(dualpipe.py: num_chunks % 2 == 0 and num_chunks >= num_ranks * 2), got {m_batches}",
-            )
-    elif w.batch_size % par.dp:
-        raise SpecError("workload.batch_size", f"batch_size {w.batch_size} is not divisible by dp {par.dp} (replicas)")
+
+
+def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
+    """A training workload's options against the framework and the pipeline, then its batch."""
+    check_recompute_modules(w, m)
+    if w.cpu_offloading_num_layers and par.pp > 1:
+        raise SpecError(
+            "workload.cpu_offloading_num_layers",
+            f"Currently there is no support for Pipeline parallelism with CPU offloading (Megatron "
+            f"transformer_config.py); pp is {par.pp}",
+        )
+    if w.selective_ac_option is not None and not par.flavour.torchtitan_selective_ac:
+        raise SpecError(
+            "workload.selective_ac_option",
+            f"is torchtitan's (framework torch), framework is {par.framework!r}; Megatron: recompute_modules",
+        )
+    per_step = w.micro_batch_size * par.dp
+    if w.global_batch_size % per_step:
+        raise SpecError(
+            "workload.global_batch_size",
+            f"global_batch_size {w.global_batch_size} is not divisible by micro_batch_size*dp = "
+            f"{w.micro_batch_size}*{par.dp} = {per_step}",
+        )
+    m_batches = w.global_batch_size // per_step
+    if par.pipeline_schedule == "interleaved" and m_batches % par.pp:
+        raise SpecError(
+            "workload.global_batch_size",
+            f"the interleaved schedule needs micro-batches {m_batches} divisible by pp {par.pp}",
+        )
+    if par.pipeline_schedule in ("dualpipe", "dualpipev") and (m_batches % 2 or m_batches < 2 * par.pp):
+        raise SpecError(
+            "workload.global_batch_size",
+            f"{par.pipeline_schedule} needs an even number of micro-batches >= 2*pp = {2 * par.pp} "
+            f"(dualpipe.py: num_chunks % 2 == 0 and num_chunks >= num_ranks * 2), got {m_batches}",
+        )
 
 
 # ---- pipeline layout (issue 21) -----------------------------------------------------------------------
@@ -612,81 +626,95 @@ def pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int = 0) -> 
 
 
 def _stage_tokens(par: ParallelSpec, num_layers: int, mtp: int) -> tuple[tuple[str, ...], ...]:
-    p = par.pp
     if par.pipeline_layout is not None:
         stages = _parsed(par.pipeline_layout)
         _check_layout(par, stages, num_layers, mtp)
         return stages
-    tail = ("m",) * mtp + ("L",)
     if par.pipeline_split_points is not None:
-        points = list(par.pipeline_split_points)
-        bounds = [0, *points, num_layers]
-        if any(b >= a for a, b in zip(bounds[1:], bounds, strict=False)) or (
-            points and (points[0] < 1 or points[-1] >= num_layers)
-        ):
-            raise SpecError(
-                "parallel.pipeline_split_points",
-                f"split points {points} must rise strictly inside 1..{num_layers - 1} (num_layers {num_layers})",
-            )
-        n = len(bounds) - 1
-        if par.pipeline_schedule in V_SCHEDULES and n != 2 * p:
-            raise SpecError(
-                "parallel.pipeline_split_points",
-                f"{par.pipeline_schedule} runs 2 stages per rank: {2 * p} stages, got {n} from {len(points)} points",
-            )
-        if n % p:
-            raise SpecError(
-                "parallel.pipeline_split_points",
-                f"{len(points)} split points give {n} stages, not a multiple of pp {p}",
-            )
-        stages = [("t",) * (bounds[i + 1] - bounds[i]) for i in range(n)]
-        stages[0] = ("E", *stages[0])
-        stages[-1] = (*stages[-1], *tail)
-        return tuple(stages)
-    n = virtual_stages(par)
-    v = n // p
-    emb, loss = par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split
-    if par.first_stage_layers is not None or par.last_stage_layers is not None:
-        if emb or loss:
-            raise SpecError(
-                "parallel.account_for_embedding_in_pipeline_split",
-                "not modelled together with first_stage_layers / last_stage_layers: give pipeline_layout instead",
-            )
-        counts = _uneven_counts(par, num_layers)
-        for r, c in enumerate(counts):
-            if c % v:
-                where = "first" if r == 0 else "last" if r == p - 1 else "each middle"
-                raise SpecError(
-                    "parallel.first_stage_layers"
-                    if r == 0
-                    else "parallel.last_stage_layers"
-                    if r == p - 1
-                    else "parallel.pp",
-                    f"number of layers at the {where} stage: {c} must be divisible by the {v} chunks per rank "
-                    "(Megatron get_transformer_layer_offset splits each stage evenly over its virtual stages); "
-                    "give pipeline_layout for chunks of other sizes",
-                )
-        per = [counts[rank_of(par, k)] // v for k in range(n)]
+        per = _split_point_counts(par, num_layers)
+    elif par.first_stage_layers is not None or par.last_stage_layers is not None:
+        per = _uneven_chunk_counts(par, num_layers)
     else:
-        slots = num_layers + emb + loss
-        if slots % n:
-            what = f"num_layers {num_layers}" + (
-                f" + {emb + loss} (embedding/loss counted as layers)" if emb or loss else ""
-            )
-            split = f"pp*virtual_pipeline_stages = {p}*{v} = {n}" if v > 1 else f"pp {p}"
-            raise SpecError(
-                "parallel.pp",
-                f"{what} is not divisible by {split}; set first_stage_layers / last_stage_layers "
-                "(Megatron --decoder-first/last-pipeline-num-layers), account_for_embedding/loss_in_pipeline_split "
-                "or pipeline_layout to split unevenly",
-            )
-        per = [slots // n] * n
-        per[0] -= emb
-        per[-1] -= loss
+        per = _even_chunk_counts(par, num_layers)
     stages = [("t",) * c for c in per]
     stages[0] = ("E", *stages[0])
-    stages[-1] = (*stages[-1], *tail)
+    stages[-1] = (*stages[-1], *("m",) * mtp, "L")
     return tuple(stages)
+
+
+def _split_point_counts(par: ParallelSpec, num_layers: int) -> list[int]:
+    """Decoder layers per virtual stage from torch's pipeline_split_points."""
+    p, points = par.pp, list(par.pipeline_split_points)
+    bounds = [0, *points, num_layers]
+    if any(b >= a for a, b in zip(bounds[1:], bounds, strict=False)) or (
+        points and (points[0] < 1 or points[-1] >= num_layers)
+    ):
+        raise SpecError(
+            "parallel.pipeline_split_points",
+            f"split points {points} must rise strictly inside 1..{num_layers - 1} (num_layers {num_layers})",
+        )
+    n = len(bounds) - 1
+    if par.pipeline_schedule in V_SCHEDULES and n != 2 * p:
+        raise SpecError(
+            "parallel.pipeline_split_points",
+            f"{par.pipeline_schedule} runs 2 stages per rank: {2 * p} stages, got {n} from {len(points)} points",
+        )
+    if n % p:
+        raise SpecError(
+            "parallel.pipeline_split_points",
+            f"{len(points)} split points give {n} stages, not a multiple of pp {p}",
+        )
+    return [bounds[i + 1] - bounds[i] for i in range(n)]
+
+
+def _uneven_chunk_counts(par: ParallelSpec, num_layers: int) -> list[int]:
+    """Decoder layers per virtual stage with Megatron's first/last_stage_layers: each rank's share split evenly
+    over its chunks."""
+    p, n = par.pp, virtual_stages(par)
+    v = n // p
+    if par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split:
+        raise SpecError(
+            "parallel.account_for_embedding_in_pipeline_split",
+            "not modelled together with first_stage_layers / last_stage_layers: give pipeline_layout instead",
+        )
+    counts = _uneven_counts(par, num_layers)
+    for r, c in enumerate(counts):
+        if c % v:
+            where = "first" if r == 0 else "last" if r == p - 1 else "each middle"
+            raise SpecError(
+                "parallel.first_stage_layers"
+                if r == 0
+                else "parallel.last_stage_layers"
+                if r == p - 1
+                else "parallel.pp",
+                f"number of layers at the {where} stage: {c} must be divisible by the {v} chunks per rank "
+                "(Megatron get_transformer_layer_offset splits each stage evenly over its virtual stages); "
+                "give pipeline_layout for chunks of other sizes",
+            )
+    return [counts[rank_of(par, k)] // v for k in range(n)]
+
+
+def _even_chunk_counts(par: ParallelSpec, num_layers: int) -> list[int]:
+    """Decoder layers per virtual stage of an even split, the embedding and loss counted as layers when asked."""
+    p, n = par.pp, virtual_stages(par)
+    v = n // p
+    emb, loss = par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split
+    slots = num_layers + emb + loss
+    if slots % n:
+        what = f"num_layers {num_layers}" + (
+            f" + {emb + loss} (embedding/loss counted as layers)" if emb or loss else ""
+        )
+        split = f"pp*virtual_pipeline_stages = {p}*{v} = {n}" if v > 1 else f"pp {p}"
+        raise SpecError(
+            "parallel.pp",
+            f"{what} is not divisible by {split}; set first_stage_layers / last_stage_layers "
+            "(Megatron --decoder-first/last-pipeline-num-layers), account_for_embedding/loss_in_pipeline_split "
+            "or pipeline_layout to split unevenly",
+        )
+    per = [slots // n] * n
+    per[0] -= emb
+    per[-1] -= loss
+    return per
 
 
 def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
@@ -705,6 +733,16 @@ def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
             "parallel.virtual_pipeline_stages",
             f"virtual_pipeline_stages {par.virtual_pipeline_stages} but the layout has {v} chunks per rank ({n}/{p})",
         )
+    _check_layout_tokens(stages, num_layers, mtp)
+    for name in ("first_stage_layers", "last_stage_layers", "pipeline_split_points"):
+        if getattr(par, name) is not None:
+            raise SpecError(f"parallel.{name}", "give either pipeline_layout or this, not both")
+
+
+def _check_layout_tokens(stages, num_layers: int, mtp: int) -> None:
+    """An explicit layout holds the model: one embedding first, one loss last, every decoder layer, then the MTP
+    layers."""
+    f = "parallel.pipeline_layout"
     flat = [c for stage in stages for c in stage]
     counts = {c: flat.count(c) for c in LAYER_CHARS}
     if counts["E"] != 1 or counts["L"] != 1 or flat[0] != "E" or flat[-1] != "L":
@@ -719,6 +757,3 @@ def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
         raise SpecError(f, f"the layout holds {counts['m']} MTP layers (m) but the model has {mtp}")
     if "m" in flat and "t" in flat[flat.index("m") :]:
         raise SpecError(f, "decoder layers must come before the MTP layers (pipeline_parallel_layer_layout.py)")
-    for name in ("first_stage_layers", "last_stage_layers", "pipeline_split_points"):
-        if getattr(par, name) is not None:
-            raise SpecError(f"parallel.{name}", "give either pipeline_layout or this, not both")

@@ -7,76 +7,50 @@ from dataclasses import replace
 from ._errors import SpecError
 from .model import MLASpec, ModelSpec, MoESpec
 
+# Models of one family share their architecture: a family's first model is spelled out, the others are it with
+# what their config.json changes (dataclasses.replace).
+_LLAMA3_8B = ModelSpec(
+    32, 4096, 32, 14336, 128256, 8192, num_kv_heads=8, name="Llama-3 8B", published_params=8.03e9,
+    source="meta-llama/Meta-Llama-3-8B config.json; model card: 8.03B",
+)  # fmt: skip
+_MIXTRAL_8X7B = ModelSpec(
+    32, 4096, 32, 14336, 32000, 4096, num_kv_heads=8, name="Mixtral 8x7B", published_params=46.7e9,
+    moe=MoESpec(8, 2, 14336),
+    source="mistralai/Mixtral-8x7B-v0.1 config.json; Mixtral of Experts (2024): 47B total, 13B active",
+)  # fmt: skip
+_QWEN3_30B = ModelSpec(
+    48, 2048, 32, 6144, 151936, 4096, num_kv_heads=4, head_dim=128, qk_norm=True, name="Qwen3-30B-A3B",
+    published_params=30.5e9, moe=MoESpec(128, 8, 768),
+    source="Qwen/Qwen3-30B-A3B config.json; model card: 30.5B total, 3.3B active",
+)  # fmt: skip
+_GPT_OSS_120B = ModelSpec(
+    36, 2880, 64, 2880, 201088, 4096, num_kv_heads=8, head_dim=64, linear_bias=True, sliding_window=128,
+    full_attention_interval=2, attention_sinks=True, name="gpt-oss-120b", published_params=116.83e9,
+    moe=MoESpec(128, 4, 2880),
+    source="openai/gpt-oss-120b config.json; gpt-oss-120b & gpt-oss-20b Model Card (OpenAI, 2025) Table 1: "
+    "116.83B total, 5.13B active",
+)  # fmt: skip
+
 MODEL_PRESETS: dict[str, ModelSpec] = {
-    "llama3-8b": ModelSpec(
-        32,
-        4096,
-        32,
-        14336,
-        128256,
-        8192,
-        num_kv_heads=8,
-        name="Llama-3 8B",
-        published_params=8.03e9,
-        source="meta-llama/Meta-Llama-3-8B config.json; model card: 8.03B",
-    ),
-    "llama3-70b": ModelSpec(
-        80,
-        8192,
-        64,
-        28672,
-        128256,
-        8192,
-        num_kv_heads=8,
-        name="Llama-3 70B",
-        published_params=70.6e9,
+    "llama3-8b": _LLAMA3_8B,
+    "llama3-70b": replace(
+        _LLAMA3_8B, num_layers=80, hidden_size=8192, num_attention_heads=64, ffn_hidden_size=28672,
+        name="Llama-3 70B", published_params=70.6e9,
         source="meta-llama/Meta-Llama-3-70B config.json; model card: 70.6B",
     ),
-    "llama3-405b": ModelSpec(
-        126,
-        16384,
-        128,
-        53248,
-        128256,
-        8192,
-        num_kv_heads=8,
-        name="Llama-3.1 405B",
-        published_params=405.9e9,
+    "llama3-405b": replace(
+        _LLAMA3_8B, num_layers=126, hidden_size=16384, num_attention_heads=128, ffn_hidden_size=53248,
+        name="Llama-3.1 405B", published_params=405.9e9,
         source="meta-llama/Llama-3.1-405B config.json; The Llama 3 Herd of Models (2024), Table 3",
     ),
-    "mixtral-8x7b": ModelSpec(
-        32,
-        4096,
-        32,
-        14336,
-        32000,
-        4096,
-        num_kv_heads=8,
-        name="Mixtral 8x7B",
-        published_params=46.7e9,
-        moe=MoESpec(8, 2, 14336),
-        source="mistralai/Mixtral-8x7B-v0.1 config.json; Mixtral of Experts (2024): 47B total, 13B active",
-    ),
-    "mixtral-8x22b": ModelSpec(
-        56,
-        6144,
-        48,
-        16384,
-        32768,
-        4096,
-        num_kv_heads=8,
-        name="Mixtral 8x22B",
-        published_params=141e9,
-        moe=MoESpec(8, 2, 16384),
+    "mixtral-8x7b": _MIXTRAL_8X7B,
+    "mixtral-8x22b": replace(
+        _MIXTRAL_8X7B, num_layers=56, hidden_size=6144, num_attention_heads=48, ffn_hidden_size=16384,
+        vocab_size=32768, name="Mixtral 8x22B", published_params=141e9, moe=MoESpec(8, 2, 16384),
         source="mistralai/Mixtral-8x22B-v0.1 config.json; Mistral AI: 141B total, 39B active",
     ),
     "deepseek-v3": ModelSpec(
-        61,
-        7168,
-        128,
-        18432,
-        129280,
-        4096,
+        61, 7168, 128, 18432, 129280, 4096,
         num_kv_heads=128,
         head_dim=128,
         name="DeepSeek-V3",
@@ -98,81 +72,20 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         "model + 14B MTP module; the hub's MTP stores its own copies of the embedding and head, which the MTP "
         "here shares as in training (so total_params is 682.6B; with the two copies 684.5B); report: 37B active",
     ),
-    "qwen3-30b-a3b": ModelSpec(
-        48,
-        2048,
-        32,
-        6144,
-        151936,
-        4096,
-        num_kv_heads=4,
-        head_dim=128,
-        qk_norm=True,
-        name="Qwen3-30B-A3B",
-        published_params=30.5e9,
-        moe=MoESpec(128, 8, 768),
-        source="Qwen/Qwen3-30B-A3B config.json; model card: 30.5B total, 3.3B active",
-    ),
-    "qwen3-235b-a22b": ModelSpec(
-        94,
-        4096,
-        64,
-        12288,
-        151936,
-        4096,
-        num_kv_heads=4,
-        head_dim=128,
-        qk_norm=True,
-        name="Qwen3-235B-A22B",
-        published_params=235e9,
-        moe=MoESpec(128, 8, 1536),
+    "qwen3-30b-a3b": _QWEN3_30B,
+    "qwen3-235b-a22b": replace(
+        _QWEN3_30B, num_layers=94, hidden_size=4096, num_attention_heads=64, ffn_hidden_size=12288,
+        name="Qwen3-235B-A22B", published_params=235e9, moe=MoESpec(128, 8, 1536),
         source="Qwen/Qwen3-235B-A22B config.json; model card: 235B total, 22B activated",
     ),
-    "gpt-oss-120b": ModelSpec(
-        36,
-        2880,
-        64,
-        2880,
-        201088,
-        4096,
-        num_kv_heads=8,
-        head_dim=64,
-        linear_bias=True,
-        sliding_window=128,
-        full_attention_interval=2,
-        attention_sinks=True,
-        name="gpt-oss-120b",
-        published_params=116.83e9,
-        moe=MoESpec(128, 4, 2880),
-        source="openai/gpt-oss-120b config.json; gpt-oss-120b & gpt-oss-20b Model Card (OpenAI, 2025) Table 1: "
-        "116.83B total, 5.13B active",
-    ),
-    "gpt-oss-20b": ModelSpec(
-        24,
-        2880,
-        64,
-        2880,
-        201088,
-        4096,
-        num_kv_heads=8,
-        head_dim=64,
-        linear_bias=True,
-        sliding_window=128,
-        full_attention_interval=2,
-        attention_sinks=True,
-        name="gpt-oss-20b",
-        published_params=20.91e9,
-        moe=MoESpec(32, 4, 2880),
+    "gpt-oss-120b": _GPT_OSS_120B,
+    "gpt-oss-20b": replace(
+        _GPT_OSS_120B, num_layers=24, name="gpt-oss-20b", published_params=20.91e9, moe=MoESpec(32, 4, 2880),
         source="openai/gpt-oss-20b config.json; gpt-oss-120b & gpt-oss-20b Model Card (OpenAI, 2025) Table 1: "
         "20.91B total, 3.61B active",
     ),
     "qwen2-57b-a14b": ModelSpec(
-        28,
-        3584,
-        28,
-        18944,
-        151936,
-        4096,
+        28, 3584, 28, 18944, 151936, 4096,
         num_kv_heads=4,
         qkv_bias=True,
         name="Qwen2-57B-A14B",
@@ -182,12 +95,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         notes=("the shared-expert gate (hidden x 1 per layer, 0.1M parameters) is not modelled",),
     ),
     "gpt3-175b": ModelSpec(
-        96,
-        12288,
-        96,
-        49152,
-        50257,
-        2048,
+        96, 12288, 96, 49152, 50257, 2048,
         gated_mlp=False,
         tied_embeddings=True,
         norm="layernorm",
@@ -197,7 +105,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         published_params=175e9,
         source="Language Models are Few-Shot Learners (2020), Table 2.1: 175.0B",
     ),
-}
+}  # fmt: skip
 
 
 def model_preset(name: str) -> ModelSpec:

@@ -258,7 +258,7 @@ def assign_streams(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
     """The second half: each stage's once-per-iteration DP streams and tail, and what each pass exposes
     (TP behind the GEMMs with tp_comm_overlap, the CP ring behind attention, ZeRO-2/3 prefetch behind the
     pass), written into ``stages``."""
-    m, zeros = ctx.micro_batches, [0.0] * len(stages)
+    zeros = [0.0] * len(stages)
     acc, counts, volume = totals.time, totals.count, totals.volume
     grad, grad_n, grad_v = (
         acc.get("grad_reduce", zeros),
@@ -278,32 +278,45 @@ def assign_streams(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
         st.param_bytes = int(gather_v[i])
         st.param_gather_s, st.param_units = gather[i], gather_n[i]
         st.tail_s = tail[i]
-        comp = st.compute
-        for phase, pass_time in (("forward", comp.forward), ("backward", comp.backward)):
-            exposed = 0.0
-            for kind, stream, row in passes[phase]:
-                t = row[i] / m
-                if not t:
-                    continue
-                if kind == "tp" and flags.tp_comm_overlap:
-                    t = max(0.0, t - pass_time.gemm_s)
-                elif kind == "cp.ring" and flags.cp_ring_overlap:
-                    window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
-                    t = max(0.0, t - window)
-                elif kind == "dp" and prefetch:
-                    t = max(0.0, t - pass_time.total_s)
-                elif kind == "ep" and flags.moe_shared_expert_overlap and not flags.overlap_moe_expert_parallel_comm:
-                    t = max(0.0, t - pass_time.gemm_s * shared_expert_share(ctx, i, comp))
-                exposed += t
-                if t:
-                    key = (stream, phase)
-                    st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + t
-            if phase == "forward":
-                st.fwd_comm_s = exposed
-            else:
-                st.bwd_comm_s = exposed
+        st.fwd_comm_s = _pass_exposed(ctx, st, "forward", passes["forward"], flags, prefetch)
+        st.bwd_comm_s = _pass_exposed(ctx, st, "backward", passes["backward"], flags, prefetch)
         if flags.overlap_moe_expert_parallel_comm:
             overlap_forward_backward(st)
+
+
+def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:
+    """A stage's communication exposed in one pass (per micro-batch), each stream's share recorded in
+    ``st.exposed_by_stream``."""
+    comp = st.compute
+    pass_time = comp.forward if phase == "forward" else comp.backward
+    exposed = 0.0
+    for kind, stream, row in rows:
+        t = row[st.stage] / ctx.micro_batches
+        if not t:
+            continue
+        t = _behind_overlap(ctx, st, kind, phase, t, pass_time, flags, prefetch)
+        exposed += t
+        if t:
+            key = (stream, phase)
+            st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + t
+    return exposed
+
+
+def _behind_overlap(ctx: Context, st: StageStep, kind: str, phase: str, t: float, pass_time, flags: Overlap,
+                    prefetch: bool) -> float:  # fmt: skip
+    """What of ``t`` seconds of ``kind`` traffic stays exposed: TP behind the GEMMs with tp_comm_overlap, the
+    CP ring behind attention, ZeRO-2/3 prefetch behind the pass, EP behind the shared experts."""
+    comp = st.compute
+    if kind == "tp" and flags.tp_comm_overlap:
+        return max(0.0, t - pass_time.gemm_s)
+    if kind == "cp.ring" and flags.cp_ring_overlap:
+        window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
+        return max(0.0, t - window)
+    if kind == "dp" and prefetch:
+        return max(0.0, t - pass_time.total_s)
+    if kind == "ep" and flags.moe_shared_expert_overlap and not flags.overlap_moe_expert_parallel_comm:
+        return max(0.0, t - pass_time.gemm_s * shared_expert_share(ctx, st.stage, comp))
+    return t
 
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._errors import SpecError
+from ._errors import SpecError, at_least_one, one_of
 from .model import ModelSpec
 from .recipes import Recipe, recipe_of, validate_recipe
 
@@ -77,35 +77,30 @@ def validate_workload(w: WorkloadSpec) -> None:
         if value is not None and value not in DTYPE_BYTES:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
     validate_recipe(w.fp8_recipe, w.fp8_param_gather)
-    if w.attention_kernel not in ATTENTION_KERNELS:
-        raise SpecError(
-            "workload.attention_kernel",
-            f"must be one of {', '.join(ATTENTION_KERNELS)}, got {w.attention_kernel!r}",
-        )
+    one_of("workload.attention_kernel", w.attention_kernel, ATTENTION_KERNELS)
     if w.training:
-        _at_least_one("workload.micro_batch_size", w.micro_batch_size)
-        _at_least_one("workload.global_batch_size", w.global_batch_size)
-        if w.seq_length is not None:
-            _at_least_one("workload.seq_length", w.seq_length)
-        if w.activation_recompute not in RECOMPUTE:
-            raise SpecError(
-                "workload.activation_recompute",
-                f"must be one of {', '.join(RECOMPUTE)}, got {w.activation_recompute!r}",
-            )
-        _recompute_options(w)
-        if w.cpu_offloading_num_layers < 0:
-            raise SpecError("workload.cpu_offloading_num_layers", f"must be >= 0, got {w.cpu_offloading_num_layers}")
-        return
+        _training_workload(w)
+    else:
+        _inference_workload(w)
+
+
+def _training_workload(w: WorkloadSpec) -> None:
+    at_least_one("workload.micro_batch_size", w.micro_batch_size)
+    at_least_one("workload.global_batch_size", w.global_batch_size)
+    if w.seq_length is not None:
+        at_least_one("workload.seq_length", w.seq_length)
+    one_of("workload.activation_recompute", w.activation_recompute, RECOMPUTE)
+    _recompute_options(w)
+    if w.cpu_offloading_num_layers < 0:
+        raise SpecError("workload.cpu_offloading_num_layers", f"must be >= 0, got {w.cpu_offloading_num_layers}")
+
+
+def _inference_workload(w: WorkloadSpec) -> None:
     if w.phase not in ("prefill", "decode"):
         raise SpecError("workload.phase", f"must be 'prefill' or 'decode', got {w.phase!r}")
-    _at_least_one("workload.batch_size", w.batch_size)
+    at_least_one("workload.batch_size", w.batch_size)
     if w.context_length is not None:
-        _at_least_one("workload.context_length", w.context_length)
-
-
-def _at_least_one(field: str, value: int) -> None:
-    if value < 1:
-        raise SpecError(field, f"must be >= 1, got {value}")
+        at_least_one("workload.context_length", w.context_length)
 
 
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -116,48 +111,41 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 def _recompute_options(w: WorkloadSpec) -> None:
     """Megatron's TransformerConfig rules: method and layer count go with full recompute, modules with
     selective (transformer_config.py __post_init__)."""
-    full = w.activation_recompute == "full"
     if w.recompute_method is not None:
-        if w.recompute_method not in RECOMPUTE_METHODS:
-            raise SpecError(
-                "workload.recompute_method",
-                f"must be one of {', '.join(RECOMPUTE_METHODS)}, got {w.recompute_method!r}",
-            )
-        if not full:
-            raise SpecError(
-                "workload.recompute_method",
-                f"goes with activation_recompute 'full', got {w.activation_recompute!r}",
-            )
+        one_of("workload.recompute_method", w.recompute_method, RECOMPUTE_METHODS)
+        _goes_with("workload.recompute_method", "full", w)
     if w.recompute_num_layers is not None:
-        if not full:
-            raise SpecError(
-                "workload.recompute_num_layers",
-                f"goes with activation_recompute 'full', got {w.activation_recompute!r}",
-            )
-        _at_least_one("workload.recompute_num_layers", w.recompute_num_layers)
+        _goes_with("workload.recompute_num_layers", "full", w)
+        at_least_one("workload.recompute_num_layers", w.recompute_num_layers)
     if w.selective_ac_option is not None:
-        opt = w.selective_ac_option
-        if not (opt == "op" or (opt.isdigit() and int(opt) >= 1)):
-            raise SpecError(
-                "workload.selective_ac_option",
-                f"must be 'op' or a positive int representing layer frequency (torchtitan), got {opt!r}",
-            )
-        if w.activation_recompute != "selective" or w.recompute_modules is not None:
-            raise SpecError(
-                "workload.selective_ac_option",
-                "goes with activation_recompute 'selective' and no recompute_modules (torchtitan's mode selective)",
-            )
+        _selective_ac_option(w)
     if w.recompute_modules is not None:
-        if w.activation_recompute != "selective":
-            raise SpecError(
-                "workload.recompute_modules",
-                f"goes with activation_recompute 'selective', got {w.activation_recompute!r}",
-            )
+        _goes_with("workload.recompute_modules", "selective", w)
         bad = [m for m in w.recompute_modules if m not in RECOMPUTE_MODULES]
         if bad:
             raise SpecError(
                 "workload.recompute_modules", f"unknown module {bad[0]!r}; known: {', '.join(RECOMPUTE_MODULES)}"
             )
+
+
+def _goes_with(field: str, recompute: str, w: WorkloadSpec) -> None:
+    if w.activation_recompute != recompute:
+        raise SpecError(field, f"goes with activation_recompute {recompute!r}, got {w.activation_recompute!r}")
+
+
+def _selective_ac_option(w: WorkloadSpec) -> None:
+    """torchtitan's selective_ac_option: "op", or a layer frequency, under its mode selective."""
+    opt = w.selective_ac_option
+    if not (opt == "op" or (opt.isdigit() and int(opt) >= 1)):
+        raise SpecError(
+            "workload.selective_ac_option",
+            f"must be 'op' or a positive int representing layer frequency (torchtitan), got {opt!r}",
+        )
+    if w.activation_recompute != "selective" or w.recompute_modules is not None:
+        raise SpecError(
+            "workload.selective_ac_option",
+            "goes with activation_recompute 'selective' and no recompute_modules (torchtitan's mode selective)",
+        )
 
 
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)  # Megatron-Core's recompute_modules default

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import numpy as np
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter
 
 import collectives as coll
 from collectives.steps import schedule_view
@@ -17,7 +16,7 @@ from planner.plan import cluster_for
 
 from ..convert import cluster_spec
 from ..errors import BAD_INPUT, relocated
-from ..limits import check_router, encode, refuse, run_bounded
+from ..limits import check_router, refuse
 from ..schemas.collectives import (
     AlgorithmOut,
     PriceOut,
@@ -27,6 +26,7 @@ from ..schemas.collectives import (
     VerifyOut,
     VerifyRequest,
 )
+from ._bounded import bounded_post
 
 router = APIRouter(prefix="/v1/collectives", tags=["collectives"])
 # a CollectiveError's field, as named in the request body of these endpoints
@@ -41,19 +41,6 @@ PRICE_FIELDS = {"count": "message_bytes", "num_ranks": "ranks"}
 )
 def algorithms() -> list[dict]:
     return coll.catalogue()
-
-
-@router.post(
-    "/price",
-    responses=BAD_INPUT,
-    response_model=PriceOut,
-    summary="Price one collective call on a cluster",
-    description="All listed groups run the call at the same moment and share links. message_bytes follows "
-    "nccl-tests; bandwidth in GB/s = 1e9 B/s.",
-)
-async def price(body: PriceRequest, request: Request) -> Response:
-    settings = request.app.state.settings
-    return await run_bounded(request, lambda: encode(_price(body, settings), PriceOut))
 
 
 def _price(body: PriceRequest, settings) -> dict:
@@ -118,17 +105,17 @@ def _placement(body: PriceRequest, limit: int) -> np.ndarray:
     return np.array(groups, dtype=np.int64)
 
 
-@router.post(
-    "/verify",
-    responses=BAD_INPUT,
-    response_model=VerifyOut,
-    summary="Run an algorithm's schedule on random data",
-    description="Executes the same schedule that is priced on numpy buffers and compares the result with "
-    "the primitive's reference, and the bytes moved with the closed form.",
+bounded_post(
+    router,
+    "/price",
+    PriceRequest,
+    PriceOut,
+    _price,
+    name="price",
+    summary="Price one collective call on a cluster",
+    description="All listed groups run the call at the same moment and share links. message_bytes follows "
+    "nccl-tests; bandwidth in GB/s = 1e9 B/s.",
 )
-async def verify(body: VerifyRequest, request: Request) -> Response:
-    settings = request.app.state.settings
-    return await run_bounded(request, lambda: encode(_verify(body, settings.max_verify_elements), VerifyOut))
 
 
 def _verify(body: VerifyRequest, limit: int) -> dict:
@@ -152,6 +139,19 @@ def _verify(body: VerifyRequest, limit: int) -> dict:
         body.local_size,
     )
     return result.__dict__
+
+
+bounded_post(
+    router,
+    "/verify",
+    VerifyRequest,
+    VerifyOut,
+    lambda body, settings: _verify(body, settings.max_verify_elements),
+    name="verify",
+    summary="Run an algorithm's schedule on random data",
+    description="Executes the same schedule that is priced on numpy buffers and compares the result with "
+    "the primitive's reference, and the bytes moved with the closed form.",
+)
 
 
 @router.post(

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter
 
 from collectives import CollectiveError
 from collectives.topology.view import subgraph
@@ -12,24 +11,12 @@ from planner import SpecError
 from planner.plan import cluster_for
 
 from ..convert import cluster_spec
-from ..errors import BAD_INPUT, relocate
-from ..limits import check_router, encode, run_bounded
+from ..errors import relocate
+from ..limits import check_router
 from ..schemas.topology import TopologyOut, TopologyRequest
+from ._bounded import bounded_post
 
 router = APIRouter(prefix="/v1", tags=["topology"])
-
-
-@router.post(
-    "/topology",
-    responses=BAD_INPUT,
-    response_model=TopologyOut,
-    summary="The cluster subgraph one group's traffic touches",
-    description="Vertices (GPUs, switches, NICs, leaves, spines, routers) and edges carrying the link ids and "
-    "labels a plan's placement.links reports. Over 6 nodes: node boxes and rail bundles, at most 128 boxes.",
-)
-async def topology(body: TopologyRequest, request: Request) -> Response:
-    settings = request.app.state.settings
-    return await run_bounded(request, lambda: encode(_topology(body, settings), TopologyOut))
 
 
 def _topology(body: TopologyRequest, settings) -> dict:
@@ -53,3 +40,16 @@ def _topology(body: TopologyRequest, settings) -> dict:
         "vertices": [vars(v) for v in view.vertices],
         "edges": [vars(e) for e in view.edges],
     }
+
+
+bounded_post(
+    router,
+    "/topology",
+    TopologyRequest,
+    TopologyOut,
+    _topology,
+    name="topology",
+    summary="The cluster subgraph one group's traffic touches",
+    description="Vertices (GPUs, switches, NICs, leaves, spines, routers) and edges carrying the link ids and "
+    "labels a plan's placement.links reports. Over 6 nodes: node boxes and rail bundles, at most 128 boxes.",
+)

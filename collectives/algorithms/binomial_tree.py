@@ -8,6 +8,8 @@ reduce to position 0 + broadcast from it: 2 ceil(log2 n) steps.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import layouts
@@ -51,26 +53,13 @@ def _cost_allreduce(req: Request) -> Cost:
     return Cost(2 * depth, depth * req.message_bytes, depth * req.message_bytes)
 
 
-@register(
-    "binomial_tree",
-    Op.BROADCAST,
-    cost=_cost_broadcast,
-    formula="⌈log2 n⌉·(α + M·β)",
-    source="Thakur, Rabenseifner & Gropp 2005 §4.2",
+# the rooted trees: op -> its steps, the closed form
+_ROOTED = (
+    (Op.BROADCAST, broadcast_steps, _cost_broadcast, "⌈log2 n⌉·(α + M·β)", "Thakur, Rabenseifner & Gropp 2005 §4.2"),
+    (Op.REDUCE, reduce_steps, _cost_reduce, "⌈log2 n⌉·(α + M·β + M·γ)", "Thakur, Rabenseifner & Gropp 2005 §4.5"),
 )
-def binomial_broadcast(req: Request) -> Schedule:
-    return _rooted(req, broadcast_steps)
-
-
-@register(
-    "binomial_tree",
-    Op.REDUCE,
-    cost=_cost_reduce,
-    formula="⌈log2 n⌉·(α + M·β + M·γ)",
-    source="Thakur, Rabenseifner & Gropp 2005 §4.5",
-)
-def binomial_reduce(req: Request) -> Schedule:
-    return _rooted(req, reduce_steps)
+for _op, _steps, _cost, _formula, _source in _ROOTED:
+    register("binomial_tree", _op, cost=_cost, formula=_formula, source=_source)(partial(_rooted, steps_fn=_steps))
 
 
 @register(

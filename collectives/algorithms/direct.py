@@ -7,6 +7,8 @@ block at once (MPI's linear algorithms; NCCL builds both from grouped send/recv)
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import layouts
@@ -34,14 +36,15 @@ def _others_bytes(req: Request) -> tuple[int, int]:
     return req.message_bytes - root_share, largest
 
 
-def _cost_gather(req: Request) -> Cost:
-    at_root, largest = _others_bytes(req)
-    return Cost(int(req.num_ranks > 1), largest, at_root)
+def _cost_linear(to_root: bool):
+    """One step; the root receives (gather) or sends (scatter) every other block, the others their own."""
 
+    def cost(req: Request) -> Cost:
+        at_root, largest = _others_bytes(req)
+        sent, received = (largest, at_root) if to_root else (at_root, largest)
+        return Cost(int(req.num_ranks > 1), sent, received)
 
-def _cost_scatter(req: Request) -> Cost:
-    at_root, largest = _others_bytes(req)
-    return Cost(int(req.num_ranks > 1), at_root, largest)
+    return cost
 
 
 def _others(req: Request) -> np.ndarray:
@@ -59,26 +62,14 @@ def _linear(req: Request, to_root: bool) -> Schedule:
     )
 
 
-@register(
-    "direct",
-    Op.GATHER,
-    cost=_cost_gather,
-    formula="α + (n-1)/n·M·β at the root",
-    source="MPI linear gather; NCCL grouped send/recv",
-)
-def direct_gather(req: Request) -> Schedule:
-    return _linear(req, to_root=True)
-
-
-@register(
-    "direct",
-    Op.SCATTER,
-    cost=_cost_scatter,
-    formula="α + (n-1)/n·M·β at the root",
-    source="MPI linear scatter; NCCL grouped send/recv",
-)
-def direct_scatter(req: Request) -> Schedule:
-    return _linear(req, to_root=False)
+for _op, _to_root, _what in ((Op.GATHER, True, "gather"), (Op.SCATTER, False, "scatter")):
+    register(
+        "direct",
+        _op,
+        cost=_cost_linear(_to_root),
+        formula="α + (n-1)/n·M·β at the root",
+        source=f"MPI linear {_what}; NCCL grouped send/recv",
+    )(partial(_linear, to_root=_to_root))
 
 
 # Direct ("mesh") reduce-scatter / all-gather / allreduce: every rank talks to every other rank in one

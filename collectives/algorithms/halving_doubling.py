@@ -20,7 +20,7 @@ from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, Transfers
 from ._base import Cost, Request, floor_pow2, register
-from .recursive_doubling import fold_in, fold_out
+from .recursive_doubling import fold_in, folded
 
 
 def _exchange(owner: np.ndarray, p: int, mask: int, halving: bool, reduce: bool) -> Step:
@@ -49,6 +49,17 @@ def _held_bytes(sizes: np.ndarray, owner: np.ndarray, j: int, ranks: np.ndarray)
     return np.where((owner[None, :] >> j) == (ranks[:, None] >> j), sizes[None, :], 0).sum(axis=1)
 
 
+def _halving(owner: np.ndarray, p: int):
+    """The recursive-halving reduce-scatter among ranks 0..p-1: distances p/2, ..., 1."""
+    for mask in _masks_down(p):
+        yield _exchange(owner, p, mask, halving=True, reduce=True)
+
+
+def _fold_steps(n: int, p: int) -> int:
+    """The extra ranks' hand-in and hand-back (MPICH's non-power-of-two treatment)."""
+    return 2 if n > p else 0
+
+
 def _kept_bytes(sizes: np.ndarray, owner: np.ndarray, p: int) -> np.ndarray:
     """What each rank keeps after every halving step (= holds before every doubling step), summed."""
     ranks = np.arange(p)
@@ -65,11 +76,11 @@ def _cost_allreduce(req: Request) -> Cost:
     partner_held = sum(
         (_held_bytes(sizes, owner, j, ranks ^ (1 << j)) for j in range(p.bit_length() - 1)), np.zeros(p, np.int64)
     )
-    folded = ranks < n - p
-    sent = (m - sizes) + kept + folded * m
-    received = kept + partner_held + folded * m
+    has_extra = ranks < n - p  # the ranks an extra rank folded into
+    sent = (m - sizes) + kept + has_extra * m
+    received = kept + partner_held + has_extra * m
     extra = m if n > p else 0
-    steps = 2 * (p.bit_length() - 1) + (2 if n > p else 0)
+    steps = 2 * (p.bit_length() - 1) + _fold_steps(n, p)
     return Cost(steps, int(max(sent.max(), extra)), int(max(received.max(), extra)))
 
 
@@ -86,15 +97,13 @@ def halving_doubling_allreduce(req: Request) -> Schedule:
     layout = layouts.chunked(Op.ALLREDUCE, req.count, p)
     owner = np.arange(p)
 
-    def steps():
-        if n > p:
-            yield fold_in(n, owner)
-        for mask in _masks_down(p):
-            yield _exchange(owner, p, mask, halving=True, reduce=True)
+    def halving_doubling():
+        yield from _halving(owner, p)
         for mask in reversed(_masks_down(p)):
             yield _exchange(owner, p, mask, halving=False, reduce=False)
-        if n > p:
-            yield fold_out(n, owner)
+
+    def steps():
+        return folded(n, owner, halving_doubling())
 
     return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
 
@@ -112,13 +121,13 @@ def _cost_reducescatter(req: Request) -> Cost:
     owner = _virtual_owner(n)
     v = np.arange(p)
     owned = np.where(owner[None, :] == v[:, None], sizes[None, :], 0).sum(axis=1)
-    folded = v < n - p
-    returned = np.where(folded, sizes[np.minimum(v + p, n - 1)], 0)
+    has_extra = v < n - p
+    returned = np.where(has_extra, sizes[np.minimum(v + p, n - 1)], 0)
     sent = (m - owned) + returned
-    received = _kept_bytes(sizes, owner, p) + folded * m
+    received = _kept_bytes(sizes, owner, p) + has_extra * m
     extra_sent = m if n > p else 0
     extra_received = int(sizes[p:].max(initial=0))
-    steps = (p.bit_length() - 1) + (2 if n > p else 0)
+    steps = (p.bit_length() - 1) + _fold_steps(n, p)
     return Cost(steps, int(max(sent.max(), extra_sent)), int(max(received.max(), extra_received)))
 
 
@@ -138,9 +147,8 @@ def halving_doubling_reducescatter(req: Request) -> Schedule:
     def steps():
         if n > p:
             yield fold_in(n, np.arange(n))
-        for mask in _masks_down(p):
-            yield _exchange(owner, p, mask, halving=True, reduce=True)
-        if n > p:
+        yield from _halving(owner, p)
+        if n > p:  # rank j sends block p + j to rank p + j
             extra = np.arange(p, n)
             yield Step.of(Transfers.of(extra - p, extra, extra, extra, False))
 

@@ -106,44 +106,28 @@ def _cost_one_pass_gather(req: Request) -> Cost:
 _SOURCE = "Jia et al. 2018 (2D/hierarchical ring); NCCL CollNet; Horovod hierarchical allreduce"
 
 
-@register(
-    "hierarchical",
-    Op.ALLREDUCE,
-    cost=_cost_allreduce,
-    check=_check,
-    source=_SOURCE,
-    formula="2(g-1)·α_intra + 2(g-1)/g·M·β_intra + 2(N-1)·α_inter + 2(N-1)/(N·g)·M·β_inter",
-)
-def hierarchical_allreduce(req: Request) -> Schedule:
-    layout = layouts.chunked(Op.ALLREDUCE, req.count, req.num_ranks)
-    plan = [("intra", True), ("inter", True), ("inter", False), ("intra", False)]
-    return _hierarchical(req, layout, plan)
+# op: the layout, the ring passes (level, reduce?) in order, the closed form
+_PASSES = (
+    (Op.ALLREDUCE, layouts.chunked, [("intra", True), ("inter", True), ("inter", False), ("intra", False)],
+     _cost_allreduce, "2(g-1)·α_intra + 2(g-1)/g·M·β_intra + 2(N-1)·α_inter + 2(N-1)/(N·g)·M·β_inter"),
+    (Op.REDUCESCATTER, layouts.blocked, [("intra", True), ("inter", True)],
+     _cost_one_pass, "(g-1)·α_intra + (g-1)/g·M·β_intra + (N-1)·α_inter + (N-1)/(N·g)·M·β_inter"),
+    (Op.ALLGATHER, layouts.blocked, [("inter", False), ("intra", False)],
+     _cost_one_pass_gather, "(N-1)·α_inter + (N-1)/(N·g)·M·β_inter + (g-1)·α_intra + (g-1)/g·M·β_intra"),
+)  # fmt: skip
 
 
-@register(
-    "hierarchical",
-    Op.REDUCESCATTER,
-    cost=_cost_one_pass,
-    check=_check,
-    source=_SOURCE,
-    formula="(g-1)·α_intra + (g-1)/g·M·β_intra + (N-1)·α_inter + (N-1)/(N·g)·M·β_inter",
-)
-def hierarchical_reducescatter(req: Request) -> Schedule:
-    layout = layouts.blocked(Op.REDUCESCATTER, req.count, req.num_ranks)
-    return _hierarchical(req, layout, [("intra", True), ("inter", True)])
+def _passes(op: Op, layout, plan: list[tuple[str, bool]]):
+    def build(req: Request) -> Schedule:
+        return _hierarchical(req, layout(op, req.count, req.num_ranks), plan)
+
+    return build
 
 
-@register(
-    "hierarchical",
-    Op.ALLGATHER,
-    cost=_cost_one_pass_gather,
-    check=_check,
-    source=_SOURCE,
-    formula="(N-1)·α_inter + (N-1)/(N·g)·M·β_inter + (g-1)·α_intra + (g-1)/g·M·β_intra",
-)
-def hierarchical_allgather(req: Request) -> Schedule:
-    layout = layouts.blocked(Op.ALLGATHER, req.count, req.num_ranks)
-    return _hierarchical(req, layout, [("inter", False), ("intra", False)])
+for _op, _layout, _plan, _cost, _formula in _PASSES:
+    register("hierarchical", _op, cost=_cost, check=_check, source=_SOURCE, formula=_formula)(
+        _passes(_op, _layout, _plan)
+    )
 
 
 def _cost_alltoall(req: Request) -> Cost:

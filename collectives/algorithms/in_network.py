@@ -29,9 +29,15 @@ def _to_switch(n: int, slots, reduce: bool) -> Step:
     )
 
 
-def _schedule(req: Request, layout, steps) -> Schedule:
-    """Up and down use opposite link directions and the switch streams them (NVLS pipelines its chunks),
-    so for pricing both steps form one class: two latency terms, one bandwidth term."""
+def _schedule(req: Request, layout, body) -> Schedule:
+    """The steps ``body(n)`` yields (none on one rank). Up and down use opposite link directions and the switch
+    streams them (NVLS pipelines its chunks), so for pricing both steps form one class: two latency terms, one
+    bandwidth term."""
+    n = req.num_ranks
+
+    def steps():
+        if n > 1:
+            yield from body(n)
 
     def classes(slot_bytes):
         return merge(compress(steps(), slot_bytes), "pipelined up and down")
@@ -52,60 +58,51 @@ def _cost_allreduce(req: Request) -> Cost:
     source=_SOURCE,
 )
 def in_network_allreduce(req: Request) -> Schedule:
-    n = req.num_ranks
-    layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
-
-    def steps():
-        if n == 1:
-            return
-        yield _to_switch(n, [0], True)
-        yield Step.of(Transfers.of(n, np.arange(n), 0, 0, False))
-
-    return _schedule(req, layout, steps)
+    return _schedule(req, layouts.chunked(Op.ALLREDUCE, req.count, 1), _allreduce_steps)
 
 
-def _cost_reducescatter(req: Request) -> Cost:
-    if req.num_ranks == 1:
-        return Cost(0, 0, 0)
-    largest = int(block_sizes(req.count, req.num_ranks).max()) * req.itemsize
-    return Cost(2, req.message_bytes, largest)
+def _allreduce_steps(n: int):
+    yield _to_switch(n, [0], True)
+    yield Step.of(Transfers.of(n, np.arange(n), 0, 0, False))
 
 
-@register("in_network", Op.REDUCESCATTER, cost=_cost_reducescatter, formula="2·α + M·β up, M/n·β down", source=_SOURCE)
+def _cost_one_way(whole_up: bool):
+    """Two steps; one way carries the whole message, the other the largest block (reduce-scatter: M up, the
+    block down; all-gather: the block up, M down)."""
+
+    def cost(req: Request) -> Cost:
+        if req.num_ranks == 1:
+            return Cost(0, 0, 0)
+        largest = int(block_sizes(req.count, req.num_ranks).max()) * req.itemsize
+        return Cost(2, req.message_bytes, largest) if whole_up else Cost(2, largest, req.message_bytes)
+
+    return cost
+
+
+@register("in_network", Op.REDUCESCATTER, cost=_cost_one_way(True), formula="2·α + M·β up, M/n·β down", source=_SOURCE)
 def in_network_reducescatter(req: Request) -> Schedule:
-    n = req.num_ranks
-    layout = layouts.blocked(Op.REDUCESCATTER, req.count, n)
-
-    def steps():
-        if n == 1:
-            return
-        yield _to_switch(n, np.arange(n), True)
-        r = np.arange(n)
-        yield Step.of(Transfers.of(n, r, r, r, False))
-
-    return _schedule(req, layout, steps)
+    return _schedule(req, layouts.blocked(Op.REDUCESCATTER, req.count, req.num_ranks), _reducescatter_steps)
 
 
-def _cost_allgather(req: Request) -> Cost:
-    if req.num_ranks == 1:
-        return Cost(0, 0, 0)
-    largest = int(block_sizes(req.count, req.num_ranks).max()) * req.itemsize
-    return Cost(2, largest, req.message_bytes)
+def _reducescatter_steps(n: int):
+    yield _to_switch(n, np.arange(n), True)
+    r = np.arange(n)
+    yield Step.of(Transfers.of(n, r, r, r, False))
 
 
 @register(
-    "in_network", Op.ALLGATHER, cost=_cost_allgather, formula="2·α + M/n·β up, M·β down (multicast)", source=_SOURCE
+    "in_network",
+    Op.ALLGATHER,
+    cost=_cost_one_way(False),
+    formula="2·α + M/n·β up, M·β down (multicast)",
+    source=_SOURCE,
 )
 def in_network_allgather(req: Request) -> Schedule:
-    n = req.num_ranks
-    layout = layouts.blocked(Op.ALLGATHER, req.count, n)
+    return _schedule(req, layouts.blocked(Op.ALLGATHER, req.count, req.num_ranks), _allgather_steps)
 
-    def steps():
-        if n == 1:
-            return
-        r = np.arange(n)
-        yield Step.of(Transfers.of(r, n, r, r, False))
-        dst, slot = np.meshgrid(r, r, indexing="ij")
-        yield Step.of(Transfers.of(n, dst, slot, slot, False))
 
-    return _schedule(req, layout, steps)
+def _allgather_steps(n: int):
+    r = np.arange(n)
+    yield Step.of(Transfers.of(r, n, r, r, False))
+    dst, slot = np.meshgrid(r, r, indexing="ij")
+    yield Step.of(Transfers.of(n, dst, slot, slot, False))

@@ -35,6 +35,17 @@ def fold_out(n: int, slots) -> Step:
     return Step.of(Transfers.of(dst - p, dst, slot, slot, False))
 
 
+def folded(n: int, slots, inner):
+    """MPICH's non-power-of-two treatment around ``inner``, the steps among the p = floor_pow2(n) ranks: the extra
+    ranks fold their ``slots`` in before and get the result back after."""
+    p = floor_pow2(n)
+    if n > p:
+        yield fold_in(n, slots)
+    yield from inner
+    if n > p:
+        yield fold_out(n, slots)
+
+
 def exchange_and_reduce(peers: np.ndarray) -> Step:
     """Every rank r swaps its whole (single-slot) buffer with peers[r] and reduces: one step of recursive
     doubling, and of Swing with its own peers."""
@@ -60,16 +71,15 @@ def recursive_doubling_allreduce(req: Request) -> Schedule:
     p = floor_pow2(n)
     layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
 
-    def steps():
-        if n > p:
-            yield fold_in(n, [0])
+    def doubling():
         r = np.arange(p)
         mask = 1
         while mask < p:
             yield exchange_and_reduce(r ^ mask)
             mask <<= 1
-        if n > p:
-            yield fold_out(n, [0])
+
+    def steps():
+        return folded(n, [0], doubling())
 
     return Schedule(req.op, "recursive_doubling", n, req.count, req.itemsize, layout, steps)
 

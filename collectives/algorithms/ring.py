@@ -76,37 +76,25 @@ def _cost_one_pass(req: Request) -> Cost:
     return Cost(n - 1, share(m, n - 1, n), share(m, n - 1, n))
 
 
-@register(
-    "ring",
-    Op.ALLREDUCE,
-    cost=_cost_allreduce,
-    formula="2(n-1)·α + 2(n-1)/n·M·β",
-    source="Patarasuk & Yuan 2009; NCCL ring",
-)
-def ring_allreduce(req: Request) -> Schedule:
-    return _ring_schedule(req, layouts.chunked(Op.ALLREDUCE, req.count, req.num_ranks), [True, False])
+_ONE_PASS, _THAKUR = "(n-1)·α + (n-1)/n·M·β", "Thakur, Rabenseifner & Gropp 2005; NCCL ring"
+# op: the layout, the passes round the ring (True: reduce-scatter, False: all-gather), the closed form
+_PASSES = (
+    (Op.ALLREDUCE, layouts.chunked, [True, False], _cost_allreduce, "2(n-1)·α + 2(n-1)/n·M·β",
+     "Patarasuk & Yuan 2009; NCCL ring"),
+    (Op.REDUCESCATTER, layouts.blocked, [True], _cost_one_pass, _ONE_PASS, _THAKUR),
+    (Op.ALLGATHER, layouts.blocked, [False], _cost_one_pass, _ONE_PASS, _THAKUR),
+)  # fmt: skip
 
 
-@register(
-    "ring",
-    Op.REDUCESCATTER,
-    cost=_cost_one_pass,
-    formula="(n-1)·α + (n-1)/n·M·β",
-    source="Thakur, Rabenseifner & Gropp 2005; NCCL ring",
-)
-def ring_reducescatter(req: Request) -> Schedule:
-    return _ring_schedule(req, layouts.blocked(Op.REDUCESCATTER, req.count, req.num_ranks), [True])
+def _passes(op: Op, layout, phases: list[bool]):
+    def build(req: Request) -> Schedule:
+        return _ring_schedule(req, layout(op, req.count, req.num_ranks), phases)
+
+    return build
 
 
-@register(
-    "ring",
-    Op.ALLGATHER,
-    cost=_cost_one_pass,
-    formula="(n-1)·α + (n-1)/n·M·β",
-    source="Thakur, Rabenseifner & Gropp 2005; NCCL ring",
-)
-def ring_allgather(req: Request) -> Schedule:
-    return _ring_schedule(req, layouts.blocked(Op.ALLGATHER, req.count, req.num_ranks), [False])
+for _op, _layout, _phases, _cost, _formula, _source in _PASSES:
+    register("ring", _op, cost=_cost, formula=_formula, source=_source)(_passes(_op, _layout, _phases))
 
 
 def _cost_broadcast(req: Request) -> Cost:

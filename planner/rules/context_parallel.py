@@ -18,7 +18,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, recomputed, stage_classes
+from ..ledger import Call, recomputed, rule_call, stage_classes
 
 SOURCE = "TransformerEngine attention.py (AttnFuncWithCP*); Megatron-Core cp_comm_type"
 ULYSSES = "TransformerEngine attention.py AttnFuncWithCPAndQKVOA2A / flash_attn_a2a_communicate (one a2a per tensor)"
@@ -66,32 +66,26 @@ def calls(ctx: Context) -> list[Call]:
 
 
 def _cp(ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int, pairs=None) -> Call:
-    return Call(
-        name=name,
-        op=op,
-        phase=phase,
-        message_bytes=message,
-        calls_per_iteration=count,
-        group=Group(("cp",), pairs=pairs),
-        source=ULYSSES if op == Op.ALLTOALL else SOURCE,
+    group, source = Group(("cp",), pairs=pairs), ULYSSES if op == Op.ALLTOALL else SOURCE
+    return rule_call(
+        name=name, op=op, phase=phase, message=message, count=count, group=group, source=source,
         dtype=ctx.work.activation_dtype,
-    )
+    )  # fmt: skip
+
+
+def _ring_sends(ctx: Context, layers: int, phase: str, *names: str) -> list[Call]:
+    """The p2p ring's exchanges: each named one is c-1 KV-sized sends per layer to the ring's next rank."""
+    count = (ctx.par.cp - 1) * layers
+    return [
+        _cp(ctx, name=name, op=Op.SENDRECV, phase=phase, message=kv_bytes(ctx), count=count, pairs="ring")
+        for name in names
+    ]
 
 
 def _forward(ctx: Context, layers: int) -> list[Call]:
     c, kv = ctx.par.cp, kv_bytes(ctx)
     if ctx.par.cp_comm == "p2p":
-        return [
-            _cp(
-                ctx,
-                name="cp.attn.kv",
-                op=Op.SENDRECV,
-                phase="forward",
-                message=kv,
-                count=(c - 1) * layers,
-                pairs="ring",
-            )
-        ]
+        return _ring_sends(ctx, layers, "forward", "cp.attn.kv")
     if ctx.par.cp_comm == "all_gather":
         return [_cp(ctx, name="cp.attn.kv_gather", op=Op.ALLGATHER, phase="forward", message=c * kv, count=layers)]
     return [
@@ -103,26 +97,7 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
 def _backward(ctx: Context, layers: int) -> list[Call]:
     c, kv = ctx.par.cp, kv_bytes(ctx)
     if ctx.par.cp_comm == "p2p":
-        return [
-            _cp(
-                ctx,
-                name="cp.attn.kv.bwd",
-                op=Op.SENDRECV,
-                phase="backward",
-                message=kv,
-                count=(c - 1) * layers,
-                pairs="ring",
-            ),
-            _cp(
-                ctx,
-                name="cp.attn.dkv",
-                op=Op.SENDRECV,
-                phase="backward",
-                message=kv,
-                count=(c - 1) * layers,
-                pairs="ring",
-            ),
-        ]
+        return _ring_sends(ctx, layers, "backward", "cp.attn.kv.bwd", "cp.attn.dkv")
     if ctx.par.cp_comm == "all_gather":
         return [
             _cp(ctx, name="cp.attn.kv_gather.bwd", op=Op.ALLGATHER, phase="backward", message=c * kv, count=layers),

@@ -32,6 +32,7 @@ from ..context import Context
 from ..flavours import Zero
 from ..layout import Group
 from ..ledger import Call
+from ..ledger import rule_call as _call
 from ..params import Param, alike_stages, stage_params
 from ..recipes import quantized
 from . import deepspeed
@@ -109,18 +110,10 @@ def _megatron_step(ctx: Context) -> list[Call]:
     if ctx.work.param_dtype == "fp16":
         wanted.insert(0, ("found_inf", where + "optimizer.py _unscale_main_grads_and_check_for_nan"))
     return [
-        Call(
-            name=f"dp.{name}",
-            op=Op.ALLREDUCE,
-            phase="optimizer",
-            message_bytes=4,
-            calls_per_iteration=1,
-            group=Group(dims),
-            source=source,
-            dtype="fp32",
-        )
+        _call(name=f"dp.{name}", op=Op.ALLREDUCE, phase="optimizer", message=4, count=1, group=Group(dims),
+              source=source, dtype="fp32")
         for name, source in wanted
-    ]
+    ]  # fmt: skip
 
 
 def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int, pp_stage: int) -> list[Call]:
@@ -150,32 +143,18 @@ def _bucketed(ctx: Context, params: Sequence[Param], group: Group, kind: str, si
     gbytes, pbytes, m = ctx.grad_bytes, ctx.param_bytes, ctx.micro_batches
     out = ddp_used_map(ctx, params, group, kind)
     for numel, count in _counted(buckets):
+        # ZeRO-0 all-reduces the bucket's gradients; ZeRO-1/2 reduce-scatter them (ZeRO-2 every micro-batch)
+        # and all-gather the updated parameters
+        grads = _call(
+            name=f"{kind}.grads", op=Op.ALLREDUCE if stage == 0 else Op.REDUCESCATTER, phase="backward",
+            message=numel * gbytes, count=count * (m if stage == 2 else 1), group=group, source=source,
+            dtype=ctx.grad_dtype,
+        )  # fmt: skip
         if stage == 0:
-            out.append(
-                _call(
-                    name=f"{kind}.grads",
-                    op=Op.ALLREDUCE,
-                    phase="backward",
-                    message=numel * gbytes,
-                    count=count,
-                    group=group,
-                    source=source,
-                    dtype=ctx.grad_dtype,
-                )
-            )
+            out.append(grads)
             continue
-        reduce_count = count * (m if stage == 2 else 1)
         out += [
-            _call(
-                name=f"{kind}.grads",
-                op=Op.REDUCESCATTER,
-                phase="backward",
-                message=numel * gbytes,
-                count=reduce_count,
-                group=group,
-                source=source,
-                dtype=ctx.grad_dtype,
-            ),
+            grads,
             _call(
                 name=f"{kind}.params" + (".fp8" if recipe else ""),
                 op=Op.ALLGATHER,
@@ -189,19 +168,6 @@ def _bucketed(ctx: Context, params: Sequence[Param], group: Group, kind: str, si
             ),
         ]
     return out
-
-
-def _call(*, name: str, op: Op, phase: str, message: int, count: int, group: Group, source: str, dtype: str) -> Call:
-    return Call(
-        name=name,
-        op=op,
-        phase=phase,
-        message_bytes=message,
-        calls_per_iteration=count,
-        group=group,
-        source=source,
-        dtype=dtype,
-    )
 
 
 def _buckets(ctx: Context, params: Sequence[Param], dp_size: int) -> list[int]:

@@ -45,7 +45,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call
+from ..ledger import Call, rule_call
 from ..params import Param
 
 DS = "DeepSpeed 0.19.6 "
@@ -68,15 +68,9 @@ def calls(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: 
 def _call(
     *, name: str, op: Op, phase: str, elements: int, count: int, group: Group, source: str, dtype: str, itemsize: int
 ) -> Call:
-    return Call(
-        name=name,
-        op=op,
-        phase=phase,
-        message_bytes=elements * itemsize,
-        calls_per_iteration=count,
-        group=group,
-        source=DS + source,
-        dtype=dtype,
+    message = elements * itemsize
+    return rule_call(
+        name=name, op=op, phase=phase, message=message, count=count, group=group, source=DS + source, dtype=dtype
     )
 
 
@@ -87,6 +81,16 @@ def _rows(ctx: Context, sizes: list[int], **kw) -> list[Call]:
     for s in sizes:
         counts[s] = counts.get(s, 0) + 1
     return [_call(elements=s, count=n * per, **kw) for s, n in counts.items()]
+
+
+def _grads(ctx: Context, group: Group) -> dict:
+    """The keywords of a gradient row (its group, dtype and bytes per element)."""
+    return {"group": group, "dtype": ctx.grad_dtype, "itemsize": ctx.grad_bytes}
+
+
+def _params(ctx: Context, group: Group) -> dict:
+    """The keywords of a parameter row."""
+    return {"group": group, "dtype": ctx.work.param_dtype, "itemsize": ctx.param_bytes}
 
 
 def _padded(numel: int, ranks: int) -> int:
@@ -105,17 +109,8 @@ def _zero0(ctx: Context, numels: list[int], group: Group, kind: str) -> list[Cal
             current = 0
     if current:
         buckets.append(current)
-    return _rows(
-        ctx,
-        buckets,
-        name=f"{kind}.grads",
-        op=Op.ALLREDUCE,
-        phase="backward",
-        group=group,
-        source="engine.py buffered_allreduce_fallback",
-        dtype=ctx.grad_dtype,
-        itemsize=ctx.grad_bytes,
-    )
+    grads = {"name": f"{kind}.grads", "op": Op.ALLREDUCE, "phase": "backward", **_grads(ctx, group)}
+    return _rows(ctx, buckets, source="engine.py buffered_allreduce_fallback", **grads)
 
 
 # ---- ZeRO-1/2 -----------------------------------------------------------------------------------------------
@@ -165,29 +160,12 @@ def _zero12(ctx: Context, numels: list[int], group: Group, kind: str, size: int)
     partition = _flat_partition(numels, size)
     order = list(range(len(numels))) if stage == 1 else list(reversed(range(len(numels))))
     sizes = [s for b in _ipg_buckets(numels, order, cap) for s in _allreduce_sizes(b, numels, starts, partition, cap)]
-    grads = _rows(
-        ctx,
-        sizes,
-        per=ctx.micro_batches if stage == 2 else 1,
-        name=f"{kind}.grads",
-        op=Op.ALLREDUCE,
-        phase="backward",
-        group=group,
-        dtype=ctx.grad_dtype,
-        itemsize=ctx.grad_bytes,
-        source="stage_1_and_2.py average_tensor -> allreduce_and_scatter",
-    )
-    gather = _call(
-        name=f"{kind}.params",
-        op=Op.ALLGATHER,
-        phase="optimizer",
-        elements=partition * size,
-        count=1,
-        group=group,
-        source="runtime/utils.py all_gather_into_tensor_dp_groups",
-        dtype=ctx.work.param_dtype,
-        itemsize=ctx.param_bytes,
-    )
+    per, source = ctx.micro_batches if stage == 2 else 1, "stage_1_and_2.py average_tensor -> allreduce_and_scatter"
+    grads = _rows(ctx, sizes, per=per, name=f"{kind}.grads", op=Op.ALLREDUCE, phase="backward", source=source,
+                  **_grads(ctx, group))  # fmt: skip
+    source = "runtime/utils.py all_gather_into_tensor_dp_groups"
+    gather = _call(name=f"{kind}.params", op=Op.ALLGATHER, phase="optimizer", elements=partition * size, count=1,
+                   source=source, **_params(ctx, group))  # fmt: skip
     return [*grads, gather]
 
 
@@ -207,7 +185,7 @@ def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size:
     zc, m = ctx.par.zero_config, ctx.micro_batches
     persist = [n <= zc.stage3_param_persistence_threshold for n in numels]
     fetches = fetch_sizes(numels, persist, ctx.par.zero_config, size, module_tree(params))
-    param = {"group": group, "dtype": ctx.work.param_dtype, "itemsize": ctx.param_bytes}
+    param = _params(ctx, group)
     out = []
     hpz = zc.zero_hpz_partition_size
     secondary = _sub_group(ctx, group, hpz) if hpz > 1 else group
@@ -227,18 +205,9 @@ def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size:
         out += _qgz(ctx, numels, buckets, group, kind, size)
     else:
         rs = [sum(_padded(numels[i], size) for i in b) for b in buckets]
-        out += _rows(
-            ctx,
-            rs,
-            per=m,
-            name=f"{kind}.grads",
-            op=Op.REDUCESCATTER,
-            phase="backward",
-            group=group,
-            dtype=ctx.grad_dtype,
-            itemsize=ctx.grad_bytes,
-            source="stage3.py __avg_scatter_grads -> reduce_scatter_coalesced",
-        )
+        source = "stage3.py __avg_scatter_grads -> reduce_scatter_coalesced"
+        out += _rows(ctx, rs, per=m, name=f"{kind}.grads", op=Op.REDUCESCATTER, phase="backward", source=source,
+                     **_grads(ctx, group))  # fmt: skip
     resident = [_padded(n, size) for n, p in zip(numels, persist, strict=True) if p]
     out += _rows(
         ctx,
@@ -369,59 +338,90 @@ def _fetch_plan(
     numels: tuple[int, ...], persist: tuple[bool, ...], zc, tree: tuple | None
 ) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(phase, parameter indices) of every all-gather: the coordinator's replay (fetch_sizes)."""
-    if tree is None:
-        forward: list[tuple[int, ...]] = [(i,) for i in range(len(numels))]
-        order = forward + forward[::-1]
-    else:
-        forward = module_walk(tree, backward=False)
-        order = forward + module_walk(tree, backward=True)
-    sizes = [sum(numels[i] for i in m) for m in order]
-    traversed = [0, *accumulate(sizes)]  # numel of the modules order[:k]
-    next_use: list[dict[int, int]] = [{} for _ in order]
-    last_seen: dict[int, int] = {}
-    for step in reversed(range(len(order))):
-        next_use[step] = {p: last_seen.get(p, len(order)) for p in order[step]}
-        last_seen.update({p: step for p in order[step]})
-    queue = [(step, p) for step, m in enumerate(order) for p in sorted(m)]  # the recorded parameter trace
-    head = 0
-    available = list(persist)
-    recent = [-(10**18)] * len(numels)  # most recent trace step the prefetcher has passed, per parameter
-    live = 0
+    forward, order = _trace_order(len(numels), tree)
+    replay = _Replay(numels, persist, zc, order)
     out: list[tuple[str, tuple[int, ...]]] = []
     for step, module in enumerate(order):
         phase = "forward" if step < len(forward) else "backward"
-        missing = [p for p in module if not available[p]]
+        missing = tuple(p for p in module if not replay.available[p])
         if missing:  # the module's own parameters, one call
-            out.append((phase, tuple(missing)))
-            for p in missing:
-                available[p] = True
-            live += sum(numels[p] for p in missing)
-        for _ in [p for p in module if recent[p] < step]:  # their trace entries leave the queue
-            s, q = queue[head]
-            recent[q] = max(recent[q], s)
-            head += 1
-        limit, batch, prefetching = min(zc.stage3_max_live_parameters - live, zc.stage3_prefetch_bucket_size), {}, 0
-        while head < len(queue) and prefetching < limit:
-            s, q = queue[head]
-            head += 1
-            recent[q] = max(recent[q], s)
-            if not available[q] and q not in batch:
-                batch[q] = None  # an ordered set
-                prefetching += numels[q]
+            out.append((phase, missing))
+            replay.gather(missing)
+        replay.pass_trace(module, step)
+        batch = replay.prefetch()
         if batch:
-            out.append((phase, tuple(batch)))
-            for q in batch:
-                available[q] = True
-            live += prefetching
-        # release_sub_module after the module ran (the coordinator's step id is now step + 1)
-        for p in module:
-            if persist[p] or recent[p] > step + 1:
-                continue
-            nxt = next_use[step][p]
-            reused = nxt < len(order) and traversed[nxt] - traversed[step + 1] < zc.stage3_max_reuse_distance
-            if not reused:
-                available[p], live = False, live - numels[p]
+            out.append((phase, batch))
+            replay.gather(batch)
+        replay.release(module, step)
     return tuple(out)
+
+
+def _trace_order(count: int, tree: tuple | None) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """(forward modules, forward + backward modules), each module the parameter indices it owns."""
+    if tree is None:
+        forward: list[tuple[int, ...]] = [(i,) for i in range(count)]
+        return forward, forward + forward[::-1]
+    forward = module_walk(tree, backward=False)
+    return forward, forward + module_walk(tree, backward=True)
+
+
+class _Replay:
+    """PartitionedParameterCoordinator's state while the recorded trace replays: which parameters are gathered,
+    the elements live, and how far the prefetcher has read the trace."""
+
+    def __init__(self, numels: tuple[int, ...], persist: tuple[bool, ...], zc, order: list[tuple[int, ...]]):
+        self.numels, self.persist, self.zc, self.order = numels, persist, zc, order
+        sizes = [sum(numels[i] for i in m) for m in order]
+        self.traversed = [0, *accumulate(sizes)]  # numel of the modules order[:k]
+        self.next_use: list[dict[int, int]] = [{} for _ in order]
+        last_seen: dict[int, int] = {}
+        for step in reversed(range(len(order))):
+            self.next_use[step] = {p: last_seen.get(p, len(order)) for p in order[step]}
+            last_seen.update({p: step for p in order[step]})
+        self.queue = [(step, p) for step, m in enumerate(order) for p in sorted(m)]  # the recorded parameter trace
+        self.head = 0
+        self.available = list(persist)
+        self.recent = [-(10**18)] * len(numels)  # most recent trace step the prefetcher has passed, per parameter
+        self.live = 0
+
+    def gather(self, params: tuple[int, ...]) -> None:
+        for p in params:
+            self.available[p] = True
+        self.live += sum(self.numels[p] for p in params)
+
+    def _read(self) -> int:
+        s, q = self.queue[self.head]
+        self.recent[q] = max(self.recent[q], s)
+        self.head += 1
+        return q
+
+    def pass_trace(self, module: tuple[int, ...], step: int) -> None:
+        """The module's own trace entries leave the queue."""
+        for _ in range(sum(1 for p in module if self.recent[p] < step)):
+            self._read()
+
+    def prefetch(self) -> tuple[int, ...]:
+        """Parameters read ahead in the trace, up to the bucket size and the live limit (an ordered set)."""
+        limit = min(self.zc.stage3_max_live_parameters - self.live, self.zc.stage3_prefetch_bucket_size)
+        batch: dict[int, None] = {}
+        prefetching = 0
+        while self.head < len(self.queue) and prefetching < limit:
+            q = self._read()
+            if not self.available[q] and q not in batch:
+                batch[q] = None
+                prefetching += self.numels[q]
+        return tuple(batch)
+
+    def release(self, module: tuple[int, ...], step: int) -> None:
+        """release_sub_module after the module ran (the coordinator's step id is now step + 1): a parameter
+        not reused within stage3_max_reuse_distance is partitioned again."""
+        for p in module:
+            if self.persist[p] or self.recent[p] > step + 1:
+                continue
+            nxt, distance = self.next_use[step][p], self.zc.stage3_max_reuse_distance
+            reused = nxt < len(self.order) and self.traversed[nxt] - self.traversed[step + 1] < distance
+            if not reused:
+                self.available[p], self.live = False, self.live - self.numels[p]
 
 
 def module_walk(node, backward: bool) -> list[tuple[int, ...]]:
@@ -500,33 +500,14 @@ def _step_checks(ctx: Context, numels: list[int], group: Group, kind: str, size:
     if ctx.par.tp * ctx.par.pp > 1:
         groups.append(Group(("tp", "pp")))
     out = []
+    home = "stage3.py" if stage == 3 else "stage_1_and_2.py"
+    checks = [("overflow_check", 1, "uint8", OVERFLOW_BYTES, "has_overflow")] if overflow else []
+    checks.append(("grad_norm", norms, "fp64" if stage == 3 else "fp32", NORM_BYTES[stage], "get_grad_norm_direct"))
     for g in groups:
         where = "" if g is group else ".model_parallel"
-        if overflow:
-            out.append(
-                _call(
-                    name=f"{kind}.overflow_check{where}",
-                    op=Op.ALLREDUCE,
-                    phase="optimizer",
-                    elements=1,
-                    count=1,
-                    group=g,
-                    dtype="uint8",
-                    itemsize=OVERFLOW_BYTES,
-                    source=("stage3.py" if stage == 3 else "stage_1_and_2.py") + " has_overflow",
-                )
-            )
-        out.append(
-            _call(
-                name=f"{kind}.grad_norm{where}",
-                op=Op.ALLREDUCE,
-                phase="optimizer",
-                elements=1,
-                count=norms,
-                group=g,
-                dtype="fp64" if stage == 3 else "fp32",
-                itemsize=NORM_BYTES[stage],
-                source=("stage3.py" if stage == 3 else "stage_1_and_2.py") + " get_grad_norm_direct",
-            )
-        )
+        out += [
+            _call(name=f"{kind}.{what}{where}", op=Op.ALLREDUCE, phase="optimizer", elements=1, count=count, group=g,
+                  dtype=dt, itemsize=nbytes, source=f"{home} {function}")
+            for what, count, dt, nbytes, function in checks
+        ]  # fmt: skip
     return out

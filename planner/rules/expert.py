@@ -20,11 +20,13 @@ combine stays in the activation dtype. torchtitan's EP exchanges the counts with
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, recomputed, stage_classes
+from ..ledger import Call, recomputed, rule_call, stage_classes
 from . import deepep, engine_gather
 
 M = "Megatron-LM d98e8a6 "
@@ -110,7 +112,7 @@ def _routed(ctx: Context) -> int:
 
 
 def _forward(ctx: Context, layers: int) -> list[Call]:
-    moe, par, h = ctx.model.moe, ctx.par, ctx.model.hidden_size
+    moe, par = ctx.model.moe, ctx.par
     rows = _routed(ctx)
     out = []
     if ctx.par.ep_dispatch == "allgather":
@@ -127,29 +129,7 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     if low_latency:
         return _low_latency(ctx, layers, rows) + _expert_tp(ctx, layers, rows, "forward")
     if par.ep > 1:
-        group = Group(("ep",), expert=True)
-        out += [
-            _ep(
-                ctx,
-                name="ep.dispatch",
-                op=Op.ALLTOALL,
-                phase="forward",
-                message=equal_blocks(rows * dispatch_row_bytes(ctx), par.ep),
-                count=layers,
-                group=group,
-                source=SOURCE + ("; " + FP8_SCALES if _fp8(ctx) else ""),
-                dtype=ctx.work.moe_dispatch_dtype,
-            ),
-            _ep(
-                ctx,
-                name="ep.combine",
-                op=Op.ALLTOALL,
-                phase="forward",
-                message=equal_blocks(rows * h * ctx.x, par.ep),
-                count=layers,
-                group=group,
-            ),
-        ]
+        out += _dispatch_combine(ctx, layers, rows)
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
 
@@ -167,33 +147,22 @@ DEEPEP_LL_SOURCE = "DeepEP low-latency kernels (Buffer.low_latency_dispatch/comb
 
 
 def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
-    group = Group(("ep",), expert=True)
+    calls = _dispatch_combine(ctx, layers, rows, ".ll", DEEPEP_LL_SOURCE)
+    return [replace(c, fixed_s=DEEPEP_LL_KERNEL_S) for c in calls]
+
+
+def _dispatch_combine(ctx: Context, layers: int, rows: int, suffix: str = "", source: str = SOURCE) -> list[Call]:
+    """A MoE layer's forward all-to-alls over EP: the routed rows out (with their fp8 scales when the dispatch
+    is fp8) and the expert outputs back at the activation width."""
+    group, scales = Group(("ep",), expert=True), "; " + FP8_SCALES if _fp8(ctx) else ""
     return [
-        Call(
-            name="ep.dispatch.ll",
-            op=Op.ALLTOALL,
-            phase="forward",
-            message_bytes=equal_blocks(rows * dispatch_row_bytes(ctx), ctx.par.ep),
-            calls_per_iteration=layers,
-            group=group,
-            source=DEEPEP_LL_SOURCE + ("; " + FP8_SCALES if _fp8(ctx) else ""),
-            dtype=ctx.work.moe_dispatch_dtype or ctx.work.activation_dtype,
-            parallelism="ep",
-            fixed_s=DEEPEP_LL_KERNEL_S,
-        ),
-        Call(
-            name="ep.combine.ll",
-            op=Op.ALLTOALL,
-            phase="forward",
-            message_bytes=equal_blocks(rows * ctx.model.hidden_size * ctx.x, ctx.par.ep),
-            calls_per_iteration=layers,
-            group=group,
-            source=DEEPEP_LL_SOURCE,
-            dtype=ctx.work.activation_dtype,
-            parallelism="ep",
-            fixed_s=DEEPEP_LL_KERNEL_S,
-        ),
-    ]
+        _ep(ctx, name="ep.dispatch" + suffix, op=Op.ALLTOALL, phase="forward",
+            message=equal_blocks(rows * dispatch_row_bytes(ctx), ctx.par.ep), count=layers, group=group,
+            source=source + scales, dtype=ctx.work.moe_dispatch_dtype),
+        _ep(ctx, name="ep.combine" + suffix, op=Op.ALLTOALL, phase="forward",
+            message=equal_blocks(rows * ctx.model.hidden_size * ctx.x, ctx.par.ep), count=layers, group=group,
+            source=source),
+    ]  # fmt: skip
 
 
 def equal_blocks(message: int, ranks: int) -> int:
@@ -238,41 +207,21 @@ def _token_counts(ctx: Context, layers: int) -> Call:
             dtype="int64",
         )
     counts = par.etp * par.ep * moe.num_experts * 8
+    group = Group(("tp", "ep"), expert=True)
     return _ep(
-        ctx,
-        name="ep.token_counts",
-        op=Op.ALLGATHER,
-        phase="forward",
-        message=counts,
-        count=layers,
-        group=Group(("tp", "ep"), expert=True),
-        source=SOURCE + " preprocess",
-        dtype="int64",
-    )
+        ctx, name="ep.token_counts", op=Op.ALLGATHER, phase="forward", message=counts, count=layers, group=group,
+        source=SOURCE + " preprocess", dtype="int64",
+    )  # fmt: skip
 
 
 def _ep(
-    ctx: Context,
-    *,
-    name: str,
-    op: Op,
-    phase: str,
-    message: int,
-    count: int,
-    group: Group,
-    source: str = SOURCE,
+    ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int, group: Group, source: str = SOURCE,
     dtype: str | None = None,
-) -> Call:
-    return Call(
-        name=name,
-        op=op,
-        phase=phase,
-        message_bytes=message,
-        calls_per_iteration=count,
-        group=group,
-        source=source,
+) -> Call:  # fmt: skip
+    return rule_call(
+        name=name, op=op, phase=phase, message=message, count=count, group=group, source=source,
         dtype=dtype or ctx.work.activation_dtype,
-    )
+    )  # fmt: skip
 
 
 def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
@@ -284,27 +233,10 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     first, second = (Op.ALLGATHER, Op.REDUCESCATTER) if phase == "forward" else (Op.REDUCESCATTER, Op.ALLGATHER)
     suffix = "" if phase == "forward" else ".bwd"
     source = SOURCE + " (expert TP)"
+    named = ((f"ep.expert_tp.gather{suffix}", first), (f"ep.expert_tp.scatter{suffix}", second))
     return [
-        _ep(
-            ctx,
-            name="ep.expert_tp.gather" + suffix,
-            op=first,
-            phase=phase,
-            message=message,
-            count=layers,
-            group=group,
-            source=source,
-        ),
-        _ep(
-            ctx,
-            name="ep.expert_tp.scatter" + suffix,
-            op=second,
-            phase=phase,
-            message=message,
-            count=layers,
-            group=group,
-            source=source,
-        ),
+        _ep(ctx, name=name, op=op, phase=phase, message=message, count=layers, group=group, source=source)
+        for name, op in named
     ]
 
 
@@ -351,17 +283,7 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
         message = rows * ctx.model.hidden_size * ctx.x
         group = Group(("ep",), expert=True)
         out += [
-            _ep(
-                ctx, name="ep.combine.bwd", op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group
-            ),
-            _ep(
-                ctx,
-                name="ep.dispatch.bwd",
-                op=Op.ALLTOALL,
-                phase="backward",
-                message=message,
-                count=layers,
-                group=group,
-            ),
+            _ep(ctx, name=name, op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group)
+            for name in ("ep.combine.bwd", "ep.dispatch.bwd")
         ]
     return out + _expert_tp(ctx, layers, rows, "backward")

@@ -27,7 +27,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, recomputed, stage_classes
+from ..ledger import Call, recomputed, rule_call, stage_classes
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -54,27 +54,15 @@ def calls(ctx: Context) -> list[Call]:
 
 
 def _mb(
-    ctx: Context,
-    *,
-    name: str,
-    op: Op,
-    phase: str,
-    count: int,
-    source: str,
-    message: int | None = None,
+    ctx: Context, *, name: str, op: Op, phase: str, count: int, source: str, message: int | None = None,
     dtype: str | None = None,
-) -> Call:
+) -> Call:  # fmt: skip
     """A TP call issued ``count`` times per micro-batch; the message defaults to the TP unit A."""
-    return Call(
-        name=name,
-        op=op,
-        phase=phase,
-        message_bytes=ctx.activation if message is None else message,
-        calls_per_iteration=count * ctx.micro_batches,
-        group=TP,
-        source=source,
+    message = ctx.activation if message is None else message
+    return rule_call(
+        name=name, op=op, phase=phase, message=message, count=count * ctx.micro_batches, group=TP, source=source,
         dtype=dtype or ctx.work.activation_dtype,
-    )
+    )  # fmt: skip
 
 
 def _block_counts(ctx: Context, stage: int) -> tuple[int, int]:
