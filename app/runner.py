@@ -146,6 +146,30 @@ async def _reap(pid: int) -> None:
         await asyncio.to_thread(os.waitpid, pid, 0)
 
 
+async def _next_size(reader: asyncio.StreamReader, deadline: Deadline, gone: Callable[[], object]) -> int:
+    """The next frame's length, watching the deadline and the client every POLL_S while the child works."""
+    header = asyncio.ensure_future(reader.readexactly(HEADER.size))
+    try:
+        while not header.done():
+            await asyncio.wait({header}, timeout=POLL_S)
+            if header.done():
+                break
+            if deadline.expired():
+                deadline.cancel("deadline")
+                raise DeadlineExceeded("deadline")
+            if await gone():
+                deadline.cancel("disconnected")
+                raise Cancelled()
+        try:
+            return struct.unpack("!Q", header.result())[0]
+        except asyncio.IncompleteReadError:
+            STATS.failed += 1
+            raise ChildFailed("the work's process ended without an answer (killed, or out of memory)") from None
+    finally:
+        if not header.done():
+            header.cancel()
+
+
 async def frames(
     work: Callable, deadline: Deadline, gone: Callable[[], object], progress: bool = False
 ) -> AsyncIterator[tuple]:
@@ -168,26 +192,7 @@ async def frames(
     finished = False
     try:
         while True:
-            header = asyncio.ensure_future(reader.readexactly(HEADER.size))
-            try:
-                while not header.done():
-                    await asyncio.wait({header}, timeout=POLL_S)
-                    if header.done():
-                        break
-                    if deadline.expired():
-                        deadline.cancel("deadline")
-                        raise DeadlineExceeded("deadline")
-                    if await gone():
-                        deadline.cancel("disconnected")
-                        raise Cancelled()
-                try:
-                    (size,) = struct.unpack("!Q", header.result())
-                except asyncio.IncompleteReadError:
-                    STATS.failed += 1
-                    raise ChildFailed("the work's process ended without an answer (killed, or out of memory)") from None
-            finally:
-                if not header.done():
-                    header.cancel()
+            size = await _next_size(reader, deadline, gone)
             kind, value = pickle.loads(await reader.readexactly(size))
             if kind == "progress":
                 yield kind, value
