@@ -65,6 +65,37 @@ def launch_commands(
     return out
 
 
+def _vllm_options(options: ServeOptions) -> list[str]:
+    """vllm serve's flags for the request's options (docs.vllm.ai engine arguments)."""
+    argv = ["--kv-cache-dtype", "fp8"] if options.kv_dtype == "fp8" else []
+    if not options.cuda_graphs:
+        argv.append("--enforce-eager")
+    if options.mtp:
+        argv += [
+            "--speculative-config",
+            json.dumps({"method": "mtp", "num_speculative_tokens": options.mtp.draft_tokens}),
+        ]
+    if options.two_batch_overlap:
+        argv.append("--enable-dbo")
+    if options.redundant_experts:
+        argv += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": options.redundant_experts})]
+    return argv
+
+
+def _sglang_options(options: ServeOptions) -> list[str]:
+    """sglang.launch_server's flags for the request's options (SGLang server arguments)."""
+    argv = ["--kv-cache-dtype", "fp8_e4m3"] if options.kv_dtype == "fp8" else []
+    if not options.cuda_graphs:
+        argv.append("--disable-cuda-graph")
+    if options.mtp:
+        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(options.mtp.draft_tokens)]
+    if options.two_batch_overlap:
+        argv.append("--enable-two-batch-overlap")
+    if options.redundant_experts:
+        argv += ["--enable-eplb", "--ep-num-redundant-experts", str(options.redundant_experts)]
+    return argv
+
+
 def _vllm(
     model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
 ) -> Command:
@@ -82,19 +113,7 @@ def _vllm(
             argv += ["--all2all-backend", backend]
     argv += ["--max-num-batched-tokens", str(pool.max_batch_tokens or traits.max_batch_tokens)]
     argv += ["--gpu-memory-utilization", str(traits.memory_fraction)]
-    if options.kv_dtype == "fp8":
-        argv += ["--kv-cache-dtype", "fp8"]
-    if not options.cuda_graphs:
-        argv.append("--enforce-eager")
-    if options.mtp:
-        argv += [
-            "--speculative-config",
-            json.dumps({"method": "mtp", "num_speculative_tokens": options.mtp.draft_tokens}),
-        ]
-    if options.two_batch_overlap:
-        argv.append("--enable-dbo")
-    if options.redundant_experts:
-        argv += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": options.redundant_experts})]
+    argv += _vllm_options(options)
     if disagg:
         argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
     if pool.worker_gpus > per_node:  # multi-node data parallelism: each node runs its share of the DP ranks
@@ -120,16 +139,7 @@ def _sglang(
             argv += ["--moe-a2a-backend", "deepep", "--deepep-mode", mode]
     argv += ["--chunked-prefill-size", str(pool.max_batch_tokens or traits.max_batch_tokens)]
     argv += ["--mem-fraction-static", str(traits.memory_fraction)]
-    if options.kv_dtype == "fp8":
-        argv += ["--kv-cache-dtype", "fp8_e4m3"]
-    if not options.cuda_graphs:
-        argv.append("--disable-cuda-graph")
-    if options.mtp:
-        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(options.mtp.draft_tokens)]
-    if options.two_batch_overlap:
-        argv.append("--enable-two-batch-overlap")
-    if options.redundant_experts:
-        argv += ["--enable-eplb", "--ep-num-redundant-experts", str(options.redundant_experts)]
+    argv += _sglang_options(options)
     if disagg:
         argv += ["--disaggregation-mode", pool.role]
     return Command(

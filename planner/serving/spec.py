@@ -122,21 +122,24 @@ def validate_pools(pools: tuple[Pool, ...]) -> None:
         )
 
 
+def _validate_mtp(mtp: MTP) -> None:
+    if not 1 <= mtp.draft_tokens <= 16:
+        raise SpecError("options.mtp.draft_tokens", f"must be between 1 and 16, got {mtp.draft_tokens}")
+    if not 0 <= mtp.acceptance <= 1 + mtp.draft_tokens:
+        raise SpecError(
+            "options.mtp.acceptance",
+            f"a rate in [0, 1) or mean tokens per step in [1, 1 + draft_tokens = {1 + mtp.draft_tokens}]; "
+            f"got {mtp.acceptance}",
+        )
+
+
 def validate_options(options: ServeOptions) -> None:
     for name in ("weight_dtype", "kv_dtype"):
         value = getattr(options, name)
         if value is not None and value not in DTYPE_BYTES:
             raise SpecError(f"options.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
     if options.mtp is not None:
-        mtp = options.mtp
-        if not 1 <= mtp.draft_tokens <= 16:
-            raise SpecError("options.mtp.draft_tokens", f"must be between 1 and 16, got {mtp.draft_tokens}")
-        if not 0 <= mtp.acceptance <= 1 + mtp.draft_tokens:
-            raise SpecError(
-                "options.mtp.acceptance",
-                f"a rate in [0, 1) or mean tokens per step in [1, 1 + draft_tokens = {1 + mtp.draft_tokens}]; "
-                f"got {mtp.acceptance}",
-            )
+        _validate_mtp(options.mtp)
     if options.fp8_recipe not in ("tensorwise", "blockwise", "delayed", "mxfp8"):
         raise SpecError(
             "options.fp8_recipe", f"must be tensorwise, blockwise, delayed or mxfp8, got {options.fp8_recipe!r}"
