@@ -49,8 +49,9 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     ``options``: the plan's Options (pricing and NCCL pins)."""
     fl, par, work = ctx.flavour, ctx.par, ctx.work
     by = f"{fl.display or fl.name} default ({fl.version})" if fl.version else f"{fl.name} default"
-    rows = [Assumption("parallel.framework", fl.name, f"{COMMPLAN}: Megatron-Core; traits read from {fl.version}")]
+    rows = _model_rows(ctx)
     add = rows.append
+    add(Assumption("parallel.framework", fl.name, f"{COMMPLAN}: Megatron-Core; traits read from {fl.version}"))
     add(Assumption("workload.param_dtype", work.param_dtype, f"{COMMPLAN}: bf16 mixed precision"))
     add(Assumption("workload.activation_dtype", work.activation_dtype, f"{COMMPLAN}: bf16 mixed precision"))
     if work.training:
@@ -85,6 +86,31 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     add(Assumption("options.nccl_algo", options.nccl_algo, "NCCL_ALGO unset: NCCL picks per call"))
     add(Assumption("options.nccl_proto", options.nccl_proto, "NCCL_PROTO unset: NCCL picks per call"))
     return rows
+
+
+def _model_rows(ctx: Context) -> list[Assumption]:
+    """The model as the planner read it (a preset, the request's fields or a config.json): what the page shows
+    to confirm an import was understood."""
+    m = ctx.model
+    source = m.source or m.name or "the request's model block (fields or config.json)"
+    shape = [
+        ("num_layers", m.num_layers),
+        ("hidden_size", m.hidden_size),
+        ("num_attention_heads", m.num_attention_heads),
+        ("num_kv_heads", m.num_kv_heads or m.num_attention_heads),
+        ("ffn_hidden_size", m.ffn_hidden_size),
+        ("vocab_size", m.vocab_size),
+        ("seq_length", m.seq_length),
+    ]
+    if m.moe is not None:
+        shape += [("moe.num_experts", m.moe.num_experts), ("moe.top_k", m.moe.top_k)]
+    if m.mla is not None:
+        shape.append(("mla.kv_lora_rank", m.mla.kv_lora_rank))
+    if m.sliding_window:
+        shape.append(("sliding_window", m.sliding_window))
+    if m.mtp_layers:
+        shape.append(("mtp_layers", m.mtp_layers))
+    return [Assumption(f"model.{name}", str(value), source) for name, value in shape]
 
 
 def _training_rows(ctx: Context, by: str) -> list[Assumption]:

@@ -1,5 +1,6 @@
 // The configuration form <-> a POST /v1/plan request, scenarios, and 422 messages marked on their inputs.
 import { $, el, options } from "./dom.js";
+import { buildControls, CONTROL_FIELDS, fillControls, readControls } from "./controls.js";
 import { state } from "./state.js";
 
 export const SCENARIOS = [
@@ -50,7 +51,7 @@ const FIELDS = {
   "parallel.pipeline_layout": "pipeline-layout",
   "cluster.preset": "cluster-preset", "cluster.num_nodes": "nodes", "cluster.intra.bandwidth_GBps": "intra-bw",
   "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
-  "options.algorithm": "algorithm", "cluster.calibration": "calib-clear",
+  "options.algorithm": "algorithm", "cluster.calibration": "calib-clear", ...CONTROL_FIELDS,
 };
 const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
 
@@ -90,7 +91,7 @@ export function readForm() {
   if (Object.keys(network).length) cluster.network = network;
   if (state.calibration) cluster.calibration = state.calibration;
   // 24 links: enough to colour a node's GPU links and NICs in the topology view
-  return { model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } };
+  return readControls({ model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } }, FormError);
 }
 
 const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
@@ -121,6 +122,7 @@ export function fillForm(req) {
   const base = state.presets.clusters[$("cluster-preset").value];
   $("rail").checked = obj(c.network).rail_optimized ?? (base && base.network ? base.network.rail_optimized : true);
   setSelect("algorithm", obj(req.options).algorithm || "auto");
+  fillControls(req);
   syncVisibility();
 }
 
@@ -146,6 +148,7 @@ export function syncVisibility() {
 }
 
 export function fillPresets() {
+  buildControls();
   options($("scenario"), [["", "— pick a scenario —"], ...SCENARIOS.map((s) => [s.id, s.label])]);
   options($("model-preset"), Object.entries(state.presets.models).map(([k, m]) => [k, m.name || k]));
   options($("cluster-preset"), Object.entries(state.presets.clusters).map(([k, c]) => [k, k, c.description]));

@@ -2,6 +2,8 @@
 import { ApiError, getJson, postJson, Unreachable } from "./api.js";
 import { $ } from "./dom.js";
 import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
+import { renderAssumptions } from "./assumptions.js";
+import { countSet, showResolvedDefaults } from "./controls.js";
 import { clearErrors, fillForm, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
@@ -79,6 +81,8 @@ function render() {
   $("status").textContent = `${fmtInt(plan.world_size)} devices, ${fmtInt(plan.num_microbatches)} micro-batch${plan.num_microbatches > 1 ? "es" : ""} per iteration, `
     + `${plan.calls.length} kinds of call. Busiest stage: ${busiest}.`;
   renderSummary(plan, onBusiest, state.request && state.request.workload.kind);
+  renderAssumptions(plan, state.request);
+  showResolvedDefaults(plan.assumptions);
   renderTimeline(plan);
   renderMemory(plan);
   renderParChart(onBusiest);
@@ -149,7 +153,7 @@ async function start() {
   const saved = loadUrl();
   if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
 
-  $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); schedulePlan(); });
+  $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
   $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });
   $("config").addEventListener("submit", (e) => { e.preventDefault(); schedulePlan(0); });

@@ -63,7 +63,27 @@ def test_moe_rows_and_the_summary_leaves_them_out(api):
     }  # fmt: skip
     rows = _rows(api, request)
     assert rows["parallel.ep_dispatch"]["value"] == "deepep"
+    assert (rows["model.moe.num_experts"]["value"], rows["model.moe.top_k"]["value"]) == ("8", "2")  # Mixtral 8x7B
     assert rows["parallel.expert_tp"]["value"] == "2"  # Megatron: --expert-tensor-parallel-size defaults to tp
     assert rows["options.overlap.moe_shared_expert_overlap"]["value"] == "off"
     short = api.post("/v1/plan", params={"summary": "true"}, json=request)
     assert short.status_code == 200 and "assumptions" not in short.json()
+
+
+def test_the_model_as_read_from_a_config_json(api):
+    """The HF import's rows: what the planner read, so the page can confirm it (issue 25 item 7)."""
+    config = {
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+    }  # fmt: skip
+    request = {
+        "model": {"hf_config": config},
+        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 64},
+        "parallel": {"tp": 8, "pp": 1},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    }
+    rows = _rows(api, request)
+    read = {f: rows[f"model.{f}"]["value"] for f in ("num_layers", "hidden_size", "num_kv_heads", "ffn_hidden_size")}
+    assert read == {"num_layers": "32", "hidden_size": "4096", "num_kv_heads": "8", "ffn_hidden_size": "14336"}
+    assert rows["model.seq_length"]["value"] == "8192"  # max_position_embeddings, capped at 8192
+    assert "model.moe.num_experts" not in rows
