@@ -51,7 +51,7 @@ const FIELDS = {
   "parallel.pipeline_layout": "pipeline-layout",
   "cluster.preset": "cluster-preset", "cluster.num_nodes": "nodes", "cluster.intra.bandwidth_GBps": "intra-bw",
   "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
-  "options.algorithm": "algorithm", "cluster.calibration": "calib-clear", ...CONTROL_FIELDS,
+  "cluster.devices_per_node": "dpn", "options.algorithm": "algorithm", "cluster.calibration": "calib-clear", ...CONTROL_FIELDS,
 };
 const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
 
@@ -82,6 +82,7 @@ export function readForm() {
   if ($("pipeline-layout").value.trim()) parallel.pipeline_layout = $("pipeline-layout").value.trim();
   const cluster = { preset: $("cluster-preset").value };
   put(cluster, "num_nodes", num("nodes"));
+  put(cluster, "devices_per_node", num("dpn"));
   const base = state.presets.clusters[cluster.preset];
   if (num("intra-bw") !== undefined) cluster.intra = { bandwidth_GBps: num("intra-bw") };
   put(cluster, "nics_per_node", num("nics")); put(cluster, "nic_bandwidth_GBps", num("nic-bw"));
@@ -114,7 +115,8 @@ export function fillForm(req) {
   setSelect("zero", String(p.zero_stage ?? 0)); $("sp").checked = !!p.sequence_parallel;
   setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
   if (c.preset) setSelect("cluster-preset", c.preset);
-  $("nodes").value = str(c.num_nodes, "1");
+  $("nodes").value = str(c.num_nodes, "1"); $("dpn").value = str(c.devices_per_node);
+  $("cluster-switch-note").textContent = ""; lastCluster = $("cluster-preset").value;
   $("intra-bw").value = str(obj(c.intra).bandwidth_GBps); $("nics").value = str(c.nics_per_node); $("nic-bw").value = str(c.nic_bandwidth_GBps);
   $("oversub").value = str(obj(c.network).oversubscription);
   // no input shows the constants (the calibration card does), but a link or a result loaded here keeps them
@@ -134,6 +136,24 @@ function setSelect(id, value) {
   select.value = v;
 }
 
+// devices per node as the plan will use them: the override, else the preset's
+export const devicesPerNode = (preset = $("cluster-preset").value) => num("dpn") || (state.presets.clusters[preset] || {}).devices_per_node || 1;
+
+// a cluster switch keeps the device count where it can (64 DGX nodes are 512 GPUs, 7 GB200 NVL72 racks 504), and
+// says so; the old count came from the preset switched away from
+let lastCluster = null;
+export function switchCluster() {
+  const next = $("cluster-preset").value, before = lastCluster;
+  lastCluster = next;
+  if (!before || before === next || num("dpn")) return;
+  const old = (state.presets.clusters[before] || {}).devices_per_node || 1, per = devicesPerNode(next);
+  const devices = (num("nodes") || 1) * old, nodes = Math.max(1, Math.round(devices / per));
+  $("nodes").value = String(nodes);
+  $("cluster-switch-note").textContent = nodes * per === devices
+    ? `Kept ${devices.toLocaleString("en-US")} devices: ${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} of ${per}.`
+    : `${devices.toLocaleString("en-US")} devices are not a whole number of ${per}-device nodes: ${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} give ${(nodes * per).toLocaleString("en-US")}.`;
+}
+
 export function syncVisibility() {
   const values = { "model-source": $("model-source-hf").checked ? "hf" : "preset", kind: $("kind").value };
   for (const node of document.querySelectorAll("[data-when]")) {
@@ -144,7 +164,20 @@ export function syncVisibility() {
   $("model-facts").textContent = model && !$("model-source-hf").checked
     ? `${model.num_layers} layers, hidden ${model.hidden_size}, ${model.num_attention_heads} heads / ${model.num_kv_heads || model.num_attention_heads} KV, `
       + `${(model.params_total / 1e9).toFixed(1)}B parameters${model.moe ? ` (${(model.params_active / 1e9).toFixed(1)}B active)` : ""}`
-    : "";
+    : $("model-source-hf").checked ? hfFacts() : "";
+  const cluster = state.presets.clusters[$("cluster-preset").value], per = devicesPerNode(), nodes = num("nodes") || 1;
+  $("cluster-facts").textContent = cluster ? `${per} device${per > 1 ? "s" : ""} per node${cluster.device ? ` (${cluster.device})` : ""} × `
+    + `${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} = ${(per * nodes).toLocaleString("en-US")} devices` : "";
+}
+
+// what the server read from the pasted config.json (the plan's model.* assumptions, planner/assumptions.py)
+function hfFacts() {
+  const plan = state.plan, rows = plan && plan.assumptions;
+  if (!rows || !state.request || !state.request.model.hf_config) return "Read when planned: layers, width and parameters appear here.";
+  const v = Object.fromEntries(rows.filter((a) => a.field.startsWith("model.")).map((a) => [a.field.slice(6), a.value]));
+  return `Read from config.json: ${v.num_layers} layers, hidden ${v.hidden_size}, ${v.num_attention_heads} heads / ${v.num_kv_heads} KV, `
+    + `FFN ${v.ffn_hidden_size}, vocabulary ${v.vocab_size}${v["moe.num_experts"] ? `, ${v["moe.num_experts"]} experts (top ${v["moe.top_k"]})` : ""}, `
+    + `${(plan.params_total / 1e9).toFixed(2)}B parameters.`;
 }
 
 export function fillPresets() {
@@ -171,8 +204,52 @@ export function showErrors(detail) {
     if (input) input.setAttribute("aria-invalid", "true");
     const go = input ? el("button", { type: "button", className: "link", onclick: () => { input.scrollIntoView({ block: "center" }); input.focus(); } },
       `Go to ${LABELS[control] || (input.labels && input.labels[0] ? input.labels[0].textContent.trim() : control)}`) : null;
-    return el("li", {}, el("strong", {}, path || "request"), ": ", String(d.msg ?? ""), " ", go);
+    const fixes = suggestions(path, state.request).map(([label, sets]) => el("button", { type: "button", className: "link fix",
+      onclick: () => { for (const [id, value] of sets) $(id).value = String(value); $(sets[0][0]).dispatchEvent(new Event("input", { bubbles: true })); } }, label));
+    return el("li", {}, el("strong", {}, path || "request"), ": ", String(d.msg ?? ""), " ", go,
+      fixes.length ? el("span", { className: "fixes" }, " Nearest valid: ", fixes) : null);
   });
   $("form-errors").replaceChildren(el("h2", {}, "This configuration cannot be planned"), el("ul", {}, items));
   $("form-errors").hidden = false;
+}
+
+// ---- divisibility errors offer the nearest valid values: [label, [[input id, value], ...]], from the request sent ----
+const nearest = (x, ok, lo = 1, hi = 1 << 20) => {
+  const out = [];
+  for (let d = 1; d <= 4096 && out.length < 2; d++) {
+    for (const v of [x - d, x + d]) if (v >= lo && v <= hi && ok(v) && !out.includes(v)) out.push(v);
+  }
+  return out.sort((a, b) => a - b).slice(0, 2);
+};
+
+export function suggestions(path, request) {
+  if (!request || !request.parallel || !request.workload) return [];
+  const p = request.parallel, w = request.workload, devices = (request.cluster.num_nodes || 1) * devicesPerNode();
+  const tp = p.tp || 1, pp = p.pp || 1, cp = p.cp || 1, inner = tp * pp * cp;
+  const dp = p.dp || (devices % inner === 0 ? devices / inner : null);
+  if (path === "workload.global_batch_size" && dp) {
+    const unit = (w.micro_batch_size || 1) * dp, gbs = w.global_batch_size || 1;
+    return nearest(gbs, (v) => v % unit === 0, unit).map((v) => [`global batch ${v.toLocaleString("en-US")}`, [["global-batch", v]]]);
+  }
+  if (path === "workload.micro_batch_size" && dp) {
+    return nearest(w.micro_batch_size || 1, (v) => (w.global_batch_size || 1) % (v * dp) === 0).map((v) => [`micro-batch ${v}`, [["micro-batch", v]]]);
+  }
+  if (path === "parallel" && p.dp) {  // tp*cp*pp*dp is not the cluster's device count
+    const out = [];
+    if (devices % inner === 0) out.push([`DP ${devices / inner}`, [["dp", devices / inner]]]);
+    const per = devicesPerNode(), want = inner * p.dp;
+    if (want % per === 0) out.push([`${want / per} nodes`, [["nodes", want / per]]]);
+    if (!out.length) {  // neither alone: node counts whose devices divide into tp*cp*pp, with the DP they give
+      out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0)
+        .map((n) => [`${n} nodes, DP ${(n * per) / inner}`, [["nodes", n], ["dp", (n * per) / inner]]]));
+    }
+    return out;
+  }
+  if (path === "parallel.dp") {  // dp omitted and the devices do not divide into tp*cp*pp
+    const out = nearest(pp, (v) => devices % (tp * cp * v) === 0).map((v) => [`PP ${v}`, [["pp", v]]]);
+    const per = devicesPerNode();
+    out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0).map((n) => [`${n} nodes`, [["nodes", n]]]));
+    return out;
+  }
+  return [];
 }

@@ -4,7 +4,7 @@ import { $ } from "./dom.js";
 import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
 import { countSet, showResolvedDefaults } from "./controls.js";
-import { clearErrors, fillForm, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
+import { clearErrors, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
@@ -82,6 +82,7 @@ function render() {
     + `${plan.calls.length} kinds of call. Busiest stage: ${busiest}.`;
   renderSummary(plan, onBusiest, state.request && state.request.workload.kind);
   renderAssumptions(plan, state.request);
+  syncVisibility();  // the model as the server read it (a pasted config.json)
   showResolvedDefaults(plan.assumptions);
   renderTimeline(plan);
   renderMemory(plan);
@@ -155,6 +156,7 @@ async function start() {
 
   $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
+  $("cluster-preset").addEventListener("change", switchCluster);
   $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });
   $("config").addEventListener("submit", (e) => { e.preventDefault(); schedulePlan(0); });
   $("scenario").addEventListener("change", () => {
