@@ -347,6 +347,10 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     stages whose shift is a whole number of units of the cluster's symmetry (``tiling_unit``) are priced
     once; without a known symmetry, stages are grouped by where their groups sit on nodes
     (``node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
+    # a group across the pipeline dimension (dp.grad_norm over the whole world) is the same one group whichever
+    # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks)
+    if not call.group.pairs and "pp" in call.group.dims:
+        return [_price(call, pricer)]
     classes = _stage_classes(call, pricer.places, pricer.options)
     if len(classes) == 1:
         return [_price(call, pricer)]

@@ -561,6 +561,11 @@ class SeriesOut(Out):
     time_s: list[float | None]
     busbw_GBps: list[float | None]
     note: str
+    pricer: Literal["library", "schedule"] = Field(
+        default="schedule",
+        description="library: NCCL's cost model (auto picks among these under library pricing); schedule: the "
+        "textbook schedule priced step by step on the graph",
+    )
 
 
 class ExploreOut(Out):

@@ -40,7 +40,7 @@ export const SCENARIOS = [
 ];
 
 // request field -> form control, so 422 messages mark the right input
-const FIELDS = {
+export const FIELDS = {
   "model.preset": "model-preset", "model.hf_config": "hf-config", "model.seq_length": "seq-length", "workload.seq_length": "seq-length",
   "workload.kind": "kind", "workload.micro_batch_size": "micro-batch", "workload.global_batch_size": "global-batch",
   "workload.activation_recompute": "recompute", "workload.phase": "phase", "workload.batch_size": "batch-size",

@@ -4,7 +4,7 @@ import { $ } from "./dom.js";
 import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
 import { countSet, showResolvedDefaults } from "./controls.js";
-import { clearErrors, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
+import { clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
@@ -104,7 +104,7 @@ function selectCall(call, save = true) {
   const p = call.placement, link = (p.links || [])[0];
   $("detail-title").textContent = `Selected call: ${call.name} (stage${call.stages.length > 1 ? "s" : ""} ${fmtStages(call.stages)})`;
   $("detail-text").textContent = `${call.op} of ${fmtBytes(call.message_bytes)} over ${call.group_size} ranks `
-    + `(${fmtInt(call.num_groups)} groups at once, ${String(p.span).replace("_", "-")}, ${p.nodes_per_group} node${p.nodes_per_group > 1 ? "s" : ""} per group), `
+    + `(${call.num_groups === 1 ? "one group" : `${fmtInt(call.num_groups)} groups at once`}, ${String(p.span).replace("_", "-")}, ${p.nodes_per_group} node${p.nodes_per_group > 1 ? "s" : ""} per group), `
     + `${fmtInt(call.calls_per_iteration)}× per iteration in the ${call.phase} pass with ${call.algorithm}${call.protocol ? ` (${call.protocol})` : ""}: `
     + `${fmtTime(call.time_s)} per call, ${fmtTime(timeIter(call))} per iteration, ${fmtBytes(call.bytes_sent_per_rank)} sent per rank per call, bus bandwidth ${fmtBw(p.busbw_GBps)}. `
     + (link ? `The busiest link is ${link.label} (${link.kind}, ${fmtBw(link.capacity_GBps)}), busy ${(100 * link.utilisation).toFixed(0)}% of the call. ${boundBy(call, link)}` : "")
@@ -192,5 +192,5 @@ async function start() {
   await runPlan();
 }
 
-window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime };  // for the browser tests and the curious
+window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime, fields: FIELDS };  // for the browser tests and the curious
 start();

@@ -87,3 +87,12 @@ def test_the_model_as_read_from_a_config_json(api):
     assert read == {"num_layers": "32", "hidden_size": "4096", "num_kv_heads": "8", "ffn_hidden_size": "14336"}
     assert rows["model.seq_length"]["value"] == "8192"  # max_position_embeddings, capped at 8192
     assert "model.moe.num_experts" not in rows
+
+
+def test_a_whole_world_call_is_one_group(api):
+    """dp.grad_norm spans tp x cp x dp x pp, every rank: one group of 512 on every stage, never "2 groups" (the
+    stages' rows each counted it, issue 25 item 4)."""
+    calls = api.post("/v1/plan", json=LLAMA70B).json()["calls"]
+    norm = [c for c in calls if c["name"] == "dp.grad_norm"]
+    assert len(norm) == 1 and norm[0]["stages"] == [0, 1, 2, 3]
+    assert (norm[0]["group_size"], norm[0]["num_groups"]) == (512, 1)

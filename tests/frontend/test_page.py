@@ -266,8 +266,14 @@ def stub_search(page, results=SEARCH_RESULTS, seen=None):
             "type": "result",
             "evaluated": 3100,
             "feasible": 900,
+            "bounded": 0,
             "elapsed_s": 1.25,
+            "space_size": 4000,  # evaluated + ruled out (not memory); feasible = evaluated - memory
             "pruned": {"memory": 2200, "parallel.tp": 900},
+            "pruned_examples": {
+                "memory": "stage 0 needs 90 GB",
+                "parallel.tp": "num_kv_heads 8 is not divisible by tp 16",
+            },
             "results": results,
         },
     ]
@@ -756,11 +762,21 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     open_page(page)
     page.click("#search-run")
     expect(page.locator("#search-table tbody tr")).to_have_count(4, timeout=10_000)
-    expect(page.locator("#search-status")).to_contain_text("3,100 layouts evaluated, 900 fit")
+    # the counts agree with the progress bar (4,000 of 4,000) and with each other, the reasons in words
+    status = page.locator("#search-status").inner_text()
+    assert status.startswith(
+        "4,000 layouts in 1.25 s: 3,100 evaluated (memory and step time), 900 ruled out before "
+        'timing (900 by the tensor-parallel size, e.g. "num_kv_heads 8 is not divisible by tp 16")'
+    ), status
+    assert "Of the evaluated, 900 fit and 2,200 need more memory than the device has less 5% headroom." in status
+    assert "parallel.tp" not in status and "memory 2" not in status
     assert page.locator("#search-bar").evaluate("e => parseFloat(e.style.width)") == 100
     body = sent[0]
     assert body["model"] == {"preset": "llama3-70b"} and body["workload"]["global_batch_size"] == 1024
     assert body["constraints"]["framework"] == "megatron" and body["top_k"] == 20
+    # a 5% memory headroom by default, stated on the control
+    assert body["constraints"]["memory_headroom"] == 0.05
+    expect(page.locator("label[for=search-headroom]")).to_contain_text("default 5")
     front = page.evaluate("window.commplan.state.charts['search-chart'].getOption().series[1].data")
     assert front == [[38 * 10**9, 10.5], [52 * 10**9, 9.4], [71 * 10**9, 9.1]]  # #3 is dominated
     assert page.locator("#search-table tbody tr").nth(2).locator(".tag").count() == 0
@@ -1058,3 +1074,146 @@ def test_serve_draws_the_pools_and_the_kv_transfer_on_the_topology(page):
     busy = page.evaluate("Math.max(...window.commplan.state.cy.edges().map((e) => e.data('u')))")
     answer = httpx.post(page.base + "/v1/serve", json=page.evaluate("window.commplan.serveBody()")).json()
     assert busy == pytest.approx(max(link["utilisation"] for link in answer["kv_transfer"]["links"]))
+
+
+# ---- issue 25 items 3 and 7, issue 21 item 7: every field a control, the assumptions, forms that help ------------
+# request fields the form does not offer, and why (every other one of these blocks has a control)
+NO_CONTROL = {
+    "workload.preset": "the form is the workload",
+    "parallel.preset": "the form is the layout",
+    "parallel.zero_config": "DeepSpeed's own dictionary of names (docs/frameworks.md): a URL or the API",
+    "parallel.ddp": "torch DDP switches object: a URL or the API",
+    "options.device_map": "a permutation of every rank: a URL or the API",
+    "options.links_per_call": "the page asks for 24 to colour the topology",
+    "options.timeline": "the page draws the timeline",
+}
+
+
+def test_every_request_field_has_a_control(page):
+    """Each field of the workload, parallel, options and overlap blocks (read from the server's OpenAPI) is a
+    control of the form, or is listed above with its reason."""
+    open_page(page)
+    schemas = httpx.get(page.base + "/openapi.json").json()["components"]["schemas"]
+    blocks = {
+        "workload": "WorkloadIn",
+        "parallel": "ParallelIn",
+        "options": "OptionsIn",
+        "options.overlap": "OverlapIn",
+    }
+    fields = {f"{b}.{k}" for b, name in blocks.items() for k in schemas[name]["properties"]} - {"options.overlap"}
+    controls = set(page.evaluate("Object.keys(window.commplan.fields)"))
+    missing = sorted(fields - controls - set(NO_CONTROL))
+    assert not missing, missing
+    for path in ("cluster.nccl_version", "cluster.devices_per_node", "options.nccl_algo", "options.nccl_proto"):
+        assert path in controls, path
+
+
+@VIEWPORTS
+def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, browser, viewport):
+    page = make_page(viewport)
+    open_page(page)
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.evaluate("document.querySelector('#assumptions-card details').open = true")
+    # before any choice each default names the value the plan resolved (Megatron: tp comm overlap off)
+    expect(page.locator("#f-overlap-tp-comm-overlap option").first).to_have_text("default (off)")
+    expect(page.locator("#f-grad-reduce-dtype option").first).to_have_text("default (fp32)")
+    assert overflow(page) <= 0
+    page.select_option("#f-overlap-tp-comm-overlap", "true")
+    page.select_option("#f-overlap-overlap-grad-reduce", "true")
+    page.fill("#f-nccl-version", "2.29")
+    page.fill("#f-nccl-proto", "Simple")
+    expect(page.locator("#status")).to_contain_text("512 devices", timeout=20_000)
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    request = page.evaluate("window.commplan.state.request")
+    assert request["options"]["overlap"] == {"tp_comm_overlap": True, "overlap_grad_reduce": True}
+    assert request["cluster"]["nccl_version"] == "2.29" and request["options"]["nccl_proto"] == "Simple"
+    rows = {
+        r.locator("td").nth(0).inner_text(): [r.locator("td").nth(k).inner_text() for k in (1, 2)]
+        for r in page.locator("#assumptions-table tbody tr").all()
+    }
+    assert rows["options.overlap.tp_comm_overlap"] == ["on", "set"]
+    assert rows["options.overlap.overlap_param_gather"] == ["off", "default"]
+    assert rows["cluster.nccl_version"] == ["2.29", "set"]
+    assert rows["options.nccl_proto"] == ["Simple", "set"]
+    plan = page.evaluate("window.commplan.state.plan")
+    assert plan["cluster"]["nccl_version"] == "2.29"
+    if viewport is WIDE:
+        shot_of(page, "#config", "controls-1440")
+        shot_of(page, "#assumptions-card", "assumptions-1440")
+    assert overflow(page) <= 0
+    # the URL holds every control
+    fresh = browser.new_page(viewport=viewport)
+    fresh.goto(page.url)
+    expect(fresh.locator("#ledger tbody tr").first).to_be_visible(timeout=20_000)
+    expect(fresh.locator("#f-overlap-tp-comm-overlap")).to_have_value("true")
+    expect(fresh.locator("#f-nccl-version")).to_have_value("2.29")
+    expect(fresh.locator("#f-nccl-proto")).to_have_value("Simple")
+    expect(fresh.locator("#f-overlap-overlap-param-gather")).to_have_value("")
+    fresh.close()
+
+
+def test_a_bad_control_is_marked_and_named(page):
+    open_page(page)
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.fill("#f-nccl-version", "1.0")
+    expect(page.locator("#form-errors")).to_contain_text("cluster.nccl_version", timeout=20_000)
+    expect(page.locator("#f-nccl-version")).to_have_attribute("aria-invalid", "true")
+
+
+@VIEWPORTS
+def test_forms_help_cluster_switch_devices_per_node_nearest_values(make_page, viewport):
+    page = make_page(viewport)
+    open_page(page)
+    expect(page.locator("#cluster-facts")).to_have_text("8 devices per node (H100 SXM 80GB) × 64 nodes = 512 devices")
+    # a divisibility error offers the nearest valid values; one click applies it and plans
+    page.fill("#global-batch", "1000")
+    expect(page.locator("#form-errors")).to_contain_text("Nearest valid: global batch 992", timeout=20_000)
+    expect(page.locator("#form-errors")).to_contain_text("global batch 1,008")
+    if viewport is PHONE:
+        box = page.locator("#form-errors button.fix").first.bounding_box()
+        assert box and box["y"] + box["height"] <= viewport["height"]  # in the first screen
+    page.locator("#form-errors button.fix", has_text="1,008").click()
+    expect(page.locator("#global-batch")).to_have_value("1008")
+    expect(page.locator("#form-errors")).to_be_hidden(timeout=20_000)
+    # a cluster switch keeps the device count where it can, and says so when it cannot
+    page.select_option("#cluster-preset", "dgx-a100")
+    expect(page.locator("#cluster-switch-note")).to_have_text("Kept 512 devices: 64 nodes of 8.")
+    expect(page.locator("#nodes")).to_have_value("64")
+    page.select_option("#cluster-preset", "gb200-nvl72")
+    expect(page.locator("#cluster-switch-note")).to_have_text(
+        "512 devices are not a whole number of 72-device nodes: 7 nodes give 504."
+    )
+    expect(page.locator("#cluster-facts")).to_contain_text("72 devices per node")
+    expect(page.locator("#form-errors")).to_contain_text("Nearest valid: 4 nodes, DP 9", timeout=20_000)
+    page.locator("#form-errors button.fix", has_text="8 nodes, DP 18").click()
+    expect(page.locator("#status")).to_contain_text("576 devices", timeout=20_000)
+    assert overflow(page) <= 0
+
+
+def test_hf_import_shows_what_the_server_read(page):
+    open_page(page)
+    config = {
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+    }  # fmt: skip
+    page.check("#model-source-hf")
+    page.fill("#hf-config", json.dumps(config))
+    expect(page.locator("#model-facts")).to_contain_text(
+        "Read from config.json: 32 layers, hidden 4096, 32 heads / 8 KV, FFN 14336, vocabulary 128256, "
+        "8.03B parameters",
+        timeout=20_000,
+    )
+
+
+def test_explorer_labels_its_pricers_and_whole_world_calls_are_one_group(page):
+    open_page(page)
+    expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=20_000)
+    names = page.evaluate("window.commplan.state.charts['explorer'].getOption().series.map((s) => s.name)")
+    assert any(n.endswith(" · NCCL model") for n in names) and any(n.endswith(" · schedule") for n in names), names
+    expect(page.locator("#explorer-note")).to_contain_text("Solid: NCCL's cost model (what NCCL would run")
+    # dp.grad_norm spans every rank: one group of 512, and the explorer says in words why it is not drawn
+    page.locator("#ledger tbody tr", has_text="dp.grad_norm").first.click()
+    expect(page.locator("#detail-text")).to_contain_text("over 512 ranks (one group,")
+    expect(page.locator("#explorer-note")).to_contain_text("Not explored: pricing every algorithm", timeout=20_000)
+    note = page.locator("#explorer-note").inner_text()
+    assert "COMMPLAN_MAX_WORK" not in note and "one group of 512 ranks" in note, note
