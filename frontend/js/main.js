@@ -15,7 +15,7 @@ import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
 import { renderSummary } from "./summary.js";
-import { renderTimeline } from "./timeline.js";
+import { renderTimeline, zoomToMicrobatch } from "./timeline.js";
 import { drawTopology, prefetchTopology } from "./topology.js";
 
 // ---- honest updates: stale while replanning, stale-and-invalid while the inputs cannot be planned ----------
@@ -181,6 +181,11 @@ async function start() {
     if (e.key === "ArrowDown") { e.preventDefault(); row.nextElementSibling?.focus(); }
     if (e.key === "ArrowUp") { e.preventDefault(); row.previousElementSibling?.focus(); }
   });
+  $("timeline-zoom").addEventListener("click", () => {
+    const k = Number($("timeline-mb").value), span = zoomToMicrobatch(k);
+    $("timeline-zoom-note").textContent = span ? `micro-batch ${k}: ${fmtTime(span[0])} → ${fmtTime(span[1])} over every stage` : `no micro-batch ${k} in this step`;
+  });
+  $("timeline-all").addEventListener("click", () => { zoomToMicrobatch(-2); $("timeline-zoom-note").textContent = ""; });
   $("step-op").addEventListener("change", fillStepAlgorithms);
   $("step-load").addEventListener("click", loadSteps);
   $("step-prev").addEventListener("click", () => { stopPlay(); step(-1); });

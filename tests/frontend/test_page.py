@@ -1217,3 +1217,39 @@ def test_explorer_labels_its_pricers_and_whole_world_calls_are_one_group(page):
     expect(page.locator("#explorer-note")).to_contain_text("Not explored: pricing every algorithm", timeout=20_000)
     note = page.locator("#explorer-note").inner_text()
     assert "COMMPLAN_MAX_WORK" not in note and "one group of 512 ranks" in note, note
+
+
+@VIEWPORTS
+def test_timeline_per_microbatch_pp_lanes_overlap_and_zoom(make_page, viewport):
+    """The real server aggregates the steady state of 64 micro-batches; the page draws each one (forward and
+    backward per stage), a pp lane of pipeline waits, DP traffic split into overlapped and exposed, and zooms to
+    one micro-batch."""
+    page = make_page(viewport)
+    request = {**LLAMA, "options": {**LLAMA["options"], "overlap": {"overlap_grad_reduce": True}}}
+    open_page(page, url_state(request))
+    expect(page.locator("#timeline-note")).to_contain_text("drawn per micro-batch")
+    plan = page.evaluate("window.commplan.state.plan")
+    m = plan["num_microbatches"]
+    assert any(e["microbatches"] > 1 for e in plan["step"]["timeline"])  # the server aggregated
+    data = page.evaluate("window.commplan.state.charts.timeline.getOption().series[1].data")
+    lanes = page.evaluate("window.commplan.state.charts.timeline.getOption().yAxis[0].data")
+    for stage in range(4):
+        lane = lanes.index(f"s{stage} compute" if viewport is PHONE else f"stage {stage} · compute")
+        for name in ("forward", "backward"):
+            mbs = sorted(d["microbatch"] for d in data if d["value"][0] == lane and d["name"] == name)
+            assert mbs == list(range(m)), (stage, name, mbs[:5])
+    assert any(lab.endswith("pp") for lab in lanes)
+    assert any(d["name"].endswith("(overlapped)") for d in data) and any(d["name"].endswith("(exposed)") for d in data)
+    # the drawn per-micro-batch blocks of a stage add up to the server's aggregated blocks
+    served = sum(e["end_s"] - e["start_s"] for e in plan["step"]["timeline"] if e["stage"] == 0 and e["stream"] == "tp")
+    drawn = sum(d["value"][2] - d["value"][1] for d in data if d["value"][0] == lanes.index(lanes[0][:-7] + "tp"))
+    assert math.isclose(served, drawn, rel_tol=1e-9), (served, drawn)
+    page.fill("#timeline-mb", "10")
+    page.click("#timeline-zoom")
+    expect(page.locator("#timeline-zoom-note")).to_contain_text("micro-batch 10:")
+    zoom = page.evaluate("window.commplan.state.charts.timeline.getOption().dataZoom[0]")
+    assert 0 < zoom["startValue"] < zoom["endValue"] < plan["step"]["time_s"]
+    assert overflow(page) <= 0
+    shot_of(page, "#timeline-card", f"timeline-microbatch-{viewport['width']}")
+    page.click("#timeline-all")
+    expect(page.locator("#timeline-zoom-note")).to_have_text("")
