@@ -1253,3 +1253,34 @@ def test_timeline_per_microbatch_pp_lanes_overlap_and_zoom(make_page, viewport):
     shot_of(page, "#timeline-card", f"timeline-microbatch-{viewport['width']}")
     page.click("#timeline-all")
     expect(page.locator("#timeline-zoom-note")).to_have_text("")
+
+
+@VIEWPORTS
+def test_cosmetics_of_issue_25_item_9(make_page, viewport):
+    page = make_page(viewport)
+    open_page(page)
+    # the step player's buttons stay on one line
+    page.click("#step-load")
+    expect(page.locator("#step-label")).not_to_have_text("–", timeout=10_000)
+    tops = [page.locator(s).bounding_box()["y"] for s in ("#step-prev", "#step-next", "#step-play")]
+    assert max(tops) - min(tops) < 4, tops
+    # the Framework select shows its whole label ("Megatro" was cut)
+    fits = page.evaluate(
+        """() => { const s = document.getElementById('framework');
+                   const c = document.createElement('canvas').getContext('2d');
+                   c.font = getComputedStyle(s).font;
+                   return c.measureText(s.selectedOptions[0].text).width + 24 <= s.clientWidth; }"""
+    )
+    assert fits
+    # topology labels at least 9 px on screen (NIC and leaf labels were about 6 px)
+    expect(page.locator("#topology-note")).not_to_have_text("", timeout=10_000)
+    sizes = page.evaluate(
+        """() => { const cy = window.commplan.state.cy; return cy.nodes().filter((n) => n.data('label'))
+                   .map((n) => parseFloat(n.style('font-size')) * cy.zoom()); }"""
+    )
+    assert sizes and min(sizes) >= 8.99, min(sizes)
+    # a call name in a card breaks after its dots and underscores, never mid-word
+    metric = page.locator("[data-card=top] .metric")
+    assert metric.locator("wbr").count() >= 1 and "." in metric.inner_text()
+    assert page.locator(".metric").first.evaluate("e => getComputedStyle(e).overflowWrap") == "break-word"
+    assert overflow(page) <= 0
