@@ -14,7 +14,7 @@ export function renderAssumptions(plan, request) {
   $("assumptions-note").textContent = `${rows.length} settings, ${defaults} of them defaults this request left out.`;
   $("assumptions-table").tBodies[0].replaceChildren(...rows.map((a) => el("tr", { className: given(a) ? "given" : "" },
     el("td", {}, el("code", {}, a.field)),
-    el("td", {}, a.value),
+    el("td", {}, /^\d{4,}$/.test(a.value) ? Number(a.value).toLocaleString("en-US") : a.value),  // exact counts: 128,256
     el("td", {}, given(a) ? "set" : "default"),
     el("td", { className: "col-wide" }, given(a) ? "this request" : a.source))));
 }

@@ -176,8 +176,9 @@ function hfFacts() {
   const plan = state.plan, rows = plan && plan.assumptions;
   if (!rows || !state.request || !state.request.model.hf_config) return "Read when planned: layers, width and parameters appear here.";
   const v = Object.fromEntries(rows.filter((a) => a.field.startsWith("model.")).map((a) => [a.field.slice(6), a.value]));
-  return `Read from config.json: ${v.num_layers} layers, hidden ${v.hidden_size}, ${v.num_attention_heads} heads / ${v.num_kv_heads} KV, `
-    + `FFN ${v.ffn_hidden_size}, vocabulary ${v.vocab_size}${v["moe.num_experts"] ? `, ${v["moe.num_experts"]} experts (top ${v["moe.top_k"]})` : ""}, `
+  const n = (x) => Number(x).toLocaleString("en-US");
+  return `Read from config.json: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
+    + `FFN ${n(v.ffn_hidden_size)}, vocabulary ${n(v.vocab_size)}${v["moe.num_experts"] ? `, ${n(v["moe.num_experts"])} experts (top ${n(v["moe.top_k"])})` : ""}, `
     + `${(plan.params_total / 1e9).toFixed(2)}B parameters.`;
 }
 

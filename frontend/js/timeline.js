@@ -212,12 +212,12 @@ export function renderTimeline(plan) {
     ],
   }, true);
   chart("timeline").resize();
-  $("timeline-note").textContent = `${events.length} events on ${lanes.length} lanes over ${fmtTime(end)}. `
+  $("timeline-note").textContent = `${fmtInt(events.length)} events on ${lanes.length} lanes over ${fmtTime(end)}. `
     + (expanded ? `${expanded} aggregated block${expanded > 1 ? "s" : ""} drawn per micro-batch. ` : "")
     + `Grey: the stream is idle (the pipeline bubble: ${fmtTime(step.bubble_s)} on the critical stage). `
     + (events.some((e) => e.wait) ? "Orange (pp lanes): the compute stream waits on the pipeline (fill, drain, sends). " : "")
     + (events.some((e) => e.overlapped) ? "Light green: DP traffic under compute (overlapped); solid: what the step waits for (exposed). " : "")
     + "tp, cp and ep blocks are the exposed part of each pass. " + hiddenNote(plan, events)
-    + (merged ? `Events closer than ${fmtTime(end / 1500)} on a lane are drawn as one block (${blocks.length} blocks); hover shows how many. ` : "")
+    + (merged ? `Events closer than ${fmtTime(end / 1500)} on a lane are drawn as one block (${fmtInt(blocks.length)} blocks); hover shows how many. ` : "")
     + "Scroll or drag the slider to zoom.";
 }

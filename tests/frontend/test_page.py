@@ -1137,6 +1137,12 @@ def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, brows
     assert rows["options.nccl_proto"] == ["Simple", "set"]
     plan = page.evaluate("window.commplan.state.plan")
     assert plan["cluster"]["nccl_version"] == "2.29"
+    # no scientific notation, no digits beyond the resolution shown, exact counts with separators
+    text = page.locator("body").inner_text()
+    sci = r"(?<![0-9A-Za-z.])\d+(\.\d+)?e[-+]?\d+(?![0-9A-Za-z])"  # not a commit hash (d98e8a6)
+    assert not re.search(sci, text), re.findall(r"\S*\de[-+]?\d\S*", text)[:5]
+    assert not re.search(r"\d\.\d{5,}", text), re.findall(r"\S*\d\.\d{5,}\S*", text)[:5]
+    assert not re.search(r"(?<![\d.,:#/-])\d{5,}(?![\d.,])", text), re.findall(r"\S*\d{5,}\S*", text)[:5]
     if viewport is WIDE:
         shot_of(page, "#config", "controls-1440")
         shot_of(page, "#assumptions-card", "assumptions-1440")
@@ -1199,7 +1205,7 @@ def test_hf_import_shows_what_the_server_read(page):
     page.check("#model-source-hf")
     page.fill("#hf-config", json.dumps(config))
     expect(page.locator("#model-facts")).to_contain_text(
-        "Read from config.json: 32 layers, hidden 4096, 32 heads / 8 KV, FFN 14336, vocabulary 128256, "
+        "Read from config.json: 32 layers, hidden 4,096, 32 heads / 8 KV, FFN 14,336, vocabulary 128,256, "
         "8.03B parameters",
         timeout=20_000,
     )
