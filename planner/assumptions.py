@@ -116,7 +116,7 @@ def _model_rows(ctx: Context) -> list[Assumption]:
 def _training_rows(ctx: Context, by: str) -> list[Assumption]:
     work = ctx.work
     rows = [
-        Assumption("workload.grad_reduce_dtype", ctx.grad_dtype, by + " (null: the parameter dtype)"),
+        Assumption("workload.grad_reduce_dtype", ctx.grad_dtype, by),
         Assumption("workload.fp8_recipe", work.fp8_recipe or "none", f"{COMMPLAN}: GEMMs in the activation dtype"),
     ]
     if work.fp8_recipe:

@@ -10,11 +10,14 @@ export function renderAssumptions(plan, request) {
   $("assumptions-card").hidden = !rows.length;
   if (!rows.length) return;
   const given = (a) => get(request, a.field) !== undefined && get(request, a.field) !== null;
-  const defaults = rows.filter((a) => !given(a)).length;
-  $("assumptions-note").textContent = `${rows.length} settings, ${defaults} of them defaults this request left out.`;
+  // a model field the request leaves out comes from what it names: the preset or the pasted config.json
+  const origin = (a) => (given(a) ? "set" : !a.field.startsWith("model.") ? "default"
+    : request.model && request.model.hf_config ? "config.json" : "preset");
+  const defaults = rows.filter((a) => origin(a) === "default").length;
+  $("assumptions-note").textContent = `${rows.length} settings, ${defaults} of them defaults this request left out; the model's from its ${request.model && request.model.hf_config ? "config.json" : "preset"}.`;
   $("assumptions-table").tBodies[0].replaceChildren(...rows.map((a) => el("tr", { className: given(a) ? "given" : "" },
     el("td", {}, el("code", {}, a.field)),
     el("td", {}, /^\d{4,}$/.test(a.value) ? Number(a.value).toLocaleString("en-US") : a.value),  // exact counts: 128,256
-    el("td", {}, given(a) ? "set" : "default"),
+    el("td", {}, origin(a)),
     el("td", { className: "col-wide" }, given(a) ? "this request" : a.source))));
 }

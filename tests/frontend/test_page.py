@@ -1135,6 +1135,7 @@ def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, brows
     assert rows["options.overlap.overlap_param_gather"] == ["off", "default"]
     assert rows["cluster.nccl_version"] == ["2.29", "set"]
     assert rows["options.nccl_proto"] == ["Simple", "set"]
+    assert rows["model.num_layers"] == ["80", "preset"] and rows["model.vocab_size"] == ["128,256", "preset"]
     plan = page.evaluate("window.commplan.state.plan")
     assert plan["cluster"]["nccl_version"] == "2.29"
     # no scientific notation, no digits beyond the resolution shown, exact counts with separators
