@@ -60,6 +60,24 @@ def search_line(state: dict) -> str:
     return f"{100 * state['done'] / total:5.1f}%  {state['evaluated']:,} evaluated, {state['feasible']:,} fit, {best}"
 
 
+def search_summary(result: dict) -> list[str]:
+    """The counts as the page gives them, adding up: the space = evaluated + ruled out before timing (by the
+    request field whose rule failed, with the server's example); the evaluated = fit + over memory."""
+    from .cli import human_seconds
+
+    pruned, examples = result["pruned"], result["pruned_examples"]
+    ruled = sorted(((n, k) for k, n in pruned.items() if k != "memory"), reverse=True)
+    over = pruned.get("memory", 0)
+    lines = [
+        f"{result['space_size']:,} layouts in {human_seconds(result['elapsed_s'])}: {result['evaluated']:,} layouts "
+        f"evaluated ({result['layouts_per_s']:,.0f}/s on {result['workers']} process(es)), "
+        f"{sum(n for n, _ in ruled):,} ruled out before timing"
+    ]
+    lines += [f"  {n:>9,} ruled out by {k}: {examples.get(k, '')}" for n, k in ruled]
+    lines.append(f"{result['feasible']:,} fit, {over:,} over memory" + (f" ({examples['memory']})" if over else ""))
+    return lines
+
+
 def search_command(args) -> int:
     try:
         body = SearchRequest.model_validate(_read(args.file))
@@ -77,12 +95,8 @@ def search_command(args) -> int:
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
-    print(
-        f"{result['evaluated']} layouts evaluated in {result['elapsed_s']:.2f} s "
-        f"({result['layouts_per_s']:.0f}/s on {result['workers']} process(es)); {result['feasible']} fit"
-    )
-    for reason, count in result["pruned"].items():
-        print(f"  pruned {count:>9d}  {reason}: {result['pruned_examples'].get(reason, '')}")
+    for line in search_summary(result):
+        print(line)
     print(
         f"\n{'#':>3} {'step':>9} {'tp':>3} {'cp':>3} {'pp':>3} {'v':>3} {'dp':>5} {'zero':>4} {'sp':>3} "
         f"{'mbs':>4} {'recompute':>9} framework   peak mem"

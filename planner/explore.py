@@ -45,6 +45,9 @@ class Series:
     time_s: list[float | None]
     busbw_GBps: list[float | None]
     note: str = ""
+    # who priced it: "library" (NCCL's cost model: what NCCL would run, and what auto picks from under library
+    # pricing) or "schedule" (the textbook schedule priced step by step on the graph)
+    pricer: str = "schedule"
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def _library_series(op, sizes, placement, cluster) -> list[Series]:
         channels = f"{prices[0].channels} channel{'s' if prices[0].channels != 1 else ''}"
         note = f"NCCL model, {channels}; runs as the {prices[0].algorithm} schedule"
         times, busbw = [p.time_s for p in prices], [p.busbw_GBps for p in prices]
-        out.append(Series(f"{NCCL_NAMES[algo]}/{proto}", times, busbw, note))
+        out.append(Series(f"{NCCL_NAMES[algo]}/{proto}", times, busbw, note, pricer="library"))
     return out
 
 

@@ -22,6 +22,7 @@ from collectives.topology.library import normalise_algo, normalise_proto
 from collectives.topology.spec import spec_block
 
 from ._errors import SpecError
+from .assumptions import Assumption, plan_assumptions
 from .context import Context
 from .layout import Group, RankLayout, layout_for
 from .ledger import Call
@@ -101,6 +102,7 @@ class Plan:
     step: StepTime | None = None  # None when the cluster has no GPU spec
     memory: Memory | None = None
     parallel: ParallelSpec | None = None  # the layout planned (the exports' headers read it)
+    assumptions: list[Assumption] = field(default_factory=list)  # the settings it was made under (assumptions.py)
 
     @property
     def totals(self) -> Totals:
@@ -140,6 +142,7 @@ def build_plan(
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
     plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
+    plan.assumptions = plan_assumptions(ctx, options.overlap, cluster_spec, options)
     gpu = cluster_spec.gpu
     if gpu is None:
         plan.warnings.append(f"cluster {cluster_spec.name!r} has no GPU spec: no step time or memory")
@@ -344,6 +347,10 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     stages whose shift is a whole number of units of the cluster's symmetry (``tiling_unit``) are priced
     once; without a known symmetry, stages are grouped by where their groups sit on nodes
     (``node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
+    # a group across the pipeline dimension (dp.grad_norm over the whole world) is the same one group whichever
+    # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks)
+    if not call.group.pairs and "pp" in call.group.dims:
+        return [_price(call, pricer)]
     classes = _stage_classes(call, pricer.places, pricer.options)
     if len(classes) == 1:
         return [_price(call, pricer)]

@@ -461,6 +461,12 @@ class MemoryOut(Out):
     per_stage: list[StageMemoryOut]
 
 
+class AssumptionOut(Out):
+    field: str = Field(description="the request field, dotted (options.overlap.tp_comm_overlap)")
+    value: str = Field(description="as resolved for this plan, given or not")
+    source: str = Field(description="who decides the value when the request leaves it out")
+
+
 class PlanOut(Out):
     world_size: int
     num_microbatches: int
@@ -471,17 +477,21 @@ class PlanOut(Out):
     step: StepOut | None = Field(default=None, description="null when the cluster has no GPU spec")
     memory: MemoryOut | None = None
     warnings: list[str]
+    assumptions: list[AssumptionOut] = Field(
+        default_factory=list, description="every setting the plan was made under, with its source (docs/page.md)"
+    )
 
 
-# ?summary=true (schedulers): the plan without `calls` and without the step's timeline: the same keys, in the
-# same order, as PlanOut otherwise (tests/app/test_summary.py checks it field by field)
+# ?summary=true (schedulers): the plan without `calls`, `assumptions` and the step's timeline: the same keys, in
+# the same order, as PlanOut otherwise (tests/app/test_summary.py checks it field by field)
+SUMMARY_LEAVES_OUT = ("calls", "assumptions")
 PlanSummaryOut = create_model(
     "PlanSummaryOut",
     __base__=Out,
     **{
         name: (StepSummaryOut | None, field) if name == "step" else (field.annotation, field)
         for name, field in PlanOut.model_fields.items()
-        if name != "calls"
+        if name not in SUMMARY_LEAVES_OUT
     },
 )
 
@@ -551,6 +561,11 @@ class SeriesOut(Out):
     time_s: list[float | None]
     busbw_GBps: list[float | None]
     note: str
+    pricer: Literal["library", "schedule"] = Field(
+        default="schedule",
+        description="library: NCCL's cost model (auto picks among these under library pricing); schedule: the "
+        "textbook schedule priced step by step on the graph",
+    )
 
 
 class ExploreOut(Out):

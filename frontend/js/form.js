@@ -1,16 +1,18 @@
 // The configuration form <-> a POST /v1/plan request, scenarios, and 422 messages marked on their inputs.
 import { $, el, options } from "./dom.js";
+import { buildControls, CONTROL_FIELDS, fillControls, readControls } from "./controls.js";
 import { state } from "./state.js";
 
 export const SCENARIOS = [
   { id: "llama70b-h100", label: "Llama-3 70B on 64 DGX H100 nodes, TP8 PP4 DP16, ZeRO-1",
     request: { model: { preset: "llama3-70b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 1024 },
       parallel: { tp: 8, pp: 4, dp: 16, zero_stage: 1, sequence_parallel: true }, cluster: { preset: "dgx-h100", num_nodes: 64 } } },
-  // 405B interleaved as Meta ran it peaks at 88.7 GB of 85.5 here (stage 1: 68.2 GB of activations, MFU 46.5%);
-  // with full recompute 25.3 GB, MFU 35.3% (the paper: 38-43%). The page has no control for partial recompute
-  // (recompute_num_layers), so full it is until it does.
-  { id: "llama405b-16k", label: "Llama-3 405B on 2,048 DGX H100 nodes, TP8 PP16 DP128, interleaved as Meta ran it, ZeRO-1, full recompute",
-    request: { model: { preset: "llama3-405b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 2048, activation_recompute: "full" },
+  // 405B interleaved as Meta ran it peaks at 88.7 GB of 85.5 here without recompute (MFU 46.2%); full recompute
+  // fits in 25.3 GB at 35.7%. Recomputing the MLP alone (Megatron --recompute-modules mlp, the selective
+  // granularity) peaks at 46.8 GB, MFU 39.8% against the paper's 38-43% (Dubey et al. 2024 §3.3). The paper
+  // does not say what it recomputed: this is a light recompute that fits, not a published setting.
+  { id: "llama405b-16k", label: "Llama-3 405B on 2,048 DGX H100 nodes, TP8 PP16 DP128, interleaved as Meta ran it, ZeRO-1, MLP recomputed",
+    request: { model: { preset: "llama3-405b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 2048, activation_recompute: "selective", recompute_modules: ["mlp"] },
       parallel: { tp: 8, pp: 16, dp: 128, zero_stage: 1, sequence_parallel: true, pipeline_schedule: "interleaved", pipeline_layout: "E|(t|)*126,L" },
       cluster: { preset: "dgx-h100", num_nodes: 2048 } } },
   // every scenario fits in memory as shipped (tests/frontend/test_page.py::test_every_scenario_fits).
@@ -39,7 +41,7 @@ export const SCENARIOS = [
 ];
 
 // request field -> form control, so 422 messages mark the right input
-const FIELDS = {
+export const FIELDS = {
   "model.preset": "model-preset", "model.hf_config": "hf-config", "model.seq_length": "seq-length", "workload.seq_length": "seq-length",
   "workload.kind": "kind", "workload.micro_batch_size": "micro-batch", "workload.global_batch_size": "global-batch",
   "workload.activation_recompute": "recompute", "workload.phase": "phase", "workload.batch_size": "batch-size",
@@ -50,7 +52,7 @@ const FIELDS = {
   "parallel.pipeline_layout": "pipeline-layout",
   "cluster.preset": "cluster-preset", "cluster.num_nodes": "nodes", "cluster.intra.bandwidth_GBps": "intra-bw",
   "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
-  "options.algorithm": "algorithm", "cluster.calibration": "calib-clear",
+  "cluster.devices_per_node": "dpn", "options.algorithm": "algorithm", "cluster.calibration": "calib-clear", ...CONTROL_FIELDS,
 };
 const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
 
@@ -81,6 +83,7 @@ export function readForm() {
   if ($("pipeline-layout").value.trim()) parallel.pipeline_layout = $("pipeline-layout").value.trim();
   const cluster = { preset: $("cluster-preset").value };
   put(cluster, "num_nodes", num("nodes"));
+  put(cluster, "devices_per_node", num("dpn"));
   const base = state.presets.clusters[cluster.preset];
   if (num("intra-bw") !== undefined) cluster.intra = { bandwidth_GBps: num("intra-bw") };
   put(cluster, "nics_per_node", num("nics")); put(cluster, "nic_bandwidth_GBps", num("nic-bw"));
@@ -90,7 +93,7 @@ export function readForm() {
   if (Object.keys(network).length) cluster.network = network;
   if (state.calibration) cluster.calibration = state.calibration;
   // 24 links: enough to colour a node's GPU links and NICs in the topology view
-  return { model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } };
+  return readControls({ model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } }, FormError);
 }
 
 const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
@@ -113,7 +116,8 @@ export function fillForm(req) {
   setSelect("zero", String(p.zero_stage ?? 0)); $("sp").checked = !!p.sequence_parallel;
   setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
   if (c.preset) setSelect("cluster-preset", c.preset);
-  $("nodes").value = str(c.num_nodes, "1");
+  $("nodes").value = str(c.num_nodes, "1"); $("dpn").value = str(c.devices_per_node);
+  $("cluster-switch-note").textContent = ""; lastCluster = $("cluster-preset").value;
   $("intra-bw").value = str(obj(c.intra).bandwidth_GBps); $("nics").value = str(c.nics_per_node); $("nic-bw").value = str(c.nic_bandwidth_GBps);
   $("oversub").value = str(obj(c.network).oversubscription);
   // no input shows the constants (the calibration card does), but a link or a result loaded here keeps them
@@ -121,6 +125,7 @@ export function fillForm(req) {
   const base = state.presets.clusters[$("cluster-preset").value];
   $("rail").checked = obj(c.network).rail_optimized ?? (base && base.network ? base.network.rail_optimized : true);
   setSelect("algorithm", obj(req.options).algorithm || "auto");
+  fillControls(req);
   syncVisibility();
 }
 
@@ -130,6 +135,24 @@ function setSelect(id, value) {
   const select = $(id), v = String(value);
   if (![...select.options].some((o) => o.value === v)) select.append(el("option", { value: v }, v));
   select.value = v;
+}
+
+// devices per node as the plan will use them: the override, else the preset's
+export const devicesPerNode = (preset = $("cluster-preset").value) => num("dpn") || (state.presets.clusters[preset] || {}).devices_per_node || 1;
+
+// a cluster switch keeps the device count where it can (64 DGX nodes are 512 GPUs, 7 GB200 NVL72 racks 504), and
+// says so; the old count came from the preset switched away from
+let lastCluster = null;
+export function switchCluster() {
+  const next = $("cluster-preset").value, before = lastCluster;
+  lastCluster = next;
+  if (!before || before === next || num("dpn")) return;
+  const old = (state.presets.clusters[before] || {}).devices_per_node || 1, per = devicesPerNode(next);
+  const devices = (num("nodes") || 1) * old, nodes = Math.max(1, Math.round(devices / per));
+  $("nodes").value = String(nodes);
+  $("cluster-switch-note").textContent = nodes * per === devices
+    ? `Kept ${devices.toLocaleString("en-US")} devices: ${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} of ${per}.`
+    : `${devices.toLocaleString("en-US")} devices are not a whole number of ${per}-device nodes: ${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} give ${(nodes * per).toLocaleString("en-US")}.`;
 }
 
 export function syncVisibility() {
@@ -142,10 +165,25 @@ export function syncVisibility() {
   $("model-facts").textContent = model && !$("model-source-hf").checked
     ? `${model.num_layers} layers, hidden ${model.hidden_size}, ${model.num_attention_heads} heads / ${model.num_kv_heads || model.num_attention_heads} KV, `
       + `${(model.params_total / 1e9).toFixed(1)}B parameters${model.moe ? ` (${(model.params_active / 1e9).toFixed(1)}B active)` : ""}`
-    : "";
+    : $("model-source-hf").checked ? hfFacts() : "";
+  const cluster = state.presets.clusters[$("cluster-preset").value], per = devicesPerNode(), nodes = num("nodes") || 1;
+  $("cluster-facts").textContent = cluster ? `${per} device${per > 1 ? "s" : ""} per node${cluster.device ? ` (${cluster.device})` : ""} × `
+    + `${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} = ${(per * nodes).toLocaleString("en-US")} devices` : "";
+}
+
+// what the server read from the pasted config.json (the plan's model.* assumptions, planner/assumptions.py)
+function hfFacts() {
+  const plan = state.plan, rows = plan && plan.assumptions;
+  if (!rows || !state.request || !state.request.model.hf_config) return "Read when planned: layers, width and parameters appear here.";
+  const v = Object.fromEntries(rows.filter((a) => a.field.startsWith("model.")).map((a) => [a.field.slice(6), a.value]));
+  const n = (x) => Number(x).toLocaleString("en-US");
+  return `Read from config.json: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
+    + `FFN ${n(v.ffn_hidden_size)}, vocabulary ${n(v.vocab_size)}${v["moe.num_experts"] ? `, ${n(v["moe.num_experts"])} experts (top ${n(v["moe.top_k"])})` : ""}, `
+    + `${(plan.params_total / 1e9).toFixed(2)}B parameters.`;
 }
 
 export function fillPresets() {
+  buildControls();
   options($("scenario"), [["", "— pick a scenario —"], ...SCENARIOS.map((s) => [s.id, s.label])]);
   options($("model-preset"), Object.entries(state.presets.models).map(([k, m]) => [k, m.name || k]));
   options($("cluster-preset"), Object.entries(state.presets.clusters).map(([k, c]) => [k, k, c.description]));
@@ -168,8 +206,52 @@ export function showErrors(detail) {
     if (input) input.setAttribute("aria-invalid", "true");
     const go = input ? el("button", { type: "button", className: "link", onclick: () => { input.scrollIntoView({ block: "center" }); input.focus(); } },
       `Go to ${LABELS[control] || (input.labels && input.labels[0] ? input.labels[0].textContent.trim() : control)}`) : null;
-    return el("li", {}, el("strong", {}, path || "request"), ": ", String(d.msg ?? ""), " ", go);
+    const fixes = suggestions(path, state.request).map(([label, sets]) => el("button", { type: "button", className: "link fix",
+      onclick: () => { for (const [id, value] of sets) $(id).value = String(value); $(sets[0][0]).dispatchEvent(new Event("input", { bubbles: true })); } }, label));
+    return el("li", {}, el("strong", {}, path || "request"), ": ", String(d.msg ?? ""), " ", go,
+      fixes.length ? el("span", { className: "fixes" }, " Nearest valid: ", fixes) : null);
   });
   $("form-errors").replaceChildren(el("h2", {}, "This configuration cannot be planned"), el("ul", {}, items));
   $("form-errors").hidden = false;
+}
+
+// ---- divisibility errors offer the nearest valid values: [label, [[input id, value], ...]], from the request sent ----
+const nearest = (x, ok, lo = 1, hi = 1 << 20) => {
+  const out = [];
+  for (let d = 1; d <= 4096 && out.length < 2; d++) {
+    for (const v of [x - d, x + d]) if (v >= lo && v <= hi && ok(v) && !out.includes(v)) out.push(v);
+  }
+  return out.sort((a, b) => a - b).slice(0, 2);
+};
+
+export function suggestions(path, request) {
+  if (!request || !request.parallel || !request.workload) return [];
+  const p = request.parallel, w = request.workload, devices = (request.cluster.num_nodes || 1) * devicesPerNode();
+  const tp = p.tp || 1, pp = p.pp || 1, cp = p.cp || 1, inner = tp * pp * cp;
+  const dp = p.dp || (devices % inner === 0 ? devices / inner : null);
+  if (path === "workload.global_batch_size" && dp) {
+    const unit = (w.micro_batch_size || 1) * dp, gbs = w.global_batch_size || 1;
+    return nearest(gbs, (v) => v % unit === 0, unit).map((v) => [`global batch ${v.toLocaleString("en-US")}`, [["global-batch", v]]]);
+  }
+  if (path === "workload.micro_batch_size" && dp) {
+    return nearest(w.micro_batch_size || 1, (v) => (w.global_batch_size || 1) % (v * dp) === 0).map((v) => [`micro-batch ${v}`, [["micro-batch", v]]]);
+  }
+  if (path === "parallel" && p.dp) {  // tp*cp*pp*dp is not the cluster's device count
+    const out = [];
+    if (devices % inner === 0) out.push([`DP ${devices / inner}`, [["dp", devices / inner]]]);
+    const per = devicesPerNode(), want = inner * p.dp;
+    if (want % per === 0) out.push([`${want / per} nodes`, [["nodes", want / per]]]);
+    if (!out.length) {  // neither alone: node counts whose devices divide into tp*cp*pp, with the DP they give
+      out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0)
+        .map((n) => [`${n} nodes, DP ${(n * per) / inner}`, [["nodes", n], ["dp", (n * per) / inner]]]));
+    }
+    return out;
+  }
+  if (path === "parallel.dp") {  // dp omitted and the devices do not divide into tp*cp*pp
+    const out = nearest(pp, (v) => devices % (tp * cp * v) === 0).map((v) => [`PP ${v}`, [["pp", v]]]);
+    const per = devicesPerNode();
+    out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0).map((n) => [`${n} nodes`, [["nodes", n]]]));
+    return out;
+  }
+  return [];
 }

@@ -2,7 +2,9 @@
 import { ApiError, getJson, postJson, Unreachable } from "./api.js";
 import { $ } from "./dom.js";
 import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
-import { clearErrors, fillForm, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
+import { renderAssumptions } from "./assumptions.js";
+import { countSet, showResolvedDefaults } from "./controls.js";
+import { clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
@@ -13,7 +15,7 @@ import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
 import { renderSummary } from "./summary.js";
-import { renderTimeline } from "./timeline.js";
+import { renderTimeline, zoomToMicrobatch } from "./timeline.js";
 import { drawTopology, prefetchTopology } from "./topology.js";
 
 // ---- honest updates: stale while replanning, stale-and-invalid while the inputs cannot be planned ----------
@@ -79,6 +81,9 @@ function render() {
   $("status").textContent = `${fmtInt(plan.world_size)} devices, ${fmtInt(plan.num_microbatches)} micro-batch${plan.num_microbatches > 1 ? "es" : ""} per iteration, `
     + `${plan.calls.length} kinds of call. Busiest stage: ${busiest}.`;
   renderSummary(plan, onBusiest, state.request && state.request.workload.kind);
+  renderAssumptions(plan, state.request);
+  syncVisibility();  // the model as the server read it (a pasted config.json)
+  showResolvedDefaults(plan.assumptions);
   renderTimeline(plan);
   renderMemory(plan);
   renderParChart(onBusiest);
@@ -99,7 +104,7 @@ function selectCall(call, save = true) {
   const p = call.placement, link = (p.links || [])[0];
   $("detail-title").textContent = `Selected call: ${call.name} (stage${call.stages.length > 1 ? "s" : ""} ${fmtStages(call.stages)})`;
   $("detail-text").textContent = `${call.op} of ${fmtBytes(call.message_bytes)} over ${call.group_size} ranks `
-    + `(${fmtInt(call.num_groups)} groups at once, ${String(p.span).replace("_", "-")}, ${p.nodes_per_group} node${p.nodes_per_group > 1 ? "s" : ""} per group), `
+    + `(${call.num_groups === 1 ? "one group" : `${fmtInt(call.num_groups)} groups at once`}, ${String(p.span).replace("_", "-")}, ${p.nodes_per_group} node${p.nodes_per_group > 1 ? "s" : ""} per group), `
     + `${fmtInt(call.calls_per_iteration)}× per iteration in the ${call.phase} pass with ${call.algorithm}${call.protocol ? ` (${call.protocol})` : ""}: `
     + `${fmtTime(call.time_s)} per call, ${fmtTime(timeIter(call))} per iteration, ${fmtBytes(call.bytes_sent_per_rank)} sent per rank per call, bus bandwidth ${fmtBw(p.busbw_GBps)}. `
     + (link ? `The busiest link is ${link.label} (${link.kind}, ${fmtBw(link.capacity_GBps)}), busy ${(100 * link.utilisation).toFixed(0)}% of the call. ${boundBy(call, link)}` : "")
@@ -149,8 +154,9 @@ async function start() {
   const saved = loadUrl();
   if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
 
-  $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); schedulePlan(); });
+  $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
+  $("cluster-preset").addEventListener("change", switchCluster);
   $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });
   $("config").addEventListener("submit", (e) => { e.preventDefault(); schedulePlan(0); });
   $("scenario").addEventListener("change", () => {
@@ -175,6 +181,11 @@ async function start() {
     if (e.key === "ArrowDown") { e.preventDefault(); row.nextElementSibling?.focus(); }
     if (e.key === "ArrowUp") { e.preventDefault(); row.previousElementSibling?.focus(); }
   });
+  $("timeline-zoom").addEventListener("click", () => {
+    const k = Number($("timeline-mb").value), span = zoomToMicrobatch(k);
+    $("timeline-zoom-note").textContent = span ? `micro-batch ${k}: ${fmtTime(span[0])} → ${fmtTime(span[1])} over every stage` : `no micro-batch ${k} in this step`;
+  });
+  $("timeline-all").addEventListener("click", () => { zoomToMicrobatch(-2); $("timeline-zoom-note").textContent = ""; });
   $("step-op").addEventListener("change", fillStepAlgorithms);
   $("step-load").addEventListener("click", loadSteps);
   $("step-prev").addEventListener("click", () => { stopPlay(); step(-1); });
@@ -186,5 +197,5 @@ async function start() {
   await runPlan();
 }
 
-window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime };  // for the browser tests and the curious
+window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime, fields: FIELDS };  // for the browser tests and the curious
 start();

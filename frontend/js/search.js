@@ -7,7 +7,7 @@ import { axisBytes, esc, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtPo
 import { chart, narrow } from "./charts.js";
 import { state } from "./state.js";
 
-let controller = null, onLoad = () => {};
+let controller = null, onLoad = () => {}, searchedHeadroom = null;
 const ticked = new Set();
 
 export function initSearch(loadLayout) {
@@ -45,9 +45,11 @@ async function runSearch() {
   $("search-run").disabled = true; $("search-stop").hidden = false; $("search-progress").hidden = false;
   setProgress(0, 1); $("search-status").textContent = "Searching…";
   try {
-    const result = await search(searchBody(), (p) => {
+    const body = searchBody();
+    searchedHeadroom = 100 * (body.constraints.memory_headroom || 0);
+    const result = await search(body, (p) => {
       setProgress(p.done, p.total);
-      $("search-status").textContent = `${fmtInt(p.done)} of ${fmtInt(p.total)} layouts, ${fmtInt(p.feasible)} fit`
+      $("search-status").textContent = `${fmtInt(p.done)} of ${fmtInt(p.total)} layouts, ${fmtInt(p.evaluated ?? p.done)} evaluated, ${fmtInt(p.feasible)} fit`
         + (p.best ? `; best so far ${layoutName(p.best.parallel)}, ${fmtTime(p.best.step_time_s)}` : "");
     }, controller.signal);
     state.search = result; ticked.clear();
@@ -79,9 +81,7 @@ export function renderSearch() {
   const result = state.search;
   if (!result) return;
   const hits = result.results || [];
-  const pruned = Object.entries(result.pruned || {}).map(([k, v]) => `${k} ${fmtInt(v)}`).join(", ");
-  $("search-status").textContent = `${fmtInt(result.evaluated)} layouts evaluated, ${fmtInt(result.feasible)} fit, in ${fmtTime(result.elapsed_s)}.`
-    + (pruned ? ` Pruned: ${pruned}.` : "") + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.");
+  $("search-status").textContent = searchSummary(result) + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.");
   $("search-results").hidden = !hits.length;
   if (!hits.length) return;
   const front = paretoFront(hits), onFront = new Set(front.map((p) => p.i));
@@ -178,4 +178,35 @@ export function renderCompare(labels, plans) {
       el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Call"), ["A", "B", "B − A"].map((l) => el("th", { scope: "col", className: "num" }, l)))),
       el("tbody", {}, diff))),
   );
+}
+
+// ---- the counts in words, agreeing with each other and with the progress bar ----------------------------------
+// space_size = evaluated + layouts a rule dropped before timing; feasible = evaluated - those over memory
+// (SearchOut, app/schemas/search.py). A pruning reason is the request field whose rule failed: named in words.
+const REASONS = {
+  "parallel.tp": "tensor-parallel size", "parallel.pp": "pipeline size", "parallel.dp": "data-parallel size",
+  "parallel.cp": "context-parallel size", "parallel.ep": "expert-parallel size", "parallel.expert_tp": "expert TP size",
+  "parallel.zero_stage": "ZeRO stage", "parallel.virtual_pipeline_stages": "virtual pipeline stages",
+  "parallel.pipeline_schedule": "pipeline schedule", "parallel.sequence_parallel": "sequence parallelism",
+  "parallel.framework": "framework", "parallel": "device count", "workload.global_batch_size": "global batch",
+  "workload.micro_batch_size": "micro-batch", "workload.activation_recompute": "recompute", "max_dp_group": "largest DP group",
+};
+export const reasonWords = (key) => REASONS[key] || String(key).split(".").pop().replace(/_/g, " ");
+
+export function searchSummary(result) {
+  const pruned = result.pruned || {}, examples = result.pruned_examples || {};
+  const rules = Object.entries(pruned).filter(([k]) => k !== "memory").sort((a, b) => b[1] - a[1]);
+  const ruled = rules.reduce((n, [, v]) => n + v, 0);
+  const over = pruned.memory || 0;
+  const space = result.space_size ?? result.evaluated + ruled;
+  const headroom = searchedHeadroom ?? (Number($("search-headroom").value) || 0);  // the one searched with
+  let text = `${fmtInt(space)} layouts in ${fmtTime(result.elapsed_s)}: ${fmtInt(result.evaluated)} evaluated (memory and step time)`;
+  if (ruled) {
+    text += `, ${fmtInt(ruled)} ruled out before timing (${rules.map(([k, v]) => `${fmtInt(v)} by the ${reasonWords(k)}`
+      + (examples[k] ? `, e.g. "${examples[k]}"` : "")).join("; ")})`;
+  }
+  text += `. Of the evaluated, ${fmtInt(result.feasible)} fit and ${fmtInt(over)} need more memory than the device has`
+    + `${headroom > 0 ? ` less ${Number(headroom.toPrecision(3))}% headroom` : ""}.`;
+  if (result.bounded) text += ` ${fmtInt(result.bounded)} of those that fit were not timed in full: their compute alone was already slower than the results kept.`;
+  return text;
 }

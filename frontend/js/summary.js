@@ -6,6 +6,9 @@ import { fmtBytes, fmtCount, fmtPct, fmtTime, PAR_COLORS, timeIter } from "./for
 const card = (label, value, hint, extra, id) => el("div", { className: "card metric-card", "data-card": id },
   el("div", { className: "metric-label" }, label), el("div", { className: "metric" }, value), hint ? el("div", { className: "hint" }, hint) : null, extra);
 
+// a call name breaks after its dots and underscores, never mid-word ("pp.activatio n_grad" at 390 px)
+const breakable = (name) => String(name).split(/(?<=[._])/).flatMap((part, i) => (i ? [el("wbr"), part] : [part]));
+
 export function renderSummary(plan, onBusiest, kind) {
   const t = plan.totals, stage = t.per_stage[t.busiest_stage] || { bytes_sent: 0, message_bytes: 0 };
   const cards = [];
@@ -33,7 +36,7 @@ export function renderSummary(plan, onBusiest, kind) {
   cards.push(card("Sent per rank per iteration", fmtBytes(stage.bytes_sent), `${fmtBytes(stage.message_bytes)} of messages`, null, "sent"));
   cards.push(card("Share by parallelism", legend || "–", null, bar, "share"));
   const top = [...onBusiest].sort((a, b) => timeIter(b) - timeIter(a))[0];
-  if (top) cards.push(card("Largest cost", top.name, `${fmtTime(timeIter(top))} per iteration; busiest link ${top.placement.bottleneck_link || "–"}`, null, "top"));
+  if (top) cards.push(card("Largest cost", breakable(top.name), `${fmtTime(timeIter(top))} per iteration; busiest link ${top.placement.bottleneck_link || "–"}`, null, "top"));
   $("summary").replaceChildren(...cards);
   const warnings = [...(plan.warnings || []), ...(plan.memory && plan.memory.fits === false ? ["The plan does not fit in device memory: see Memory per stage."] : [])];
   $("warnings").replaceChildren(...warnings.map((w) => el("li", {}, String(w))));

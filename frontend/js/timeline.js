@@ -1,17 +1,31 @@
-// The step timeline (plan.step.timeline, CONTRACT v1.1): one lane per stage and stream, a Gantt bar per event,
-// grey lanes where a stream is idle (the pipeline bubble on the compute lanes), zoom by wheel or the slider.
+// The step timeline (plan.step.timeline, CONTRACT v1.1; the same events the Perfetto export writes): one lane per
+// stage and stream, a Gantt bar per event, grey lanes where a stream is idle, zoom by wheel, the slider or to one
+// micro-batch. Issue 25 item 5, all from the plan answer, no second model:
+// - a block the server aggregated (the steady state of many micro-batches, planner/pipeline.py MAX_EVENTS) is
+//   drawn per micro-batch: the pipeline's own layout (forward at t + i x period, its backward right after, the
+//   per-micro-batch pass times read off the same stage's warm-up and cool-down blocks); its exposed
+//   communication, drawn at the block's end by the server, goes to the end of each micro-batch's pass;
+// - a "pp" lane per stage: where its compute stream waits on the pipeline (fill, drain and the sends), the
+//   gaps of its compute lane before its last backward; the tooltip lists the stage's pipeline sends;
+// - per-iteration communication (DP gradient reduction, parameter gather) split into the part under the
+//   stage's compute (overlapped, light) and the part the step waits for (exposed, solid);
+// - per-pass communication (tp, cp, ep) is drawn where it is exposed; the note gives, on the busiest stage,
+//   each parallelism's calls serialised against what is drawn exposed, the rest being hidden behind compute.
 // Hundreds of micro-batches: events closer than 1/1500 of the step on one lane are drawn as one block.
 /* global echarts */
 import { $ } from "./dom.js";
-import { axisTime, esc, fmtTime } from "./format.js";
+import { axisTime, esc, fmtInt, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 
 const STREAM_COLORS = { compute: "#2f6fb0", tp: "#5b8fd0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", comm: "#1e8449" };
 const MAX_BLOCKS = 4000;
+const MAX_EXPANDED = 20000;  // beyond, aggregated blocks stay aggregated
 
 function colorOf(ev) {
   const name = String(ev.name || "").toLowerCase();
   if (name.includes("bubble") || ev.stream === "bubble") return "#c5ced8";
+  if (ev.overlapped) return "#a9d6b8";
+  if (ev.wait) return "#f3d19c";
   if (ev.stream === "compute") return /^(b|bwd|backward)/.test(name) ? "#174a7e" : /^(w|wgrad)/.test(name) ? "#6c8fb5" : "#4f8fd6";
   return STREAM_COLORS[ev.stream] || STREAM_COLORS[String(ev.stream).split(/[._-]/)[0]] || "#7f8c8d";
 }
@@ -35,15 +49,129 @@ export function aggregate(events, span) {
 
 // the server may aggregate a run of micro-batches into one event ("microbatches": how many, CONTRACT v1.1)
 function mbLabel(d) {
-  if (d.microbatch === null || d.microbatch === undefined) return "";
+  if (d.microbatch === null || d.microbatch === undefined || d.microbatch < 0) return "";
   return d.microbatches > 1 ? ` (micro-batches ${d.microbatch}–${d.microbatch + d.microbatches - 1})` : ` (micro-batch ${d.microbatch})`;
 }
 
+// ---- aggregated blocks drawn per micro-batch -------------------------------------------------------------------
+const isPass = (e) => e.stream !== "compute" && e.microbatches > 0;
+export function expand(events) {
+  const aggregated = events.filter((e) => e.stream === "compute" && e.microbatches > 1);
+  if (!aggregated.length) return { events, expanded: 0 };
+  const extra = aggregated.reduce((n, e) => n + e.microbatches * (e.name === "1f1b" ? 2 : 1), 0);
+  if (events.length + 2 * extra > MAX_EXPANDED) return { events, expanded: 0 };
+  const key = (e) => `${e.stage}|${e.microbatch}|${e.microbatches}`;
+  const perMb = (stage, name) => {  // one micro-batch's pass on this stage, from its warm-up / cool-down block
+    const b = events.find((e) => e.stage === stage && e.stream === "compute" && e.name === name && e.microbatches > 0);
+    return b ? (b.end_s - b.start_s) / b.microbatches : null;
+  };
+  const comm = new Map();  // the exposed communication the server drew at an aggregated block's end
+  for (const e of events) if (isPass(e) && e.microbatches > 1) { if (!comm.has(key(e))) comm.set(key(e), []); comm.get(key(e)).push(e); }
+  const out = events.filter((e) => !(e.microbatches > 1 && (e.stream === "compute" || comm.has(key(e)))));
+  for (const block of aggregated) {
+    const n = block.microbatches, span = block.end_s - block.start_s, mine = comm.get(key(block)) || [];
+    const passes = [];  // [name, micro-batch, start, end]
+    if (block.name === "1f1b") {
+      const per = span / n, f = perMb(block.stage, "forward"), b = perMb(block.stage, "backward");
+      const [fd, bd] = f !== null && b !== null && f + b <= per * 1.000001 ? [f, b] : [per / 3, (2 * per) / 3];
+      for (let i = 0; i < n; i++) {
+        const t = block.start_s + i * per;
+        passes.push(["forward", block.microbatch + i, t, t + fd], ["backward", i, t + fd, t + fd + bd]);
+      }
+    } else {
+      for (let i = 0; i < n; i++) passes.push([block.name, block.microbatch + i, block.start_s + (i * span) / n, block.start_s + ((i + 1) * span) / n]);
+    }
+    for (const [name, mb, start, end] of passes) {
+      out.push({ ...block, name, microbatch: mb, microbatches: 1, start_s: start, end_s: end, split: true });
+      let t = end;  // this pass's share of the exposed communication, at its end as the server draws it
+      for (const c of mine) {
+        if (c.name.split(" ").pop() !== name) continue;
+        const dur = (c.end_s - c.start_s) / n;
+        out.push({ ...c, microbatch: mb, microbatches: 1, start_s: t - dur, end_s: t, split: true });
+        t -= dur;
+      }
+    }
+  }
+  return { events: out, expanded: aggregated.length };
+}
+
+// ---- the pipeline waits, and overlapped vs exposed per-iteration communication --------------------------------------
+const union = (list) => {
+  const out = [];
+  for (const [a, b] of list.sort((x, y) => x[0] - y[0])) {
+    if (out.length && a <= out[out.length - 1][1]) out[out.length - 1][1] = Math.max(out[out.length - 1][1], b);
+    else out.push([a, b]);
+  }
+  return out;
+};
+
+export function derive(events) {
+  const out = [], stages = [...new Set(events.map((e) => e.stage))];
+  const hasPp = events.some((e) => e.stream === "pp");
+  for (const s of stages) {
+    const busy = union(events.filter((e) => e.stage === s && e.stream === "compute" && e.name !== "optimizer").map((e) => [e.start_s, e.end_s]));
+    if (!busy.length) continue;
+    if (!hasPp) {  // gaps before the last backward: fill, drain-side waits and sends
+      let t = 0;
+      for (const [a, b] of busy) { if (a - t > 0) out.push({ stage: s, stream: "pp", name: "pipeline wait", microbatch: -1, microbatches: 0, start_s: t, end_s: a, wait: true }); t = b; }
+    }
+    for (const e of events.filter((x) => x.stage === s && x.stream !== "compute" && x.microbatches === 0)) {
+      const pieces = [];
+      let t = e.start_s;
+      for (const [a, b] of busy) {
+        if (b <= t || a >= e.end_s) continue;
+        if (a > t) pieces.push([t, a, false]);
+        pieces.push([Math.max(a, t), Math.min(b, e.end_s), true]);
+        t = Math.min(b, e.end_s);
+      }
+      if (t < e.end_s) pieces.push([t, e.end_s, false]);
+      e.replaced = pieces.some(([, , o]) => o);
+      if (e.replaced) for (const [a, b, o] of pieces) out.push({ ...e, name: `${e.name} (${o ? "overlapped" : "exposed"})`, start_s: a, end_s: b, overlapped: o });
+    }
+  }
+  return [...events.filter((e) => !e.replaced), ...out];
+}
+
+// on the busiest stage: each parallelism's calls serialised against what the timeline draws exposed
+function hiddenNote(plan, events) {
+  const stage = plan.totals.busiest_stage, by = plan.totals.by_parallelism || {};
+  const parts = ["tp", "cp", "ep"].filter((k) => by[k] && by[k].time_s > 0).map((k) => {
+    const drawn = events.filter((e) => e.stage === stage && e.stream === k).reduce((t, e) => t + e.end_s - e.start_s, 0);
+    return `${k} ${fmtTime(by[k].time_s)} of calls, ${fmtTime(drawn)} drawn exposed, the rest (${fmtTime(Math.max(0, by[k].time_s - drawn))}) behind compute or outside the passes`;
+  });
+  if (by.pp && by.pp.time_s > 0) parts.push(`pp sends ${fmtTime(by.pp.time_s)}, inside the pipeline waits`);
+  return parts.length ? `Stage ${stage}: ${parts.join("; ")}. ` : "";
+}
+
+function ppCalls(plan, stage) {
+  return (plan.calls || []).filter((c) => c.parallelism === "pp" && c.stages.includes(stage))
+    .map((c) => `${c.name} ${fmtTime(c.time_s)} × ${fmtInt(c.calls_per_iteration)} = ${fmtTime(timeIter(c))}`);
+}
+
+// zoom the chart to one micro-batch: the span of its blocks over every stage
+export function zoomToMicrobatch(k) {
+  const events = state_events;
+  const mine = events.filter((e) => e.microbatch === k && e.microbatches === 1);
+  const c = chart("timeline");
+  // micro-batch k's blocks stand out; the others are faded (the whole step: none faded)
+  c.setOption({ series: [{}, { data: state_data.map((d) => ({ ...d, itemStyle: { ...d.itemStyle, opacity: !mine.length || d.microbatch === k ? 1 : 0.3 } })) }] });
+  if (!mine.length) { c.dispatchAction({ type: "dataZoom", start: 0, end: 100 }); return false; }
+  const lo = Math.min(...mine.map((e) => e.start_s)), hi = Math.max(...mine.map((e) => e.end_s));
+  c.dispatchAction({ type: "dataZoom", startValue: lo, endValue: hi });
+  return [lo, hi];
+}
+let state_events = [], state_data = [];
+
 export function renderTimeline(plan) {
   const section = $("timeline-card"), step = plan && plan.step;
-  const events = step && Array.isArray(step.timeline) ? step.timeline : [];
-  section.hidden = !events.length;
-  if (!events.length) return;
+  const raw = step && Array.isArray(step.timeline) ? step.timeline : [];
+  section.hidden = !raw.length;
+  if (!raw.length) return;
+  const { events: perMb, expanded } = expand(raw);
+  const events = derive(perMb.map((e) => ({ ...e })));
+  state_events = events;
+  const mbs = Math.max(0, ...events.filter((e) => e.microbatches === 1).map((e) => e.microbatch)) + 1;
+  $("timeline-mb").max = String(Math.max(0, mbs - 1));
   const streams = [...new Set(events.map((e) => String(e.stream)))].sort((a, b) => (a === "compute" ? -1 : b === "compute" ? 1 : a.localeCompare(b)));
   const stages = [...new Set(events.map((e) => e.stage))].sort((a, b) => a - b);
   const lanes = [];
@@ -54,7 +182,9 @@ export function renderTimeline(plan) {
   const data = blocks.map((b) => ({
     value: [laneIndex.get(`${b.stage}|${b.stream}`), b.start_s, b.end_s, b.count],
     name: String(b.name), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch, microbatches: b.microbatches,
+    split: !!b.split, sends: b.wait ? ppCalls(plan, b.stage) : null,
   }));
+  state_data = data;
   const height = Math.min(720, Math.max(180, lanes.length * (narrow() ? 18 : 24) + 90));
   $("timeline").style.height = `${height}px`;
   const renderItem = (params, api) => {
@@ -68,7 +198,9 @@ export function renderTimeline(plan) {
   chart("timeline").setOption({
     animation: false,
     tooltip: { formatter: (p) => esc(p.name === "idle" ? "idle" : `${p.name}${mbLabel(p.data)}`
-      + `${p.value[3] > 1 ? `, ${p.value[3]} events` : ""}: ${fmtTime(p.value[1])} → ${fmtTime(p.value[2])} (${fmtTime(p.value[2] - p.value[1])})`) },
+      + `${p.value[3] > 1 ? `, ${p.value[3]} events` : ""}: ${fmtTime(p.value[1])} → ${fmtTime(p.value[2])} (${fmtTime(p.value[2] - p.value[1])})`
+      + (p.data.split ? "; one micro-batch of a block the server aggregated" : "")
+      + (p.data.sends && p.data.sends.length ? `; this stage's pipeline sends: ${p.data.sends.join(", ")}` : "")) },
     grid: { left: narrow() ? 76 : 110, right: 16, top: 10, bottom: 60 },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "weakFilter" }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 8, filterMode: "weakFilter", labelFormatter: axisTime }],
     xAxis: { type: "value", min: 0, max: end, axisLabel: { formatter: axisTime, hideOverlap: true } },
@@ -80,8 +212,12 @@ export function renderTimeline(plan) {
     ],
   }, true);
   chart("timeline").resize();
-  $("timeline-note").textContent = `${events.length} events on ${lanes.length} lanes over ${fmtTime(end)}. `
-    + `Grey: the stream is idle (on compute lanes, the pipeline bubble: ${fmtTime(step.bubble_s)}). `
-    + (merged ? `Events closer than ${fmtTime(end / 1500)} on a lane are drawn as one block (${blocks.length} blocks); hover shows how many. ` : "")
+  $("timeline-note").textContent = `${fmtInt(events.length)} events on ${lanes.length} lanes over ${fmtTime(end)}. `
+    + (expanded ? `${expanded} aggregated block${expanded > 1 ? "s" : ""} drawn per micro-batch. ` : "")
+    + `Grey: the stream is idle (the pipeline bubble: ${fmtTime(step.bubble_s)} on the critical stage). `
+    + (events.some((e) => e.wait) ? "Orange (pp lanes): the compute stream waits on the pipeline (fill, drain, sends). " : "")
+    + (events.some((e) => e.overlapped) ? "Light green: DP traffic under compute (overlapped); solid: what the step waits for (exposed). " : "")
+    + "tp, cp and ep blocks are the exposed part of each pass. " + hiddenNote(plan, events)
+    + (merged ? `Events closer than ${fmtTime(end / 1500)} on a lane are drawn as one block (${fmtInt(blocks.length)} blocks); hover shows how many. ` : "")
     + "Scroll or drag the slider to zoom.";
 }

@@ -13,6 +13,7 @@ const PREFETCH = 16;  // device sets of a new plan fetched ahead, one at a time,
 const subgraphs = new Map();
 let focus = null, focusCall = null, drawSeq = 0;  // the node expanded from the aggregate view, for its call
 
+const MIN_LABEL_PX = 9;
 const STYLE = [
   { selector: "node", style: { label: "data(label)", "font-size": 10, "text-valign": "center", "background-color": "#dfe6ee", "border-width": 1, "border-color": "#8896a5", width: 26, height: 26 } },
   { selector: ":parent", style: { "background-color": "#f4f7fa", "text-valign": "top", "font-size": 12, padding: 10 } },
@@ -69,6 +70,9 @@ function show(els, note) {
   cy.resize();
   cy.layout({ name: "preset", fit: true, padding: 20 }).run();
   cy.fit(undefined, 20);
+  // labels at least MIN_LABEL_PX on screen whatever the fit's zoom (NIC and leaf labels were about 6 px)
+  const least = MIN_LABEL_PX / (cy.zoom() || 1);
+  cy.style(STYLE.map((r) => (r.style["font-size"] ? { ...r, style: { ...r.style, "font-size": Math.max(r.style["font-size"], least) } } : r)));
   $("topology-note").textContent = note;
 }
 

@@ -94,3 +94,19 @@ def test_sweep_chunks_on_their_own_lines(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err and all(re.fullmatch(r"\d+/\d+ chunks", x) for x in err), err
     assert err[-1].split("/")[0] == err[-1].split("/")[1].split()[0]  # ends at total/total
+
+
+def test_search_cli_counts_add_up():
+    """The CLI's search summary in the page's terms: space = evaluated + ruled out; evaluated = fit + over memory."""
+    from app.search_cli import search_summary
+
+    result = {
+        "space_size": 4000, "evaluated": 3100, "feasible": 900, "elapsed_s": 1.25, "layouts_per_s": 2480.0,
+        "workers": 1, "pruned": {"memory": 2200, "parallel.tp": 900},
+        "pruned_examples": {"memory": "stage 0 needs 90 GB", "parallel.tp": "num_kv_heads 8 is not divisible by tp 16"},
+    }  # fmt: skip
+    assert search_summary(result) == [
+        "4,000 layouts in 1.25 s: 3,100 layouts evaluated (2,480/s on 1 process(es)), 900 ruled out before timing",
+        "        900 ruled out by parallel.tp: num_kv_heads 8 is not divisible by tp 16",
+        "900 fit, 2,200 over memory (stage 0 needs 90 GB)",
+    ]

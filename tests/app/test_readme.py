@@ -97,3 +97,14 @@ def test_dockerfile_workers_memory_and_healthcheck_agree_with_the_readme():
     health = next(ln for ln in lines if ln.startswith("HEALTHCHECK"))
     assert "/healthz" in health and "--timeout=5s" in health
     assert any(ln.startswith("CMD") and "${COMMPLAN_WORKERS}" in ln for ln in lines)
+
+
+def test_readme_traffic_rules_table_is_one_table():
+    """Issue 25 item 10: a paragraph cut the traffic-rules table in two, orphaning its DeepSpeed rows."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| TP |"))
+    end = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
+    table = lines[first:end]
+    for row in ("| DeepSpeed ZeRO-3 |", "| MTP (`model.mtp_layers`) |", "| inference |"):
+        assert any(line.startswith(row) for line in table), row
+    assert not any(line.startswith("| DeepSpeed ZeRO") for line in lines[end:])

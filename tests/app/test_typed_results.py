@@ -121,6 +121,10 @@ def test_explore_prices_the_plan_s_groups(api, options, call, nodes, parallel):
     pick = f"{row['nccl_algorithm']}/{row['protocol']}" if library else row["algorithm"]
     assert seen["auto"][i] == pick
     assert {s["algorithm"]: s for s in seen["series"]}[pick]["time_s"][i] == row["time_s"]
+    # each curve says who priced it: NCCL's model (the library's "Ring/Simple") or a textbook schedule ("ring")
+    pricers = {s["algorithm"]: s["pricer"] for s in seen["series"]}
+    assert pricers[pick] == ("library" if library else "schedule")
+    assert all((p == "library") == ("/" in name) for name, p in pricers.items()), pricers
     assert seen["groups_priced"] == seen["num_groups"] == row["num_groups"]  # custom maps, full contention: all
     plain = {**request, "options": {"pricing": options["pricing"]}}
     default = api.post("/v1/plan/explore", json={"request": plain, "call": call, "sizes": [1024]}).json()

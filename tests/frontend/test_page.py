@@ -266,8 +266,14 @@ def stub_search(page, results=SEARCH_RESULTS, seen=None):
             "type": "result",
             "evaluated": 3100,
             "feasible": 900,
+            "bounded": 0,
             "elapsed_s": 1.25,
+            "space_size": 4000,  # evaluated + ruled out (not memory); feasible = evaluated - memory
             "pruned": {"memory": 2200, "parallel.tp": 900},
+            "pruned_examples": {
+                "memory": "stage 0 needs 90 GB",
+                "parallel.tp": "num_kv_heads 8 is not divisible by tp 16",
+            },
             "results": results,
         },
     ]
@@ -588,6 +594,8 @@ def test_export_buttons_download_every_format(page):
         with page.expect_download() as download:
             page.click(f"[data-export='{fmt}']")
         texts[fmt] = Path(download.value.path()).read_text()
+        if fmt in ("simai", "aicb"):  # one rank of the busiest stage, said in the note
+            expect(page.locator("#export-note")).to_contain_text("stage 3")
     plan = json.loads(texts["json"])
     assert plan["world_size"] == 512
     rows = list(csv.DictReader(io.StringIO(texts["csv"])))
@@ -598,7 +606,7 @@ def test_export_buttons_download_every_format(page):
     assert texts["aicb"].splitlines()[0].startswith("comm_type,comm_group,comm_group_size,msg_size")
     assert texts["aicb"].rstrip().endswith("CommType.epoch_end,None,None,0,,None,None,,None,None,None,1")
     assert json.loads(texts["trace"])["displayTimeUnit"] == "ms"
-    expect(page.locator("#export-note")).to_contain_text("stage 3")
+    expect(page.locator("#export-note")).to_contain_text("ui.perfetto.dev")
 
 
 # ---- security: nothing a user (or a server echoing a user) writes runs ----------------------------------------
@@ -756,11 +764,21 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     open_page(page)
     page.click("#search-run")
     expect(page.locator("#search-table tbody tr")).to_have_count(4, timeout=10_000)
-    expect(page.locator("#search-status")).to_contain_text("3,100 layouts evaluated, 900 fit")
+    # the counts agree with the progress bar (4,000 of 4,000) and with each other, the reasons in words
+    status = page.locator("#search-status").inner_text()
+    assert status.startswith(
+        "4,000 layouts in 1.25 s: 3,100 evaluated (memory and step time), 900 ruled out before "
+        'timing (900 by the tensor-parallel size, e.g. "num_kv_heads 8 is not divisible by tp 16")'
+    ), status
+    assert "Of the evaluated, 900 fit and 2,200 need more memory than the device has less 5% headroom." in status
+    assert "parallel.tp" not in status and "memory 2" not in status
     assert page.locator("#search-bar").evaluate("e => parseFloat(e.style.width)") == 100
     body = sent[0]
     assert body["model"] == {"preset": "llama3-70b"} and body["workload"]["global_batch_size"] == 1024
     assert body["constraints"]["framework"] == "megatron" and body["top_k"] == 20
+    # a 5% memory headroom by default, stated on the control
+    assert body["constraints"]["memory_headroom"] == 0.05
+    expect(page.locator("label[for=search-headroom]")).to_contain_text("default 5")
     front = page.evaluate("window.commplan.state.charts['search-chart'].getOption().series[1].data")
     assert front == [[38 * 10**9, 10.5], [52 * 10**9, 9.4], [71 * 10**9, 9.1]]  # #3 is dominated
     assert page.locator("#search-table tbody tr").nth(2).locator(".tag").count() == 0
@@ -1058,3 +1076,220 @@ def test_serve_draws_the_pools_and_the_kv_transfer_on_the_topology(page):
     busy = page.evaluate("Math.max(...window.commplan.state.cy.edges().map((e) => e.data('u')))")
     answer = httpx.post(page.base + "/v1/serve", json=page.evaluate("window.commplan.serveBody()")).json()
     assert busy == pytest.approx(max(link["utilisation"] for link in answer["kv_transfer"]["links"]))
+
+
+# ---- issue 25 items 3 and 7, issue 21 item 7: every field a control, the assumptions, forms that help ------------
+# request fields the form does not offer, and why (every other one of these blocks has a control)
+NO_CONTROL = {
+    "workload.preset": "the form is the workload",
+    "parallel.preset": "the form is the layout",
+    "parallel.zero_config": "DeepSpeed's own dictionary of names (docs/frameworks.md): a URL or the API",
+    "parallel.ddp": "torch DDP switches object: a URL or the API",
+    "options.device_map": "a permutation of every rank: a URL or the API",
+    "options.links_per_call": "the page asks for 24 to colour the topology",
+    "options.timeline": "the page draws the timeline",
+}
+
+
+def test_every_request_field_has_a_control(page):
+    """Each field of the workload, parallel, options and overlap blocks (read from the server's OpenAPI) is a
+    control of the form, or is listed above with its reason."""
+    open_page(page)
+    schemas = httpx.get(page.base + "/openapi.json").json()["components"]["schemas"]
+    blocks = {
+        "workload": "WorkloadIn",
+        "parallel": "ParallelIn",
+        "options": "OptionsIn",
+        "options.overlap": "OverlapIn",
+    }
+    fields = {f"{b}.{k}" for b, name in blocks.items() for k in schemas[name]["properties"]} - {"options.overlap"}
+    controls = set(page.evaluate("Object.keys(window.commplan.fields)"))
+    missing = sorted(fields - controls - set(NO_CONTROL))
+    assert not missing, missing
+    for path in ("cluster.nccl_version", "cluster.devices_per_node", "options.nccl_algo", "options.nccl_proto"):
+        assert path in controls, path
+
+
+@VIEWPORTS
+def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, browser, viewport):
+    page = make_page(viewport)
+    open_page(page)
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.evaluate("document.querySelector('#assumptions-card details').open = true")
+    # before any choice each default names the value the plan resolved (Megatron: tp comm overlap off)
+    expect(page.locator("#f-overlap-tp-comm-overlap option").first).to_have_text("default (off)")
+    expect(page.locator("#f-grad-reduce-dtype option").first).to_have_text("default (fp32)")
+    assert overflow(page) <= 0
+    page.select_option("#f-overlap-tp-comm-overlap", "true")
+    page.select_option("#f-overlap-overlap-grad-reduce", "true")
+    page.fill("#f-nccl-version", "2.29")
+    page.fill("#f-nccl-proto", "Simple")
+    expect(page.locator("#status")).to_contain_text("512 devices", timeout=20_000)
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    request = page.evaluate("window.commplan.state.request")
+    assert request["options"]["overlap"] == {"tp_comm_overlap": True, "overlap_grad_reduce": True}
+    assert request["cluster"]["nccl_version"] == "2.29" and request["options"]["nccl_proto"] == "Simple"
+    rows = {
+        r.locator("td").nth(0).inner_text(): [r.locator("td").nth(k).inner_text() for k in (1, 2)]
+        for r in page.locator("#assumptions-table tbody tr").all()
+    }
+    assert rows["options.overlap.tp_comm_overlap"] == ["on", "set"]
+    assert rows["options.overlap.overlap_param_gather"] == ["off", "default"]
+    assert rows["cluster.nccl_version"] == ["2.29", "set"]
+    assert rows["options.nccl_proto"] == ["Simple", "set"]
+    assert rows["model.num_layers"] == ["80", "preset"] and rows["model.vocab_size"] == ["128,256", "preset"]
+    plan = page.evaluate("window.commplan.state.plan")
+    assert plan["cluster"]["nccl_version"] == "2.29"
+    # no scientific notation, no digits beyond the resolution shown, exact counts with separators
+    text = page.locator("body").inner_text()
+    sci = r"(?<![0-9A-Za-z.])\d+(\.\d+)?e[-+]?\d+(?![0-9A-Za-z])"  # not a commit hash (d98e8a6)
+    assert not re.search(sci, text), re.findall(r"\S*\de[-+]?\d\S*", text)[:5]
+    assert not re.search(r"\d\.\d{5,}", text), re.findall(r"\S*\d\.\d{5,}\S*", text)[:5]
+    assert not re.search(r"(?<![\d.,:#/-])\d{5,}(?![\d.,])", text), re.findall(r"\S*\d{5,}\S*", text)[:5]
+    if viewport is WIDE:
+        shot_of(page, "#config", "controls-1440")
+        shot_of(page, "#assumptions-card", "assumptions-1440")
+    assert overflow(page) <= 0
+    # the URL holds every control
+    fresh = browser.new_page(viewport=viewport)
+    fresh.goto(page.url)
+    expect(fresh.locator("#ledger tbody tr").first).to_be_visible(timeout=20_000)
+    expect(fresh.locator("#f-overlap-tp-comm-overlap")).to_have_value("true")
+    expect(fresh.locator("#f-nccl-version")).to_have_value("2.29")
+    expect(fresh.locator("#f-nccl-proto")).to_have_value("Simple")
+    expect(fresh.locator("#f-overlap-overlap-param-gather")).to_have_value("")
+    fresh.close()
+
+
+def test_a_bad_control_is_marked_and_named(page):
+    open_page(page)
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.fill("#f-nccl-version", "1.0")
+    expect(page.locator("#form-errors")).to_contain_text("cluster.nccl_version", timeout=20_000)
+    expect(page.locator("#f-nccl-version")).to_have_attribute("aria-invalid", "true")
+
+
+@VIEWPORTS
+def test_forms_help_cluster_switch_devices_per_node_nearest_values(make_page, viewport):
+    page = make_page(viewport)
+    open_page(page)
+    expect(page.locator("#cluster-facts")).to_have_text("8 devices per node (H100 SXM 80GB) × 64 nodes = 512 devices")
+    # a divisibility error offers the nearest valid values; one click applies it and plans
+    page.fill("#global-batch", "1000")
+    expect(page.locator("#form-errors")).to_contain_text("Nearest valid: global batch 992", timeout=20_000)
+    expect(page.locator("#form-errors")).to_contain_text("global batch 1,008")
+    if viewport is PHONE:
+        box = page.locator("#form-errors button.fix").first.bounding_box()
+        assert box and box["y"] + box["height"] <= viewport["height"]  # in the first screen
+    page.locator("#form-errors button.fix", has_text="1,008").click()
+    expect(page.locator("#global-batch")).to_have_value("1008")
+    expect(page.locator("#form-errors")).to_be_hidden(timeout=20_000)
+    # a cluster switch keeps the device count where it can, and says so when it cannot
+    page.select_option("#cluster-preset", "dgx-a100")
+    expect(page.locator("#cluster-switch-note")).to_have_text("Kept 512 devices: 64 nodes of 8.")
+    expect(page.locator("#nodes")).to_have_value("64")
+    page.select_option("#cluster-preset", "gb200-nvl72")
+    expect(page.locator("#cluster-switch-note")).to_have_text(
+        "512 devices are not a whole number of 72-device nodes: 7 nodes give 504."
+    )
+    expect(page.locator("#cluster-facts")).to_contain_text("72 devices per node")
+    expect(page.locator("#form-errors")).to_contain_text("Nearest valid: 4 nodes, DP 9", timeout=20_000)
+    page.locator("#form-errors button.fix", has_text="8 nodes, DP 18").click()
+    expect(page.locator("#status")).to_contain_text("576 devices", timeout=20_000)
+    assert overflow(page) <= 0
+
+
+def test_hf_import_shows_what_the_server_read(page):
+    open_page(page)
+    config = {
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+    }  # fmt: skip
+    page.check("#model-source-hf")
+    page.fill("#hf-config", json.dumps(config))
+    expect(page.locator("#model-facts")).to_contain_text(
+        "Read from config.json: 32 layers, hidden 4,096, 32 heads / 8 KV, FFN 14,336, vocabulary 128,256, "
+        "8.03B parameters",
+        timeout=20_000,
+    )
+
+
+def test_explorer_labels_its_pricers_and_whole_world_calls_are_one_group(page):
+    open_page(page)
+    expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=20_000)
+    names = page.evaluate("window.commplan.state.charts['explorer'].getOption().series.map((s) => s.name)")
+    assert any(n.endswith(" · NCCL model") for n in names) and any(n.endswith(" · schedule") for n in names), names
+    expect(page.locator("#explorer-note")).to_contain_text("Solid: NCCL's cost model (what NCCL would run")
+    # dp.grad_norm spans every rank: one group of 512, and the explorer says in words why it is not drawn
+    page.locator("#ledger tbody tr", has_text="dp.grad_norm").first.click()
+    expect(page.locator("#detail-text")).to_contain_text("over 512 ranks (one group,")
+    expect(page.locator("#explorer-note")).to_contain_text("Not explored: pricing every algorithm", timeout=20_000)
+    note = page.locator("#explorer-note").inner_text()
+    assert "COMMPLAN_MAX_WORK" not in note and "one group of 512 ranks" in note, note
+
+
+@VIEWPORTS
+def test_timeline_per_microbatch_pp_lanes_overlap_and_zoom(make_page, viewport):
+    """The real server aggregates the steady state of 64 micro-batches; the page draws each one (forward and
+    backward per stage), a pp lane of pipeline waits, DP traffic split into overlapped and exposed, and zooms to
+    one micro-batch."""
+    page = make_page(viewport)
+    request = {**LLAMA, "options": {**LLAMA["options"], "overlap": {"overlap_grad_reduce": True}}}
+    open_page(page, url_state(request))
+    expect(page.locator("#timeline-note")).to_contain_text("drawn per micro-batch")
+    plan = page.evaluate("window.commplan.state.plan")
+    m = plan["num_microbatches"]
+    assert any(e["microbatches"] > 1 for e in plan["step"]["timeline"])  # the server aggregated
+    data = page.evaluate("window.commplan.state.charts.timeline.getOption().series[1].data")
+    lanes = page.evaluate("window.commplan.state.charts.timeline.getOption().yAxis[0].data")
+    for stage in range(4):
+        lane = lanes.index(f"s{stage} compute" if viewport is PHONE else f"stage {stage} · compute")
+        for name in ("forward", "backward"):
+            mbs = sorted(d["microbatch"] for d in data if d["value"][0] == lane and d["name"] == name)
+            assert mbs == list(range(m)), (stage, name, mbs[:5])
+    assert any(lab.endswith("pp") for lab in lanes)
+    assert any(d["name"].endswith("(overlapped)") for d in data) and any(d["name"].endswith("(exposed)") for d in data)
+    # the drawn per-micro-batch blocks of a stage add up to the server's aggregated blocks
+    served = sum(e["end_s"] - e["start_s"] for e in plan["step"]["timeline"] if e["stage"] == 0 and e["stream"] == "tp")
+    drawn = sum(d["value"][2] - d["value"][1] for d in data if d["value"][0] == lanes.index(lanes[0][:-7] + "tp"))
+    assert math.isclose(served, drawn, rel_tol=1e-9), (served, drawn)
+    page.fill("#timeline-mb", "10")
+    page.click("#timeline-zoom")
+    expect(page.locator("#timeline-zoom-note")).to_contain_text("micro-batch 10:")
+    zoom = page.evaluate("window.commplan.state.charts.timeline.getOption().dataZoom[0]")
+    assert 0 < zoom["startValue"] < zoom["endValue"] < plan["step"]["time_s"]
+    assert overflow(page) <= 0
+    shot_of(page, "#timeline-card", f"timeline-microbatch-{viewport['width']}")
+    page.click("#timeline-all")
+    expect(page.locator("#timeline-zoom-note")).to_have_text("")
+
+
+@VIEWPORTS
+def test_cosmetics_of_issue_25_item_9(make_page, viewport):
+    page = make_page(viewport)
+    open_page(page)
+    # the step player's buttons stay on one line
+    page.click("#step-load")
+    expect(page.locator("#step-label")).not_to_have_text("–", timeout=10_000)
+    tops = [page.locator(s).bounding_box()["y"] for s in ("#step-prev", "#step-next", "#step-play")]
+    assert max(tops) - min(tops) < 4, tops
+    # the Framework select shows its whole label ("Megatro" was cut)
+    fits = page.evaluate(
+        """() => { const s = document.getElementById('framework');
+                   const c = document.createElement('canvas').getContext('2d');
+                   c.font = getComputedStyle(s).font;
+                   return c.measureText(s.selectedOptions[0].text).width + 24 <= s.clientWidth; }"""
+    )
+    assert fits
+    # topology labels at least 9 px on screen (NIC and leaf labels were about 6 px)
+    expect(page.locator("#topology-note")).not_to_have_text("", timeout=10_000)
+    sizes = page.evaluate(
+        """() => { const cy = window.commplan.state.cy; return cy.nodes().filter((n) => n.data('label'))
+                   .map((n) => parseFloat(n.style('font-size')) * cy.zoom()); }"""
+    )
+    assert sizes and min(sizes) >= 8.99, min(sizes)
+    # a call name in a card breaks after its dots and underscores, never mid-word
+    metric = page.locator("[data-card=top] .metric")
+    assert metric.locator("wbr").count() >= 1 and "." in metric.inner_text()
+    assert page.locator(".metric").first.evaluate("e => getComputedStyle(e).overflowWrap") == "break-word"
+    assert overflow(page) <= 0

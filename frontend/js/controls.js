@@ -1,0 +1,165 @@
+// Every request field a user sets beyond the basic form (issue 25 item 3, issue 21 item 7), grouped, each with
+// the framework's default shown. One table drives the inputs, the request, the form filled from a request or a
+// URL, and the 422 marks: a new field is one row here (names as in app/schemas/plan.py).
+//
+// An empty choice is "the default": the field is left out of the request, and its label says what the plan
+// resolved it to (the plan's `assumptions`, planner/assumptions.py) or, before a plan, the default the schema
+// documents.
+import { $, el } from "./dom.js";
+
+const DTYPES = ["fp32", "bf16", "fp16", "fp8"];
+const ON_OFF = [["true", "on"], ["false", "off"]];
+// [group, [path, label, kind, choices or placeholder, default text, when]]; kind: select | int | text | list |
+// modules. `when` hides a control unless the form's kind matches (data-when, form.js syncVisibility).
+export const GROUPS = [
+  ["Precision and FP8", [
+    ["workload.param_dtype", "Parameters", "select", DTYPES, "bf16"],
+    ["workload.activation_dtype", "Activations", "select", DTYPES, "bf16"],
+    ["workload.grad_reduce_dtype", "Gradient reduction", "select", ["fp32", "bf16", "fp16"], "Megatron fp32, others the parameters'", "kind=training"],
+    ["workload.moe_dispatch_dtype", "MoE dispatch", "select", DTYPES, "the activations'"],
+    ["workload.kv_dtype", "KV cache", "select", DTYPES, "the activations'", "kind=inference"],
+    ["workload.fp8_recipe", "FP8 / FP4 recipe", "select", ["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"], "none", "kind=training"],
+    ["workload.fp8_param_gather", "FP8 parameter all-gather", "select", ON_OFF, "off", "kind=training"],
+  ]],
+  ["Overlap", [
+    ["options.overlap.tp_comm_overlap", "TP comm overlap", "select", ON_OFF, "off (Megatron)"],
+    ["options.overlap.overlap_grad_reduce", "Overlap grad reduce", "select", ON_OFF, "off (Megatron)", "kind=training"],
+    ["options.overlap.overlap_param_gather", "Overlap param gather", "select", ON_OFF, "off (Megatron)", "kind=training"],
+    ["options.overlap.overlap_p2p", "Overlap PP sends", "select", ON_OFF, "interleaved only (Megatron)"],
+    ["options.overlap.fsdp_prefetch", "FSDP / ZeRO-3 prefetch", "select", ON_OFF, "on", "kind=training"],
+    ["options.overlap.cp_ring_overlap", "CP ring overlap", "select", ON_OFF, "on"],
+    ["options.overlap.overlap_moe_expert_parallel_comm", "EP all-to-all overlap", "select", ON_OFF, "off (DualPipe: on)", "kind=training"],
+    ["options.overlap.moe_shared_expert_overlap", "Shared-expert overlap", "select", ON_OFF, "off"],
+  ]],
+  ["MoE dispatch and CP", [
+    ["parallel.ep_dispatch", "Token dispatcher", "select", [["alltoall", "all-to-all"], ["allgather", "all-gather"], ["deepep", "DeepEP"], ["deepep_ll", "DeepEP low-latency"]], "all-to-all"],
+    ["parallel.expert_tp", "Expert TP", "int", null, "TP (Megatron), 1 (others)"],
+    ["parallel.cp_comm", "CP communication", "select", [["p2p", "p2p (ring attention)"], ["all_gather", "all-gather"], ["a2a", "all-to-all (Ulysses)"]], "p2p"],
+  ]],
+  ["Pipeline split", [
+    ["parallel.pipeline_split_points", "Split points (torch)", "list", "e.g. 8,16,24", "even split"],
+    ["parallel.account_for_embedding_in_pipeline_split", "Embedding counts as a layer", "select", ON_OFF, "off"],
+    ["parallel.account_for_loss_in_pipeline_split", "Loss counts as a layer", "select", ON_OFF, "off"],
+  ]],
+  ["Recompute", [
+    ["workload.recompute_method", "Method (full)", "select", ["uniform", "block"], "uniform", "kind=training"],
+    ["workload.recompute_num_layers", "Layers (full)", "int", null, "1", "kind=training"],
+    ["workload.recompute_modules", "Modules (selective)", "modules", ["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"], "core_attn", "kind=training"],
+    ["workload.cpu_offloading_num_layers", "CPU-offloaded layers", "int", null, "0", "kind=training"],
+    ["workload.selective_ac_option", "torch selective AC", "text", "op or N", "none", "kind=training"],
+  ]],
+  ["Kernels", [
+    ["workload.attention_kernel", "Attention kernel", "select", ["flash", "flash2", "flash3", "cudnn", "unfused"], "the framework's fused kernel"],
+    ["workload.cuda_graphs", "CUDA graphs", "select", ON_OFF, "off"],
+    ["workload.torch_compile", "torch.compile", "select", ON_OFF, "off"],
+    ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
+  ]],
+  ["Data parallel", [
+    ["parallel.hybrid_shard_size", "Hybrid shard size", "int", null, "none"],
+    ["parallel.dp_bucket_bytes", "DP bucket bytes", "int", null, "the framework's"],
+    ["parallel.order", "Rank order", "text", "tp-cp-ep-dp-pp", "tp-cp-ep-dp-pp"],
+  ]],
+  ["NCCL and pricing", [
+    ["cluster.nccl_version", "NCCL version", "text", "2.30", "2.30"],
+    ["options.nccl_algo", "NCCL_ALGO pin", "text", "e.g. Ring or ^NVLS", "auto"],
+    ["options.nccl_proto", "NCCL_PROTO pin", "text", "e.g. Simple", "auto"],
+    ["options.pricing", "Pricing", "select", [["library", "library (NCCL's model)"], ["schedule", "schedule (step by step)"]], "auto"],
+    ["options.candidates", "Candidates", "select", [["library", "what the library picks from"], ["all", "every algorithm"]], "library"],
+    ["options.contention", "Contention", "select", [["neighbourhood", "neighbourhood"], ["full", "every group"]], "neighbourhood"],
+  ]],
+];
+export const CONTROLS = GROUPS.flatMap(([, rows]) => rows.map(([path, label, kind, choices, dflt, when]) => ({ path, label, kind, choices, dflt, when, id: idOf(path) })));
+
+function idOf(path) { return `f-${path.split(".").slice(1).join("-").replace(/_/g, "-")}`; }
+const pairs = (choices) => choices.map((c) => (Array.isArray(c) ? c : [c, c]));
+
+// the controls, into #more-settings (index.html)
+export function buildControls() {
+  $("more-settings").replaceChildren(...GROUPS.map(([title, rows]) => el("details", { className: "group" },
+    el("summary", {}, title, " ", el("span", { className: "set-count", "data-group": title })),
+    el("div", { className: "grid2" }, rows.map(([path]) => control(CONTROLS.find((c) => c.path === path)))))));
+}
+
+function control(c) {
+  const label = el("label", { htmlFor: c.id }, c.label);
+  let input;
+  if (c.kind === "select") {
+    input = el("select", { id: c.id }, el("option", { value: "" }, `default (${c.dflt})`), pairs(c.choices).map(([v, t]) => el("option", { value: v }, t)));
+  } else if (c.kind === "modules") {
+    input = el("select", { id: c.id, multiple: true, size: 4, title: "Ctrl/Cmd-click to pick several; none: the default" },
+      c.choices.map((m) => el("option", { value: m }, m)));
+  } else {
+    input = el("input", { id: c.id, type: c.kind === "int" ? "number" : "text", min: c.kind === "int" ? "0" : undefined,
+      inputMode: c.kind === "int" ? "numeric" : undefined, maxLength: c.kind === "text" ? 64 : undefined,
+      placeholder: c.kind === "int" ? `default: ${c.dflt}` : `${c.choices} (default: ${c.dflt})` });
+  }
+  return el("div", { className: c.kind === "modules" ? "field span2" : "field", "data-when": c.when }, label, input);
+}
+
+const get = (obj, path) => path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), obj);
+function set(obj, path, value) {
+  const keys = path.split("."), last = keys.pop();
+  let o = obj;
+  for (const k of keys) { if (!o[k] || typeof o[k] !== "object") o[k] = {}; o = o[k]; }
+  o[last] = value;
+}
+
+// the request's fields from the controls; a hidden control (another workload kind) adds nothing
+export function readControls(request, FormError) {
+  for (const c of CONTROLS) {
+    const input = $(c.id);
+    if (input.closest("[hidden]")) continue;
+    let value;
+    if (c.kind === "modules") { const picked = [...input.selectedOptions].map((o) => o.value); value = picked.length ? picked : undefined; }
+    else if (input.value.trim() === "") value = undefined;
+    else if (c.kind === "int") value = Number(input.value);
+    else if (c.kind === "list") {
+      const parts = input.value.split(/[\s,]+/).filter(Boolean).map(Number);
+      if (parts.some((x) => !Number.isInteger(x))) throw new FormError(c.path, `${c.label}: whole layer numbers separated by commas, got "${input.value}"`);
+      value = parts;
+    } else if (c.choices === ON_OFF) value = input.value === "true";
+    else value = input.value.trim();
+    if (value !== undefined) set(request, c.path, value);
+  }
+  return request;
+}
+
+export function fillControls(request) {
+  for (const c of CONTROLS) {
+    const input = $(c.id), v = get(request, c.path);
+    if (c.kind === "modules") { for (const o of input.options) o.selected = Array.isArray(v) && v.includes(o.value); continue; }
+    const text = v === undefined || v === null ? "" : Array.isArray(v) ? v.join(",") : String(v);
+    if (c.kind === "select" && text && ![...input.options].some((o) => o.value === text)) input.append(el("option", { value: text }, text));
+    input.value = text;
+  }
+  countSet();
+}
+
+// per group, how many of its fields the request sets (the summary says so when the group is closed)
+export function countSet() {
+  for (const [title, rows] of GROUPS) {
+    const n = rows.filter(([path]) => { const i = $(idOf(path)); return i.multiple ? i.selectedOptions.length > 0 : i.value.trim() !== ""; }).length;
+    const badge = document.querySelector(`[data-group="${title}"]`);
+    if (badge) badge.textContent = n ? `(${n} set)` : "";
+  }
+}
+
+// after a plan: each default choice names the value the plan resolved (assumptions), not the schema's text
+export function showResolvedDefaults(assumptions) {
+  const byField = Object.fromEntries((assumptions || []).map((a) => [a.field, a]));
+  for (const c of CONTROLS) {
+    const a = byField[c.path], input = $(c.id);
+    const shown = a ? (c.choices === ON_OFF ? a.value : labelOf(c, a.value)) : c.dflt;
+    if (c.kind === "select") input.options[0].textContent = `default (${shown})`;
+    else if (c.kind !== "modules") input.placeholder = c.kind === "int" ? `default: ${shown}` : `${c.choices} (default: ${shown})`;
+    input.title = a ? `default: ${a.value}, ${a.source}` : `default: ${c.dflt}`;
+  }
+}
+
+function labelOf(c, value) {
+  const hit = c.kind === "select" ? pairs(c.choices).find(([v]) => v === value) : null;
+  return hit ? hit[1] : value;
+}
+
+// request path -> control id, for the 422 marks (form.js FIELDS)
+export const CONTROL_FIELDS = Object.fromEntries(CONTROLS.map((c) => [c.path, c.id]));

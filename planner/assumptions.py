@@ -1,0 +1,157 @@
+"""The settings a plan was made under, as the planner resolved them, each with where its value comes from: the
+page's Assumptions panel lists them (issue 25), and a caller can see which defaults a plan rests on without
+knowing the frameworks' defaults.
+
+One row per request field that changes the plan and applies to it (the CP rows only with cp > 1, the MoE rows
+only with an MoE model, ...). The value is the resolved one (what the planner priced), whether the request gave
+it or not; the source names who decides it when the request is silent: the framework flavour's version
+(planner/flavours/), the schema's documented default, or this project's own choice. Nothing here is a second
+model: every value is read from what the plan itself resolved (Context, Overlap.resolved, the kernel choice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collectives.topology.spec import ClusterSpec
+
+from .context import Context
+from .kernels import attention_kernel
+from .parallel import DEFAULT_ORDER
+
+
+@dataclass(frozen=True)
+class Assumption:
+    field: str  # the request field, as a dotted path (options.overlap.tp_comm_overlap)
+    value: str  # as resolved for this plan
+    source: str  # who decides it when the request leaves it out
+
+
+COMMPLAN = "commplan default"
+SCHEMA_SOURCES = {  # the framework switch each overlap flag is (app/schemas/plan.py OverlapIn)
+    "overlap_grad_reduce": "Megatron --overlap-grad-reduce; DDP/FSDP2 hooks; DeepSpeed overlap_comm",
+    "overlap_param_gather": "Megatron --overlap-param-gather; FSDP2 prefetch; DeepSpeed overlap_comm",
+    "fsdp_prefetch": "FSDP2 / DeepSpeed ZeRO-3 prefetch (on)",
+    "cp_ring_overlap": "ring attention: the KV exchange runs behind the attention of the chunk held (on)",
+    "tp_comm_overlap": "Megatron --tp-comm-overlap (off)",
+    "overlap_p2p": "Megatron --overlap-p2p-communication (interleaved schedule only)",
+    "overlap_moe_expert_parallel_comm": "Megatron --overlap-moe-expert-parallel-comm (off); DualPipe provides it",
+    "moe_shared_expert_overlap": "Megatron --moe-shared-expert-overlap (off)",
+}
+
+
+def _onoff(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> list[Assumption]:
+    """The rows for one plan. ``overlap``: the request's Overlap (None fields are the framework's defaults);
+    ``options``: the plan's Options (pricing and NCCL pins)."""
+    fl, par, work = ctx.flavour, ctx.par, ctx.work
+    by = f"{fl.display or fl.name} default ({fl.version})" if fl.version else f"{fl.name} default"
+    rows = _model_rows(ctx)
+    add = rows.append
+    add(Assumption("parallel.framework", fl.name, f"{COMMPLAN}: Megatron-Core; traits read from {fl.version}"))
+    add(Assumption("workload.param_dtype", work.param_dtype, f"{COMMPLAN}: bf16 mixed precision"))
+    add(Assumption("workload.activation_dtype", work.activation_dtype, f"{COMMPLAN}: bf16 mixed precision"))
+    if work.training:
+        rows += _training_rows(ctx, by)
+    if cluster.gpu is not None:
+        kernel = attention_kernel(ctx, cluster.gpu)
+        add(Assumption("workload.attention_kernel", kernel, _attention_source(ctx, by)))
+    add(Assumption("workload.cuda_graphs", _onoff(bool(work.cuda_graphs)), by + ": no CUDA graphs"))
+    add(Assumption("workload.torch_compile", _onoff(bool(work.torch_compile)), by + ": eager"))
+    add(Assumption("parallel.zero_stage", str(par.zero_stage), f"{COMMPLAN}: 0 (no optimizer sharding)"))
+    add(Assumption("parallel.order", par.order, f"{COMMPLAN}: Megatron's {DEFAULT_ORDER}, fastest-varying first"))
+    if par.pp > 1:
+        add(Assumption("parallel.pipeline_schedule", par.pipeline_schedule, f"{COMMPLAN}: 1f1b (Megatron's default)"))
+        add(
+            Assumption(
+                "parallel.virtual_pipeline_stages",
+                str(par.virtual_pipeline_stages or 1),
+                "Megatron: 1 (no interleaving)",
+            )
+        )
+    if par.cp > 1:
+        add(Assumption("parallel.cp_comm", par.cp_comm, "Megatron --cp-comm-type (p2p: ring attention)"))
+    if ctx.model.moe is not None:
+        add(Assumption("parallel.ep_dispatch", par.ep_dispatch, f"{COMMPLAN}: alltoall, as published recipes set it"))
+        add(Assumption("parallel.expert_tp", str(par.etp), by + (" (= tp)" if fl.expert_tp_default_is_tp else " (1)")))
+    resolved = overlap.resolved(ctx)
+    for name, source in SCHEMA_SOURCES.items():
+        if _applies(name, ctx):
+            add(Assumption(f"options.overlap.{name}", _onoff(getattr(resolved, name)), f"{by}; {source}"))
+    add(Assumption("cluster.nccl_version", cluster.nccl_version, f"{COMMPLAN}: the newest NCCL tuning model"))
+    add(Assumption("options.pricing", options.pricing, "auto: NCCL's cost model on NVIDIA clusters, else the schedule"))
+    add(Assumption("options.nccl_algo", options.nccl_algo, "NCCL_ALGO unset: NCCL picks per call"))
+    add(Assumption("options.nccl_proto", options.nccl_proto, "NCCL_PROTO unset: NCCL picks per call"))
+    return rows
+
+
+def _model_rows(ctx: Context) -> list[Assumption]:
+    """The model as the planner read it (a preset, the request's fields or a config.json): what the page shows
+    to confirm an import was understood."""
+    m = ctx.model
+    source = m.source or m.name or "the request's model block (fields or config.json)"
+    shape = [
+        ("num_layers", m.num_layers),
+        ("hidden_size", m.hidden_size),
+        ("num_attention_heads", m.num_attention_heads),
+        ("num_kv_heads", m.num_kv_heads or m.num_attention_heads),
+        ("ffn_hidden_size", m.ffn_hidden_size),
+        ("vocab_size", m.vocab_size),
+        ("seq_length", m.seq_length),
+    ]
+    if m.moe is not None:
+        shape += [("moe.num_experts", m.moe.num_experts), ("moe.top_k", m.moe.top_k)]
+    if m.mla is not None:
+        shape.append(("mla.kv_lora_rank", m.mla.kv_lora_rank))
+    if m.sliding_window:
+        shape.append(("sliding_window", m.sliding_window))
+    if m.mtp_layers:
+        shape.append(("mtp_layers", m.mtp_layers))
+    return [Assumption(f"model.{name}", str(value), source) for name, value in shape]
+
+
+def _training_rows(ctx: Context, by: str) -> list[Assumption]:
+    work = ctx.work
+    rows = [
+        Assumption("workload.grad_reduce_dtype", ctx.grad_dtype, by),
+        Assumption("workload.fp8_recipe", work.fp8_recipe or "none", f"{COMMPLAN}: GEMMs in the activation dtype"),
+    ]
+    if work.fp8_recipe:
+        rows.append(
+            Assumption("workload.fp8_param_gather", _onoff(work.fp8_param_gather), "Megatron --fp8-param-gather (off)")
+        )
+    granularity = work.activation_recompute
+    rows.append(Assumption("workload.activation_recompute", granularity, "Megatron --recompute-granularity (none)"))
+    if granularity == "full":
+        method, layers = work.recompute_method or "uniform", str(work.recompute_num_layers or 1)
+        rows.append(Assumption("workload.recompute_method", method, "Megatron --recompute-method (uniform)"))
+        rows.append(Assumption("workload.recompute_num_layers", layers, "Megatron --recompute-num-layers (1)"))
+    if granularity == "selective":
+        modules = ", ".join(work.recompute_modules or ("core_attn",))
+        rows.append(Assumption("workload.recompute_modules", modules, "Megatron --recompute-modules (core_attn)"))
+    return rows
+
+
+def _attention_source(ctx: Context, by: str) -> str:
+    if ctx.work.attention_kernel != "flash":
+        return "as requested"
+    return by + ": the framework's fused attention for this GPU generation"
+
+
+def _applies(name: str, ctx: Context) -> bool:
+    """Whether an overlap switch can change this plan: its parallelism is present."""
+    par = ctx.par
+    needs = {
+        "overlap_grad_reduce": ctx.work.training and par.dp * par.cp > 1,
+        "overlap_param_gather": ctx.work.training and par.dp * par.cp > 1 and par.zero_stage >= 1,
+        "fsdp_prefetch": ctx.work.training and par.zero_stage == 3,
+        "cp_ring_overlap": par.cp > 1,
+        "tp_comm_overlap": par.tp > 1,
+        "overlap_p2p": par.pp > 1,
+        "overlap_moe_expert_parallel_comm": ctx.model.moe is not None and par.ep > 1,
+        "moe_shared_expert_overlap": ctx.model.moe is not None and par.ep > 1,
+    }
+    return needs[name]

@@ -1,0 +1,98 @@
+"""The plan's `assumptions` over HTTP (issue 25): each setting the plan was made under, resolved as the planner
+priced it, with its source; the framework's defaults differ by flavour and a value the request sets wins."""
+
+from __future__ import annotations
+
+import copy
+
+from .conftest import LLAMA70B
+
+
+def _rows(api, request: dict) -> dict[str, dict]:
+    response = api.post("/v1/plan", json=request)
+    assert response.status_code == 200, response.text
+    rows = response.json()["assumptions"]
+    assert len({r["field"] for r in rows}) == len(rows)  # one row per field
+    return {r["field"]: r for r in rows}
+
+
+def test_megatron_defaults_with_their_sources(api):
+    rows = _rows(api, LLAMA70B)
+    # Megatron's DistributedDataParallelConfig: overlap_grad_reduce / overlap_param_gather False; --tp-comm-overlap off
+    for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
+        row = rows[f"options.overlap.{name}"]
+        assert row["value"] == "off" and "Megatron-LM d98e8a6" in row["source"], row
+    # --bf16 turns on accumulate_allreduce_grads_in_fp32 (megatron/training/arguments.py)
+    assert rows["workload.grad_reduce_dtype"]["value"] == "fp32"
+    assert rows["parallel.pipeline_schedule"]["value"] == "1f1b"  # pp 4
+    assert rows["workload.attention_kernel"]["value"] == "cudnn"  # TransformerEngine on sm90
+    assert rows["cluster.nccl_version"]["value"] == "2.30"
+    assert rows["parallel.zero_stage"]["value"] == str(LLAMA70B["parallel"]["zero_stage"])
+    # rows that cannot change this plan are absent: cp 1, a dense model
+    assert not any(f.startswith("parallel.cp_") or f.startswith("parallel.ep_") for f in rows)
+    assert all(r["source"] for r in rows.values())
+
+
+def test_a_set_value_wins_and_the_flavour_changes_the_defaults(api):
+    request = copy.deepcopy(LLAMA70B)
+    request["options"] = {"overlap": {"tp_comm_overlap": True}}
+    request["workload"]["activation_recompute"] = "full"
+    rows = _rows(api, request)
+    assert rows["options.overlap.tp_comm_overlap"]["value"] == "on"
+    assert rows["workload.recompute_method"]["value"] == "uniform"
+    assert rows["workload.recompute_num_layers"]["value"] == "1"
+
+    torch = copy.deepcopy(LLAMA70B)
+    torch["parallel"] = {"tp": 8, "pp": 1, "dp": 64, "zero_stage": 3, "framework": "torch"}
+    rows = _rows(api, torch)
+    # DDP/FSDP2 hooks overlap the gradient reduction by default; FSDP2 reduces in the parameter dtype
+    assert rows["options.overlap.overlap_grad_reduce"]["value"] == "on"
+    assert "PyTorch 2.13" in rows["options.overlap.overlap_grad_reduce"]["source"]
+    assert rows["workload.grad_reduce_dtype"]["value"] == "bf16"
+    assert rows["options.overlap.fsdp_prefetch"]["value"] == "on"
+    assert "parallel.pipeline_schedule" not in rows  # pp 1
+
+
+def test_moe_rows_and_the_summary_leaves_them_out(api):
+    request = {
+        "model": {"preset": "mixtral-8x7b"},
+        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 256},
+        "parallel": {"tp": 2, "pp": 1, "dp": 16, "ep": 8, "zero_stage": 1, "sequence_parallel": True,
+                     "ep_dispatch": "deepep"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 4},
+    }  # fmt: skip
+    rows = _rows(api, request)
+    assert rows["parallel.ep_dispatch"]["value"] == "deepep"
+    assert (rows["model.moe.num_experts"]["value"], rows["model.moe.top_k"]["value"]) == ("8", "2")  # Mixtral 8x7B
+    assert rows["parallel.expert_tp"]["value"] == "2"  # Megatron: --expert-tensor-parallel-size defaults to tp
+    assert rows["options.overlap.moe_shared_expert_overlap"]["value"] == "off"
+    short = api.post("/v1/plan", params={"summary": "true"}, json=request)
+    assert short.status_code == 200 and "assumptions" not in short.json()
+
+
+def test_the_model_as_read_from_a_config_json(api):
+    """The HF import's rows: what the planner read, so the page can confirm it (issue 25 item 7)."""
+    config = {
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+    }  # fmt: skip
+    request = {
+        "model": {"hf_config": config},
+        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 64},
+        "parallel": {"tp": 8, "pp": 1},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    }
+    rows = _rows(api, request)
+    read = {f: rows[f"model.{f}"]["value"] for f in ("num_layers", "hidden_size", "num_kv_heads", "ffn_hidden_size")}
+    assert read == {"num_layers": "32", "hidden_size": "4096", "num_kv_heads": "8", "ffn_hidden_size": "14336"}
+    assert rows["model.seq_length"]["value"] == "8192"  # max_position_embeddings, capped at 8192
+    assert "model.moe.num_experts" not in rows
+
+
+def test_a_whole_world_call_is_one_group(api):
+    """dp.grad_norm spans tp x cp x dp x pp, every rank: one group of 512 on every stage, never "2 groups" (the
+    stages' rows each counted it, issue 25 item 4)."""
+    calls = api.post("/v1/plan", json=LLAMA70B).json()["calls"]
+    norm = [c for c in calls if c["name"] == "dp.grad_norm"]
+    assert len(norm) == 1 and norm[0]["stages"] == [0, 1, 2, 3]
+    assert (norm[0]["group_size"], norm[0]["num_groups"]) == (512, 1)
