@@ -26,7 +26,12 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
+<<<<<<< HEAD
 from ..ledger import Call, recomputed, rule_call, stage_classes
+=======
+from ..ledger import Call, recomputed, stage_classes
+from ..recompute import rerun_layers
+>>>>>>> ad3f3d7 (recompute: the ledger re-issues the forward calls of the layers that re-run only (recompute.rerun_layers, read by the TP, CP, EP and FP8 rules). recompute_method block over-counted: 8 layers/stage, block 3, m 8 listed 64 re-issued TP all-reduces per stage, now 24 (Megatron-LM d98e8a6 megatron/core/recompute.py); CP's exchange re-runs only with core attention; torch layer SAC re-issues its blocks' calls)
 from . import deepep, engine_gather
 
 M = "Megatron-LM d98e8a6 "
@@ -41,18 +46,19 @@ def calls(ctx: Context) -> list[Call]:
     if moe is None:
         return []
     out = []
-    # every call of a stage depends on its number of MoE layers alone
-    for first, stages in stage_classes(range(ctx.par.pp), ctx.moe_layers).items():
+    # every call of a stage depends on its number of MoE layers and of those re-run whole alone
+    key = (lambda stage: (ctx.moe_layers(stage), rerun_layers(ctx, stage).moe)) if ctx.training else ctx.moe_layers
+    for first, stages in stage_classes(range(ctx.par.pp), key).items():
         layers = ctx.moe_layers(first) * ctx.micro_batches
         if layers == 0:
             continue
         out += [c.on(stages) for c in _router(ctx, first)]
-        forward = _forward(ctx, layers)
-        out += [c.on(stages) for c in forward]
+        out += [c.on(stages) for c in _forward(ctx, layers)]
         if ctx.training:
             out += [c.on(stages) for c in _backward(ctx, layers)]
-            if ctx.forward_passes == 2:
-                out += [recomputed(c).on(stages) for c in forward]
+            again = rerun_layers(ctx, first).moe * ctx.micro_batches  # MoE layers re-run whole (recompute.py)
+            if again:
+                out += [recomputed(c).on(stages) for c in _forward(ctx, again)]
     return out
 
 
