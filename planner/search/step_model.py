@@ -57,6 +57,7 @@ from ..step import (
     stream_totals,
 )
 from ..workload import WorkloadSpec
+from .space import recompute_fields
 
 
 class _Context(Context):
@@ -235,7 +236,7 @@ class StepModel:
     def _work(self, b: int, rc: str) -> WorkloadSpec:
         found = self._works.get((b, rc))
         if found is None:
-            found = self._works[(b, rc)] = replace(self.work, micro_batch_size=b, activation_recompute=rc)
+            found = self._works[(b, rc)] = replace(self.work, micro_batch_size=b, **recompute_fields(rc))
         return found
 
     def _ctx(self, v: _Variant, b: int, rc: str) -> Context:
