@@ -13,7 +13,7 @@ from .plan import ModelIn, WorkloadIn
 Degree = Annotated[int, Field(ge=1, le=1 << 17)]
 Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"]
-Dispatch = Literal["alltoall", "allgather", "deepep"]
+Dispatch = Literal["alltoall", "allgather", "deepep", "hybridep"]
 Method = Literal["uniform", "block"]
 
 
@@ -54,7 +54,7 @@ class ConstraintsIn(Strict):
     recompute_num_layers: Degrees | None = Field(
         default=None, description="full recompute per Megatron --recompute-num-layers (default 1)"
     )
-    ep_dispatch: Dispatch | Annotated[list[Dispatch], Field(max_length=3)] | None = Field(
+    ep_dispatch: Dispatch | Annotated[list[Dispatch], Field(max_length=4)] | None = Field(
         default=None, description="MoE token dispatch; default Megatron's alltoall"
     )
     micro_batch_size: Degrees | None = None

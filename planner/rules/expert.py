@@ -178,7 +178,8 @@ def equal_blocks(message: int, ranks: int) -> int:
 
 
 def _deepep(ctx: Context) -> bool:
-    return ctx.par.ep > 1 and ctx.par.ep_dispatch == "deepep"
+    """DeepEP's normal kernels or HybridEP: the same two legs (rules/deepep.py)."""
+    return ctx.par.ep > 1 and ctx.par.ep_dispatch in deepep.BACKENDS
 
 
 def _fp8(ctx: Context) -> bool:

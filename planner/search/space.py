@@ -39,8 +39,16 @@ from dataclasses import dataclass, field, replace
 from .._errors import SpecError
 from ..context import Context
 from ..model import ModelSpec
-from ..parallel import EP_DISPATCH, FRAMEWORKS, SCHEDULES, V_SCHEDULES, ParallelSpec, validate_parallel
-from ..rules.deepep import ep_per_node
+from ..parallel import (
+    EP_DISPATCH,
+    FRAMEWORKS,
+    INFERENCE_DISPATCH,
+    SCHEDULES,
+    V_SCHEDULES,
+    ParallelSpec,
+    validate_parallel,
+)
+from ..rules.deepep import BACKENDS, ep_per_node
 from ..workload import RECOMPUTE, RECOMPUTE_METHODS, WorkloadSpec
 
 DIMENSIONS = (
@@ -60,7 +68,7 @@ DIMENSIONS = (
     "recompute_num_layers",
     "ep_dispatch",
 )
-SEARCHED_DISPATCH = tuple(d for d in EP_DISPATCH if d != "deepep_ll")  # DeepEP low-latency is inference only
+SEARCHED_DISPATCH = tuple(d for d in EP_DISPATCH if d not in INFERENCE_DISPATCH)  # the training dispatchers
 WORLD = "world_size"  # the pruning reason of a shape whose degrees do not divide the devices
 DP_GROUP = "max_dp_group"  # the pruning reason of a shape whose data-parallel group is above the limit
 # Pricing one collective step by step on a group of thousands of ranks costs seconds and gigabytes (the
@@ -450,7 +458,9 @@ class Space:
         try:
             par, work = variant.parallel(), replace(self.work, micro_batch_size=micro_batch_size)
             validate_parallel(par, self.model, work, self.devices)
-            if par.ep_dispatch == "deepep" and par.ep > 1:  # DeepEP's legs must tile the nodes (rules/deepep.py)
+            if (
+                par.ep_dispatch in BACKENDS and par.ep > 1
+            ):  # DeepEP's (HybridEP's) legs tile the nodes (rules/deepep.py)
                 ep_per_node(Context(self.model, work, par, self.devices_per_node))
         except SpecError as err:
             return err

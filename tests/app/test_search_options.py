@@ -46,7 +46,7 @@ MOE = {  # Mixtral 8x7B cut to 4 layers, ep 8 on two DGX H100
         "ep": 8,
         "micro_batch_size": 1,
         "activation_recompute": "none",
-        "ep_dispatch": ["alltoall", "allgather", "deepep"],
+        "ep_dispatch": ["alltoall", "allgather", "deepep", "hybridep"],
     },
     "top_k": 10,
 }
@@ -96,17 +96,17 @@ def test_schedules_uneven_stages_and_recompute_methods_over_http():
 
 
 def test_token_dispatchers_over_http():
-    """alltoall (the default, left out of the parallel block), allgather and DeepEP each searched; /v1/plan
-    agrees, and DeepEP's plans list its legs (rules/deepep.py)."""
+    """alltoall (the default, left out of the parallel block), allgather, DeepEP and HybridEP each searched;
+    /v1/plan agrees, and DeepEP's and HybridEP's plans list their legs (rules/deepep.py)."""
     d = search(MOE)
     by = {h["parallel"].get("ep_dispatch", "alltoall"): h for h in d["results"]}
-    assert set(by) == {"alltoall", "allgather", "deepep"}
+    assert set(by) == {"alltoall", "allgather", "deepep", "hybridep"}
     for dispatch, hit in by.items():
         plan = plan_of(MOE, hit)
         assert plan["step"]["time_s"] == hit["step"]["time_s"]
         names = {c["name"] for c in plan["calls"] if c["parallelism"] == "ep"}
         legs = any(n.endswith((".nvlink", ".rdma")) for n in names)  # DeepEP's legs (ep 8 in one node: NVLink)
-        assert legs == (dispatch == "deepep"), names
+        assert legs == (dispatch in ("deepep", "hybridep")), names
     default = search(copy.deepcopy(MOE) | {"constraints": MOE["constraints"] | {"ep_dispatch": None}})
     assert {h["parallel"].get("ep_dispatch", "alltoall") for h in default["results"]} == {"alltoall"}
 
