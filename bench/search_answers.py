@@ -90,10 +90,11 @@ PROBLEMS = [
         ("dgx-h100", 8),
         {
             "framework": "megatron",
-            "tp": [1, 2],
+            "tp": 1,
             "cp": 1,
+            "pp": [1, 2, 4],
             "zero_stage": 1,
-            "ep_dispatch": ["alltoall", "allgather", "deepep"],
+            "ep_dispatch": ["alltoall", "allgather", "deepep", "hybridep"],
         },
         10,
     ),
