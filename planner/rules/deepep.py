@@ -25,7 +25,10 @@ however many of its experts it hits; the combine pre-reduces within the domain b
 Its "node" is the NVLink domain (deep_ep/hybrid_ep_buffer.py ``num_of_hybrid_ep_ranks_per_nvlink_domain``,
 detected): the cluster's devices per node here, which the GB200 NVL72 preset sets to the 72-GPU domain.
 Megatron runs it in the activation dtype only (fused_a2a.py ``init_hybrid_ep_buffer``: assert not
-fp8_dispatch; a 422 here). What differs from DeepEP is kernel efficiency (TMA, fewer SMs), not bytes.
+fp8_dispatch; a 422 here). What differs from DeepEP is kernel efficiency (TMA, fewer SMs), not bytes, with
+one exception not modelled: DeepEP's normal internode kernels take at most 8 NVLink peers
+(csrc/kernels/legacy/internode.cu, LEGACY_NUM_MAX_NVL_PEERS == 8), so on a GB200 NVL72 domain they would
+split it into RDMA ranks of 8 where HybridEP uses the whole domain; both read the cluster's node size here.
 """
 
 from __future__ import annotations
