@@ -109,7 +109,6 @@ class Reruns:
         return self.dense + self.moe
 
 
-@lru_cache(maxsize=4096)
 def rerun_layers(ctx: Context, stage: int) -> Reruns:
     """What ``stage`` re-runs, counted from ``layer_counts`` (the one home of which layer re-runs what):
     full recompute re-runs every layer (uniform) or the first recompute_num_layers of each chunk (block:
