@@ -27,12 +27,8 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-<<<<<<< HEAD
 from ..ledger import Call, recomputed, rule_call, stage_classes
-=======
-from ..ledger import Call, recomputed, stage_classes
 from ..recompute import rerun_layers
->>>>>>> ad3f3d7 (recompute: the ledger re-issues the forward calls of the layers that re-run only (recompute.rerun_layers, read by the TP, CP, EP and FP8 rules). recompute_method block over-counted: 8 layers/stage, block 3, m 8 listed 64 re-issued TP all-reduces per stage, now 24 (Megatron-LM d98e8a6 megatron/core/recompute.py); CP's exchange re-runs only with core attention; torch layer SAC re-issues its blocks' calls)
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
