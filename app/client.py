@@ -160,6 +160,8 @@ class SearchHit:
     activation_recompute: str
     step: Step
     memory: Memory
+    recompute_method: str | None = None  # where the search chose Megatron's --recompute-method
+    recompute_num_layers: int | None = None
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,12 @@ def problem_of(body: SearchRequest, settings) -> Problem:
     given = body.constraints.model_dump(exclude_none=True)
     headroom = given.pop("memory_headroom", 0.0)
     max_dp_group = given.pop("max_dp_group", 0)
+    uneven = given.pop("uneven_stages", False)
     if "recompute" in given:
         given.setdefault("activation_recompute", given.pop("recompute"))
-    for name in ("micro_batch_size", "activation_recompute"):
+    for name in ("micro_batch_size", "activation_recompute", "recompute_method", "recompute_num_layers"):
         if name in body.workload.model_fields_set and getattr(body.workload, name) is not None:
             given.setdefault(name, getattr(body.workload, name))
-    return Problem(model_spec(body.model), work, cluster, Constraints.of(given, headroom, max_dp_group), body.top_k)
+    return Problem(
+        model_spec(body.model), work, cluster, Constraints.of(given, headroom, max_dp_group, uneven), body.top_k
+    )

@@ -36,6 +36,7 @@ LAYOUT_FIELDS = (
     "tp", "pp", "dp", "cp", "ep", "expert_tp", "zero_stage", "sequence_parallel",
     "virtual_pipeline_stages", "pipeline_schedule", "framework", "first_stage_layers", "last_stage_layers",
 )  # fmt: skip
+CHOSEN_FIELDS = ("ep_dispatch",)  # written where the search chose other than the default
 
 
 def plan_out(plan: Plan) -> PlanOut:
@@ -185,11 +186,18 @@ def layout_block(layout: Layout) -> dict:
     out), and the two workload choices."""
     p = layout.parallel
     parallel = {f.name: getattr(p, f.name) for f in fields(p) if f.name in LAYOUT_FIELDS}
-    return {
+    parallel |= {
+        f.name: getattr(p, f.name) for f in fields(p) if f.name in CHOSEN_FIELDS and getattr(p, f.name) != f.default
+    }
+    out = {
         "parallel": {k: v for k, v in parallel.items() if v is not None},
         "micro_batch_size": layout.micro_batch_size,
         "activation_recompute": layout.activation_recompute,
     }
+    for name in ("recompute_method", "recompute_num_layers"):  # where the search chose them
+        if getattr(layout, name) is not None:
+            out[name] = getattr(layout, name)
+    return out
 
 
 def progress_line(state: dict) -> dict:

@@ -38,9 +38,11 @@ def main() -> None:
     parser.add_argument("--max-dp-group", type=int, default=0, help="largest cp x dp group searched (0: default)")
     args = parser.parse_args()
     model, work, (preset, nodes) = PROBLEMS[args.problem]
+    allowed = json.loads(args.constraints)
+    uneven = allowed.pop("uneven_stages", False)  # a flag of the search, not a dimension
     problem = Problem(
         MODEL_PRESETS[model], work, cluster_preset(preset, nodes),
-        Constraints.of(json.loads(args.constraints), max_dp_group=args.max_dp_group), args.top_k,
+        Constraints.of(allowed, max_dp_group=args.max_dp_group, uneven_stages=uneven), args.top_k,
     )  # fmt: skip
     print(f"{args.problem}: space of {space_of(problem).size()} layouts")
     start = time.perf_counter()

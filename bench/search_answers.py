@@ -65,6 +65,39 @@ PROBLEMS = [
     ),
     ("llama3-8b one node", "llama3-8b", WorkloadSpec(global_batch_size=64), ("dgx-h100", 1), {}, 20),
     ("llama3-405b whole space", "llama3-405b", WorkloadSpec(global_batch_size=2048), ("dgx-h100", 2048), {}, 10),
+    # issue 21's options: every schedule, uneven stages with virtual stages, recompute methods and layers
+    (
+        "llama3-70b schedules and recompute methods",
+        "llama3-70b",
+        WorkloadSpec(global_batch_size=1024),
+        ("dgx-h100", 32),
+        {
+            "framework": "megatron",
+            "tp": 8,
+            "zero_stage": 1,
+            "pipeline_schedule": ["1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev"],
+            "uneven_stages": True,
+            "activation_recompute": ["selective", "full"],
+            "recompute_method": ["uniform", "block"],
+            "recompute_num_layers": [1, 2, 4],
+        },
+        10,
+    ),
+    (
+        "mixtral-8x7b token dispatchers",
+        "mixtral-8x7b",
+        WorkloadSpec(global_batch_size=256),
+        ("dgx-h100", 8),
+        {
+            "framework": "megatron",
+            "tp": 1,
+            "cp": 1,
+            "pp": [1, 2, 4],
+            "zero_stage": 1,
+            "ep_dispatch": ["alltoall", "allgather", "deepep", "hybridep"],
+        },
+        10,
+    ),
 ]
 WALL_CLOCK = ("elapsed_s", "layouts_per_s", "workers")
 
@@ -76,7 +109,10 @@ def answers(only: str | None) -> dict:
     for label, model, work, (preset, nodes), allowed, top_k in PROBLEMS:
         if only and only not in label:
             continue
-        problem = Problem(MODEL_PRESETS[model], work, cluster_preset(preset, nodes), Constraints.of(allowed), top_k)
+        allowed = dict(allowed)
+        uneven = allowed.pop("uneven_stages", False)
+        constraints = Constraints.of(allowed, uneven_stages=uneven)
+        problem = Problem(MODEL_PRESETS[model], work, cluster_preset(preset, nodes), constraints, top_k)
         start = time.perf_counter()
         body = search_dict(search(problem, workers=1))
         print(f"{label}: {time.perf_counter() - start:.1f} s, evaluated {body['evaluated']}", file=sys.stderr)

@@ -149,8 +149,3 @@ class Context:
     def is_last(self, stage: int) -> bool:
         """Whether the rank holds the loss: the last rank, or rank 0 in a V (ZBV, DualPipe(V))."""
         return any(c.loss for c in self.chunks[stage])
-
-    @property
-    def forward_passes(self) -> int:
-        """Forward passes of a layer per micro-batch whose communication happens: 2 with full recompute."""
-        return 2 if self.training and self.work.activation_recompute == "full" else 1

@@ -18,11 +18,22 @@ SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpi
 FRAMEWORKS = flavours.names()  # the built-in training flavours (planner/flavours/), in registration order
 CP_COMM = ("p2p", "all_gather", "a2a")
 # Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
-# (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep"); deepep_ll:
-# DeepEP's low-latency kernels for decoding (rules/expert.py); the serving engines' own exchanges with
+# (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep"), flex with
+# --moe-flex-dispatcher-backend hybridep (NVIDIA's HybridEP, DeepEP's hybrid-ep branch: "hybridep", rules/deepep.py);
+# deepep_ll: DeepEP's low-latency kernels for decoding (rules/expert.py); the serving engines' own exchanges with
 # data-parallel attention, inference only (rules/engine_gather.py): agrs (vLLM), dp_gather (SGLang), agrs_quant
 # (TensorRT-LLM), replicated (tensor-parallel attention: no MoE collective)
-EP_DISPATCH = ("alltoall", "allgather", "deepep", "deepep_ll", "agrs", "dp_gather", "agrs_quant", "replicated")
+EP_DISPATCH = (
+    "alltoall",
+    "allgather",
+    "deepep",
+    "deepep_ll",
+    "agrs",
+    "dp_gather",
+    "agrs_quant",
+    "replicated",
+    "hybridep",
+)
 INFERENCE_DISPATCH = ("deepep_ll", "agrs", "dp_gather", "agrs_quant", "replicated")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -462,7 +473,13 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
         raise SpecError(
             "parallel.ep_dispatch",
             f"{par.ep_dispatch} is a serving engine's MoE exchange (deepep_ll: DeepEP's low-latency kernels), "
-            "inference only; training uses alltoall, allgather or deepep",
+            "inference only; training uses alltoall, allgather, deepep or hybridep",
+        )
+    if par.ep_dispatch == "hybridep" and w.moe_dispatch_dtype == "fp8":
+        raise SpecError(
+            "workload.moe_dispatch_dtype",
+            "the HybridEP dispatcher does not support fp8 dispatch (Megatron-LM d98e8a6 "
+            "megatron/core/transformer/moe/fused_a2a.py init_hybrid_ep_buffer: assert not fp8_dispatch)",
         )
     _sequence_fits(par, m, w)
     if w.training:

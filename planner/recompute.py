@@ -20,7 +20,9 @@ backward, and what each keeps.
   every elementwise op (torchtitan/distributed/activation_checkpoint.py _custom_policy).
 
 memory.py asks ``chunk_plans`` what each layer keeps; compute.py asks ``layer_counts`` what each layer
-re-runs. A module the model does not have is a SpecError (workload.check_recompute_modules).
+re-runs; the traffic rules ask ``rerun_layers`` which layers re-issue their forward communication (a layer
+re-run whole re-issues its TP, EP and FP8 amax calls; one that re-runs its core attention, its CP
+exchange). A module the model does not have is a SpecError (workload.check_recompute_modules).
 """
 
 from __future__ import annotations
@@ -94,4 +96,32 @@ def layer_counts(ctx: Context, stage: int) -> dict[tuple[bool, LayerRecompute], 
     return counts
 
 
-__all__ = ["LayerRecompute", "chunk_plans", "layer_counts", "modules_of", "working_layers"]
+@dataclass(frozen=True)
+class Reruns:
+    """Layers of a stage whose forward communication is issued again in the backward, per micro-batch."""
+
+    dense: int = 0  # dense layers re-run whole
+    moe: int = 0  # MoE layers re-run whole
+    attention: int = 0  # layers whose core attention re-runs: re-run whole, or selective with core_attn
+
+    @property
+    def whole(self) -> int:
+        return self.dense + self.moe
+
+
+def rerun_layers(ctx: Context, stage: int) -> Reruns:
+    """What ``stage`` re-runs, counted from ``layer_counts`` (the one home of which layer re-runs what):
+    full recompute re-runs every layer (uniform) or the first recompute_num_layers of each chunk (block:
+    Megatron-LM d98e8a6 megatron/core/recompute.py, ``use_checkpoint = layer_idx < recompute_num_layers``
+    per chunk, the other layers run without checkpoint and issue their calls once); torch's layer SAC every
+    N-th block; selective the core attention when listed (its CP exchange re-runs with it)."""
+    dense = moe = attention = 0
+    for (is_moe, plan), count in layer_counts(ctx, stage).items():
+        if plan.full:
+            moe, dense = (moe + count, dense) if is_moe else (moe, dense + count)
+        if plan.full or "core_attn" in plan.modules:
+            attention += count
+    return Reruns(dense, moe, attention)
+
+
+__all__ = ["LayerRecompute", "Reruns", "chunk_plans", "layer_counts", "modules_of", "rerun_layers", "working_layers"]

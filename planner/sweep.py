@@ -68,10 +68,13 @@ def run(
             rows.append(
                 base
                 | {"rank": rank, "tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp, "ep": p.ep,
-                   "virtual_pipeline_stages": p.virtual_pipeline_stages, "zero_stage": p.zero_stage,
+                   "virtual_pipeline_stages": p.virtual_pipeline_stages, "pipeline_schedule": p.pipeline_schedule,
+                   "first_stage_layers": p.first_stage_layers, "ep_dispatch": p.ep_dispatch, "zero_stage": p.zero_stage,
                    "sequence_parallel": p.sequence_parallel, "framework": p.framework,
                    "micro_batch_size": r.layout.micro_batch_size,
-                   "activation_recompute": r.layout.activation_recompute, "step_time_s": r.time_s,
+                   "activation_recompute": r.layout.activation_recompute,
+                   "recompute_method": r.layout.recompute_method, "recompute_num_layers": r.layout.recompute_num_layers,
+                   "step_time_s": r.time_s,
                    "peak_memory_bytes": r.plan.memory.peak_bytes if r.plan.memory else 0}
             )  # fmt: skip
     return rows

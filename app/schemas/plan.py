@@ -196,11 +196,15 @@ class ParallelIn(Strict):
     )
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
     ep_dispatch: (
-        Literal["alltoall", "allgather", "deepep", "deepep_ll", "agrs", "dp_gather", "agrs_quant", "replicated"] | None
+        Literal[
+            "alltoall", "allgather", "deepep", "deepep_ll", "hybridep", "agrs", "dp_gather", "agrs_quant", "replicated"
+        ]
+        | None
     ) = Field(
         default=None,
-        description="Megatron --moe-token-dispatcher-type: alltoall (default here), allgather, or deepep (flex "
-        "with --moe-enable-deepep); deepep_ll: DeepEP's low-latency kernels (inference decoding only); agrs, "
+        description="Megatron --moe-token-dispatcher-type: alltoall (default here), allgather, deepep (flex "
+        "with --moe-enable-deepep) or hybridep (flex with --moe-flex-dispatcher-backend hybridep: DeepEP's legs "
+        "over NVLink domains, bf16 only); deepep_ll: DeepEP's low-latency kernels (inference decoding only); agrs, "
         "dp_gather, agrs_quant, replicated: the serving engines' exchanges (inference only, docs/serving.md)",
     )
     zero_config: dict[str, bool | Annotated[float, Field(ge=0, le=float(1 << 50))] | None] | None = Field(

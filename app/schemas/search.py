@@ -12,6 +12,9 @@ from .plan import ModelIn, WorkloadIn
 
 Degree = Annotated[int, Field(ge=1, le=1 << 17)]
 Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
+Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"]
+Dispatch = Literal["alltoall", "allgather", "deepep", "hybridep"]
+Method = Literal["uniform", "block"]
 
 
 class ConstraintsIn(Strict):
@@ -23,9 +26,15 @@ class ConstraintsIn(Strict):
     ep: Degrees | None = None
     expert_tp: Degrees | None = None
     virtual_pipeline_stages: Degrees | None = None
-    pipeline_schedule: (
-        Literal["1f1b", "interleaved", "gpipe"] | list[Literal["1f1b", "interleaved", "gpipe"]] | None
-    ) = None
+    pipeline_schedule: Schedule | Annotated[list[Schedule], Field(max_length=7)] | None = Field(
+        default=None,
+        description="default 1f1b and interleaved; gpipe, zb-h1 (v 1) and zbv, dualpipe, dualpipev (v 2) when listed",
+    )
+    uneven_stages: bool = Field(
+        default=False,
+        description="also enumerate first/last stage layer counts with virtual stages (interleaved, V schedules) "
+        "where the even split cannot run; the Llama 3 form at v 1 is always enumerated",
+    )
     zero_stage: (
         Annotated[int, Field(ge=0, le=3)]
         | Annotated[list[Annotated[int, Field(ge=0, le=3)]], Field(max_length=4)]
@@ -38,6 +47,15 @@ class ConstraintsIn(Strict):
     )
     recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] | None = Field(
         default=None, description="alias of activation_recompute"
+    )
+    recompute_method: Method | Annotated[list[Method], Field(max_length=2)] | None = Field(
+        default=None, description="full recompute per Megatron --recompute-method (with recompute_num_layers)"
+    )
+    recompute_num_layers: Degrees | None = Field(
+        default=None, description="full recompute per Megatron --recompute-num-layers (default 1)"
+    )
+    ep_dispatch: Dispatch | Annotated[list[Dispatch], Field(max_length=4)] | None = Field(
+        default=None, description="MoE token dispatch; default Megatron's alltoall"
     )
     micro_batch_size: Degrees | None = None
     max_dp_group: int = Field(
@@ -80,6 +98,8 @@ class SearchResultOut(BaseModel):
     parallel: dict[str, Any] = Field(description="the parallel block to post to /v1/plan as it is")
     micro_batch_size: int
     activation_recompute: str
+    recompute_method: str | None = Field(default=None, description="set where the search chose a method")
+    recompute_num_layers: int | None = None
     step: dict[str, Any] | None = Field(description="the plan's step block (CONTRACT v1.1); time_s ranks")
     memory: dict[str, Any] | None = Field(description="the plan's memory block (CONTRACT v1.1)")
     communication_s: float = Field(description="the busiest stage's communication, calls serialised")

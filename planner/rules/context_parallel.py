@@ -19,6 +19,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
+from ..recompute import rerun_layers
 
 SOURCE = "TransformerEngine attention.py (AttnFuncWithCP*); Megatron-Core cp_comm_type"
 ULYSSES = "TransformerEngine attention.py AttnFuncWithCPAndQKVOA2A / flash_attn_a2a_communicate (one a2a per tensor)"
@@ -52,17 +53,21 @@ def calls(ctx: Context) -> list[Call]:
     if ctx.par.cp == 1:
         return []
     out = []
-    # every call of a stage depends on its number of layers alone
-    for first, stages in stage_classes(range(ctx.par.pp), lambda stage: len(ctx.stage_layers[stage])).items():
-        layers = len(ctx.stage_layers[first]) * ctx.micro_batches
-        forward = _forward(ctx, layers)
-        out += [c.on(stages) for c in forward]
+    # every call of a stage depends on its number of layers and of those whose attention re-runs alone
+    for first, stages in stage_classes(range(ctx.par.pp), lambda stage: _layer_counts(ctx, stage)).items():
+        layers, again = _layer_counts(ctx, first)
+        out += [c.on(stages) for c in _forward(ctx, layers * ctx.micro_batches)]
         if not ctx.training:
             continue
-        out += [c.on(stages) for c in _backward(ctx, layers)]
-        if ctx.work.activation_recompute != "none":  # both selective (core attention) and full re-run it
-            out += [recomputed(c, "attention recompute").on(stages) for c in forward]
+        out += [c.on(stages) for c in _backward(ctx, layers * ctx.micro_batches)]
+        if again:  # layers re-run whole, or selective with core_attn: the attention's exchange re-runs
+            out += [recomputed(c, "attention recompute").on(stages) for c in _forward(ctx, again * ctx.micro_batches)]
     return out
+
+
+def _layer_counts(ctx: Context, stage: int) -> tuple[int, int]:
+    """(layers, layers whose core attention re-runs in the backward: recompute.rerun_layers)."""
+    return len(ctx.stage_layers[stage]), rerun_layers(ctx, stage).attention if ctx.training else 0
 
 
 def _cp(ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int, pairs=None) -> Call:

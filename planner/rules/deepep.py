@@ -14,6 +14,21 @@ n(1 - (1 - 1/n)^k): nodes per token with n = min(M, EP nodes); GPUs per token an
 node and k/(nodes per token) picks. The per-rank message (all-to-all convention: local input) is the
 tokens times those counts times the row bytes (fp8 rows carry their 1x128 scales). DeepEP's layout
 notification (per-rank token counts, in-kernel) is not listed.
+
+HybridEP (``ep_dispatch: "hybridep"``; Megatron-Core --moe-token-dispatcher-type flex
+--moe-flex-dispatcher-backend hybridep; DeepEP's hybrid-ep branch 94a9f8f) moves the same legs: "Similar to
+DeepEP, Hybrid-EP first performs IB communication between peer GPUs [same local rank in other NVLink
+domains], then each rank distributes the received inter-node data locally" (docs/Hybrid-EP_Implementation.md
+§8); its dispatch kernel sends a token once per remote domain (``attn_to_rdma_map``: tokens x (nodes - 1)
+bools, csrc/hybrid_ep/backend/hybrid_ep_backend.cuh) and each rank's expert buffer holds a token once
+however many of its experts it hits; the combine pre-reduces within the domain before the RDMA leg (§8.2).
+Its "node" is the NVLink domain (deep_ep/hybrid_ep_buffer.py ``num_of_hybrid_ep_ranks_per_nvlink_domain``,
+detected): the cluster's devices per node here, which the GB200 NVL72 preset sets to the 72-GPU domain.
+Megatron runs it in the activation dtype only (fused_a2a.py ``init_hybrid_ep_buffer``: assert not
+fp8_dispatch; a 422 here). What differs from DeepEP is kernel efficiency (TMA, fewer SMs), not bytes, with
+one exception not modelled: DeepEP's normal internode kernels take at most 8 NVLink peers
+(csrc/kernels/legacy/internode.cu, LEGACY_NUM_MAX_NVL_PEERS == 8), so on a GB200 NVL72 domain they would
+split it into RDMA ranks of 8 where HybridEP uses the whole domain; both read the cluster's node size here.
 """
 
 from __future__ import annotations
@@ -26,6 +41,12 @@ from ..layout import Group, RankLayout
 from ..ledger import Call
 
 SOURCE = "DeepEP normal kernels (Buffer.dispatch/combine); DeepSeek-V3 report §3.2.2"
+# ep_dispatch -> the source its legs cite: one count (``legs``), two backends
+BACKENDS = {
+    "deepep": SOURCE,
+    "hybridep": "HybridEP (DeepEP hybrid-ep 94a9f8f HybridEPBuffer.dispatch/combine, docs/Hybrid-EP_Implementation.md "
+    "§8: RDMA to the peer in each remote NVLink domain, then NVLink); Megatron-Core fused_a2a.py HybridEPDispatch",
+}
 
 
 def distinct(bins: int, picks: float) -> float:
@@ -102,7 +123,7 @@ def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) ->
                     message_bytes=message,
                     calls_per_iteration=layers,
                     group=group,
-                    source=SOURCE + (" inter-node RDMA leg" if leg == "rdma" else " NVLink leg"),
+                    source=BACKENDS[ctx.par.ep_dispatch] + (" inter-node RDMA leg" if leg == "rdma" else " NVLink leg"),
                     dtype=dtype or ctx.work.activation_dtype,
                     parallelism="ep",
                     kernel=name if len(path) > 1 else "",  # two legs pipelined in one kernel (Call.kernel)

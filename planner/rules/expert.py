@@ -27,6 +27,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
+from ..recompute import rerun_layers
 from . import deepep, engine_gather
 
 M = "Megatron-LM d98e8a6 "
@@ -41,18 +42,19 @@ def calls(ctx: Context) -> list[Call]:
     if moe is None:
         return []
     out = []
-    # every call of a stage depends on its number of MoE layers alone
-    for first, stages in stage_classes(range(ctx.par.pp), ctx.moe_layers).items():
+    # every call of a stage depends on its number of MoE layers and of those re-run whole alone
+    key = (lambda stage: (ctx.moe_layers(stage), rerun_layers(ctx, stage).moe)) if ctx.training else ctx.moe_layers
+    for first, stages in stage_classes(range(ctx.par.pp), key).items():
         layers = ctx.moe_layers(first) * ctx.micro_batches
         if layers == 0:
             continue
         out += [c.on(stages) for c in _router(ctx, first)]
-        forward = _forward(ctx, layers)
-        out += [c.on(stages) for c in forward]
+        out += [c.on(stages) for c in _forward(ctx, layers)]
         if ctx.training:
             out += [c.on(stages) for c in _backward(ctx, layers)]
-            if ctx.forward_passes == 2:
-                out += [recomputed(c).on(stages) for c in forward]
+            again = rerun_layers(ctx, first).moe * ctx.micro_batches  # MoE layers re-run whole (recompute.py)
+            if again:
+                out += [recomputed(c).on(stages) for c in _forward(ctx, again)]
     return out
 
 
@@ -172,7 +174,8 @@ def equal_blocks(message: int, ranks: int) -> int:
 
 
 def _deepep(ctx: Context) -> bool:
-    return ctx.par.ep > 1 and ctx.par.ep_dispatch == "deepep"
+    """DeepEP's normal kernels or HybridEP: the same two legs (rules/deepep.py)."""
+    return ctx.par.ep > 1 and ctx.par.ep_dispatch in deepep.BACKENDS
 
 
 def _fp8(ctx: Context) -> bool:

@@ -28,6 +28,8 @@ MTP modules run under their own autocast; their amax calls are not listed.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collectives import Op
 
 from ..context import Context
@@ -35,6 +37,7 @@ from ..layout import Group
 from ..ledger import Call, recomputed, stage_classes
 from ..params import stage_params
 from ..recipes import quantized
+from ..recompute import chunk_plans, rerun_layers
 
 TE = "TransformerEngine 2.x transformer_engine/pytorch/"
 AMAX_SOURCE = (
@@ -117,9 +120,9 @@ def tp_amax_linears(ctx: Context, layer: int) -> tuple[int, int]:
 def _tp_amax(ctx: Context) -> list[Call]:
     out = []
     counts = {s: [tp_amax_linears(ctx, i) for i in ctx.stage_layers[s]] for s in range(ctx.par.pp)}
-    totals = {s: (sum(c for c, _ in v), sum(r for _, r in v)) for s, v in counts.items()}
+    totals = {s: (sum(c for c, _ in v), sum(r for _, r in v), _rerun_columns(ctx, s)) for s, v in counts.items()}
     for first, stages in stage_classes(range(ctx.par.pp), totals.get).items():
-        column, row = totals[first]
+        column, row, again = totals[first]
         wanted = [("fp8.tp_amax", "forward", column)]
         if ctx.training:
             wanted.append(("fp8.tp_amax.bwd", "backward", row))
@@ -136,9 +139,22 @@ def _tp_amax(ctx: Context) -> list[Call]:
                 parallelism="tp",
             )
             out.append(call.on(stages))
-            if phase == "forward" and ctx.forward_passes == 2:
-                out.append(recomputed(call).on(stages))
+            if phase == "forward" and again:
+                out.append(replace(recomputed(call), calls_per_iteration=again * ctx.micro_batches).on(stages))
     return out
+
+
+def _rerun_columns(ctx: Context, stage: int) -> int:
+    """The forward amax reductions that the layers re-run whole issue again: each layer's plan, chunk by
+    chunk (recompute.chunk_plans: every layer with uniform recompute, the first recompute_num_layers of each
+    chunk with block)."""
+    if not ctx.training or not rerun_layers(ctx, stage).whole:
+        return 0
+    plans = (
+        zip(chunk.layers, plans, strict=True)
+        for chunk, plans in zip(ctx.chunks[stage], chunk_plans(ctx, stage), strict=True)
+    )
+    return sum(tp_amax_linears(ctx, i)[0] for pairs in plans for i, plan in pairs if plan.full)
 
 
 def _master_cast(ctx: Context) -> list[Call]:

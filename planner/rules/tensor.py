@@ -28,6 +28,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
+from ..recompute import rerun_layers
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -40,7 +41,7 @@ def calls(ctx: Context) -> list[Call]:
     if ctx.par.tp == 1:
         return []
     out: list[Call] = []
-    alike = stage_classes(range(ctx.par.pp), lambda stage: _block_counts(ctx, stage))
+    alike = stage_classes(range(ctx.par.pp), lambda stage: (_block_counts(ctx, stage), rerun_layers(ctx, stage)))
     for stage in range(ctx.par.pp):
         if stage in alike:  # the blocks depend on the stage's block counts alone
             out += [c.on(alike[stage]) for c in _blocks(ctx, stage)]
@@ -65,22 +66,24 @@ def _mb(
     )  # fmt: skip
 
 
-def _block_counts(ctx: Context, stage: int) -> tuple[int, int]:
-    """(attention blocks, tensor-parallel MLP blocks) on the stage. An MoE layer's routed experts move
-    tokens by all-to-all (rules/expert.py); only its shared experts form a TP MLP."""
-    moe = ctx.moe_layers(stage)
+def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int | None = None) -> tuple[int, int]:
+    """(attention blocks, tensor-parallel MLP blocks) of ``dense`` and ``moe`` layers (default: the
+    stage's). An MoE layer's routed experts move tokens by all-to-all (rules/expert.py); only its shared
+    experts form a TP MLP."""
+    dense = ctx.dense_layers(stage) if dense is None else dense
+    moe = ctx.moe_layers(stage) if moe is None else moe
     shared = moe if ctx.model.moe and ctx.model.moe.shared_ffn else 0
-    return ctx.dense_layers(stage) + moe, ctx.dense_layers(stage) + shared
+    return dense + moe, dense + shared
 
 
 def _blocks(ctx: Context, stage: int) -> list[Call]:
     attn, mlp = _block_counts(ctx, stage)
-    forward = _forward(ctx, attn, mlp)
-    out = list(forward)
+    out = _forward(ctx, attn, mlp)
     if ctx.training:
         out += _backward(ctx, attn, mlp)
-        if ctx.forward_passes == 2:  # full recompute re-runs the forward, communication included
-            out += [recomputed(c) for c in forward]
+        again = rerun_layers(ctx, stage)  # the layers re-run whole re-issue their forward calls (recompute.py)
+        if again.whole:
+            out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
     return out
 
 

@@ -29,7 +29,7 @@ from ..plan import Options, price_classes
 from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer, shared_curves
-from .space import MAX_DP_GROUP, MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant
+from .space import MAX_DP_GROUP, MEMORY, Constraints, Layout, Pruned, Shape, Space, Variant, recompute_fields
 from .step_model import Part, Priced, Row, RowCall, StepModel
 
 
@@ -83,7 +83,9 @@ def space_of(problem: Problem) -> Space:
         constraints = problem.constraints
         if not constraints.max_dp_group:
             constraints = replace(constraints, max_dp_group=default_dp_group(cluster))
-        space = _SPACES[key] = Space(problem.model, problem.work, cluster.num_devices, constraints)
+        space = _SPACES[key] = Space(
+            problem.model, problem.work, cluster.num_devices, constraints, cluster.spec.devices_per_node
+        )
         if len(_SPACES) > 8:
             _SPACES.pop(next(iter(_SPACES)))
     return space
@@ -121,9 +123,11 @@ def data_template(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> te
     return found[1]
 
 
-def _build(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> templates.Template | None:
+def _build(
+    rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None
+) -> templates.Template | None:
     try:
-        return templates.build(rules, model, work, par)
+        return templates.build(rules, model, work, par, per_node)
     except templates.NotLinear:
         return None
 
@@ -164,12 +168,14 @@ class ShapeEvaluator:
         key = (
             act, variant.virtual_pipeline_stages, variant.pipeline_schedule, variant.framework,
             variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
+            variant.ep_dispatch,
         )  # fmt: skip
         if key not in self._templates:
             par, model = variant.parallel(), self.problem.model
-            work = replace(self.problem.work, activation_recompute=recompute)
+            work = replace(self.problem.work, **recompute_fields(recompute))
             if act:
-                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=0))
+                per_node = self.cluster.spec.devices_per_node  # DeepEP's legs (rules/deepep.py)
+                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=0), per_node)
             else:
                 self._templates[key] = data_template(model, work, par)
         return self._templates[key]
@@ -203,8 +209,10 @@ class ShapeEvaluator:
         for rules, rc in ((templates.ACTIVATION_RULES, recompute), (templates.DATA_RULES, "none")):
             tpl = self.template(rules, variant, rc)
             if tpl is None:
-                work = replace(self.problem.work, micro_batch_size=b, activation_recompute=recompute)
-                tpl = templates.Template.fixed(templates.exact(self.problem.model, work, variant.parallel()))
+                work = replace(self.problem.work, micro_batch_size=b, **recompute_fields(recompute))
+                tpl = templates.Template.fixed(
+                    templates.exact(self.problem.model, work, variant.parallel(), self.cluster.spec.devices_per_node)
+                )
                 return [self._rows(tpl, 1, 1)]
             parts.append(self._priced(tpl, b, m))
         return parts
@@ -290,7 +298,7 @@ class ShapeEvaluator:
                 out.bounded += 1
                 continue
             score = model.step_time(par, b, rc, self.calls(self.variants[index], b, rc))
-            layout = Layout(par, b, rc)
+            layout = Layout.of(par, b, rc)
             heapq.heappush(heap, (-score, seq, (score, sort_key(layout), layout)))
             if len(heap) > keep:
                 heapq.heappop(heap)
@@ -385,6 +393,7 @@ def sort_key(layout: Layout) -> tuple:
     return (
         p.pp, p.tp, p.cp, p.ep, p.etp, p.virtual_pipeline_stages, p.pipeline_schedule, p.zero_stage,
         p.sequence_parallel, p.framework, layout.micro_batch_size, layout.activation_recompute,
+        p.ep_dispatch, p.first_stage_layers or 0, layout.recompute_method or "", layout.recompute_num_layers or 0,
     )  # fmt: skip
 
 

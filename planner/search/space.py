@@ -16,11 +16,19 @@ then prune, counted by reason):
 
 - tp, cp, pp: every divisor of the device count (a degree that does not divide it can never be a layout);
 - virtual stages: 1 (the 1f1b schedule) and every v >= 2 with pp·v dividing the layers (interleaved,
-  Megatron's --num-layers-per-virtual-pipeline-stage); gpipe only when constraints ask for it;
-- ep: divisors of the expert count (MoE models only), expert tp: divisors of tp;
+  Megatron's --num-layers-per-virtual-pipeline-stage); gpipe, zb-h1 (v = 1) and the V schedules zbv,
+  dualpipe, dualpipev (two chunks per rank, v = 2) only when constraints ask for them;
+- uneven stages: the Llama 3 form (one layer fewer on the first and last stage) at v = 1; with
+  ``uneven_stages`` also for every v the even split cannot run (``end_layers``);
+- ep: divisors of the expert count (MoE models only), expert tp: divisors of tp; the token dispatcher
+  (``ep_dispatch``) Megatron's default alltoall unless constraints list others (MoE models only);
 - ZeRO stage 0-3; sequence parallelism on and off (only "off" when tp = 1, where Megatron ignores it);
-- micro-batch size: every divisor of global_batch_size / dp; recompute none, selective, full;
+- micro-batch size: every divisor of global_batch_size / dp; recompute none, selective, full, and full per
+  (recompute_method, recompute_num_layers) when constraints list them (``Recompute``);
 - framework: megatron, torch, deepspeed unless fixed.
+
+Every option is a value of the layout that /v1/plan takes as it is; each is evaluated by the planner's own
+functions (the screen and ``build_plan``), never modelled here.
 """
 
 from __future__ import annotations
@@ -29,9 +37,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from .._errors import SpecError
+from ..context import Context
 from ..model import ModelSpec
-from ..parallel import FRAMEWORKS, SCHEDULES, ParallelSpec, validate_parallel
-from ..workload import RECOMPUTE, WorkloadSpec
+from ..parallel import (
+    EP_DISPATCH,
+    FRAMEWORKS,
+    INFERENCE_DISPATCH,
+    SCHEDULES,
+    V_SCHEDULES,
+    ParallelSpec,
+    validate_parallel,
+)
+from ..rules.deepep import BACKENDS, ep_per_node
+from ..workload import RECOMPUTE, RECOMPUTE_METHODS, WorkloadSpec
 
 DIMENSIONS = (
     "tp",
@@ -46,7 +64,11 @@ DIMENSIONS = (
     "framework",
     "micro_batch_size",
     "activation_recompute",
+    "recompute_method",
+    "recompute_num_layers",
+    "ep_dispatch",
 )
+SEARCHED_DISPATCH = tuple(d for d in EP_DISPATCH if d not in INFERENCE_DISPATCH)  # the training dispatchers
 WORLD = "world_size"  # the pruning reason of a shape whose degrees do not divide the devices
 DP_GROUP = "max_dp_group"  # the pruning reason of a shape whose data-parallel group is above the limit
 # Pricing one collective step by step on a group of thousands of ranks costs seconds and gigabytes (the
@@ -72,15 +94,18 @@ class Constraints:
     allowed: tuple[tuple[str, tuple], ...] = ()  # (dimension, allowed values) pairs; see ``of``
     memory_headroom: float = 0.0
     max_dp_group: int = 0  # 0: the pricer's default (default_dp_group)
+    uneven_stages: bool = False  # also split unevenly (first/last stage) where the even split cannot run at v
 
     @classmethod
-    def of(cls, allowed: dict | None = None, memory_headroom: float = 0.0, max_dp_group: int = 0) -> Constraints:
+    def of(
+        cls, allowed: dict | None = None, memory_headroom: float = 0.0, max_dp_group: int = 0, uneven_stages=False
+    ) -> Constraints:
         """From {dimension: value or list of values}."""
         pairs = []
         for name, values in (allowed or {}).items():
             values = tuple(values) if isinstance(values, list | tuple | set) else (values,)
             pairs.append((name, values))
-        return cls(tuple(sorted(pairs)), memory_headroom, max_dp_group)
+        return cls(tuple(sorted(pairs)), memory_headroom, max_dp_group, uneven_stages)
 
     def get(self, name: str) -> tuple | None:
         return dict(self.allowed).get(name)
@@ -105,7 +130,13 @@ def default_key(value):
 
 
 def _check_values(allowed: dict) -> None:
-    choices = {"pipeline_schedule": SCHEDULES, "framework": FRAMEWORKS, "activation_recompute": RECOMPUTE}
+    choices = {
+        "pipeline_schedule": SCHEDULES,
+        "framework": FRAMEWORKS,
+        "activation_recompute": RECOMPUTE,
+        "recompute_method": RECOMPUTE_METHODS,
+        "ep_dispatch": SEARCHED_DISPATCH,
+    }
     for name, values in allowed.items():
         if name in choices:
             bad = [v for v in values if v not in choices[name]]
@@ -144,10 +175,12 @@ class Variant:
     sequence_parallel: bool
     framework: str
     end_stage_layers: int | None = None  # uneven split: layers of the first and of the last stage
+    ep_dispatch: str = "alltoall"
 
     def parallel(self) -> ParallelSpec:
         s = self.shape
         return ParallelSpec(
+            ep_dispatch=self.ep_dispatch,
             first_stage_layers=self.end_stage_layers,
             last_stage_layers=self.end_stage_layers,
             tp=s.tp,
@@ -165,15 +198,57 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Recompute:
+    """A recompute choice beyond the granularity: Megatron's full recompute with --recompute-method and
+    --recompute-num-layers (planner/recompute.py). The space lists a plain granularity as its string."""
+
+    granularity: str
+    method: str | None = None
+    num_layers: int | None = None
+
+    def fields(self) -> dict:
+        return {
+            "activation_recompute": self.granularity,
+            "recompute_method": self.method,
+            "recompute_num_layers": self.num_layers,
+        }
+
+
+def recompute_fields(choice: str | Recompute) -> dict:
+    """The workload fields of a recompute choice: ``full`` alone leaves the workload's method as given,
+    none and selective take none (Megatron's method and layers go with full recompute only)."""
+    if isinstance(choice, Recompute):
+        return choice.fields()
+    if choice == "full":
+        return {"activation_recompute": choice}
+    return Recompute(choice).fields()
+
+
+@dataclass(frozen=True)
 class Layout:
     """One point of the space: a parallel layout plus micro-batch size and recompute."""
 
     parallel: ParallelSpec
     micro_batch_size: int
     activation_recompute: str
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+
+    @classmethod
+    def of(cls, parallel: ParallelSpec, micro_batch_size: int, choice: str | Recompute) -> Layout:
+        if isinstance(choice, str):
+            return cls(parallel, micro_batch_size, choice)
+        return cls(parallel, micro_batch_size, choice.granularity, choice.method, choice.num_layers)
+
+    @property
+    def recompute(self) -> str | Recompute:
+        """The space's recompute choice (what ``recompute_fields`` reads)."""
+        if self.recompute_method is None and self.recompute_num_layers is None:
+            return self.activation_recompute
+        return Recompute(self.activation_recompute, self.recompute_method, self.recompute_num_layers)
 
     def workload(self, base: WorkloadSpec) -> WorkloadSpec:
-        return replace(base, micro_batch_size=self.micro_batch_size, activation_recompute=self.activation_recompute)
+        return replace(base, micro_batch_size=self.micro_batch_size, **recompute_fields(self.recompute))
 
 
 @dataclass
@@ -203,10 +278,18 @@ class Pruned:
 class Space:
     """The constrained space of a model, a training workload and a device count."""
 
-    def __init__(self, model: ModelSpec, work: WorkloadSpec, num_devices: int, constraints: Constraints):
+    def __init__(
+        self,
+        model: ModelSpec,
+        work: WorkloadSpec,
+        num_devices: int,
+        constraints: Constraints,
+        devices_per_node: int | None = None,
+    ):
         if not work.training:
             raise SpecError("workload.kind", "the search covers training workloads; plan inference layouts one by one")
         self.model, self.work, self.devices, self.c = model, work, num_devices, constraints
+        self.devices_per_node = devices_per_node  # DeepEP's legs split by node (rules/deepep.py)
         degrees = divisors(num_devices)
         self.tps = self.c.values("tp", degrees)
         self.cps = self.c.values("cp", degrees)
@@ -215,8 +298,27 @@ class Space:
         self.eps = self.c.values("ep", divisors(moe.num_experts) if moe else [1])
         self.zeros = self.c.values("zero_stage", [0, 1, 2, 3])
         self.frameworks = self.c.values("framework", list(FRAMEWORKS))
-        self.recomputes = self.c.values("activation_recompute", list(RECOMPUTE))
+        self.recomputes = self._recomputes()
         self.schedules = self.c.values("pipeline_schedule", ["1f1b", "interleaved"])
+        self.dispatches = self.c.values("ep_dispatch", ["alltoall"]) if moe else ["alltoall"]
+
+    def _recomputes(self) -> list:
+        """none, selective, full (strings); with recompute_method or recompute_num_layers constrained, full
+        is one Recompute per (method, layers) pair (defaults uniform and 1, Megatron's)."""
+        granularities = self.c.values("activation_recompute", list(RECOMPUTE))
+        methods, layers = self.c.get("recompute_method"), self.c.get("recompute_num_layers")
+        if methods is None and layers is None:
+            return granularities
+        too_many = [n for n in layers or () if n > self.model.num_layers]
+        if too_many:
+            raise SpecError(
+                "constraints.recompute_num_layers",
+                f"recompute_num_layers {too_many[0]} > num_layers {self.model.num_layers}",
+            )
+        full = [
+            Recompute("full", m, n) for m in sorted(set(methods or ("uniform",))) for n in sorted(set(layers or (1,)))
+        ]
+        return [g for g in granularities if g != "full"] + (full if "full" in granularities else [])
 
     def work_at(self, b: int) -> WorkloadSpec:
         """The workload at micro-batch size b (memoised: the screen asks once per variant and b)."""
@@ -234,19 +336,28 @@ class Space:
         return self.c.values("sequence_parallel", [False, True] if tp > 1 else [False])
 
     def pipelines(self, pp: int) -> list[tuple[int, str]]:
-        """(virtual stages, schedule) pairs: v = 1 for 1f1b and gpipe; interleaved takes every v >= 2 with
-        pp·v dividing the layers (pp >= 2), or the values the constraints list (then the rules prune)."""
+        """(virtual stages, schedule) pairs: v = 1 for 1f1b, gpipe and zb-h1; v = 2 for the V schedules (zbv,
+        dualpipe, dualpipev: two chunks per rank); interleaved takes every v >= 2 with pp·v dividing the
+        layers (pp >= 2; with ``uneven_stages`` also those ``end_layers`` splits), or the values the
+        constraints list (then the rules prune)."""
         given = self.c.get("virtual_pipeline_stages")
         out = []
         for schedule in self.schedules:
-            if schedule != "interleaved":
+            if schedule in V_SCHEDULES:
+                if given is None or 2 in given:
+                    out.append((2, schedule))
+            elif schedule != "interleaved":
                 if given is None or 1 in given:
                     out.append((1, schedule))
             elif given is not None:
                 out += [(v, schedule) for v in given if v >= 2 or pp >= 2]
             elif pp >= 2:
                 layers = self.model.num_layers
-                out += [(v, schedule) for v in divisors(layers) if v >= 2 and layers % (pp * v) == 0]
+                out += [
+                    (v, schedule)
+                    for v in range(2, layers // pp + 1)
+                    if layers % (pp * v) == 0 or (self.c.uneven_stages and self._uneven(pp, v))
+                ]
         return sorted(set(out))
 
     def micro_batches(self, dp: int) -> list[int]:
@@ -254,7 +365,9 @@ class Space:
         return self.c.values("micro_batch_size", divisors(per_replica) if per_replica else [1])
 
     def variants_per_shape(self, tp: int, pp: int) -> int:
-        return len(self.pipelines(pp)) * len(self.zeros) * len(self.sps(tp)) * len(self.frameworks)
+        return (
+            len(self.pipelines(pp)) * len(self.zeros) * len(self.sps(tp)) * len(self.frameworks) * len(self.dispatches)
+        )
 
     # ---- the walk ------------------------------------------------------------------------------------
     def _triples(self) -> Iterator[tuple[int, int, int, bool]]:
@@ -297,10 +410,30 @@ class Space:
     def end_layers(self, pp: int, v: int) -> int | None:
         """Layers that do not split evenly over pp stages split as Llama 3 405B's did (126 layers on 16
         stages: one layer fewer on the first and the last stage, The Llama 3 Herd of Models §3.3.2), with
-        Megatron's --decoder-first/last-pipeline-num-layers; None: the even split."""
+        Megatron's --decoder-first/last-pipeline-num-layers; None: the even split. With ``uneven_stages``
+        also with v chunks per rank (interleaved, V schedules): ``_uneven``."""
         layers = self.model.num_layers
         if v == 1 and pp > 2 and layers % pp and (layers + 2) % pp == 0:
             return (layers + 2) // pp - 1
+        if v > 1 and self.c.uneven_stages and layers % (pp * v):
+            return self._uneven(pp, v)
+        return None
+
+    def _uneven(self, pp: int, v: int) -> int | None:
+        """First and last stage layers e, middle stages M, with 2·e + (pp - 2)·M = layers, v dividing e and M
+        (Megatron get_transformer_layer_offset splits each stage evenly over its chunks: parallel.py) and
+        0 < e < M: the middle stages as even as the chunks allow (M the least multiple of v at or above
+        layers / pp that gives such an e). None: no such split."""
+        layers = self.model.num_layers
+        if pp <= 2:
+            return None
+        middle = -(-layers // pp)
+        middle += -middle % v
+        while (pp - 2) * middle < layers:
+            ends, odd = divmod(layers - (pp - 2) * middle, 2)
+            if not odd and 0 < ends < middle and ends % v == 0:
+                return ends
+            middle += v
         return None
 
     def variants(self, shape: Shape) -> Iterator[Variant]:
@@ -309,7 +442,8 @@ class Space:
             for sp in self.sps(shape.tp):
                 for framework in self.frameworks:
                     for zero in self.zeros:
-                        yield Variant(shape, v, schedule, zero, sp, framework, ends)
+                        for dispatch in self.dispatches:
+                            yield Variant(shape, v, schedule, zero, sp, framework, ends, dispatch)
 
     def size(self) -> int:
         """Layouts in the constrained space, before any rule prunes one (what the size limit counts)."""
@@ -322,9 +456,12 @@ class Space:
     def check(self, variant: Variant, micro_batch_size: int) -> SpecError | None:
         """The validity rule /v1/plan would reject this layout with, or None (the same function)."""
         try:
-            validate_parallel(
-                variant.parallel(), self.model, replace(self.work, micro_batch_size=micro_batch_size), self.devices
-            )
+            par, work = variant.parallel(), replace(self.work, micro_batch_size=micro_batch_size)
+            validate_parallel(par, self.model, work, self.devices)
+            if (
+                par.ep_dispatch in BACKENDS and par.ep > 1
+            ):  # DeepEP's (HybridEP's) legs tile the nodes (rules/deepep.py)
+                ep_per_node(Context(self.model, work, par, self.devices_per_node))
         except SpecError as err:
             return err
         return None
@@ -339,8 +476,10 @@ __all__ = [
     "Constraints",
     "Layout",
     "Pruned",
+    "Recompute",
     "Shape",
     "Space",
     "Variant",
     "divisors",
+    "recompute_fields",
 ]

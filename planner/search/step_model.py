@@ -57,6 +57,7 @@ from ..step import (
     stream_totals,
 )
 from ..workload import WorkloadSpec
+from .space import recompute_fields
 
 
 class _Context(Context):
@@ -130,12 +131,13 @@ class RowCall:
     """The fields of a ledger Call that step.py and memory.py read, at one layout's b and m (a plain
     slotted object: built thousands of times a second, where dataclasses.replace would dominate)."""
 
-    __slots__ = ("calls_per_iteration", "message_bytes", "name", "op", "parallelism", "phase", "stages")
+    __slots__ = ("calls_per_iteration", "kernel", "message_bytes", "name", "op", "parallelism", "phase", "stages")
 
     @classmethod
     def of(cls, call: Call, stages: tuple[int, ...], message_bytes: int, count: int) -> RowCall:
         row = cls()
         row.name, row.parallelism, row.op, row.phase = call.name, call.parallelism, call.op, call.phase
+        row.kernel = call.kernel  # the legs of one kernel run concurrently (step.stream_totals)
         row.stages, row.message_bytes, row.calls_per_iteration = stages, message_bytes, count
         return row
 
@@ -235,7 +237,7 @@ class StepModel:
     def _work(self, b: int, rc: str) -> WorkloadSpec:
         found = self._works.get((b, rc))
         if found is None:
-            found = self._works[(b, rc)] = replace(self.work, micro_batch_size=b, activation_recompute=rc)
+            found = self._works[(b, rc)] = replace(self.work, micro_batch_size=b, **recompute_fields(rc))
         return found
 
     def _ctx(self, v: _Variant, b: int, rc: str) -> Context:

@@ -162,3 +162,19 @@ def test_cli_plans_the_meta_layout():
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert 0.40 <= plan["step"]["mfu"] <= 0.50
+
+
+def test_dualpipe_odd_pp_names_the_rule(api):
+    """DualPipe pairs rank r with rank pp-1-r (dualpipe.py: assert num_ranks % 2 == 0): pp 3 is a 422 on
+    parallel.pp with the number, while DualPipeV (one direction, a V) runs on pp 3."""
+    req = body(SMALL, pipeline_schedule="dualpipe", tp=8, pp=3, dp=1)
+    req["model"]["num_layers"] = 30  # 6 chunks of 5 layers
+    req["cluster"]["num_nodes"] = 3
+    r = api.post("/v1/plan", json=req)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert any(
+        d["loc"][-1] == "pp" and "DualPipe needs an even pp" in d["msg"] and "got pp 3" in d["msg"] for d in detail
+    )
+    req["parallel"]["pipeline_schedule"] = "dualpipev"
+    assert api.post("/v1/plan", json=req).status_code == 200

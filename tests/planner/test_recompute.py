@@ -245,3 +245,71 @@ def test_cpu_offload_as_megatron_allows_it(pp, work, words):
     with pytest.raises(SpecError) as err:
         validate_parallel(ParallelSpec(pp=pp, dp=4), model_preset("llama3-8b"), w, 4 * pp)
     assert err.value.field == "workload.cpu_offloading_num_layers" and words in err.value.rule
+
+
+def _recomputed(ctx, prefix):
+    """calls_per_iteration of each recomputed call whose name starts with ``prefix``, per stage tuple."""
+    from planner.rules import ledger
+
+    return {
+        (c.name, c.stages): c.calls_per_iteration
+        for c in ledger(ctx)
+        if c.name.startswith(prefix) and c.name.endswith(".recompute")
+    }
+
+
+def _pp_ctx(model="llama3-8b", par=None, **work):
+    base = dict(micro_batch_size=1, global_batch_size=8, activation_recompute="full")
+    par = par or ParallelSpec(tp=2, pp=4)  # 32 layers: 8 per stage; m = 8 micro-batches
+    return Context(model_preset(model), WorkloadSpec(**(base | work)), par)
+
+
+def test_block_recompute_reissues_only_its_layers_calls():
+    """Megatron-LM d98e8a6 megatron/core/recompute.py, method block: per chunk, the first
+    recompute_num_layers layers run under checkpoint (their forward and its TP calls run again in the
+    backward), the others once. 8 layers per stage, block 3, m = 8: each of the two forward TP all-reduces
+    (attention out_proj, MLP down_proj; no SP) is re-issued 3 x 8 = 24 times per stage, not 8 x 8 = 64."""
+    block = _recomputed(_pp_ctx(recompute_method="block", recompute_num_layers=3), "tp.")
+    assert block == {
+        ("tp.attn.out_proj.recompute", (0, 1, 2, 3)): 24,
+        ("tp.mlp.down_proj.recompute", (0, 1, 2, 3)): 24,
+    }
+    uniform = _recomputed(_pp_ctx(recompute_method="uniform", recompute_num_layers=3), "tp.")
+    assert set(uniform.values()) == {8 * 8}  # uniform re-runs every layer (groups of 3, 3, 2)
+    assert _recomputed(_pp_ctx(activation_recompute="selective"), "tp.") == {}
+    # interleaved, 2 chunks of 4 layers per stage: block 3 of each chunk -> 6 layers x 8 micro-batches
+    inter = ParallelSpec(tp=2, pp=4, virtual_pipeline_stages=2, pipeline_schedule="interleaved")
+    v2 = _recomputed(_pp_ctx(par=inter, recompute_method="block", recompute_num_layers=3), "tp.")
+    assert set(v2.values()) == {6 * 8}
+    # block larger than a chunk: every layer of the chunk
+    assert set(_recomputed(_pp_ctx(recompute_method="block", recompute_num_layers=9), "tp.").values()) == {64}
+    # fp8 current scaling under SP: the qkv and fc1 amax all-reduces of the 3 re-run layers, 2 x 3 x 8
+    sp = ParallelSpec(tp=2, pp=4, sequence_parallel=True)
+    fp8 = _pp_ctx(par=sp, fp8_recipe="tensorwise", recompute_method="block", recompute_num_layers=3)
+    assert _recomputed(fp8, "fp8.") == {("fp8.tp_amax.recompute", (0, 1, 2, 3)): 2 * 3 * 8}
+
+
+def test_block_recompute_reissues_only_its_moe_layers_dispatch():
+    """Mixtral 8x7B (32 MoE layers), ep 8 over pp 4: block 3 re-issues the dispatch and combine of 3 MoE
+    layers per micro-batch; and sequence parallelism's four forward TP calls likewise."""
+    par = ParallelSpec(tp=2, pp=4, ep=8, dp=8, sequence_parallel=True)
+    ctx = _pp_ctx("mixtral-8x7b", par=par, global_batch_size=64, recompute_method="block", recompute_num_layers=3)
+    m = ctx.micro_batches
+    ep = _recomputed(ctx, "ep.")
+    assert ep and set(ep.values()) == {3 * m}
+    tp = _recomputed(ctx, "tp.")
+    assert {name for name, _ in tp} == {"tp.attn.qkv.recompute", "tp.attn.out_proj.recompute"}
+    assert set(tp.values()) == {3 * m}  # Mixtral's MoE layers have no TP MLP (no shared expert)
+
+
+def test_context_parallel_exchange_reruns_with_core_attention_only():
+    """CP's forward exchange is issued again where core attention re-runs: full recompute (block: its
+    layers), selective with core_attn (the default module); not selective without it (mlp only)."""
+    par = ParallelSpec(cp=2, pp=4)
+    full = _recomputed(_pp_ctx(par=par), "cp.")
+    block = _recomputed(_pp_ctx(par=par, recompute_method="block", recompute_num_layers=3), "cp.")
+    attn = _recomputed(_pp_ctx(par=par, activation_recompute="selective"), "cp.")
+    mlp = _recomputed(_pp_ctx(par=par, activation_recompute="selective", recompute_modules=("mlp",)), "cp.")
+    assert full and {k: v * 3 // 8 for k, v in full.items()} == block
+    assert attn == full
+    assert mlp == {}
