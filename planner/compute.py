@@ -217,6 +217,15 @@ def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFI
 
 @lru_cache(maxsize=4096)
 def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> StageCompute:
+    fwd, bwd, attn = stage_pass_compute(ctx, stage, gpu, eff)
+    return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff) if ctx.training else 0.0)
+
+
+def stage_pass_compute(
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY
+) -> tuple[PassTime, PassTime, float]:
+    """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
+    seconds) of one micro-batch on one rank of ``stage``."""
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
     layers = {}
@@ -231,7 +240,7 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
     if ctx.is_last(stage):
         head = _head(ctx, gpu, eff)
         fwd, bwd = fwd + head, bwd + head_backward(head)
-    return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff) if ctx.training else 0.0)
+    return fwd, bwd, attn
 
 
 def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[Kernel, ...]:
@@ -299,36 +308,48 @@ __all__ = [
     "layer_forward_key",
     "layer_kernels",
     "model_flops_per_token",
+    "optimizer_key",
     "optimizer_s",
     "stage_compute",
     "stage_compute_key",
+    "stage_pass_compute",
+    "stage_pass_key",
 ]
 
 
 def stage_compute_key(ctx: Context, stage: int) -> tuple:
-    """The value key of everything ``stage_compute`` reads of the context: (model, workload, then plain
-    values of the layout and the stage alone): the degrees the kernels' shapes read, dp where it splits the
-    batch (inference), the stage's dense and MoE layers, what each re-runs (recompute.layer_counts) and its
-    head, and for training the parameters the optimizer step
-    updates and what shards them (param_totals). Equal keys give equal StageCompute on one GPU
-    (tests/planner/test_search.py); the layout search memoises stage_compute on it."""
-    from .memory import param_totals
+    """The value key of everything ``stage_compute`` reads of the context: ``stage_pass_key`` (model,
+    workload, then plain values of the layout and the stage alone) and ``optimizer_key``. Equal keys give
+    equal StageCompute on one GPU (tests/planner/test_search_speed.py); the layout search memoises
+    stage_pass_compute and optimizer_s on the two parts."""
+    return (*stage_pass_key(ctx, stage), *optimizer_key(ctx, stage))
 
-    par = ctx.par
-    if ctx.training:
-        dense, expert, _ = param_totals(ctx, stage)
-        shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
-    else:
-        dense = expert = 0
-        shards = (1, 1)
-    # the stage's layers, what each re-runs (recompute.py, in the order they are summed) and the head
+
+def stage_pass_key(ctx: Context, stage: int) -> tuple:
+    """The value key of everything ``stage_pass_compute`` reads: ``layer_forward_key`` (the degrees the kernels'
+    shapes read, dp where it splits the batch (inference), the framework and cp_comm), the stage's dense and
+    MoE layers, what each re-runs (recompute.layer_counts, in the order they are summed) and its head. It
+    holds no parameter count nor sharding: layouts differing in dp, pp (alike stages) or ZeRO share it."""
     layers = (
         ctx.dense_layers(stage),
         ctx.moe_layers(stage),
         tuple(layer_counts(ctx, stage).items()),
         ctx.is_last(stage),
     )
-    return (*layer_forward_key(ctx), *layers, dense, expert, *shards)
+    return (*layer_forward_key(ctx), *layers)
+
+
+def optimizer_key(ctx: Context, stage: int) -> tuple:
+    """The value key of what ``optimizer_s`` reads past the GPU (training; () for inference, whose step has
+    none): the parameters the rank updates (param_totals) and what shards them."""
+    from .memory import param_totals
+
+    if not ctx.training:
+        return ()
+    par = ctx.par
+    dense, expert, _ = param_totals(ctx, stage)
+    shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
+    return (dense, expert, *shards)
 
 
 def layer_forward_key(ctx: Context) -> tuple:
