@@ -35,7 +35,9 @@ from .kernels import (
     kv_cache_bytes_per_layer,
     kv_length,
     layer_kernels,
+    layer_kernels_key,
     memory_kernel,
+    per_layer,
 )
 from .recompute import layer_counts
 
@@ -107,9 +109,16 @@ def check_gpu(gpu: GPUSpec | None, dtype: str, ctx: Context | None = None) -> GP
 
 
 def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
-    """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds)."""
-    lk = layer_kernels(ctx, moe, gpu, eff)
-    fwd = pass_time(lk.forward)
+    """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds). Memoised
+    by value (kernels.per_layer: it reads what the layer's kernels read)."""
+    return per_layer(_LAYER_FORWARD, _layer_forward, ctx, moe, gpu, eff)
+
+
+_LAYER_FORWARD: dict = {}
+
+
+def _layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, float]:
+    fwd = pass_time(layer_kernels(ctx, moe, gpu, eff).forward)
     return fwd, fwd.attention_s
 
 
@@ -353,19 +362,8 @@ def optimizer_key(ctx: Context, stage: int) -> tuple:
 
 
 def layer_forward_key(ctx: Context) -> tuple:
-    """The value key of everything ``layer_forward`` reads of the context (model, workload, then the degrees
-    the kernels' shapes read, dp where it splits the batch (inference), the framework and cp_comm): the
-    first entries of stage_compute_key. The layout search memoises step.chunk_shares on it."""
-    par = ctx.par
-    return (
-        ctx.model,
-        ctx.work,
-        None if ctx.training else par.dp,
-        par.tp,
-        par.cp,
-        par.sp,
-        par.ep,
-        par.etp,
-        par.framework,  # the flavour's kernel fusion and default attention kernel (kernels.py)
-        par.cp_comm,
-    )
+    """The value key of everything ``layer_forward`` reads of the context: the layer's kernels' own
+    (kernels.layer_kernels_key: model, workload, then the degrees the kernels' shapes read, dp where it splits
+    the batch (inference), the framework and cp_comm); the first entries of stage_compute_key. The layout
+    search memoises step.chunk_shares on it."""
+    return layer_kernels_key(ctx)

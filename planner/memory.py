@@ -282,11 +282,11 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
                 kept[key] = left.per_rank(t, sp, flash or "core_attn" in plan.modules)
         return kept[key]
 
-    moe_layer = ctx.model.is_moe_layer
-    per_chunk = tuple(
-        sum(keeps(moe_layer(i), plan) for i, plan in zip(chunk.layers, plans, strict=True))
-        for chunk, plans in zip(ctx.chunks[stage], chunk_plans(ctx, stage), strict=True)
-    )
+    sums: dict = {}  # chunks alike (their layers' kinds and plans) keep alike
+    for chunk in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True):
+        if chunk not in sums:
+            sums[chunk] = sum(keeps(moe, plan) for moe, plan in zip(*chunk, strict=True))
+    per_chunk = tuple(sums[chunk] for chunk in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True))
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
     return ChunkActivations(per_chunk, working, offloaded_bytes(ctx, stage), _logits(ctx, stage))
 
@@ -319,8 +319,7 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
     first layers, never their global indices: stages alike (and layouts differing in pp or in the schedule)
     share a key."""
     par = ctx.par
-    kinds = tuple(tuple(ctx.model.is_moe_layer(i) for i in c.layers) for c in ctx.chunks[stage])
-    layers = (kinds, ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
+    layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers)
 
 

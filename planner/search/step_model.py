@@ -82,7 +82,7 @@ class _Context(Context):
 
 # Context's cached properties that read only the model, the layout and whether it trains (fixed per scope):
 # the chunks and layers each stage holds
-_SPLIT = ("chunks", "stage_layers", "_moe_layers")
+_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds")
 SCOPES_KEPT = 8  # (model, workload, GPU) scopes whose memos are kept
 MEMO_KEPT = 1 << 16  # entries per memo before it is cleared
 _SCOPES: dict = {}  # (model, workload, GPU) -> _Memos
