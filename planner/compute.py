@@ -245,11 +245,25 @@ def stage_pass_compute(
         fwd = fwd + layer.scaled(count)
         attn += attn_s * count
     for (moe, plan), count in layer_counts(ctx, stage).items():  # what each layer re-runs (recompute.py)
-        bwd = bwd + layer_backward(ctx, layers[moe][0], gpu, eff, plan.kind, plan.modules, moe).scaled(count)
+        bwd = bwd + per_layer(_LAYER_BACKWARD, _backward_of, ctx, moe, gpu, eff, plan.kind, plan.modules).scaled(count)
     if ctx.is_last(stage):
-        head = _head(ctx, gpu, eff)
+        head = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head, bwd + head_backward(head)
     return fwd, bwd, attn
+
+
+_LAYER_BACKWARD: dict = {}
+_HEAD: dict = {}
+
+
+def _backward_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: str, modules: frozenset) -> PassTime:
+    """layer_backward of the layer's own forward (memoised by value in stage_pass_compute: it reads what the
+    layer's kernels read, and the recompute)."""
+    return layer_backward(ctx, layer_forward(ctx, moe, gpu, eff)[0], gpu, eff, kind, modules, moe)
+
+
+def _head_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> PassTime:
+    return _head(ctx, gpu, eff)
 
 
 def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[Kernel, ...]:

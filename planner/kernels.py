@@ -393,15 +393,16 @@ _LAYER_KERNELS: dict = {}
 LAYER_KERNELS_KEPT = 4096  # entries of each per-layer memo before it is cleared
 
 
-def per_layer(memo: dict, fn, ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency):
-    """``fn(ctx, moe, gpu, eff)`` memoised in ``memo`` on (layer_kernels_key, moe, gpu, eff): for what reads
-    no more of the context than a layer's kernels do. Bounded: cleared past LAYER_KERNELS_KEPT entries."""
-    key = (layer_kernels_key(ctx), moe, gpu, eff)
+def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff: Efficiency, *args):
+    """``fn(ctx, moe, gpu, eff, *args)`` memoised in ``memo`` on (layer_kernels_key, moe, gpu, eff, args): for
+    what reads no more of the context than a layer's kernels do (args: plain values). Bounded: cleared past
+    LAYER_KERNELS_KEPT entries."""
+    key = (layer_kernels_key(ctx), moe, gpu, eff, args)
     found = memo.get(key)
     if found is None:
         if len(memo) >= LAYER_KERNELS_KEPT:
             memo.clear()
-        found = memo[key] = fn(ctx, moe, gpu, eff)
+        found = memo[key] = fn(ctx, moe, gpu, eff, *args)
     return found
 
 

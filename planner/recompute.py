@@ -60,6 +60,7 @@ def chunk_plans(ctx: Context, stage: int) -> tuple[tuple[LayerRecompute, ...], .
 @lru_cache(maxsize=4096)
 def _chunk_plans(work: WorkloadSpec, sizes: tuple[int, ...]) -> tuple[tuple[LayerRecompute, ...], ...]:
     out = []
+    selective = modules_of(work)
     for n in sizes:
         if not work.training or work.activation_recompute == "none":
             out.append((LayerRecompute(),) * n)
@@ -68,7 +69,7 @@ def _chunk_plans(work: WorkloadSpec, sizes: tuple[int, ...]) -> tuple[tuple[Laye
             every, before = int(work.selective_ac_option), sum(sizes[: len(out)])
             out.append(tuple(LayerRecompute(full=(before + i + 1) % every == 0) for i in range(n)))
         elif work.activation_recompute == "selective":
-            out.append((LayerRecompute(modules=modules_of(work)),) * n)
+            out.append((LayerRecompute(modules=selective),) * n)
         else:
             group = work.recompute_num_layers or 1
             if work.recompute_method == "block":
