@@ -632,13 +632,14 @@ def pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int = 0) -> 
     key = (_split_key(par), num_layers, mtp_layers)
     found = _CHUNKS.get(key)
     if found is None:
-        if len(_CHUNKS) >= 4096:
+        if len(_CHUNKS) >= CHUNKS_KEPT:
             _CHUNKS.clear()
         found = _CHUNKS[key] = _pipeline_chunks(par, num_layers, mtp_layers)
     return found
 
 
 _CHUNKS: dict = {}
+CHUNKS_KEPT = 4096  # layouts' pipeline splits kept (value keys), cleared past it
 
 
 def _split_key(par: ParallelSpec) -> tuple:
