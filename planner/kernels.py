@@ -409,10 +409,12 @@ def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff:
 def layer_kernels_key(ctx: Context) -> tuple:
     """The value key of everything a layer's kernels read of the context: the model, the workload (micro-batch,
     sequence, dtypes, recipe, kernel options, recompute), dp where it splits the batch (inference), the degrees
-    the shapes read (tp, cp, SP, ep, expert tp), the framework (its flavour's fusion and default attention
-    kernel) and cp_comm. Not pp, virtual stages, the schedule, dp when training, ZeRO nor the rank order.
+    the shapes read (tp, cp, SP, ep, expert tp), the framework's traits the kernels read (its flavour's fusion
+    and default attention kernel) and cp_comm. Not pp, virtual stages, the schedule, dp when training, ZeRO nor
+    the rank order.
     tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts."""
     par = ctx.par
+    flavour = par.flavour
     return (
         ctx.model,
         ctx.work,
@@ -422,7 +424,8 @@ def layer_kernels_key(ctx: Context) -> tuple:
         par.sp,
         par.ep,
         par.etp,
-        par.framework,  # the flavour's kernel fusion and default attention kernel
+        flavour.fused_kernels,  # what the kernels read of the framework's flavour (fusion, attention_kernel):
+        flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
         par.cp_comm,
     )
 

@@ -423,3 +423,24 @@ def test_stage_activations_are_chunk_parts_times_micro_batches_in_flight():
     assert chunk_activation_key(ctx, 0) == chunk_activation_key(ctx, 1) != chunk_activation_key(ctx, 3)
     # stage 0 holds more micro-batches in flight than stage 1 under interleaving: same parts, more bytes
     assert stage_activation_bytes(ctx, 0, sched) > stage_activation_bytes(ctx, 1, sched)
+
+
+def test_layer_kernels_memo_follows_a_flavour_registered_again():
+    """The per-layer memo keys the flavour's traits the kernels read, not its name: a flavour registered again
+    under the same name with other traits (eager instead of fused kernels) gets its own kernels, not the
+    memoised ones of the first registration."""
+    from planner import flavours
+    from planner.flavours.megatron import FLAVOUR as MEGATRON
+    from planner.kernels import layer_kernels
+
+    model, work = replace(MODEL_PRESETS["llama3-8b"], num_layers=8), WorkloadSpec(global_batch_size=64)
+    try:
+        flavours.register(replace(MEGATRON, name="toy-memo"))
+        fused = layer_kernels(Context(model, work, ParallelSpec(tp=2, dp=4, framework="toy-memo")), False, _GPU)
+        flavours.register(replace(MEGATRON, name="toy-memo", fused_kernels=False))
+        eager = layer_kernels(Context(model, work, ParallelSpec(tp=2, dp=4, framework="toy-memo")), False, _GPU)
+    finally:
+        flavours.unregister("toy-memo")
+    # eager RMSNorm runs 6 kernels of 32 bytes per element (kernels.EAGER) where the fused one runs 1 of 4
+    assert [k.count for k in fused.forward if k.name == "input_norm"] == [1]
+    assert [k.count for k in eager.forward if k.name == "input_norm"] == [6]
