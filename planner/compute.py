@@ -35,7 +35,9 @@ from .kernels import (
     kv_cache_bytes_per_layer,
     kv_length,
     layer_kernels,
+    layer_kernels_key,
     memory_kernel,
+    per_layer,
 )
 from .recompute import layer_counts
 
@@ -107,9 +109,16 @@ def check_gpu(gpu: GPUSpec | None, dtype: str, ctx: Context | None = None) -> GP
 
 
 def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
-    """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds)."""
-    lk = layer_kernels(ctx, moe, gpu, eff)
-    fwd = pass_time(lk.forward)
+    """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds). Memoised
+    by value (kernels.per_layer: it reads what the layer's kernels read)."""
+    return per_layer(_LAYER_FORWARD, _layer_forward, ctx, moe, gpu, eff)
+
+
+_LAYER_FORWARD: dict = {}
+
+
+def _layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, float]:
+    fwd = pass_time(layer_kernels(ctx, moe, gpu, eff).forward)
     return fwd, fwd.attention_s
 
 
@@ -217,6 +226,15 @@ def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFI
 
 @lru_cache(maxsize=4096)
 def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> StageCompute:
+    fwd, bwd, attn = stage_pass_compute(ctx, stage, gpu, eff)
+    return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff) if ctx.training else 0.0)
+
+
+def stage_pass_compute(
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY
+) -> tuple[PassTime, PassTime, float]:
+    """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
+    seconds) of one micro-batch on one rank of ``stage``."""
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
     layers = {}
@@ -227,11 +245,25 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
         fwd = fwd + layer.scaled(count)
         attn += attn_s * count
     for (moe, plan), count in layer_counts(ctx, stage).items():  # what each layer re-runs (recompute.py)
-        bwd = bwd + layer_backward(ctx, layers[moe][0], gpu, eff, plan.kind, plan.modules, moe).scaled(count)
+        bwd = bwd + per_layer(_LAYER_BACKWARD, _backward_of, ctx, moe, gpu, eff, plan.kind, plan.modules).scaled(count)
     if ctx.is_last(stage):
-        head = _head(ctx, gpu, eff)
+        head = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head, bwd + head_backward(head)
-    return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff) if ctx.training else 0.0)
+    return fwd, bwd, attn
+
+
+_LAYER_BACKWARD: dict = {}
+_HEAD: dict = {}
+
+
+def _backward_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: str, modules: frozenset) -> PassTime:
+    """layer_backward of the layer's own forward (memoised by value in stage_pass_compute: it reads what the
+    layer's kernels read, and the recompute)."""
+    return layer_backward(ctx, layer_forward(ctx, moe, gpu, eff)[0], gpu, eff, kind, modules, moe)
+
+
+def _head_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> PassTime:
+    return _head(ctx, gpu, eff)
 
 
 def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[Kernel, ...]:
@@ -299,52 +331,53 @@ __all__ = [
     "layer_forward_key",
     "layer_kernels",
     "model_flops_per_token",
+    "optimizer_key",
     "optimizer_s",
     "stage_compute",
     "stage_compute_key",
+    "stage_pass_compute",
+    "stage_pass_key",
 ]
 
 
 def stage_compute_key(ctx: Context, stage: int) -> tuple:
-    """The value key of everything ``stage_compute`` reads of the context: (model, workload, then plain
-    values of the layout and the stage alone): the degrees the kernels' shapes read, dp where it splits the
-    batch (inference), the stage's dense and MoE layers, what each re-runs (recompute.layer_counts) and its
-    head, and for training the parameters the optimizer step
-    updates and what shards them (param_totals). Equal keys give equal StageCompute on one GPU
-    (tests/planner/test_search.py); the layout search memoises stage_compute on it."""
-    from .memory import param_totals
+    """The value key of everything ``stage_compute`` reads of the context: ``stage_pass_key`` (model,
+    workload, then plain values of the layout and the stage alone) and ``optimizer_key``. Equal keys give
+    equal StageCompute on one GPU (tests/planner/test_search_speed.py); the layout search memoises
+    stage_pass_compute and optimizer_s on the two parts."""
+    return (*stage_pass_key(ctx, stage), *optimizer_key(ctx, stage))
 
-    par = ctx.par
-    if ctx.training:
-        dense, expert, _ = param_totals(ctx, stage)
-        shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
-    else:
-        dense = expert = 0
-        shards = (1, 1)
-    # the stage's layers, what each re-runs (recompute.py, in the order they are summed) and the head
+
+def stage_pass_key(ctx: Context, stage: int) -> tuple:
+    """The value key of everything ``stage_pass_compute`` reads: ``layer_forward_key`` (the degrees the kernels'
+    shapes read, dp where it splits the batch (inference), the framework and cp_comm), the stage's dense and
+    MoE layers, what each re-runs (recompute.layer_counts, in the order they are summed) and its head. It
+    holds no parameter count nor sharding: layouts differing in dp, pp (alike stages) or ZeRO share it."""
     layers = (
         ctx.dense_layers(stage),
         ctx.moe_layers(stage),
         tuple(layer_counts(ctx, stage).items()),
         ctx.is_last(stage),
     )
-    return (*layer_forward_key(ctx), *layers, dense, expert, *shards)
+    return (*layer_forward_key(ctx), *layers)
+
+
+def optimizer_key(ctx: Context, stage: int) -> tuple:
+    """The value key of what ``optimizer_s`` reads past the GPU (training; () for inference, whose step has
+    none): the parameters the rank updates (param_totals) and what shards them."""
+    from .memory import param_totals
+
+    if not ctx.training:
+        return ()
+    par = ctx.par
+    dense, expert, _ = param_totals(ctx, stage)
+    shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
+    return (dense, expert, *shards)
 
 
 def layer_forward_key(ctx: Context) -> tuple:
-    """The value key of everything ``layer_forward`` reads of the context (model, workload, then the degrees
-    the kernels' shapes read, dp where it splits the batch (inference), the framework and cp_comm): the
-    first entries of stage_compute_key. The layout search memoises step.chunk_shares on it."""
-    par = ctx.par
-    return (
-        ctx.model,
-        ctx.work,
-        None if ctx.training else par.dp,
-        par.tp,
-        par.cp,
-        par.sp,
-        par.ep,
-        par.etp,
-        par.framework,  # the flavour's kernel fusion and default attention kernel (kernels.py)
-        par.cp_comm,
-    )
+    """The value key of everything ``layer_forward`` reads of the context: the layer's kernels' own
+    (kernels.layer_kernels_key: model, workload, then the degrees the kernels' shapes read, dp where it splits
+    the batch (inference), the framework and cp_comm); the first entries of stage_compute_key. The layout
+    search memoises step.chunk_shares on it."""
+    return layer_kernels_key(ctx)

@@ -131,6 +131,12 @@ class Context:
         blocks with their chunk."""
         return [[i for c in chunks for i in c.layers] for chunks in self.chunks]
 
+    @cached_property
+    def chunk_kinds(self) -> tuple[tuple[tuple[bool, ...], ...], ...]:
+        """Per pipeline rank, per chunk, whether each of its layers is MoE, in order: what recompute's plans,
+        the activations' and the chunk shares' value keys read of the layers (never their global indices)."""
+        return tuple(tuple(tuple(map(self.model.is_moe_layer, c.layers)) for c in chunks) for chunks in self.chunks)
+
     def moe_layers(self, stage: int) -> int:
         return self._moe_layers[stage]
 

@@ -382,11 +382,54 @@ def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]
 
 
 def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> LayerKernels:
-    """The kernels of one layer (see the module docstring), memoised on the context and the GPU."""
-    return _layer_kernels(ctx, moe, gpu, eff)
+    """The kernels of one layer (see the module docstring), memoised by value: on ``layer_kernels_key`` (what
+    they read of the context), the kind of layer, the GPU and the constants, so that contexts differing in
+    what the kernels do not read (pp, dp when training, ZeRO, the pipeline schedule) share one entry. Bounded:
+    cleared past LAYER_KERNELS_KEPT entries."""
+    return per_layer(_LAYER_KERNELS, _layer_kernels, ctx, moe, gpu, eff)
 
 
-@lru_cache(maxsize=4096)
+_LAYER_KERNELS: dict = {}
+LAYER_KERNELS_KEPT = 4096  # entries of each per-layer memo before it is cleared
+
+
+def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff: Efficiency, *args):
+    """``fn(ctx, moe, gpu, eff, *args)`` memoised in ``memo`` on (layer_kernels_key, moe, gpu, eff, args): for
+    what reads no more of the context than a layer's kernels do (args: plain values). Bounded: cleared past
+    LAYER_KERNELS_KEPT entries."""
+    key = (layer_kernels_key(ctx), moe, gpu, eff, args)
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= LAYER_KERNELS_KEPT:
+            memo.clear()
+        found = memo[key] = fn(ctx, moe, gpu, eff, *args)
+    return found
+
+
+def layer_kernels_key(ctx: Context) -> tuple:
+    """The value key of everything a layer's kernels read of the context: the model, the workload (micro-batch,
+    sequence, dtypes, recipe, kernel options, recompute), dp where it splits the batch (inference), the degrees
+    the shapes read (tp, cp, SP, ep, expert tp), the framework's traits the kernels read (its flavour's fusion
+    and default attention kernel) and cp_comm. Not pp, virtual stages, the schedule, dp when training, ZeRO nor
+    the rank order.
+    tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts."""
+    par = ctx.par
+    flavour = par.flavour
+    return (
+        ctx.model,
+        ctx.work,
+        None if ctx.training else par.dp,
+        par.tp,
+        par.cp,
+        par.sp,
+        par.ep,
+        par.etp,
+        flavour.fused_kernels,  # what the kernels read of the framework's flavour (fusion, attention_kernel):
+        flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
+        par.cp_comm,
+    )
+
+
 def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
     mdl, par = ctx.model, ctx.par
     t, T, h = par.tp, ctx.b * ctx.s_cp, mdl.hidden_size
@@ -722,5 +765,7 @@ __all__ = [
     "check_kernel_options",
     "gemm_time",
     "layer_kernels",
+    "layer_kernels_key",
+    "per_layer",
     "routing_maxvio",
 ]

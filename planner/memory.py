@@ -230,10 +230,42 @@ def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: boo
     par = ctx.par
     t, sp = par.tp, par.sp
     flash = ctx.work.attention_kernel == "flash" if flash is None else flash
+    if not ctx.training:  # one layer's working set at a time
+        kinds = [k for k in (False, True) if (ctx.moe_layers(stage) if k else ctx.dense_layers(stage))]
+        per_rank = (layer_activations(ctx, k).per_rank(t, sp, flash) for k in kinds)
+        return int(max(per_rank, default=0.0)) + _logits(ctx, stage)
+    return held_activation_bytes(chunk_activations(ctx, stage, flash), in_flight_chunks(sched, stage))
+
+
+@dataclass(frozen=True)
+class ChunkActivations:
+    """The parts of a training stage's activations that do not read the pipeline schedule: what one
+    micro-batch in flight of each of its chunks keeps (bytes, in the chunks' order on the rank), the working
+    set a full recompute rebuilds, what CPU offload moves out, and the logits (last stage). The schedule
+    only says how many micro-batches of each chunk are in flight (pipeline.in_flight_chunks)."""
+
+    per_chunk: tuple[float, ...]
+    working: float
+    offloaded: float
+    logits: int
+
+
+def held_activation_bytes(parts: ChunkActivations, in_flight: tuple[float, ...]) -> int:
+    """A stage's activations at its peak: each chunk's bytes times its micro-batches in flight, plus the working
+    set, less what is offloaded, plus the logits (``stage_activation_bytes``'s sum, in its order)."""
+    held = 0.0
+    for count, kept in zip(in_flight, parts.per_chunk, strict=True):
+        held += count * kept
+    return int(held + parts.working - parts.offloaded) + parts.logits
+
+
+def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> ChunkActivations:
+    """``ChunkActivations`` of a training stage (``stage_activation_bytes`` before the schedule's counts)."""
+    par = ctx.par
+    t, sp = par.tp, par.sp
+    flash = ctx.work.attention_kernel == "flash" if flash is None else flash
     kinds = [k for k in (False, True) if (ctx.moe_layers(stage) if k else ctx.dense_layers(stage))]
     full = {moe: layer_activations(ctx, moe) for moe in kinds}
-    if not ctx.training:  # one layer's working set at a time
-        return int(max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)) + _logits(ctx, stage)
     layer_input = ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (t if sp else 1)  # 2sbh at x = 2, /t with SP
     kept: dict = {}
 
@@ -250,12 +282,13 @@ def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: boo
                 kept[key] = left.per_rank(t, sp, flash or "core_attn" in plan.modules)
         return kept[key]
 
-    held = 0.0
-    chunks = zip(ctx.chunks[stage], chunk_plans(ctx, stage), in_flight_chunks(sched, stage), strict=True)
-    for chunk, plans, count in chunks:
-        held += count * sum(keeps(ctx.model.is_moe_layer(i), plan) for i, plan in zip(chunk.layers, plans, strict=True))
+    sums: dict = {}  # chunks alike (their layers' kinds and plans) keep alike
+    for chunk in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True):
+        if chunk not in sums:
+            sums[chunk] = sum(keeps(moe, plan) for moe, plan in zip(*chunk, strict=True))
+    per_chunk = tuple(sums[chunk] for chunk in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True))
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
-    return int(held + working - offloaded_bytes(ctx, stage)) + _logits(ctx, stage)
+    return ChunkActivations(per_chunk, working, offloaded_bytes(ctx, stage), _logits(ctx, stage))
 
 
 def offloaded_bytes(ctx: Context, stage: int) -> float:
@@ -272,17 +305,22 @@ def offloaded_bytes(ctx: Context, stage: int) -> float:
 
 
 def stage_activation_key(ctx: Context, stage: int, sched: Schedule) -> tuple:
-    """The value key of everything ``stage_activation_bytes`` (default kernel) reads: (model, workload,
-    then plain values of the layout and the stage alone): the rank's sequences per pass, tp, cp, SP, the
-    kinds (MoE or dense) of each of the stage's chunks' layers in order and its head, and each chunk's
-    micro-batches in flight. What each layer keeps (recompute.chunk_plans) reads the workload and the chunks'
-    layer counts and order, offload the stage's first layers, never their global indices: stages alike (and
-    layouts differing in pp) share a key. The layout search memoises on it."""
-    par = ctx.par
+    """The value key of everything ``stage_activation_bytes`` (default kernel) reads: ``chunk_activation_key``
+    and, training, each chunk's micro-batches in flight. The layout search memoises on it."""
     held = in_flight_chunks(sched, stage) if ctx.training else None
-    kinds = tuple(tuple(ctx.model.is_moe_layer(i) for i in c.layers) for c in ctx.chunks[stage])
-    layers = (kinds, ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
-    return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers, held)
+    return (*chunk_activation_key(ctx, stage), held)
+
+
+def chunk_activation_key(ctx: Context, stage: int) -> tuple:
+    """The value key of everything ``chunk_activations`` (default kernel) reads: (model, workload, then plain
+    values of the layout and the stage alone): the rank's sequences per pass, tp, cp, SP, the kinds (MoE or
+    dense) of each of the stage's chunks' layers in order and its head. What each layer keeps
+    (recompute.chunk_plans) reads the workload and the chunks' layer counts and order, offload the stage's
+    first layers, never their global indices: stages alike (and layouts differing in pp or in the schedule)
+    share a key."""
+    par = ctx.par
+    layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
+    return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers)
 
 
 def _logits(ctx: Context, stage: int) -> int:
@@ -418,12 +456,16 @@ def memory_per_stage(ctx: Context, sched: Schedule, capacity_bytes: int, calls: 
 
 __all__ = [
     "WORKSPACE_BYTES",
+    "ChunkActivations",
     "HeldBytes",
     "LayerActivations",
     "Memory",
     "StageMemory",
+    "chunk_activation_key",
+    "chunk_activations",
     "comm_buffers",
     "freed_activations",
+    "held_activation_bytes",
     "held_bytes",
     "kv_cache_bytes",
     "layer_activations",

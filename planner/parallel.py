@@ -625,10 +625,39 @@ def rank_of(par: ParallelSpec, k: int) -> int:
     return k % p
 
 
-@lru_cache(maxsize=1024)
 def pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int = 0) -> tuple[tuple[Chunk, ...], ...]:
     """Per pipeline rank, its chunks in execution order (chunk c of rank r is virtual stage c·pp + r, or the
-    V's); raises SpecError when the layout does not cover the layers exactly."""
+    V's); raises SpecError when the layout does not cover the layers exactly. Memoised on what it reads of the
+    layout (``_split_key``): layouts differing in tp, cp, dp, ZeRO or the framework share it."""
+    key = (_split_key(par), num_layers, mtp_layers)
+    found = _CHUNKS.get(key)
+    if found is None:
+        if len(_CHUNKS) >= CHUNKS_KEPT:
+            _CHUNKS.clear()
+        found = _CHUNKS[key] = _pipeline_chunks(par, num_layers, mtp_layers)
+    return found
+
+
+_CHUNKS: dict = {}
+CHUNKS_KEPT = 4096  # layouts' pipeline splits kept (value keys), cleared past it
+
+
+def _split_key(par: ParallelSpec) -> tuple:
+    """The fields of a layout that its pipeline split reads (_stage_tokens, rank_of)."""
+    return (
+        par.pp,
+        par.virtual_pipeline_stages,
+        par.pipeline_schedule,
+        par.pipeline_layout,
+        par.pipeline_split_points,
+        par.first_stage_layers,
+        par.last_stage_layers,
+        par.account_for_embedding_in_pipeline_split,
+        par.account_for_loss_in_pipeline_split,
+    )
+
+
+def _pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int) -> tuple[tuple[Chunk, ...], ...]:
     stages = _stage_tokens(par, num_layers, mtp_layers)
     per_rank: list[list[Chunk]] = [[] for _ in range(par.pp)]
     layer = 0

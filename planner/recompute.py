@@ -51,21 +51,25 @@ def modules_of(work: WorkloadSpec) -> frozenset[str]:
     return frozenset(selective_modules(work))
 
 
-@lru_cache(maxsize=4096)
 def chunk_plans(ctx: Context, stage: int) -> tuple[tuple[LayerRecompute, ...], ...]:
-    """Per chunk of ``stage``, per layer of the chunk, its LayerRecompute (module docstring)."""
-    work = ctx.work
+    """Per chunk of ``stage``, per layer of the chunk, its LayerRecompute (module docstring). It reads the
+    workload and the number of layers of each of the stage's chunks: memoised on those values."""
+    return _chunk_plans(ctx.work, tuple(len(c.layers) for c in ctx.chunks[stage]))
+
+
+@lru_cache(maxsize=4096)
+def _chunk_plans(work: WorkloadSpec, sizes: tuple[int, ...]) -> tuple[tuple[LayerRecompute, ...], ...]:
     out = []
-    for chunk in ctx.chunks[stage]:
-        n = len(chunk.layers)
-        if not ctx.training or work.activation_recompute == "none":
+    selective = modules_of(work)
+    for n in sizes:
+        if not work.training or work.activation_recompute == "none":
             out.append((LayerRecompute(),) * n)
         elif work.selective_ac_option is not None and work.selective_ac_option.isdigit():
             # torchtitan layer SAC: its 1-based count of the rank's blocks, every N-th checkpointed whole
-            every, before = int(work.selective_ac_option), sum(len(c.layers) for c in ctx.chunks[stage][: len(out)])
+            every, before = int(work.selective_ac_option), sum(sizes[: len(out)])
             out.append(tuple(LayerRecompute(full=(before + i + 1) % every == 0) for i in range(n)))
         elif work.activation_recompute == "selective":
-            out.append((LayerRecompute(modules=modules_of(work)),) * n)
+            out.append((LayerRecompute(modules=selective),) * n)
         else:
             group = work.recompute_num_layers or 1
             if work.recompute_method == "block":
@@ -85,13 +89,18 @@ def working_layers(ctx: Context) -> int:
     return 1 if w.recompute_method == "block" else (w.recompute_num_layers or 1)
 
 
-@lru_cache(maxsize=4096)
 def layer_counts(ctx: Context, stage: int) -> dict[tuple[bool, LayerRecompute], int]:
-    """(is MoE, what it re-runs) -> layers of ``stage``, for the compute of its backward."""
+    """(is MoE, what it re-runs) -> layers of ``stage``, for the compute of its backward. It reads the workload
+    and the kinds (MoE or dense) of each chunk's layers in order (Context.chunk_kinds): memoised on those."""
+    return _layer_counts(ctx.work, ctx.chunk_kinds[stage])
+
+
+@lru_cache(maxsize=4096)
+def _layer_counts(work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...]) -> dict[tuple[bool, LayerRecompute], int]:
     counts: dict[tuple[bool, LayerRecompute], int] = {}
-    for chunk, plans in zip(ctx.chunks[stage], chunk_plans(ctx, stage), strict=True):
-        for layer, plan in zip(chunk.layers, plans, strict=True):
-            key = (ctx.model.is_moe_layer(layer), LayerRecompute(plan.full, True, plan.modules))
+    for chunk, plans in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds)), strict=True):
+        for moe, plan in zip(chunk, plans, strict=True):
+            key = (moe, LayerRecompute(plan.full, True, plan.modules))
             counts[key] = counts.get(key, 0) + 1
     return counts
 

@@ -493,7 +493,7 @@ def chunk_shares_key(ctx: Context, stage: int) -> tuple | None:
     chunks = ctx.chunks[stage]
     if len(chunks) == 1:
         return None
-    return tuple((tuple(ctx.model.is_moe_layer(i) for i in c.layers), c.loss) for c in chunks)
+    return tuple(zip(ctx.chunk_kinds[stage], (c.loss for c in chunks), strict=True))
 
 
 def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | None:
@@ -501,9 +501,13 @@ def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | Non
     chunks = ctx.chunks[st.stage]
     if len(chunks) == 1:
         return None
-    kinds = [[ctx.model.is_moe_layer(i) for i in c.layers] for c in chunks]
-    per_layer = {moe: layer_forward(ctx, moe, gpu)[0].total_s for moe in {k for ks in kinds for k in ks}}
-    times = [sum(per_layer[k] for k in ks) for ks in kinds]
+    kinds = ctx.chunk_kinds[st.stage]
+    per_layer = {moe: layer_forward(ctx, moe, gpu)[0].total_s for moe in set().union(*kinds)}
+    sums: dict = {}  # chunks of the same layer kinds take the same time
+    for ks in kinds:
+        if ks not in sums:
+            sums[ks] = sum(per_layer[k] for k in ks)
+    times = [sums[ks] for ks in kinds]
     head = max(0.0, st.compute.forward.total_s - sum(times))  # the LM head and loss, where the loss is
     times = [t + (head if c.loss else 0.0) for t, c in zip(times, chunks, strict=True)]
     total = sum(times)

@@ -7,7 +7,8 @@ memory.py ``held_bytes`` and ``stage_activation_bytes``, step.py ``stream_totals
 - ``stage_compute`` on ``compute.stage_compute_key`` (the value key of everything it reads): stages with
   the same layers, parameters and sharding share one call across layouts, ZeRO stages 1-3, frameworks
   whose parameter counts agree, pipeline schedules and shapes;
-- ``stage_activation_bytes`` on ``memory.stage_activation_key``;
+- ``stage_activation_bytes`` as ``held_activation_bytes`` of ``chunk_activations`` (memoised on
+  ``memory.chunk_activation_key``) and the schedule's micro-batches in flight (memoised on the schedule);
 - ``held_bytes`` (weights, gradients, optimizer states, fixed buffers) per layout, shared by its
   micro-batch sizes and recompute choices (it reads neither: memory.py);
 - the stream totals of a template's priced calls (``Part``), shared by every layout priced from them.
@@ -37,13 +38,21 @@ import numpy as np
 
 from collectives.topology import Cluster
 
-from ..compute import PassTime, StageCompute, layer_forward_key, stage_compute, stage_compute_key
+from ..compute import (
+    PassTime,
+    StageCompute,
+    layer_forward_key,
+    optimizer_key,
+    optimizer_s,
+    stage_pass_compute,
+    stage_pass_key,
+)
 from ..context import Context
 from ..ledger import Call
-from ..memory import comm_buffers, held_bytes, stage_activation_bytes, stage_activation_key
+from ..memory import chunk_activation_key, chunk_activations, comm_buffers, held_activation_bytes, held_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec
-from ..pipeline import pipeline_time
+from ..pipeline import in_flight_chunks, pipeline_time
 from ..step import (
     Overlap,
     StageStep,
@@ -73,7 +82,7 @@ class _Context(Context):
 
 # Context's cached properties that read only the model, the layout and whether it trains (fixed per scope):
 # the chunks and layers each stage holds
-_SPLIT = ("chunks", "stage_layers", "_moe_layers")
+_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds")
 SCOPES_KEPT = 8  # (model, workload, GPU) scopes whose memos are kept
 MEMO_KEPT = 1 << 16  # entries per memo before it is cleared
 _SCOPES: dict = {}  # (model, workload, GPU) -> _Memos
@@ -86,15 +95,17 @@ class _Memos:
     lookup per (micro-batch size, recompute) hashes small values; ids are never reused."""
 
     def __init__(self):
-        self.compute: dict = {}  # ((b, recompute), stage_compute_key[2:]) -> StageCompute
-        self.acts: dict = {}  # ((b, recompute), stage_activation_key[2:]) -> bytes
+        self.compute: dict = {}  # ((b, recompute), stage_pass_key[2:]) -> (forward, backward, attention s)
+        self.optimizer: dict = {}  # optimizer_key -> optimizer_s (seconds)
+        self.acts: dict = {}  # ((b, recompute), chunk_activation_key[2:]) -> ChunkActivations
+        self.flights: dict = {}  # Schedule -> (interned id, pipeline.in_flight_chunks per stage)
         self.ids: dict = {}  # per-stage keys of a layout -> int
         self.lists: dict = {}  # ((b, recompute), compute id) -> [StageCompute]
-        self.arrays: dict = {}  # ((b, recompute), activation id) -> activation bytes per stage
+        self.arrays: dict = {}  # ((b, recompute), activation id, in-flight id) -> activation bytes per stage
         # ((b, recompute), layer_forward_key[2:], forward seconds, chunk_shares_key) -> chunk shares
         self.shares: dict = {}
-        self.share_lists: dict = {}  # ((b, recompute), compute id, chunks id) -> chunk shares per stage
-        self.bounds: dict = {}  # ((b, recompute), compute id, chunks id, Schedule) -> compute-only bound
+        self.share_lists: dict = {}  # ((b, recompute), passes id, chunks id) -> chunk shares per stage
+        self.bounds: dict = {}  # ((b, recompute), passes id, chunks id, Schedule) -> pipeline of the compute alone
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -184,15 +195,19 @@ class _Variant:
     per-stage parts by (micro-batch size, recompute)."""
 
     __slots__ = (
-        "act_ids",
+        "act_id",
+        "act_keys",
         "bounds",
         "chunk_keys",
         "chunks_id",
         "compute_id",
-        "compute_keys",
         "contexts",
+        "flights",
         "layer_key",
+        "optimizer",
         "par",
+        "pass_id",
+        "pass_keys",
         "scheds",
         "static",
     )
@@ -200,13 +215,17 @@ class _Variant:
     def __init__(self, par: ParallelSpec):
         self.par = par
         self.contexts: dict = {}
-        self.compute_keys: list | None = None  # per stage: stage_compute_key past the model and workload
-        self.compute_id: int | None = None
+        self.pass_keys: tuple | None = None  # per stage: compute.stage_pass_key past the model and workload
+        self.pass_id: int | None = None
+        self.optimizer: tuple = ()  # per stage: compute.optimizer_s
+        self.compute_id: int | None = None  # interned (passes, optimizer steps)
         self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key (None: every stage one chunk)
         self.chunks_id: int | None = None
         self.layer_key: tuple | None = None  # compute.layer_forward_key past the model and workload
         self.scheds: dict = {}  # b -> step.schedule_of (it reads the layout and the micro-batch count)
-        self.act_ids: dict = {}  # b -> (interned id, per-stage stage_activation_key past the specs)
+        self.act_keys: tuple | None = None  # per stage: memory.chunk_activation_key past the model and workload
+        self.act_id: int | None = None
+        self.flights: dict = {}  # b -> (interned id, in-flight micro-batches per chunk per stage)
         self.static: np.ndarray | None = None
         self.bounds: dict = {}  # (b, recompute) -> compute-only lower bound
 
@@ -273,25 +292,33 @@ class StepModel:
         return self._acts(self._variant(par), b, rc)
 
     def _acts(self, v: _Variant, b: int, rc: str) -> np.ndarray:
-        """memory.stage_activation_bytes per stage, memoised on memory.stage_activation_key (its entries past
-        the model and workload read the layout, the stage and, through the micro-batches in flight, b)."""
+        """memory.stage_activation_bytes per stage: memory.held_activation_bytes of the stage's
+        chunk_activations, memoised on memory.chunk_activation_key (its entries past the model and workload
+        read the layout and the stage's layer kinds alone: computed once per layout, shared by stages and
+        pipelines alike), and the micro-batches in flight (pipeline.in_flight_chunks), memoised on the
+        schedule (a value)."""
         memos = self._memos
-        found = v.act_ids.get(b)
-        if found is None:
-            ctx = self._ctx(v, b, rc)
-            sched = self._schedule(v, ctx)
-            keys = tuple(stage_activation_key(ctx, s, sched)[2:] for s in range(v.par.pp))
-            found = v.act_ids[b] = (memos.intern(keys), keys)
-        key = ((b, rc), found[0])
+        if v.act_id is None:
+            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+            v.act_keys = tuple(chunk_activation_key(ctx, s)[2:] for s in range(v.par.pp))
+            v.act_id = memos.intern(("acts", v.act_keys))
+        flight = v.flights.get(b)
+        if flight is None:
+            sched = self._schedule(v, self._ctx(v, b, rc))
+            found = memos.flights.get(sched)
+            if found is None:
+                counts = tuple(in_flight_chunks(sched, s) for s in range(v.par.pp))
+                found = memos.put(memos.flights, sched, (memos.intern(("flight", counts)), counts))
+            flight = v.flights[b] = found
+        key = ((b, rc), v.act_id, flight[0])
         out = memos.arrays.get(key)
         if out is None:
-            ctx = self._ctx(v, b, rc)
-            sched, sizes = self._schedule(v, ctx), []
-            for s, rest in enumerate(found[1]):
-                size = memos.acts.get(((b, rc), rest))
-                if size is None:
-                    size = memos.put(memos.acts, ((b, rc), rest), stage_activation_bytes(ctx, s, sched))
-                sizes.append(size)
+            sizes = []
+            for s, (rest, counts) in enumerate(zip(v.act_keys, flight[1], strict=True)):
+                parts = memos.acts.get(((b, rc), rest))
+                if parts is None:
+                    parts = memos.put(memos.acts, ((b, rc), rest), chunk_activations(self._ctx(v, b, rc), s))
+                sizes.append(held_activation_bytes(parts, counts))
             out = memos.put(memos.arrays, key, np.array(sizes, dtype=np.int64))
         return out
 
@@ -335,22 +362,34 @@ class StepModel:
         return self._compute(self._variant(par), b, rc)
 
     def _compute(self, v: _Variant, b: int, rc: str) -> list[StageCompute]:
-        """compute.stage_compute of every stage, memoised on compute.stage_compute_key (whose entries past
-        the model and workload read the layout and the stage alone: computed once per layout)."""
+        """compute.stage_compute of every stage: its passes (compute.stage_pass_compute) memoised on
+        compute.stage_pass_key, its optimizer step (compute.optimizer_s) on compute.optimizer_key (which reads
+        neither b nor recompute); both keys' entries past the model and workload read the layout and the stage
+        alone, so they are computed once per layout."""
         memos = self._memos
         if v.compute_id is None:  # on the context held_bytes reads (param_totals is cached on it)
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-            v.compute_keys = tuple(stage_compute_key(ctx, s)[2:] for s in range(v.par.pp))
-            v.compute_id = memos.intern(v.compute_keys)
+            v.pass_keys = tuple(stage_pass_key(ctx, s)[2:] for s in range(v.par.pp))
+            v.pass_id = memos.intern(("passes", v.pass_keys))
+            optimizer = []
+            for s in range(v.par.pp):
+                key = optimizer_key(ctx, s)
+                found = memos.optimizer.get(key)
+                if found is None:
+                    found = optimizer_s(ctx, s, self.gpu) if ctx.training else 0.0
+                    memos.put(memos.optimizer, key, found)
+                optimizer.append(found)
+            v.optimizer = tuple(optimizer)
+            v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
         key = ((b, rc), v.compute_id)
         found = memos.lists.get(key)
         if found is None:
             ctx, gpu, found = self._ctx(v, b, rc), self.gpu, []
-            for s, rest in enumerate(v.compute_keys):
+            for s, (rest, opt) in enumerate(zip(v.pass_keys, v.optimizer, strict=True)):
                 part = memos.compute.get(((b, rc), rest))
                 if part is None:
-                    part = memos.put(memos.compute, ((b, rc), rest), stage_compute(ctx, s, gpu))
-                found.append(part)
+                    part = memos.put(memos.compute, ((b, rc), rest), stage_pass_compute(ctx, s, gpu))
+                found.append(StageCompute(*part, opt))
             memos.put(memos.lists, key, found)
         return found
 
@@ -370,7 +409,7 @@ class StepModel:
             v.layer_key = layer_forward_key(ctx)[2:]
         if v.chunk_keys is None:
             return None
-        key = ((b, rc), v.compute_id, v.chunks_id)
+        key = ((b, rc), v.pass_id, v.chunks_id)
         found = memos.share_lists.get(key)
         if found is None:
             ctx, out = self._ctx(v, b, rc), []
@@ -385,8 +424,9 @@ class StepModel:
 
     def lower_bound(self, par: ParallelSpec, b: int, rc: str) -> float:
         """The pipeline of the compute alone (pipeline.pipeline_time, no sends) plus the slowest optimizer
-        step (module docstring); memoised per layout and on (b, recompute, compute id, chunks id, schedule),
-        which layouts differing in dp, ZeRO or framework switches share."""
+        step (module docstring); memoised per layout, and the pipeline on (b, recompute, passes id, chunks id,
+        schedule), which layouts differing in dp, ZeRO (the optimizer step is added per layout) or framework
+        switches share."""
         if not self.timed:
             return 0.0
         v = self._variant(par)
@@ -396,12 +436,12 @@ class StepModel:
             shares = self._shares(v, b, rc)
             ctx = self._ctx(v, b, rc)
             sched = self._schedule(v, ctx)
-            key = ((b, rc), v.compute_id, v.chunks_id, sched)
-            found = self._memos.bounds.get(key)
-            if found is None:
+            key = ((b, rc), v.pass_id, v.chunks_id, sched)
+            pipe = self._memos.bounds.get(key)
+            if pipe is None:  # the passes do not read the optimizer step: layouts differing in ZeRO share it
                 passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu, shares)
-                found = pipeline_time(passes, sched).time_s + max(c.optimizer_s for c in comp)
-                self._memos.put(self._memos.bounds, key, found)
+                pipe = self._memos.put(self._memos.bounds, key, pipeline_time(passes, sched).time_s)
+            found = pipe + max(v.optimizer)
             v.bounds[(b, rc)] = found
         return found
 

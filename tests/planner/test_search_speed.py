@@ -306,3 +306,141 @@ def test_equal_chunk_and_activation_keys_give_equal_values_across_stages_and_pip
     assert key == stage_activation_key(a, 2, schedule_of(a)) == stage_activation_key(b, 1, schedule_of(b))
     assert key != stage_activation_key(a, 3, schedule_of(a))  # the last stage holds the logits
     assert stage_activation_bytes(a, 0, schedule_of(a)) == stage_activation_bytes(b, 1, schedule_of(b))
+
+
+def test_value_keyed_layer_memos_equal_a_fresh_computation():
+    """kernels.layer_kernels (and compute's per-layer memos through kernels.per_layer) are keyed on
+    layer_kernels_key, not on the context: two contexts drawn apart in what the kernels should not read (pp,
+    virtual stages, schedule, dp when training, ZeRO) and in what they do (tp, cp, SP, framework, micro-batch,
+    recompute) give, wherever their keys are equal, the same kernels computed afresh (kernels._layer_kernels,
+    not memoised); the memo answers what a fresh computation does; and the keys meet across layouts."""
+    from hypothesis import strategies as st
+
+    from planner import kernels
+    from planner.kernels import EFFICIENCY, layer_kernels, layer_kernels_key
+
+    met = []
+
+    @st.composite
+    def pairs(draw):
+        model, work, one = _drawn(draw, st, ["llama3-8b", "mixtral-8x7b", "gpt3-175b"])
+        other = _layout(draw, st, model) if draw(st.booleans()) else one  # another layout, or this one moved
+        other = replace(
+            other,
+            pp=draw(st.sampled_from([1, 2, 4])),
+            dp=draw(st.sampled_from([1, 2, 4])),
+            zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
+            virtual_pipeline_stages=1,
+            pipeline_schedule=draw(st.sampled_from(["1f1b", "gpipe"])),
+            expert_tp=other.expert_tp,
+        )
+        return Context(model, work, one), Context(model, work, other)
+
+    def check(a, b, _sa, _sb):
+        for moe in (False, True) if a.model.moe else (False,):
+            fresh = kernels._layer_kernels(b, moe, _GPU, EFFICIENCY)
+            assert layer_kernels(b, moe, _GPU) == fresh
+            if layer_kernels_key(a) == layer_kernels_key(b):
+                met.append(a.par != b.par)
+                assert kernels._layer_kernels(a, moe, _GPU, EFFICIENCY) == fresh
+
+    _on_valid_pairs(pairs, 40, check)
+    assert sum(met) > 5  # different layouts met on one key
+
+
+def test_layer_kernels_key_reads_the_degrees_and_not_the_pipeline():
+    """The cases the memo's sharing rests on: pp, dp (training), ZeRO and the schedule share a key; tp, cp,
+    SP, the framework (its fusion), the micro-batch size and recompute do not."""
+    from planner.kernels import layer_kernels_key
+
+    model, work = MODEL_PRESETS["llama3-70b"], WorkloadSpec(global_batch_size=64)
+    par = ParallelSpec(tp=4, pp=4, dp=2, zero_stage=1, sequence_parallel=True)
+
+    def key(p, w=work):
+        return layer_kernels_key(Context(model, w, p))
+
+    assert key(par) == key(replace(par, pp=8, dp=1, zero_stage=3, virtual_pipeline_stages=2))
+    for other in (replace(par, tp=8), replace(par, cp=2), replace(par, sequence_parallel=False),
+                  replace(par, framework="torch", expert_tp=4)):  # fmt: skip
+        assert key(par) != key(other)
+    assert key(par) != key(par, replace(work, micro_batch_size=2))
+    assert key(par) != key(par, replace(work, activation_recompute="full"))
+
+
+def test_per_layer_memos_and_pipeline_chunks_stay_bounded(monkeypatch):
+    """The value-keyed memos are bounded: past their limit they are cleared, never grown without end (the
+    service runs for days)."""
+    from planner import compute, kernels, parallel
+
+    monkeypatch.setattr(kernels, "LAYER_KERNELS_KEPT", 3)
+    monkeypatch.setattr(parallel, "CHUNKS_KEPT", 3)
+    memos = (kernels._LAYER_KERNELS, compute._LAYER_FORWARD, compute._LAYER_BACKWARD, compute._HEAD, parallel._CHUNKS)
+    for memo in memos:
+        memo.clear()  # (caches: what other tests left there)
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=8)
+    for b in range(1, 8):
+        work = WorkloadSpec(global_batch_size=64, micro_batch_size=b)
+        ctx = Context(model, work, ParallelSpec(tp=2, pp=b % 4 + 1, dp=2))
+        parallel.pipeline_chunks(replace(ctx.par, pp=b), 8 * b)
+        stage_compute(ctx, ctx.par.pp - 1, _GPU)  # forward, backward and head of a layer, by value
+        assert all(len(memo) <= 3 for memo in memos), [len(m) for m in memos]
+    assert len(kernels._LAYER_KERNELS) > 0 and len(parallel._CHUNKS) > 0
+
+
+def test_pipeline_chunks_memo_equals_a_fresh_split():
+    """parallel.pipeline_chunks is memoised on the fields its split reads (_split_key): layouts that differ
+    in tp, cp, dp, ZeRO or framework share an entry equal to their own fresh split; pp, v, the schedule and
+    uneven first/last stages do not share."""
+    from planner import parallel
+
+    par = ParallelSpec(tp=2, pp=4, dp=2, virtual_pipeline_stages=2, pipeline_schedule="interleaved")
+    for other in (replace(par, tp=4, cp=2, dp=8, zero_stage=3), replace(par, framework="torch")):
+        assert parallel._split_key(other) == parallel._split_key(par)
+        assert parallel.pipeline_chunks(other, 16) == parallel._pipeline_chunks(other, 16, 0)
+    uneven = ParallelSpec(pp=4, first_stage_layers=3, last_stage_layers=3)
+    for other in (replace(par, pp=2), replace(par, virtual_pipeline_stages=4), replace(par, pipeline_schedule="zbv",
+                  virtual_pipeline_stages=1), uneven):  # fmt: skip
+        assert parallel._split_key(other) != parallel._split_key(par)
+    assert [len(c.layers) for r in parallel.pipeline_chunks(uneven, 14) for c in r] == [3, 4, 4, 3]
+
+
+def test_stage_activations_are_chunk_parts_times_micro_batches_in_flight():
+    """memory.stage_activation_bytes is held_activation_bytes of chunk_activations and
+    pipeline.in_flight_chunks (the search memoises the two apart); chunk_activation_key drops the schedule, so
+    the 1F1B and interleaved stages of one layout share it while their bytes differ."""
+    from planner.memory import chunk_activation_key, chunk_activations, held_activation_bytes
+    from planner.pipeline import in_flight_chunks
+
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=16)
+    work = WorkloadSpec(global_batch_size=64, activation_recompute="selective")
+    par = ParallelSpec(tp=2, pp=4, dp=2, virtual_pipeline_stages=2, pipeline_schedule="interleaved")
+    ctx = Context(model, work, par)
+    sched = schedule_of(ctx)
+    for s in range(4):
+        parts = chunk_activations(ctx, s)
+        assert len(parts.per_chunk) == 2 and (parts.logits > 0) == (s == 3)
+        assert held_activation_bytes(parts, in_flight_chunks(sched, s)) == stage_activation_bytes(ctx, s, sched)
+    assert chunk_activation_key(ctx, 0) == chunk_activation_key(ctx, 1) != chunk_activation_key(ctx, 3)
+    # stage 0 holds more micro-batches in flight than stage 1 under interleaving: same parts, more bytes
+    assert stage_activation_bytes(ctx, 0, sched) > stage_activation_bytes(ctx, 1, sched)
+
+
+def test_layer_kernels_memo_follows_a_flavour_registered_again():
+    """The per-layer memo keys the flavour's traits the kernels read, not its name: a flavour registered again
+    under the same name with other traits (eager instead of fused kernels) gets its own kernels, not the
+    memoised ones of the first registration."""
+    from planner import flavours
+    from planner.flavours.megatron import FLAVOUR as MEGATRON
+    from planner.kernels import layer_kernels
+
+    model, work = replace(MODEL_PRESETS["llama3-8b"], num_layers=8), WorkloadSpec(global_batch_size=64)
+    try:
+        flavours.register(replace(MEGATRON, name="toy-memo"))
+        fused = layer_kernels(Context(model, work, ParallelSpec(tp=2, dp=4, framework="toy-memo")), False, _GPU)
+        flavours.register(replace(MEGATRON, name="toy-memo", fused_kernels=False))
+        eager = layer_kernels(Context(model, work, ParallelSpec(tp=2, dp=4, framework="toy-memo")), False, _GPU)
+    finally:
+        flavours.unregister("toy-memo")
+    # eager RMSNorm runs 6 kernels of 32 bytes per element (kernels.EAGER) where the fused one runs 1 of 4
+    assert [k.count for k in fused.forward if k.name == "input_norm"] == [1]
+    assert [k.count for k in eager.forward if k.name == "input_norm"] == [6]
