@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from .._errors import CollectiveError
@@ -254,19 +255,15 @@ def gh200(num_nodes: int = 1) -> ClusterSpec:
 
 
 def gb300_nvl72(num_nodes: int = 1) -> ClusterSpec:
-    """NVIDIA GB300 NVL72: one NVLink domain of 72 Blackwell Ultra GPUs, 900 GB/s per GPU per direction through
-    the NVLink switch trays (NVLS capable); one ConnectX-8 800 Gb/s SuperNIC per GPU (PCIe Gen6); Grace (Arm)
-    hosts. SHARP-capable switches, but CollNet stays off unless NCCL_COLLNET_ENABLE=1 (``nccl_env``). Source:
-    NVIDIA GB300 NVL72 product page (2025)."""
-    return ClusterSpec(
-        "gb300-nvl72",
-        num_nodes,
-        72,
-        IntraNode("switch", 900.0, 0.7e-6, True, "nvlink"),
-        nics_per_node=72,
+    """NVIDIA GB300 NVL72: GB200 NVL72's rack (one NVLink domain of 72 GPUs, 900 GB/s per GPU per direction
+    through the NVLink switch trays, NVLS capable) with Blackwell Ultra GPUs, one ConnectX-8 800 Gb/s SuperNIC per
+    GPU (PCIe Gen6) and Grace (Arm) hosts. SHARP-capable switches, but CollNet stays off unless
+    NCCL_COLLNET_ENABLE=1 (``nccl_env``). Source: NVIDIA GB300 NVL72 product page (2025)."""
+    return replace(
+        gb200_nvl72(num_nodes),
+        name="gb300-nvl72",
         nic_bandwidth_GBps=100.0,
         pcie_bandwidth_GBps=128.0,
-        network=Network("fat_tree", rail_optimized=True, nodes_per_leaf=8, num_spines=16, in_network_reduction=True),
         device=GPUS["gb300-288gb"].name,
         gpu=GPUS["gb300-288gb"],
         description="GB300 NVL72: 72 GPUs in one NVLink domain (900 GB/s, NVLS), 800G per GPU",
