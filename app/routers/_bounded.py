@@ -15,13 +15,22 @@ from ..limits import encode, run_bounded
 
 
 def bounded_post(
-    router: APIRouter, path: str, body_type: type, out: type, work: Callable[[Any, Any], Any], **docs: str
+    router: APIRouter,
+    path: str,
+    body_type: type,
+    out: type,
+    work: Callable[[Any, Any], Any],
+    encoded: bool = False,
+    **docs: str,
 ) -> None:
-    """POST ``path`` on ``router``: ``work(body, settings)`` encoded as ``out``; ``docs``: the endpoint's name,
-    summary and description (OpenAPI)."""
+    """POST ``path`` on ``router``: ``work(body, settings)`` encoded as ``out`` (``encoded``: ``work`` returns the
+    body's bytes itself, from its own serializer); ``docs``: the endpoint's name, summary and description
+    (OpenAPI)."""
 
     async def endpoint(body, request: Request) -> Response:
         settings = request.app.state.settings
+        if encoded:
+            return await run_bounded(request, lambda: work(body, settings))
         return await run_bounded(request, lambda: encode(work(body, settings), out))
 
     endpoint.__annotations__["body"] = body_type

@@ -25,23 +25,25 @@ from ..schemas.serve import (
 )
 from ..serialize import serve_calibration_json, serve_json, serve_search_dict, serve_search_json
 from ..streaming import line, ndjson
+from ._bounded import bounded_post
 from .search import NDJSON, wants_stream
 
 router = APIRouter(prefix="/v1/serve", tags=["serve"])
 
 
-@router.post(
+bounded_post(
+    router,
     "",
-    responses=BAD_INPUT,
-    response_model=ServeOut,
+    ServeRequest,
+    ServeOut,
+    lambda body, settings: serve_json(plan_serving(*serve_inputs(body, settings))),
+    encoded=True,
+    name="serve",
     summary="Plan one serving deployment",
     description="TTFT, TPOT, tokens/s (per GPU and per user), the KV cache's capacity, each pool's per-step calls "
     "priced on the cluster, and the KV transfer of disaggregated serving. A deployment that misses an SLA is an "
     "answer with its numbers; one that cannot be built is a 422 naming the field and the rule.",
 )
-async def serve(body: ServeRequest, request: Request) -> Response:
-    settings = request.app.state.settings
-    return await run_bounded(request, lambda: serve_json(plan_serving(*serve_inputs(body, settings))))
 
 
 @router.post(
@@ -78,24 +80,25 @@ async def serve_search(body: ServeSearchRequest, request: Request, stream: bool 
     return await run_bounded(request, work)
 
 
-@router.post(
+def _calibrated(body: ServeCalibrateRequest, settings) -> bytes:
+    (model, cluster, traits, pools, options), runs = serve_calibrate_inputs(body, settings)
+    result = calibrate_serving(model, cluster, traits, pools, options, runs)
+    return serve_calibration_json(result, body.options.model_dump(exclude_unset=True))
+
+
+bounded_post(
+    router,
     "/calibrate",
-    responses=BAD_INPUT,
-    response_model=ServeCalibrateOut,
+    ServeCalibrateRequest,
+    ServeCalibrateOut,
+    _calibrated,
+    encoded=True,
+    name="calibrate",
     summary="Fit the serving step times to your own benchmark runs",
     description="Your `vllm bench serve` / `python -m sglang.bench_serving` outputs of this deployment: each run's "
     "traffic and measured mean TTFT, TPOT and output tokens/s, the planner's prediction before and after, and the "
     "two constants fitted (prefill_time_scale, decode_time_scale), with the options to post to /v1/serve.",
 )
-async def calibrate(body: ServeCalibrateRequest, request: Request) -> Response:
-    settings = request.app.state.settings
-
-    def work() -> bytes:
-        (model, cluster, traits, pools, options), runs = serve_calibrate_inputs(body, settings)
-        result = calibrate_serving(model, cluster, traits, pools, options, runs)
-        return serve_calibration_json(result, body.options.model_dump(exclude_unset=True))
-
-    return await run_bounded(request, work)
 
 
 @router.post(

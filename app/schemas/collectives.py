@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from .base import DeviceId, Strict
+from .base import DeviceId, Strict, with_example
 from .cluster import ClusterIn, LinkOut
 
 OpName = Literal[
@@ -16,19 +16,14 @@ DtypeName = Literal["float16", "float32", "float64", "int8", "uint8", "int32", "
 
 
 class PriceRequest(Strict):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "op": "allreduce",
-                    "algorithm": "auto",
-                    "message_bytes": 1 << 30,
-                    "cluster": {"preset": "dgx-h100"},
-                    "group_size": 8,
-                }
-            ]
-        },
+    model_config = with_example(
+        {
+            "op": "allreduce",
+            "algorithm": "auto",
+            "message_bytes": 1 << 30,
+            "cluster": {"preset": "dgx-h100"},
+            "group_size": 8,
+        }
     )
     op: OpName
     algorithm: str = Field(default="auto", max_length=64)
@@ -68,13 +63,8 @@ class PriceOut(BaseModel):
 
 
 class VerifyRequest(Strict):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {"op": "allreduce", "algorithm": "ring", "num_ranks": 8, "count": 1024, "dtype": "float32", "seed": 0}
-            ]
-        },
+    model_config = with_example(
+        {"op": "allreduce", "algorithm": "ring", "num_ranks": 8, "count": 1024, "dtype": "float32", "seed": 0}
     )
     op: OpName
     algorithm: str = Field(max_length=64)
@@ -109,10 +99,7 @@ class AlgorithmOut(BaseModel):
 
 
 class ScheduleRequest(Strict):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8}]},
-    )
+    model_config = with_example({"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8})
     op: OpName
     algorithm: str = Field(max_length=64)
     num_ranks: int = Field(ge=1, le=16)

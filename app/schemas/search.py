@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from .base import Strict
+from .base import Strict, with_example
 from .cluster import ClusterIn
 from .plan import ModelIn, WorkloadIn
 
@@ -78,19 +78,14 @@ class SearchRequest(Strict):
     constraints: ConstraintsIn = Field(default_factory=ConstraintsIn)
     top_k: int = Field(default=10, ge=1, le=1000)
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "model": {"preset": "gpt3-175b"},
-                    "workload": {"kind": "training", "global_batch_size": 1536},
-                    "cluster": {"preset": "dgx-a100", "num_nodes": 128},
-                    "constraints": {"framework": "megatron", "memory_headroom": 0.05},
-                    "top_k": 10,
-                }
-            ]
-        },
+    model_config = with_example(
+        {
+            "model": {"preset": "gpt3-175b"},
+            "workload": {"kind": "training", "global_batch_size": 1536},
+            "cluster": {"preset": "dgx-a100", "num_nodes": 128},
+            "constraints": {"framework": "megatron", "memory_headroom": 0.05},
+            "top_k": 10,
+        }
     )
 
 

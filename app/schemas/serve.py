@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from .base import Strict
+from .base import Strict, with_example
 from .cluster import ClusterIn
 from .plan import CallOut, ModelIn, Out
 
@@ -100,19 +100,14 @@ class DeploymentBlocks(Strict):
 class ServeRequest(DeploymentBlocks):
     traffic: TrafficIn
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "model": {"preset": "llama3-70b"},
-                    "cluster": {"preset": "dgx-h100", "num_nodes": 2},
-                    "engine": "vllm",
-                    "traffic": {"input_tokens": 1000, "output_tokens": 200, "concurrency": 64},
-                    "deployment": {"pools": [{"role": "both", "workers": 2, "tp": 8}]},
-                }
-            ]
-        },
+    model_config = with_example(
+        {
+            "model": {"preset": "llama3-70b"},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+            "engine": "vllm",
+            "traffic": {"input_tokens": 1000, "output_tokens": 200, "concurrency": 64},
+            "deployment": {"pools": [{"role": "both", "workers": 2, "tp": 8}]},
+        }
     )
 
 
@@ -190,19 +185,14 @@ class ServeSearchRequest(Strict):
     options: ServeOptionsIn = Field(default_factory=ServeOptionsIn)
     top_k: int = Field(default=10, ge=1, le=100)
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "model": {"preset": "deepseek-v3"},
-                    "cluster": {"preset": "dgx-h100", "num_nodes": 12},
-                    "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 256},
-                    "sla": {"ttft_s": 5.0, "tpot_s": 0.05},
-                    "options": {"weight_dtype": "fp8"},
-                }
-            ]
-        },
+    model_config = with_example(
+        {
+            "model": {"preset": "deepseek-v3"},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 12},
+            "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 256},
+            "sla": {"ttft_s": 5.0, "tpot_s": 0.05},
+            "options": {"weight_dtype": "fp8"},
+        }
     )
 
 

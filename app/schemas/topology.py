@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from .base import MAX_DEVICES, DeviceId, Strict
+from .base import MAX_DEVICES, DeviceId, Strict, with_example
 from .cluster import ClusterIn
 
 MAX_UTILISATION = 4096  # links coloured per request: far above the 64 a plan reports per call
@@ -16,14 +16,7 @@ class LinkUse(Strict):
 
 
 class TopologyRequest(Strict):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {"cluster": {"preset": "dgx-h100", "num_nodes": 4}, "devices": [0, 8, 16, 24]},
-            ]
-        },
-    )
+    model_config = with_example({"cluster": {"preset": "dgx-h100", "num_nodes": 4}, "devices": [0, 8, 16, 24]})
     cluster: ClusterIn = Field(description="a request's cluster block; a plan response's cluster block is one")
     devices: list[DeviceId] = Field(
         min_length=1, max_length=MAX_DEVICES, description="global device ids of one group (placement.group_devices)"

@@ -92,89 +92,92 @@ def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, po
     return GPUSpec(name, peaks, hbm_bytes, hbm_GBps, sm, links, source, sms, tdp, low)
 
 
-# name: bf16 (= fp16), fp8, tf32, fp32 dense TFLOP/s; HBM bytes; HBM GB/s; sm; NVLink links per GPU; source
-# (one GPU per row, kept as a table)
+# name: bf16 (= fp16), fp8, tf32, fp32 dense TFLOP/s; HBM bytes; HBM GB/s; sm; NVLink links per GPU; source;
+# (SMs, default and lowest power limit W); fp4. A part that shares a family member's silicon is that member with
+# what its datasheet changes (dataclasses.replace).
 # fmt: off
+_A100 = _gpu(
+    "A100 SXM4 80GB", 312.0, 0.0, 156.0, 19.5, 81920 * MIB, 2039.0, 80, 12,
+    "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF bf16 dense, 2,039 GB/s HBM2e, 400 W; "
+    "nvidia-smi 81920 MiB, power limits 100-400 W; 108 SMs (NVIDIA A100 architecture whitepaper)",
+    (108, 400, 100),
+)
+_H100 = _gpu(
+    "H100 SXM5 80GB", 989.4, 1978.9, 494.7, 66.9, 81559 * MIB, 3350.0, 90, 18,
+    "NVIDIA H100 Tensor Core GPU datasheet (2023): 989 TF bf16 / 1,979 TF fp8 dense, 3.35 TB/s HBM3; "
+    "nvidia-smi 81559 MiB, power limits 200-700 W; 132 SMs (NVIDIA H100 Tensor Core GPU Architecture "
+    "whitepaper)",
+    (132, 700, 200),
+)
+_GH200 = replace(
+    _H100, name="GH200 96GB", peak_tflops=_H100.peak_tflops | {"fp32": 67.0}, hbm_bytes=96 * GB, hbm_GBps=4000.0,
+    tdp_w=1000, min_power_w=450,
+    source="NVIDIA GH200 Grace Hopper Superchip datasheet (2023): H100 compute (1,979 TF bf16 / 3,958 TF fp8 with "
+    "sparsity), 96 GB HBM3 at 4 TB/s, module power 450-1,000 W (CPU, GPU and memory together); 132 SMs",
+)
+_B200 = _gpu(
+    "B200 180GB", 2250.0, 4500.0, 1100.0, 75.0, 180 * GB, 8000.0, 100, 18,
+    "NVIDIA DGX B200 datasheet (2024): 72 PF fp8 training (sparse) per 8 GPUs = 4.5 PF dense fp8, "
+    "2.25 PF bf16 per GPU, 9 PF fp4 dense; 1,440 GB HBM3e, 64 TB/s per system; 1,000 W per GPU; 148 SMs",
+    (148, 1000, 200), 9000.0,
+)
+_GB200 = _gpu(
+    "B200 in GB200 NVL72", 2500.0, 5000.0, 1250.0, 80.0, 186 * GB, 8000.0, 100, 18,
+    "NVIDIA GB200 NVL72 datasheet (2024): 360 PF bf16 and 720 PF fp8 sparse per 72 GPUs "
+    "(2.5 / 5 PF dense per GPU, 10 PF fp4 dense), 13.4 TB HBM3e at 576 TB/s per rack; 1,200 W per GPU; "
+    "148 SMs",
+    (148, 1200, 200), 10000.0,
+)
+_H20 = _gpu(  # Hopper cut down for export: every rate its own
+    "H20 96GB", 148.0, 296.0, 74.0, 44.0, 96 * GB, 4000.0, 90, 18,
+    "NVIDIA HGX H20 product brief (2024): 148 TF bf16 / 296 TF fp8 dense, 96 GB HBM3 at 4.0 TB/s, "
+    "NVLink 900 GB/s bidirectional, 400 W; 78 SMs",
+    (78, 400, 200),
+)
 GPUS: dict[str, GPUSpec] = {
-    "a100-sxm4-80gb": _gpu(
-        "A100 SXM4 80GB", 312.0, 0.0, 156.0, 19.5, 81920 * MIB, 2039.0, 80, 12,
-        "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF bf16 dense, 2,039 GB/s HBM2e, 400 W; "
-        "nvidia-smi 81920 MiB, power limits 100-400 W; 108 SMs (NVIDIA A100 architecture whitepaper)",
-        (108, 400, 100),
+    "a100-sxm4-80gb": _A100,
+    "a100-pcie-80gb": replace(
+        _A100, name="A100 PCIe 80GB", hbm_GBps=1935.0, nvlink_links=0, tdp_w=300, min_power_w=150,
+        source="NVIDIA A100 Tensor Core GPU datasheet (2021): PCIe 80GB, 1,935 GB/s, 300 W; 108 SMs",
     ),
-    "a100-pcie-80gb": _gpu(
-        "A100 PCIe 80GB", 312.0, 0.0, 156.0, 19.5, 81920 * MIB, 1935.0, 80, 0,
-        "NVIDIA A100 Tensor Core GPU datasheet (2021): PCIe 80GB, 1,935 GB/s, 300 W; 108 SMs",
-        (108, 300, 150),
-    ),
-    "h100-sxm5-80gb": _gpu(
-        "H100 SXM5 80GB", 989.4, 1978.9, 494.7, 66.9, 81559 * MIB, 3350.0, 90, 18,
-        "NVIDIA H100 Tensor Core GPU datasheet (2023): 989 TF bf16 / 1,979 TF fp8 dense, 3.35 TB/s HBM3; "
-        "nvidia-smi 81559 MiB, power limits 200-700 W; 132 SMs (NVIDIA H100 Tensor Core GPU Architecture "
-        "whitepaper)",
-        (132, 700, 200),
-    ),
+    "h100-sxm5-80gb": _H100,
     "h100-nvl-94gb": _gpu(
         "H100 NVL 94GB", 835.5, 1670.5, 417.5, 60.0, 94 * GB, 3900.0, 90, 0,
         "NVIDIA H100 NVL datasheet (2023): 1,671 TF bf16 / 3,341 TF fp8 with sparsity (half dense), 94 GB HBM3 "
         "at 3.9 TB/s, 350-400 W; NVLink bridge between pairs (600 GB/s) only; 132 SMs",
         (132, 400, 200),
     ),
-    "gh200-96gb": _gpu(
-        "GH200 96GB", 989.4, 1978.9, 494.7, 67.0, 96 * GB, 4000.0, 90, 18,
-        "NVIDIA GH200 Grace Hopper Superchip datasheet (2023): H100 compute (1,979 TF bf16 / 3,958 TF fp8 with "
-        "sparsity), 96 GB HBM3 at 4 TB/s, module power 450-1,000 W (CPU, GPU and memory together); 132 SMs",
-        (132, 1000, 450),
+    "gh200-96gb": _GH200,
+    "gh200-144gb": replace(
+        _GH200, name="GH200 144GB", hbm_bytes=144 * GB, hbm_GBps=4900.0,
+        source="NVIDIA GH200 Grace Hopper Superchip datasheet (2024 HBM3e version): 144 GB HBM3e at 4.9 TB/s, the "
+        "same H100 compute and 450-1,000 W module power; 132 SMs",
     ),
-    "gh200-144gb": _gpu(
-        "GH200 144GB", 989.4, 1978.9, 494.7, 67.0, 144 * GB, 4900.0, 90, 18,
-        "NVIDIA GH200 Grace Hopper Superchip datasheet (2024 HBM3e version): 144 GB HBM3e at 4.9 TB/s, the same "
-        "H100 compute and 450-1,000 W module power; 132 SMs",
-        (132, 1000, 450),
-    ),
-    "h800-sxm5-80gb": _gpu(
-        "H800 SXM5 80GB", 989.4, 1978.9, 494.7, 66.9, 81559 * MIB, 3350.0, 90, 8,
-        "NVIDIA H800 (export variant of H100 SXM5): same tensor cores and HBM3, 8 NVLink links (400 GB/s); "
+    "h800-sxm5-80gb": replace(
+        _H100, name="H800 SXM5 80GB", nvlink_links=8,
+        source="NVIDIA H800 (export variant of H100 SXM5): same tensor cores and HBM3, 8 NVLink links (400 GB/s); "
         "DeepSeek-V3 technical report §3.1",
-        (132, 700, 200),
     ),
-    "h200-sxm-141gb": _gpu(
-        "H200 SXM 141GB", 989.4, 1978.9, 494.7, 66.9, 143771 * MIB, 4800.0, 90, 18,
-        "NVIDIA H200 Tensor Core GPU datasheet (2024): H100 compute, 141 GB HBM3e at 4.8 TB/s; nvidia-smi 143771 MiB; "
-        "700 W; 132 SMs",
-        (132, 700, 200),
+    "h200-sxm-141gb": replace(
+        _H100, name="H200 SXM 141GB", hbm_bytes=143771 * MIB, hbm_GBps=4800.0,
+        source="NVIDIA H200 Tensor Core GPU datasheet (2024): H100 compute, 141 GB HBM3e at 4.8 TB/s; nvidia-smi "
+        "143771 MiB; 700 W; 132 SMs",
     ),
-    "h20-96gb": _gpu(
-        "H20 96GB", 148.0, 296.0, 74.0, 44.0, 96 * GB, 4000.0, 90, 18,
-        "NVIDIA HGX H20 product brief (2024): 148 TF bf16 / 296 TF fp8 dense, 96 GB HBM3 at 4.0 TB/s, "
-        "NVLink 900 GB/s bidirectional, 400 W; 78 SMs",
-        (78, 400, 200),
-    ),
-    "b200-180gb": _gpu(
-        "B200 180GB", 2250.0, 4500.0, 1100.0, 75.0, 180 * GB, 8000.0, 100, 18,
-        "NVIDIA DGX B200 datasheet (2024): 72 PF fp8 training (sparse) per 8 GPUs = 4.5 PF dense fp8, "
-        "2.25 PF bf16 per GPU, 9 PF fp4 dense; 1,440 GB HBM3e, 64 TB/s per system; 1,000 W per GPU; 148 SMs",
-        (148, 1000, 200), 9000.0,
-    ),
-    "gb200-186gb": _gpu(
-        "B200 in GB200 NVL72", 2500.0, 5000.0, 1250.0, 80.0, 186 * GB, 8000.0, 100, 18,
-        "NVIDIA GB200 NVL72 datasheet (2024): 360 PF bf16 and 720 PF fp8 sparse per 72 GPUs "
-        "(2.5 / 5 PF dense per GPU, 10 PF fp4 dense), 13.4 TB HBM3e at 576 TB/s per rack; 1,200 W per GPU; "
-        "148 SMs",
-        (148, 1200, 200), 10000.0,
-    ),
-    "b300-288gb": _gpu(
-        "B300 288GB", 2250.0, 4500.0, 1100.0, 75.0, 288 * GB, 8000.0, 100, 18,
-        "NVIDIA HGX B300 datasheet (2025): per 8 GPUs 36 PF bf16 and 72 PF fp8 with sparsity (2.25 / 4.5 PF "
+    "h20-96gb": _H20,
+    "b200-180gb": _B200,
+    "gb200-186gb": _GB200,
+    "b300-288gb": replace(
+        _B200, name="B300 288GB", peak_tflops=_B200.peak_tflops | {"fp4": 13500.0}, hbm_bytes=288 * GB, sms=160,
+        tdp_w=1100,
+        source="NVIDIA HGX B300 datasheet (2025): per 8 GPUs 36 PF bf16 and 72 PF fp8 with sparsity (2.25 / 4.5 PF "
         "dense per GPU), 108 PF dense fp4 (13.5 PF per GPU), 2.3 TB HBM3e; 1,100 W per GPU; 160 SMs (NVIDIA "
         "technical blog 'Inside NVIDIA Blackwell Ultra', 2025)",
-        (160, 1100, 200), 13500.0,
     ),
-    "gb300-288gb": _gpu(
-        "B300 in GB300 NVL72", 2500.0, 5000.0, 1250.0, 80.0, 288 * GB, 8000.0, 100, 18,
-        "NVIDIA GB300 NVL72 datasheet (2025): per 72 GPUs 360 PF bf16 and 720 PF fp8 with sparsity (2.5 / 5 PF "
-        "dense per GPU), 1,080 PF dense fp4 (15 PF per GPU), 20 TB HBM3e at 576 TB/s; 1,400 W per GPU; 160 SMs",
-        (160, 1400, 200), 15000.0,
+    "gb300-288gb": replace(
+        _GB200, name="B300 in GB300 NVL72", peak_tflops=_GB200.peak_tflops | {"fp4": 15000.0}, hbm_bytes=288 * GB,
+        sms=160, tdp_w=1400,
+        source="NVIDIA GB300 NVL72 datasheet (2025): per 72 GPUs 360 PF bf16 and 720 PF fp8 with sparsity (2.5 / 5 "
+        "PF dense per GPU), 1,080 PF dense fp4 (15 PF per GPU), 20 TB HBM3e at 576 TB/s; 1,400 W per GPU; 160 SMs",
     ),
     "ascend-910b": _gpu(
         "Ascend 910B", 313.0, 0.0, 0.0, 0.0, 64 * GB, 1600.0, 0, 0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from .._errors import CollectiveError
 from .gpu import GPUS
@@ -132,21 +133,23 @@ def pcie_server(num_nodes: int = 1) -> ClusterSpec:
 
 
 def _hgx(
-    name,
-    num_nodes,
-    gpu,
-    nvlink_GBps,
-    nics,
-    nic_GBps,
-    kind="ib",
-    nvls=True,
-    sharp=False,
-    rail=True,
-    description="",
-    sources=(),
+    name: str,
+    num_nodes: int = 1,
+    *,
+    gpu: str,
+    nvlink_GBps: float,
+    nics: int,
+    nic_GBps: float,
+    description: str,
+    sources: tuple[str, ...],
+    kind: str = "ib",
+    nvls: bool = True,
+    rail: bool = True,
+    pcie_GBps: float = 64.0,
+    nccl_env: NcclEnv | None = None,
 ) -> ClusterSpec:
-    """An 8-GPU HGX/DGX-style node: NVSwitch, ``nics`` NICs of ``nic_GBps`` on PCIe Gen5 x16 (64 GB/s),
-    rail-optimised (or not) fat-tree of 32 nodes per leaf unit."""
+    """An 8-GPU HGX/DGX-style node: NVSwitch, ``nics`` NICs of ``nic_GBps`` on PCIe Gen5 x16 (64 GB/s unless
+    ``pcie_GBps``), rail-optimised (or not) fat-tree of 32 nodes per leaf unit."""
     return ClusterSpec(
         name,
         num_nodes,
@@ -154,148 +157,78 @@ def _hgx(
         IntraNode("switch", nvlink_GBps, 0.7e-6, nvls, "nvlink"),
         nics_per_node=nics,
         nic_bandwidth_GBps=nic_GBps,
-        pcie_bandwidth_GBps=64.0,
-        network=Network(
-            "fat_tree", rail_optimized=rail, nodes_per_leaf=32, num_spines=16, in_network_reduction=sharp, kind=kind
-        ),
+        pcie_bandwidth_GBps=pcie_GBps,
+        network=Network("fat_tree", rail_optimized=rail, nodes_per_leaf=32, num_spines=16, kind=kind),
         device=GPUS[gpu].name,
         gpu=GPUS[gpu],
         description=description,
         sources=tuple(sources),
+        nccl_env=nccl_env or NcclEnv(),
     )
 
 
-def dgx_h200(num_nodes: int = 1) -> ClusterSpec:
-    """NVIDIA DGX H200: 8 H200 (141 GB HBM3e) on NVSwitch, 18 NVLink4 links = 450 GB/s per GPU per
-    direction, NVLS; 8 ConnectX-7 400 Gb/s InfiniBand NICs (50 GB/s), PCIe Gen5. Source: NVIDIA DGX H200
-    datasheet (2024)."""
-    return _hgx(
-        "dgx-h200",
-        num_nodes,
-        "h200-sxm-141gb",
-        450.0,
-        8,
-        50.0,
-        description="DGX H200: 8 GPUs on NVSwitch (450 GB/s, NVLS), 8 x 400G IB",
-        sources=("NVIDIA DGX H200 datasheet (2024)",),
-    )
-
-
-def dgx_b200(num_nodes: int = 1) -> ClusterSpec:
-    """NVIDIA DGX B200: 8 B200 on two fifth-generation NVSwitch chips, 18 NVLink5 links x 50 GB/s = 900 GB/s
-    per GPU per direction, NVLS; 8 ConnectX-7 400 Gb/s NICs (50 GB/s), PCIe Gen5. Source: NVIDIA DGX B200
-    datasheet (2024)."""
-    return _hgx(
-        "dgx-b200",
-        num_nodes,
-        "b200-180gb",
-        900.0,
-        8,
-        50.0,
-        description="DGX B200: 8 GPUs on NVSwitch (900 GB/s, NVLS), 8 x 400G IB",
-        sources=("NVIDIA DGX B200 datasheet (2024)",),
-    )
-
-
-def hgx_h20(num_nodes: int = 1) -> ClusterSpec:
-    """NVIDIA HGX H20: 8 H20 on NVSwitch, NVLink 900 GB/s bidirectional (18 NVLink4 links, 450 GB/s per
-    direction); 8 x 400 Gb/s RoCE NICs as Chinese cloud H20 servers ship them. Sources: NVIDIA HGX H20
-    product brief (2024); Alibaba Cloud ebmgn8v instance family (8 x 400G RoCE)."""
-    return _hgx(
-        "hgx-h20",
-        num_nodes,
-        "h20-96gb",
-        450.0,
-        8,
-        50.0,
-        kind="roce",
-        description="HGX H20: 8 GPUs on NVSwitch (450 GB/s), 8 x 400G RoCE",
-        sources=("NVIDIA HGX H20 product brief (2024)", "Alibaba Cloud ebmgn8v instance family"),
-    )
-
-
-def hgx_h800(num_nodes: int = 1) -> ClusterSpec:
-    """HGX H800: 8 H800 on NVSwitch with 8 NVLink4 links per GPU (200 GB/s per direction, 400 GB/s
-    bidirectional), 8 x 400 Gb/s InfiniBand NICs. Source: DeepSeek-V3 technical report §3.1 (H800 nodes:
-    NVLink 160 GB/s achievable, 8 x 400G IB)."""
-    return _hgx(
-        "hgx-h800",
-        num_nodes,
-        "h800-sxm5-80gb",
-        200.0,
-        8,
-        50.0,
-        description="HGX H800: 8 GPUs on NVSwitch (8 NVLinks, 200 GB/s), 8 x 400G IB",
-        sources=("DeepSeek-V3 technical report, section 3.1",),
-    )
-
-
-def aws_p5(num_nodes: int = 1) -> ClusterSpec:
-    """AWS p5.48xlarge: 8 H100 on NVSwitch (450 GB/s, NVLS); 32 x 100 Gb/s EFA (3,200 Gb/s per instance),
-    four NICs per GPU, EFA/SRD through aws-ofi-nccl; not rail-optimised from NCCL's view. Network kind ``efa``:
-    aws-ofi-nccl runs its RDMA-write protocol on p5 (src/platform-aws.cpp default_protocol); p4d/p4de clusters
-    are ``efa_sendrecv``. Sources: AWS EC2 P5 instance documentation; aws/aws-ofi-nccl."""
-    return _hgx(
-        "aws-p5",
-        num_nodes,
-        "h100-sxm5-80gb",
-        450.0,
-        32,
-        12.5,
-        kind="efa",
-        rail=False,
-        description="AWS p5.48xlarge: 8 H100, 32 x 100G EFA",
-        sources=("AWS EC2 P5 instance documentation",),
-    )
-
-
-def gcp_a3_mega(num_nodes: int = 1) -> ClusterSpec:
-    """Google Cloud a3-megagpu-8g: 8 H100 on NVSwitch (450 GB/s); 8 x 200 Gb/s NICs with GPUDirect-TCPXO
-    (1,600 Gb/s per VM). NVLS off and the Simple protocol only, as Google's TCPXO NCCL profile sets them
-    (NCCL_NVLS_ENABLE=0, NCCL_PROTO=Simple: library/model.py NETWORK_PROTOCOLS). Sources: Google Cloud A3 Mega
-    machine type documentation; GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo."""
-    return _hgx(
-        "gcp-a3-mega",
-        num_nodes,
-        "h100-sxm5-80gb",
-        450.0,
-        8,
-        25.0,
-        kind="tcpxo",
-        nvls=False,
-        description="GCP a3-megagpu-8g: 8 H100, 8 x 200G TCPXO",
-        sources=(
-            "Google Cloud A3 Mega machine type documentation",
-            "GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo NCCL profile",
-        ),
-    )
-
-
-def gcp_a3_high(num_nodes: int = 1) -> ClusterSpec:
-    """Google Cloud a3-highgpu-8g: 8 H100 80GB on NVSwitch (450 GB/s); 4 x 200 Gb/s GPU NICs with
-    GPUDirect-TCPX (network kind ``tcpx``; 1,000 Gb/s per VM with the host NIC). Google's TCPX NCCL set-up
-    (the nccl-plugin-gpudirecttcpx image's run script, as Google's a3-high guide and dstack's "GCP A3 High"
-    example run it) sets NCCL_PROTO=Simple (library/model.py NETWORK_PROTOCOLS), NCCL_ALGO=Ring (NVLS is
-    therefore never run: off here) and NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS = 12 (``nccl_env``). Sources:
-    Google Cloud A3 machine types; "Maximize GPU network bandwidth with GPUDirect-TCPX"; dstack examples
-    'GCP A3 High'."""
-    spec = _hgx(
-        "gcp-a3-high",
-        num_nodes,
-        "h100-sxm5-80gb",
-        450.0,
-        4,
-        25.0,
-        kind="tcpx",
-        nvls=False,
-        description="GCP a3-highgpu-8g: 8 H100, 4 x 200G GPUDirect-TCPX",
-        sources=(
-            "Google Cloud A3 machine types documentation",
-            "Google Cloud: Maximize GPU network bandwidth with GPUDirect-TCPX",
-            "dstack examples: GCP A3 High (GPUDirect-TCPX NCCL settings)",
-        ),
-    )
-    return replace(spec, nccl_env=NcclEnv(NCCL_MIN_NCHANNELS=12, NCCL_MAX_NCHANNELS=12))
+# HGX/DGX-style clusters, one row each: what the node has (GPU, NVLink GB/s per GPU per direction, NICs x GB/s per
+# NIC, and what differs from _hgx's node), the description and the sources; the comment above a row says more.
+# fmt: off
+_HGX_ROWS = {
+    # NVIDIA DGX H200: 8 H200 (141 GB HBM3e) on NVSwitch, 18 NVLink4 links = 450 GB/s per GPU per direction, NVLS;
+    # 8 ConnectX-7 400 Gb/s InfiniBand NICs (50 GB/s), PCIe Gen5.
+    "dgx-h200": dict(gpu="h200-sxm-141gb", nvlink_GBps=450.0, nics=8, nic_GBps=50.0,
+                     description="DGX H200: 8 GPUs on NVSwitch (450 GB/s, NVLS), 8 x 400G IB",
+                     sources=("NVIDIA DGX H200 datasheet (2024)",)),
+    # NVIDIA DGX B200: 8 B200 on two fifth-generation NVSwitch chips, 18 NVLink5 links x 50 GB/s = 900 GB/s per GPU
+    # per direction, NVLS; 8 ConnectX-7 400 Gb/s NICs (50 GB/s), PCIe Gen5.
+    "dgx-b200": dict(gpu="b200-180gb", nvlink_GBps=900.0, nics=8, nic_GBps=50.0,
+                     description="DGX B200: 8 GPUs on NVSwitch (900 GB/s, NVLS), 8 x 400G IB",
+                     sources=("NVIDIA DGX B200 datasheet (2024)",)),
+    # NVIDIA HGX H20: 8 H20 on NVSwitch, NVLink 900 GB/s bidirectional (18 NVLink4 links, 450 GB/s per direction);
+    # 8 x 400 Gb/s RoCE NICs as Chinese cloud H20 servers ship them.
+    "hgx-h20": dict(gpu="h20-96gb", nvlink_GBps=450.0, nics=8, nic_GBps=50.0, kind="roce",
+                    description="HGX H20: 8 GPUs on NVSwitch (450 GB/s), 8 x 400G RoCE",
+                    sources=("NVIDIA HGX H20 product brief (2024)", "Alibaba Cloud ebmgn8v instance family")),
+    # HGX H800: 8 H800 on NVSwitch with 8 NVLink4 links per GPU (200 GB/s per direction, 400 GB/s bidirectional),
+    # 8 x 400 Gb/s InfiniBand NICs (DeepSeek-V3 §3.1: H800 nodes, NVLink 160 GB/s achievable, 8 x 400G IB).
+    "hgx-h800": dict(gpu="h800-sxm5-80gb", nvlink_GBps=200.0, nics=8, nic_GBps=50.0,
+                     description="HGX H800: 8 GPUs on NVSwitch (8 NVLinks, 200 GB/s), 8 x 400G IB",
+                     sources=("DeepSeek-V3 technical report, section 3.1",)),
+    # AWS p5.48xlarge: 8 H100 on NVSwitch (450 GB/s, NVLS); 32 x 100 Gb/s EFA (3,200 Gb/s per instance), four NICs
+    # per GPU, EFA/SRD through aws-ofi-nccl; not rail-optimised from NCCL's view. Network kind ``efa``: aws-ofi-nccl
+    # runs its RDMA-write protocol on p5 (src/platform-aws.cpp default_protocol); p4d/p4de clusters are
+    # ``efa_sendrecv``. Sources: AWS EC2 P5 instance documentation; aws/aws-ofi-nccl.
+    "aws-p5": dict(gpu="h100-sxm5-80gb", nvlink_GBps=450.0, nics=32, nic_GBps=12.5, kind="efa", rail=False,
+                   description="AWS p5.48xlarge: 8 H100, 32 x 100G EFA",
+                   sources=("AWS EC2 P5 instance documentation",)),
+    # Google Cloud a3-megagpu-8g: 8 H100 on NVSwitch (450 GB/s); 8 x 200 Gb/s NICs with GPUDirect-TCPXO (1,600 Gb/s
+    # per VM). NVLS off and the Simple protocol only, as Google's TCPXO NCCL profile sets them (NCCL_NVLS_ENABLE=0,
+    # NCCL_PROTO=Simple: library/model.py NETWORK_PROTOCOLS).
+    "gcp-a3-mega": dict(gpu="h100-sxm5-80gb", nvlink_GBps=450.0, nics=8, nic_GBps=25.0, kind="tcpxo", nvls=False,
+                        description="GCP a3-megagpu-8g: 8 H100, 8 x 200G TCPXO",
+                        sources=("Google Cloud A3 Mega machine type documentation",
+                                 "GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo NCCL profile")),
+    # Google Cloud a3-highgpu-8g: 8 H100 80GB on NVSwitch (450 GB/s); 4 x 200 Gb/s GPU NICs with GPUDirect-TCPX
+    # (network kind ``tcpx``; 1,000 Gb/s per VM with the host NIC). Google's TCPX NCCL set-up (the
+    # nccl-plugin-gpudirecttcpx image's run script, as Google's a3-high guide and dstack's "GCP A3 High" example run
+    # it) sets NCCL_PROTO=Simple (library/model.py NETWORK_PROTOCOLS), NCCL_ALGO=Ring (NVLS is therefore never run:
+    # off here) and NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS = 12 (``nccl_env``).
+    "gcp-a3-high": dict(gpu="h100-sxm5-80gb", nvlink_GBps=450.0, nics=4, nic_GBps=25.0, kind="tcpx", nvls=False,
+                        nccl_env=NcclEnv(NCCL_MIN_NCHANNELS=12, NCCL_MAX_NCHANNELS=12),
+                        description="GCP a3-highgpu-8g: 8 H100, 4 x 200G GPUDirect-TCPX",
+                        sources=("Google Cloud A3 machine types documentation",
+                                 "Google Cloud: Maximize GPU network bandwidth with GPUDirect-TCPX",
+                                 "dstack examples: GCP A3 High (GPUDirect-TCPX NCCL settings)")),
+    # NVIDIA DGX B300: 8 B300 (288 GB HBM3e) on NVLink5 switches, 900 GB/s per GPU per direction (1.8 TB/s
+    # bidirectional), NVLS; 8 single-port ConnectX-8 SuperNICs at 800 Gb/s (100 GB/s) on PCIe Gen6 x16 (128 GB/s).
+    "dgx-b300": dict(gpu="b300-288gb", nvlink_GBps=900.0, nics=8, nic_GBps=100.0, pcie_GBps=128.0,
+                     description="DGX B300: 8 GPUs on NVSwitch (900 GB/s, NVLS), 8 x 800G ConnectX-8",
+                     sources=("NVIDIA DGX B300 datasheet (2025)",)),
+    # Azure ND H100 v5: 8 H100 on NVSwitch (450 GB/s, NVLS); 8 x 400 Gb/s NDR InfiniBand, one per GPU (3.2 Tb/s
+    # per VM).
+    "azure-nd-h100-v5": dict(gpu="h100-sxm5-80gb", nvlink_GBps=450.0, nics=8, nic_GBps=50.0,
+                             description="Azure ND H100 v5: 8 H100, 8 x 400G NDR IB",
+                             sources=("Azure ND H100 v5 series documentation",)),
+}
+# fmt: on
+_HGX = {name: partial(_hgx, name, **row) for name, row in _HGX_ROWS.items()}
 
 
 def gh200(num_nodes: int = 1) -> ClusterSpec:
@@ -321,57 +254,21 @@ def gh200(num_nodes: int = 1) -> ClusterSpec:
     )
 
 
-def dgx_b300(num_nodes: int = 1) -> ClusterSpec:
-    """NVIDIA DGX B300: 8 B300 (288 GB HBM3e) on NVLink5 switches, 900 GB/s per GPU per direction (1.8 TB/s
-    bidirectional), NVLS; 8 single-port ConnectX-8 SuperNICs at 800 Gb/s (100 GB/s) on PCIe Gen6 x16 (128 GB/s).
-    Source: NVIDIA DGX B300 datasheet (2025)."""
-    spec = _hgx(
-        "dgx-b300",
-        num_nodes,
-        "b300-288gb",
-        900.0,
-        8,
-        100.0,
-        description="DGX B300: 8 GPUs on NVSwitch (900 GB/s, NVLS), 8 x 800G ConnectX-8",
-        sources=("NVIDIA DGX B300 datasheet (2025)",),
-    )
-    return replace(spec, pcie_bandwidth_GBps=128.0)
-
-
 def gb300_nvl72(num_nodes: int = 1) -> ClusterSpec:
-    """NVIDIA GB300 NVL72: one NVLink domain of 72 Blackwell Ultra GPUs, 900 GB/s per GPU per direction through
-    the NVLink switch trays (NVLS capable); one ConnectX-8 800 Gb/s SuperNIC per GPU (PCIe Gen6); Grace (Arm)
-    hosts. SHARP-capable switches, but CollNet stays off unless NCCL_COLLNET_ENABLE=1 (``nccl_env``). Source:
-    NVIDIA GB300 NVL72 product page (2025)."""
-    return ClusterSpec(
-        "gb300-nvl72",
-        num_nodes,
-        72,
-        IntraNode("switch", 900.0, 0.7e-6, True, "nvlink"),
-        nics_per_node=72,
+    """NVIDIA GB300 NVL72: GB200 NVL72's rack (one NVLink domain of 72 GPUs, 900 GB/s per GPU per direction
+    through the NVLink switch trays, NVLS capable) with Blackwell Ultra GPUs, one ConnectX-8 800 Gb/s SuperNIC per
+    GPU (PCIe Gen6) and Grace (Arm) hosts. SHARP-capable switches, but CollNet stays off unless
+    NCCL_COLLNET_ENABLE=1 (``nccl_env``). Source: NVIDIA GB300 NVL72 product page (2025)."""
+    return replace(
+        gb200_nvl72(num_nodes),
+        name="gb300-nvl72",
         nic_bandwidth_GBps=100.0,
         pcie_bandwidth_GBps=128.0,
-        network=Network("fat_tree", rail_optimized=True, nodes_per_leaf=8, num_spines=16, in_network_reduction=True),
         device=GPUS["gb300-288gb"].name,
         gpu=GPUS["gb300-288gb"],
         description="GB300 NVL72: 72 GPUs in one NVLink domain (900 GB/s, NVLS), 800G per GPU",
         sources=("NVIDIA GB300 NVL72 product page (2025)",),
         cpu_vendor="arm",
-    )
-
-
-def azure_nd_h100_v5(num_nodes: int = 1) -> ClusterSpec:
-    """Azure ND H100 v5: 8 H100 on NVSwitch (450 GB/s, NVLS); 8 x 400 Gb/s NDR InfiniBand, one per GPU
-    (3.2 Tb/s per VM). Source: Azure ND H100 v5 series documentation."""
-    return _hgx(
-        "azure-nd-h100-v5",
-        num_nodes,
-        "h100-sxm5-80gb",
-        450.0,
-        8,
-        50.0,
-        description="Azure ND H100 v5: 8 H100, 8 x 400G NDR IB",
-        sources=("Azure ND H100 v5 series documentation",),
     )
 
 
@@ -385,17 +282,17 @@ def _cube(n: int) -> tuple[int, ...]:
 PRESETS = {
     "dgx-a100": dgx_a100,
     "dgx-h100": dgx_h100,
-    "dgx-h200": dgx_h200,
-    "dgx-b200": dgx_b200,
-    "hgx-h20": hgx_h20,
-    "hgx-h800": hgx_h800,
-    "aws-p5": aws_p5,
-    "gcp-a3-mega": gcp_a3_mega,
-    "gcp-a3-high": gcp_a3_high,
+    "dgx-h200": _HGX["dgx-h200"],
+    "dgx-b200": _HGX["dgx-b200"],
+    "hgx-h20": _HGX["hgx-h20"],
+    "hgx-h800": _HGX["hgx-h800"],
+    "aws-p5": _HGX["aws-p5"],
+    "gcp-a3-mega": _HGX["gcp-a3-mega"],
+    "gcp-a3-high": _HGX["gcp-a3-high"],
     "gh200": gh200,
-    "dgx-b300": dgx_b300,
+    "dgx-b300": _HGX["dgx-b300"],
     "gb300-nvl72": gb300_nvl72,
-    "azure-nd-h100-v5": azure_nd_h100_v5,
+    "azure-nd-h100-v5": _HGX["azure-nd-h100-v5"],
     "gb200-nvl72": gb200_nvl72,
     "npu-mesh-8": npu_mesh_8,
     "tpu-torus": tpu_torus,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .engines import EngineTraits
@@ -65,34 +66,46 @@ def launch_commands(
     return out
 
 
-def _vllm_options(options: ServeOptions) -> list[str]:
-    """vllm serve's flags for the request's options (docs.vllm.ai engine arguments)."""
-    argv = ["--kv-cache-dtype", "fp8"] if options.kv_dtype == "fp8" else []
-    if not options.cuda_graphs:
-        argv.append("--enforce-eager")
-    if options.mtp:
-        argv += [
-            "--speculative-config",
-            json.dumps({"method": "mtp", "num_speculative_tokens": options.mtp.draft_tokens}),
-        ]
-    if options.two_batch_overlap:
-        argv.append("--enable-dbo")
-    if options.redundant_experts:
-        argv += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": options.redundant_experts})]
-    return argv
+@dataclass(frozen=True)
+class _OptionFlags:
+    """An engine's flags for the request's options: fp8 KV cache, no CUDA graphs, MTP drafts (of the draft
+    tokens), two-batch overlap, EPLB's redundant experts (of their number)."""
+
+    kv_fp8: tuple[str, ...]
+    eager: str
+    mtp: Callable[[int], list[str]]
+    two_batch_overlap: str
+    redundant_experts: Callable[[int], list[str]]
 
 
-def _sglang_options(options: ServeOptions) -> list[str]:
-    """sglang.launch_server's flags for the request's options (SGLang server arguments)."""
-    argv = ["--kv-cache-dtype", "fp8_e4m3"] if options.kv_dtype == "fp8" else []
+# vllm serve: docs.vllm.ai engine arguments; sglang.launch_server: SGLang server arguments
+_VLLM_FLAGS = _OptionFlags(
+    ("--kv-cache-dtype", "fp8"),
+    "--enforce-eager",
+    lambda k: ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k})],
+    "--enable-dbo",
+    lambda r: ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": r})],
+)
+_SGLANG_FLAGS = _OptionFlags(
+    ("--kv-cache-dtype", "fp8_e4m3"),
+    "--disable-cuda-graph",
+    lambda k: ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(k)],
+    "--enable-two-batch-overlap",
+    lambda r: ["--enable-eplb", "--ep-num-redundant-experts", str(r)],
+)
+
+
+def _options_argv(options: ServeOptions, flags: _OptionFlags) -> list[str]:
+    """The engine's flags (``flags``) for the request's options."""
+    argv = list(flags.kv_fp8) if options.kv_dtype == "fp8" else []
     if not options.cuda_graphs:
-        argv.append("--disable-cuda-graph")
+        argv.append(flags.eager)
     if options.mtp:
-        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(options.mtp.draft_tokens)]
+        argv += flags.mtp(options.mtp.draft_tokens)
     if options.two_batch_overlap:
-        argv.append("--enable-two-batch-overlap")
+        argv.append(flags.two_batch_overlap)
     if options.redundant_experts:
-        argv += ["--enable-eplb", "--ep-num-redundant-experts", str(options.redundant_experts)]
+        argv += flags.redundant_experts(options.redundant_experts)
     return argv
 
 
@@ -113,7 +126,7 @@ def _vllm(
             argv += ["--all2all-backend", backend]
     argv += ["--max-num-batched-tokens", str(pool.max_batch_tokens or traits.max_batch_tokens)]
     argv += ["--gpu-memory-utilization", str(traits.memory_fraction)]
-    argv += _vllm_options(options)
+    argv += _options_argv(options, _VLLM_FLAGS)
     if disagg:
         argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
     if pool.worker_gpus > per_node:  # multi-node data parallelism: each node runs its share of the DP ranks
@@ -139,7 +152,7 @@ def _sglang(
             argv += ["--moe-a2a-backend", "deepep", "--deepep-mode", mode]
     argv += ["--chunked-prefill-size", str(pool.max_batch_tokens or traits.max_batch_tokens)]
     argv += ["--mem-fraction-static", str(traits.memory_fraction)]
-    argv += _sglang_options(options)
+    argv += _options_argv(options, _SGLANG_FLAGS)
     if disagg:
         argv += ["--disaggregation-mode", pool.role]
     return Command(
