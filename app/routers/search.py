@@ -132,7 +132,7 @@ async def _stream_forked(problem: Problem, request: Request, settings, release):
             send(json.dumps({"type": "progress", **progress_line(state)}) + "\n")
 
         try:
-            return '{"type":"result",' + _body(_run(problem, threading.Event(), progress, limit))[1:] + "\n"
+            return _result_line(_run(problem, threading.Event(), progress, limit))
         except (SpecError, CollectiveError) as err:
             return json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
 
@@ -151,9 +151,9 @@ def _run(problem: Problem, cancel: threading.Event, progress, limit: int) -> Sea
         return search(problem, progress=progress, cancelled=cancel.is_set, max_layouts=limit)
 
 
-def _result_line(task: asyncio.Future) -> str:
-    """The stream's last line, encoded in a worker thread (not on the event loop: it can be megabytes)."""
-    return '{"type":"result",' + _body(task.result())[1:] + "\n"
+def _result_line(result: SearchResult) -> str:
+    """The stream's last line, encoded off the event loop (a worker thread or the search's process: megabytes)."""
+    return '{"type":"result",' + _body(result)[1:] + "\n"
 
 
 async def _stream(problem: Problem, request: Request, cancel: threading.Event, settings, release):
@@ -178,7 +178,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
             if task.done() and lines.empty():
                 break
         try:
-            yield await asyncio.to_thread(_result_line, task)
+            yield await asyncio.to_thread(lambda: _result_line(task.result()))
         except (SpecError, CollectiveError) as err:
             yield json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
         except Cancelled:
