@@ -80,6 +80,9 @@ class Candidate:
     plateau: float = 1.0  # ncclTopoGetAlgoTime's ring plateau factor on the latency
     plateau_bytes: int = 0  # from these bytes on (64 x comm->nChannels x nRanks)
     run_latency_us: float = 0.0  # the latency a run takes before calibration: the newest tables' (0: latency_us)
+    fill_hops: int = 0  # Simple store-and-forward hops a chunk crosses after the first (0: no pipeline fill)
+    chunk_bytes: int = 0  # the chunk before the size rules (tables.nvls_tree_pipeline; tree: the Simple step)
+    chunk_slots: int = 0  # NVLSTree: nvlsChannels x nHeads chunks in flight (0: one per launched channel)
 
     def _latency_us(self, nbytes: int, run: bool = False) -> float:
         lat = (self.run_latency_us or self.latency_us) if run else self.latency_us
@@ -92,7 +95,22 @@ class Candidate:
     def time_s(self, nbytes: int, op: Op) -> float:
         """The time a run takes: calibrated latency and bandwidth on the channels NCCL launches."""
         bw = self._bw(nbytes, op) * self.efficiency * self.achieved_ratio * self.channel_share(nbytes)
-        return self.latency_s_at(nbytes) + nbytes / (1e9 * bw)
+        return self.latency_s_at(nbytes) + nbytes / (1e9 * bw) + self.fill_s(nbytes)
+
+    def fill_s(self, nbytes: int) -> float:
+        """The Simple pipeline's fill (tables.py, "chunk pipeline"): a chunk crosses ``fill_hops`` more
+        store-and-forward hops after the first, each taking a chunk's time at its slot's share of the achieved
+        bus bandwidth: hops x min(bytes, chunk x slots) / busBw. NCCL's ncclTopoGetAlgoTime has no such term;
+        it is what mid sizes across nodes measure beyond it (docs/pricing.md)."""
+        if not self.fill_hops:
+            return 0.0
+        if self.chunk_slots:
+            slots = self.chunk_slots
+            chunk = T.nvls_tree_chunk(nbytes, self.chunk_bytes, slots)
+        else:
+            slots, chunk = self.channels_used(nbytes), self.chunk_bytes
+        bus = self.bus_bw * self.efficiency * self.achieved_ratio * self.channel_share(nbytes)
+        return self.fill_hops * min(nbytes, chunk * slots) / (1e9 * bus)
 
     def latency_s_at(self, nbytes: int) -> float:
         return self._latency_us(nbytes, run=True) * self.latency_scale * 1e-6
@@ -296,7 +314,27 @@ def _candidate(
         _corrected_sizes(a, shape, feat), achieved, runtime,
         default, uncapped / bus, plateau, plateau_bytes,
         _latency(op, a, p, pi, n, nodes, nsteps, newest, feat, cal),
+        *_pipeline(op, a, p, g, shape),
     )  # fmt: skip
+
+
+def _pipeline(op: Op, a: str, p: str, g: Graph, shape: Shape) -> tuple[int, int, int]:
+    """(fill_hops, chunk_bytes, chunk_slots) of the Simple protocol's store-and-forward pipeline (tables.py):
+    - Tree allreduce (ncclPatternTreeUpDown): a chunk goes up the node's chain and the tree, then down again,
+      2 (ppn - 1) NVLink hops and 2 log2(nNodes) network hops (all_reduce.h runTreeUpDown; the chain inside a
+      node, graph/trees.cc), in Simple steps of 512 KiB (enqueue.cc calcCollChunking: chunkSteps 1 but for
+      ring, v2.30.7-1 lines 2222-2225), one chunk in flight per launched channel;
+    - NVLSTree allreduce (ncclPatternNvlsTree, all_reduce.h v2.30.7-1 lines 527-640): scatter into the NVLS
+      reduction, up the tree over the network (log2(nNodes) hops), down again, NVLS broadcast: 2 log2(nNodes) + 1
+      hops after the first, nvlsChannels x nHeads chunks in flight.
+    LL and LL128 forward each line as its flag arrives: no fill."""
+    if op is not Op.ALLREDUCE or p != "Simple" or a not in ("tree", "nvls_tree"):
+        return 0, 0, 0
+    log_nodes = math.ceil(math.log2(shape.nodes))
+    if a == "tree":
+        return 2 * (shape.ppn - 1) + 2 * log_nodes - 1, T.SIMPLE_STEP_BYTES, 0
+    channels, chunk = T.nvls_tree_pipeline(shape.sm, shape.nodes, shape.ppn, shape.net_bw, shape.version)
+    return 2 * log_nodes + 1, chunk, channels * g.channels
 
 
 def _algbw(op, a, p, g: Graph, shape: Shape, feat: Features, nsteps: int, intra_speed: float):
