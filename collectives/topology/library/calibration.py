@@ -40,7 +40,7 @@ def latency_keys() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class LibraryCalibration:
     efficiency: dict[str, float] = field(
-        default_factory=lambda: {"nvlink": 0.96, "in_network": 0.995, "pcie": 0.90, "nic": 0.97}
+        default_factory=lambda: {"nvlink": 0.96, "in_network": 1.0, "pcie": 0.90, "nic": 0.97}
     )
     # Fitted by bench/library_table.py:fit on tests/reference/nccl (docs/pricing.md), with the channels NCCL
     # really launches at small sizes modelled (model.py Candidate.channels_used). Inside a node the measured

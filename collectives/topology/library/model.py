@@ -82,7 +82,7 @@ class Candidate:
     run_latency_us: float = 0.0  # the latency a run takes before calibration: the newest tables' (0: latency_us)
     fill_hops: int = 0  # Simple store-and-forward hops a chunk crosses after the first (0: no pipeline fill)
     chunk_bytes: int = 0  # the chunk before the size rules (tables.nvls_tree_pipeline; tree: the Simple step)
-    chunk_slots: int = 0  # NVLSTree: nvlsChannels x nHeads chunks in flight (0: one per launched channel)
+    chunk_slots: int = 0  # NVLS(Tree): nvlsChannels x nHeads chunks in flight (0: one per launched channel)
 
     def _latency_us(self, nbytes: int, run: bool = False) -> float:
         lat = (self.run_latency_us or self.latency_us) if run else self.latency_us
@@ -106,7 +106,7 @@ class Candidate:
             return 0.0
         if self.chunk_slots:
             slots = self.chunk_slots
-            chunk = T.nvls_tree_chunk(nbytes, self.chunk_bytes, slots)
+            chunk = T.CHUNK_RULES[self.algorithm](nbytes, self.chunk_bytes, slots)
         else:
             slots, chunk = self.channels_used(nbytes), self.chunk_bytes
         bus = self.bus_bw * self.efficiency * self.achieved_ratio * self.channel_share(nbytes)
@@ -326,15 +326,22 @@ def _pipeline(op: Op, a: str, p: str, g: Graph, shape: Shape) -> tuple[int, int,
       ring, v2.30.7-1 lines 2222-2225), one chunk in flight per launched channel;
     - NVLSTree allreduce (ncclPatternNvlsTree, all_reduce.h v2.30.7-1 lines 527-640): scatter into the NVLS
       reduction, up the tree over the network (log2(nNodes) hops), down again, NVLS broadcast: 2 log2(nNodes) + 1
-      hops after the first, nvlsChannels x nHeads chunks in flight.
-    LL and LL128 forward each line as its flag arrives: no fill."""
-    if op is not Op.ALLREDUCE or p != "Simple" or a not in ("tree", "nvls_tree"):
+      hops after the first, nvlsChannels x nHeads chunks in flight;
+    - NVLS allreduce on one node: tables.NVLS_ONE_NODE_FILL_HOPS (fitted), nvlsChannels x nHeads chunks.
+    LL and LL128 forward each line as its flag arrives inside a node: no fill. Ring moves every rank's slice
+    each step, so NCCL's 2 (n - 1) / n already counts its steps: no fill."""
+    if op is not Op.ALLREDUCE or p != "Simple":
         return 0, 0, 0
     log_nodes = math.ceil(math.log2(shape.nodes))
     if a == "tree":
         return 2 * (shape.ppn - 1) + 2 * log_nodes - 1, T.SIMPLE_STEP_BYTES, 0
-    channels, chunk = T.nvls_tree_pipeline(shape.sm, shape.nodes, shape.ppn, shape.net_bw, shape.version)
-    return 2 * log_nodes + 1, chunk, channels * g.channels
+    if a == "nvls_tree":
+        channels, chunk = T.nvls_tree_pipeline(shape.sm, shape.nodes, shape.ppn, shape.net_bw, shape.version)
+        return 2 * log_nodes + 1, chunk, channels * g.channels
+    if a == "nvls" and shape.nodes == 1:
+        channels = T.nvls_channels(shape.sm, 1, shape.version)
+        return T.NVLS_ONE_NODE_FILL_HOPS, T.NVLS_CHUNK_BYTES, channels * g.channels
+    return 0, 0, 0
 
 
 def _algbw(op, a, p, g: Graph, shape: Shape, feat: Features, nsteps: int, intra_speed: float):

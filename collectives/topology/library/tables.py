@@ -411,3 +411,23 @@ def nvls_tree_chunk(nbytes: int, start: int, slots: int) -> int:
         if nbytes < times * slots * chunk and chunk > size:
             chunk = size
     return chunk
+
+
+def nvls_chunk(nbytes: int, start: int, slots: int) -> int:
+    """enqueue.cc calcCollChunking NVLS (v2.30.7-1 lines 2259-2275; v2.20.5-1 lines 1702-1710): at most
+    nvlsChunkSize (128 KiB); concurrentOps = nChannels x nHeads; 64 KiB below 64 x ops x chunk, 32 KiB below
+    8 x, 16 KiB below 2 x."""
+    chunk = start
+    for times, size in ((64, 64 << 10), (8, 32 << 10), (2, 16 << 10)):
+        if nbytes < times * slots * chunk and chunk > size:
+            chunk = size
+    return chunk
+
+
+CHUNK_RULES = {"nvls": nvls_chunk, "nvls_tree": nvls_tree_chunk}  # by algorithm; ring and tree keep theirs
+# One-node NVLS allreduce (all_reduce.h v2.30.7-1 lines 390-420, nNodes == 1): scatter into the head's NVLS
+# buffer, multimem reduce and multicast store, gather out. The two copies run at NVLink speed, faster than the
+# reduce-multicast stage the bandwidth is charged at, so the hops after the first are not counted from the source:
+# fitted on the fit set's one-node NVLS rows over {0, 1, 2} (median |error| 64 KiB-64 MiB, one node: 14.1%,
+# 13.6%, 17.4%; bench/library_table.py), 1.
+NVLS_ONE_NODE_FILL_HOPS = 1
