@@ -428,6 +428,6 @@ CHUNK_RULES = {"nvls": nvls_chunk, "nvls_tree": nvls_tree_chunk}  # by algorithm
 # One-node NVLS allreduce (all_reduce.h v2.30.7-1 lines 390-420, nNodes == 1): scatter into the head's NVLS
 # buffer, multimem reduce and multicast store, gather out. The two copies run at NVLink speed, faster than the
 # reduce-multicast stage the bandwidth is charged at, so the hops after the first are not counted from the source:
-# fitted on the fit set's one-node NVLS rows over {0, 1, 2} (median |error| 64 KiB-64 MiB, one node: 14.1%,
-# 13.6%, 17.4%; bench/library_table.py), 1.
+# fitted on the fit set's one-node rows over {0, 1, 2} (median |error| 64 KiB-64 MiB, one node: 14.2%, 13.6%,
+# 17.3%; bench/library_table.py nvls_fill_hops_grid), 1.
 NVLS_ONE_NODE_FILL_HOPS = 1
