@@ -87,6 +87,25 @@ def _grid(cal: LibraryCalibration, rows: list[dict], trials: list[LibraryCalibra
     return trials[min(scored)[1]]
 
 
+def nvls_fill_hops_grid(records) -> dict[int, float]:
+    """tables.NVLS_ONE_NODE_FILL_HOPS, re-derived: the fit set's one-node median |busbw error| at 64 KiB-64 MiB
+    for 0, 1 and 2 extra hops of the one-node NVLS pipeline fill (model.py _pipeline), priced cold each time."""
+    from collectives.topology.library import pricer
+    from collectives.topology.library import tables as T
+
+    kept, out = T.NVLS_ONE_NODE_FILL_HOPS, {}
+    rows = [r for r in records if r["nodes"] == 1 and r.get("size_bytes") and 64 << 10 <= r["size_bytes"] < 64 << 20]
+    try:
+        for hops in (0, 1, 2):
+            T.NVLS_ONE_NODE_FILL_HOPS = hops
+            pricer._CANDS.clear()
+            out[hops] = float(np.median([abs(c.error) for c in compare_all(rows, LibraryCalibration(), "library")]))
+    finally:
+        T.NVLS_ONE_NODE_FILL_HOPS = kept
+        pricer._CANDS.clear()
+    return out
+
+
 def table(rows, key) -> list[str]:
     groups = defaultdict(list)
     for c in rows:
@@ -96,6 +115,8 @@ def table(rows, key) -> list[str]:
 
 def main() -> None:
     print(f"fit on every record: {fit(RECORDS)}\n")
+    grid = ", ".join(f"{h}: {100 * e:.1f}%" for h, e in nvls_fill_hops_grid(RECORDS).items())
+    print(f"one-node NVLS fill, extra hops -> one-node 64 KiB-64 MiB median: {grid}\n")
     rows = compare_all(RECORDS, LibraryCalibration(), "library")
     print("| GPU | nodes | size band | records | median abs busbw error |\n|---|---|---|---|---|")
     print("\n".join(table(rows, lambda c: (c.record["gpu"].split()[0], c.record["nodes"], band(c.size_bytes)))))

@@ -127,17 +127,19 @@ def test_heldout_bands_blind():
     logs of p5, Nebius and the two B200 clusters being 33-47% fast there), < 64 KiB 22.5% (89)."""
     bands = _band_medians()
     # issue 23 (each log priced with the NCCL version it prints): 8.5%, 26.6% (the target of 25% missed: the
-    # Lambda B200 log, NCCL 2.26.2, went from 43.9% to 57.4% fast), 22.5%
-    assert bands[">= 64 MiB"] <= 0.10
-    assert bands["64 KiB-64 MiB"] <= 0.27
+    # Lambda B200 log, NCCL 2.26.2, went from 43.9% to 57.4% fast), 22.5%; with the Simple pipeline fill
+    # (nccl2, model.py Candidate.fill_s): 4.6%, 17.4%, 23.3%
+    assert bands[">= 64 MiB"] <= 0.05
+    assert bands["64 KiB-64 MiB"] <= 0.18
     assert bands["< 64 KiB"] <= 0.25
 
 
 def test_first_heldout_set_bands_blind():
     # the first set's figures, unchanged by the logs added later: 6.6% (29 rows), 14.5% (30), 18.4% (44); since
-    # issue 23 (each log with its own NCCL's tables): 6.8%, 10.7%, 15.2%
+    # issue 23 (each log with its own NCCL's tables): 6.8%, 10.7%, 15.2%; with the pipeline fill (nccl2): 4.6%,
+    # 12.4%, 16.2%
     bands = _band_medians(FIRST_SET)
-    assert bands[">= 64 MiB"] <= 0.10
+    assert bands[">= 64 MiB"] <= 0.05
     assert bands["64 KiB-64 MiB"] <= 0.25
     assert bands["< 64 KiB"] <= 0.25
 
@@ -158,22 +160,26 @@ def test_hopper_2x8_blind_within_target(medians):
 def test_h200_2x8_roce_allgather_blind_within_target(medians):
     """GCP a3-ultra, 2 x 8 H200 over RoCE (gIB, NCCL 2.26.6), allgather on Ring: 10.5% at >= 64 MiB (the 10%
     target missed by half a point: 364 GB/s priced against 329 from 512 MiB on), 11.4% at 64 KiB-64 MiB,
-    14.0% below."""
+    14.0% below. The nic efficiency refitted with the pipeline fill (0.95 -> 0.97, nccl2) takes them to
+    12.8%, 12.6%, 14.2%: this ring allgather was already fast, and gets 2% faster."""
     name = "gcp_a3ultra_h200_2x8_allgather.txt"
-    assert medians[(name, ">= 64 MiB")] <= 0.12
+    assert 0.12 < medians[(name, ">= 64 MiB")] <= 0.13
     assert medians[(name, "64 KiB-64 MiB")] <= 0.25
     assert medians[(name, "< 64 KiB")] <= 0.25
 
 
-def test_two_node_mid_sizes_are_priced_fast(medians):
-    """The miss that moves the 64 KiB-64 MiB band: on every 2 x 8 allreduce log of this size range the model is fast,
-    Tree LL/LL128 and then NVLSTree Simple 1.3-1.7x the measured bus bandwidth (p5 42.5%, Nebius 33.2%,
-    Lambda B200 43.9%, dstack a4 B200 52.0%). If one falls inside 25%, docs/pricing.md is out of date."""
+def test_two_node_mid_sizes_with_the_pipeline_fill(medians):
+    """The miss that moved the 64 KiB-64 MiB band: every 2 x 8 allreduce log was priced 1.3-1.7x fast there
+    (p5 42.5%, Nebius 33.2%, Lambda B200 57.4% with NCCL 2.26's tables, dstack a4 B200 52.0%). NVLSTree/Simple
+    from 1-16 MiB on is store-and-forward at its chunk (model.py Candidate.fill_s): with the fill Nebius is at
+    20.0%, Lambda 23.7%, dstack a4 1.3% (its three mid rows are 8-32 MiB, all NVLSTree). p5 stays 41.3% fast:
+    its mid rows up to 8 MiB run Tree/LL128 over EFA, which the fill does not touch (LL128 forwards line by
+    line; docs/pricing.md)."""
     for name, low, high in (
-        ("aws_p5_2x8_allreduce.log", 0.35, 0.50),
-        ("nebius_h100_2x8_allreduce.txt", 0.25, 0.40),
-        ("lambda_b200_2x8_allreduce.txt", 0.30, 0.60),  # 57.4% with NCCL 2.26's tables (issue 23)
-        ("dstack_gcp_a4_b200_2x8_allreduce.txt", 0.35, 0.55),
+        ("aws_p5_2x8_allreduce.log", 0.35, 0.45),
+        ("nebius_h100_2x8_allreduce.txt", 0.15, 0.21),
+        ("lambda_b200_2x8_allreduce.txt", 0.20, 0.25),
+        ("dstack_gcp_a4_b200_2x8_allreduce.txt", 0.0, 0.05),
     ):  # fmt: skip
         assert low < medians[(name, "64 KiB-64 MiB")] < high, name
 
@@ -185,9 +191,10 @@ def test_blackwell_2x8_large_messages(medians):
     node's own NVLS speed (80 GB/s, model.py _node_nvls_speed): 8 x min(103.6, 96, 96) -> 712-727 GB/s, within
     3-13% (8.6% and 11.3% at >= 64 MiB; they were 21.1% and 24.7%). These two logs showed the gap, so this
     band is no longer blind. Below 64 KiB Tree/LL is priced at 25 us against 36 us measured."""
-    # 18.9% since issue 23 prices the log with NCCL 2.26's tables (its NVLSTree figures): a regression, stated
-    assert medians[("lambda_b200_2x8_allreduce.txt", ">= 64 MiB")] < 0.20
-    assert medians[("dstack_gcp_a4_b200_2x8_allreduce.txt", ">= 64 MiB")] < 0.15
+    # 18.9% since issue 23 prices the log with NCCL 2.26's tables (its NVLSTree figures); 1.9% and 8.9% with the
+    # NVLSTree pipeline fill (nccl2), which takes the 64-512 MiB rows' excess
+    assert medians[("lambda_b200_2x8_allreduce.txt", ">= 64 MiB")] < 0.03
+    assert medians[("dstack_gcp_a4_b200_2x8_allreduce.txt", ">= 64 MiB")] < 0.10
     assert 0.35 < medians[("lambda_b200_2x8_allreduce.txt", "< 64 KiB")] < 0.55
 
 
@@ -214,21 +221,23 @@ def _span_medians(rows, nodes, size, error):
 
 # issue 23: median |busbw error| by span and band as measured after the per-version tables (each row priced with
 # the NCCL its log prints), README/docs/pricing.md; before (v2.30's tables for every row) in the comments
+# and since the Simple pipeline fill (nccl2: model.py Candidate.fill_s, nic efficiency 0.97, in_network 1.0); the
+# comments: before issue 23 -> before the fill
 ISSUE23_FIT = {  # tests/reference/nccl/measurements.json, the fit set
-    ("one node", ">= 64 MiB"): 0.020,  # 2.0%
-    ("one node", "64 KiB-64 MiB"): 0.141,  # 15.7%
-    ("one node", "< 64 KiB"): 0.048,  # 7.7%
-    ("across nodes", ">= 64 MiB"): 0.046,  # 4.6%
-    ("across nodes", "64 KiB-64 MiB"): 0.256,  # 25.6%
-    ("across nodes", "< 64 KiB"): 0.127,  # 12.7%
+    ("one node", ">= 64 MiB"): 0.020,  # 2.0% -> 2.0%
+    ("one node", "64 KiB-64 MiB"): 0.136,  # 15.7% -> 14.1%
+    ("one node", "< 64 KiB"): 0.048,  # 7.7% -> 4.8%
+    ("across nodes", ">= 64 MiB"): 0.030,  # 4.6% -> 4.6%
+    ("across nodes", "64 KiB-64 MiB"): 0.269,  # 25.6% -> 25.6%
+    ("across nodes", "< 64 KiB"): 0.127,  # 12.7% -> 12.7%
 }
 ISSUE23_HELDOUT = {  # tests/reference/nccl_heldout, all logs but the noisy GKE demo
-    ("one node", ">= 64 MiB"): 0.049,  # 4.6%
-    ("one node", "64 KiB-64 MiB"): 0.107,  # 14.5%
-    ("one node", "< 64 KiB"): 0.120,  # 12.3%
-    ("across nodes", ">= 64 MiB"): 0.103,  # 10.1%
-    ("across nodes", "64 KiB-64 MiB"): 0.351,  # 34.1%
-    ("across nodes", "< 64 KiB"): 0.271,  # 27.1%
+    ("one node", ">= 64 MiB"): 0.029,  # 4.6% -> 4.9%
+    ("one node", "64 KiB-64 MiB"): 0.094,  # 14.5% -> 10.7%
+    ("one node", "< 64 KiB"): 0.120,  # 12.3% -> 12.0%
+    ("across nodes", ">= 64 MiB"): 0.057,  # 10.1% -> 10.3%
+    ("across nodes", "64 KiB-64 MiB"): 0.196,  # 34.1% -> 35.1%
+    ("across nodes", "< 64 KiB"): 0.275,  # 27.1% -> 27.1%
 }
 
 

@@ -492,7 +492,9 @@ def test_issue23_presets():
     """The presets of issue 23, each with its sources: a3-high runs 12 channels (Google's TCPX settings,
     NCCL_MIN/MAX_NCHANNELS=12) with Simple only across nodes; GH200 (one GPU a node) runs PAT for a 1 MiB
     allgather; DGX B300 reaches NVLS on one node and its 800G NICs are NCCL's min(100, PCIe Gen6 x16 0.75 x 128 =
-    96) GB/s; two GB300 NVL72 racks keep CollNet off (no NCCL_COLLNET_ENABLE) and run NVLSTree at 1 GiB."""
+    96) GB/s; two GB300 NVL72 racks keep CollNet off (no NCCL_COLLNET_ENABLE) and run NVLSTree at 1 GiB (848.5 GB/s
+    before the NVLSTree pipeline fill, 793.1 with it: 4 hops of 64 KiB chunks on 32 x 32 slots, nvls.cc v2.30.7-1
+    ncclNvlsTreeSm100Tuning, 2 nodes, ppn >= 16)."""
     for name in ("gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72"):
         assert cluster_preset(name).sources, name
     a3 = Cluster(cluster_preset("gcp-a3-high", 2))
@@ -503,11 +505,12 @@ def test_issue23_presets():
     b300 = Cluster(cluster_preset("dgx-b300", 2))
     assert shape_of(b300, np.arange(16)).net_bw == pytest.approx(96.0)
     one = price_call(Op.ALLREDUCE, GIB, np.arange(8)[None], Cluster(cluster_preset("dgx-b300")), pricing="library")
-    assert one.nccl_algorithm == "NVLS" and one.busbw_GBps == pytest.approx(704.6, rel=1e-3)
+    # 704.6 before the one-node NVLS fill and the in_network efficiency refit (0.995 -> 1.0), nccl2
+    assert one.nccl_algorithm == "NVLS" and one.busbw_GBps == pytest.approx(703.5, rel=1e-3)
     gb300 = Cluster(cluster_preset("gb300-nvl72", 2))
     assert not features_of(gb300).collnet
     p = price_call(Op.ALLREDUCE, GIB, np.arange(144)[None], gb300, pricing="library")
-    assert p.nccl_algorithm == "NVLSTree" and p.busbw_GBps == pytest.approx(848.5, rel=1e-3)
+    assert p.nccl_algorithm == "NVLSTree" and p.busbw_GBps == pytest.approx(793.1, rel=1e-3)
 
 
 def test_version_tables_are_nccls_per_tag():
@@ -562,10 +565,10 @@ def test_two_gpus_a_node_keep_nvls_only_from_2_28():
 def test_gb200_partitions_nvls_off_ring_pick(per_partition, ring_measured, tree_measured):
     """NVIDIA/nccl issue 1801 (NCCL 2.27.3, GB200, three NVL partitions in different racks joined over IB,
     NCCL_NVLS_ENABLE=0, 16 GiB allreduce): NCCL picks Ring, as here, and Ring measures 196.7 / 393.7 GB/s busbw
-    (NVL4 / NVL8), priced 182.2 / 363.6 (-7.4% / -7.6%). Tree measures 234 / 486, but NCCL's own model caps
-    it at perChMaxTreeBws[Blackwell][3+ nodes] = 24 GB/s a channel (tuning.cc v2.27.7-1), so its tuner never
-    picks it there and a pinned Tree is priced at that cap (153.8 / 174.7: 34% / 64% slow): the ring/tree
-    crossover at scale is NCCL's, stated, not corrected."""
+    (NVL4 / NVL8), priced 182.2 / 363.6 (-7.4% / -7.6%; -5.7% with the nic efficiency refitted to 0.97). Tree
+    measures 234 / 486, but NCCL's own model caps it at perChMaxTreeBws[Blackwell][3+ nodes] = 24 GB/s a channel
+    (tuning.cc v2.27.7-1), so its tuner never picks it there and a pinned Tree is priced at that cap (153.8 /
+    174.7: 34% / 64% slow): the ring/tree crossover at scale is NCCL's, stated, not corrected."""
     spec = replace(
         cluster_preset("gb200-nvl72", 3),
         devices_per_node=per_partition,
@@ -576,7 +579,7 @@ def test_gb200_partitions_nvls_off_ring_pick(per_partition, ring_measured, tree_
     cluster, group = Cluster(spec), np.arange(3 * per_partition)[None]
     auto = price_call(Op.ALLREDUCE, 1 << 34, group, cluster, pricing="library")
     assert auto.nccl_algorithm == "Ring"
-    assert auto.busbw_GBps / ring_measured - 1 == pytest.approx(-0.075, abs=0.01)
+    assert auto.busbw_GBps / ring_measured - 1 == pytest.approx(-0.057, abs=0.01)
     tree = price_call(Op.ALLREDUCE, 1 << 34, group, cluster, pricing="library", nccl_algo="Tree")
     assert tree.busbw_GBps < 0.7 * tree_measured
 

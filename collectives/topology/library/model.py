@@ -80,6 +80,10 @@ class Candidate:
     plateau: float = 1.0  # ncclTopoGetAlgoTime's ring plateau factor on the latency
     plateau_bytes: int = 0  # from these bytes on (64 x comm->nChannels x nRanks)
     run_latency_us: float = 0.0  # the latency a run takes before calibration: the newest tables' (0: latency_us)
+    fill_hops: int = 0  # store-and-forward hops a chunk crosses, the first included (0: no pipeline fill)
+    chunk_bytes: int = 0  # the chunk before the size rules (tables.nvls_tree_pipeline; tree: the Simple step)
+    chunk_slots: int = 0  # NVLS(Tree): nvlsChannels x nHeads chunks in flight (0: one per launched channel)
+    hop_rates: tuple = ()  # ((hops, GB/s per search channel), ...) where hops run at their own link's speed
 
     def _latency_us(self, nbytes: int, run: bool = False) -> float:
         lat = (self.run_latency_us or self.latency_us) if run else self.latency_us
@@ -92,7 +96,30 @@ class Candidate:
     def time_s(self, nbytes: int, op: Op) -> float:
         """The time a run takes: calibrated latency and bandwidth on the channels NCCL launches."""
         bw = self._bw(nbytes, op) * self.efficiency * self.achieved_ratio * self.channel_share(nbytes)
-        return self.latency_s_at(nbytes) + nbytes / (1e9 * bw)
+        return self.latency_s_at(nbytes) + nbytes / (1e9 * bw) + self.fill_s(nbytes)
+
+    def fill_s(self, nbytes: int) -> float:
+        """The Simple pipeline's fill (tables.py, "chunk pipeline"): a chunk of c = min(chunk, bytes / slots)
+        crosses ``fill_hops`` store-and-forward hops one after another, each taking c at its own speed: the
+        slot's share of the achieved bus bandwidth (busBw / slots) where the stages are balanced (NVLS, NVLSTree:
+        NCCL's bandwidth is the min of the NVSwitch and network parts), or its link's per-channel speed
+        (``hop_rates``: tree, NVLink chain hops and network hops, a search channel's speed shared by the
+        channels launched on it). The first hop is the bandwidth term's own. NCCL's ncclTopoGetAlgoTime has no
+        such term; it is what mid sizes across nodes measure beyond it (docs/pricing.md)."""
+        if not self.fill_hops:
+            return 0.0
+        if self.chunk_slots:
+            slots = self.chunk_slots
+            chunk = T.CHUNK_RULES[self.algorithm](nbytes, self.chunk_bytes, slots)
+        else:
+            slots, chunk = self.channels_used(nbytes), self.chunk_bytes
+        c = min(chunk, nbytes / slots)
+        slot_s = c * slots / (1e9 * self.bus_bw * self.efficiency * self.achieved_ratio * self.channel_share(nbytes))
+        if not self.hop_rates:
+            return (self.fill_hops - 1) * slot_s
+        shared = (self.runtime_channels or self.channels) / self.channels  # launched channels per search channel
+        hops_s = sum(h * c * shared / (1e9 * rate * self.efficiency) for h, rate in self.hop_rates)
+        return max(0.0, hops_s - slot_s)
 
     def latency_s_at(self, nbytes: int) -> float:
         return self._latency_us(nbytes, run=True) * self.latency_scale * 1e-6
@@ -296,7 +323,37 @@ def _candidate(
         _corrected_sizes(a, shape, feat), achieved, runtime,
         default, uncapped / bus, plateau, plateau_bytes,
         _latency(op, a, p, pi, n, nodes, nsteps, newest, feat, cal),
+        *_pipeline(op, a, p, g, shape),
     )  # fmt: skip
+
+
+def _pipeline(op: Op, a: str, p: str, g: Graph, shape: Shape) -> tuple[int, int, int, tuple]:
+    """(fill_hops, chunk_bytes, chunk_slots, hop_rates) of the Simple protocol's store-and-forward pipeline
+    (tables.py, "chunk pipeline"):
+    - Tree allreduce (ncclPatternTreeUpDown): a chunk goes up the node's chain and the tree, then down again,
+      2 (ppn - 1) NVLink hops at the tree graph's bwIntra and 2 log2(nNodes) network hops at its bwInter per
+      channel (all_reduce.h runTreeUpDown; the chain inside a node, graph/trees.cc), in Simple steps of 512 KiB
+      (enqueue.cc calcCollChunking: chunkSteps 1 but for ring, v2.30.7-1 lines 2222-2225), one chunk in flight
+      per launched channel;
+    - NVLSTree allreduce (ncclPatternNvlsTree, all_reduce.h v2.30.7-1 lines 527-640): scatter into the NVLS
+      reduction, up the tree over the network (log2(nNodes) hops), down again, NVLS broadcast and gather:
+      2 log2(nNodes) + 2 hops at the balanced slot speed, nvlsChannels x nHeads chunks in flight;
+    - NVLS allreduce on one node: 1 + tables.NVLS_ONE_NODE_FILL_HOPS (fitted), nvlsChannels x nHeads chunks.
+    LL and LL128 forward each line as its flag arrives inside a node: no fill. Ring moves every rank's slice
+    each step, so NCCL's 2 (n - 1) / n already counts its steps: no fill."""
+    if op is not Op.ALLREDUCE or p != "Simple":
+        return 0, 0, 0, ()
+    log_nodes = math.ceil(math.log2(shape.nodes))
+    if a == "tree":
+        hops = ((2 * (shape.ppn - 1), g.bw_intra), (2 * log_nodes, g.bw_inter))
+        return sum(h for h, _ in hops), T.SIMPLE_STEP_BYTES, 0, tuple(h for h in hops if h[0])
+    if a == "nvls_tree":
+        channels, chunk = T.nvls_tree_pipeline(shape.sm, shape.nodes, shape.ppn, shape.net_bw, shape.version)
+        return 2 * log_nodes + 2, chunk, channels * g.channels, ()
+    if a == "nvls" and shape.nodes == 1:
+        channels = T.nvls_channels(shape.sm, 1, shape.version)
+        return 1 + T.NVLS_ONE_NODE_FILL_HOPS, T.NVLS_CHUNK_BYTES, channels * g.channels, ()
+    return 0, 0, 0, ()
 
 
 def _algbw(op, a, p, g: Graph, shape: Shape, feat: Features, nsteps: int, intra_speed: float):

@@ -347,3 +347,87 @@ assert tuple(VERSIONS) == SUPPORTED_VERSIONS
 
 def tables(version: str) -> VersionTables:
     return VERSIONS[version]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Simple protocol's chunk pipeline (what a run takes beyond ncclTopoGetAlgoTime at mid sizes). Simple is
+# store-and-forward: a hop waits for a whole slice (prims_simple.h genericOp: waitPeer on the slice, copy or
+# reduce it, barrier, postPeer; v2.30.7-1 lines 176-277), so a chunk crosses a tree's hops one after another and
+# the pipeline fills in (hops - 1) chunk times. NCCL's model has only per-hop latencies for it.
+# ---------------------------------------------------------------------------------------------------------------
+SIMPLE_STEP_BYTES = (1 << 22) // 8  # init.cc DEFAULT_BUFFSIZE 4 MiB / device.h NCCL_STEPS 8 (v2.30.7-1 813; 26)
+NVLS_CHUNK_BYTES = 128 << 10  # nvls.cc NCCL_NVLS_CHUNKSIZE default (v2.21.5-1 .. v2.30.7-1 line 160)
+NVLS_TREE_NODES_SMALL_CHUNK = 4  # nvls.cc / enqueue.cc: treeMaxChunkSize 64 KiB from 4 nodes (v2.20.5-1 on)
+
+
+def nvls_channels(sm: int, nodes: int, version: str) -> int:
+    """comm->nvlsChannels before the SM100 multi-node tuning: NVLS_NCHANNELS 16 (nvls.cc v2.18.6-1 line 231 to
+    v2.24.3-1 line 146); NVLS_NCHANNELS_SM90 16 / NVLS_NCHANNELS_SM100 32 from v2.25.1-1 (lines 144-145); from
+    v2.27.7-1 SM100 on one node NVLS_NCHANNELS_SM100_NVL 24 (lines 147-149, 193)."""
+    if sm < 100 or not at_least(version, "2.25"):
+        return 16
+    return 24 if nodes == 1 and at_least(version, "2.27") else 32
+
+
+def nvls_tree_pipeline(sm: int, nodes: int, ppn: int, nic_bw: float, version: str) -> tuple[int, int]:
+    """(nvlsChannels, the NVLSTree chunk before enqueue.cc's size rules) of the tag ``version``:
+    - v2.18-v2.19: the Simple step, 512 KiB (enqueue.cc v2.18.6-1 computeColl: stepSize x chunkSteps 1);
+    - v2.20: the same, at most 64 KiB from 4 nodes (NCCL_NVLSTREE_MAX_CHUNKSIZE -2, enqueue.cc v2.20.5-1 1681-1716);
+    - v2.21-v2.29: nvlsChunkSize 128 KiB, at most 64 KiB from 4 nodes (enqueue.cc v2.22.3-1 lines 1787-1790);
+    - v2.30 on SM100 across nodes: ncclNvlsTreeSm100Tuning (nvls.cc v2.30.7-1 lines 163-198), by nodes, GPUs
+      per node and NIC speed (the GPU-NIC path taken as PCIe-switch, PATH_PXB, as on DGX/HGX B200)."""
+    channels = nvls_channels(sm, nodes, version)
+    small = nodes >= NVLS_TREE_NODES_SMALL_CHUNK
+    if not at_least(version, "2.20"):
+        return channels, SIMPLE_STEP_BYTES
+    if not at_least(version, "2.21"):
+        return channels, 64 << 10 if small else SIMPLE_STEP_BYTES
+    if sm < 100 or nodes == 1 or not at_least(version, "2.30"):
+        return channels, 64 << 10 if small else NVLS_CHUNK_BYTES
+    chunk, tree_max = NVLS_CHUNK_BYTES, 0
+    if nodes == 2 and nic_bw >= 48.0:
+        channels, tree_max = 32, 128 << 10
+        if ppn <= 4:
+            chunk = tree_max = 256 << 10
+        elif ppn >= 16 or (ppn <= 8 and nic_bw < 96.0):  # gpuToNicPathType <= PATH_PXB
+            tree_max = 64 << 10
+    elif nic_bw >= 96.0:
+        channels = 24 if ppn <= 8 else 32
+        chunk = 256 << 10 if ppn <= 8 else chunk
+        tree_max = 256 << 10 if ppn <= 8 else (128 << 10 if ppn < 32 else 64 << 10)
+    elif nic_bw >= 48.0:
+        channels, tree_max = 24, 64 << 10  # 128 KiB, 64 KiB where gpuToNicPathType <= PATH_PXB
+    if not tree_max:
+        tree_max = 64 << 10 if small else chunk
+    return channels, min(chunk, tree_max)
+
+
+def nvls_tree_chunk(nbytes: int, start: int, slots: int) -> int:
+    """enqueue.cc calcCollChunking NVLSTree (v2.30.7-1 lines 2276-2285, the same rules since v2.18.6-1 line
+    1348): concurrentOps = nChannels x nHeads; 256 KiB below 32 x ops x chunk, 128 KiB below 16 x, 64 KiB below
+    4 x, 32 KiB below 1 x."""
+    chunk = start
+    for times, size in ((32, 256 << 10), (16, 128 << 10), (4, 64 << 10), (1, 32 << 10)):
+        if nbytes < times * slots * chunk and chunk > size:
+            chunk = size
+    return chunk
+
+
+def nvls_chunk(nbytes: int, start: int, slots: int) -> int:
+    """enqueue.cc calcCollChunking NVLS (v2.30.7-1 lines 2259-2275; v2.20.5-1 lines 1702-1710): at most
+    nvlsChunkSize (128 KiB); concurrentOps = nChannels x nHeads; 64 KiB below 64 x ops x chunk, 32 KiB below
+    8 x, 16 KiB below 2 x."""
+    chunk = start
+    for times, size in ((64, 64 << 10), (8, 32 << 10), (2, 16 << 10)):
+        if nbytes < times * slots * chunk and chunk > size:
+            chunk = size
+    return chunk
+
+
+CHUNK_RULES = {"nvls": nvls_chunk, "nvls_tree": nvls_tree_chunk}  # by algorithm; ring and tree keep theirs
+# One-node NVLS allreduce (all_reduce.h v2.30.7-1 lines 390-420, nNodes == 1): scatter into the head's NVLS
+# buffer, multimem reduce and multicast store, gather out. The two copies run at NVLink speed, faster than the
+# reduce-multicast stage the bandwidth is charged at, so the hops after the first are not counted from the source:
+# fitted on the fit set's one-node rows over {0, 1, 2} (median |error| 64 KiB-64 MiB, one node: 14.2%, 13.6%,
+# 17.3%; bench/library_table.py nvls_fill_hops_grid), 1.
+NVLS_ONE_NODE_FILL_HOPS = 1
