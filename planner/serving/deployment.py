@@ -37,6 +37,7 @@ from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
+from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
 
 
@@ -102,6 +103,7 @@ class _Worker:
     cluster: ClusterSpec
     batch_tokens: int
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
+    overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
 
 
 def plan_serving(
@@ -217,7 +219,7 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     decode = par
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
-    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode)
+    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap)
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -264,35 +266,29 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
 
 def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
     """A step as the engine runs it: one pass, or with ``options.two_batch_overlap`` two micro-batches of half the
-    sequences each (at least one per attention rank), the EP exchange of one behind the other's compute
-    (SGLang two_batch_overlap.py; vLLM dual batch overlap; the DeepSeek-V3 report's decode overlap, §3.4).
-
-    Time: each half is the planner's step at half the batch; run back to back, the two take twice that, less
-    what overlaps: on each stage, per half, the smaller of its exposed EP time and its compute (the other half's
-    compute hides the exchange; the first dispatch and last combine of a step, 1/layers of it, are not hidden: an
-    under-estimate). The calls are the half step's, issued twice; memory is the whole batch's (both halves are
-    in flight)."""
+    sequences each (at least one per attention rank), the MoE layers' stages interleaved as the engine's
+    operations strategy orders them and the EP exchange of one half behind the other's compute
+    (planner/serving/overlap.py: SGLang two_batch_overlap.py and operations_strategy.py; vLLM dual batch
+    overlap). The MoE layers' exchanges are the half step's, issued twice; memory is the whole batch's (both
+    halves are in flight)."""
     whole = _step(model, w, options, phase, batch, context)
     per_rank = batch // w.par.dp
     scale = options.prefill_time_scale if phase == "prefill" else options.decode_time_scale
-    if not options.two_batch_overlap or per_rank < 2 or whole.step is None:
+    if not options.two_batch_overlap or per_rank < 2 or whole.step is None or w.overlap is None:
         return _calibrated(whole, scale)
-    half = _step(model, w, options, phase, -(-per_rank // 2) * w.par.dp, context)
-    hidden = sum(
-        min(st.exposed_by_stream.get(("ep", "forward"), 0.0), st.compute.forward.total_s) for st in half.step.stages
-    )
-    time_s = 2 * (half.step.time_s - hidden)
-    step = replace(
-        half.step,
-        time_s=time_s,
-        compute_s=2 * half.step.compute_s,
-        exposed_comm_s=2 * (half.step.exposed_comm_s - hidden),
-        mfu=whole.step.mfu * whole.step.time_s / time_s,
-        tokens_per_s=whole.step.tokens_per_s * whole.step.time_s / time_s,
-    )
-    twice = [replace(pc, call=replace(pc.call, calls_per_iteration=2 * pc.call.calls_per_iteration))
-             for pc in half.calls]  # fmt: skip
-    return _calibrated(replace(whole, calls=twice, step=step), scale)
+    half_batch = -(-per_rank // 2) * w.par.dp
+    half = _step(model, w, options, phase, half_batch, context)
+    par = w.decode_par if phase == "decode" else w.par
+    strategy = w.overlap[phase == "decode"]
+    step = overlapped_step(
+        whole, half, _context(model, options, phase, batch, context, par, w), _context(model, options, phase,
+        half_batch, context, par, w), w.cluster.gpu, strategy, par.ep_dispatch,
+    )  # fmt: skip
+    return _calibrated(step, scale)
+
+
+def _context(model, options, phase, batch, context, par, w) -> Context:
+    return Context(model, _work(options, phase, batch, context), par, devices_per_node=w.cluster.devices_per_node)
 
 
 def _calibrated(plan: Plan, scale: float) -> Plan:

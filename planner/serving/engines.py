@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import SpecError
+from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class EngineTraits:
     # the flag that runs two micro-batches per step with the EP exchange of one behind the other's compute; None:
     # the engine has none this planner models (options.two_batch_overlap is a 422 there)
     two_batch_overlap_flag: str | None = None
+    # how that overlap stages a MoE layer, (prefill, decode): planner/serving/overlap.py
+    two_batch_overlap: tuple[OverlapStrategy, OverlapStrategy] | None = None
     # the flag that adds EPLB's redundant experts (options.redundant_experts)
     redundant_experts_flag: str | None = None
 
@@ -59,6 +62,7 @@ VLLM = register(
         sources=("vllm/engine/arg_utils.py", "vllm/config/cache.py", "docs.vllm.ai expert_parallel_deployment"),
         # vllm/config/parallel.py: enable_dbo (dual batch overlap, off), EPLBConfig.num_redundant_experts (0)
         two_batch_overlap_flag="--enable-dbo",
+        two_batch_overlap=(VLLM_DBO, VLLM_DBO),
         redundant_experts_flag="--eplb-config",
     )
 )
@@ -82,6 +86,7 @@ SGLANG = register(
         deepep_low_latency_decode=True,
         # python/sglang/srt/server_args.py: enable_two_batch_overlap False, ep_num_redundant_experts 0
         two_batch_overlap_flag="--enable-two-batch-overlap",
+        two_batch_overlap=(SGLANG_PREFILL, SGLANG_DECODE),
         redundant_experts_flag="--ep-num-redundant-experts",
     )
 )
