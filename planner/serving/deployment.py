@@ -372,15 +372,22 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
             tpot = t_d / (1 - u) / tps
             ttft = t_p + _wait(u, t_p) + t_d / 2
     else:
-        # closed loop: b = R (TTFT + OSL TPOT), TPOT = t_d / ((1 - R share) tps); fixed point on R
-        for _ in range(50):
-            u = min(rate * share, 0.999)
-            tpot = t_d / (1 - u) / tps
-            ttft = t_p + _wait(u, t_p) + t_d / 2
-            new = batch / (ttft + osl * tpot)
-            if abs(new - rate) <= 1e-9 * max(new, 1e-12):
-                break
-            rate = 0.5 * (rate + new)
+        # closed loop: b = R (TTFT(R) + OSL TPOT(R)), TPOT = t_d / ((1 - R share) tps) (Little's law over the
+        # requests a worker holds). The right side grows with R and without bound as R share -> 1 (the M/D/1 wait),
+        # so exactly one R in (0, 1 / share) solves it: bisection
+        def held(r: float) -> tuple[float, float, float]:
+            u = r * share
+            return r * ((t_p + _wait(u, t_p) + t_d / 2) + osl * t_d / (1 - u) / tps), t_p + _wait(u, t_p) + t_d / 2, \
+                t_d / (1 - u) / tps  # fmt: skip
+
+        lo, hi = 0.0, 1 / share
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if held(mid)[0] < batch else (lo, mid)
+        rate = lo
+        _, ttft, tpot = held(rate)
+        # requests beyond what the workers hold wait in the engine's queue first (Little's law on the queue)
+        ttft += max(0.0, traffic.concurrency / pool.workers - batch) / rate
     if tpot is None:
         warnings.append(
             f"saturated: {traffic.request_rate:g} requests/s need {traffic.request_rate * share / pool.workers:.2f} "
