@@ -26,6 +26,10 @@ from functools import lru_cache
 
 import numpy as np
 
+# numpy 2's np.unique imports numpy.ma on its first call (_unique1d: np.ma.is_masked): 70-90 ms of CPU that the first
+# /v1/serve of a process paid inside its answer (bench/serving_speed.py); paid here, at import
+import numpy.ma
+
 from collectives import Op
 from collectives.topology import ClusterSpec, cluster_for, price_call
 
