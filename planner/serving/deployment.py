@@ -38,7 +38,8 @@ from ..context import Context
 from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
-from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary
+from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
+from ..rules.engine_step import dp_sync
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
 from .overlap import overlapped_step
@@ -108,6 +109,7 @@ class _Worker:
     batch_tokens: int
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
     overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
+    dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
 
 
 def plan_serving(
@@ -223,7 +225,8 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     decode = par
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
-    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap)
+    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
+                   (traits.dp_sync_rows, traits.dp_sync_source))  # fmt: skip
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -263,9 +266,34 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
 
 @lru_cache(maxsize=512)  # value keys (frozen specs); the SLA search plans a layout's steps once per split
 def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
-    """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks."""
+    """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks, with the
+    engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
-    return build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
+    plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
+    sync = dp_sync(par, *w.dp_sync)
+    if sync is None or plan.step is None:
+        return plan
+    rows = price_calls([sync], par, w.cluster)
+    return replace(plan, calls=plan.calls + rows, step=_on_critical_path(plan.step, rows))
+
+
+def _on_critical_path(step, rows: list[PricedCall]):
+    """The step with calls that block its start (the host waits for their answer) added to each stage they run
+    on, as exposed communication of their parallelism."""
+    stages = list(step.stages)
+    added = 0.0
+    for pc in rows:
+        t = pc.price.time_s * pc.call.calls_per_iteration
+        for s in pc.call.stages:
+            st = stages[s]
+            key = (pc.call.parallelism, "forward")
+            exposed = {**st.exposed_by_stream, key: st.exposed_by_stream.get(key, 0.0) + t}
+            stages[s] = replace(st, fwd_comm_s=st.fwd_comm_s + t, exposed_by_stream=exposed)
+        added += t  # the stages run one after another in a serving step (step._inference)
+    time_s = step.time_s + added
+    keep = step.time_s / time_s
+    return replace(step, time_s=time_s, exposed_comm_s=step.exposed_comm_s + added, stages=stages,
+                   mfu=step.mfu * keep, tokens_per_s=step.tokens_per_s * keep)  # fmt: skip
 
 
 def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:

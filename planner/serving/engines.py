@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import SpecError
+from ..rules.engine_step import DP_SYNC_ROWS, VLLM_DP_SYNC
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
 
 
@@ -35,6 +36,10 @@ class EngineTraits:
     two_batch_overlap: tuple[OverlapStrategy, OverlapStrategy] | None = None
     # the flag that adds EPLB's redundant experts (options.redundant_experts)
     redundant_experts_flag: str | None = None
+    # a per-step all-reduce of this many int32 values per data-parallel rank over the DP group before each step,
+    # on the critical path (rules/engine_step.py dp_sync), and its source; 0: none
+    dp_sync_rows: int = 0
+    dp_sync_source: str = ""
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -64,6 +69,8 @@ VLLM = register(
         two_batch_overlap_flag="--enable-dbo",
         two_batch_overlap=(VLLM_DBO, VLLM_DBO),
         redundant_experts_flag="--eplb-config",
+        dp_sync_rows=DP_SYNC_ROWS,
+        dp_sync_source=VLLM_DP_SYNC,
     )
 )
 SGLANG = register(

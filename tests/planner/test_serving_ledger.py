@@ -10,7 +10,7 @@ from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_
 from planner.compute import layer_forward
 from planner.plan import Options
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
-from planner.serving.deployment import _context, _step, _worker, with_redundant_experts
+from planner.serving.deployment import _context, _step, _work, _worker, with_redundant_experts
 from planner.serving.overlap import COMM_SMS, SGLANG_DECODE, SGLANG_PREFILL, exchange_times, op_times, simulate
 
 DSV3, LLAMA8B = MODEL_PRESETS["deepseek-v3"], MODEL_PRESETS["llama3-8b"]
@@ -231,3 +231,25 @@ def test_ep72_all_to_all_blocks_are_equal():
     rows = _ep_rows(build_plan(model, work, par, cluster_preset("dgx-h100", 9), Options(timeline=False)).calls)
     exact = 256 * K * (H + H // 128 * 4)
     assert rows["ep.dispatch.ll"].call.message_bytes == -(-exact // 72) * 72 < exact + 72
+
+
+def test_vllm_dp_ranks_all_reduce_their_batch_metadata_each_step():
+    """vllm/v1/worker/dp_utils.py _run_ar: a (4, dp) int32 tensor all-reduced over the DP group once per step:
+    16 x 16 = 256 bytes among the 16 attention-DP ranks, one group (tp 1, pp 1). The host reads it before the
+    forward: the step is the plan's step plus its price. SGLang issues none; neither does vLLM at dp 1."""
+    options = ServeOptions(weight_dtype="fp8")
+    pool = Pool(dp=16, ep=16, attention_dp=True)
+    w = _worker(DSV3, TWO_NODES, engine("vllm"), pool, 0)
+    step = _step(DSV3, w, options, "decode", 16 * 16, 1050)
+    (sync,) = [pc for pc in step.calls if pc.call.name == "dp.step_sync"]
+    assert sync.call.message_bytes == 4 * 4 * 16 == 256 and sync.call.calls_per_iteration == 1
+    assert sync.call.op.value == "allreduce" and sync.group_size == 16 and sync.num_groups == 1
+    assert "dp_utils.py _run_ar" in sync.call.source
+    bare = build_plan(DSV3, _work(options, "decode", 16 * 16, 1050), w.decode_par, w.cluster, Options(timeline=False))
+    assert step.step.time_s == pytest.approx(bare.step.time_s + sync.price.time_s, rel=1e-12)
+    assert step.step.stages[0].exposed_by_stream[("dp", "forward")] == pytest.approx(sync.price.time_s)
+    assert 0 < sync.price.time_s < 1e-4  # a latency-bound 256-byte all-reduce across two nodes
+    sglang = _step(DSV3, _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0), options, "decode", 16 * 16, 1050)
+    assert not [pc for pc in sglang.calls if pc.call.parallelism == "dp"]
+    tp_only = _worker(DSV3, TWO_NODES, engine("vllm"), Pool(tp=16, ep=16), 0)
+    assert not [pc for pc in _step(DSV3, tp_only, options, "decode", 16, 1050).calls if pc.call.parallelism == "dp"]
