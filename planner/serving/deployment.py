@@ -278,18 +278,19 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
 
 
 def _on_critical_path(step, rows: list[PricedCall]):
-    """The step with calls that block its start (the host waits for their answer) added to each stage they run
-    on, as exposed communication of their parallelism."""
+    """The step with calls that block its start (the host waits for their answer) as exposed communication of
+    their parallelism. Every stage's ranks issue them at the step's start, at once, so the step waits once: on
+    the first stage that issues them (the stages then run one after another, step._inference)."""
     stages = list(step.stages)
     added = 0.0
     for pc in rows:
         t = pc.price.time_s * pc.call.calls_per_iteration
-        for s in pc.call.stages:
-            st = stages[s]
-            key = (pc.call.parallelism, "forward")
-            exposed = {**st.exposed_by_stream, key: st.exposed_by_stream.get(key, 0.0) + t}
-            stages[s] = replace(st, fwd_comm_s=st.fwd_comm_s + t, exposed_by_stream=exposed)
-        added += t  # the stages run one after another in a serving step (step._inference)
+        s = min(pc.call.stages)
+        st = stages[s]
+        key = (pc.call.parallelism, "forward")
+        exposed = {**st.exposed_by_stream, key: st.exposed_by_stream.get(key, 0.0) + t}
+        stages[s] = replace(st, fwd_comm_s=st.fwd_comm_s + t, exposed_by_stream=exposed)
+        added += t
     time_s = step.time_s + added
     keep = step.time_s / time_s
     return replace(step, time_s=time_s, exposed_comm_s=step.exposed_comm_s + added, stages=stages,
