@@ -66,15 +66,15 @@ SGLANG_DECODE = OverlapStrategy(
     2,
     SGLANG_SOURCE + "_compute_moe_deepseek_blog_decode",
 )  # fmt: skip
-# vLLM's dual batch overlap: the two ubatch threads switch at dbo_yield, which FusedMoEModularKernel.forward calls
-# after launching the dispatch (prepare) and after launching the combine (finalize, the shared experts after the
-# launch); the other thread's recv hook waits for the exchange (vllm/v1/worker/ubatching.py; vllm
-# model_executor/layers/fused_moe/modular_kernel.py; docs/design/dbo.md)
+# vLLM's dual batch overlap: the two ubatch threads switch at dbo_yield, which the modular kernel calls after
+# launching the dispatch (_prepare) and after launching the combine (_finalize, the shared experts run after that
+# launch); the recv hooks wait for the exchanges (vllm/v1/worker/ubatching.py)
 VLLM_DBO = OverlapStrategy(
     (("attn_prepare", "attn_core", "gate", "dispatch_a"), ("dispatch_b", "experts", "combine_a", "shared"),
      ("combine_b", "output")),
     0,
-    "vllm v0.11 vllm/model_executor/layers/fused_moe/modular_kernel.py FusedMoEModularKernel.forward (dbo_yield)",
+    "vllm 49a3522164d9 vllm/model_executor/layers/fused_moe/modular_kernel.py _prepare (prepare_async, "
+    "dbo_register_recv_hook, dbo_yield) and _finalize (finalize_async, shared experts, dbo_yield)",
 )  # fmt: skip
 
 # the SMs an EP dispatcher's kernels hold while they run: DeepEP's normal (high-throughput) kernels launch
