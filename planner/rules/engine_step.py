@@ -9,9 +9,18 @@ source; the serving planner (planner/serving/deployment.py) lists and prices the
   answer is read on the host (``.item()``) before the forward, so the step waits for it: on the critical path.
   16 x dp bytes; a group per tensor-parallel rank and pipeline stage (the DP dimension of the worker's grid).
   Skipped at dp 1 (``coordinate_batch_across_dp`` returns early).
+- TensorRT-LLM's fused all-reduce (cpp/tensorrt_llm/thop/allreduceOp.cpp at 01e2c3612da7,
+  ``AllReduceFusionOp::RESIDUAL_RMS_NORM``): the all-reduce that ends an attention or MLP block is one
+  ``ar_fusion::allreduce_fusion_op`` kernel (kernels/communicationKernels/allReduceFusionKernels.cu: one-shot
+  ``LamportComm`` or two-shot ``SyncComm`` over NVLink) that also adds the residual and applies the next RMSNorm,
+  returning both. The bytes are the block output's, tokens x hidden x 2, as rules/tensor.py's rows carry them:
+  ``fused`` relabels those rows with this source. Not modelled: the one-shot/two-shot kernels' own price (the rows
+  are priced as NCCL's all-reduce) and the residual add and norm leaving the layer's compute.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from collectives import Op
 
@@ -24,6 +33,13 @@ VLLM_DP_SYNC = (
     "group (coordinate_batch_across_dp, once per step)"
 )
 DP_SYNC_ROWS = 4  # tokens unpadded, tokens padded, micro-batching, CUDA-graph mode
+TRTLLM_AR_FUSION = (
+    "TensorRT-LLM 01e2c3612da7 cpp/tensorrt_llm/thop/allreduceOp.cpp AllReduceFusionOp::RESIDUAL_RMS_NORM "
+    "(allReduceFusionKernels.cu allreduce_fusion_op, one-shot Lamport / two-shot): all-reduce + residual add + "
+    "RMSNorm in one kernel; priced as NCCL's all-reduce"
+)
+# the rows (rules/tensor.py, without the "tp." and an MTP module's "mtp.") whose all-reduce ends a block
+BLOCK_OUTPUTS = ("attn.out_proj", "mlp.down_proj")
 
 
 def dp_sync(par: ParallelSpec, rows: int, source: str) -> Call | None:
@@ -42,3 +58,12 @@ def dp_sync(par: ParallelSpec, rows: int, source: str) -> Call | None:
         parallelism="dp",
         stages=tuple(range(par.pp)),
     )
+
+
+def fused(call: Call, source: str) -> Call:
+    """``call`` as an engine issues it when its all-reduce of a block's output is fused with the residual add and
+    the next norm (``source``: the engine's op); any other call unchanged."""
+    block = call.name.removeprefix("tp.").removeprefix("mtp.")
+    if not source or call.parallelism != "tp" or call.op != Op.ALLREDUCE or block not in BLOCK_OUTPUTS:
+        return call
+    return replace(call, source=source)

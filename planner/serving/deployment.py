@@ -39,7 +39,7 @@ from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
-from ..rules.engine_step import dp_sync
+from ..rules.engine_step import dp_sync, fused
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
 from .overlap import overlapped_step
@@ -110,6 +110,7 @@ class _Worker:
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
     overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
     dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
+    fusion: str = ""  # the engine's fused all-reduce + residual + norm (rules/engine_step.py fused); "": none
 
 
 def plan_serving(
@@ -226,7 +227,7 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
-                   (traits.dp_sync_rows, traits.dp_sync_source))  # fmt: skip
+                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce_fusion)  # fmt: skip
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -270,6 +271,8 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
     plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
+    if w.fusion:
+        plan = replace(plan, calls=[replace(pc, call=fused(pc.call, w.fusion)) for pc in plan.calls])
     sync = dp_sync(par, *w.dp_sync)
     if sync is None or plan.step is None:
         return plan
