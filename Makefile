@@ -36,3 +36,5 @@ bench: $(VENV)/.test
 	PYTHONPATH=. $(PY) bench/bench_search.py
 	PYTHONPATH=. $(PY) bench/library_table.py
 	PYTHONPATH=. $(PY) bench/step_validation.py
+	PYTHONPATH=. $(PY) bench/serving_validation.py
+	PYTHONPATH=. $(PY) bench/serving_speed.py

@@ -1,7 +1,12 @@
 """The serving planner against published serving measurements (README and docs/serving.md, "Validation").
 
-Held out: no constant is fitted on these rows. Each row plans the published deployment's steps with the planner's
-own functions (planner.serving.deployment) and compares the per-node throughput.
+Held out: no constant is fitted on these rows. Each row plans the published deployment with the planner's own
+functions (planner.serving) and compares the throughput:
+
+- wide-EP DeepSeek-V3 (LMSYS, SGLang, 96 H100): one step of each pool, tokens/s per node, two-batch overlap on (as
+  run) and off;
+- dense Llama 3.3 70B and 3.1 405B (TensorRT-LLM's perf-overview tables, H100 and H200, FP8): an aggregated
+  offline run (every request queued at once), total output tokens/s.
 
     PYTHONPATH=. python bench/serving_validation.py
 """
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS
-from planner.serving import Pool, ServeOptions, engine
+from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
 from planner.serving.deployment import _overlapped, _worker, with_redundant_experts
 
 LMSYS = "lmsys.org/blog/2025-05-05-large-scale-ep (SGLang, 12 x 8 H100, DeepEP, DeepGEMM, EPLB, two-batch overlap)"
@@ -35,6 +40,53 @@ def predict(phase: str, pool: Pool, per_rank: int, context: int, options: ServeO
     return tokens / plan.step.time_s, plan.step.time_s
 
 
+TRTLLM = (
+    "TensorRT-LLM docs/source/performance/perf-overview.md at 00f37686aa85 (the v1.0 docs' throughput tables, "
+    "nvidia.github.io/TensorRT-LLM/performance/perf-overview.html): trtllm-bench throughput, PyTorch backend, "
+    "requests at an infinite rate, Total Output Throughput (tokens/sec); nvidia/Llama-3.3-70B-Instruct-FP8 and "
+    "nvidia/Llama-3.1-405B-Instruct-FP8 (ModelOpt)"
+)
+# the doc's $num_requests per (ISL, OSL)
+REQUESTS = {(128, 2048): 3000, (500, 2000): 3000, (1000, 1000): 3000, (2048, 128): 3000, (2048, 2048): 1500,
+            (5000, 500): 1500}  # fmt: skip
+# (model preset, cluster preset, tp, {(ISL, OSL): published total output tokens/s})
+DENSE = (
+    ("llama3-70b", "dgx-h100", 2, {(128, 2048): 6651, (500, 2000): 5222, (1000, 1000): 4205, (2048, 128): 762,
+                                   (2048, 2048): 3082, (5000, 500): 898}),
+    ("llama3-70b", "dgx-h200", 1, {(128, 2048): 4336, (500, 2000): 3666, (1000, 1000): 2909, (2048, 128): 442,
+                                   (2048, 2048): 2003, (5000, 500): 566}),
+    ("llama3-405b", "dgx-h100", 8, {(128, 2048): 4340, (500, 2000): 3994, (1000, 1000): 2919, (2048, 128): 453,
+                                    (2048, 2048): 2296, (5000, 500): 610}),
+    ("llama3-405b", "dgx-h200", 8, {(128, 2048): 5348, (500, 2000): 4724, (1000, 1000): 3330, (2048, 128): 456,
+                                    (2048, 2048): 2948, (5000, 500): 650}),
+)  # fmt: skip
+# ModelOpt's FP8 recipe: per-tensor scales for the weights and activations, and an FP8 KV cache (its export writes
+# quant_algo FP8, kv_cache_quant_algo FP8 into hf_quant_config.json; TensorRT-LLM's KV dtype "auto" follows it)
+DENSE_OPTIONS = ServeOptions(weight_dtype="fp8", kv_dtype="fp8", fp8_recipe="tensorwise")
+
+
+def dense_table() -> list[dict]:
+    """The dense rows: TensorRT-LLM's defaults (max_num_tokens 8192, free_gpu_memory_fraction 0.9), one worker of
+    the published TP on one node, every request of the run in the system at once."""
+    out = []
+    for model, cluster, tp, rows in DENSE:
+        for (isl, osl), published in rows.items():
+            traffic = Traffic(isl, osl, concurrency=REQUESTS[(isl, osl)])
+            nodes = cluster_preset(cluster, 1)
+            plan = plan_serving(MODEL_PRESETS[model], nodes, engine("trtllm"), traffic, (Pool(tp=tp),), DENSE_OPTIONS)
+            predicted = plan.output_tokens_per_s
+            out.append({"row": f"{model} {cluster.removeprefix('dgx-').upper()} TP{tp} {isl}/{osl}",
+                        "predicted": predicted, "published": published, "error": predicted / published - 1,
+                        "tpot_s": plan.tpot_s, "batch": plan.pools[0].batch, "source": TRTLLM})  # fmt: skip
+    return out
+
+
+def median_abs(rows: list[dict]) -> float:
+    errors = sorted(abs(r["error"]) for r in rows)
+    n = len(errors)
+    return (errors[n // 2] + errors[(n - 1) // 2]) / 2
+
+
 def table() -> list[dict]:
     out = []
     for tbo in (True, False):
@@ -54,3 +106,12 @@ if __name__ == "__main__":
             f"{r['row']:80s} TBO {tbo} {r['predicted']:9,.0f} vs {r['published']:7,d} tokens/s per node "
             f"({r['error']:+.1%}), step {r['step_s'] * 1e3:,.1f} ms"
         )
+    dense = dense_table()
+    for r in dense:
+        print(
+            f"{r['row']:40s} {r['predicted']:7,.0f} vs {r['published']:6,d} output tokens/s ({r['error']:+.1%}), "
+            f"batch {r['batch']}, TPOT {r['tpot_s'] * 1e3:,.1f} ms"
+        )
+    signed = sorted(r["error"] for r in dense)
+    print(f"dense: median |error| {median_abs(dense):.1%}, signed median {signed[len(signed) // 2]:+.1%}, "
+          f"worst {max(signed, key=abs):+.1%} over {len(dense)} rows")  # fmt: skip

@@ -441,6 +441,13 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
     return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)
 
 
+def price_calls(calls: list[Call], par: ParallelSpec, cluster_spec: ClusterSpec, options: Options = Options()):
+    """Calls a caller adds to a plan's ledger (a serving engine's own per-step calls: rules/engine_step.py), priced
+    and placed exactly as build_plan prices its own (the same pricer, caches and per-stage rows)."""
+    pricer = _pricer(cluster_for(cluster_spec), layout_for(par), replace(options, overlap=Overlap(), timeline=True))
+    return [row for call in calls for row in _price_by_stage(call, pricer)]
+
+
 def with_fixed_time(price: Price, fixed_s: float) -> Price:
     """A price with a kernel's fixed time added; its bandwidths are those of the longer time."""
     time_s = price.time_s + fixed_s
@@ -476,6 +483,7 @@ __all__ = [
     "cluster_for",
     "neighbourhood",
     "placement_priced",
+    "price_calls",
     "price_classes",
     "setup",
 ]

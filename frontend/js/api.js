@@ -28,10 +28,11 @@ export async function call(path, body, { signal, accept } = {}) {
 export const getJson = async (path) => (await call(path)).json();
 export const postJson = async (path, body, opts) => (await call(path, body, opts)).json();
 
-// POST /v1/search?stream=true: NDJSON lines {"type": "progress"|"result"|"error", ...}; onProgress(line) per
-// progress line; resolves to the result. A server that answers plain JSON is accepted too.
-export async function search(body, onProgress, signal) {
-  const response = await call("/v1/search?stream=true", body, { signal, accept: "application/x-ndjson" });
+// POST /v1/search?stream=true (or another streamed search, `path`: /v1/serve/search?stream=true): NDJSON lines
+// {"type": "progress"|"result"|"error", ...}; onProgress(line) per progress line; resolves to the result. A server
+// that answers plain JSON is accepted too.
+export async function search(body, onProgress, signal, path = "/v1/search?stream=true") {
+  const response = await call(path, body, { signal, accept: "application/x-ndjson" });
   if (!(response.headers.get("content-type") || "").includes("ndjson")) return response.json();
   const reader = response.body.getReader(), decoder = new TextDecoder();
   let buffer = "", result = null;

@@ -1,7 +1,7 @@
 // "Serve it": POST /v1/serve for this form's model and cluster with a serving deployment (engine, traffic,
 // pools), its cards, pools and KV transfer; "Find a deployment": POST /v1/serve/search under a TTFT/TPOT SLA,
 // its ranked table and the Pareto front of tokens/s per GPU against tokens/s per user; a click loads one.
-import { postJson } from "./api.js";
+import { postJson, search } from "./api.js";
 import { $, el, options as fillOptions } from "./dom.js";
 import { esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
@@ -166,8 +166,11 @@ async function runServeSearch() {
   const body = { ...modelAndCluster(), traffic: traffic(), sla, options: options(), top_k: 10 };
   $("serve-search-status").textContent = "Searching deployments…";
   $("serve-search-run").disabled = true;
+  state.serveSearchProgress = null;
   try {
-    const result = await postJson("/v1/serve/search", body);
+    // streamed: a progress line at most every 0.25 s (done of total, plans that fit, those meeting the SLA, the
+    // best so far), then the result
+    const result = await search(body, showServeProgress, undefined, "/v1/serve/search?stream=true");
     state.serveSearch = result;
     $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
       + `${fmtInt(result.evaluated)} of those plans fit. ${result.why}`;
@@ -177,6 +180,14 @@ async function runServeSearch() {
   } finally {
     $("serve-search-run").disabled = false;
   }
+}
+
+function showServeProgress(p) {
+  state.serveSearchProgress = p;
+  const best = p.best ? `; best so far ${p.best.engine} ${p.best.mode} ${p.best.deployment}, `
+    + `${fmtCount(p.best.output_tokens_per_s_per_gpu)} tokens/s per GPU` : "";
+  $("serve-search-status").textContent = `Searching deployments: ${fmtInt(p.done)} of ${fmtInt(p.total)}, `
+    + `${fmtInt(p.evaluated)} plans fit, ${fmtInt(p.feasible)} meet the SLA${best}…`;
 }
 
 const poolName = (p) => `${p.role} ${p.workers}× ` + ["tp", "pp", "dp", "ep"].filter((k) => (p[k] || 1) > 1).map((k) => `${k.toUpperCase()}${p[k]}`).join(" ")

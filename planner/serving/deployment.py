@@ -26,6 +26,10 @@ from functools import lru_cache
 
 import numpy as np
 
+# numpy 2's np.unique imports numpy.ma on its first call (_unique1d: np.ma.is_masked): 70-90 ms of CPU that the first
+# /v1/serve of a process paid inside its answer (bench/serving_speed.py); paid here, at import
+import numpy.ma
+
 from collectives import Op
 from collectives.topology import ClusterSpec, cluster_for, price_call
 
@@ -34,9 +38,11 @@ from ..context import Context
 from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
-from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary
+from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
+from ..rules.engine_step import dp_sync, fused
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
+from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
 
 
@@ -102,6 +108,9 @@ class _Worker:
     cluster: ClusterSpec
     batch_tokens: int
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
+    overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
+    dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
+    fusion: str = ""  # the engine's fused all-reduce + residual + norm (rules/engine_step.py fused); "": none
 
 
 def plan_serving(
@@ -217,7 +226,8 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     decode = par
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
-    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode)
+    return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
+                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce_fusion)  # fmt: skip
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -257,42 +267,64 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
 
 @lru_cache(maxsize=512)  # value keys (frozen specs); the SLA search plans a layout's steps once per split
 def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
-    """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks."""
+    """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks, with the
+    engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
-    return build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
+    plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
+    if w.fusion:
+        plan = replace(plan, calls=[replace(pc, call=fused(pc.call, w.fusion)) for pc in plan.calls])
+    sync = dp_sync(par, *w.dp_sync)
+    if sync is None or plan.step is None:
+        return plan
+    rows = price_calls([sync], par, w.cluster)
+    return replace(plan, calls=plan.calls + rows, step=_on_critical_path(plan.step, rows))
+
+
+def _on_critical_path(step, rows: list[PricedCall]):
+    """The step with calls that block its start (the host waits for their answer) as exposed communication of
+    their parallelism. Every stage's ranks issue them at the step's start, at once, so the step waits once: on
+    the first stage that issues them (the stages then run one after another, step._inference)."""
+    stages = list(step.stages)
+    added = 0.0
+    for pc in rows:
+        t = pc.price.time_s * pc.call.calls_per_iteration
+        s = min(pc.call.stages)
+        st = stages[s]
+        key = (pc.call.parallelism, "forward")
+        exposed = {**st.exposed_by_stream, key: st.exposed_by_stream.get(key, 0.0) + t}
+        stages[s] = replace(st, fwd_comm_s=st.fwd_comm_s + t, exposed_by_stream=exposed)
+        added += t
+    time_s = step.time_s + added
+    keep = step.time_s / time_s
+    return replace(step, time_s=time_s, exposed_comm_s=step.exposed_comm_s + added, stages=stages,
+                   mfu=step.mfu * keep, tokens_per_s=step.tokens_per_s * keep)  # fmt: skip
 
 
 def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
     """A step as the engine runs it: one pass, or with ``options.two_batch_overlap`` two micro-batches of half the
-    sequences each (at least one per attention rank), the EP exchange of one behind the other's compute
-    (SGLang two_batch_overlap.py; vLLM dual batch overlap; the DeepSeek-V3 report's decode overlap, §3.4).
-
-    Time: each half is the planner's step at half the batch; run back to back, the two take twice that, less
-    what overlaps: on each stage, per half, the smaller of its exposed EP time and its compute (the other half's
-    compute hides the exchange; the first dispatch and last combine of a step, 1/layers of it, are not hidden: an
-    under-estimate). The calls are the half step's, issued twice; memory is the whole batch's (both halves are
-    in flight)."""
+    sequences each (at least one per attention rank), the MoE layers' stages interleaved as the engine's
+    operations strategy orders them and the EP exchange of one half behind the other's compute
+    (planner/serving/overlap.py: SGLang two_batch_overlap.py and operations_strategy.py; vLLM dual batch
+    overlap). The MoE layers' exchanges are the half step's, issued twice; memory is the whole batch's (both
+    halves are in flight)."""
     whole = _step(model, w, options, phase, batch, context)
     per_rank = batch // w.par.dp
     scale = options.prefill_time_scale if phase == "prefill" else options.decode_time_scale
-    if not options.two_batch_overlap or per_rank < 2 or whole.step is None:
+    if not options.two_batch_overlap or per_rank < 2 or whole.step is None or w.overlap is None:
         return _calibrated(whole, scale)
-    half = _step(model, w, options, phase, -(-per_rank // 2) * w.par.dp, context)
-    hidden = sum(
-        min(st.exposed_by_stream.get(("ep", "forward"), 0.0), st.compute.forward.total_s) for st in half.step.stages
-    )
-    time_s = 2 * (half.step.time_s - hidden)
-    step = replace(
-        half.step,
-        time_s=time_s,
-        compute_s=2 * half.step.compute_s,
-        exposed_comm_s=2 * (half.step.exposed_comm_s - hidden),
-        mfu=whole.step.mfu * whole.step.time_s / time_s,
-        tokens_per_s=whole.step.tokens_per_s * whole.step.time_s / time_s,
-    )
-    twice = [replace(pc, call=replace(pc.call, calls_per_iteration=2 * pc.call.calls_per_iteration))
-             for pc in half.calls]  # fmt: skip
-    return _calibrated(replace(whole, calls=twice, step=step), scale)
+    half_batch = -(-per_rank // 2) * w.par.dp
+    half = _step(model, w, options, phase, half_batch, context)
+    par = w.decode_par if phase == "decode" else w.par
+    strategy = w.overlap[phase == "decode"]
+    step = overlapped_step(
+        whole, half, _context(model, options, phase, batch, context, par, w), _context(model, options, phase,
+        half_batch, context, par, w), w.cluster.gpu, strategy, par.ep_dispatch,
+    )  # fmt: skip
+    return _calibrated(step, scale)
+
+
+def _context(model, options, phase, batch, context, par, w) -> Context:
+    return Context(model, _work(options, phase, batch, context), par, devices_per_node=w.cluster.devices_per_node)
 
 
 def _calibrated(plan: Plan, scale: float) -> Plan:
@@ -376,15 +408,22 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
             tpot = t_d / (1 - u) / tps
             ttft = t_p + _wait(u, t_p) + t_d / 2
     else:
-        # closed loop: b = R (TTFT + OSL TPOT), TPOT = t_d / ((1 - R share) tps); fixed point on R
-        for _ in range(50):
-            u = min(rate * share, 0.999)
-            tpot = t_d / (1 - u) / tps
-            ttft = t_p + _wait(u, t_p) + t_d / 2
-            new = batch / (ttft + osl * tpot)
-            if abs(new - rate) <= 1e-9 * max(new, 1e-12):
-                break
-            rate = 0.5 * (rate + new)
+        # closed loop: b = R (TTFT(R) + OSL TPOT(R)), TPOT = t_d / ((1 - R share) tps) (Little's law over the
+        # requests a worker holds). The right side grows with R and without bound as R share -> 1 (the M/D/1 wait),
+        # so exactly one R in (0, 1 / share) solves it: bisection
+        def held(r: float) -> tuple[float, float, float]:
+            u = r * share
+            return r * ((t_p + _wait(u, t_p) + t_d / 2) + osl * t_d / (1 - u) / tps), t_p + _wait(u, t_p) + t_d / 2, \
+                t_d / (1 - u) / tps  # fmt: skip
+
+        lo, hi = 0.0, 1 / share
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if held(mid)[0] < batch else (lo, mid)
+        rate = lo
+        _, ttft, tpot = held(rate)
+        # requests beyond what the workers hold wait in the engine's queue first (Little's law on the queue)
+        ttft += max(0.0, traffic.concurrency / pool.workers - batch) / rate
     if tpot is None:
         warnings.append(
             f"saturated: {traffic.request_rate:g} requests/s need {traffic.request_rate * share / pool.workers:.2f} "

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import SpecError
+from ..rules.engine_step import DP_SYNC_ROWS, TRTLLM_AR_FUSION, VLLM_DP_SYNC
+from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,17 @@ class EngineTraits:
     # the flag that runs two micro-batches per step with the EP exchange of one behind the other's compute; None:
     # the engine has none this planner models (options.two_batch_overlap is a 422 there)
     two_batch_overlap_flag: str | None = None
+    # how that overlap stages a MoE layer, (prefill, decode): planner/serving/overlap.py
+    two_batch_overlap: tuple[OverlapStrategy, OverlapStrategy] | None = None
     # the flag that adds EPLB's redundant experts (options.redundant_experts)
     redundant_experts_flag: str | None = None
+    # a per-step all-reduce of this many int32 values per data-parallel rank over the DP group before each step,
+    # on the critical path (rules/engine_step.py dp_sync), and its source; 0: none
+    dp_sync_rows: int = 0
+    dp_sync_source: str = ""
+    # the op that replaces the all-reduce ending each attention and MLP block (rules/engine_step.py fused); "": a
+    # plain all-reduce
+    tp_allreduce_fusion: str = ""
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -59,7 +70,10 @@ VLLM = register(
         sources=("vllm/engine/arg_utils.py", "vllm/config/cache.py", "docs.vllm.ai expert_parallel_deployment"),
         # vllm/config/parallel.py: enable_dbo (dual batch overlap, off), EPLBConfig.num_redundant_experts (0)
         two_batch_overlap_flag="--enable-dbo",
+        two_batch_overlap=(VLLM_DBO, VLLM_DBO),
         redundant_experts_flag="--eplb-config",
+        dp_sync_rows=DP_SYNC_ROWS,
+        dp_sync_source=VLLM_DP_SYNC,
     )
 )
 SGLANG = register(
@@ -82,6 +96,7 @@ SGLANG = register(
         deepep_low_latency_decode=True,
         # python/sglang/srt/server_args.py: enable_two_batch_overlap False, ep_num_redundant_experts 0
         two_batch_overlap_flag="--enable-two-batch-overlap",
+        two_batch_overlap=(SGLANG_PREFILL, SGLANG_DECODE),
         redundant_experts_flag="--ep-num-redundant-experts",
     )
 )
@@ -104,6 +119,7 @@ TRTLLM = register(
         deepep_low_latency_decode=True,
         # _torch/modules/fused_moe/moe_load_balancer.py: num_slots = experts + redundant (extra_llm_api_options)
         redundant_experts_flag="moe_config.load_balancer.num_slots",
+        tp_allreduce_fusion=TRTLLM_AR_FUSION,
     )
 )
 

@@ -226,6 +226,10 @@ def test_engine_exchanges_and_options_over_http(api):
     assert set(decode) == {"ep.agrs.gather", "ep.agrs.combine"}  # vLLM's default: hidden + router logits
     tokens = decode["ep.agrs.combine"]["message_bytes"] // (7168 * 2)
     assert decode["ep.agrs.gather"]["message_bytes"] == tokens * (7168 + 256) * 2
+    # vLLM's per-step DP metadata all-reduce (dp_utils.py _run_ar): 4 int32 per DP rank, prefill DP32, decode DP64
+    syncs = [{c["name"]: c for c in p["calls"]}["dp.step_sync"] for p in r.json()["pools"]]
+    assert [c["message_bytes"] for c in syncs] == [4 * 4 * 32, 4 * 4 * 64]
+    assert all(c["op"] == "allreduce" and c["calls_per_iteration"] == 1 and c["time_s"] > 0 for c in syncs)
     body["deployment"]["pools"][1]["ep_dispatch"] = "deepep_ll"
     plain = api.post("/v1/serve", json=body).json()
     body["options"] |= {"two_batch_overlap": True, "redundant_experts": 64}
@@ -261,3 +265,21 @@ def test_plan_takes_the_engine_exchanges_over_http(api, dispatch, names):
     r = api.post("/v1/plan", json=body)
     assert r.status_code == 200, r.text
     assert {c["name"] for c in r.json()["calls"] if c["parallelism"] == "ep"} == names
+
+
+def test_disaggregated_kv_transfer_is_visible_on_the_topology(api):
+    """Issue 22, "done when": a disaggregated plan's KV transfer drawn on the topology over HTTP, as the page does
+    it: POST /v1/topology with the answer's cluster, the transfer's devices (prefill worker 0's 32 GPUs and the
+    decode worker it feeds, 64) and its links; the busiest link the transfer names is an edge of that view,
+    coloured with the transfer's own utilisation."""
+    d = api.post("/v1/serve", json=DSV3).json()
+    kv = d["kv_transfer"]
+    assert len(kv["devices"]) == 32 + 64 and kv["links"] and kv["bytes_per_request"] == 70_272 * 2000
+    use = [{"id": link["id"], "utilisation": link["utilisation"]} for link in kv["links"]]
+    r = api.post("/v1/topology", json={"cluster": d["cluster"], "devices": kv["devices"], "utilisation": use})
+    assert r.status_code == 200, r.text
+    view = r.json()
+    busiest = kv["links"][0]
+    (edge,) = [e for e in view["edges"] if busiest["id"] in e["links"]]
+    assert edge["utilisation"] == pytest.approx(busiest["utilisation"])
+    assert kv["bottleneck"] == busiest["label"]

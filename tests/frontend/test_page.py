@@ -947,6 +947,10 @@ def test_serve_view_plans_a_deployment_and_finds_one_under_an_sla(make_page, vie
     assert page.locator("#serve-search-table tbody tr").count() >= 1
     assert page.locator("#serve-pareto canvas").first.bounding_box()["width"] > 150
     expect(page.locator("#serve-search-status")).to_contain_text("bound by")
+    # the search streamed its progress (NDJSON, as Find a layout does): the last line says every deployment is done
+    progress = page.evaluate("window.commplan.state.serveSearchProgress")
+    assert progress["done"] == progress["total"] > 0 and progress["feasible"] >= 1
+    expect(page.locator("#serve-search-status")).to_contain_text(f"{progress['total']:,} deployments tried")
     page.locator("#serve-search-table tbody tr").first.click()
     expect(page.locator("#serve-status")).to_have_text("", timeout=30_000)
     assert overflow(page) == 0

@@ -64,6 +64,26 @@ def test_aggregated_littles_law_and_throughput():
     assert {c.call.parallelism for c in pool.calls} == {"tp"}
 
 
+def test_aggregated_offline_load_is_bounded_by_prefill_and_queues():
+    """An offline run (3,000 requests at once, far beyond the KV cache) of 2,048-token prompts and 128-token
+    answers: the worker's time goes mostly to prefill, and it can serve no more than one prompt's share of the
+    prefill pass per request (rate < max prompts per pass / pass time). Little's law holds over the requests it
+    holds (b = R (TTFT_held + OSL TPOT)); the requests beyond them wait in the queue, C - b = R x their wait, which
+    the TTFT adds. (The fixed-point iteration this replaces answered 3.4 x the prefill bound for 405B on 8 H200.)"""
+    traffic = Traffic(2048, 128, concurrency=3000)
+    out = plan_serving(LLAMA70B, cluster_preset("dgx-h100", 1), engine("trtllm"), traffic, (Pool(tp=8),),
+                       ServeOptions(weight_dtype="fp8", kv_dtype="fp8"))  # fmt: skip
+    (pool,) = out.pools
+    n_pre = 8192 // 2048  # TensorRT-LLM's max_num_tokens 8192: four prompts a pass
+    assert out.request_rate < n_pre / pool.prefill_s
+    assert out.request_rate > 0.5 * n_pre / pool.prefill_s  # prefill-bound: most of the time is prefill
+    assert pool.batch < 3000 and pool.batch == out.kv_cache.max_concurrency
+    queued = (3000 - pool.batch) / out.request_rate
+    held = out.ttft_s - queued
+    assert out.request_rate * (held + 128 * out.tpot_s) == pytest.approx(pool.batch, rel=1e-6)
+    assert queued > 10 * held > 0
+
+
 def test_more_concurrency_more_throughput_slower_users():
     cluster = cluster_preset("dgx-h100", 1)
     run = lambda c: plan_serving(LLAMA70B, cluster, engine("vllm"), Traffic(1000, 500, concurrency=c), (Pool(tp=8),))  # noqa: E731

@@ -7,9 +7,11 @@ import pytest
 
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_plan
+from planner.compute import layer_forward
 from planner.plan import Options
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
-from planner.serving.deployment import _step, _worker, with_redundant_experts
+from planner.serving.deployment import _context, _step, _work, _worker, with_redundant_experts
+from planner.serving.overlap import COMM_SMS, SGLANG_DECODE, SGLANG_PREFILL, exchange_times, op_times, simulate
 
 DSV3, LLAMA8B = MODEL_PRESETS["deepseek-v3"], MODEL_PRESETS["llama3-8b"]
 H, E, K, MOE_LAYERS = 7168, 256, 8, 58  # DeepSeek-V3: hidden, routed experts, top-k, 61 - 3 dense layers
@@ -111,28 +113,74 @@ def test_engine_exchanges_are_inference_only():
         assert err.value.field == "parallel.ep_dispatch" and "inference only" in err.value.rule
 
 
-def test_two_batch_overlap_hides_the_ep_exchange_behind_the_other_half():
-    """Two halves of 128 sequences per rank: the calls are the half step's, twice; the step is twice the half
-    step less, per half, the smaller of its exposed EP time and its compute."""
+def test_two_batch_overlap_prefill_schedule_by_hand():
+    """SGLang's prefill strategy (delta 0; yields after dispatch_a and combine_a), one layer, by hand: attention
+    1 + 2, shared 1, experts 3; dispatch 2, combine 4 per half. A0 ends at 3 and launches its dispatch (net 3-5);
+    B0 ends at 6 (dispatch 6-8); A1 waits to 5 < 6, experts to 9, combine 9-13; B1 experts 9-12, combine 13-17;
+    A2 shared to 13, waits 13; B2 shared to 14, waits to 17. Compute alone is 14, in series 26."""
+    ops = {"attn_prepare": 1.0, "attn_core": 2.0, "gate": 0.0, "shared": 1.0, "experts": 3.0, "output": 0.0}
+    assert simulate(SGLANG_PREFILL, 1, ops, {"dispatch": 2.0, "combine": 4.0}) == 17.0
+    assert simulate(SGLANG_PREFILL, 5, ops, {"dispatch": 0.0, "combine": 0.0}) == 5 * 14.0  # nothing to hide
+
+
+def test_two_batch_overlap_decode_schedule_by_hand():
+    """SGLang's decode strategy (delta 2, six stages a layer): A0 A1, then A2 B0, A3 B1, A4 B2, A5 B3, then B4
+    B5. Attention 1 + 1, shared 1, experts 2, output 1; dispatch and combine 3. A's dispatch 2-5 hides behind
+    A's shared and B0 (to 4): waits 1; A's combine 7-10 behind B1 (to 8): waits 2; B's dispatch 10-13 behind
+    B's shared and A5 (to 12): waits 1; B's combine 15-18, nothing between: waits 3; B5 ends at 19 = 12 + 7."""
+    ops = {"attn_prepare": 1.0, "attn_core": 1.0, "gate": 0.0, "shared": 1.0, "experts": 2.0, "output": 1.0}
+    assert simulate(SGLANG_DECODE, 1, ops, {"dispatch": 3.0, "combine": 3.0}) == 19.0
+
+
+def test_two_batch_overlap_hides_part_of_the_ep_exchange():
+    """Two halves of 128 sequences per rank: the EP calls are the half step's, twice; the step is the whole
+    step with its MoE layers (58, their compute and their exposed EP time) replaced by the simulated halves. It
+    lies between the halves' compute alone and the halves in series."""
     pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep")
-    options = ServeOptions(weight_dtype="fp8")
+    options = ServeOptions(weight_dtype="fp8", two_batch_overlap=True)
     w = _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0)
     half = _step(DSV3, w, options, "decode", 128 * 16, 350)
     whole = _step(DSV3, w, options, "decode", 256 * 16, 350)
-    st = half.step.stages[0]
-    ep, compute = st.exposed_by_stream[("ep", "forward")], st.compute.forward.total_s
-    assert 0 < ep < compute
-    traffic = Traffic(300, 100, concurrency=256 * 16)
-    out = plan_serving(DSV3, TWO_NODES, engine("sglang"), traffic, (pool,), ServeOptions(weight_dtype="fp8",
-                       two_batch_overlap=True))  # fmt: skip
+    par, gpu = w.decode_par, TWO_NODES.gpu
+    assert par.ep_dispatch == "deepep_ll"  # decode: the low-latency kernels, which hold no SMs in flight
+    ctx_half = _context(DSV3, options, "decode", 128 * 16, 350, par, w)
+    ctx_whole = _context(DSV3, options, "decode", 256 * 16, 350, par, w)
+    ops, ex = op_times(ctx_half, gpu, 0), exchange_times(half.calls, 0)
+    assert ex["dispatch"] == _ep_rows(half.calls)["ep.dispatch.ll"].price.time_s
+    assert ex["combine"] == _ep_rows(half.calls)["ep.combine.ll"].price.time_s
+    st = whole.step.stages[0]
+    moe_whole = layer_forward(ctx_whole, True, gpu)[0].total_s
+    sim = simulate(SGLANG_DECODE, MOE_LAYERS, ops, ex)
+    expected = whole.step.time_s - MOE_LAYERS * moe_whole - st.exposed_by_stream[("ep", "forward")] + sim
+    out = plan_serving(DSV3, TWO_NODES, engine("sglang"), Traffic(300, 100, concurrency=256 * 16), (pool,), options)
     p = out.pools[0]
     assert p.batch == 256 * 16
-    assert p.step_s == pytest.approx(2 * (half.step.time_s - ep))
-    assert p.step_s < whole.step.time_s  # at 256 sequences per GPU the overlap wins
+    assert p.step_s == pytest.approx(expected, rel=1e-9)
+    compute = 2 * MOE_LAYERS * sum(ops.values())
+    assert compute < sim < compute + 2 * MOE_LAYERS * (ex["dispatch"] + ex["combine"])
+    # every exchange hidden (the previous model: twice the half step less its exposed EP time) is a lower bound
+    hidden = 2 * (half.step.time_s - half.step.stages[0].exposed_by_stream[("ep", "forward")])
+    assert p.step_s > hidden
     rows, half_rows = _ep_rows(p.calls), _ep_rows(half.calls)
     assert rows["ep.dispatch.ll"].call.calls_per_iteration == 2 * MOE_LAYERS
     assert rows["ep.dispatch.ll"].call.message_bytes == half_rows["ep.dispatch.ll"].call.message_bytes
     assert p.memory_peak_bytes >= whole.memory.peak_bytes  # both halves are in flight
+
+
+def test_deepep_normal_kernels_take_their_sms_from_the_gemms():
+    """Prefill under two-batch overlap: DeepEP's normal kernels hold Buffer.num_sms = 20 of the H100's 132 SMs, so
+    the GEMMs run on 112 at 112/132 of the peak (SGLang deep_gemm_num_sms); the attention kernels and the
+    memory-bound ones keep their time. The routed experts' GEMMs of 4 x 2,000 tokens are large: close to
+    132/112 slower (wave quantization moves it by a few percent)."""
+    pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep")
+    options = ServeOptions(weight_dtype="fp8", two_batch_overlap=True)
+    w = _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0)
+    ctx = _context(DSV3, options, "prefill", 4 * 16, 2000, w.par, w)
+    full, taxed = op_times(ctx, TWO_NODES.gpu, 0), op_times(ctx, TWO_NODES.gpu, COMM_SMS["deepep"])
+    assert COMM_SMS["deepep"] == 20 and TWO_NODES.gpu.sms == 132
+    assert taxed["experts"] / full["experts"] == pytest.approx(132 / 112, rel=0.06)
+    assert taxed["experts"] > full["experts"]
+    assert taxed["output"] == full["output"]  # the residual add and the casts are memory-bound
 
 
 def test_two_batch_overlap_is_a_422_where_the_engine_has_none():
@@ -183,3 +231,45 @@ def test_ep72_all_to_all_blocks_are_equal():
     rows = _ep_rows(build_plan(model, work, par, cluster_preset("dgx-h100", 9), Options(timeline=False)).calls)
     exact = 256 * K * (H + H // 128 * 4)
     assert rows["ep.dispatch.ll"].call.message_bytes == -(-exact // 72) * 72 < exact + 72
+
+
+def test_vllm_dp_ranks_all_reduce_their_batch_metadata_each_step():
+    """vllm/v1/worker/dp_utils.py _run_ar: a (4, dp) int32 tensor all-reduced over the DP group once per step:
+    16 x 16 = 256 bytes among the 16 attention-DP ranks, one group (tp 1, pp 1). The host reads it before the
+    forward: the step is the plan's step plus its price. SGLang issues none; neither does vLLM at dp 1."""
+    options = ServeOptions(weight_dtype="fp8")
+    pool = Pool(dp=16, ep=16, attention_dp=True)
+    w = _worker(DSV3, TWO_NODES, engine("vllm"), pool, 0)
+    step = _step(DSV3, w, options, "decode", 16 * 16, 1050)
+    (sync,) = [pc for pc in step.calls if pc.call.name == "dp.step_sync"]
+    assert sync.call.message_bytes == 4 * 4 * 16 == 256 and sync.call.calls_per_iteration == 1
+    assert sync.call.op.value == "allreduce" and sync.group_size == 16 and sync.num_groups == 1
+    assert "dp_utils.py _run_ar" in sync.call.source
+    bare = build_plan(DSV3, _work(options, "decode", 16 * 16, 1050), w.decode_par, w.cluster, Options(timeline=False))
+    assert step.step.time_s == pytest.approx(bare.step.time_s + sync.price.time_s, rel=1e-12)
+    assert step.step.stages[0].exposed_by_stream[("dp", "forward")] == pytest.approx(sync.price.time_s)
+    assert 0 < sync.price.time_s < 1e-4  # a latency-bound 256-byte all-reduce across two nodes
+    sglang = _step(DSV3, _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0), options, "decode", 16 * 16, 1050)
+    assert not [pc for pc in sglang.calls if pc.call.parallelism == "dp"]
+    tp_only = _worker(DSV3, TWO_NODES, engine("vllm"), Pool(tp=16, ep=16), 0)
+    assert not [pc for pc in _step(DSV3, tp_only, options, "decode", 16, 1050).calls if pc.call.parallelism == "dp"]
+
+
+def test_trtllm_fuses_the_block_all_reduces_with_the_residual_and_norm():
+    """TensorRT-LLM (allreduceOp.cpp AllReduceFusionOp::RESIDUAL_RMS_NORM): the all-reduces ending the attention
+    and MLP blocks are its fused kernel, with the block output's bytes: 64 sequences x 8192 x 2 = 1 MiB, 80 of each
+    for Llama-3 70B on TP8. The embedding's all-reduce is a plain one; vLLM's rows keep their own source. The
+    price is NCCL's either way (stated in the source)."""
+    llama70b, one_node, options = MODEL_PRESETS["llama3-70b"], cluster_preset("dgx-h100", 1), ServeOptions()
+    rows = {}
+    for name in ("trtllm", "vllm"):
+        w = _worker(llama70b, one_node, engine(name), Pool(tp=8), 0)
+        rows[name] = {pc.call.name: pc for pc in _step(llama70b, w, options, "decode", 64, 1000).calls}
+    for block in ("tp.attn.out_proj", "tp.mlp.down_proj"):
+        trt, vllm = rows["trtllm"][block], rows["vllm"][block]
+        assert trt.call.message_bytes == vllm.call.message_bytes == 64 * 8192 * 2
+        assert trt.call.calls_per_iteration == 80 and trt.call.op.value == "allreduce"
+        assert "AllReduceFusionOp::RESIDUAL_RMS_NORM" in trt.call.source and "priced as NCCL" in trt.call.source
+        assert "AllReduceFusionOp" not in vllm.call.source
+        assert trt.price.time_s == vllm.price.time_s
+    assert "AllReduceFusionOp" not in rows["trtllm"]["tp.embedding"].call.source
