@@ -126,7 +126,7 @@ def plan_pricing_path(op: Op, n: int, cluster: Cluster, options: Options) -> Pri
     """What the plan's pricer does with one call (``planner.plan._price_op``): ``candidates: all`` compares
     every schedule step by step unless library pricing is asked for; a pinned algorithm is priced step by
     step where it implements ``op``, else the call is priced as under ``auto`` step by step."""
-    pricing = "schedule" if options.candidates == "all" and options.pricing == "auto" else options.pricing
+    pricing = options.pricer
     if options.algorithm == "auto" and pricing != "schedule":
         return pricing_path(op, n, cluster, "auto", options.candidates, pricing)
     if options.algorithm != "auto" and _implements(options.algorithm, op):
