@@ -55,7 +55,6 @@ def _bottleneck_link(price) -> dict | None:
 
 # read off collectives.topology.Price (``reader``): the bottleneck's kind, and the link itself
 class PriceOut(BaseModel):
-
     algorithm: str = Field(description="the executable schedule (verify proves it)")
     protocol: str = Field(default="", description="library pricing: NCCL protocol (LL, LL128, Simple)")
     nccl_algorithm: str = Field(default="", description="library pricing: NCCL algorithm")
