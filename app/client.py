@@ -19,11 +19,13 @@ frozen dataclasses of the contract's fields; fields the server adds later are ke
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
+import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import httpx
@@ -52,211 +54,89 @@ class CommplanError(Exception):
 
 
 # ---- typed results (CONTRACT.md names) ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Placement:
-    span: str
-    nodes_per_group: int
-    bottleneck: str
-    bottleneck_link: str = ""
-    busbw_GBps: float = 0.0
-    group_devices: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Call:
-    name: str
-    parallelism: str
-    op: str
-    phase: str
-    stages: list[int]
-    group_size: int
-    num_groups: int
-    message_bytes: int
-    calls_per_iteration: int
-    algorithm: str
-    bytes_sent_per_rank: int
-    bytes_received_per_rank: int
-    time_s: float
-    placement: Placement | None = None
-    protocol: str | None = None
-
-    @property
-    def time_per_iteration_s(self) -> float:
-        return self.time_s * self.calls_per_iteration
-
-
-@dataclass(frozen=True)
-class StageTotal:
-    stage: int
-    message_bytes: int
-    bytes_sent: int
-    time_s: float
-
-
-@dataclass(frozen=True)
-class Totals:
-    time_s: float
-    per_stage: list[StageTotal]
-    by_parallelism: dict[str, Any]
-    busiest_stage: int = 0
-
-
-@dataclass(frozen=True)
-class TimelineEvent:
-    stage: int
-    stream: str
-    name: str
-    start_s: float
-    end_s: float
-    microbatch: int | None = None
-
-
-@dataclass(frozen=True)
-class Step:
-    time_s: float
-    compute_s: float
-    exposed_comm_s: float
-    bubble_s: float
-    mfu: float
-    tokens_per_s: float
-    timeline: list[TimelineEvent] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    stage: int
-    param_count: int
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    buffers_bytes: int
-    peak_bytes: int
-
-
-@dataclass(frozen=True)
-class Memory:
-    capacity_bytes: int
-    fits: bool
-    per_stage: list[StageMemory]
-
-
-@dataclass(frozen=True)
-class Plan:
-    world_size: int
-    num_microbatches: int
-    calls: list[Call]
-    totals: Totals
-    step: Step | None = None
-    memory: Memory | None = None
-    warnings: list[str] = field(default_factory=list)
-    raw: JSON = field(default_factory=dict, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    parallel: JSON
-    micro_batch_size: int
-    activation_recompute: str
-    step: Step
-    memory: Memory
-    recompute_method: str | None = None  # where the search chose Megatron's --recompute-method
-    recompute_num_layers: int | None = None
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    evaluated: int
-    feasible: int
-    elapsed_s: float
-    pruned: dict[str, int]
-    results: list[SearchHit]
-    raw: JSON = field(default_factory=dict, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class Throughput:
-    input_tokens_per_s: float
-    output_tokens_per_s: float
-    output_tokens_per_s_per_gpu: float
+# One row per record of the wire format, "Record: field: type; field: type = default; ...", continued on indented
+# lines; the records are frozen dataclasses made from these rows. A record's fields are the contract's (a subset
+# of the response schema's: tests/app/test_client.py checks every one against the server's OpenAPI document);
+# ``raw`` keeps the whole JSON object, fields added later included. A default ``[]`` is a fresh list per value.
+# SearchHit.recompute_method / recompute_num_layers: where the search chose Megatron's --recompute-method;
+# ServeHit.request and ParetoPoint.request: the /v1/serve body that reproduces the deployment.
+_RECORDS = """
+Placement: span: str; nodes_per_group: int; bottleneck: str; bottleneck_link: str = ""; busbw_GBps: float = 0.0;
+    group_devices: list[int] = []
+Call: name: str; parallelism: str; op: str; phase: str; stages: list[int]; group_size: int; num_groups: int;
+    message_bytes: int; calls_per_iteration: int; algorithm: str; bytes_sent_per_rank: int;
+    bytes_received_per_rank: int; time_s: float; placement: Placement | None = None; protocol: str | None = None
+StageTotal: stage: int; message_bytes: int; bytes_sent: int; time_s: float
+Totals: time_s: float; per_stage: list[StageTotal]; by_parallelism: dict[str, Any]; busiest_stage: int = 0
+TimelineEvent: stage: int; stream: str; name: str; start_s: float; end_s: float; microbatch: int | None = None
+Step: time_s: float; compute_s: float; exposed_comm_s: float; bubble_s: float; mfu: float; tokens_per_s: float;
+    timeline: list[TimelineEvent] = []
+StageMemory: stage: int; param_count: int; params_bytes: int; grads_bytes: int; optimizer_bytes: int;
+    activations_bytes: int; buffers_bytes: int; peak_bytes: int
+Memory: capacity_bytes: int; fits: bool; per_stage: list[StageMemory]
+Plan: world_size: int; num_microbatches: int; calls: list[Call]; totals: Totals; step: Step | None = None;
+    memory: Memory | None = None; warnings: list[str] = []; raw
+SearchHit: parallel: JSON; micro_batch_size: int; activation_recompute: str; step: Step | None; memory: Memory | None;
+    recompute_method: str | None = None; recompute_num_layers: int | None = None
+SearchResult: evaluated: int; feasible: int; elapsed_s: float; pruned: dict[str, int]; results: list[SearchHit]; raw
+Throughput: input_tokens_per_s: float; output_tokens_per_s: float; output_tokens_per_s_per_gpu: float;
     tokens_per_s_per_user: float
+KVCache: bytes_per_token: int; capacity_tokens: int; max_concurrency: int
+KVTransfer: bytes_per_request: int; time_s: float; bottleneck: str; senders: int = 1
+ServePool: role: str; gpus: int; batch: int; step_s: float; input_tokens_per_s: float; output_tokens_per_s: float;
+    calls: list[Call]; fits: bool = True; prefill_calls: list[Call] = []
+ServeResult: gpus: int; ttft_s: float | None; tpot_s: float; fits: bool; throughput: Throughput; kv_cache: KVCache;
+    pools: list[ServePool]; kv_transfer: KVTransfer | None = None; bottleneck: str = ""; request_rate: float = 0.0;
+    warnings: list[str] = []; raw
+ServeHit: engine: str; mode: str; request: JSON; meets_sla: bool; answer: ServeResult
+ParetoPoint: engine: str; mode: str; request: JSON; output_tokens_per_s_per_gpu: float; tokens_per_s_per_user: float;
+    ttft_s: float | None = None; tpot_s: float = 0.0
+ServeSearchResult: results: list[ServeHit]; pareto: list[ParetoPoint]; evaluated: int; candidates: int;
+    rejected: dict[str, int]; why: str; raw
+"""
 
 
-@dataclass(frozen=True)
-class KVCache:
-    bytes_per_token: int
-    capacity_tokens: int
-    max_concurrency: int
+def _time_per_iteration_s(self: Any) -> float:
+    return self.time_s * self.calls_per_iteration
 
 
-@dataclass(frozen=True)
-class KVTransfer:
-    bytes_per_request: int
-    time_s: float
-    bottleneck: str
-    senders: int = 1
+# what a record holds beside its fields
+_EXTRAS: dict[str, JSON] = {
+    "Call": {"time_per_iteration_s": property(_time_per_iteration_s)},
+    "ServeResult": {
+        "__doc__": "POST /v1/serve (CONTRACT v1.2): ``ttft_s`` is None when the queue grows without bound."
+    },
+}
 
 
-@dataclass(frozen=True)
-class ServePool:
-    role: str
-    gpus: int
-    batch: int
-    step_s: float
-    input_tokens_per_s: float
-    output_tokens_per_s: float
-    calls: list[Call]
-    fits: bool = True
-    prefill_calls: list[Call] = field(default_factory=list)
+def _field(spec: str) -> tuple[str, str, Any]:
+    """'name: type' or 'name: type = default' (a literal; [] a fresh list), or 'raw': the whole JSON object."""
+    if spec == "raw":
+        return "raw", "JSON", field(default_factory=dict, repr=False, compare=False)
+    name, rest = (s.strip() for s in spec.split(":", 1))
+    kind, has_default, default = (s.strip() for s in rest.partition("="))
+    if not has_default:
+        return name, kind, field()
+    value = ast.literal_eval(default)
+    return name, kind, field(default_factory=list) if value == [] else field(default=value)
 
 
-@dataclass(frozen=True)
-class ServeResult:
-    """POST /v1/serve (CONTRACT v1.2): ``ttft_s`` is None when the queue grows without bound."""
-
-    gpus: int
-    ttft_s: float | None
-    tpot_s: float
-    fits: bool
-    throughput: Throughput
-    kv_cache: KVCache
-    pools: list[ServePool]
-    kv_transfer: KVTransfer | None = None
-    bottleneck: str = ""
-    request_rate: float = 0.0
-    warnings: list[str] = field(default_factory=list)
-    raw: JSON = field(default_factory=dict, repr=False, compare=False)
+def _records(table: str) -> dict[str, type]:
+    """The table's rows as frozen dataclasses of this module, in the table's order."""
+    rows = re.split(r"\n(?=\S)", table.strip())
+    out = {}
+    for row in rows:
+        name, body = row.split(":", 1)
+        fields = [_field(" ".join(spec.split())) for spec in body.split(";")]
+        namespace = {"__module__": __name__, **_EXTRAS.get(name, {})}
+        out[name] = dataclasses.make_dataclass(name, fields, namespace=namespace, frozen=True)
+    return out
 
 
-@dataclass(frozen=True)
-class ServeHit:
-    engine: str
-    mode: str
-    request: JSON  # the /v1/serve body that reproduces it
-    meets_sla: bool
-    answer: ServeResult
-
-
-@dataclass(frozen=True)
-class ParetoPoint:
-    engine: str
-    mode: str
-    request: JSON
-    output_tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
-    ttft_s: float | None = None
-    tpot_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class ServeSearchResult:
-    results: list[ServeHit]
-    pareto: list[ParetoPoint]
-    evaluated: int
-    candidates: int
-    rejected: dict[str, int]
-    why: str
-    raw: JSON = field(default_factory=dict, repr=False, compare=False)
+RECORDS = _records(_RECORDS)
+Placement, Call, StageTotal, Totals, TimelineEvent, Step, StageMemory, Memory, Plan = list(RECORDS.values())[:9]
+SearchHit, SearchResult, Throughput, KVCache, KVTransfer, ServePool, ServeResult = list(RECORDS.values())[9:16]
+ServeHit, ParetoPoint, ServeSearchResult = list(RECORDS.values())[16:]
 
 
 def decode(cls: type, data: Any) -> Any:

@@ -126,7 +126,7 @@ def plan_pricing_path(op: Op, n: int, cluster: Cluster, options: Options) -> Pri
     """What the plan's pricer does with one call (``planner.plan._price_op``): ``candidates: all`` compares
     every schedule step by step unless library pricing is asked for; a pinned algorithm is priced step by
     step where it implements ``op``, else the call is priced as under ``auto`` step by step."""
-    pricing = "schedule" if options.candidates == "all" and options.pricing == "auto" else options.pricing
+    pricing = options.pricer
     if options.algorithm == "auto" and pricing != "schedule":
         return pricing_path(op, n, cluster, "auto", options.candidates, pricing)
     if options.algorithm != "auto" and _implements(options.algorithm, op):
@@ -161,6 +161,24 @@ def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = Fals
 def contention_work(path: PricingPath, g: int, n: int) -> int:
     """The library pricer's contention pass over ``g`` groups of ``n`` ranks (memoised per placement)."""
     return CONTENTION_WEIGHT * g * n if path.library and n > 1 else 0
+
+
+def call_work(op: Op, g: int, n: int, path: PricingPath, in_net: bool, placed: int, classes: int = 1,
+              sizes: int = 1, contend: bool = True) -> int:  # fmt: skip
+    """One call priced on ``g`` groups of ``n`` ranks: pricing on each of its ``classes`` stage classes
+    (:func:`schedule_work`), its contention pass unless another call on the same groups paid it (``contend``),
+    and placing and describing all its groups, ``placed`` ranks (numpy over them, then the answer's lists)."""
+    units = classes * schedule_work(op, n, g, path, in_net, sizes) + placed
+    return units + (classes * contention_work(path, g, n) if contend else 0)
+
+
+def price_estimate(op: Op, g: int, n: int, cluster: Cluster, algorithm: str, which: str, pricing: str) -> Estimate:
+    """The estimate of pricing one call on ``g`` concurrent groups of ``n`` ranks (POST /v1/collectives/price):
+    the path ``price_call`` takes with these arguments, as a plan's call is charged."""
+    path = pricing_path(op, n, cluster, algorithm, which, pricing)
+    est = Estimate()
+    est.add(call_work(op, g, n, path, in_network(cluster.spec), g * n), f"{op.value}: {g} groups of {n} ranks")
+    return est
 
 
 def network_work(cluster: ClusterSpec) -> int:
@@ -205,12 +223,10 @@ def estimate(
             classes = price_classes(c, layout, cluster, options)
         else:  # the explorer: every schedule at every size, and NCCL's pairs where its model applies
             path, classes = PricingPath(False, every=True), [c.stages]
-        # placing and describing every group (numpy over all ranks, then the answer's rank lists) ~ g·n
         placed = layout.placement(c.group, c.stages).size
-        units = len(classes) * schedule_work(c.op, n, g, path, in_net, sizes) + placed
-        if (c.group, tuple(classes)) not in contended:  # calls on the same groups share one pass
-            contended.add((c.group, tuple(classes)))
-            units += len(classes) * contention_work(path, g, n)
+        first = (c.group, tuple(classes)) not in contended  # calls on the same groups share one contention pass
+        contended.add((c.group, tuple(classes)))
+        units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first)
         how = "NCCL model" if path.library else "schedules"
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
@@ -223,11 +239,13 @@ __all__ = [
     "MAX_PARAMS",
     "Estimate",
     "PricingPath",
+    "call_work",
     "contention_work",
     "estimate",
     "in_network",
     "network_work",
     "plan_pricing_path",
+    "price_estimate",
     "pricing_path",
     "schedule_work",
 ]

@@ -54,6 +54,12 @@ class Options:
         """Price every group: asked for, or needed because a custom map may break the layout's symmetry."""
         return self.contention == "full" or self.device_map is not None
 
+    @property
+    def pricer(self) -> str:
+        """The pricing the plan asks ``price_call`` for: ``candidates: all`` compares every textbook schedule step
+        by step, unless library pricing is asked for (read by _price_op and planner/estimate.py alike)."""
+        return "schedule" if self.candidates == "all" and self.pricing == "auto" else self.pricing
+
 
 @dataclass
 class PricedCall:
@@ -457,8 +463,7 @@ def with_fixed_time(price: Price, fixed_s: float) -> Price:
 
 def _price_op(op: Op, message: int, placement: np.ndarray, cluster: Cluster, options: Options) -> Price:
     top = options.links_per_call
-    # candidates='all' compares every textbook schedule: step-by-step pricing unless library is asked for
-    pricing = "schedule" if options.candidates == "all" and options.pricing == "auto" else options.pricing
+    pricing = options.pricer
     library = dict(pricing=pricing, nccl_algo=options.nccl_algo, nccl_proto=options.nccl_proto)
     if options.algorithm == "auto" and pricing != "schedule":
         return price_call(op, message, placement, cluster, "auto", which=options.candidates, top_links=top, **library)

@@ -57,6 +57,12 @@ class Recipe:
     # the GEMM-table key of the kernels branch's planner/kernels.py (FP8_RECIPES: fp8, fp8_block, mxfp8, nvfp4),
     # so that its GEMM model can read the recipe from here when the branches meet
     kernel_dtype: str = "fp8"
+    # scaling: DelayedScaling's scales come from an amax history, every fp8 tensor's amax all-reduced per pass over
+    # the amax-reduction group (rules/fp8.py); current scaling quantizers take the tensor's own amax, reduced
+    # over TP under SP (TE module/linear.py _customize_quantizers_float8_current_scaling / _nvfp4)
+    amax_history: bool = False
+    tp_amax: bool = False
+    cast_read_bytes: int = 2  # bf16 input bytes read per quantized element: Float8CurrentScalingQuantizer reads twice
 
     def weight_scales(self, numel: int) -> int:
         """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
@@ -76,9 +82,8 @@ class Recipe:
         reads it twice, once for the amax: Float8CurrentScalingQuantizer), write the rowwise and the
         columnwise copy, and their block scales (one per block in each direction). For compute.py's cast
         time (the kernels' model decides whether to use it)."""
-        reads = 4 if self.name == "tensorwise" else 2
         scales = 2 * self.scale_bytes / self.activation_block if self.activation_block else 0.0
-        return reads + 2 * self.element_bytes + scales
+        return self.cast_read_bytes + 2 * self.element_bytes + scales
 
     def weight_copy_bytes(self, numel: int) -> int:
         """The quantized copies TE keeps of a bf16 weight between micro-batches (the is_first_microbatch cache):
@@ -90,11 +95,11 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "delayed": Recipe(
         "delayed", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
-        TE + "recipe.DelayedScaling; Megatron --fp8-recipe delayed (default) --fp8-format hybrid",
+        TE + "recipe.DelayedScaling; Megatron --fp8-recipe delayed (default) --fp8-format hybrid", amax_history=True,
     ),
     "tensorwise": Recipe(
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
-        TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise",
+        TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise", tp_amax=True, cast_read_bytes=4,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
@@ -109,7 +114,7 @@ RECIPES: dict[str, Recipe] = {
     "nvfp4": Recipe(
         "nvfp4", "fp4", "E2M1 / E2M1", ("fprop", "dgrad", "wgrad"), 16, (16, 16), 1, 0.5, 100,
         TE + "recipe.NVFP4BlockScaling: 16-element blocks, E4M3 scales and an fp32 per-tensor scale",
-        1, 1, "nvfp4",
+        1, 1, "nvfp4", tp_amax=True,
     ),
 }  # fmt: skip
 

@@ -40,8 +40,8 @@ reduction of the slowest stage (Megatron's gradient-norm all-reduce syncs the st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, make_dataclass
 
 from collectives.topology.gpu import GPUSpec
 
@@ -60,39 +60,46 @@ HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), whe
 EP_OVERLAP_SCHEDULES = ("dualpipe", "dualpipev")
 
 
-@dataclass(frozen=True)
-class Overlap:
-    """Framework overlap switches; None: the framework's default (module docstring)."""
+# The overlap switches, one row each: the framework's default for a plan (module docstring), which a request's
+# ``None`` means. ``Overlap``'s fields are these names in this order; app/schemas/plan.py ``OverlapIn`` and
+# assumptions.SCHEMA_SOURCES describe each.
+OVERLAP_DEFAULTS: dict[str, Callable[[Context], bool]] = {
+    "overlap_grad_reduce": lambda ctx: ctx.flavour.overlaps(ctx.par),
+    "overlap_param_gather": lambda ctx: ctx.flavour.overlaps(ctx.par),
+    "fsdp_prefetch": lambda ctx: True,
+    "cp_ring_overlap": lambda ctx: True,
+    "tp_comm_overlap": lambda ctx: False,
+    "overlap_p2p": lambda ctx: ctx.par.pipeline_schedule in ctx.flavour.overlap_p2p_schedules,
+    # DualPipe(V) pairs each forward with another micro-batch's backward: the schedule provides it
+    "overlap_moe_expert_parallel_comm": lambda ctx: ctx.par.pipeline_schedule in EP_OVERLAP_SCHEDULES,
+    "moe_shared_expert_overlap": lambda ctx: False,
+}
+EP_OVERLAPS = ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap")  # need an all-to-all to hide
 
-    overlap_grad_reduce: bool | None = None
-    overlap_param_gather: bool | None = None
-    fsdp_prefetch: bool | None = None
-    cp_ring_overlap: bool | None = None
-    tp_comm_overlap: bool | None = None
-    overlap_p2p: bool | None = None
-    overlap_moe_expert_parallel_comm: bool | None = None
-    moe_shared_expert_overlap: bool | None = None
 
-    def resolved(self, ctx: Context) -> Overlap:
-        fl = ctx.flavour
-        defaults = {
-            "overlap_grad_reduce": fl.overlaps(ctx.par),
-            "overlap_param_gather": fl.overlaps(ctx.par),
-            "fsdp_prefetch": True,
-            "cp_ring_overlap": True,
-            "tp_comm_overlap": False,
-            "overlap_p2p": ctx.par.pipeline_schedule in fl.overlap_p2p_schedules,
-            # DualPipe(V) pairs each forward with another micro-batch's backward: the schedule provides it
-            "overlap_moe_expert_parallel_comm": ctx.par.pipeline_schedule in EP_OVERLAP_SCHEDULES,
-            "moe_shared_expert_overlap": False,
-        }
-        for name in ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap"):
-            if getattr(self, name) and ctx.par.ep_dispatch == "allgather":
-                raise SpecError(
-                    f"options.overlap.{name}",
-                    "overlaps the EP all-to-all (alltoall or deepep dispatch); parallel.ep_dispatch is 'allgather'",
-                )
-        return Overlap(**{k: defaults[k] if getattr(self, k) is None else getattr(self, k) for k in defaults})
+def _resolved(self, ctx: Context) -> Overlap:
+    """Every switch as this plan runs it: the request's value, else the framework's default."""
+    for name in EP_OVERLAPS:
+        if getattr(self, name) and ctx.par.ep_dispatch == "allgather":
+            raise SpecError(
+                f"options.overlap.{name}",
+                "overlaps the EP all-to-all (alltoall or deepep dispatch); parallel.ep_dispatch is 'allgather'",
+            )
+    given = {name: getattr(self, name) for name in OVERLAP_DEFAULTS}
+    return Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
+
+
+Overlap = make_dataclass(
+    "Overlap",
+    [(name, "bool | None", field(default=None)) for name in OVERLAP_DEFAULTS],
+    frozen=True,
+    namespace={
+        "__module__": __name__,
+        "__doc__": "Framework overlap switches (OVERLAP_DEFAULTS); None: the framework's default.",
+        "resolved": _resolved,
+    },
+)
+FRAMEWORK_OVERLAP = Overlap()  # every switch at the framework's default
 
 
 @dataclass
@@ -152,7 +159,7 @@ def step_time(
     ctx: Context,
     calls: Sequence,
     gpu: GPUSpec,
-    overlap: Overlap = Overlap(),
+    overlap: Overlap = FRAMEWORK_OVERLAP,
     with_timeline: bool = True,
     host_GBps: float = HOST_LINK_GBPS,
 ) -> StepTime:

@@ -11,7 +11,7 @@ import collectives as coll
 from collectives.steps import schedule_view
 from collectives.topology import price_call
 from planner import SpecError
-from planner.estimate import Estimate, contention_work, in_network, pricing_path, schedule_work
+from planner.estimate import price_estimate
 from planner.plan import cluster_for
 
 from ..convert import cluster_spec
@@ -26,6 +26,7 @@ from ..schemas.collectives import (
     VerifyOut,
     VerifyRequest,
 )
+from ..schemas.read import reader
 from ._bounded import bounded_post
 
 router = APIRouter(prefix="/v1/collectives", tags=["collectives"])
@@ -47,14 +48,11 @@ def _price(body: PriceRequest, settings) -> dict:
     spec = cluster_spec(body.cluster, settings)
     placement = _placement(body, settings.max_price_transfers)
     check_router(spec, settings.max_router_pairs)
-    est, (groups, n), cluster, op = Estimate(), placement.shape, cluster_for(spec), coll.Op(body.op)
-    path = pricing_path(op, n, cluster, body.algorithm, body.candidates, body.pricing)
-    units = schedule_work(op, n, groups, path, in_network(spec)) + contention_work(path, groups, n) + placement.size
-    est.add(units, f"{body.op}: {groups} groups of {n} ranks")
-    refuse(est, settings.max_work, "")
+    cluster, op, (groups, n) = cluster_for(spec), coll.Op(body.op), placement.shape
+    refuse(price_estimate(op, groups, n, cluster, body.algorithm, body.candidates, body.pricing), settings.max_work, "")
     with relocated(fields=PRICE_FIELDS):
         p = price_call(
-            coll.Op(body.op),
+            op,
             body.message_bytes,
             placement,
             cluster,
@@ -64,28 +62,7 @@ def _price(body: PriceRequest, settings) -> dict:
             nccl_algo=body.nccl_algo,
             nccl_proto=body.nccl_proto,
         )
-    return {
-        **{
-            k: getattr(p, k)
-            for k in (
-                "algorithm",
-                "time_s",
-                "algbw_GBps",
-                "busbw_GBps",
-                "bytes_sent_per_rank",
-                "bytes_received_per_rank",
-                "steps",
-                "links",
-                "span",
-                "nodes_per_group",
-                "protocol",
-                "nccl_algorithm",
-                "channels",
-            )
-        },
-        "bottleneck": p.bottleneck.get("kind", "none"),
-        "bottleneck_link": p.bottleneck or None,
-    }
+    return reader(PriceOut)(p)
 
 
 def _placement(body: PriceRequest, limit: int) -> np.ndarray:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from .base import DeviceId, Strict, with_example
 from .cluster import ClusterIn, LinkOut
+from .read import From
 
 OpName = Literal[
     "allreduce", "reducescatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter", "sendrecv"
@@ -44,6 +45,15 @@ class PriceRequest(Strict):
     nccl_proto: str = Field(default="auto", max_length=16, description="pin like NCCL_PROTO: LL, LL128, Simple")
 
 
+def _bottleneck_kind(price) -> str:
+    return price.bottleneck.get("kind", "none")
+
+
+def _bottleneck_link(price) -> dict | None:
+    return price.bottleneck or None
+
+
+# read off collectives.topology.Price (``reader``): the bottleneck's kind, and the link itself
 class PriceOut(BaseModel):
     algorithm: str = Field(description="the executable schedule (verify proves it)")
     protocol: str = Field(default="", description="library pricing: NCCL protocol (LL, LL128, Simple)")
@@ -55,8 +65,8 @@ class PriceOut(BaseModel):
     bytes_sent_per_rank: int
     bytes_received_per_rank: int
     steps: int
-    bottleneck: str
-    bottleneck_link: LinkOut | None
+    bottleneck: Annotated[str, From(derive=_bottleneck_kind)]
+    bottleneck_link: Annotated[LinkOut | None, From(derive=_bottleneck_link)]
     links: list[LinkOut]
     span: str
     nodes_per_group: int

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from planner.plan import PricedCall
 from planner.presets import BOUNDS
+from planner.step import OVERLAP_DEFAULTS
 
 from .base import DeviceId, MessageBytes, Strict
 from .cluster import ClusterIn, LinkOut
@@ -263,22 +264,25 @@ class DDPIn(Strict):
     )
 
 
-class OverlapIn(Strict):
-    """Framework overlap switches for the step time; null = the framework's default (docs/step-time.md)."""
-
-    overlap_grad_reduce: bool | None = Field(default=None, description="Megatron --overlap-grad-reduce (off)")
-    overlap_param_gather: bool | None = Field(default=None, description="Megatron --overlap-param-gather (off)")
-    fsdp_prefetch: bool | None = Field(default=None, description="FSDP2 / DeepSpeed ZeRO-3 prefetch (on)")
-    cp_ring_overlap: bool | None = Field(default=None, description="ring-attention KV exchange behind attention (on)")
-    tp_comm_overlap: bool | None = Field(default=None, description="Megatron --tp-comm-overlap (off)")
-    overlap_p2p: bool | None = Field(default=None, description="pipeline sends overlapped (Megatron: interleaved only)")
-    overlap_moe_expert_parallel_comm: bool | None = Field(
-        default=None, description="Megatron --overlap-moe-expert-parallel-comm: EP all-to-all behind another "
-        "micro-batch's compute (off)",
-    )  # fmt: skip
-    moe_shared_expert_overlap: bool | None = Field(
-        default=None, description="Megatron --moe-shared-expert-overlap: shared experts behind the all-to-all (off)"
-    )
+# What each of the planner's overlap switches is (planner/step.py OVERLAP_DEFAULTS: the one list of them), and its
+# default in parentheses; tests/app/test_overlap_switches.py checks the lists agree.
+OVERLAP_SWITCHES = {
+    "overlap_grad_reduce": "Megatron --overlap-grad-reduce (off)",
+    "overlap_param_gather": "Megatron --overlap-param-gather (off)",
+    "fsdp_prefetch": "FSDP2 / DeepSpeed ZeRO-3 prefetch (on)",
+    "cp_ring_overlap": "ring-attention KV exchange behind attention (on)",
+    "tp_comm_overlap": "Megatron --tp-comm-overlap (off)",
+    "overlap_p2p": "pipeline sends overlapped (Megatron: interleaved only)",
+    "overlap_moe_expert_parallel_comm": "Megatron --overlap-moe-expert-parallel-comm: EP all-to-all behind another "
+    "micro-batch's compute (off)",
+    "moe_shared_expert_overlap": "Megatron --moe-shared-expert-overlap: shared experts behind the all-to-all (off)",
+}
+OverlapIn = create_model(
+    "OverlapIn",
+    __base__=Strict,
+    __doc__="Framework overlap switches for the step time; null = the framework's default (docs/step-time.md).",
+    **{name: (bool | None, Field(default=None, description=OVERLAP_SWITCHES[name])) for name in OVERLAP_DEFAULTS},
+)
 
 
 class OptionsIn(Strict):

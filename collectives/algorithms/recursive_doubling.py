@@ -11,6 +11,8 @@ AllGather: at step k rank r exchanges the 2^k blocks it holds with r xor 2^k: lo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import layouts
@@ -52,36 +54,41 @@ def exchange_and_reduce(peers: np.ndarray) -> Step:
     return Step.of(Transfers.of(np.arange(len(peers)), peers, 0, 0, True))
 
 
-def _cost_allreduce(req: Request) -> Cost:
+def exchange_allreduce_cost(req: Request) -> Cost:
+    """log2(p) exchanges of the whole M (p = floor_pow2(n)), and the fold's two steps of M when n > p."""
     n, m = req.num_ranks, req.message_bytes
     p = floor_pow2(n)
     rounds = p.bit_length() - 1 + (1 if n > p else 0)
     return Cost(p.bit_length() - 1 + (2 if n > p else 0), rounds * m, rounds * m)
 
 
-@register(
-    "recursive_doubling",
-    Op.ALLREDUCE,
-    cost=_cost_allreduce,
-    formula="log2(n)·α + log2(n)·M·β (+2 fold steps of M when n is not a power of two)",
-    source="Thakur, Rabenseifner & Gropp 2005 §4.4; MPICH allreduce",
-)
-def recursive_doubling_allreduce(req: Request) -> Schedule:
+def exchange_allreduce(req: Request, algorithm: str, peers: Callable[[int, int], np.ndarray]) -> Schedule:
+    """The latency-optimal allreduce of recursive doubling and of Swing: at step s of log2(p) every rank r < p
+    swaps its whole buffer with ``peers(p, s)[r]`` and reduces; the n - p extra ranks fold in first and get the
+    result back after (:func:`folded`)."""
     n = req.num_ranks
     p = floor_pow2(n)
     layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
 
-    def doubling():
-        r = np.arange(p)
-        mask = 1
-        while mask < p:
-            yield exchange_and_reduce(r ^ mask)
-            mask <<= 1
-
     def steps():
-        return folded(n, [0], doubling())
+        return folded(n, [0], (exchange_and_reduce(peers(p, s)) for s in range(p.bit_length() - 1)))
 
-    return Schedule(req.op, "recursive_doubling", n, req.count, req.itemsize, layout, steps)
+    return Schedule(req.op, algorithm, n, req.count, req.itemsize, layout, steps)
+
+
+def doubling_peers(p: int, step: int) -> np.ndarray:
+    return np.arange(p) ^ (1 << step)
+
+
+@register(
+    "recursive_doubling",
+    Op.ALLREDUCE,
+    cost=exchange_allreduce_cost,
+    formula="log2(n)·α + log2(n)·M·β (+2 fold steps of M when n is not a power of two)",
+    source="Thakur, Rabenseifner & Gropp 2005 §4.4; MPICH allreduce",
+)
+def recursive_doubling_allreduce(req: Request) -> Schedule:
+    return exchange_allreduce(req, "recursive_doubling", doubling_peers)
 
 
 def _cost_allgather(req: Request) -> Cost:

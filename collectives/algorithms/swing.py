@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import layouts
 from ..primitives import Op
 from ..schedule import Schedule
-from ._base import Cost, Request, need_pow2, register
-from .recursive_doubling import exchange_and_reduce
+from ._base import Request, need_pow2, register
+from .recursive_doubling import exchange_allreduce, exchange_allreduce_cost
 
 
 def rho(step: int) -> int:
@@ -28,25 +27,13 @@ def swing_peers(n: int, step: int) -> np.ndarray:
     return np.where(r % 2 == 0, r + rho(step), r - rho(step)) % n
 
 
-def _cost(req: Request) -> Cost:
-    steps = req.num_ranks.bit_length() - 1
-    return Cost(steps, steps * req.message_bytes, steps * req.message_bytes)
-
-
 @register(
     "swing",
     Op.ALLREDUCE,
-    cost=_cost,
+    cost=exchange_allreduce_cost,
     check=need_pow2,
     formula="log2(n)·α + log2(n)·M·β (peers ±1, ±3, ±5, ±11…)",
     source="De Sensi et al., NSDI 2024 (Swing), latency-optimal variant",
 )
 def swing_allreduce(req: Request) -> Schedule:
-    n = req.num_ranks
-    layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
-
-    def steps():
-        for s in range(n.bit_length() - 1):
-            yield exchange_and_reduce(swing_peers(n, s))
-
-    return Schedule(req.op, "swing", n, req.count, req.itemsize, layout, steps)
+    return exchange_allreduce(req, "swing", swing_peers)

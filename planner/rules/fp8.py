@@ -46,7 +46,6 @@ AMAX_SOURCE = (
 )
 CAST_SOURCE = TE + "tensor/utils.py cast_master_weights_to_fp8 (MAX all-reduce of packed amaxes over the DP group)"
 TP_AMAX_SOURCE = TE + "module/linear.py _customize_quantizers_float8_current_scaling / _nvfp4 (amax_reduction_group tp)"
-CURRENT_SCALING = ("tensorwise", "nvfp4")  # the recipes whose quantizers reduce their amax over TP under SP
 FORWARD_TENSORS, BACKWARD_TENSORS = 3, 2  # TE Linear num_fp8_tensors: fwd input/weight/output, bwd 2
 AMAX_BYTES = 4
 
@@ -56,8 +55,8 @@ def calls(ctx: Context) -> list[Call]:
     # TransformerEngine's FP8/FP4 recipes and their amax reductions: a trait of the flavour (planner/flavours/)
     if recipe is None or not ctx.flavour.te_fp8_recipes:
         return []
-    out = _amax(ctx) if recipe.name == "delayed" else []
-    if recipe.name in CURRENT_SCALING and ctx.par.sp:
+    out = _amax(ctx) if recipe.amax_history else []
+    if recipe.tp_amax and ctx.par.sp:
         out += _tp_amax(ctx)
     if ctx.work.fp8_param_gather and ctx.training and ctx.par.zero_stage == 1:
         out += _master_cast(ctx)

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import io
+import types
+import typing
 
 import pytest
 
-from app.client import AsyncClient, Call, Client, CommplanError, Plan, decode
+from app import client
+from app.client import (
+    AsyncClient,
+    Call,
+    Client,
+    CommplanError,
+    Plan,
+    SearchResult,
+    ServeResult,
+    ServeSearchResult,
+    decode,
+)
 from app.main import create_app
 
 from .conftest import LLAMA70B
@@ -129,3 +143,76 @@ def test_search_and_plan_agree_through_the_client(cp):
     plan = cp.plan(request)
     assert plan.step.time_s == pytest.approx(best.step.time_s, rel=1e-9)
     assert plan.memory.fits and len(plan.memory.per_stage) == best.parallel["pp"]
+
+
+# ---- the records follow the wire format ---------------------------------------------------------------------------
+def _resolve(schema: dict, components: dict) -> tuple[dict, bool]:
+    """(the schema with its $ref followed, whether null is allowed)."""
+    options = schema.get("anyOf", [schema])
+    nullable = {"type": "null"} in options
+    (inner,) = [o for o in options if o != {"type": "null"}][:1]
+    ref = inner.get("$ref")
+    return (components[ref.rsplit("/", 1)[1]] if ref else inner), nullable
+
+
+def _agrees(kind, schema: dict, components: dict, where: str) -> list[str]:
+    """Where the client's type ``kind`` disagrees with the server's JSON schema (empty: it agrees)."""
+    schema, nullable = _resolve(schema, components)
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        (kind,) = [a for a in args if a is not type(None)]
+        return _agrees(kind, schema, components, where)
+    if nullable:
+        return [f"{where}: the server may send null, the client's {kind} may not"]
+    if dataclasses.is_dataclass(kind):
+        if schema.get("type") == "object" and "properties" not in schema:
+            return []  # an object the server does not describe (search's step and memory: the plan's blocks)
+        props = schema.get("properties", {})
+        out = [f"{where}.{f.name}: not in the server's schema" for f in dataclasses.fields(kind)
+               if f.name != "raw" and f.name not in props]  # fmt: skip
+        hints = typing.get_type_hints(kind)
+        for f in dataclasses.fields(kind):
+            if f.name in props:
+                out += _agrees(hints[f.name], props[f.name], components, f"{where}.{f.name}")
+        return out
+    if origin is list:
+        if schema.get("type") != "array":
+            return [f"{where}: a list in the client, {schema} on the server"]
+        return _agrees(args[0], schema["items"], components, f"{where}[]")
+    expected = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object"}[origin or kind]
+    return [] if schema.get("type") == expected else [f"{where}: {kind} in the client, {schema} on the server"]
+
+
+@pytest.mark.parametrize(
+    "path, record",
+    [
+        ("/v1/plan", Plan),
+        ("/v1/search", SearchResult),
+        ("/v1/serve", ServeResult),
+        ("/v1/serve/search", ServeSearchResult),
+    ],
+)
+def test_records_are_the_servers_response_fields(path, record):
+    """Every field of a client record is a field of the server's response schema (OpenAPI), of the same JSON type,
+    recursively; nullable on the server only where the client takes None."""
+    doc = create_app().openapi()
+    schema = doc["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert _agrees(record, schema, doc["components"]["schemas"], record.__name__) == []
+
+
+def test_records_table_makes_named_frozen_dataclasses():
+    for name, record in client.RECORDS.items():
+        assert getattr(client, name) is record and record.__name__ == name and record.__module__ == "app.client"
+        assert record.__dataclass_params__.frozen
+    assert len(client.RECORDS) == 19
+    pool = decode(client.ServePool, {"role": "decode", "gpus": 8, "batch": 4, "step_s": 0.01,
+                                     "input_tokens_per_s": 1.0, "output_tokens_per_s": 2.0, "calls": []})  # fmt: skip
+    assert pool.fits is True and pool.prefill_calls == [] and pool.prefill_calls is not decode(
+        client.ServePool, {"role": "d", "gpus": 1, "batch": 1, "step_s": 1.0, "input_tokens_per_s": 1.0,
+                           "output_tokens_per_s": 1.0, "calls": []}).prefill_calls  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pool.gpus = 4
+    assert client.Call.time_per_iteration_s.__get__(decode(client.Call, {
+        "name": "x", "parallelism": "tp", "op": "allreduce", "phase": "fwd", "stages": [0], "group_size": 8,
+        "num_groups": 1, "message_bytes": 8, "calls_per_iteration": 3, "algorithm": "ring", "bytes_sent_per_rank": 14,
+        "bytes_received_per_rank": 14, "time_s": 0.5})) == 1.5  # fmt: skip

@@ -157,3 +157,17 @@ def test_alpha_beta_time_and_lower_bound():
     # halving-doubling: same bandwidth term, fewer latency terms: faster when alpha dominates
     hd = c.closed_form("allreduce", "halving_doubling", 8, 1 << 20)
     assert hd.time(1e-3, beta) < ring.time(1e-3, beta)
+
+
+@pytest.mark.parametrize("algorithm,op", IMPLS)
+def test_a_schedule_names_the_pair_it_is_registered_as(algorithm, op):
+    """Each builder writes its algorithm's name into the Schedule itself: it must be the registered one (the
+    pricer, /verify and the answers report it), and the op and group the request's."""
+    n = 8
+    impl = c.algorithms.lookup(algorithm, c.Op(op))
+    req = Request(c.Op(op), n, 64, 4, root=3 if op != "sendrecv" else 0, local_size=local_size_for(algorithm, n))
+    if op == "sendrecv":
+        req = Request(c.Op(op), 2, 64, 4)
+    schedule = impl.build(req)
+    assert (schedule.algorithm, schedule.op, schedule.num_ranks) == (algorithm, c.Op(op), req.num_ranks)
+    assert (schedule.count, schedule.itemsize) == (64, 4)
