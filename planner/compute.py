@@ -30,6 +30,7 @@ from .kernels import (
     attention_flops,
     check_kernel_options,
     dense_peak,
+    efficiency,
     fusion,
     gemm_kernels,
     kv_cache_bytes_per_layer,
@@ -108,10 +109,10 @@ def check_gpu(gpu: GPUSpec | None, dtype: str, ctx: Context | None = None) -> GP
     return gpu
 
 
-def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
+def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[PassTime, float]:
     """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds). Memoised
     by value (kernels.per_layer: it reads what the layer's kernels read)."""
-    return per_layer(_LAYER_FORWARD, _layer_forward, ctx, moe, gpu, eff)
+    return per_layer(_LAYER_FORWARD, _layer_forward, ctx, moe, gpu, efficiency(gpu, eff))
 
 
 _LAYER_FORWARD: dict = {}
@@ -219,9 +220,9 @@ def compute_dtype(ctx: Context) -> str:
     return "fp8" if ctx.work.activation_dtype == "fp8" else "bf16" if ctx.x <= 2 else "fp32"
 
 
-def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> StageCompute:
+def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> StageCompute:
     """Forward and backward of one micro-batch on one rank of ``stage``, plus its optimizer step."""
-    return _stage_compute(ctx, stage, gpu, eff)
+    return _stage_compute(ctx, stage, gpu, efficiency(gpu, eff))
 
 
 @lru_cache(maxsize=4096)
@@ -231,10 +232,11 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
 
 
 def stage_pass_compute(
-    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None
 ) -> tuple[PassTime, PassTime, float]:
     """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
     seconds) of one micro-batch on one rank of ``stage``."""
+    eff = efficiency(gpu, eff)
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
     layers = {}
@@ -266,10 +268,11 @@ def _head_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> PassTime:
     return _head(ctx, gpu, eff)
 
 
-def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[Kernel, ...]:
+def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[Kernel, ...]:
     """The final norm, the LM head GEMM and the cross entropy over the logits (training). Under fp8 the head
     stays bf16: Megatron-Core's output layer is a plain ColumnParallelLinear outside TransformerEngine's fp8
     autocast, which wraps the transformer block only (transformer_block.py get_fp8_context)."""
+    eff = efficiency(gpu, eff)
     mdl, t = ctx.model, ctx.par.tp
     # inference samples from the last position of each sequence only (vLLM LogitsProcessor)
     T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), mdl.padded_vocab(t) // t
@@ -284,7 +287,7 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
     return pass_time(head_kernels(ctx, gpu, eff))
 
 
-def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> float:
+def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> float:
     """Adam over the parameters this rank updates: all of them, or 1/dp of them with a sharded optimizer."""
     from .memory import param_totals
 
@@ -293,7 +296,7 @@ def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICI
     shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
     shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
     local = dense / shard_dense + expert / shard_expert
-    return local * ADAM_BYTES / (gpu.hbm_GBps * 1e9 * eff.hbm)
+    return local * ADAM_BYTES / (gpu.hbm_GBps * 1e9 * efficiency(gpu, eff).hbm)
 
 
 # ---- model FLOPs (the MFU definition) --------------------------------------------------------------------

@@ -25,10 +25,11 @@ A kernel's time is its own bound plus a fixed cost (``Efficiency``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from collectives.topology.gpu import GPUSpec
+from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
@@ -79,6 +80,61 @@ EFFICIENCY = Efficiency(
     # Principles", 2022, overhead section); CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
     cpu_op_s=1e-5,
 )
+
+# The constants a user's profiler trace fits for its GPU (planner/trace_fit.py; POST /v1/calibrate ``trace`` returns
+# them as ``constants``), which a request hands back as ``cluster.calibration.kernels`` (the GPU carries them:
+# GPUSpec.kernel_constants): name -> (lowest, highest). A GEMM ceiling is per GEMM dtype (``gemm_ceiling.bf16``), a
+# fraction of the dense peak the fit clips to the same range; a fixed cost is at most 1 ms (a kernel's whole launch,
+# ramp and tail is a few us: CUDA C++ Best Practices Guide); the HBM fraction is of the datasheet bandwidth.
+KERNEL_CONSTANTS = {
+    "gemm_ceiling": (0.05, 1.0),
+    "gemm_fixed_s": (0.0, 1e-3),
+    "hbm": (0.05, 1.0),
+    "kernel_s": (0.0, 1e-3),
+}
+# GEMM dtypes a ceiling may be given for: what a trace's GEMMs run as (profile_trace.gemm_dtype) and the recipes'
+# kernel dtypes (planner/recipes.py Recipe.kernel_dtype).
+GEMM_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp8_block", "mxfp8", "nvfp4")
+
+
+def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels") -> tuple[tuple[str, float], ...]:
+    """The fitted constants as GPUSpec.kernel_constants, checked: known names (KERNEL_CONSTANTS), GEMM dtypes
+    (GEMM_DTYPES) and each value inside its range; a SpecError names the field, the rule and the number."""
+    out = []
+    for name, value in values.items():
+        if name not in KERNEL_CONSTANTS:
+            raise SpecError(f"{field}.{name}", f"unknown kernel constant; known: {', '.join(KERNEL_CONSTANTS)}")
+        if name == "gemm_ceiling":
+            if not isinstance(value, Mapping):
+                raise SpecError(f"{field}.{name}", 'a GEMM ceiling per dtype, e.g. {"bf16": 0.8}')
+            for dtype in value:
+                if dtype not in GEMM_DTYPES:
+                    raise SpecError(f"{field}.{name}.{dtype}", f"unknown GEMM dtype; known: {', '.join(GEMM_DTYPES)}")
+            pairs = [(f"{name}.{dtype}", v, f"{field}.{name}.{dtype}") for dtype, v in value.items()]
+        else:
+            pairs = [(name, value, f"{field}.{name}")]
+        low, high = KERNEL_CONSTANTS[name]
+        for key, v, where in pairs:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high:
+                raise SpecError(where, f"{v!r} is outside {low:g} .. {high:g} (planner/kernels.py KERNEL_CONSTANTS)")
+            out.append((key, float(v)))
+    return tuple(sorted(out))
+
+
+@lru_cache(maxsize=256)
+def gpu_efficiency(gpu: GPUSpec) -> Efficiency:
+    """The kernel model's constants for ``gpu``: EFFICIENCY with what a trace fitted for it (kernel_constants)."""
+    if not gpu.kernel_constants:
+        return EFFICIENCY
+    given = nested_constants(gpu.kernel_constants)
+    ceilings = tuple(sorted(given.pop("gemm_ceiling", {}).items()))
+    return replace(EFFICIENCY, gemm_ceilings=ceilings, **given)
+
+
+def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
+    """``eff`` when a caller gives one (a fit's candidates), else the GPU's own (gpu_efficiency)."""
+    return eff if eff is not None else gpu_efficiency(gpu)
+
 
 # Measured ceiling of a large GEMM as a fraction of the datasheet dense peak of its dtype, by (compute capability
 # generation, GEMM dtype): fitted per class with the global k0, fill and fixed cost above (bench/kernel_fit.py) on
@@ -381,12 +437,12 @@ def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]
     return busiest * (1.0 + eff.moe_skew) / local, local
 
 
-def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> LayerKernels:
+def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None) -> LayerKernels:
     """The kernels of one layer (see the module docstring), memoised by value: on ``layer_kernels_key`` (what
     they read of the context), the kind of layer, the GPU and the constants, so that contexts differing in
     what the kernels do not read (pp, dp when training, ZeRO, the pipeline schedule) share one entry. Bounded:
-    cleared past LAYER_KERNELS_KEPT entries."""
-    return per_layer(_LAYER_KERNELS, _layer_kernels, ctx, moe, gpu, eff)
+    cleared past LAYER_KERNELS_KEPT entries. ``eff`` None: the GPU's constants (gpu_efficiency)."""
+    return per_layer(_LAYER_KERNELS, _layer_kernels, ctx, moe, gpu, efficiency(gpu, eff))
 
 
 _LAYER_KERNELS: dict = {}
@@ -758,12 +814,17 @@ __all__ = [
     "ATTENTION_CEILING",
     "EFFICIENCY",
     "GEMM_CEILING",
+    "GEMM_DTYPES",
+    "KERNEL_CONSTANTS",
     "Efficiency",
     "Kernel",
     "LayerKernels",
     "attention_flops",
     "check_kernel_options",
+    "efficiency",
     "gemm_time",
+    "gpu_efficiency",
+    "kernel_constants",
     "layer_kernels",
     "layer_kernels_key",
     "per_layer",
