@@ -482,6 +482,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         par.etp,
         flavour.fused_kernels,  # what the kernels read of the framework's flavour (fusion, attention_kernel):
         flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
+        flavour.grad_accumulation_fusion,
         par.cp_comm,
     )
 
@@ -506,6 +507,8 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
     if k.dt not in ("bf16", "fp32"):
         _fp8_casts(k)
+    if ctx.training and not grad_accumulation_fusion(ctx):
+        _grad_accumulation(k, moe)
     forward = tuple(k.fwd)
     backward = tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
@@ -529,8 +532,12 @@ class _Layer:
         self.floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
         self.fwd: list[Kernel] = []
         self.bwd: list[Kernel] = []
+        self.weights = 0.0  # GEMM weight elements of the layer on this rank (their gradients accumulate)
+        self.weight_tensors = 0
 
     def gemm(self, name, m, n, k, dtype=None, groups=1):
+        self.weights += k * n * groups
+        self.weight_tensors += groups
         f, d, w = gemm_kernels(name, m, n, k, dtype or self.dt, self.gpu, self.eff, groups)
         self.fwd.append(_floored(f, self.floor))
         self.bwd.extend((_floored(d, self.floor), _floored(w, self.floor)))
@@ -610,6 +617,35 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor)
     k.fwd.extend(ef)
     k.bwd.extend(eb)
+
+
+def grad_accumulation_fusion(ctx: Context) -> bool:
+    """Whether weight gradients accumulate inside their GEMM: the workload's setting, else the framework's."""
+    given = ctx.work.grad_accumulation_fusion
+    return ctx.par.flavour.grad_accumulation_fusion if given is None else given
+
+
+# Without gradient-accumulation fusion each weight's gradient is added to its accumulation buffer by a kernel of
+# its own, every micro-batch: Megatron-LM's DDP backward hook ``param.main_grad.add_(param.grad.data)``
+# (megatron/model/distributed.py, _make_param_hook; the fusion into the wgrad GEMM, apex
+# fused_weight_gradient_mlp_cuda, came with Megatron-LM's --gradient-accumulation-fusion in 2022). Per element it
+# reads the fresh gradient (the parameter dtype) and reads and writes the buffer (the gradient-reduce dtype: fp32
+# with --accumulate-allreduce-grads-in-fp32, else the parameter's). PyTorch autograd's AccumulateGrad does the same
+# add from the second micro-batch on; this charges every micro-batch (over by 1/m there).
+
+
+def _grad_accumulation(k: _Layer, moe: bool) -> None:
+    """The backward's gradient-accumulation adds over the layer's GEMM weights (routed experts included)."""
+    ctx = k.ctx
+    weights, tensors = k.weights, k.weight_tensors
+    if moe:
+        m, par = ctx.model.moe, ctx.par
+        local = max(1, m.num_experts // par.ep)
+        f = m.expert_ffn_hidden_size / par.etp
+        weights += local * ((2 if ctx.model.gated_mlp else 1) * f + f) * ctx.model.hidden_size
+        tensors += 2 * local
+    nbytes = weights * (ctx.param_bytes + 2 * ctx.grad_bytes)
+    k.bwd.append(memory_kernel("grad_accumulation", nbytes, k.gpu, k.eff, max(1, tensors), k.floor))
 
 
 def _fp8_casts(k: _Layer) -> None:

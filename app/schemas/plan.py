@@ -151,6 +151,12 @@ class WorkloadIn(Strict):
         "(Hopper only), cudnn, or unfused (Megatron-LM 2021-22: scores in HBM)",
     )
     cuda_graphs: bool | None = Field(default=None, description="CUDA graphs capture the step (default off)")
+    grad_accumulation_fusion: bool | None = Field(
+        default=None,
+        description="Megatron --gradient-accumulation-fusion: weight gradients accumulate inside their GEMM "
+        "(default: the framework's; false: a kernel per weight per micro-batch adds it to its buffer, as "
+        "Megatron-LM of 2021 ran)",
+    )
     torch_compile: bool | None = Field(
         default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
     )

@@ -92,6 +92,10 @@ class Flavour:
     fused_kernels: bool = True
     # what "flash" attention means per GPU generation (compute capability // 10 x 10); missing: FlashAttention-2
     flash_attention_by_sm: tuple[tuple[int, str], ...] = ()
+    # weight gradients accumulate inside their GEMM (Megatron --gradient-accumulation-fusion, on by default since
+    # Megatron-LM 2022 / Megatron-Core: the wgrad GEMM adds into main_grad); False: a separate add per weight per
+    # micro-batch (workload.grad_accumulation_fusion overrides)
+    grad_accumulation_fusion: bool = True
     # ---- FP8 (rules/fp8.py, recipes.py) ----------------------------------------------------------------
     # TransformerEngine's FP8/FP4 recipes: amax reductions, --fp8-param-gather (Megatron + TE)
     te_fp8_recipes: bool = False
