@@ -114,3 +114,23 @@ def test_a_cluster_without_a_gpu_is_named(api):
     assert r.status_code == 422, r.text
     err = r.json()["detail"][0]
     assert err["loc"][1:] == ["cluster", "calibration", "kernels"] and "no GPU spec" in err["msg"]
+
+
+def test_serve_search_takes_the_constants(api):
+    """A third of H100's bf16 GEMM ceiling: the best deployment serves fewer tokens per GPU, and each answer's
+    request keeps the constants."""
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 32},
+        "engines": ["vllm"],
+        "sla": {"ttft_s": 10.0, "tpot_s": 1.0},
+        "top_k": 1,
+    }
+    slow_kernels = {"gemm_ceiling": {"bf16": 0.28}}
+    fast, slow = (
+        ok(api.post("/v1/serve/search", json=b))["results"][0] for b in (body, with_kernels(body, slow_kernels))
+    )
+    per_gpu = "output_tokens_per_s_per_gpu"
+    assert slow["answer"]["throughput"][per_gpu] < fast["answer"]["throughput"][per_gpu]
+    assert slow["request"]["cluster"]["calibration"] == {"kernels": slow_kernels}
