@@ -30,9 +30,12 @@ def calibration_response(body: CalibrateRequest, settings: Settings) -> dict:
     out = logs_response(body, settings) if body.logs else _no_logs(body)
     if body.trace is not None:
         out["trace"] = trace_response(body, settings)
-        if out["trace"]["constants"]:
+        fitted = out["trace"]["constants"]
+        if fitted:  # over the cluster's own: a dtype the trace did not run keeps its given ceiling
             calibration = out["cluster"].setdefault("calibration", {})
-            calibration["kernels"] = calibration.get("kernels", {}) | out["trace"]["constants"]
+            given = calibration.get("kernels", {})
+            ceilings = given.get("gemm_ceiling", {}) | fitted.get("gemm_ceiling", {})
+            calibration["kernels"] = given | fitted | ({"gemm_ceiling": ceilings} if ceilings else {})
     return out
 
 

@@ -169,3 +169,15 @@ def test_the_fitted_constants_plan_as_the_answer_hands_them_on(api, control):
     assert answer["cluster"]["calibration"]["kernels"] == constants  # the answered cluster keeps them
     _, same, _ = step(answer["cluster"])
     assert same == after
+
+
+def test_a_cluster_with_constants_recalibrates_over_them(api):
+    """A cluster that already carries kernel constants: the trace's fit replaces what it measured (hbm, the
+    tf32/fp32 ceilings) and keeps a given ceiling for a dtype the trace did not run (bf16)."""
+    cluster = {"preset": "dgx-a100", "calibration": {"kernels": {"gemm_ceiling": {"bf16": 0.7}, "hbm": 0.5}}}
+    got = api.post("/v1/calibrate", json={"cluster": cluster, "trace": SAMPLED})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    kernels, fitted = body["cluster"]["calibration"]["kernels"], body["trace"]["constants"]
+    assert kernels["gemm_ceiling"] == {"bf16": 0.7} | fitted["gemm_ceiling"] and kernels["hbm"] == fitted["hbm"]
+    assert set(fitted["gemm_ceiling"]) == {"fp32", "tf32"}
