@@ -24,11 +24,14 @@ from .kernels import (
     ADAM_BYTES,
     EFFICIENCY,
     FLASH_BWD,
+    FUSED,
+    UNFUSED_CROSS_ENTROPY,
     Efficiency,
     Kernel,
     LayerKernels,
     attention_flops,
     check_kernel_options,
+    cross_entropy_fusion,
     dense_peak,
     efficiency,
     fusion,
@@ -207,9 +210,24 @@ def _is_moe(ctx: Context, layer: PassTime, gpu: GPUSpec, eff: Efficiency) -> boo
     return pass_time(layer_kernels(ctx, True, gpu, eff).forward) == layer
 
 
-def head_backward(head: PassTime) -> PassTime:
-    """The LM head and loss backward: 2x the forward GEMMs and elementwise work."""
-    return PassTime(2 * head.gemm_s, 0.0, 2 * head.elementwise_s, 2 * head.flops)
+def head_backward(ctx: Context, head: PassTime, gpu: GPUSpec, eff: Efficiency) -> PassTime:
+    """The LM head and loss backward: 2x the forward GEMMs; the loss's backward kernels when Megatron runs it as
+    torch ops (kernels.UNFUSED_CROSS_ENTROPY), else 2x the forward's elementwise work."""
+    elementwise = 2 * head.elementwise_s
+    if ctx.training and _unfused_loss(ctx):
+        (nbytes, launches) = UNFUSED_CROSS_ENTROPY[1]
+        elementwise = memory_kernel("cross_entropy.bwd", nbytes * _logits(ctx), gpu, eff, launches).time_s
+    return PassTime(2 * head.gemm_s, 0.0, elementwise, 2 * head.flops)
+
+
+def _unfused_loss(ctx: Context) -> bool:
+    """Megatron's cross entropy as its torch ops: a fused framework's without the loss fusion."""
+    return fusion(ctx) is FUSED and not cross_entropy_fusion(ctx)
+
+
+def _logits(ctx: Context) -> float:
+    """Logits one rank computes per micro-batch: tokens x its vocabulary shard (training)."""
+    return ctx.b * ctx.s_cp * (ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp)
 
 
 def compute_dtype(ctx: Context) -> str:
@@ -249,8 +267,8 @@ def stage_pass_compute(
     for (moe, plan), count in layer_counts(ctx, stage).items():  # what each layer re-runs (recompute.py)
         bwd = bwd + per_layer(_LAYER_BACKWARD, _backward_of, ctx, moe, gpu, eff, plan.kind, plan.modules).scaled(count)
     if ctx.is_last(stage):
-        head = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
-        fwd, bwd = fwd + head, bwd + head_backward(head)
+        head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
+        fwd, bwd = fwd + head, bwd + head_bwd
     return fwd, bwd, attn
 
 
@@ -264,8 +282,9 @@ def _backward_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: s
     return layer_backward(ctx, layer_forward(ctx, moe, gpu, eff)[0], gpu, eff, kind, modules, moe)
 
 
-def _head_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> PassTime:
-    return _head(ctx, gpu, eff)
+def _head_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    head = _head(ctx, gpu, eff)
+    return head, head_backward(ctx, head, gpu, eff)
 
 
 def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[Kernel, ...]:
@@ -280,6 +299,9 @@ def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> t
     g = gemm_kernels("lm_head", T, V, mdl.hidden_size, dtype, gpu, eff)[0]
     if not ctx.training:
         return (g,)
+    if _unfused_loss(ctx):
+        nbytes, launches = UNFUSED_CROSS_ENTROPY[0]
+        return g, memory_kernel("cross_entropy", nbytes * T * V, gpu, eff, launches)
     return g, memory_kernel("cross_entropy", fusion(ctx).loss * T * V, gpu, eff)
 
 

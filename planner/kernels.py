@@ -234,6 +234,13 @@ FUSED = Fusion(norm=(4, 1), rotary=(4, 1), gated_act=(6, 1), act=(4, 1), residua
 EAGER = Fusion(norm=(32, 6), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18)
 BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs and the gradient and write two
 
+# Megatron's cross entropy without --cross-entropy-loss-fusion (megatron/core/tensor_parallel/cross_entropy.py at
+# f2e5db402c; megatron/mpu/cross_entropy.py of 2021 runs the same ops), bytes per logit and kernels: forward the
+# fp32 upcast (read 2, write 4), max (read 4), subtract the max (read and write 4), exp (4 + 4), sum (4) and the
+# softmax's divide (4 + 4) = 38 B in 6 kernels; backward the softmax times the gradient (4 + 4) and the cast back
+# to bf16 (read 4, write 2) = 14 B in 2 kernels (the target's one-hot update touches a logit per token).
+UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
+
 # Which fusion a framework runs by default is its flavour's ``fused_kernels`` trait: Megatron-Core with
 # TransformerEngine fuses; PyTorch-native trainers (torchtitan, FSDP scripts) and DeepSpeed run eager unless
 # torch.compile is on. What "flash" attention means per generation is its ``flash_attention_by_sm``; PyTorch
@@ -483,6 +490,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.fused_kernels,  # what the kernels read of the framework's flavour (fusion, attention_kernel):
         flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
         flavour.grad_accumulation_fusion,
+        flavour.fused_cross_entropy,
         par.cp_comm,
     )
 
@@ -617,6 +625,15 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor)
     k.fwd.extend(ef)
     k.bwd.extend(eb)
+
+
+def cross_entropy_fusion(ctx: Context) -> bool:
+    """Whether the loss is one fused kernel: torch.compile fuses it; else the workload's setting, else the
+    framework's (Megatron: --cross-entropy-loss-fusion off)."""
+    given = ctx.work.cross_entropy_fusion
+    if given is not None:
+        return given
+    return bool(ctx.work.torch_compile) or ctx.par.flavour.fused_cross_entropy
 
 
 def grad_accumulation_fusion(ctx: Context) -> bool:
@@ -857,6 +874,7 @@ __all__ = [
     "LayerKernels",
     "attention_flops",
     "check_kernel_options",
+    "cross_entropy_fusion",
     "efficiency",
     "gemm_time",
     "gpu_efficiency",

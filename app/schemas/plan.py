@@ -157,6 +157,11 @@ class WorkloadIn(Strict):
         "(default: the framework's; false: a kernel per weight per micro-batch adds it to its buffer, as "
         "Megatron-LM of 2021 ran)",
     )
+    cross_entropy_fusion: bool | None = Field(
+        default=None,
+        description="Megatron --cross-entropy-loss-fusion: the loss as one fused kernel (default: the framework's; "
+        "Megatron: off, vocab_parallel_cross_entropy's fp32 torch ops)",
+    )
     torch_compile: bool | None = Field(
         default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
     )

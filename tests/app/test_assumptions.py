@@ -104,3 +104,7 @@ def test_gradient_accumulation_fusion_is_an_assumption(api):
     request = copy.deepcopy(LLAMA70B)
     request["workload"]["grad_accumulation_fusion"] = False
     assert _rows(api, request)["workload.grad_accumulation_fusion"]["value"] == "off"
+    # --cross-entropy-loss-fusion is store_true: Megatron runs the loss as torch ops unless asked
+    assert _rows(api, LLAMA70B)["workload.cross_entropy_fusion"]["value"] == "off"
+    request["workload"]["cross_entropy_fusion"] = True
+    assert _rows(api, request)["workload.cross_entropy_fusion"]["value"] == "on"
