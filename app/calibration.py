@@ -25,9 +25,17 @@ GZIP_BASE64 = "H4sI"  # base64 of a gzip file's first three bytes (1f 8b 08)
 
 
 def calibration_response(body: CalibrateRequest, settings: Settings) -> dict:
+    """The nccl-tests part and the trace's; the answer's ``cluster`` carries both parts' fitted constants
+    (``calibration``: the NCCL groups and ``kernels``), so that it plans with them as it is."""
     out = logs_response(body, settings) if body.logs else _no_logs(body)
     if body.trace is not None:
         out["trace"] = trace_response(body, settings)
+        fitted = out["trace"]["constants"]
+        if fitted:  # over the cluster's own: a dtype the trace did not run keeps its given ceiling
+            calibration = out["cluster"].setdefault("calibration", {})
+            given = calibration.get("kernels", {})
+            ceilings = given.get("gemm_ceiling", {}) | fitted.get("gemm_ceiling", {})
+            calibration["kernels"] = given | fitted | ({"gemm_ceiling": ceilings} if ceilings else {})
     return out
 
 
@@ -100,12 +108,12 @@ def logs_response(body: CalibrateRequest, settings: Settings) -> dict:
         base = replace(base, network=replace(base.network, kind=body.network_kind))
     logs = [Log(log.text, log.nodes, log.ranks, log.op, log.algorithm) for log in body.logs]
     given = body.cluster.calibration
-    start = given.model_dump(exclude_none=True) if given else None
+    start = given.model_dump(exclude_none=True, exclude={"kernels"}) if given else None
     with relocated(fields={"calibration": "cluster.calibration"}):
         done = calibrate(base, logs, start, max_rows=MAX_ROWS, max_devices=settings.max_devices)
     result = done.result
     return {
-        "cluster": body.cluster.model_dump(exclude_none=True) | {"calibration": done.constants},
+        "cluster": body.cluster.model_dump(exclude_none=True) | {"calibration": _with_kernels(done.constants, given)},
         "constants": done.constants,
         "rows": [
             {
@@ -128,3 +136,10 @@ def logs_response(body: CalibrateRequest, settings: Settings) -> dict:
         "runs": [asdict(run) | {"devices": list(run.devices)} for run in done.runs],
         "warnings": done.warnings,
     }
+
+
+def _with_kernels(constants: dict, given) -> dict:
+    """The NCCL constants fitted, with the kernel constants the request's cluster already had."""
+    if given is None or given.kernels is None:
+        return constants
+    return constants | {"kernels": given.kernels.model_dump(exclude_none=True)}

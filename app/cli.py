@@ -445,6 +445,9 @@ def _trace_table(trace: dict, path: str) -> None:
         _print_rows(rows)
     for warning in trace["warnings"]:
         print(f"  warning: {warning}")
+    if trace["constants"]:
+        print('\npost the "cluster" of --format json (its calibration.kernels) to /v1/plan, /v1/search or /v1/serve to '
+              "plan with these compute constants")  # fmt: skip
 
 
 def _print_rows(rows: list[tuple]) -> None:

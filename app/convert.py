@@ -11,6 +11,7 @@ from collectives.topology.fit import Constants, apply_constants
 from collectives.topology.gpu import DTYPES, GPUSpec, gpu_preset, with_power_limit
 from collectives.topology.spec import spec_block
 from planner import MODEL_PRESETS, ModelSpec, Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, from_hf_config
+from planner.kernels import kernel_constants
 from planner.model import MLASpec, MoESpec
 from planner.parallel import DDPConfig, zero_config_from_dict
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
@@ -151,8 +152,19 @@ def cluster_spec(block: ClusterIn, settings: Settings) -> ClusterSpec:
     with relocated("cluster."):
         validate_cluster(spec)
         if block.calibration is not None:  # fitted constants (POST /v1/calibrate), through fit.py's one adapter
-            spec = apply_constants(Constants.from_dict(block.calibration.model_dump(exclude_none=True)), spec)
+            nccl = block.calibration.model_dump(exclude_none=True, exclude={"kernels"})
+            spec = apply_constants(Constants.from_dict(nccl), spec)
+    if block.calibration is not None and block.calibration.kernels is not None:
+        spec = with_kernel_constants(spec, block.calibration.kernels.model_dump(exclude_none=True))
     return spec
+
+
+def with_kernel_constants(spec: ClusterSpec, values: dict) -> ClusterSpec:
+    """The cluster with its GPU carrying the compute constants a profiler trace fitted (planner/kernels.py)."""
+    field = "cluster.calibration.kernels"
+    if spec.gpu is None:
+        raise SpecError(field, "the cluster has no GPU spec for the kernel constants to apply to (give cluster.gpu)")
+    return replace(spec, gpu=replace(spec.gpu, kernel_constants=kernel_constants(values, field)))
 
 
 def _nested_blocks(spec: ClusterSpec, block: ClusterIn) -> ClusterSpec:

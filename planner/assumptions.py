@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from collectives.topology.spec import ClusterSpec
 
 from .context import Context
-from .kernels import attention_kernel
+from .kernels import attention_kernel, cross_entropy_fusion, grad_accumulation_fusion
 from .parallel import DEFAULT_ORDER
 
 
@@ -61,6 +61,11 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
         add(Assumption("workload.attention_kernel", kernel, _attention_source(ctx, by)))
     add(Assumption("workload.cuda_graphs", _onoff(bool(work.cuda_graphs)), by + ": no CUDA graphs"))
     add(Assumption("workload.torch_compile", _onoff(bool(work.torch_compile)), by + ": eager"))
+    if work.training:
+        fused = _onoff(grad_accumulation_fusion(ctx))
+        add(Assumption("workload.grad_accumulation_fusion", fused, f"{by}: {_onoff(fl.grad_accumulation_fusion)}"))
+        loss = _onoff(cross_entropy_fusion(ctx))
+        add(Assumption("workload.cross_entropy_fusion", loss, f"{by}: {_onoff(fl.fused_cross_entropy)}"))
     add(Assumption("parallel.zero_stage", str(par.zero_stage), f"{COMMPLAN}: 0 (no optimizer sharding)"))
     add(Assumption("parallel.order", par.order, f"{COMMPLAN}: Megatron's {DEFAULT_ORDER}, fastest-varying first"))
     if par.pp > 1:

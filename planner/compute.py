@@ -24,12 +24,16 @@ from .kernels import (
     ADAM_BYTES,
     EFFICIENCY,
     FLASH_BWD,
+    FUSED,
+    UNFUSED_CROSS_ENTROPY,
     Efficiency,
     Kernel,
     LayerKernels,
     attention_flops,
     check_kernel_options,
+    cross_entropy_fusion,
     dense_peak,
+    efficiency,
     fusion,
     gemm_kernels,
     kv_cache_bytes_per_layer,
@@ -108,10 +112,10 @@ def check_gpu(gpu: GPUSpec | None, dtype: str, ctx: Context | None = None) -> GP
     return gpu
 
 
-def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[PassTime, float]:
+def layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[PassTime, float]:
     """Forward of one layer, one micro-batch, one rank; and the core-attention part alone (seconds). Memoised
     by value (kernels.per_layer: it reads what the layer's kernels read)."""
-    return per_layer(_LAYER_FORWARD, _layer_forward, ctx, moe, gpu, eff)
+    return per_layer(_LAYER_FORWARD, _layer_forward, ctx, moe, gpu, efficiency(gpu, eff))
 
 
 _LAYER_FORWARD: dict = {}
@@ -206,9 +210,24 @@ def _is_moe(ctx: Context, layer: PassTime, gpu: GPUSpec, eff: Efficiency) -> boo
     return pass_time(layer_kernels(ctx, True, gpu, eff).forward) == layer
 
 
-def head_backward(head: PassTime) -> PassTime:
-    """The LM head and loss backward: 2x the forward GEMMs and elementwise work."""
-    return PassTime(2 * head.gemm_s, 0.0, 2 * head.elementwise_s, 2 * head.flops)
+def head_backward(ctx: Context, head: PassTime, gpu: GPUSpec, eff: Efficiency) -> PassTime:
+    """The LM head and loss backward: 2x the forward GEMMs; the loss's backward kernels when Megatron runs it as
+    torch ops (kernels.UNFUSED_CROSS_ENTROPY), else 2x the forward's elementwise work."""
+    elementwise = 2 * head.elementwise_s
+    if ctx.training and _unfused_loss(ctx):
+        (nbytes, launches) = UNFUSED_CROSS_ENTROPY[1]
+        elementwise = memory_kernel("cross_entropy.bwd", nbytes * _logits(ctx), gpu, eff, launches).time_s
+    return PassTime(2 * head.gemm_s, 0.0, elementwise, 2 * head.flops)
+
+
+def _unfused_loss(ctx: Context) -> bool:
+    """Megatron's cross entropy as its torch ops: a fused framework's without the loss fusion."""
+    return fusion(ctx) is FUSED and not cross_entropy_fusion(ctx)
+
+
+def _logits(ctx: Context) -> float:
+    """Logits one rank computes per micro-batch: tokens x its vocabulary shard (training)."""
+    return ctx.b * ctx.s_cp * (ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp)
 
 
 def compute_dtype(ctx: Context) -> str:
@@ -219,9 +238,9 @@ def compute_dtype(ctx: Context) -> str:
     return "fp8" if ctx.work.activation_dtype == "fp8" else "bf16" if ctx.x <= 2 else "fp32"
 
 
-def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> StageCompute:
+def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> StageCompute:
     """Forward and backward of one micro-batch on one rank of ``stage``, plus its optimizer step."""
-    return _stage_compute(ctx, stage, gpu, eff)
+    return _stage_compute(ctx, stage, gpu, efficiency(gpu, eff))
 
 
 @lru_cache(maxsize=4096)
@@ -231,10 +250,11 @@ def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> S
 
 
 def stage_pass_compute(
-    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None
 ) -> tuple[PassTime, PassTime, float]:
     """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
     seconds) of one micro-batch on one rank of ``stage``."""
+    eff = efficiency(gpu, eff)
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
     layers = {}
@@ -247,8 +267,8 @@ def stage_pass_compute(
     for (moe, plan), count in layer_counts(ctx, stage).items():  # what each layer re-runs (recompute.py)
         bwd = bwd + per_layer(_LAYER_BACKWARD, _backward_of, ctx, moe, gpu, eff, plan.kind, plan.modules).scaled(count)
     if ctx.is_last(stage):
-        head = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
-        fwd, bwd = fwd + head, bwd + head_backward(head)
+        head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
+        fwd, bwd = fwd + head, bwd + head_bwd
     return fwd, bwd, attn
 
 
@@ -262,14 +282,16 @@ def _backward_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: s
     return layer_backward(ctx, layer_forward(ctx, moe, gpu, eff)[0], gpu, eff, kind, modules, moe)
 
 
-def _head_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> PassTime:
-    return _head(ctx, gpu, eff)
+def _head_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    head = _head(ctx, gpu, eff)
+    return head, head_backward(ctx, head, gpu, eff)
 
 
-def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tuple[Kernel, ...]:
+def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[Kernel, ...]:
     """The final norm, the LM head GEMM and the cross entropy over the logits (training). Under fp8 the head
     stays bf16: Megatron-Core's output layer is a plain ColumnParallelLinear outside TransformerEngine's fp8
     autocast, which wraps the transformer block only (transformer_block.py get_fp8_context)."""
+    eff = efficiency(gpu, eff)
     mdl, t = ctx.model, ctx.par.tp
     # inference samples from the last position of each sequence only (vLLM LogitsProcessor)
     T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), mdl.padded_vocab(t) // t
@@ -277,6 +299,9 @@ def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> tu
     g = gemm_kernels("lm_head", T, V, mdl.hidden_size, dtype, gpu, eff)[0]
     if not ctx.training:
         return (g,)
+    if _unfused_loss(ctx):
+        nbytes, launches = UNFUSED_CROSS_ENTROPY[0]
+        return g, memory_kernel("cross_entropy", nbytes * T * V, gpu, eff, launches)
     return g, memory_kernel("cross_entropy", fusion(ctx).loss * T * V, gpu, eff)
 
 
@@ -284,7 +309,7 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
     return pass_time(head_kernels(ctx, gpu, eff))
 
 
-def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> float:
+def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> float:
     """Adam over the parameters this rank updates: all of them, or 1/dp of them with a sharded optimizer."""
     from .memory import param_totals
 
@@ -293,7 +318,7 @@ def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICI
     shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
     shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
     local = dense / shard_dense + expert / shard_expert
-    return local * ADAM_BYTES / (gpu.hbm_GBps * 1e9 * eff.hbm)
+    return local * ADAM_BYTES / (gpu.hbm_GBps * 1e9 * efficiency(gpu, eff).hbm)
 
 
 # ---- model FLOPs (the MFU definition) --------------------------------------------------------------------

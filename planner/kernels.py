@@ -25,10 +25,11 @@ A kernel's time is its own bound plus a fixed cost (``Efficiency``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from collectives.topology.gpu import GPUSpec
+from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
@@ -79,6 +80,61 @@ EFFICIENCY = Efficiency(
     # Principles", 2022, overhead section); CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
     cpu_op_s=1e-5,
 )
+
+# The constants a user's profiler trace fits for its GPU (planner/trace_fit.py; POST /v1/calibrate ``trace`` returns
+# them as ``constants``), which a request hands back as ``cluster.calibration.kernels`` (the GPU carries them:
+# GPUSpec.kernel_constants): name -> (lowest, highest). A GEMM ceiling is per GEMM dtype (``gemm_ceiling.bf16``), a
+# fraction of the dense peak the fit clips to the same range; a fixed cost is at most 1 ms (a kernel's whole launch,
+# ramp and tail is a few us: CUDA C++ Best Practices Guide); the HBM fraction is of the datasheet bandwidth.
+KERNEL_CONSTANTS = {
+    "gemm_ceiling": (0.05, 1.0),
+    "gemm_fixed_s": (0.0, 1e-3),
+    "hbm": (0.05, 1.0),
+    "kernel_s": (0.0, 1e-3),
+}
+# GEMM dtypes a ceiling may be given for: what a trace's GEMMs run as (profile_trace.gemm_dtype) and the recipes'
+# kernel dtypes (planner/recipes.py Recipe.kernel_dtype).
+GEMM_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp8_block", "mxfp8", "nvfp4")
+
+
+def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels") -> tuple[tuple[str, float], ...]:
+    """The fitted constants as GPUSpec.kernel_constants, checked: known names (KERNEL_CONSTANTS), GEMM dtypes
+    (GEMM_DTYPES) and each value inside its range; a SpecError names the field, the rule and the number."""
+    out = []
+    for name, value in values.items():
+        if name not in KERNEL_CONSTANTS:
+            raise SpecError(f"{field}.{name}", f"unknown kernel constant; known: {', '.join(KERNEL_CONSTANTS)}")
+        if name == "gemm_ceiling":
+            if not isinstance(value, Mapping):
+                raise SpecError(f"{field}.{name}", 'a GEMM ceiling per dtype, e.g. {"bf16": 0.8}')
+            for dtype in value:
+                if dtype not in GEMM_DTYPES:
+                    raise SpecError(f"{field}.{name}.{dtype}", f"unknown GEMM dtype; known: {', '.join(GEMM_DTYPES)}")
+            pairs = [(f"{name}.{dtype}", v, f"{field}.{name}.{dtype}") for dtype, v in value.items()]
+        else:
+            pairs = [(name, value, f"{field}.{name}")]
+        low, high = KERNEL_CONSTANTS[name]
+        for key, v, where in pairs:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high:
+                raise SpecError(where, f"{v!r} is outside {low:g} .. {high:g} (planner/kernels.py KERNEL_CONSTANTS)")
+            out.append((key, float(v)))
+    return tuple(sorted(out))
+
+
+@lru_cache(maxsize=256)
+def gpu_efficiency(gpu: GPUSpec) -> Efficiency:
+    """The kernel model's constants for ``gpu``: EFFICIENCY with what a trace fitted for it (kernel_constants)."""
+    if not gpu.kernel_constants:
+        return EFFICIENCY
+    given = nested_constants(gpu.kernel_constants)
+    ceilings = tuple(sorted(given.pop("gemm_ceiling", {}).items()))
+    return replace(EFFICIENCY, gemm_ceilings=ceilings, **given)
+
+
+def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
+    """``eff`` when a caller gives one (a fit's candidates), else the GPU's own (gpu_efficiency)."""
+    return eff if eff is not None else gpu_efficiency(gpu)
+
 
 # Measured ceiling of a large GEMM as a fraction of the datasheet dense peak of its dtype, by (compute capability
 # generation, GEMM dtype): fitted per class with the global k0, fill and fixed cost above (bench/kernel_fit.py) on
@@ -177,6 +233,13 @@ FUSED = Fusion(norm=(4, 1), rotary=(4, 1), gated_act=(6, 1), act=(4, 1), residua
 # cross entropy upcasts the bf16 logits, log-softmax and NLL (2 -> 4, 4 -> 4, read 4: 18 B).
 EAGER = Fusion(norm=(32, 6), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18)
 BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs and the gradient and write two
+
+# Megatron's cross entropy without --cross-entropy-loss-fusion (megatron/core/tensor_parallel/cross_entropy.py at
+# f2e5db402c; megatron/mpu/cross_entropy.py of 2021 runs the same ops), bytes per logit and kernels: forward the
+# fp32 upcast (read 2, write 4), max (read 4), subtract the max (read and write 4), exp (4 + 4), sum (4) and the
+# softmax's divide (4 + 4) = 38 B in 6 kernels; backward the softmax times the gradient (4 + 4) and the cast back
+# to bf16 (read 4, write 2) = 14 B in 2 kernels (the target's one-hot update touches a logit per token).
+UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
 
 # Which fusion a framework runs by default is its flavour's ``fused_kernels`` trait: Megatron-Core with
 # TransformerEngine fuses; PyTorch-native trainers (torchtitan, FSDP scripts) and DeepSpeed run eager unless
@@ -381,12 +444,12 @@ def expert_rows(ctx: Context, eff: Efficiency = EFFICIENCY) -> tuple[float, int]
     return busiest * (1.0 + eff.moe_skew) / local, local
 
 
-def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> LayerKernels:
+def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None) -> LayerKernels:
     """The kernels of one layer (see the module docstring), memoised by value: on ``layer_kernels_key`` (what
     they read of the context), the kind of layer, the GPU and the constants, so that contexts differing in
     what the kernels do not read (pp, dp when training, ZeRO, the pipeline schedule) share one entry. Bounded:
-    cleared past LAYER_KERNELS_KEPT entries."""
-    return per_layer(_LAYER_KERNELS, _layer_kernels, ctx, moe, gpu, eff)
+    cleared past LAYER_KERNELS_KEPT entries. ``eff`` None: the GPU's constants (gpu_efficiency)."""
+    return per_layer(_LAYER_KERNELS, _layer_kernels, ctx, moe, gpu, efficiency(gpu, eff))
 
 
 _LAYER_KERNELS: dict = {}
@@ -426,6 +489,8 @@ def layer_kernels_key(ctx: Context) -> tuple:
         par.etp,
         flavour.fused_kernels,  # what the kernels read of the framework's flavour (fusion, attention_kernel):
         flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
+        flavour.grad_accumulation_fusion,
+        flavour.fused_cross_entropy,
         par.cp_comm,
     )
 
@@ -450,6 +515,8 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
     if k.dt not in ("bf16", "fp32"):
         _fp8_casts(k)
+    if ctx.training and not grad_accumulation_fusion(ctx):
+        _grad_accumulation(k, moe)
     forward = tuple(k.fwd)
     backward = tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
@@ -473,8 +540,12 @@ class _Layer:
         self.floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
         self.fwd: list[Kernel] = []
         self.bwd: list[Kernel] = []
+        self.weights = 0.0  # GEMM weight elements of the layer on this rank (their gradients accumulate)
+        self.weight_tensors = 0
 
     def gemm(self, name, m, n, k, dtype=None, groups=1):
+        self.weights += k * n * groups
+        self.weight_tensors += groups
         f, d, w = gemm_kernels(name, m, n, k, dtype or self.dt, self.gpu, self.eff, groups)
         self.fwd.append(_floored(f, self.floor))
         self.bwd.extend((_floored(d, self.floor), _floored(w, self.floor)))
@@ -554,6 +625,44 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor)
     k.fwd.extend(ef)
     k.bwd.extend(eb)
+
+
+def cross_entropy_fusion(ctx: Context) -> bool:
+    """Whether the loss is one fused kernel: torch.compile fuses it; else the workload's setting, else the
+    framework's (Megatron: --cross-entropy-loss-fusion off)."""
+    given = ctx.work.cross_entropy_fusion
+    if given is not None:
+        return given
+    return bool(ctx.work.torch_compile) or ctx.par.flavour.fused_cross_entropy
+
+
+def grad_accumulation_fusion(ctx: Context) -> bool:
+    """Whether weight gradients accumulate inside their GEMM: the workload's setting, else the framework's."""
+    given = ctx.work.grad_accumulation_fusion
+    return ctx.par.flavour.grad_accumulation_fusion if given is None else given
+
+
+# Without gradient-accumulation fusion each weight's gradient is added to its accumulation buffer by a kernel of
+# its own, every micro-batch: Megatron-LM's DDP backward hook ``param.main_grad.add_(param.grad.data)``
+# (megatron/model/distributed.py, _make_param_hook; the fusion into the wgrad GEMM, apex
+# fused_weight_gradient_mlp_cuda, came with Megatron-LM's --gradient-accumulation-fusion in 2022). Per element it
+# reads the fresh gradient (the parameter dtype) and reads and writes the buffer (the gradient-reduce dtype: fp32
+# with --accumulate-allreduce-grads-in-fp32, else the parameter's). PyTorch autograd's AccumulateGrad does the same
+# add from the second micro-batch on; this charges every micro-batch (over by 1/m there).
+
+
+def _grad_accumulation(k: _Layer, moe: bool) -> None:
+    """The backward's gradient-accumulation adds over the layer's GEMM weights (routed experts included)."""
+    ctx = k.ctx
+    weights, tensors = k.weights, k.weight_tensors
+    if moe:
+        m, par = ctx.model.moe, ctx.par
+        local = max(1, m.num_experts // par.ep)
+        f = m.expert_ffn_hidden_size / par.etp
+        weights += local * ((2 if ctx.model.gated_mlp else 1) * f + f) * ctx.model.hidden_size
+        tensors += 2 * local
+    nbytes = weights * (ctx.param_bytes + 2 * ctx.grad_bytes)
+    k.bwd.append(memory_kernel("grad_accumulation", nbytes, k.gpu, k.eff, max(1, tensors), k.floor))
 
 
 def _fp8_casts(k: _Layer) -> None:
@@ -758,12 +867,18 @@ __all__ = [
     "ATTENTION_CEILING",
     "EFFICIENCY",
     "GEMM_CEILING",
+    "GEMM_DTYPES",
+    "KERNEL_CONSTANTS",
     "Efficiency",
     "Kernel",
     "LayerKernels",
     "attention_flops",
     "check_kernel_options",
+    "cross_entropy_fusion",
+    "efficiency",
     "gemm_time",
+    "gpu_efficiency",
+    "kernel_constants",
     "layer_kernels",
     "layer_kernels_key",
     "per_layer",

@@ -25,14 +25,14 @@ from statistics import median
 from collectives.topology.gpu import GPUSpec
 
 from .kernel_fit import class_scales, fit_grid, log_errors
-from .kernels import EFFICIENCY, Efficiency, gemm_ceiling, gemm_time, memory_kernel
+from .kernels import KERNEL_CONSTANTS, Efficiency, efficiency, gemm_ceiling, gemm_time, memory_kernel
 from .profile_trace import Trace, elementwise_bytes, gemm_dtype, gemm_shape
 
 MIN_POINTS = 3
 FIXED_GRID_S = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6, 12e-6, 16e-6)
 HBM_GRID = tuple(round(0.3 + 0.025 * i, 3) for i in range(29))  # 0.3 .. 1.0
 KERNEL_GRID_S = (1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6)
-CEILING_RANGE = (0.05, 1.0)
+CEILING_RANGE = KERNEL_CONSTANTS["gemm_ceiling"]  # what a request may hand back (cluster.calibration.kernels)
 MAX_ROWS = 100  # per kernel group, the largest total time first
 
 
@@ -112,8 +112,10 @@ def predict_memory(p: MemoryPoint, gpu: GPUSpec, eff: Efficiency) -> float:
     return memory_kernel(p.op, p.nbytes, gpu, eff).time_s
 
 
-def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency = EFFICIENCY) -> TraceFit:
-    """The constants of ``base`` refitted on ``trace`` for ``gpu`` (module docstring)."""
+def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> TraceFit:
+    """The constants of ``base`` (default: the GPU's own, kernels.gpu_efficiency) refitted on ``trace`` for ``gpu``
+    (module docstring)."""
+    base = efficiency(gpu, base)
     warnings = device_warnings(trace, gpu)
     gemms, mems = gemm_points(trace), memory_points(trace)
     eff, constants = base, {}

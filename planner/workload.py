@@ -33,6 +33,12 @@ class WorkloadSpec:
     # graphs, no torch.compile; Megatron's TransformerEngine fuses its elementwise kernels anyway)
     cuda_graphs: bool | None = None
     torch_compile: bool | None = None
+    # Megatron --gradient-accumulation-fusion (the weight-gradient GEMM accumulates into main_grad): None = the
+    # framework's default (its flavour's grad_accumulation_fusion); False = Megatron-LM before the fusion (2021):
+    # every micro-batch adds each weight gradient into its buffer in a kernel of its own (planner/kernels.py)
+    grad_accumulation_fusion: bool | None = None
+    # Megatron --cross-entropy-loss-fusion: None = the framework's default (Megatron: off, the loss as torch ops)
+    cross_entropy_fusion: bool | None = None
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas

@@ -120,7 +120,9 @@ class KernelRowOut(BaseModel):
     dtype: str
     count: int
     measured_s: float = Field(description="median over the trace's launches (a GEMM: every kernel its op launched)")
-    before_s: float = Field(description="planner/kernels.py with the default constants")
+    before_s: float = Field(
+        description="planner/kernels.py with the cluster's constants (the defaults unless cluster.calibration.kernels)"
+    )
     after_s: float = Field(description="with the constants fitted on this trace")
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, Field
 
 from collectives.topology import fabrics, networks
+from planner.kernels import GEMM_DTYPES, KERNEL_CONSTANTS
 
 from .base import Strict
 
@@ -97,8 +98,29 @@ class GPUIn(Strict):
     )
 
 
+def _kernel_constant(name: str, description: str):
+    low, high = KERNEL_CONSTANTS[name]
+    return Annotated[float, Field(ge=low, le=high, description=f"{description}; within [{low:g}, {high:g}]")]
+
+
+class KernelsIn(Strict):
+    """Kernel constants a profiler trace fitted for the cluster's GPU: POST /v1/calibrate's ``trace.constants``,
+    the same names (planner/kernels.py KERNEL_CONSTANTS); absent names keep the defaults."""
+
+    gemm_ceiling: dict[str, _kernel_constant("gemm_ceiling", "a large GEMM's fraction of the dense peak")] | None = (
+        Field(default=None, max_length=len(GEMM_DTYPES), description=f"by GEMM dtype: {', '.join(GEMM_DTYPES)}")
+    )
+    gemm_fixed_s: _kernel_constant("gemm_fixed_s", "fixed cost of one GEMM, s") | None = None
+    hbm: _kernel_constant("hbm", "achieved / datasheet HBM bandwidth of memory-bound kernels") | None = None
+    kernel_s: _kernel_constant("kernel_s", "fixed cost of a memory-bound or attention kernel, s") | None = None
+
+
 class CalibrationIn(Strict):
     """Fitted constants (POST /v1/calibrate returns them in its cluster); absent names keep the defaults."""
+
+    kernels: KernelsIn | None = Field(
+        default=None, description="compute constants fitted on a profiler trace for the cluster's GPU"
+    )
 
     efficiency: dict[str, float] | None = Field(default=None, description="link kind -> fraction of its rate")
     latency_scale: dict[str, float] | None = Field(

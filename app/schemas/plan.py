@@ -151,6 +151,17 @@ class WorkloadIn(Strict):
         "(Hopper only), cudnn, or unfused (Megatron-LM 2021-22: scores in HBM)",
     )
     cuda_graphs: bool | None = Field(default=None, description="CUDA graphs capture the step (default off)")
+    grad_accumulation_fusion: bool | None = Field(
+        default=None,
+        description="Megatron --gradient-accumulation-fusion: weight gradients accumulate inside their GEMM "
+        "(default: the framework's; false: a kernel per weight per micro-batch adds it to its buffer, as "
+        "Megatron-LM of 2021 ran)",
+    )
+    cross_entropy_fusion: bool | None = Field(
+        default=None,
+        description="Megatron --cross-entropy-loss-fusion: the loss as one fused kernel (default: the framework's; "
+        "Megatron: off, vocab_parallel_cross_entropy's fp32 torch ops)",
+    )
     torch_compile: bool | None = Field(
         default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
     )

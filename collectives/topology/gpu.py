@@ -11,6 +11,7 @@ The GPU as it runs: ``sms`` (streaming multiprocessors: the GEMM model's tiles f
 ``tdp_w`` (the default power limit the published peaks and the measured kernel tables hold at) and
 ``min_power_w`` (the lowest limit ``nvidia-smi -pl`` accepts), and ``power_limit_w`` (the configured limit;
 None = the default). Under a lower limit the tensor cores run at a lower sustained clock: ``clock_scale``.
+``kernel_constants``: what a profiler trace fitted for this GPU (the planner's kernel model reads them).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class GPUSpec:
     tdp_w: float = 0.0  # default power limit (0: unknown, no power limit can be set)
     min_power_w: float = 0.0
     power_limit_w: float | None = None  # configured limit; None = tdp_w
+    # Kernel constants fitted for this GPU on the user's own profiler trace (POST /v1/calibrate ``trace``), as
+    # (name, value) pairs; () = the defaults. Opaque here: the planner's kernel model reads them
+    # (planner/kernels.py KERNEL_CONSTANTS names them and their ranges).
+    kernel_constants: tuple[tuple[str, float], ...] = ()
 
     def clock_scale(self) -> float:
         """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
@@ -72,6 +77,7 @@ class GPUSpec:
                     self.sm,
                     self.sms,
                     self.power_limit_w,
+                    self.kernel_constants,
                 )
             )
             object.__setattr__(self, "_hash", found)
@@ -189,6 +195,19 @@ GPUS: dict[str, GPUSpec] = {
     ),
 }
 # fmt: on
+
+
+def nested_constants(pairs: tuple[tuple[str, float], ...]) -> dict:
+    """GPUSpec.kernel_constants as a request writes them: a dotted name as a nested block (``gemm_ceiling.bf16``
+    -> {"gemm_ceiling": {"bf16": ...}})."""
+    out: dict = {}
+    for name, value in pairs:
+        head, _, key = name.partition(".")
+        if key:
+            out.setdefault(head, {})[key] = value
+        else:
+            out[name] = value
+    return out
 
 
 def gpu_preset(name: str) -> GPUSpec:

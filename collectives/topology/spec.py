@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from .._errors import CollectiveError
 from .fabrics import fabric_type
-from .gpu import GPUSpec
+from .gpu import GPUSpec, nested_constants
 from .networks import network_type
 
 NETWORK_KINDS = ("ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo")  # per-hop latency: library/calibration.py
@@ -147,6 +147,8 @@ def spec_block(spec: ClusterSpec) -> dict:
             "latency_scale": dict(c.latency_scale),
             "network_latency_s": dict(c.network_latency_s),
         }
+    if spec.gpu is not None and spec.gpu.kernel_constants:  # compute constants a profiler trace fitted
+        block.setdefault("calibration", {})["kernels"] = nested_constants(spec.gpu.kernel_constants)
     return block
 
 

@@ -1,6 +1,7 @@
-// "Calibrate from nccl-tests": the user's own nccl-tests output (files or pasted) -> POST /v1/calibrate on the
-// form's cluster -> every measured row before and after, the fitted constants, and a button that plans with
-// them. The constants ride in the request (cluster.calibration), so the URL keeps them.
+// "Calibrate from nccl-tests": the user's own nccl-tests output (files or pasted) or a torch.profiler trace ->
+// POST /v1/calibrate on the form's cluster -> every measured row before and after, the fitted constants, and a
+// button that plans with them (the answer's cluster.calibration: the NCCL groups and, from a trace, the compute
+// constants as `kernels`). The constants ride in the request (cluster.calibration), so the URL keeps them.
 import { ApiError, postJson } from "./api.js";
 import { $, el } from "./dom.js";
 import { fmtBytes, fmtInt, fmtPct, fmtTime, sig3 } from "./format.js";
@@ -11,7 +12,7 @@ let onUse = () => {}, fitted = null, seq = 0;
 export function initCalibrate(useConstants) {
   onUse = useConstants;
   $("calib-run").addEventListener("click", runCalibrate);
-  $("calib-use").addEventListener("click", () => fitted && onUse(fitted.constants));
+  $("calib-use").addEventListener("click", () => fitted && onUse(fitted.cluster.calibration || null));
   $("calib-clear").addEventListener("click", () => onUse(null));
 }
 
@@ -20,10 +21,12 @@ const fmtBusBw = (gbps) => (gbps >= 1 ? `${sig3(gbps)} GB/s` : gbps >= 1e-3 ? `$
 const error = (priced, measured) => (measured > 0 ? priced / measured - 1 : null);
 const signedPct = (x) => (x === null ? "–" : `${x > 0 ? "+" : ""}${fmtPct(x)}`);
 
-// "efficiency.nic 0.986, network_latency_s.ib 0.929 µs": seconds in µs, the rest as plain factors
+// "efficiency.nic 0.986, network_latency_s.ib 0.929 µs, kernels.hbm 0.675": seconds in µs, the rest as plain factors
+const leaves = (prefix, v) => (v !== null && typeof v === "object"
+  ? Object.entries(v).flatMap(([k, x]) => leaves(prefix ? `${prefix}.${k}` : k, x)) : [[prefix, v]]);
 export function describeConstants(constants) {
-  return Object.entries(constants || {}).flatMap(([group, values]) => Object.entries(values).map(([name, v]) =>
-    `${group}.${name} ${group.endsWith("_s") ? `${sig3(v * 1e6)} µs` : sig3(v)}`)).join(", ") || "none (the defaults fit best)";
+  return leaves("", constants || {}).map(([name, v]) =>
+    `${name} ${name.split(".").some((p) => p.endsWith("_s")) ? `${sig3(v * 1e6)} µs` : sig3(v)}`).join(", ") || "none (the defaults fit best)";
 }
 
 async function readLogs() {
@@ -99,7 +102,15 @@ async function runCalibrate() {
 function renderFit(body, logs) {
   $("calib-trace-summary").hidden = !body.trace;
   $("calib-trace-summary").textContent = body.trace ? describeTrace(body.trace) : "";
-  if (!body.rows.length) { $("calib-status").textContent = ""; $("calib-results").hidden = true; return; }
+  const constants = body.cluster.calibration || {};
+  $("calib-use").disabled = !Object.keys(constants).length;
+  $("calib-table").hidden = !body.rows.length;
+  if (!body.rows.length) {  // a trace alone: its summary, and the button when it fitted compute constants
+    $("calib-status").textContent = "";
+    $("calib-warnings").hidden = true;
+    $("calib-results").hidden = !Object.keys(constants).length;
+    return;
+  }
   const runs = body.runs.map((r) => `${r.op} on ${r.nodes} node${r.nodes > 1 ? "s" : ""} × ${r.ranks / r.nodes} (${r.rows} row${r.rows > 1 ? "s" : ""}${r.devices.length ? `, ${r.devices.join(", ")}` : ""})`);
   $("calib-status").textContent = `Median |error| of the bus bandwidth over ${fmtInt(body.rows.length)} rows: ${fmtPct(body.median_error_before)} with the defaults, `
     + `${fmtPct(body.median_error_after)} fitted. Fitted: ${describeConstants(body.constants)}. Runs: ${runs.join("; ")}.`;
@@ -118,7 +129,6 @@ function renderFit(body, logs) {
   const warnings = body.warnings || [];
   $("calib-warnings").replaceChildren(...warnings.map((w) => el("li", {}, named(w, logs))));
   $("calib-warnings").hidden = !warnings.length;
-  $("calib-use").disabled = !Object.keys(body.constants).length;
   $("calib-results").hidden = false;
 }
 

@@ -52,6 +52,8 @@ export const GROUPS = [
     ["workload.attention_kernel", "Attention kernel", "select", ["flash", "flash2", "flash3", "cudnn", "unfused"], "the framework's fused kernel"],
     ["workload.cuda_graphs", "CUDA graphs", "select", ON_OFF, "off"],
     ["workload.torch_compile", "torch.compile", "select", ON_OFF, "off"],
+    ["workload.grad_accumulation_fusion", "Grad-accumulation fusion", "select", ON_OFF, "the framework's (Megatron: on)", "kind=training"],
+    ["workload.cross_entropy_fusion", "Cross-entropy fusion", "select", ON_OFF, "the framework's (Megatron: off)", "kind=training"],
     ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
   ]],
   ["Data parallel", [

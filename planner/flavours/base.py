@@ -92,6 +92,14 @@ class Flavour:
     fused_kernels: bool = True
     # what "flash" attention means per GPU generation (compute capability // 10 x 10); missing: FlashAttention-2
     flash_attention_by_sm: tuple[tuple[int, str], ...] = ()
+    # weight gradients accumulate inside their GEMM (Megatron --gradient-accumulation-fusion, on by default since
+    # Megatron-LM 2022 / Megatron-Core: the wgrad GEMM adds into main_grad); False: a separate add per weight per
+    # micro-batch (workload.grad_accumulation_fusion overrides)
+    grad_accumulation_fusion: bool = True
+    # the loss as one fused kernel (Megatron --cross-entropy-loss-fusion, store_true: off by default since it came,
+    # 7b4a6d76c9 of 2024-06-14) or Megatron's vocab_parallel_cross_entropy as its torch ops; flavours that run eager
+    # (fused_kernels False) take the eager loss whatever this says (planner/compute.py head_kernels)
+    fused_cross_entropy: bool = False
     # ---- FP8 (rules/fp8.py, recipes.py) ----------------------------------------------------------------
     # TransformerEngine's FP8/FP4 recipes: amax reductions, --fp8-param-gather (Megatron + TE)
     te_fp8_recipes: bool = False

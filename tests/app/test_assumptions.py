@@ -96,3 +96,15 @@ def test_a_whole_world_call_is_one_group(api):
     norm = [c for c in calls if c["name"] == "dp.grad_norm"]
     assert len(norm) == 1 and norm[0]["stages"] == [0, 1, 2, 3]
     assert (norm[0]["group_size"], norm[0]["num_groups"]) == (512, 1)
+
+
+def test_gradient_accumulation_fusion_is_an_assumption(api):
+    """Megatron-Core fuses the weight-gradient accumulation into the wgrad GEMM (on); a request that says off wins."""
+    assert _rows(api, LLAMA70B)["workload.grad_accumulation_fusion"]["value"] == "on"
+    request = copy.deepcopy(LLAMA70B)
+    request["workload"]["grad_accumulation_fusion"] = False
+    assert _rows(api, request)["workload.grad_accumulation_fusion"]["value"] == "off"
+    # --cross-entropy-loss-fusion is store_true: Megatron runs the loss as torch ops unless asked
+    assert _rows(api, LLAMA70B)["workload.cross_entropy_fusion"]["value"] == "off"
+    request["workload"]["cross_entropy_fusion"] = True
+    assert _rows(api, request)["workload.cross_entropy_fusion"]["value"] == "on"

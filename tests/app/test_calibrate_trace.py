@@ -36,8 +36,8 @@ def control():
 def test_a_gzipped_trace_calibrates_over_http(control):
     # nothing of the nccl-tests part without logs
     assert control["rows"] == [] and control["constants"] == {} and control["median_error_before"] is None
-    assert control["cluster"] == {"preset": "dgx-a100"}
     trace = control["trace"]
+    assert control["cluster"] == {"preset": "dgx-a100", "calibration": {"kernels": trace["constants"]}}
     assert (trace["device"], trace["sms"], trace["steps"], trace["rank"], trace["world_size"]) == (
         "NVIDIA A100-PG509-200",
         108,
@@ -127,10 +127,57 @@ def test_the_cli_calibrates_a_trace(capsys, tmp_path):
     assert "NVIDIA A100-PG509-200, 6 steps, 109,123 events" in out
     assert "aten::mm" in out and "memory: median |error| 47.7% before" in out
     assert "allreduce" in out and "sendrecv" in out
+    assert 'post the "cluster" of --format json (its calibration.kernels) to /v1/plan' in out
     assert main(["calibrate", "--trace", trace, "--cluster", "dgx-a100", "--format", "json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["trace"]["kernels"][0]["kind"] == "gemm"
+    # the cluster to plan with: the preset and the fitted compute constants (`commplan plan` takes it as it is)
+    assert got["cluster"] == {"preset": "dgx-a100", "calibration": {"kernels": got["trace"]["constants"]}}
     bad = tmp_path / "bad.json"
     bad.write_text('{"traceEvents": [')
     assert main(["calibrate", "--trace", str(bad), "--cluster", "dgx-a100"]) == 2
     assert "trace: not JSON" in capsys.readouterr().err
+
+
+def test_the_fitted_constants_plan_as_the_answer_hands_them_on(api, control):
+    """Round trip (issue 20): calibrate from the committed HTA trace -> its answer's cluster carries the fitted
+    constants (cluster.calibration.kernels) -> /v1/plan with that cluster. The trace fitted the A100's memory-bound
+    kernels at hbm = 0.675 of the HBM peak (the default 0.85): Adam's step, 34 B per parameter read and written at
+    hbm x 2,039 GB/s, takes exactly 0.85 / 0.675 = 1.259x as long; the whole compute moves by less (bf16 GEMMs and
+    attention keep their constants: the trace's GEMMs were tf32/fp32)."""
+    constants = control["trace"]["constants"]
+    assert control["cluster"]["calibration"]["kernels"] == constants
+    assert constants["hbm"] == 0.675 and constants["kernel_s"] == 4e-6 and constants["gemm_ceiling"]["tf32"] == 0.6312
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "workload": {"micro_batch_size": 1, "global_batch_size": 16},
+        "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1},
+        "cluster": {"preset": "dgx-a100", "num_nodes": 1},
+    }
+
+    def step(cluster):
+        r = api.post("/v1/plan", json=body | {"cluster": cluster})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        (adam,) = [e for e in answer["step"]["timeline"] if e["name"] == "optimizer"]
+        return answer, answer["step"]["compute_s"], adam["end_s"] - adam["start_s"]
+
+    _, before, adam_before = step(body["cluster"])
+    answer, after, adam_after = step(control["cluster"] | {"num_nodes": 1})
+    assert adam_after / adam_before == pytest.approx(0.85 / 0.675, rel=1e-9)
+    assert 1.0 < after / before < 0.85 / 0.675
+    assert answer["cluster"]["calibration"]["kernels"] == constants  # the answered cluster keeps them
+    _, same, _ = step(answer["cluster"])
+    assert same == after
+
+
+def test_a_cluster_with_constants_recalibrates_over_them(api):
+    """A cluster that already carries kernel constants: the trace's fit replaces what it measured (hbm, the
+    tf32/fp32 ceilings) and keeps a given ceiling for a dtype the trace did not run (bf16)."""
+    cluster = {"preset": "dgx-a100", "calibration": {"kernels": {"gemm_ceiling": {"bf16": 0.7}, "hbm": 0.5}}}
+    got = api.post("/v1/calibrate", json={"cluster": cluster, "trace": SAMPLED})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    kernels, fitted = body["cluster"]["calibration"]["kernels"], body["trace"]["constants"]
+    assert kernels["gemm_ceiling"] == {"bf16": 0.7} | fitted["gemm_ceiling"] and kernels["hbm"] == fitted["hbm"]
+    assert set(fitted["gemm_ceiling"]) == {"fp32", "tf32"}

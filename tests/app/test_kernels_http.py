@@ -98,3 +98,65 @@ def test_kernel_options_change_the_step(api):
     assert t["block"] > t["tensor"]
     assert t["eager"] > t["compiled"]
     assert t["graphs"] <= t["cudnn"]
+
+
+def test_unfused_gradient_accumulation_over_http(api):
+    """workload.grad_accumulation_fusion false (Megatron-LM of 2021): per micro-batch and layer one add over the
+    layer's 218,103,808 weights, 10 B each (bf16 gradient read, fp32 buffer read and written) at 0.85 of the H100's
+    3,350 GB/s plus 4 launches of 5 us; 8 micro-batches (64 / (1 x 8)) of 32 layers."""
+    fused = plan(api, body())["step"]["compute_s"]
+    unfused = plan(api, body({"grad_accumulation_fusion": False}))
+    per_layer = 218_103_808 * 10 / (3350e9 * 0.85) + 4 * 5e-6
+    assert unfused["step"]["compute_s"] - fused == pytest.approx(8 * 32 * per_layer, rel=1e-9)
+    assert plan(api, body({"grad_accumulation_fusion": True}))["step"]["compute_s"] == fused
+    field, msg = error(api, body({"grad_accumulation_fusion": "no"}))
+    assert field == "workload.grad_accumulation_fusion" and "boolean" in msg
+
+
+def test_unknown_gpu_by_name_is_named(api):
+    field, msg = error(api, body(gpu="z100"))
+    assert field == "cluster.gpu" and "unknown GPU 'z100'; known: a100-sxm4-80gb" in msg
+
+
+def test_search_and_serve_name_what_the_gpu_lacks(api):
+    """The bad-input rules of issue 20 hold on /v1/search and /v1/serve too, with the same field and rule."""
+    search = {
+        "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
+        "workload": {"kind": "training", "global_batch_size": 16, "attention_kernel": "flash3"},
+        "cluster": {"preset": "dgx-a100", "num_nodes": 1},
+        "constraints": {"tp": [1]},
+    }
+    r = api.post("/v1/search", json=search)
+    assert r.status_code == 422, r.text
+    err = r.json()["detail"][0]
+    assert err["loc"][1:] == ["workload", "attention_kernel"] and "Hopper (sm90) only" in err["msg"]
+    r = api.post("/v1/search", json=search | {"cluster": {"preset": "dgx-h100", "num_nodes": 1,
+                                                          "gpu": {"power_limit_w": 100}}})  # fmt: skip
+    assert r.status_code == 422, r.text
+    err = r.json()["detail"][0]
+    assert err["loc"][1:] == ["cluster", "gpu", "power_limit_w"] and "200-700 W" in err["msg"]
+    serve = {
+        "model": {"preset": "llama3-8b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpu": "z100"},
+        "engine": "vllm",
+        "traffic": {"input_tokens": 1000, "output_tokens": 100, "concurrency": 8},
+        "deployment": {"pools": [{"role": "both", "workers": 1, "tp": 8}]},
+    }
+    r = api.post("/v1/serve", json=serve)
+    assert r.status_code == 422, r.text
+    err = r.json()["detail"][0]
+    assert err["loc"][1:] == ["cluster", "gpu"] and "unknown GPU 'z100'" in err["msg"]
+
+
+def test_the_loss_fusion_over_http(api):
+    """workload.cross_entropy_fusion: Megatron's default (off) runs vocab_parallel_cross_entropy as torch ops, 38 B
+    per logit in 6 kernels forward and 14 B in 2 backward, against the fused kernel's 8 B in one launch forward
+    and twice that backward; Llama 3 8B's 8,192 x 128,256 logits per micro-batch (vocabulary padded to 128 x tp:
+    128,256), 8 micro-batches, at 0.85 of the H100's 3,350 GB/s, 5 us a launch."""
+    default = plan(api, body())["step"]["compute_s"]
+    fused = plan(api, body({"cross_entropy_fusion": True}))["step"]["compute_s"]
+    logits = 8192 * 128256
+    per_micro = ((38 + 14) - (8 + 16)) * logits / (3350e9 * 0.85) + (6 + 2 - 1 - 2) * 5e-6
+    assert default - fused == pytest.approx(8 * per_micro, rel=1e-9)
+    torch = plan(api, body(framework="torch"))["step"]["compute_s"]  # eager: its own loss, the flag not read
+    assert plan(api, body({"cross_entropy_fusion": False}, framework="torch"))["step"]["compute_s"] == torch

@@ -531,7 +531,15 @@ def test_calibrate_from_a_profiler_trace(page, reference):
     text = summary.inner_text()
     assert "GPU not recorded, 2 steps" in text and "sendrecv: 5.00/step" in text and "gemm_ceiling.tf32" in text, text
     assert not re.search(r"\de[-+]?\d", text)
-    expect(page.locator("#calib-results")).to_be_hidden()  # no nccl-tests rows
+    # no nccl-tests rows; the fitted compute constants plan as the answer's cluster carries them (issue 20)
+    expect(page.locator("#calib-table")).to_be_hidden()
+    expect(page.locator("#calib-use")).to_be_enabled()
+    page.click("#calib-use")
+    active = page.locator("#calib-active")
+    expect(active).to_contain_text("calibrated constants: kernels.gemm_ceiling.fp32 1", timeout=20_000)
+    calibration = page.evaluate("window.commplan.state.request.cluster.calibration")
+    assert set(calibration) == {"kernels"}
+    assert set(calibration["kernels"]) == {"gemm_ceiling", "gemm_fixed_s", "hbm", "kernel_s"}
 
 
 def test_sort_and_filter(page):

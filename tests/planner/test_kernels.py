@@ -262,3 +262,21 @@ def test_the_kernel_list_names_each_kernel_with_its_shape():
     fp8 = layer_kernels(ctx(activation_dtype="fp8"), False, H100)
     assert [k.name for k in fp8.forward if k.kind == "cast"] == ["fp8_cast"]
     assert {k.dtype for k in fp8.forward if k.kind == "gemm"} == {"fp8"}
+
+
+def test_unfused_gradient_accumulation_adds_its_bytes_to_the_backward():
+    """Megatron-LM before --gradient-accumulation-fusion (2022-02-13, 83b1e42f30): each micro-batch's weight
+    gradients are added to their buffers by kernels of their own (main_grad.add_(grad)). Llama 3 8B's layer holds
+    q 4,096 + k, v 1,024 each, out 4,096 x 4,096 and SwiGLU 3 x 4,096 x 14,336 weights = 218,103,808; each reads the
+    bf16 gradient (2 B) and reads and writes the fp32 buffer (Megatron's default gradient dtype): 10 B."""
+    weights = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336
+    assert weights == 218_103_808
+    fused = layer_kernels(ctx(), False, A100)
+    unfused = layer_kernels(ctx(grad_accumulation_fusion=False), False, A100)
+    (added,) = [k for k in unfused.backward if k.name == "grad_accumulation"]
+    assert added.bytes == weights * 10 and added.count == 4
+    assert added.time_s == pytest.approx(weights * 10 / (2039e9 * 0.85) + 4 * EFFICIENCY.kernel_s)
+    assert unfused.forward == fused.forward and unfused.backward[:-1] == fused.backward
+    assert "grad_accumulation" not in {k.name for k in fused.backward}  # Megatron-Core fuses by default
+    fp16 = layer_kernels(ctx(grad_accumulation_fusion=False, param_dtype="fp16", grad_reduce_dtype="fp16"), False, A100)
+    assert fp16.backward[-1].bytes == weights * 6  # SC'21: fp16 gradients accumulated in fp16
