@@ -39,9 +39,10 @@ from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
-from ..rules.engine_step import dp_sync, fused
+from ..rules.engine_step import dp_sync
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
+from .fused_allreduce import FusedAllReduce, fused_step
 from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
 
@@ -110,7 +111,7 @@ class _Worker:
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
     overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
     dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
-    fusion: str = ""  # the engine's fused all-reduce + residual + norm (rules/engine_step.py fused); "": none
+    fusion: FusedAllReduce | None = None  # the engine's fused all-reduce + residual + norm (fused_allreduce.py)
 
 
 def plan_serving(
@@ -271,8 +272,8 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
     plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
-    if w.fusion:
-        plan = replace(plan, calls=[replace(pc, call=fused(pc.call, w.fusion)) for pc in plan.calls])
+    if w.fusion is not None:
+        plan = fused_step(plan, w.fusion, _context(model, options, phase, batch, context, par, w), w.cluster)
     sync = dp_sync(par, *w.dp_sync)
     if sync is None or plan.step is None:
         return plan

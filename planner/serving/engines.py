@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .._errors import SpecError
 from ..rules.engine_step import DP_SYNC_ROWS, TRTLLM_AR_FUSION, VLLM_DP_SYNC
+from .fused_allreduce import FusedAllReduce
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
 
 
@@ -40,9 +41,9 @@ class EngineTraits:
     # on the critical path (rules/engine_step.py dp_sync), and its source; 0: none
     dp_sync_rows: int = 0
     dp_sync_source: str = ""
-    # the op that replaces the all-reduce ending each attention and MLP block (rules/engine_step.py fused); "": a
-    # plain all-reduce
-    tp_allreduce_fusion: str = ""
+    # the op that replaces the all-reduce ending each attention and MLP block, its kernel choice and the kernels it
+    # absorbs (fused_allreduce.py); None: a plain all-reduce
+    tp_allreduce_fusion: FusedAllReduce | None = None
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -119,7 +120,7 @@ TRTLLM = register(
         deepep_low_latency_decode=True,
         # _torch/modules/fused_moe/moe_load_balancer.py: num_slots = experts + redundant (extra_llm_api_options)
         redundant_experts_flag="moe_config.load_balancer.num_slots",
-        tp_allreduce_fusion=TRTLLM_AR_FUSION,
+        tp_allreduce_fusion=FusedAllReduce(TRTLLM_AR_FUSION),
     )
 )
 
