@@ -372,7 +372,11 @@ def kv_capacity(
     layer keeps only its window when decoding). Pipeline stages share a request, so the tightest stage decides;
     attention ranks each hold their own."""
     gpu = w.cluster.gpu
-    budget = gpu.hbm_bytes * traits.memory_fraction
+    # the engine's share of the whole GPU (vLLM, SGLang), or of what the weights and the largest pass leave free,
+    # all of it for KV (TensorRT-LLM: engines.py memory_fraction_of_free)
+    share = 1.0 if traits.memory_fraction_of_free else traits.memory_fraction
+    kv_share = traits.memory_fraction if traits.memory_fraction_of_free else 1.0
+    budget = gpu.hbm_bytes * share
     par = w.decode_par
     own = Context(model, _work(options, *counted), w.par if counted[0] == "prefill" else par,
                   devices_per_node=w.cluster.devices_per_node)  # fmt: skip
@@ -382,7 +386,7 @@ def kv_capacity(
     for st, big in zip(plan.memory.per_stage, largest.memory.per_stage, strict=True):
         per_token = kv_cache_bytes(one, st.stage) / request_tokens
         activations = max(0, big.activations_bytes - kv_cache_bytes(own, st.stage))
-        free = budget - st.params_bytes - activations - max(st.buffers_bytes, big.buffers_bytes)
+        free = (budget - st.params_bytes - activations - max(st.buffers_bytes, big.buffers_bytes)) * kv_share
         tokens = min(tokens, free / per_token if per_token else math.inf)
     return max(0, int(tokens)) * w.par.dp if math.isfinite(tokens) else 0
 

@@ -44,6 +44,10 @@ class EngineTraits:
     # the op that replaces the all-reduce ending each attention and MLP block, its kernel choice and the kernels it
     # absorbs (fused_allreduce.py); None: a plain all-reduce
     tp_allreduce_fusion: FusedAllReduce | None = None
+    # True: ``memory_fraction`` is the share of the memory left free after the weights and a profiling step's
+    # peak that goes to the KV cache (TensorRT-LLM); False: the share of the whole GPU the engine may fill with
+    # weights, activations and KV together (vLLM gpu_memory_utilization, SGLang mem_fraction_static)
+    memory_fraction_of_free: bool = False
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -110,7 +114,9 @@ TRTLLM = register(
         ep_dispatch="alltoall",
         ep_dispatches=("alltoall", "agrs_quant", "deepep", "deepep_ll"),
         # tensorrt_llm/llmapi/llm_args.py: max_num_tokens 8192; KvCacheConfig free_gpu_memory_fraction 0.9 of
-        # the memory left after weights; tokens_per_block 32
+        # the memory left after weights; tokens_per_block 32. _torch/pyexecutor/_util.py KvCacheCreator
+        # _cal_max_memory: available_kv_mem = (total_gpu_memory - peak_memory + allocated_bytes) * fraction, the
+        # peak of a profiling run at max_num_tokens (weights + activations), the estimation's own KV added back
         max_batch_tokens=8192,
         memory_fraction=0.9,
         page_tokens=32,
@@ -121,6 +127,7 @@ TRTLLM = register(
         # _torch/modules/fused_moe/moe_load_balancer.py: num_slots = experts + redundant (extra_llm_api_options)
         redundant_experts_flag="moe_config.load_balancer.num_slots",
         tp_allreduce_fusion=FusedAllReduce(TRTLLM_AR_FUSION),
+        memory_fraction_of_free=True,
     )
 )
 
