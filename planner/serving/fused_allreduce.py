@@ -124,7 +124,8 @@ def _kernel(fusion: FusedAllReduce, ctx: Context, row: PricedCall, cluster: Clus
     itemsize = DTYPE_BYTES.get(call.dtype, 2)
     hidden = ctx.model.hidden_size
     tokens = call.message_bytes // (hidden * itemsize)
-    return fusion.strategy(tokens, hidden, par.tp, call.message_bytes, cluster.gpu.sm, nvlink_peers(par, cluster))
+    sm = cluster.gpu.sm if cluster.gpu is not None else 0  # 0: not an NVIDIA GPU; the SM 90 table
+    return fusion.strategy(tokens, hidden, par.tp, call.message_bytes, sm, nvlink_peers(par, cluster))
 
 
 def _price(row: PricedCall, kind: str, par: ParallelSpec, cluster: ClusterSpec) -> PricedCall:
@@ -161,6 +162,8 @@ def fused_step(plan: Plan, fusion: FusedAllReduce, ctx: Context, cluster: Cluste
             continue
         new = _price(replace(row, call=call), kind, ctx.par, cluster)
         rows.append(new)
+        if not stages:  # no step to change (a cluster without a GPU spec): the rows alone
+            continue
         if not kernels:
             kernels = {k.name: k.time_s for k in layer_kernels(ctx, False, cluster.gpu).forward}
         saved = kernels.get("residual_add", 0.0) + kernels.get(norms[_block(call)], 0.0)

@@ -106,3 +106,14 @@ def test_nccl_strategy_keeps_the_plan():
     vllm, _, _ = _rows("vllm", 8, 64)
     assert "strategy NCCL" in trt_rows["tp.attn.out_proj"].call.source
     assert trt.step.time_s == vllm.step.time_s and trt.step.compute_s == vllm.step.compute_s
+
+
+def test_nvlink_peers_only_inside_one_nvlink_domain():
+    """allreduceOp.cpp: a TP group across nodes has no P2P (mIsP2PSupported = false): NCCL. TP8 on one DGX H100
+    shares its NVSwitch; TP16 over two nodes does not."""
+    from planner import ParallelSpec
+    from planner.serving.fused_allreduce import nvlink_peers
+
+    assert nvlink_peers(ParallelSpec(tp=8), NODE)
+    assert nvlink_peers(ParallelSpec(tp=4, dp=2), NODE)
+    assert not nvlink_peers(ParallelSpec(tp=16), cluster_preset("dgx-h100", 2))
