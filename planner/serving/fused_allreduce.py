@@ -51,18 +51,36 @@ from ..rules.engine_step import BLOCK_OUTPUTS, fused
 from ..workload import DTYPE_BYTES
 
 ONESHOT, TWOSHOT, NCCL = "oneshot", "twoshot", "nccl"
+# AllReduceFusionOp: the all-reduce + residual + RMSNorm, and the same with the norm's output quantized to fp8 (what
+# TensorRT-LLM's Llama runs when its linears are per-tensor FP8: modeling_llama.py post/pre_mlp_fusion_op)
+NORM, NORM_QUANT_FP8 = "RESIDUAL_RMS_NORM", "RESIDUAL_RMS_NORM_QUANT_FP8"
 _CODES = {4: ONESHOT, 5: TWOSHOT, 0: NCCL}
 
-# customAllReduceUtils.h at 005b299bd309, AllReduceBestStrategyTableSM90 / SM100, the Fusion=RESIDUAL_RMS_NORM
-# slice, verbatim but for the encoding: per (sm, tp), one "/"-separated row per hidden size 128, 256, ..., 8192, one
-# digit per token count 1, 2, 4, ..., 16384 (4 ONESHOT, 5 TWOSHOT, 0 NCCL), the trailing NCCL entries left out
+# customAllReduceUtils.h at 005b299bd309, AllReduceBestStrategyTableSM90 / SM100, the Fusion=RESIDUAL_RMS_NORM and
+# RESIDUAL_RMS_NORM_QUANT_FP8 slices, verbatim but for the encoding: per (op, sm, tp), one "/"-separated row per
+# hidden size 128, 256, ..., 8192, one digit per token count 1, 2, 4, ..., 16384 (4 ONESHOT, 5 TWOSHOT, 0 NCCL), the
+# trailing NCCL entries left out
 _ENCODED = {
-    (90, 2): "444444444444/4444444444444/444455554444/444445545444/444544444444/44445444444/4444444444",
-    (90, 4): "444444444444/44444444444/444444544445/444444444455/44444444455/4444444445/444444445",
-    (90, 8): "44444444444/44444444445/444444444455/444444444555/44444444055/4444444/444444",
-    (100, 2): "444454444444/444444444444/4444544454444/4444444444444/444444444444/44444444444/4444444444",
-    (100, 4): "444444444444/444444444444/444444444444/444444444445/44444444445/4444444445/444444444",
-    (100, 8): "444444444444/444444444444/44444444444/444444444455/44444444445/4444444445/444444445",
+    (NORM, 90, 2): "444444444444/4444444444444/444455554444/444445545444/444544444444/44445444444/4444444444",
+    (NORM, 90, 4): "444444444444/44444444444/444444544445/444444444455/44444444455/4444444445/444444445",
+    (NORM, 90, 8): "44444444444/44444444445/444444444455/444444444555/44444444055/4444444/444444",
+    (NORM, 100, 2): "444454444444/444444444444/4444544454444/4444444444444/444444444444/44444444444/4444444444",
+    (NORM, 100, 4): "444444444444/444444444444/444444444444/444444444445/44444444445/4444444445/444444444",
+    (NORM, 100, 8): "444444444444/444444444444/44444444444/444444444455/44444444445/4444444445/444444445",
+    (
+        NORM_QUANT_FP8,
+        90,
+        2,
+    ): "444445554444/4445445445444/4444555554444/4445555454444/444554445444/44544444444/4454444444",
+    (NORM_QUANT_FP8, 90, 4): "444444444444/444445545444/444445455445/444444444455/44444444455/4444444445/444444445",
+    (NORM_QUANT_FP8, 90, 8): "44444444444/444444444455/4444444444555/444444444555/44444444455/4444444055/444444005",
+    (
+        NORM_QUANT_FP8,
+        100,
+        2,
+    ): "444454554444/444444544444/4444544444444/4444455444444/444444444444/44444444444/4444444444",
+    (NORM_QUANT_FP8, 100, 4): "444444444444/444444444444/444444444444/444444444445/44444444445/4444444445/444444444",
+    (NORM_QUANT_FP8, 100, 8): "444444444444/444444444444/4444444444455/444444444455/44444444445/4444444445/444444445",
 }
 TOKEN_COUNTS = 15  # 1 .. 16384
 
@@ -71,10 +89,10 @@ def _decoded(rows: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(c) for c in row.ljust(TOKEN_COUNTS, "0")) for row in rows.split("/"))
 
 
-# [sm][tp] -> one row per hidden size, one entry per token count
-TABLE: dict[int, dict[int, tuple[tuple[int, ...], ...]]] = {}
-for (_sm, _tp), _rows in _ENCODED.items():
-    TABLE.setdefault(_sm, {})[_tp] = _decoded(_rows)
+# [op][sm][tp] -> one row per hidden size, one entry per token count
+TABLE: dict[str, dict[int, dict[int, tuple[tuple[int, ...], ...]]]] = {}
+for (_op, _sm, _tp), _rows in _ENCODED.items():
+    TABLE.setdefault(_op, {}).setdefault(_sm, {})[_tp] = _decoded(_rows)
 
 
 def workspace_bytes(tp: int) -> int:
@@ -93,12 +111,18 @@ class FusedAllReduce:
     # the pre-MLP norm, the MLP block's the next layer's input norm)
     absorbed: tuple[tuple[str, str], ...] = (("attn.out_proj", "pre_mlp_norm"), ("mlp.down_proj", "input_norm"))
 
-    def strategy(self, tokens: int, hidden: int, tp: int, nbytes: int, sm: int, nvlink_peers: bool) -> str:
-        """AllreduceOp::selectImplementation with strategy AUTO (allreduceOp.cpp at 01e2c3612da7) for
-        RESIDUAL_RMS_NORM: ``nbytes`` the message, ``nvlink_peers`` whether the TP group shares one NVLink domain."""
+    # the model's blocks fuse only above this hidden size (modeling_llama.py LlamaDecoderLayer: enable_fusion &=
+    # hidden_size > 4096, "Disable fusion for small models due to accuracy issues"; read in two stored versions)
+    min_hidden: int = 4097
+
+    def strategy(
+        self, tokens: int, hidden: int, tp: int, nbytes: int, sm: int, nvlink_peers: bool, op: str = NORM
+    ) -> str:
+        """AllreduceOp::selectImplementation with strategy AUTO (allreduceOp.cpp at 01e2c3612da7) for ``op``:
+        ``nbytes`` the message, ``nvlink_peers`` whether the TP group shares one NVLink domain."""
         if nbytes > workspace_bytes(tp) or not nvlink_peers:
             return NCCL
-        rows = TABLE[100 if sm >= 100 else 90].get(tp)
+        rows = TABLE[op][100 if sm >= 100 else 90].get(tp)
         h, t = int(math.log2(hidden)) - 7, int(math.log2(max(1, tokens)))
         if rows is None or not 0 <= h < len(rows) or t >= len(rows[h]):
             return NCCL  # NCCL_SYMMETRIC: ncclAllReduce, then the fallback kernels
@@ -123,9 +147,14 @@ def _kernel(fusion: FusedAllReduce, ctx: Context, row: PricedCall, cluster: Clus
         return ""
     itemsize = DTYPE_BYTES.get(call.dtype, 2)
     hidden = ctx.model.hidden_size
+    if hidden < fusion.min_hidden:
+        return ""  # no fusion: the model's plain all-reduce, then its add and norm
     tokens = call.message_bytes // (hidden * itemsize)
     sm = cluster.gpu.sm if cluster.gpu is not None else 0  # 0: not an NVIDIA GPU; the SM 90 table
-    return fusion.strategy(tokens, hidden, par.tp, call.message_bytes, sm, nvlink_peers(par, cluster))
+    # per-tensor FP8 linears take the norm's output in fp8 (ModelOpt FP8: is_fp8_quant); block-scaled FP8 does not
+    work = ctx.work
+    op = NORM_QUANT_FP8 if work.param_dtype == "fp8" and work.fp8_recipe in ("tensorwise", "delayed") else NORM
+    return fusion.strategy(tokens, hidden, par.tp, call.message_bytes, sm, nvlink_peers(par, cluster), op)
 
 
 def _price(row: PricedCall, kind: str, par: ParallelSpec, cluster: ClusterSpec) -> PricedCall:

@@ -11,7 +11,15 @@ from planner import MODEL_PRESETS
 from planner.kernels import layer_kernels
 from planner.serving import Pool, ServeOptions, engine
 from planner.serving.deployment import _context, _step, _worker
-from planner.serving.fused_allreduce import NCCL, ONESHOT, TABLE, TWOSHOT, FusedAllReduce, workspace_bytes
+from planner.serving.fused_allreduce import (
+    NCCL,
+    NORM_QUANT_FP8,
+    ONESHOT,
+    TABLE,
+    TWOSHOT,
+    FusedAllReduce,
+    workspace_bytes,
+)
 
 AR = FusedAllReduce("test")
 LLAMA70B = MODEL_PRESETS["llama3-70b"]
@@ -36,11 +44,15 @@ def test_strategy_is_tensorrt_llms_table(tokens, hidden, tp, sm, expected):
 
 
 def test_the_table_is_the_sources_shape():
-    """customAllReduceUtils.h: 3 TP sizes x 7 hidden sizes (128 .. 8192) x 15 token counts (1 .. 16384)."""
-    for sm in (90, 100):
-        assert sorted(TABLE[sm]) == [2, 4, 8]
-        assert all(len(rows) == 7 and all(len(r) == 15 and set(r) <= {0, 4, 5} for r in rows)
-                   for rows in TABLE[sm].values())  # fmt: skip
+    """customAllReduceUtils.h: per fusion op and SM, 3 TP sizes x 7 hidden sizes (128 .. 8192) x 15 token counts
+    (1 .. 16384); the FP8-quantizing op's own slice differs (SM90 TP2 hidden 8192, 4 tokens: TWOSHOT)."""
+    for op in TABLE.values():
+        for sm in (90, 100):
+            assert sorted(op[sm]) == [2, 4, 8]
+            assert all(len(rows) == 7 and all(len(r) == 15 and set(r) <= {0, 4, 5} for r in rows)
+                       for rows in op[sm].values())  # fmt: skip
+    assert AR.strategy(4, 8192, 2, 4 * 8192 * 2, 90, True) == ONESHOT
+    assert AR.strategy(4, 8192, 2, 4 * 8192 * 2, 90, True, NORM_QUANT_FP8) == TWOSHOT
 
 
 def test_workspace_and_nvlink_send_it_to_nccl():
@@ -89,15 +101,28 @@ def test_one_shot_moves_tp_minus_one_copies_and_absorbs_the_kernels():
 
 
 def test_two_shot_is_a_reduce_scatter_and_an_all_gather_over_nvlink():
-    """Llama-3 70B TP2 on H100 (SM90, hidden 8192): the table's ONESHOT to 512 tokens; Llama-3 8B (hidden 4096)
-    on TP2 at 16 tokens: TWOSHOT, 2 x (2 - 1) / 2 x M bytes out of each rank in two steps."""
-    llama8b = MODEL_PRESETS["llama3-8b"]
-    w = _worker(llama8b, NODE, engine("trtllm"), Pool(tp=2), 0)
-    row = {pc.call.name: pc for pc in _step(llama8b, w, ServeOptions(), "decode", 16, 1000).calls}["tp.mlp.down_proj"]
-    m = 16 * 4096 * 2
+    """Llama-3 70B TP4 on H100 (SM90, hidden 8192): the table's TWOSHOT at 256 tokens; 2 x (4 - 1) / 4 x M bytes out
+    of each rank in two steps (M = 256 x 8192 x 2 = 4,194,304, under the 8e6 workspace)."""
+    _, rows, _ = _rows("trtllm", 4, 256)
+    row = rows["tp.mlp.down_proj"]
+    m = 256 * 8192 * 2
     assert row.call.message_bytes == m
     assert row.price.algorithm == "trtllm_twoshot" and row.price.steps == 2
-    assert row.price.bytes_sent_per_rank == 2 * (m // 2)
+    assert row.price.bytes_sent_per_rank == 2 * 3 * (m // 4)
+
+
+def test_small_llamas_do_not_fuse():
+    """modeling_llama.py: enable_fusion &= hidden_size > 4096. Llama-3 8B (hidden 4096) on TP2 keeps the plain
+    all-reduce and its add and norm kernels: the same step as vLLM's."""
+    llama8b = MODEL_PRESETS["llama3-8b"]
+    steps = []
+    for name in ("trtllm", "vllm"):
+        w = _worker(llama8b, NODE, engine(name), Pool(tp=2), 0)
+        steps.append(_step(llama8b, w, ServeOptions(), "decode", 16, 1000))
+    trt, vllm = steps
+    assert trt.step.time_s == vllm.step.time_s
+    row = {pc.call.name: pc for pc in trt.calls}["tp.mlp.down_proj"]
+    assert "AllReduceFusionOp" not in row.call.source and not row.price.algorithm.startswith("trtllm")
 
 
 def test_nccl_strategy_keeps_the_plan():
