@@ -14,8 +14,9 @@ source; the serving planner (planner/serving/deployment.py) lists and prices the
   ``ar_fusion::allreduce_fusion_op`` kernel (kernels/communicationKernels/allReduceFusionKernels.cu: one-shot
   ``LamportComm`` or two-shot ``SyncComm`` over NVLink) that also adds the residual and applies the next RMSNorm,
   returning both. The bytes are the block output's, tokens x hidden x 2, as rules/tensor.py's rows carry them:
-  ``fused`` relabels those rows with this source. Not modelled: the one-shot/two-shot kernels' own price (the rows
-  are priced as NCCL's all-reduce) and the residual add and norm leaving the layer's compute.
+  ``fused`` relabels those rows with this source. Which kernel runs (one-shot, two-shot or NCCL, by TensorRT-LLM's
+  strategy table), its price and the residual add and norm it takes out of the layer's compute are
+  planner/serving/fused_allreduce.py's.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ DP_SYNC_ROWS = 4  # tokens unpadded, tokens padded, micro-batching, CUDA-graph m
 TRTLLM_AR_FUSION = (
     "TensorRT-LLM 01e2c3612da7 cpp/tensorrt_llm/thop/allreduceOp.cpp AllReduceFusionOp::RESIDUAL_RMS_NORM "
     "(allReduceFusionKernels.cu allreduce_fusion_op, one-shot Lamport / two-shot): all-reduce + residual add + "
-    "RMSNorm in one kernel; priced as NCCL's all-reduce"
+    "RMSNorm in one kernel"
 )
 # the rows (rules/tensor.py, without the "tp." and an MTP module's "mtp.") whose all-reduce ends a block
 BLOCK_OUTPUTS = ("attn.out_proj", "mlp.down_proj")

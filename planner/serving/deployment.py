@@ -39,9 +39,10 @@ from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
-from ..rules.engine_step import dp_sync, fused
+from ..rules.engine_step import dp_sync
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
+from .fused_allreduce import FusedAllReduce, fused_step
 from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
 
@@ -110,7 +111,7 @@ class _Worker:
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
     overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
     dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
-    fusion: str = ""  # the engine's fused all-reduce + residual + norm (rules/engine_step.py fused); "": none
+    fusion: FusedAllReduce | None = None  # the engine's fused all-reduce + residual + norm (fused_allreduce.py)
 
 
 def plan_serving(
@@ -271,8 +272,8 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
     plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
-    if w.fusion:
-        plan = replace(plan, calls=[replace(pc, call=fused(pc.call, w.fusion)) for pc in plan.calls])
+    if w.fusion is not None:
+        plan = fused_step(plan, w.fusion, _context(model, options, phase, batch, context, par, w), w.cluster)
     sync = dp_sync(par, *w.dp_sync)
     if sync is None or plan.step is None:
         return plan
@@ -371,7 +372,11 @@ def kv_capacity(
     layer keeps only its window when decoding). Pipeline stages share a request, so the tightest stage decides;
     attention ranks each hold their own."""
     gpu = w.cluster.gpu
-    budget = gpu.hbm_bytes * traits.memory_fraction
+    # the engine's share of the whole GPU (vLLM, SGLang), or of what the weights and the largest pass leave free,
+    # all of it for KV (TensorRT-LLM: engines.py memory_fraction_of_free)
+    share = 1.0 if traits.memory_fraction_of_free else traits.memory_fraction
+    kv_share = traits.memory_fraction if traits.memory_fraction_of_free else 1.0
+    budget = gpu.hbm_bytes * share
     par = w.decode_par
     own = Context(model, _work(options, *counted), w.par if counted[0] == "prefill" else par,
                   devices_per_node=w.cluster.devices_per_node)  # fmt: skip
@@ -381,7 +386,7 @@ def kv_capacity(
     for st, big in zip(plan.memory.per_stage, largest.memory.per_stage, strict=True):
         per_token = kv_cache_bytes(one, st.stage) / request_tokens
         activations = max(0, big.activations_bytes - kv_cache_bytes(own, st.stage))
-        free = budget - st.params_bytes - activations - max(st.buffers_bytes, big.buffers_bytes)
+        free = (budget - st.params_bytes - activations - max(st.buffers_bytes, big.buffers_bytes)) * kv_share
         tokens = min(tokens, free / per_token if per_token else math.inf)
     return max(0, int(tokens)) * w.par.dp if math.isfinite(tokens) else 0
 

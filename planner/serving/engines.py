@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .._errors import SpecError
 from ..rules.engine_step import DP_SYNC_ROWS, TRTLLM_AR_FUSION, VLLM_DP_SYNC
+from .fused_allreduce import FusedAllReduce
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
 
 
@@ -40,9 +41,13 @@ class EngineTraits:
     # on the critical path (rules/engine_step.py dp_sync), and its source; 0: none
     dp_sync_rows: int = 0
     dp_sync_source: str = ""
-    # the op that replaces the all-reduce ending each attention and MLP block (rules/engine_step.py fused); "": a
-    # plain all-reduce
-    tp_allreduce_fusion: str = ""
+    # the op that replaces the all-reduce ending each attention and MLP block, its kernel choice and the kernels it
+    # absorbs (fused_allreduce.py); None: a plain all-reduce
+    tp_allreduce_fusion: FusedAllReduce | None = None
+    # True: ``memory_fraction`` is the share of the memory left free after the weights and a profiling step's
+    # peak that goes to the KV cache (TensorRT-LLM); False: the share of the whole GPU the engine may fill with
+    # weights, activations and KV together (vLLM gpu_memory_utilization, SGLang mem_fraction_static)
+    memory_fraction_of_free: bool = False
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -109,7 +114,9 @@ TRTLLM = register(
         ep_dispatch="alltoall",
         ep_dispatches=("alltoall", "agrs_quant", "deepep", "deepep_ll"),
         # tensorrt_llm/llmapi/llm_args.py: max_num_tokens 8192; KvCacheConfig free_gpu_memory_fraction 0.9 of
-        # the memory left after weights; tokens_per_block 32
+        # the memory left after weights; tokens_per_block 32. _torch/pyexecutor/_util.py KvCacheCreator
+        # _cal_max_memory: available_kv_mem = (total_gpu_memory - peak_memory + allocated_bytes) * fraction, the
+        # peak of a profiling run at max_num_tokens (weights + activations), the estimation's own KV added back
         max_batch_tokens=8192,
         memory_fraction=0.9,
         page_tokens=32,
@@ -119,7 +126,8 @@ TRTLLM = register(
         deepep_low_latency_decode=True,
         # _torch/modules/fused_moe/moe_load_balancer.py: num_slots = experts + redundant (extra_llm_api_options)
         redundant_experts_flag="moe_config.load_balancer.num_slots",
-        tp_allreduce_fusion=TRTLLM_AR_FUSION,
+        tp_allreduce_fusion=FusedAllReduce(TRTLLM_AR_FUSION),
+        memory_fraction_of_free=True,
     )
 )
 

@@ -41,6 +41,22 @@ def test_kv_capacity_by_hand():
     assert 1.99 < fp8.kv_cache.capacity_tokens / out.kv_cache.capacity_tokens < 2.01
 
 
+def test_trtllm_kv_fraction_is_of_the_free_memory():
+    """TensorRT-LLM (_torch/pyexecutor/_util.py KvCacheCreator._cal_max_memory): KV = free_gpu_memory_fraction 0.9
+    x (HBM - the profiling run's peak: weights, activations, buffers); vLLM's 0.9 is of the whole HBM, so its KV
+    is F = 0.9 HBM - peak. By hand, the same worker's TensorRT-LLM KV memory is 0.9 (HBM - peak) = 0.9 (F + 0.1 HBM)
+    (the two engines' peaks agree within 1%: the same weights, both prefill 8,192 tokens a pass)."""
+    cluster = cluster_preset("dgx-h100", 1)
+    traffic = Traffic(1000, 1000, concurrency=8)
+    vllm = plan_serving(LLAMA8B, cluster, engine("vllm"), traffic, (Pool(tp=1),))
+    trt = plan_serving(LLAMA8B, cluster, engine("trtllm"), traffic, (Pool(tp=1),))
+    assert trt.kv_cache.bytes_per_token == vllm.kv_cache.bytes_per_token == 32 * 2 * 8 * 128 * 2
+    per_token, hbm = vllm.kv_cache.bytes_per_token, cluster.gpu.hbm_bytes
+    free_vllm = vllm.kv_cache.capacity_tokens * per_token
+    expected = 0.9 * (free_vllm + 0.1 * hbm)
+    assert trt.kv_cache.capacity_tokens * per_token == pytest.approx(expected, rel=0.01)
+
+
 def test_mtp_tokens_per_step():
     # draft i is kept only if 1..i are: 1 + p + p^2 (Leviathan et al. 2023); a mean given as such is kept
     assert MTP(2, 0.8).tokens_per_step == pytest.approx(1 + 0.8 + 0.64)

@@ -30,10 +30,12 @@ def test_two_batch_overlap_rows_within_target(lmsys):
 
 def test_dense_table_held_out():
     """TensorRT-LLM's perf-overview (v1.0 docs): 24 rows of Llama 3.3 70B and 3.1 405B on H100 and H200. Median
-    |error| 17.1%, every row under (signed median -15.6%), worst -29.3%: the planner is slow on these, stated."""
+    |error| 12.7%, signed median -12.4%, worst -23.1%, one row over (+2.3%): still biased slow, stated. Was 17.5%
+    (-16.6%) on this main before TensorRT-LLM's fused all-reduce (planner/serving/fused_allreduce.py: 14.0%) and
+    its KV fraction taken of the free memory (_util.py KvCacheCreator._cal_max_memory: 12.7%)."""
     assert len(REQUESTS) == 6 and sum(len(rows) for *_, rows in DENSE) == 24
     assert DENSE[1][3][(128, 2048)] == 4336  # H200 TP1 (FP8), 128/2048, the doc's table
     rows = dense_table()
-    assert median_abs(rows) == pytest.approx(0.171, abs=0.01)
-    assert all(-0.30 < r["error"] < 0 for r in rows)
+    assert median_abs(rows) == pytest.approx(0.127, abs=0.01)
+    assert all(-0.25 < r["error"] < 0.03 for r in rows) and sum(r["error"] > 0 for r in rows) == 1
     assert all(r["batch"] <= REQUESTS[tuple(map(int, r["row"].split()[-1].split("/")))] for r in rows)
