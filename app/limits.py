@@ -138,7 +138,6 @@ async def _supervise(request: Request, deadline: Deadline, work: Callable[[], by
     lock = threading.Lock()
 
     def main() -> None:
-        runner.lower_priority()  # this thread only: the event loop's thread keeps its priority
         try:
             with lock:
                 box["running"], box["ident"] = True, threading.get_ident()

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from uvicorn.protocols.http import flow_control
 
-from . import errors, runner
+from . import errors
 from .limits import BodyLimit
 from .routers import calibrate, collectives, export, health, plan, presets, search, serve, topology
 from .settings import Settings
@@ -159,15 +159,13 @@ def openapi_bytes(app: FastAPI) -> bytes:
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     # process-wide, set when a server starts (not on import): the event loop's share of the GIL (Settings)
-    previous, nice = sys.getswitchinterval(), runner.NICE
+    previous = sys.getswitchinterval()
     sys.setswitchinterval(app.state.settings.switch_interval_s)
-    runner.NICE = app.state.settings.work_nice  # how much lower work runs than the event loop (Settings)
     await warm_up(app)
     try:
         yield
     finally:
         sys.setswitchinterval(previous)
-        runner.NICE = nice
         stop_worker_processes()
 
 

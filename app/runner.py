@@ -44,8 +44,7 @@ from planner.search import Cancelled
 log = logging.getLogger("commplan")
 
 HEADER = struct.Struct("!Q")
-# heavy work runs at a lower CPU priority than the event loop: set from Settings.work_nice when a server starts
-NICE = 10
+NICE = 5  # heavy work runs at a lower priority than the process answering /healthz
 POLL_S = 0.02  # how often the parent looks at the deadline and the client while a child works
 
 # exceptions whose __init__ takes other arguments than their args: rebuilt from these attributes
@@ -112,7 +111,7 @@ def _child(fd: int, work: Callable, deadline: Deadline, progress: bool) -> None:
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not uvicorn's flag-only handler
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-        lower_priority()  # the event loop's process wins the CPU whenever it has something to do
+        os.nice(NICE)  # the event loop's process wins the CPU whenever it has something to do
         try:
             with bounded(deadline):
                 value = work(lambda item: _write(fd, ("progress", item))) if progress else work()
@@ -126,17 +125,6 @@ def _child(fd: int, work: Callable, deadline: Deadline, progress: bool) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
-
-
-def lower_priority() -> None:
-    """Raise the calling thread's nice value by NICE (Linux: nice is a per-thread attribute, sched(7); in a
-    forked child the thread is the process). The CPU scheduler then gives the event loop's thread most of the
-    CPU whenever it is runnable: with nine work threads or processes at the loop's own nice 0 it got about a
-    tenth of its share and waited up to 0.37 s runnable but not running (docs/hardening.md "Steady under
-    load"). Elsewhere than Linux, nice would lower the whole process, the event loop's too: left alone."""
-    if sys.platform == "linux" and NICE:
-        with contextlib.suppress(OSError):
-            os.nice(NICE)
 
 
 def _kill(pid: int) -> None:
@@ -249,4 +237,4 @@ def rss_bytes(pid: int | str = "self") -> int:
         return 0
 
 
-__all__ = ["STATS", "ChildFailed", "frames", "lower_priority", "rss_bytes", "run"]
+__all__ = ["STATS", "ChildFailed", "frames", "rss_bytes", "run"]

@@ -37,15 +37,10 @@ class Settings:
     # one interval per work thread at each await: with eight heavy plans in flight, 5 ms gave /healthz a p99
     # of 174-322 ms and 1 ms 48-59 ms, the plans' own times unchanged (docs/hardening.md)
     switch_interval_s: float = 0.001
-    # how much lower the CPU priority of work is than the event loop's (nice, 0..19, added to the server's): each
-    # work thread (Linux; nice is per thread) or forked work process (docs/hardening.md "Steady under load")
-    work_nice: int = 10
 
     def __post_init__(self) -> None:
         if not 1e-5 <= self.switch_interval_s <= 0.1:  # sys.setswitchinterval needs > 0; 0.1 s would starve /healthz
             raise ValueError(f"COMMPLAN_SWITCH_INTERVAL_S {self.switch_interval_s} is outside 1e-05..0.1 seconds")
-        if not 0 <= self.work_nice <= 19:  # nice(2)'s range; a negative one needs privileges
-            raise ValueError(f"COMMPLAN_WORK_NICE {self.work_nice} is outside 0..19")
 
     @classmethod
     def from_env(cls) -> Settings:
