@@ -143,8 +143,12 @@ def drive(mode: str, ballast_millions: float, late_s: float) -> dict:
             time.sleep(0.02)
         answers: list[int] = []
 
+        spans: list[dict] = []
+
         def heavy(path: str, body: dict) -> None:
+            t = time.time()
             answers.append(httpx.post(base + path, json=body, timeout=300).status_code)
+            spans.append({"path": path, "t": t, "took": time.time() - t})
 
         jobs = [threading.Thread(target=heavy, args=("/v1/plan", HEAVY)) for _ in range(8)]
         jobs.append(threading.Thread(target=heavy, args=("/v1/calibrate", CALIBRATE_AT_LIMIT)))
@@ -166,7 +170,7 @@ def drive(mode: str, ballast_millions: float, late_s: float) -> dict:
     probes = json.loads((tmp / "alone.json").read_text())
     events = {"server_late": loop, "driver_gc": pauses}
     return {
-        "mode": mode, "ballast_M": ballast_millions, "answers": answers, "load": os.getloadavg()[0],
+        "mode": mode, "ballast_M": ballast_millions, "answers": answers, "load": os.getloadavg()[0], "heavy": spans,
         "gc_pauses_over_20ms": [p for p in pauses if p["late"] > 0.02], "loop_late": loop,
         "driver": _summary(json.loads((tmp / "driver.json").read_text())[base], events, late_s),
         "alone": _summary(probes[base], events, late_s),
