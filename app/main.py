@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import multiprocessing
+import re
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from uvicorn.protocols.http import flow_control
 
@@ -116,11 +120,48 @@ def stop_worker_processes(timeout_s: float = 2.0) -> list[int]:
     return [child.pid for child in children]
 
 
+def warm_requests(routes) -> list[tuple[str, str]]:
+    """(method, path) of one request per API route, path parameters filled with a placeholder."""
+    return [
+        (method, re.sub(r"\{[^}]*\}", "json", route.path))
+        for route in routes
+        if isinstance(route, APIRoute) and route.path != "/openapi.json"  # built in a thread when first asked
+        for method in sorted(route.methods)
+    ]
+
+
+async def warm_up(app: FastAPI) -> None:
+    """Pays FastAPI's once-per-process costs at start-up, before uvicorn listens, instead of on the event loop
+    of a server already computing (issue 26 item 4). FastAPI 0.165 builds an included router's route table on
+    the first request that reaches it (routing.py ``_IncludedRouter.effective_candidates``, ``create_model_field``
+    per route) and reads an endpoint's source file on its first call (``_extract_endpoint_context``:
+    ``inspect.getsourcelines`` tokenizes the router's module). Each is 10-40 ms of CPU on an idle core, on the
+    loop; with nine work threads sharing the GIL the loop gets about a tenth of it, so the first plan and the
+    first calibrate held /healthz for 0.15-0.6 s (docs/hardening.md "Steady under load"). One request per
+    route through the whole stack: GETs answer (they are cheap), POSTs carry a body that is not JSON, a 422
+    before any work."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://warm-up") as client:
+        for method, path in app.state.warm_requests:
+            await client.request(method, path, content=b"\x00" if method == "POST" else None,
+                                 headers={"content-type": "application/json"})  # fmt: skip
+
+
+def openapi_bytes(app: FastAPI) -> bytes:
+    """The OpenAPI document, built once (about 0.85 s of CPU on an idle core: FastAPI walks every model) and
+    encoded once, in the thread that asks first, not on the event loop (FastAPI's own /openapi.json route
+    builds and encodes it on the loop, 8 ms a request after the first)."""
+    if getattr(app.state, "openapi_bytes", None) is None:
+        app.state.openapi_bytes = JSONResponse(app.openapi()).body
+    return app.state.openapi_bytes
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     # process-wide, set when a server starts (not on import): the event loop's share of the GIL (Settings)
     previous = sys.getswitchinterval()
     sys.setswitchinterval(app.state.settings.switch_interval_s)
+    await warm_up(app)
     try:
         yield
     finally:
@@ -132,8 +173,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     install_busy_headers()
     app = FastAPI(
-        title="commplan", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None, lifespan=lifespan
-    )
+        title="commplan", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+        docs_url=None, redoc_url=None, openapi_url=None,  # all three served below
+    )  # fmt: skip
     app.state.settings = settings
     errors.install(app)
     routers = (health, plan, export, search, serve, collectives, calibrate, presets, topology)
@@ -145,6 +187,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         @app.get("/", include_in_schema=False)
         def index() -> FileResponse:
             return FileResponse(FRONTEND / "index.html")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> Response:
+        return Response(await asyncio.to_thread(openapi_bytes, app), media_type="application/json")
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
@@ -158,6 +204,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def redoc() -> HTMLResponse:
         return HTMLResponse(REDOC_PAGE)
 
+    app.state.warm_requests = warm_requests([r for module in routers for r in module.router.routes] + app.routes)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(errors.SafetyNet)

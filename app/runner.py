@@ -105,7 +105,11 @@ def _child(fd: int, work: Callable, deadline: Deadline, progress: bool) -> None:
     """In the forked child: run ``work`` under the deadline and send its frames; never returns."""
     code = 0
     try:
-        os.setpgid(0, 0)  # its own group: one SIGKILL stops it and every worker it forks
+        # its own group: one SIGKILL stops it and every worker it forks. Not a session of its own (os.setsid): under
+        # CONFIG_SCHED_AUTOGROUP each child would then take a whole session's share of the CPUs, not a niced share
+        # of the server's; three paired runs (bench/healthz_stalls.py, load 10-14) gave /healthz p99 99-126 ms
+        # that way against 65-89 ms this way (docs/hardening.md)
+        os.setpgid(0, 0)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not uvicorn's flag-only handler
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         os.nice(NICE)  # the event loop's process wins the CPU whenever it has something to do

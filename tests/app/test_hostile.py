@@ -950,3 +950,21 @@ def test_the_invariant_checker_refuses_every_impossible_exploration_point(t, bw)
             check_exploration(exploration)
     with pytest.raises(InvariantError, match="3 times for 4 sizes"):
         check_exploration(SimpleNamespace(sizes=[1, 2, 3, 4], series=[series]))
+
+
+def test_the_non_finite_prefilter_flags_what_the_regular_expression_it_replaced_did():
+    """app.limits._suspect (substring searches, 1.2 ms on a 199 kB calibrate body) against the expression it
+    replaced (12.8 ms, on the event loop): the same answer on the edge cases and on 20,000 random bodies."""
+    import random
+    import re
+
+    from app.limits import _suspect
+
+    expression = re.compile(rb"NaN|Infinity|[eE][+-]?\d{3,}|\d{309,}")
+    cases = [b'{"a": 1e309}', b'{"a": 1E+999}', b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": 1e99}',
+             b'{"a": ' + b"9" * 309 + b'.5}', b'{"a": ' + b"9" * 308 + b"}", b'{"a": 1e-0001}', b'{"a": "e000"}',
+             b'{"a": 12e3}', b"", b"NaNa", b"infinity"]  # fmt: skip
+    rng = random.Random(26)
+    cases += [bytes(rng.choice(b"0123456789eE+-.NaInfty ") for _ in range(rng.randint(0, 40))) for _ in range(20_000)]
+    cases += [b"1" * rng.randint(300, 320) for _ in range(50)]
+    assert [_suspect(c) for c in cases] == [bool(expression.search(c)) for c in cases]

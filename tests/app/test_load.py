@@ -6,10 +6,13 @@ status, and /healthz prompt while the heavy requests run. Prints the latency per
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -22,6 +25,7 @@ from app import runner
 from app.runner import rss_bytes
 from planner import SpecError
 from planner.deadline import Deadline, DeadlineExceeded
+from tests.app.prober import percentiles
 from tests.conftest import free_port
 
 DURATION = float(os.environ.get("COMMPLAN_LOAD_S", "20"))
@@ -161,7 +165,11 @@ def serving(**env):
     port = free_port()
     environ = dict(os.environ, **{f"COMMPLAN_{k.upper()}": str(v) for k, v in env.items()})
     cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # a session of its own, as a service started by its own shell or supervisor has: where the kernel shares the
+    # CPUs out by session (CONFIG_SCHED_AUTOGROUP), the test's process and its threads do not count against it
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(transport=httpx.HTTPTransport(retries=7)) as client:
@@ -183,22 +191,64 @@ def rss_tree(pid: int) -> int:
     return total
 
 
-# What the suite holds (docs/hardening.md): the 95th percentile under 0.2 s in both modes. With ~100 probes the
-# p99 is the single slowest probe, and one stall (0.33-0.39 s in whole-suite runs, in either mode, with p50 4-7 ms)
-# decides it; the issue's p99 < 0.2 s is therefore printed, not asserted, and issue 26 item 4 stays open on it.
-# Threads (the default) miss it: in quiet runs p50 4-38 ms but p95 up to ~0.5 s while nine threads compute, so they
-# are held to a p50 under 0.2 s and a p95 under 1 s (the issue's 0.53-1.10 s p99 at CPython's 5 ms switch interval)
-P95_LIMIT_S = {1: 0.2, 0: 1.0}
+PROBER = Path(__file__).with_name("prober.py")
+# issue 26 item 4: /healthz p99 under 0.2 s with eight heavy plans and a calibrate at its limit in flight, on top of
+# what the same machine costs a process that does nothing (tests/app/prober.py's control, probed in the same
+# seconds: its p99 was 18-72 ms at load 9-17 on this 2-core machine shared by eight sessions; docs/hardening.md
+# "Where /healthz's late answers came from")
+P99_LIMIT_S = 0.2
+
+
+@contextmanager
+def control_server():
+    """tests/app/prober.py's control (a fixed 200 for every request) on a free port, in a session of its own."""
+    port = free_port()
+    cmd = [sys.executable, str(PROBER), "control", str(port)]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(retries=7)) as client:
+            assert client.get(f"{base}/healthz", timeout=5).status_code == 200
+        yield base
+    finally:
+        proc.kill()
+        proc.wait(15)
+
+
+@contextmanager
+def probing(*urls: str):
+    """A prober process (tests/app/prober.py) on each URL's /healthz in turn every 20 ms, started and probing
+    before the body of the ``with`` runs; yields a dict that holds ``{url: [probe, ...]}`` once it has ended."""
+    tmp = Path(tempfile.mkdtemp(prefix="commplan-probe-"))
+    out, stop = tmp / "probes.json", tmp / "stop"
+    cmd = [sys.executable, str(PROBER), "probe", str(out), str(stop), *urls]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    probes: dict = {}
+    try:
+        started = time.monotonic()
+        while not (tmp / "probes.json.ready").exists():
+            assert proc.poll() is None and time.monotonic() - started < 60, "the prober did not start"
+            time.sleep(0.02)
+        yield probes
+    finally:
+        stop.touch()
+        proc.wait(60)
+        probes.update(json.loads(out.read_text()))
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("in_process", [0, 1], ids=["thread (default)", "process"])
 def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit(in_process):
-    """Eight heavy plans and a calibrate at its 1,000-row limit in flight at once, a prober on /healthz every
-    20 ms. By default each request computes in a thread and the server runs at a 1 ms switch interval
-    (app/settings.py); with COMMPLAN_WORK_IN_PROCESS=1 in a process of its own (app/runner.py)."""
-    health: list[float] = []
+    """Eight heavy plans and a calibrate at its 1,000-row limit in flight at once; a prober process of its own
+    on /healthz every 20 ms and on the control in the same seconds. By default each request computes in a
+    thread and the server runs at a 1 ms switch interval (app/settings.py); with COMMPLAN_WORK_IN_PROCESS=1 in a
+    process of its own (app/runner.py)."""
     answers: list[int] = []
-    with serving(work_slots=9, deadline_s=300, queue_s=300, work_in_process=in_process) as (base, _):
+    with (
+        serving(work_slots=9, deadline_s=300, queue_s=300, work_in_process=in_process) as (base, _),
+        control_server() as control,
+        probing(base, control) as probes,
+    ):
 
         def heavy(path: str, body: dict) -> None:
             answers.append(httpx.post(base + path, json=body, timeout=300).status_code)
@@ -207,24 +257,19 @@ def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit(in_
         jobs.append(threading.Thread(target=heavy, args=("/v1/calibrate", CALIBRATE_AT_LIMIT)))
         for job in jobs:
             job.start()
-        time.sleep(0.3)  # all nine are computing
-        with httpx.Client(base_url=base, timeout=10) as http:
-            while any(job.is_alive() for job in jobs):
-                start = time.monotonic()
-                assert http.get("/healthz").status_code == 200
-                health.append(time.monotonic() - start)
-                time.sleep(0.02)
         for job in jobs:
             job.join()
     assert answers == [200] * 9
-    health.sort()
-    p99 = health[int(len(health) * 0.99)]
-    print(f"\n/healthz under 9 heavy requests: {len(health)} probes, p50 {health[len(health) // 2] * 1e3:.1f} ms, "
-          f"p99 {p99 * 1e3:.1f} ms, max {health[-1] * 1e3:.1f} ms")  # fmt: skip
-    p95 = health[int(len(health) * 0.95)]
-    p50 = health[len(health) // 2]
-    assert len(health) >= 20 and p50 < 0.2, f"/healthz p50 {p50:.3f} s"
-    assert p95 < P95_LIMIT_S[in_process], f"/healthz p95 {p95:.3f} s (p99 {p99:.3f} s)"
+    assert {p["status"] for p in probes[base] + probes[control]} == {200}
+    server = percentiles([p["took"] for p in probes[base]])
+    floor = percentiles([p["took"] for p in probes[control]])
+    line = (f"/healthz under 9 heavy requests: {server['n']} probes, p50 {server['p50'] * 1e3:.1f} ms, "
+            f"p95 {server['p95'] * 1e3:.1f} ms, p99 {server['p99'] * 1e3:.1f} ms, max {server['max'] * 1e3:.1f} ms; "
+            f"control p50 {floor['p50'] * 1e3:.1f} ms, p99 {floor['p99'] * 1e3:.1f} ms, "
+            f"max {floor['max'] * 1e3:.1f} ms; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print("\n" + line)
+    assert server["n"] >= 20, line
+    assert server["p99"] < P99_LIMIT_S + floor["p99"], line
 
 
 @pytest.mark.slow

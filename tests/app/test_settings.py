@@ -3,13 +3,18 @@ running server uses (issue 26 item 4: /healthz prompt while work threads compute
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 
 import pytest
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
+from app import runner
 from app.main import create_app
 from app.settings import Settings
+from planner.deadline import Deadline
 
 
 def test_settings_read_the_environment_by_their_commplan_names(monkeypatch):
@@ -33,3 +38,49 @@ def test_a_running_server_uses_its_switch_interval_and_gives_the_old_one_back():
         assert sys.getswitchinterval() == pytest.approx(0.0007)
         assert client.get("/healthz").json() == {"status": "ok"}
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+# ---- the event loop first (issue 26 item 4, round three) ---------------------------------------------------------
+
+
+def test_forked_work_runs_niced_in_a_process_group_of_its_own():
+    """A forked request (COMMPLAN_WORK_IN_PROCESS=1) leads its own process group (one SIGKILL stops it and its
+    search workers) in the server's session, at nice +5 (runner.NICE) beside the event loop."""
+
+    async def never() -> bool:
+        return False
+
+    def work():
+        return os.getpid(), os.getsid(0), os.getpgid(0), os.getpriority(os.PRIO_PROCESS, 0)
+
+    pid, sid, pgid, nice = asyncio.run(runner.run(work, Deadline(30), never))
+    assert pid != os.getpid() and pgid == pid and sid == os.getsid(0)
+    assert nice == min(os.getpriority(os.PRIO_PROCESS, 0) + runner.NICE, 19)
+
+
+def test_fastapis_first_request_costs_are_paid_at_start_up(monkeypatch):
+    """FastAPI 0.165 finds each endpoint's source file on its first call (fastapi/routing.py
+    _extract_endpoint_context, cached by id) and builds each router's route table on the first request that
+    reaches it: tens of ms of CPU on the event loop each. The lifespan pays them before the server listens."""
+    from fastapi import routing
+
+    from app.routers import calibrate, health, plan, search
+
+    app = create_app(Settings())
+    endpoints = [r.endpoint for m in (health, plan, search, calibrate) for r in m.router.routes]
+    endpoints += [r.endpoint for r in app.routes if getattr(r, "path", None) in ("/", "/docs", "/redoc")]
+    monkeypatch.setattr(routing, "_endpoint_context_cache", {})  # as in a fresh process: nothing asked yet
+    with TestClient(app):
+        assert {id(e) for e in endpoints} <= set(routing._endpoint_context_cache)
+    paths = {path for _, path in app.state.warm_requests}
+    assert {"/v1/plan", "/v1/calibrate", "/v1/search", "/v1/plan/export/json", "/healthz"} <= paths
+    assert "/openapi.json" not in paths  # built in a thread when first asked, not at every start
+
+
+def test_the_openapi_document_is_fastapis_built_once_off_the_loop():
+    app = create_app(Settings())
+    with TestClient(app) as client:
+        first = client.get("/openapi.json")
+        assert first.headers["content-type"] == "application/json"
+        assert first.content == JSONResponse(app.openapi()).body == client.get("/openapi.json").content
+    assert "/openapi.json" not in first.json()["paths"]
