@@ -1289,6 +1289,60 @@ def test_timeline_per_microbatch_pp_lanes_overlap_and_zoom(make_page, viewport):
 
 
 @VIEWPORTS
+def test_timeline_recompute_blocks_and_hidden_pass_traffic(make_page, viewport):
+    """Issue 25 Build, the rest of the timeline: full recompute and TP comm overlap on the 70B layout (64
+    micro-batches, aggregated by the server). Every backward of every stage holds one recompute bar inside it,
+    the bars add up to the server's recompute blocks; TP traffic is drawn in two parts, overlapped (light) and
+    exposed (solid), which add up to the server's; the note says both."""
+    page = make_page(viewport)
+    request = {
+        **LLAMA,
+        "workload": {**LLAMA["workload"], "activation_recompute": "full"},
+        "options": {**LLAMA["options"], "overlap": {"tp_comm_overlap": True}},
+    }
+    open_page(page, url_state(request))
+    expect(page.locator("#timeline-note")).to_contain_text("recompute, the forward re-run")
+    plan = page.evaluate("window.commplan.state.plan")
+    m, served = plan["num_microbatches"], plan["step"]["timeline"]
+    option = page.evaluate("window.commplan.state.charts.timeline.getOption()")
+    lanes, data, redo = option["yAxis"][0]["data"], option["series"][1]["data"], option["series"][2]["data"]
+    for stage in range(4):
+        lane = lanes.index(f"s{stage} compute" if viewport is PHONE else f"stage {stage} · compute")
+        backwards = {
+            d["microbatch"]: d["value"][1:3] for d in data if d["value"][0] == lane and d["name"] == "backward"
+        }
+        bars = [d for d in redo if d["value"][0] == lane]
+        assert sorted(d["microbatch"] for d in bars) == list(range(m)) == sorted(backwards)
+        for d in bars:  # inside its own backward
+            a, b = backwards[d["microbatch"]]
+            assert a - 1e-12 <= d["value"][1] < d["value"][2] <= b + 1e-12
+        want = sum(e["end_s"] - e["start_s"] for e in served if e["stage"] == stage and e["stream"] == "recompute")
+        assert math.isclose(sum(d["value"][2] - d["value"][1] for d in bars), want, rel_tol=1e-9)
+        tp = lanes.index(f"s{stage} tp" if viewport is PHONE else f"stage {stage} · tp")
+        parts = {
+            kind: [d for d in data if d["value"][0] == tp and d["name"].endswith(f"({kind})")]
+            for kind in ("overlapped", "exposed")
+        }
+        assert parts["overlapped"], stage
+        for kind, flag in (("overlapped", True), ("exposed", False)):
+            want = sum(
+                e["end_s"] - e["start_s"]
+                for e in served
+                if e["stage"] == stage and e["stream"] == "tp" and bool(e.get("overlapped")) == flag
+            )
+            assert math.isclose(
+                sum(d["value"][2] - d["value"][1] for d in parts[kind]), want, rel_tol=1e-9, abs_tol=1e-12
+            )
+    colours = {d["itemStyle"]["color"] for d in data if d["name"].startswith("tp ")}
+    assert len(colours) >= 1 and all(
+        c != "#5b8fd0" for c in {d["itemStyle"]["color"] for d in data if d["name"].endswith("(overlapped)")}
+    )
+    expect(page.locator("#timeline-note")).to_contain_text("overlapped")
+    assert overflow(page) <= 0
+    shot_of(page, "#timeline-card", f"timeline-recompute-{viewport['width']}")
+
+
+@VIEWPORTS
 def test_cosmetics_of_issue_25_item_9(make_page, viewport):
     page = make_page(viewport)
     open_page(page)
