@@ -31,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
     find.add_argument("--format", choices=("table", "json"), default="table")
     find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    find.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="share of device memory a layout must leave free (constraints.memory_headroom; default: the "
+        "file's, else 0.05; 0 turns it off)",
+    )
     sweep = sub.add_parser("sweep", help="run a sweep of searches (SPEC.json or SPEC.yaml; docs/search.md)")
     sweep.add_argument("spec")
     sweep.add_argument("--engine", choices=("local", "ray"), default="local")

@@ -17,6 +17,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from app.schemas.search import reason_words
+
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -274,6 +276,7 @@ def stub_search(page, results=SEARCH_RESULTS, seen=None):
                 "memory": "stage 0 needs 90 GB",
                 "parallel.tp": "num_kv_heads 8 is not divisible by tp 16",
             },
+            "pruned_reasons": {k: reason_words(k) for k in ("memory", "parallel.tp")},  # the server's words
             "results": results,
         },
     ]
@@ -797,6 +800,12 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     # a 5% memory headroom by default, stated on the control
     assert body["constraints"]["memory_headroom"] == 0.05
     expect(page.locator("label[for=search-headroom]")).to_contain_text("default 5")
+    # 0 is sent as 0 (the server's default would be 5%), and the status says no headroom
+    page.fill("#search-headroom", "0")
+    page.click("#search-run")
+    expect(page.locator("#search-status")).to_contain_text("need more memory than the device has.", timeout=10_000)
+    assert sent[-1]["constraints"]["memory_headroom"] == 0
+    page.fill("#search-headroom", "5")
     front = page.evaluate("window.commplan.state.charts['search-chart'].getOption().series[1].data")
     assert front == [[38 * 10**9, 10.5], [52 * 10**9, 9.4], [71 * 10**9, 9.1]]  # #3 is dominated
     assert page.locator("#search-table tbody tr").nth(2).locator(".tag").count() == 0
