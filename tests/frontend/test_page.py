@@ -1121,12 +1121,16 @@ NO_CONTROL = {
     "options.device_map": "a permutation of every rank: a URL or the API",
     "options.links_per_call": "the page asks for 24 to colour the topology",
     "options.timeline": "the page draws the timeline",
+    "cluster.calibration": "the Calibrate card fits and sets it (its efficiency, latency_scale, network_latency_s)",
+    "cluster.gpu.peak_tflops": "a dict per dtype: bf16 and fp8 have controls (peak_tflops.bf16, .fp8); others: the API",
 }
 
 
 def test_every_request_field_has_a_control(page):
-    """Each field of the workload, parallel, options and overlap blocks (read from the server's OpenAPI) is a
-    control of the form, or is listed above with its reason."""
+    """Each field of the workload, parallel, options and overlap blocks and of the cluster block with its
+    intra, network, GPU and NCCL environment blocks (read from the server's OpenAPI) is a control of the form,
+    or is listed above with its reason. The NCCL version is a select of exactly the versions the server
+    prices (GET /v1/collectives/nccl-versions, from the library's VERSIONS table)."""
     open_page(page)
     schemas = httpx.get(page.base + "/openapi.json").json()["components"]["schemas"]
     blocks = {
@@ -1134,13 +1138,25 @@ def test_every_request_field_has_a_control(page):
         "parallel": "ParallelIn",
         "options": "OptionsIn",
         "options.overlap": "OverlapIn",
+        "cluster": "ClusterIn",
+        "cluster.intra": "IntraIn",
+        "cluster.network": "NetworkIn",
+        "cluster.gpu": "GPUIn",
+        "cluster.nccl_env": "NcclEnvIn",
     }
-    fields = {f"{b}.{k}" for b, name in blocks.items() for k in schemas[name]["properties"]} - {"options.overlap"}
+    fields = {f"{b}.{k}" for b, name in blocks.items() for k in schemas[name]["properties"]} - set(blocks)
     controls = set(page.evaluate("Object.keys(window.commplan.fields)"))
     missing = sorted(fields - controls - set(NO_CONTROL))
     assert not missing, missing
     for path in ("cluster.nccl_version", "cluster.devices_per_node", "options.nccl_algo", "options.nccl_proto"):
         assert path in controls, path
+    for path in NO_CONTROL:  # a stated reason is for a field that exists
+        block, _, name = path.rpartition(".")
+        assert name in schemas[blocks[block]]["properties"], path
+    from collectives.topology.library.tables import SUPPORTED_VERSIONS
+
+    offered = page.eval_on_selector_all("#f-nccl-version option", "os => os.map((o) => o.value)")
+    assert offered == ["", *SUPPORTED_VERSIONS], offered
 
 
 @VIEWPORTS
@@ -1155,7 +1171,7 @@ def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, brows
     assert overflow(page) <= 0
     page.select_option("#f-overlap-tp-comm-overlap", "true")
     page.select_option("#f-overlap-overlap-grad-reduce", "true")
-    page.fill("#f-nccl-version", "2.29")
+    page.select_option("#f-nccl-version", "2.29")
     page.fill("#f-nccl-proto", "Simple")
     expect(page.locator("#status")).to_contain_text("512 devices", timeout=20_000)
     expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
@@ -1194,12 +1210,42 @@ def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, brows
     fresh.close()
 
 
-def test_a_bad_control_is_marked_and_named(page):
+def test_cluster_controls_reach_the_request_and_the_plan(page):
+    """Issue 25 item 5: the cluster's other fields have controls, each naming the value the plan's own cluster
+    block holds (the preset's) until set; set ones reach the request, the plan's cluster and the URL."""
     open_page(page)
     page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
-    page.fill("#f-nccl-version", "1.0")
+    expect(page.locator("#f-intra-latency-s")).to_have_attribute("placeholder", "default: 700 ns")
+    expect(page.locator("#f-pcie-bandwidth-GBps")).to_have_attribute("placeholder", "default: 64.0 GB/s")
+    expect(page.locator("#f-network-kind option").first).to_have_text("default (ib)")
+    expect(page.locator("#f-nccl-version option").first).to_have_text("default (2.30)")
+    expect(page.locator("#f-gpu-sms")).to_have_attribute("placeholder", "default: 132")
+    page.fill("#f-gpu-power-limit-w", "500")
+    page.select_option("#f-nccl-env-NCCL-NVLS-ENABLE", "0")
+    page.fill("#f-network-switch-latency-s", "0.0000005")
+    page.select_option("#f-network-kind", "roce")
+    page.locator("#f-network-kind").dispatch_event("change")
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    expect(page.locator("#form-errors")).to_be_hidden()
+    cluster = page.evaluate("window.commplan.state.request.cluster")
+    assert cluster["gpu"] == {"power_limit_w": 500} and cluster["nccl_env"] == {"NCCL_NVLS_ENABLE": 0}
+    assert cluster["network"]["switch_latency_s"] == 5e-7 and cluster["network"]["kind"] == "roce"
+    planned = page.evaluate("window.commplan.state.plan.cluster")
+    assert planned["gpu"]["power_limit_w"] == 500 and planned["nccl_env"]["NCCL_NVLS_ENABLE"] == 0
+    assert planned["network"]["kind"] == "roce" and planned["network"]["switch_latency_s"] == 5e-7
+    assert overflow(page) <= 0
+
+
+def test_a_bad_control_is_marked_and_named(page):
+    # a version the select does not offer, from a link, is kept as given so the server names it
+    page.goto(page.base + "/" + url_state({**LLAMA, "cluster": {**LLAMA["cluster"], "nccl_version": "1.0"}}))
     expect(page.locator("#form-errors")).to_contain_text("cluster.nccl_version", timeout=20_000)
     expect(page.locator("#f-nccl-version")).to_have_attribute("aria-invalid", "true")
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.fill("#f-gpu-power-limit-w", "50")  # below the H100's 200 W
+    page.select_option("#f-nccl-version", "2.30")
+    expect(page.locator("#form-errors")).to_contain_text("cluster.gpu.power_limit_w", timeout=20_000)
+    expect(page.locator("#f-gpu-power-limit-w")).to_have_attribute("aria-invalid", "true")
 
 
 @VIEWPORTS
