@@ -494,14 +494,17 @@ def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
     step_before = page.evaluate("window.commplan.state.plan.step.time_s")
     page.click("#calib-use")
     # since the nccl merge (09685a3: the log's NCCL 2.21.5 is priced with its own 2.21 tables) POST /v1/calibrate
-    # also keeps the second bandwidth stage (median error 3.5% -> 1.1%): efficiency.nic 0.996 beside
-    # latency_scale.inter_node 1.54, in the server's order; before it, only the latency scale was kept
+    # also keeps the second bandwidth stage; since nccl2's merge (10880a0: the Simple pipeline fill) it keeps the
+    # per-hop network latency too (median error 27.3% -> 2.9%): efficiency.nic 1.005, latency_scale.inter_node
+    # 1.54 and network_latency_s.ib 1.23 ns, in the server's order (checked against POST /v1/calibrate); the card
+    # writes seconds as every time on the page ("1.23 ns", it said "0.00123 µs")
     active = page.locator("#calib-active")
-    expect(active).to_contain_text("calibrated constants: efficiency.nic 0.99")
-    expect(active).to_contain_text("latency_scale.inter_node 1.5")
+    expect(active).to_contain_text("calibrated constants: efficiency.nic 1.01")
+    expect(active).to_contain_text("latency_scale.inter_node 1.54, network_latency_s.ib 1.23 ns")
     expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
     calibration = page.evaluate("window.commplan.state.request.cluster.calibration")
-    assert set(calibration) == {"efficiency", "latency_scale"} and set(calibration["efficiency"]) == {"nic"}
+    assert set(calibration) == {"efficiency", "latency_scale", "network_latency_s"}
+    assert set(calibration["efficiency"]) == {"nic"} and set(calibration["network_latency_s"]) == {"ib"}
     assert page.evaluate("window.commplan.state.plan.step.time_s") != step_before  # priced with the fit
     page.reload()
     expect(page.locator("#calib-active")).to_contain_text("calibrated constants", timeout=20_000)
