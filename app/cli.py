@@ -31,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
     find.add_argument("--format", choices=("table", "json"), default="table")
     find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    find.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="share of device memory a layout must leave free (constraints.memory_headroom; default: the "
+        "file's, else 0.05; 0 turns it off)",
+    )
     sweep = sub.add_parser("sweep", help="run a sweep of searches (SPEC.json or SPEC.yaml; docs/search.md)")
     sweep.add_argument("spec")
     sweep.add_argument("--engine", choices=("local", "ray"), default="local")
@@ -271,9 +279,13 @@ def _table(result: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     totals = result["totals"]
+    # named for what it sums, as the page's card: one stage's own calls back to back, which the exposed
+    # communication below can exceed by the other stages' pipeline sends the stage waits for
+    others = ", nor the other stages' sends it waits for" if len(totals["per_stage"]) > 1 else ""
     lines.append(
-        f"\nworld {result['world_size']}, {result['num_microbatches']} micro-batches; communication per iteration "
-        f"{human_seconds(totals['time_s'])} on stage {totals['busiest_stage']} (calls serialised, not a step time)"
+        f"\nworld {result['world_size']}, {result['num_microbatches']} micro-batches; stage "
+        f"{totals['busiest_stage']}'s calls if serialised {human_seconds(totals['time_s'])} per iteration "
+        f"(not a step time{others})"
     )
     for name, share in sorted(totals["by_parallelism"].items(), key=lambda kv: -kv[1]["time_s"]):
         lines.append(

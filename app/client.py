@@ -68,7 +68,8 @@ Call: name: str; parallelism: str; op: str; phase: str; stages: list[int]; group
     bytes_received_per_rank: int; time_s: float; placement: Placement | None = None; protocol: str | None = None
 StageTotal: stage: int; message_bytes: int; bytes_sent: int; time_s: float
 Totals: time_s: float; per_stage: list[StageTotal]; by_parallelism: dict[str, Any]; busiest_stage: int = 0
-TimelineEvent: stage: int; stream: str; name: str; start_s: float; end_s: float; microbatch: int | None = None
+TimelineEvent: stage: int; stream: str; name: str; start_s: float; end_s: float; microbatch: int | None = None;
+    overlapped: bool = False
 Step: time_s: float; compute_s: float; exposed_comm_s: float; bubble_s: float; mfu: float; tokens_per_s: float;
     timeline: list[TimelineEvent] = []
 StageMemory: stage: int; param_count: int; params_bytes: int; grads_bytes: int; optimizer_bytes: int;

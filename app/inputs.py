@@ -37,7 +37,7 @@ def problem_of(body: SearchRequest, settings) -> Problem:
     cluster = cluster_spec(body.cluster, settings)
     work = workload_spec(body.workload)
     given = body.constraints.model_dump(exclude_none=True)
-    headroom = given.pop("memory_headroom", 0.0)
+    headroom = given.pop("memory_headroom")  # the schema's default when the request leaves it out (5%)
     max_dp_group = given.pop("max_dp_group", 0)
     uneven = given.pop("uneven_stages", False)
     if "recompute" in given:

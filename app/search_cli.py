@@ -11,7 +11,7 @@ from pathlib import Path
 from planner.search import search
 from planner.sweep import Task, run, write
 
-from .cli import human_seconds
+from .cli import human_percent, human_seconds
 from .inputs import problem_of
 from .schemas.search import SearchRequest
 from .serialize import search_dict
@@ -60,12 +60,11 @@ def search_line(state: dict) -> str:
     return f"{100 * state['done'] / total:5.1f}%  {state['evaluated']:,} evaluated, {state['feasible']:,} fit, {best}"
 
 
-def search_summary(result: dict) -> list[str]:
+def search_summary(result: dict, headroom: float = 0.0) -> list[str]:
     """The counts as the page gives them, adding up: the space = evaluated + ruled out before timing (by the
-    request field whose rule failed, with the server's example); the evaluated = fit + over memory."""
-    from .cli import human_seconds
-
-    pruned, examples = result["pruned"], result["pruned_examples"]
+    request field whose rule failed, in the answer's words with its example); the evaluated = fit + over memory
+    less the ``headroom`` the search kept free."""
+    pruned, examples, words = result["pruned"], result["pruned_examples"], result.get("pruned_reasons", {})
     ruled = sorted(((n, k) for k, n in pruned.items() if k != "memory"), reverse=True)
     over = pruned.get("memory", 0)
     lines = [
@@ -73,17 +72,27 @@ def search_summary(result: dict) -> list[str]:
         f"evaluated ({result['layouts_per_s']:,.0f}/s on {result['workers']} process(es)), "
         f"{sum(n for n, _ in ruled):,} ruled out before timing"
     ]
-    lines += [f"  {n:>9,} ruled out by {k}: {examples.get(k, '')}" for n, k in ruled]
-    lines.append(f"{result['feasible']:,} fit, {over:,} over memory" + (f" ({examples['memory']})" if over else ""))
+    lines += [f"  {n:>9,} ruled out by the {words.get(k, k)}: {examples.get(k, '')}" for n, k in ruled]
+    less = f" less {human_percent(headroom)} headroom" if headroom else ""
+    lines.append(
+        f"{result['feasible']:,} fit, {over:,} need more memory than the device has{less}"
+        + (f" ({examples['memory']})" if over else "")
+    )
     return lines
 
 
 def search_command(args) -> int:
     try:
-        body = SearchRequest.model_validate(_read(args.file))
+        raw = _read(args.file)
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
+    if args.memory_headroom is not None and isinstance(raw, dict):  # checked by the schema as the request's own
+        constraints = raw.setdefault("constraints", {})
+        if isinstance(constraints, dict):
+            constraints["memory_headroom"] = args.memory_headroom
+    body = SearchRequest.model_validate(raw)
+    headroom = body.constraints.memory_headroom
     progress = Progress()
 
     def bar(state: dict) -> None:
@@ -95,7 +104,7 @@ def search_command(args) -> int:
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
-    for line in search_summary(result):
+    for line in search_summary(result, headroom):
         print(line)
     print(
         f"\n{'#':>3} {'step':>9} {'tp':>3} {'cp':>3} {'pp':>3} {'v':>3} {'dp':>5} {'zero':>4} {'sp':>3} "

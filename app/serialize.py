@@ -29,6 +29,7 @@ from .schemas.plan import (
     PlanSummaryOut,
     StepOut,
 )
+from .schemas.search import reason_words
 from .schemas.write import writer
 
 # The parallel block of a search result: the fields the search chooses, as /v1/plan takes them.
@@ -219,6 +220,7 @@ def search_dict(result: SearchResult) -> dict:
         "space_size": result.space_size,
         "pruned": dict(sorted(out.pruned.counts.items())),
         "pruned_examples": dict(sorted(out.pruned.examples.items())),
+        "pruned_reasons": {key: reason_words(key) for key in sorted(out.pruned.counts)},
         "layouts_per_s": out.evaluated / result.elapsed_s if result.elapsed_s else 0.0,
         "workers": result.workers,
         "results": [

@@ -93,6 +93,7 @@ class StageCompute:
     backward: PassTime
     attention_fwd_s: float  # core attention forward alone: the window CP ring exchanges hide behind
     optimizer_s: float
+    recompute_s: float = 0.0  # the part of ``backward`` that re-runs the forward (stage_recompute_s)
 
 
 def check_gpu(gpu: GPUSpec | None, dtype: str, ctx: Context | None = None) -> GPUSpec:
@@ -148,11 +149,29 @@ def layer_backward(
         moe = _is_moe(ctx, layer, gpu, eff)
     lk = layer_kernels(ctx, moe, gpu, eff)
     back = pass_time(lk.backward)
+    redo = _layer_recompute(ctx, lk, layer, gpu, eff, recompute, modules, moe)
+    return back if redo is None else back + redo
+
+
+def _layer_recompute(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, eff, recompute: str, modules, moe: bool):
+    """What one layer's backward re-runs of its forward (the one home of the rule; None: nothing): full, the
+    whole forward; selective, the forward of each of ``modules``."""
     if recompute == "full":
-        return back + pass_time(lk.forward)
+        return pass_time(lk.forward)
     if recompute == "selective":
-        return back + recompute_modules_forward(ctx, lk, layer, gpu, eff, frozenset(modules), moe)
-    return back
+        return recompute_modules_forward(ctx, lk, layer, gpu, eff, frozenset(modules), moe)
+    return None
+
+
+def stage_recompute_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = EFFICIENCY) -> float:
+    """Seconds of one micro-batch's backward on one rank of ``stage`` that re-run the forward (activation
+    recompute; part of ``stage_compute(...).backward``, which adds it per layer): the timeline's recompute
+    blocks. Memoised by value per layer kind, as the backward is."""
+    total = 0.0
+    for (moe, plan), count in layer_counts(ctx, stage).items():
+        if plan.kind != "none":
+            total += count * per_layer(_LAYER_RECOMPUTE, _recompute_of, ctx, moe, gpu, eff, plan.kind, plan.modules)
+    return total
 
 
 def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, eff, modules: frozenset, moe: bool):
@@ -246,7 +265,9 @@ def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None
 @lru_cache(maxsize=4096)
 def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> StageCompute:
     fwd, bwd, attn = stage_pass_compute(ctx, stage, gpu, eff)
-    return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff) if ctx.training else 0.0)
+    if not ctx.training:
+        return StageCompute(fwd, bwd, attn, 0.0)
+    return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff), stage_recompute_s(ctx, stage, gpu, eff))
 
 
 def stage_pass_compute(
@@ -273,7 +294,15 @@ def stage_pass_compute(
 
 
 _LAYER_BACKWARD: dict = {}
+_LAYER_RECOMPUTE: dict = {}
 _HEAD: dict = {}
+
+
+def _recompute_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: str, modules: frozenset) -> float:
+    """One layer's recompute seconds (``_layer_recompute`` of its own forward), memoised in stage_recompute_s."""
+    layer = layer_forward(ctx, moe, gpu, eff)[0]
+    redo = _layer_recompute(ctx, layer_kernels(ctx, moe, gpu, eff), layer, gpu, eff, kind, modules, moe)
+    return 0.0 if redo is None else redo.total_s
 
 
 def _backward_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: str, modules: frozenset) -> PassTime:
@@ -362,6 +391,7 @@ __all__ = [
     "stage_compute_key",
     "stage_pass_compute",
     "stage_pass_key",
+    "stage_recompute_s",
 ]
 
 

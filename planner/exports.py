@@ -515,13 +515,16 @@ def chrome_trace(plan: Plan) -> dict:
         tid = tids.setdefault(stream, len(tids))
         seen.add((stage, stream))
         args: dict = {"microbatch": ev["microbatch"], "microbatches": ev["microbatches"]}
-        if stream != "compute":
+        if stream not in ("compute", "recompute"):  # recompute: part of a backward, on its own track
             phase = ev["name"].rpartition(" ")[2]
             keys = TRACE_BLOCK_STREAMS.get(ev["name"]) or (f"{stream}.{phase}", f"{stream}.ring.{phase}")
             args["calls"] = [c for key in keys for c in by_stream.get((stage, key), [])]
+        hidden = bool(ev.get("overlapped"))  # behind the pass's compute, not on the step's path
+        if hidden:
+            args["overlapped"] = True
         events.append(
             {
-                "name": ev["name"],
+                "name": ev["name"] + (" (overlapped)" if hidden else ""),
                 "cat": stream,
                 "ph": "X",
                 "ts": ev["start_s"] * 1e6,

@@ -118,6 +118,7 @@ class StageStep:
     param_units: int = 0
     tail_s: float = 0.0  # other per-iteration calls on the critical path (tied embeddings, loss)
     exposed_by_stream: dict = field(default_factory=dict)  # (stream, phase) -> exposed seconds per micro-batch
+    hidden_by_stream: dict = field(default_factory=dict)  # (stream, phase) -> seconds behind compute per micro-batch
     exposed_dp_s: float = 0.0
     exposed_gather_s: float = 0.0
 
@@ -301,11 +302,13 @@ def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Ov
         t = row[st.stage] / ctx.micro_batches
         if not t:
             continue
-        t = _behind_overlap(ctx, st, kind, phase, t, pass_time, flags, prefetch)
-        exposed += t
-        if t:
-            key = (stream, phase)
-            st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + t
+        left = _behind_overlap(ctx, st, kind, phase, t, pass_time, flags, prefetch)
+        exposed += left
+        key = (stream, phase)
+        if left:
+            st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + left
+        if t > left:
+            st.hidden_by_stream[key] = st.hidden_by_stream.get(key, 0.0) + (t - left)
     return exposed
 
 
@@ -348,6 +351,8 @@ def overlap_forward_backward(st: StageStep) -> None:
             st.fwd_comm_s -= t * (1 - left)
         else:
             st.bwd_comm_s -= t * (1 - left)
+        if t * (1 - left):
+            st.hidden_by_stream[("ep", phase)] = st.hidden_by_stream.get(("ep", phase), 0.0) + t * (1 - left)
         if t * left:
             st.exposed_by_stream[("ep", phase)] = t * left
         else:
@@ -370,6 +375,8 @@ def _offload(st: StageStep, transfer_s: float) -> None:
     stream behind the pass (TransformerEngine's offload handler); what outlasts the pass is exposed."""
     for phase, pass_time in (("forward", st.compute.forward), ("backward", st.compute.backward)):
         exposed = max(0.0, transfer_s - pass_time.total_s)
+        if transfer_s > exposed:
+            st.hidden_by_stream[("pcie", phase)] = transfer_s - exposed
         if exposed:
             st.exposed_by_stream[("pcie", phase)] = exposed
             if phase == "forward":
@@ -571,26 +578,52 @@ def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict
 
 
 def _pass_comm_events(compute: list[dict], stages: list[StageStep], sched: Schedule) -> list[dict]:
-    """The exposed communication inside each compute block, drawn on its own stream (tp, ep, cp, dp) at the
-    block's end: a block's duration includes it, and the compute stream waits for it."""
+    """What runs inside each compute block besides its kernels, on its own stream, summed over the block's
+    micro-batches (one chunk of v each):
+
+    - the exposed communication (tp, ep, cp, dp, pcie) at the block's end, one stream after another: the
+      block's duration includes it, and the compute stream waits for it;
+    - the communication hidden behind the block's compute (``"overlapped": true``), each stream's pieces one
+      after another from the block's start, never past where the exposed part begins;
+    - the recompute of a backward (stream "recompute", ``StageCompute.recompute_s``: part of the backward's
+      compute, not added to it) from the block's start.
+
+    Where inside a pass a call or the recompute runs is schematic: the step model gives each pass's amounts."""
     v = max(1, sched.chunks)
     out = []
-    streams: dict[int, list] = {}  # per stage, its exposed streams in drawing order (sorted once, not per block)
+    streams: dict[int, tuple] = {}  # per stage, its streams in drawing order (sorted once, not per block)
     for ev in compute:
         st = stages[ev["stage"]]
-        if not st.exposed_by_stream:
+        redo = st.compute.recompute_s
+        if not (st.exposed_by_stream or st.hidden_by_stream or redo):
             continue
         if ev["stage"] not in streams:
-            streams[ev["stage"]] = sorted(st.exposed_by_stream.items(), reverse=True)
+            streams[ev["stage"]] = (
+                sorted(st.exposed_by_stream.items(), reverse=True),
+                sorted(st.hidden_by_stream.items(), reverse=True),
+            )
+        exposed, hidden = streams[ev["stage"]]
         n = ev["microbatches"]
         phases = ("forward", "backward") if ev["name"] == "1f1b" else (ev["name"],)
         end = ev["end_s"]
-        for (stream, phase), per_mb in streams[ev["stage"]]:
+        for (stream, phase), per_mb in exposed:
             if phase not in phases:
                 continue
             dur = per_mb * n / v
             out.append({**ev, "stream": stream, "name": f"{stream} {phase}", "start_s": end - dur, "end_s": end})
             end -= dur
+        begin = ev["start_s"]  # the block's compute runs from here to ``end``
+        if redo and "backward" in phases:
+            out.append({**ev, "stream": "recompute", "name": "recompute", "end_s": min(end, begin + redo * n / v)})
+        cursor: dict[str, float] = {}
+        for (stream, phase), per_mb in hidden:
+            if phase not in phases:
+                continue
+            at = cursor.get(stream, begin)
+            stop = cursor[stream] = min(end, at + per_mb * n / v)
+            if stop > at:
+                name = f"{stream} {phase}"
+                out.append({**ev, "stream": stream, "name": name, "overlapped": True, "start_s": at, "end_s": stop})
     return out
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import numpy as np
 from fastapi import APIRouter
 
 import collectives as coll
 from collectives.steps import schedule_view
-from collectives.topology import price_call
+from collectives.topology import ClusterSpec, price_call
+from collectives.topology.spec import NCCL_VERSIONS
 from planner import SpecError
 from planner.estimate import price_estimate
 from planner.plan import cluster_for
@@ -19,6 +20,7 @@ from ..errors import BAD_INPUT, relocated
 from ..limits import check_router, refuse
 from ..schemas.collectives import (
     AlgorithmOut,
+    NcclVersionsOut,
     PriceOut,
     PriceRequest,
     ScheduleOut,
@@ -42,6 +44,17 @@ PRICE_FIELDS = {"count": "message_bytes", "num_ranks": "ranks"}
 )
 def algorithms() -> list[dict]:
     return coll.catalogue()
+
+
+@router.get(
+    "/nccl-versions",
+    response_model=NcclVersionsOut,
+    summary="The NCCL versions cluster.nccl_version takes",
+    description="Every NCCL version whose tuning model prices a cluster, and the default.",
+)
+def nccl_versions() -> dict:
+    default = next(f.default for f in fields(ClusterSpec) if f.name == "nccl_version")
+    return {"versions": list(NCCL_VERSIONS), "default": default}
 
 
 def _price(body: PriceRequest, settings) -> dict:

@@ -108,6 +108,14 @@ class AlgorithmOut(BaseModel):
     source: str
 
 
+class NcclVersionsOut(BaseModel):
+    versions: list[str] = Field(
+        description="the NCCL versions whose tuning tables are transcribed (collectives/topology/library/tables.py "
+        "VERSIONS), oldest first: what cluster.nccl_version takes (a patch, 2.21.5-1, prices as its minor)"
+    )
+    default: str = Field(description="the version a cluster is priced with when nccl_version is left out")
+
+
 class ScheduleRequest(Strict):
     model_config = with_example({"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8})
     op: OpName

@@ -441,12 +441,18 @@ class TotalsOut(Out):
 
 class TimelineEvent(Out):
     stage: int
-    stream: str = Field(description="compute | dp")
+    stream: str = Field(
+        description="compute, recompute (the part of a backward that re-runs the forward, inside its block), "
+        "tp, cp, ep, dp, pcie"
+    )
     name: str = Field(description="forward, backward, 1f1b (aggregated steady state), optimizer, grad_reduce, ...")
     microbatch: int = Field(description="the (first) micro-batch of the block; -1 for per-iteration work")
     microbatches: int = Field(description="micro-batches the block holds (1 unless aggregated; 0: per iteration)")
     start_s: float
     end_s: float
+    overlapped: bool = Field(
+        default=False, description="communication of a pass hidden behind its compute (false: exposed, on the path)"
+    )
 
 
 class StepSummaryOut(Out):

@@ -15,6 +15,9 @@ Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"]
 Dispatch = Literal["alltoall", "allgather", "deepep", "hybridep"]
 Method = Literal["uniform", "block"]
+# The service's memory headroom when a search leaves it out (issue 25 item 8): a top layout peaking at 85.0 of
+# 85.5 GB is not one to run. The library's own default (planner.search.Constraints) stays 0.
+DEFAULT_HEADROOM = 0.05
 
 
 class ConstraintsIn(Strict):
@@ -67,7 +70,12 @@ class ConstraintsIn(Strict):
         "(pricing such groups step by step costs seconds and gigabytes per shape)",
     )
     memory_headroom: float = Field(
-        default=0.0, ge=0.0, lt=1.0, description="fraction of device memory a layout must leave free"
+        default=DEFAULT_HEADROOM,
+        ge=0.0,
+        lt=1.0,
+        description="fraction of device memory a layout must leave free; default 0.05 (5%), for what the memory "
+        "model leaves out, chiefly the PyTorch caching allocator's fragmentation (planner/memory.py counts the "
+        "CUDA context, workspaces and NCCL buffers); 0 turns it off",
     )
 
 
@@ -100,6 +108,42 @@ class SearchResultOut(BaseModel):
     communication_s: float = Field(description="the busiest stage's communication, calls serialised")
 
 
+# A pruning reason is the request field whose rule failed (planner SpecError fields), or "memory". These are
+# its words, the one home of them: the answer carries them (SearchOut.pruned_reasons), the page and the CLI
+# print them (issue 25 item 8: the status line showed "Pruned: parallel.tp 54,696").
+REASON_WORDS = {
+    "world_size": "device count (tp·cp·pp does not divide it)",
+    "parallel": "device count",
+    "parallel.tp": "tensor-parallel size",
+    "parallel.pp": "pipeline size",
+    "parallel.dp": "data-parallel size",
+    "parallel.cp": "context-parallel size",
+    "parallel.ep": "expert-parallel size",
+    "parallel.expert_tp": "expert TP size",
+    "parallel.zero_stage": "ZeRO stage",
+    "parallel.virtual_pipeline_stages": "virtual pipeline stages",
+    "parallel.pipeline_schedule": "pipeline schedule",
+    "parallel.sequence_parallel": "sequence parallelism",
+    "parallel.framework": "framework",
+    "parallel.first_stage_layers": "first stage's layers",
+    "parallel.last_stage_layers": "last stage's layers",
+    "parallel.ep_dispatch": "token dispatcher",
+    "workload.global_batch_size": "global batch",
+    "workload.micro_batch_size": "micro-batch",
+    "workload.activation_recompute": "recompute",
+    "workload.recompute_method": "recompute method",
+    "workload.recompute_num_layers": "recomputed layers",
+    "max_dp_group": "largest DP group",
+    "memory": "memory",
+}
+
+
+def reason_words(key: str) -> str:
+    """A pruning reason in words: REASON_WORDS, else the field's last name with spaces ('num_layers' ->
+    'num layers')."""
+    return REASON_WORDS.get(key) or key.rsplit(".", 1)[-1].replace("_", " ")
+
+
 class SearchOut(BaseModel):
     evaluated: int = Field(description="layouts valid under every rule whose memory and step time were computed")
     feasible: int = Field(description="evaluated layouts that fit in memory (with the headroom)")
@@ -111,6 +155,9 @@ class SearchOut(BaseModel):
     space_size: int = Field(description="layouts in the constrained space (evaluated + pruned other than memory)")
     pruned: dict[str, int] = Field(description="layouts dropped, by the request field whose rule fails, or memory")
     pruned_examples: dict[str, str] = Field(description="one message per reason, with the numbers")
+    pruned_reasons: dict[str, str] = Field(
+        default_factory=dict, description="each key of pruned in words ('parallel.tp': 'tensor-parallel size')"
+    )
     layouts_per_s: float = Field(description="evaluated / elapsed_s")
     workers: int = Field(description="processes the search ran on")
     results: list[SearchResultOut]

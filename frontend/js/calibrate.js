@@ -21,12 +21,13 @@ const fmtBusBw = (gbps) => (gbps >= 1 ? `${sig3(gbps)} GB/s` : gbps >= 1e-3 ? `$
 const error = (priced, measured) => (measured > 0 ? priced / measured - 1 : null);
 const signedPct = (x) => (x === null ? "–" : `${x > 0 ? "+" : ""}${fmtPct(x)}`);
 
-// "efficiency.nic 0.986, network_latency_s.ib 0.929 µs, kernels.hbm 0.675": seconds in µs, the rest as plain factors
+// "efficiency.nic 0.986, network_latency_s.ib 929 ns, kernels.hbm 0.675": seconds as every time on the page
+// (fmtTime: "1.23 ns", not "0.00123 µs"), the rest as plain factors
 const leaves = (prefix, v) => (v !== null && typeof v === "object"
   ? Object.entries(v).flatMap(([k, x]) => leaves(prefix ? `${prefix}.${k}` : k, x)) : [[prefix, v]]);
 export function describeConstants(constants) {
   return leaves("", constants || {}).map(([name, v]) =>
-    `${name} ${name.split(".").some((p) => p.endsWith("_s")) ? `${sig3(v * 1e6)} µs` : sig3(v)}`).join(", ") || "none (the defaults fit best)";
+    `${name} ${name.split(".").some((p) => p.endsWith("_s")) ? fmtTime(v) : sig3(v)}`).join(", ") || "none (the defaults fit best)";
 }
 
 async function readLogs() {

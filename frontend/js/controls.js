@@ -6,11 +6,18 @@
 // resolved it to (the plan's `assumptions`, planner/assumptions.py) or, before a plan, the default the schema
 // documents.
 import { $, el } from "./dom.js";
+import { fmtBw, fmtTime } from "./format.js";
 
 const DTYPES = ["fp32", "bf16", "fp16", "fp8"];
+// the versions cluster.nccl_version takes: GET /v1/collectives/nccl-versions fills it (setNcclVersions) before the
+// controls are built, from the library's own table
+const NCCL_VERSIONS = [];
+export function setNcclVersions(answer) { NCCL_VERSIONS.splice(0, NCCL_VERSIONS.length, ...answer.versions); }
 const ON_OFF = [["true", "on"], ["false", "off"]];
-// [group, [path, label, kind, choices or placeholder, default text, when]]; kind: select | int | text | list |
-// modules. `when` hides a control unless the form's kind matches (data-when, form.js syncVisibility).
+// [group, [path, label, kind, choices or placeholder, default text, when]]; kind: select | int | float | text |
+// list | modules. `when` hides a control unless the form's kind matches (data-when, form.js syncVisibility).
+// The cluster's fields (beyond the form's preset, nodes and override box) default to the preset's: after a plan
+// each names the value the plan's own cluster block holds.
 export const GROUPS = [
   ["Precision and FP8", [
     ["workload.param_dtype", "Parameters", "select", DTYPES, "bf16"],
@@ -62,12 +69,49 @@ export const GROUPS = [
     ["parallel.order", "Rank order", "text", "tp-cp-ep-dp-pp", "tp-cp-ep-dp-pp"],
   ]],
   ["NCCL and pricing", [
-    ["cluster.nccl_version", "NCCL version", "text", "2.30", "2.30"],
+    ["cluster.nccl_version", "NCCL version", "select", NCCL_VERSIONS, "2.30"],
     ["options.nccl_algo", "NCCL_ALGO pin", "text", "e.g. Ring or ^NVLS", "auto"],
     ["options.nccl_proto", "NCCL_PROTO pin", "text", "e.g. Simple", "auto"],
     ["options.pricing", "Pricing", "select", [["library", "library (NCCL's model)"], ["schedule", "schedule (step by step)"]], "auto"],
     ["options.candidates", "Candidates", "select", [["library", "what the library picks from"], ["all", "every algorithm"]], "library"],
     ["options.contention", "Contention", "select", [["neighbourhood", "neighbourhood"], ["full", "every group"]], "neighbourhood"],
+    ["cluster.nccl_env.NCCL_MIN_NCHANNELS", "NCCL_MIN_NCHANNELS", "int", null, "NCCL's"],
+    ["cluster.nccl_env.NCCL_MAX_NCHANNELS", "NCCL_MAX_NCHANNELS", "int", null, "NCCL's"],
+    ["cluster.nccl_env.NCCL_NVLS_ENABLE", "NCCL_NVLS_ENABLE", "select", [["0", "0 (off)"], ["1", "1 (on)"], ["2", "2 (auto)"]], "2 (auto)"],
+    ["cluster.nccl_env.NCCL_COLLNET_ENABLE", "NCCL_COLLNET_ENABLE", "select", [["0", "0 (off)"], ["1", "1 (SHARP)"]], "0"],
+  ]],
+  ["Cluster: GPU", [
+    ["cluster.gpu.preset", "GPU", "text", "e.g. h200-sxm-141gb", "the preset's"],
+    ["cluster.gpu.power_limit_w", "Power limit (W)", "float", null, "the TDP"],
+    ["cluster.gpu.name", "Name (custom GPU)", "text", "custom", "the GPU's"],
+    ["cluster.gpu.peak_tflops.bf16", "bf16 dense TFLOP/s", "float", null, "the GPU's"],
+    ["cluster.gpu.peak_tflops.fp8", "fp8 dense TFLOP/s", "float", null, "the GPU's"],
+    ["cluster.gpu.hbm_bytes", "HBM bytes", "int", null, "the GPU's"],
+    ["cluster.gpu.hbm_GBps", "HBM GB/s", "float", null, "the GPU's"],
+    ["cluster.gpu.sm", "Compute capability × 10", "int", null, "the GPU's"],
+    ["cluster.gpu.sms", "SMs", "int", null, "the GPU's"],
+    ["cluster.gpu.nvlink_links", "NVLink links", "int", null, "the GPU's"],
+    ["cluster.gpu.tdp_w", "TDP (W)", "float", null, "the GPU's"],
+    ["cluster.gpu.min_power_w", "Lowest power limit (W)", "float", null, "the GPU's"],
+  ]],
+  ["Cluster: links and network", [
+    ["cluster.name", "Cluster name", "text", "e.g. my-cluster", "the preset's"],
+    ["cluster.intra.fabric", "Intra-node fabric", "text", "switch, full_mesh, ring", "the preset's"],
+    ["cluster.intra.latency_s", "Intra-node latency (s)", "float", null, "the preset's"],
+    ["cluster.intra.in_network_reduction", "NVLink SHARP (NVLS)", "select", ON_OFF, "the preset's"],
+    ["cluster.intra.link_name", "Intra-node link name", "text", "e.g. nvlink", "the preset's"],
+    ["cluster.nic_latency_s", "NIC latency (s)", "float", null, "the preset's"],
+    ["cluster.pcie_bandwidth_GBps", "PCIe GB/s (host link)", "float", null, "the preset's"],
+    ["cluster.cpu_vendor", "CPU vendor", "select", ["intel", "amd", "arm"], "the preset's"],
+    ["cluster.network.topology", "Network", "text", "fat_tree, torus, dragonfly, hypercube", "the preset's"],
+    ["cluster.network.kind", "Network kind", "select", ["ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo"], "the preset's"],
+    ["cluster.network.nodes_per_leaf", "Nodes per leaf", "int", null, "the preset's"],
+    ["cluster.network.num_spines", "Spines", "int", null, "the preset's"],
+    ["cluster.network.link_bandwidth_GBps", "Switch link GB/s", "float", null, "the preset's"],
+    ["cluster.network.switch_latency_s", "Switch latency (s)", "float", null, "the preset's"],
+    ["cluster.network.in_network_reduction", "SHARP in the switches", "select", ON_OFF, "the preset's"],
+    ["cluster.network.dims", "Torus dimensions", "list", "e.g. 4,4,4", "the preset's"],
+    ["cluster.network.group_size", "Dragonfly group size", "int", null, "the preset's"],
   ]],
 ];
 export const CONTROLS = GROUPS.flatMap(([, rows]) => rows.map(([path, label, kind, choices, dflt, when]) => ({ path, label, kind, choices, dflt, when, id: idOf(path) })));
@@ -91,9 +135,10 @@ function control(c) {
     input = el("select", { id: c.id, multiple: true, size: 4, title: "Ctrl/Cmd-click to pick several; none: the default" },
       c.choices.map((m) => el("option", { value: m }, m)));
   } else {
-    input = el("input", { id: c.id, type: c.kind === "int" ? "number" : "text", min: c.kind === "int" ? "0" : undefined,
-      inputMode: c.kind === "int" ? "numeric" : undefined, maxLength: c.kind === "text" ? 64 : undefined,
-      placeholder: c.kind === "int" ? `default: ${c.dflt}` : `${c.choices} (default: ${c.dflt})` });
+    const number = c.kind === "int" || c.kind === "float";
+    input = el("input", { id: c.id, type: number ? "number" : "text", min: number ? "0" : undefined, step: c.kind === "float" ? "any" : undefined,
+      inputMode: c.kind === "int" ? "numeric" : c.kind === "float" ? "decimal" : undefined, maxLength: c.kind === "text" ? 64 : undefined,
+      placeholder: number ? `default: ${c.dflt}` : `${c.choices} (default: ${c.dflt})` });
   }
   return el("div", { className: c.kind === "modules" ? "field span2" : "field", "data-when": c.when }, label, input);
 }
@@ -114,7 +159,7 @@ export function readControls(request, FormError) {
     let value;
     if (c.kind === "modules") { const picked = [...input.selectedOptions].map((o) => o.value); value = picked.length ? picked : undefined; }
     else if (input.value.trim() === "") value = undefined;
-    else if (c.kind === "int") value = Number(input.value);
+    else if (c.kind === "int" || c.kind === "float" || c.path.startsWith("cluster.nccl_env.")) value = Number(input.value);
     else if (c.kind === "list") {
       const parts = input.value.split(/[\s,]+/).filter(Boolean).map(Number);
       if (parts.some((x) => !Number.isInteger(x))) throw new FormError(c.path, `${c.label}: whole layer numbers separated by commas, got "${input.value}"`);
@@ -146,14 +191,28 @@ export function countSet() {
   }
 }
 
-// after a plan: each default choice names the value the plan resolved (assumptions), not the schema's text
-export function showResolvedDefaults(assumptions) {
+// a cluster field's value in the plan's own cluster block (the cluster as resolved), in the page's units
+function clusterValue(cluster, path) {
+  const v = cluster && path.startsWith("cluster.") ? get(cluster, path.slice(8)) : undefined;
+  if (v === undefined || v === null || (typeof v === "object" && !Array.isArray(v))) return undefined;
+  if (typeof v === "boolean") return v ? "on" : "off";
+  if (Array.isArray(v)) return v.length ? v.join(",") : "none";
+  if (typeof v === "number" && path.endsWith("_s")) return fmtTime(v);
+  if (typeof v === "number" && path.endsWith("GBps")) return fmtBw(v);
+  return typeof v === "number" ? v.toLocaleString("en-US", { maximumFractionDigits: 3 }) : String(v);
+}
+
+// after a plan: each default choice names the value the plan resolved (assumptions; for the cluster, its block
+// in the answer), not the schema's text
+export function showResolvedDefaults(assumptions, cluster) {
   const byField = Object.fromEntries((assumptions || []).map((a) => [a.field, a]));
   for (const c of CONTROLS) {
-    const a = byField[c.path], input = $(c.id);
+    const value = clusterValue(cluster, c.path);
+    const a = byField[c.path] || (value !== undefined ? { value, source: "the cluster as planned (its preset's unless set)" } : null);
+    const input = $(c.id);
     const shown = a ? (c.choices === ON_OFF ? a.value : labelOf(c, a.value)) : c.dflt;
     if (c.kind === "select") input.options[0].textContent = `default (${shown})`;
-    else if (c.kind !== "modules") input.placeholder = c.kind === "int" ? `default: ${shown}` : `${c.choices} (default: ${shown})`;
+    else if (c.kind !== "modules") input.placeholder = c.kind === "int" || c.kind === "float" ? `default: ${shown}` : `${c.choices} (default: ${shown})`;
     input.title = a ? `default: ${a.value}, ${a.source}` : `default: ${c.dflt}`;
   }
 }

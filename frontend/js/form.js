@@ -52,6 +52,7 @@ export const FIELDS = {
   "parallel.pipeline_layout": "pipeline-layout",
   "cluster.preset": "cluster-preset", "cluster.num_nodes": "nodes", "cluster.intra.bandwidth_GBps": "intra-bw",
   "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
+  "cluster.network.rail_optimized": "rail",
   "cluster.devices_per_node": "dpn", "options.algorithm": "algorithm", "cluster.calibration": "calib-clear", ...CONTROL_FIELDS,
 };
 const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
@@ -125,7 +126,8 @@ export function fillForm(req) {
   const base = state.presets.clusters[$("cluster-preset").value];
   $("rail").checked = obj(c.network).rail_optimized ?? (base && base.network ? base.network.rail_optimized : true);
   setSelect("algorithm", obj(req.options).algorithm || "auto");
-  fillControls(req);
+  // a GPU given by name alone ("gpu": "h200-sxm-141gb") is the GPU control's value
+  fillControls(typeof c.gpu === "string" ? { ...req, cluster: { ...c, gpu: { preset: c.gpu } } } : req);
   syncVisibility();
 }
 

@@ -32,8 +32,9 @@ function searchBody() {
   const workload = { kind: "training", global_batch_size: r.workload.global_batch_size };
   if (r.workload.seq_length) workload.seq_length = r.workload.seq_length;
   const constraints = {};
-  const headroom = Number($("search-headroom").value);
-  if (headroom > 0) constraints.memory_headroom = headroom / 100;
+  // sent as set, 0 included: the server's default is 5% (app/schemas/search.py DEFAULT_HEADROOM)
+  const headroom = $("search-headroom").value.trim() === "" ? 5 : Number($("search-headroom").value);
+  constraints.memory_headroom = headroom / 100;
   if ($("search-framework").checked) constraints.framework = r.parallel.framework || "megatron";
   return { model: r.model, workload, cluster: r.cluster, constraints, top_k: Number($("search-topk").value) || 20 };
 }
@@ -182,16 +183,9 @@ export function renderCompare(labels, plans) {
 
 // ---- the counts in words, agreeing with each other and with the progress bar ----------------------------------
 // space_size = evaluated + layouts a rule dropped before timing; feasible = evaluated - those over memory
-// (SearchOut, app/schemas/search.py). A pruning reason is the request field whose rule failed: named in words.
-const REASONS = {
-  "parallel.tp": "tensor-parallel size", "parallel.pp": "pipeline size", "parallel.dp": "data-parallel size",
-  "parallel.cp": "context-parallel size", "parallel.ep": "expert-parallel size", "parallel.expert_tp": "expert TP size",
-  "parallel.zero_stage": "ZeRO stage", "parallel.virtual_pipeline_stages": "virtual pipeline stages",
-  "parallel.pipeline_schedule": "pipeline schedule", "parallel.sequence_parallel": "sequence parallelism",
-  "parallel.framework": "framework", "parallel": "device count", "workload.global_batch_size": "global batch",
-  "workload.micro_batch_size": "micro-batch", "workload.activation_recompute": "recompute", "max_dp_group": "largest DP group",
-};
-export const reasonWords = (key) => REASONS[key] || String(key).split(".").pop().replace(/_/g, " ");
+// (SearchOut, app/schemas/search.py). A pruning reason is the request field whose rule failed; its words come
+// with the answer (pruned_reasons: app/schemas/search.py REASON_WORDS, which the CLI prints too).
+const reasonWords = (result, key) => (result.pruned_reasons || {})[key] || String(key);
 
 export function searchSummary(result) {
   const pruned = result.pruned || {}, examples = result.pruned_examples || {};
@@ -202,7 +196,7 @@ export function searchSummary(result) {
   const headroom = searchedHeadroom ?? (Number($("search-headroom").value) || 0);  // the one searched with
   let text = `${fmtInt(space)} layouts in ${fmtTime(result.elapsed_s)}: ${fmtInt(result.evaluated)} evaluated (memory and step time)`;
   if (ruled) {
-    text += `, ${fmtInt(ruled)} ruled out before timing (${rules.map(([k, v]) => `${fmtInt(v)} by the ${reasonWords(k)}`
+    text += `, ${fmtInt(ruled)} ruled out before timing (${rules.map(([k, v]) => `${fmtInt(v)} by the ${reasonWords(result, k)}`
       + (examples[k] ? `, e.g. "${examples[k]}"` : "")).join("; ")})`;
   }
   text += `. Of the evaluated, ${fmtInt(result.feasible)} fit and ${fmtInt(over)} need more memory than the device has`

@@ -9,25 +9,32 @@
 //   gaps of its compute lane before its last backward; the tooltip lists the stage's pipeline sends;
 // - per-iteration communication (DP gradient reduction, parameter gather) split into the part under the
 //   stage's compute (overlapped, light) and the part the step waits for (exposed, solid);
-// - per-pass communication (tp, cp, ep) is drawn where it is exposed; the note gives, on the busiest stage,
-//   each parallelism's calls serialised against what is drawn exposed, the rest being hidden behind compute.
+// - per-pass communication (tp, cp, ep, ZeRO-3's dp, offload's pcie): the part the pass waits for (exposed, solid,
+//   at the pass's end) and the part behind its compute (overlapped, light, from the pass's start), both from the
+//   server (`overlapped` events); the note gives, on the busiest stage, each parallelism's calls serialised
+//   against what is drawn exposed and overlapped;
+// - recompute (stream "recompute", part of a backward's compute): a narrow bar inside the backward it belongs to.
 // Hundreds of micro-batches: events closer than 1/1500 of the step on one lane are drawn as one block.
 /* global echarts */
 import { $ } from "./dom.js";
 import { axisTime, esc, fmtInt, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 
-const STREAM_COLORS = { compute: "#2f6fb0", tp: "#5b8fd0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", comm: "#1e8449" };
+const STREAM_COLORS = { compute: "#2f6fb0", tp: "#5b8fd0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", comm: "#1e8449", pcie: "#7f8c8d" };
+const RECOMPUTE = "#e67e22";
+// a stream's colour mixed with white: the light shade of its overlapped (hidden) part
+const lighten = (hex, k = 0.6) => `#${[1, 3, 5].map((i) => Math.round(parseInt(hex.slice(i, i + 2), 16) * (1 - k) + 255 * k).toString(16).padStart(2, "0")).join("")}`;
 const MAX_BLOCKS = 4000;
 const MAX_EXPANDED = 20000;  // beyond, aggregated blocks stay aggregated
 
 function colorOf(ev) {
   const name = String(ev.name || "").toLowerCase();
   if (name.includes("bubble") || ev.stream === "bubble") return "#c5ced8";
-  if (ev.overlapped) return "#a9d6b8";
+  if (ev.stream === "recompute") return RECOMPUTE;
   if (ev.wait) return "#f3d19c";
   if (ev.stream === "compute") return /^(b|bwd|backward)/.test(name) ? "#174a7e" : /^(w|wgrad)/.test(name) ? "#6c8fb5" : "#4f8fd6";
-  return STREAM_COLORS[ev.stream] || STREAM_COLORS[String(ev.stream).split(/[._-]/)[0]] || "#7f8c8d";
+  const base = STREAM_COLORS[ev.stream] || STREAM_COLORS[String(ev.stream).split(/[._-]/)[0]] || "#7f8c8d";
+  return ev.overlapped ? lighten(base) : base;
 }
 
 // merge near-adjacent events of one lane into blocks while there are too many to draw one by one
@@ -83,12 +90,24 @@ export function expand(events) {
     }
     for (const [name, mb, start, end] of passes) {
       out.push({ ...block, name, microbatch: mb, microbatches: 1, start_s: start, end_s: end, split: true });
+      const one = (c, a, b) => out.push({ ...c, microbatch: mb, microbatches: 1, start_s: a, end_s: b, split: true });
       let t = end;  // this pass's share of the exposed communication, at its end as the server draws it
       for (const c of mine) {
-        if (c.name.split(" ").pop() !== name) continue;
+        if (c.overlapped || c.stream === "recompute" || c.name.split(" ").pop() !== name) continue;
         const dur = (c.end_s - c.start_s) / n;
-        out.push({ ...c, microbatch: mb, microbatches: 1, start_s: t - dur, end_s: t, split: true });
+        one(c, t - dur, t);
         t -= dur;
+      }
+      // the recompute (of a backward) and the hidden communication, from the pass's start as the server draws
+      // them, never past where its exposed part begins
+      const cursor = new Map();
+      for (const c of mine) {
+        const dur = (c.end_s - c.start_s) / n;
+        if (c.stream === "recompute") { if (name === "backward") one(c, start, Math.min(t, start + dur)); continue; }
+        if (!c.overlapped || c.name.split(" ").pop() !== name) continue;
+        const a = cursor.get(c.stream) ?? start, b = Math.min(t, a + dur);
+        cursor.set(c.stream, b);
+        if (b > a) one(c, a, b);
       }
     }
   }
@@ -132,15 +151,25 @@ export function derive(events) {
   return [...events.filter((e) => !e.replaced), ...out];
 }
 
-// on the busiest stage: each parallelism's calls serialised against what the timeline draws exposed
+// on the busiest stage: each parallelism's calls serialised against what the timeline draws exposed and overlapped
 function hiddenNote(plan, events) {
   const stage = plan.totals.busiest_stage, by = plan.totals.by_parallelism || {};
   const parts = ["tp", "cp", "ep"].filter((k) => by[k] && by[k].time_s > 0).map((k) => {
-    const drawn = events.filter((e) => e.stage === stage && e.stream === k).reduce((t, e) => t + e.end_s - e.start_s, 0);
-    return `${k} ${fmtTime(by[k].time_s)} of calls, ${fmtTime(drawn)} drawn exposed, the rest (${fmtTime(Math.max(0, by[k].time_s - drawn))}) behind compute or outside the passes`;
+    const mine = events.filter((e) => e.stage === stage && e.stream === k && e.microbatches > 0);
+    const sum = (list) => list.reduce((t, e) => t + e.end_s - e.start_s, 0);
+    const exposed = sum(mine.filter((e) => !e.overlapped)), hidden = sum(mine.filter((e) => e.overlapped));
+    const rest = by[k].time_s - exposed - hidden;
+    return `${k} ${fmtTime(by[k].time_s)} of calls: ${fmtTime(exposed)} exposed, ${fmtTime(hidden)} overlapped`
+      + (rest > 1e-6 * by[k].time_s ? `, ${fmtTime(rest)} once per iteration (outside the passes)` : "");
   });
   if (by.pp && by.pp.time_s > 0) parts.push(`pp sends ${fmtTime(by.pp.time_s)}, inside the pipeline waits`);
   return parts.length ? `Stage ${stage}: ${parts.join("; ")}. ` : "";
+}
+
+// one micro-batch's recompute on the busiest stage: its blocks add up to micro-batches x that (planner/step.py)
+function recomputeOf(plan, events) {
+  const mine = events.filter((e) => e.stream === "recompute" && e.stage === plan.totals.busiest_stage);
+  return mine.reduce((t, e) => t + e.end_s - e.start_s, 0) / Math.max(1, plan.num_microbatches);
 }
 
 function ppCalls(plan, stage) {
@@ -154,13 +183,14 @@ export function zoomToMicrobatch(k) {
   const mine = events.filter((e) => e.microbatch === k && e.microbatches === 1);
   const c = chart("timeline");
   // micro-batch k's blocks stand out; the others are faded (the whole step: none faded)
-  c.setOption({ series: [{}, { data: state_data.map((d) => ({ ...d, itemStyle: { ...d.itemStyle, opacity: !mine.length || d.microbatch === k ? 1 : 0.3 } })) }] });
+  const faded = (list) => list.map((d) => ({ ...d, itemStyle: { ...d.itemStyle, opacity: !mine.length || d.microbatch === k ? 1 : 0.3 } }));
+  c.setOption({ series: [{}, { data: faded(state_data[0]) }, { data: faded(state_data[1]) }] });
   if (!mine.length) { c.dispatchAction({ type: "dataZoom", start: 0, end: 100 }); return false; }
   const lo = Math.min(...mine.map((e) => e.start_s)), hi = Math.max(...mine.map((e) => e.end_s));
   c.dispatchAction({ type: "dataZoom", startValue: lo, endValue: hi });
   return [lo, hi];
 }
-let state_events = [], state_data = [];
+let state_events = [], state_data = [[], []];
 
 export function renderTimeline(plan) {
   const section = $("timeline-card"), step = plan && plan.step;
@@ -172,28 +202,35 @@ export function renderTimeline(plan) {
   state_events = events;
   const mbs = Math.max(0, ...events.filter((e) => e.microbatches === 1).map((e) => e.microbatch)) + 1;
   $("timeline-mb").max = String(Math.max(0, mbs - 1));
-  const streams = [...new Set(events.map((e) => String(e.stream)))].sort((a, b) => (a === "compute" ? -1 : b === "compute" ? 1 : a.localeCompare(b)));
+  const streams = [...new Set(events.map((e) => String(e.stream)))].filter((s) => s !== "recompute")
+    .sort((a, b) => (a === "compute" ? -1 : b === "compute" ? 1 : a.localeCompare(b)));
   const stages = [...new Set(events.map((e) => e.stage))].sort((a, b) => a - b);
   const lanes = [];
   for (const s of stages) for (const st of streams) if (events.some((e) => e.stage === s && String(e.stream) === st)) lanes.push(`${s}|${st}`);
   const laneIndex = new Map(lanes.map((k, i) => [k, i]));
+  const laneOf = (b) => laneIndex.get(`${b.stage}|${b.stream === "recompute" ? "compute" : b.stream}`);
+  // a pass's communication says which part it is; DP's per-iteration pieces already do (derive)
+  const label = (b) => (b.microbatches > 0 && b.stream !== "compute" && b.stream !== "recompute" ? `${b.name} (${b.overlapped ? "overlapped" : "exposed"})` : String(b.name));
   const end = Math.max(step.time_s || 0, ...events.map((e) => e.end_s));
   const { blocks, merged } = aggregate(events, end);
-  const data = blocks.map((b) => ({
-    value: [laneIndex.get(`${b.stage}|${b.stream}`), b.start_s, b.end_s, b.count],
-    name: String(b.name), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch, microbatches: b.microbatches,
+  const item = (b) => ({
+    value: [laneOf(b), b.start_s, b.end_s, b.count],
+    name: label(b), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch, microbatches: b.microbatches,
     split: !!b.split, sends: b.wait ? ppCalls(plan, b.stage) : null,
-  }));
-  state_data = data;
+  });
+  const data = blocks.filter((b) => b.stream !== "recompute").map(item);
+  const redo = blocks.filter((b) => b.stream === "recompute").map(item);
+  state_data = [data, redo];
   const height = Math.min(720, Math.max(180, lanes.length * (narrow() ? 18 : 24) + 90));
   $("timeline").style.height = `${height}px`;
-  const renderItem = (params, api) => {
+  const bars = (share) => (params, api) => {
     const lane = api.value(0), start = api.coord([api.value(1), lane]), stop = api.coord([api.value(2), lane]);
-    const h = api.size([0, 1])[1] * 0.7;
+    const h = api.size([0, 1])[1] * share;
     const shape = echarts.graphic.clipRectByRect({ x: start[0], y: start[1] - h / 2, width: Math.max(1, stop[0] - start[0]), height: h },
       { x: params.coordSys.x, y: params.coordSys.y, width: params.coordSys.width, height: params.coordSys.height });
     return shape && { type: "rect", shape, style: api.style() };
   };
+  const renderItem = bars(0.7);
   const idle = lanes.map((_, i) => ({ value: [i, 0, end, 0], name: "idle", itemStyle: { color: "#e9eef4" } }));
   chart("timeline").setOption({
     animation: false,
@@ -209,6 +246,8 @@ export function renderTimeline(plan) {
     series: [
       { type: "custom", name: "idle", renderItem, encode: { x: [1, 2], y: 0 }, data: idle, silent: true, z: 1 },
       { type: "custom", name: "events", renderItem, encode: { x: [1, 2], y: 0 }, data, z: 2 },
+      // recompute: a narrow bar inside the backward it is part of (same lane, drawn over it)
+      { type: "custom", name: "recompute", renderItem: bars(0.3), encode: { x: [1, 2], y: 0 }, data: redo, z: 3 },
     ],
   }, true);
   chart("timeline").resize();
@@ -216,8 +255,10 @@ export function renderTimeline(plan) {
     + (expanded ? `${expanded} aggregated block${expanded > 1 ? "s" : ""} drawn per micro-batch. ` : "")
     + `Grey: the stream is idle (the pipeline bubble: ${fmtTime(step.bubble_s)} on the critical stage). `
     + (events.some((e) => e.wait) ? "Orange (pp lanes): the compute stream waits on the pipeline (fill, drain, sends). " : "")
-    + (events.some((e) => e.overlapped) ? "Light green: DP traffic under compute (overlapped); solid: what the step waits for (exposed). " : "")
-    + "tp, cp and ep blocks are the exposed part of each pass. " + hiddenNote(plan, events)
+    + (events.some((e) => e.overlapped) ? "Light shades: communication under compute (overlapped); solid: what the step waits for (exposed). " : "")
+    + "Per pass, tp, cp and ep are drawn exposed at its end and overlapped from its start (where inside the pass is schematic). "
+    + (redo.length ? `Orange bars inside backwards: recompute, the forward re-run (${fmtTime(recomputeOf(plan, events))} per micro-batch on stage ${plan.totals.busiest_stage}). ` : "")
+    + hiddenNote(plan, events)
     + (merged ? `Events closer than ${fmtTime(end / 1500)} on a lane are drawn as one block (${fmtInt(blocks.length)} blocks); hover shows how many. ` : "")
     + "Scroll or drag the slider to zoom.";
 }

@@ -104,9 +104,53 @@ def test_search_cli_counts_add_up():
         "space_size": 4000, "evaluated": 3100, "feasible": 900, "elapsed_s": 1.25, "layouts_per_s": 2480.0,
         "workers": 1, "pruned": {"memory": 2200, "parallel.tp": 900},
         "pruned_examples": {"memory": "stage 0 needs 90 GB", "parallel.tp": "num_kv_heads 8 is not divisible by tp 16"},
+        "pruned_reasons": {"memory": "memory", "parallel.tp": "tensor-parallel size"},
     }  # fmt: skip
-    assert search_summary(result) == [
+    assert search_summary(result, 0.05) == [
         "4,000 layouts in 1.25 s: 3,100 layouts evaluated (2,480/s on 1 process(es)), 900 ruled out before timing",
-        "        900 ruled out by parallel.tp: num_kv_heads 8 is not divisible by tp 16",
-        "900 fit, 2,200 over memory (stage 0 needs 90 GB)",
+        "        900 ruled out by the tensor-parallel size: num_kv_heads 8 is not divisible by tp 16",
+        "900 fit, 2,200 need more memory than the device has less 5.00% headroom (stage 0 needs 90 GB)",
     ]
+
+
+def test_search_cli_reasons_in_the_answers_words_and_the_default_headroom(tmp_path, capsys):
+    """Issue 25 item 8: the CLI names each pruning reason in the words the answer carries (one home:
+    app/schemas/search.py REASON_WORDS, which the page prints too), never the field's dotted name; the service's
+    5% headroom applies unless --memory-headroom says otherwise, and the summary says which."""
+    from app.schemas.search import REASON_WORDS, reason_words
+
+    body = SMALL | {"constraints": {**SMALL["constraints"], "tp": [1, 2, 8, 16]}}
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(body))
+    assert main(["search", str(path), "--workers", "1", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["pruned_reasons"] == {k: reason_words(k) for k in result["pruned"]}
+    assert set(result["pruned"]) <= set(REASON_WORDS)  # every reason this search gives has its words
+    assert "world_size" in result["pruned"]  # tp 16 on 8 GPUs
+    assert main(["search", str(path), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ruled out by the device count (tp·cp·pp does not divide it)" in out and "world_size" not in out
+    assert "less 5.00% headroom" in out
+    assert main(["search", str(path), "--workers", "1", "--memory-headroom", "0"]) == 0
+    out0 = capsys.readouterr().out
+    assert "headroom" not in out0
+    fits = [int(re.search(r"^([\d,]+) fit", t, re.M).group(1).replace(",", "")) for t in (out, out0)]
+    assert fits[0] <= fits[1]
+    assert main(["search", str(path), "--memory-headroom", "1.5"]) == 2  # the schema's range: [0, 1)
+    assert "constraints.memory_headroom" in capsys.readouterr().err
+
+
+def test_plan_table_names_the_serialised_total_as_the_page_does(tmp_path, capsys):
+    """Issue 25 item 4 in the CLI: the total it prints is one stage's own calls back to back, named so (as the
+    page's card), because the exposed communication may exceed it by the other stages' pipeline sends (5.50 s
+    exposed against 5.48 s on Llama-3 70B TP8 PP4): the two lines cannot read as contradicting each other."""
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(LLAMA70B))
+    assert main(["plan", str(path), "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    stage, serial = plan["totals"]["busiest_stage"], human_seconds(plan["totals"]["time_s"])
+    assert f"stage {stage}'s calls if serialised {serial} per iteration (not a step time, nor the other " in out
+    assert f"exposed communication {human_seconds(plan['step']['exposed_comm_s'])}" in out
+    assert "communication per iteration" not in out

@@ -314,3 +314,26 @@ def test_openapi_has_examples_and_units(api):
     assert "GB/s = 1e9" in spec["info"]["description"]
     assert spec["components"]["schemas"]["PlanRequest"]["examples"]
     assert api.get("/docs").status_code == 200
+
+
+def test_nccl_versions_are_the_library_table_and_each_plans(api):
+    """GET /v1/collectives/nccl-versions (the page's NCCL version select): exactly the versions whose tuning
+    tables are transcribed (tables.py VERSIONS), oldest first, and the default a cluster is priced with; every
+    one is accepted as cluster.nccl_version and echoed in the plan's cluster, one past the newest is a 422."""
+    from collectives.topology.library.tables import SUPPORTED_VERSIONS, VERSIONS
+
+    body = api.get("/v1/collectives/nccl-versions").json()
+    assert body["versions"] == list(SUPPORTED_VERSIONS) == list(VERSIONS) and body["default"] == body["versions"][-1]
+    small = {**LLAMA70B, "parallel": {"tp": 8, "dp": 1}, "cluster": {"preset": "dgx-h100", "num_nodes": 1}}
+    for version in (body["versions"][0], body["default"]):
+        r = api.post(
+            "/v1/plan",
+            params={"summary": "true"},
+            json={**small, "cluster": {**small["cluster"], "nccl_version": version}},
+        )
+        assert r.status_code == 200 and r.json()["cluster"]["nccl_version"] == version, r.text
+    major, minor = body["default"].split(".")
+    r = api.post(
+        "/v1/plan", json={**small, "cluster": {**small["cluster"], "nccl_version": f"{major}.{int(minor) + 1}"}}
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "nccl_version"

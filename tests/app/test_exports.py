@@ -632,3 +632,32 @@ def test_cli_refuses_a_control_character_and_quotes_the_rest(tmp_path, capsys):
         path.write_text(json.dumps({**SMALL, "cluster": {**SMALL["cluster"], "name": "$(canary) `canary`"}}))
         assert main(["plan", str(path), "--format", "nccl-tests", "--launcher", launcher]) == 0
         assert_only_launcher_ran(tmp_path, capsys.readouterr().out, launcher)
+
+
+def test_trace_carries_recompute_and_the_hidden_traffic():
+    """Issue 25: the Perfetto trace is the page's data. With full recompute and TP comm overlap, each stage has a
+    recompute track whose slices add up to the timeline's, and TP slices named '(overlapped)' with
+    args.overlapped beside the exposed ones; FSDP2's prefetched per-unit traffic likewise on dp. Every track
+    still opens (slices nested or disjoint)."""
+    cases = (
+        {**LLAMA70B, "workload": {**LLAMA70B["workload"], "activation_recompute": "full"},
+         "options": {"overlap": {"tp_comm_overlap": True}}},
+        {**LLAMA70B, "model": {"preset": "llama3-8b"},
+         "workload": {"micro_batch_size": 1, "global_batch_size": 64, "activation_recompute": "selective"},
+         "parallel": {"tp": 1, "dp": 8, "zero_stage": 3, "framework": "torch"},
+         "cluster": {"preset": "dgx-h100", "num_nodes": 1}},
+    )  # fmt: skip
+    for request_, hidden in zip(cases, ("tp", "dp"), strict=True):
+        plan = typed(request_)
+        tracks = check_trace(json.loads(export_text(plan, "trace")))
+        slices = [ev for events in tracks.values() for ev in events]
+        for stage in range(plan.num_stages):
+            drawn = sum(ev["dur"] for ev in slices if ev["pid"] == stage and ev["cat"] == "recompute")
+            want = sum(
+                e["end_s"] - e["start_s"]
+                for e in plan.step.timeline
+                if e["stage"] == stage and e["stream"] == "recompute"
+            )
+            assert drawn > 0 and drawn == pytest.approx(want * 1e6, rel=1e-9)
+        over = [ev for ev in slices if ev["cat"] == hidden and ev["name"].endswith(" (overlapped)")]
+        assert over and all(ev["args"]["overlapped"] and ev["args"]["calls"] for ev in over)

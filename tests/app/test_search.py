@@ -87,3 +87,36 @@ def test_cli_search_prints_the_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "layouts evaluated" in out and "megatron" in out
     assert main(["search", str(tmp_path / "missing.json")]) == 2
+
+
+def test_memory_headroom_defaults_to_five_percent_and_reasons_come_in_words():
+    """Issue 25 item 8: a search that leaves memory_headroom out keeps 5% of each device free (the schema's
+    default, stated in the OpenAPI description): the same answer as 0.05 given, and 3 layouts between 95% and
+    100% of capacity that 0 admits are over memory. Each pruning reason comes with its words."""
+    body = {
+        "model": {"preset": "llama3-8b", "seq_length": 8192},
+        "workload": {"kind": "training", "global_batch_size": 16},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "constraints": {"framework": "megatron", "activation_recompute": "none", "tp": [1, 2], "pp": [1],
+                        "zero_stage": [1]},
+        "top_k": 100,
+    }  # fmt: skip
+    answers = {}
+    for headroom in (None, 0.05, 0.0):
+        constraints = body["constraints"] | ({} if headroom is None else {"memory_headroom": headroom})
+        r = client.post("/v1/search", json=body | {"constraints": constraints})
+        assert r.status_code == 200, r.text
+        answers[headroom] = r.json()
+    unset, five, zero = answers[None], answers[0.05], answers[0.0]
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("elapsed_s", "layouts_per_s")}  # noqa: E731
+    assert strip(unset) == strip(five)
+    assert (unset["feasible"], zero["feasible"]) == (18, 21) and unset["evaluated"] == zero["evaluated"] == 38
+    peak = lambda hit: max(s["peak_bytes"] for s in hit["memory"]["per_stage"]) / hit["memory"]["capacity_bytes"]  # noqa: E731
+    assert max(map(peak, unset["results"])) <= 0.95 < max(map(peak, zero["results"])) <= 1
+    assert unset["pruned_reasons"] == {"memory": "memory"}
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    field = schemas["ConstraintsIn"]["properties"]["memory_headroom"]
+    assert field["default"] == 0.05 and "default 0.05 (5%)" in field["description"]
+    bad = client.post("/v1/search", json=body | {"constraints": {"tp": 3}})
+    words = bad.json()["pruned_reasons"]
+    assert words and all("." not in w and "_" not in w for w in words.values()), words

@@ -17,6 +17,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from app.schemas.search import reason_words
+
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -274,6 +276,7 @@ def stub_search(page, results=SEARCH_RESULTS, seen=None):
                 "memory": "stage 0 needs 90 GB",
                 "parallel.tp": "num_kv_heads 8 is not divisible by tp 16",
             },
+            "pruned_reasons": {k: reason_words(k) for k in ("memory", "parallel.tp")},  # the server's words
             "results": results,
         },
     ]
@@ -491,14 +494,17 @@ def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
     step_before = page.evaluate("window.commplan.state.plan.step.time_s")
     page.click("#calib-use")
     # since the nccl merge (09685a3: the log's NCCL 2.21.5 is priced with its own 2.21 tables) POST /v1/calibrate
-    # also keeps the second bandwidth stage (median error 3.5% -> 1.1%): efficiency.nic 0.996 beside
-    # latency_scale.inter_node 1.54, in the server's order; before it, only the latency scale was kept
+    # also keeps the second bandwidth stage; since nccl2's merge (10880a0: the Simple pipeline fill) it keeps the
+    # per-hop network latency too (median error 27.3% -> 2.9%): efficiency.nic 1.005, latency_scale.inter_node
+    # 1.54 and network_latency_s.ib 1.23 ns, in the server's order (checked against POST /v1/calibrate); the card
+    # writes seconds as every time on the page ("1.23 ns", it said "0.00123 µs")
     active = page.locator("#calib-active")
-    expect(active).to_contain_text("calibrated constants: efficiency.nic 0.99")
-    expect(active).to_contain_text("latency_scale.inter_node 1.5")
+    expect(active).to_contain_text("calibrated constants: efficiency.nic 1.01")
+    expect(active).to_contain_text("latency_scale.inter_node 1.54, network_latency_s.ib 1.23 ns")
     expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
     calibration = page.evaluate("window.commplan.state.request.cluster.calibration")
-    assert set(calibration) == {"efficiency", "latency_scale"} and set(calibration["efficiency"]) == {"nic"}
+    assert set(calibration) == {"efficiency", "latency_scale", "network_latency_s"}
+    assert set(calibration["efficiency"]) == {"nic"} and set(calibration["network_latency_s"]) == {"ib"}
     assert page.evaluate("window.commplan.state.plan.step.time_s") != step_before  # priced with the fit
     page.reload()
     expect(page.locator("#calib-active")).to_contain_text("calibrated constants", timeout=20_000)
@@ -797,6 +803,12 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     # a 5% memory headroom by default, stated on the control
     assert body["constraints"]["memory_headroom"] == 0.05
     expect(page.locator("label[for=search-headroom]")).to_contain_text("default 5")
+    # 0 is sent as 0 (the server's default would be 5%), and the status says no headroom
+    page.fill("#search-headroom", "0")
+    page.click("#search-run")
+    expect(page.locator("#search-status")).to_contain_text("need more memory than the device has.", timeout=10_000)
+    assert sent[-1]["constraints"]["memory_headroom"] == 0
+    page.fill("#search-headroom", "5")
     front = page.evaluate("window.commplan.state.charts['search-chart'].getOption().series[1].data")
     assert front == [[38 * 10**9, 10.5], [52 * 10**9, 9.4], [71 * 10**9, 9.1]]  # #3 is dominated
     assert page.locator("#search-table tbody tr").nth(2).locator(".tag").count() == 0
@@ -1112,12 +1124,16 @@ NO_CONTROL = {
     "options.device_map": "a permutation of every rank: a URL or the API",
     "options.links_per_call": "the page asks for 24 to colour the topology",
     "options.timeline": "the page draws the timeline",
+    "cluster.calibration": "the Calibrate card fits and sets it (its efficiency, latency_scale, network_latency_s)",
+    "cluster.gpu.peak_tflops": "a dict per dtype: bf16 and fp8 have controls (peak_tflops.bf16, .fp8); others: the API",
 }
 
 
 def test_every_request_field_has_a_control(page):
-    """Each field of the workload, parallel, options and overlap blocks (read from the server's OpenAPI) is a
-    control of the form, or is listed above with its reason."""
+    """Each field of the workload, parallel, options and overlap blocks and of the cluster block with its
+    intra, network, GPU and NCCL environment blocks (read from the server's OpenAPI) is a control of the form,
+    or is listed above with its reason. The NCCL version is a select of exactly the versions the server
+    prices (GET /v1/collectives/nccl-versions, from the library's VERSIONS table)."""
     open_page(page)
     schemas = httpx.get(page.base + "/openapi.json").json()["components"]["schemas"]
     blocks = {
@@ -1125,13 +1141,25 @@ def test_every_request_field_has_a_control(page):
         "parallel": "ParallelIn",
         "options": "OptionsIn",
         "options.overlap": "OverlapIn",
+        "cluster": "ClusterIn",
+        "cluster.intra": "IntraIn",
+        "cluster.network": "NetworkIn",
+        "cluster.gpu": "GPUIn",
+        "cluster.nccl_env": "NcclEnvIn",
     }
-    fields = {f"{b}.{k}" for b, name in blocks.items() for k in schemas[name]["properties"]} - {"options.overlap"}
+    fields = {f"{b}.{k}" for b, name in blocks.items() for k in schemas[name]["properties"]} - set(blocks)
     controls = set(page.evaluate("Object.keys(window.commplan.fields)"))
     missing = sorted(fields - controls - set(NO_CONTROL))
     assert not missing, missing
     for path in ("cluster.nccl_version", "cluster.devices_per_node", "options.nccl_algo", "options.nccl_proto"):
         assert path in controls, path
+    for path in NO_CONTROL:  # a stated reason is for a field that exists
+        block, _, name = path.rpartition(".")
+        assert name in schemas[blocks[block]]["properties"], path
+    from collectives.topology.library.tables import SUPPORTED_VERSIONS
+
+    offered = page.eval_on_selector_all("#f-nccl-version option", "os => os.map((o) => o.value)")
+    assert offered == ["", *SUPPORTED_VERSIONS], offered
 
 
 @VIEWPORTS
@@ -1146,7 +1174,7 @@ def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, brows
     assert overflow(page) <= 0
     page.select_option("#f-overlap-tp-comm-overlap", "true")
     page.select_option("#f-overlap-overlap-grad-reduce", "true")
-    page.fill("#f-nccl-version", "2.29")
+    page.select_option("#f-nccl-version", "2.29")
     page.fill("#f-nccl-proto", "Simple")
     expect(page.locator("#status")).to_contain_text("512 devices", timeout=20_000)
     expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
@@ -1185,12 +1213,42 @@ def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, brows
     fresh.close()
 
 
-def test_a_bad_control_is_marked_and_named(page):
+def test_cluster_controls_reach_the_request_and_the_plan(page):
+    """Issue 25 item 5: the cluster's other fields have controls, each naming the value the plan's own cluster
+    block holds (the preset's) until set; set ones reach the request, the plan's cluster and the URL."""
     open_page(page)
     page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
-    page.fill("#f-nccl-version", "1.0")
+    expect(page.locator("#f-intra-latency-s")).to_have_attribute("placeholder", "default: 700 ns")
+    expect(page.locator("#f-pcie-bandwidth-GBps")).to_have_attribute("placeholder", "default: 64.0 GB/s")
+    expect(page.locator("#f-network-kind option").first).to_have_text("default (ib)")
+    expect(page.locator("#f-nccl-version option").first).to_have_text("default (2.30)")
+    expect(page.locator("#f-gpu-sms")).to_have_attribute("placeholder", "default: 132")
+    page.fill("#f-gpu-power-limit-w", "500")
+    page.select_option("#f-nccl-env-NCCL-NVLS-ENABLE", "0")
+    page.fill("#f-network-switch-latency-s", "0.0000005")
+    page.select_option("#f-network-kind", "roce")
+    page.locator("#f-network-kind").dispatch_event("change")
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    expect(page.locator("#form-errors")).to_be_hidden()
+    cluster = page.evaluate("window.commplan.state.request.cluster")
+    assert cluster["gpu"] == {"power_limit_w": 500} and cluster["nccl_env"] == {"NCCL_NVLS_ENABLE": 0}
+    assert cluster["network"]["switch_latency_s"] == 5e-7 and cluster["network"]["kind"] == "roce"
+    planned = page.evaluate("window.commplan.state.plan.cluster")
+    assert planned["gpu"]["power_limit_w"] == 500 and planned["nccl_env"]["NCCL_NVLS_ENABLE"] == 0
+    assert planned["network"]["kind"] == "roce" and planned["network"]["switch_latency_s"] == 5e-7
+    assert overflow(page) <= 0
+
+
+def test_a_bad_control_is_marked_and_named(page):
+    # a version the select does not offer, from a link, is kept as given so the server names it
+    page.goto(page.base + "/" + url_state({**LLAMA, "cluster": {**LLAMA["cluster"], "nccl_version": "1.0"}}))
     expect(page.locator("#form-errors")).to_contain_text("cluster.nccl_version", timeout=20_000)
     expect(page.locator("#f-nccl-version")).to_have_attribute("aria-invalid", "true")
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.fill("#f-gpu-power-limit-w", "50")  # below the H100's 200 W
+    page.select_option("#f-nccl-version", "2.30")
+    expect(page.locator("#form-errors")).to_contain_text("cluster.gpu.power_limit_w", timeout=20_000)
+    expect(page.locator("#f-gpu-power-limit-w")).to_have_attribute("aria-invalid", "true")
 
 
 @VIEWPORTS
@@ -1286,6 +1344,60 @@ def test_timeline_per_microbatch_pp_lanes_overlap_and_zoom(make_page, viewport):
     shot_of(page, "#timeline-card", f"timeline-microbatch-{viewport['width']}")
     page.click("#timeline-all")
     expect(page.locator("#timeline-zoom-note")).to_have_text("")
+
+
+@VIEWPORTS
+def test_timeline_recompute_blocks_and_hidden_pass_traffic(make_page, viewport):
+    """Issue 25 Build, the rest of the timeline: full recompute and TP comm overlap on the 70B layout (64
+    micro-batches, aggregated by the server). Every backward of every stage holds one recompute bar inside it,
+    the bars add up to the server's recompute blocks; TP traffic is drawn in two parts, overlapped (light) and
+    exposed (solid), which add up to the server's; the note says both."""
+    page = make_page(viewport)
+    request = {
+        **LLAMA,
+        "workload": {**LLAMA["workload"], "activation_recompute": "full"},
+        "options": {**LLAMA["options"], "overlap": {"tp_comm_overlap": True}},
+    }
+    open_page(page, url_state(request))
+    expect(page.locator("#timeline-note")).to_contain_text("recompute, the forward re-run")
+    plan = page.evaluate("window.commplan.state.plan")
+    m, served = plan["num_microbatches"], plan["step"]["timeline"]
+    option = page.evaluate("window.commplan.state.charts.timeline.getOption()")
+    lanes, data, redo = option["yAxis"][0]["data"], option["series"][1]["data"], option["series"][2]["data"]
+    for stage in range(4):
+        lane = lanes.index(f"s{stage} compute" if viewport is PHONE else f"stage {stage} · compute")
+        backwards = {
+            d["microbatch"]: d["value"][1:3] for d in data if d["value"][0] == lane and d["name"] == "backward"
+        }
+        bars = [d for d in redo if d["value"][0] == lane]
+        assert sorted(d["microbatch"] for d in bars) == list(range(m)) == sorted(backwards)
+        for d in bars:  # inside its own backward
+            a, b = backwards[d["microbatch"]]
+            assert a - 1e-12 <= d["value"][1] < d["value"][2] <= b + 1e-12
+        want = sum(e["end_s"] - e["start_s"] for e in served if e["stage"] == stage and e["stream"] == "recompute")
+        assert math.isclose(sum(d["value"][2] - d["value"][1] for d in bars), want, rel_tol=1e-9)
+        tp = lanes.index(f"s{stage} tp" if viewport is PHONE else f"stage {stage} · tp")
+        parts = {
+            kind: [d for d in data if d["value"][0] == tp and d["name"].endswith(f"({kind})")]
+            for kind in ("overlapped", "exposed")
+        }
+        assert parts["overlapped"], stage
+        for kind, flag in (("overlapped", True), ("exposed", False)):
+            want = sum(
+                e["end_s"] - e["start_s"]
+                for e in served
+                if e["stage"] == stage and e["stream"] == "tp" and bool(e.get("overlapped")) == flag
+            )
+            assert math.isclose(
+                sum(d["value"][2] - d["value"][1] for d in parts[kind]), want, rel_tol=1e-9, abs_tol=1e-12
+            )
+    colours = {d["itemStyle"]["color"] for d in data if d["name"].startswith("tp ")}
+    assert len(colours) >= 1 and all(
+        c != "#5b8fd0" for c in {d["itemStyle"]["color"] for d in data if d["name"].endswith("(overlapped)")}
+    )
+    expect(page.locator("#timeline-note")).to_contain_text("overlapped")
+    assert overflow(page) <= 0
+    shot_of(page, "#timeline-card", f"timeline-recompute-{viewport['width']}")
 
 
 @VIEWPORTS

@@ -1,6 +1,7 @@
 """Step time (planner/step.py): published iteration times, the breakdown's invariants, overlap flags, inference,
 per-stage prices and bad input."""
 
+import itertools
 import sys
 from pathlib import Path
 from statistics import median
@@ -255,11 +256,117 @@ def test_timeline_draws_the_exposed_pass_communication():
     plan = plan_405b()
     m = plan.num_microbatches
     for st in plan.step.stages:
-        drawn = sum(
-            e["end_s"] - e["start_s"] for e in plan.step.timeline if e["stage"] == st.stage and e["stream"] == "tp"
-        )
+        tp = [e for e in plan.step.timeline if e["stage"] == st.stage and e["stream"] == "tp"]
+        drawn = sum(e["end_s"] - e["start_s"] for e in tp)
         assert drawn == pytest.approx(m * (st.fwd_comm_s + st.bwd_comm_s), rel=1e-9)
         assert st.fwd_comm_s > 0  # TP collectives are exposed by default (tp_comm_overlap off)
+        assert not any(e.get("overlapped") for e in tp)  # nothing hides them
+
+
+def _70b(recompute="none", overlap=None, gbs=64, **workload):
+    """Llama-3 70B TP8 SP PP4 DP2 on 8 DGX H100 nodes: 32 micro-batches, every block drawn one by one."""
+    return build_plan(
+        model_preset("llama3-70b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=gbs, activation_recompute=recompute, **workload),
+        ParallelSpec(tp=8, pp=4, dp=2, zero_stage=1, sequence_parallel=True),
+        cluster_preset("dgx-h100", 8),
+        Options(overlap=overlap or Overlap()),
+    )
+
+
+def _spans(plan, stage, stream, overlapped=None):
+    return [
+        (e["start_s"], e["end_s"])
+        for e in plan.step.timeline
+        if e["stage"] == stage
+        and e["stream"] == stream
+        and (overlapped is None or bool(e.get("overlapped")) == overlapped)
+    ]
+
+
+def _inside(span, blocks):
+    return any(a - 1e-12 <= span[0] and span[1] <= b + 1e-12 for a, b in blocks)
+
+
+@pytest.mark.parametrize("gbs", [64, 1024], ids=["every-block", "aggregated"])
+def test_recompute_blocks_are_the_backwards_rerun_of_the_forward(gbs):
+    """Issue 25 Build: the timeline's recompute blocks. Full recompute re-runs each layer's forward, so on a
+    stage without the LM head the recompute of one micro-batch is its forward's compute exactly, and the
+    backward is longer than without recompute by exactly that; selective (core attention) by its own share.
+    The recompute blocks sit inside the stage's backward (or aggregated 1F1B) blocks and add up to
+    micro-batches x recompute_s (aggregated blocks hold their micro-batches' sum)."""
+    none, full, sel = (_70b(rc, gbs=gbs) for rc in ("none", "full", "selective"))
+    m = full.num_microbatches
+    for stage in range(4):
+        base, f, s = (p.step.stages[stage].compute for p in (none, full, sel))
+        assert base.recompute_s == 0 and not _spans(none, stage, "recompute")
+        assert f.backward.total_s - base.backward.total_s == pytest.approx(f.recompute_s, rel=1e-12)
+        assert s.backward.total_s - base.backward.total_s == pytest.approx(s.recompute_s, rel=1e-12)
+        assert 0 < s.recompute_s < f.recompute_s < f.backward.total_s
+        if stage < 3:  # no LM head: the whole forward re-runs
+            assert f.recompute_s == pytest.approx(f.forward.total_s, rel=1e-12)
+        for plan, c in ((full, f), (sel, s)):
+            spans = _spans(plan, stage, "recompute")
+            assert sum(b - a for a, b in spans) == pytest.approx(m * c.recompute_s, rel=1e-9)
+            passes = [
+                (e["start_s"], e["end_s"])
+                for e in plan.step.timeline
+                if e["stage"] == stage and e["stream"] == "compute" and e["name"] in ("backward", "1f1b")
+            ]
+            assert spans and all(_inside(sp, passes) for sp in spans)
+    assert full.step.time_s > sel.step.time_s > none.step.time_s
+
+
+def _disjoint(spans):
+    spans = sorted(spans)
+    return all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(spans))
+
+
+@pytest.mark.parametrize("gbs", [64, 1024], ids=["every-block", "aggregated"])
+def test_hidden_pass_communication_is_drawn_apart_from_the_exposed(gbs):
+    """Issue 25 Build: TP/CP/EP lanes with overlapped and exposed parts told apart. With tp_comm_overlap the TP
+    calls hide behind the GEMMs: the drawn overlapped TP plus the drawn exposed TP of a stage is the stage's TP
+    calls serialised (stream_totals: m x per micro-batch), the overlapped pieces sit inside the stage's compute
+    blocks, and no two pieces of one lane overlap (the trace's tracks stay nested or disjoint)."""
+    from planner.step import stream_totals
+
+    plan = _70b(overlap=Overlap(tp_comm_overlap=True), gbs=gbs)
+    off = _70b(gbs=gbs)
+    totals = stream_totals(plan.calls, plan.num_microbatches, 1, 4).time
+    for st in plan.step.stages:
+        i = st.stage
+        calls = totals["tp.forward"][i] + totals["tp.backward"][i]
+        hidden, exposed = _spans(plan, i, "tp", True), _spans(plan, i, "tp", False)
+        assert hidden and sum(b - a for a, b in hidden) + sum(b - a for a, b in exposed) == pytest.approx(calls)
+        blocks = [
+            (e["start_s"], e["end_s"]) for e in plan.step.timeline if e["stage"] == i and e["stream"] == "compute"
+        ]
+        assert all(_inside(sp, blocks) for sp in hidden)
+        assert _disjoint(hidden + exposed)
+        # without the overlap all of it is exposed, none hidden
+        assert not _spans(off, i, "tp", True)
+        assert sum(b - a for a, b in _spans(off, i, "tp")) == pytest.approx(calls)
+    assert plan.step.time_s < off.step.time_s
+
+
+def test_cp_ring_exchanges_hidden_behind_attention_are_drawn_overlapped():
+    """The CP ring's KV exchanges hide behind the attention blocks by default (cp_ring_overlap): what hides is
+    drawn overlapped on the cp lane, what does not is exposed, and the two add up to the ring's calls."""
+    from planner.step import stream_totals
+
+    plan = build_plan(
+        model_preset("llama3-70b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=64, seq_length=32768),
+        ParallelSpec(tp=8, cp=4, pp=2, dp=1, zero_stage=1, sequence_parallel=True),
+        cluster_preset("dgx-h100", 8),
+    )
+    totals = stream_totals(plan.calls, plan.num_microbatches, 1, 2).time
+    for st in plan.step.stages:
+        calls = sum(totals.get(f"cp.ring.{phase}", [0, 0])[st.stage] for phase in ("forward", "backward"))
+        hidden, exposed = _spans(plan, st.stage, "cp", True), _spans(plan, st.stage, "cp", False)
+        assert hidden and calls > 0
+        assert sum(b - a for a, b in hidden + exposed) == pytest.approx(calls)
+        assert _disjoint(hidden + exposed)
 
 
 def test_a_large_bubble_is_a_warning():
