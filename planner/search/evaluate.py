@@ -25,7 +25,7 @@ from .._errors import SpecError
 from ..layout import RankLayout
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _fits_workload
-from ..plan import Options, price_classes
+from ..plan import Options, price_classes, priced_cluster
 from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer, shared_curves
@@ -187,11 +187,22 @@ class ShapeEvaluator:
         if key not in self._curves:
             rows = []
             for i, call in enumerate(tpl.calls):
+                pricer = self._pricer_for(call)  # DeepEP's RDMA leg: on the NICs (plan.priced_cluster)
                 for members in self._stage_classes(call):
                     placement = self.layout.placement(call.group, members)
-                    rows.append((i, members, self.pricer.curve(call.op, placement)))
+                    rows.append((i, members, pricer.curve(call.op, placement)))
             self._curves[key] = (tpl, rows)  # holding tpl keeps its id from being reused
         return self._curves[key][1]
+
+    def _pricer_for(self, call) -> Pricer:
+        """The shape's pricer, or one on the cluster as a kernel of fewer NVLink peers sees it (plan.priced_cluster)."""
+        cluster = priced_cluster(call, self.cluster)
+        if cluster is self.cluster:
+            return self.pricer
+        views = self.__dict__.setdefault("_view_pricers", {})
+        if cluster.spec not in views:
+            views[cluster.spec] = Pricer(cluster, self.problem.options, shared_curves(cluster, self.problem.options))
+        return views[cluster.spec]
 
     def _stage_classes(self, call) -> list[tuple[int, ...]]:
         """planner.plan.price_classes, memoised per shape on what it reads of the call."""
