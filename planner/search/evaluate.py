@@ -168,7 +168,7 @@ class ShapeEvaluator:
         key = (
             act, variant.virtual_pipeline_stages, variant.pipeline_schedule, variant.framework,
             variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
-            variant.ep_dispatch,
+            variant.ep_dispatch, variant.last_stage_layers, variant.pipeline_layout,
         )  # fmt: skip
         if key not in self._templates:
             par, model = variant.parallel(), self.problem.model
@@ -405,6 +405,8 @@ def sort_key(layout: Layout) -> tuple:
         p.pp, p.tp, p.cp, p.ep, p.etp, p.virtual_pipeline_stages, p.pipeline_schedule, p.zero_stage,
         p.sequence_parallel, p.framework, layout.micro_batch_size, layout.activation_recompute,
         p.ep_dispatch, p.first_stage_layers or 0, layout.recompute_method or "", layout.recompute_num_layers or 0,
+        p.last_stage_layers or 0, str(p.pipeline_layout or ""), layout.recompute_modules or (),
+        layout.selective_ac_option or "", layout.cpu_offloading_num_layers,
     )  # fmt: skip
 
 
