@@ -270,12 +270,15 @@ class ShapeEvaluator:
                 out.pruned.add(err.field, len(bs) * len(recomputes), err.rule)
                 continue
             grid, par = [], self.parallel(index)
+            rules = [space.recompute_rule(par, rc) for rc in recomputes]  # opt-in recompute choices' own rules
             for b in bs:
                 err = batch_rule(space, variant, b, par)
                 if err is not None:
                     out.pruned.add(err.field, len(recomputes), err.rule)
                 else:
-                    grid += [(b, rc) for rc in recomputes]
+                    grid += [(b, rc) for rc, rule in zip(recomputes, rules, strict=True) if rule is None]
+                    for rule in filter(None, rules):
+                        out.pruned.add(rule.field, 1, rule.rule)
             if not grid:
                 continue
             grid = tuple(grid)

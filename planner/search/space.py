@@ -52,11 +52,12 @@ from ..parallel import (
     SCHEDULES,
     V_SCHEDULES,
     ParallelSpec,
+    _fits_workload,
     parse_layout,
     validate_parallel,
 )
 from ..rules.deepep import BACKENDS, ep_per_node
-from ..workload import RECOMPUTE, RECOMPUTE_METHODS, RECOMPUTE_MODULES, WorkloadSpec
+from ..workload import RECOMPUTE, RECOMPUTE_METHODS, RECOMPUTE_MODULES, WorkloadSpec, validate_workload
 
 DIMENSIONS = (
     "tp",
@@ -583,6 +584,25 @@ class Space:
             dp = self.devices // (tp * cp * pp) if divides else 1
             total += self._inner(tp, pp, dp) * len(self.eps) * len(self.expert_tps(tp))
         return total
+
+    def recompute_rule(self, par: ParallelSpec, choice: str | Recompute) -> SpecError | None:
+        """The rule /v1/plan would refuse an opt-in recompute choice (``Recompute.options``) on a valid layout
+        with (offload with pp > 1, torch's option under Megatron, a module the model lacks), or None: the
+        workload's and the layout's own checks (workload.validate_workload, parallel._fits_workload), memoised
+        per (choice, framework, pp)."""
+        if isinstance(choice, str) or not choice.options():
+            return None
+        memo = self.__dict__.setdefault("_recompute_rules", {})
+        key = (choice, par.framework, par.pp)
+        if key not in memo:
+            work = replace(self.work, **recompute_fields(choice))
+            try:
+                validate_workload(work)
+                _fits_workload(par, self.model, work)
+                memo[key] = None
+            except SpecError as err:
+                memo[key] = err
+        return memo[key]
 
     def check(self, variant: Variant, micro_batch_size: int) -> SpecError | None:
         """The validity rule /v1/plan would reject this layout with, or None (the same function)."""
