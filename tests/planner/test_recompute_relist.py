@@ -141,3 +141,29 @@ def test_shared_experts_recompute_refuses_the_shared_expert_overlap():
     assert err.value.field == "options.overlap.moe_shared_expert_overlap"
     assert "shared_experts recompute" in err.value.rule
     Overlap(moe_shared_expert_overlap=True).resolved(ctx_of("qwen2-57b-a14b", QWEN, recompute_modules=("moe",)))
+
+
+def test_fp8_current_scaling_amax_reruns_with_the_modules():
+    """Tensorwise (current) scaling under SP all-reduces each column-parallel input's amax over TP (rules/fp8.py);
+    a selectively re-run module quantizes its inputs again under te_checkpoint: ``mlp`` one fc1 per dense layer
+    (8 x 8 = 64), ``shared_experts`` one shared fc1 per MoE layer (7 x 8 = 56), ``core_attn`` none."""
+
+    def amax(model, par, **work):
+        found = named(ctx_of(model, par, fp8_recipe="tensorwise", **work), "fp8.tp_amax.recompute")
+        return sum(c.calls_per_iteration for c in found)
+
+    assert amax("llama3-8b", SP, recompute_modules=("mlp",)) == 64
+    assert amax("llama3-8b", SP, recompute_modules=("core_attn",)) == 0
+    assert amax("qwen2-57b-a14b", QWEN, recompute_modules=("shared_experts",)) == 56
+    assert amax("qwen2-57b-a14b", QWEN, recompute_modules=("moe", "shared_experts")) == 112
+
+
+def test_mla_up_proj_reruns_its_two_fp8_amaxes():
+    """``mla_up_proj``: MLA's q and kv up-projections re-run (multi_latent_attention.py qkv_up_checkpoint),
+    each re-quantizing its gathered input: 2 amax all-reduces per layer and micro-batch, DeepSeek-V3 at pp 4
+    (16 layers on stage 0, 15 on stages 1-2, 15 and the MTP module's layer on stage 3, counted as the forward
+    amax rule counts them) with m = 8: 2 x 16 x 8 = 256 and 2 x 15 x 8 = 240."""
+    par = ParallelSpec(tp=2, pp=4, dp=8, ep=16, sequence_parallel=True, first_stage_layers=16)
+    ctx = ctx_of("deepseek-v3", par, fp8_recipe="tensorwise", recompute_modules=("mla_up_proj",))
+    again = {c.stages: c.calls_per_iteration for c in named(ctx, "fp8.tp_amax.recompute")}
+    assert again == {(0, 3): 256, (1, 2): 240}
