@@ -154,3 +154,13 @@ def test_a_search_returns_the_new_fields():
         work = r.layout.workload(problem.work)
         plan = build_plan(problem.model, work, r.layout.parallel, problem.cluster)
         assert r.plan.step.time_s == pytest.approx(plan.step.time_s, rel=1e-9)
+
+
+def test_screen_equals_build_plan_for_deepep_on_an_nvl72_rack():
+    """DeepEP's RDMA leg inside one NVLink domain is priced on the NICs (plan.priced_cluster) by the search as by
+    build_plan: Qwen3-30B-A3B cut to 4 layers, EP 16 on 64 GPUs of a GB200 NVL72 rack, pp 2."""
+    rack = replace(cluster_preset("gb200-nvl72", 1), devices_per_node=64, nics_per_node=64)
+    model = replace(MODEL_PRESETS["qwen3-30b-a3b"], seq_length=2048, num_layers=4)
+    shape = Shape(1, 1, 2, 32, 16, 1)
+    cases = [(Variant(shape, 1, "1f1b", 1, False, "megatron", None, d), 1, "none") for d in ("deepep", "hybridep")]
+    _screen_vs_plan(model, rack, WorkloadSpec(global_batch_size=64), shape, cases)
