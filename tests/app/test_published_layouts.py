@@ -8,15 +8,15 @@ exactly as published, is accepted with sane values.
   embedding and the loss each a chunk: "E|(t|)*126,L", examples/llama3-405b-meta.json), and context
   parallelism by all-gathering K and V (``cp_comm: all_gather``). The paper states no recompute setting; the
   rows recompute the MLP (Megatron --recompute-modules mlp) so that the activations fit in 80 GB, as the page's
-  405B scenario does. MFU is held to within 8 points of the published value: 41.9% / 38.6% / 45.7% here against
-  43% / 41% / 38%; the long-context row is 7.7 points above (docs/step-time.md has the step-time bias).
+  405B scenario does. MFU is held to within 8 points of the published value: 41.9% / 38.6% / 45.8% here against
+  43% / 41% / 38%; the long-context row is 7.8 points above (docs/step-time.md has the step-time bias).
 - DeepSeek-V3 Technical Report (2024) §3.2: 2,048 H800, PP16 with DualPipe, EP64 over 8 nodes, ZeRO-1 DP, no TP;
   61 layers with one MTP module, MLA, FP8 blockwise training (§3.3: 1x128 activation tiles, 128x128 weight
   blocks, FP8 dispatch), node-limited routing to 4 nodes, the recompute of every RMSNorm and MLA up-projection
   (§3.2.3: ``recompute_modules: [layernorm, mla_up_proj]``), 4,096-token sequences, batch 15,360. The chunks
   follow Megatron-Core's DeepSeek-V3 recipe layout ``Et*3|(tt|)*29,m|L`` (PP16 x 2 chunks; the report gives no
   layout). The report gives no MFU; its Table 1 gives 2,664K H800 GPU hours for 14.8T pre-training tokens:
-  14.8e12 / (2.664e6 x 3600) = 1,543 tokens/s per GPU, held here to within 0.75-1.5x (2,051 here). Its memory is
+  14.8e12 / (2.664e6 x 3600) = 1,543 tokens/s per GPU, held here to within 0.75-1.5x (1,969 here). Its memory is
   reported honestly: 109 GB of a 85.5 GB H800 on the busiest stage (the report's FP8 activation caching, §3.3.2,
   is not modelled), so the plan warns that it does not fit.
 """
