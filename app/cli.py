@@ -27,7 +27,14 @@ def main(argv: list[str] | None = None) -> int:
         "--stage", type=int, default=0, help="simai, aicb, chakra: the pipeline stage whose rank to write"
     )
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
-    find = sub.add_parser("search", help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)")
+    from .search_cli import constraints_help
+
+    find = sub.add_parser(
+        "search",
+        help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)",
+        epilog=constraints_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
     find.add_argument("--format", choices=("table", "json"), default="table")
     find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")

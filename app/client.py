@@ -58,7 +58,8 @@ class CommplanError(Exception):
 # lines; the records are frozen dataclasses made from these rows. A record's fields are the contract's (a subset
 # of the response schema's: tests/app/test_client.py checks every one against the server's OpenAPI document);
 # ``raw`` keeps the whole JSON object, fields added later included. A default ``[]`` is a fresh list per value.
-# SearchHit.recompute_method / recompute_num_layers: where the search chose Megatron's --recompute-method;
+# SearchHit.recompute_method / recompute_num_layers: where the search chose Megatron's --recompute-method (and
+# recompute_modules, selective_ac_option, cpu_offloading_num_layers where it chose those);
 # ServeHit.request and ParetoPoint.request: the /v1/serve body that reproduces the deployment.
 _RECORDS = """
 Placement: span: str; nodes_per_group: int; bottleneck: str; bottleneck_link: str = ""; busbw_GBps: float = 0.0;
@@ -78,7 +79,9 @@ Memory: capacity_bytes: int; fits: bool; per_stage: list[StageMemory]
 Plan: world_size: int; num_microbatches: int; calls: list[Call]; totals: Totals; step: Step | None = None;
     memory: Memory | None = None; warnings: list[str] = []; raw
 SearchHit: parallel: JSON; micro_batch_size: int; activation_recompute: str; step: Step | None; memory: Memory | None;
-    recompute_method: str | None = None; recompute_num_layers: int | None = None
+    recompute_method: str | None = None; recompute_num_layers: int | None = None;
+    recompute_modules: list[str] | None = None; selective_ac_option: str | None = None;
+    cpu_offloading_num_layers: int | None = None
 SearchResult: evaluated: int; feasible: int; elapsed_s: float; pruned: dict[str, int]; results: list[SearchHit]; raw
 Throughput: input_tokens_per_s: float; output_tokens_per_s: float; output_tokens_per_s_per_gpu: float;
     tokens_per_s_per_user: float

@@ -81,6 +81,39 @@ def search_summary(result: dict, headroom: float = 0.0) -> list[str]:
     return lines
 
 
+def constraints_help() -> str:
+    """``commplan search --help``'s list of the request's constraints, from the schema (one home)."""
+    from .schemas.search import ConstraintsIn
+
+    lines = ["constraints (the request's \"constraints\" block; a value or a list of allowed values):"]
+    for name, info in ConstraintsIn.model_fields.items():
+        lines.append(f"  {name:<26} {info.description or 'fixed or allowed values; omitted: every valid value'}")
+    return "\n".join(lines)
+
+
+def recompute_cell(r: dict) -> str:
+    """A result's recompute as the table shows it: the granularity, with what the search chose beyond it."""
+    cell = r["activation_recompute"]
+    if r.get("recompute_modules"):
+        cell += "[" + ",".join(r["recompute_modules"]) + "]"
+    if r.get("selective_ac_option"):
+        cell += f"[ac {r['selective_ac_option']}]"
+    if r.get("cpu_offloading_num_layers"):
+        cell += f"+offload {r['cpu_offloading_num_layers']}"
+    if r.get("recompute_method"):
+        cell += f"[{r['recompute_method']} {r.get('recompute_num_layers') or 1}]"
+    return cell
+
+
+def pipeline_note(p: dict) -> str:
+    """The split the search chose beyond the even one: a layout string or first/last stage layers ('' if none)."""
+    if p.get("pipeline_layout"):
+        return f"layout {p['pipeline_layout']}"
+    if p.get("first_stage_layers") or p.get("last_stage_layers"):
+        return f"first/last stage layers {p.get('first_stage_layers')}/{p.get('last_stage_layers')}"
+    return ""
+
+
 def search_command(args) -> int:
     try:
         raw = _read(args.file)
@@ -108,7 +141,7 @@ def search_command(args) -> int:
         print(line)
     print(
         f"\n{'#':>3} {'step':>9} {'tp':>3} {'cp':>3} {'pp':>3} {'v':>3} {'dp':>5} {'zero':>4} {'sp':>3} "
-        f"{'mbs':>4} {'recompute':>9} framework   peak mem"
+        f"{'mbs':>4} {'recompute':>9} framework   peak mem  pipeline split"
     )
     for i, r in enumerate(result["results"], 1):
         p, step, mem = r["parallel"], r["step"] or {}, r["memory"] or {}
@@ -117,7 +150,8 @@ def search_command(args) -> int:
         print(
             f"{i:>3} {step.get('time_s', r['communication_s']):>8.3f}s {p['tp']:>3} {p['cp']:>3} {p['pp']:>3} "
             f"{p['virtual_pipeline_stages']:>3} {p['dp']:>5} {p['zero_stage']:>4} {sp:>3} "
-            f"{r['micro_batch_size']:>4} {r['activation_recompute']:>9} {p['framework']:<10} {peak / 1e9:6.1f} GB"
+            f"{r['micro_batch_size']:>4} {recompute_cell(r):>9} {p['framework']:<10} {peak / 1e9:6.1f} GB  "
+            f"{pipeline_note(p)}".rstrip()
         )
     return 0
 

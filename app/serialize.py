@@ -37,7 +37,7 @@ LAYOUT_FIELDS = (
     "tp", "pp", "dp", "cp", "ep", "expert_tp", "zero_stage", "sequence_parallel",
     "virtual_pipeline_stages", "pipeline_schedule", "framework", "first_stage_layers", "last_stage_layers",
 )  # fmt: skip
-CHOSEN_FIELDS = ("ep_dispatch",)  # written where the search chose other than the default
+CHOSEN_FIELDS = ("ep_dispatch", "pipeline_layout")  # written where the search chose other than the default
 
 
 def plan_out(plan: Plan) -> PlanOut:
@@ -195,9 +195,13 @@ def layout_block(layout: Layout) -> dict:
         "micro_batch_size": layout.micro_batch_size,
         "activation_recompute": layout.activation_recompute,
     }
-    for name in ("recompute_method", "recompute_num_layers"):  # where the search chose them
+    for name in ("recompute_method", "recompute_num_layers", "selective_ac_option"):  # where the search chose them
         if getattr(layout, name) is not None:
             out[name] = getattr(layout, name)
+    if layout.recompute_modules is not None:
+        out["recompute_modules"] = list(layout.recompute_modules)
+    if layout.cpu_offloading_num_layers:
+        out["cpu_offloading_num_layers"] = layout.cpu_offloading_num_layers
     return out
 
 

@@ -98,6 +98,41 @@ PROBLEMS = [
         },
         10,
     ),
+    # issue 21 (layouts3): selective module sets and explicit layout strings (80 layers over 8 virtual stages:
+    # v 2 at pp 4, v 1 at pp 8)
+    (
+        "llama3-70b recompute modules and layout strings",
+        "llama3-70b",
+        WorkloadSpec(global_batch_size=1024),
+        ("dgx-h100", 32),
+        {
+            "framework": "megatron",
+            "tp": 8,
+            "pp": [4, 8],
+            "zero_stage": 1,
+            "activation_recompute": ["selective", "full"],
+            "recompute_modules": [["core_attn"], ["core_attn", "mlp"], ["layernorm", "mlp"]],
+            "pipeline_layout": [
+                "Et*9|t*10|t*10|t*10|t*10|t*10|t*10|t*11L",
+                "Et*10|t*10|t*10|t*10|t*10|t*10|t*10|t*10L",
+            ],
+        },
+        10,
+    ),
+    # torchtitan's selective checkpointing and Megatron's CPU offload (pp 1 only: pruned elsewhere by its rule)
+    (
+        "llama3-8b torch checkpointing and offload",
+        "llama3-8b",
+        WorkloadSpec(global_batch_size=64),
+        ("dgx-h100", 1),
+        {
+            "framework": ["megatron", "torch"],
+            "zero_stage": 1,
+            "selective_ac_option": ["op", "2"],
+            "cpu_offloading_num_layers": [0, 4],
+        },
+        20,
+    ),
 ]
 WALL_CLOCK = ("elapsed_s", "layouts_per_s", "workers")
 

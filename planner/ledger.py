@@ -41,6 +41,10 @@ class Call:
     # time per kernel with both bandwidths). The step charges the longest leg (step.stream_totals); each leg's
     # own price stays on its row
     kernel: str = ""
+    # at most this many consecutive GPUs the call's kernel joins by NVLink, the rest through the NICs even where
+    # the cluster's NVLink domain is larger: DeepEP's normal kernels (NUM_MAX_NVL_PEERS = 8, their RDMA leg is
+    # IBGDA: rules/deepep.py); priced on the cluster as such a kernel sees it (plan.nvlink_view). 0: as built
+    nvlink_peers: int = 0
 
     def __post_init__(self) -> None:
         if not self.parallelism:
@@ -69,6 +73,7 @@ class Call:
             self.dtype,
             self.fixed_s,
             self.kernel,
+            self.nvlink_peers,
         )
 
 

@@ -344,6 +344,29 @@ def _pricer(cluster: Cluster, layout: RankLayout, options: Options) -> _Pricer:
     return _Pricer(_placements(cluster, layout), options, prefix)
 
 
+def nvlink_view(spec: ClusterSpec, peers: int) -> ClusterSpec | None:
+    """The cluster as a kernel that joins at most ``peers`` consecutive GPUs by NVLink sees it
+    (``Call.nvlink_peers``; DeepEP's normal kernels, rules/deepep.py): nodes of ``peers`` devices, each with
+    its share of the node's NICs, on the same network with as many devices per leaf. The devices keep their
+    numbers, so a placement means the same devices in both. None where the nodes already hold at most
+    ``peers`` devices or do not split into such nodes (then the cluster prices the call as built)."""
+    per = spec.devices_per_node
+    if not peers or per <= peers or per % peers or spec.nics_per_node % (per // peers):
+        return None
+    k = per // peers
+    network = replace(spec.network, nodes_per_leaf=spec.network.nodes_per_leaf * k)
+    return replace(
+        spec, num_nodes=spec.num_nodes * k, devices_per_node=peers, nics_per_node=spec.nics_per_node // k,
+        network=network, name=f"{spec.name} (as nodes of {peers})",
+    )  # fmt: skip
+
+
+def priced_cluster(call: Call, cluster: Cluster) -> Cluster:
+    """The cluster ``call`` is priced on: ``cluster``, or its ``nvlink_view`` for a kernel of fewer NVLink peers."""
+    view = nvlink_view(cluster.spec, call.nvlink_peers) if call.nvlink_peers else None
+    return cluster if view is None else cluster_for(view)
+
+
 def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     """One row per set of stages whose groups sit alike on the cluster (issue 9 item 5): a row merges
     stages only when their prices are equal, so a stage whose groups stay inside one NVLink domain is not
@@ -353,6 +376,9 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     stages whose shift is a whole number of units of the cluster's symmetry (``tiling_unit``) are priced
     once; without a known symmetry, stages are grouped by where their groups sit on nodes
     (``node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
+    cluster = priced_cluster(call, pricer.places.cluster)
+    if cluster is not pricer.places.cluster:  # its links are the view's (nvlink_view)
+        pricer = _pricer(cluster, pricer.places.layout, pricer.options)
     # a group across the pipeline dimension (dp.grad_norm over the whole world) is the same one group whichever
     # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks)
     if not call.group.pairs and "pp" in call.group.dims:
@@ -410,7 +436,7 @@ def _stage_classes(call: Call, places: _Placements, options: Options) -> list[tu
 def price_classes(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> list[tuple[int, ...]]:
     """The sets of ``call``'s stages the plan prices apart, each on its own placement (``_price_by_stage``):
     what the cost estimate (planner/estimate.py) charges the pricer for."""
-    return _stage_classes(call, _placements(cluster, layout), options)
+    return _stage_classes(call, _placements(priced_cluster(call, cluster), layout), options)
 
 
 def _pp_stride(layout: RankLayout, expert: bool) -> int:

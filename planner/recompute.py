@@ -112,10 +112,26 @@ class Reruns:
     dense: int = 0  # dense layers re-run whole
     moe: int = 0  # MoE layers re-run whole
     attention: int = 0  # layers whose core attention re-runs: re-run whole, or selective with core_attn
+    mlp: int = 0  # dense layers whose MLP alone re-runs (selective ``mlp``)
+    moe_block: int = 0  # MoE layers whose whole MoE block re-runs (selective ``moe``)
+    shared: int = 0  # MoE layers whose shared experts have their own checkpoint (selective ``shared_experts``)
 
     @property
     def whole(self) -> int:
         return self.dense + self.moe
+
+    @property
+    def routed(self) -> int:
+        """MoE layers whose router, token dispatch, experts and combine run inside a checkpoint: re-run whole,
+        or selective ``moe``."""
+        return self.moe + self.moe_block
+
+    @property
+    def shared_experts(self) -> int:
+        """Re-runs of shared experts in the backward, per micro-batch: once with their MoE block, once in their
+        own checkpoint; both when both are listed (the inner checkpoint's forward runs again inside the outer
+        one's re-run, and its own backward re-runs it once more)."""
+        return self.moe_block + self.shared
 
 
 def rerun_layers(ctx: Context, stage: int) -> Reruns:
@@ -123,14 +139,33 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
     full recompute re-runs every layer (uniform) or the first recompute_num_layers of each chunk (block:
     Megatron-LM d98e8a6 megatron/core/recompute.py, ``use_checkpoint = layer_idx < recompute_num_layers``
     per chunk, the other layers run without checkpoint and issue their calls once); torch's layer SAC every
-    N-th block; selective the core attention when listed (its CP exchange re-runs with it)."""
-    dense = moe = attention = 0
+    N-th block; selective the core attention when listed (its CP exchange re-runs with it).
+
+    Selective modules that wrap communication (Megatron-LM d98e8a6), each through
+    ``tensor_parallel.checkpoint`` (tensor_parallel/random.py CheckpointFunction: the forward under
+    ``torch.no_grad()``, re-run under ``torch.enable_grad()`` in the backward, collectives included):
+    - ``mlp``: a dense layer's MLP (transformer_layer.py ``recompute_mlp = True`` only ``if not
+      self.is_moe_layer``; ``_forward_mlp`` checkpoints ``self.mlp``): its fc1 and fc2 TP calls;
+    - ``moe``: the whole MoE forward (moe_layer.py ``moe_layer_recompute``: ``custom_forward`` = shared
+      experts, route, preprocess, dispatch, experts, combine): the router's aux-loss count reduction, the
+      token counts, dispatch, expert-TP and combine, and the shared experts' TP calls;
+    - ``shared_experts``: the shared experts alone (moe_layer.py ``shared_experts_compute``, only without
+      --moe-shared-expert-overlap, which transformer_config.py refuses with it): their TP calls; with ``moe``
+      too, the nested checkpoint re-runs them twice (``Reruns.shared_experts``).
+    ``moe_act`` (the experts' activation, CheckpointWithoutOutput in experts.py), ``layernorm`` and
+    ``core_attn`` wrap no TP/EP collective (core_attn: the CP exchange, counted in ``attention``)."""
+    dense = moe = attention = mlp = moe_block = shared = 0
     for (is_moe, plan), count in layer_counts(ctx, stage).items():
         if plan.full:
             moe, dense = (moe + count, dense) if is_moe else (moe, dense + count)
+        elif is_moe:
+            moe_block += count if "moe" in plan.modules else 0
+            shared += count if "shared_experts" in plan.modules else 0
+        elif "mlp" in plan.modules:
+            mlp += count
         if plan.full or "core_attn" in plan.modules:
             attention += count
-    return Reruns(dense, moe, attention)
+    return Reruns(dense, moe, attention, mlp, moe_block, shared)
 
 
 __all__ = ["LayerRecompute", "Reruns", "chunk_plans", "layer_counts", "modules_of", "rerun_layers", "working_layers"]

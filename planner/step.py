@@ -50,6 +50,7 @@ from .compute import StageCompute, check_gpu, compute_dtype, layer_forward, mode
 from .context import Context
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
+from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
 
@@ -85,6 +86,12 @@ def _resolved(self, ctx: Context) -> Overlap:
                 f"options.overlap.{name}",
                 "overlaps the EP all-to-all (alltoall or deepep dispatch); parallel.ep_dispatch is 'allgather'",
             )
+    if self.moe_shared_expert_overlap and "shared_experts" in selective_modules(ctx.work):
+        raise SpecError(
+            "options.overlap.moe_shared_expert_overlap",
+            "shared_experts recompute cannot work with --moe-shared-expert-overlap (Megatron-LM d98e8a6 "
+            "transformer_config.py; workload.recompute_modules lists shared_experts)",
+        )
     given = {name: getattr(self, name) for name in OVERLAP_DEFAULTS}
     return Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
 

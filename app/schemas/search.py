@@ -15,6 +15,11 @@ Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"]
 Dispatch = Literal["alltoall", "allgather", "deepep", "hybridep"]
 Method = Literal["uniform", "block"]
+Module = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+ModuleSet = Annotated[list[Module], Field(min_length=1, max_length=7)]
+LayoutString = Annotated[str, Field(min_length=1, max_length=4096)]
+AcOption = Annotated[str, Field(min_length=1, max_length=8)]
+Offload = Annotated[int, Field(ge=0, le=1 << 17)]
 # The service's memory headroom when a search leaves it out (issue 25 item 8): a top layout peaking at 85.0 of
 # 85.5 GB is not one to run. The library's own default (planner.search.Constraints) stays 0.
 DEFAULT_HEADROOM = 0.05
@@ -60,6 +65,29 @@ class ConstraintsIn(Strict):
     ep_dispatch: Dispatch | Annotated[list[Dispatch], Field(max_length=4)] | None = Field(
         default=None, description="MoE token dispatch; default Megatron's alltoall"
     )
+    recompute_modules: Annotated[list[ModuleSet], Field(min_length=1, max_length=16)] | ModuleSet | None = Field(
+        default=None,
+        description="selective recompute as each listed set of Megatron --recompute-modules (a list of sets; one "
+        'flat list is one set), e.g. [["core_attn"], ["core_attn", "mlp"]]',
+    )
+    selective_ac_option: AcOption | Annotated[list[AcOption], Field(min_length=1, max_length=8)] | None = Field(
+        default=None,
+        description='selective recompute as torchtitan selective_ac_option: "op" (per-op) or "N" (every N-th block)',
+    )
+    cpu_offloading_num_layers: Offload | Annotated[list[Offload], Field(min_length=1, max_length=16)] | None = Field(
+        default=None, description="no recompute with Megatron --cpu-offloading-num-layers per listed value (0: none)"
+    )
+    pipeline_layout: LayoutString | Annotated[list[LayoutString], Field(min_length=1, max_length=16)] | None = Field(
+        default=None,
+        description="only these Megatron --pipeline-model-parallel-layout strings, each at the pp dividing its "
+        "virtual stages (v = stages / pp)",
+    )
+    first_stage_layers: Degrees | None = Field(
+        default=None, description="Megatron --decoder-first-pipeline-num-layers values, in place of the even split"
+    )
+    last_stage_layers: Degrees | None = Field(
+        default=None, description="Megatron --decoder-last-pipeline-num-layers values, in place of the even split"
+    )
     micro_batch_size: Degrees | None = None
     max_dp_group: int = Field(
         default=0,
@@ -103,6 +131,9 @@ class SearchResultOut(BaseModel):
     activation_recompute: str
     recompute_method: str | None = Field(default=None, description="set where the search chose a method")
     recompute_num_layers: int | None = None
+    recompute_modules: list[str] | None = Field(default=None, description="set where the search chose a module set")
+    selective_ac_option: str | None = Field(default=None, description="set where the search chose torch's option")
+    cpu_offloading_num_layers: int | None = Field(default=None, description="set where the search chose offload")
     step: dict[str, Any] | None = Field(description="the plan's step block (CONTRACT v1.1); time_s ranks")
     memory: dict[str, Any] | None = Field(description="the plan's memory block (CONTRACT v1.1)")
     communication_s: float = Field(description="the busiest stage's communication, calls serialised")

@@ -26,9 +26,20 @@ Its "node" is the NVLink domain (deep_ep/hybrid_ep_buffer.py ``num_of_hybrid_ep_
 detected): the cluster's devices per node here, which the GB200 NVL72 preset sets to the 72-GPU domain.
 Megatron runs it in the activation dtype only (fused_a2a.py ``init_hybrid_ep_buffer``: assert not
 fp8_dispatch; a 422 here). What differs from DeepEP is kernel efficiency (TMA, fewer SMs), not bytes, with
-one exception not modelled: DeepEP's normal internode kernels take at most 8 NVLink peers
-(csrc/kernels/legacy/internode.cu, LEGACY_NUM_MAX_NVL_PEERS == 8), so on a GB200 NVL72 domain they would
-split it into RDMA ranks of 8 where HybridEP uses the whole domain; both read the cluster's node size here.
+one exception, the NVLink peer limit below.
+
+DeepEP's normal kernels see at most 8 NVLink peers (DeepEP 4e38d1d csrc/kernels/configs.cuh
+``NUM_MAX_NVL_PEERS 8``, ``NUM_MAX_RDMA_PEERS 20``; at dd758ca csrc/kernels/legacy/compiled.cuh
+``LEGACY_NUM_MAX_NVL_PEERS 8``, static-asserted in internode.cu). csrc/deep_ep.cpp Buffer::Buffer splits the
+EP group by rank: ``rdma_rank = rank / NUM_MAX_NVL_PEERS, nvl_rank = rank % NUM_MAX_NVL_PEERS``,
+``num_rdma_ranks = max(1, num_ranks / 8)``, and asserts ``num_ranks < 8 or num_ranks % 8 == 0`` and
+``num_ranks <= 8 * 20`` (normal mode). The inter-group leg is ``nvshmemi_ibgda_put_nbi_warp`` (internode.cu
+dispatch/combine): InfiniBand GPUDirect Async through the NIC, whatever links the GPUs share; buffer.py's
+``allow_mnnvl`` only stops NVSHMEM disabling multi-node NVLink, which the IBGDA puts do not use. So on a GB200
+NVL72 rack an EP group of 16-72 runs as groups of 8 with an RDMA leg over the NICs between them, where
+HybridEP uses the whole NVLink domain. ``ep_per_node`` caps DeepEP's "node" at 8 (HybridEP reads the
+cluster's), and the RDMA leg's calls carry ``Call.network`` so that the plan prices them on the NICs
+(planner/plan.py ``_price``) even where the graph joins the GPUs by NVLink.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ from ..layout import Group, RankLayout
 from ..ledger import Call
 
 SOURCE = "DeepEP normal kernels (Buffer.dispatch/combine); DeepSeek-V3 report §3.2.2"
+NUM_MAX_NVL_PEERS = 8  # DeepEP 4e38d1d csrc/kernels/configs.cuh (LEGACY_NUM_MAX_NVL_PEERS at dd758ca)
+NUM_MAX_RDMA_PEERS = 20  # DeepEP 4e38d1d csrc/kernels/configs.cuh
 # ep_dispatch -> the source its legs cite: one count (``legs``), two backends
 BACKENDS = {
     "deepep": SOURCE,
@@ -73,9 +86,29 @@ def ep_per_node(ctx: Context) -> int:
             f"EP ranks {stride} apart do not tile nodes of {per_node} devices (DeepEP)",
         )
     local = min(par.ep, per_node // stride)
+    if par.ep_dispatch == "deepep":
+        _check_deepep_ranks(par.ep)
+        local = min(local, NUM_MAX_NVL_PEERS)  # DeepEP's "node": 8 consecutive EP ranks at most
     if par.ep % local:
         raise SpecError("parallel.ep_dispatch", f"ep {par.ep} does not split into nodes of {local} EP ranks (DeepEP)")
     return local
+
+
+def _check_deepep_ranks(ep: int) -> None:
+    """DeepEP 4e38d1d csrc/deep_ep.cpp Buffer::Buffer: ``num_ranks < NUM_MAX_NVL_PEERS or num_ranks %
+    NUM_MAX_NVL_PEERS == 0`` and, in normal mode, ``num_ranks <= NUM_MAX_NVL_PEERS * NUM_MAX_RDMA_PEERS``."""
+    if ep > NUM_MAX_NVL_PEERS and ep % NUM_MAX_NVL_PEERS:
+        raise SpecError(
+            "parallel.ep_dispatch",
+            f"DeepEP's normal kernels need ep < {NUM_MAX_NVL_PEERS} or a multiple of {NUM_MAX_NVL_PEERS} "
+            f"(NUM_MAX_NVL_PEERS, csrc/deep_ep.cpp), got ep {ep}",
+        )
+    if ep > NUM_MAX_NVL_PEERS * NUM_MAX_RDMA_PEERS:
+        raise SpecError(
+            "parallel.ep_dispatch",
+            f"DeepEP's normal kernels take at most {NUM_MAX_NVL_PEERS} x {NUM_MAX_RDMA_PEERS} = "
+            f"{NUM_MAX_NVL_PEERS * NUM_MAX_RDMA_PEERS} ranks (NUM_MAX_NVL_PEERS x NUM_MAX_RDMA_PEERS), got ep {ep}",
+        )
 
 
 def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple[list[tuple], list[tuple]]:
@@ -127,6 +160,8 @@ def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) ->
                     dtype=dtype or ctx.work.activation_dtype,
                     parallelism="ep",
                     kernel=name if len(path) > 1 else "",  # two legs pipelined in one kernel (Call.kernel)
+                    # DeepEP's RDMA leg goes through the NICs between its groups of 8 (module docstring)
+                    nvlink_peers=NUM_MAX_NVL_PEERS if leg == "rdma" and ctx.par.ep_dispatch == "deepep" else 0,
                 )
             )
     return out

@@ -35,6 +35,10 @@ SOURCE = M + "megatron/core/transformer/moe/token_dispatcher.py (MoEAlltoAllToke
 TORCHTITAN = "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch (all_to_all_single of counts)"
 FP8_SCALES = "DeepSeek-V3 report §3.3: 1x128 tiles, one fp32 scale each"
 FP8_TILE = 128
+ROUTER_RECOMPUTE = (
+    "recompute: aux loss only under torch.is_grad_enabled() (router.py TopKRouter.routing), so a checkpointed "
+    "layer reduces its counts in the backward's re-run only (tensor_parallel/random.py CheckpointFunction)"
+)
 
 
 def calls(ctx: Context) -> list[Call]:
@@ -42,8 +46,8 @@ def calls(ctx: Context) -> list[Call]:
     if moe is None:
         return []
     out = []
-    # every call of a stage depends on its number of MoE layers and of those re-run whole alone
-    key = (lambda stage: (ctx.moe_layers(stage), rerun_layers(ctx, stage).moe)) if ctx.training else ctx.moe_layers
+    # every call of a stage depends on its number of MoE layers and of those whose MoE block re-runs alone
+    key = (lambda stage: (ctx.moe_layers(stage), rerun_layers(ctx, stage).routed)) if ctx.training else ctx.moe_layers
     for first, stages in stage_classes(range(ctx.par.pp), key).items():
         layers = ctx.moe_layers(first) * ctx.micro_batches
         if layers == 0:
@@ -52,9 +56,11 @@ def calls(ctx: Context) -> list[Call]:
         out += [c.on(stages) for c in _forward(ctx, layers)]
         if ctx.training:
             out += [c.on(stages) for c in _backward(ctx, layers)]
-            again = rerun_layers(ctx, first).moe * ctx.micro_batches  # MoE layers re-run whole (recompute.py)
-            if again:
-                out += [recomputed(c).on(stages) for c in _forward(ctx, again)]
+            # MoE layers re-run whole, or their MoE block (selective "moe"): recompute.rerun_layers
+            again = rerun_layers(ctx, first)
+            if again.routed:
+                what = "activation recompute" if not again.moe_block else "selective recompute (moe; moe_layer.py)"
+                out += [recomputed(c, what).on(stages) for c in _forward(ctx, again.routed * ctx.micro_batches)]
     return out
 
 
@@ -67,6 +73,11 @@ def _router(ctx: Context, stage: int) -> list[Call]:
     - DeepSeek-V3 expert bias (--moe-router-enable-expert-bias): once per iteration finalize_model_grads.py
       _update_router_expert_bias all-reduces the stacked local_tokens_per_expert of the stage's MoE layers
       (fp32) over TP x CP x DP, then nudges the biases (DeepSeek-V3 report §2.1.2).
+    - Recompute moves the first: the aux losses apply only ``if self.training and torch.is_grad_enabled()``
+      (router.py TopKRouter.routing), and a checkpoint runs its forward under ``torch.no_grad()`` and
+      again under ``torch.enable_grad()`` in the backward (tensor_parallel/random.py CheckpointFunction).
+      A MoE layer re-run whole (full recompute) or whose MoE block re-runs (selective ``moe``) therefore
+      reduces its counts once, in the backward's re-run, not in the forward (recompute.Reruns.routed).
     Other flavours (torchtitan, DeepSpeed-MoE) compute their balance losses locally: nothing is listed.
     """
     moe, par = ctx.model.moe, ctx.par
@@ -76,19 +87,21 @@ def _router(ctx: Context, stage: int) -> list[Call]:
     moe_layers = ctx.moe_layers(stage)
     if moe.load_balancing != "none" and par.tp * par.cp > 1:
         per = moe.num_experts * (ctx.b if moe.load_balancing == "seq_aux_loss" else 1)
-        out.append(
-            _ep(
-                ctx,
-                name="ep.router.tokens_per_expert",
-                op=Op.ALLREDUCE,
-                phase="forward",
-                message=per * 8,
-                count=moe_layers * ctx.micro_batches,
-                group=Group(("tp", "cp")),
-                dtype="int64",
-                source=M + "megatron/core/transformer/moe/router.py _apply_aux_loss -> moe_utils.py:269 (tp_cp_group)",
-            )
+        call = _ep(
+            ctx,
+            name="ep.router.tokens_per_expert",
+            op=Op.ALLREDUCE,
+            phase="forward",
+            message=per * 8,
+            count=moe_layers * ctx.micro_batches,
+            group=Group(("tp", "cp")),
+            dtype="int64",
+            source=M + "megatron/core/transformer/moe/router.py _apply_aux_loss -> moe_utils.py:269 (tp_cp_group)",
         )
+        rerun = rerun_layers(ctx, stage).routed * ctx.micro_batches
+        moved = replace(recomputed(call, ROUTER_RECOMPUTE), calls_per_iteration=rerun)
+        kept = replace(call, calls_per_iteration=call.calls_per_iteration - rerun)
+        out += [c for c in (kept, moved) if c.calls_per_iteration]
     if moe.expert_bias and par.tp * par.cp * par.dp > 1:
         out.append(
             _ep(

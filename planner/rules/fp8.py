@@ -21,7 +21,8 @@
   module/linear.py _customize_quantizers_float8_current_scaling and _customize_quantizers_nvfp4:
   with_amax_reduction on GEMM1_INPUT for parallel_mode "column", GRAD_OUTPUT1 for "row"). Per layer:
   forward qkv (MLA: q and kv up-projections) and fc1 (the shared expert's in MoE layers), backward proj and
-  fc2; the routed experts' grouped linears do not reduce. A full recompute issues the forward ones again.
+  fc2; the routed experts' grouped linears do not reduce. A full recompute issues the forward ones again,
+  and so do the selective modules that hold column-parallel linears (``_rerun_columns``).
 The fp8 parameter all-gather itself is in rules/data.py (``dp.params.fp8``).
 MTP modules run under their own autocast; their amax calls are not listed.
 """
@@ -38,6 +39,7 @@ from ..ledger import Call, recomputed, stage_classes
 from ..params import stage_params
 from ..recipes import quantized
 from ..recompute import chunk_plans, rerun_layers
+from ..workload import selective_modules
 
 TE = "TransformerEngine 2.x transformer_engine/pytorch/"
 AMAX_SOURCE = (
@@ -144,16 +146,27 @@ def _tp_amax(ctx: Context) -> list[Call]:
 
 
 def _rerun_columns(ctx: Context, stage: int) -> int:
-    """The forward amax reductions that the layers re-run whole issue again: each layer's plan, chunk by
+    """The forward amax reductions that re-run layers and modules issue again: each layer's plan, chunk by
     chunk (recompute.chunk_plans: every layer with uniform recompute, the first recompute_num_layers of each
-    chunk with block)."""
-    if not ctx.training or not rerun_layers(ctx, stage).whole:
+    chunk with block). Selective modules re-run their own column-parallel linears under te_checkpoint
+    (Megatron-LM d98e8a6 transformer_layer.py / moe_layer.py with fp8; recompute.rerun_layers): ``mlp`` a
+    dense layer's fc1, ``moe`` and ``shared_experts`` the shared expert's fc1 (twice with both: nested),
+    ``mla_up_proj`` MLA's q and kv up-projections (multi_latent_attention.py qkv_up_checkpoint)."""
+    if not ctx.training:
         return 0
+    again = rerun_layers(ctx, stage)
+    m = ctx.model
+    shared = again.shared_experts if m.moe and m.moe.shared_ffn else 0
+    modules = again.mlp + shared
+    if m.mla and "mla_up_proj" in selective_modules(ctx.work):
+        modules += 2 * len(ctx.stage_layers[stage])  # every layer's, selective applies to all
+    if not again.whole:
+        return modules
     plans = (
         zip(chunk.layers, plans, strict=True)
         for chunk, plans in zip(ctx.chunks[stage], chunk_plans(ctx, stage), strict=True)
     )
-    return sum(tp_amax_linears(ctx, i)[0] for pairs in plans for i, plan in pairs if plan.full)
+    return modules + sum(tp_amax_linears(ctx, i)[0] for pairs in plans for i, plan in pairs if plan.full)
 
 
 def _master_cast(ctx: Context) -> list[Call]:

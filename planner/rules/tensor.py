@@ -28,7 +28,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
-from ..recompute import rerun_layers
+from ..recompute import Reruns, rerun_layers
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -84,7 +84,25 @@ def _blocks(ctx: Context, stage: int) -> list[Call]:
         again = rerun_layers(ctx, stage)  # the layers re-run whole re-issue their forward calls (recompute.py)
         if again.whole:
             out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
+        out += _rerun_mlps(ctx, again)
     return out
+
+
+def _rerun_mlps(ctx: Context, again: Reruns) -> list[Call]:
+    """Selective recompute of the modules that hold a TP MLP (recompute.rerun_layers): ``mlp`` re-runs a
+    dense layer's fc1 and fc2, ``moe`` and ``shared_experts`` the shared experts' (each checkpoint's
+    forward runs again in the backward with its collectives): the MLP half of the forward calls."""
+    shared = again.shared_experts if ctx.model.moe and ctx.model.moe.shared_ffn else 0
+    what = {"mlp": again.mlp, "moe": again.moe_block if shared else 0, "shared_experts": again.shared if shared else 0}
+    mlps = again.mlp + shared
+    if not mlps:
+        return []
+    listed = ", ".join(name for name, n in what.items() if n)
+    return [
+        recomputed(c, f"selective recompute ({listed}; {M}transformer_layer.py _forward_mlp, moe_layer.py)")
+        for c in _forward(ctx, 0, mlps)
+        if c.calls_per_iteration
+    ]
 
 
 def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:

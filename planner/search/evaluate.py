@@ -25,7 +25,7 @@ from .._errors import SpecError
 from ..layout import RankLayout
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _fits_workload
-from ..plan import Options, price_classes
+from ..plan import Options, price_classes, priced_cluster
 from ..workload import WorkloadSpec
 from . import templates
 from .prices import Pricer, shared_curves
@@ -168,7 +168,7 @@ class ShapeEvaluator:
         key = (
             act, variant.virtual_pipeline_stages, variant.pipeline_schedule, variant.framework,
             variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
-            variant.ep_dispatch,
+            variant.ep_dispatch, variant.last_stage_layers, variant.pipeline_layout,
         )  # fmt: skip
         if key not in self._templates:
             par, model = variant.parallel(), self.problem.model
@@ -187,11 +187,22 @@ class ShapeEvaluator:
         if key not in self._curves:
             rows = []
             for i, call in enumerate(tpl.calls):
+                pricer = self._pricer_for(call)  # DeepEP's RDMA leg: on the NICs (plan.priced_cluster)
                 for members in self._stage_classes(call):
                     placement = self.layout.placement(call.group, members)
-                    rows.append((i, members, self.pricer.curve(call.op, placement)))
+                    rows.append((i, members, pricer.curve(call.op, placement)))
             self._curves[key] = (tpl, rows)  # holding tpl keeps its id from being reused
         return self._curves[key][1]
+
+    def _pricer_for(self, call) -> Pricer:
+        """The shape's pricer, or one on the cluster as a kernel of fewer NVLink peers sees it (plan.priced_cluster)."""
+        cluster = priced_cluster(call, self.cluster)
+        if cluster is self.cluster:
+            return self.pricer
+        views = self.__dict__.setdefault("_view_pricers", {})
+        if cluster.spec not in views:
+            views[cluster.spec] = Pricer(cluster, self.problem.options, shared_curves(cluster, self.problem.options))
+        return views[cluster.spec]
 
     def _stage_classes(self, call) -> list[tuple[int, ...]]:
         """planner.plan.price_classes, memoised per shape on what it reads of the call."""
@@ -259,12 +270,15 @@ class ShapeEvaluator:
                 out.pruned.add(err.field, len(bs) * len(recomputes), err.rule)
                 continue
             grid, par = [], self.parallel(index)
+            rules = [space.recompute_rule(par, rc) for rc in recomputes]  # opt-in recompute choices' own rules
             for b in bs:
                 err = batch_rule(space, variant, b, par)
                 if err is not None:
                     out.pruned.add(err.field, len(recomputes), err.rule)
                 else:
-                    grid += [(b, rc) for rc in recomputes]
+                    grid += [(b, rc) for rc, rule in zip(recomputes, rules, strict=True) if rule is None]
+                    for rule in filter(None, rules):
+                        out.pruned.add(rule.field, 1, rule.rule)
             if not grid:
                 continue
             grid = tuple(grid)
@@ -394,6 +408,8 @@ def sort_key(layout: Layout) -> tuple:
         p.pp, p.tp, p.cp, p.ep, p.etp, p.virtual_pipeline_stages, p.pipeline_schedule, p.zero_stage,
         p.sequence_parallel, p.framework, layout.micro_batch_size, layout.activation_recompute,
         p.ep_dispatch, p.first_stage_layers or 0, layout.recompute_method or "", layout.recompute_num_layers or 0,
+        p.last_stage_layers or 0, str(p.pipeline_layout or ""), layout.recompute_modules or (),
+        layout.selective_ac_option or "", layout.cpu_offloading_num_layers,
     )  # fmt: skip
 
 

@@ -24,7 +24,13 @@ then prune, counted by reason):
   (``ep_dispatch``) Megatron's default alltoall unless constraints list others (MoE models only);
 - ZeRO stage 0-3; sequence parallelism on and off (only "off" when tp = 1, where Megatron ignores it);
 - micro-batch size: every divisor of global_batch_size / dp; recompute none, selective, full, and full per
-  (recompute_method, recompute_num_layers) when constraints list them (``Recompute``);
+  (recompute_method, recompute_num_layers) when constraints list them (``Recompute``); opt-in likewise:
+  selective per set of ``recompute_modules`` (Megatron --recompute-modules), torch's ``selective_ac_option``
+  ("op" per-op, "N" every N-th block) and ``cpu_offloading_num_layers`` (Megatron/TE activation offload,
+  which goes with no recompute);
+- pipeline layouts, opt-in: explicit ``pipeline_layout`` strings (Megatron --pipeline-model-parallel-layout;
+  each runs at the pp that divides its virtual stages, v = stages / pp) and ``first_stage_layers`` /
+  ``last_stage_layers`` (Megatron --decoder-first/last-pipeline-num-layers) in place of ``end_layers``;
 - framework: megatron, torch, deepspeed unless fixed.
 
 Every option is a value of the layout that /v1/plan takes as it is; each is evaluated by the planner's own
@@ -46,10 +52,12 @@ from ..parallel import (
     SCHEDULES,
     V_SCHEDULES,
     ParallelSpec,
+    _fits_workload,
+    parse_layout,
     validate_parallel,
 )
 from ..rules.deepep import BACKENDS, ep_per_node
-from ..workload import RECOMPUTE, RECOMPUTE_METHODS, WorkloadSpec
+from ..workload import RECOMPUTE, RECOMPUTE_METHODS, RECOMPUTE_MODULES, WorkloadSpec, validate_workload
 
 DIMENSIONS = (
     "tp",
@@ -67,6 +75,12 @@ DIMENSIONS = (
     "recompute_method",
     "recompute_num_layers",
     "ep_dispatch",
+    "recompute_modules",
+    "selective_ac_option",
+    "cpu_offloading_num_layers",
+    "pipeline_layout",
+    "first_stage_layers",
+    "last_stage_layers",
 )
 SEARCHED_DISPATCH = tuple(d for d in EP_DISPATCH if d not in INFERENCE_DISPATCH)  # the training dispatchers
 WORLD = "world_size"  # the pruning reason of a shape whose degrees do not divide the devices
@@ -103,7 +117,11 @@ class Constraints:
         """From {dimension: value or list of values}."""
         pairs = []
         for name, values in (allowed or {}).items():
-            values = tuple(values) if isinstance(values, list | tuple | set) else (values,)
+            if name == "recompute_modules":  # module sets: a list of lists, or one flat list as one set
+                flat = isinstance(values, list | tuple) and all(isinstance(v, str) for v in values)
+                values = (tuple(values),) if flat else tuple(tuple(v) for v in values)
+            else:
+                values = tuple(values) if isinstance(values, list | tuple | set) else (values,)
             pairs.append((name, values))
         return cls(tuple(sorted(pairs)), memory_headroom, max_dp_group, uneven_stages)
 
@@ -148,8 +166,47 @@ def _check_values(allowed: dict) -> None:
         elif name == "zero_stage":
             if any(v not in (0, 1, 2, 3) for v in values):
                 raise SpecError(f"constraints.{name}", f"values must be 0, 1, 2 or 3, got {list(values)}")
+        elif name in OPT_IN_CHECKS:
+            OPT_IN_CHECKS[name](f"constraints.{name}", values)
         elif any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
             raise SpecError(f"constraints.{name}", f"values must be integers >= 1, got {list(values)}")
+
+
+def _module_sets(field_: str, values) -> None:
+    for modules in values:
+        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if bad or not modules:
+            what = f"unknown module {bad[0]!r}" if bad else "an empty module set"
+            raise SpecError(field_, f"{what}; known: {', '.join(RECOMPUTE_MODULES)}")
+
+
+def _ac_options(field_: str, values) -> None:
+    bad = [v for v in values if not (v == "op" or (isinstance(v, str) and v.isdigit() and int(v) >= 1))]
+    if bad:
+        raise SpecError(field_, f"values must be 'op' or a positive layer frequency (torchtitan), got {bad[0]!r}")
+
+
+def _offloads(field_: str, values) -> None:
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+        raise SpecError(field_, f"values must be integers >= 0 (0: no offload), got {list(values)}")
+
+
+def _layouts(field_: str, values) -> None:
+    for layout in values:
+        if not isinstance(layout, str):
+            raise SpecError(field_, f"values must be layout strings (Megatron's E/t/m/L form), got {layout!r}")
+        try:
+            parse_layout(layout)
+        except SpecError as err:
+            raise SpecError(field_, err.rule) from None
+
+
+OPT_IN_CHECKS = {
+    "recompute_modules": _module_sets,
+    "selective_ac_option": _ac_options,
+    "cpu_offloading_num_layers": _offloads,
+    "pipeline_layout": _layouts,
+}
 
 
 @dataclass(frozen=True)
@@ -164,6 +221,9 @@ class Shape:
     expert_tp: int = 1
 
 
+SAME = -1  # Variant.last_stage_layers: as many as the first stage (the Llama 3 form of ``end_layers``)
+
+
 @dataclass(frozen=True)
 class Variant:
     """A shape with everything that changes the ledger's structure but not its scaling in b."""
@@ -174,15 +234,19 @@ class Variant:
     zero_stage: int
     sequence_parallel: bool
     framework: str
-    end_stage_layers: int | None = None  # uneven split: layers of the first and of the last stage
+    end_stage_layers: int | None = None  # uneven split: layers of the first stage (and of the last, unless set)
     ep_dispatch: str = "alltoall"
+    last_stage_layers: int | None = SAME  # the last stage's where the constraints list them (SAME: the first's)
+    pipeline_layout: str | None = None  # an explicit layout from the constraints
 
     def parallel(self) -> ParallelSpec:
         s = self.shape
+        last = self.end_stage_layers if self.last_stage_layers == SAME else self.last_stage_layers
         return ParallelSpec(
             ep_dispatch=self.ep_dispatch,
             first_stage_layers=self.end_stage_layers,
-            last_stage_layers=self.end_stage_layers,
+            last_stage_layers=last,
+            pipeline_layout=self.pipeline_layout,
             tp=s.tp,
             pp=s.pp,
             dp=s.dp,
@@ -200,18 +264,35 @@ class Variant:
 @dataclass(frozen=True)
 class Recompute:
     """A recompute choice beyond the granularity: Megatron's full recompute with --recompute-method and
-    --recompute-num-layers (planner/recompute.py). The space lists a plain granularity as its string."""
+    --recompute-num-layers, selective with its --recompute-modules, torchtitan's selective_ac_option, or no
+    recompute with Megatron's CPU activation offload (planner/recompute.py, step.py). The space lists a plain
+    granularity as its string."""
 
     granularity: str
     method: str | None = None
     num_layers: int | None = None
+    modules: tuple[str, ...] | None = None
+    ac_option: str | None = None
+    offload: int = 0
 
     def fields(self) -> dict:
-        return {
+        out = {
             "activation_recompute": self.granularity,
             "recompute_method": self.method,
             "recompute_num_layers": self.num_layers,
         }
+        for name, value in self.options().items():
+            out[name] = value
+        return out
+
+    def options(self) -> dict:
+        """The opt-in workload fields this choice sets (left out where unset, so the workload's stay)."""
+        given = {
+            "recompute_modules": self.modules,
+            "selective_ac_option": self.ac_option,
+            "cpu_offloading_num_layers": self.offload or None,
+        }
+        return {k: v for k, v in given.items() if v is not None}
 
 
 def recompute_fields(choice: str | Recompute) -> dict:
@@ -233,19 +314,25 @@ class Layout:
     activation_recompute: str
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] | None = None
+    selective_ac_option: str | None = None
+    cpu_offloading_num_layers: int = 0
 
     @classmethod
     def of(cls, parallel: ParallelSpec, micro_batch_size: int, choice: str | Recompute) -> Layout:
         if isinstance(choice, str):
             return cls(parallel, micro_batch_size, choice)
-        return cls(parallel, micro_batch_size, choice.granularity, choice.method, choice.num_layers)
+        c = choice
+        return cls(parallel, micro_batch_size, c.granularity, c.method, c.num_layers, c.modules, c.ac_option, c.offload)
 
     @property
     def recompute(self) -> str | Recompute:
         """The space's recompute choice (what ``recompute_fields`` reads)."""
-        if self.recompute_method is None and self.recompute_num_layers is None:
-            return self.activation_recompute
-        return Recompute(self.activation_recompute, self.recompute_method, self.recompute_num_layers)
+        choice = Recompute(
+            self.activation_recompute, self.recompute_method, self.recompute_num_layers, self.recompute_modules,
+            self.selective_ac_option, self.cpu_offloading_num_layers,
+        )  # fmt: skip
+        return self.activation_recompute if choice == Recompute(self.activation_recompute) else choice
 
     def workload(self, base: WorkloadSpec) -> WorkloadSpec:
         return replace(base, micro_batch_size=self.micro_batch_size, **recompute_fields(self.recompute))
@@ -308,7 +395,7 @@ class Space:
         granularities = self.c.values("activation_recompute", list(RECOMPUTE))
         methods, layers = self.c.get("recompute_method"), self.c.get("recompute_num_layers")
         if methods is None and layers is None:
-            return granularities
+            return self._opt_in_recomputes(granularities)
         too_many = [n for n in layers or () if n > self.model.num_layers]
         if too_many:
             raise SpecError(
@@ -318,7 +405,24 @@ class Space:
         full = [
             Recompute("full", m, n) for m in sorted(set(methods or ("uniform",))) for n in sorted(set(layers or (1,)))
         ]
-        return [g for g in granularities if g != "full"] + (full if "full" in granularities else [])
+        plain = [g for g in granularities if g != "full"]
+        return self._opt_in_recomputes(plain + (full if "full" in granularities else []))
+
+    def _opt_in_recomputes(self, choices: list) -> list:
+        """``selective`` as one choice per listed set of recompute_modules, plus one per selective_ac_option
+        (torchtitan); ``none`` as one choice per cpu_offloading_num_layers (0: none itself). Unlisted: as is."""
+        modules, options = self.c.get("recompute_modules"), self.c.get("selective_ac_option")
+        offloads = self.c.get("cpu_offloading_num_layers")
+        out = []
+        for choice in choices:
+            if choice == "selective" and (modules or options):
+                out += [Recompute("selective", modules=tuple(m)) for m in dict.fromkeys(modules or ())]
+                out += [Recompute("selective", ac_option=o) for o in sorted(set(options or ()))]
+            elif choice == "none" and offloads:
+                out += ["none" if n == 0 else Recompute("none", offload=n) for n in sorted(set(offloads))]
+            else:
+                out.append(choice)
+        return out
 
     def work_at(self, b: int) -> WorkloadSpec:
         """The workload at micro-batch size b (memoised: the screen asks once per variant and b)."""
@@ -365,9 +469,38 @@ class Space:
         return self.c.values("micro_batch_size", divisors(per_replica) if per_replica else [1])
 
     def variants_per_shape(self, tp: int, pp: int) -> int:
-        return (
-            len(self.pipelines(pp)) * len(self.zeros) * len(self.sps(tp)) * len(self.frameworks) * len(self.dispatches)
-        )
+        splits = len(self.stage_splits(pp))
+        return splits * len(self.zeros) * len(self.sps(tp)) * len(self.frameworks) * len(self.dispatches)
+
+    def stage_splits(self, pp: int) -> list[tuple[int, str, int | None, int | None, str | None]]:
+        """(virtual stages, schedule, first stage layers, last stage layers, layout) per pipeline split of a
+        shape with ``pp`` stages: ``pipelines`` with ``end_layers``, or the constraints' first/last stage layers
+        instead, or only the constraints' explicit layouts (each at v = its virtual stages / pp and the listed
+        schedules that run v chunks; where pp does not divide them, once, for the rules to refuse by name)."""
+        layouts = self.c.get("pipeline_layout")
+        if layouts is not None:
+            return [split for layout in layouts for split in self._layout_splits(pp, layout)]
+        firsts, lasts = self.c.get("first_stage_layers"), self.c.get("last_stage_layers")
+        out = []
+        for v, schedule in self.pipelines(pp):
+            if firsts is None and lasts is None:
+                out.append((v, schedule, self.end_layers(pp, v), SAME, None))
+            else:
+                out += [(v, schedule, f, last, None) for f in sorted(set(firsts or (None,)), key=default_key)
+                        for last in sorted(set(lasts or (None,)), key=default_key)]  # fmt: skip
+        return out
+
+    def _layout_splits(self, pp: int, layout: str) -> list[tuple[int, str, None, int | None, str]]:
+        stages = len(parse_layout(layout))
+        v = stages // pp if stages % pp == 0 else 1
+        runs = [
+            s for s in self.schedules
+            if (s == "interleaved" and v >= 2) or (s in V_SCHEDULES and v == 2) or (s not in V_SCHEDULES
+                                                                                    and s != "interleaved" and v == 1)
+        ]  # fmt: skip
+        if stages % pp or not runs:  # one variant, which the layout rules refuse with the numbers
+            runs = [self.schedules[0]]
+        return [(v, schedule, None, None, layout) for schedule in runs]
 
     # ---- the walk ------------------------------------------------------------------------------------
     def _triples(self) -> Iterator[tuple[int, int, int, bool]]:
@@ -437,13 +570,12 @@ class Space:
         return None
 
     def variants(self, shape: Shape) -> Iterator[Variant]:
-        for v, schedule in self.pipelines(shape.pp):
-            ends = self.end_layers(shape.pp, v)
+        for v, schedule, first, last, layout in self.stage_splits(shape.pp):
             for sp in self.sps(shape.tp):
                 for framework in self.frameworks:
                     for zero in self.zeros:
                         for dispatch in self.dispatches:
-                            yield Variant(shape, v, schedule, zero, sp, framework, ends, dispatch)
+                            yield Variant(shape, v, schedule, zero, sp, framework, first, dispatch, last, layout)
 
     def size(self) -> int:
         """Layouts in the constrained space, before any rule prunes one (what the size limit counts)."""
@@ -452,6 +584,25 @@ class Space:
             dp = self.devices // (tp * cp * pp) if divides else 1
             total += self._inner(tp, pp, dp) * len(self.eps) * len(self.expert_tps(tp))
         return total
+
+    def recompute_rule(self, par: ParallelSpec, choice: str | Recompute) -> SpecError | None:
+        """The rule /v1/plan would refuse an opt-in recompute choice (``Recompute.options``) on a valid layout
+        with (offload with pp > 1, torch's option under Megatron, a module the model lacks), or None: the
+        workload's and the layout's own checks (workload.validate_workload, parallel._fits_workload), memoised
+        per (choice, framework, pp)."""
+        if isinstance(choice, str) or not choice.options():
+            return None
+        memo = self.__dict__.setdefault("_recompute_rules", {})
+        key = (choice, par.framework, par.pp)
+        if key not in memo:
+            work = replace(self.work, **recompute_fields(choice))
+            try:
+                validate_workload(work)
+                _fits_workload(par, self.model, work)
+                memo[key] = None
+            except SpecError as err:
+                memo[key] = err
+        return memo[key]
 
     def check(self, variant: Variant, micro_batch_size: int) -> SpecError | None:
         """The validity rule /v1/plan would reject this layout with, or None (the same function)."""

@@ -1,0 +1,107 @@
+"""Issue 21's "done when", over HTTP: every layout of the Llama 3 paper and of the DeepSeek-V3 report, entered
+exactly as published, is accepted with sane values.
+
+- The Llama 3 Herd of Models (Dubey et al. 2024) Table 4: 405B on 8,192 H100 (TP8 CP1 PP16 DP64, 8,192-token
+  sequences, 32 per DP rank), on 16,384 (TP8 CP1 PP16 DP128, 16 per DP rank), and the long-context stage
+  (TP8 CP16 PP16 DP8, 131,072 tokens, 16 per DP rank); 16M tokens per batch each; BF16 MFU 43%, 41%, 38%. §3.3.2:
+  126 layers on 16 stages with the interleaved schedule, one layer fewer on the first and the last stage (the
+  embedding and the loss each a chunk: "E|(t|)*126,L", examples/llama3-405b-meta.json), and context
+  parallelism by all-gathering K and V (``cp_comm: all_gather``). The paper states no recompute setting; the
+  rows recompute the MLP (Megatron --recompute-modules mlp) so that the activations fit in 80 GB, as the page's
+  405B scenario does. MFU is held to within 8 points of the published value: 41.9% / 38.6% / 45.8% here against
+  43% / 41% / 38%; the long-context row is 7.8 points above (docs/step-time.md has the step-time bias).
+- DeepSeek-V3 Technical Report (2024) §3.2: 2,048 H800, PP16 with DualPipe, EP64 over 8 nodes, ZeRO-1 DP, no TP;
+  61 layers with one MTP module, MLA, FP8 blockwise training (§3.3: 1x128 activation tiles, 128x128 weight
+  blocks, FP8 dispatch), node-limited routing to 4 nodes, the recompute of every RMSNorm and MLA up-projection
+  (§3.2.3: ``recompute_modules: [layernorm, mla_up_proj]``), 4,096-token sequences, batch 15,360. The chunks
+  follow Megatron-Core's DeepSeek-V3 recipe layout ``Et*3|(tt|)*29,m|L`` (PP16 x 2 chunks; the report gives no
+  layout). The report gives no MFU; its Table 1 gives 2,664K H800 GPU hours for 14.8T pre-training tokens:
+  14.8e12 / (2.664e6 x 3600) = 1,543 tokens/s per GPU, held here to within 0.75-1.5x (1,969 here). Its memory is
+  reported honestly: 109 GB of a 85.5 GB H800 on the busiest stage (the report's FP8 activation caching, §3.3.2,
+  is not modelled), so the plan warns that it does not fit.
+"""
+
+import copy
+
+import pytest
+
+LLAMA_LAYOUT = "E|(t|)*126,L"
+
+
+def llama(gpus: int, cp: int, dp: int, seq: int, per_dp: int, **extra) -> dict:
+    parallel = {
+        "tp": 8, "cp": cp, "pp": 16, "dp": dp, "zero_stage": 1, "sequence_parallel": True,
+        "pipeline_schedule": "interleaved", "pipeline_layout": LLAMA_LAYOUT,
+    } | extra  # fmt: skip
+    workload = {
+        "kind": "training", "micro_batch_size": 1, "global_batch_size": dp * per_dp, "seq_length": seq,
+        "activation_recompute": "selective", "recompute_modules": ["mlp"],
+    }  # fmt: skip
+    return {
+        "model": {"preset": "llama3-405b"},
+        "workload": workload,
+        "parallel": parallel,
+        "cluster": {"preset": "dgx-h100", "num_nodes": gpus // 8},
+    }
+
+
+DEEPSEEK_V3 = {
+    "model": {"preset": "deepseek-v3"},
+    "workload": {
+        "kind": "training", "micro_batch_size": 1, "global_batch_size": 15360, "seq_length": 4096,
+        "fp8_recipe": "blockwise", "moe_dispatch_dtype": "fp8",
+        "activation_recompute": "selective", "recompute_modules": ["layernorm", "mla_up_proj"],
+    },
+    "parallel": {
+        "tp": 1, "pp": 16, "dp": 128, "ep": 64, "zero_stage": 1, "pipeline_schedule": "dualpipe",
+        "pipeline_layout": "Et*3|(tt|)*29,m|L", "ep_dispatch": "deepep",
+    },
+    "cluster": {"preset": "hgx-h800", "num_nodes": 256},
+}  # fmt: skip
+
+# (label, request, published BF16 MFU)
+LLAMA_ROWS = [
+    ("405B 8,192 GPUs", llama(8192, 1, 64, 8192, 32), 0.43),
+    ("405B 16,384 GPUs", llama(16384, 1, 128, 8192, 16), 0.41),
+    ("405B 16,384 GPUs CP16 131K", llama(16384, 16, 8, 131072, 16, cp_comm="all_gather"), 0.38),
+]
+
+
+@pytest.mark.parametrize(("label", "request_", "published"), LLAMA_ROWS, ids=[r[0] for r in LLAMA_ROWS])
+def test_llama3_table4_rows(api, label, request_, published):
+    r = api.post("/v1/plan", json=request_)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    tokens = request_["workload"]["global_batch_size"] * request_["workload"]["seq_length"]
+    assert tokens == 16_777_216  # "16M" tokens per batch, every row
+    assert abs(plan["step"]["mfu"] - published) <= 0.08, (label, plan["step"]["mfu"])
+    assert not plan["warnings"], plan["warnings"]  # fits in 80 GB, no bubble warning
+    stages = plan["memory"]["per_stage"]
+    assert len(stages) == 16 and stages[0]["param_count"] < stages[1]["param_count"]  # 7 layers + E vs 8 layers
+    names = {c["name"] for c in plan["calls"]}
+    assert "tp.mlp.up_proj.recompute" in names  # the MLP recompute re-issues its all-gather
+    if request_["parallel"]["cp"] > 1:
+        assert "cp.attn.kv_gather" in names
+
+
+def test_deepseek_v3_as_reported(api):
+    r = api.post("/v1/plan", json=DEEPSEEK_V3)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    per_gpu = plan["step"]["tokens_per_s"] / 2048
+    published = 14.8e12 / (2.664e6 * 3600)
+    assert 0.75 * published <= per_gpu <= 1.5 * published, per_gpu
+    names = {c["name"] for c in plan["calls"]}
+    assert {"ep.dispatch.rdma", "ep.dispatch.nvlink"} <= names  # DeepEP's two legs: EP64 over 8 nodes of 8
+    dispatch = next(c for c in plan["calls"] if c["name"] == "ep.dispatch.rdma")
+    assert dispatch["dtype"] == "fp8"
+    assert any("do not fit" in w for w in plan["warnings"])  # 109 GB > 85.5 GB: FP8 activation caching not modelled
+    # the MTP chunk ("m", DualPipe's rank 1 with chunk 30) holds the MTP module: at least its 2h x h projection
+    # more than the same layout without MTP (an empty chunk in its place)
+    without = copy.deepcopy(DEEPSEEK_V3)
+    without["model"]["mtp_layers"] = 0
+    without["parallel"]["pipeline_layout"] = "Et*3|(tt|)*29,|L"
+    bare = api.post("/v1/plan", json=without)
+    assert bare.status_code == 200, bare.text
+    mtp = plan["memory"]["per_stage"][1]["param_count"] - bare.json()["memory"]["per_stage"][1]["param_count"]
+    assert mtp > 2 * 7168 * 7168
