@@ -158,6 +158,14 @@ def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[P
             f"{traits.label} has no two-batch overlap switch this planner models (SGLang --enable-two-batch-overlap, "
             "vLLM --enable-dbo)",
         )
+    if options.two_batch_overlap and model.moe is None:
+        # both engines overlap one half's expert all-to-all with the other half's compute: SGLang's operations
+        # strategies split only MoE layers (two_batch_overlap.py), vLLM's DBO only the modular MoE kernel
+        raise SpecError(
+            "options.two_batch_overlap",
+            "two-batch overlap hides the MoE layers' expert exchange (SGLang two_batch_overlap.py, vLLM DBO); "
+            "this model is dense",
+        )
     r = options.redundant_experts
     if not r:
         return
