@@ -52,7 +52,7 @@ from ..ledger import Call
 from ..memory import chunk_activation_key, chunk_activations, comm_buffers, held_activation_bytes, held_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec
-from ..pipeline import in_flight_chunks, pipeline_time
+from ..pipeline import busiest_rank_s, in_flight_chunks, pipeline_time
 from ..step import (
     Overlap,
     StageStep,
@@ -475,6 +475,25 @@ class StepModel:
             passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu, shares)
             pipe = self._memos.put(self._memos.bounds, key, pipeline_time(passes, sched).time_s)
         return pipe
+
+    def busiest_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
+        """For every (b, recompute) of ``grid`` a bound no larger than ``lower_bound`` and cheaper (no chunk
+        shares, no bubble): pipeline.busiest_rank_s of the compute alone plus the slowest optimizer step,
+        memoised on (b, recompute, passes id, micro-batch count)."""
+        if not self.timed:
+            return np.zeros(len(grid))
+        v, memos, out = self._variant(par), self._memos, []
+        for b, rc in grid:
+            comp = self._compute(v, b, rc)
+            m = self._schedule(v, b).microbatches
+            key = ("busiest", b, rc, v.pass_id, m)
+            found = memos.bounds.get(key)
+            if found is None:
+                stages = [StageStep(s, c) for s, c in enumerate(comp)]
+                passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
+                found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
+            out.append(found)
+        return np.array(out, dtype=np.float64) + max(v.optimizer)
 
     def lower_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
         """``lower_bound`` for every (b, recompute) of ``grid``: the pipelines of the compute alone memoised as
