@@ -46,8 +46,10 @@ from ..compute import (
     optimizer_s,
     stage_pass_compute,
     stage_pass_key,
+    stage_recompute_s,
 )
 from ..context import Context
+from ..kernels import efficiency
 from ..ledger import Call
 from ..memory import chunk_activation_key, chunk_activations, comm_buffers, held_activation_bytes, held_bytes
 from ..model import ModelSpec
@@ -95,7 +97,7 @@ class _Memos:
     lookup per (micro-batch size, recompute) hashes small values; ids are never reused."""
 
     def __init__(self):
-        self.compute: dict = {}  # ((b, recompute), interned stage_pass_key[2:]) -> (forward, backward, attention s)
+        self.compute: dict = {}  # ((b, recompute), interned stage_pass_key[2:]) -> (fwd, bwd, attention s, recompute s)
         self.optimizer: dict = {}  # optimizer_key -> optimizer_s (seconds)
         self.acts: dict = {}  # ((b, recompute), interned chunk_activation_key[2:]) -> ChunkActivations
         self.flights: dict = {}  # Schedule -> (interned id, pipeline.in_flight_chunks per stage)
@@ -412,9 +414,10 @@ class StepModel:
             ctx, gpu, found = self._ctx(v, b, rc), self.gpu, []
             for s, (rest, opt) in enumerate(zip(v.pass_keys, v.optimizer, strict=True)):
                 part = memos.compute.get(((b, rc), rest))
-                if part is None:
-                    part = memos.put(memos.compute, ((b, rc), rest), stage_pass_compute(ctx, s, gpu))
-                found.append(StageCompute(*part, opt))
+                if part is None:  # the passes, and the backward's recompute share (it reads what they read)
+                    redo = stage_recompute_s(ctx, s, gpu, efficiency(gpu, None)) if ctx.training else 0.0
+                    part = memos.put(memos.compute, ((b, rc), rest), (*stage_pass_compute(ctx, s, gpu), redo))
+                found.append(StageCompute(*part[:3], opt, part[3]))
             memos.put(memos.lists, key, found)
         return found
 
