@@ -282,11 +282,20 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
                 kept[key] = left.per_rank(t, sp, flash or "core_attn" in plan.modules)
         return kept[key]
 
-    sums: dict = {}  # chunks alike (their layers' kinds and plans) keep alike
-    for chunk in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True):
-        if chunk not in sums:
-            sums[chunk] = sum(keeps(moe, plan) for moe, plan in zip(*chunk, strict=True))
-    per_chunk = tuple(sums[chunk] for chunk in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True))
+    # a layer's plan is one object for every layer it is equal for (recompute._chunk_plans repeats it), so it
+    # is looked up by identity here, not hashed field by field per layer; each chunk's sum keeps its order
+    by_plan: dict = {}
+
+    def layer(moe: bool, plan: LayerRecompute) -> float:
+        found = by_plan.get((moe, id(plan)))
+        if found is None:
+            found = by_plan[(moe, id(plan))] = keeps(moe, plan)
+        return found
+
+    per_chunk = tuple(
+        sum(layer(moe, plan) for moe, plan in zip(chunk, plans, strict=True))
+        for chunk, plans in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True)
+    )
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
     return ChunkActivations(per_chunk, working, offloaded_bytes(ctx, stage), _logits(ctx, stage))
 

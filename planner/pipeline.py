@@ -84,6 +84,13 @@ def pipeline_time(passes: Sequence[StagePass], sched: Schedule) -> PipelineTime:
     return PipelineTime(time, busy, tuple(time - b for b in busy))
 
 
+def busiest_rank_s(passes: Sequence[StagePass], sched: Schedule) -> float:
+    """m times the slowest rank's pass: what ``pipeline_time`` is never below (it adds the bubble, the sends and
+    the steady-state waits, each >= 0, to this product, so in floating point too). The layout search prunes on
+    it before it computes the bubble."""
+    return sched.microbatches * max(x.total_s for x in passes)
+
+
 def _steady_wait(sched: Schedule) -> float:
     return 0.0 if sched.overlap_p2p or sched.stages == 1 else 2 * sched.p2p_s
 
@@ -253,6 +260,7 @@ __all__ = [
     "Schedule",
     "StagePass",
     "bubble_s",
+    "busiest_rank_s",
     "drain_leads",
     "in_flight",
     "in_flight_chunks",

@@ -289,6 +289,13 @@ class ShapeEvaluator:
             if not fitting:
                 continue
             out.feasible += len(fitting)
+            if self.threshold < math.inf:  # slower than the k-th best known: bounded whatever the order (time)
+                fast = (model.busiest_bounds(par, fitting) <= self.threshold).tolist()
+                if not all(fast):
+                    out.bounded += len(fast) - sum(fast)
+                    fitting = tuple(pair for pair, ok in zip(fitting, fast, strict=True) if ok)
+                    if not fitting:
+                        continue
             bounds += model.lower_bounds(par, fitting).tolist()
             picks += [(index, b, recomputes.index(rc)) for b, rc in fitting]
         return Screened.of(self.shape, bounds, picks, self)
@@ -434,17 +441,18 @@ def evaluate_shapes(problem: Problem, shapes: list[Shape], threshold: float = ma
     """The pure per-chunk function: the outcome of a list of shapes (screen, then time best bound first).
     ``threshold``: the k-th best step time known when the chunk was handed out (layouts whose lower bound
     is slower are not timed)."""
-    out, screened = screen_shapes(problem, shapes)
+    out, screened = screen_shapes(problem, shapes, threshold)
     out.merge(time_shapes(problem, screened, threshold), problem.keep)
     return out
 
 
-def screen_shapes(problem: Problem, shapes: list[Shape]) -> tuple[Outcome, list[Screened]]:
+def screen_shapes(problem: Problem, shapes: list[Shape], threshold: float = math.inf) -> tuple[Outcome, list[Screened]]:
     """Phase one of a search: every layout of the shapes counted, the feasible ones with their lower
-    bounds (shapes with none left out)."""
+    bounds (shapes with none left out); those whose cheaper bound (``StepModel.busiest_bounds``) is
+    slower than ``threshold`` are counted as bounded there, as timing would count them."""
     out, screened = Outcome(), []
     for shape in shapes:
-        found = ShapeEvaluator(problem, shape).screen(out)
+        found = ShapeEvaluator(problem, shape, threshold).screen(out)
         if len(found):
             screened.append(found)
     return out, screened

@@ -46,13 +46,15 @@ from ..compute import (
     optimizer_s,
     stage_pass_compute,
     stage_pass_key,
+    stage_recompute_s,
 )
 from ..context import Context
+from ..kernels import efficiency
 from ..ledger import Call
 from ..memory import chunk_activation_key, chunk_activations, comm_buffers, held_activation_bytes, held_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec
-from ..pipeline import in_flight_chunks, pipeline_time
+from ..pipeline import busiest_rank_s, in_flight_chunks, pipeline_time
 from ..step import (
     Overlap,
     StageStep,
@@ -95,14 +97,14 @@ class _Memos:
     lookup per (micro-batch size, recompute) hashes small values; ids are never reused."""
 
     def __init__(self):
-        self.compute: dict = {}  # ((b, recompute), stage_pass_key[2:]) -> (forward, backward, attention s)
+        self.compute: dict = {}  # ((b, recompute), interned stage_pass_key[2:]) -> (fwd, bwd, attention s, recompute s)
         self.optimizer: dict = {}  # optimizer_key -> optimizer_s (seconds)
-        self.acts: dict = {}  # ((b, recompute), chunk_activation_key[2:]) -> ChunkActivations
+        self.acts: dict = {}  # ((b, recompute), interned chunk_activation_key[2:]) -> ChunkActivations
         self.flights: dict = {}  # Schedule -> (interned id, pipeline.in_flight_chunks per stage)
         self.ids: dict = {}  # per-stage keys of a layout -> int
         self.lists: dict = {}  # ((b, recompute), compute id) -> [StageCompute]
         self.arrays: dict = {}  # ((b, recompute), activation id, in-flight id) -> activation bytes per stage
-        # ((b, recompute), layer_forward_key[2:], forward seconds, chunk_shares_key) -> chunk shares
+        # ((b, recompute), interned layer_forward_key[2:], forward seconds, interned chunk_shares_key) -> shares
         self.shares: dict = {}
         self.share_lists: dict = {}  # ((b, recompute), passes id, chunks id) -> chunk shares per stage
         self.bounds: dict = {}  # ((b, recompute), passes id, chunks id, Schedule) -> pipeline of the compute alone
@@ -215,15 +217,15 @@ class _Variant:
     def __init__(self, par: ParallelSpec):
         self.par = par
         self.contexts: dict = {}
-        self.pass_keys: tuple | None = None  # per stage: compute.stage_pass_key past the model and workload
+        self.pass_keys: tuple | None = None  # per stage: compute.stage_pass_key past the model and workload, interned
         self.pass_id: int | None = None
         self.optimizer: tuple = ()  # per stage: compute.optimizer_s
         self.compute_id: int | None = None  # interned (passes, optimizer steps)
-        self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key (None: every stage one chunk)
+        self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key interned (None: every stage one chunk)
         self.chunks_id: int | None = None
-        self.layer_key: tuple | None = None  # compute.layer_forward_key past the model and workload
+        self.layer_key: int | None = None  # compute.layer_forward_key past the model and workload, interned
         self.scheds: dict = {}  # b -> step.schedule_of (it reads the layout and the micro-batch count)
-        self.act_keys: tuple | None = None  # per stage: memory.chunk_activation_key past the model and workload
+        self.act_keys: tuple | None = None  # per stage: memory.chunk_activation_key past model and workload, interned
         self.act_id: int | None = None
         self.flights: dict = {}  # b -> (interned id, in-flight micro-batches per chunk per stage)
         self.static: np.ndarray | None = None
@@ -270,12 +272,12 @@ class StepModel:
             v.contexts[(b, rc)] = found
         return found
 
-    def _schedule(self, v: _Variant, ctx: Context):
-        """step.schedule_of(ctx) without sends, per micro-batch size (it reads the layout and ctx.micro_batches)."""
-        b = ctx.work.micro_batch_size
+    def _schedule(self, v: _Variant, b: int):
+        """step.schedule_of without sends, per micro-batch size (it reads the layout and ctx.micro_batches):
+        a context is built only the first time a variant asks at b."""
         found = v.scheds.get(b)
         if found is None:
-            found = v.scheds[b] = schedule_of(ctx)
+            found = v.scheds[b] = schedule_of(self._ctx(v, b, self.work.activation_recompute))
         return found
 
     # ---- memory --------------------------------------------------------------------------------------------
@@ -298,19 +300,8 @@ class StepModel:
         pipelines alike), and the micro-batches in flight (pipeline.in_flight_chunks), memoised on the
         schedule (a value)."""
         memos = self._memos
-        if v.act_id is None:
-            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-            v.act_keys = tuple(chunk_activation_key(ctx, s)[2:] for s in range(v.par.pp))
-            v.act_id = memos.intern(("acts", v.act_keys))
-        flight = v.flights.get(b)
-        if flight is None:
-            sched = self._schedule(v, self._ctx(v, b, rc))
-            found = memos.flights.get(sched)
-            if found is None:
-                counts = tuple(in_flight_chunks(sched, s) for s in range(v.par.pp))
-                found = memos.put(memos.flights, sched, (memos.intern(("flight", counts)), counts))
-            flight = v.flights[b] = found
-        key = ((b, rc), v.act_id, flight[0])
+        act_id, flight = self._act_id(v), self._flight(v, b)
+        key = ((b, rc), act_id, flight[0])
         out = memos.arrays.get(key)
         if out is None:
             sizes = []
@@ -321,6 +312,43 @@ class StepModel:
                 sizes.append(held_activation_bytes(parts, counts))
             out = memos.put(memos.arrays, key, np.array(sizes, dtype=np.int64))
         return out
+
+    def _act_id(self, v: _Variant) -> int:
+        """The interned memory.chunk_activation_key of every stage (past the model and workload)."""
+        if v.act_id is None:
+            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+            intern = self._memos.intern  # small ints in the per-(b, recompute) keys: cheap to hash
+            v.act_keys = tuple(intern(("act", chunk_activation_key(ctx, s)[2:])) for s in range(v.par.pp))
+            v.act_id = intern(("acts", v.act_keys))
+        return v.act_id
+
+    def _flight(self, v: _Variant, b: int) -> tuple[int, tuple]:
+        """(interned id, pipeline.in_flight_chunks per stage) of the variant's schedule at b."""
+        flight = v.flights.get(b)
+        if flight is None:
+            memos, sched = self._memos, self._schedule(v, b)
+            found = memos.flights.get(sched)
+            if found is None:
+                counts = tuple(in_flight_chunks(sched, s) for s in range(v.par.pp))
+                found = memos.put(memos.flights, sched, (memos.intern(("flight", counts)), counts))
+            flight = v.flights[b] = found
+        return flight
+
+    def _act_matrix(self, v: _Variant, grid: tuple) -> np.ndarray:
+        """``_acts`` of every (b, recompute) of ``grid``, one row each, memoised on the activation id, the
+        grid and the in-flight ids at its micro-batch sizes (values): layouts differing in ZeRO or framework
+        (neither read by chunk_activation_key or the schedule) share one matrix."""
+        memos = self._memos
+        flights, last = [], None
+        for b, _ in grid:
+            if b != last:
+                flights.append(self._flight(v, b)[0])
+                last = b
+        key = ("matrix", self._act_id(v), grid, tuple(flights))
+        found = memos.arrays.get(key)
+        if found is None:
+            found = memos.put(memos.arrays, key, np.stack([self._acts(v, b, rc) for b, rc in grid]))
+        return found
 
     def fits(self, par: ParallelSpec, b: int, rc: str, rows=None) -> bool:
         """Peak per stage = stage_memory's parts; ``rows`` (needed for MoE only: the all-to-all buffers) are
@@ -342,8 +370,7 @@ class StepModel:
         pair; ``last_reason`` names the first that does not fit."""
         if not self.timed:
             return np.ones(len(grid), dtype=bool)
-        v = self._variant(par)
-        peak = self._static_bytes(par)[None, :] + np.stack([self._acts(v, b, rc) for b, rc in grid])
+        peak = self._static_bytes(par)[None, :] + self._act_matrix(self._variant(par), grid)
         ok = peak.max(axis=1) <= self.capacity
         if not ok.all():
             i = int(np.argmin(ok))
@@ -369,7 +396,7 @@ class StepModel:
         memos = self._memos
         if v.compute_id is None:  # on the context held_bytes reads (param_totals is cached on it)
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-            v.pass_keys = tuple(stage_pass_key(ctx, s)[2:] for s in range(v.par.pp))
+            v.pass_keys = tuple(memos.intern(("pass", stage_pass_key(ctx, s)[2:])) for s in range(v.par.pp))
             v.pass_id = memos.intern(("passes", v.pass_keys))
             optimizer = []
             for s in range(v.par.pp):
@@ -387,9 +414,10 @@ class StepModel:
             ctx, gpu, found = self._ctx(v, b, rc), self.gpu, []
             for s, (rest, opt) in enumerate(zip(v.pass_keys, v.optimizer, strict=True)):
                 part = memos.compute.get(((b, rc), rest))
-                if part is None:
-                    part = memos.put(memos.compute, ((b, rc), rest), stage_pass_compute(ctx, s, gpu))
-                found.append(StageCompute(*part, opt))
+                if part is None:  # the passes, and the backward's recompute share (it reads what they read)
+                    redo = stage_recompute_s(ctx, s, gpu, efficiency(gpu, None)) if ctx.training else 0.0
+                    part = memos.put(memos.compute, ((b, rc), rest), (*stage_pass_compute(ctx, s, gpu), redo))
+                found.append(StageCompute(*part[:3], opt, part[3]))
             memos.put(memos.lists, key, found)
         return found
 
@@ -406,7 +434,9 @@ class StepModel:
             keys = tuple(chunk_shares_key(ctx, s) for s in range(v.par.pp))
             v.chunk_keys = None if all(k is None for k in keys) else keys
             v.chunks_id = -1 if v.chunk_keys is None else memos.intern(("chunks", keys))
-            v.layer_key = layer_forward_key(ctx)[2:]
+            if v.chunk_keys is not None:
+                v.chunk_keys = tuple(memos.intern(("chunk", k)) for k in keys)
+            v.layer_key = memos.intern(("layer", layer_forward_key(ctx)[2:]))
         if v.chunk_keys is None:
             return None
         key = ((b, rc), v.pass_id, v.chunks_id)
@@ -431,25 +461,62 @@ class StepModel:
             return 0.0
         v = self._variant(par)
         found = v.bounds.get((b, rc))
-        if found is None:  # step.stage_passes of the compute alone (chunk shares, deferred weight gradients)
-            comp = self._compute(v, b, rc)
-            shares = self._shares(v, b, rc)
-            ctx = self._ctx(v, b, rc)
-            sched = self._schedule(v, ctx)
-            key = ((b, rc), v.pass_id, v.chunks_id, sched)
-            pipe = self._memos.bounds.get(key)
-            if pipe is None:  # the passes do not read the optimizer step: layouts differing in ZeRO share it
-                passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu, shares)
-                pipe = self._memos.put(self._memos.bounds, key, pipeline_time(passes, sched).time_s)
-            found = pipe + max(v.optimizer)
-            v.bounds[(b, rc)] = found
+        if found is None:
+            found = v.bounds[(b, rc)] = self._pipe(v, b, rc) + max(v.optimizer)
         return found
 
-    def lower_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
-        """``lower_bound`` for every (b, recompute) of ``grid``."""
+    def _pipe(self, v: _Variant, b: int, rc: str) -> float:
+        """pipeline.pipeline_time of step.stage_passes of the compute alone (chunk shares, deferred weight
+        gradients), no sends: memoised on (b, recompute, passes id, chunks id, schedule)."""
+        comp = self._compute(v, b, rc)
+        shares = self._shares(v, b, rc)
+        sched = self._schedule(v, b)
+        key = ((b, rc), v.pass_id, v.chunks_id, sched)
+        pipe = self._memos.bounds.get(key)
+        if pipe is None:  # the passes do not read the optimizer step: layouts differing in ZeRO share it
+            ctx = self._ctx(v, b, rc)
+            passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu, shares)
+            pipe = self._memos.put(self._memos.bounds, key, pipeline_time(passes, sched).time_s)
+        return pipe
+
+    def busiest_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
+        """For every (b, recompute) of ``grid`` a bound no larger than ``lower_bound`` and cheaper (no chunk
+        shares, no bubble): pipeline.busiest_rank_s of the compute alone plus the slowest optimizer step,
+        memoised on (b, recompute, passes id, micro-batch count)."""
         if not self.timed:
             return np.zeros(len(grid))
-        return np.array([self.lower_bound(par, b, rc) for b, rc in grid], dtype=np.float64)
+        v, memos, out = self._variant(par), self._memos, []
+        for b, rc in grid:
+            comp = self._compute(v, b, rc)
+            m = self._schedule(v, b).microbatches
+            key = ("busiest", b, rc, v.pass_id, m)
+            found = memos.bounds.get(key)
+            if found is None:
+                stages = [StageStep(s, c) for s, c in enumerate(comp)]
+                passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
+                found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
+            out.append(found)
+        return np.array(out, dtype=np.float64) + max(v.optimizer)
+
+    def lower_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
+        """``lower_bound`` for every (b, recompute) of ``grid``: the pipelines of the compute alone memoised as
+        one array on (passes id, chunks id, grid, schedules), which layouts differing in ZeRO share, plus the
+        layout's slowest optimizer step."""
+        if not self.timed:
+            return np.zeros(len(grid))
+        v, memos = self._variant(par), self._memos
+        self._compute(v, *grid[0])  # the layout's passes and optimizer ids
+        self._shares(v, *grid[0])  # and its chunks id
+        scheds, last = [], None
+        for b, _ in grid:
+            if b != last:
+                scheds.append(self._schedule(v, b))
+                last = b
+        key = ("bounds", v.pass_id, v.chunks_id, grid, tuple(scheds))
+        pipes = memos.arrays.get(key)
+        if pipes is None:
+            pipes = memos.put(memos.arrays, key, np.array([self._pipe(v, b, rc) for b, rc in grid], dtype=np.float64))
+        return pipes + max(v.optimizer)
 
     def refined_bound(self, par: ParallelSpec, b: int, rc: str, data: Part) -> float:
         """A lower bound of ``step_time`` from the data-parallel template's priced calls alone (``data``),
@@ -464,7 +531,7 @@ class StepModel:
         stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
         assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
         shares = self._shares(v, b, rc)
-        return critical_path(ctx, stages, self._schedule(v, ctx), self.gpu, flags, bound=True, shares=shares).time_s
+        return critical_path(ctx, stages, self._schedule(v, b), self.gpu, flags, bound=True, shares=shares).time_s
 
     def data_floor(self, par: ParallelSpec, b: int, data: Part) -> float:
         """What the data-parallel calls (``data``) add to the compute-only ``lower_bound`` of any layout of the
@@ -481,7 +548,7 @@ class StepModel:
         stages = [StageStep(s, StageCompute(PassTime(), PassTime(), 0.0, o)) for s, o in enumerate(opt)]
         assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
         shares = self._shares(v, b, "none")  # passes of no time: any shares give fill = drain = 0.0
-        path = critical_path(ctx, stages, self._schedule(v, ctx), self.gpu, flags, bound=True, shares=shares)
+        path = critical_path(ctx, stages, self._schedule(v, b), self.gpu, flags, bound=True, shares=shares)
         # never below 0 (communication only adds): time - sync rounds the optimizer step by an ulp
         return max(0.0, path.exposed_dp_s[0] + stages[0].tail_s + (path.time_s - path.sync_s) - max(opt))
 

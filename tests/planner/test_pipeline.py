@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.pipeline import Schedule, StagePass, pipeline_time, timeline, warmup_microbatches
+from planner.pipeline import Schedule, StagePass, busiest_rank_s, pipeline_time, timeline, warmup_microbatches
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
@@ -70,3 +70,23 @@ def test_large_counts_are_aggregated():
     events = timeline(passes, Schedule("1f1b", 16, 4096))
     assert len(events) <= 3 * 16
     assert {e["name"] for e in events} == {"forward", "1f1b", "backward"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev"]),
+    p=st.sampled_from([1, 2, 4, 8]),
+    m=st.integers(1, 64),
+    sends=st.sampled_from([0.0, 1e-4]),
+    times=st.lists(st.tuples(st.floats(1e-5, 1.0), st.floats(1e-5, 2.0), st.floats(0.0, 1.0)), min_size=8, max_size=8),
+)
+def test_pipeline_time_is_never_below_the_busiest_rank(kind, p, m, sends, times):
+    """busiest_rank_s (the layout search prunes on it before the bubble) is m x the slowest rank's pass, and
+    pipeline_time only adds non-negative terms to it, bit for bit (so the search's pruning drops no layout
+    that its compute-only bound would keep)."""
+    v = 2 if kind in ("interleaved", "zbv", "dualpipe", "dualpipev") else 1
+    passes = [StagePass(f, b, weight_s=b * w / 2) for f, b, w in times[:p]]
+    sched = Schedule(kind, p, m, v, sends)
+    busiest = busiest_rank_s(passes, sched)
+    assert busiest == m * max(x.forward_s + x.backward_s for x in passes)
+    assert busiest <= pipeline_time(passes, sched).time_s

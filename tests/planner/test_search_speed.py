@@ -444,3 +444,32 @@ def test_layer_kernels_memo_follows_a_flavour_registered_again():
     # eager RMSNorm runs 6 kernels of 32 bytes per element (kernels.EAGER) where the fused one runs 1 of 4
     assert [k.count for k in fused.forward if k.name == "input_norm"] == [1]
     assert [k.count for k in eager.forward if k.name == "input_norm"] == [6]
+
+
+def test_screen_bounded_by_the_threshold_counts_and_answers_as_timing_would():
+    """Layouts whose busiest-rank bound is slower than the chunk's threshold are counted bounded in the screen
+    (StepModel.busiest_bounds): every count and the best layouts equal screening them all and letting
+    timing bound them; the busiest-rank bound is never above the compute-only bound."""
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=8)
+    allowed = {"framework": ["megatron", "torch"], "activation_recompute": ["none", "selective", "full"]}
+    cluster, constraints = cluster_preset("dgx-h100", 2), Constraints.of(allowed)
+    # top_k above the feasible count: only the threshold bounds, so every layout whose bound is below it is timed
+    problem = Problem(model, WorkloadSpec(global_batch_size=64), cluster, constraints, top_k=1000)
+    shapes = list(space_of(problem).shapes(Pruned()))
+    out_all, all_screened = screen_shapes(problem, shapes)
+    bounds = sorted(b for s in all_screened for b in s.bounds.tolist())
+    pars = [s.evaluator.parallel(i) for s in all_screened for i in sorted(set(s.variants.tolist()))]
+    threshold = bounds[len(bounds) // 4]  # a quarter of the feasible layouts are faster than it
+    out_all.merge(time_shapes(problem, all_screened, threshold), problem.keep)
+    out, screened = screen_shapes(problem, shapes, threshold)
+    assert sum(map(len, screened)) < len(bounds) and out.bounded > 0  # the screen bounded some
+    out.merge(time_shapes(problem, screened, threshold), problem.keep)
+    counts = ("done", "evaluated", "feasible", "bounded")
+    assert [getattr(out, c) for c in counts] == [getattr(out_all, c) for c in counts]
+    assert [(t, layout) for t, _, layout in out.best] == [(t, layout) for t, _, layout in out_all.best]
+    step_model = StepModel(model, problem.work, cluster_for(problem.cluster))
+    grid = tuple((b, rc) for b in (1, 2, 4) for rc in ("none", "selective", "full"))
+    assert len(pars) > 10
+    for par in pars:
+        busiest, bound = step_model.busiest_bounds(par, grid), step_model.lower_bounds(par, grid)
+        assert (busiest <= bound).all() and (busiest > 0).all()
