@@ -5,13 +5,20 @@ formula change re-records it, and says why)."""
 
 import hashlib
 
+import pytest
+
+from planner._errors import SpecError
+from planner.parallel import SCHEDULES
 from planner.pipeline import (
+    SCHEDULE_TRAITS,
     Schedule,
+    ScheduleTraits,
     StagePass,
     drain_leads,
     in_flight,
     in_flight_chunks,
     pipeline_time,
+    register,
     timeline,
     warmup_microbatches,
 )
@@ -59,3 +66,29 @@ def test_the_grid_tells_schedules_apart():
     for head, vals in lines:
         by_kind.setdefault(head.split()[0], []).append(vals)
     assert len({tuple(v) for v in by_kind.values()}) == len(KINDS)
+
+
+def test_every_schedule_the_planner_takes_has_its_traits():
+    assert tuple(SCHEDULE_TRAITS) == SCHEDULES  # the same names, in the same order as parallel.py's
+
+
+def test_a_toy_schedule_is_one_entry():
+    """A schedule registered here, in the test only, is read by every function: no bubble, three warm-up
+    forwards and two micro-batches held per rank, per chunk alike."""
+    toy = register(ScheduleTraits("toy", lambda others, s: 0.0, lambda s, stage: 3, lambda s, stage: 2.0))
+    try:
+        sched = Schedule("toy", 4, 8, 2)
+        passes = [StagePass(1.0, 2.0)] * 3 + [StagePass(1.5, 2.5)]
+        assert sched.traits is toy
+        assert pipeline_time(passes, sched).time_s == 8 * 4.0  # m·t_max and nothing else
+        assert [warmup_microbatches(sched, s) for s in range(4)] == [3] * 4
+        assert in_flight_chunks(sched, 1) == (2.0, 2.0)
+    finally:
+        del SCHEDULE_TRAITS["toy"]
+
+
+def test_an_unknown_schedule_is_a_spec_error():
+    with pytest.raises(SpecError) as err:
+        in_flight(Schedule("zb-h2", 4, 8), 0)
+    assert err.value.field == "parallel.pipeline_schedule" and "'zb-h2'" in str(err.value)
+    assert "known: 1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev" in str(err.value)
