@@ -25,8 +25,10 @@ block each for the warm-up, the steady state and the cool-down when 2·m·v·p e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from ._errors import SpecError
 
 MAX_EVENTS = 256  # compute blocks in all; beyond, each stage's warm-up, steady state and cool-down are one block each
 
@@ -58,12 +60,16 @@ class StagePass:
 
 @dataclass(frozen=True)
 class Schedule:
-    kind: str  # gpipe | 1f1b | interleaved | zb-h1 | zbv | dualpipe | dualpipev
+    kind: str  # a SCHEDULE_TRAITS name: 1f1b | interleaved | gpipe | zb-h1 | zbv | dualpipe | dualpipev
     stages: int  # p
     microbatches: int  # m
     chunks: int = 1  # v: model chunks per stage (interleaved)
     p2p_s: float = 0.0  # one boundary send, seconds
     overlap_p2p: bool = False
+
+    @property
+    def traits(self) -> ScheduleTraits:
+        return schedule_traits(self.kind)
 
 
 @dataclass(frozen=True)
@@ -109,36 +115,19 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
       Qi et al.'s V schedule (not a published closed form): zero when T_F = T_B = T_W as the sail-sg README
       table states, growing with the imbalance as ZB-H1's does.
     """
-    p, v = sched.stages, max(1, sched.chunks)
-    if p == 1:
+    traits = sched.traits
+    if sched.stages == 1:
         return 0.0
     crit = max(range(len(passes)), key=lambda r: passes[r].total_s)
     others = [x for r, x in enumerate(passes) if r != crit]
-    kind = sched.kind
-    if kind == "zb-h1":
-        return sum(max(0.0, x.total_s - 2 * x.weight_s) for x in others)
-    if kind == "zbv":
-        return sum(max(0.0, x.total_s - 3 * x.weight_s) for x in others) / 2
-    if kind == "dualpipev":
-        return sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others) / 2
-    if kind == "dualpipe":
-        share = (p / 2 - 1) / (p - 1)
-        return share * sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others)
-    return sum(sum(x.ends(v)) for x in others)
+    return traits.bubble(others, sched)
 
 
 def warmup_microbatches(sched: Schedule, stage: int) -> int:
     """Forwards before the first backward on ``stage``: p - s - 1 (1F1B, ZB-H1); Megatron's interleaved
     schedule runs (p - s - 1)·2 + (v - 1)·p chunk forwards (schedules.py get_pp_rank_microbatches); the V
     schedules 2(p - s) - 1 chunk forwards, down the V and back up to the rank; GPipe all m."""
-    p, m, v = sched.stages, sched.microbatches, max(1, sched.chunks)
-    if sched.kind == "gpipe":
-        return m
-    if sched.kind == "interleaved":
-        return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
-    if sched.kind in ("zbv", "dualpipe", "dualpipev"):
-        return min(2 * (p - stage) - 1, m * v)
-    return min(p - stage - 1, m)
+    return sched.traits.warmup(sched, stage)
 
 
 def in_flight(sched: Schedule, stage: int) -> float:
@@ -149,16 +138,7 @@ def in_flight(sched: Schedule, stage: int) -> float:
     holds (Qi et al. 2024 §3.1); ZBV p on every rank (the V balances it; "1x" of 1F1B in the sail-sg
     README table); DualPipe PP + 1 of its stages (DualPipe README table); DualPipeV, DualPipe on 2·pp
     half-size stages, 2·pp + 1 half-stages."""
-    v, p, m = max(1, sched.chunks), sched.stages, sched.microbatches
-    if sched.kind == "interleaved":
-        return min(warmup_microbatches(sched, stage) + 1, m * v) / v
-    if sched.kind == "zbv":
-        return min(p, m)
-    if sched.kind == "dualpipe":
-        return min(p + 1, m)
-    if sched.kind == "dualpipev":
-        return min(2 * p + 1, 2 * m) / 2
-    return min(warmup_microbatches(sched, stage) + 1, m)
+    return sched.traits.in_flight(sched, stage)
 
 
 def in_flight_chunks(sched: Schedule, stage: int) -> tuple[float, ...]:
@@ -169,12 +149,137 @@ def in_flight_chunks(sched: Schedule, stage: int) -> tuple[float, ...]:
     get_model_chunk_id with microbatch_group_size_per_vp_stage = p); the other schedules hold their
     chunks alike."""
     v, p = max(1, sched.chunks), sched.stages
-    if sched.kind != "interleaved":
+    if not sched.traits.chunk_order:
         return (in_flight(sched, stage),) * v
     counts = [0] * v
     for k in range(min(warmup_microbatches(sched, stage) + 1, sched.microbatches * v)):
         counts[(k // p) % v] += 1
     return tuple(float(c) for c in counts)
+
+
+# Each schedule's facts, as functions of the schedule (p stages, m micro-batches, v chunks) the table below reads:
+# its fill and drain beyond m times the slowest rank (``bubble_s``), its warm-up forwards, the micro-batches one
+# rank holds at its peak. The sources are those of bubble_s, warmup_microbatches and in_flight.
+
+
+def _bubble_1f1b(others: Sequence[StagePass], sched: Schedule) -> float:
+    """Each other rank's first chunk's forward and last chunk's backward (Narayanan et al. SC'21 §2.2)."""
+    v = max(1, sched.chunks)
+    return sum(sum(x.ends(v)) for x in others)
+
+
+def _bubble_zb_h1(others: Sequence[StagePass], sched: Schedule) -> float:
+    """F + B - 2W per rank (Qi et al. 2024 §3.1; DualPipe README table: ZB1P (PP-1)(F+B-2W))."""
+    return sum(max(0.0, x.total_s - 2 * x.weight_s) for x in others)
+
+
+def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
+    """(F + B - 3W)/2 per rank: our reading of Qi et al.'s V schedule (not a published closed form)."""
+    return sum(max(0.0, x.total_s - 3 * x.weight_s) for x in others) / 2
+
+
+def _bubble_dualpipe(others: Sequence[StagePass], sched: Schedule) -> float:
+    """(PP/2-1)/(PP-1) of (F&B + B - 3W) per rank (DualPipe README table)."""
+    p = sched.stages
+    share = (p / 2 - 1) / (p - 1)
+    return share * sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others)
+
+
+def _bubble_dualpipev(others: Sequence[StagePass], sched: Schedule) -> float:
+    """(F&B + B - 3W)/2 per rank: DualPipe's bubble on 2·pp half-size stages (DualPipeV, DualPipe cut in half)."""
+    return sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others) / 2
+
+
+def _warmup_all(sched: Schedule, stage: int) -> int:
+    """GPipe: all m forwards before the first backward."""
+    return sched.microbatches
+
+
+def _warmup_1f1b(sched: Schedule, stage: int) -> int:
+    """1F1B, ZB-H1: p - s - 1."""
+    return min(sched.stages - stage - 1, sched.microbatches)
+
+
+def _warmup_interleaved(sched: Schedule, stage: int) -> int:
+    """Megatron's interleaved schedule: (p - s - 1)·2 + (v - 1)·p chunk forwards (schedules.py
+    get_pp_rank_microbatches)."""
+    p, m, v = sched.stages, sched.microbatches, max(1, sched.chunks)
+    return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+
+
+def _warmup_v(sched: Schedule, stage: int) -> int:
+    """The V schedules: 2(p - s) - 1 chunk forwards, down the V and back up to the rank."""
+    p, m, v = sched.stages, sched.microbatches, max(1, sched.chunks)
+    return min(2 * (p - stage) - 1, m * v)
+
+
+def _held_warmup(sched: Schedule, stage: int) -> int:
+    """1F1B min(p - s, m), stage 0 p; GPipe all m; ZB-H1 what 1F1B holds (Qi et al. 2024 §3.1)."""
+    return min(warmup_microbatches(sched, stage) + 1, sched.microbatches)
+
+
+def _held_interleaved(sched: Schedule, stage: int) -> float:
+    """(warm-up + 1) chunks of 1/v of the stage each (Korthikanti et al. 2022 §4.2.3, Megatron
+    theoretical_memory_usage.py interleaved_schedule_memory_penalty)."""
+    v, m = max(1, sched.chunks), sched.microbatches
+    return min(warmup_microbatches(sched, stage) + 1, m * v) / v
+
+
+def _held_zbv(sched: Schedule, stage: int) -> int:
+    """p on every rank: the V balances it ("1x" of 1F1B in the sail-sg README table)."""
+    return min(sched.stages, sched.microbatches)
+
+
+def _held_dualpipe(sched: Schedule, stage: int) -> int:
+    """PP + 1 of its stages (DualPipe README table)."""
+    return min(sched.stages + 1, sched.microbatches)
+
+
+def _held_dualpipev(sched: Schedule, stage: int) -> float:
+    """DualPipe on 2·pp half-size stages: 2·pp + 1 half-stages."""
+    return min(2 * sched.stages + 1, 2 * sched.microbatches) / 2
+
+
+@dataclass(frozen=True)
+class ScheduleTraits:
+    """One pipeline schedule's facts, read by ``bubble_s``, ``warmup_microbatches``, ``in_flight`` and
+    ``in_flight_chunks``: a new schedule is one ``register`` call, never a comparison of its name."""
+
+    name: str
+    # the fill and drain beyond m times the slowest rank, of the other ranks' passes (p > 1)
+    bubble: Callable[[Sequence[StagePass], Schedule], float]
+    warmup: Callable[[Schedule, int], int]  # forwards (chunk forwards) before a stage's first backward
+    in_flight: Callable[[Schedule, int], float]  # micro-batches a rank holds at its peak, in whole stages
+    # True: a rank's chunks hold different counts, forward k running chunk (k // p) % v (Megatron schedules.py
+    # get_model_chunk_id); False: every chunk holds ``in_flight``
+    chunk_order: bool = False
+
+
+SCHEDULE_TRAITS: dict[str, ScheduleTraits] = {}
+
+
+def register(traits: ScheduleTraits) -> ScheduleTraits:
+    SCHEDULE_TRAITS[traits.name] = traits
+    return traits
+
+
+def schedule_traits(kind: str) -> ScheduleTraits:
+    traits = SCHEDULE_TRAITS.get(kind)
+    if traits is None:
+        known = ", ".join(SCHEDULE_TRAITS)
+        raise SpecError("parallel.pipeline_schedule", f"unknown pipeline schedule {kind!r}; known: {known}")
+    return traits
+
+
+# in parallel.py SCHEDULES' order
+register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup))
+register(ScheduleTraits("interleaved", _bubble_1f1b, _warmup_interleaved, _held_interleaved, chunk_order=True))
+# GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
+register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup))
+register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup))
+register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv))
+register(ScheduleTraits("dualpipe", _bubble_dualpipe, _warmup_v, _held_dualpipe))
+register(ScheduleTraits("dualpipev", _bubble_dualpipev, _warmup_v, _held_dualpipev))
 
 
 def timeline(passes: Sequence[StagePass], sched: Schedule, start_s: float = 0.0) -> list[dict]:
@@ -256,8 +361,10 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
 
 
 __all__ = [
+    "SCHEDULE_TRAITS",
     "PipelineTime",
     "Schedule",
+    "ScheduleTraits",
     "StagePass",
     "bubble_s",
     "busiest_rank_s",
@@ -265,6 +372,8 @@ __all__ = [
     "in_flight",
     "in_flight_chunks",
     "pipeline_time",
+    "register",
+    "schedule_traits",
     "timeline",
     "warmup_microbatches",
 ]

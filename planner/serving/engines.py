@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .._errors import SpecError
 from ..rules.engine_step import DP_SYNC_ROWS, TRTLLM_AR_FUSION, VLLM_DP_SYNC
 from .fused_allreduce import FusedAllReduce
+from .launch import CommandBuilder, sglang_command, trtllm_command, vllm_command
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
 
 
@@ -48,6 +49,9 @@ class EngineTraits:
     # peak that goes to the KV cache (TensorRT-LLM); False: the share of the whole GPU the engine may fill with
     # weights, activations and KV together (vLLM gpu_memory_utilization, SGLang mem_fraction_static)
     memory_fraction_of_free: bool = False
+    # the engine's launch command for one pool, by the flag names its CLI takes (launch.py); None: the engine has
+    # no launch builder and POST /v1/serve/export is a 422 on ``engine``
+    launch: CommandBuilder | None = None
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -79,6 +83,7 @@ VLLM = register(
         redundant_experts_flag="--eplb-config",
         dp_sync_rows=DP_SYNC_ROWS,
         dp_sync_source=VLLM_DP_SYNC,
+        launch=vllm_command,  # `vllm serve` (vLLM 0.14)
     )
 )
 SGLANG = register(
@@ -103,6 +108,7 @@ SGLANG = register(
         two_batch_overlap_flag="--enable-two-batch-overlap",
         two_batch_overlap=(SGLANG_PREFILL, SGLANG_DECODE),
         redundant_experts_flag="--ep-num-redundant-experts",
+        launch=sglang_command,  # python3 -m sglang.launch_server (SGLang 0.5)
     )
 )
 TRTLLM = register(
@@ -128,6 +134,7 @@ TRTLLM = register(
         redundant_experts_flag="moe_config.load_balancer.num_slots",
         tp_allreduce_fusion=FusedAllReduce(TRTLLM_AR_FUSION),
         memory_fraction_of_free=True,
+        launch=trtllm_command,  # trtllm-serve --backend pytorch (TensorRT-LLM 1.2)
     )
 )
 

@@ -25,9 +25,13 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .engines import EngineTraits
+from .._errors import SpecError
 from .spec import Pool, ServeOptions
+
+if TYPE_CHECKING:  # engines.py imports this module for its engines' builders
+    from .engines import EngineTraits
 
 
 @dataclass(frozen=True)
@@ -54,16 +58,23 @@ def launch_commands(
     devices_per_node: int,
     num_experts: int = 0,
 ) -> list[Launch]:
-    """``num_experts``: the model's routed experts (TensorRT-LLM counts EPLB slots, not redundant experts)."""
+    """``num_experts``: the model's routed experts (TensorRT-LLM counts EPLB slots, not redundant experts).
+    Each pool's command is the engine's own ``traits.launch`` builder (engines.py): an engine without one is
+    a SpecError on ``engine``, not a guess at its flags."""
+    if traits.launch is None:
+        raise SpecError("engine", f"engine {traits.name!r} ({traits.label}) has no launch command builder")
     out = []
     for pool in pools:
-        command = _COMMANDS[traits.name](
-            model_path, traits, pool, options, len(pools) > 1, devices_per_node, num_experts
-        )
+        command = traits.launch(model_path, traits, pool, options, len(pools) > 1, devices_per_node, num_experts)
         nodes = max(1, -(-pool.worker_gpus // devices_per_node))
         for w in range(pool.workers):
             out.append(Launch(pool.role, w, nodes, command))
     return out
+
+
+# what an engine's ``launch`` trait is: (model path, traits, pool, options, disaggregated, GPUs per node,
+# routed experts) -> the pool's command
+CommandBuilder = Callable[[str, "EngineTraits", Pool, ServeOptions, bool, int, int], Command]
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,7 @@ def _options_argv(options: ServeOptions, flags: _OptionFlags) -> list[str]:
     return argv
 
 
-def _vllm(
+def vllm_command(
     model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
 ) -> Command:
     argv = ["vllm", "serve", model, "--tensor-parallel-size", str(pool.tp), "--pipeline-parallel-size", str(pool.pp)]
@@ -136,7 +147,7 @@ def _vllm(
     return Command(tuple(argv), per_node=flags)
 
 
-def _sglang(
+def sglang_command(
     model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
 ) -> Command:
     tp = pool.tp * pool.dp if pool.attention_dp else pool.tp
@@ -160,7 +171,7 @@ def _sglang(
     )
 
 
-def _trtllm(
+def trtllm_command(
     model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
 ) -> Command:
     argv = [
@@ -190,9 +201,6 @@ def _trtllm(
         return Command(tuple(argv))
     name = f"extra-llm-api-{pool.role}.yml"  # JSON is YAML
     return Command((*argv, "--extra_llm_api_options", name), files=((name, json.dumps(extra, indent=2)),))
-
-
-_COMMANDS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm}
 
 
 def launch_script(
@@ -230,4 +238,14 @@ def render(launches: list[Launch], engine_label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Launch", "launch_commands", "launch_script", "render"]
+__all__ = [
+    "Command",
+    "CommandBuilder",
+    "Launch",
+    "launch_commands",
+    "launch_script",
+    "render",
+    "sglang_command",
+    "trtllm_command",
+    "vllm_command",
+]

@@ -1,0 +1,94 @@
+"""Every schedule's closed forms on a grid of (pp, m, v) and uneven stages, pinned bit for bit: the digest was
+recorded on main at 9c24664, before the schedule facts moved into planner/pipeline.py's traits table. A change to
+any bubble, in-flight count, warm-up count or timeline block of any schedule changes the digest (an intended
+formula change re-records it, and says why)."""
+
+import hashlib
+
+import pytest
+
+from planner._errors import SpecError
+from planner.parallel import SCHEDULES
+from planner.pipeline import (
+    SCHEDULE_TRAITS,
+    Schedule,
+    ScheduleTraits,
+    StagePass,
+    drain_leads,
+    in_flight,
+    in_flight_chunks,
+    pipeline_time,
+    register,
+    timeline,
+    warmup_microbatches,
+)
+
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev")
+RECORDED = "18d2c8be816229188768ef1cc6e122e45d15603026e39a27e4760796ac390d17"
+
+
+def _passes(p: int) -> list[StagePass]:
+    """Uneven stages (the last slowest), a weight-gradient share, and rank 0 with its own fill/drain."""
+    out = [StagePass(1.0 + 0.125 * s, 2.0 + 0.25 * s, weight_s=0.5 + 0.0625 * s) for s in range(p)]
+    out[0] = StagePass(1.5, 2.5, fill_s=0.75, drain_s=1.25, weight_s=0.375)
+    return out
+
+
+def _grid() -> str:
+    rows = []
+    for kind in KINDS:
+        for p in (1, 2, 3, 4, 8):
+            for m in (1, 2, 5, 8, 33):
+                for v in (1, 2, 3):
+                    for c, overlap in ((0.0, False), (0.03125, False), (0.03125, True)):
+                        sched = Schedule(kind, p, m, v, c, overlap)
+                        passes = _passes(p)
+                        t = pipeline_time(passes, sched)
+                        vals = [t.time_s, *t.busy_s, *t.bubble_s, *drain_leads(passes, sched)]
+                        for s in range(p):
+                            vals += [warmup_microbatches(sched, s), in_flight(sched, s), *in_flight_chunks(sched, s)]
+                        if v == 1 and m <= 8:
+                            for e in timeline(passes, sched, 0.5):
+                                vals += [e["stage"], e["microbatch"], e["microbatches"], e["start_s"], e["end_s"]]
+                                rows.append(e["name"])
+                        rows.append(f"{kind} {p} {m} {v} {c} {overlap}: " + " ".join(float(x).hex() for x in vals))
+    return "\n".join(rows)
+
+
+def test_every_schedule_on_the_grid_is_unchanged():
+    assert hashlib.sha256(_grid().encode()).hexdigest() == RECORDED
+
+
+def test_the_grid_tells_schedules_apart():
+    """The digest is of distinct answers: no two schedules give the same values on this grid."""
+    lines = [r.split(": ", 1) for r in _grid().splitlines() if ": " in r]
+    by_kind: dict[str, list[str]] = {}
+    for head, vals in lines:
+        by_kind.setdefault(head.split()[0], []).append(vals)
+    assert len({tuple(v) for v in by_kind.values()}) == len(KINDS)
+
+
+def test_every_schedule_the_planner_takes_has_its_traits():
+    assert tuple(SCHEDULE_TRAITS) == SCHEDULES  # the same names, in the same order as parallel.py's
+
+
+def test_a_toy_schedule_is_one_entry():
+    """A schedule registered here, in the test only, is read by every function: no bubble, three warm-up
+    forwards and two micro-batches held per rank, per chunk alike."""
+    toy = register(ScheduleTraits("toy", lambda others, s: 0.0, lambda s, stage: 3, lambda s, stage: 2.0))
+    try:
+        sched = Schedule("toy", 4, 8, 2)
+        passes = [StagePass(1.0, 2.0)] * 3 + [StagePass(1.5, 2.5)]
+        assert sched.traits is toy
+        assert pipeline_time(passes, sched).time_s == 8 * 4.0  # m·t_max and nothing else
+        assert [warmup_microbatches(sched, s) for s in range(4)] == [3] * 4
+        assert in_flight_chunks(sched, 1) == (2.0, 2.0)
+    finally:
+        del SCHEDULE_TRAITS["toy"]
+
+
+def test_an_unknown_schedule_is_a_spec_error():
+    with pytest.raises(SpecError) as err:
+        in_flight(Schedule("zb-h2", 4, 8), 0)
+    assert err.value.field == "parallel.pipeline_schedule" and "'zb-h2'" in str(err.value)
+    assert "known: 1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev" in str(err.value)
