@@ -85,7 +85,7 @@ def constraints_help() -> str:
     """``commplan search --help``'s list of the request's constraints, from the schema (one home)."""
     from .schemas.search import ConstraintsIn
 
-    lines = ["constraints (the request's \"constraints\" block; a value or a list of allowed values):"]
+    lines = ['constraints (the request\'s "constraints" block; a value or a list of allowed values):']
     for name, info in ConstraintsIn.model_fields.items():
         lines.append(f"  {name:<26} {info.description or 'fixed or allowed values; omitted: every valid value'}")
     return "\n".join(lines)

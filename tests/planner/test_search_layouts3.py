@@ -119,9 +119,7 @@ def test_screen_equals_build_plan_on_torch_checkpointing_and_offload():
     CPU offload of 2 layers (pp 1: tp 8 on one node)."""
     work = WorkloadSpec(global_batch_size=16)
     torch = Shape(2, 1, 4, 1)
-    cases = [
-        (Variant(torch, 1, "1f1b", 1, True, "torch"), 1, Recompute("selective", ac_option=o)) for o in ("op", "2")
-    ]
+    cases = [(Variant(torch, 1, "1f1b", 1, True, "torch"), 1, Recompute("selective", ac_option=o)) for o in ("op", "2")]
     _screen_vs_plan(model_of(20), cluster_preset("dgx-h100", 1), work, torch, cases)
     flat = Shape(8, 1, 1, 1)
     cases = [(Variant(flat, 1, "1f1b", 1, True, "megatron"), 1, Recompute("none", offload=2))]
