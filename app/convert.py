@@ -72,6 +72,7 @@ ONLY_FOR = {
         "recompute_modules",
         "selective_ac_option",
         "cpu_offloading_num_layers",
+        "activation_func_fp8_input_store",
     ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }

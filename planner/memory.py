@@ -23,7 +23,9 @@ parallelism splits the rest; context parallelism splits s. Flash attention and s
 the s² term (flash keeps only the output and the log-sum-exp); full recompute keeps each layer's input
 (2·sbh, /t with SP) plus one layer's working set. MoE layers store the expert inputs and activations of the
 top-k copies of each token. Micro-batches in flight come from the schedule (pipeline.in_flight).
-The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3).
+The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3). Under an fp8/fp4
+recipe TransformerEngine's linears save quantized copies of their inputs, and Megatron can keep the SwiGLU
+input in fp8 (``activation_parts``; docs/step-time.md).
 
 **Buffers**: a fixed WORKSPACE (CUDA context, cuBLAS/cuDNN workspaces, NCCL channel buffers) plus the
 largest communication buffer the stage allocates besides its gradients.
@@ -139,68 +141,113 @@ def has_dropout(ctx: Context) -> bool:
     return ctx.model.learned_position_embeddings or ctx.model.linear_bias
 
 
-def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> LayerActivations:
-    """Korthikanti et al. 2022 Table 2 tensor by tensor (module docstring), for b·s/cp tokens, x bytes."""
+def saved_recipe(ctx: Context):
+    """The fp8/fp4 recipe whose TE linears save quantized inputs for backward: training under a Megatron/TE
+    flavour with ``workload.fp8_recipe`` (planner/recipes.py); None otherwise."""
+    recipe = ctx.work.recipe
+    return recipe if recipe is not None and ctx.training and ctx.flavour.te_fp8_recipes else None
+
+
+def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> dict[str, tuple[str, float]]:
+    """Each tensor one layer saves for backward, by name: (split | replicated | scores, bytes) for b·s/cp tokens
+    (Korthikanti et al. 2022 Table 2, module docstring), at the width it is saved at. Under an fp8/fp4 recipe
+    (``saved_recipe``) a TE linear saves a quantized copy of its input (``Recipe.saved_input_bytes``, 1.03 B per
+    element for blockwise and mxfp8) instead of the bf16 tensor, except where Megatron sets
+    ``save_original_input`` and TE honours it (``Recipe.saves_original_input``): linear_proj, whose input the
+    fused attention saves anyway (megatron/core/transformer/attention.py). The SwiGLU input is kept as
+    float8_e4m3fn (1 B) with ``workload.activation_func_fp8_input_store`` (Megatron
+    --activation-func-fp8-input-store, megatron/core/fusions/fused_bias_swiglu.py)."""
     mdl = ctx.model
     dropout = has_dropout(ctx) if dropout is None else dropout
-    sbx = ctx.b * ctx.s_cp * ctx.x  # one h-independent token-row unit
-    h, hd = mdl.hidden_size, mdl.head_size
-    heads = mdl.num_attention_heads
+    tok = ctx.b * ctx.s_cp
+    x, h, hd, heads = ctx.x, mdl.hidden_size, mdl.head_size, mdl.num_attention_heads
+    recipe = saved_recipe(ctx)
+    lin = recipe.saved_input_bytes if recipe else x  # bytes per element of a TE linear's saved input
+    act = 1 if ctx.work.activation_func_fp8_input_store else x  # the SwiGLU input (fc1's output)
     if mdl.mla:  # Q and K at qk = nope + rope per head, V and the projection input at v_head_dim per head
         a = mdl.mla
-        qkvo = heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + 2 * a.v_head_dim)
+        qkv, proj = heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim), heads * a.v_head_dim
+        readers = 2 if a.q_lora_rank else 1  # linear_q_down_proj and linear_kv_down_proj each quantize the norm output
     else:  # Q and the projection input q wide, K and V kv wide (GQA)
-        qkvo = 2 * heads * hd + 2 * mdl.kv_heads * hd
-    mask = ctx.b * ctx.s_cp if dropout else 0  # 1-byte dropout masks
-    # attention: Q, K, V and the projection input split; QKV input replicated (+ dropout mask)
-    split = sbx * qkvo
-    replicated = sbx * h + mask * h
-    # softmax output (x bytes per score); with dropout also its 1-byte mask and x-byte output: 5·a·s²·b at x = 2
-    per_score = (2 * ctx.x + 1) if dropout else ctx.x
-    scores = per_score * mdl.num_attention_heads * ctx.b * ctx.s_cp * ctx.s
-    # MLP: input replicated; activation input and output split (+ dropout mask)
-    replicated += sbx * h + mask * h
+        qkv, proj, readers = heads * hd + 2 * mdl.kv_heads * hd, heads * hd, 1
+    mask = tok * h if dropout else 0  # 1-byte dropout masks
+    parts = {
+        "qkv_in": ("replicated", tok * h * (readers * lin if recipe else x)),  # the norm output, QKV's input
+        "qkv": ("split", tok * qkv * x),  # Q, K, V for the attention kernel
+        "proj_in": ("split", tok * proj * x),  # the attention output, linear_proj's input
+        "attn_mask": ("replicated", mask),
+        # softmax output (x bytes per score); with dropout also its 1-byte mask and x-byte output: 5·a·s²·b at x = 2
+        "scores": ("scores", ((2 * x + 1) if dropout else x) * heads * tok * ctx.s),
+        "mlp_mask": ("replicated", mask),
+        "norm_in": ("replicated", 2 * tok * h * x),  # the two norms' inputs
+    }
+    if recipe and not recipe.saves_original_input:  # delayed scaling: linear_proj keeps its quantized copy too
+        parts["proj_in_copy"] = ("split", tok * proj * lin)
     gate = 2 if mdl.gated_mlp else 1
-    if moe:
-        m = mdl.moe
-        copies = m.top_k * (m.capacity_factor or 1.0)
-        ffn = m.expert_ffn_hidden_size
-        split += sbx * copies * (h + (gate + 1) * ffn) + (sbx * (gate + 1) * m.shared_ffn if m.shared_ffn else 0)
-        replicated += ctx.b * ctx.s_cp * m.num_experts * 4  # fp32 router logits
-    else:
-        split += sbx * (gate + 1) * mdl.ffn_hidden_size
-    replicated += 2 * sbx * h  # the two norms' inputs
-    return LayerActivations(split, replicated, scores)
+    if not moe:
+        ffn = mdl.ffn_hidden_size
+        parts["mlp_in"] = ("replicated", tok * h * lin)  # the pre-MLP norm output, fc1's input
+        parts["act_in"] = ("split", tok * gate * ffn * act)
+        parts["fc2_in"] = ("split", tok * ffn * lin)
+        return parts
+    m = mdl.moe
+    copies = m.top_k * (m.capacity_factor or 1.0)
+    ffn = m.expert_ffn_hidden_size
+    parts["mlp_in"] = ("replicated", tok * h * x)  # the pre-MLP norm output the router saves (bf16)
+    if recipe and m.shared_ffn:  # and the shared experts' fc1 quantizes it
+        parts["mlp_in_copy"] = ("replicated", tok * h * lin)
+    parts["router"] = ("replicated", tok * m.num_experts * 4)  # fp32 router logits
+    parts["fc1_in"] = ("split", tok * copies * h * lin)  # the dispatched tokens, the experts' fc1 input
+    parts["act_in"] = ("split", tok * copies * gate * ffn * act)
+    parts["fc2_in"] = ("split", tok * copies * ffn * lin)
+    if m.shared_ffn:
+        parts["shared_act_in"] = ("split", tok * gate * m.shared_ffn * act)
+        parts["shared_fc2_in"] = ("split", tok * m.shared_ffn * lin)
+    return parts
+
+
+def _sum_parts(parts: dict[str, tuple[str, float]], names) -> LayerActivations:
+    by_kind = {"split": 0.0, "replicated": 0.0, "scores": 0.0}
+    for name in names:
+        if name in parts:
+            kind, size = parts[name]
+            by_kind[kind] += size
+    return LayerActivations(by_kind["split"], by_kind["replicated"], by_kind["scores"])
+
+
+def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> LayerActivations:
+    """Korthikanti et al. 2022 Table 2 tensor by tensor (module docstring, ``activation_parts``)."""
+    parts = activation_parts(ctx, moe, dropout)
+    return _sum_parts(parts, parts)
 
 
 def freed_activations(ctx: Context, moe: bool, modules: frozenset[str]) -> LayerActivations:
     """The tensors of ``layer_activations`` that selective recompute of ``modules`` frees (planner/recompute.py
-    lists what each module re-runs); core_attn's s² scores go through ``per_rank``'s ``flash`` switch."""
-    mdl = ctx.model
-    sbx, h = ctx.b * ctx.s_cp * ctx.x, mdl.hidden_size
-    gate = 2 if mdl.gated_mlp else 1
-    split = replicated = 0.0
+    lists what each module re-runs); core_attn's s² scores go through ``per_rank``'s ``flash`` switch. Under an
+    fp8 recipe Megatron sets ``save_original_input`` on the linears whose input is recomputed (layernorm:
+    linear_qkv / the down-projections and the shared experts' fc1; moe_act: the experts' fc2), so their
+    quantized copies go too, except under delayed scaling, where TE keeps them (``Recipe.saves_original_input``)."""
+    parts = activation_parts(ctx, moe)
+    recipe = saved_recipe(ctx)
+    copies_go = recipe is None or recipe.saves_original_input
+    names: list[str] = []
     if "layernorm" in modules:  # the norms' outputs: the QKV input and the MLP input
-        replicated += 2 * sbx * h
-    if "mla_up_proj" in modules and mdl.mla:  # Q, K and V after the up-projections
-        a = mdl.mla
-        split += sbx * mdl.num_attention_heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim)
+        names += ["mlp_in"] if moe else []
+        names += ["qkv_in", "mlp_in_copy"] + ([] if moe else ["mlp_in"]) if copies_go else []
+    if "mla_up_proj" in modules and ctx.model.mla:  # Q, K and V after the up-projections
+        names.append("qkv")
     if not moe:
         if "mlp" in modules:
-            split += sbx * (gate + 1) * mdl.ffn_hidden_size
-        return LayerActivations(split, replicated, 0.0)
-    m = mdl.moe
-    copies = m.top_k * (m.capacity_factor or 1.0)
+            names += ["act_in", "fc2_in"]
+        return _sum_parts(parts, names)
     if "moe" in modules:  # the whole MoE block: experts, shared experts, router logits
-        split += sbx * copies * (h + (gate + 1) * m.expert_ffn_hidden_size)
-        split += sbx * (gate + 1) * m.shared_ffn if m.shared_ffn else 0
-        replicated += ctx.b * ctx.s_cp * m.num_experts * 4
-        return LayerActivations(split, replicated, 0.0)
-    if "moe_act" in modules:  # the experts' activation output (FC2's input)
-        split += sbx * copies * m.expert_ffn_hidden_size
-    if "shared_experts" in modules and m.shared_ffn:
-        split += sbx * (gate + 1) * m.shared_ffn
-    return LayerActivations(split, replicated, 0.0)
+        names += ["fc1_in", "act_in", "fc2_in", "shared_act_in", "shared_fc2_in", "router"]
+        return _sum_parts(parts, names)
+    if "moe_act" in modules and copies_go:  # the experts' activation output (fc2's input)
+        names.append("fc2_in")
+    if "shared_experts" in modules:
+        names += ["shared_act_in", "shared_fc2_in"]
+    return _sum_parts(parts, names)
 
 
 def torch_op_sac_kept(ctx: Context) -> float:

@@ -85,6 +85,21 @@ class Recipe:
         scales = 2 * self.scale_bytes / self.activation_block if self.activation_block else 0.0
         return self.cast_read_bytes + 2 * self.element_bytes + scales
 
+    @property
+    def saved_input_bytes(self) -> float:
+        """Bytes per element of the copy of its input a TE linear saves for its wgrad GEMM under this recipe: the
+        quantized data in one direction only (TE 2.x module/linear.py: ``inputmat.update_usage(rowwise_usage=False,
+        columnwise_usage=True)``, rowwise instead when the input is all-gathered; layernorm_linear.py ln_out;
+        grouped_linear.py) with its block scales; a per-tensor recipe's one scale per tensor is not counted."""
+        return self.element_bytes + (self.scale_bytes / self.activation_block if self.activation_block else 0.0)
+
+    @property
+    def saves_original_input(self) -> bool:
+        """Whether TE honours ``save_original_input`` (the module saves its bf16 input, not a quantized copy):
+        not with DelayedScaling (TE grouped_linear.py: "DelayedScaling recipe is not supported with
+        save_original_input"; Megatron attention.py sets it on linear_proj only for fp8_recipe != 'delayed')."""
+        return not self.amax_history
+
     def weight_copy_bytes(self, numel: int) -> int:
         """The quantized copies TE keeps of a bf16 weight between micro-batches (the is_first_microbatch cache):
         the rowwise data and the columnwise (transposed) data for the dgrad/wgrad GEMMs, with their scales."""
@@ -170,4 +185,22 @@ def check_param_gather(work, par) -> None:
         raise SpecError(
             "workload.fp8_param_gather",
             f"is modelled with the distributed optimizer (zero_stage 1) or DDP (0), got zero_stage {par.zero_stage}",
+        )
+
+
+def check_act_fp8_store(work, par, model) -> None:
+    """--activation-func-fp8-input-store is Megatron's, for SwiGLU only (transformer_config.py: "Storing activation
+    input in FP8 is supported only for SwiGLU")."""
+    if not work.activation_func_fp8_input_store:
+        return
+    if not par.flavour.te_fp8_recipes:
+        raise SpecError(
+            "workload.activation_func_fp8_input_store",
+            f"is Megatron's --activation-func-fp8-input-store; framework is {par.framework!r}",
+        )
+    if not model.gated_mlp:
+        raise SpecError(
+            "workload.activation_func_fp8_input_store",
+            "Megatron stores the activation input in fp8 only for SwiGLU (transformer_config.py); the model's MLP "
+            "is not gated",
         )

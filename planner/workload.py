@@ -54,6 +54,9 @@ class WorkloadSpec:
     # the distributed optimizer's parameter all-gather in fp8)
     fp8_recipe: str | None = None
     fp8_param_gather: bool = False
+    # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
+    # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
+    activation_func_fp8_input_store: bool = False
     # ---- recompute as configured (issue 21; planner/recompute.py): activation_recompute is Megatron's
     # --recompute-granularity (none | selective | full) ----
     recompute_method: str | None = None  # --recompute-method uniform | block (full only; None: uniform, 1 layer)

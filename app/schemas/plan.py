@@ -179,6 +179,11 @@ class WorkloadIn(Strict):
     fp8_param_gather: bool | None = Field(
         default=None, description="Megatron --fp8-param-gather: fp8 primary weights, the parameter all-gather in fp8"
     )
+    activation_func_fp8_input_store: bool | None = Field(
+        default=None,
+        description="Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward in fp8 "
+        "(DeepSeek-V3 report §3.3.2); SwiGLU models, Megatron, training",
+    )
 
 
 class ParallelIn(Strict):
