@@ -648,11 +648,13 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     tokens = T / t * par.etp  # tokens this rank dispatches (the etp group's, after SP's gather)
     f = m.expert_ffn_hidden_size / par.etp
     x = max(2, ctx.x)  # fp8 recipes keep the tensors between kernels in bf16
-    streams = ctx.flavour.expert_gemm_streams
+    # a training framework's expert GEMMs (Flavour.expert_gemm_streams); serving engines run one fused MoE kernel
+    # (vLLM/SGLang fused_moe, TensorRT-LLM's CUTLASS MoE: the measured tables of test_kernels)
+    streams = ctx.flavour.expert_gemm_streams if ctx.training else 0
     ef, eb = routed_expert_kernels(
         tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor, streams, chunk_sort(ctx, local)
     )
-    if streams and not m.capacity_factor and ctx.training:
+    if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
         # queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
         ef.insert(0, Kernel("expert_counts_sync", "memory", eff.cpu_op_s, bytes=8 * m.num_experts))

@@ -92,3 +92,12 @@ def test_dense_layers_are_untouched():
     lk = layer_kernels(c, False, H100)
     assert all(k.count == 1 for k in lk.forward if k.kind == "gemm")
     assert not {"sort_chunks", "expert_counts_sync"} & {k.name for k in lk.forward}
+
+
+def test_serving_keeps_the_fused_moe_kernel():
+    """Inference (serving engines' fused MoE) is one grouped kernel, with no host sync and no chunk sort."""
+    c = qwen3()
+    served = Context(c.model, replace(c.work, kind="inference", phase="prefill"), c.par)
+    fwd = by_name(layer_kernels(served, True, H100).forward)
+    assert fwd["experts_fc1"].count == 1
+    assert not {"sort_chunks", "expert_counts_sync"} & set(fwd)
