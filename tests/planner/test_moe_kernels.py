@@ -101,3 +101,17 @@ def test_serving_keeps_the_fused_moe_kernel():
     fwd = by_name(layer_kernels(served, True, H100).forward)
     assert fwd["experts_fc1"].count == 1
     assert not {"sort_chunks", "expert_counts_sync"} & set(fwd)
+
+
+def test_each_expert_launch_pays_the_host_dispatch_without_cuda_graphs():
+    """512 tokens per rank: each of the 16 experts' fc2 GEMMs is shorter than a host dispatch, so eager the GEMM
+    is launch-bound at 16 x cpu_op_s; with CUDA graphs (no host floor) it is the 4 waves' GPU time."""
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=64, seq_length=512)
+    eager = Context(QWEN3, work, ParallelSpec(dp=8, ep=8))
+    fc2 = by_name(layer_kernels(eager, True, H100).forward)["experts_fc2"]
+    assert fc2.count == 16 and fc2.time_s == pytest.approx(16 * EFFICIENCY.cpu_op_s)
+    graphed = Context(QWEN3, replace(work, cuda_graphs=True), eager.par)
+    rows, _ = expert_rows(graphed)
+    gpu_s = 4 * gemm_time((round(rows, 3),) * 4, 2048, 768.0, "bf16", H100, EFFICIENCY)
+    assert by_name(layer_kernels(graphed, True, H100).forward)["experts_fc2"].time_s == pytest.approx(gpu_s)
+    assert gpu_s < 16 * EFFICIENCY.cpu_op_s
