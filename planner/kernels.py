@@ -374,22 +374,46 @@ def gemm_time(rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUS
 
 
 def gemm_kernels(
-    name: str, m: float, n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency, groups: int = 1
+    name: str,
+    m: float,
+    n: float,
+    k: float,
+    dtype: str,
+    gpu: GPUSpec,
+    eff: Efficiency,
+    groups: int = 1,
+    streams: int = 0,
 ) -> tuple[Kernel, Kernel, Kernel]:
     """Forward (m x k)(k x n), and its backward: data gradient (m x n)(n x k) and weight gradient (k x m)(m x n),
-    per group when grouped (each expert's weight gradient is its own GEMM with k = its rows)."""
+    per group when grouped (each expert's weight gradient is its own GEMM with k = its rows). ``streams`` 0: a
+    group is one grouped kernel; n > 0: one GEMM launch per group spread over n streams (streamed_gemm_time)."""
     m = max(0.0, m)
     rows = (_round(m),) * groups
     flops = 2.0 * m * n * k * groups
     shape = (m, n, k, groups)
-    fwd = Kernel(name, "gemm", gemm_time(rows, n, k, dtype, gpu, eff), flops, shape=shape, dtype=dtype)
-    dgrad = Kernel(name + ".dgrad", "gemm", gemm_time(rows, k, n, dtype, gpu, eff), flops, shape=shape, dtype=dtype)
-    if groups == 1:
-        wgrad_t = gemm_time((_round(k),), n, m, dtype, gpu, eff)
-    else:  # one (k x n) output per expert, reduced over that expert's rows
-        wgrad_t = gemm_time((_round(k),) * groups, n, m, dtype, gpu, eff)
-    wgrad = Kernel(name + ".wgrad", "gemm", wgrad_t, flops, shape=shape, dtype=dtype)
+    launches = groups if streams and groups > 1 else 1
+    wgrad_rows = (_round(k),) * groups  # one (k x n) output per expert, reduced over that expert's rows
+    times = [streamed_gemm_time(r, a, b, dtype, gpu, eff, streams) for r, a, b in ((rows, n, k), (rows, k, n))]
+    times.append(streamed_gemm_time(wgrad_rows, n, m, dtype, gpu, eff, streams))
+    fwd, dgrad, wgrad = (
+        Kernel(name + suffix, "gemm", t, flops, shape=shape, dtype=dtype, count=launches)
+        for suffix, t in zip(("", ".dgrad", ".wgrad"), times, strict=True)
+    )
     return fwd, dgrad, wgrad
+
+
+def streamed_gemm_time(
+    rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency, streams: int = 0
+) -> float:
+    """Seconds of len(rows) GEMMs launched one by one over ``streams`` CUDA streams (TransformerEngine's
+    multi_stream_cublas_gemm: GEMM i on stream i % streams): they run in waves of ``streams`` concurrent GEMMs, a
+    wave sharing the SMs as one grouped GEMM does (gemm_time over its rows) and paying one fixed cost (the
+    concurrent GEMMs' prologues and tails overlap); ``streams`` 0 or one group: one grouped kernel (gemm_time)."""
+    if not streams or len(rows) <= streams:
+        return gemm_time(rows, n, k, dtype, gpu, eff)
+    waves, rest = divmod(len(rows), streams)
+    t = waves * gemm_time(rows[:streams], n, k, dtype, gpu, eff)
+    return t + (gemm_time(rows[:rest], n, k, dtype, gpu, eff) if rest else 0.0)
 
 
 def _round(v: float) -> float:
@@ -491,7 +515,9 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
+        flavour.expert_gemm_streams,
         par.cp_comm,
+        par.ep_dispatch,
     )
 
 
@@ -622,7 +648,16 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     tokens = T / t * par.etp  # tokens this rank dispatches (the etp group's, after SP's gather)
     f = m.expert_ffn_hidden_size / par.etp
     x = max(2, ctx.x)  # fp8 recipes keep the tensors between kernels in bf16
-    ef, eb = routed_expert_kernels(tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor)
+    # a training framework's expert GEMMs (Flavour.expert_gemm_streams); serving engines run one fused MoE kernel
+    # (vLLM/SGLang fused_moe, TensorRT-LLM's CUTLASS MoE: the measured tables of test_kernels)
+    streams = ctx.flavour.expert_gemm_streams if ctx.training else 0
+    ef, eb = routed_expert_kernels(
+        tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor, streams, chunk_sort(ctx, local)
+    )
+    if streams and not m.capacity_factor:
+        # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
+        # queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
+        ef.insert(0, Kernel("expert_counts_sync", "memory", eff.cpu_op_s, bytes=8 * m.num_experts))
     k.fwd.extend(ef)
     k.bwd.extend(eb)
 
@@ -681,6 +716,20 @@ def _fp8_casts(k: _Layer) -> None:
     k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes))
 
 
+# Megatron-Core's alltoall dispatcher receives each expert's rows grouped by source rank, (source rank, local
+# expert) chunks; with more than one local expert it re-orders them by expert after the dispatch and back before
+# the combine (token_dispatcher.py MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess ->
+# moe_utils.sort_chunks_by_idxs: torch.split + torch.cat of the tokens and their probs, or TE's
+# fused_sort_chunks_by_index under --moe-permute-fusion: the same copy in one kernel); their backward is the
+# reverse copy. The flex (DeepEP, HybridEP) and allgather dispatchers permute once on the receiving side.
+CHUNK_SORT_DISPATCH = ("alltoall",)
+
+
+def chunk_sort(ctx: Context, local: int) -> bool:
+    """Whether the dispatcher re-orders the received rows by local expert (CHUNK_SORT_DISPATCH)."""
+    return ctx.training and ctx.par.ep > 1 and local > 1 and ctx.par.ep_dispatch in CHUNK_SORT_DISPATCH
+
+
 def routed_expert_kernels(
     tokens: float,
     rows: float,
@@ -694,30 +743,39 @@ def routed_expert_kernels(
     gpu: GPUSpec,
     eff: Efficiency = EFFICIENCY,
     floor: float = 0.0,
+    streams: int = 0,
+    sort: bool = False,
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
     expert order (Megatron-Core moe_utils.permute: read the tokens, write R rows, the indices); the experts as two
-    grouped GEMMs around the activation; unpermute: read R rows and the probs, scatter-add into the tokens."""
+    grouped GEMMs around the activation (``streams``: per-expert launches, gemm_kernels); unpermute: read R rows
+    and the probs, scatter-add into the tokens. ``sort``: the received rows are re-ordered from (source rank,
+    expert) to (expert, source rank) after the dispatch and back before the combine (chunk_sort)."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
     act_b, act_n = fu.gated_act if gated else fu.act
     gemms = {"experts_fc1": ((2 if gated else 1) * f, h), "experts_fc2": (h, f)}
-    memory = {
-        "permute": (x * h * (tokens + R) + 16 * R, 3),
-        "expert_activation": (act_b * R * f, act_n),
-        "unpermute": (x * h * (R + tokens) + 4 * R, 2),
+    memory = {  # name: (forward bytes, kernels, backward bytes / forward bytes)
+        "permute": (x * h * (tokens + R) + 16 * R, 3, BACKWARD_BYTES),
+        # torch.cat of the chunks: read and write every received row and its fp32 prob; the backward is the reverse
+        # copy of the gradient (the prob's gradient goes its own way: not counted)
+        "sort_chunks": (2 * (x * h + 4) * R, 1, x * h / (x * h + 4)),
+        "expert_activation": (act_b * R * f, act_n, BACKWARD_BYTES),
+        "unsort_chunks": (2 * x * h * R, 1, 1.0),
+        "unpermute": (x * h * (R + tokens) + 4 * R, 2, BACKWARD_BYTES),
     }
-    for name in ("permute", "experts_fc1", "expert_activation", "experts_fc2", "unpermute"):
+    order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks", "unpermute"]
+    for name in order if sort else [n for n in order if "sort_chunks" not in n]:
         if name in gemms:
-            kf, kd, kw = gemm_kernels(name, rows, *gemms[name], dtype, gpu, eff, groups=local)
+            kf, kd, kw = gemm_kernels(name, rows, *gemms[name], dtype, gpu, eff, local, streams)
             fwd.append(_floored(kf, floor))
             bwd.extend((_floored(kd, floor), _floored(kw, floor)))
         else:
-            nbytes, count = memory[name]
+            nbytes, count, back = memory[name]
             fwd.append(memory_kernel(name, nbytes, gpu, eff, count, floor))
-            bwd.append(memory_kernel(name + ".bwd", nbytes * BACKWARD_BYTES, gpu, eff, count, floor))
+            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, count, floor))
     return fwd, bwd
 
 

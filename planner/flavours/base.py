@@ -96,6 +96,11 @@ class Flavour:
     # Megatron-LM 2022 / Megatron-Core: the wgrad GEMM adds into main_grad); False: a separate add per weight per
     # micro-batch (workload.grad_accumulation_fusion overrides)
     grad_accumulation_fusion: bool = True
+    # how the routed experts' GEMMs launch: 0, one grouped kernel over the local experts (torch._grouped_mm,
+    # serving engines' fused MoE); n > 0, one cuBLAS GEMM per local expert spread over n CUDA streams, which needs
+    # each expert's rows on the host (a device-to-host sync per MoE layer forward; planner/kernels.py
+    # routed_expert_kernels)
+    expert_gemm_streams: int = 0
     # the loss as one fused kernel (Megatron --cross-entropy-loss-fusion, store_true: off by default since it came,
     # 7b4a6d76c9 of 2024-06-14) or Megatron's vocab_parallel_cross_entropy as its torch ops; flavours that run eager
     # (fused_kernels False) take the eager loss whatever this says (planner/compute.py head_kernels)

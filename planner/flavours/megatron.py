@@ -21,6 +21,11 @@ FLAVOUR = Flavour(
     # (transformer_engine/pytorch/attention get_attention_backend)
     flash_attention_by_sm=((80, "flash2"), (90, "cudnn"), (100, "cudnn")),
     version=M.strip(),
+    # --moe-grouped-gemm: TE GroupedLinear -> general_grouped_gemm -> nvte_multi_stream_cublas_gemm, one cuBLAS
+    # GEMM per local expert on compute stream i % 4 (TransformerEngine transformer_engine/common/gemm/
+    # cublaslt_gemm.cu multi_stream_cublas_gemm; num_compute_streams = 4, common/util/multi_stream.h), its m_splits
+    # a host list of each expert's rows (token_dispatcher.py tokens_per_expert .to("cpu") + sync)
+    expert_gemm_streams=4,
     hf_modules=False,  # fused linear_qkv and linear_fc1; vocabulary padded to 128 x tp (--make-vocab-size-divisible-by)
     fused_column_dgrad=True,
     sp_wgrad_regather=True,
