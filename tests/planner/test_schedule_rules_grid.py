@@ -9,6 +9,7 @@ import hashlib
 from collectives.topology import cluster_preset
 from planner import Options, ParallelSpec, SpecError, WorkloadSpec, build_plan
 from planner.parallel import SCHEDULES
+from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
 RECORDED = "c44729c3032c8f059d35121abd422d12f7064d593da549a38dd0236f7cd998eb"
@@ -86,3 +87,43 @@ def test_the_grid_holds_errors_and_plans_of_every_schedule():
         "parallel.pipeline_layout",
     ):
         assert f"error {field}:" in errors, field
+
+
+def test_a_toy_schedule_is_one_entry_for_the_planner_too():
+    """A schedule registered in the test only is validated, laid out and priced from its traits alone: a V
+    (2 chunks per rank) that needs pp >= 4 and an even pp, and sends half its micro-batches each way."""
+    zbv = SCHEDULE_TRAITS["zbv"]
+    toy = ScheduleTraits(
+        "toy-v",
+        zbv.bubble,
+        zbv.warmup,
+        zbv.in_flight,
+        v_shape=True,
+        min_pp=4,
+        even_pp="toy.py: even ranks",
+        title="Toy",
+        overlaps_ep=True,
+        directions=2,
+        source="toy.py",
+    )
+    register(toy)
+    try:
+        assert _answer("toy-v", "megatron", 2, 1, 8, {}) == (
+            "error parallel.pipeline_schedule: parallel.pipeline_schedule: toy-v is a pipeline schedule: it needs "
+            "pp >= 4, got pp 2"
+        )
+        assert _answer("toy-v", "megatron", 5, 1, 8, {}) == (
+            "error parallel.pp: parallel.pp: Toy needs an even pp (toy.py: even ranks), got pp 5"
+        )
+        assert "runs exactly 2 chunks per rank" in _answer("toy-v", "megatron", 4, 3, 8, {})
+        mine, theirs = _answer("toy-v", "megatron", 4, 1, 8, {}), _answer("zbv", "megatron", 4, 1, 8, {})
+        assert mine.startswith("plan 32 8 4") and theirs.startswith("plan 32 8 4")
+        sends = [r.split() for r in mine.splitlines() if r.startswith("pp.activation ")]
+        zbv_sends = [r.split() for r in theirs.splitlines() if r.startswith("pp.activation ")]
+        assert len(sends) == len(zbv_sends) > 0
+        for row, zbv_row in zip(sends, zbv_sends, strict=True):
+            assert int(row[3]) * 2 == int(zbv_row[3])  # calls per iteration: half of the micro-batches each way
+            assert "toy.py" in row and "toy.py" not in zbv_row
+        assert ParallelSpec(pp=4, pipeline_schedule="toy-v").chunks_per_rank == 2
+    finally:
+        del SCHEDULE_TRAITS["toy-v"]
