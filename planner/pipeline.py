@@ -300,6 +300,9 @@ class ScheduleTraits:
     directions: int = 1
     # True: a stage runs all its forwards, then all its backwards (GPipe; torch ScheduleGPipe._step_microbatches)
     forwards_first: bool = False
+    # copies of the parameters a rank trains, each with its gradients; the optimizer steps them as one (DualPipe:
+    # 2, one per direction, DualPipe README table "Parameter 2x", DeepSeek-V3 report §3.2.1; DualPipeV: 1)
+    param_copies: int = 1
     source: str = ""  # its p2p calls' source; "" is the framework's schedule file (Flavour.pp_source)
 
     @property
@@ -352,6 +355,7 @@ register(
         even_pp="dualpipe.py: assert num_ranks % 2 == 0",
         title="DualPipe",
         directions=2,
+        param_copies=2,
     )
 )
 register(ScheduleTraits("dualpipev", _bubble_dualpipev, _warmup_v, _held_dualpipev, **_DUALPIPE))

@@ -2,7 +2,9 @@
 default, the p2p ledger rule and torch's pass order), pinned on a grid of (schedule, framework, pp, v, m,
 layout): each bad request's SpecError field and message byte for byte, each good one's plan (calls, prices,
 step time, memory). The digest was recorded on main at 0813324, before those facts moved into the
-ScheduleTraits table; an intended change re-records it and says why."""
+ScheduleTraits table; flipping any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule,
+overlaps_ep, directions, forwards_first, param_copies, source) changes it or raises. An intended change
+re-records it and says why."""
 
 import hashlib
 
@@ -12,7 +14,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "c44729c3032c8f059d35121abd422d12f7064d593da549a38dd0236f7cd998eb"
+RECORDED = "7f808402e913fee8a12c90b2c8a2af5bde18498c1c2d5d138a3956c276ce5add"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
@@ -35,10 +37,10 @@ def _cases():
 
 
 def _answer(sched, framework, pp, v, m, layout) -> str:
-    dp, ep = 2, 2 if framework == "megatron" else 1
-    par = dict(
-        tp=4, pp=pp, dp=dp, ep=ep, sequence_parallel=True, zero_stage=1, framework=framework, pipeline_schedule=sched
-    )
+    # torch at ZeRO-3 (FSDP2 with pipelining): its gathers follow the schedule's pass order (rules/data.py)
+    dp, ep, zero = (2, 2, 1) if framework == "megatron" else (2, 1, 3)
+    par = dict(tp=4, pp=pp, dp=dp, ep=ep, sequence_parallel=True, zero_stage=zero, framework=framework)
+    par["pipeline_schedule"] = sched
     try:
         plan = build_plan(
             MODEL,
