@@ -1,10 +1,10 @@
 """The schedule rules outside planner/pipeline.py (validation in planner/parallel.py, the step's EP overlap
-default, the p2p ledger rule and torch's pass order), pinned on a grid of (schedule, framework, pp, v, m,
-layout): each bad request's SpecError field and message byte for byte, each good one's plan (calls, prices,
-step time, memory). The digest was recorded on main at 0813324, before those facts moved into the
-ScheduleTraits table; flipping any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule,
-overlaps_ep, directions, forwards_first, param_copies, source) changes it or raises. An intended change
-re-records it and says why."""
+default, the p2p ledger rule, torch's pass order, DualPipe's parameter copies), pinned on a grid of (schedule,
+framework, pp, v, m, layout): each bad request's SpecError field and message byte for byte, each good one's
+plan (calls, prices, step time, memory). The digest is main's code at ee0d38e, before those facts moved into
+the ScheduleTraits table (first recorded at 0813324; the moemech merge then moved MoE step times). Flipping
+any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
+forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
 
 import hashlib
 
@@ -14,7 +14,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "7f808402e913fee8a12c90b2c8a2af5bde18498c1c2d5d138a3956c276ce5add"
+RECORDED = "d01d1ca004d0e9caeb56a7952bf58192dd6b1351ba15c78ab4cc3ebda55b5ae3"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
