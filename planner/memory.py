@@ -52,9 +52,6 @@ GIB = 1 << 30
 WORKSPACE_BYTES = 1 * GIB
 ADAM_STATE_BYTES = 8  # m and v in fp32
 MASTER_BYTES = 4  # fp32 master weights when the parameters are not fp32
-# DualPipe keeps two copies of the parameters, one per direction, each with its gradients (DualPipe README
-# table: Parameter 2x; DeepSeek-V3 report §3.2.1); the optimizer steps them as one. DualPipeV: 1x.
-SCHEDULE_PARAM_COPIES = {"dualpipe": 2}
 ZERO3_UNITS_IN_FLIGHT = 2  # the unit computing and the one prefetched (FSDP2 / DeepSpeed prefetch)
 
 
@@ -435,7 +432,7 @@ def held_bytes(ctx: Context, stage: int) -> HeldBytes:
     xp = ctx.param_bytes
     z = ctx.par.zero_stage if ctx.training else 0
     params = grads = opt = 0.0
-    copies = SCHEDULE_PARAM_COPIES.get(ctx.par.pipeline_schedule, 1) if ctx.training else 1
+    copies = ctx.par.schedule.param_copies if ctx.training else 1
     for count, is_expert in ((nd, False), (ne, True)):
         if not count:
             continue

@@ -12,9 +12,10 @@ from . import flavours
 from ._errors import SpecError, one_of
 from .flavours import Flavour
 from .model import ModelSpec
+from .pipeline import SCHEDULE_TRAITS, ScheduleTraits
 from .workload import WorkloadSpec, check_recompute_modules
 
-SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev")
+SCHEDULES = tuple(SCHEDULE_TRAITS)  # 1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev (planner/pipeline.py)
 FRAMEWORKS = flavours.names()  # the built-in training flavours (planner/flavours/), in registration order
 CP_COMM = ("p2p", "all_gather", "a2a")
 # Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
@@ -234,6 +235,11 @@ class ParallelSpec:
         return self.sequence_parallel and self.tp > 1
 
     @property
+    def schedule(self) -> ScheduleTraits:
+        """The pipeline schedule's traits (planner/pipeline.py); 1F1B's for a name validation will reject."""
+        return SCHEDULE_TRAITS.get(self.pipeline_schedule) or SCHEDULE_TRAITS["1f1b"]
+
+    @property
     def chunks_per_rank(self) -> int:
         """Model chunks per pipeline rank: v of the interleaved schedule or of an explicit layout / split,
         2 for the V schedules (ZBV, DualPipeV) and DualPipe (its two directions), else 1."""
@@ -265,7 +271,7 @@ def _degrees(par: ParallelSpec) -> None:
 
 
 def _choices(par: ParallelSpec) -> None:
-    one_of("parallel.pipeline_schedule", par.pipeline_schedule, SCHEDULES)
+    one_of("parallel.pipeline_schedule", par.pipeline_schedule, SCHEDULE_TRAITS)  # at call time: every registered one
     if par.flavour.kind != "training":
         raise SpecError("parallel.framework", f"{par.framework!r} is a serving engine, not a training framework")
     _ddp(par)
@@ -298,7 +304,7 @@ def _interleaving(par: ParallelSpec) -> None:
         _parsed(par.pipeline_layout)  # a malformed layout names itself before what it implies
     explicit = par.pipeline_layout is not None or par.pipeline_split_points is not None
     v = par.chunks_per_rank if explicit else par.virtual_pipeline_stages
-    if par.pipeline_schedule == "interleaved" and (v < 2 or par.pp < 2):
+    if par.schedule.interleaved and (v < 2 or par.pp < 2):
         raise SpecError(
             "parallel.virtual_pipeline_stages",
             f"the interleaved schedule needs pp >= 2 and virtual_pipeline_stages >= 2, got pp {par.pp}, "
@@ -308,19 +314,19 @@ def _interleaving(par: ParallelSpec) -> None:
 
 def _schedule_fits_pp(par: ParallelSpec) -> None:
     """What the zero-bubble and DualPipe schedules need of the pipeline (sources in planner/pipeline.py)."""
-    sched, p = par.pipeline_schedule, par.pp
-    if sched in ("zb-h1", *V_SCHEDULES) and p < 2:
-        raise SpecError("parallel.pipeline_schedule", f"{sched} is a pipeline schedule: it needs pp >= 2, got pp {p}")
-    if sched == "dualpipe" and p % 2:
+    sched, p, traits = par.pipeline_schedule, par.pp, par.schedule
+    if p < traits.min_pp:
         raise SpecError(
-            "parallel.pp", f"DualPipe needs an even pp (dualpipe.py: assert num_ranks % 2 == 0), got pp {p}"
+            "parallel.pipeline_schedule", f"{sched} is a pipeline schedule: it needs pp >= {traits.min_pp}, got pp {p}"
         )
-    if sched in V_SCHEDULES and par.virtual_pipeline_stages not in (1, 2):
+    if traits.even_pp and p % 2:
+        raise SpecError("parallel.pp", f"{traits.label} needs an even pp ({traits.even_pp}), got pp {p}")
+    if traits.v_shape and par.virtual_pipeline_stages not in (1, 2):
         raise SpecError(
             "parallel.virtual_pipeline_stages",
             f"{sched} runs exactly 2 chunks per rank, got virtual_pipeline_stages {par.virtual_pipeline_stages}",
         )
-    if par.pipeline_split_points is not None and sched not in ("interleaved", *V_SCHEDULES):
+    if par.pipeline_split_points is not None and not (traits.interleaved or traits.v_shape):
         n = len(par.pipeline_split_points) + 1
         if n != p:
             raise SpecError(
@@ -527,17 +533,9 @@ def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             f"{w.micro_batch_size}*{par.dp} = {per_step}",
         )
     m_batches = w.global_batch_size // per_step
-    if par.pipeline_schedule == "interleaved" and m_batches % par.pp:
-        raise SpecError(
-            "workload.global_batch_size",
-            f"the interleaved schedule needs micro-batches {m_batches} divisible by pp {par.pp}",
-        )
-    if par.pipeline_schedule in ("dualpipe", "dualpipev") and (m_batches % 2 or m_batches < 2 * par.pp):
-        raise SpecError(
-            "workload.global_batch_size",
-            f"{par.pipeline_schedule} needs an even number of micro-batches >= 2*pp = {2 * par.pp} "
-            f"(dualpipe.py: num_chunks % 2 == 0 and num_chunks >= num_ranks * 2), got {m_batches}",
-        )
+    bad = par.schedule.microbatch_rule(par.pipeline_schedule, m_batches, par.pp)
+    if bad:
+        raise SpecError("workload.global_batch_size", bad)
 
 
 # ---- pipeline layout (issue 21) -----------------------------------------------------------------------
@@ -547,7 +545,7 @@ def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
 # t decoder layer, m MTP layer, L loss), virtual stage k on rank k % pp as chunk k // pp (the interleaved
 # assignment), or folded into a V for ZBV and DualPipe(V) (rank k for k < pp, else 2·pp - 1 - k).
 
-V_SCHEDULES = ("zbv", "dualpipe", "dualpipev")  # two chunks per rank in a V (DualPipe: its two directions)
+V_SCHEDULES = tuple(n for n, t in SCHEDULE_TRAITS.items() if t.v_shape)  # 2 chunks per rank in a V (the search)
 LAYER_CHARS = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
 LAYOUT_MAX_STAGES = 4096  # virtual stages in a layout: far above any run (Llama 3 405B: 128)
 LAYOUT_MAX_CHARS = 1 << 16  # an unrolled layout's characters, checked after each unrolling pass
@@ -607,9 +605,9 @@ def virtual_stages(par: ParallelSpec) -> int:
             return par.pp
     if par.pipeline_split_points is not None:
         return len(par.pipeline_split_points) + 1
-    if par.pipeline_schedule in V_SCHEDULES:
+    if par.schedule.v_shape:
         return 2 * par.pp
-    return par.pp * (par.virtual_pipeline_stages if par.pipeline_schedule == "interleaved" else 1)
+    return par.pp * (par.virtual_pipeline_stages if par.schedule.interleaved else 1)
 
 
 @lru_cache(maxsize=256)
@@ -620,7 +618,7 @@ def _parsed(layout) -> tuple[tuple[str, ...], ...]:
 def rank_of(par: ParallelSpec, k: int) -> int:
     """The pipeline rank of virtual stage k: interleaved k % pp; V-shaped k, then back down from pp - 1."""
     p = par.pp
-    if par.pipeline_schedule in V_SCHEDULES:
+    if par.schedule.v_shape:
         return k if k < p else 2 * p - 1 - k
     return k % p
 
@@ -700,7 +698,7 @@ def _split_point_counts(par: ParallelSpec, num_layers: int) -> list[int]:
             f"split points {points} must rise strictly inside 1..{num_layers - 1} (num_layers {num_layers})",
         )
     n = len(bounds) - 1
-    if par.pipeline_schedule in V_SCHEDULES and n != 2 * p:
+    if par.schedule.v_shape and n != 2 * p:
         raise SpecError(
             "parallel.pipeline_split_points",
             f"{par.pipeline_schedule} runs 2 stages per rank: {2 * p} stages, got {n} from {len(points)} points",
@@ -768,9 +766,10 @@ def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
     if n % p:
         raise SpecError(f, f"{n} virtual stages do not divide over pp {p} (Megatron: len(layout) % pp == 0)")
     v = n // p
-    if par.pipeline_schedule in V_SCHEDULES and v != 2:
+    traits = par.schedule
+    if traits.v_shape and v != 2:
         raise SpecError(f, f"{par.pipeline_schedule} runs 2 chunks per rank; the layout has {n} = {p}*{v}")
-    if par.pipeline_schedule not in V_SCHEDULES and v > 1 and par.pipeline_schedule != "interleaved":
+    if not traits.v_shape and v > 1 and not traits.interleaved:
         raise SpecError(
             f, f"{n} virtual stages over pp {p} are {v} chunks per rank: set pipeline_schedule to interleaved"
         )

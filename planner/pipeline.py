@@ -240,10 +240,38 @@ def _held_dualpipev(sched: Schedule, stage: int) -> float:
     return min(2 * sched.stages + 1, 2 * sched.microbatches) / 2
 
 
+# Where the zero-bubble and DualPipe schedules' p2p calls come from (the ledger's source for them; 1F1B,
+# interleaved and GPipe name the framework's own schedule file)
+ZB_DUALPIPE_SOURCE = (
+    "planner/pipeline.py (ZB: Qi et al. 2024; DualPipe: DeepSeek-V3 §3.2.1, deepseek-ai/DualPipe dualpipe.py)"
+)
+
+
+def _m_divisible_by_pp(name: str, m: int, p: int) -> str:
+    """The interleaved schedule takes the micro-batches in groups of pp."""
+    return f"the interleaved schedule needs micro-batches {m} divisible by pp {p}" if m % p else ""
+
+
+def _m_even_twice_pp(name: str, m: int, p: int) -> str:
+    """DualPipe(V) splits the micro-batches between its two directions (dualpipe.py)."""
+    if m % 2 or m < 2 * p:
+        return (
+            f"{name} needs an even number of micro-batches >= 2*pp = {2 * p} "
+            f"(dualpipe.py: num_chunks % 2 == 0 and num_chunks >= num_ranks * 2), got {m}"
+        )
+    return ""
+
+
+def _any_m(name: str, m: int, p: int) -> str:
+    return ""
+
+
 @dataclass(frozen=True)
 class ScheduleTraits:
     """One pipeline schedule's facts, read by ``bubble_s``, ``warmup_microbatches``, ``in_flight`` and
-    ``in_flight_chunks``: a new schedule is one ``register`` call, never a comparison of its name."""
+    ``in_flight_chunks`` here, by the validation and layout of planner/parallel.py, the step's overlap defaults
+    (planner/step.py) and the p2p and FSDP ledger rules (planner/rules/pipeline.py, data.py): a new schedule
+    is one ``register`` call, never a comparison of its name."""
 
     name: str
     # the fill and drain beyond m times the slowest rank, of the other ranks' passes (p > 1)
@@ -253,6 +281,33 @@ class ScheduleTraits:
     # True: a rank's chunks hold different counts, forward k running chunk (k // p) % v (Megatron schedules.py
     # get_model_chunk_id); False: every chunk holds ``in_flight``
     chunk_order: bool = False
+    # True: virtual_pipeline_stages >= 2 chunks per rank, interleaved (virtual stage k on rank k % pp), which
+    # needs pp >= 2 and v >= 2; False: one chunk per rank unless ``v_shape``
+    interleaved: bool = False
+    # True: exactly 2 chunks per rank folded in a V (virtual stage k on rank k, then 2·pp - 1 - k): ZBV, DualPipeV,
+    # and DualPipe's two directions
+    v_shape: bool = False
+    min_pp: int = 1  # the pipeline ranks it needs
+    even_pp: str = ""  # where an even pp is required (the check's source), "" when any pp does
+    title: str = ""  # its name in messages; "" is ``name``
+    # the micro-batch count's rule: (name, m, pp) -> the 422's message, "" when m is fine
+    microbatch_rule: Callable[[str, int, int], str] = _any_m
+    # True: each forward runs beside another micro-batch's backward, hiding MoE's all-to-all behind the
+    # other's compute (DeepSeek-V3 report §3.2.1, Figure 4): the default of overlap_moe_expert_parallel_comm
+    overlaps_ep: bool = False
+    # the micro-batches split over this many directions, each crossing a rank boundary once (DualPipe: 2,
+    # dualpipe.py num_chunks // 2)
+    directions: int = 1
+    # True: a stage runs all its forwards, then all its backwards (GPipe; torch ScheduleGPipe._step_microbatches)
+    forwards_first: bool = False
+    # copies of the parameters a rank trains, each with its gradients; the optimizer steps them as one (DualPipe:
+    # 2, one per direction, DualPipe README table "Parameter 2x", DeepSeek-V3 report §3.2.1; DualPipeV: 1)
+    param_copies: int = 1
+    source: str = ""  # its p2p calls' source; "" is the framework's schedule file (Flavour.pp_source)
+
+    @property
+    def label(self) -> str:
+        return self.title or self.name
 
 
 SCHEDULE_TRAITS: dict[str, ScheduleTraits] = {}
@@ -271,15 +326,39 @@ def schedule_traits(kind: str) -> ScheduleTraits:
     return traits
 
 
-# in parallel.py SCHEDULES' order
+# parallel.py's SCHEDULES are these names, in this order
 register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup))
-register(ScheduleTraits("interleaved", _bubble_1f1b, _warmup_interleaved, _held_interleaved, chunk_order=True))
+register(
+    ScheduleTraits(
+        "interleaved",
+        _bubble_1f1b,
+        _warmup_interleaved,
+        _held_interleaved,
+        chunk_order=True,
+        interleaved=True,
+        microbatch_rule=_m_divisible_by_pp,
+    )
+)
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
-register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup))
-register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup))
-register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv))
-register(ScheduleTraits("dualpipe", _bubble_dualpipe, _warmup_v, _held_dualpipe))
-register(ScheduleTraits("dualpipev", _bubble_dualpipev, _warmup_v, _held_dualpipev))
+register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
+_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE}
+_DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True}
+register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB))
+register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True))
+register(
+    ScheduleTraits(
+        "dualpipe",
+        _bubble_dualpipe,
+        _warmup_v,
+        _held_dualpipe,
+        **_DUALPIPE,
+        even_pp="dualpipe.py: assert num_ranks % 2 == 0",
+        title="DualPipe",
+        directions=2,
+        param_copies=2,
+    )
+)
+register(ScheduleTraits("dualpipev", _bubble_dualpipev, _warmup_v, _held_dualpipev, **_DUALPIPE))
 
 
 def timeline(passes: Sequence[StagePass], sched: Schedule, start_s: float = 0.0) -> list[dict]:
@@ -362,6 +441,7 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
 
 __all__ = [
     "SCHEDULE_TRAITS",
+    "ZB_DUALPIPE_SOURCE",
     "PipelineTime",
     "Schedule",
     "ScheduleTraits",

@@ -55,12 +55,6 @@ from .workload import selective_modules
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
 
 
-# DualPipe runs the forward of one micro-batch and the backward of another as one overlapped pair, the
-# all-to-all dispatch and combine of each hidden behind the other's compute (DeepSeek-V3 report §3.2.1,
-# Figure 4; DualPipe README: "full overlap of forward and backward computation-communication phases").
-EP_OVERLAP_SCHEDULES = ("dualpipe", "dualpipev")
-
-
 # The overlap switches, one row each: the framework's default for a plan (module docstring), which a request's
 # ``None`` means. ``Overlap``'s fields are these names in this order; app/schemas/plan.py ``OverlapIn`` and
 # assumptions.SCHEMA_SOURCES describe each.
@@ -71,8 +65,10 @@ OVERLAP_DEFAULTS: dict[str, Callable[[Context], bool]] = {
     "cp_ring_overlap": lambda ctx: True,
     "tp_comm_overlap": lambda ctx: False,
     "overlap_p2p": lambda ctx: ctx.par.pipeline_schedule in ctx.flavour.overlap_p2p_schedules,
-    # DualPipe(V) pairs each forward with another micro-batch's backward: the schedule provides it
-    "overlap_moe_expert_parallel_comm": lambda ctx: ctx.par.pipeline_schedule in EP_OVERLAP_SCHEDULES,
+    # DualPipe(V) pairs each forward with another micro-batch's backward (DeepSeek-V3 report §3.2.1, Figure 4;
+    # DualPipe README: "full overlap of forward and backward computation-communication phases"): the schedule
+    # provides it (ScheduleTraits.overlaps_ep)
+    "overlap_moe_expert_parallel_comm": lambda ctx: ctx.par.schedule.overlaps_ep,
     "moe_shared_expert_overlap": lambda ctx: False,
 }
 EP_OVERLAPS = ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap")  # need an all-to-all to hide

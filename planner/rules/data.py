@@ -406,7 +406,5 @@ def pipeline_passes(ctx: Context, stage: int) -> list[str]:
     count per unit is still m + 1, as in any order whose last pass is a backward (every forward is followed
     by one pass, which gathers), only the split between the forward and backward phases is 1F1B's."""
     m, p = ctx.micro_batches, ctx.par.pp
-    if ctx.par.pipeline_schedule == "gpipe":
-        return [["F"] * m + ["B"] * m]
-    warmup = min(m, p - stage)
+    warmup = m if ctx.par.schedule.forwards_first else min(m, p - stage)
     return [["F"] * warmup + ["B", "F"] * (m - warmup) + ["B"] * warmup]

@@ -21,18 +21,16 @@ from ..layout import Group
 from ..ledger import Call
 from ..parallel import rank_of
 
-SCHEDULES = "planner/pipeline.py (ZB: Qi et al. 2024; DualPipe: DeepSeek-V3 §3.2.1, deepseek-ai/DualPipe dualpipe.py)"
-
 
 def calls(ctx: Context) -> list[Call]:
     if ctx.par.pp == 1:
         return []
     p, m = ctx.par.pp, ctx.micro_batches
     message = ctx.activation // (ctx.par.tp if ctx.par.sp else 1)
-    src = ctx.flavour.pp_source
+    src = ctx.par.schedule.source or ctx.flavour.pp_source
     out = []
     # DualPipe: each micro-batch crosses each rank once, half of them each way (dualpipe.py num_chunks // 2)
-    halves = 2 if ctx.par.pipeline_schedule == "dualpipe" and ctx.training else 1
+    halves = ctx.par.schedule.directions if ctx.training else 1
     for stage, (fwd, bwd) in enumerate(boundary_sends(ctx)):
         for phase, sends, name in (("forward", fwd, "pp.activation"), ("backward", bwd, "pp.activation_grad")):
             if phase == "backward" and not ctx.training:
@@ -46,7 +44,7 @@ def calls(ctx: Context) -> list[Call]:
                         message_bytes=message,
                         calls_per_iteration=count * m // halves,
                         group=Group(("pp",), pairs=pairs),
-                        source=src if ctx.par.pipeline_schedule in ("1f1b", "interleaved", "gpipe") else SCHEDULES,
+                        source=src,
                         stages=(stage,),
                         dtype=ctx.work.activation_dtype,
                     )

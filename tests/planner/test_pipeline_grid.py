@@ -69,7 +69,8 @@ def test_the_grid_tells_schedules_apart():
 
 
 def test_every_schedule_the_planner_takes_has_its_traits():
-    assert tuple(SCHEDULE_TRAITS) == SCHEDULES  # the same names, in the same order as parallel.py's
+    assert tuple(SCHEDULE_TRAITS) == SCHEDULES
+    assert SCHEDULES == ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev")
 
 
 def test_a_toy_schedule_is_one_entry():

@@ -1,0 +1,131 @@
+"""The schedule rules outside planner/pipeline.py (validation in planner/parallel.py, the step's EP overlap
+default, the p2p ledger rule, torch's pass order, DualPipe's parameter copies), pinned on a grid of (schedule,
+framework, pp, v, m, layout): each bad request's SpecError field and message byte for byte, each good one's
+plan (calls, prices, step time, memory). The digest is main's code at ee0d38e, before those facts moved into
+the ScheduleTraits table (first recorded at 0813324; the moemech merge then moved MoE step times). Flipping
+any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
+forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
+
+import hashlib
+
+from collectives.topology import cluster_preset
+from planner import Options, ParallelSpec, SpecError, WorkloadSpec, build_plan
+from planner.parallel import SCHEDULES
+from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
+from planner.presets import model_preset
+
+RECORDED = "d01d1ca004d0e9caeb56a7952bf58192dd6b1351ba15c78ab4cc3ebda55b5ae3"
+MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
+LAYOUTS = (
+    {},
+    {"pipeline_split_points": (16,)},
+    {"pipeline_split_points": (8, 16, 24)},
+    {"pipeline_split_points": (4, 8, 12, 16, 20, 24, 28)},
+    {"pipeline_layout": "Et*8|t*8|t*8|t*8L"},
+    {"pipeline_layout": "Et*16|t*16L"},
+)
+
+
+def _cases():
+    for sched in SCHEDULES:
+        for framework in ("megatron", "torch"):
+            for pp in (1, 2, 3, 4):
+                for v in (1, 2, 3):
+                    for m in (1, 3, 4, 8):
+                        for layout in LAYOUTS if framework == "megatron" and m == 8 else LAYOUTS[:1]:
+                            yield sched, framework, pp, v, m, layout
+
+
+def _answer(sched, framework, pp, v, m, layout) -> str:
+    # torch at ZeRO-3 (FSDP2 with pipelining): its gathers follow the schedule's pass order (rules/data.py)
+    dp, ep, zero = (2, 2, 1) if framework == "megatron" else (2, 1, 3)
+    par = dict(tp=4, pp=pp, dp=dp, ep=ep, sequence_parallel=True, zero_stage=zero, framework=framework)
+    par["pipeline_schedule"] = sched
+    try:
+        plan = build_plan(
+            MODEL,
+            WorkloadSpec(micro_batch_size=1, global_batch_size=m * dp),
+            ParallelSpec(**par, virtual_pipeline_stages=v, **layout),
+            cluster_preset("dgx-h100", pp),  # 8 GPUs a node: tp 4 x dp 2 per stage
+            Options(timeline=False),
+        )
+    except SpecError as err:
+        return f"error {err.field}: {err}"
+    rows = [f"plan {plan.world_size} {plan.num_microbatches} {plan.num_stages}"]
+    for pc in plan.calls:
+        c = pc.call
+        rows.append(
+            f"{c.name} {c.phase} {c.message_bytes} {c.calls_per_iteration} {c.stages} {c.source} "
+            f"{pc.num_groups} {pc.group_size} {float(pc.price.time_s).hex()}"
+        )
+    s = plan.step
+    rows.append(" ".join(float(x).hex() for x in (s.time_s, s.compute_s, s.exposed_comm_s, s.bubble_s)))
+    rows.append(" ".join(str(st.peak_bytes) for st in plan.memory.per_stage))
+    return "\n".join(rows)
+
+
+def _grid() -> list[str]:
+    return [f"{case}: {_answer(*case)}" for case in _cases()]
+
+
+def test_schedule_rules_on_the_grid_are_unchanged():
+    assert hashlib.sha256("\n".join(_grid()).encode()).hexdigest() == RECORDED
+
+
+def test_the_grid_holds_errors_and_plans_of_every_schedule():
+    """A digest that cannot fail is no pin: every schedule gives both 422s and plans here, and the bad ones
+    name the rules this test guards (the field of each is in the message's line)."""
+    grid = _grid()
+    for sched in SCHEDULES:
+        mine = [g for g in grid if g.startswith(f"('{sched}'")]
+        assert any(": plan " in g for g in mine) and any(": error " in g for g in mine), sched
+    errors = "\n".join(g for g in grid if ": error " in g)
+    for field in (
+        "parallel.pipeline_schedule",
+        "parallel.pp",
+        "parallel.virtual_pipeline_stages",
+        "workload.global_batch_size",
+        "parallel.pipeline_split_points",
+        "parallel.pipeline_layout",
+    ):
+        assert f"error {field}:" in errors, field
+
+
+def test_a_toy_schedule_is_one_entry_for_the_planner_too():
+    """A schedule registered in the test only is validated, laid out and priced from its traits alone: a V
+    (2 chunks per rank) that needs pp >= 4 and an even pp, and sends half its micro-batches each way."""
+    zbv = SCHEDULE_TRAITS["zbv"]
+    toy = ScheduleTraits(
+        "toy-v",
+        zbv.bubble,
+        zbv.warmup,
+        zbv.in_flight,
+        v_shape=True,
+        min_pp=4,
+        even_pp="toy.py: even ranks",
+        title="Toy",
+        overlaps_ep=True,
+        directions=2,
+        source="toy.py",
+    )
+    register(toy)
+    try:
+        assert _answer("toy-v", "megatron", 2, 1, 8, {}) == (
+            "error parallel.pipeline_schedule: parallel.pipeline_schedule: toy-v is a pipeline schedule: it needs "
+            "pp >= 4, got pp 2"
+        )
+        assert _answer("toy-v", "megatron", 5, 1, 8, {}) == (
+            "error parallel.pp: parallel.pp: Toy needs an even pp (toy.py: even ranks), got pp 5"
+        )
+        assert "runs exactly 2 chunks per rank" in _answer("toy-v", "megatron", 4, 3, 8, {})
+        mine, theirs = _answer("toy-v", "megatron", 4, 1, 8, {}), _answer("zbv", "megatron", 4, 1, 8, {})
+        assert mine.startswith("plan 32 8 4") and theirs.startswith("plan 32 8 4")
+        sends = [r.split() for r in mine.splitlines() if r.startswith("pp.activation ")]
+        zbv_sends = [r.split() for r in theirs.splitlines() if r.startswith("pp.activation ")]
+        assert len(sends) == len(zbv_sends) > 0
+        for row, zbv_row in zip(sends, zbv_sends, strict=True):
+            assert int(row[3]) * 2 == int(zbv_row[3])  # calls per iteration: half of the micro-batches each way
+            assert "toy.py" in row and "toy.py" not in zbv_row
+        assert ParallelSpec(pp=4, pipeline_schedule="toy-v").chunks_per_rank == 2
+    finally:
+        del SCHEDULE_TRAITS["toy-v"]
