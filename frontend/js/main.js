@@ -3,7 +3,7 @@ import { ApiError, getJson, postJson, Unreachable } from "./api.js";
 import { $ } from "./dom.js";
 import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
-import { countSet, setNcclVersions, showResolvedDefaults } from "./controls.js";
+import { countSet, setClusterChoices, setNcclVersions, showResolvedDefaults } from "./controls.js";
 import { clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
@@ -143,10 +143,10 @@ function loadLayout(hit) {
 // ---- start ------------------------------------------------------------------------------------------------------
 async function start() {
   try {
-    const [models, clusters, catalogue, versions] = await Promise.all(["/v1/presets/models", "/v1/presets/clusters", "/v1/collectives/algorithms",
-      "/v1/collectives/nccl-versions"].map(getJson));
+    const [models, clusters, catalogue, versions, choices] = await Promise.all(["/v1/presets/models", "/v1/presets/clusters", "/v1/collectives/algorithms",
+      "/v1/collectives/nccl-versions", "/v1/collectives/cluster-choices"].map(getJson));
     Object.assign(state.presets, { models, clusters }); state.catalogue = catalogue;
-    setNcclVersions(versions);
+    setNcclVersions(versions); setClusterChoices(choices);
   } catch {
     banner(`Cannot reach the commplan server at ${location.origin}.`); $("status").textContent = "Server unreachable."; return;
   }

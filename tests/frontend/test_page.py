@@ -1162,6 +1162,35 @@ def test_every_request_field_has_a_control(page):
     assert offered == ["", *SUPPORTED_VERSIONS], offered
 
 
+def test_network_kind_and_cpu_vendor_selects_are_the_servers_lists(page):
+    """The network-kind and CPU-vendor selects offer exactly what GET /v1/collectives/cluster-choices lists (the
+    planner's NETWORK_KINDS and CPU_VENDORS, collectives/topology/spec.py): the page holds no copy of its own. A
+    choice reaches the request and the plan's cluster block."""
+    from collectives.topology.spec import CPU_VENDORS, NETWORK_KINDS
+
+    open_page(page)
+    choices = httpx.get(page.base + "/v1/collectives/cluster-choices").json()
+    for select, key, planner in (
+        ("#f-network-kind", "network_kinds", NETWORK_KINDS),
+        ("#f-cpu-vendor", "cpu_vendors", CPU_VENDORS),
+    ):
+        offered = page.eval_on_selector_all(f"{select} option", "os => os.map((o) => o.value)")
+        assert offered == ["", *choices[key]] == ["", *planner], offered
+    source = httpx.get(page.base + "/static/js/controls.js").text
+    assert "efa_sendrecv" not in source and '"amd"' not in source  # no second copy of the lists
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.select_option("#f-network-kind", "roce")
+    page.select_option("#f-cpu-vendor", "amd")
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    page.wait_for_function(
+        "() => { const c = window.commplan.state.plan && window.commplan.state.plan.cluster;"
+        " return c && c.network.kind === 'roce' && c.cpu_vendor === 'amd'; }",
+        timeout=20_000,
+    )
+    cluster = page.evaluate("window.commplan.state.request.cluster")
+    assert cluster["network"]["kind"] == "roce" and cluster["cpu_vendor"] == "amd", cluster
+
+
 @VIEWPORTS
 def test_controls_reach_the_request_the_url_and_the_assumptions(make_page, browser, viewport):
     page = make_page(viewport)
