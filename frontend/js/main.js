@@ -10,7 +10,7 @@ import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
 import { applyLayout, initSearch, renderSearch } from "./search.js";
 import { initCalibrate, showActiveCalibration } from "./calibrate.js";
-import { fillServeModels, initServe, serveBody } from "./serve.js";
+import { fillServeModels, fillServeOptions, initServe, serveBody } from "./serve.js";
 import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
@@ -154,7 +154,7 @@ async function start() {
   fillServeModels(state.presets.models);
   fillStepOps();
   const saved = loadUrl();
-  if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
+  if (saved) { fillForm(saved.r); state.selected = saved.c; if (saved.o) { fillServeOptions(saved.o); state.serveOptions = saved.o; } } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
 
   $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
