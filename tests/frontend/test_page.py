@@ -991,15 +991,12 @@ def test_serve_two_batch_overlap_and_redundant_experts(make_page, browser, viewp
     open_page(page, url_state(request))
     expect(page.locator("#serve-tbo option").first).to_have_text("default (off)")
     expect(page.locator("#serve-redundant")).to_have_attribute("placeholder", "default: 0")
-    page.select_option("#serve-model", "deepseek-v3")
-    page.fill("#serve-nodes", "4")
-    page.select_option("#serve-engine", "sglang")
-    page.fill("#serve-concurrency", "256")
-    page.select_option("#serve-weights", "fp8")
-    for field, value in (("tp", "1"), ("dp", "32"), ("ep", "32")):
-        page.fill(f"#serve-a-{field}", value)
+    picks = {"model": "deepseek-v3", "engine": "sglang", "weights": "fp8", "a-dispatch": "deepep"}
+    for name, value in picks.items():
+        page.select_option(f"#serve-{name}", value)
+    for name, value in {"nodes": "4", "concurrency": "256", "a-tp": "1", "a-dp": "32", "a-ep": "32"}.items():
+        page.fill(f"#serve-{name}", value)
     page.check("#serve-a-adp")
-    page.select_option("#serve-a-dispatch", "deepep")
 
     def answer_on_show(options: dict) -> dict:
         """The page's body carries exactly these options; its cards show the server's answer to that body."""
