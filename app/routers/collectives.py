@@ -1,4 +1,4 @@
-"""POST /v1/collectives/price, /verify, /schedule and GET /v1/collectives/algorithms."""
+"""POST /v1/collectives/price, /verify, /schedule; GET /v1/collectives/algorithms, /nccl-versions, /cluster-choices."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi import APIRouter
 import collectives as coll
 from collectives.steps import schedule_view
 from collectives.topology import ClusterSpec, price_call
-from collectives.topology.spec import NCCL_VERSIONS
+from collectives.topology.spec import CPU_VENDORS, NCCL_VERSIONS, NETWORK_KINDS
 from planner import SpecError
 from planner.estimate import price_estimate
 from planner.plan import cluster_for
@@ -20,6 +20,7 @@ from ..errors import BAD_INPUT, relocated
 from ..limits import check_router, refuse
 from ..schemas.collectives import (
     AlgorithmOut,
+    ClusterChoicesOut,
     NcclVersionsOut,
     PriceOut,
     PriceRequest,
@@ -36,25 +37,40 @@ router = APIRouter(prefix="/v1/collectives", tags=["collectives"])
 PRICE_FIELDS = {"count": "message_bytes", "num_ranks": "ranks"}
 
 
-@router.get(
+def _listing(path: str, model, summary: str, description: str):
+    """A GET of a fixed list the library holds (what a request may name)."""
+    return router.get(path, response_model=model, summary=summary, description=description)
+
+
+@_listing(
     "/algorithms",
-    response_model=list[AlgorithmOut],
-    summary="Which algorithms exist for which op",
-    description="Each (algorithm, op) with its alpha-beta closed form and source.",
+    list[AlgorithmOut],
+    "Which algorithms exist for which op",
+    "Each (algorithm, op) with its alpha-beta closed form and source.",
 )
 def algorithms() -> list[dict]:
     return coll.catalogue()
 
 
-@router.get(
+@_listing(
     "/nccl-versions",
-    response_model=NcclVersionsOut,
-    summary="The NCCL versions cluster.nccl_version takes",
-    description="Every NCCL version whose tuning model prices a cluster, and the default.",
+    NcclVersionsOut,
+    "The NCCL versions cluster.nccl_version takes",
+    "Every NCCL version whose tuning model prices a cluster, and the default.",
 )
 def nccl_versions() -> dict:
     default = next(f.default for f in fields(ClusterSpec) if f.name == "nccl_version")
     return {"versions": list(NCCL_VERSIONS), "default": default}
+
+
+@_listing(
+    "/cluster-choices",
+    ClusterChoicesOut,
+    "The values cluster.network.kind and cluster.cpu_vendor take",
+    "The planner's own lists (the page's selects read them): anything else is a 422.",
+)
+def cluster_choices() -> dict:
+    return {"network_kinds": list(NETWORK_KINDS), "cpu_vendors": list(CPU_VENDORS)}
 
 
 def _price(body: PriceRequest, settings) -> dict:

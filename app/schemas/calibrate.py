@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from collectives.topology.spec import NETWORK_KINDS
+
 from .cluster import ClusterIn, Strict
 from .plan import ModelIn, ParallelIn, WorkloadIn
 
@@ -53,7 +55,7 @@ class CalibrateRequest(Strict):
     free_text = frozenset({"trace"})  # a trace's kernel names and arguments are the profiler's, not names of ours
     cluster: ClusterIn
     logs: list[LogIn] = Field(default_factory=list, max_length=MAX_LOGS, description="nccl-tests logs (or a trace)")
-    network_kind: Literal["ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo"] | None = Field(
+    network_kind: Literal[NETWORK_KINDS] | None = Field(
         default=None, description="the cluster's network kind (default: the cluster's own network.kind)"
     )
     trace: dict | list | str | None = Field(

@@ -116,6 +116,17 @@ class NcclVersionsOut(BaseModel):
     default: str = Field(description="the version a cluster is priced with when nccl_version is left out")
 
 
+class ClusterChoicesOut(BaseModel):
+    network_kinds: list[str] = Field(
+        description="what cluster.network.kind takes (collectives/topology/spec.py NETWORK_KINDS): the network "
+        "plugin whose per-hop latency prices a message"
+    )
+    cpu_vendors: list[str] = Field(
+        description="what cluster.cpu_vendor takes (collectives/topology/spec.py CPU_VENDORS): NCCL's llMaxBw "
+        "across nodes and per-step net overhead depend on it"
+    )
+
+
 class ScheduleRequest(Strict):
     model_config = with_example({"op": "allreduce", "algorithm": "ring", "num_ranks": 4, "count": 8})
     op: OpName

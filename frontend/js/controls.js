@@ -9,10 +9,13 @@ import { $, el } from "./dom.js";
 import { fmtBw, fmtTime } from "./format.js";
 
 const DTYPES = ["fp32", "bf16", "fp16", "fp8"];
-// the versions cluster.nccl_version takes: GET /v1/collectives/nccl-versions fills it (setNcclVersions) before the
-// controls are built, from the library's own table
-const NCCL_VERSIONS = [];
-export function setNcclVersions(answer) { NCCL_VERSIONS.splice(0, NCCL_VERSIONS.length, ...answer.versions); }
+// the server's own lists, filled before the controls are built: the versions cluster.nccl_version takes (GET
+// /v1/collectives/nccl-versions, the library's table) and what cluster.network.kind and cluster.cpu_vendor take
+// (GET /v1/collectives/cluster-choices, collectives/topology/spec.py NETWORK_KINDS and CPU_VENDORS)
+const NCCL_VERSIONS = [], NETWORK_KINDS = [], CPU_VENDORS = [];
+const refill = (list, values) => list.splice(0, list.length, ...values);
+export function setNcclVersions(answer) { refill(NCCL_VERSIONS, answer.versions); }
+export function setClusterChoices(answer) { refill(NETWORK_KINDS, answer.network_kinds); refill(CPU_VENDORS, answer.cpu_vendors); }
 const ON_OFF = [["true", "on"], ["false", "off"]];
 // [group, [path, label, kind, choices or placeholder, default text, when]]; kind: select | int | float | text |
 // list | modules. `when` hides a control unless the form's kind matches (data-when, form.js syncVisibility).
@@ -103,9 +106,9 @@ export const GROUPS = [
     ["cluster.intra.link_name", "Intra-node link name", "text", "e.g. nvlink", "the preset's"],
     ["cluster.nic_latency_s", "NIC latency (s)", "float", null, "the preset's"],
     ["cluster.pcie_bandwidth_GBps", "PCIe GB/s (host link)", "float", null, "the preset's"],
-    ["cluster.cpu_vendor", "CPU vendor", "select", ["intel", "amd", "arm"], "the preset's"],
+    ["cluster.cpu_vendor", "CPU vendor", "select", CPU_VENDORS, "the preset's"],
     ["cluster.network.topology", "Network", "text", "fat_tree, torus, dragonfly, hypercube", "the preset's"],
-    ["cluster.network.kind", "Network kind", "select", ["ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo"], "the preset's"],
+    ["cluster.network.kind", "Network kind", "select", NETWORK_KINDS, "the preset's"],
     ["cluster.network.nodes_per_leaf", "Nodes per leaf", "int", null, "the preset's"],
     ["cluster.network.num_spines", "Spines", "int", null, "the preset's"],
     ["cluster.network.link_bandwidth_GBps", "Switch link GB/s", "float", null, "the preset's"],

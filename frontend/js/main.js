@@ -3,14 +3,14 @@ import { ApiError, getJson, postJson, Unreachable } from "./api.js";
 import { $ } from "./dom.js";
 import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
-import { countSet, setNcclVersions, showResolvedDefaults } from "./controls.js";
+import { countSet, setClusterChoices, setNcclVersions, showResolvedDefaults } from "./controls.js";
 import { clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
 import { applyLayout, initSearch, renderSearch } from "./search.js";
 import { initCalibrate, showActiveCalibration } from "./calibrate.js";
-import { fillServeModels, initServe, serveBody } from "./serve.js";
+import { fillServeModels, fillServeOptions, initServe, serveBody } from "./serve.js";
 import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
@@ -143,10 +143,10 @@ function loadLayout(hit) {
 // ---- start ------------------------------------------------------------------------------------------------------
 async function start() {
   try {
-    const [models, clusters, catalogue, versions] = await Promise.all(["/v1/presets/models", "/v1/presets/clusters", "/v1/collectives/algorithms",
-      "/v1/collectives/nccl-versions"].map(getJson));
+    const [models, clusters, catalogue, versions, choices] = await Promise.all(["/v1/presets/models", "/v1/presets/clusters", "/v1/collectives/algorithms",
+      "/v1/collectives/nccl-versions", "/v1/collectives/cluster-choices"].map(getJson));
     Object.assign(state.presets, { models, clusters }); state.catalogue = catalogue;
-    setNcclVersions(versions);
+    setNcclVersions(versions); setClusterChoices(choices);
   } catch {
     banner(`Cannot reach the commplan server at ${location.origin}.`); $("status").textContent = "Server unreachable."; return;
   }
@@ -154,7 +154,7 @@ async function start() {
   fillServeModels(state.presets.models);
   fillStepOps();
   const saved = loadUrl();
-  if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
+  if (saved) { fillForm(saved.r); state.selected = saved.c; if (saved.o) { fillServeOptions(saved.o); state.serveOptions = saved.o; } } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
 
   $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs

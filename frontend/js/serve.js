@@ -5,7 +5,7 @@ import { postJson, search } from "./api.js";
 import { $, el, options as fillOptions } from "./dom.js";
 import { esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
-import { state } from "./state.js";
+import { saveUrl, state } from "./state.js";
 import { drawTopology } from "./topology.js";
 
 const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Number(v); };
@@ -38,11 +38,13 @@ function loadScenario() {
   $("serve-nodes").value = r.nodes;
   $("serve-isl").value = r.traffic.input_tokens; $("serve-osl").value = r.traffic.output_tokens;
   $("serve-load").value = "concurrency"; $("serve-concurrency").value = r.traffic.concurrency;
-  $("serve-weights").value = r.options.weight_dtype; $("serve-kv").value = "";
+  fillServeOptions(r.options); keepOptions();
   loadDeployment({ engine: r.engine, deployment: r.deployment });
 }
 
 export function initServe() {
+  // the options are kept in the URL (state.serveOptions, #s= "o") as they change; an answer on show is replanned
+  for (const id of OPTION_IDS) $(id).addEventListener("change", () => { keepOptions(); if (!$("serve-results").hidden) runServe(); });
   $("serve-scenario").addEventListener("change", loadScenario);
   $("serve-mode").addEventListener("change", syncMode);
   $("serve-run").addEventListener("click", runServe);
@@ -72,10 +74,25 @@ function traffic() {
   return t;
 }
 
+// the serving options the card sets (app/schemas/serve.py ServeOptionsIn); a blank one is the engine's default
+// (two_batch_overlap off and redundant_experts 0 in vLLM, SGLang and TensorRT-LLM: planner/serving/engines.py)
+const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant"];
 function options() {
   const o = { weight_dtype: $("serve-weights").value };
   if ($("serve-kv").value) o.kv_dtype = $("serve-kv").value;
+  if ($("serve-tbo").value) o.two_batch_overlap = $("serve-tbo").value === "true";
+  if (num("serve-redundant") !== null) o.redundant_experts = num("serve-redundant");
   return o;
+}
+
+function keepOptions() { state.serveOptions = options(); saveUrl(); }
+
+// the card's options from a request's (a scenario's, or the URL's); a field left out is the default
+export function fillServeOptions(o) {
+  $("serve-weights").value = o.weight_dtype === "fp8" ? "fp8" : "bf16";
+  $("serve-kv").value = ["bf16", "fp8"].includes(o.kv_dtype) ? o.kv_dtype : "";
+  $("serve-tbo").value = typeof o.two_batch_overlap === "boolean" ? String(o.two_batch_overlap) : "";
+  $("serve-redundant").value = Number.isInteger(o.redundant_experts) ? String(o.redundant_experts) : "";
 }
 
 // the model and cluster served: the card's own choices, else the form's
@@ -97,14 +114,19 @@ function errorText(err) {
   return d && d.loc ? `${d.loc.slice(1).join(".")}: ${d.msg}` : err.message;
 }
 
+let serveSeq = 0;  // only the latest request's answer is shown
 async function runServe() {
   if (!state.request) return;
+  const seq = ++serveSeq;
   $("serve-status").textContent = "Planning the deployment…";
   try {
-    state.serve = await postJson("/v1/serve", serveBody());
+    const answer = await postJson("/v1/serve", serveBody());
+    if (seq !== serveSeq) return;
+    state.serve = answer;
     $("serve-status").textContent = "";
     renderServe(state.serve);
   } catch (err) {
+    if (seq !== serveSeq) return;
     $("serve-status").textContent = `Cannot plan this deployment: ${errorText(err)}`;
     $("serve-results").hidden = true;
   }

@@ -337,3 +337,27 @@ def test_nccl_versions_are_the_library_table_and_each_plans(api):
         "/v1/plan", json={**small, "cluster": {**small["cluster"], "nccl_version": f"{major}.{int(minor) + 1}"}}
     )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "nccl_version"
+
+
+def test_cluster_choices_are_the_planners_lists_and_each_plans(api):
+    """GET /v1/collectives/cluster-choices (the page's network-kind and CPU-vendor selects): exactly the planner's
+    NETWORK_KINDS and CPU_VENDORS (collectives/topology/spec.py), each accepted by /v1/plan and echoed in its
+    cluster block; a value off the list is a 422 naming the field and listing the choices."""
+    from collectives.topology.spec import CPU_VENDORS, NETWORK_KINDS
+
+    body = api.get("/v1/collectives/cluster-choices").json()
+    assert body == {"network_kinds": list(NETWORK_KINDS), "cpu_vendors": list(CPU_VENDORS)}
+    assert "efa_sendrecv" in body["network_kinds"] and body["cpu_vendors"] == ["intel", "amd", "arm"]
+    small = {**LLAMA70B, "parallel": {"tp": 8, "dp": 2}, "cluster": {"preset": "dgx-h100", "num_nodes": 2}}
+    tried = [("network", "kind", k) for k in body["network_kinds"]] + [
+        (None, "cpu_vendor", v) for v in body["cpu_vendors"]
+    ]
+    for block, key, value in tried:
+        cluster = {**small["cluster"], **({block: {key: value}} if block else {key: value})}
+        r = api.post("/v1/plan", params={"summary": "true"}, json={**small, "cluster": cluster})
+        assert r.status_code == 200, r.text
+        echoed = r.json()["cluster"]
+        assert (echoed[block][key] if block else echoed[key]) == value
+    r = api.post("/v1/plan", json={**small, "cluster": {**small["cluster"], "network": {"kind": "myrinet"}}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-2:] == ["network", "kind"], r.text
+    assert "efa_sendrecv" in r.json()["detail"][0]["msg"]

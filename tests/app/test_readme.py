@@ -27,6 +27,24 @@ def test_readme_client_snippet_runs_and_its_plan_fits():
     assert plan.memory.fits and plan.step.time_s > 0
     peak = max(s["peak_bytes"] for s in plan.raw["memory"]["per_stage"])
     assert peak < plan.raw["memory"]["capacity_bytes"]
+    # serving: the aggregated deployment on one node (4 TP2 vLLM workers) and the SLA search's best deployment
+    serve, best = scope["serve"], scope["best"]
+    assert serve.gpus == 8 and serve.fits and len(serve.pools) == 1 and serve.pools[0].batch == 64 // 4
+    assert 0 < serve.tpot_s < 0.03 and serve.ttft_s is not None
+    assert best.answer.tpot_s <= 0.03 and best.answer.ttft_s <= 1.0 and best.answer.gpus <= 8
+    assert best.answer.throughput.output_tokens_per_s_per_gpu > 0
+
+
+def test_readme_names_every_client_method():
+    """The line under the snippet names each public method the client has (serve and serve_search were missing,
+    and it named a `calibrate` the client does not have)."""
+    from app.client import Client
+
+    text = (ROOT / "README.md").read_text().split("### Python client", 1)[1].split("###", 1)[0]
+    methods = {m for m in vars(Client) if not m.startswith("_") and callable(getattr(Client, m))} - {"close"}
+    assert {"plan", "search", "serve", "serve_search"} <= methods
+    named = set(re.findall(r"`([a-z_]+)`", text.split("```", 2)[2]))  # after the code block
+    assert named == methods, (methods - named, named - methods)  # each named, and nothing it does not have
 
 
 def _top_level_imports(path: Path) -> set[str]:

@@ -979,6 +979,63 @@ def test_serve_view_plans_a_deployment_and_finds_one_under_an_sla(make_page, vie
     shot_of(page, "#serve-card", f"serve-{viewport['width']}")
 
 
+@VIEWPORTS
+def test_serve_two_batch_overlap_and_redundant_experts(make_page, browser, viewport):
+    """The Serve card's two-batch overlap and EPLB redundant-expert controls (options.two_batch_overlap,
+    options.redundant_experts of POST /v1/serve): blank is the engine's default (off, 0), each change reaches the
+    request, replans the answer on show (its TPOT and step time are the server's for that body, and differ from
+    the default's: DeepSeek-V3 on SGLang, one TP1 DP32 EP32 worker with DeepEP on 32 H100) and is kept in the URL;
+    a fresh page from that URL has the same options."""
+    page = make_page(viewport)
+    request = {**LLAMA, "cluster": {"preset": "dgx-h100", "num_nodes": 2}, "parallel": {"tp": 8, "dp": 2}}
+    open_page(page, url_state(request))
+    expect(page.locator("#serve-tbo option").first).to_have_text("default (off)")
+    expect(page.locator("#serve-redundant")).to_have_attribute("placeholder", "default: 0")
+    picks = {"model": "deepseek-v3", "engine": "sglang", "weights": "fp8", "a-dispatch": "deepep"}
+    for name, value in picks.items():
+        page.select_option(f"#serve-{name}", value)
+    for name, value in {"nodes": "4", "concurrency": "256", "a-tp": "1", "a-dp": "32", "a-ep": "32"}.items():
+        page.fill(f"#serve-{name}", value)
+    page.check("#serve-a-adp")
+
+    def answer_on_show(options: dict) -> dict:
+        """The page's body carries exactly these options; its cards show the server's answer to that body."""
+        body = page.evaluate("window.commplan.serveBody()")
+        assert body["options"] == {"weight_dtype": "fp8", **options}, body["options"]
+        want = httpx.post(page.base + "/v1/serve", json=body, timeout=60).json()
+        tpot = page.evaluate(f"window.commplan.fmtTime({want['tpot_s']})")
+        expect(page.locator("#serve-cards [data-card=tpot] .metric")).to_have_text(tpot, timeout=30_000)
+        expect(page.locator("#serve-status")).to_have_text("", timeout=30_000)
+        step = page.evaluate(f"window.commplan.fmtTime({want['pools'][0]['step_s']})")
+        expect(page.locator("#serve-pools tbody tr").first).to_contain_text(step)
+        return want
+
+    page.click("#serve-run")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=30_000)
+    default = answer_on_show({})
+    page.select_option("#serve-tbo", "true")  # replans the answer on show
+    tbo = answer_on_show({"two_batch_overlap": True})
+    assert tbo["tpot_s"] != default["tpot_s"] and tbo["pools"][0]["step_s"] != default["pools"][0]["step_s"]
+    page.fill("#serve-redundant", "32")
+    page.locator("#serve-redundant").dispatch_event("change")
+    both = answer_on_show({"two_batch_overlap": True, "redundant_experts": 32})
+    assert both["tpot_s"] != tbo["tpot_s"]
+    assert overflow(page) == 0
+    # kept in the URL: a fresh page opens with the same options
+    saved = json.loads(base64.urlsafe_b64decode(page.url.split("#s=")[1] + "==="))
+    assert saved["o"] == {"weight_dtype": "fp8", "two_batch_overlap": True, "redundant_experts": 32}, saved
+    fresh = browser.new_context(viewport=viewport).new_page()
+    try:
+        fresh.goto(page.url)
+        expect(fresh.locator("#ledger tbody tr").first).to_be_visible(timeout=20_000)
+        expect(fresh.locator("#serve-tbo")).to_have_value("true")
+        expect(fresh.locator("#serve-redundant")).to_have_value("32")
+        expect(fresh.locator("#serve-weights")).to_have_value("fp8")
+    finally:
+        fresh.context.close()
+    shot_of(page, "#serve-card", f"serve-options-{viewport['width']}")
+
+
 def test_serve_scenario_deepseek_on_96_gpus(page):
     """The user's path of the mission: switch to serving DeepSeek-V3 on 96 GPUs and see TTFT, TPOT, tokens/s
     per GPU, the KV cache and the KV transfer with the links it crosses."""
@@ -1160,6 +1217,35 @@ def test_every_request_field_has_a_control(page):
 
     offered = page.eval_on_selector_all("#f-nccl-version option", "os => os.map((o) => o.value)")
     assert offered == ["", *SUPPORTED_VERSIONS], offered
+
+
+def test_network_kind_and_cpu_vendor_selects_are_the_servers_lists(page):
+    """The network-kind and CPU-vendor selects offer exactly what GET /v1/collectives/cluster-choices lists (the
+    planner's NETWORK_KINDS and CPU_VENDORS, collectives/topology/spec.py): the page holds no copy of its own. A
+    choice reaches the request and the plan's cluster block."""
+    from collectives.topology.spec import CPU_VENDORS, NETWORK_KINDS
+
+    open_page(page)
+    choices = httpx.get(page.base + "/v1/collectives/cluster-choices").json()
+    for select, key, planner in (
+        ("#f-network-kind", "network_kinds", NETWORK_KINDS),
+        ("#f-cpu-vendor", "cpu_vendors", CPU_VENDORS),
+    ):
+        offered = page.eval_on_selector_all(f"{select} option", "os => os.map((o) => o.value)")
+        assert offered == ["", *choices[key]] == ["", *planner], offered
+    source = httpx.get(page.base + "/static/js/controls.js").text
+    assert "efa_sendrecv" not in source and '"amd"' not in source  # no second copy of the lists
+    page.evaluate("document.querySelectorAll('details.group').forEach((d) => { d.open = true; })")
+    page.select_option("#f-network-kind", "roce")
+    page.select_option("#f-cpu-vendor", "amd")
+    expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
+    page.wait_for_function(
+        "() => { const c = window.commplan.state.plan && window.commplan.state.plan.cluster;"
+        " return c && c.network.kind === 'roce' && c.cpu_vendor === 'amd'; }",
+        timeout=20_000,
+    )
+    cluster = page.evaluate("window.commplan.state.request.cluster")
+    assert cluster["network"]["kind"] == "roce" and cluster["cpu_vendor"] == "amd", cluster
 
 
 @VIEWPORTS
