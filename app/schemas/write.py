@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import cache
-from operator import attrgetter, index, itemgetter
+from operator import attrgetter, index
 
 from pydantic import BaseModel
 
@@ -51,62 +51,24 @@ def writer(model: type[BaseModel]) -> Callable[[object], dict]:
     converts = [
         (name, EXACT.get(c), c) for name, f in model.model_fields.items() if (c := _convert(f.annotation)) is not None
     ]
-    # the scalar fields are checked in one pass (in C): their values' types against the exact ones; only a row
-    # with another type (an int in a float field, None, a numpy integer) walks them one by one
-    scalars = [(name, exact, convert) for name, exact, convert in converts if exact is not None]
-    blocks = [(name, convert) for name, exact, convert in converts if exact is None]
-    scalar_values = _getter((name for name, _, _ in scalars), itemgetter)
-    scalar_types = tuple(exact for _, exact, _ in scalars)
     defaults = {name: _default(field) for name, field in model.model_fields.items()}
-    read_names, get = [name for name, _ in read], _getter(path for _, path in read)
-    shapes: dict[tuple, Callable[[dict], dict]] = {}  # a dict source's keys, in its order -> how to read it
+    read_names, get = [name for name, _ in read], _getter([path for _, path in read])
 
     def write(obj) -> dict:
         if type(obj) is dict:
-            keys = tuple(obj)
-            shape = shapes.get(keys) or _shape(shapes, keys, names, defaults)
-            data = shape(obj)
+            data = _from_dict(obj, defaults, names)
         else:
             data = dict.fromkeys(names)
             data.update(zip(read_names, get(obj), strict=True))
             for name, derive in derived:
                 data[name] = derive(obj)
-        if tuple(map(type, scalar_values(data))) != scalar_types:
-            for name, exact, convert in scalars:
-                value = data[name]
-                if value is not None and type(value) is not exact:
-                    data[name] = convert(value)
-        for name, convert in blocks:
+        for name, exact, convert in converts:
             value = data[name]
-            if value is not None:
+            if value is not None and type(value) is not exact:
                 data[name] = convert(value)
         return data
 
     return write
-
-
-SHAPES = 64  # the key orders one writer remembers (the planner writes a few per block; past that: the long way)
-
-
-def _shape(shapes: dict, keys: tuple, names: tuple, defaults: dict) -> Callable[[dict], dict]:
-    """How to read a dict source whose keys are ``keys`` (in that order) into the fields in field order:
-    copied as it is (the same keys in field order), read key by key in field order (the same keys in another
-    order: the links the pricers write), merged over the defaults (some defaulted fields absent: the step's
-    timeline events without ``overlapped``), else the long way (:func:`_from_dict`: other keys left out, a
-    required field absent refused). Remembered per key order, for at most ``SHAPES`` orders."""
-    given = set(keys)
-    if keys == names:
-        shape = dict.copy
-    elif given == set(names) and len(keys) == len(names):
-        get = _getter(names, itemgetter)
-        shape = lambda obj: dict(zip(names, get(obj), strict=True))  # noqa: E731
-    elif given <= set(names) and all(defaults[name] is not MISSING for name in names if name not in given):
-        shape = lambda obj: {**defaults, **obj}  # noqa: E731  (defaults first: field order)
-    else:
-        shape = lambda obj: _from_dict(obj, defaults, names)  # noqa: E731
-    if len(shapes) < SHAPES:
-        shapes[keys] = shape
-    return shape
 
 
 def _from_dict(obj: dict, defaults: dict, names: tuple) -> dict:
@@ -121,13 +83,11 @@ def _from_dict(obj: dict, defaults: dict, names: tuple) -> dict:
     return data
 
 
-def _getter(paths: Iterable[str], getter=attrgetter) -> Callable[[object], tuple]:
-    """One C call that reads every path off an object (``itemgetter``: every key of a dict), as a tuple
-    (the getters' single path is not one)."""
-    paths = tuple(paths)
+def _getter(paths: list[str]) -> Callable[[object], tuple]:
+    """One C call that reads every path off an object, as a tuple (attrgetter's single path is not one)."""
     if not paths:
         return lambda obj: ()
-    get = getter(*paths)
+    get = attrgetter(*paths)
     return get if len(paths) > 1 else lambda obj: (get(obj),)
 
 
