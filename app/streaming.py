@@ -25,6 +25,7 @@ from planner.search import Cancelled
 
 from . import runner
 from .errors import error_detail
+from .threads import in_thread
 
 log = logging.getLogger("commplan")
 POLL_S = 0.2
@@ -86,7 +87,7 @@ async def _threaded(request: Request, work, deadline: Deadline) -> AsyncIterator
         with bounded(deadline):
             return work(send)
 
-    task = asyncio.ensure_future(asyncio.to_thread(main))
+    task = in_thread(main)
     try:
         while True:
             try:

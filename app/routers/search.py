@@ -29,6 +29,7 @@ from ..inputs import problem_of
 from ..limits import acquire_slot
 from ..schemas.search import SearchOut, SearchRequest
 from ..serialize import progress_line, search_dict
+from ..threads import in_thread
 
 router = APIRouter(prefix="/v1/search", tags=["search"])
 log = logging.getLogger("commplan")
@@ -69,7 +70,7 @@ def wants_stream(request: Request, stream: bool) -> bool:
 async def search_layouts(body: SearchRequest, request: Request, stream: bool = False):
     settings = request.app.state.settings
     problem = problem_of(body, settings)
-    await asyncio.to_thread(check_size, problem, max_layouts(settings))
+    await in_thread(check_size, problem, max_layouts(settings))
     cancel = threading.Event()
     # A search keeps every core busy with worker processes: it holds one of the service's work slots
     # (app/limits.py) like any heavy request, so concurrent searches queue instead of multiplying the pools.
@@ -87,7 +88,7 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
         return StreamingResponse(_stream(problem, request, cancel, settings, release), media_type=NDJSON)
     # the answer is encoded in the thread too: a top_k of 1,000 is a 13 MB body, whose encoding on the event
     # loop held /healthz for 0.85 s (issue 26)
-    task = asyncio.ensure_future(asyncio.to_thread(_encoded, problem, max_layouts(settings), cancel))
+    task = in_thread(_encoded, problem, max_layouts(settings), cancel)
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=POLL_S)
@@ -163,7 +164,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
     def progress(state: dict) -> None:
         loop.call_soon_threadsafe(lines.put_nowait, {"type": "progress", **progress_line(state)})
 
-    task = asyncio.ensure_future(asyncio.to_thread(_run, problem, cancel, progress, max_layouts(settings)))
+    task = in_thread(_run, problem, cancel, progress, max_layouts(settings))
     try:
         while True:
             try:
@@ -178,7 +179,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
             if task.done() and lines.empty():
                 break
         try:
-            yield await asyncio.to_thread(lambda: _result_line(task.result()))
+            yield await in_thread(lambda: _result_line(task.result()))
         except (SpecError, CollectiveError) as err:
             yield json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
         except Cancelled:

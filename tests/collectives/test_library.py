@@ -613,3 +613,19 @@ def test_every_version_and_knob_prices_finite(preset, nodes, version, env, op, s
     assert np.isfinite(p.time_s) and p.time_s > 0
     if p.nccl_algorithm in ("Ring", "Tree"):
         assert p.channels <= max(lo, hi or 64)
+
+
+def test_calibration_hash_is_kept_and_follows_the_values():
+    # the price caches hash this key some 17 times a plan: computed once per instance, equal values hash
+    # alike however they were built, and a pickle or copy recomputes it (string hashes are per process)
+    import copy
+    import pickle
+
+    base = LibraryCalibration()
+    same = LibraryCalibration(dict(reversed(base.efficiency.items())), base.latency_scale, base.network_latency_s)
+    assert same == base and hash(same) == hash(base) and base.__dict__["_hash"] == hash(base)
+    other = base.with_values(efficiency={"nic": 0.5})
+    assert other != base and hash(other) != hash(base)
+    for clone in (pickle.loads(pickle.dumps(base)), copy.copy(base), replace(base)):
+        assert "_hash" not in clone.__dict__ and clone == base and hash(clone) == hash(base)
+    assert {base: 1}[same] == 1

@@ -105,9 +105,19 @@ class LibraryCalibration:
             self.network_latency_s | dict(network_latency_s or {}),
         )
 
-    def __hash__(self) -> int:  # frozen with dict fields: hash their items (used as a cache key)
-        items = (self.efficiency, self.latency_scale, self.network_latency_s)
-        return hash(tuple(tuple(sorted(d.items())) for d in items))
+    def __hash__(self) -> int:
+        """Frozen with dict fields: the hash of their sorted items (a key of the price caches, hashed some 17
+        times a plan), computed once and kept on the instance; equality stays the fields' (dataclass)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            items = (self.efficiency, self.latency_scale, self.network_latency_s)
+            cached = hash(tuple(tuple(sorted(d.items())) for d in items))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        # the kept hash is left out of a pickle or copy: string hashes differ between processes
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
 
 
 DEFAULT_LIBRARY = LibraryCalibration()
