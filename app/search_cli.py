@@ -17,14 +17,21 @@ from .schemas.search import SearchRequest
 from .serialize import search_dict
 from .settings import Settings
 
+UNREADABLE = object()
 
-def _read(path: str) -> dict:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        import yaml  # pyyaml: only needed for YAML specs
 
-        return yaml.safe_load(text)
-    return json.loads(text)
+def _read(path: str):
+    """The request or spec at ``path`` (``-``: stdin; .yaml/.yml as YAML), or UNREADABLE once stderr says why."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path.endswith((".yaml", ".yml")):
+            import yaml  # pyyaml: only needed for YAML specs
+
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"commplan: cannot read {path}: {err}", file=sys.stderr)
+        return UNREADABLE
 
 
 class Progress:
@@ -115,10 +122,8 @@ def pipeline_note(p: dict) -> str:
 
 
 def search_command(args) -> int:
-    try:
-        raw = _read(args.file)
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
+    raw = _read(args.file)
+    if raw is UNREADABLE:
         return 2
     if args.memory_headroom is not None and isinstance(raw, dict):  # checked by the schema as the request's own
         constraints = raw.setdefault("constraints", {})
@@ -180,10 +185,8 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
 
 
 def sweep_command(args) -> int:
-    try:
-        spec = _read(args.spec)
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"commplan: cannot read {args.spec}: {err}", file=sys.stderr)
+    spec = _read(args.spec)
+    if spec is UNREADABLE:
         return 2
     settings = Settings.from_env()
     tasks = [Task(label, problem_of(SearchRequest.model_validate(body), settings)) for label, body in expand(spec)]

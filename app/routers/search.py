@@ -34,6 +34,8 @@ from ..threads import in_thread
 router = APIRouter(prefix="/v1/search", tags=["search"])
 log = logging.getLogger("commplan")
 NDJSON = "application/x-ndjson"
+# the answers of a route that can stream: its JSON body, or NDJSON progress lines (/v1/search, /v1/serve/search)
+STREAMED = BAD_INPUT | {200: {"content": {NDJSON: {}}, "description": "with ?stream=true: NDJSON progress"}}
 POLL_S = 0.2
 
 
@@ -59,7 +61,7 @@ def wants_stream(request: Request, stream: bool) -> bool:
 
 @router.post(
     "",
-    responses=BAD_INPUT | {200: {"content": {NDJSON: {}}, "description": "with ?stream=true: NDJSON progress"}},
+    responses=STREAMED,
     response_model=SearchOut,
     summary="Find the fastest layouts that fit",
     description="Enumerates every valid layout (tp, cp, pp, virtual stages, dp, ep, expert tp, ZeRO stage, "

@@ -26,7 +26,7 @@ from ..schemas.serve import (
 from ..serialize import serve_calibration_json, serve_json, serve_search_dict, serve_search_json
 from ..streaming import line, ndjson
 from ._bounded import bounded_post
-from .search import NDJSON, wants_stream
+from .search import NDJSON, STREAMED, wants_stream
 
 router = APIRouter(prefix="/v1/serve", tags=["serve"])
 
@@ -48,7 +48,7 @@ bounded_post(
 
 @router.post(
     "/search",
-    responses=BAD_INPUT | {200: {"content": {NDJSON: {}}, "description": "with ?stream=true: NDJSON progress"}},
+    responses=STREAMED,
     response_model=ServeSearchOut,
     summary="The best serving deployments under an SLA",
     description="Every engine and mode asked for, each pool's layout and the prefill:decode split, ranked by output "
