@@ -42,7 +42,20 @@ function loadScenario() {
   loadDeployment({ engine: r.engine, deployment: r.deployment });
 }
 
+// a pool's fields, written once for the three pools (serve-a: both roles, serve-p: prefill, serve-d: decode)
+const DISPATCHES = [["", "engine default"], ["alltoall", "all-to-all"], ["deepep", "DeepEP"], ["deepep_ll", "DeepEP low-latency"],
+  ["agrs", "all-gather + reduce-scatter (vLLM)"], ["dp_gather", "DP-attention gather (SGLang)"], ["agrs_quant", "post-quant all-gather (TensorRT-LLM)"]];
+const POOL_LABELS = { workers: "Workers", tp: "TP", dp: 'DP <span class="hint">(attention)</span>', ep: "EP" };
+
+function poolFields(prefix) {
+  const numbers = POOL_FIELDS.map((f) => `<div class="field"><label for="${prefix}-${f}">${POOL_LABELS[f]}</label><input id="${prefix}-${f}" type="number" min="1" value="${f === "tp" ? 8 : 1}"></div>`);
+  const options = DISPATCHES.map(([v, label]) => `<option value="${v}">${label}</option>`).join("");
+  return numbers.join("") + `<div class="field check"><label><input id="${prefix}-adp" type="checkbox"> Attention-DP</label></div>`
+    + `<div class="field"><label for="${prefix}-dispatch">Token dispatch</label><select id="${prefix}-dispatch">${options}</select></div>`;
+}
+
 export function initServe() {
+  for (const box of document.querySelectorAll("[data-pool]")) box.innerHTML = poolFields(box.dataset.pool);
   // the options are kept in the URL (state.serveOptions, #s= "o") as they change; an answer on show is replanned
   for (const id of OPTION_IDS) $(id).addEventListener("change", () => { keepOptions(); if (!$("serve-results").hidden) runServe(); });
   $("serve-scenario").addEventListener("change", loadScenario);
