@@ -10,16 +10,11 @@ import pytest
 
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS, SpecError, WorkloadSpec, build_plan
-from planner.memory import comm_buffers
 from planner.search import Constraints, Problem, search
-from planner.search.evaluate import ShapeEvaluator
 from planner.search.space import SAME, Recompute, Shape, Space, Variant, recompute_fields
+from tests.planner.test_search_options import model_of, screen_vs_plan
 
 LAYOUT = "Et*2|t*3|t*3|t*2|t*2|t*3|t*3|t*2L"  # 20 layers over pp 4 x 2 virtual stages
-
-
-def model_of(layers: int, preset: str = "llama3-8b"):
-    return replace(MODEL_PRESETS[preset], seq_length=2048, num_layers=layers)
 
 
 def space(layers=20, devices=8, preset="llama3-8b", **allowed) -> Space:
@@ -81,23 +76,6 @@ def test_layouts_and_stage_layers_are_splits():
     assert t.variants_per_shape(2, 4) == len(t.stage_splits(4)) * 4 * 2 * 3
 
 
-def _screen_vs_plan(model, cluster, work, shape, cases):
-    ev = ShapeEvaluator(Problem(model, work, cluster), shape)
-    for variant, b, rc in cases:
-        assert ev.space.check(variant, b) is None, (variant, b)
-        par = variant.parallel()
-        parts = ev.calls(variant, b, rc)
-        rows = [r for part in parts for r in part.rows]
-        screen = ev.step_model.step_time(par, b, rc, parts)
-        plan = build_plan(model, replace(work, micro_batch_size=b, **recompute_fields(rc)), par, cluster)
-        assert screen == pytest.approx(plan.step.time_s, rel=1e-6), (variant, rc)
-        assert ev.step_model.lower_bound(par, b, rc) <= plan.step.time_s * (1 + 1e-12)
-        peaks = ev.step_model._static_bytes(par) + ev.step_model._activation_bytes(par, b, rc)
-        for stage, size in comm_buffers(rows).items():
-            peaks[stage] += size
-        assert peaks.tolist() == [s.peak_bytes for s in plan.memory.per_stage], (variant, rc)
-
-
 def test_screen_equals_build_plan_on_recompute_modules_and_layouts():
     """20 layers, tp 2 x pp 4 on one DGX H100: selective module sets, an explicit layout string and first 4 /
     last 6 stage layers (4 + 5 + 5 + 6)."""
@@ -111,7 +89,7 @@ def test_screen_equals_build_plan_on_recompute_modules_and_layouts():
          Recompute("selective", modules=("mlp",))),
         (Variant(shape, 1, "1f1b", 1, True, "megatron", 4, "alltoall", 6), 1, "full"),
     ]  # fmt: skip
-    _screen_vs_plan(model_of(20), cluster_preset("dgx-h100", 1), work, shape, cases)
+    screen_vs_plan(model_of(20), cluster_preset("dgx-h100", 1), work, shape, cases)
 
 
 def test_screen_equals_build_plan_on_torch_checkpointing_and_offload():
@@ -120,10 +98,10 @@ def test_screen_equals_build_plan_on_torch_checkpointing_and_offload():
     work = WorkloadSpec(global_batch_size=16)
     torch = Shape(2, 1, 4, 1)
     cases = [(Variant(torch, 1, "1f1b", 1, True, "torch"), 1, Recompute("selective", ac_option=o)) for o in ("op", "2")]
-    _screen_vs_plan(model_of(20), cluster_preset("dgx-h100", 1), work, torch, cases)
+    screen_vs_plan(model_of(20), cluster_preset("dgx-h100", 1), work, torch, cases)
     flat = Shape(8, 1, 1, 1)
     cases = [(Variant(flat, 1, "1f1b", 1, True, "megatron"), 1, Recompute("none", offload=2))]
-    _screen_vs_plan(model_of(20), cluster_preset("dgx-h100", 1), work, flat, cases)
+    screen_vs_plan(model_of(20), cluster_preset("dgx-h100", 1), work, flat, cases)
 
 
 def test_screen_equals_build_plan_on_moe_modules():
@@ -132,7 +110,7 @@ def test_screen_equals_build_plan_on_moe_modules():
     shape = Shape(1, 1, 2, 8, 8, 1)
     cases = [(Variant(shape, 1, "1f1b", 1, False, "megatron"), 1, Recompute("selective", modules=m))
              for m in (("moe",), ("moe_act",), ("core_attn", "moe"))]  # fmt: skip
-    _screen_vs_plan(model, cluster_preset("dgx-h100", 2), WorkloadSpec(global_batch_size=16), shape, cases)
+    screen_vs_plan(model, cluster_preset("dgx-h100", 2), WorkloadSpec(global_batch_size=16), shape, cases)
 
 
 def test_a_search_returns_the_new_fields():
@@ -161,4 +139,4 @@ def test_screen_equals_build_plan_for_deepep_on_an_nvl72_rack():
     model = replace(MODEL_PRESETS["qwen3-30b-a3b"], seq_length=2048, num_layers=4)
     shape = Shape(1, 1, 2, 32, 16, 1)
     cases = [(Variant(shape, 1, "1f1b", 1, False, "megatron", None, d), 1, "none") for d in ("deepep", "hybridep")]
-    _screen_vs_plan(model, rack, WorkloadSpec(global_batch_size=64), shape, cases)
+    screen_vs_plan(model, rack, WorkloadSpec(global_batch_size=64), shape, cases)

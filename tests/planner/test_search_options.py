@@ -76,24 +76,32 @@ def test_recompute_choices():
         space(20, ep_dispatch="deepep_ll")
 
 
-def _screen_vs_plan(model, cluster, work, shape, cases):
-    """Each (variant fields, b, recompute choice): the screen's step time and memory peaks against
-    build_plan on the same layout (prices interpolated between grid points: rounding only)."""
+def screen_vs_plan(model, cluster, work, shape, cases):
+    """Each (variant, b, recompute choice): the screen's step time and memory peaks against build_plan on the
+    same layout (prices interpolated between grid points: rounding only). Also test_search_layouts3.py's."""
     ev = ShapeEvaluator(Problem(model, work, cluster), shape)
-    for (v, schedule, ends, dispatch), b, rc in cases:
-        variant = Variant(shape, v, schedule, 1, shape.tp > 1, "megatron", ends, dispatch)
+    for variant, b, rc in cases:
         assert ev.space.check(variant, b) is None, (variant, b)
         par = variant.parallel()
         parts = ev.calls(variant, b, rc)
         rows = [r for part in parts for r in part.rows]
         screen = ev.step_model.step_time(par, b, rc, parts)
         plan = build_plan(model, replace(work, micro_batch_size=b, **recompute_fields(rc)), par, cluster)
-        assert screen == pytest.approx(plan.step.time_s, rel=1e-6), (schedule, v, ends, dispatch, b, rc)
+        assert screen == pytest.approx(plan.step.time_s, rel=1e-6), (variant, b, rc)
         assert ev.step_model.lower_bound(par, b, rc) <= plan.step.time_s * (1 + 1e-12)
         peaks = ev.step_model._static_bytes(par) + ev.step_model._activation_bytes(par, b, rc)
         for stage, size in comm_buffers(rows).items():
             peaks[stage] += size
-        assert peaks.tolist() == [s.peak_bytes for s in plan.memory.per_stage], (schedule, v, ends, rc)
+        assert peaks.tolist() == [s.peak_bytes for s in plan.memory.per_stage], (variant, b, rc)
+
+
+def _screen_vs_plan(model, cluster, work, shape, cases):
+    """screen_vs_plan with each variant given by its (virtual stages, schedule, end stages, dispatch)."""
+    variants = [
+        (Variant(shape, v, schedule, 1, shape.tp > 1, "megatron", ends, dispatch), b, rc)
+        for (v, schedule, ends, dispatch), b, rc in cases
+    ]
+    screen_vs_plan(model, cluster, work, shape, variants)
 
 
 BLOCK2, UNIFORM2 = Recompute("full", "block", 2), Recompute("full", "uniform", 2)
