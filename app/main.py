@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import multiprocessing
 import re
@@ -21,6 +20,7 @@ from . import errors
 from .limits import BodyLimit
 from .routers import calibrate, collectives, export, health, plan, presets, search, serve, topology
 from .settings import Settings
+from .threads import in_thread
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 SWAGGER = "/static/vendor/swagger-ui-5.35.0"  # npm swagger-ui-dist 5.35.0 (Apache-2.0), LICENSE beside it
@@ -190,7 +190,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> Response:
-        return Response(await asyncio.to_thread(openapi_bytes, app), media_type="application/json")
+        return Response(await in_thread(openapi_bytes, app), media_type="application/json")
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -25,6 +23,7 @@ from ..schemas.serve import (
 )
 from ..serialize import serve_calibration_json, serve_json, serve_search_dict, serve_search_json
 from ..streaming import line, ndjson
+from ..threads import in_thread
 from ._bounded import bounded_post
 from .search import NDJSON, STREAMED, wants_stream
 
@@ -61,7 +60,7 @@ bounded_post(
 async def serve_search(body: ServeSearchRequest, request: Request, stream: bool = False) -> Response:
     settings = request.app.state.settings
     if wants_stream(request, stream):
-        args, base, count = await asyncio.to_thread(serve_search_inputs, body, settings)  # refusals before a byte
+        args, base, count = await in_thread(serve_search_inputs, body, settings)  # refusals before a byte
         release = await acquire_slot(request)
 
         def work(send) -> str:
