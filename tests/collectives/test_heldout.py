@@ -128,9 +128,10 @@ def test_heldout_bands_blind():
     bands = _band_medians()
     # issue 23 (each log priced with the NCCL version it prints): 8.5%, 26.6% (the target of 25% missed: the
     # Lambda B200 log, NCCL 2.26.2, went from 43.9% to 57.4% fast), 22.5%; with the Simple pipeline fill
-    # (nccl2, model.py Candidate.fill_s): 4.6%, 17.4%, 23.3%
+    # (nccl2, model.py Candidate.fill_s): 4.6%, 17.4%, 23.3%; with the network step window (nccl3,
+    # Candidate.window_s): 4.6%, 14.0%, 23.3%
     assert bands[">= 64 MiB"] <= 0.05
-    assert bands["64 KiB-64 MiB"] <= 0.18
+    assert bands["64 KiB-64 MiB"] <= 0.145
     assert bands["< 64 KiB"] <= 0.25
 
 
