@@ -37,7 +37,8 @@ def fit(records) -> LibraryCalibration:
       below 64 MiB; a generation without rows takes the nearest generation's value (newer on a tie);
     - latency scale across nodes: the same on multi-node rows of non-EFA networks;
     - EFA's per-hop latency (the p4de records: aws-ofi-nccl's SENDRECV protocol): the same on EFA rows,
-      with the inter-node scale fixed."""
+      with the inter-node scale fixed, together with the network step window's count of one-way latencies
+      (window_fit; the count is a module constant, tables.WINDOW_ONE_WAYS, which a left-out source keeps)."""
     # priors, before any fit: NCCL's model as is, and the SENDRECV EFA latency as aws-ofi-nccl reports it to
     # NCCL's tuner for p4d/p4de (75 us, src/platform-aws.cpp), so that leaving out the one EFA source
     # really predicts it blind
@@ -62,7 +63,34 @@ def fit(records) -> LibraryCalibration:
             fitted[gen] = cal.latency_scale[key]
     cal = cal.with_values(latency_scale={f"intra_node:{g}": _nearest(g, fitted) for g in GENERATIONS})
     cal = _grid(cal, other, [cal.with_values(latency_scale={"inter_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
-    return _grid(cal, efa, [cal.with_values(network_latency_s={"efa_sendrecv": u * 1e-6}) for u in range(10, 151, 10)])
+    return window_fit(efa, cal)[1]
+
+
+def window_fit(rows, cal: LibraryCalibration) -> tuple[int, LibraryCalibration, float]:
+    """tables.WINDOW_ONE_WAYS and EFA's SENDRECV per-hop latency, fitted together on ``rows`` (the EFA rows
+    below 64 MiB: the fit set's only rows where the network step window binds, model.py Candidate.window_s):
+    the pair of smallest median |busbw error| over {2, 3, 4, 5} one-way latencies x 10-150 us, priced cold
+    each time (the smaller count on a tie). Returns (count, ``cal`` with the latency, median); without rows,
+    (the kept count, ``cal``, nan). tables.WINDOW_ONE_WAYS is restored afterwards."""
+    from collectives.topology.library import pricer
+    from collectives.topology.library import tables as T
+
+    kept = T.WINDOW_ONE_WAYS
+    if not rows:
+        return kept, cal, float("nan")
+    trials = [cal.with_values(network_latency_s={"efa_sendrecv": u * 1e-6}) for u in range(10, 151, 10)]
+    scored = []
+    try:
+        for k in (2, 3, 4, 5):
+            T.WINDOW_ONE_WAYS = k
+            pricer._CANDS.clear()
+            for i, t in enumerate(trials):
+                scored.append((float(np.median([abs(c.error) for c in compare_all(rows, t, "library")])), k, i))
+    finally:
+        T.WINDOW_ONE_WAYS = kept
+        pricer._CANDS.clear()
+    median, k, i = min(scored)
+    return k, trials[i], median
 
 
 def sm_of(record: dict) -> int:
@@ -115,6 +143,10 @@ def table(rows, key) -> list[str]:
 
 def main() -> None:
     print(f"fit on every record: {fit(RECORDS)}\n")
+    efa = [r for r in RECORDS if r["nodes"] > 1 and "EFA" in r["interconnect"] and r.get("size_bytes")]
+    k, t, median = window_fit([r for r in efa if r["size_bytes"] < 64 << 20], fit(RECORDS))
+    lat = t.network_latency_s["efa_sendrecv"] * 1e6
+    print(f"network step window: {k} one-way latencies, efa_sendrecv {lat:.0f} us; EFA < 64 MiB {100 * median:.1f}%\n")
     grid = ", ".join(f"{h}: {100 * e:.1f}%" for h, e in nvls_fill_hops_grid(RECORDS).items())
     print(f"one-node NVLS fill, extra hops -> one-node 64 KiB-64 MiB median: {grid}\n")
     rows = compare_all(RECORDS, LibraryCalibration(), "library")

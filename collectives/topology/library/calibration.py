@@ -72,9 +72,10 @@ class LibraryCalibration:
             # src/platform-aws.cpp default_protocol, aws-ofi-nccl v1.4.0-1383-g2daf7d30): RDMA write on p5,
             # p5e, p5en, p6-b200, p6-b300 ("efa"): AWS's ~15 us one-way EFA latency (AWS EFA documentation),
             # not fitted; SENDRECV on EFA without RDMA write, p3dn, p4d, p4de ("efa_sendrecv"): fitted on the
-            # p4de records (80 us; the plugin itself reports 75 us to NCCL's tuner for these platforms)
+            # p4de records together with the network step window (tables.WINDOW_ONE_WAYS; 70 us, 80 us before
+            # the window; the plugin itself reports 75 us to NCCL's tuner for these platforms)
             "efa": 15.0e-6,
-            "efa_sendrecv": 80.0e-6,
+            "efa_sendrecv": 70.0e-6,
             "tcpxo": 20.0e-6,  # GCP TCPXO (GPUDirect-TCPXO, a3-mega), assumed; calibrate from logs
             "tcpx": 20.0e-6,  # GCP GPUDirect-TCPX (a3-high), assumed as TCPXO's; no public a3-high log in the sets
         }

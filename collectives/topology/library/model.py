@@ -84,6 +84,9 @@ class Candidate:
     chunk_bytes: int = 0  # the chunk before the size rules (tables.nvls_tree_pipeline; tree: the Simple step)
     chunk_slots: int = 0  # NVLS(Tree): nvlsChannels x nHeads chunks in flight (0: one per launched channel)
     hop_rates: tuple = ()  # ((hops, GB/s per search channel), ...) where hops run at their own link's speed
+    window_us: float = 0.0  # a network slot's turn-over latency, us (0: no step window; tables.py "step window")
+    window_rate: float = 0.0  # GB/s a search channel's network connection carries (the graph's bwInter)
+    window_shape: tuple = ()  # (nodes, GPUs per node) for the chunk rule
 
     def _latency_us(self, nbytes: int, run: bool = False) -> float:
         lat = (self.run_latency_us or self.latency_us) if run else self.latency_us
@@ -96,7 +99,22 @@ class Candidate:
     def time_s(self, nbytes: int, op: Op) -> float:
         """The time a run takes: calibrated latency and bandwidth on the channels NCCL launches."""
         bw = self._bw(nbytes, op) * self.efficiency * self.achieved_ratio * self.channel_share(nbytes)
-        return self.latency_s_at(nbytes) + nbytes / (1e9 * bw) + self.fill_s(nbytes)
+        return self.latency_s_at(nbytes) + max(nbytes / (1e9 * bw), self.window_s(nbytes)) + self.fill_s(nbytes)
+
+    def window_s(self, nbytes: int) -> float:
+        """The network step window (tables.py, "step window"): each launched channel's connection carries
+        s = nbytes / (channels x chunk) chunks, at most NCCL_STEPS of them in flight, a slot turning over in its
+        wire time plus ``window_us``: max(s x wire time, s / NCCL_STEPS x turn-over). 0 where not modelled."""
+        if not self.window_us or nbytes <= 0:
+            return 0.0
+        used = self.channels_used(nbytes)
+        ll128 = self.protocol == "LL128"
+        chunk = T.tree_ll128_chunk(nbytes, used, *self.window_shape) if ll128 else T.LL_STEP_DATA_BYTES
+        steps = math.ceil(nbytes / (used * chunk))
+        wire = nbytes / (used * steps) / (T.LL128_DATA if ll128 else 0.5)  # a step's bytes with LL(128)'s flags
+        rate = self.window_rate * min(1.0, self.channels / used) * self.efficiency * 1e9
+        slot_s = wire / rate
+        return max(steps * slot_s, (steps - 1) / T.NCCL_STEPS * (slot_s + self.window_us * 1e-6))
 
     def fill_s(self, nbytes: int) -> float:
         """The Simple pipeline's fill (tables.py, "chunk pipeline"): a chunk of c = min(chunk, bytes / slots)
@@ -324,7 +342,21 @@ def _candidate(
         default, uncapped / bus, plateau, plateau_bytes,
         _latency(op, a, p, pi, n, nodes, nsteps, newest, feat, cal),
         *_pipeline(op, a, p, g, shape),
+        *_window(op, a, p, g, shape, feat, cal, scale),
     )  # fmt: skip
+
+
+def _window(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibration, scale: float):
+    """(window_us, window_rate, window_shape) of the network step window (tables.py, "step window"): Tree
+    allreduce with LL or LL128 across nodes, whose chunks cross the network one slot each (Simple's tree is
+    the store-and-forward fill, _pipeline; the ring's per-step latency is already NCCL's). The turn-over is
+    tables.WINDOW_ONE_WAYS one-way network latencies: NCCL's per-hop NET latency for the pair (hwLat, newest
+    tag) plus the plugin's, as the latency term scales it."""
+    if a != "tree" or p == "Simple" or shape.nodes < 2 or op is not Op.ALLREDUCE or not T.WINDOW_ONE_WAYS:
+        return 0.0, 0.0, ()
+    pi = T.PROTOCOLS.index(p)
+    one_way = (T.HW_LATENCY_US["net"]["tree"][pi] + cal.net_latency_us(feat.network_kind)) * scale
+    return T.WINDOW_ONE_WAYS * one_way, g.bw_inter, (shape.nodes, shape.num_ranks / shape.nodes)
 
 
 def _pipeline(op: Op, a: str, p: str, g: Graph, shape: Shape) -> tuple[int, int, int, tuple]:

@@ -4,7 +4,9 @@
    the GPU's NVLink bandwidth from its sm and link count, and the NICs its GPUs drive (a GPU with several
    NICs sees them fused into one, topo.cc:ncclTopoMakeVNics), each capped by NCCL's PCIe figure.
 2. NCCL's tuner gives every enabled (algorithm, protocol) a latency and a bandwidth; the cheapest at this
-   size wins, or the pinned pair (NCCL_ALGO / NCCL_PROTO). The time is linear in bytes for a fixed pair.
+   size wins, or the pinned pair (NCCL_ALGO / NCCL_PROTO). For a fixed pair the time is NCCL's latency plus
+   bytes over its bandwidth, with the Simple pipeline fill and the network step window (model.py), which
+   follow NCCL's chunk rules and so are not linear in bytes: every size is priced exactly.
 3. Contention, which NCCL's per-communicator model cannot see: every concurrent group of the call spreads its
    inter-node bytes evenly over the NICs its GPUs drive on each node (NCCL's channels are spread over the
    node's NICs, one channel per NIC rail, so no single NIC carries a flat ring's traffic), and on a fat-tree

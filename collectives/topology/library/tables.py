@@ -431,3 +431,39 @@ CHUNK_RULES = {"nvls": nvls_chunk, "nvls_tree": nvls_tree_chunk}  # by algorithm
 # fitted on the fit set's one-node rows over {0, 1, 2} (median |error| 64 KiB-64 MiB, one node: 14.2%, 13.6%,
 # 17.3%; bench/library_table.py nvls_fill_hops_grid), 1.
 NVLS_ONE_NODE_FILL_HOPS = 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The network step window. Across nodes every channel's connection has NCCL_STEPS slots (device.h, v2.30.7-1 line
+# 26); the send proxy hands a slot back to the GPU only once the network reports the slot's isend complete
+# (net.cc sendProxyProgress, v2.30.7-1 lines 1325-1447: ``posted < done + maxDepth``, ``sendHead = base + done``
+# after ``ncclNet->test``), and the receive proxy reposts a slot only once the GPU has drained it. So at most
+# NCCL_STEPS chunks of a connection are on the wire, and a slot turns over once per network round trip: a
+# connection moves at most NCCL_STEPS chunks per round trip, whatever the link's speed.
+# ---------------------------------------------------------------------------------------------------------------
+NCCL_STEPS = 8  # device.h (v2.18.6-1 .. v2.30.7-1)
+LL_STEP_DATA_BYTES = 8 * 512 * 16 // 2  # init.cc DEFAULT_LL_BUFFSIZE / NCCL_STEPS: 64 KiB, half of it data
+LL128_STEP_BYTES = 120 * 640 * 8  # init.cc DEFAULT_LL128_BUFFSIZE / NCCL_STEPS: 614,400 B
+LL128_DATA = 15 / 16  # device.h NCCL_LL128_DATAELEMS / NCCL_LL128_LINEELEMS: 120 of every 128 bytes
+# One-way network latencies a slot's turn-over takes. Counted in the IB transport (net_ib/p2p.cc v2.30.7-1): the
+# receiver's proxy posts its buffer by an RDMA write into the sender's CTS FIFO (ncclIbPostFifo, line 364; ncclIbIsend
+# returns no request until that slot arrives, lines 278-285), the data goes, and the send completes on the
+# reliable connection's ACK: 3. Fitted over {2, 3, 4, 5} together with EFA's SENDRECV per-hop latency on the fit
+# set's EFA rows below 64 MiB (bench/library_table.py window_fit): 4 (8.5%; 3 gives 9.5% at its best latency).
+# The fourth is the proxies' hand-backs (the GPU's tail to the send proxy, the receive proxy's to the GPU),
+# not counted separately from NCCL's source.
+WINDOW_ONE_WAYS = 4
+
+
+def tree_ll128_chunk(nbytes: int, channels: int, nodes: int, ppn: float) -> int:
+    """enqueue.cc calcCollChunking, Tree LL128 (v2.30.7-1 lines 2286-2293; the same since v2.18.6-1 line 1361):
+    the step's data (614,400 x 120/128 = 576,000 B), halved while each channel has fewer than
+    nstepsLL128 x 64 / ppn chunks (down to 128 KiB), then fewer than nstepsLL128 x 16 / ppn (down to 32 KiB),
+    nstepsLL128 = 1 + log2(nNodes) + 0.1 ppn (integer division on the left, as NCCL)."""
+    chunk = int(LL128_STEP_BYTES * LL128_DATA)
+    steps = 1 + (nodes.bit_length() - 1) + 0.1 * ppn
+    while nbytes // (channels * chunk) < steps * 64 / ppn and chunk > 131072:
+        chunk //= 2
+    while nbytes // (channels * chunk) < steps * 16 / ppn and chunk > 32768:
+        chunk //= 2
+    return chunk
