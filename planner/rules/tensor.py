@@ -48,7 +48,9 @@ def calls(ctx: Context) -> list[Call]:
         if ctx.is_first(stage):
             out += [c.at(stage) for c in _embedding(ctx)]
         if ctx.is_last(stage):
-            out += [c.at(stage) for c in _head(ctx) + _mtp(ctx)]
+            out += [c.at(stage) for c in _head(ctx) + _mtp(ctx, _head)]
+        if ctx.holds_mtp(stage):
+            out += [c.at(stage) for c in _mtp(ctx, _embedding)]
         if ctx.training:
             out += [c.at(stage) for c in _data_broadcast(ctx, stage) + _norm_grads(ctx, stage)]
     return out
@@ -161,19 +163,20 @@ def _embedding(ctx: Context) -> list[Call]:
     return out
 
 
-def _mtp(ctx: Context) -> list[Call]:
-    """Each MTP module (training, last stage) looks up the shifted tokens in the shared embedding and scores
-    its output with the shared LM head and cross-entropy (Megatron-Core multi_token_prediction.py
-    MultiTokenPredictionLayer: self.embedding(...), then the output layer and the loss in
-    gpt_model.py): the embedding's and the head's TP calls once more per module, named tp.mtp.*."""
+def _mtp(ctx: Context, part) -> list[Call]:
+    """Each MTP module (training) looks up the shifted tokens in the embedding on the MTP rank and is scored
+    with the LM head and cross-entropy on the loss rank (Megatron-LM d98e8a6 multi_token_prediction.py
+    MultiTokenPredictionLayer: self.embedding(...) where the MTP block runs; gpt_model.py _postprocess
+    -> process_mtp_loss on the post_process stage): ``part`` (_embedding or _head)'s TP calls once more per
+    module, named tp.mtp.*."""
     n = ctx.model.mtp_layers
     if not n or not ctx.training:
         return []
-    src = "; Megatron-Core multi_token_prediction.py (MTP module: shared embedding and output head)"
+    src = "; Megatron-Core multi_token_prediction.py (MTP module: embedding on its rank, output head with the loss)"
     return [
         replace(c, name="tp.mtp." + c.name.removeprefix("tp."), calls_per_iteration=c.calls_per_iteration * n,
                 source=c.source + src)
-        for c in _embedding(ctx) + _head(ctx)
+        for c in part(ctx)
     ]  # fmt: skip
 
 
@@ -265,7 +268,7 @@ def norm_params(ctx: Context, stage: int) -> int:
     """Parameters replicated across TP whose gradients sequence parallelism leaves partial: layer norms
     (and q/k norms), MLA's latent norms and its two down-projections (TELinear parallel_mode "duplicated"
     sets sequence_parallel on its weights: megatron/core/extensions/transformer_engine.py TELinear), MoE
-    routers, the final norm and the MTP modules' three norms on the last stage."""
+    routers, the final norm (last stage) and the MTP modules' three norms (on the MTP rank)."""
     m = ctx.model
     per_layer = 2 * m.norm_params() + (2 * m.head_size if m.qk_norm else 0)
     if m.mla:
@@ -273,7 +276,11 @@ def norm_params(ctx: Context, stage: int) -> int:
     total = per_layer * len(ctx.stage_layers[stage]) + ctx.moe_layers(stage) * m.hidden_size * (
         m.moe.num_experts if m.moe else 0
     )
-    return total + ((1 + 3 * m.mtp_layers) * m.norm_params() if ctx.is_last(stage) else 0)
+    return (
+        total
+        + (m.norm_params() if ctx.is_last(stage) else 0)
+        + (3 * m.mtp_layers * m.norm_params() if ctx.holds_mtp(stage) else 0)
+    )
 
 
 def _norm_grads(ctx: Context, stage: int) -> list[Call]:
