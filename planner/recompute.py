@@ -115,6 +115,7 @@ class Reruns:
     mlp: int = 0  # dense layers whose MLP alone re-runs (selective ``mlp``)
     moe_block: int = 0  # MoE layers whose whole MoE block re-runs (selective ``moe``)
     shared: int = 0  # MoE layers whose shared experts have their own checkpoint (selective ``shared_experts``)
+    up_proj: int = 0  # MLA layers whose q and kv up-projections re-run (selective ``mla_up_proj``)
 
     @property
     def whole(self) -> int:
@@ -152,9 +153,12 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
     - ``shared_experts``: the shared experts alone (moe_layer.py ``shared_experts_compute``, only without
       --moe-shared-expert-overlap, which transformer_config.py refuses with it): their TP calls; with ``moe``
       too, the nested checkpoint re-runs them twice (``Reruns.shared_experts``).
+    - ``mla_up_proj``: MLA's q and kv up-projections and RoPE (multi_latent_attention.py
+      ``qkv_up_checkpoint``, a CheckpointWithoutOutput re-run before the core attention's backward), every
+      layer's: the up-projections' sequence-parallel input gathers (rules/tensor.py).
     ``moe_act`` (the experts' activation, CheckpointWithoutOutput in experts.py), ``layernorm`` and
     ``core_attn`` wrap no TP/EP collective (core_attn: the CP exchange, counted in ``attention``)."""
-    dense = moe = attention = mlp = moe_block = shared = 0
+    dense = moe = attention = mlp = moe_block = shared = up_proj = 0
     for (is_moe, plan), count in layer_counts(ctx, stage).items():
         if plan.full:
             moe, dense = (moe + count, dense) if is_moe else (moe, dense + count)
@@ -165,7 +169,9 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
             mlp += count
         if plan.full or "core_attn" in plan.modules:
             attention += count
-    return Reruns(dense, moe, attention, mlp, moe_block, shared)
+        if not plan.full and "mla_up_proj" in plan.modules and ctx.model.mla:
+            up_proj += count
+    return Reruns(dense, moe, attention, mlp, moe_block, shared, up_proj)
 
 
 __all__ = ["LayerRecompute", "Reruns", "chunk_plans", "layer_counts", "modules_of", "rerun_layers", "working_layers"]

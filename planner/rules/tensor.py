@@ -17,6 +17,16 @@ block); with sequence parallelism no input re-gather happens in backward, the vo
 cross-entropy is not used (the LM head gathers the logits), and norm weights keep partial gradients that
 the optimizer all-reduces as it reads them (3 reads per weight in AdamW: reference/pytorch/tp2_sp.json) —
 unless FSDP2 shards the DTensor parameters on top, whose post-backward reduces them (_norm_grads).
+
+Multi-head latent attention (Megatron-LM d98e8a6 multi_latent_attention.py; ``_attention_inputs``): the two
+down-projections are duplicated on every TP rank (TELinear parallel_mode "duplicated") and read the
+sequence-parallel shard, so the attention's column-parallel inputs are the latents: with sequence
+parallelism the q and kv up-projections each all-gather theirs (b·s·q_lora_rank and b·s·kv_lora_rank
+elements; without q compression linear_q_proj gathers the hidden states) and the decoupled RoPE key is
+all-gathered on its own (``gather_from_sequence_parallel_region(k_pos_emb)``, b·s·qk_rope_head_dim), each
+with its reduce-scatter conjugate in backward and the two linears' wgrad re-gathers. Without sequence
+parallelism the two up-projections all-reduce their input gradients (and the RoPE key's partial gradient is
+reduced by nothing: Megatron issues no call for it).
 """
 
 from __future__ import annotations
@@ -86,8 +96,41 @@ def _blocks(ctx: Context, stage: int) -> list[Call]:
         again = rerun_layers(ctx, stage)  # the layers re-run whole re-issue their forward calls (recompute.py)
         if again.whole:
             out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
-        out += _rerun_mlps(ctx, again)
+        out += _rerun_mlps(ctx, again) + _rerun_up_proj(ctx, again)
     return out
+
+
+def _attention_inputs(ctx: Context) -> tuple[tuple[str, int, bool], ...]:
+    """(name, elements per token, a column-parallel linear's input) of the tensors the attention block
+    gathers under sequence parallelism: the fused QKV's input (h), or MLA's latents and RoPE key (module
+    docstring; multi_latent_attention.py get_query_key_value_tensors)."""
+    m = ctx.model
+    if not m.mla:
+        return (("qkv", m.hidden_size, True),)
+    q = ("q_up", m.mla.q_lora_rank, True) if m.mla.q_lora_rank else ("q_proj", m.hidden_size, True)
+    return q, ("kv_up", m.mla.kv_lora_rank, True), ("k_pos_emb", m.mla.qk_rope_head_dim, False)
+
+
+def _width(ctx: Context, per_token: int) -> int:
+    """The TP unit A = b·s/c·h·x at ``per_token`` elements instead of h."""
+    return ctx.activation // ctx.model.hidden_size * per_token
+
+
+def _rerun_up_proj(ctx: Context, again: Reruns) -> list[Call]:
+    """Selective ``mla_up_proj``: MLA's q and kv up-projections run under CheckpointWithoutOutput
+    (multi_latent_attention.py ``qkv_up_checkpoint``, re-run when the core attention's backward starts:
+    discard_output_and_register_recompute), so under sequence parallelism their input all-gathers are issued
+    again; the RoPE key's gather happens before the checkpoint and is not. Without sequence parallelism the
+    column-parallel forward issues nothing."""
+    if not (again.up_proj and ctx.par.sp):
+        return []
+    src = f"{ctx.flavour.sp_source}; selective recompute (mla_up_proj; {M}multi_latent_attention.py qkv_up_checkpoint)"
+    return [
+        recomputed(_mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=again.up_proj,
+                       source=src, message=_width(ctx, width)))
+        for name, width, linear in _attention_inputs(ctx)
+        if linear
+    ]  # fmt: skip
 
 
 def _rerun_mlps(ctx: Context, again: Reruns) -> list[Call]:
@@ -114,8 +157,13 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             _mb(ctx, name="tp.attn.out_proj", op=Op.ALLREDUCE, phase="forward", count=attn, source=src),
             _mb(ctx, name="tp.mlp.down_proj", op=Op.ALLREDUCE, phase="forward", count=mlp, source=src),
         ]
+    gathers = [
+        _mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=attn, source=src,
+            message=_width(ctx, width))
+        for name, width, _ in _attention_inputs(ctx)
+    ]  # fmt: skip
     return [
-        _mb(ctx, name="tp.attn.qkv", op=Op.ALLGATHER, phase="forward", count=attn, source=src),
+        *gathers,
         _mb(ctx, name="tp.attn.out_proj", op=Op.REDUCESCATTER, phase="forward", count=attn, source=src),
         _mb(ctx, name="tp.mlp.up_proj", op=Op.ALLGATHER, phase="forward", count=mlp, source=src),
         _mb(ctx, name="tp.mlp.down_proj", op=Op.REDUCESCATTER, phase="forward", count=mlp, source=src),
@@ -124,26 +172,39 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
 
 def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
     fl = ctx.flavour
+    inputs = _attention_inputs(ctx)
     if not ctx.par.sp:
-        # one all-reduce per column-parallel input gradient: fused QKV and fc1, or q,k,v and gate,up
+        # one all-reduce per column-parallel input gradient: fused QKV and fc1, or q,k,v and gate,up; MLA's
+        # two up-projections (the RoPE key's gradient is reduced by nothing)
         qkv, up = (1, 1) if fl.fused_column_dgrad else (3, 2 if ctx.model.gated_mlp else 1)
         src = fl.tp_source
         return [
-            _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.ALLREDUCE, phase="backward", count=qkv * attn, source=src),
+            _mb(ctx, name=f"tp.attn.{name}.dgrad", op=Op.ALLREDUCE, phase="backward",
+                count=(1 if ctx.model.mla else qkv) * attn, source=src, message=_width(ctx, width))
+            for name, width, linear in inputs
+            if linear
+        ] + [
             _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.ALLREDUCE, phase="backward", count=up * mlp, source=src),
-        ]
+        ]  # fmt: skip
     src = fl.sp_source
     out = [
-        _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.REDUCESCATTER, phase="backward", count=attn, source=src),
+        _mb(ctx, name=f"tp.attn.{name}.dgrad", op=Op.REDUCESCATTER, phase="backward", count=attn, source=src,
+            message=_width(ctx, width))
+        for name, width, _ in inputs
+    ] + [
         _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
         _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
         _mb(ctx, name="tp.mlp.down_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
-    ]
+    ]  # fmt: skip
     if fl.sp_wgrad_regather:
         out += [
-            _mb(ctx, name="tp.attn.qkv.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
+            _mb(ctx, name=f"tp.attn.{name}.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=attn,
+                source=src, message=_width(ctx, width))
+            for name, width, linear in inputs
+            if linear
+        ] + [
             _mb(ctx, name="tp.mlp.up_proj.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
-        ]
+        ]  # fmt: skip
     return out
 
 
