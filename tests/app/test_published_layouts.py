@@ -21,10 +21,9 @@ exactly as published, is accepted with sane values.
   layout). The report gives no MFU; its Table 1 gives 2,664K H800 GPU hours for 14.8T pre-training tokens:
   14.8e12 / (2.664e6 x 3600) = 1,543 tokens/s per GPU, held here to within 0.75-1.5x. Its memory is reported
   honestly: with the FP8 storage every MoE stage fits (stage 2, the busiest: 73.9 GB of a 85.5 GB H800; 109.3 GB
-  in bf16 storage), but stage 0 needs 87.4 GB, its largest part the fp32 gradients of DualPipe's two parameter
-  copies (37.1 GB), so the plan still warns that it does not fit. Of stage 0's 4.63e9 parameters, 1.03e9 are
-  the MTP module's embedding and eh_proj (planner/params.py puts them beside the output layer, while the layout
-  puts the MTP chunk "m" and its transformer layer on rank 1): without them stage 0 would fit. Not expressible:
+  in bf16 storage), and so do stage 0 (74.8 GB) and stage 1 (68.5 GB): the MTP module's embedding copy and
+  eh_proj (1.03e9 parameters) sit with its chunk "m" on rank 1, where Megatron builds them
+  (multi_token_prediction.py mtp_on_this_rank), not with the output layer on rank 0 (87.4 GB before). Not expressible:
   the report's E5M6 copy of linear_proj's input (§3.3.2; Megatron saves the bf16 tensor the attention keeps).
 """
 
