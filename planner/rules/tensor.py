@@ -96,8 +96,18 @@ def _blocks(ctx: Context, stage: int) -> list[Call]:
         again = rerun_layers(ctx, stage)  # the layers re-run whole re-issue their forward calls (recompute.py)
         if again.whole:
             out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
-        out += _rerun_mlps(ctx, again) + _rerun_up_proj(ctx, again)
+        out += _rerun_mlps(ctx, again) + _rerun_up_proj(ctx, again) + _rerun_per_op(ctx, again)
     return out
+
+
+def _rerun_per_op(ctx: Context, again: Reruns) -> list[Call]:
+    """torchtitan's per-op SAC re-runs the collectives its policy does not save (recompute.rerun_layers): a
+    dense block's forward calls but the reduce-scatters, i.e. the two all-gathers with sequence parallelism,
+    the two rowwise all-reduces without it."""
+    if not again.per_op:
+        return []
+    what = "torchtitan per-op SAC (activation_checkpoint.py SelectiveAC: all_gather / all_reduce not saved)"
+    return [recomputed(c, what) for c in _forward(ctx, again.per_op, again.per_op) if c.op != Op.REDUCESCATTER]
 
 
 def _attention_inputs(ctx: Context) -> tuple[tuple[str, int, bool], ...]:

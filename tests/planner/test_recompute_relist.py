@@ -15,6 +15,9 @@ Hand-checked numbers: b = 1, m = 8 micro-batches per iteration, pp 4.
   dispatch 2048 x 8 x 3584 x 2 = 117,440,512 B; the router's counts 64 experts x int64 = 512 B.
 """
 
+import json
+from pathlib import Path
+
 import pytest
 
 from planner import ParallelSpec, SpecError, WorkloadSpec
@@ -206,3 +209,33 @@ def test_mla_up_proj_re_gathers_the_latents_under_sequence_parallelism():
     assert back == {"tp.attn.q_up.dgrad": q, "tp.attn.kv_up.dgrad": kv}
     # without the module nothing is re-run
     assert rows(Context(v3, replace(work, recompute_modules=("core_attn",)), par)) == {}
+
+
+SAC_RECORD = Path(__file__).parents[1] / "reference" / "pytorch" / "sac_op_tp2.json"
+C10D = {
+    "allgather": "c10d::allgather_into_tensor_coalesced_",
+    "reducescatter": "c10d::reduce_scatter_tensor_coalesced_",
+    "allreduce": "c10d::allreduce_",
+}
+
+
+@pytest.mark.parametrize("sp", [True, False])
+@pytest.mark.parametrize("option", ["op", "full"])
+def test_torch_checkpointing_reissues_what_the_recording_shows(sp, option):
+    """tests/reference/pytorch/sac_op_tp2.json: per Llama block, what the backward issues beyond an unchecked
+    block's is what the ledger re-lists per layer and micro-batch. Per-op SAC (torchtitan's policy saves
+    reduce_scatter_tensor, not all_gather_into_tensor or all_reduce): with SP the 2 all-gathers again, without
+    it the 2 rowwise all-reduces; a whole block (torchtitan FullAC, early_stop=False): every forward call."""
+    runs = {(r["sequence_parallel"], r["mode"]): r["backward"] for r in json.loads(SAC_RECORD.read_text())["runs"]}
+    mode = "op" if option == "op" else "full"
+    again = {k: n - runs[sp, "none"].get(k, 0) for k, n in runs[sp, mode].items() if n != runs[sp, "none"].get(k, 0)}
+    work = dict(selective_ac_option="op") if option == "op" else dict(activation_recompute="full")
+    par = ParallelSpec(tp=2, pp=4, sequence_parallel=sp, framework="torch")
+    ctx = ctx_of("llama3-8b", par, **work)
+    listed = {}
+    for name, (op, _, message, count) in rows(ctx).items():
+        assert name.startswith("tp.") and message == A_8B and count == 8 * 8  # 8 layers x 8 micro-batches
+        listed[C10D[op]] = listed.get(C10D[op], 0) + 1
+    assert listed == again
+    assert again == ({C10D["allgather"]: 2} if sp and option == "op" else
+                     {C10D["allgather"]: 2, C10D["reducescatter"]: 2} if sp else {C10D["allreduce"]: 2})  # fmt: skip
