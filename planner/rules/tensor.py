@@ -60,7 +60,7 @@ def calls(ctx: Context) -> list[Call]:
         if ctx.is_last(stage):
             out += [c.at(stage) for c in _head(ctx) + _mtp(ctx, _head)]
         if ctx.holds_mtp(stage):
-            out += [c.at(stage) for c in _mtp(ctx, _embedding)]
+            out += [c.at(stage) for c in _mtp(ctx, _embedding) + _eh_proj(ctx)]
         if ctx.training:
             out += [c.at(stage) for c in _data_broadcast(ctx, stage) + _norm_grads(ctx, stage)]
     return out
@@ -249,6 +249,35 @@ def _mtp(ctx: Context, part) -> list[Call]:
                 source=c.source + src)
         for c in part(ctx)
     ]  # fmt: skip
+
+
+def _eh_proj(ctx: Context) -> list[Call]:
+    """Each MTP module's eh_proj (Megatron-LM d98e8a6 multi_token_prediction.py _concat_embeddings): a
+    column-parallel linear over the concatenated [embedding, hidden] (2h), whose output is gathered over TP
+    (gather_from_tensor_model_parallel_region: an all-gather of the h/t slices, A gathered) and, with SP,
+    split back to the sequence shard (scatter_to_sequence_parallel_region: no call forward, an all-gather of
+    A backward). With SP the linear all-gathers its 2A input forward, reduce-scatters its input gradient and
+    re-gathers the input for wgrad backward; without SP it all-reduces its 2A input gradient."""
+    n = ctx.model.mtp_layers
+    if not n or not ctx.training:
+        return []
+    src = f"{M}multi_token_prediction.py MultiTokenPredictionLayer._concat_embeddings (eh_proj)"
+    two = 2 * ctx.activation
+
+    def call(name: str, op: Op, phase: str, message: int) -> Call:
+        return _mb(ctx, name=f"tp.mtp.eh_proj{name}", op=op, phase=phase, count=n, source=src, message=message)
+
+    if not ctx.par.sp:
+        return [call(".gather", Op.ALLGATHER, "forward", ctx.activation), call(".dgrad", Op.ALLREDUCE, "backward", two)]
+    out = [
+        call("", Op.ALLGATHER, "forward", two),
+        call(".gather", Op.ALLGATHER, "forward", ctx.activation),
+        call(".scatter.dgrad", Op.ALLGATHER, "backward", ctx.activation),
+        call(".dgrad", Op.REDUCESCATTER, "backward", two),
+    ]
+    if ctx.flavour.sp_wgrad_regather:
+        out.append(call(".wgrad_gather", Op.ALLGATHER, "backward", two))
+    return out
 
 
 def _head(ctx: Context) -> list[Call]:

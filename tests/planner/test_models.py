@@ -370,7 +370,8 @@ def test_mtp_adds_its_embedding_and_head_tp_calls_on_the_last_stage():
     assert rows["tp.mtp.embedding"].stages == (1,) and rows["tp.embedding"].stages == (0,)
     assert {n for n in rows if n.startswith("tp.mtp.")} == {
         "tp.mtp.embedding", "tp.mtp.embedding.dgrad", "tp.mtp.lm_head.input", "tp.mtp.lm_head.dgrad",
-        "tp.mtp.lm_head.wgrad_gather", "tp.mtp.cross_entropy",
+        "tp.mtp.lm_head.wgrad_gather", "tp.mtp.cross_entropy", "tp.mtp.eh_proj", "tp.mtp.eh_proj.gather",
+        "tp.mtp.eh_proj.scatter.dgrad", "tp.mtp.eh_proj.dgrad", "tp.mtp.eh_proj.wgrad_gather",
     }  # fmt: skip
 
 
@@ -401,6 +402,24 @@ def test_mtp_sits_on_the_rank_its_layout_names():
     sends = {(c.name, c.stages): c.message_bytes for c in pipeline.calls(ctx)}
     assert sends["pp.activation.mtp", (2,)] == sends["pp.activation_grad.mtp", (3,)] == 2 * a  # 1 + mtp tensors
     assert sends["pp.activation", (2,)] == a  # rank 2's first chunk (layer 2) sends one tensor
+    # eh_proj (column-parallel over [embedding, hidden], then its output gathered over TP and split back to the
+    # sequence shard): A = 1 x 4096 x 7168 x 2 = 58,720,256 B; 8 sequences over dp 2 at b 1: 4 micro-batches
+    whole = 4096 * h * 2
+    eh = {c.name: (c.op.value, c.phase, c.message_bytes, c.calls_per_iteration, c.stages)
+          for c in tensor.calls(ctx) if c.name.startswith("tp.mtp.eh_proj")}  # fmt: skip
+    m = ctx.micro_batches
+    assert m == 4
+    assert eh == {
+        "tp.mtp.eh_proj": ("allgather", "forward", 2 * whole, m, (2,)),
+        "tp.mtp.eh_proj.gather": ("allgather", "forward", whole, m, (2,)),
+        "tp.mtp.eh_proj.scatter.dgrad": ("allgather", "backward", whole, m, (2,)),
+        "tp.mtp.eh_proj.dgrad": ("reducescatter", "backward", 2 * whole, m, (2,)),
+        "tp.mtp.eh_proj.wgrad_gather": ("allgather", "backward", 2 * whole, m, (2,)),
+    }
+    no_sp = Context(v3, WorkloadSpec(global_batch_size=8), replace(par, sequence_parallel=False))
+    assert {c.name: (c.op.value, c.message_bytes) for c in tensor.calls(no_sp) if "eh_proj" in c.name} == {
+        "tp.mtp.eh_proj.gather": ("allgather", whole), "tp.mtp.eh_proj.dgrad": ("allreduce", 2 * whole),
+    }  # fmt: skip
     # the default layout keeps the module with the loss on the last stage, copy included
     even = replace(par, pipeline_layout=None, virtual_pipeline_stages=None, pipeline_schedule="1f1b",
                    first_stage_layers=3)  # fmt: skip
