@@ -155,3 +155,16 @@ class Context:
     def is_last(self, stage: int) -> bool:
         """Whether the rank holds the loss: the last rank, or rank 0 in a V (ZBV, DualPipe(V))."""
         return any(c.loss for c in self.chunks[stage])
+
+    def holds_mtp(self, stage: int) -> bool:
+        """Whether the rank holds the MTP modules: the chunk with ``m`` in the layout, by default the last
+        (Megatron-LM d98e8a6 multi_token_prediction.py mtp_on_this_rank: with a layout, the rank whose chunk
+        counts LayerType.mtp; without one, the last pipeline stage)."""
+        return any(c.mtp for c in self.chunks[stage])
+
+    def mtp_embedding_copy(self, stage: int) -> bool:
+        """Whether the rank builds a copy of the word embedding for its MTP modules: gpt_model.py builds the
+        embedding on a chunk that is ``pre_process or mtp_process``, so an MTP chunk without the embedding
+        (every one but pp 1's single chunk) holds its own copy (language_module.py
+        setup_embeddings_and_output_layer: "a copy of embedding layer in the mtp process stage")."""
+        return any(c.mtp and not c.embedding for c in self.chunks[stage])

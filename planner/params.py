@@ -9,11 +9,13 @@ modules, as a Hugging Face model registers them). Registration order matters for
 (DDP and Megatron both fill buckets walking the parameters in reverse).
 MLA (DeepSeek) follows MLASpec.projections: the two down-projections and the latent norms are replicated on
 every TP rank (Megatron TELinear parallel_mode "duplicated"), the up-projections and linear_proj are split.
-Attention sinks (GPT-OSS) are per head: split with the heads. MTP modules (DeepSeek-V3) sit on the last
-stage after the final norm (Megatron-Core gpt_model.py: mtp_process on the post-process stage); their
-transformer blocks are layers num_layers.. of Context.stage_layers, and with pp > 1 the last stage also
-holds a copy of the word embedding they read (GPTModel builds the embedding when pre_process or
-mtp_process).
+Attention sinks (GPT-OSS) are per head: split with the heads. MTP modules (DeepSeek-V3) sit on the rank
+whose chunk holds them (``m`` in the layout; without a layout the last stage: Megatron-LM d98e8a6
+multi_token_prediction.py mtp_on_this_rank), each with its norms and eh_proj; their transformer blocks are
+layers num_layers.. of Context.stage_layers, and an MTP chunk without the embedding holds a copy of the
+word embedding they read (gpt_model.py builds the embedding when pre_process or mtp_process). The output
+layer stays with the loss (post_process): the MTP logits and loss are computed there (gpt_model.py
+_postprocess, process_mtp_loss), the MTP chunk passing its hidden states on concatenated with the main ones.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
         expert += _experts(ctx, layer)
     if ctx.is_last(stage):
         dense.append(Param("final_norm", m.norm_params(), "root", _norm_tensors(m)))
-        if m.mtp_layers and ctx.par.pp > 1:
+    if ctx.holds_mtp(stage):
+        if ctx.mtp_embedding_copy(stage):
             dense.append(Param("mtp.embedding.word", vocab // t * m.hidden_size, "root"))
         for i in range(m.mtp_layers):
             # enorm, hnorm, final_layernorm replicated; eh_proj (2h -> h) a column-parallel linear
@@ -111,8 +114,8 @@ def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
                 Param(f"mtp.{i}.norms", 3 * m.norm_params(), unit),
                 Param(f"mtp.{i}.eh_proj", 2 * m.hidden_size * m.hidden_size // t, unit),
             ]
-        if not m.tied_embeddings or ctx.par.pp > 1:
-            dense.append(Param("output_layer", vocab // t * m.hidden_size, "root"))
+    if ctx.is_last(stage) and (not m.tied_embeddings or ctx.par.pp > 1):
+        dense.append(Param("output_layer", vocab // t * m.hidden_size, "root"))
     return tuple(dense), tuple(expert)
 
 

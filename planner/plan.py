@@ -24,6 +24,7 @@ from collectives.topology.spec import spec_block
 from ._errors import SpecError
 from .assumptions import Assumption, plan_assumptions
 from .context import Context
+from .kernel_view import drawn_links
 from .layout import Group, RankLayout, layout_for
 from .ledger import Call
 from .memory import Memory
@@ -378,8 +379,12 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
     once; without a known symmetry, stages are grouped by where their groups sit on nodes
     (``node_signature``). Each class is priced on its own placement; classes are merged back when equal."""
     cluster = priced_cluster(call, pricer.places.cluster)
-    if cluster is not pricer.places.cluster:  # its links are the view's (nvlink_view)
-        pricer = _pricer(cluster, pricer.places.layout, pricer.options)
+    if cluster is not pricer.places.cluster:  # priced on the view (nvlink_view), drawn on the cluster as built
+        real = pricer.places.cluster
+        rows = _price_by_stage(call, _pricer(cluster, pricer.places.layout, pricer.options))
+        for row in rows:
+            row.links = drawn_links(cluster, real, row.links)
+        return rows
     # a group across the pipeline dimension (dp.grad_norm over the whole world) is the same one group whichever
     # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks)
     if not call.group.pairs and "pp" in call.group.dims:

@@ -115,6 +115,8 @@ class Reruns:
     mlp: int = 0  # dense layers whose MLP alone re-runs (selective ``mlp``)
     moe_block: int = 0  # MoE layers whose whole MoE block re-runs (selective ``moe``)
     shared: int = 0  # MoE layers whose shared experts have their own checkpoint (selective ``shared_experts``)
+    up_proj: int = 0  # MLA layers whose q and kv up-projections re-run (selective ``mla_up_proj``)
+    per_op: int = 0  # layers under torchtitan's per-op SAC (``selective_ac_option`` "op")
 
     @property
     def whole(self) -> int:
@@ -152,9 +154,20 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
     - ``shared_experts``: the shared experts alone (moe_layer.py ``shared_experts_compute``, only without
       --moe-shared-expert-overlap, which transformer_config.py refuses with it): their TP calls; with ``moe``
       too, the nested checkpoint re-runs them twice (``Reruns.shared_experts``).
+    - ``mla_up_proj``: MLA's q and kv up-projections and RoPE (multi_latent_attention.py
+      ``qkv_up_checkpoint``, a CheckpointWithoutOutput re-run before the core attention's backward), every
+      layer's: the up-projections' sequence-parallel input gathers (rules/tensor.py).
     ``moe_act`` (the experts' activation, CheckpointWithoutOutput in experts.py), ``layernorm`` and
-    ``core_attn`` wrap no TP/EP collective (core_attn: the CP exchange, counted in ``attention``)."""
-    dense = moe = attention = mlp = moe_block = shared = 0
+    ``core_attn`` wrap no TP/EP collective (core_attn: the CP exchange, counted in ``attention``).
+
+    torchtitan's per-op SAC (``per_op``; torchtitan b5bcd76 distributed/activation_checkpoint.py SelectiveAC,
+    early_stop=False) replays the whole block in the backward and re-runs every op its policy does not
+    save: it saves the compute-intensive ops (but every second mm), reduce_scatter_tensor and all_to_all_single,
+    so the functional all_gather_into_tensor (sequence parallelism's gather before the colwise linears) and
+    all_reduce (a rowwise output without it) run again (torch/utils/checkpoint.py _CachedTorchDispatchMode:
+    a _RECOMPUTE entry calls the op again); SDPA is saved, so no CP exchange re-runs. Recorded on 2 CPU ranks
+    with gloo and DTensor (tests/reference/pytorch/sac_op_tp2.json)."""
+    dense = moe = attention = mlp = moe_block = shared = up_proj = per_op = 0
     for (is_moe, plan), count in layer_counts(ctx, stage).items():
         if plan.full:
             moe, dense = (moe + count, dense) if is_moe else (moe, dense + count)
@@ -165,7 +178,11 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
             mlp += count
         if plan.full or "core_attn" in plan.modules:
             attention += count
-    return Reruns(dense, moe, attention, mlp, moe_block, shared)
+        if not plan.full and "mla_up_proj" in plan.modules and ctx.model.mla:
+            up_proj += count
+        if not plan.full and "op" in plan.modules:
+            per_op += count
+    return Reruns(dense, moe, attention, mlp, moe_block, shared, up_proj, per_op)
 
 
 __all__ = ["LayerRecompute", "Reruns", "chunk_plans", "layer_counts", "modules_of", "rerun_layers", "working_layers"]

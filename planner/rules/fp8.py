@@ -39,7 +39,6 @@ from ..ledger import Call, recomputed, stage_classes
 from ..params import stage_params
 from ..recipes import quantized
 from ..recompute import chunk_plans, rerun_layers
-from ..workload import selective_modules
 
 TE = "TransformerEngine 2.x transformer_engine/pytorch/"
 AMAX_SOURCE = (
@@ -158,8 +157,7 @@ def _rerun_columns(ctx: Context, stage: int) -> int:
     m = ctx.model
     shared = again.shared_experts if m.moe and m.moe.shared_ffn else 0
     modules = again.mlp + shared
-    if m.mla and "mla_up_proj" in selective_modules(ctx.work):
-        modules += 2 * len(ctx.stage_layers[stage])  # every layer's, selective applies to all
+    modules += 2 * again.up_proj  # MLA's q and kv up-projections (recompute.rerun_layers)
     if not again.whole:
         return modules
     plans = (

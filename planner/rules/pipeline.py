@@ -35,13 +35,13 @@ def calls(ctx: Context) -> list[Call]:
         for phase, sends, name in (("forward", fwd, "pp.activation"), ("backward", bwd, "pp.activation_grad")):
             if phase == "backward" and not ctx.training:
                 continue
-            for pairs, count in sorted(sends.items()):
+            for (pairs, width), count in sorted(sends.items()):
                 out.append(
                     Call(
-                        name=name,
+                        name=name + (".mtp" if width > 1 else ""),
                         op=Op.SENDRECV,
                         phase=phase,
-                        message_bytes=message,
+                        message_bytes=message * width,
                         calls_per_iteration=count * m // halves,
                         group=Group(("pp",), pairs=pairs),
                         source=src,
@@ -72,23 +72,29 @@ def calls(ctx: Context) -> list[Call]:
     return out
 
 
-def boundary_sends(ctx: Context) -> list[tuple[dict[str, int], dict[str, int]]]:
+def boundary_sends(ctx: Context) -> list[tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]]:
     """Per pipeline rank, the chunk boundaries it sends across per micro-batch, forward and backward, by
-    direction ("pp+1" / "pp-1"): chunk k sends its output to the rank of chunk k + 1 and its input gradient
-    to the rank of chunk k - 1, unless that is the rank itself (the turn of a V). An empty chunk still
-    passes the tensor on (Megatron builds it as an identity stage)."""
+    (direction "pp+1" / "pp-1", width): chunk k sends its output to the rank of chunk k + 1 and its input
+    gradient to the rank of chunk k - 1, unless that is the rank itself (the turn of a V). An empty chunk
+    still passes the tensor on (Megatron builds it as an identity stage). The width is 1 but after a
+    training MTP chunk that is not the loss's: MultiTokenPredictionBlock.forward returns the main hidden
+    states concatenated with each module's (torch.cat(hidden_states_list, dim=0), Megatron-LM d98e8a6
+    multi_token_prediction.py), so that boundary carries 1 + mtp tensors each way (p2p_communication.py
+    exchanges the shapes first when mtp_standalone; those 3-int messages are not listed)."""
     par, p = ctx.par, ctx.par.pp
     n = p * par.chunks_per_rank
+    mtp_chunk = {c.index: c.mtp for chunks in ctx.chunks for c in chunks if c.mtp} if ctx.training else {}
     out = []
     for stage, chunks in enumerate(ctx.chunks):
-        fwd: dict[str, int] = {}
-        bwd: dict[str, int] = {}
+        fwd: dict[tuple[str, int], int] = {}
+        bwd: dict[tuple[str, int], int] = {}
         for c in chunks:
             for other, sends, step in ((c.index + 1, fwd, 1), (c.index - 1, bwd, -1)):
                 if 0 <= other < n and (dest := rank_of(par, other)) != stage:
                     # the direction of travel, unless the V turns back (with pp 2 both reach the same rank)
                     ahead = dest == (stage + step) % p
                     pairs = ("pp+1" if step == 1 else "pp-1") if ahead else ("pp-1" if step == 1 else "pp+1")
-                    sends[pairs] = sends.get(pairs, 0) + 1
+                    width = 1 + mtp_chunk.get(min(c.index, other), 0)  # the boundary after an MTP chunk
+                    sends[pairs, width] = sends.get((pairs, width), 0) + 1
         out.append((fwd, bwd))
     return out

@@ -17,6 +17,16 @@ block); with sequence parallelism no input re-gather happens in backward, the vo
 cross-entropy is not used (the LM head gathers the logits), and norm weights keep partial gradients that
 the optimizer all-reduces as it reads them (3 reads per weight in AdamW: reference/pytorch/tp2_sp.json) —
 unless FSDP2 shards the DTensor parameters on top, whose post-backward reduces them (_norm_grads).
+
+Multi-head latent attention (Megatron-LM d98e8a6 multi_latent_attention.py; ``_attention_inputs``): the two
+down-projections are duplicated on every TP rank (TELinear parallel_mode "duplicated") and read the
+sequence-parallel shard, so the attention's column-parallel inputs are the latents: with sequence
+parallelism the q and kv up-projections each all-gather theirs (b·s·q_lora_rank and b·s·kv_lora_rank
+elements; without q compression linear_q_proj gathers the hidden states) and the decoupled RoPE key is
+all-gathered on its own (``gather_from_sequence_parallel_region(k_pos_emb)``, b·s·qk_rope_head_dim), each
+with its reduce-scatter conjugate in backward and the two linears' wgrad re-gathers. Without sequence
+parallelism the two up-projections all-reduce their input gradients (and the RoPE key's partial gradient is
+reduced by nothing: Megatron issues no call for it).
 """
 
 from __future__ import annotations
@@ -48,7 +58,9 @@ def calls(ctx: Context) -> list[Call]:
         if ctx.is_first(stage):
             out += [c.at(stage) for c in _embedding(ctx)]
         if ctx.is_last(stage):
-            out += [c.at(stage) for c in _head(ctx) + _mtp(ctx)]
+            out += [c.at(stage) for c in _head(ctx) + _mtp(ctx, _head)]
+        if ctx.holds_mtp(stage):
+            out += [c.at(stage) for c in _mtp(ctx, _embedding) + _eh_proj(ctx)]
         if ctx.training:
             out += [c.at(stage) for c in _data_broadcast(ctx, stage) + _norm_grads(ctx, stage)]
     return out
@@ -84,8 +96,51 @@ def _blocks(ctx: Context, stage: int) -> list[Call]:
         again = rerun_layers(ctx, stage)  # the layers re-run whole re-issue their forward calls (recompute.py)
         if again.whole:
             out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
-        out += _rerun_mlps(ctx, again)
+        out += _rerun_mlps(ctx, again) + _rerun_up_proj(ctx, again) + _rerun_per_op(ctx, again)
     return out
+
+
+def _rerun_per_op(ctx: Context, again: Reruns) -> list[Call]:
+    """torchtitan's per-op SAC re-runs the collectives its policy does not save (recompute.rerun_layers): a
+    dense block's forward calls but the reduce-scatters, i.e. the two all-gathers with sequence parallelism,
+    the two rowwise all-reduces without it."""
+    if not again.per_op:
+        return []
+    what = "torchtitan per-op SAC (activation_checkpoint.py SelectiveAC: all_gather / all_reduce not saved)"
+    return [recomputed(c, what) for c in _forward(ctx, again.per_op, again.per_op) if c.op != Op.REDUCESCATTER]
+
+
+def _attention_inputs(ctx: Context) -> tuple[tuple[str, int, bool], ...]:
+    """(name, elements per token, a column-parallel linear's input) of the tensors the attention block
+    gathers under sequence parallelism: the fused QKV's input (h), or MLA's latents and RoPE key (module
+    docstring; multi_latent_attention.py get_query_key_value_tensors)."""
+    m = ctx.model
+    if not m.mla:
+        return (("qkv", m.hidden_size, True),)
+    q = ("q_up", m.mla.q_lora_rank, True) if m.mla.q_lora_rank else ("q_proj", m.hidden_size, True)
+    return q, ("kv_up", m.mla.kv_lora_rank, True), ("k_pos_emb", m.mla.qk_rope_head_dim, False)
+
+
+def _width(ctx: Context, per_token: int) -> int:
+    """The TP unit A = b·s/c·h·x at ``per_token`` elements instead of h."""
+    return ctx.activation // ctx.model.hidden_size * per_token
+
+
+def _rerun_up_proj(ctx: Context, again: Reruns) -> list[Call]:
+    """Selective ``mla_up_proj``: MLA's q and kv up-projections run under CheckpointWithoutOutput
+    (multi_latent_attention.py ``qkv_up_checkpoint``, re-run when the core attention's backward starts:
+    discard_output_and_register_recompute), so under sequence parallelism their input all-gathers are issued
+    again; the RoPE key's gather happens before the checkpoint and is not. Without sequence parallelism the
+    column-parallel forward issues nothing."""
+    if not (again.up_proj and ctx.par.sp):
+        return []
+    src = f"{ctx.flavour.sp_source}; selective recompute (mla_up_proj; {M}multi_latent_attention.py qkv_up_checkpoint)"
+    return [
+        recomputed(_mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=again.up_proj,
+                       source=src, message=_width(ctx, width)))
+        for name, width, linear in _attention_inputs(ctx)
+        if linear
+    ]  # fmt: skip
 
 
 def _rerun_mlps(ctx: Context, again: Reruns) -> list[Call]:
@@ -112,8 +167,13 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             _mb(ctx, name="tp.attn.out_proj", op=Op.ALLREDUCE, phase="forward", count=attn, source=src),
             _mb(ctx, name="tp.mlp.down_proj", op=Op.ALLREDUCE, phase="forward", count=mlp, source=src),
         ]
+    gathers = [
+        _mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=attn, source=src,
+            message=_width(ctx, width))
+        for name, width, _ in _attention_inputs(ctx)
+    ]  # fmt: skip
     return [
-        _mb(ctx, name="tp.attn.qkv", op=Op.ALLGATHER, phase="forward", count=attn, source=src),
+        *gathers,
         _mb(ctx, name="tp.attn.out_proj", op=Op.REDUCESCATTER, phase="forward", count=attn, source=src),
         _mb(ctx, name="tp.mlp.up_proj", op=Op.ALLGATHER, phase="forward", count=mlp, source=src),
         _mb(ctx, name="tp.mlp.down_proj", op=Op.REDUCESCATTER, phase="forward", count=mlp, source=src),
@@ -122,26 +182,39 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
 
 def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
     fl = ctx.flavour
+    inputs = _attention_inputs(ctx)
     if not ctx.par.sp:
-        # one all-reduce per column-parallel input gradient: fused QKV and fc1, or q,k,v and gate,up
+        # one all-reduce per column-parallel input gradient: fused QKV and fc1, or q,k,v and gate,up; MLA's
+        # two up-projections (the RoPE key's gradient is reduced by nothing)
         qkv, up = (1, 1) if fl.fused_column_dgrad else (3, 2 if ctx.model.gated_mlp else 1)
         src = fl.tp_source
         return [
-            _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.ALLREDUCE, phase="backward", count=qkv * attn, source=src),
+            _mb(ctx, name=f"tp.attn.{name}.dgrad", op=Op.ALLREDUCE, phase="backward",
+                count=(1 if ctx.model.mla else qkv) * attn, source=src, message=_width(ctx, width))
+            for name, width, linear in inputs
+            if linear
+        ] + [
             _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.ALLREDUCE, phase="backward", count=up * mlp, source=src),
-        ]
+        ]  # fmt: skip
     src = fl.sp_source
     out = [
-        _mb(ctx, name="tp.attn.qkv.dgrad", op=Op.REDUCESCATTER, phase="backward", count=attn, source=src),
+        _mb(ctx, name=f"tp.attn.{name}.dgrad", op=Op.REDUCESCATTER, phase="backward", count=attn, source=src,
+            message=_width(ctx, width))
+        for name, width, _ in inputs
+    ] + [
         _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
         _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
         _mb(ctx, name="tp.mlp.down_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
-    ]
+    ]  # fmt: skip
     if fl.sp_wgrad_regather:
         out += [
-            _mb(ctx, name="tp.attn.qkv.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
+            _mb(ctx, name=f"tp.attn.{name}.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=attn,
+                source=src, message=_width(ctx, width))
+            for name, width, linear in inputs
+            if linear
+        ] + [
             _mb(ctx, name="tp.mlp.up_proj.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
-        ]
+        ]  # fmt: skip
     return out
 
 
@@ -161,20 +234,50 @@ def _embedding(ctx: Context) -> list[Call]:
     return out
 
 
-def _mtp(ctx: Context) -> list[Call]:
-    """Each MTP module (training, last stage) looks up the shifted tokens in the shared embedding and scores
-    its output with the shared LM head and cross-entropy (Megatron-Core multi_token_prediction.py
-    MultiTokenPredictionLayer: self.embedding(...), then the output layer and the loss in
-    gpt_model.py): the embedding's and the head's TP calls once more per module, named tp.mtp.*."""
+def _mtp(ctx: Context, part) -> list[Call]:
+    """Each MTP module (training) looks up the shifted tokens in the embedding on the MTP rank and is scored
+    with the LM head and cross-entropy on the loss rank (Megatron-LM d98e8a6 multi_token_prediction.py
+    MultiTokenPredictionLayer: self.embedding(...) where the MTP block runs; gpt_model.py _postprocess
+    -> process_mtp_loss on the post_process stage): ``part`` (_embedding or _head)'s TP calls once more per
+    module, named tp.mtp.*."""
     n = ctx.model.mtp_layers
     if not n or not ctx.training:
         return []
-    src = "; Megatron-Core multi_token_prediction.py (MTP module: shared embedding and output head)"
+    src = "; Megatron-Core multi_token_prediction.py (MTP module: embedding on its rank, output head with the loss)"
     return [
         replace(c, name="tp.mtp." + c.name.removeprefix("tp."), calls_per_iteration=c.calls_per_iteration * n,
                 source=c.source + src)
-        for c in _embedding(ctx) + _head(ctx)
+        for c in part(ctx)
     ]  # fmt: skip
+
+
+def _eh_proj(ctx: Context) -> list[Call]:
+    """Each MTP module's eh_proj (Megatron-LM d98e8a6 multi_token_prediction.py _concat_embeddings): a
+    column-parallel linear over the concatenated [embedding, hidden] (2h), whose output is gathered over TP
+    (gather_from_tensor_model_parallel_region: an all-gather of the h/t slices, A gathered) and, with SP,
+    split back to the sequence shard (scatter_to_sequence_parallel_region: no call forward, an all-gather of
+    A backward). With SP the linear all-gathers its 2A input forward, reduce-scatters its input gradient and
+    re-gathers the input for wgrad backward; without SP it all-reduces its 2A input gradient."""
+    n = ctx.model.mtp_layers
+    if not n or not ctx.training:
+        return []
+    src = f"{M}multi_token_prediction.py MultiTokenPredictionLayer._concat_embeddings (eh_proj)"
+    two = 2 * ctx.activation
+
+    def call(name: str, op: Op, phase: str, message: int) -> Call:
+        return _mb(ctx, name=f"tp.mtp.eh_proj{name}", op=op, phase=phase, count=n, source=src, message=message)
+
+    if not ctx.par.sp:
+        return [call(".gather", Op.ALLGATHER, "forward", ctx.activation), call(".dgrad", Op.ALLREDUCE, "backward", two)]
+    out = [
+        call("", Op.ALLGATHER, "forward", two),
+        call(".gather", Op.ALLGATHER, "forward", ctx.activation),
+        call(".scatter.dgrad", Op.ALLGATHER, "backward", ctx.activation),
+        call(".dgrad", Op.REDUCESCATTER, "backward", two),
+    ]
+    if ctx.flavour.sp_wgrad_regather:
+        out.append(call(".wgrad_gather", Op.ALLGATHER, "backward", two))
+    return out
 
 
 def _head(ctx: Context) -> list[Call]:
@@ -265,7 +368,7 @@ def norm_params(ctx: Context, stage: int) -> int:
     """Parameters replicated across TP whose gradients sequence parallelism leaves partial: layer norms
     (and q/k norms), MLA's latent norms and its two down-projections (TELinear parallel_mode "duplicated"
     sets sequence_parallel on its weights: megatron/core/extensions/transformer_engine.py TELinear), MoE
-    routers, the final norm and the MTP modules' three norms on the last stage."""
+    routers, the final norm (last stage) and the MTP modules' three norms (on the MTP rank)."""
     m = ctx.model
     per_layer = 2 * m.norm_params() + (2 * m.head_size if m.qk_norm else 0)
     if m.mla:
@@ -273,7 +376,11 @@ def norm_params(ctx: Context, stage: int) -> int:
     total = per_layer * len(ctx.stage_layers[stage]) + ctx.moe_layers(stage) * m.hidden_size * (
         m.moe.num_experts if m.moe else 0
     )
-    return total + ((1 + 3 * m.mtp_layers) * m.norm_params() if ctx.is_last(stage) else 0)
+    return (
+        total
+        + (m.norm_params() if ctx.is_last(stage) else 0)
+        + (3 * m.mtp_layers * m.norm_params() if ctx.holds_mtp(stage) else 0)
+    )
 
 
 def _norm_grads(ctx: Context, stage: int) -> list[Call]:

@@ -73,3 +73,43 @@ def test_deepeps_rank_rules_are_422s():
         ep_per_node(Context(DSV3, WORK, ParallelSpec(dp=256, ep=256, ep_dispatch="deepep"), 8))
     assert "8 x 20 = 160" in err.value.rule
     ep_per_node(Context(sixty, WORK, ParallelSpec(dp=60, ep=12, ep_dispatch="hybridep"), 60))  # HybridEP: no limit
+
+
+def test_the_rdma_legs_links_are_drawn_on_the_racks_as_built():
+    """The RDMA leg is priced on nodes of 8 (nvlink_view), but its links are reported as the cluster's own
+    (planner/kernel_view.py), so the page colours the edges POST /v1/topology draws. Two NVL72 racks (144 GPUs,
+    one NIC each, rail-optimised: NIC r of both racks on leaf r), EP 16 over GPUs 0-15 of rack 0: the RDMA group
+    of GPU 0 is GPUs 0 and 8, whose NICs are rack 0's NICs 0 and 8 on leaves 0 and 8 (in the view: node 1's
+    NIC 0 on leaf 0)."""
+    from collectives.topology import cluster_for
+    from planner.kernel_view import NOT_DRAWN
+
+    racks = cluster_preset("gb200-nvl72", 2)
+    model = replace(DSV3, num_layers=4)
+    par = ParallelSpec(dp=144, ep=16, ep_dispatch="deepep")
+    work = replace(WORK, global_batch_size=144)
+    plan = build_plan(model, work, par, racks, Options(timeline=False, links_per_call=512))
+    real, view = cluster_for(racks), cluster_for(nvlink_view(racks, 8))
+    rdma = {pc.call.name: pc for pc in plan.calls}["ep.dispatch.rdma"]
+    assert rdma.group_devices == [0, 8]
+    labels = {link["label"]: link for link in rdma.links}
+    for link in rdma.links:  # every link is the real cluster's, labelled as the cluster labels it
+        assert link["id"] != NOT_DRAWN and real.describe_link(link["id"])["label"] == link["label"]
+    assert {"node 0 nic 8 -> leaf 8", "leaf 8 -> node 0 nic 8", "node 0 gpu 8 -> nic 8"} <= labels.keys()
+    # rail-optimised with one unit: NIC j of each rack on leaf j (the view's rails are 0-7 only)
+    rails = [tuple(int(x) for x in label.replace("node ", "").replace(" nic ", " ").replace(" -> leaf ", " ").split())
+             for label in labels if label.startswith("node ") and "-> leaf" in label]  # fmt: skip
+    assert rails and all(nic == leaf for _, nic, leaf in rails) and max(leaf for *_, leaf in rails) >= 8
+    # NIC links map one to one: the bytes the NICs carry are the view's
+    on_view = [link for link in rdma.price.links if view.describe_link(link["id"])["family"] == "nic_up"]
+    drawn = [link for link in rdma.links if link["family"] == "nic_up"]
+    assert sum(link["bytes"] for link in drawn) == sum(link["bytes"] for link in on_view) > 0
+    # the NVLink leg is priced on the cluster itself: its links were the cluster's all along
+    nvlink = {pc.call.name: pc for pc in plan.calls}["ep.dispatch.nvlink"]
+    assert nvlink.links == [real.describe_link(x["id"]) | {k: x[k] for k in ("bytes", "busy_s", "utilisation")}
+                            for x in nvlink.price.links]  # fmt: skip
+    # one rack is one node: its graph has no NICs, so the RDMA leg's links name no drawn edge
+    one = build_plan(model, WORK, ParallelSpec(dp=64, ep=16, ep_dispatch="deepep"), RACK, Options(timeline=False))
+    lone = {pc.call.name: pc for pc in one.calls}["ep.dispatch.rdma"]
+    assert lone.links and all(link["id"] == NOT_DRAWN for link in lone.links)
+    assert lone.links[0]["label"].endswith("(as DeepEP sees the cluster)")

@@ -370,5 +370,62 @@ def test_mtp_adds_its_embedding_and_head_tp_calls_on_the_last_stage():
     assert rows["tp.mtp.embedding"].stages == (1,) and rows["tp.embedding"].stages == (0,)
     assert {n for n in rows if n.startswith("tp.mtp.")} == {
         "tp.mtp.embedding", "tp.mtp.embedding.dgrad", "tp.mtp.lm_head.input", "tp.mtp.lm_head.dgrad",
-        "tp.mtp.lm_head.wgrad_gather", "tp.mtp.cross_entropy",
+        "tp.mtp.lm_head.wgrad_gather", "tp.mtp.cross_entropy", "tp.mtp.eh_proj", "tp.mtp.eh_proj.gather",
+        "tp.mtp.eh_proj.scatter.dgrad", "tp.mtp.eh_proj.dgrad", "tp.mtp.eh_proj.wgrad_gather",
     }  # fmt: skip
+
+
+def test_mtp_sits_on_the_rank_its_layout_names():
+    """``m`` in the layout puts the MTP module where Megatron-LM d98e8a6 builds it (mtp_on_this_rank: the rank
+    whose chunk counts LayerType.mtp), here the last chunk of rank 2, away from the loss on rank 3: that rank
+    holds the module's norms, eh_proj, transformer block and a copy of the word embedding (gpt_model.py builds
+    the embedding on a pre_process or mtp_process chunk), looks the shifted tokens up there, and sends the main
+    and MTP hidden states on concatenated (MultiTokenPredictionBlock.forward torch.cat); the output layer,
+    the final norm and the MTP cross-entropy stay with the loss."""
+    from planner.rules import pipeline, tensor
+
+    v3 = replace(model_preset("deepseek-v3"), num_layers=6, mtp_layers=1, moe=None)
+    par = ParallelSpec(tp=2, pp=4, dp=2, sequence_parallel=True, virtual_pipeline_stages=2,
+                       pipeline_schedule="interleaved", pipeline_layout="Et|t|t|t|t|t|m|L")  # fmt: skip
+    ctx = Context(v3, WorkloadSpec(global_batch_size=8), par)
+    assert [ctx.holds_mtp(s) for s in range(4)] == [False, False, True, False]
+    names = [{p.name: p.numel for p in stage_params(ctx, s)[0]} for s in range(4)]
+    vocab, h = v3.padded_vocab(2) // 2, 7168
+    assert names[2]["mtp.embedding.word"] == vocab * h and names[2]["mtp.0.eh_proj"] == 2 * h * h // 2
+    assert names[2]["mtp.0.norms"] == 3 * h and "layer.6.kv_down" in names[2]  # the MTP block, layer 6
+    assert {n for n in names[3] if not n.startswith("layer.3.")} == {"final_norm", "output_layer"}  # chunk 7: L
+    assert not any(n.startswith("mtp.") for s in (0, 1, 3) for n in names[s])
+    rows = {c.name: c for c in tensor.calls(ctx)}
+    assert rows["tp.mtp.embedding"].stages == (2,) and rows["tp.embedding"].stages == (0,)
+    assert rows["tp.mtp.cross_entropy"].stages == (3,) == rows["tp.cross_entropy"].stages
+    a = 1 * 4096 * h * 2 // 2  # b·s·h·x / tp under sequence parallelism
+    sends = {(c.name, c.stages): c.message_bytes for c in pipeline.calls(ctx)}
+    assert sends["pp.activation.mtp", (2,)] == sends["pp.activation_grad.mtp", (3,)] == 2 * a  # 1 + mtp tensors
+    assert sends["pp.activation", (2,)] == a  # rank 2's first chunk (layer 2) sends one tensor
+    # eh_proj (column-parallel over [embedding, hidden], then its output gathered over TP and split back to the
+    # sequence shard): A = 1 x 4096 x 7168 x 2 = 58,720,256 B; 8 sequences over dp 2 at b 1: 4 micro-batches
+    whole = 4096 * h * 2
+    eh = {c.name: (c.op.value, c.phase, c.message_bytes, c.calls_per_iteration, c.stages)
+          for c in tensor.calls(ctx) if c.name.startswith("tp.mtp.eh_proj")}  # fmt: skip
+    m = ctx.micro_batches
+    assert m == 4
+    assert eh == {
+        "tp.mtp.eh_proj": ("allgather", "forward", 2 * whole, m, (2,)),
+        "tp.mtp.eh_proj.gather": ("allgather", "forward", whole, m, (2,)),
+        "tp.mtp.eh_proj.scatter.dgrad": ("allgather", "backward", whole, m, (2,)),
+        "tp.mtp.eh_proj.dgrad": ("reducescatter", "backward", 2 * whole, m, (2,)),
+        "tp.mtp.eh_proj.wgrad_gather": ("allgather", "backward", 2 * whole, m, (2,)),
+    }
+    no_sp = Context(v3, WorkloadSpec(global_batch_size=8), replace(par, sequence_parallel=False))
+    assert {c.name: (c.op.value, c.message_bytes) for c in tensor.calls(no_sp) if "eh_proj" in c.name} == {
+        "tp.mtp.eh_proj.gather": ("allgather", whole), "tp.mtp.eh_proj.dgrad": ("allreduce", 2 * whole),
+    }  # fmt: skip
+    # the default layout keeps the module with the loss on the last stage, copy included
+    even = replace(par, pipeline_layout=None, virtual_pipeline_stages=None, pipeline_schedule="1f1b",
+                   first_stage_layers=3)  # fmt: skip
+    plain = Context(v3, WorkloadSpec(global_batch_size=8), even)
+    assert [plain.holds_mtp(s) for s in range(4)] == [False, False, False, True]
+    assert not any(c.name.endswith(".mtp") for c in pipeline.calls(plain))
+    # moving the module moves its parameters: the same total over the ranks, one embedding copy in each
+    held = [sum(total(stage_params(c, s)[0]) for s in range(4)) for c in (ctx, plain)]
+    assert held[0] == held[1]

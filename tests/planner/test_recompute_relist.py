@@ -15,6 +15,9 @@ Hand-checked numbers: b = 1, m = 8 micro-batches per iteration, pp 4.
   dispatch 2048 x 8 x 3584 x 2 = 117,440,512 B; the router's counts 64 experts x int64 = 512 B.
 """
 
+import json
+from pathlib import Path
+
 import pytest
 
 from planner import ParallelSpec, SpecError, WorkloadSpec
@@ -167,3 +170,72 @@ def test_mla_up_proj_reruns_its_two_fp8_amaxes():
     ctx = ctx_of("deepseek-v3", par, fp8_recipe="tensorwise", recompute_modules=("mla_up_proj",))
     again = {c.stages: c.calls_per_iteration for c in named(ctx, "fp8.tp_amax.recompute")}
     assert again == {(0, 3): 256, (1, 2): 240}
+
+
+def test_mla_up_proj_re_gathers_the_latents_under_sequence_parallelism():
+    """Selective ``mla_up_proj`` (Megatron-LM d98e8a6 multi_latent_attention.py ``qkv_up_checkpoint``, a
+    CheckpointWithoutOutput round linear_q_up_proj, linear_kv_up_proj and RoPE): under SP the two
+    column-parallel up-projections all-gather their latent inputs again in the backward; the RoPE key's
+    gather runs before the checkpoint and is not re-issued. DeepSeek-V3 at 4 layers (3 dense, 1 MoE), tp 4
+    with SP, pp 1, s 4096, b 1, m 8: q latent 1 x 4096 x 1536 x 2 = 12,582,912 B, kv latent 4096 x 512 x 2 =
+    4,194,304 B, RoPE key 4096 x 64 x 2 = 524,288 B per gather, 1 layer per stage x 8 micro-batches = 8 each."""
+    from dataclasses import replace
+
+    v3 = replace(model_preset("deepseek-v3"), num_layers=4, mtp_layers=0)
+    par = ParallelSpec(tp=4, pp=4, dp=2, ep=2, sequence_parallel=True)
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=16, seq_length=4096,
+                        activation_recompute="selective", recompute_modules=("mla_up_proj",))  # fmt: skip
+    ctx = Context(v3, work, par)
+    q, kv, rope = 4096 * 1536 * 2, 4096 * 512 * 2, 4096 * 64 * 2
+    assert rows(ctx) == {
+        "tp.attn.q_up.recompute": ("allgather", "backward", q, 8),
+        "tp.attn.kv_up.recompute": ("allgather", "backward", kv, 8),
+    }
+    fwd = {c.name: (c.op.value, c.message_bytes, c.calls_per_iteration) for c in ledger(ctx) if c.phase == "forward"}
+    # the attention's gathers are the latents and the RoPE key, not the hidden states (h 7168: 58,720,256 B)
+    assert fwd["tp.attn.q_up"] == ("allgather", q, 8) and fwd["tp.attn.kv_up"] == ("allgather", kv, 8)
+    assert fwd["tp.attn.k_pos_emb"] == ("allgather", rope, 8) and "tp.attn.qkv" not in fwd
+    assert fwd["tp.attn.out_proj"] == ("reducescatter", 4096 * 7168 * 2, 8)
+    bwd = {c.name: (c.op.value, c.phase, c.message_bytes, c.calls_per_iteration) for c in ledger(ctx)
+           if c.name.startswith("tp.attn.")}  # fmt: skip
+    assert bwd["tp.attn.k_pos_emb.dgrad"] == ("reducescatter", "backward", rope, 8)
+    assert bwd["tp.attn.q_up.wgrad_gather"] == ("allgather", "backward", q, 8)
+    assert "tp.attn.k_pos_emb.wgrad_gather" not in bwd  # not a linear's input
+    # without SP the column-parallel forward is an identity: nothing to re-issue; the backward all-reduces
+    # the two latents' input gradients, and nothing the RoPE key's
+    plain = Context(v3, work, replace(par, sequence_parallel=False))
+    assert rows(plain) == {}
+    back = {c.name: c.message_bytes for c in ledger(plain) if c.name.startswith("tp.attn.") and c.phase == "backward"}
+    assert back == {"tp.attn.q_up.dgrad": q, "tp.attn.kv_up.dgrad": kv}
+    # without the module nothing is re-run
+    assert rows(Context(v3, replace(work, recompute_modules=("core_attn",)), par)) == {}
+
+
+SAC_RECORD = Path(__file__).parents[1] / "reference" / "pytorch" / "sac_op_tp2.json"
+C10D = {
+    "allgather": "c10d::allgather_into_tensor_coalesced_",
+    "reducescatter": "c10d::reduce_scatter_tensor_coalesced_",
+    "allreduce": "c10d::allreduce_",
+}
+
+
+@pytest.mark.parametrize("sp", [True, False])
+@pytest.mark.parametrize("option", ["op", "full"])
+def test_torch_checkpointing_reissues_what_the_recording_shows(sp, option):
+    """tests/reference/pytorch/sac_op_tp2.json: per Llama block, what the backward issues beyond an unchecked
+    block's is what the ledger re-lists per layer and micro-batch. Per-op SAC (torchtitan's policy saves
+    reduce_scatter_tensor, not all_gather_into_tensor or all_reduce): with SP the 2 all-gathers again, without
+    it the 2 rowwise all-reduces; a whole block (torchtitan FullAC, early_stop=False): every forward call."""
+    runs = {(r["sequence_parallel"], r["mode"]): r["backward"] for r in json.loads(SAC_RECORD.read_text())["runs"]}
+    mode = "op" if option == "op" else "full"
+    again = {k: n - runs[sp, "none"].get(k, 0) for k, n in runs[sp, mode].items() if n != runs[sp, "none"].get(k, 0)}
+    work = dict(selective_ac_option="op") if option == "op" else dict(activation_recompute="full")
+    par = ParallelSpec(tp=2, pp=4, sequence_parallel=sp, framework="torch")
+    ctx = ctx_of("llama3-8b", par, **work)
+    listed = {}
+    for name, (op, _, message, count) in rows(ctx).items():
+        assert name.startswith("tp.") and message == A_8B and count == 8 * 8  # 8 layers x 8 micro-batches
+        listed[C10D[op]] = listed.get(C10D[op], 0) + 1
+    assert listed == again
+    assert again == ({C10D["allgather"]: 2} if sp and option == "op" else
+                     {C10D["allgather"]: 2, C10D["reducescatter"]: 2} if sp else {C10D["allreduce"]: 2})  # fmt: skip
