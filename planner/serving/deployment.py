@@ -42,7 +42,7 @@ from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price
 from ..rules.engine_step import dp_sync
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
-from .fused_allreduce import FusedAllReduce, fused_step
+from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
 
@@ -111,7 +111,7 @@ class _Worker:
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
     overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
     dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
-    fusion: FusedAllReduce | None = None  # the engine's fused all-reduce + residual + norm (fused_allreduce.py)
+    allreduce: AllReducePolicy | None = None  # the engine's own TP all-reduce kernels (fused_allreduce.py)
 
 
 def plan_serving(
@@ -236,7 +236,7 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
-                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce_fusion)  # fmt: skip
+                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce)  # fmt: skip
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -280,8 +280,9 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
     plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
-    if w.fusion is not None:
-        plan = fused_step(plan, w.fusion, _context(model, options, phase, batch, context, par, w), w.cluster)
+    if w.allreduce is not None:
+        plan = engine_allreduce_step(plan, w.allreduce, _context(model, options, phase, batch, context, par, w),
+                                     w.cluster)  # fmt: skip
     sync = dp_sync(par, *w.dp_sync)
     if sync is None or plan.step is None:
         return plan

@@ -3,6 +3,8 @@ overlap and EPLB's redundant experts (planner/serving/deployment.py): bytes by h
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from collectives.topology import cluster_preset
@@ -258,19 +260,19 @@ def test_vllm_dp_ranks_all_reduce_their_batch_metadata_each_step():
 def test_trtllm_fuses_the_block_all_reduces_with_the_residual_and_norm():
     """TensorRT-LLM (allreduceOp.cpp AllReduceFusionOp::RESIDUAL_RMS_NORM): the all-reduces ending the attention
     and MLP blocks are its fused kernel, with the block output's bytes: 64 sequences x 8192 x 2 = 1 MiB, 80 of each
-    for Llama-3 70B on TP8. The embedding's all-reduce is a plain one; vLLM's rows keep their own source. At 64
-    tokens of hidden 8192 on TP8 TensorRT-LLM's strategy table picks NCCL (planner/serving/fused_allreduce.py): the
-    price is NCCL's either way, and the row says which strategy ran."""
+    for Llama-3 70B on TP8. The embedding's all-reduce is a plain one. At 64 tokens of hidden 8192 on TP8
+    TensorRT-LLM's strategy table picks NCCL (planner/serving/fused_allreduce.py): the price is NCCL's (the same
+    engine without its own all-reduce), and the row says which strategy ran."""
     llama70b, one_node, options = MODEL_PRESETS["llama3-70b"], cluster_preset("dgx-h100", 1), ServeOptions()
     rows = {}
-    for name in ("trtllm", "vllm"):
-        w = _worker(llama70b, one_node, engine(name), Pool(tp=8), 0)
+    for name, traits in (("trtllm", engine("trtllm")), ("nccl", replace(engine("trtllm"), tp_allreduce=None))):
+        w = _worker(llama70b, one_node, traits, Pool(tp=8), 0)
         rows[name] = {pc.call.name: pc for pc in _step(llama70b, w, options, "decode", 64, 1000).calls}
     for block in ("tp.attn.out_proj", "tp.mlp.down_proj"):
-        trt, vllm = rows["trtllm"][block], rows["vllm"][block]
-        assert trt.call.message_bytes == vllm.call.message_bytes == 64 * 8192 * 2
+        trt, nccl = rows["trtllm"][block], rows["nccl"][block]
+        assert trt.call.message_bytes == nccl.call.message_bytes == 64 * 8192 * 2
         assert trt.call.calls_per_iteration == 80 and trt.call.op.value == "allreduce"
         assert "AllReduceFusionOp::RESIDUAL_RMS_NORM" in trt.call.source and "strategy NCCL" in trt.call.source
-        assert "AllReduceFusionOp" not in vllm.call.source
-        assert trt.price.time_s == vllm.price.time_s
+        assert "AllReduceFusionOp" not in nccl.call.source
+        assert trt.price.time_s == nccl.price.time_s
     assert "AllReduceFusionOp" not in rows["trtllm"]["tp.embedding"].call.source
