@@ -13,6 +13,8 @@ functions (planner.serving) and compares the throughput:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
@@ -81,6 +83,33 @@ def dense_table() -> list[dict]:
     return out
 
 
+def all_reduce_effect(names: tuple[str, ...] = ("vllm", "sglang")) -> list[dict]:
+    """The dense rows' deployments as vLLM and SGLang would run them (their own defaults), each with the engine's own
+    TP all-reduce (custom kernels, vLLM's symmetric memory: planner/serving/fused_allreduce.py) and with every
+    all-reduce NCCL's: how much the engines' own kernels move the throughput. No published vLLM or SGLang row to
+    compare with; the TensorRT-LLM rows above are the validation."""
+    out = []
+    for model, cluster, tp, rows in DENSE:
+        if tp == 1:
+            continue  # no all-reduce
+        nodes = cluster_preset(cluster, 1)
+        for isl, osl in rows:
+            traffic = Traffic(isl, osl, concurrency=REQUESTS[(isl, osl)])
+            for name in names:
+                own = engine(name)
+                plans = [plan_serving(MODEL_PRESETS[model], nodes, traits, traffic, (Pool(tp=tp),), DENSE_OPTIONS)
+                         for traits in (own, replace(own, tp_allreduce=None))]  # fmt: skip
+                kinds = sorted(
+                    {pc.price.algorithm for pc in plans[0].pools[0].calls if pc.call.op.value == "allreduce"}
+                )
+                out.append({"row": f"{model} {cluster.removeprefix('dgx-').upper()} TP{tp} {isl}/{osl}", "engine": name,
+                            "own": plans[0].output_tokens_per_s, "nccl": plans[1].output_tokens_per_s,
+                            "gain": plans[0].output_tokens_per_s / plans[1].output_tokens_per_s - 1,
+                            "tpot_own_s": plans[0].tpot_s, "tpot_nccl_s": plans[1].tpot_s,
+                            "batch": plans[0].pools[0].batch, "kernels": kinds})  # fmt: skip
+    return out
+
+
 def median_abs(rows: list[dict]) -> float:
     errors = sorted(abs(r["error"]) for r in rows)
     n = len(errors)
@@ -115,3 +144,9 @@ if __name__ == "__main__":
     signed = sorted(r["error"] for r in dense)
     print(f"dense: median |error| {median_abs(dense):.1%}, signed median {signed[len(signed) // 2]:+.1%}, "
           f"worst {max(signed, key=abs):+.1%} over {len(dense)} rows")  # fmt: skip
+    for r in all_reduce_effect():
+        print(
+            f"{r['row']:40s} {r['engine']:7s} own all-reduce {r['own']:7,.0f} vs NCCL {r['nccl']:7,.0f} out tok/s "
+            f"({r['gain']:+.1%}), TPOT {r['tpot_own_s'] * 1e3:,.1f} vs {r['tpot_nccl_s'] * 1e3:,.1f} ms, batch "
+            f"{r['batch']}, {', '.join(r['kernels'])}"
+        )
