@@ -246,7 +246,8 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     _check_engine_options(model, traits, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
-    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (2 if options.two_batch_overlap else 1)
+    # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
+    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (3 if options.two_batch_overlap else 1)
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
@@ -312,23 +313,30 @@ def _on_critical_path(step, rows: list[PricedCall]):
 
 def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
     """A step as the engine runs it: one pass, or with ``options.two_batch_overlap`` two micro-batches of half the
-    sequences each (at least one per attention rank), the MoE layers' stages interleaved as the engine's
-    operations strategy orders them and the EP exchange of one half behind the other's compute
-    (planner/serving/overlap.py: SGLang two_batch_overlap.py and operations_strategy.py; vLLM dual batch
-    overlap). The MoE layers' exchanges are the half step's, issued twice; memory is the whole batch's (both
-    halves are in flight)."""
+    tokens each, the MoE layers' stages interleaved as the engine's operations strategy orders them and the EP
+    exchange of one half behind the other's compute (planner/serving/overlap.py: SGLang two_batch_overlap.py and
+    operations_strategy.py; vLLM dual batch overlap), where the engine splits the step at all (its thresholds:
+    ``OverlapStrategy.splits``). The MoE layers' exchanges are the halves', one each; memory is the whole batch's
+    (both halves are in flight). A decode step of one sequence per rank is not split (a half would be empty)."""
     whole = _step(model, w, options, phase, batch, context)
     per_rank = batch // w.par.dp
     scale = options.prefill_time_scale if phase == "prefill" else options.decode_time_scale
-    if not options.two_batch_overlap or per_rank < 2 or whole.step is None or w.overlap is None:
+    if not options.two_batch_overlap or whole.step is None or w.overlap is None:
         return _calibrated(whole, scale)
-    half_batch = -(-per_rank // 2) * w.par.dp
-    half = _step(model, w, options, phase, half_batch, context)
     par = w.decode_par if phase == "decode" else w.par
     strategy = w.overlap[phase == "decode"]
+    tokens = per_rank * (context if phase == "prefill" else 1)
+    if not strategy.splits(tokens, par.ep_dispatch) or (phase == "decode" and per_rank < 2):
+        return _calibrated(whole, scale)
+    hi, lo = -(-per_rank // 2), per_rank // 2
+    # equal halves; else the larger and the smaller at 1/2 each; a single prompt: two chunks of half its tokens
+    sizes = ((hi, 1.0),) if hi == lo else ((hi, 0.5), (lo, 0.5)) if lo else ((hi, 0.5),)
+    halves = tuple((_step(model, w, options, phase, n * w.par.dp, context),
+                    _context(model, options, phase, n * w.par.dp, context, par, w), weight)
+                   for n, weight in sizes)  # fmt: skip
     step = overlapped_step(
-        whole, half, _context(model, options, phase, batch, context, par, w), _context(model, options, phase,
-        half_batch, context, par, w), w.cluster.gpu, strategy, par.ep_dispatch,
+        whole, halves, _context(model, options, phase, batch, context, par, w), w.cluster.gpu, strategy,
+        par.ep_dispatch,
     )  # fmt: skip
     return _calibrated(step, scale)
 

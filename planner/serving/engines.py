@@ -20,7 +20,7 @@ from .fused_allreduce import (
     FusedAllReduce,
 )
 from .launch import CommandBuilder, sglang_command, trtllm_command, vllm_command
-from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
+from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, VLLM_DBO_PREFILL, OverlapStrategy
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ VLLM = register(
         sources=("vllm/engine/arg_utils.py", "vllm/config/cache.py", "docs.vllm.ai expert_parallel_deployment"),
         # vllm/config/parallel.py: enable_dbo (dual batch overlap, off), EPLBConfig.num_redundant_experts (0)
         two_batch_overlap_flag="--enable-dbo",
-        two_batch_overlap=(VLLM_DBO, VLLM_DBO),
+        two_batch_overlap=(VLLM_DBO_PREFILL, VLLM_DBO),
         redundant_experts_flag="--eplb-config",
         dp_sync_rows=DP_SYNC_ROWS,
         dp_sync_source=VLLM_DP_SYNC,

@@ -237,9 +237,19 @@ def test_engine_exchanges_and_options_over_http(api):
     body["options"] |= {"two_batch_overlap": True, "redundant_experts": 64}
     r = api.post("/v1/serve", json=body)
     assert r.status_code == 200, r.text
-    ll = {c["name"]: c for c in r.json()["pools"][1]["calls"]}["ep.dispatch.ll"]
+    # vLLM splits a step only from dbo_prefill_token_threshold 512 / dbo_decode_token_threshold 32 tokens per rank
+    # (ubatch_utils.py check_ubatch_thresholds): the prefill pass (4 prompts of 2,000 tokens per rank) runs its
+    # exchanges once per half; the decode step (under 32 sequences per rank at this load) is not split
+    pools = r.json()["pools"]
+    assert pools[1]["batch"] < 32 * 64
+    ll = {c["name"]: c for c in pools[1]["calls"]}["ep.dispatch.ll"]
     before = {c["name"]: c for c in plain["pools"][1]["calls"]}["ep.dispatch.ll"]
-    assert ll["calls_per_iteration"] == 2 * before["calls_per_iteration"]
+    assert ll["calls_per_iteration"] == before["calls_per_iteration"]
+    gather = {c["name"]: c for c in pools[0]["calls"]}["ep.agrs.gather"]
+    before = {c["name"]: c for c in plain["pools"][0]["calls"]}["ep.agrs.gather"]
+    assert gather["calls_per_iteration"] == 2 * before["calls_per_iteration"]
+    # each half gathers 32 ranks x 2 prompts x 2,000 tokens of hidden 7168 and 256 + 64 router logits, bf16
+    assert gather["message_bytes"] == 32 * 2 * 2000 * (7168 + 320) * 2
     script = api.post("/v1/serve/export", json=body).text
     assert "--enable-dbo" in script and "num_redundant_experts" in script
     bad = api.post("/v1/serve", json=body | {"engine": "trtllm"})
