@@ -21,6 +21,7 @@ The queueing model (docs/serving.md states it in full):
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -196,6 +197,7 @@ def with_redundant_experts(model: ModelSpec, redundant: int) -> ModelSpec:
 # ---- one worker ------------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1024)  # value keys (frozen specs): the SLA search plans a layout at three loads and in many splits
 def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: Pool, i: int) -> _Worker:
     where = f"deployment.pools.{i}"
     dispatch = pool.ep_dispatch or traits.ep_dispatch
@@ -605,6 +607,21 @@ def _mtp_overhead(model: ModelSpec, options: ServeOptions) -> float:
 
 
 def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets) -> KVTransfer:
+    """A request's KV from a prefill worker to a decode worker (``_kv_transfer``), keyed by what it depends on: the
+    layouts, the KV dtype and the per-transfer overhead, not the load or the engine, so the SLA search prices each
+    split once for its three loads and its engines. The answer is shared: read it, never change it."""
+    p, d = p_w.par, d_w.par
+    return _kv_transfer(model, cluster, p_pool.workers, p_pool.worker_gpus, (p.tp, p.pp, p.dp), d_pool.workers,
+                        d_pool.worker_gpus, (d.tp, d.pp, d.dp), options.kv, options.transfer_overhead_s, isl,
+                        tuple(offsets))  # fmt: skip
+
+
+_Grid = namedtuple("_Grid", "tp pp dp")
+
+
+@lru_cache(maxsize=512)  # value keys (frozen specs and numbers)
+def _kv_transfer(model, cluster, p_workers, p_gpus, p_grid, d_workers, d_gpus, d_grid, kv, overhead_s, isl,
+                 offsets) -> KVTransfer:  # fmt: skip
     """A request's KV moves from the prefill worker's ranks that hold distinct parts of it to the decode
     worker's ranks that will hold them, all prefill workers sending at once, priced on the whole cluster's graph.
 
@@ -614,17 +631,17 @@ def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
     (cacheFormatter.cpp splitKVCacheDispatch): ``max`` of the two splits pairs, each an equal share. A request
     lives on one attention-DP rank; prefill worker w's requests go to decode worker w mod workers and to its
     attention rank w mod dp, so concurrent transfers spread as the engines' round-robin spreads them."""
-    kv_x = DTYPE_BYTES[options.kv]
+    p_par, d_par = _Grid(*p_grid), _Grid(*d_grid)
+    kv_x = DTYPE_BYTES[kv]
     whole = model.num_layers * model.kv_token_bytes(1, kv_x) * isl
-    p_par, d_par = p_w.par, d_w.par
     p_split, d_split = (1, 1) if model.mla else (min(p_par.tp, model.kv_heads), min(d_par.tp, model.kv_heads))
     n = max(p_split, d_split)
     message = -(-whole // (p_par.pp * n))
     pairs = []
-    for wk in range(p_pool.workers):
-        src0 = offsets[0] + wk * p_pool.worker_gpus + (wk % p_par.dp) * p_par.tp  # tp fastest, then dp, then pp
-        dst_worker = wk % d_pool.workers
-        dst0 = offsets[1] + dst_worker * d_pool.worker_gpus + (wk % d_par.dp) * d_par.tp
+    for wk in range(p_workers):
+        src0 = offsets[0] + wk * p_gpus + (wk % p_par.dp) * p_par.tp  # tp fastest, then dp, then pp
+        dst_worker = wk % d_workers
+        dst0 = offsets[1] + dst_worker * d_gpus + (wk % d_par.dp) * d_par.tp
         for s in range(p_par.pp):
             d_stage = s * d_par.pp // p_par.pp
             for i in range(n):
@@ -636,9 +653,9 @@ def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
     price = price_call(Op.SENDRECV, message, np.array(pairs, dtype=np.int64), whole_cluster, "auto", top_links=3)
     busiest = price.links[0] if price.links else None
     label = _describe(whole_cluster, busiest) if busiest else "none (same device)"
-    first = pairs[0][1] - (pairs[0][1] - offsets[1]) % d_pool.worker_gpus  # the decode worker prefill worker 0 feeds
-    devices = [*range(offsets[0], offsets[0] + p_pool.worker_gpus), *range(first, first + d_pool.worker_gpus)]
-    return KVTransfer(whole, senders, price.time_s + options.transfer_overhead_s, label, list(price.links), devices)
+    first = pairs[0][1] - (pairs[0][1] - offsets[1]) % d_gpus  # the decode worker prefill worker 0 feeds
+    devices = [*range(offsets[0], offsets[0] + p_gpus), *range(first, first + d_gpus)]
+    return KVTransfer(whole, senders, price.time_s + overhead_s, label, list(price.links), devices)
 
 
 def _describe(cluster, link: dict) -> str:
