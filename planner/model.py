@@ -231,7 +231,10 @@ class ModelSpec:
     def total_params(self) -> int:
         """Every trained parameter once: the main model and its MTP modules (which share its embedding and head).
         Memoised by value (``_total_params``): every plan's MFU asks for it, 61 layers' sums each time."""
-        return _total_params(self)
+        try:
+            return _total_params(self)
+        except TypeError:  # a spec holding an unhashable value (a list where a tuple belongs): computed, not kept
+            return _total_params.__wrapped__(self)
 
     def active_params(self) -> int:
         """Parameters one token touches (MoE: top-k routed experts instead of all), MTP modules included."""
