@@ -200,7 +200,11 @@ def simulate(strategy: OverlapStrategy, layers: int, compute: dict[str, float], 
 
 
 def overlapped_step(
-    whole: Plan, halves: tuple[tuple[Plan, Context, float], ...], ctx_whole: Context, gpu, strategy: OverlapStrategy,
+    whole: Plan,
+    halves: tuple[tuple[Plan, Context, float], ...],
+    ctx_whole: Context,
+    gpu,
+    strategy: OverlapStrategy,
     dispatch: str,
 ) -> Plan:
     """``whole`` (the step on the whole batch) with its MoE layers run as two micro-batches under ``strategy``: the
