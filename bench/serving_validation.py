@@ -13,6 +13,8 @@ functions (planner.serving) and compares the throughput:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
@@ -48,17 +50,24 @@ TRTLLM = (
 )
 # the doc's $num_requests per (ISL, OSL)
 REQUESTS = {(128, 2048): 3000, (500, 2000): 3000, (1000, 1000): 3000, (2048, 128): 3000, (2048, 2048): 1500,
-            (5000, 500): 1500}  # fmt: skip
+            (5000, 500): 1500, (128, 128): 30000, (128, 4096): 1500, (1000, 2000): 1500,
+            (20000, 2000): 1000}  # fmt: skip
 # (model preset, cluster preset, tp, {(ISL, OSL): published total output tokens/s})
+# the last four sequence lengths of each (128/128, 128/4096, 1000/2000, 20000/2000) were added by serve5, from the
+# same tables
 DENSE = (
     ("llama3-70b", "dgx-h100", 2, {(128, 2048): 6651, (500, 2000): 5222, (1000, 1000): 4205, (2048, 128): 762,
-                                   (2048, 2048): 3082, (5000, 500): 898}),
+                                   (2048, 2048): 3082, (5000, 500): 898, (128, 128): 6378, (128, 4096): 4199,
+                                   (1000, 2000): 4146, (20000, 2000): 437}),
     ("llama3-70b", "dgx-h200", 1, {(128, 2048): 4336, (500, 2000): 3666, (1000, 1000): 2909, (2048, 128): 442,
-                                   (2048, 2048): 2003, (5000, 500): 566}),
+                                   (2048, 2048): 2003, (5000, 500): 566, (128, 128): 3803, (128, 4096): 2872,
+                                   (1000, 2000): 2994, (20000, 2000): 283}),
     ("llama3-405b", "dgx-h100", 8, {(128, 2048): 4340, (500, 2000): 3994, (1000, 1000): 2919, (2048, 128): 453,
-                                    (2048, 2048): 2296, (5000, 500): 610}),
+                                    (2048, 2048): 2296, (5000, 500): 610, (128, 128): 3627, (128, 4096): 3116,
+                                    (1000, 2000): 2895, (20000, 2000): 345}),
     ("llama3-405b", "dgx-h200", 8, {(128, 2048): 5348, (500, 2000): 4724, (1000, 1000): 3330, (2048, 128): 456,
-                                    (2048, 2048): 2948, (5000, 500): 650}),
+                                    (2048, 2048): 2948, (5000, 500): 650, (128, 128): 3814, (128, 4096): 4741,
+                                    (1000, 2000): 3722, (20000, 2000): 505}),
 )  # fmt: skip
 # ModelOpt's FP8 recipe: per-tensor scales for the weights and activations, and an FP8 KV cache (its export writes
 # quant_algo FP8, kv_cache_quant_algo FP8 into hf_quant_config.json; TensorRT-LLM's KV dtype "auto" follows it)
@@ -78,6 +87,33 @@ def dense_table() -> list[dict]:
             out.append({"row": f"{model} {cluster.removeprefix('dgx-').upper()} TP{tp} {isl}/{osl}",
                         "predicted": predicted, "published": published, "error": predicted / published - 1,
                         "tpot_s": plan.tpot_s, "batch": plan.pools[0].batch, "source": TRTLLM})  # fmt: skip
+    return out
+
+
+def all_reduce_effect(names: tuple[str, ...] = ("vllm", "sglang")) -> list[dict]:
+    """The dense rows' deployments as vLLM and SGLang would run them (their own defaults), each with the engine's own
+    TP all-reduce (custom kernels, vLLM's symmetric memory: planner/serving/fused_allreduce.py) and with every
+    all-reduce NCCL's: how much the engines' own kernels move the throughput. No published vLLM or SGLang row to
+    compare with; the TensorRT-LLM rows above are the validation."""
+    out = []
+    for model, cluster, tp, rows in DENSE:
+        if tp == 1:
+            continue  # no all-reduce
+        nodes = cluster_preset(cluster, 1)
+        for isl, osl in rows:
+            traffic = Traffic(isl, osl, concurrency=REQUESTS[(isl, osl)])
+            for name in names:
+                own = engine(name)
+                plans = [plan_serving(MODEL_PRESETS[model], nodes, traits, traffic, (Pool(tp=tp),), DENSE_OPTIONS)
+                         for traits in (own, replace(own, tp_allreduce=None))]  # fmt: skip
+                kinds = sorted(
+                    {pc.price.algorithm for pc in plans[0].pools[0].calls if pc.call.op.value == "allreduce"}
+                )
+                out.append({"row": f"{model} {cluster.removeprefix('dgx-').upper()} TP{tp} {isl}/{osl}", "engine": name,
+                            "own": plans[0].output_tokens_per_s, "nccl": plans[1].output_tokens_per_s,
+                            "gain": plans[0].output_tokens_per_s / plans[1].output_tokens_per_s - 1,
+                            "tpot_own_s": plans[0].tpot_s, "tpot_nccl_s": plans[1].tpot_s,
+                            "batch": plans[0].pools[0].batch, "kernels": kinds})  # fmt: skip
     return out
 
 
@@ -115,3 +151,9 @@ if __name__ == "__main__":
     signed = sorted(r["error"] for r in dense)
     print(f"dense: median |error| {median_abs(dense):.1%}, signed median {signed[len(signed) // 2]:+.1%}, "
           f"worst {max(signed, key=abs):+.1%} over {len(dense)} rows")  # fmt: skip
+    for r in all_reduce_effect():
+        print(
+            f"{r['row']:40s} {r['engine']:7s} own all-reduce {r['own']:7,.0f} vs NCCL {r['nccl']:7,.0f} out tok/s "
+            f"({r['gain']:+.1%}), TPOT {r['tpot_own_s'] * 1e3:,.1f} vs {r['tpot_nccl_s'] * 1e3:,.1f} ms, batch "
+            f"{r['batch']}, {', '.join(r['kernels'])}"
+        )

@@ -7,6 +7,7 @@ preset tests compare the totals with the published ones (tests/planner/test_mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ._errors import SpecError, one_of
 
@@ -228,10 +229,12 @@ class ModelSpec:
         return self.mtp_layers * self.mtp_module_params() + blocks
 
     def total_params(self) -> int:
-        """Every trained parameter once: the main model and its MTP modules (which share its embedding and head)."""
-        body = sum(self.layer_params(i) for i in range(self.num_layers))
-        head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
-        return self.embedding_params() + body + self.norm_params() + head + self.mtp_params()
+        """Every trained parameter once: the main model and its MTP modules (which share its embedding and head).
+        Memoised by value (``_total_params``): every plan's MFU asks for it, 61 layers' sums each time."""
+        try:
+            return _total_params(self)
+        except TypeError:  # a spec holding an unhashable value (a list where a tuple belongs): computed, not kept
+            return _total_params.__wrapped__(self)
 
     def active_params(self) -> int:
         """Parameters one token touches (MoE: top-k routed experts instead of all), MTP modules included."""
@@ -239,6 +242,13 @@ class ModelSpec:
             return self.total_params()
         idle = (self.moe.num_experts - self.moe.top_k) * self.expert_params() * self.num_moe_layers
         return self.total_params() - idle
+
+
+@lru_cache(maxsize=256)  # value keys: ModelSpec is frozen
+def _total_params(m: ModelSpec) -> int:
+    body = sum(m.layer_params(i) for i in range(m.num_layers))
+    head = 0 if m.tied_embeddings else m.vocab_size * m.hidden_size
+    return m.embedding_params() + body + m.norm_params() + head + m.mtp_params()
 
 
 def validate_model(m: ModelSpec) -> None:

@@ -63,6 +63,9 @@ export function initServe() {
   $("serve-run").addEventListener("click", runServe);
   $("serve-search-run").addEventListener("click", runServeSearch);
   $("serve-draw").addEventListener("click", drawTransfer);
+  $("serve-calib-run").addEventListener("click", runServeCalibrate);
+  $("serve-calib-use").addEventListener("click", () => useScales(state.serveCalibration && state.serveCalibration.constants));
+  $("serve-calib-clear").addEventListener("click", () => useScales(null));
   syncMode();
 }
 
@@ -90,11 +93,14 @@ function traffic() {
 // the serving options the card sets (app/schemas/serve.py ServeOptionsIn); a blank one is the engine's default
 // (two_batch_overlap off and redundant_experts 0 in vLLM, SGLang and TensorRT-LLM: planner/serving/engines.py)
 const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant"];
-function options() {
+// the step-time factors fitted to the user's benchmark runs (POST /v1/serve/calibrate), or null: the planner's own
+let scales = null;
+function options(calibrated = true) {
   const o = { weight_dtype: $("serve-weights").value };
   if ($("serve-kv").value) o.kv_dtype = $("serve-kv").value;
   if ($("serve-tbo").value) o.two_batch_overlap = $("serve-tbo").value === "true";
   if (num("serve-redundant") !== null) o.redundant_experts = num("serve-redundant");
+  if (calibrated && scales) Object.assign(o, scales);
   return o;
 }
 
@@ -106,6 +112,77 @@ export function fillServeOptions(o) {
   $("serve-kv").value = ["bf16", "fp8"].includes(o.kv_dtype) ? o.kv_dtype : "";
   $("serve-tbo").value = typeof o.two_batch_overlap === "boolean" ? String(o.two_batch_overlap) : "";
   $("serve-redundant").value = Number.isInteger(o.redundant_experts) ? String(o.redundant_experts) : "";
+  const fitted = typeof o.prefill_time_scale === "number" && typeof o.decode_time_scale === "number";
+  scales = fitted ? { prefill_time_scale: o.prefill_time_scale, decode_time_scale: o.decode_time_scale } : null;
+  showScales();
+}
+
+function showScales() {
+  $("serve-calib-active").textContent = scales
+    ? `Planning with your fitted factors: prefill × ${scales.prefill_time_scale.toFixed(3)}, decode × ${scales.decode_time_scale.toFixed(3)}.` : "";
+  $("serve-calib-clear").hidden = !scales;
+}
+
+function useScales(constants) {
+  scales = constants ? { prefill_time_scale: constants.prefill_time_scale, decode_time_scale: constants.decode_time_scale } : null;
+  showScales(); keepOptions();
+  if (state.request) runServe();
+}
+
+// one run per "Serving Benchmark Result" block (vLLM and SGLang both print that header); no header: the text as one
+// run, which the server answers with a 422 naming the line it could not read
+export function benchRuns(text) {
+  const starts = [...text.matchAll(/^=+\s*Serving Benchmark Result\s*=+\s*$/gm)].map((m) => m.index);
+  if (!starts.length) return text.trim() ? [{ text }] : [];
+  return starts.map((start, i) => ({ text: text.slice(start, starts[i + 1] ?? text.length) }));
+}
+
+async function runServeCalibrate() {
+  if (!state.request) return;
+  const runs = benchRuns($("serve-calib-text").value);
+  if (!runs.length) { $("serve-calib-status").textContent = "Paste the output of a vllm bench serve or sglang.bench_serving run first."; return; }
+  const { traffic: _unused, ...deployment } = serveBody();
+  // the fit starts from the planner's own times: the factors are not compounded with earlier ones
+  const body = { ...deployment, options: options(false), runs: runs.slice(0, 16) };
+  $("serve-calib-status").textContent = `Fitting to ${runs.length} run${runs.length > 1 ? "s" : ""}…`;
+  $("serve-calib-run").disabled = true;
+  try {
+    const result = await postJson("/v1/serve/calibrate", body);
+    state.serveCalibration = result;
+    const c = result.constants;
+    $("serve-calib-status").textContent = `Prefill × ${c.prefill_time_scale.toFixed(3)}, decode × ${c.decode_time_scale.toFixed(3)}: `
+      + `median |error| of TTFT and TPOT ${pct(result.median_error_before)} before, ${pct(result.median_error_after)} after.`;
+    renderServeCalibration(result);
+  } catch (err) {
+    $("serve-calib-status").textContent = `Cannot fit: ${errorText(err)}`;
+    $("serve-calib-results").hidden = true;
+    $("serve-calib-use").hidden = true;
+  } finally {
+    $("serve-calib-run").disabled = false;
+  }
+}
+
+const pct = (e) => (e === null || e === undefined ? "–" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(1)}%`).replace("+-", "-");
+const timed = (v, e) => (v === null || v === undefined ? "unbounded" : e === undefined ? fmtTime(v) : `${fmtTime(v)} (${pct(e)})`);
+
+function renderServeCalibration(result) {
+  const rows = result.rows.map((r, i) => {
+    const t = r.traffic;
+    const load = t.concurrency !== null && t.concurrency !== undefined ? `${fmtInt(t.concurrency)} concurrent`
+      : t.request_rate !== null && t.request_rate !== undefined ? `${fmtCount(t.request_rate)} req/s` : `${fmtInt(t.requests)} at once`;
+    return el("tr", {},
+      el("td", {}, `${i + 1} (${r.tool})`), el("td", { className: "num" }, `${fmtInt(t.input_tokens)} / ${fmtInt(t.output_tokens)}`),
+      el("td", { className: "num" }, load),
+      el("td", { className: "num" }, timed(r.measured.ttft_s)),
+      el("td", { className: "num" }, timed(r.before.ttft_s, r.before.errors.ttft_s)),
+      el("td", { className: "num" }, timed(r.after.ttft_s, r.after.errors.ttft_s)),
+      el("td", { className: "num" }, timed(r.measured.tpot_s)),
+      el("td", { className: "num" }, timed(r.before.tpot_s, r.before.errors.tpot_s)),
+      el("td", { className: "num" }, timed(r.after.tpot_s, r.after.errors.tpot_s)));
+  });
+  $("serve-calib-table").querySelector("tbody").replaceChildren(...rows);
+  $("serve-calib-results").hidden = false;
+  $("serve-calib-use").hidden = false;
 }
 
 // the model and cluster served: the card's own choices, else the form's

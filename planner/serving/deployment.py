@@ -21,6 +21,7 @@ The queueing model (docs/serving.md states it in full):
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -42,7 +43,7 @@ from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price
 from ..rules.engine_step import dp_sync
 from ..workload import DTYPE_BYTES, WorkloadSpec
 from .engines import EngineTraits
-from .fused_allreduce import FusedAllReduce, fused_step
+from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
 
@@ -111,7 +112,7 @@ class _Worker:
     decode_par: ParallelSpec  # the layout of a decode step (DeepEP switches to its low-latency kernels there)
     overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
     dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
-    fusion: FusedAllReduce | None = None  # the engine's fused all-reduce + residual + norm (fused_allreduce.py)
+    allreduce: AllReducePolicy | None = None  # the engine's own TP all-reduce kernels (fused_allreduce.py)
 
 
 def plan_serving(
@@ -196,6 +197,7 @@ def with_redundant_experts(model: ModelSpec, redundant: int) -> ModelSpec:
 # ---- one worker ------------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1024)  # value keys (frozen specs): the SLA search plans a layout at three loads and in many splits
 def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: Pool, i: int) -> _Worker:
     where = f"deployment.pools.{i}"
     dispatch = pool.ep_dispatch or traits.ep_dispatch
@@ -236,7 +238,7 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
-                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce_fusion)  # fmt: skip
+                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce)  # fmt: skip
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -246,7 +248,8 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     _check_engine_options(model, traits, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
-    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (2 if options.two_batch_overlap else 1)
+    # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
+    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (3 if options.two_batch_overlap else 1)
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
@@ -280,8 +283,9 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
     plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
-    if w.fusion is not None:
-        plan = fused_step(plan, w.fusion, _context(model, options, phase, batch, context, par, w), w.cluster)
+    if w.allreduce is not None:
+        plan = engine_allreduce_step(plan, w.allreduce, _context(model, options, phase, batch, context, par, w),
+                                     w.cluster)  # fmt: skip
     sync = dp_sync(par, *w.dp_sync)
     if sync is None or plan.step is None:
         return plan
@@ -311,23 +315,30 @@ def _on_critical_path(step, rows: list[PricedCall]):
 
 def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch: int, context: int) -> Plan:
     """A step as the engine runs it: one pass, or with ``options.two_batch_overlap`` two micro-batches of half the
-    sequences each (at least one per attention rank), the MoE layers' stages interleaved as the engine's
-    operations strategy orders them and the EP exchange of one half behind the other's compute
-    (planner/serving/overlap.py: SGLang two_batch_overlap.py and operations_strategy.py; vLLM dual batch
-    overlap). The MoE layers' exchanges are the half step's, issued twice; memory is the whole batch's (both
-    halves are in flight)."""
+    tokens each, the MoE layers' stages interleaved as the engine's operations strategy orders them and the EP
+    exchange of one half behind the other's compute (planner/serving/overlap.py: SGLang two_batch_overlap.py and
+    operations_strategy.py; vLLM dual batch overlap), where the engine splits the step at all (its thresholds:
+    ``OverlapStrategy.splits``). The MoE layers' exchanges are the halves', one each; memory is the whole batch's
+    (both halves are in flight). A decode step of one sequence per rank is not split (a half would be empty)."""
     whole = _step(model, w, options, phase, batch, context)
     per_rank = batch // w.par.dp
     scale = options.prefill_time_scale if phase == "prefill" else options.decode_time_scale
-    if not options.two_batch_overlap or per_rank < 2 or whole.step is None or w.overlap is None:
+    if not options.two_batch_overlap or whole.step is None or w.overlap is None:
         return _calibrated(whole, scale)
-    half_batch = -(-per_rank // 2) * w.par.dp
-    half = _step(model, w, options, phase, half_batch, context)
     par = w.decode_par if phase == "decode" else w.par
     strategy = w.overlap[phase == "decode"]
+    tokens = per_rank * (context if phase == "prefill" else 1)
+    if not strategy.splits(tokens, par.ep_dispatch) or (phase == "decode" and per_rank < 2):
+        return _calibrated(whole, scale)
+    hi, lo = -(-per_rank // 2), per_rank // 2
+    # equal halves; else the larger and the smaller at 1/2 each; a single prompt: two chunks of half its tokens
+    sizes = ((hi, 1.0),) if hi == lo else ((hi, 0.5), (lo, 0.5)) if lo else ((hi, 0.5),)
+    halves = tuple((_step(model, w, options, phase, n * w.par.dp, context),
+                    _context(model, options, phase, n * w.par.dp, context, par, w), weight)
+                   for n, weight in sizes)  # fmt: skip
     step = overlapped_step(
-        whole, half, _context(model, options, phase, batch, context, par, w), _context(model, options, phase,
-        half_batch, context, par, w), w.cluster.gpu, strategy, par.ep_dispatch,
+        whole, halves, _context(model, options, phase, batch, context, par, w), w.cluster.gpu, strategy,
+        par.ep_dispatch,
     )  # fmt: skip
     return _calibrated(step, scale)
 
@@ -596,6 +607,21 @@ def _mtp_overhead(model: ModelSpec, options: ServeOptions) -> float:
 
 
 def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets) -> KVTransfer:
+    """A request's KV from a prefill worker to a decode worker (``_kv_transfer``), keyed by what it depends on: the
+    layouts, the KV dtype and the per-transfer overhead, not the load or the engine, so the SLA search prices each
+    split once for its three loads and its engines. The answer is shared: read it, never change it."""
+    p, d = p_w.par, d_w.par
+    return _kv_transfer(model, cluster, p_pool.workers, p_pool.worker_gpus, (p.tp, p.pp, p.dp), d_pool.workers,
+                        d_pool.worker_gpus, (d.tp, d.pp, d.dp), options.kv, options.transfer_overhead_s, isl,
+                        tuple(offsets))  # fmt: skip
+
+
+_Grid = namedtuple("_Grid", "tp pp dp")
+
+
+@lru_cache(maxsize=512)  # value keys (frozen specs and numbers)
+def _kv_transfer(model, cluster, p_workers, p_gpus, p_grid, d_workers, d_gpus, d_grid, kv, overhead_s, isl,
+                 offsets) -> KVTransfer:  # fmt: skip
     """A request's KV moves from the prefill worker's ranks that hold distinct parts of it to the decode
     worker's ranks that will hold them, all prefill workers sending at once, priced on the whole cluster's graph.
 
@@ -605,17 +631,17 @@ def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
     (cacheFormatter.cpp splitKVCacheDispatch): ``max`` of the two splits pairs, each an equal share. A request
     lives on one attention-DP rank; prefill worker w's requests go to decode worker w mod workers and to its
     attention rank w mod dp, so concurrent transfers spread as the engines' round-robin spreads them."""
-    kv_x = DTYPE_BYTES[options.kv]
+    p_par, d_par = _Grid(*p_grid), _Grid(*d_grid)
+    kv_x = DTYPE_BYTES[kv]
     whole = model.num_layers * model.kv_token_bytes(1, kv_x) * isl
-    p_par, d_par = p_w.par, d_w.par
     p_split, d_split = (1, 1) if model.mla else (min(p_par.tp, model.kv_heads), min(d_par.tp, model.kv_heads))
     n = max(p_split, d_split)
     message = -(-whole // (p_par.pp * n))
     pairs = []
-    for wk in range(p_pool.workers):
-        src0 = offsets[0] + wk * p_pool.worker_gpus + (wk % p_par.dp) * p_par.tp  # tp fastest, then dp, then pp
-        dst_worker = wk % d_pool.workers
-        dst0 = offsets[1] + dst_worker * d_pool.worker_gpus + (wk % d_par.dp) * d_par.tp
+    for wk in range(p_workers):
+        src0 = offsets[0] + wk * p_gpus + (wk % p_par.dp) * p_par.tp  # tp fastest, then dp, then pp
+        dst_worker = wk % d_workers
+        dst0 = offsets[1] + dst_worker * d_gpus + (wk % d_par.dp) * d_par.tp
         for s in range(p_par.pp):
             d_stage = s * d_par.pp // p_par.pp
             for i in range(n):
@@ -627,9 +653,9 @@ def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
     price = price_call(Op.SENDRECV, message, np.array(pairs, dtype=np.int64), whole_cluster, "auto", top_links=3)
     busiest = price.links[0] if price.links else None
     label = _describe(whole_cluster, busiest) if busiest else "none (same device)"
-    first = pairs[0][1] - (pairs[0][1] - offsets[1]) % d_pool.worker_gpus  # the decode worker prefill worker 0 feeds
-    devices = [*range(offsets[0], offsets[0] + p_pool.worker_gpus), *range(first, first + d_pool.worker_gpus)]
-    return KVTransfer(whole, senders, price.time_s + options.transfer_overhead_s, label, list(price.links), devices)
+    first = pairs[0][1] - (pairs[0][1] - offsets[1]) % d_gpus  # the decode worker prefill worker 0 feeds
+    devices = [*range(offsets[0], offsets[0] + p_gpus), *range(first, first + d_gpus)]
+    return KVTransfer(whole, senders, price.time_s + overhead_s, label, list(price.links), devices)
 
 
 def _describe(cluster, link: dict) -> str:

@@ -11,9 +11,16 @@ from dataclasses import dataclass
 
 from .._errors import SpecError
 from ..rules.engine_step import DP_SYNC_ROWS, TRTLLM_AR_FUSION, VLLM_DP_SYNC
-from .fused_allreduce import FusedAllReduce
+from .fused_allreduce import (
+    VLLM_CUSTOM_AR_MAX_WITH_SYMM,
+    VLLM_MULTIMEM_WORLD_SIZES,
+    VLLM_SYMM_MEM_MAX,
+    AllReducePolicy,
+    CustomAllReduce,
+    FusedAllReduce,
+)
 from .launch import CommandBuilder, sglang_command, trtllm_command, vllm_command
-from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, OverlapStrategy
+from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, VLLM_DBO_PREFILL, OverlapStrategy
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,9 @@ class EngineTraits:
     # on the critical path (rules/engine_step.py dp_sync), and its source; 0: none
     dp_sync_rows: int = 0
     dp_sync_source: str = ""
-    # the op that replaces the all-reduce ending each attention and MLP block, its kernel choice and the kernels it
-    # absorbs (fused_allreduce.py); None: a plain all-reduce
-    tp_allreduce_fusion: FusedAllReduce | None = None
+    # the engine's own TP all-reduce: which kernel it runs for which all-reduce (its custom one-shot / two-shot,
+    # symmetric memory, or NCCL) and the layer kernels a fused one absorbs (fused_allreduce.py); None: NCCL's
+    tp_allreduce: AllReducePolicy | None = None
     # True: ``memory_fraction`` is the share of the memory left free after the weights and a profiling step's
     # peak that goes to the KV cache (TensorRT-LLM); False: the share of the whole GPU the engine may fill with
     # weights, activations and KV together (vLLM gpu_memory_utilization, SGLang mem_fraction_static)
@@ -79,10 +86,21 @@ VLLM = register(
         sources=("vllm/engine/arg_utils.py", "vllm/config/cache.py", "docs.vllm.ai expert_parallel_deployment"),
         # vllm/config/parallel.py: enable_dbo (dual batch overlap, off), EPLBConfig.num_redundant_experts (0)
         two_batch_overlap_flag="--enable-dbo",
-        two_batch_overlap=(VLLM_DBO, VLLM_DBO),
+        two_batch_overlap=(VLLM_DBO_PREFILL, VLLM_DBO),
         redundant_experts_flag="--eplb-config",
         dp_sync_rows=DP_SYNC_ROWS,
         dp_sync_source=VLLM_DP_SYNC,
+        # --disable-custom-all-reduce False; VLLM_ALLREDUCE_USE_SYMM_MEM 1 (vllm/envs.py)
+        tp_allreduce=CustomAllReduce(
+            "vllm 00d618aab604 vllm/distributed/device_communicators/custom_all_reduce.py CustomAllreduce "
+            "(csrc/custom_all_reduce.cuh cross_device_reduce_1stage / 2stage)",
+            "vllm",
+            custom_max_with_symm=VLLM_CUSTOM_AR_MAX_WITH_SYMM,
+            symm_mem_max=VLLM_SYMM_MEM_MAX,
+            multimem_world_sizes=VLLM_MULTIMEM_WORLD_SIZES,
+            symm_source="vllm 00859a52088e vllm/distributed/device_communicators/symm_mem.py SymmMemCommunicator "
+            "(torch symm_mem multimem_all_reduce_ / two_shot_all_reduce_)",
+        ),
         launch=vllm_command,  # `vllm serve` (vLLM 0.14)
     )
 )
@@ -108,6 +126,12 @@ SGLANG = register(
         two_batch_overlap_flag="--enable-two-batch-overlap",
         two_batch_overlap=(SGLANG_PREFILL, SGLANG_DECODE),
         redundant_experts_flag="--ep-num-redundant-experts",
+        # --disable-custom-all-reduce False; --enable-torch-symm-mem, --enable-mscclpp False (server_args.py)
+        tp_allreduce=CustomAllReduce(
+            "sglang 004e6561cb8a python/sglang/srt/distributed/device_communicators/custom_all_reduce.py "
+            "CustomAllreduce (sgl-kernel/csrc/allreduce/custom_all_reduce.cuh 1stage / 2stage)",
+            "sglang",
+        ),
         launch=sglang_command,  # python3 -m sglang.launch_server (SGLang 0.5)
     )
 )
@@ -132,7 +156,7 @@ TRTLLM = register(
         deepep_low_latency_decode=True,
         # _torch/modules/fused_moe/moe_load_balancer.py: num_slots = experts + redundant (extra_llm_api_options)
         redundant_experts_flag="moe_config.load_balancer.num_slots",
-        tp_allreduce_fusion=FusedAllReduce(TRTLLM_AR_FUSION),
+        tp_allreduce=FusedAllReduce(TRTLLM_AR_FUSION),
         memory_fraction_of_free=True,
         launch=trtllm_command,  # trtllm-serve --backend pytorch (TensorRT-LLM 1.2)
     )

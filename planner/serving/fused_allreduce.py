@@ -1,5 +1,11 @@
-"""TensorRT-LLM's fused all-reduce + residual add + RMSNorm, priced as its kernels and with the kernels it absorbs
-taken out of the layer's compute (issue 22; docs/serving.md, "TensorRT-LLM's fused all-reduce").
+"""The serving engines' own tensor-parallel all-reduces, priced as the kernels the engines pick (issue 22;
+docs/serving.md, "The engines' all-reduce kernels"). One home for the three engines, each a policy object that is
+an engine trait (engines.py ``tp_allreduce``): TensorRT-LLM's fused all-reduce + residual add + RMSNorm
+(``FusedAllReduce``, with the kernels it absorbs taken out of the layer's compute) and vLLM's and SGLang's custom
+all-reduce with vLLM's torch symmetric-memory path (``CustomAllReduce``). The kernels move their bytes as below and
+are priced on the cluster graph by the same function (``_price``).
+
+TensorRT-LLM:
 
 What TensorRT-LLM runs for the all-reduce that ends an attention or MLP block (``AllReduceFusionOp::
 RESIDUAL_RMS_NORM``, strategy ``AUTO``), read at the versions named:
@@ -18,20 +24,57 @@ RESIDUAL_RMS_NORM``, strategy ``AUTO``), read at the versions named:
   NCCL and NCCL_SYMMETRIC run ``ncclAllReduce`` and then ``fallbackRunSubsequentOps`` (the residual add and the
   norm as their own kernels): the row stays NCCL's price and the layer keeps its kernels.
 
-How the two kernels move bytes over NVLink, priced on the cluster graph by the schedule pricer
-(collectives "direct" schedules, the same links, capacities and constants as every other call):
+vLLM (``CudaCommunicator.all_reduce``, vllm/distributed/device_communicators/cuda_communicator.py at 089eca13b071;
+custom_all_reduce.py and all_reduce_utils.py at 00d618aab604; symm_mem.py at 00859a52088e; envs.py
+``VLLM_ALLREDUCE_USE_SYMM_MEM`` default 1) tries, for every all-reduce of the TP group (only a group named "tp" gets
+the custom all-reduce):
 
-- one-shot (Lamport): every rank writes its whole block output (M bytes) into every peer's buffer and reduces
-  the tp copies locally: (tp - 1) x M bytes out of each rank in one step, the wire traffic of a one-step
-  all-gather of tp x M bytes;
+1. the custom all-reduce (``CustomAllreduce.should_custom_ar``): enabled for world sizes 2, 4, 6, 8 inside one node
+   (``in_the_same_node_as``), fully NVLink-connected above 2 GPUs; a message of a multiple of 16 bytes under
+   ``max_size``: 8 MiB (``8192 * 1024``), or, where the symmetric-memory communicator is up, the smaller of that and
+   ``CUSTOM_ALL_REDUCE_MAX_SIZES[capability][tp]`` (SM 9.0: 64 MiB, 32 MiB, 512 KiB, 256 KiB for tp 2, 4, 6, 8;
+   SM 10.0: 2, 2, 1, 1 MiB). The kernel (csrc/custom_all_reduce.cuh ``allreduce``): ``cross_device_reduce_1stage``
+   (one-shot) at tp 2, and at tp <= 4 under 512 KiB or tp <= 8 under 256 KiB; ``cross_device_reduce_2stage``
+   (two-shot) otherwise;
+2. torch symmetric memory (``SymmMemCommunicator.should_use_symm_mem``): bf16, a multiple of 4 bytes, at most
+   ``SYMM_MEM_ALL_REDUCE_MAX_SIZES[capability][tp]`` (SM 9.0: 64, 32, 64, 64 MiB; SM 10.0: 8, 32, 128, 128 MiB);
+   up only where the GPUs have NVLink multicast (``handle.multicast_ptr``: NVSwitch NVLS; the cluster's
+   ``in_network_reduction``) and the capability has a table. ``multimem_all_reduce_`` (the switch reduces and
+   multicasts, NVLS) at the ``_WORLD_SIZES_MULTIMEM`` (SM 9.0: 4, 6, 8; SM 10.0: 6, 8), ``two_shot_all_reduce_``
+   otherwise;
+3. pynccl: NCCL's price, the row as the plan has it.
+
+SGLang (``GroupCoordinator.all_reduce`` / ``_resolve_outplace_all_reduce_method``,
+python/sglang/srt/distributed/parallel_state.py at 0005973a84f7; custom_all_reduce.py at 004e6561cb8a): the custom
+all-reduce first, under the same rules with ``_MAX_CAR_SIZE`` 8 MiB on CUDA and no symmetric-memory cap, the same
+kernel choice (sgl-kernel/csrc/allreduce/custom_all_reduce.cuh at 0bb5d5e9fdb0); torch symmetric memory, mscclpp
+and the FlashInfer fusion are off by default (``--enable-torch-symm-mem``, ``--enable-mscclpp``,
+``--enable-flashinfer-allreduce-fusion``), so NCCL otherwise. Neither engine fuses the residual add and norm into
+these kernels on NVIDIA GPUs by default: the layer keeps its kernels.
+
+How the kernels move bytes, priced on the cluster graph by the schedule pricer (collectives "direct" and
+"in_network" schedules, the same links, capacities and constants as every other call):
+
+- one-shot (TensorRT-LLM's Lamport kernel; vLLM's 1-stage kernel, which reads every peer's buffer instead of
+  writing into it: the same bytes cross the same links): every rank's whole block output (M bytes) reaches every
+  peer, each reduces the tp copies locally: (tp - 1) x M bytes out of each rank in one step, the wire traffic of
+  a one-step all-gather of tp x M bytes;
 - two-shot: reduce-scatter then all-gather over all peers at once: 2 (tp - 1) / tp x M bytes in two steps
-  (collectives' "direct" all-reduce).
+  (collectives' "direct" all-reduce);
+- multimem (NVLS): each rank's M up to the switch, which reduces and multicasts M back (collectives'
+  "in_network" all-reduce).
+
+Eager prefill copies the input into the registered buffer first (vLLM: "<= 1% of overall latency"): not charged.
+Multimem pays the in-network schedule's bandwidth (NVLS's 0.60 port efficiency) but one kernel launch's set-up (the
+schedule pricer's 6.8 us, as the custom kernels), not NCCL's 20 us NVLS multicast set-up: torch registers its
+symmetric buffer once. An assumption: no published torch symm-mem latency was at hand.
 
 Latency: the schedule pricer's own constants (collectives/topology/calibration.py: NCCL's baseLat for one kernel
 launch and set-up, 6.8 us, plus 1.8 us per step and the NVLink path latency); no TensorRT-LLM kernel measurement
 was at hand to set them apart. Not modelled: the MNNVL strategy (multi-node NVLink, picked only when asked for),
 and the fused add + norm kernel ``fallbackRunSubsequentOps`` may use after NCCL (charged as the planner's two
-kernels).
+kernels); vLLM's custom all-reduce over two PCIe GPUs (P2P without NVLink: NCCL here); vLLM's NCCL symmetric-memory
+path (``VLLM_USE_NCCL_SYMM_MEM``, off by default); ROCm's quick all-reduce.
 """
 
 from __future__ import annotations
@@ -41,6 +84,7 @@ from dataclasses import dataclass, replace
 
 from collectives import Op
 from collectives.topology import ClusterSpec
+from collectives.topology.calibration import DEFAULT as SCHEDULE_CONSTANTS
 
 from ..context import Context
 from ..kernels import layer_kernels
@@ -51,6 +95,9 @@ from ..rules.engine_step import BLOCK_OUTPUTS, fused
 from ..workload import DTYPE_BYTES
 
 ONESHOT, TWOSHOT, NCCL = "oneshot", "twoshot", "nccl"
+# torch symm_mem multimem_all_reduce_ (the NVSwitch reduces and multicasts, NVLS) and two_shot_all_reduce_
+MULTIMEM, SYMM_TWOSHOT = "multimem", "symm_twoshot"
+KiB, MiB = 1024, 1024 * 1024
 # AllReduceFusionOp: the all-reduce + residual + RMSNorm, and the same with the norm's output quantized to fp8 (what
 # TensorRT-LLM's Llama runs when its linears are per-tensor FP8: modeling_llama.py post/pre_mlp_fusion_op)
 NORM, NORM_QUANT_FP8 = "RESIDUAL_RMS_NORM", "RESIDUAL_RMS_NORM_QUANT_FP8"
@@ -104,7 +151,7 @@ def workspace_bytes(tp: int) -> int:
 class FusedAllReduce:
     """An engine's all-reduce of a block's output fused with the residual add and the next norm: how it chooses
     its kernel (``strategy``) and which of the layer's kernels the fused kernel absorbs (by the names
-    planner/kernels.py gives them). An engine trait (engines.py ``tp_allreduce_fusion``)."""
+    planner/kernels.py gives them). An engine trait (engines.py ``tp_allreduce``)."""
 
     source: str
     # per fused block output: the residual add, and the norm that follows it (the attention block's output feeds
@@ -114,6 +161,10 @@ class FusedAllReduce:
     # the model's blocks fuse only above this hidden size (modeling_llama.py LlamaDecoderLayer: enable_fusion &=
     # hidden_size > 4096, "Disable fusion for small models due to accuracy issues"; read in two stored versions)
     min_hidden: int = 4097
+    label: str = "trtllm"  # the priced rows' algorithm prefix
+
+    def algorithm(self, kind: str) -> str:
+        return f"{self.label}_{kind}"
 
     def strategy(
         self, tokens: int, hidden: int, tp: int, nbytes: int, sm: int, nvlink_peers: bool, op: str = NORM
@@ -128,6 +179,103 @@ class FusedAllReduce:
             return NCCL  # NCCL_SYMMETRIC: ncclAllReduce, then the fallback kernels
         return _CODES[rows[h][t]]
 
+    def choose(self, ctx: Context, call: Call, cluster: ClusterSpec) -> str:
+        """The kernel TensorRT-LLM runs for ``call``; "" where the call is not one it fuses."""
+        par = ctx.par
+        if call.parallelism != "tp" or call.op != Op.ALLREDUCE or _block(call) not in BLOCK_OUTPUTS or par.tp < 2:
+            return ""
+        itemsize = DTYPE_BYTES.get(call.dtype, 2)
+        hidden = ctx.model.hidden_size
+        if hidden < self.min_hidden:
+            return ""  # no fusion: the model's plain all-reduce, then its add and norm
+        tokens = call.message_bytes // (hidden * itemsize)
+        sm = cluster.gpu.sm if cluster.gpu is not None else 0  # 0: not an NVIDIA GPU; the SM 90 table
+        # per-tensor FP8 linears take the norm's output in fp8 (ModelOpt FP8: is_fp8_quant); block-scaled FP8 does not
+        work = ctx.work
+        op = NORM_QUANT_FP8 if work.param_dtype == "fp8" and work.fp8_recipe in ("tensorwise", "delayed") else NORM
+        return self.strategy(tokens, hidden, par.tp, call.message_bytes, sm, nvlink_peers(par, cluster), op)
+
+    def relabel(self, call: Call, kind: str) -> Call:
+        return fused(call, f"{self.source}; strategy {kind.upper()}")
+
+
+def _capability(sm: int) -> str:
+    """vLLM's device-capability key ("9.0", "10.0") of the planner's SM number (compute capability x 10)."""
+    return f"{sm // 10}.{sm % 10}"
+
+
+def _table(rows) -> dict[str, dict[int, int]]:
+    return {cap: dict(sizes) for cap, sizes in rows}
+
+
+# vllm/distributed/device_communicators/all_reduce_utils.py at 00d618aab604, as (capability, ((tp, bytes), ...)):
+# the custom all-reduce's cap where the symmetric-memory communicator is up, and that communicator's own cap
+VLLM_CUSTOM_AR_MAX_WITH_SYMM = (
+    ("9.0", ((2, 64 * MiB), (4, 32 * MiB), (6, MiB // 2), (8, MiB // 4))),
+    ("10.0", ((2, 2 * MiB), (4, 2 * MiB), (6, 1 * MiB), (8, 1 * MiB))),
+    ("10.3", ((2, 4 * MiB), (4, 4 * MiB), (6, 8 * MiB), (8, 4 * MiB))),
+)
+VLLM_SYMM_MEM_MAX = (
+    ("9.0", ((2, 64 * MiB), (4, 32 * MiB), (6, 64 * MiB), (8, 64 * MiB))),
+    ("10.0", ((2, 8 * MiB), (4, 32 * MiB), (6, 128 * MiB), (8, 128 * MiB))),
+    ("10.3", ((2, 4 * MiB), (4, 32 * MiB), (6, 32 * MiB), (8, 64 * MiB))),
+)
+# symm_mem.py at 00859a52088e SymmMemCommunicator._WORLD_SIZES_MULTIMEM
+VLLM_MULTIMEM_WORLD_SIZES = (("9.0", (4, 6, 8)), ("10.0", (6, 8)), ("10.3", (6, 8)))
+
+
+@dataclass(frozen=True)
+class CustomAllReduce:
+    """vLLM's and SGLang's own all-reduce for the TP group (module docstring): the custom one-shot / two-shot kernel
+    under a size cap, then (vLLM) torch symmetric memory, then NCCL. Every TP all-reduce takes it, not only the
+    block outputs; no kernel of the layer is absorbed. An engine trait (engines.py ``tp_allreduce``)."""
+
+    source: str
+    label: str  # the priced rows' algorithm prefix ("vllm", "sglang")
+    max_bytes: int = 8192 * 1024  # CustomAllreduce max_size (vLLM) / _MAX_CAR_SIZE (SGLang on CUDA)
+    world_sizes: tuple[int, ...] = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
+    # where torch symmetric memory is on by default (vLLM): the custom all-reduce's cap then, the symmetric
+    # memory's own cap and the world sizes it runs multimem at, per capability (tuples: the trait is hashed)
+    custom_max_with_symm: tuple = ()
+    symm_mem_max: tuple = ()
+    multimem_world_sizes: tuple = ()
+    symm_source: str = ""
+    absorbed: tuple[tuple[str, str], ...] = ()
+
+    def strategy(self, nbytes: int, tp: int, sm: int, peers: bool, multicast: bool, dtype: str = "bf16") -> str:
+        """The kernel for an all-reduce of ``nbytes`` over ``tp`` GPUs of capability ``sm`` (x 10): ``peers``
+        whether they are one node's fully NVLink-connected GPUs, ``multicast`` whether that NVLink has multicast."""
+        cap = _capability(sm)
+        symm = _table(self.symm_mem_max).get(cap, {})
+        symm_up = multicast and peers and tp in symm  # SymmMemCommunicator: a table entry and multicast_ptr
+        max_size = self.max_bytes
+        if symm_up and tp in _table(self.custom_max_with_symm).get(cap, {}):
+            max_size = min(_table(self.custom_max_with_symm)[cap][tp], max_size)
+        if peers and tp in self.world_sizes and nbytes % 16 == 0 and nbytes < max_size:
+            one = tp == 2 or (tp <= 4 and nbytes < 512 * KiB) or (tp <= 8 and nbytes < 256 * KiB)
+            return ONESHOT if one else TWOSHOT
+        if symm_up and dtype == "bf16" and nbytes % 4 == 0 and nbytes <= symm[tp]:
+            return MULTIMEM if tp in dict(self.multimem_world_sizes).get(cap, ()) else SYMM_TWOSHOT
+        return NCCL
+
+    def choose(self, ctx: Context, call: Call, cluster: ClusterSpec) -> str:
+        """The kernel the engine runs for ``call``; "" where the call is not a TP all-reduce."""
+        par = ctx.par
+        if call.parallelism != "tp" or call.op != Op.ALLREDUCE or par.tp < 2 or cluster.gpu is None:
+            return ""
+        peers = nvlink_peers(par, cluster) and (par.tp == 2 or cluster.intra.fabric in ("switch", "full_mesh"))
+        multicast = cluster.intra.in_network_reduction and cluster.intra.fabric == "switch"
+        return self.strategy(call.message_bytes, par.tp, cluster.gpu.sm, peers, multicast, call.dtype)
+
+    def algorithm(self, kind: str) -> str:
+        if kind in (MULTIMEM, SYMM_TWOSHOT):
+            return f"{self.label}_symm_mem_{kind.removeprefix('symm_')}"
+        return f"{self.label}_custom_{kind}"
+
+    def relabel(self, call: Call, kind: str) -> Call:
+        where = self.symm_source if kind in (MULTIMEM, SYMM_TWOSHOT) else self.source
+        return replace(call, source=f"{where}; {kind.upper()}")
+
 
 def nvlink_peers(par: ParallelSpec, cluster: ClusterSpec) -> bool:
     """Whether every TP group of the worker lies in one NVLink domain (a node of the cluster; TP is the innermost
@@ -141,66 +289,61 @@ def _block(call: Call) -> str:
     return call.name.removeprefix("tp.").removeprefix("mtp.")
 
 
-def _kernel(fusion: FusedAllReduce, ctx: Context, row: PricedCall, cluster: ClusterSpec) -> str:
-    call, par = row.call, ctx.par
-    if call.parallelism != "tp" or call.op != Op.ALLREDUCE or _block(call) not in BLOCK_OUTPUTS or par.tp < 2:
-        return ""
-    itemsize = DTYPE_BYTES.get(call.dtype, 2)
-    hidden = ctx.model.hidden_size
-    if hidden < fusion.min_hidden:
-        return ""  # no fusion: the model's plain all-reduce, then its add and norm
-    tokens = call.message_bytes // (hidden * itemsize)
-    sm = cluster.gpu.sm if cluster.gpu is not None else 0  # 0: not an NVIDIA GPU; the SM 90 table
-    # per-tensor FP8 linears take the norm's output in fp8 (ModelOpt FP8: is_fp8_quant); block-scaled FP8 does not
-    work = ctx.work
-    op = NORM_QUANT_FP8 if work.param_dtype == "fp8" and work.fp8_recipe in ("tensorwise", "delayed") else NORM
-    return fusion.strategy(tokens, hidden, par.tp, call.message_bytes, sm, nvlink_peers(par, cluster), op)
-
-
-def _price(row: PricedCall, kind: str, par: ParallelSpec, cluster: ClusterSpec) -> PricedCall:
-    """The row priced as the kernel ``kind`` on the same groups (collectives' direct schedules)."""
+def _price(row: PricedCall, kind: str, algorithm: str, par: ParallelSpec, cluster: ClusterSpec) -> PricedCall:
+    """The row priced as the kernel ``kind`` on the same groups (collectives' direct and in-network schedules)."""
     call, tp, m = row.call, par.tp, row.call.message_bytes
     wire = replace(call, op=Op.ALLGATHER, message_bytes=tp * m) if kind == ONESHOT else call
+    schedule = "in_network" if kind == MULTIMEM else "direct"
     # the row's stages are one class of placements already (plan._price_by_stage): one row back
-    priced = price_calls([wire], par, cluster, Options(algorithm="direct", pricing="schedule"))
+    priced = price_calls([wire], par, cluster, Options(algorithm=schedule, pricing="schedule"))
     p = priced[0].price
+    if kind == MULTIMEM:
+        # the in-network schedule's set-up latency is NCCL's NVLS floor (multicast set-up per call); torch's multimem
+        # kernel runs on a buffer registered once, so it pays one kernel's launch like the custom kernels
+        p = replace(p, time_s=p.time_s - SCHEDULE_CONSTANTS.base_latency("in_network")
+                    + SCHEDULE_CONSTANTS.base_latency("direct"))  # fmt: skip
     algbw = m / p.time_s / 1e9 if p.time_s else 0.0
-    price = replace(p, algorithm=f"trtllm_{kind}", algbw_GBps=algbw, busbw_GBps=algbw * 2 * (tp - 1) / tp)
+    price = replace(p, algorithm=algorithm, algbw_GBps=algbw, busbw_GBps=algbw * 2 * (tp - 1) / tp)
     return replace(row, price=price, links=priced[0].links)
 
 
-def fused_step(plan: Plan, fusion: FusedAllReduce, ctx: Context, cluster: ClusterSpec) -> Plan:
-    """``plan`` (one prefill pass or decode step) as the engine runs its block all-reduces: every row that ends a
-    block carries the engine's op as its source; where the engine picks its one-shot or two-shot kernel the row
-    is priced as that kernel and the residual add and norm it absorbs leave the stage's compute (their times are
-    planner/kernels.py's own kernels of the layer); where it picks NCCL the row and the kernels stay."""
+AllReducePolicy = FusedAllReduce | CustomAllReduce
+
+
+def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, cluster: ClusterSpec) -> Plan:
+    """``plan`` (one prefill pass or decode step) with its TP all-reduces as the engine runs them: every row the
+    policy takes carries the engine's op as its source; where the engine picks one of its own kernels the row is
+    priced as that kernel and, for a fused kernel, the residual add and norm it absorbs leave the stage's compute
+    (their times are planner/kernels.py's own kernels of the layer); where it picks NCCL the row and the kernels
+    stay."""
     rows, stages = [], list(plan.step.stages) if plan.step else []
     comm = [0.0] * len(stages)
     absorbed = [0.0] * len(stages)
-    norms = dict(fusion.absorbed)
+    norms = dict(policy.absorbed)
     kernels: dict[str, float] = {}
     last_norm = -1  # the last stage whose MLP output is fused: its last layer's fusion applies the final norm
     for row in plan.calls:
-        kind = _kernel(fusion, ctx, row, cluster)
+        kind = policy.choose(ctx, row.call, cluster)
         if not kind:
             rows.append(row)
             continue
-        call = fused(row.call, f"{fusion.source}; strategy {kind.upper()}")
+        call = policy.relabel(row.call, kind)
         if kind == NCCL:
             rows.append(replace(row, call=call))
             continue
-        new = _price(replace(row, call=call), kind, ctx.par, cluster)
+        new = _price(replace(row, call=call), kind, policy.algorithm(kind), ctx.par, cluster)
         rows.append(new)
         if not stages:  # no step to change (a cluster without a GPU spec): the rows alone
             continue
-        if not kernels:
+        norm = norms.get(_block(call))
+        if norm and not kernels:
             kernels = {k.name: k.time_s for k in layer_kernels(ctx, False, cluster.gpu).forward}
-        saved = kernels.get("residual_add", 0.0) + kernels.get(norms[_block(call)], 0.0)
+        saved = kernels.get("residual_add", 0.0) + kernels.get(norm, 0.0) if norm else 0.0
         for s in call.stages:
             if s < len(stages):
                 comm[s] += call.calls_per_iteration * (new.price.time_s - row.price.time_s)
                 absorbed[s] += call.calls_per_iteration * saved
-                if norms[_block(call)] == "input_norm":
+                if norm == "input_norm":
                     last_norm = max(last_norm, s)
     if plan.step is None or not (any(comm) or any(absorbed)):
         return replace(plan, calls=rows)
@@ -228,4 +371,17 @@ def _shifted(step, comm: list[float], absorbed: list[float]):
                    tokens_per_s=step.tokens_per_s * keep)  # fmt: skip
 
 
-__all__ = ["NCCL", "ONESHOT", "TABLE", "TWOSHOT", "FusedAllReduce", "fused_step", "nvlink_peers", "workspace_bytes"]
+__all__ = [
+    "MULTIMEM",
+    "NCCL",
+    "ONESHOT",
+    "SYMM_TWOSHOT",
+    "TABLE",
+    "TWOSHOT",
+    "AllReducePolicy",
+    "CustomAllReduce",
+    "FusedAllReduce",
+    "engine_allreduce_step",
+    "nvlink_peers",
+    "workspace_bytes",
+]

@@ -44,20 +44,36 @@ EXCHANGES = ("dispatch", "combine")
 @dataclass(frozen=True)
 class OverlapStrategy:
     """One MoE layer's operations as the engine stages them (a stage ends at a yield), and how many stages the
-    first half runs ahead of the second."""
+    first half runs ahead of the second; when the engine splits a step at all (``min_tokens``, ``skip_dispatch``)."""
 
     stages: tuple[tuple[str, ...], ...]
     delta_stages: int
     source: str
+    # the step splits only with at least this many tokens on the attention rank (vLLM's DBO thresholds); 0: always
+    min_tokens: int = 0
+    # EP dispatchers under which the engine does not split this phase (SGLang: no TBO for extend batches in DeepEP's
+    # low-latency mode)
+    skip_dispatch: tuple[str, ...] = ()
+    threshold_source: str = ""
+
+    def splits(self, tokens: int, dispatch: str) -> bool:
+        """Whether the engine runs a step of ``tokens`` tokens per attention rank as two micro-batches."""
+        return tokens >= max(1, self.min_tokens) and dispatch not in self.skip_dispatch
 
 
 SGLANG_SOURCE = "sglang 0e02cef94b0e python/sglang/srt/batch_overlap/operations_strategy.py "
-# _compute_moe_deepseek_blog_prefill: tbo_delta_stages 0; yields after dispatch_a and after combine_a
+# _compute_moe_deepseek_blog_prefill: tbo_delta_stages 0; yields after dispatch_a and after combine_a. SGLang splits
+# every batch it can (two_batch_overlap.py at 0099dee6aa65: "TODO: may smartly disable TBO when batch size is too
+# small"): no size threshold; an extend batch is not split in DeepEP's low-latency mode (TboDPAttentionPreparer
+# local_can_run_tbo)
+SGLANG_TBO = "sglang 0099dee6aa65 python/sglang/srt/batch_overlap/two_batch_overlap.py "
 SGLANG_PREFILL = OverlapStrategy(
     (("attn_prepare", "attn_core", "gate", "dispatch_a"), ("dispatch_b", "experts", "combine_a"),
      ("shared", "combine_b", "output")),
     0,
     SGLANG_SOURCE + "_compute_moe_deepseek_blog_prefill",
+    skip_dispatch=("deepep_ll",),
+    threshold_source=SGLANG_TBO + "TboDPAttentionPreparer.prepare_all_gather (no TBO for extend in low_latency)",
 )  # fmt: skip
 # _compute_moe_deepseek_blog_decode: tbo_delta_stages 2; six stages per layer
 SGLANG_DECODE = OverlapStrategy(
@@ -65,17 +81,28 @@ SGLANG_DECODE = OverlapStrategy(
      ("combine_b",), ("output",)),
     2,
     SGLANG_SOURCE + "_compute_moe_deepseek_blog_decode",
+    threshold_source=SGLANG_TBO + "compute_split_seq_index (decode: bs // 2, no threshold)",
 )  # fmt: skip
 # vLLM's dual batch overlap: the two ubatch threads switch at dbo_yield, which the modular kernel calls after
 # launching the dispatch (_prepare) and after launching the combine (_finalize, the shared experts run after that
 # launch); the recv hooks wait for the exchanges (vllm/v1/worker/ubatching.py)
-VLLM_DBO = OverlapStrategy(
-    (("attn_prepare", "attn_core", "gate", "dispatch_a"), ("dispatch_b", "experts", "combine_a", "shared"),
-     ("combine_b", "output")),
-    0,
-    "vllm 49a3522164d9 vllm/model_executor/layers/fused_moe/modular_kernel.py _prepare (prepare_async, "
-    "dbo_register_recv_hook, dbo_yield) and _finalize (finalize_async, shared experts, dbo_yield)",
+_VLLM_DBO_STAGES = (
+    ("attn_prepare", "attn_core", "gate", "dispatch_a"), ("dispatch_b", "experts", "combine_a", "shared"),
+    ("combine_b", "output"),
 )  # fmt: skip
+_VLLM_DBO_SOURCE = (
+    "vllm 49a3522164d9 vllm/model_executor/layers/fused_moe/modular_kernel.py _prepare (prepare_async, "
+    "dbo_register_recv_hook, dbo_yield) and _finalize (finalize_async, shared experts, dbo_yield)"
+)
+# vllm/v1/worker/ubatch_utils.py check_ubatch_thresholds: a uniform-decode batch splits at num_tokens >=
+# dbo_decode_token_threshold, any batch with a prefill at num_tokens >= dbo_prefill_token_threshold (vllm/config/
+# parallel.py: 32 and 512); the DP ranks agree first (coordinate_batch_across_dp): with equal batches, all or none
+_VLLM_THRESHOLDS = (
+    "vllm/v1/worker/ubatch_utils.py check_ubatch_thresholds; vllm/config/parallel.py dbo_*_token_threshold"
+)
+VLLM_DBO_PREFILL = OverlapStrategy(_VLLM_DBO_STAGES, 0, _VLLM_DBO_SOURCE, min_tokens=512,
+                                   threshold_source=_VLLM_THRESHOLDS)  # fmt: skip
+VLLM_DBO = OverlapStrategy(_VLLM_DBO_STAGES, 0, _VLLM_DBO_SOURCE, min_tokens=32, threshold_source=_VLLM_THRESHOLDS)
 
 # the SMs an EP dispatcher's kernels hold while they run: DeepEP's normal (high-throughput) kernels launch
 # Buffer.num_sms = 20 SMs (deep_ep/buffer.py at 04b06f7a; SGLang's DeepEPConfig.num_sms without --deepep-config);
@@ -173,14 +200,27 @@ def simulate(strategy: OverlapStrategy, layers: int, compute: dict[str, float], 
 
 
 def overlapped_step(
-    whole: Plan, half: Plan, ctx_whole: Context, ctx_half: Context, gpu, strategy: OverlapStrategy, dispatch: str
+    whole: Plan,
+    halves: tuple[tuple[Plan, Context, float], ...],
+    ctx_whole: Context,
+    gpu,
+    strategy: OverlapStrategy,
+    dispatch: str,
 ) -> Plan:
-    """``whole`` (the step on the whole batch) with its MoE layers run as two halves of ``half``'s size under
-    ``strategy``: the step time, its compute and exposed communication, and each stage's EP stream."""
+    """``whole`` (the step on the whole batch) with its MoE layers run as two micro-batches under ``strategy``: the
+    step time, its compute and exposed communication, and each stage's EP stream. ``halves`` are the micro-batches'
+    steps as (plan, context, weight) whose weighted sum is one mean half, which the simulation runs twice: one entry
+    of weight 1 where the halves are equal; the larger and the smaller at 1/2 each where the sequences do not split
+    evenly; one whole prompt at 1/2 where a single prompt is cut into two chunks of half its tokens (the engines split
+    prefill by tokens: vLLM ubatch_utils.py at the token midpoint, SGLang's two-chunk split)."""
     comm_sms = COMM_SMS.get(dispatch, 0)
-    ops = op_times(ctx_half, gpu, comm_sms)
+    ops = dict.fromkeys(COMPUTE_OPS, 0.0)
+    layer_half = PassTime()
+    for _, ctx, weight in halves:
+        for op, t in op_times(ctx, gpu, comm_sms).items():
+            ops[op] += weight * t
+        layer_half = layer_half + pass_time(layer_kernels(ctx, True, gpu).forward).scaled(weight)
     layer_whole = layer_forward(ctx_whole, True, gpu)[0]
-    layer_half = pass_time(layer_kernels(ctx_half, True, gpu).forward)
     taxed = sum(ops.values()) - layer_half.total_s  # the GEMMs' extra seconds on fewer SMs, one half one layer
     stages, total, compute = [], 0.0, 0.0
     p2p = whole.step.time_s - sum(st.forward_s for st in whole.step.stages)
@@ -192,7 +232,11 @@ def overlapped_step(
             compute += st.compute.forward.total_s
             continue
         ep_whole = st.exposed_by_stream.get(("ep", "forward"), 0.0)
-        sim = simulate(strategy, moe, ops, exchange_times(half.calls, st.stage))
+        exchange = dict.fromkeys(EXCHANGES, 0.0)
+        for plan, _, weight in halves:
+            for side, t in exchange_times(plan.calls, st.stage).items():
+                exchange[side] += weight * t
+        sim = simulate(strategy, moe, ops, exchange)
         forward = st.compute.forward + layer_half.scaled(2 * moe) + layer_whole.scaled(-moe)
         forward = forward + PassTime(gemm_s=2 * moe * taxed)
         exposed_ep = max(0.0, sim - 2 * moe * sum(ops.values()))
@@ -211,13 +255,24 @@ def overlapped_step(
         step.tokens_per_s * step.time_s / time_s, max(range(len(stages)), key=lambda s: stages[s].forward_s), stages,
         step.timeline,
     )  # fmt: skip
-    # the MoE layers' exchanges run once per half; every other call runs once on the whole batch
+    # the MoE layers' exchanges run once per half (a half of weight 1 stands for both; a prompt cut into two chunks
+    # is listed as one call of both chunks' bytes); every other call runs once on the whole batch
     calls = [pc for pc in whole.calls if pc.call.parallelism != "ep"] + [
-        replace(pc, call=replace(pc.call, calls_per_iteration=2 * pc.call.calls_per_iteration))
-        for pc in half.calls
+        replace(pc, call=replace(pc.call, calls_per_iteration=round(2 * weight) * pc.call.calls_per_iteration))
+        for plan, _, weight in halves
+        for pc in plan.calls
         if pc.call.parallelism == "ep"
     ]
     return replace(whole, calls=calls, step=new_step)
 
 
-__all__ = ["COMM_SMS", "SGLANG_DECODE", "SGLANG_PREFILL", "VLLM_DBO", "OverlapStrategy", "overlapped_step", "simulate"]
+__all__ = [
+    "COMM_SMS",
+    "SGLANG_DECODE",
+    "SGLANG_PREFILL",
+    "VLLM_DBO",
+    "VLLM_DBO_PREFILL",
+    "OverlapStrategy",
+    "overlapped_step",
+    "simulate",
+]

@@ -237,9 +237,19 @@ def test_engine_exchanges_and_options_over_http(api):
     body["options"] |= {"two_batch_overlap": True, "redundant_experts": 64}
     r = api.post("/v1/serve", json=body)
     assert r.status_code == 200, r.text
-    ll = {c["name"]: c for c in r.json()["pools"][1]["calls"]}["ep.dispatch.ll"]
+    # vLLM splits a step only from dbo_prefill_token_threshold 512 / dbo_decode_token_threshold 32 tokens per rank
+    # (ubatch_utils.py check_ubatch_thresholds): the prefill pass (4 prompts of 2,000 tokens per rank) runs its
+    # exchanges once per half; the decode step (under 32 sequences per rank at this load) is not split
+    pools = r.json()["pools"]
+    assert pools[1]["batch"] < 32 * 64
+    ll = {c["name"]: c for c in pools[1]["calls"]}["ep.dispatch.ll"]
     before = {c["name"]: c for c in plain["pools"][1]["calls"]}["ep.dispatch.ll"]
-    assert ll["calls_per_iteration"] == 2 * before["calls_per_iteration"]
+    assert ll["calls_per_iteration"] == before["calls_per_iteration"]
+    gather = {c["name"]: c for c in pools[0]["calls"]}["ep.agrs.gather"]
+    before = {c["name"]: c for c in plain["pools"][0]["calls"]}["ep.agrs.gather"]
+    assert gather["calls_per_iteration"] == 2 * before["calls_per_iteration"]
+    # each half gathers 32 ranks x 2 prompts x 2,000 tokens of hidden 7168 and 256 + 64 router logits, bf16
+    assert gather["message_bytes"] == 32 * 2 * 2000 * (7168 + 320) * 2
     script = api.post("/v1/serve/export", json=body).text
     assert "--enable-dbo" in script and "num_redundant_experts" in script
     bad = api.post("/v1/serve", json=body | {"engine": "trtllm"})
@@ -290,7 +300,8 @@ def test_disaggregated_kv_transfer_is_visible_on_the_topology(api):
 def test_trtllm_fused_all_reduce_over_http(api):
     """TensorRT-LLM's block all-reduces over HTTP (planner/serving/fused_allreduce.py): Llama-3 70B TP8 at 16
     sequences per worker runs its one-shot kernel (the table's ONESHOT at 16 tokens of hidden 8192 on SM90):
-    7 x M bytes out of each rank, and a faster step than vLLM's NCCL rows with the add and norm kernels."""
+    7 x M bytes out of each rank, and a faster step than vLLM's (its own 1-stage kernel, the same bytes, and the add
+    and norm kernels)."""
     body = json.loads(json.dumps(LLAMA)) | {"engine": "trtllm"}
     body["traffic"]["concurrency"] = 16
     d = api.post("/v1/serve", json=body).json()
@@ -302,4 +313,29 @@ def test_trtllm_fused_all_reduce_over_http(api):
         assert row["message_bytes"] == d["pools"][0]["batch"] * 8192 * 2
     vllm = api.post("/v1/serve", json=body | {"engine": "vllm"}).json()
     assert vllm["pools"][0]["batch"] == d["pools"][0]["batch"]
+    assert {c["algorithm"] for c in vllm["pools"][0]["calls"] if c["op"] == "allreduce"} == {"vllm_custom_oneshot"}
     assert d["pools"][0]["step_s"] < vllm["pools"][0]["step_s"]
+
+
+def test_vllm_and_sglang_custom_all_reduce_over_http(api):
+    """vLLM's and SGLang's own TP all-reduce over HTTP (planner/serving/fused_allreduce.py CustomAllReduce): Llama-3
+    70B TP8, two workers: at 16 requests 8 sequences per worker, 131,072 bytes per all-reduce (under vLLM's 256 KiB
+    cap with symmetric memory on H100): both engines' 1-stage custom kernel on every TP all-reduce, (tp - 1) x M out
+    of each rank; at 256 requests, 128 sequences (2 MiB): vLLM's symmetric-memory multimem and SGLang's 2-stage
+    custom kernel (under its 8 MiB cap)."""
+    body = json.loads(json.dumps(LLAMA)) | {"engine": "vllm"}
+    expected = {(16, "vllm"): "vllm_custom_oneshot", (16, "sglang"): "sglang_custom_oneshot",
+                (256, "vllm"): "vllm_symm_mem_multimem", (256, "sglang"): "sglang_custom_twoshot"}  # fmt: skip
+    for (concurrency, name), algorithm in expected.items():
+        body["traffic"]["concurrency"] = concurrency
+        r = api.post("/v1/serve", json=body | {"engine": name})
+        assert r.status_code == 200, r.text
+        pool = r.json()["pools"][0]
+        rows = [c for c in pool["calls"] if c["op"] == "allreduce"]
+        assert pool["batch"] == concurrency // 2 and len(rows) == 3  # the two block outputs and the embedding's
+        for row in rows:
+            assert row["message_bytes"] == pool["batch"] * 8192 * 2
+            assert row["algorithm"] == algorithm, (concurrency, name, row)
+            if algorithm.endswith("oneshot"):
+                assert row["bytes_sent_per_rank"] == 7 * row["message_bytes"]
+                assert "custom_all_reduce.py" in row["source"]

@@ -4,6 +4,8 @@ kernels leaving the step, by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from collectives.topology import cluster_preset
@@ -12,9 +14,11 @@ from planner.kernels import layer_kernels
 from planner.serving import Pool, ServeOptions, engine
 from planner.serving.deployment import _context, _step, _worker
 from planner.serving.fused_allreduce import (
+    MULTIMEM,
     NCCL,
     NORM_QUANT_FP8,
     ONESHOT,
+    SYMM_TWOSHOT,
     TABLE,
     TWOSHOT,
     FusedAllReduce,
@@ -24,6 +28,8 @@ from planner.serving.fused_allreduce import (
 AR = FusedAllReduce("test")
 LLAMA70B = MODEL_PRESETS["llama3-70b"]
 NODE = cluster_preset("dgx-h100", 1)
+# TensorRT-LLM without its own all-reduce: every TP all-reduce NCCL's, the layer's kernels all there
+NCCL_ONLY = replace(engine("trtllm"), tp_allreduce=None)
 
 
 @pytest.mark.parametrize(("tokens", "hidden", "tp", "sm", "expected"), [
@@ -67,19 +73,19 @@ def test_workspace_and_nvlink_send_it_to_nccl():
 
 
 def _rows(name: str, tp: int, batch: int, cluster=NODE):
-    w = _worker(LLAMA70B, cluster, engine(name), Pool(tp=tp), 0)
+    w = _worker(LLAMA70B, cluster, NCCL_ONLY if name == "nccl" else engine(name), Pool(tp=tp), 0)
     plan = _step(LLAMA70B, w, ServeOptions(), "decode", batch, 1000)
     return plan, {pc.call.name: pc for pc in plan.calls}, w
 
 
 def test_one_shot_moves_tp_minus_one_copies_and_absorbs_the_kernels():
     """Llama-3 70B TP8 decode of 16 sequences: M = 16 x 8192 x 2 = 262,144 bytes per block output; one-shot sends
-    every peer the whole M: 7 M = 1,835,008 bytes out of each rank, one step. vLLM's step is the same plan with
-    NCCL's rows and all the layer's kernels; TensorRT-LLM's differs by exactly the rows' price change and the
+    every peer the whole M: 7 M = 1,835,008 bytes out of each rank, one step. Against the same plan with NCCL's rows
+    and all the layer's kernels, TensorRT-LLM's differs by exactly the rows' price change and the
     absorbed kernels: 80 layers x (2 residual adds + the pre-MLP norm) + 79 input norms (80 fused MLP outputs
     apply 79 input norms and the final norm, which the planner does not charge)."""
     trt, trt_rows, w = _rows("trtllm", 8, 16)
-    vllm, vllm_rows, _ = _rows("vllm", 8, 16)
+    vllm, vllm_rows, _ = _rows("nccl", 8, 16)
     delta = 0.0
     for block in ("tp.attn.out_proj", "tp.mlp.down_proj"):
         row = trt_rows[block]
@@ -113,11 +119,11 @@ def test_two_shot_is_a_reduce_scatter_and_an_all_gather_over_nvlink():
 
 def test_small_llamas_do_not_fuse():
     """modeling_llama.py: enable_fusion &= hidden_size > 4096. Llama-3 8B (hidden 4096) on TP2 keeps the plain
-    all-reduce and its add and norm kernels: the same step as vLLM's."""
+    all-reduce and its add and norm kernels: the same step as NCCL's."""
     llama8b = MODEL_PRESETS["llama3-8b"]
     steps = []
-    for name in ("trtllm", "vllm"):
-        w = _worker(llama8b, NODE, engine(name), Pool(tp=2), 0)
+    for traits in (engine("trtllm"), NCCL_ONLY):
+        w = _worker(llama8b, NODE, traits, Pool(tp=2), 0)
         steps.append(_step(llama8b, w, ServeOptions(), "decode", 16, 1000))
     trt, vllm = steps
     assert trt.step.time_s == vllm.step.time_s
@@ -126,9 +132,9 @@ def test_small_llamas_do_not_fuse():
 
 
 def test_nccl_strategy_keeps_the_plan():
-    """At 64 sequences on TP8 (hidden 8192) TensorRT-LLM runs NCCL and then the add and norm: same step as vLLM's."""
+    """At 64 sequences on TP8 (hidden 8192) TensorRT-LLM runs NCCL and then the add and norm: same step as NCCL's."""
     trt, trt_rows, _ = _rows("trtllm", 8, 64)
-    vllm, _, _ = _rows("vllm", 8, 64)
+    vllm, _, _ = _rows("nccl", 8, 64)
     assert "strategy NCCL" in trt_rows["tp.attn.out_proj"].call.source
     assert trt.step.time_s == vllm.step.time_s and trt.step.compute_s == vllm.step.compute_s
 
@@ -142,3 +148,113 @@ def test_nvlink_peers_only_inside_one_nvlink_domain():
     assert nvlink_peers(ParallelSpec(tp=8), NODE)
     assert nvlink_peers(ParallelSpec(tp=4, dp=2), NODE)
     assert not nvlink_peers(ParallelSpec(tp=16), cluster_preset("dgx-h100", 2))
+
+
+# ---- vLLM's and SGLang's custom all-reduce (CustomAllReduce) ---------------------------------------------------
+
+VLLM_AR, SGLANG_AR = engine("vllm").tp_allreduce, engine("sglang").tp_allreduce
+KIB, MIB = 1024, 1024 * 1024
+
+
+@pytest.mark.parametrize(("nbytes", "tp", "sm", "multicast", "expected"), [
+    # H100 (SM 9.0) with NVLS multicast: vLLM's symmetric memory is up, so the custom all-reduce stops at
+    # CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"][8] = 256 KiB (strictly below: should_custom_ar inp_size < max_size), where
+    # the kernel is 1-stage (tp <= 8 under 256 KiB); symm mem multimem (tp 8 in _WORLD_SIZES_MULTIMEM["9.0"]) to
+    # 64 MiB; pynccl above
+    (256 * KIB - 16, 8, 90, True, ONESHOT),
+    (256 * KIB, 8, 90, True, MULTIMEM),
+    (64 * MIB, 8, 90, True, MULTIMEM),
+    (64 * MIB + 16, 8, 90, True, NCCL),
+    # tp 4: the custom cap is min(32 MiB, 8 MiB); 1-stage under 512 KiB, 2-stage to 8 MiB; multimem to 32 MiB
+    (512 * KIB - 16, 4, 90, True, ONESHOT),
+    (512 * KIB, 4, 90, True, TWOSHOT),
+    (8 * MIB - 16, 4, 90, True, TWOSHOT),
+    (8 * MIB, 4, 90, True, MULTIMEM),
+    (32 * MIB + 16, 4, 90, True, NCCL),
+    # tp 2: always 1-stage; past the 8 MiB buffer, symm mem's two-shot (2 is not a multimem size on SM 9.0)
+    (8 * MIB - 16, 2, 90, True, ONESHOT),
+    (8 * MIB, 2, 90, True, SYMM_TWOSHOT),
+    # tp 6: custom cap 512 KiB; 1-stage under 256 KiB (tp <= 8 rule), 2-stage to 512 KiB
+    (300 * KIB, 6, 90, True, TWOSHOT),
+    # no multicast (the symmetric-memory communicator stays down): the custom all-reduce runs to 8 MiB
+    (1 * MIB, 8, 90, False, TWOSHOT),
+    (8 * MIB, 8, 90, False, NCCL),
+    # B200 (SM 10.0): custom cap 1 MiB at tp 8; multimem at 6 and 8, two-shot at 4
+    (1 * MIB - 16, 8, 100, True, TWOSHOT),
+    (1 * MIB, 8, 100, True, MULTIMEM),
+    (2 * MIB, 4, 100, True, SYMM_TWOSHOT),
+    # Ampere (SM 8.0): no table, so no symmetric memory, the custom all-reduce to 8 MiB
+    (4 * MIB, 8, 80, True, TWOSHOT),
+    # a message that is not a multiple of 16 bytes, and tp 16 (not a supported world size)
+    (1000 * 8 + 8, 8, 90, False, NCCL),
+    (16 * KIB, 16, 90, False, NCCL),
+])  # fmt: skip
+def test_vllm_picks_its_all_reduce_as_cuda_communicator_does(nbytes, tp, sm, multicast, expected):
+    assert VLLM_AR.strategy(nbytes, tp, sm, True, multicast) == expected
+
+
+def test_vllm_symmetric_memory_takes_bf16_only_and_no_peers_is_nccl():
+    """SymmMemCommunicator.should_use_symm_mem: inp.dtype must be its bf16; a TP group that is not one node's
+    fully connected NVLink (across nodes: in_the_same_node_as) has neither the custom kernel nor symmetric memory."""
+    assert VLLM_AR.strategy(MIB, 8, 90, True, True, "fp32") == NCCL
+    assert VLLM_AR.strategy(16 * KIB, 8, 90, False, True) == NCCL
+
+
+@pytest.mark.parametrize(("nbytes", "tp", "expected"), [
+    (256 * KIB - 16, 8, ONESHOT),  # sgl-kernel custom_all_reduce.cuh: the same 1-stage rule as vLLM's
+    (256 * KIB, 8, TWOSHOT),
+    (8 * MIB - 16, 8, TWOSHOT),  # _MAX_CAR_SIZE 8 MiB on CUDA, no symmetric-memory cap
+    (8 * MIB, 8, NCCL),  # --enable-torch-symm-mem is off by default: NCCL
+    (4 * MIB, 2, ONESHOT),
+])  # fmt: skip
+def test_sglang_picks_its_custom_all_reduce_then_nccl(nbytes, tp, expected):
+    assert SGLANG_AR.strategy(nbytes, tp, 90, True, True) == expected
+
+
+def test_vllm_decode_step_prices_every_tp_all_reduce_as_its_kernel():
+    """Llama-3 70B TP8 decode of 8 sequences on one DGX H100: 8 x 8192 x 2 = 131,072 bytes per all-reduce, under
+    256 KiB: the 1-stage custom kernel for the 80 + 80 block outputs and the embedding's all-reduce alike (vLLM gives
+    every TP all-reduce the custom all-reduce, tensor_model_parallel_all_reduce), 7 M out of each rank in one step;
+    no layer kernel leaves the step, so the step moves by exactly the rows' price change."""
+    nccl, nccl_rows, _ = _rows("nccl", 8, 8)
+    vllm, rows, _ = _rows("vllm", 8, 8)
+    delta = 0.0
+    for name in ("tp.attn.out_proj", "tp.mlp.down_proj", "tp.embedding"):
+        row = rows[name]
+        assert row.call.message_bytes == 8 * 8192 * 2 == 131_072
+        assert row.price.algorithm == "vllm_custom_oneshot" and row.price.steps == 1
+        assert row.price.bytes_sent_per_rank == 7 * 131_072
+        assert "custom_all_reduce.py" in row.call.source and row.call.source.endswith("ONESHOT")
+        assert row.price.time_s < nccl_rows[name].price.time_s
+        delta += row.call.calls_per_iteration * (row.price.time_s - nccl_rows[name].price.time_s)
+    assert vllm.step.compute_s == nccl.step.compute_s
+    assert vllm.step.time_s == pytest.approx(nccl.step.time_s + delta, rel=1e-12)
+
+
+def test_vllm_multimem_is_the_switch_reducing_at_a_kernel_launch():
+    """64 sequences (1 MiB per all-reduce, over the 256 KiB custom cap): torch symm_mem multimem_all_reduce_ on the
+    NVSwitch, M up and M down per rank in the in-network schedule, with one kernel launch's set-up (6.8 us) instead of
+    NCCL's 20 us NVLS floor: exactly 13.2 us less than the same schedule priced as NCCL's."""
+    from planner.plan import Options, price_calls
+
+    _, rows, w = _rows("vllm", 8, 64)
+    row = rows["tp.mlp.down_proj"]
+    assert row.price.algorithm == "vllm_symm_mem_multimem"
+    assert row.price.bytes_sent_per_rank == row.price.bytes_received_per_rank == 1 * MIB
+    base = replace(row.call, source="")
+    nvls = price_calls([base], w.par, w.cluster, Options(algorithm="in_network", pricing="schedule"))[0].price
+    assert row.price.time_s == pytest.approx(nvls.time_s - 20.0e-6 + 6.8e-6, rel=1e-12)
+    assert "symm_mem.py" in row.call.source
+
+
+def test_custom_all_reduce_stays_inside_one_node():
+    """TP8 over two nodes of four H100: CustomAllreduce is disabled ("this process group spans across nodes") and so
+    is the symmetric memory (no NVLink multicast across nodes): every row is NCCL's, labelled so."""
+    two = replace(cluster_preset("dgx-h100", 2), devices_per_node=4, nics_per_node=4)
+    w = _worker(LLAMA70B, two, engine("vllm"), Pool(tp=8), 0)
+    nccl_w = _worker(LLAMA70B, two, NCCL_ONLY, Pool(tp=8), 0)
+    plan = _step(LLAMA70B, w, ServeOptions(), "decode", 8, 1000)
+    nccl = _step(LLAMA70B, nccl_w, ServeOptions(), "decode", 8, 1000)
+    assert plan.step.time_s == nccl.step.time_s
+    row = {pc.call.name: pc for pc in plan.calls}["tp.mlp.down_proj"]
+    assert row.call.source.endswith("NCCL") and not row.price.algorithm.startswith("vllm")

@@ -138,6 +138,21 @@ def test_disaggregated_kv_transfer_on_the_graph():
     assert out.pools[0].output_tokens_per_s == 0 and out.pools[1].input_tokens_per_s == 0
 
 
+def test_kv_transfer_is_priced_once_per_split():
+    """The KV transfer is keyed by what it depends on (deployment.kv_transfer): the same pools at another load, or
+    planned for another engine (whose token dispatcher differs), get the very same priced transfer; another KV dtype
+    gets its own, with half the bytes at fp8."""
+    cluster = cluster_preset("dgx-h100", 12)
+    pools = (Pool("prefill", dp=32, ep=32, attention_dp=True), Pool("decode", dp=64, ep=64, attention_dp=True))
+    options = ServeOptions(weight_dtype="fp8", kv_dtype="bf16")
+    plans = [plan_serving(DSV3, cluster, engine(name), Traffic(2000, 100, concurrency=c), pools, options)
+             for name, c in (("sglang", 2048), ("sglang", 512), ("vllm", 2048))]  # fmt: skip
+    assert plans[0].kv_transfer is plans[1].kv_transfer is plans[2].kv_transfer
+    fp8 = plan_serving(DSV3, cluster, engine("sglang"), Traffic(2000, 100, concurrency=2048), pools,
+                       ServeOptions(weight_dtype="fp8", kv_dtype="fp8"))  # fmt: skip
+    assert fp8.kv_transfer.bytes_per_request * 2 == plans[0].kv_transfer.bytes_per_request
+
+
 def test_disaggregated_inside_one_node_moves_kv_over_nvlink():
     cluster = cluster_preset("dgx-h100", 1)
     pools = (Pool("prefill", workers=2, tp=2), Pool("decode", workers=1, tp=4))

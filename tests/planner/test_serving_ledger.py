@@ -3,6 +3,8 @@ overlap and EPLB's redundant experts (planner/serving/deployment.py): bytes by h
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from collectives.topology import cluster_preset
@@ -10,7 +12,7 @@ from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_
 from planner.compute import layer_forward
 from planner.plan import Options
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
-from planner.serving.deployment import _context, _step, _work, _worker, with_redundant_experts
+from planner.serving.deployment import _context, _overlapped, _step, _work, _worker, with_redundant_experts
 from planner.serving.overlap import COMM_SMS, SGLANG_DECODE, SGLANG_PREFILL, exchange_times, op_times, simulate
 
 DSV3, LLAMA8B = MODEL_PRESETS["deepseek-v3"], MODEL_PRESETS["llama3-8b"]
@@ -167,6 +169,73 @@ def test_two_batch_overlap_hides_part_of_the_ep_exchange():
     assert p.memory_peak_bytes >= whole.memory.peak_bytes  # both halves are in flight
 
 
+@pytest.mark.parametrize(("name", "per_rank", "splits"), [
+    ("vllm", 31, False),  # vLLM DBO: dbo_decode_token_threshold 32 (num_tokens >= threshold)
+    ("vllm", 32, True),
+    ("sglang", 8, True),  # SGLang: no threshold (two_batch_overlap.py "TODO: may smartly disable TBO ...")
+    ("sglang", 1, False),  # one sequence per rank: a half would be empty
+])  # fmt: skip
+def test_two_batch_overlap_splits_where_the_engine_does(name, per_rank, splits):
+    """The engines' own rules for running a decode step as two micro-batches (overlap.OverlapStrategy.splits):
+    below vLLM's threshold the step is the whole batch's, calls and time alike."""
+    pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep_ll")
+    on, off = ServeOptions(weight_dtype="fp8", two_batch_overlap=True), ServeOptions(weight_dtype="fp8")
+    w = _worker(DSV3, TWO_NODES, engine(name), pool, 0)
+    with_tbo, without = (_overlapped(DSV3, w, o, "decode", per_rank * 16, 350) for o in (on, off))
+    rows, plain = _ep_rows(with_tbo.calls), _ep_rows(without.calls)
+    assert (with_tbo.step.time_s != without.step.time_s) is splits
+    assert rows["ep.dispatch.ll"].call.calls_per_iteration == (2 if splits else 1) * MOE_LAYERS
+    assert plain["ep.dispatch.ll"].call.calls_per_iteration == MOE_LAYERS
+
+
+def test_vllm_prefill_threshold_is_512_tokens_and_a_prompt_splits_in_two_chunks():
+    """vLLM's dbo_prefill_token_threshold 512: a 500-token prefill pass is one batch; a 512-token one (one prompt)
+    splits at the token midpoint (ubatch_utils.py): two chunks of 256 tokens, planned as the one-prompt step at weight
+    1/2, so the layers' compute is the whole pass's and each exchange is listed once with both chunks' bytes."""
+    on, off = ServeOptions(weight_dtype="fp8", two_batch_overlap=True), ServeOptions(weight_dtype="fp8")
+    for isl, splits in ((500, False), (512, True)):
+        pool = Pool(dp=16, ep=16, attention_dp=True, max_batch_tokens=isl)
+        w = _worker(DSV3, TWO_NODES, engine("vllm"), pool, 0)
+        with_tbo, without = (_overlapped(DSV3, w, o, "prefill", 16, isl) for o in (on, off))
+        assert (with_tbo.step.time_s != without.step.time_s) is splits, isl
+        if splits:
+            assert with_tbo.step.compute_s == pytest.approx(without.step.compute_s, rel=1e-12)
+            a, b = _ep_rows(with_tbo.calls), _ep_rows(without.calls)
+            assert {k: r.call.calls_per_iteration for k, r in a.items()} == {
+                k: r.call.calls_per_iteration for k, r in b.items()}  # fmt: skip
+
+
+def test_uneven_halves_are_the_mean_of_the_larger_and_the_smaller():
+    """Three sequences per rank split 2 + 1 (SGLang compute_split_seq_index: bs // 2): the simulated halves are
+    their mean, so the MoE layers' compute is the whole step's less its MoE layers plus one of each half's, and each
+    half's exchanges are listed once."""
+    pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep")
+    on = ServeOptions(weight_dtype="fp8", two_batch_overlap=True)
+    w = _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0)
+    step = _overlapped(DSV3, w, on, "decode", 3 * 16, 350)
+    whole = _step(DSV3, w, on, "decode", 3 * 16, 350)
+    layer = {n: layer_forward(_context(DSV3, on, "decode", n * 16, 350, w.decode_par, w), True, TWO_NODES.gpu)[0]
+             for n in (1, 2, 3)}  # fmt: skip
+    # decode's low-latency kernels hold no SMs: no GEMM tax
+    moe = MOE_LAYERS * (layer[2].total_s + layer[1].total_s - layer[3].total_s)
+    assert step.step.compute_s == pytest.approx(whole.step.compute_s + moe, rel=1e-9)
+    dispatch = [pc for pc in step.calls if pc.call.name == "ep.dispatch.ll"]
+    assert sorted(pc.call.message_bytes for pc in dispatch) == sorted(
+        _ep_rows(_step(DSV3, w, on, "decode", n * 16, 350).calls)["ep.dispatch.ll"].call.message_bytes
+        for n in (1, 2))  # fmt: skip
+    assert all(pc.call.calls_per_iteration == MOE_LAYERS for pc in dispatch)
+
+
+def test_sglang_prefill_in_low_latency_mode_is_not_split():
+    """SGLang does not run TBO on an extend batch in DeepEP's low-latency mode (TboDPAttentionPreparer
+    local_can_run_tbo): a pool that asks for deepep_ll prefills as one batch."""
+    pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep_ll")
+    on, off = ServeOptions(weight_dtype="fp8", two_batch_overlap=True), ServeOptions(weight_dtype="fp8")
+    w = _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0)
+    assert _overlapped(DSV3, w, on, "prefill", 4 * 16, 2000).step.time_s == _overlapped(
+        DSV3, w, off, "prefill", 4 * 16, 2000).step.time_s  # fmt: skip
+
+
 def test_deepep_normal_kernels_take_their_sms_from_the_gemms():
     """Prefill under two-batch overlap: DeepEP's normal kernels hold Buffer.num_sms = 20 of the H100's 132 SMs, so
     the GEMMs run on 112 at 112/132 of the peak (SGLang deep_gemm_num_sms); the attention kernels and the
@@ -258,19 +327,19 @@ def test_vllm_dp_ranks_all_reduce_their_batch_metadata_each_step():
 def test_trtllm_fuses_the_block_all_reduces_with_the_residual_and_norm():
     """TensorRT-LLM (allreduceOp.cpp AllReduceFusionOp::RESIDUAL_RMS_NORM): the all-reduces ending the attention
     and MLP blocks are its fused kernel, with the block output's bytes: 64 sequences x 8192 x 2 = 1 MiB, 80 of each
-    for Llama-3 70B on TP8. The embedding's all-reduce is a plain one; vLLM's rows keep their own source. At 64
-    tokens of hidden 8192 on TP8 TensorRT-LLM's strategy table picks NCCL (planner/serving/fused_allreduce.py): the
-    price is NCCL's either way, and the row says which strategy ran."""
+    for Llama-3 70B on TP8. The embedding's all-reduce is a plain one. At 64 tokens of hidden 8192 on TP8
+    TensorRT-LLM's strategy table picks NCCL (planner/serving/fused_allreduce.py): the price is NCCL's (the same
+    engine without its own all-reduce), and the row says which strategy ran."""
     llama70b, one_node, options = MODEL_PRESETS["llama3-70b"], cluster_preset("dgx-h100", 1), ServeOptions()
     rows = {}
-    for name in ("trtllm", "vllm"):
-        w = _worker(llama70b, one_node, engine(name), Pool(tp=8), 0)
+    for name, traits in (("trtllm", engine("trtllm")), ("nccl", replace(engine("trtllm"), tp_allreduce=None))):
+        w = _worker(llama70b, one_node, traits, Pool(tp=8), 0)
         rows[name] = {pc.call.name: pc for pc in _step(llama70b, w, options, "decode", 64, 1000).calls}
     for block in ("tp.attn.out_proj", "tp.mlp.down_proj"):
-        trt, vllm = rows["trtllm"][block], rows["vllm"][block]
-        assert trt.call.message_bytes == vllm.call.message_bytes == 64 * 8192 * 2
+        trt, nccl = rows["trtllm"][block], rows["nccl"][block]
+        assert trt.call.message_bytes == nccl.call.message_bytes == 64 * 8192 * 2
         assert trt.call.calls_per_iteration == 80 and trt.call.op.value == "allreduce"
         assert "AllReduceFusionOp::RESIDUAL_RMS_NORM" in trt.call.source and "strategy NCCL" in trt.call.source
-        assert "AllReduceFusionOp" not in vllm.call.source
-        assert trt.price.time_s == vllm.price.time_s
+        assert "AllReduceFusionOp" not in nccl.call.source
+        assert trt.price.time_s == nccl.price.time_s
     assert "AllReduceFusionOp" not in rows["trtllm"]["tp.embedding"].call.source
