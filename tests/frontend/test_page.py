@@ -821,7 +821,7 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     expect(page.locator("#compare-body")).to_contain_text("Step time", timeout=20_000)
     expect(page.locator("#compare-body")).to_contain_text("Ledger differences")
     expect(page.locator("#compare-body .compare-legend")).to_contain_text(
-        "A = #1 TP8 PP4 DP16 ZeRO-1 · B = #2 TP8 PP8 DP8"
+        "A = #1 TP8 PP4 DP16 ZeRO-1 SP · B = #2 TP8 PP8 DP8 ZeRO-1 SP"
     )
     # MFU differences in percentage points ("MFU -0.309%" meant points), and no unchanged "+0 s" ledger rows
     mfu = page.locator("#compare-body tr", has=page.locator("th", has_text=re.compile("^MFU$"))).locator("td").nth(2)
@@ -1515,3 +1515,56 @@ def test_cosmetics_of_issue_25_item_9(make_page, viewport):
     assert metric.locator("wbr").count() >= 1 and "." in metric.inner_text()
     assert page.locator(".metric").first.evaluate("e => getComputedStyle(e).overflowWrap") == "break-word"
     assert overflow(page) <= 0
+
+
+# ---- found by a newcomer from a fresh clone (user4) ---------------------------------------------------------------
+AXIS_LABELS = """(id) => { const c = window.commplan.state.charts[id], width = c.getWidth(), out = [];
+  c.getZr().storage.getDisplayList(true).forEach((e) => {
+    if (!e.style || typeof e.style.text !== 'string' || !/^[\\d.]+ [KMGTP]?B$/.test(e.style.text)) return;
+    const r = e.getBoundingRect().clone(); if (e.transform) r.applyTransform(e.transform);
+    out.push([e.style.text, r.x, r.x + r.width, width]); });
+  return out; }"""
+
+
+def assert_byte_labels_inside(page, chart_id):
+    """Every byte label of the chart's x axis lies inside the chart (the last one, "10.0 GB" or "85.0 GB", was cut
+    by the chart's right edge)."""
+    labels = page.evaluate(AXIS_LABELS, chart_id)
+    assert len(labels) >= 3, labels
+    outside = [(text, round(x0), round(x1), w) for text, x0, x1, w in labels if x0 < 0 or x1 > w]
+    assert outside == [], outside
+
+
+@VIEWPORTS
+def test_the_explorers_and_the_searchs_last_axis_label_is_not_cut(make_page, viewport):
+    page = make_page(viewport)
+    stub_search(page)
+    open_page(page)
+    expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=20_000)
+    assert_byte_labels_inside(page, "explorer")
+    page.click("#search-run")
+    expect(page.locator("#search-table tbody tr")).to_have_count(4, timeout=10_000)
+    assert_byte_labels_inside(page, "search-chart")
+
+
+def test_search_results_that_differ_only_in_sequence_parallelism_are_told_apart(page):
+    """Llama-3 70B on 64 nodes listed "TP2 PP8 DP8 CP4 ZeRO-1 v10" twice (15.4 s, 62.0 and 56.1 GB): the two
+    differ in sequence parallelism, which the layout's name did not say. Likewise expert TP, a zero-bubble
+    schedule and uneven stages."""
+    sp_off, sp_on = search_hit(8, 4, 16, 9.1, 71 * 10**9), search_hit(8, 4, 16, 9.2, 62 * 10**9)
+    sp_off["parallel"]["sequence_parallel"] = False
+    zb = search_hit(8, 4, 16, 9.3, 60 * 10**9)
+    zb["parallel"].update(pipeline_schedule="zb-h1", first_stage_layers=19, last_stage_layers=19)
+    moe = search_hit(8, 4, 16, 9.4, 58 * 10**9)
+    moe["parallel"].update(ep=8, expert_tp=2, sequence_parallel=False)
+    stub_search(page, results=[sp_off, sp_on, zb, moe])
+    open_page(page)
+    page.click("#search-run")
+    expect(page.locator("#search-table tbody tr")).to_have_count(4, timeout=10_000)
+    names = [page.locator("#search-table tbody tr").nth(i).locator("td").nth(1).inner_text() for i in range(4)]
+    assert [n.removesuffix("front").strip() for n in names] == [
+        "TP8 PP4 DP16 ZeRO-1",
+        "TP8 PP4 DP16 ZeRO-1 SP",
+        "TP8 PP4 DP16 ZeRO-1 zb-h1 first 19 last 19 SP",
+        "TP8 PP4 DP16 EP8 ETP2 ZeRO-1",
+    ], names
