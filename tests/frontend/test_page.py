@@ -607,7 +607,7 @@ def test_human_units_everywhere(page):
         """() => { const c = window.commplan.state.charts.chart; const f = c.getOption().yAxis[0].axisLabel.formatter;
                    return [0, 0.5, 1.5, 2e-4].map(f); }"""
     )
-    assert labels == ["0", "500 ms", "1.50 s", "200 µs"]
+    assert labels == ["0", "500 ms", "1.5 s", "200 µs"]
 
 
 # ---- exports ------------------------------------------------------------------------------------------------------
@@ -1568,3 +1568,33 @@ def test_search_results_that_differ_only_in_sequence_parallelism_are_told_apart(
         "TP8 PP4 DP16 ZeRO-1 zb-h1 first 19 last 19 SP",
         "TP8 PP4 DP16 EP8 ETP2 ZeRO-1",
     ], names
+
+
+def test_axis_ticks_are_round_numbers_without_trailing_zeros(page):
+    """The explorer's axes read "1.00 KB ... 10.0 GB" and "1.00 µs ... 100 ms", the timeline's "3.00 s 6.00 s":
+    a tick is a round number, written without the zeros of three significant digits."""
+    open_page(page)
+    got = page.evaluate(
+        """async () => { const f = await import('/static/js/format.js');
+          return [f.axisBytes(1e3), f.axisBytes(1e10), f.axisBytes(1.5e9), f.axisBytes(134e6), f.axisBytes(512),
+                  f.axisTime(1e-6), f.axisTime(0.01), f.axisTime(3), f.axisTime(2.5), f.axisTime(0.125)]; }"""
+    )
+    assert got == ["1 KB", "10 GB", "1.5 GB", "134 MB", "512 B", "1 µs", "10 ms", "3 s", "2.5 s", "125 ms"]
+    expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=20_000)
+    ticks = page.evaluate(
+        "() => { const c = window.commplan.state.charts.explorer, f = c.getOption().xAxis[0].axisLabel.formatter;"
+        " return [1e3, 1e4, 1e9].map(f); }"
+    )
+    assert ticks == ["1 KB", "10 KB", "1 GB"]
+
+
+def test_one_group_is_said_in_the_singular(page):
+    """The KV transfer drawn on the topology (one group) said "coloured ... while the call runs on all 1 groups"."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-draw")).to_be_visible(timeout=60_000)
+    page.click("#serve-draw")
+    note = page.locator("#topology-note")
+    expect(note).to_contain_text("The KV transfer", timeout=30_000)
+    expect(note).to_contain_text("while the call runs on its one group")
+    assert "all 1 groups" not in note.inner_text()
