@@ -1,0 +1,55 @@
+"""`commplan serve-search` and `commplan serve-plan` tables as a newcomer reads them (found from a fresh clone):
+the Pareto front's deployments listed with their load and whether each meets the SLA (the table said only
+"Pareto front: 4 deployments", and where no deployment met the SLA at the traffic's load it showed none, while
+the front held two that met it at a quarter of the load), and the KV cache per token in human units (it read
+"70,272 B/token")."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from app.cli import human_bytes, human_seconds, main
+
+ROOT = Path(__file__).resolve().parents[2]
+# Llama-3 70B on 2 H100 nodes at 512 requests at once: a TPOT of 30 ms is met only at a lower load
+SEARCH = json.loads((ROOT / "examples/serve-search-llama3-70b.json").read_text()) | {
+    "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 512},
+    "sla": {"ttft_s": 3.0, "tpot_s": 0.03},
+}
+
+
+def test_serve_search_table_lists_the_front_with_its_loads_and_the_sla(tmp_path, capsys):
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(SEARCH))
+    assert main(["serve-search", str(path), "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert main(["serve-search", str(path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(table) if line.startswith("Pareto front:"))
+    assert table[head].startswith(f"Pareto front: {len(result['pareto'])} deployments")
+    rows = table[head + 1 : head + 1 + len(result["pareto"])]
+    sla = SEARCH["sla"]
+    met = 0
+    for point, row in zip(result["pareto"], rows, strict=True):
+        load = point["request"]["traffic"]["concurrency"]
+        assert row.split()[:2] == [point["engine"], point["mode"]], row
+        assert f"TPOT {human_seconds(point['tpot_s'])}" in row and f"at concurrency {load:,}" in row, row
+        meets = point["ttft_s"] is not None and point["ttft_s"] <= sla["ttft_s"] and point["tpot_s"] <= sla["tpot_s"]
+        assert row.endswith("meets the SLA") == meets, row
+        met += meets
+    # the loads of the front are the traffic's and 1/2, 1/4 of it (docs/serving.md)
+    assert {p["request"]["traffic"]["concurrency"] for p in result["pareto"]} <= {512, 256, 128}
+    assert met >= 1
+
+
+def test_serve_plan_table_writes_the_kv_cache_per_token_in_human_units(capsys):
+    path = ROOT / "examples/serve-deepseek-v3-disagg.json"
+    assert main(["serve-plan", str(path), "--format", "json"]) == 0
+    per_token = json.loads(capsys.readouterr().out)["kv_cache"]["bytes_per_token"]
+    assert per_token == 70272  # DeepSeek-V3 MLA: (512 + 64) x 61 layers x 2 B
+    assert main(["serve-plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"KV cache {human_bytes(per_token)} per token" in out and "70.3 KB per token" in out
+    assert not re.search(r"\d{2},\d{3} B/token", out)
