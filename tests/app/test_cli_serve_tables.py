@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from app.cli import human_bytes, human_seconds, main
@@ -53,3 +55,23 @@ def test_serve_plan_table_writes_the_kv_cache_per_token_in_human_units(capsys):
     out = capsys.readouterr().out
     assert f"KV cache {human_bytes(per_token)} per token" in out and "70.3 KB per token" in out
     assert not re.search(r"\d{2},\d{3} B/token", out)
+
+
+BAD_PLAN = {"model": {"preset": "nope"}, "workload": {"global_batch_size": 8}, "cluster": {"preset": "dgx-h100"}}
+
+
+def test_help_does_not_load_the_planner_or_the_service():
+    """`commplan --help` took 1.7 CPU seconds (the planner, the collectives and FastAPI imported for it); bad input
+    still exits 2 naming the field, and `commplan search --help` still lists the constraints."""
+    code = (
+        "import sys\nfrom app.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'planner', 'collectives', 'fastapi', 'numpy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-300:] + out.stderr
+    search = subprocess.run([sys.executable, "-m", "app.cli", "search", "--help"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=60)  # fmt: skip
+    assert search.returncode == 0 and "memory_headroom" in search.stdout and "max_dp_group" in search.stdout
+    bad = subprocess.run([sys.executable, "-m", "app.cli", "plan", "-"], input=json.dumps(BAD_PLAN),
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "model.preset" in bad.stderr and "unknown model preset 'nope'" in bad.stderr
