@@ -1598,3 +1598,23 @@ def test_one_group_is_said_in_the_singular(page):
     expect(note).to_contain_text("The KV transfer", timeout=30_000)
     expect(note).to_contain_text("while the call runs on its one group")
     assert "all 1 groups" not in note.inner_text()
+
+
+def test_a_call_on_several_rows_says_its_stages_on_a_phone(make_page):
+    """At 390 px the Stages column is hidden, and Llama-3 70B's ledger showed three identical "dp.grads
+    reducescatter" rows (stage 3, stage 0, stages 1,2); a name on several rows now says its stages there."""
+    page = make_page(PHONE)
+    open_page(page)
+    rows = page.locator("#ledger tbody tr", has_text="dp.grads")
+    stages = rows.evaluate_all("(rows) => rows.map((r) => r.dataset.stage)")
+    assert len(stages) >= 2
+    texts = [t.split("\n") for t in rows.locator("td:first-child").all_inner_texts()]
+    assert len({tuple(t) for t in texts}) == len(texts), texts
+    assert all(t[0] == "dp.grads" and re.fullmatch(r"stages? [\d,–]+", t[1]) for t in texts), texts
+    # a name on one row only (tp.attn.qkv) stays one line; at 1440 px the Stages column says it and the note is hidden
+    assert page.locator("#ledger tbody tr[data-name='tp.attn.qkv'] td:first-child").inner_text() == "tp.attn.qkv"
+    wide = make_page(WIDE)
+    open_page(wide)
+    assert set(wide.locator("#ledger tbody tr", has_text="dp.grads").locator("td:first-child").all_inner_texts()) == {
+        "dp.grads"
+    }
