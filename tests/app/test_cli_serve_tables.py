@@ -75,3 +75,17 @@ def test_help_does_not_load_the_planner_or_the_service():
     bad = subprocess.run([sys.executable, "-m", "app.cli", "plan", "-"], input=json.dumps(BAD_PLAN),
                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "model.preset" in bad.stderr and "unknown model preset 'nope'" in bad.stderr
+
+
+def test_sglang_launch_of_a_worker_over_several_nodes_names_its_node_count(api):
+    """SGLang's --nnodes defaults to 1 (python/sglang/srt/server_args.py `nnodes`), so a 32-GPU prefill worker
+    started on 4 nodes with --node-rank but no --nnodes does not start; the LMSYS DeepSeek-V3 commands pass both.
+    Over HTTP (POST /v1/serve/export) and from `commplan serve-plan --format launch`."""
+    body = json.loads((ROOT / "examples/serve-deepseek-v3-disagg.json").read_text())
+    script = api.post("/v1/serve/export", json=body).text
+    prefill, decode = [line for line in script.splitlines() if line.startswith("python3")]
+    assert "--nnodes 4 " in prefill and '--node-rank "${NODE_RANK}"' in prefill  # 32 GPUs on 8-GPU nodes
+    assert "--nnodes 8 " in decode and '--node-rank "${NODE_RANK}"' in decode  # 64 GPUs
+    one_node = body | {"deployment": {"pools": [{"role": "both", "workers": 12, "tp": 8}]}}
+    single = [line for line in api.post("/v1/serve/export", json=one_node).text.splitlines() if "sglang" in line]
+    assert len(single) == 12 and not any("--nnodes" in line or "--node-rank" in line for line in single)
