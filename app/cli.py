@@ -12,11 +12,18 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from collectives import CollectiveError
-from planner import SpecError
+
+def _bad_input() -> tuple[type[Exception], ...]:
+    """The errors that are the user's input (exit status 2, as the service's 422). Imported when one is raised, so
+    that `commplan --help` does not load the planner (1.7 CPU seconds of imports before, 0.12-0.17 after)."""
+    from collectives import CollectiveError
+    from planner import SpecError
+
+    return ValidationError, SpecError, CollectiveError
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="commplan", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
@@ -27,12 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         "--stage", type=int, default=0, help="simai, aicb, chakra: the pipeline stage whose rank to write"
     )
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
-    from .search_cli import constraints_help
-
     find = sub.add_parser(
         "search",
         help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)",
-        epilog=constraints_help(),
+        epilog=_constraints_help() if argv[:1] == ["search"] else None,  # read from the schema: only for search
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
@@ -98,9 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return (search_command if args.command == "search" else sweep_command)(args)
-        except (ValidationError, SpecError, CollectiveError) as err:
+        except _bad_input() as err:
             return _refused(err)
     return _plan(args)
+
+
+def _constraints_help() -> str:
+    from .search_cli import constraints_help
+
+    return constraints_help()
 
 
 def _serve(args) -> int:
@@ -154,7 +165,7 @@ def _answer(args, produce) -> int:
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
         return 2
-    except (ValidationError, SpecError, CollectiveError) as err:
+    except _bad_input() as err:
         return _refused(err)
     try:
         if isinstance(output, bytes):
@@ -169,6 +180,7 @@ def _answer(args, produce) -> int:
 
 
 def _serve_plan(args) -> int:
+    from planner import SpecError
     from planner.serving import plan_serving
     from planner.serving.launch import launch_script
 
@@ -198,7 +210,8 @@ def _serve_search(args) -> int:
     from .serialize import serve_search_dict
 
     def produce(text: str, settings) -> str:
-        kwargs, base, count = serve_search_inputs(ServeSearchRequest.model_validate(json.loads(text)), settings)
+        request = ServeSearchRequest.model_validate(json.loads(text))
+        kwargs, base, count = serve_search_inputs(request, settings)
         progress = Progress()
 
         def bar(state: dict) -> None:
@@ -215,27 +228,63 @@ def _serve_search(args) -> int:
             result = serve_search_dict(search_serving(**kwargs, progress=bar), base, count)
         finally:
             progress.end()
-        return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_search_table(result)
+        if args.format == "json":
+            return json.dumps(result, indent=2) + "\n"
+        return _serve_search_table(result, request.sla.model_dump() if request.sla else {})
 
     return _answer(args, produce)
 
 
-def _serve_search_table(result: dict) -> str:
+def _serve_search_table(result: dict, sla: dict | None = None) -> str:
     lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments; {result['why']}"]
     for i, hit in enumerate(result["results"], 1):
         a = hit["answer"]
         pools = " + ".join(f"{p['role']} {p['workers']}x{p['gpus'] // max(p['workers'], 1)}" for p in a["pools"])
-        ttft = "unbounded" if a["ttft_s"] is None else human_seconds(a["ttft_s"])
         lines.append(
-            f"{i:3d}. {hit['engine']:7s} {hit['mode']:14s} {pools:34s} "
-            f"{a['throughput']['output_tokens_per_s_per_gpu']:9,.1f} tokens/s/GPU  "
-            f"{a['throughput']['tokens_per_s_per_user']:7,.1f} tokens/s/user  "
-            f"TTFT {ttft}  TPOT {human_seconds(a['tpot_s'])}"
+            _deployment_line(
+                f"{i:3d}.", hit, pools, a["throughput"]["output_tokens_per_s_per_gpu"],
+                a["throughput"]["tokens_per_s_per_user"], a["ttft_s"], a["tpot_s"],
+            )
+        )  # fmt: skip
+    # the front's deployments, each at the load it was planned at (the traffic's, 1/2 or 1/4 of it): where none
+    # meets the SLA at the traffic's load, these say which would at a lower one
+    lines.append(f"Pareto front: {len(result['pareto'])} deployments (tokens/s per GPU against tokens/s per user)")
+    for point in result["pareto"]:
+        pools = " + ".join(
+            f"{p['role']} {p['workers']}x{p.get('tp', 1) * p.get('pp', 1) * p.get('dp', 1)}"
+            for p in point["request"]["deployment"]["pools"]
         )
-    lines.append(f"Pareto front: {len(result['pareto'])} deployments")
+        traffic = point["request"]["traffic"]
+        load = (
+            f"concurrency {traffic['concurrency']:,}"
+            if traffic.get("concurrency") is not None
+            else f"{_sig3(traffic['request_rate'])} requests/s"
+        )
+        ok = _meets(point, sla or {})
+        line = _deployment_line(
+            "    ", point, pools, point["output_tokens_per_s_per_gpu"], point["tokens_per_s_per_user"],
+            point["ttft_s"], point["tpot_s"],
+        )  # fmt: skip
+        lines.append(f"{line}  at {load}{'  meets the SLA' if ok else ''}")
     if result["rejected"]:
         lines.append("not planned: " + "; ".join(f"{why} ({n})" for why, n in result["rejected"].items()))
     return "\n".join(lines) + "\n"
+
+
+def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user: float, ttft, tpot: float) -> str:
+    ttft_text = "unbounded" if ttft is None else human_seconds(ttft)
+    return (
+        f"{lead} {hit['engine']:7s} {hit['mode']:14s} {pools:34s} {per_gpu:9,.1f} tokens/s/GPU  "
+        f"{per_user:7,.1f} tokens/s/user  TTFT {ttft_text}  TPOT {human_seconds(tpot)}"
+    )
+
+
+def _meets(point: dict, sla: dict) -> bool:
+    """Whether a front's point meets the SLA's bounds (the ones set)."""
+    ttft, tpot = sla.get("ttft_s"), sla.get("tpot_s")
+    if ttft is not None and (point["ttft_s"] is None or point["ttft_s"] > ttft):
+        return False
+    return tpot is None or point["tpot_s"] <= tpot
 
 
 def _serve_table(result: dict) -> str:
@@ -246,7 +295,8 @@ def _serve_table(result: dict) -> str:
         f"output {tp['output_tokens_per_s']:,.0f} tokens/s, {tp['output_tokens_per_s_per_gpu']:,.1f} per GPU, "
         f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s; "
         f"bound by {result['bottleneck']}",
-        f"KV cache {result['kv_cache']['bytes_per_token']:,} B/token, {result['kv_cache']['capacity_tokens']:,} "
+        f"KV cache {human_bytes(result['kv_cache']['bytes_per_token'])} per token, "
+        f"{result['kv_cache']['capacity_tokens']:,} "
         f"tokens per worker, {result['kv_cache']['max_concurrency']:,} requests",
     ]
     if result["kv_transfer"]:
@@ -422,7 +472,7 @@ def _calibrate(args) -> int:
     except OSError as err:
         print(f"commplan: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
-    except (ValidationError, SpecError, CollectiveError) as err:
+    except _bad_input() as err:
         return _refused(err, lambda message: _in_file(message, args.logs))
     if args.format == "json":
         print(json.dumps(result, indent=2))

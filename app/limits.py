@@ -121,7 +121,9 @@ async def run_value(request: Request, work: Callable[[], object]) -> object:
     finally:
         release()
     error = box.get("error")
-    if isinstance(error, DeadlineExceeded) or (error is None and "body" not in box):
+    # a stop raised while C code ran Python (pydantic's serializer) comes back wrapped in that code's error
+    stopped = deadline.cancelled and error is not None
+    if isinstance(error, DeadlineExceeded) or stopped or (error is None and "body" not in box):
         raise DeadlineExceeded(deadline.reason or "deadline")
     if error is not None:
         raise error

@@ -42,7 +42,7 @@ export async function explore(call) {
     animation: false, legend: { type: "scroll", top: 0 },
     tooltip: { trigger: "item", formatter: (p) => esc(`${p.seriesName === "auto" ? `auto → ${p.name}` : p.seriesName}: ${fmtBytes(p.value[0])}, ${fmtTime(p.value[1])}`
       + (byShown[p.seriesName]?.note ? ` (${byShown[p.seriesName].note})` : "")) },
-    grid: { left: narrow() ? 58 : 70, right: 20, top: 50, bottom: 40 },
+    grid: { left: narrow() ? 58 : 70, right: 32, top: 50, bottom: 40 },  // right: room for half the last size label ("10.0 GB")
     xAxis: { type: "log", name: "message", nameLocation: "middle", nameGap: 24, axisLabel: { formatter: axisBytes, hideOverlap: true } },
     yAxis: { type: "log", axisLabel: { formatter: axisTime } },
     series,

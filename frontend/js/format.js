@@ -39,9 +39,11 @@ export const fmtBw = (gbps) => (gbps === null || gbps === undefined || Number.is
 // memory capacity: decimal GB as everywhere, with the binary GiB beside it (an "80 GB" H100 holds 79.6 GiB)
 export const fmtCapacity = (n) => `${fmtBytes(n)} (${sig3(n / 2 ** 30)} GiB)`;
 
-// axis ticks: "0" for zero, else the same units (ECharts passes plain numbers)
-export const axisTime = (v) => (v === 0 ? "0" : fmtTime(v));
-export const axisBytes = (v) => (v === 0 ? "0" : fmtBytes(v));
+// axis ticks: "0" for zero, else the same units (ECharts passes plain numbers) without the trailing zeros of
+// 3 significant digits: ticks are round numbers ("1 KB", "10 ms", "1.5 s", not "1.00 KB", "10.0 ms", "1.50 s")
+const bare = (text) => text.replace(/(\.\d*?)0+(?=\D|$)/, "$1").replace(/\.(?=\D|$)/, "");
+export const axisTime = (v) => (v === 0 ? "0" : bare(fmtTime(v)));
+export const axisBytes = (v) => (v === 0 ? "0" : bare(fmtBytes(v)));
 
 // ticks over a narrow range (8.140 s .. 8.150 s) need more than 3 digits to differ: enough digits to
 // resolve a tenth of the range, never fewer than 3

@@ -49,13 +49,18 @@ export function renderTable() {
     return el("th", { scope: "col", className: colClass(col), "aria-sort": sorted },
       el("button", { type: "button", "data-sort": col.key }, col.label + (sorted === "none" ? "" : sorted === "ascending" ? " ▲" : " ▼")));
   }));
-  const sel = state.selected;
-  $("ledger").tBodies[0].replaceChildren(...visibleCalls().map((c) => el("tr", {
+  const sel = state.selected, calls = visibleCalls();
+  const named = new Map();
+  for (const c of calls) named.set(c.name, (named.get(c.name) || 0) + 1);
+  $("ledger").tBodies[0].replaceChildren(...calls.map((c) => el("tr", {
     tabIndex: 0, "data-name": c.name, "data-stage": c.stages[0],
     "aria-selected": String(!!sel && sel.name === c.name && c.stages.includes(sel.stage)),
   }, COLUMNS.map((col) => {
     const v = cellValue(col, c);
-    const cell = el("td", { className: colClass(col) }, col.fmt ? col.fmt(v, c) : String(v ?? ""));
+    // under 600 px the Stages column is hidden: a name on several rows says its stages, or a call priced apart per
+    // stage set (dp.grads of stage 3, of stage 0, of stages 1,2) reads as identical rows
+    const stagesNote = col.key === "name" && named.get(c.name) > 1 ? el("span", { className: "narrow-only stage-note" }, `stage${c.stages.length > 1 ? "s" : ""} ${fmtStages(c.stages)}`) : null;
+    const cell = el("td", { className: colClass(col) }, col.fmt ? col.fmt(v, c) : String(v ?? ""), stagesNote);
     if (col.key === "parallelism") cell.style.color = PAR_COLORS[c.parallelism] || "";
     if (col.key === "name") cell.title = c.name;
     return cell;

@@ -18,9 +18,16 @@ export function initSearch(loadLayout) {
 }
 
 export const peakOf = (hit) => Math.max(0, ...((hit.memory && hit.memory.per_stage) || []).map((s) => s.peak_bytes));
+// every dimension the search varies that tells two results apart: sequence parallelism, expert TP, a pipeline
+// schedule other than the one the virtual stages imply (1f1b, or interleaved with v > 1), and the opt-in ones
+// (uneven first/last stages, a pipeline layout, the EP dispatcher) included
 export const layoutName = (p) => ["tp", "pp", "dp", "cp", "ep"].filter((k) => k === "tp" || k === "pp" || k === "dp" || (p[k] || 1) > 1)
-  .map((k) => `${k.toUpperCase()}${p[k] ?? 1}`).join(" ") + (p.zero_stage ? ` ZeRO-${p.zero_stage}` : "")
-  + (p.virtual_pipeline_stages > 1 ? ` v${p.virtual_pipeline_stages}` : "") + (p.framework && p.framework !== "megatron" ? ` (${p.framework})` : "");
+  .map((k) => `${k.toUpperCase()}${p[k] ?? 1}`).join(" ") + ((p.expert_tp || 1) > 1 ? ` ETP${p.expert_tp}` : "")
+  + (p.zero_stage ? ` ZeRO-${p.zero_stage}` : "") + (p.virtual_pipeline_stages > 1 ? ` v${p.virtual_pipeline_stages}` : "")
+  + (p.pp > 1 && p.pipeline_schedule && !["1f1b", "interleaved"].includes(p.pipeline_schedule) ? ` ${p.pipeline_schedule}` : "")
+  + (p.first_stage_layers ? ` first ${p.first_stage_layers}` : "") + (p.last_stage_layers ? ` last ${p.last_stage_layers}` : "")
+  + (p.pipeline_layout ? ` layout ${p.pipeline_layout}` : "") + (p.ep_dispatch ? ` ${p.ep_dispatch}` : "")
+  + (p.sequence_parallel ? " SP" : "") + (p.framework && p.framework !== "megatron" ? ` (${p.framework})` : "");
 
 export function applyLayout(request, hit) {
   return { ...request, parallel: { ...hit.parallel },
@@ -103,7 +110,7 @@ export function renderSearch() {
   c.setOption({
     animation: false, legend: { top: 0 },
     tooltip: { formatter: (p) => esc(p.seriesName === "Pareto front" ? "Pareto front" : `#${p.dataIndex + 1} ${layoutName(hits[p.dataIndex].parallel)}: ${fineAxisTime(hits.map((h) => h.step.time_s))(p.value[1])}, ${fmtBytes(p.value[0])}`) },
-    grid: { left: narrow() ? 58 : 72, right: 20, top: 36, bottom: 44 },
+    grid: { left: narrow() ? 58 : 72, right: 32, top: 36, bottom: 44 },  // right: room for half the last memory label
     xAxis: { type: "value", name: "peak memory per device", nameLocation: "middle", nameGap: 26, scale: true, splitNumber: narrow() ? 3 : 5,
       axisLabel: { formatter: axisBytes, hideOverlap: true } },
     yAxis: { type: "value", scale: true, axisLabel: { formatter: fineAxisTime(hits.map((h) => h.step.time_s)) } },

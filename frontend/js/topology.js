@@ -5,7 +5,7 @@
 /* global cytoscape */
 import { postJson } from "./api.js";
 import { $ } from "./dom.js";
-import { utilColor } from "./format.js";
+import { fmtInt, utilColor } from "./format.js";
 import { state } from "./state.js";
 
 const CACHE = 32;  // subgraphs kept, per cluster + devices: reselecting a call or a node draws at once
@@ -83,6 +83,9 @@ function colours(call) {
   return (edge) => Math.max(0, ...edge.links.map((id) => util.get(id) || 0));
 }
 
+// "on all 64 groups", "on its one group" (a KV transfer, or a call over the whole world, was "on all 1 groups")
+const onGroups = (n) => (n === 1 ? "on its one group" : `on all ${fmtInt(n)} groups`);
+
 const edgeEl = (e, u) => ({ data: { id: e.id, source: e.source, target: e.target, u, label: e.label }, classes: e.links.length > 1 ? "bundle" : "" });
 
 // node boxes in rows; rails (or the unit's leaf) in a row beneath, labelled with their busiest link
@@ -101,8 +104,8 @@ function drawAggregate(call, cluster, view, busy) {
   });
   show(els, `The first group spans ${view.nodes} nodes${view.nodes > boxes.length ? ` (the first ${boxes.length} drawn)` : ""}: `
     + `each box is a node with how many of its ${D} devices are in the group; `
-    + (rails.length ? `each ${cluster.network.rail_optimized ? "rail" : "leaf"} gathers its NIC links, coloured by the busiest reported link while the call runs on all ${call.num_groups} groups. `
-      : view.edges.length ? `edges are the router links between them, coloured while the call runs on all ${call.num_groups} groups. ` : "")
+    + (rails.length ? `each ${cluster.network.rail_optimized ? "rail" : "leaf"} gathers its NIC links, coloured by the busiest reported link while the call runs ${onGroups(call.num_groups)}. `
+      : view.edges.length ? `edges are the router links between them, coloured while the call runs ${onGroups(call.num_groups)}. ` : "")
     + "Click a node to expand it; click the background to come back.");
 }
 
@@ -130,7 +133,7 @@ function drawDetailed(call, view, busy, spanned) {
   for (const e of view.edges) els.push(edgeEl(e, busy(e)));
   show(els, `${focus !== null ? `Node ${focus}, one of the ${spanned} nodes the first group spans (click the background for all of them). ` : ""}`
     + `${view.truncated ? "Some GPUs or router links are left out to keep the drawing readable. " : ""}`
-    + `Edge colour: utilisation while the call runs on all ${call.num_groups} groups (green < 50%, orange < 90%, red ≥ 90%); a link and its reverse are drawn apart.`);
+    + `Edge colour: utilisation while the call runs ${onGroups(call.num_groups)} (green < 50%, orange < 90%, red ≥ 90%); a link and its reverse are drawn apart.`);
 }
 
 export async function drawTopology(call, cluster) {

@@ -166,6 +166,8 @@ def sglang_command(
     argv += _options_argv(options, _SGLANG_FLAGS)
     if disagg:
         argv += ["--disaggregation-mode", pool.role]
+    if pool.worker_gpus > per_node:  # server_args.py nnodes (default 1): the nodes a worker spans, beside its rank
+        argv += ["--nnodes", str(-(-pool.worker_gpus // per_node))]
     return Command(
         tuple(argv), per_node=(("--node-rank", "NODE_RANK", ""), ("--dist-init-addr", "MASTER_ADDR", ":5000"))
     )

@@ -607,7 +607,7 @@ def test_human_units_everywhere(page):
         """() => { const c = window.commplan.state.charts.chart; const f = c.getOption().yAxis[0].axisLabel.formatter;
                    return [0, 0.5, 1.5, 2e-4].map(f); }"""
     )
-    assert labels == ["0", "500 ms", "1.50 s", "200 µs"]
+    assert labels == ["0", "500 ms", "1.5 s", "200 µs"]
 
 
 # ---- exports ------------------------------------------------------------------------------------------------------
@@ -821,7 +821,7 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
     expect(page.locator("#compare-body")).to_contain_text("Step time", timeout=20_000)
     expect(page.locator("#compare-body")).to_contain_text("Ledger differences")
     expect(page.locator("#compare-body .compare-legend")).to_contain_text(
-        "A = #1 TP8 PP4 DP16 ZeRO-1 · B = #2 TP8 PP8 DP8"
+        "A = #1 TP8 PP4 DP16 ZeRO-1 SP · B = #2 TP8 PP8 DP8 ZeRO-1 SP"
     )
     # MFU differences in percentage points ("MFU -0.309%" meant points), and no unchanged "+0 s" ledger rows
     mfu = page.locator("#compare-body tr", has=page.locator("th", has_text=re.compile("^MFU$"))).locator("td").nth(2)
@@ -1515,3 +1515,106 @@ def test_cosmetics_of_issue_25_item_9(make_page, viewport):
     assert metric.locator("wbr").count() >= 1 and "." in metric.inner_text()
     assert page.locator(".metric").first.evaluate("e => getComputedStyle(e).overflowWrap") == "break-word"
     assert overflow(page) <= 0
+
+
+# ---- found by a newcomer from a fresh clone (user4) ---------------------------------------------------------------
+AXIS_LABELS = """(id) => { const c = window.commplan.state.charts[id], width = c.getWidth(), out = [];
+  c.getZr().storage.getDisplayList(true).forEach((e) => {
+    if (!e.style || typeof e.style.text !== 'string' || !/^[\\d.]+ [KMGTP]?B$/.test(e.style.text)) return;
+    const r = e.getBoundingRect().clone(); if (e.transform) r.applyTransform(e.transform);
+    out.push([e.style.text, r.x, r.x + r.width, width]); });
+  return out; }"""
+
+
+def assert_byte_labels_inside(page, chart_id):
+    """Every byte label of the chart's x axis lies inside the chart (the last one, "10.0 GB" or "85.0 GB", was cut
+    by the chart's right edge)."""
+    labels = page.evaluate(AXIS_LABELS, chart_id)
+    assert len(labels) >= 3, labels
+    outside = [(text, round(x0), round(x1), w) for text, x0, x1, w in labels if x0 < 0 or x1 > w]
+    assert outside == [], outside
+
+
+@VIEWPORTS
+def test_the_explorers_and_the_searchs_last_axis_label_is_not_cut(make_page, viewport):
+    page = make_page(viewport)
+    stub_search(page)
+    open_page(page)
+    expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=20_000)
+    assert_byte_labels_inside(page, "explorer")
+    page.click("#search-run")
+    expect(page.locator("#search-table tbody tr")).to_have_count(4, timeout=10_000)
+    assert_byte_labels_inside(page, "search-chart")
+
+
+def test_search_results_that_differ_only_in_sequence_parallelism_are_told_apart(page):
+    """Llama-3 70B on 64 nodes listed "TP2 PP8 DP8 CP4 ZeRO-1 v10" twice (15.4 s, 62.0 and 56.1 GB): the two
+    differ in sequence parallelism, which the layout's name did not say. Likewise expert TP, a zero-bubble
+    schedule and uneven stages."""
+    sp_off, sp_on = search_hit(8, 4, 16, 9.1, 71 * 10**9), search_hit(8, 4, 16, 9.2, 62 * 10**9)
+    sp_off["parallel"]["sequence_parallel"] = False
+    zb = search_hit(8, 4, 16, 9.3, 60 * 10**9)
+    zb["parallel"].update(pipeline_schedule="zb-h1", first_stage_layers=19, last_stage_layers=19)
+    moe = search_hit(8, 4, 16, 9.4, 58 * 10**9)
+    moe["parallel"].update(ep=8, expert_tp=2, sequence_parallel=False)
+    stub_search(page, results=[sp_off, sp_on, zb, moe])
+    open_page(page)
+    page.click("#search-run")
+    expect(page.locator("#search-table tbody tr")).to_have_count(4, timeout=10_000)
+    names = [page.locator("#search-table tbody tr").nth(i).locator("td").nth(1).inner_text() for i in range(4)]
+    assert [n.removesuffix("front").strip() for n in names] == [
+        "TP8 PP4 DP16 ZeRO-1",
+        "TP8 PP4 DP16 ZeRO-1 SP",
+        "TP8 PP4 DP16 ZeRO-1 zb-h1 first 19 last 19 SP",
+        "TP8 PP4 DP16 EP8 ETP2 ZeRO-1",
+    ], names
+
+
+def test_axis_ticks_are_round_numbers_without_trailing_zeros(page):
+    """The explorer's axes read "1.00 KB ... 10.0 GB" and "1.00 µs ... 100 ms", the timeline's "3.00 s 6.00 s":
+    a tick is a round number, written without the zeros of three significant digits."""
+    open_page(page)
+    got = page.evaluate(
+        """async () => { const f = await import('/static/js/format.js');
+          return [f.axisBytes(1e3), f.axisBytes(1e10), f.axisBytes(1.5e9), f.axisBytes(134e6), f.axisBytes(512),
+                  f.axisTime(1e-6), f.axisTime(0.01), f.axisTime(3), f.axisTime(2.5), f.axisTime(0.125)]; }"""
+    )
+    assert got == ["1 KB", "10 GB", "1.5 GB", "134 MB", "512 B", "1 µs", "10 ms", "3 s", "2.5 s", "125 ms"]
+    expect(page.locator("#explorer-note")).to_contain_text("priced together", timeout=20_000)
+    ticks = page.evaluate(
+        "() => { const c = window.commplan.state.charts.explorer, f = c.getOption().xAxis[0].axisLabel.formatter;"
+        " return [1e3, 1e4, 1e9].map(f); }"
+    )
+    assert ticks == ["1 KB", "10 KB", "1 GB"]
+
+
+def test_one_group_is_said_in_the_singular(page):
+    """The KV transfer drawn on the topology (one group) said "coloured ... while the call runs on all 1 groups"."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-draw")).to_be_visible(timeout=60_000)
+    page.click("#serve-draw")
+    note = page.locator("#topology-note")
+    expect(note).to_contain_text("The KV transfer", timeout=30_000)
+    expect(note).to_contain_text("while the call runs on its one group")
+    assert "all 1 groups" not in note.inner_text()
+
+
+def test_a_call_on_several_rows_says_its_stages_on_a_phone(make_page):
+    """At 390 px the Stages column is hidden, and Llama-3 70B's ledger showed three identical "dp.grads
+    reducescatter" rows (stage 3, stage 0, stages 1,2); a name on several rows now says its stages there."""
+    page = make_page(PHONE)
+    open_page(page)
+    rows = page.locator("#ledger tbody tr", has_text="dp.grads")
+    stages = rows.evaluate_all("(rows) => rows.map((r) => r.dataset.stage)")
+    assert len(stages) >= 2
+    texts = [t.split("\n") for t in rows.locator("td:first-child").all_inner_texts()]
+    assert len({tuple(t) for t in texts}) == len(texts), texts
+    assert all(t[0] == "dp.grads" and re.fullmatch(r"stages? [\d,–]+", t[1]) for t in texts), texts
+    # a name on one row only (tp.attn.qkv) stays one line; at 1440 px the Stages column says it and the note is hidden
+    assert page.locator("#ledger tbody tr[data-name='tp.attn.qkv'] td:first-child").inner_text() == "tp.attn.qkv"
+    wide = make_page(WIDE)
+    open_page(wide)
+    assert set(wide.locator("#ledger tbody tr", has_text="dp.grads").locator("td:first-child").all_inner_texts()) == {
+        "dp.grads"
+    }
