@@ -157,6 +157,11 @@ GEMM_CEILING = {
 # nvidia-smi under cuBLAS load): 0.9. Blackwell (B200 1,965 MHz boost, 1,000 W): taken as Hopper's until a trace
 # at scale refits it. The power-limit scale (GPUSpec.clock_scale) multiplies this.
 SUSTAINED_CLOCK = {90: 0.90, 100: 0.90}
+# The SM clock the datasheet's dense tensor peak is quoted at, MHz: peak = SMs x dense FLOP per clock per SM x clock.
+# A100 SXM4: 108 x 2,048 x 1,410 MHz = 312 TF bf16 (A100 whitepaper, boost clock 1,410 MHz); H100 SXM5 (and H200,
+# GH200, H800: the same SMs): 132 x 4,096 x 1,830 MHz = 989.4 TF (H100 whitepaper Table 3, max boost clock for
+# tensor-core work 1,830 MHz; nvidia-smi's clocks.max.sm, 1,980 MHz, is the non-tensor boost).
+DATASHEET_CLOCK_MHZ = {80: 1410, 90: 1830}
 
 # CTA tile (rows, columns) cuBLAS picks for large GEMMs: Ampere 128x128 (ampere_bf16_s16816gemm_..._128x128),
 # Hopper and Blackwell 128x256 (sm90_xmma_gemm_..._tilesize128x256x64; Blackwell's 256x256 2-SM tile is 128x256
@@ -341,7 +346,15 @@ def dense_peak(gpu: GPUSpec, dtype: str) -> float:
     peak_dtype = _PEAK_DTYPE.get(dtype, dtype)
     if peak_dtype == "fp8" and not gpu.peak_tflops.get("fp8"):
         peak_dtype = "bf16"  # no fp8 tensor cores: the GEMM runs in bf16
-    return gpu.peak(peak_dtype) * gpu.clock_scale() * SUSTAINED_CLOCK.get(generation(gpu), 1.0)
+    return gpu.peak(peak_dtype) * clock_fraction(gpu, dtype)
+
+
+def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
+    """The tensor clock a training step sustains as a fraction of the clock the datasheet peak is quoted at
+    (DATASHEET_CLOCK_MHZ): SUSTAINED_CLOCK of the generation x the power-limit scale (GPUSpec.clock_scale). The one
+    place the clock enters the model: a kernel table row measured at a known clock is predicted with this fraction
+    replaced by its clock / DATASHEET_CLOCK_MHZ (bench/h200_tables.py at_clock)."""
+    return gpu.clock_scale() * SUSTAINED_CLOCK.get(generation(gpu), 1.0)
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
@@ -932,6 +945,7 @@ __all__ = [
     "LayerKernels",
     "attention_flops",
     "check_kernel_options",
+    "clock_fraction",
     "cross_entropy_fusion",
     "efficiency",
     "gemm_time",
