@@ -17,6 +17,7 @@ compared (run 2 measured the same grid with clocks); its launch and memory-bound
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,10 +28,12 @@ from planner import ModelSpec, ParallelSpec, WorkloadSpec
 from planner.compute import pass_time
 from planner.context import Context
 from planner.kernels import (
+    ATTENTION_CEILING,
     DATASHEET_CLOCK_MHZ,
     EAGER,
     EFFICIENCY,
     FUSED,
+    GEMM_CEILING,
     Efficiency,
     causal_keys,
     clock_fraction,
@@ -258,11 +261,57 @@ def sustained_clock_mhz() -> float:
     return median(r["sm_mhz"] for r in rows if r["t_s"] - t0 >= 5)
 
 
+def _scale(rows, classes) -> float:
+    """predicted / measured at the median over the rows of ``classes`` (kernel_fit.class_scales: a ceiling times
+    this is its refit)."""
+    logs = [math.log(p / m) for c, _, p, m in rows if c in classes]
+    return math.exp(median(logs))
+
+
+def fit(eff: Efficiency = EFFICIENCY) -> dict:
+    """The global constants as runs 1-2 measure them, from the model's current ones (a fixed point once committed:
+    tests/planner/test_h200_tables.py): the Hopper sustained clock fraction; the bf16 and fp8 (tensorwise) GEMM
+    ceilings and the cudnn and flash2 attention ceilings (head dim 128, causal) at each row's clock, with the
+    shape terms (k0, fill, fixed cost, s0) as fitted on the aiconfigurator tables; HBM from copies of >= 128 MiB;
+    the kernel floor from CUDA-graph replays of tiny kernels (launch, and copies <= 1 MiB); the host's dispatch
+    per op from eager tiny ops (launch)."""
+    gen = generation(GPU)
+    gemms = list(gemm_rows(eff))
+    attention = list(attention_rows(eff))
+    out = {
+        "sustained_clock": sustained_clock_mhz() / DATASHEET_CLOCK_MHZ[gen],
+        "gemm_bf16": GEMM_CEILING[gen, "bf16"] * _scale(gemms, {f"GEMM bf16 {p}" for p in ("fwd", "dgrad", "wgrad")}),
+        "gemm_fp8": GEMM_CEILING[gen, "fp8"] * _scale(gemms, {"GEMM fp8 tensorwise"}),
+    }
+    for kernel in ("cudnn", "flash2"):
+        fwd, bwd = ATTENTION_CEILING[kernel, gen]
+        out[f"{kernel}_fwd"] = fwd * _scale(attention, {f"attention {kernel} fwd"})
+        out[f"{kernel}_bwd"] = bwd * _scale(attention, {f"attention {kernel} bwd"})
+    copies, floors, hosts = [], [], []
+    for run in FIT_RUNS:
+        sections = load(run)
+        for r in sections["memory_bound"]:
+            if r["op"] == "copy" and r["tensor_bytes"] >= 2**27:
+                copies.append(r["bytes_moved"] / r["eager_s"])
+            if r["op"] == "copy" and r["graph_s"] and r["tensor_bytes"] <= 2**20:
+                floors.append(r["graph_s"])
+        floors += [r["graph_s_per_op"] for r in sections["launch"]]
+        hosts += [r["eager_s_per_op"] for r in sections["launch"]]
+    out["hbm"] = median(copies) / (GPU.hbm_GBps * 1e9)
+    out["kernel_s"] = median(floors)
+    out["cpu_op_s"] = median(hosts)
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
 def main() -> None:
+    if "--fit" in sys.argv:
+        for name, value in fit().items():
+            print(f"{name}: {value:.4g}")
+        return
     print(f"sustained clock of the training layer (run 2): {sustained_clock_mhz():.0f} MHz")
     print("| kernel class (H200, runs 1-2) | rows | median abs error | signed median | worst |")
     print("|---|---|---|---|---|")

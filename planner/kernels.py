@@ -62,10 +62,13 @@ EFFICIENCY = Efficiency(
     # FlashAttention-2 (Dao 2023) on H100 SXM5: up to 335 TFLOP/s forward + backward (§4.1, Fig. 7).
     attention_fwd=0.38,
     attention_bwd=0.32,
-    # STREAM-like copies reach ~85-90% of HBM peak on A100/H100 (NVIDIA nvbandwidth / BabelStream results).
-    hbm=0.85,
-    # CUDA kernel launch + ramp + tail of a short kernel: a few us (CUDA C++ Best Practices Guide, launch overhead).
-    kernel_s=5e-6,
+    # Copies of >= 128 MiB on this project's H200 (tests/reference/kernels/h200/run1.json and run2.json
+    # ``memory_bound``, bench/h200_tables.py fit): 4.21 TB/s median of 4.8 datasheet (STREAM-like copies reach
+    # ~85-90% on A100/H100 too: NVIDIA nvbandwidth / BabelStream results).
+    hbm=0.877,
+    # A tiny kernel replayed from a CUDA graph (no host dispatch) on the H200: 1.05-2.4 us (runs 1-2 ``launch``
+    # graph column, and copies of <= 1 MiB): median 1.3 us.
+    kernel_s=1.3e-6,
     # Fitted together on the 1,568 measured GEMMs of tests/reference/kernels/aiconfigurator_gemm.json (A100, H100,
     # B200; bf16, fp8, fp8 block-scaled, nvfp4) by least squares in log time (bench/kernel_fit.py): k0 = 128,
     # fill = 0.1, fixed 8 us: median |error| 9.2% over all, 4-6% for bf16 on A100 and H100.
@@ -77,7 +80,8 @@ EFFICIENCY = Efficiency(
     # against 0.18 at 512 and 0.14 at 2,048; bench/kernel_fit.py).
     attention_s0=1024.0,
     # PyTorch eager dispatch: ~10 us of host time per op (He, "Making Deep Learning Go Brrrr From First
-    # Principles", 2022, overhead section); CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
+    # Principles", 2022, overhead section); on the H200 machine's host 6.0-16.8 us per tiny op, median 10.1 us
+    # (runs 1-2 ``launch`` eager column). CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
     cpu_op_s=1e-5,
 )
 
@@ -140,23 +144,39 @@ def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
 # generation, GEMM dtype): fitted per class with the global k0, fill and fixed cost above (bench/kernel_fit.py) on
 # aiconfigurator's tables (TensorRT-LLM torch flow: cuBLASLt; DeepGEMM for block-scaled fp8 on B200), which were
 # measured at the default power limit. MXFP8 on Blackwell (1x32 blocks, hardware scales) takes block-scaled fp8's.
+# Hopper (90) from this project's H200 tables instead, as a fraction of the datasheet peak scaled to the SM clock
+# each row logged (tests/reference/kernels/h200/run2.json, bench/h200_tables.py fit): bf16 0.886 (the 432 fwd,
+# dgrad and wgrad torch.mm GEMMs of ``gemm_bf16``), fp8 0.844 (the 216 tensorwise torch._scaled_mm of
+# ``gemm_fp8``); block-scaled fp8 keeps aiconfigurator's ratio to per-tensor on H100 (0.596 / 0.639, DeepGEMM vs
+# cuBLASLt, the same table collection): 0.787. aiconfigurator's H100 tables (clock not recorded) read at the
+# datasheet clock gave 0.844 and 0.639: what these ceilings give at 1,743 and 1,386 MHz, clocks an H100 holds
+# under its power cap (the H200's bf16 and fp8 GEMM bursts: 1,440-1,470 and 1,290-1,305 MHz).
 GEMM_CEILING = {
     (80, "bf16"): 0.860,
-    (90, "bf16"): 0.844,
-    (90, "fp8"): 0.639,
-    (90, "fp8_block"): 0.596,
+    (90, "bf16"): 0.886,
+    (90, "fp8"): 0.844,
+    (90, "fp8_block"): 0.787,
     (100, "bf16"): 0.733,
     (100, "fp8"): 0.525,
     (100, "fp8_block"): 0.635,
     (100, "mxfp8"): 0.635,
     (100, "nvfp4"): 0.415,
 }
-# Tensor-core clock sustained through a training step, as a fraction of the clock the kernel tables ran at (short
-# benchmark bursts at the maximum boost). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). H100 SXM5 boosts to
-# 1,980 MHz but sustains about 1,750-1,800 MHz at 700 W under back-to-back GEMMs (NVIDIA H100 datasheet clocks;
-# nvidia-smi under cuBLAS load): 0.9. Blackwell (B200 1,965 MHz boost, 1,000 W): taken as Hopper's until a trace
-# at scale refits it. The power-limit scale (GPUSpec.clock_scale) multiplies this.
-SUSTAINED_CLOCK = {90: 0.90, 100: 0.90}
+# Tensor-core clock sustained through a training step, as a fraction of the clock the datasheet peak is quoted at
+# (DATASHEET_CLOCK_MHZ below). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). Hopper: this project's H200
+# (700 W, tests/reference/kernels/h200/run2.json ``layer_sustained``: the Llama-3-8B eager layer trained back to back
+# for 30 s) settles at a median 1,560 MHz after its first 5 s (run2_smi.csv: 1,530-1,650 MHz, 690 W, clock-event
+# reason 0x4, software power cap), from 1,980 MHz: 1,560 / 1,830 = 0.852 (bench/h200_tables.py
+# sustained_clock_mhz). The H100 SXM5 has the same SMs and the same 700 W limit; its HBM3 (5 stacks, 80 GB) draws
+# less than the H200's HBM3e (6 stacks, 141 GB), so it may hold a slightly higher clock: not measured here.
+# Blackwell (B200 1,965 MHz boost, 1,000 W): 0.90 as before (no datasheet clock or measured clock here) until a
+# trace at scale refits it. The power-limit scale (GPUSpec.clock_scale) multiplies this.
+SUSTAINED_CLOCK = {90: 0.852, 100: 0.90}
+# fp8 tensor work draws more power per clock than bf16, so under the same cap it holds a lower clock: 8192^3 GEMMs
+# back to back for 15-20 s on the H200 settle at 1,290-1,305 MHz in fp8 against 1,440-1,470 MHz in bf16
+# (tests/reference/kernels/h200/README.md, run1/run2 ``sustained`` with their smi logs): 1,298 / 1,455 = 0.892,
+# applied to the GEMMs whose peak is the fp8 one (dense_peak).
+FP8_CLOCK = {90: 0.892}
 # The SM clock the datasheet's dense tensor peak is quoted at, MHz: peak = SMs x dense FLOP per clock per SM x clock.
 # A100 SXM4: 108 x 2,048 x 1,410 MHz = 312 TF bf16 (A100 whitepaper, boost clock 1,410 MHz); H100 SXM5 (and H200,
 # GH200, H800: the same SMs): 132 x 4,096 x 1,830 MHz = 989.4 TF (H100 whitepaper Table 3, max boost clock for
@@ -175,24 +195,29 @@ _PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 # Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
 # s_kv/(s_kv + s0), by kernel and generation:
-# - cudnn on H100 and B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
+# - cudnn and flash2 on Hopper: this project's H200 tables (tests/reference/kernels/h200/run2.json ``attention``:
+#   torch SDPA with cuDNN 9.19 and torch's FlashAttention-2, causal, head dim 128, 1k-32k, 12 shapes each; at the
+#   SM clock each row logged, with the global s0; bench/h200_tables.py fit): cudnn 0.705 forward, 0.576 backward;
+#   flash2 0.353, 0.307. (aiconfigurator's H100 table of TensorRT-LLM's FMHA, clock not recorded, read at the
+#   datasheet clock: 0.55 forward.)
+# - cudnn on B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
 #   context-attention tables (TensorRT-LLM's warp-specialised FMHA, bf16, head dim 128: 85 shapes per GPU,
-#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.55 and 0.42; TransformerEngine's
+#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.42; TransformerEngine's
 #   cuDNN fused attention is the same class of kernel. Backward at FlashAttention-3's backward/forward ratio (0.76,
 #   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k);
 # - flash3 on H100: FlashAttention-3's own figures (bf16, causal, head dim 128, 8-16k) over s/(s + s0) ~ 0.9;
 # - flash2 on A100: FlashAttention-2 (Dao 2023) Fig. 4-6, causal, head dim 128: ~0.6 forward, ~0.5 backward
 #   (aiconfigurator's A100 table, TensorRT-LLM's older sm80 FMHA, runs 18% slower than this);
-# - flash2 on H100: the same kernels (mma.sync, no TMA/wgmma), §4.1 Fig. 7: 335 TF/s forward + backward;
-# - flash2 on Blackwell: FA2's sm80 mma.sync code reaches no more TF/s than on H100 (0.42·989 / 2,250);
+# - flash2 on Blackwell: FA2's sm80 mma.sync code reaches no more TF/s than on H100 (FlashAttention-2 §4.1
+#   Fig. 7, 335 TF/s forward + backward on H100: 0.42·989 / 2,250);
 # - cudnn on A100: cuDNN's fused attention on sm80 is FlashAttention-2's algorithm (cuDNN 8.9 release notes).
 ATTENTION_CEILING = {
     ("flash2", 80): (0.66, 0.55),
-    ("flash2", 90): (0.42, 0.35),
+    ("flash2", 90): (0.353, 0.307),
     ("flash2", 100): (0.19, 0.16),
     ("flash3", 90): (0.70, 0.53),
     ("cudnn", 80): (0.66, 0.55),
-    ("cudnn", 90): (0.55, 0.42),
+    ("cudnn", 90): (0.705, 0.576),
     ("cudnn", 100): (0.42, 0.32),
 }
 FLASH3_GENERATIONS = (90,)  # FlashAttention-3 is Hopper-only (wgmma/TMA; flash-attention hopper/ README)
@@ -353,8 +378,11 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
     """The tensor clock a training step sustains as a fraction of the clock the datasheet peak is quoted at
     (DATASHEET_CLOCK_MHZ): SUSTAINED_CLOCK of the generation x the power-limit scale (GPUSpec.clock_scale). The one
     place the clock enters the model: a kernel table row measured at a known clock is predicted with this fraction
-    replaced by its clock / DATASHEET_CLOCK_MHZ (bench/h200_tables.py at_clock)."""
-    return gpu.clock_scale() * SUSTAINED_CLOCK.get(generation(gpu), 1.0)
+    replaced by its clock / DATASHEET_CLOCK_MHZ (bench/h200_tables.py at_clock). fp8 GEMMs hold a lower clock
+    (FP8_CLOCK)."""
+    gen = generation(gpu)
+    fp8 = _PEAK_DTYPE.get(dtype) == "fp8" and gpu.peak_tflops.get("fp8")
+    return gpu.clock_scale() * SUSTAINED_CLOCK.get(gen, 1.0) * (FP8_CLOCK.get(gen, 1.0) if fp8 else 1.0)
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
