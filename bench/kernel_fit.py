@@ -49,10 +49,11 @@ def load() -> dict:
     return json.loads(DATA.read_text())
 
 
-def burst(gpu, dtype: str = "bf16"):
-    """``gpu`` with its peaks over kernels.clock_fraction: the model's ``dtype`` GEMMs then run at the datasheet
-    clock."""
-    scale = clock_fraction(gpu, dtype)
+def burst(gpu):
+    """``gpu`` with its peaks over kernels.clock_fraction: the model's bf16 GEMMs then run at the datasheet clock,
+    and its fp8 GEMMs at FP8_CLOCK of it (fp8 holds a lower clock than bf16 under the same power cap, bursts or not:
+    the H200's sustained sections)."""
+    scale = clock_fraction(gpu, "bf16")
     return replace(gpu, peak_tflops={k: v / scale for k, v in gpu.peak_tflops.items()})
 
 
@@ -67,7 +68,7 @@ def rows(data: dict):
 
 def predicted(gpu, dtype, m, n, k, eff=EFFICIENCY) -> float:
     """The model's time at the tables' (burst) clock."""
-    return gemm_time((float(m),), float(n), float(k), dtype, burst(gpu, dtype), eff)
+    return gemm_time((float(m),), float(n), float(k), dtype, burst(gpu), eff)
 
 
 def table(data: dict, eff=EFFICIENCY) -> list[dict]:

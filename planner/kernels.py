@@ -144,18 +144,18 @@ def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
 # generation, GEMM dtype): fitted per class with the global k0, fill and fixed cost above (bench/kernel_fit.py) on
 # aiconfigurator's tables (TensorRT-LLM torch flow: cuBLASLt; DeepGEMM for block-scaled fp8 on B200), which were
 # measured at the default power limit. MXFP8 on Blackwell (1x32 blocks, hardware scales) takes block-scaled fp8's.
-# Hopper (90) from this project's H200 tables instead, as a fraction of the datasheet peak scaled to the SM clock
-# each row logged (tests/reference/kernels/h200/run2.json, bench/h200_tables.py fit): bf16 0.886 (the 432 fwd,
-# dgrad and wgrad torch.mm GEMMs of ``gemm_bf16``), fp8 0.844 (the 216 tensorwise torch._scaled_mm of
-# ``gemm_fp8``); block-scaled fp8 keeps aiconfigurator's ratio to per-tensor on H100 (0.596 / 0.639, DeepGEMM vs
-# cuBLASLt, the same table collection): 0.787. aiconfigurator's H100 tables (clock not recorded) read at the
-# datasheet clock gave 0.844 and 0.639: what these ceilings give at 1,743 and 1,386 MHz, clocks an H100 holds
-# under its power cap (the H200's bf16 and fp8 GEMM bursts: 1,440-1,470 and 1,290-1,305 MHz).
+# Hopper bf16 from this project's H200 tables instead, as a fraction of the datasheet peak scaled to the SM clock
+# each row logged (tests/reference/kernels/h200/run2.json ``gemm_bf16``: 432 fwd, dgrad and wgrad torch.mm GEMMs;
+# bench/h200_tables.py fit): 0.886 (aiconfigurator's H100 table, clock not recorded, read at the datasheet clock:
+# 0.844, what 0.886 gives at 1,743 MHz). Hopper fp8 stays aiconfigurator's (cuBLASLt per-tensor; DeepGEMM 1x128
+# blocks), refitted with fp8 at FP8_CLOCK of the bf16 clock: 0.639 / 0.892 = 0.716 and 0.596 / 0.892 = 0.668. The
+# H200's torch._scaled_mm (torch 2.11, CUDA 13) at its logged clocks reaches 0.844: 18% above this ceiling, which
+# both aiconfigurator's H100 fp8 table and the published fp8 runs (docs/step-time.md) contradict; not adopted.
 GEMM_CEILING = {
     (80, "bf16"): 0.860,
     (90, "bf16"): 0.886,
-    (90, "fp8"): 0.844,
-    (90, "fp8_block"): 0.787,
+    (90, "fp8"): 0.716,
+    (90, "fp8_block"): 0.668,
     (100, "bf16"): 0.733,
     (100, "fp8"): 0.525,
     (100, "fp8_block"): 0.635,
@@ -187,6 +187,12 @@ DATASHEET_CLOCK_MHZ = {80: 1410, 90: 1830}
 # Hopper and Blackwell 128x256 (sm90_xmma_gemm_..._tilesize128x256x64; Blackwell's 256x256 2-SM tile is 128x256
 # per SM). The table's m, n are multiples of 128, so the fit cannot tell the tiles apart: they are the kernels'.
 GEMM_TILE = {80: (128, 128), 90: (128, 256), 100: (128, 256)}
+# Split-K: where a GEMM's output tiles leave SMs idle (decode's m 1-256 against a narrow n), cuBLASLt's heuristics
+# split the K loop over the idle SMs (split-K, or CUTLASS 3's stream-K scheduler on sm90), in chunks of at least
+# SPLIT_K_MIN: fitted on the H200's 192 decode GEMMs (tests/reference/kernels/h200/run2.json ``gemm_bf16`` decode
+# and decode_graph, m 1-256; bench/h200_tables.py): 512, 1,024 and 2,048 give the same median error (9.7% eager,
+# 8.4% CUDA graph, against 16% and 31% without a split).
+SPLIT_K_MIN = 1024
 
 # Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
 # per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
@@ -195,16 +201,17 @@ _PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 # Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
 # s_kv/(s_kv + s0), by kernel and generation:
-# - cudnn and flash2 on Hopper: this project's H200 tables (tests/reference/kernels/h200/run2.json ``attention``:
-#   torch SDPA with cuDNN 9.19 and torch's FlashAttention-2, causal, head dim 128, 1k-32k, 12 shapes each; at the
-#   SM clock each row logged, with the global s0; bench/h200_tables.py fit): cudnn 0.705 forward, 0.576 backward;
-#   flash2 0.353, 0.307. (aiconfigurator's H100 table of TensorRT-LLM's FMHA, clock not recorded, read at the
-#   datasheet clock: 0.55 forward.)
-# - cudnn on B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
+# - flash2 on Hopper: this project's H200 tables (tests/reference/kernels/h200/run2.json ``attention``: torch
+#   SDPA's FlashAttention-2, causal, head dim 128, 1k-32k, 12 shapes; at the SM clock each row logged, with the
+#   global s0; bench/h200_tables.py fit): 0.353 forward, 0.307 backward;
+# - cudnn on H100 and B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
 #   context-attention tables (TensorRT-LLM's warp-specialised FMHA, bf16, head dim 128: 85 shapes per GPU,
-#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.42; TransformerEngine's
+#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.55 and 0.42; TransformerEngine's
 #   cuDNN fused attention is the same class of kernel. Backward at FlashAttention-3's backward/forward ratio (0.76,
-#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k);
+#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k). The H200's cuDNN 9.19 (torch SDPA) at its
+#   logged clocks reaches 0.705 forward and 0.576 backward, 28% and 37% above; the published Megatron runs (TE
+#   with the cuDNN of 2023-2024) come out too fast with it (docs/step-time.md): not adopted, the planner has no
+#   cuDNN version to tell them apart;
 # - flash3 on H100: FlashAttention-3's own figures (bf16, causal, head dim 128, 8-16k) over s/(s + s0) ~ 0.9;
 # - flash2 on A100: FlashAttention-2 (Dao 2023) Fig. 4-6, causal, head dim 128: ~0.6 forward, ~0.5 backward
 #   (aiconfigurator's A100 table, TensorRT-LLM's older sm80 FMHA, runs 18% slower than this);
@@ -217,7 +224,7 @@ ATTENTION_CEILING = {
     ("flash2", 100): (0.19, 0.16),
     ("flash3", 90): (0.70, 0.53),
     ("cudnn", 80): (0.66, 0.55),
-    ("cudnn", 90): (0.705, 0.576),
+    ("cudnn", 90): (0.55, 0.42),
     ("cudnn", 100): (0.42, 0.32),
 }
 FLASH3_GENERATIONS = (90,)  # FlashAttention-3 is Hopper-only (wgmma/TMA; flash-attention hopper/ README)
@@ -407,11 +414,17 @@ def gemm_time(rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUS
     cols = math.ceil(n / tn)
     tiles = sum(math.ceil(m / tm) for m in rows if m > 0) * cols
     quant = sum(m for m in rows) * n / (tiles * tm * tn)
-    fill = tiles / (tiles + eff.gemm_fill * gpu.sms) if gpu.sms else 1.0
-    rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k / (k + eff.gemm_k0)
+    split = max(1, min(gpu.sms // tiles, int(k // SPLIT_K_MIN))) if gpu.sms and len(rows) == 1 else 1
+    fill = tiles * split / (tiles * split + eff.gemm_fill * gpu.sms) if gpu.sms else 1.0
+    k_split = k / split  # each split runs k/split of the main loop
+    rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k_split / (k_split + eff.gemm_k0)
     x = operand_bytes(dtype)
     traffic = sum(m * k * x + k * n * x + m * n * 2 for m in rows)  # output in bf16
-    return max(flops / rate, traffic / (gpu.hbm_GBps * 1e9 * eff.hbm)) + eff.gemm_fixed_s
+    # compute-bound: the FLOPs and the GEMM's fixed cost (prologue, epilogue, launch); memory-bound (decode's GEMV-
+    # like shapes): the operands streamed at the HBM rate and a memory-bound kernel's floor (kernel_s). The H200's
+    # m 1-8 GEMMs replayed from a CUDA graph (run2.json ``gemm_bf16`` decode_graph: 5.9 us for 16.8 MB of weights,
+    # 57.2 us for 235 MB) leave ~2 us beyond the bytes, not the compute-bound tables' 8 us (bench/h200_tables.py).
+    return max(flops / rate + eff.gemm_fixed_s, traffic / (gpu.hbm_GBps * 1e9 * eff.hbm) + eff.kernel_s)
 
 
 def gemm_kernels(
