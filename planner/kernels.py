@@ -256,6 +256,9 @@ class Fusion:
     act: tuple[float, int]  # per element of the ffn output (GeLU)
     residual: tuple[float, int]  # per element of h, each of the two residual adds (with bias/dropout)
     loss: float  # bytes per logit of the cross entropy, forward
+    # the MoE combine as an atomic scatter-add of the routed rows into their tokens (SCATTER_ADD_HBM), not a
+    # streamed reduce
+    atomic_combine: bool = False
 
 
 # Megatron-Core + TransformerEngine (and torch.compile, whose Inductor fuses the same chains): one kernel each;
@@ -270,7 +273,18 @@ FUSED = Fusion(norm=(4, 1), rotary=(4, 1), gated_act=(6, 1), act=(4, 1), residua
 # via view_as_complex: upcast, complex mul, cast (2 -> 4, 4 -> 4, 4 -> 2: 20 B, 3
 # kernels per tensor); SwiGLU silu(w1 x) then * w3 x (2 -> 2, 2 + 2 -> 2: 10 B, 2 kernels); residual add 6 B;
 # cross entropy upcasts the bf16 logits, log-softmax and NLL (2 -> 4, 4 -> 4, read 4: 18 B).
-EAGER = Fusion(norm=(4, 1), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18)
+# The MoE combine: torchtitan scatter-adds the weighted expert outputs into the tokens in bf16 (moe.py,
+# ``scatter_add`` over token_indices_experts_sorted), top-k rows per token: atomic adds (atomic_combine).
+EAGER = Fusion(
+    norm=(4, 1), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18, atomic_combine=True
+)
+# bf16 atomic scatter-add throughput as a fraction of the HBM datasheet bandwidth, per byte of the rows added:
+# torch index_add_ of 65,536 rows x 4,096 into 8,192 on this project's H200 (tests/reference/kernels/h200/run1.json
+# and run2.json ``memory_bound`` moe_scatter_add.h4096: 2.20 ms both runs) = 1.22e11 adds/s x 2 B = 0.244 TB/s of
+# the 4.8 TB/s: 0.0508; other GPUs taken at the same fraction of their HBM. Megatron-Core's unpermute without
+# --moe-permute-fusion scatter-adds too (moe_utils.unpermute ``scatter_add_``), after the fp32 probs promote the
+# rows: fp32 atomics, not measured here, so FUSED does not charge it.
+SCATTER_ADD_HBM = 0.0508
 BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs and the gradient and write two
 
 # Megatron's cross entropy without --cross-entropy-loss-fusion (megatron/core/tensor_parallel/cross_entropy.py at
@@ -830,7 +844,11 @@ def routed_expert_kernels(
             bwd.extend((_floored(kd, floor), _floored(kw, floor)))
         else:
             nbytes, count, back = memory[name]
-            fwd.append(memory_kernel(name, nbytes, gpu, eff, count, floor))
+            k = memory_kernel(name, nbytes, gpu, eff, count, floor)
+            if name == "unpermute" and fu.atomic_combine:  # the R·h bf16 adds at the atomic rate
+                atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
+                k = replace(k, time_s=max(k.time_s, atomic))
+            fwd.append(k)
             bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, count, floor))
     return fwd, bwd
 
