@@ -144,12 +144,11 @@ def attention_rows(eff: Efficiency = EFFICIENCY):
 
 
 # memory-bound ops the model has, by the op's label prefix: (bytes per element of the bf16 tensor, kernels), from
-# the model's own fusion tables (kernels.FUSED, EAGER): F.rms_norm is one fused kernel (FUSED.norm); Hugging
-# Face's fp32 RMSNorm is EAGER.norm's op chain; silu(a) * b is EAGER.gated_act per output element; a + b is the
-# residual add; .to(float8) reads 2 and writes 1 byte.
+# the model's own fusion tables (kernels.FUSED, EAGER): F.rms_norm is one fused kernel (FUSED.norm, and EAGER's:
+# nn.RMSNorm); silu(a) * b is EAGER.gated_act per output element; a + b is the residual add; .to(float8) reads 2
+# and writes 1 byte. (Hugging Face's fp32 RMSNorm op chain, rms_norm_eager, is no framework's norm in the model.)
 MEMORY_OPS = {
     "rms_norm_fused.": (FUSED.norm[0] / 2, FUSED.norm[1]),
-    "rms_norm_eager.": (EAGER.norm[0] / 2, EAGER.norm[1]),
     "silu_mul_eager.": (EAGER.gated_act[0] / 2, EAGER.gated_act[1]),
     "add.": (EAGER.residual[0] / 2, EAGER.residual[1]),
     "fp8_cast.": (1.5, 1),

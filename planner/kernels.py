@@ -149,8 +149,9 @@ def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
 # bench/h200_tables.py fit): 0.886 (aiconfigurator's H100 table, clock not recorded, read at the datasheet clock:
 # 0.844, what 0.886 gives at 1,743 MHz). Hopper fp8 stays aiconfigurator's (cuBLASLt per-tensor; DeepGEMM 1x128
 # blocks), refitted with fp8 at FP8_CLOCK of the bf16 clock: 0.639 / 0.892 = 0.716 and 0.596 / 0.892 = 0.668. The
-# H200's torch._scaled_mm (torch 2.11, CUDA 13) at its logged clocks reaches 0.844: 18% above this ceiling, which
-# both aiconfigurator's H100 fp8 table and the published fp8 runs (docs/step-time.md) contradict; not adopted.
+# H200's torch._scaled_mm (torch 2.11, CUDA 13) at its logged clocks reaches 0.844, 18% above: not adopted, since
+# aiconfigurator's 196 H100 fp8 GEMMs (cuBLASLt in TensorRT-LLM) would then be predicted 27% too fast in median
+# (bench/kernel_fit.py), and the 19 published H100 runs' signed median would move from -2.0% to -8.6%.
 GEMM_CEILING = {
     (80, "bf16"): 0.860,
     (90, "bf16"): 0.886,
@@ -201,17 +202,16 @@ _PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 # Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
 # s_kv/(s_kv + s0), by kernel and generation:
-# - flash2 on Hopper: this project's H200 tables (tests/reference/kernels/h200/run2.json ``attention``: torch
-#   SDPA's FlashAttention-2, causal, head dim 128, 1k-32k, 12 shapes; at the SM clock each row logged, with the
-#   global s0; bench/h200_tables.py fit): 0.353 forward, 0.307 backward;
-# - cudnn on H100 and B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
+# - cudnn and flash2 on Hopper: this project's H200 tables (tests/reference/kernels/h200/run2.json ``attention``:
+#   torch SDPA with cuDNN 9.19 and torch's FlashAttention-2, causal, head dim 128, 1k-32k, 12 shapes each; at the
+#   SM clock each row logged, with the global s0; bench/h200_tables.py fit): cudnn 0.705 forward, 0.576 backward;
+#   flash2 0.353, 0.307. aiconfigurator's H100 table of TensorRT-LLM's FMHA (clock not recorded), read at the
+#   datasheet clock, gave 0.55 forward: 23% slower than cuDNN 9.19 here;
+# - cudnn on B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
 #   context-attention tables (TensorRT-LLM's warp-specialised FMHA, bf16, head dim 128: 85 shapes per GPU,
-#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.55 and 0.42; TransformerEngine's
+#   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.42; TransformerEngine's
 #   cuDNN fused attention is the same class of kernel. Backward at FlashAttention-3's backward/forward ratio (0.76,
-#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k). The H200's cuDNN 9.19 (torch SDPA) at its
-#   logged clocks reaches 0.705 forward and 0.576 backward, 28% and 37% above; the published Megatron runs (TE
-#   with the cuDNN of 2023-2024) come out too fast with it (docs/step-time.md): not adopted, the planner has no
-#   cuDNN version to tell them apart;
+#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k);
 # - flash3 on H100: FlashAttention-3's own figures (bf16, causal, head dim 128, 8-16k) over s/(s + s0) ~ 0.9;
 # - flash2 on A100: FlashAttention-2 (Dao 2023) Fig. 4-6, causal, head dim 128: ~0.6 forward, ~0.5 backward
 #   (aiconfigurator's A100 table, TensorRT-LLM's older sm80 FMHA, runs 18% slower than this);
@@ -224,7 +224,7 @@ ATTENTION_CEILING = {
     ("flash2", 100): (0.19, 0.16),
     ("flash3", 90): (0.70, 0.53),
     ("cudnn", 80): (0.66, 0.55),
-    ("cudnn", 90): (0.55, 0.42),
+    ("cudnn", 90): (0.705, 0.576),
     ("cudnn", 100): (0.42, 0.32),
 }
 FLASH3_GENERATIONS = (90,)  # FlashAttention-3 is Hopper-only (wgmma/TMA; flash-attention hopper/ README)
