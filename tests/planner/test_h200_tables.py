@@ -28,7 +28,7 @@ CLASSES = {c["class"]: c for c in h200_tables.classes()}
 def test_the_committed_hopper_constants_are_what_runs_1_and_2_measure():
     """A fixed point: refitting on runs 1-2 (h200_tables.fit) gives back the committed constants within 1.5%.
     Sustained clock 1,560 / 1,830 MHz (run 2 layer_sustained); bf16 GEMM ceiling 0.886; cudnn (0.705, 0.576) and
-    flash2 (0.353, 0.307) attention; HBM 4.21 TB/s of 4.8; a graph-replayed kernel 1.3 us; eager dispatch 10 us."""
+    flash2 (0.353, 0.307) attention; HBM 4.21 TB/s of 4.8; eager dispatch 10 us."""
     fit = h200_tables.fit()
     assert h200_tables.sustained_clock_mhz() == 1560
     assert SUSTAINED_CLOCK[90] == pytest.approx(fit["sustained_clock"], rel=0.001)
@@ -38,7 +38,9 @@ def test_the_committed_hopper_constants_are_what_runs_1_and_2_measure():
         fwd, bwd = ATTENTION_CEILING[kernel, 90]
         assert (fwd, bwd) == pytest.approx((fit[f"{kernel}_fwd"], fit[f"{kernel}_bwd"]), rel=0.015)
     assert EFFICIENCY.hbm == pytest.approx(fit["hbm"], rel=0.005) and fit["hbm"] * 4800 == pytest.approx(4210, rel=0.01)
-    assert EFFICIENCY.kernel_s == pytest.approx(fit["kernel_s"], rel=0.05)
+    # the graph-replayed floor of a tiny kernel (1.3 us) is not the model's kernel_s (5 us): a real eager step's
+    # memory-bound kernels fit 4 us (the HTA trace, tests/app/test_calibrate_trace.py)
+    assert fit["kernel_s"] == pytest.approx(1.3e-6, rel=0.05) and EFFICIENCY.kernel_s == 5e-6
     assert EFFICIENCY.cpu_op_s == pytest.approx(fit["cpu_op_s"], rel=0.01)
 
 
@@ -78,8 +80,8 @@ def test_the_clock_enters_once():
         ("attention cudnn bwd", 0.04),
         ("attention flash2 fwd", 0.09),
         ("attention flash2 bwd", 0.04),
-        ("copy >= 128 MiB eager", 0.02),
-        ("memory add", 0.02),
+        ("copy >= 128 MiB eager", 0.03),
+        ("memory add", 0.08),
         ("memory silu_mul_eager", 0.04),
     ],
 )
@@ -100,11 +102,11 @@ def test_what_the_model_still_misses_on_the_h200():
 
 def test_held_out_layers_within_the_issue_targets():
     """Run 3's seven PyTorch-eager layers (measured before any refit) with the planner's own layer kernels at its
-    sustained clock: forward + backward median |error| 4.8%, signed -4.8%, worst -29.8% (Qwen3-235B's MoE layer);
+    sustained clock: forward + backward median |error| 3.3%, signed -3.3%, worst -28.4% (Qwen3-235B's MoE layer);
     the four dense layers within 5% each. Issue 20's targets: median <= 10%, signed within 5%, none beyond 30%."""
     rows = h200_tables.layer_table(h200_tables.HELDOUT_RUN)
     s = h200_tables.summary("step", [r["step_err"] for r in rows])
-    assert s["n"] == 7 and s["median_abs"] < 0.05 and abs(s["signed_median"]) <= 0.05 and abs(s["worst"]) < 0.30
+    assert s["n"] == 7 and s["median_abs"] < 0.04 and abs(s["signed_median"]) <= 0.05 and abs(s["worst"]) < 0.30
     dense = {r["layer"]: r["step_err"] for r in rows if ".ep" not in r["layer"]}
     assert len(dense) == 4 and all(abs(e) < 0.05 for e in dense.values()), dense
 
