@@ -35,6 +35,7 @@ from planner.kernels import (
     FUSED,
     GEMM_CEILING,
     Efficiency,
+    _mem_s,
     causal_keys,
     clock_fraction,
     flash_attention_s,
@@ -145,13 +146,12 @@ def attention_rows(eff: Efficiency = EFFICIENCY):
 
 # memory-bound ops the model has, by the op's label prefix: (bytes per element of the bf16 tensor, kernels), from
 # the model's own fusion tables (kernels.FUSED, EAGER): F.rms_norm is one fused kernel (FUSED.norm, and EAGER's:
-# nn.RMSNorm); silu(a) * b is EAGER.gated_act per output element; a + b is the residual add; .to(float8) reads 2
-# and writes 1 byte. (Hugging Face's fp32 RMSNorm op chain, rms_norm_eager, is no framework's norm in the model.)
+# nn.RMSNorm); silu(a) * b is EAGER.gated_act per output element; a + b is the residual add (.to(float8): the
+# model's cast, kernels._mem_s). Hugging Face's fp32 RMSNorm op chain, rms_norm_eager, is no framework's norm here.
 MEMORY_OPS = {
     "rms_norm_fused.": (FUSED.norm[0] / 2, FUSED.norm[1]),
     "silu_mul_eager.": (EAGER.gated_act[0] / 2, EAGER.gated_act[1]),
     "add.": (EAGER.residual[0] / 2, EAGER.residual[1]),
-    "fp8_cast.": (1.5, 1),
 }
 
 
@@ -169,6 +169,8 @@ def memory_rows(eff: Efficiency = EFFICIENCY, runs=FIT_RUNS):
                 if r["graph_s"]:
                     yield f"{big} graph", r, t, r["graph_s"]
                 continue
+            if op.startswith("fp8_cast."):  # the model's cast kernel (kernels._mem_s, CAST_HBM): read 2, write 1
+                yield "memory fp8_cast", r, max(_mem_s(1.5 * r["tensor_bytes"], GPU, eff), eff.cpu_op_s), r["eager_s"]
             for prefix, (per, count) in MEMORY_OPS.items():
                 if op.startswith(prefix):
                     t = memory_kernel(op, per * r["tensor_bytes"], GPU, eff, count, eff.cpu_op_s).time_s
