@@ -1,6 +1,8 @@
 """The accuracy tables of README.md and docs/step-time.md, computed (never typed in):
 
 - per kernel class, predicted against NVIDIA's measured aiconfigurator kernel tables (bench/kernel_fit.py);
+- per kernel class and whole eager layers, predicted against this project's own H200 tables (bench/h200_tables.py;
+  runs 1-2 the constants are fitted on, run 3's layers held out);
 - every published run, all held out: no constant of the kernel model is fitted on a run (bench/step_validation.py);
 - leave one source out: the GEMM constants refitted without one GPU's table (kernel_fit.leave_one_source_out),
   and per publication of runs, which is the leave-one-out error itself since nothing is fitted on runs.
@@ -20,6 +22,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import h200_tables
 import kernel_fit
 import step_validation
 
@@ -55,6 +58,56 @@ def kernel_classes() -> list[str]:
     out = ["| kernel class: median abs error (shapes) | A100 | H100 | B200 |", "|---|---|---|---|"]
     for name, row in cells.items():
         out.append(f"| {name} | " + " | ".join(row.get(g, "") for g in ("A100", "H100", "B200")) + " |")
+    return out
+
+
+# the H200 classes shown, pooled: label -> class names of bench/h200_tables.py
+H200_ROWS = {
+    "bf16 GEMMs (fwd, dgrad, wgrad)": ("GEMM bf16 fwd", "GEMM bf16 dgrad", "GEMM bf16 wgrad"),
+    "bf16 decode GEMMs, m 1-256 (eager, CUDA graph)": (
+        "GEMM bf16 decode (m 1-256)",
+        "GEMM bf16 decode_graph (m 1-256)",
+    ),
+    "fp8 GEMMs (torch._scaled_mm tensorwise)": ("GEMM fp8 tensorwise",),
+    "grouped expert GEMMs (torch._grouped_mm)": tuple(
+        f"grouped _grouped_mm {g} ({s})" for g in ("coarse", "fine") for s in ("uniform", "zipf 1.2")
+    ),
+    "expert GEMMs one per expert (loop)": tuple(
+        f"grouped loop {g} ({s})" for g in ("coarse", "fine") for s in ("uniform", "zipf 1.2")
+    ),
+    "attention cuDNN, causal d 128 (fwd, bwd)": ("attention cudnn fwd", "attention cudnn bwd"),
+    "attention FlashAttention-2, causal d 128 (fwd, bwd)": ("attention flash2 fwd", "attention flash2 bwd"),
+    "copies >= 128 MiB (HBM)": ("copy >= 128 MiB eager",),
+}
+
+
+def h200() -> list[str]:
+    """This project's H200 tables: per kernel class (runs 1-2, each row at its logged clock) and the whole eager
+    layers at the model's sustained clock (run 2: the fit set; run 3: held out)."""
+    errors: dict[str, list[float]] = {}
+    for rows in (
+        h200_tables.gemm_rows(),
+        h200_tables.grouped_rows(),
+        h200_tables.attention_rows(),
+        h200_tables.memory_rows(),
+    ):
+        for cls, _, predicted, measured in rows:
+            errors.setdefault(cls, []).append(predicted / measured - 1)
+    out = [
+        "| H200, this project's measurement (bench/h200_tables.py) | rows | median abs error | signed median |",
+        "|---|---|---|---|",
+    ]
+    for label, classes in H200_ROWS.items():
+        pooled = [e for c in classes for e in errors[c]]
+        out.append(f"| {label} | {len(pooled)} | {_pct(median(abs(e) for e in pooled))} | {_signed(median(pooled))} |")
+    for run, label in (("run2", "fit set"), (h200_tables.HELDOUT_RUN, "held out")):
+        table = h200_tables.layer_table(run)
+        for key, what in (("fwd_err", "forward"), ("step_err", "forward + backward")):
+            e = [r[key] for r in table]
+            out.append(
+                f"| whole eager layers, {what} ({label}, {run}; worst {_signed(max(e, key=abs))}) | {len(e)} | "
+                f"{_pct(median(abs(x) for x in e))} | {_signed(median(e))} |"
+            )
     return out
 
 
@@ -102,7 +155,7 @@ def leave_one_source_out(rows: list[dict]) -> list[str]:
 
 def block() -> str:
     runs, rows = published_runs()
-    parts = [kernel_classes(), runs, leave_one_source_out(rows)]
+    parts = [kernel_classes(), h200(), runs, leave_one_source_out(rows)]
     return "\n\n".join("\n".join(p) for p in parts)
 
 

@@ -4,9 +4,10 @@
     PYTHONPATH=. python bench/kernel_fit.py --fit    # refit the global constants (k0, fill, fixed cost) and the
                                                      # per-(generation, dtype) ceilings, by least squares in log time
 
-The tables were measured in short bursts at the boost clock; planner/kernels.py predicts at the clock sustained
-through a training step (SUSTAINED_CLOCK), so the comparison runs the model on the GPU at the burst clock
-(``burst``: its peaks over SUSTAINED_CLOCK). The MoE table (aiconfigurator_moe.json: TensorRT-LLM's fused MoE
+The tables do not record their clock; they are compared at the clock the datasheet peak is quoted at
+(``burst``: the model's clock fraction, kernels.clock_fraction, replaced by 1), while planner/kernels.py predicts at
+the clock sustained through a training step (SUSTAINED_CLOCK; bench/h200_tables.py compares this project's own H200
+tables at the clock each row logged). The MoE table (aiconfigurator_moe.json: TensorRT-LLM's fused MoE
 forward on H100) is compared with kernels.routed_expert_kernels' forward under uniform routing; its power-law
 token distributions show what skewed routing costs over balanced.
 """
@@ -26,9 +27,9 @@ from planner.kernels import (
     EFFICIENCY,
     FUSED,
     GEMM_CEILING,
-    SUSTAINED_CLOCK,
     Efficiency,
     causal_keys,
+    clock_fraction,
     flash_attention_s,
     gemm_time,
     generation,
@@ -49,8 +50,10 @@ def load() -> dict:
 
 
 def burst(gpu):
-    """``gpu`` with its peaks raised by 1/SUSTAINED_CLOCK: the model then runs at the tables' burst clock."""
-    scale = SUSTAINED_CLOCK.get(generation(gpu), 1.0)
+    """``gpu`` with its peaks over kernels.clock_fraction: the model's bf16 GEMMs then run at the datasheet clock,
+    and its fp8 GEMMs at FP8_CLOCK of it (fp8 holds a lower clock than bf16 under the same power cap, bursts or not:
+    the H200's sustained sections)."""
+    scale = clock_fraction(gpu, "bf16")
     return replace(gpu, peak_tflops={k: v / scale for k, v in gpu.peak_tflops.items()})
 
 

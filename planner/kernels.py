@@ -62,9 +62,14 @@ EFFICIENCY = Efficiency(
     # FlashAttention-2 (Dao 2023) on H100 SXM5: up to 335 TFLOP/s forward + backward (§4.1, Fig. 7).
     attention_fwd=0.38,
     attention_bwd=0.32,
-    # STREAM-like copies reach ~85-90% of HBM peak on A100/H100 (NVIDIA nvbandwidth / BabelStream results).
-    hbm=0.85,
+    # Copies of >= 128 MiB on this project's H200 (tests/reference/kernels/h200/run1.json and run2.json
+    # ``memory_bound``, bench/h200_tables.py fit): 4.21 TB/s median of 4.8 datasheet (STREAM-like copies reach
+    # ~85-90% on A100/H100 too: NVIDIA nvbandwidth / BabelStream results).
+    hbm=0.877,
     # CUDA kernel launch + ramp + tail of a short kernel: a few us (CUDA C++ Best Practices Guide, launch overhead).
+    # The H200's tiny kernels replayed from a CUDA graph take 1.05-2.4 us (runs 1-2 ``launch`` graph column, copies
+    # of <= 1 MiB: median 1.3 us), but the memory-bound kernels of a real eager step fit 4 us (the committed HTA
+    # trace on A100, planner/trace_fit.py), and at 1.3 us their median error grows from 47.7% to 56.6%: kept.
     kernel_s=5e-6,
     # Fitted together on the 1,568 measured GEMMs of tests/reference/kernels/aiconfigurator_gemm.json (A100, H100,
     # B200; bf16, fp8, fp8 block-scaled, nvfp4) by least squares in log time (bench/kernel_fit.py): k0 = 128,
@@ -77,7 +82,8 @@ EFFICIENCY = Efficiency(
     # against 0.18 at 512 and 0.14 at 2,048; bench/kernel_fit.py).
     attention_s0=1024.0,
     # PyTorch eager dispatch: ~10 us of host time per op (He, "Making Deep Learning Go Brrrr From First
-    # Principles", 2022, overhead section); CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
+    # Principles", 2022, overhead section); on the H200 machine's host 6.0-16.8 us per tiny op, median 10.1 us
+    # (runs 1-2 ``launch`` eager column). CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
     cpu_op_s=1e-5,
 )
 
@@ -140,28 +146,56 @@ def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
 # generation, GEMM dtype): fitted per class with the global k0, fill and fixed cost above (bench/kernel_fit.py) on
 # aiconfigurator's tables (TensorRT-LLM torch flow: cuBLASLt; DeepGEMM for block-scaled fp8 on B200), which were
 # measured at the default power limit. MXFP8 on Blackwell (1x32 blocks, hardware scales) takes block-scaled fp8's.
+# Hopper bf16 from this project's H200 tables instead, as a fraction of the datasheet peak scaled to the SM clock
+# each row logged (tests/reference/kernels/h200/run2.json ``gemm_bf16``: 432 fwd, dgrad and wgrad torch.mm GEMMs;
+# bench/h200_tables.py fit): 0.886 (aiconfigurator's H100 table, clock not recorded, read at the datasheet clock:
+# 0.844, what 0.886 gives at 1,743 MHz). Hopper fp8 likewise: 0.844 (the 216 tensorwise torch._scaled_mm of
+# ``gemm_fp8``, torch 2.11, CUDA 13). Block-scaled fp8 (DeepGEMM) was not measured on the H200: aiconfigurator's,
+# refitted with fp8 at FP8_CLOCK of the bf16 clock, 0.596 / 0.892 = 0.668. aiconfigurator's 196 H100 per-tensor
+# fp8 GEMMs, read at the datasheet clock and FP8_CLOCK, come out 27% faster than measured: their clock is not
+# recorded.
 GEMM_CEILING = {
     (80, "bf16"): 0.860,
-    (90, "bf16"): 0.844,
-    (90, "fp8"): 0.639,
-    (90, "fp8_block"): 0.596,
+    (90, "bf16"): 0.886,
+    (90, "fp8"): 0.844,
+    (90, "fp8_block"): 0.668,
     (100, "bf16"): 0.733,
     (100, "fp8"): 0.525,
     (100, "fp8_block"): 0.635,
     (100, "mxfp8"): 0.635,
     (100, "nvfp4"): 0.415,
 }
-# Tensor-core clock sustained through a training step, as a fraction of the clock the kernel tables ran at (short
-# benchmark bursts at the maximum boost). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). H100 SXM5 boosts to
-# 1,980 MHz but sustains about 1,750-1,800 MHz at 700 W under back-to-back GEMMs (NVIDIA H100 datasheet clocks;
-# nvidia-smi under cuBLAS load): 0.9. Blackwell (B200 1,965 MHz boost, 1,000 W): taken as Hopper's until a trace
-# at scale refits it. The power-limit scale (GPUSpec.clock_scale) multiplies this.
-SUSTAINED_CLOCK = {90: 0.90, 100: 0.90}
+# Tensor-core clock sustained through a training step, as a fraction of the clock the datasheet peak is quoted at
+# (DATASHEET_CLOCK_MHZ below). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). Hopper: this project's H200
+# (700 W, tests/reference/kernels/h200/run2.json ``layer_sustained``: the Llama-3-8B eager layer trained back to back
+# for 30 s) settles at a median 1,560 MHz after its first 5 s (run2_smi.csv: 1,530-1,650 MHz, 690 W, clock-event
+# reason 0x4, software power cap), from 1,980 MHz: 1,560 / 1,830 = 0.852 (bench/h200_tables.py
+# sustained_clock_mhz). The H100 SXM5 has the same SMs and the same 700 W limit; its HBM3 (5 stacks, 80 GB) draws
+# less than the H200's HBM3e (6 stacks, 141 GB), so it may hold a slightly higher clock: not measured here.
+# Blackwell (B200 1,965 MHz boost, 1,000 W): 0.90 as before (no datasheet clock or measured clock here) until a
+# trace at scale refits it. The power-limit scale (GPUSpec.clock_scale) multiplies this.
+SUSTAINED_CLOCK = {90: 0.852, 100: 0.90}
+# fp8 tensor work draws more power per clock than bf16, so under the same cap it holds a lower clock: 8192^3 GEMMs
+# back to back for 15-20 s on the H200 settle at 1,290-1,305 MHz in fp8 against 1,440-1,470 MHz in bf16
+# (tests/reference/kernels/h200/README.md, run1/run2 ``sustained`` with their smi logs): 1,298 / 1,455 = 0.892,
+# applied to the GEMMs whose peak is the fp8 one (dense_peak).
+FP8_CLOCK = {90: 0.892}
+# The SM clock the datasheet's dense tensor peak is quoted at, MHz: peak = SMs x dense FLOP per clock per SM x clock.
+# A100 SXM4: 108 x 2,048 x 1,410 MHz = 312 TF bf16 (A100 whitepaper, boost clock 1,410 MHz); H100 SXM5 (and H200,
+# GH200, H800: the same SMs): 132 x 4,096 x 1,830 MHz = 989.4 TF (H100 whitepaper Table 3, max boost clock for
+# tensor-core work 1,830 MHz; nvidia-smi's clocks.max.sm, 1,980 MHz, is the non-tensor boost).
+DATASHEET_CLOCK_MHZ = {80: 1410, 90: 1830}
 
 # CTA tile (rows, columns) cuBLAS picks for large GEMMs: Ampere 128x128 (ampere_bf16_s16816gemm_..._128x128),
 # Hopper and Blackwell 128x256 (sm90_xmma_gemm_..._tilesize128x256x64; Blackwell's 256x256 2-SM tile is 128x256
 # per SM). The table's m, n are multiples of 128, so the fit cannot tell the tiles apart: they are the kernels'.
 GEMM_TILE = {80: (128, 128), 90: (128, 256), 100: (128, 256)}
+# Split-K: where a GEMM's output tiles leave SMs idle (decode's m 1-256 against a narrow n), cuBLASLt's heuristics
+# split the K loop over the idle SMs (split-K, or CUTLASS 3's stream-K scheduler on sm90), in chunks of at least
+# SPLIT_K_MIN: fitted on the H200's 192 decode GEMMs (tests/reference/kernels/h200/run2.json ``gemm_bf16`` decode
+# and decode_graph, m 1-256; bench/h200_tables.py): 512, 1,024 and 2,048 give the same median error (9.7% eager,
+# 8.4% CUDA graph, against 16% and 31% without a split).
+SPLIT_K_MIN = 1024
 
 # Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
 # per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
@@ -170,20 +204,27 @@ _PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 # Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
 # s_kv/(s_kv + s0), by kernel and generation:
+# - flash2 on Hopper: this project's H200 tables (tests/reference/kernels/h200/run2.json ``attention``: torch
+#   SDPA's FlashAttention-2, causal, head dim 128, 1k-32k, 12 shapes; at the SM clock each row logged, with the
+#   global s0; bench/h200_tables.py fit): 0.353 forward, 0.307 backward;
 # - cudnn on H100 and B200: fitted (forward, with the global s0 = 1,024) on aiconfigurator's measured causal
 #   context-attention tables (TensorRT-LLM's warp-specialised FMHA, bf16, head dim 128: 85 shapes per GPU,
 #   tests/reference/kernels/aiconfigurator_attention.json; bench/kernel_fit.py): 0.55 and 0.42; TransformerEngine's
 #   cuDNN fused attention is the same class of kernel. Backward at FlashAttention-3's backward/forward ratio (0.76,
-#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k);
+#   Shah et al. 2024 Fig. 5-6: ~450-500 vs ~610-640 TF/s at 8-16k). The H200's cuDNN 9.19 (torch SDPA) at its
+#   logged clocks fits 0.705 forward and 0.576 backward (bench/h200_tables.py fit), 28% and 37% above: not adopted,
+#   since the published attention-heavy runs (2024 stacks) come out too fast with it (Llama 3 405B CP16 at 131k:
+#   MFU 50% against 38%, tests/app/test_published_layouts.py; the Megatron-Core 1.7-16B H100 runs 2-4 points
+#   more), and the planner has no cuDNN version to tell a 2024 stack from cuDNN 9.19;
 # - flash3 on H100: FlashAttention-3's own figures (bf16, causal, head dim 128, 8-16k) over s/(s + s0) ~ 0.9;
 # - flash2 on A100: FlashAttention-2 (Dao 2023) Fig. 4-6, causal, head dim 128: ~0.6 forward, ~0.5 backward
 #   (aiconfigurator's A100 table, TensorRT-LLM's older sm80 FMHA, runs 18% slower than this);
-# - flash2 on H100: the same kernels (mma.sync, no TMA/wgmma), §4.1 Fig. 7: 335 TF/s forward + backward;
-# - flash2 on Blackwell: FA2's sm80 mma.sync code reaches no more TF/s than on H100 (0.42·989 / 2,250);
+# - flash2 on Blackwell: FA2's sm80 mma.sync code reaches no more TF/s than on H100 (FlashAttention-2 §4.1
+#   Fig. 7, 335 TF/s forward + backward on H100: 0.42·989 / 2,250);
 # - cudnn on A100: cuDNN's fused attention on sm80 is FlashAttention-2's algorithm (cuDNN 8.9 release notes).
 ATTENTION_CEILING = {
     ("flash2", 80): (0.66, 0.55),
-    ("flash2", 90): (0.42, 0.35),
+    ("flash2", 90): (0.353, 0.307),
     ("flash2", 100): (0.19, 0.16),
     ("flash3", 90): (0.70, 0.53),
     ("cudnn", 80): (0.66, 0.55),
@@ -219,6 +260,9 @@ class Fusion:
     act: tuple[float, int]  # per element of the ffn output (GeLU)
     residual: tuple[float, int]  # per element of h, each of the two residual adds (with bias/dropout)
     loss: float  # bytes per logit of the cross entropy, forward
+    # the MoE combine as an atomic scatter-add of the routed rows into their tokens (SCATTER_ADD_HBM), not a
+    # streamed reduce
+    atomic_combine: bool = False
 
 
 # Megatron-Core + TransformerEngine (and torch.compile, whose Inductor fuses the same chains): one kernel each;
@@ -226,12 +270,25 @@ class Fusion:
 # (bias_swiglu_fusion); GeLU reads and writes f; bias-dropout-add reads 2h, writes h; the fused vocab-parallel
 # cross entropy reads and writes fp32 logits (4 + 4 B).
 FUSED = Fusion(norm=(4, 1), rotary=(4, 1), gated_act=(6, 1), act=(4, 1), residual=(6, 1), loss=8)
-# PyTorch eager (torchtitan without compile: torchtitan/models/llama3/model.py): RMSNorm upcasts to fp32 and runs
-# pow, mean, rsqrt, mul, cast and the weight mul (read 2 write 4; 4 -> 4; 4 + 4 -> 4; 4 -> 2; 2 -> 2: 32 B per
-# element, 6 kernels); rotary via view_as_complex: upcast, complex mul, cast (2 -> 4, 4 -> 4, 4 -> 2: 20 B, 3
+# PyTorch eager (torchtitan without compile): RMSNorm is nn.RMSNorm (torchtitan 6404b93
+# torchtitan/models/llama3/model/model.py TransformerBlock), i.e. F.rms_norm, which PyTorch 2.11 runs as one kernel
+# on CUDA (this project's H200, tests/reference/kernels/h200/run2.json ``memory_bound``: rms_norm_fused 44 us for 67
+# MB in and out, against 442 us for Hugging Face's fp32 op chain): read 2 write 2 B per element, 1 kernel; rotary
+# via view_as_complex: upcast, complex mul, cast (2 -> 4, 4 -> 4, 4 -> 2: 20 B, 3
 # kernels per tensor); SwiGLU silu(w1 x) then * w3 x (2 -> 2, 2 + 2 -> 2: 10 B, 2 kernels); residual add 6 B;
 # cross entropy upcasts the bf16 logits, log-softmax and NLL (2 -> 4, 4 -> 4, read 4: 18 B).
-EAGER = Fusion(norm=(32, 6), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18)
+# The MoE combine: torchtitan scatter-adds the weighted expert outputs into the tokens in bf16 (moe.py,
+# ``scatter_add`` over token_indices_experts_sorted), top-k rows per token: atomic adds (atomic_combine).
+EAGER = Fusion(
+    norm=(4, 1), rotary=(20, 3), gated_act=(10, 2), act=(4, 1), residual=(6, 1), loss=18, atomic_combine=True
+)
+# bf16 atomic scatter-add throughput as a fraction of the HBM datasheet bandwidth, per byte of the rows added:
+# torch index_add_ of 65,536 rows x 4,096 into 8,192 on this project's H200 (tests/reference/kernels/h200/run1.json
+# and run2.json ``memory_bound`` moe_scatter_add.h4096: 2.20 ms both runs) = 1.22e11 adds/s x 2 B = 0.244 TB/s of
+# the 4.8 TB/s: 0.0508; other GPUs taken at the same fraction of their HBM. Megatron-Core's unpermute without
+# --moe-permute-fusion scatter-adds too (moe_utils.unpermute ``scatter_add_``), after the fp32 probs promote the
+# rows: fp32 atomics, not measured here, so FUSED does not charge it.
+SCATTER_ADD_HBM = 0.0508
 BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs and the gradient and write two
 
 # Megatron's cross entropy without --cross-entropy-loss-fusion (megatron/core/tensor_parallel/cross_entropy.py at
@@ -341,7 +398,18 @@ def dense_peak(gpu: GPUSpec, dtype: str) -> float:
     peak_dtype = _PEAK_DTYPE.get(dtype, dtype)
     if peak_dtype == "fp8" and not gpu.peak_tflops.get("fp8"):
         peak_dtype = "bf16"  # no fp8 tensor cores: the GEMM runs in bf16
-    return gpu.peak(peak_dtype) * gpu.clock_scale() * SUSTAINED_CLOCK.get(generation(gpu), 1.0)
+    return gpu.peak(peak_dtype) * clock_fraction(gpu, dtype)
+
+
+def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
+    """The tensor clock a training step sustains as a fraction of the clock the datasheet peak is quoted at
+    (DATASHEET_CLOCK_MHZ): SUSTAINED_CLOCK of the generation x the power-limit scale (GPUSpec.clock_scale). The one
+    place the clock enters the model: a kernel table row measured at a known clock is predicted with this fraction
+    replaced by its clock / DATASHEET_CLOCK_MHZ (bench/h200_tables.py at_clock). fp8 GEMMs hold a lower clock
+    (FP8_CLOCK)."""
+    gen = generation(gpu)
+    fp8 = _PEAK_DTYPE.get(dtype) == "fp8" and gpu.peak_tflops.get("fp8")
+    return gpu.clock_scale() * SUSTAINED_CLOCK.get(gen, 1.0) * (FP8_CLOCK.get(gen, 1.0) if fp8 else 1.0)
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
@@ -366,11 +434,17 @@ def gemm_time(rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUS
     cols = math.ceil(n / tn)
     tiles = sum(math.ceil(m / tm) for m in rows if m > 0) * cols
     quant = sum(m for m in rows) * n / (tiles * tm * tn)
-    fill = tiles / (tiles + eff.gemm_fill * gpu.sms) if gpu.sms else 1.0
-    rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k / (k + eff.gemm_k0)
+    split = max(1, min(gpu.sms // tiles, int(k // SPLIT_K_MIN))) if gpu.sms and len(rows) == 1 else 1
+    fill = tiles * split / (tiles * split + eff.gemm_fill * gpu.sms) if gpu.sms else 1.0
+    k_split = k / split  # each split runs k/split of the main loop
+    rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k_split / (k_split + eff.gemm_k0)
     x = operand_bytes(dtype)
     traffic = sum(m * k * x + k * n * x + m * n * 2 for m in rows)  # output in bf16
-    return max(flops / rate, traffic / (gpu.hbm_GBps * 1e9 * eff.hbm)) + eff.gemm_fixed_s
+    # compute-bound: the FLOPs and the GEMM's fixed cost (prologue, epilogue, launch); memory-bound (decode's GEMV-
+    # like shapes): the operands streamed at the HBM rate and a memory-bound kernel's floor (kernel_s). The H200's
+    # m 1-8 GEMMs replayed from a CUDA graph (run2.json ``gemm_bf16`` decode_graph: 5.9 us for 16.8 MB of weights,
+    # 57.2 us for 235 MB) leave 1-2 us beyond the bytes, not the compute-bound tables' 8 us (bench/h200_tables.py).
+    return max(flops / rate + eff.gemm_fixed_s, traffic / (gpu.hbm_GBps * 1e9 * eff.hbm) + eff.kernel_s)
 
 
 def gemm_kernels(
@@ -774,7 +848,11 @@ def routed_expert_kernels(
             bwd.extend((_floored(kd, floor), _floored(kw, floor)))
         else:
             nbytes, count, back = memory[name]
-            fwd.append(memory_kernel(name, nbytes, gpu, eff, count, floor))
+            k = memory_kernel(name, nbytes, gpu, eff, count, floor)
+            if name == "unpermute" and fu.atomic_combine:  # the R·h bf16 adds at the atomic rate
+                atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
+                k = replace(k, time_s=max(k.time_s, atomic))
+            fwd.append(k)
             bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, count, floor))
     return fwd, bwd
 
@@ -783,8 +861,15 @@ def _cast(k: Kernel) -> bool:
     return k.kind == "gemm" and k.dtype not in ("bf16", "fp32")
 
 
+# A cast to fp8 streams below a copy's rate: tensor.to(float8_e4m3fn) of 67 and 134 MB on this project's H200 moves
+# its bytes (read 2, write 1 per element) at 0.614-0.657 of the HBM datasheet bandwidth (runs 1 and 2
+# ``memory_bound`` fp8_cast.h4096, .h8192; median 0.636), against copies' 0.877 (bench/h200_tables.py).
+CAST_HBM = 0.636
+
+
 def _mem_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
-    return nbytes / (gpu.hbm_GBps * 1e9 * eff.hbm)
+    """Seconds of a quantizing cast's bytes (CAST_HBM); a trace's fitted hbm scales it alike."""
+    return nbytes / (gpu.hbm_GBps * 1e9 * CAST_HBM * eff.hbm / EFFICIENCY.hbm)
 
 
 def _floored(k: Kernel, floor: float) -> Kernel:
@@ -932,6 +1017,7 @@ __all__ = [
     "LayerKernels",
     "attention_flops",
     "check_kernel_options",
+    "clock_fraction",
     "cross_entropy_fusion",
     "efficiency",
     "gemm_time",

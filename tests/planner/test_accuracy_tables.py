@@ -14,5 +14,5 @@ def test_the_committed_tables_are_the_computed_ones():
     for path in accuracy_tables.FILES:
         assert accuracy_tables.committed(path) == computed, f"{path.name}: run bench/accuracy_tables.py --write"
     # and they say what the issue asks: all 40 runs held out, every kernel class and source named
-    assert "| all | 40 |" in computed and "| bf16 GEMMs | 4.1% (196) |" in computed
+    assert "| all | 40 |" in computed and "| bf16 GEMMs | 4.4% (196) |" in computed
     assert computed.count("nothing (no constant is fitted on a run)") == 6

@@ -5,6 +5,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -24,6 +25,7 @@ from planner.kernels import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import h200_tables
 import kernel_fit
 
 H100, A100, B200 = GPUS["h100-sxm5-80gb"], GPUS["a100-sxm4-80gb"], GPUS["b200-180gb"]
@@ -40,25 +42,34 @@ def ctx(model=LLAMA, framework="megatron", b=1, **work):
 
 def test_gemms_match_the_measured_aiconfigurator_tables():
     """1,568 GEMMs measured by NVIDIA's aiconfigurator (A100, H100, B200; bf16, fp8, block-scaled fp8, nvfp4;
-    tests/reference/kernels/aiconfigurator_gemm.json, commit 095f58a5): bf16 on A100 and H100 within 6% in
-    median, every class within 21%, no class biased beyond 21%."""
+    tests/reference/kernels/aiconfigurator_gemm.json, commit 095f58a5): bf16 on A100 within 5% and H100 within
+    7.5% in median (the Hopper bf16 ceiling is the H200's at its logged clocks, these tables' clock is not
+    recorded: bench/h200_tables.py), every class but H100 fp8 within 21% and biased less than 21%."""
     rows = {(r["system"], r["dtype"]): r for r in kernel_fit.table(kernel_fit.load())}
     assert len(rows) == 8 and sum(r["n"] for r in rows.values()) == 1568
     assert rows["a100_sxm", "bf16"]["median_abs"] < 0.05
-    assert rows["h100_sxm", "bf16"]["median_abs"] < 0.07
-    for r in rows.values():
-        assert r["median_abs"] < 0.21 and abs(r["signed_median"]) < 0.21, r
+    assert rows["h100_sxm", "bf16"]["median_abs"] < 0.075
+    for key, r in rows.items():
+        if key != ("h100_sxm", "fp8"):
+            assert r["median_abs"] < 0.21 and abs(r["signed_median"]) < 0.21, r
+    # Hopper fp8 is the H200's measured ceiling at its logged clocks (test_h200_tables.py); these H100 rows (clock
+    # not recorded), read at the datasheet clock x FP8_CLOCK, are 25-32% slower than that model
+    assert -0.32 < rows["h100_sxm", "fp8"]["signed_median"] < -0.25
 
 
 def test_a_measured_gemm_by_hand():
     """H100 bf16 8192 x 8192 x 8192: aiconfigurator measures it; the model is 2mnk at peak x ceiling x fill x
-    k/(k + k0) (128 x 256 tiles divide it exactly) + the fixed cost, at the sustained clock."""
+    k/(k + k0) (128 x 256 tiles divide it exactly) + the fixed cost, at the sustained clock. Against the H200's
+    8192^3 bf16 GEMMs back to back (run 2 ``sustained``: 643-680 TF/s, median over the bursts) at the 1,455 MHz
+    the smi log holds through them (README.md there), within 5%."""
     m = n = k = 8192
     tiles = (m // 128) * (n // 256)
     rate = 989.4e12 * SUSTAINED_CLOCK[90] * GEMM_CEILING[90, "bf16"] * tiles / (tiles + 0.1 * 132) * k / (k + 128)
     assert gemm_time((8192.0,), 8192.0, 8192.0, "bf16", H100, EFFICIENCY) == pytest.approx(2 * m * n * k / rate + 8e-6)
-    measured = {(r[0], r[1], r[2]): r[3] for r in kernel_fit.load()["systems"]["h100_sxm"]["dtypes"]["bf16"]}
-    assert kernel_fit.predicted(H100, "bf16", m, n, k) == pytest.approx(measured[m, n, k] * 1e-3, rel=0.05)
+    bursts = [r for r in h200_tables.load("run2")["sustained"] if r["dtype"] == "bf16"]
+    measured = 2 * m * n * k / (median(r["tflops"] for r in bursts) * 1e12)
+    predicted = gemm_time((8192.0,), 8192.0, 8192.0, "bf16", h200_tables.at_clock(1455), EFFICIENCY)
+    assert predicted == pytest.approx(measured, rel=0.05)
 
 
 def test_tile_quantization_pads_rows_to_the_tile():
@@ -69,9 +80,11 @@ def test_tile_quantization_pads_rows_to_the_tile():
 
 
 def test_decode_gemm_is_memory_bound():
+    """m = 1: the operands at the HBM rate plus a memory-bound kernel's floor (kernel_s), not the compute-bound
+    GEMMs' fixed cost; split-K spreads the single row of tiles over the SMs, so the compute term stays below."""
     t = gemm_time((1.0,), 8192.0, 8192.0, "bf16", H100, EFFICIENCY)
     bytes_ = 8192 * 2 + 8192 * 8192 * 2 + 8192 * 2
-    assert t == pytest.approx(bytes_ / (3350e9 * EFFICIENCY.hbm) + EFFICIENCY.gemm_fixed_s)
+    assert t == pytest.approx(bytes_ / (3350e9 * EFFICIENCY.hbm) + EFFICIENCY.kernel_s)
 
 
 def test_power_limit_lowers_the_clock_by_the_cube_law():
@@ -217,10 +230,11 @@ def test_attention_matches_the_measured_fmha_tables():
 def test_grouped_expert_gemms_match_the_measured_moe_tables():
     """The routed experts' forward (permute, two grouped GEMMs, activation, unpermute) against TensorRT-LLM's
     fused MoE on H100 (84 shapes: 14 models incl. 128 experts of width 768 top-8, ep 1 and 8, 1k-16k tokens),
-    nothing fitted on them: balanced routing within 7% in median. Skewed (power-law) routing is measured 1.3x to 7x
+    nothing fitted on them: balanced routing within 11% in median (7% before the Hopper bf16 ceiling became the
+    H200's: these tables' clock is not recorded). Skewed (power-law) routing is measured 1.3x to 7x
     slower than balanced with ep = 8 and 16k tokens on 13 of the 14 models (median 1.7x): what moe_skew would add."""
     rows = {r["distribution"]: r for r in kernel_fit.moe_table()}
-    assert rows["balanced"]["n"] == 84 and rows["balanced"]["median_abs"] < 0.07
+    assert rows["balanced"]["n"] == 84 and rows["balanced"]["median_abs"] < 0.11
     measured = {}
     for h, f, e, k, ep, tokens, dist, _, m in kernel_fit.moe_rows():
         measured[h, f, e, k, ep, tokens, dist] = m
@@ -275,7 +289,7 @@ def test_unfused_gradient_accumulation_adds_its_bytes_to_the_backward():
     unfused = layer_kernels(ctx(grad_accumulation_fusion=False), False, A100)
     (added,) = [k for k in unfused.backward if k.name == "grad_accumulation"]
     assert added.bytes == weights * 10 and added.count == 4
-    assert added.time_s == pytest.approx(weights * 10 / (2039e9 * 0.85) + 4 * EFFICIENCY.kernel_s)
+    assert added.time_s == pytest.approx(weights * 10 / (2039e9 * EFFICIENCY.hbm) + 4 * EFFICIENCY.kernel_s)
     assert unfused.forward == fused.forward and unfused.backward[:-1] == fused.backward
     assert "grad_accumulation" not in {k.name for k in fused.backward}  # Megatron-Core fuses by default
     fp16 = layer_kernels(ctx(grad_accumulation_fusion=False, param_dtype="fp16", grad_reduce_dtype="fp16"), False, A100)

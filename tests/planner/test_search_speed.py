@@ -441,9 +441,9 @@ def test_layer_kernels_memo_follows_a_flavour_registered_again():
         eager = layer_kernels(Context(model, work, ParallelSpec(tp=2, dp=4, framework="toy-memo")), False, _GPU)
     finally:
         flavours.unregister("toy-memo")
-    # eager RMSNorm runs 6 kernels of 32 bytes per element (kernels.EAGER) where the fused one runs 1 of 4
-    assert [k.count for k in fused.forward if k.name == "input_norm"] == [1]
-    assert [k.count for k in eager.forward if k.name == "input_norm"] == [6]
+    # eager rotary runs 3 kernels per tensor, q and k (kernels.EAGER) where the fused one runs 1 per tensor
+    assert [k.count for k in fused.forward if k.name == "rotary"] == [2]
+    assert [k.count for k in eager.forward if k.name == "rotary"] == [6]
 
 
 def test_screen_bounded_by_the_threshold_counts_and_answers_as_timing_would():

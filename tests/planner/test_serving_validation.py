@@ -15,11 +15,12 @@ def lmsys() -> list[dict]:
 
 
 def test_two_batch_overlap_rows_within_target(lmsys):
-    """LMSYS DeepSeek-V3 on 96 H100, as run (two-batch overlap on): prefill +13.4%, decode -7.4% (were +38.1% and
-    +22.8% when the overlap hid every exchange); both within the 15% target."""
+    """LMSYS DeepSeek-V3 on 96 H100, as run (two-batch overlap on): prefill +8.1%, decode -7.4% (were +38.1% and
+    +22.8% when the overlap hid every exchange; prefill +13.4% before kern4's fp8 clock); both within the 15%
+    target."""
     on = {r["row"].split(",")[0]: r for r in lmsys if r["two_batch_overlap"]}
     assert on["DeepSeek-V3 prefill"]["published"] == 52_300 and on["DeepSeek-V3 decode"]["published"] == 22_300
-    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.134, abs=0.01)
+    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.081, abs=0.01)
     assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.074, abs=0.01)
     off = {r["row"].split(",")[0]: r for r in lmsys if not r["two_batch_overlap"]}
     gain = {k: on[k]["predicted"] / off[k]["predicted"] for k in on}
@@ -31,14 +32,15 @@ def test_two_batch_overlap_rows_within_target(lmsys):
 def test_dense_table_held_out():
     """TensorRT-LLM's perf-overview (v1.0 docs): 40 rows of Llama 3.3 70B and 3.1 405B on H100 and H200 (the 24 of
     serve3/serve4 and, since serve5, the same tables' 128/128, 128/4096, 1000/2000 and 20000/2000). Median |error|
-    11.2%, signed median -11.0%, worst -27.7% (70B H200 TP1 1000/2000), three rows over (+0.8 .. +2.3%): still
-    biased slow, stated. The first 24 alone: 12.7% (17.5% before TensorRT-LLM's fused all-reduce and its KV fraction
-    of the free memory)."""
+    7.1%, signed median -5.8%, worst -21.1% (70B H200 TP1 1000/2000), eleven rows over (up to +7.3%), since the
+    Hopper fp8 GEMM ceiling and cast rate are the H200's measured ones (kern4: 11.2%, -11.0%, worst -27.7% before).
+    The first 24 alone: 8.2% (12.7% before; 17.5% before TensorRT-LLM's fused all-reduce and its KV fraction of
+    the free memory)."""
     assert len(REQUESTS) == 10 and sum(len(rows) for *_, rows in DENSE) == 40
     assert DENSE[1][3][(128, 2048)] == 4336  # H200 TP1 (FP8), 128/2048, the doc's table
     assert DENSE[3][3][(20000, 2000)] == 505 and REQUESTS[(20000, 2000)] == 1000
     rows = dense_table()
-    assert median_abs(rows) == pytest.approx(0.112, abs=0.01)
-    assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.127, abs=0.01)
-    assert all(-0.29 < r["error"] < 0.03 for r in rows) and sum(r["error"] > 0 for r in rows) == 3
+    assert median_abs(rows) == pytest.approx(0.071, abs=0.01)
+    assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.082, abs=0.01)
+    assert all(-0.22 < r["error"] < 0.08 for r in rows) and sum(r["error"] > 0 for r in rows) == 11
     assert all(r["batch"] <= REQUESTS[tuple(map(int, r["row"].split()[-1].split("/")))] for r in rows)
