@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
@@ -47,23 +48,47 @@ from planner.kernels import (
 )
 from planner.model import MoESpec
 
-DIR = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels" / "h200"
+REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels"
+DIR = REFERENCE / "h200"
 GPU = GPUS["h200-sxm-141gb"]
 FIT_RUNS = ("run1", "run2")
 HELDOUT_RUN = "run3_heldout"
+# The other GPU measured with the same script (tests/reference/kernels/h100/README.md), never fitted on: the check
+# of the H200's constants on a second GPU. Its one run has the per-row clock (the H200's run 2 role) and its
+# held-out layers (run 3's role); ``on_gpu("h100")`` reads those files under the H200 runs' names.
+OTHER_GPUS = {"h100": ("h100-sxm5-80gb", {"run1": "run1", "run2": "run1", "run3_heldout": "run1_heldout"})}
+_ALIAS: dict[str, str] = {}
+
+
+@contextmanager
+def on_gpu(name: str):
+    """Run this module's tables on another measured GPU (OTHER_GPUS) within the block."""
+    global DIR, GPU
+    saved = DIR, GPU, dict(_ALIAS)
+    key, alias = OTHER_GPUS[name]
+    DIR, GPU = REFERENCE / name, GPUS[key]
+    _ALIAS.clear()
+    _ALIAS.update(alias)
+    try:
+        yield
+    finally:
+        DIR, GPU = saved[0], saved[1]
+        _ALIAS.clear()
+        _ALIAS.update(saved[2])
 
 
 def load(run: str) -> dict:
     """One run's sections: {section: [row as a dict of its columns]}."""
-    data = json.loads((DIR / f"{run}.json").read_text())
+    data = json.loads((DIR / f"{_ALIAS.get(run, run)}.json").read_text())
     return {
         name: [dict(zip(s["columns"], row, strict=True)) for row in s["rows"]] for name, s in data["sections"].items()
     }
 
 
-def at_clock(mhz: float | None, dtype: str = "bf16", gpu=GPU):
+def at_clock(mhz: float | None, dtype: str = "bf16", gpu=None):
     """``gpu`` with its peaks scaled so that the model's dense peak of ``dtype`` (datasheet x clock_fraction) is the
     datasheet peak at ``mhz``: datasheet x mhz / DATASHEET_CLOCK_MHZ. None: the model's own sustained clock."""
+    gpu = gpu or GPU
     if mhz is None:
         return gpu
     scale = mhz / DATASHEET_CLOCK_MHZ[generation(gpu)] / clock_fraction(gpu, dtype)
@@ -313,12 +338,21 @@ def _pct(x: float) -> str:
 
 
 def main() -> None:
+    if "--gpu" in sys.argv:  # e.g. --gpu h100: the same tables on another measured GPU, nothing refitted
+        with on_gpu(sys.argv[sys.argv.index("--gpu") + 1]):
+            report()
+        return
+    report()
+
+
+def report() -> None:
     if "--fit" in sys.argv:
         for name, value in fit().items():
             print(f"{name}: {value:.4g}")
         return
-    print(f"sustained clock of the training layer (run 2): {sustained_clock_mhz():.0f} MHz")
-    print("| kernel class (H200, runs 1-2) | rows | median abs error | signed median | worst |")
+    print(f"{GPU.name}: sustained clock of the training layer: {sustained_clock_mhz():.0f} MHz")
+    print(f"| kernel class ({DIR.name}, {', '.join(sorted({_ALIAS.get(r, r) for r in FIT_RUNS}))}) | rows "
+          "| median abs error | signed median | worst |")
     print("|---|---|---|---|---|")
     for c in classes():
         print(f"| {c['class']} | {c['n']} | {c['median_abs']:.1%} | {_pct(c['signed_median'])} | {_pct(c['worst'])} |")
