@@ -661,6 +661,38 @@ def layers(run: Run, shapes, sustain):
                      "the layer's forward + backward back to back for the sustain time, 5 per burst")
 
 
+
+def profile_layers(run: Run, names: list[str], known: list[tuple]):
+    """torch.profiler over 3 forward + backward steps of each named layer (LAYERS or LAYERS_HELDOUT), after 3 warm
+    steps: the per-kernel table (key_averages by device time) as text, and the Chrome trace JSON that
+    torch.profiler exports (what POST /v1/calibrate reads)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    shapes = {s[0]: s for s in known}
+    for name in names:
+        _, b, s, h, heads, kv, ffn, experts, topk, eff = shapes[name]
+        layer = Layer(run, h, heads, kv, ffn, experts, topk, eff)
+        x = run.randn(b, s, h).requires_grad_()
+        dy = run.randn(b, s, h)
+        cos, sin = run.randn(s, 1, 128), run.randn(s, 1, 128)
+
+        def step():
+            out = layer.forward(x, cos, sin)
+            torch.autograd.grad(out, [x, *layer.params], dy)
+
+        for _ in range(3):
+            step()
+        run.timer.sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            for _ in range(3):
+                step()
+            run.timer.sync()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
+        (run.out / f"profile_{name}.txt").write_text(table)
+        prof.export_chrome_trace(str(run.out / f"trace_{name}.json"))
+        print(f"profiled {name}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -668,6 +700,7 @@ def main():
     ap.add_argument("--sustain", type=float, default=20.0)
     ap.add_argument("--sustain-layer", type=float, default=30.0)
     ap.add_argument("--only", default="")
+    ap.add_argument("--profile", default="", help="comma-separated layer names: torch.profiler tables and traces")
     ap.add_argument("--heldout", action="store_true", help="the held-out layers (LAYERS_HELDOUT) instead of LAYERS")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -692,6 +725,9 @@ def main():
         ("gemm_fp8", lambda: gemm_fp8(run, g["LINEARS"], g["FP8_TOKENS"])),
         ("sustained", lambda: sustained(run, args.sustain)),
     ]
+    if args.profile:
+        profile_layers(run, args.profile.split(","), [*g["LAYERS"], *g["LAYERS_HELDOUT"]])
+        steps = []
     for name, step in steps:
         if args.only and name not in args.only.split(","):
             continue
