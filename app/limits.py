@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import _thread
 import asyncio
 import ctypes
 import json
@@ -35,6 +34,7 @@ from planner.search import Cancelled
 
 from . import runner
 from .settings import Settings
+from .threads import gate, in_thread
 
 log = logging.getLogger("commplan")
 
@@ -131,32 +131,27 @@ async def run_value(request: Request, work: Callable[[], object]) -> object:
 
 
 async def _supervise(request: Request, deadline: Deadline, work: Callable[[], bytes]) -> dict:
-    """Start the worker thread and watch it every 20 ms: stop it when the deadline passes or the client
-    has gone (a cooperative flag for planner.deadline.check(), and an exception raised in the thread)."""
-    loop = asyncio.get_running_loop()
-    finished = loop.create_future()
+    """Start the worker thread once the compute gate lets it (app/threads.py) and watch it every 20 ms: stop it
+    when the deadline passes or the client has gone (a cooperative flag for planner.deadline.check(), and an
+    exception raised in the thread; a request still waiting at the gate leaves the queue)."""
     box: dict = {}
     lock = threading.Lock()
 
     def main() -> None:
+        with lock:
+            box["running"], box["ident"] = True, threading.get_ident()
         try:
+            with bounded(deadline):
+                box["body"] = work()
+        except BaseException as err:  # handed to the event loop
+            box["error"] = err
+        finally:
             with lock:
-                box["running"], box["ident"] = True, threading.get_ident()
-            try:
-                with bounded(deadline):
-                    box["body"] = work()
-            except BaseException as err:  # handed to the event loop
-                box["error"] = err
-            finally:
-                with lock:
-                    box["running"] = False
-                loop.call_soon_threadsafe(_settle, finished)
-        except BaseException:  # a stop that landed after the work ended: nothing left to stop
-            loop.call_soon_threadsafe(_settle, finished)
+                box["running"] = False
 
-    # not threading.Thread.start(), which blocks the event loop until the new thread has run (it waits for the
-    # thread to take the GIL, behind every thread computing: up to 0.2 s seen under eight heavy plans)
-    _thread.start_new_thread(main, ())
+    # a stop that lands after the work ended (between the finally's lines) is the thread's exception, which the
+    # future carries and nobody reads: box then holds the body or the error
+    finished = in_thread(main, gate=gate(request.app))
     stopped = False
     while not finished.done():
         await asyncio.wait([finished], timeout=0.02)
@@ -171,12 +166,11 @@ async def _supervise(request: Request, deadline: Deadline, work: Callable[[], by
             with lock:
                 if box.get("running"):
                     _raise_in(box["ident"], _Stop)
+                elif "ident" not in box:  # still at the gate: it never starts (or stops at its first check)
+                    finished.cancel()
+    if not finished.cancelled():
+        finished.exception()  # read: a stop that landed after the work ended is not logged as never retrieved
     return box
-
-
-def _settle(future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def encode(payload, model=None) -> bytes:

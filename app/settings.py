@@ -25,6 +25,10 @@ class Settings:
     deadline_s: float = 15.0  # per request's work; past it the work is stopped and the answer is a 503
     queue_s: float = 10.0  # longest wait for a work slot before a 503 with Retry-After
     work_slots: int = max(os.cpu_count() or 1, 1)  # requests computing at once per worker process
+    # thread mode: of the requests holding a work slot, how many run their thread at once (app/threads.py Gate);
+    # the rest wait on the event loop, holding no GIL, under their deadline. A thread computing pure Python holds
+    # the GIL against the event loop; with nine at once /healthz had a p99 of 0.34-0.55 s (docs/hardening.md)
+    compute_threads: int = min(max(os.cpu_count() or 1, 1), 2)
     body_timeout_s: float = 10.0  # the whole body must arrive within this (408 otherwise)
     header_timeout_s: float = 10.0  # a connection's request line and headers must arrive within this
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
@@ -41,6 +45,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not 1e-5 <= self.switch_interval_s <= 0.1:  # sys.setswitchinterval needs > 0; 0.1 s would starve /healthz
             raise ValueError(f"COMMPLAN_SWITCH_INTERVAL_S {self.switch_interval_s} is outside 1e-05..0.1 seconds")
+        if self.compute_threads < 1:
+            raise ValueError(f"COMMPLAN_COMPUTE_THREADS {self.compute_threads} is under 1")
 
     @classmethod
     def from_env(cls) -> Settings:

@@ -25,7 +25,7 @@ from planner.search import Cancelled
 
 from . import runner
 from .errors import error_detail
-from .threads import in_thread
+from .threads import gate, in_thread
 
 log = logging.getLogger("commplan")
 POLL_S = 0.2
@@ -87,7 +87,7 @@ async def _threaded(request: Request, work, deadline: Deadline) -> AsyncIterator
         with bounded(deadline):
             return work(send)
 
-    task = in_thread(main)
+    task = in_thread(main, gate=gate(request.app))
     try:
         while True:
             try:
@@ -98,14 +98,16 @@ async def _threaded(request: Request, work, deadline: Deadline) -> AsyncIterator
             if await request.is_disconnected():
                 deadline.cancel("disconnected")
                 raise Cancelled()
-            if deadline.expired() and not deadline.cancelled:
+            if deadline.expired() and not task.done():
                 deadline.cancel("deadline")  # the work's next planner.deadline.check() raises
+                raise DeadlineExceeded("deadline")  # answered now, also for work still at the compute gate
             if task.done() and queue.empty():
                 break
         yield task.result()
     finally:
         if not task.done():
             deadline.cancel("disconnected")
+            task.cancel()  # still at the compute gate: it leaves the queue (a running thread stops at its next check)
 
 
 __all__ = ["line", "ndjson"]

@@ -76,6 +76,19 @@ def serve(port: int, log: str) -> None:
     settings = Settings.from_env()
     out, dumps = open(log, "w"), open(log + ".stacks", "w")  # noqa: SIM115 - open while the server runs
 
+    started: dict = {}
+
+    def on_gc(phase, info):  # the server's own collections: a C pass that holds the GIL for its whole length
+        if phase == "start":
+            started["t"], started["m"] = time.time(), time.monotonic()
+        elif started and time.monotonic() - started["m"] > 0.02:
+            pause = time.monotonic() - started["m"]
+            out.write(json.dumps({"t": started["t"], "late": pause, "server_gc": info["generation"],
+                                  "collected": info["collected"]}) + "\n")  # fmt: skip
+            out.flush()
+
+    gc.callbacks.append(on_gc)
+
     async def main() -> None:
         config = uvicorn.Config(
             app, host="127.0.0.1", port=port, http=GuardedH11, access_log=False,

@@ -29,7 +29,7 @@ from ..inputs import problem_of
 from ..limits import acquire_slot
 from ..schemas.search import SearchOut, SearchRequest
 from ..serialize import progress_line, search_dict
-from ..threads import in_thread
+from ..threads import gate, in_thread
 
 router = APIRouter(prefix="/v1/search", tags=["search"])
 log = logging.getLogger("commplan")
@@ -90,7 +90,7 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
         return StreamingResponse(_stream(problem, request, cancel, settings, release), media_type=NDJSON)
     # the answer is encoded in the thread too: a top_k of 1,000 is a 13 MB body, whose encoding on the event
     # loop held /healthz for 0.85 s (issue 26)
-    task = in_thread(_encoded, problem, max_layouts(settings), cancel)
+    task = in_thread(_encoded, problem, max_layouts(settings), cancel, gate=gate(request.app))
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=POLL_S)
@@ -99,6 +99,7 @@ async def search_layouts(body: SearchRequest, request: Request, stream: bool = F
         return Response(task.result(), media_type="application/json")
     finally:
         cancel.set()
+        task.cancel()  # a no-op once its thread has run; else it leaves the compute gate's queue
         if not wants_stream(request, stream):
             release()
 
@@ -166,7 +167,7 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
     def progress(state: dict) -> None:
         loop.call_soon_threadsafe(lines.put_nowait, {"type": "progress", **progress_line(state)})
 
-    task = in_thread(_run, problem, cancel, progress, max_layouts(settings))
+    task = in_thread(_run, problem, cancel, progress, max_layouts(settings), gate=gate(request.app))
     try:
         while True:
             try:
@@ -181,13 +182,14 @@ async def _stream(problem: Problem, request: Request, cancel: threading.Event, s
             if task.done() and lines.empty():
                 break
         try:
-            yield await in_thread(lambda: _result_line(task.result()))
+            yield await in_thread(lambda: _result_line(task.result()), gate=gate(request.app))
         except (SpecError, CollectiveError) as err:
             yield json.dumps({"type": "error", "status": 422, "detail": error_detail(err)}) + "\n"
         except Cancelled:
             return
     finally:
         cancel.set()  # the client went away (the generator is closed) or the search ended: stop the workers
+        task.cancel()  # still at the compute gate: it leaves the queue (a no-op once its thread has run)
         release()
 
 

@@ -241,8 +241,8 @@ def probing(*urls: str):
 def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit(in_process):
     """Eight heavy plans and a calibrate at its 1,000-row limit in flight at once; a prober process of its own
     on /healthz every 20 ms and on the control in the same seconds. By default each request computes in a
-    thread and the server runs at a 1 ms switch interval (app/settings.py); with COMMPLAN_WORK_IN_PROCESS=1 in a
-    process of its own (app/runner.py)."""
+    thread, at most COMMPLAN_COMPUTE_THREADS of them at once (app/threads.py), and the server runs at a 1 ms
+    switch interval (app/settings.py); with COMMPLAN_WORK_IN_PROCESS=1 in a process of its own (app/runner.py)."""
     answers: list[int] = []
     with (
         serving(work_slots=9, deadline_s=300, queue_s=300, work_in_process=in_process) as (base, _),
@@ -268,17 +268,35 @@ def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit(in_
             f"control p50 {floor['p50'] * 1e3:.1f} ms, p99 {floor['p99'] * 1e3:.1f} ms, "
             f"max {floor['max'] * 1e3:.1f} ms; load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print("\n" + line)
-    if in_process:
-        assert server["n"] >= 20, line
-        assert server["p99"] < P99_LIMIT_S + floor["p99"], line
-    else:
-        # Thread mode (the default) does NOT meet the p99: with nine threads computing, the event loop waits for the
-        # GIL at each of the dozens of times it takes it per request. A fresh-clone run on an idle machine (load
-        # 0.2-1.3) gave p95 248-376 ms and p99 338-552 ms in 3 of 4 runs (p99 34-71 ms in the others), with the
-        # prober sending fewer probes because it waits for each. So here only the median is held to 0.2 s and the
-        # p95 to 1 s; issue 26 item 4 stays open for this mode (docs/hardening.md).
-        assert server["p50"] < P99_LIMIT_S + floor["p50"], line
-        assert server["p95"] < 1.0, line
+    # both modes meet it. Thread mode since the compute gate (app/threads.py): of the nine requests two compute at
+    # once (COMMPLAN_COMPUTE_THREADS, min(CPUs, 2)) and seven wait on the event loop, holding no GIL; before it,
+    # nine threads computing gave p99 338-552 ms in 3 of 4 runs on an idle machine (docs/hardening.md)
+    assert server["n"] >= 20, line
+    assert server["p99"] < P99_LIMIT_S + floor["p99"], line
+
+
+def test_a_request_queues_at_the_compute_gate_over_http():
+    """COMMPLAN_COMPUTE_THREADS=1 on a real server: while a plan that routes a 1,000-router torus computes (until
+    its 3 s deadline), a small plan waits at the gate, holding a work slot and no GIL, and answers once the slow
+    one is stopped; /healthz answers at once meanwhile. With two compute threads the small plan answers at once."""
+    slow = LARGE | {"cluster": {"preset": "tpu-torus", "num_nodes": 1000}, "parallel": {"tp": 8, "pp": 5},
+                    "workload": {"micro_batch_size": 1, "global_batch_size": 1000}}  # fmt: skip
+    took = {}
+    for threads in (1, 2):
+        settings = {"compute_threads": threads, "work_slots": 4, "deadline_s": 3, "max_router_pairs": 1 << 40}
+        with serving(**settings) as (base, _), httpx.Client(base_url=base, timeout=30) as http:
+            blocker = threading.Thread(target=lambda: httpx.post(base + "/v1/plan", json=slow, timeout=30))
+            blocker.start()
+            time.sleep(0.5)
+            start = time.monotonic()
+            assert http.get("/healthz").status_code == 200
+            assert time.monotonic() - start < 1
+            start = time.monotonic()
+            assert http.post("/v1/plan", json=SMALL).status_code == 200
+            took[threads] = time.monotonic() - start
+            blocker.join(30)
+    assert 1.5 < took[1] < 10, took  # queued until the slow plan's stop at 3 s (sent 0.5 s after it)
+    assert took[2] < 1.5, took
 
 
 @pytest.mark.slow

@@ -25,6 +25,14 @@ def test_settings_read_the_environment_by_their_commplan_names(monkeypatch):
     assert Settings().switch_interval_s == 0.001  # the default, measured in docs/hardening.md
 
 
+def test_compute_threads_default_to_the_cores_at_most_two_and_are_read_and_bounded(monkeypatch):
+    assert Settings().compute_threads == min(os.cpu_count() or 1, 2)
+    monkeypatch.setenv("COMMPLAN_COMPUTE_THREADS", "3")
+    assert Settings.from_env().compute_threads == 3
+    with pytest.raises(ValueError, match="COMMPLAN_COMPUTE_THREADS 0 is under 1"):
+        Settings(compute_threads=0)
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, 5e-6, 0.5])
 def test_a_switch_interval_out_of_range_is_refused_at_start(value):
     with pytest.raises(ValueError, match=r"COMMPLAN_SWITCH_INTERVAL_S .* outside 1e-05\.\.0\.1 seconds"):
