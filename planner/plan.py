@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -111,8 +112,10 @@ class Plan:
     parallel: ParallelSpec | None = None  # the layout planned (the exports' headers read it)
     assumptions: list[Assumption] = field(default_factory=list)  # the settings it was made under (assumptions.py)
 
-    @property
+    @cached_property
     def totals(self) -> Totals:
+        """Computed once per plan (the answer, the invariants and the search read it): a plan's calls are not
+        edited in place (planner/serving makes a new Plan with ``dataclasses.replace``, which starts without it)."""
         n = self.num_stages
         # per stage [message bytes, bytes sent, seconds], over every call and per parallelism; added in call
         # order (the float sums are those of one loop over the ledger)
@@ -137,16 +140,58 @@ class Plan:
         )
 
 
-def build_plan(
+MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 bytes of optimizer state fits int64
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A plan's validated set-up and its ledger, built once (:func:`prepare`): the work estimate
+    (planner/estimate.py) walks it before any pricing, and build_plan prices the same objects instead of
+    building them again. ``inputs`` are the five arguments it was built from, matched by identity."""
+
+    ctx: Context
+    layout: RankLayout
+    cluster: Cluster
+    calls: tuple[Call, ...]
+    params_total: int
+    inputs: tuple
+
+    def built_from(self, *inputs) -> bool:
+        return len(inputs) == len(self.inputs) and all(a is b for a, b in zip(inputs, self.inputs, strict=True))
+
+
+def prepare(
     model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster_spec: ClusterSpec, options: Options = Options()
-) -> Plan:
+) -> Prepared:
+    """:func:`setup`, the ledger of that context and the model's parameter count: what the estimate and the
+    plan both start from."""
     ctx, layout, cluster = setup(model, work, par, cluster_spec, options)
+    params = model.total_params()
+    if params > MAX_PARAMS:
+        raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
+    calls = tuple(ledger(ctx))
+    return Prepared(ctx, layout, cluster, calls, params, (model, work, par, cluster_spec, options))
+
+
+def build_plan(
+    model: ModelSpec,
+    work: WorkloadSpec,
+    par: ParallelSpec,
+    cluster_spec: ClusterSpec,
+    options: Options = Options(),
+    prepared: Prepared | None = None,
+) -> Plan:
+    """The plan of these inputs; ``prepared``: their set-up and ledger as the work estimate built them
+    (``Estimate.prepared``), used when built from these very objects, else built here."""
+    if prepared is None or not prepared.built_from(model, work, par, cluster_spec, options):
+        prepared = prepare(model, work, par, cluster_spec, options)
+    ctx, layout, cluster = prepared.ctx, prepared.layout, prepared.cluster
     # the step-time switches do not change a price: keep them out of the price cache's key
     default = options.overlap == Overlap() and options.timeline
     pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
     pricer = _pricer(cluster, layout, pricing)
-    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
-    plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+    priced = [row for call in prepared.calls for row in _price_by_stage(call, pricer)]
+    plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, prepared.params_total, cluster_summary(cluster))
     plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
     plan.assumptions = plan_assumptions(ctx, options.overlap, cluster_spec, options)
@@ -512,6 +557,7 @@ __all__ = [
     "Amounts",
     "Options",
     "Plan",
+    "Prepared",
     "PricedCall",
     "StageTotals",
     "Totals",
@@ -520,6 +566,7 @@ __all__ = [
     "cluster_for",
     "neighbourhood",
     "placement_priced",
+    "prepare",
     "price_calls",
     "price_classes",
     "setup",
