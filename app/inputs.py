@@ -24,11 +24,13 @@ def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, **
     return inputs, work
 
 
-def plan_of(request: PlanRequest, settings, inputs=None) -> Plan:
-    """The typed plan of a request, after its work is estimated and found within the budget."""
-    inputs = inputs or bounded_inputs(request, settings)[0]
+def plan_of(request: PlanRequest, settings, bounded=None) -> Plan:
+    """The typed plan of a request, after its work is estimated and found within the budget; ``bounded``:
+    what :func:`bounded_inputs` already gave for it (the inputs and their estimate, whose set-up and ledger
+    the plan prices instead of building them again)."""
+    inputs, work = bounded or bounded_inputs(request, settings)
     with relocated("options."):  # an algorithm pinned in options that cannot run somewhere
-        return build_plan(*inputs)
+        return build_plan(*inputs, prepared=work.prepared)
 
 
 def problem_of(body: SearchRequest, settings) -> Problem:

@@ -1,7 +1,8 @@
 """What a plan, an explore or one priced call will cost, estimated before any pricing (docs/hardening.md).
 
-The estimate starts where the plan starts, :func:`planner.plan.setup` (the same Context, with the cluster's
-devices per node that DeepEP needs, the same layout and Cluster), walks the same ledger, and charges each
+The estimate starts where the plan starts, :func:`planner.plan.prepare` (the same Context, with the cluster's
+devices per node that DeepEP needs, the same layout and Cluster, and the ledger itself, which it hands on to
+build_plan in ``Estimate.prepared`` so that a request builds it once), walks that ledger, and charges each
 call for what the pricer will really do with it (:func:`pricing_path`, the mirror of
 ``planner.plan._price_op`` and ``collectives.topology.select.price_call``) on the groups the plan prices it
 on (:func:`planner.plan.placement_priced`), once per stage class (:func:`planner.plan.price_classes`):
@@ -45,13 +46,11 @@ from ._errors import SpecError
 from .explore import QUADRATIC, QUADRATIC_LIMIT
 from .model import ModelSpec
 from .parallel import ParallelSpec
-from .plan import Options, placement_priced, price_classes, setup
-from .rules import ledger
+from .plan import MAX_PARAMS, Options, Prepared, placement_priced, prepare, price_classes
 from .workload import WorkloadSpec
 
 # Every bound is far above real jobs and keeps byte counts inside int64 (numpy's) with room for sums:
 MAX_MESSAGE = 1 << 46  # bytes of one call, as the price endpoint's message_bytes (app/schemas/base.py)
-MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 bytes of optimizer state fits
 
 # weights of the work model, in ~15 ns units (module docstring: what each was measured on)
 LIBRARY_WEIGHT = 4_000  # one call through NCCL's model, any group size (~60 us measured: docs/hardening.md)
@@ -75,6 +74,9 @@ class Estimate:
     biggest: str = ""
     biggest_units: int = 0
     parts: list[str] = field(default_factory=list)
+    # the plan's set-up and ledger the estimate walked (planner.plan.prepare): build_plan(..., prepared=)
+    # prices these instead of building them again
+    prepared: Prepared | None = field(default=None, repr=False, compare=False)
 
     def add(self, units: int, what: str) -> None:
         self.units += int(units)
@@ -201,12 +203,10 @@ def estimate(
     at ``sizes`` message sizes with every algorithm, as planner.explore does. Validates as build_plan does
     (the same set-up), and refuses models and calls too large for 64-bit byte counts."""
     options = options or Options()
-    ctx, layout, cluster = setup(model, work, par, cluster_spec, options)
-    params = model.total_params()
-    if params > MAX_PARAMS:
-        raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
-    est, in_net, paths, contended = Estimate(), in_network(cluster_spec), {}, set()
-    for c in ledger(ctx):
+    prepared = prepare(model, work, par, cluster_spec, options)
+    layout, cluster = prepared.layout, prepared.cluster
+    est, in_net, paths, contended = Estimate(prepared=prepared), in_network(cluster_spec), {}, set()
+    for c in prepared.calls:
         if c.message_bytes > MAX_MESSAGE:
             raise SpecError(
                 "workload",

@@ -304,10 +304,17 @@ class ScheduleTraits:
     # 2, one per direction, DualPipe README table "Parameter 2x", DeepSeek-V3 report §3.2.1; DualPipeV: 1)
     param_copies: int = 1
     source: str = ""  # its p2p calls' source; "" is the framework's schedule file (Flavour.pp_source)
+    # True: the layout search tries it when the constraints name no schedule (planner/search/space.py); the
+    # others only when listed
+    searched: bool = False
 
     @property
     def label(self) -> str:
         return self.title or self.name
+
+    def runs_chunks(self, v: int) -> bool:
+        """Whether it runs ``v`` model chunks per rank: interleaved any v >= 2, a V exactly 2, the others 1."""
+        return v >= 2 if self.interleaved else v == (2 if self.v_shape else 1)
 
 
 SCHEDULE_TRAITS: dict[str, ScheduleTraits] = {}
@@ -327,7 +334,7 @@ def schedule_traits(kind: str) -> ScheduleTraits:
 
 
 # parallel.py's SCHEDULES are these names, in this order
-register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup))
+register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, searched=True))
 register(
     ScheduleTraits(
         "interleaved",
@@ -337,6 +344,7 @@ register(
         chunk_order=True,
         interleaved=True,
         microbatch_rule=_m_divisible_by_pp,
+        searched=True,
     )
 )
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -111,8 +112,10 @@ class Plan:
     parallel: ParallelSpec | None = None  # the layout planned (the exports' headers read it)
     assumptions: list[Assumption] = field(default_factory=list)  # the settings it was made under (assumptions.py)
 
-    @property
+    @cached_property
     def totals(self) -> Totals:
+        """Computed once per plan (the answer, the invariants and the search read it): a plan's calls are not
+        edited in place (planner/serving makes a new Plan with ``dataclasses.replace``, which starts without it)."""
         n = self.num_stages
         # per stage [message bytes, bytes sent, seconds], over every call and per parallelism; added in call
         # order (the float sums are those of one loop over the ledger)
@@ -137,16 +140,58 @@ class Plan:
         )
 
 
-def build_plan(
+MAX_PARAMS = 1 << 50  # parameters of a model (1.1e15; GPT-3 is 1.75e11), x 16 bytes of optimizer state fits int64
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A plan's validated set-up and its ledger, built once (:func:`prepare`): the work estimate
+    (planner/estimate.py) walks it before any pricing, and build_plan prices the same objects instead of
+    building them again. ``inputs`` are the five arguments it was built from, matched by identity."""
+
+    ctx: Context
+    layout: RankLayout
+    cluster: Cluster
+    calls: tuple[Call, ...]
+    params_total: int
+    inputs: tuple
+
+    def built_from(self, *inputs) -> bool:
+        return len(inputs) == len(self.inputs) and all(a is b for a, b in zip(inputs, self.inputs, strict=True))
+
+
+def prepare(
     model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, cluster_spec: ClusterSpec, options: Options = Options()
-) -> Plan:
+) -> Prepared:
+    """:func:`setup`, the ledger of that context and the model's parameter count: what the estimate and the
+    plan both start from."""
     ctx, layout, cluster = setup(model, work, par, cluster_spec, options)
+    params = model.total_params()  # memoised by value in planner/model.py
+    if params > MAX_PARAMS:
+        raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
+    calls = tuple(ledger(ctx))
+    return Prepared(ctx, layout, cluster, calls, params, (model, work, par, cluster_spec, options))
+
+
+def build_plan(
+    model: ModelSpec,
+    work: WorkloadSpec,
+    par: ParallelSpec,
+    cluster_spec: ClusterSpec,
+    options: Options = Options(),
+    prepared: Prepared | None = None,
+) -> Plan:
+    """The plan of these inputs; ``prepared``: their set-up and ledger as the work estimate built them
+    (``Estimate.prepared``), used when built from these very objects, else built here."""
+    if prepared is None or not prepared.built_from(model, work, par, cluster_spec, options):
+        prepared = prepare(model, work, par, cluster_spec, options)
+    ctx, layout, cluster = prepared.ctx, prepared.layout, prepared.cluster
     # the step-time switches do not change a price: keep them out of the price cache's key
     default = options.overlap == Overlap() and options.timeline
     pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
     pricer = _pricer(cluster, layout, pricing)
-    priced = [row for call in ledger(ctx) for row in _price_by_stage(call, pricer)]
-    plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, model.total_params(), cluster_summary(cluster))
+    priced = [row for call in prepared.calls for row in _price_by_stage(call, pricer)]
+    plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, prepared.params_total, cluster_summary(cluster))
     plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
     plan.assumptions = plan_assumptions(ctx, options.overlap, cluster_spec, options)
@@ -311,13 +356,20 @@ class _Placements:
 
 
 def _placements(cluster: Cluster, layout: RankLayout) -> _Placements:
+    last = _LAST_SITES[0]  # a plan asks for the same pair ~90 times: no spec hashed (6 us a pair) when it is the last
+    if last is not None and last.cluster is cluster and last.layout is layout:
+        return last
     key = (cluster.spec, layout.par)
     found = _SITES.get(key)
     if found is None or found.cluster is not cluster or found.layout is not layout:
         found = _SITES[key] = _Placements(cluster, layout)
         if len(_SITES) > SITES_CACHE:
             _SITES.popitem(last=False)
+    _LAST_SITES[0] = found
     return found
+
+
+_LAST_SITES: list[_Placements | None] = [None]  # the pair _placements gave last (matched by identity)
 
 
 @dataclass(frozen=True)
@@ -421,9 +473,20 @@ def _stage_classes(call: Call, places: _Placements, options: Options) -> list[tu
     wraps round the pipeline (the last stage's ``pp+1`` to stage 0 in an interleaved schedule, the first
     stage's ``pp-1``) is not such a move and is a class of its own. The embedding group (``ends``) is one
     placement whatever the stage."""
-    stages, layout, cluster, pairs = call.stages, places.layout, places.cluster, call.group.pairs
-    if len(stages) < 2 or pairs == "ends" or layout.par.pp < 2:
+    stages, pairs = call.stages, call.group.pairs
+    if len(stages) < 2 or pairs == "ends" or places.layout.par.pp < 2:
         return [stages]
+    if options.device_map is not None:
+        return _classes(call, places, options)
+    key = ("classes", call.group, stages)  # the estimate and the plan both ask; a custom map is not in the key
+    found = places._memo.get(key)
+    if found is None:
+        found = places._memo[key] = tuple(_classes(call, places, options))
+    return list(found)
+
+
+def _classes(call: Call, places: _Placements, options: Options) -> list[tuple[int, ...]]:
+    stages, layout, cluster, pairs = call.stages, places.layout, places.cluster, call.group.pairs  # pp >= 2
     stride = _pp_stride(layout, call.group.expert)
     unit = None if options.device_map is not None else tiling_unit(cluster)
     if unit and pairs is None and cluster.num_nodes > 1 and places.within_node(call.group, stages):
@@ -512,6 +575,7 @@ __all__ = [
     "Amounts",
     "Options",
     "Plan",
+    "Prepared",
     "PricedCall",
     "StageTotals",
     "Totals",
@@ -520,6 +584,7 @@ __all__ = [
     "cluster_for",
     "neighbourhood",
     "placement_priced",
+    "prepare",
     "price_calls",
     "price_classes",
     "setup",

@@ -86,7 +86,7 @@ def _batch(items: list[dict], settings, summary: bool = False) -> bytes:
     parts, size = [], 0
     for i, (item, outcome) in enumerate(zip(items, parsed, strict=True)):
         check_deadline()
-        part = _one(item, settings, outcome[0], summary) if isinstance(outcome, tuple) else outcome
+        part = _one(item, settings, outcome, summary) if isinstance(outcome, tuple) else outcome
         size += len(part) + 1
         if size > settings.max_response_bytes:
             raise SpecError(
@@ -111,9 +111,9 @@ def _estimate(item: dict, settings) -> tuple | bytes:
         return _failed(detail("requests", "request nested too deeply", "value_error"))
 
 
-def _one(item: dict, settings, inputs, summary: bool = False) -> bytes:
+def _one(item: dict, settings, bounded: tuple, summary: bool = False) -> bytes:
     try:
-        plan = plan_of(PlanRequest.model_validate(item), settings, inputs)
+        plan = plan_of(PlanRequest.model_validate(item), settings, bounded)
     except (SpecError, CollectiveError) as err:
         return _failed(error_detail(err))
     return plan_item_json(plan, summary)

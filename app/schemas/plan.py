@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from planner.pipeline import SCHEDULE_TRAITS
 from planner.plan import PricedCall
 from planner.presets import BOUNDS
 from planner.step import OVERLAP_DEFAULTS
@@ -14,6 +15,10 @@ from planner.step import OVERLAP_DEFAULTS
 from .base import DeviceId, MessageBytes, Strict
 from .cluster import ClusterIn, LinkOut
 from .read import SAME, From, reader
+
+# The pipeline schedules a request may name: the registry's (planner/pipeline.py ``register``), read when this
+# module is imported, so that a new schedule is one register call and the OpenAPI lists it in the enum
+ScheduleName = Literal[tuple(SCHEDULE_TRAITS)]  # type: ignore[valid-type]
 
 # Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
 # request cheap; they are far above any real model.
@@ -197,7 +202,7 @@ class ParallelIn(Strict):
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     sequence_parallel: bool | None = None
     virtual_pipeline_stages: int | None = Field(default=None, ge=1, le=256)
-    pipeline_schedule: Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"] | None = Field(
+    pipeline_schedule: ScheduleName | None = Field(
         default=None,
         description="1f1b (default), interleaved, gpipe; zero-bubble zb-h1 and zbv (Qi et al. 2024); dualpipe and "
         "dualpipev (DeepSeek-V3 §3.2.1)",

@@ -6,13 +6,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from planner.pipeline import SCHEDULE_TRAITS
+
 from .base import Strict, with_example
 from .cluster import ClusterIn
-from .plan import ModelIn, WorkloadIn
+from .plan import ModelIn, ScheduleName, WorkloadIn
 
 Degree = Annotated[int, Field(ge=1, le=1 << 17)]
 Degrees = Degree | Annotated[list[Degree], Field(min_length=1, max_length=64)]
-Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"]
+Schedules = Annotated[list[ScheduleName], Field(max_length=len(SCHEDULE_TRAITS))]
 Dispatch = Literal["alltoall", "allgather", "deepep", "hybridep"]
 Method = Literal["uniform", "block"]
 Module = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
@@ -34,7 +36,7 @@ class ConstraintsIn(Strict):
     ep: Degrees | None = None
     expert_tp: Degrees | None = None
     virtual_pipeline_stages: Degrees | None = None
-    pipeline_schedule: Schedule | Annotated[list[Schedule], Field(max_length=7)] | None = Field(
+    pipeline_schedule: ScheduleName | Schedules | None = Field(
         default=None,
         description="default 1f1b and interleaved; gpipe, zb-h1 (v 1) and zbv, dualpipe, dualpipev (v 2) when listed",
     )

@@ -150,7 +150,8 @@ class ShapeEvaluator:
         self.threshold = threshold  # the k-th best step time found elsewhere so far (branch and bound)
         self.space = space_of(problem)
         self.cluster = cluster_for(problem.cluster)
-        base = Variant(shape, 1, "1f1b", 0, False, flavours.DEFAULT).parallel()
+        # the default schedule (one chunk per rank): the placements read only the degrees and the order
+        base = Variant(shape, 1, ParallelSpec.pipeline_schedule, 0, False, flavours.DEFAULT).parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
         self.pricer = Pricer(self.cluster, problem.options, shared_curves(self.cluster, problem.options))
         self.step_model = StepModel(problem.model, problem.work, self.cluster, problem.constraints.memory_headroom)

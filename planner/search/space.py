@@ -49,13 +49,12 @@ from ..parallel import (
     EP_DISPATCH,
     FRAMEWORKS,
     INFERENCE_DISPATCH,
-    SCHEDULES,
-    V_SCHEDULES,
     ParallelSpec,
     _fits_workload,
     parse_layout,
     validate_parallel,
 )
+from ..pipeline import SCHEDULE_TRAITS
 from ..rules.deepep import BACKENDS, ep_per_node
 from ..workload import RECOMPUTE, RECOMPUTE_METHODS, RECOMPUTE_MODULES, WorkloadSpec, validate_workload
 
@@ -149,7 +148,7 @@ def default_key(value):
 
 def _check_values(allowed: dict) -> None:
     choices = {
-        "pipeline_schedule": SCHEDULES,
+        "pipeline_schedule": tuple(SCHEDULE_TRAITS),  # every registered one, read at call time
         "framework": FRAMEWORKS,
         "activation_recompute": RECOMPUTE,
         "recompute_method": RECOMPUTE_METHODS,
@@ -386,7 +385,7 @@ class Space:
         self.zeros = self.c.values("zero_stage", [0, 1, 2, 3])
         self.frameworks = self.c.values("framework", list(FRAMEWORKS))
         self.recomputes = self._recomputes()
-        self.schedules = self.c.values("pipeline_schedule", ["1f1b", "interleaved"])
+        self.schedules = self.c.values("pipeline_schedule", [n for n, t in SCHEDULE_TRAITS.items() if t.searched])
         self.dispatches = self.c.values("ep_dispatch", ["alltoall"]) if moe else ["alltoall"]
 
     def _recomputes(self) -> list:
@@ -447,12 +446,11 @@ class Space:
         given = self.c.get("virtual_pipeline_stages")
         out = []
         for schedule in self.schedules:
-            if schedule in V_SCHEDULES:
-                if given is None or 2 in given:
-                    out.append((2, schedule))
-            elif schedule != "interleaved":
-                if given is None or 1 in given:
-                    out.append((1, schedule))
+            traits = SCHEDULE_TRAITS[schedule]
+            if not traits.interleaved:  # one chunk per rank, or two in a V
+                v = 2 if traits.v_shape else 1
+                if given is None or v in given:
+                    out.append((v, schedule))
             elif given is not None:
                 out += [(v, schedule) for v in given if v >= 2 or pp >= 2]
             elif pp >= 2:
@@ -493,11 +491,7 @@ class Space:
     def _layout_splits(self, pp: int, layout: str) -> list[tuple[int, str, None, int | None, str]]:
         stages = len(parse_layout(layout))
         v = stages // pp if stages % pp == 0 else 1
-        runs = [
-            s for s in self.schedules
-            if (s == "interleaved" and v >= 2) or (s in V_SCHEDULES and v == 2) or (s not in V_SCHEDULES
-                                                                                    and s != "interleaved" and v == 1)
-        ]  # fmt: skip
+        runs = [s for s in self.schedules if SCHEDULE_TRAITS[s].runs_chunks(v)]
         if stages % pp or not runs:  # one variant, which the layout rules refuse with the numbers
             runs = [self.schedules[0]]
         return [(v, schedule, None, None, layout) for schedule in runs]

@@ -242,6 +242,7 @@ class StepModel:
         self._memos = _memos(model, work, self.gpu)
         self._works: dict = {}
         self._variants: dict = {}
+        self._scheds: dict = {}  # (schedule, pp, chunks per rank, dp, b) -> step.schedule_of (no sends)
 
     @property
     def timed(self) -> bool:
@@ -273,11 +274,17 @@ class StepModel:
         return found
 
     def _schedule(self, v: _Variant, b: int):
-        """step.schedule_of without sends, per micro-batch size (it reads the layout and ctx.micro_batches):
-        a context is built only the first time a variant asks at b."""
+        """step.schedule_of without sends, per micro-batch size: it reads the layout's schedule, pp and chunks per
+        rank, and ctx.micro_batches (the workload, b and dp), so layouts alike in those (ZeRO, SP, framework,
+        ...) share one, and a context is built only for the first of them."""
         found = v.scheds.get(b)
         if found is None:
-            found = v.scheds[b] = schedule_of(self._ctx(v, b, self.work.activation_recompute))
+            par = v.par
+            key = (par.pipeline_schedule, par.pp, par.chunks_per_rank, par.dp, b)
+            found = self._scheds.get(key)
+            if found is None:
+                found = _Memos.put(self._scheds, key, schedule_of(self._ctx(v, b, self.work.activation_recompute)))
+            v.scheds[b] = found
         return found
 
     # ---- memory --------------------------------------------------------------------------------------------
@@ -485,18 +492,31 @@ class StepModel:
         memoised on (b, recompute, passes id, micro-batch count)."""
         if not self.timed:
             return np.zeros(len(grid))
-        v, memos, out = self._variant(par), self._memos, []
-        for b, rc in grid:
-            comp = self._compute(v, b, rc)
-            m = self._schedule(v, b).microbatches
-            key = ("busiest", b, rc, v.pass_id, m)
-            found = memos.bounds.get(key)
-            if found is None:
-                stages = [StageStep(s, c) for s, c in enumerate(comp)]
-                passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
-                found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
-            out.append(found)
-        return np.array(out, dtype=np.float64) + max(v.optimizer)
+        v, memos = self._variant(par), self._memos
+        self._compute(v, *grid[0])  # the layout's passes id and optimizer steps
+        counts, last = [], None
+        for b, _ in grid:
+            if b != last:
+                counts.append(self._schedule(v, b).microbatches)
+                last = b
+        # the whole grid's bounds as one array, on the values every entry's key reads (layouts differing in ZeRO,
+        # dp at equal m, or framework switches share it)
+        array_key = ("busiest", v.pass_id, grid, tuple(counts))
+        bounds = memos.arrays.get(array_key)
+        if bounds is None:
+            out = []
+            for b, rc in grid:
+                comp = self._compute(v, b, rc)
+                m = self._schedule(v, b).microbatches
+                key = ("busiest", b, rc, v.pass_id, m)
+                found = memos.bounds.get(key)
+                if found is None:
+                    stages = [StageStep(s, c) for s, c in enumerate(comp)]
+                    passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
+                    found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
+                out.append(found)
+            bounds = memos.put(memos.arrays, array_key, np.array(out, dtype=np.float64))
+        return bounds + max(v.optimizer)
 
     def lower_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
         """``lower_bound`` for every (b, recompute) of ``grid``: the pipelines of the compute alone memoised as

@@ -473,3 +473,31 @@ def test_screen_bounded_by_the_threshold_counts_and_answers_as_timing_would():
     for par in pars:
         busiest, bound = step_model.busiest_bounds(par, grid), step_model.lower_bounds(par, grid)
         assert (busiest <= bound).all() and (busiest > 0).all()
+
+
+def test_schedules_and_busiest_bounds_shared_across_layouts_equal_their_own():
+    """speed4: the step model's schedule is shared by layouts alike in schedule, pp, chunks per rank and dp
+    (schedule_of reads nothing else), and a grid's busiest-rank bounds are one array shared by layouts alike in
+    passes and micro-batch counts: both equal what a fresh step model gives each layout alone, and the schedule
+    equals step.schedule_of on the layout's own context."""
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=16)
+    cluster = cluster_for(cluster_preset("dgx-h100", 4))
+    work = WorkloadSpec(global_batch_size=256)
+    grid = tuple((b, rc) for b in (1, 2, 4) for rc in ("none", "selective", "full"))
+    layouts = [
+        ParallelSpec(tp=tp, pp=pp, dp=32 // (tp * pp), zero_stage=zero, sequence_parallel=sp, framework=fw, **sched)
+        for tp, pp in ((2, 2), (2, 4), (4, 2))
+        for zero in (0, 1, 3)
+        for sp in (False, True)
+        for fw in ("megatron", "torch")
+        for sched in ({}, {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2})
+        if not (fw == "torch" and sched)  # torch's interleaved runs are not needed here
+    ]
+    shared = StepModel(model, work, cluster)
+    for par in layouts:
+        alone = StepModel(model, work, cluster)
+        assert shared.busiest_bounds(par, grid).tolist() == alone.busiest_bounds(par, grid).tolist()
+        for b in (1, 2, 4):
+            ctx = Context(model, replace(work, micro_batch_size=b), par)
+            assert shared._schedule(shared._variant(par), b) == schedule_of(ctx)
+    assert len(shared._scheds) < len(layouts) * 3  # shared: fewer schedules than (layout, b) pairs
