@@ -2,7 +2,8 @@
 default, the p2p ledger rule, torch's pass order, DualPipe's parameter copies), pinned on a grid of (schedule,
 framework, pp, v, m, layout): each bad request's SpecError field and message byte for byte, each good one's
 plan (calls, prices, step time, memory). The digest is main's code at ee0d38e, before those facts moved into
-the ScheduleTraits table (first recorded at 0813324; the moemech merge then moved MoE step times). Flipping
+the ScheduleTraits table (first recorded at 0813324; the moemech merge then moved MoE step times; the kern4
+merge moved step and call times only: every error, call, byte count and memory peak is the same as at ddc1eb0). Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
 
@@ -14,7 +15,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "d01d1ca004d0e9caeb56a7952bf58192dd6b1351ba15c78ab4cc3ebda55b5ae3"
+RECORDED = "461c57d2059e4bc0e809395ece9fc36592bc86e533ea4cf6e12d9f14fa71ee35"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
