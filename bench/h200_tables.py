@@ -42,8 +42,8 @@ from planner.kernels import (
     clock_fraction,
     flash_attention_s,
     gemm_time,
-    group_rows,
     generation,
+    group_rows,
     layer_kernels,
     memory_kernel,
     streamed_gemm_time,
@@ -372,8 +372,10 @@ def report() -> None:
             print(f"{name}: {value:.4g}")
         return
     print(f"{GPU.name}: sustained clock of the training layer: {sustained_clock_mhz():.0f} MHz")
-    print(f"| kernel class ({DIR.name}, {', '.join(sorted({_ALIAS.get(r, r) for r in FIT_RUNS}))}) | rows "
-          "| median abs error | signed median | worst |")
+    print(
+        f"| kernel class ({DIR.name}, {', '.join(sorted({_ALIAS.get(r, r) for r in FIT_RUNS}))}) | rows "
+        "| median abs error | signed median | worst |"
+    )
     print("|---|---|---|---|---|")
     for c in classes():
         print(f"| {c['class']} | {c['n']} | {c['median_abs']:.1%} | {_pct(c['signed_median'])} | {_pct(c['worst'])} |")
