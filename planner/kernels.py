@@ -529,6 +529,8 @@ def streamed_gemm_time(
         return gemm_time(rows, n, k, dtype, gpu, eff, k0)
     if len(rows) <= streams:
         return gemm_time(rows, n, k, dtype, gpu, eff)
+    if len(set(rows)) > 1:  # rows of their own (group_rows): wave by wave
+        return sum(gemm_time(rows[i : i + streams], n, k, dtype, gpu, eff) for i in range(0, len(rows), streams))
     waves, rest = divmod(len(rows), streams)
     t = waves * gemm_time(rows[:streams], n, k, dtype, gpu, eff)
     return t + (gemm_time(rows[:rest], n, k, dtype, gpu, eff) if rest else 0.0)
@@ -769,11 +771,13 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     # a training framework's expert GEMMs (Flavour.expert_gemm_streams); serving engines run one fused MoE kernel
     # (vLLM/SGLang fused_moe, TensorRT-LLM's CUTLASS MoE: the measured tables of test_kernels)
     streams = ctx.flavour.expert_gemm_streams if ctx.training else 0
-    # each expert's count is its own multinomial draw about the mean rows (variance ~ the mean when E >> 1); a
-    # capacity factor pads every expert to its capacity (no spread)
-    spread = 0.0 if m.capacity_factor else math.sqrt(rows)
-    # a training flavour with one grouped kernel runs torch._grouped_mm (CUTLASS ptr-array, GROUPED_GEMM_K0)
-    k0 = GROUPED_GEMM_K0 if ctx.training and not streams else 0.0
+    # a training flavour with one grouped kernel runs torch._grouped_mm (CUTLASS ptr-array, GROUPED_GEMM_K0), each
+    # expert's count its own multinomial draw about the mean rows (variance ~ the mean when E >> 1; a capacity
+    # factor pads every expert to its capacity: no spread). Measured on that kernel only (the H200 trace and run 2's
+    # grouped table); per-expert launches and the serving engines' fused MoE (its own fitted tables) keep the mean
+    grouped_mm = ctx.training and not streams
+    spread = math.sqrt(rows) if grouped_mm and not m.capacity_factor else 0.0
+    k0 = GROUPED_GEMM_K0 if grouped_mm else 0.0
     sort = chunk_sort(ctx, local)
     ef, eb = routed_expert_kernels(
         tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor, streams, sort, spread, k0
