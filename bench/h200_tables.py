@@ -35,6 +35,7 @@ from planner.kernels import (
     EFFICIENCY,
     FUSED,
     GEMM_CEILING,
+    GROUPED_GEMM_K0,
     Efficiency,
     _mem_s,
     causal_keys,
@@ -42,6 +43,7 @@ from planner.kernels import (
     flash_attention_s,
     gemm_time,
     generation,
+    group_rows,
     layer_kernels,
     memory_kernel,
     streamed_gemm_time,
@@ -129,14 +131,16 @@ GROUPED = {  # column -> (n, k) of each expert's GEMM from the row (hidden h, in
 }
 
 
-def grouped_rows(eff: Efficiency = EFFICIENCY):
+def grouped_rows(eff: Efficiency = EFFICIENCY, k0: float = GROUPED_GEMM_K0):
     """(class, row, predicted s, measured s) for run 2's expert GEMMs, with each expert's rows at the mean of the
-    padded rows (the measured counts are not kept; the zipf-skewed rows are a class of their own): torch._grouped_mm
+    padded rows spread as multinomial counts (group_rows; the measured counts are not kept; the zipf-skewed rows are
+    a class of their own, at the mean): torch._grouped_mm
     as one grouped kernel; the loop as one GEMM per expert on one stream (streamed_gemm_time, 1 stream), each at
     least the host's dispatch."""
     for r in load("run2")["grouped"]:
         e, h, f = r["local_experts"], r["hidden"], r["inter"]
-        rows = (r["padded_tokens"] / e,) * e
+        mean = r["padded_tokens"] / e  # multinomial counts: each expert's own draw about the mean (group_rows)
+        rows = group_rows(mean, math.sqrt(mean) if r["zipf_skew"] == 0 else 0.0, e)
         gpu = at_clock(r["sm_mhz"])
         skew = "uniform" if r["zipf_skew"] == 0 else "zipf 1.2"
         grain = "fine" if f <= 1024 else "coarse"
@@ -144,14 +148,15 @@ def grouped_rows(eff: Efficiency = EFFICIENCY):
             n, k = shape(h, f)
             measured = r[f"grouped_{col}_s"]
             if measured:
-                yield f"grouped _grouped_mm {grain} ({skew})", r, gemm_time(rows, n, k, "bf16", gpu, eff), measured
+                t = gemm_time(rows, n, k, "bf16", gpu, eff, k0)
+                yield f"grouped _grouped_mm {grain} ({skew})", r, t, measured
             looped = r.get(f"loop_{col}_s")
             if looped:
                 t = max(streamed_gemm_time(rows, n, k, "bf16", gpu, eff, 1), e * eff.cpu_op_s)
                 yield f"grouped loop {grain} ({skew})", r, t, looped
         measured = r["grouped_wgrad_fc2_s"]
         if measured:  # per expert (f x rows) @ (rows x h): k = the expert's rows
-            t = gemm_time((float(f),) * e, float(h), rows[0], "bf16", gpu, eff)
+            t = gemm_time((float(f),) * e, float(h), mean, "bf16", gpu, eff, k0)
             yield f"grouped _grouped_mm {grain} ({skew})", r, t, measured
 
 
@@ -333,6 +338,18 @@ def fit(eff: Efficiency = EFFICIENCY) -> dict:
     return out
 
 
+def fit_grouped_k0(eff: Efficiency = EFFICIENCY) -> tuple[float, float]:
+    """(k0, median abs error) of torch._grouped_mm's main-loop amortisation length (kernels.GROUPED_GEMM_K0) that
+    minimises the median abs log error over run 2's _grouped_mm rows (every grain and skew), on a 32-step grid."""
+    best = None
+    for k0 in range(128, 1025, 32):
+        errs = [abs(math.log(p / m)) for c, _, p, m in grouped_rows(eff, float(k0)) if "_grouped_mm" in c]
+        score = median(errs)
+        if best is None or score < best[1]:
+            best = (float(k0), score)
+    return best[0], math.exp(best[1]) - 1.0
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
@@ -346,13 +363,19 @@ def main() -> None:
 
 
 def report() -> None:
+    if "--fit-grouped-k0" in sys.argv:
+        k0, err = fit_grouped_k0()
+        print(f"torch._grouped_mm k0: {k0:.0f} (median abs error {100 * err:.1f}%)")
+        return
     if "--fit" in sys.argv:
         for name, value in fit().items():
             print(f"{name}: {value:.4g}")
         return
     print(f"{GPU.name}: sustained clock of the training layer: {sustained_clock_mhz():.0f} MHz")
-    print(f"| kernel class ({DIR.name}, {', '.join(sorted({_ALIAS.get(r, r) for r in FIT_RUNS}))}) | rows "
-          "| median abs error | signed median | worst |")
+    print(
+        f"| kernel class ({DIR.name}, {', '.join(sorted({_ALIAS.get(r, r) for r in FIT_RUNS}))}) | rows "
+        "| median abs error | signed median | worst |"
+    )
     print("|---|---|---|---|---|")
     for c in classes():
         print(f"| {c['class']} | {c['n']} | {c['median_abs']:.1%} | {_pct(c['signed_median'])} | {_pct(c['worst'])} |")

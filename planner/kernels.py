@@ -28,6 +28,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from statistics import NormalDist
 
 from collectives.topology.gpu import GPUSpec, nested_constants
 
@@ -190,6 +191,14 @@ DATASHEET_CLOCK_MHZ = {80: 1410, 90: 1830}
 # Hopper and Blackwell 128x256 (sm90_xmma_gemm_..._tilesize128x256x64; Blackwell's 256x256 2-SM tile is 128x256
 # per SM). The table's m, n are multiples of 128, so the fit cannot tell the tiles apart: they are the kernels'.
 GEMM_TILE = {80: (128, 128), 90: (128, 256), 100: (128, 256)}
+# torch._grouped_mm's main-loop amortisation length: PyTorch's GroupMM.cu (aten/src/ATen/native/cuda, the
+# H200's torch 2.9) runs CUTLASS 3's ptr-array grouped GEMM on sm90 (KernelPtrArrayTmaWarpSpecializedCooperative,
+# 128x256x64 tiles; Pingpong 64x128x128 when a group's mean m or n <= 128), which re-points its TMA descriptors at
+# every group's operands and does not overlap a tile's epilogue with the next tile's main loop: a longer fixed
+# part per tile than cuBLAS's gemm_k0. Fitted on the fit set's 48 _grouped_mm rows (tests/reference/kernels/h200/
+# run2.json ``grouped``: fc1, fc2, dgrad and ragged-K wgrad; bench/h200_tables.py --fit-grouped-k0), nothing
+# held out: see docs/step-time.md "The MoE layers read from a profiler trace".
+GROUPED_GEMM_K0 = 320.0
 # Split-K: where a GEMM's output tiles leave SMs idle (decode's m 1-256 against a narrow n), cuBLASLt's heuristics
 # split the K loop over the idle SMs (split-K, or CUTLASS 3's stream-K scheduler on sm90), in chunks of at least
 # SPLIT_K_MIN: fitted on the H200's 192 decode GEMMs (tests/reference/kernels/h200/run2.json ``gemm_bf16`` decode
@@ -424,9 +433,12 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
 
 
 @lru_cache(maxsize=65536)
-def gemm_time(rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency) -> float:
+def gemm_time(
+    rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency, k0: float = 0.0
+) -> float:
     """Seconds of one GEMM (or a grouped GEMM over ``rows``: one m per group) of (m x k) @ (k x n) in ``dtype``.
-    Memoised by value (bounded): the search asks for the same shapes across layouts."""
+    ``k0``: the main loop's amortisation length (0: the cuBLAS one, eff.gemm_k0; GROUPED_GEMM_K0 for
+    torch._grouped_mm). Memoised by value (bounded): the search asks for the same shapes across layouts."""
     if n <= 0 or k <= 0 or not any(m > 0 for m in rows):
         return 0.0
     tm, tn = GEMM_TILE.get(generation(gpu), (128, 128))
@@ -437,7 +449,8 @@ def gemm_time(rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUS
     split = max(1, min(gpu.sms // tiles, int(k // SPLIT_K_MIN))) if gpu.sms and len(rows) == 1 else 1
     fill = tiles * split / (tiles * split + eff.gemm_fill * gpu.sms) if gpu.sms else 1.0
     k_split = k / split  # each split runs k/split of the main loop
-    rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k_split / (k_split + eff.gemm_k0)
+    k0 = k0 or eff.gemm_k0
+    rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k_split / (k_split + k0)
     x = operand_bytes(dtype)
     traffic = sum(m * k * x + k * n * x + m * n * 2 for m in rows)  # output in bf16
     # compute-bound: the FLOPs and the GEMM's fixed cost (prologue, epilogue, launch); memory-bound (decode's GEMV-
@@ -457,18 +470,22 @@ def gemm_kernels(
     eff: Efficiency,
     groups: int = 1,
     streams: int = 0,
+    spread: float = 0.0,
+    k0: float = 0.0,
 ) -> tuple[Kernel, Kernel, Kernel]:
     """Forward (m x k)(k x n), and its backward: data gradient (m x n)(n x k) and weight gradient (k x m)(m x n),
     per group when grouped (each expert's weight gradient is its own GEMM with k = its rows). ``streams`` 0: a
-    group is one grouped kernel; n > 0: one GEMM launch per group spread over n streams (streamed_gemm_time)."""
+    group is one grouped kernel; n > 0: one GEMM launch per group spread over n streams (streamed_gemm_time).
+    ``spread``: the standard deviation of the groups' rows about m (group_rows); 0: every group has m rows.
+    ``k0``: the grouped kernel's main-loop amortisation length (gemm_time; 0: cuBLAS's)."""
     m = max(0.0, m)
-    rows = (_round(m),) * groups
+    rows = group_rows(m, spread, groups)
     flops = 2.0 * m * n * k * groups
     shape = (m, n, k, groups)
     launches = groups if streams and groups > 1 else 1
     wgrad_rows = (_round(k),) * groups  # one (k x n) output per expert, reduced over that expert's rows
-    times = [streamed_gemm_time(r, a, b, dtype, gpu, eff, streams) for r, a, b in ((rows, n, k), (rows, k, n))]
-    times.append(streamed_gemm_time(wgrad_rows, n, m, dtype, gpu, eff, streams))
+    shapes = ((rows, n, k), (rows, k, n), (wgrad_rows, n, m))
+    times = [streamed_gemm_time(r, a, b, dtype, gpu, eff, streams, k0) for r, a, b in shapes]
     fwd, dgrad, wgrad = (
         Kernel(name + suffix, "gemm", t, flops, shape=shape, dtype=dtype, count=launches)
         for suffix, t in zip(("", ".dgrad", ".wgrad"), times, strict=True)
@@ -476,15 +493,44 @@ def gemm_kernels(
     return fwd, dgrad, wgrad
 
 
+@lru_cache(maxsize=1024)
+def _normal_quantiles(groups: int) -> tuple[float, ...]:
+    unit = NormalDist()
+    return tuple(unit.inv_cdf((i + 0.5) / groups) for i in range(groups))
+
+
+def group_rows(m: float, spread: float, groups: int) -> tuple[float, ...]:
+    """The rows of ``groups`` GEMMs of mean m and standard deviation ``spread``: the groups' order statistics taken
+    at the normal quantiles (i + 1/2) / groups (their sum stays groups x m). Dropless routing gives every expert a
+    multinomial count of its own, not the mean: torch._grouped_mm pays a whole M tile for an expert one row past a
+    tile's edge (tests/reference/kernels/h200/trace_qwen3_235b.ep1.s2048.json.gz: 128 experts at a mean of 128
+    rows on 128-row tiles run 1.33x the equal-rows time, fwd fc1 1,096 us against 826 us predicted)."""
+    if not spread or groups <= 1:
+        return (_round(m),) * groups
+    return tuple(_round(max(0.0, m + spread * z)) for z in _normal_quantiles(groups))
+
+
 def streamed_gemm_time(
-    rows: tuple[float, ...], n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency, streams: int = 0
+    rows: tuple[float, ...],
+    n: float,
+    k: float,
+    dtype: str,
+    gpu: GPUSpec,
+    eff: Efficiency,
+    streams: int = 0,
+    k0: float = 0.0,
 ) -> float:
     """Seconds of len(rows) GEMMs launched one by one over ``streams`` CUDA streams (TransformerEngine's
     multi_stream_cublas_gemm: GEMM i on stream i % streams): they run in waves of ``streams`` concurrent GEMMs, a
     wave sharing the SMs as one grouped GEMM does (gemm_time over its rows) and paying one fixed cost (the
-    concurrent GEMMs' prologues and tails overlap); ``streams`` 0 or one group: one grouped kernel (gemm_time)."""
-    if not streams or len(rows) <= streams:
+    concurrent GEMMs' prologues and tails overlap); ``streams`` 0 or one group: one grouped kernel (gemm_time,
+    with the grouped kernel's ``k0``); cuBLAS launches keep cuBLAS's."""
+    if not streams:
+        return gemm_time(rows, n, k, dtype, gpu, eff, k0)
+    if len(rows) <= streams:
         return gemm_time(rows, n, k, dtype, gpu, eff)
+    if len(set(rows)) > 1:  # rows of their own (group_rows): wave by wave
+        return sum(gemm_time(rows[i : i + streams], n, k, dtype, gpu, eff) for i in range(0, len(rows), streams))
     waves, rest = divmod(len(rows), streams)
     t = waves * gemm_time(rows[:streams], n, k, dtype, gpu, eff)
     return t + (gemm_time(rows[:rest], n, k, dtype, gpu, eff) if rest else 0.0)
@@ -725,8 +771,16 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     # a training framework's expert GEMMs (Flavour.expert_gemm_streams); serving engines run one fused MoE kernel
     # (vLLM/SGLang fused_moe, TensorRT-LLM's CUTLASS MoE: the measured tables of test_kernels)
     streams = ctx.flavour.expert_gemm_streams if ctx.training else 0
+    # a training flavour with one grouped kernel runs torch._grouped_mm (CUTLASS ptr-array, GROUPED_GEMM_K0), each
+    # expert's count its own multinomial draw about the mean rows (variance ~ the mean when E >> 1; a capacity
+    # factor pads every expert to its capacity: no spread). Measured on that kernel only (the H200 trace and run 2's
+    # grouped table); per-expert launches and the serving engines' fused MoE (its own fitted tables) keep the mean
+    grouped_mm = ctx.training and not streams
+    spread = math.sqrt(rows) if grouped_mm and not m.capacity_factor else 0.0
+    k0 = GROUPED_GEMM_K0 if grouped_mm else 0.0
+    sort = chunk_sort(ctx, local)
     ef, eb = routed_expert_kernels(
-        tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor, streams, chunk_sort(ctx, local)
+        tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor, streams, sort, spread, k0
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -819,13 +873,17 @@ def routed_expert_kernels(
     floor: float = 0.0,
     streams: int = 0,
     sort: bool = False,
+    spread: float = 0.0,
+    k0: float = 0.0,
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
     expert order (Megatron-Core moe_utils.permute: read the tokens, write R rows, the indices); the experts as two
     grouped GEMMs around the activation (``streams``: per-expert launches, gemm_kernels); unpermute: read R rows
     and the probs, scatter-add into the tokens. ``sort``: the received rows are re-ordered from (source rank,
-    expert) to (expert, source rank) after the dispatch and back before the combine (chunk_sort)."""
+    expert) to (expert, source rank) after the dispatch and back before the combine (chunk_sort). ``spread``: the
+    standard deviation of an expert's rows about ``rows`` (group_rows; 0: every expert at the mean); ``k0``: the
+    grouped kernel's main-loop amortisation length (GROUPED_GEMM_K0 for torch._grouped_mm; 0: cuBLAS's)."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -843,7 +901,7 @@ def routed_expert_kernels(
     order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks", "unpermute"]
     for name in order if sort else [n for n in order if "sort_chunks" not in n]:
         if name in gemms:
-            kf, kd, kw = gemm_kernels(name, rows, *gemms[name], dtype, gpu, eff, local, streams)
+            kf, kd, kw = gemm_kernels(name, rows, *gemms[name], dtype, gpu, eff, local, streams, spread, k0)
             fwd.append(_floored(kf, floor))
             bwd.extend((_floored(kd, floor), _floored(kw, floor)))
         else:

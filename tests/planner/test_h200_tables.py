@@ -14,6 +14,7 @@ from planner.kernels import (
     EFFICIENCY,
     FP8_CLOCK,
     GEMM_CEILING,
+    GROUPED_GEMM_K0,
     SUSTAINED_CLOCK,
     clock_fraction,
     dense_peak,
@@ -79,8 +80,10 @@ def test_the_clock_enters_once():
         ("GEMM bf16 wgrad", 0.06),
         ("GEMM bf16 decode (m 1-256)", 0.10),
         ("GEMM bf16 decode_graph (m 1-256)", 0.09),
-        ("grouped _grouped_mm coarse (uniform)", 0.06),
-        ("grouped _grouped_mm coarse (zipf 1.2)", 0.06),
+        ("grouped _grouped_mm coarse (uniform)", 0.05),
+        ("grouped _grouped_mm coarse (zipf 1.2)", 0.04),
+        ("grouped _grouped_mm fine (uniform)", 0.06),
+        ("grouped _grouped_mm fine (zipf 1.2)", 0.09),
         ("attention flash2 fwd", 0.09),
         ("attention flash2 bwd", 0.04),
         ("copy >= 128 MiB eager", 0.03),
@@ -95,11 +98,9 @@ def test_each_kernel_class_within_its_measured_median(name, median_abs):
 
 
 def test_what_the_model_still_misses_on_the_h200():
-    """Measured, not fixed (docs/step-time.md): fine-grained grouped GEMMs (128 experts x 768) run 12-20% slower
-    than the model's uniform rows; head-dim-64 attention forward 11-15% slower than the head-dim-128 ceilings give;
-    copies under 128 MiB sit in the 50 MB L2 and run faster than HBM; cuDNN 9.19's attention runs 28% (forward)
-    and 37% (backward) faster than the committed cudnn ceiling."""
-    assert -0.25 < CLASSES["grouped _grouped_mm fine (uniform)"]["signed_median"] < -0.10
+    """Measured, not fixed (docs/step-time.md): head-dim-64 attention forward 11-15% slower than the head-dim-128
+    ceilings give; copies under 128 MiB sit in the 50 MB L2 and run faster than HBM; cuDNN 9.19's attention runs
+    28% (forward) and 37% (backward) faster than the committed cudnn ceiling."""
     assert CLASSES["attention cudnn d64 fwd"]["signed_median"] < -0.08
     assert CLASSES["attention flash2 d64 fwd"]["signed_median"] < -0.12
     assert CLASSES["copy < 128 MiB graph"]["signed_median"] > 0.15
@@ -109,21 +110,26 @@ def test_what_the_model_still_misses_on_the_h200():
 
 def test_held_out_layers_within_the_issue_targets():
     """Run 3's seven PyTorch-eager layers (measured before any refit) with the planner's own layer kernels at its
-    sustained clock: forward + backward median |error| 7.6%, signed -1.0%, worst -26.2% (Qwen3-235B's MoE layer);
-    the four dense layers within 10% each. Issue 20's targets: median <= 10%, signed within 5%, none beyond 30%."""
+    sustained clock: forward + backward median |error| 4.9%, signed -1.0%, worst -12.2% (Qwen3-235B's MoE layer;
+    -26.2% before the grouped GEMM's spread rows and ptr-array k0); the four dense layers within 10% each. Issue
+    20's targets: median <= 10%, signed within 5%, none beyond 30%."""
     rows = h200_tables.layer_table(h200_tables.HELDOUT_RUN)
     s = h200_tables.summary("step", [r["step_err"] for r in rows])
-    assert s["n"] == 7 and s["median_abs"] < 0.08 and abs(s["signed_median"]) <= 0.05 and abs(s["worst"]) < 0.30
+    assert s["n"] == 7 and s["median_abs"] < 0.06 and abs(s["signed_median"]) <= 0.05 and abs(s["worst"]) < 0.15
+    moe = {r["layer"]: r["step_err"] for r in rows if ".ep" in r["layer"]}
+    assert -0.15 < moe["qwen3_235b.ep1.s2048"] < -0.09 and -0.05 < moe["gptoss_like.ep4.s4096"] < 0.0, moe
     dense = {r["layer"]: r["step_err"] for r in rows if ".ep" not in r["layer"]}
     assert len(dense) == 4 and all(abs(e) < 0.10 for e in dense.values()), dense
 
 
 def test_the_fit_set_layers():
-    """Run 2's five layers: the three dense ones within 8% forward + backward; the two MoE layers too fast (the
-    bench's layer runs gathers, zero fills and an index_copy the model's permute does not list)."""
+    """Run 2's five layers: the three dense ones within 8% forward + backward; the two MoE layers still too fast
+    (-17.3%, -8.5%: the bench's layer runs a zero fill, a clone and an index_copy in its permute, unvectorised
+    silu and mul on the chunked fc1 output and a broadcast bf16 score multiply the model does not list, class (c)
+    of docs/step-time.md "The MoE layers read from a profiler trace")."""
     rows = {r["layer"]: r["step_err"] for r in h200_tables.layer_table("run2")}
     assert all(abs(rows[n]) < 0.08 for n in rows if ".ep" not in n)
-    assert -0.40 < rows["qwen3_30b_a3b.ep1.s4096"] < -0.25 and -0.25 < rows["mixtral_8x7b.ep1.s4096"] < -0.10
+    assert -0.20 < rows["qwen3_30b_a3b.ep1.s4096"] < -0.14 and -0.11 < rows["mixtral_8x7b.ep1.s4096"] < -0.06
 
 
 def test_a_layer_is_built_as_the_planner_builds_it():
@@ -151,6 +157,17 @@ def test_a_second_gpu_never_fitted_on_the_h100():
     for p in ("fwd", "dgrad", "wgrad"):
         assert classes[f"GEMM bf16 {p}"]["n"] == 144 and classes[f"GEMM bf16 {p}"]["median_abs"] < 0.09
     s = h200_tables.summary("step_err", [r["step_err"] for r in held])
-    assert s["n"] == 7 and s["median_abs"] < 0.08 and abs(s["signed_median"]) <= 0.05 and abs(s["worst"]) < 0.20
+    assert s["n"] == 7 and s["median_abs"] < 0.06 and abs(s["signed_median"]) <= 0.05 and abs(s["worst"]) < 0.12
     dense = [r["step_err"] for r in held + grid if ".ep" not in r["layer"]]
     assert len(dense) == 7 and all(abs(e) < 0.11 for e in dense), dense
+
+
+def test_grouped_gemm_k0_is_the_fit_sets_fixed_point():
+    """kernels.GROUPED_GEMM_K0 is what run 2's 48 torch._grouped_mm rows fit (bench/h200_tables.py
+    --fit-grouped-k0: the median |log error| minimum on a 32-step grid), at 3.6% median; cuBLAS's k0 (128) there
+    leaves the fine-grained rows 12-20% fast."""
+    k0, err = h200_tables.fit_grouped_k0()
+    assert k0 == GROUPED_GEMM_K0 == 320.0 and 0.03 < err < 0.04
+    rows = list(h200_tables.grouped_rows(k0=EFFICIENCY.gemm_k0))
+    fine = [p / m - 1 for c, _, p, m in rows if c == "grouped _grouped_mm fine (uniform)"]
+    assert sorted(fine)[len(fine) // 2] < -0.10

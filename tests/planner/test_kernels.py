@@ -17,11 +17,14 @@ from planner.context import Context
 from planner.kernels import (
     EFFICIENCY,
     GEMM_CEILING,
+    GROUPED_GEMM_K0,
     SUSTAINED_CLOCK,
     causal_keys,
     expert_rows,
     gemm_time,
+    group_rows,
     layer_kernels,
+    streamed_gemm_time,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -139,6 +142,42 @@ def test_expert_rows_take_the_busiest_rank():
     assert expert_rows(one_rank)[0] * 128 == pytest.approx(LLAMA.seq_length * 8)  # one rank runs every copy
     padded = Context(replace(model, moe=replace(moe, capacity_factor=1.25)), c.work, c.par)
     assert expert_rows(padded)[0] * 16 == pytest.approx(R * 1.25)
+
+
+def test_group_rows_are_normal_order_statistics_about_the_mean():
+    """128 experts at a mean of 128 rows, multinomial spread sqrt(128): the rows sum to 128 x 128, the median pair
+    straddles the mean, the extremes sit at the normal quantiles 0.5/128 and 127.5/128 (z = -/+2.66), and half the
+    experts cross the 128-row tile: 192 M tiles, not 128, at 1/1.5 of the tile fill."""
+    rows = group_rows(128.0, math.sqrt(128.0), 128)
+    assert sum(rows) == pytest.approx(128 * 128, abs=0.1)
+    assert rows[63] < 128 < rows[64] and rows == tuple(sorted(rows))
+    assert rows[0] == pytest.approx(128 - 2.6601 * math.sqrt(128), abs=0.01)
+    assert sum(math.ceil(m / 128) for m in rows) == 192
+    assert group_rows(128.0, 0.0, 4) == (128.0,) * 4 and group_rows(5.0, 10.0, 1) == (5.0,)
+    assert min(group_rows(4.0, 10.0, 64)) == 0.0  # counts are never negative
+
+
+def test_only_torch_grouped_mm_pays_the_ptr_array_k0():
+    """Qwen3-30B-A3B's experts on one H100, ep 1: torchtitan's torch._grouped_mm (torch flavour, training) runs
+    its fine-grained expert GEMMs with GROUPED_GEMM_K0 = 320 (the H200's fit); Megatron's per-expert cuBLAS
+    launches keep cuBLAS's k0 (128); the same GEMM with k0 320 is slower by (k + 320) / (k + 128) at most."""
+    model = model_preset("qwen3-30b-a3b")
+    work = WorkloadSpec(global_batch_size=8, micro_batch_size=1)
+    torch_k = {
+        k.name: k
+        for k in layer_kernels(Context(model, work, ParallelSpec(framework="torch", dp=8)), True, H100).forward
+    }
+    mega_k = {k.name: k for k in layer_kernels(Context(model, work, ParallelSpec(dp=8)), True, H100).forward}
+    f, h = model.moe.expert_ffn_hidden_size, model.hidden_size
+    rows, local = expert_rows(Context(model, work, ParallelSpec(framework="torch", dp=8)))
+    spread = group_rows(rows, math.sqrt(rows), local)
+    fc2 = gemm_time(spread, float(h), float(f), "bf16", H100, EFFICIENCY, GROUPED_GEMM_K0)
+    assert torch_k["experts_fc2"].time_s == pytest.approx(fc2)
+    assert fc2 > gemm_time(spread, float(h), float(f), "bf16", H100, EFFICIENCY)
+    assert fc2 < gemm_time(spread, float(h), float(f), "bf16", H100, EFFICIENCY) * (f + 320) / (f + 128) * 1.001
+    assert mega_k["experts_fc2"].count == 128  # Megatron: one cuBLAS GEMM per expert on 4 streams
+    on_streams = streamed_gemm_time(spread, float(h), float(f), "bf16", H100, EFFICIENCY, 4, GROUPED_GEMM_K0)
+    assert on_streams == streamed_gemm_time(spread, float(h), float(f), "bf16", H100, EFFICIENCY, 4)
 
 
 def test_eager_pytorch_moves_more_bytes_than_fused_and_compile_fuses():
