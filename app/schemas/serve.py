@@ -56,7 +56,7 @@ class MTPIn(Strict):
 
 
 class ServeOptionsIn(Strict):
-    weight_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    weight_dtype: Literal["bf16", "fp16", "fp8", "nvfp4"] = "bf16"
     kv_dtype: Literal["bf16", "fp16", "fp8"] | None = None
     mtp: MTPIn | None = None
     cuda_graphs: bool = True
