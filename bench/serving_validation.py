@@ -115,7 +115,7 @@ def fp4_table(options: ServeOptions = FP4_OPTIONS) -> list[dict]:
             predicted = plan.output_tokens_per_s
             out.append({"row": f"{name} {isl}/{osl}", "predicted": predicted, "published": published,
                         "error": predicted / published - 1, "tpot_s": plan.tpot_s, "batch": plan.pools[0].batch,
-                        "source": ref["source"]})  # fmt: skip
+                        "requests": requests, "source": ref["source"]})  # fmt: skip
     return out
 
 

@@ -248,6 +248,8 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans)."""
     validate_serving(traffic, pools, options)
     _check_engine_options(model, traits, pools, options)
+    if cluster.gpu is not None:
+        _check_weight_format(options.weight_dtype, cluster.gpu)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
     # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
