@@ -128,7 +128,7 @@ def plan_serving(
     validate_serving(traffic, pools, options)
     if cluster.gpu is None:
         raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
-    _check_weight_format(options.weight_dtype, cluster.gpu)
+    check_weight_format(options.weight_dtype, cluster.gpu)
     used = sum(p.gpus for p in pools)
     if used > cluster.num_devices:
         raise SpecError(
@@ -249,7 +249,7 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     validate_serving(traffic, pools, options)
     _check_engine_options(model, traits, pools, options)
     if cluster.gpu is not None:
-        _check_weight_format(options.weight_dtype, cluster.gpu)
+        check_weight_format(options.weight_dtype, cluster.gpu)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
     # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
@@ -281,7 +281,7 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
     )
 
 
-def _check_weight_format(dtype: str, gpu) -> None:
+def check_weight_format(dtype: str, gpu) -> None:
     """A block-scaled weight format runs its GEMMs on the tensor cores that have it: the recipe's compute capability
     (nvfp4: 10.0, Blackwell; recipes.py RECIPES, TransformerEngine _compute_nvfp4_support)."""
     if dtype not in WEIGHT_FORMAT_BYTES:

@@ -99,3 +99,28 @@ def test_plan_nvfp4_refusals(api, work, field, words):
     assert r.status_code == 422, r.text
     err = r.json()["detail"][0]
     assert err["loc"][-1] == field and words in err["msg"], err
+
+
+SEARCH = {
+    "model": {"preset": "llama3-70b"},
+    "cluster": {"preset": "dgx-b200", "num_nodes": 1},
+    "engines": ["trtllm"],
+    "modes": ["aggregated"],
+    "traffic": {"input_tokens": 1000, "output_tokens": 1000, "concurrency": 256},
+    "sla": {"ttft_s": 10.0, "tpot_s": 0.1},
+    "options": {"weight_dtype": "nvfp4", "kv_dtype": "fp8"},
+}
+
+
+def test_serve_search_with_nvfp4_weights(api):
+    """The SLA search plans every deployment with the nvfp4 checkpoint; on Hopper it is one 422 up front (every
+    deployment would refuse it), not an answer whose deployments were all rejected."""
+    r = api.post("/v1/serve/search", json=SEARCH)
+    assert r.status_code == 200, r.text
+    best = r.json()["results"][0]
+    assert best["request"]["options"]["weight_dtype"] == "nvfp4"
+    again = api.post("/v1/serve", json=best["request"])
+    assert again.status_code == 200 and again.json()["tpot_s"] == pytest.approx(best["answer"]["tpot_s"])
+    hopper = api.post("/v1/serve/search", json=SEARCH | {"cluster": {"preset": "dgx-h100", "num_nodes": 1}})
+    assert hopper.status_code == 422, hopper.text
+    assert hopper.json()["detail"][0]["loc"][1:3] == ["options", "weight_dtype"]
