@@ -13,7 +13,9 @@ functions (planner.serving) and compares the throughput:
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS
@@ -90,6 +92,40 @@ def dense_table() -> list[dict]:
     return out
 
 
+FP4_REFERENCE = Path(__file__).resolve().parents[1] / "tests/reference/serving/trtllm_perf_overview_fp4.json"
+# the perf-overview's NVFP4 tables' systems: DGX B200 (8 x B200 180GB) and GB200 NVL72 (GB200 192GB)
+FP4_CLUSTERS = {"B200": "dgx-b200", "GB200": "gb200-nvl72"}
+# ModelOpt's NVFP4 checkpoints: the transformer blocks' linear weights and activations in NVFP4 (model cards of
+# nvidia/Llama-3.3-70B-Instruct-FP4 and nvidia/Llama-3.1-405B-Instruct-FP4), the KV cache in FP8 as the FP8 rows'
+FP4_OPTIONS = ServeOptions(weight_dtype="nvfp4", kv_dtype="fp8")
+
+
+def fp4_table(options: ServeOptions = FP4_OPTIONS) -> list[dict]:
+    """The 40 NVFP4 rows (tests/reference/serving/trtllm_perf_overview_fp4.json), held out like the FP8 rows: the
+    same defaults (one worker of the published TP, every request at once), nvfp4 weights and GEMMs."""
+    ref = json.loads(FP4_REFERENCE.read_text())
+    out = []
+    for name, rows in ref["tables"].items():
+        model, system, tp = name.split()
+        nodes = cluster_preset(FP4_CLUSTERS[system], 1)
+        pool = Pool(tp=int(tp.removeprefix("TP")))
+        for isl, osl, requests, published in rows:
+            plan = plan_serving(MODEL_PRESETS[model], nodes, engine("trtllm"), Traffic(isl, osl, concurrency=requests),
+                                (pool,), options)  # fmt: skip
+            predicted = plan.output_tokens_per_s
+            out.append({"row": f"{name} {isl}/{osl}", "predicted": predicted, "published": published,
+                        "error": predicted / published - 1, "tpot_s": plan.tpot_s, "batch": plan.pools[0].batch,
+                        "requests": requests, "source": ref["source"]})  # fmt: skip
+    return out
+
+
+def summary(rows: list[dict]) -> tuple[float, float, float]:
+    """(median |error|, signed median, worst signed error) of a table's rows."""
+    signed = sorted(r["error"] for r in rows)
+    n = len(signed)
+    return median_abs(rows), (signed[n // 2] + signed[(n - 1) // 2]) / 2, max(signed, key=abs)
+
+
 def all_reduce_effect(names: tuple[str, ...] = ("vllm", "sglang")) -> list[dict]:
     """The dense rows' deployments as vLLM and SGLang would run them (their own defaults), each with the engine's own
     TP all-reduce (custom kernels, vLLM's symmetric memory: planner/serving/fused_allreduce.py) and with every
@@ -151,6 +187,14 @@ if __name__ == "__main__":
     signed = sorted(r["error"] for r in dense)
     print(f"dense: median |error| {median_abs(dense):.1%}, signed median {signed[len(signed) // 2]:+.1%}, "
           f"worst {max(signed, key=abs):+.1%} over {len(dense)} rows")  # fmt: skip
+    fp4 = fp4_table()
+    for r in fp4:
+        print(
+            f"{r['row']:40s} {r['predicted']:7,.0f} vs {r['published']:6,d} output tokens/s ({r['error']:+.1%}), "
+            f"batch {r['batch']}, TPOT {r['tpot_s'] * 1e3:,.1f} ms"
+        )
+    med, signed_med, worst = summary(fp4)
+    print(f"nvfp4: median |error| {med:.1%}, signed median {signed_med:+.1%}, worst {worst:+.1%} over {len(fp4)} rows")
     for r in all_reduce_effect():
         print(
             f"{r['row']:40s} {r['engine']:7s} own all-reduce {r['own']:7,.0f} vs NCCL {r['nccl']:7,.0f} out tok/s "

@@ -9,7 +9,7 @@ from ._errors import SpecError
 from .flavours import Flavour
 from .model import ModelSpec
 from .parallel import Chunk, ParallelSpec, pipeline_chunks, rank_of
-from .workload import DTYPE_BYTES, WorkloadSpec
+from .workload import DTYPE_BYTES, WorkloadSpec, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,10 @@ class Context:
         return DTYPE_BYTES[self.grad_dtype]
 
     @cached_property
-    def param_bytes(self) -> int:
-        return DTYPE_BYTES[self.work.param_dtype]
+    def param_bytes(self) -> float:
+        """Bytes of one weight element: an int, or a block-scaled inference format's fraction (workload.py
+        WEIGHT_FORMAT_BYTES; the totals that multiply it round the product)."""
+        return weight_bytes(self.work.param_dtype)
 
     @cached_property
     def kv_bytes(self) -> int:

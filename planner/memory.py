@@ -41,10 +41,10 @@ from .compute import kv_cache_bytes_per_layer
 from .context import Context
 from .model import ModelSpec
 from .parallel import ParallelSpec
-from .params import _holding, recipe_weight_bytes, stage_params, total
+from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
 from .recompute import LayerRecompute, chunk_plans, working_layers
-from .workload import WorkloadSpec
+from .workload import WEIGHT_FORMAT_BYTES, WorkloadSpec
 
 GIB = 1 << 30
 # CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
@@ -447,6 +447,10 @@ def held_bytes(ctx: Context, stage: int) -> HeldBytes:
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
             opt += count * opt_per / (shards if z >= 1 else 1)
     params += recipe_weight_bytes(ctx, stage)  # fp8/fp4 weight copies (workload.fp8_recipe, params.py)
+    if ctx.work.param_dtype in WEIGHT_FORMAT_BYTES:
+        # a block-scaled checkpoint stores only the linear weights so: the rest (embedding, output layer, norms)
+        # in the activation dtype (workload.WEIGHT_FORMAT_BYTES); int() below rounds the product once
+        params += (nd + ne - sum(quantized_numels(ctx, stage))) * (ctx.x - xp)
     buffers = WORKSPACE_BYTES
     if z >= 3 and ctx.training:
         buffers += ZERO3_UNITS_IN_FLIGHT * unit * xp

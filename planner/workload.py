@@ -9,6 +9,24 @@ from .model import ModelSpec
 from .recipes import Recipe, recipe_of, validate_recipe
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
+# Block-scaled checkpoint formats an inference engine loads its linear weights in (inference ``param_dtype`` only):
+# bytes per weight element with its block scales, a fraction (the totals that multiply it round the product, once:
+# memory.held_bytes). NVFP4: TensorRT-LLM tensorrt_llm/_torch/modules/linear.py (at 00bbf71e7964)
+# NVFP4LinearMethod.create_weights holds a linear's weight as [out, in // 2] float4_e2m1x2 (two E2M1 values a
+# byte), its weight_scale as one E4M3 byte per 16 inputs (scaling_vector_size 16; rows padded to 128 and scale
+# columns to 4, nothing for the models' multiples of 128 x 64) and weight_scale_2, one fp32 per tensor (left out:
+# 4 B a tensor): 0.5 + 1/16 = 0.5625 B. Its GEMMs run as the recipe of the same name (planner/recipes.py "nvfp4",
+# Recipe.kernel_dtype). Only the transformer blocks' linear weights are stored so (nvidia/Llama-3.1-405B-Instruct-FP4
+# model card, ModelOpt: "Only the weights and activations of the linear operators within transformers blocks are
+# quantized"): the embedding, output layer and norms stay in the activation dtype (memory.held_bytes). MXFP4
+# (0.5 + 1/32, E8M0 scales per 32) is not here: no mxfp4 GEMM ceiling or recipe to run it with.
+WEIGHT_FORMAT_BYTES = {"nvfp4": 0.5 + 1 / 16}
+
+
+def weight_bytes(dtype: str) -> float:
+    """Bytes of one stored weight element: a plain dtype's, or a block-scaled format's with its scales."""
+    return DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else WEIGHT_FORMAT_BYTES[dtype]
+
 RECOMPUTE = ("none", "selective", "full")
 # Core-attention kernels: "flash" (the framework's default fused kernel for the GPU: planner/kernels.py
 # the flavour's flash_attention_by_sm), "flash2" (FlashAttention-2), "flash3" (FlashAttention-3, Hopper only), "cudnn"
@@ -81,9 +99,12 @@ class WorkloadSpec:
 def validate_workload(w: WorkloadSpec) -> None:
     if w.kind not in ("training", "inference"):
         raise SpecError("workload.kind", f"must be 'training' or 'inference', got {w.kind!r}")
+    if w.param_dtype in WEIGHT_FORMAT_BYTES:
+        _weight_format(w)
     for name in ("param_dtype", "activation_dtype", "grad_reduce_dtype", "moe_dispatch_dtype", "kv_dtype"):
         value = getattr(w, name)
-        if value is not None and value not in DTYPE_BYTES:
+        known = value in DTYPE_BYTES or (name == "param_dtype" and value in WEIGHT_FORMAT_BYTES)
+        if value is not None and not known:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
     validate_recipe(w.fp8_recipe, w.fp8_param_gather)
     one_of("workload.attention_kernel", w.attention_kernel, ATTENTION_KERNELS)
@@ -91,6 +112,22 @@ def validate_workload(w: WorkloadSpec) -> None:
         _training_workload(w)
     else:
         _inference_workload(w)
+
+
+def _weight_format(w: WorkloadSpec) -> None:
+    """A block-scaled weight format is a checkpoint an inference engine serves, its GEMMs the recipe's."""
+    if w.training:
+        raise SpecError(
+            "workload.param_dtype",
+            f"{w.param_dtype} is a block-scaled inference checkpoint format ({WEIGHT_FORMAT_BYTES[w.param_dtype]} B "
+            f"per weight); training keeps bf16/fp32 weights and runs {w.param_dtype} GEMMs with fp8_recipe "
+            f"{w.param_dtype!r}",
+        )
+    if w.fp8_recipe != w.param_dtype:
+        raise SpecError(
+            "workload.fp8_recipe",
+            f"{w.param_dtype} weights run their GEMMs as the {w.param_dtype!r} recipe; got {w.fp8_recipe!r}",
+        )
 
 
 def _training_workload(w: WorkloadSpec) -> None:

@@ -170,7 +170,11 @@ class WorkloadIn(Strict):
     torch_compile: bool | None = Field(
         default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
     )
-    param_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    param_dtype: Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"] | None = Field(
+        default=None,
+        description="the weights' dtype; nvfp4 (inference only, with fp8_recipe nvfp4): a block-scaled checkpoint, "
+        "0.5625 B per linear weight (E2M1 + one E4M3 scale per 16), embedding and norms in the activation dtype",
+    )
     activation_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     moe_dispatch_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None

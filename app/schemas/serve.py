@@ -56,7 +56,11 @@ class MTPIn(Strict):
 
 
 class ServeOptionsIn(Strict):
-    weight_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    weight_dtype: Literal["bf16", "fp16", "fp8", "nvfp4"] = Field(
+        default="bf16",
+        description="the checkpoint's weights; nvfp4 (Blackwell: fp4 tensor cores): 0.5625 B per linear weight "
+        "(E2M1 + one E4M3 scale per 16), the GEMMs in nvfp4, embedding and norms in bf16",
+    )
     kv_dtype: Literal["bf16", "fp16", "fp8"] | None = None
     mtp: MTPIn | None = None
     cuda_graphs: bool = True

@@ -40,8 +40,9 @@ from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
+from ..recipes import RECIPES
 from ..rules.engine_step import dp_sync
-from ..workload import DTYPE_BYTES, WorkloadSpec
+from ..workload import DTYPE_BYTES, WEIGHT_FORMAT_BYTES, WorkloadSpec, weight_bytes
 from .engines import EngineTraits
 from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
@@ -127,6 +128,7 @@ def plan_serving(
     validate_serving(traffic, pools, options)
     if cluster.gpu is None:
         raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
+    check_weight_format(options.weight_dtype, cluster.gpu)
     used = sum(p.gpus for p in pools)
     if used > cluster.num_devices:
         raise SpecError(
@@ -246,6 +248,8 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans)."""
     validate_serving(traffic, pools, options)
     _check_engine_options(model, traits, pools, options)
+    if cluster.gpu is not None:
+        check_weight_format(options.weight_dtype, cluster.gpu)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
     # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
@@ -267,14 +271,38 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
         batch_size=batch,
         context_length=context,
         param_dtype=options.weight_dtype,
-        activation_dtype="bf16" if DTYPE_BYTES[options.weight_dtype] < 2 else options.weight_dtype,
+        activation_dtype="bf16" if weight_bytes(options.weight_dtype) < 2 else options.weight_dtype,
         kv_dtype=options.kv,
         moe_dispatch_dtype="fp8" if options.weight_dtype == "fp8" else None,
         # the engines capture decode steps in CUDA graphs by default (vLLM, SGLang, TensorRT-LLM): no host dispatch
         # per kernel (planner/kernels.py cpu_op_s); prefill runs eager in all three
         cuda_graphs=options.cuda_graphs and phase == "decode",
-        fp8_recipe=options.fp8_recipe if options.weight_dtype == "fp8" else None,
+        fp8_recipe=_gemm_recipe(options),
     )
+
+
+def check_weight_format(dtype: str, gpu) -> None:
+    """A block-scaled weight format runs its GEMMs on the tensor cores that have it: the recipe's compute capability
+    (nvfp4: 10.0, Blackwell; recipes.py RECIPES, TransformerEngine _compute_nvfp4_support)."""
+    if dtype not in WEIGHT_FORMAT_BYTES:
+        return
+    need = RECIPES[dtype].min_sm
+    if gpu.sm < need or not gpu.peak_tflops.get("fp4"):
+        raise SpecError(
+            "options.weight_dtype",
+            f"{dtype} weights need fp4 tensor cores (compute capability >= {need / 10:.1f}, a dense fp4 peak); GPU "
+            f"{gpu.name!r} is sm{gpu.sm} with fp4 peak {gpu.peak_tflops.get('fp4', 0)} TFLOP/s: use fp8 or bf16",
+        )
+
+
+def _gemm_recipe(options: ServeOptions) -> str | None:
+    """The low-precision recipe the linear layers' GEMMs run as (planner/kernels.py gemm_dtype reads its
+    kernel_dtype): fp8 weights' options.fp8_recipe; a block-scaled format's recipe of the same name (nvfp4 weights:
+    nvfp4 x nvfp4 GEMMs, the activations quantized per 16 as TensorRT-LLM's W4A4 NVFP4 linears run them); None: the
+    GEMMs in the activation dtype."""
+    if options.weight_dtype == "fp8":
+        return options.fp8_recipe
+    return options.weight_dtype if options.weight_dtype in WEIGHT_FORMAT_BYTES else None
 
 
 @lru_cache(maxsize=512)  # value keys (frozen specs); the SLA search plans a layout's steps once per split

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from .. import deadline
 from .._errors import SpecError
 from ..model import ModelSpec
-from .deployment import ServePlan, plan_serving
+from .deployment import ServePlan, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
 from .spec import Pool, ServeOptions, Traffic, validate_options, validate_traffic
 
@@ -152,6 +152,8 @@ def search_serving(
     options = options or ServeOptions()
     validate_traffic(traffic)
     validate_options(options)
+    if cluster.gpu is not None:  # every deployment would refuse it: one 422, not a search that rejects them all
+        check_weight_format(options.weight_dtype, cluster.gpu)
     for m in modes:
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")

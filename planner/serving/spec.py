@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import SpecError
-from ..workload import DTYPE_BYTES
+from ..workload import DTYPE_BYTES, WEIGHT_FORMAT_BYTES, weight_bytes
 
 ROLES = ("both", "prefill", "decode")
 MAX_TOKENS = 1 << 21  # longest input or output a request may ask for (2M tokens)
@@ -58,8 +58,10 @@ class MTP:
 
 @dataclass(frozen=True)
 class ServeOptions:
+    # bf16 | fp16 | fp8 | nvfp4 (a block-scaled checkpoint, 0.5625 B a weight, its GEMMs nvfp4: workload.py
+    # WEIGHT_FORMAT_BYTES; Blackwell only: deployment.plan_serving)
     weight_dtype: str = "bf16"
-    kv_dtype: str | None = None  # None: = weight dtype for 2-byte weights, bf16 for fp8 weights
+    kv_dtype: str | None = None  # None: = weight dtype for 2-byte weights, bf16 for fp8 and nvfp4 weights
     mtp: MTP | None = None
     cuda_graphs: bool = True
     chunked_prefill: bool = True
@@ -82,7 +84,7 @@ class ServeOptions:
     def kv(self) -> str:
         if self.kv_dtype is not None:
             return self.kv_dtype
-        return self.weight_dtype if DTYPE_BYTES[self.weight_dtype] == 2 else "bf16"
+        return self.weight_dtype if weight_bytes(self.weight_dtype) == 2 else "bf16"
 
 
 def validate_serving(traffic: Traffic, pools: tuple[Pool, ...], options: ServeOptions) -> None:
@@ -134,10 +136,10 @@ def _validate_mtp(mtp: MTP) -> None:
 
 
 def validate_options(options: ServeOptions) -> None:
-    for name in ("weight_dtype", "kv_dtype"):
+    for name, known in (("weight_dtype", (*DTYPE_BYTES, *WEIGHT_FORMAT_BYTES)), ("kv_dtype", tuple(DTYPE_BYTES))):
         value = getattr(options, name)
-        if value is not None and value not in DTYPE_BYTES:
-            raise SpecError(f"options.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+        if value is not None and value not in known:
+            raise SpecError(f"options.{name}", f"unknown dtype {value!r}; known: {', '.join(known)}")
     if options.mtp is not None:
         _validate_mtp(options.mtp)
     if options.fp8_recipe not in ("tensorwise", "blockwise", "delayed", "mxfp8"):

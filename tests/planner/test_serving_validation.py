@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serving_validation import DENSE, REQUESTS, dense_table, median_abs, table
+from bench.serving_validation import DENSE, REQUESTS, dense_table, fp4_table, median_abs, summary, table
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +44,17 @@ def test_dense_table_held_out():
     assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.082, abs=0.01)
     assert all(-0.22 < r["error"] < 0.08 for r in rows) and sum(r["error"] > 0 for r in rows) == 11
     assert all(r["batch"] <= REQUESTS[tuple(map(int, r["row"].split()[-1].split("/")))] for r in rows)
+
+
+def test_nvfp4_table_held_out():
+    """TensorRT-LLM's perf-overview NVFP4 tables (v1.0 docs): 40 rows of Llama 3.3 70B TP1 and 3.1 405B TP4 on B200
+    and GB200, priced with nvfp4 weights (0.5625 B, embedding and norms bf16) and nvfp4 GEMMs, nothing fitted on
+    them (fp4serve). Median |error| 15.1%, signed -15.1%, worst -24.7% (405B B200 TP4 5000/500); two rows over
+    (70B 1000/2000: +4.8% B200, +8.0% GB200). Biased slow, most on the prefill-heavy rows (-20 .. -25%)."""
+    rows = fp4_table()
+    assert len(rows) == 40 and rows[0]["published"] == 11_147  # 70B B200 TP1 128/128, the doc's table
+    med, signed, worst = summary(rows)
+    assert med == pytest.approx(0.151, abs=0.005) and signed == pytest.approx(-0.151, abs=0.005)
+    assert worst == pytest.approx(-0.247, abs=0.005)
+    assert all(-0.25 < r["error"] < 0.09 for r in rows) and sum(r["error"] > 0 for r in rows) == 2
+    assert all(r["batch"] <= r["requests"] for r in rows)
