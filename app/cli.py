@@ -230,12 +230,12 @@ def _serve_search(args) -> int:
             progress.end()
         if args.format == "json":
             return json.dumps(result, indent=2) + "\n"
-        return _serve_search_table(result, request.sla.model_dump() if request.sla else {})
+        return _serve_search_table(result)
 
     return _answer(args, produce)
 
 
-def _serve_search_table(result: dict, sla: dict | None = None) -> str:
+def _serve_search_table(result: dict) -> str:
     lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments; {result['why']}"]
     for i, hit in enumerate(result["results"], 1):
         a = hit["answer"]
@@ -260,12 +260,11 @@ def _serve_search_table(result: dict, sla: dict | None = None) -> str:
             if traffic.get("concurrency") is not None
             else f"{_sig3(traffic['request_rate'])} requests/s"
         )
-        ok = _meets(point, sla or {})
         line = _deployment_line(
             "    ", point, pools, point["output_tokens_per_s_per_gpu"], point["tokens_per_s_per_user"],
             point["ttft_s"], point["tpot_s"],
         )  # fmt: skip
-        lines.append(f"{line}  at {load}{'  meets the SLA' if ok else ''}")
+        lines.append(f"{line}  at {load}{'  meets the SLA' if point['meets_sla'] else ''}")
     if result["rejected"]:
         lines.append("not planned: " + "; ".join(f"{why} ({n})" for why, n in result["rejected"].items()))
     return "\n".join(lines) + "\n"
@@ -277,14 +276,6 @@ def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user:
         f"{lead} {hit['engine']:7s} {hit['mode']:14s} {pools:34s} {per_gpu:9,.1f} tokens/s/GPU  "
         f"{per_user:7,.1f} tokens/s/user  TTFT {ttft_text}  TPOT {human_seconds(tpot)}"
     )
-
-
-def _meets(point: dict, sla: dict) -> bool:
-    """Whether a front's point meets the SLA's bounds (the ones set)."""
-    ttft, tpot = sla.get("ttft_s"), sla.get("tpot_s")
-    if ttft is not None and (point["ttft_s"] is None or point["ttft_s"] > ttft):
-        return False
-    return tpot is None or point["tpot_s"] <= tpot
 
 
 def _serve_table(result: dict) -> str:

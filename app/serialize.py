@@ -143,7 +143,8 @@ def serve_search_dict(result: ServeSearchResult, base: dict, candidates: int) ->
         ],
         "pareto": [
             {"engine": c.engine, "mode": c.mode, "request": request(c), "output_tokens_per_s_per_gpu": c.per_gpu,
-             "tokens_per_s_per_user": c.per_user, "ttft_s": c.plan.ttft_s, "tpot_s": c.plan.tpot_s}
+             "tokens_per_s_per_user": c.per_user, "ttft_s": c.plan.ttft_s, "tpot_s": c.plan.tpot_s,
+             "meets_sla": c.meets_sla}
             for c in result.pareto
         ],
         "evaluated": result.evaluated,

@@ -69,12 +69,17 @@ async def batch(body: BatchRequest, request: Request, summary: bool = SUMMARY) -
     return await run_bounded(request, lambda: _batch(body.requests, settings, summary))
 
 
-def _batch(items: list[dict], settings, summary: bool = False) -> bytes:
-    """Estimate every item first (identical items once), refuse the batch if the total is over budget,
-    then plan them in order, stopping if the answer grows past its cap."""
-    total, seen, parsed = Estimate(), {}, []
+def _batch(items: list, settings, summary: bool = False) -> bytes:
+    """Estimate every item first, refuse the batch if the total is over budget, then plan them in order,
+    stopping if the answer grows past its cap. Identical items (the same canonical JSON) are estimated and
+    planned once: the plan is a pure function of the request, so each copy's answer is the first's bytes
+    (1,000 identical small plans: docs/CONTRACT.md); the cache is the batch's own and ends with it."""
+    total, seen, keys = Estimate(), {}, []
     for i, item in enumerate(items):
         check_deadline()
+        if not isinstance(item, dict):  # its error names its own index: not shared with a copy
+            keys.append(_not_an_object(item, i))
+            continue
         key = json.dumps(item, sort_keys=True, default=str)
         if key not in seen:
             seen[key] = _estimate(item, settings)
@@ -82,11 +87,14 @@ def _batch(items: list[dict], settings, summary: bool = False) -> bytes:
         if isinstance(outcome, tuple):
             total.add(outcome[1].units, f"requests.{i} ({outcome[1].biggest})")
             refuse(total, settings.max_batch_work, "requests", "COMMPLAN_MAX_BATCH_WORK")
-        parsed.append(outcome)
-    parts, size = [], 0
-    for i, (item, outcome) in enumerate(zip(items, parsed, strict=True)):
+        keys.append(key)
+    parts, size, answered = [], 0, {}
+    for i, key in enumerate(keys):
         check_deadline()
-        part = _one(item, settings, outcome, summary) if isinstance(outcome, tuple) else outcome
+        if isinstance(key, str) and key not in answered:
+            outcome = seen[key]
+            answered[key] = _one(items[i], settings, outcome, summary) if isinstance(outcome, tuple) else outcome
+        part = answered[key] if isinstance(key, str) else key
         size += len(part) + 1
         if size > settings.max_response_bytes:
             raise SpecError(
@@ -96,6 +104,14 @@ def _batch(items: list[dict], settings, summary: bool = False) -> bytes:
             )
         parts.append(part)
     return b'{"results":[' + b",".join(parts) + b"]}"
+
+
+def _not_an_object(item, i: int) -> bytes:
+    """The error item of requests[i] when it is JSON null, an array, a string, a boolean or a number."""
+    kind = (
+        "null" if item is None else {list: "an array", str: "a string", bool: "a boolean"}.get(type(item), "a number")
+    )
+    return _failed(detail("", f"requests[{i}] is {kind}; each request is an object, as for POST /v1/plan", "dict_type"))
 
 
 def _estimate(item: dict, settings) -> tuple | bytes:

@@ -549,7 +549,13 @@ class BatchRequest(Strict):
             ]
         }
     )
-    requests: list[dict[str, Any]] = Field(description="plan requests, each as for POST /v1/plan", max_length=100_000)
+    # Any, not dict: a null, array, string or number among them is that item's error, not the batch's
+    # (README: one bad request never fails the others); the OpenAPI says so rather than promise objects only
+    requests: list[Any] = Field(
+        description="plan requests, each an object as for POST /v1/plan; an item that is not an object is answered "
+        "in its place by an error item (422, naming requests[i])",
+        max_length=100_000,
+    )
 
 
 class ErrorOut(Out):

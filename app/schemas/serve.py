@@ -216,6 +216,7 @@ class ParetoPointOut(Out):
     tokens_per_s_per_user: float
     ttft_s: float | None
     tpot_s: float
+    meets_sla: bool = Field(description="at its own load (request.traffic): the search's SLA.met, as for results")
 
 
 class ServeSearchOut(Out):

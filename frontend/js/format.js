@@ -44,6 +44,7 @@ export const fmtCapacity = (n) => `${fmtBytes(n)} (${sig3(n / 2 ** 30)} GiB)`;
 const bare = (text) => text.replace(/(\.\d*?)0+(?=\D|$)/, "$1").replace(/\.(?=\D|$)/, "");
 export const axisTime = (v) => (v === 0 ? "0" : bare(fmtTime(v)));
 export const axisBytes = (v) => (v === 0 ? "0" : bare(fmtBytes(v)));
+export const axisCount = (v) => (v === 0 ? "0" : bare(fmtCount(v)));  // "5", "90", "1.5K": not "5.00", "90.0", "1.50K"
 
 // ticks over a narrow range (8.140 s .. 8.150 s) need more than 3 digits to differ: enough digits to
 // resolve a tenth of the range, never fewer than 3

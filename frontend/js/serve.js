@@ -3,7 +3,7 @@
 // its ranked table and the Pareto front of tokens/s per GPU against tokens/s per user; a click loads one.
 import { postJson, search } from "./api.js";
 import { $, el, options as fillOptions } from "./dom.js";
-import { esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
+import { axisCount, axisTime, esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { saveUrl, state } from "./state.js";
 import { drawTopology } from "./topology.js";
@@ -165,11 +165,14 @@ async function runServeCalibrate() {
 const pct = (e) => (e === null || e === undefined ? "–" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(1)}%`).replace("+-", "-");
 const timed = (v, e) => (v === null || v === undefined ? "unbounded" : e === undefined ? fmtTime(v) : `${fmtTime(v)} (${pct(e)})`);
 
+// a traffic block's load: its concurrency, else its request rate, else its requests sent at once
+const loadText = (t) => (t.concurrency !== null && t.concurrency !== undefined ? `${fmtInt(t.concurrency)} concurrent`
+  : t.request_rate !== null && t.request_rate !== undefined ? `${fmtCount(t.request_rate)} req/s` : `${fmtInt(t.requests)} at once`);
+
 function renderServeCalibration(result) {
   const rows = result.rows.map((r, i) => {
     const t = r.traffic;
-    const load = t.concurrency !== null && t.concurrency !== undefined ? `${fmtInt(t.concurrency)} concurrent`
-      : t.request_rate !== null && t.request_rate !== undefined ? `${fmtCount(t.request_rate)} req/s` : `${fmtInt(t.requests)} at once`;
+    const load = loadText(t);
     return el("tr", {},
       el("td", {}, `${i + 1} (${r.tool})`), el("td", { className: "num" }, `${fmtInt(t.input_tokens)} / ${fmtInt(t.output_tokens)}`),
       el("td", { className: "num" }, load),
@@ -284,9 +287,7 @@ async function runServeSearch() {
     // best so far), then the result
     const result = await search(body, showServeProgress, undefined, "/v1/serve/search?stream=true");
     state.serveSearch = result;
-    $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
-      + `${fmtInt(result.evaluated)} of those plans fit. ${result.why}`;
-    renderServeSearch(result);
+    renderServeSearch(result, sla, body.traffic);
   } catch (err) {
     $("serve-search-status").textContent = `Search failed: ${errorText(err)}`;
   } finally {
@@ -305,8 +306,22 @@ function showServeProgress(p) {
 const poolName = (p) => `${p.role} ${p.workers}× ` + ["tp", "pp", "dp", "ep"].filter((k) => (p[k] || 1) > 1).map((k) => `${k.toUpperCase()}${p[k]}`).join(" ")
   + (p.attention_dp ? " attention-DP" : "");
 
-function renderServeSearch(result) {
-  const rows = result.results.map((c, i) => el("tr", { tabIndex: 0, onclick: () => loadDeployment(c.request), onkeydown: (e) => { if (e.key === "Enter") loadDeployment(c.request); } },
+// the server's `why` as a sentence of its own: the winner's line follows "Best:", the reason nothing met the SLA
+// ("no deployment meets ...") starts with a capital; either ends with a full stop
+const sentence = (text) => text.charAt(0).toUpperCase() + text.slice(1) + (/[.!?]$/.test(text) ? "" : ".");
+
+// an SLA's bounds in words, as typed (round numbers, as axis ticks are): "TTFT at most 5 s, TPOT at most 1 ms"
+const slaText = (sla) => [["TTFT", sla.ttft_s], ["TPOT", sla.tpot_s]].filter(([, v]) => v !== undefined)
+  .map(([k, v]) => `${k} at most ${axisTime(v)}`).join(", ") || "no bound";
+
+const loadable = (request) => ({ tabIndex: 0, onclick: () => loadDeployment(request),
+  onkeydown: (e) => { if (e.key === "Enter") loadDeployment(request); } });
+
+function renderServeSearch(result, sla, traffic) {
+  const met = result.results.length > 0;
+  $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
+    + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}`;
+  const rows = result.results.map((c, i) => el("tr", loadable(c.request),
     el("td", { className: "num" }, String(i + 1)), el("td", {}, `${c.engine} ${c.mode}`),
     el("td", {}, c.request.deployment.pools.map(poolName).join(" + ")),
     el("td", { className: "num" }, fmtCount(c.answer.throughput.output_tokens_per_s_per_gpu)),
@@ -314,19 +329,33 @@ function renderServeSearch(result) {
     el("td", { className: "num" }, c.answer.ttft_s === null ? "unbounded" : fmtTime(c.answer.ttft_s)),
     el("td", { className: "num" }, fmtTime(c.answer.tpot_s))));
   $("serve-search-table").querySelector("tbody").replaceChildren(...rows);
+  // nothing met the SLA: no empty table, but the reason in plain words, and the front's points below with their loads
+  $("serve-search-table-wrap").hidden = !met;
+  $("serve-search-none").hidden = met;
+  $("serve-search-none").textContent = met ? "" : `No deployment meets the SLA (${slaText(sla)})`
+    + ` at ${loadText(traffic)}. `
+    + (result.pareto.some((p) => p.meets_sla) ? "The Pareto front's points marked \u201cmeets the SLA\u201d do at a lower load: select one to load it."
+      : "No point of the Pareto front meets it, at any load tried: relax the SLA or give the model more GPUs.");
+  $("serve-search-front").replaceChildren(...result.pareto.map((p) => el("li", loadable(p.request),
+    `${p.engine} ${p.mode}: ${p.request.deployment.pools.map(poolName).join(" + ")}; `
+    + `${fmtCount(p.output_tokens_per_s_per_gpu)} tokens/s per GPU, ${fmtCount(p.tokens_per_s_per_user)} per user, `
+    + `TTFT ${p.ttft_s === null ? "unbounded" : fmtTime(p.ttft_s)}, TPOT ${fmtTime(p.tpot_s)} at ${loadText(p.request.traffic)}: `,
+    el("strong", { className: p.meets_sla ? "meets" : "misses" }, p.meets_sla ? "meets the SLA" : "misses the SLA"))));
   $("serve-search-results").hidden = false;
-  const pts = result.pareto.map((p) => [p.tokens_per_s_per_user, p.output_tokens_per_s_per_gpu, p]);
+  const pts = result.pareto.map((p) => ({ value: [p.tokens_per_s_per_user, p.output_tokens_per_s_per_gpu, p],
+    itemStyle: { color: p.meets_sla ? "#1e8449" : "#c0392b" } }));
   chart("serve-pareto").setOption({
     animation: false,
-    tooltip: { trigger: "item", formatter: (q) => esc(`${q.data[2].engine} ${q.data[2].mode}: ${q.data[2].request.deployment.pools.map(poolName).join(" + ")}; `
-      + `${fmtCount(q.data[1])} tokens/s per GPU, ${fmtCount(q.data[0])} per user`) },
+    tooltip: { trigger: "item", formatter: (q) => esc(`${q.data.value[2].engine} ${q.data.value[2].mode}: ${q.data.value[2].request.deployment.pools.map(poolName).join(" + ")}; `
+      + `${fmtCount(q.data.value[1])} tokens/s per GPU, ${fmtCount(q.data.value[0])} per user at ${loadText(q.data.value[2].request.traffic)}`
+      + (q.data.value[2].meets_sla ? "; meets the SLA" : "")) },
     grid: { left: narrow() ? 50 : 70, right: 16, top: 24, bottom: 44 },
-    xAxis: { type: "value", name: "tokens/s per user", nameLocation: "middle", nameGap: 28, axisLabel: { formatter: (v) => fmtCount(v) } },
-    yAxis: { type: "value", name: "tokens/s per GPU", axisLabel: { formatter: (v) => fmtCount(v) } },
-    series: [{ type: "line", step: false, symbolSize: 9, data: pts, itemStyle: { color: "#c0392b" } }],
+    xAxis: { type: "value", name: "tokens/s per user", nameLocation: "middle", nameGap: 28, axisLabel: { formatter: axisCount } },
+    yAxis: { type: "value", name: "tokens/s per GPU", axisLabel: { formatter: axisCount } },
+    series: [{ type: "line", step: false, symbolSize: 9, data: pts, lineStyle: { color: "#c0392b" }, itemStyle: { color: "#c0392b" } }],
   }, true);
   chart("serve-pareto").off("click");
-  chart("serve-pareto").on("click", (q) => loadDeployment(q.data[2].request));
+  chart("serve-pareto").on("click", (q) => loadDeployment(q.data.value[2].request));
 }
 
 function setPool(prefix, p) {

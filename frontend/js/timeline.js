@@ -232,6 +232,17 @@ export function renderTimeline(plan) {
   };
   const renderItem = bars(0.7);
   const idle = lanes.map((_, i) => ({ value: [i, 0, end, 0], name: "idle", itemStyle: { color: "#e9eef4" } }));
+  // the step's end (the axis's max, or the zoomed window's) is labelled too ("18.8 s"); the round tick just
+  // before it ("18 s") crowded it, so a tick closer to it than the two labels' half-widths plus a gap is blank
+  // (ECharts' hideOverlap only hides labels that overlap; it kept "18 s 18.8 s")
+  const apartFromTheEnd = (v) => {
+    const axis = chart("timeline").getModel()?.getComponent("xAxis", 0)?.axis;
+    if (!axis) return axisTime(v);
+    const hi = axis.scale.getExtent()[1];
+    const apart = Math.abs(axis.dataToCoord(hi) - axis.dataToCoord(v));
+    const need = (axisTime(v).length + axisTime(hi).length) * (narrow() ? 3 : 3.5) + 12;  // px: ~6-7 px a character
+    return v < hi && apart < need ? "" : axisTime(v);
+  };
   chart("timeline").setOption({
     animation: false,
     tooltip: { formatter: (p) => esc(p.name === "idle" ? "idle" : `${p.name}${mbLabel(p.data)}`
@@ -240,7 +251,7 @@ export function renderTimeline(plan) {
       + (p.data.sends && p.data.sends.length ? `; this stage's pipeline sends: ${p.data.sends.join(", ")}` : "")) },
     grid: { left: narrow() ? 76 : 110, right: 16, top: 10, bottom: 60 },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "weakFilter" }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 8, filterMode: "weakFilter", labelFormatter: axisTime }],
-    xAxis: { type: "value", min: 0, max: end, axisLabel: { formatter: axisTime, hideOverlap: true } },
+    xAxis: { type: "value", min: 0, max: end, axisLabel: { formatter: apartFromTheEnd, hideOverlap: true } },
     yAxis: { type: "category", inverse: true, data: lanes.map((k) => { const [s, st] = k.split("|"); return narrow() ? `s${s} ${st}` : `stage ${s} · ${st}`; }),
       axisLabel: { fontSize: narrow() ? 9 : 11 } },
     series: [

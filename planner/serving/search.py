@@ -188,7 +188,7 @@ def search_serving(
     at_load = [c for c in tried if c.traffic == traffic]
     ranked = sorted((c for c in at_load if c.meets_sla), key=lambda c: (-c.per_gpu, -c.per_user))
     front = pareto_front(tried)
-    why = _why(ranked[0], at_load) if ranked else _miss(at_load, sla)
+    why = _why(ranked[0], at_load) if ranked else _miss(at_load, front)
     return ServeSearchResult(ranked[:top_k], front, len(tried), rejected, why)
 
 
@@ -224,17 +224,37 @@ def _why(best: Candidate, at_load: list[Candidate]) -> str:
         lead = f"{best.per_gpu / runner.per_gpu - 1:.0%} more tokens/s per GPU than the next layout"
     return (
         f"{best.engine} {best.mode}, {' + '.join(_label(x) for x in best.pools)}: {lead}; bound by {p.bottleneck} "
-        f"(TTFT {_ms(p.ttft_s)}, TPOT {_ms(p.tpot_s)})"
+        f"(TTFT {_duration(p.ttft_s)}, TPOT {_duration(p.tpot_s)})"
     )
 
 
-def _miss(at_load: list[Candidate], sla: SLA) -> str:
+def _miss(at_load: list[Candidate], front: list[Candidate]) -> str:
+    """Why nothing is ranked: the best TTFT and TPOT at the traffic's load, and the front's points that
+    meet the SLA at a lighter one (LOAD_FRACTIONS), the one with the most tokens/s per GPU named."""
     if not at_load:
         return "no deployment fits on this cluster"
     best_tpot = min(c.plan.tpot_s for c in at_load)
     ttfts = [c.plan.ttft_s for c in at_load if c.plan.ttft_s is not None]
     best_ttft = min(ttfts) if ttfts else None
-    return f"no deployment meets the SLA; the best TPOT tried is {_ms(best_tpot)}, the best TTFT {_ms(best_ttft)}"
+    load = at_load[0].traffic
+    text = (
+        f"no deployment meets the SLA at {_load(load)}; the best TPOT tried is {_duration(best_tpot)}, "
+        f"the best TTFT {_duration(best_ttft)}"
+    )
+    lighter = [c for c in front if c.meets_sla and c.traffic != load]
+    if not lighter:
+        return f"{text}; no point of the Pareto front meets it at a lower load either"
+    top = max(lighter, key=lambda c: c.per_gpu)
+    some = "1 point" if len(lighter) == 1 else f"{len(lighter)} points"
+    return (
+        f"{text}. {some[0].upper()}{some[1:]} of the Pareto front meet{'s' if len(lighter) == 1 else ''} it at a "
+        f"lower load, the most tokens/s per GPU: {top.engine} {top.mode}, {' + '.join(_label(x) for x in top.pools)} "
+        f"at {_load(top.traffic)} ({top.per_gpu:,.1f} tokens/s per GPU)"
+    )
+
+
+def _load(t: Traffic) -> str:
+    return f"concurrency {t.concurrency:,}" if t.concurrency is not None else f"{t.request_rate:g} requests/s"
 
 
 def _label(p: Pool) -> str:
@@ -242,8 +262,14 @@ def _label(p: Pool) -> str:
     return f"{p.role} " + " ".join(parts) + (" attention-DP" if p.attention_dp else "")
 
 
-def _ms(s: float | None) -> str:
-    return "unbounded" if s is None else f"{s * 1e3:,.1f} ms"
+def _duration(s: float | None) -> str:
+    """Seconds as a person reads them, 3 significant digits: '8.25 s' from 1 s, '31.4 ms' below (the units
+    frontend/js/format.js fmtTime picks there); None (a saturated queue) is 'unbounded'."""
+    if s is None:
+        return "unbounded"
+    ms = float(f"{s * 1e3:.3g}")
+    v, unit = (float(f"{s:.3g}"), "s") if ms >= 1000 else (ms, "ms")  # 999.6 ms rounds to 1 s
+    return f"{v:,.0f} {unit}" if v >= 100 else f"{v:g} {unit}"
 
 
 __all__ = ["MODES", "SLA", "Candidate", "ServeSearchResult", "candidates", "pareto_front", "search_serving"]

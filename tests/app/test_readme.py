@@ -71,6 +71,15 @@ def test_client_needs_only_runtime_dependencies():
     assert declared <= pins, declared - pins
 
 
+def test_license_is_an_spdx_string_with_the_setuptools_that_reads_it():
+    """`make serve` printed setuptools' "`project.license` as a TOML table is deprecated" three times: the SPDX
+    string (PEP 639) needs setuptools >= 77.0.0 (77.0.3 defers the packaging.licenses import), so the build
+    system asks for it; an older one would reject the string."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert project["build-system"]["requires"] == ["setuptools>=77.0.3"]
+
+
 # ---- the Dockerfile as the README runs it (issue 25 item 10) --------------------------------------------------
 MIB_PER_WORKER_IDLE, MIB_PER_SLOT = 80, 500  # docs/hardening.md "Docker": (80 + slots x 500) MiB per worker
 

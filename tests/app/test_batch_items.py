@@ -1,0 +1,70 @@
+"""POST /v1/plan/batch item by item (polish5): an item that is not an object is its own error, not the
+batch's; identical items are planned once, with answers byte-equal to planning each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import app.routers.plan as plan_router
+
+SMALL = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"micro_batch_size": 1, "global_batch_size": 64},
+    "parallel": {"tp": 2, "dp": 4, "zero_stage": 1},
+    "cluster": {"preset": "dgx-h100"},
+}
+WRONG = {**SMALL, "parallel": {"tp": 9}}
+
+
+@pytest.mark.parametrize(
+    ("item", "kind"), [(None, "null"), ([], "an array"), ("s", "a string"), (1.5, "a number"), (True, "a boolean")]
+)
+def test_an_item_that_is_not_an_object_fails_alone(api, item, kind):
+    r = api.post("/v1/plan/batch", json={"requests": [SMALL, item, SMALL]})
+    assert r.status_code == 200, r.text  # was a 422 for the whole batch at ["body", "requests", 1]
+    results = r.json()["results"]
+    assert [x["ok"] for x in results] == [True, False, True]
+    assert results[1]["plan"] is None
+    assert results[1]["error"] == {
+        "status": 422,
+        "detail": [
+            {
+                "loc": ["body"],
+                "msg": f"requests[1] is {kind}; each request is an object, as for POST /v1/plan",
+                "type": "dict_type",
+            }
+        ],
+    }
+
+
+def test_each_non_object_names_its_own_index(api):
+    r = api.post("/v1/plan/batch?summary=true", json={"requests": [None, WRONG, None]})
+    details = [x["error"]["detail"][0] for x in r.json()["results"]]
+    assert details[0]["msg"].startswith("requests[0] is null;") and details[2]["msg"].startswith("requests[2] is null;")
+    assert details[1]["loc"] == ["body", "parallel", "dp"]  # an object's errors stay where they were
+
+
+def test_openapi_does_not_promise_objects_only(api):
+    schema = api.get("/openapi.json").json()["components"]["schemas"]["BatchRequest"]["properties"]["requests"]
+    assert schema["items"] == {} and "requests[i]" in schema["description"]
+
+
+def test_identical_items_are_planned_once_and_answer_as_planning_each(api, monkeypatch):
+    calls = []
+    plan_of = plan_router.plan_of
+    monkeypatch.setattr(plan_router, "plan_of", lambda *a, **k: calls.append(1) or plan_of(*a, **k))
+    other = {**SMALL, "parallel": {"tp": 4, "dp": 2, "zero_stage": 1}}
+    # the same request with its keys in another order is the same canonical JSON
+    shuffled = {key: SMALL[key] for key in reversed(list(SMALL))}
+    r = api.post("/v1/plan/batch", json={"requests": [SMALL, other, WRONG, SMALL, shuffled, other, WRONG]})
+    assert r.status_code == 200
+    assert len(calls) == 2  # was 5: one per valid item
+    results = r.json()["results"]
+    assert [x["ok"] for x in results] == [True, True, False, True, True, True, False]
+    alone = {json.dumps(body): api.post("/v1/plan", json=body).json() for body in (SMALL, other)}
+    assert [x["plan"] for x in results if x["ok"]] == [
+        alone[json.dumps(b)] for b in (SMALL, other, SMALL, SMALL, other)
+    ]
+    assert results[2] == results[6]
