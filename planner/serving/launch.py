@@ -40,6 +40,9 @@ class Command:
     files: tuple[tuple[str, str], ...] = ()  # (name, content) written before the command: our own JSON, no input
     # flags a worker over several nodes takes from each node's environment: (flag, variable, suffix)
     per_node: tuple[tuple[str, str, str], ...] = ()
+    # flags a node of such a worker adds when the variable is set and not empty there: (flag, variable); the flag
+    # is this module's constant, never the variable's value (rendered as ${VARIABLE:+flag})
+    per_node_switches: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,10 @@ def vllm_command(
         argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
     if pool.worker_gpus > per_node:  # multi-node data parallelism: each node runs its share of the DP ranks
         argv += ["--data-parallel-size-local", str(max(1, per_node // (pool.tp * pool.pp)))]
-    # docs.vllm.ai serving/data_parallel_deployment: the head node's address, each node's first DP rank
+    # docs.vllm.ai serving/data_parallel_deployment: the head node's address, each node's first DP rank, and
+    # --headless on every node but the head (it runs the engine cores without an API server)
     flags = (("--data-parallel-address", "MASTER_ADDR", ""), ("--data-parallel-start-rank", "DP_START_RANK", ""))
-    return Command(tuple(argv), per_node=flags)
+    return Command(tuple(argv), per_node=flags, per_node_switches=(("--headless", "HEADLESS"),))
 
 
 def sglang_command(
@@ -222,7 +226,8 @@ def render(launches: list[Launch], engine_label: str) -> str:
         "#!/bin/sh",
         f"# {engine_label} launch commands from commplan (POST /v1/serve/export): one line per worker.",
         "# A worker over several nodes runs its line on each of them, with the variables its line names",
-        "# (node rank, head address) set there. Every argument is quoted.",
+        "# (node rank, head address) set there; a variable that switches a flag on (HEADLESS for vLLM's",
+        "# non-head nodes) is set on those nodes only. Every argument is quoted.",
         "set -eu",
     ]
     written = set()
@@ -235,6 +240,7 @@ def render(launches: list[Launch], engine_label: str) -> str:
         line = shlex.join(launch.command.argv)
         if launch.nodes > 1:
             line += "".join(f' {flag} "${{{var}}}{suffix}"' for flag, var, suffix in launch.command.per_node)
+            line += "".join(f" ${{{var}:+{flag}}}" for flag, var in launch.command.per_node_switches)
         lines.append(line + " &")
     lines.append("wait")
     return "\n".join(lines) + "\n"

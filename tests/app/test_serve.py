@@ -207,6 +207,34 @@ def test_launch_export_runs_only_the_launcher(api, tmp_path, engine):
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "model_path"]
 
 
+def test_vllm_multi_node_workers_start_headless_beside_their_head(api, tmp_path):
+    """docs.vllm.ai serving/data_parallel_deployment: every node of a multi-node DP worker but the head runs
+    `vllm serve ... --headless` with its --data-parallel-start-rank. The script switches the flag on where HEADLESS
+    is set and not empty, and never passes the variable's value."""
+    body = json.loads(json.dumps(DSV3)) | {"engine": "vllm"}
+    text = api.post("/v1/serve/export", params={"model_path": "m"}, json=body).text
+    decode = [line for line in text.splitlines() if line.startswith("vllm") and "DP_START_RANK" in line]
+    assert decode and all(line.endswith("${HEADLESS:+--headless} &") for line in decode)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{tmp_path}/argv.$$"\n')
+    (bin_dir / "vllm").chmod(0o755)
+    script = tmp_path / "serve.sh"
+    script.write_text(text)
+    for headless in ("", "1", "--headless; touch PWNED"):
+        for old in tmp_path.glob("argv.*"):
+            old.unlink()
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MASTER_ADDR": "10.0.0.1", "DP_START_RANK": "8"}
+        env |= {"HEADLESS": headless} if headless else {}
+        done = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        runs = [f.read_text().split("\0")[:-1] for f in tmp_path.glob("argv.*")]
+        multi = [argv for argv in runs if "--data-parallel-start-rank" in argv]
+        assert multi and all(("--headless" in argv) == bool(headless) for argv in multi)
+        assert all(argv.count("--headless") <= 1 and "PWNED" not in " ".join(argv) for argv in runs)
+        assert not (tmp_path / "PWNED").exists()
+
+
 def test_launch_export_flags_by_engine(api):
     body = json.loads(json.dumps(DSV3)) | {"engine": "sglang"}
     for pool in body["deployment"]["pools"]:
