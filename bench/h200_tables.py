@@ -21,8 +21,9 @@ import math
 import sys
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from statistics import median
+
+from kernel_fit import REFERENCE  # bench/kernel_fit.py: the one home of the kernel tables' folder
 
 from collectives.topology.gpu import GPUS
 from planner import ModelSpec, ParallelSpec, WorkloadSpec
@@ -50,7 +51,6 @@ from planner.kernels import (
 )
 from planner.model import MoESpec
 
-REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels"
 DIR = REFERENCE / "h200"
 GPU = GPUS["h200-sxm-141gb"]
 FIT_RUNS = ("run1", "run2")

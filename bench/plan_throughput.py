@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import httpx
+from test_bench_http import small_plan  # bench/: one builder of the small plans' bodies
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = {
@@ -43,15 +44,8 @@ def small_plans():
     """Distinct Llama-3 8B layouts on 1-16 DGX H100 nodes (bench/test_bench_http.small_plans' grid, wider)."""
     combos = itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), (1, 2, 4), (1, 2), (0, 1, 2, 3), (1, 2, 4))
     for nodes, tp, pp, cp, zero, mb in combos:
-        if tp * pp * cp > nodes * 8:
-            continue
-        dp = nodes * 8 // (tp * pp * cp)
-        yield {
-            "model": {"preset": "llama3-8b"},
-            "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
-            "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 4},
-            "parallel": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero_stage": zero, "sequence_parallel": tp > 1},
-        }
+        if tp * pp * cp <= nodes * 8:
+            yield small_plan(nodes, tp, pp, cp, zero, mb)
 
 
 def heavy_plans():

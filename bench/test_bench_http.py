@@ -71,13 +71,19 @@ def small_plans(n=1000):
     combos = itertools.product((1, 2, 4, 8), (1, 2, 4), (1, 2), (0, 1, 2, 3), (1, 2, 4), (1, 2, 4, 8, 16))
     fitting = ((tp, pp, cp, zero, mb, nodes) for tp, pp, cp, zero, mb, nodes in combos if tp * pp * cp <= nodes * 8)
     for tp, pp, cp, zero, mb, nodes in itertools.islice(fitting, n):
-        dp = nodes * 8 // (tp * pp * cp)
-        yield {
-            "model": {"preset": "llama3-8b"},
-            "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
-            "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 4},
-            "parallel": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero_stage": zero, "sequence_parallel": tp > 1},
-        }
+        yield small_plan(nodes, tp, pp, cp, zero, mb)
+
+
+def small_plan(nodes, tp, pp, cp, zero, mb) -> dict:
+    """One Llama-3 8B plan on ``nodes`` DGX H100 nodes, data parallel over the rest, 4 micro-batches a rank
+    (bench/plan_throughput.py's small plans too)."""
+    dp = nodes * 8 // (tp * pp * cp)
+    return {
+        "model": {"preset": "llama3-8b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
+        "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 4},
+        "parallel": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero_stage": zero, "sequence_parallel": tp > 1},
+    }
 
 
 def test_batch_of_1000_small_plans(benchmark, base_url):
