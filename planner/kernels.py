@@ -780,7 +780,8 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     k0 = GROUPED_GEMM_K0 if grouped_mm else 0.0
     sort = chunk_sort(ctx, local)
     ef, eb = routed_expert_kernels(
-        tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor, streams, sort, spread, k0
+        tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor,
+        streams=streams, sort=sort, spread=spread, k0=k0,
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -901,7 +902,9 @@ def routed_expert_kernels(
     order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks", "unpermute"]
     for name in order if sort else [n for n in order if "sort_chunks" not in n]:
         if name in gemms:
-            kf, kd, kw = gemm_kernels(name, rows, *gemms[name], dtype, gpu, eff, local, streams, spread, k0)
+            kf, kd, kw = gemm_kernels(
+                name, rows, *gemms[name], dtype, gpu, eff, groups=local, streams=streams, spread=spread, k0=k0
+            )
             fwd.append(_floored(kf, floor))
             bwd.extend((_floored(kd, floor), _floored(kw, floor)))
         else:
