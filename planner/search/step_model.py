@@ -346,12 +346,8 @@ class StepModel:
         grid and the in-flight ids at its micro-batch sizes (values): layouts differing in ZeRO or framework
         (neither read by chunk_activation_key or the schedule) share one matrix."""
         memos = self._memos
-        flights, last = [], None
-        for b, _ in grid:
-            if b != last:
-                flights.append(self._flight(v, b)[0])
-                last = b
-        key = ("matrix", self._act_id(v), grid, tuple(flights))
+        flights = _per_batch(grid, lambda b: self._flight(v, b)[0])
+        key = ("matrix", self._act_id(v), grid, flights)
         found = memos.arrays.get(key)
         if found is None:
             found = memos.put(memos.arrays, key, np.stack([self._acts(v, b, rc) for b, rc in grid]))
@@ -494,14 +490,10 @@ class StepModel:
             return np.zeros(len(grid))
         v, memos = self._variant(par), self._memos
         self._compute(v, *grid[0])  # the layout's passes id and optimizer steps
-        counts, last = [], None
-        for b, _ in grid:
-            if b != last:
-                counts.append(self._schedule(v, b).microbatches)
-                last = b
+        counts = _per_batch(grid, lambda b: self._schedule(v, b).microbatches)
         # the whole grid's bounds as one array, on the values every entry's key reads (layouts differing in ZeRO,
         # dp at equal m, or framework switches share it)
-        array_key = ("busiest", v.pass_id, grid, tuple(counts))
+        array_key = ("busiest", v.pass_id, grid, counts)
         bounds = memos.arrays.get(array_key)
         if bounds is None:
             out = []
@@ -527,12 +519,8 @@ class StepModel:
         v, memos = self._variant(par), self._memos
         self._compute(v, *grid[0])  # the layout's passes and optimizer ids
         self._shares(v, *grid[0])  # and its chunks id
-        scheds, last = [], None
-        for b, _ in grid:
-            if b != last:
-                scheds.append(self._schedule(v, b))
-                last = b
-        key = ("bounds", v.pass_id, v.chunks_id, grid, tuple(scheds))
+        scheds = _per_batch(grid, lambda b: self._schedule(v, b))
+        key = ("bounds", v.pass_id, v.chunks_id, grid, scheds)
         pipes = memos.arrays.get(key)
         if pipes is None:
             pipes = memos.put(memos.arrays, key, np.array([self._pipe(v, b, rc) for b, rc in grid], dtype=np.float64))
@@ -590,5 +578,16 @@ class StepModel:
         sched = schedule_of(ctx, totals.p2p_s, bool(flags.overlap_p2p))
         return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
 
+
+
+def _per_batch(grid, fn) -> tuple:
+    """``fn(b)`` once per run of equal micro-batch sizes b in ``grid`` ((b, recompute) pairs, b in runs), in order:
+    the part of a grid-wide memo key that depends on b alone."""
+    out, last = [], None
+    for b, _ in grid:
+        if b != last:
+            out.append(fn(b))
+            last = b
+    return tuple(out)
 
 __all__ = ["Part", "Priced", "Row", "StepModel"]
