@@ -34,8 +34,10 @@ async function readLogs() {
   const logs = [];
   for (const file of $("calib-files").files) logs.push({ text: await file.text(), name: file.name });
   if ($("calib-text").value.trim()) logs.push({ text: $("calib-text").value, name: "pasted log" });
-  const nodes = $("calib-nodes").value.trim();
+  const nodes = $("calib-nodes").value.trim(), ranks = $("calib-ranks").value.trim(), op = $("calib-op").value;
   if (nodes !== "") for (const log of logs) log.nodes = Number(nodes);
+  if (ranks !== "") for (const log of logs) log.ranks = Number(ranks);
+  if (op !== "") for (const log of logs) log.op = op;  // a table pasted without its banner (docs/calibration.md)
   return logs;
 }
 

@@ -248,6 +248,17 @@ def test_a_g_n_run_is_reported_and_warned_about(api):
     assert not any("-g " in w for w in r.json()["warnings"])
 
 
+def test_a_g8_run_over_two_nodes_is_16_ranks_on_2_nodes(api):
+    """The -g 8 fixture of two processes (one a node, 8 GPUs each; tests/collectives/nccl_logs.py G8) over HTTP,
+    without nodes or ranks given: 16 ranks on 2 nodes, 8 GPUs a process, every row fitted, and the warning."""
+    text = (LOGS / "g8_allreduce_2x8_aws-p4de.txt").read_text()
+    r = api.post("/v1/calibrate", json={"cluster": EFA_CLUSTER, "logs": [{"text": text}]})
+    assert r.status_code == 200, r.text
+    (run,) = r.json()["runs"]
+    assert (run["ranks"], run["nodes"], run["gpus_per_process"], run["rows"]) == (16, 2, 8, 29)
+    assert any("-g 8" in w and "one process per GPU" in w for w in r.json()["warnings"]), r.json()["warnings"]
+
+
 def test_cli_op_and_ranks(capsys, tmp_path):
     path = tmp_path / "bare_allgather.txt"
     path.write_text(_bare("12_allgather_1x8_*.txt"))

@@ -82,8 +82,14 @@ def version_code(version: str) -> int:
 
 
 def write_run(op: str, nodes: int, ranks: int, gpu: str, rows: list[dict], version: str | None, old: bool,
-              ring: bool = False) -> str:  # fmt: skip
-    """nccl-tests stdout (rank 0) of one run; ``rows``: {size_bytes, time_us, algbw_GBps, busbw_GBps}."""
+              ring: bool = False, gpus_per_process: int = 1) -> str:  # fmt: skip
+    """nccl-tests stdout (rank 0) of one run; ``rows``: {size_bytes, time_us, algbw_GBps, busbw_GBps}.
+
+    ``gpus_per_process`` is ``-g N`` (src/util.cu at a0b82b2, ``writeDeviceReport``): ``# nThread 1 nGpus N``
+    (line 625), and each process prints one rank line per GPU it drives (lines 675-689: ``rank =
+    proc*nThreads*nGpus+i``, ``cudaDev = localRank*nThreads*nGpus + i``, the process's one ``ncclTestGetPid()``),
+    gathered to rank 0 in process order (lines 697-710); nranks = nProcs x nThreads x nGpus (src/common.cu
+    line 436) is what GetBw's factor takes (line 796)."""
     per_node = ranks // nodes
     hosts = [f"gpu-node-{j + 1:02d}" for j in range(nodes)]
     sizes = [r["size_bytes"] for r in rows]
@@ -94,21 +100,22 @@ def write_run(op: str, nodes: int, ranks: int, gpu: str, rows: list[dict], versi
                        f"nccl-library={version_code(version)}")  # fmt: skip
         out.append(f"# Collective test starting: {BINARY[op]}")
     else:
-        out.append(f"$ mpirun -np {ranks} -N {per_node} ./build/{BINARY[op]} -b {min(sizes)} -e {max(sizes)} -f 2 -g 1")
+        out.append(f"$ mpirun -np {ranks // gpus_per_process} -N {per_node // gpus_per_process} ./build/{BINARY[op]} "
+                   f"-b {min(sizes)} -e {max(sizes)} -f 2 -g {gpus_per_process}")  # fmt: skip
     unalign = "" if old else " unalign: 0"
     agg = "" if old else " agg iters: 1"
     graph = "" if old else " graph: 0"
-    out.append(f"# nThread 1 nGpus 1 minBytes {min(sizes)} maxBytes {max(sizes)} step: 2(factor) warmup iters: 5 "
-               f"iters: 20{agg} validation: 1{graph}{unalign}")  # fmt: skip
+    out.append(f"# nThread 1 nGpus {gpus_per_process} minBytes {min(sizes)} maxBytes {max(sizes)} step: 2(factor) "
+               f"warmup iters: 5 iters: 20{agg} validation: 1{graph}{unalign}")  # fmt: skip
     out += ["#", "# Using devices"]
     for rank in range(ranks):
         host, dev = hosts[rank // per_node], rank % per_node
-        bus = 0x18 + 0x1D * dev
+        bus, pid = 0x18 + 0x1D * dev, 4000 + rank // gpus_per_process
         if old:
             name = device_name(gpu)
-            out.append(f"#   Rank {rank:2d} Pid {4000 + rank:6d} on {host:>10s} device {dev:2d} [0x{bus:02x}] {name}")
+            out.append(f"#   Rank {rank:2d} Pid {pid:6d} on {host:>10s} device {dev:2d} [0x{bus:02x}] {name}")
         else:
-            out.append(f"#  Rank {rank:2d} Group  0 Pid {4000 + rank:6d} on {host:>10s} device {dev:2d} "
+            out.append(f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on {host:>10s} device {dev:2d} "
                        f"[0000:{bus:02x}:00] {device_name(gpu)}")  # fmt: skip
     info = f"{hosts[0]}:4000:4000 [0] NCCL INFO"
     out.append(f"{info} Bootstrap : Using eth0:10.0.0.1<0>")
@@ -188,19 +195,33 @@ def groups(records: list[dict]) -> list[tuple[str, list[int]]]:
     return out
 
 
+def _log(records: list[dict], name: str, idx: list[int], old: bool, gpus_per_process: int = 1) -> dict:
+    """One run of the records ``idx`` as {file, text, nodes, ranks, op, records, old}."""
+    first = records[idx[0]]
+    rows = [record_row(records[i]) for i in idx]
+    ring = "NCCL_ALGO=RING" in (first.get("algo") or "")
+    text = write_run(first["op"], first["nodes"], first["gpus"], first["gpu"], rows, first.get("nccl_version"),
+                     old, ring, gpus_per_process)  # fmt: skip
+    return {"file": name, "text": text, "nodes": first["nodes"], "ranks": first["gpus"], "op": first["op"],
+            "records": idx, "old": old}  # fmt: skip
+
+
 def logs(records: list[dict]) -> list[dict]:
     """Every run as {file, text, nodes, ranks, op, records, old}."""
-    out = []
-    for number, (name, idx) in enumerate(groups(records)):
-        first = records[idx[0]]
-        rows = [record_row(records[i]) for i in idx]
-        old = number % 2 == 1
-        ring = "NCCL_ALGO=RING" in (first.get("algo") or "")
-        text = write_run(first["op"], first["nodes"], first["gpus"], first["gpu"], rows,
-                         first.get("nccl_version"), old, ring)  # fmt: skip
-        out.append({"file": name, "text": text, "nodes": first["nodes"], "ranks": first["gpus"],
-                    "op": first["op"], "records": idx, "old": old})  # fmt: skip
-    return out
+    return [_log(records, name, idx, number % 2 == 1) for number, (name, idx) in enumerate(groups(records))]
+
+
+# -g 8 runs (issue 23 item 7): no public nccl-tests log of a -g N run that prints its table was found (docs/
+# pricing.md), so two runs of the records are written as one process a node driving its 8 GPUs would print them
+# (nccl-tests v2.19.6 layout). Their times are the records' own, measured with one process per GPU: these files
+# test how a -g N run is read (GPUs per process, ranks, nodes), never how fast such a run is.
+G8 = {0: "g8_allreduce_1x8_azure-nd-h100-v5.txt", 2: "g8_allreduce_2x8_aws-p4de.txt"}
+
+
+def g8_logs(records: list[dict]) -> list[dict]:
+    """The -g 8 runs of ``G8`` (record group number -> file)."""
+    runs = groups(records)
+    return [_log(records, name, runs[number][1], False, gpus_per_process=8) for number, name in G8.items()]
 
 
 def table(records: list[dict]) -> None:
@@ -255,8 +276,10 @@ def main() -> None:
         table(records)
         return
     OUT.mkdir(exist_ok=True)
-    for stale in OUT.glob("[0-9][0-9]_*.txt"):
+    for stale in [*OUT.glob("[0-9][0-9]_*.txt"), *OUT.glob("g8_*.txt")]:
         stale.unlink()
+    for log in g8_logs(records):
+        (OUT / log["file"]).write_text(log["text"])
     manifest = []
     for log in logs(records):
         (OUT / log["file"]).write_text(log["text"])

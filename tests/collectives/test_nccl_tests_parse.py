@@ -12,7 +12,7 @@ from collectives import CollectiveError
 from collectives.primitives import Op
 from collectives.topology.nccl_tests import parse
 
-from .nccl_logs import OUT, float_str, logs, record_row
+from .nccl_logs import G8, OUT, factor, float_str, g8_logs, logs, record_row
 
 SAMPLE = OUT / "sample_h100_2node.txt"
 
@@ -346,3 +346,30 @@ def test_a_run_with_g_n_says_so():
     assert (run.op, run.ranks, run.gpus_per_process, run.hosts) == (Op.ALLREDUCE, 4, 4, ("51e6e7896958",))
     assert run.rows[0].out_of_place.time_us == 158.3
     assert parse(SAMPLE.read_text())[0].gpus_per_process == 1
+
+
+def test_g8_runs_read_as_8_gpus_a_process_and_every_rank_counted(records):
+    """-g 8 in nccl-tests v2.19.6's layout (src/util.cu writeDeviceReport at a0b82b2: ``# nThread 1 nGpus 8``,
+    line 625; one rank line per GPU a process drives, ``rank = proc*nThreads*nGpus+i``, lines 675-689, gathered
+    to rank 0 in process order, 697-710), written by tests/collectives/nccl_logs.py from two runs of the records
+    (their times: these files check the reading, not a speed). One process on one node is 8 ranks; two
+    processes, one a node, are 16 ranks on 2 hosts (nranks = nProcs x nThreads x nGpus, src/common.cu line 436),
+    never 1 or 2; the bus bandwidth takes 16's factor 2 x 15 / 16 (all_reduce.cu AllReduceGetBw) and matches
+    the records' within the printing's rounding."""
+    written = g8_logs(records)
+    assert [log["file"] for log in written] == list(G8.values())
+    for log, (ranks, hosts, processes) in zip(written, [(8, 1, 1), (16, 2, 2)], strict=True):
+        assert (OUT / log["file"]).read_text() == log["text"], log["file"]
+        pids = {line.split("Pid")[1].split()[0] for line in log["text"].splitlines() if line.startswith("#  Rank")}
+        assert len(pids) == processes
+        (run,) = parse(log["text"])
+        assert (run.op, run.ranks, run.gpus_per_process, len(run.hosts)) == (Op.ALLREDUCE, ranks, 8, hosts)
+        assert log["ranks"] == ranks
+        for row, i in zip(run.rows, log["records"], strict=True):
+            record = record_row(records[i])
+            assert row.size_bytes == record["size_bytes"]
+            assert run.busbw_GBps(row) == pytest.approx(record["busbw_GBps"], rel=5e-3, abs=0.01)
+            assert run.busbw_GBps(row) == pytest.approx(
+                factor("allreduce", ranks) * row.size_bytes / row.time_us / 1e3, rel=1e-12
+            )
+    assert factor("allreduce", 16) == 2 * 15 / 16

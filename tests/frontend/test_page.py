@@ -525,6 +525,27 @@ def test_calibrate_from_an_nccl_tests_log_then_plan_with_it(page, reference):
     expect(page.locator("#calib-warnings")).to_contain_text(warning, timeout=20_000)
 
 
+def test_calibrate_a_bare_table_with_the_op_and_ranks_fields(page, reference):
+    """Issue 23 item 7: an all_gather table pasted without its banner ('none' redop, like alltoall's) is refused
+    naming both tests; chosen in the Test field it is fitted as an allgather on 8 ranks (the Ranks field sent as
+    each log's ranks: a wrong one is the parser's 422, naming the rows' sizes)."""
+    text = reference("nccl_logs/12_allgather_1x8_github-com-nvidia-nccl-tests-issue-212-s.txt").read_text()
+    bare = "\n".join(line for line in text.splitlines() if line[:1] == " " and line.split()[0].isdigit())
+    open_page(page)
+    page.fill("#calib-text", bare)
+    page.fill("#calib-nodes", "1")
+    page.click("#calib-run")
+    expect(page.locator("#calib-status")).to_contain_text("all_gather_perf or alltoall_perf", timeout=20_000)
+    page.select_option("#calib-op", "all_gather_perf")
+    page.click("#calib-run")
+    expect(page.locator("#calib-results")).to_be_visible(timeout=20_000)
+    expect(page.locator("#calib-status")).to_contain_text("allgather on 1 node × 8")
+    page.fill("#calib-ranks", "4")
+    page.click("#calib-run")
+    expect(page.locator("#calib-status")).to_contain_text("pasted log", timeout=20_000)
+    expect(page.locator("#calib-results")).to_be_hidden()
+
+
 def test_calibrate_from_a_profiler_trace(page, reference):
     """A gzipped torch.profiler trace (HTA's sampled rank 0, tests/reference/traces): sent as base64, its kernels
     by class, the fitted compute constants and its 10 SendRecv kernels over 2 steps shown."""

@@ -94,3 +94,40 @@ def test_pipeline_sends_inside_an_nvl72_rack_go_over_nvlink(schedule):
         for s in row.call.stages:
             alone = _price_op(Op.SENDRECV, message, layout.placement(row.call.group, (s,)), cluster, Options())
             assert alone.time_s == pytest.approx(row.price.time_s, rel=1e-9), (row.call.name, row.call.stages, s)
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "par", "batch", "kinds"),
+    [
+        # stage 4 (ranks 64-79) straddles the two racks: its EP all-to-alls and DP groups go over the NICs
+        ("deepseek-v3", cluster_preset("gb200-nvl72", 2),
+         ParallelSpec(tp=1, pp=9, ep=16, dp=16, zero_stage=1, first_stage_layers=6, last_stage_layers=6), 144,
+         {"dp", "embedding", "ep", "pp"}),
+        ("mixtral-8x7b", cluster_preset("gb200-nvl72", 2),
+         ParallelSpec(tp=2, cp=2, pp=4, dp=9, ep=4, expert_tp=1, zero_stage=1, sequence_parallel=True), 36,
+         {"cp", "dp", "edp", "ep", "pp", "tp"}),
+        ("llama3-70b", cluster_preset("dgx-h100", 4), ParallelSpec(tp=4, cp=2, pp=2, dp=2, zero_stage=3), 16,
+         {"cp", "dp", "pp", "tp"}),
+    ],
+    ids=["deepseek-ep16-pp9-two-racks", "mixtral-tp-cp-ep-pp-two-racks", "70b-zero3-cp"],
+)  # fmt: skip
+def test_every_row_of_every_call_kind_is_one_price(model, cluster, par, batch, kinds):
+    """Issue 23 item 3 for every call kind (TP, CP, EP, expert DP, DP, PP, embedding): each stage a row lists,
+    priced alone, gives the row's price; so a row never merges stages whose prices differ. On the two racks the
+    EP all-to-alls of the straddling stage 4 are a row of their own, on the NICs, and the others on NVLink."""
+    from planner.layout import layout_for
+    from planner.plan import _price_op, cluster_for
+
+    plan = build_plan(model_preset(model), WorkloadSpec(global_batch_size=batch), par, cluster)
+    layout, priced = layout_for(par), cluster_for(cluster)
+    assert {row.call.name.split(".")[0] for row in plan.calls} == kinds
+    for row in plan.calls:
+        for s in row.call.stages:
+            alone = _price_op(row.call.op, row.call.message_bytes, layout.placement(row.call.group, (s,)), priced,
+                              Options())  # fmt: skip
+            assert alone.time_s == pytest.approx(row.price.time_s, rel=1e-9), (row.call.name, row.call.stages, s)
+    if model == "deepseek-v3":
+        dispatch = {row.call.stages: row.price for row in plan.calls if row.call.name == "ep.dispatch"}
+        assert dispatch[(4,)].bottleneck["kind"] == "nic"
+        assert all(p.bottleneck["kind"] == "nvlink" for stages, p in dispatch.items() if stages != (4,))
+        assert dispatch[(4,)].time_s > 5 * dispatch[(1, 2, 3, 5, 6, 7, 8)].time_s
