@@ -19,7 +19,7 @@ from .fused_allreduce import (
     CustomAllReduce,
     FusedAllReduce,
 )
-from .launch import CommandBuilder, sglang_command, trtllm_command, vllm_command
+from .launch import CommandBuilder, RouterBuilder, sglang_command, trtllm_command, trtllm_router, vllm_command
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, VLLM_DBO_PREFILL, OverlapStrategy
 
 
@@ -59,6 +59,9 @@ class EngineTraits:
     # the engine's launch command for one pool, by the flag names its CLI takes (launch.py); None: the engine has
     # no launch builder and POST /v1/serve/export is a 422 on ``engine``
     launch: CommandBuilder | None = None
+    # the router a disaggregated deployment's launch script starts between its prefill and decode servers
+    # (launch.py); None: the script starts none (vLLM's and SGLang's proxies are not written: docs/serving.md)
+    disagg_router: RouterBuilder | None = None
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -159,6 +162,7 @@ TRTLLM = register(
         tp_allreduce=FusedAllReduce(TRTLLM_AR_FUSION),
         memory_fraction_of_free=True,
         launch=trtllm_command,  # trtllm-serve --backend pytorch (TensorRT-LLM 1.2)
+        disagg_router=trtllm_router,  # trtllm-serve disaggregated -c disagg_config.yaml
     )
 )
 
