@@ -410,6 +410,11 @@ def test_trtllm_fused_all_reduce_over_http(api):
         assert row["algorithm"] == "trtllm_oneshot" and "strategy ONESHOT" in row["source"]
         assert row["bytes_sent_per_rank"] == 7 * row["message_bytes"]
         assert row["message_bytes"] == d["pools"][0]["batch"] * 8192 * 2
+    # the vocab-parallel embedding's all-reduce goes through the same op unfused (embedding.py, Fusion=NONE):
+    # the one-shot kernel too at these 8 tokens per worker, not NCCL's ring
+    emb = rows["tp.embedding"]
+    assert emb["algorithm"] == "trtllm_oneshot" and "AllReduceFusionOp::NONE" in emb["source"]
+    assert emb["bytes_sent_per_rank"] == 7 * emb["message_bytes"] and emb["calls_per_iteration"] == 1
     vllm = api.post("/v1/serve", json=body | {"engine": "vllm"}).json()
     assert vllm["pools"][0]["batch"] == d["pools"][0]["batch"]
     assert {c["algorithm"] for c in vllm["pools"][0]["calls"] if c["op"] == "allreduce"} == {"vllm_custom_oneshot"}
