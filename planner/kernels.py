@@ -209,7 +209,19 @@ SPLIT_K_MIN = 1024
 # Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
 # per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
 # activation_dtype fp8 without a recipe is TE's default, delayed per-tensor scaling.
-_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "w4a16_mxfp4": "bf16"}
+# Weight-only formats: the GEMM's weight operand read in the stored format, dequantized to bf16 in the kernel, the
+# math on the bf16 tensor cores at bf16's ceiling (an assumption: no measured Marlin / Triton MXFP4 MoE table at
+# hand). MXFP4 experts (workload.EXPERT_WEIGHT_FORMATS): vLLM's default backends (quantization/mxfp4.py at
+# 007d50058a06 get_mxfp4_backend: Triton's matmul_ogs or Marlin on Hopper, FlashInfer's SM100_FI_MXFP4_BF16 on
+# Blackwell; the MXFP8-activation paths are opt-in env flags) all take bf16 activations (mxfp4_w4a16_moe_quant_config).
+EXPERT_GEMM_DTYPE = {"mxfp4": "w4a16_mxfp4"}
+_WEIGHT_OPERAND_BYTES = {"w4a16_mxfp4": 0.5 + 1 / 32}  # E2M1 + one E8M0 scale per 32 (workload.WEIGHT_FORMAT_BYTES)
+_CEILING_DTYPE = {"w4a16_mxfp4": "bf16"}
+# A weight-only kernel tiles the batch in 16-row blocks (Marlin: vLLM csrc/quantization/gptq_marlin/gptq_marlin.cu,
+# ``thread_m_blocks``: "number of 16x16 blocks in the m dimension (batchsize) of the threadblock", 1-4), so a
+# decode batch of a few rows pays 16 rows of math, not a 128-row tile's: its GEMVs stay bound by the weight bytes
+WEIGHT_ONLY_TILE_M = 16
 
 # Attention kernels: (forward, backward) ceiling as a fraction of the dense bf16 peak, before the shape term
 # s_kv/(s_kv + s0), by kernel and generation:
@@ -392,7 +404,8 @@ def gemm_dtype(ctx: Context) -> str:
 
 
 def operand_bytes(dtype: str) -> float:
-    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5}.get(dtype, 1.0)
+    """Bytes of one element of a GEMM's activation operand (a weight-only format's: bf16)."""
+    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5, "w4a16_mxfp4": 2.0}.get(dtype, 1.0)
 
 
 def cast_bytes_per_element(ctx: Context) -> float:
@@ -426,6 +439,7 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
         if name == dtype:
             return ceiling
     gen = generation(gpu)
+    dtype = _CEILING_DTYPE.get(dtype, dtype)
     found = GEMM_CEILING.get((gen, dtype))
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
         found = GEMM_CEILING.get((gen, "bf16"))
@@ -442,6 +456,8 @@ def gemm_time(
     if n <= 0 or k <= 0 or not any(m > 0 for m in rows):
         return 0.0
     tm, tn = GEMM_TILE.get(generation(gpu), (128, 128))
+    if dtype in _WEIGHT_OPERAND_BYTES:
+        tm = WEIGHT_ONLY_TILE_M
     flops = sum(2.0 * m * n * k for m in rows)
     cols = math.ceil(n / tn)
     tiles = sum(math.ceil(m / tm) for m in rows if m > 0) * cols
@@ -452,7 +468,8 @@ def gemm_time(
     k0 = k0 or eff.gemm_k0
     rate = dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff) * quant * fill * k_split / (k_split + k0)
     x = operand_bytes(dtype)
-    traffic = sum(m * k * x + k * n * x + m * n * 2 for m in rows)  # output in bf16
+    xw = _WEIGHT_OPERAND_BYTES.get(dtype, x)  # the (k x n) weight operand: a weight-only format's stored bytes
+    traffic = sum(m * k * x + k * n * xw + m * n * 2 for m in rows)  # output in bf16
     # compute-bound: the FLOPs and the GEMM's fixed cost (prologue, epilogue, launch); memory-bound (decode's GEMV-
     # like shapes): the operands streamed at the HBM rate and a memory-bound kernel's floor (kernel_s). The H200's
     # m 1-8 GEMMs replayed from a CUDA graph (run2.json ``gemm_bf16`` decode_graph: 5.9 us for 16.8 MB of weights,
@@ -779,8 +796,9 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     spread = math.sqrt(rows) if grouped_mm and not m.capacity_factor else 0.0
     k0 = GROUPED_GEMM_K0 if grouped_mm else 0.0
     sort = chunk_sort(ctx, local)
+    dt = EXPERT_GEMM_DTYPE.get(ctx.work.param_dtype, k.dt)  # MXFP4 experts: weight-only, bf16 math
     ef, eb = routed_expert_kernels(
-        tokens, rows, local, h, f, gated, k.dt, x, k.fu, gpu, eff, k.floor,
+        tokens, rows, local, h, f, gated, dt, x, k.fu, gpu, eff, k.floor,
         streams=streams, sort=sort, spread=spread, k0=k0,
     )
     if streams and not m.capacity_factor:
@@ -919,7 +937,8 @@ def routed_expert_kernels(
 
 
 def _cast(k: Kernel) -> bool:
-    return k.kind == "gemm" and k.dtype not in ("bf16", "fp32")
+    # a weight-only format's GEMM takes its bf16 activations as they are (no quantizing cast)
+    return k.kind == "gemm" and k.dtype not in ("bf16", "fp32") and k.dtype not in _WEIGHT_OPERAND_BYTES
 
 
 # A cast to fp8 streams below a copy's rate: tensor.to(float8_e4m3fn) of 67 and 134 MB on this project's H200 moves

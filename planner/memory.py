@@ -44,7 +44,7 @@ from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
 from .recompute import LayerRecompute, chunk_plans, working_layers
-from .workload import WEIGHT_FORMAT_BYTES, WorkloadSpec
+from .workload import EXPERT_WEIGHT_FORMATS, WEIGHT_FORMAT_BYTES, WorkloadSpec
 
 GIB = 1 << 30
 # CUDA context (~0.5 GiB on Hopper), cuBLAS workspace (32 MiB/stream on SM90, cuBLAS docs "cublasSetWorkspace"),
@@ -450,7 +450,9 @@ def held_bytes(ctx: Context, stage: int) -> HeldBytes:
     if ctx.work.param_dtype in WEIGHT_FORMAT_BYTES:
         # a block-scaled checkpoint stores only the linear weights so: the rest (embedding, output layer, norms)
         # in the activation dtype (workload.WEIGHT_FORMAT_BYTES); int() below rounds the product once
-        params += (nd + ne - sum(quantized_numels(ctx, stage))) * (ctx.x - xp)
+        # (MXFP4 only the routed experts' weights: workload.EXPERT_WEIGHT_FORMATS)
+        experts_only = ctx.work.param_dtype in EXPERT_WEIGHT_FORMATS
+        params += (nd + ne - sum(quantized_numels(ctx, stage, experts_only))) * (ctx.x - xp)
     buffers = WORKSPACE_BYTES
     if z >= 3 and ctx.training:
         buffers += ZERO3_UNITS_IN_FLIGHT * unit * xp

@@ -186,13 +186,15 @@ def total(params: Params) -> int:
     return sum(p.numel for p in params)
 
 
-def quantized_numels(ctx: Context, stage: int) -> tuple[int, ...]:
+def quantized_numels(ctx: Context, stage: int, experts_only: bool = False) -> tuple[int, ...]:
     """Element counts of the stage's TE linear weights that the fp8/fp4 recipe quantizes (recipes.quantized:
     not embeddings, output layer, norms, routers, sinks), dense then expert (biases inside the linears'
-    counts are included: at most 0.1% of GPT-OSS's)."""
+    counts are included: at most 0.1% of GPT-OSS's); ``experts_only``: the expert ones alone (a checkpoint format
+    that stores only the MoE experts so, workload.EXPERT_WEIGHT_FORMATS)."""
     from .recipes import quantized
 
-    return tuple(p.numel for params in stage_params(ctx, stage) for p in params if quantized(p.name))
+    groups = stage_params(ctx, stage)[1:] if experts_only else stage_params(ctx, stage)
+    return tuple(p.numel for params in groups for p in params if quantized(p.name))
 
 
 def recipe_weight_bytes(ctx: Context, stage: int) -> int:

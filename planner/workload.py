@@ -18,9 +18,20 @@ DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "fl
 # 4 B a tensor): 0.5 + 1/16 = 0.5625 B. Its GEMMs run as the recipe of the same name (planner/recipes.py "nvfp4",
 # Recipe.kernel_dtype). Only the transformer blocks' linear weights are stored so (nvidia/Llama-3.1-405B-Instruct-FP4
 # model card, ModelOpt: "Only the weights and activations of the linear operators within transformers blocks are
-# quantized"): the embedding, output layer and norms stay in the activation dtype (memory.held_bytes). MXFP4
-# (0.5 + 1/32, E8M0 scales per 32) is not here: no mxfp4 GEMM ceiling or recipe to run it with.
-WEIGHT_FORMAT_BYTES = {"nvfp4": 0.5 + 1 / 16}
+# quantized"): the embedding, output layer and norms stay in the activation dtype (memory.held_bytes).
+# MXFP4 (GPT-OSS's checkpoints): vLLM vllm/model_executor/layers/quantization/mxfp4.py (at 007d50058a06)
+# Mxfp4MoEMethod.create_weights holds each expert weight as uint8 [.., in // 2] (two E2M1 values a byte) and its
+# weight_scale as one uint8 (E8M0) per ``mxfp4_block`` 32 inputs: 0.5 + 1/32 = 0.53125 B (the bf16 biases, at most
+# 0.1% of GPT-OSS's expert weights, counted at that rate too). Only the MoE experts are stored so: Mxfp4Config.
+# get_quant_method gives every LinearBase UnquantizedLinearMethod ("MXFP4 linear layer is not implemented") and
+# skips attention (SGLang's python/sglang/srt/layers/quantization/mxfp4.py the same): EXPERT_WEIGHT_FORMATS.
+WEIGHT_FORMAT_BYTES = {"nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
+# the low-precision recipe (planner/recipes.py) each format's GEMMs run as; None: no recipe, the GEMMs in bf16 with
+# the weights dequantized in the kernel (MXFP4: vLLM's default backends, Marlin / Triton on Hopper and FlashInfer's
+# MXFP4 x BF16 on Blackwell, mxfp4.py get_mxfp4_backend; planner/kernels.py EXPERT_GEMM_DTYPE)
+WEIGHT_FORMAT_RECIPE: dict[str, str | None] = {"nvfp4": "nvfp4", "mxfp4": None}
+# formats that store only the routed experts' weights (the rest of the model in the activation dtype)
+EXPERT_WEIGHT_FORMATS = ("mxfp4",)
 
 
 def weight_bytes(dtype: str) -> float:
@@ -123,11 +134,10 @@ def _weight_format(w: WorkloadSpec) -> None:
             f"per weight); training keeps bf16/fp32 weights and runs {w.param_dtype} GEMMs with fp8_recipe "
             f"{w.param_dtype!r}",
         )
-    if w.fp8_recipe != w.param_dtype:
-        raise SpecError(
-            "workload.fp8_recipe",
-            f"{w.param_dtype} weights run their GEMMs as the {w.param_dtype!r} recipe; got {w.fp8_recipe!r}",
-        )
+    recipe = WEIGHT_FORMAT_RECIPE[w.param_dtype]
+    if w.fp8_recipe != recipe:
+        runs = f"as the {recipe!r} recipe" if recipe else "in bf16 with the weights dequantized (fp8_recipe null)"
+        raise SpecError("workload.fp8_recipe", f"{w.param_dtype} weights run their GEMMs {runs}; got {w.fp8_recipe!r}")
 
 
 def _training_workload(w: WorkloadSpec) -> None:

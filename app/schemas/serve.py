@@ -56,10 +56,12 @@ class MTPIn(Strict):
 
 
 class ServeOptionsIn(Strict):
-    weight_dtype: Literal["bf16", "fp16", "fp8", "nvfp4"] = Field(
+    weight_dtype: Literal["bf16", "fp16", "fp8", "nvfp4", "mxfp4"] = Field(
         default="bf16",
         description="the checkpoint's weights; nvfp4 (Blackwell: fp4 tensor cores): 0.5625 B per linear weight "
-        "(E2M1 + one E4M3 scale per 16), the GEMMs in nvfp4, embedding and norms in bf16",
+        "(E2M1 + one E4M3 scale per 16), the GEMMs in nvfp4, embedding and norms in bf16; mxfp4 (GPT-OSS; vLLM and "
+        "SGLang, compute capability >= 8.0, MoE models): the routed experts at 0.53125 B per weight (E2M1 + one "
+        "E8M0 scale per 32), their GEMMs with the weights dequantized to bf16 math, the rest of the model in bf16",
     )
     kv_dtype: Literal["bf16", "fp16", "fp8"] | None = None
     mtp: MTPIn | None = None

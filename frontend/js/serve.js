@@ -25,7 +25,17 @@ export const SERVE_SCENARIOS = [
       deployment: { pools: [{ role: "both", workers: 2, tp: 8 }] } } },
 ];
 
+// the checkpoint formats /v1/serve takes (app/schemas/serve.py ServeOptionsIn.weight_dtype), each with what it needs
+// in its tooltip (the server's 422 names the rule where the GPU, the model or the engine lacks it: docs/serving.md)
+export const WEIGHT_FORMATS = [
+  ["bf16", "bf16"],
+  ["fp8", "fp8"],
+  ["nvfp4", "nvfp4", "NVFP4 checkpoint: every linear weight 0.5625 B (E2M1 + one E4M3 scale per 16), fp4 GEMMs; Blackwell (fp4 tensor cores) only"],
+  ["mxfp4", "mxfp4", "MXFP4 experts (GPT-OSS): the MoE experts at 0.53125 B a weight (E2M1 + one E8M0 scale per 32), dequantized to bf16 math; the rest bf16; vLLM and SGLang, MoE models, compute capability 8.0+"],
+];
+
 export function fillServeModels(presets) {
+  fillOptions($("serve-weights"), WEIGHT_FORMATS, $("serve-weights").value || "bf16");
   fillOptions($("serve-model"), [["", "the form's model"], ...Object.entries(presets).map(([k, m]) => [k, m.name || k])]);
   fillOptions($("serve-scenario"), [["", "— pick one —"], ...SERVE_SCENARIOS.map((s) => [s.id, s.label])]);
 }
@@ -108,7 +118,7 @@ function keepOptions() { state.serveOptions = options(); saveUrl(); }
 
 // the card's options from a request's (a scenario's, or the URL's); a field left out is the default
 export function fillServeOptions(o) {
-  $("serve-weights").value = o.weight_dtype === "fp8" ? "fp8" : "bf16";
+  $("serve-weights").value = WEIGHT_FORMATS.some(([v]) => v === o.weight_dtype) ? o.weight_dtype : "bf16";
   $("serve-kv").value = ["bf16", "fp8"].includes(o.kv_dtype) ? o.kv_dtype : "";
   $("serve-tbo").value = typeof o.two_batch_overlap === "boolean" ? String(o.two_batch_overlap) : "";
   $("serve-redundant").value = Number.isInteger(o.redundant_experts) ? String(o.redundant_experts) : "";

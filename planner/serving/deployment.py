@@ -42,8 +42,15 @@ from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
 from ..recipes import RECIPES
 from ..rules.engine_step import dp_sync
-from ..workload import DTYPE_BYTES, WEIGHT_FORMAT_BYTES, WorkloadSpec, weight_bytes
-from .engines import EngineTraits
+from ..workload import (
+    DTYPE_BYTES,
+    EXPERT_WEIGHT_FORMATS,
+    WEIGHT_FORMAT_BYTES,
+    WEIGHT_FORMAT_RECIPE,
+    WorkloadSpec,
+    weight_bytes,
+)
+from .engines import MXFP4_MIN_SM, EngineTraits
 from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
@@ -128,7 +135,7 @@ def plan_serving(
     validate_serving(traffic, pools, options)
     if cluster.gpu is None:
         raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
-    check_weight_format(options.weight_dtype, cluster.gpu)
+    check_weight_format(options.weight_dtype, cluster.gpu, model)
     used = sum(p.gpus for p in pools)
     if used > cluster.num_devices:
         raise SpecError(
@@ -155,6 +162,12 @@ def plan_serving(
 
 
 def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
+    if options.weight_dtype in WEIGHT_FORMAT_BYTES and options.weight_dtype not in traits.weight_formats:
+        raise SpecError(
+            "options.weight_dtype",
+            f"{options.weight_dtype} weights are not priced for {traits.label} (its formats here: "
+            f"{', '.join(traits.weight_formats)}); {traits.weight_formats_note}",
+        )
     if options.two_batch_overlap and traits.two_batch_overlap_flag is None:
         raise SpecError(
             "options.two_batch_overlap",
@@ -249,7 +262,7 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     validate_serving(traffic, pools, options)
     _check_engine_options(model, traits, pools, options)
     if cluster.gpu is not None:
-        check_weight_format(options.weight_dtype, cluster.gpu)
+        check_weight_format(options.weight_dtype, cluster.gpu, model)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
     # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
@@ -281,12 +294,29 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
     )
 
 
-def check_weight_format(dtype: str, gpu) -> None:
+def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None) -> None:
     """A block-scaled weight format runs its GEMMs on the tensor cores that have it: the recipe's compute capability
-    (nvfp4: 10.0, Blackwell; recipes.py RECIPES, TransformerEngine _compute_nvfp4_support)."""
+    (nvfp4: 10.0, Blackwell; recipes.py RECIPES, TransformerEngine _compute_nvfp4_support). A weight-only format
+    (no recipe: MXFP4) needs the engines' own minimum (MXFP4_MIN_SM) and, storing only the MoE experts so, a model
+    with experts."""
     if dtype not in WEIGHT_FORMAT_BYTES:
         return
-    need = RECIPES[dtype].min_sm
+    recipe = WEIGHT_FORMAT_RECIPE[dtype]
+    if recipe is None:
+        if gpu.sm < MXFP4_MIN_SM:
+            raise SpecError(
+                "options.weight_dtype",
+                f"{dtype} weights need compute capability >= {MXFP4_MIN_SM / 10:.1f} (vLLM's and SGLang's "
+                f"Mxfp4Config.get_min_capability); GPU {gpu.name!r} is sm{gpu.sm}: use bf16",
+            )
+        if model is not None and model.moe is None and dtype in EXPERT_WEIGHT_FORMATS:
+            raise SpecError(
+                "options.weight_dtype",
+                f"{dtype} stores only the MoE experts' weights (vLLM / SGLang Mxfp4Config: linear layers stay "
+                f"unquantized); model {model.name!r} has no experts: use bf16, fp8 or nvfp4",
+            )
+        return
+    need = RECIPES[recipe].min_sm
     if gpu.sm < need or not gpu.peak_tflops.get("fp4"):
         raise SpecError(
             "options.weight_dtype",
@@ -302,7 +332,7 @@ def _gemm_recipe(options: ServeOptions) -> str | None:
     GEMMs in the activation dtype."""
     if options.weight_dtype == "fp8":
         return options.fp8_recipe
-    return options.weight_dtype if options.weight_dtype in WEIGHT_FORMAT_BYTES else None
+    return WEIGHT_FORMAT_RECIPE.get(options.weight_dtype)
 
 
 @lru_cache(maxsize=512)  # value keys (frozen specs); the SLA search plans a layout's steps once per split

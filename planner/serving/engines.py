@@ -19,7 +19,7 @@ from .fused_allreduce import (
     CustomAllReduce,
     FusedAllReduce,
 )
-from .launch import CommandBuilder, sglang_command, trtllm_command, vllm_command
+from .launch import CommandBuilder, RouterBuilder, sglang_command, trtllm_command, trtllm_router, vllm_command
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, VLLM_DBO_PREFILL, OverlapStrategy
 
 
@@ -59,9 +59,21 @@ class EngineTraits:
     # the engine's launch command for one pool, by the flag names its CLI takes (launch.py); None: the engine has
     # no launch builder and POST /v1/serve/export is a 422 on ``engine``
     launch: CommandBuilder | None = None
+    # block-scaled checkpoint formats (workload.WEIGHT_FORMAT_BYTES) this planner prices for the engine; another is
+    # a 422 at options.weight_dtype with ``weight_formats_note``
+    weight_formats: tuple[str, ...] = ("nvfp4",)
+    weight_formats_note: str = ""
+    # the router a disaggregated deployment's launch script starts between its prefill and decode servers
+    # (launch.py); None: the script starts none (vLLM's and SGLang's proxies are not written: docs/serving.md)
+    disagg_router: RouterBuilder | None = None
 
 
 ENGINES: dict[str, EngineTraits] = {}
+
+# MXFP4 (GPT-OSS's MoE experts): Mxfp4Config.get_min_capability 80 in vLLM (vllm/model_executor/layers/quantization/
+# mxfp4.py at 007d50058a06; Marlin's dequantizing kernels below Hopper) and SGLang
+# (python/sglang/srt/layers/quantization/mxfp4.py)
+MXFP4_MIN_SM = 80
 
 
 def register(traits: EngineTraits) -> EngineTraits:
@@ -102,6 +114,8 @@ VLLM = register(
             "(torch symm_mem multimem_all_reduce_ / two_shot_all_reduce_)",
         ),
         launch=vllm_command,  # `vllm serve` (vLLM 0.14)
+        # quantization/mxfp4.py Mxfp4MoEMethod (experts only; the weights dequantized to bf16 math by default)
+        weight_formats=("nvfp4", "mxfp4"),
     )
 )
 SGLANG = register(
@@ -133,6 +147,8 @@ SGLANG = register(
             "sglang",
         ),
         launch=sglang_command,  # python3 -m sglang.launch_server (SGLang 0.5)
+        # python/sglang/srt/layers/quantization/mxfp4.py Mxfp4Config (FusedMoE only; linears UnquantizedLinearMethod)
+        weight_formats=("nvfp4", "mxfp4"),
     )
 )
 TRTLLM = register(
@@ -159,6 +175,8 @@ TRTLLM = register(
         tp_allreduce=FusedAllReduce(TRTLLM_AR_FUSION),
         memory_fraction_of_free=True,
         launch=trtllm_command,  # trtllm-serve --backend pytorch (TensorRT-LLM 1.2)
+        disagg_router=trtllm_router,  # trtllm-serve disaggregated -c disagg_config.yaml
+        weight_formats_note="TensorRT-LLM's own MXFP4 MoE path (GPT-OSS) is not modelled here: use vllm or sglang",
     )
 )
 
@@ -170,4 +188,4 @@ def engine(name: str) -> EngineTraits:
     return traits
 
 
-__all__ = ["ENGINES", "EngineTraits", "engine", "register"]
+__all__ = ["ENGINES", "MXFP4_MIN_SM", "EngineTraits", "engine", "register"]

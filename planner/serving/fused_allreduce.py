@@ -101,13 +101,26 @@ KiB, MiB = 1024, 1024 * 1024
 # AllReduceFusionOp: the all-reduce + residual + RMSNorm, and the same with the norm's output quantized to fp8 (what
 # TensorRT-LLM's Llama runs when its linears are per-tensor FP8: modeling_llama.py post/pre_mlp_fusion_op)
 NORM, NORM_QUANT_FP8 = "RESIDUAL_RMS_NORM", "RESIDUAL_RMS_NORM_QUANT_FP8"
+# AllReduceFusionOp::NONE: the plain all-reduce of TensorRT-LLM's AllReduce op (AllReduceParams' default fusion_op),
+# what Linear's own all_reduce runs (a row-parallel linear whose layer does not fuse) and the vocab-parallel
+# embedding's (_torch/modules/embedding.py Embedding.forward: ``output = self.all_reduce(output)``, the AllReduce
+# that Linear.__init__ builds with the model's allreduce_strategy, AUTO by default)
+NONE = "NONE"
 _CODES = {4: ONESHOT, 5: TWOSHOT, 0: NCCL}
 
 # customAllReduceUtils.h at 005b299bd309, AllReduceBestStrategyTableSM90 / SM100, the Fusion=RESIDUAL_RMS_NORM and
 # RESIDUAL_RMS_NORM_QUANT_FP8 slices, verbatim but for the encoding: per (op, sm, tp), one "/"-separated row per
 # hidden size 128, 256, ..., 8192, one digit per token count 1, 2, 4, ..., 16384 (4 ONESHOT, 5 TWOSHOT, 0 NCCL), the
-# trailing NCCL entries left out
+# trailing NCCL entries left out. The Fusion=NONE slices (fusion index 0) from the same tables as stored in the
+# search index's copy of the file (TensorRT-LLM b78a54611b6f; its RESIDUAL_RMS_NORM and _QUANT_FP8 slices equal
+# the ones here digit for digit)
 _ENCODED = {
+    (NONE, 90, 2): "444445555544/4444445444444/4454455545444/444454544444/444445555445/45454444444/4455444444",
+    (NONE, 90, 4): "444454454544/44444555554/444454555445/444445545455/44444445455/4445555455/444445455",
+    (NONE, 90, 8): "44444444444/444444444455/4444444445555/444444444555/44444445555/4444445555/444445555",
+    (NONE, 100, 2): "444444445444/444454444444/44454444444444/4445444444444/444444444444/44444444444/4454444444",
+    (NONE, 100, 4): "444444444444/444444444444/444444444444/444444444444/44444444445/4444444445/444444445",
+    (NONE, 100, 8): "444444444444/444444444444/44444444444/444444444455/44444444455/4444444455/444444455",
     (NORM, 90, 2): "444444444444/4444444444444/444455554444/444445545444/444544444444/44445444444/4444444444",
     (NORM, 90, 4): "444444444444/44444444444/444444544445/444444444455/44444444455/4444444445/444444445",
     (NORM, 90, 8): "44444444444/44444444445/444444444455/444444444555/44444444055/4444444/444444",
@@ -162,6 +175,17 @@ class FusedAllReduce:
     # hidden_size > 4096, "Disable fusion for small models due to accuracy issues"; read in two stored versions)
     min_hidden: int = 4097
     label: str = "trtllm"  # the priced rows' algorithm prefix
+    # the TP all-reduces (rules/tensor.py names without "tp.") that run TensorRT-LLM's AllReduce op unfused
+    unfused: tuple[str, ...] = ("embedding",)
+    unfused_source: str = (
+        "TensorRT-LLM 06d0733f4936 tensorrt_llm/_torch/modules/embedding.py Embedding.forward self.all_reduce "
+        "(AllReduceFusionOp::NONE, strategy AUTO: allreduceOp.cpp selectImplementation)"
+    )
+    # a block output of a model at or below 4,096 hidden: the row-parallel linear's own all-reduce
+    plain_source: str = (
+        "TensorRT-LLM _torch/modules/linear.py Linear.all_reduce (AllReduceFusionOp::NONE, strategy AUTO; "
+        "modeling_llama.py: enable_fusion &= hidden_size > 4096)"
+    )
 
     def algorithm(self, kind: str) -> str:
         return f"{self.label}_{kind}"
@@ -179,24 +203,43 @@ class FusedAllReduce:
             return NCCL  # NCCL_SYMMETRIC: ncclAllReduce, then the fallback kernels
         return _CODES[rows[h][t]]
 
+    def fusion_op(self, ctx: Context, call: Call) -> str:
+        """The AllReduceFusionOp TensorRT-LLM issues ``call`` with; "" where the call is not one of its AllReduce
+        op's: a block output fuses the residual add and the next norm (quantized to fp8 for per-tensor FP8 linears,
+        ModelOpt FP8: is_fp8_quant; block-scaled FP8 does not) in a model above ``min_hidden``, and runs plain
+        (NONE) below it, as the vocab-parallel embedding's all-reduce always does (``unfused``)."""
+        if call.parallelism != "tp" or call.op != Op.ALLREDUCE or ctx.par.tp < 2:
+            return ""
+        block = _block(call)
+        if block in self.unfused:
+            return NONE
+        if block not in BLOCK_OUTPUTS:
+            return ""
+        if ctx.model.hidden_size < self.min_hidden:
+            return NONE  # no fusion: Linear's own AllReduce, then the layer's add and norm kernels
+        work = ctx.work
+        return NORM_QUANT_FP8 if work.param_dtype == "fp8" and work.fp8_recipe in ("tensorwise", "delayed") else NORM
+
     def choose(self, ctx: Context, call: Call, cluster: ClusterSpec) -> str:
-        """The kernel TensorRT-LLM runs for ``call``; "" where the call is not one it fuses."""
-        par = ctx.par
-        if call.parallelism != "tp" or call.op != Op.ALLREDUCE or _block(call) not in BLOCK_OUTPUTS or par.tp < 2:
+        """The kernel TensorRT-LLM runs for ``call``; "" where the call is not one of its AllReduce op's."""
+        op = self.fusion_op(ctx, call)
+        if not op:
             return ""
         itemsize = DTYPE_BYTES.get(call.dtype, 2)
         hidden = ctx.model.hidden_size
-        if hidden < self.min_hidden:
-            return ""  # no fusion: the model's plain all-reduce, then its add and norm
         tokens = call.message_bytes // (hidden * itemsize)
         sm = cluster.gpu.sm if cluster.gpu is not None else 0  # 0: not an NVIDIA GPU; the SM 90 table
-        # per-tensor FP8 linears take the norm's output in fp8 (ModelOpt FP8: is_fp8_quant); block-scaled FP8 does not
-        work = ctx.work
-        op = NORM_QUANT_FP8 if work.param_dtype == "fp8" and work.fp8_recipe in ("tensorwise", "delayed") else NORM
-        return self.strategy(tokens, hidden, par.tp, call.message_bytes, sm, nvlink_peers(par, cluster), op)
+        return self.strategy(tokens, hidden, ctx.par.tp, call.message_bytes, sm, nvlink_peers(ctx.par, cluster), op)
 
-    def relabel(self, call: Call, kind: str) -> Call:
-        return fused(call, f"{self.source}; strategy {kind.upper()}")
+    def absorbs(self, ctx: Context, call: Call) -> bool:
+        """Whether the kernel that runs ``call`` also runs the residual add and the next norm (a fused op)."""
+        return self.fusion_op(ctx, call) in (NORM, NORM_QUANT_FP8)
+
+    def relabel(self, ctx: Context, call: Call, kind: str) -> Call:
+        if self.absorbs(ctx, call):
+            return fused(call, f"{self.source}; strategy {kind.upper()}")
+        where = self.unfused_source if _block(call) in self.unfused else self.plain_source
+        return replace(call, source=f"{where}; strategy {kind.upper()}")
 
 
 def _capability(sm: int) -> str:
@@ -272,7 +315,10 @@ class CustomAllReduce:
             return f"{self.label}_symm_mem_{kind.removeprefix('symm_')}"
         return f"{self.label}_custom_{kind}"
 
-    def relabel(self, call: Call, kind: str) -> Call:
+    def absorbs(self, ctx: Context, call: Call) -> bool:
+        return False  # the layer keeps its add and norm kernels
+
+    def relabel(self, ctx: Context, call: Call, kind: str) -> Call:
         where = self.symm_source if kind in (MULTIMEM, SYMM_TWOSHOT) else self.source
         return replace(call, source=f"{where}; {kind.upper()}")
 
@@ -327,7 +373,8 @@ def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, clu
         if not kind:
             rows.append(row)
             continue
-        call = policy.relabel(row.call, kind)
+        absorbs = policy.absorbs(ctx, row.call)
+        call = policy.relabel(ctx, row.call, kind)
         if kind == NCCL:
             rows.append(replace(row, call=call))
             continue
@@ -335,7 +382,7 @@ def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, clu
         rows.append(new)
         if not stages:  # no step to change (a cluster without a GPU spec): the rows alone
             continue
-        norm = norms.get(_block(call))
+        norm = norms.get(_block(call)) if absorbs else None
         if norm and not kernels:
             kernels = {k.name: k.time_s for k in layer_kernels(ctx, False, cluster.gpu).forward}
         saved = kernels.get("residual_add", 0.0) + kernels.get(norm, 0.0) if norm else 0.0
@@ -374,6 +421,9 @@ def _shifted(step, comm: list[float], absorbed: list[float]):
 __all__ = [
     "MULTIMEM",
     "NCCL",
+    "NONE",
+    "NORM",
+    "NORM_QUANT_FP8",
     "ONESHOT",
     "SYMM_TWOSHOT",
     "TABLE",

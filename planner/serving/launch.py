@@ -17,6 +17,15 @@ Flag names and where they come from:
 - TensorRT-LLM 1.2 (`trtllm-serve --help`, tensorrt_llm/llmapi/llm_args.py): --tp_size, --pp_size, --ep_size,
   --max_num_tokens, --kv_cache_free_gpu_memory_fraction; attention-DP and speculative decoding through
   --extra_llm_api_options (enable_attention_dp, speculative_config, moe_config.load_balancer.num_slots).
+  A worker over several nodes is one MPI job: TensorRT-LLM's `trtllm-llmapi-launch` wrapper (rank 0 runs the
+  server, the others `tensorrt_llm.llmapi.mgmn_worker_node`; it reads SLURM_PROCID or OMPI_COMM_WORLD_RANK) under
+  `srun --mpi=pmix` with `-N nodes --ntasks-per-node=GPUs` (examples/llm-api/llm_mgmn_trtllm_serve.sh,
+  examples/disaggregated/README.md "Multi-Node Execution", TensorRT-LLM at c3c3d76e28c5) or, outside Slurm,
+  `mpirun -np GPUs` over the worker's hostfile (HOSTFILE_PREFILL_0, ...). Disaggregated: each server's extra
+  options carry `cache_transceiver_config: {backend: DEFAULT}` (NIXL; DEFAULT | UCX | NIXL) and the context servers
+  `disable_overlap_scheduler: true` ("not yet supported in disaggregated context server architectures"), each
+  server listens on its own port, and `trtllm-serve disaggregated -c disagg_config.yaml` routes between them
+  (`hostname`, `port`, `backend`, `context_servers` / `generation_servers` with `num_instances` and `urls`).
 """
 
 from __future__ import annotations
@@ -43,6 +52,12 @@ class Command:
     # flags a node of such a worker adds when the variable is set and not empty there: (flag, variable); the flag
     # is this module's constant, never the variable's value (rendered as ${VARIABLE:+flag})
     per_node_switches: tuple[tuple[str, str], ...] = ()
+    # a worker over several nodes runs once as an MPI job, each rank through this wrapper (TensorRT-LLM's
+    # trtllm-llmapi-launch), under srun inside a Slurm allocation or mpirun over its hostfile outside one; empty:
+    # the worker's line runs on each of its nodes with its ``per_node`` flags instead
+    mpi_wrapper: tuple[str, ...] = ()
+    # the flag a server's listening port takes (each worker its own: the router's URLs name them); None: none
+    port_flag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,23 @@ class Launch:
     worker: int
     nodes: int  # nodes the worker spans
     command: Command
+    gpus_per_node: int = 0  # MPI ranks per node of a worker run as one MPI job (Command.mpi_wrapper)
+    port: int = 0  # the worker's server port where the command takes one (Command.port_flag)
+
+
+BASE_PORT = 8000  # the router's port (TensorRT-LLM's disaggregated examples); worker i listens on BASE_PORT + 1 + i
+
+
+@dataclass(frozen=True)
+class Router:
+    """What routes requests between the prefill and decode servers of a disaggregated deployment: files written
+    first (our own text, no request string in them but the model path argument) and its command."""
+
+    files: tuple[tuple[str, str], ...]  # written with the ``hosts`` variables expanded, after they are checked
+    command: tuple[str, ...]
+    # the variables the router's config reads, one per worker: the host of that worker's first node (default
+    # localhost); the script refuses a value that is not a host name before it writes the config
+    hosts: tuple[str, ...] = ()
 
 
 def launch_commands(
@@ -70,14 +102,18 @@ def launch_commands(
     for pool in pools:
         command = traits.launch(model_path, traits, pool, options, len(pools) > 1, devices_per_node, num_experts)
         nodes = max(1, -(-pool.worker_gpus // devices_per_node))
+        per_node = min(pool.worker_gpus, devices_per_node)
         for w in range(pool.workers):
-            out.append(Launch(pool.role, w, nodes, command))
+            port = BASE_PORT + 1 + len(out) if command.port_flag else 0
+            out.append(Launch(pool.role, w, nodes, command, per_node, port))
     return out
 
 
 # what an engine's ``launch`` trait is: (model path, traits, pool, options, disaggregated, GPUs per node,
 # routed experts) -> the pool's command
 CommandBuilder = Callable[[str, "EngineTraits", Pool, ServeOptions, bool, int, int], Command]
+# what an engine's ``disagg_router`` trait is: the workers' launches -> the router between them
+RouterBuilder = Callable[[list[Launch]], Router]
 
 
 @dataclass(frozen=True)
@@ -194,7 +230,13 @@ def trtllm_command(
         argv += ["--ep_size", str(pool.ep)]
     argv += ["--max_num_tokens", str(pool.max_batch_tokens or traits.max_batch_tokens)]
     argv += ["--kv_cache_free_gpu_memory_fraction", str(traits.memory_fraction)]
-    extra = {}
+    wrapper = ("trtllm-llmapi-launch",)  # used only where the worker spans nodes (render)
+    extra: dict = {}
+    if disagg:  # examples/disaggregated/README.md (TensorRT-LLM c3c3d76e28c5), "Configuration File"
+        argv += ["--host", "0.0.0.0"]
+        if pool.role == "prefill":
+            extra["disable_overlap_scheduler"] = True
+        extra["cache_transceiver_config"] = {"backend": "DEFAULT"}
     if pool.attention_dp:
         extra["enable_attention_dp"] = True
     if options.mtp:
@@ -203,10 +245,33 @@ def trtllm_command(
         extra["cuda_graph_config"] = None
     if options.redundant_experts:
         extra["moe_config"] = {"load_balancer": {"num_slots": num_experts + options.redundant_experts}}
+    port = "--port" if disagg else None
     if not extra:
-        return Command(tuple(argv))
+        return Command(tuple(argv), mpi_wrapper=wrapper, port_flag=port)
     name = f"extra-llm-api-{pool.role}.yml"  # JSON is YAML
-    return Command((*argv, "--extra_llm_api_options", name), files=((name, json.dumps(extra, indent=2)),))
+    return Command(
+        (*argv, "--extra_llm_api_options", name),
+        files=((name, json.dumps(extra, indent=2)),),
+        mpi_wrapper=wrapper,
+        port_flag=port,
+    )
+
+
+def trtllm_router(launches: list[Launch]) -> Router:
+    """``trtllm-serve disaggregated -c disagg_config.yaml`` (examples/disaggregated/README.md at c3c3d76e28c5):
+    the context servers (the prefill pool) and generation servers (the decode pool), each URL the host of the
+    worker's first node, where its rank 0 runs the server, and the worker's port."""
+    servers = [(f"{'CTX' if x.role == 'prefill' else 'GEN'}_HOST_{x.worker}", x.role, x.port) for x in launches]
+    text = [f"hostname: 0.0.0.0\nport: {BASE_PORT}\nbackend: pytorch"]
+    for role, key in (("prefill", "context_servers"), ("decode", "generation_servers")):
+        urls = [(var, port) for var, r, port in servers if r == role]
+        text.append(f"{key}:\n  num_instances: {len(urls)}\n  urls:")
+        text += [f'    - "${{{var}}}:{port}"' for var, port in urls]
+    return Router(
+        (("disagg_config.yaml", "\n".join(text)),),
+        ("trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"),
+        tuple(var for var, _, _ in servers),
+    )
 
 
 def launch_script(
@@ -216,20 +281,61 @@ def launch_script(
     return): ``path`` is what the engine loads, the model's name when empty."""
     experts = model.moe.num_experts if model.moe else 0
     launches = launch_commands(path or model.name or "MODEL", traits, pools, options, cluster.devices_per_node, experts)
-    return render(launches, traits.label)
+    router = traits.disagg_router(launches) if traits.disagg_router is not None and len(pools) > 1 else None
+    return render(launches, traits.label, router)
 
 
-def render(launches: list[Launch], engine_label: str) -> str:
+_HOST_CHARS = "*[!A-Za-z0-9.-]*"  # a case pattern: anything but a host name's or an IPv4 address's characters
+
+
+def _worker_line(launch: Launch) -> list[str]:
+    command = launch.command
+    argv = list(command.argv)
+    if launch.port:
+        argv += [str(command.port_flag), str(launch.port)]
+    if launch.nodes > 1 and command.mpi_wrapper:
+        # one MPI job over the worker's nodes: srun inside a Slurm allocation, mpirun over its hostfile outside one
+        ranks = launch.nodes * launch.gpus_per_node
+        srun = ["srun", "-N", str(launch.nodes), f"--ntasks-per-node={launch.gpus_per_node}", "--mpi=pmix"]
+        mpirun = ["mpirun", "-np", str(ranks), "--map-by", f"ppr:{launch.gpus_per_node}:node"]
+        wrapped = shlex.join([*command.mpi_wrapper, *argv])
+        hostfile = f"HOSTFILE_{launch.role.upper()}_{launch.worker}"
+        return [
+            'if [ -n "${SLURM_JOB_ID:-}" ]; then',
+            f"  {shlex.join(srun)} {wrapped} &",
+            "else",
+            f'  {shlex.join(mpirun)} --hostfile "${{{hostfile}:?set {hostfile} to the MPI hostfile of this worker}}" '
+            f"{wrapped} &",
+            "fi",
+        ]
+    line = shlex.join(argv)
+    if launch.nodes > 1:
+        line += "".join(f' {flag} "${{{var}}}{suffix}"' for flag, var, suffix in command.per_node)
+        line += "".join(f" ${{{var}:+{flag}}}" for flag, var in command.per_node_switches)
+    return [line + " &"]
+
+
+def render(launches: list[Launch], engine_label: str, router: Router | None = None) -> str:
     """A POSIX shell script: one line per worker, every argument quoted; a worker over several nodes is
-    started on each of them with its node rank (NODE_RANK, MASTER_ADDR from the environment)."""
+    started on each of them with its node rank (NODE_RANK, MASTER_ADDR from the environment), or once as an MPI
+    job where the engine runs one (TensorRT-LLM); then the router of a disaggregated deployment, if the engine
+    has one, with its config's host variables checked first."""
     lines = [
         "#!/bin/sh",
         f"# {engine_label} launch commands from commplan (POST /v1/serve/export): one line per worker.",
         "# A worker over several nodes runs its line on each of them, with the variables its line names",
         "# (node rank, head address) set there; a variable that switches a flag on (HEADLESS for vLLM's",
-        "# non-head nodes) is set on those nodes only. Every argument is quoted.",
+        "# non-head nodes) is set on those nodes only; a worker run as one MPI job starts under srun inside a",
+        "# Slurm allocation, else under mpirun with its hostfile (HOSTFILE_ROLE_i). Every argument is quoted.",
         "set -eu",
     ]
+    if router is not None:
+        lines.append("# the router's config names each server's host: set CTX_HOST_i / GEN_HOST_i (default localhost)")
+        for var in router.hosts:
+            lines += [
+                f': "${{{var}:=localhost}}"',
+                f'case "${{{var}}}" in ""|{_HOST_CHARS}) echo "commplan: {var} is not a host name" >&2; exit 2;; esac',
+            ]
     written = set()
     for launch in launches:
         lines.append(f"# {launch.role} worker {launch.worker} ({launch.nodes} node{'s' if launch.nodes > 1 else ''})")
@@ -237,11 +343,12 @@ def render(launches: list[Launch], engine_label: str) -> str:
             if name not in written:
                 written.add(name)
                 lines += [f"cat > {shlex.quote(name)} <<'COMMPLAN_EOF'", content, "COMMPLAN_EOF"]
-        line = shlex.join(launch.command.argv)
-        if launch.nodes > 1:
-            line += "".join(f' {flag} "${{{var}}}{suffix}"' for flag, var, suffix in launch.command.per_node)
-            line += "".join(f" ${{{var}:+{flag}}}" for flag, var in launch.command.per_node_switches)
-        lines.append(line + " &")
+        lines += _worker_line(launch)
+    if router is not None:
+        lines.append("# the router between the prefill and decode servers")
+        for name, content in router.files:  # our own text; the host variables were checked above
+            lines += [f"cat > {shlex.quote(name)} <<COMMPLAN_EOF", content, "COMMPLAN_EOF"]
+        lines.append(shlex.join(router.command) + " &")
     lines.append("wait")
     return "\n".join(lines) + "\n"
 
@@ -250,10 +357,13 @@ __all__ = [
     "Command",
     "CommandBuilder",
     "Launch",
+    "Router",
+    "RouterBuilder",
     "launch_commands",
     "launch_script",
     "render",
     "sglang_command",
     "trtllm_command",
+    "trtllm_router",
     "vllm_command",
 ]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from .. import deadline
 from .._errors import SpecError
 from ..model import ModelSpec
+from ..workload import WEIGHT_FORMAT_BYTES
 from .deployment import ServePlan, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
 from .spec import Pool, ServeOptions, Traffic, validate_options, validate_traffic
@@ -153,11 +154,18 @@ def search_serving(
     validate_traffic(traffic)
     validate_options(options)
     if cluster.gpu is not None:  # every deployment would refuse it: one 422, not a search that rejects them all
-        check_weight_format(options.weight_dtype, cluster.gpu)
+        check_weight_format(options.weight_dtype, cluster.gpu, model)
     for m in modes:
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
     traits: dict[str, EngineTraits] = {name: engine(name) for name in engines}
+    fmt = options.weight_dtype
+    if fmt in WEIGHT_FORMAT_BYTES and not any(fmt in t.weight_formats for t in traits.values()):
+        raise SpecError(  # every deployment would refuse it (deployment._check_engine_options): one 422
+            "options.weight_dtype",
+            f"{fmt} weights are priced for none of the engines asked for ({', '.join(engines)}); "
+            + "; ".join(t.weight_formats_note for t in traits.values() if t.weight_formats_note),
+        )
     plan_list = deployments if deployments is not None else candidates(model, cluster, traffic, engines, modes)
     tried: list[Candidate] = []
     rejected: dict[str, int] = {}

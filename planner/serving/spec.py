@@ -59,7 +59,8 @@ class MTP:
 @dataclass(frozen=True)
 class ServeOptions:
     # bf16 | fp16 | fp8 | nvfp4 (a block-scaled checkpoint, 0.5625 B a weight, its GEMMs nvfp4: workload.py
-    # WEIGHT_FORMAT_BYTES; Blackwell only: deployment.plan_serving)
+    # WEIGHT_FORMAT_BYTES; Blackwell only: deployment.plan_serving) | mxfp4 (the MoE experts at 0.53125 B a weight,
+    # their GEMMs weight-only with bf16 math; vLLM and SGLang, sm80+)
     weight_dtype: str = "bf16"
     kv_dtype: str | None = None  # None: = weight dtype for 2-byte weights, bf16 for fp8 and nvfp4 weights
     mtp: MTP | None = None

@@ -179,7 +179,7 @@ def test_launch_export_runs_only_the_launcher(api, tmp_path, engine):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "argv.log"
-    for name in ("vllm", "python3", "trtllm-serve"):
+    for name in ("vllm", "python3", "trtllm-serve", "mpirun", "srun"):
         dummy = bin_dir / name
         # each run writes its own file: the script starts the workers in the background, side by side
         dummy.write_text(f'#!/bin/sh\nprintf "%s\\0" "{name}" "$@" > "{log}.$$"\n')
@@ -194,15 +194,27 @@ def test_launch_export_runs_only_the_launcher(api, tmp_path, engine):
         for old in tmp_path.glob("argv.log.*"):
             old.unlink()
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "DP_START_RANK": "0"}
+        env |= {"HOSTFILE_PREFILL_0": "p.hosts", "HOSTFILE_DECODE_0": "d.hosts"}  # TensorRT-LLM's MPI workers
         done = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
         assert not (tmp_path / "PWNED").exists()
         runs = [f.read_text().split("\0")[:-1] for f in tmp_path.glob("argv.log.*")]
+        if engine == "trtllm":  # the router between the two (trtllm-serve disaggregated), no model path
+            router = [argv for argv in runs if argv[1:2] == ["disaggregated"]]
+            assert router == [["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"]]
+            runs.remove(router[0])
         assert len(runs) == 2  # one prefill worker, one decode worker
         for argv in runs:
             assert path in argv  # the model path arrives whole, as one argument
-            launcher = {"vllm": ["vllm", "serve"], "sglang": ["python3", "-m", "sglang.launch_server"]}.get(engine)
-            assert argv[: len(launcher or ["trtllm-serve"])] == (launcher or ["trtllm-serve"])
+            launcher = {
+                "vllm": ["vllm", "serve"],
+                "sglang": ["python3", "-m", "sglang.launch_server"],
+                # both workers span nodes: one MPI job each (no Slurm here: mpirun)
+                "trtllm": ["mpirun", "-np", argv[2], "--map-by", "ppr:8:node", "--hostfile", argv[6]],
+            }[engine]
+            assert argv[: len(launcher)] == launcher
+            if engine == "trtllm":
+                assert argv[len(launcher) : len(launcher) + 3] == ["trtllm-llmapi-launch", "trtllm-serve", path]
     bad = api.post("/v1/serve/export", params={"model_path": "x\ntouch PWNED"}, json=body)
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "model_path"]
 
@@ -233,6 +245,65 @@ def test_vllm_multi_node_workers_start_headless_beside_their_head(api, tmp_path)
         assert multi and all(("--headless" in argv) == bool(headless) for argv in multi)
         assert all(argv.count("--headless") <= 1 and "PWNED" not in " ".join(argv) for argv in runs)
         assert not (tmp_path / "PWNED").exists()
+
+
+def test_trtllm_multi_node_workers_and_disaggregated_router(api, tmp_path):
+    """TensorRT-LLM (examples/disaggregated/README.md and examples/llm-api/llm_mgmn_trtllm_serve.sh at
+    c3c3d76e28c5): a worker over several nodes is one MPI job of trtllm-llmapi-launch, srun inside Slurm and
+    mpirun over the worker's hostfile outside it; a disaggregated deployment's servers carry the cache transceiver's
+    backend, each its own port, and trtllm-serve disaggregated routes between them by the hosts given."""
+    import yaml
+
+    body = json.loads(json.dumps(DSV3)) | {"engine": "trtllm"}
+    body["deployment"]["pools"][0] |= {"workers": 2, "dp": 16, "ep": 16}  # 2 x 16 GPUs prefill, 64 decode
+    text = api.post("/v1/serve/export", params={"model_path": "m"}, json=body).text
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("srun", "mpirun", "trtllm-serve"):
+        (bin_dir / name).write_text(f'#!/bin/sh\nprintf "%s\\0" "{name}" "$@" > "{tmp_path}/argv.$$"\n')
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "serve.sh"
+    script.write_text(text)
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+    hostfiles = {"HOSTFILE_PREFILL_0": "p0", "HOSTFILE_PREFILL_1": "p1", "HOSTFILE_DECODE_0": "d0"}
+    hosts = {"CTX_HOST_0": "node-a", "CTX_HOST_1": "10.0.0.3", "GEN_HOST_0": "node-c.cluster"}
+    for slurm in ("", "4242"):
+        for old in tmp_path.glob("argv.*"):
+            old.unlink()
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin"} | hostfiles | hosts | ({"SLURM_JOB_ID": slurm} if slurm else {})
+        done = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        runs = sorted(f.read_text().split("\0")[:-1] for f in tmp_path.glob("argv.*"))
+        workers = [argv for argv in runs if "trtllm-llmapi-launch" in argv]
+        if slurm:
+            assert sorted(argv[:5] for argv in workers) == [["srun", "-N", n, "--ntasks-per-node=8", "--mpi=pmix"]
+                                                            for n in ("2", "2", "8")]  # fmt: skip
+        else:
+            assert sorted((argv[:3], argv[6]) for argv in workers) == [
+                (["mpirun", "-np", "16"], "p0"), (["mpirun", "-np", "16"], "p1"), (["mpirun", "-np", "64"], "d0")
+            ]  # fmt: skip
+        ports = sorted(argv[argv.index("--port") + 1] for argv in workers)
+        assert ports == ["8001", "8002", "8003"]
+        assert ["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"] in runs
+    config = yaml.safe_load((tmp_path / "disagg_config.yaml").read_text())
+    assert config["context_servers"] == {"num_instances": 2, "urls": ["node-a:8001", "10.0.0.3:8002"]}
+    assert config["generation_servers"] == {"num_instances": 1, "urls": ["node-c.cluster:8003"]}
+    prefill = yaml.safe_load((tmp_path / "extra-llm-api-prefill.yml").read_text())
+    decode = yaml.safe_load((tmp_path / "extra-llm-api-decode.yml").read_text())
+    assert prefill["cache_transceiver_config"] == decode["cache_transceiver_config"] == {"backend": "DEFAULT"}
+    assert prefill["disable_overlap_scheduler"] is True and "disable_overlap_scheduler" not in decode
+    # a host that is not a host name stops the script before anything starts or the config is written
+    for bad in ("a b", "$(touch PWNED)", "x;touch PWNED", "h\nport: 1"):
+        for old in [*tmp_path.glob("argv.*"), tmp_path / "disagg_config.yaml"]:
+            old.unlink(missing_ok=True)
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin"} | hostfiles | hosts | {"GEN_HOST_0": bad}
+        done = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2 and "GEN_HOST_0 is not a host name" in done.stderr
+        assert not list(tmp_path.glob("argv.*")) and not (tmp_path / "disagg_config.yaml").exists()
+        assert not (tmp_path / "PWNED").exists()
+    # an aggregated TensorRT-LLM deployment has no router and no transceiver
+    agg = api.post("/v1/serve/export", params={"model_path": "m"}, json=LLAMA | {"engine": "trtllm"}).text
+    assert "disaggregated" not in agg and "cache_transceiver_config" not in agg and "--port" not in agg
 
 
 def test_launch_export_flags_by_engine(api):
@@ -339,6 +410,11 @@ def test_trtllm_fused_all_reduce_over_http(api):
         assert row["algorithm"] == "trtllm_oneshot" and "strategy ONESHOT" in row["source"]
         assert row["bytes_sent_per_rank"] == 7 * row["message_bytes"]
         assert row["message_bytes"] == d["pools"][0]["batch"] * 8192 * 2
+    # the vocab-parallel embedding's all-reduce goes through the same op unfused (embedding.py, Fusion=NONE):
+    # the one-shot kernel too at these 8 tokens per worker, not NCCL's ring
+    emb = rows["tp.embedding"]
+    assert emb["algorithm"] == "trtllm_oneshot" and "AllReduceFusionOp::NONE" in emb["source"]
+    assert emb["bytes_sent_per_rank"] == 7 * emb["message_bytes"] and emb["calls_per_iteration"] == 1
     vllm = api.post("/v1/serve", json=body | {"engine": "vllm"}).json()
     assert vllm["pools"][0]["batch"] == d["pools"][0]["batch"]
     assert {c["algorithm"] for c in vllm["pools"][0]["calls"] if c["op"] == "allreduce"} == {"vllm_custom_oneshot"}

@@ -16,6 +16,8 @@ from planner.serving.deployment import _context, _step, _worker
 from planner.serving.fused_allreduce import (
     MULTIMEM,
     NCCL,
+    NONE,
+    NORM,
     NORM_QUANT_FP8,
     ONESHOT,
     SYMM_TWOSHOT,
@@ -95,6 +97,12 @@ def test_one_shot_moves_tp_minus_one_copies_and_absorbs_the_kernels():
         assert "strategy ONESHOT" in row.call.source
         assert row.price.time_s < vllm_rows[block].price.time_s
         delta += 80 * (row.price.time_s - vllm_rows[block].price.time_s)
+    # the vocab-parallel embedding's all-reduce (once a step) runs the same op unfused: the Fusion=NONE slice's
+    # ONESHOT at 16 tokens, hidden 8192, TP8 on SM90; the same bytes as a block output, the same one-shot price
+    emb = trt_rows["tp.embedding"]
+    assert emb.price.algorithm == "trtllm_oneshot" and "embedding.py" in emb.call.source
+    assert emb.price.time_s == trt_rows["tp.attn.out_proj"].price.time_s
+    delta += emb.price.time_s - vllm_rows["tp.embedding"].price.time_s
     ctx = _context(LLAMA70B, ServeOptions(), "decode", 16, 1000, w.decode_par, w)
     k = {kn.name: kn.time_s for kn in layer_kernels(ctx, False, NODE.gpu).forward}
     absorbed = 80 * (2 * k["residual_add"] + k["pre_mlp_norm"]) + 79 * k["input_norm"]
@@ -118,25 +126,54 @@ def test_two_shot_is_a_reduce_scatter_and_an_all_gather_over_nvlink():
 
 
 def test_small_llamas_do_not_fuse():
-    """modeling_llama.py: enable_fusion &= hidden_size > 4096. Llama-3 8B (hidden 4096) on TP2 keeps the plain
-    all-reduce and its add and norm kernels: the same step as NCCL's."""
+    """modeling_llama.py: enable_fusion &= hidden_size > 4096. Llama-3 8B (hidden 4096) on TP2 keeps its add and
+    norm kernels (the same compute as NCCL's), but its block outputs still go through TensorRT-LLM's AllReduce op,
+    the row-parallel Linear's own (AllReduceFusionOp::NONE, strategy AUTO: ops.py AllReduce.forward ->
+    allreduceOp.cpp): the Fusion=NONE slice at hidden 4096, TP2, 16 tokens on SM90 is ONESHOT. The step differs from
+    NCCL's by exactly the rows' price change."""
     llama8b = MODEL_PRESETS["llama3-8b"]
     steps = []
     for traits in (engine("trtllm"), NCCL_ONLY):
         w = _worker(llama8b, NODE, traits, Pool(tp=2), 0)
         steps.append(_step(llama8b, w, ServeOptions(), "decode", 16, 1000))
     trt, vllm = steps
-    assert trt.step.time_s == vllm.step.time_s
-    row = {pc.call.name: pc for pc in trt.calls}["tp.mlp.down_proj"]
-    assert "AllReduceFusionOp" not in row.call.source and not row.price.algorithm.startswith("trtllm")
+    assert AR.strategy(16, 4096, 2, 16 * 4096 * 2, 90, True, NONE) == ONESHOT
+    assert trt.step.compute_s == vllm.step.compute_s
+    rows = {pc.call.name: pc for pc in trt.calls}
+    nccl = {pc.call.name: pc for pc in vllm.calls}
+    delta = 0.0
+    for name in ("tp.attn.out_proj", "tp.mlp.down_proj", "tp.embedding"):
+        row = rows[name]
+        assert "AllReduceFusionOp::NONE" in row.call.source and row.price.algorithm == "trtllm_oneshot"
+        assert row.price.time_s < nccl[name].price.time_s
+        delta += row.call.calls_per_iteration * (row.price.time_s - nccl[name].price.time_s)
+    assert rows["tp.mlp.down_proj"].call.calls_per_iteration == 32
+    assert trt.step.time_s == pytest.approx(vllm.step.time_s + delta, rel=1e-12)
+
+
+def test_embedding_all_reduce_reads_the_unfused_table():
+    """The Fusion=NONE slice (customAllReduceUtils.h) differs from RESIDUAL_RMS_NORM's: at hidden 8192 on TP2 SM90
+    the plain all-reduce runs TWOSHOT at 4 tokens where the fused one runs ONESHOT; past 2,048 tokens both are
+    NCCL; the workspace and NVLink rules hold for it as for the fused op."""
+    assert AR.strategy(4, 8192, 2, 4 * 8192 * 2, 90, True, NONE) == TWOSHOT
+    assert AR.strategy(4, 8192, 2, 4 * 8192 * 2, 90, True, NORM) == ONESHOT
+    assert AR.strategy(8, 8192, 8, 8 * 8192 * 2, 100, True, NONE) == ONESHOT
+    assert AR.strategy(4096, 1024, 8, 4096 * 1024 * 2, 90, True, NONE) == NCCL
+    assert AR.strategy(1, 8192, 8, 8 * 8192 * 2, 90, False, NONE) == NCCL
 
 
 def test_nccl_strategy_keeps_the_plan():
-    """At 64 sequences on TP8 (hidden 8192) TensorRT-LLM runs NCCL and then the add and norm: same step as NCCL's."""
+    """At 64 sequences on TP8 (hidden 8192) TensorRT-LLM runs NCCL and then the add and norm for the block outputs:
+    same compute as NCCL's plan; only the embedding's plain all-reduce moves (Fusion=NONE: TWOSHOT there)."""
     trt, trt_rows, _ = _rows("trtllm", 8, 64)
-    vllm, _, _ = _rows("nccl", 8, 64)
+    vllm, vllm_rows, _ = _rows("nccl", 8, 64)
     assert "strategy NCCL" in trt_rows["tp.attn.out_proj"].call.source
-    assert trt.step.time_s == vllm.step.time_s and trt.step.compute_s == vllm.step.compute_s
+    assert trt_rows["tp.attn.out_proj"].price == vllm_rows["tp.attn.out_proj"].price
+    emb = trt_rows["tp.embedding"]
+    assert emb.price.algorithm == "trtllm_twoshot"
+    delta = emb.price.time_s - vllm_rows["tp.embedding"].price.time_s
+    assert trt.step.time_s == pytest.approx(vllm.step.time_s + delta, rel=1e-12)
+    assert trt.step.compute_s == vllm.step.compute_s
 
 
 def test_nvlink_peers_only_inside_one_nvlink_domain():

@@ -327,7 +327,7 @@ def test_vllm_dp_ranks_all_reduce_their_batch_metadata_each_step():
 def test_trtllm_fuses_the_block_all_reduces_with_the_residual_and_norm():
     """TensorRT-LLM (allreduceOp.cpp AllReduceFusionOp::RESIDUAL_RMS_NORM): the all-reduces ending the attention
     and MLP blocks are its fused kernel, with the block output's bytes: 64 sequences x 8192 x 2 = 1 MiB, 80 of each
-    for Llama-3 70B on TP8. The embedding's all-reduce is a plain one. At 64 tokens of hidden 8192 on TP8
+    for Llama-3 70B on TP8. The embedding's all-reduce is a plain one (Fusion=NONE). At 64 tokens of hidden 8192 on TP8
     TensorRT-LLM's strategy table picks NCCL (planner/serving/fused_allreduce.py): the price is NCCL's (the same
     engine without its own all-reduce), and the row says which strategy ran."""
     llama70b, one_node, options = MODEL_PRESETS["llama3-70b"], cluster_preset("dgx-h100", 1), ServeOptions()
@@ -342,4 +342,9 @@ def test_trtllm_fuses_the_block_all_reduces_with_the_residual_and_norm():
         assert "AllReduceFusionOp::RESIDUAL_RMS_NORM" in trt.call.source and "strategy NCCL" in trt.call.source
         assert "AllReduceFusionOp" not in nccl.call.source
         assert trt.price.time_s == nccl.price.time_s
-    assert "AllReduceFusionOp" not in rows["trtllm"]["tp.embedding"].call.source
+    # the embedding's all-reduce is a plain one, through the same op (embedding.py Embedding.forward,
+    # AllReduceFusionOp::NONE): that slice of the table runs TWOSHOT at 64 tokens of hidden 8192 on TP8 (SM90)
+    emb = rows["trtllm"]["tp.embedding"]
+    assert "AllReduceFusionOp::NONE" in emb.call.source and "RESIDUAL_RMS_NORM" not in emb.call.source
+    assert emb.price.algorithm == "trtllm_twoshot" and emb.call.message_bytes == 64 * 8192 * 2
+    assert emb.price.time_s < rows["nccl"]["tp.embedding"].price.time_s

@@ -32,8 +32,10 @@ def test_two_batch_overlap_rows_within_target(lmsys):
 def test_dense_table_held_out():
     """TensorRT-LLM's perf-overview (v1.0 docs): 40 rows of Llama 3.3 70B and 3.1 405B on H100 and H200 (the 24 of
     serve3/serve4 and, since serve5, the same tables' 128/128, 128/4096, 1000/2000 and 20000/2000). Median |error|
-    7.1%, signed median -5.8%, worst -21.1% (70B H200 TP1 1000/2000), eleven rows over (up to +7.3%), since the
-    Hopper fp8 GEMM ceiling and cast rate are the H200's measured ones (kern4: 11.2%, -11.0%, worst -27.7% before).
+    7.1%, signed median -5.8%, worst -21.1% (70B H200 TP1 1000/2000), twelve rows over (up to +7.4%), since the
+    Hopper fp8 GEMM ceiling and cast rate are the H200's measured ones (kern4: 11.2%, -11.0%, worst -27.7% before);
+    serve6's plain embedding all-reduce through TensorRT-LLM's own op moves the 70B TP2 rows by +0.01 .. +0.07
+    points (70B H100 TP2 2048/2048: -0.02% -> +0.02%, the twelfth).
     The first 24 alone: 8.2% (12.7% before; 17.5% before TensorRT-LLM's fused all-reduce and its KV fraction of
     the free memory)."""
     assert len(REQUESTS) == 10 and sum(len(rows) for *_, rows in DENSE) == 40
@@ -42,7 +44,7 @@ def test_dense_table_held_out():
     rows = dense_table()
     assert median_abs(rows) == pytest.approx(0.071, abs=0.01)
     assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.082, abs=0.01)
-    assert all(-0.22 < r["error"] < 0.08 for r in rows) and sum(r["error"] > 0 for r in rows) == 11
+    assert all(-0.22 < r["error"] < 0.08 for r in rows) and sum(r["error"] > 0 for r in rows) == 12
     assert all(r["batch"] <= REQUESTS[tuple(map(int, r["row"].split()[-1].split("/")))] for r in rows)
 
 
