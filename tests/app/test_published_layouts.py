@@ -29,8 +29,8 @@ exactly as published, is accepted with sane values.
   14.8e12 / (2.664e6 x 3600) = 1,543 tokens/s per GPU, held here to within 0.75-1.5x. Its memory is reported
   honestly: with the FP8 storage every MoE stage fits (stage 2, the busiest: 73.9 GB of a 85.5 GB H800; 109.3 GB
   in bf16 storage), and so do stage 0 (77.0 GB) and stage 1 (72.6 GB, the MTP module's activations included:
-  2.2 GB of MTP logits on rank 0, 4.0 GB of the module's norms and eh_proj inputs on rank 1): the MTP module's embedding copy and
-  eh_proj (1.03e9 parameters) sit with its chunk "m" on rank 1, where Megatron builds them
+  2.2 GB of MTP logits on rank 0, 4.0 GB of the module's norms and eh_proj inputs on rank 1): the MTP module's
+  embedding copy and eh_proj (1.03e9 parameters) sit with its chunk "m" on rank 1, where Megatron builds them
   (multi_token_prediction.py mtp_on_this_rank), not with the output layer on rank 0 (87.4 GB before). Not expressible:
   the report's E5M6 copy of linear_proj's input (§3.3.2; Megatron saves the bf16 tensor the attention keeps).
 """

@@ -133,3 +133,21 @@ def test_layout_with_mtp_outside_the_last_chunk_of_its_rank_is_refused():
         validate_parallel(bad, dense_v3(1, 6), WorkloadSpec(global_batch_size=8), 4)
     assert e.value.field == "parallel.pipeline_layout" and "virtual stage 3, chunk 0 of rank 3" in str(e.value)
     assert "rank's last chunk (virtual stage 7)" in str(e.value)
+
+
+def test_full_recompute_reissues_eh_proj_gathers():
+    """The uniform checkpoint re-runs _concat_embeddings in the backward: eh_proj's SP input all-gather (2A)
+    and its output gather (A) once more per module and micro-batch; block recompute skips the module."""
+    from planner.rules import tensor
+
+    def rows(**work):
+        c = ctx_of(dense_v3(1), tp=2, sp=True, **work)
+        return {x.name: (x.op.value, x.phase, x.message_bytes, x.calls_per_iteration)
+                for x in tensor.calls(c) if x.name.startswith("tp.mtp.eh_proj")}  # fmt: skip
+
+    a = S * H * 2  # A: the whole [s, b, h] activation a TP gather returns, 58,720,256 B
+    full = rows(activation_recompute="full")
+    assert full["tp.mtp.eh_proj.recompute"] == ("allgather", "backward", 2 * a, 8)
+    assert full["tp.mtp.eh_proj.gather.recompute"] == ("allgather", "backward", a, 8)
+    block = rows(activation_recompute="full", recompute_method="block", recompute_num_layers=1)
+    assert not [n for n in block if n.endswith(".recompute")] and len(block) == 5
