@@ -29,6 +29,7 @@ def test_shape_exchange_rows_over_http(api):
     shapes = [c for c in calls if c["name"] in ("pp.shape", "pp.shape_grad")]
     assert shapes and {c["message_bytes"] for c in shapes} == {24}
     assert "_communicate_shapes" in shapes[0]["source"]
+
     def issued(rows):  # a row lists every stage that issues it (ledger.merge_stages)
         return sum(c["calls_per_iteration"] * len(c["stages"]) for c in rows)
 
