@@ -8,15 +8,13 @@ exactly as published, is accepted with sane values.
   embedding and the loss each a chunk: "E|(t|)*126,L", examples/llama3-405b-meta.json), and context
   parallelism by all-gathering K and V (``cp_comm: all_gather``). The paper states no recompute setting; the
   rows recompute the MLP (Megatron --recompute-modules mlp) so that the activations fit in 80 GB, as the page's
-  405B scenario does. MFU is held to within 8 points of the published value: 41.9% / 38.6% / 45.8% here against
-  43% / 41% / 38%; the long-context row is 7.8 points above (docs/step-time.md has the step-time bias). Not
-  explained from source: TE's all-gather CP (context_parallel.py AttnFuncWithCPAndKVAllGather, d0067d0) runs
-  the two load-balanced query chunks of each rank (rank and 2c-1-rank, keys up to each chunk's end) as two
-  kernels on two streams, i.e. the causal half of s x s/c per rank, as kernels.attention_kernels counts it,
-  and exposes the K,V all-gather (0.6 s of the 12.8 s step here); the MFU counts attention as torchtitan's
-  get_dense_model_nparams_and_flops does (12·L·H·Q·T, "do not account for sparsity in causal attention"). Of
-  the step, attention is 4.4 s; Meta's 38% needs about 15.4 s. Document masks (Dubey et al. §3.3.2's reason
-  for all-gather CP) unbalance the CP ranks, but their lengths are not published.
+  405B scenario does. MFU is held to within 8 points of the published value: 41.6% / 38.4% / 44.6% here against
+  43% / 41% / 38% (docs/step-time.md has the step-time bias). The long-context row hinges on how Meta counts
+  attention FLOPs, which the paper does not say (docs/frameworks.md, "Llama 3 405B, CP16 at 131K"): counted
+  whole (PaLM, torchtitan, our MFU) 380 TFLOPs/GPU is a 15.28 s step, counted causal (Megatron
+  num_floating_point_operations) 10.90 s; the plan's 13.16 s lies between. The all-gather CP's K,V gathers and
+  dK,dV reduce-scatters (0.6 s, exposed), the 2·CP causal split (balanced) and the one-layer chunks (bubble
+  15/128) are modelled; document masks, which unbalance CP ranks and micro-batches, have no published lengths.
 - DeepSeek-V3 Technical Report (2024) §3.2: 2,048 H800, PP16 with DualPipe, EP64 over 8 nodes, ZeRO-1 DP, no TP;
   61 layers with one MTP module, MLA, FP8 blockwise training (§3.3: 1x128 activation tiles, 128x128 weight
   blocks, FP8 dispatch), node-limited routing to 4 nodes, the recompute of every RMSNorm and MLA up-projection
