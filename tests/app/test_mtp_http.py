@@ -63,3 +63,23 @@ def test_megatron_refusals_over_http(api):
     r = api.post("/v1/plan", json=early)
     assert r.status_code == 422, r.text
     assert "last chunk" in r.json()["detail"][0]["msg"]
+
+
+def test_search_prunes_uniform_groups_with_mtp(api):
+    """The search tries full recompute by the uniform method with 1 and 2 layers per group: with an MTP module
+    only 1 is a layout Megatron runs; the 2 is pruned with the rule's field, and /v1/plan agrees on the rest."""
+    body = {
+        "model": {"preset": "deepseek-v3", "num_layers": 4, "mtp_layers": 1, "moe": None, "seq_length": 2048},
+        "workload": {"kind": "training", "global_batch_size": 16},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "constraints": {
+            "framework": "megatron", "tp": 8, "pp": 1, "zero_stage": 1, "micro_batch_size": 1,
+            "activation_recompute": "full", "recompute_method": "uniform", "recompute_num_layers": [1, 2],
+        },
+        "top_k": 10,
+    }  # fmt: skip
+    r = api.post("/v1/search", json=body)
+    assert r.status_code == 200, r.text
+    found = r.json()
+    assert found["results"] and {h.get("recompute_num_layers") for h in found["results"]} == {1}
+    assert found["pruned"].get("workload.recompute_num_layers", 0) >= 1, found["pruned"]
