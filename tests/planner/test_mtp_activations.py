@@ -151,3 +151,30 @@ def test_full_recompute_reissues_eh_proj_gathers():
     assert full["tp.mtp.eh_proj.gather.recompute"] == ("allgather", "backward", a, 8)
     block = rows(activation_recompute="full", recompute_method="block", recompute_num_layers=1)
     assert not [n for n in block if n.endswith(".recompute")] and len(block) == 5
+
+
+def test_mtp_fp8_amax_reductions():
+    """The MTP module's two autocast regions (eh_proj's, the block's) each reduce their amaxes under delayed
+    scaling: 3 fp32 per fp8 GEMM forward, 2 backward, over tp x cp x dp; current scaling with SP reduces
+    eh_proj's input amax over TP once more per module; nvfp4 leaves the module in bf16 (no calls)."""
+    from planner.rules import fp8
+
+    def rows(recipe: str, **work):
+        par = ParallelSpec(tp=2, pp=1, dp=2, sequence_parallel=True)
+        c = Context(dense_v3(1), WorkloadSpec(global_batch_size=8, seq_length=S, fp8_recipe=recipe, **work), par)
+        return {x.name: (x.message_bytes, x.calls_per_iteration) for x in fp8.calls(c)}, c
+
+    delayed, c = rows("delayed")
+    m = c.micro_batches
+    assert m == 4 and fp8.gemms(c, 4) == 7  # MLA's five linears (q down/up, kv down/up, proj) + fc1, fc2
+    assert delayed["fp8.amax.mtp.eh_proj"] == (3 * 4, m) and delayed["fp8.amax.mtp.eh_proj.bwd"] == (2 * 4, m)
+    assert delayed["fp8.amax.mtp"] == (3 * 7 * 4, m) and delayed["fp8.amax.mtp.bwd"] == (2 * 7 * 4, m)
+    assert delayed["fp8.amax"] == (3 * 4 * 7 * 4, m)  # the decoder's 4 layers, one region per chunk
+    current, _ = rows("tensorwise")
+    # column-parallel inputs per layer: MLA's q and kv up-projections and fc1 (3), 5 layers, + eh_proj
+    assert current["fp8.tp_amax"] == (4, (5 * 3 + 1) * m)
+    assert "fp8.amax.mtp" not in current
+    uniform, _ = rows("tensorwise", activation_recompute="full")  # every layer and the module's eh_proj again
+    assert uniform["fp8.tp_amax.recompute"] == (4, (5 * 3 + 1) * m)
+    fp4, _ = rows("nvfp4")
+    assert fp4["fp8.tp_amax"] == (4, 4 * 3 * m)  # the decoder's layers only
