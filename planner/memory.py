@@ -386,6 +386,8 @@ def mtp_loss_bytes(ctx: Context) -> float:
     (tensor_parallel/cross_entropy.py: logits.float(), exp in place, save_for_backward(exp_logits, ...)),
     4·b·s/cp·V/tp bytes."""
     n = ctx.model.mtp_layers if ctx.training else 0
+    if not n:
+        return 0.0
     vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
     return n * (_sequence_row(ctx) + 4 * ctx.b * ctx.s_cp * vocab)
 
