@@ -134,7 +134,10 @@ def _training_rows(ctx: Context, by: str) -> list[Assumption]:
         method, layers = work.recompute_method or "uniform", str(work.recompute_num_layers or 1)
         rows.append(Assumption("workload.recompute_method", method, "Megatron --recompute-method (uniform)"))
         rows.append(Assumption("workload.recompute_num_layers", layers, "Megatron --recompute-num-layers (1)"))
-    if granularity == "selective":
+    if granularity == "selective" and work.selective_ac_option is not None:  # torchtitan's, not Megatron's modules
+        what = "torchtitan activation_checkpoint selective_ac_option (op: per-op SAC; N: every N-th block)"
+        rows.append(Assumption("workload.selective_ac_option", work.selective_ac_option, what))
+    elif granularity == "selective":
         modules = ", ".join(work.recompute_modules or ("core_attn",))
         rows.append(Assumption("workload.recompute_modules", modules, "Megatron --recompute-modules (core_attn)"))
     return rows

@@ -127,6 +127,13 @@ class Context:
         return tuple(tuple(replace(c, layers=c.layers + blocks) if c.mtp else c for c in r) for r in chunks)
 
     @cached_property
+    def chunk_mtp(self) -> tuple[tuple[int, ...], ...]:
+        """Per pipeline rank, per chunk, how many of its last layers are MTP blocks (training; 0 otherwise):
+        what recompute's plans read of the MTP (multi_token_prediction.py checkpoints a module itself)."""
+        n = self.model.mtp_layers if self.training else 0
+        return tuple(tuple(n if c.mtp else 0 for c in chunks) for chunks in self.chunks)
+
+    @cached_property
     def stage_layers(self) -> list[list[int]]:
         """Global layer indices each pipeline rank holds, over all its chunks (contiguous blocks without
         virtual stages; chunks s, s + p, s + 2p, ... interleaved; the V's two for ZBV and DualPipe), the MTP

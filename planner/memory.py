@@ -43,7 +43,7 @@ from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
-from .recompute import LayerRecompute, chunk_plans, working_layers
+from .recompute import LayerRecompute, chunk_plans, mtp_checkpointed, working_layers
 from .workload import EXPERT_WEIGHT_FORMATS, WEIGHT_FORMAT_BYTES, WorkloadSpec
 
 GIB = 1 << 30
@@ -337,11 +337,59 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
         return found
 
     per_chunk = tuple(
-        sum(layer(moe, plan) for moe, plan in zip(chunk, plans, strict=True))
-        for chunk, plans in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), strict=True)
+        sum(layer(moe, plan) for moe, plan in zip(chunk, plans, strict=True)) + mtp_chunk_bytes(ctx, c)
+        for chunk, plans, c in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), ctx.chunks[stage], strict=True)
     )
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
+    if mtp_checkpointed(ctx.work) and ctx.holds_mtp(stage):  # the backward rebuilds one MTP module whole
+        block = full[ctx.model.is_moe_layer(ctx.model.num_layers)].per_rank(t, sp, flash)
+        working = max(working, block + mtp_module_bytes(ctx))
     return ChunkActivations(per_chunk, working, offloaded_bytes(ctx, stage), _logits(ctx, stage))
+
+
+def _sequence_row(ctx: Context) -> float:
+    """Bytes of one [s/cp, b, h] activation on a rank: split over tp with sequence parallelism."""
+    return ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (ctx.par.tp if ctx.par.sp else 1)
+
+
+def mtp_module_bytes(ctx: Context) -> float:
+    """What one MTP module saves for backward besides its transformer layer (Megatron-LM d98e8a6
+    multi_token_prediction.py MultiTokenPredictionLayer, one micro-batch, per rank): the inputs of enorm (the
+    shifted tokens' embedding), hnorm (the previous depth's hidden states) and final_layernorm (the layer's
+    output), one [s, b, h] row each, and eh_proj's [s, b, 2h] input (torch.cat of the two norms' outputs), which
+    TE quantizes under an fp8 recipe (the module's _concat_embeddings runs in get_fp8_context; fp4 is ignored
+    there: "currently ignoring FP4 in MTP layers"). Norms and eh_proj keep the sequence shard under SP (the
+    column-parallel eh_proj re-gathers it for wgrad)."""
+    recipe = saved_recipe(ctx)
+    lin = recipe.saved_input_bytes if recipe is not None and recipe.gemm_dtype == "fp8" else ctx.x
+    row = _sequence_row(ctx)
+    return 3 * row + 2 * row * lin / ctx.x
+
+
+def mtp_chunk_bytes(ctx: Context, chunk) -> float:
+    """What one micro-batch of ``chunk`` keeps for the MTP modules beyond their transformer blocks (layers of
+    the chunk, counted with the decoder's under the plan recompute.chunk_plans gives them), training only: on
+    the chunk holding ``m``, each module's ``mtp_module_bytes``, or under full uniform recompute the
+    checkpoint's two saved inputs (hidden_states and decoder_input: tensor_parallel.checkpoint's
+    save_for_backward, multi_token_prediction.py _checkpointed_forward). The loss's part is ``mtp_loss_bytes``."""
+    n = ctx.model.mtp_layers if ctx.training and chunk.mtp else 0
+    if not n:
+        return 0.0
+    return n * (2 * _sequence_row(ctx) if mtp_checkpointed(ctx.work) else mtp_module_bytes(ctx))
+
+
+def mtp_loss_bytes(ctx: Context) -> float:
+    """What the loss's rank keeps for the MTP losses of one micro-batch (gpt_model.py _postprocess ->
+    multi_token_prediction.py process_mtp_loss), counted like the main model's logits (``_logits``, one
+    micro-batch): per module the output layer's input (its slice of the concatenated hidden states, bf16:
+    the output layer runs outside the fp8 context) and the fp32 softmax the vocab-parallel cross-entropy saves
+    (tensor_parallel/cross_entropy.py: logits.float(), exp in place, save_for_backward(exp_logits, ...)),
+    4·b·s/cp·V/tp bytes."""
+    n = ctx.model.mtp_layers if ctx.training else 0
+    if not n:
+        return 0.0
+    vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
+    return n * (_sequence_row(ctx) + 4 * ctx.b * ctx.s_cp * vocab)
 
 
 def offloaded_bytes(ctx: Context, stage: int) -> float:
@@ -373,7 +421,8 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
     share a key."""
     par = ctx.par
     layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
-    return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers)
+    mtp = (ctx.chunk_mtp[stage],) if ctx.model.mtp_layers else ()
+    return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers, *mtp)
 
 
 def _logits(ctx: Context, stage: int) -> int:
@@ -381,7 +430,7 @@ def _logits(ctx: Context, stage: int) -> int:
         return 0
     vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
     rows = ctx.b * ctx.s_cp if ctx.training else ctx.b  # inference keeps the last position's logits only
-    return 4 * rows * vocab
+    return 4 * rows * vocab + int(mtp_loss_bytes(ctx))
 
 
 # ---- weights, gradients, optimizer ----------------------------------------------------------------------
@@ -529,6 +578,9 @@ __all__ = [
     "kv_cache_bytes",
     "layer_activations",
     "memory_per_stage",
+    "mtp_chunk_bytes",
+    "mtp_loss_bytes",
+    "mtp_module_bytes",
     "offloaded_bytes",
     "stage_activation_bytes",
     "stage_activation_key",

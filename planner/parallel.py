@@ -779,6 +779,7 @@ def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
             f"virtual_pipeline_stages {par.virtual_pipeline_stages} but the layout has {v} chunks per rank ({n}/{p})",
         )
     _check_layout_tokens(stages, num_layers, mtp)
+    _check_layout_mtp(par, stages)
     for name in ("first_stage_layers", "last_stage_layers", "pipeline_split_points"):
         if getattr(par, name) is not None:
             raise SpecError(f"parallel.{name}", "give either pipeline_layout or this, not both")
@@ -802,3 +803,25 @@ def _check_layout_tokens(stages, num_layers: int, mtp: int) -> None:
         raise SpecError(f, f"the layout holds {counts['m']} MTP layers (m) but the model has {mtp}")
     if "m" in flat and "t" in flat[flat.index("m") :]:
         raise SpecError(f, "decoder layers must come before the MTP layers (pipeline_parallel_layer_layout.py)")
+
+
+def _check_layout_mtp(par: ParallelSpec, stages) -> None:
+    """Megatron-LM d98e8a6 pipeline_parallel_layer_layout.py validate_layer_layout: all MTP layers in one
+    virtual stage ("All of the MTP layers must be in the same one virtual pipeline stage"), the last one of its
+    rank ("Currently we restrict that the MTP should be always in the last virtual pipeline stage of that
+    rank")."""
+    holding = [k for k, stage in enumerate(stages) if "m" in stage]
+    if not holding:
+        return
+    f = "parallel.pipeline_layout"
+    if len(holding) > 1:
+        raise SpecError(f, f"the MTP layers (m) are in virtual stages {holding}: Megatron needs them in one")
+    k = holding[0]
+    rank = rank_of(par, k)
+    last = max(j for j in range(len(stages)) if rank_of(par, j) == rank)
+    if not par.schedule.v_shape and k != last:
+        raise SpecError(
+            f,
+            f"the MTP layers (m) are in virtual stage {k}, chunk {k // par.pp} of rank {rank}, but Megatron needs "
+            f"them in the rank's last chunk (virtual stage {last})",
+        )

@@ -53,30 +53,49 @@ def modules_of(work: WorkloadSpec) -> frozenset[str]:
 
 def chunk_plans(ctx: Context, stage: int) -> tuple[tuple[LayerRecompute, ...], ...]:
     """Per chunk of ``stage``, per layer of the chunk, its LayerRecompute (module docstring). It reads the
-    workload and the number of layers of each of the stage's chunks: memoised on those values."""
-    return _chunk_plans(ctx.work, tuple(len(c.layers) for c in ctx.chunks[stage]))
+    workload, the number of layers of each of the stage's chunks and how many of them are MTP blocks: memoised
+    on those values."""
+    return _chunk_plans(ctx.work, tuple(len(c.layers) for c in ctx.chunks[stage]), ctx.chunk_mtp[stage])
+
+
+# An MTP module under full recompute (Megatron-LM d98e8a6 multi_token_prediction.py
+# MultiTokenPredictionLayer._checkpointed_forward): uniform checkpoints the module's eh_proj, transformer layer
+# and final norm as one (the checkpoint keeps its two inputs, memory.mtp_chunk_bytes), so its layer keeps no
+# input of its own; block warns "not supported for MTP yet. Skipping recompute" and runs it plainly.
+MTP_UNIFORM = LayerRecompute(full=True, keeps_input=False)
 
 
 @lru_cache(maxsize=4096)
-def _chunk_plans(work: WorkloadSpec, sizes: tuple[int, ...]) -> tuple[tuple[LayerRecompute, ...], ...]:
+def _chunk_plans(
+    work: WorkloadSpec, sizes: tuple[int, ...], mtps: tuple[int, ...] | None = None
+) -> tuple[tuple[LayerRecompute, ...], ...]:
     out = []
     selective = modules_of(work)
-    for n in sizes:
+    mtps = mtps or (0,) * len(sizes)
+    for n, k in zip(sizes, mtps, strict=True):
         if not work.training or work.activation_recompute == "none":
             out.append((LayerRecompute(),) * n)
         elif work.selective_ac_option is not None and work.selective_ac_option.isdigit():
             # torchtitan layer SAC: its 1-based count of the rank's blocks, every N-th checkpointed whole
             every, before = int(work.selective_ac_option), sum(sizes[: len(out)])
             out.append(tuple(LayerRecompute(full=(before + i + 1) % every == 0) for i in range(n)))
-        elif work.activation_recompute == "selective":
+        elif work.activation_recompute == "selective":  # an MTP block is a TransformerLayer of the same config
             out.append((LayerRecompute(modules=selective),) * n)
-        else:
-            group = work.recompute_num_layers or 1
+        else:  # the decoder layers of the chunk (transformer_block.py), then its MTP blocks (module comment)
+            group, decoders = work.recompute_num_layers or 1, n - k
             if work.recompute_method == "block":
-                out.append(tuple(LayerRecompute(full=i < group) for i in range(n)))
+                plans = [LayerRecompute(full=i < group) for i in range(decoders)] + [LayerRecompute()] * k
             else:
-                out.append(tuple(LayerRecompute(full=True, keeps_input=i % group == 0) for i in range(n)))
+                plans = [LayerRecompute(full=True, keeps_input=i % group == 0) for i in range(decoders)]
+                plans += [MTP_UNIFORM] * k
+            out.append(tuple(plans))
     return tuple(out)
+
+
+def mtp_checkpointed(work: WorkloadSpec) -> bool:
+    """Whether Megatron checkpoints each MTP module whole: full recompute by the uniform method (module comment
+    at MTP_UNIFORM)."""
+    return work.training and work.activation_recompute == "full" and work.recompute_method != "block"
 
 
 def working_layers(ctx: Context) -> int:
@@ -92,13 +111,15 @@ def working_layers(ctx: Context) -> int:
 def layer_counts(ctx: Context, stage: int) -> dict[tuple[bool, LayerRecompute], int]:
     """(is MoE, what it re-runs) -> layers of ``stage``, for the compute of its backward. It reads the workload
     and the kinds (MoE or dense) of each chunk's layers in order (Context.chunk_kinds): memoised on those."""
-    return _layer_counts(ctx.work, ctx.chunk_kinds[stage])
+    return _layer_counts(ctx.work, ctx.chunk_kinds[stage], ctx.chunk_mtp[stage])
 
 
 @lru_cache(maxsize=4096)
-def _layer_counts(work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...]) -> dict[tuple[bool, LayerRecompute], int]:
+def _layer_counts(
+    work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...], mtps: tuple[int, ...] | None = None
+) -> dict[tuple[bool, LayerRecompute], int]:
     counts: dict[tuple[bool, LayerRecompute], int] = {}
-    for chunk, plans in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds)), strict=True):
+    for chunk, plans in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds), mtps), strict=True):
         for moe, plan in zip(chunk, plans, strict=True):
             key = (moe, LayerRecompute(plan.full, True, plan.modules))
             counts[key] = counts.get(key, 0) + 1
@@ -185,4 +206,13 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
     return Reruns(dense, moe, attention, mlp, moe_block, shared, up_proj, per_op)
 
 
-__all__ = ["LayerRecompute", "Reruns", "chunk_plans", "layer_counts", "modules_of", "rerun_layers", "working_layers"]
+__all__ = [
+    "LayerRecompute",
+    "Reruns",
+    "chunk_plans",
+    "layer_counts",
+    "modules_of",
+    "mtp_checkpointed",
+    "rerun_layers",
+    "working_layers",
+]

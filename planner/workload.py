@@ -259,6 +259,13 @@ def check_recompute_modules(work: WorkloadSpec, model: ModelSpec) -> None:
             f"activation_recompute is {work.activation_recompute!r}",
         )
     n = work.recompute_num_layers
+    if model.mtp_layers and work.activation_recompute == "full" and work.recompute_method != "block" and (n or 1) != 1:
+        raise SpecError(
+            "workload.recompute_num_layers",
+            f"full recompute by the uniform method of a model with {model.mtp_layers} MTP layers needs "
+            f"recompute_num_layers 1, got {n} (Megatron-LM multi_token_prediction.py _checkpointed_forward: "
+            '"recompute_num_layers must be 1 for MTP recompute")',
+        )
     if work.activation_recompute == "full" and n is not None and n > model.num_layers:
         raise SpecError(
             "workload.recompute_num_layers",

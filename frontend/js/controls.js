@@ -43,7 +43,7 @@ export const GROUPS = [
     ["options.overlap.moe_shared_expert_overlap", "Shared-expert overlap", "select", ON_OFF, "off"],
   ]],
   ["MoE dispatch and CP", [
-    ["parallel.ep_dispatch", "Token dispatcher", "select", [["alltoall", "all-to-all"], ["allgather", "all-gather"], ["deepep", "DeepEP"], ["deepep_ll", "DeepEP low-latency"]], "all-to-all"],
+    ["parallel.ep_dispatch", "Token dispatcher", "select", [["alltoall", "all-to-all"], ["allgather", "all-gather"], ["deepep", "DeepEP"], ["hybridep", "HybridEP"], ["deepep_ll", "DeepEP low-latency"]], "all-to-all"],
     ["parallel.expert_tp", "Expert TP", "int", null, "TP (Megatron), 1 (others)"],
     ["parallel.cp_comm", "CP communication", "select", [["p2p", "p2p (ring attention)"], ["all_gather", "all-gather"], ["a2a", "all-to-all (Ulysses)"]], "p2p"],
   ]],

@@ -62,6 +62,9 @@ class Flavour:
     pp_source: str = ""
     # tied input/output embeddings on different stages: their gradients all-reduced between the ends
     tied_embedding_allreduce: bool = True
+    # its p2p exchanges each tensor's 3-int64 shape first when the layout's MTP is not on the last rank
+    # (Megatron p2p_communication.py _communicate: config.mtp_standalone -> _communicate_shapes)
+    mtp_standalone_shapes: bool = False
     # ---- data parallelism (rules/data.py) ----------------------------------------------------------------
     zero: Zero = Zero.PAPER
     dp_sources: dict[int, str] = field(default_factory=dict)  # by ZeRO stage

@@ -38,6 +38,7 @@ FLAVOUR = Flavour(
     embedding_source="megatron/core/tensor_parallel/layers.py VocabParallelEmbedding",
     pp_source="megatron/core/pipeline_parallel/schedules.py, p2p_communication.py",
     tied_embedding_allreduce=True,  # finalize_model_grads.py _allreduce_word_embedding_grads
+    mtp_standalone_shapes=True,  # p2p_communication.py _communicate_shapes
     zero=Zero.PAPER,
     dp_sources={
         0: "megatron/core/distributed/distributed_data_parallel.py",

@@ -24,7 +24,13 @@
   fc2; the routed experts' grouped linears do not reduce. A full recompute issues the forward ones again,
   and so do the selective modules that hold column-parallel linears (``_rerun_columns``).
 The fp8 parameter all-gather itself is in rules/data.py (``dp.params.fp8``).
-MTP modules run under their own autocast; their amax calls are not listed.
+- MTP modules (training, fp8 recipes only: Megatron-LM d98e8a6 multi_token_prediction.py
+  _proj_and_transformer_layer enters get_fp8_context when config.fp8, "currently ignoring FP4 in MTP layers")
+  run two autocast regions of their own per module, eh_proj's (_concat_embeddings) and the transformer
+  layer's, outside the decoder's: under delayed scaling each region's exit and its backward reduce its amaxes
+  (``fp8.amax.mtp.eh_proj``: 3 and 2 fp32, one linear; ``fp8.amax.mtp``: the block's 3·G and 2·G); under
+  current scaling with SP eh_proj is one more column-parallel linear reducing its input amax over TP. Under
+  nvfp4 neither the MTP block nor eh_proj quantizes: none of their calls.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from ..layout import Group
 from ..ledger import Call, recomputed, stage_classes
 from ..params import stage_params
 from ..recipes import quantized
-from ..recompute import chunk_plans, rerun_layers
+from ..recompute import chunk_plans, mtp_checkpointed, rerun_layers
 
 TE = "TransformerEngine 2.x transformer_engine/pytorch/"
 AMAX_SOURCE = (
@@ -83,28 +89,44 @@ def chunk_gemms(ctx: Context, stage: int) -> tuple[int, ...]:
     return tuple(sum(gemms(ctx, i) for i in layers[c * size : (c + 1) * size]) for c in range(v))
 
 
+def mtp_quantized(ctx: Context) -> bool:
+    """Whether the MTP modules' linears run the recipe (module docstring): training, MTP layers, an fp8 recipe."""
+    recipe = ctx.work.recipe
+    return bool(ctx.training and ctx.model.mtp_layers and recipe is not None and recipe.gemm_dtype == "fp8")
+
+
 def _amax(ctx: Context) -> list[Call]:
     par = ctx.par
     if par.tp * par.cp * par.dp == 1:
         return []
     out = []
     phases = [("forward", FORWARD_TENSORS)] + ([("backward", BACKWARD_TENSORS)] if ctx.training else [])
+
+    def call(name: str, phase: str, message: int, count: int, source: str = AMAX_SOURCE) -> Call:
+        return Call(
+            name=f"{name}{'' if phase == 'forward' else '.bwd'}",
+            op=Op.ALLREDUCE,
+            phase=phase,
+            message_bytes=message,
+            calls_per_iteration=count * ctx.micro_batches,
+            group=Group(("tp", "cp", "dp")),
+            source=source,
+            dtype="fp32",
+            parallelism="tp",  # blocking, once per pass: on the pass's stream like a TP call
+        )
+
     for first, stages in stage_classes(range(par.pp), lambda s: chunk_gemms(ctx, s)).items():
         chunks = chunk_gemms(ctx, first)
         for g in sorted(set(chunks)):
             for phase, tensors in phases:
-                call = Call(
-                    name=f"fp8.amax{'' if phase == 'forward' else '.bwd'}",
-                    op=Op.ALLREDUCE,
-                    phase=phase,
-                    message_bytes=tensors * g * AMAX_BYTES,
-                    calls_per_iteration=chunks.count(g) * ctx.micro_batches,
-                    group=Group(("tp", "cp", "dp")),
-                    source=AMAX_SOURCE,
-                    dtype="fp32",
-                    parallelism="tp",  # blocking, once per pass: on the pass's stream like a TP call
-                )
-                out.append(call.on(stages))
+                out.append(call("fp8.amax", phase, tensors * g * AMAX_BYTES, chunks.count(g)).on(stages))
+    if mtp_quantized(ctx):  # each module's two regions (module docstring), on the rank holding ``m``
+        n, block = ctx.model.mtp_layers, gemms(ctx, ctx.model.num_layers)
+        src = AMAX_SOURCE + "; multi_token_prediction.py _proj_and_transformer_layer (its own fp8 contexts)"
+        held = tuple(s for s in range(par.pp) if ctx.holds_mtp(s))
+        for phase, tensors in phases:
+            out.append(call("fp8.amax.mtp.eh_proj", phase, tensors * AMAX_BYTES, n, src).on(held))
+            out.append(call("fp8.amax.mtp", phase, tensors * block * AMAX_BYTES, n, src).on(held))
     return out
 
 
@@ -119,8 +141,13 @@ def tp_amax_linears(ctx: Context, layer: int) -> tuple[int, int]:
 
 def _tp_amax(ctx: Context) -> list[Call]:
     out = []
-    counts = {s: [tp_amax_linears(ctx, i) for i in ctx.stage_layers[s]] for s in range(ctx.par.pp)}
-    totals = {s: (sum(c for c, _ in v), sum(r for _, r in v), _rerun_columns(ctx, s)) for s, v in counts.items()}
+    mtp = mtp_quantized(ctx)
+    limit = ctx.model.num_layers + (ctx.model.mtp_layers if mtp else 0)  # nvfp4: the MTP block stays bf16
+    counts = {s: [tp_amax_linears(ctx, i) for i in ctx.stage_layers[s] if i < limit] for s in range(ctx.par.pp)}
+    eh_proj = {s: ctx.model.mtp_layers if mtp and ctx.holds_mtp(s) else 0 for s in range(ctx.par.pp)}
+    totals = {
+        s: (sum(c for c, _ in v) + eh_proj[s], sum(r for _, r in v), _rerun_columns(ctx, s)) for s, v in counts.items()
+    }
     for first, stages in stage_classes(range(ctx.par.pp), totals.get).items():
         column, row, again = totals[first]
         wanted = [("fp8.tp_amax", "forward", column)]
@@ -158,13 +185,17 @@ def _rerun_columns(ctx: Context, stage: int) -> int:
     shared = again.shared_experts if m.moe and m.moe.shared_ffn else 0
     modules = again.mlp + shared
     modules += 2 * again.up_proj  # MLA's q and kv up-projections (recompute.rerun_layers)
+    mtp = mtp_quantized(ctx)
+    if mtp and mtp_checkpointed(ctx.work) and ctx.holds_mtp(stage):
+        modules += m.mtp_layers  # each module's checkpoint re-runs eh_proj (recompute.MTP_UNIFORM)
     if not again.whole:
         return modules
+    limit = m.num_layers + (m.mtp_layers if mtp else 0)
     plans = (
         zip(chunk.layers, plans, strict=True)
         for chunk, plans in zip(ctx.chunks[stage], chunk_plans(ctx, stage), strict=True)
     )
-    return modules + sum(tp_amax_linears(ctx, i)[0] for pairs in plans for i, plan in pairs if plan.full)
+    return modules + sum(tp_amax_linears(ctx, i)[0] for pairs in plans for i, plan in pairs if plan.full and i < limit)
 
 
 def _master_cast(ctx: Context) -> list[Call]:

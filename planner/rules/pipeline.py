@@ -31,6 +31,7 @@ def calls(ctx: Context) -> list[Call]:
     out = []
     # DualPipe: each micro-batch crosses each rank once, half of them each way (dualpipe.py num_chunks // 2)
     halves = ctx.par.schedule.directions if ctx.training else 1
+    shapes = mtp_standalone(ctx)
     for stage, (fwd, bwd) in enumerate(boundary_sends(ctx)):
         for phase, sends, name in (("forward", fwd, "pp.activation"), ("backward", bwd, "pp.activation_grad")):
             if phase == "backward" and not ctx.training:
@@ -49,6 +50,8 @@ def calls(ctx: Context) -> list[Call]:
                         dtype=ctx.work.activation_dtype,
                     )
                 )
+            if shapes:
+                out += _shape_sends(ctx, stage, phase, sends, m // halves)
     # MTP modules read the word embedding on the last stage too: Megatron-Core finalize_model_grads.py
     # _get_shared_word_embedding_weight reduces it "if share_embeddings_and_output_weights or mtp_num_layers"
     shared = ctx.model.tied_embeddings or ctx.model.mtp_layers > 0
@@ -72,6 +75,49 @@ def calls(ctx: Context) -> list[Call]:
     return out
 
 
+SHAPE_BYTES = 3 * 8  # torch.tensor(tensor.size(), dtype=torch.int64) of an [s, b, h] activation
+SHAPE_SOURCE = (
+    "Megatron-LM d98e8a6 megatron/core/pipeline_parallel/p2p_communication.py _communicate -> _communicate_shapes "
+    "(config.mtp_standalone, set by pipeline_parallel_layer_layout.py validate_layer_layout)"
+)
+
+
+def mtp_standalone(ctx: Context) -> bool:
+    """Megatron's ``mtp_standalone``: the layout puts the MTP layers on a rank other than the last
+    (pipeline_parallel_layer_layout.py validate_layer_layout: ``LayerType.mtp in self.layout[pp_rank][-1] and
+    pp_rank != pipeline_model_parallel_size - 1``), under a flavour whose p2p then exchanges shapes and a
+    schedule run by the framework's own p2p (``ScheduleTraits.source`` empty; DualPipe's and the zero-bubble
+    schedules' p2p send fixed shapes)."""
+    if not ctx.flavour.mtp_standalone_shapes or ctx.par.schedule.source or not ctx.model.mtp_layers:
+        return False
+    return any(c.mtp and c.rank != ctx.par.pp - 1 for chunks in ctx.chunks for c in chunks)
+
+
+def _shape_sends(ctx: Context, stage: int, phase: str, sends: dict, per_send: int) -> list[Call]:
+    """With ``mtp_standalone`` every ``_communicate`` sends each tensor's shape (3 int64) before it, on every
+    rank (the flag is global): one shape send per activation (or gradient) send, to the same peer, waited on and
+    followed by a torch.cuda.synchronize() before the tensor goes (so it adds a round trip to each boundary;
+    the step time prices the pipeline by its largest send and leaves this latency out)."""
+    counts: dict[str, int] = {}
+    for (pairs, _width), count in sends.items():
+        counts[pairs] = counts.get(pairs, 0) + count
+    name = "pp.shape" if phase == "forward" else "pp.shape_grad"
+    return [
+        Call(
+            name=name,
+            op=Op.SENDRECV,
+            phase=phase,
+            message_bytes=SHAPE_BYTES,
+            calls_per_iteration=count * per_send,
+            group=Group(("pp",), pairs=pairs),
+            source=SHAPE_SOURCE,
+            stages=(stage,),
+            dtype="int64",
+        )
+        for pairs, count in sorted(counts.items())
+    ]
+
+
 def boundary_sends(ctx: Context) -> list[tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]]:
     """Per pipeline rank, the chunk boundaries it sends across per micro-batch, forward and backward, by
     (direction "pp+1" / "pp-1", width): chunk k sends its output to the rank of chunk k + 1 and its input
@@ -79,8 +125,8 @@ def boundary_sends(ctx: Context) -> list[tuple[dict[tuple[str, int], int], dict[
     still passes the tensor on (Megatron builds it as an identity stage). The width is 1 but after a
     training MTP chunk that is not the loss's: MultiTokenPredictionBlock.forward returns the main hidden
     states concatenated with each module's (torch.cat(hidden_states_list, dim=0), Megatron-LM d98e8a6
-    multi_token_prediction.py), so that boundary carries 1 + mtp tensors each way (p2p_communication.py
-    exchanges the shapes first when mtp_standalone; those 3-int messages are not listed)."""
+    multi_token_prediction.py), so that boundary carries 1 + mtp tensors each way (and then every send of the
+    step is preceded by its shape: ``mtp_standalone``, ``_shape_sends``)."""
     par, p = ctx.par, ctx.par.pp
     n = p * par.chunks_per_rank
     mtp_chunk = {c.index: c.mtp for chunks in ctx.chunks for c in chunks if c.mtp} if ctx.training else {}

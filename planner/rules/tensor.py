@@ -38,7 +38,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
-from ..recompute import Reruns, rerun_layers
+from ..recompute import Reruns, mtp_checkpointed, rerun_layers
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -268,15 +268,19 @@ def _eh_proj(ctx: Context) -> list[Call]:
         return _mb(ctx, name=f"tp.mtp.eh_proj{name}", op=op, phase=phase, count=n, source=src, message=message)
 
     if not ctx.par.sp:
-        return [call(".gather", Op.ALLGATHER, "forward", ctx.activation), call(".dgrad", Op.ALLREDUCE, "backward", two)]
-    out = [
-        call("", Op.ALLGATHER, "forward", two),
-        call(".gather", Op.ALLGATHER, "forward", ctx.activation),
-        call(".scatter.dgrad", Op.ALLGATHER, "backward", ctx.activation),
-        call(".dgrad", Op.REDUCESCATTER, "backward", two),
-    ]
-    if ctx.flavour.sp_wgrad_regather:
-        out.append(call(".wgrad_gather", Op.ALLGATHER, "backward", two))
+        forward = [call(".gather", Op.ALLGATHER, "forward", ctx.activation)]
+        out = [*forward, call(".dgrad", Op.ALLREDUCE, "backward", two)]
+    else:
+        forward = [call("", Op.ALLGATHER, "forward", two), call(".gather", Op.ALLGATHER, "forward", ctx.activation)]
+        out = [
+            *forward,
+            call(".scatter.dgrad", Op.ALLGATHER, "backward", ctx.activation),
+            call(".dgrad", Op.REDUCESCATTER, "backward", two),
+        ]
+        if ctx.flavour.sp_wgrad_regather:
+            out.append(call(".wgrad_gather", Op.ALLGATHER, "backward", two))
+    if mtp_checkpointed(ctx.work):  # the module's checkpoint re-runs _concat_embeddings (recompute.MTP_UNIFORM)
+        out += [recomputed(c, f"full recompute ({M}multi_token_prediction.py _checkpointed_forward)") for c in forward]
     return out
 
 
