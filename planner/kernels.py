@@ -155,13 +155,21 @@ def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
 # refitted with fp8 at FP8_CLOCK of the bf16 clock, 0.596 / 0.892 = 0.668. aiconfigurator's 196 H100 per-tensor
 # fp8 GEMMs, read at the datasheet clock and FP8_CLOCK, come out 27% faster than measured: their clock is not
 # recorded.
+# Blackwell per-tensor fp8 (TransformerEngine's delayed and current scaling) takes block-scaled fp8's ceiling, not
+# aiconfigurator's b200_sxm per-tensor table's (0.525, bimodal: small n slow): the same tensor-core MMA with one scale
+# per tensor, applied in the epilogue, does less per tile than MXFP8's scale per 32 elements, and the one published
+# pair that compares them in training says so: Megatron-Bridge 25.11 Llama3 8B (docs/performance-summary.md at
+# 5776a6d90b, same recipe and layout) runs FP8-CS 3.7% faster than FP8-MX on DGX-B200 (30,624 vs 29,521 tokens/s/GPU)
+# and 5.8% on GB200 (31,508 vs 29,789), where 0.525 made it 12-18% slower. The Hopper precedent: aiconfigurator's
+# H100 per-tensor table is 25-32% slower than the H200's measured cuBLAS ceiling (above). Not refitted on a run: the
+# ceiling is mxfp8's, fitted on aiconfigurator's block-scaled table.
 GEMM_CEILING = {
     (80, "bf16"): 0.860,
     (90, "bf16"): 0.886,
     (90, "fp8"): 0.844,
     (90, "fp8_block"): 0.668,
     (100, "bf16"): 0.733,
-    (100, "fp8"): 0.525,
+    (100, "fp8"): 0.635,  # = mxfp8's (comment above); aiconfigurator's per-tensor table alone: 0.525
     (100, "fp8_block"): 0.635,
     (100, "mxfp8"): 0.635,
     (100, "nvfp4"): 0.415,
@@ -1021,9 +1029,8 @@ def attention_kernels(
     d = ctx.model.head_size
     steps = ctx.par.cp if ctx.par.cp > 1 and ctx.par.cp_comm == "p2p" else 1
     s_kv = kv_length(ctx) / steps
-    window = ctx.model.sliding_window
-    if window:
-        s_kv = min(s_kv, window)
+    if ctx.model.sliding_window:
+        s_kv = layer_mix_keys(ctx, s_kv, eff.attention_s0)
     shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
     f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps)
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
@@ -1043,6 +1050,24 @@ def attention_kernels(
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
+
+
+def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
+    """The keys per query block whose shape term s/(s + s0) times a layer mix's mean FLOPs (attended_keys) gives the
+    mix's time, where each layer runs at its own term: a windowed layer over min(s_kv, window) keys, a full layer
+    (``full_attention_interval``) over s_kv. GPT-OSS alternates a 128-token window with full attention: at 4k tokens
+    its full layers run at 0.8 of the ceiling and its windowed ones at 0.11, not all of them at 0.11 (the one
+    window applied to every layer's term, as before, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
+    mdl, s_full = ctx.model, kv_length(ctx)
+    keys = weighted = 0.0
+    for i in range(mdl.num_layers):
+        window = mdl.attention_window(i)
+        mean = causal_keys(s_full, window)
+        s_i = s_kv if window is None else min(s_kv, window)
+        keys += mean
+        weighted += mean * (s_i + s0) / s_i
+    shape = keys / weighted
+    return s0 * shape / (1 - shape)
 
 
 def flash_attention_s(
