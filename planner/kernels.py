@@ -661,6 +661,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
+        flavour.moe_score_combine,
         par.cp_comm,
         par.ep_dispatch,
     )
@@ -805,9 +806,11 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     k0 = GROUPED_GEMM_K0 if grouped_mm else 0.0
     sort = chunk_sort(ctx, local)
     dt = EXPERT_GEMM_DTYPE.get(ctx.work.param_dtype, k.dt)  # MXFP4 experts: weight-only, bf16 math
+    # torchtitan's fp32 score multiply before the scatter-add (Flavour.moe_score_combine); torch.compile fuses it
+    scores = () if ctx.work.torch_compile else ctx.flavour.moe_score_combine
     ef, eb = routed_expert_kernels(
         tokens, rows, local, h, f, gated, dt, x, k.fu, gpu, eff, k.floor,
-        streams=streams, sort=sort, spread=spread, k0=k0,
+        streams=streams, sort=sort, spread=spread, k0=k0, score_combine=scores,
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -902,6 +905,7 @@ def routed_expert_kernels(
     sort: bool = False,
     spread: float = 0.0,
     k0: float = 0.0,
+    score_combine: tuple[float, int, float, int] = (),
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
@@ -910,7 +914,9 @@ def routed_expert_kernels(
     and the probs, scatter-add into the tokens. ``sort``: the received rows are re-ordered from (source rank,
     expert) to (expert, source rank) after the dispatch and back before the combine (chunk_sort). ``spread``: the
     standard deviation of an expert's rows about ``rows`` (group_rows; 0: every expert at the mean); ``k0``: the
-    grouped kernel's main-loop amortisation length (GROUPED_GEMM_K0 for torch._grouped_mm; 0: cuBLAS's)."""
+    grouped kernel's main-loop amortisation length (GROUPED_GEMM_K0 for torch._grouped_mm; 0: cuBLAS's).
+    ``score_combine``: the combine's score multiply as its own kernels (Flavour.moe_score_combine: bytes and launches
+    per element of the R x h rows, forward and backward) after a zeros_like of the tokens' output; (): none."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -925,7 +931,14 @@ def routed_expert_kernels(
         "unsort_chunks": (2 * x * h * R, 1, 1.0),
         "unpermute": (x * h * (R + tokens) + 4 * R, 2, BACKWARD_BYTES),
     }
-    order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks", "unpermute"]
+    if score_combine:
+        fb, fn, bb, bn = score_combine
+        memory["combine_scores"] = (fb * R * h + x * h * tokens, fn + 1, (bb * R * h) / (fb * R * h + x * h * tokens))
+        score_counts = {"combine_scores": (fn + 1, bn)}
+    else:
+        score_counts = {}
+    order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks"]
+    order += ["combine_scores", "unpermute"] if score_combine else ["unpermute"]
     for name in order if sort else [n for n in order if "sort_chunks" not in n]:
         if name in gemms:
             kf, kd, kw = gemm_kernels(
@@ -940,7 +953,8 @@ def routed_expert_kernels(
                 atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
                 k = replace(k, time_s=max(k.time_s, atomic))
             fwd.append(k)
-            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, count, floor))
+            back_count = score_counts[name][1] if name in score_counts else count
+            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor))
     return fwd, bwd
 
 
