@@ -33,22 +33,29 @@ def load() -> dict:
 
 
 def model_spec(case: dict, data: dict) -> ModelSpec:
-    """The case's model: its fields as published, or ``{"preset": name}`` (planner/presets.py) with the MoE
-    fields the run changes (``moe``: e.g. the routing a benchmark forces); ``seq_length`` as the case runs it."""
+    """The case's model: its fields as published, or ``{"preset": name}`` (planner/presets.py) with the fields
+    the run changes (``moe``: e.g. the routing a benchmark forces; others: ModelSpec's); ``seq_length`` as the case
+    runs it."""
     model = dict(data["models"][case["model"]])
     if "preset" in model:
-        spec = model_preset(model["preset"])
+        spec = model_preset(model.pop("preset"))
         if "moe" in model:
-            spec = replace(spec, moe=replace(spec.moe, **model["moe"]))
+            spec = replace(spec, moe=replace(spec.moe, **model.pop("moe")))
+        spec = replace(spec, **model)  # what else the run changes (e.g. mtp_layers 0: trained without MTP)
     else:
         spec = ModelSpec(**model, name=case["model"])
     return replace(spec, seq_length=case["seq_length"]) if "seq_length" in case else spec
 
 
+def _tuples(value):
+    """JSON lists as the specs' tuples (recompute modules, a pipeline layout's stages)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
 def case_inputs(case: dict, data: dict):
     spec = model_spec(case, data)
-    par = ParallelSpec(**case["parallel"])
-    work = WorkloadSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in case["workload"].items()})
+    par = ParallelSpec(**{k: _tuples(v) for k, v in case["parallel"].items()})
+    work = WorkloadSpec(**{k: _tuples(v) for k, v in case["workload"].items()})
     cluster = cluster_preset(case["cluster"], case["nodes"])
     if "gpus_per_node" in case:  # a job on part of one NVLink domain (GB200 NVL72): the node cut to its GPUs
         n = case["gpus_per_node"]
