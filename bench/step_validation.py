@@ -9,7 +9,10 @@ derived with the source's own count: tokens/s per GPU (exact), hardware TFLOP/s 
 throughput). Each case's ``split`` says whether the pre-kernel model's one GEMM efficiency was fitted on it ("fit")
 or not ("held_out"). Since issue 20 no constant is fitted on a run: the kernel model's constants come from measured
 kernel tables (bench/kernel_fit.py), so every run is held out and a leave-one-source-out table equals the per-source
-table printed here. The medians are printed by split, by source and by GPU, with the signed median (bias).
+table printed here. The medians are printed by split, dense and MoE, by source and by GPU, with the signed median
+(bias). A case's model is its fields as published or a preset with the fields the run changes (``model_spec``); a
+case may cut the cluster's node to ``gpus_per_node`` GPUs (a job of 8 or 64 GPUs inside one GB200 NVL72 NVLink
+domain).
 """
 
 from __future__ import annotations
