@@ -8,7 +8,8 @@
   and per publication of runs, which is the leave-one-out error itself since nothing is fitted on runs.
 
     PYTHONPATH=. python bench/accuracy_tables.py           # print the block
-    PYTHONPATH=. python bench/accuracy_tables.py --write   # rewrite it between the markers of both files
+    PYTHONPATH=. python bench/accuracy_tables.py --write   # rewrite it between the markers of docs/step-time.md
+    PYTHONPATH=. python bench/accuracy_tables.py --write --readme   # and of README.md
 
 tests/planner/test_accuracy_tables.py checks that the committed blocks are what this prints.
 """
@@ -27,7 +28,10 @@ import kernel_fit
 import step_validation
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = (ROOT / "README.md", ROOT / "docs" / "step-time.md")
+# docs/step-time.md holds the tables; README.md a copy of them (``--write --readme`` rewrites it too: README.md's
+# owner copies the block in, tests/planner/test_accuracy_tables.py compares the docs' block)
+FILES = (ROOT / "docs" / "step-time.md",)
+README = ROOT / "README.md"
 BEGIN, END = "<!-- accuracy-tables:begin (bench/accuracy_tables.py --write) -->", "<!-- accuracy-tables:end -->"
 GPU_OF = {"a100_sxm": "A100", "h100_sxm": "H100", "b200_sxm": "B200"}
 DTYPE_CLASS = {"bf16": "bf16 GEMMs", "fp8": "fp8 GEMMs (per-tensor)", "fp8_block": "fp8 GEMMs (1x128 blocks)",
@@ -175,7 +179,7 @@ def committed(path: Path) -> str:
 def main() -> None:
     new = block()
     if "--write" in sys.argv:
-        for path in FILES:
+        for path in FILES + ((README,) if "--readme" in sys.argv else ()):
             path.write_text(replace_block(path.read_text(), new))
     print(new)
 

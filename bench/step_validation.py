@@ -9,12 +9,16 @@ derived with the source's own count: tokens/s per GPU (exact), hardware TFLOP/s 
 throughput). Each case's ``split`` says whether the pre-kernel model's one GEMM efficiency was fitted on it ("fit")
 or not ("held_out"). Since issue 20 no constant is fitted on a run: the kernel model's constants come from measured
 kernel tables (bench/kernel_fit.py), so every run is held out and a leave-one-source-out table equals the per-source
-table printed here. The medians are printed by split, by source and by GPU, with the signed median (bias).
+table printed here. The medians are printed by split, dense and MoE, by source and by GPU, with the signed median
+(bias). A case's model is its fields as published or a preset with the fields the run changes (``model_spec``); a
+case may cut the cluster's node to ``gpus_per_node`` GPUs (a job of 8 or 64 GPUs inside one GB200 NVL72 NVLink
+domain).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
@@ -22,6 +26,7 @@ from collectives.topology import cluster_preset
 from planner import ModelSpec, Options, Overlap, ParallelSpec, WorkloadSpec, build_plan
 from planner.compute import model_flops_per_token
 from planner.context import Context
+from planner.presets import model_preset
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "reference" / "step_times" / "published.json"
 
@@ -30,14 +35,34 @@ def load() -> dict:
     return json.loads(DATA.read_text())
 
 
-def case_inputs(case: dict, data: dict):
+def model_spec(case: dict, data: dict) -> ModelSpec:
+    """The case's model: its fields as published, or ``{"preset": name}`` (planner/presets.py) with the fields
+    the run changes (``moe``: e.g. the routing a benchmark forces; others: ModelSpec's); ``seq_length`` as the case
+    runs it."""
     model = dict(data["models"][case["model"]])
-    if "seq_length" in case:
-        model["seq_length"] = case["seq_length"]
-    spec = ModelSpec(**model, name=case["model"])
-    par = ParallelSpec(**case["parallel"])
-    work = WorkloadSpec(**case["workload"])
+    if "preset" in model:
+        spec = model_preset(model.pop("preset"))
+        if "moe" in model:
+            spec = replace(spec, moe=replace(spec.moe, **model.pop("moe")))
+        spec = replace(spec, **model)  # what else the run changes (e.g. mtp_layers 0: trained without MTP)
+    else:
+        spec = ModelSpec(**model, name=case["model"])
+    return replace(spec, seq_length=case["seq_length"]) if "seq_length" in case else spec
+
+
+def _tuples(value):
+    """JSON lists as the specs' tuples (recompute modules, a pipeline layout's stages)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def case_inputs(case: dict, data: dict):
+    spec = model_spec(case, data)
+    par = ParallelSpec(**{k: _tuples(v) for k, v in case["parallel"].items()})
+    work = WorkloadSpec(**{k: _tuples(v) for k, v in case["workload"].items()})
     cluster = cluster_preset(case["cluster"], case["nodes"])
+    if "gpus_per_node" in case:  # a job on part of one NVLink domain (GB200 NVL72): the node cut to its GPUs
+        n = case["gpus_per_node"]
+        cluster = replace(cluster, devices_per_node=n, nics_per_node=min(cluster.nics_per_node, n))
     options = Options(overlap=Overlap(**case.get("overlap", {})), timeline=False)
     return spec, work, par, cluster, options
 
@@ -130,10 +155,13 @@ def source_of(row: dict) -> str:
 
 def summary_groups(rows: list[dict], data: dict) -> list[tuple[str, list[dict]]]:
     clusters = {c["name"]: c["cluster"] for c in data["cases"]}
+    moe = {c["name"] for c in data["cases"] if model_spec(c, data).moe is not None}
     groups = [
         ("all", rows),
         ("split 'fit' (the pre-kernel model's fit runs)", [r for r in rows if r["split"] == "fit"]),
         ("split 'held_out'", [r for r in rows if r["split"] == "held_out"]),
+        ("dense models", [r for r in rows if r["name"] not in moe]),
+        ("MoE models", [r for r in rows if r["name"] in moe]),
     ]
     for cluster in sorted({clusters[r["name"]] for r in rows}):
         groups.append((f"on {cluster}", [r for r in rows if clusters[r["name"]] == cluster]))

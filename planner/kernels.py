@@ -155,13 +155,21 @@ def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
 # refitted with fp8 at FP8_CLOCK of the bf16 clock, 0.596 / 0.892 = 0.668. aiconfigurator's 196 H100 per-tensor
 # fp8 GEMMs, read at the datasheet clock and FP8_CLOCK, come out 27% faster than measured: their clock is not
 # recorded.
+# Blackwell per-tensor fp8 (TransformerEngine's delayed and current scaling) takes block-scaled fp8's ceiling, not
+# aiconfigurator's b200_sxm per-tensor table's (0.525, bimodal: small n slow): the same tensor-core MMA with one scale
+# per tensor, applied in the epilogue, does less per tile than MXFP8's scale per 32 elements, and the one published
+# pair that compares them in training says so: Megatron-Bridge 25.11 Llama3 8B (docs/performance-summary.md at
+# 5776a6d90b, same recipe and layout) runs FP8-CS 3.7% faster than FP8-MX on DGX-B200 (30,624 vs 29,521 tokens/s/GPU)
+# and 5.8% on GB200 (31,508 vs 29,789), where 0.525 made it 12-18% slower. The Hopper precedent: aiconfigurator's
+# H100 per-tensor table is 25-32% slower than the H200's measured cuBLAS ceiling (above). Not refitted on a run: the
+# ceiling is mxfp8's, fitted on aiconfigurator's block-scaled table.
 GEMM_CEILING = {
     (80, "bf16"): 0.860,
     (90, "bf16"): 0.886,
     (90, "fp8"): 0.844,
     (90, "fp8_block"): 0.668,
     (100, "bf16"): 0.733,
-    (100, "fp8"): 0.525,
+    (100, "fp8"): 0.635,  # = mxfp8's (comment above); aiconfigurator's per-tensor table alone: 0.525
     (100, "fp8_block"): 0.635,
     (100, "mxfp8"): 0.635,
     (100, "nvfp4"): 0.415,
@@ -653,6 +661,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
+        flavour.moe_score_combine,
         par.cp_comm,
         par.ep_dispatch,
     )
@@ -797,9 +806,11 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     k0 = GROUPED_GEMM_K0 if grouped_mm else 0.0
     sort = chunk_sort(ctx, local)
     dt = EXPERT_GEMM_DTYPE.get(ctx.work.param_dtype, k.dt)  # MXFP4 experts: weight-only, bf16 math
+    # torchtitan's fp32 score multiply before the scatter-add (Flavour.moe_score_combine); torch.compile fuses it
+    scores = () if ctx.work.torch_compile else ctx.flavour.moe_score_combine
     ef, eb = routed_expert_kernels(
         tokens, rows, local, h, f, gated, dt, x, k.fu, gpu, eff, k.floor,
-        streams=streams, sort=sort, spread=spread, k0=k0,
+        streams=streams, sort=sort, spread=spread, k0=k0, score_combine=scores,
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -894,6 +905,7 @@ def routed_expert_kernels(
     sort: bool = False,
     spread: float = 0.0,
     k0: float = 0.0,
+    score_combine: tuple[float, int, float, int] = (),
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
@@ -902,7 +914,9 @@ def routed_expert_kernels(
     and the probs, scatter-add into the tokens. ``sort``: the received rows are re-ordered from (source rank,
     expert) to (expert, source rank) after the dispatch and back before the combine (chunk_sort). ``spread``: the
     standard deviation of an expert's rows about ``rows`` (group_rows; 0: every expert at the mean); ``k0``: the
-    grouped kernel's main-loop amortisation length (GROUPED_GEMM_K0 for torch._grouped_mm; 0: cuBLAS's)."""
+    grouped kernel's main-loop amortisation length (GROUPED_GEMM_K0 for torch._grouped_mm; 0: cuBLAS's).
+    ``score_combine``: the combine's score multiply as its own kernels (Flavour.moe_score_combine: bytes and launches
+    per element of the R x h rows, forward and backward) after a zeros_like of the tokens' output; (): none."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -917,7 +931,14 @@ def routed_expert_kernels(
         "unsort_chunks": (2 * x * h * R, 1, 1.0),
         "unpermute": (x * h * (R + tokens) + 4 * R, 2, BACKWARD_BYTES),
     }
-    order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks", "unpermute"]
+    if score_combine:
+        fb, fn, bb, bn = score_combine
+        memory["combine_scores"] = (fb * R * h + x * h * tokens, fn + 1, (bb * R * h) / (fb * R * h + x * h * tokens))
+        score_counts = {"combine_scores": (fn + 1, bn)}
+    else:
+        score_counts = {}
+    order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks"]
+    order += ["combine_scores", "unpermute"] if score_combine else ["unpermute"]
     for name in order if sort else [n for n in order if "sort_chunks" not in n]:
         if name in gemms:
             kf, kd, kw = gemm_kernels(
@@ -932,7 +953,8 @@ def routed_expert_kernels(
                 atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
                 k = replace(k, time_s=max(k.time_s, atomic))
             fwd.append(k)
-            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, count, floor))
+            back_count = score_counts[name][1] if name in score_counts else count
+            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor))
     return fwd, bwd
 
 
@@ -1021,9 +1043,8 @@ def attention_kernels(
     d = ctx.model.head_size
     steps = ctx.par.cp if ctx.par.cp > 1 and ctx.par.cp_comm == "p2p" else 1
     s_kv = kv_length(ctx) / steps
-    window = ctx.model.sliding_window
-    if window:
-        s_kv = min(s_kv, window)
+    if ctx.model.sliding_window:
+        s_kv = layer_mix_keys(ctx, s_kv, eff.attention_s0)
     shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
     f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps)
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
@@ -1043,6 +1064,24 @@ def attention_kernels(
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
+
+
+def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
+    """The keys per query block whose shape term s/(s + s0) times a layer mix's mean FLOPs (attended_keys) gives the
+    mix's time, where each layer runs at its own term: a windowed layer over min(s_kv, window) keys, a full layer
+    (``full_attention_interval``) over s_kv. GPT-OSS alternates a 128-token window with full attention: at 4k tokens
+    its full layers run at 0.8 of the ceiling and its windowed ones at 0.11, not all of them at 0.11 (the one
+    window applied to every layer's term, as before, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
+    mdl, s_full = ctx.model, kv_length(ctx)
+    keys = weighted = 0.0
+    for i in range(mdl.num_layers):
+        window = mdl.attention_window(i)
+        mean = causal_keys(s_full, window)
+        s_i = s_kv if window is None else min(s_kv, window)
+        keys += mean
+        weighted += mean * (s_i + s0) / s_i
+    shape = keys / weighted
+    return s0 * shape / (1 - shape)
 
 
 def flash_attention_s(

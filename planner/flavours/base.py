@@ -104,6 +104,10 @@ class Flavour:
     # each expert's rows on the host (a device-to-host sync per MoE layer forward; planner/kernels.py
     # routed_expert_kernels)
     expert_gemm_streams: int = 0
+    # the MoE combine's score multiply as its own eager kernels, bytes and launches per element of the routed rows
+    # (R x h): (forward bytes, forward kernels, backward bytes, backward kernels); () when the scores are applied
+    # inside the unpermute (Megatron's probs; torch.compile fuses it, planner/kernels.py). torchtitan's: torch.py
+    moe_score_combine: tuple[float, int, float, int] = ()
     # the loss as one fused kernel (Megatron --cross-entropy-loss-fusion, store_true: off by default since it came,
     # 7b4a6d76c9 of 2024-06-14) or Megatron's vocab_parallel_cross_entropy as its torch ops; flavours that run eager
     # (fused_kernels False) take the eager loss whatever this says (planner/compute.py head_kernels)

@@ -43,6 +43,14 @@ FLAVOUR = Flavour(
     bucket_pad_lcm_128=False,
     ddp_switches=True,
     torchtitan_selective_ac=True,  # torchtitan activation_checkpoint.selective_ac_option
+    # torchtitan's MoE combine (b5bcd76c6, 2026-08-21, torchtitan/models/common/token_dispatcher.py
+    # LocalTokenDispatcher.combine, and AllToAllTokenDispatcher's after its unpermute): zeros_like(x), then
+    # (routed_output.to(float32) * scores).to(bf16) before deterministic_scatter_add: per element of the R x h
+    # routed rows, .to(float32) reads 2 B and writes 4, the multiply reads 4 and writes 4, .to(bf16) reads 4 and
+    # writes 2: 20 B in 3 kernels (the zeros_like's T x h write is the kernel model's). Backward by autograd's
+    # formulas (derivatives.yaml): .to(bf16)'s grad cast up (6 B), mul's grad x scores (8 B) and the scores' grad
+    # (grad x the saved fp32 rows, 12 B, summed over h, 4 B), .to(float32)'s grad cast down (6 B): 36 B in 5 kernels
+    moe_score_combine=(20.0, 3, 36.0, 5),
     optimizer_step_reductions=False,
     reports_loss=False,
     grad_reduce_dtype=None,  # DDP/FSDP2 reduce in the parameter dtype unless a MixedPrecisionPolicy says otherwise

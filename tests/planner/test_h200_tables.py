@@ -110,26 +110,30 @@ def test_what_the_model_still_misses_on_the_h200():
 
 def test_held_out_layers_within_the_issue_targets():
     """Run 3's seven PyTorch-eager layers (measured before any refit) with the planner's own layer kernels at its
-    sustained clock: forward + backward median |error| 4.9%, signed -1.0%, worst -12.2% (Qwen3-235B's MoE layer;
-    -26.2% before the grouped GEMM's spread rows and ptr-array k0); the four dense layers within 10% each. Issue
-    20's targets: median <= 10%, signed within 5%, none beyond 30%."""
+    sustained clock: forward + backward median |error| 3.5%, signed +0.5%, worst +9.9% (Llama-3 8B at 16k);
+    Qwen3-235B's MoE layer -3.7% (-26.2% before the grouped GEMM's spread rows and ptr-array k0, -12.2% before the
+    torch flavour listed torchtitan's fp32 score multiply: the bench's layer runs its own gather and bf16 multiply
+    instead, 8 B per routed element where torchtitan's is 20, so part of that step is the bench's unlisted class-(c)
+    kernels cancelling, docs/step-time.md); the four dense layers within 10% each. Issue 20's targets: median <= 10%,
+    signed within 5%, none beyond 30%."""
     rows = h200_tables.layer_table(h200_tables.HELDOUT_RUN)
     s = h200_tables.summary("step", [r["step_err"] for r in rows])
-    assert s["n"] == 7 and s["median_abs"] < 0.06 and abs(s["signed_median"]) <= 0.05 and abs(s["worst"]) < 0.15
+    assert s["n"] == 7 and s["median_abs"] < 0.045 and abs(s["signed_median"]) <= 0.02 and abs(s["worst"]) < 0.11
     moe = {r["layer"]: r["step_err"] for r in rows if ".ep" in r["layer"]}
-    assert -0.15 < moe["qwen3_235b.ep1.s2048"] < -0.09 and -0.05 < moe["gptoss_like.ep4.s4096"] < 0.0, moe
+    assert -0.06 < moe["qwen3_235b.ep1.s2048"] < -0.01 and 0.01 < moe["gptoss_like.ep4.s4096"] < 0.06, moe
     dense = {r["layer"]: r["step_err"] for r in rows if ".ep" not in r["layer"]}
     assert len(dense) == 4 and all(abs(e) < 0.10 for e in dense.values()), dense
 
 
 def test_the_fit_set_layers():
     """Run 2's five layers: the three dense ones within 8% forward + backward; the two MoE layers still too fast
-    (-17.3%, -8.5%: the bench's layer runs a zero fill, a clone and an index_copy in its permute, unvectorised
-    silu and mul on the chunked fc1 output and a broadcast bf16 score multiply the model does not list, class (c)
-    of docs/step-time.md "The MoE layers read from a profiler trace")."""
+    (-4.9%, -6.1%; -17.3% and -8.5% before torchtitan's fp32 score multiply was listed: the bench's layer runs a zero
+    fill, a clone and an index_copy in its permute, unvectorised silu and mul on the chunked fc1 output and a gather
+    and bf16 score multiply in place of torchtitan's fp32 one, class (c) of docs/step-time.md "The MoE layers read
+    from a profiler trace")."""
     rows = {r["layer"]: r["step_err"] for r in h200_tables.layer_table("run2")}
     assert all(abs(rows[n]) < 0.08 for n in rows if ".ep" not in n)
-    assert -0.20 < rows["qwen3_30b_a3b.ep1.s4096"] < -0.14 and -0.11 < rows["mixtral_8x7b.ep1.s4096"] < -0.06
+    assert -0.08 < rows["qwen3_30b_a3b.ep1.s4096"] < -0.02 and -0.09 < rows["mixtral_8x7b.ep1.s4096"] < -0.04
 
 
 def test_a_layer_is_built_as_the_planner_builds_it():

@@ -115,3 +115,27 @@ def test_each_expert_launch_pays_the_host_dispatch_without_cuda_graphs():
     gpu_s = 4 * gemm_time((round(rows, 3),) * 4, 2048, 768.0, "bf16", H100, EFFICIENCY)
     assert by_name(layer_kernels(graphed, True, H100).forward)["experts_fc2"].time_s == pytest.approx(gpu_s)
     assert gpu_s < 16 * EFFICIENCY.cpu_op_s
+
+
+def test_torchtitan_scores_the_routed_rows_in_fp32_before_the_scatter_add():
+    """torchtitan's combine (token_dispatcher.py LocalTokenDispatcher.combine at b5bcd76c6): zeros_like(x), then
+    (rows.to(float32) * scores).to(bf16): per element of the R x h routed rows 2 -> 4, 4 + 4, 4 -> 2 = 20 B in 3
+    kernels (+ the zeros' 2·T·h in one); backward by autograd's formulas 6 + 8 + 12 + 4 + 6 = 36 B in 5 kernels.
+    Megatron applies its probs inside the unpermute; torch.compile fuses the chain."""
+    c = qwen3("torch")
+    rows, local = expert_rows(c)
+    R, h, T = rows * local, 2048, 4096
+    lk = layer_kernels(c, True, H100)
+    fwd, bwd = by_name(lk.forward), by_name(lk.backward)
+    assert fwd["combine_scores"].bytes == pytest.approx(20 * R * h + 2 * T * h)
+    assert fwd["combine_scores"].count == 4 and bwd["combine_scores.bwd"].count == 5
+    assert bwd["combine_scores.bwd"].bytes == pytest.approx(36 * R * h)
+    names = [k.name for k in lk.forward]
+    assert names.index("experts_fc2") < names.index("combine_scores") < names.index("unpermute")
+    # memory-bound at the achievable HBM rate, one fixed cost per launch: Qwen3-30B at ep 8, 4,096 tokens, 1.42 GB
+    rate = H100.hbm_GBps * 1e9 * EFFICIENCY.hbm
+    assert fwd["combine_scores"].time_s == pytest.approx(fwd["combine_scores"].bytes / rate + 4 * EFFICIENCY.kernel_s)
+    assert 1.40e9 < fwd["combine_scores"].bytes < 1.45e9
+    compiled = Context(c.model, replace(c.work, torch_compile=True), c.par)
+    for other in (qwen3(), compiled):
+        assert "combine_scores" not in by_name(layer_kernels(other, True, H100).forward)

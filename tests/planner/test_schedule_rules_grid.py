@@ -4,7 +4,8 @@ framework, pp, v, m, layout): each bad request's SpecError field and message byt
 plan (calls, prices, step time, memory). The digest is main's code at ee0d38e, before those facts moved into
 the ScheduleTraits table (first recorded at 0813324; the moemech merge then moved MoE step times; the kern4
 merge moved step and call times only: every error, call, byte count and memory peak is the same as at ddc1eb0; kern5's
-torch._grouped_mm rows and k0 moved 128 of the 11,542 lines' step and call times, nothing else). Flipping
+torch._grouped_mm rows and k0 moved 128 of the 11,542 lines' step and call times, nothing else; kern6's
+torchtitan fp32 score multiply moved the same 128 torch-flavour step lines, +0% to +1.0%, nothing else). Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
 
@@ -16,7 +17,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "5dc7de012520629538f26ffd7a4f883ea3f041f18d5bc09dd7f75b71c7d6439c"
+RECORDED = "4f3ef1d1bfc20e87f4be5de10fce3acb60ea3ead6d7b86d6ae3c534948ca301a"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},

@@ -40,11 +40,27 @@ CASES = {c["name"]: c for c in DATA["cases"]}
 TOLERANCE = dict.fromkeys(CASES, 0.20)
 TOLERANCE |= {name: 0.30 for name in CASES if name.startswith("MT-NLG")}
 TOLERANCE |= dict.fromkeys(("Megatron-Core GPT 1.7B, 48 H100", "Megatron-Core GPT 7.1B, 96 H100"), 0.30)
+# The MoE runs of the Megatron-Bridge performance summaries (issue 20 item 1, held out, entered as published): known
+# misses, each held to its recorded error +-3 points so that a change to the model that moves one shows here (and
+# rewrites docs/step-time.md "MoE and Blackwell runs"); what each miss is and is not is read there by mechanism.
+KNOWN_MISSES = {
+    "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": -0.620,
+    "Megatron-Bridge GPT-OSS-120B BF16, 64 H100": -0.245,
+    "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 B200": -0.576,
+    "Megatron-Bridge GPT-OSS-120B BF16, 64 B200": -0.557,
+    "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 GB200": -0.316,
+    "Megatron-Bridge GPT-OSS-120B BF16, 64 GB200": -0.341,
+    "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.276,
+    "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.310,
+}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_published_iteration_times(name):
     row = step_validation.predict(CASES[name], DATA)
+    if name in KNOWN_MISSES:
+        assert row["error"] == pytest.approx(KNOWN_MISSES[name], abs=0.03), row
+        return
     assert abs(row["error"]) <= TOLERANCE[name], row
     if CASES[name]["cluster"] == "dgx-a100":  # these ran in 80 GB (see docs/step-time.md for Llama 3)
         assert row["fits"]
