@@ -76,6 +76,7 @@ def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
         "device": trace.device,
         "sms": trace.sms,
         "steps": trace.steps,
+        "steps_from": "request" if body.trace_steps else trace.steps_from,
         "rank": trace.rank,
         "world_size": trace.world_size,
         "events": trace.events,
@@ -87,6 +88,7 @@ def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
         "median_error_after": fit.median_error_after,
         "stage": stage,
         "collectives": collectives,
+        "unclassified": fit.unclassified,
         "warnings": fit.warnings + warnings,
     }
 
