@@ -353,7 +353,7 @@ def repeats(names: list[str]) -> int:
     ProfilerStep annotations: the same layer trained n times launches the same kernels n times); 1 when it is
     not."""
     n = len(names)
-    for times in range(n // 2, 1, -1):  # the most repeats first: a step of a repeated block is the smallest one
+    for times in range(n, 1, -1):  # the most repeats first: a step of a repeated block is the smallest one
         if n % times == 0:
             size = n // times
             if all(names[i] == names[i % size] for i in range(size, n)):
