@@ -115,7 +115,10 @@ KERNEL_CONSTANTS = {
 GEMM_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp8_block", "mxfp8", "nvfp4")
 # Fused attention kernels a ceiling may be given for (ATTENTION_CEILING's kernels), forward and backward.
 ATTENTION_CEILING_KEYS = tuple(f"{k}_{d}" for k in ("flash2", "flash3", "cudnn") for d in ("fwd", "bwd"))
-NESTED_CONSTANTS = {"gemm_ceiling": ("GEMM dtype", GEMM_DTYPES), "attention_ceiling": ("kernel", ATTENTION_CEILING_KEYS)}
+NESTED_CONSTANTS = {
+    "gemm_ceiling": ("GEMM dtype", GEMM_DTYPES),
+    "attention_ceiling": ("kernel", ATTENTION_CEILING_KEYS),
+}
 
 
 def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels") -> tuple[tuple[str, float], ...]:
@@ -1148,10 +1151,10 @@ def kv_cache_bytes_per_layer(ctx: Context) -> int:
 __all__ = [
     "ADAM_BYTES",
     "ATTENTION_CEILING",
+    "ATTENTION_CEILING_KEYS",
     "EFFICIENCY",
     "GEMM_CEILING",
     "GEMM_DTYPES",
-    "ATTENTION_CEILING_KEYS",
     "KERNEL_CONSTANTS",
     "Efficiency",
     "Kernel",

@@ -23,7 +23,8 @@ The input is the Chrome-trace JSON ``torch.profiler`` exports (``prof.export_chr
 Kernel classes go by name (``KERNEL_CLASSES``), then by the operator that launched them (``OP_CLASSES``: cuDNN's
 attention helper kernels, ``_grouped_mm``'s CUTLASS kernel); what neither names is ``other``, counted and reported
 by name (trace_fit.unclassified). GEMM shapes (M, N, K, groups) by the aten operator's input dims
-(``GEMM_OPERANDS``, ``aten::_grouped_mm`` by ``grouped_shape``), attention shapes by ``ATTENTION_OPS``. Nothing here knows HTTP; the fit and the ledger comparison are ``planner/trace_fit.py``.
+(``GEMM_OPERANDS``, ``aten::_grouped_mm`` by ``grouped_shape``), attention shapes by ``ATTENTION_OPS``. Nothing here
+knows HTTP; the fit and the ledger comparison are ``planner/trace_fit.py``.
 """
 
 from __future__ import annotations
@@ -589,15 +590,15 @@ __all__ = [
     "Trace",
     "TraceKernel",
     "TraceOp",
+    "attention_shape",
     "collective_of",
     "elementwise_bytes",
-    "attention_shape",
     "gemm_dtype",
     "gemm_shape",
     "grouped_shape",
-    "op_class",
-    "repeats",
     "kernel_class",
     "load_trace",
     "message_bytes",
+    "op_class",
+    "repeats",
 ]

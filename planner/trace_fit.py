@@ -323,7 +323,8 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
         clock = clock_fraction(gpu, "bf16")
         for _ in range(3):
             at = with_clock(gpu, clock)
-            clock *= class_scales(log_errors(tabled, eff, lambda p, e: predict_gemm(p, at, e), _measured))[None]
+            errors = log_errors(tabled, eff, lambda p, e, at=at: predict_gemm(p, at, e), _measured)
+            clock *= class_scales(errors)[None]
         clock = _clipped("clock", clock, CLOCK_RANGE, warnings)
         gpu = with_clock(gpu, clock)
         constants["clock"] = round(clock, 4)
@@ -332,9 +333,9 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
             mhz = DATASHEET_CLOCK_MHZ[gen]
             warnings.append(
                 f"the trace's GEMMs ran at {clock:.3f} of the datasheet clock ({clock * mhz:,.0f} MHz of {mhz:,}), "
-                f"above the {sustained:.3f} ({sustained * mhz:,.0f} MHz) a training step sustains under the power cap "
-                f"(planner/kernels.py SUSTAINED_CLOCK {SUSTAINED_CLOCK.get(gen, 1.0)}): a few profiled steps run before "
-                "the cap pulls the clock down. A plan with this clock is the burst's; profile after ~30 s of "
+                f"above the {sustained:.3f} ({sustained * mhz:,.0f} MHz) a training step sustains under the power "
+                f"cap (planner/kernels.py SUSTAINED_CLOCK {SUSTAINED_CLOCK.get(gen, 1.0)}): a few profiled steps run "
+                "before the cap pulls the clock down. A plan with this clock is the burst's; profile after ~30 s of "
                 "training, or drop calibration.kernels.clock to plan at the sustained clock"
             )
     rest = [p for p in gemms if (gen, p.dtype) not in GEMM_CEILING]
@@ -543,4 +544,12 @@ def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tu
     return rows, stage, warnings
 
 
-__all__ = ["TraceFit", "compare_collectives", "fit_trace", "kernel_summary", "trace_stage", "unclassified", "with_clock"]
+__all__ = [
+    "TraceFit",
+    "compare_collectives",
+    "fit_trace",
+    "kernel_summary",
+    "trace_stage",
+    "unclassified",
+    "with_clock",
+]

@@ -26,7 +26,7 @@ from planner.profile_trace import attention_shape, grouped_shape, load_trace, re
 from planner.trace_fit import fit_trace, gemm_points, with_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import h200_tables  # noqa: E402  (bench/h200_tables.py: the measured layers as the planner sees them)
+import h200_tables
 
 H200_DIR = Path(__file__).resolve().parents[1] / "reference" / "kernels" / "h200"
 H200 = GPUS["h200-sxm-141gb"]
@@ -99,7 +99,8 @@ def test_shapes_follow_the_aten_schemas():
         concrete=("", "", "", "", "", "", "4096", "4096", "True", "0.", "True", "False", ""),
     )
     assert attention_shape(cudnn) == ("cudnn", False, 1, 32, 4096, 4096, 128, True)
-    flash = TraceOp("aten::_flash_attention_forward", ((2, 1024, 16, 64), (2, 1024, 4, 64)), concrete=("",) * 8 + ("False",))
+    dims = ((2, 1024, 16, 64), (2, 1024, 4, 64))
+    flash = TraceOp("aten::_flash_attention_forward", dims, concrete=("",) * 8 + ("False",))
     assert attention_shape(flash) == ("flash2", False, 2, 16, 1024, 1024, 64, False)  # (B, S, H, D), not causal
     assert grouped_shape(TraceOp("aten::_grouped_mm", ((256, 64), (4, 64, 32), (4,)))) == (64, 32, 64, 4, False)
     assert grouped_shape(TraceOp("aten::_grouped_mm", ((64, 256), (256, 32), (4,)))) == (64, 32, 64, 4, True)
@@ -168,7 +169,7 @@ def test_the_layer_planned_with_the_fitted_constants_matches_the_trace_by_class(
     the model does not list (docs/step-time.md class (c)). MoE: GEMMs 7.06 -> 6.06 ms against 6.62 (the grouped
     GEMMs' forward and dgrad were already 12-17% fast in the model, the burst clock makes them faster), attention
     0.97 -> 0.58 ms against 0.60."""
-    trace, fit = dense
+    _, fit = dense
     ctx, is_moe = _layer("llama3_8b.tp1.s4096")
     measured = {k["kind"]: k["seconds_per_step"] for k in fit.kernels}
     before, step_before = _by_kind(ctx, is_moe, H200, None)
@@ -180,7 +181,7 @@ def test_the_layer_planned_with_the_fitted_constants_matches_the_trace_by_class(
     assert after["memory"] < 0.6 * measured["memory"]  # what the model does not list: not fitted away
     assert step_after == pytest.approx(0.836 * step_before, abs=0.01 * step_before)
 
-    trace, fit = moe
+    _, fit = moe
     ctx, is_moe = _layer("qwen3_235b.ep1.s2048")
     measured = {k["kind"]: k["seconds_per_step"] for k in fit.kernels}
     before, _ = _by_kind(ctx, is_moe, H200, None)
