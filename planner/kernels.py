@@ -458,7 +458,8 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
     (FP8_CLOCK)."""
     gen = generation(gpu)
     fp8 = _PEAK_DTYPE.get(dtype) == "fp8" and gpu.peak_tflops.get("fp8")
-    clock = gpu_efficiency(gpu).clock or gpu.clock_scale() * SUSTAINED_CLOCK.get(gen, 1.0)  # a trace's, else ours
+    clock = gpu_efficiency(gpu).clock if gpu.kernel_constants else 0.0  # what a trace fitted for this GPU
+    clock = clock or gpu.clock_scale() * SUSTAINED_CLOCK.get(gen, 1.0)
     return clock * (FP8_CLOCK.get(gen, 1.0) if fp8 else 1.0)
 
 
