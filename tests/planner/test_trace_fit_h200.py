@@ -117,8 +117,8 @@ def test_the_dense_trace_fits_the_h200_constants(dense):
     - cuDNN attention (0.721, 0.576) against the H200 tables' own cuDNN 9.19 fit (0.705, 0.576; docs/step-time.md)
       within 3%: the trace's one shape (s 4,096, causal, GQA 32/8) at the fitted clock agrees with 57 timed shapes.
       The committed (0.55, 0.42) is aiconfigurator's older FMHA, kept for the 2024 stacks: 24-27% below;
-    - hbm 0.95 against 0.877 (copies >= 128 MiB): within 10%, above it because a residual add's operands, written
-      by the kernel before (33.5 MB), are still in the 50 MB L2;
+    - hbm 0.95 against 0.877 (copies >= 128 MiB): within 10%; the trace's big adds run at 0.91-0.93 of the
+      datasheet HBM (part of an operand the kernel before wrote, 33.5 MB, may still sit in the 50 MB L2);
     - kernel_s 1 us against 5 us: a kernel's own time on the GPU; the committed 5 us is the eager step's
       (the CUDA-graph replay of tiny kernels measured 1.05-2.4 us, runs 1-2 ``launch``)."""
     _, fit = dense
