@@ -69,6 +69,19 @@ def test_the_moe_trace_calibrates_and_its_gzip_base64_form_answers_the_same(api)
     assert set(trace["constants"]) == {"clock", "gemm_fixed_s", "attention_ceiling", "hbm", "kernel_s"}
 
 
+def test_a_cluster_with_attention_constants_recalibrates_over_them(api):
+    """The trace refits cuDNN's ceilings and keeps a given FlashAttention-2 one (a kernel the trace did not run)."""
+    given = {"attention_ceiling": {"flash2_fwd": 0.3, "cudnn_fwd": 0.5}, "clock": 0.8}
+    cluster = CLUSTER | {"calibration": {"kernels": given}}
+    got = api.post("/v1/calibrate", json={"cluster": cluster, "trace": DENSE})
+    assert got.status_code == 200, got.text
+    kernels, fitted = got.json()["cluster"]["calibration"]["kernels"], got.json()["trace"]["constants"]
+    assert kernels["attention_ceiling"] == {"flash2_fwd": 0.3} | fitted["attention_ceiling"]
+    assert kernels["clock"] == fitted["clock"] == pytest.approx(0.963, abs=0.005)  # refitted from the given 0.8
+    # "before" is the request cluster's constants: its clock 0.8 makes the GEMMs slower than the defaults do
+    assert got.json()["trace"]["median_error_before"]["gemm"] > 0.2
+
+
 def _compute_s(api, cluster):
     r = api.post("/v1/plan", json=PLAN | {"cluster": cluster})
     assert r.status_code == 200, r.text
