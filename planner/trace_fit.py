@@ -248,6 +248,11 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
     (module docstring)."""
     base = efficiency(gpu, base)
     warnings = device_warnings(trace, gpu)
+    if trace.steps_from == "none":
+        warnings.append(
+            "no ProfilerStep#N annotations and the kernels do not repeat: the per-step figures are the whole "
+            "trace's; call prof.step() each step or give trace_steps"
+        )
     gemms, mems_all, attns = gemm_points(trace), memory_points(trace), attention_points(trace)
     plain = [p for p in gemms if not p.grouped]
     mems = [p for p in mems_all if not p.strided]

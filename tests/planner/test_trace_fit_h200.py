@@ -13,7 +13,6 @@ import pytest
 from collectives.topology.gpu import GPUS
 from planner.compute import pass_time
 from planner.kernels import (
-    ATTENTION_CEILING,
     DATASHEET_CLOCK_MHZ,
     EFFICIENCY,
     GEMM_CEILING,
@@ -104,6 +103,11 @@ def test_shapes_follow_the_aten_schemas():
     assert attention_shape(flash) == ("flash2", False, 2, 16, 1024, 1024, 64, False)  # (B, S, H, D), not causal
     assert grouped_shape(TraceOp("aten::_grouped_mm", ((256, 64), (4, 64, 32), (4,)))) == (64, 32, 64, 4, False)
     assert grouped_shape(TraceOp("aten::_grouped_mm", ((64, 256), (256, 32), (4,)))) == (64, 32, 64, 4, True)
+    from dataclasses import replace
+
+    trace = _trace("llama3_8b.tp1.s4096")
+    fit = fit_trace(replace(trace, steps=1, steps_from="none"), H200)
+    assert any("no ProfilerStep#N annotations" in w for w in fit.warnings)
     assert repeats(list("abcabcabc")) == 3 and repeats(list("abcabcab")) == 1 and repeats(list("aaaa")) == 4
 
 
@@ -125,10 +129,12 @@ def test_the_dense_trace_fits_the_h200_constants(dense):
     c = fit.constants
     assert c["clock"] == pytest.approx(0.963, abs=0.005)
     assert SUSTAINED_CLOCK[90] < c["clock"] < 1980 / DATASHEET_CLOCK_MHZ[90]
+    # what the trace pins is clock x ceiling (0.853 of the 989 TF datasheet peak): should the bf16 ceiling be
+    # refitted on the tables, the clock moves against it
+    assert c["clock"] * GEMM_CEILING[(90, "bf16")] == pytest.approx(0.853, abs=0.005)
     assert "gemm_ceiling" not in c  # bf16 has a measured ceiling: the clock is fitted instead
     assert c["attention_ceiling"]["cudnn_fwd"] == pytest.approx(0.705, rel=0.03)
     assert c["attention_ceiling"]["cudnn_bwd"] == pytest.approx(0.576, rel=0.03)
-    assert ATTENTION_CEILING[("cudnn", 90)] == (0.55, 0.42)
     assert c["hbm"] == pytest.approx(EFFICIENCY.hbm, rel=0.10) and c["hbm"] == 0.95
     assert c["kernel_s"] == 1e-6 and c["gemm_fixed_s"] == 1e-6
     assert any("1,762 MHz" in w and "SUSTAINED_CLOCK" in w for w in fit.warnings)
@@ -138,13 +144,13 @@ def test_the_dense_trace_fits_the_h200_constants(dense):
     fixed = EFFICIENCY.gemm_fixed_s
     t0 = gemm_time(*big, H200, EFFICIENCY) - fixed
     assert (ratio * (t0 + fixed) - fixed) / t0 == pytest.approx(clock_fraction(H200) / c["clock"], rel=1e-9)
-    assert GEMM_CEILING[(90, "bf16")] == 0.886
     # the kernels before and after: GEMMs 15.4% -> 1.4% median, cuDNN attention 52% -> 1.6%, contiguous memory
     # kernels 28% -> 7.1%; PyTorch's strided elementwise_kernel rows (not fitted) stay 40-60% slow in the model
     before, after = fit.median_error_before, fit.median_error_after
-    assert before["gemm"] == pytest.approx(0.154, abs=0.005) and after["gemm"] < 0.02
-    assert before["attention"] > 0.5 and after["attention"] < 0.02
-    assert before["memory"] == pytest.approx(0.280, abs=0.005) and after["memory"] < 0.08
+    # (the "before" medians are the committed constants': 15.4%, 52.5%, 28.0% when this was written)
+    assert before["gemm"] > 0.1 and after["gemm"] < 0.02
+    assert before["attention"] > 0.3 and after["attention"] < 0.02
+    assert before["memory"] > 0.15 and after["memory"] < 0.08
     assert after["memory_strided"] > 0.4
 
 
@@ -174,12 +180,12 @@ def test_the_layer_planned_with_the_fitted_constants_matches_the_trace_by_class(
     measured = {k["kind"]: k["seconds_per_step"] for k in fit.kernels}
     before, step_before = _by_kind(ctx, is_moe, H200, None)
     after, step_after = _by_kind(ctx, is_moe, fit.gpu, fit.efficiency)
-    assert before["gemm"] / measured["gemm"] - 1 == pytest.approx(0.141, abs=0.01)
+    assert before["gemm"] / measured["gemm"] - 1 > 0.08  # +14.1% at the committed sustained clock
     assert after["gemm"] == pytest.approx(measured["gemm"], rel=0.01)
     assert after["attention"] == pytest.approx(measured["attention"], rel=0.01)
     assert before["attention"] > 1.5 * measured["attention"]
     assert after["memory"] < 0.6 * measured["memory"]  # what the model does not list: not fitted away
-    assert step_after == pytest.approx(0.836 * step_before, abs=0.01 * step_before)
+    assert step_after < 0.9 * step_before  # 0.836x when this was written
 
     _, fit = moe
     ctx, is_moe = _layer("qwen3_235b.ep1.s2048")
@@ -188,5 +194,5 @@ def test_the_layer_planned_with_the_fitted_constants_matches_the_trace_by_class(
     after, _ = _by_kind(ctx, is_moe, fit.gpu, fit.efficiency)
     assert after["attention"] == pytest.approx(measured["attention"], rel=0.03)
     assert after["gemm"] / measured["gemm"] - 1 == pytest.approx(-0.085, abs=0.01)
-    assert before["gemm"] / measured["gemm"] - 1 == pytest.approx(0.067, abs=0.01)
+    assert before["gemm"] > measured["gemm"]  # +6.7% at the committed sustained clock
     assert fit.constants["clock"] == pytest.approx(1.015, abs=0.005)  # GEMMs of 2,048 tokens: a shorter burst
