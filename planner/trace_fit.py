@@ -74,7 +74,7 @@ GROUPS = ("gemm", "grouped_gemm", "attention", "memory", "memory_strided")
 # The HBM fraction is fitted on kernels that move more than any L2 holds (H100/H200 50 MB, A100 40 MB: the
 # architecture whitepapers), so their bytes come from HBM; smaller ones fit the per-kernel cost.
 HBM_MIN_BYTES = 64 << 20
-STRIDED_KERNEL = re.compile(r"(?<![A-Za-z_])elementwise_kernel<")
+STRIDED_KERNEL = re.compile(r"(?<![A-Za-z_])elementwise_kernel(?:_manual_unroll)?<")  # the latter: with a cast
 
 
 @dataclass(frozen=True)

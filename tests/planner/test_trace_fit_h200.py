@@ -22,7 +22,7 @@ from planner.kernels import (
     layer_kernels,
 )
 from planner.profile_trace import attention_shape, grouped_shape, load_trace, repeats
-from planner.trace_fit import fit_trace, gemm_points, with_clock
+from planner.trace_fit import STRIDED_KERNEL, fit_trace, gemm_points, with_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import h200_tables
@@ -108,6 +108,10 @@ def test_shapes_follow_the_aten_schemas():
     trace = _trace("llama3_8b.tp1.s4096")
     fit = fit_trace(replace(trace, steps=1, steps_from="none"), H200)
     assert any("no ProfilerStep#N annotations" in w for w in fit.warnings)
+    assert STRIDED_KERNEL.search("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<")
+    assert STRIDED_KERNEL.search("void at::native::elementwise_kernel_manual_unroll<128, 4, ...>")
+    assert not STRIDED_KERNEL.search("void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<")
+    assert not STRIDED_KERNEL.search("void at::native::unrolled_elementwise_kernel<...>")  # contiguous, with a cast
     assert repeats(list("abcabcabc")) == 3 and repeats(list("abcabcab")) == 1 and repeats(list("aaaa")) == 4
 
 
