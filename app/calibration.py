@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 from collectives.topology.calibrate import Log, calibrate
 from planner import SpecError
 from planner.compute import check_gpu
+from planner.kernels import NESTED_CONSTANTS
 from planner.profile_trace import gunzip, load_trace
 from planner.trace_fit import compare_collectives, fit_trace
 
@@ -31,11 +32,11 @@ def calibration_response(body: CalibrateRequest, settings: Settings) -> dict:
     if body.trace is not None:
         out["trace"] = trace_response(body, settings)
         fitted = out["trace"]["constants"]
-        if fitted:  # over the cluster's own: a dtype the trace did not run keeps its given ceiling
+        if fitted:  # over the cluster's own: a dtype or attention kernel the trace did not run keeps its given one
             calibration = out["cluster"].setdefault("calibration", {})
             given = calibration.get("kernels", {})
-            ceilings = given.get("gemm_ceiling", {}) | fitted.get("gemm_ceiling", {})
-            calibration["kernels"] = given | fitted | ({"gemm_ceiling": ceilings} if ceilings else {})
+            nested = {k: given.get(k, {}) | fitted.get(k, {}) for k in NESTED_CONSTANTS if k in given or k in fitted}
+            calibration["kernels"] = given | fitted | nested
     return out
 
 
@@ -76,6 +77,7 @@ def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
         "device": trace.device,
         "sms": trace.sms,
         "steps": trace.steps,
+        "steps_from": "request" if body.trace_steps else trace.steps_from,
         "rank": trace.rank,
         "world_size": trace.world_size,
         "events": trace.events,
@@ -87,6 +89,7 @@ def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
         "median_error_after": fit.median_error_after,
         "stage": stage,
         "collectives": collectives,
+        "unclassified": fit.unclassified,
         "warnings": fit.warnings + warnings,
     }
 

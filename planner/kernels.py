@@ -54,6 +54,13 @@ class Efficiency:
     # measured GEMM ceilings of one GPU by dtype, before GEMM_CEILING: what a profiler trace fits for its GPU
     # (planner/trace_fit.py); () = the tables' ceilings
     gemm_ceilings: tuple[tuple[str, float], ...] = ()
+    # the same for fused attention, by "<kernel>_fwd" / "<kernel>_bwd" (ATTENTION_CEILING_KEYS), before
+    # ATTENTION_CEILING
+    attention_ceilings: tuple[tuple[str, float], ...] = ()
+    # the tensor clock a profiler trace ran its GEMMs and attention at, as a fraction of the datasheet clock
+    # (DATASHEET_CLOCK_MHZ) at the cluster's power limit: replaces SUSTAINED_CLOCK x the power-limit scale in
+    # clock_fraction; 0 = those
+    clock: float = 0.0
 
 
 EFFICIENCY = Efficiency(
@@ -98,10 +105,20 @@ KERNEL_CONSTANTS = {
     "gemm_fixed_s": (0.0, 1e-3),
     "hbm": (0.05, 1.0),
     "kernel_s": (0.0, 1e-3),
+    # the tensor clock as a fraction of the datasheet clock: an H100/H200 boosts to 1,980 / 1,830 = 1.082
+    # (nvidia-smi clocks.max.sm); an A100 holds 1,410 of 1,410; 0.2 is below any power limit's clock
+    "clock": (0.2, 1.2),
+    "attention_ceiling": (0.05, 1.0),
 }
 # GEMM dtypes a ceiling may be given for: what a trace's GEMMs run as (profile_trace.gemm_dtype) and the recipes'
 # kernel dtypes (planner/recipes.py Recipe.kernel_dtype).
 GEMM_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp8_block", "mxfp8", "nvfp4")
+# Fused attention kernels a ceiling may be given for (ATTENTION_CEILING's kernels), forward and backward.
+ATTENTION_CEILING_KEYS = tuple(f"{k}_{d}" for k in ("flash2", "flash3", "cudnn") for d in ("fwd", "bwd"))
+NESTED_CONSTANTS = {
+    "gemm_ceiling": ("GEMM dtype", GEMM_DTYPES),
+    "attention_ceiling": ("kernel", ATTENTION_CEILING_KEYS),
+}
 
 
 def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels") -> tuple[tuple[str, float], ...]:
@@ -111,13 +128,14 @@ def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels"
     for name, value in values.items():
         if name not in KERNEL_CONSTANTS:
             raise SpecError(f"{field}.{name}", f"unknown kernel constant; known: {', '.join(KERNEL_CONSTANTS)}")
-        if name == "gemm_ceiling":
+        if name in NESTED_CONSTANTS:
+            what, known = NESTED_CONSTANTS[name]
             if not isinstance(value, Mapping):
-                raise SpecError(f"{field}.{name}", 'a GEMM ceiling per dtype, e.g. {"bf16": 0.8}')
-            for dtype in value:
-                if dtype not in GEMM_DTYPES:
-                    raise SpecError(f"{field}.{name}.{dtype}", f"unknown GEMM dtype; known: {', '.join(GEMM_DTYPES)}")
-            pairs = [(f"{name}.{dtype}", v, f"{field}.{name}.{dtype}") for dtype, v in value.items()]
+                raise SpecError(f"{field}.{name}", f'a ceiling per {what}, e.g. {{"{known[0]}": 0.8}}')
+            for key in value:
+                if key not in known:
+                    raise SpecError(f"{field}.{name}.{key}", f"unknown {what}; known: {', '.join(known)}")
+            pairs = [(f"{name}.{key}", v, f"{field}.{name}.{key}") for key, v in value.items()]
         else:
             pairs = [(name, value, f"{field}.{name}")]
         low, high = KERNEL_CONSTANTS[name]
@@ -135,7 +153,8 @@ def gpu_efficiency(gpu: GPUSpec) -> Efficiency:
         return EFFICIENCY
     given = nested_constants(gpu.kernel_constants)
     ceilings = tuple(sorted(given.pop("gemm_ceiling", {}).items()))
-    return replace(EFFICIENCY, gemm_ceilings=ceilings, **given)
+    attention = tuple(sorted(given.pop("attention_ceiling", {}).items()))
+    return replace(EFFICIENCY, gemm_ceilings=ceilings, attention_ceilings=attention, **given)
 
 
 def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
@@ -439,7 +458,9 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
     (FP8_CLOCK)."""
     gen = generation(gpu)
     fp8 = _PEAK_DTYPE.get(dtype) == "fp8" and gpu.peak_tflops.get("fp8")
-    return gpu.clock_scale() * SUSTAINED_CLOCK.get(gen, 1.0) * (FP8_CLOCK.get(gen, 1.0) if fp8 else 1.0)
+    clock = gpu_efficiency(gpu).clock if gpu.kernel_constants else 0.0  # what a trace fitted for this GPU
+    clock = clock or gpu.clock_scale() * SUSTAINED_CLOCK.get(gen, 1.0)
+    return clock * (FP8_CLOCK.get(gen, 1.0) if fp8 else 1.0)
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
@@ -1023,7 +1044,11 @@ def attention_flops(ctx: Context) -> float:
 
 
 def attention_ceiling(kernel: str, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float]:
-    return ATTENTION_CEILING.get((kernel, generation(gpu)), (eff.attention_fwd, eff.attention_bwd))
+    fwd, bwd = ATTENTION_CEILING.get((kernel, generation(gpu)), (eff.attention_fwd, eff.attention_bwd))
+    if eff.attention_ceilings:  # what a trace fitted for this GPU (planner/trace_fit.py)
+        fitted = dict(eff.attention_ceilings)
+        fwd, bwd = fitted.get(f"{kernel}_fwd", fwd), fitted.get(f"{kernel}_bwd", bwd)
+    return fwd, bwd
 
 
 def attention_kernels(
@@ -1127,6 +1152,7 @@ def kv_cache_bytes_per_layer(ctx: Context) -> int:
 __all__ = [
     "ADAM_BYTES",
     "ATTENTION_CEILING",
+    "ATTENTION_CEILING_KEYS",
     "EFFICIENCY",
     "GEMM_CEILING",
     "GEMM_DTYPES",

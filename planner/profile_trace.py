@@ -5,7 +5,10 @@ The input is the Chrome-trace JSON ``torch.profiler`` exports (``prof.export_chr
 (PyTorch's Kineto writer, pytorch/kineto ``libkineto/src/output_json.cpp``). The events read here:
 
 - ``ph: "X", cat: "kernel"``: a GPU kernel, ``ts``/``dur`` in microseconds, ``args.correlation`` naming the
-  ``cat: "cuda_runtime"`` launch (``cudaLaunchKernel``) on the host thread that issued it;
+  launch on the host thread that issued it: ``cat: "cuda_runtime"`` (``cudaLaunchKernel``) or ``cat:
+  "cuda_driver"`` (``cuLaunchKernelEx``: cuBLAS 12.8+'s nvjet GEMMs and cuDNN's kernels on PyTorch 2.11, the H200
+  trace in tests/reference/kernels/h200); ``cat: "gpu_memcpy"`` / ``"gpu_memset"``: copies and memsets the GPU ran
+  (class ``copy``);
 - ``cat: "cpu_op"``: the aten operator running on a host thread, with ``args["Input Dims"]`` and
   ``args["Input type"]`` when the profiler ran with ``record_shapes=True``. A kernel belongs to the innermost
   operator whose interval holds its launch on the same thread (HTA's and TensorBoard's rule; ``External id``
@@ -13,10 +16,15 @@ The input is the Chrome-trace JSON ``torch.profiler`` exports (``prof.export_chr
 - NCCL kernels: since PyTorch 2.1 Kineto copies the ``record_param_comms`` operator's metadata onto the kernel:
   ``"Collective name"``, ``"dtype"``, ``"In msg nelems"``, ``"Out msg nelems"``, ``"Group size"``
   (output_json.cpp ``kCollectiveName``...); older traces have the kernel name alone (counts and times only);
-- ``cat: "user_annotation"`` named ``ProfilerStep#N``: one per profiled step (``torch.profiler.schedule``).
+- ``cat: "user_annotation"`` named ``ProfilerStep#N``: one per profiled step (``prof.step()`` under
+  ``torch.profiler.schedule``). A trace without them (a ``with profile(...)`` block around a loop) holds as many
+  steps as its kernel sequence repeats (``repeats``), or one.
 
-Kernel classes go by name (``KERNEL_CLASSES``), GEMM shapes (M, N, K, groups) by the aten operator's input dims
-(``GEMM_OPERANDS``). Nothing here knows HTTP; the fit and the ledger comparison are ``planner/trace_fit.py``.
+Kernel classes go by name (``KERNEL_CLASSES``), then by the operator that launched them (``OP_CLASSES``: cuDNN's
+attention helper kernels, ``_grouped_mm``'s CUTLASS kernel); what neither names is ``other``, counted and reported
+by name (trace_fit.unclassified). GEMM shapes (M, N, K, groups) by the aten operator's input dims
+(``GEMM_OPERANDS``, ``aten::_grouped_mm`` by ``grouped_shape``), attention shapes by ``ATTENTION_OPS``. Nothing here
+knows HTTP; the fit and the ledger comparison are ``planner/trace_fit.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +61,33 @@ KERNEL_CLASSES = (
     ("attention", re.compile(r"flash|fmha|sdpa|attention|mem_eff", re.I)),
     ("gemm", re.compile(r"(?<!fb)gemm|gemv|cutlass|xmma|nvjet|cublas|splitKreduce|wgmma", re.I)),
     ("memory", re.compile(r"elementwise|reduce_kernel|copy|norm|softmax|triton|multi_tensor_apply|fill|cat", re.I)),
+    # the data-movement kernels of routing and indexing (bytes, no FLOPs): CUB's radix sort and scan, gathers and
+    # scatters, index_put's indexing_backward_kernel, top-k, histograms (bincount), and the norms' weight-gradient
+    # reduction (GammaBetaBackward): the MoE layer's router and dispatch in the H200 trace
+    ("memory", re.compile(r"gather|scatter|index|radix|sort|scan|topk|histogram|gammabeta|arange", re.I)),
 )
+# Kernels whose own name says nothing (cuDNN's SDPA backward helpers compute_dot_do_o and convert_dq_to_16bits;
+# torch._grouped_mm's prepare_grouped_gemm_data) take the class of the aten operator that launched them.
+OP_CLASSES = (
+    ("attention", re.compile(r"^aten::_(?:scaled_dot_product_)?(?:cudnn|flash|efficient)_attention")),
+    ("gemm", re.compile(r"^aten::_(?:scaled_)?grouped_mm$")),
+)
+# The fused attention operators that launch the kernels, from their aten schemas (native_functions.yaml, PyTorch
+# 2.11): op -> (the planner's kernel name (kernels.ATTENTION_CEILING), backward, index of the query in the
+# operands, query layout, index of is_causal among the arguments (the trace's "Concrete Inputs")).
+# _cudnn_attention_forward(query, key, value, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, compute_log_sumexp,
+# dropout_p, is_causal, ...) takes (B, H, S, D) as SDPA does; _cudnn_attention_backward(grad_out, query, key,
+# value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+# is_causal, ...); _flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+# is_causal, ...) and _flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+# max_q, max_k, dropout_p, is_causal, ...) take (B, S, H, D): SDPA transposes before calling them
+# (aten/src/ATen/native/transformers/cuda/attention.cu).
+ATTENTION_OPS = {
+    "aten::_cudnn_attention_forward": ("cudnn", False, 0, "bhsd", 10),
+    "aten::_cudnn_attention_backward": ("cudnn", True, 1, "bhsd", 14),
+    "aten::_flash_attention_forward": ("flash2", False, 0, "bshd", 8),
+    "aten::_flash_attention_backward": ("flash2", True, 1, "bshd", 11),
+}
 NCCL_OPS = {
     "AllReduce": Op.ALLREDUCE,
     "AllGather": Op.ALLGATHER,
@@ -153,11 +187,13 @@ class TraceKernel:
 
 @dataclass(frozen=True)
 class TraceOp:
-    """A host operator that launched kernels: its name and recorded input dims and types (record_shapes)."""
+    """A host operator that launched kernels: its name and recorded input dims, types and scalar arguments
+    (record_shapes: "Input Dims", "Input type", "Concrete Inputs")."""
 
     name: str
     dims: tuple = ()
     types: tuple = ()
+    concrete: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -167,11 +203,12 @@ class Trace:
     device: str  # deviceProperties[0].name, "" when absent
     sms: int  # deviceProperties numSms, 0 when absent
     compute_capability: int  # major*10 + minor, 0 when absent
-    steps: int  # ProfilerStep annotations (1 when none)
+    steps: int  # ProfilerStep annotations, else how often the kernel sequence repeats (1 when it does not)
     rank: int | None
     world_size: int | None
     events: int
     record_shapes: bool  # any operator carries Input Dims
+    steps_from: str = "ProfilerStep"  # ProfilerStep | repeats | none (one step assumed)
 
 
 @lru_cache(maxsize=8192)
@@ -179,6 +216,15 @@ def kernel_class(name: str) -> str:
     """A kernel's class by its name (memoised: a trace repeats a few hundred names)."""
     for kind, pattern in KERNEL_CLASSES:
         if pattern.search(name):
+            return kind
+    return "other"
+
+
+@lru_cache(maxsize=1024)
+def op_class(op: str) -> str:
+    """The class of a kernel whose name says nothing, by the operator that launched it (OP_CLASSES)."""
+    for kind, pattern in OP_CLASSES:
+        if pattern.search(op):
             return kind
     return "other"
 
@@ -271,13 +317,20 @@ def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
 
 def _read(data: dict, events: list) -> Trace:
     kernels, ops, launches, steps = _scan(events)
-    if not kernels:
+    if not any(cat == "kernel" for *_, cat in kernels):
+        cpu = sum(1 for e in events if type(e) is dict and e.get("cat") == "cpu_op")
+        what = f"{cpu} CPU operators and no GPU activity: a CPU-only run, or" if cpu else "no GPU activity:"
         raise SpecError(
             "trace",
-            f"no GPU kernel events (ph 'X', cat 'kernel') among {len(events)} events: profile with "
-            "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
+            f"no GPU kernel events (ph 'X', cat 'kernel') among {len(events)} events ({what} profiled without "
+            "CUDA): profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
         )
+    kernels.sort(key=lambda k: k[1])  # by start on the GPU (Kineto writes them by stream and buffer)
     table, out = _kernels(kernels, ops, _enclosing_ops(ops, launches))
+    count, steps_from = len(steps), "ProfilerStep"
+    if not count:
+        count = repeats([k.name for k in out if k.kind != "copy"])
+        steps_from = "repeats" if count > 1 else "none"
     props = data.get("deviceProperties")
     first = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else {}
     dist = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
@@ -287,20 +340,35 @@ def _read(data: dict, events: list) -> Trace:
         device=str(first.get("name", "")),
         sms=_count(first.get("numSms")) or 0,
         compute_capability=(_count(first.get("computeMajor")) or 0) * 10 + (_count(first.get("computeMinor")) or 0),
-        steps=max(1, len(steps)),
+        steps=max(1, count),
         rank=_count(dist.get("rank")),
         world_size=_count(dist.get("world_size")),
         events=len(events),
         record_shapes=any("Input Dims" in a for *_, a in ops),
+        steps_from=steps_from,
     )
 
 
-_WANTED = ("kernel", "cpu_op", "cuda_runtime", "user_annotation")
+def repeats(names: list[str]) -> int:
+    """How many times the whole sequence is one block repeated back to back (the steps of a profile without
+    ProfilerStep annotations: the same layer trained n times launches the same kernels n times); 1 when it is
+    not."""
+    n = len(names)
+    for times in range(n, 1, -1):  # the most repeats first: a step of a repeated block is the smallest one
+        if n % times == 0:
+            size = n // times
+            if all(names[i] == names[i % size] for i in range(size, n)):
+                return times
+    return 1
+
+
+_WANTED = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
+_GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def _scan(events: list) -> tuple[list, list, dict, set]:
-    """One pass over the events: kernels (name, dur, args), host operators (pid, tid, start, end, name, args),
-    launches by correlation id (pid, tid, ts), and the ProfilerStep names."""
+    """One pass over the events: GPU activities (name, ts, dur, args, cat), host operators (pid, tid, start, end,
+    name, args), launches by correlation id (pid, tid, ts), and the ProfilerStep names."""
     kernels, ops, launches, steps = [], [], {}, set()
     for i, e in enumerate(events):
         if type(e) is not dict:
@@ -315,11 +383,11 @@ def _scan(events: list) -> tuple[list, list, dict, set]:
             )
         args = e.get("args")
         args = args if type(args) is dict else {}
-        if cat == "kernel":
-            kernels.append((str(e.get("name", "")), dur, args))
+        if cat in _GPU:
+            kernels.append((str(e.get("name", "")), ts, dur, args, cat))
         elif cat == "cpu_op":
             ops.append((_id(e.get("pid")), _id(e.get("tid")), ts, ts + dur, e.get("name", ""), args))
-        elif cat == "cuda_runtime":
+        elif cat in ("cuda_runtime", "cuda_driver"):
             if "correlation" in args:
                 launches[_id(args["correlation"])] = (_id(e.get("pid")), _id(e.get("tid")), ts)
         elif str(e.get("name", "")).startswith("ProfilerStep#"):
@@ -330,7 +398,7 @@ def _scan(events: list) -> tuple[list, list, dict, set]:
 def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], list[TraceKernel]]:
     """The kernels classified, each pointing at its launching operator (one TraceOp per operator instance)."""
     table, index, out = [], {}, []
-    for name, dur, args in kernels:
+    for name, _ts, dur, args, cat in kernels:
         op_i = -1
         found = enclosing.get(_id(args.get("correlation")))
         if found is not None:
@@ -339,10 +407,18 @@ def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], 
                 *_, op_name, op_args = ops[found]
                 op_i = index[found] = len(table)
                 dims, types = _tuple(op_args.get("Input Dims")), _tuple(op_args.get("Input type"))
+                concrete = _tuple(op_args.get("Concrete Inputs"))
                 table.append(
-                    TraceOp(str(op_name), dims if type(dims) is tuple else (), types if type(types) is tuple else ())
+                    TraceOp(
+                        str(op_name),
+                        dims if type(dims) is tuple else (),
+                        types if type(types) is tuple else (),
+                        concrete if type(concrete) is tuple else (),
+                    )
                 )
-        kind = kernel_class(name)
+        kind = "copy" if cat != "kernel" else kernel_class(name)
+        if kind == "other" and op_i >= 0:
+            kind = op_class(table[op_i].name)
         if kind == "nccl":
             op = collective_of(name, args)
             group = _count(args.get("Group size"))
@@ -423,11 +499,57 @@ def gemm_shape(op: TraceOp) -> tuple[int, int, int, int] | None:
     return None
 
 
+GROUPED_OPS = frozenset(("aten::_grouped_mm",))
+
+
+def grouped_shape(op: TraceOp) -> tuple[int, int, int, int, bool] | None:
+    """(M, N, K, groups, ragged K) of ``torch._grouped_mm(mat_a, mat_b, offs)`` from its recorded dims (aten
+    schema ``_grouped_mm(Tensor self, Tensor mat2, Tensor? offs=None, Tensor? bias=None, ScalarType? out_dtype=None)``,
+    aten/src/ATen/native/cuda/GroupMM.cu): 2D (R, K) x 3D (G, K, N) with offs over R: G groups of R / G rows on
+    average (the forward and the data gradient); 2D (M, R) x 2D (R, N) with offs over R: G (M x N) outputs, each
+    reducing its own R / G rows (the weight gradient: ragged K); 3D x 3D: a batch. The rows per group are not
+    recorded (offs is a tensor): the mean, which kernels.group_rows spreads as the planner does."""
+    if op.name not in GROUPED_OPS or len(op.dims) < 2:
+        return None
+    a, b = op.dims[0], op.dims[1]
+    offs = op.dims[2] if len(op.dims) > 2 and isinstance(op.dims[2], tuple) else ()
+    if not (isinstance(a, tuple) and isinstance(b, tuple)) or not all(isinstance(x, int) and x > 0 for x in a + b):
+        return None
+    if len(a) == 2 and len(b) == 3 and a[1] == b[1] and len(offs) == 1 and offs[0] == b[0]:
+        return max(1, a[0] // b[0]), b[2], a[1], b[0], False
+    if len(a) == 2 and len(b) == 2 and a[1] == b[0] and len(offs) == 1 and offs[0] > 0:
+        return a[0], b[1], max(1, a[1] // offs[0]), offs[0], True
+    if len(a) == len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
+        return a[1], b[2], a[2], a[0], False
+    return None
+
+
+def attention_shape(op: TraceOp) -> tuple[str, bool, int, int, int, int, int, bool] | None:
+    """(kernel, backward, batch, query heads, query length, key length, head dim, causal) of a fused attention
+    operator from its recorded dims and arguments (ATTENTION_OPS), None for another operator or missing dims."""
+    found = ATTENTION_OPS.get(op.name)
+    if found is None:
+        return None
+    kernel, backward, qi, layout, causal_at = found
+    if len(op.dims) <= qi + 1:
+        return None
+    q, k = op.dims[qi], op.dims[qi + 1]
+    if not (isinstance(q, tuple) and isinstance(k, tuple) and len(q) == len(k) == 4):
+        return None
+    if not all(isinstance(x, int) and x > 0 for x in q + k):
+        return None
+    b, heads, s_q = (q[0], q[1], q[2]) if layout == "bhsd" else (q[0], q[2], q[1])
+    s_kv = k[2] if layout == "bhsd" else k[1]
+    causal = len(op.concrete) > causal_at and str(op.concrete[causal_at]).strip().lower() == "true"
+    return kernel, backward, b, heads, s_q, s_kv, q[3], causal
+
+
 def gemm_dtype(op: TraceOp, kernel_names: list[str]) -> str | None:
     """The GEMM-table dtype: bf16/fp16 from the operands' type; fp32 operands run as tf32 on the tensor cores
     when the kernel is a tensor-op kernel (CUTLASS ``tensorop_s1688gemm``, cuBLAS ``*tf32*``/``xmma``; PyTorch's
     allow_tf32), else as SIMT fp32 (``sgemm``)."""
-    t = str(op.types[GEMM_OPERANDS[op.name][0]] if len(op.types) > GEMM_OPERANDS[op.name][0] else "").lower()
+    first = GEMM_OPERANDS.get(op.name, (0,))[0]  # _grouped_mm: mat_a first
+    t = str(op.types[first] if len(op.types) > first else "").lower()
     if "bfloat16" in t:
         return "bf16"
     if "half" in t:
@@ -468,11 +590,15 @@ __all__ = [
     "Trace",
     "TraceKernel",
     "TraceOp",
+    "attention_shape",
     "collective_of",
     "elementwise_bytes",
     "gemm_dtype",
     "gemm_shape",
+    "grouped_shape",
     "kernel_class",
     "load_trace",
     "message_bytes",
+    "op_class",
+    "repeats",
 ]

@@ -4,20 +4,30 @@ GPU, every measured kernel before and after, and the trace's collectives against
 The constants and how (planner/kernel_fit.py's procedure, the one bench/kernel_fit.py runs on aiconfigurator's
 tables):
 
-- **GEMM ceiling per dtype and the GEMM fixed cost**: every host GEMM operator with recorded shapes
-  (profile_trace.gemm_shape) is one point, its measured time the sum of the kernels it launched (a split-K
-  GEMM's reduction included); the grid chooses ``gemm_fixed_s``, each dtype's ceiling is its class's median
-  (``gemm_ceilings``). k0 and SM fill, shape terms a trace's few shapes cannot separate, stay the tables'.
-- **HBM fraction and per-kernel cost**: every elementwise operator that launched one kernel, with its bytes
-  (profile_trace.elementwise_bytes), is one point of ``bytes / (hbm_GBps x hbm) + kernel_s``
-  (kernels.memory_kernel); the grid chooses both.
+- **The clock, the GEMM ceiling per dtype and the GEMM fixed cost**: every host GEMM operator with recorded shapes
+  (profile_trace.gemm_shape) is one point, its measured time the sum of the kernels it launched (a split-K GEMM's
+  reduction included); the grid chooses ``gemm_fixed_s`` with each dtype's median centred out. A trace records no
+  clock, and a GEMM's time goes as 1 / (clock x ceiling): where the GPU's generation has a measured ceiling for
+  a dtype (kernels.GEMM_CEILING, measured at known clocks), that ceiling is kept and the median of those GEMMs
+  fits the tensor ``clock`` (a fraction of the datasheet clock, kernels.clock_fraction); a dtype without one
+  (tf32 on an A100) fits its own ceiling at that clock. k0 and SM fill, shape terms a trace's few shapes cannot
+  separate, stay the tables'. torch._grouped_mm points (profile_trace.grouped_shape) are predicted and shown, not
+  fitted: their main loop is GROUPED_GEMM_K0's.
+- **Fused attention ceilings**: every cuDNN or FlashAttention forward and backward operator with recorded shapes
+  (profile_trace.attention_shape) is one point at the fitted clock; each (kernel, pass) ceiling is scaled to its
+  median with s0 kept (one sequence length cannot separate them).
+- **HBM fraction and per-kernel cost**: every elementwise operator that launched one contiguous (vectorised)
+  kernel, with its bytes (profile_trace.elementwise_bytes), is one point of ``bytes / (hbm_GBps x hbm) + kernel_s``
+  (kernels.memory_kernel); a grid chooses ``hbm`` on those moving at least HBM_MIN_BYTES, then ``kernel_s`` on all.
+  Strided ones (STRIDED_KERNEL) are shown, not fitted.
 
-A group with fewer than ``MIN_POINTS`` points keeps its defaults and says so. Predictions are at the GPU as the
-plan runs it (sustained clock under its power limit), since a trace is measured under a training load.
+A group with fewer than ``MIN_POINTS`` points keeps its defaults and says so. "Before" predictions are at the GPU
+as the plan runs it (the sustained clock under its power limit), "after" at the fitted clock.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from statistics import median
@@ -25,15 +35,46 @@ from statistics import median
 from collectives.topology.gpu import GPUSpec
 
 from .kernel_fit import class_scales, fit_grid, log_errors
-from .kernels import KERNEL_CONSTANTS, Efficiency, efficiency, gemm_ceiling, gemm_time, memory_kernel
-from .profile_trace import Trace, elementwise_bytes, gemm_dtype, gemm_shape
+from .kernels import (
+    DATASHEET_CLOCK_MHZ,
+    GEMM_CEILING,
+    GROUPED_GEMM_K0,
+    KERNEL_CONSTANTS,
+    SUSTAINED_CLOCK,
+    Efficiency,
+    attention_ceiling,
+    causal_keys,
+    clock_fraction,
+    efficiency,
+    flash_attention_s,
+    gemm_ceiling,
+    gemm_time,
+    generation,
+    group_rows,
+    memory_kernel,
+)
+from .profile_trace import Trace, attention_shape, elementwise_bytes, gemm_dtype, gemm_shape, grouped_shape
 
 MIN_POINTS = 3
 FIXED_GRID_S = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6, 12e-6, 16e-6)
 HBM_GRID = tuple(round(0.3 + 0.025 * i, 3) for i in range(29))  # 0.3 .. 1.0
 KERNEL_GRID_S = (1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6)
 CEILING_RANGE = KERNEL_CONSTANTS["gemm_ceiling"]  # what a request may hand back (cluster.calibration.kernels)
+ATTENTION_RANGE = KERNEL_CONSTANTS["attention_ceiling"]
+CLOCK_RANGE = KERNEL_CONSTANTS["clock"]
 MAX_ROWS = 100  # per kernel group, the largest total time first
+MAX_UNCLASSIFIED = 20  # kernel names listed by unclassified(), the most time first
+GROUPS = ("gemm", "grouped_gemm", "attention", "memory", "memory_strided")
+# PyTorch's elementwise loops (aten/src/ATen/native/cuda/CUDALoops.cuh gpu_kernel_impl_nocast, 2.x): when every
+# operand is contiguous, launch_vectorized_kernel (``vectorized_elementwise_kernel<...>``: 16-byte loads);
+# otherwise launch_legacy_kernel<128, unroll> (``elementwise_kernel<128, 4, ...>``), one element per thread through
+# an OffsetCalculator. The planner's memory-bound kernels stream contiguous tensors at ``hbm``; the strided ones
+# (a chunk's strided halves, a transpose, rotary's slices) run far below it (the H200 Llama-3 8B trace: 0.28-0.46
+# of HBM against 0.91-0.93 for the vectorised kernels of the same sizes), so they are shown, not fitted.
+# The HBM fraction is fitted on kernels that move more than any L2 holds (H100/H200 50 MB, A100 40 MB: the
+# architecture whitepapers), so their bytes come from HBM; smaller ones fit the per-kernel cost.
+HBM_MIN_BYTES = 64 << 20
+STRIDED_KERNEL = re.compile(r"(?<![A-Za-z_])elementwise_kernel(?:_manual_unroll)?<")  # the latter: with a cast
 
 
 @dataclass(frozen=True)
@@ -45,10 +86,41 @@ class GemmPoint:
     groups: int
     dtype: str
     measured_s: float
+    grouped: bool = False  # torch._grouped_mm: m is the mean rows per group
+    ragged: bool = False  # its weight gradient: each group's own K (the mean is k)
 
     @property
     def inputs(self) -> tuple:
-        return self.m, self.n, self.k, self.groups, self.dtype
+        return self.m, self.n, self.k, self.groups, self.dtype, self.grouped, self.ragged
+
+    @property
+    def group(self) -> str:
+        return "grouped_gemm" if self.grouped else "gemm"
+
+    @property
+    def shape(self) -> tuple:
+        return self.m, self.n, self.k, self.groups
+
+
+@dataclass(frozen=True)
+class AttentionPoint:
+    op: str
+    kernel: str  # kernels.ATTENTION_CEILING's name: cudnn, flash2
+    backward: bool
+    flops: float  # the forward's FLOPs over the attended keys (kernels.attention_flops)
+    s_kv: int
+    shape: tuple  # batch, query heads, query length, key length, head dim
+    measured_s: float  # the operator's attention kernels (the backward's 3)
+    group = "attention"
+    dtype = "bf16"
+
+    @property
+    def inputs(self) -> tuple:
+        return self.kernel, self.backward, self.flops, self.s_kv
+
+    @property
+    def key(self) -> str:
+        return f"{self.kernel}_{'bwd' if self.backward else 'fwd'}"
 
 
 @dataclass(frozen=True)
@@ -56,6 +128,16 @@ class MemoryPoint:
     op: str
     nbytes: int
     measured_s: float
+    strided: bool = False  # PyTorch's legacy elementwise_kernel: an operand is not contiguous (STRIDED_KERNEL)
+    dtype = ""
+
+    @property
+    def group(self) -> str:
+        return "memory_strided" if self.strided else "memory"
+
+    @property
+    def shape(self) -> tuple:
+        return (self.nbytes,)
 
     @property
     def inputs(self) -> tuple:
@@ -65,12 +147,14 @@ class MemoryPoint:
 @dataclass(frozen=True)
 class TraceFit:
     efficiency: Efficiency  # the defaults with the fitted constants
-    constants: dict  # what was fitted: name -> value (gemm_ceiling by dtype)
+    gpu: GPUSpec  # the GPU with the fitted constants (kernel_constants: the clock among them)
+    constants: dict  # what was fitted: name -> value (gemm_ceiling by dtype, attention_ceiling by kernel_pass)
     kernels: list[dict]  # per class: count, seconds per step, share
-    rows: list[dict]  # GEMM and memory points grouped by shape: measured, before, after
-    median_error_before: dict  # by group (gemm, memory): median |before / measured - 1|
+    rows: list[dict]  # GEMM, attention and memory points grouped by shape: measured, before, after
+    median_error_before: dict  # by group (GROUPS): median |before / measured - 1|
     median_error_after: dict
     warnings: list[str]
+    unclassified: list[dict]  # kernels no class names: name, count, seconds per step
 
 
 def gemm_points(trace: Trace) -> list[GemmPoint]:
@@ -81,11 +165,33 @@ def gemm_points(trace: Trace) -> list[GemmPoint]:
     out = []
     for i, launched in by_op.items():
         op = trace.ops[i]
-        shape = gemm_shape(op)
-        dtype = gemm_dtype(op, [k.name for k in launched]) if shape else None
+        shape, grouped = gemm_shape(op), grouped_shape(op)
+        dtype = gemm_dtype(op, [k.name for k in launched]) if shape or grouped else None
         seconds = sum(k.dur_s for k in launched)
-        if shape and dtype and seconds > 0:
-            out.append(GemmPoint(op.name, *shape, dtype, seconds))
+        if dtype and seconds > 0:
+            if shape:
+                out.append(GemmPoint(op.name, *shape, dtype, seconds))
+            elif grouped:
+                m, n, k, groups, ragged = grouped
+                out.append(GemmPoint(op.name, m, n, k, groups, dtype, seconds, True, ragged))
+    return out
+
+
+def attention_points(trace: Trace) -> list[AttentionPoint]:
+    """Each fused attention operator with recorded shapes: its attention kernels' time against its FLOPs."""
+    by_op: dict[int, float] = {}
+    for k in trace.kernels:
+        if k.kind == "attention" and k.op_index >= 0:
+            by_op[k.op_index] = by_op.get(k.op_index, 0.0) + k.dur_s
+    out = []
+    for i, seconds in by_op.items():
+        found = attention_shape(trace.ops[i])
+        if found is None or seconds <= 0:
+            continue
+        kernel, backward, b, heads, s_q, s_kv, d, causal = found
+        keys = causal_keys(s_kv, None) if causal and s_q == s_kv else s_kv
+        flops = 2.0 * b * s_q * keys * heads * (d + d)  # QK^T and PV (kernels.attention_flops)
+        out.append(AttentionPoint(trace.ops[i].name, kernel, backward, flops, s_kv, (b, heads, s_q, s_kv, d), seconds))
     return out
 
 
@@ -100,16 +206,41 @@ def memory_points(trace: Trace) -> list[MemoryPoint]:
             continue
         nbytes = elementwise_bytes(trace.ops[i])
         if nbytes:
-            out.append(MemoryPoint(trace.ops[i].name, nbytes, launched[0].dur_s))
+            strided = bool(STRIDED_KERNEL.search(launched[0].name))
+            out.append(MemoryPoint(trace.ops[i].name, nbytes, launched[0].dur_s, strided))
     return out
 
 
 def predict_gemm(p: GemmPoint, gpu: GPUSpec, eff: Efficiency) -> float:
-    return gemm_time((float(p.m),) * p.groups, float(p.n), float(p.k), p.dtype, gpu, eff)
+    """As kernels.gemm_kernels prices it: a grouped GEMM's groups at their multinomial spread about the mean
+    (group_rows, sd sqrt(m)) on the ptr-array kernel's GROUPED_GEMM_K0; its ragged-K weight gradient at the mean K."""
+    if not p.grouped:
+        return gemm_time((float(p.m),) * p.groups, float(p.n), float(p.k), p.dtype, gpu, eff)
+    rows = (float(p.m),) * p.groups if p.ragged else group_rows(float(p.m), math.sqrt(p.m), p.groups)
+    return gemm_time(rows, float(p.n), float(p.k), p.dtype, gpu, eff, GROUPED_GEMM_K0)
+
+
+def predict_attention(p: AttentionPoint, gpu: GPUSpec, eff: Efficiency) -> float:
+    forward, backward = flash_attention_s(p.flops, p.s_kv, p.kernel, gpu, eff)
+    return backward if p.backward else forward
 
 
 def predict_memory(p: MemoryPoint, gpu: GPUSpec, eff: Efficiency) -> float:
     return memory_kernel(p.op, p.nbytes, gpu, eff).time_s
+
+
+PREDICT = {
+    "gemm": predict_gemm,
+    "grouped_gemm": predict_gemm,
+    "attention": predict_attention,
+    "memory": predict_memory,
+    "memory_strided": predict_memory,
+}
+
+
+def with_clock(gpu: GPUSpec, clock: float) -> GPUSpec:
+    """``gpu`` running its tensor work at ``clock`` of the datasheet clock (kernels.clock_fraction reads it)."""
+    return replace(gpu, kernel_constants=tuple(sorted(dict(gpu.kernel_constants, clock=clock).items())))
 
 
 def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> TraceFit:
@@ -117,36 +248,55 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
     (module docstring)."""
     base = efficiency(gpu, base)
     warnings = device_warnings(trace, gpu)
-    gemms, mems = gemm_points(trace), memory_points(trace)
-    eff, constants = base, {}
-    if len(gemms) >= MIN_POINTS:
-        eff, constants = _fit_gemms(gemms, gpu, eff, warnings)
+    if trace.steps_from == "none":
+        warnings.append(
+            "no ProfilerStep#N annotations and the kernels do not repeat: the per-step figures are the whole "
+            "trace's; call prof.step() each step or give trace_steps"
+        )
+    gemms, mems_all, attns = gemm_points(trace), memory_points(trace), attention_points(trace)
+    plain = [p for p in gemms if not p.grouped]
+    mems = [p for p in mems_all if not p.strided]
+    eff, fitted_gpu, constants = base, gpu, {}
+    if len(plain) >= MIN_POINTS:
+        eff, fitted_gpu, constants = _fit_gemms(plain, gpu, eff, warnings)
     else:
         warnings.append(
-            f"{len(gemms)} GEMM operators with recorded shapes (at least {MIN_POINTS} fit the GEMM constants): "
-            "profile with record_shapes=True; the GEMM constants keep their defaults"
+            f"{len(plain)} GEMM operators with recorded shapes (at least {MIN_POINTS} fit the clock and the GEMM "
+            "constants): profile with record_shapes=True; the GEMM constants keep their defaults"
         )
+    if attns:
+        eff, fitted = _fit_attention(attns, fitted_gpu, eff, warnings)
+        if fitted:
+            constants["attention_ceiling"] = fitted
     if len(mems) >= MIN_POINTS:
-        grid = [replace(eff, hbm=h, kernel_s=s) for h in HBM_GRID for s in KERNEL_GRID_S]
-        _, eff = fit_grid(mems, grid, lambda p, e: predict_memory(p, gpu, e), _measured, same=_same)
+        eff = _fit_memory(mems, gpu, eff)
         constants |= {"hbm": eff.hbm, "kernel_s": eff.kernel_s}
         for name, value, grid_ in (("hbm", eff.hbm, HBM_GRID), ("kernel_s", eff.kernel_s, KERNEL_GRID_S)):
             if value in (grid_[0], grid_[-1]):
                 warnings.append(f"{name} = {value:g} is an end of its range ({grid_[0]:g} .. {grid_[-1]:g})")
     else:
         warnings.append(
-            f"{len(mems)} elementwise operators with recorded shapes (at least {MIN_POINTS} fit the HBM fraction "
-            "and the per-kernel cost): they keep their defaults"
+            f"{len(mems)} contiguous elementwise operators with recorded shapes (at least {MIN_POINTS} fit the HBM "
+            "fraction and the per-kernel cost): they keep their defaults"
         )
-    rows = _rows(gemms, mems, gpu, base, eff)
+    points = [*gemms, *attns, *mems_all]
+    missing = unclassified(trace)
+    if missing:
+        share = sum(r["seconds_per_step"] for r in missing) * trace.steps / max(1e-12, _kernel_seconds(trace))
+        warnings.append(
+            f"{sum(r['count'] for r in missing)} kernels ({share:.1%} of the kernel time) have no class "
+            f"(profile_trace.KERNEL_CLASSES): {', '.join(r['name'][:60] for r in missing[:3])}; see unclassified"
+        )
     return TraceFit(
         eff,
+        fitted_gpu,
         constants,
         kernel_summary(trace),
-        rows,
-        _median_errors(gemms, mems, gpu, base),
-        _median_errors(gemms, mems, gpu, eff),
+        _rows(points, (gpu, base), (fitted_gpu, eff)),
+        _median_errors(points, gpu, base),
+        _median_errors(points, fitted_gpu, eff),
         warnings,
+        missing,
     )
 
 
@@ -159,9 +309,10 @@ def _same(p) -> tuple:
     return p.inputs
 
 
-def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, dict]:
-    """The fixed cost by grid with each dtype's ceiling centred out, then each dtype's ceiling scaled to its
-    median (three rounds: the fixed cost and the HBM bound make the time not quite 1 / ceiling)."""
+def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
+    """The fixed cost by grid with each dtype's ceiling centred out; then the clock on the dtypes the generation
+    has a measured ceiling for, and the other dtypes' ceilings at that clock, each scaled to its median (three
+    rounds: the fixed cost and the HBM bound make the time not quite 1 / (clock x ceiling))."""
     _, eff = fit_grid(
         gemms,
         [replace(eff, gemm_fixed_s=s) for s in FIXED_GRID_S],
@@ -170,48 +321,110 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, dict]:
         _dtype,
         _same,
     )
-    ceilings = {d: gemm_ceiling(gpu, d, eff) for d in sorted({p.dtype for p in gemms})}
-    for _ in range(3):
+    constants: dict = {"gemm_fixed_s": eff.gemm_fixed_s}
+    gen = generation(gpu)
+    tabled = [p for p in gemms if (gen, p.dtype) in GEMM_CEILING]
+    if tabled:
+        clock = clock_fraction(gpu, "bf16")
+        for _ in range(3):
+            at = with_clock(gpu, clock)
+            errors = log_errors(tabled, eff, lambda p, e, at=at: predict_gemm(p, at, e), _measured)
+            clock *= class_scales(errors)[None]
+        clock = _clipped("clock", clock, CLOCK_RANGE, warnings)
+        gpu = with_clock(gpu, clock)
+        constants["clock"] = round(clock, 4)
+        sustained = clock_fraction(replace(gpu, kernel_constants=()), "bf16")
+        if clock > 1.05 * sustained and gen in DATASHEET_CLOCK_MHZ:
+            mhz = DATASHEET_CLOCK_MHZ[gen]
+            warnings.append(
+                f"the trace's GEMMs ran at {clock:.3f} of the datasheet clock ({clock * mhz:,.0f} MHz of {mhz:,}), "
+                f"above the {sustained:.3f} ({sustained * mhz:,.0f} MHz) a training step sustains under the power "
+                f"cap (planner/kernels.py SUSTAINED_CLOCK {SUSTAINED_CLOCK.get(gen, 1.0)}): a few profiled steps run "
+                "before the cap pulls the clock down. A plan with this clock is the burst's; profile after ~30 s of "
+                "training, or drop calibration.kernels.clock to plan at the sustained clock"
+            )
+    rest = [p for p in gemms if (gen, p.dtype) not in GEMM_CEILING]
+    ceilings = {d: gemm_ceiling(gpu, d, eff) for d in sorted({p.dtype for p in rest})}
+    for _ in range(3 if ceilings else 0):
         trial = replace(eff, gemm_ceilings=tuple(ceilings.items()))
-        scales = class_scales(log_errors(gemms, trial, lambda p, e: predict_gemm(p, gpu, e), _measured, _dtype, _same))
+        scales = class_scales(log_errors(rest, trial, lambda p, e: predict_gemm(p, gpu, e), _measured, _dtype, _same))
         ceilings = {d: c * scales[d] for d, c in ceilings.items()}
-    low, high = CEILING_RANGE
-    for d, c in ceilings.items():
-        if not low <= c <= high:
-            warnings.append(f"gemm_ceiling.{d} = {c:.3f} is outside {low} .. {high}: clipped")
-            ceilings[d] = min(high, max(low, c))
-    eff = replace(eff, gemm_ceilings=tuple(ceilings.items()))
-    return eff, {"gemm_ceiling": {d: round(c, 4) for d, c in ceilings.items()}, "gemm_fixed_s": eff.gemm_fixed_s}
+    ceilings = {d: _clipped(f"gemm_ceiling.{d}", c, CEILING_RANGE, warnings) for d, c in ceilings.items()}
+    if ceilings:
+        eff = replace(eff, gemm_ceilings=tuple(ceilings.items()))
+        constants["gemm_ceiling"] = {d: round(c, 4) for d, c in ceilings.items()}
+    return eff, gpu, constants
+
+
+def _fit_memory(mems, gpu, eff) -> Efficiency:
+    """``hbm`` (with ``kernel_s``) on the kernels that stream more than HBM_MIN_BYTES (the tables' way: the HBM
+    fraction from big copies), then ``kernel_s`` on all; with fewer than MIN_POINTS big ones, both on all."""
+    predict = lambda p, e: predict_memory(p, gpu, e)  # noqa: E731
+    big = [p for p in mems if p.nbytes >= HBM_MIN_BYTES]
+    if len(big) < MIN_POINTS:
+        grid = [replace(eff, hbm=h, kernel_s=s) for h in HBM_GRID for s in KERNEL_GRID_S]
+        return fit_grid(mems, grid, predict, _measured, same=_same)[1]
+    grid = [replace(eff, hbm=h, kernel_s=s) for h in HBM_GRID for s in KERNEL_GRID_S]
+    _, eff = fit_grid(big, grid, predict, _measured, same=_same)
+    return fit_grid(mems, [replace(eff, kernel_s=s) for s in KERNEL_GRID_S], predict, _measured, same=_same)[1]
+
+
+def _fit_attention(points, gpu, eff, warnings) -> tuple[Efficiency, dict]:
+    """Each (kernel, pass) ceiling with at least MIN_POINTS points scaled to its median at ``gpu``'s clock."""
+    by: dict[str, list] = {}
+    for p in points:
+        by.setdefault(p.key, []).append(p)
+    fitted = {}
+    for key, group in sorted(by.items()):
+        if len(group) < MIN_POINTS:
+            warnings.append(f"{len(group)} {key} attention operators (at least {MIN_POINTS} fit its ceiling): kept")
+            continue
+        kernel, _, direction = key.rpartition("_")
+        c = attention_ceiling(kernel, gpu, eff)[direction == "bwd"]
+        for _ in range(3):
+            trial = replace(eff, attention_ceilings=tuple(sorted({**dict(eff.attention_ceilings), key: c}.items())))
+            c *= class_scales(log_errors(group, trial, lambda p, e: predict_attention(p, gpu, e), _measured))[None]
+        fitted[key] = round(_clipped(f"attention_ceiling.{key}", c, ATTENTION_RANGE, warnings), 4)
+    if fitted:
+        eff = replace(eff, attention_ceilings=tuple(sorted({**dict(eff.attention_ceilings), **fitted}.items())))
+    return eff, fitted
+
+
+def _clipped(name: str, value: float, bounds: tuple, warnings: list[str]) -> float:
+    low, high = bounds
+    if not low <= value <= high:
+        warnings.append(f"{name} = {value:.3f} is outside {low:g} .. {high:g}: clipped")
+    return min(high, max(low, value))
 
 
 def _dtype(p: GemmPoint) -> str:
     return p.dtype
 
 
-def _rows(gemms, mems, gpu, before: Efficiency, after: Efficiency) -> list[dict]:
+def _rows(points, before: tuple, after: tuple) -> list[dict]:
+    """The points grouped by (group, op, shape, dtype): measured median, predicted before and after ((gpu, eff)
+    each), the most total time first, at most MAX_ROWS per group."""
     groups: dict[tuple, list] = {}
-    for p in gemms:
-        groups.setdefault(("gemm", p.op, (p.m, p.n, p.k, p.groups), p.dtype), []).append(p)
-    for p in mems:
-        groups.setdefault(("memory", p.op, (p.nbytes,), ""), []).append(p)
+    for p in points:
+        groups.setdefault((p.group, p.op, p.shape, p.dtype), []).append(p)
     rows = []
-    for (kind, op, shape, dtype), points in groups.items():
-        predict = predict_gemm if kind == "gemm" else predict_memory
+    for (kind, op, shape, dtype), same in groups.items():
+        predict = PREDICT[kind]
         rows.append(
             {
                 "kind": kind,
                 "op": op,
                 "shape": list(shape),
                 "dtype": dtype,
-                "count": len(points),
-                "measured_s": median(p.measured_s for p in points),
-                "before_s": predict(points[0], gpu, before),
-                "after_s": predict(points[0], gpu, after),
-                "_total": sum(p.measured_s for p in points),
+                "count": len(same),
+                "measured_s": median(p.measured_s for p in same),
+                "before_s": predict(same[0], *before),
+                "after_s": predict(same[0], *after),
+                "_total": sum(p.measured_s for p in same),
             }
         )
     rows.sort(key=lambda r: -r["_total"])
-    out, kept = [], {"gemm": 0, "memory": 0}
+    out, kept = [], dict.fromkeys(GROUPS, 0)
     for r in rows:
         if kept[r["kind"]] < MAX_ROWS:
             kept[r["kind"]] += 1
@@ -220,12 +433,27 @@ def _rows(gemms, mems, gpu, before: Efficiency, after: Efficiency) -> list[dict]
     return out
 
 
-def _median_errors(gemms, mems, gpu, eff) -> dict:
-    out = {}
-    for kind, points, predict in (("gemm", gemms, predict_gemm), ("memory", mems, predict_memory)):
-        if points:
-            out[kind] = median(abs(predict(p, gpu, eff) / p.measured_s - 1) for p in points)
-    return out
+def _median_errors(points, gpu, eff) -> dict:
+    by: dict[str, list[float]] = {}
+    for p in points:
+        by.setdefault(p.group, []).append(abs(PREDICT[p.group](p, gpu, eff) / p.measured_s - 1))
+    return {g: median(by[g]) for g in GROUPS if g in by}
+
+
+def _kernel_seconds(trace: Trace) -> float:
+    return sum(k.dur_s for k in trace.kernels)
+
+
+def unclassified(trace: Trace) -> list[dict]:
+    """The kernels no class names (KERNEL_CLASSES, OP_CLASSES): by name, the most time first."""
+    by: dict[str, list] = {}
+    for k in trace.kernels:
+        if k.kind == "other":
+            by.setdefault(k.name, [0, 0.0])
+            by[k.name][0] += 1
+            by[k.name][1] += k.dur_s
+    ranked = sorted(by.items(), key=lambda item: -item[1][1])[:MAX_UNCLASSIFIED]
+    return [{"name": n[:300], "count": c, "seconds_per_step": t / trace.steps} for n, (c, t) in ranked]
 
 
 def kernel_summary(trace: Trace) -> list[dict]:
@@ -236,7 +464,7 @@ def kernel_summary(trace: Trace) -> list[dict]:
         by[k.kind][0] += 1
         by[k.kind][1] += k.dur_s
     total = sum(t for _, t in by.values()) or 1.0
-    order = ("gemm", "attention", "memory", "nccl", "other")
+    order = ("gemm", "attention", "memory", "copy", "nccl", "other")
     return [
         {
             "kind": kind,
@@ -321,4 +549,12 @@ def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tu
     return rows, stage, warnings
 
 
-__all__ = ["TraceFit", "compare_collectives", "fit_trace", "kernel_summary", "trace_stage"]
+__all__ = [
+    "TraceFit",
+    "compare_collectives",
+    "fit_trace",
+    "kernel_summary",
+    "trace_stage",
+    "unclassified",
+    "with_clock",
+]

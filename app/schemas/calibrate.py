@@ -108,17 +108,32 @@ class RunOut(BaseModel):
 
 
 class KernelClassOut(BaseModel):
-    kind: str = Field(description="gemm, attention, memory, nccl or other (planner/profile_trace.py KERNEL_CLASSES)")
+    kind: str = Field(
+        description="gemm, attention, memory, copy (memcpy/memset), nccl or other (planner/profile_trace.py "
+        "KERNEL_CLASSES, OP_CLASSES)"
+    )
     count: int
     per_step: float
     seconds_per_step: float
     share: float = Field(description="of the trace's kernel time")
 
 
+class UnclassifiedOut(BaseModel):
+    name: str = Field(description="a kernel's name that no class matches (the first 300 characters)")
+    count: int
+    seconds_per_step: float
+
+
 class KernelRowOut(BaseModel):
-    kind: str = Field(description="gemm or memory")
+    kind: str = Field(
+        description="gemm, grouped_gemm (torch._grouped_mm), attention, memory (contiguous) or memory_strided "
+        "(PyTorch's unvectorised elementwise_kernel: shown, not fitted)"
+    )
     op: str = Field(description="the aten operator that launched the kernel(s)")
-    shape: list[int] = Field(description="gemm: M, N, K, groups; memory: HBM bytes")
+    shape: list[int] = Field(
+        description="gemm: M, N, K, groups (grouped: the mean rows per group); attention: batch, query heads, "
+        "query length, key length, head dim; memory: HBM bytes"
+    )
     dtype: str
     count: int
     measured_s: float = Field(description="median over the trace's launches (a GEMM: every kernel its op launched)")
@@ -142,17 +157,25 @@ class TraceOut(BaseModel):
     device: str = Field(description="deviceProperties[0].name")
     sms: int
     steps: int
+    steps_from: str = Field(
+        description="ProfilerStep (its annotations), repeats (the kernel sequence repeats that often), request "
+        "(trace_steps) or none (one step assumed)"
+    )
     rank: int | None
     world_size: int | None
     events: int
     record_shapes: bool
     kernels: list[KernelClassOut]
-    constants: dict = Field(description="fitted compute constants (planner/kernels.py Efficiency names)")
+    constants: dict = Field(
+        description="fitted compute constants (planner/kernels.py KERNEL_CONSTANTS names: clock, gemm_ceiling by "
+        "dtype, gemm_fixed_s, attention_ceiling by kernel_pass, hbm, kernel_s)"
+    )
     rows: list[KernelRowOut]
     median_error_before: dict[str, float] = Field(description="by kernel group: median |before / measured - 1|")
     median_error_after: dict[str, float]
     stage: int | None = Field(description="the plan's stage the trace's rank is on (with compare)")
     collectives: list[CollectiveRowOut]
+    unclassified: list[UnclassifiedOut] = Field(description="kernels of no class, the most time first (at most 20)")
     warnings: list[str]
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, Field
 
 from collectives.topology import fabrics, networks
-from planner.kernels import GEMM_DTYPES, KERNEL_CONSTANTS
+from planner.kernels import ATTENTION_CEILING_KEYS, GEMM_DTYPES, KERNEL_CONSTANTS
 
 from .base import Strict
 
@@ -113,6 +113,21 @@ class KernelsIn(Strict):
     gemm_fixed_s: _kernel_constant("gemm_fixed_s", "fixed cost of one GEMM, s") | None = None
     hbm: _kernel_constant("hbm", "achieved / datasheet HBM bandwidth of memory-bound kernels") | None = None
     kernel_s: _kernel_constant("kernel_s", "fixed cost of a memory-bound or attention kernel, s") | None = None
+    clock: (
+        _kernel_constant(
+            "clock",
+            "the tensor clock the trace ran at, a fraction of the datasheet clock at the cluster's power limit "
+            "(replaces the sustained clock and the power-limit scale)",
+        )
+        | None
+    ) = None
+    attention_ceiling: (
+        dict[str, _kernel_constant("attention_ceiling", "a fused attention kernel's fraction of the bf16 peak")] | None
+    ) = Field(
+        default=None,
+        max_length=len(ATTENTION_CEILING_KEYS),
+        description=f"by kernel and pass: {', '.join(ATTENTION_CEILING_KEYS)}",
+    )
 
 
 class CalibrationIn(Strict):

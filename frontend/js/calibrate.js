@@ -60,8 +60,11 @@ function describeTrace(t) {
     + (c.plan_calls_per_iteration ? `, plan ${c.plan_calls_per_iteration} at ${fmtTime(c.plan_s_per_call)}` : ""));
   const constants = Object.entries(t.constants).flatMap(([name, v]) => (typeof v === "object"
     ? Object.entries(v).map(([dtype, c]) => `${name}.${dtype} ${sig3(c)}`) : [`${name} ${name.endsWith("_s") ? fmtTime(v) : sig3(v)}`]));
-  return `Trace (${t.device || "GPU not recorded"}, ${t.steps} steps): ${kinds.join(", ")}. Fitted compute constants: `
+  const steps = `${t.steps} steps${t.steps_from === "repeats" ? " (its kernels repeat so often)" : t.steps_from === "none" ? " (assumed)" : ""}`;
+  const missing = (t.unclassified || []).map((u) => `${u.name.slice(0, 60)} ×${fmtInt(u.count)}`);
+  return `Trace (${t.device || "GPU not recorded"}, ${steps}): ${kinds.join(", ")}. Fitted compute constants: `
     + `${constants.join(", ") || "none"}; median |kernel error| ${errors.join(", ") || "–"}. Collectives: ${calls.join("; ") || "none"}.`
+    + (missing.length ? ` Kernels of no class: ${missing.join(", ")}.` : "")
     + (t.warnings.length ? ` Warnings: ${t.warnings.join("; ")}.` : "");
 }
 

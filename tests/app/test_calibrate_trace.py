@@ -126,7 +126,7 @@ def test_the_cli_calibrates_a_trace(capsys, tmp_path):
     assert main(["calibrate", "--trace", trace, "--cluster", "dgx-a100", "--compare", str(compare)]) == 0
     out = capsys.readouterr().out
     assert "NVIDIA A100-PG509-200, 6 steps, 109,123 events" in out
-    assert "aten::mm" in out and "memory: median |error| 47.0% before" in out
+    assert "aten::mm" in out and "memory: median |error| 49.0% before" in out
     assert "allreduce" in out and "sendrecv" in out
     assert 'post the "cluster" of --format json (its calibration.kernels) to /v1/plan' in out
     assert main(["calibrate", "--trace", trace, "--cluster", "dgx-a100", "--format", "json"]) == 0
@@ -168,7 +168,8 @@ def test_the_fitted_constants_plan_as_the_answer_hands_them_on(api, control):
     answer, after, adam_after = step(control["cluster"] | {"num_nodes": 1})
     assert adam_after / adam_before == pytest.approx(EFFICIENCY.hbm / 0.675, rel=1e-9)
     assert 1.0 < after / before < EFFICIENCY.hbm / 0.675
-    assert answer["cluster"]["calibration"]["kernels"] == constants  # the answered cluster keeps them
+    answered = {k: v for k, v in answer["cluster"]["calibration"]["kernels"].items() if v is not None}
+    assert answered == constants  # the answered cluster keeps them (the absent ones as null)
     _, same, _ = step(answer["cluster"])
     assert same == after
 

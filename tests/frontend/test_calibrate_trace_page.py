@@ -1,0 +1,42 @@
+"""The page's calibration view with a real torch.profiler trace (issue 20 item 4): the H200 Llama-3 8B layer's
+.json.gz chosen in "or a torch.profiler trace", fitted on the form's H200 cluster, its constants shown, then
+planned with: the compute moves as over HTTP (tests/app/test_calibrate_h200_trace.py)."""
+
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from .test_page import browser, open_page, page, url_state  # noqa: F401  (the page tests' browser and helpers)
+
+pytestmark = pytest.mark.browser
+TRACE = Path(__file__).resolve().parents[1] / "reference" / "kernels" / "h200" / "trace_llama3_8b.tp1.s4096.json.gz"
+REQUEST = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+    "parallel": {"tp": 1, "pp": 1, "dp": 8, "framework": "torch"},
+    "cluster": {"preset": "dgx-h200", "num_nodes": 1},
+    "options": {"algorithm": "auto"},
+}
+
+
+def test_a_profiler_trace_calibrates_on_the_page_then_plans(page):  # noqa: F811
+    open_page(page, url_state(REQUEST))
+    before = page.evaluate("window.commplan.state.plan.step.compute_s")
+    page.set_input_files("#calib-trace", str(TRACE))
+    page.click("#calib-run")
+    summary = page.locator("#calib-trace-summary")
+    expect(summary).to_be_visible(timeout=30_000)
+    expect(summary).to_contain_text("Trace (NVIDIA H200, 3 steps (its kernels repeat so often))")
+    expect(summary).to_contain_text("clock 0.963")
+    expect(summary).to_contain_text("attention_ceiling.cudnn_fwd 0.721")
+    expect(summary).to_contain_text("attention_ceiling.cudnn_bwd 0.576")
+    expect(summary).to_contain_text("hbm 0.95")
+    assert "Kernels of no class" not in summary.inner_text()
+    page.click("#calib-use")
+    expect(page.locator("#calib-active")).to_contain_text("kernels.clock 0.963", timeout=20_000)
+    kernels = page.evaluate("window.commplan.state.request.cluster.calibration.kernels")
+    assert kernels["clock"] == pytest.approx(0.9627) and kernels["hbm"] == 0.95
+    page.wait_for_function(f"window.commplan.state.plan && window.commplan.state.plan.step.compute_s < {before}")
+    after = page.evaluate("window.commplan.state.plan.step.compute_s")
+    assert after / before == pytest.approx(0.882, abs=0.01)  # as POST /v1/plan with the returned cluster
