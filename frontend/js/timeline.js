@@ -40,7 +40,8 @@ function colorOf(ev) {
 // the legend: what each colour drawn means, in the order of the lanes (a new user read the blues as one thing);
 // a compute colour lists the passes drawn in it ("forward / optimizer")
 const nameOf = (b) => (b.wait ? "pipeline wait" : b.stream === "recompute" ? "recompute" : colorOf(b) === "#c5ced8" ? "bubble"
-  : b.stream === "compute" ? String(b.name) : `${b.stream} ${b.overlapped ? "overlapped" : "exposed"}`);
+  : b.stream === "compute" ? (/^(w|wgrad)/i.test(String(b.name)) ? "weight gradients" : String(b.name))
+  : `${b.stream} ${b.overlapped ? "overlapped" : "exposed"}`);
 function legendOf(blocks) {
   const seen = new Map([["#e9eef4", new Set(["idle"])]]);
   for (const b of blocks) { const c = colorOf(b); if (!seen.has(c)) seen.set(c, new Set()); seen.get(c).add(nameOf(b)); }
