@@ -325,7 +325,7 @@ def _table(result: dict) -> str:
                 _stages(c["stages"]),
                 f"{c['group_size']}x{c['num_groups']}",
                 human_bytes(c["message_bytes"]),
-                str(c["calls_per_iteration"]),
+                f"{c['calls_per_iteration']:,}",  # "1,280" as the page writes it
                 c["algorithm"],
                 human_bytes(c["bytes_sent_per_rank"]),
                 human_seconds(c["time_s"]),
