@@ -52,10 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         "file's, else 0.05; 0 turns it off)",
     )
     sweep = sub.add_parser("sweep", help="run a sweep of searches (SPEC.json or SPEC.yaml; docs/search.md)")
-    sweep.add_argument("spec")
-    sweep.add_argument("--engine", choices=("local", "ray"), default="local")
+    sweep.add_argument("spec", help="path to the sweep spec (a search request with lists to sweep over)")
+    sweep.add_argument(
+        "--engine", choices=("local", "ray"), default="local",
+        help="local: processes on this machine; ray: a Ray cluster (pip install 'commplan[ray]')",
+    )  # fmt: skip
     sweep.add_argument("--out", default="sweep.csv", help="output file: .csv, or .parquet (needs pyarrow)")
-    sweep.add_argument("--workers", type=int, default=None)
+    sweep.add_argument("--workers", type=int, default=None, help="processes, or Ray CPUs (default: every core)")
     cal = sub.add_parser(
         "calibrate",
         help="fit the pricing constants to nccl-tests logs, or the compute constants to a torch.profiler "
@@ -239,7 +242,7 @@ def _serve_search_table(result: dict) -> str:
     lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments; {result['why']}"]
     for i, hit in enumerate(result["results"], 1):
         a = hit["answer"]
-        pools = " + ".join(f"{p['role']} {p['workers']}x{p['gpus'] // max(p['workers'], 1)}" for p in a["pools"])
+        pools = " + ".join(_pool_name(p) for p in hit["request"]["deployment"]["pools"])
         lines.append(
             _deployment_line(
                 f"{i:3d}.", hit, pools, a["throughput"]["output_tokens_per_s_per_gpu"],
@@ -250,10 +253,7 @@ def _serve_search_table(result: dict) -> str:
     # meets the SLA at the traffic's load, these say which would at a lower one
     lines.append(f"Pareto front: {len(result['pareto'])} deployments (tokens/s per GPU against tokens/s per user)")
     for point in result["pareto"]:
-        pools = " + ".join(
-            f"{p['role']} {p['workers']}x{p.get('tp', 1) * p.get('pp', 1) * p.get('dp', 1)}"
-            for p in point["request"]["deployment"]["pools"]
-        )
+        pools = " + ".join(_pool_name(p) for p in point["request"]["deployment"]["pools"])
         traffic = point["request"]["traffic"]
         load = (
             f"concurrency {traffic['concurrency']:,}"
@@ -270,10 +270,17 @@ def _serve_search_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pool_name(p: dict) -> str:
+    """A pool as the page names it: "prefill 4x TP2", "decode 1x DP32 EP32 attention-DP" (it read "prefill 4x2":
+    workers by GPUs, which a newcomer took for TP4 x 2)."""
+    dims = " ".join(f"{k.upper()}{p[k]}" for k in ("tp", "pp", "dp", "ep") if p.get(k, 1) > 1) or "TP1"
+    return f"{p['role']} {p['workers']}x {dims}" + (" attention-DP" if p.get("attention_dp") else "")
+
+
 def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user: float, ttft, tpot: float) -> str:
     ttft_text = "unbounded" if ttft is None else human_seconds(ttft)
     return (
-        f"{lead} {hit['engine']:7s} {hit['mode']:14s} {pools:34s} {per_gpu:9,.1f} tokens/s/GPU  "
+        f"{lead} {hit['engine']:7s} {hit['mode']:14s} {pools:40s} {per_gpu:9,.1f} tokens/s/GPU  "
         f"{per_user:7,.1f} tokens/s/user  TTFT {ttft_text}  TPOT {human_seconds(tpot)}"
     )
 
@@ -282,7 +289,8 @@ def _serve_table(result: dict) -> str:
     tp = result["throughput"]
     ttft = "unbounded (saturated)" if result["ttft_s"] is None else human_seconds(result["ttft_s"])
     lines = [
-        f"GPUs {result['gpus']}  TTFT {ttft}  TPOT {human_seconds(result['tpot_s'])}  fits {result['fits']}",
+        f"GPUs {result['gpus']}  TTFT {ttft}  TPOT {human_seconds(result['tpot_s'])}  "
+        f"{'fits in memory' if result['fits'] else 'does NOT fit in memory'}",
         f"output {tp['output_tokens_per_s']:,.0f} tokens/s, {tp['output_tokens_per_s_per_gpu']:,.1f} per GPU, "
         f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s; "
         f"bound by {result['bottleneck']}",
@@ -317,7 +325,7 @@ def _table(result: dict) -> str:
                 _stages(c["stages"]),
                 f"{c['group_size']}x{c['num_groups']}",
                 human_bytes(c["message_bytes"]),
-                str(c["calls_per_iteration"]),
+                f"{c['calls_per_iteration']:,}",  # "1,280" as the page writes it
                 c["algorithm"],
                 human_bytes(c["bytes_sent_per_rank"]),
                 human_seconds(c["time_s"]),

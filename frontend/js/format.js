@@ -27,7 +27,9 @@ export const fmtTime = (s) => (s === null || s === undefined || Number.isNaN(s) 
   : Math.abs(s) < 0.9995e-9 ? tiny(s, "ns", "0 s") : human(s, TIME_UNITS, (v) => `${sig3(v / 1e-9)} ns`));
 export const fmtCount = (n) => (n === null || n === undefined ? "–" : Math.abs(n) < 999.5 ? sig3(n)
   : human(n, COUNT_UNITS));
-export const fmtInt = (n) => (n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"));
+// one formatter for every integer: toLocaleString built a new one per call (the timeline's tooltips made thousands)
+const INT = new Intl.NumberFormat("en-US");
+export const fmtInt = (n) => (n === null || n === undefined ? "–" : INT.format(Math.round(n)));
 export const fmtPct = (x) => (x === null || x === undefined ? "–" : x === 0 ? "0%"
   : Math.abs(100 * x) < 0.009995 ? (x > 0 ? "< 0.01%" : "0%") : `${sig3(100 * x)}%`);
 // a difference of two fractions (MFU A vs B) in percentage points: "0.309 pp", never "-0.309%"

@@ -16,7 +16,7 @@
 // - recompute (stream "recompute", part of a backward's compute): a narrow bar inside the backward it belongs to.
 // Hundreds of micro-batches: events closer than 1/1500 of the step on one lane are drawn as one block.
 /* global echarts */
-import { $ } from "./dom.js";
+import { $, el } from "./dom.js";
 import { axisTime, esc, fmtInt, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 
@@ -35,6 +35,17 @@ function colorOf(ev) {
   if (ev.stream === "compute") return /^(b|bwd|backward)/.test(name) ? "#174a7e" : /^(w|wgrad)/.test(name) ? "#6c8fb5" : "#4f8fd6";
   const base = STREAM_COLORS[ev.stream] || STREAM_COLORS[String(ev.stream).split(/[._-]/)[0]] || "#7f8c8d";
   return ev.overlapped ? lighten(base) : base;
+}
+
+// the legend: what each colour drawn means, in the order of the lanes (a new user read the blues as one thing);
+// a compute colour lists the passes drawn in it ("forward / optimizer")
+const nameOf = (b) => (b.wait ? "pipeline wait" : b.stream === "recompute" ? "recompute" : colorOf(b) === "#c5ced8" ? "bubble"
+  : b.stream === "compute" ? (/^(w|wgrad)/i.test(String(b.name)) ? "weight gradients" : String(b.name))
+  : `${b.stream} ${b.overlapped ? "overlapped" : "exposed"}`);
+function legendOf(blocks) {
+  const seen = new Map([["#e9eef4", new Set(["idle"])]]);
+  for (const b of blocks) { const c = colorOf(b); if (!seen.has(c)) seen.set(c, new Set()); seen.get(c).add(nameOf(b)); }
+  return [...seen].map(([c, names]) => [c, [...names].join(" / ")]);
 }
 
 // merge near-adjacent events of one lane into blocks while there are too many to draw one by one
@@ -213,10 +224,12 @@ export function renderTimeline(plan) {
   const label = (b) => (b.microbatches > 0 && b.stream !== "compute" && b.stream !== "recompute" ? `${b.name} (${b.overlapped ? "overlapped" : "exposed"})` : String(b.name));
   const end = Math.max(step.time_s || 0, ...events.map((e) => e.end_s));
   const { blocks, merged } = aggregate(events, end);
+  const sends = new Map();  // a stage's pipeline sends, written once: every wait block of the stage lists them
+  const sendsOf = (stage) => { if (!sends.has(stage)) sends.set(stage, ppCalls(plan, stage)); return sends.get(stage); };
   const item = (b) => ({
     value: [laneOf(b), b.start_s, b.end_s, b.count],
     name: label(b), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch, microbatches: b.microbatches,
-    split: !!b.split, sends: b.wait ? ppCalls(plan, b.stage) : null,
+    split: !!b.split, sends: b.wait ? sendsOf(b.stage) : null,
   });
   const data = blocks.filter((b) => b.stream !== "recompute").map(item);
   const redo = blocks.filter((b) => b.stream === "recompute").map(item);
@@ -262,6 +275,8 @@ export function renderTimeline(plan) {
     ],
   }, true);
   chart("timeline").resize();
+  $("timeline-legend").replaceChildren(...legendOf(blocks).map(([color, name]) =>
+    el("li", {}, el("span", { className: "swatch", style: { background: color }, "aria-hidden": "true" }), name)));
   $("timeline-note").textContent = `${fmtInt(events.length)} events on ${lanes.length} lanes over ${fmtTime(end)}. `
     + (expanded ? `${expanded} aggregated block${expanded > 1 ? "s" : ""} drawn per micro-batch. ` : "")
     + `Grey: the stream is idle (the pipeline bubble: ${fmtTime(step.bubble_s)} on the critical stage). `

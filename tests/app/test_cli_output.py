@@ -41,6 +41,7 @@ def test_plan_table_has_time_per_iteration(tmp_path, capsys):
         assert cells[0] == call["name"]
         assert cells[-2] == human_seconds(call["time_s"])
         assert cells[-1] == human_seconds(call["time_s"] * call["calls_per_iteration"])
+        assert cells[6] == f"{call['calls_per_iteration']:,}"  # x/iter with the page's separators ("1,280")
     # tp.attn.qkv: 1,280 calls of 396 us per rank per iteration (400 before issue 23's Hopper latency refit)
     qkv = next(c for c in calls if c["name"] == "tp.attn.qkv")
     assert qkv["calls_per_iteration"] == 1280 and human_seconds(qkv["time_s"] * 1280) == "507 ms"

@@ -6,6 +6,7 @@ the front held two that met it at a quarter of the load), and the KV cache per t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -61,6 +62,28 @@ def test_serve_plan_table_writes_the_kv_cache_per_token_in_human_units(capsys):
     out = capsys.readouterr().out
     assert f"KV cache {human_bytes(per_token)} per token" in out and "70.3 KB per token" in out
     assert not re.search(r"\d{2},\d{3} B/token", out)
+    # whether it fits, in words (it printed Python's "fits True")
+    assert "  fits in memory\n" in out.splitlines(keepends=True)[0] and "True" not in out and "False" not in out
+
+
+def test_pools_are_named_as_the_page_names_them():
+    """The serve-search table wrote a pool as workers x GPUs ("prefill 4x2 + decode 2x4"), which a newcomer read
+    as TP4 x 2; it now names the layout as the page's search table does (frontend/js/serve.js poolName)."""
+    from app.cli import _pool_name
+
+    dense = {"role": "prefill", "workers": 4, "tp": 2, "pp": 1, "dp": 1, "ep": 1, "attention_dp": False}
+    moe = {"role": "decode", "workers": 1, "tp": 1, "pp": 1, "dp": 64, "ep": 64, "attention_dp": True}
+    assert _pool_name(dense) == "prefill 4x TP2"
+    assert _pool_name(moe) == "decode 1x DP64 EP64 attention-DP"
+    assert _pool_name({"role": "both", "workers": 8, "tp": 1}) == "both 8x TP1"
+
+
+def test_every_sweep_option_says_what_it_does(capsys):
+    """`commplan sweep --help` listed spec, --engine and --workers with no word on them."""
+    with contextlib.suppress(SystemExit):
+        main(["sweep", "--help"])
+    out = capsys.readouterr().out
+    assert "path to the sweep spec" in out and "Ray cluster" in out and "processes, or Ray CPUs" in out
 
 
 BAD_PLAN = {"model": {"preset": "nope"}, "workload": {"global_batch_size": 8}, "cluster": {"preset": "dgx-h100"}}

@@ -1453,6 +1453,28 @@ def test_timeline_per_microbatch_pp_lanes_overlap_and_zoom(make_page, viewport):
     expect(page.locator("#timeline-zoom-note")).to_have_text("")
 
 
+def test_timeline_legend_names_every_colour_drawn(make_page):
+    """A new user could not tell the timeline's blues apart (forward, backward, tp): a legend above the chart has
+    one swatch per colour drawn, no more, named by what it is, the forward and backward passes by name."""
+    page = make_page()
+    request = {**LLAMA, "options": {**LLAMA["options"], "overlap": {"overlap_grad_reduce": True}}}
+    open_page(page, url_state(request))
+    expect(page.locator("#timeline-legend li").first).to_be_visible()
+    series = page.evaluate("window.commplan.state.charts.timeline.getOption().series")
+    drawn = {d["itemStyle"]["color"] for s in series[1:] for d in s["data"]} | {"#e9eef4"}  # and idle
+
+    def rgb(hex_):
+        return "rgb(" + ", ".join(str(int(hex_[i : i + 2], 16)) for i in (1, 3, 5)) + ")"
+
+    items = page.eval_on_selector_all(
+        "#timeline-legend li", "els => els.map(e => [e.querySelector('.swatch').style.backgroundColor, e.textContent])"
+    )
+    assert sorted(c for c, _ in items) == sorted(rgb(c) for c in drawn)  # each colour drawn, once
+    names = {name for _, name in items}
+    assert {"idle", "backward", "pipeline wait", "tp exposed", "dp overlapped"} <= names, names
+    assert any(n.startswith("forward") for n in names), names
+
+
 @VIEWPORTS
 def test_timeline_recompute_blocks_and_hidden_pass_traffic(make_page, viewport):
     """Issue 25 Build, the rest of the timeline: full recompute and TP comm overlap on the 70B layout (64
