@@ -4,10 +4,14 @@ batch's; identical items are planned once, with answers byte-equal to planning e
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 import app.routers.plan as plan_router
+from app.settings import Settings
+
+from .conftest import Api
 
 SMALL = {
     "model": {"preset": "llama3-8b"},
@@ -68,3 +72,28 @@ def test_identical_items_are_planned_once_and_answer_as_planning_each(api, monke
         alone[json.dumps(b)] for b in (SMALL, other, SMALL, SMALL, other)
     ]
     assert results[2] == results[6]
+
+
+def test_a_batch_near_its_deadline_answers_what_it_planned_and_names_the_rest(monkeypatch):
+    """A 1,000-plan batch on a loaded machine used to become one 503 after 15 s, losing every plan done. Here each
+    plan is slowed to 0.25 s under a 2 s deadline: the batch stops starting plans when twice the slowest plan (and
+    at least 0.5 s) is all that is left, answers the ones done and gives each other item a 503 of its own."""
+    one = plan_router._one
+    monkeypatch.setattr(plan_router, "_one", lambda *a, **k: time.sleep(0.25) or one(*a, **k))
+    api = Api(Settings(deadline_s=2.0))
+    try:
+        items = [{**SMALL, "workload": {"micro_batch_size": 1, "global_batch_size": 64 * (i + 1)}} for i in range(12)]
+        r = api.post("/v1/plan/batch?summary=true", json={"requests": items})
+    finally:
+        api.close()
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 12
+    done = [x["ok"] for x in results]
+    k = done.index(False)
+    assert 2 <= k < 12 and not any(done[k:]), done  # planned in order, then stopped: 2 s / 0.25+ s a plan
+    assert all(x["plan"]["step"]["time_s"] > 0 for x in results[:k])
+    first = results[k]["error"]
+    assert first["status"] == 503
+    assert first["detail"][0]["loc"] == ["body", "requests"]
+    assert f"near at request {k} of 12" in first["detail"][0]["msg"] and "deadline of 2 s" in first["detail"][0]["msg"]
