@@ -306,32 +306,26 @@ def recompute_fields(choice: str | Recompute) -> dict:
 
 @dataclass(frozen=True)
 class Layout:
-    """One point of the space: a parallel layout plus micro-batch size and recompute."""
+    """One point of the space: a parallel layout plus micro-batch size and recompute (``choice``: a plain
+    granularity is ``Recompute(granularity)``; its workload fields are ``Recompute.fields``)."""
 
     parallel: ParallelSpec
     micro_batch_size: int
-    activation_recompute: str
-    recompute_method: str | None = None
-    recompute_num_layers: int | None = None
-    recompute_modules: tuple[str, ...] | None = None
-    selective_ac_option: str | None = None
-    cpu_offloading_num_layers: int = 0
+    choice: Recompute
 
     @classmethod
     def of(cls, parallel: ParallelSpec, micro_batch_size: int, choice: str | Recompute) -> Layout:
-        if isinstance(choice, str):
-            return cls(parallel, micro_batch_size, choice)
-        c = choice
-        return cls(parallel, micro_batch_size, c.granularity, c.method, c.num_layers, c.modules, c.ac_option, c.offload)
+        return cls(parallel, micro_batch_size, Recompute(choice) if isinstance(choice, str) else choice)
+
+    @property
+    def activation_recompute(self) -> str:
+        return self.choice.granularity
 
     @property
     def recompute(self) -> str | Recompute:
         """The space's recompute choice (what ``recompute_fields`` reads)."""
-        choice = Recompute(
-            self.activation_recompute, self.recompute_method, self.recompute_num_layers, self.recompute_modules,
-            self.selective_ac_option, self.cpu_offloading_num_layers,
-        )  # fmt: skip
-        return self.activation_recompute if choice == Recompute(self.activation_recompute) else choice
+        plain = self.choice.granularity
+        return plain if self.choice == Recompute(plain) else self.choice
 
     def workload(self, base: WorkloadSpec) -> WorkloadSpec:
         return replace(base, micro_batch_size=self.micro_batch_size, **recompute_fields(self.recompute))
