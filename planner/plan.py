@@ -347,15 +347,18 @@ class _Placements:
         self._memo: dict = {}
 
     def site(self, group: Group, stages: tuple[int, ...], options: Options) -> _Site:
-        ranks = self.layout.placement(group, stages)
         if options.device_map is not None:
+            ranks = self.layout.placement(group, stages)
             return _site(ranks, np.asarray(options.device_map)[ranks], self.cluster, exact=True)
         if options.exact_contention:  # every group is priced: a key as large as the layout, not kept
+            ranks = self.layout.placement(group, stages)
             return _site(ranks, ranks, self.cluster, exact=True)
         key = ("site", group, stages)
-        if key not in self._memo:
-            self._memo[key] = _site(ranks, ranks, self.cluster, exact=False)
-        return self._memo[key]
+        found = self._memo.get(key)
+        if found is None:  # the placement is looked up only for a site not yet kept
+            ranks = self.layout.placement(group, stages)
+            found = self._memo[key] = _site(ranks, ranks, self.cluster, exact=False)
+        return found
 
     def within_node(self, group: Group, stages: tuple[int, ...]) -> bool:
         """Whether group 0 of the first of ``stages`` stays inside one node (ranks = devices)."""
