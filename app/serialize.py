@@ -196,13 +196,8 @@ def layout_block(layout: Layout) -> dict:
         "micro_batch_size": layout.micro_batch_size,
         "activation_recompute": layout.activation_recompute,
     }
-    for name in ("recompute_method", "recompute_num_layers", "selective_ac_option"):  # where the search chose them
-        if getattr(layout, name) is not None:
-            out[name] = getattr(layout, name)
-    if layout.recompute_modules is not None:
-        out["recompute_modules"] = list(layout.recompute_modules)
-    if layout.cpu_offloading_num_layers:
-        out["cpu_offloading_num_layers"] = layout.cpu_offloading_num_layers
+    # the choice's other workload fields where the search chose them (unset ones and 0 offloaded layers: none)
+    out |= {k: list(v) if type(v) is tuple else v for k, v in layout.choice.fields().items() if v is not None}
     return out
 
 

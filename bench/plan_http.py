@@ -1,9 +1,11 @@
 """CPU time of one POST /v1/plan as the service answers it (issue 19 target: the Llama 3 405B / 16,384-GPU
 plan p50 <= 10 ms): an in-process httpx client on the app (ASGI transport, the worker thread, request
 validation, the work estimate, the plan and its JSON answer), the price cache emptied before each request as
-bench/test_bench_plan.py does; clusters, schedules and placements stay warm as in a running service.
+bench/test_bench_plan.py does; clusters, schedules and placements stay warm as in a running service, and so
+does the context and ledger memo (planner/plan.py ``_context``: a repeated plan's model, workload and layout);
+``--cold`` empties that memo too, as for a plan of a new model, workload or layout.
 
-    PYTHONPATH=. .venv/bin/python bench/plan_http.py [--rounds 60] [--nodes 2048] [--batch 2048]
+    PYTHONPATH=. .venv/bin/python bench/plan_http.py [--rounds 60] [--nodes 2048] [--batch 2048] [--cold]
 
 Prints the median and minimum CPU milliseconds per request (time.process_time: every thread of the process)
 and the wall milliseconds. Whole-process figures: ``farm-bench -- python bench/plan_http.py``.
@@ -35,13 +37,15 @@ def body(nodes: int, batch: int) -> dict:
     }
 
 
-async def measure(rounds: int, nodes: int, batch: int) -> tuple[list[float], list[float]]:
+async def measure(rounds: int, nodes: int, batch: int, cold: bool = False) -> tuple[list[float], list[float]]:
     app = create_app(Settings.from_env())
     request = body(nodes, batch)
     cpu, wall = [], []
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://commplan.test") as client:
         for i in range(rounds + 2):  # two warm-up requests: clusters, schedules and placements
             plan_module._PRICES.clear()
+            if cold:
+                plan_module._CONTEXTS.clear()
             c0, w0 = time.process_time(), time.perf_counter()
             answer = await client.post("/v1/plan", json=request)
             c1, w1 = time.process_time(), time.perf_counter()
@@ -57,11 +61,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--nodes", type=int, default=2048, help="dgx-h100 nodes (8 GPUs each)")
     parser.add_argument("--batch", type=int, default=2048, help="global batch size")
+    parser.add_argument("--cold", action="store_true", help="empty the context and ledger memo before each request")
     args = parser.parse_args()
-    cpu, wall = asyncio.run(measure(args.rounds, args.nodes, args.batch))
+    cpu, wall = asyncio.run(measure(args.rounds, args.nodes, args.batch, args.cold))
     ms = [1e3 * x for x in cpu]
+    cold = " (cold set-up)" if args.cold else ""
     print(
-        f"{args.nodes * 8} GPUs, {args.rounds} requests: CPU p50 {statistics.median(ms):.2f} ms, "
+        f"{args.nodes * 8} GPUs, {args.rounds} requests{cold}: CPU p50 {statistics.median(ms):.2f} ms, "
         f"min {min(ms):.2f} ms; wall p50 {1e3 * statistics.median(wall):.2f} ms"
     )
 

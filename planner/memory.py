@@ -327,24 +327,23 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
         return kept[key]
 
     # a layer's plan is one object for every layer it is equal for (recompute._chunk_plans repeats it), so it
-    # is looked up by identity here, not hashed field by field per layer; each chunk's sum keeps its order
+    # is looked up by identity here, not hashed field by field per layer; each chunk's sum adds its layers'
+    # values in their order (the keys, the look-ups and the sum run in C: no Python call per layer)
     by_plan: dict = {}
-
-    def layer(moe: bool, plan: LayerRecompute) -> float:
-        found = by_plan.get((moe, id(plan)))
-        if found is None:
-            found = by_plan[(moe, id(plan))] = keeps(moe, plan)
-        return found
-
-    per_chunk = tuple(
-        sum(layer(moe, plan) for moe, plan in zip(chunk, plans, strict=True)) + mtp_chunk_bytes(ctx, c)
-        for chunk, plans, c in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), ctx.chunks[stage], strict=True)
-    )
+    per_chunk = []
+    for chunk, plans, c in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), ctx.chunks[stage], strict=True):
+        layers = list(zip(chunk, map(id, plans), strict=True))  # (moe, id of its plan) per layer, in order
+        new = set(layers).difference(by_plan)
+        if new:
+            plan_of = dict(zip(map(id, plans), plans, strict=True))
+            for moe, ident in new:
+                by_plan[moe, ident] = keeps(moe, plan_of[ident])
+        per_chunk.append(sum(map(by_plan.__getitem__, layers)) + mtp_chunk_bytes(ctx, c))
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
     if mtp_checkpointed(ctx.work) and ctx.holds_mtp(stage):  # the backward rebuilds one MTP module whole
         block = full[ctx.model.is_moe_layer(ctx.model.num_layers)].per_rank(t, sp, flash)
         working = max(working, block + mtp_module_bytes(ctx))
-    return ChunkActivations(per_chunk, working, offloaded_bytes(ctx, stage), _logits(ctx, stage))
+    return ChunkActivations(tuple(per_chunk), working, offloaded_bytes(ctx, stage), _logits(ctx, stage))
 
 
 def _sequence_row(ctx: Context) -> float:

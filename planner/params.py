@@ -49,10 +49,12 @@ def stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
     return _params_by_stage(ctx.model, _holding(ctx.par))[stage]
 
 
+@lru_cache(maxsize=4096)  # small values (a layout each); the search's screen sees thousands of layouts
 def _holding(par: ParallelSpec) -> ParallelSpec:
     """The layout with what the parameter lists never read (dp, cp, ZeRO stage, sequence parallelism) at
     fixed values: _stage_params reads tp, ep, expert tp, the framework and the stage split only, so layouts
-    that differ elsewhere (a search's shapes and variants: thousands a second) share one entry."""
+    that differ elsewhere (a search's shapes and variants: thousands a second) share one entry. Memoised by
+    value (the search asks again for each context of a layout; ``replace`` re-validates the whole spec)."""
     if (par.dp, par.cp, par.zero_stage, par.sequence_parallel) == (1, 1, 0, False):
         return par
     return replace(par, dp=1, cp=1, zero_stage=0, sequence_parallel=False)

@@ -169,8 +169,7 @@ def prepare(
     params = model.total_params()  # memoised by value in planner/model.py
     if params > MAX_PARAMS:
         raise SpecError("model", f"{params:,} parameters; at most {MAX_PARAMS:,} (2^50) are planned here")
-    calls = tuple(ledger(ctx))
-    return Prepared(ctx, layout, cluster, calls, params, (model, work, par, cluster_spec, options))
+    return Prepared(ctx, layout, cluster, _ledger_of(ctx), params, (model, work, par, cluster_spec, options))
 
 
 def build_plan(
@@ -218,7 +217,38 @@ def setup(
     check_act_fp8_store(work, par, model)
     check_recipe_gpu(work.fp8_recipe, cluster_spec.gpu)
     _validate_options(options, cluster.num_devices)
-    return Context(model, work, par, devices_per_node=cluster.spec.devices_per_node), layout_for(par), cluster
+    return _context(model, work, par, cluster.spec.devices_per_node), layout_for(par), cluster
+
+
+# ---- contexts and ledgers memoised by value --------------------------------------------------------------
+
+# A Context and its ledger are pure functions of (model, work, par, devices per node): plans that differ only
+# in the rest of the cluster (its network, NICs, GPU, node count at equal dp) or in the options share them,
+# and with the context its cached properties (stage layers, chunks, activation sizes) that the ledger, the
+# step time and the memory read. Bounded, first in first out as the price cache; the values are frozen
+# (Context, a tuple of frozen Calls), and every caller validates its own inputs in ``setup`` first.
+CONTEXT_CACHE = 32
+_CONTEXTS: OrderedDict = OrderedDict()  # (model, work, par, devices per node) -> [context, its ledger or None]
+
+
+def _context(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, devices_per_node: int) -> Context:
+    key = (model, work, par, devices_per_node)
+    found = _CONTEXTS.get(key)
+    if found is None:
+        found = _CONTEXTS[key] = [Context(model, work, par, devices_per_node=devices_per_node), None]
+        if len(_CONTEXTS) > CONTEXT_CACHE:
+            _CONTEXTS.popitem(last=False)
+    return found[0]
+
+
+def _ledger_of(ctx: Context) -> tuple[Call, ...]:
+    """``rules.ledger(ctx)``, once per memoised context (one built elsewhere is not kept)."""
+    found = _CONTEXTS.get((ctx.model, ctx.work, ctx.par, ctx.devices_per_node))
+    if found is None or found[0] is not ctx:
+        return tuple(ledger(ctx))
+    if found[1] is None:
+        found[1] = tuple(ledger(ctx))
+    return found[1]
 
 
 def placement_priced(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> np.ndarray:
@@ -317,15 +347,18 @@ class _Placements:
         self._memo: dict = {}
 
     def site(self, group: Group, stages: tuple[int, ...], options: Options) -> _Site:
-        ranks = self.layout.placement(group, stages)
         if options.device_map is not None:
+            ranks = self.layout.placement(group, stages)
             return _site(ranks, np.asarray(options.device_map)[ranks], self.cluster, exact=True)
         if options.exact_contention:  # every group is priced: a key as large as the layout, not kept
+            ranks = self.layout.placement(group, stages)
             return _site(ranks, ranks, self.cluster, exact=True)
         key = ("site", group, stages)
-        if key not in self._memo:
-            self._memo[key] = _site(ranks, ranks, self.cluster, exact=False)
-        return self._memo[key]
+        found = self._memo.get(key)
+        if found is None:  # the placement is looked up only for a site not yet kept
+            ranks = self.layout.placement(group, stages)
+            found = self._memo[key] = _site(ranks, ranks, self.cluster, exact=False)
+        return found
 
     def within_node(self, group: Group, stages: tuple[int, ...]) -> bool:
         """Whether group 0 of the first of ``stages`` stays inside one node (ranks = devices)."""

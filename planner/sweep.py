@@ -73,7 +73,7 @@ def run(
                    "sequence_parallel": p.sequence_parallel, "framework": p.framework,
                    "micro_batch_size": r.layout.micro_batch_size,
                    "activation_recompute": r.layout.activation_recompute,
-                   "recompute_method": r.layout.recompute_method, "recompute_num_layers": r.layout.recompute_num_layers,
+                   "recompute_method": r.layout.choice.method, "recompute_num_layers": r.layout.choice.num_layers,
                    "step_time_s": r.time_s,
                    "peak_memory_bytes": r.plan.memory.peak_bytes if r.plan.memory else 0}
             )  # fmt: skip

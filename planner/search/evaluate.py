@@ -411,13 +411,12 @@ class Screened:
 
 def sort_key(layout: Layout) -> tuple:
     """Equal step times rank by a stable order of the layout: fewer pipeline stages, smaller tp, ..."""
-    p = layout.parallel
+    p, c = layout.parallel, layout.choice
     return (
         p.pp, p.tp, p.cp, p.ep, p.etp, p.virtual_pipeline_stages, p.pipeline_schedule, p.zero_stage,
         p.sequence_parallel, p.framework, layout.micro_batch_size, layout.activation_recompute,
-        p.ep_dispatch, p.first_stage_layers or 0, layout.recompute_method or "", layout.recompute_num_layers or 0,
-        p.last_stage_layers or 0, str(p.pipeline_layout or ""), layout.recompute_modules or (),
-        layout.selective_ac_option or "", layout.cpu_offloading_num_layers,
+        p.ep_dispatch, p.first_stage_layers or 0, c.method or "", c.num_layers or 0,
+        p.last_stage_layers or 0, str(p.pipeline_layout or ""), c.modules or (), c.ac_option or "", c.offload,
     )  # fmt: skip
 
 

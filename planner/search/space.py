@@ -40,7 +40,7 @@ functions (the screen and ``build_plan``), never modelled here.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .._errors import SpecError
 from ..context import Context
@@ -239,25 +239,17 @@ class Variant:
     pipeline_layout: str | None = None  # an explicit layout from the constraints
 
     def parallel(self) -> ParallelSpec:
-        s = self.shape
+        """The layout: the shape's degrees and the variant's fields of the same names as ParallelSpec's, and
+        the stage split (``end_stage_layers``, ``last_stage_layers``) as its first and last stages' layers."""
         last = self.end_stage_layers if self.last_stage_layers == SAME else self.last_stage_layers
-        return ParallelSpec(
-            ep_dispatch=self.ep_dispatch,
-            first_stage_layers=self.end_stage_layers,
-            last_stage_layers=last,
-            pipeline_layout=self.pipeline_layout,
-            tp=s.tp,
-            pp=s.pp,
-            dp=s.dp,
-            cp=s.cp,
-            ep=s.ep,
-            expert_tp=s.expert_tp,
-            zero_stage=self.zero_stage,
-            sequence_parallel=self.sequence_parallel,
-            virtual_pipeline_stages=self.virtual_pipeline_stages,
-            pipeline_schedule=self.pipeline_schedule,
-            framework=self.framework,
-        )
+        degrees = {f.name: getattr(self.shape, f.name) for f in fields(Shape)}
+        named = {name: getattr(self, name) for name in SPEC_FIELDS}
+        return ParallelSpec(**degrees, **named, first_stage_layers=self.end_stage_layers, last_stage_layers=last)
+
+
+# the fields of a Variant that ParallelSpec has under the same names
+SPEC_FIELDS = ("virtual_pipeline_stages", "pipeline_schedule", "zero_stage", "sequence_parallel", "framework",
+               "ep_dispatch", "pipeline_layout")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -306,32 +298,26 @@ def recompute_fields(choice: str | Recompute) -> dict:
 
 @dataclass(frozen=True)
 class Layout:
-    """One point of the space: a parallel layout plus micro-batch size and recompute."""
+    """One point of the space: a parallel layout plus micro-batch size and recompute (``choice``: a plain
+    granularity is ``Recompute(granularity)``; its workload fields are ``Recompute.fields``)."""
 
     parallel: ParallelSpec
     micro_batch_size: int
-    activation_recompute: str
-    recompute_method: str | None = None
-    recompute_num_layers: int | None = None
-    recompute_modules: tuple[str, ...] | None = None
-    selective_ac_option: str | None = None
-    cpu_offloading_num_layers: int = 0
+    choice: Recompute
 
     @classmethod
     def of(cls, parallel: ParallelSpec, micro_batch_size: int, choice: str | Recompute) -> Layout:
-        if isinstance(choice, str):
-            return cls(parallel, micro_batch_size, choice)
-        c = choice
-        return cls(parallel, micro_batch_size, c.granularity, c.method, c.num_layers, c.modules, c.ac_option, c.offload)
+        return cls(parallel, micro_batch_size, Recompute(choice) if isinstance(choice, str) else choice)
+
+    @property
+    def activation_recompute(self) -> str:
+        return self.choice.granularity
 
     @property
     def recompute(self) -> str | Recompute:
         """The space's recompute choice (what ``recompute_fields`` reads)."""
-        choice = Recompute(
-            self.activation_recompute, self.recompute_method, self.recompute_num_layers, self.recompute_modules,
-            self.selective_ac_option, self.cpu_offloading_num_layers,
-        )  # fmt: skip
-        return self.activation_recompute if choice == Recompute(self.activation_recompute) else choice
+        plain = self.choice.granularity
+        return plain if self.choice == Recompute(plain) else self.choice
 
     def workload(self, base: WorkloadSpec) -> WorkloadSpec:
         return replace(base, micro_batch_size=self.micro_batch_size, **recompute_fields(self.recompute))

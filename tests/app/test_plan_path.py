@@ -74,9 +74,12 @@ def test_one_ledger_per_request_over_http(api, monkeypatch):
     built = []
     real = rules.merge_stages  # every ledger() ends in it, whichever module imported ledger
     monkeypatch.setattr(rules, "merge_stages", lambda calls: built.append(len(calls)) or real(calls))
+    plan_module._CONTEXTS.clear()  # an earlier test may have left this context and its ledger memoised
     answer = api.post("/v1/plan", json=LLAMA70B)
     assert answer.status_code == 200, answer.text
     assert len(built) == 1
+    again = api.post("/v1/plan", json=LLAMA70B)  # the same values: the memoised ledger, the same bytes
+    assert len(built) == 1 and again.content == answer.content
     body = answer.json()
     assert body["world_size"] == 512 and body["totals"]["time_s"] > 0
 
@@ -94,3 +97,27 @@ def test_batch_items_plan_their_own_set_up(api):
         assert result["plan"]["step"]["time_s"] == single["step"]["time_s"]
         assert result["plan"]["totals"] == single["totals"]
     assert results[0]["plan"]["step"]["time_s"] != results[1]["plan"]["step"]["time_s"]
+
+
+def test_contexts_and_ledgers_are_memoised_by_value_and_bounded(monkeypatch):
+    """plan._context: equal (model, work, par, devices per node) share one Context and its ledger, whatever
+    the objects; another value (a different batch, another node size) is its own; the memo keeps at most
+    CONTEXT_CACHE entries, first in first out, and a plan from a memoised ledger is the fresh one's bytes."""
+    plan_module._CONTEXTS.clear()
+    model, work, par, cluster, options = _inputs()
+    first = prepare(model, work, par, cluster, options)
+    twin = prepare(replace(model), replace(work), replace(par), replace(cluster), options)  # equal, not the same
+    assert twin.ctx is first.ctx and twin.calls is first.calls
+    other = prepare(model, replace(work, global_batch_size=128), par, cluster, options)
+    assert other.ctx is not first.ctx and other.ctx.micro_batches == 2 * first.ctx.micro_batches
+    wide = prepare(model, work, par, replace(cluster, num_nodes=8, devices_per_node=16), options)
+    assert wide.ctx is not first.ctx and wide.ctx.devices_per_node == 16
+    memoised = plan_json(build_plan(model, work, par, cluster, options))
+    plan_module._CONTEXTS.clear()
+    assert plan_json(build_plan(model, work, par, cluster, options)) == memoised
+    monkeypatch.setattr(plan_module, "CONTEXT_CACHE", 2)
+    for batch in (64, 128, 256, 512):
+        prepare(model, replace(work, global_batch_size=batch), par, cluster, options)
+    assert len(plan_module._CONTEXTS) == 2
+    kept = {key[1].global_batch_size for key in plan_module._CONTEXTS}
+    assert kept == {256, 512}

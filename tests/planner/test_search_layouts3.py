@@ -126,7 +126,7 @@ def test_a_search_returns_the_new_fields():
     result = search(problem)
     assert result.outcome.evaluated == 2 and len(result.results) == 2
     for r in result.results:
-        assert r.layout.parallel.pipeline_layout == LAYOUT and r.layout.recompute_modules in (("core_attn",), ("mlp",))
+        assert r.layout.parallel.pipeline_layout == LAYOUT and r.layout.choice.modules in (("core_attn",), ("mlp",))
         work = r.layout.workload(problem.work)
         plan = build_plan(problem.model, work, r.layout.parallel, problem.cluster)
         assert r.plan.step.time_s == pytest.approx(plan.step.time_s, rel=1e-9)
