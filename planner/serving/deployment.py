@@ -413,10 +413,15 @@ def _calibrated(plan: Plan, scale: float) -> Plan:
     return replace(plan, step=replace(step, time_s=step.time_s * scale, tokens_per_s=step.tokens_per_s / scale))
 
 
-def _prefill(model: ModelSpec, w: _Worker, options: ServeOptions, isl: int) -> tuple[Plan, int]:
+def _prefill(model: ModelSpec, w: _Worker, options: ServeOptions, isl: int, waiting: int | None = None
+             ) -> tuple[Plan, int]:  # fmt: skip
     """The prefill pass of as many prompts per attention rank as the batch-token budget takes (at least one;
-    a longer prompt is prefilled in chunks whose attention adds up to the whole prompt's)."""
+    a longer prompt is prefilled in chunks whose attention adds up to the whole prompt's), and no more than the
+    ``waiting`` prompts a worker can have at once (a concurrency of C over W workers: ceil(C / W)); one prompt
+    on a worker is a pass of one prompt per attention rank, since the ranks step together."""
     per_rank = max(1, w.batch_tokens // isl)
+    if waiting is not None:
+        per_rank = min(per_rank, max(1, math.ceil(waiting / w.par.dp)))
     batch = per_rank * w.par.dp
     return _overlapped(model, w, options, "prefill", batch, isl), batch
 
@@ -473,7 +478,7 @@ def kv_capacity(
 
 def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings) -> ServePlan:
     isl, osl = traffic.input_tokens, traffic.output_tokens
-    prefill, n_pre = _prefill(model, w, options, isl)
+    prefill, n_pre = _prefill(model, w, options, isl, _waiting(traffic, pool.workers))
     t_p = prefill.step.time_s
     probe = _decode(model, w, options, 1, isl + osl // 2, 0)
     capacity = kv_capacity(model, w, probe, prefill, ("prefill", n_pre, isl), isl + osl, options, traits)
@@ -527,7 +532,7 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
 def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps, warnings, offsets) -> ServePlan:
     isl, osl = traffic.input_tokens, traffic.output_tokens
     (p_pool, d_pool), (p_w, d_w) = pools, workers
-    prefill, n_pre = _prefill(model, p_w, options, isl)
+    prefill, n_pre = _prefill(model, p_w, options, isl, _waiting(traffic, p_pool.workers))
     t_p = prefill.step.time_s
     r_p = p_pool.workers * n_pre / t_p  # requests/s the prefill pool can serve
     probe = _decode(model, d_w, options, 1, isl + osl // 2, 0)
@@ -552,10 +557,12 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     rho = rate / r_p
     tpot = t_d / tps
     if traffic.concurrency is not None:
-        # closed loop: every request is queued, prefilled, moved or decoding: C = R (TTFT + OSL TPOT)
-        ttft = max(
-            t_p + _wait(min(rho, 0.999), t_p) * (rho < 1) + transfer.time_s, traffic.concurrency / rate - osl * tpot
-        )
+        # closed loop: every request is queued, prefilled, moved or decoding: C = R (TTFT + OSL TPOT) (Little's
+        # law). Unqueued, a request takes one prefill pass and its move, so R is at most C over that plus its
+        # decode; at capacity R is the pools' (the asymptotic bounds of mean-value analysis: Lazowska et al. 1984,
+        # "Quantitative System Performance" ch. 5). TTFT = C / R - OSL TPOT grows with C, never falls.
+        rate = min(rate, traffic.concurrency / (t_p + transfer.time_s + osl * tpot))
+        ttft = max(t_p + transfer.time_s, traffic.concurrency / rate - osl * tpot)
     elif rho < 1:
         ttft = t_p + _wait(rho, t_p) + transfer.time_s
     else:
@@ -646,6 +653,12 @@ def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warni
             f"holds ({max_conc}): the decode pool is saturated"
         )
     return b, decode(b)
+
+
+def _waiting(traffic: Traffic, workers: int) -> int | None:
+    """Prompts one worker can have waiting at once: a concurrency's share (ceil(C / W)); None at a request rate
+    (its batches are as full as the budget)."""
+    return None if traffic.concurrency is None else math.ceil(traffic.concurrency / workers)
 
 
 def _wait(rho: float, service_s: float) -> float:

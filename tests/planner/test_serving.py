@@ -153,6 +153,30 @@ def test_kv_transfer_is_priced_once_per_split():
     assert fp8.kv_transfer.bytes_per_request * 2 == plans[0].kv_transfer.bytes_per_request
 
 
+def test_disaggregated_ttft_grows_with_concurrency_and_a_lone_prompt_is_one_pass():
+    """user5's pass: the prefill pool's pass held 128 prompts (its token budget) even at concurrency 1, so one
+    2,000-token prompt waited 3.2 s, and TTFT went 10.7 s at 128, 3.2 s at 256, 8.9 s at 512 (the open-queue
+    wait dropped at rho = 1). A closed loop holds C = R (TTFT + OSL TPOT) (Little's law) with R at most C over an
+    unqueued request's time and at most the pools' rates: TTFT never falls as C grows, and a pass never holds
+    more prompts than a worker can have waiting, ceil(C / W), one per attention rank at least."""
+    cluster = cluster_preset("dgx-h100", 12)
+    pools = (
+        Pool("prefill", dp=32, ep=32, attention_dp=True),
+        Pool("decode", dp=64, ep=64, attention_dp=True),
+    )
+    options = ServeOptions(weight_dtype="fp8", kv_dtype="bf16")
+    runs = {c: plan_serving(DSV3, cluster, engine("sglang"), Traffic(2000, 100, concurrency=c), pools, options)
+            for c in (1, 64, 128, 256, 512, 2048)}  # fmt: skip
+    ttfts = [runs[c].ttft_s for c in sorted(runs)]
+    assert ttfts == sorted(ttfts), ttfts
+    assert runs[1].pools[0].batch == 32  # one prompt per attention rank: the ranks step together
+    assert runs[64].pools[0].batch == 64 and runs[512].pools[0].batch == 128  # then the token budget: 8,192 / 2,000
+    assert runs[1].ttft_s == pytest.approx(runs[1].pools[0].step_s + runs[1].kv_transfer.time_s)
+    assert runs[1].ttft_s < runs[512].pools[0].step_s / 2  # a lone prompt's pass, not a full one
+    for c, out in runs.items():  # Little's law over the closed loop
+        assert out.request_rate * (out.ttft_s + 100 * out.tpot_s) == pytest.approx(c, rel=1e-6)
+
+
 def test_disaggregated_inside_one_node_moves_kv_over_nvlink():
     cluster = cluster_preset("dgx-h100", 1)
     pools = (Pool("prefill", workers=2, tp=2), Pool("decode", workers=1, tp=4))
