@@ -4,12 +4,16 @@ own handler (the threshold raised past it), over HTTP, and the two answers must 
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import threading
 
 import pytest
+from fastapi.routing import APIRoute
 
 import app.body
+import app.routers
 from tests.app.conftest import LLAMA70B, Api
 
 PAD = b" " * (app.body.OFF_LOOP_BYTES + 1)  # JSON allows whitespace after the value: the same body, over the limit
@@ -102,3 +106,18 @@ def test_what_the_thread_answers(api):
     _, body = CASES["plan"]
     answer = api.post("/v1/plan", content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 200 and answer.json()["calls"]
+
+
+def test_every_route_with_a_body_reads_it_off_the_loop():
+    """A router added later with a JSON body gets the same treatment: every route of app/routers/* that takes a
+    body is an OffLoopBody (its router's route_class)."""
+    modules = [importlib.import_module(f"app.routers.{m.name}") for m in pkgutil.iter_modules(app.routers.__path__)]
+    routes = [
+        route
+        for module in modules
+        if hasattr(module, "router")
+        for route in module.router.routes
+        if isinstance(route, APIRoute) and route.dependant.body_params
+    ]
+    assert len(routes) >= 14, [r.path for r in routes]  # 14 when this was written
+    assert [r.path for r in routes if not isinstance(r, app.body.OffLoopBody)] == []
