@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from ..body import OffLoopBody
 from ..calibration import calibration_response
 from ..schemas.calibrate import MAX_ROWS, CalibrateOut, CalibrateRequest
 from ._bounded import bounded_post
 
-router = APIRouter(prefix="/v1", tags=["calibration"])
+router = APIRouter(prefix="/v1", tags=["calibration"], route_class=OffLoopBody)
 
 
 # A fit at the row limit takes seconds: like every heavy endpoint it runs in a worker thread under the request's

@@ -15,6 +15,7 @@ from planner import SpecError
 from planner.estimate import price_estimate
 from planner.plan import cluster_for
 
+from ..body import OffLoopBody
 from ..convert import cluster_spec
 from ..errors import BAD_INPUT, relocated
 from ..limits import check_router, refuse
@@ -32,7 +33,7 @@ from ..schemas.collectives import (
 from ..schemas.read import reader
 from ._bounded import bounded_post
 
-router = APIRouter(prefix="/v1/collectives", tags=["collectives"])
+router = APIRouter(prefix="/v1/collectives", tags=["collectives"], route_class=OffLoopBody)
 # a CollectiveError's field, as named in the request body of these endpoints
 PRICE_FIELDS = {"count": "message_bytes", "num_ranks": "ranks"}
 

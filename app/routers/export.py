@@ -11,13 +11,14 @@ from fastapi.responses import Response
 from planner import SpecError
 from planner.exports import aicb_omitted, chakra_omitted, quote, simai_omitted
 
+from ..body import OffLoopBody
 from ..errors import BAD_INPUT
 from ..inputs import plan_of
 from ..limits import run_bounded, run_value
 from ..schemas.plan import PlanRequest
 from ..serialize import export_bytes, plan_json
 
-router = APIRouter(prefix="/v1/plan/export", tags=["plan"])
+router = APIRouter(prefix="/v1/plan/export", tags=["plan"], route_class=OffLoopBody)
 
 
 class Format(StrEnum):

@@ -20,6 +20,7 @@ from planner.deadline import current as current_deadline
 from planner.estimate import Estimate
 from planner.explore import DEFAULT_SIZES, explore
 
+from ..body import OffLoopBody
 from ..errors import BAD_INPUT, detail, error_detail, nested, relocated, validation_detail
 from ..inputs import bounded_inputs, plan_of
 from ..limits import encode, refuse, run_bounded
@@ -35,7 +36,7 @@ from ..schemas.plan import (
 )
 from ..serialize import exploration_json, plan_item_json, plan_json
 
-router = APIRouter(prefix="/v1/plan", tags=["plan"])
+router = APIRouter(prefix="/v1/plan", tags=["plan"], route_class=OffLoopBody)
 SUMMARY = Query(False, description="true: totals, step (without its timeline), memory, cluster and warnings; no calls")
 
 

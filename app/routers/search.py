@@ -24,6 +24,7 @@ from planner.deadline import Deadline
 from planner.search import Cancelled, Problem, SearchResult, search, space_of
 
 from .. import runner
+from ..body import OffLoopBody
 from ..errors import BAD_INPUT, error_detail, relocated
 from ..inputs import problem_of
 from ..limits import acquire_slot
@@ -31,7 +32,7 @@ from ..schemas.search import SearchOut, SearchRequest
 from ..serialize import progress_line, search_dict
 from ..threads import gate, in_thread
 
-router = APIRouter(prefix="/v1/search", tags=["search"])
+router = APIRouter(prefix="/v1/search", tags=["search"], route_class=OffLoopBody)
 log = logging.getLogger("commplan")
 NDJSON = "application/x-ndjson"
 # the answers of a route that can stream: its JSON body, or NDJSON progress lines (/v1/search, /v1/serve/search)

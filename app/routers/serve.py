@@ -10,6 +10,7 @@ from planner.serving.calibrate import calibrate_serving
 from planner.serving.launch import launch_script
 from planner.serving.search import search_serving
 
+from ..body import OffLoopBody
 from ..convert import serve_calibrate_inputs, serve_inputs, serve_search_inputs
 from ..errors import BAD_INPUT
 from ..limits import acquire_slot, run_bounded
@@ -27,7 +28,7 @@ from ..threads import in_thread
 from ._bounded import bounded_post
 from .search import NDJSON, STREAMED, wants_stream
 
-router = APIRouter(prefix="/v1/serve", tags=["serve"])
+router = APIRouter(prefix="/v1/serve", tags=["serve"], route_class=OffLoopBody)
 
 
 bounded_post(

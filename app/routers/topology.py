@@ -10,13 +10,14 @@ from collectives.topology.view import subgraph
 from planner import SpecError
 from planner.plan import cluster_for
 
+from ..body import OffLoopBody
 from ..convert import cluster_spec
 from ..errors import relocate
 from ..limits import check_router
 from ..schemas.topology import TopologyOut, TopologyRequest
 from ._bounded import bounded_post
 
-router = APIRouter(prefix="/v1", tags=["topology"])
+router = APIRouter(prefix="/v1", tags=["topology"], route_class=OffLoopBody)
 
 
 def _topology(body: TopologyRequest, settings) -> dict:
