@@ -211,22 +211,21 @@ class Trace:
     steps_from: str = "ProfilerStep"  # ProfilerStep | repeats | none (one step assumed)
 
 
+def _first_class(table, text: str) -> str:
+    """The kind of the first (kind, pattern) row of ``table`` whose pattern is found in ``text``, else "other"."""
+    return next((kind for kind, pattern in table if pattern.search(text)), "other")
+
+
 @lru_cache(maxsize=8192)
 def kernel_class(name: str) -> str:
     """A kernel's class by its name (memoised: a trace repeats a few hundred names)."""
-    for kind, pattern in KERNEL_CLASSES:
-        if pattern.search(name):
-            return kind
-    return "other"
+    return _first_class(KERNEL_CLASSES, name)
 
 
 @lru_cache(maxsize=1024)
 def op_class(op: str) -> str:
     """The class of a kernel whose name says nothing, by the operator that launched it (OP_CLASSES)."""
-    for kind, pattern in OP_CLASSES:
-        if pattern.search(op):
-            return kind
-    return "other"
+    return _first_class(OP_CLASSES, op)
 
 
 def collective_of(name: str, args: dict) -> str:

@@ -386,12 +386,9 @@ def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, clu
         if norm and not kernels:
             kernels = {k.name: k.time_s for k in layer_kernels(ctx, False, cluster.gpu).forward}
         saved = kernels.get("residual_add", 0.0) + kernels.get(norm, 0.0) if norm else 0.0
-        for s in call.stages:
-            if s < len(stages):
-                comm[s] += call.calls_per_iteration * (new.price.time_s - row.price.time_s)
-                absorbed[s] += call.calls_per_iteration * saved
-                if norm == "input_norm":
-                    last_norm = max(last_norm, s)
+        reached = _charge(call, new.price.time_s - row.price.time_s, saved, comm, absorbed)
+        if norm == "input_norm":
+            last_norm = max(last_norm, reached)
     if plan.step is None or not (any(comm) or any(absorbed)):
         return replace(plan, calls=rows)
     if last_norm >= 0:
@@ -399,6 +396,18 @@ def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, clu
         # the planner does not charge (compute.head_kernels); the first layer's input norm still runs on its own
         absorbed[last_norm] -= kernels.get("input_norm", 0.0)
     return replace(plan, calls=rows, step=_shifted(plan.step, comm, absorbed))
+
+
+def _charge(call, extra_s: float, saved_s: float, comm: list[float], absorbed: list[float]) -> int:
+    """Adds one row's extra TP time and the compute its fusion absorbs to each stage it runs on (per call of the
+    iteration); returns the last such stage (-1: none)."""
+    last = -1
+    for s in call.stages:
+        if s < len(comm):
+            comm[s] += call.calls_per_iteration * extra_s
+            absorbed[s] += call.calls_per_iteration * saved_s
+            last = max(last, s)
+    return last
 
 
 def _shifted(step, comm: list[float], absorbed: list[float]):
