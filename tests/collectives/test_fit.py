@@ -54,6 +54,9 @@ def wrong_start(obs) -> Constants:
     span, kind = ("intra_node", "nvlink") if obs[0].nodes == 1 else ("inter_node", "nic")
     key = DEFAULT_LIBRARY.latency_key(span, obs[0].sm)  # e.g. intra_node:ampere
     start = Constants().with_value(f"latency_scale.{key}", 2 * DEFAULT_LIBRARY.latency_scale[key])
+    if obs[0].nodes > 1:  # a multi-node call's latency reads both parts (model.py _latency_parts): double both
+        local = DEFAULT_LIBRARY.latency_key("intra_node", obs[0].sm)
+        start = start.with_value(f"latency_scale.{local}", 2 * DEFAULT_LIBRARY.latency_scale[local])
     return start.with_value(f"efficiency.{kind}", 0.6 * DEFAULT_LIBRARY.efficiency[kind])
 
 
@@ -63,7 +66,11 @@ def test_fit_lowers_the_error_from_documented_constants(systems, fits):
     after the fit (5.3% since the network step window, model.py Candidate.window_s, whose count of one-way
     latencies this fit does not tune; under 5% before it). From the library's own defaults the log is at 4.4%
     (12.5% before the window and efa_sendrecv refitted with it, which the fit then halved to 6.6%) and the fit
-    keeps it there; the 32-node latency run's 3% falls under 1%."""
+    keeps it there; the 32-node latency run's 3% falls under 1%. Since the NVLink domain's scale applies to the
+    tree's intra-node legs (nvl5, library/model.py _latency_parts), a multi-node row's latency reads two scales and
+    the plugin's latency, all fitted: 110% -> 4.7% from the documented start (the scales go to their bound, 6,
+    and the plugin's latency to 6 us: small rows alone cannot tell the three apart); from the defaults 4.6%,
+    kept; the 32-node run 5.3% -> 0.8% (its network scale 0.5 -> 0.43)."""
     efa_name = next(n for n in systems if "aws-samples" in n)
     documented = fit(systems[efa_name], Constants().with_value("network_latency_s.efa_sendrecv", 15e-6))
     assert documented.median_error_after < 0.06 < 1.0 < documented.median_error_before
@@ -74,12 +81,14 @@ def test_fit_lowers_the_error_from_documented_constants(systems, fits):
 
 
 def test_fit_recovers_from_wrong_constants(systems):
-    """From constants far off (35-55% median error), every log comes back under 15% and most under 8%
-    (the one-node stas00 log keeps 14%: its two latency rows cannot pass the held-out check)."""
+    """From constants far off (35-55% median error; the p4de EFA log 24%: its latency is mostly the plugin's,
+    which the start leaves alone, and the NVLink domain's and the network's scales now share the rest, nvl5),
+    every log comes back under 15% and most under 8% (the one-node stas00 log keeps 14%: its two latency rows
+    cannot pass the held-out check)."""
     after = []
     for name, obs in systems.items():
         result = fit(obs, wrong_start(obs))
-        assert result.median_error_before > 0.3, name
+        assert result.median_error_before > (0.2 if "aws-samples" in name else 0.3), name
         assert result.median_error_after < 0.15, (name, result.median_error_after)
         after.append(result.median_error_after)
     assert np.median(after) < 0.08, after
