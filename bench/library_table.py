@@ -62,7 +62,11 @@ def fit(records) -> LibraryCalibration:
             cal = _grid(cal, rows, [cal.with_values(latency_scale={key: s}) for s in scales])
             fitted[gen] = cal.latency_scale[key]
     cal = cal.with_values(latency_scale={f"intra_node:{g}": _nearest(g, fitted) for g in GENERATIONS})
-    cal = _grid(cal, other, [cal.with_values(latency_scale={"inter_node": s}) for s in np.arange(1.0, 4.01, 0.25)])
+    cal = cal.with_values(latency_scale={"inter_node": 1.0})
+    for gen in GENERATIONS:  # the network's part, per generation, given the domain's part the rows carry
+        rows = [r for r in other if generation(sm_of(r)) == gen]
+        key = f"inter_node:{gen}"
+        cal = _grid(cal, rows, [cal.with_values(latency_scale={key: s}) for s in np.arange(0.25, 4.01, 0.125)])
     return window_fit(efa, cal)[1]
 
 

@@ -9,9 +9,11 @@ The constants (never one per row; DESIGN.md §7) are the library pricer's (libra
   ``_kind``), fitted on rows of at least 256 MiB (where nccl-tests' bus bandwidth has reached its plateau: the
   busbw curves of nccl-tests doc/PERFORMANCE.md and every large record of tests/reference/nccl flatten by
   256 MiB). Only the kinds that bound some such row are fitted.
-- ``latency_scale.<span>``: multiplies NCCL's modelled latency of calls inside one node (``intra_node``) or
-  across nodes (``inter_node``), fitted on rows of at most 64 KiB (where NCCL's model is latency-bound:
-  tuning.cc picks LL there, whose bandwidth term is small).
+- ``latency_scale.<part>``: multiplies a part of NCCL's modelled latency (library/model.py ``_latencies``): the
+  NVLink domain's terms (``intra_node``: the base latency and the intra-node hops, of one-node and multi-node
+  calls alike) or the network's (``inter_node``), fitted on rows of at most 64 KiB (where NCCL's model is
+  latency-bound: tuning.cc picks LL there, whose bandwidth term is small); a multi-node row fits the
+  network's, its NVLink legs keeping the domain's scale of the one-node rows or the defaults.
 - ``network_latency_s.<network kind>``: the network plugin's per-hop latency (ib, roce, efa, tcpxo; NCCL's
   graph->latencyInter), fitted on the same small rows of multi-node runs.
 
@@ -345,8 +347,18 @@ def _stages(obs, pricer, start, bandwidth_min_bytes, latency_max_bytes):
     yield "bandwidth", large, [f"efficiency.{k}" for k in sorted(kinds)], []
     small = [o for o in obs if o.size_bytes <= latency_max_bytes]
     # the key each row's latency reads: its span, or its span for its GPU generation where that has its own
-    latency_key = calibration_for(start).latency_key
-    names = sorted({f"latency_scale.{latency_key(o.span, o.sm)}" for o in small})
+    cal = calibration_for(start)
+    # the key each row's span reads. A multi-node row's latency has three parts (library/model.py _latencies) that
+    # small rows cannot tell apart: its NVLink legs keep the domain's scale the one-node rows (these logs' or the
+    # defaults') give; its per-hop network latency is one name, the plugin's latency where the network has one
+    # (EFA, RoCE, TCPX(O)), else the scale of NCCL's NET table
+    names = sorted(
+        {
+            f"latency_scale.{cal.latency_key(o.span, o.sm)}"
+            for o in small
+            if o.nodes == 1 or not cal.network_latency_s.get(o.spec.network.kind)
+        }
+    )
     names += sorted({f"network_latency_s.{o.spec.network.kind}" for o in small if o.nodes > 1})
     # The rows between the bands break ties: small rows alone cannot tell a larger latency scale from a
     # larger per-hop latency (they price alike there), the mid-size rows can.

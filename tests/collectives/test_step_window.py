@@ -54,14 +54,16 @@ def _p4de_tree_ll128():
 def test_window_closed_form_on_p4de():
     """2 x 8 A100 p4de, EFA SENDRECV: Tree/LL128 on 4 search channels at bwInter 12 GB/s, 8 launched (6 GB/s each,
     x nic efficiency 0.97). At 16 MiB: chunk 72,000 B, 30 steps a connection, each 16 MiB / 240 x 128/120 =
-    74,565 B on the wire; a slot turns over in its wire time plus 4 x (NET hwLat 8.5 us + the plugin's 70 us):
-    29 / 8 turn-overs beyond the first window's, 1,185 us, against NCCL's own bandwidth term of 432 us."""
+    74,565 B on the wire; a slot turns over in its wire time plus 5 x (NET hwLat 8.5 us x Ampere's network scale
+    0.5 + the plugin's 60 us), the count and the latency refitted together with the NVLink domain's scale on the
+    intra-node legs (nvl5; 4 x (8.5 + 70) before): 29 / 8 turn-overs beyond the first window's, 1,211 us, against
+    NCCL's own bandwidth term of 432 us."""
     _, c = _p4de_tree_ll128()
     assert (c.algorithm, c.protocol, c.channels, c.runtime_channels) == ("tree", "LL128", 4, 8)
-    assert (c.window_rate, c.window_us) == (12.0, pytest.approx(4 * (8.5 + 70.0)))
+    assert (c.window_rate, c.window_us) == (12.0, pytest.approx(5 * (8.5 * 0.5 + 60.0)))
     slot = 16 * MIB / 240 / (120 / 128) / (6e9 * DEFAULT_LIBRARY.eff("nic"))
-    assert c.window_s(16 * MIB) == pytest.approx(29 / 8 * (slot + 314e-6))
-    assert c.window_s(16 * MIB) == pytest.approx(1185e-6, rel=1e-3)
+    assert c.window_s(16 * MIB) == pytest.approx(29 / 8 * (slot + 321.25e-6))
+    assert c.window_s(16 * MIB) == pytest.approx(1211e-6, rel=1e-3)
     nccl_bw_s = 16 * MIB / (1e9 * c.bw * c.efficiency)
     assert nccl_bw_s == pytest.approx(432e-6, rel=1e-2)
     assert c.time_s(16 * MIB, Op.ALLREDUCE) == pytest.approx(c.latency_s_at(16 * MIB) + c.window_s(16 * MIB))
@@ -100,16 +102,19 @@ def test_window_never_lowers_a_time():
 def test_p4de_mid_band_with_the_window():
     """The fit set's across-node 64 KiB-64 MiB rows (all ten are p4de, Tree/LL(128)): NCCL's model with the
     fill priced them 1.2-1.7x fast (median 26.9%, +45% to +73% at 2-16 MiB); with the window 12.9%, 2-16 MiB
-    within 15% (-13% to +13%)."""
+    within 15% (-13% to +13%); with the NVLink domain's scale on the tree's intra-node legs and the window refitted
+    with it (nvl5) 15.1%, 2-16 MiB within 17% (-16% to +5%), 1 MiB 38% slow."""
     mid = [r for r in EFA if 64 * KIB <= r["size_bytes"] < 64 * MIB]
     errors = {r["size_bytes"]: compare(r, DEFAULT_LIBRARY, "library").error for r in mid}
     assert len(errors) == 10
-    assert float(np.median([abs(e) for e in errors.values()])) == pytest.approx(0.129, abs=0.0015)
-    assert all(abs(errors[s]) < 0.15 for s in (2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB)), errors
+    assert float(np.median([abs(e) for e in errors.values()])) == pytest.approx(0.151, abs=0.0015)
+    assert all(abs(errors[s]) < 0.17 for s in (2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB)), errors
 
 
 def test_p5_tree_ll128_rows_held_out():
     """AWS p5 2 x 8 H100 over EFA (RDMA write, 15 us), held out: the Tree/LL128 rows at 1-8 MiB were 41-46%
-    fast; with the window -8% to +24% (1 MiB +14%, 2 MiB -8%, 4 MiB +4%, 8 MiB +24%)."""
+    fast; with the window -8% to +24% (1 MiB +14%, 2 MiB -8%, 4 MiB +4%, 8 MiB +24%); with the NVLink domain's
+    scale on the tree's intra-node legs and the window's 5 one-way latencies (nvl5) -28% to -2% (1 MiB -11%, 2 MiB
+    -28%, 4 MiB -18%, 8 MiB -2%)."""
     p5 = {r.size_bytes: r.error for r in rows() if r.entry["file"] == "aws_p5_2x8_allreduce.log"}
-    assert all(-0.10 < p5[s] < 0.25 for s in (MIB, 2 * MIB, 4 * MIB, 8 * MIB)), p5
+    assert all(-0.30 < p5[s] < 0.0 for s in (MIB, 2 * MIB, 4 * MIB, 8 * MIB)), p5

@@ -5,7 +5,9 @@ plan (calls, prices, step time, memory). The digest is main's code at ee0d38e, b
 the ScheduleTraits table (first recorded at 0813324; the moemech merge then moved MoE step times; the kern4
 merge moved step and call times only: every error, call, byte count and memory peak is the same as at ddc1eb0; kern5's
 torch._grouped_mm rows and k0 moved 128 of the 11,542 lines' step and call times, nothing else; kern6's
-torchtitan fp32 score multiply moved the same 128 torch-flavour step lines, +0% to +1.0%, nothing else). Flipping
+torchtitan fp32 score multiply moved the same 128 torch-flavour step lines, +0% to +1.0%, nothing else; nvl5's
+NVLink domain latency scale on the intra-node legs of multi-node calls moved 314 lines' call and step times,
+e.g. the 16-rank dp.grad_norm allreduce on two DGX H100 nodes 25.2 -> 36.6 us, nothing else). Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
 
@@ -17,7 +19,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "4f3ef1d1bfc20e87f4be5de10fce3acb60ea3ead6d7b86d6ae3c534948ca301a"
+RECORDED = "2e8612a8d4e02febdf82253f7801662886d00325d8e7c58431805fec67b11eb1"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},

@@ -4,9 +4,12 @@ cluster, never fitted per record (fitted on tests/reference/nccl/measurements.js
 - ``efficiency[kind]``: achieved / NCCL-modelled bus bandwidth, by the resource that bounds the algorithm:
   ``nvlink`` (ring/tree inside a node), ``in_network`` (NVLS: NVLink SHARP inside a node), ``pcie``
   (PCIe-only GPUs), ``nic`` (anything that crosses nodes).
-- ``latency_scale[span]``: multiplies NCCL's modelled latency, ``intra_node`` or ``inter_node``; a key
-  ``<span>:<generation>`` (``intra_node:ampere``) holds one GPU generation's own value (the generations of
-  NCCL's compCapIndex: volta, ampere, hopper, blackwell) and wins over the plain span for that generation.
+- ``latency_scale[part]``: multiplies a part of NCCL's modelled latency (model.py _latencies): ``intra_node``
+  the NVLink domain's terms (the base latency and the intra-node hops, in one-node calls and in the intra-node
+  legs of multi-node calls alike), ``inter_node`` the network's (NET hwLat hops, the ring's per-step network
+  overhead); a key ``<part>:<generation>`` (``intra_node:ampere``) holds one GPU generation's own value (the
+  generations of NCCL's compCapIndex: volta, ampere, hopper, blackwell) and wins over the plain key for that
+  generation.
   A plain span given in :meth:`LibraryCalibration.with_values` sets the span for every generation.
 - ``network_latency_s[kind]``: the network plugin's per-hop latency in seconds (NCCL's graph->latencyInter,
   added to the per-hop network latency and twice for Simple, tuning.cc:ncclTopoTuneModel v2.30.7-1), by
@@ -51,8 +54,10 @@ class LibraryCalibration:
     # scale for both fits neither (2.75 prices the H100's 1 KiB all-reduce at 41 us where it takes 26 us). A
     # generation without one-node records in the fit set takes its nearest generation's value: Blackwell
     # Hopper's, Volta Ampere's (assumed).
-    # Across InfiniBand nodes NCCL's NET table already matches (1.0: 8-byte..64 KiB rows of 2- and 32-node A100
-    # runs). Efficiencies: median measured / modelled busbw at >= 64 MiB (in_network 1.002 with NCCL's own
+    # The network's part: NCCL's NET table (1.0) where no multi-node rows fit it (Hopper, Blackwell, Volta);
+    # Ampere 0.5, fitted on the 8-byte..64 KiB rows of 2- and 32-node A100 InfiniBand runs given their NVLink legs at
+    # Ampere's 2.75 (nvl5; 1.0 when the whole latency of a multi-node call took one scale). Efficiencies: median
+    # measured / modelled busbw at >= 64 MiB (in_network 1.002 with NCCL's own
     # one-node NVLS graph, graphs.py _nvls_speed; nvlink 0.962, nic 0.968; pcie assumed), refitted with the
     # Simple pipeline fill (model.py Candidate.fill_s; before it: in_network 0.995, nic 0.954).
     latency_scale: dict[str, float] = field(
@@ -62,6 +67,7 @@ class LibraryCalibration:
             "intra_node:hopper": 1.75,
             "intra_node:blackwell": 1.75,
             "inter_node": 1.0,
+            "inter_node:ampere": 0.5,
         }
     )
     network_latency_s: dict[str, float] = field(
@@ -72,10 +78,11 @@ class LibraryCalibration:
             # src/platform-aws.cpp default_protocol, aws-ofi-nccl v1.4.0-1383-g2daf7d30): RDMA write on p5,
             # p5e, p5en, p6-b200, p6-b300 ("efa"): AWS's ~15 us one-way EFA latency (AWS EFA documentation),
             # not fitted; SENDRECV on EFA without RDMA write, p3dn, p4d, p4de ("efa_sendrecv"): fitted on the
-            # p4de records together with the network step window (tables.WINDOW_ONE_WAYS; 70 us, 80 us before
-            # the window; the plugin itself reports 75 us to NCCL's tuner for these platforms)
+            # p4de records together with the network step window (tables.WINDOW_ONE_WAYS; 60 us since the NVLink
+            # legs take the domain's scale, nvl5; 70 us before, 80 us before the window; the plugin itself
+            # reports 75 us to NCCL's tuner for these platforms)
             "efa": 15.0e-6,
-            "efa_sendrecv": 70.0e-6,
+            "efa_sendrecv": 60.0e-6,
             "tcpxo": 20.0e-6,  # GCP TCPXO (GPUDirect-TCPXO, a3-mega), assumed; calibrate from logs
             "tcpx": 20.0e-6,  # GCP GPUDirect-TCPX (a3-high), assumed as TCPXO's; no public a3-high log in the sets
         }

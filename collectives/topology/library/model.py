@@ -330,19 +330,19 @@ def _candidate(
     achieved = _algbw(op, a, p, g, newest, feat, nsteps, speed)[0] / algbw
     kind = _kind(a, shape, feat)
     lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
+    run_lat, scale = _latencies(op, a, p, pi, n, nodes, nsteps, newest, feat, cal)
     plateau, plateau_bytes = 1.0, 0
     runtime, default = launched if a in ("ring", "tree") else (0, 0)
     if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:
         plateau = T.RING_PLATEAU if shape.sm >= 80 else 1.9  # ncclTopoGetAlgoTime
         plateau_bytes = T.RING_PLATEAU_BYTES * runtime * n
-    scale = cal.latency_multiplier("inter_node" if nodes > 1 else "intra_node", shape.sm)
     return Candidate(
         a, p, lat, algbw, bus, g.channels, kind, cal.eff(kind), scale, _channel_bytes(a, p, n, g),
         _corrected_sizes(a, shape, feat), achieved, runtime,
         default, uncapped / bus, plateau, plateau_bytes,
-        _latency(op, a, p, pi, n, nodes, nsteps, newest, feat, cal),
+        run_lat,
         *_pipeline(op, a, p, g, shape),
-        *_window(op, a, p, g, shape, feat, cal, scale),
+        *_window(op, a, p, g, shape, feat, cal, cal.latency_multiplier("inter_node", shape.sm)),
     )  # fmt: skip
 
 
@@ -355,7 +355,7 @@ def _window(op, a, p, g: Graph, shape: Shape, feat: Features, cal: LibraryCalibr
     if a != "tree" or p == "Simple" or shape.nodes < 2 or op is not Op.ALLREDUCE or not T.WINDOW_ONE_WAYS:
         return 0.0, 0.0, ()
     pi = T.PROTOCOLS.index(p)
-    one_way = (T.HW_LATENCY_US["net"]["tree"][pi] + cal.net_latency_us(feat.network_kind)) * scale
+    one_way = T.HW_LATENCY_US["net"]["tree"][pi] * scale + cal.net_latency_us(feat.network_kind)
     return T.WINDOW_ONE_WAYS * one_way, g.bw_inter, (shape.nodes, shape.num_ranks / shape.nodes)
 
 
@@ -525,6 +525,34 @@ def _channel_bytes(a: str, p: str, n: int, g: Graph) -> int:
 
 def _latency(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal: LibraryCalibration) -> float:
     """tuning.cc:ncclTopoTuneModel latencies, us, with the tables and rules of the tag ``shape.version``."""
+    return _latencies(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)[0]
+
+
+def _latencies(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal) -> tuple[float, float]:
+    """(NCCL's latency, us, and the factor that calibrates it). NCCL's (tuning.cc:ncclTopoTuneModel, v2.30.7-1
+    lines 384-435) is a sum of terms, each priced by what it crosses:
+    - the NVLink domain's: the base latency (baseLatencies) and the intra-node hops (hwLatencies[NVLINK or PCI],
+      intraLat), in a one-node call and in the intra-node legs of a multi-node call alike, times the GPU
+      generation's ``intra_node`` scale (calibration.py);
+    - the network's: NCCL's per-hop network latency (hwLatencies[NET]), the ring's per-step network overhead
+      (getNetOverhead) and PAT's per-rank part, times ``inter_node``;
+    - the plugin's: graph->latencyInter on each network hop (twice for Simple), a calibrated latency itself.
+    A ring step across nodes costs NCCL max(intraLat, netOverhead) (line 410); calibrated, the larger of the
+    two priced each at its own scale, and a network hop no less than the NVLink hop (below). So an NVLink hop
+    costs the same whether the call stays in one NVLink
+    domain (an MNNVL clique is one node to NCCL: topo.cc ncclTopoGetSystem fuses the clique's topologies,
+    v2.27.7-1 lines 1387-1422, and init.cc counts nNodes by the rings' first ranks, lines 927-940) or crosses
+    the network. On one node every term is the domain's: the factor is its scale, exactly."""
+    raw, priced = _latency_terms(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
+    if nodes == 1 or raw <= 0:
+        return raw, cal.latency_multiplier("intra_node", shape.sm)
+    return raw, priced / raw
+
+
+def _latency_terms(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal) -> tuple[float, float]:
+    """(NCCL's latency, the calibrated one), us: _latencies's sum, term by term."""
+    local_s = cal.latency_multiplier("intra_node", shape.sm)
+    net_s = cal.latency_multiplier("inter_node", shape.sm)
     vt = T.tables(shape.version)
     ppn = n // nodes
     intra_hw = "nvlink" if feat.nvlink else "pci"
@@ -532,30 +560,42 @@ def _latency(op, a, p, pi, n, nodes, nsteps, shape: Shape, feat: Features, cal: 
     intra = vt.hw_latency[intra_hw][a][pi]
     net = vt.hw_latency["net"]
     inter = net["tree" if ppn == 1 and vt.ppn1_tree_net_latency else a][pi]  # ppn 1: the tree's (v2.23+)
-    plugin = cal.net_latency_us(feat.network_kind)
-    inter += plugin * (2 if p == "Simple" else 1)  # graph latencyInter, twice for Simple (flush)
+    plugin = cal.net_latency_us(feat.network_kind) * (2 if p == "Simple" else 1)  # latencyInter, twice: flush
+    # one network hop: (NCCL's, calibrated). NCCL's NET latencies exceed its NVLink ones for every point-to-point
+    # algorithm and protocol (hwLatencies above); calibrated, a network hop is never cheaper than the NVLink hop
+    # it stands in for (ring, tree, CollNet; NVLS's intraLat is the whole switch operation, not a hop)
+    floor = intra * local_s if a in ("ring", "tree", "collnet_direct", "collnet_chain") else 0.0
+    hop = (inter + plugin, max(inter * net_s + plugin, floor))
+
+    def terms(local: float, hops: float = 0.0, network: float = 0.0) -> tuple[float, float]:
+        return local + hops * hop[0] + network, local * local_s + hops * hop[1] + network * net_s
+
     if a == "ring":
-        hw = vt.hw_latency["net" if nodes > 1 else intra_hw]["ring"][pi]
-        if op in (Op.REDUCE, Op.BROADCAST):
-            return lat + hw  # sameChannels graphs (the usual case)
+        if op in (Op.REDUCE, Op.BROADCAST):  # sameChannels graphs (the usual case): one ring hop
+            hw = vt.hw_latency["net" if nodes > 1 else intra_hw]["ring"][pi]
+            return terms(lat, network=hw) if nodes > 1 else terms(lat + hw)
         overhead = T.NET_OVERHEAD_US.get(feat.cpu_vendor, 1.0) * (3 if p == "Simple" else 1) if nodes > 1 else 0.0
-        intra = max(intra, overhead)
-        return lat + (nsteps - (n_inter := _inter_steps(op, nodes, vt))) * intra + n_inter * inter
+        n_inter = _inter_steps(op, nodes, vt)
+        steps = nsteps - n_inter
+        raw, priced = terms(lat, n_inter)
+        step = max(intra * local_s, overhead * net_s)
+        return raw + steps * max(intra, overhead), priced + steps * step
     log_nodes = int(math.log2(nodes))
     if a == "tree":
-        return lat + (2 * ((ppn - 1) * intra + log_nodes * inter) if op is Op.ALLREDUCE else 0.0)
+        return terms(lat + 2 * (ppn - 1) * intra, 2 * log_nodes) if op is Op.ALLREDUCE else terms(lat)
     if a == "collnet_direct":
-        return lat + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * vt.collnet_arity_us) + inter
+        return terms(lat + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * vt.collnet_arity_us), 1)
     if a == "collnet_chain":
-        return lat + 2 * (ppn - 1) * intra + inter
+        return terms(lat + 2 * (ppn - 1) * intra, 1)
     if vt.nvls_latency == "v2.18" and a in ("nvls", "nvls_tree"):  # v2.18.6-1 lines 235-238: NET hwLat, no plugin
         hops = (1 if a == "nvls" else 2 * (nodes - 1)) if nodes > 1 else 0
-        return lat + hops * net[a][pi]
-    if a == "nvls":
-        return intra + (inter if nodes > 1 else 0.0)
+        return terms(lat, network=hops * net[a][pi])
+    if a == "nvls":  # NCCL's NVLS latency is intraLat alone (line 425), no base
+        return terms(intra, 1 if nodes > 1 else 0)
     if a == "nvls_tree":
-        return lat + intra + 2 * log_nodes * inter
-    return lat + log_nodes * (inter / 3.5) + n * 2.8  # pat
+        return terms(lat + intra, 2 * log_nodes)
+    # pat: ppn 1 only, every rank on its own node; log2(nNodes) x interLat / 3.5 + nRanks x 2.8 (lines 431-433)
+    return terms(lat, log_nodes / 3.5, n * 2.8)
 
 
 def _inter_steps(op: Op, nodes: int, vt: T.VersionTables) -> int:

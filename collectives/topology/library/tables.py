@@ -449,10 +449,11 @@ LL128_DATA = 15 / 16  # device.h NCCL_LL128_DATAELEMS / NCCL_LL128_LINEELEMS: 12
 # receiver's proxy posts its buffer by an RDMA write into the sender's CTS FIFO (ncclIbPostFifo, line 364; ncclIbIsend
 # returns no request until that slot arrives, lines 278-285), the data goes, and the send completes on the
 # reliable connection's ACK: 3. Fitted over {2, 3, 4, 5} together with EFA's SENDRECV per-hop latency on the fit
-# set's EFA rows below 64 MiB (bench/library_table.py window_fit): 4 (8.5%; 3 gives 9.5% at its best latency).
-# The fourth is the proxies' hand-backs (the GPU's tail to the send proxy, the receive proxy's to the GPU),
-# not counted separately from NCCL's source.
-WINDOW_ONE_WAYS = 4
+# set's EFA rows below 64 MiB (bench/library_table.py window_fit): 4 (8.5%; 3 gives 9.5% at its best latency),
+# then 5 (9.0%, efa_sendrecv 60 us; 4 gives 11.0% at 60 us, 13.4% at 70) once the tree's intra-node legs take the
+# NVLink domain's latency scale (model.py _latency_parts, nvl5). The rest are the proxies' hand-backs (the GPU's
+# tail to the send proxy, the receive proxy's to the GPU), not counted separately from NCCL's source.
+WINDOW_ONE_WAYS = 5
 
 
 def tree_ll128_chunk(nbytes: int, channels: int, nodes: int, ppn: float) -> int:
