@@ -1063,6 +1063,9 @@ def test_serve_scenario_deepseek_on_96_gpus(page):
     open_page(page)
     page.select_option("#serve-scenario", "dsv3-pd")
     expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    # the LMSYS run passed --enable-two-batch-overlap (sglang issue #6017's launch commands): the scenario too
+    assert page.locator("#serve-tbo").input_value() == "true"
+    assert page.evaluate("window.commplan.serveBody()")["options"]["two_batch_overlap"] is True
     cards = page.locator("#serve-cards")
     for label in ("TTFT", "TPOT", "Tokens/s per GPU", "KV cache", "KV transfer"):
         expect(cards).to_contain_text(label)
