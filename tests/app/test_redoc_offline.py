@@ -20,3 +20,4 @@ def test_redoc_bundle_loads_no_remote_image_and_the_csp_stays_closed(api):
     # the logo is still drawn by the same component, from a data: URI the CSP allows
     logo = re.search(r'alt:"redocly logo",onError:[^,]+,src:"([^"]+)"', bundle.text)
     assert logo and logo[1].startswith("data:image/svg+xml,")
+    assert "width=%270%27 height=%270%27" in logo[1]  # unsized, Chromium drew it as a 15 x 150 px blank box
