@@ -1646,6 +1646,29 @@ def test_one_group_is_said_in_the_singular(page):
     assert "all 1 groups" not in note.inner_text()
 
 
+def test_a_phone_sees_the_answer_without_scrolling_past_the_form(make_page):
+    """At 390 px the results sit below the whole form (one column): nothing of the plan showed until one scrolled
+    past it (user5). The header now says the step time and MFU the summary cards show, in the first screen, and
+    its button brings the results to the top; at 1440 px (two columns, results beside the form) it is hidden."""
+    page = make_page(PHONE)
+    open_page(page)
+    line = page.locator("#see-result")
+    expect(line).to_be_visible()
+    step = page.evaluate("window.commplan.state.plan.step")
+    time_s = page.evaluate("(s) => window.commplan.fmtTime(s)", step["time_s"])
+    expect(page.locator("#see-result-text")).to_contain_text(f"Step time {time_s}, MFU ")
+    expect(page.locator("[data-card=step]")).to_contain_text(time_s)
+    box = line.bounding_box()
+    assert box["y"] + box["height"] <= PHONE["height"], box  # in the first screen
+    top = "document.getElementById('results').getBoundingClientRect().top"
+    assert page.evaluate(top) > PHONE["height"]  # the results start below the first screen
+    page.click("#see-result-go")
+    page.wait_for_function(f"Math.abs({top}) < 2", timeout=5_000)
+    wide = make_page(WIDE)
+    open_page(wide)
+    expect(wide.locator("#see-result")).to_be_hidden()
+
+
 def test_a_call_on_several_rows_says_its_stages_on_a_phone(make_page):
     """At 390 px the Stages column is hidden, and Llama-3 70B's ledger showed three identical "dp.grads
     reducescatter" rows (stage 3, stage 0, stages 1,2); a name on several rows now says its stages there."""
