@@ -271,10 +271,10 @@ def _serve_search_table(result: dict) -> str:
 
 
 def _pool_name(p: dict) -> str:
-    """A pool as the page names it: "prefill 4x TP2", "decode 1x DP32 EP32 attention-DP" (it read "prefill 4x2":
+    """A pool as the page names it: "prefill 4× TP2", "decode 1× DP32 EP32 attention-DP" (it read "prefill 4x2":
     workers by GPUs, which a newcomer took for TP4 x 2)."""
     dims = " ".join(f"{k.upper()}{p[k]}" for k in ("tp", "pp", "dp", "ep") if p.get(k, 1) > 1) or "TP1"
-    return f"{p['role']} {p['workers']}x {dims}" + (" attention-DP" if p.get("attention_dp") else "")
+    return f"{p['role']} {p['workers']}× {dims}" + (" attention-DP" if p.get("attention_dp") else "")
 
 
 def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user: float, ttft, tpot: float) -> str:

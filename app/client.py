@@ -34,12 +34,14 @@ JSON = dict[str, Any]
 
 
 class CommplanError(Exception):
-    """The server refused a request: ``status`` (422, 413, ...) and FastAPI's ``detail`` list."""
+    """The server refused a request: ``status`` (422, 413, ...) and FastAPI's ``detail`` list; ``messages`` and
+    ``fields`` read it, both properties (``messages`` was a method beside the ``fields`` property)."""
 
     def __init__(self, status: int, detail: Any):
         self.status, self.detail = status, detail
-        super().__init__(f"{status}: {self.messages() if isinstance(detail, list) else detail}")
+        super().__init__(f"{status}: {self.messages if isinstance(detail, list) else detail}")
 
+    @property
     def messages(self) -> list[str]:
         """'field: rule' per problem, e.g. 'parallel.tp: tp*cp*pp*dp = 16*1*4*16 = 1024 but ...'."""
         out = []
@@ -50,7 +52,8 @@ class CommplanError(Exception):
 
     @property
     def fields(self) -> list[str]:
-        return [m.split(":", 1)[0] for m in self.messages()]
+        """The field of each problem, in the order of ``messages``: 'parallel.tp'."""
+        return [m.split(":", 1)[0] for m in self.messages]
 
 
 # ---- typed results (CONTRACT.md names) ---------------------------------------------------------------------------

@@ -63,7 +63,8 @@ REDOC_PAGE = f"""<!doctype html>
 
 class SecurityHeaders:
     """Pure ASGI: CSP, nosniff, DENY framing and no referrer on every response. The same CSP serves /docs
-    and /redoc (checked in Chromium: both render with no violation but ReDoc's remote logo, left blocked)."""
+    and /redoc (checked in Chromium: both render with no violation; ReDoc's remote logo is replaced in the vendored
+    bundle by an inline SVG, frontend/vendor/redoc-2.5.4/PATCHED.md)."""
 
     def __init__(self, app):
         self.app = app

@@ -249,7 +249,9 @@ ZB_DUALPIPE_SOURCE = (
 
 def _m_divisible_by_pp(name: str, m: int, p: int) -> str:
     """The interleaved schedule takes the micro-batches in groups of pp."""
-    return f"the interleaved schedule needs micro-batches {m} divisible by pp {p}" if m % p else ""
+    if m % p == 0:
+        return ""
+    return f"the interleaved schedule needs the number of micro-batches ({m}) to be a multiple of pp ({p})"
 
 
 def _m_even_twice_pp(name: str, m: int, p: int) -> str:

@@ -94,6 +94,19 @@ function render() {
   const first = [...onBusiest].sort((a, b) => timeIter(b) - timeIter(a))[0];
   selectCall(keep || first, false);
   prefetchTopology(plan);
+  showSeeResult();
+}
+
+// One column (style.css: max-width 900px): the results sit below the whole form, where a phone at 390 px showed
+// none of them without scrolling past it (user5). The header says what the plan answered, with a jump to it.
+const ONE_COLUMN = window.matchMedia("(max-width: 900px)");
+function showSeeResult() {
+  const plan = state.plan, step = plan && plan.step;
+  $("see-result").hidden = !ONE_COLUMN.matches || !plan;
+  if (!plan) return;
+  const inference = state.request && state.request.workload.kind === "inference";
+  $("see-result-text").textContent = step ? `${inference ? "Latency" : "Step time"} ${fmtTime(step.time_s)}, MFU ${fmtPct(step.mfu)}.`
+    : `${plan.calls.length} kinds of call.`;
 }
 
 // ---- selected call: every ledger field, the topology, the explorer and the step view ---------------------------
@@ -170,6 +183,8 @@ async function start() {
     try { await navigator.clipboard.writeText(location.href); $("share").textContent = "Link copied"; } catch { $("share").textContent = "Link in address bar"; }
     setTimeout(() => { $("share").textContent = "Copy link"; }, 2000);
   });
+  $("see-result-go").addEventListener("click", () => $("results").scrollIntoView({ block: "start" }));
+  ONE_COLUMN.addEventListener("change", showSeeResult);
   $("filter-text").addEventListener("input", renderTable);
   $("filter-par").addEventListener("change", renderTable);
   $("all-columns").addEventListener("change", () => $("ledger").classList.toggle("all-columns", $("all-columns").checked));

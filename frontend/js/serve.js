@@ -12,10 +12,14 @@ const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Num
 const POOL_FIELDS = ["workers", "tp", "dp", "ep"];
 
 // published deployments to start from (their sources: docs/serving.md)
+// dsv3-pd: the LMSYS run (lmsys.org/blog/2025-05-05-large-scale-ep; its launch commands, sglang issue #6017, pass
+// --enable-two-batch-overlap): two-batch overlap on as run. Its 32 redundant experts are left out: 256 + 32 = 288
+// expert slots do not divide over this decode pool's EP64 (the run's decode was EP72), a 422 on redundant_experts
 export const SERVE_SCENARIOS = [
-  { id: "dsv3-pd", label: "DeepSeek-V3 on 96 H100: SGLang prefill DP32 + decode DP64, DeepEP (LMSYS 2025)",
+  { id: "dsv3-pd", label: "DeepSeek-V3 on 96 H100: SGLang prefill DP32 + decode DP64, DeepEP, two-batch overlap (LMSYS 2025)",
     request: { model: { preset: "deepseek-v3" }, nodes: 12, engine: "sglang",
-      traffic: { input_tokens: 2000, output_tokens: 100, concurrency: 2048 }, options: { weight_dtype: "fp8" },
+      traffic: { input_tokens: 2000, output_tokens: 100, concurrency: 2048 },
+      options: { weight_dtype: "fp8", two_batch_overlap: true },
       deployment: { pools: [
         { role: "prefill", workers: 1, tp: 1, dp: 32, ep: 32, attention_dp: true, ep_dispatch: "deepep" },
         { role: "decode", workers: 1, tp: 1, dp: 64, ep: 64, attention_dp: true, ep_dispatch: "deepep" }] } } },

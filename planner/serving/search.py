@@ -227,11 +227,11 @@ def _why(best: Candidate, at_load: list[Candidate]) -> str:
     if runner is None:
         lead = "the only deployment tried that meets the SLA"
     elif runner.per_gpu >= best.per_gpu * 0.995 or runner.per_gpu <= 0:
-        lead = f"ties with {runner.engine} {runner.mode} {' + '.join(_label(x) for x in runner.pools)}"
+        lead = f"ties with {_deployment(runner)}"
     else:
         lead = f"{best.per_gpu / runner.per_gpu - 1:.0%} more tokens/s per GPU than the next layout"
     return (
-        f"{best.engine} {best.mode}, {' + '.join(_label(x) for x in best.pools)}: {lead}; bound by {p.bottleneck} "
+        f"{_deployment(best, ', ')}: {lead}; bound by {p.bottleneck} "
         f"(TTFT {_duration(p.ttft_s)}, TPOT {_duration(p.tpot_s)})"
     )
 
@@ -256,8 +256,8 @@ def _miss(at_load: list[Candidate], front: list[Candidate]) -> str:
     some = "1 point" if len(lighter) == 1 else f"{len(lighter)} points"
     return (
         f"{text}. {some[0].upper()}{some[1:]} of the Pareto front meet{'s' if len(lighter) == 1 else ''} it at a "
-        f"lower load, the most tokens/s per GPU: {top.engine} {top.mode}, {' + '.join(_label(x) for x in top.pools)} "
-        f"at {_load(top.traffic)} ({top.per_gpu:,.1f} tokens/s per GPU)"
+        f"lower load, the most tokens/s per GPU: {_deployment(top, ', ')} at {_load(top.traffic)} "
+        f"({top.per_gpu:,.1f} tokens/s per GPU)"
     )
 
 
@@ -265,8 +265,15 @@ def _load(t: Traffic) -> str:
     return f"concurrency {t.concurrency:,}" if t.concurrency is not None else f"{t.request_rate:g} requests/s"
 
 
+def _deployment(c: Candidate, sep: str = " ") -> str:
+    """A deployment as a person reads it: the engine's name (EngineTraits.label: "TensorRT-LLM", not the id
+    "trtllm"), the mode, the pools ("vLLM aggregated, both 4× TP2")."""
+    return f"{engine(c.engine).label} {c.mode}{sep}{' + '.join(_label(x) for x in c.pools)}"
+
+
 def _label(p: Pool) -> str:
-    parts = [f"{p.workers}x"] + [f"{k.upper()}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep") if getattr(p, k) > 1]
+    # "4×" as the page writes a pool (frontend/js/serve.js poolName), not "4x"
+    parts = [f"{p.workers}×"] + [f"{k.upper()}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep") if getattr(p, k) > 1]
     return f"{p.role} " + " ".join(parts) + (" attention-DP" if p.attention_dp else "")
 
 

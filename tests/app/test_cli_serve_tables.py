@@ -73,9 +73,9 @@ def test_pools_are_named_as_the_page_names_them():
 
     dense = {"role": "prefill", "workers": 4, "tp": 2, "pp": 1, "dp": 1, "ep": 1, "attention_dp": False}
     moe = {"role": "decode", "workers": 1, "tp": 1, "pp": 1, "dp": 64, "ep": 64, "attention_dp": True}
-    assert _pool_name(dense) == "prefill 4x TP2"
-    assert _pool_name(moe) == "decode 1x DP64 EP64 attention-DP"
-    assert _pool_name({"role": "both", "workers": 8, "tp": 1}) == "both 8x TP1"
+    assert _pool_name(dense) == "prefill 4× TP2"
+    assert _pool_name(moe) == "decode 1× DP64 EP64 attention-DP"
+    assert _pool_name({"role": "both", "workers": 8, "tp": 1}) == "both 8× TP1"
 
 
 def test_every_sweep_option_says_what_it_does(capsys):

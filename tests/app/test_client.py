@@ -55,6 +55,10 @@ def test_bad_request_raises_with_field_and_numbers(cp):
     assert err.value.status == 422
     assert "tp*cp*pp*dp = 16*1*4*16 = 1024 but the cluster has 512" in str(err.value)
     assert err.value.fields == ["parallel"] or err.value.fields[0].startswith("parallel")
+    # both properties, read alike (messages was a method beside the fields property: polish6)
+    assert isinstance(err.value.messages, list) and len(err.value.messages) == len(err.value.fields) >= 1
+    assert [m.split(":", 1)[0] for m in err.value.messages] == err.value.fields
+    assert "= 1024 but the cluster has 512" in err.value.messages[0]
 
 
 def test_batch_keeps_order_and_isolates_errors(cp):

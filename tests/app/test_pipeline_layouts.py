@@ -122,6 +122,11 @@ def test_dualpipe_with_deepep_over_http(api):
             "global_batch_size",
             "needs an even number of micro-batches >= 2*pp = 16 (dualpipe.py",
         ),
+        (  # m = 12 / 2 = 6; it read "needs micro-batches 6 divisible by pp 4" (polish6)
+            {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2, "pp": 4},
+            "global_batch_size",
+            "the interleaved schedule needs the number of micro-batches (6) to be a multiple of pp (4)",
+        ),
         ({"pipeline_split_points": [9, 3, 25]}, "pipeline_split_points", "must rise strictly"),
         (
             {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 3},

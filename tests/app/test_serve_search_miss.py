@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from planner.serving.engines import ENGINES
 from planner.serving.search import _duration
 
 ROOT = Path(__file__).resolve().parents[2]
 # Llama-3 70B on 2 H100 nodes at 512 requests at once: at that load TPOT is >= 16 ms
-SEARCH = json.loads((ROOT / "examples/serve-search-llama3-70b.json").read_text()) | {
+EXAMPLE = json.loads((ROOT / "examples/serve-search-llama3-70b.json").read_text())
+SEARCH = EXAMPLE | {
     "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 512},
 }
 
@@ -58,8 +60,19 @@ def test_why_nothing_met_names_the_front_points_that_meet_it_at_a_lower_load(api
     count = (
         "1 point of the Pareto front meets" if len(meeting) == 1 else f"{len(meeting)} points of the Pareto front meet"
     )
-    assert (
-        r["results"] == [] and f". {count} it at a lower load, the most tokens/s per GPU: {top['engine']} " in r["why"]
-    )
+    name = ENGINES[top["engine"]].label  # "vLLM", not the id "vllm" (polish6)
+    assert r["results"] == [] and f". {count} it at a lower load, the most tokens/s per GPU: {name} " in r["why"]
     load, per_gpu = top["request"]["traffic"]["concurrency"], top["output_tokens_per_s_per_gpu"]
     assert r["why"].endswith(f" at concurrency {load} ({per_gpu:,.1f} tokens/s per GPU)")
+
+
+@pytest.mark.parametrize(("engine", "name"), [("trtllm", "TensorRT-LLM"), ("vllm", "vLLM")])
+def test_the_reason_names_engines_and_pools_as_people_read_them(api, engine, name):
+    """polish6: the reason wrote the engine's id ("trtllm aggregated, both 2x TP8") where the page writes
+    "TensorRT-LLM" and "2×" (frontend/js/serve.js poolName); the result rows keep the id a request takes."""
+    met = api.post("/v1/serve/search", json=SEARCH | {"engines": [engine], "modes": ["aggregated"],
+                                                       "traffic": EXAMPLE["traffic"]}).json()  # fmt: skip
+    assert met["results"] and met["results"][0]["engine"] == engine
+    top = met["results"][0]["request"]["deployment"]["pools"][0]
+    assert met["why"].startswith(f"{name} aggregated, both {top['workers']}× TP"), met["why"]
+    assert not re.search(r"\b\d+x\b", met["why"]) and " trtllm" not in met["why"]

@@ -1063,6 +1063,9 @@ def test_serve_scenario_deepseek_on_96_gpus(page):
     open_page(page)
     page.select_option("#serve-scenario", "dsv3-pd")
     expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    # the LMSYS run passed --enable-two-batch-overlap (sglang issue #6017's launch commands): the scenario too
+    assert page.locator("#serve-tbo").input_value() == "true"
+    assert page.evaluate("window.commplan.serveBody()")["options"]["two_batch_overlap"] is True
     cards = page.locator("#serve-cards")
     for label in ("TTFT", "TPOT", "Tokens/s per GPU", "KV cache", "KV transfer"):
         expect(cards).to_contain_text(label)
@@ -1641,6 +1644,29 @@ def test_one_group_is_said_in_the_singular(page):
     expect(note).to_contain_text("The KV transfer", timeout=30_000)
     expect(note).to_contain_text("while the call runs on its one group")
     assert "all 1 groups" not in note.inner_text()
+
+
+def test_a_phone_sees_the_answer_without_scrolling_past_the_form(make_page):
+    """At 390 px the results sit below the whole form (one column): nothing of the plan showed until one scrolled
+    past it (user5). The header now says the step time and MFU the summary cards show, in the first screen, and
+    its button brings the results to the top; at 1440 px (two columns, results beside the form) it is hidden."""
+    page = make_page(PHONE)
+    open_page(page)
+    line = page.locator("#see-result")
+    expect(line).to_be_visible()
+    step = page.evaluate("window.commplan.state.plan.step")
+    time_s = page.evaluate("(s) => window.commplan.fmtTime(s)", step["time_s"])
+    expect(page.locator("#see-result-text")).to_contain_text(f"Step time {time_s}, MFU ")
+    expect(page.locator("[data-card=step]")).to_contain_text(time_s)
+    box = line.bounding_box()
+    assert box["y"] + box["height"] <= PHONE["height"], box  # in the first screen
+    top = "document.getElementById('results').getBoundingClientRect().top"
+    assert page.evaluate(top) > PHONE["height"]  # the results start below the first screen
+    page.click("#see-result-go")
+    page.wait_for_function(f"Math.abs({top}) < 2", timeout=5_000)
+    wide = make_page(WIDE)
+    open_page(wide)
+    expect(wide.locator("#see-result")).to_be_hidden()
 
 
 def test_a_call_on_several_rows_says_its_stages_on_a_phone(make_page):
