@@ -7,7 +7,8 @@ merge moved step and call times only: every error, call, byte count and memory p
 torch._grouped_mm rows and k0 moved 128 of the 11,542 lines' step and call times, nothing else; kern6's
 torchtitan fp32 score multiply moved the same 128 torch-flavour step lines, +0% to +1.0%, nothing else; nvl5's
 NVLink domain latency scale on the intra-node legs of multi-node calls moved 314 lines' call and step times,
-e.g. the 16-rank dp.grad_norm allreduce on two DGX H100 nodes 25.2 -> 36.6 us, nothing else). Flipping
+e.g. the 16-rank dp.grad_norm allreduce on two DGX H100 nodes 25.2 -> 36.6 us, nothing else; polish6's wording of
+the interleaved schedule's micro-batch rule changed 8 error lines' text, same field, nothing else). Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
 
@@ -19,7 +20,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "2e8612a8d4e02febdf82253f7801662886d00325d8e7c58431805fec67b11eb1"
+RECORDED = "6af69f73f8188798fb5d150178948f696eb7b1a142a96b5ee3d69e987d33ae33"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
