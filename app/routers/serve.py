@@ -7,7 +7,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from planner.serving import plan_serving
 from planner.serving.calibrate import calibrate_serving
-from planner.serving.launch import launch_script
+from planner.serving.launch import dynamo_manifest, launch_script
 from planner.serving.search import search_serving
 
 from ..body import OffLoopBody
@@ -17,6 +17,7 @@ from ..limits import acquire_slot, run_bounded
 from ..schemas.serve import (
     ServeCalibrateOut,
     ServeCalibrateRequest,
+    ServeExportFormat,
     ServeOut,
     ServeRequest,
     ServeSearchOut,
@@ -101,28 +102,38 @@ bounded_post(
 )
 
 
+# format -> (writer, media type, file name suffix)
+_EXPORTS = {
+    "launch": (launch_script, "text/x-shellscript", ".sh"),
+    "dynamo": (dynamo_manifest, "application/yaml", "-dynamo.yaml"),
+}
+
+
 @router.post(
     "/export",
-    responses=BAD_INPUT | {200: {"content": {"text/x-shellscript": {}}}},
-    summary="The deployment as its engine's launch commands",
-    description="A POSIX shell script: one line per worker with the engine's own flags (vllm serve, "
-    "python -m sglang.launch_server, trtllm-serve), every argument quoted. `model_path` is what the engine loads "
-    "(a Hugging Face repository or a local path); it may not hold control characters.",
+    responses=BAD_INPUT | {200: {"content": {"text/x-shellscript": {}, "application/yaml": {}}}},
+    summary="The deployment as its engine's launch commands or a Dynamo manifest",
+    description="`format=launch` (default): a POSIX shell script, one line per worker with the engine's own flags "
+    "(vllm serve, python -m sglang.launch_server, trtllm-serve), every argument quoted, and a disaggregated "
+    "deployment's router. `format=dynamo`: a DynamoGraphDeployment (vLLM, SGLang). `model_path` is what the engine "
+    "loads (a Hugging Face repository or a local path); it may not hold control characters.",
 )
 async def export(
     body: ServeRequest,
     request: Request,
     model_path: str = Query(default="", max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$"),
+    format: ServeExportFormat = "launch",
 ) -> Response:
     settings = request.app.state.settings
+    write, media_type, suffix = _EXPORTS[format]
 
     def work() -> bytes:
         model, cluster, traits, _, pools, options = serve_inputs(body, settings)
-        return launch_script(model, cluster, traits, pools, options, model_path).encode()
+        return write(model, cluster, traits, pools, options, model_path).encode()
 
     response = await run_bounded(request, work)
     return Response(
         response.body,
-        media_type="text/x-shellscript",
-        headers={"content-disposition": f'attachment; filename="serve-{body.engine}.sh"'},
+        media_type=media_type,
+        headers={"content-disposition": f'attachment; filename="serve-{body.engine}{suffix}"'},
     )

@@ -93,6 +93,10 @@ class ServeOptionsIn(Strict):
     )
 
 
+# POST /v1/serve/export?format=: the engine's launch script, or a Dynamo DynamoGraphDeployment (CONTRACT v1.2)
+ServeExportFormat = Literal["launch", "dynamo"]
+
+
 class DeploymentBlocks(Strict):
     """What /v1/serve and /v1/serve/calibrate share: the model, the cluster, the engine, its pools and options."""
 

@@ -19,7 +19,19 @@ from .fused_allreduce import (
     CustomAllReduce,
     FusedAllReduce,
 )
-from .launch import CommandBuilder, RouterBuilder, sglang_command, trtllm_command, trtllm_router, vllm_command
+from .launch import (
+    SGLANG_DYNAMO,
+    VLLM_DYNAMO,
+    CommandBuilder,
+    DynamoWorker,
+    RouterBuilder,
+    sglang_command,
+    sglang_router,
+    trtllm_command,
+    trtllm_router,
+    vllm_command,
+    vllm_router,
+)
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, VLLM_DBO_PREFILL, OverlapStrategy
 
 
@@ -64,8 +76,11 @@ class EngineTraits:
     weight_formats: tuple[str, ...] = ("nvfp4",)
     weight_formats_note: str = ""
     # the router a disaggregated deployment's launch script starts between its prefill and decode servers
-    # (launch.py); None: the script starts none (vLLM's and SGLang's proxies are not written: docs/serving.md)
+    # (launch.py); None: the script starts none
     disagg_router: RouterBuilder | None = None
+    # how Dynamo runs the engine's workers (launch.py DynamoWorker); None: POST /v1/serve/export?format=dynamo is a
+    # 422 on ``engine``
+    dynamo: DynamoWorker | None = None
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -114,6 +129,8 @@ VLLM = register(
             "(torch symm_mem multimem_all_reduce_ / two_shot_all_reduce_)",
         ),
         launch=vllm_command,  # `vllm serve` (vLLM 0.14)
+        disagg_router=vllm_router,  # vLLM's NixlConnector proxy, toy_proxy_server.py
+        dynamo=VLLM_DYNAMO,  # python3 -m dynamo.vllm
         # quantization/mxfp4.py Mxfp4MoEMethod (experts only; the weights dequantized to bf16 math by default)
         weight_formats=("nvfp4", "mxfp4"),
     )
@@ -147,6 +164,8 @@ SGLANG = register(
             "sglang",
         ),
         launch=sglang_command,  # python3 -m sglang.launch_server (SGLang 0.5)
+        disagg_router=sglang_router,  # python3 -m sglang_router.launch_router --pd-disaggregation
+        dynamo=SGLANG_DYNAMO,  # python3 -m dynamo.sglang
         # python/sglang/srt/layers/quantization/mxfp4.py Mxfp4Config (FusedMoE only; linears UnquantizedLinearMethod)
         weight_formats=("nvfp4", "mxfp4"),
     )

@@ -26,6 +26,19 @@ Flag names and where they come from:
   `disable_overlap_scheduler: true` ("not yet supported in disaggregated context server architectures"), each
   server listens on its own port, and `trtllm-serve disaggregated -c disagg_config.yaml` routes between them
   (`hostname`, `port`, `backend`, `context_servers` / `generation_servers` with `num_instances` and `urls`).
+- vLLM disaggregated (docs.vllm.ai features/nixl_connector_usage; vllm tests/v1/kv_connector/nixl_integration/
+  toy_proxy_server.py at 030ea52effcb): every server `--kv-transfer-config {"kv_connector": "NixlConnector",
+  "kv_role": "kv_both"}` on its own `--port`, and the proxy `toy_proxy_server.py --host --port --prefiller-hosts
+  H.. --prefiller-ports P.. --decoder-hosts H.. --decoder-ports P..` (nargs="+", paired in order).
+- SGLang disaggregated (docs/advanced_features/pd_disaggregation.md, SGLang at 08edc506b2da): each server
+  `--disaggregation-mode prefill|decode --disaggregation-transfer-backend nixl --host 0.0.0.0 --port N`, and the
+  router `python -m sglang_router.launch_router --pd-disaggregation --prefill http://H:P --decode http://H:P
+  --host 0.0.0.0 --port 8000`.
+- Dynamo (ai-dynamo/dynamo at 416ff06e7fea, components/backends/{vllm,sglang}/deploy/disagg*.yaml, runtime
+  0.6.1): a DynamoGraphDeployment (apiVersion nvidia.com/v1alpha1) whose services are the Frontend and one worker
+  service per pool (componentType worker, subComponentType prefill|decode, replicas = the pool's workers,
+  resources.limits.gpu the GPUs per node, multinode.nodeCount where a worker spans nodes), each running
+  `python3 -m dynamo.vllm|dynamo.sglang` with the engine's own arguments (``dynamo_manifest``).
 """
 
 from __future__ import annotations
@@ -70,6 +83,17 @@ class Launch:
     port: int = 0  # the worker's server port where the command takes one (Command.port_flag)
 
 
+@dataclass(frozen=True)
+class HostRef:
+    """One argument of a router's command that names a worker's host: ``prefix${VAR}suffix``, double-quoted, the
+    variable checked to be a host name before anything starts; ``prefix`` and ``suffix`` are this module's own
+    text (a scheme, a port), never a request's."""
+
+    var: str
+    prefix: str = ""
+    suffix: str = ""
+
+
 BASE_PORT = 8000  # the router's port (TensorRT-LLM's disaggregated examples); worker i listens on BASE_PORT + 1 + i
 
 
@@ -79,7 +103,7 @@ class Router:
     first (our own text, no request string in them but the model path argument) and its command."""
 
     files: tuple[tuple[str, str], ...]  # written with the ``hosts`` variables expanded, after they are checked
-    command: tuple[str, ...]
+    command: tuple[str | HostRef, ...]
     # the variables the router's config reads, one per worker: the host of that worker's first node (default
     # localhost); the script refuses a value that is not a host name before it writes the config
     hosts: tuple[str, ...] = ()
@@ -184,7 +208,8 @@ def vllm_command(
     # docs.vllm.ai serving/data_parallel_deployment: the head node's address, each node's first DP rank, and
     # --headless on every node but the head (it runs the engine cores without an API server)
     flags = (("--data-parallel-address", "MASTER_ADDR", ""), ("--data-parallel-start-rank", "DP_START_RANK", ""))
-    return Command(tuple(argv), per_node=flags, per_node_switches=(("--headless", "HEADLESS"),))
+    port = "--port" if disagg else None  # each server its own: the proxy's --prefiller-ports / --decoder-ports
+    return Command(tuple(argv), per_node=flags, per_node_switches=(("--headless", "HEADLESS"),), port_flag=port)
 
 
 def sglang_command(
@@ -204,12 +229,14 @@ def sglang_command(
     argv += ["--chunked-prefill-size", str(pool.max_batch_tokens or traits.max_batch_tokens)]
     argv += ["--mem-fraction-static", str(traits.memory_fraction)]
     argv += _options_argv(options, _SGLANG_FLAGS)
-    if disagg:
-        argv += ["--disaggregation-mode", pool.role]
+    if disagg:  # pd_disaggregation.md: NIXL (the default backend is mooncake); the router reaches each server
+        argv += ["--disaggregation-mode", pool.role, "--disaggregation-transfer-backend", "nixl", "--host", "0.0.0.0"]
     if pool.worker_gpus > per_node:  # server_args.py nnodes (default 1): the nodes a worker spans, beside its rank
         argv += ["--nnodes", str(-(-pool.worker_gpus // per_node))]
     return Command(
-        tuple(argv), per_node=(("--node-rank", "NODE_RANK", ""), ("--dist-init-addr", "MASTER_ADDR", ":5000"))
+        tuple(argv),
+        per_node=(("--node-rank", "NODE_RANK", ""), ("--dist-init-addr", "MASTER_ADDR", ":5000")),
+        port_flag="--port" if disagg else None,
     )
 
 
@@ -257,11 +284,17 @@ def trtllm_command(
     )
 
 
+def _servers(launches: list[Launch]) -> list[tuple[str, str, int]]:
+    """(host variable, role, port) of each server of a disaggregated deployment: the variable names the host of
+    the worker's first node (where its rank 0 serves), CTX_HOST_i for prefill worker i, GEN_HOST_i for decode."""
+    return [(f"{'CTX' if x.role == 'prefill' else 'GEN'}_HOST_{x.worker}", x.role, x.port) for x in launches]
+
+
 def trtllm_router(launches: list[Launch]) -> Router:
     """``trtllm-serve disaggregated -c disagg_config.yaml`` (examples/disaggregated/README.md at c3c3d76e28c5):
     the context servers (the prefill pool) and generation servers (the decode pool), each URL the host of the
     worker's first node, where its rank 0 runs the server, and the worker's port."""
-    servers = [(f"{'CTX' if x.role == 'prefill' else 'GEN'}_HOST_{x.worker}", x.role, x.port) for x in launches]
+    servers = _servers(launches)
     text = [f"hostname: 0.0.0.0\nport: {BASE_PORT}\nbackend: pytorch"]
     for role, key in (("prefill", "context_servers"), ("decode", "generation_servers")):
         urls = [(var, port) for var, r, port in servers if r == role]
@@ -274,15 +307,181 @@ def trtllm_router(launches: list[Launch]) -> Router:
     )
 
 
+VLLM_PROXY = "toy_proxy_server.py"  # vllm tests/v1/kv_connector/nixl_integration/ (030ea52effcb), beside the script
+
+
+def vllm_router(launches: list[Launch]) -> Router:
+    """vLLM's NixlConnector proxy (toy_proxy_server.py parse_args at 030ea52effcb): it sends each request to a
+    prefill server with max_tokens 1, then to a decode server with the returned kv_transfer_params, round robin
+    over each list; hosts and ports are paired in order."""
+    servers = _servers(launches)
+    argv: list[str | HostRef] = ["python3", VLLM_PROXY, "--host", "0.0.0.0", "--port", str(BASE_PORT)]
+    for role, name in (("prefill", "prefiller"), ("decode", "decoder")):
+        argv += [f"--{name}-hosts", *(HostRef(var) for var, r, _ in servers if r == role)]
+        argv += [f"--{name}-ports", *(str(port) for _, r, port in servers if r == role)]
+    return Router((), tuple(argv), tuple(var for var, _, _ in servers))
+
+
+def sglang_router(launches: list[Launch]) -> Router:
+    """``python -m sglang_router.launch_router --pd-disaggregation --prefill URL --decode URL`` (SGLang
+    docs/advanced_features/pd_disaggregation.md at 08edc506b2da): one --prefill / --decode per server."""
+    servers = _servers(launches)
+    argv: list[str | HostRef] = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    for var, role, port in servers:
+        argv += [f"--{role}", HostRef(var, "http://", f":{port}")]
+    argv += ["--host", "0.0.0.0", "--port", str(BASE_PORT)]
+    return Router((), tuple(argv), tuple(var for var, _, _ in servers))
+
+
+def _model_launches(model, cluster, traits: EngineTraits, pools, options: ServeOptions, path: str) -> list[Launch]:
+    experts = model.moe.num_experts if model.moe else 0
+    return launch_commands(path, traits, pools, options, cluster.devices_per_node, experts)
+
+
 def launch_script(
     model, cluster, traits: EngineTraits, pools: tuple[Pool, ...], options: ServeOptions, path: str
 ) -> str:
     """The deployment's launch script (what POST /v1/serve/export and ``commplan serve-plan --format launch``
     return): ``path`` is what the engine loads, the model's name when empty."""
-    experts = model.moe.num_experts if model.moe else 0
-    launches = launch_commands(path or model.name or "MODEL", traits, pools, options, cluster.devices_per_node, experts)
+    launches = _model_launches(model, cluster, traits, pools, options, path or model.name or "MODEL")
     router = traits.disagg_router(launches) if traits.disagg_router is not None and len(pools) > 1 else None
     return render(launches, traits.label, router)
+
+
+@dataclass(frozen=True)
+class DynamoWorker:
+    """How Dynamo runs one of an engine's workers (the engine's ``dynamo`` trait): ``python3 -m module`` with the
+    engine's own arguments, from the deploy manifests of ai-dynamo/dynamo at 416ff06e7fea
+    (components/backends/{vllm,sglang}/deploy/disagg.yaml, disagg-multinode.yaml; runtime image 0.6.1)."""
+
+    module: str  # python3 -m dynamo.vllm
+    framework: str  # spec.backendFramework
+    service: str  # the worker services' stem: VllmPrefillWorker, VllmDecodeWorker (VllmWorker: aggregated)
+    image: str
+    working_dir: str
+    launcher_words: int  # leading words of the engine's own command (with the model) that the module replaces
+    model_flag: str | None  # the flag the model path moves to; None: it stays where the engine's command has it
+    role_flags: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (role, flags) a pool of that role adds
+    flags: tuple[str, ...] = ()  # flags every worker adds
+    # flags (each with its value) the Dynamo worker or the operator sets itself: dropped from the engine's command
+    drop: tuple[str, ...] = ()
+
+
+# dynamo.vllm configures its NixlConnector itself (disagg.yaml passes no --kv-transfer-config) and marks the prefill
+# worker --is-prefill-worker; the operator places a worker over several nodes (Ray), so no per-node DP flags
+VLLM_DYNAMO = DynamoWorker(
+    "dynamo.vllm",
+    "vllm",
+    "Vllm",
+    "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.1",
+    "/workspace/components/backends/vllm",
+    launcher_words=3,
+    model_flag="--model",
+    role_flags=(("prefill", ("--is-prefill-worker",)),),
+    drop=("--kv-transfer-config", "--data-parallel-size-local"),
+)
+# dynamo.sglang takes SGLang's server arguments: disagg-multinode.yaml passes --model-path, --tp-size,
+# --skip-tokenizer-init (the frontend tokenizes), --disaggregation-mode, --disaggregation-transfer-backend nixl,
+# --host 0.0.0.0 and no --nnodes / --node-rank (multinode.nodeCount: the operator adds them)
+SGLANG_DYNAMO = DynamoWorker(
+    "dynamo.sglang",
+    "sglang",
+    "SGLang",
+    "nvcr.io/nvidia/ai-dynamo/sglang-runtime:0.6.1",
+    "/workspace/components/backends/sglang",
+    launcher_words=3,
+    model_flag=None,
+    flags=("--skip-tokenizer-init",),
+    drop=("--nnodes",),
+)
+
+
+def _dynamo_args(worker: DynamoWorker, argv: tuple[str, ...], model: str, role: str) -> list[str]:
+    rest = list(argv[worker.launcher_words :])
+    out = [worker.model_flag, model] if worker.model_flag else []
+    i = 0
+    while i < len(rest):
+        if rest[i] in worker.drop:
+            i += 2
+            continue
+        out.append(rest[i])
+        i += 1
+    return out + list(worker.flags) + [f for r, flags in worker.role_flags if r == role for f in flags]
+
+
+def dynamo_deployment(
+    model, cluster, traits: EngineTraits, pools: tuple[Pool, ...], options: ServeOptions, path: str
+) -> dict:
+    """The deployment as a DynamoGraphDeployment: the Frontend and one worker service per pool, replicas = the
+    pool's workers, each worker's GPUs as the engine places them (tp x pp x dp, ``Pool.worker_gpus``) given as
+    GPUs per node (resources.limits.gpu) times multinode.nodeCount where it spans nodes. An engine without a
+    ``dynamo`` trait is a SpecError on ``engine``."""
+    worker = traits.dynamo
+    if worker is None:
+        raise SpecError("engine", f"engine {traits.name!r} ({traits.label}) has no Dynamo worker (docs/serving.md)")
+    path = path or model.name or "MODEL"
+    launches = _model_launches(model, cluster, traits, pools, options, path)
+    name = f"{traits.name}-{'disagg' if len(pools) > 1 else 'agg'}"
+    services: dict = {
+        "Frontend": {
+            "dynamoNamespace": name,
+            "componentType": "frontend",
+            "replicas": 1,
+            "extraPodSpec": {"mainContainer": {"image": worker.image}},
+        }
+    }
+    for pool, launch in zip(pools, [x for x in launches if x.worker == 0], strict=True):
+        role = "" if pool.role == "both" else pool.role
+        service = {"dynamoNamespace": name, "envFromSecret": "hf-token-secret", "componentType": "worker"}
+        if role:
+            service["subComponentType"] = role
+        service["replicas"] = pool.workers
+        if launch.nodes > 1:
+            service["multinode"] = {"nodeCount": launch.nodes}
+        service["resources"] = {"limits": {"gpu": str(launch.gpus_per_node)}}
+        service["extraPodSpec"] = {
+            "mainContainer": {
+                "image": worker.image,
+                "workingDir": worker.working_dir,
+                "command": ["python3", "-m", worker.module],
+                "args": _dynamo_args(worker, launch.command.argv, path, pool.role),
+            }
+        }
+        services[f"{worker.service}{role.capitalize()}Worker"] = service
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": name},
+        "spec": {"backendFramework": worker.framework, "services": services},
+    }
+
+
+def _yaml(value, indent: int = 0) -> list[str]:
+    """Block YAML of our own dicts and lists, every scalar written as JSON (a JSON string is a YAML
+    double-quoted scalar: quotes, backslashes and non-ASCII escaped), so no string a request carries can end a
+    scalar or start a key."""
+    pad = " " * indent
+    lines = []
+    items = value.items() if isinstance(value, dict) else [(None, v) for v in value]
+    for key, v in items:
+        head = f"{pad}{key}:" if key is not None else f"{pad}-"
+        if isinstance(v, dict | list) and v:
+            if isinstance(v, dict) and key is None:
+                raise TypeError("a dict inside a list is not written here")
+            lines.append(head)
+            lines += _yaml(v, indent + 2)
+        else:
+            lines.append(f"{head} {json.dumps(v)}")
+    return lines
+
+
+def dynamo_manifest(
+    model, cluster, traits: EngineTraits, pools: tuple[Pool, ...], options: ServeOptions, path: str
+) -> str:
+    """``dynamo_deployment`` as the YAML ``kubectl apply -f`` takes (POST /v1/serve/export?format=dynamo)."""
+    deployment = dynamo_deployment(model, cluster, traits, pools, options, path)
+    head = [f"# {traits.label} on Dynamo, from commplan (POST /v1/serve/export?format=dynamo)"]
+    return "\n".join(head + _yaml(deployment)) + "\n"
 
 
 _HOST_CHARS = "*[!A-Za-z0-9.-]*"  # a case pattern: anything but a host name's or an IPv4 address's characters
@@ -313,6 +512,12 @@ def _worker_line(launch: Launch) -> list[str]:
         line += "".join(f' {flag} "${{{var}}}{suffix}"' for flag, var, suffix in command.per_node)
         line += "".join(f" ${{{var}:+{flag}}}" for flag, var in command.per_node_switches)
     return [line + " &"]
+
+
+def _router_arg(arg: str | HostRef) -> str:
+    if isinstance(arg, HostRef):  # the variable was checked against _HOST_CHARS; prefix and suffix are ours
+        return f'"{arg.prefix}${{{arg.var}}}{arg.suffix}"'
+    return shlex.quote(arg)
 
 
 def render(launches: list[Launch], engine_label: str, router: Router | None = None) -> str:
@@ -348,22 +553,30 @@ def render(launches: list[Launch], engine_label: str, router: Router | None = No
         lines.append("# the router between the prefill and decode servers")
         for name, content in router.files:  # our own text; the host variables were checked above
             lines += [f"cat > {shlex.quote(name)} <<COMMPLAN_EOF", content, "COMMPLAN_EOF"]
-        lines.append(shlex.join(router.command) + " &")
+        lines.append(" ".join(_router_arg(x) for x in router.command) + " &")
     lines.append("wait")
     return "\n".join(lines) + "\n"
 
 
 __all__ = [
+    "SGLANG_DYNAMO",
+    "VLLM_DYNAMO",
     "Command",
     "CommandBuilder",
+    "DynamoWorker",
+    "HostRef",
     "Launch",
     "Router",
     "RouterBuilder",
+    "dynamo_deployment",
+    "dynamo_manifest",
     "launch_commands",
     "launch_script",
     "render",
     "sglang_command",
+    "sglang_router",
     "trtllm_command",
     "trtllm_router",
     "vllm_command",
+    "vllm_router",
 ]

@@ -112,7 +112,7 @@ def test_sglang_launch_of_a_worker_over_several_nodes_names_its_node_count(api):
     Over HTTP (POST /v1/serve/export) and from `commplan serve-plan --format launch`."""
     body = json.loads((ROOT / "examples/serve-deepseek-v3-disagg.json").read_text())
     script = api.post("/v1/serve/export", json=body).text
-    prefill, decode = [line for line in script.splitlines() if line.startswith("python3")]
+    prefill, decode = [line for line in script.splitlines() if line.startswith("python3 -m sglang.launch_server")]
     assert "--nnodes 4 " in prefill and '--node-rank "${NODE_RANK}"' in prefill  # 32 GPUs on 8-GPU nodes
     assert "--nnodes 8 " in decode and '--node-rank "${NODE_RANK}"' in decode  # 64 GPUs
     one_node = body | {"deployment": {"pools": [{"role": "both", "workers": 12, "tp": 8}]}}

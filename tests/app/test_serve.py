@@ -165,6 +165,13 @@ def test_plan_with_deepep_low_latency_over_http(api):
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "ep_dispatch"
 
 
+ROUTERS = {  # what each engine's disaggregated router runs with the hosts left at their default
+    "trtllm": ["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"],
+    "vllm": ["python3", "toy_proxy_server.py", "--host", "0.0.0.0", "--port", "8000", "--prefiller-hosts", "localhost",
+             "--prefiller-ports", "8001", "--decoder-hosts", "localhost", "--decoder-ports", "8002"],
+    "sglang": ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill",
+               "http://localhost:8001", "--decode", "http://localhost:8002", "--host", "0.0.0.0", "--port", "8000"],
+}  # fmt: skip
 HOSTILE = ["$(touch PWNED)", "x; touch PWNED #", "`touch PWNED`", "a'b\"c", "--tp-size 99", "x && touch PWNED"]
 
 
@@ -199,10 +206,11 @@ def test_launch_export_runs_only_the_launcher(api, tmp_path, engine):
         assert done.returncode == 0, done.stderr
         assert not (tmp_path / "PWNED").exists()
         runs = [f.read_text().split("\0")[:-1] for f in tmp_path.glob("argv.log.*")]
-        if engine == "trtllm":  # the router between the two (trtllm-serve disaggregated), no model path
-            router = [argv for argv in runs if argv[1:2] == ["disaggregated"]]
-            assert router == [["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"]]
-            runs.remove(router[0])
+        # the router between the two, no model path in it: the hosts default to localhost, the servers' ports
+        # are 8001 (prefill) and 8002 (decode)
+        router = [argv for argv in runs if path not in argv]
+        assert router == [ROUTERS[engine]]
+        runs.remove(router[0])
         assert len(runs) == 2  # one prefill worker, one decode worker
         for argv in runs:
             assert path in argv  # the model path arrives whole, as one argument
@@ -311,7 +319,7 @@ def test_launch_export_flags_by_engine(api):
     for pool in body["deployment"]["pools"]:
         pool["ep_dispatch"] = "deepep"
     text = api.post("/v1/serve/export", params={"model_path": "deepseek-ai/DeepSeek-V3"}, json=body).text
-    prefill, decode = [line for line in text.splitlines() if line.startswith("python3")]
+    prefill, decode = [line for line in text.splitlines() if line.startswith("python3 -m sglang.launch_server")]
     # DP attention: --tp-size is the worker's GPUs, --dp-size its attention ranks (server_args.py)
     assert "--tp-size 32 --dp-size 32 --enable-dp-attention" in prefill and "--ep-size 32" in prefill
     assert "--moe-a2a-backend deepep --deepep-mode auto" in decode and "--disaggregation-mode decode" in decode

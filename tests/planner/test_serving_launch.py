@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from types import SimpleNamespace
 
 import pytest
 
 from planner._errors import SpecError
 from planner.serving import engines
 from planner.serving.engines import ENGINES, SGLANG, TRTLLM, VLLM
-from planner.serving.launch import Command, launch_commands, render, sglang_command, trtllm_command, vllm_command
+from planner.serving.launch import (
+    SGLANG_DYNAMO,
+    VLLM_DYNAMO,
+    Command,
+    dynamo_deployment,
+    launch_commands,
+    render,
+    sglang_command,
+    trtllm_command,
+    vllm_command,
+)
 from planner.serving.spec import Pool, ServeOptions
 
 PREFILL = Pool("prefill", workers=1, tp=1, dp=16, ep=16, attention_dp=True)
@@ -57,3 +68,26 @@ def test_an_engine_without_a_builder_is_a_spec_error_on_engine():
         launch_commands("m", mute, (DECODE,), ServeOptions(), devices_per_node=8)
     assert err.value.field == "engine"
     assert "'mute' (Mute) has no launch command builder" in str(err.value)
+
+
+def test_dynamo_worker_is_a_trait_and_its_args_are_the_engines_own():
+    """How Dynamo runs an engine's worker is the engine's ``dynamo`` trait; an engine without one (TensorRT-LLM
+    here: its Dynamo worker reads a --extra-engine-args file the manifest does not carry) is a SpecError on
+    ``engine``, never a lookup by name."""
+    assert (VLLM.dynamo, SGLANG.dynamo, TRTLLM.dynamo) == (VLLM_DYNAMO, SGLANG_DYNAMO, None)
+    model = SimpleNamespace(name="m/x", moe=None)
+    cluster = SimpleNamespace(devices_per_node=8)
+    with pytest.raises(SpecError) as err:
+        dynamo_deployment(model, cluster, TRTLLM, (PREFILL, DECODE), ServeOptions(), "")
+    assert err.value.field == "engine" and "'trtllm' (TensorRT-LLM) has no Dynamo worker" in str(err.value)
+    # a toy worker stem and module: the manifest takes both from the trait; DECODE is tp 8 x pp 2 = 16 GPUs
+    toy = dataclasses.replace(VLLM, name="toy2", dynamo=dataclasses.replace(VLLM_DYNAMO, module="toy.mod",
+                                                                              service="Toy"))  # fmt: skip
+    services = dynamo_deployment(model, cluster, toy, (PREFILL, DECODE), ServeOptions(), "")["spec"]["services"]
+    assert list(services) == ["Frontend", "ToyPrefillWorker", "ToyDecodeWorker"]
+    decode = services["ToyDecodeWorker"]
+    assert decode["replicas"] == 2 and decode["multinode"] == {"nodeCount": 2}
+    assert decode["resources"] == {"limits": {"gpu": "8"}}
+    main = decode["extraPodSpec"]["mainContainer"]
+    assert main["command"] == ["python3", "-m", "toy.mod"]
+    assert main["args"][:6] == ["--model", "m/x", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"]
