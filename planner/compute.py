@@ -41,6 +41,7 @@ from .kernels import (
     layer_kernels,
     layer_kernels_key,
     memory_kernel,
+    mtp_module_kernels,
     per_layer,
 )
 from .recompute import layer_counts
@@ -171,6 +172,8 @@ def stage_recompute_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = 
     for (moe, plan), count in layer_counts(ctx, stage).items():
         if plan.kind != "none":
             total += count * per_layer(_LAYER_RECOMPUTE, _recompute_of, ctx, moe, gpu, eff, plan.kind, plan.modules)
+    if mtp_depths(ctx) and ctx.holds_mtp(stage):  # each MTP module's checkpoint re-runs its norms and eh_proj
+        total += mtp_depths(ctx) * pass_time(mtp_module_kernels(ctx, gpu, eff).recompute).total_s
     return total
 
 
@@ -287,15 +290,33 @@ def stage_pass_compute(
         attn += attn_s * count
     for (moe, plan), count in layer_counts(ctx, stage).items():  # what each layer re-runs (recompute.py)
         bwd = bwd + per_layer(_LAYER_BACKWARD, _backward_of, ctx, moe, gpu, eff, plan.kind, plan.modules).scaled(count)
-    if ctx.is_last(stage):
+    mtp = mtp_depths(ctx)
+    if mtp and ctx.holds_mtp(stage):  # each module's norms and eh_proj (its layer is counted above)
+        module, module_bwd = per_layer(_MTP, _mtp_of, ctx, None, gpu, eff)
+        fwd, bwd = fwd + module.scaled(mtp), bwd + module_bwd.scaled(mtp)
+    if ctx.is_last(stage):  # the main head and, per MTP depth, the shared output layer and its loss again
         head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
-        fwd, bwd = fwd + head, bwd + head_bwd
+        fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
     return fwd, bwd, attn
+
+
+def mtp_depths(ctx: Context) -> int:
+    """MTP modules that run: training only (inference runs the main model). Megatron-LM d98e8a6 gpt_model.py
+    ``_postprocess`` -> multi_token_prediction.py ``process_mtp_loss``: each depth's hidden states go through the
+    shared ``output_layer`` and ``compute_language_model_loss`` on the post-process (loss) stage."""
+    return ctx.model.mtp_layers if ctx.training else 0
+
+
+def _mtp_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    """One MTP module's own forward, and its backward with what its checkpoint re-runs (kernels.mtp_module_kernels)."""
+    lk = mtp_module_kernels(ctx, gpu, eff)
+    return pass_time(lk.forward), pass_time(lk.backward) + pass_time(lk.recompute)
 
 
 _LAYER_BACKWARD: dict = {}
 _LAYER_RECOMPUTE: dict = {}
 _HEAD: dict = {}
+_MTP: dict = {}
 
 
 def _recompute_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: str, modules: frozenset) -> float:
@@ -358,15 +379,23 @@ def model_flops_per_token(ctx: Context) -> float:
     """PaLM (Chowdhery et al. 2022, Appendix B) and Llama 3 (Dubey et al. 2024 §3.3) count model FLOPs per
     token as 6·N + 12·L·H·Q·T for training (2·N + 4·L·H·Q·T for a forward pass): N the active parameters in
     matmuls (the input embedding lookup excluded, the LM head included), L layers, H query heads, Q head
-    dim, T the sequence. Recompute is not counted (model, not hardware, FLOPs)."""
+    dim, T the sequence. Recompute is not counted (model, not hardware, FLOPs).
+
+    MTP (training) counts as Megatron-LM d98e8a6 megatron/training/training.py num_floating_point_operations
+    counts it: its transformer layers join the layers (``num_layers = args.num_layers + mtp_num_layers``, so
+    their attention too), its norms and eh_proj (``3 * hidden_size + 2 * hidden_size * hidden_size`` per depth:
+    in active_params through ModelSpec.mtp_params) and the logits once per depth more (``* (mtp_num_layers +
+    1)  # MTP + final logit``)."""
     mdl = ctx.model
+    mtp = mtp_depths(ctx)
     n = mdl.active_params() - mdl.vocab_size * mdl.hidden_size
     if mdl.tied_embeddings:
         n += mdl.vocab_size * mdl.hidden_size  # the tied table still runs as the LM head
+    n += mtp * mdl.vocab_size * mdl.hidden_size  # each MTP depth's logits through the shared output layer
     if mdl.learned_position_embeddings:
         n -= mdl.seq_length * mdl.hidden_size
     q = (mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim) if mdl.mla else mdl.head_size
-    attn = 2 * mdl.num_layers * mdl.num_attention_heads * q * kv_length(ctx)
+    attn = 2 * (mdl.num_layers + mtp) * mdl.num_attention_heads * q * kv_length(ctx)
     return (6.0 * n + 6.0 * attn) if ctx.training else (2.0 * n + 2.0 * attn)
 
 
@@ -413,6 +442,7 @@ def stage_pass_key(ctx: Context, stage: int) -> tuple:
         ctx.moe_layers(stage),
         tuple(layer_counts(ctx, stage).items()),
         ctx.is_last(stage),
+        ctx.holds_mtp(stage),
     )
     return (*layer_forward_key(ctx), *layers)
 

@@ -722,6 +722,47 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     return LayerKernels(forward, backward, recompute, tuple(core_fwd))
 
 
+def mtp_module_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> LayerKernels:
+    """One MTP module's own kernels beside its transformer layer (which is one more layer of the chunk holding
+    ``m``, counted by layer_kernels) and the shared output layer (compute.head_kernels, on the loss's rank), one
+    micro-batch, one rank (Megatron-LM d98e8a6 multi_token_prediction.py MultiTokenPredictionLayer
+    ``_concat_embeddings``: enorm over the shifted tokens' embedding, hnorm over the previous depth's hidden
+    states, torch.cat into [s, b, 2h], eh_proj a ColumnParallelLinear 2h -> h/tp; then ``final_layernorm``;
+    DeepSeek-V3 report §2.2). The norms run on the sequence shard under SP, eh_proj on the gathered rows. eh_proj
+    runs in the module's fp8 context (rules/fp8.py mtp_quantized), bf16 otherwise ("currently ignoring FP4 in
+    MTP layers"). Recompute: full by the uniform method checkpoints the module whole (recompute.mtp_checkpointed:
+    ``_checkpointed_forward``), so the backward re-runs these too; block and selective leave them alone. Memoised
+    by value (per_layer)."""
+    return per_layer(_MTP_KERNELS, _mtp_module_kernels, ctx, None, gpu, efficiency(gpu, eff))
+
+
+_MTP_KERNELS: dict = {}
+
+
+def _mtp_module_kernels(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
+    from .recompute import mtp_checkpointed
+    from .rules.fp8 import mtp_quantized
+
+    par, h = ctx.par, ctx.model.hidden_size
+    T = ctx.b * ctx.s_cp
+    T_sp = T / (par.tp if par.sp else 1)
+    k = _Layer(ctx, gpu, eff)
+    if ctx.work.recipe is not None and not mtp_quantized(ctx):
+        k.dt = "bf16"
+    norm_b, norm_n = k.fu.norm
+    k.mem("mtp.enorm", norm_b * T_sp * h, norm_n)
+    k.mem("mtp.hnorm", norm_b * T_sp * h, norm_n)
+    k.mem("mtp.concat", 4 * T_sp * h * ctx.x, 1)  # torch.cat: read h + h, write 2h (x bytes an element)
+    k.gemm("mtp.eh_proj", T, h / par.tp, 2 * h)
+    k.mem("mtp.final_layernorm", norm_b * T_sp * h, norm_n)
+    if k.dt not in ("bf16", "fp32"):
+        _fp8_casts(k)
+    if ctx.training and not grad_accumulation_fusion(ctx):
+        _grad_accumulation(k, False)
+    forward, backward = tuple(k.fwd), tuple(k.bwd)
+    return LayerKernels(forward, backward, forward if mtp_checkpointed(ctx.work) else ())
+
+
 class _Layer:
     """A layer's kernels as they are listed, forward and backward: a GEMM adds its forward and its two backward
     GEMMs (dgrad, wgrad), a memory-bound kernel its forward and (unless ``back`` is 0) its backward."""

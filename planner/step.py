@@ -50,6 +50,7 @@ from .compute import StageCompute, check_gpu, compute_dtype, layer_forward, mode
 from .context import Context
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
+from .rules.pipeline import SHAPE_CALLS
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -215,10 +216,18 @@ class StreamTotals:
     time: dict[str, list[float]] = field(default_factory=dict)
     count: dict[str, list[int]] = field(default_factory=dict)
     volume: dict[str, list[float]] = field(default_factory=dict)
-    p2p_s: float = 0.0
+    send_s: float = 0.0  # the longest boundary send
+    shape_s: float = 0.0  # the longest shape exchange before a send (rules/pipeline.py SHAPE_CALLS; 0: none)
+
+    @property
+    def p2p_s(self) -> float:
+        """One boundary crossing: with ``mtp_standalone`` Megatron sends the tensor's shape first, waits on it
+        and synchronizes the device (p2p_communication.py _communicate_shapes), so its latency adds to the
+        send's (the shape row's own price); else the send alone."""
+        return self.send_s + self.shape_s
 
     def __add__(self, other: StreamTotals) -> StreamTotals:
-        out = StreamTotals(p2p_s=max(self.p2p_s, other.p2p_s))
+        out = StreamTotals(send_s=max(self.send_s, other.send_s), shape_s=max(self.shape_s, other.shape_s))
         for name in ("time", "count", "volume"):
             mine, theirs, into = getattr(self, name), getattr(other, name), getattr(out, name)
             for stream in mine.keys() | theirs.keys():
@@ -237,7 +246,10 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         c, t = pc.call, pc.price.time_s
         stream = _stream(c, m, zero)
         if stream == "pp":
-            out.p2p_s = max(out.p2p_s, t)
+            if c.name in SHAPE_CALLS:
+                out.shape_s = max(out.shape_s, t)
+            else:
+                out.send_s = max(out.send_s, t)
             continue
         amount, n = c.calls_per_iteration * t, c.calls_per_iteration
         row = acc.setdefault(stream, [0.0] * stages)

@@ -76,6 +76,9 @@ def calls(ctx: Context) -> list[Call]:
 
 
 SHAPE_BYTES = 3 * 8  # torch.tensor(tensor.size(), dtype=torch.int64) of an [s, b, h] activation
+# the shape exchange's rows (forward, backward): the step time adds their price to each boundary's send
+# (step.stream_totals), as they are waited on before the tensor goes
+SHAPE_CALLS = ("pp.shape", "pp.shape_grad")
 SHAPE_SOURCE = (
     "Megatron-LM d98e8a6 megatron/core/pipeline_parallel/p2p_communication.py _communicate -> _communicate_shapes "
     "(config.mtp_standalone, set by pipeline_parallel_layer_layout.py validate_layer_layout)"
@@ -97,11 +100,12 @@ def _shape_sends(ctx: Context, stage: int, phase: str, sends: dict, per_send: in
     """With ``mtp_standalone`` every ``_communicate`` sends each tensor's shape (3 int64) before it, on every
     rank (the flag is global): one shape send per activation (or gradient) send, to the same peer, waited on and
     followed by a torch.cuda.synchronize() before the tensor goes (so it adds a round trip to each boundary;
-    the step time prices the pipeline by its largest send and leaves this latency out)."""
+    the step time adds the largest shape send to the largest tensor send of every boundary:
+    step.stream_totals)."""
     counts: dict[str, int] = {}
     for (pairs, _width), count in sends.items():
         counts[pairs] = counts.get(pairs, 0) + count
-    name = "pp.shape" if phase == "forward" else "pp.shape_grad"
+    name = SHAPE_CALLS[phase != "forward"]
     return [
         Call(
             name=name,

@@ -51,7 +51,9 @@ KNOWN_MISSES = {
     "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 GB200": -0.316,
     "Megatron-Bridge GPT-OSS-120B BF16, 64 GB200": -0.341,
     "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.276,
-    "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.310,
+    # -31.0% -> -26.8% (mtp6): the MTP module's norms and eh_proj on its rank and the shared output layer and
+    # cross-entropy once more on the loss's (compute.stage_pass_compute; Megatron-LM d98e8a6 process_mtp_loss)
+    "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.268,
 }
 
 

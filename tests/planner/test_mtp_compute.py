@@ -1,0 +1,169 @@
+"""Issue 21 (mtp6): the MTP modules in the step time, by hand.
+
+Megatron-LM d98e8a6 megatron/core/transformer/multi_token_prediction.py: each depth normalises the shifted tokens'
+embedding (enorm) and the previous hidden states (hnorm), concatenates them into [s, b, 2h], projects back to h
+(eh_proj, a ColumnParallelLinear), runs one transformer layer and its final norm on the rank holding ``m``; the
+loss's rank scores each depth with the shared output layer and its cross-entropy (gpt_model.py _postprocess ->
+process_mtp_loss). The step time counts them (compute.stage_pass_compute); MFU counts their FLOPs as
+megatron/training/training.py num_floating_point_operations does. With the MTP on a middle rank every pipeline
+send is preceded by a 24-byte shape exchange (p2p_communication.py _communicate_shapes), waited on: its price
+adds to each boundary crossing (step.stream_totals).
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from collectives.topology import cluster_preset
+from collectives.topology.gpu import GPUS
+from planner import ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner.compute import (
+    layer_backward,
+    layer_forward,
+    model_flops_per_token,
+    stage_pass_compute,
+    stage_recompute_s,
+)
+from planner.context import Context
+from planner.kernels import gemm_time, gpu_efficiency, kv_length, mtp_module_kernels
+from planner.pipeline import Schedule
+from planner.rules.pipeline import SHAPE_CALLS
+from planner.step import step_time, stream_totals
+
+H100 = GPUS["h100-sxm5-80gb"]
+H, S, V = 7168, 4096, 129280  # DeepSeek-V3: hidden, sequence, vocabulary (1,010 x 128: no padding)
+T = S  # tokens of one micro-batch (b = 1)
+
+
+def dense_v3(mtp: int = 1, layers: int = 4):
+    """DeepSeek-V3's MLA block as a small dense model (its MoE left out), with ``mtp`` MTP modules."""
+    return replace(model_preset("deepseek-v3"), num_layers=layers, mtp_layers=mtp, moe=None)
+
+
+def ctx_of(model, tp=1, sp=False, pp=1, layout=None, **work):
+    par = ParallelSpec(tp=tp, pp=pp, dp=1, sequence_parallel=sp, pipeline_layout=layout)
+    return Context(model, WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=S, **work), par)
+
+
+def test_module_kernels_by_hand_tp2_sp():
+    """tp 2 with SP: enorm, hnorm and the final norm read and write [s/2, h] (4 B an element, fused), torch.cat
+    reads two and writes one [s/2, 2h] bf16 tensor, eh_proj is a (T x 2h) @ (2h x h/2) GEMM on the gathered rows."""
+    ctx = ctx_of(dense_v3(), tp=2, sp=True)
+    lk = mtp_module_kernels(ctx, H100)
+    names = [k.name for k in lk.forward]
+    assert names == ["mtp.enorm", "mtp.hnorm", "mtp.concat", "mtp.eh_proj", "mtp.final_layernorm"]
+    memory = sum(k.bytes for k in lk.forward if k.kind == "memory")
+    assert memory == 3 * 4 * (T / 2) * H + 4 * (T / 2) * H * 2  # 3 norms + the concat: 146,800,640 B
+    (g,) = (k for k in lk.forward if k.kind == "gemm")
+    assert g.shape == (T, H / 2, 2 * H, 1) and g.flops == 2 * T * (H / 2) * (2 * H)
+    assert g.time_s == pytest.approx(gemm_time((T,), H / 2, 2 * H, "bf16", H100, gpu_efficiency(H100)))
+    assert lk.recompute == ()  # no recompute: nothing re-run
+
+
+def test_recompute_as_megatron_checkpoints_the_module():
+    """Full by the uniform method checkpoints each module whole (_checkpointed_forward): the backward re-runs its
+    norms and eh_proj too; block and selective leave them alone."""
+    full = ctx_of(dense_v3(), activation_recompute="full", recompute_method="uniform", recompute_num_layers=1)
+    lk = mtp_module_kernels(full, H100)
+    assert lk.recompute == lk.forward
+    bare = ctx_of(dense_v3(0), activation_recompute="full", recompute_method="uniform", recompute_num_layers=1)
+    module_s = sum(k.time_s for k in lk.forward)
+    layer_s = layer_forward(full, False, H100)[0].total_s
+    # the MTP block re-runs as a layer under full recompute, and the module's own part beside it
+    assert stage_recompute_s(full, 0, H100) - stage_recompute_s(bare, 0, H100) == pytest.approx(layer_s + module_s)
+    block = ctx_of(dense_v3(), activation_recompute="full", recompute_method="block", recompute_num_layers=1)
+    assert mtp_module_kernels(block, H100).recompute == ()
+    assert mtp_module_kernels(ctx_of(dense_v3(), activation_recompute="selective"), H100).recompute == ()
+
+
+def test_small_model_stage_flops_by_hand():
+    """pp 1, no recompute: the one stage gains, per micro-batch, the MTP layer, eh_proj's 2·T·2h·h and a second
+    LM head 2·T·V·h forward (the GEMMs' backward 2x each); inference runs no MTP."""
+    with_mtp, without = (ctx_of(dense_v3(n), activation_recompute="none") for n in (1, 0))
+    fwd1, bwd1, _ = stage_pass_compute(with_mtp, 0, H100)
+    fwd0, bwd0, _ = stage_pass_compute(without, 0, H100)
+    fwd = layer_forward(with_mtp, False, H100)[0]
+    layer, layer_bwd = fwd.flops, layer_backward(with_mtp, fwd, H100, None, "none", moe=False).flops
+    eh_proj, head = 2 * T * 2 * H * H, 2 * T * V * H  # 0.84e12 and 7.59e12
+    assert fwd1.flops - fwd0.flops == pytest.approx(layer + eh_proj + head, rel=1e-12)
+    # the GEMMs' backward twice their forward (dgrad, wgrad); the layer's own (flash backward 2.5x its core)
+    assert bwd1.flops - bwd0.flops == pytest.approx(layer_bwd + 2 * (eh_proj + head), rel=1e-12)
+    serve = replace(with_mtp.work, kind="inference")
+    a = stage_pass_compute(Context(with_mtp.model, serve, with_mtp.par), 0, H100)[0]
+    b = stage_pass_compute(Context(without.model, serve, without.par), 0, H100)[0]
+    assert a == b
+
+
+def test_module_on_its_rank_head_on_the_loss_rank():
+    """Layout Et|t|ttm|L (pp 4): rank 2 holds the module, rank 3 the loss. Rank 2 gains the layer and eh_proj,
+    rank 3 the second head, ranks 0 and 1 nothing (the same layout without m as the baseline)."""
+    mid = ctx_of(dense_v3(), pp=4, layout="Et|t|ttm|L")
+    bare = ctx_of(dense_v3(0), pp=4, layout="Et|t|tt|L")
+    assert mid.holds_mtp(2) and mid.is_last(3) and not mid.holds_mtp(3)
+    delta = [stage_pass_compute(mid, s, H100)[0].flops - stage_pass_compute(bare, s, H100)[0].flops for s in range(4)]
+    layer = layer_forward(mid, False, H100)[0].flops
+    assert delta[0] == delta[1] == 0
+    assert delta[2] == pytest.approx(layer + 2 * T * 2 * H * H, rel=1e-12)
+    assert delta[3] == pytest.approx(2 * T * V * H, rel=1e-12)
+
+
+def test_mfu_numerator_counts_mtp_as_megatron():
+    """training.py num_floating_point_operations (d98e8a6): the MTP layers join num_layers (their attention
+    too), 3h + 2h² per depth for the norms and eh_proj, and the logits (mtp_num_layers + 1) times."""
+    with_mtp, without = ctx_of(dense_v3()), ctx_of(dense_v3(0))
+    m = with_mtp.model
+    q = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim  # 192
+    block = m.layer_params(m.num_layers)
+    per_token = 6 * (block + 3 * H + 2 * H * H + V * H) + 6 * 2 * 128 * q * kv_length(with_mtp)
+    assert model_flops_per_token(with_mtp) - model_flops_per_token(without) == pytest.approx(per_token, rel=1e-12)
+    serve = replace(with_mtp.work, kind="inference")
+    assert model_flops_per_token(Context(m, serve, with_mtp.par)) < model_flops_per_token(with_mtp) / 2
+
+
+def test_deepseek_v3_as_reported_by_hand():
+    """DeepSeek-V3 as reported (PP16 DualPipe, tp 1, tests/app/test_published_layouts.py): the loss's rank 0
+    runs a second LM head per micro-batch, 2 x 4,096 x 129,280 x 7,168 = 7.59e12 FLOPs forward; the module's
+    rank 1 ("m" in chunk 30) eh_proj's 2 x 4,096 x 14,336 x 7,168 = 0.84e12 beside its MoE layer."""
+    mdl = model_preset("deepseek-v3")
+    work = WorkloadSpec(
+        micro_batch_size=1, global_batch_size=15360, seq_length=S, fp8_recipe="blockwise",
+        moe_dispatch_dtype="fp8", activation_func_fp8_input_store=True, activation_recompute="selective",
+        recompute_modules=("layernorm", "mla_up_proj", "moe_act"),
+    )  # fmt: skip
+    par = ParallelSpec(
+        tp=1, pp=16, dp=128, ep=64, zero_stage=1, pipeline_schedule="dualpipe",
+        pipeline_layout="Et*3|(tt|)*29,m|L", ep_dispatch="deepep",
+    )  # fmt: skip
+    h800 = GPUS["h800-sxm5-80gb"]
+    ctx = Context(mdl, work, par)
+    bare = Context(replace(mdl, mtp_layers=0), work, replace(par, pipeline_layout="Et*3|(tt|)*29,|L"))
+    f = [stage_pass_compute(c, s, h800)[0].flops for c in (ctx, bare) for s in (0, 1)]
+    assert f[0] - f[2] == pytest.approx(2 * 4096 * 129280 * 7168, rel=1e-12)  # 7.59e12
+    moe_layer = layer_forward(ctx, True, h800)[0].flops
+    assert f[1] - f[3] == pytest.approx(moe_layer + 2 * 4096 * 14336 * 7168, rel=1e-12)
+
+
+MIDDLE = dict(tp=2, pp=4, dp=2, sequence_parallel=True, virtual_pipeline_stages=2, pipeline_schedule="interleaved")
+
+
+def test_shape_exchange_adds_its_price_to_each_boundary():
+    """tests/app/test_mtp_http.py's MIDDLE (the module on rank 2 of 4, interleaved): one boundary crossing is the
+    largest tensor send plus the largest shape exchange, each at its ledger row's own price (the 24-byte
+    p2p across nodes, about 11 us on dgx-h100); the step grows by at least the fill's 2(p - 1) crossings."""
+    model = dense_v3(layers=6)
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=S)
+    par = ParallelSpec(**MIDDLE, pipeline_layout="Et|t|t|t|t|t|m|L")
+    plan = build_plan(model, work, par, cluster_preset("dgx-h100", 2))
+    pp = [c for c in plan.calls if c.call.parallelism == "pp"]
+    shapes = [c.price.time_s for c in pp if c.call.name in SHAPE_CALLS]
+    sends = [c.price.time_s for c in pp if c.call.name not in SHAPE_CALLS]
+    assert shapes and all(c.call.message_bytes == 24 for c in pp if c.call.name in SHAPE_CALLS)
+    totals = stream_totals(plan.calls, 4, 0, 4)
+    assert totals.shape_s == max(shapes) and totals.send_s == max(sends)
+    assert totals.p2p_s == max(sends) + max(shapes)
+    assert 5e-6 < max(shapes) < 50e-6  # a latency: tens of microseconds at most
+    ctx = Context(model, work, par)
+    without = [c for c in plan.calls if c.call.name not in SHAPE_CALLS]
+    grown = plan.step.time_s - step_time(ctx, without, H100, with_timeline=False).time_s
+    assert grown >= 2 * (par.pp - 1) * max(shapes) - 1e-12
+    assert grown <= 2 * (Schedule("interleaved", 4, 4, 2).stages + ctx.micro_batches * 2) * max(shapes)
