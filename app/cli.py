@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
-    dep.add_argument("--format", choices=("table", "json", "launch"), default="table")
-    dep.add_argument("--model-path", default="", help="launch: what the engine loads (default: the model's name)")
+    dep.add_argument(
+        "--format", choices=("table", "json", "launch", "dynamo"), default="table",
+        help="launch: the engines' launch script; dynamo: a DynamoGraphDeployment manifest (vLLM, SGLang)",
+    )  # fmt: skip
+    dep.add_argument("--model-path", default="", help="launch, dynamo: what the engine loads (default: its name)")
     dse = sub.add_parser(
         "serve-search", help="the best serving deployments under an SLA (FILE.json: the body of POST /v1/serve/search)"
     )
@@ -185,7 +188,7 @@ def _answer(args, produce) -> int:
 def _serve_plan(args) -> int:
     from planner import SpecError
     from planner.serving import plan_serving
-    from planner.serving.launch import launch_script
+    from planner.serving.launch import WRITERS
 
     from .convert import serve_inputs
     from .schemas.serve import ServeRequest
@@ -193,11 +196,11 @@ def _serve_plan(args) -> int:
 
     def produce(text: str, settings) -> str:
         inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), settings)
-        if args.format == "launch":
+        if args.format in WRITERS:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
-            return launch_script(model, cluster, traits, pools, options, args.model_path)
+            return WRITERS[args.format](model, cluster, traits, pools, options, args.model_path)
         result = serve_dict(plan_serving(*inputs))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 

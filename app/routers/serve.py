@@ -7,7 +7,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from planner.serving import plan_serving
 from planner.serving.calibrate import calibrate_serving
-from planner.serving.launch import dynamo_manifest, launch_script
+from planner.serving.launch import WRITERS
 from planner.serving.search import search_serving
 
 from ..body import OffLoopBody
@@ -104,8 +104,8 @@ bounded_post(
 
 # format -> (writer, media type, file name suffix)
 _EXPORTS = {
-    "launch": (launch_script, "text/x-shellscript", ".sh"),
-    "dynamo": (dynamo_manifest, "application/yaml", "-dynamo.yaml"),
+    "launch": (WRITERS["launch"], "text/x-shellscript", ".sh"),
+    "dynamo": (WRITERS["dynamo"], "application/yaml", "-dynamo.yaml"),
 }
 
 

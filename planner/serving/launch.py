@@ -484,6 +484,9 @@ def dynamo_manifest(
     return "\n".join(head + _yaml(deployment)) + "\n"
 
 
+# export format -> its writer: the one table POST /v1/serve/export and `commplan serve-plan --format` read
+WRITERS = {"launch": launch_script, "dynamo": dynamo_manifest}
+
 _HOST_CHARS = "*[!A-Za-z0-9.-]*"  # a case pattern: anything but a host name's or an IPv4 address's characters
 
 

@@ -118,3 +118,20 @@ def test_sglang_launch_of_a_worker_over_several_nodes_names_its_node_count(api):
     one_node = body | {"deployment": {"pools": [{"role": "both", "workers": 12, "tp": 8}]}}
     single = [line for line in api.post("/v1/serve/export", json=one_node).text.splitlines() if "sglang" in line]
     assert len(single) == 12 and not any("--nnodes" in line or "--node-rank" in line for line in single)
+
+
+def test_serve_plan_writes_the_dynamo_manifest_the_export_route_writes(api, capsys):
+    """`commplan serve-plan --format dynamo` and POST /v1/serve/export?format=dynamo share one writer table
+    (planner/serving/launch.WRITERS): the same bytes, and YAML whose services are the deployment's pools."""
+    import yaml
+
+    path = ROOT / "examples/serve-deepseek-v3-disagg.json"
+    body = json.loads(path.read_text())
+    assert main(["serve-plan", str(path), "--format", "dynamo", "--model-path", "deepseek-ai/DeepSeek-V3"]) == 0
+    printed = capsys.readouterr().out
+    answer = api.post("/v1/serve/export?format=dynamo&model_path=deepseek-ai/DeepSeek-V3", json=body)
+    assert answer.status_code == 200 and printed.rstrip("\n") == answer.text.rstrip("\n")
+    services = yaml.safe_load(printed)["spec"]["services"]
+    workers = {name: s for name, s in services.items() if name != "Frontend"}
+    assert sorted(s["subComponentType"] for s in workers.values()) == ["decode", "prefill"]
+    assert all(s["replicas"] == 1 for s in workers.values())  # one prefill and one decode worker in the example
