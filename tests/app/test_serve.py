@@ -47,6 +47,21 @@ def test_disaggregated_answer_prices_the_kv_transfer(api):
     assert {c["op"] for c in ep} >= {"allgather", "reducescatter"}
 
 
+def test_disaggregated_ttft_over_http_never_falls_as_concurrency_grows(api):
+    """The closed loop over HTTP (tests/planner/test_serving.py has it by hand): one prompt is a pass of one prompt
+    per attention rank, not the 128-prompt pass that made TTFT 3.2 s at concurrency 1, and TTFT grows with load
+    (it read 10.7 s at 128 and 3.2 s at 256 before)."""
+    answers = {}
+    for c in (1, 128, 256, 512):
+        r = api.post("/v1/serve", json={**DSV3, "traffic": {**DSV3["traffic"], "concurrency": c}})
+        assert r.status_code == 200, r.text
+        answers[c] = r.json()
+    ttfts = [answers[c]["ttft_s"] for c in sorted(answers)]
+    assert ttfts == sorted(ttfts), ttfts
+    assert answers[1]["pools"][0]["batch"] == 32 and answers[512]["pools"][0]["batch"] == 128
+    assert answers[1]["ttft_s"] < answers[512]["pools"][0]["step_s"] / 2
+
+
 def test_deepep_dispatch_over_http(api):
     body = json.loads(json.dumps(DSV3))
     for pool in body["deployment"]["pools"]:
