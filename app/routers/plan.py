@@ -100,8 +100,8 @@ def _batch(items: list, settings, summary: bool = False) -> bytes:
             outcome = seen[key]
             if not isinstance(outcome, tuple):
                 answered[key] = outcome
-            elif clock.short():  # what is planned comes back; the rest is named, to be sent again
-                answered[key] = _late(i, len(items), clock.seconds)
+            elif clock.short(i):  # what is planned comes back; the rest is named, to be sent again
+                answered[key] = _late(clock.stopped_at, len(items), clock.seconds)
             else:
                 with clock.timing():
                     answered[key] = _one(items[i], settings, outcome, summary)
@@ -125,14 +125,16 @@ class _Clock:
     MARGIN_S = 0.5
 
     def __init__(self, deadline):
-        self.deadline, self.slowest = deadline, 0.0
+        self.deadline, self.slowest, self.stopped_at = deadline, 0.0, None
         self.seconds = deadline.seconds if deadline is not None else 0.0
 
-    def short(self) -> bool:
-        if self.deadline is None:
-            return False
-        left = self.deadline.expires - time.monotonic()
-        return left < max(2 * self.slowest, self.MARGIN_S)
+    def short(self, i: int) -> bool:
+        """Whether request i should not be started; the first such i is kept (``stopped_at``): from it on, no
+        plan is started."""
+        left = self.deadline.expires - time.monotonic() if self.deadline is not None else float("inf")
+        if self.stopped_at is None and left < max(2 * self.slowest, self.MARGIN_S):
+            self.stopped_at = i
+        return self.stopped_at is not None
 
     @contextmanager
     def timing(self):
@@ -143,11 +145,12 @@ class _Clock:
             self.slowest = max(self.slowest, time.monotonic() - start)
 
 
-def _late(i: int, n: int, seconds: float) -> bytes:
-    """The item of requests[i] that the batch had no time left to plan: a 503 of its own, naming the deadline."""
+def _late(first: int, n: int, seconds: float) -> bytes:
+    """The item of a request the batch had no time left to plan (it stopped at requests[first]): a 503 of its own,
+    naming the deadline and where to resend from."""
     message = (
-        f"not planned: the batch's deadline of {seconds:g} s (COMMPLAN_DEADLINE_S) was near at request {i} of {n}; "
-        "the items before it are answered; send this one and the rest again"
+        f"not planned: the batch's deadline of {seconds:g} s (COMMPLAN_DEADLINE_S) was near at request {first} of "
+        f"{n}; the items before it are answered; send it and the rest again"
     )
     item = {"ok": False, "error": {"status": 503, "detail": detail("requests", message, "deadline")}}
     return encode(item, BatchItem)

@@ -97,3 +97,4 @@ def test_a_batch_near_its_deadline_answers_what_it_planned_and_names_the_rest(mo
     assert first["status"] == 503
     assert first["detail"][0]["loc"] == ["body", "requests"]
     assert f"near at request {k} of 12" in first["detail"][0]["msg"] and "deadline of 2 s" in first["detail"][0]["msg"]
+    assert all(x["error"] == first for x in results[k:])  # every later item names where to resend from
