@@ -60,7 +60,7 @@ def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
     gpu = check_gpu(cluster_spec(body.cluster, settings).gpu, "bf16")
     trace = load_trace(trace_data(body.trace))
     if body.trace_steps:
-        trace = replace(trace, steps=body.trace_steps)
+        trace = replace(trace, steps=body.trace_steps, steps_from="request")
     fit = fit_trace(trace, gpu)
     plan = None
     if body.compare is not None:
@@ -77,7 +77,7 @@ def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
         "device": trace.device,
         "sms": trace.sms,
         "steps": trace.steps,
-        "steps_from": "request" if body.trace_steps else trace.steps_from,
+        "steps_from": trace.steps_from,
         "rank": trace.rank,
         "world_size": trace.world_size,
         "events": trace.events,
