@@ -280,18 +280,18 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
             "fraction and the per-kernel cost): they keep their defaults"
         )
     points = [*gemms, *attns, *mems_all]
-    missing = unclassified(trace)
-    if missing:
-        share = sum(r["seconds_per_step"] for r in missing) * trace.steps / max(1e-12, _kernel_seconds(trace))
+    missing, summary = unclassified(trace), kernel_summary(trace)
+    if missing:  # the counts of every unclassified kernel, not only the listed names (MAX_UNCLASSIFIED)
+        other = next(row for row in summary if row["kind"] == "other")
         warnings.append(
-            f"{sum(r['count'] for r in missing)} kernels ({share:.1%} of the kernel time) have no class "
+            f"{other['count']} kernels ({other['share']:.1%} of the kernel time) have no class "
             f"(profile_trace.KERNEL_CLASSES): {', '.join(r['name'][:60] for r in missing[:3])}; see unclassified"
         )
     return TraceFit(
         eff,
         fitted_gpu,
         constants,
-        kernel_summary(trace),
+        summary,
         _rows(points, (gpu, base), (fitted_gpu, eff)),
         _median_errors(points, gpu, base),
         _median_errors(points, fitted_gpu, eff),
@@ -328,7 +328,7 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
         clock = clock_fraction(gpu, "bf16")
         for _ in range(3):
             at = with_clock(gpu, clock)
-            errors = log_errors(tabled, eff, lambda p, e, at=at: predict_gemm(p, at, e), _measured)
+            errors = log_errors(tabled, eff, lambda p, e, at=at: predict_gemm(p, at, e), _measured, None, _same)
             clock *= class_scales(errors)[None]
         clock = _clipped("clock", clock, CLOCK_RANGE, warnings)
         gpu = with_clock(gpu, clock)
@@ -383,7 +383,8 @@ def _fit_attention(points, gpu, eff, warnings) -> tuple[Efficiency, dict]:
         c = attention_ceiling(kernel, gpu, eff)[direction == "bwd"]
         for _ in range(3):
             trial = replace(eff, attention_ceilings=tuple(sorted({**dict(eff.attention_ceilings), key: c}.items())))
-            c *= class_scales(log_errors(group, trial, lambda p, e: predict_attention(p, gpu, e), _measured))[None]
+            errors = log_errors(group, trial, lambda p, e: predict_attention(p, gpu, e), _measured, None, _same)
+            c *= class_scales(errors)[None]
         fitted[key] = round(_clipped(f"attention_ceiling.{key}", c, ATTENTION_RANGE, warnings), 4)
     if fitted:
         eff = replace(eff, attention_ceilings=tuple(sorted({**dict(eff.attention_ceilings), **fitted}.items())))
@@ -438,10 +439,6 @@ def _median_errors(points, gpu, eff) -> dict:
     for p in points:
         by.setdefault(p.group, []).append(abs(PREDICT[p.group](p, gpu, eff) / p.measured_s - 1))
     return {g: median(by[g]) for g in GROUPS if g in by}
-
-
-def _kernel_seconds(trace: Trace) -> float:
-    return sum(k.dur_s for k in trace.kernels)
 
 
 def unclassified(trace: Trace) -> list[dict]:
