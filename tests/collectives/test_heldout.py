@@ -86,7 +86,7 @@ def test_logs_written_from_published_tables_match_them():
 
 def test_efa_small_messages_blind_within_target(medians):
     # aws-ofi-nccl's RDMA protocol on p6-b200, EFA's per-hop latency as AWS documents it (15 us): 5.2%; 12.7%
-    # since the tree's intra-node legs take the NVLink domain's scale (nvl5, model.py _latency_parts): priced
+    # since the tree's intra-node legs take the NVLink domain's scale (nvl5, model.py _latencies): priced
     # slow now where it was fast (the 10% target missed)
     assert medians[("aws_p6b200_2x8_allreduce.txt", "< 64 KiB")] <= 0.13
 
@@ -185,7 +185,7 @@ def test_two_node_mid_sizes_with_the_pipeline_fill(medians):
     its mid rows up to 8 MiB run Tree/LL128 over EFA, which the fill does not touch (LL128 forwards line by
     line; docs/pricing.md). The network step window (nccl3, model.py Candidate.window_s) takes p5 to 25.0%:
     1-4 MiB within 5-24%, 8 MiB still 41% fast. The NVLink domain's scale on the intra-node legs (nvl5, model.py
-    _latency_parts; the window at 5 one-way latencies, refitted with it): p5 14.8%, Nebius 10.8%, Lambda 11.3%,
+    _latencies; the window at 5 one-way latencies, refitted with it): p5 14.8%, Nebius 10.8%, Lambda 11.3%,
     dstack a4 7.4%."""
     for name, low, high in (
         ("aws_p5_2x8_allreduce.log", 0.12, 0.18),
@@ -203,7 +203,7 @@ def test_blackwell_2x8_large_messages(medians):
     node's own NVLS speed (80 GB/s, model.py _node_nvls_speed): 8 x min(103.6, 96, 96) -> 712-727 GB/s, within
     3-13% (8.6% and 11.3% at >= 64 MiB; they were 21.1% and 24.7%). These two logs showed the gap, so this
     band is no longer blind. Below 64 KiB Tree/LL was priced at 25 us against 36 us measured (46.9%); with the
-    NVLink domain's scale on the tree's intra-node legs (nvl5, model.py _latency_parts) at 36.6 us (2.5%)."""
+    NVLink domain's scale on the tree's intra-node legs (nvl5, model.py _latencies) at 36.6 us (2.5%)."""
     # 18.9% since issue 23 prices the log with NCCL 2.26's tables (its NVLSTree figures); 1.9% and 8.9% with the
     # NVLSTree pipeline fill (nccl2), which takes the 64-512 MiB rows' excess
     assert medians[("lambda_b200_2x8_allreduce.txt", ">= 64 MiB")] < 0.03

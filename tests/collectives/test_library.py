@@ -497,7 +497,7 @@ def test_issue23_presets():
     96) GB/s; two GB300 NVL72 racks keep CollNet off (no NCCL_COLLNET_ENABLE) and run NVLSTree at 1 GiB (848.5 GB/s
     before the NVLSTree pipeline fill, 793.1 with it: 4 hops of 64 KiB chunks on 32 x 32 slots, nvls.cc v2.30.7-1
     ncclNvlsTreeSm100Tuning, 2 nodes, ppn >= 16; 787.6 since NVLSTree's NVLS latency, 25 us, takes the NVLink
-    domain's scale 1.75 as in one rack: + 18.75 us, model.py _latency_parts)."""
+    domain's scale 1.75 as in one rack: + 18.75 us, model.py _latencies)."""
     for name in ("gcp-a3-high", "gh200", "dgx-b300", "gb300-nvl72"):
         assert cluster_preset(name).sources, name
     a3 = Cluster(cluster_preset("gcp-a3-high", 2))

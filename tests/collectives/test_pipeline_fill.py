@@ -105,7 +105,7 @@ def test_ll_ll128_and_ring_have_no_fill():
 def test_two_node_nvls_tree_rows_within_15_percent():
     """The public 2 x 8 logs, held out, NVLSTree rows from 4 to 512 MiB: Nebius H100 (-1.8..+6.4%) and Lambda
     B200 with its NCCL 2.26.2 (-13.5..+13.4%); before the fill they were 18-69% fast. Since NVLSTree's NVLS
-    latency (25 us) takes the NVLink domain's scale as on one node (nvl5, model.py _latency_parts), and the
+    latency (25 us) takes the NVLink domain's scale as on one node (nvl5, model.py _latencies), and the
     window's refit: Nebius -14.3..-0.3% (4-8 MiB the slowest), Lambda -20.5..+0.5% (16 MiB)."""
     for name in ("nebius_h100_2x8_allreduce.txt", "lambda_b200_2x8_allreduce.txt"):
         got = [r for r in rows() if r.entry["file"] == name and 4 * MIB <= r.size_bytes <= 512 * MIB]

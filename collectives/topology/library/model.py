@@ -329,8 +329,8 @@ def _candidate(
     speed = max(g.bw_intra, node_speed) if a in ("nvls", "nvls_tree") else g.bw_intra
     achieved = _algbw(op, a, p, g, newest, feat, nsteps, speed)[0] / algbw
     kind = _kind(a, shape, feat)
-    lat = _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
     run_lat, scale = _latencies(op, a, p, pi, n, nodes, nsteps, newest, feat, cal)
+    lat = run_lat if newest is shape else _latency(op, a, p, pi, n, nodes, nsteps, shape, feat, cal)
     plateau, plateau_bytes = 1.0, 0
     runtime, default = launched if a in ("ring", "tree") else (0, 0)
     if a == "ring" and p == "Simple" and nodes > 1 and op is Op.ALLREDUCE:

@@ -451,7 +451,7 @@ LL128_DATA = 15 / 16  # device.h NCCL_LL128_DATAELEMS / NCCL_LL128_LINEELEMS: 12
 # reliable connection's ACK: 3. Fitted over {2, 3, 4, 5} together with EFA's SENDRECV per-hop latency on the fit
 # set's EFA rows below 64 MiB (bench/library_table.py window_fit): 4 (8.5%; 3 gives 9.5% at its best latency),
 # then 5 (9.0%, efa_sendrecv 60 us; 4 gives 11.0% at 60 us, 13.4% at 70) once the tree's intra-node legs take the
-# NVLink domain's latency scale (model.py _latency_parts, nvl5). The rest are the proxies' hand-backs (the GPU's
+# NVLink domain's latency scale (model.py _latencies, nvl5). The rest are the proxies' hand-backs (the GPU's
 # tail to the send proxy, the receive proxy's to the GPU), not counted separately from NCCL's source.
 WINDOW_ONE_WAYS = 5
 
