@@ -464,11 +464,11 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
+    dtype = _CEILING_DTYPE.get(dtype, dtype)  # a weight-only GEMM's math dtype: a fitted bf16 ceiling is its too
     for name, ceiling in eff.gemm_ceilings:
         if name == dtype:
             return ceiling
     gen = generation(gpu)
-    dtype = _CEILING_DTYPE.get(dtype, dtype)
     found = GEMM_CEILING.get((gen, dtype))
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
         found = GEMM_CEILING.get((gen, "bf16"))

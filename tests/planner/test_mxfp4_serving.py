@@ -11,7 +11,7 @@ import pytest
 
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS, SpecError
-from planner.kernels import EFFICIENCY, gemm_time, layer_kernels
+from planner.kernels import EFFICIENCY, gemm_ceiling, gemm_time, layer_kernels
 from planner.memory import held_bytes
 from planner.params import quantized_numels, stage_params
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
@@ -55,6 +55,14 @@ def test_mxfp4_expert_gemms_read_4_25_bits_and_run_bf16_math():
     # (its 16-row tiles fill the SMs a little better than cuBLAS's 128-row ones: within 0.1%)
     big = gemm_time((8192.0,), n, k, "w4a16_mxfp4", gpu, eff)
     assert big == pytest.approx(gemm_time((8192.0,), n, k, "bf16", gpu, eff), rel=1e-3)
+
+
+def test_a_fitted_bf16_ceiling_is_the_weight_only_gemms_too():
+    """The MXFP4 expert GEMMs compute in bf16, so a calibrated bf16 ceiling (a trace fit) is theirs as well; it
+    was looked up under "w4a16_mxfp4", which no fit can name, and the table's 0.886 stayed (review)."""
+    fitted = replace(EFFICIENCY, gemm_ceilings=(("bf16", 0.5),))
+    assert gemm_ceiling(NODE.gpu, "bf16", fitted) == gemm_ceiling(NODE.gpu, "w4a16_mxfp4", fitted) == 0.5
+    assert gemm_ceiling(NODE.gpu, "w4a16_mxfp4", EFFICIENCY) == gemm_ceiling(NODE.gpu, "bf16", EFFICIENCY)
 
 
 def test_only_the_experts_change_kind():
