@@ -28,6 +28,7 @@ import email.message
 import json
 from typing import Any
 
+import anyio
 from fastapi import params
 from fastapi.dependencies.utils import (
     _should_embed_body_fields,
@@ -38,6 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 
+from .limits import Busy
 from .threads import gate, in_thread
 
 # Bodies over this are decoded and validated in a thread: about 0.8 ms of the loop's CPU at ~100 ns a byte, under
@@ -95,7 +97,12 @@ class OffLoopBody(APIRoute):
         async def read_body_off_loop(request: Request):
             raw = await request.body()
             if len(raw) > OFF_LOOP_BYTES and _is_json(request):
-                outcome = await in_thread(decode, raw, field, gate=gate(request.app))
+                # waits for a compute thread as a request waits for a work slot: at most queue_s, else Busy
+                outcome = None
+                with anyio.move_on_after(request.app.state.settings.queue_s) as waited:
+                    outcome = await in_thread(decode, raw, field, gate=gate(request.app))
+                if waited.cancelled_caught:
+                    raise Busy()
                 if outcome is not None:
                     value, errors = outcome
                     if errors:

@@ -121,3 +121,33 @@ def test_every_route_with_a_body_reads_it_off_the_loop():
     ]
     assert len(routes) >= 14, [r.path for r in routes]  # 14 when this was written
     assert [r.path for r in routes if not isinstance(r, app.body.OffLoopBody)] == []
+
+
+def test_a_large_body_waits_for_a_compute_thread_no_longer_than_for_a_work_slot():
+    """A body over OFF_LOOP_BYTES is decoded behind the compute gate; while every compute thread stays busy it waits
+    at most queue_s and is a 503 busy, as a request waiting for a work slot is (it waited without end: review)."""
+    import asyncio
+
+    import httpx
+
+    from app.main import create_app
+    from app.settings import Settings
+    from app.threads import gate
+
+    application = create_app(Settings(compute_threads=1, queue_s=0.3))
+
+    async def main():
+        held = object()
+        await gate(application).acquire_on_behalf_of(held)  # the only compute thread is taken
+        try:
+            transport = httpx.ASGITransport(app=application)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=30) as client:
+                return await client.post(
+                    "/v1/plan", content=raw(LLAMA70B) + PAD, headers={"content-type": "application/json"}
+                )
+        finally:
+            gate(application).release_on_behalf_of(held)
+
+    r = asyncio.run(main())
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["detail"][0]["type"] == "busy"
