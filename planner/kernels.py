@@ -595,7 +595,7 @@ def memory_kernel(name: str, nbytes: float, gpu: GPUSpec, eff: Efficiency, count
 
 
 def fsdp_copy_kernels(
-    gathered: float, gathers: int, reduced: float, reduces: int, param_bytes: float, grad_bytes: float, gpu, eff
+    gathered: float, gathers: float, reduced: float, reduces: float, param_bytes: float, grad_bytes: float, gpu, eff
 ) -> tuple[Kernel, ...]:
     """FSDP2's per-unit copies on the compute stream (flavour trait ``fsdp_unit_copies``), for ``gathered`` bytes
     all-gathered in ``gathers`` calls and ``reduced`` bytes reduce-scattered in ``reduces`` calls

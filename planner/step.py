@@ -252,9 +252,7 @@ class StreamTotals:
             join = max if name == "unit_largest" else operator.add
             for stream in mine.keys() | theirs.keys():
                 a, b = mine.get(stream), theirs.get(stream)
-                into[stream] = (
-                    a if b is None else b if a is None else [join(x, y) for x, y in zip(a, b, strict=True)]
-                )
+                into[stream] = a if b is None else b if a is None else [join(x, y) for x, y in zip(a, b, strict=True)]
         return out
 
 
@@ -277,8 +275,8 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         row = acc.setdefault(stream, [0.0] * stages)
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
-        if stream.startswith("dp."):
-            _unit_totals(out, f"{stream}.{c.op.value}", c, t, stages)
+        if zero >= 2 and c.parallelism in ("dp", "edp") and c.op.value in _UNIT_OPS and c.phase in _PASSES:
+            _unit_totals(out, f"dp.{c.phase}.{c.op.value}", c, t, stages, stream.startswith("dp."))
         for s in c.stages:
             num[s] += n
             vol[s] += n * c.message_bytes
@@ -292,15 +290,22 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
     return out
 
 
-def _unit_totals(out: StreamTotals, key: str, c, t: float, stages: int) -> None:
-    """A per-unit ZeRO-2/3 call's share of ``out``'s unit_* rows (its collective's calls, bytes, longest call)."""
+_UNIT_OPS = ("allgather", "reducescatter")
+_PASSES = ("forward", "backward")
+
+
+def _unit_totals(out: StreamTotals, key: str, c, t: float, stages: int, per_pass: bool) -> None:
+    """A ZeRO-2/3 unit's gather or reduce-scatter in ``out``'s unit_* rows: its calls and bytes, whichever stream
+    it runs on (FSDP2's copies follow every one), and, when it runs inside the passes (``per_pass``: the dp.*
+    streams), the longest single call (the pass ends _fsdp_edges exposes)."""
     num = out.unit_count.setdefault(key, [0] * stages)
     vol = out.unit_volume.setdefault(key, [0.0] * stages)
     big = out.unit_largest.setdefault(key, [0.0] * stages)
     for s in c.stages:
         num[s] += c.calls_per_iteration
         vol[s] += c.calls_per_iteration * c.message_bytes
-        big[s] = max(big[s], t)
+        if per_pass:
+            big[s] = max(big[s], t)
 
 
 # per pass: (kind, its stream key in StreamTotals, the stream it is reported on)
@@ -405,7 +410,10 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
 
 def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:
     """FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter run on the compute stream
-    (kernels.fsdp_copy_kernels): their time joins the passes' memory-bound kernels, per micro-batch."""
+    (kernels.fsdp_copy_kernels): their time joins the passes' memory-bound kernels, per micro-batch. A unit
+    gathered or reduced fewer times than there are micro-batches (FSDP2 inside torch.distributed.pipelining:
+    rules/data.py fsdp2_pipelined) has its copies spread evenly over the micro-batches' passes: the iteration's
+    total is exact, where in the schedule they fall is not."""
     m, eff = ctx.micro_batches, efficiency(gpu, None)
     zeros = [0] * len(stages)
     for st in stages:
@@ -413,12 +421,10 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
         extra = []
         for phase in ("forward", "backward"):
             gathered = totals.unit_volume.get(f"dp.{phase}.allgather", zeros)[i] / m
-            gathers = totals.unit_count.get(f"dp.{phase}.allgather", zeros)[i] // m
+            gathers = totals.unit_count.get(f"dp.{phase}.allgather", zeros)[i] / m
             reduced = totals.unit_volume.get(f"dp.{phase}.reducescatter", zeros)[i] / m
-            reduces = totals.unit_count.get(f"dp.{phase}.reducescatter", zeros)[i] // m
-            kernels = fsdp_copy_kernels(
-                gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff
-            )
+            reduces = totals.unit_count.get(f"dp.{phase}.reducescatter", zeros)[i] / m
+            kernels = fsdp_copy_kernels(gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff)
             extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
         if extra[0].elementwise_s or extra[1].elementwise_s:
             c = st.compute
