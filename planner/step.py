@@ -139,6 +139,7 @@ class StageStep:
     # no compute can hide (_fsdp_edges)
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
+    tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
 
     @property
     def forward_s(self) -> float:
@@ -235,6 +236,8 @@ class StreamTotals:
     unit_count: dict[str, list[int]] = field(default_factory=dict)
     unit_volume: dict[str, list[float]] = field(default_factory=dict)
     unit_largest: dict[str, list[float]] = field(default_factory=dict)
+    # the backward TP reduce-scatters by ledger row (what an async-TP pass may leave unfused: _async_tp_unfused)
+    tp_reduces: dict[str, list[float]] = field(default_factory=dict)
     send_s: float = 0.0  # the longest boundary send
     shape_s: float = 0.0  # the longest shape exchange before a send (rules/pipeline.py SHAPE_CALLS; 0: none)
 
@@ -247,7 +250,7 @@ class StreamTotals:
 
     def __add__(self, other: StreamTotals) -> StreamTotals:
         out = StreamTotals(send_s=max(self.send_s, other.send_s), shape_s=max(self.shape_s, other.shape_s))
-        for name in ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest"):
+        for name in ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces"):
             mine, theirs, into = getattr(self, name), getattr(other, name), getattr(out, name)
             join = max if name == "unit_largest" else operator.add
             for stream in mine.keys() | theirs.keys():
@@ -275,6 +278,10 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         row = acc.setdefault(stream, [0.0] * stages)
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
+        if stream == "tp.backward" and c.op.value == "reducescatter":
+            row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
+            for s in c.stages:
+                row_of[s] += amount
         if zero >= 2 and c.parallelism in ("dp", "edp") and c.op.value in _UNIT_OPS and c.phase in _PASSES:
             _unit_totals(out, f"dp.{c.phase}.{c.op.value}", c, t, stages, stream.startswith("dp."))
         for s in c.stages:
@@ -336,6 +343,8 @@ def assign_streams(
     prefetch = _prefetch(ctx, flags)
     if ctx.flavour.prefetches_units and prefetch:
         _fsdp_edges(ctx, totals, stages)
+    if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul:
+        _async_tp_unfused(ctx, totals, stages)
     if ctx.flavour.fsdp_unit_copies and gpu is not None:
         _fsdp_copies(ctx, totals, stages, gpu)
     passes = {
@@ -380,7 +389,8 @@ def _behind_overlap(ctx: Context, st: StageStep, kind: str, phase: str, t: float
     CP ring behind attention, ZeRO-2/3 prefetch behind the pass, EP behind the shared experts."""
     comp = st.compute
     if kind == "tp" and flags.tp_comm_overlap:
-        return max(0.0, t - pass_time.gemm_s)
+        left = min(t, st.tp_unfused_s) if phase == "backward" else 0.0
+        return left + max(0.0, t - left - pass_time.gemm_s)
     if kind == "cp.ring" and flags.cp_ring_overlap:
         window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
         return max(0.0, t - window)
@@ -406,6 +416,21 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
     last = totals.unit_largest.get("dp.backward.reducescatter", zeros)
     for st in stages:
         st.first_gather_s, st.last_reduce_s = first[st.stage], last[st.stage]
+
+
+def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
+    """The backward reduce-scatters an async-TP pass that fuses only "reduce_scatter_tensor(A @ B)" cannot fuse
+    (flavour trait async_tp_single_matmul): the column-parallel input gradients summed over separate linears, the
+    attention inputs' (q, k, v as their own modules: fused_column_dgrad False) and the gated MLP's up_proj (gate and
+    up); an MLA or fused QKV input, or a non-gated fc1, is one matmul's and fused."""
+    if ctx.flavour.fused_column_dgrad:
+        return
+    names = [n for n in totals.tp_reduces if n.startswith("tp.attn.") and n.endswith(".dgrad") and not ctx.model.mla]
+    if ctx.model.gated_mlp:
+        names.append("tp.mlp.up_proj.dgrad")
+    m = ctx.micro_batches
+    for st in stages:
+        st.tp_unfused_s = sum(totals.tp_reduces.get(n, [0.0] * len(stages))[st.stage] for n in names) / m
 
 
 def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:

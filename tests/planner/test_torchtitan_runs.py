@@ -149,3 +149,33 @@ def test_a_model_given_field_by_field_plans_alike():
     a = build_plan(spec, w, par, cluster_preset("dgx-h100", 1), Options(timeline=False)).step.time_s
     b = build_plan(fields, w, par, cluster_preset("dgx-h100", 1), Options(timeline=False)).step.time_s
     assert a == pytest.approx(b)
+
+
+def _tp_plan(framework, overlap):
+    from planner import Overlap
+
+    model = replace(model_preset("llama3-8b"), num_layers=4)
+    w = WorkloadSpec(micro_batch_size=2, global_batch_size=2, torch_compile=True)
+    par = ParallelSpec(tp=8, sequence_parallel=True, framework=framework)
+    options = Options(timeline=False, overlap=Overlap(tp_comm_overlap=overlap))
+    return build_plan(model, w, par, cluster_preset("dgx-h100", 1), options)
+
+
+def test_async_tp_leaves_the_summed_input_gradients_reduce_scatters_exposed():
+    """torch's async TP fuses "reduce_scatter_tensor(A @ B)" only (micro_pipeline_tp.py): the backward
+    reduce-scatters of the q/k/v and gate/up input gradients (sums of matmuls) stay exposed, everything else of TP
+    hides behind the GEMMs; Megatron's --tp-comm-overlap (userbuffers) hides them too."""
+    plain, overlapped = _tp_plan("torch", False), _tp_plan("torch", True)
+    rows = {pc.call.name: pc for pc in overlapped.calls if pc.call.parallelism == "tp"}
+    unfused = sum(
+        rows[n].price.time_s * rows[n].call.calls_per_iteration for n in ("tp.attn.qkv.dgrad", "tp.mlp.up_proj.dgrad")
+    )
+    st = overlapped.step.stages[0]
+    assert st.tp_unfused_s == pytest.approx(unfused)
+    assert st.exposed_by_stream[("tp", "backward")] == pytest.approx(unfused)  # the rest fits behind the GEMMs
+    forward = sum(pc.price.time_s * pc.call.calls_per_iteration for pc in rows.values() if pc.call.phase == "forward")
+    # the forward as before: what outlasts its GEMMs (the logits' all-gather of the unsharded loss does)
+    assert st.exposed_by_stream[("tp", "forward")] == pytest.approx(max(0.0, forward - st.compute.forward.gemm_s))
+    assert plain.step.stages[0].exposed_by_stream[("tp", "backward")] > unfused
+    megatron = _tp_plan("megatron", True).step.stages[0]
+    assert megatron.tp_unfused_s == 0.0 and ("tp", "backward") not in megatron.exposed_by_stream
