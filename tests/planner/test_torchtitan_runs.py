@@ -179,3 +179,16 @@ def test_async_tp_leaves_the_summed_input_gradients_reduce_scatters_exposed():
     assert plain.step.stages[0].exposed_by_stream[("tp", "backward")] > unfused
     megatron = _tp_plan("megatron", True).step.stages[0]
     assert megatron.tp_unfused_s == 0.0 and ("tp", "backward") not in megatron.exposed_by_stream
+
+
+def test_the_docs_table_is_the_prediction():
+    """docs/step-time.md "Torch-native runs (titan)": each row's error as bench/step_validation.py computes it."""
+    text = (ROOT / "docs" / "step-time.md").read_text()
+    section = text.split("## Torch-native runs (titan)")[1].split("\n## ")[0]
+    data = step_validation.load()
+    cases = {c["name"]: c for c in data["cases"]}
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| torchtitan ")]
+    assert len(rows) == 16
+    for cells in rows:
+        name, error = cells[1].strip(), cells[4].strip()
+        assert error == f"{step_validation.predict(cases[name], data)['error']:+.1%}", name
