@@ -12,7 +12,9 @@ kernel tables (bench/kernel_fit.py), so every run is held out and a leave-one-so
 table printed here. The medians are printed by split, dense and MoE, by source and by GPU, with the signed median
 (bias). A case's model is its fields as published or a preset with the fields the run changes (``model_spec``); a
 case may cut the cluster's node to ``gpus_per_node`` GPUs (a job of 8 or 64 GPUs inside one GB200 NVL72 NVLink
-domain).
+domain), and may give the GPU as the run's hardware had it (``gpu``: GPUSpec fields over the preset's GPU, and
+``power_limit_w``, as a request's cluster.gpu block gives them: torchtitan's H100s of Meta's Grand Teton hosts, 96 GB
+HBM2e at 2.4 TB/s under a 500 W limit).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from statistics import median
 
 from collectives.topology import cluster_preset
+from collectives.topology.gpu import with_power_limit
 from planner import ModelSpec, Options, Overlap, ParallelSpec, WorkloadSpec, build_plan
 from planner.compute import model_flops_per_token
 from planner.context import Context
@@ -63,6 +66,10 @@ def case_inputs(case: dict, data: dict):
     if "gpus_per_node" in case:  # a job on part of one NVLink domain (GB200 NVL72): the node cut to its GPUs
         n = case["gpus_per_node"]
         cluster = replace(cluster, devices_per_node=n, nics_per_node=min(cluster.nics_per_node, n))
+    if "gpu" in case:  # the run's GPU as its source describes it (app/convert.py _gpu does the same for a request)
+        fields = dict(case["gpu"])
+        limit = fields.pop("power_limit_w", None)
+        cluster = replace(cluster, gpu=with_power_limit(replace(cluster.gpu, **fields), limit))
     options = Options(overlap=Overlap(**case.get("overlap", {})), timeline=False)
     return spec, work, par, cluster, options
 

@@ -594,6 +594,31 @@ def memory_kernel(name: str, nbytes: float, gpu: GPUSpec, eff: Efficiency, count
     return Kernel(name, "memory", max(t, count * floor), bytes=nbytes, count=count)
 
 
+def fsdp_copy_kernels(
+    gathered: float, gathers: float, reduced: float, reduces: float, param_bytes: float, grad_bytes: float, gpu, eff
+) -> tuple[Kernel, ...]:
+    """FSDP2's per-unit copies on the compute stream (flavour trait ``fsdp_unit_copies``), for ``gathered`` bytes
+    all-gathered in ``gathers`` calls and ``reduced`` bytes reduce-scattered in ``reduces`` calls
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, pytorch 010ae4a8):
+
+    - foreach_all_gather_copy_out: the compute stream waits for the all-gather, then split_with_sizes_copy reads the
+      all-gather output and writes the unsharded parameters: 2 bytes moved per byte gathered, one kernel per unit;
+    - foreach_reduce: foreach_reduce_scatter_copy_in (torch._chunk_cat) reads the unsharded gradients, in the
+      parameter dtype, and writes the reduce-scatter input in the reduce dtype (it casts bf16 -> fp32 as it
+      copies), on the current stream before the reduce-scatter stream takes over: 1 + param/grad bytes per byte
+      reduced, one kernel per unit.
+
+    The all-gather copy-in (the local shard cast into the all-gather input) runs on its own stream and the
+    reduce-scatter's divide and the sharded gradient's accumulation on the reduce-scatter stream: not here."""
+    out = []
+    if gathers:
+        out.append(memory_kernel("fsdp.all_gather_copy_out", 2.0 * gathered, gpu, eff, gathers))
+    if reduces:
+        nbytes = reduced * (1.0 + param_bytes / grad_bytes)
+        out.append(memory_kernel("fsdp.reduce_scatter_copy_in", nbytes, gpu, eff, reduces))
+    return tuple(out)
+
+
 # ---- the layer -------------------------------------------------------------------------------------------
 
 

@@ -40,14 +40,24 @@ reduction of the slowest stage (Megatron's gradient-norm all-reduce syncs the st
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 
 from collectives.topology.gpu import GPUSpec
 
 from ._errors import SpecError
-from .compute import StageCompute, check_gpu, compute_dtype, layer_forward, model_flops_per_token, stage_compute
+from .compute import (
+    PassTime,
+    StageCompute,
+    check_gpu,
+    compute_dtype,
+    layer_forward,
+    model_flops_per_token,
+    stage_compute,
+)
 from .context import Context
+from .kernels import efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .rules.pipeline import SHAPE_CALLS
@@ -125,6 +135,11 @@ class StageStep:
     hidden_by_stream: dict = field(default_factory=dict)  # (stream, phase) -> seconds behind compute per micro-batch
     exposed_dp_s: float = 0.0
     exposed_gather_s: float = 0.0
+    # FSDP2 (prefetches_units): the first unit's all-gather and the last unit's reduce-scatter of each pass, which
+    # no compute can hide (_fsdp_edges)
+    first_gather_s: float = 0.0
+    last_reduce_s: float = 0.0
+    tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
 
     @property
     def forward_s(self) -> float:
@@ -174,7 +189,7 @@ def step_time(
     check_gpu(gpu, compute_dtype(ctx), ctx)
     flags = overlap.resolved(ctx)
     stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
-    p2p = _assign_calls(ctx, calls, stages, flags)
+    p2p = _assign_calls(ctx, calls, stages, flags, gpu)
     if ctx.training and ctx.work.cpu_offloading_num_layers:
         for st in stages:
             _offload(st, offloaded_bytes(ctx, st.stage) / (host_GBps * 1e9))
@@ -216,6 +231,13 @@ class StreamTotals:
     time: dict[str, list[float]] = field(default_factory=dict)
     count: dict[str, list[int]] = field(default_factory=dict)
     volume: dict[str, list[float]] = field(default_factory=dict)
+    # the per-unit ZeRO-2/3 streams by collective ("dp.forward.allgather", "dp.backward.reducescatter", ...): calls,
+    # bytes, and the longest single call per stage (FSDP2's first all-gather and last reduce-scatter: _fsdp_edges)
+    unit_count: dict[str, list[int]] = field(default_factory=dict)
+    unit_volume: dict[str, list[float]] = field(default_factory=dict)
+    unit_largest: dict[str, list[float]] = field(default_factory=dict)
+    # the backward TP reduce-scatters by ledger row (what an async-TP pass may leave unfused: _async_tp_unfused)
+    tp_reduces: dict[str, list[float]] = field(default_factory=dict)
     send_s: float = 0.0  # the longest boundary send
     shape_s: float = 0.0  # the longest shape exchange before a send (rules/pipeline.py SHAPE_CALLS; 0: none)
 
@@ -228,11 +250,12 @@ class StreamTotals:
 
     def __add__(self, other: StreamTotals) -> StreamTotals:
         out = StreamTotals(send_s=max(self.send_s, other.send_s), shape_s=max(self.shape_s, other.shape_s))
-        for name in ("time", "count", "volume"):
+        for name in ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces"):
             mine, theirs, into = getattr(self, name), getattr(other, name), getattr(out, name)
+            join = max if name == "unit_largest" else operator.add
             for stream in mine.keys() | theirs.keys():
                 a, b = mine.get(stream), theirs.get(stream)
-                into[stream] = a if b is None else b if a is None else [x + y for x, y in zip(a, b, strict=True)]
+                into[stream] = a if b is None else b if a is None else [join(x, y) for x, y in zip(a, b, strict=True)]
         return out
 
 
@@ -255,6 +278,12 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         row = acc.setdefault(stream, [0.0] * stages)
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
+        if stream == "tp.backward" and c.op.value == "reducescatter":
+            row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
+            for s in c.stages:
+                row_of[s] += amount
+        if zero >= 2 and c.parallelism in ("dp", "edp") and c.op.value in _UNIT_OPS and c.phase in _PASSES:
+            _unit_totals(out, f"dp.{c.phase}.{c.op.value}", c, t, stages, stream.startswith("dp."))
         for s in c.stages:
             num[s] += n
             vol[s] += n * c.message_bytes
@@ -268,6 +297,24 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
     return out
 
 
+_UNIT_OPS = ("allgather", "reducescatter")
+_PASSES = ("forward", "backward")
+
+
+def _unit_totals(out: StreamTotals, key: str, c, t: float, stages: int, per_pass: bool) -> None:
+    """A ZeRO-2/3 unit's gather or reduce-scatter in ``out``'s unit_* rows: its calls and bytes, whichever stream
+    it runs on (FSDP2's copies follow every one), and, when it runs inside the passes (``per_pass``: the dp.*
+    streams), the longest single call (the pass ends _fsdp_edges exposes)."""
+    num = out.unit_count.setdefault(key, [0] * stages)
+    vol = out.unit_volume.setdefault(key, [0.0] * stages)
+    big = out.unit_largest.setdefault(key, [0.0] * stages)
+    for s in c.stages:
+        num[s] += c.calls_per_iteration
+        vol[s] += c.calls_per_iteration * c.message_bytes
+        if per_pass:
+            big[s] = max(big[s], t)
+
+
 # per pass: (kind, its stream key in StreamTotals, the stream it is reported on)
 _PASS_STREAMS = {
     phase: tuple(
@@ -277,10 +324,13 @@ _PASS_STREAMS = {
 }
 
 
-def assign_streams(ctx: Context, totals: StreamTotals, stages: list[StageStep], flags: Overlap) -> None:
+def assign_streams(
+    ctx: Context, totals: StreamTotals, stages: list[StageStep], flags: Overlap, gpu: GPUSpec | None = None
+) -> None:
     """The second half: each stage's once-per-iteration DP streams and tail, and what each pass exposes
     (TP behind the GEMMs with tp_comm_overlap, the CP ring behind attention, ZeRO-2/3 prefetch behind the
-    pass), written into ``stages``."""
+    pass), written into ``stages``; with ``gpu``, FSDP2's copies on the compute stream join the passes
+    (_fsdp_copies: without it, as in a lower bound, they are left out)."""
     zeros = [0.0] * len(stages)
     acc, counts, volume = totals.time, totals.count, totals.volume
     grad, grad_n, grad_v = (
@@ -291,6 +341,12 @@ def assign_streams(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
     gather, gather_n = acc.get("param_gather", zeros), counts.get("param_gather", zeros)
     gather_v, tail = volume.get("param_gather", zeros), acc.get("tail", zeros)
     prefetch = _prefetch(ctx, flags)
+    if ctx.flavour.prefetches_units and prefetch:
+        _fsdp_edges(ctx, totals, stages)
+    if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul:
+        _async_tp_unfused(ctx, totals, stages)
+    if ctx.flavour.fsdp_unit_copies and gpu is not None:
+        _fsdp_copies(ctx, totals, stages, gpu)
     passes = {
         phase: [(kind, stream, acc[key]) for kind, key, stream in streams if key in acc]
         for phase, streams in _PASS_STREAMS.items()
@@ -333,21 +389,77 @@ def _behind_overlap(ctx: Context, st: StageStep, kind: str, phase: str, t: float
     CP ring behind attention, ZeRO-2/3 prefetch behind the pass, EP behind the shared experts."""
     comp = st.compute
     if kind == "tp" and flags.tp_comm_overlap:
-        return max(0.0, t - pass_time.gemm_s)
+        left = min(t, st.tp_unfused_s) if phase == "backward" else 0.0
+        return left + max(0.0, t - left - pass_time.gemm_s)
     if kind == "cp.ring" and flags.cp_ring_overlap:
         window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
         return max(0.0, t - window)
     if kind == "dp" and prefetch:
-        return max(0.0, t - pass_time.total_s)
+        edge = st.first_gather_s if phase == "forward" else st.last_reduce_s
+        return min(t, max(t - pass_time.total_s, edge))
     if kind == "ep" and flags.moe_shared_expert_overlap and not flags.overlap_moe_expert_parallel_comm:
         return max(0.0, t - pass_time.gemm_s * shared_expert_share(ctx, st.stage, comp))
     return t
 
 
-def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap) -> float:
+def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
+    """FSDP2's implicit prefetch hides a unit's all-gather behind the previous unit's compute and its
+    reduce-scatter behind the next one's, but not the ends of a pass (torch/distributed/fsdp/_fully_shard/
+    _fsdp_state.py _root_pre_forward: the root unit (embedding, final norm, head) is gathered before the forward's
+    first kernel; _root_post_backward_final_callback waits for the last reduce-scatter before the optimizer). Per
+    micro-batch, the forward waits for its first all-gather and the backward for its last reduce-scatter: taken
+    as the pass's largest of each (the root unit's, the embedding's and the head's parameters, in the models
+    here). Between micro-batches nothing hides the last reduce-scatter either: the next forward's all-gather runs
+    on the same NCCL communicator (FSDP2's one process group for both), whose kernels run in the order issued."""
+    zeros = [0.0] * len(stages)
+    first = totals.unit_largest.get("dp.forward.allgather", zeros)
+    last = totals.unit_largest.get("dp.backward.reducescatter", zeros)
+    for st in stages:
+        st.first_gather_s, st.last_reduce_s = first[st.stage], last[st.stage]
+
+
+def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
+    """The backward reduce-scatters an async-TP pass that fuses only "reduce_scatter_tensor(A @ B)" cannot fuse
+    (flavour trait async_tp_single_matmul): the column-parallel input gradients summed over separate linears, the
+    attention inputs' (q, k, v as their own modules: fused_column_dgrad False) and the gated MLP's up_proj (gate and
+    up); an MLA or fused QKV input, or a non-gated fc1, is one matmul's and fused."""
+    if ctx.flavour.fused_column_dgrad:
+        return
+    names = [n for n in totals.tp_reduces if n.startswith("tp.attn.") and n.endswith(".dgrad") and not ctx.model.mla]
+    if ctx.model.gated_mlp:
+        names.append("tp.mlp.up_proj.dgrad")
+    m = ctx.micro_batches
+    for st in stages:
+        st.tp_unfused_s = sum(totals.tp_reduces.get(n, [0.0] * len(stages))[st.stage] for n in names) / m
+
+
+def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:
+    """FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter run on the compute stream
+    (kernels.fsdp_copy_kernels): their time joins the passes' memory-bound kernels, per micro-batch. A unit
+    gathered or reduced fewer times than there are micro-batches (FSDP2 inside torch.distributed.pipelining:
+    rules/data.py fsdp2_pipelined) has its copies spread evenly over the micro-batches' passes: the iteration's
+    total is exact, where in the schedule they fall is not."""
+    m, eff = ctx.micro_batches, efficiency(gpu, None)
+    zeros = [0] * len(stages)
+    for st in stages:
+        i = st.stage
+        extra = []
+        for phase in ("forward", "backward"):
+            gathered = totals.unit_volume.get(f"dp.{phase}.allgather", zeros)[i] / m
+            gathers = totals.unit_count.get(f"dp.{phase}.allgather", zeros)[i] / m
+            reduced = totals.unit_volume.get(f"dp.{phase}.reducescatter", zeros)[i] / m
+            reduces = totals.unit_count.get(f"dp.{phase}.reducescatter", zeros)[i] / m
+            kernels = fsdp_copy_kernels(gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff)
+            extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
+        if extra[0].elementwise_s or extra[1].elementwise_s:
+            c = st.compute
+            st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
+
+
+def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> float:
     """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
     totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages))
-    assign_streams(ctx, totals, stages, flags)
+    assign_streams(ctx, totals, stages, flags, gpu)
     return totals.p2p_s
 
 

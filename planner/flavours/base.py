@@ -120,6 +120,13 @@ class Flavour:
     overlap_zero_stages: frozenset[int] = frozenset()
     # per-unit ZeRO-2/3 traffic hides behind compute by implicit prefetch (FSDP2); else overlap_grad_reduce rules
     prefetches_units: bool = False
+    # FSDP2's per-unit copies run on the compute stream (planner/step.py fsdp_unit_copies): each all-gather's
+    # copy-out into the unsharded parameters and each reduce-scatter's copy-in of the unsharded gradients
+    fsdp_unit_copies: bool = False
+    # tp_comm_overlap is a compiler pass that fuses a reduce-scatter only when its input is one matmul's output
+    # (torch async TP, torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_matmul_reduce_scatter): the
+    # column-parallel input gradient summed over separate linears (q, k, v; gate, up) stays exposed (step.py)
+    async_tp_single_matmul: bool = False
     # pipeline schedules whose sends overlap compute by default (Megatron --overlap-p2p-communication)
     overlap_p2p_schedules: frozenset[str] = frozenset()
     # elements per gradient bucket once overlap is on: (ParallelSpec, gradient element bytes) -> elements

@@ -60,6 +60,16 @@ FLAVOUR = Flavour(
     token_counts_alltoall=True,  # torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch
     overlap_zero_stages=frozenset({0, 1, 2, 3}),  # DDP autograd hooks, FSDP2 prefetch
     prefetches_units=True,  # FSDP2 implicit forward and backward prefetch
+    # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (pytorch 010ae4a8; the same split since FSDP2's
+    # 2024 releases): foreach_all_gather_copy_out waits for the all-gather on the current (compute) stream and runs
+    # split_with_sizes_copy there; foreach_reduce runs foreach_reduce_scatter_copy_in (chunk_cat, which also casts
+    # to the reduce dtype) before it switches to the reduce-scatter stream
+    fsdp_unit_copies=True,
+    # async TP (torchtitan enable_async_tensor_parallel, entered as tp_comm_overlap): Inductor's micro-pipeline
+    # TP pass (torch/_inductor/fx_passes/micro_pipeline_tp.py, pytorch 00122fb1) fuses all_gather -> matmul(s) and
+    # "reduce_scatter_tensor(A @ B)" only: rs_input must be an aten.mm (or its reshape) with one user. The
+    # backward reduce-scatter of the q/k/v (gate/up) input gradient takes the sum of three (two) matmuls: unfused
+    async_tp_single_matmul=True,
     overlap_p2p_schedules=frozenset(),
     overlap_bucket_elements=_overlap_bucket_elements,
 )

@@ -574,7 +574,7 @@ class StepModel:
         totals = parts[0].totals(m, zero, par.pp)
         for part in parts[1:]:
             totals = totals + part.totals(m, zero, par.pp)
-        assign_streams(ctx, totals, stages, flags)
+        assign_streams(ctx, totals, stages, flags, self.gpu)
         sched = schedule_of(ctx, totals.p2p_s, bool(flags.overlap_p2p))
         return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
 
