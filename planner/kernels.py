@@ -978,11 +978,14 @@ def _fp8_casts(k: _Layer) -> None:
         if _cast(g) and not _quantized_in_epilogue(ctx, g)
     )
     nbytes = cast * cast_bytes_per_element(ctx)
-    launches = quantize_launches(ctx, fwd)
+    # one cast kernel per pass at the measured cast rate (CAST_HBM, whose large-tensor measurement holds its fixed
+    # cost), and the launches of the experts' per-split quantizes beside it, each a memory-bound kernel's fixed cost
+    # and, without CUDA graphs, at least one host dispatch
+    extra = expert_quantize_launches(ctx, fwd)
     t = _mem_s(nbytes, k.gpu, k.eff)
-    if launches:  # each launch a memory-bound kernel's fixed cost, and at least one host dispatch without graphs
-        t = max(t + launches * k.eff.kernel_s, launches * k.floor)
-    count = max(1, launches)
+    if extra:
+        t = max(t + extra * k.eff.kernel_s, (1 + extra) * k.floor)
+    count = 1 + extra
     fwd.append(Kernel("fp8_cast", "cast", t, bytes=nbytes, count=count))
     # the backward casts the output gradients the same way (one per GEMM input, per expert split alike); summed
     # over a layer's GEMMs its bytes equal the forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a
@@ -990,22 +993,23 @@ def _fp8_casts(k: _Layer) -> None:
     k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes, count=count))
 
 
-def quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
-    """Kernel launches a training pass makes to quantize its low-precision GEMMs' activation inputs: one tensor per
-    GEMM, one per expert of a grouped GEMM unless the recipe quantizes the splits in one fused launch, each taking
-    the recipe's launches (Recipe.quantize_launches, fused_split_quantize; fp8 without a recipe runs as delayed
-    scaling). The weights' casts are not counted: TE keeps a weight's quantized copy between micro-batches
-    (is_first_microbatch). 0 for inference (its single cast kernel per pass is kept)."""
+def expert_quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
+    """Kernel launches a training pass makes to quantize the inputs of its grouped (per-expert) low-precision GEMMs:
+    TE's GroupedLinear quantizes each expert's split on its own (tex.split_quantize) unless the recipe has the fused
+    multi-tensor kernel (Recipe.fused_split_quantize) or the fused grouped MLP quantizes the group at once, each
+    split taking the recipe's launches (Recipe.quantize_launches; fp8 without a recipe runs as delayed scaling).
+    The layer's other casts stay one kernel per pass (_fp8_casts); the weights' are not counted: TE keeps a weight's
+    quantized copy between micro-batches (is_first_microbatch). 0 for inference (its one cast kernel per pass)."""
     if not ctx.training:
         return 0
     recipe = ctx.work.recipe or recipe_of("delayed")
-    fused = fused_grouped_mlp(ctx)
-    tensors = sum(
-        1 if recipe.fused_split_quantize or (fused and g.name in EXPERT_GEMMS) else g.shape[3]
+    one = recipe.fused_split_quantize or fused_grouped_mlp(ctx)
+    splits = sum(
+        1 if one else g.shape[3]
         for g in fwd
-        if _cast(g) and not _quantized_in_epilogue(ctx, g)
+        if _cast(g) and g.shape[3] > 1 and not _quantized_in_epilogue(ctx, g)
     )
-    return tensors * recipe.quantize_launches
+    return splits * recipe.quantize_launches
 
 
 # TransformerEngine's fused grouped MLP for the routed experts (TE ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 /

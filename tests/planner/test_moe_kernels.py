@@ -289,9 +289,11 @@ def test_the_sync_window_sized_on_the_blackwell_qwen3_rows_is_a_small_part_of_th
     """docs/step-time.md "The host side of an MoE layer": per layer and micro-batch the rows miss by 5.3 (B200) and
     4.6 ms (GB200). The forward's activities after Megatron's count sync (41 and 39, casts aside), charged at max(GPU,
     10 us) today, at 20 or 34 us of host each grow by 0.36-0.90 and 0.12-0.54 ms: 3-17% of the misses. The layers:
-    160 and 156 kernels, 3.3 and 8.1 ms of GPU (floors included)."""
+    160 and 156 kernels, 3.3 and 8.1 ms of GPU (floors included) when moe7 sized them; since moe8 (TE's per-expert
+    quantize launches and Megatron's fp8 padding of the experts' rows: "MoE host side, round two") 230 and 226
+    kernels, 3.8 and 9.1 ms, and the window 44 and 42 activities, its growth the same within 0.02 ms."""
     rows = []
-    for lk, (kernels, gpu_ms) in zip(_blackwell_qwen3_layers(), ((160, 3.28), (156, 8.09)), strict=True):
+    for lk, (kernels, gpu_ms) in zip(_blackwell_qwen3_layers(), ((230, 3.79), (226, 9.06)), strict=True):
         assert sum(k.count for k in lk.forward + lk.backward) == kernels
         assert sum(k.time_s for k in lk.forward + lk.backward) * 1e3 == pytest.approx(gpu_ms, abs=0.01)
         names = [k.name for k in lk.forward]
@@ -299,4 +301,4 @@ def test_the_sync_window_sized_on_the_blackwell_qwen3_rows_is_a_small_part_of_th
         now = sum(k.time_s for k in after)
         extra = [sum(k.count * max(k.time_s / k.count, h) for k in after) - now for h in (20e-6, 34e-6)]
         rows.append((sum(k.count for k in after), *(round(x * 1e3, 2) for x in extra)))
-    assert rows == [(41, 0.36, 0.9), (39, 0.12, 0.54)]
+    assert rows == [(44, 0.36, 0.92), (42, 0.12, 0.54)]
