@@ -999,8 +999,9 @@ def expert_quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
     multi-tensor kernel (Recipe.fused_split_quantize) or the fused grouped MLP quantizes the group at once, each
     split taking the recipe's launches (Recipe.quantize_launches; fp8 without a recipe runs as delayed scaling).
     The layer's other casts stay one kernel per pass (_fp8_casts); the weights' are not counted: TE keeps a weight's
-    quantized copy between micro-batches (is_first_microbatch). 0 for inference (its one cast kernel per pass)."""
-    if not ctx.training:
+    quantized copy between micro-batches (is_first_microbatch). 0 for inference (its one cast kernel per pass) and for
+    a framework without TransformerEngine's recipes (Flavour.te_fp8_recipes: torchao's grouped fp8 is not TE's)."""
+    if not ctx.training or not ctx.flavour.te_fp8_recipes:
         return 0
     recipe = ctx.work.recipe or recipe_of("delayed")
     one = recipe.fused_split_quantize or fused_grouped_mlp(ctx)

@@ -349,13 +349,16 @@ def test_each_experts_split_is_quantized_by_its_own_launches(recipe, extra):
 
 
 def test_one_local_expert_a_dense_layer_and_inference_keep_one_cast_kernel():
-    """ep 128: one expert per rank, one split (TE quantizes it as a dense linear's input); the dense layer and an
-    inference pass keep their one cast kernel per pass."""
+    """ep 128: one expert per rank, one split (TE quantizes it as a dense linear's input); the dense layer, an
+    inference pass and a framework without TE's quantizers (torchtitan) keep their one cast kernel per pass."""
     wide = Context(QWEN3, qwen3_fp8("mxfp8").work, ParallelSpec(dp=128, ep=128))
     assert by_name(layer_kernels(wide, True, B200).forward)["fp8_cast"].count == 1
     assert by_name(layer_kernels(qwen3_fp8("mxfp8"), False, B200).forward)["fp8_cast"].count == 1
     serve = Context(QWEN3, WorkloadSpec(kind="inference", batch_size=8, activation_dtype="fp8"), ParallelSpec(ep=8))
     assert by_name(layer_kernels(serve, True, H100).forward)["fp8_cast"].count == 1
+    fp8 = WorkloadSpec(micro_batch_size=1, global_batch_size=64, seq_length=4096, activation_dtype="fp8")
+    titan = Context(QWEN3, fp8, ParallelSpec(dp=8, ep=8, framework="torch"))
+    assert by_name(layer_kernels(titan, True, H100).forward)["fp8_cast"].count == 1  # not TE's quantizers
 
 
 def test_megatron_pads_the_dropless_experts_rows_for_fp8():
