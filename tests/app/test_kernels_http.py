@@ -198,11 +198,16 @@ def test_the_fused_grouped_mlp_over_http(api):
     kernel; the step's compute is exactly the planner's with the switch (planner/kernels.py FUSED_GROUPED_MLP)."""
     from planner.kernels import layer_kernels
 
-    per = plan(api, MOE_MXFP8)["step"]["compute_s"]
+    answer = plan(api, MOE_MXFP8)
+    per = answer["step"]["compute_s"]
     b = copy.deepcopy(MOE_MXFP8)
     b["workload"]["fused_grouped_mlp"] = True
-    fused = plan(api, b)["step"]["compute_s"]
+    fused_answer = plan(api, b)
+    fused = fused_answer["step"]["compute_s"]
     assert fused < per
+    listed = [{r["field"]: r["value"] for r in a["assumptions"]}.get("workload.fused_grouped_mlp")
+              for a in (answer, fused_answer)]  # fmt: skip
+    assert listed == ["off", "on"]
     works = [WorkloadSpec(**(MOE_MXFP8["workload"] | {"fused_grouped_mlp": f})) for f in (False, True)]
     qwen3, b200 = model_preset("qwen3-30b-a3b"), GPUS["b200-180gb"]
     layers = [layer_kernels(Context(qwen3, w, ParallelSpec(dp=8, ep=8)), True, b200) for w in works]
