@@ -73,6 +73,7 @@ ONLY_FOR = {
         "selective_ac_option",
         "cpu_offloading_num_layers",
         "activation_func_fp8_input_store",
+        "fused_grouped_mlp",
     ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }

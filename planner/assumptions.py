@@ -66,6 +66,9 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
         add(Assumption("workload.grad_accumulation_fusion", fused, f"{by}: {_onoff(fl.grad_accumulation_fusion)}"))
         loss = _onoff(cross_entropy_fusion(ctx))
         add(Assumption("workload.cross_entropy_fusion", loss, f"{by}: {_onoff(fl.fused_cross_entropy)}"))
+        if ctx.model.moe is not None and fl.te_fp8_recipes:
+            grouped = _onoff(work.fused_grouped_mlp)
+            add(Assumption("workload.fused_grouped_mlp", grouped, f"{by}: off (TEGroupedMLP, a GEMM per local expert)"))
     add(Assumption("parallel.zero_stage", str(par.zero_stage), f"{COMMPLAN}: 0 (no optimizer sharding)"))
     add(Assumption("parallel.order", par.order, f"{COMMPLAN}: Megatron's {DEFAULT_ORDER}, fastest-varying first"))
     if par.pp > 1:

@@ -34,6 +34,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
+from .recipes import recipe_of
 
 
 @dataclass(frozen=True)
@@ -412,9 +413,26 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
             "workload.attention_kernel",
             f"flash3 (FlashAttention-3) runs on Hopper (sm90) only; {gpu.name} is sm{gpu.sm}: use flash2 or cudnn",
         )
+    if ctx.training and ctx.work.fused_grouped_mlp:
+        check_fused_grouped_mlp(ctx)
     recipe = ctx.work.recipe  # the recipe's own GPU rule is planner/recipes.py check_recipe_gpu (plan.py)
     if recipe is not None and recipe.kernel_dtype == "nvfp4" and gpu.sm and not gpu.peak_tflops.get("fp4"):
         raise SpecError("cluster.gpu.peak_tflops.fp4", f"nvfp4 needs the GPU's dense fp4 peak; {gpu.name} has none")
+
+
+def check_fused_grouped_mlp(ctx: Context) -> None:
+    """TE's fused grouped MLP (FUSED_GROUPED_MLP) is Megatron's with TransformerEngine, MXFP8 only, for routed
+    experts: anything else is a SpecError on workload.fused_grouped_mlp."""
+    field = "workload.fused_grouped_mlp"
+    if not ctx.flavour.te_fp8_recipes:
+        framework = ctx.par.framework
+        raise SpecError(field, f"is TransformerEngine's op fuser under Megatron-Core; framework is {framework!r}")
+    recipe = ctx.work.recipe
+    if recipe is None or not recipe.fused_grouped_mlp:
+        got = recipe.name if recipe is not None else None
+        raise SpecError(field, f"TE's fused grouped MLP kernels are MXFP8 only: needs fp8_recipe 'mxfp8', got {got!r}")
+    if ctx.model.moe is None:
+        raise SpecError(field, f"fuses the routed experts' MLP; model {ctx.model.name!r} has no MoE layers")
 
 
 # ---- GEMMs ------------------------------------------------------------------------------------------------
@@ -708,6 +726,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
         flavour.moe_score_combine,
+        flavour.fp8_expert_padding,
         par.cp_comm,
         par.ep_dispatch,
     )
@@ -883,14 +902,15 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     x = max(2, ctx.x)  # fp8 recipes keep the tensors between kernels in bf16
     # a training framework's expert GEMMs (Flavour.expert_gemm_streams); serving engines run one fused MoE kernel
     # (vLLM/SGLang fused_moe, TensorRT-LLM's CUTLASS MoE: the measured tables of test_kernels)
-    streams = ctx.flavour.expert_gemm_streams if ctx.training else 0
+    fused = fused_grouped_mlp(ctx)
+    streams = ctx.flavour.expert_gemm_streams if ctx.training and not fused else 0
     # a training flavour with one grouped kernel runs torch._grouped_mm (CUTLASS ptr-array, GROUPED_GEMM_K0), each
     # expert's count its own multinomial draw about the mean rows (variance ~ the mean when E >> 1; a capacity
     # factor pads every expert to its capacity: no spread). Measured on that kernel only (the H200 trace and run 2's
     # grouped table); per-expert launches and the serving engines' fused MoE (its own fitted tables) keep the mean
     grouped_mm = ctx.training and not streams
     spread = math.sqrt(rows) if grouped_mm and not m.capacity_factor else 0.0
-    k0 = GROUPED_GEMM_K0 if grouped_mm else 0.0
+    k0 = GROUPED_GEMM_K0 if grouped_mm and not fused else 0.0  # TE's fused grouped kernel: cuBLAS's amortisation
     sort = chunk_sort(ctx, local)
     dt = EXPERT_GEMM_DTYPE.get(ctx.work.param_dtype, k.dt)  # MXFP4 experts: weight-only, bf16 math
     # torchtitan's fp32 score multiply before the scatter-add (Flavour.moe_score_combine); torch.compile fuses it
@@ -898,6 +918,7 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     ef, eb = routed_expert_kernels(
         tokens, rows, local, h, f, gated, dt, x, k.fu, gpu, eff, k.floor,
         streams=streams, sort=sort, spread=spread, k0=k0, score_combine=scores,
+        fp8_pad=fp8_expert_padding(ctx, dt) and not fused, fused_activation=fused,
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -952,13 +973,82 @@ def _fp8_casts(k: _Layer) -> None:
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
     weights = 0 if ctx.param_bytes <= 1 else 1
     cast = sum(
-        g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in fwd if _cast(g)
+        g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3]
+        for g in fwd
+        if _cast(g) and not _quantized_in_epilogue(ctx, g)
     )
     nbytes = cast * cast_bytes_per_element(ctx)
-    fwd.append(Kernel("fp8_cast", "cast", _mem_s(nbytes, k.gpu, k.eff), bytes=nbytes))
-    # the backward casts the output gradients the same way; summed over a layer's GEMMs its bytes equal the
-    # forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a GPT layer): charged alike
-    k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes))
+    # one cast kernel per pass at the measured cast rate (CAST_HBM, whose large-tensor measurement holds its fixed
+    # cost), and the launches of the experts' per-split quantizes beside it, each a memory-bound kernel's fixed cost
+    # and, without CUDA graphs, at least one host dispatch
+    extra = expert_quantize_launches(ctx, fwd)
+    t = _mem_s(nbytes, k.gpu, k.eff)
+    if extra:
+        t = max(t + extra * k.eff.kernel_s, (1 + extra) * k.floor)
+    count = 1 + extra
+    fwd.append(Kernel("fp8_cast", "cast", t, bytes=nbytes, count=count))
+    # the backward casts the output gradients the same way (one per GEMM input, per expert split alike); summed
+    # over a layer's GEMMs its bytes equal the forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a
+    # GPT layer): charged alike
+    k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes, count=count))
+
+
+def expert_quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
+    """Kernel launches a training pass makes to quantize the inputs of its grouped (per-expert) low-precision GEMMs:
+    TE's GroupedLinear quantizes each expert's split on its own (tex.split_quantize) unless the recipe has the fused
+    multi-tensor kernel (Recipe.fused_split_quantize) or the fused grouped MLP quantizes the group at once, each
+    split taking the recipe's launches (Recipe.quantize_launches; fp8 without a recipe runs as delayed scaling).
+    The layer's other casts stay one kernel per pass (_fp8_casts); the weights' are not counted: TE keeps a weight's
+    quantized copy between micro-batches (is_first_microbatch). 0 for inference (its one cast kernel per pass) and for
+    a framework without TransformerEngine's recipes (Flavour.te_fp8_recipes: torchao's grouped fp8 is not TE's)."""
+    if not ctx.training or not ctx.flavour.te_fp8_recipes:
+        return 0
+    recipe = ctx.work.recipe or recipe_of("delayed")
+    one = recipe.fused_split_quantize or fused_grouped_mlp(ctx)
+    splits = sum(
+        1 if one else g.shape[3]
+        for g in fwd
+        if _cast(g) and g.shape[3] > 1 and not _quantized_in_epilogue(ctx, g)
+    )
+    return splits * recipe.quantize_launches
+
+
+# TransformerEngine's fused grouped MLP for the routed experts (TE ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 /
+# BackwardGroupedMLP_CuTeGEMMDSwiGLU_MXFP8, TE PR 2769; Megatron-Core --use-transformer-engine-op-fuser with
+# NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, set by the Megatron-Bridge 26.08 MXFP8 perf recipes at 4ab94dfad, e.g.
+# perf_recipes/qwen/gb200/qwen3_moe.py). NVIDIA's description ("Boosting MoE Training Throughput with Advanced Fusion
+# Kernels", NVIDIA technical blog, 2026-06-15): fc1 as one grouped GEMM with the GLU activation in its epilogue and
+# the MXFP8 quantize of its output fused, fc2 one grouped GEMM, the token counts read on the device (sync-free, so
+# the whole iteration can be graphed). In the kernel list: the expert GEMMs as one grouped kernel each, no activation
+# kernel, one grouped quantize launch for fc1's input and none for fc2's, no count sync and no fp8 padding. MXFP8 only
+# (Recipe.fused_grouped_mlp).
+EXPERT_GEMMS = ("experts_fc1", "experts_fc2")
+
+
+def fused_grouped_mlp(ctx: Context) -> bool:
+    """Whether the routed experts run TE's fused grouped MLP (FUSED_GROUPED_MLP): training, workload's switch."""
+    return ctx.training and ctx.work.fused_grouped_mlp
+
+
+def _quantized_in_epilogue(ctx: Context, g: Kernel) -> bool:
+    """fc2's input under the fused grouped MLP: quantized by fc1's epilogue, no cast kernel of its own."""
+    return g.name == EXPERT_GEMMS[1] and fused_grouped_mlp(ctx)
+
+
+# Megatron-Core's TEGroupedMLP under fp8 pads each expert's rows to the fp8 GEMMs' alignment before linear_fc1 and
+# unpads linear_fc2's output (Megatron-LM core_v0.15.0 megatron/core/transformer/moe/experts.py: Fp8Padding /
+# Fp8Unpadding of the hidden states and of the permuted probs); TransformerEngine v2.9 module/fp8_padding.py aligns
+# to 16 rows (32 under MXFP8) with one tex.fused_multi_row_padding (a copy into the padded buffer) and returns the
+# input untouched only when every expert's count is already aligned, which dropless routing's multinomial counts
+# almost never are. With a capacity factor every expert runs its capacity: not counted.
+FP8_EXPERT_PADDING = "Megatron-LM core_v0.15.0 moe/experts.py TEGroupedMLP; TransformerEngine v2.9 fp8_padding.py"
+
+
+def fp8_expert_padding(ctx: Context, dtype: str) -> bool:
+    """Whether the routed experts' rows are padded for their low-precision GEMMs (FP8_EXPERT_PADDING): a training
+    flavour that pads (Flavour.fp8_expert_padding), a quantized expert GEMM dtype, dropless routing."""
+    quantized = dtype not in ("bf16", "fp32") and dtype not in _WEIGHT_OPERAND_BYTES
+    return ctx.training and ctx.flavour.fp8_expert_padding and quantized and not ctx.model.moe.capacity_factor
 
 
 # Megatron-Core's alltoall dispatcher receives each expert's rows grouped by source rank, (source rank, local
@@ -993,6 +1083,8 @@ def routed_expert_kernels(
     spread: float = 0.0,
     k0: float = 0.0,
     score_combine: tuple[float, int, float, int] = (),
+    fp8_pad: bool = False,
+    fused_activation: bool = False,
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
@@ -1003,7 +1095,10 @@ def routed_expert_kernels(
     standard deviation of an expert's rows about ``rows`` (group_rows; 0: every expert at the mean); ``k0``: the
     grouped kernel's main-loop amortisation length (GROUPED_GEMM_K0 for torch._grouped_mm; 0: cuBLAS's).
     ``score_combine``: the combine's score multiply as its own kernels (Flavour.moe_score_combine: bytes and launches
-    per element of the R x h rows, forward and backward) after a zeros_like of the tokens' output; (): none."""
+    per element of the R x h rows, forward and backward) after a zeros_like of the tokens' output; (): none.
+    ``fp8_pad``: the experts' rows padded to the fp8 GEMMs' alignment before fc1 and unpadded after fc2
+    (Flavour.fp8_expert_padding: FP8_EXPERT_PADDING's copies). ``fused_activation``: the activation runs in fc1's
+    epilogue and its gradient in the backward grouped kernel (FUSED_GROUPED_MLP): no kernel of its own."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -1018,15 +1113,25 @@ def routed_expert_kernels(
         "unsort_chunks": (2 * x * h * R, 1, 1.0),
         "unpermute": (x * h * (R + tokens) + 4 * R, 2, BACKWARD_BYTES),
     }
+    if fused_activation:
+        del memory["expert_activation"]
+    if fp8_pad:
+        # TE fused_multi_row_padding of the rows (read R·h, write R·h) and of their fp32 probs; the unpadding copy of
+        # fc2's output; each backward the reverse copy (FP8_EXPERT_PADDING)
+        memory["fp8_padding"] = (2 * x * h * R + 8 * R, 2, 1.0)
+        memory["fp8_unpadding"] = (2 * x * h * R, 1, 1.0)
     if score_combine:
         fb, fn, bb, bn = score_combine
         memory["combine_scores"] = (fb * R * h + x * h * tokens, fn + 1, (bb * R * h) / (fb * R * h + x * h * tokens))
         score_counts = {"combine_scores": (fn + 1, bn)}
     else:
         score_counts = {}
-    order = ["permute", "sort_chunks", "experts_fc1", "expert_activation", "experts_fc2", "unsort_chunks"]
+    order = ["permute", "sort_chunks", "fp8_padding", "experts_fc1", "expert_activation", "experts_fc2"]
+    order += ["fp8_unpadding", "unsort_chunks"]
     order += ["combine_scores", "unpermute"] if score_combine else ["unpermute"]
     for name in order if sort else [n for n in order if "sort_chunks" not in n]:
+        if name not in gemms and name not in memory:
+            continue
         if name in gemms:
             kf, kd, kw = gemm_kernels(
                 name, rows, *gemms[name], dtype, gpu, eff, groups=local, streams=streams, spread=spread, k0=k0

@@ -63,6 +63,18 @@ class Recipe:
     amax_history: bool = False
     tp_amax: bool = False
     cast_read_bytes: int = 2  # bf16 input bytes read per quantized element: Float8CurrentScalingQuantizer reads twice
+    # kernel launches TE makes to quantize one tensor (TransformerEngine v2.9 pytorch/csrc/quantizer.cpp):
+    # Float8Quantizer (delayed), Float8BlockQuantizer and MXFP8Quantizer one nvte_quantize_v2 each;
+    # Float8CurrentScalingQuantizer::quantize_impl three (nvte_compute_amax_with_config, nvte_compute_scale_from_amax,
+    # nvte_quantize_v2); NVFP4Quantizer::quantize_impl three (the amax, the rowwise quantize, the columnwise RHT cast)
+    quantize_launches: int = 1
+    # a grouped linear's per-expert inputs quantized by one fused launch: only delayed scaling has the fused
+    # multi-tensor kernel (csrc/extensions/cast.cpp multi_tensor_quantize_impl: nvte_multi_cast_transpose "Currently
+    # only have fused kernel for FP8 delayed scaling"); the others quantize each split on its own (split_quantize)
+    fused_split_quantize: bool = False
+    # TE's fused grouped MLP kernels exist for this recipe (ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 /
+    # BackwardGroupedMLP_CuTeGEMMDSwiGLU_MXFP8, TE PR 2769: MXFP8 only; planner/kernels.py FUSED_GROUPED_MLP)
+    fused_grouped_mlp: bool = False
 
     def weight_scales(self, numel: int) -> int:
         """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
@@ -111,10 +123,12 @@ RECIPES: dict[str, Recipe] = {
     "delayed": Recipe(
         "delayed", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.DelayedScaling; Megatron --fp8-recipe delayed (default) --fp8-format hybrid", amax_history=True,
+        fused_split_quantize=True,
     ),
     "tensorwise": Recipe(
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise", tp_amax=True, cast_read_bytes=4,
+        quantize_launches=3,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
@@ -124,12 +138,12 @@ RECIPES: dict[str, Recipe] = {
     "mxfp8": Recipe(
         "mxfp8", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 32, (1, 32), 1, 1.0, 100,
         TE + "recipe.MXFP8BlockScaling; OCP Microscaling Formats (MX) v1.0: 32-element blocks, E8M0 scales",
-        0, 2, "mxfp8",
+        0, 2, "mxfp8", fused_grouped_mlp=True,
     ),
     "nvfp4": Recipe(
         "nvfp4", "fp4", "E2M1 / E2M1", ("fprop", "dgrad", "wgrad"), 16, (16, 16), 1, 0.5, 100,
         TE + "recipe.NVFP4BlockScaling: 16-element blocks, E4M3 scales and an fp32 per-tensor scale",
-        1, 1, "nvfp4", tp_amax=True,
+        1, 1, "nvfp4", tp_amax=True, quantize_launches=3,
     ),
 }  # fmt: skip
 

@@ -68,6 +68,10 @@ class WorkloadSpec:
     grad_accumulation_fusion: bool | None = None
     # Megatron --cross-entropy-loss-fusion: None = the framework's default (Megatron: off, the loss as torch ops)
     cross_entropy_fusion: bool | None = None
+    # TransformerEngine's fused grouped MLP for the routed experts (Megatron-Core --use-transformer-engine-op-fuser
+    # with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, the Megatron-Bridge 26.08 MXFP8 recipes): planner/kernels.py
+    # FUSED_GROUPED_MLP. False: TEGroupedMLP's per-expert GEMMs (Megatron's default)
+    fused_grouped_mlp: bool = False
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas

@@ -170,6 +170,12 @@ class WorkloadIn(Strict):
     torch_compile: bool | None = Field(
         default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
     )
+    fused_grouped_mlp: bool | None = Field(
+        default=None,
+        description="TransformerEngine's fused MXFP8 grouped MLP for the routed experts (Megatron "
+        "--use-transformer-engine-op-fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1): one grouped kernel per expert GEMM "
+        "with SwiGLU and the quantize in its epilogue, counts on the device (default false: per-expert GEMMs)",
+    )
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"] | None = Field(
         default=None,
         description="the weights' dtype; nvfp4 (inference only, with fp8_recipe nvfp4): a block-scaled checkpoint, "

@@ -65,6 +65,7 @@ export const GROUPS = [
     ["workload.torch_compile", "torch.compile", "select", ON_OFF, "off"],
     ["workload.grad_accumulation_fusion", "Grad-accumulation fusion", "select", ON_OFF, "the framework's (Megatron: on)", "kind=training"],
     ["workload.cross_entropy_fusion", "Cross-entropy fusion", "select", ON_OFF, "the framework's (Megatron: off)", "kind=training"],
+    ["workload.fused_grouped_mlp", "Fused grouped MLP (MXFP8 MoE)", "select", ON_OFF, "off (per-expert GEMMs)", "kind=training"],
     ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
   ]],
   ["Data parallel", [

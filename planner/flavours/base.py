@@ -108,6 +108,9 @@ class Flavour:
     # (R x h): (forward bytes, forward kernels, backward bytes, backward kernels); () when the scores are applied
     # inside the unpermute (Megatron's probs; torch.compile fuses it, planner/kernels.py). torchtitan's: torch.py
     moe_score_combine: tuple[float, int, float, int] = ()
+    # the routed experts' rows padded to the fp8 GEMMs' alignment around the expert MLP under an fp8 recipe, with
+    # dropless routing (Megatron TEGroupedMLP's Fp8Padding / Fp8Unpadding: planner/kernels.py FP8_EXPERT_PADDING)
+    fp8_expert_padding: bool = False
     # the loss as one fused kernel (Megatron --cross-entropy-loss-fusion, store_true: off by default since it came,
     # 7b4a6d76c9 of 2024-06-14) or Megatron's vocab_parallel_cross_entropy as its torch ops; flavours that run eager
     # (fused_kernels False) take the eager loss whatever this says (planner/compute.py head_kernels)

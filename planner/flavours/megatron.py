@@ -26,6 +26,8 @@ FLAVOUR = Flavour(
     # cublaslt_gemm.cu multi_stream_cublas_gemm; num_compute_streams = 4, common/util/multi_stream.h), its m_splits
     # a host list of each expert's rows (token_dispatcher.py tokens_per_expert .to("cpu") + sync)
     expert_gemm_streams=4,
+    # TEGroupedMLP pads each expert's rows for its fp8 GEMMs (core_v0.15.0 moe/experts.py Fp8Padding, Fp8Unpadding)
+    fp8_expert_padding=True,
     hf_modules=False,  # fused linear_qkv and linear_fc1; vocabulary padded to 128 x tp (--make-vocab-size-divisible-by)
     fused_column_dgrad=True,
     sp_wgrad_regather=True,

@@ -174,3 +174,60 @@ def test_the_loss_fusion_over_http(api):
     assert default - fused == pytest.approx(8 * per_micro, rel=1e-9)
     torch = plan(api, body(framework="torch"))["step"]["compute_s"]  # eager: its own loss, the flag not read
     assert plan(api, body({"cross_entropy_fusion": False}, framework="torch"))["step"]["compute_s"] == torch
+
+
+MOE_MXFP8 = {
+    "model": {"preset": "qwen3-30b-a3b"},
+    "workload": {
+        "kind": "training",
+        "micro_batch_size": 1,
+        "global_batch_size": 64,
+        "seq_length": 4096,
+        "activation_dtype": "fp8",
+        "fp8_recipe": "mxfp8",
+    },
+    "parallel": {"dp": 8, "ep": 8},
+    "cluster": {"preset": "dgx-b200", "num_nodes": 1},
+    "options": {"timeline": False},
+}
+
+
+def test_the_fused_grouped_mlp_over_http(api):
+    """workload.fused_grouped_mlp (TE's CuTe MXFP8 grouped MLP of the Megatron-Bridge 26.08 recipes): the routed
+    experts as grouped kernels without the per-expert launches, the count sync, the fp8 padding and the activation
+    kernel; the step's compute is exactly the planner's with the switch (planner/kernels.py FUSED_GROUPED_MLP)."""
+    from planner.kernels import layer_kernels
+
+    answer = plan(api, MOE_MXFP8)
+    per = answer["step"]["compute_s"]
+    b = copy.deepcopy(MOE_MXFP8)
+    b["workload"]["fused_grouped_mlp"] = True
+    fused_answer = plan(api, b)
+    fused = fused_answer["step"]["compute_s"]
+    assert fused < per
+    listed = [{r["field"]: r["value"] for r in a["assumptions"]}.get("workload.fused_grouped_mlp")
+              for a in (answer, fused_answer)]  # fmt: skip
+    assert listed == ["off", "on"]
+    works = [WorkloadSpec(**(MOE_MXFP8["workload"] | {"fused_grouped_mlp": f})) for f in (False, True)]
+    qwen3, b200 = model_preset("qwen3-30b-a3b"), GPUS["b200-180gb"]
+    layers = [layer_kernels(Context(qwen3, w, ParallelSpec(dp=8, ep=8)), True, b200) for w in works]
+    per_layer = [sum(k.time_s for k in lk.forward + lk.backward) for lk in layers]
+    # 48 MoE layers, 8 micro-batches a step (64 / dp 8): the step's compute moves by the layers' difference
+    assert per - fused == pytest.approx(48 * 8 * (per_layer[0] - per_layer[1]), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("workload", "says"),
+    [
+        ({"fp8_recipe": "tensorwise"}, "MXFP8 only"),
+        ({"kind": "inference", "batch_size": 8}, "training workload"),
+    ],
+)
+def test_the_fused_grouped_mlp_elsewhere_is_a_422_naming_it(api, workload, says):
+    b = copy.deepcopy(MOE_MXFP8)
+    b["workload"] |= {"fused_grouped_mlp": True} | workload
+    if workload.get("kind") == "inference":
+        for name in ("micro_batch_size", "global_batch_size"):
+            b["workload"].pop(name)
+    field, msg = error(api, b)
+    assert field == "workload.fused_grouped_mlp" and says in msg

@@ -44,16 +44,19 @@ TOLERANCE |= dict.fromkeys(("Megatron-Core GPT 1.7B, 48 H100", "Megatron-Core GP
 # misses, each held to its recorded error +-3 points so that a change to the model that moves one shows here (and
 # rewrites docs/step-time.md "MoE and Blackwell runs"); what each miss is and is not is read there by mechanism.
 KNOWN_MISSES = {
-    "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": -0.620,
+    # moe8: TE quantizes each expert's split with its own launches (current scaling: amax, scale, cast) and
+    # Megatron pads the dropless experts' rows for fp8 (planner/kernels.py expert_quantize_launches,
+    # FP8_EXPERT_PADDING): -62.0% -> -56.6%, -57.6% -> -52.1%, -31.6% -> -24.9%, -27.6% -> -24.4%, -26.8% -> -24.3%
+    "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": -0.566,
     "Megatron-Bridge GPT-OSS-120B BF16, 64 H100": -0.245,
-    "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 B200": -0.576,
+    "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 B200": -0.521,
     "Megatron-Bridge GPT-OSS-120B BF16, 64 B200": -0.557,
-    "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 GB200": -0.316,
+    "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 GB200": -0.249,
     "Megatron-Bridge GPT-OSS-120B BF16, 64 GB200": -0.341,
-    "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.276,
+    "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.244,
     # -31.0% -> -26.8% (mtp6): the MTP module's norms and eh_proj on its rank and the shared output layer and
     # cross-entropy once more on the loss's (compute.stage_pass_compute; Megatron-LM d98e8a6 process_mtp_loss)
-    "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.268,
+    "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.243,
     # torchtitan's own H100 runs (titan, held out, entered as published: docs/step-time.md "Torch-native runs"),
     # every one too fast; recorded after FSDP2's compute-stream copies and pass-end gathers / reduce-scatters and
     # async TP's unfused backward reduce-scatters
