@@ -35,6 +35,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 from ._errors import SpecError
 from .context import Context
 from .recipes import recipe_of
+from .workload import WEIGHT_FORMAT_BYTES
 
 
 @dataclass(frozen=True)
@@ -237,15 +238,17 @@ SPLIT_K_MIN = 1024
 # Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
 # per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
 # activation_dtype fp8 without a recipe is TE's default, delayed per-tensor scaling.
-_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "w4a16_mxfp4": "bf16"}
+_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 # Weight-only formats: the GEMM's weight operand read in the stored format, dequantized to bf16 in the kernel, the
 # math on the bf16 tensor cores at bf16's ceiling (an assumption: no measured Marlin / Triton MXFP4 MoE table at
 # hand). MXFP4 experts (workload.EXPERT_WEIGHT_FORMATS): vLLM's default backends (quantization/mxfp4.py at
 # 007d50058a06 get_mxfp4_backend: Triton's matmul_ogs or Marlin on Hopper, FlashInfer's SM100_FI_MXFP4_BF16 on
 # Blackwell; the MXFP8-activation paths are opt-in env flags) all take bf16 activations (mxfp4_w4a16_moe_quant_config).
+# The one home of "a weight-only GEMM computes in bf16": its math dtype (peak, clock, ceiling, activation operand).
+_WEIGHT_ONLY_MATH = {"w4a16_mxfp4": "bf16"}
 EXPERT_GEMM_DTYPE = {"mxfp4": "w4a16_mxfp4"}
-_WEIGHT_OPERAND_BYTES = {"w4a16_mxfp4": 0.5 + 1 / 32}  # E2M1 + one E8M0 scale per 32 (workload.WEIGHT_FORMAT_BYTES)
-_CEILING_DTYPE = {"w4a16_mxfp4": "bf16"}
+# the (k x n) weight operand's stored bytes: the format's own (E2M1 + one E8M0 scale per 32: WEIGHT_FORMAT_BYTES)
+_WEIGHT_OPERAND_BYTES = {gemm: WEIGHT_FORMAT_BYTES[fmt] for fmt, gemm in EXPERT_GEMM_DTYPE.items()}
 # A weight-only kernel tiles the batch in 16-row blocks (Marlin: vLLM csrc/quantization/gptq_marlin/gptq_marlin.cu,
 # ``thread_m_blocks``: "number of 16x16 blocks in the m dimension (batchsize) of the threadblock", 1-4), so a
 # decode batch of a few rows pays 16 rows of math, not a 128-row tile's: its GEMVs stay bound by the weight bytes
@@ -448,9 +451,15 @@ def gemm_dtype(ctx: Context) -> str:
     return "bf16" if ctx.x <= 2 else "fp32"
 
 
+def math_dtype(dtype: str) -> str:
+    """The dtype a GEMM's tensor cores compute in: a weight-only format's math dtype (_WEIGHT_ONLY_MATH), else
+    ``dtype`` itself."""
+    return _WEIGHT_ONLY_MATH.get(dtype, dtype)
+
+
 def operand_bytes(dtype: str) -> float:
-    """Bytes of one element of a GEMM's activation operand (a weight-only format's: bf16)."""
-    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5, "w4a16_mxfp4": 2.0}.get(dtype, 1.0)
+    """Bytes of one element of a GEMM's activation operand (a weight-only format's: its math dtype's)."""
+    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5}.get(math_dtype(dtype), 1.0)
 
 
 def cast_bytes_per_element(ctx: Context) -> float:
@@ -462,7 +471,7 @@ def cast_bytes_per_element(ctx: Context) -> float:
 
 def dense_peak(gpu: GPUSpec, dtype: str) -> float:
     """Datasheet dense FLOP/s of a GEMM dtype at the configured power limit's sustained clock."""
-    peak_dtype = _PEAK_DTYPE.get(dtype, dtype)
+    peak_dtype = _PEAK_DTYPE.get(dtype, math_dtype(dtype))
     if peak_dtype == "fp8" and not gpu.peak_tflops.get("fp8"):
         peak_dtype = "bf16"  # no fp8 tensor cores: the GEMM runs in bf16
     return gpu.peak(peak_dtype) * clock_fraction(gpu, dtype)
@@ -482,7 +491,7 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
-    dtype = _CEILING_DTYPE.get(dtype, dtype)  # a weight-only GEMM's math dtype: a fitted bf16 ceiling is its too
+    dtype = math_dtype(dtype)  # a weight-only GEMM's math dtype: a fitted bf16 ceiling is its too
     for name, ceiling in eff.gemm_ceilings:
         if name == dtype:
             return ceiling
