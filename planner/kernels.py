@@ -1199,17 +1199,24 @@ def causal_keys(s: int, window: int | None) -> float:
     return (window * (window + 1) / 2 + (s - window) * window) / s
 
 
-def attended_keys(ctx: Context) -> float:
-    """Mean keys per query over the model's layers (the layer mix, not per layer: one kernel model): each
-    layer's window is the model's (ModelSpec.attention_window); a decode query sees the cache up to it
-    (ModelSpec.attended_keys), a causal pass causal_keys."""
+def layer_keys(ctx: Context) -> tuple[float, ...]:
+    """Mean keys per query of each layer: its window is the model's (ModelSpec.attention_window); a decode query
+    (kv_length != s: one token or several, as speculative decoding's) sees the cache up to it
+    (ModelSpec.attended_keys), a causal pass causal_keys. The one per-layer weighting attended_keys and
+    layer_mix_keys share."""
     mdl, s_kv = ctx.model, kv_length(ctx)
-    decode = s_kv != ctx.s
-    if not mdl.sliding_window:
-        return s_kv if decode else (s_kv + 1) / 2
-    if decode:
-        return sum(mdl.attended_keys(i, s_kv) for i in range(mdl.num_layers)) / mdl.num_layers
-    return sum(causal_keys(s_kv, mdl.attention_window(i)) for i in range(mdl.num_layers)) / mdl.num_layers
+    if s_kv != ctx.s:
+        return tuple(float(mdl.attended_keys(i, s_kv)) for i in range(mdl.num_layers))
+    return tuple(causal_keys(s_kv, mdl.attention_window(i)) for i in range(mdl.num_layers))
+
+
+def attended_keys(ctx: Context) -> float:
+    """Mean keys per query over the model's layers (the layer mix, not per layer: one kernel model): the mean
+    of layer_keys."""
+    mdl, s_kv = ctx.model, kv_length(ctx)
+    if not mdl.sliding_window:  # every layer alike: layer_keys' value without the walk
+        return s_kv if s_kv != ctx.s else (s_kv + 1) / 2
+    return sum(layer_keys(ctx)) / mdl.num_layers
 
 
 def attention_flops(ctx: Context) -> float:
@@ -1277,11 +1284,10 @@ def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
     (``full_attention_interval``) over s_kv. GPT-OSS alternates a 128-token window with full attention: at 4k tokens
     its full layers run at 0.8 of the ceiling and its windowed ones at 0.11, not all of them at 0.11 (the one
     window applied to every layer's term, as before, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
-    mdl, s_full = ctx.model, kv_length(ctx)
+    mdl = ctx.model
     keys = weighted = 0.0
-    for i in range(mdl.num_layers):
+    for i, mean in enumerate(layer_keys(ctx)):  # each layer weighed by its keys, as attended_keys weighs it
         window = mdl.attention_window(i)
-        mean = causal_keys(s_full, window)
         s_i = s_kv if window is None else min(s_kv, window)
         keys += mean
         weighted += mean * (s_i + s0) / s_i
