@@ -1131,7 +1131,9 @@ def routed_expert_kernels(
         memory["fp8_unpadding"] = (2 * x * h * R, 1, 1.0)
     if score_combine:
         fb, fn, bb, bn = score_combine
-        memory["combine_scores"] = (fb * R * h + x * h * tokens, fn + 1, (bb * R * h) / (fb * R * h + x * h * tokens))
+        forward = fb * R * h + x * h * tokens  # the score multiply's rows and the zeros_like of the tokens' output
+        # the backward reads bb·R·h: 0 on a rank with no rows (and then maybe no tokens: no 0/0)
+        memory["combine_scores"] = (forward, fn + 1, bb * R * h / forward if R else 0.0)
         score_counts = {"combine_scores": (fn + 1, bn)}
     else:
         score_counts = {}

@@ -175,6 +175,27 @@ def test_the_layer_mix_weighs_each_layer_by_the_keys_attended_keys_counts():
     assert layer_keys(prefill)[:2] == (causal_keys(4096, 128), causal_keys(4096, None))
 
 
+def test_the_score_combines_backward_bytes_on_an_idle_rank_are_zero():
+    """torchtitan's score combine (Flavour.moe_score_combine, bytes per element of the R x h rows forward 20,
+    backward 36): its backward reads 36·R·h bytes, however the forward's zeros_like of the tokens adds; a rank
+    with no rows and no tokens (R 0, tokens 0) has a backward of 0 bytes, not 0/0 (a ZeroDivisionError, a 500)."""
+    from planner.flavours.torch import FLAVOUR as TORCH
+    from planner.kernels import EAGER, routed_expert_kernels
+
+    def combine(tokens, rows):
+        fwd, bwd = routed_expert_kernels(
+            tokens, rows, 8, 4096, 1536, True, "bf16", 2, EAGER, H100, score_combine=TORCH.moe_score_combine
+        )
+        named = {k.name: k for k in fwd + bwd}
+        return named["combine_scores"], named["combine_scores.bwd"]
+
+    fwd, bwd = combine(1024.0, 128.0)
+    assert fwd.bytes == 20 * 128 * 8 * 4096 + 2 * 4096 * 1024
+    assert bwd.bytes == pytest.approx(36 * 128 * 8 * 4096, rel=1e-12)
+    fwd, bwd = combine(0.0, 0.0)
+    assert fwd.bytes == bwd.bytes == 0
+
+
 def test_expert_rows_take_the_busiest_rank():
     """Dropless top-k routing, ep = 8: a rank's mean R = T·k copies; the busiest carries R + sqrt(2·ln 8·R), plus
     the hottest expert's measured excess over its mean R/16: MaxVio_global 0.52 under Megatron's default auxiliary
