@@ -1229,7 +1229,13 @@ def attention_flops(ctx: Context) -> float:
         qk, v = mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim, mdl.mla.v_head_dim
     else:
         qk = v = mdl.head_size
-    return 2.0 * ctx.b * ctx.s_cp * attended_keys(ctx) * heads * (qk + v)
+    return core_attention_flops(ctx.b, ctx.s_cp, attended_keys(ctx), heads, qk, v)
+
+
+def core_attention_flops(b: float, queries: float, keys: float, heads: float, qk: int, v: int) -> float:
+    """Forward FLOPs of core attention: QKᵀ (2·qk) and PV (2·v) per query, key and head over ``keys`` mean
+    attended keys per query (the one home of the count: attention_flops, trace_fit.attention_points)."""
+    return 2.0 * b * queries * keys * heads * (qk + v)
 
 
 def attention_ceiling(kernel: str, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float]:
@@ -1351,6 +1357,7 @@ __all__ = [
     "attention_flops",
     "check_kernel_options",
     "clock_fraction",
+    "core_attention_flops",
     "cross_entropy_fusion",
     "efficiency",
     "gemm_time",
