@@ -167,7 +167,10 @@ class ServeOut(Out):
     tpot_s: float
     fits: bool
     request_rate: float
-    bottleneck: str
+    bottleneck: str = Field(
+        description="what limits request_rate: prefill | decode (a pool, or the worker's time and KV cache), or "
+        "concurrency (a closed loop whose load is below what the pools serve: more requests would serve more)"
+    )
     throughput: ThroughputOut
     kv_cache: KVCacheOut
     pools: list[PoolOut]

@@ -60,6 +60,8 @@ def test_disaggregated_ttft_over_http_never_falls_as_concurrency_grows(api):
     assert ttfts == sorted(ttfts), ttfts
     assert answers[1]["pools"][0]["batch"] == 32 and answers[512]["pools"][0]["batch"] == 128
     assert answers[1]["ttft_s"] < answers[512]["pools"][0]["step_s"] / 2
+    # the load binds up to 256 (below what the pools serve), the prefill pool at 512 (review: it said prefill)
+    assert [answers[c]["bottleneck"] for c in sorted(answers)] == ["concurrency"] * 3 + ["prefill"]
 
 
 def test_deepep_dispatch_over_http(api):
