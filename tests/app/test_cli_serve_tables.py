@@ -76,6 +76,13 @@ def test_pools_are_named_as_the_page_names_them():
     assert _pool_name(dense) == "prefill 4× TP2"
     assert _pool_name(moe) == "decode 1× DP64 EP64 attention-DP"
     assert _pool_name({"role": "both", "workers": 8, "tp": 1}) == "both 8× TP1"
+    # the serving search's sentences name a pool the same way (planner/words.py pool_name): it wrote "both 8×"
+    from planner.serving import Pool
+    from planner.serving.search import _label
+
+    assert _label(Pool(workers=8)) == "both 8× TP1"
+    assert _label(Pool("decode", dp=64, ep=64, attention_dp=True)) == _pool_name(moe)
+    assert _label(Pool("prefill", workers=4, tp=2)) == _pool_name(dense)
 
 
 def test_every_sweep_option_says_what_it_does(capsys):
