@@ -200,7 +200,7 @@ def _serve_plan(args) -> int:
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
             return WRITERS[args.format](model, cluster, traits, pools, options, args.model_path)
-        result = serve_dict(plan_serving(*inputs))
+        result = serve_dict(plan_serving(*inputs, checked=True))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 
     return _answer(args, produce)

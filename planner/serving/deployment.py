@@ -41,7 +41,7 @@ from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
-from ..recipes import RECIPES
+from ..recipes import check_recipe_gpu
 from ..rules.engine_step import dp_sync
 from ..workload import (
     DTYPE_BYTES,
@@ -131,20 +131,13 @@ def plan_serving(
     traffic: Traffic,
     pools: tuple[Pool, ...],
     options: ServeOptions | None = None,
+    checked: bool = False,
 ) -> ServePlan:
+    """The deployment planned. ``checked``: the caller has already run check_deployment on these very inputs
+    (the service's cost guard does, through worker_inputs), so its rules are not run a second time."""
     options = options or ServeOptions()
-    validate_serving(traffic, pools, options)
-    if cluster.gpu is None:
-        raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
-    check_weight_format(options.weight_dtype, cluster.gpu, model)
-    used = sum(p.gpus for p in pools)
-    if used > cluster.num_devices:
-        raise SpecError(
-            "deployment.pools",
-            f"the pools use {' + '.join(f'{p.workers}x{p.worker_gpus}' for p in pools)} = {used} GPUs; the cluster "
-            f"has {cluster.num_devices}",
-        )
-    _check_engine_options(model, traits, pools, options)
+    if not checked:
+        check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
     tps = options.mtp.tokens_per_step if options.mtp else 1.0
@@ -160,6 +153,24 @@ def plan_serving(
         )  # fmt: skip
     result.cluster = cluster_summary(cluster_for(cluster))
     return result
+
+
+def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
+    """Every rule a deployment must meet before it is planned or estimated, each a 422 naming its field: the
+    traffic, pools and options (spec.validate_serving), a GPU spec, the weight format on that GPU
+    (check_weight_format), the pools within the cluster, the engine's options."""
+    validate_serving(traffic, pools, options)
+    if cluster.gpu is None:
+        raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
+    check_weight_format(options.weight_dtype, cluster.gpu, model)
+    used = sum(p.gpus for p in pools)
+    if used > cluster.num_devices:
+        raise SpecError(
+            "deployment.pools",
+            f"the pools use {' + '.join(f'{p.workers}x{p.worker_gpus}' for p in pools)} = {used} GPUs; the cluster "
+            f"has {cluster.num_devices}",
+        )
+    _check_engine_options(model, traits, pools, options)
 
 
 def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
@@ -259,11 +270,9 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
     """(role, workload, parallel, cluster, plans) of every pool's worker as plan_serving plans it: what the
-    cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans)."""
-    validate_serving(traffic, pools, options)
-    _check_engine_options(model, traits, pools, options)
-    if cluster.gpu is not None:
-        check_weight_format(options.weight_dtype, cluster.gpu, model)
+    cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans), after
+    check_deployment: plan_serving(..., checked=True) then plans them without checking again."""
+    check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
     # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
@@ -317,13 +326,8 @@ def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None) -> None
                 f"unquantized); model {model.name!r} has no experts: use bf16, fp8 or nvfp4",
             )
         return
-    need = RECIPES[recipe].min_sm
-    if gpu.sm < need or not gpu.peak_tflops.get("fp4"):
-        raise SpecError(
-            "options.weight_dtype",
-            f"{dtype} weights need fp4 tensor cores (compute capability >= {need / 10:.1f}, a dense fp4 peak); GPU "
-            f"{gpu.name!r} is sm{gpu.sm} with fp4 peak {gpu.peak_tflops.get('fp4', 0)} TFLOP/s: use fp8 or bf16",
-        )
+    # the recipe's own rule (the GPU's compute capability against the recipe's), where training checks it
+    check_recipe_gpu(recipe, gpu, "options.weight_dtype", f"{dtype} weights need", ": use fp8 or bf16")
 
 
 def _gemm_recipe(options: ServeOptions) -> str | None:
@@ -750,6 +754,7 @@ __all__ = [
     "KVTransfer",
     "PoolResult",
     "ServePlan",
+    "check_deployment",
     "kv_capacity",
     "kv_transfer",
     "plan_serving",

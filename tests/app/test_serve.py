@@ -468,3 +468,25 @@ def test_vllm_and_sglang_custom_all_reduce_over_http(api):
             if algorithm.endswith("oneshot"):
                 assert row["bytes_sent_per_rank"] == 7 * row["message_bytes"]
                 assert "custom_all_reduce.py" in row["source"]
+
+
+def test_a_deployments_rules_run_once_per_request(api, monkeypatch):
+    """The cost guard (worker_inputs) and plan_serving each ran the weight-format rule, twice per /v1/serve
+    (review): the guard runs deployment.check_deployment and the route plans with checked=True. The rule itself is
+    recipes.check_recipe_gpu's (one home with training's workload.fp8_recipe): nvfp4 on H100 is a 422 at
+    options.weight_dtype naming compute capability 10.0."""
+    import planner.serving.deployment as deployment
+
+    calls = []
+    real = deployment.check_weight_format
+    monkeypatch.setattr(deployment, "check_weight_format", lambda *a: calls.append(a) or real(*a))
+    r = api.post("/v1/serve", json=LLAMA)
+    assert r.status_code == 200, r.text
+    assert len(calls) == 1  # was 2
+    r = api.post("/v1/serve", json={**LLAMA, "options": {**LLAMA.get("options", {}), "weight_dtype": "nvfp4"}})
+    assert r.status_code == 422
+    (err,) = r.json()["detail"]
+    assert err["loc"][-2:] == ["options", "weight_dtype"] or ".".join(map(str, err["loc"])).endswith(
+        "options.weight_dtype"
+    ), err
+    assert "nvfp4 weights need compute capability >= 10.0" in err["msg"] and err["msg"].endswith("use fp8 or bf16")
