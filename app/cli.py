@@ -21,6 +21,25 @@ def _bad_input() -> tuple[type[Exception], ...]:
     return ValidationError, SpecError, CollectiveError
 
 
+class _ServeFormats:
+    """serve-plan's --format choices: table, json and the serving exports' registry (planner/serving/launch.py
+    EXPORTS), read when argparse first asks (a parse, or serve-plan's own help: the metavar keeps add_argument
+    from listing them), so that `commplan --help` loads no planner."""
+
+    HELP = "%(choices)s: table (default), json, or an export the engines or Dynamo read (docs/serving.md)"
+
+    def _all(self) -> tuple[str, ...]:
+        from planner.serving.launch import EXPORTS
+
+        return ("table", "json", *EXPORTS)
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __contains__(self, value) -> bool:
+        return value in self._all()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="commplan", description=__doc__)
@@ -80,11 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
-    dep.add_argument(
-        "--format", choices=("table", "json", "launch", "dynamo"), default="table",
-        help="launch: the engines' launch script; dynamo: a DynamoGraphDeployment manifest (vLLM, SGLang)",
-    )  # fmt: skip
-    dep.add_argument("--model-path", default="", help="launch, dynamo: what the engine loads (default: its name)")
+    dep.add_argument("--format", choices=_ServeFormats(), default="table", metavar="FORMAT", help=_ServeFormats.HELP)
+    dep.add_argument("--model-path", default="", help="an export's model: what the engine loads (default: its name)")
     dse = sub.add_parser(
         "serve-search", help="the best serving deployments under an SLA (FILE.json: the body of POST /v1/serve/search)"
     )
@@ -187,7 +203,7 @@ def _answer(args, produce) -> int:
 def _serve_plan(args) -> int:
     from planner import SpecError
     from planner.serving import plan_serving
-    from planner.serving.launch import WRITERS
+    from planner.serving.launch import EXPORTS
 
     from .convert import serve_inputs
     from .schemas.serve import ServeRequest
@@ -195,11 +211,11 @@ def _serve_plan(args) -> int:
 
     def produce(text: str, settings) -> str:
         inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), settings)
-        if args.format in WRITERS:
+        if args.format in EXPORTS:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
-            return WRITERS[args.format](model, cluster, traits, pools, options, args.model_path)
+            return EXPORTS[args.format].write(model, cluster, traits, pools, options, args.model_path)
         result = serve_dict(plan_serving(*inputs, checked=True))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 

@@ -129,7 +129,7 @@ def test_sglang_launch_of_a_worker_over_several_nodes_names_its_node_count(api):
 
 def test_serve_plan_writes_the_dynamo_manifest_the_export_route_writes(api, capsys):
     """`commplan serve-plan --format dynamo` and POST /v1/serve/export?format=dynamo share one writer table
-    (planner/serving/launch.WRITERS): the same bytes, and YAML whose services are the deployment's pools."""
+    (planner/serving/launch.EXPORTS): the same bytes, and YAML whose services are the deployment's pools."""
     import yaml
 
     path = ROOT / "examples/serve-deepseek-v3-disagg.json"

@@ -490,3 +490,25 @@ def test_a_deployments_rules_run_once_per_request(api, monkeypatch):
         "options.weight_dtype"
     ), err
     assert "nvfp4 weights need compute capability >= 10.0" in err["msg"] and err["msg"].endswith("use fp8 or bf16")
+
+
+def test_serving_exports_are_one_registry(api):
+    """The serving exports were listed in four places (launch.WRITERS, the route's _EXPORTS, ServeExportFormat,
+    the CLI's choices: review); now planner/serving/launch.py EXPORTS, which the route (its query's values, media
+    type and file name), the CLI's --format and the docs read."""
+    from app.cli import _ServeFormats
+    from planner.serving.launch import EXPORTS
+
+    spec = api.get("/openapi.json").json()["paths"]["/v1/serve/export"]["post"]
+    (param,) = [p for p in spec["parameters"] if p["name"] == "format"]
+    assert param["schema"]["enum"] == list(EXPORTS) and set(EXPORTS) == {"launch", "dynamo"}
+    assert {f.media_type for f in EXPORTS.values()} <= set(spec["responses"]["200"]["content"])
+    assert tuple(_ServeFormats()) == ("table", "json", *EXPORTS) and "dynamo" in _ServeFormats()
+    body = {**LLAMA, "engine": "vllm"}
+    for name, export in EXPORTS.items():
+        r = api.post(f"/v1/serve/export?format={name}", json=body)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith(export.media_type)
+        assert r.headers["content-disposition"] == f'attachment; filename="serve-vllm{export.suffix}"'
+    docs = (ROOT / "docs/serving.md").read_text() + (ROOT / "docs/CONTRACT.md").read_text()
+    assert all(f"format={name}" in docs or f"--format {name}" in docs for name in EXPORTS)
