@@ -21,17 +21,19 @@ def _bad_input() -> tuple[type[Exception], ...]:
     return ValidationError, SpecError, CollectiveError
 
 
-class _ServeFormats:
-    """serve-plan's --format choices: table, json and the serving exports' registry (planner/serving/launch.py
-    EXPORTS), read when argparse first asks (a parse, or serve-plan's own help: the metavar keeps add_argument
-    from listing them), so that `commplan --help` loads no planner."""
+class _Formats:
+    """A --format's choices: the CLI's own (``fixed``) and an export registry's names (``registry``, "module:NAME"),
+    read when argparse first asks (a parse, or the subcommand's own help: the metavar keeps add_argument from
+    listing them), so that `commplan --help` loads no planner."""
 
-    HELP = "%(choices)s: table (default), json, or an export the engines or Dynamo read (docs/serving.md)"
+    def __init__(self, fixed: tuple[str, ...], registry: str):
+        self.fixed, self.registry = fixed, registry
 
     def _all(self) -> tuple[str, ...]:
-        from planner.serving.launch import EXPORTS
+        import importlib
 
-        return ("table", "json", *EXPORTS)
+        module, name = self.registry.split(":")
+        return (*self.fixed, *getattr(importlib.import_module(module), name))
 
     def __iter__(self):
         return iter(self._all())
@@ -40,16 +42,22 @@ class _ServeFormats:
         return value in self._all()
 
 
+PLAN_FORMATS = _Formats(("table",), "planner.exports:PLAN_EXPORTS")  # docs/exports.md
+SERVE_FORMATS = _Formats(("table", "json"), "planner.serving.launch:EXPORTS")  # docs/serving.md, Launch commands
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="commplan", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
-    formats = ("table", "json", "csv", "nccl-tests", "simai", "aicb", "trace", "chakra")
-    plan.add_argument("--format", choices=formats, default="table")
     plan.add_argument(
-        "--stage", type=int, default=0, help="simai, aicb, chakra: the pipeline stage whose rank to write"
+        "--format", choices=PLAN_FORMATS, default="table", metavar="FORMAT",
+        help="%(choices)s: table (default) or an export other tools read (docs/exports.md)",
+    )  # fmt: skip
+    plan.add_argument(
+        "--stage", type=int, default=0, help="an export of one rank (docs/exports.md): the pipeline stage of that rank"
     )
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
     find = sub.add_parser(
@@ -99,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
-    dep.add_argument("--format", choices=_ServeFormats(), default="table", metavar="FORMAT", help=_ServeFormats.HELP)
+    dep.add_argument(
+        "--format", choices=SERVE_FORMATS, default="table", metavar="FORMAT",
+        help="%(choices)s: table (default), json, or an export the engines or Dynamo read (docs/serving.md)",
+    )  # fmt: skip
     dep.add_argument("--model-path", default="", help="an export's model: what the engine loads (default: its name)")
     dse = sub.add_parser(
         "serve-search", help="the best serving deployments under an SLA (FILE.json: the body of POST /v1/serve/search)"
@@ -159,6 +170,8 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
+    from planner.exports import PLAN_EXPORTS
+
     from .inputs import plan_of
     from .schemas.plan import PlanRequest
     from .serialize import export_bytes, plan_dict
@@ -168,9 +181,8 @@ def _plan(args) -> int:
         if args.format in ("table", "json"):
             result = plan_dict(plan)
             return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        if args.format == "chakra":  # binary: written as it is
-            return export_bytes(plan, args.format, args.stage, args.launcher)
-        return export_bytes(plan, args.format, args.stage, args.launcher).decode()
+        out = export_bytes(plan, args.format, args.stage, args.launcher)
+        return out if PLAN_EXPORTS[args.format].body == "binary" else out.decode()  # binary: written as it is
 
     return _answer(args, produce)
 

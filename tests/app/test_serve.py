@@ -496,14 +496,14 @@ def test_serving_exports_are_one_registry(api):
     """The serving exports were listed in four places (launch.WRITERS, the route's _EXPORTS, ServeExportFormat,
     the CLI's choices: review); now planner/serving/launch.py EXPORTS, which the route (its query's values, media
     type and file name), the CLI's --format and the docs read."""
-    from app.cli import _ServeFormats
+    from app.cli import SERVE_FORMATS
     from planner.serving.launch import EXPORTS
 
     spec = api.get("/openapi.json").json()["paths"]["/v1/serve/export"]["post"]
     (param,) = [p for p in spec["parameters"] if p["name"] == "format"]
     assert param["schema"]["enum"] == list(EXPORTS) and set(EXPORTS) == {"launch", "dynamo"}
     assert {f.media_type for f in EXPORTS.values()} <= set(spec["responses"]["200"]["content"])
-    assert tuple(_ServeFormats()) == ("table", "json", *EXPORTS) and "dynamo" in _ServeFormats()
+    assert tuple(SERVE_FORMATS) == ("table", "json", *EXPORTS) and "dynamo" in SERVE_FORMATS
     body = {**LLAMA, "engine": "vllm"}
     for name, export in EXPORTS.items():
         r = api.post(f"/v1/serve/export?format={name}", json=body)
