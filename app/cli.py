@@ -41,6 +41,11 @@ class _Formats:
     def __contains__(self, value) -> bool:
         return value in self._all()
 
+    def option(self, parser, what: str) -> None:
+        """The subcommand's --format: these choices, table by default; ``what`` says what the others are."""
+        help_ = f"%(choices)s: table (default), {what}"
+        parser.add_argument("--format", choices=self, default="table", metavar="FORMAT", help=help_)
+
 
 PLAN_FORMATS = _Formats(("table",), "planner.exports:PLAN_EXPORTS")  # docs/exports.md
 SERVE_FORMATS = _Formats(("table", "json"), "planner.serving.launch:EXPORTS")  # docs/serving.md, Launch commands
@@ -52,10 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
-    plan.add_argument(
-        "--format", choices=PLAN_FORMATS, default="table", metavar="FORMAT",
-        help="%(choices)s: table (default) or an export other tools read (docs/exports.md)",
-    )  # fmt: skip
+    PLAN_FORMATS.option(plan, "or an export other tools read (docs/exports.md)")
     plan.add_argument(
         "--stage", type=int, default=0, help="an export of one rank (docs/exports.md): the pipeline stage of that rank"
     )
@@ -107,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
-    dep.add_argument(
-        "--format", choices=SERVE_FORMATS, default="table", metavar="FORMAT",
-        help="%(choices)s: table (default), json, or an export the engines or Dynamo read (docs/serving.md)",
-    )  # fmt: skip
+    SERVE_FORMATS.option(dep, "json, or an export the engines or Dynamo read (docs/serving.md)")
     dep.add_argument("--model-path", default="", help="an export's model: what the engine loads (default: its name)")
     dse = sub.add_parser(
         "serve-search", help="the best serving deployments under an SLA (FILE.json: the body of POST /v1/serve/search)"
