@@ -284,11 +284,7 @@ def _serve_search_table(result: dict) -> str:
     for point in result["pareto"]:
         pools = " + ".join(_pool_name(p) for p in point["request"]["deployment"]["pools"])
         traffic = point["request"]["traffic"]
-        load = (
-            f"concurrency {traffic['concurrency']:,}"
-            if traffic.get("concurrency") is not None
-            else f"{_words().sig3(traffic['request_rate'])} requests/s"
-        )
+        load = _words().load_name(traffic.get("concurrency"), traffic.get("request_rate"))
         line = _deployment_line(
             "    ", point, pools, point["output_tokens_per_s_per_gpu"], point["tokens_per_s_per_user"],
             point["ttft_s"], point["tpot_s"],

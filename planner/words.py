@@ -74,6 +74,11 @@ def duration(s: float | None) -> str:
     return "unbounded" if s is None else human_seconds(s)
 
 
+def load_name(concurrency: int | None, request_rate: float | None) -> str:
+    """A serving load as a person reads it: "concurrency 2,048" or "2.50 requests/s"."""
+    return f"concurrency {concurrency:,}" if concurrency is not None else f"{sig3(request_rate)} requests/s"
+
+
 POOL_DIMS = ("tp", "pp", "dp", "ep")
 
 
@@ -92,6 +97,7 @@ __all__ = [
     "human_percent",
     "human_rate",
     "human_seconds",
+    "load_name",
     "pool_name",
     "sig3",
 ]

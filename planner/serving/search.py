@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from .. import deadline
 from .._errors import SpecError
 from ..model import ModelSpec
-from ..words import POOL_DIMS, duration, pool_name
+from ..words import POOL_DIMS, duration, load_name, pool_name
 from ..workload import WEIGHT_FORMAT_BYTES
 from .deployment import ServePlan, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
@@ -263,7 +263,7 @@ def _miss(at_load: list[Candidate], front: list[Candidate]) -> str:
 
 
 def _load(t: Traffic) -> str:
-    return f"concurrency {t.concurrency:,}" if t.concurrency is not None else f"{t.request_rate:g} requests/s"
+    return load_name(t.concurrency, t.request_rate)  # as the CLI writes it (planner/words.py)
 
 
 def _deployment(c: Candidate, sep: str = " ") -> str:

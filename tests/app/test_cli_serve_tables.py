@@ -83,6 +83,12 @@ def test_pools_are_named_as_the_page_names_them():
     assert _label(Pool(workers=8)) == "both 8× TP1"
     assert _label(Pool("decode", dp=64, ep=64, attention_dp=True)) == _pool_name(moe)
     assert _label(Pool("prefill", workers=4, tp=2)) == _pool_name(dense)
+    # and a load as the CLI writes it (the search wrote "2.5 requests/s" where the CLI wrote "2.50 requests/s")
+    from planner.serving import Traffic
+    from planner.serving.search import _load
+
+    assert _load(Traffic(100, 10, request_rate=2.5)) == "2.50 requests/s"
+    assert _load(Traffic(100, 10, concurrency=2048)) == "concurrency 2,048"
 
 
 def test_every_sweep_option_says_what_it_does(capsys):
