@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -22,16 +21,45 @@ def _bad_input() -> tuple[type[Exception], ...]:
     return ValidationError, SpecError, CollectiveError
 
 
+class _Formats:
+    """A --format's choices: the CLI's own (``fixed``) and an export registry's names (``registry``, "module:NAME"),
+    read when argparse first asks (a parse, or the subcommand's own help: the metavar keeps add_argument from
+    listing them), so that `commplan --help` loads no planner."""
+
+    def __init__(self, fixed: tuple[str, ...], registry: str):
+        self.fixed, self.registry = fixed, registry
+
+    def _all(self) -> tuple[str, ...]:
+        import importlib
+
+        module, name = self.registry.split(":")
+        return (*self.fixed, *getattr(importlib.import_module(module), name))
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __contains__(self, value) -> bool:
+        return value in self._all()
+
+    def option(self, parser, what: str) -> None:
+        """The subcommand's --format: these choices, table by default; ``what`` says what the others are."""
+        help_ = f"%(choices)s: table (default), {what}"
+        parser.add_argument("--format", choices=self, default="table", metavar="FORMAT", help=help_)
+
+
+PLAN_FORMATS = _Formats(("table",), "planner.exports:PLAN_EXPORTS")  # docs/exports.md
+SERVE_FORMATS = _Formats(("table", "json"), "planner.serving.launch:EXPORTS")  # docs/serving.md, Launch commands
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="commplan", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan the request in FILE.json (the body of POST /v1/plan)")
     plan.add_argument("file", help="path to a JSON plan request, or - for standard input")
-    formats = ("table", "json", "csv", "nccl-tests", "simai", "aicb", "trace", "chakra")
-    plan.add_argument("--format", choices=formats, default="table")
+    PLAN_FORMATS.option(plan, "or an export other tools read (docs/exports.md)")
     plan.add_argument(
-        "--stage", type=int, default=0, help="simai, aicb, chakra: the pipeline stage whose rank to write"
+        "--stage", type=int, default=0, help="an export of one rank (docs/exports.md): the pipeline stage of that rank"
     )
     plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
     find = sub.add_parser(
@@ -81,11 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--format", choices=("table", "json"), default="table")
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
-    dep.add_argument(
-        "--format", choices=("table", "json", "launch", "dynamo"), default="table",
-        help="launch: the engines' launch script; dynamo: a DynamoGraphDeployment manifest (vLLM, SGLang)",
-    )  # fmt: skip
-    dep.add_argument("--model-path", default="", help="launch, dynamo: what the engine loads (default: its name)")
+    SERVE_FORMATS.option(dep, "json, or an export the engines or Dynamo read (docs/serving.md)")
+    dep.add_argument("--model-path", default="", help="an export's model: what the engine loads (default: its name)")
     dse = sub.add_parser(
         "serve-search", help="the best serving deployments under an SLA (FILE.json: the body of POST /v1/serve/search)"
     )
@@ -144,6 +169,8 @@ def _serve(args) -> int:
 
 
 def _plan(args) -> int:
+    from planner.exports import PLAN_EXPORTS
+
     from .inputs import plan_of
     from .schemas.plan import PlanRequest
     from .serialize import export_bytes, plan_dict
@@ -153,9 +180,8 @@ def _plan(args) -> int:
         if args.format in ("table", "json"):
             result = plan_dict(plan)
             return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
-        if args.format == "chakra":  # binary: written as it is
-            return export_bytes(plan, args.format, args.stage, args.launcher)
-        return export_bytes(plan, args.format, args.stage, args.launcher).decode()
+        out = export_bytes(plan, args.format, args.stage, args.launcher)
+        return out if PLAN_EXPORTS[args.format].body == "binary" else out.decode()  # binary: written as it is
 
     return _answer(args, produce)
 
@@ -188,7 +214,7 @@ def _answer(args, produce) -> int:
 def _serve_plan(args) -> int:
     from planner import SpecError
     from planner.serving import plan_serving
-    from planner.serving.launch import WRITERS
+    from planner.serving.launch import EXPORTS
 
     from .convert import serve_inputs
     from .schemas.serve import ServeRequest
@@ -196,12 +222,12 @@ def _serve_plan(args) -> int:
 
     def produce(text: str, settings) -> str:
         inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), settings)
-        if args.format in WRITERS:
+        if args.format in EXPORTS:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
-            return WRITERS[args.format](model, cluster, traits, pools, options, args.model_path)
-        result = serve_dict(plan_serving(*inputs))
+            return EXPORTS[args.format].write(model, cluster, traits, pools, options, args.model_path)
+        result = serve_dict(plan_serving(*inputs, checked=True))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 
     return _answer(args, produce)
@@ -258,11 +284,7 @@ def _serve_search_table(result: dict) -> str:
     for point in result["pareto"]:
         pools = " + ".join(_pool_name(p) for p in point["request"]["deployment"]["pools"])
         traffic = point["request"]["traffic"]
-        load = (
-            f"concurrency {traffic['concurrency']:,}"
-            if traffic.get("concurrency") is not None
-            else f"{_sig3(traffic['request_rate'])} requests/s"
-        )
+        load = _words().load_name(traffic.get("concurrency"), traffic.get("request_rate"))
         line = _deployment_line(
             "    ", point, pools, point["output_tokens_per_s_per_gpu"], point["tokens_per_s_per_user"],
             point["ttft_s"], point["tpot_s"],
@@ -274,14 +296,12 @@ def _serve_search_table(result: dict) -> str:
 
 
 def _pool_name(p: dict) -> str:
-    """A pool as the page names it: "prefill 4× TP2", "decode 1× DP32 EP32 attention-DP" (it read "prefill 4x2":
-    workers by GPUs, which a newcomer took for TP4 x 2)."""
-    dims = " ".join(f"{k.upper()}{p[k]}" for k in ("tp", "pp", "dp", "ep") if p.get(k, 1) > 1) or "TP1"
-    return f"{p['role']} {p['workers']}× {dims}" + (" attention-DP" if p.get("attention_dp") else "")
+    """A pool of a request's deployment as the page names it (planner/words.py pool_name)."""
+    return _words().pool_name(p["role"], p["workers"], p, bool(p.get("attention_dp")))
 
 
 def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user: float, ttft, tpot: float) -> str:
-    ttft_text = "unbounded" if ttft is None else human_seconds(ttft)
+    ttft_text = _words().duration(ttft)
     return (
         f"{lead} {hit['engine']:7s} {hit['mode']:14s} {pools:40s} {per_gpu:9,.1f} tokens/s/GPU  "
         f"{per_user:7,.1f} tokens/s/user  TTFT {ttft_text}  TPOT {human_seconds(tpot)}"
@@ -379,64 +399,33 @@ def _stages(stages: list[int]) -> str:
     return ",".join(map(str, stages))
 
 
-# Human units (issue 14): 3 significant digits, decimal prefixes (1 GB = 1e9 B, as GB/s), never scientific notation.
-BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
-TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+def _words():
+    """planner/words.py, the one home of the human units and pool names (the planner's sentences use them too),
+    imported when a number is first written, so that `commplan --help` loads no planner."""
+    from planner import words
 
-
-def _sig3(x: float) -> str:
-    """3 significant digits as a plain decimal: 1530 -> '1530', 0.01234 -> '0.0123', 0.9996 -> '1.00'."""
-    v = float(f"{x:.3g}")
-    if v == 0:
-        return "0"
-    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"
-
-
-def _human(x: float, units: tuple[tuple[str, float], ...]) -> str:
-    """In the largest unit that shows the value, rounded to 3 digits, as at least 1 (999.6 ms -> 1.00 s)."""
-    for unit, scale in units:
-        if abs(float(f"{x / scale:.3g}")) >= 1:
-            return f"{_sig3(x / scale)} {unit}"
-    unit, scale = units[-1]
-    return f"{_sig3(x / scale)} {unit}"
-
-
-RATE_UNITS = (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3), ("B/s", 1.0))
-
-
-def _below(x: float, unit: str, zero: str) -> str:
-    """A value under the resolution shown: '< 1 ns' if positive, else zero (never '0.00000178 ns' of noise)."""
-    return f"< 1 {unit}" if x > 0 else zero
+    return words
 
 
 def human_bytes(n: float) -> str:
-    return f"{round(n)} B" if abs(n) < 999.5 else _human(n, BYTE_UNITS)
+    return _words().human_bytes(n)
 
 
 def human_seconds(s: float) -> str:
     """frontend/js/format.js fmtTime, with 'us' for 'µs' (tests/frontend/test_page.py compares them)."""
-    if s == 0:
-        return "0 s"
-    return _below(s, "ns", "0 s") if abs(s) < 0.9995e-9 else _human(s, TIME_UNITS)
+    return _words().human_seconds(s)
 
 
 def human_rate(gbps: float) -> str:
-    """A bandwidth given in GB/s, in the unit that shows it (0.000186 GB/s -> '186 KB/s'); format.js fmtBw."""
-    if gbps == 0:
-        return "0 GB/s"
-    return _below(gbps, "B/s", "0 GB/s") if abs(gbps) < 0.9995e-9 else _human(gbps * 1e9, RATE_UNITS)
+    return _words().human_rate(gbps)
 
 
 def human_percent(x: float) -> str:
-    """A fraction as a percentage, 3 digits, '< 0.01%' under the resolution; format.js fmtPct."""
-    if x == 0 or abs(100 * x) < 0.009995:
-        return "< 0.01%" if x > 0 else "0%"
-    return f"{_sig3(100 * x)}%"
+    return _words().human_percent(x)
 
 
 def human_capacity(n: int) -> str:
-    """Memory capacity: decimal GB as everywhere, with GiB beside it (format.js fmtCapacity)."""
-    return f"{human_bytes(n)} ({_sig3(n / 2**30)} GiB)"
+    return _words().human_capacity(n)
 
 
 def _refused(err: Exception, where=str) -> int:

@@ -11,7 +11,7 @@ from dataclasses import asdict, fields
 from pydantic_core import to_json
 
 from planner.explore import Exploration
-from planner.exports import chakra_trace, chrome_trace, render
+from planner.exports import export_of
 from planner.invariants import check_exploration, check_plan
 from planner.plan import Plan
 from planner.search import SearchResult
@@ -59,20 +59,22 @@ def plan_item_json(plan: Plan, summary: bool = False) -> bytes:
     return _json(writer(BatchSummaryItem if summary else BatchItem)({"ok": True, "plan": plan}))
 
 
-def export_text(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> str:
-    """A text export by name: the trace's trace-event object as JSON, every other one planner.exports.render's
-    text."""
-    if fmt == "trace":
-        return json.dumps(chrome_trace(plan), separators=(",", ":"), allow_nan=False) + "\n"
-    return render(plan, fmt, stage, launcher)
-
-
 def export_bytes(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> bytes:
-    """A plan export by name, as the file's bytes (POST /v1/plan/export/{fmt} and ``commplan plan --format``):
-    the Chakra trace is binary (protobuf), the others UTF-8 text."""
-    if fmt == "chakra":
-        return chakra_trace(plan, stage)
-    return export_text(plan, fmt, stage, launcher).encode()
+    """A plan export by name (planner/exports.py PLAN_EXPORTS), as the file's bytes (POST /v1/plan/export/{fmt} and
+    ``commplan plan --format``): the plan's own JSON, a text export in UTF-8, a dict written as JSON (the trace), or
+    the writer's bytes (the Chakra trace's protobuf)."""
+    export = export_of(fmt)
+    if export.write is None:
+        return plan_json(plan)
+    out = export.write(plan, stage, launcher)
+    if export.body == "json":
+        return (json.dumps(out, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    return out if export.body == "binary" else out.encode()
+
+
+def export_text(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> str:
+    """A text export by name (the trace's JSON included): export_bytes' text."""
+    return export_bytes(plan, fmt, stage, launcher).decode()
 
 
 def plan_dict(plan: Plan) -> dict:

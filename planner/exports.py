@@ -14,6 +14,7 @@ import itertools
 import math
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -742,13 +743,54 @@ def plan_csv(plan: Plan) -> str:
     return out.getvalue()
 
 
-# The text exports by name (POST /v1/plan/export/{format} and `commplan plan --format`): plan, stage, launcher.
-TEXT_EXPORTS = {
-    "csv": lambda plan, stage, launcher: plan_csv(plan),
-    "nccl-tests": lambda plan, stage, launcher: nccl_tests_script(plan, launcher),
-    "aicb": lambda plan, stage, launcher: aicb_workload(plan, stage),
-    "simai": lambda plan, stage, launcher: simai_workload(plan, stage),
-}
+@dataclass(frozen=True)
+class PlanExport:
+    """One export of a plan: its writer (plan, stage, launcher) and what it gives back (``body``: "plan", the
+    /v1/plan answer itself, no writer; "text"; "json", a dict the app writes as JSON, since only app/ makes JSON;
+    "binary"), the file's media type and extension, the file name's tail of an export of one rank of one stage
+    (``per_stage``; "": the whole plan), and the calls the format cannot express (``omitted``)."""
+
+    body: Literal["plan", "text", "json", "binary"]
+    media_type: str
+    extension: str
+    write: Callable[[Plan, int, str], str | dict | bytes] | None = None
+    per_stage: str = ""
+    omitted: Callable[[Plan, int], list[str]] | None = None
+
+
+# The one registry of the plan's exports, in the order the docs list them: POST /v1/plan/export/{format} (its
+# path's values, media types, file names, X-Commplan-Omitted), `commplan plan --format` and docs/exports.md read it
+# (tests/app/test_thin_routers.py checks all three).
+PLAN_EXPORTS: dict[str, PlanExport] = {
+    "json": PlanExport("plan", "application/json", "json"),
+    "csv": PlanExport("text", "text/csv; charset=utf-8", "csv", lambda plan, stage, launcher: plan_csv(plan)),
+    "nccl-tests": PlanExport(
+        "text", "text/x-shellscript; charset=utf-8", "sh",
+        lambda plan, stage, launcher: nccl_tests_script(plan, launcher),
+    ),
+    "simai": PlanExport(
+        "text", "text/plain; charset=utf-8", "txt", lambda plan, stage, launcher: simai_workload(plan, stage),
+        "workload.txt", simai_omitted,
+    ),
+    "aicb": PlanExport(
+        "text", "text/csv; charset=utf-8", "csv", lambda plan, stage, launcher: aicb_workload(plan, stage),
+        "workload.csv", aicb_omitted,
+    ),
+    "trace": PlanExport("json", "application/json", "json", lambda plan, stage, launcher: chrome_trace(plan)),
+    "chakra": PlanExport(
+        "binary", "application/octet-stream", "et", lambda plan, stage, launcher: chakra_trace(plan, stage),
+        "0.et", chakra_omitted,
+    ),
+}  # fmt: skip
+# the exports whose writer gives text (render)
+TEXT_EXPORTS = {name: export.write for name, export in PLAN_EXPORTS.items() if export.body == "text"}
+
+
+def export_of(fmt: str) -> PlanExport:
+    """The registry's export of that name, or a 422 at ``format`` naming the known ones."""
+    if fmt not in PLAN_EXPORTS:
+        raise SpecError("format", f"unknown export {fmt!r}; known: {', '.join(PLAN_EXPORTS)}")
+    return PLAN_EXPORTS[fmt]
 
 
 def render(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> str:

@@ -35,6 +35,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 from ._errors import SpecError
 from .context import Context
 from .recipes import recipe_of
+from .workload import WEIGHT_FORMAT_BYTES
 
 
 @dataclass(frozen=True)
@@ -237,15 +238,17 @@ SPLIT_K_MIN = 1024
 # Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
 # per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
 # activation_dtype fp8 without a recipe is TE's default, delayed per-tensor scaling.
-_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "w4a16_mxfp4": "bf16"}
+_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 # Weight-only formats: the GEMM's weight operand read in the stored format, dequantized to bf16 in the kernel, the
 # math on the bf16 tensor cores at bf16's ceiling (an assumption: no measured Marlin / Triton MXFP4 MoE table at
 # hand). MXFP4 experts (workload.EXPERT_WEIGHT_FORMATS): vLLM's default backends (quantization/mxfp4.py at
 # 007d50058a06 get_mxfp4_backend: Triton's matmul_ogs or Marlin on Hopper, FlashInfer's SM100_FI_MXFP4_BF16 on
 # Blackwell; the MXFP8-activation paths are opt-in env flags) all take bf16 activations (mxfp4_w4a16_moe_quant_config).
+# The one home of "a weight-only GEMM computes in bf16": its math dtype (peak, clock, ceiling, activation operand).
+_WEIGHT_ONLY_MATH = {"w4a16_mxfp4": "bf16"}
 EXPERT_GEMM_DTYPE = {"mxfp4": "w4a16_mxfp4"}
-_WEIGHT_OPERAND_BYTES = {"w4a16_mxfp4": 0.5 + 1 / 32}  # E2M1 + one E8M0 scale per 32 (workload.WEIGHT_FORMAT_BYTES)
-_CEILING_DTYPE = {"w4a16_mxfp4": "bf16"}
+# the (k x n) weight operand's stored bytes: the format's own (E2M1 + one E8M0 scale per 32: WEIGHT_FORMAT_BYTES)
+_WEIGHT_OPERAND_BYTES = {gemm: WEIGHT_FORMAT_BYTES[fmt] for fmt, gemm in EXPERT_GEMM_DTYPE.items()}
 # A weight-only kernel tiles the batch in 16-row blocks (Marlin: vLLM csrc/quantization/gptq_marlin/gptq_marlin.cu,
 # ``thread_m_blocks``: "number of 16x16 blocks in the m dimension (batchsize) of the threadblock", 1-4), so a
 # decode batch of a few rows pays 16 rows of math, not a 128-row tile's: its GEMVs stay bound by the weight bytes
@@ -448,9 +451,15 @@ def gemm_dtype(ctx: Context) -> str:
     return "bf16" if ctx.x <= 2 else "fp32"
 
 
+def math_dtype(dtype: str) -> str:
+    """The dtype a GEMM's tensor cores compute in: a weight-only format's math dtype (_WEIGHT_ONLY_MATH), else
+    ``dtype`` itself."""
+    return _WEIGHT_ONLY_MATH.get(dtype, dtype)
+
+
 def operand_bytes(dtype: str) -> float:
-    """Bytes of one element of a GEMM's activation operand (a weight-only format's: bf16)."""
-    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5, "w4a16_mxfp4": 2.0}.get(dtype, 1.0)
+    """Bytes of one element of a GEMM's activation operand (a weight-only format's: its math dtype's)."""
+    return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5}.get(math_dtype(dtype), 1.0)
 
 
 def cast_bytes_per_element(ctx: Context) -> float:
@@ -462,7 +471,7 @@ def cast_bytes_per_element(ctx: Context) -> float:
 
 def dense_peak(gpu: GPUSpec, dtype: str) -> float:
     """Datasheet dense FLOP/s of a GEMM dtype at the configured power limit's sustained clock."""
-    peak_dtype = _PEAK_DTYPE.get(dtype, dtype)
+    peak_dtype = _PEAK_DTYPE.get(dtype, math_dtype(dtype))
     if peak_dtype == "fp8" and not gpu.peak_tflops.get("fp8"):
         peak_dtype = "bf16"  # no fp8 tensor cores: the GEMM runs in bf16
     return gpu.peak(peak_dtype) * clock_fraction(gpu, dtype)
@@ -482,7 +491,7 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
-    dtype = _CEILING_DTYPE.get(dtype, dtype)  # a weight-only GEMM's math dtype: a fitted bf16 ceiling is its too
+    dtype = math_dtype(dtype)  # a weight-only GEMM's math dtype: a fitted bf16 ceiling is its too
     for name, ceiling in eff.gemm_ceilings:
         if name == dtype:
             return ceiling
@@ -1122,7 +1131,9 @@ def routed_expert_kernels(
         memory["fp8_unpadding"] = (2 * x * h * R, 1, 1.0)
     if score_combine:
         fb, fn, bb, bn = score_combine
-        memory["combine_scores"] = (fb * R * h + x * h * tokens, fn + 1, (bb * R * h) / (fb * R * h + x * h * tokens))
+        forward = fb * R * h + x * h * tokens  # the score multiply's rows and the zeros_like of the tokens' output
+        # the backward reads bb·R·h: 0 on a rank with no rows (and then maybe no tokens: no 0/0)
+        memory["combine_scores"] = (forward, fn + 1, bb * R * h / forward if R else 0.0)
         score_counts = {"combine_scores": (fn + 1, bn)}
     else:
         score_counts = {}
@@ -1190,17 +1201,24 @@ def causal_keys(s: int, window: int | None) -> float:
     return (window * (window + 1) / 2 + (s - window) * window) / s
 
 
-def attended_keys(ctx: Context) -> float:
-    """Mean keys per query over the model's layers (the layer mix, not per layer: one kernel model): each
-    layer's window is the model's (ModelSpec.attention_window); a decode query sees the cache up to it
-    (ModelSpec.attended_keys), a causal pass causal_keys."""
+def layer_keys(ctx: Context) -> tuple[float, ...]:
+    """Mean keys per query of each layer: its window is the model's (ModelSpec.attention_window); a decode query
+    (kv_length != s: one token or several, as speculative decoding's) sees the cache up to it
+    (ModelSpec.attended_keys), a causal pass causal_keys. The one per-layer weighting attended_keys and
+    layer_mix_keys share."""
     mdl, s_kv = ctx.model, kv_length(ctx)
-    decode = s_kv != ctx.s
-    if not mdl.sliding_window:
-        return s_kv if decode else (s_kv + 1) / 2
-    if decode:
-        return sum(mdl.attended_keys(i, s_kv) for i in range(mdl.num_layers)) / mdl.num_layers
-    return sum(causal_keys(s_kv, mdl.attention_window(i)) for i in range(mdl.num_layers)) / mdl.num_layers
+    if s_kv != ctx.s:
+        return tuple(float(mdl.attended_keys(i, s_kv)) for i in range(mdl.num_layers))
+    return tuple(causal_keys(s_kv, mdl.attention_window(i)) for i in range(mdl.num_layers))
+
+
+def attended_keys(ctx: Context) -> float:
+    """Mean keys per query over the model's layers (the layer mix, not per layer: one kernel model): the mean
+    of layer_keys."""
+    mdl, s_kv = ctx.model, kv_length(ctx)
+    if not mdl.sliding_window:  # every layer alike: layer_keys' value without the walk
+        return s_kv if s_kv != ctx.s else (s_kv + 1) / 2
+    return sum(layer_keys(ctx)) / mdl.num_layers
 
 
 def attention_flops(ctx: Context) -> float:
@@ -1211,7 +1229,13 @@ def attention_flops(ctx: Context) -> float:
         qk, v = mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim, mdl.mla.v_head_dim
     else:
         qk = v = mdl.head_size
-    return 2.0 * ctx.b * ctx.s_cp * attended_keys(ctx) * heads * (qk + v)
+    return core_attention_flops(ctx.b, ctx.s_cp, attended_keys(ctx), heads, qk, v)
+
+
+def core_attention_flops(b: float, queries: float, keys: float, heads: float, qk: int, v: int) -> float:
+    """Forward FLOPs of core attention: QKᵀ (2·qk) and PV (2·v) per query, key and head over ``keys`` mean
+    attended keys per query (the one home of the count: attention_flops, trace_fit.attention_points)."""
+    return 2.0 * b * queries * keys * heads * (qk + v)
 
 
 def attention_ceiling(kernel: str, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float]:
@@ -1268,11 +1292,10 @@ def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
     (``full_attention_interval``) over s_kv. GPT-OSS alternates a 128-token window with full attention: at 4k tokens
     its full layers run at 0.8 of the ceiling and its windowed ones at 0.11, not all of them at 0.11 (the one
     window applied to every layer's term, as before, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
-    mdl, s_full = ctx.model, kv_length(ctx)
+    mdl = ctx.model
     keys = weighted = 0.0
-    for i in range(mdl.num_layers):
+    for i, mean in enumerate(layer_keys(ctx)):  # each layer weighed by its keys, as attended_keys weighs it
         window = mdl.attention_window(i)
-        mean = causal_keys(s_full, window)
         s_i = s_kv if window is None else min(s_kv, window)
         keys += mean
         weighted += mean * (s_i + s0) / s_i
@@ -1334,6 +1357,7 @@ __all__ = [
     "attention_flops",
     "check_kernel_options",
     "clock_fraction",
+    "core_attention_flops",
     "cross_entropy_fusion",
     "efficiency",
     "gemm_time",

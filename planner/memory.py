@@ -310,7 +310,7 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
     flash = ctx.work.attention_kernel == "flash" if flash is None else flash
     kinds = [k for k in (False, True) if (ctx.moe_layers(stage) if k else ctx.dense_layers(stage))]
     full = {moe: layer_activations(ctx, moe) for moe in kinds}
-    layer_input = ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (t if sp else 1)  # 2sbh at x = 2, /t with SP
+    layer_input = _sequence_row(ctx)  # 2sbh at x = 2, /t with SP
     kept: dict = {}
 
     def keeps(moe: bool, plan: LayerRecompute) -> float:

@@ -543,6 +543,18 @@ def attention_shape(op: TraceOp) -> tuple[str, bool, int, int, int, int, int, bo
     return kernel, backward, b, heads, s_q, s_kv, q[3], causal
 
 
+def value_head_dim(op: TraceOp) -> int | None:
+    """The value tensor's head dim of a fused attention operator (its last dim in either layout: ATTENTION_OPS's
+    query, key, value order), which differs from the query's under MLA (DeepSeek-V3: 192 and 128); None without
+    recorded dims."""
+    found = ATTENTION_OPS.get(op.name)
+    if found is None or len(op.dims) <= found[2] + 2:
+        return None
+    v = op.dims[found[2] + 2]
+    ok = isinstance(v, tuple) and len(v) == 4 and isinstance(v[3], int) and v[3] > 0
+    return v[3] if ok else None
+
+
 def gemm_dtype(op: TraceOp, kernel_names: list[str]) -> str | None:
     """The GEMM-table dtype: bf16/fp16 from the operands' type; fp32 operands run as tf32 on the tensor cores
     when the kernel is a tensor-op kernel (CUTLASS ``tensorop_s1688gemm``, cuBLAS ``*tf32*``/``xmma``; PyTorch's
@@ -600,4 +612,5 @@ __all__ = [
     "message_bytes",
     "op_class",
     "repeats",
+    "value_head_dim",
 ]

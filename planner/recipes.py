@@ -171,8 +171,12 @@ def validate_recipe(fp8_recipe: str | None, fp8_param_gather: bool) -> None:
         )
 
 
-def check_recipe_gpu(fp8_recipe: str | None, gpu) -> None:
-    """A recipe the GPU's tensor cores lack is refused (TE raises at the first autocast)."""
+def check_recipe_gpu(
+    fp8_recipe: str | None, gpu, field: str = "workload.fp8_recipe", subject: str = "", hint: str = ""
+) -> None:
+    """A recipe the GPU's tensor cores lack is refused (TE raises at the first autocast). The one home of the rule:
+    a training recipe (``workload.fp8_recipe``) and serving's block-scaled weights (options.weight_dtype nvfp4:
+    deployment.check_weight_format) name their own ``field``, ``subject`` and ``hint``."""
     recipe = recipe_of(fp8_recipe)
     if recipe is None or gpu is None:
         return
@@ -180,9 +184,9 @@ def check_recipe_gpu(fp8_recipe: str | None, gpu) -> None:
     if sm < recipe.min_sm:
         have = f"compute capability {sm / 10:.1f}" if sm else "no NVIDIA compute capability (sm 0)"
         raise SpecError(
-            "workload.fp8_recipe",
-            f"{recipe.name} needs compute capability >= {recipe.min_sm / 10:.1f} (TransformerEngine), but GPU "
-            f"{gpu.name!r} has {have}",
+            field,
+            f"{subject or recipe.name + ' needs'} compute capability >= {recipe.min_sm / 10:.1f} (TransformerEngine), "
+            f"but GPU {gpu.name!r} has {have}{hint}",
         )
 
 

@@ -45,6 +45,7 @@ from .kernels import (
     attention_ceiling,
     causal_keys,
     clock_fraction,
+    core_attention_flops,
     efficiency,
     flash_attention_s,
     gemm_ceiling,
@@ -53,7 +54,15 @@ from .kernels import (
     group_rows,
     memory_kernel,
 )
-from .profile_trace import Trace, attention_shape, elementwise_bytes, gemm_dtype, gemm_shape, grouped_shape
+from .profile_trace import (
+    Trace,
+    attention_shape,
+    elementwise_bytes,
+    gemm_dtype,
+    gemm_shape,
+    grouped_shape,
+    value_head_dim,
+)
 
 MIN_POINTS = 3
 FIXED_GRID_S = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6, 12e-6, 16e-6)
@@ -107,7 +116,7 @@ class AttentionPoint:
     op: str
     kernel: str  # kernels.ATTENTION_CEILING's name: cudnn, flash2
     backward: bool
-    flops: float  # the forward's FLOPs over the attended keys (kernels.attention_flops)
+    flops: float  # the forward's FLOPs over the attended keys (kernels.core_attention_flops)
     s_kv: int
     shape: tuple  # batch, query heads, query length, key length, head dim
     measured_s: float  # the operator's attention kernels (the backward's 3)
@@ -190,7 +199,7 @@ def attention_points(trace: Trace) -> list[AttentionPoint]:
             continue
         kernel, backward, b, heads, s_q, s_kv, d, causal = found
         keys = causal_keys(s_kv, None) if causal and s_q == s_kv else s_kv
-        flops = 2.0 * b * s_q * keys * heads * (d + d)  # QK^T and PV (kernels.attention_flops)
+        flops = core_attention_flops(b, s_q, keys, heads, d, value_head_dim(trace.ops[i]) or d)
         out.append(AttentionPoint(trace.ops[i].name, kernel, backward, flops, s_kv, (b, heads, s_q, s_kv, d), seconds))
     return out
 

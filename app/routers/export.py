@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from planner import SpecError
-from planner.exports import aicb_omitted, chakra_omitted, quote, simai_omitted
+from planner.exports import PLAN_EXPORTS, quote
 
 from ..body import OffLoopBody
 from ..errors import BAD_INPUT
@@ -21,14 +21,8 @@ from ..serialize import export_bytes, plan_json
 router = APIRouter(prefix="/v1/plan/export", tags=["plan"], route_class=OffLoopBody)
 
 
-class Format(StrEnum):
-    JSON = "json"
-    CSV = "csv"
-    NCCL_TESTS = "nccl-tests"
-    SIMAI = "simai"
-    AICB = "aicb"
-    TRACE = "trace"
-    CHAKRA = "chakra"
+# the path's values: the registry's formats (planner/exports.py PLAN_EXPORTS)
+Format = StrEnum("Format", {name.upper().replace("-", "_"): name for name in PLAN_EXPORTS})
 
 
 class Launcher(StrEnum):
@@ -36,33 +30,11 @@ class Launcher(StrEnum):
     SRUN = "srun"
 
 
-MEDIA = {
-    Format.JSON: ("application/json", "json"),
-    Format.CSV: ("text/csv; charset=utf-8", "csv"),
-    Format.NCCL_TESTS: ("text/x-shellscript; charset=utf-8", "sh"),
-    Format.SIMAI: ("text/plain; charset=utf-8", "txt"),
-    Format.AICB: ("text/csv; charset=utf-8", "csv"),
-    Format.TRACE: ("application/json", "json"),
-    Format.CHAKRA: ("application/octet-stream", "et"),
-}
-OMITTED = {Format.SIMAI: simai_omitted, Format.AICB: aicb_omitted, Format.CHAKRA: chakra_omitted}
-# one rank of one stage: the name says which (Chakra: ASTRA-sim reads <prefix>.<rank>.et)
-PER_STAGE = {Format.SIMAI: "workload.txt", Format.AICB: "workload.csv", Format.CHAKRA: "0.et"}
-
-
 @router.post(
     "/{fmt}",
     responses={
         **BAD_INPUT,
-        200: {
-            "content": {
-                "application/json": {},
-                "text/csv": {},
-                "text/x-shellscript": {},
-                "text/plain": {},
-                "application/octet-stream": {},
-            }
-        },
+        200: {"content": {export.media_type.split(";")[0]: {} for export in PLAN_EXPORTS.values()}},
     },
     summary="Export a plan",
     description="`json`: the full plan (as POST /v1/plan). `csv`: one row per call with every stage and the group "
@@ -84,15 +56,16 @@ async def export(
 ) -> Response:
     # Planning runs in a worker thread under the request's deadline, like POST /v1/plan (app/limits.py).
     settings = request.app.state.settings
-    media, ext = MEDIA[fmt]
-    headers = {"Content-Disposition": f'attachment; filename="{quote(f"commplan-plan.{ext}", "filename")}"'}
-    if fmt is Format.JSON:  # exactly what POST /v1/plan answers, blocks added there included
+    export = PLAN_EXPORTS[fmt.value]
+    media, file = export.media_type, quote(f"commplan-plan.{export.extension}", "filename")
+    headers = {"Content-Disposition": f'attachment; filename="{file}"'}
+    if export.write is None:  # the plan itself: exactly what POST /v1/plan answers, blocks added there included
         answer = await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
         return Response(answer.body, media_type=media, headers=headers)
 
     def work() -> tuple[bytes, list[str]]:  # computed in another process: the omitted calls come back with it
         plan = plan_of(body, settings)
-        omitted = OMITTED[fmt](plan, stage) if fmt in OMITTED else []
+        omitted = export.omitted(plan, stage) if export.omitted else []
         return export_bytes(plan, fmt.value, stage, launcher.value), omitted
 
     try:
@@ -101,8 +74,8 @@ async def export(
         if err.field != "stage":
             raise
         raise SpecError("query.stage", err.rule) from None
-    if fmt in PER_STAGE:
-        name = quote(f"commplan-{fmt.value}-stage{stage}-{PER_STAGE[fmt]}", "filename")
+    if export.per_stage:
+        name = quote(f"commplan-{fmt.value}-stage{stage}-{export.per_stage}", "filename")
         headers["Content-Disposition"] = f'attachment; filename="{name}"'
         if omitted:
             headers["X-Commplan-Omitted"] = ",".join(sorted(set(omitted)))

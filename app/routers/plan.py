@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -88,8 +89,9 @@ def _batch(items: list, settings, summary: bool = False) -> bytes:
         if key not in seen:
             seen[key] = _estimate(item, settings)
         outcome = seen[key]
-        if isinstance(outcome, tuple):
-            total.add(outcome[1].units, f"requests.{i} ({outcome[1].biggest})")
+        if isinstance(outcome, _Checked):
+            work = outcome.bounded[1]
+            total.add(work.units, f"requests.{i} ({work.biggest})")
             refuse(total, settings.max_batch_work, "requests", "COMMPLAN_MAX_BATCH_WORK")
         keys.append(key)
     parts, size, answered = [], 0, {}
@@ -98,13 +100,13 @@ def _batch(items: list, settings, summary: bool = False) -> bytes:
         check_deadline()
         if isinstance(key, str) and key not in answered:
             outcome = seen[key]
-            if not isinstance(outcome, tuple):
+            if not isinstance(outcome, _Checked):
                 answered[key] = outcome
             elif clock.short(i):  # what is planned comes back; the rest is named, to be sent again
                 answered[key] = _late(clock.stopped_at, len(items), clock.seconds)
             else:
                 with clock.timing():
-                    answered[key] = _one(items[i], settings, outcome, summary)
+                    answered[key] = _one(outcome, settings, summary)
         part = answered[key] if isinstance(key, str) else key
         size += len(part) + 1
         if size > settings.max_response_bytes:
@@ -164,11 +166,19 @@ def _not_an_object(item, i: int) -> bytes:
     return _failed(detail("", f"requests[{i}] is {kind}; each request is an object, as for POST /v1/plan", "dict_type"))
 
 
-def _estimate(item: dict, settings) -> tuple | bytes:
-    """(the item's planner inputs, its estimate), or its error item when it is invalid or over the
+class _Checked(NamedTuple):
+    """A batch item validated (once: _one plans this request, it does not validate the item again) and estimated."""
+
+    request: PlanRequest
+    bounded: tuple  # bounded_inputs': (the planner inputs, their estimate)
+
+
+def _estimate(item: dict, settings) -> _Checked | bytes:
+    """The item validated with its planner inputs and estimate, or its error item when it is invalid or over the
     single-plan budget."""
     try:
-        return bounded_inputs(PlanRequest.model_validate(item), settings)
+        request = PlanRequest.model_validate(item)
+        return _Checked(request, bounded_inputs(request, settings))
     except ValidationError as err:
         return _failed(validation_detail(err, ("body",)))
     except (SpecError, CollectiveError) as err:
@@ -177,9 +187,9 @@ def _estimate(item: dict, settings) -> tuple | bytes:
         return _failed(detail("requests", "request nested too deeply", "value_error"))
 
 
-def _one(item: dict, settings, bounded: tuple, summary: bool = False) -> bytes:
+def _one(checked: _Checked, settings, summary: bool = False) -> bytes:
     try:
-        plan = plan_of(PlanRequest.model_validate(item), settings, bounded)
+        plan = plan_of(checked.request, settings, checked.bounded)
     except (SpecError, CollectiveError) as err:
         return _failed(error_detail(err))
     return plan_item_json(plan, summary)

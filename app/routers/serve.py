@@ -7,7 +7,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from planner.serving import plan_serving
 from planner.serving.calibrate import calibrate_serving
-from planner.serving.launch import WRITERS
+from planner.serving.launch import EXPORTS
 from planner.serving.search import search_serving
 
 from ..body import OffLoopBody
@@ -37,7 +37,7 @@ bounded_post(
     "",
     ServeRequest,
     ServeOut,
-    lambda body, settings: serve_json(plan_serving(*serve_inputs(body, settings))),
+    lambda body, settings: serve_json(plan_serving(*serve_inputs(body, settings), checked=True)),
     encoded=True,
     name="serve",
     summary="Plan one serving deployment",
@@ -102,16 +102,9 @@ bounded_post(
 )
 
 
-# format -> (writer, media type, file name suffix)
-_EXPORTS = {
-    "launch": (WRITERS["launch"], "text/x-shellscript", ".sh"),
-    "dynamo": (WRITERS["dynamo"], "application/yaml", "-dynamo.yaml"),
-}
-
-
 @router.post(
     "/export",
-    responses=BAD_INPUT | {200: {"content": {"text/x-shellscript": {}, "application/yaml": {}}}},
+    responses=BAD_INPUT | {200: {"content": {f.media_type: {} for f in EXPORTS.values()}}},
     summary="The deployment as its engine's launch commands or a Dynamo manifest",
     description="`format=launch` (default): a POSIX shell script, one line per worker with the engine's own flags "
     "(vllm serve, python -m sglang.launch_server, trtllm-serve), every argument quoted, and a disaggregated "
@@ -125,15 +118,15 @@ async def export(
     format: ServeExportFormat = "launch",
 ) -> Response:
     settings = request.app.state.settings
-    write, media_type, suffix = _EXPORTS[format]
+    export = EXPORTS[format]
 
     def work() -> bytes:
         model, cluster, traits, _, pools, options = serve_inputs(body, settings)
-        return write(model, cluster, traits, pools, options, model_path).encode()
+        return export.write(model, cluster, traits, pools, options, model_path).encode()
 
     response = await run_bounded(request, work)
     return Response(
         response.body,
-        media_type=media_type,
-        headers={"content-disposition": f'attachment; filename="serve-{body.engine}{suffix}"'},
+        media_type=export.media_type,
+        headers={"content-disposition": f'attachment; filename="serve-{body.engine}{export.suffix}"'},
     )

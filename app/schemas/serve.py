@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from planner.serving.launch import EXPORTS
+
 from .base import Strict, with_example
 from .cluster import ClusterIn
 from .plan import CallOut, ModelIn, Out
@@ -93,8 +95,9 @@ class ServeOptionsIn(Strict):
     )
 
 
-# POST /v1/serve/export?format=: the engine's launch script, or a Dynamo DynamoGraphDeployment (CONTRACT v1.2)
-ServeExportFormat = Literal["launch", "dynamo"]
+# POST /v1/serve/export?format=: the registry's formats (planner/serving/launch.py EXPORTS: the engine's launch
+# script, or a Dynamo DynamoGraphDeployment; CONTRACT v1.2)
+ServeExportFormat = Literal[tuple(EXPORTS)]  # type: ignore[valid-type]
 
 
 class DeploymentBlocks(Strict):
@@ -167,7 +170,10 @@ class ServeOut(Out):
     tpot_s: float
     fits: bool
     request_rate: float
-    bottleneck: str
+    bottleneck: str = Field(
+        description="what limits request_rate: prefill | decode (a pool, or the worker's time and KV cache), or "
+        "concurrency (a closed loop whose load is below what the pools serve: more requests would serve more)"
+    )
     throughput: ThroughputOut
     kv_cache: KVCacheOut
     pools: list[PoolOut]

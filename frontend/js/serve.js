@@ -317,7 +317,8 @@ function showServeProgress(p) {
     + `${fmtInt(p.evaluated)} plans fit, ${fmtInt(p.feasible)} meet the SLA${best}…`;
 }
 
-const poolName = (p) => `${p.role} ${p.workers}× ` + ["tp", "pp", "dp", "ep"].filter((k) => (p[k] || 1) > 1).map((k) => `${k.toUpperCase()}${p[k]}`).join(" ")
+// as planner/words.py pool_name writes it (the CLI, the search's sentences): "both 8× TP1" when no size is above 1
+const poolName = (p) => `${p.role} ${p.workers}× ` + (["tp", "pp", "dp", "ep"].filter((k) => (p[k] || 1) > 1).map((k) => `${k.toUpperCase()}${p[k]}`).join(" ") || "TP1")
   + (p.attention_dp ? " attention-DP" : "");
 
 // the server's `why` as a sentence of its own: the winner's line follows "Best:", the reason nothing met the SLA

@@ -9,13 +9,14 @@ The queueing model (docs/serving.md states it in full):
 - prefill: a worker prefills ``n = max(1, max_batch_tokens // ISL)`` prompts per attention rank in one pass of
   ``t_p`` (the planner's prefill step); a request's share of prefill time is ``t_p / (n · dp)``;
 - aggregated (chunked prefill, continuous batching): prefill work steals ``u = R_w · t_p / (n · dp)`` of the
-  worker's time, so the time between tokens is ``t_d(b) / (1 - u)``; Little's law closes it:
-  ``b = R_w · (TTFT + OSL · TPOT)`` (Little 1961);
+  worker's time, so the time between tokens is ``t_d(b) / (1 - u)``;
 - disaggregated: the prefill pool serves at most ``R_p = workers · n · dp / t_p`` requests/s and the decode pool
   ``R_d = workers · b · tokens_per_step / (OSL · t_d(b))``; the system runs at the smaller (rate matching);
-- TTFT = the prefill pass + the wait for it in an M/D/1 queue, ``ρ · t_p / (2 (1 - ρ))`` (Pollaczek-Khinchine
-  with deterministic service) + the KV transfer when disaggregated; past ρ = 1 the queue grows without bound
-  and TTFT is reported as None with a warning.
+- one queueing model for both modes: at a request rate (open loop) TTFT = the prefill pass + the wait for it in
+  an M/D/1 queue, ``ρ · t_p / (2 (1 - ρ))`` (Pollaczek-Khinchine with deterministic service) + the KV transfer
+  when disaggregated (past ρ = 1 the queue grows without bound: TTFT None with a warning); at a concurrency
+  (closed loop) the asymptotic bounds of mean-value analysis with Little's law exact (``_closed_loop``), TTFT =
+  C / R - OSL · TPOT.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
-from ..recipes import RECIPES
+from ..recipes import check_recipe_gpu
 from ..rules.engine_step import dp_sync
 from ..workload import (
     DTYPE_BYTES,
@@ -130,20 +131,13 @@ def plan_serving(
     traffic: Traffic,
     pools: tuple[Pool, ...],
     options: ServeOptions | None = None,
+    checked: bool = False,
 ) -> ServePlan:
+    """The deployment planned. ``checked``: the caller has already run check_deployment on these very inputs
+    (the service's cost guard does, through worker_inputs), so its rules are not run a second time."""
     options = options or ServeOptions()
-    validate_serving(traffic, pools, options)
-    if cluster.gpu is None:
-        raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
-    check_weight_format(options.weight_dtype, cluster.gpu, model)
-    used = sum(p.gpus for p in pools)
-    if used > cluster.num_devices:
-        raise SpecError(
-            "deployment.pools",
-            f"the pools use {' + '.join(f'{p.workers}x{p.worker_gpus}' for p in pools)} = {used} GPUs; the cluster "
-            f"has {cluster.num_devices}",
-        )
-    _check_engine_options(model, traits, pools, options)
+    if not checked:
+        check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
     tps = options.mtp.tokens_per_step if options.mtp else 1.0
@@ -159,6 +153,24 @@ def plan_serving(
         )  # fmt: skip
     result.cluster = cluster_summary(cluster_for(cluster))
     return result
+
+
+def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
+    """Every rule a deployment must meet before it is planned or estimated, each a 422 naming its field: the
+    traffic, pools and options (spec.validate_serving), a GPU spec, the weight format on that GPU
+    (check_weight_format), the pools within the cluster, the engine's options."""
+    validate_serving(traffic, pools, options)
+    if cluster.gpu is None:
+        raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
+    check_weight_format(options.weight_dtype, cluster.gpu, model)
+    used = sum(p.gpus for p in pools)
+    if used > cluster.num_devices:
+        raise SpecError(
+            "deployment.pools",
+            f"the pools use {' + '.join(f'{p.workers}x{p.worker_gpus}' for p in pools)} = {used} GPUs; the cluster "
+            f"has {cluster.num_devices}",
+        )
+    _check_engine_options(model, traits, pools, options)
 
 
 def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
@@ -258,11 +270,9 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
     """(role, workload, parallel, cluster, plans) of every pool's worker as plan_serving plans it: what the
-    cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans)."""
-    validate_serving(traffic, pools, options)
-    _check_engine_options(model, traits, pools, options)
-    if cluster.gpu is not None:
-        check_weight_format(options.weight_dtype, cluster.gpu, model)
+    cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans), after
+    check_deployment: plan_serving(..., checked=True) then plans them without checking again."""
+    check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
     # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
@@ -316,13 +326,8 @@ def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None) -> None
                 f"unquantized); model {model.name!r} has no experts: use bf16, fp8 or nvfp4",
             )
         return
-    need = RECIPES[recipe].min_sm
-    if gpu.sm < need or not gpu.peak_tflops.get("fp4"):
-        raise SpecError(
-            "options.weight_dtype",
-            f"{dtype} weights need fp4 tensor cores (compute capability >= {need / 10:.1f}, a dense fp4 peak); GPU "
-            f"{gpu.name!r} is sm{gpu.sm} with fp4 peak {gpu.peak_tflops.get('fp4', 0)} TFLOP/s: use fp8 or bf16",
-        )
+    # the recipe's own rule (the GPU's compute capability against the recipe's), where training checks it
+    check_recipe_gpu(recipe, gpu, "options.weight_dtype", f"{dtype} weights need", ": use fp8 or bf16")
 
 
 def _gemm_recipe(options: ServeOptions) -> str | None:
@@ -494,23 +499,18 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
         if u < 1:
             tpot = t_d / (1 - u) / tps
             ttft = t_p + _wait(u, t_p) + t_d / 2
+        bottleneck = "prefill" if u > 0.5 else "decode"
     else:
-        # closed loop: b = R (TTFT(R) + OSL TPOT(R)), TPOT = t_d / ((1 - R share) tps) (Little's law over the
-        # requests a worker holds). The right side grows with R and without bound as R share -> 1 (the M/D/1 wait),
-        # so exactly one R in (0, 1 / share) solves it: bisection
-        def held(r: float) -> tuple[float, float, float]:
-            u = r * share
-            return r * ((t_p + _wait(u, t_p) + t_d / 2) + osl * t_d / (1 - u) / tps), t_p + _wait(u, t_p) + t_d / 2, \
-                t_d / (1 - u) / tps  # fmt: skip
-
-        lo, hi = 0.0, 1 / share
-        for _ in range(100):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if held(mid)[0] < batch else (lo, mid)
-        rate = lo
-        _, ttft, tpot = held(rate)
-        # requests beyond what the workers hold wait in the engine's queue first (Little's law on the queue)
-        ttft += max(0.0, traffic.concurrency / pool.workers - batch) / rate
+        # closed loop (the disaggregated one's model, _closed_loop): the worker holds N = min(C / W, b) requests,
+        # each in its prefill pass (and the half decode step it joins) or decoding at TPOT(R), stretched by the
+        # prefill's share of the worker, u = R share; the others wait in the engine's queue
+        per_worker = traffic.concurrency / pool.workers
+        held = min(per_worker, batch)
+        rate = _closed_loop(held, t_p + t_d / 2, osl * t_d / tps, share, math.inf)
+        tpot = t_d / (1 - rate * share) / tps
+        ttft = max(t_p + t_d / 2, per_worker / rate - osl * tpot)  # the queue's wait, (C / W - N) / R, included
+        # below the KV cache's batch every request is held: more of them would serve more (the load binds)
+        bottleneck = "prefill" if rate * share > 0.5 else "concurrency" if per_worker < max_conc else "decode"
     if tpot is None:
         warnings.append(
             f"saturated: {traffic.request_rate:g} requests/s need {traffic.request_rate * share / pool.workers:.2f} "
@@ -523,7 +523,6 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
         pool, "both", pool.gpus, batch, t_d, t_p, total_rate * isl, total_rate * osl, fits,
         decode.calls, prefill.calls, max(prefill.memory.peak_bytes, decode.memory.peak_bytes),
     )  # fmt: skip
-    bottleneck = "prefill" if rate * share > 0.5 else "decode"
     return _result(
         model, traffic, options, [result], None, ttft, tpot, total_rate, capacity, max_conc, bottleneck, warnings
     )
@@ -557,12 +556,14 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     rho = rate / r_p
     tpot = t_d / tps
     if traffic.concurrency is not None:
-        # closed loop: every request is queued, prefilled, moved or decoding: C = R (TTFT + OSL TPOT) (Little's
-        # law). Unqueued, a request takes one prefill pass and its move, so R is at most C over that plus its
-        # decode; at capacity R is the pools' (the asymptotic bounds of mean-value analysis: Lazowska et al. 1984,
-        # "Quantitative System Performance" ch. 5). TTFT = C / R - OSL TPOT grows with C, never falls.
-        rate = min(rate, traffic.concurrency / (t_p + transfer.time_s + osl * tpot))
+        # closed loop (_closed_loop): unqueued, a request takes one prefill pass, its move and its decode (the
+        # decode pool's step is its own: no prefill share); at capacity R is the pools'. TTFT = C / R - OSL TPOT
+        # grows with C, never falls.
+        pools_rate = rate
+        rate = _closed_loop(traffic.concurrency, t_p + transfer.time_s, osl * tpot, 0.0, pools_rate)
         ttft = max(t_p + transfer.time_s, traffic.concurrency / rate - osl * tpot)
+        if rate < pools_rate:
+            bottleneck = "concurrency"  # the load, not a pool, limits the rate
     elif rho < 1:
         ttft = t_p + _wait(rho, t_p) + transfer.time_s
     else:
@@ -661,6 +662,20 @@ def _waiting(traffic: Traffic, workers: int) -> int | None:
     return None if traffic.concurrency is None else math.ceil(traffic.concurrency / workers)
 
 
+def _closed_loop(population: float, unqueued_s: float, decode_s: float, share: float, capacity: float) -> float:
+    """Requests/s of a closed loop of ``population`` requests, aggregated and disaggregated alike: the asymptotic
+    bounds of mean-value analysis (Lazowska et al. 1984, "Quantitative System Performance" ch. 5), R = min(the
+    resources' ``capacity``, the R at which Little's law holds over the population with no queueing,
+    N = R (unqueued_s + decode_s / (1 - R share))). ``unqueued_s``: a request's time to its first token unqueued
+    (its prefill pass, its KV move or the decode step it joins); ``decode_s``: its OSL tokens at the bare decode
+    step; ``share``: the worker time one request's prefill takes from decoding (aggregated; 0 for a decode pool),
+    which stretches TPOT to t_d / (1 - R share) and keeps R below 1 / share. The root of
+    a·s·R² - (a + k + N·s)·R + N = 0 below 1 / s, in the form that is exact at s = 0 (R = N / (a + k))."""
+    a, k, n = unqueued_s, decode_s, population
+    b = a + k + n * share
+    return min(capacity, 2 * n / (b + math.sqrt(max(0.0, b * b - 4 * a * share * n))))
+
+
 def _wait(rho: float, service_s: float) -> float:
     """Mean wait in an M/D/1 queue (Pollaczek-Khinchine with deterministic service)."""
     return rho * service_s / (2 * (1 - rho)) if rho < 1 else math.inf
@@ -739,6 +754,7 @@ __all__ = [
     "KVTransfer",
     "PoolResult",
     "ServePlan",
+    "check_deployment",
     "kv_capacity",
     "kv_transfer",
     "plan_serving",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from .. import deadline
 from .._errors import SpecError
 from ..model import ModelSpec
+from ..words import POOL_DIMS, duration, load_name, pool_name
 from ..workload import WEIGHT_FORMAT_BYTES
 from .deployment import ServePlan, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
@@ -232,7 +233,7 @@ def _why(best: Candidate, at_load: list[Candidate]) -> str:
         lead = f"{best.per_gpu / runner.per_gpu - 1:.0%} more tokens/s per GPU than the next layout"
     return (
         f"{_deployment(best, ', ')}: {lead}; bound by {p.bottleneck} "
-        f"(TTFT {_duration(p.ttft_s)}, TPOT {_duration(p.tpot_s)})"
+        f"(TTFT {duration(p.ttft_s)}, TPOT {duration(p.tpot_s)})"
     )
 
 
@@ -246,8 +247,8 @@ def _miss(at_load: list[Candidate], front: list[Candidate]) -> str:
     best_ttft = min(ttfts) if ttfts else None
     load = at_load[0].traffic
     text = (
-        f"no deployment meets the SLA at {_load(load)}; the best TPOT tried is {_duration(best_tpot)}, "
-        f"the best TTFT {_duration(best_ttft)}"
+        f"no deployment meets the SLA at {_load(load)}; the best TPOT tried is {duration(best_tpot)}, "
+        f"the best TTFT {duration(best_ttft)}"
     )
     lighter = [c for c in front if c.meets_sla and c.traffic != load]
     if not lighter:
@@ -262,7 +263,7 @@ def _miss(at_load: list[Candidate], front: list[Candidate]) -> str:
 
 
 def _load(t: Traffic) -> str:
-    return f"concurrency {t.concurrency:,}" if t.concurrency is not None else f"{t.request_rate:g} requests/s"
+    return load_name(t.concurrency, t.request_rate)  # as the CLI writes it (planner/words.py)
 
 
 def _deployment(c: Candidate, sep: str = " ") -> str:
@@ -272,19 +273,8 @@ def _deployment(c: Candidate, sep: str = " ") -> str:
 
 
 def _label(p: Pool) -> str:
-    # "4×" as the page writes a pool (frontend/js/serve.js poolName), not "4x"
-    parts = [f"{p.workers}×"] + [f"{k.upper()}{getattr(p, k)}" for k in ("tp", "pp", "dp", "ep") if getattr(p, k) > 1]
-    return f"{p.role} " + " ".join(parts) + (" attention-DP" if p.attention_dp else "")
-
-
-def _duration(s: float | None) -> str:
-    """Seconds as a person reads them, 3 significant digits: '8.25 s' from 1 s, '31.4 ms' below (the units
-    frontend/js/format.js fmtTime picks there); None (a saturated queue) is 'unbounded'."""
-    if s is None:
-        return "unbounded"
-    ms = float(f"{s * 1e3:.3g}")
-    v, unit = (float(f"{s:.3g}"), "s") if ms >= 1000 else (ms, "ms")  # 999.6 ms rounds to 1 s
-    return f"{v:,.0f} {unit}" if v >= 100 else f"{v:g} {unit}"
+    """A pool as the page and the CLI name it (planner/words.py pool_name: "prefill 4× TP2")."""
+    return pool_name(p.role, p.workers, {k: getattr(p, k) for k in POOL_DIMS}, p.attention_dp)
 
 
 __all__ = ["MODES", "SLA", "Candidate", "ServeSearchResult", "candidates", "pareto_front", "search_serving"]

@@ -74,6 +74,23 @@ def test_identical_items_are_planned_once_and_answer_as_planning_each(api, monke
     assert results[2] == results[6]
 
 
+def test_each_batch_item_is_validated_once(api, monkeypatch):
+    """A batch item was validated by _estimate and again by _one (review): now once, and the valid items' plans are
+    the single plans' (WRONG: one validation, its 422 item)."""
+    validated = []
+    validate = plan_router.PlanRequest.model_validate
+    counting = classmethod(lambda cls, item, *a, **k: validated.append(1) or validate(item, *a, **k))
+    monkeypatch.setattr(plan_router.PlanRequest, "model_validate", counting)
+    other = {**SMALL, "parallel": {"tp": 4, "dp": 2, "zero_stage": 1}}
+    r = api.post("/v1/plan/batch?summary=true", json={"requests": [SMALL, other, WRONG]})
+    assert r.status_code == 200
+    assert len(validated) == 3  # was 5: the two valid items validated twice
+    results = r.json()["results"]
+    assert [x["ok"] for x in results] == [True, True, False]
+    alone = api.post("/v1/plan?summary=true", json=other).json()
+    assert results[1]["plan"] == alone
+
+
 def test_a_batch_near_its_deadline_answers_what_it_planned_and_names_the_rest(monkeypatch):
     """A 1,000-plan batch on a loaded machine used to become one 503 after 15 s, losing every plan done. Here each
     plan is slowed to 0.25 s under a 2 s deadline: the batch stops starting plans when twice the slowest plan (and

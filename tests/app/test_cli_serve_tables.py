@@ -76,6 +76,19 @@ def test_pools_are_named_as_the_page_names_them():
     assert _pool_name(dense) == "prefill 4× TP2"
     assert _pool_name(moe) == "decode 1× DP64 EP64 attention-DP"
     assert _pool_name({"role": "both", "workers": 8, "tp": 1}) == "both 8× TP1"
+    # the serving search's sentences name a pool the same way (planner/words.py pool_name): it wrote "both 8×"
+    from planner.serving import Pool
+    from planner.serving.search import _label
+
+    assert _label(Pool(workers=8)) == "both 8× TP1"
+    assert _label(Pool("decode", dp=64, ep=64, attention_dp=True)) == _pool_name(moe)
+    assert _label(Pool("prefill", workers=4, tp=2)) == _pool_name(dense)
+    # and a load as the CLI writes it (the search wrote "2.5 requests/s" where the CLI wrote "2.50 requests/s")
+    from planner.serving import Traffic
+    from planner.serving.search import _load
+
+    assert _load(Traffic(100, 10, request_rate=2.5)) == "2.50 requests/s"
+    assert _load(Traffic(100, 10, concurrency=2048)) == "concurrency 2,048"
 
 
 def test_every_sweep_option_says_what_it_does(capsys):
@@ -122,7 +135,7 @@ def test_sglang_launch_of_a_worker_over_several_nodes_names_its_node_count(api):
 
 def test_serve_plan_writes_the_dynamo_manifest_the_export_route_writes(api, capsys):
     """`commplan serve-plan --format dynamo` and POST /v1/serve/export?format=dynamo share one writer table
-    (planner/serving/launch.WRITERS): the same bytes, and YAML whose services are the deployment's pools."""
+    (planner/serving/launch.EXPORTS): the same bytes, and YAML whose services are the deployment's pools."""
     import yaml
 
     path = ROOT / "examples/serve-deepseek-v3-disagg.json"

@@ -60,6 +60,8 @@ def test_disaggregated_ttft_over_http_never_falls_as_concurrency_grows(api):
     assert ttfts == sorted(ttfts), ttfts
     assert answers[1]["pools"][0]["batch"] == 32 and answers[512]["pools"][0]["batch"] == 128
     assert answers[1]["ttft_s"] < answers[512]["pools"][0]["step_s"] / 2
+    # the load binds up to 256 (below what the pools serve), the prefill pool at 512 (review: it said prefill)
+    assert [answers[c]["bottleneck"] for c in sorted(answers)] == ["concurrency"] * 3 + ["prefill"]
 
 
 def test_deepep_dispatch_over_http(api):
@@ -466,3 +468,47 @@ def test_vllm_and_sglang_custom_all_reduce_over_http(api):
             if algorithm.endswith("oneshot"):
                 assert row["bytes_sent_per_rank"] == 7 * row["message_bytes"]
                 assert "custom_all_reduce.py" in row["source"]
+
+
+def test_a_deployments_rules_run_once_per_request(api, monkeypatch):
+    """The cost guard (worker_inputs) and plan_serving each ran the weight-format rule, twice per /v1/serve
+    (review): the guard runs deployment.check_deployment and the route plans with checked=True. The rule itself is
+    recipes.check_recipe_gpu's (one home with training's workload.fp8_recipe): nvfp4 on H100 is a 422 at
+    options.weight_dtype naming compute capability 10.0."""
+    import planner.serving.deployment as deployment
+
+    calls = []
+    real = deployment.check_weight_format
+    monkeypatch.setattr(deployment, "check_weight_format", lambda *a: calls.append(a) or real(*a))
+    r = api.post("/v1/serve", json=LLAMA)
+    assert r.status_code == 200, r.text
+    assert len(calls) == 1  # was 2
+    r = api.post("/v1/serve", json={**LLAMA, "options": {**LLAMA.get("options", {}), "weight_dtype": "nvfp4"}})
+    assert r.status_code == 422
+    (err,) = r.json()["detail"]
+    assert err["loc"][-2:] == ["options", "weight_dtype"] or ".".join(map(str, err["loc"])).endswith(
+        "options.weight_dtype"
+    ), err
+    assert "nvfp4 weights need compute capability >= 10.0" in err["msg"] and err["msg"].endswith("use fp8 or bf16")
+
+
+def test_serving_exports_are_one_registry(api):
+    """The serving exports were listed in four places (launch.WRITERS, the route's _EXPORTS, ServeExportFormat,
+    the CLI's choices: review); now planner/serving/launch.py EXPORTS, which the route (its query's values, media
+    type and file name), the CLI's --format and the docs read."""
+    from app.cli import SERVE_FORMATS
+    from planner.serving.launch import EXPORTS
+
+    spec = api.get("/openapi.json").json()["paths"]["/v1/serve/export"]["post"]
+    (param,) = [p for p in spec["parameters"] if p["name"] == "format"]
+    assert param["schema"]["enum"] == list(EXPORTS) and set(EXPORTS) == {"launch", "dynamo"}
+    assert {f.media_type for f in EXPORTS.values()} <= set(spec["responses"]["200"]["content"])
+    assert tuple(SERVE_FORMATS) == ("table", "json", *EXPORTS) and "dynamo" in SERVE_FORMATS
+    body = {**LLAMA, "engine": "vllm"}
+    for name, export in EXPORTS.items():
+        r = api.post(f"/v1/serve/export?format={name}", json=body)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith(export.media_type)
+        assert r.headers["content-disposition"] == f'attachment; filename="serve-vllm{export.suffix}"'
+    docs = (ROOT / "docs/serving.md").read_text() + (ROOT / "docs/CONTRACT.md").read_text()
+    assert all(f"format={name}" in docs or f"--format {name}" in docs for name in EXPORTS)

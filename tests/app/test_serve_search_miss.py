@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from app.cli import human_seconds
 from planner.serving.engines import ENGINES
-from planner.serving.search import _duration
+from planner.words import duration
 
 ROOT = Path(__file__).resolve().parents[2]
 # Llama-3 70B on 2 H100 nodes at 512 requests at once: at that load TPOT is >= 16 ms
@@ -23,11 +24,15 @@ SEARCH = EXAMPLE | {
 
 @pytest.mark.parametrize(
     ("s", "text"),
-    [(8.2498, "8.25 s"), (0.0314159, "31.4 ms"), (0.959, "959 ms"), (0.0302, "30.2 ms"), (0.03, "30 ms"),
-     (1234.5, "1,230 s"), (0.9996, "1 s"), (None, "unbounded")],
+    [(8.2498, "8.25 s"), (0.0314159, "31.4 ms"), (0.959, "959 ms"), (0.0302, "30.2 ms"), (0.03, "30.0 ms"),
+     (1234.5, "1230 s"), (0.9996, "1.00 s"), (4.1e-5, "41.0 us"), (None, "unbounded")],
 )  # fmt: skip
 def test_durations_read_in_seconds_or_milliseconds(s, text):
-    assert _duration(s) == text
+    """The search's sentences and the CLI write a time alike (planner/words.py, one home: search._duration wrote
+    "30 ms", "1,230 s" and "0.041 ms" where the CLI and the page write "30.0 ms", "1230 s" and "41.0 us")."""
+    assert duration(s) == text
+    if s is not None:
+        assert human_seconds(s) == text
 
 
 def _meets(point: dict, sla: dict) -> bool:

@@ -152,6 +152,50 @@ def test_a_window_and_full_layer_mix_runs_each_layer_at_its_own_shape():
     assert t["mix"][0] == pytest.approx(per_key * (keys_full * 5120 / 4096 + keys_win * 1152 / 128) / 2, rel=1e-9)
 
 
+def test_the_layer_mix_weighs_each_layer_by_the_keys_attended_keys_counts():
+    """layer_mix_keys weighs each layer by its mean keys exactly as attended_keys does (kernels.layer_keys, one
+    home). Decoding GPT-OSS at a 4,096-token cache a query sees 128 keys in a windowed layer and 4,096 in a full
+    one; the mix's keys per block by hand: shape = (128 + 4,096) / (128·1,152/128 + 4,096·5,120/4,096) =
+    4,224/6,272, keys = 1,024·shape/(1 - shape) = 2,112. Before, layer_mix_keys weighed a decode query's layers by
+    the causal prefill means (126.0 and 2,048.5: full layers about half) and gave 1,464 (review; latent: a decode
+    step at s 1 takes the memory-bound decode_attention kernel, so no plan moved)."""
+    from planner.kernels import attended_keys, layer_keys, layer_mix_keys
+
+    oss = model_preset("gpt-oss-120b")
+    decode = Context(
+        oss, WorkloadSpec(kind="inference", phase="decode", batch_size=8, context_length=4096), ParallelSpec(dp=8)
+    )
+    keys = layer_keys(decode)
+    assert set(keys[0::2]) == {128.0} and set(keys[1::2]) == {4096.0}
+    assert attended_keys(decode) == sum(keys) / oss.num_layers == (128 + 4096) / 2
+    assert layer_mix_keys(decode, 4096, 1024) == pytest.approx(2112, rel=1e-12)
+    prefill = Context(
+        oss, WorkloadSpec(kind="inference", phase="prefill", batch_size=8, context_length=4096), ParallelSpec(dp=8)
+    )
+    assert layer_keys(prefill)[:2] == (causal_keys(4096, 128), causal_keys(4096, None))
+
+
+def test_the_score_combines_backward_bytes_on_an_idle_rank_are_zero():
+    """torchtitan's score combine (Flavour.moe_score_combine, bytes per element of the R x h rows forward 20,
+    backward 36): its backward reads 36·R·h bytes, however the forward's zeros_like of the tokens adds; a rank
+    with no rows and no tokens (R 0, tokens 0) has a backward of 0 bytes, not 0/0 (a ZeroDivisionError, a 500)."""
+    from planner.flavours.torch import FLAVOUR as TORCH
+    from planner.kernels import EAGER, routed_expert_kernels
+
+    def combine(tokens, rows):
+        fwd, bwd = routed_expert_kernels(
+            tokens, rows, 8, 4096, 1536, True, "bf16", 2, EAGER, H100, score_combine=TORCH.moe_score_combine
+        )
+        named = {k.name: k for k in fwd + bwd}
+        return named["combine_scores"], named["combine_scores.bwd"]
+
+    fwd, bwd = combine(1024.0, 128.0)
+    assert fwd.bytes == 20 * 128 * 8 * 4096 + 2 * 4096 * 1024
+    assert bwd.bytes == pytest.approx(36 * 128 * 8 * 4096, rel=1e-12)
+    fwd, bwd = combine(0.0, 0.0)
+    assert fwd.bytes == bwd.bytes == 0
+
+
 def test_expert_rows_take_the_busiest_rank():
     """Dropless top-k routing, ep = 8: a rank's mean R = T·k copies; the busiest carries R + sqrt(2·ln 8·R), plus
     the hottest expert's measured excess over its mean R/16: MaxVio_global 0.52 under Megatron's default auxiliary

@@ -65,6 +65,22 @@ def test_a_fitted_bf16_ceiling_is_the_weight_only_gemms_too():
     assert gemm_ceiling(NODE.gpu, "w4a16_mxfp4", EFFICIENCY) == gemm_ceiling(NODE.gpu, "bf16", EFFICIENCY)
 
 
+def test_the_weight_only_gemm_is_bf16_math_and_the_formats_bytes_from_one_home():
+    """"w4a16_mxfp4 computes bf16" has one home (kernels.math_dtype): its peak, clock, ceiling and activation operand
+    are bf16's on every GPU; its weight operand's bytes are workload.WEIGHT_FORMAT_BYTES["mxfp4"] (0.53125), not a
+    second literal (review)."""
+    from planner.kernels import _WEIGHT_OPERAND_BYTES, EXPERT_GEMM_DTYPE, clock_fraction, dense_peak, operand_bytes
+    from planner.workload import WEIGHT_FORMAT_BYTES
+
+    for preset in ("dgx-a100", "dgx-h100", "dgx-b200"):
+        gpu = cluster_preset(preset, 1).gpu
+        assert dense_peak(gpu, "w4a16_mxfp4") == dense_peak(gpu, "bf16")
+        assert clock_fraction(gpu, "w4a16_mxfp4") == clock_fraction(gpu, "bf16")
+        assert gemm_ceiling(gpu, "w4a16_mxfp4", EFFICIENCY) == gemm_ceiling(gpu, "bf16", EFFICIENCY)
+    assert operand_bytes("w4a16_mxfp4") == operand_bytes("bf16") == 2.0
+    assert _WEIGHT_OPERAND_BYTES[EXPERT_GEMM_DTYPE["mxfp4"]] == WEIGHT_FORMAT_BYTES["mxfp4"] == 0.53125
+
+
 def test_only_the_experts_change_kind():
     """The attention and router GEMMs stay bf16, the experts' run the weight-only kernel, and no quantizing cast is
     charged (the activations stay bf16); the MoE layer's decode step at 64 sequences is faster than bf16's."""

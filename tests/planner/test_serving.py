@@ -100,6 +100,49 @@ def test_aggregated_offline_load_is_bounded_by_prefill_and_queues():
     assert queued > 10 * held > 0
 
 
+def test_aggregated_closed_loop_is_the_disaggregated_ones_model_by_hand():
+    """One closed-loop model for both modes (deployment._closed_loop, mean-value analysis bounds): a worker holding
+    all of its N = C / W requests (no queue) serves R with N = R (a + k / (1 - R s)), a = t_p + t_d / 2, k = OSL
+    t_d, s = t_p / n: the root of a s R^2 - (a + k + N s) R + N = 0 below 1 / s; TTFT = a exactly (no wait: the
+    M/D/1 wait of an open queue was added here before: TTFT 0.397 s for a 0.333 s pass, now 0.340 s, and R 6.08 ->
+    6.11 requests/s), and the load
+    binds ("concurrency"). Disaggregated, s = 0: R = C / (t_p + transfer + OSL TPOT) below the pools' rates."""
+    import math
+
+    from planner.serving.deployment import _closed_loop
+
+    cluster = cluster_preset("dgx-h100", 1)
+    out = plan_serving(LLAMA70B, cluster, engine("vllm"), Traffic(1000, 500, concurrency=64), (Pool(tp=8),))
+    (pool,) = out.pools
+    n_pre = max(1, 8192 // 1000)  # vLLM's max_num_batched_tokens 8,192 (as _prefill takes it): eight prompts a pass
+    t_p, t_d = pool.prefill_s, pool.step_s
+    a, k, s, n = t_p + t_d / 2, 500 * t_d, t_p / n_pre, 64
+    b = a + k + n * s
+    rate = (b - math.sqrt(b * b - 4 * a * s * n)) / (2 * a * s)
+    assert pool.batch == 64 and out.request_rate == pytest.approx(rate, rel=1e-9)
+    assert out.ttft_s == pytest.approx(a, rel=1e-9)
+    assert out.tpot_s == pytest.approx(t_d / (1 - rate * s), rel=1e-9)
+    assert out.request_rate * (out.ttft_s + 500 * out.tpot_s) == pytest.approx(64, rel=1e-9)
+    assert out.bottleneck == "concurrency"
+    assert _closed_loop(10, 0.5, 1.5, 0.0, math.inf) == 10 / 2.0 and _closed_loop(10, 0.5, 1.5, 0.0, 3.0) == 3.0
+
+
+def test_the_bottleneck_says_what_binds():
+    """prefill when prefill takes most of an aggregated worker's time (2,048-token prompts, 128-token answers, 3,000
+    at once); decode when the KV cache's batch binds (128/2,048); concurrency when the KV cache holds every request
+    and the worker has time left (before: "decode" or "prefill", never the load)."""
+    node, opts = cluster_preset("dgx-h100", 1), ServeOptions(weight_dtype="fp8", kv_dtype="fp8")
+
+    def bound(isl, osl, c):
+        return plan_serving(LLAMA70B, node, engine("trtllm"), Traffic(isl, osl, concurrency=c), (Pool(tp=8),), opts)
+
+    assert bound(2048, 128, 3000).bottleneck == "prefill"
+    offline = bound(128, 2048, 3000)
+    assert offline.bottleneck == "decode" and offline.pools[0].batch == offline.kv_cache.max_concurrency
+    light = bound(1000, 500, 4)
+    assert light.bottleneck == "concurrency" and light.pools[0].batch == 4 < light.kv_cache.max_concurrency
+
+
 def test_more_concurrency_more_throughput_slower_users():
     cluster = cluster_preset("dgx-h100", 1)
     run = lambda c: plan_serving(LLAMA70B, cluster, engine("vllm"), Traffic(1000, 500, concurrency=c), (Pool(tp=8),))  # noqa: E731

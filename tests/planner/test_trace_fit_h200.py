@@ -200,3 +200,23 @@ def test_the_layer_planned_with_the_fitted_constants_matches_the_trace_by_class(
     assert after["gemm"] / measured["gemm"] - 1 == pytest.approx(-0.085, abs=0.01)
     assert before["gemm"] > measured["gemm"]  # +6.7% at the committed sustained clock
     assert fit.constants["clock"] == pytest.approx(1.015, abs=0.005)  # GEMMs of 2,048 tokens: a shorter burst
+
+
+def test_an_attention_points_flops_are_the_planners_with_mlas_head_dims():
+    """trace_fit.attention_points counts FLOPs with the planner's one formula (kernels.core_attention_flops, which
+    attention_flops calls), with the value's own head dim: an MLA operator (DeepSeek-V3: q and k 192, v 128)
+    does 2·b·s·keys·heads·(192 + 128), not (192 + 192) as the restated line gave (review)."""
+    from planner.kernels import causal_keys, core_attention_flops
+    from planner.profile_trace import Trace, TraceKernel, TraceOp, value_head_dim
+    from planner.trace_fit import attention_points
+
+    q, v = (1, 16, 4096, 192), (1, 16, 4096, 128)
+    mla = TraceOp("aten::_cudnn_attention_forward", (q, q, v), concrete=("",) * 10 + ("True",))
+    gqa = TraceOp("aten::_cudnn_attention_forward", (q, q, q), concrete=("",) * 10 + ("True",))
+    assert value_head_dim(mla) == 128 and value_head_dim(gqa) == 192
+    kernels = (TraceKernel("cudnn_fmha", "attention", 1e-3, 0), TraceKernel("cudnn_fmha", "attention", 1e-3, 1))
+    trace = Trace(kernels, (mla, gqa), "NVIDIA H200", 132, 90, 1, None, None, 2, True)
+    points = attention_points(trace)
+    keys = causal_keys(4096, None)
+    assert points[0].flops == 2.0 * 4096 * keys * 16 * (192 + 128) == core_attention_flops(1, 4096, keys, 16, 192, 128)
+    assert points[1].flops == 2.0 * 4096 * keys * 16 * (192 + 192)
