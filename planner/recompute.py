@@ -108,19 +108,22 @@ def working_layers(ctx: Context) -> int:
     return 1 if w.recompute_method == "block" else (w.recompute_num_layers or 1)
 
 
-def layer_counts(ctx: Context, stage: int) -> dict[tuple[bool, LayerRecompute], int]:
+def layer_counts(ctx: Context, stage: int, mtp: bool = True) -> dict[tuple[bool, LayerRecompute], int]:
     """(is MoE, what it re-runs) -> layers of ``stage``, for the compute of its backward. It reads the workload
-    and the kinds (MoE or dense) of each chunk's layers in order (Context.chunk_kinds): memoised on those."""
-    return _layer_counts(ctx.work, ctx.chunk_kinds[stage], ctx.chunk_mtp[stage])
+    and the kinds (MoE or dense) of each chunk's layers in order (Context.chunk_kinds): memoised on those.
+    ``mtp`` False leaves the MTP blocks out (the last chunk_mtp layers of their chunk)."""
+    return _layer_counts(ctx.work, ctx.chunk_kinds[stage], ctx.chunk_mtp[stage], mtp)
 
 
 @lru_cache(maxsize=4096)
 def _layer_counts(
-    work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...], mtps: tuple[int, ...] | None = None
+    work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...], mtps: tuple[int, ...] | None = None, mtp: bool = True
 ) -> dict[tuple[bool, LayerRecompute], int]:
     counts: dict[tuple[bool, LayerRecompute], int] = {}
-    for chunk, plans in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds), mtps), strict=True):
-        for moe, plan in zip(chunk, plans, strict=True):
+    mtps = mtps or (0,) * len(kinds)
+    for chunk, plans, k in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds), mtps), mtps, strict=True):
+        kept = len(chunk) if mtp else len(chunk) - k
+        for moe, plan in zip(chunk[:kept], plans[:kept], strict=True):
             key = (moe, LayerRecompute(plan.full, True, plan.modules))
             counts[key] = counts.get(key, 0) + 1
     return counts
@@ -157,7 +160,7 @@ class Reruns:
         return self.moe_block + self.shared
 
 
-def rerun_layers(ctx: Context, stage: int) -> Reruns:
+def rerun_layers(ctx: Context, stage: int, mtp: bool = True) -> Reruns:
     """What ``stage`` re-runs, counted from ``layer_counts`` (the one home of which layer re-runs what):
     full recompute re-runs every layer (uniform) or the first recompute_num_layers of each chunk (block:
     Megatron-LM d98e8a6 megatron/core/recompute.py, ``use_checkpoint = layer_idx < recompute_num_layers``
@@ -187,9 +190,12 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
     so the functional all_gather_into_tensor (sequence parallelism's gather before the colwise linears) and
     all_reduce (a rowwise output without it) run again (torch/utils/checkpoint.py _CachedTorchDispatchMode:
     a _RECOMPUTE entry calls the op again); SDPA is saved, so no CP exchange re-runs. Recorded on 2 CPU ranks
-    with gloo and DTensor (tests/reference/pytorch/sac_op_tp2.json)."""
+    with gloo and DTensor (tests/reference/pytorch/sac_op_tp2.json).
+
+    ``mtp`` False counts the decoder's layers only (layer_counts): what a rule asks when the MTP blocks do not
+    issue its calls (rules/fp8.py: under nvfp4 the MTP modules stay bf16)."""
     dense = moe = attention = mlp = moe_block = shared = up_proj = per_op = 0
-    for (is_moe, plan), count in layer_counts(ctx, stage).items():
+    for (is_moe, plan), count in layer_counts(ctx, stage, mtp).items():
         if plan.full:
             moe, dense = (moe + count, dense) if is_moe else (moe, dense + count)
         elif is_moe:

@@ -178,3 +178,28 @@ def test_mtp_fp8_amax_reductions():
     assert uniform["fp8.tp_amax.recompute"] == (4, (5 * 3 + 1) * m)
     fp4, _ = rows("nvfp4")
     assert fp4["fp8.tp_amax"] == (4, 4 * 3 * m)  # the decoder's layers only
+
+
+def test_nvfp4_selective_recompute_leaves_the_mtp_block_out_of_the_tp_amax_reruns():
+    """Selective recompute of ``mlp`` and ``mla_up_proj`` under SP re-runs each layer's column-parallel linears
+    in the backward: fc1 (1) and MLA's q and kv up-projections (2), 3 input-amax reductions over TP per layer
+    and micro-batch. Under tensorwise the MTP block (layer 4) re-runs its three too: 5 x 3; under nvfp4 it runs
+    in bf16 (multi_token_prediction.py "currently ignoring FP4 in MTP layers"): the decoder's 4 x 3 only,
+    as its first run counts (fp8._quantized_layer, one cut-off for both)."""
+    from planner.rules import fp8
+
+    def rerun(recipe: str) -> tuple[int, int]:
+        par = ParallelSpec(tp=2, pp=1, dp=2, sequence_parallel=True)
+        work = WorkloadSpec(
+            global_batch_size=8,
+            seq_length=S,
+            fp8_recipe=recipe,
+            activation_recompute="selective",
+            recompute_modules=("mlp", "mla_up_proj"),
+        )
+        rows = {x.name: x.calls_per_iteration for x in fp8.calls(Context(dense_v3(1), work, par))}
+        return rows["fp8.tp_amax"], rows["fp8.tp_amax.recompute"]
+
+    m = 4  # micro-batches: 8 / (1 x dp 2)
+    assert rerun("tensorwise") == ((5 * 3 + 1) * m, 5 * 3 * m)  # + eh_proj's first run
+    assert rerun("nvfp4") == (4 * 3 * m, 4 * 3 * m)  # was 5 x 3 x m: the bf16 MTP block counted
