@@ -23,7 +23,8 @@ parallelism splits the rest; context parallelism splits s. Flash attention and s
 the s² term (flash keeps only the output and the log-sum-exp); full recompute keeps each layer's input
 (2·sbh, /t with SP) plus one layer's working set. MoE layers store the expert inputs and activations of the
 top-k copies of each token. Micro-batches in flight come from the schedule (pipeline.in_flight).
-The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3). Under an fp8/fp4
+The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3), and, training,
+the final norm's and the output layer's saved inputs (``head_chunk_bytes``). Under an fp8/fp4
 recipe TransformerEngine's linears save quantized copies of their inputs, and Megatron can keep the SwiGLU
 input in fp8 (``activation_parts``; docs/step-time.md).
 
@@ -338,7 +339,7 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
             plan_of = dict(zip(map(id, plans), plans, strict=True))
             for moe, ident in new:
                 by_plan[moe, ident] = keeps(moe, plan_of[ident])
-        per_chunk.append(sum(map(by_plan.__getitem__, layers)) + mtp_chunk_bytes(ctx, c))
+        per_chunk.append(sum(map(by_plan.__getitem__, layers)) + mtp_chunk_bytes(ctx, c) + head_chunk_bytes(ctx, c))
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
     if mtp_checkpointed(ctx.work) and ctx.holds_mtp(stage):  # the backward rebuilds one MTP module whole
         block = full[ctx.model.is_moe_layer(ctx.model.num_layers)].per_rank(t, sp, flash)
@@ -349,6 +350,36 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
 def _sequence_row(ctx: Context) -> float:
     """Bytes of one [s/cp, b, h] activation on a rank: split over tp with sequence parallelism."""
     return ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (ctx.par.tp if ctx.par.sp else 1)
+
+
+def holds_final_norm(ctx: Context, chunk) -> bool:
+    """Whether ``chunk`` runs the decoder's final norm (Megatron-LM d98e8a6 transformer_block.py
+    has_final_layernorm_in_this_stage): without MTP the block that post-processes (the chunk with the loss);
+    with MTP layers the block holding the last decoder layer (layer_number == num_layers), wherever the loss is."""
+    if ctx.model.mtp_layers and ctx.training:
+        return ctx.model.num_layers - 1 in chunk.layers
+    return chunk.loss
+
+
+def head_chunk_bytes(ctx: Context, chunk) -> float:
+    """What one micro-batch of ``chunk`` keeps for the model's head beyond its layers, training only (the
+    logits are ``_logits``): the final norm's input on the chunk that runs it (``holds_final_norm``; TE's
+    RMSNorm/LayerNorm saves its input for backward, one [s/cp, b, h] row, the sequence shard under SP like the
+    layers' norms) and, on the loss's chunk, the output layer's input (megatron/core/tensor_parallel/layers.py
+    d98e8a6 LinearWithGradAccumulationAndAsyncCommunication.forward: ``ctx.save_for_backward(input, weight)``
+    before the sequence-parallel all-gather, so the shard; the gathered copy lives in the global "mpu" buffer
+    and backward gathers again). A flavour that keeps the gathered input for wgrad (``sp_wgrad_regather``
+    False: DTensor's ColwiseParallel output layer gathers, then its matmul saves the gathered tensor) keeps the
+    whole [s/cp, b, h]. The output layer runs in bf16 outside the fp8 context (gpt_model.py; only the mxfp8
+    ``fp8_output_proj`` TE head, not modelled, quantizes it)."""
+    if not ctx.training:
+        return 0.0
+    row = _sequence_row(ctx)
+    norm = row if holds_final_norm(ctx, chunk) else 0.0
+    if not chunk.loss:
+        return norm
+    gathered = ctx.par.sp and not ctx.flavour.sp_wgrad_regather
+    return norm + row * (ctx.par.tp if gathered else 1)
 
 
 def mtp_module_bytes(ctx: Context) -> float:
@@ -421,7 +452,9 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
     par = ctx.par
     layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     mtp = (ctx.chunk_mtp[stage],) if ctx.model.mtp_layers else ()
-    return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers, *mtp)
+    head = tuple((holds_final_norm(ctx, c), c.loss) for c in ctx.chunks[stage])  # head_chunk_bytes, by chunk
+    dims = (par.tp, par.cp, par.sp, par.flavour.sp_wgrad_regather)
+    return (ctx.model, ctx.work, None if ctx.training else par.dp, *dims, *layers, *mtp, head)
 
 
 def _logits(ctx: Context, stage: int) -> int:

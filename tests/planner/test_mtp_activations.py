@@ -57,7 +57,7 @@ def test_mtp_under_full_recompute_keeps_the_checkpoint_inputs():
     plans = chunk_plans(c, 0)[0]
     assert [p.keeps_input for p in plans] == [True] * 4 + [False]  # layers 0-3, then the MTP block (layer 4)
     acts = chunk_activations(c, 0)
-    assert acts.per_chunk == (4 * ROW + 2 * ROW,)
+    assert acts.per_chunk == (4 * ROW + 2 * ROW + 2 * ROW,)  # + the final norm's and the output layer's inputs
     block = layer_activations(c, False).per_rank(1, False, True)
     assert acts.working == pytest.approx(block + 5 * ROW)
     assert acts.logits == 4 * S * V + ROW + 4 * S * V  # the main logits, then the module's head input and logits
@@ -70,7 +70,7 @@ def test_mtp_under_block_recompute_is_not_recomputed():
     plans = chunk_plans(c, 0)[0]
     assert [p.full for p in plans] == [True] * 4 + [False]
     block = layer_activations(c, False).per_rank(1, False, True)
-    assert chunk_activations(c, 0).per_chunk == pytest.approx((4 * ROW + block + 5 * ROW,))
+    assert chunk_activations(c, 0).per_chunk == pytest.approx((4 * ROW + block + 5 * ROW + 2 * ROW,))
 
 
 def test_uniform_recompute_of_more_layers_with_mtp_is_refused():
@@ -100,6 +100,17 @@ def test_mtp_on_a_middle_rank_holds_its_module_per_micro_batch_in_flight():
     assert acts.logits == 0
     last = chunk_activations(ctx, 3)
     assert last.logits == 2 * 4 * S * V // 2 + ROW // 2  # main and MTP logits, the MTP head's input
+
+
+def test_final_norm_with_mtp_sits_with_the_last_decoder_layer():
+    """transformer_block.py has_final_layernorm_in_this_stage: with MTP layers the final norm is built in the
+    block holding layer num_layers (here layer 5, virtual stage 5 = rank 1's chunk 1), not on the loss's rank;
+    the output layer's input (saved before its SP gather: the shard) stays with the loss (rank 3's chunk 1)."""
+    ctx = _middle()
+    block = layer_activations(ctx, False).per_rank(2, True, True)
+    assert chunk_activations(ctx, 1).per_chunk == pytest.approx((block, block + ROW // 2))  # layers 1 and 5
+    assert chunk_activations(ctx, 3).per_chunk == pytest.approx((block, ROW // 2))  # layer 3; the loss alone
+    assert chunk_activations(ctx, 0).per_chunk == pytest.approx((block, block))  # layers 0 and 4
 
 
 def test_shape_exchange_of_an_mtp_on_a_middle_rank():
