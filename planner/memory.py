@@ -23,8 +23,9 @@ parallelism splits the rest; context parallelism splits s. Flash attention and s
 the s² term (flash keeps only the output and the log-sum-exp); full recompute keeps each layer's input
 (2·sbh, /t with SP) plus one layer's working set. MoE layers store the expert inputs and activations of the
 top-k copies of each token. Micro-batches in flight come from the schedule (pipeline.in_flight).
-The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3), and, training,
-the final norm's and the output layer's saved inputs (``head_chunk_bytes``). Under an fp8/fp4
+The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3) and, training, the
+output layer's saved input (``head_input_bytes``); the chunk running the final norm its input
+(``head_chunk_bytes``). Under an fp8/fp4
 recipe TransformerEngine's linears save quantized copies of their inputs, and Megatron can keep the SwiGLU
 input in fp8 (``activation_parts``; docs/step-time.md).
 
@@ -362,24 +363,27 @@ def holds_final_norm(ctx: Context, chunk) -> bool:
 
 
 def head_chunk_bytes(ctx: Context, chunk) -> float:
-    """What one micro-batch of ``chunk`` keeps for the model's head beyond its layers, training only (the
-    logits are ``_logits``): the final norm's input on the chunk that runs it (``holds_final_norm``; TE's
-    RMSNorm/LayerNorm saves its input for backward, one [s/cp, b, h] row, the sequence shard under SP like the
-    layers' norms) and, on the loss's chunk, the output layer's input (megatron/core/tensor_parallel/layers.py
-    d98e8a6 LinearWithGradAccumulationAndAsyncCommunication.forward: ``ctx.save_for_backward(input, weight)``
-    before the sequence-parallel all-gather, so the shard; the gathered copy lives in the global "mpu" buffer
-    and backward gathers again). A flavour that keeps the gathered input for wgrad (``sp_wgrad_regather``
-    False: DTensor's ColwiseParallel output layer gathers, then its matmul saves the gathered tensor) keeps the
-    whole [s/cp, b, h]. The output layer runs in bf16 outside the fp8 context (gpt_model.py; only the mxfp8
-    ``fp8_output_proj`` TE head, not modelled, quantizes it)."""
+    """What one micro-batch of ``chunk`` keeps for the decoder's final norm, training only: its input on the
+    chunk that runs it (``holds_final_norm``; TE's RMSNorm/LayerNorm saves its input for backward, one
+    [s/cp, b, h] row, the sequence shard under SP like the layers' norms), per micro-batch in flight of that
+    chunk as a layer's norms are. The output layer's input goes with the logits (``head_input_bytes``)."""
+    return _sequence_row(ctx) if ctx.training and holds_final_norm(ctx, chunk) else 0.0
+
+
+def head_input_bytes(ctx: Context) -> float:
+    """The output layer's saved input on the loss's rank, training only, counted with the logits (``_logits``,
+    one micro-batch: the two live from the head's forward to its backward, as the MTP heads' inputs do in
+    ``mtp_loss_bytes``). Megatron-LM d98e8a6 megatron/core/tensor_parallel/layers.py
+    LinearWithGradAccumulationAndAsyncCommunication.forward: ``ctx.save_for_backward(input, weight)`` before the
+    sequence-parallel all-gather, so the shard, one [s/cp, b, h] row / tp (the gathered copy lives in the
+    global "mpu" buffer and backward gathers again). A flavour that keeps the gathered input for wgrad
+    (``sp_wgrad_regather`` False: DTensor's ColwiseParallel output layer gathers, then its matmul saves the
+    gathered tensor) keeps the whole row. The output layer runs in bf16 outside the fp8 context (gpt_model.py;
+    only the mxfp8 ``fp8_output_proj`` TE head, not modelled, quantizes it)."""
     if not ctx.training:
         return 0.0
-    row = _sequence_row(ctx)
-    norm = row if holds_final_norm(ctx, chunk) else 0.0
-    if not chunk.loss:
-        return norm
     gathered = ctx.par.sp and not ctx.flavour.sp_wgrad_regather
-    return norm + row * (ctx.par.tp if gathered else 1)
+    return _sequence_row(ctx) * (ctx.par.tp if gathered else 1)
 
 
 def mtp_module_bytes(ctx: Context) -> float:
@@ -452,7 +456,7 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
     par = ctx.par
     layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     mtp = (ctx.chunk_mtp[stage],) if ctx.model.mtp_layers else ()
-    head = tuple((holds_final_norm(ctx, c), c.loss) for c in ctx.chunks[stage])  # head_chunk_bytes, by chunk
+    head = tuple(holds_final_norm(ctx, c) for c in ctx.chunks[stage])  # head_chunk_bytes, by chunk
     dims = (par.tp, par.cp, par.sp, par.flavour.sp_wgrad_regather)
     return (ctx.model, ctx.work, None if ctx.training else par.dp, *dims, *layers, *mtp, head)
 
@@ -462,7 +466,7 @@ def _logits(ctx: Context, stage: int) -> int:
         return 0
     vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
     rows = ctx.b * ctx.s_cp if ctx.training else ctx.b  # inference keeps the last position's logits only
-    return 4 * rows * vocab + int(mtp_loss_bytes(ctx))
+    return 4 * rows * vocab + int(mtp_loss_bytes(ctx) + head_input_bytes(ctx))
 
 
 # ---- weights, gradients, optimizer ----------------------------------------------------------------------

@@ -57,10 +57,11 @@ def test_mtp_under_full_recompute_keeps_the_checkpoint_inputs():
     plans = chunk_plans(c, 0)[0]
     assert [p.keeps_input for p in plans] == [True] * 4 + [False]  # layers 0-3, then the MTP block (layer 4)
     acts = chunk_activations(c, 0)
-    assert acts.per_chunk == (4 * ROW + 2 * ROW + 2 * ROW,)  # + the final norm's and the output layer's inputs
+    assert acts.per_chunk == (4 * ROW + 2 * ROW + ROW,)  # + the final norm's input (memory.head_chunk_bytes)
     block = layer_activations(c, False).per_rank(1, False, True)
     assert acts.working == pytest.approx(block + 5 * ROW)
-    assert acts.logits == 4 * S * V + ROW + 4 * S * V  # the main logits, then the module's head input and logits
+    # the main logits and head input (memory.head_input_bytes), then the module's head input and logits
+    assert acts.logits == 4 * S * V + ROW + ROW + 4 * S * V
 
 
 def test_mtp_under_block_recompute_is_not_recomputed():
@@ -70,7 +71,7 @@ def test_mtp_under_block_recompute_is_not_recomputed():
     plans = chunk_plans(c, 0)[0]
     assert [p.full for p in plans] == [True] * 4 + [False]
     block = layer_activations(c, False).per_rank(1, False, True)
-    assert chunk_activations(c, 0).per_chunk == pytest.approx((4 * ROW + block + 5 * ROW + 2 * ROW,))
+    assert chunk_activations(c, 0).per_chunk == pytest.approx((4 * ROW + block + 5 * ROW + ROW,))
 
 
 def test_uniform_recompute_of_more_layers_with_mtp_is_refused():
@@ -99,17 +100,17 @@ def test_mtp_on_a_middle_rank_holds_its_module_per_micro_batch_in_flight():
     assert acts.per_chunk == pytest.approx((block, block + 5 * ROW // 2))
     assert acts.logits == 0
     last = chunk_activations(ctx, 3)
-    assert last.logits == 2 * 4 * S * V // 2 + ROW // 2  # main and MTP logits, the MTP head's input
+    assert last.logits == 2 * 4 * S * V // 2 + 2 * ROW // 2  # main and MTP logits and head inputs
 
 
 def test_final_norm_with_mtp_sits_with_the_last_decoder_layer():
     """transformer_block.py has_final_layernorm_in_this_stage: with MTP layers the final norm is built in the
     block holding layer num_layers (here layer 5, virtual stage 5 = rank 1's chunk 1), not on the loss's rank;
-    the output layer's input (saved before its SP gather: the shard) stays with the loss (rank 3's chunk 1)."""
+    the output layer's input (saved before its SP gather: the shard) goes with the loss's logits (rank 3)."""
     ctx = _middle()
     block = layer_activations(ctx, False).per_rank(2, True, True)
     assert chunk_activations(ctx, 1).per_chunk == pytest.approx((block, block + ROW // 2))  # layers 1 and 5
-    assert chunk_activations(ctx, 3).per_chunk == pytest.approx((block, ROW // 2))  # layer 3; the loss alone
+    assert chunk_activations(ctx, 3).per_chunk == pytest.approx((block, 0.0))  # layer 3; the loss alone
     assert chunk_activations(ctx, 0).per_chunk == pytest.approx((block, block))  # layers 0 and 4
 
 
