@@ -190,7 +190,7 @@ def _rerun_columns(ctx: Context, stage: int) -> int:
     if not ctx.training:
         return 0
     mtp = mtp_quantized(ctx)
-    again = rerun_layers(ctx, stage, mtp=mtp)  # nvfp4: the MTP blocks' modules re-run in bf16 (_quantized_layer)
+    again = rerun_layers(ctx, stage, "all" if mtp else "decoder")  # nvfp4: the MTP blocks re-run in bf16
     m = ctx.model
     shared = again.shared_experts if m.moe and m.moe.shared_ffn else 0
     modules = again.mlp + shared
