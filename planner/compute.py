@@ -13,7 +13,7 @@ error table against published iteration times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from collectives.topology.gpu import GPUSpec
@@ -169,9 +169,11 @@ def stage_recompute_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = 
     recompute; part of ``stage_compute(...).backward``, which adds it per layer): the timeline's recompute
     blocks. Memoised by value per layer kind, as the backward is."""
     total = 0.0
-    for (moe, plan), count in layer_counts(ctx, stage).items():
-        if plan.kind != "none":
-            total += count * per_layer(_LAYER_RECOMPUTE, _recompute_of, ctx, moe, gpu, eff, plan.kind, plan.modules)
+    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
+    for c, which in ((ctx, "all"),) if bf16 is None else ((ctx, "decoder"), (bf16, "mtp")):
+        for (moe, plan), count in layer_counts(ctx, stage, which).items():
+            if plan.kind != "none":
+                total += count * per_layer(_LAYER_RECOMPUTE, _recompute_of, c, moe, gpu, eff, plan.kind, plan.modules)
     if mtp_depths(ctx) and ctx.holds_mtp(stage):  # each MTP module's checkpoint re-runs its norms and eh_proj
         total += mtp_depths(ctx) * pass_time(mtp_module_kernels(ctx, gpu, eff).recompute).total_s
     return total
@@ -281,15 +283,22 @@ def stage_pass_compute(
     eff = efficiency(gpu, eff)
     dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
-    layers = {}
-    for moe, count in ((False, dense_n), (True, moe_n)):
-        if not count:
-            continue
-        layer, attn_s = layers[moe] = layer_forward(ctx, moe, gpu, eff)
-        fwd = fwd + layer.scaled(count)
-        attn += attn_s * count
-    for (moe, plan), count in layer_counts(ctx, stage).items():  # what each layer re-runs (recompute.py)
-        bwd = bwd + per_layer(_LAYER_BACKWARD, _backward_of, ctx, moe, gpu, eff, plan.kind, plan.modules).scaled(count)
+    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
+    parts = [(ctx, "all", dense_n, moe_n)]
+    if bf16 is not None:  # the MTP blocks' layers at bf16, the decoder's at the recipe
+        n, mtp_moe = ctx.model.mtp_layers, ctx.model.is_moe_layer(ctx.model.num_layers)
+        parts = [(ctx, "decoder", dense_n - n * (not mtp_moe), moe_n - n * mtp_moe)]
+        parts.append((bf16, "mtp", n * (not mtp_moe), n * mtp_moe))
+    for c, which, *counts in parts:
+        for moe, count in zip((False, True), counts, strict=True):
+            if not count:
+                continue
+            layer, attn_s = layer_forward(c, moe, gpu, eff)
+            fwd = fwd + layer.scaled(count)
+            attn += attn_s * count
+        for (moe, plan), count in layer_counts(ctx, stage, which).items():  # what each re-runs (recompute.py)
+            back = per_layer(_LAYER_BACKWARD, _backward_of, c, moe, gpu, eff, plan.kind, plan.modules)
+            bwd = bwd + back.scaled(count)
     mtp = mtp_depths(ctx)
     if mtp and ctx.holds_mtp(stage):  # each module's norms and eh_proj (its layer is counted above)
         module, module_bwd = per_layer(_MTP, _mtp_of, ctx, None, gpu, eff)
@@ -305,6 +314,24 @@ def mtp_depths(ctx: Context) -> int:
     ``_postprocess`` -> multi_token_prediction.py ``process_mtp_loss``: each depth's hidden states go through the
     shared ``output_layer`` and ``compute_language_model_loss`` on the post-process (loss) stage."""
     return ctx.model.mtp_layers if ctx.training else 0
+
+
+def mtp_bf16_context(ctx: Context) -> Context | None:
+    """The context the MTP blocks' transformer layers run in when it is not the decoder's: under a recipe the
+    MTP modules do not enter (nvfp4: Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer
+    enters get_fp8_context only when config.fp8, "currently ignoring FP4 in MTP layers"; rules/fp8.py
+    mtp_quantized), the same workload without the recipe: bf16 GEMMs and no quantizing casts, as the module's
+    own kernels (kernels.mtp_module_kernels). None when the MTP layers run as the decoder's."""
+    from .rules.fp8 import mtp_quantized
+
+    if not mtp_depths(ctx) or ctx.work.recipe is None or mtp_quantized(ctx):
+        return None
+    return _recipe_free(ctx.model, ctx.work, ctx.par)
+
+
+@lru_cache(maxsize=256)
+def _recipe_free(model, work, par) -> Context:
+    return Context(model, replace(work, fp8_recipe=None, fp8_param_gather=False), par)
 
 
 def _mtp_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:

@@ -812,8 +812,57 @@ def _mtp_module_kernels(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> La
         _fp8_casts(k)
     if ctx.training and not grad_accumulation_fusion(ctx):
         _grad_accumulation(k, False)
+    checkpointed = tuple(k.fwd)  # _checkpointed_forward wraps _proj_and_transformer_layer, not _get_embeddings
+    _embedding_lookup(k, T, "mtp.embedding")
     forward, backward = tuple(k.fwd), tuple(k.bwd)
-    return LayerKernels(forward, backward, forward if mtp_checkpointed(ctx.work) else ())
+    return LayerKernels(forward, backward, checkpointed if mtp_checkpointed(ctx.work) else ())
+
+
+# PyTorch's dense embedding backward (aten/src/ATen/native/cuda/Embedding.cu embedding_dense_backward_cuda: a radix
+# sort of the indices; EmbeddingBackwardKernel.cu embedding_backward_cuda_kernel: at::zeros of the [num_weights, h]
+# gradient, segment offsets, partial sums per segment, their sum scattered into the rows): its launches, counted
+# from those two files (sort 4, segments 2, partials 2, scatter 1, zeros 1)
+EMBEDDING_BACKWARD_LAUNCHES = 10
+# VocabParallelEmbedding.forward with tp > 1: the out-of-shard mask (two compares and their or), clone, subtract the
+# shard's start, index_put of 0 (six int64 kernels over the ids); then output_parallel[input_mask, :] = 0 (nonzero
+# and index_put: two)
+VOCAB_MASK_LAUNCHES, VOCAB_MASK_OUTPUT_LAUNCHES = 6, 2
+
+
+def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
+    """A word-embedding lookup of T tokens on one rank, forward and backward (Megatron-LM d98e8a6
+    megatron/core/models/common/embeddings/language_model_embedding.py over tensor_parallel/layers.py
+    VocabParallelEmbedding; its TP reduction is a ledger call, rules/tensor.py). An MTP module's
+    ``_get_embeddings`` first rolls the ids and positions one token left (multi_token_prediction.py roll_tensor:
+    two torch.roll over int64, 16 B a token read and written), then looks the shifted tokens up: with tp > 1 the
+    vocabulary-shard mask over the ids; F.embedding gathers T rows of h (read and write x bytes each); the
+    masked rows zeroed; the [b, s, h] -> [s, b, h] transpose made contiguous. The backward runs the transpose's
+    and the mask's gradients, then PyTorch's dense embedding backward, which zero-fills the whole [V/t, h]
+    gradient and sums the T rows into it (EMBEDDING_BACKWARD_LAUNCHES), and Megatron's DDP backward hook adds
+    that gradient into the fp32 main_grad (distributed/param_and_grad_buffer.py ``main_grad.add_(grad)``: read
+    x + 4, write 4 bytes a weight; with several lookups of one weight in a micro-batch autograd sums their
+    gradients first and the hook runs once, a little less than counted here): the two V·h terms dominate
+    (DeepSeek-V3, tp 1: 11.1 GB a lookup). Counted for the MTP modules' lookups; the main model's lookup on the
+    first stage is not priced yet (docs/step-time.md, MTP section)."""
+    ctx, t = k.ctx, k.ctx.par.tp
+    h, x = ctx.model.hidden_size, ctx.x
+    row = T * h * x
+    k.mem(name + ".roll_ids", 2 * 2 * 8 * T, 2, back=0)
+    if t > 1:
+        k.mem(name + ".vocab_mask", 6 * 2 * 8 * T, VOCAB_MASK_LAUNCHES, back=0)
+    k.mem(name + ".gather", 2 * row, 1, back=0)
+    if t > 1:
+        k.mem(name + ".mask_output", row, VOCAB_MASK_OUTPUT_LAUNCHES, back=0)
+    k.mem(name + ".transpose", 2 * row, 1, back=0)
+    if not ctx.training:
+        return
+    grad = ctx.model.padded_vocab(t) // t * h  # the [V/t, h] weight gradient's elements
+    k.bwd.append(memory_kernel(name + ".transpose.bwd", 2 * row, k.gpu, k.eff, 1, k.floor))
+    if t > 1:
+        k.bwd.append(memory_kernel(name + ".mask_output.bwd", row, k.gpu, k.eff, VOCAB_MASK_OUTPUT_LAUNCHES, k.floor))
+    dense = grad * x + 2 * row + 4 * 8 * T  # zero fill, the rows read and summed in, the sort's keys and values
+    k.bwd.append(memory_kernel(name + ".wgrad", dense, k.gpu, k.eff, EMBEDDING_BACKWARD_LAUNCHES, k.floor))
+    k.bwd.append(memory_kernel(name + ".main_grad", grad * (x + 8), k.gpu, k.eff, 1, k.floor))
 
 
 class _Layer:

@@ -23,7 +23,9 @@ parallelism splits the rest; context parallelism splits s. Flash attention and s
 the s² term (flash keeps only the output and the log-sum-exp); full recompute keeps each layer's input
 (2·sbh, /t with SP) plus one layer's working set. MoE layers store the expert inputs and activations of the
 top-k copies of each token. Micro-batches in flight come from the schedule (pipeline.in_flight).
-The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3). Under an fp8/fp4
+The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3) and, training, the
+output layer's saved input (``head_input_bytes``); the chunk running the final norm its input
+(``head_chunk_bytes``). Under an fp8/fp4
 recipe TransformerEngine's linears save quantized copies of their inputs, and Megatron can keep the SwiGLU
 input in fp8 (``activation_parts``; docs/step-time.md).
 
@@ -338,7 +340,7 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
             plan_of = dict(zip(map(id, plans), plans, strict=True))
             for moe, ident in new:
                 by_plan[moe, ident] = keeps(moe, plan_of[ident])
-        per_chunk.append(sum(map(by_plan.__getitem__, layers)) + mtp_chunk_bytes(ctx, c))
+        per_chunk.append(sum(map(by_plan.__getitem__, layers)) + mtp_chunk_bytes(ctx, c) + head_chunk_bytes(ctx, c))
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
     if mtp_checkpointed(ctx.work) and ctx.holds_mtp(stage):  # the backward rebuilds one MTP module whole
         block = full[ctx.model.is_moe_layer(ctx.model.num_layers)].per_rank(t, sp, flash)
@@ -349,6 +351,39 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
 def _sequence_row(ctx: Context) -> float:
     """Bytes of one [s/cp, b, h] activation on a rank: split over tp with sequence parallelism."""
     return ctx.b * ctx.s_cp * ctx.model.hidden_size * ctx.x / (ctx.par.tp if ctx.par.sp else 1)
+
+
+def holds_final_norm(ctx: Context, chunk) -> bool:
+    """Whether ``chunk`` runs the decoder's final norm (Megatron-LM d98e8a6 transformer_block.py
+    has_final_layernorm_in_this_stage): without MTP the block that post-processes (the chunk with the loss);
+    with MTP layers the block holding the last decoder layer (layer_number == num_layers), wherever the loss is."""
+    if ctx.model.mtp_layers and ctx.training:
+        return ctx.model.num_layers - 1 in chunk.layers
+    return chunk.loss
+
+
+def head_chunk_bytes(ctx: Context, chunk) -> float:
+    """What one micro-batch of ``chunk`` keeps for the decoder's final norm, training only: its input on the
+    chunk that runs it (``holds_final_norm``; TE's RMSNorm/LayerNorm saves its input for backward, one
+    [s/cp, b, h] row, the sequence shard under SP like the layers' norms), per micro-batch in flight of that
+    chunk as a layer's norms are. The output layer's input goes with the logits (``head_input_bytes``)."""
+    return _sequence_row(ctx) if ctx.training and holds_final_norm(ctx, chunk) else 0.0
+
+
+def head_input_bytes(ctx: Context) -> float:
+    """The output layer's saved input on the loss's rank, training only, counted with the logits (``_logits``,
+    one micro-batch: the two live from the head's forward to its backward, as the MTP heads' inputs do in
+    ``mtp_loss_bytes``). Megatron-LM d98e8a6 megatron/core/tensor_parallel/layers.py
+    LinearWithGradAccumulationAndAsyncCommunication.forward: ``ctx.save_for_backward(input, weight)`` before the
+    sequence-parallel all-gather, so the shard, one [s/cp, b, h] row / tp (the gathered copy lives in the
+    global "mpu" buffer and backward gathers again). A flavour that keeps the gathered input for wgrad
+    (``sp_wgrad_regather`` False: DTensor's ColwiseParallel output layer gathers, then its matmul saves the
+    gathered tensor) keeps the whole row. The output layer runs in bf16 outside the fp8 context (gpt_model.py;
+    only the mxfp8 ``fp8_output_proj`` TE head, not modelled, quantizes it)."""
+    if not ctx.training:
+        return 0.0
+    gathered = ctx.par.sp and not ctx.flavour.sp_wgrad_regather
+    return _sequence_row(ctx) * (ctx.par.tp if gathered else 1)
 
 
 def mtp_module_bytes(ctx: Context) -> float:
@@ -421,7 +456,9 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
     par = ctx.par
     layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     mtp = (ctx.chunk_mtp[stage],) if ctx.model.mtp_layers else ()
-    return (ctx.model, ctx.work, None if ctx.training else par.dp, par.tp, par.cp, par.sp, *layers, *mtp)
+    head = tuple(holds_final_norm(ctx, c) for c in ctx.chunks[stage])  # head_chunk_bytes, by chunk
+    dims = (par.tp, par.cp, par.sp, par.flavour.sp_wgrad_regather)
+    return (ctx.model, ctx.work, None if ctx.training else par.dp, *dims, *layers, *mtp, head)
 
 
 def _logits(ctx: Context, stage: int) -> int:
@@ -429,7 +466,7 @@ def _logits(ctx: Context, stage: int) -> int:
         return 0
     vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
     rows = ctx.b * ctx.s_cp if ctx.training else ctx.b  # inference keeps the last position's logits only
-    return 4 * rows * vocab + int(mtp_loss_bytes(ctx))
+    return 4 * rows * vocab + int(mtp_loss_bytes(ctx) + head_input_bytes(ctx))
 
 
 # ---- weights, gradients, optimizer ----------------------------------------------------------------------

@@ -108,19 +108,27 @@ def working_layers(ctx: Context) -> int:
     return 1 if w.recompute_method == "block" else (w.recompute_num_layers or 1)
 
 
-def layer_counts(ctx: Context, stage: int) -> dict[tuple[bool, LayerRecompute], int]:
+LAYER_SETS = ("all", "decoder", "mtp")  # which layers of a stage layer_counts counts
+
+
+def layer_counts(ctx: Context, stage: int, layers: str = "all") -> dict[tuple[bool, LayerRecompute], int]:
     """(is MoE, what it re-runs) -> layers of ``stage``, for the compute of its backward. It reads the workload
-    and the kinds (MoE or dense) of each chunk's layers in order (Context.chunk_kinds): memoised on those."""
-    return _layer_counts(ctx.work, ctx.chunk_kinds[stage], ctx.chunk_mtp[stage])
+    and the kinds (MoE or dense) of each chunk's layers in order (Context.chunk_kinds): memoised on those.
+    ``layers`` "decoder" leaves the MTP blocks out (the last chunk_mtp layers of their chunk), "mtp" counts
+    only them: what a rule asks when the MTP blocks run otherwise (bf16 under nvfp4: rules/fp8.py, compute.py)."""
+    return _layer_counts(ctx.work, ctx.chunk_kinds[stage], ctx.chunk_mtp[stage], layers)
 
 
 @lru_cache(maxsize=4096)
 def _layer_counts(
-    work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...], mtps: tuple[int, ...] | None = None
+    work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...], mtps: tuple[int, ...] | None = None, layers: str = "all"
 ) -> dict[tuple[bool, LayerRecompute], int]:
     counts: dict[tuple[bool, LayerRecompute], int] = {}
-    for chunk, plans in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds), mtps), strict=True):
-        for moe, plan in zip(chunk, plans, strict=True):
+    mtps = mtps or (0,) * len(kinds)
+    for chunk, plans, k in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds), mtps), mtps, strict=True):
+        n = len(chunk)  # its MTP blocks are its last k layers (Context.chunk_mtp)
+        first, end = (n - k, n) if layers == "mtp" else (0, n - k if layers == "decoder" else n)
+        for moe, plan in zip(chunk[first:end], plans[first:end], strict=True):
             key = (moe, LayerRecompute(plan.full, True, plan.modules))
             counts[key] = counts.get(key, 0) + 1
     return counts
@@ -157,7 +165,7 @@ class Reruns:
         return self.moe_block + self.shared
 
 
-def rerun_layers(ctx: Context, stage: int) -> Reruns:
+def rerun_layers(ctx: Context, stage: int, layers: str = "all") -> Reruns:
     """What ``stage`` re-runs, counted from ``layer_counts`` (the one home of which layer re-runs what):
     full recompute re-runs every layer (uniform) or the first recompute_num_layers of each chunk (block:
     Megatron-LM d98e8a6 megatron/core/recompute.py, ``use_checkpoint = layer_idx < recompute_num_layers``
@@ -187,9 +195,12 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
     so the functional all_gather_into_tensor (sequence parallelism's gather before the colwise linears) and
     all_reduce (a rowwise output without it) run again (torch/utils/checkpoint.py _CachedTorchDispatchMode:
     a _RECOMPUTE entry calls the op again); SDPA is saved, so no CP exchange re-runs. Recorded on 2 CPU ranks
-    with gloo and DTensor (tests/reference/pytorch/sac_op_tp2.json)."""
+    with gloo and DTensor (tests/reference/pytorch/sac_op_tp2.json).
+
+    ``layers`` as layer_counts: "decoder" when the MTP blocks do not issue a rule's calls (rules/fp8.py: under
+    nvfp4 the MTP modules stay bf16)."""
     dense = moe = attention = mlp = moe_block = shared = up_proj = per_op = 0
-    for (is_moe, plan), count in layer_counts(ctx, stage).items():
+    for (is_moe, plan), count in layer_counts(ctx, stage, layers).items():
         if plan.full:
             moe, dense = (moe + count, dense) if is_moe else (moe, dense + count)
         elif is_moe:
@@ -207,6 +218,7 @@ def rerun_layers(ctx: Context, stage: int) -> Reruns:
 
 
 __all__ = [
+    "LAYER_SETS",
     "LayerRecompute",
     "Reruns",
     "chunk_plans",

@@ -1,6 +1,7 @@
 // The configuration form <-> a POST /v1/plan request, scenarios, and 422 messages marked on their inputs.
 import { $, el, options } from "./dom.js";
 import { buildControls, CONTROL_FIELDS, fillControls, readControls } from "./controls.js";
+import { buildModelFields, fillModelFields, MODEL_FIELDS, readModelFields } from "./model.js";
 import { state } from "./state.js";
 
 export const SCENARIOS = [
@@ -54,6 +55,7 @@ export const FIELDS = {
   "cluster.nics_per_node": "nics", "cluster.nic_bandwidth_GBps": "nic-bw", "cluster.network.oversubscription": "oversub",
   "cluster.network.rail_optimized": "rail",
   "cluster.devices_per_node": "dpn", "options.algorithm": "algorithm", "cluster.calibration": "calib-clear", ...CONTROL_FIELDS,
+  ...MODEL_FIELDS,
 };
 const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
 
@@ -70,6 +72,7 @@ export function readForm() {
     try { model.hf_config = JSON.parse($("hf-config").value || "{}"); } catch (e) { throw new FormError("model.hf_config", `config.json is not valid JSON: ${e.message}`); }
   } else model.preset = $("model-preset").value;
   put(model, "seq_length", num("seq-length"));
+  readModelFields(model, FormError);
   const workload = { kind: $("kind").value };
   if (workload.kind === "training") {
     put(workload, "micro_batch_size", num("micro-batch")); put(workload, "global_batch_size", num("global-batch"));
@@ -105,6 +108,7 @@ export function fillForm(req) {
   $("model-source-hf").checked = !!m.hf_config; $("model-source-preset").checked = !m.hf_config;
   if (m.preset) setSelect("model-preset", m.preset);
   $("hf-config").value = m.hf_config ? JSON.stringify(m.hf_config, null, 1) : "";
+  fillModelFields(m);
   $("seq-length").value = str(w.seq_length ?? m.seq_length);
   $("kind").value = w.kind === "inference" ? "inference" : "training";
   $("micro-batch").value = str(w.micro_batch_size, "1"); $("global-batch").value = str(w.global_batch_size, "1024");
@@ -188,6 +192,7 @@ export function fillPresets() {
   buildControls();
   options($("scenario"), [["", "— pick a scenario —"], ...SCENARIOS.map((s) => [s.id, s.label])]);
   options($("model-preset"), Object.entries(state.presets.models).map(([k, m]) => [k, m.name || k]));
+  buildModelFields();
   options($("cluster-preset"), Object.entries(state.presets.clusters).map(([k, c]) => [k, k, c.description]));
   const algs = [...new Set(state.catalogue.map((c) => c.algorithm))].sort();
   options($("algorithm"), [["auto", "auto (fastest the library would pick)"], ...algs.map((a) => [a, a])]);

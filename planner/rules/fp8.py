@@ -30,7 +30,8 @@ The fp8 parameter all-gather itself is in rules/data.py (``dp.params.fp8``).
   layer's, outside the decoder's: under delayed scaling each region's exit and its backward reduce its amaxes
   (``fp8.amax.mtp.eh_proj``: 3 and 2 fp32, one linear; ``fp8.amax.mtp``: the block's 3·G and 2·G); under
   current scaling with SP eh_proj is one more column-parallel linear reducing its input amax over TP. Under
-  nvfp4 neither the MTP block nor eh_proj quantizes: none of their calls.
+  nvfp4 neither the MTP block nor eh_proj quantizes: none of their calls, first run or re-run (whole or by
+  selective modules; ``_quantized_layer`` is the one cut-off).
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ def mtp_quantized(ctx: Context) -> bool:
     return bool(ctx.training and ctx.model.mtp_layers and recipe is not None and recipe.gemm_dtype == "fp8")
 
 
+def _quantized_layer(ctx: Context, layer: int) -> bool:
+    """Whether a layer's linears run the recipe: every decoder layer; an MTP block (layers num_layers and
+    after) only under an fp8 recipe (mtp_quantized; nvfp4: the MTP block stays bf16). The one home of the
+    cut-off the TP amax counts read, first run and re-run alike."""
+    return layer < ctx.model.num_layers or mtp_quantized(ctx)
+
+
 def _amax(ctx: Context) -> list[Call]:
     par = ctx.par
     if par.tp * par.cp * par.dp == 1:
@@ -142,8 +150,9 @@ def tp_amax_linears(ctx: Context, layer: int) -> tuple[int, int]:
 def _tp_amax(ctx: Context) -> list[Call]:
     out = []
     mtp = mtp_quantized(ctx)
-    limit = ctx.model.num_layers + (ctx.model.mtp_layers if mtp else 0)  # nvfp4: the MTP block stays bf16
-    counts = {s: [tp_amax_linears(ctx, i) for i in ctx.stage_layers[s] if i < limit] for s in range(ctx.par.pp)}
+    counts = {
+        s: [tp_amax_linears(ctx, i) for i in ctx.stage_layers[s] if _quantized_layer(ctx, i)] for s in range(ctx.par.pp)
+    }
     eh_proj = {s: ctx.model.mtp_layers if mtp and ctx.holds_mtp(s) else 0 for s in range(ctx.par.pp)}
     totals = {
         s: (sum(c for c, _ in v) + eh_proj[s], sum(r for _, r in v), _rerun_columns(ctx, s)) for s, v in counts.items()
@@ -180,22 +189,22 @@ def _rerun_columns(ctx: Context, stage: int) -> int:
     ``mla_up_proj`` MLA's q and kv up-projections (multi_latent_attention.py qkv_up_checkpoint)."""
     if not ctx.training:
         return 0
-    again = rerun_layers(ctx, stage)
+    mtp = mtp_quantized(ctx)
+    again = rerun_layers(ctx, stage, "all" if mtp else "decoder")  # nvfp4: the MTP blocks re-run in bf16
     m = ctx.model
     shared = again.shared_experts if m.moe and m.moe.shared_ffn else 0
     modules = again.mlp + shared
     modules += 2 * again.up_proj  # MLA's q and kv up-projections (recompute.rerun_layers)
-    mtp = mtp_quantized(ctx)
     if mtp and mtp_checkpointed(ctx.work) and ctx.holds_mtp(stage):
         modules += m.mtp_layers  # each module's checkpoint re-runs eh_proj (recompute.MTP_UNIFORM)
     if not again.whole:
         return modules
-    limit = m.num_layers + (m.mtp_layers if mtp else 0)
     plans = (
         zip(chunk.layers, plans, strict=True)
         for chunk, plans in zip(ctx.chunks[stage], chunk_plans(ctx, stage), strict=True)
     )
-    return modules + sum(tp_amax_linears(ctx, i)[0] for pairs in plans for i, plan in pairs if plan.full and i < limit)
+    rerun = (i for pairs in plans for i, plan in pairs if plan.full and _quantized_layer(ctx, i))
+    return modules + sum(tp_amax_linears(ctx, i)[0] for i in rerun)
 
 
 def _master_cast(ctx: Context) -> list[Call]:

@@ -181,3 +181,17 @@ def test_the_page_offers_every_layout_and_recipe_choice(api):
                   "options.overlap.overlap_moe_expert_parallel_comm",
                   "options.overlap.moe_shared_expert_overlap"):  # fmt: skip
         assert f'["{field}"' in controls, field
+
+
+def test_the_page_edits_every_model_field(api):
+    """frontend/js/model.js has an input for every field of ModelIn, MoEIn and MLAIn (app/schemas/plan.py) but the
+    preset, the pasted config.json and the sequence length (the form's own inputs), each a 422 mark target."""
+    from app.schemas.plan import MLAIn, ModelIn, MoEIn
+
+    source = api.get("/static/js/model.js").text
+    rows = set(re.findall(r'^  \["([a-z_.]+)", "', source, flags=re.M))
+    want = {f for f in ModelIn.model_fields if f not in ("preset", "hf_config", "seq_length", "moe", "mla")}
+    want |= {f"moe.{f}" for f in MoEIn.model_fields} | {f"mla.{f}" for f in MLAIn.model_fields}
+    assert rows == want, (want - rows, rows - want)
+    form = api.get("/static/js/form.js").text
+    assert "...MODEL_FIELDS" in form and "readModelFields(model" in form and "fillModelFields(m)" in form

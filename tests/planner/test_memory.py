@@ -8,7 +8,15 @@ from collectives.topology import cluster_preset
 from planner import ModelSpec, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.compute import kv_cache_bytes_per_layer
 from planner.context import Context
-from planner.memory import WORKSPACE_BYTES, layer_activations, stage_activation_bytes, stage_memory
+from planner.memory import (
+    WORKSPACE_BYTES,
+    chunk_activations,
+    head_chunk_bytes,
+    head_input_bytes,
+    layer_activations,
+    stage_activation_bytes,
+    stage_memory,
+)
 from planner.params import stage_params, total
 from planner.pipeline import Schedule, in_flight
 
@@ -64,7 +72,32 @@ def test_full_recompute_keeps_layer_inputs():
     sched = Schedule("1f1b", 1, 16)
     one_layer = layer_activations(c, False).per_rank(4, True, True)
     expect = GPT.num_layers * 2 * S * B * H / 4 + one_layer + 4 * B * S * GPT.padded_vocab(4) // 4
+    expect += 2 * 2 * S * B * H / 4  # the final norm's and the output layer's saved inputs (head_chunk_bytes)
     assert stage_activation_bytes(c, 0, sched) == pytest.approx(expect, rel=1e-9)
+
+
+def test_final_norm_and_output_layer_inputs_on_the_loss_stage_by_hand():
+    """Megatron-LM d98e8a6: the final norm saves its input and the output layer (ColumnParallelLinear,
+    LinearWithGradAccumulationAndAsyncCommunication.forward) saves ``input`` before its SP all-gather: two
+    [s, b, h] bf16 rows, each the sequence shard under SP, on the loss's stage only (the output layer's with
+    the logits); none when not training. PyTorch's DTensor head gathers first and saves the gathered input
+    (sp_wgrad_regather False)."""
+    row = 2 * S * B * H  # one [s, b, h] bf16 activation, 16,777,216 B
+    sched = Schedule("1f1b", 2, 16)
+    logits = 4 * B * S * GPT.padded_vocab(4) // 4
+
+    def added(framework: str, stage: int) -> float:
+        c = ctx(tp=4, sp=True, pp=2, framework=framework)
+        layers = layer_activations(c, False).per_rank(4, True, True) * len(c.stage_layers[stage])
+        return stage_activation_bytes(c, stage, sched) - in_flight(sched, stage) * layers - logits * (stage == 1)
+
+    assert added("megatron", 1) == 2 * row // 4 == 8_388_608  # norm input and head input, both sharded
+    assert added("megatron", 0) == 0  # the first stage has no head
+    assert added("torch", 1) == row // 4 + row == 20_971_520  # the head keeps the gathered input
+    c = ctx(tp=4, sp=True, pp=2)
+    assert chunk_activations(c, 1).logits == logits + row // 4  # the head's input goes with the logits
+    infer = Context(GPT, WorkloadSpec(kind="inference", micro_batch_size=B, seq_length=S), ParallelSpec(tp=4))
+    assert head_chunk_bytes(infer, infer.chunks[0][0]) == head_input_bytes(infer) == 0.0
 
 
 def test_in_flight_microbatches_per_schedule():

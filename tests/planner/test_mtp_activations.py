@@ -57,10 +57,11 @@ def test_mtp_under_full_recompute_keeps_the_checkpoint_inputs():
     plans = chunk_plans(c, 0)[0]
     assert [p.keeps_input for p in plans] == [True] * 4 + [False]  # layers 0-3, then the MTP block (layer 4)
     acts = chunk_activations(c, 0)
-    assert acts.per_chunk == (4 * ROW + 2 * ROW,)
+    assert acts.per_chunk == (4 * ROW + 2 * ROW + ROW,)  # + the final norm's input (memory.head_chunk_bytes)
     block = layer_activations(c, False).per_rank(1, False, True)
     assert acts.working == pytest.approx(block + 5 * ROW)
-    assert acts.logits == 4 * S * V + ROW + 4 * S * V  # the main logits, then the module's head input and logits
+    # the main logits and head input (memory.head_input_bytes), then the module's head input and logits
+    assert acts.logits == 4 * S * V + ROW + ROW + 4 * S * V
 
 
 def test_mtp_under_block_recompute_is_not_recomputed():
@@ -70,7 +71,7 @@ def test_mtp_under_block_recompute_is_not_recomputed():
     plans = chunk_plans(c, 0)[0]
     assert [p.full for p in plans] == [True] * 4 + [False]
     block = layer_activations(c, False).per_rank(1, False, True)
-    assert chunk_activations(c, 0).per_chunk == pytest.approx((4 * ROW + block + 5 * ROW,))
+    assert chunk_activations(c, 0).per_chunk == pytest.approx((4 * ROW + block + 5 * ROW + ROW,))
 
 
 def test_uniform_recompute_of_more_layers_with_mtp_is_refused():
@@ -99,7 +100,18 @@ def test_mtp_on_a_middle_rank_holds_its_module_per_micro_batch_in_flight():
     assert acts.per_chunk == pytest.approx((block, block + 5 * ROW // 2))
     assert acts.logits == 0
     last = chunk_activations(ctx, 3)
-    assert last.logits == 2 * 4 * S * V // 2 + ROW // 2  # main and MTP logits, the MTP head's input
+    assert last.logits == 2 * 4 * S * V // 2 + 2 * ROW // 2  # main and MTP logits and head inputs
+
+
+def test_final_norm_with_mtp_sits_with_the_last_decoder_layer():
+    """transformer_block.py has_final_layernorm_in_this_stage: with MTP layers the final norm is built in the
+    block holding layer num_layers (here layer 5, virtual stage 5 = rank 1's chunk 1), not on the loss's rank;
+    the output layer's input (saved before its SP gather: the shard) goes with the loss's logits (rank 3)."""
+    ctx = _middle()
+    block = layer_activations(ctx, False).per_rank(2, True, True)
+    assert chunk_activations(ctx, 1).per_chunk == pytest.approx((block, block + ROW // 2))  # layers 1 and 5
+    assert chunk_activations(ctx, 3).per_chunk == pytest.approx((block, 0.0))  # layer 3; the loss alone
+    assert chunk_activations(ctx, 0).per_chunk == pytest.approx((block, block))  # layers 0 and 4
 
 
 def test_shape_exchange_of_an_mtp_on_a_middle_rank():
@@ -178,3 +190,28 @@ def test_mtp_fp8_amax_reductions():
     assert uniform["fp8.tp_amax.recompute"] == (4, (5 * 3 + 1) * m)
     fp4, _ = rows("nvfp4")
     assert fp4["fp8.tp_amax"] == (4, 4 * 3 * m)  # the decoder's layers only
+
+
+def test_nvfp4_selective_recompute_leaves_the_mtp_block_out_of_the_tp_amax_reruns():
+    """Selective recompute of ``mlp`` and ``mla_up_proj`` under SP re-runs each layer's column-parallel linears
+    in the backward: fc1 (1) and MLA's q and kv up-projections (2), 3 input-amax reductions over TP per layer
+    and micro-batch. Under tensorwise the MTP block (layer 4) re-runs its three too: 5 x 3; under nvfp4 it runs
+    in bf16 (multi_token_prediction.py "currently ignoring FP4 in MTP layers"): the decoder's 4 x 3 only,
+    as its first run counts (fp8._quantized_layer, one cut-off for both)."""
+    from planner.rules import fp8
+
+    def rerun(recipe: str) -> tuple[int, int]:
+        par = ParallelSpec(tp=2, pp=1, dp=2, sequence_parallel=True)
+        work = WorkloadSpec(
+            global_batch_size=8,
+            seq_length=S,
+            fp8_recipe=recipe,
+            activation_recompute="selective",
+            recompute_modules=("mlp", "mla_up_proj"),
+        )
+        rows = {x.name: x.calls_per_iteration for x in fp8.calls(Context(dense_v3(1), work, par))}
+        return rows["fp8.tp_amax"], rows["fp8.tp_amax.recompute"]
+
+    m = 4  # micro-batches: 8 / (1 x dp 2)
+    assert rerun("tensorwise") == ((5 * 3 + 1) * m, 5 * 3 * m)  # + eh_proj's first run
+    assert rerun("nvfp4") == (4 * 3 * m, 4 * 3 * m)  # was 5 x 3 x m: the bf16 MTP block counted

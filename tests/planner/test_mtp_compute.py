@@ -51,9 +51,15 @@ def test_module_kernels_by_hand_tp2_sp():
     ctx = ctx_of(dense_v3(), tp=2, sp=True)
     lk = mtp_module_kernels(ctx, H100)
     names = [k.name for k in lk.forward]
-    assert names == ["mtp.enorm", "mtp.hnorm", "mtp.concat", "mtp.eh_proj", "mtp.final_layernorm"]
-    memory = sum(k.bytes for k in lk.forward if k.kind == "memory")
+    module = ["mtp.enorm", "mtp.hnorm", "mtp.concat", "mtp.eh_proj", "mtp.final_layernorm"]
+    lookup = ["mtp.embedding." + n for n in ("roll_ids", "vocab_mask", "gather", "mask_output", "transpose")]
+    assert names == module + lookup
+    memory = sum(k.bytes for k in lk.forward[:5] if k.kind == "memory")
     assert memory == 3 * 4 * (T / 2) * H + 4 * (T / 2) * H * 2  # 3 norms + the concat: 146,800,640 B
+    # the shifted tokens' lookup (kernels._embedding_lookup) on all T tokens: ids rolled, the vocabulary-shard
+    # mask, the gather (read + write a row), the masked rows zeroed, the transpose (read + write)
+    row = T * H * 2
+    assert [k.bytes for k in lk.forward[5:]] == [2 * 2 * 8 * T, 6 * 2 * 8 * T, 2 * row, row, 2 * row]
     (g,) = (k for k in lk.forward if k.kind == "gemm")
     assert g.shape == (T, H / 2, 2 * H, 1) and g.flops == 2 * T * (H / 2) * (2 * H)
     assert g.time_s == pytest.approx(gemm_time((T,), H / 2, 2 * H, "bf16", H100, gpu_efficiency(H100)))
@@ -65,9 +71,9 @@ def test_recompute_as_megatron_checkpoints_the_module():
     norms and eh_proj too; block and selective leave them alone."""
     full = ctx_of(dense_v3(), activation_recompute="full", recompute_method="uniform", recompute_num_layers=1)
     lk = mtp_module_kernels(full, H100)
-    assert lk.recompute == lk.forward
+    assert lk.recompute == lk.forward[:5]  # not the lookup: _get_embeddings runs before the checkpoint
     bare = ctx_of(dense_v3(0), activation_recompute="full", recompute_method="uniform", recompute_num_layers=1)
-    module_s = sum(k.time_s for k in lk.forward)
+    module_s = sum(k.time_s for k in lk.recompute)
     layer_s = layer_forward(full, False, H100)[0].total_s
     # the MTP block re-runs as a layer under full recompute, and the module's own part beside it
     assert stage_recompute_s(full, 0, H100) - stage_recompute_s(bare, 0, H100) == pytest.approx(layer_s + module_s)
@@ -167,3 +173,44 @@ def test_shape_exchange_adds_its_price_to_each_boundary():
     grown = plan.step.time_s - step_time(ctx, without, H100, with_timeline=False).time_s
     assert grown >= 2 * (par.pp - 1) * max(shapes) - 1e-12
     assert grown <= 2 * (Schedule("interleaved", 4, 4, 2).stages + ctx.micro_batches * 2) * max(shapes)
+
+
+def test_shifted_token_lookup_backward_by_hand():
+    """tp 1: the lookup's backward (kernels._embedding_lookup) runs the transpose's gradient (read + write a
+    row), PyTorch's dense embedding backward (zero-fill the [V, h] bf16 gradient, read the T rows and sum them
+    in, sort the ids: 4 int64 passes) and Megatron's DDP hook adding it into the fp32 main_grad (read 2 + 4,
+    write 4 B a weight): 11.4 GB for DeepSeek-V3's vocabulary, the lookup's backward on H100 ~3.5 ms."""
+    ctx = ctx_of(dense_v3())
+    lk = mtp_module_kernels(ctx, H100)
+    row, grad = T * H * 2, V * H
+    back = {k.name: k.bytes for k in lk.backward if k.name.startswith("mtp.embedding")}
+    assert back == {
+        "mtp.embedding.transpose.bwd": 2 * row,
+        "mtp.embedding.wgrad": grad * 2 + 2 * row + 4 * 8 * T,
+        "mtp.embedding.main_grad": grad * (2 + 8),
+    }
+    assert sum(back.values()) == 11_355_160_576  # 11.12 GB of it the two [V, h] passes
+    seconds = sum(k.time_s for k in lk.backward if k.name.startswith("mtp.embedding"))
+    assert 0.0025 < seconds < 0.005, seconds
+
+
+def test_nvfp4_runs_the_mtp_layer_in_bf16():
+    """Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer enters the quantization context
+    only for fp8 ("currently ignoring FP4 in MTP layers"): under nvfp4 the MTP block's transformer layer runs
+    bf16 GEMMs while the decoder's four run FP4 (compute.mtp_bf16_context); under an fp8 recipe all five run it."""
+    B200 = GPUS["b200-180gb"]
+    fp4 = ctx_of(dense_v3(), fp8_recipe="nvfp4")
+    bf16 = ctx_of(dense_v3(), fp8_recipe=None)
+    decoder, mtp_layer = layer_forward(fp4, False, B200)[0], layer_forward(bf16, False, B200)[0]
+    assert mtp_layer.total_s > 1.2 * decoder.total_s  # bf16 GEMMs on B200 run at half FP4's peak or less
+    plain = ctx_of(dense_v3(0), fp8_recipe="nvfp4")
+    module = sum(k.time_s for k in mtp_module_kernels(fp4, B200).forward)
+    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * decoder.total_s  # the head, once
+    fwd = stage_pass_compute(fp4, 0, B200)[0].total_s
+    assert fwd == pytest.approx(4 * decoder.total_s + mtp_layer.total_s + module + 2 * head, rel=1e-9)
+    mx = ctx_of(dense_v3(), fp8_recipe="mxfp8")  # an fp8 recipe: the MTP layer runs it as the decoder does
+    mx_layer = layer_forward(mx, False, B200)[0].total_s
+    mx_plain = stage_pass_compute(ctx_of(dense_v3(0), fp8_recipe="mxfp8"), 0, B200)[0].total_s
+    mx_module = sum(k.time_s for k in mtp_module_kernels(mx, B200).forward)
+    mx_head = mx_plain - 4 * mx_layer
+    assert stage_pass_compute(mx, 0, B200)[0].total_s == pytest.approx(5 * mx_layer + mx_module + 2 * mx_head)

@@ -20,6 +20,11 @@ GPU = GPUS["h100-sxm5-80gb"]
 SCHED = Schedule("1f1b", 1, 4)  # one stage: one micro-batch in flight
 
 
+# the final norm's and the output layer's saved inputs on the loss's stage (memory.head_chunk_bytes): two
+# [s, b, h] bf16 rows of Llama-3 8B at s 8192
+HEAD_INPUTS = 2 * 8192 * 4096 * 2
+
+
 def ctx_of(model="llama3-8b", **work):
     base = dict(micro_batch_size=1, global_batch_size=4)
     return Context(model_preset(model), WorkloadSpec(**(base | work)), ParallelSpec(dp=4))
@@ -35,7 +40,7 @@ def test_block_and_uniform_keep_what_megatron_keeps():
     plus a group of 4 rebuilt; without a method: every input, plus one layer."""
     none = ctx_of()
     layer = layer_activations(none, False).per_rank(1, False, True)
-    logits = 4 * 8192 * none.model.padded_vocab(1)
+    logits = 4 * 8192 * none.model.padded_vocab(1) + HEAD_INPUTS
     one_input = 8192 * 4096 * 2
     assert acts(none) == pytest.approx(32 * layer + logits, abs=64)
     block = ctx_of(activation_recompute="full", recompute_method="block", recompute_num_layers=8)
@@ -170,7 +175,7 @@ def test_torchtitan_per_op_checkpointing_keeps_every_other_mm():
     elementwise op."""
     op = torch_ctx(selective_ac_option="op")
     per_layer = 8192 * 2 * (4096 + 1024 + 4096 + 14336 + 2 * 4096) + 8192 * 32 * 4
-    logits = 4 * 8192 * op.model.padded_vocab(1)
+    logits = 4 * 8192 * op.model.padded_vocab(1) + HEAD_INPUTS
     assert acts(op) == pytest.approx(32 * per_layer + logits, abs=64)
     none = stage_compute(torch_ctx(activation_recompute="none"), 0, GPU)
     layer = layer_forward(op, False, GPU)[0]
@@ -186,7 +191,7 @@ def test_torchtitan_layer_checkpointing_every_second_block():
     two = torch_ctx(selective_ac_option="2")
     none = torch_ctx(activation_recompute="none")
     layer = layer_activations(none, False).per_rank(1, False, True)
-    logits = 4 * 8192 * none.model.padded_vocab(1)
+    logits = 4 * 8192 * none.model.padded_vocab(1) + HEAD_INPUTS
     assert acts(two) == pytest.approx(16 * 8192 * 4096 * 2 + 16 * layer + layer + logits, abs=64)
     fwd = layer_forward(none, False, GPU)[0]
     extra = stage_compute(two, 0, GPU).backward.total_s - stage_compute(none, 0, GPU).backward.total_s

@@ -1,0 +1,132 @@
+// The model's own fields, each editable over the preset or the pasted config.json (issue 21 item 7): the request
+// sends a field only when it is typed in, so a blank field is the base model's value, shown as the placeholder.
+// Names as in app/schemas/plan.py ModelIn; moe.* and mla.* are whole blocks there (MoEIn, MLAIn: a block given
+// replaces the base model's), so an edited block is sent whole, the base model's values filling what is not
+// typed. Over a config.json the page does not know the base's blocks: an edited block then needs its required
+// fields typed (the server's 422 names the missing one).
+import { $, el } from "./dom.js";
+import { state } from "./state.js";
+
+const ON_OFF = [["true", "on"], ["false", "off"]];
+// [path under model, label, kind (int | float | bool | list | a list of choices), title, what a null stands for]
+export const MODEL_ROWS = [
+  ["num_layers", "Layers", "int", "decoder layers (HF num_hidden_layers)"],
+  ["hidden_size", "Hidden size", "int", "model width h"],
+  ["num_attention_heads", "Attention heads", "int", "query heads"],
+  ["num_kv_heads", "KV heads", "int", "key/value heads (GQA)", "= heads"],
+  ["head_dim", "Head dim", "int", "per head", "hidden / heads"],
+  ["ffn_hidden_size", "FFN hidden size", "int", "dense MLP width"],
+  ["vocab_size", "Vocabulary", "int", "tokens (padded to 128 x TP as Megatron does)"],
+  ["sliding_window", "Sliding window", "int", "keys each query attends in sliding layers (GPT-OSS 128)", "full attention"],
+  ["full_attention_interval", "Full attention every", "int", "layers k, 2k, ... attend fully (GPT-OSS 2)", "every layer slides"],
+  ["mtp_layers", "MTP layers", "int", "multi-token-prediction modules (DeepSeek-V3 1)"],
+  ["gated_mlp", "Gated MLP (SwiGLU)", "bool", "three MLP matrices instead of two"],
+  ["norm", "Norm", ["rmsnorm", "layernorm"], "the layers' norm"],
+  ["qk_norm", "QK-norm", "bool", "RMSNorm on queries and keys per head (Qwen3)"],
+  ["attention_sinks", "Attention sinks", "bool", "one learned sink logit per head (GPT-OSS)"],
+  ["tied_embeddings", "Tied embeddings", "bool", "the output layer shares the embedding"],
+  ["linear_bias", "Linear biases", "bool", "every linear has a bias (GPT)"],
+  ["qkv_bias", "QKV bias", "bool", "the QKV projection alone has one (Qwen2)"],
+  ["learned_position_embeddings", "Learned positions", "bool", "a position embedding table (GPT) instead of RoPE"],
+  ["moe.num_experts", "Experts", "int", "routed experts"],
+  ["moe.top_k", "Top-k", "int", "experts per token"],
+  ["moe.expert_ffn_hidden_size", "Expert FFN size", "int", "each routed expert's width"],
+  ["moe.num_shared_experts", "Shared experts", "int", "experts every token runs"],
+  ["moe.shared_expert_ffn_hidden_size", "Shared expert FFN size", "int", "their total width", "shared x expert FFN"],
+  ["moe.first_dense_layers", "First dense layers", "int", "leading layers with a dense MLP (DeepSeek-V3 3)"],
+  ["moe.layer_freq", "MoE every", "int", "every k-th layer is MoE"],
+  ["moe.mlp_only_layers", "Dense-MLP layers", "list", "0-based layers that keep a dense MLP (Qwen3 mlp_only_layers)"],
+  ["moe.capacity_factor", "Capacity factor", "float", "tokens per expert capped at this x the even share", "dropless"],
+  ["moe.load_balancing", "Load balancing", ["aux_loss", "seq_aux_loss", "none"], "the router's balancing loss"],
+  ["moe.expert_bias", "Expert bias", "bool", "aux-loss-free balancing (DeepSeek-V3)"],
+  ["moe.node_limit", "Node limit", "int", "max nodes a token is sent to (DeepSeek-V3 4)", "none"],
+  ["mla.q_lora_rank", "MLA q LoRA rank", "int", "query compression (0: none)"],
+  ["mla.kv_lora_rank", "MLA kv LoRA rank", "int", "the latent KV width"],
+  ["mla.qk_nope_head_dim", "MLA qk nope dim", "int", "per head, without RoPE"],
+  ["mla.qk_rope_head_dim", "MLA qk rope dim", "int", "per head, decoupled RoPE"],
+  ["mla.v_head_dim", "MLA v head dim", "int", "per head"],
+];
+const BLOCKS = ["moe", "mla"];
+const idOf = (path) => `m-${path.replace(/[._]/g, "-")}`;
+// request field -> input, for the 422 marks (form.js FIELDS); a whole block's error marks its first field
+export const MODEL_FIELDS = Object.fromEntries([
+  ...MODEL_ROWS.map(([path]) => [`model.${path}`, idOf(path)]),
+  ...BLOCKS.map((b) => [`model.${b}`, idOf(MODEL_ROWS.find(([p]) => p.startsWith(`${b}.`))[0])]),
+]);
+
+const get = (obj, path) => path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), obj);
+const fromHf = () => $("model-source-hf").checked;
+// the model the fields edit: the preset's as GET /v1/presets/models gives it; null over a config.json
+const base = () => (fromHf() ? null : state.presets.models[$("model-preset").value] || null);
+
+// the inputs, under the model's facts (index.html's Model fieldset), once the presets are known
+export function buildModelFields() {
+  if ($("model-fields")) return;
+  const field = ([path, label, kind, title]) => {
+    const id = idOf(path), choices = kind === "bool" ? ON_OFF : Array.isArray(kind) ? kind.map((c) => [c, c]) : null;
+    const input = choices
+      ? el("select", { id, title }, el("option", { value: "" }, "default"), choices.map(([v, t]) => el("option", { value: v }, t)))
+      : kind === "list" ? el("input", { id, type: "text", maxLength: 4096, title })
+        : el("input", { id, type: "number", min: "0", step: kind === "float" ? "any" : "1", inputMode: kind === "float" ? "decimal" : "numeric", title });
+    return el("div", { className: "field" }, el("label", { htmlFor: id }, label), input);
+  };
+  $("model-facts").after(el("details", { id: "model-fields", className: "group" },
+    el("summary", {}, "Model fields ", el("span", { className: "set-count", id: "model-fields-count" })),
+    el("p", { className: "hint" }, "Blank: the preset's (or config.json's) value, shown greyed. A field typed here overrides it."),
+    el("div", { className: "grid2" }, MODEL_ROWS.map(field))));
+  $("model-fields").addEventListener("input", countModelFields);
+  // another preset is another base: the edits made over the last one go
+  $("model-preset").addEventListener("change", () => { clearModelFields(); showModelDefaults(); });
+  for (const id of ["model-source-preset", "model-source-hf"]) $(id).addEventListener("change", showModelDefaults);
+  showModelDefaults();
+}
+
+function clearModelFields() { for (const [path] of MODEL_ROWS) $(idOf(path)).value = ""; countModelFields(); }
+
+// each blank field shows the value it stands for
+export function showModelDefaults() {
+  const m = base();
+  for (const [path, , kind, , none = "none"] of MODEL_ROWS) {
+    const input = $(idOf(path)), v = m ? get(m, path) : undefined;
+    const shown = m === null ? "config.json's" : v === undefined || v === null || (Array.isArray(v) && !v.length) ? none
+      : kind === "bool" ? (v ? "on" : "off") : Array.isArray(v) ? v.join(",") : String(v);
+    if (input.tagName === "SELECT") input.options[0].textContent = `default (${shown})`;
+    else input.placeholder = shown;
+  }
+  countModelFields();
+}
+
+export function countModelFields() {
+  const n = MODEL_ROWS.filter(([path]) => $(idOf(path)).value.trim() !== "").length;
+  $("model-fields-count").textContent = n ? `(${n} set)` : "";
+}
+
+// the typed fields into the request's model block
+export function readModelFields(model, FormError) {
+  const blocks = {};
+  for (const [path, label, kind] of MODEL_ROWS) {
+    const text = $(idOf(path)).value.trim();
+    if (text === "") continue;
+    const value = kind === "bool" ? text === "true" : Array.isArray(kind) ? text : kind === "list" ? text.split(/[\s,]+/).filter(Boolean).map(Number) : Number(text);
+    if (kind === "list" && value.some((x) => !Number.isInteger(x))) throw new FormError(`model.${path}`, `${label}: whole layer numbers separated by commas, got "${text}"`);
+    if (kind === "int" && !Number.isInteger(value)) throw new FormError(`model.${path}`, `${label}: a whole number, got "${text}"`);
+    if (kind === "float" && !Number.isFinite(value)) throw new FormError(`model.${path}`, `${label}: a number, got "${text}"`);
+    const [head, key] = path.split(".");
+    if (key === undefined) model[head] = value;
+    else (blocks[head] ||= {})[key] = value;
+  }
+  const m = base();
+  for (const [name, edits] of Object.entries(blocks)) model[name] = { ...((m && m[name]) || {}), ...edits };
+  return model;
+}
+
+// a request's model fields into the inputs (a link, a scenario, a search hit)
+export function fillModelFields(m) {
+  for (const [path] of MODEL_ROWS) {
+    const v = get(m, path), input = $(idOf(path));
+    const text = v === undefined || v === null ? "" : Array.isArray(v) ? v.join(",") : String(v);
+    if (input.tagName === "SELECT" && text && ![...input.options].some((o) => o.value === text)) input.append(el("option", { value: text }, text));
+    input.value = text;
+  }
+  showModelDefaults();
+}
