@@ -283,6 +283,29 @@ ATTENTION_CEILING = {
     ("cudnn", 90): (0.55, 0.42),
     ("cudnn", 100): (0.42, 0.32),
 }
+# Head dimension (gptoss): a fused attention kernel's rate at head dim d < 128 against its d-128 rate (the ceilings
+# above are d 128). Per attention score a kernel does 4·d matmul FLOPs (QKᵀ and PV) and one exponential on the
+# multi-function unit, which is far slower than the tensor cores (FlashAttention-3, Shah et al. 2024 §3.1: H100 SXM5
+# 989 TFLOPS of FP16 matmul against 3.9 TFLOPS of special functions), so a smaller head spends a larger share of its
+# time on the softmax: rate(d) / rate(128) = 1 / (1 + k·(128/d - 1)), and d >= 128 at the d-128 ceiling. k per kernel
+# and pass (forward, backward) from this project's H200 (tests/reference/kernels/h200 run1.json and run2.json
+# ``attention``: h16 x d64 against h8 x d128 at equal FLOPs and sequence, causal, 1k-32k keys, 12 pairs each; torch
+# SDPA on cuDNN 9.19 and FlashAttention-2): median d-64 / d-128 rate cuDNN 0.767 forward, 0.818 backward (k = 1/rate
+# - 1); FlashAttention-2 0.974, 0.907 (its d-128 kernel is already below the softmax bound). Blackwell's cuDNN takes
+# Hopper's k: its tensor cores doubled per SM and its exponential unit did not (FlashAttention-4, Zadouri et al. 2026,
+# abstract: "exponential" bottleneck), so the Hopper share is a lower bound there. FlashAttention-3 has no d-64
+# measurement here: none.
+HEAD_DIM_K = {"cudnn": (0.303, 0.222), "flash2": (0.027, 0.103)}
+HEAD_DIM_REF = 128
+
+
+def head_dim_rate(kernel: str, d: int) -> tuple[float, float]:
+    """(forward, backward) rate of ``kernel`` at head dim ``d`` as a fraction of its d-128 ceiling (HEAD_DIM_K)."""
+    k_f, k_b = HEAD_DIM_K.get(kernel, (0.0, 0.0))
+    extra = max(0.0, HEAD_DIM_REF / d - 1.0) if d else 0.0
+    return 1.0 / (1.0 + k_f * extra), 1.0 / (1.0 + k_b * extra)
+
+
 FLASH3_GENERATIONS = (90,)  # FlashAttention-3 is Hopper-only (wgmma/TMA; flash-attention hopper/ README)
 FLASH_BWD = 2.5  # FlashAttention-2 §3.1.2: backward = 5 matmuls of the 2 the forward does
 FLASH_BWD_KERNELS = 3  # backward preprocess (dO·O), the main kernel, and dQ's conversion (flash_bwd_launch_template)
@@ -1315,7 +1338,7 @@ def attention_kernels(
     if ctx.model.sliding_window:
         s_kv = layer_mix_keys(ctx, s_kv, eff.attention_s0)
     shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
-    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps)
+    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, d)
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
     bwd = [
         Kernel(
@@ -1353,13 +1376,22 @@ def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
 
 
 def flash_attention_s(
-    flops: float, s_kv: float, kernel: str, gpu: GPUSpec, eff: Efficiency = EFFICIENCY, launches: int = 1
+    flops: float,
+    s_kv: float,
+    kernel: str,
+    gpu: GPUSpec,
+    eff: Efficiency = EFFICIENCY,
+    launches: int = 1,
+    head_dim: int = HEAD_DIM_REF,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
-    per query block: the kernel's ceiling x s_kv/(s_kv + s0) of the bf16 peak (core attention stays bf16 under
-    fp8 recipes: NVTE_FP8_DPA=0 by default); the backward FLASH_BWD x the FLOPs at its own ceiling."""
+    per query block: the kernel's ceiling x s_kv/(s_kv + s0) x its head-dim rate (head_dim_rate) of the bf16 peak
+    (core attention stays bf16 under fp8 recipes: NVTE_FP8_DPA=0 by default); the backward FLASH_BWD x the FLOPs at
+    its own ceiling."""
     shape_f = s_kv / (s_kv + eff.attention_s0)
+    d_f, d_b = head_dim_rate(kernel, head_dim)
     c_f, c_b = attention_ceiling(kernel, gpu, eff)
+    c_f, c_b = c_f * d_f, c_b * d_b
     peak = dense_peak(gpu, "bf16")
     forward = flops / (peak * c_f * shape_f) + launches * eff.kernel_s
     backward = FLASH_BWD * flops / (peak * c_b * shape_f) + launches * FLASH_BWD_KERNELS * eff.kernel_s
