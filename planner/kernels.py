@@ -380,7 +380,8 @@ UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
 #   (half the elements read and written: 2) and torch.cat((-x2, x1)) (4), * sin_ (4), the add (read 4, write 2),
 #   torch.cat((t, t_pass)) (4) = 24 B in 6 kernels; its autograd: grad * cos_ (4), grad * sin_ (4), the negation's
 #   (2), the chunk's cat of the halves' gradients (4), the two paths' sum (6), the slice t[..., :rot_dim]'s zeros
-#   and copy (6) = 26 B in 7 kernels;
+#   and copy (6), and the empty t_pass's: its SliceBackward still writes a zero tensor of q's size (2; cat's
+#   backward gives an empty input a defined empty gradient), added to the first (6) = 34 B in 9 kernels;
 # - each of those calls (q, k) first builds cos_ and sin_ from the fp32 frequencies, (cos(freqs) * mscale).to(bf16)
 #   and the same for sin: 6 kernels, 22 B each way per element of the s x rot_dim frequencies (ROPE_FREQS);
 # - the GLU clamp as its own ops (Flavour.eager_glu_clamp; Megatron fused_bias_geglu.weighted_bias_quick_geglu_impl),
@@ -390,7 +391,7 @@ UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
 # - the attention's bias-dropout-add unfused (Flavour.expert_bias_loop on a biased MoE): x + bias (read 2, write 2)
 #   before the residual add (dropout 0 launches nothing: torch dropout returns its input at p = 0), per element of
 #   h; backward the bias gradient, a sum over the tokens (read 2).
-UNFUSED_ROPE = ((24, 6), (26, 7))
+UNFUSED_ROPE = ((24, 6), (34, 9))
 ROPE_FREQS = (44, 6)
 GLU_CLAMP = ((16, 3), (20, 3))
 UNFUSED_BIAS_ADD = ((4, 1), (2, 1))
