@@ -386,14 +386,16 @@ UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
 #   and the same for sin: 6 kernels, 22 B each way per element of the s x rot_dim frequencies (ROPE_FREQS);
 # - the GLU clamp as its own ops (Flavour.eager_glu_clamp; Megatron fused_bias_geglu.weighted_bias_quick_geglu_impl),
 #   per element of the activation's output: x_glu.clamp(max=v) and x_linear.clamp(-v, v) read and write a half each
-#   (4 + 4), torch.cat of the two (read 4, write 4) = 16 B in 3 kernels; backward each clamp's masked gradient (read
-#   x and the gradient, write: 6 + 6) and the chunk's cat of the halves' gradients (8) = 20 B in 3 kernels;
+#   (4 + 4), torch.cat of the two (read 4, write 4) = 16 B in 3 kernels; backward PyTorch's clamp_backward
+#   (FunctionsManual.cpp): the one-sided clamp's where(x <= max, grad, 0) after the compare (1-byte mask: 3 + 5 B),
+#   the two-sided one's x >= min, x <= max, logical_and_ and where (3 + 3 + 3 + 5 B), each with its scalar zero's
+#   fill, and the chunk's cat of the halves' gradients (8) = 30 B in 9 kernels;
 # - the attention's bias-dropout-add unfused (Flavour.expert_bias_loop on a biased MoE): x + bias (read 2, write 2)
 #   before the residual add (dropout 0 launches nothing: torch dropout returns its input at p = 0), per element of
 #   h; backward the bias gradient, a sum over the tokens (read 2).
 UNFUSED_ROPE = ((24, 6), (34, 9))
 ROPE_FREQS = (44, 6)
-GLU_CLAMP = ((16, 3), (20, 3))
+GLU_CLAMP = ((16, 3), (30, 9))
 UNFUSED_BIAS_ADD = ((4, 1), (2, 1))
 # Megatron's flex dispatchers carry the router probs in fp32 (token_dispatcher.py at 92c8482: "HybridEP only supports
 # float32 probs", "DeepEP only supports float32 probs", upcast); the alltoall and allgather ones in the router's dtype,

@@ -129,13 +129,15 @@ def test_yarn_rope_runs_as_torch_ops_under_megatron():
 
 def test_the_glu_clamp_is_three_kernels_and_moe_act_recompute_runs_it_again():
     """Megatron clamps the two halves and concatenates them before the fused quick-GeGLU: 16 B per element of the
-    R x f activation output in 3 kernels, 20 B in 3 backward; recompute_modules moe_act re-runs it."""
+    R x f activation output in 3 kernels, 30 B in 9 backward (clamp_backward's compares, mask and where);
+    recompute_modules moe_act re-runs it."""
     c = ctx()
     rows, local = expert_rows(c)
     R, f = rows * local, 2880
     lk = layer_kernels(c, True, H100)
     fwd, bwd = by_name(lk.forward), by_name(lk.backward)
     (cf, cn), (cb, cbn) = GLU_CLAMP
+    assert (cf, cn, cb, cbn) == (4 + 4 + 8, 3, (3 + 5) + (3 + 3 + 3 + 5) + 8, 2 + 1 + 4 + 1 + 1)
     assert (fwd["expert_act_clamp"].bytes, fwd["expert_act_clamp"].count) == (cf * R * f, cn)
     assert (bwd["expert_act_clamp.bwd"].bytes, bwd["expert_act_clamp.bwd"].count) == (cb * R * f, cbn)
     assert fwd["expert_act_clamp"].time_s == memory_kernel("c", cf * R * f, H100, EFFICIENCY, 3, 1e-5).time_s
