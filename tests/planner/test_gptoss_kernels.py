@@ -218,3 +218,16 @@ def test_bad_fields_name_themselves(change, field, words):
     with pytest.raises(SpecError) as e:
         validate_model(replace(OSS, **change))
     assert e.value.field == field and words in str(e.value)
+
+
+def test_the_fused_grouped_mlp_clamps_and_adds_the_bias_inside():
+    """TE's fused grouped MLP (workload.fused_grouped_mlp, the 26.08 recipes' op fuser): ScaledClampedQGeGLU clamps in
+    its activation and fc2's bias is scaled by the probs in the GEMM (Megatron-LM d98e8a6 experts.py
+    _make_fused_ops): neither the clamp's kernels nor the per-expert bias loop; the bias-dropout-add stays unfused
+    (TEGroupedMLP's assert holds either way)."""
+    b200 = GPUS["b200-180gb"]
+    mx = {"activation_dtype": "fp8", "fp8_recipe": "mxfp8"}
+    per_expert = by_name(layer_kernels(ctx(**mx), True, b200).forward)
+    fused = by_name(layer_kernels(ctx(**mx, fused_grouped_mlp=True), True, b200).forward)
+    assert {"expert_act_clamp", "expert_bias", "attn_bias_add"} <= set(per_expert)
+    assert not {"expert_act_clamp", "expert_bias"} & set(fused) and "attn_bias_add" in fused
