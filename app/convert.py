@@ -30,7 +30,9 @@ def _set(block, skip=("preset", "hf_config")) -> dict:
 
 
 # model fields an explicit null sets to None (clearing a preset's value) rather than leaving the preset's
-NULLABLE = ("moe", "mla", "num_kv_heads", "head_dim", "sliding_window", "full_attention_interval")
+NULLABLE = (
+    "moe", "mla", "num_kv_heads", "head_dim", "sliding_window", "full_attention_interval", "rope_scaling", "glu_clamp"
+)  # fmt: skip
 
 
 def model_spec(block: ModelIn) -> ModelSpec:

@@ -168,7 +168,7 @@ def attention_rows(eff: Efficiency = EFFICIENCY):
             continue
         s, d = r["seq"], r["head_dim"]
         flops = 2.0 * r["batch"] * s * causal_keys(s, None) * r["heads"] * 2 * d
-        f, b = flash_attention_s(flops, s, r["kernel"], at_clock(r["sm_mhz"]), eff)
+        f, b = flash_attention_s(flops, s, r["kernel"], at_clock(r["sm_mhz"]), eff, head_dim=d)
         cls = f"attention {r['kernel']}" + ("" if d == 128 else f" d{d}")
         yield f"{cls} fwd", r, max(f, eff.cpu_op_s), r["fwd_s"]
         yield f"{cls} bwd", r, max(b, eff.cpu_op_s), r["bwd_s"]

@@ -224,6 +224,8 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
         act = 3 if mdl.gated_mlp else 2
         rows = tokens * m.top_k * (m.capacity_factor or 1.0)
         kernels.append(memory_kernel("moe_act.recompute", rows * act * m.expert_ffn_hidden_size * x / t, gpu, eff))
+        # the checkpoint re-runs the activation function whole: an eager GLU clamp inside it too (kernels.GLU_CLAMP)
+        kernels.extend(k for k in lk.forward if k.name == "expert_act_clamp")
     return out + pass_time(kernels) if kernels else out
 
 

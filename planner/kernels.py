@@ -283,6 +283,29 @@ ATTENTION_CEILING = {
     ("cudnn", 90): (0.55, 0.42),
     ("cudnn", 100): (0.42, 0.32),
 }
+# Head dimension (gptoss): a fused attention kernel's rate at head dim d < 128 against its d-128 rate (the ceilings
+# above are d 128). Per attention score a kernel does 4·d matmul FLOPs (QKᵀ and PV) and one exponential on the
+# multi-function unit, which is far slower than the tensor cores (FlashAttention-3, Shah et al. 2024 §3.1: H100 SXM5
+# 989 TFLOPS of FP16 matmul against 3.9 TFLOPS of special functions), so a smaller head spends a larger share of its
+# time on the softmax: rate(d) / rate(128) = 1 / (1 + k·(128/d - 1)), and d >= 128 at the d-128 ceiling. k per kernel
+# and pass (forward, backward) from this project's H200 (tests/reference/kernels/h200 run1.json and run2.json
+# ``attention``: h16 x d64 against h8 x d128 at equal FLOPs and sequence, causal, 1k-32k keys, 12 pairs each; torch
+# SDPA on cuDNN 9.19 and FlashAttention-2): median d-64 / d-128 rate cuDNN 0.767 forward, 0.818 backward (k = 1/rate
+# - 1); FlashAttention-2 0.974, 0.907 (its d-128 kernel is already below the softmax bound). Blackwell's cuDNN takes
+# Hopper's k: its tensor cores doubled per SM and its exponential unit did not (FlashAttention-4, Zadouri et al. 2026,
+# abstract: "exponential" bottleneck), so the Hopper share is a lower bound there. FlashAttention-3 has no d-64
+# measurement here: none.
+HEAD_DIM_K = {"cudnn": (0.303, 0.222), "flash2": (0.027, 0.103)}
+HEAD_DIM_REF = 128
+
+
+def head_dim_rate(kernel: str, d: int) -> tuple[float, float]:
+    """(forward, backward) rate of ``kernel`` at head dim ``d`` as a fraction of its d-128 ceiling (HEAD_DIM_K)."""
+    k_f, k_b = HEAD_DIM_K.get(kernel, (0.0, 0.0))
+    extra = max(0.0, HEAD_DIM_REF / d - 1.0) if d else 0.0
+    return 1.0 / (1.0 + k_f * extra), 1.0 / (1.0 + k_b * extra)
+
+
 FLASH3_GENERATIONS = (90,)  # FlashAttention-3 is Hopper-only (wgmma/TMA; flash-attention hopper/ README)
 FLASH_BWD = 2.5  # FlashAttention-2 §3.1.2: backward = 5 matmuls of the 2 the forward does
 FLASH_BWD_KERNELS = 3  # backward preprocess (dO·O), the main kernel, and dQ's conversion (flash_bwd_launch_template)
@@ -349,6 +372,35 @@ BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs a
 # softmax's divide (4 + 4) = 38 B in 6 kernels; backward the softmax times the gradient (4 + 4) and the cast back
 # to bf16 (read 4, write 2) = 14 B in 2 kernels (the target's one-hot update touches a logit per token).
 UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
+
+# Ops a fusing framework still runs unfused (Flavour traits; gptoss), bytes per element of bf16 tensors and kernels,
+# (forward, backward):
+# - RoPE as torch ops (Flavour.unfused_rope_scalings; Megatron-LM rope_utils._apply_rotary_pos_emb_bshd at 92c8482,
+#   the 25.11 container's, and d98e8a6), per element of q and of k: t * cos_ (read 2, write 2), _rotate_half's -x2
+#   (half the elements read and written: 2) and torch.cat((-x2, x1)) (4), * sin_ (4), the add (read 4, write 2),
+#   torch.cat((t, t_pass)) (4) = 24 B in 6 kernels; its autograd: grad * cos_ (4), grad * sin_ (4), the negation's
+#   (2), the chunk's cat of the halves' gradients (4), the two paths' sum (6), the slice t[..., :rot_dim]'s zeros
+#   and copy (6), and the empty t_pass's: its SliceBackward still writes a zero tensor of q's size (2; cat's
+#   backward gives an empty input a defined empty gradient), added to the first (6) = 34 B in 9 kernels;
+# - each of those calls (q, k) first builds cos_ and sin_ from the fp32 frequencies, (cos(freqs) * mscale).to(bf16)
+#   and the same for sin: 6 kernels, 22 B each way per element of the s x rot_dim frequencies (ROPE_FREQS);
+# - the GLU clamp as its own ops (Flavour.eager_glu_clamp; Megatron fused_bias_geglu.weighted_bias_quick_geglu_impl),
+#   per element of the activation's output: x_glu.clamp(max=v) and x_linear.clamp(-v, v) read and write a half each
+#   (4 + 4), torch.cat of the two (read 4, write 4) = 16 B in 3 kernels; backward PyTorch's clamp_backward
+#   (FunctionsManual.cpp): the one-sided clamp's where(x <= max, grad, 0) after the compare (1-byte mask: 3 + 5 B),
+#   the two-sided one's x >= min, x <= max, logical_and_ and where (3 + 3 + 3 + 5 B), each with its scalar zero's
+#   fill, and the chunk's cat of the halves' gradients (8) = 30 B in 9 kernels;
+# - the attention's bias-dropout-add unfused (Flavour.expert_bias_loop on a biased MoE): x + bias (read 2, write 2)
+#   before the residual add (dropout 0 launches nothing: torch dropout returns its input at p = 0), per element of
+#   h; backward the bias gradient, a sum over the tokens (read 2).
+UNFUSED_ROPE = ((24, 6), (34, 9))
+ROPE_FREQS = (44, 6)
+GLU_CLAMP = ((16, 3), (30, 9))
+UNFUSED_BIAS_ADD = ((4, 1), (2, 1))
+# Megatron's flex dispatchers carry the router probs in fp32 (token_dispatcher.py at 92c8482: "HybridEP only supports
+# float32 probs", "DeepEP only supports float32 probs", upcast); the alltoall and allgather ones in the router's dtype,
+# the input's (bf16) unless --moe-router-dtype (router.py gating)
+FP32_PROBS_DISPATCH = ("deepep", "hybridep")
 
 # Which fusion a framework runs by default is its flavour's ``fused_kernels`` trait: Megatron-Core with
 # TransformerEngine fuses; PyTorch-native trainers (torchtitan, FSDP scripts) and DeepSpeed run eager unless
@@ -736,6 +788,9 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.expert_gemm_streams,
         flavour.moe_score_combine,
         flavour.fp8_expert_padding,
+        flavour.unfused_rope_scalings,
+        flavour.eager_glu_clamp,
+        flavour.expert_bias_loop,
         par.cp_comm,
         par.ep_dispatch,
     )
@@ -752,12 +807,18 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     core_fwd, core_bwd = attention_kernels(ctx, gpu, eff, k.floor)
     k.fwd[core_index:core_index] = list(core_fwd)
     k.bwd.extend(core_bwd)
+    bias_add = unfused_bias_add(ctx)
+    (bias_f, bias_n), (bias_b, _) = UNFUSED_BIAS_ADD
+    if bias_add:
+        k.mem("attn_bias_add", bias_f * T_sp * h, bias_n, back=bias_b / bias_f)
     k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
     k.mem("pre_mlp_norm", norm_b * T_sp * h, norm_n)
     if moe:
         _moe_mlp(k, T, T_sp)
     else:
         _dense_mlp(k, T)
+        if bias_add:  # a dense layer's fc2 bias comes out for its bias-dropout-add too (an MoE layer's does not)
+            k.mem("mlp_bias_add", bias_f * T_sp * h, bias_n, back=bias_b / bias_f)
     k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
     if k.dt not in ("bf16", "fp32"):
         _fp8_casts(k)
@@ -919,10 +980,57 @@ def _attention_projections(k: _Layer, T: float) -> int:
     if mdl.qk_norm:
         k.mem("qk_norm", norm_b * T * (q + kv), 2 * norm_n)
     if not mdl.learned_position_embeddings:
-        k.mem("rotary", fu.rotary[0] * T * (q + kv), 2 * fu.rotary[1])
+        if unfused_rope(k.ctx):
+            (f_b, f_n), (b_b, b_n) = UNFUSED_ROPE
+            k.mem("rotary", f_b * T * (q + kv), 2 * f_n, back=0)
+            k.mem("rotary_freqs", ROPE_FREQS[0] * k.ctx.s_cp * mdl.head_size, 2 * ROPE_FREQS[1], back=0)
+            k.bwd.append(memory_kernel("rotary.bwd", b_b * T * (q + kv), k.gpu, k.eff, 2 * b_n, k.floor))
+        else:
+            k.mem("rotary", fu.rotary[0] * T * (q + kv), 2 * fu.rotary[1])
     core_index = len(k.fwd)
     k.gemm("attn_out", T, h, q)
     return core_index
+
+
+def unfused_rope(ctx: Context) -> bool:
+    """Whether the framework runs this model's RoPE as torch ops (Flavour.unfused_rope_scalings; UNFUSED_ROPE):
+    a fusing framework's non-MLA rotary under a scaling it does not fuse (MLA's RoPE is its own path)."""
+    mdl = ctx.model
+    return (
+        fusion(ctx) is FUSED
+        and not ctx.work.torch_compile
+        and mdl.mla is None
+        and mdl.rope_scaling in ctx.flavour.unfused_rope_scalings
+    )
+
+
+def unfused_bias_add(ctx: Context) -> bool:
+    """Whether the attention's (and a dense MLP's) bias-dropout-add runs unfused (UNFUSED_BIAS_ADD): a biased MoE
+    under a framework whose grouped experts forbid bias_dropout_fusion (Flavour.expert_bias_loop)."""
+    mdl = ctx.model
+    return ctx.training and ctx.flavour.expert_bias_loop and mdl.linear_bias and mdl.moe is not None
+
+
+def expert_bias_loop(ctx: Context, local: int) -> tuple[float, int, float, int]:
+    """A biased MoE's fc2 bias added per local expert, scaled by the probs (Flavour.expert_bias_loop: Megatron
+    TEGroupedMLP._apply_bias, torch.split / t + b * p / torch.cat), as (forward bytes per element of the R x h
+    rows, forward kernels, backward bytes, backward kernels); () when there is none. With probs in the activations'
+    dtype (bf16): b * p writes 2, the add reads 4 and writes 2, the cat reads and writes 2 each = 12 B in 2 x local
+    + 1 kernels; backward, for b and for p, grad x the other (read 2, write 2) and its sum (read 2), and the split's
+    cat of the rows' gradients (read 2, write 2) = 16 B in 4 x local + 1. With fp32 probs (FP32_PROBS_DISPATCH) the
+    products, sums and cat are fp32 and a cast back follows: 28 B in 2 x local + 2, backward 40 B in 5 x local + 2
+    (the casts of the gradient to fp32 and of each expert's rows' gradient back). Not under CUDA graphs: the loop
+    needs each expert's rows on the host (experts.py: "this path must never be included in a CUDA graph"), so a
+    captured step runs the packed bias in the epilogue."""
+    mdl = ctx.model
+    if not (ctx.training and ctx.flavour.expert_bias_loop and mdl.linear_bias) or cuda_graphs(ctx):
+        return ()
+    x = 2.0
+    pb = 4.0 if ctx.par.ep_dispatch in FP32_PROBS_DISPATCH else x
+    cast = pb != x
+    forward = pb + (x + 2 * pb) + 2 * pb + (pb + x if cast else 0.0)
+    backward = 2 * (pb + x if cast else 0.0) + 2 * 3 * pb + 2 * x
+    return forward, 2 * local + 1 + cast, backward, 4 * local + 1 + (local + 1 if cast else 0)
 
 
 def _activation(k: _Layer) -> tuple[int, float, tuple]:
@@ -973,10 +1081,15 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     dt = EXPERT_GEMM_DTYPE.get(ctx.work.param_dtype, k.dt)  # MXFP4 experts: weight-only, bf16 math
     # torchtitan's fp32 score multiply before the scatter-add (Flavour.moe_score_combine); torch.compile fuses it
     scores = () if ctx.work.torch_compile else ctx.flavour.moe_score_combine
+    clamp = bool(gated and mdl.glu_clamp and ctx.flavour.eager_glu_clamp and ctx.training)
+    clamp = clamp and not ctx.work.torch_compile  # Inductor fuses the clamp into the activation
     ef, eb = routed_expert_kernels(
         tokens, rows, local, h, f, gated, dt, x, k.fu, gpu, eff, k.floor,
         streams=streams, sort=sort, spread=spread, k0=k0, score_combine=scores,
         fp8_pad=fp8_expert_padding(ctx, dt) and not fused, fused_activation=fused,
+        # the fused grouped MLP (TE's op fuser) clamps inside its activation and scales fc2's bias by the probs in
+        # its GEMM (Megatron-LM d98e8a6 experts.py _make_fused_ops: ScaledClampedQGeGLU, scale_bias)
+        glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -1143,6 +1256,8 @@ def routed_expert_kernels(
     score_combine: tuple[float, int, float, int] = (),
     fp8_pad: bool = False,
     fused_activation: bool = False,
+    glu_clamp: bool = False,
+    expert_bias: tuple[float, int, float, int] = (),
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
@@ -1156,7 +1271,9 @@ def routed_expert_kernels(
     per element of the R x h rows, forward and backward) after a zeros_like of the tokens' output; (): none.
     ``fp8_pad``: the experts' rows padded to the fp8 GEMMs' alignment before fc1 and unpadded after fc2
     (Flavour.fp8_expert_padding: FP8_EXPERT_PADDING's copies). ``fused_activation``: the activation runs in fc1's
-    epilogue and its gradient in the backward grouped kernel (FUSED_GROUPED_MLP): no kernel of its own."""
+    epilogue and its gradient in the backward grouped kernel (FUSED_GROUPED_MLP): no kernel of its own.
+    ``glu_clamp``: the GLU clamp's own kernels before the activation (GLU_CLAMP, per element of the R x f output);
+    ``expert_bias``: the fc2 bias added per expert after the second GEMM (expert_bias_loop); (): none."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -1178,16 +1295,25 @@ def routed_expert_kernels(
         # fc2's output; each backward the reverse copy (FP8_EXPERT_PADDING)
         memory["fp8_padding"] = (2 * x * h * R + 8 * R, 2, 1.0)
         memory["fp8_unpadding"] = (2 * x * h * R, 1, 1.0)
+    score_counts = {}  # name: (forward kernels, backward kernels) where the backward launches another count
     if score_combine:
         fb, fn, bb, bn = score_combine
         forward = fb * R * h + x * h * tokens  # the score multiply's rows and the zeros_like of the tokens' output
         # the backward reads bb·R·h: 0 on a rank with no rows (and then maybe no tokens: no 0/0)
         memory["combine_scores"] = (forward, fn + 1, bb * R * h / forward if R else 0.0)
-        score_counts = {"combine_scores": (fn + 1, bn)}
-    else:
-        score_counts = {}
-    order = ["permute", "sort_chunks", "fp8_padding", "experts_fc1", "expert_activation", "experts_fc2"]
-    order += ["fp8_unpadding", "unsort_chunks"]
+        score_counts["combine_scores"] = (fn + 1, bn)
+    (clamp_f, clamp_n), (clamp_b, clamp_bn) = GLU_CLAMP
+    memory["expert_act_clamp"] = (clamp_f * R * f, clamp_n, clamp_b / clamp_f)
+    score_counts["expert_act_clamp"] = (clamp_n, clamp_bn)
+    if expert_bias:
+        fb, fn, bb, bn = expert_bias
+        memory["expert_bias"] = (fb * R * h, fn, bb / fb)
+        score_counts["expert_bias"] = (fn, bn)
+    # Megatron's order (experts.py TEGroupedMLP.forward): pad, fc1, the activation (the clamp first), fc2, unpad, the
+    # per-expert bias
+    order = ["permute", "sort_chunks", "fp8_padding", "experts_fc1"] + (["expert_act_clamp"] if glu_clamp else [])
+    order += ["expert_activation", "experts_fc2", "fp8_unpadding"] + (["expert_bias"] if expert_bias else [])
+    order += ["unsort_chunks"]
     order += ["combine_scores", "unpermute"] if score_combine else ["unpermute"]
     for name in order if sort else [n for n in order if "sort_chunks" not in n]:
         if name not in gemms and name not in memory:
@@ -1315,7 +1441,7 @@ def attention_kernels(
     if ctx.model.sliding_window:
         s_kv = layer_mix_keys(ctx, s_kv, eff.attention_s0)
     shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
-    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps)
+    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, d)
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
     bwd = [
         Kernel(
@@ -1353,13 +1479,22 @@ def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
 
 
 def flash_attention_s(
-    flops: float, s_kv: float, kernel: str, gpu: GPUSpec, eff: Efficiency = EFFICIENCY, launches: int = 1
+    flops: float,
+    s_kv: float,
+    kernel: str,
+    gpu: GPUSpec,
+    eff: Efficiency = EFFICIENCY,
+    launches: int = 1,
+    head_dim: int = HEAD_DIM_REF,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
-    per query block: the kernel's ceiling x s_kv/(s_kv + s0) of the bf16 peak (core attention stays bf16 under
-    fp8 recipes: NVTE_FP8_DPA=0 by default); the backward FLASH_BWD x the FLOPs at its own ceiling."""
+    per query block: the kernel's ceiling x s_kv/(s_kv + s0) x its head-dim rate (head_dim_rate) of the bf16 peak
+    (core attention stays bf16 under fp8 recipes: NVTE_FP8_DPA=0 by default); the backward FLASH_BWD x the FLOPs at
+    its own ceiling."""
     shape_f = s_kv / (s_kv + eff.attention_s0)
+    d_f, d_b = head_dim_rate(kernel, head_dim)
     c_f, c_b = attention_ceiling(kernel, gpu, eff)
+    c_f, c_b = c_f * d_f, c_b * d_b
     peak = dense_peak(gpu, "bf16")
     forward = flops / (peak * c_f * shape_f) + launches * eff.kernel_s
     backward = FLASH_BWD * flops / (peak * c_b * shape_f) + launches * FLASH_BWD_KERNELS * eff.kernel_s

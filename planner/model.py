@@ -12,6 +12,8 @@ from functools import lru_cache
 from ._errors import SpecError, one_of
 
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
+# Hugging Face's RoPE types (transformers modeling_rope_utils.py ROPE_INIT_FUNCTIONS; "default" is plain RoPE)
+ROPE_SCALINGS = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,13 @@ class ModelSpec:
     sliding_window: int | None = None
     full_attention_interval: int | None = None
     attention_sinks: bool = False  # GPT-OSS: one learned sink logit per head and layer
+    # the RoPE scaling (Hugging Face rope_scaling.rope_type: "yarn" for GPT-OSS); changes no parameter, but a
+    # framework may run a scaled RoPE unfused (Flavour.unfused_rope_scalings); None: plain RoPE
+    rope_scaling: str | None = None
+    # the GLU's clamp limit (GPT-OSS swiglu_limit 7.0: the gate clamped above, the linear half to +-limit; Megatron
+    # activation_func_clamp_value); changes no parameter, a framework may run it as its own ops
+    # (Flavour.eager_glu_clamp)
+    glu_clamp: float | None = None
     mtp_layers: int = 0  # DeepSeek-V3 multi-token prediction modules (HF num_nextn_predict_layers)
     name: str = ""
     published_params: float | None = None
@@ -273,6 +282,14 @@ def validate_model(m: ModelSpec) -> None:
     if m.moe:
         _validate_moe(m.moe, m.num_layers)
     _validate_window(m)
+    if m.rope_scaling is not None:
+        one_of("model.rope_scaling", m.rope_scaling, ROPE_SCALINGS)
+    if m.glu_clamp is not None and not (m.glu_clamp > 0 and m.gated_mlp):
+        raise SpecError(
+            "model.glu_clamp",
+            f"clamps a gated MLP's two halves: needs gated_mlp and a limit > 0, got {m.glu_clamp} "
+            f"(gated_mlp {m.gated_mlp})",
+        )
     if m.mtp_layers < 0:
         raise SpecError("model.mtp_layers", f"must be >= 0, got {m.mtp_layers}")
 

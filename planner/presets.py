@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ._errors import SpecError
-from .model import MLASpec, ModelSpec, MoESpec
+from .model import ROPE_SCALINGS, MLASpec, ModelSpec, MoESpec
 
 # Models of one family share their architecture: a family's first model is spelled out, the others are it with
 # what their config.json changes (dataclasses.replace).
@@ -26,7 +26,7 @@ _QWEN3_30B = ModelSpec(
 _GPT_OSS_120B = ModelSpec(
     36, 2880, 64, 2880, 201088, 4096, num_kv_heads=8, head_dim=64, linear_bias=True, sliding_window=128,
     full_attention_interval=2, attention_sinks=True, name="gpt-oss-120b", published_params=116.83e9,
-    moe=MoESpec(128, 4, 2880),
+    moe=MoESpec(128, 4, 2880), rope_scaling="yarn", glu_clamp=7.0,
     source="openai/gpt-oss-120b config.json; gpt-oss-120b & gpt-oss-20b Model Card (OpenAI, 2025) Table 1: "
     "116.83B total, 5.13B active",
 )  # fmt: skip
@@ -68,6 +68,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ),
         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         mtp_layers=1,  # report §2.2: D = 1 MTP module (config.json num_nextn_predict_layers 1)
+        rope_scaling="yarn",  # config.json rope_scaling type "yarn" (MLA's decoupled RoPE: its own kernel path)
         source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 README_WEIGHTS.md: 685B on the hub = 671B main "
         "model + 14B MTP module; the hub's MTP stores its own copies of the embedding and head, which the MTP "
         "here shares as in training (so total_params is 682.6B; with the two copies 684.5B); report: 37B active",
@@ -253,6 +254,26 @@ class _HFConfig:
             raise SpecError(self._where(key), f"must be true or false, got {f'{value!r}'[:40]}")
         return value
 
+    def number(self, key: str, default=None):
+        """A positive JSON number (not a boolean), at most 1e6; null means absent."""
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if type(value) not in (int, float) or not 0 < value <= 1e6:
+            raise SpecError(self._where(key), f"must be a number in (0, 1e6], got {f'{value!r}'[:40]}")
+        return float(value)
+
+    def rope_scaling(self) -> str | None:
+        """rope_scaling.rope_type (or its older key ``type``) when it is one of transformers' RoPE types
+        (model.ROPE_SCALINGS); another name is ignored as other keys are; not an object: a SpecError."""
+        value = self.config.get("rope_scaling")
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise SpecError(self._where("rope_scaling"), f"must be an object or null, got {f'{value!r}'[:40]}")
+        kind = value.get("rope_type", value.get("type"))
+        return kind if kind in ROPE_SCALINGS else None
+
     def text(self, key: str, default: str = "") -> str:
         value = self.config.get(key)
         if value is None:
@@ -294,6 +315,8 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         sliding_window=window,
         full_attention_interval=interval,
         attention_sinks=traits.get("attention_sinks", False),
+        rope_scaling=hf.rope_scaling(),
+        glu_clamp=hf.number("swiglu_limit"),
         mtp_layers=hf.int("num_nextn_predict_layers", 0),
         name=name or hf.text("_name_or_path") or kind or "hf-model",
         source="Hugging Face config.json",

@@ -125,7 +125,7 @@ class AttentionPoint:
 
     @property
     def inputs(self) -> tuple:
-        return self.kernel, self.backward, self.flops, self.s_kv
+        return self.kernel, self.backward, self.flops, self.s_kv, self.shape[4]
 
     @property
     def key(self) -> str:
@@ -230,7 +230,7 @@ def predict_gemm(p: GemmPoint, gpu: GPUSpec, eff: Efficiency) -> float:
 
 
 def predict_attention(p: AttentionPoint, gpu: GPUSpec, eff: Efficiency) -> float:
-    forward, backward = flash_attention_s(p.flops, p.s_kv, p.kernel, gpu, eff)
+    forward, backward = flash_attention_s(p.flops, p.s_kv, p.kernel, gpu, eff, head_dim=p.shape[4])
     return backward if p.backward else forward
 
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from planner.model import ROPE_SCALINGS
 from planner.pipeline import SCHEDULE_TRAITS
 from planner.plan import PricedCall
 from planner.presets import BOUNDS
@@ -19,6 +20,7 @@ from .read import SAME, From, reader
 # The pipeline schedules a request may name: the registry's (planner/pipeline.py ``register``), read when this
 # module is imported, so that a new schedule is one register call and the OpenAPI lists it in the enum
 ScheduleName = Literal[tuple(SCHEDULE_TRAITS)]  # type: ignore[valid-type]
+RopeScaling = Literal[tuple(ROPE_SCALINGS)]  # type: ignore[valid-type]
 
 # Bounds keep every product the rules form (b·s·h·bytes, parameters x bytes) inside int64 and every
 # request cheap; they are far above any real model.
@@ -98,6 +100,18 @@ class ModelIn(Strict):
         description="layers k, 2k, ... (1-based) attend fully (GPT-OSS 2); null: every layer slides",
     )
     attention_sinks: bool | None = Field(default=None, description="GPT-OSS: one learned sink logit per head")
+    rope_scaling: RopeScaling | None = Field(
+        default=None,
+        description="Hugging Face rope_scaling.rope_type (GPT-OSS, DeepSeek-V3: yarn); Megatron runs a YaRN RoPE as "
+        "torch ops, not its fused kernel",
+    )
+    glu_clamp: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        description="the gated MLP's clamp limit (GPT-OSS swiglu_limit 7.0); Megatron clamps the experts' halves in "
+        "their own kernels",
+    )
     mtp_layers: int | None = Field(
         default=None,
         ge=BOUNDS["mtp_layers"][0],

@@ -115,6 +115,17 @@ class Flavour:
     # 7b4a6d76c9 of 2024-06-14) or Megatron's vocab_parallel_cross_entropy as its torch ops; flavours that run eager
     # (fused_kernels False) take the eager loss whatever this says (planner/compute.py head_kernels)
     fused_cross_entropy: bool = False
+    # ops a fusing framework still runs as separate torch ops (planner/kernels.py; gptoss): RoPE scalings
+    # (ModelSpec.rope_scaling) whose rotary is not the fused RoPE kernel (Megatron: apply_rope_fusion only for
+    # position_embedding_type 'rope', and YaRN is its own type)
+    unfused_rope_scalings: frozenset[str] = frozenset()
+    # the GLU clamp (ModelSpec.glu_clamp) of the experts as its own ops before the fused activation (Megatron:
+    # two clamps and a cat, fused_bias_geglu.weighted_bias_quick_geglu_impl); False: inside the activation kernel
+    eager_glu_clamp: bool = False
+    # a biased MoE's (ModelSpec.linear_bias) expert fc2 bias added per local expert after the grouped GEMM, scaled by
+    # the router probs (Megatron TEGroupedMLP._apply_bias: split, t + b * p per expert, cat), and, as TEGroupedMLP
+    # forbids bias_dropout_fusion with biases, every layer's bias-dropout-add unfused; False: in the GEMM epilogue
+    expert_bias_loop: bool = False
     # ---- FP8 (rules/fp8.py, recipes.py) ----------------------------------------------------------------
     # TransformerEngine's FP8/FP4 recipes: amax reductions, --fp8-param-gather (Megatron + TE)
     te_fp8_recipes: bool = False

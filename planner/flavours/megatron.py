@@ -28,6 +28,19 @@ FLAVOUR = Flavour(
     expert_gemm_streams=4,
     # TEGroupedMLP pads each expert's rows for its fp8 GEMMs (core_v0.15.0 moe/experts.py Fp8Padding, Fp8Unpadding)
     fp8_expert_padding=True,
+    # megatron/training/arguments.py (d98e8a6 l. 1628; 92c8482, the 25.11 container's, l. 1043): "if
+    # args.position_embedding_type != 'rope': args.apply_rope_fusion = False" (Megatron-Bridge 25.11 5776a6d90b
+    # gpt_provider.py validate_rope_fusion_compatibility, the same); GPT-OSS's YaRN is position_embedding_type 'yarn'
+    # (gpt_oss_provider.py), so its RoPE runs as rope_utils._apply_rotary_pos_emb_bshd's torch ops
+    unfused_rope_scalings=frozenset({"yarn"}),
+    # megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl (92c8482 and d98e8a6 l. 424-429):
+    # with activation_func_clamp_value, torch.cat((x_glu.clamp(max=v), x_linear.clamp(-v, v))) before the fused
+    # quick-GeGLU (the TE op fuser path, use_transformer_engine_op_fuser, is off by default)
+    eager_glu_clamp=True,
+    # megatron/core/transformer/moe/experts.py TEGroupedMLP (92c8482; d98e8a6 with moe_single_grouped_bias False,
+    # its default): linear_fc2 skip_bias_add=True, then _apply_bias; its __init__ asserts "bias_dropout_fusion is not
+    # supported in TEGroupedMLP when add_bias_linear=True" (gpt_oss_provider.py: bias_dropout_fusion False)
+    expert_bias_loop=True,
     hf_modules=False,  # fused linear_qkv and linear_fc1; vocabulary padded to 128 x tp (--make-vocab-size-divisible-by)
     fused_column_dgrad=True,
     sp_wgrad_regather=True,

@@ -98,11 +98,14 @@ def test_each_kernel_class_within_its_measured_median(name, median_abs):
 
 
 def test_what_the_model_still_misses_on_the_h200():
-    """Measured, not fixed (docs/step-time.md): head-dim-64 attention forward 11-15% slower than the head-dim-128
-    ceilings give; copies under 128 MiB sit in the 50 MB L2 and run faster than HBM; cuDNN 9.19's attention runs
-    28% (forward) and 37% (backward) faster than the committed cudnn ceiling."""
-    assert CLASSES["attention cudnn d64 fwd"]["signed_median"] < -0.08
-    assert CLASSES["attention flash2 d64 fwd"]["signed_median"] < -0.12
+    """Measured, not fixed (docs/step-time.md): FlashAttention-2's head-dim-64 rows run 12% slower forward than the
+    model gives them (its d-64 rate is 0.97 of d 128's, kernels.HEAD_DIM_K, but these rows run slower than the d-128
+    class's GQA rows); copies under 128 MiB sit in the 50 MB L2 and run faster than HBM; cuDNN 9.19's attention runs
+    28% (forward) and 37% (backward) faster than the committed cudnn ceiling, and its d-64 rows, now at their d-64
+    rate (gptoss), 16% and 30% faster (they read -11% / +7% when d 64 ran at the d-128 rate)."""
+    assert 0.10 < CLASSES["attention cudnn d64 fwd"]["signed_median"] < 0.20
+    assert 0.25 < CLASSES["attention cudnn d64 bwd"]["signed_median"] < 0.35
+    assert CLASSES["attention flash2 d64 fwd"]["signed_median"] < -0.10
     assert CLASSES["copy < 128 MiB graph"]["signed_median"] > 0.15
     assert 0.25 < CLASSES["attention cudnn fwd"]["signed_median"] < 0.31
     assert 0.33 < CLASSES["attention cudnn bwd"]["signed_median"] < 0.40

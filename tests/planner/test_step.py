@@ -48,12 +48,15 @@ KNOWN_MISSES = {
     # Megatron pads the dropless experts' rows for fp8 (planner/kernels.py expert_quantize_launches,
     # FP8_EXPERT_PADDING): -62.0% -> -56.6%, -57.6% -> -52.1%, -31.6% -> -24.9%, -27.6% -> -24.4%, -26.8% -> -24.3%
     "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": -0.566,
-    "Megatron-Bridge GPT-OSS-120B BF16, 64 H100": -0.245,
     "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 B200": -0.521,
-    "Megatron-Bridge GPT-OSS-120B BF16, 64 B200": -0.557,
     "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 GB200": -0.249,
-    "Megatron-Bridge GPT-OSS-120B BF16, 64 GB200": -0.341,
-    "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.244,
+    # GPT-OSS since gptoss (docs/step-time.md "GPT-OSS, by mechanism": d-64 attention, Megatron's unfused YaRN RoPE,
+    # GLU clamp and per-expert fc2 bias; the 26.08 row with its recipe's fused grouped MLP): H100 -24.5% -> -9.1%, now
+    # within the 20% all runs are held to; B200 -55.7% -> -51.7% (its table's EP8 against the recipe's EP64: -13.1% at
+    # EP64), GB200 -34.1% -> -17.9% and 26.08 -24.4% -> -24.7% stay pinned
+    "Megatron-Bridge GPT-OSS-120B BF16, 64 B200": -0.517,
+    "Megatron-Bridge GPT-OSS-120B BF16, 64 GB200": -0.179,
+    "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.247,
     # -31.0% -> -26.8% (mtp6): the MTP module's norms and eh_proj on its rank and the shared output layer and
     # cross-entropy once more on the loss's (compute.stage_pass_compute; Megatron-LM d98e8a6 process_mtp_loss)
     "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.243,

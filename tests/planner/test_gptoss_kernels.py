@@ -1,0 +1,233 @@
+"""GPT-OSS by mechanism (issue 20, gptoss; docs/step-time.md "GPT-OSS, by mechanism"): fused attention at head dim
+64 at the H200's measured d-64 / d-128 rate, and what Megatron-Core runs unfused for it (YaRN RoPE, the GLU clamp,
+the per-expert fc2 bias, the attention's bias-dropout-add), each kernel's bytes and launches worked by hand from
+the framework's source. The learned attention sinks need nothing: the 25.11 container's cuDNN runs them fused."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from statistics import median
+
+import pytest
+
+from collectives.topology.gpu import GPUS
+from planner import ParallelSpec, SpecError, WorkloadSpec, model_preset
+from planner.compute import layer_forward, recompute_modules_forward
+from planner.context import Context
+from planner.kernels import (
+    EFFICIENCY,
+    GLU_CLAMP,
+    HEAD_DIM_K,
+    ROPE_FREQS,
+    UNFUSED_ROPE,
+    expert_rows,
+    flash_attention_s,
+    head_dim_rate,
+    layer_kernels,
+    memory_kernel,
+)
+from planner.model import validate_model
+
+H100 = GPUS["h100-sxm5-80gb"]
+OSS = model_preset("gpt-oss-120b")
+H200_DIR = Path(__file__).resolve().parents[1] / "reference" / "kernels" / "h200"
+
+
+def ctx(model=OSS, framework="megatron", ep=8, dispatch="alltoall", **work):
+    work = {"micro_batch_size": 4, "global_batch_size": 512} | work
+    par = ParallelSpec(dp=8, ep=ep, ep_dispatch=dispatch, framework=framework)
+    return Context(model, WorkloadSpec(**work), par)
+
+
+def by_name(kernels):
+    return {k.name: k for k in kernels}
+
+
+# ---- head dim 64 ------------------------------------------------------------------------------------------
+
+
+def _measured_d64_ratios(kernel: str) -> tuple[float, float]:
+    """Median d-64 / d-128 rate of the H200's causal SDPA pairs at equal FLOPs and sequence (h16 x d64 against
+    h8 x d128, runs 1 and 2): the forward's and the backward's."""
+    fwd, bwd = [], []
+    for run in ("run1", "run2"):
+        rows = json.loads((H200_DIR / f"{run}.json").read_text())["sections"]["attention"]["rows"]
+        by = {(r[0].split(".")[0], r[1], r[2], r[4]): r for r in rows}
+        for r in rows:
+            if r[7] == 64 and r[2] and r[1] == kernel:
+                ref = by["h8", kernel, True, r[4]]
+                assert ref[8] == r[8]  # the same FLOPs
+                fwd.append(ref[9] / r[9])
+                bwd.append(ref[10] / r[10])
+    assert len(fwd) == 12
+    return median(fwd), median(bwd)
+
+
+@pytest.mark.parametrize("kernel", ["cudnn", "flash2"])
+def test_head_dim_64_runs_at_the_measured_rate(kernel):
+    """rate(64)/rate(128) = 1/(1 + k) is the H200's median pair ratio (cuDNN 0.767 / 0.818, FA2 0.974 / 0.907)."""
+    measured = _measured_d64_ratios(kernel)
+    model = head_dim_rate(kernel, 64)
+    assert model == pytest.approx(measured, abs=0.002)
+    assert 1 / (1 + HEAD_DIM_K[kernel][0]) == model[0]
+
+
+def test_head_dim_rate_closed_form():
+    """1 / (1 + k (128/d - 1)): d 96 pays a third of d 64's extra share; d >= 128 and other kernels none."""
+    k_f, k_b = HEAD_DIM_K["cudnn"]
+    assert head_dim_rate("cudnn", 96) == pytest.approx((1 / (1 + k_f / 3), 1 / (1 + k_b / 3)))
+    assert head_dim_rate("cudnn", 128) == head_dim_rate("cudnn", 192) == (1.0, 1.0)
+    assert head_dim_rate("flash3", 64) == (1.0, 1.0)
+    # the kernel time: the d-128 time over the rate, launches apart
+    flops, s = 1e12, 4096.0
+    f128, b128 = flash_attention_s(flops, s, "cudnn", H100)
+    f64, b64 = flash_attention_s(flops, s, "cudnn", H100, head_dim=64)
+    r_f, r_b = head_dim_rate("cudnn", 64)
+    launch = EFFICIENCY.kernel_s
+    assert f64 - launch == pytest.approx((f128 - launch) / r_f)
+    assert b64 - 3 * launch == pytest.approx((b128 - 3 * launch) / r_b)
+
+
+def test_gpt_oss_attention_takes_its_head_dim_and_its_sinks_change_no_kernel():
+    """The layer's cuDNN kernels at d 64's rate. The learned sinks add no kernel: TransformerEngine 2.9
+    (fused_attn.cpp: learnable softmax with cuDNN >= 9.13.1) in the 25.11 container (TE 2.9, cuDNN 9.13.1.26,
+    Megatron-Bridge docs/releases/software-versions.md at 5776a6d90b) runs them inside cuDNN's SDPA."""
+    lk = by_name(layer_kernels(ctx(), True, H100).forward)
+    no_sinks = by_name(layer_kernels(ctx(replace(OSS, attention_sinks=False)), True, H100).forward)
+    assert lk["cudnn_fwd"] == no_sinks["cudnn_fwd"]
+    d128 = replace(OSS, head_dim=128, num_attention_heads=32, num_kv_heads=4)  # the same q width and FLOPs
+    ref = by_name(layer_kernels(ctx(d128), True, H100).forward)["cudnn_fwd"]
+    assert ref.flops == lk["cudnn_fwd"].flops
+    launch = EFFICIENCY.kernel_s
+    ratio = (ref.time_s - launch) / (lk["cudnn_fwd"].time_s - launch)
+    assert ratio == pytest.approx(head_dim_rate("cudnn", 64)[0])
+
+
+# ---- what Megatron runs unfused ---------------------------------------------------------------------------
+
+
+def test_yarn_rope_runs_as_torch_ops_under_megatron():
+    """Megatron fuses RoPE for position_embedding_type 'rope' only: YaRN's runs as 6 torch ops per tensor (24 B
+    per element of q and k forward, 34 B in 9 kernels backward) and builds its cos/sin each call (44 B per
+    element of the s x d frequencies, 6 kernels, for q and for k)."""
+    c = ctx()
+    T, q_k = 4 * 4096, (64 + 8) * 64  # rotary runs over q and k: 64 query heads, 8 kv heads of 64
+    lk = layer_kernels(c, True, H100)
+    fwd, bwd = by_name(lk.forward), by_name(lk.backward)
+    (f_b, f_n), (b_b, b_n) = UNFUSED_ROPE
+    assert (fwd["rotary"].bytes, fwd["rotary"].count) == (f_b * T * q_k, 2 * f_n)
+    assert (bwd["rotary.bwd"].bytes, bwd["rotary.bwd"].count) == (b_b * T * q_k, 2 * b_n)
+    assert (fwd["rotary_freqs"].bytes, fwd["rotary_freqs"].count) == (ROPE_FREQS[0] * 4096 * 64, 2 * ROPE_FREQS[1])
+    assert (2 * f_n, 2 * b_n, 2 * ROPE_FREQS[1]) == (12, 18, 12)  # q and k, each as its torch ops
+    assert "rotary_freqs.bwd" not in bwd
+    # plain RoPE, or another framework: the fused (or the flavour's own eager) kernel as before
+    plain = by_name(layer_kernels(ctx(replace(OSS, rope_scaling=None)), True, H100).forward)
+    assert (plain["rotary"].bytes, plain["rotary"].count) == (4 * T * q_k, 2) and "rotary_freqs" not in plain
+    torch = by_name(layer_kernels(ctx(framework="torch"), True, H100).forward)
+    assert torch["rotary"].bytes == 20 * T * q_k and "rotary_freqs" not in torch
+
+
+def test_the_glu_clamp_is_three_kernels_and_moe_act_recompute_runs_it_again():
+    """Megatron clamps the two halves and concatenates them before the fused quick-GeGLU: 16 B per element of the
+    R x f activation output in 3 kernels, 30 B in 9 backward (clamp_backward's compares, mask and where);
+    recompute_modules moe_act re-runs it."""
+    c = ctx()
+    rows, local = expert_rows(c)
+    R, f = rows * local, 2880
+    lk = layer_kernels(c, True, H100)
+    fwd, bwd = by_name(lk.forward), by_name(lk.backward)
+    (cf, cn), (cb, cbn) = GLU_CLAMP
+    assert (cf, cn, cb, cbn) == (4 + 4 + 8, 3, (3 + 5) + (3 + 3 + 3 + 5) + 8, 2 + 1 + 4 + 1 + 1)
+    assert (fwd["expert_act_clamp"].bytes, fwd["expert_act_clamp"].count) == (cf * R * f, cn)
+    assert (bwd["expert_act_clamp.bwd"].bytes, bwd["expert_act_clamp.bwd"].count) == (cb * R * f, cbn)
+    assert fwd["expert_act_clamp"].time_s == memory_kernel("c", cf * R * f, H100, EFFICIENCY, 3, 1e-5).time_s
+    layer = layer_forward(c, True, H100)[0]
+    redo = recompute_modules_forward(c, lk, layer, H100, EFFICIENCY, frozenset({"moe_act"}), True)
+    unclamped = ctx(replace(OSS, glu_clamp=None))
+    lk0 = layer_kernels(unclamped, True, H100)
+    redo0 = recompute_modules_forward(
+        unclamped, lk0, layer_forward(unclamped, True, H100)[0], H100, EFFICIENCY, frozenset({"moe_act"}), True
+    )
+    assert redo.total_s - redo0.total_s == pytest.approx(fwd["expert_act_clamp"].time_s)
+    assert "expert_act_clamp" not in by_name(lk0.forward)
+    assert "expert_act_clamp" not in by_name(layer_kernels(ctx(framework="torch"), True, H100).forward)
+
+
+@pytest.mark.parametrize(
+    ("dispatch", "fwd_b", "fwd_n", "bwd_b", "bwd_n"),
+    [
+        ("alltoall", 12, 2 * 16 + 1, 16, 4 * 16 + 1),  # bf16 probs: b*p 2, add 6, cat 4; grads 2 x 6 + split's cat 4
+        ("hybridep", 28, 2 * 16 + 2, 40, 5 * 16 + 2),  # fp32 probs: 4, 10, 8 and the cast 6; 6 + 6 + 24 + 4
+    ],
+)
+def test_the_expert_fc2_bias_is_a_loop_over_the_local_experts(dispatch, fwd_b, fwd_n, bwd_b, bwd_n):
+    """TEGroupedMLP._apply_bias: per local expert t + b * p, then one cat; 16 local experts at EP 8."""
+    c = ctx(dispatch=dispatch)
+    rows, local = expert_rows(c)
+    assert local == 16
+    lk = layer_kernels(c, True, H100)
+    fwd, bwd = by_name(lk.forward), by_name(lk.backward)
+    R, h = rows * local, 2880
+    assert (fwd["expert_bias"].bytes, fwd["expert_bias"].count) == (pytest.approx(fwd_b * R * h), fwd_n)
+    assert (bwd["expert_bias.bwd"].bytes, bwd["expert_bias.bwd"].count) == (pytest.approx(bwd_b * R * h), bwd_n)
+
+
+def test_no_bias_loop_under_cuda_graphs_without_biases_or_outside_megatron():
+    for c in (ctx(cuda_graphs=True), ctx(replace(OSS, linear_bias=False)), ctx(framework="torch")):
+        assert "expert_bias" not in by_name(layer_kernels(c, True, H100).forward)
+
+
+def test_the_attention_bias_dropout_add_is_unfused_for_a_biased_moe():
+    """TEGroupedMLP forbids bias_dropout_fusion with add_bias_linear: x + bias before the residual add (4 B per
+    element of h), and its bias gradient, a sum over the tokens (2 B); a bias-free MoE fuses it as before."""
+    T, h = 4 * 4096, 2880
+    lk = layer_kernels(ctx(), True, H100)
+    assert by_name(lk.forward)["attn_bias_add"].bytes == 4 * T * h
+    assert by_name(lk.backward)["attn_bias_add.bwd"].bytes == 2 * T * h
+    assert "attn_bias_add" not in by_name(layer_kernels(ctx(replace(OSS, linear_bias=False)), True, H100).forward)
+
+
+def test_a_dense_model_is_untouched():
+    """Llama 3 (plain RoPE, no biases, no clamp): the same kernels as before these rules (none of their names)."""
+    names = {k.name for k in layer_kernels(ctx(model_preset("llama3-8b"), ep=1), False, H100).forward}
+    assert not names & {"rotary_freqs", "expert_act_clamp", "expert_bias", "attn_bias_add", "mlp_bias_add"}
+
+
+# ---- the model fields -------------------------------------------------------------------------------------
+
+
+def test_gpt_oss_preset_and_config_json_carry_yarn_and_the_clamp():
+    from planner.presets import from_hf_config
+
+    hf_dir = Path(__file__).resolve().parents[1] / "reference" / "hf_configs"
+    hf = json.loads((hf_dir / "gpt-oss-120b.json").read_text())
+    imported = from_hf_config(hf)
+    assert (imported.rope_scaling, imported.glu_clamp) == (OSS.rope_scaling, OSS.glu_clamp) == ("yarn", 7.0)
+    assert from_hf_config(hf | {"rope_scaling": None, "swiglu_limit": None}).rope_scaling is None
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"glu_clamp": 7.0, "gated_mlp": False}, "model.glu_clamp", "gated_mlp"),
+        ({"glu_clamp": -1.0}, "model.glu_clamp", "-1.0"),
+        ({"rope_scaling": "ntk"}, "model.rope_scaling", "yarn"),
+    ],
+)
+def test_bad_fields_name_themselves(change, field, words):
+    with pytest.raises(SpecError) as e:
+        validate_model(replace(OSS, **change))
+    assert e.value.field == field and words in str(e.value)
+
+
+def test_the_fused_grouped_mlp_clamps_and_adds_the_bias_inside():
+    """TE's fused grouped MLP (workload.fused_grouped_mlp, the 26.08 recipes' op fuser): ScaledClampedQGeGLU clamps in
+    its activation and fc2's bias is scaled by the probs in the GEMM (Megatron-LM d98e8a6 experts.py
+    _make_fused_ops): neither the clamp's kernels nor the per-expert bias loop; the bias-dropout-add stays unfused
+    (TEGroupedMLP's assert holds either way)."""
+    b200 = GPUS["b200-180gb"]
+    mx = {"activation_dtype": "fp8", "fp8_recipe": "mxfp8"}
+    per_expert = by_name(layer_kernels(ctx(**mx), True, b200).forward)
+    fused = by_name(layer_kernels(ctx(**mx, fused_grouped_mlp=True), True, b200).forward)
+    assert {"expert_act_clamp", "expert_bias", "attn_bias_add"} <= set(per_expert)
+    assert not {"expert_act_clamp", "expert_bias"} & set(fused) and "attn_bias_add" in fused
