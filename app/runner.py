@@ -1,12 +1,15 @@
-"""Heavy work off the event loop's process: each request's work runs in a process forked for it (issue 26
-items 3 and 4).
+"""Heavy work off the event loop's process: each request's work runs in a long-lived worker process of a pool
+(``COMMPLAN_WORK_IN_PROCESS=1``, `commplan serve`'s default on Linux; section "long-lived workers" below), or, where
+the work does not pickle or with ``COMMPLAN_WORK_IN_PROCESS=2``, in a process forked for it (issue 26 items 3 and 4).
 
-Why a process, not a thread: the planner is mostly pure Python, and a thread computing holds the GIL for
-5 ms switch intervals against the event loop; with eight of them /healthz waited 0.5-1.1 s (p99) and a
-calibrate at its row limit held it at 0.6-0.8 s. Why a fork per request, not a pool: the work is a closure
-over the validated request (nothing to pickle on the way in), its result is bytes, and when the child exits
-every byte it allocated goes back to the system (a 2,048-NPU plan used to keep 602 MiB of a 1.24 GiB peak in
-the server for good); the child inherits the parent's warm caches at no cost (copy on write).
+Why a process, not a thread: the planner is mostly pure Python, and a thread computing holds the GIL against the
+event loop: a thread the OS preempts while holding it holds the loop with it (43-55 ms waits measured at load
+5-8), and a full collection in it holds the GIL for its whole pass (246-279 ms of CPU while a top_k 1,000 search
+encodes its answer); with eight heavy plans in threads /healthz waited 0.5-1.1 s (p99, the issue). A fork per
+request hands the child the validated request without pickling, and when the child exits every byte it
+allocated goes back to the system (a 2,048-NPU plan used to keep 602 MiB of a 1.24 GiB peak in the server for
+good), but costs 40-100 ms a request and every cache it warms; the pool keeps the caches and bounds the memory
+by retiring its workers (docs/hardening.md "Round six").
 
 Protocol: the child writes frames to a pipe, each ``8-byte length + pickle``: ``("progress", obj)`` any number
 of times (a streamed search), then one ``("ok", value)`` or ``("error", portable exception)``, and exits with
