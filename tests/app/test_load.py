@@ -315,15 +315,18 @@ def test_healthz_p99_while_a_search_answers_its_top_1000():
     assert server["p99"] < P99_LIMIT_S + floor["p99"], line
 
 
-def test_a_request_queues_at_the_compute_gate_over_http():
-    """COMMPLAN_COMPUTE_THREADS=1 on a real server: while a plan that routes a 1,000-router torus computes (until
-    its 3 s deadline), a small plan waits at the gate, holding a work slot and no GIL, and answers once the slow
-    one is stopped; /healthz answers at once meanwhile. With two compute threads the small plan answers at once."""
+@pytest.mark.parametrize("gate", ["compute_threads", "worker_processes"], ids=["thread", "pool"])
+def test_a_request_queues_at_the_compute_gate_over_http(gate):
+    """COMMPLAN_COMPUTE_THREADS=1 (thread mode) or COMMPLAN_WORKER_PROCESSES=1 (the pool) on a real server: while a
+    plan that routes a 1,000-router torus computes (until its 3 s deadline), a small plan waits at the gate, holding
+    a work slot and computing nothing, and answers once the slow one is stopped; /healthz answers at once meanwhile.
+    With two at once the small plan answers at once."""
     slow = LARGE | {"cluster": {"preset": "tpu-torus", "num_nodes": 1000}, "parallel": {"tp": 8, "pp": 5},
                     "workload": {"micro_batch_size": 1, "global_batch_size": 1000}}  # fmt: skip
     took = {}
     for threads in (1, 2):
-        settings = {"compute_threads": threads, "work_slots": 4, "deadline_s": 3, "max_router_pairs": 1 << 40}
+        settings = {gate: threads, "work_slots": 4, "deadline_s": 3, "max_router_pairs": 1 << 40,
+                    "work_in_process": int(gate == "worker_processes")}  # fmt: skip
         with serving(**settings) as (base, _), httpx.Client(base_url=base, timeout=30) as http:
             blocker = threading.Thread(target=lambda: httpx.post(base + "/v1/plan", json=slow, timeout=30))
             blocker.start()
