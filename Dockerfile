@@ -6,11 +6,14 @@ FROM ${PYTHON_IMAGE}
 
 # Workers: one process each, ~80 MiB idle; each computes COMMPLAN_WORK_SLOTS requests at once, budget about
 # (80 + slots x 500) MiB per worker (docs/hardening.md): 2 workers x 2 slots = 2,160 MiB, so
-# `docker run --memory 2560m` (the README's command); 4 workers: -e COMMPLAN_WORKERS=4 --memory 5g.
+# `docker run --memory 2560m` (the README's command); 4 workers: -e COMMPLAN_WORKERS=4 --memory 5g. Each worker
+# computes in COMMPLAN_WORKER_PROCESSES pool processes (app/runner.py), set here as the slots are: the CPU count
+# Python sees is the host's, not the container's.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     COMMPLAN_WORKERS=2 \
-    COMMPLAN_WORK_SLOTS=2
+    COMMPLAN_WORK_SLOTS=2 \
+    COMMPLAN_WORKER_PROCESSES=2
 
 WORKDIR /srv
 # Dependencies first, in their own layer: constraints.txt pins exactly the runtime closure, so a code change

@@ -151,6 +151,10 @@ def _serve(args) -> int:
     from .limits import GuardedH11
     from .settings import Settings
 
+    # a service computes its requests in worker processes where it can fork them (Linux: app/runner.py's pool), so
+    # that no request's work shares the GIL with the event loop that answers /healthz (docs/hardening.md)
+    if sys.platform == "linux":
+        os.environ.setdefault("COMMPLAN_WORK_IN_PROCESS", "1")
     settings = Settings.from_env()
     workers = args.workers or int(os.environ.get("COMMPLAN_WORKERS", "1"))
     uvicorn.run(

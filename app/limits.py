@@ -114,7 +114,7 @@ async def run_value(request: Request, work: Callable[[], object]) -> object:
         deadline = Deadline(settings.deadline_s)
         if settings.work_in_process:
             try:
-                return await runner.run(work, deadline, request.is_disconnected)
+                return await runner.run(work, deadline, request.is_disconnected, gate(request.app))
             except Cancelled:
                 raise DeadlineExceeded("disconnected") from None
         box = await _supervise(request, deadline, work)

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from uvicorn.protocols.http import flow_control
 
-from . import errors
+from . import errors, runner
 from .limits import BodyLimit
 from .routers import calibrate, collectives, export, health, plan, presets, search, serve, topology
 from .settings import Settings
@@ -110,16 +110,16 @@ def install_busy_headers() -> None:
 
 
 def stop_worker_processes(timeout_s: float = 2.0) -> list[int]:
-    """Kills the processes this one forked (the search's worker pool) and returns their ids. They inherit
-    uvicorn's SIGTERM handler, which only flags a server they do not run, so a terminated service used to
-    leave them orphaned, holding its listening socket: the port then accepted connections nobody answered and
-    a restart on it failed. SIGKILL is the one signal their copied handler cannot take."""
+    """Kills the processes this one forked (the search's worker pool, app/runner.py's pool) and returns their
+    ids. They inherit uvicorn's SIGTERM handler, which only flags a server they do not run, so a terminated
+    service used to leave them orphaned, holding its listening socket: the port then accepted connections nobody
+    answered and a restart on it failed. SIGKILL is the one signal their copied handler cannot take."""
     children = multiprocessing.active_children()
     for child in children:
         child.kill()
     for child in children:
         child.join(timeout_s)
-    return [child.pid for child in children]
+    return [child.pid for child in children] + runner.pool().close()
 
 
 def warm_requests(routes) -> list[tuple[str, str]]:
@@ -178,8 +178,11 @@ async def lifespan(app: FastAPI):
     # process-wide, set when a server starts (not on import): the event loop's share of the GIL (Settings)
     previous = sys.getswitchinterval()
     sys.setswitchinterval(app.state.settings.switch_interval_s)
+    runner.configure(app.state.settings)
     await warm_up(app)
-    freeze_start_up()
+    freeze_start_up()  # before any pool worker is forked: each inherits the frozen start-up objects
+    if runner.LIMITS.pooled and app.state.settings.work_in_process:
+        await runner.pool().start(app.state.settings.worker_processes)
     try:
         yield
     finally:

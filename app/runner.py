@@ -1,12 +1,15 @@
-"""Heavy work off the event loop's process: each request's work runs in a process forked for it (issue 26
-items 3 and 4).
+"""Heavy work off the event loop's process: each request's work runs in a long-lived worker process of a pool
+(``COMMPLAN_WORK_IN_PROCESS=1``, `commplan serve`'s default on Linux; section "long-lived workers" below), or, where
+the work does not pickle or with ``COMMPLAN_WORK_IN_PROCESS=2``, in a process forked for it (issue 26 items 3 and 4).
 
-Why a process, not a thread: the planner is mostly pure Python, and a thread computing holds the GIL for
-5 ms switch intervals against the event loop; with eight of them /healthz waited 0.5-1.1 s (p99) and a
-calibrate at its row limit held it at 0.6-0.8 s. Why a fork per request, not a pool: the work is a closure
-over the validated request (nothing to pickle on the way in), its result is bytes, and when the child exits
-every byte it allocated goes back to the system (a 2,048-NPU plan used to keep 602 MiB of a 1.24 GiB peak in
-the server for good); the child inherits the parent's warm caches at no cost (copy on write).
+Why a process, not a thread: the planner is mostly pure Python, and a thread computing holds the GIL against the
+event loop: a thread the OS preempts while holding it holds the loop with it (43-55 ms waits measured at load
+5-8), and a full collection in it holds the GIL for its whole pass (246-279 ms of CPU while a top_k 1,000 search
+encodes its answer); with eight heavy plans in threads /healthz waited 0.5-1.1 s (p99, the issue). A fork per
+request hands the child the validated request without pickling, and when the child exits every byte it
+allocated goes back to the system (a 2,048-NPU plan used to keep 602 MiB of a 1.24 GiB peak in the server for
+good), but costs 40-100 ms a request and every cache it warms; the pool keeps the caches and bounds the memory
+by retiring its workers (docs/hardening.md "Round six").
 
 Protocol: the child writes frames to a pipe, each ``8-byte length + pickle``: ``("progress", obj)`` any number
 of times (a streamed search), then one ``("ok", value)`` or ``("error", portable exception)``, and exits with
@@ -25,15 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib
+import io
 import logging
+import marshal
 import os
 import pickle
 import signal
 import struct
 import sys
 import traceback
+import types
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+
+import anyio
 
 from collectives import CollectiveError
 from planner import SpecError
@@ -64,9 +74,11 @@ class ChildFailed(RuntimeError):
 class Stats:
     """What the runner did in this process, for docs/hardening.md and the tests."""
 
-    forked: int = 0
+    forked: int = 0  # processes forked: one per request in fork mode, one per worker in the pool
     killed: int = 0
     failed: int = 0
+    pooled: int = 0  # requests a long-lived worker computed
+    retired: int = 0  # workers that ended after their last request (its count, its memory, or its children)
 
 
 STATS = Stats()
@@ -101,31 +113,47 @@ def _write(fd: int, message: tuple) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _detach() -> None:
+    """In a forked child, first: a process group of its own, default signals, a lower priority."""
+    # its own group: one SIGKILL stops it and every worker it forks. Not a session of its own (os.setsid): under
+    # CONFIG_SCHED_AUTOGROUP each child would then take a whole session's share of the CPUs, not a niced share
+    # of the server's; three paired runs (bench/healthz_stalls.py, load 10-14) gave /healthz p99 99-126 ms
+    # that way against 65-89 ms this way (docs/hardening.md)
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not uvicorn's flag-only handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.nice(NICE)  # the event loop's process wins the CPU whenever it has something to do
+
+
+def _exit(code: int) -> None:
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _answer(work: Callable[[], object], deadline: Deadline) -> tuple:
+    """``("ok", work())`` under ``deadline``, or ``("error", portable exception)``."""
+    try:
+        with bounded(deadline):
+            return ("ok", work())
+    except BaseException as err:  # sent back and raised in the parent
+        return ("error", _portable(err))
+
+
 def _child(fd: int, work: Callable, deadline: Deadline, progress: bool) -> None:
     """In the forked child: run ``work`` under the deadline and send its frames; never returns."""
     code = 0
     try:
-        # its own group: one SIGKILL stops it and every worker it forks. Not a session of its own (os.setsid): under
-        # CONFIG_SCHED_AUTOGROUP each child would then take a whole session's share of the CPUs, not a niced share
-        # of the server's; three paired runs (bench/healthz_stalls.py, load 10-14) gave /healthz p99 99-126 ms
-        # that way against 65-89 ms this way (docs/hardening.md)
-        os.setpgid(0, 0)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not uvicorn's flag-only handler
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-        os.nice(NICE)  # the event loop's process wins the CPU whenever it has something to do
-        try:
-            with bounded(deadline):
-                value = work(lambda item: _write(fd, ("progress", item))) if progress else work()
-            _write(fd, ("ok", value))
-        except BaseException as err:  # sent back and raised in the parent
-            _write(fd, ("error", _portable(err)))
+        _detach()
+        if progress:
+            _write(fd, _answer(lambda: work(lambda item: _write(fd, ("progress", item))), deadline))
+        else:
+            _write(fd, _answer(work, deadline))
     except BaseException:  # the pipe closed under it (the parent stopped waiting): nothing to tell
         code = 1
     finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        _exit(code)
 
 
 def _kill(pid: int) -> None:
@@ -220,13 +248,286 @@ async def frames(
         reaping.add_done_callback(REAPING.discard)
 
 
-async def run(work: Callable[[], object], deadline: Deadline, gone: Callable[[], object]) -> object:
-    """``work()``'s value, computed in a child process (``frames``)."""
-    async with contextlib.aclosing(frames(work, deadline, gone)) as answers:
-        async for kind, value in answers:
-            if kind == "ok":
-                return value
-    raise ChildFailed("no answer")  # pragma: no cover - frames always ends with ok or raises
+async def run(
+    work: Callable[[], object],
+    deadline: Deadline,
+    gone: Callable[[], object],
+    gate: anyio.CapacityLimiter | None = None,
+) -> object:
+    """``work()``'s value, computed in a pool worker where it pickles (below), else in a process forked for it
+    (``frames``); with ``gate``, once one of its tokens is free (waiting on the loop, under the deadline)."""
+    release = await _enter(gate, deadline, gone) if gate is not None else None
+    try:
+        payload = dumps_work(work) if LIMITS.pooled else None
+        if payload is not None:
+            return await _pooled(payload, deadline, gone)
+        async with contextlib.aclosing(frames(work, deadline, gone)) as answers:
+            async for kind, value in answers:
+                if kind == "ok":
+                    return value
+        raise ChildFailed("no answer")  # pragma: no cover - frames always ends with ok or raises
+    finally:
+        if release is not None:
+            release()
+
+
+async def _enter(gate: anyio.CapacityLimiter, deadline: Deadline, gone: Callable[[], object]) -> Callable[[], None]:
+    """One of ``gate``'s tokens, watching the deadline and the client every POLL_S while waiting; its release."""
+    token = object()
+    waiting = asyncio.ensure_future(gate.acquire_on_behalf_of(token))
+    try:
+        while not waiting.done():
+            await asyncio.wait({waiting}, timeout=POLL_S)
+            if waiting.done():
+                break
+            if deadline.expired():
+                deadline.cancel("deadline")
+                raise DeadlineExceeded("deadline")
+            if await gone():
+                deadline.cancel("disconnected")
+                raise Cancelled()
+        waiting.result()
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting  # withdrawn from the queue, or the token came as it was cancelled: given back below
+            if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+                gate.release_on_behalf_of(token)
+    return lambda: gate.release_on_behalf_of(token)
+
+
+# ---- long-lived workers: the work sent by value (COMMPLAN_WORK_IN_PROCESS=1, the server's default on Linux) -------
+#
+# A fork per request costs the fork and the child's start (40-100 ms a request on this project's loaded machine)
+# and every cache a request warms dies with its process. A pool worker is forked once, from the warm server, and
+# computes request after request; the server sends it each request's work by value: the closure a router hands
+# to app.limits.run_value (a lambda over the validated body and the settings) pickled with its code (marshal) and
+# what it closes over. Work that does not pickle (a lock, a class defined in a function) is forked for, as before.
+# A worker retires once it has served ``Limits.requests`` requests, once its resident size has grown
+# ``Limits.growth_bytes`` since it was forked (its memory goes back with it), or once it has child processes (a
+# search's worker pool, which a retiring worker's group kill takes with it); at the deadline or when the client
+# goes away it is killed, as a forked request is.
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a pool worker retires (settings ``worker_requests``, ``worker_growth_mib``)."""
+
+    pooled: bool = True  # COMMPLAN_WORK_IN_PROCESS=1: the pool; 2: a fork per request
+    requests: int = 1000
+    growth_bytes: int = 300 << 20
+
+
+LIMITS = Limits()
+
+
+def configure(settings) -> None:
+    """Takes the pool's limits from the service's settings (the lifespan, before any request)."""
+    global LIMITS
+    LIMITS = Limits(settings.work_in_process == 1, settings.worker_requests, settings.worker_growth_mib << 20)
+
+
+def _function(code: bytes, module: str, name: str, qualname: str, defaults, kwdefaults, cells: tuple):
+    fn = types.FunctionType(
+        marshal.loads(code), vars(importlib.import_module(module)), name, defaults,
+        tuple(types.CellType(cell) for cell in cells) or None,
+    )  # fmt: skip
+    fn.__qualname__, fn.__kwdefaults__ = qualname, kwdefaults
+    return fn
+
+
+class _WorkPickler(pickle.Pickler):
+    """pickle, plus the functions it cannot name (a router's lambda, a ``work`` defined in an endpoint): by value,
+    as their code (marshal: the worker runs the same interpreter), their module (its globals, in the worker) and
+    their cells' contents, each pickled the same way."""
+
+    def reducer_override(self, obj):
+        if type(obj) is not types.FunctionType or "<" not in obj.__qualname__:
+            return NotImplemented  # everything else as pickle does it: module functions and classes by name
+        cells = tuple(cell.cell_contents for cell in obj.__closure__ or ())  # an empty cell: ValueError
+        return _function, (marshal.dumps(obj.__code__), obj.__module__, obj.__name__, obj.__qualname__,
+                           obj.__defaults__, obj.__kwdefaults__, cells)  # fmt: skip
+
+
+def dumps_work(work: Callable) -> bytes | None:
+    """``work`` pickled with all it closes over, or None where something in it does not pickle."""
+    buffer = io.BytesIO()
+    try:
+        _WorkPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(work)
+    except Exception:  # PicklingError, TypeError (a lock), ValueError (an empty cell), RecursionError
+        return None
+    return buffer.getvalue()
+
+
+def _has_children() -> bool:
+    """Whether this process has a child process (running, or exited and not yet waited for)."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _call(payload: bytes) -> object:
+    return pickle.loads(payload)()  # unpickled under the deadline: a failure is the request's error, not the worker's
+
+
+def _serve_jobs(jobs_fd: int, answers_fd: int) -> None:
+    """In a pool worker: read a job, compute it, answer ``(kind, value, retiring)``; until the parent closes the
+    jobs pipe or the worker retires. Never returns."""
+    code = 0
+    try:
+        _detach()
+        born, served = rss_bytes(), 0
+        with os.fdopen(jobs_fd, "rb") as jobs:
+            while True:
+                header = jobs.read(HEADER.size)
+                if len(header) < HEADER.size:  # the server closed its end
+                    break
+                seconds, start, payload = pickle.loads(jobs.read(HEADER.unpack(header)[0]))
+                answer = _answer(functools.partial(_call, payload), Deadline(seconds, start))
+                served += 1
+                retire = served >= LIMITS.requests or rss_bytes() - born > LIMITS.growth_bytes or _has_children()
+                try:
+                    _write(answers_fd, (*answer, retire))
+                except (pickle.PicklingError, TypeError, AttributeError) as err:  # a value that does not pickle
+                    _write(answers_fd, ("error", _portable(ChildFailed(f"the answer does not pickle: {err}")), True))
+                    break
+                if retire:
+                    break
+    except BaseException:  # the pipe closed under it (the server stopped, or killed it): nothing to tell
+        code = 1
+    finally:
+        _exit(code)
+
+
+@dataclass
+class _Worker:
+    pid: int
+    jobs: asyncio.WriteTransport
+    answers: asyncio.ReadTransport
+    reader: asyncio.StreamReader
+    fds: tuple[int, int]  # the server's ends of its pipes (closed in every later worker)
+
+
+class Pool:
+    """This process's workers: forked on demand (at most one per request computing at once: the work slots bound
+    them), kept while they stay fit."""
+
+    def __init__(self) -> None:
+        self.idle: list[_Worker] = []
+        self.workers: dict[int, _Worker] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def take(self) -> _Worker:
+        """An idle worker that is still alive, else a new one."""
+        if self.loop is not asyncio.get_running_loop():  # its pipes are another loop's (asyncio.run, one by one)
+            self.close()
+            self.loop = asyncio.get_running_loop()
+        while self.idle:
+            worker = self.idle.pop()
+            if not worker.reader.at_eof():
+                return worker
+            self.drop(worker)  # it died idle (killed from outside, out of memory)
+        return await self._fork()
+
+    async def start(self, count: int) -> None:
+        """Forks ``count`` idle workers now (the server's start-up, before it listens): a fork holds the event loop
+        for 4-8 ms of CPU (15-45 ms on a loaded machine), better paid before the first request than during it."""
+        if self.loop is not asyncio.get_running_loop():
+            self.close()
+            self.loop = asyncio.get_running_loop()
+        while len(self.workers) < count:
+            self.idle.append(await self._fork())
+
+    async def _fork(self) -> _Worker:
+        loop = asyncio.get_running_loop()
+        jobs_r, jobs_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        inherited = [fd for worker in self.workers.values() for fd in worker.fds]
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(jobs_w)
+            os.close(answers_r)
+            for fd in inherited:  # its siblings' pipes: theirs and the server's only
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _serve_jobs(jobs_r, answers_w)
+        os.close(jobs_r)
+        os.close(answers_w)
+        STATS.forked += 1
+        reader = asyncio.StreamReader(limit=1 << 20)
+        answers, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(answers_r, "rb", buffering=0)
+        )
+        jobs, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(jobs_w, "wb", buffering=0))
+        worker = self.workers[pid] = _Worker(pid, jobs, answers, reader, (answers_r, jobs_w))
+        return worker
+
+    def drop(self, worker: _Worker) -> None:
+        """Ends ``worker`` (its whole group: a search's pool goes with it) and reaps it in the background."""
+        self.workers.pop(worker.pid, None)
+        worker.jobs.close()
+        worker.answers.close()
+        _kill(worker.pid)
+        reaping = asyncio.ensure_future(_reap(worker.pid))
+        REAPING.add(reaping)
+        reaping.add_done_callback(REAPING.discard)
+
+    def close(self) -> list[int]:
+        """Kills every worker and waits for them (the server's shutdown); their ids."""
+        pids = list(self.workers)
+        for pid in pids:
+            _kill(pid)
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self.workers.clear()
+        self.idle.clear()
+        return pids
+
+
+_POOLS: dict[int, Pool] = {}
+
+
+def pool() -> Pool:
+    """This process's pool (each uvicorn worker process has its own)."""
+    return _POOLS.setdefault(os.getpid(), Pool())
+
+
+async def _pooled(payload: bytes, deadline: Deadline, gone: Callable[[], object]) -> object:
+    workers = pool()
+    worker = await workers.take()
+    job = pickle.dumps((deadline.seconds, deadline.start, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    worker.jobs.write(HEADER.pack(len(job)) + job)
+    answered = keep = False
+    try:
+        size = await _next_size(worker.reader, deadline, gone)
+        kind, value, retiring = pickle.loads(await worker.reader.readexactly(size))
+        answered, keep = True, not retiring
+        STATS.pooled += 1
+        STATS.retired += retiring
+    finally:
+        if keep:
+            workers.idle.append(worker)
+        else:  # retiring, or stopped (deadline, client gone, cancelled), or dead
+            STATS.killed += not answered
+            workers.drop(worker)
+    if kind == "error":
+        raise _rebuilt(value)
+    return value
+
+
+def pss_bytes(pid: int | str = "self") -> int:
+    """Proportional set size (Linux /proc/PID/smaps_rollup): resident bytes, each page shared by k processes
+    counted 1/k. A forked worker shares the server's pages, so the RSS of a server and its workers summed would
+    count those pages once per process; their PSS summed counts each once. 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("Pss:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -238,4 +539,16 @@ def rss_bytes(pid: int | str = "self") -> int:
         return 0
 
 
-__all__ = ["STATS", "ChildFailed", "frames", "rss_bytes", "run"]
+__all__ = [
+    "LIMITS",
+    "STATS",
+    "ChildFailed",
+    "Pool",
+    "configure",
+    "dumps_work",
+    "frames",
+    "pool",
+    "pss_bytes",
+    "rss_bytes",
+    "run",
+]

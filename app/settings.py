@@ -33,9 +33,19 @@ class Settings:
     header_timeout_s: float = 10.0  # a connection's request line and headers must arrive within this
     keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
     max_connections: int = 512  # open connections + tasks per worker before uvicorn answers 503
-    # 1: each heavy request computes in a process forked for it (app/runner.py: /healthz untouched, memory given
-    # back, ~40-100 ms more per request and 3.6x less throughput under load); 0 (default): a worker thread
+    # where a heavy request computes (app/runner.py, docs/hardening.md): 0 a thread of the server's process, which
+    # shares the GIL with the event loop (the library default: tests, an app embedded in-process); 1 a long-lived
+    # worker process of a pool, the work sent by value (`commplan serve`'s default on Linux: app/cli.py); 2 a
+    # process forked for each request (memory always given back; 40-100 ms more per request, caches lost)
     work_in_process: int = 0
+    # process mode: how many requests compute at once, each in its own process (app/threads.py's gate; the pool
+    # forks this many workers at start-up); the others wait on the event loop, under their deadline. More processes
+    # than CPUs compute no faster and take CPU time from the event loop: 9 at once gave /healthz a p99 of 0.14-0.22
+    # s at load 7-8 against ... with the gate (docs/hardening.md)
+    worker_processes: int = max(os.cpu_count() or 1, 1)
+    # a pool worker retires after this many requests, or once its resident size has grown this much since its fork
+    worker_requests: int = 1000
+    worker_growth_mib: int = 300
     # the GIL switch interval (CPython's sys.setswitchinterval; its default 5 ms). A thread waiting for the GIL
     # asks the holder to drop it after this long (Python/ceval_gil.c, take_gil), so the event loop waits up to
     # one interval per work thread at each await: with eight heavy plans in flight, 5 ms gave /healthz a p99
@@ -45,6 +55,10 @@ class Settings:
     def __post_init__(self) -> None:
         if not 1e-5 <= self.switch_interval_s <= 0.1:  # sys.setswitchinterval needs > 0; 0.1 s would starve /healthz
             raise ValueError(f"COMMPLAN_SWITCH_INTERVAL_S {self.switch_interval_s} is outside 1e-05..0.1 seconds")
+        if self.work_in_process not in (0, 1, 2):
+            raise ValueError(f"COMMPLAN_WORK_IN_PROCESS {self.work_in_process} is not 0, 1 or 2")
+        if min(self.worker_processes, self.worker_requests, self.worker_growth_mib) < 1:
+            raise ValueError("COMMPLAN_WORKER_PROCESSES, _REQUESTS and _GROWTH_MIB must each be at least 1")
         if self.compute_threads < 1:
             raise ValueError(f"COMMPLAN_COMPUTE_THREADS {self.compute_threads} is under 1")
 

@@ -28,10 +28,13 @@ import anyio
 
 
 def gate(app) -> anyio.CapacityLimiter:
-    """The app's gate on threads computing at once (``settings.compute_threads``; FIFO), made on first use."""
+    """The app's gate on requests computing at once (FIFO), made on first use: ``settings.compute_threads`` threads,
+    or in process mode ``settings.worker_processes`` processes (app/runner.py)."""
     state = app.state
     if getattr(state, "compute_gate", None) is None:
-        state.compute_gate = anyio.CapacityLimiter(state.settings.compute_threads)
+        settings = state.settings
+        size = settings.worker_processes if settings.work_in_process else settings.compute_threads
+        state.compute_gate = anyio.CapacityLimiter(size)
     return state.compute_gate
 
 

@@ -45,25 +45,48 @@ from tests.app.prober import percentiles, probe, runq_s  # noqa: E402
 PROBER = ROOT / "tests/app/prober.py"
 TICK_S = 0.005
 LATE_TICK_S = 0.03
-DUMP_AFTER_S = 0.15
+DUMP_AFTER_S = 0.1
+GC_LOG_S = 0.005
 
 
 # ---- the server, instrumented ------------------------------------------------------------------------------------
 
 
+def _threads() -> dict[int, tuple[float, float]]:
+    """{native thread id: (CPU s, run-queue wait s)} of every thread of this process (Linux schedstat)."""
+    stats = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                run, wait = f.read().split()[:2]
+        except OSError:  # the thread ended meanwhile
+            continue
+        stats[int(task)] = (int(run) / 1e9, int(wait) / 1e9)
+    return stats
+
+
 async def _watch_loop(out, dumps) -> None:
     prev, cpu, runq, proc = time.monotonic(), time.thread_time(), runq_s(), time.process_time()
+    me, threads = threading.get_native_id(), _threads()
     while True:
         faulthandler.dump_traceback_later(DUMP_AFTER_S, file=dumps)
         await asyncio.sleep(TICK_S)
         faulthandler.cancel_dump_traceback_later()
         now, ncpu, nrunq, nproc = time.monotonic(), time.thread_time(), runq_s(), time.process_time()
+        nthreads = _threads()
         late = now - prev - TICK_S
         if late > LATE_TICK_S:
+            # every other thread's CPU and run-queue wait in the same tick: a GIL holder that ran (a long C call,
+            # a collection) or one that waited for a CPU while the loop waited for the GIL
+            others = sorted(
+                (round(c - threads.get(tid, (0, 0))[0], 4), round(w - threads.get(tid, (0, 0))[1], 4))
+                for tid, (c, w) in nthreads.items() if tid != me
+            )  # fmt: skip
             out.write(json.dumps({"t": time.time() - late - TICK_S, "late": late, "loop_cpu": ncpu - cpu,
-                                  "loop_runq": nrunq - runq, "proc_cpu": nproc - proc}) + "\n")  # fmt: skip
+                                  "loop_runq": nrunq - runq, "proc_cpu": nproc - proc,
+                                  "threads": [t for t in others if t != (0, 0)]}) + "\n")  # fmt: skip
             out.flush()
-        prev, cpu, runq, proc = now, ncpu, nrunq, nproc
+        prev, cpu, runq, proc, threads = now, ncpu, nrunq, nproc, nthreads
 
 
 def serve(port: int, log: str) -> None:
@@ -81,7 +104,7 @@ def serve(port: int, log: str) -> None:
     def on_gc(phase, info):  # the server's own collections: a C pass that holds the GIL for its whole length
         if phase == "start":
             started["t"], started["m"] = time.time(), time.monotonic()
-        elif started and time.monotonic() - started["m"] > 0.02:
+        elif started and time.monotonic() - started["m"] > GC_LOG_S:
             pause = time.monotonic() - started["m"]
             out.write(json.dumps({"t": started["t"], "late": pause, "server_gc": info["generation"],
                                   "collected": info["collected"]}) + "\n")  # fmt: skip
@@ -99,6 +122,31 @@ def serve(port: int, log: str) -> None:
         watcher.cancel()
 
     asyncio.run(main())
+
+
+# ---- the machine: a process that only sleeps ------------------------------------------------------------------
+
+
+def _steal_s() -> float:
+    """CPU time the hypervisor took from this machine's CPUs so far (/proc/stat ``cpu`` line, field 8, in ticks)."""
+    with open("/proc/stat") as f:
+        return int(f.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def pulse(log: str, stop: str) -> None:
+    """Sleeps 2 ms at a time until ``stop`` exists, and records every wake-up over 30 ms late with its own
+    run-queue wait and the machine's steal time in the gap: a gap with neither (the process was not runnable
+    and not waiting) is the whole virtual machine paused, which no process in it can avoid."""
+    with open(log, "w") as out:
+        prev, runq, steal = time.monotonic(), runq_s(), _steal_s()
+        while not os.path.exists(stop):
+            time.sleep(0.002)
+            now, nrunq, nsteal = time.monotonic(), runq_s(), _steal_s()
+            if now - prev - 0.002 > LATE_TICK_S:
+                out.write(json.dumps({"t": time.time() - (now - prev), "late": now - prev - 0.002,
+                                      "runq": nrunq - runq, "steal": nsteal - steal}) + "\n")  # fmt: skip
+                out.flush()
+            prev, runq, steal = now, nrunq, nsteal
 
 
 # ---- the driver ----------------------------------------------------------------------------------------------------
@@ -151,7 +199,9 @@ def drive(mode: str, ballast_millions: float, late_s: float) -> dict:
         stop = tmp / "stop"
         alone = subprocess.Popen([sys.executable, PROBER, "probe", tmp / "alone.json", stop, base, control_url],
                                  start_new_session=True)  # fmt: skip
-        procs.append(alone)
+        machine = subprocess.Popen([sys.executable, __file__, "--pulse", tmp / "pulse.jsonl", stop],
+                                   start_new_session=True, **quiet)  # fmt: skip
+        procs += [alone, machine]
         while not (tmp / "alone.json.ready").exists():
             time.sleep(0.02)
         answers: list[int] = []
@@ -181,10 +231,11 @@ def drive(mode: str, ballast_millions: float, late_s: float) -> dict:
     del ballast
     loop = [json.loads(line) for line in (tmp / "loop.jsonl").read_text().splitlines()]
     probes = json.loads((tmp / "alone.json").read_text())
-    events = {"server_late": loop, "driver_gc": pauses}
+    gaps = [json.loads(line) for line in (tmp / "pulse.jsonl").read_text().splitlines()]
+    events = {"server_late": loop, "driver_gc": pauses, "machine": gaps}
     return {
         "mode": mode, "ballast_M": ballast_millions, "answers": answers, "load": os.getloadavg()[0], "heavy": spans,
-        "gc_pauses_over_20ms": [p for p in pauses if p["late"] > 0.02], "loop_late": loop,
+        "gc_pauses_over_20ms": [p for p in pauses if p["late"] > 0.02], "loop_late": loop, "machine": gaps,
         "driver": _summary(json.loads((tmp / "driver.json").read_text())[base], events, late_s),
         "alone": _summary(probes[base], events, late_s),
         "bare": _summary(probes[control_url], events, late_s),
@@ -198,7 +249,10 @@ def main() -> None:
     ap.add_argument("--ballast", type=float, default=0.0, help="millions of objects the driver holds")
     ap.add_argument("--late", type=float, default=0.1, help="a probe slower than this (s) is explained")
     ap.add_argument("--serve", nargs=2, metavar=("PORT", "LOG"))
+    ap.add_argument("--pulse", nargs=2, metavar=("LOG", "STOP"))
     args = ap.parse_args()
+    if args.pulse:
+        return pulse(*args.pulse)
     if args.serve:
         return serve(int(args.serve[0]), args.serve[1])
     result = drive(args.mode, args.ballast, args.late)

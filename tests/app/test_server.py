@@ -65,16 +65,20 @@ def _service(**env) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path):
-    """A search runs in a process forked for it (app/runner.py), which forks the search's worker pool; the
-    group is killed once the answer is in, so no worker is left behind (they used to stay, and a terminated
-    service orphaned them, still holding its port: they ignore SIGTERM, uvicorn's handler copied into them)."""
+@pytest.mark.parametrize("mode", ["1", "2"], ids=["pool (the default)", "a fork per request"])
+def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path, mode):
+    """A search runs in a pool worker (or a process forked for it: app/runner.py), which forks the search's worker
+    pool; the group is killed once the answer is in (a pool worker with children retires), so no worker is left
+    behind (they used to stay, and a terminated service orphaned them, still holding its port: they ignore
+    SIGTERM, uvicorn's handler copied into them). The pool's other workers, forked at start-up, stay."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the search runs in-process on one core: no workers to leave")
-    proc, base = _service(COMMPLAN_WORK_IN_PROCESS="1")  # the process mode this test is about
+    proc, base = _service(COMMPLAN_WORK_IN_PROCESS=mode)
     seen: set[int] = set()
     try:
         wait_for(base)
+        pool = set(descendants_of(proc.pid))
+        assert len(pool) == ((os.cpu_count() or 1) if mode == "1" else 0), pool  # COMMPLAN_WORKER_PROCESSES
         body = SEARCH
         answer: dict = {}
         search = threading.Thread(
@@ -85,9 +89,11 @@ def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path):
             seen.update(descendants_of(proc.pid))
             time.sleep(0.05)
         assert answer["workers"] >= 2  # the pool ran
-        assert len(seen) >= 3, seen  # the search's process and its workers
+        assert len(seen - pool) >= 2, seen  # the search's process (mode 2) and its workers
         time.sleep(0.5)
-        assert not [pid for pid in seen if alive(pid)], "search processes outlived their search"
+        ran = [pid for pid in pool if not alive(pid)]  # the pool worker the search ran in retired
+        assert len(ran) == (1 if mode == "1" else 0), (pool, ran)
+        assert not [pid for pid in seen - pool if alive(pid)], "search processes outlived their search"
     finally:
         proc.terminate()
         proc.wait(timeout=15)
@@ -100,11 +106,11 @@ def test_search_workers_outlive_neither_their_search_nor_the_service(tmp_path):
 
 
 def test_a_terminated_service_leaves_no_search_workers(tmp_path):
-    """In the default thread mode the search forks its worker pool from the server; terminating the server used
-    to orphan them (they ignore SIGTERM, uvicorn's handler copied into them), still holding the port."""
+    """In thread mode the search forks its worker pool from the server; terminating the server used to orphan
+    them (they ignore SIGTERM, uvicorn's handler copied into them), still holding the port."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("the search runs in-process on one core: no workers to leave")
-    proc, base = _service()
+    proc, base = _service(COMMPLAN_WORK_IN_PROCESS="0")
     try:
         wait_for(base)
         result = httpx.post(f"{base}/v1/search", json=SEARCH, timeout=120).json()
