@@ -325,15 +325,11 @@ class _Site:
 
 def _site(ranks: np.ndarray, devices: np.ndarray, cluster: Cluster, exact: bool) -> _Site:
     priced_on, shift = (devices, 0) if exact else canonical(neighbourhood(devices, cluster), cluster)
-    return _Site(
-        ranks,
-        devices,
-        priced_on,
-        shift,
-        (priced_on.shape, priced_on.tobytes()),
-        tuple(ranks[0].tolist()),
-        tuple(devices[0].tolist()),
-    )
+    group_ranks = tuple(ranks[0].tolist())
+    # ranks run on the devices of the same number (no device map): one tuple, so the answer's two lists of a
+    # call hold the same int objects and app/serialize.py finds the second equal to the first at C speed
+    group_devices = group_ranks if devices is ranks else tuple(devices[0].tolist())
+    return _Site(ranks, devices, priced_on, shift, (priced_on.shape, priced_on.tobytes()), group_ranks, group_devices)
 
 
 class _Placements:
