@@ -574,7 +574,9 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
         if len(_PRICES) > PRICE_CACHE:
             _PRICES.popitem(last=False)
     price, relabelled = cached
-    if site.shift not in relabelled:
+    if not site.shift:  # priced where it sits: its links are the price's own, as described by the pricer
+        relabelled.setdefault(0, price.links)
+    elif site.shift not in relabelled:
         relabelled[site.shift] = [
             cluster.describe_link(cluster.translate_link(link["id"], site.shift))
             | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}

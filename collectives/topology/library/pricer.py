@@ -105,16 +105,24 @@ def features_of(cluster: Cluster) -> Features:
     only where the network has a SHARP plugin and NCCL_COLLNET_ENABLE=1 (init.cc: config.collnetEnable defaults
     to 0, v2.30.7-1 lines 2146-2203; v2.18.6-1 lines 861-866 the same through collNetSupport)."""
     s = cluster.spec
-    env = s.nccl_env
-    return Features(
-        nvls=s.intra.in_network_reduction and env.NCCL_NVLS_ENABLE != 0,
-        collnet=s.network.in_network_reduction and env.NCCL_COLLNET_ENABLE == 1,
-        cpu_vendor=s.cpu_vendor,
-        network_kind=s.network.kind,
-        nvlink=s.intra.link_name == "nvlink",
-        min_channels=env.NCCL_MIN_NCHANNELS,
-        max_channels=env.NCCL_MAX_NCHANNELS,
-    )
+    found = _FEATURES.get(s)  # a pure function of the spec, asked once per priced call: memoised
+    if found is None:
+        env = s.nccl_env
+        found = _FEATURES[s] = Features(
+            nvls=s.intra.in_network_reduction and env.NCCL_NVLS_ENABLE != 0,
+            collnet=s.network.in_network_reduction and env.NCCL_COLLNET_ENABLE == 1,
+            cpu_vendor=s.cpu_vendor,
+            network_kind=s.network.kind,
+            nvlink=s.intra.link_name == "nvlink",
+            min_channels=env.NCCL_MIN_NCHANNELS,
+            max_channels=env.NCCL_MAX_NCHANNELS,
+        )
+        if len(_FEATURES) > 64:
+            _FEATURES.popitem(last=False)
+    return found
+
+
+_FEATURES: OrderedDict = OrderedDict()  # ClusterSpec -> its Features
 
 
 _CANDS: OrderedDict = OrderedDict()
