@@ -198,18 +198,20 @@ def price_library(
         name = "hierarchical"  # NVLS inside each node, SHARP across: never the full message through every NIC
     schedule, sent, received, steps = _schedule_bytes(name, op, n, nbytes, shape.ppn if shape.nodes > 1 else 1)
     algbw = nbytes / time / 1e9 if time else 0.0
+    factor = busbw_factor(op, n)
     links = []
     for link, units in loaded[:top_links] if time else ():
-        carried = sent if units < 0 else int(units * nbytes * busbw_factor(op, n))
-        d = cluster.describe_link(link)
+        carried = sent if units < 0 else int(units * nbytes * factor)
+        d = cluster.describe_link(link)  # a copy: this price's own
         busy = carried / (d["capacity_GBps"] * 1e9)
-        links.append(d | {"bytes": carried, "busy_s": busy, "utilisation": min(1.0, busy / time)})
+        d.update(bytes=carried, busy_s=busy, utilisation=min(1.0, busy / time))
+        links.append(d)
     nodes = shape.nodes
     return Price(
         algorithm=schedule,
         time_s=time,
         algbw_GBps=algbw,
-        busbw_GBps=algbw * busbw_factor(op, n),
+        busbw_GBps=algbw * factor,
         bytes_sent_per_rank=sent,
         bytes_received_per_rank=received,
         steps=steps,
