@@ -95,7 +95,8 @@ def _json(data: dict) -> bytes:
 # 131,072 GPUs (1.6 MB, ~8 ms). Such a list is written once per distinct list and its bytes spliced into the
 # answer, which is otherwise written by to_json as before: the same bytes (tests/app/test_write.py).
 LONG_LIST = 1024  # shorter lists are written in place
-LIST_CACHE = 64  # distinct long lists kept, first in first out
+LIST_CACHE = 64  # distinct long lists kept, first in first out ...
+LIST_CACHE_ITEMS = 1 << 20  # ... and at most this many integers in all (~8 MiB of list, ~7 MiB of JSON)
 _LISTS: OrderedDict = OrderedDict()  # (length, first, middle, last) -> (the list, its JSON)
 RANK_LISTS = ("group_ranks", "group_devices")
 
@@ -108,8 +109,10 @@ def _int_list(values: list[int]) -> bytes:
     if found is not None and found[0] == values:
         return found[1]
     data = _json(values)
+    if len(values) > LIST_CACHE_ITEMS:
+        return data
     _LISTS[key] = (list(values), data)  # a copy: the caller's list is its own
-    if len(_LISTS) > LIST_CACHE:
+    while len(_LISTS) > LIST_CACHE or sum(len(kept) for kept, _ in _LISTS.values()) > LIST_CACHE_ITEMS:
         _LISTS.popitem(last=False)
     return data
 

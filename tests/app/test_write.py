@@ -156,3 +156,20 @@ def test_the_16k_gpu_plan_splices_its_world_group():
     assert [c["name"] for c in long] == ["dp.grad_norm"] and len(long[0]["placement"]["group_ranks"]) == 16384
     assert LONG_LIST <= 16384
     assert plan_json(plan) == to_json(data, inf_nan_mode="null")
+
+
+def test_the_list_cache_is_bounded_in_lists_and_in_integers(monkeypatch):
+    import app.serialize as serialize
+
+    monkeypatch.setattr(serialize, "_LISTS", type(serialize._LISTS)())
+    monkeypatch.setattr(serialize, "LIST_CACHE", 3)
+    monkeypatch.setattr(serialize, "LIST_CACHE_ITEMS", 5000)
+    lists = [list(range(k, k + 1500)) for k in range(5)]
+    for values in lists:
+        assert serialize._int_list(values) == to_json(values)
+    assert [kept[0] for kept, _ in serialize._LISTS.values()] == [2, 3, 4]  # 3 lists, 4,500 integers
+    big = list(range(6000))  # over the whole bound: written, not kept
+    assert serialize._int_list(big) == to_json(big) and len(serialize._LISTS) == 3
+    longer = list(range(10, 4010))  # 4,000 more: the oldest go until 5,000 integers at most are kept
+    serialize._int_list(longer)
+    assert [kept[0] for kept, _ in serialize._LISTS.values()] == [10]
