@@ -3,7 +3,9 @@ plan p50 <= 10 ms): an in-process httpx client on the app (ASGI transport, the w
 validation, the work estimate, the plan and its JSON answer), the price cache emptied before each request as
 bench/test_bench_plan.py does; clusters, schedules and placements stay warm as in a running service, and so
 does the context and ledger memo (planner/plan.py ``_context``: a repeated plan's model, workload and layout);
-``--cold`` empties that memo too, as for a plan of a new model, workload or layout.
+``--cold`` empties that memo too, as for a plan of a new model, workload or layout. The app is started as a
+server starts it (its lifespan: the warm-up requests, then ``gc.freeze`` of the start-up's objects, app/main.py);
+``--no-lifespan`` skips that, as this script did before issue 19's sixth round.
 
     PYTHONPATH=. .venv/bin/python bench/plan_http.py [--rounds 60] [--nodes 2048] [--batch 2048] [--cold]
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 
@@ -37,9 +40,15 @@ def body(nodes: int, batch: int) -> dict:
     }
 
 
-async def measure(rounds: int, nodes: int, batch: int, cold: bool = False) -> tuple[list[float], list[float]]:
+async def measure(
+    rounds: int, nodes: int, batch: int, cold: bool = False, lifespan: bool = True
+) -> tuple[list[float], list[float]]:
     app = create_app(Settings.from_env())
-    request = body(nodes, batch)
+    async with app.router.lifespan_context(app) if lifespan else contextlib.nullcontext():
+        return await _requests(app, rounds, body(nodes, batch), cold)
+
+
+async def _requests(app, rounds: int, request: dict, cold: bool) -> tuple[list[float], list[float]]:
     cpu, wall = [], []
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://commplan.test") as client:
         for i in range(rounds + 2):  # two warm-up requests: clusters, schedules and placements
@@ -62,10 +71,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2048, help="dgx-h100 nodes (8 GPUs each)")
     parser.add_argument("--batch", type=int, default=2048, help="global batch size")
     parser.add_argument("--cold", action="store_true", help="empty the context and ledger memo before each request")
+    parser.add_argument(
+        "--no-lifespan", action="store_true", help="skip the app's start-up (warm-up requests, gc.freeze) as before"
+    )
     args = parser.parse_args()
-    cpu, wall = asyncio.run(measure(args.rounds, args.nodes, args.batch, args.cold))
+    cpu, wall = asyncio.run(measure(args.rounds, args.nodes, args.batch, args.cold, not args.no_lifespan))
     ms = [1e3 * x for x in cpu]
-    cold = " (cold set-up)" if args.cold else ""
+    cold = (" (cold set-up)" if args.cold else "") + (" (no start-up)" if args.no_lifespan else "")
     print(
         f"{args.nodes * 8} GPUs, {args.rounds} requests{cold}: CPU p50 {statistics.median(ms):.2f} ms, "
         f"min {min(ms):.2f} ms; wall p50 {1e3 * statistics.median(wall):.2f} ms"

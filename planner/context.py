@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from collectives._hashing import frozen_hash
+
 from ._errors import SpecError
 from .flavours import Flavour
 from .model import ModelSpec
@@ -20,6 +22,8 @@ class Context:
     work: WorkloadSpec
     par: ParallelSpec
     devices_per_node: int | None = None  # the cluster's; DeepEP dispatch needs it to split its two legs
+
+    __hash__ = frozen_hash  # the dataclass's hash, computed once (collectives/_hashing.py): memos key on the context
 
     @cached_property
     def training(self) -> bool:

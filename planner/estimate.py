@@ -46,7 +46,7 @@ from ._errors import SpecError
 from .explore import QUADRATIC, QUADRATIC_LIMIT
 from .model import ModelSpec
 from .parallel import ParallelSpec
-from .plan import MAX_PARAMS, Options, Prepared, placement_priced, prepare, price_classes
+from .plan import MAX_PARAMS, Options, Prepared, ledger_memo, placement_priced, prepare, price_classes
 from .workload import WorkloadSpec
 
 # Every bound is far above real jobs and keeps byte counts inside int64 (numpy's) with room for sums:
@@ -204,8 +204,27 @@ def estimate(
     (the same set-up), and refuses models and calls too large for 64-bit byte counts."""
     options = options or Options()
     prepared = prepare(model, work, par, cluster_spec, options)
+    # the walk reads the ledger, the layout, the cluster and these: memoised with the context's ledger
+    memo, key = ledger_memo(prepared.ctx), (cluster_spec, options, call, stage, sizes)
+    walked = memo.get(key) if memo is not None else None
+    if walked is None:
+        walked = _walk(prepared, cluster_spec, options, call, stage, sizes)
+        if memo is not None:
+            memo[key] = walked
+            if len(memo) > WALKS_PER_CONTEXT:
+                del memo[next(iter(memo))]
+    units, biggest, biggest_units, parts = walked
+    return Estimate(units, biggest, biggest_units, list(parts), prepared=prepared)
+
+
+WALKS_PER_CONTEXT = 16  # (cluster, options, explored call) estimates kept per memoised context
+
+
+def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call: str | None, stage: int | None,
+          sizes: int) -> tuple:  # fmt: skip
+    """The estimate's walk over the prepared ledger: (units, biggest, biggest_units, parts)."""
     layout, cluster = prepared.layout, prepared.cluster
-    est, in_net, paths, contended = Estimate(prepared=prepared), in_network(cluster_spec), {}, set()
+    est, in_net, paths, contended = Estimate(), in_network(cluster_spec), {}, set()
     for c in prepared.calls:
         if c.message_bytes > MAX_MESSAGE:
             raise SpecError(
@@ -231,7 +250,7 @@ def estimate(
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
             break
-    return est
+    return est.units, est.biggest, est.biggest_units, tuple(est.parts)
 
 
 __all__ = [

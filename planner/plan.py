@@ -226,29 +226,45 @@ def setup(
 # in the rest of the cluster (its network, NICs, GPU, node count at equal dp) or in the options share them,
 # and with the context its cached properties (stage layers, chunks, activation sizes) that the ledger, the
 # step time and the memory read. Bounded, first in first out as the price cache; the values are frozen
-# (Context, a tuple of frozen Calls), and every caller validates its own inputs in ``setup`` first.
+# (Context, a tuple of frozen Calls), and every caller validates its own inputs in ``setup`` first. Keyed by
+# the Context's value (its hash is computed once: collectives/_hashing.py), so the memoised context finds its
+# own entry cheaply; each entry also holds a memo of what is computed from the ledger with the request's
+# other inputs (``ledger_memo``: the work estimate's walk), which goes with it.
 CONTEXT_CACHE = 32
-_CONTEXTS: OrderedDict = OrderedDict()  # (model, work, par, devices per node) -> [context, its ledger or None]
+_CONTEXTS: OrderedDict = OrderedDict()  # Context -> [that context, its ledger or None, its ledger memo]
 
 
 def _context(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, devices_per_node: int) -> Context:
-    key = (model, work, par, devices_per_node)
-    found = _CONTEXTS.get(key)
+    probe = Context(model, work, par, devices_per_node=devices_per_node)
+    found = _CONTEXTS.get(probe)
     if found is None:
-        found = _CONTEXTS[key] = [Context(model, work, par, devices_per_node=devices_per_node), None]
+        found = _CONTEXTS[probe] = [probe, None, {}]
         if len(_CONTEXTS) > CONTEXT_CACHE:
             _CONTEXTS.popitem(last=False)
     return found[0]
 
 
+def _entry(ctx: Context) -> list | None:
+    found = _CONTEXTS.get(ctx)
+    return found if found is not None and found[0] is ctx else None
+
+
 def _ledger_of(ctx: Context) -> tuple[Call, ...]:
     """``rules.ledger(ctx)``, once per memoised context (one built elsewhere is not kept)."""
-    found = _CONTEXTS.get((ctx.model, ctx.work, ctx.par, ctx.devices_per_node))
-    if found is None or found[0] is not ctx:
+    found = _entry(ctx)
+    if found is None:
         return tuple(ledger(ctx))
     if found[1] is None:
         found[1] = tuple(ledger(ctx))
     return found[1]
+
+
+def ledger_memo(ctx: Context) -> dict | None:
+    """A dict kept with a memoised context's ledger, for values computed from that ledger and the request's
+    other inputs only, keyed by those inputs (planner/estimate.py: the work estimate's walk); None for a
+    context not memoised here. Bounded as the contexts are: it goes with its context."""
+    found = _entry(ctx)
+    return None if found is None else found[2]
 
 
 def placement_priced(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> np.ndarray:
@@ -325,15 +341,11 @@ class _Site:
 
 def _site(ranks: np.ndarray, devices: np.ndarray, cluster: Cluster, exact: bool) -> _Site:
     priced_on, shift = (devices, 0) if exact else canonical(neighbourhood(devices, cluster), cluster)
-    return _Site(
-        ranks,
-        devices,
-        priced_on,
-        shift,
-        (priced_on.shape, priced_on.tobytes()),
-        tuple(ranks[0].tolist()),
-        tuple(devices[0].tolist()),
-    )
+    group_ranks = tuple(ranks[0].tolist())
+    # ranks run on the devices of the same number (no device map): one tuple, so the answer's two lists of a
+    # call hold the same int objects and app/serialize.py finds the second equal to the first at C speed
+    group_devices = group_ranks if devices is ranks else tuple(devices[0].tolist())
+    return _Site(ranks, devices, priced_on, shift, (priced_on.shape, priced_on.tobytes()), group_ranks, group_devices)
 
 
 class _Placements:
@@ -562,7 +574,9 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
         if len(_PRICES) > PRICE_CACHE:
             _PRICES.popitem(last=False)
     price, relabelled = cached
-    if site.shift not in relabelled:
+    if not site.shift:  # priced where it sits: its links are the price's own, as described by the pricer
+        relabelled.setdefault(0, price.links)
+    elif site.shift not in relabelled:
         relabelled[site.shift] = [
             cluster.describe_link(cluster.translate_link(link["id"], site.shift))
             | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
@@ -615,6 +629,7 @@ __all__ = [
     "build_plan",
     "canonical",
     "cluster_for",
+    "ledger_memo",
     "neighbourhood",
     "placement_priced",
     "prepare",

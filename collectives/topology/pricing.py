@@ -16,6 +16,7 @@ transfers per group (:func:`route_all_pairs`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,12 +115,37 @@ def _route_class(cls, holders, cluster, level, routed):
         return unit.scaled(float(cls.nbytes[0])), latency
     src = holders[:, cls.src].ravel()
     dst = holders[:, cls.dst].ravel()
-    weights = None if uniform else np.tile(cls.nbytes.astype(np.float64), len(holders))
-    loads, latency = cluster.route(src, dst, weights, level)
     if not uniform:
-        return loads, latency
-    routed[key] = (loads, latency)
+        return cluster.route(src, dst, np.tile(cls.nbytes.astype(np.float64), len(holders)), level)
+    loads, latency = routed[key] = unit_route(cluster, src, dst, level)
     return loads.scaled(float(cls.nbytes[0])), latency
+
+
+# Unit routings of small classes, by value: which links a set of transfers loads, one byte each, depends on
+# the cluster and the devices only, not on the bytes, so the calls of a plan (and of the next plan on the same
+# placements) that move other sizes over the same devices share one routing, as the library pricer shares a
+# placement's contention (library/pricer.py _placement_part). Bounded in entries and in transfers per entry
+# (a key holds the device numbers); larger classes are routed each time, as before.
+ROUTE_CACHE = 256
+ROUTE_CACHE_TRANSFERS = 4096
+_ROUTES: OrderedDict = OrderedDict()  # (cluster spec, in-network level, src bytes, dst bytes) -> (Loads, latency)
+
+
+def unit_route(cluster: Cluster, src: np.ndarray, dst: np.ndarray, level: str | None) -> tuple[Loads, float]:
+    """``cluster.route(src, dst, None, level)``, memoised by value for at most ROUTE_CACHE_TRANSFERS transfers;
+    the memoised loads are read-only."""
+    if len(src) > ROUTE_CACHE_TRANSFERS:
+        return cluster.route(src, dst, None, level)
+    src, dst = np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(dst, dtype=np.int64)
+    key = (cluster.spec, level, src.tobytes(), dst.tobytes())
+    found = _ROUTES.get(key)
+    if found is None:
+        loads, latency = cluster.route(src, dst, None, level)
+        loads.links.flags.writeable = loads.bytes.flags.writeable = False
+        found = _ROUTES[key] = (loads, latency)
+        if len(_ROUTES) > ROUTE_CACHE:
+            _ROUTES.popitem(last=False)
+    return found
 
 
 def route_all_pairs(cluster: Cluster, devices: np.ndarray, out_bytes, in_bytes, blocks=None):

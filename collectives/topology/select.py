@@ -19,6 +19,8 @@ from ..primitives import Op
 from ..schedule import Schedule
 from .calibration import DEFAULT, Calibration
 from .cluster import Cluster
+from .library import is_nvidia, normalise_algo, normalise_proto, price_library
+from .library.model import NCCL_FUNCS
 from .pricing import Evaluation, Price, evaluate, summarise
 
 LIBRARY_CANDIDATES: dict[Op, tuple[str, ...]] = {
@@ -64,9 +66,6 @@ PRICINGS = ("auto", "library", "schedule")
 def resolve_pricing(pricing: str, cluster: Cluster, op: Op | None = None) -> str:
     """``auto``: NCCL's model (``library``) on NVIDIA clusters for the collectives NCCL's tuner prices, the
     step-by-step ``schedule`` pricer elsewhere (NPU full mesh, TPU torus, all-to-all and point-to-point)."""
-    from .library import is_nvidia
-    from .library.model import NCCL_FUNCS
-
     if pricing not in PRICINGS:
         raise CollectiveError("options.pricing", f"must be one of {', '.join(PRICINGS)}, got {pricing!r}")
     if pricing == "auto":
@@ -111,8 +110,6 @@ def price_call(
     cluster.check_devices(placement)
     # one rank: NCCL returns at once (tuning.cc: nRanks <= 1); the schedule pricer prices the empty schedule
     if resolve_pricing(pricing, cluster, op) == "library" and algorithm == "auto" and n > 1:
-        from .library import normalise_algo, normalise_proto, price_library
-
         # the library checks the placement (devices listed twice) once per placement, memoised
         return price_library(
             op,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from .._errors import CollectiveError
+from .._hashing import frozen_hash
 from .fabrics import fabric_type
 from .gpu import GPUSpec, nested_constants
 from .networks import network_type
@@ -96,6 +97,8 @@ class ClusterSpec:
     cpu_vendor: str = "intel"
     calibration: object = None  # a library.LibraryCalibration fitted for this cluster; None: the defaults
     nccl_env: NcclEnv = field(default_factory=NcclEnv)  # NCCL_* variables the job sets (NCCL's defaults)
+
+    __hash__ = frozen_hash  # the dataclass's hash, computed once (.._hashing): the pricers' memos key on the spec
 
     @property
     def num_devices(self) -> int:

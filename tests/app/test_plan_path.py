@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+import planner.estimate as estimate_module
 import planner.plan as plan_module
 import planner.rules as rules
 from app.serialize import plan_json
@@ -119,5 +120,28 @@ def test_contexts_and_ledgers_are_memoised_by_value_and_bounded(monkeypatch):
     for batch in (64, 128, 256, 512):
         prepare(model, replace(work, global_batch_size=batch), par, cluster, options)
     assert len(plan_module._CONTEXTS) == 2
-    kept = {key[1].global_batch_size for key in plan_module._CONTEXTS}
+    kept = {ctx.work.global_batch_size for ctx in plan_module._CONTEXTS}
     assert kept == {256, 512}
+
+
+def test_the_estimate_walk_is_memoised_with_the_ledger(monkeypatch):
+    """planner.estimate: the walk over a memoised context's ledger is kept with it (plan.ledger_memo), keyed by
+    the cluster, the options and the explored call: a repeated estimate is the fresh one's figures, other
+    options or another cluster are walked afresh, and the walks go with their context."""
+    plan_module._CONTEXTS.clear()
+    model, work, par, cluster, options = _inputs()
+    walked = []
+    real = estimate_module._walk
+    monkeypatch.setattr(estimate_module, "_walk", lambda *args: walked.append(args[2]) or real(*args))
+    first = estimate(model, work, par, cluster, options)
+    again = estimate(replace(model), replace(work), replace(par), replace(cluster), options)  # equal values
+    assert len(walked) == 1 and again.prepared.ctx is first.prepared.ctx
+    assert (again.units, again.biggest, again.biggest_units) == (first.units, first.biggest, first.biggest_units)
+    full = estimate(model, work, par, cluster, replace(options, pricing="schedule"))  # charged otherwise
+    slower = estimate(model, work, par, replace(cluster, nic_bandwidth_GBps=25.0), options)  # same context
+    assert len(walked) == 3 and full.units != first.units and slower.prepared.ctx is first.prepared.ctx
+    assert len(plan_module.ledger_memo(first.prepared.ctx)) == 3
+    plan_module._CONTEXTS.clear()
+    assert plan_module.ledger_memo(first.prepared.ctx) is None
+    fresh = estimate(model, work, par, cluster, options)
+    assert len(walked) == 4 and (fresh.units, fresh.biggest) == (first.units, first.biggest)

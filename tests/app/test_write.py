@@ -105,3 +105,71 @@ def test_models_the_writer_cannot_write_faithfully_are_refused_when_compiled():
     with pytest.raises(TypeError, match="no writer for the response union"):
         writer(Unioned)
     assert writer(Fine)({"kind": "a", "by_name": {"x": 1}}) == {"kind": "a", "sizes": [], "by_name": {"x": 1.0}}
+
+
+# ---- long rank lists written once and spliced (app/serialize.py) ----------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+@pytest.mark.parametrize("threshold", [1, 4, 8, 16])
+def test_spliced_rank_lists_give_to_json_bytes(name, threshold, monkeypatch):
+    # a low threshold splices most calls' lists (runs of plain calls between spliced ones, the first and the
+    # last call spliced or not, custom device maps whose ranks and devices differ): the bytes are to_json's
+    import app.serialize as serialize
+
+    monkeypatch.setattr(serialize, "LONG_LIST", threshold)
+    monkeypatch.setattr(serialize, "_LISTS", type(serialize._LISTS)())
+    plan = built(name)
+    data = writer(PlanOut)(plan)
+    spliced = [c for c in data["calls"] if serialize._has_long_lists(c)]
+    assert 0 < len(spliced) <= len(data["calls"])
+    expected = to_json(data, inf_nan_mode="null")
+    assert plan_json(plan) == expected
+    assert plan_json(plan) == expected  # again: the lists now come from the cache
+    item = writer(BatchItem)({"ok": True, "plan": plan})
+    assert plan_item_json(plan) == to_json(item, inf_nan_mode="null")
+
+
+def test_a_cached_list_is_used_only_for_an_equal_list(monkeypatch):
+    # the cache key (length, first, middle, last) is shared by lists that differ elsewhere: each gets its own bytes
+    import app.serialize as serialize
+
+    monkeypatch.setattr(serialize, "_LISTS", type(serialize._LISTS)())
+    a = list(range(2048))
+    b = [*a[:5], 7, *a[6:]]
+    assert serialize._int_list(a) == to_json(a)
+    assert serialize._int_list(b) == to_json(b) != to_json(a)
+    assert serialize._int_list(a) == to_json(a)
+
+
+def test_the_16k_gpu_plan_splices_its_world_group():
+    # the 405B plan's dp.grad_norm lists all 16,384 ranks; written once and spliced, the same bytes
+    from app.serialize import LONG_LIST, _has_long_lists
+
+    model = model_preset("llama3-405b")
+    par = ParallelSpec(tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, first_stage_layers=7,
+                       last_stage_layers=7)  # fmt: skip
+    plan = build_plan(model, WorkloadSpec(micro_batch_size=1, global_batch_size=2048), par,
+                      cluster_preset("dgx-h100", 2048))  # fmt: skip
+    data = writer(PlanOut)(plan)
+    long = [c for c in data["calls"] if _has_long_lists(c)]
+    assert [c["name"] for c in long] == ["dp.grad_norm"] and len(long[0]["placement"]["group_ranks"]) == 16384
+    assert LONG_LIST <= 16384
+    assert plan_json(plan) == to_json(data, inf_nan_mode="null")
+
+
+def test_the_list_cache_is_bounded_in_lists_and_in_integers(monkeypatch):
+    import app.serialize as serialize
+
+    monkeypatch.setattr(serialize, "_LISTS", type(serialize._LISTS)())
+    monkeypatch.setattr(serialize, "LIST_CACHE", 3)
+    monkeypatch.setattr(serialize, "LIST_CACHE_ITEMS", 5000)
+    lists = [list(range(k, k + 1500)) for k in range(5)]
+    for values in lists:
+        assert serialize._int_list(values) == to_json(values)
+    assert [kept[0] for kept, _ in serialize._LISTS.values()] == [2, 3, 4]  # 3 lists, 4,500 integers
+    big = list(range(6000))  # over the whole bound: written, not kept
+    assert serialize._int_list(big) == to_json(big) and len(serialize._LISTS) == 3
+    longer = list(range(10, 4010))  # 4,000 more: the oldest go until 5,000 integers at most are kept
+    serialize._int_list(longer)
+    assert [kept[0] for kept, _ in serialize._LISTS.values()] == [10]

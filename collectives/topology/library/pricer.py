@@ -105,16 +105,24 @@ def features_of(cluster: Cluster) -> Features:
     only where the network has a SHARP plugin and NCCL_COLLNET_ENABLE=1 (init.cc: config.collnetEnable defaults
     to 0, v2.30.7-1 lines 2146-2203; v2.18.6-1 lines 861-866 the same through collNetSupport)."""
     s = cluster.spec
-    env = s.nccl_env
-    return Features(
-        nvls=s.intra.in_network_reduction and env.NCCL_NVLS_ENABLE != 0,
-        collnet=s.network.in_network_reduction and env.NCCL_COLLNET_ENABLE == 1,
-        cpu_vendor=s.cpu_vendor,
-        network_kind=s.network.kind,
-        nvlink=s.intra.link_name == "nvlink",
-        min_channels=env.NCCL_MIN_NCHANNELS,
-        max_channels=env.NCCL_MAX_NCHANNELS,
-    )
+    found = _FEATURES.get(s)  # a pure function of the spec, asked once per priced call: memoised
+    if found is None:
+        env = s.nccl_env
+        found = _FEATURES[s] = Features(
+            nvls=s.intra.in_network_reduction and env.NCCL_NVLS_ENABLE != 0,
+            collnet=s.network.in_network_reduction and env.NCCL_COLLNET_ENABLE == 1,
+            cpu_vendor=s.cpu_vendor,
+            network_kind=s.network.kind,
+            nvlink=s.intra.link_name == "nvlink",
+            min_channels=env.NCCL_MIN_NCHANNELS,
+            max_channels=env.NCCL_MAX_NCHANNELS,
+        )
+        if len(_FEATURES) > 64:
+            _FEATURES.popitem(last=False)
+    return found
+
+
+_FEATURES: OrderedDict = OrderedDict()  # ClusterSpec -> its Features
 
 
 _CANDS: OrderedDict = OrderedDict()
@@ -190,18 +198,20 @@ def price_library(
         name = "hierarchical"  # NVLS inside each node, SHARP across: never the full message through every NIC
     schedule, sent, received, steps = _schedule_bytes(name, op, n, nbytes, shape.ppn if shape.nodes > 1 else 1)
     algbw = nbytes / time / 1e9 if time else 0.0
+    factor = busbw_factor(op, n)
     links = []
     for link, units in loaded[:top_links] if time else ():
-        carried = sent if units < 0 else int(units * nbytes * busbw_factor(op, n))
-        d = cluster.describe_link(link)
+        carried = sent if units < 0 else int(units * nbytes * factor)
+        d = cluster.describe_link(link)  # a copy: this price's own
         busy = carried / (d["capacity_GBps"] * 1e9)
-        links.append(d | {"bytes": carried, "busy_s": busy, "utilisation": min(1.0, busy / time)})
+        d.update(bytes=carried, busy_s=busy, utilisation=min(1.0, busy / time))
+        links.append(d)
     nodes = shape.nodes
     return Price(
         algorithm=schedule,
         time_s=time,
         algbw_GBps=algbw,
-        busbw_GBps=algbw * busbw_factor(op, n),
+        busbw_GBps=algbw * factor,
         bytes_sent_per_rank=sent,
         bytes_received_per_rank=received,
         steps=steps,
