@@ -516,12 +516,11 @@ class StepModel:
         if bounds is None:
             out = []
             for b, rc in grid:
-                comp = self._compute(v, b, rc)
                 m = self._schedule(v, b).microbatches
                 key = ("busiest", b, rc, v.pass_id, m)
                 found = memos.bounds.get(key)
-                if found is None:
-                    stages = [StageStep(s, c) for s, c in enumerate(comp)]
+                if found is None:  # the stages' compute only here (a hit needs none of it)
+                    stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
                     passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
                     found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
                 out.append(found)
