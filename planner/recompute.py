@@ -89,7 +89,10 @@ def _chunk_plans(
                 plans = [LayerRecompute(full=True, keeps_input=i % group == 0) for i in range(decoders)]
                 plans += [MTP_UNIFORM] * k
             out.append(tuple(plans))
-    return tuple(out)
+    # one object per distinct plan across the chunks too (equal values, so the same answer): memory.chunk_activations
+    # looks a layer's plan up by identity, once per distinct object
+    same: dict = {}
+    return tuple(tuple(same.setdefault(plan, plan) for plan in chunk) for chunk in out)
 
 
 def mtp_checkpointed(work: WorkloadSpec) -> bool:

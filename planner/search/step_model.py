@@ -32,7 +32,7 @@ communication of the busiest stage (``Plan.totals.time_s``) and every layout fit
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -46,14 +46,12 @@ from ..compute import (
     optimizer_s,
     stage_pass_compute,
     stage_pass_key,
-    stage_recompute_s,
 )
 from ..context import Context
-from ..kernels import efficiency
 from ..ledger import Call
 from ..memory import chunk_activation_key, chunk_activations, comm_buffers, held_activation_bytes, held_bytes
 from ..model import ModelSpec
-from ..parallel import ParallelSpec
+from ..parallel import ParallelSpec, _split_key
 from ..pipeline import busiest_rank_s, in_flight_chunks, pipeline_time
 from ..step import (
     Overlap,
@@ -82,9 +80,9 @@ class _Context(Context):
         return found
 
 
-# Context's cached properties that read only the model, the layout and whether it trains (fixed per scope):
-# the chunks and layers each stage holds
-_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds")
+# Context's cached properties that read only the model, the layout's pipeline split (parallel._split_key) and
+# whether it trains (fixed per scope): the chunks and layers each stage holds, their kinds and MTP blocks
+_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds", "chunk_mtp")
 SCOPES_KEPT = 8  # (model, workload, GPU) scopes whose memos are kept
 MEMO_KEPT = 1 << 16  # entries per memo before it is cleared
 _SCOPES: dict = {}  # (model, workload, GPU) -> _Memos
@@ -97,11 +95,12 @@ class _Memos:
     lookup per (micro-batch size, recompute) hashes small values; ids are never reused."""
 
     def __init__(self):
-        self.compute: dict = {}  # ((b, recompute), interned stage_pass_key[2:]) -> (fwd, bwd, attention s, recompute s)
+        self.compute: dict = {}  # ((b, recompute), interned stage_pass_key[2:]) -> (fwd, bwd, attention s)
         self.optimizer: dict = {}  # optimizer_key -> optimizer_s (seconds)
         self.acts: dict = {}  # ((b, recompute), interned chunk_activation_key[2:]) -> ChunkActivations
         self.flights: dict = {}  # Schedule -> (interned id, pipeline.in_flight_chunks per stage)
         self.ids: dict = {}  # per-stage keys of a layout -> int
+        self.splits: dict = {}  # parallel._split_key -> the _SPLIT properties of a context with that split
         self.lists: dict = {}  # ((b, recompute), compute id) -> [StageCompute]
         self.arrays: dict = {}  # ((b, recompute), activation id, in-flight id) -> activation bytes per stage
         # ((b, recompute), interned layer_forward_key[2:], forward seconds, interned chunk_shares_key) -> shares
@@ -211,6 +210,7 @@ class _Variant:
         "pass_id",
         "pass_keys",
         "scheds",
+        "split",
         "static",
     )
 
@@ -230,6 +230,7 @@ class _Variant:
         self.flights: dict = {}  # b -> (interned id, in-flight micro-batches per chunk per stage)
         self.static: np.ndarray | None = None
         self.bounds: dict = {}  # (b, recompute) -> compute-only lower bound
+        self.split: dict | None = None  # Context's _SPLIT properties of its pipeline split
 
 
 class StepModel:
@@ -243,6 +244,7 @@ class StepModel:
         self._works: dict = {}
         self._variants: dict = {}
         self._scheds: dict = {}  # (schedule, pp, chunks per rank, dp, b) -> step.schedule_of (no sends)
+        self._statics: dict = {}  # the layout's fields but SP -> memory.held_bytes per stage
 
     @property
     def timed(self) -> bool:
@@ -266,12 +268,21 @@ class StepModel:
         found = v.contexts.get((b, rc))
         if found is None:
             found = _Context(self.model, self._work(b, rc), v.par)
-            if v.contexts:  # the layer split reads the model and the layout only: the variant's contexts share it
-                first = next(iter(v.contexts.values()))
-                for name in _SPLIT:
-                    found.__dict__[name] = getattr(first, name)
+            found.__dict__.update(self._split(v))  # what the layer split reads is the same for all of them
             v.contexts[(b, rc)] = found
         return found
+
+    def _split(self, v: _Variant) -> dict:
+        """Context's _SPLIT properties of the variant's layout: they read the model and whether it trains (the
+        scope's) and the layout's pipeline split (parallel._split_key) only, so variants differing in ZeRO, SP,
+        framework or the degrees share them (computed once per split, not once per variant)."""
+        if v.split is None:
+            memos, key = self._memos, _split_key(v.par)
+            v.split = memos.splits.get(key)
+            if v.split is None:
+                ctx = Context(self.model, self.work, v.par)
+                v.split = memos.put(memos.splits, key, {name: getattr(ctx, name) for name in _SPLIT})
+        return v.split
 
     def _schedule(self, v: _Variant, b: int):
         """step.schedule_of without sends, per micro-batch size: it reads the layout's schedule, pp and chunks per
@@ -293,8 +304,13 @@ class StepModel:
         the micro-batch size nor recompute, so the layout's own context at the workload's values serves all."""
         v = self._variant(par)
         if v.static is None:
-            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-            v.static = np.array([held_bytes(ctx, s).total_bytes for s in range(par.pp)], dtype=np.int64)
+            # nor sequence parallelism: a layout and its SP twin share one array (found by the twin's fields)
+            twin = self._statics.get(_without_sp(par))
+            if twin is None:
+                ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+                twin = np.array([held_bytes(ctx, s).total_bytes for s in range(par.pp)], dtype=np.int64)
+                _Memos.put(self._statics, _without_sp(par), twin)
+            v.static = twin
         return v.static
 
     def _activation_bytes(self, par: ParallelSpec, b: int, rc: str) -> np.ndarray:
@@ -417,10 +433,12 @@ class StepModel:
             ctx, gpu, found = self._ctx(v, b, rc), self.gpu, []
             for s, (rest, opt) in enumerate(zip(v.pass_keys, v.optimizer, strict=True)):
                 part = memos.compute.get(((b, rc), rest))
-                if part is None:  # the passes, and the backward's recompute share (it reads what they read)
-                    redo = stage_recompute_s(ctx, s, gpu, efficiency(gpu, None)) if ctx.training else 0.0
-                    part = memos.put(memos.compute, ((b, rc), rest), (*stage_pass_compute(ctx, s, gpu), redo))
-                found.append(StageCompute(*part[:3], opt, part[3]))
+                if part is None:
+                    part = memos.put(memos.compute, ((b, rc), rest), stage_pass_compute(ctx, s, gpu))
+                # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the
+                # timeline draws it (step._pass_comm_events), which the search never builds; the step time
+                # and its bounds do not read it, and the reported layouts are build_plan's own
+                found.append(StageCompute(*part, opt))
             memos.put(memos.lists, key, found)
         return found
 
@@ -498,12 +516,11 @@ class StepModel:
         if bounds is None:
             out = []
             for b, rc in grid:
-                comp = self._compute(v, b, rc)
                 m = self._schedule(v, b).microbatches
                 key = ("busiest", b, rc, v.pass_id, m)
                 found = memos.bounds.get(key)
-                if found is None:
-                    stages = [StageStep(s, c) for s, c in enumerate(comp)]
+                if found is None:  # the stages' compute only here (a hit needs none of it)
+                    stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
                     passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
                     found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
                 out.append(found)
@@ -578,6 +595,14 @@ class StepModel:
         sched = schedule_of(ctx, totals.p2p_s, bool(flags.overlap_p2p))
         return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
 
+
+
+_SP_FREE = tuple(f.name for f in fields(ParallelSpec) if f.name != "sequence_parallel")
+
+
+def _without_sp(par: ParallelSpec) -> tuple:
+    """The layout's fields but sequence parallelism, as a key (memory.held_bytes does not read it)."""
+    return tuple(getattr(par, name) for name in _SP_FREE)
 
 
 def _per_batch(grid, fn) -> tuple:

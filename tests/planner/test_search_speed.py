@@ -22,7 +22,7 @@ from planner.search import Constraints, Problem, Pruned, templates
 from planner.search.evaluate import data_template, screen_shapes, space_of, time_shapes
 from planner.search.prices import Pricer, shared_curves
 from planner.search.step_model import StepModel
-from planner.step import schedule_of
+from planner.step import Overlap, StageStep, critical_path, schedule_of
 
 DEVICES = 256
 
@@ -84,7 +84,9 @@ def test_data_rule_reads_cp_and_dp_only_as_their_product():
 
 def test_stage_parts_shared_across_shapes_equal_compute_and_memory():
     """Per-stage compute and activations memoised across shapes (different pp, dp, uneven ends, schedules)
-    equal compute.stage_compute and memory.stage_activation_bytes bit for bit."""
+    equal compute.stage_compute and memory.stage_activation_bytes bit for bit, but for the backward's
+    recompute share (``recompute_s``), which the search leaves at 0.0: only the timeline draws it, and the
+    step's critical path is the same bit for bit without it."""
     model = MODEL_PRESETS["llama3-405b"]
     cluster = cluster_for(cluster_preset("dgx-h100", 32))
     work = WorkloadSpec(global_batch_size=512)
@@ -99,8 +101,16 @@ def test_stage_parts_shared_across_shapes_equal_compute_and_memory():
         for b, rc in ((1, "none"), (2, "selective"), (1, "full")):
             ctx = Context(model, replace(work, micro_batch_size=b, activation_recompute=rc), par)
             exact = [stage_compute(ctx, s, cluster.spec.gpu) for s in range(par.pp)]
-            assert sm._stage_compute(par, b, rc) == exact
+            unread = [replace(c, recompute_s=0.0) for c in exact]
+            assert sm._stage_compute(par, b, rc) == unread
             sched = schedule_of(ctx)
+            assert (rc == "none") == all(c.recompute_s == 0.0 for c in exact)  # a re-run to leave out
+            flags = Overlap().resolved(ctx)
+            paths = [
+                critical_path(ctx, [StageStep(s, c) for s, c in enumerate(cs)], sched, cluster.spec.gpu, flags)
+                for cs in (exact, unread)
+            ]
+            assert paths[0].time_s == paths[1].time_s
             acts = [stage_activation_bytes(ctx, s, sched) for s in range(par.pp)]
             assert sm._activation_bytes(par, b, rc).tolist() == acts
 
