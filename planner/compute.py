@@ -169,8 +169,7 @@ def stage_recompute_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = 
     recompute; part of ``stage_compute(...).backward``, which adds it per layer): the timeline's recompute
     blocks. Memoised by value per layer kind, as the backward is."""
     total = 0.0
-    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
-    for c, which in ((ctx, "all"),) if bf16 is None else ((ctx, "decoder"), (bf16, "mtp")):
+    for c, which in _layer_sets(ctx, stage):
         for (moe, plan), count in layer_counts(ctx, stage, which).items():
             if plan.kind != "none":
                 total += count * per_layer(_LAYER_RECOMPUTE, _recompute_of, c, moe, gpu, eff, plan.kind, plan.modules)
@@ -283,22 +282,17 @@ def stage_pass_compute(
     """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
     seconds) of one micro-batch on one rank of ``stage``."""
     eff = efficiency(gpu, eff)
-    dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
-    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
-    parts = [(ctx, "all", dense_n, moe_n)]
-    if bf16 is not None:  # the MTP blocks' layers at bf16, the decoder's at the recipe
-        n, mtp_moe = ctx.model.mtp_layers, ctx.model.is_moe_layer(ctx.model.num_layers)
-        parts = [(ctx, "decoder", dense_n - n * (not mtp_moe), moe_n - n * mtp_moe)]
-        parts.append((bf16, "mtp", n * (not mtp_moe), n * mtp_moe))
-    for c, which, *counts in parts:
-        for moe, count in zip((False, True), counts, strict=True):
+    for c, which in _layer_sets(ctx, stage):
+        plans = layer_counts(ctx, stage, which)  # (MoE, what it re-runs) -> layers: the forward's counts too
+        for moe in (False, True):
+            count = sum(n for (m, _), n in plans.items() if m == moe)
             if not count:
                 continue
             layer, attn_s = layer_forward(c, moe, gpu, eff)
             fwd = fwd + layer.scaled(count)
             attn += attn_s * count
-        for (moe, plan), count in layer_counts(ctx, stage, which).items():  # what each re-runs (recompute.py)
+        for (moe, plan), count in plans.items():  # what each re-runs (recompute.py)
             back = per_layer(_LAYER_BACKWARD, _backward_of, c, moe, gpu, eff, plan.kind, plan.modules)
             bwd = bwd + back.scaled(count)
     mtp = mtp_depths(ctx)
@@ -309,6 +303,13 @@ def stage_pass_compute(
         head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
     return fwd, bwd, attn
+
+
+def _layer_sets(ctx: Context, stage: int) -> tuple[tuple[Context, str], ...]:
+    """The contexts ``stage``'s transformer layers run in, each with the layer set (recompute.layer_counts) it
+    covers: all in ``ctx``, or the decoder's in ``ctx`` and the MTP blocks' at bf16 (mtp_bf16_context)."""
+    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
+    return ((ctx, "all"),) if bf16 is None else ((ctx, "decoder"), (bf16, "mtp"))
 
 
 def mtp_depths(ctx: Context) -> int:
@@ -333,7 +334,10 @@ def mtp_bf16_context(ctx: Context) -> Context | None:
 
 @lru_cache(maxsize=256)
 def _recipe_free(model, work, par) -> Context:
-    return Context(model, replace(work, fp8_recipe=None, fp8_param_gather=False), par)
+    # fp8 activations would make the recipe-free GEMMs per-tensor fp8 (kernels.gemm_dtype): the MTP blocks
+    # run bf16, so the activations go back to bf16 with the recipe
+    act = "bf16" if work.activation_dtype == "fp8" else work.activation_dtype
+    return Context(model, replace(work, fp8_recipe=None, fp8_param_gather=False, activation_dtype=act), par)
 
 
 def _mtp_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
