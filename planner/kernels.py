@@ -299,7 +299,7 @@ HEAD_DIM_K = {"cudnn": (0.303, 0.222), "flash2": (0.027, 0.103)}
 HEAD_DIM_REF = 128
 
 
-def head_dim_rate(kernel: str, d: int) -> tuple[float, float]:
+def head_dim_rate(kernel: str, d: float) -> tuple[float, float]:
     """(forward, backward) rate of ``kernel`` at head dim ``d`` as a fraction of its d-128 ceiling (HEAD_DIM_K)."""
     k_f, k_b = HEAD_DIM_K.get(kernel, (0.0, 0.0))
     extra = max(0.0, HEAD_DIM_REF / d - 1.0) if d else 0.0
@@ -1398,13 +1398,17 @@ def attended_keys(ctx: Context) -> float:
 
 def attention_flops(ctx: Context) -> float:
     """Core attention forward on one rank: QKᵀ and PV over the attended keys (flash skips masked blocks)."""
-    mdl = ctx.model
-    heads = mdl.num_attention_heads / ctx.par.tp
-    if mdl.mla:
-        qk, v = mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim, mdl.mla.v_head_dim
-    else:
-        qk = v = mdl.head_size
-    return core_attention_flops(ctx.b, ctx.s_cp, attended_keys(ctx), heads, qk, v)
+    qk, v = attention_head_dims(ctx)
+    return core_attention_flops(ctx.b, ctx.s_cp, attended_keys(ctx), ctx.model.num_attention_heads / ctx.par.tp, qk, v)
+
+
+def attention_head_dims(ctx: Context) -> tuple[int, int]:
+    """(query/key, value) head dims of core attention: MLA's qk_nope + qk_rope and v_head_dim (DeepSeek-V3 192,
+    128), else the model's head size for both."""
+    mla = ctx.model.mla
+    if mla:
+        return mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+    return ctx.model.head_size, ctx.model.head_size
 
 
 def core_attention_flops(b: float, queries: float, keys: float, heads: float, qk: int, v: int) -> float:
@@ -1435,13 +1439,15 @@ def attention_kernels(
         return unfused_attention(ctx, gpu, eff)
     flops = attention_flops(ctx)
     heads = ctx.model.num_attention_heads / ctx.par.tp
-    d = ctx.model.head_size
+    qk, v = attention_head_dims(ctx)
     steps = ctx.par.cp if ctx.par.cp > 1 and ctx.par.cp_comm == "p2p" else 1
     s_kv = kv_length(ctx) / steps
     if ctx.model.sliding_window:
         s_kv = layer_mix_keys(ctx, s_kv, eff.attention_s0)
-    shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
-    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, d)
+    shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), qk)
+    # head_dim_rate's d: per score one exponential against 2·qk + 2·v matmul FLOPs (QKᵀ and PV; its 4·d at
+    # qk = v = d), so the exponential is amortised over their mean (qk + v) / 2 (MLA: 160, at the d-128 rate)
+    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2)
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
     bwd = [
         Kernel(
@@ -1455,7 +1461,7 @@ def attention_kernels(
         )
     ]
     if steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
-        out = ctx.b * ctx.s_cp * heads * d * 4  # fp32 accumulator
+        out = ctx.b * ctx.s_cp * heads * v * 4  # fp32 accumulator of the output (v wide)
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
@@ -1485,7 +1491,7 @@ def flash_attention_s(
     gpu: GPUSpec,
     eff: Efficiency = EFFICIENCY,
     launches: int = 1,
-    head_dim: int = HEAD_DIM_REF,
+    head_dim: float = HEAD_DIM_REF,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
     per query block: the kernel's ceiling x s_kv/(s_kv + s0) x its head-dim rate (head_dim_rate) of the bf16 peak

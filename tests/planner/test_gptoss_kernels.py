@@ -103,6 +103,23 @@ def test_gpt_oss_attention_takes_its_head_dim_and_its_sinks_change_no_kernel():
     assert ratio == pytest.approx(head_dim_rate("cudnn", 64)[0])
 
 
+def test_mla_attention_rate_takes_its_qk_and_v_dims_not_hidden_over_heads():
+    """DeepSeek-V3's MLA without a head_dim (a config that names none): hidden / heads is 7168 / 128 = 56, but
+    its kernel runs qk 192 (128 nope + 64 rope) and
+    v 128: per score 2·192 + 2·128 matmul FLOPs amortise one exponential, the mean 160 >= 128, so the d-128
+    rate (no head-dim penalty); a d-56 rate would slow the cuDNN forward by 1 + k·(128/56 - 1) ~ 1.39."""
+    v3 = replace(model_preset("deepseek-v3"), head_dim=None)
+    c = Context(replace(v3, num_layers=4, moe=None), WorkloadSpec(micro_batch_size=1, global_batch_size=8),
+                ParallelSpec(dp=8))  # fmt: skip
+    assert v3.head_size == 56
+    fwd = by_name(layer_kernels(c, False, H100).forward)["cudnn_fwd"]
+    s = 4096
+    assert fwd.flops == pytest.approx(2 * s * (s + 1) / 2 * 128 * (192 + 128))
+    f128, _ = flash_attention_s(fwd.flops, s, "cudnn", H100)
+    assert fwd.time_s == pytest.approx(f128, rel=1e-12)
+    assert fwd.shape[-1] == 192
+
+
 # ---- what Megatron runs unfused ---------------------------------------------------------------------------
 
 
