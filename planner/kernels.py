@@ -34,7 +34,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
-from .recipes import recipe_of
+from .recipes import check_recipe_gpu, recipe_of
 from .workload import WEIGHT_FORMAT_BYTES
 
 
@@ -470,9 +470,7 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
         )
     if ctx.training and ctx.work.fused_grouped_mlp:
         check_fused_grouped_mlp(ctx)
-    recipe = ctx.work.recipe  # the recipe's own GPU rule is planner/recipes.py check_recipe_gpu (plan.py)
-    if recipe is not None and recipe.kernel_dtype == "nvfp4" and gpu.sm and not gpu.peak_tflops.get("fp4"):
-        raise SpecError("cluster.gpu.peak_tflops.fp4", f"nvfp4 needs the GPU's dense fp4 peak; {gpu.name} has none")
+    check_recipe_gpu(ctx.work.fp8_recipe, gpu)  # compute capability, nvfp4's fp4 peak: the one home of the rule
 
 
 def check_fused_grouped_mlp(ctx: Context) -> None:
