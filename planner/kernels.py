@@ -898,11 +898,11 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     masked rows zeroed; the [b, s, h] -> [s, b, h] transpose made contiguous. The backward runs the transpose's
     and the mask's gradients, then PyTorch's dense embedding backward, which zero-fills the whole [V/t, h]
     gradient and sums the T rows into it (EMBEDDING_BACKWARD_LAUNCHES), and Megatron's DDP backward hook adds
-    that gradient into the fp32 main_grad (distributed/param_and_grad_buffer.py ``main_grad.add_(grad)``: read
-    x + 4, write 4 bytes a weight; with several lookups of one weight in a micro-batch autograd sums their
-    gradients first and the hook runs once, a little less than counted here): the two V·h terms dominate
-    (DeepSeek-V3, tp 1: 11.1 GB a lookup). Counted for the MTP modules' lookups; the main model's lookup on the
-    first stage is not priced yet (docs/step-time.md, MTP section)."""
+    that gradient into the main_grad (grad_accumulation_bytes: fp32, read 2 + 4 and write 4 bytes a weight;
+    with several lookups of one weight in a micro-batch autograd sums their gradients first and the hook runs
+    once, a little less than counted here): the two V·h terms dominate (DeepSeek-V3, tp 1: 11.1 GB a lookup).
+    Counted for the MTP modules' lookups; the main model's lookup on the first stage is not priced yet
+    (docs/step-time.md, MTP section)."""
     ctx, t = k.ctx, k.ctx.par.tp
     h, x = ctx.model.hidden_size, ctx.x
     row = T * h * x
@@ -919,9 +919,10 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     k.bwd.append(memory_kernel(name + ".transpose.bwd", 2 * row, k.gpu, k.eff, 1, k.floor))
     if t > 1:
         k.bwd.append(memory_kernel(name + ".mask_output.bwd", row, k.gpu, k.eff, VOCAB_MASK_OUTPUT_LAUNCHES, k.floor))
-    dense = grad * x + 2 * row + 4 * 8 * T  # zero fill, the rows read and summed in, the sort's keys and values
+    # zero fill (the gradient is in the weight's dtype), the rows read and summed in, the sort's keys and values
+    dense = grad * ctx.param_bytes + 2 * row + 4 * 8 * T
     k.bwd.append(memory_kernel(name + ".wgrad", dense, k.gpu, k.eff, EMBEDDING_BACKWARD_LAUNCHES, k.floor))
-    k.bwd.append(memory_kernel(name + ".main_grad", grad * (x + 8), k.gpu, k.eff, 1, k.floor))
+    k.bwd.append(memory_kernel(name + ".main_grad", grad_accumulation_bytes(ctx, grad), k.gpu, k.eff, 1, k.floor))
 
 
 class _Layer:
@@ -1131,8 +1132,15 @@ def _grad_accumulation(k: _Layer, moe: bool) -> None:
         f = m.expert_ffn_hidden_size / par.etp
         weights += local * ((2 if ctx.model.gated_mlp else 1) * f + f) * ctx.model.hidden_size
         tensors += 2 * local
-    nbytes = weights * (ctx.param_bytes + 2 * ctx.grad_bytes)
+    nbytes = grad_accumulation_bytes(ctx, weights)
     k.bwd.append(memory_kernel("grad_accumulation", nbytes, k.gpu, k.eff, max(1, tensors), k.floor))
+
+
+def grad_accumulation_bytes(ctx: Context, weights: float) -> float:
+    """HBM bytes of ``main_grad.add_(grad)`` over ``weights`` elements (Megatron's DDP hook,
+    distributed/param_and_grad_buffer.py): read the gradient in the weight's dtype, read and write the main_grad
+    in the gradient-reduction dtype (fp32 by default, bf16 with grad_reduce_dtype bf16)."""
+    return weights * (ctx.param_bytes + 2 * ctx.grad_bytes)
 
 
 def _fp8_casts(k: _Layer) -> None:

@@ -190,6 +190,9 @@ def test_shifted_token_lookup_backward_by_hand():
         "mtp.embedding.main_grad": grad * (2 + 8),
     }
     assert sum(back.values()) == 11_355_160_576  # 11.12 GB of it the two [V, h] passes
+    # bf16 gradient reduction: main_grad is bf16, the add reads 2 + 2 and writes 2 B (kernels._grad_accumulation's rule)
+    bf16 = mtp_module_kernels(ctx_of(dense_v3(), grad_reduce_dtype="bf16"), H100)
+    assert {k.name: k.bytes for k in bf16.backward}["mtp.embedding.main_grad"] == grad * (2 + 4)
     seconds = sum(k.time_s for k in lk.backward if k.name.startswith("mtp.embedding"))
     assert 0.0025 < seconds < 0.005, seconds
 
