@@ -982,7 +982,8 @@ def _attention_projections(k: _Layer, T: float) -> int:
         if unfused_rope(k.ctx):
             (f_b, f_n), (b_b, b_n) = UNFUSED_ROPE
             k.mem("rotary", f_b * T * (q + kv), 2 * f_n, back=0)
-            k.mem("rotary_freqs", ROPE_FREQS[0] * k.ctx.s_cp * mdl.head_size, 2 * ROPE_FREQS[1], back=0)
+            # built once per call, for q and for k: twice the bytes and the kernels
+            k.mem("rotary_freqs", 2 * ROPE_FREQS[0] * k.ctx.s_cp * mdl.head_size, 2 * ROPE_FREQS[1], back=0)
             k.bwd.append(memory_kernel("rotary.bwd", b_b * T * (q + kv), k.gpu, k.eff, 2 * b_n, k.floor))
         else:
             k.mem("rotary", fu.rotary[0] * T * (q + kv), 2 * fu.rotary[1])

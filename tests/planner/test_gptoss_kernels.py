@@ -134,7 +134,8 @@ def test_yarn_rope_runs_as_torch_ops_under_megatron():
     (f_b, f_n), (b_b, b_n) = UNFUSED_ROPE
     assert (fwd["rotary"].bytes, fwd["rotary"].count) == (f_b * T * q_k, 2 * f_n)
     assert (bwd["rotary.bwd"].bytes, bwd["rotary.bwd"].count) == (b_b * T * q_k, 2 * b_n)
-    assert (fwd["rotary_freqs"].bytes, fwd["rotary_freqs"].count) == (ROPE_FREQS[0] * 4096 * 64, 2 * ROPE_FREQS[1])
+    freqs = (2 * ROPE_FREQS[0] * 4096 * 64, 2 * ROPE_FREQS[1])  # the q call's and the k call's
+    assert (fwd["rotary_freqs"].bytes, fwd["rotary_freqs"].count) == freqs == (2 * 44 * 4096 * 64, 12)
     assert (2 * f_n, 2 * b_n, 2 * ROPE_FREQS[1]) == (12, 18, 12)  # q and k, each as its torch ops
     assert "rotary_freqs.bwd" not in bwd
     # plain RoPE, or another framework: the fused (or the flavour's own eager) kernel as before
