@@ -231,7 +231,7 @@ def _serve_plan(args) -> int:
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
             return EXPORTS[args.format].write(model, cluster, traits, pools, options, args.model_path)
-        result = serve_dict(plan_serving(*inputs, checked=True))
+        result = serve_dict(plan_serving(*inputs))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 
     return _answer(args, produce)
