@@ -1150,16 +1150,13 @@ def _fp8_casts(k: _Layer) -> None:
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
     weights = 0 if ctx.param_bytes <= 1 else 1
-    cast = sum(
-        g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3]
-        for g in fwd
-        if _cast(g) and not _quantized_in_epilogue(ctx, g)
-    )
+    gemms = _cast_gemms(ctx, fwd)
+    cast = sum(g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in gemms)
     nbytes = cast * cast_bytes_per_element(ctx)
     # one cast kernel per pass at the measured cast rate (CAST_HBM, whose large-tensor measurement holds its fixed
     # cost), and the launches of the experts' per-split quantizes beside it, each a memory-bound kernel's fixed cost
     # and, without CUDA graphs, at least one host dispatch
-    extra = expert_quantize_launches(ctx, fwd)
+    extra = expert_quantize_launches(ctx, gemms)
     t = _mem_s(nbytes, k.gpu, k.eff)
     if extra:
         t = max(t + extra * k.eff.kernel_s, (1 + extra) * k.floor)
@@ -1171,8 +1168,9 @@ def _fp8_casts(k: _Layer) -> None:
     k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes, count=count))
 
 
-def expert_quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
-    """Kernel launches a training pass makes to quantize the inputs of its grouped (per-expert) low-precision GEMMs:
+def expert_quantize_launches(ctx: Context, gemms: list[Kernel]) -> int:
+    """Kernel launches a training pass makes to quantize the inputs of its grouped (per-expert) low-precision GEMMs
+    (``gemms``: the pass's GEMMs whose inputs are cast, _cast_gemms):
     TE's GroupedLinear quantizes each expert's split on its own (tex.split_quantize) unless the recipe has the fused
     multi-tensor kernel (Recipe.fused_split_quantize) or the fused grouped MLP quantizes the group at once, each
     split taking the recipe's launches (Recipe.quantize_launches; fp8 without a recipe runs as delayed scaling).
@@ -1183,11 +1181,7 @@ def expert_quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
         return 0
     recipe = ctx.work.recipe or recipe_of("delayed")
     one = recipe.fused_split_quantize or fused_grouped_mlp(ctx)
-    splits = sum(
-        1 if one else g.shape[3]
-        for g in fwd
-        if _cast(g) and g.shape[3] > 1 and not _quantized_in_epilogue(ctx, g)
-    )
+    splits = sum(1 if one else g.shape[3] for g in gemms if g.shape[3] > 1)
     return splits * recipe.quantize_launches
 
 
@@ -1225,8 +1219,8 @@ FP8_EXPERT_PADDING = "Megatron-LM core_v0.15.0 moe/experts.py TEGroupedMLP; Tran
 def fp8_expert_padding(ctx: Context, dtype: str) -> bool:
     """Whether the routed experts' rows are padded for their low-precision GEMMs (FP8_EXPERT_PADDING): a training
     flavour that pads (Flavour.fp8_expert_padding), a quantized expert GEMM dtype, dropless routing."""
-    quantized = dtype not in ("bf16", "fp32") and dtype not in _WEIGHT_OPERAND_BYTES
-    return ctx.training and ctx.flavour.fp8_expert_padding and quantized and not ctx.model.moe.capacity_factor
+    padded = ctx.training and ctx.flavour.fp8_expert_padding and quantized_gemm(dtype)
+    return padded and not ctx.model.moe.capacity_factor
 
 
 # Megatron-Core's alltoall dispatcher receives each expert's rows grouped by source rank, (source rank, local
@@ -1343,9 +1337,20 @@ def routed_expert_kernels(
     return fwd, bwd
 
 
+def quantized_gemm(dtype: str) -> bool:
+    """Whether a GEMM of ``dtype`` computes in a low precision (its math dtype, math_dtype: a weight-only format's
+    GEMM takes its bf16 activations as they are, with no quantizing cast)."""
+    return math_dtype(dtype) not in ("bf16", "fp32")
+
+
 def _cast(k: Kernel) -> bool:
-    # a weight-only format's GEMM takes its bf16 activations as they are (no quantizing cast)
-    return k.kind == "gemm" and k.dtype not in ("bf16", "fp32") and k.dtype not in _WEIGHT_OPERAND_BYTES
+    return k.kind == "gemm" and quantized_gemm(k.dtype)
+
+
+def _cast_gemms(ctx: Context, fwd: list[Kernel]) -> list[Kernel]:
+    """The pass's GEMMs whose inputs a separate kernel quantizes (not those whose producer quantizes its output in
+    its epilogue: _quantized_in_epilogue): _fp8_casts' bytes and expert_quantize_launches' splits."""
+    return [g for g in fwd if _cast(g) and not _quantized_in_epilogue(ctx, g)]
 
 
 # A cast to fp8 streams below a copy's rate: tensor.to(float8_e4m3fn) of 67 and 134 MB on this project's H200 moves
