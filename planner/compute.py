@@ -42,6 +42,7 @@ from .kernels import (
     layer_kernels_key,
     memory_kernel,
     mtp_module_kernels,
+    mtp_runs_bf16,
     per_layer,
 )
 from .recompute import layer_counts
@@ -321,13 +322,10 @@ def mtp_depths(ctx: Context) -> int:
 
 def mtp_bf16_context(ctx: Context) -> Context | None:
     """The context the MTP blocks' transformer layers run in when it is not the decoder's: under a recipe the
-    MTP modules do not enter (nvfp4: Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer
-    enters get_fp8_context only when config.fp8, "currently ignoring FP4 in MTP layers"; rules/fp8.py
-    mtp_quantized), the same workload without the recipe: bf16 GEMMs and no quantizing casts, as the module's
-    own kernels (kernels.mtp_module_kernels). None when the MTP layers run as the decoder's."""
-    from .rules.fp8 import mtp_quantized
-
-    if not mtp_depths(ctx) or ctx.work.recipe is None or mtp_quantized(ctx):
+    MTP modules do not enter (kernels.mtp_runs_bf16), the same workload without the recipe: bf16 GEMMs and no
+    quantizing casts, as the module's own kernels (kernels.mtp_module_kernels). None when the MTP layers run as
+    the decoder's."""
+    if not mtp_depths(ctx) or not mtp_runs_bf16(ctx):
         return None
     return _recipe_free(ctx.model, ctx.work, ctx.par)
 

@@ -834,6 +834,16 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     return LayerKernels(forward, backward, recompute, tuple(core_fwd))
 
 
+def mtp_runs_bf16(ctx: Context) -> bool:
+    """Whether the MTP modules run bf16 GEMMs where the decoder runs a recipe: a recipe they do not enter (nvfp4:
+    Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer enters get_fp8_context only when
+    config.fp8, "currently ignoring FP4 in MTP layers"; rules/fp8.py mtp_quantized). The one home of the rule: the
+    module's own kernels here, its transformer layers' context in compute.mtp_bf16_context."""
+    from .rules.fp8 import mtp_quantized
+
+    return ctx.work.recipe is not None and not mtp_quantized(ctx)
+
+
 def mtp_module_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> LayerKernels:
     """One MTP module's own kernels beside its transformer layer (which is one more layer of the chunk holding
     ``m``, counted by layer_kernels) and the shared output layer (compute.head_kernels, on the loss's rank), one
@@ -853,13 +863,12 @@ _MTP_KERNELS: dict = {}
 
 def _mtp_module_kernels(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
     from .recompute import mtp_checkpointed
-    from .rules.fp8 import mtp_quantized
 
     par, h = ctx.par, ctx.model.hidden_size
     T = ctx.b * ctx.s_cp
     T_sp = T / (par.tp if par.sp else 1)
     k = _Layer(ctx, gpu, eff)
-    if ctx.work.recipe is not None and not mtp_quantized(ctx):
+    if mtp_runs_bf16(ctx):
         k.dt = "bf16"
     norm_b, norm_n = k.fu.norm
     k.mem("mtp.enorm", norm_b * T_sp * h, norm_n)

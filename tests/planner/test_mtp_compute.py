@@ -258,3 +258,13 @@ def test_mtp_forward_counts_each_layer_by_its_own_kind():
     module = sum(k.time_s for k in mtp_module_kernels(ctx, B200).forward)
     fwd = stage_pass_compute(ctx, 0, B200)[0].total_s
     assert fwd == pytest.approx(4 * d + m + bd + bm + 2 * module + 3 * head, rel=1e-9)
+
+
+def test_layer_counts_refuses_an_unknown_layer_set():
+    """recompute.layer_counts' ``layers`` is one of LAYER_SETS; a misspelt one counted every layer silently."""
+    from planner.recompute import LAYER_SETS, layer_counts
+
+    ctx = ctx_of(dense_v3())
+    assert sum(layer_counts(ctx, 0, "all").values()) == 5 and LAYER_SETS == ("all", "decoder", "mtp")
+    with pytest.raises(ValueError, match="layers must be one of"):
+        layer_counts(ctx, 0, "decoders")
