@@ -231,7 +231,7 @@ def _serve_plan(args) -> int:
                 raise SpecError("--model-path", "may not hold control characters")
             model, cluster, traits, _, pools, options = inputs
             return EXPORTS[args.format].write(model, cluster, traits, pools, options, args.model_path)
-        result = serve_dict(plan_serving(*inputs, checked=True))
+        result = serve_dict(plan_serving(*inputs))
         return json.dumps(result, indent=2) + "\n" if args.format == "json" else _serve_table(result)
 
     return _answer(args, produce)
@@ -314,7 +314,7 @@ def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user:
 
 def _serve_table(result: dict) -> str:
     tp = result["throughput"]
-    ttft = "unbounded (saturated)" if result["ttft_s"] is None else human_seconds(result["ttft_s"])
+    ttft = _words().duration(result["ttft_s"], "saturated")
     lines = [
         f"GPUs {result['gpus']}  TTFT {ttft}  TPOT {human_seconds(result['tpot_s'])}  "
         f"{'fits in memory' if result['fits'] else 'does NOT fit in memory'}",

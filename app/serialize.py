@@ -62,21 +62,15 @@ def plan_item_json(plan: Plan, summary: bool = False) -> bytes:
 
 
 def export_bytes(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> bytes:
-    """A plan export by name (planner/exports.py PLAN_EXPORTS), as the file's bytes (POST /v1/plan/export/{fmt} and
-    ``commplan plan --format``): the plan's own JSON, a text export in UTF-8, a dict written as JSON (the trace), or
-    the writer's bytes (the Chakra trace's protobuf)."""
+    """A plan export by name (planner/exports.py PLAN_EXPORTS) other than the plan itself (``json``: the route
+    answers plan_json, the CLI plan_dict), as the file's bytes (POST /v1/plan/export/{fmt} and ``commplan plan
+    --format``): a text export in UTF-8, a dict written as JSON (the trace), or the writer's bytes (the Chakra
+    trace's protobuf)."""
     export = export_of(fmt)
-    if export.write is None:
-        return plan_json(plan)
     out = export.write(plan, stage, launcher)
     if export.body == "json":
         return (json.dumps(out, separators=(",", ":"), allow_nan=False) + "\n").encode()
     return out if export.body == "binary" else out.encode()
-
-
-def export_text(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> str:
-    """A text export by name (the trace's JSON included): export_bytes' text."""
-    return export_bytes(plan, fmt, stage, launcher).decode()
 
 
 def plan_dict(plan: Plan) -> dict:

@@ -42,6 +42,7 @@ from .kernels import (
     layer_kernels_key,
     memory_kernel,
     mtp_module_kernels,
+    mtp_runs_bf16,
     per_layer,
 )
 from .recompute import layer_counts
@@ -169,8 +170,7 @@ def stage_recompute_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency = 
     recompute; part of ``stage_compute(...).backward``, which adds it per layer): the timeline's recompute
     blocks. Memoised by value per layer kind, as the backward is."""
     total = 0.0
-    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
-    for c, which in ((ctx, "all"),) if bf16 is None else ((ctx, "decoder"), (bf16, "mtp")):
+    for c, which in _layer_sets(ctx, stage):
         for (moe, plan), count in layer_counts(ctx, stage, which).items():
             if plan.kind != "none":
                 total += count * per_layer(_LAYER_RECOMPUTE, _recompute_of, c, moe, gpu, eff, plan.kind, plan.modules)
@@ -283,22 +283,17 @@ def stage_pass_compute(
     """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
     seconds) of one micro-batch on one rank of ``stage``."""
     eff = efficiency(gpu, eff)
-    dense_n, moe_n = ctx.dense_layers(stage), ctx.moe_layers(stage)
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
-    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
-    parts = [(ctx, "all", dense_n, moe_n)]
-    if bf16 is not None:  # the MTP blocks' layers at bf16, the decoder's at the recipe
-        n, mtp_moe = ctx.model.mtp_layers, ctx.model.is_moe_layer(ctx.model.num_layers)
-        parts = [(ctx, "decoder", dense_n - n * (not mtp_moe), moe_n - n * mtp_moe)]
-        parts.append((bf16, "mtp", n * (not mtp_moe), n * mtp_moe))
-    for c, which, *counts in parts:
-        for moe, count in zip((False, True), counts, strict=True):
+    for c, which in _layer_sets(ctx, stage):
+        plans = layer_counts(ctx, stage, which)  # (MoE, what it re-runs) -> layers: the forward's counts too
+        for moe in (False, True):
+            count = sum(n for (m, _), n in plans.items() if m == moe)
             if not count:
                 continue
             layer, attn_s = layer_forward(c, moe, gpu, eff)
             fwd = fwd + layer.scaled(count)
             attn += attn_s * count
-        for (moe, plan), count in layer_counts(ctx, stage, which).items():  # what each re-runs (recompute.py)
+        for (moe, plan), count in plans.items():  # what each re-runs (recompute.py)
             back = per_layer(_LAYER_BACKWARD, _backward_of, c, moe, gpu, eff, plan.kind, plan.modules)
             bwd = bwd + back.scaled(count)
     mtp = mtp_depths(ctx)
@@ -311,6 +306,13 @@ def stage_pass_compute(
     return fwd, bwd, attn
 
 
+def _layer_sets(ctx: Context, stage: int) -> tuple[tuple[Context, str], ...]:
+    """The contexts ``stage``'s transformer layers run in, each with the layer set (recompute.layer_counts) it
+    covers: all in ``ctx``, or the decoder's in ``ctx`` and the MTP blocks' at bf16 (mtp_bf16_context)."""
+    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None
+    return ((ctx, "all"),) if bf16 is None else ((ctx, "decoder"), (bf16, "mtp"))
+
+
 def mtp_depths(ctx: Context) -> int:
     """MTP modules that run: training only (inference runs the main model). Megatron-LM d98e8a6 gpt_model.py
     ``_postprocess`` -> multi_token_prediction.py ``process_mtp_loss``: each depth's hidden states go through the
@@ -320,20 +322,20 @@ def mtp_depths(ctx: Context) -> int:
 
 def mtp_bf16_context(ctx: Context) -> Context | None:
     """The context the MTP blocks' transformer layers run in when it is not the decoder's: under a recipe the
-    MTP modules do not enter (nvfp4: Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer
-    enters get_fp8_context only when config.fp8, "currently ignoring FP4 in MTP layers"; rules/fp8.py
-    mtp_quantized), the same workload without the recipe: bf16 GEMMs and no quantizing casts, as the module's
-    own kernels (kernels.mtp_module_kernels). None when the MTP layers run as the decoder's."""
-    from .rules.fp8 import mtp_quantized
-
-    if not mtp_depths(ctx) or ctx.work.recipe is None or mtp_quantized(ctx):
+    MTP modules do not enter (kernels.mtp_runs_bf16), the same workload without the recipe: bf16 GEMMs and no
+    quantizing casts, as the module's own kernels (kernels.mtp_module_kernels). None when the MTP layers run as
+    the decoder's."""
+    if not mtp_depths(ctx) or not mtp_runs_bf16(ctx):
         return None
     return _recipe_free(ctx.model, ctx.work, ctx.par)
 
 
 @lru_cache(maxsize=256)
 def _recipe_free(model, work, par) -> Context:
-    return Context(model, replace(work, fp8_recipe=None, fp8_param_gather=False), par)
+    # fp8 activations would make the recipe-free GEMMs per-tensor fp8 (kernels.gemm_dtype): the MTP blocks
+    # run bf16, so the activations go back to bf16 with the recipe
+    act = "bf16" if work.activation_dtype == "fp8" else work.activation_dtype
+    return Context(model, replace(work, fp8_recipe=None, fp8_param_gather=False, activation_dtype=act), par)
 
 
 def _mtp_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:

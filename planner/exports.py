@@ -782,8 +782,6 @@ PLAN_EXPORTS: dict[str, PlanExport] = {
         "0.et", chakra_omitted,
     ),
 }  # fmt: skip
-# the exports whose writer gives text (render)
-TEXT_EXPORTS = {name: export.write for name, export in PLAN_EXPORTS.items() if export.body == "text"}
 
 
 def export_of(fmt: str) -> PlanExport:
@@ -791,10 +789,3 @@ def export_of(fmt: str) -> PlanExport:
     if fmt not in PLAN_EXPORTS:
         raise SpecError("format", f"unknown export {fmt!r}; known: {', '.join(PLAN_EXPORTS)}")
     return PLAN_EXPORTS[fmt]
-
-
-def render(plan: Plan, fmt: str, stage: int = 0, launcher: str = "mpirun") -> str:
-    """The text of one non-JSON export; the route and the CLI both call it."""
-    if fmt not in TEXT_EXPORTS:
-        raise SpecError("format", f"unknown export {fmt!r}; known: {', '.join(TEXT_EXPORTS)}")
-    return TEXT_EXPORTS[fmt](plan, stage, launcher)

@@ -34,7 +34,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
-from .recipes import recipe_of
+from .recipes import check_recipe_gpu, recipe_of
 from .workload import WEIGHT_FORMAT_BYTES
 
 
@@ -299,7 +299,7 @@ HEAD_DIM_K = {"cudnn": (0.303, 0.222), "flash2": (0.027, 0.103)}
 HEAD_DIM_REF = 128
 
 
-def head_dim_rate(kernel: str, d: int) -> tuple[float, float]:
+def head_dim_rate(kernel: str, d: float) -> tuple[float, float]:
     """(forward, backward) rate of ``kernel`` at head dim ``d`` as a fraction of its d-128 ceiling (HEAD_DIM_K)."""
     k_f, k_b = HEAD_DIM_K.get(kernel, (0.0, 0.0))
     extra = max(0.0, HEAD_DIM_REF / d - 1.0) if d else 0.0
@@ -470,9 +470,7 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
         )
     if ctx.training and ctx.work.fused_grouped_mlp:
         check_fused_grouped_mlp(ctx)
-    recipe = ctx.work.recipe  # the recipe's own GPU rule is planner/recipes.py check_recipe_gpu (plan.py)
-    if recipe is not None and recipe.kernel_dtype == "nvfp4" and gpu.sm and not gpu.peak_tflops.get("fp4"):
-        raise SpecError("cluster.gpu.peak_tflops.fp4", f"nvfp4 needs the GPU's dense fp4 peak; {gpu.name} has none")
+    check_recipe_gpu(ctx.work.fp8_recipe, gpu)  # compute capability, nvfp4's fp4 peak: the one home of the rule
 
 
 def check_fused_grouped_mlp(ctx: Context) -> None:
@@ -836,6 +834,16 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     return LayerKernels(forward, backward, recompute, tuple(core_fwd))
 
 
+def mtp_runs_bf16(ctx: Context) -> bool:
+    """Whether the MTP modules run bf16 GEMMs where the decoder runs a recipe: a recipe they do not enter (nvfp4:
+    Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer enters get_fp8_context only when
+    config.fp8, "currently ignoring FP4 in MTP layers"; rules/fp8.py mtp_quantized). The one home of the rule: the
+    module's own kernels here, its transformer layers' context in compute.mtp_bf16_context."""
+    from .rules.fp8 import mtp_quantized
+
+    return ctx.work.recipe is not None and not mtp_quantized(ctx)
+
+
 def mtp_module_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> LayerKernels:
     """One MTP module's own kernels beside its transformer layer (which is one more layer of the chunk holding
     ``m``, counted by layer_kernels) and the shared output layer (compute.head_kernels, on the loss's rank), one
@@ -855,13 +863,12 @@ _MTP_KERNELS: dict = {}
 
 def _mtp_module_kernels(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
     from .recompute import mtp_checkpointed
-    from .rules.fp8 import mtp_quantized
 
     par, h = ctx.par, ctx.model.hidden_size
     T = ctx.b * ctx.s_cp
     T_sp = T / (par.tp if par.sp else 1)
     k = _Layer(ctx, gpu, eff)
-    if ctx.work.recipe is not None and not mtp_quantized(ctx):
+    if mtp_runs_bf16(ctx):
         k.dt = "bf16"
     norm_b, norm_n = k.fu.norm
     k.mem("mtp.enorm", norm_b * T_sp * h, norm_n)
@@ -900,11 +907,11 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     masked rows zeroed; the [b, s, h] -> [s, b, h] transpose made contiguous. The backward runs the transpose's
     and the mask's gradients, then PyTorch's dense embedding backward, which zero-fills the whole [V/t, h]
     gradient and sums the T rows into it (EMBEDDING_BACKWARD_LAUNCHES), and Megatron's DDP backward hook adds
-    that gradient into the fp32 main_grad (distributed/param_and_grad_buffer.py ``main_grad.add_(grad)``: read
-    x + 4, write 4 bytes a weight; with several lookups of one weight in a micro-batch autograd sums their
-    gradients first and the hook runs once, a little less than counted here): the two V·h terms dominate
-    (DeepSeek-V3, tp 1: 11.1 GB a lookup). Counted for the MTP modules' lookups; the main model's lookup on the
-    first stage is not priced yet (docs/step-time.md, MTP section)."""
+    that gradient into the main_grad (grad_accumulation_bytes: fp32, read 2 + 4 and write 4 bytes a weight;
+    with several lookups of one weight in a micro-batch autograd sums their gradients first and the hook runs
+    once, a little less than counted here): the two V·h terms dominate (DeepSeek-V3, tp 1: 11.1 GB a lookup).
+    Counted for the MTP modules' lookups; the main model's lookup on the first stage is not priced yet
+    (docs/step-time.md, MTP section)."""
     ctx, t = k.ctx, k.ctx.par.tp
     h, x = ctx.model.hidden_size, ctx.x
     row = T * h * x
@@ -921,9 +928,10 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     k.bwd.append(memory_kernel(name + ".transpose.bwd", 2 * row, k.gpu, k.eff, 1, k.floor))
     if t > 1:
         k.bwd.append(memory_kernel(name + ".mask_output.bwd", row, k.gpu, k.eff, VOCAB_MASK_OUTPUT_LAUNCHES, k.floor))
-    dense = grad * x + 2 * row + 4 * 8 * T  # zero fill, the rows read and summed in, the sort's keys and values
+    # zero fill (the gradient is in the weight's dtype), the rows read and summed in, the sort's keys and values
+    dense = grad * ctx.param_bytes + 2 * row + 4 * 8 * T
     k.bwd.append(memory_kernel(name + ".wgrad", dense, k.gpu, k.eff, EMBEDDING_BACKWARD_LAUNCHES, k.floor))
-    k.bwd.append(memory_kernel(name + ".main_grad", grad * (x + 8), k.gpu, k.eff, 1, k.floor))
+    k.bwd.append(memory_kernel(name + ".main_grad", grad_accumulation_bytes(ctx, grad), k.gpu, k.eff, 1, k.floor))
 
 
 class _Layer:
@@ -983,7 +991,8 @@ def _attention_projections(k: _Layer, T: float) -> int:
         if unfused_rope(k.ctx):
             (f_b, f_n), (b_b, b_n) = UNFUSED_ROPE
             k.mem("rotary", f_b * T * (q + kv), 2 * f_n, back=0)
-            k.mem("rotary_freqs", ROPE_FREQS[0] * k.ctx.s_cp * mdl.head_size, 2 * ROPE_FREQS[1], back=0)
+            # built once per call, for q and for k: twice the bytes and the kernels
+            k.mem("rotary_freqs", 2 * ROPE_FREQS[0] * k.ctx.s_cp * mdl.head_size, 2 * ROPE_FREQS[1], back=0)
             k.bwd.append(memory_kernel("rotary.bwd", b_b * T * (q + kv), k.gpu, k.eff, 2 * b_n, k.floor))
         else:
             k.mem("rotary", fu.rotary[0] * T * (q + kv), 2 * fu.rotary[1])
@@ -1133,8 +1142,15 @@ def _grad_accumulation(k: _Layer, moe: bool) -> None:
         f = m.expert_ffn_hidden_size / par.etp
         weights += local * ((2 if ctx.model.gated_mlp else 1) * f + f) * ctx.model.hidden_size
         tensors += 2 * local
-    nbytes = weights * (ctx.param_bytes + 2 * ctx.grad_bytes)
+    nbytes = grad_accumulation_bytes(ctx, weights)
     k.bwd.append(memory_kernel("grad_accumulation", nbytes, k.gpu, k.eff, max(1, tensors), k.floor))
+
+
+def grad_accumulation_bytes(ctx: Context, weights: float) -> float:
+    """HBM bytes of ``main_grad.add_(grad)`` over ``weights`` elements (Megatron's DDP hook,
+    distributed/param_and_grad_buffer.py): read the gradient in the weight's dtype, read and write the main_grad
+    in the gradient-reduction dtype (fp32 by default, bf16 with grad_reduce_dtype bf16)."""
+    return weights * (ctx.param_bytes + 2 * ctx.grad_bytes)
 
 
 def _fp8_casts(k: _Layer) -> None:
@@ -1143,16 +1159,13 @@ def _fp8_casts(k: _Layer) -> None:
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
     weights = 0 if ctx.param_bytes <= 1 else 1
-    cast = sum(
-        g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3]
-        for g in fwd
-        if _cast(g) and not _quantized_in_epilogue(ctx, g)
-    )
+    gemms = _cast_gemms(ctx, fwd)
+    cast = sum(g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in gemms)
     nbytes = cast * cast_bytes_per_element(ctx)
     # one cast kernel per pass at the measured cast rate (CAST_HBM, whose large-tensor measurement holds its fixed
     # cost), and the launches of the experts' per-split quantizes beside it, each a memory-bound kernel's fixed cost
     # and, without CUDA graphs, at least one host dispatch
-    extra = expert_quantize_launches(ctx, fwd)
+    extra = expert_quantize_launches(ctx, gemms)
     t = _mem_s(nbytes, k.gpu, k.eff)
     if extra:
         t = max(t + extra * k.eff.kernel_s, (1 + extra) * k.floor)
@@ -1164,8 +1177,9 @@ def _fp8_casts(k: _Layer) -> None:
     k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes, count=count))
 
 
-def expert_quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
-    """Kernel launches a training pass makes to quantize the inputs of its grouped (per-expert) low-precision GEMMs:
+def expert_quantize_launches(ctx: Context, gemms: list[Kernel]) -> int:
+    """Kernel launches a training pass makes to quantize the inputs of its grouped (per-expert) low-precision GEMMs
+    (``gemms``: the pass's GEMMs whose inputs are cast, _cast_gemms):
     TE's GroupedLinear quantizes each expert's split on its own (tex.split_quantize) unless the recipe has the fused
     multi-tensor kernel (Recipe.fused_split_quantize) or the fused grouped MLP quantizes the group at once, each
     split taking the recipe's launches (Recipe.quantize_launches; fp8 without a recipe runs as delayed scaling).
@@ -1176,11 +1190,7 @@ def expert_quantize_launches(ctx: Context, fwd: list[Kernel]) -> int:
         return 0
     recipe = ctx.work.recipe or recipe_of("delayed")
     one = recipe.fused_split_quantize or fused_grouped_mlp(ctx)
-    splits = sum(
-        1 if one else g.shape[3]
-        for g in fwd
-        if _cast(g) and g.shape[3] > 1 and not _quantized_in_epilogue(ctx, g)
-    )
+    splits = sum(1 if one else g.shape[3] for g in gemms if g.shape[3] > 1)
     return splits * recipe.quantize_launches
 
 
@@ -1218,8 +1228,8 @@ FP8_EXPERT_PADDING = "Megatron-LM core_v0.15.0 moe/experts.py TEGroupedMLP; Tran
 def fp8_expert_padding(ctx: Context, dtype: str) -> bool:
     """Whether the routed experts' rows are padded for their low-precision GEMMs (FP8_EXPERT_PADDING): a training
     flavour that pads (Flavour.fp8_expert_padding), a quantized expert GEMM dtype, dropless routing."""
-    quantized = dtype not in ("bf16", "fp32") and dtype not in _WEIGHT_OPERAND_BYTES
-    return ctx.training and ctx.flavour.fp8_expert_padding and quantized and not ctx.model.moe.capacity_factor
+    padded = ctx.training and ctx.flavour.fp8_expert_padding and quantized_gemm(dtype)
+    return padded and not ctx.model.moe.capacity_factor
 
 
 # Megatron-Core's alltoall dispatcher receives each expert's rows grouped by source rank, (source rank, local
@@ -1336,9 +1346,20 @@ def routed_expert_kernels(
     return fwd, bwd
 
 
+def quantized_gemm(dtype: str) -> bool:
+    """Whether a GEMM of ``dtype`` computes in a low precision (its math dtype, math_dtype: a weight-only format's
+    GEMM takes its bf16 activations as they are, with no quantizing cast)."""
+    return math_dtype(dtype) not in ("bf16", "fp32")
+
+
 def _cast(k: Kernel) -> bool:
-    # a weight-only format's GEMM takes its bf16 activations as they are (no quantizing cast)
-    return k.kind == "gemm" and k.dtype not in ("bf16", "fp32") and k.dtype not in _WEIGHT_OPERAND_BYTES
+    return k.kind == "gemm" and quantized_gemm(k.dtype)
+
+
+def _cast_gemms(ctx: Context, fwd: list[Kernel]) -> list[Kernel]:
+    """The pass's GEMMs whose inputs a separate kernel quantizes (not those whose producer quantizes its output in
+    its epilogue: _quantized_in_epilogue): _fp8_casts' bytes and expert_quantize_launches' splits."""
+    return [g for g in fwd if _cast(g) and not _quantized_in_epilogue(ctx, g)]
 
 
 # A cast to fp8 streams below a copy's rate: tensor.to(float8_e4m3fn) of 67 and 134 MB on this project's H200 moves
@@ -1398,13 +1419,17 @@ def attended_keys(ctx: Context) -> float:
 
 def attention_flops(ctx: Context) -> float:
     """Core attention forward on one rank: QKᵀ and PV over the attended keys (flash skips masked blocks)."""
-    mdl = ctx.model
-    heads = mdl.num_attention_heads / ctx.par.tp
-    if mdl.mla:
-        qk, v = mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim, mdl.mla.v_head_dim
-    else:
-        qk = v = mdl.head_size
-    return core_attention_flops(ctx.b, ctx.s_cp, attended_keys(ctx), heads, qk, v)
+    qk, v = attention_head_dims(ctx)
+    return core_attention_flops(ctx.b, ctx.s_cp, attended_keys(ctx), ctx.model.num_attention_heads / ctx.par.tp, qk, v)
+
+
+def attention_head_dims(ctx: Context) -> tuple[int, int]:
+    """(query/key, value) head dims of core attention: MLA's qk_nope + qk_rope and v_head_dim (DeepSeek-V3 192,
+    128), else the model's head size for both."""
+    mla = ctx.model.mla
+    if mla:
+        return mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+    return ctx.model.head_size, ctx.model.head_size
 
 
 def core_attention_flops(b: float, queries: float, keys: float, heads: float, qk: int, v: int) -> float:
@@ -1435,13 +1460,15 @@ def attention_kernels(
         return unfused_attention(ctx, gpu, eff)
     flops = attention_flops(ctx)
     heads = ctx.model.num_attention_heads / ctx.par.tp
-    d = ctx.model.head_size
+    qk, v = attention_head_dims(ctx)
     steps = ctx.par.cp if ctx.par.cp > 1 and ctx.par.cp_comm == "p2p" else 1
     s_kv = kv_length(ctx) / steps
     if ctx.model.sliding_window:
         s_kv = layer_mix_keys(ctx, s_kv, eff.attention_s0)
-    shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), d)
-    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, d)
+    shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), qk)
+    # head_dim_rate's d: per score one exponential against 2·qk + 2·v matmul FLOPs (QKᵀ and PV; its 4·d at
+    # qk = v = d), so the exponential is amortised over their mean (qk + v) / 2 (MLA: 160, at the d-128 rate)
+    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2)
     fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
     bwd = [
         Kernel(
@@ -1455,7 +1482,7 @@ def attention_kernels(
         )
     ]
     if steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
-        out = ctx.b * ctx.s_cp * heads * d * 4  # fp32 accumulator
+        out = ctx.b * ctx.s_cp * heads * v * 4  # fp32 accumulator of the output (v wide)
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
@@ -1485,7 +1512,7 @@ def flash_attention_s(
     gpu: GPUSpec,
     eff: Efficiency = EFFICIENCY,
     launches: int = 1,
-    head_dim: int = HEAD_DIM_REF,
+    head_dim: float = HEAD_DIM_REF,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
     per query block: the kernel's ceiling x s_kv/(s_kv + s0) x its head-dim rate (head_dim_rate) of the bf16 peak

@@ -526,17 +526,10 @@ def grouped_shape(op: TraceOp) -> tuple[int, int, int, int, bool] | None:
 def attention_shape(op: TraceOp) -> tuple[str, bool, int, int, int, int, int, bool] | None:
     """(kernel, backward, batch, query heads, query length, key length, head dim, causal) of a fused attention
     operator from its recorded dims and arguments (ATTENTION_OPS), None for another operator or missing dims."""
-    found = ATTENTION_OPS.get(op.name)
-    if found is None:
+    q, k = _attention_tensor(op, 0), _attention_tensor(op, 1)
+    if q is None or k is None:
         return None
-    kernel, backward, qi, layout, causal_at = found
-    if len(op.dims) <= qi + 1:
-        return None
-    q, k = op.dims[qi], op.dims[qi + 1]
-    if not (isinstance(q, tuple) and isinstance(k, tuple) and len(q) == len(k) == 4):
-        return None
-    if not all(isinstance(x, int) and x > 0 for x in q + k):
-        return None
+    kernel, backward, _, layout, causal_at = ATTENTION_OPS[op.name]
     b, heads, s_q = (q[0], q[1], q[2]) if layout == "bhsd" else (q[0], q[2], q[1])
     s_kv = k[2] if layout == "bhsd" else k[1]
     causal = len(op.concrete) > causal_at and str(op.concrete[causal_at]).strip().lower() == "true"
@@ -544,15 +537,21 @@ def attention_shape(op: TraceOp) -> tuple[str, bool, int, int, int, int, int, bo
 
 
 def value_head_dim(op: TraceOp) -> int | None:
-    """The value tensor's head dim of a fused attention operator (its last dim in either layout: ATTENTION_OPS's
-    query, key, value order), which differs from the query's under MLA (DeepSeek-V3: 192 and 128); None without
-    recorded dims."""
+    """The value tensor's head dim of a fused attention operator (its last dim in either layout), which differs
+    from the query's under MLA (DeepSeek-V3: 192 and 128); None without recorded dims."""
+    v = _attention_tensor(op, 2)
+    return None if v is None else v[3]
+
+
+def _attention_tensor(op: TraceOp, which: int) -> tuple[int, int, int, int] | None:
+    """The recorded 4-d shape of a fused attention operator's query (0), key (1) or value (2), in ATTENTION_OPS's
+    order from its query's index; None for another operator, or a missing or malformed shape."""
     found = ATTENTION_OPS.get(op.name)
-    if found is None or len(op.dims) <= found[2] + 2:
+    if found is None or len(op.dims) <= found[2] + which:
         return None
-    v = op.dims[found[2] + 2]
-    ok = isinstance(v, tuple) and len(v) == 4 and isinstance(v[3], int) and v[3] > 0
-    return v[3] if ok else None
+    t = op.dims[found[2] + which]
+    ok = isinstance(t, tuple) and len(t) == 4 and all(isinstance(x, int) and x > 0 for x in t)
+    return t if ok else None
 
 
 def gemm_dtype(op: TraceOp, kernel_names: list[str]) -> str | None:

@@ -174,7 +174,8 @@ def validate_recipe(fp8_recipe: str | None, fp8_param_gather: bool) -> None:
 def check_recipe_gpu(
     fp8_recipe: str | None, gpu, field: str = "workload.fp8_recipe", subject: str = "", hint: str = ""
 ) -> None:
-    """A recipe the GPU's tensor cores lack is refused (TE raises at the first autocast). The one home of the rule:
+    """A recipe the GPU's tensor cores lack is refused (TE raises at the first autocast), and an nvfp4 recipe on a
+    GPU given without an fp4 peak (nothing to price its GEMMs at). The one home of the rule:
     a training recipe (``workload.fp8_recipe``) and serving's block-scaled weights (options.weight_dtype nvfp4:
     deployment.check_weight_format) name their own ``field``, ``subject`` and ``hint``."""
     recipe = recipe_of(fp8_recipe)
@@ -187,6 +188,13 @@ def check_recipe_gpu(
             field,
             f"{subject or recipe.name + ' needs'} compute capability >= {recipe.min_sm / 10:.1f} (TransformerEngine), "
             f"but GPU {gpu.name!r} has {have}{hint}",
+        )
+    if recipe.kernel_dtype == "nvfp4" and not getattr(gpu, "peak_tflops", {}).get("fp4"):
+        # its GEMMs run at the fp4 peak (kernels.dense_peak): a GPU given without one cannot price them
+        raise SpecError(
+            field,
+            f"{subject or recipe.name + ' needs'} the GPU's dense fp4 peak (cluster.gpu.peak_tflops.fp4), "
+            f"but GPU {gpu.name!r} has none{hint}",
         )
 
 

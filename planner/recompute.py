@@ -67,11 +67,10 @@ MTP_UNIFORM = LayerRecompute(full=True, keeps_input=False)
 
 @lru_cache(maxsize=4096)
 def _chunk_plans(
-    work: WorkloadSpec, sizes: tuple[int, ...], mtps: tuple[int, ...] | None = None
+    work: WorkloadSpec, sizes: tuple[int, ...], mtps: tuple[int, ...]
 ) -> tuple[tuple[LayerRecompute, ...], ...]:
     out = []
     selective = modules_of(work)
-    mtps = mtps or (0,) * len(sizes)
     for n, k in zip(sizes, mtps, strict=True):
         if not work.training or work.activation_recompute == "none":
             out.append((LayerRecompute(),) * n)
@@ -124,10 +123,11 @@ def layer_counts(ctx: Context, stage: int, layers: str = "all") -> dict[tuple[bo
 
 @lru_cache(maxsize=4096)
 def _layer_counts(
-    work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...], mtps: tuple[int, ...] | None = None, layers: str = "all"
+    work: WorkloadSpec, kinds: tuple[tuple[bool, ...], ...], mtps: tuple[int, ...], layers: str
 ) -> dict[tuple[bool, LayerRecompute], int]:
+    if layers not in LAYER_SETS:
+        raise ValueError(f"layers must be one of {LAYER_SETS}, got {layers!r}")
     counts: dict[tuple[bool, LayerRecompute], int] = {}
-    mtps = mtps or (0,) * len(kinds)
     for chunk, plans, k in zip(kinds, _chunk_plans(work, tuple(len(k) for k in kinds), mtps), mtps, strict=True):
         n = len(chunk)  # its MTP blocks are its last k layers (Context.chunk_mtp)
         first, end = (n - k, n) if layers == "mtp" else (0, n - k if layers == "decoder" else n)

@@ -61,6 +61,7 @@ from .kernels import efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .rules.pipeline import SHAPE_CALLS
+from .rules.tensor import summed_dgrad_names
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -420,14 +421,11 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
     """The backward reduce-scatters an async-TP pass that fuses only "reduce_scatter_tensor(A @ B)" cannot fuse
-    (flavour trait async_tp_single_matmul): the column-parallel input gradients summed over separate linears, the
-    attention inputs' (q, k, v as their own modules: fused_column_dgrad False) and the gated MLP's up_proj (gate and
-    up); an MLA or fused QKV input, or a non-gated fc1, is one matmul's and fused."""
-    if ctx.flavour.fused_column_dgrad:
+    (flavour trait async_tp_single_matmul): the column-parallel input gradients summed over separate linears
+    (rules/tensor.py summed_dgrad_names)."""
+    names = summed_dgrad_names(ctx)
+    if not names:
         return
-    names = [n for n in totals.tp_reduces if n.startswith("tp.attn.") and n.endswith(".dgrad") and not ctx.model.mla]
-    if ctx.model.gated_mlp:
-        names.append("tp.mlp.up_proj.dgrad")
     m = ctx.micro_batches
     for st in stages:
         st.tp_unfused_s = sum(totals.tp_reduces.get(n, [0.0] * len(stages))[st.stage] for n in names) / m

@@ -69,9 +69,12 @@ def human_capacity(n: int) -> str:
     return f"{human_bytes(n)} ({sig3(n / 2**30)} GiB)"
 
 
-def duration(s: float | None) -> str:
-    """A time that may be unbounded (a saturated queue's TTFT: None): human_seconds, or 'unbounded'."""
-    return "unbounded" if s is None else human_seconds(s)
+def duration(s: float | None, why: str = "") -> str:
+    """A time that may be unbounded (a saturated queue's TTFT: None): human_seconds, or 'unbounded' (with ``why``
+    in parentheses after it)."""
+    if s is None:
+        return f"unbounded ({why})" if why else "unbounded"
+    return human_seconds(s)
 
 
 def load_name(concurrency: int | None, request_rate: float | None) -> str:

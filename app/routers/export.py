@@ -59,7 +59,7 @@ async def export(
     export = PLAN_EXPORTS[fmt.value]
     media, file = export.media_type, quote(f"commplan-plan.{export.extension}", "filename")
     headers = {"Content-Disposition": f'attachment; filename="{file}"'}
-    if export.write is None:  # the plan itself: exactly what POST /v1/plan answers, blocks added there included
+    if export.body == "plan":  # the plan itself: exactly what POST /v1/plan answers, blocks added there included
         answer = await run_bounded(request, lambda: plan_json(plan_of(body, settings)))
         return Response(answer.body, media_type=media, headers=headers)
 

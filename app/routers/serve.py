@@ -37,7 +37,7 @@ bounded_post(
     "",
     ServeRequest,
     ServeOut,
-    lambda body, settings: serve_json(plan_serving(*serve_inputs(body, settings), checked=True)),
+    lambda body, settings: serve_json(plan_serving(*serve_inputs(body, settings))),
     encoded=True,
     name="serve",
     summary="Plan one serving deployment",

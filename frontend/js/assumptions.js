@@ -1,9 +1,8 @@
 // The Assumptions panel: every setting the plan was made under (plan.assumptions, planner/assumptions.py), its
 // value as the planner resolved it, whether this request set it or left it to the default, and the default's
 // source. The request path is the field's name, so "set" is read off the request the page sent.
+import { get } from "./controls.js";
 import { $, el } from "./dom.js";
-
-const get = (obj, path) => path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), obj);
 
 export function renderAssumptions(plan, request) {
   const rows = (plan && plan.assumptions) || [];

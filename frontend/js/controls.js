@@ -16,7 +16,8 @@ const NCCL_VERSIONS = [], NETWORK_KINDS = [], CPU_VENDORS = [];
 const refill = (list, values) => list.splice(0, list.length, ...values);
 export function setNcclVersions(answer) { refill(NCCL_VERSIONS, answer.versions); }
 export function setClusterChoices(answer) { refill(NETWORK_KINDS, answer.network_kinds); refill(CPU_VENDORS, answer.cpu_vendors); }
-const ON_OFF = [["true", "on"], ["false", "off"]];
+// shared with the model's fields (model.js) and the Assumptions panel (assumptions.js)
+export const ON_OFF = [["true", "on"], ["false", "off"]];
 // [group, [path, label, kind, choices or placeholder, default text, when]]; kind: select | int | float | text |
 // list | modules. `when` hides a control unless the form's kind matches (data-when, form.js syncVisibility).
 // The cluster's fields (beyond the form's preset, nodes and override box) default to the preset's: after a plan
@@ -148,7 +149,7 @@ function control(c) {
   return el("div", { className: c.kind === "modules" ? "field span2" : "field", "data-when": c.when }, label, input);
 }
 
-const get = (obj, path) => path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), obj);
+export const get = (obj, path) => path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), obj);
 function set(obj, path, value) {
   const keys = path.split("."), last = keys.pop();
   let o = obj;
@@ -165,11 +166,8 @@ export function readControls(request, FormError) {
     if (c.kind === "modules") { const picked = [...input.selectedOptions].map((o) => o.value); value = picked.length ? picked : undefined; }
     else if (input.value.trim() === "") value = undefined;
     else if (c.kind === "int" || c.kind === "float" || c.path.startsWith("cluster.nccl_env.")) value = Number(input.value);
-    else if (c.kind === "list") {
-      const parts = input.value.split(/[\s,]+/).filter(Boolean).map(Number);
-      if (parts.some((x) => !Number.isInteger(x))) throw new FormError(c.path, `${c.label}: whole layer numbers separated by commas, got "${input.value}"`);
-      value = parts;
-    } else if (c.choices === ON_OFF) value = input.value === "true";
+    else if (c.kind === "list") value = layerList(input.value, c.path, c.label, FormError);
+    else if (c.choices === ON_OFF) value = input.value === "true";
     else value = input.value.trim();
     if (value !== undefined) set(request, c.path, value);
   }
@@ -180,19 +178,34 @@ export function fillControls(request) {
   for (const c of CONTROLS) {
     const input = $(c.id), v = get(request, c.path);
     if (c.kind === "modules") { for (const o of input.options) o.selected = Array.isArray(v) && v.includes(o.value); continue; }
-    const text = v === undefined || v === null ? "" : Array.isArray(v) ? v.join(",") : String(v);
-    if (c.kind === "select" && text && ![...input.options].some((o) => o.value === text)) input.append(el("option", { value: text }, text));
-    input.value = text;
+    fillInput(input, v);
   }
   countSet();
 }
+
+// a list field's text as whole layer numbers, or a FormError naming the field
+export function layerList(text, path, label, FormError) {
+  const parts = text.split(/[\s,]+/).filter(Boolean).map(Number);
+  if (parts.some((x) => !Number.isInteger(x))) throw new FormError(path, `${label}: whole layer numbers separated by commas, got "${text}"`);
+  return parts;
+}
+
+// a request's value into its input: a list as "a,b", none as blank; a select given a value it does not list
+// gains that option (a link or a search hit may name one)
+export function fillInput(input, v) {
+  const text = v === undefined || v === null ? "" : Array.isArray(v) ? v.join(",") : String(v);
+  if (input.tagName === "SELECT" && text && ![...input.options].some((o) => o.value === text)) input.append(el("option", { value: text }, text));
+  input.value = text;
+}
+
+// a group's "(n set)" badge
+export function showSetCount(badge, n) { if (badge) badge.textContent = n ? `(${n} set)` : ""; }
 
 // per group, how many of its fields the request sets (the summary says so when the group is closed)
 export function countSet() {
   for (const [title, rows] of GROUPS) {
     const n = rows.filter(([path]) => { const i = $(idOf(path)); return i.multiple ? i.selectedOptions.length > 0 : i.value.trim() !== ""; }).length;
-    const badge = document.querySelector(`[data-group="${title}"]`);
-    if (badge) badge.textContent = n ? `(${n} set)` : "";
+    showSetCount(document.querySelector(`[data-group="${title}"]`), n);
   }
 }
 

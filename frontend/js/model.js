@@ -4,10 +4,10 @@
 // replaces the base model's), so an edited block is sent whole, the base model's values filling what is not
 // typed. Over a config.json the page does not know the base's blocks: an edited block then needs its required
 // fields typed (the server's 422 names the missing one).
+import { fillInput, get, layerList, ON_OFF, showSetCount } from "./controls.js";
 import { $, el } from "./dom.js";
 import { state } from "./state.js";
 
-const ON_OFF = [["true", "on"], ["false", "off"]];
 // [path under model, label, kind (int | float | bool | list | a list of choices), title, what a null stands for]
 export const MODEL_ROWS = [
   ["num_layers", "Layers", "int", "decoder layers (HF num_hidden_layers)"],
@@ -56,7 +56,6 @@ export const MODEL_FIELDS = Object.fromEntries([
   ...BLOCKS.map((b) => [`model.${b}`, idOf(MODEL_ROWS.find(([p]) => p.startsWith(`${b}.`))[0])]),
 ]);
 
-const get = (obj, path) => path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), obj);
 const fromHf = () => $("model-source-hf").checked;
 // the model the fields edit: the preset's as GET /v1/presets/models gives it; null over a config.json
 const base = () => (fromHf() ? null : state.presets.models[$("model-preset").value] || null);
@@ -100,7 +99,7 @@ export function showModelDefaults() {
 
 export function countModelFields() {
   const n = MODEL_ROWS.filter(([path]) => $(idOf(path)).value.trim() !== "").length;
-  $("model-fields-count").textContent = n ? `(${n} set)` : "";
+  showSetCount($("model-fields-count"), n);
 }
 
 // the typed fields into the request's model block
@@ -109,8 +108,7 @@ export function readModelFields(model, FormError) {
   for (const [path, label, kind] of MODEL_ROWS) {
     const text = $(idOf(path)).value.trim();
     if (text === "") continue;
-    const value = kind === "bool" ? text === "true" : Array.isArray(kind) ? text : kind === "list" ? text.split(/[\s,]+/).filter(Boolean).map(Number) : Number(text);
-    if (kind === "list" && value.some((x) => !Number.isInteger(x))) throw new FormError(`model.${path}`, `${label}: whole layer numbers separated by commas, got "${text}"`);
+    const value = kind === "bool" ? text === "true" : Array.isArray(kind) ? text : kind === "list" ? layerList(text, `model.${path}`, label, FormError) : Number(text);
     if (kind === "int" && !Number.isInteger(value)) throw new FormError(`model.${path}`, `${label}: a whole number, got "${text}"`);
     if (kind === "float" && !Number.isFinite(value)) throw new FormError(`model.${path}`, `${label}: a number, got "${text}"`);
     const [head, key] = path.split(".");
@@ -124,11 +122,6 @@ export function readModelFields(model, FormError) {
 
 // a request's model fields into the inputs (a link, a scenario, a search hit)
 export function fillModelFields(m) {
-  for (const [path] of MODEL_ROWS) {
-    const v = get(m, path), input = $(idOf(path));
-    const text = v === undefined || v === null ? "" : Array.isArray(v) ? v.join(",") : String(v);
-    if (input.tagName === "SELECT" && text && ![...input.options].some((o) => o.value === text)) input.append(el("option", { value: text }, text));
-    input.value = text;
-  }
+  for (const [path] of MODEL_ROWS) fillInput($(idOf(path)), get(m, path));
   showModelDefaults();
 }

@@ -121,6 +121,18 @@ def _attention_inputs(ctx: Context) -> tuple[tuple[str, int, bool], ...]:
     return q, ("kv_up", m.mla.kv_lora_rank, True), ("k_pos_emb", m.mla.qk_rope_head_dim, False)
 
 
+def summed_dgrad_names(ctx: Context) -> tuple[str, ...]:
+    """The backward TP rows (ledger names) whose column-parallel input gradient sums several linears' matmuls:
+    the attention input's with q, k and v as their own modules and the gated MLP's up_proj (gate and up), where
+    the flavour does not fuse them (fl.fused_column_dgrad False; _backward counts them so). MLA's inputs are one
+    linear each, a fused QKV or fc1, or a non-gated fc1, one matmul: none. What an async-TP pass that fuses only
+    "reduce_scatter_tensor(A @ B)" leaves unfused (step._async_tp_unfused)."""
+    if ctx.flavour.fused_column_dgrad:
+        return ()
+    attn = () if ctx.model.mla else tuple(f"tp.attn.{n}.dgrad" for n, _, linear in _attention_inputs(ctx) if linear)
+    return attn + (("tp.mlp.up_proj.dgrad",) if ctx.model.gated_mlp else ())
+
+
 def _width(ctx: Context, per_token: int) -> int:
     """The TP unit A = b·s/c·h·x at ``per_token`` elements instead of h."""
     return ctx.activation // ctx.model.hidden_size * per_token

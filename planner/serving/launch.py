@@ -487,21 +487,18 @@ def dynamo_manifest(
 @dataclass(frozen=True)
 class ExportFormat:
     """A serving export: its writer (model, cluster, traits, pools, options, model path -> text), the file's media
-    type and name suffix (serve-ENGINE<suffix>), and what it is in a few words (the CLI's --help, the docs)."""
+    type and name suffix (serve-ENGINE<suffix>)."""
 
     write: Callable[..., str]
     media_type: str
     suffix: str
-    what: str
 
 
 # The one registry of the serving exports: POST /v1/serve/export?format= (its schema's values), `commplan
 # serve-plan --format` (its choices and help) and docs/serving.md read it (tests/app/test_serve.py checks all three).
 EXPORTS = {
-    "launch": ExportFormat(launch_script, "text/x-shellscript", ".sh", "the engines' launch script"),
-    "dynamo": ExportFormat(
-        dynamo_manifest, "application/yaml", "-dynamo.yaml", "a DynamoGraphDeployment manifest (vLLM, SGLang)"
-    ),
+    "launch": ExportFormat(launch_script, "text/x-shellscript", ".sh"),  # the engines' launch script
+    "dynamo": ExportFormat(dynamo_manifest, "application/yaml", "-dynamo.yaml"),  # DynamoGraphDeployment (vLLM, SGLang)
 }
 
 _HOST_CHARS = "*[!A-Za-z0-9.-]*"  # a case pattern: anything but a host name's or an IPv4 address's characters

@@ -134,6 +134,27 @@ def _splits(p: int, d: int, gpus: int) -> list[int]:
     return out
 
 
+def _checked_request(model, cluster, traffic, engines, modes, options) -> dict[str, EngineTraits]:
+    """The search's rules that every deployment would refuse alike, each one 422 up front rather than a search
+    that rejects them all; the engines' traits by name."""
+    validate_traffic(traffic)
+    validate_options(options)
+    if cluster.gpu is not None:
+        check_weight_format(options.weight_dtype, cluster.gpu, model)
+    for m in modes:
+        if m not in MODES:
+            raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
+    traits: dict[str, EngineTraits] = {name: engine(name) for name in engines}
+    fmt = options.weight_dtype
+    if fmt in WEIGHT_FORMAT_BYTES and not any(fmt in t.weight_formats for t in traits.values()):
+        raise SpecError(  # deployment._check_engine_options' rule, for every engine asked for
+            "options.weight_dtype",
+            f"{fmt} weights are priced for none of the engines asked for ({', '.join(engines)}); "
+            + "; ".join(t.weight_formats_note for t in traits.values() if t.weight_formats_note),
+        )
+    return traits
+
+
 def search_serving(
     model: ModelSpec,
     cluster,
@@ -152,21 +173,7 @@ def search_serving(
     those that meet the SLA at the traffic's load; the best of them so far). Each deployment checks the
     request's deadline (planner.deadline), so a client that leaves stops the search."""
     options = options or ServeOptions()
-    validate_traffic(traffic)
-    validate_options(options)
-    if cluster.gpu is not None:  # every deployment would refuse it: one 422, not a search that rejects them all
-        check_weight_format(options.weight_dtype, cluster.gpu, model)
-    for m in modes:
-        if m not in MODES:
-            raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
-    traits: dict[str, EngineTraits] = {name: engine(name) for name in engines}
-    fmt = options.weight_dtype
-    if fmt in WEIGHT_FORMAT_BYTES and not any(fmt in t.weight_formats for t in traits.values()):
-        raise SpecError(  # every deployment would refuse it (deployment._check_engine_options): one 422
-            "options.weight_dtype",
-            f"{fmt} weights are priced for none of the engines asked for ({', '.join(engines)}); "
-            + "; ".join(t.weight_formats_note for t in traits.values() if t.weight_formats_note),
-        )
+    traits = _checked_request(model, cluster, traffic, engines, modes, options)
     plan_list = deployments if deployments is not None else candidates(model, cluster, traffic, engines, modes)
     tried: list[Candidate] = []
     rejected: dict[str, int] = {}

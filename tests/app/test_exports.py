@@ -18,7 +18,7 @@ import pytest
 from app.cli import human_bytes, human_seconds, main
 from app.convert import plan_inputs
 from app.schemas.plan import PlanRequest
-from app.serialize import export_text
+from app.serialize import export_bytes
 from app.settings import Settings
 from collectives.topology import ClusterSpec, IntraNode, Network
 from planner import ModelSpec, ParallelSpec, SpecError, WorkloadSpec, build_plan
@@ -275,7 +275,7 @@ def test_trace_export_opens_as_trace_events_and_carries_the_step():
     compute blocks match the plan's timeline one for one (us = s x 1e6); the last block ends at the step time;
     each communication block names its calls with bytes and links."""
     plan = typed(LLAMA70B)
-    trace = json.loads(export_text(plan, "trace"))
+    trace = json.loads(export_bytes(plan, "trace"))
     tracks = check_trace(trace)
     assert {pid for pid, _ in tracks} == set(range(plan.num_stages))
     compute = [ev for events in tracks.values() for ev in events if ev["cat"] == "compute"]
@@ -314,7 +314,7 @@ def test_trace_opens_for_every_schedule_and_stream(request_):
     micro-batch's, each stage's compute slices add up to its micro-batches' forward and backward time (an
     aggregated steady-state block runs at the slowest stage's pace, waits included)."""
     plan = typed(request_)
-    tracks = check_trace(json.loads(export_text(plan, "trace")))
+    tracks = check_trace(json.loads(export_bytes(plan, "trace")))
     blocks = [ev for (_, tid), evs in tracks.items() if tid == 0 for ev in evs if ev["name"] != "optimizer"]
     if any(ev["args"]["microbatches"] != 1 for ev in blocks):
         return
@@ -331,7 +331,7 @@ def test_trace_route_and_its_refusals(api):
     no_gpu = aicb_plan(sp=False)  # a cluster without a GPU spec has no step time, so no timeline
     assert no_gpu.step is None
     with pytest.raises(SpecError, match="no GPU spec"):
-        export_text(no_gpu, "trace")
+        export_bytes(no_gpu, "trace")
 
 
 def test_simai_problem_checker_refuses_broken_files():
@@ -649,7 +649,7 @@ def test_trace_carries_recompute_and_the_hidden_traffic():
     )  # fmt: skip
     for request_, hidden in zip(cases, ("tp", "dp"), strict=True):
         plan = typed(request_)
-        tracks = check_trace(json.loads(export_text(plan, "trace")))
+        tracks = check_trace(json.loads(export_bytes(plan, "trace")))
         slices = [ev for events in tracks.values() for ev in events]
         for stage in range(plan.num_stages):
             drawn = sum(ev["dur"] for ev in slices if ev["pid"] == stage and ev["cat"] == "recompute")

@@ -124,3 +124,34 @@ def test_serve_search_with_nvfp4_weights(api):
     hopper = api.post("/v1/serve/search", json=SEARCH | {"cluster": {"preset": "dgx-h100", "num_nodes": 1}})
     assert hopper.status_code == 422, hopper.text
     assert hopper.json()["detail"][0]["loc"][1:3] == ["options", "weight_dtype"]
+
+
+# a Blackwell given by its fields without an fp4 peak (sm 100: the compute-capability rule passes)
+NO_FP4 = {"name": "b200-no-fp4", "peak_tflops": {"bf16": 2250.0, "fp8": 4500.0}, "hbm_bytes": 180 << 30,
+          "hbm_GBps": 8000.0, "sm": 100}  # fmt: skip
+
+
+def _no_fp4_error(r) -> dict:
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"][-2:] == ["options", "weight_dtype"], err
+    assert "nvfp4 weights need the GPU's dense fp4 peak" in err["msg"] and "'b200-no-fp4' has none" in err["msg"]
+    return err
+
+
+def test_nvfp4_weights_on_a_gpu_without_an_fp4_peak_is_422_on_serve_and_serve_search(api):
+    """recipes.check_recipe_gpu is the one home of nvfp4's GPU rules (compute capability and the fp4 peak): the
+    search's up-front check_weight_format refuses it once (it answered "no deployment fits" when only the
+    kernel model knew the peak rule), and /v1/serve at the same field."""
+    cluster = {"preset": "dgx-b200", "num_nodes": 1, "gpu": NO_FP4}
+    _no_fp4_error(api.post("/v1/serve", json=SERVE | {"cluster": cluster}))
+    search = {"model": SERVE["model"], "cluster": cluster, "engines": ["trtllm"], "options": SERVE["options"],
+              "traffic": {"input_tokens": 1000, "output_tokens": 1000, "concurrency": 64}}  # fmt: skip
+    _no_fp4_error(api.post("/v1/serve/search", json=search))
+    # training's nvfp4 recipe on the same GPU: the same rule at workload.fp8_recipe
+    plan = {"model": {"preset": "llama3-8b"}, "cluster": cluster, "parallel": {"tp": 1, "pp": 1, "dp": 8},
+            "workload": {"micro_batch_size": 1, "global_batch_size": 8, "fp8_recipe": "nvfp4"}}  # fmt: skip
+    r = api.post("/v1/plan", json=plan)
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"][-2:] == ["workload", "fp8_recipe"] and "dense fp4 peak" in err["msg"], err

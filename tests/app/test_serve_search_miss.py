@@ -32,7 +32,9 @@ def test_durations_read_in_seconds_or_milliseconds(s, text):
     "30 ms", "1,230 s" and "0.041 ms" where the CLI and the page write "30.0 ms", "1230 s" and "41.0 us")."""
     assert duration(s) == text
     if s is not None:
-        assert human_seconds(s) == text
+        assert human_seconds(s) == text == duration(s, "saturated")
+    else:  # the CLI's serve table: "TTFT unbounded (saturated)"
+        assert duration(s, "saturated") == "unbounded (saturated)"
 
 
 def _meets(point: dict, sla: dict) -> bool:

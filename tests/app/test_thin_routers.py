@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from planner import build_plan
-from planner.exports import TEXT_EXPORTS, chrome_trace, plan_csv, render
+from planner.exports import PLAN_EXPORTS, chrome_trace, export_of, plan_csv
 
 from ..conftest import ROOT
 from .conftest import LLAMA70B
@@ -33,10 +33,11 @@ def test_an_export_over_http_is_the_domains_render(api):
     plan = build_plan(*plan_inputs(PlanRequest.model_validate(LLAMA70B), Settings()))
     r = api.post("/v1/plan/export/csv", json=LLAMA70B)
     assert r.status_code == 200
-    assert r.text == render(plan, "csv") == plan_csv(plan)
-    assert set(TEXT_EXPORTS) == {"csv", "nccl-tests", "aicb", "simai"}
-    with pytest.raises(ValueError, match="format: unknown export 'xml'; known: csv, nccl-tests, simai, aicb"):
-        render(plan, "xml")
+    assert r.text == PLAN_EXPORTS["csv"].write(plan, 0, "mpirun") == plan_csv(plan)
+    assert {n for n, e in PLAN_EXPORTS.items() if e.body == "text"} == {"csv", "nccl-tests", "aicb", "simai"}
+    known = "json, csv, nccl-tests, simai, aicb, trace, chakra"
+    with pytest.raises(ValueError, match=f"format: unknown export 'xml'; known: {known}"):
+        export_of("xml")
     trace = api.post("/v1/plan/export/trace", json=LLAMA70B)  # the trace is the domain's object, written as JSON
     assert trace.json() == json.loads(json.dumps(chrome_trace(plan)))
 

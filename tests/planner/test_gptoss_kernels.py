@@ -103,6 +103,23 @@ def test_gpt_oss_attention_takes_its_head_dim_and_its_sinks_change_no_kernel():
     assert ratio == pytest.approx(head_dim_rate("cudnn", 64)[0])
 
 
+def test_mla_attention_rate_takes_its_qk_and_v_dims_not_hidden_over_heads():
+    """DeepSeek-V3's MLA without a head_dim (a config that names none): hidden / heads is 7168 / 128 = 56, but
+    its kernel runs qk 192 (128 nope + 64 rope) and
+    v 128: per score 2·192 + 2·128 matmul FLOPs amortise one exponential, the mean 160 >= 128, so the d-128
+    rate (no head-dim penalty); a d-56 rate would slow the cuDNN forward by 1 + k·(128/56 - 1) ~ 1.39."""
+    v3 = replace(model_preset("deepseek-v3"), head_dim=None)
+    c = Context(replace(v3, num_layers=4, moe=None), WorkloadSpec(micro_batch_size=1, global_batch_size=8),
+                ParallelSpec(dp=8))  # fmt: skip
+    assert v3.head_size == 56
+    fwd = by_name(layer_kernels(c, False, H100).forward)["cudnn_fwd"]
+    s = 4096
+    assert fwd.flops == pytest.approx(2 * s * (s + 1) / 2 * 128 * (192 + 128))
+    f128, _ = flash_attention_s(fwd.flops, s, "cudnn", H100)
+    assert fwd.time_s == pytest.approx(f128, rel=1e-12)
+    assert fwd.shape[-1] == 192
+
+
 # ---- what Megatron runs unfused ---------------------------------------------------------------------------
 
 
@@ -117,7 +134,8 @@ def test_yarn_rope_runs_as_torch_ops_under_megatron():
     (f_b, f_n), (b_b, b_n) = UNFUSED_ROPE
     assert (fwd["rotary"].bytes, fwd["rotary"].count) == (f_b * T * q_k, 2 * f_n)
     assert (bwd["rotary.bwd"].bytes, bwd["rotary.bwd"].count) == (b_b * T * q_k, 2 * b_n)
-    assert (fwd["rotary_freqs"].bytes, fwd["rotary_freqs"].count) == (ROPE_FREQS[0] * 4096 * 64, 2 * ROPE_FREQS[1])
+    freqs = (2 * ROPE_FREQS[0] * 4096 * 64, 2 * ROPE_FREQS[1])  # the q call's and the k call's
+    assert (fwd["rotary_freqs"].bytes, fwd["rotary_freqs"].count) == freqs == (2 * 44 * 4096 * 64, 12)
     assert (2 * f_n, 2 * b_n, 2 * ROPE_FREQS[1]) == (12, 18, 12)  # q and k, each as its torch ops
     assert "rotary_freqs.bwd" not in bwd
     # plain RoPE, or another framework: the fused (or the flavour's own eager) kernel as before

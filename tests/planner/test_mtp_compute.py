@@ -190,6 +190,9 @@ def test_shifted_token_lookup_backward_by_hand():
         "mtp.embedding.main_grad": grad * (2 + 8),
     }
     assert sum(back.values()) == 11_355_160_576  # 11.12 GB of it the two [V, h] passes
+    # bf16 gradient reduction: main_grad is bf16, the add reads 2 + 2 and writes 2 B (kernels._grad_accumulation's rule)
+    bf16 = mtp_module_kernels(ctx_of(dense_v3(), grad_reduce_dtype="bf16"), H100)
+    assert {k.name: k.bytes for k in bf16.backward}["mtp.embedding.main_grad"] == grad * (2 + 4)
     seconds = sum(k.time_s for k in lk.backward if k.name.startswith("mtp.embedding"))
     assert 0.0025 < seconds < 0.005, seconds
 
@@ -214,3 +217,54 @@ def test_nvfp4_runs_the_mtp_layer_in_bf16():
     mx_module = sum(k.time_s for k in mtp_module_kernels(mx, B200).forward)
     mx_head = mx_plain - 4 * mx_layer
     assert stage_pass_compute(mx, 0, B200)[0].total_s == pytest.approx(5 * mx_layer + mx_module + 2 * mx_head)
+
+
+def test_mtp_bf16_context_leaves_fp8_activations():
+    """Under nvfp4 with fp8 activations the MTP blocks still run bf16 GEMMs: the recipe-free context must not
+    fall back to per-tensor fp8 (kernels.gemm_dtype: fp8 activations without a recipe), nor keep 1-byte x."""
+    from planner.compute import mtp_bf16_context
+    from planner.kernels import gemm_dtype
+
+    ctx = ctx_of(dense_v3(), fp8_recipe="nvfp4", activation_dtype="fp8")
+    bf16 = mtp_bf16_context(ctx)
+    assert gemm_dtype(ctx) == "nvfp4"
+    assert (gemm_dtype(bf16), bf16.x, bf16.work.fp8_recipe) == ("bf16", 2, None)
+
+
+def test_mtp_forward_counts_each_layer_by_its_own_kind():
+    """DeepSeek-V3 cut to 5 layers, 2 MTP blocks, an MoE layer every 2nd after the 3 dense ones (model.is_moe_layer
+    for MTP layers too): layers 0-2 dense, 3 MoE, 4 dense, MTP 5 MoE, 6 dense. Under nvfp4 the decoder's
+    4 dense + 1 MoE run FP4 and the MTP blocks' 1 MoE + 1 dense bf16, the forward as the backward counts them."""
+    from planner.compute import mtp_bf16_context
+    from planner.recompute import layer_counts
+
+    v3 = model_preset("deepseek-v3")
+    model = replace(v3, num_layers=5, mtp_layers=2, moe=replace(v3.moe, layer_freq=2, num_experts=16))
+    B200 = GPUS["b200-180gb"]
+    ctx = ctx_of(model, fp8_recipe="nvfp4")
+    bf16 = mtp_bf16_context(ctx)
+
+    def kinds(which):
+        out = {False: 0, True: 0}
+        for (moe, _), n in layer_counts(ctx, 0, which).items():
+            out[moe] += n
+        return out
+
+    assert (kinds("decoder"), kinds("mtp")) == ({False: 4, True: 1}, {False: 1, True: 1})
+    plain = ctx_of(replace(model, mtp_layers=0), fp8_recipe="nvfp4")
+    d, m = (layer_forward(ctx, moe, B200)[0].total_s for moe in (False, True))
+    bd, bm = (layer_forward(bf16, moe, B200)[0].total_s for moe in (False, True))
+    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * d - m
+    module = sum(k.time_s for k in mtp_module_kernels(ctx, B200).forward)
+    fwd = stage_pass_compute(ctx, 0, B200)[0].total_s
+    assert fwd == pytest.approx(4 * d + m + bd + bm + 2 * module + 3 * head, rel=1e-9)
+
+
+def test_layer_counts_refuses_an_unknown_layer_set():
+    """recompute.layer_counts' ``layers`` is one of LAYER_SETS; a misspelt one counted every layer silently."""
+    from planner.recompute import LAYER_SETS, layer_counts
+
+    ctx = ctx_of(dense_v3())
+    assert sum(layer_counts(ctx, 0, "all").values()) == 5 and LAYER_SETS == ("all", "decoder", "mtp")
+    with pytest.raises(ValueError, match="layers must be one of"):
+        layer_counts(ctx, 0, "decoders")

@@ -181,6 +181,24 @@ def test_async_tp_leaves_the_summed_input_gradients_reduce_scatters_exposed():
     assert megatron.tp_unfused_s == 0.0 and ("tp", "backward") not in megatron.exposed_by_stream
 
 
+def test_summed_input_gradients_are_named_by_the_tensor_rules():
+    """rules/tensor.py summed_dgrad_names is the one home of which backward TP rows sum several matmuls (step.py
+    read them off ledger-name strings): torch's separate q, k, v and gate, up; none where the flavour fuses them;
+    MLA's inputs are one linear each, so only the gated MLP's up_proj; each name is a row of the ledger."""
+    from planner.context import Context
+    from planner.rules.tensor import summed_dgrad_names
+
+    model = replace(model_preset("llama3-8b"), num_layers=4)
+    par = ParallelSpec(tp=8, sequence_parallel=True, framework="torch")
+    w = WorkloadSpec(micro_batch_size=2, global_batch_size=2)
+    assert summed_dgrad_names(Context(model, w, par)) == ("tp.attn.qkv.dgrad", "tp.mlp.up_proj.dgrad")
+    assert summed_dgrad_names(Context(model, w, replace(par, framework="megatron"))) == ()
+    v3 = replace(model_preset("deepseek-v3"), num_layers=4, moe=None, mtp_layers=0)
+    assert summed_dgrad_names(Context(v3, w, par)) == ("tp.mlp.up_proj.dgrad",)
+    rows = {pc.call.name for pc in _tp_plan("torch", True).calls}
+    assert {"tp.attn.qkv.dgrad", "tp.mlp.up_proj.dgrad"} <= rows
+
+
 def test_the_docs_table_is_the_prediction():
     """docs/step-time.md "Torch-native runs (titan)": each row's error as bench/step_validation.py computes it."""
     text = (ROOT / "docs" / "step-time.md").read_text()
