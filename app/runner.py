@@ -178,20 +178,25 @@ async def _reap(pid: int) -> None:
         await asyncio.to_thread(os.waitpid, pid, 0)
 
 
+async def _watching(future: asyncio.Future, deadline: Deadline, gone: Callable[[], object]) -> None:
+    """Wait for ``future``, checking the deadline and the client every POLL_S; a 503 or a cancel past either."""
+    while not future.done():
+        await asyncio.wait({future}, timeout=POLL_S)
+        if future.done():
+            return
+        if deadline.expired():
+            deadline.cancel("deadline")
+            raise DeadlineExceeded("deadline")
+        if await gone():
+            deadline.cancel("disconnected")
+            raise Cancelled()
+
+
 async def _next_size(reader: asyncio.StreamReader, deadline: Deadline, gone: Callable[[], object]) -> int:
     """The next frame's length, watching the deadline and the client every POLL_S while the child works."""
     header = asyncio.ensure_future(reader.readexactly(HEADER.size))
     try:
-        while not header.done():
-            await asyncio.wait({header}, timeout=POLL_S)
-            if header.done():
-                break
-            if deadline.expired():
-                deadline.cancel("deadline")
-                raise DeadlineExceeded("deadline")
-            if await gone():
-                deadline.cancel("disconnected")
-                raise Cancelled()
+        await _watching(header, deadline, gone)
         try:
             return struct.unpack("!Q", header.result())[0]
         except asyncio.IncompleteReadError:
@@ -276,16 +281,7 @@ async def _enter(gate: anyio.CapacityLimiter, deadline: Deadline, gone: Callable
     token = object()
     waiting = asyncio.ensure_future(gate.acquire_on_behalf_of(token))
     try:
-        while not waiting.done():
-            await asyncio.wait({waiting}, timeout=POLL_S)
-            if waiting.done():
-                break
-            if deadline.expired():
-                deadline.cancel("deadline")
-                raise DeadlineExceeded("deadline")
-            if await gone():
-                deadline.cancel("disconnected")
-                raise Cancelled()
+        await _watching(waiting, deadline, gone)
         waiting.result()
     finally:
         if not waiting.done():
