@@ -17,13 +17,18 @@ SLOW = LARGE | {"cluster": {"preset": "tpu-torus", "num_nodes": 1000}, "parallel
 
 
 def test_searches_that_find_every_slot_busy_are_told_to_retry():
-    settings = Settings(work_slots=1, queue_s=0.3, deadline_s=3, max_router_pairs=1 << 40)
+    settings = Settings(work_slots=1, queue_s=0.3, deadline_s=6, max_router_pairs=1 << 40)
     app = create_app(settings)
 
     async def main():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=60) as c:
             slow = asyncio.ensure_future(c.post("/v1/plan", json=SLOW))
-            await asyncio.sleep(0.5)  # the slow plan holds the only slot
+            for _ in range(200):  # until the slow plan holds the only slot (a fixed sleep lost the race at load)
+                slots = getattr(app.state, "work_limiter", None)
+                if slots is not None and slots.borrowed_tokens == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert app.state.work_limiter.borrowed_tokens == 1
             busy = await asyncio.gather(*(c.post("/v1/search", json=SEARCH) for _ in range(20)))
             stopped = await slow
             after = await c.post("/v1/search", json=SEARCH)
