@@ -38,6 +38,10 @@ FLAVOUR = Flavour(
     # the sum, .long() and the counts' copy: 3; drop-and-pad builds its counts on the host and runs one torch.full
     # on the device: 1
     dispatch_preprocess_launches=(11, 3, 1),
+    # token_dispatcher.py (92c8482e6d) MoEAlltoAllTokenDispatcher.token_dispatch: global_probs = all_to_all(ep_group,
+    # permuted_probs, output_splits, input_splits) after the rows' all_to_all; the probs carry a gradient (they scale
+    # the experts' output in the unpermute), so the backward sends it back (tensor_parallel/mappings.py _AllToAll)
+    dispatch_probs_alltoall=True,
     # megatron/training/arguments.py (d98e8a6 l. 1628; 92c8482, the 25.11 container's, l. 1043): "if
     # args.position_embedding_type != 'rope': args.apply_rope_fusion = False" (Megatron-Bridge 25.11 5776a6d90b
     # gpt_provider.py validate_rope_fusion_compatibility, the same); GPT-OSS's YaRN is position_embedding_type 'yarn'

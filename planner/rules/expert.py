@@ -144,9 +144,23 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     if low_latency:
         return _low_latency(ctx, layers, rows) + _expert_tp(ctx, layers, rows, "forward")
     if par.ep > 1:
-        out += _dispatch_combine(ctx, layers, rows)
+        out += _dispatch_combine(ctx, layers, rows) + _probs(ctx, layers, rows, "forward")
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
+
+
+def _probs(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
+    """The routed rows' probabilities in an all-to-all of their own (Flavour.dispatch_probs_alltoall: Megatron's
+    token_dispatch, one value per routed row in the router's output dtype, the hidden states': bf16 in mixed
+    precision, fp32 in an fp32 run), and their gradient's all-to-all in the backward; training only."""
+    if not ctx.training or not ctx.flavour.dispatch_probs_alltoall:
+        return []
+    width = max(2, ctx.x)
+    return [
+        _ep(ctx, name="ep.dispatch.probs" + ("" if phase == "forward" else ".bwd"), op=Op.ALLTOALL, phase=phase,
+            message=equal_blocks(rows * width, ctx.par.ep), count=layers, group=Group(("ep",), expert=True),
+            source=SOURCE + " token_dispatch (permuted_probs)", dtype="bf16" if width == 2 else "fp32")
+    ]  # fmt: skip
 
 
 # DeepEP low-latency kernels (deepseek-ai/DeepEP, Buffer.low_latency_dispatch / low_latency_combine): every
@@ -302,4 +316,5 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
             _ep(ctx, name=name, op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group)
             for name in ("ep.combine.bwd", "ep.dispatch.bwd")
         ]
+        out += _probs(ctx, layers, rows, "backward")
     return out + _expert_tp(ctx, layers, rows, "backward")

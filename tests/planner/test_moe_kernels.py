@@ -17,6 +17,7 @@ from planner import ParallelSpec, WorkloadSpec, model_preset
 from planner.context import Context
 from planner.flavours import megatron
 from planner.kernels import EFFICIENCY, expert_rows, gemm_time, layer_kernels, streamed_gemm_time
+from planner.rules import ledger
 
 H100 = GPUS["h100-sxm5-80gb"]
 QWEN3 = model_preset("qwen3-30b-a3b")  # 128 experts of width 768, top-8, h 2048
@@ -459,3 +460,21 @@ def test_the_alltoall_dispatchers_preprocess_launches_eleven_kernels_before_the_
     assert "dispatch_preprocess" not in by_name(layer_kernels(flex, True, H100).forward)
     graphs = Context(QWEN3, replace(qwen3().work, cuda_graphs=True), qwen3().par)
     assert by_name(layer_kernels(graphs, True, H100).forward)["dispatch_preprocess"].time_s < 60e-6
+
+
+def test_megatron_sends_the_routed_probabilities_in_an_all_to_all_of_their_own():
+    """token_dispatcher.py token_dispatch (Megatron-LM d98e8a6 and 92c8482e6d): after the rows, global_probs =
+    all_to_all(ep_group, permuted_probs, ...), one bf16 value per routed row; its gradient goes back in the
+    backward. Qwen3-30B-A3B, 4,096 tokens, top-8, ep 8: 32,768 rows x 2 B = 65,536 B per layer and micro-batch,
+    48 layers x 8 micro-batches a step; torchtitan sends the rows only; inference lists none."""
+    def probs(c):
+        return {x.name: x for x in ledger(c) if x.name.startswith("ep.dispatch.probs")}
+
+    got = probs(qwen3())
+    assert set(got) == {"ep.dispatch.probs", "ep.dispatch.probs.bwd"}
+    fwd, bwd = got["ep.dispatch.probs"], got["ep.dispatch.probs.bwd"]
+    assert fwd.op.value == bwd.op.value == "alltoall" and (fwd.phase, bwd.phase) == ("forward", "backward")
+    assert fwd.message_bytes == bwd.message_bytes == 4096 * 8 * 2 and fwd.dtype == "bf16"
+    assert fwd.calls_per_iteration == 48 * 8
+    assert probs(qwen3("torch")) == {}
+    assert probs(qwen3(ep=1)) == {}
