@@ -151,15 +151,16 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
 
 def _probs(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     """The routed rows' probabilities in an all-to-all of their own (Flavour.dispatch_probs_alltoall: Megatron's
-    token_dispatch, one value per routed row in the router's output dtype, the hidden states': bf16 in mixed
-    precision, fp32 in an fp32 run), and their gradient's all-to-all in the backward; training only."""
+    token_dispatch, one value per routed row in the router's output dtype, the hidden states' (Context.hidden_dtype:
+    bf16 in mixed precision and under fp8 recipes, fp32 in an fp32 run), and their gradient's all-to-all in the
+    backward; training only."""
     if not ctx.training or not ctx.flavour.dispatch_probs_alltoall:
         return []
-    width = max(2, ctx.x)
+    width = ctx.hidden_bytes
     return [
         _ep(ctx, name="ep.dispatch.probs" + ("" if phase == "forward" else ".bwd"), op=Op.ALLTOALL, phase=phase,
             message=equal_blocks(rows * width, ctx.par.ep), count=layers, group=Group(("ep",), expert=True),
-            source=SOURCE + " token_dispatch (permuted_probs)", dtype="bf16" if width == 2 else "fp32")
+            source=SOURCE + " token_dispatch (permuted_probs)", dtype=ctx.hidden_dtype)
     ]  # fmt: skip
 
 
@@ -189,7 +190,8 @@ def _dispatch_combine(ctx: Context, layers: int, rows: int, suffix: str = "", so
             message=equal_blocks(rows * dispatch_row_bytes(ctx), ctx.par.ep), count=layers, group=group,
             source=source + scales, dtype=ctx.work.moe_dispatch_dtype),
         _ep(ctx, name="ep.combine" + suffix, op=Op.ALLTOALL, phase="forward",
-            message=equal_blocks(rows * ctx.model.hidden_size * ctx.x, ctx.par.ep), count=layers, group=group,
+            message=equal_blocks(rows * ctx.model.hidden_size * ctx.hidden_bytes, ctx.par.ep), count=layers,
+            group=group,
             source=source),
     ]  # fmt: skip
 
@@ -250,7 +252,7 @@ def _ep(
 ) -> Call:  # fmt: skip
     return rule_call(
         name=name, op=op, phase=phase, message=message, count=count, group=group, source=source,
-        dtype=dtype or ctx.work.activation_dtype,
+        dtype=dtype or ctx.hidden_dtype,
     )  # fmt: skip
 
 
@@ -258,7 +260,7 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     etp = ctx.par.etp
     if etp == 1:
         return []
-    message = etp * rows * ctx.model.hidden_size * ctx.x
+    message = etp * rows * ctx.model.hidden_size * ctx.hidden_bytes
     group = Group(("tp",), expert=True)
     first, second = (Op.ALLGATHER, Op.REDUCESCATTER) if phase == "forward" else (Op.REDUCESCATTER, Op.ALLGATHER)
     suffix = "" if phase == "forward" else ".bwd"
@@ -275,7 +277,7 @@ def _allgather(ctx: Context, layers: int, phase: str) -> list[Call]:
     hidden states over tp_ep_group (gather_from_sequence_parallel_region); token_combine reduce-scatters
     the output (reduce_scatter_to_sequence_parallel_region). Backward: the hidden gather's gradient is a
     reduce-scatter, the combine's an all-gather, the probabilities' a reduce-scatter."""
-    par, moe, h, x = ctx.par, ctx.model.moe, ctx.model.hidden_size, ctx.x
+    par, moe, h, x = ctx.par, ctx.model.moe, ctx.model.hidden_size, ctx.hidden_bytes
     n = par.etp * par.ep
     if n == 1:
         return []
@@ -310,7 +312,7 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
     if _deepep(ctx):
         out += deepep.calls(ctx, layers, ctx.tokens_local, 0, "backward")
     elif ctx.par.ep > 1:
-        message = rows * ctx.model.hidden_size * ctx.x
+        message = rows * ctx.model.hidden_size * ctx.hidden_bytes
         group = Group(("ep",), expert=True)
         out += [
             _ep(ctx, name=name, op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group)

@@ -478,3 +478,27 @@ def test_megatron_sends_the_routed_probabilities_in_an_all_to_all_of_their_own()
     assert fwd.calls_per_iteration == 48 * 8
     assert probs(qwen3("torch")) == {}
     assert probs(qwen3(ep=1)) == {}
+
+
+def test_the_ep_exchanges_carry_the_hidden_states_in_bf16_under_an_fp8_recipe():
+    """Megatron-LM 92c8482e6d token_dispatcher.py: the alltoall dispatcher has no fp8 path (HybridEP asserts "does
+    not support fp8 dispatch", fused_a2a.py; DeepEP's fp8_dispatch is held False): the hidden states cross the EP
+    group as they are, bf16 under TransformerEngine's fp8 recipes, which quantize inside GroupedLinear after the
+    dispatch. Qwen3-30B-A3B, MXFP8, ep 8: dispatch and combine 4,096 x 8 rows x 2,048 x 2 B = 134,217,728 B each way
+    (the activation dtype's 1 B gave half); an explicit fp8 dispatch (workload.moe_dispatch_dtype) keeps its 1 B and
+    1x128 scales; bf16 runs are unchanged."""
+
+    def ep(c):
+        return {x.name: x for x in ledger(c) if x.name in ("ep.dispatch", "ep.combine", "ep.combine.bwd")}
+
+    fp8 = replace(qwen3().work, activation_dtype="fp8", fp8_recipe="mxfp8")
+    got = ep(Context(QWEN3, fp8, qwen3().par))
+    assert {n: (c.message_bytes, c.dtype) for n, c in got.items()} == {
+        "ep.dispatch": (4096 * 8 * 2048 * 2, "bf16"),
+        "ep.combine": (4096 * 8 * 2048 * 2, "bf16"),
+        "ep.combine.bwd": (4096 * 8 * 2048 * 2, "bf16"),
+    }
+    assert {n: c.message_bytes for n, c in ep(qwen3()).items()} == {n: 4096 * 8 * 2048 * 2 for n in got}
+    explicit = Context(QWEN3, replace(fp8, moe_dispatch_dtype="fp8"), qwen3().par)
+    assert ep(explicit)["ep.dispatch"].message_bytes == 4096 * 8 * (2048 + 2048 // 128 * 4)
+    assert ep(explicit)["ep.combine"].message_bytes == 4096 * 8 * 2048 * 2
