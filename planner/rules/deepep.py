@@ -137,7 +137,8 @@ def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple
 
 def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) -> list[Call]:
     """Forward: dispatch (activation or fp8 rows) then combine; backward: the combine's gradient goes out
-    the dispatch way and the dispatch's gradient comes back the combine way, both in the activation dtype."""
+    the dispatch way and the dispatch's gradient comes back the combine way, both in the hidden states' dtype
+    (Context.hidden_dtype: bf16 under a training fp8 recipe)."""
     h, x = ctx.model.hidden_size, ctx.hidden_bytes
     if phase == "forward":
         dispatch, combine = legs(ctx, tokens, row_bytes, h * x)

@@ -15,7 +15,9 @@ allgather) every rank all-gathers the hidden states, the routing map (bool, T x 
 expert output back (token_combine); backward runs the conjugates for the hidden states and the probabilities
 (the routing map has no gradient). No token counts and no separate expert-TP gather: the group is TP x EP.
 The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile;
-combine stays in the activation dtype. torchtitan's EP exchanges the counts with an all-to-all instead of an all-gather.
+combine stays in the hidden states' dtype (Context.hidden_dtype: the activation dtype, bf16 when training under an
+fp8 recipe, which quantizes inside TransformerEngine's modules after the dispatch). torchtitan's EP exchanges the
+counts with an all-to-all instead of an all-gather.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
 
 def _dispatch_combine(ctx: Context, layers: int, rows: int, suffix: str = "", source: str = SOURCE) -> list[Call]:
     """A MoE layer's forward all-to-alls over EP: the routed rows out (with their fp8 scales when the dispatch
-    is fp8) and the expert outputs back at the activation width."""
+    is fp8) and the expert outputs back at the hidden states' width (Context.hidden_bytes)."""
     group, scales = Group(("ep",), expert=True), "; " + FP8_SCALES if _fp8(ctx) else ""
     return [
         _ep(ctx, name="ep.dispatch" + suffix, op=Op.ALLTOALL, phase="forward",
