@@ -789,6 +789,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.unfused_rope_scalings,
         flavour.eager_glu_clamp,
         flavour.expert_bias_loop,
+        flavour.dispatch_preprocess_launches,
         par.cp_comm,
         par.ep_dispatch,
     )
