@@ -93,8 +93,24 @@ class Context:
         return DTYPE_BYTES[self.work.kv_dtype or self.work.activation_dtype]
 
     @cached_property
+    def hidden_dtype(self) -> str:
+        """The dtype of the hidden states an MoE dispatcher moves between a layer's modules: the activation dtype,
+        but bf16 when training under an fp8 recipe, whose quantization happens inside TransformerEngine's GEMM
+        modules (GroupedLinear quantizes each expert's split after the dispatch; Megatron-LM d98e8a6 / 92c8482e6d
+        token_dispatcher.py has no fp8 path: the tokens and the experts' output cross the EP group as they are)."""
+        dtype = self.work.activation_dtype
+        return "bf16" if self.training and DTYPE_BYTES[dtype] < 2 else dtype
+
+    @cached_property
+    def hidden_bytes(self) -> int:
+        return DTYPE_BYTES[self.hidden_dtype]
+
+    @cached_property
     def dispatch_bytes(self) -> int:
-        return DTYPE_BYTES[self.work.moe_dispatch_dtype or self.work.activation_dtype]
+        """Bytes of a dispatched element: ``workload.moe_dispatch_dtype`` (DeepSeek-style fp8 dispatch), else the
+        hidden states' (hidden_dtype)."""
+        given = self.work.moe_dispatch_dtype
+        return DTYPE_BYTES[given] if given else self.hidden_bytes
 
     # ---- layers per pipeline rank ------------------------------------------------------------------
     @cached_property

@@ -789,6 +789,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.unfused_rope_scalings,
         flavour.eager_glu_clamp,
         flavour.expert_bias_loop,
+        flavour.dispatch_preprocess_launches,
         par.cp_comm,
         par.ep_dispatch,
     )
@@ -1104,6 +1105,9 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
         # queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
         ef.insert(0, Kernel("expert_counts_sync", "memory", eff.cpu_op_s, bytes=8 * m.num_experts))
+    pre = dispatch_preprocess(ctx)
+    if pre:  # the counts and splits the sync waits for; forward only: integer counts, no gradient
+        ef.insert(0, memory_kernel("dispatch_preprocess", T_sp * E + 8 * E * (par.ep + 2), gpu, eff, pre, k.floor))
     k.fwd.extend(ef)
     k.bwd.extend(eb)
 
@@ -1244,6 +1248,20 @@ CHUNK_SORT_DISPATCH = ("alltoall",)
 def chunk_sort(ctx: Context, local: int) -> bool:
     """Whether the dispatcher re-orders the received rows by local expert (CHUNK_SORT_DISPATCH)."""
     return ctx.training and ctx.par.ep > 1 and local > 1 and ctx.par.ep_dispatch in CHUNK_SORT_DISPATCH
+
+
+def dispatch_preprocess(ctx: Context) -> int:
+    """Launches of the alltoall dispatcher's preprocess in one MoE layer forward (Flavour.dispatch_preprocess_launches:
+    the per-expert counts summed from the routing map, the splits derived from the gathered counts, their copies to
+    the host before the count sync); 0 outside training, another dispatcher or a flavour that lists none. Its bytes:
+    the T x E bool routing map read once, the counts beside it."""
+    launches = ctx.flavour.dispatch_preprocess_launches
+    if not launches or not ctx.training or ctx.par.ep_dispatch not in CHUNK_SORT_DISPATCH:
+        return 0
+    many, one, padded = launches
+    if ctx.model.moe.capacity_factor:
+        return padded
+    return many if ctx.par.ep * ctx.par.etp > 1 else one
 
 
 def routed_expert_kernels(

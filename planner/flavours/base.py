@@ -111,6 +111,13 @@ class Flavour:
     # the routed experts' rows padded to the fp8 GEMMs' alignment around the expert MLP under an fp8 recipe, with
     # dropless routing (Megatron TEGroupedMLP's Fp8Padding / Fp8Unpadding: planner/kernels.py FP8_EXPERT_PADDING)
     fp8_expert_padding: bool = False
+    # the alltoall dispatcher's preprocess on the GPU before its count sync, launches per MoE layer forward:
+    # (dropless over more than one expert-TP x EP rank, dropless on one, drop-and-pad); () none listed
+    # (planner/kernels.py dispatch_preprocess; Megatron's: megatron.py)
+    dispatch_preprocess_launches: tuple[int, int, int] = ()
+    # the alltoall dispatcher sends each routed row's probability in an all-to-all of its own beside the rows, and
+    # its gradient back in the backward (rules/expert.py _probs; Megatron's: megatron.py); False: the rows only
+    dispatch_probs_alltoall: bool = False
     # the loss as one fused kernel (Megatron --cross-entropy-loss-fusion, store_true: off by default since it came,
     # 7b4a6d76c9 of 2024-06-14) or Megatron's vocab_parallel_cross_entropy as its torch ops; flavours that run eager
     # (fused_kernels False) take the eager loss whatever this says (planner/compute.py head_kernels)

@@ -28,6 +28,20 @@ FLAVOUR = Flavour(
     expert_gemm_streams=4,
     # TEGroupedMLP pads each expert's rows for its fp8 GEMMs (core_v0.15.0 moe/experts.py Fp8Padding, Fp8Unpadding)
     fp8_expert_padding=True,
+    # MoEAlltoAllTokenDispatcher.preprocess and _maybe_dtoh_and_synchronize (Megatron-LM 92c8482e6d, the submodule of
+    # Megatron-Bridge 5776a6d90b, token_dispatcher.py): dropless over ep x etp > 1 ranks, routing_map.sum(dim=0),
+    # .long(), input_splits' reshape().sum(axis=1), the gathered counts' [:, :, local].contiguous(), .sum(axis=2),
+    # output_splits_tp's .sum(axis=1), .sum(dim=(0, 1)): 7 kernels (the all-gather itself is the ledger's
+    # ep.token_counts), then 4 device-to-host copies (tokens_per_expert, input_splits, output_splits,
+    # output_splits_tp; a fifth, num_global_tokens_per_local_expert, only without --moe-permute-fusion, which
+    # Megatron-Bridge 5776a6d90b's Qwen3-MoE, GPT-OSS and DeepSeek-V3 providers and recipes set): 11; on one rank
+    # the sum, .long() and the counts' copy: 3; drop-and-pad builds its counts on the host and runs one torch.full
+    # on the device: 1
+    dispatch_preprocess_launches=(11, 3, 1),
+    # token_dispatcher.py (92c8482e6d) MoEAlltoAllTokenDispatcher.token_dispatch: global_probs = all_to_all(ep_group,
+    # permuted_probs, output_splits, input_splits) after the rows' all_to_all; the probs carry a gradient (they scale
+    # the experts' output in the unpermute), so the backward sends it back (tensor_parallel/mappings.py _AllToAll)
+    dispatch_probs_alltoall=True,
     # megatron/training/arguments.py (d98e8a6 l. 1628; 92c8482, the 25.11 container's, l. 1043): "if
     # args.position_embedding_type != 'rope': args.apply_rope_fusion = False" (Megatron-Bridge 25.11 5776a6d90b
     # gpt_provider.py validate_rope_fusion_compatibility, the same); GPT-OSS's YaRN is position_embedding_type 'yarn'

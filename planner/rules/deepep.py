@@ -137,8 +137,9 @@ def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple
 
 def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) -> list[Call]:
     """Forward: dispatch (activation or fp8 rows) then combine; backward: the combine's gradient goes out
-    the dispatch way and the dispatch's gradient comes back the combine way, both in the activation dtype."""
-    h, x = ctx.model.hidden_size, ctx.x
+    the dispatch way and the dispatch's gradient comes back the combine way, both in the hidden states' dtype
+    (Context.hidden_dtype: bf16 under a training fp8 recipe)."""
+    h, x = ctx.model.hidden_size, ctx.hidden_bytes
     if phase == "forward":
         dispatch, combine = legs(ctx, tokens, row_bytes, h * x)
         named = [("ep.dispatch", dispatch, ctx.work.moe_dispatch_dtype), ("ep.combine", combine, None)]
@@ -157,7 +158,7 @@ def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) ->
                     calls_per_iteration=layers,
                     group=group,
                     source=BACKENDS[ctx.par.ep_dispatch] + (" inter-node RDMA leg" if leg == "rdma" else " NVLink leg"),
-                    dtype=dtype or ctx.work.activation_dtype,
+                    dtype=dtype or ctx.hidden_dtype,
                     parallelism="ep",
                     kernel=name if len(path) > 1 else "",  # two legs pipelined in one kernel (Call.kernel)
                     # DeepEP's RDMA leg goes through the NICs between its groups of 8 (module docstring)

@@ -15,7 +15,9 @@ allgather) every rank all-gathers the hidden states, the routing map (bool, T x 
 expert output back (token_combine); backward runs the conjugates for the hidden states and the probabilities
 (the routing map has no gradient). No token counts and no separate expert-TP gather: the group is TP x EP.
 The dispatch may use fp8 (DeepSeek-V3 §3.3), carrying one fp32 scale per 1x128 tile;
-combine stays in the activation dtype. torchtitan's EP exchanges the counts with an all-to-all instead of an all-gather.
+combine stays in the hidden states' dtype (Context.hidden_dtype: the activation dtype, bf16 when training under an
+fp8 recipe, which quantizes inside TransformerEngine's modules after the dispatch). torchtitan's EP exchanges the
+counts with an all-to-all instead of an all-gather.
 """
 
 from __future__ import annotations
@@ -144,9 +146,24 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
     if low_latency:
         return _low_latency(ctx, layers, rows) + _expert_tp(ctx, layers, rows, "forward")
     if par.ep > 1:
-        out += _dispatch_combine(ctx, layers, rows)
+        out += _dispatch_combine(ctx, layers, rows) + _probs(ctx, layers, rows, "forward")
     out += _expert_tp(ctx, layers, rows, "forward")
     return out
+
+
+def _probs(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
+    """The routed rows' probabilities in an all-to-all of their own (Flavour.dispatch_probs_alltoall: Megatron's
+    token_dispatch, one value per routed row in the router's output dtype, the hidden states' (Context.hidden_dtype:
+    bf16 in mixed precision and under fp8 recipes, fp32 in an fp32 run), and their gradient's all-to-all in the
+    backward; training only."""
+    if not ctx.training or not ctx.flavour.dispatch_probs_alltoall:
+        return []
+    width = ctx.hidden_bytes
+    return [
+        _ep(ctx, name="ep.dispatch.probs" + ("" if phase == "forward" else ".bwd"), op=Op.ALLTOALL, phase=phase,
+            message=equal_blocks(rows * width, ctx.par.ep), count=layers, group=Group(("ep",), expert=True),
+            source=SOURCE + " token_dispatch (permuted_probs)", dtype=ctx.hidden_dtype)
+    ]  # fmt: skip
 
 
 # DeepEP low-latency kernels (deepseek-ai/DeepEP, Buffer.low_latency_dispatch / low_latency_combine): every
@@ -168,14 +185,15 @@ def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
 
 def _dispatch_combine(ctx: Context, layers: int, rows: int, suffix: str = "", source: str = SOURCE) -> list[Call]:
     """A MoE layer's forward all-to-alls over EP: the routed rows out (with their fp8 scales when the dispatch
-    is fp8) and the expert outputs back at the activation width."""
+    is fp8) and the expert outputs back at the hidden states' width (Context.hidden_bytes)."""
     group, scales = Group(("ep",), expert=True), "; " + FP8_SCALES if _fp8(ctx) else ""
     return [
         _ep(ctx, name="ep.dispatch" + suffix, op=Op.ALLTOALL, phase="forward",
             message=equal_blocks(rows * dispatch_row_bytes(ctx), ctx.par.ep), count=layers, group=group,
             source=source + scales, dtype=ctx.work.moe_dispatch_dtype),
         _ep(ctx, name="ep.combine" + suffix, op=Op.ALLTOALL, phase="forward",
-            message=equal_blocks(rows * ctx.model.hidden_size * ctx.x, ctx.par.ep), count=layers, group=group,
+            message=equal_blocks(rows * ctx.model.hidden_size * ctx.hidden_bytes, ctx.par.ep), count=layers,
+            group=group,
             source=source),
     ]  # fmt: skip
 
@@ -236,7 +254,7 @@ def _ep(
 ) -> Call:  # fmt: skip
     return rule_call(
         name=name, op=op, phase=phase, message=message, count=count, group=group, source=source,
-        dtype=dtype or ctx.work.activation_dtype,
+        dtype=dtype or ctx.hidden_dtype,
     )  # fmt: skip
 
 
@@ -244,7 +262,7 @@ def _expert_tp(ctx: Context, layers: int, rows: int, phase: str) -> list[Call]:
     etp = ctx.par.etp
     if etp == 1:
         return []
-    message = etp * rows * ctx.model.hidden_size * ctx.x
+    message = etp * rows * ctx.model.hidden_size * ctx.hidden_bytes
     group = Group(("tp",), expert=True)
     first, second = (Op.ALLGATHER, Op.REDUCESCATTER) if phase == "forward" else (Op.REDUCESCATTER, Op.ALLGATHER)
     suffix = "" if phase == "forward" else ".bwd"
@@ -261,7 +279,7 @@ def _allgather(ctx: Context, layers: int, phase: str) -> list[Call]:
     hidden states over tp_ep_group (gather_from_sequence_parallel_region); token_combine reduce-scatters
     the output (reduce_scatter_to_sequence_parallel_region). Backward: the hidden gather's gradient is a
     reduce-scatter, the combine's an all-gather, the probabilities' a reduce-scatter."""
-    par, moe, h, x = ctx.par, ctx.model.moe, ctx.model.hidden_size, ctx.x
+    par, moe, h, x = ctx.par, ctx.model.moe, ctx.model.hidden_size, ctx.hidden_bytes
     n = par.etp * par.ep
     if n == 1:
         return []
@@ -296,10 +314,11 @@ def _backward(ctx: Context, layers: int) -> list[Call]:
     if _deepep(ctx):
         out += deepep.calls(ctx, layers, ctx.tokens_local, 0, "backward")
     elif ctx.par.ep > 1:
-        message = rows * ctx.model.hidden_size * ctx.x
+        message = rows * ctx.model.hidden_size * ctx.hidden_bytes
         group = Group(("ep",), expert=True)
         out += [
             _ep(ctx, name=name, op=Op.ALLTOALL, phase="backward", message=message, count=layers, group=group)
             for name in ("ep.combine.bwd", "ep.dispatch.bwd")
         ]
+        out += _probs(ctx, layers, rows, "backward")
     return out + _expert_tp(ctx, layers, rows, "backward")

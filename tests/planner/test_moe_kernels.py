@@ -17,6 +17,7 @@ from planner import ParallelSpec, WorkloadSpec, model_preset
 from planner.context import Context
 from planner.flavours import megatron
 from planner.kernels import EFFICIENCY, expert_rows, gemm_time, layer_kernels, streamed_gemm_time
+from planner.rules import ledger
 
 H100 = GPUS["h100-sxm5-80gb"]
 QWEN3 = model_preset("qwen3-30b-a3b")  # 128 experts of width 768, top-8, h 2048
@@ -291,9 +292,11 @@ def test_the_sync_window_sized_on_the_blackwell_qwen3_rows_is_a_small_part_of_th
     10 us) today, at 20 or 34 us of host each grow by 0.36-0.90 and 0.12-0.54 ms: 3-17% of the misses. The layers:
     160 and 156 kernels, 3.3 and 8.1 ms of GPU (floors included) when moe7 sized them; since moe8 (TE's per-expert
     quantize launches and Megatron's fp8 padding of the experts' rows: "MoE host side, round two") 230 and 226
-    kernels, 3.8 and 9.1 ms, and the window 44 and 42 activities, its growth the same within 0.02 ms."""
+    kernels, 3.8 and 9.1 ms, and the window 44 and 42 activities, its growth the same within 0.02 ms; since moe9 the
+    B200 row's alltoall dispatcher adds its 11 preprocess launches before the sync (241 kernels, 3.90 ms; the GB200
+    row runs HybridEP: unchanged)."""
     rows = []
-    for lk, (kernels, gpu_ms) in zip(_blackwell_qwen3_layers(), ((230, 3.79), (226, 9.06)), strict=True):
+    for lk, (kernels, gpu_ms) in zip(_blackwell_qwen3_layers(), ((241, 3.90), (226, 9.06)), strict=True):
         assert sum(k.count for k in lk.forward + lk.backward) == kernels
         assert sum(k.time_s for k in lk.forward + lk.backward) * 1e3 == pytest.approx(gpu_ms, abs=0.01)
         names = [k.name for k in lk.forward]
@@ -428,3 +431,74 @@ def test_the_fused_grouped_mlp_outside_megatron_mxfp8_is_refused(work, framework
     dense = Context(model_preset("llama3-8b"), WorkloadSpec(**(fields | {"fp8_recipe": "mxfp8"})), ParallelSpec(dp=8))
     with pytest.raises(SpecError, match="has no MoE layers"):
         check_kernel_options(dense, B200)
+
+
+# ---- moe9: the alltoall dispatcher's preprocess before the count sync ---------------------------------------------
+
+
+def test_the_alltoall_dispatchers_preprocess_launches_eleven_kernels_before_the_sync():
+    """Megatron-LM 92c8482e6d token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess, dropless over ep 8: 7 small
+    kernels (routing_map.sum, .long(), the input splits' sum, the gathered counts' slice copy and three sums) and 4
+    device-to-host copies at cuda_dtoh_point (tokens_per_expert and the three split tensors), forward only. Each is
+    a launch at the host floor: 11 x cpu_op_s = 110 us a layer (the bytes, 4,096 x 128 bools, take 0.1 us). One
+    EP rank: 3 (the sum, .long(), the counts' copy); drop-and-pad: 1 (torch.full on the device); torchtitan's
+    dispatcher and serving: none."""
+    assert megatron.FLAVOUR.dispatch_preprocess_launches == (11, 3, 1)
+    lk = layer_kernels(qwen3(), True, H100)
+    names = [k.name for k in lk.forward]
+    pre = by_name(lk.forward)["dispatch_preprocess"]
+    assert pre.count == 11 and pre.bytes == 4096 * 128 + 8 * 128 * 10
+    assert pre.time_s == pytest.approx(11 * EFFICIENCY.cpu_op_s)
+    assert names.index("router_topk") < names.index("dispatch_preprocess") < names.index("expert_counts_sync")
+    assert not [k for k in lk.backward if k.name.startswith("dispatch_preprocess")]
+    one = by_name(layer_kernels(qwen3(ep=1), True, H100).forward)["dispatch_preprocess"]
+    assert one.count == 3
+    padded = Context(replace(QWEN3, moe=replace(QWEN3.moe, capacity_factor=1.0)), qwen3().work, qwen3().par)
+    assert by_name(layer_kernels(padded, True, H100).forward)["dispatch_preprocess"].count == 1
+    assert "dispatch_preprocess" not in by_name(layer_kernels(qwen3("torch"), True, H100).forward)
+    flex = qwen3(ep_dispatch="hybridep")
+    assert "dispatch_preprocess" not in by_name(layer_kernels(flex, True, H100).forward)
+    graphs = Context(QWEN3, replace(qwen3().work, cuda_graphs=True), qwen3().par)
+    assert by_name(layer_kernels(graphs, True, H100).forward)["dispatch_preprocess"].time_s < 60e-6
+
+
+def test_megatron_sends_the_routed_probabilities_in_an_all_to_all_of_their_own():
+    """token_dispatcher.py token_dispatch (Megatron-LM d98e8a6 and 92c8482e6d): after the rows, global_probs =
+    all_to_all(ep_group, permuted_probs, ...), one bf16 value per routed row; its gradient goes back in the
+    backward. Qwen3-30B-A3B, 4,096 tokens, top-8, ep 8: 32,768 rows x 2 B = 65,536 B per layer and micro-batch,
+    48 layers x 8 micro-batches a step; torchtitan sends the rows only; inference lists none."""
+    def probs(c):
+        return {x.name: x for x in ledger(c) if x.name.startswith("ep.dispatch.probs")}
+
+    got = probs(qwen3())
+    assert set(got) == {"ep.dispatch.probs", "ep.dispatch.probs.bwd"}
+    fwd, bwd = got["ep.dispatch.probs"], got["ep.dispatch.probs.bwd"]
+    assert fwd.op.value == bwd.op.value == "alltoall" and (fwd.phase, bwd.phase) == ("forward", "backward")
+    assert fwd.message_bytes == bwd.message_bytes == 4096 * 8 * 2 and fwd.dtype == "bf16"
+    assert fwd.calls_per_iteration == 48 * 8
+    assert probs(qwen3("torch")) == {}
+    assert probs(qwen3(ep=1)) == {}
+
+
+def test_the_ep_exchanges_carry_the_hidden_states_in_bf16_under_an_fp8_recipe():
+    """Megatron-LM 92c8482e6d token_dispatcher.py: the alltoall dispatcher has no fp8 path (HybridEP asserts "does
+    not support fp8 dispatch", fused_a2a.py; DeepEP's fp8_dispatch is held False): the hidden states cross the EP
+    group as they are, bf16 under TransformerEngine's fp8 recipes, which quantize inside GroupedLinear after the
+    dispatch. Qwen3-30B-A3B, MXFP8, ep 8: dispatch and combine 4,096 x 8 rows x 2,048 x 2 B = 134,217,728 B each way
+    (the activation dtype's 1 B gave half); an explicit fp8 dispatch (workload.moe_dispatch_dtype) keeps its 1 B and
+    1x128 scales; bf16 runs are unchanged."""
+
+    def ep(c):
+        return {x.name: x for x in ledger(c) if x.name in ("ep.dispatch", "ep.combine", "ep.combine.bwd")}
+
+    fp8 = replace(qwen3().work, activation_dtype="fp8", fp8_recipe="mxfp8")
+    got = ep(Context(QWEN3, fp8, qwen3().par))
+    assert {n: (c.message_bytes, c.dtype) for n, c in got.items()} == {
+        "ep.dispatch": (4096 * 8 * 2048 * 2, "bf16"),
+        "ep.combine": (4096 * 8 * 2048 * 2, "bf16"),
+        "ep.combine.bwd": (4096 * 8 * 2048 * 2, "bf16"),
+    }
+    assert {n: c.message_bytes for n, c in ep(qwen3()).items()} == {n: 4096 * 8 * 2048 * 2 for n in got}
+    explicit = Context(QWEN3, replace(fp8, moe_dispatch_dtype="fp8"), qwen3().par)
+    assert ep(explicit)["ep.dispatch"].message_bytes == 4096 * 8 * (2048 + 2048 // 128 * 4)
+    assert ep(explicit)["ep.combine"].message_bytes == 4096 * 8 * 2048 * 2

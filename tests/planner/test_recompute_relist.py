@@ -81,7 +81,8 @@ def test_mlp_recompute_reruns_only_dense_layers():
 
 def test_moe_recompute_reissues_the_whole_moe_block():
     """``moe``: per MoE layer and micro-batch (7 x 8 = 56) the token counts, dispatch, expert-TP gather and
-    scatter and combine once more, the shared expert's fc1/fc2, and the router's count reduction moved."""
+    scatter and combine once more (and the routed rows' bf16 probabilities' own all-to-all, 2,048 x 8 x 2 B: moe9,
+    token_dispatch's permuted_probs), the shared expert's fc1/fc2, and the router's count reduction moved."""
     ctx = ctx_of("qwen2-57b-a14b", QWEN, recompute_modules=("moe",))
     assert rows(ctx) == {
         "tp.mlp.up_proj.recompute": ("allgather", "backward", A_QWEN, 56),
@@ -89,6 +90,7 @@ def test_moe_recompute_reissues_the_whole_moe_block():
         "ep.router.tokens_per_expert.recompute": ("allreduce", "backward", 64 * 8, 56),
         "ep.token_counts.recompute": ("allgather", "backward", 2 * 4 * 64 * 8, 56),
         "ep.dispatch.recompute": ("alltoall", "backward", DISPATCH_QWEN, 56),
+        "ep.dispatch.probs.recompute": ("alltoall", "backward", 2048 * 8 * 2, 56),
         "ep.combine.recompute": ("alltoall", "backward", DISPATCH_QWEN, 56),
         "ep.expert_tp.gather.recompute": ("allgather", "backward", 2 * DISPATCH_QWEN, 56),
         "ep.expert_tp.scatter.recompute": ("reducescatter", "backward", 2 * DISPATCH_QWEN, 56),
