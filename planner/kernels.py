@@ -312,8 +312,22 @@ FLASH_BWD_KERNELS = 3  # backward preprocess (dO·O), the main kernel, and dQ's 
 
 # Unfused core attention (Megatron-LM 2021-2022 CoreAttention): bytes per score moved by the softmax and dropout
 # kernels between the two batched GEMMs (2-byte scores; dropout mask 1 byte); (forward, backward).
-UNFUSED_SOFTMAX_BYTES = (4, 6)
+# The softmax of a causal GPT is Megatron's fused scaled_upper_triang_masked_softmax (megatron/model/fused_softmax.py
+# at 6985e58, the SC'21 code, and at the 2022 code: used for fp16/bf16 scores with s_k <= 2048, AttnMaskType.causal).
+# Its kernels (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h at 6985e58) load only the row's unmasked
+# elements (``element_index < local_seq``, local_seq = row + 1: half the square on average) and store the whole row
+# (zeros above the diagonal): forward read 2 x 1/2 + write 2 = 3 B a score; backward read the gradient and the output
+# (2 + 2) x 1/2 + write 2 = 4 B. torch.nn.Dropout after it (PyTorch's fused_dropout: read 2, write 2 and a 1-byte
+# mask; backward masked_scale: read the gradient and the mask, write 2) sees the whole square: 5 and 5 B.
+UNFUSED_SOFTMAX_BYTES = (3, 4)
 UNFUSED_DROPOUT_BYTES = (5, 5)
+# The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
+# 2022): forward the context's ``permute(2, 0, 1, 3).contiguous()`` from [b·np, s, hn] back to [s, b, np·hn] (read and
+# write the output: 2 passes of its elements); backward torch.split's SplitBackward concatenates the q, k and v
+# gradients into mixed_x_layer's (read and write q + k + v: 2 passes). The q/k/v views that feed baddbmm and bmm and
+# their gradients' reshapes stay views (merging b and np keeps strides). A fused attention kernel (TE, flash) reads
+# and writes the [s, b, np, hn] layout itself: none of these.
+UNFUSED_LAYOUT_PASSES = 2
 
 # FP8 (TransformerEngine): cast each GEMM operand to fp8 with its transposed copy (cast_transpose: read bf16 2 B,
 # write fp8 1 B twice) = 4 bytes per element of each forward GEMM's input and weight; amax reduction fused.
@@ -1563,7 +1577,13 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     scores = bh * s_q * s_k
     soft_f = memory_kernel("softmax_dropout", scores * per_score[0], gpu, eff, 1 + bool(dropout[0]))
     soft_b = memory_kernel("softmax_dropout.bwd", scores * per_score[1], gpu, eff, 1 + bool(dropout[0]))
-    return (qk[0], soft_f, pv[0]), (pv[1], pv[2], soft_b, qk[1], qk[2])
+    # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
+    tokens, x = ctx.b * ctx.s_cp, ctx.x
+    context = tokens * bh / ctx.b * d * x
+    qkv = context + 2 * tokens * mdl.kv_heads / ctx.par.tp * d * x
+    copy_f = memory_kernel("attn_context_copy", UNFUSED_LAYOUT_PASSES * context, gpu, eff)
+    copy_b = memory_kernel("qkv_split.bwd", UNFUSED_LAYOUT_PASSES * qkv, gpu, eff)
+    return (qk[0], soft_f, pv[0], copy_f), (pv[1], pv[2], soft_b, qk[1], qk[2], copy_b)
 
 
 def kv_cache_bytes_per_layer(ctx: Context) -> int:
