@@ -328,6 +328,11 @@ UNFUSED_DROPOUT_BYTES = (5, 5)
 # their gradients' reshapes stay views (merging b and np keeps strides). A fused attention kernel (TE, flash) reads
 # and writes the [s, b, np, hn] layout itself: none of these.
 UNFUSED_LAYOUT_PASSES = 2
+# Megatron-LM's own linears (Flavour.local_linear_biases; planner/flavours/megatron_lm.py has the source lines): the
+# QKV bias add reads and writes the QKV output (2 passes); each bias gradient reads its output's gradient once
+# (a reduction over the tokens: QKV and fc1 over the full tokens at their 1/t width; the attention's dense and fc2
+# biases, full width h, over the tokens of the bias-dropout-add, 1/t of them under SP)
+LOCAL_BIAS_BYTES = (2, 1)
 
 # FP8 (TransformerEngine): cast each GEMM operand to fp8 with its transposed copy (cast_transpose: read bf16 2 B,
 # write fp8 1 B twice) = 4 bytes per element of each forward GEMM's input and weight; amax reduction fused.
@@ -804,6 +809,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.eager_glu_clamp,
         flavour.expert_bias_loop,
         flavour.dispatch_preprocess_launches,
+        flavour.local_linear_biases,
         par.cp_comm,
         par.ep_dispatch,
     )
@@ -837,6 +843,8 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         _fp8_casts(k)
     if ctx.training and not grad_accumulation_fusion(ctx):
         _grad_accumulation(k, moe)
+    if ctx.flavour.local_linear_biases and mdl.linear_bias:
+        _local_biases(k, T, T_sp, moe)
     forward = tuple(k.fwd)
     backward = tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
@@ -1055,6 +1063,20 @@ def expert_bias_loop(ctx: Context, local: int) -> tuple[float, int, float, int]:
     forward = pb + (x + 2 * pb) + 2 * pb + (pb + x if cast else 0.0)
     backward = 2 * (pb + x if cast else 0.0) + 2 * 3 * pb + 2 * x
     return forward, 2 * local + 1 + cast, backward, 4 * local + 1 + (local + 1 if cast else 0)
+
+
+def _local_biases(k: _Layer, T: float, T_sp: float, moe: bool) -> None:
+    """Megatron-LM's own linears' bias kernels (LOCAL_BIAS_BYTES): the QKV bias add after the qkv GEMM, and the
+    bias gradients' reductions (QKV, the attention's dense; fc1 and fc2 in a dense layer)."""
+    ctx, x = k.ctx, k.ctx.x
+    mdl, t, h = ctx.model, ctx.par.tp, ctx.model.hidden_size
+    qkv = (mdl.num_attention_heads + 2 * mdl.kv_heads) * mdl.head_size / t
+    add, reduce = LOCAL_BIAS_BYTES
+    after = next(i for i, g in enumerate(k.fwd) if g.name == "qkv") + 1
+    k.fwd.insert(after, memory_kernel("qkv_bias_add", add * x * T * qkv, k.gpu, k.eff, 1, k.floor))
+    fc1 = _activation(k)[0] * mdl.ffn_hidden_size / t  # the fc1 output's width (gate and up when gated)
+    grads = [T * qkv, T_sp * h] + ([] if moe else [T * fc1, T_sp * h])
+    k.bwd.append(memory_kernel("bias_grads", reduce * x * sum(grads), k.gpu, k.eff, len(grads), k.floor))
 
 
 def _activation(k: _Layer) -> tuple[int, float, tuple]:

@@ -100,6 +100,10 @@ class Flavour:
     # ---- kernels (planner/kernels.py) ----
     # memory-bound kernels fused as TransformerEngine / Megatron-Core fuse them (True), or PyTorch eager's chains
     fused_kernels: bool = True
+    # Megatron-LM's own linears (before TransformerEngine): the QKV bias is an add of its own after the GEMM and
+    # each linear's bias gradient a reduction over the tokens (kernels.LOCAL_BIAS_BYTES); TE adds the bias in the
+    # GEMM's epilogue and computes its gradient in the dgrad GEMM's
+    local_linear_biases: bool = False
     # what "flash" attention means per GPU generation (compute capability // 10 x 10); missing: FlashAttention-2
     flash_attention_by_sm: tuple[tuple[int, str], ...] = ()
     # weight gradients accumulate inside their GEMM (Megatron --gradient-accumulation-fusion, on by default since

@@ -20,5 +20,11 @@ FLAVOUR = replace(
     # gather_split_1d_tensor (torch.distributed.all_gather over the TP group, megatron/mpu/random.py); 55ba1f7b96
     # keeps it when sequence parallelism is off. Narayanan et al. 2021 §4.1 (Fig. 9).
     pp_scatter_gather=True,
+    # mpu/layers.py ColumnParallelLinear (skip_bias_add False for query_key_value): F.linear on the 3-D [s, b, h]
+    # input, which PyTorch 1.8's at::linear runs as matmul then output.add_(bias) (addmm only for 2-D input);
+    # 55ba1f7b96 LinearWithGradAccumulationAndAsyncAllreduce: ``output = output + bias``, backward
+    # ``grad_bias = grad_output.sum(dim=0)``; the fc1, dense and fc2 biases go into bias_gelu / bias_dropout_add,
+    # whose bias gradients autograd reduces over the tokens
+    local_linear_biases=True,
     pp_source="megatron/p2p_communication.py, schedules.py at 6985e58 (scatter/gather: Narayanan et al. 2021 §4.1)",
 )
