@@ -312,8 +312,27 @@ FLASH_BWD_KERNELS = 3  # backward preprocess (dO·O), the main kernel, and dQ's 
 
 # Unfused core attention (Megatron-LM 2021-2022 CoreAttention): bytes per score moved by the softmax and dropout
 # kernels between the two batched GEMMs (2-byte scores; dropout mask 1 byte); (forward, backward).
-UNFUSED_SOFTMAX_BYTES = (4, 6)
+# The softmax of a causal GPT is Megatron's fused scaled_upper_triang_masked_softmax (megatron/model/fused_softmax.py
+# at 6985e58, the SC'21 code, and at the 2022 code: used for fp16/bf16 scores with s_k <= 2048, AttnMaskType.causal).
+# Its kernels (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h at 6985e58) load only the row's unmasked
+# elements (``element_index < local_seq``, local_seq = row + 1: half the square on average) and store the whole row
+# (zeros above the diagonal): forward read 2 x 1/2 + write 2 = 3 B a score; backward read the gradient and the output
+# (2 + 2) x 1/2 + write 2 = 4 B. torch.nn.Dropout after it (PyTorch's fused_dropout: read 2, write 2 and a 1-byte
+# mask; backward masked_scale: read the gradient and the mask, write 2) sees the whole square: 5 and 5 B.
+UNFUSED_SOFTMAX_BYTES = (3, 4)
 UNFUSED_DROPOUT_BYTES = (5, 5)
+# The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
+# 2022): forward the context's ``permute(2, 0, 1, 3).contiguous()`` from [b·np, s, hn] back to [s, b, np·hn] (read and
+# write the output: 2 passes of its elements); backward torch.split's SplitBackward concatenates the q, k and v
+# gradients into mixed_x_layer's (read and write q + k + v: 2 passes). The q/k/v views that feed baddbmm and bmm and
+# their gradients' reshapes stay views (merging b and np keeps strides). A fused attention kernel (TE, flash) reads
+# and writes the [s, b, np, hn] layout itself: none of these.
+UNFUSED_LAYOUT_PASSES = 2
+# Megatron-LM's own linears (Flavour.local_linear_biases; planner/flavours/megatron_lm.py has the source lines): the
+# QKV bias add reads and writes the QKV output (2 passes); each bias gradient reads its output's gradient once
+# (a reduction over the tokens: QKV and fc1 over the full tokens at their 1/t width; the attention's dense and fc2
+# biases, full width h, over the tokens of the bias-dropout-add, 1/t of them under SP)
+LOCAL_BIAS_BYTES = (2, 1)
 
 # FP8 (TransformerEngine): cast each GEMM operand to fp8 with its transposed copy (cast_transpose: read bf16 2 B,
 # write fp8 1 B twice) = 4 bytes per element of each forward GEMM's input and weight; amax reduction fused.
@@ -790,6 +809,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.eager_glu_clamp,
         flavour.expert_bias_loop,
         flavour.dispatch_preprocess_launches,
+        flavour.local_linear_biases,
         par.cp_comm,
         par.ep_dispatch,
     )
@@ -823,6 +843,8 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         _fp8_casts(k)
     if ctx.training and not grad_accumulation_fusion(ctx):
         _grad_accumulation(k, moe)
+    if ctx.flavour.local_linear_biases and mdl.linear_bias:
+        _local_biases(k, T, T_sp, moe)
     forward = tuple(k.fwd)
     backward = tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
@@ -1041,6 +1063,20 @@ def expert_bias_loop(ctx: Context, local: int) -> tuple[float, int, float, int]:
     forward = pb + (x + 2 * pb) + 2 * pb + (pb + x if cast else 0.0)
     backward = 2 * (pb + x if cast else 0.0) + 2 * 3 * pb + 2 * x
     return forward, 2 * local + 1 + cast, backward, 4 * local + 1 + (local + 1 if cast else 0)
+
+
+def _local_biases(k: _Layer, T: float, T_sp: float, moe: bool) -> None:
+    """Megatron-LM's own linears' bias kernels (LOCAL_BIAS_BYTES): the QKV bias add after the qkv GEMM, and the
+    bias gradients' reductions (QKV, the attention's dense; fc1 and fc2 in a dense layer)."""
+    ctx, x = k.ctx, k.ctx.x
+    mdl, t, h = ctx.model, ctx.par.tp, ctx.model.hidden_size
+    qkv = (mdl.num_attention_heads + 2 * mdl.kv_heads) * mdl.head_size / t
+    add, reduce = LOCAL_BIAS_BYTES
+    after = next(i for i, g in enumerate(k.fwd) if g.name == "qkv") + 1
+    k.fwd.insert(after, memory_kernel("qkv_bias_add", add * x * T * qkv, k.gpu, k.eff, 1, k.floor))
+    fc1 = _activation(k)[0] * mdl.ffn_hidden_size / t  # the fc1 output's width (gate and up when gated)
+    grads = [T * qkv, T_sp * h] + ([] if moe else [T * fc1, T_sp * h])
+    k.bwd.append(memory_kernel("bias_grads", reduce * x * sum(grads), k.gpu, k.eff, len(grads), k.floor))
 
 
 def _activation(k: _Layer) -> tuple[int, float, tuple]:
@@ -1563,7 +1599,13 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     scores = bh * s_q * s_k
     soft_f = memory_kernel("softmax_dropout", scores * per_score[0], gpu, eff, 1 + bool(dropout[0]))
     soft_b = memory_kernel("softmax_dropout.bwd", scores * per_score[1], gpu, eff, 1 + bool(dropout[0]))
-    return (qk[0], soft_f, pv[0]), (pv[1], pv[2], soft_b, qk[1], qk[2])
+    # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
+    tokens, x = ctx.b * ctx.s_cp, ctx.x
+    context = tokens * bh / ctx.b * d * x
+    qkv = context + 2 * tokens * mdl.kv_heads / ctx.par.tp * d * x
+    copy_f = memory_kernel("attn_context_copy", UNFUSED_LAYOUT_PASSES * context, gpu, eff)
+    copy_b = memory_kernel("qkv_split.bwd", UNFUSED_LAYOUT_PASSES * qkv, gpu, eff)
+    return (qk[0], soft_f, pv[0], copy_f), (pv[1], pv[2], soft_b, qk[1], qk[2], copy_b)
 
 
 def kv_cache_bytes_per_layer(ctx: Context) -> int:

@@ -16,7 +16,8 @@ from .pipeline import SCHEDULE_TRAITS, ScheduleTraits
 from .workload import WorkloadSpec, check_recompute_modules
 
 SCHEDULES = tuple(SCHEDULE_TRAITS)  # 1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev (planner/pipeline.py)
-FRAMEWORKS = flavours.names()  # the built-in training flavours (planner/flavours/), in registration order
+# the built-in training flavours the search enumerates (planner/flavours/, Flavour.searched), in registration order
+FRAMEWORKS = tuple(n for n in flavours.names() if flavours.flavour(n).searched)
 CP_COMM = ("p2p", "all_gather", "a2a")
 # Megatron-Core --moe-token-dispatcher-type: alltoall (MoEAlltoAllTokenDispatcher), allgather
 # (MoEAllGatherTokenDispatcher), flex with --moe-enable-deepep (MoEFlexTokenDispatcher: "deepep"), flex with

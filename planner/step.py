@@ -60,7 +60,7 @@ from .context import Context
 from .kernels import efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
-from .rules.pipeline import SHAPE_CALLS
+from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
 from .rules.tensor import summed_dgrad_names
 from .workload import selective_modules
 
@@ -241,16 +241,22 @@ class StreamTotals:
     tp_reduces: dict[str, list[float]] = field(default_factory=dict)
     send_s: float = 0.0  # the longest boundary send
     shape_s: float = 0.0  # the longest shape exchange before a send (rules/pipeline.py SHAPE_CALLS; 0: none)
+    gather_s: float = 0.0  # the longest TP all-gather after a receive (rules/pipeline.py GATHER_CALLS; 0: none)
 
     @property
     def p2p_s(self) -> float:
         """One boundary crossing: with ``mtp_standalone`` Megatron sends the tensor's shape first, waits on it
         and synchronizes the device (p2p_communication.py _communicate_shapes), so its latency adds to the
-        send's (the shape row's own price); else the send alone."""
-        return self.send_s + self.shape_s
+        send's (the shape row's own price); else the send alone. Megatron-LM's scatter/gather adds the receiver's
+        TP all-gather (rules/pipeline.py GATHER_CALLS)."""
+        return self.send_s + self.shape_s + self.gather_s
 
     def __add__(self, other: StreamTotals) -> StreamTotals:
-        out = StreamTotals(send_s=max(self.send_s, other.send_s), shape_s=max(self.shape_s, other.shape_s))
+        out = StreamTotals(
+            send_s=max(self.send_s, other.send_s),
+            shape_s=max(self.shape_s, other.shape_s),
+            gather_s=max(self.gather_s, other.gather_s),
+        )
         for name in ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces"):
             mine, theirs, into = getattr(self, name), getattr(other, name), getattr(out, name)
             join = max if name == "unit_largest" else operator.add
@@ -272,6 +278,8 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         if stream == "pp":
             if c.name in SHAPE_CALLS:
                 out.shape_s = max(out.shape_s, t)
+            elif c.name in GATHER_CALLS:
+                out.gather_s = max(out.gather_s, t)
             else:
                 out.send_s = max(out.send_s, t)
             continue

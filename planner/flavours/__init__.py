@@ -11,7 +11,7 @@ name: ``grep -rn '"torch"\\|"megatron"\\|"deepspeed"' planner`` finds only these
 from __future__ import annotations
 
 from .._errors import SpecError
-from . import deepspeed, megatron, torch
+from . import deepspeed, megatron, megatron_lm, torch
 from .base import Flavour, Zero
 
 _REGISTRY: dict[str, Flavour] = {}
@@ -39,7 +39,7 @@ def flavour(name: str) -> Flavour:
         raise SpecError("parallel.framework", f"must be one of {', '.join(names(None))}, got {name!r}") from None
 
 
-for _module in (megatron, torch, deepspeed):
+for _module in (megatron, torch, deepspeed, megatron_lm):
     register(_module.FLAVOUR)
 
 DEFAULT = megatron.FLAVOUR.name

@@ -31,6 +31,9 @@ class Zero(Enum):
 class Flavour:
     name: str
     kind: str = "training"  # "training" | "serving"
+    # the training search enumerates it (planner/parallel.py FRAMEWORKS); False: a framework a request names, as a
+    # run of its time ran it (megatron-lm-2021), never a layout the search proposes
+    searched: bool = True
     version: str = ""  # the framework version the traits were read from
     display: str = ""  # the name in messages ("Megatron", "PyTorch", "DeepSpeed")
     # ---- parameters (planner/params.py) ------------------------------------------------------------------
@@ -65,6 +68,10 @@ class Flavour:
     # its p2p exchanges each tensor's 3-int64 shape first when the layout's MTP is not on the last rank
     # (Megatron p2p_communication.py _communicate: config.mtp_standalone -> _communicate_shapes)
     mtp_standalone_shapes: bool = False
+    # without sequence parallelism each TP rank sends 1/t of the boundary tensor and the receiver all-gathers it over
+    # TP (Megatron-LM's --scatter-gather-tensors-in-pipeline, on by default until Megatron-Core dropped it;
+    # Narayanan et al. 2021 §4.1): rules/pipeline.py GATHER_CALLS
+    pp_scatter_gather: bool = False
     # ---- data parallelism (rules/data.py) ----------------------------------------------------------------
     zero: Zero = Zero.PAPER
     dp_sources: dict[int, str] = field(default_factory=dict)  # by ZeRO stage
@@ -93,6 +100,10 @@ class Flavour:
     # ---- kernels (planner/kernels.py) ----
     # memory-bound kernels fused as TransformerEngine / Megatron-Core fuse them (True), or PyTorch eager's chains
     fused_kernels: bool = True
+    # Megatron-LM's own linears (before TransformerEngine): the QKV bias is an add of its own after the GEMM and
+    # each linear's bias gradient a reduction over the tokens (kernels.LOCAL_BIAS_BYTES); TE adds the bias in the
+    # GEMM's epilogue and computes its gradient in the dgrad GEMM's
+    local_linear_biases: bool = False
     # what "flash" attention means per GPU generation (compute capability // 10 x 10); missing: FlashAttention-2
     flash_attention_by_sm: tuple[tuple[int, str], ...] = ()
     # weight gradients accumulate inside their GEMM (Megatron --gradient-accumulation-fusion, on by default since

@@ -26,7 +26,8 @@ def calls(ctx: Context) -> list[Call]:
     if ctx.par.pp == 1:
         return []
     p, m = ctx.par.pp, ctx.micro_batches
-    message = ctx.activation // (ctx.par.tp if ctx.par.sp else 1)
+    gather = scatter_gather(ctx)
+    message = ctx.activation // (ctx.par.tp if ctx.par.sp or gather else 1)
     src = ctx.par.schedule.source or ctx.flavour.pp_source
     out = []
     # DualPipe: each micro-batch crosses each rank once, half of them each way (dualpipe.py num_chunks // 2)
@@ -52,6 +53,8 @@ def calls(ctx: Context) -> list[Call]:
                 )
             if shapes:
                 out += _shape_sends(ctx, stage, phase, sends, m // halves)
+            if gather:
+                out += _gathers(ctx, stage, phase, sends, message, m // halves)
     # MTP modules read the word embedding on the last stage too: Megatron-Core finalize_model_grads.py
     # _get_shared_word_embedding_weight reduces it "if share_embeddings_and_output_weights or mtp_num_layers"
     shared = ctx.model.tied_embeddings or ctx.model.mtp_layers > 0
@@ -83,6 +86,44 @@ SHAPE_SOURCE = (
     "Megatron-LM d98e8a6 megatron/core/pipeline_parallel/p2p_communication.py _communicate -> _communicate_shapes "
     "(config.mtp_standalone, set by pipeline_parallel_layer_layout.py validate_layer_layout)"
 )
+
+
+# Megatron-LM's scatter/gather (Flavour.pp_scatter_gather): the receiver's TP all-gather of the 1/t chunks (forward,
+# backward); the step time adds its price to each boundary's send (step.stream_totals), as the receive returns
+# only after it (p2p_communication.py _communicate at 6985e58: gather_split_1d_tensor after the requests' wait)
+GATHER_CALLS = ("pp.gather", "pp.gather_grad")
+_RECEIVER = {"pp+1": 1, "pp-1": -1}  # the boundary_sends direction -> the receiving stage's offset
+
+
+def scatter_gather(ctx: Context) -> bool:
+    """Whether each TP rank sends 1/t of the boundary tensor and the receiver all-gathers it: the flavour's
+    scatter/gather, without sequence parallelism (which already sends the sequence shard), with tp > 1."""
+    return ctx.flavour.pp_scatter_gather and not ctx.par.sp and ctx.par.tp > 1
+
+
+def _gathers(ctx: Context, stage: int, phase: str, sends: dict, chunk: int, per_send: int) -> list[Call]:
+    """The TP all-gathers that rebuild the tensors ``stage`` sends, on the stages that receive them
+    (gather_split_1d_tensor: torch.distributed.all_gather of the 1/t chunks into the whole tensor, the message
+    its gathered output)."""
+    p, tp = ctx.par.pp, ctx.par.tp
+    counts: dict[tuple[int, int], int] = {}
+    for (pairs, width), count in sends.items():
+        key = ((stage + _RECEIVER[pairs]) % p, width)
+        counts[key] = counts.get(key, 0) + count
+    return [
+        Call(
+            name=GATHER_CALLS[phase != "forward"],
+            op=Op.ALLGATHER,
+            phase=phase,
+            message_bytes=chunk * tp * width,
+            calls_per_iteration=count * per_send,
+            group=Group(("tp",)),
+            source=ctx.flavour.pp_source,
+            stages=(receiver,),
+            dtype=ctx.work.activation_dtype,
+        )
+        for (receiver, width), count in sorted(counts.items())
+    ]
 
 
 def mtp_standalone(ctx: Context) -> bool:

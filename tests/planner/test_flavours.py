@@ -13,6 +13,7 @@ from planner import ModelSpec, MoESpec, ParallelSpec, SpecError, WorkloadSpec, b
 from planner.flavours import Zero
 from planner.flavours.megatron import FLAVOUR as MEGATRON
 from planner.flavours.torch import FLAVOUR as TORCH
+from planner.parallel import FRAMEWORKS
 
 SMALL = ModelSpec(4, 1024, 8, 4096, 32000, 1024, num_kv_heads=8)
 TINY_MOE = replace(SMALL, moe=MoESpec(8, 2, 1024))
@@ -56,7 +57,8 @@ def test_rules_read_traits_never_a_framework_name():
 
 
 def test_builtin_flavours_registered_with_their_traits():
-    assert flavours.names() == ("megatron", "torch", "deepspeed")
+    assert flavours.names() == ("megatron", "torch", "deepspeed", "megatron-lm-2021")
+    assert FRAMEWORKS == ("megatron", "torch", "deepspeed")  # the search never proposes Megatron-LM of 2021
     ds = flavours.flavour("deepspeed")
     # DeepSpeed wraps HF modules (separate q, k, v parameters) but its TP follows Megatron's fused backward
     assert ds.hf_modules and ds.fused_column_dgrad and ds.zero is Zero.DEEPSPEED

@@ -405,3 +405,35 @@ def test_unfused_gradient_accumulation_adds_its_bytes_to_the_backward():
     assert "grad_accumulation" not in {k.name for k in fused.backward}  # Megatron-Core fuses by default
     fp16 = layer_kernels(ctx(grad_accumulation_fusion=False, param_dtype="fp16", grad_reduce_dtype="fp16"), False, A100)
     assert fp16.backward[-1].bytes == weights * 6  # SC'21: fp16 gradients accumulated in fp16
+
+
+def test_unfused_core_attention_moves_the_bytes_of_megatrons_2021_kernels():
+    """Megatron-LM's pre-flash CoreAttention (transformer.py at 6985e58, the SC'21 code) on GPT-3 175B's layer at
+    tp 8, one 2,048-token sequence: 12 heads of 128 on a rank, 12 x 2,048² = 50,331,648 scores. The causal fused
+    softmax (scaled_upper_triang_masked_softmax.h) loads the unmasked half of each row and stores the whole row
+    (forward 1 + 2 B, backward (2 + 2)/2 + 2 B); torch's dropout reads 2, writes 2 and a 1-byte mask, and its
+    backward reads the gradient and the mask and writes 2: 8 B forward, 9 B backward a score. The context's
+    permute(...).contiguous() reads and writes 2,048 x 1,536 fp16 elements (12,582,912 B); torch.split's backward
+    concatenates the q, k and v gradients (3 x that)."""
+    gpt3 = model_preset("gpt3-175b")
+    c = Context(
+        gpt3,
+        WorkloadSpec(micro_batch_size=1, global_batch_size=8, attention_kernel="unfused"),
+        ParallelSpec(tp=8, dp=1, pp=1),
+    )
+    lk = layer_kernels(c, False, A100)
+    by_f, by_b = {k.name: k for k in lk.forward}, {k.name: k for k in lk.backward}
+    scores = 12 * 2048 * 2048
+    assert scores == 50_331_648
+    assert by_f["softmax_dropout"].bytes == scores * 8 and by_f["softmax_dropout"].count == 2
+    assert by_b["softmax_dropout.bwd"].bytes == scores * 9
+    context = 2048 * 12 * 128 * 2
+    assert by_f["attn_context_copy"].bytes == 2 * context == 12_582_912
+    assert by_b["qkv_split.bwd"].bytes == 2 * 3 * context
+    assert by_f["attn_context_copy"].time_s == pytest.approx(
+        12_582_912 / (2039e9 * EFFICIENCY.hbm) + EFFICIENCY.kernel_s
+    )
+    # selective recompute reruns the core attention, copies included
+    assert "attn_context_copy" in {k.name for k in lk.attention}
+    flash = layer_kernels(Context(gpt3, replace(c.work, attention_kernel="flash"), c.par), False, A100)
+    assert not {"attn_context_copy", "qkv_split.bwd"} & {k.name for k in flash.forward + flash.backward}

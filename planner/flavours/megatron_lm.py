@@ -1,0 +1,30 @@
+"""Megatron-LM before Megatron-Core (2021-22): the code the A100 runs of Narayanan et al. 2021 (SC'21, commit 6985e58)
+and Korthikanti et al. 2022 (55ba1f7b96) ran. Megatron-Core's traits (megatron.py) except where that code differs;
+a request names it (``parallel.framework: "megatron-lm-2021"``) to plan a run of its time, and the search never
+proposes it (``searched``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .megatron import FLAVOUR as CORE
+
+FLAVOUR = replace(
+    CORE,
+    name="megatron-lm-2021",
+    display="Megatron-LM 2021-22",
+    version="Megatron-LM 6985e58 (2021-04) / 55ba1f7b96 (2022-05)",
+    searched=False,
+    # megatron/p2p_communication.py at 6985e58: --no-scatter-gather-tensors-in-pipeline is store_false, so each TP
+    # rank sends mpu.split_tensor_into_1d_equal_chunks (1/t of the tensor) and the receiver rebuilds it with
+    # gather_split_1d_tensor (torch.distributed.all_gather over the TP group, megatron/mpu/random.py); 55ba1f7b96
+    # keeps it when sequence parallelism is off. Narayanan et al. 2021 §4.1 (Fig. 9).
+    pp_scatter_gather=True,
+    # mpu/layers.py ColumnParallelLinear (skip_bias_add False for query_key_value): F.linear on the 3-D [s, b, h]
+    # input, which PyTorch 1.8's at::linear runs as matmul then output.add_(bias) (addmm only for 2-D input);
+    # 55ba1f7b96 LinearWithGradAccumulationAndAsyncAllreduce: ``output = output + bias``, backward
+    # ``grad_bias = grad_output.sum(dim=0)``; the fc1, dense and fc2 biases go into bias_gelu / bias_dropout_add,
+    # whose bias gradients autograd reduces over the tokens
+    local_linear_biases=True,
+    pp_source="megatron/p2p_communication.py, schedules.py at 6985e58 (scatter/gather: Narayanan et al. 2021 §4.1)",
+)
