@@ -237,7 +237,8 @@ class ParallelIn(Strict):
     framework: str | None = Field(
         default=None,
         max_length=64,
-        description="a registered training flavour (planner/flavours/): megatron (default), torch, deepspeed; "
+        description="a registered training flavour (planner/flavours/): megatron (default), torch, deepspeed, "
+        "megatron-lm-2021 (Megatron-LM of 2021-22: pipeline scatter/gather, unfused bias kernels; not searched); "
         "another name is a 422 on parallel.framework",
     )
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
