@@ -190,6 +190,9 @@ class ParallelSpec:
     order: str = DEFAULT_ORDER
     framework: str = flavours.DEFAULT  # a registered flavour's name (planner/flavours/)
     cp_comm: str = "p2p"  # p2p (ring attention) | all_gather | a2a (Ulysses)
+    # torch context_parallel's set_rotate_method: allgather | alltoall (a flavour with Flavour.cp_rotate_methods;
+    # None: its default, allgather); rules/context_parallel.py
+    cp_rotate_method: str | None = None
     # Megatron --decoder-first/last-pipeline-num-layers: uneven stages, the rest split evenly in between
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -278,6 +281,7 @@ def _choices(par: ParallelSpec) -> None:
     _ddp(par)
     _zero_plus_plus(par)
     one_of("parallel.cp_comm", par.cp_comm, CP_COMM)
+    _cp_rotate(par)
     one_of("parallel.ep_dispatch", par.ep_dispatch, EP_DISPATCH)
     dims = par.order.split("-")
     if sorted(dims) != sorted(DEFAULT_ORDER.split("-")):
@@ -285,6 +289,26 @@ def _choices(par: ParallelSpec) -> None:
     _interleaving(par)
     _schedule_fits_pp(par)
     _hybrid_shard(par)
+
+
+def _cp_rotate(par: ParallelSpec) -> None:
+    """torch's rotate method (cp_rotate_method) under a flavour that runs torch's context_parallel; TE's
+    cp_comm_type (cp_comm) under the others."""
+    methods = par.flavour.cp_rotate_methods
+    if par.cp_rotate_method is not None:
+        if not methods:
+            raise SpecError(
+                "parallel.cp_rotate_method",
+                f"is torch context_parallel's set_rotate_method; framework {par.framework!r} takes cp_comm "
+                f"({', '.join(CP_COMM)})",
+            )
+        one_of("parallel.cp_rotate_method", par.cp_rotate_method, methods)
+    if methods and par.cp_comm != "p2p":
+        raise SpecError(
+            "parallel.cp_comm",
+            f"{par.cp_comm!r} is TransformerEngine's cp_comm_type; framework {par.framework!r} runs torch's "
+            f"context_parallel ring attention: choose its rotation with cp_rotate_method ({', '.join(methods)})",
+        )
 
 
 def _hybrid_shard(par: ParallelSpec) -> None:
