@@ -292,7 +292,7 @@ def _choices(par: ParallelSpec) -> None:
 
 
 def _cp_rotate(par: ParallelSpec) -> None:
-    """torch's rotate method (cp_rotate_method) under a flavour that runs torch's context_parallel; TE's
+    """PyTorch's rotate method (cp_rotate_method) under a flavour that runs torch's context_parallel; TE's
     cp_comm_type (cp_comm) under the others."""
     methods = par.flavour.cp_rotate_methods
     if par.cp_rotate_method is not None:

@@ -111,7 +111,7 @@ def _ring_sends(ctx: Context, layers: int, phase: str, *names: str) -> list[Call
 
 
 def rotate_method(ctx: Context) -> str | None:
-    """torch's rotate method for this layout (parallel.cp_rotate_method, else the flavour's default); None under
+    """PyTorch's rotate method for this layout (parallel.cp_rotate_method, else the flavour's default); None under
     TransformerEngine's context parallelism (parallel.cp_comm)."""
     methods = ctx.flavour.cp_rotate_methods
     return (ctx.par.cp_rotate_method or methods[0]) if methods else None
