@@ -97,9 +97,10 @@ class Recipe:
     # the backward GEMMs' kernel when it is not the forward's (kernel_dtype), with a rescale of each output by the
     # scale vectors after it (torchao rowwise: the cuBLAS tensorwise kernel, float8_ops.py addmm_float8_unwrapped)
     backward_kernel_dtype: str = ""
-    # torchao's FSDP2 float8 all-gather (Float8LinearConfig.enable_fsdp_float8_all_gather) takes this recipe's
-    # weights: tensorwise scaling only (torchao/float8/config.py __post_init__)
-    fsdp_float8_all_gather: bool = False
+    # torchao's float8 all-gathers take this recipe: FSDP2's (Float8LinearConfig.enable_fsdp_float8_all_gather,
+    # tensorwise weights only: torchao/float8/config.py __post_init__) and torchtitan's float8 TP (Float8ColwiseParallel
+    # all-gathering fp8 activations: parallelize.py enable_float8_tensorwise_tp = float8 and not rowwise)
+    float8_all_gather: bool = False
 
     def weight_scales(self, numel: int) -> int:
         """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
@@ -154,7 +155,7 @@ RECIPES: dict[str, Recipe] = {
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise; torchao Float8LinearRecipeName."
         "TENSORWISE (torchtitan --float8.recipe_name tensorwise, the default)", tp_amax=True, cast_read_bytes=4,
-        quantize_launches=3, fsdp_float8_all_gather=True,
+        quantize_launches=3, float8_all_gather=True,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
@@ -241,6 +242,23 @@ def check_recipe_framework(work, par) -> None:
             f"framework {par.framework!r} does not run; its recipes are TransformerEngine's: "
             f"{', '.join(n for n, r in RECIPES.items() if r.library == 'te')}",
         )
+    check_float8_tp(work, par)
+
+
+def check_float8_tp(work, par) -> None:
+    """Under torchtitan (a torchao flavour), activation_dtype fp8 with tp > 1 is float8 tensor parallelism (the TP
+    all-gathers in fp8), which torchtitan enables for tensorwise recipes only: "For rowwise recipes, we use regular TP
+    and all-gather happens in high precision" (torchtitan models/llama3/infra/parallelize.py
+    enable_float8_tensorwise_tp)."""
+    recipe = work.recipe
+    if recipe is None or not par.flavour.torchao_float8 or work.activation_dtype != "fp8" or par.tp == 1:
+        return
+    if not recipe.float8_all_gather:
+        raise SpecError(
+            "workload.activation_dtype",
+            f"fp8 activations with tp {par.tp} are torchtitan's float8 tensor parallelism, tensorwise only; "
+            f"fp8_recipe {recipe.name!r} runs regular TP, all-gathered in high precision: use activation_dtype bf16",
+        )
 
 
 def check_param_gather(work, par) -> None:
@@ -278,8 +296,8 @@ def check_fsdp_float8_all_gather(work, par) -> None:
     """torchao's enable_fsdp_float8_all_gather: FSDP2 (fully_shard: zero_stage 2 or 3) and a tensorwise recipe
     (torchao/float8/config.py __post_init__ asserts tensorwise weights)."""
     recipe = work.recipe
-    if not recipe.fsdp_float8_all_gather:
-        ok = ", ".join(n for n, r in RECIPES.items() if r.fsdp_float8_all_gather)
+    if not recipe.float8_all_gather:
+        ok = ", ".join(n for n, r in RECIPES.items() if r.float8_all_gather)
         raise SpecError(
             "workload.fp8_param_gather",
             f"torchao's FSDP2 float8 all-gather (enable_fsdp_float8_all_gather) supports tensorwise scaling only "

@@ -49,7 +49,7 @@ def test_rowwise_recipe_is_torchaos_data():
     r = RECIPES["rowwise"]
     assert (r.library, r.kernel_dtype, r.backward_kernel_dtype, r.min_sm) == ("torchao", "fp8_rowwise", "fp8", 89)
     assert r.cast_bytes_per_element == 4 + 2 * 1.0  # each operand read twice, one fp8 copy per orientation
-    assert not r.fsdp_float8_all_gather and RECIPES["tensorwise"].fsdp_float8_all_gather
+    assert not r.float8_all_gather and RECIPES["tensorwise"].float8_all_gather
     # 0.95 of the tensorwise ceiling (pytorch issue 147971: "within 90-100% of tensor-wise efficiency")
     assert GEMM_CEILING[(90, "fp8_rowwise")] == round(GEMM_CEILING[(90, "fp8")] * 0.95, 3) == 0.802
 
@@ -84,6 +84,17 @@ def test_rowwise_is_refused_where_torch_scaled_mm_lacks_it_and_outside_torch():
     with pytest.raises(SpecError) as err:
         _calls(ParallelSpec(dp=8), fp8_recipe="rowwise")
     assert err.value.field == "workload.fp8_recipe" and "framework 'megatron' does not run" in str(err.value)
+
+
+def test_rowwise_runs_regular_tp_so_fp8_activations_with_tp_are_refused():
+    """torchtitan parallelize.py: enable_float8_tensorwise_tp = float8 and not rowwise (bf16 TP all-gathers)."""
+    with pytest.raises(SpecError) as err:
+        _calls(_torch(dp=4, tp=2, sequence_parallel=True), fp8_recipe="rowwise", activation_dtype="fp8")
+    assert err.value.field == "workload.activation_dtype" and "tensorwise only" in str(err.value)
+    fp8_tp = _calls(_torch(dp=4, tp=2, sequence_parallel=True), fp8_recipe="tensorwise", activation_dtype="fp8")
+    bf16_tp = _calls(_torch(dp=4, tp=2, sequence_parallel=True), fp8_recipe="rowwise")
+    tp_bytes = lambda out: sum(c.message_bytes for cs in out.values() for c in cs if c.parallelism == "tp")  # noqa: E731
+    assert tp_bytes(bf16_tp) > tp_bytes(fp8_tp)  # the rowwise run's TP all-gathers stay in bf16
 
 
 # ---- FSDP2 float8 all-gather ------------------------------------------------------------------------------
