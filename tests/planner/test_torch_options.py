@@ -125,6 +125,20 @@ def test_precomputed_scales_are_one_all_reduce_per_mesh_dimension_per_step():
     assert layer.message_bytes == LINEAR // 2 + NORMS * 2
 
 
+def test_a_gathered_unit_holds_its_float8_weights_at_one_byte():
+    """The two units in flight (memory.ZERO3_UNITS_IN_FLIGHT) hold their linear weights in float8: a model whose
+    largest unit is a layer (vocabulary 1,024): h 1,024, 8 heads of 128, ffn 4,096 gated: 4 x 1,024^2 + 3 x 1,024
+    x 4,096 = 16,777,216 linear elements, 2 B -> 1 B each."""
+    from planner import ModelSpec
+    from planner.memory import held_bytes
+
+    small = ModelSpec(4, 1024, 8, 4096, 1024, 1024, num_kv_heads=8)
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, fp8_recipe="tensorwise")
+    bf16 = held_bytes(Context(small, work, _torch()), 0)
+    fp8 = held_bytes(Context(small, replace(work, fp8_param_gather=True), _torch()), 0)
+    assert bf16.buffers_bytes - fp8.buffers_bytes == 2 * (4 * 1024**2 + 3 * 1024 * 4096)
+
+
 @pytest.mark.parametrize(
     ("par", "work", "field", "words"),
     [
