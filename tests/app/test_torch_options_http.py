@@ -12,6 +12,8 @@ import re
 import pytest
 
 from planner import flavours
+from tests.app.test_kernels_http import error as _refused  # (the field the 422 names, its message)
+from tests.app.test_kernels_http import plan as _plan
 
 LINEAR = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336  # Llama-3 8B's Float8Linear elements per layer
 
@@ -26,21 +28,8 @@ def _body(workload=None, **parallel) -> dict:
     }
 
 
-def _plan(api, body) -> dict:
-    r = api.post("/v1/plan", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def _rows(plan: dict, name: str) -> list[dict]:
     return [c for c in plan["calls"] if c["name"] == name]
-
-
-def _refused(api, body) -> tuple[str, str]:
-    r = api.post("/v1/plan", json=body)
-    assert r.status_code == 422, r.text
-    first = r.json()["detail"][0]
-    return ".".join(str(p) for p in first["loc"][1:]), first["msg"]
 
 
 def test_rowwise_recipe_plans_slower_than_tensorwise_on_hopper(api):
