@@ -83,6 +83,8 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     if par.cp > 1 and fl.cp_rotate_methods:
         method = par.cp_rotate_method or fl.cp_rotate_methods[0]
         add(Assumption("parallel.cp_rotate_method", method, f"{by}: context_parallel rotate_method allgather"))
+        balance = _onoff(par.cp_load_balance is not False)
+        add(Assumption("parallel.cp_load_balance", balance, f"{by}: _cp_options.enable_load_balance (on)"))
     elif par.cp > 1:
         add(Assumption("parallel.cp_comm", par.cp_comm, "Megatron --cp-comm-type (p2p: ring attention)"))
     if ctx.model.moe is not None:

@@ -826,6 +826,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.dispatch_preprocess_launches,
         flavour.local_linear_biases,
         par.cp_comm,
+        par.cp_load_balance,
         par.ep_dispatch,
     )
 
@@ -1497,8 +1498,20 @@ def attended_keys(ctx: Context) -> float:
     of layer_keys."""
     mdl, s_kv = ctx.model, kv_length(ctx)
     if not mdl.sliding_window:  # every layer alike: layer_keys' value without the walk
-        return s_kv if s_kv != ctx.s else (s_kv + 1) / 2
+        return s_kv if s_kv != ctx.s else cp_rank_causal_keys(ctx)
     return sum(layer_keys(ctx)) / mdl.num_layers
+
+
+def cp_rank_causal_keys(ctx: Context) -> float:
+    """Mean keys per query of causal attention on the busiest context-parallel rank: (s + 1) / 2 when the sequence is
+    sharded balanced (TE's 2 x cp chunks; torch context_parallel's default head-tail load balancing). Without it
+    (parallel.cp_load_balance false: torch's _cp_options.enable_load_balance; _context_parallel/_attention.py
+    _is_causal_behavior SKIPs the blocks after the rank's own) rank cp-1 holds the last s/cp queries, each over
+    s - s/(2 cp) + 1/2 keys on average: (2 cp - 1) / cp of the balanced work."""
+    s, c = ctx.s, ctx.par.cp
+    if c > 1 and ctx.par.cp_load_balance is False:
+        return s - s / (2 * c) + 0.5
+    return causal_keys(s, None)
 
 
 def attention_flops(ctx: Context) -> float:

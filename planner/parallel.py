@@ -193,6 +193,8 @@ class ParallelSpec:
     # torch context_parallel's set_rotate_method: allgather | alltoall (a flavour with Flavour.cp_rotate_methods;
     # None: its default, allgather); rules/context_parallel.py
     cp_rotate_method: str | None = None
+    # torch context_parallel's _cp_options.enable_load_balance (None: its default, on; kernels.causal_keys)
+    cp_load_balance: bool | None = None
     # Megatron --decoder-first/last-pipeline-num-layers: uneven stages, the rest split evenly in between
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -303,6 +305,12 @@ def _cp_rotate(par: ParallelSpec) -> None:
                 f"({', '.join(CP_COMM)})",
             )
         one_of("parallel.cp_rotate_method", par.cp_rotate_method, methods)
+    if par.cp_load_balance is not None and not methods:
+        raise SpecError(
+            "parallel.cp_load_balance",
+            f"is torch context_parallel's _cp_options.enable_load_balance; framework {par.framework!r} shards the "
+            "sequence in 2 x cp chunks, balanced (TransformerEngine's context parallelism)",
+        )
     if methods and par.cp_comm != "p2p":
         raise SpecError(
             "parallel.cp_comm",

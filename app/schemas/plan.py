@@ -257,6 +257,12 @@ class ParallelIn(Strict):
         "one all-gather per attention call, the default; alltoall: cp-1 sends to the next rank); the K/V gradients "
         "always rotate by sends",
     )
+    cp_load_balance: bool | None = Field(
+        default=None,
+        description="framework torch: context_parallel's load balancing (_cp_options.enable_load_balance, default "
+        "on: each rank holds chunks r and 2cp-1-r); off, the last rank's causal attention is (2cp-1)/cp of the "
+        "balanced work",
+    )
     ep_dispatch: (
         Literal[
             "alltoall", "allgather", "deepep", "deepep_ll", "hybridep", "agrs", "dp_gather", "agrs_quant", "replicated"

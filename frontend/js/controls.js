@@ -49,6 +49,7 @@ export const GROUPS = [
     ["parallel.expert_tp", "Expert TP", "int", null, "TP (Megatron), 1 (others)"],
     ["parallel.cp_comm", "CP communication", "select", [["p2p", "p2p (ring attention)"], ["all_gather", "all-gather"], ["a2a", "all-to-all (Ulysses)"]], "p2p"],
     ["parallel.cp_rotate_method", "CP K/V rotation (torch)", "select", [["allgather", "all-gather"], ["alltoall", "all-to-all (sends)"]], "all-gather"],
+    ["parallel.cp_load_balance", "CP load balancing (torch)", "select", ON_OFF, "on"],
   ]],
   ["Pipeline split", [
     ["parallel.pipeline_split_points", "Split points (torch)", "list", "e.g. 8,16,24", "even split"],

@@ -112,3 +112,17 @@ def test_the_page_offers_each_torch_option(api):
     assert "rowwise" in choices("workload.fp8_recipe")
     assert '"select", ON_OFF' in row("workload.fp8_precompute_scale")  # on / off, blank = the default (off)
     assert choices("parallel.cp_rotate_method") == set(flavours.flavour("torch").cp_rotate_methods)
+    assert '"select", ON_OFF' in row("parallel.cp_load_balance")
+
+
+def test_cp_load_balance_over_http(api):
+    balanced = _plan(api, _body(cp=4, dp=2))
+    skewed = _plan(api, _body(cp=4, dp=2, cp_load_balance=False))
+    assert skewed["step"]["compute_s"] > balanced["step"]["compute_s"]
+    assert {c["name"]: c["message_bytes"] for c in skewed["calls"]} == {
+        c["name"]: c["message_bytes"] for c in balanced["calls"]
+    }  # the bytes do not depend on it
+    rows = {a["field"]: a["value"] for a in skewed["assumptions"]}
+    assert rows["parallel.cp_load_balance"] == "off"
+    field, msg = _refused(api, _body(cp=2, dp=4, cp_load_balance=True, framework="megatron", zero_stage=1))
+    assert field == "parallel.cp_load_balance" and "enable_load_balance" in msg

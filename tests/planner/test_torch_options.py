@@ -185,3 +185,22 @@ def test_cp_options_are_refused_under_the_other_frameworks_implementation():
     with pytest.raises(SpecError) as err:
         _calls(_torch(dp=4, cp=2, cp_comm="a2a"))
     assert err.value.field == "parallel.cp_comm" and "cp_rotate_method (allgather, alltoall)" in str(err.value)
+
+
+def test_without_load_balancing_the_last_cp_rank_attends_most():
+    """_is_causal_behavior without enable_load_balance: rank c-1 computes its own causal block and c-1 full ones;
+    its queries (the last s/c) attend s - s/(2c) + 1/2 keys on average against (s + 1)/2 balanced."""
+    from planner.kernels import attention_flops
+
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8)
+    s, c = 8192, 4
+    balanced = attention_flops(Context(LLAMA8B, work, _torch(dp=2, cp=c)))
+    skewed = attention_flops(Context(LLAMA8B, work, _torch(dp=2, cp=c, cp_load_balance=False)))
+    assert skewed / balanced == pytest.approx((s - s / (2 * c) + 0.5) / ((s + 1) / 2))  # about (2c-1)/c = 1.75
+    assert (
+        build_plan(LLAMA8B, work, _torch(dp=2, cp=c, cp_load_balance=False), H100).step.time_s
+        > build_plan(LLAMA8B, work, _torch(dp=2, cp=c), H100).step.time_s
+    )
+    with pytest.raises(SpecError) as err:
+        _calls(ParallelSpec(dp=4, cp=2, cp_load_balance=False))
+    assert err.value.field == "parallel.cp_load_balance" and "framework 'megatron'" in str(err.value)
