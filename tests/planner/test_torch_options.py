@@ -139,6 +139,21 @@ def test_a_gathered_unit_holds_its_float8_weights_at_one_byte():
     assert bf16.buffers_bytes - fp8.buffers_bytes == 2 * (4 * 1024**2 + 3 * 1024 * 4096)
 
 
+def test_torchao_keeps_no_float8_weight_copies_between_micro_batches():
+    """TE caches each weight's fp8 copies (is_first_microbatch); torchao's Float8Linear casts per use: the torch
+    flavour's weights do not grow with a recipe (here ZeRO-1, where TE's copies would be counted)."""
+    from planner.memory import held_bytes
+
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8)
+    par = _torch(zero_stage=1)
+    plain = held_bytes(Context(LLAMA8B, work, par), 0)
+    for recipe in ("tensorwise", "rowwise"):
+        assert held_bytes(Context(LLAMA8B, replace(work, fp8_recipe=recipe), par), 0) == plain
+    megatron = ParallelSpec(dp=8, zero_stage=1)
+    te = held_bytes(Context(LLAMA8B, replace(work, fp8_recipe="tensorwise"), megatron), 0).params_bytes
+    assert te > held_bytes(Context(LLAMA8B, work, megatron), 0).params_bytes
+
+
 @pytest.mark.parametrize(
     ("par", "work", "field", "words"),
     [
