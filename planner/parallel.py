@@ -531,7 +531,10 @@ def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
     """CP's load-balanced halves and SP's split of the sequence (prefill and training; decode has no CP)."""
     seq = (w.seq_length or m.seq_length) if w.training or w.context_length is None else w.context_length
     if w.training or w.phase == "prefill":
-        if par.cp > 1 and seq % (2 * par.cp):
+        if par.cp > 1 and par.cp_load_balance is False and seq % par.cp:
+            # torch context_parallel without load balancing: contiguous s/cp shards
+            raise SpecError("parallel.cp", f"sequence {seq} is not divisible by cp = {par.cp} (cp_load_balance off)")
+        if par.cp > 1 and par.cp_load_balance is not False and seq % (2 * par.cp):
             raise SpecError(
                 "parallel.cp", f"sequence {seq} is not divisible by 2*cp = {2 * par.cp} (load-balanced ring attention)"
             )

@@ -219,3 +219,12 @@ def test_without_load_balancing_the_last_cp_rank_attends_most():
     with pytest.raises(SpecError) as err:
         _calls(ParallelSpec(dp=4, cp=2, cp_load_balance=False))
     assert err.value.field == "parallel.cp_load_balance" and "framework 'megatron'" in str(err.value)
+
+
+def test_without_load_balancing_the_sequence_needs_only_cp_shards():
+    """Load balancing splits the sequence in 2 x cp chunks (head-tail); without it in cp contiguous shards."""
+    par = _torch(dp=4, cp=2)
+    with pytest.raises(SpecError) as err:
+        _calls(par, seq_length=8194)
+    assert err.value.field == "parallel.cp" and "not divisible by 2*cp = 4" in str(err.value)
+    assert _calls(replace(par, cp_load_balance=False), seq_length=8194)["cp.ring.kv_gather"]
