@@ -34,7 +34,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
-from .recipes import check_recipe_gpu, recipe_of
+from .recipes import check_recipe_gpu, float8_gathered, recipe_of
 from .workload import WEIGHT_FORMAT_BYTES
 
 
@@ -1228,8 +1228,10 @@ def _fp8_casts(k: _Layer) -> None:
     """The quantizing casts of a low-precision recipe's GEMM operands."""
     ctx, fwd = k.ctx, k.fwd
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
-    # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
-    weights = 0 if ctx.param_bytes <= 1 else 1
+    # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
+    # FSDP2 float8 all-gather, recipes.float8_gathered: fsdp_pre_all_gather casts the 1/(dp x cp) shard before the
+    # gather, not counted here, and the backward uses the gathered float8 weight)
+    weights = 0 if ctx.param_bytes <= 1 or float8_gathered(ctx) else 1
     gemms = _cast_gemms(ctx, fwd)
     cast = sum(g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in gemms)
     nbytes = cast * cast_bytes_per_element(ctx)

@@ -45,7 +45,7 @@ from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
-from .recipes import quantized
+from .recipes import float8_gathered, quantized
 from .recompute import LayerRecompute, chunk_plans, mtp_checkpointed, working_layers
 from .workload import EXPERT_WEIGHT_FORMATS, WEIGHT_FORMAT_BYTES, WorkloadSpec
 
@@ -569,7 +569,7 @@ def gathered_unit_bytes(ctx: Context, stage: int, unit: int) -> int:
     """Bytes of the largest ZeRO-3 unit while gathered: ``unit`` elements at the parameter dtype, or, with torchao's
     FSDP2 float8 all-gather (rules/data.py fsdp_float8_all_gather), its Float8Linear weights at 1 B (the gathered
     float8 data fsdp_post_all_gather wraps as the unsharded weight)."""
-    if not (ctx.work.fp8_param_gather and ctx.flavour.torchao_float8):
+    if not float8_gathered(ctx):
         return unit * ctx.param_bytes
     return _float8_unit_bytes(ctx.model, _holding(ctx.par), stage, ctx.param_bytes)
 

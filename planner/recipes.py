@@ -232,6 +232,12 @@ def check_recipe_gpu(
         )
 
 
+def float8_gathered(ctx) -> bool:
+    """torchao's FSDP2 float8 all-gather is on (a torchao flavour with workload.fp8_param_gather, zero_stage 2/3:
+    check_fsdp_float8_all_gather): the one home of the test rules/data.py, memory.py and kernels.py read."""
+    return ctx.training and ctx.work.fp8_param_gather and ctx.flavour.torchao_float8
+
+
 def check_recipe_framework(work, par) -> None:
     """A torchao-only recipe (rowwise) needs a framework that runs torchao.float8 (Flavour.torchao_float8)."""
     recipe = work.recipe

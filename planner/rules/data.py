@@ -34,7 +34,7 @@ from ..layout import Group
 from ..ledger import Call
 from ..ledger import rule_call as _call
 from ..params import Param, alike_stages, stage_params
-from ..recipes import quantized
+from ..recipes import float8_gathered, quantized
 from . import deepspeed
 
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.13)
@@ -389,7 +389,7 @@ def fsdp_float8_all_gather(ctx: Context, group: Group) -> bool:
     """torchao's FSDP2 float8 all-gather applies to this buffer: a torchao flavour (Flavour.torchao_float8) with
     workload.fp8_param_gather, on the dense parameters (Float8Linear converts nn.Linear; the routed experts'
     grouped weights are not Float8Linear weights)."""
-    return ctx.work.fp8_param_gather and ctx.flavour.torchao_float8 and not group.expert
+    return float8_gathered(ctx) and not group.expert
 
 
 def _float8_amax(name: str, phase: str, count: int, group: Group) -> Call:

@@ -228,3 +228,14 @@ def test_without_load_balancing_the_sequence_needs_only_cp_shards():
         _calls(par, seq_length=8194)
     assert err.value.field == "parallel.cp" and "not divisible by 2*cp = 4" in str(err.value)
     assert _calls(replace(par, cp_load_balance=False), seq_length=8194)["cp.ring.kv_gather"]
+
+
+def test_gathered_float8_weights_are_not_cast_again_in_the_layer():
+    """With the float8 all-gather the layer's GEMMs take the gathered float8 weights: the per-pass casts drop the
+    weights' k x n elements (6 B each under tensorwise: read twice, two copies), forward and backward."""
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, fp8_recipe="tensorwise")
+    casts = {}
+    for gather in (False, True):
+        lk = layer_kernels(Context(LLAMA8B, replace(work, fp8_param_gather=gather), _torch()), False, H100.gpu)
+        casts[gather] = [k.bytes for k in (*lk.forward, *lk.backward) if k.kind == "cast"]
+    assert [a - b for a, b in zip(casts[False], casts[True], strict=True)] == [6 * LINEAR, 6 * LINEAR]
