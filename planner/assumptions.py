@@ -80,7 +80,12 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
                 "Megatron: 1 (no interleaving)",
             )
         )
-    if par.cp > 1:
+    if par.cp > 1 and fl.cp_rotate_methods:
+        method = par.cp_rotate_method or fl.cp_rotate_methods[0]
+        add(Assumption("parallel.cp_rotate_method", method, f"{by}: context_parallel rotate_method allgather"))
+        balance = _onoff(par.cp_load_balance is not False)
+        add(Assumption("parallel.cp_load_balance", balance, f"{by}: _cp_options.enable_load_balance (on)"))
+    elif par.cp > 1:
         add(Assumption("parallel.cp_comm", par.cp_comm, "Megatron --cp-comm-type (p2p: ring attention)"))
     if ctx.model.moe is not None:
         add(Assumption("parallel.ep_dispatch", par.ep_dispatch, f"{COMMPLAN}: alltoall, as published recipes set it"))
@@ -127,7 +132,13 @@ def _training_rows(ctx: Context, by: str) -> list[Assumption]:
         Assumption("workload.grad_reduce_dtype", ctx.grad_dtype, by),
         Assumption("workload.fp8_recipe", work.fp8_recipe or "none", f"{COMMPLAN}: GEMMs in the activation dtype"),
     ]
-    if work.fp8_recipe:
+    if work.fp8_recipe and ctx.flavour.torchao_float8:
+        gather = "torchao enable_fsdp_float8_all_gather (off)"
+        rows.append(Assumption("workload.fp8_param_gather", _onoff(work.fp8_param_gather), gather))
+        if work.fp8_param_gather:
+            scale = "torchtitan float8.precompute_float8_dynamic_scale_for_fsdp (off)"
+            rows.append(Assumption("workload.fp8_precompute_scale", _onoff(work.fp8_precompute_scale), scale))
+    elif work.fp8_recipe:
         rows.append(
             Assumption("workload.fp8_param_gather", _onoff(work.fp8_param_gather), "Megatron --fp8-param-gather (off)")
         )

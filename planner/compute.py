@@ -335,7 +335,8 @@ def _recipe_free(model, work, par) -> Context:
     # fp8 activations would make the recipe-free GEMMs per-tensor fp8 (kernels.gemm_dtype): the MTP blocks
     # run bf16, so the activations go back to bf16 with the recipe
     act = "bf16" if work.activation_dtype == "fp8" else work.activation_dtype
-    return Context(model, replace(work, fp8_recipe=None, fp8_param_gather=False, activation_dtype=act), par)
+    free = replace(work, fp8_recipe=None, fp8_param_gather=False, fp8_precompute_scale=False, activation_dtype=act)
+    return Context(model, free, par)
 
 
 def _mtp_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:

@@ -34,7 +34,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
-from .recipes import check_recipe_gpu, recipe_of
+from .recipes import check_recipe_gpu, float8_gathered, recipe_of
 from .workload import WEIGHT_FORMAT_BYTES
 
 
@@ -114,7 +114,7 @@ KERNEL_CONSTANTS = {
 }
 # GEMM dtypes a ceiling may be given for: what a trace's GEMMs run as (profile_trace.gemm_dtype) and the recipes'
 # kernel dtypes (planner/recipes.py Recipe.kernel_dtype).
-GEMM_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp8_block", "mxfp8", "nvfp4")
+GEMM_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp8_block", "mxfp8", "nvfp4", "fp8_rowwise")
 # Fused attention kernels a ceiling may be given for (ATTENTION_CEILING's kernels), forward and backward.
 ATTENTION_CEILING_KEYS = tuple(f"{k}_{d}" for k in ("flash2", "flash3", "cudnn") for d in ("fwd", "bwd"))
 NESTED_CONSTANTS = {
@@ -195,6 +195,21 @@ GEMM_CEILING = {
     (100, "mxfp8"): 0.635,
     (100, "nvfp4"): 0.415,
 }
+# torch._scaled_mm with rowwise scales (torchao's rowwise recipe's forward GEMM, fast accumulation: PyTorch's CUTLASS
+# kernel, aten/src/ATen/native/cuda/RowwiseScaledMM.cu) against the cuBLAS tensorwise kernel on H100: "Most shapes
+# are within 90-100% of tensor-wise efficiency, but there's a long tail going down to 50%" (pytorch/pytorch issue
+# 147971, 2025-02-26, fast_accum=True, after PR 134781's tile heuristics). Not measured here and not fitted: the
+# middle of the stated band, 0.95 of the tensorwise ceiling, an assumption until a trace of rowwise GEMMs refits
+# ``gemm_ceiling.fp8_rowwise``. Blackwell likewise (no published rowwise-vs-tensorwise figure found).
+ROWWISE_VS_TENSORWISE = 0.95
+for (_gen, _dtype), _ceiling in list(GEMM_CEILING.items()):
+    if _dtype == "fp8":
+        GEMM_CEILING[(_gen, "fp8_rowwise")] = round(_ceiling * ROWWISE_VS_TENSORWISE, 3)
+# The rowwise recipe's backward GEMMs run cuBLAS's tensorwise kernel and scale the output afterwards (torchao
+# float8_ops.py addmm_float8_unwrapped: ``output *= post_inverse_scale``, the outer product of the two scale
+# vectors): one elementwise kernel per dgrad and wgrad GEMM (pytorch/ao issue 2184: "at least one extra triton
+# kernel per GEMM"), reading and writing the bf16 output: 4 B per output element.
+ROWWISE_RESCALE_BYTES = 4
 # Tensor-core clock sustained through a training step, as a fraction of the clock the datasheet peak is quoted at
 # (DATASHEET_CLOCK_MHZ below). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). Hopper: this project's H200
 # (700 W, tests/reference/kernels/h200/run2.json ``layer_sustained``: the Llama-3-8B eager layer trained back to back
@@ -238,7 +253,7 @@ SPLIT_K_MIN = 1024
 # Low-precision recipes (workload.fp8_recipe, planner/recipes.py) name their GEMM-table key (Recipe.kernel_dtype):
 # per-tensor scaling (delayed, tensorwise) "fp8", DeepSeek-V3's 1x128/128x128 blocks "fp8_block", "mxfp8", "nvfp4".
 # activation_dtype fp8 without a recipe is TE's default, delayed per-tensor scaling.
-_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+_PEAK_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "fp8_rowwise": "fp8"}
 # Weight-only formats: the GEMM's weight operand read in the stored format, dequantized to bf16 in the kernel, the
 # math on the bf16 tensor cores at bf16's ceiling (an assumption: no measured Marlin / Triton MXFP4 MoE table at
 # hand). MXFP4 experts (workload.EXPERT_WEIGHT_FORMATS): vLLM's default backends (quantization/mxfp4.py at
@@ -811,6 +826,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.dispatch_preprocess_launches,
         flavour.local_linear_biases,
         par.cp_comm,
+        par.cp_load_balance,
         par.ep_dispatch,
     )
 
@@ -964,6 +980,9 @@ class _Layer:
     def __init__(self, ctx: Context, gpu: GPUSpec, eff: Efficiency):
         self.ctx, self.gpu, self.eff = ctx, gpu, eff
         self.dt = gemm_dtype(ctx)
+        # a recipe whose backward GEMMs take another kernel, rescaled after it (Recipe.backward_kernel_dtype)
+        recipe = ctx.work.recipe
+        self.dt_bwd = (recipe.backward_kernel_dtype if recipe is not None else "") or self.dt
         self.fu = fusion(ctx)
         self.floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
         self.fwd: list[Kernel] = []
@@ -975,6 +994,18 @@ class _Layer:
         self.weights += k * n * groups
         self.weight_tensors += groups
         f, d, w = gemm_kernels(name, m, n, k, dtype or self.dt, self.gpu, self.eff, groups)
+        if dtype is None and self.dt_bwd != self.dt:
+            _, d, w = gemm_kernels(name, m, n, k, self.dt_bwd, self.gpu, self.eff, groups)
+            # each backward GEMM's output scaled by the scale vectors after it (ROWWISE_RESCALE_BYTES): dgrad's
+            # (m x k), wgrad's (k x n) per group
+            for rescaled, elements in ((d, m * k * groups), (w, k * n * groups)):
+                self.bwd.append(_floored(rescaled, self.floor))
+                self.bwd.append(
+                    memory_kernel(rescaled.name + ".rescale", ROWWISE_RESCALE_BYTES * elements, self.gpu, self.eff,
+                                  groups, self.floor)
+                )  # fmt: skip
+            self.fwd.append(_floored(f, self.floor))
+            return
         self.fwd.append(_floored(f, self.floor))
         self.bwd.extend((_floored(d, self.floor), _floored(w, self.floor)))
 
@@ -1197,8 +1228,10 @@ def _fp8_casts(k: _Layer) -> None:
     """The quantizing casts of a low-precision recipe's GEMM operands."""
     ctx, fwd = k.ctx, k.fwd
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
-    # parameters, as inference engines load fp8 checkpoints: nothing to cast per step)
-    weights = 0 if ctx.param_bytes <= 1 else 1
+    # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
+    # FSDP2 float8 all-gather, recipes.float8_gathered: fsdp_pre_all_gather casts the 1/(dp x cp) shard before the
+    # gather, not counted here, and the backward uses the gathered float8 weight)
+    weights = 0 if ctx.param_bytes <= 1 or float8_gathered(ctx) else 1
     gemms = _cast_gemms(ctx, fwd)
     cast = sum(g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in gemms)
     nbytes = cast * cast_bytes_per_element(ctx)
@@ -1467,8 +1500,20 @@ def attended_keys(ctx: Context) -> float:
     of layer_keys."""
     mdl, s_kv = ctx.model, kv_length(ctx)
     if not mdl.sliding_window:  # every layer alike: layer_keys' value without the walk
-        return s_kv if s_kv != ctx.s else (s_kv + 1) / 2
+        return s_kv if s_kv != ctx.s else cp_rank_causal_keys(ctx)
     return sum(layer_keys(ctx)) / mdl.num_layers
+
+
+def cp_rank_causal_keys(ctx: Context) -> float:
+    """Mean keys per query of causal attention on the busiest context-parallel rank: (s + 1) / 2 when the sequence is
+    sharded balanced (TE's 2 x cp chunks; torch context_parallel's default head-tail load balancing). Without it
+    (parallel.cp_load_balance false: torch's _cp_options.enable_load_balance; _context_parallel/_attention.py
+    _is_causal_behavior SKIPs the blocks after the rank's own) rank cp-1 holds the last s/cp queries, each over
+    s - s/(2 cp) + 1/2 keys on average: (2 cp - 1) / cp of the balanced work."""
+    s, c = ctx.s, ctx.par.cp
+    if c > 1 and ctx.par.cp_load_balance is False:
+        return s - s / (2 * c) + 0.5
+    return causal_keys(s, None)
 
 
 def attention_flops(ctx: Context) -> float:

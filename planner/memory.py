@@ -45,6 +45,7 @@ from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks
+from .recipes import float8_gathered, quantized
 from .recompute import LayerRecompute, chunk_plans, mtp_checkpointed, working_layers
 from .workload import EXPERT_WEIGHT_FORMATS, WEIGHT_FORMAT_BYTES, WorkloadSpec
 
@@ -540,7 +541,7 @@ def held_bytes(ctx: Context, stage: int) -> HeldBytes:
         params += (nd + ne - sum(quantized_numels(ctx, stage, experts_only))) * (ctx.x - xp)
     buffers = WORKSPACE_BYTES
     if z >= 3 and ctx.training:
-        buffers += ZERO3_UNITS_IN_FLIGHT * unit * xp
+        buffers += ZERO3_UNITS_IN_FLIGHT * gathered_unit_bytes(ctx, stage, unit)
     return HeldBytes(nd + ne, int(params), int(grads), int(opt), int(buffers))
 
 
@@ -562,6 +563,23 @@ def stage_memory(
         int(acts),
         held.buffers_bytes + int(comm),
     )
+
+
+def gathered_unit_bytes(ctx: Context, stage: int, unit: int) -> int:
+    """Bytes of the largest ZeRO-3 unit while gathered: ``unit`` elements at the parameter dtype, or, with torchao's
+    FSDP2 float8 all-gather (rules/data.py fsdp_float8_all_gather), its Float8Linear weights at 1 B (the gathered
+    float8 data fsdp_post_all_gather wraps as the unsharded weight)."""
+    if not float8_gathered(ctx):
+        return unit * ctx.param_bytes
+    return _float8_unit_bytes(ctx.model, _holding(ctx.par), stage, ctx.param_bytes)
+
+
+@lru_cache(maxsize=1024)
+def _float8_unit_bytes(model: ModelSpec, par: ParallelSpec, stage: int, param_bytes: int) -> int:
+    units: dict[str, int] = {}
+    for p in stage_params(Context(model, WorkloadSpec(), par), stage)[0]:
+        units[p.unit] = units.get(p.unit, 0) + p.numel * (1 if quantized(p.name) else param_bytes)
+    return max(units.values(), default=0)
 
 
 def _largest_unit(params) -> int:

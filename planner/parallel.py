@@ -190,6 +190,11 @@ class ParallelSpec:
     order: str = DEFAULT_ORDER
     framework: str = flavours.DEFAULT  # a registered flavour's name (planner/flavours/)
     cp_comm: str = "p2p"  # p2p (ring attention) | all_gather | a2a (Ulysses)
+    # torch context_parallel's set_rotate_method: allgather | alltoall (a flavour with Flavour.cp_rotate_methods;
+    # None: its default, allgather); rules/context_parallel.py
+    cp_rotate_method: str | None = None
+    # torch context_parallel's _cp_options.enable_load_balance (None: its default, on; kernels.causal_keys)
+    cp_load_balance: bool | None = None
     # Megatron --decoder-first/last-pipeline-num-layers: uneven stages, the rest split evenly in between
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -278,6 +283,7 @@ def _choices(par: ParallelSpec) -> None:
     _ddp(par)
     _zero_plus_plus(par)
     one_of("parallel.cp_comm", par.cp_comm, CP_COMM)
+    _cp_rotate(par)
     one_of("parallel.ep_dispatch", par.ep_dispatch, EP_DISPATCH)
     dims = par.order.split("-")
     if sorted(dims) != sorted(DEFAULT_ORDER.split("-")):
@@ -285,6 +291,32 @@ def _choices(par: ParallelSpec) -> None:
     _interleaving(par)
     _schedule_fits_pp(par)
     _hybrid_shard(par)
+
+
+def _cp_rotate(par: ParallelSpec) -> None:
+    """PyTorch's rotate method (cp_rotate_method) under a flavour that runs torch's context_parallel; TE's
+    cp_comm_type (cp_comm) under the others."""
+    methods = par.flavour.cp_rotate_methods
+    if par.cp_rotate_method is not None:
+        if not methods:
+            raise SpecError(
+                "parallel.cp_rotate_method",
+                f"is torch context_parallel's set_rotate_method; framework {par.framework!r} takes cp_comm "
+                f"({', '.join(CP_COMM)})",
+            )
+        one_of("parallel.cp_rotate_method", par.cp_rotate_method, methods)
+    if par.cp_load_balance is not None and not methods:
+        raise SpecError(
+            "parallel.cp_load_balance",
+            f"is torch context_parallel's _cp_options.enable_load_balance; framework {par.framework!r} shards the "
+            "sequence in 2 x cp chunks, balanced (TransformerEngine's context parallelism)",
+        )
+    if methods and par.cp_comm != "p2p":
+        raise SpecError(
+            "parallel.cp_comm",
+            f"{par.cp_comm!r} is TransformerEngine's cp_comm_type; framework {par.framework!r} runs torch's "
+            f"context_parallel ring attention: choose its rotation with cp_rotate_method ({', '.join(methods)})",
+        )
 
 
 def _hybrid_shard(par: ParallelSpec) -> None:
@@ -499,7 +531,10 @@ def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
     """CP's load-balanced halves and SP's split of the sequence (prefill and training; decode has no CP)."""
     seq = (w.seq_length or m.seq_length) if w.training or w.context_length is None else w.context_length
     if w.training or w.phase == "prefill":
-        if par.cp > 1 and seq % (2 * par.cp):
+        if par.cp > 1 and par.cp_load_balance is False and seq % par.cp:
+            # torch context_parallel without load balancing: contiguous s/cp shards
+            raise SpecError("parallel.cp", f"sequence {seq} is not divisible by cp = {par.cp} (cp_load_balance off)")
+        if par.cp > 1 and par.cp_load_balance is not False and seq % (2 * par.cp):
             raise SpecError(
                 "parallel.cp", f"sequence {seq} is not divisible by 2*cp = {2 * par.cp} (load-balanced ring attention)"
             )

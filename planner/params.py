@@ -206,6 +206,11 @@ def recipe_weight_bytes(ctx: Context, stage: int) -> int:
     recipe = ctx.work.recipe
     if recipe is None or (ctx.training and ctx.par.zero_stage >= 3):
         return 0  # ZeRO-3 / FSDP units are gathered and cast per use: no persistent copies
+    if ctx.training and ctx.flavour.torchao_float8:
+        # torchao's Float8Linear casts its weight in every forward and backward (float8_linear.py
+        # matmul_with_hp_or_float8_args) and keeps no quantized copy between micro-batches (TE's is_first_microbatch
+        # cache); its float8 all-gather (fp8_param_gather) keeps the bf16/fp32 shard as the parameter
+        return 0
     if not ctx.training:
         return 0  # an inference engine loads the quantized checkpoint as its only copy (workload.param_dtype)
     numels = quantized_numels(ctx, stage)

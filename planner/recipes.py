@@ -16,6 +16,21 @@ Megatron-Core --fp8-recipe delayed | tensorwise | blockwise | mxfp8, --fp4-recip
   columnwise copies. TE: compute capability >= 10.0 (Blackwell).
 - ``nvfp4``: NVFP4BlockScaling: E2M1 (half a byte) in 1x16 blocks with an E4M3 scale each plus one fp32
   per-tensor scale; weights in 16x16 blocks. TE: compute capability >= 10.0.
+- ``rowwise`` (torchao, not TE; torchtitan ``--float8.recipe_name rowwise``): torchao/float8/config.py
+  (pytorch/ao 36027d82, 2026-08) ``Float8LinearRecipeName.ROWWISE``: input, weight and grad_output scaled
+  AXISWISE (one fp32 scale per row along the GEMM's contraction dim), E4M3 throughout, scales floored to a power of
+  two. float8_linear.py casts every operand once per GEMM along that GEMM's contraction dim (the input along k for
+  fprop, again along m for wgrad from the saved bf16 input): each operand is read twice and written twice (one
+  fp8 copy per orientation), the scales (4 B per row of >= 1,024 elements, < 0.4% of the bytes) not counted. The
+  forward GEMM (gemm_config_output: use_fast_accum=True) is torch._scaled_mm's rowwise CUTLASS kernel
+  (aten/src/ATen/native/cuda/RowwiseScaledMM.cu); the backward GEMMs (use_fast_accum=False) take the cuBLAS
+  tensorwise kernel and multiply the output by the two scale vectors after it (float8_ops.py
+  addmm_float8_unwrapped: "The rowwise CUTLASS-based kernel is so slow without fast-accum that we'd rather use the
+  tensorwise cuBLAS-based kernel and do the scaling manually afterwards"; pytorch/ao issue 2184: one extra kernel
+  per GEMM): planner/kernels.py ROWWISE_*. torch._scaled_mm takes rowwise scales from sm89 (Ada: CUTLASS's
+  sm89 kernel; Hopper: the sm90 TMA kernel); torchao's docs list it for H100 and B200 (docs/source/workflows/
+  index.md). Its FSDP2 float8 all-gather is tensorwise only (config.py __post_init__: "enable_fsdp_float8_all_gather
+  only supports tensorwise scaling granularity").
 
 The GPU support rules are TE's (transformer_engine/pytorch/quantization.py _compute_fp8_support: >= 8.9;
 _compute_fp8_block_scaling_support: >= 9.0; _compute_mxfp8_support, _compute_nvfp4_support: >= 10.0).
@@ -75,6 +90,17 @@ class Recipe:
     # TE's fused grouped MLP kernels exist for this recipe (ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 /
     # BackwardGroupedMLP_CuTeGEMMDSwiGLU_MXFP8, TE PR 2769: MXFP8 only; planner/kernels.py FUSED_GROUPED_MLP)
     fused_grouped_mlp: bool = False
+    # the library whose recipe this is: "te" (TransformerEngine; a framework reads them through
+    # Flavour.te_fp8_recipes, and the torch flavour's tensorwise is torchao's equivalent) or "torchao" (torchao.float8
+    # only: a flavour with Flavour.torchao_float8)
+    library: str = "te"
+    # the backward GEMMs' kernel when it is not the forward's (kernel_dtype), with a rescale of each output by the
+    # scale vectors after it (torchao rowwise: the cuBLAS tensorwise kernel, float8_ops.py addmm_float8_unwrapped)
+    backward_kernel_dtype: str = ""
+    # torchao's float8 all-gathers take this recipe: FSDP2's (Float8LinearConfig.enable_fsdp_float8_all_gather,
+    # tensorwise weights only: torchao/float8/config.py __post_init__) and torchtitan's float8 TP (Float8ColwiseParallel
+    # all-gathering fp8 activations: parallelize.py enable_float8_tensorwise_tp = float8 and not rowwise)
+    float8_all_gather: bool = False
 
     def weight_scales(self, numel: int) -> int:
         """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
@@ -127,8 +153,9 @@ RECIPES: dict[str, Recipe] = {
     ),
     "tensorwise": Recipe(
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
-        TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise", tp_amax=True, cast_read_bytes=4,
-        quantize_launches=3,
+        TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise; torchao Float8LinearRecipeName."
+        "TENSORWISE (torchtitan --float8.recipe_name tensorwise, the default)", tp_amax=True, cast_read_bytes=4,
+        quantize_launches=3, float8_all_gather=True,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
@@ -145,7 +172,14 @@ RECIPES: dict[str, Recipe] = {
         TE + "recipe.NVFP4BlockScaling: 16-element blocks, E4M3 scales and an fp32 per-tensor scale",
         1, 1, "nvfp4", tp_amax=True, quantize_launches=3,
     ),
+    "rowwise": Recipe(
+        "rowwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
+        "torchao/float8/config.py (pytorch/ao 36027d82) Float8LinearRecipeName.ROWWISE: AXISWISE scales, E4M3, "
+        "round_scales_to_power_of_2; torchtitan --float8.recipe_name rowwise",
+        0, 0, "fp8_rowwise", cast_read_bytes=4, library="torchao", backward_kernel_dtype="fp8",
+    ),
 }  # fmt: skip
+LIBRARIES = {"te": "TransformerEngine", "torchao": "torchao.float8 / torch._scaled_mm"}
 
 # Parameters TE does not quantize: embeddings, the output layer, norms, routers, sinks (params.py names)
 FULL_PRECISION_SUFFIXES = ("norm", "norms", "router", "sinks", "word", "position", "output_layer")
@@ -186,8 +220,8 @@ def check_recipe_gpu(
         have = f"compute capability {sm / 10:.1f}" if sm else "no NVIDIA compute capability (sm 0)"
         raise SpecError(
             field,
-            f"{subject or recipe.name + ' needs'} compute capability >= {recipe.min_sm / 10:.1f} (TransformerEngine), "
-            f"but GPU {gpu.name!r} has {have}{hint}",
+            f"{subject or recipe.name + ' needs'} compute capability >= {recipe.min_sm / 10:.1f} "
+            f"({LIBRARIES[recipe.library]}), but GPU {gpu.name!r} has {have}{hint}",
         )
     if recipe.kernel_dtype == "nvfp4" and not getattr(gpu, "peak_tflops", {}).get("fp4"):
         # its GEMMs run at the fp4 peak (kernels.dense_peak): a GPU given without one cannot price them
@@ -198,10 +232,60 @@ def check_recipe_gpu(
         )
 
 
-def check_param_gather(work, par) -> None:
-    """--fp8-param-gather is Megatron's (TE primary weights) with its distributed optimizer or plain DDP."""
-    if not work.fp8_param_gather:
+def float8_gathered(ctx) -> bool:
+    """torchao's FSDP2 float8 all-gather is on (a torchao flavour with workload.fp8_param_gather, zero_stage 2/3:
+    check_fsdp_float8_all_gather): the one home of the test rules/data.py, memory.py and kernels.py read."""
+    return ctx.training and ctx.work.fp8_param_gather and ctx.flavour.torchao_float8
+
+
+def check_recipe_framework(work, par) -> None:
+    """A torchao-only recipe (rowwise) needs a framework that runs torchao.float8 (Flavour.torchao_float8)."""
+    recipe = work.recipe
+    if recipe is not None and recipe.library == "torchao" and not par.flavour.torchao_float8:
+        raise SpecError(
+            "workload.fp8_recipe",
+            f"{recipe.name!r} is torchao.float8's recipe (torchtitan --float8.recipe_name {recipe.name}), which "
+            f"framework {par.framework!r} does not run; its recipes are TransformerEngine's: "
+            f"{', '.join(n for n, r in RECIPES.items() if r.library == 'te')}",
+        )
+    check_float8_tp(work, par)
+
+
+def check_float8_tp(work, par) -> None:
+    """Under torchtitan (a torchao flavour), activation_dtype fp8 with tp > 1 is float8 tensor parallelism (the TP
+    all-gathers in fp8), which torchtitan enables for tensorwise recipes only: "For rowwise recipes, we use regular TP
+    and all-gather happens in high precision" (torchtitan models/llama3/infra/parallelize.py
+    enable_float8_tensorwise_tp)."""
+    recipe = work.recipe
+    if recipe is None or not par.flavour.torchao_float8 or work.activation_dtype != "fp8" or par.tp == 1:
         return
+    if not recipe.float8_all_gather:
+        raise SpecError(
+            "workload.activation_dtype",
+            f"fp8 activations with tp {par.tp} are torchtitan's float8 tensor parallelism, tensorwise only; "
+            f"fp8_recipe {recipe.name!r} runs regular TP, all-gathered in high precision: use activation_dtype bf16",
+        )
+
+
+def check_param_gather(work, par) -> None:
+    """--fp8-param-gather is Megatron's (TE primary weights) with its distributed optimizer or plain DDP; under a
+    torchao flavour it is FSDP2's float8 all-gather (check_fsdp_float8_all_gather)."""
+    if not work.fp8_param_gather:
+        if work.fp8_precompute_scale:
+            raise SpecError(
+                "workload.fp8_precompute_scale",
+                "torchao's precompute_float8_dynamic_scale_for_fsdp computes the scales of the float8 all-gather: "
+                "it needs fp8_param_gather (enable_fsdp_float8_all_gather)",
+            )
+        return
+    if par.flavour.torchao_float8:
+        check_fsdp_float8_all_gather(work, par)
+        return
+    if work.fp8_precompute_scale:
+        raise SpecError(
+            "workload.fp8_precompute_scale",
+            f"is torchao's precompute_float8_dynamic_scale_for_fsdp (FSDP2); framework is {par.framework!r}",
+        )
     if not par.flavour.te_fp8_recipes:
         raise SpecError(
             "workload.fp8_param_gather",
@@ -211,6 +295,25 @@ def check_param_gather(work, par) -> None:
         raise SpecError(
             "workload.fp8_param_gather",
             f"is modelled with the distributed optimizer (zero_stage 1) or DDP (0), got zero_stage {par.zero_stage}",
+        )
+
+
+def check_fsdp_float8_all_gather(work, par) -> None:
+    """torchao's enable_fsdp_float8_all_gather: FSDP2 (fully_shard: zero_stage 2 or 3) and a tensorwise recipe
+    (torchao/float8/config.py __post_init__ asserts tensorwise weights)."""
+    recipe = work.recipe
+    if not recipe.float8_all_gather:
+        ok = ", ".join(n for n, r in RECIPES.items() if r.float8_all_gather)
+        raise SpecError(
+            "workload.fp8_param_gather",
+            f"torchao's FSDP2 float8 all-gather (enable_fsdp_float8_all_gather) supports tensorwise scaling only "
+            f"(torchao/float8/config.py), got fp8_recipe {recipe.name!r}; use {ok}",
+        )
+    if par.zero_stage < 2:
+        raise SpecError(
+            "workload.fp8_param_gather",
+            f"is FSDP2's float8 all-gather (torchao enable_fsdp_float8_all_gather): needs fully_shard, zero_stage 2 "
+            f"or 3, got zero_stage {par.zero_stage}",
         )
 
 

@@ -86,7 +86,11 @@ class WorkloadSpec:
     # GEMMs run in the activation dtype. fp8_param_gather: Megatron --fp8-param-gather (fp8 primary weights,
     # the distributed optimizer's parameter all-gather in fp8)
     fp8_recipe: str | None = None
+    # under a torchao flavour (Flavour.torchao_float8) fp8_param_gather is FSDP2's float8 all-gather (torchtitan
+    # float8.enable_fsdp_float8_all_gather), and fp8_precompute_scale torchtitan's
+    # float8.precompute_float8_dynamic_scale_for_fsdp (one amax all-reduce per step instead of one per gather)
     fp8_param_gather: bool = False
+    fp8_precompute_scale: bool = False
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
     activation_func_fp8_input_store: bool = False

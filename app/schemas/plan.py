@@ -201,12 +201,21 @@ class WorkloadIn(Strict):
     kv_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = Field(
         default=None, description="inference: the KV cache's dtype (vLLM --kv-cache-dtype); null: activation dtype"
     )
-    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"] | None = Field(
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", "rowwise"] | None = Field(
         default=None,
-        description="low-precision GEMMs (TransformerEngine recipes; mxfp8 and nvfp4 need Blackwell); null: none",
+        description="low-precision GEMMs (TransformerEngine recipes; mxfp8 and nvfp4 need Blackwell; rowwise is "
+        "torchao's Float8LinearRecipeName.ROWWISE, framework torch, compute capability >= 8.9); null: none",
     )
     fp8_param_gather: bool | None = Field(
-        default=None, description="Megatron --fp8-param-gather: fp8 primary weights, the parameter all-gather in fp8"
+        default=None,
+        description="Megatron --fp8-param-gather: fp8 primary weights, the parameter all-gather in fp8; framework "
+        "torch: FSDP2's float8 all-gather (torchao enable_fsdp_float8_all_gather; zero_stage 2/3, tensorwise)",
+    )
+    fp8_precompute_scale: bool | None = Field(
+        default=None,
+        description="torchtitan float8.precompute_float8_dynamic_scale_for_fsdp (framework torch, with "
+        "fp8_param_gather): one all-reduce of every float8 weight's amax per step instead of one per weight per "
+        "all-gather (default false)",
     )
     activation_func_fp8_input_store: bool | None = Field(
         default=None,
@@ -242,6 +251,18 @@ class ParallelIn(Strict):
         "another name is a 422 on parallel.framework",
     )
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
+    cp_rotate_method: Literal["allgather", "alltoall"] | None = Field(
+        default=None,
+        description="framework torch: context_parallel's set_rotate_method, how ring attention moves K/V (allgather: "
+        "one all-gather per attention call, the default; alltoall: cp-1 sends to the next rank); the K/V gradients "
+        "always rotate by sends",
+    )
+    cp_load_balance: bool | None = Field(
+        default=None,
+        description="framework torch: context_parallel's load balancing (_cp_options.enable_load_balance, default "
+        "on: each rank holds chunks r and 2cp-1-r); off, the last rank's causal attention is (2cp-1)/cp of the "
+        "balanced work",
+    )
     ep_dispatch: (
         Literal[
             "alltoall", "allgather", "deepep", "deepep_ll", "hybridep", "agrs", "dp_gather", "agrs_quant", "replicated"

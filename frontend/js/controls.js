@@ -29,8 +29,9 @@ export const GROUPS = [
     ["workload.grad_reduce_dtype", "Gradient reduction", "select", ["fp32", "bf16", "fp16"], "Megatron fp32, others the parameters'", "kind=training"],
     ["workload.moe_dispatch_dtype", "MoE dispatch", "select", DTYPES, "the activations'"],
     ["workload.kv_dtype", "KV cache", "select", DTYPES, "the activations'", "kind=inference"],
-    ["workload.fp8_recipe", "FP8 / FP4 recipe", "select", ["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"], "none", "kind=training"],
+    ["workload.fp8_recipe", "FP8 / FP4 recipe", "select", ["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", ["rowwise", "rowwise (torchao)"]], "none", "kind=training"],
     ["workload.fp8_param_gather", "FP8 parameter all-gather", "select", ON_OFF, "off", "kind=training"],
+    ["workload.fp8_precompute_scale", "FP8 scales precomputed (torch FSDP2)", "select", ON_OFF, "off", "kind=training"],
     ["workload.activation_func_fp8_input_store", "SwiGLU input saved in fp8", "select", ON_OFF, "off (Megatron)", "kind=training"],
   ]],
   ["Overlap", [
@@ -47,6 +48,8 @@ export const GROUPS = [
     ["parallel.ep_dispatch", "Token dispatcher", "select", [["alltoall", "all-to-all"], ["allgather", "all-gather"], ["deepep", "DeepEP"], ["hybridep", "HybridEP"], ["deepep_ll", "DeepEP low-latency"]], "all-to-all"],
     ["parallel.expert_tp", "Expert TP", "int", null, "TP (Megatron), 1 (others)"],
     ["parallel.cp_comm", "CP communication", "select", [["p2p", "p2p (ring attention)"], ["all_gather", "all-gather"], ["a2a", "all-to-all (Ulysses)"]], "p2p"],
+    ["parallel.cp_rotate_method", "CP K/V rotation (torch)", "select", [["allgather", "all-gather"], ["alltoall", "all-to-all (sends)"]], "all-gather"],
+    ["parallel.cp_load_balance", "CP load balancing (torch)", "select", ON_OFF, "on"],
   ]],
   ["Pipeline split", [
     ["parallel.pipeline_split_points", "Split points (torch)", "list", "e.g. 8,16,24", "even split"],

@@ -147,6 +147,13 @@ class Flavour:
     # ---- FP8 (rules/fp8.py, recipes.py) ----------------------------------------------------------------
     # TransformerEngine's FP8/FP4 recipes: amax reductions, --fp8-param-gather (Megatron + TE)
     te_fp8_recipes: bool = False
+    # torchao.float8 (Float8Linear): its torchao-only recipes (rowwise, recipes.Recipe.library) and FSDP2's float8
+    # all-gather (workload.fp8_param_gather as enable_fsdp_float8_all_gather, rules/data.py)
+    torchao_float8: bool = False
+    # ---- context parallelism (rules/context_parallel.py) ---------------------------------------------------
+    # torch.distributed.tensor.experimental context_parallel's ring attention: the rotate methods it offers
+    # (parallel.cp_rotate_method), the default first; () : TransformerEngine's cp_comm_type (parallel.cp_comm)
+    cp_rotate_methods: tuple[str, ...] = ()
     # ---- step time (planner/step.py) ---------------------------------------------------------------------
     # ZeRO stages at which gradient reduction and parameter gathers overlap compute by default
     overlap_zero_stages: frozenset[int] = frozenset()

@@ -72,4 +72,8 @@ FLAVOUR = Flavour(
     async_tp_single_matmul=True,
     overlap_p2p_schedules=frozenset(),
     overlap_bucket_elements=_overlap_bucket_elements,
+    torchao_float8=True,  # torchtitan's float8 converter (torchao.float8 convert_to_float8_training)
+    # torch/distributed/tensor/experimental/_context_parallel/_attention.py (pytorch 010ae4a8) _RotateMethod:
+    # _cp_options.rotate_method defaults to ALL_GATHER; set_rotate_method("alltoall") picks ALL_TO_ALL
+    cp_rotate_methods=("allgather", "alltoall"),
 )

@@ -10,6 +10,23 @@ implementations are TransformerEngine's attention.py: AttnFuncWithCPAndKVP2P, ..
   q, k and v separately to head-sharding, the output back; backward: dout, then dq, dk, dv.
   It needs the KV heads of one TP rank divisible by cp (validated in planner/parallel.py).
 Core-attention recompute (selective) or full recompute re-runs the forward exchange in backward.
+
+PyTorch's context_parallel (a flavour with Flavour.cp_rotate_methods; parallel.cp_rotate_method) is its own ring
+attention: torch/distributed/tensor/experimental/_context_parallel/_attention.py (pytorch bbd719e6)
+_templated_ring_attention runs c SDPA steps per attention call, K and V concatenated into one flat buffer of
+kv_bytes per rank, rotated by the rotater of ``_cp_options.rotate_method``:
+
+- ``allgather`` (_AllGatherRotater, the default): "We only need to perform allgather once": one all_gather_tensor
+  of the buffer per attention call (message c x kv_bytes), each step taking its chunk;
+- ``alltoall`` (_AllToAllRotater): c-1 exchanges, each ft_c.permute_tensor(buffer, dsts=[1, .., c-1, 0]): an
+  all_to_all_single whose only non-empty split goes to the ring's next rank, so on the wire a send of kv_bytes to
+  the next rank and a receive from the previous (NCCL skips empty peers): a ring send/recv here.
+
+The backward (_templated_ring_attention_backward) rotates K/V again with the same rotater, and the K/V gradients
+always with the all-to-all rotater (dkv_rotater = ..._RotateMethod.ALL_TO_ALL), once per step, c times, in fp32
+(accum_dtype float32: _cp_options.convert_to_f32 True): c sends of the (k + v) elements x 4 B. Load balancing
+(enable_load_balance, True by default: each rank holds chunks r and 2c-1-r of the sequence) changes which half of
+q or of k/v each step computes, not what is sent.
 """
 
 from __future__ import annotations
@@ -22,6 +39,12 @@ from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import rerun_layers
 
 SOURCE = "TransformerEngine attention.py (AttnFuncWithCP*); Megatron-Core cp_comm_type"
+TORCH_CP = "torch/distributed/tensor/experimental/_context_parallel/_attention.py (pytorch bbd719e6) "
+TORCH_SOURCES = {
+    "allgather": TORCH_CP + "_AllGatherRotater: one all_gather_tensor of the K/V buffer per attention call",
+    "alltoall": TORCH_CP + "_AllToAllRotater: c-1 permute_tensor (all_to_all_single to the next rank) per call",
+    "dkv": TORCH_CP + "_templated_ring_attention_backward dkv_rotater (ALL_TO_ALL, fp32): c permute_tensor per call",
+}
 ULYSSES = "TransformerEngine attention.py AttnFuncWithCPAndQKVOA2A / flash_attn_a2a_communicate (one a2a per tensor)"
 
 
@@ -87,8 +110,46 @@ def _ring_sends(ctx: Context, layers: int, phase: str, *names: str) -> list[Call
     ]
 
 
+def rotate_method(ctx: Context) -> str | None:
+    """PyTorch's rotate method for this layout (parallel.cp_rotate_method, else the flavour's default); None under
+    TransformerEngine's context parallelism (parallel.cp_comm)."""
+    methods = ctx.flavour.cp_rotate_methods
+    return (ctx.par.cp_rotate_method or methods[0]) if methods else None
+
+
+def _torch_ring(ctx: Context, layers: int, phase: str, name: str, message: int, method: str, dtype: str) -> Call:
+    """One rotation of torch's ring attention over ``layers`` attention calls (see the module's docstring)."""
+    c = ctx.par.cp
+    if method == "allgather":
+        return rule_call(
+            name=name + "_gather", op=Op.ALLGATHER, phase=phase, message=c * message, count=layers,
+            group=Group(("cp",)), source=TORCH_SOURCES[method], dtype=dtype,
+        )  # fmt: skip
+    sends = c if name.endswith("dkv") else c - 1
+    source = TORCH_SOURCES["dkv" if name.endswith("dkv") else method]
+    return rule_call(
+        name=name, op=Op.SENDRECV, phase=phase, message=message, count=sends * layers,
+        group=Group(("cp",), pairs="ring"), source=source, dtype=dtype,
+    )  # fmt: skip
+
+
+def _torch_forward(ctx: Context, layers: int, method: str) -> list[Call]:
+    return [_torch_ring(ctx, layers, "forward", "cp.ring.kv", kv_bytes(ctx), method, ctx.work.activation_dtype)]
+
+
+def _torch_backward(ctx: Context, layers: int, method: str) -> list[Call]:
+    dkv = kv_bytes(ctx) // ctx.x * 4  # the fp32 accumulators of dK and dV (convert_to_f32)
+    return [
+        _torch_ring(ctx, layers, "backward", "cp.ring.kv.bwd", kv_bytes(ctx), method, ctx.work.activation_dtype),
+        _torch_ring(ctx, layers, "backward", "cp.ring.dkv", dkv, "alltoall", "fp32"),
+    ]
+
+
 def _forward(ctx: Context, layers: int) -> list[Call]:
     c, kv = ctx.par.cp, kv_bytes(ctx)
+    method = rotate_method(ctx)
+    if method:
+        return _torch_forward(ctx, layers, method)
     if ctx.par.cp_comm == "p2p":
         return _ring_sends(ctx, layers, "forward", "cp.attn.kv")
     if ctx.par.cp_comm == "all_gather":
@@ -101,6 +162,9 @@ def _forward(ctx: Context, layers: int) -> list[Call]:
 
 def _backward(ctx: Context, layers: int) -> list[Call]:
     c, kv = ctx.par.cp, kv_bytes(ctx)
+    method = rotate_method(ctx)
+    if method:
+        return _torch_backward(ctx, layers, method)
     if ctx.par.cp_comm == "p2p":
         return _ring_sends(ctx, layers, "backward", "cp.attn.kv.bwd", "cp.attn.dkv")
     if ctx.par.cp_comm == "all_gather":

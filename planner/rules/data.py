@@ -34,7 +34,7 @@ from ..layout import Group
 from ..ledger import Call
 from ..ledger import rule_call as _call
 from ..params import Param, alike_stages, stage_params
-from ..recipes import quantized
+from ..recipes import float8_gathered, quantized
 from . import deepspeed
 
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.13)
@@ -295,9 +295,12 @@ def _counted(sizes: list[int]) -> list[tuple[int, int]]:
 def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int, stage: int) -> list[Call]:
     """ZeRO-3 / FSDP: per unit, all-gathers in forward (and backward) and a reduce-scatter of its gradients:
     every micro-batch, or as torch.distributed.pipelining drives FSDP2 (fsdp2_pipelined)."""
-    units: dict[str, int] = {}
+    low = fsdp_float8_all_gather(ctx, group)
+    units: dict[str, tuple[int, int, int]] = {}  # unit -> (elements, bytes gathered, float8 weights)
     for p in params:
-        units[p.unit] = units.get(p.unit, 0) + p.numel
+        numel, gathered, fp8 = units.get(p.unit, (0, 0, 0))
+        q = low and quantized(p.name)
+        units[p.unit] = (numel + p.numel, gathered + p.numel * (1 if q else ctx.param_bytes), fp8 + q)
     hs = ctx.par.hybrid_shard_size
     shard_group = (
         Group(tuple(d for d in ("cp", "dp_shard") if d != "cp" or ctx.par.cp > 1), group.expert, split=hs)
@@ -310,11 +313,11 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
         source += " in torch.distributed.pipelining (stage.py backward_maybe_with_nosync, perform_reduce_grad)"
         reduces = 1
     out = []
-    by_size: dict[tuple[int, int, int], int] = {}
-    for unit, numel in units.items():
-        key = (numel, *_gathers(ctx, stage, unit == "root"))
+    by_size: dict[tuple[int, int, int, int, int], int] = {}
+    for unit, sizes in units.items():
+        key = (*sizes, *_gathers(ctx, stage, unit == "root"))
         by_size[key] = by_size.get(key, 0) + 1
-    for (numel, forward, backward), count in by_size.items():
+    for (numel, gathered, fp8, forward, backward), count in by_size.items():
         for name, phase, gathers in (
             (f"{kind}.params", "forward", forward),
             (f"{kind}.params.bwd", "backward", backward),
@@ -325,13 +328,15 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
                         name=name,
                         op=Op.ALLGATHER,
                         phase=phase,
-                        message=numel * ctx.param_bytes,
+                        message=gathered,
                         count=count * gathers,
                         group=shard_group,
-                        source=source,
-                        dtype=ctx.work.param_dtype,
+                        source=source + (f"; {FSDP_FLOAT8} ({fp8} float8 weights at 1 B/element)" if fp8 else ""),
+                        dtype=("uint8" if gathered != numel else "fp8") if fp8 else ctx.work.param_dtype,
                     )
                 )
+                if fp8 and not ctx.work.fp8_precompute_scale:
+                    out.append(_float8_amax(name, phase, fp8 * count * gathers, shard_group))
         out.append(
             _call(
                 name=f"{kind}.grads",
@@ -359,7 +364,59 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
                     dtype=ctx.grad_dtype,
                 )
             )
+    if low and ctx.work.fp8_precompute_scale:
+        out += _precomputed_scales(ctx, sum(fp8 for _, _, fp8 in units.values()), shard_group)
     return out
+
+
+# torchao FSDP2 float8 all-gather (pytorch/ao 36027d82 torchao/float8/fsdp_utils.py): WeightWithDynamicFloat8CastTensor
+# .fsdp_pre_all_gather casts the local shard to float8 before FSDP2 gathers it (1 B per element; FSDP2's
+# foreach_all_gather packs a unit's mixed-dtype inputs into one uint8 buffer: torch/distributed/fsdp/_fully_shard/
+# _fsdp_collectives.py)
+FSDP_FLOAT8 = "torchao enable_fsdp_float8_all_gather"
+FLOAT8_AMAX = (
+    "torchao fsdp_utils.py fsdp_pre_all_gather -> float8_scaling_utils.hp_tensor_to_float8_dynamic(reduce_amax=True, "
+    "device_mesh=mesh) -> float8_utils.tensor_to_amax: all_reduce(amax, 'MAX') of one fp32 per weight per gather"
+)
+PRECOMPUTE = (
+    "torchao fsdp_utils.py precompute_float8_dynamic_scale_for_fsdp (after the optimizer step): torch._foreach_norm "
+    "(ord=inf) of every float8 weight, stacked (Partial), clamp -> Replicate: one all-reduce of N fp32 per mesh "
+    "dimension the weights are sharded on"
+)
+
+
+def fsdp_float8_all_gather(ctx: Context, group: Group) -> bool:
+    """torchao's FSDP2 float8 all-gather applies to this buffer: a torchao flavour (Flavour.torchao_float8) with
+    workload.fp8_param_gather, on the dense parameters (Float8Linear converts nn.Linear; the routed experts'
+    grouped weights are not Float8Linear weights)."""
+    return float8_gathered(ctx) and not group.expert
+
+
+def _float8_amax(name: str, phase: str, count: int, group: Group) -> Call:
+    """Without precomputed scales, each float8 weight's shard amax is all-reduced (MAX) before every gather."""
+    return _call(
+        name=name + ".amax", op=Op.ALLREDUCE, phase=phase, message=4, count=count, group=group, source=FLOAT8_AMAX,
+        dtype="fp32",
+    )  # fmt: skip
+
+
+def _precomputed_scales(ctx: Context, weights: int, shard_group: Group) -> list[Call]:
+    """precompute_float8_dynamic_scale_for_fsdp: once per step, the amaxes of the stage's ``weights`` float8 weights
+    in one fp32 tensor, all-reduced over each mesh dimension the DTensor weights are sharded on: FSDP's shard group,
+    the HSDP replicas and TP."""
+    if not weights:
+        return []
+    par, hs = ctx.par, ctx.par.hybrid_shard_size
+    groups = [("dp.fp8_scales", shard_group)]
+    if hs and par.dp // hs > 1:
+        groups.append(("dp.fp8_scales.replicas", Group(("dp_rep",), split=hs)))
+    if par.tp > 1:
+        groups.append(("tp.fp8_scales", Group(("tp",))))
+    return [
+        _call(name=name, op=Op.ALLREDUCE, phase="optimizer", message=4 * weights, count=1, group=group,
+              source=PRECOMPUTE, dtype="fp32")
+        for name, group in groups
+    ]  # fmt: skip
 
 
 def fsdp2_pipelined(ctx: Context) -> bool:
