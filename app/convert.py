@@ -76,6 +76,8 @@ ONLY_FOR = {
         "cpu_offloading_num_layers",
         "activation_func_fp8_input_store",
         "fused_grouped_mlp",
+        "loss_parallel",
+        "optimizer_implementation",
     ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }

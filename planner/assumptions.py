@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from collectives.topology.spec import ClusterSpec
 
 from .context import Context
-from .kernels import attention_kernel, cross_entropy_fusion, grad_accumulation_fusion
+from .kernels import (
+    attention_kernel,
+    cross_entropy_fusion,
+    grad_accumulation_fusion,
+    norm_ops,
+    vocab_parallel_loss,
+)
 from .parallel import DEFAULT_ORDER
 
 
@@ -66,9 +72,19 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
         add(Assumption("workload.grad_accumulation_fusion", fused, f"{by}: {_onoff(fl.grad_accumulation_fusion)}"))
         loss = _onoff(cross_entropy_fusion(ctx))
         add(Assumption("workload.cross_entropy_fusion", loss, f"{by}: {_onoff(fl.fused_cross_entropy)}"))
+        if fl.loss_parallel_switch and par.tp > 1:
+            lp = _onoff(vocab_parallel_loss(ctx))
+            what = f"{by}: {_onoff(fl.vocab_parallel_loss)} (torchtitan: on unless --training.disable_loss_parallel)"
+            add(Assumption("workload.loss_parallel", lp, what))
+        if fl.torch_optimizer:
+            impl = work.optimizer_implementation or "fused"
+            what = f"{by}: fused (torchtitan optimizer.implementation; foreach before 2025), then clip_grad_norm_"
+            add(Assumption("workload.optimizer_implementation", impl, what))
         if ctx.model.moe is not None and fl.te_fp8_recipes:
             grouped = _onoff(work.fused_grouped_mlp)
             add(Assumption("workload.fused_grouped_mlp", grouped, f"{by}: off (TEGroupedMLP, a GEMM per local expert)"))
+    if not fl.fused_kernels:
+        add(Assumption("workload.norm_kernel", "ops" if norm_ops(ctx) else "fused", f"{by}: fused (F.rms_norm)"))
     add(Assumption("parallel.zero_stage", str(par.zero_stage), f"{COMMPLAN}: 0 (no optimizer sharding)"))
     add(Assumption("parallel.order", par.order, f"{COMMPLAN}: Megatron's {DEFAULT_ORDER}, fastest-varying first"))
     if par.pp > 1:

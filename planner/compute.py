@@ -21,29 +21,28 @@ from collectives.topology.gpu import GPUSpec
 from ._errors import SpecError
 from .context import Context
 from .kernels import (
-    ADAM_BYTES,
     EFFICIENCY,
     FLASH_BWD,
-    FUSED,
-    UNFUSED_CROSS_ENTROPY,
     Efficiency,
     Kernel,
     LayerKernels,
     attention_flops,
     check_kernel_options,
-    cross_entropy_fusion,
     dense_peak,
     efficiency,
-    fusion,
     gemm_kernels,
     kv_cache_bytes_per_layer,
     kv_length,
     layer_kernels,
     layer_kernels_key,
+    loss_chain,
     memory_kernel,
     mtp_module_kernels,
     mtp_runs_bf16,
+    one_kernel_loss_bytes,
+    optimizer_bytes,
     per_layer,
+    vocab_parallel_loss,
 )
 from .recompute import layer_counts
 
@@ -240,20 +239,27 @@ def head_backward(ctx: Context, head: PassTime, gpu: GPUSpec, eff: Efficiency) -
     """The LM head and loss backward: 2x the forward GEMMs; the loss's backward kernels when Megatron runs it as
     torch ops (kernels.UNFUSED_CROSS_ENTROPY), else 2x the forward's elementwise work."""
     elementwise = 2 * head.elementwise_s
-    if ctx.training and _unfused_loss(ctx):
-        (nbytes, launches) = UNFUSED_CROSS_ENTROPY[1]
+    chain = loss_chain(ctx)
+    if chain is not None:
+        (nbytes, launches) = chain[1]
         elementwise = memory_kernel("cross_entropy.bwd", nbytes * _logits(ctx), gpu, eff, launches).time_s
     return PassTime(2 * head.gemm_s, 0.0, elementwise, 2 * head.flops)
 
 
-def _unfused_loss(ctx: Context) -> bool:
-    """Megatron's cross entropy as its torch ops: a fused framework's without the loss fusion."""
-    return fusion(ctx) is FUSED and not cross_entropy_fusion(ctx)
-
-
 def _logits(ctx: Context) -> float:
-    """Logits one rank computes per micro-batch: tokens x its vocabulary shard (training)."""
-    return ctx.b * ctx.s_cp * (ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp)
+    """Logits one rank's loss reads per micro-batch (training): tokens x the vocabulary it holds (loss_vocab)."""
+    return ctx.b * ctx.s_cp * loss_vocab(ctx)
+
+
+def loss_vocab(ctx: Context) -> int:
+    """The vocabulary one rank's loss runs over: its shard of the LM head's output, or, where the logits are
+    all-gathered over TP before the loss (kernels.vocab_parallel_loss False: DTensor's ColwiseParallel with
+    output_layouts Replicate(), torchtitan 9dec370 parallelize_llama.py when loss_parallel is off; the ledger's
+    tp.lm_head.logits), the whole vocabulary on every rank."""
+    t = ctx.par.tp
+    if t > 1 and ctx.training and not vocab_parallel_loss(ctx):
+        return ctx.model.vocab_size
+    return ctx.model.padded_vocab(t) // t
 
 
 def compute_dtype(ctx: Context) -> str:
@@ -381,10 +387,12 @@ def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> t
     g = gemm_kernels("lm_head", T, V, mdl.hidden_size, dtype, gpu, eff)[0]
     if not ctx.training:
         return (g,)
-    if _unfused_loss(ctx):
-        nbytes, launches = UNFUSED_CROSS_ENTROPY[0]
-        return g, memory_kernel("cross_entropy", nbytes * T * V, gpu, eff, launches)
-    return g, memory_kernel("cross_entropy", fusion(ctx).loss * T * V, gpu, eff)
+    chain = loss_chain(ctx)
+    logits = T * loss_vocab(ctx)
+    if chain is not None:
+        nbytes, launches = chain[0]
+        return g, memory_kernel("cross_entropy", nbytes * logits, gpu, eff, launches)
+    return g, memory_kernel("cross_entropy", one_kernel_loss_bytes(ctx) * logits, gpu, eff)
 
 
 def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
@@ -400,7 +408,7 @@ def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None =
     shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
     shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
     local = dense / shard_dense + expert / shard_expert
-    return local * ADAM_BYTES / (gpu.hbm_GBps * 1e9 * efficiency(gpu, eff).hbm)
+    return local * optimizer_bytes(ctx) / (gpu.hbm_GBps * 1e9 * efficiency(gpu, eff).hbm)
 
 
 # ---- model FLOPs (the MFU definition) --------------------------------------------------------------------
@@ -481,7 +489,8 @@ def stage_pass_key(ctx: Context, stage: int) -> tuple:
 
 def optimizer_key(ctx: Context, stage: int) -> tuple:
     """The value key of what ``optimizer_s`` reads past the GPU (training; () for inference, whose step has
-    none): the parameters the rank updates (param_totals) and what shards them."""
+    none): the parameters the rank updates (param_totals), what shards them and the bytes a parameter's step
+    moves (kernels.optimizer_bytes: the flavour's optimizer and the workload's implementation)."""
     from .memory import param_totals
 
     if not ctx.training:
@@ -489,7 +498,7 @@ def optimizer_key(ctx: Context, stage: int) -> tuple:
     par = ctx.par
     dense, expert, _ = param_totals(ctx, stage)
     shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
-    return (dense, expert, *shards)
+    return (dense, expert, *shards, optimizer_bytes(ctx))
 
 
 def layer_forward_key(ctx: Context) -> tuple:

@@ -357,6 +357,31 @@ FP8_CAST_BYTES = 4
 # v (24), write bf16 weight (2), zero the grad (4) = 34 bytes.
 ADAM_BYTES = 34
 
+# torch.optim.AdamW over FSDP2's sharded fp32 parameters, gradients (reduce dtype fp32) and state, bytes per local
+# parameter (workload.optimizer_implementation; the flavour trait torch_optimizer). "fused": _fused_adamw_ reads the
+# parameter, gradient, exp_avg and exp_avg_sq and writes back three = 28 B (FSDP2 casts to bf16 in its all-gather,
+# zero_grad sets the gradients to None: no bf16 copy, no zeroing). "foreach": _multi_tensor_adamw (pytorch 002d2f0b
+# torch/optim/adamw.py, the non-capturable path): _foreach_mul_(params) 8, _foreach_lerp_(exp_avgs, grads) 12,
+# _foreach_mul_(exp_avg_sqs) 8, _foreach_addcmul_(exp_avg_sqs, grads, grads) 12, _foreach_sqrt 8, _foreach_div_ 8,
+# _foreach_add_(eps) 8, _foreach_addcdiv_(params, exp_avgs, denom) 16 = 80 B. torchtitan 9dec370 builds AdamW with
+# foreach=not --optimizer.fused (store_true: foreach), 820504e with optimizer.implementation "fused" (its default).
+TORCH_ADAMW_BYTES = {"fused": 28, "foreach": 80}
+# torchtitan's clip_grad_norm_ every step (training.max_norm 1.0 by default; 9dec370 torchtitan/utils.py and 820504e
+# torchtitan/distributed/utils.py): torch.nn.utils.get_total_norm's _foreach_norm reads each gradient (4 B), then
+# clip_grads_with_norm_ multiplies every gradient by the clamped coefficient unconditionally ("avoids a `if clip_coef
+# < 1:` conditional", torch/nn/utils/clip_grad.py): 4 + 8 = 12 B per local fp32 gradient
+CLIP_GRAD_NORM_BYTES = 12
+
+
+def optimizer_bytes(ctx: Context) -> float:
+    """HBM bytes of the optimizer step per local parameter: torch.optim's AdamW as the workload names its
+    implementation (TORCH_ADAMW_BYTES, default fused) and the gradient clipping (CLIP_GRAD_NORM_BYTES) under a flavour
+    that runs them (Flavour.torch_optimizer); else a fused Adam with its bf16 copy and the gradient zeroing
+    (ADAM_BYTES)."""
+    if not ctx.flavour.torch_optimizer:
+        return ADAM_BYTES
+    return TORCH_ADAMW_BYTES[ctx.work.optimizer_implementation or "fused"] + CLIP_GRAD_NORM_BYTES
+
 
 @dataclass(frozen=True)
 class Fusion:
@@ -399,6 +424,30 @@ EAGER = Fusion(
 # rows: fp32 atomics, not measured here, so FUSED does not charge it.
 SCATTER_ADD_HBM = 0.0508
 BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs and the gradient and write two
+
+# torchtitan's RMSNorm of norm_type "rmsnorm" as it ran in its 2024 benchmarks (torchtitan 9dec370
+# torchtitan/models/norms.py RMSNorm: ``self._norm(x.float()).type_as(x) * self.weight``, ``_norm(x) = x *
+# torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)``; F.rms_norm of those years is the same chain, aten
+# layer_norm.cpp rms_norm_symint), eager, bf16 activations and weight (FSDP2 param_dtype bf16), bytes per element of
+# the normalised tensor and kernels (workload.norm_kernel "ops"). Forward: x.float() (read 2, write 4), pow (4 + 4),
+# mean (read 4), + eps and rsqrt (over the b·s row values only), x * r (4 + 4), type_as (4 + 2), * weight (2 + 2) =
+# 36 B in 8 kernels. Backward, autograd's formulas (tools/autograd/derivatives.yaml, FunctionsManual.cpp): * weight's
+# grad x weight (2 + 2) and grad x the normalised rows (2 + 2 + 2) summed over the tokens (read 2); type_as's
+# ToCopyBackward to fp32 (2 + 4); x * r's grad x r (4 + 4) and grad x x (4 + 4 + 4) summed over h (read 4); rsqrt's
+# -0.5 * grad * result.pow(3) (3 kernels over the row values); mean_backward's expand / n (write 4); pow_backward's
+# grad * (2 * x.pow(1)) (pow(1) a copy 4 + 4, the scalar multiply 4 + 4, the product 4 + 4 + 4); the two paths' sum
+# into x.float()'s gradient (4 + 4 + 4); x.float()'s ToCopyBackward to bf16 (4 + 2) = 92 B in 16 kernels.
+RMSNORM_OPS = ((36, 8), (92, 16))
+
+# torch's loss parallelism (workload.loss_parallel; torch/distributed/tensor/parallel/loss.py, pytorch 02eef6b8)
+# over torchtitan's ``F.cross_entropy(pred.flatten(0, 1).float(), labels)`` (torchtitan 9dec370 train.py loss_fn),
+# bytes per logit of the rank's vocabulary shard and kernels over the logits. Forward: .float() (read 2, write 4),
+# _log_softmax's amax (read 4), x - max (4 + 4), exp (4 + 4), sum (read 4), shifted - logsumexp (4 + 4) = 38 B in 6
+# kernels (its x.to(fp32) and the result's .to(fp32) are no-ops on fp32 logits). Backward
+# _nll_loss_and_log_softmax_backward: zeros_like (write 4), exp(x) (4 + 4), grad_input + exp (4 + 4 + 4),
+# * grad_output (4 + 4); the log_softmax backward handler's .to(fp32) is a no-op; .float()'s ToCopyBackward to bf16
+# (4 + 2) = 38 B in 5 kernels. The target masking's kernels over the b·s targets are not counted.
+LOSS_PARALLEL_CROSS_ENTROPY = ((38, 6), (38, 5))
 
 # Megatron's cross entropy without --cross-entropy-loss-fusion (megatron/core/tensor_parallel/cross_entropy.py at
 # f2e5db402c; megatron/mpu/cross_entropy.py of 2021 runs the same ops), bytes per logit and kernels: forward the
@@ -730,6 +779,53 @@ def fsdp_copy_kernels(
     return tuple(out)
 
 
+# torch's async TP (Inductor's micro-pipeline TP pass, Flavour.async_tp_single_matmul) runs each fused GEMM as one
+# GEMM per TP rank's shard of its rows (torch/distributed/_symmetric_memory/__init__.py, pytorch 0e9ed9cf:
+# _pipelined_all_gather_and_consume calls the shard consumer once per source rank, ``ag_out.chunk(group_size)``;
+# _fused_matmul_reduce_scatter_impl's chunk_producer once per destination rank over ``A.chunk(group.size())``). The
+# forward's column-parallel GEMMs consume the sequence-parallel all-gather, the row-parallel ones produce the
+# reduce-scatter, and in the backward the row-parallel GEMMs' data gradients consume the all-gather of the output
+# gradient; the column-parallel input gradients' reduce-scatter sums several matmuls and is not fused (step.py).
+ASYNC_TP_GATHER_GEMMS = ("qkv", "fc1")
+ASYNC_TP_SCATTER_GEMMS = ("attn_out", "fc2")
+
+
+def async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[float, float, float]:
+    """What torch's async TP adds to one layer, one micro-batch, one rank (seconds): (forward GEMMs, forward
+    memory-bound, backward GEMMs). Each fused GEMM of m rows runs as tp GEMMs of m/tp rows (ASYNC_TP_GATHER_GEMMS,
+    ASYNC_TP_SCATTER_GEMMS; each at its own shape's efficiency and fixed cost) in place of one; a fused
+    matmul-reduce-scatter then sums the tp partials it received on the compute stream (``reduce_fn``, torch.sum over
+    dim 0: reads the m x n partials, writes the m/tp x n shard, in the GEMM's output dtype, bf16). Memoised by value
+    (per_layer)."""
+    return per_layer(_ASYNC_TP, _async_tp_split, ctx, moe, gpu, efficiency(gpu, eff))
+
+
+_ASYNC_TP: dict = {}
+
+
+def _async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float, float]:
+    t = ctx.par.tp
+    lk = layer_kernels(ctx, moe, gpu, eff)
+    floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+
+    def extra(k: Kernel, which: int) -> float:
+        m, n, kk, _ = k.shape
+        piece = gemm_kernels(k.name, m / t, n, kk, k.dtype, gpu, eff)[which]
+        return t * _floored(piece, floor).time_s - k.time_s
+
+    fused = ASYNC_TP_GATHER_GEMMS + ASYNC_TP_SCATTER_GEMMS
+    forward = [k for k in lk.forward if k.kind == "gemm" and k.name in fused]
+    dgrads = {n + ".dgrad" for n in ASYNC_TP_SCATTER_GEMMS}
+    fwd = sum(extra(k, 0) for k in forward)
+    bwd = sum(extra(k, 1) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
+    mem = sum(
+        memory_kernel("async_tp.reduce", (k.shape[0] * k.shape[1]) * (1 + 1 / t) * 2, gpu, eff, 1, floor).time_s
+        for k in forward
+        if k.name in ASYNC_TP_SCATTER_GEMMS
+    )
+    return fwd, mem, bwd
+
+
 # ---- the layer -------------------------------------------------------------------------------------------
 
 
@@ -825,6 +921,8 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.expert_bias_loop,
         flavour.dispatch_preprocess_launches,
         flavour.local_linear_biases,
+        flavour.vocab_parallel_loss,  # the head's loss: its vocabulary and kernels (compute.loss_vocab, loss_chain)
+        flavour.loss_parallel_switch,
         par.cp_comm,
         par.cp_load_balance,
         par.ep_dispatch,
@@ -836,8 +934,7 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     t, T, h = par.tp, ctx.b * ctx.s_cp, mdl.hidden_size
     T_sp = T / (t if par.sp else 1)
     k = _Layer(ctx, gpu, eff)
-    norm_b, norm_n = k.fu.norm
-    k.mem("input_norm", norm_b * T_sp * h, norm_n)
+    k.norm("input_norm", T_sp * h)
     core_index = _attention_projections(k, T)
     core_fwd, core_bwd = attention_kernels(ctx, gpu, eff, k.floor)
     k.fwd[core_index:core_index] = list(core_fwd)
@@ -847,7 +944,7 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     if bias_add:
         k.mem("attn_bias_add", bias_f * T_sp * h, bias_n, back=bias_b / bias_f)
     k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
-    k.mem("pre_mlp_norm", norm_b * T_sp * h, norm_n)
+    k.norm("pre_mlp_norm", T_sp * h)
     if moe:
         _moe_mlp(k, T, T_sp)
     else:
@@ -1009,6 +1106,15 @@ class _Layer:
         self.fwd.append(_floored(f, self.floor))
         self.bwd.extend((_floored(d, self.floor), _floored(w, self.floor)))
 
+    def norm(self, name, elements, count=1):
+        """``count`` RMSNorms over ``elements`` each: one kernel each way, or the eager op chain (RMSNORM_OPS)."""
+        if norm_ops(self.ctx):
+            (fb, fn), (bb, bn) = RMSNORM_OPS
+            self.fwd.append(memory_kernel(name, fb * elements, self.gpu, self.eff, count * fn, self.floor))
+            self.bwd.append(memory_kernel(name + ".bwd", bb * elements, self.gpu, self.eff, count * bn, self.floor))
+        else:
+            self.mem(name, self.fu.norm[0] * elements, count * self.fu.norm[1])
+
     def mem(self, name, nbytes, count=1, back=BACKWARD_BYTES):
         self.fwd.append(memory_kernel(name, nbytes, self.gpu, self.eff, count, self.floor))
         if back:
@@ -1019,18 +1125,17 @@ def _attention_projections(k: _Layer, T: float) -> int:
     """The attention's projections (MLA's low-rank ones, or fused QKV), norms and rotary; returns where in the
     forward list the core attention goes."""
     mdl, t, h, fu = k.ctx.model, k.ctx.par.tp, k.ctx.model.hidden_size, k.fu
-    norm_b, norm_n = fu.norm
     if mdl.mla:
         a, heads = mdl.mla, mdl.num_attention_heads
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
         if a.q_lora_rank:
             k.gemm("q_down", T, a.q_lora_rank, h)
-            k.mem("q_norm", norm_b * T * a.q_lora_rank, norm_n)
+            k.norm("q_norm", T * a.q_lora_rank)
             k.gemm("q_up", T, heads * qk / t, a.q_lora_rank)
         else:
             k.gemm("q_proj", T, heads * qk / t, h)
         k.gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
-        k.mem("kv_norm", norm_b * T * a.kv_lora_rank, norm_n)
+        k.norm("kv_norm", T * a.kv_lora_rank)
         k.gemm("kv_up", T, heads * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)
         rope = T * heads / t * a.qk_rope_head_dim + T * a.qk_rope_head_dim
         k.mem("rotary", fu.rotary[0] * rope, 2 * fu.rotary[1])
@@ -1040,7 +1145,7 @@ def _attention_projections(k: _Layer, T: float) -> int:
     kv = mdl.kv_heads * mdl.head_size / t
     k.gemm("qkv", T, q + 2 * kv, h)
     if mdl.qk_norm:
-        k.mem("qk_norm", norm_b * T * (q + kv), 2 * norm_n)
+        k.norm("qk_norm", T * (q + kv), 2)
     if not mdl.learned_position_embeddings:
         if unfused_rope(k.ctx):
             (f_b, f_n), (b_b, b_n) = UNFUSED_ROPE
@@ -1053,6 +1158,12 @@ def _attention_projections(k: _Layer, T: float) -> int:
     core_index = len(k.fwd)
     k.gemm("attn_out", T, h, q)
     return core_index
+
+
+def norm_ops(ctx: Context) -> bool:
+    """Whether the layers' RMSNorms run as the eager op chain (workload.norm_kernel "ops", RMSNORM_OPS): only where
+    nothing fuses them (an eager flavour without torch.compile; Inductor fuses the chain inside compiled blocks)."""
+    return ctx.work.norm_kernel == "ops" and fusion(ctx) is EAGER
 
 
 def unfused_rope(ctx: Context) -> bool:
@@ -1186,6 +1297,37 @@ def cross_entropy_fusion(ctx: Context) -> bool:
     if given is not None:
         return given
     return bool(ctx.work.torch_compile) or ctx.par.flavour.fused_cross_entropy
+
+
+def vocab_parallel_loss(ctx: Context) -> bool:
+    """Whether the LM head keeps the logits sharded over TP and the loss runs vocab-parallel (3 fp32 all-reduces):
+    the workload's loss_parallel where the flavour has the switch (torchtitan's), else the flavour's."""
+    given = ctx.work.loss_parallel
+    return ctx.flavour.vocab_parallel_loss if given is None else given
+
+
+def loss_chain(ctx: Context) -> tuple[tuple[float, int], tuple[float, int]] | None:
+    """The cross entropy as its separate kernels, ((forward bytes per logit, kernels), (backward ...)), or None for
+    one kernel each way (the fused loss; the eager F.cross_entropy of a framework without loss parallelism,
+    Fusion.loss). Megatron without --cross-entropy-loss-fusion: UNFUSED_CROSS_ENTROPY; an eager framework's loss
+    parallelism over tp > 1 (torch loss_parallel), whether or not torch.compile fused the blocks (torchtitan 9dec370
+    compiles each TransformerBlock, its loss stays eager: enter cross_entropy_fusion false):
+    LOSS_PARALLEL_CROSS_ENTROPY, for the flavour whose switch is torch's loss_parallel (Flavour.loss_parallel_switch;
+    DeepSpeed's eager loss keeps one kernel)."""
+    if not ctx.training or (fusion(ctx) is FUSED and cross_entropy_fusion(ctx)):
+        return None
+    if ctx.flavour.fused_kernels:
+        return UNFUSED_CROSS_ENTROPY
+    if ctx.par.tp > 1 and ctx.flavour.loss_parallel_switch and vocab_parallel_loss(ctx):
+        return LOSS_PARALLEL_CROSS_ENTROPY
+    return None
+
+
+def one_kernel_loss_bytes(ctx: Context) -> float:
+    """Bytes per logit of the loss run as one kernel (loss_chain None): the fused loss's when the loss is fused
+    (Megatron's fusion, or torch.compile unless cross_entropy_fusion says its loss stayed eager), else the eager
+    F.cross_entropy's (EAGER.loss)."""
+    return FUSED.loss if fusion(ctx) is FUSED and cross_entropy_fusion(ctx) else EAGER.loss
 
 
 def grad_accumulation_fusion(ctx: Context) -> bool:

@@ -561,6 +561,24 @@ def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             "workload.selective_ac_option",
             f"is torchtitan's (framework torch), framework is {par.framework!r}; Megatron: recompute_modules",
         )
+    if w.loss_parallel is not None and not par.flavour.loss_parallel_switch:
+        always = "always" if par.flavour.vocab_parallel_loss else "never"
+        raise SpecError(
+            "workload.loss_parallel",
+            f"is torchtitan's training.disable_loss_parallel switch (framework torch), framework is "
+            f"{par.framework!r}, whose loss is {always} vocab-parallel",
+        )
+    if w.optimizer_implementation is not None and not par.flavour.torch_optimizer:
+        raise SpecError(
+            "workload.optimizer_implementation",
+            f"is torch.optim.AdamW's (framework torch); framework {par.framework!r} runs its own fused Adam",
+        )
+    if w.norm_kernel == "ops" and par.flavour.fused_kernels:
+        raise SpecError(
+            "workload.norm_kernel",
+            f"'ops' is an eager framework's RMSNorm op chain (framework torch or deepspeed); framework "
+            f"{par.framework!r} runs its norm fused (TransformerEngine)",
+        )
     per_step = w.micro_batch_size * par.dp
     if w.global_batch_size % per_step:
         raise SpecError(

@@ -57,9 +57,10 @@ from .compute import (
     stage_compute,
 )
 from .context import Context
-from .kernels import efficiency, fsdp_copy_kernels
+from .kernels import async_tp_split, efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
+from .recompute import layer_counts
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
 from .rules.tensor import summed_dgrad_names
 from .workload import selective_modules
@@ -356,6 +357,8 @@ def assign_streams(
         _async_tp_unfused(ctx, totals, stages)
     if ctx.flavour.fsdp_unit_copies and gpu is not None:
         _fsdp_copies(ctx, totals, stages, gpu)
+    if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul and ctx.par.sp and gpu is not None:
+        _async_tp_split(ctx, stages, gpu)
     passes = {
         phase: [(kind, stream, acc[key]) for kind, key, stream in streams if key in acc]
         for phase, streams in _PASS_STREAMS.items()
@@ -460,6 +463,23 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
         if extra[0].elementwise_s or extra[1].elementwise_s:
             c = st.compute
             st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
+
+
+def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None:
+    """Async TP in torch runs each fused GEMM as tp GEMMs of a rank's shard of rows and sums the reduce-scatter's
+    partials on the compute stream (kernels.async_tp_split): per micro-batch, into each stage's passes, for every
+    layer; a fully recomputed layer re-runs its forward's share in the backward. Left out without ``gpu``, as the
+    FSDP2 copies are (the search's lower bounds)."""
+    eff = efficiency(gpu, None)
+    for st in stages:
+        fwd, bwd = PassTime(), PassTime()
+        for (moe, plan), count in layer_counts(ctx, st.stage).items():
+            f_gemm, f_mem, b_gemm = async_tp_split(ctx, moe, gpu, eff)
+            forward = PassTime(gemm_s=f_gemm, elementwise_s=f_mem)
+            fwd = fwd + forward.scaled(count)
+            bwd = bwd + (PassTime(gemm_s=b_gemm) + (forward if plan.kind == "full" else PassTime())).scaled(count)
+        c = st.compute
+        st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
 
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> float:

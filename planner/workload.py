@@ -68,6 +68,19 @@ class WorkloadSpec:
     grad_accumulation_fusion: bool | None = None
     # Megatron --cross-entropy-loss-fusion: None = the framework's default (Megatron: off, the loss as torch ops)
     cross_entropy_fusion: bool | None = None
+    # torchtitan's loss parallelism (training.disable_loss_parallel, store_true: on whenever tp > 1; torchtitan
+    # 9dec370 parallelize_llama.py: the output projection keeps the logits Shard(-1) and F.cross_entropy runs under
+    # torch.distributed.tensor.parallel.loss_parallel): None = the framework's default (its flavour's
+    # vocab_parallel_loss: torch off, the logits gathered as plain DTensor TP does; Megatron always on)
+    loss_parallel: bool | None = None
+    # how an eager framework runs its RMSNorm (planner/kernels.py RMSNORM_OPS): "ops" = the op chain of
+    # torchtitan's RMSNorm (norm_type "rmsnorm" up to 2025: x.float(), pow, mean, + eps, rsqrt, mul, type_as, * weight,
+    # and autograd's backward of each); "fused" = one kernel each way (F.rms_norm on CUDA, TE, Inductor); None = the
+    # framework's (fused)
+    norm_kernel: str | None = None
+    # torch.optim.AdamW's implementation (torchtitan optimizer.implementation; 9dec370: foreach unless
+    # --optimizer.fused): "fused" | "foreach"; None = "fused" (planner/kernels.py TORCH_ADAMW_BYTES)
+    optimizer_implementation: str | None = None
     # TransformerEngine's fused grouped MLP for the routed experts (Megatron-Core --use-transformer-engine-op-fuser
     # with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, the Megatron-Bridge 26.08 MXFP8 recipes): planner/kernels.py
     # FUSED_GROUPED_MLP. False: TEGroupedMLP's per-expert GEMMs (Megatron's default)
@@ -127,6 +140,10 @@ def validate_workload(w: WorkloadSpec) -> None:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
     validate_recipe(w.fp8_recipe, w.fp8_param_gather)
     one_of("workload.attention_kernel", w.attention_kernel, ATTENTION_KERNELS)
+    if w.norm_kernel is not None:
+        one_of("workload.norm_kernel", w.norm_kernel, NORM_KERNELS)
+    if w.optimizer_implementation is not None:
+        one_of("workload.optimizer_implementation", w.optimizer_implementation, OPTIMIZER_IMPLEMENTATIONS)
     if w.training:
         _training_workload(w)
     else:
@@ -167,6 +184,8 @@ def _inference_workload(w: WorkloadSpec) -> None:
         at_least_one("workload.context_length", w.context_length)
 
 
+NORM_KERNELS = ("fused", "ops")
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach")
 RECOMPUTE_METHODS = ("uniform", "block")
 # Megatron-Core --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")

@@ -184,6 +184,24 @@ class WorkloadIn(Strict):
     torch_compile: bool | None = Field(
         default=None, description="torch.compile fuses the elementwise kernels (default off; Megatron/TE fuse anyway)"
     )
+    loss_parallel: bool | None = Field(
+        default=None,
+        description="torch's loss parallelism (framework torch; torchtitan's default with tp > 1, off with "
+        "--training.disable_loss_parallel): the logits stay sharded over TP and the loss runs vocab-parallel with "
+        "3 fp32 all-reduces (default: the framework's; torch off, the logits all-gathered)",
+    )
+    optimizer_implementation: Literal["fused", "foreach"] | None = Field(
+        default=None,
+        description="torch.optim.AdamW's implementation (framework torch; torchtitan optimizer.implementation, "
+        "--optimizer.fused before 2025): fused (the default, 28 B a local parameter) or foreach (80 B), each "
+        "after torchtitan's gradient clipping (12 B)",
+    )
+    norm_kernel: Literal["fused", "ops"] | None = Field(
+        default=None,
+        description='RMSNorm as one kernel each way ("fused", the default) or, in an eager framework (torch, '
+        'deepspeed, without torch.compile), as its op chain ("ops": torchtitan\'s RMSNorm of norm_type "rmsnorm" '
+        "up to 2025, 36 B an element in 8 kernels forward, 92 B in 16 backward)",
+    )
     fused_grouped_mlp: bool | None = Field(
         default=None,
         description="TransformerEngine's fused MXFP8 grouped MLP for the routed experts (Megatron "

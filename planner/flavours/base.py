@@ -51,6 +51,11 @@ class Flavour:
     # False: the logits are all-gathered and the loss is local
     vocab_parallel_loss: bool = True
     # with learned position embeddings and SP the embedding all-reduces, then scatters locally (Megatron)
+    # the workload may switch the vocab-parallel loss (workload.loss_parallel: torchtitan's
+    # training.disable_loss_parallel); False: the flavour's vocab_parallel_loss is the only way it runs
+    loss_parallel_switch: bool = False
+    # where the vocab-parallel loss's 3 fp32 all-reduces come from ("" = Megatron's cross_entropy.py)
+    loss_parallel_source: str = ""
     embedding_allreduce_with_positions: bool = True
     # rank 0 of each TP group loads the batch and broadcasts it (Megatron get_batch_on_this_tp_rank)
     tp_broadcasts_batch: bool = True
@@ -154,6 +159,9 @@ class Flavour:
     # torch.distributed.tensor.experimental context_parallel's ring attention: the rotate methods it offers
     # (parallel.cp_rotate_method), the default first; () : TransformerEngine's cp_comm_type (parallel.cp_comm)
     cp_rotate_methods: tuple[str, ...] = ()
+    # the optimizer step is torch.optim's AdamW (fused or foreach: workload.optimizer_implementation) after
+    # torchtitan's gradient clipping (planner/kernels.py optimizer_bytes); False: a fused Adam (apex / TE)
+    torch_optimizer: bool = False
     # ---- step time (planner/step.py) ---------------------------------------------------------------------
     # ZeRO stages at which gradient reduction and parameter gathers overlap compute by default
     overlap_zero_stages: frozenset[int] = frozenset()

@@ -23,7 +23,15 @@ FLAVOUR = Flavour(
     fused_kernels=False,  # eager unless torch.compile (planner/kernels.py EAGER)
     fused_column_dgrad=False,  # ColwiseParallel on q, k, v (and gate, up): one all-reduce each in backward
     sp_wgrad_regather=False,
-    vocab_parallel_loss=False,  # the LM head gathers the logits (loss_parallel off)
+    vocab_parallel_loss=False,  # the LM head gathers the logits (loss_parallel off: tests/reference/pytorch/tp2*.json)
+    # torchtitan turns loss_parallel on whenever tp > 1 unless --training.disable_loss_parallel (torchtitan 9dec370
+    # train.py: enable_loss_parallel=not job_config.training.disable_loss_parallel; parallelize_llama.py "output":
+    # ColwiseParallel(output_layouts=Shard(-1) if loss_parallel else Replicate())): workload.loss_parallel
+    loss_parallel_switch=True,
+    loss_parallel_source=(
+        "torch/distributed/tensor/parallel/loss.py (pytorch 02eef6b8) _log_softmax: amax and sum-exp all_reduce, "
+        "_nll_loss_forward: _MaskPartial all_reduce of the target logit (fp32, b·s values each)"
+    ),
     embedding_allreduce_with_positions=False,
     tp_broadcasts_batch=False,  # every rank loads its batch
     norm_grad_reduction="on_read",  # Partial gradients: reference/pytorch/tp2_sp.json
@@ -52,6 +60,7 @@ FLAVOUR = Flavour(
     # (grad x the saved fp32 rows, 12 B, summed over h, 4 B), .to(float32)'s grad cast down (6 B): 36 B in 5 kernels
     moe_score_combine=(20.0, 3, 36.0, 5),
     optimizer_step_reductions=False,
+    torch_optimizer=True,  # torch.optim.AdamW and torchtitan's clip_grad_norm_ (planner/kernels.py optimizer_bytes)
     reports_loss=False,
     grad_reduce_dtype=None,  # DDP/FSDP2 reduce in the parameter dtype unless a MixedPrecisionPolicy says otherwise
     expert_tp_default_is_tp=False,  # torchtitan expert_tensor_parallel_degree = 1

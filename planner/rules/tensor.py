@@ -36,6 +36,7 @@ from dataclasses import replace
 from collectives import Op
 
 from ..context import Context
+from ..kernels import vocab_parallel_loss
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, mtp_checkpointed, rerun_layers
@@ -300,7 +301,9 @@ def _head(ctx: Context) -> list[Call]:
     """The LM head is a column-parallel linear over the vocabulary. Megatron keeps the logits sharded and
     runs the vocab-parallel cross-entropy: 3 all-reduces of b·s/c fp32 values (max, predicted logit,
     sum of exponentials; megatron/core/tensor_parallel/cross_entropy.py, the logits are cast to fp32 first).
-    PyTorch gathers the logits (b·s/c·V·x) and computes the loss locally. Inference gathers the last
+    PyTorch gathers the logits (b·s/c·V·x) and computes the loss locally, unless loss parallelism is on
+    (workload.loss_parallel, torchtitan's default with tp > 1): then the same 3 fp32 all-reduces
+    (torch/distributed/tensor/parallel/loss.py, Flavour.loss_parallel_source). Inference gathers the last
     position's logits for sampling (vLLM LogitsProcessor._gather_logits) over the serving engine's
     vocabulary, padded to a multiple of 64 (vllm/model_executor/layers/vocab_parallel_embedding.py
     DEFAULT_VOCAB_PADDING_SIZE = 64), not Megatron's 128·t."""
@@ -323,7 +326,7 @@ def _head(ctx: Context) -> list[Call]:
     else:
         src = ctx.flavour.tp_source
         out.append(_mb(ctx, name="tp.lm_head.dgrad", op=Op.ALLREDUCE, phase="backward", count=1, source=src))
-    if not ctx.flavour.vocab_parallel_loss:
+    if not vocab_parallel_loss(ctx):
         logits = tokens * model.vocab_size * ctx.x
         src = ctx.flavour.tp_source
         out.append(
@@ -337,7 +340,8 @@ def _head(ctx: Context) -> list[Call]:
                 op=Op.ALLREDUCE,
                 phase="forward",
                 count=3,
-                source=M + "megatron/core/tensor_parallel/cross_entropy.py:25,130,146,150 (fp32 max, target, sum exp)",
+                source=ctx.flavour.loss_parallel_source
+                or M + "megatron/core/tensor_parallel/cross_entropy.py:25,130,146,150 (fp32 max, target, sum exp)",
                 message=tokens * 4,
                 dtype="fp32",
             )

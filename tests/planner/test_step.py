@@ -67,22 +67,22 @@ KNOWN_MISSES = {
     # torchtitan's own H100 runs (titan, held out, entered as published: docs/step-time.md "Torch-native runs"),
     # every one too fast; recorded after FSDP2's compute-stream copies and pass-end gathers / reduce-scatters and
     # async TP's unfused backward reduce-scatters
-    "torchtitan Llama3.1-8B FSDP, 8 H100": -0.165,
-    "torchtitan Llama3.1-8B FSDP + torch.compile, 8 H100": -0.103,
-    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 8 H100": -0.028,
-    "torchtitan Llama3.1-8B FSDP, 128 H100": -0.192,
-    "torchtitan Llama3.1-8B FSDP + torch.compile, 128 H100": -0.129,
-    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 128 H100": -0.052,
-    "torchtitan Llama3.1-70B 2D (compile, Float8), 256 H100": -0.048,
-    "torchtitan Llama3.1-70B 2D + AsyncTP (compile, Float8), 256 H100": -0.116,
-    "torchtitan Llama3.1-70B bf16 TP (2025-06), 256 H100": -0.101,
-    "torchtitan Llama3.1-70B bf16 AsyncTP (2025-06), 256 H100": -0.198,
-    "torchtitan Llama3.1-70B Float8 tensorwise TP (2025-06), 256 H100": -0.070,
-    "torchtitan Llama3.1-70B Float8 tensorwise AsyncTP (2025-06), 256 H100": -0.049,
-    "torchtitan Llama3.1-8B bf16 TP (2025-06), 64 H100": -0.148,
-    "torchtitan Llama3.1-8B bf16 AsyncTP (2025-06), 64 H100": -0.290,
-    "torchtitan Llama3.1-8B Float8 tensorwise TP (2025-06), 64 H100": -0.212,
-    "torchtitan Llama3.1-8B Float8 tensorwise AsyncTP (2025-06), 64 H100": -0.278,
+    "torchtitan Llama3.1-8B FSDP, 8 H100": -0.045,
+    "torchtitan Llama3.1-8B FSDP + torch.compile, 8 H100": -0.080,
+    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 8 H100": 0.002,
+    "torchtitan Llama3.1-8B FSDP, 128 H100": -0.085,
+    "torchtitan Llama3.1-8B FSDP + torch.compile, 128 H100": -0.116,
+    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 128 H100": -0.036,
+    "torchtitan Llama3.1-70B 2D (compile, Float8), 256 H100": -0.047,
+    "torchtitan Llama3.1-70B 2D + AsyncTP (compile, Float8), 256 H100": -0.089,
+    "torchtitan Llama3.1-70B bf16 TP (2025-06), 256 H100": -0.104,
+    "torchtitan Llama3.1-70B bf16 AsyncTP (2025-06), 256 H100": -0.179,
+    "torchtitan Llama3.1-70B Float8 tensorwise TP (2025-06), 256 H100": -0.072,
+    "torchtitan Llama3.1-70B Float8 tensorwise AsyncTP (2025-06), 256 H100": -0.024,
+    "torchtitan Llama3.1-8B bf16 TP (2025-06), 64 H100": -0.170,
+    "torchtitan Llama3.1-8B bf16 AsyncTP (2025-06), 64 H100": -0.285,
+    "torchtitan Llama3.1-8B Float8 tensorwise TP (2025-06), 64 H100": -0.225,
+    "torchtitan Llama3.1-8B Float8 tensorwise AsyncTP (2025-06), 64 H100": -0.259,
 }
 
 
@@ -102,11 +102,12 @@ def test_runs_within_ten_percent_at_the_median_and_h100_unbiased():
     the torchtitan rows), the DGX H100 runs (Llama 3, NeMo 24.07 FP8, Megatron-Core 2024, Megatron-Bridge; not
     torchtitan's Grand Teton H100s) within 8% and their signed median within 5%."""
     rows = {c["name"]: step_validation.predict(c, DATA)["error"] for c in DATA["cases"]}
-    # 10.1% over the 71 runs since the 16 torchtitan rows came (8.9% over the 55 before them): the issue's 10% target
-    # is not met on them, whose torch-native bias (-12.2% signed) is reported, not hidden
-    assert len(rows) >= 40 and median(abs(e) for e in rows.values()) <= 0.105
+    # 10.1% over the 71 runs since the 16 torchtitan rows came (8.9% over the 55 before them; 10.3% at e9f5c0a),
+    # 8.5% with titan7's RMSNorm op chain, loss parallelism, optimizer and async-TP split: their torch-native bias
+    # (-12.2% signed, -8.7% after titan7) is reported, not hidden
+    assert len(rows) >= 40 and median(abs(e) for e in rows.values()) <= 0.10
     torch = [e for name, e in rows.items() if CASES[name]["parallel"].get("framework") == "torch"]
-    assert len(torch) == 16 and median(torch) == pytest.approx(-0.122, abs=0.01)
+    assert len(torch) == 16 and median(torch) == pytest.approx(-0.087, abs=0.01)
     h100 = [e for name, e in rows.items() if CASES[name]["cluster"] == "dgx-h100" and "gpu" not in CASES[name]]
     assert len(h100) >= 19 and median(abs(e) for e in h100) <= 0.08 and abs(median(h100)) <= 0.05
 

@@ -127,13 +127,14 @@ def test_torchtitan_rows_are_held_out_and_entered_as_published():
 
 
 def test_torchtitan_rows_predicted():
-    """The 16 rows as the model predicts them now (all too fast: docs/step-time.md 'Torch-native runs'): Table 1's
-    eager FSDP row -16.5%, and the 2025-06 async-TP rows the furthest (-23 to -34%)."""
+    """The 16 rows as the model predicts them now (15 too fast: docs/step-time.md 'Torch-native runs'): Table 1's
+    eager FSDP row -4.5% with torchtitan's RMSNorm op chain and foreach AdamW (-16.5% before, titan7), and the
+    2025-06 8B async-TP rows the furthest (-26 to -29%)."""
     data = step_validation.load()
     rows = {c["name"]: step_validation.predict(c, data) for c in data["cases"] if c["name"].startswith("torchtitan")}
-    assert rows["torchtitan Llama3.1-8B FSDP, 8 H100"]["error"] == pytest.approx(-0.165, abs=0.005)
-    assert all(r["error"] < 0 for r in rows.values())
-    assert max(abs(r["error"]) for r in rows.values()) < 0.36
+    assert rows["torchtitan Llama3.1-8B FSDP, 8 H100"]["error"] == pytest.approx(-0.045, abs=0.005)
+    assert sum(r["error"] < 0 for r in rows.values()) == 15  # the 8-GPU compile + Float8 row: +0.2%
+    assert max(abs(r["error"]) for r in rows.values()) < 0.30  # the issue's "no run more than 30% off"
 
 
 def test_a_model_given_field_by_field_plans_alike():
@@ -210,3 +211,43 @@ def test_the_docs_table_is_the_prediction():
     for cells in rows:
         name, error = cells[1].strip(), cells[4].strip()
         assert error == f"{step_validation.predict(cases[name], data)['error']:+.1%}", name
+
+
+def test_async_tp_splits_the_fused_gemms_by_rank():
+    """torch's fused all-gather-matmul and matmul-reduce-scatter run one GEMM per rank's shard of rows
+    (torch/distributed/_symmetric_memory, _pipelined_all_gather_and_consume / _pipelined_produce_and_all2all): the
+    8B layer's 16,384 rows (b 2 x 8,192) as 8 GEMMs of 2,048 in qkv, attn_out, fc1, fc2 forward and the row-parallel
+    dgrads, and the reduce-scatter's partial sum on the compute stream: read 16,384 x 4,096 bf16, write 1/8 of it,
+    for attn_out and fc2, at 0.877 of the H100's 3,350 GB/s plus 5 us. The step's compute grows by exactly that
+    for the 4 layers (no recompute), and nothing without tp_comm_overlap or under Megatron."""
+    from planner.context import Context
+    from planner.kernels import async_tp_split, gemm_kernels, layer_kernels
+
+    plain, overlapped = _tp_plan("torch", False), _tp_plan("torch", True)
+    model = replace(model_preset("llama3-8b"), num_layers=4)  # _tp_plan's
+    w = WorkloadSpec(micro_batch_size=2, global_batch_size=2, torch_compile=True)
+    ctx = Context(model, w, ParallelSpec(tp=8, sequence_parallel=True, framework="torch"))
+    f_gemm, f_mem, b_gemm = async_tp_split(ctx, False, H100)
+    lk = layer_kernels(ctx, False, H100)
+    expected_f = 0.0
+    for k in lk.forward:
+        if k.name in ("qkv", "attn_out", "fc1", "fc2"):
+            m, n, kk, _ = k.shape
+            assert m == 16384
+            expected_f += 8 * gemm_kernels(k.name, 2048, n, kk, k.dtype, H100, EFF)[0].time_s - k.time_s
+    expected_b = 0.0
+    for k in lk.backward:
+        if k.name in ("attn_out.dgrad", "fc2.dgrad"):
+            m, n, kk, _ = k.shape
+            expected_b += 8 * gemm_kernels(k.name[:-6], 2048, n, kk, k.dtype, H100, EFF)[1].time_s - k.time_s
+    assert f_gemm == pytest.approx(expected_f, rel=1e-12) and b_gemm == pytest.approx(expected_b, rel=1e-12)
+    assert f_gemm > 0 and b_gemm > 0
+    reduce = 16384 * 4096 * (1 + 1 / 8) * 2 / (3350e9 * 0.877) + 5e-6
+    assert f_mem == pytest.approx(2 * reduce, rel=1e-12)
+    # into the step: 4 layers, 1 micro-batch, no recompute
+    assert overlapped.step.compute_s - plain.step.compute_s == pytest.approx(4 * (f_gemm + f_mem + b_gemm), rel=1e-9)
+    megatron = _tp_plan("megatron", True).step.compute_s - _tp_plan("megatron", False).step.compute_s
+    assert megatron == 0.0
+
+
+EFF = efficiency(H100, None)
