@@ -56,6 +56,7 @@ from .compute import (
     model_flops_per_token,
     stage_compute,
 )
+from .contention import Share, hbm_bytes, share_of, slowdown_s, window_rate
 from .context import Context
 from .kernels import async_tp_split, efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
@@ -142,14 +143,21 @@ class StageStep:
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
     tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
+    # compute slowed by the communication hidden behind it (planner/contention.py), per micro-batch: how much later
+    # each pass ends; and what the once-per-iteration DP streams hold while they run (critical_path)
+    slow_fwd_s: float = 0.0
+    slow_bwd_s: float = 0.0
+    grad_share: Share = field(default_factory=Share)
+    gather_share: Share = field(default_factory=Share)
+    slow_dp_s: float = 0.0  # the last backward and first forward lengthened by the hidden DP reduction and gather
 
     @property
     def forward_s(self) -> float:
-        return self.compute.forward.total_s + self.fwd_comm_s
+        return self.compute.forward.total_s + self.slow_fwd_s + self.fwd_comm_s
 
     @property
     def backward_s(self) -> float:
-        return self.compute.backward.total_s + self.bwd_comm_s
+        return self.compute.backward.total_s + self.slow_bwd_s + self.bwd_comm_s
 
 
 @dataclass
@@ -240,6 +248,12 @@ class StreamTotals:
     unit_largest: dict[str, list[float]] = field(default_factory=dict)
     # the backward TP reduce-scatters by ledger row (what an async-TP pass may leave unfused: _async_tp_unfused)
     tp_reduces: dict[str, list[float]] = field(default_factory=dict)
+    # what each stream's calls hold while they run (planner/contention.py): SM-seconds (NCCL channels x seconds)
+    # and HBM bytes; and, on the TP streams, seconds by collective ("tp.forward.reducescatter", ...) for a TP overlap
+    # that sets its own SMs (Flavour.tp_overlap_sms)
+    sm_time: dict[str, list[float]] = field(default_factory=dict)
+    hbm: dict[str, list[float]] = field(default_factory=dict)
+    tp_ops: dict[str, list[float]] = field(default_factory=dict)
     send_s: float = 0.0  # the longest boundary send
     shape_s: float = 0.0  # the longest shape exchange before a send (rules/pipeline.py SHAPE_CALLS; 0: none)
     gather_s: float = 0.0  # the longest TP all-gather after a receive (rules/pipeline.py GATHER_CALLS; 0: none)
@@ -258,13 +272,18 @@ class StreamTotals:
             shape_s=max(self.shape_s, other.shape_s),
             gather_s=max(self.gather_s, other.gather_s),
         )
-        for name in ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces"):
+        for name in _SUMMED:
             mine, theirs, into = getattr(self, name), getattr(other, name), getattr(out, name)
             join = max if name == "unit_largest" else operator.add
             for stream in mine.keys() | theirs.keys():
                 a, b = mine.get(stream), theirs.get(stream)
                 into[stream] = a if b is None else b if a is None else [join(x, y) for x, y in zip(a, b, strict=True)]
         return out
+
+
+_SUMMED = (
+    "time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces", "sm_time", "hbm", "tp_ops"
+)
 
 
 def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTotals:
@@ -288,6 +307,13 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         row = acc.setdefault(stream, [0.0] * stages)
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
+        # the legs of one kernel run at once: their SMs and bytes add (the longest leg's time is the kernel's)
+        # (NCCL's kernels only: a call priced by the schedule pricer holds no channels and is left out)
+        channels = pc.price.channels
+        held, moved = (channels * amount, n * hbm_bytes(pc.price)) if channels else (0.0, 0.0)
+        sms = out.sm_time.setdefault(stream, [0.0] * stages)
+        hbm = out.hbm.setdefault(stream, [0.0] * stages)
+        ops = out.tp_ops.setdefault(f"{stream}.{c.op.value}", [0.0] * stages) if stream.startswith("tp.") else None
         if stream == "tp.backward" and c.op.value == "reducescatter":
             row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
             for s in c.stages:
@@ -297,6 +323,10 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         for s in c.stages:
             num[s] += n
             vol[s] += n * c.message_bytes
+            sms[s] += held
+            hbm[s] += moved
+            if ops is not None:
+                ops[s] += amount
             if c.kernel:
                 key = (stream, c.kernel, s)
                 legs[key] = max(legs.get(key, 0.0), amount)
@@ -373,6 +403,8 @@ def assign_streams(
         st.bwd_comm_s = _pass_exposed(ctx, st, "backward", passes["backward"], flags, prefetch)
         if flags.overlap_moe_expert_parallel_comm:
             overlap_forward_backward(st)
+        if gpu is not None:
+            _contention(ctx, totals, st, flags, gpu)
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:
@@ -428,6 +460,50 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
     last = totals.unit_largest.get("dp.backward.reducescatter", zeros)
     for st in stages:
         st.first_gather_s, st.last_reduce_s = first[st.stage], last[st.stage]
+
+
+def _stream_share(ctx: Context, totals: StreamTotals, key: str, stage: int, flags: Overlap) -> Share:
+    """What the calls of stream ``key`` hold on average while they run on ``stage`` (contention.Share): the
+    priced calls' NCCL channels and HBM bytes; a TP overlap whose framework sets its own SMs per collective
+    (Flavour.tp_overlap_sms: TransformerEngine's userbuffers) holds those instead of NCCL's channels."""
+    seconds = totals.time.get(key)
+    if not seconds or not seconds[stage]:
+        return Share()
+    sm_seconds = totals.sm_time.get(key, [0.0] * (stage + 1))[stage]
+    own = ctx.flavour.tp_overlap_sms
+    if own and flags.tp_comm_overlap and key.startswith("tp."):
+        sm_seconds = sum(sms * totals.tp_ops.get(f"{key}.{op}", [0.0] * (stage + 1))[stage] for op, sms in own)
+    return share_of(seconds[stage], sm_seconds, totals.hbm.get(key, [0.0] * (stage + 1))[stage])
+
+
+def _compute_bound(p: PassTime) -> float:
+    """The time share of a pass's compute-bound kernels (GEMMs, attention): the rest is memory-bound."""
+    total = p.total_s
+    return (p.gemm_s + p.attention_s) / total if total > 0 else 1.0
+
+
+def _contention(ctx: Context, totals: StreamTotals, st: StageStep, flags: Overlap, gpu: GPUSpec) -> None:
+    """Each pass lengthened by the communication hidden behind it (planner/contention.py): per hidden stream, its
+    calls' SMs and HBM traffic slow the compute they hide behind: the GEMMs for TP overlap and the shared experts,
+    attention for the CP ring (compute-bound alone), the whole pass (its GEMM/attention and memory-bound shares)
+    for FSDP prefetch and the combined forward-backward pair's all-to-alls. The once-per-iteration DP streams'
+    holds are kept for critical_path."""
+    hbm_eff = efficiency(gpu, None).hbm
+    slow = {"forward": 0.0, "backward": 0.0}
+    for (stream, phase), hidden in st.hidden_by_stream.items():
+        if phase not in slow:
+            continue
+        kind = "cp.ring" if stream == "cp" else stream
+        share = _stream_share(ctx, totals, f"{kind}.{phase}", st.stage, flags)
+        if not share.sms and not share.hbm_Bps:
+            continue
+        whole = st.compute.forward if phase == "forward" else st.compute.backward
+        behind_kernels = kind in ("tp", "cp.ring") or (kind == "ep" and not flags.overlap_moe_expert_parallel_comm)
+        rate = window_rate(gpu, hbm_eff, share, 1.0 if behind_kernels else _compute_bound(whole))
+        slow[phase] += slowdown_s(hidden, st.exposed_by_stream.get((stream, phase), 0.0), rate)
+    st.slow_fwd_s, st.slow_bwd_s = slow["forward"], slow["backward"]
+    st.grad_share = _stream_share(ctx, totals, "grad_reduce", st.stage, flags)
+    st.gather_share = _stream_share(ctx, totals, "param_gather", st.stage, flags)
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
@@ -582,18 +658,43 @@ def critical_path(
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
     dp, gathers, ends = [], [], []
+    slows, late = [], []  # per stage: both slowdowns (reported), the first forward's (after the optimizer step)
     for st, p, lead in zip(stages, passes, drain_leads(passes, sched), strict=True):
         reduce = gather = 0.0
         if st.grad_reduce_s and not (bound and flags.overlap_grad_reduce):
             reduce = exposed_grad_reduce(ctx, st, p, v, flags)
         if st.param_gather_s and not (bound and flags.overlap_param_gather):
             gather = exposed_param_gather(ctx, st, p, v, flags)
+        slow_reduce, slow_gather = _dp_slowdown(st, gpu, reduce, gather, flags) if not bound else (0.0, 0.0)
         dp.append(reduce)
         gathers.append(gather)
-        ends.append(pipe.time_s - lead + reduce + st.tail_s)
+        slows.append(slow_reduce + slow_gather)
+        late.append(slow_gather)
+        ends.append(pipe.time_s - lead + reduce + slow_reduce + st.tail_s)
     sync = max(ends)
-    finish = [sync + st.compute.optimizer_s + g for st, g in zip(stages, gathers, strict=True)]
+    finish = [sync + st.compute.optimizer_s + g + slow for st, g, slow in zip(stages, gathers, late, strict=True)]
+    for st, slow in zip(stages, slows, strict=True):
+        st.slow_dp_s = slow
     return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers)
+
+
+def _dp_slowdown(st: StageStep, gpu: GPUSpec, reduce: float, gather: float, flags: Overlap) -> tuple[float, float]:
+    """How much later the last backward and the first forward end for the gradient reduction and parameter gather
+    hidden behind them (overlap_grad_reduce, overlap_param_gather; planner/contention.py), the whole pass's mix of
+    compute-bound and memory-bound kernels beside the calls' SMs and HBM traffic; what of the call stayed exposed
+    absorbs as much."""
+    hbm_eff = efficiency(gpu, None).hbm
+    out = []
+    for on, total, exposed, share, whole in (
+        (flags.overlap_grad_reduce, st.grad_reduce_s, reduce, st.grad_share, st.compute.backward),
+        (flags.overlap_param_gather, st.param_gather_s, gather, st.gather_share, st.compute.forward),
+    ):
+        if not on or total <= exposed or not (share.sms or share.hbm_Bps):
+            out.append(0.0)
+            continue
+        rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
+        out.append(slowdown_s(total - exposed, exposed, rate))
+    return out[0], out[1]
 
 
 def _training(
@@ -607,7 +708,9 @@ def _training(
     crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))
     st = stages[crit]
     m = sched.microbatches
-    compute = m * (st.compute.forward.total_s + st.compute.backward.total_s) + st.compute.optimizer_s
+    # compute as it runs: slowed by the communication hidden behind it (planner/contention.py)
+    passes_s = st.compute.forward.total_s + st.slow_fwd_s + st.compute.backward.total_s + st.slow_bwd_s
+    compute = m * passes_s + st.compute.optimizer_s + st.slow_dp_s
     steady_wait = 0.0 if sched.overlap_p2p or sched.stages == 1 else 2 * sched.p2p_s
     exposed = (
         m * (st.fwd_comm_s + st.bwd_comm_s + steady_wait)
