@@ -34,7 +34,7 @@ SMs in this model, their HBM traffic still counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from collectives.topology.gpu import GPUSpec
 
@@ -49,20 +49,13 @@ def hbm_bytes(price) -> int:
     return int(price.bytes_sent_per_rank) + 2 * int(price.bytes_received_per_rank)
 
 
-@dataclass(frozen=True)
-class Share:
+class Share(NamedTuple):
     """What one stream's calls take from the compute beside them while they run: ``sms`` held on average (SM-
-    seconds / seconds) and ``hbm_Bps`` HBM bytes per second."""
+    seconds / seconds) and ``hbm_Bps`` HBM bytes per second. (A named tuple: built per stage and stream of every
+    layout the search times.)"""
 
     sms: float = 0.0
     hbm_Bps: float = 0.0
-
-
-def share_of(seconds: float, sm_seconds: float, hbm: float) -> Share:
-    """A stream's average hold from its summed time, SM-seconds and HBM bytes (0 seconds: nothing held)."""
-    if seconds <= 0:
-        return Share()
-    return Share(sm_seconds / seconds, hbm / seconds)
 
 
 def compute_rate(gpu: GPUSpec, share: Share) -> float:

@@ -32,6 +32,10 @@ whose ``None`` means the framework's default:
   routed tokens' all-to-all runs (megatron/core/transformer/moe/shared_experts.py, alltoall/flex
   dispatchers). False. The window is the shared experts' share of the pass's GEMM time (by FLOPs).
 
+A hidden call is not free: its NCCL channels hold SMs and its copies take HBM, so the compute it hides behind
+ends later (planner/contention.py: ``StageStep.slow_fwd_s`` / ``slow_bwd_s`` per pass, ``slow_dp_s`` for the
+overlapped gradient reduction and parameter gather).
+
 Everything else (TP, EP all-to-all, CP all-gather/all-to-all, the tied-embedding all-reduce, the loss
 all-reduce) is on the critical path. Step time = the pipeline's critical path + the exposed gradient
 reduction of the slowest stage (Megatron's gradient-norm all-reduce syncs the stages before the optimizer)
@@ -56,7 +60,7 @@ from .compute import (
     model_flops_per_token,
     stage_compute,
 )
-from .contention import Share, hbm_bytes, share_of, slowdown_s, window_rate
+from .contention import Share, hbm_bytes, slowdown_s, window_rate
 from .context import Context
 from .kernels import async_tp_split, efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
@@ -281,9 +285,8 @@ class StreamTotals:
         return out
 
 
-_SUMMED = (
-    "time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces", "sm_time", "hbm", "tp_ops"
-)
+_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces")
+_SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
 
 def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTotals:
@@ -292,6 +295,8 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
     out = StreamTotals()
     acc, counts, volume = out.time, out.count, out.volume
     legs: dict[tuple, float] = {}  # (stream, kernel, stage) -> its longest leg's time
+    held: dict[tuple, list[float]] = {}  # (stream, stages) -> [SM-seconds, HBM bytes]
+    ops: dict[tuple, float] = {}  # (TP stream.op, stages) -> seconds
     for pc in calls:
         c, t = pc.call, pc.price.time_s
         stream = _stream(c, m, zero)
@@ -307,13 +312,17 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         row = acc.setdefault(stream, [0.0] * stages)
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
-        # the legs of one kernel run at once: their SMs and bytes add (the longest leg's time is the kernel's)
-        # (NCCL's kernels only: a call priced by the schedule pricer holds no channels and is left out)
+        # what the call holds (planner/contention.py), summed per (stream, stages) and spread over the stages once
+        # below; the legs of one kernel run at once, so their SMs and bytes add (the longest leg's time is the
+        # kernel's). NCCL's kernels only: a call priced by the schedule pricer holds no channels and is left out
         channels = pc.price.channels
-        held, moved = (channels * amount, n * hbm_bytes(pc.price)) if channels else (0.0, 0.0)
-        sms = out.sm_time.setdefault(stream, [0.0] * stages)
-        hbm = out.hbm.setdefault(stream, [0.0] * stages)
-        ops = out.tp_ops.setdefault(f"{stream}.{c.op.value}", [0.0] * stages) if stream.startswith("tp.") else None
+        if channels:
+            got = held.setdefault((stream, c.stages), [0.0, 0.0])
+            got[0] += channels * amount
+            got[1] += n * hbm_bytes(pc.price)
+        if stream.startswith("tp."):
+            key = (f"{stream}.{c.op.value}", c.stages)
+            ops[key] = ops.get(key, 0.0) + amount
         if stream == "tp.backward" and c.op.value == "reducescatter":
             row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
             for s in c.stages:
@@ -323,10 +332,6 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         for s in c.stages:
             num[s] += n
             vol[s] += n * c.message_bytes
-            sms[s] += held
-            hbm[s] += moved
-            if ops is not None:
-                ops[s] += amount
             if c.kernel:
                 key = (stream, c.kernel, s)
                 legs[key] = max(legs.get(key, 0.0), amount)
@@ -334,6 +339,15 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
                 row[s] += amount
     for (stream, _, s), amount in legs.items():
         acc[stream][s] += amount
+    for (stream, members), (sm_seconds, hbm) in held.items():
+        sms, moved = out.sm_time.setdefault(stream, [0.0] * stages), out.hbm.setdefault(stream, [0.0] * stages)
+        for s in members:
+            sms[s] += sm_seconds
+            moved[s] += hbm
+    for (key, members), amount in ops.items():
+        row = out.tp_ops.setdefault(key, [0.0] * stages)
+        for s in members:
+            row[s] += amount
     return out
 
 
@@ -393,6 +407,8 @@ def assign_streams(
         phase: [(kind, stream, acc[key]) for kind, key, stream in streams if key in acc]
         for phase, streams in _PASS_STREAMS.items()
     }
+    hbm_eff = efficiency(gpu, None).hbm if gpu is not None else 0.0
+    holds = _holds(ctx, totals, flags, len(stages)) if gpu is not None else {}
     for st in stages:
         i = st.stage
         st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[i], grad_n[i], int(grad_v[i])
@@ -404,7 +420,7 @@ def assign_streams(
         if flags.overlap_moe_expert_parallel_comm:
             overlap_forward_backward(st)
         if gpu is not None:
-            _contention(ctx, totals, st, flags, gpu)
+            _contention(st, holds, flags, gpu, hbm_eff)
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:
@@ -462,18 +478,24 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
         st.first_gather_s, st.last_reduce_s = first[st.stage], last[st.stage]
 
 
-def _stream_share(ctx: Context, totals: StreamTotals, key: str, stage: int, flags: Overlap) -> Share:
-    """What the calls of stream ``key`` hold on average while they run on ``stage`` (contention.Share): the
-    priced calls' NCCL channels and HBM bytes; a TP overlap whose framework sets its own SMs per collective
-    (Flavour.tp_overlap_sms: TransformerEngine's userbuffers) holds those instead of NCCL's channels."""
-    seconds = totals.time.get(key)
-    if not seconds or not seconds[stage]:
-        return Share()
-    sm_seconds = totals.sm_time.get(key, [0.0] * (stage + 1))[stage]
-    own = ctx.flavour.tp_overlap_sms
-    if own and flags.tp_comm_overlap and key.startswith("tp."):
-        sm_seconds = sum(sms * totals.tp_ops.get(f"{key}.{op}", [0.0] * (stage + 1))[stage] for op, sms in own)
-    return share_of(seconds[stage], sm_seconds, totals.hbm.get(key, [0.0] * (stage + 1))[stage])
+def _holds(ctx: Context, totals: StreamTotals, flags: Overlap, stages: int) -> dict[str, list[Share | None]]:
+    """What the calls of each stream hold on average while they run, per stage (contention.Share; None where the
+    stream holds nothing there): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
+    whose framework sets its own SMs per collective (Flavour.tp_overlap_sms: TransformerEngine's userbuffers)
+    holds those instead of NCCL's channels."""
+    own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
+    keys = set(totals.sm_time)
+    if own:
+        keys |= {k for k in totals.time if k.startswith("tp.")}
+    out: dict[str, list[Share | None]] = {}
+    zeros = [0.0] * stages
+    for key in keys:
+        seconds, sm, hbm = totals.time.get(key, zeros), totals.sm_time.get(key, zeros), totals.hbm.get(key, zeros)
+        if own and key.startswith("tp."):
+            by_op = [(n, totals.tp_ops.get(f"{key}.{op}", zeros)) for op, n in own]
+            sm = [sum(n * row[s] for n, row in by_op) for s in range(stages)]
+        out[key] = [Share(a / t, b / t) if t and (a or b) else None for t, a, b in zip(seconds, sm, hbm, strict=True)]
+    return out
 
 
 def _compute_bound(p: PassTime) -> float:
@@ -482,28 +504,34 @@ def _compute_bound(p: PassTime) -> float:
     return (p.gemm_s + p.attention_s) / total if total > 0 else 1.0
 
 
-def _contention(ctx: Context, totals: StreamTotals, st: StageStep, flags: Overlap, gpu: GPUSpec) -> None:
+def _contention(st: StageStep, holds: dict, flags: Overlap, gpu: GPUSpec, hbm_eff: float) -> None:
     """Each pass lengthened by the communication hidden behind it (planner/contention.py): per hidden stream, its
     calls' SMs and HBM traffic slow the compute they hide behind: the GEMMs for TP overlap and the shared experts,
     attention for the CP ring (compute-bound alone), the whole pass (its GEMM/attention and memory-bound shares)
     for FSDP prefetch and the combined forward-backward pair's all-to-alls. The once-per-iteration DP streams'
-    holds are kept for critical_path."""
-    hbm_eff = efficiency(gpu, None).hbm
+    holds are kept for critical_path. ``holds``: _holds's; ``hbm_eff``: the GPU's achievable share of its HBM
+    bandwidth."""
+    i = st.stage
     slow = {"forward": 0.0, "backward": 0.0}
     for (stream, phase), hidden in st.hidden_by_stream.items():
         if phase not in slow:
             continue
         kind = "cp.ring" if stream == "cp" else stream
-        share = _stream_share(ctx, totals, f"{kind}.{phase}", st.stage, flags)
-        if not share.sms and not share.hbm_Bps:
+        row = holds.get(f"{kind}.{phase}")
+        share = row[i] if row else None
+        if share is None:
             continue
         whole = st.compute.forward if phase == "forward" else st.compute.backward
         behind_kernels = kind in ("tp", "cp.ring") or (kind == "ep" and not flags.overlap_moe_expert_parallel_comm)
         rate = window_rate(gpu, hbm_eff, share, 1.0 if behind_kernels else _compute_bound(whole))
         slow[phase] += slowdown_s(hidden, st.exposed_by_stream.get((stream, phase), 0.0), rate)
     st.slow_fwd_s, st.slow_bwd_s = slow["forward"], slow["backward"]
-    st.grad_share = _stream_share(ctx, totals, "grad_reduce", st.stage, flags)
-    st.gather_share = _stream_share(ctx, totals, "param_gather", st.stage, flags)
+    grad, gather = holds.get("grad_reduce"), holds.get("param_gather")
+    st.grad_share = (grad[i] if grad else None) or _NOTHING
+    st.gather_share = (gather[i] if gather else None) or _NOTHING
+
+
+_NOTHING = Share()
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
@@ -658,6 +686,7 @@ def critical_path(
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
     dp, gathers, ends = [], [], []
+    hbm_eff = 0.0
     slows, late = [], []  # per stage: both slowdowns (reported), the first forward's (after the optimizer step)
     for st, p, lead in zip(stages, passes, drain_leads(passes, sched), strict=True):
         reduce = gather = 0.0
@@ -665,7 +694,10 @@ def critical_path(
             reduce = exposed_grad_reduce(ctx, st, p, v, flags)
         if st.param_gather_s and not (bound and flags.overlap_param_gather):
             gather = exposed_param_gather(ctx, st, p, v, flags)
-        slow_reduce, slow_gather = _dp_slowdown(st, gpu, reduce, gather, flags) if not bound else (0.0, 0.0)
+        slow_reduce = slow_gather = 0.0
+        if not bound and (st.grad_share.sms or st.grad_share.hbm_Bps or st.gather_share.sms or st.gather_share.hbm_Bps):
+            hbm_eff = hbm_eff or efficiency(gpu, None).hbm
+            slow_reduce, slow_gather = _dp_slowdown(st, gpu, hbm_eff, reduce, gather, flags)
         dp.append(reduce)
         gathers.append(gather)
         slows.append(slow_reduce + slow_gather)
@@ -678,12 +710,13 @@ def critical_path(
     return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers)
 
 
-def _dp_slowdown(st: StageStep, gpu: GPUSpec, reduce: float, gather: float, flags: Overlap) -> tuple[float, float]:
+def _dp_slowdown(
+    st: StageStep, gpu: GPUSpec, hbm_eff: float, reduce: float, gather: float, flags: Overlap
+) -> tuple[float, float]:
     """How much later the last backward and the first forward end for the gradient reduction and parameter gather
     hidden behind them (overlap_grad_reduce, overlap_param_gather; planner/contention.py), the whole pass's mix of
     compute-bound and memory-bound kernels beside the calls' SMs and HBM traffic; what of the call stayed exposed
     absorbs as much."""
-    hbm_eff = efficiency(gpu, None).hbm
     out = []
     for on, total, exposed, share, whole in (
         (flags.overlap_grad_reduce, st.grad_reduce_s, reduce, st.grad_share, st.compute.backward),
