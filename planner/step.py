@@ -407,8 +407,6 @@ def assign_streams(
         phase: [(kind, stream, acc[key]) for kind, key, stream in streams if key in acc]
         for phase, streams in _PASS_STREAMS.items()
     }
-    hbm_eff = efficiency(gpu, None).hbm if gpu is not None else 0.0
-    holds = _holds(ctx, totals, flags, len(stages)) if gpu is not None else {}
     for st in stages:
         i = st.stage
         st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[i], grad_n[i], int(grad_v[i])
@@ -419,7 +417,17 @@ def assign_streams(
         st.bwd_comm_s = _pass_exposed(ctx, st, "backward", passes["backward"], flags, prefetch)
         if flags.overlap_moe_expert_parallel_comm:
             overlap_forward_backward(st)
-        if gpu is not None:
+    if gpu is not None:
+        # only the streams that hide somewhere (and the DP streams when they overlap) are asked what they hold
+        keys = {f"{'cp.ring' if k == 'cp' else k}.{phase}" for st in stages for k, phase in st.hidden_by_stream}
+        keys |= {
+            k
+            for k, on in (("grad_reduce", flags.overlap_grad_reduce), ("param_gather", flags.overlap_param_gather))
+            if on
+        }
+        holds = _holds(ctx, totals, flags, len(stages), keys)
+        hbm_eff = efficiency(gpu, None).hbm
+        for st in stages:
             _contention(st, holds, flags, gpu, hbm_eff)
 
 
@@ -478,15 +486,15 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
         st.first_gather_s, st.last_reduce_s = first[st.stage], last[st.stage]
 
 
-def _holds(ctx: Context, totals: StreamTotals, flags: Overlap, stages: int) -> dict[str, list[Share | None]]:
+def _holds(
+    ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str]
+) -> dict[str, list[Share | None]]:
     """What the calls of each stream hold on average while they run, per stage (contention.Share; None where the
     stream holds nothing there): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
     whose framework sets its own SMs per collective (Flavour.tp_overlap_sms: TransformerEngine's userbuffers)
-    holds those instead of NCCL's channels."""
+    holds those instead of NCCL's channels. Only the streams in ``wanted``."""
     own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
-    keys = set(totals.sm_time)
-    if own:
-        keys |= {k for k in totals.time if k.startswith("tp.")}
+    keys = {k for k in wanted if k in totals.sm_time or (own and k.startswith("tp.") and k in totals.time)}
     out: dict[str, list[Share | None]] = {}
     zeros = [0.0] * stages
     for key in keys:
