@@ -32,6 +32,10 @@ whose ``None`` means the framework's default:
   routed tokens' all-to-all runs (megatron/core/transformer/moe/shared_experts.py, alltoall/flex
   dispatchers). False. The window is the shared experts' share of the pass's GEMM time (by FLOPs).
 
+A hidden call is not free: its NCCL channels hold SMs and its copies take HBM, so the compute it hides behind
+ends later (planner/contention.py: ``StageStep.slow_fwd_s`` / ``slow_bwd_s`` per pass, ``slow_dp_s`` for the
+overlapped gradient reduction and parameter gather).
+
 Everything else (TP, EP all-to-all, CP all-gather/all-to-all, the tied-embedding all-reduce, the loss
 all-reduce) is on the critical path. Step time = the pipeline's critical path + the exposed gradient
 reduction of the slowest stage (Megatron's gradient-norm all-reduce syncs the stages before the optimizer)
@@ -56,6 +60,7 @@ from .compute import (
     model_flops_per_token,
     stage_compute,
 )
+from .contention import Share, hbm_bytes, slowdown_s, window_rate
 from .context import Context
 from .kernels import async_tp_split, efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
@@ -142,14 +147,21 @@ class StageStep:
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
     tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
+    # compute slowed by the communication hidden behind it (planner/contention.py), per micro-batch: how much later
+    # each pass ends; and what the once-per-iteration DP streams hold while they run (critical_path)
+    slow_fwd_s: float = 0.0
+    slow_bwd_s: float = 0.0
+    grad_share: Share = field(default_factory=Share)
+    gather_share: Share = field(default_factory=Share)
+    slow_dp_s: float = 0.0  # the last backward and first forward lengthened by the hidden DP reduction and gather
 
     @property
     def forward_s(self) -> float:
-        return self.compute.forward.total_s + self.fwd_comm_s
+        return self.compute.forward.total_s + self.slow_fwd_s + self.fwd_comm_s
 
     @property
     def backward_s(self) -> float:
-        return self.compute.backward.total_s + self.bwd_comm_s
+        return self.compute.backward.total_s + self.slow_bwd_s + self.bwd_comm_s
 
 
 @dataclass
@@ -240,6 +252,12 @@ class StreamTotals:
     unit_largest: dict[str, list[float]] = field(default_factory=dict)
     # the backward TP reduce-scatters by ledger row (what an async-TP pass may leave unfused: _async_tp_unfused)
     tp_reduces: dict[str, list[float]] = field(default_factory=dict)
+    # what each stream's calls hold while they run (planner/contention.py): SM-seconds (NCCL channels x seconds)
+    # and HBM bytes; and, on the TP streams, seconds by collective ("tp.forward.reducescatter", ...) for a TP overlap
+    # that sets its own SMs (Flavour.tp_overlap_sms)
+    sm_time: dict[str, list[float]] = field(default_factory=dict)
+    hbm: dict[str, list[float]] = field(default_factory=dict)
+    tp_ops: dict[str, list[float]] = field(default_factory=dict)
     send_s: float = 0.0  # the longest boundary send
     shape_s: float = 0.0  # the longest shape exchange before a send (rules/pipeline.py SHAPE_CALLS; 0: none)
     gather_s: float = 0.0  # the longest TP all-gather after a receive (rules/pipeline.py GATHER_CALLS; 0: none)
@@ -258,7 +276,7 @@ class StreamTotals:
             shape_s=max(self.shape_s, other.shape_s),
             gather_s=max(self.gather_s, other.gather_s),
         )
-        for name in ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces"):
+        for name in _SUMMED:
             mine, theirs, into = getattr(self, name), getattr(other, name), getattr(out, name)
             join = max if name == "unit_largest" else operator.add
             for stream in mine.keys() | theirs.keys():
@@ -267,12 +285,18 @@ class StreamTotals:
         return out
 
 
+_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces")
+_SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
+
+
 def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTotals:
     """Sums each call's time, count and bytes per stage into the stream it runs on (``_stream``); the legs of
     one kernel (``Call.kernel``) run concurrently, so a kernel adds its longest leg's time."""
     out = StreamTotals()
     acc, counts, volume = out.time, out.count, out.volume
     legs: dict[tuple, float] = {}  # (stream, kernel, stage) -> its longest leg's time
+    held: dict[tuple, list[float]] = {}  # (stream, stages) -> [SM-seconds, HBM bytes]
+    ops: dict[tuple, float] = {}  # (TP stream.op, stages) -> seconds
     for pc in calls:
         c, t = pc.call, pc.price.time_s
         stream = _stream(c, m, zero)
@@ -288,6 +312,17 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         row = acc.setdefault(stream, [0.0] * stages)
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
+        # what the call holds (planner/contention.py), summed per (stream, stages) and spread over the stages once
+        # below; the legs of one kernel run at once, so their SMs and bytes add (the longest leg's time is the
+        # kernel's). NCCL's kernels only: a call priced by the schedule pricer holds no channels and is left out
+        channels = pc.price.channels
+        if channels:
+            got = held.setdefault((stream, c.stages), [0.0, 0.0])
+            got[0] += channels * amount
+            got[1] += n * hbm_bytes(pc.price)
+        if stream.startswith("tp."):
+            key = (f"{stream}.{c.op.value}", c.stages)
+            ops[key] = ops.get(key, 0.0) + amount
         if stream == "tp.backward" and c.op.value == "reducescatter":
             row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
             for s in c.stages:
@@ -304,6 +339,15 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
                 row[s] += amount
     for (stream, _, s), amount in legs.items():
         acc[stream][s] += amount
+    for (stream, members), (sm_seconds, hbm) in held.items():
+        sms, moved = out.sm_time.setdefault(stream, [0.0] * stages), out.hbm.setdefault(stream, [0.0] * stages)
+        for s in members:
+            sms[s] += sm_seconds
+            moved[s] += hbm
+    for (key, members), amount in ops.items():
+        row = out.tp_ops.setdefault(key, [0.0] * stages)
+        for s in members:
+            row[s] += amount
     return out
 
 
@@ -373,6 +417,18 @@ def assign_streams(
         st.bwd_comm_s = _pass_exposed(ctx, st, "backward", passes["backward"], flags, prefetch)
         if flags.overlap_moe_expert_parallel_comm:
             overlap_forward_backward(st)
+    if gpu is not None:
+        # only the streams that hide somewhere (and the DP streams when they overlap) are asked what they hold
+        keys = {f"{'cp.ring' if k == 'cp' else k}.{phase}" for st in stages for k, phase in st.hidden_by_stream}
+        keys |= {
+            k
+            for k, on in (("grad_reduce", flags.overlap_grad_reduce), ("param_gather", flags.overlap_param_gather))
+            if on
+        }
+        holds = _holds(ctx, totals, flags, len(stages), keys)
+        hbm_eff = efficiency(gpu, None).hbm
+        for st in stages:
+            _contention(st, holds, flags, gpu, hbm_eff)
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:
@@ -428,6 +484,62 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
     last = totals.unit_largest.get("dp.backward.reducescatter", zeros)
     for st in stages:
         st.first_gather_s, st.last_reduce_s = first[st.stage], last[st.stage]
+
+
+def _holds(
+    ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str]
+) -> dict[str, list[Share | None]]:
+    """What the calls of each stream hold on average while they run, per stage (contention.Share; None where the
+    stream holds nothing there): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
+    whose framework sets its own SMs per collective (Flavour.tp_overlap_sms: TransformerEngine's userbuffers)
+    holds those instead of NCCL's channels. Only the streams in ``wanted``."""
+    own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
+    keys = {k for k in wanted if k in totals.sm_time or (own and k.startswith("tp.") and k in totals.time)}
+    out: dict[str, list[Share | None]] = {}
+    zeros = [0.0] * stages
+    for key in keys:
+        seconds, sm, hbm = totals.time.get(key, zeros), totals.sm_time.get(key, zeros), totals.hbm.get(key, zeros)
+        if own and key.startswith("tp."):
+            by_op = [(n, totals.tp_ops.get(f"{key}.{op}", zeros)) for op, n in own]
+            sm = [sum(n * row[s] for n, row in by_op) for s in range(stages)]
+        out[key] = [Share(a / t, b / t) if t and (a or b) else None for t, a, b in zip(seconds, sm, hbm, strict=True)]
+    return out
+
+
+def _compute_bound(p: PassTime) -> float:
+    """The time share of a pass's compute-bound kernels (GEMMs, attention): the rest is memory-bound."""
+    total = p.total_s
+    return (p.gemm_s + p.attention_s) / total if total > 0 else 1.0
+
+
+def _contention(st: StageStep, holds: dict, flags: Overlap, gpu: GPUSpec, hbm_eff: float) -> None:
+    """Each pass lengthened by the communication hidden behind it (planner/contention.py): per hidden stream, its
+    calls' SMs and HBM traffic slow the compute they hide behind: the GEMMs for TP overlap and the shared experts,
+    attention for the CP ring (compute-bound alone), the whole pass (its GEMM/attention and memory-bound shares)
+    for FSDP prefetch and the combined forward-backward pair's all-to-alls. The once-per-iteration DP streams'
+    holds are kept for critical_path. ``holds``: _holds's; ``hbm_eff``: the GPU's achievable share of its HBM
+    bandwidth."""
+    i = st.stage
+    slow = {"forward": 0.0, "backward": 0.0}
+    for (stream, phase), hidden in st.hidden_by_stream.items():
+        if phase not in slow:
+            continue
+        kind = "cp.ring" if stream == "cp" else stream
+        row = holds.get(f"{kind}.{phase}")
+        share = row[i] if row else None
+        if share is None:
+            continue
+        whole = st.compute.forward if phase == "forward" else st.compute.backward
+        behind_kernels = kind in ("tp", "cp.ring") or (kind == "ep" and not flags.overlap_moe_expert_parallel_comm)
+        rate = window_rate(gpu, hbm_eff, share, 1.0 if behind_kernels else _compute_bound(whole))
+        slow[phase] += slowdown_s(hidden, st.exposed_by_stream.get((stream, phase), 0.0), rate)
+    st.slow_fwd_s, st.slow_bwd_s = slow["forward"], slow["backward"]
+    grad, gather = holds.get("grad_reduce"), holds.get("param_gather")
+    st.grad_share = (grad[i] if grad else None) or _NOTHING
+    st.gather_share = (gather[i] if gather else None) or _NOTHING
+
+
+_NOTHING = Share()
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
@@ -582,18 +694,48 @@ def critical_path(
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
     dp, gathers, ends = [], [], []
+    hbm_eff = 0.0
+    slows, late = [], []  # per stage: both slowdowns (reported), the first forward's (after the optimizer step)
     for st, p, lead in zip(stages, passes, drain_leads(passes, sched), strict=True):
         reduce = gather = 0.0
         if st.grad_reduce_s and not (bound and flags.overlap_grad_reduce):
             reduce = exposed_grad_reduce(ctx, st, p, v, flags)
         if st.param_gather_s and not (bound and flags.overlap_param_gather):
             gather = exposed_param_gather(ctx, st, p, v, flags)
+        slow_reduce = slow_gather = 0.0
+        if not bound and (st.grad_share.sms or st.grad_share.hbm_Bps or st.gather_share.sms or st.gather_share.hbm_Bps):
+            hbm_eff = hbm_eff or efficiency(gpu, None).hbm
+            slow_reduce, slow_gather = _dp_slowdown(st, gpu, hbm_eff, reduce, gather, flags)
         dp.append(reduce)
         gathers.append(gather)
-        ends.append(pipe.time_s - lead + reduce + st.tail_s)
+        slows.append(slow_reduce + slow_gather)
+        late.append(slow_gather)
+        ends.append(pipe.time_s - lead + reduce + slow_reduce + st.tail_s)
     sync = max(ends)
-    finish = [sync + st.compute.optimizer_s + g for st, g in zip(stages, gathers, strict=True)]
+    finish = [sync + st.compute.optimizer_s + g + slow for st, g, slow in zip(stages, gathers, late, strict=True)]
+    for st, slow in zip(stages, slows, strict=True):
+        st.slow_dp_s = slow
     return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers)
+
+
+def _dp_slowdown(
+    st: StageStep, gpu: GPUSpec, hbm_eff: float, reduce: float, gather: float, flags: Overlap
+) -> tuple[float, float]:
+    """How much later the last backward and the first forward end for the gradient reduction and parameter gather
+    hidden behind them (overlap_grad_reduce, overlap_param_gather; planner/contention.py), the whole pass's mix of
+    compute-bound and memory-bound kernels beside the calls' SMs and HBM traffic; what of the call stayed exposed
+    absorbs as much."""
+    out = []
+    for on, total, exposed, share, whole in (
+        (flags.overlap_grad_reduce, st.grad_reduce_s, reduce, st.grad_share, st.compute.backward),
+        (flags.overlap_param_gather, st.param_gather_s, gather, st.gather_share, st.compute.forward),
+    ):
+        if not on or total <= exposed or not (share.sms or share.hbm_Bps):
+            out.append(0.0)
+            continue
+        rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
+        out.append(slowdown_s(total - exposed, exposed, rate))
+    return out[0], out[1]
 
 
 def _training(
@@ -607,7 +749,9 @@ def _training(
     crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))
     st = stages[crit]
     m = sched.microbatches
-    compute = m * (st.compute.forward.total_s + st.compute.backward.total_s) + st.compute.optimizer_s
+    # compute as it runs: slowed by the communication hidden behind it (planner/contention.py)
+    passes_s = st.compute.forward.total_s + st.slow_fwd_s + st.compute.backward.total_s + st.slow_bwd_s
+    compute = m * passes_s + st.compute.optimizer_s + st.slow_dp_s
     steady_wait = 0.0 if sched.overlap_p2p or sched.stages == 1 else 2 * sched.p2p_s
     exposed = (
         m * (st.fwd_comm_s + st.bwd_comm_s + steady_wait)

@@ -174,6 +174,9 @@ class Flavour:
     # (torch async TP, torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_matmul_reduce_scatter): the
     # column-parallel input gradient summed over separate linears (q, k, v; gate, up) stays exposed (step.py)
     async_tp_single_matmul: bool = False
+    # SMs the framework's own TP overlap holds per collective while it hides behind the GEMMs (planner/contention.py),
+    # ((op, SMs), ...); (): the NCCL calls' channels (the pricer's)
+    tp_overlap_sms: tuple[tuple[str, int], ...] = ()
     # pipeline schedules whose sends overlap compute by default (Megatron --overlap-p2p-communication)
     overlap_p2p_schedules: frozenset[str] = frozenset()
     # elements per gradient bucket once overlap is on: (ParallelSpec, gradient element bytes) -> elements

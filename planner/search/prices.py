@@ -46,6 +46,7 @@ class Curve:
         self.algorithms = list(candidates(op, cluster, options.candidates))
         self._exact: dict[tuple[str, int], float | None] = {}
         self._memo: dict[int, float] = {}
+        self._held: dict[int, tuple[int, int, int]] = {}  # NCCL's channels and the bytes sent, received (detail)
         # NCCL's model (the plan's default on NVIDIA clusters) switches algorithm, protocol and channel count
         # with the size, so it is not one line between powers of two; it is cheap (memoised per communicator
         # in collectives/topology/library), so those calls are priced exactly, as the plan prices them.
@@ -87,7 +88,10 @@ class Curve:
             # a pinned algorithm is rare in a search: price these exactly, memoised per size
             from ..plan import _price_op
 
-            best = _price_op(self.op, message, self.placement, self.cluster, self.options).time_s
+            price = _price_op(self.op, message, self.placement, self.cluster, self.options)
+            best = price.time_s
+            if price.channels:
+                self._held[message] = (price.channels, price.bytes_sent_per_rank, price.bytes_received_per_rank)
         else:
             times = [t for a in self.algorithms if (t := self._interpolated(a, message)) is not None]
             if not times:
@@ -95,6 +99,12 @@ class Curve:
             best = min(times)
         self._memo[message] = best
         return best
+
+    def detail(self, message: int) -> tuple[int, int, int]:
+        """What the plan's price of the same call says its kernel holds (step.stream_totals, planner/contention.py):
+        NCCL's channels and the bytes a rank sends and receives, where NCCL's model priced it (after ``time``);
+        (0, 0, 0) otherwise, as the plan's schedule-priced calls hold none."""
+        return self._held.get(int(message), (0, 0, 0))
 
 
 CURVES_KEPT = 4096  # curves shared between the shapes of a process (a few prices each)

@@ -134,9 +134,13 @@ def _memos(model: ModelSpec, work: WorkloadSpec, gpu) -> _Memos:
 
 @dataclass(frozen=True)
 class Priced:
-    """What step_time reads of a PricedCall: the call, and the time of one call."""
+    """What step_time reads of a PricedCall: the time of one call, and what its kernel holds beside the compute
+    (NCCL's channels, the bytes one rank sends and receives: planner/contention.py)."""
 
     time_s: float
+    channels: int = 0
+    bytes_sent_per_rank: int = 0
+    bytes_received_per_rank: int = 0
 
 
 class RowCall:

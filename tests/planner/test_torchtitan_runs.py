@@ -128,12 +128,13 @@ def test_torchtitan_rows_are_held_out_and_entered_as_published():
 
 def test_torchtitan_rows_predicted():
     """The 16 rows as the model predicts them now (15 too fast: docs/step-time.md 'Torch-native runs'): Table 1's
-    eager FSDP row -4.5% with torchtitan's RMSNorm op chain and foreach AdamW (-16.5% before, titan7), and the
+    eager FSDP row -3.6% with torchtitan's RMSNorm op chain and foreach AdamW (-16.5% before, titan7) and the
+    forward and backward slowed behind FSDP2's prefetched calls (-4.5% before, overlap7), and the
     2025-06 8B async-TP rows the furthest (-26 to -29%)."""
     data = step_validation.load()
     rows = {c["name"]: step_validation.predict(c, data) for c in data["cases"] if c["name"].startswith("torchtitan")}
-    assert rows["torchtitan Llama3.1-8B FSDP, 8 H100"]["error"] == pytest.approx(-0.045, abs=0.005)
-    assert sum(r["error"] < 0 for r in rows.values()) == 15  # the 8-GPU compile + Float8 row: +0.2%
+    assert rows["torchtitan Llama3.1-8B FSDP, 8 H100"]["error"] == pytest.approx(-0.036, abs=0.005)
+    assert sum(r["error"] < 0 for r in rows.values()) == 15  # the 8-GPU compile + Float8 row: +1.5%
     assert max(abs(r["error"]) for r in rows.values()) < 0.30  # the issue's "no run more than 30% off"
 
 
@@ -246,8 +247,13 @@ def test_async_tp_splits_the_fused_gemms_by_rank():
     assert f_mem == pytest.approx(2 * reduce, rel=1e-12)
     # into the step: 4 layers, 1 micro-batch, no recompute
     assert overlapped.step.compute_s - plain.step.compute_s == pytest.approx(4 * (f_gemm + f_mem + b_gemm), rel=1e-9)
-    megatron = _tp_plan("megatron", True).step.compute_s - _tp_plan("megatron", False).step.compute_s
-    assert megatron == 0.0
+    te = _tp_plan("megatron", True).step
+    megatron = te.compute_s - _tp_plan("megatron", False).step.compute_s
+    # TE's userbuffers split no GEMM; what its overlap adds is the compute slowed beside its 16-SM reduce-scatters
+    # (planner/contention.py, overlap7), one micro-batch
+    st = te.stages[te.critical_stage]
+    assert megatron == pytest.approx(st.slow_fwd_s + st.slow_bwd_s, rel=1e-9)
+    assert st.slow_fwd_s > 0
 
 
 EFF = efficiency(H100, None)
