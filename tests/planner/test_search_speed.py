@@ -543,3 +543,20 @@ def test_chunk_activations_read_b_and_cp_through_tokens_per_rank(preset, recompu
             # s/2, s, 2s tokens per rank: three keys (cp is not one of their entries), three sizes
             sizes = [p for (k, s, _, _), p in seen.items() if (k, s) == (kernel, stage)]
             assert len(sizes) == 3 and len(set(sizes)) == 3
+
+
+def test_chunk_activation_key_holds_the_flavour_traits_the_bytes_read():
+    """Under an fp8 recipe only a TransformerEngine flavour saves quantized linear inputs (memory.saved_recipe
+    reads Flavour.te_fp8_recipes): Megatron and DeepSpeed layouts of equal degrees keep different bytes, so
+    their keys differ (they shared one before, and the search's memo gave one the other's bytes)."""
+    from planner.memory import chunk_activation_key, chunk_activations
+
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=8)
+    work = WorkloadSpec(global_batch_size=64, fp8_recipe="tensorwise")
+    found = {}
+    for framework in ("megatron", "deepspeed"):
+        ctx = Context(model, work, ParallelSpec(tp=2, pp=2, dp=2, framework=framework))
+        found[framework] = (chunk_activation_key(ctx, 0), chunk_activations(ctx, 0).per_chunk)
+    (mkey, mbytes), (dkey, dbytes) = found["megatron"], found["deepspeed"]
+    assert mkey != dkey and mkey[:3] == dkey[:3]  # the same model, workload and tokens: the trait differs
+    assert mbytes == (2315255808.0,) and dbytes == (2818572288.0,)  # fp8 copies of the inputs vs bf16 ones
