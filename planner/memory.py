@@ -447,19 +447,35 @@ def stage_activation_key(ctx: Context, stage: int, sched: Schedule) -> tuple:
     return (*chunk_activation_key(ctx, stage), held)
 
 
+def activation_tokens(ctx: Context) -> int | tuple[int, int]:
+    """What ``chunk_activations`` reads of the micro-batch size b and of cp, training: their tokens per rank
+    b·s/cp alone. Every size it adds up is a multiple of ``ctx.b * ctx.s_cp`` computed as that integer first
+    (``activation_parts``' tok, ``torch_op_sac_kept``, ``_sequence_row``, ``_logits``' rows, ``mtp_loss_bytes``);
+    the s² scores are tok·s with s the workload's whole sequence, and nothing reads b or cp apart (recompute's
+    plans read the workload's recompute fields and the chunks' layer counts, offload its layer count). So
+    (b, cp) pairs with equal b·(s // cp) keep the same bytes to the bit (tests/planner/test_search_speed.py).
+    Inference (the last position's logits read b alone): (b, s/cp)."""
+    tokens = ctx.b * ctx.s_cp
+    return tokens if ctx.training else (ctx.b, ctx.s_cp)
+
+
 def chunk_activation_key(ctx: Context, stage: int) -> tuple:
-    """The value key of everything ``chunk_activations`` (default kernel) reads: (model, workload, then plain
-    values of the layout and the stage alone): the rank's sequences per pass, tp, cp, SP, the kinds (MoE or
-    dense) of each of the stage's chunks' layers in order and its head. What each layer keeps
-    (recompute.chunk_plans) reads the workload and the chunks' layer counts and order, offload the stage's
-    first layers, never their global indices: stages alike (and layouts differing in pp or in the schedule)
-    share a key."""
+    """The value key of everything ``chunk_activations`` (default kernel) reads: (model, workload (its
+    micro-batch size read only through the tokens), ``activation_tokens``, then plain values of the layout and
+    the stage alone): the rank's sequences per pass (inference), tp, SP, the traits of the framework it reads
+    (whether the head keeps the gathered input, whether TE saves fp8 copies), the kinds (MoE or dense) of each of
+    the stage's chunks' layers in order and its head. Not cp nor b apart: layouts whose b·s/cp agree share a
+    key. What each layer keeps (recompute.chunk_plans) reads the workload and the chunks' layer counts and
+    order, offload the stage's first layers, never their global indices: stages alike (and layouts differing
+    in pp or in the schedule) share a key."""
     par = ctx.par
     layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     mtp = (ctx.chunk_mtp[stage],) if ctx.model.mtp_layers else ()
     head = tuple(holds_final_norm(ctx, c) for c in ctx.chunks[stage])  # head_chunk_bytes, by chunk
-    dims = (par.tp, par.cp, par.sp, par.flavour.sp_wgrad_regather)
-    return (ctx.model, ctx.work, None if ctx.training else par.dp, *dims, *layers, *mtp, head)
+    flavour = par.flavour  # head_input_bytes, saved_recipe
+    dims = (par.tp, par.sp, flavour.sp_wgrad_regather, flavour.te_fp8_recipes)
+    inference = None if ctx.training else par.dp
+    return (ctx.model, ctx.work, activation_tokens(ctx), inference, *dims, *layers, *mtp, head)
 
 
 def _logits(ctx: Context, stage: int) -> int:
@@ -623,6 +639,7 @@ __all__ = [
     "LayerActivations",
     "Memory",
     "StageMemory",
+    "activation_tokens",
     "chunk_activation_key",
     "chunk_activations",
     "comm_buffers",

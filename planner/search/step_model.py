@@ -49,7 +49,14 @@ from ..compute import (
 )
 from ..context import Context
 from ..ledger import Call
-from ..memory import chunk_activation_key, chunk_activations, comm_buffers, held_activation_bytes, held_bytes
+from ..memory import (
+    activation_tokens,
+    chunk_activation_key,
+    chunk_activations,
+    comm_buffers,
+    held_activation_bytes,
+    held_bytes,
+)
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _split_key
 from ..pipeline import busiest_rank_s, in_flight_chunks, pipeline_time
@@ -97,12 +104,13 @@ class _Memos:
     def __init__(self):
         self.compute: dict = {}  # ((b, recompute), interned stage_pass_key[2:]) -> (fwd, bwd, attention s)
         self.optimizer: dict = {}  # optimizer_key -> optimizer_s (seconds)
-        self.acts: dict = {}  # ((b, recompute), interned chunk_activation_key[2:]) -> ChunkActivations
+        # ((b·s/cp, recompute), interned chunk_activation_key[3:]) -> ChunkActivations
+        self.acts: dict = {}
         self.flights: dict = {}  # Schedule -> (interned id, pipeline.in_flight_chunks per stage)
         self.ids: dict = {}  # per-stage keys of a layout -> int
         self.splits: dict = {}  # parallel._split_key -> the _SPLIT properties of a context with that split
         self.lists: dict = {}  # ((b, recompute), compute id) -> [StageCompute]
-        self.arrays: dict = {}  # ((b, recompute), activation id, in-flight id) -> activation bytes per stage
+        self.arrays: dict = {}  # ((b·s/cp, recompute), activation id, in-flight id) -> activation bytes per stage
         # ((b, recompute), interned layer_forward_key[2:], forward seconds, interned chunk_shares_key) -> shares
         self.shares: dict = {}
         self.share_lists: dict = {}  # ((b, recompute), passes id, chunks id) -> chunk shares per stage
@@ -213,6 +221,7 @@ class _Variant:
         "par",
         "pass_id",
         "pass_keys",
+        "s_cp",
         "scheds",
         "split",
         "static",
@@ -229,8 +238,10 @@ class _Variant:
         self.chunks_id: int | None = None
         self.layer_key: int | None = None  # compute.layer_forward_key past the model and workload, interned
         self.scheds: dict = {}  # b -> step.schedule_of (it reads the layout and the micro-batch count)
-        self.act_keys: tuple | None = None  # per stage: memory.chunk_activation_key past model and workload, interned
+        # per stage: memory.chunk_activation_key past the model, workload and tokens (b·s/cp), interned
+        self.act_keys: tuple | None = None
         self.act_id: int | None = None
+        self.s_cp = 0  # the layout's sequence per context-parallel rank: b·s_cp is memory.activation_tokens at b
         self.flights: dict = {}  # b -> (interned id, in-flight micro-batches per chunk per stage)
         self.static: np.ndarray | None = None
         self.bounds: dict = {}  # (b, recompute) -> compute-only lower bound
@@ -322,30 +333,33 @@ class StepModel:
 
     def _acts(self, v: _Variant, b: int, rc: str) -> np.ndarray:
         """memory.stage_activation_bytes per stage: memory.held_activation_bytes of the stage's
-        chunk_activations, memoised on memory.chunk_activation_key (its entries past the model and workload
-        read the layout and the stage's layer kinds alone: computed once per layout, shared by stages and
-        pipelines alike), and the micro-batches in flight (pipeline.in_flight_chunks), memoised on the
-        schedule (a value)."""
+        chunk_activations, memoised on memory.chunk_activation_key: the tokens per rank b·s/cp
+        (memory.activation_tokens: it reads b and cp through them alone, so layouts whose b·s/cp agree share
+        entries) and entries past the model, workload and tokens that read the layout and the stage's layer
+        kinds alone (computed once per layout, shared by stages and pipelines alike); and the micro-batches in
+        flight (pipeline.in_flight_chunks), memoised on the schedule (a value)."""
         memos = self._memos
         act_id, flight = self._act_id(v), self._flight(v, b)
-        key = ((b, rc), act_id, flight[0])
+        tokens = (b * v.s_cp, rc)  # (memory.activation_tokens of the context at b, recompute)
+        key = (tokens, act_id, flight[0])
         out = memos.arrays.get(key)
         if out is None:
             sizes = []
             for s, (rest, counts) in enumerate(zip(v.act_keys, flight[1], strict=True)):
-                parts = memos.acts.get(((b, rc), rest))
+                parts = memos.acts.get((tokens, rest))
                 if parts is None:
-                    parts = memos.put(memos.acts, ((b, rc), rest), chunk_activations(self._ctx(v, b, rc), s))
+                    parts = memos.put(memos.acts, (tokens, rest), chunk_activations(self._ctx(v, b, rc), s))
                 sizes.append(held_activation_bytes(parts, counts))
             out = memos.put(memos.arrays, key, np.array(sizes, dtype=np.int64))
         return out
 
     def _act_id(self, v: _Variant) -> int:
-        """The interned memory.chunk_activation_key of every stage (past the model and workload)."""
+        """The interned memory.chunk_activation_key of every stage (past the model, workload and tokens)."""
         if v.act_id is None:
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+            v.s_cp = activation_tokens(ctx) // ctx.b  # training (the search's): b·s/cp, so s/cp
             intern = self._memos.intern  # small ints in the per-(b, recompute) keys: cheap to hash
-            v.act_keys = tuple(intern(("act", chunk_activation_key(ctx, s)[2:])) for s in range(v.par.pp))
+            v.act_keys = tuple(intern(("act", chunk_activation_key(ctx, s)[3:])) for s in range(v.par.pp))
             v.act_id = intern(("acts", v.act_keys))
         return v.act_id
 
@@ -363,11 +377,11 @@ class StepModel:
 
     def _act_matrix(self, v: _Variant, grid: tuple) -> np.ndarray:
         """``_acts`` of every (b, recompute) of ``grid``, one row each, memoised on the activation id, the
-        grid and the in-flight ids at its micro-batch sizes (values): layouts differing in ZeRO or framework
-        (neither read by chunk_activation_key or the schedule) share one matrix."""
+        grid (with the layout's s/cp: the tokens) and the in-flight ids at its micro-batch sizes (values): layouts
+        differing in ZeRO or framework (neither read by chunk_activation_key or the schedule) share one matrix."""
         memos = self._memos
         flights = _per_batch(grid, lambda b: self._flight(v, b)[0])
-        key = ("matrix", self._act_id(v), grid, flights)
+        key = ("matrix", self._act_id(v), v.s_cp, grid, flights)
         found = memos.arrays.get(key)
         if found is None:
             found = memos.put(memos.arrays, key, np.stack([self._acts(v, b, rc) for b, rc in grid]))
@@ -600,7 +614,6 @@ class StepModel:
         return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
 
 
-
 _SP_FREE = tuple(f.name for f in fields(ParallelSpec) if f.name != "sequence_parallel")
 
 
@@ -618,5 +631,6 @@ def _per_batch(grid, fn) -> tuple:
             out.append(fn(b))
             last = b
     return tuple(out)
+
 
 __all__ = ["Part", "Priced", "Row", "StepModel"]

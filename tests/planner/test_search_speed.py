@@ -511,3 +511,52 @@ def test_schedules_and_busiest_bounds_shared_across_layouts_equal_their_own():
             ctx = Context(model, replace(work, micro_batch_size=b), par)
             assert shared._schedule(shared._variant(par), b) == schedule_of(ctx)
     assert len(shared._scheds) < len(layouts) * 3  # shared: fewer schedules than (layout, b) pairs
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "mixtral-8x7b", "gpt3-175b"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_chunk_activations_read_b_and_cp_through_tokens_per_rank(preset, recompute):
+    """memory.chunk_activations reads the micro-batch size and cp only as b·s/cp (memory.activation_tokens):
+    (b, cp) pairs with equal tokens per rank share chunk_activation_key and keep the same bytes to the bit,
+    with unfused attention's s² scores included; unequal tokens give other keys and other bytes."""
+    from planner.memory import activation_tokens, chunk_activation_key, chunk_activations
+
+    model = replace(MODEL_PRESETS[preset], num_layers=8)
+    seen: dict = {}
+    for kernel in ("flash", "unfused"):
+        for b, cp in ((1, 1), (2, 2), (4, 4), (2, 1), (4, 2), (8, 4), (1, 2), (2, 4)):
+            work = WorkloadSpec(
+                global_batch_size=64, micro_batch_size=b, activation_recompute=recompute, attention_kernel=kernel
+            )
+            par = ParallelSpec(tp=2, cp=cp, pp=2, dp=8 // cp, sequence_parallel=True, ep=2 if model.moe else 1)
+            ctx = Context(model, work, par)
+            tokens = activation_tokens(ctx)
+            assert tokens == b * (ctx.s // cp)
+            for stage in (0, 1):
+                key = chunk_activation_key(ctx, stage)
+                assert key[2] == tokens
+                parts = chunk_activations(ctx, stage)
+                found = seen.setdefault((kernel, stage, tokens, key[3:]), parts)
+                assert found == parts, (b, cp, stage)  # equal b·s/cp: equal bytes, bit for bit
+    for kernel in ("flash", "unfused"):
+        for stage in (0, 1):
+            # s/2, s, 2s tokens per rank: three keys (cp is not one of their entries), three sizes
+            sizes = [p for (k, s, _, _), p in seen.items() if (k, s) == (kernel, stage)]
+            assert len(sizes) == 3 and len(set(sizes)) == 3
+
+
+def test_chunk_activation_key_holds_the_flavour_traits_the_bytes_read():
+    """Under an fp8 recipe only a TransformerEngine flavour saves quantized linear inputs (memory.saved_recipe
+    reads Flavour.te_fp8_recipes): Megatron and DeepSpeed layouts of equal degrees keep different bytes, so
+    their keys differ (they shared one before, and the search's memo gave one the other's bytes)."""
+    from planner.memory import chunk_activation_key, chunk_activations
+
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=8)
+    work = WorkloadSpec(global_batch_size=64, fp8_recipe="tensorwise")
+    found = {}
+    for framework in ("megatron", "deepspeed"):
+        ctx = Context(model, work, ParallelSpec(tp=2, pp=2, dp=2, framework=framework))
+        found[framework] = (chunk_activation_key(ctx, 0), chunk_activations(ctx, 0).per_chunk)
+    (mkey, mbytes), (dkey, dbytes) = found["megatron"], found["deepspeed"]
+    assert mkey != dkey and mkey[:3] == dkey[:3]  # the same model, workload and tokens: the trait differs
+    assert mbytes == (2315255808.0,) and dbytes == (2818572288.0,)  # fp8 copies of the inputs vs bf16 ones
