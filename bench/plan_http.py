@@ -3,9 +3,11 @@ plan p50 <= 10 ms): an in-process httpx client on the app (ASGI transport, the w
 validation, the work estimate, the plan and its JSON answer), the price cache emptied before each request as
 bench/test_bench_plan.py does; clusters, schedules and placements stay warm as in a running service, and so
 does the context and ledger memo (planner/plan.py ``_context``: a repeated plan's model, workload and layout);
-``--cold`` empties that memo too, as for a plan of a new model, workload or layout. The app is started as a
-server starts it (its lifespan: the warm-up requests, then ``gc.freeze`` of the start-up's objects, app/main.py);
-``--no-lifespan`` skips that, as this script did before issue 19's sixth round.
+``--cold`` empties that memo too, as for a plan of a new model, workload or layout. NCCL's closed-form
+answers (collectives/topology/library/pricer.py ``_TUNED``, keyed by the bytes) are emptied with the price
+cache unless ``--warm-nccl``, as when a plan of the same group shapes and sizes was answered before. The app
+is started as a server starts it (its lifespan: the warm-up requests, then ``gc.freeze`` of the start-up's
+objects, app/main.py); ``--no-lifespan`` skips that, as this script did before issue 19's sixth round.
 
     PYTHONPATH=. .venv/bin/python bench/plan_http.py [--rounds 60] [--nodes 2048] [--batch 2048] [--cold]
 
@@ -26,6 +28,7 @@ import httpx
 import planner.plan as plan_module
 from app.main import create_app
 from app.settings import Settings
+from collectives.topology.library import pricer as nccl_pricer
 
 # Llama 3 paper §3.3: 126 layers over 16 stages, one layer fewer on the first and the last
 PP16 = {"tp": 8, "pp": 16, "zero_stage": 1, "sequence_parallel": True, "first_stage_layers": 7, "last_stage_layers": 7}
@@ -41,18 +44,22 @@ def body(nodes: int, batch: int) -> dict:
 
 
 async def measure(
-    rounds: int, nodes: int, batch: int, cold: bool = False, lifespan: bool = True
+    rounds: int, nodes: int, batch: int, cold: bool = False, lifespan: bool = True, warm_nccl: bool = False
 ) -> tuple[list[float], list[float]]:
     app = create_app(Settings.from_env())
     async with app.router.lifespan_context(app) if lifespan else contextlib.nullcontext():
-        return await _requests(app, rounds, body(nodes, batch), cold)
+        return await _requests(app, rounds, body(nodes, batch), cold, warm_nccl)
 
 
-async def _requests(app, rounds: int, request: dict, cold: bool) -> tuple[list[float], list[float]]:
+async def _requests(
+    app, rounds: int, request: dict, cold: bool, warm_nccl: bool = False
+) -> tuple[list[float], list[float]]:
     cpu, wall = [], []
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://commplan.test") as client:
         for i in range(rounds + 2):  # two warm-up requests: clusters, schedules and placements
             plan_module._PRICES.clear()
+            if not warm_nccl:
+                nccl_pricer._TUNED.clear()
             if cold:
                 plan_module._CONTEXTS.clear()
             c0, w0 = time.process_time(), time.perf_counter()
@@ -74,10 +81,16 @@ def main() -> None:
     parser.add_argument(
         "--no-lifespan", action="store_true", help="skip the app's start-up (warm-up requests, gc.freeze) as before"
     )
+    parser.add_argument(
+        "--warm-nccl", action="store_true", help="keep NCCL's closed-form answers between requests (a repeated plan)"
+    )
     args = parser.parse_args()
-    cpu, wall = asyncio.run(measure(args.rounds, args.nodes, args.batch, args.cold, not args.no_lifespan))
+    cpu, wall = asyncio.run(
+        measure(args.rounds, args.nodes, args.batch, args.cold, not args.no_lifespan, args.warm_nccl)
+    )
     ms = [1e3 * x for x in cpu]
     cold = (" (cold set-up)" if args.cold else "") + (" (no start-up)" if args.no_lifespan else "")
+    cold += " (NCCL answers kept)" if args.warm_nccl else ""
     print(
         f"{args.nodes * 8} GPUs, {args.rounds} requests{cold}: CPU p50 {statistics.median(ms):.2f} ms, "
         f"min {min(ms):.2f} ms; wall p50 {1e3 * statistics.median(wall):.2f} ms"

@@ -148,6 +148,7 @@ class Schedule:
     num_virtual: int = 0
     root: int = 0
     _cached_classes: list[StepClass] | None = field(default=None, repr=False)
+    _cached_wire: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def slot_bytes(self) -> np.ndarray:
@@ -171,7 +172,15 @@ class Schedule:
         return sum(c.repeat for c in self.step_classes())
 
     def wire_bytes(self) -> tuple[np.ndarray, np.ndarray]:
-        """Bytes each rank sends and receives over the whole schedule (virtual holders excluded)."""
+        """Bytes each rank sends and receives over the whole schedule (virtual holders excluded); computed once
+        per schedule (the pricers keep schedules by value: select.cached_schedule), read-only."""
+        if self._cached_wire is None:
+            sent, received = self._wire_bytes()
+            sent.flags.writeable = received.flags.writeable = False
+            self._cached_wire = (sent, received)
+        return self._cached_wire
+
+    def _wire_bytes(self) -> tuple[np.ndarray, np.ndarray]:
         holders = self.num_ranks + self.num_virtual
         sent = np.zeros(holders, dtype=np.int64)
         received = np.zeros(holders, dtype=np.int64)

@@ -18,6 +18,11 @@ DeviceId = Annotated[int, Field(ge=0, lt=MAX_DEVICES)]
 MessageBytes = Annotated[int, Field(ge=0, le=MAX_MESSAGE)]
 
 
+def optional_positive(le: float, description: str):
+    """An optional number above 0 and at most ``le``, null when left out: the one shape of such fields."""
+    return Field(default=None, gt=0, le=le, description=description)
+
+
 def with_example(example: dict) -> ConfigDict:
     """A request model's config: unknown fields refused, and ``example`` its OpenAPI example body."""
     return ConfigDict(extra="forbid", json_schema_extra={"examples": [example]})

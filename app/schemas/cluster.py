@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, Field
 from collectives.topology import fabrics, networks
 from planner.kernels import ATTENTION_CEILING_KEYS, GEMM_DTYPES, KERNEL_CONSTANTS
 
-from .base import Strict
+from .base import Strict, optional_positive
 
 Bandwidth = Field(default=None, ge=1e-3, le=1e6, description="GB/s = 1e9 bytes/s per direction; at least 1 MB/s")
 Latency = Field(default=None, ge=0, le=1.0, description="seconds")
@@ -87,13 +87,11 @@ class GPUIn(Strict):
         default=None, max_length=64, description="a GPU name (gpu.py GPUS) to start from; the fields given here win"
     )
     sms: int | None = Field(default=None, ge=1, le=4096, description="streaming multiprocessors (GEMM tiles fill them)")
-    tdp_w: float | None = Field(default=None, gt=0, le=10000, description="default power limit, W")
-    min_power_w: float | None = Field(default=None, gt=0, le=10000, description="lowest power limit, W")
-    power_limit_w: float | None = Field(
-        default=None,
-        gt=0,
-        le=10000,
-        description="configured power limit (nvidia-smi -pl), W; within min_power_w..tdp_w; lowers the sustained "
+    tdp_w: float | None = optional_positive(10000, "default power limit, W")
+    min_power_w: float | None = optional_positive(10000, "lowest power limit, W")
+    power_limit_w: float | None = optional_positive(
+        10000,
+        "configured power limit (nvidia-smi -pl), W; within min_power_w..tdp_w; lowers the sustained "
         "tensor-core clock (gpu.py clock_scale). Alone, it applies to the cluster preset's GPU",
     )
 

@@ -13,7 +13,7 @@ from planner.plan import PricedCall
 from planner.presets import BOUNDS
 from planner.step import OVERLAP_DEFAULTS
 
-from .base import DeviceId, MessageBytes, Strict
+from .base import DeviceId, MessageBytes, Strict, optional_positive
 from .cluster import ClusterIn, LinkOut
 from .read import SAME, From, reader
 
@@ -105,12 +105,10 @@ class ModelIn(Strict):
         description="Hugging Face rope_scaling.rope_type (GPT-OSS, DeepSeek-V3: yarn); Megatron runs a YaRN RoPE as "
         "torch ops, not its fused kernel",
     )
-    glu_clamp: float | None = Field(
-        default=None,
-        gt=0,
-        le=1e6,
-        description="the gated MLP's clamp limit (GPT-OSS swiglu_limit 7.0); Megatron clamps the experts' halves in "
-        "their own kernels",
+    glu_clamp: float | None = optional_positive(
+        1e6,
+        "the gated MLP's clamp limit (GPT-OSS swiglu_limit 7.0); Megatron clamps the experts' halves in their own "
+        "kernels",
     )
     mtp_layers: int | None = Field(
         default=None,

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from planner.serving.launch import EXPORTS
 
-from .base import Strict, with_example
+from .base import Strict, optional_positive, with_example
 from .cluster import ClusterIn
 from .plan import CallOut, ModelIn, Out
 
@@ -183,8 +183,8 @@ class ServeOut(Out):
 
 
 class SLAIn(Strict):
-    ttft_s: float | None = Field(default=None, gt=0, le=3600, description="time to first token at most")
-    tpot_s: float | None = Field(default=None, gt=0, le=60, description="time per output token at most")
+    ttft_s: float | None = optional_positive(3600, "time to first token at most")
+    tpot_s: float | None = optional_positive(60, "time per output token at most")
 
 
 class ServeSearchRequest(Strict):

@@ -52,11 +52,12 @@ def writer(model: type[BaseModel]) -> Callable[[object], dict]:
         (name, EXACT.get(c), c) for name, f in model.model_fields.items() if (c := _convert(f.annotation)) is not None
     ]
     defaults = {name: _default(field) for name, field in model.model_fields.items()}
+    required = frozenset(name for name, value in defaults.items() if value is MISSING)
     read_names, get = [name for name, _ in read], _getter([path for _, path in read])
 
     def write(obj) -> dict:
         if type(obj) is dict:
-            data = _from_dict(obj, defaults, names)
+            data = _from_dict(obj, defaults, names, required)
         else:
             data = dict.fromkeys(names)
             data.update(zip(read_names, get(obj), strict=True))
@@ -71,15 +72,16 @@ def writer(model: type[BaseModel]) -> Callable[[object], dict]:
     return write
 
 
-def _from_dict(obj: dict, defaults: dict, names: tuple) -> dict:
+def _from_dict(obj: dict, defaults: dict, names: tuple, required: frozenset) -> dict:
     """A dict source's fields in field order, defaults for absent keys, other keys left out (as validation
-    leaves them)."""
+    leaves them). The required fields are looked for among the keys (a set comparison in C), not by comparing
+    every value with the MISSING mark (a Python comparison per float)."""
+    if not required <= obj.keys():
+        absent = [name for name in names if name in required and name not in obj]
+        raise ValueError(f"the response block lacks the required field(s) {absent}")
     data = {**defaults, **obj}
     if len(data) != len(names):
         data = {name: data[name] for name in names}
-    if MISSING in data.values():
-        absent = [name for name, value in data.items() if value is MISSING]
-        raise ValueError(f"the response block lacks the required field(s) {absent}")
     return data
 
 

@@ -48,6 +48,8 @@ class Loads:
     def total(parts: list[Loads], num_links: int) -> Loads:
         if not parts:
             return Loads.reduce(np.zeros(0, dtype=np.int64), None, num_links)
+        if len(parts) == 1:  # one class (a send, a one-step all-to-all): its loads are the total
+            return parts[0]
         if all(p.links is parts[0].links for p in parts):  # classes routed once and scaled (a ring's RS and AG)
             return Loads(parts[0].links, np.sum([p.bytes for p in parts], axis=0))
         return Loads.reduce(

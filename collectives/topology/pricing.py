@@ -48,6 +48,57 @@ class Price:
     channels: int = 0  # library pricing: NCCL channels
 
 
+# Where a placement's groups sit on nodes, by value: the schedule pricer reads it twice per call (the ranks per
+# node a two-level schedule is built for, the nodes a group spans), and the calls of a plan (and of the next plan
+# on the same placements) that move other sizes over the same devices share it, as they share a unit routing
+# (unit_route) and the library pricer a placement's contention. Bounded in entries and in devices per entry.
+NODES_CACHE = 1024
+NODES_CACHE_DEVICES = 4096
+_NODES: OrderedDict = OrderedDict()  # (cluster spec, placement shape, placement bytes) -> (local size, nodes)
+
+
+def placement_nodes(cluster: Cluster, placement: np.ndarray) -> tuple[int, int]:
+    """(ranks per node if every group is laid out node by node with the same count per node, else 0; the most
+    nodes one group spans) of a (groups x n) placement, memoised by value for at most NODES_CACHE_DEVICES
+    devices."""
+    if placement.size > NODES_CACHE_DEVICES:
+        return _local(cluster.node_of(placement[0])), _spans(cluster.node_of(placement))
+    key = (cluster.spec, placement.shape, placement.tobytes())
+    found = _NODES.get(key)
+    if found is None:
+        found = _NODES[key] = _placement_nodes(cluster, placement)
+        if len(_NODES) > NODES_CACHE:
+            _NODES.popitem(last=False)
+    return found
+
+
+def _placement_nodes(cluster: Cluster, placement: np.ndarray) -> tuple[int, int]:
+    nodes = cluster.node_of(placement)
+    return (_local(nodes[0]) if len(nodes) else 0), _spans(nodes)
+
+
+def _local(nodes: np.ndarray) -> int:
+    """Ranks per node of one group's nodes if they run node by node with the same count per node, else 0."""
+    changes = np.flatnonzero(np.diff(nodes)) + 1
+    runs = np.diff(np.concatenate([[0], changes, [len(nodes)]]))
+    if len(set(runs.tolist())) != 1 or len(np.unique(nodes)) != len(runs):
+        return 0
+    return int(runs[0])
+
+
+def _spans(nodes: np.ndarray) -> int:
+    """The most nodes one group (a row of ``nodes``) spans."""
+    return int((np.diff(np.sort(nodes, axis=1), axis=1) != 0).sum(axis=1).max(initial=0)) + 1
+
+
+def local_size(cluster: Cluster, placement: np.ndarray) -> int:
+    """Ranks per node if every group is laid out node by node with the same count per node, else 0."""
+    placement = np.atleast_2d(placement)
+    if placement.size > NODES_CACHE_DEVICES:
+        return _local(cluster.node_of(placement[0]))
+    return placement_nodes(cluster, placement)[0]
+
+
 def in_network_level(cluster: Cluster, placement: np.ndarray) -> str:
     """Where the reduction can happen for these groups: the node's switch (NVLS) when every group sits in
     one node, the network's switches (SHARP) otherwise."""
@@ -82,7 +133,9 @@ def evaluate(
         )
     cluster.check_devices(placement)
     level = in_network_level(cluster, placement) if schedule.num_virtual else None
-    holders = np.hstack([placement, np.full((len(placement), schedule.num_virtual), -1, dtype=np.int64)])
+    holders = placement  # the virtual holders (in-network switches) are -1 columns after the ranks
+    if schedule.num_virtual:
+        holders = np.hstack([placement, np.full((len(placement), schedule.num_virtual), -1, dtype=np.int64)])
     rate = cluster.rate(calibration, in_network=level)
     time = calibration.base_latency(schedule.algorithm) if schedule.num_steps else 0.0
     parts: list[Loads] = []
@@ -218,8 +271,7 @@ def summarise(ev: Evaluation, cluster: Cluster, top_links: int = 5) -> Price:
         if carried[i] > 0
     ]
     algbw = schedule.message_bytes / time / 1e9 if time else 0.0
-    nodes = np.sort(cluster.node_of(placement), axis=1)
-    nodes_per_group = int((np.diff(nodes, axis=1) != 0).sum(axis=1).max(initial=0)) + 1
+    nodes_per_group = placement_nodes(cluster, placement)[1]
     span = "intra_node" if nodes_per_group == 1 else "inter_node"
     return Price(
         algorithm=schedule.algorithm,
@@ -232,5 +284,5 @@ def summarise(ev: Evaluation, cluster: Cluster, top_links: int = 5) -> Price:
         bottleneck=links[0] if links else {},
         links=links,
         span=span,
-        nodes_per_group=int(nodes_per_group),
+        nodes_per_group=nodes_per_group,
     )

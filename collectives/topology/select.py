@@ -21,7 +21,7 @@ from .calibration import DEFAULT, Calibration
 from .cluster import Cluster
 from .library import is_nvidia, normalise_algo, normalise_proto, price_library
 from .library.model import NCCL_FUNCS
-from .pricing import Evaluation, Price, evaluate, summarise
+from .pricing import Evaluation, Price, evaluate, local_size, summarise
 
 LIBRARY_CANDIDATES: dict[Op, tuple[str, ...]] = {
     Op.ALLREDUCE: ("ring", "double_binary_tree", "hierarchical", "in_network"),
@@ -34,16 +34,6 @@ LIBRARY_CANDIDATES: dict[Op, tuple[str, ...]] = {
     Op.SCATTER: ("direct",),
     Op.SENDRECV: ("direct",),
 }
-
-
-def local_size(cluster: Cluster, placement: np.ndarray) -> int:
-    """Ranks per node if every group is laid out node by node with the same count per node, else 0."""
-    nodes = cluster.node_of(placement[0])
-    changes = np.flatnonzero(np.diff(nodes)) + 1
-    runs = np.diff(np.concatenate([[0], changes, [len(nodes)]]))
-    if len(set(runs.tolist())) != 1 or len(np.unique(nodes)) != len(runs):
-        return 0
-    return int(runs[0])
 
 
 @lru_cache(maxsize=4096)

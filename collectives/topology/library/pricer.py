@@ -189,14 +189,10 @@ def price_library(
         raise CollectiveError("op", f"NCCL's tuner does not price {op.value}")
     n = placement.shape[1]
     shape, (ratio, loaded) = _placement_part(cluster, placement)
-    cand = best(op, nbytes, _candidates(op, shape, features_of(cluster), cal, algo, proto))
-    lat_s = cand.latency_s_at(nbytes)
-    bw_s = cand.time_s(nbytes, op) - lat_s
+    cand, lat_s, bw_s, (schedule, sent, received, steps), channels = _tuned(
+        op, nbytes, shape, features_of(cluster), cal, algo, proto
+    )
     time = lat_s + bw_s * ratio if n > 1 else 0.0
-    name = SCHEDULE_OF[cand.algorithm]
-    if cand.algorithm == "nvls" and shape.nodes > 1:
-        name = "hierarchical"  # NVLS inside each node, SHARP across: never the full message through every NIC
-    schedule, sent, received, steps = _schedule_bytes(name, op, n, nbytes, shape.ppn if shape.nodes > 1 else 1)
     algbw = nbytes / time / 1e9 if time else 0.0
     factor = busbw_factor(op, n)
     links = []
@@ -221,8 +217,40 @@ def price_library(
         nodes_per_group=nodes,
         protocol=cand.protocol,
         nccl_algorithm=NCCL_NAMES[cand.algorithm],
-        channels=cand.channels_used(nbytes),
+        channels=channels,
     )
+
+
+# NCCL's answer for a call by the closed form's own inputs: the operation, the bytes, the communicator's shape
+# as NCCL sees it (Shape: GPUs per node, nodes, NICs, link speeds, version, ranks), the cluster's Features, the
+# calibration and the pins. It does not depend on where the groups sit (contention and links are the placement's
+# part, _placement_part), so calls of equal bytes on groups of one shape share it, within a plan (a stage class
+# priced apart, an other placement alike to NCCL) and across plans (an other layout or model on the same kind of
+# groups; the plan's own price cache is keyed by placement). Bounded, first in first out; the values are
+# immutable (the Candidate is frozen).
+TUNED_CACHE = 8192
+_TUNED: OrderedDict = OrderedDict()
+
+
+def _tuned(op: Op, nbytes: int, shape: Shape, feat: Features, cal: LibraryCalibration, algo: str, proto: str):
+    """(NCCL's pick, its latency and its bandwidth term in seconds before contention, the executable schedule's
+    (name, bytes sent, bytes received, steps), the channels launched) for ``nbytes`` of ``op`` on a
+    communicator of ``shape``: tuning.cc's pick (model.best) and the run's time (Candidate.time_s)."""
+    key = (op, nbytes, shape, feat, cal, algo, proto)
+    got = _TUNED.get(key)
+    if got is None:
+        cand = best(op, nbytes, _candidates(op, shape, feat, cal, algo, proto))
+        lat_s = cand.latency_s_at(nbytes)
+        bw_s = cand.time_s(nbytes, op) - lat_s
+        name = SCHEDULE_OF[cand.algorithm]
+        if cand.algorithm == "nvls" and shape.nodes > 1:
+            name = "hierarchical"  # NVLS inside each node, SHARP across: never the full message through every NIC
+        local = shape.ppn if shape.nodes > 1 else 1
+        schedule = _schedule_bytes(name, op, shape.num_ranks, nbytes, local)
+        got = _TUNED[key] = (cand, lat_s, bw_s, schedule, cand.channels_used(nbytes))
+        if len(_TUNED) > TUNED_CACHE:
+            _TUNED.popitem(last=False)
+    return got
 
 
 @lru_cache(maxsize=4096)
