@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from functools import cached_property
 
 from collectives._hashing import frozen_hash
@@ -11,6 +13,7 @@ from ._errors import SpecError
 from .flavours import Flavour
 from .model import ModelSpec
 from .parallel import Chunk, ParallelSpec, pipeline_chunks, rank_of
+from .recipes import Recipe, recipe_of
 from .workload import DTYPE_BYTES, WorkloadSpec, weight_bytes
 
 
@@ -65,8 +68,11 @@ class Context:
 
     @cached_property
     def activation(self) -> int:
-        """A = b x s/c x h x x: the TP unit (one layer's activations on one CP rank)."""
-        return self.b * self.s_cp * self.model.hidden_size * self.x
+        """A = b x s/c x h x x: the TP unit (one layer's activations on one CP rank), at the hidden states' width
+        (hidden_bytes: bf16 when training under an fp8 recipe). What the pipeline's p2p, the TP all-reduces and
+        reduce-scatters, the embedding's and the LM head's calls carry; TE's quantized all-gathers of a linear's
+        input are ``gemm_input_bytes``."""
+        return self.b * self.s_cp * self.model.hidden_size * self.hidden_bytes
 
     @cached_property
     def tokens_local(self) -> int:
@@ -104,6 +110,42 @@ class Context:
     @cached_property
     def hidden_bytes(self) -> int:
         return DTYPE_BYTES[self.hidden_dtype]
+
+    @cached_property
+    def gather_recipe(self) -> Recipe | None:
+        """The recipe TransformerEngine quantizes a linear's input with before its sequence-parallel all-gather
+        (TransformerEngine v2.9 module/linear.py l. 175-207 and layernorm_linear.py l. 234-268: the input quantized,
+        the quantizer set rowwise, then distributed.py gather_along_first_dim(..., quantizer)); the grad output's
+        all-gather of a row-parallel linear likewise (module/base.py grad_output_preprocess l. 1160-1192). Training
+        under a TE flavour (Flavour.te_fp8_recipes) with ``workload.fp8_recipe``, or fp8 activations without one
+        (TE's default DelayedScaling); None otherwise (bf16 gathers: torchao's float8 rowwise keeps DTensor's
+        gathers in bf16)."""
+        if not (self.training and self.flavour.te_fp8_recipes):
+            return None
+        if self.work.recipe is not None:
+            return self.work.recipe
+        return recipe_of("delayed") if DTYPE_BYTES[self.work.activation_dtype] < 2 else None
+
+    def gemm_input_bytes(self, elements: int, *, both_directions: bool = False) -> int:
+        """Bytes TE all-gathers for ``elements`` of a linear's GEMM operand (gather_recipe): the hidden states'
+        width without a recipe; with one, the quantized data and the block scales that travel beside it
+        (TransformerEngine v2.9 distributed.py: _all_gather_fp8 sends the fp8 data alone, the per-tensor scale
+        "identical across ranks", and transposes after the gather; _all_gather_fp8_blockwise, _all_gather_mxfp8
+        and _all_gather_nvfp4 gather each usage the quantizer asks for, data then scales). ``both_directions``:
+        the quantizer asks for the rowwise and the columnwise copy (a grad output feeding dgrad and wgrad, linear.py
+        l. 567-569), which block recipes gather both of; per-tensor ones one."""
+        recipe = self.gather_recipe
+        if recipe is None:
+            return elements * self.hidden_bytes
+        directions = 2 if both_directions and recipe.activation_block else 1
+        scales = Fraction(recipe.scale_bytes, recipe.activation_block) if recipe.activation_block else 0
+        return math.ceil(elements * directions * (Fraction(recipe.element_bytes) + scales))
+
+    @cached_property
+    def gemm_input_dtype(self) -> str:
+        """The dtype label of a quantized all-gather (the recipe's GEMM-table key), else the hidden states'."""
+        recipe = self.gather_recipe
+        return recipe.kernel_dtype if recipe is not None else self.hidden_dtype
 
     @cached_property
     def dispatch_bytes(self) -> int:
