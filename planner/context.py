@@ -103,7 +103,9 @@ class Context:
         """The dtype of the hidden states an MoE dispatcher moves between a layer's modules: the activation dtype,
         but bf16 when training under an fp8 recipe, whose quantization happens inside TransformerEngine's GEMM
         modules (GroupedLinear quantizes each expert's split after the dispatch; Megatron-LM d98e8a6 / 92c8482e6d
-        token_dispatcher.py has no fp8 path: the tokens and the experts' output cross the EP group as they are)."""
+        token_dispatcher.py has no fp8 path: the tokens and the experts' output cross the EP group as they are).
+        Also the width of the pipeline's p2p, the TP all-reduces and reduce-scatters and CP's K/V (Context.activation;
+        dtype7); TE's quantized gathers of a linear's input are gemm_input_bytes."""
         dtype = self.work.activation_dtype
         return "bf16" if self.training and DTYPE_BYTES[dtype] < 2 else dtype
 
@@ -117,35 +119,44 @@ class Context:
         (TransformerEngine v2.9 module/linear.py l. 175-207 and layernorm_linear.py l. 234-268: the input quantized,
         the quantizer set rowwise, then distributed.py gather_along_first_dim(..., quantizer)); the grad output's
         all-gather of a row-parallel linear likewise (module/base.py grad_output_preprocess l. 1160-1192). Training
-        under a TE flavour (Flavour.te_fp8_recipes) with ``workload.fp8_recipe``, or fp8 activations without one
-        (TE's default DelayedScaling); None otherwise (bf16 gathers: torchao's float8 rowwise keeps DTensor's
-        gathers in bf16)."""
-        if not (self.training and self.flavour.te_fp8_recipes):
+        with ``workload.fp8_recipe``, or fp8 activations without one (TE's default DelayedScaling), under a flavour
+        that gathers quantized (Flavour.quantized_tp_gathers); under a torchao flavour, torchtitan's float8 TP: fp8
+        activations and a recipe with float8_all_gather (tensorwise; recipes.check_float8_tp): torchao
+        float8_tensor_parallel.py Float8ColwiseParallel / PrepareFloat8ModuleInput cast the input to float8 before
+        its redistribute. None otherwise (bf16 gathers)."""
+        if not self.training:
             return None
-        if self.work.recipe is not None:
-            return self.work.recipe
-        return recipe_of("delayed") if DTYPE_BYTES[self.work.activation_dtype] < 2 else None
+        fp8 = DTYPE_BYTES[self.work.activation_dtype] < 2
+        recipe = self.work.recipe or (recipe_of("delayed") if fp8 else None)
+        if recipe is None:
+            return None
+        if self.flavour.torchao_float8:
+            return recipe if fp8 and recipe.float8_all_gather else None
+        return recipe if self.flavour.quantized_tp_gathers else None
 
-    def gemm_input_bytes(self, elements: int, *, both_directions: bool = False) -> int:
+    def gemm_input_bytes(self, elements: int, *, grad_output: bool = False) -> int:
         """Bytes TE all-gathers for ``elements`` of a linear's GEMM operand (gather_recipe): the hidden states'
         width without a recipe; with one, the quantized data and the block scales that travel beside it
         (TransformerEngine v2.9 distributed.py: _all_gather_fp8 sends the fp8 data alone, the per-tensor scale
         "identical across ranks", and transposes after the gather; _all_gather_fp8_blockwise, _all_gather_mxfp8
-        and _all_gather_nvfp4 gather each usage the quantizer asks for, data then scales). ``both_directions``:
-        the quantizer asks for the rowwise and the columnwise copy (a grad output feeding dgrad and wgrad, linear.py
-        l. 567-569), which block recipes gather both of; per-tensor ones one."""
+        and _all_gather_nvfp4 gather each usage the quantizer asks for, data then scales). ``grad_output``: a
+        row-parallel linear's grad output, quantized where the flavour does (Flavour.quantized_grad_output_gather)
+        for dgrad and wgrad at once (linear.py l. 567-569: rowwise and columnwise usage), which block recipes gather
+        both copies of; per-tensor ones one."""
         recipe = self.gather_recipe
-        if recipe is None:
+        if recipe is None or (grad_output and not self.flavour.quantized_grad_output_gather):
             return elements * self.hidden_bytes
-        directions = 2 if both_directions and recipe.activation_block else 1
+        directions = 2 if grad_output and recipe.activation_block else 1
         scales = Fraction(recipe.scale_bytes, recipe.activation_block) if recipe.activation_block else 0
         return math.ceil(elements * directions * (Fraction(recipe.element_bytes) + scales))
 
-    @cached_property
-    def gemm_input_dtype(self) -> str:
-        """The dtype label of a quantized all-gather (the recipe's GEMM-table key), else the hidden states'."""
+    def gemm_input_dtype(self, *, grad_output: bool = False) -> str:
+        """gemm_input_bytes's dtype label: the recipe's element dtype (fp8, fp4; its block scales travel in the same
+        message) where the gather is quantized, else the hidden states'."""
         recipe = self.gather_recipe
-        return recipe.kernel_dtype if recipe is not None else self.hidden_dtype
+        if recipe is None or (grad_output and not self.flavour.quantized_grad_output_gather):
+            return self.hidden_dtype
+        return recipe.gemm_dtype
 
     @cached_property
     def dispatch_bytes(self) -> int:

@@ -80,12 +80,15 @@ def _mb(
     )  # fmt: skip
 
 
-def _gemm_input(ctx: Context, per_token: int, *, both_directions: bool = False) -> dict:
+def _gemm_input(ctx: Context, per_token: int, *, grad_output: bool = False) -> dict:
     """The message and dtype of an all-gather of a TE linear's GEMM operand (a column-parallel input, its wgrad
     re-gather, a row-parallel grad output) at ``per_token`` elements a token: quantized under a recipe
     (Context.gemm_input_bytes), the hidden states' width otherwise."""
     elements = ctx.b * ctx.s_cp * per_token
-    return {"message": ctx.gemm_input_bytes(elements, both_directions=both_directions), "dtype": ctx.gemm_input_dtype}
+    return {
+        "message": ctx.gemm_input_bytes(elements, grad_output=grad_output),
+        "dtype": ctx.gemm_input_dtype(grad_output=grad_output),
+    }
 
 
 def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int | None = None) -> tuple[int, int]:
@@ -229,10 +232,10 @@ def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
     ] + [
         # the row-parallel linears' grad outputs, quantized for dgrad and wgrad (Context.gemm_input_bytes)
         _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src,
-            **_gemm_input(ctx, ctx.model.hidden_size, both_directions=True)),
+            **_gemm_input(ctx, ctx.model.hidden_size, grad_output=True)),
         _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
         _mb(ctx, name="tp.mlp.down_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=mlp, source=src,
-            **_gemm_input(ctx, ctx.model.hidden_size, both_directions=True)),
+            **_gemm_input(ctx, ctx.model.hidden_size, grad_output=True)),
     ]  # fmt: skip
     if fl.sp_wgrad_regather:
         out += [
