@@ -124,7 +124,7 @@ def _gathers(ctx: Context, stage: int, phase: str, sends: dict, chunk: int, per_
             group=Group(("tp",)),
             source=ctx.flavour.pp_source,
             stages=(receiver,),
-            dtype=ctx.work.activation_dtype,
+            dtype=ctx.hidden_dtype,
         )
         for (receiver, width), count in sorted(counts.items())
     ]
