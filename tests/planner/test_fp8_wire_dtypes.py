@@ -122,3 +122,5 @@ def test_torchtitan_float8_tp_gathers_inputs_in_fp8_and_grad_outputs_in_bf16():
     assert got["tp.attn.out_proj.dgrad"] == got["tp.mlp.down_proj.dgrad"] == (BF16, "bf16")
     assert got["tp.lm_head.logits"] == (4096 * LLAMA.vocab_size * 2, "bf16")
     assert got["pp.activation"] == (BF16 // 2, "bf16")
+    # bf16 activations with the tensorwise recipe are regular TP (recipes.check_float8_tp): bf16 gathers
+    assert calls(recipe="tensorwise", act="bf16", framework="torch")["tp.attn.qkv"] == (BF16, "bf16")
