@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from functools import cached_property
 
 from collectives._hashing import frozen_hash
@@ -11,6 +13,7 @@ from ._errors import SpecError
 from .flavours import Flavour
 from .model import ModelSpec
 from .parallel import Chunk, ParallelSpec, pipeline_chunks, rank_of
+from .recipes import Recipe, recipe_of
 from .workload import DTYPE_BYTES, WorkloadSpec, weight_bytes
 
 
@@ -65,8 +68,11 @@ class Context:
 
     @cached_property
     def activation(self) -> int:
-        """A = b x s/c x h x x: the TP unit (one layer's activations on one CP rank)."""
-        return self.b * self.s_cp * self.model.hidden_size * self.x
+        """A = b x s/c x h x x: the TP unit (one layer's activations on one CP rank), at the hidden states' width
+        (hidden_bytes: bf16 when training under an fp8 recipe). What the pipeline's p2p, the TP all-reduces and
+        reduce-scatters, the embedding's and the LM head's calls carry; TE's quantized all-gathers of a linear's
+        input are ``gemm_input_bytes``."""
+        return self.b * self.s_cp * self.model.hidden_size * self.hidden_bytes
 
     @cached_property
     def tokens_local(self) -> int:
@@ -97,13 +103,60 @@ class Context:
         """The dtype of the hidden states an MoE dispatcher moves between a layer's modules: the activation dtype,
         but bf16 when training under an fp8 recipe, whose quantization happens inside TransformerEngine's GEMM
         modules (GroupedLinear quantizes each expert's split after the dispatch; Megatron-LM d98e8a6 / 92c8482e6d
-        token_dispatcher.py has no fp8 path: the tokens and the experts' output cross the EP group as they are)."""
+        token_dispatcher.py has no fp8 path: the tokens and the experts' output cross the EP group as they are).
+        Also the width of the pipeline's p2p, the TP all-reduces and reduce-scatters and CP's K/V (Context.activation;
+        dtype7); TE's quantized gathers of a linear's input are gemm_input_bytes."""
         dtype = self.work.activation_dtype
         return "bf16" if self.training and DTYPE_BYTES[dtype] < 2 else dtype
 
     @cached_property
     def hidden_bytes(self) -> int:
         return DTYPE_BYTES[self.hidden_dtype]
+
+    @cached_property
+    def gather_recipe(self) -> Recipe | None:
+        """The recipe TransformerEngine quantizes a linear's input with before its sequence-parallel all-gather
+        (TransformerEngine v2.9 module/linear.py l. 175-207 and layernorm_linear.py l. 234-268: the input quantized,
+        the quantizer set rowwise, then distributed.py gather_along_first_dim(..., quantizer)); the grad output's
+        all-gather of a row-parallel linear likewise (module/base.py grad_output_preprocess l. 1160-1192). Training
+        with ``workload.fp8_recipe``, or fp8 activations without one (TE's default DelayedScaling), under a flavour
+        that gathers quantized (Flavour.quantized_tp_gathers); under a torchao flavour, torchtitan's float8 TP: fp8
+        activations and a recipe with float8_all_gather (tensorwise; recipes.check_float8_tp): torchao
+        float8_tensor_parallel.py Float8ColwiseParallel / PrepareFloat8ModuleInput cast the input to float8 before
+        its redistribute. None otherwise (bf16 gathers)."""
+        if not self.training:
+            return None
+        fp8 = DTYPE_BYTES[self.work.activation_dtype] < 2
+        recipe = self.work.recipe or (recipe_of("delayed") if fp8 else None)
+        if recipe is None:
+            return None
+        if self.flavour.torchao_float8:
+            return recipe if fp8 and recipe.float8_all_gather else None
+        return recipe if self.flavour.quantized_tp_gathers else None
+
+    def gemm_input_bytes(self, elements: int, *, grad_output: bool = False) -> int:
+        """Bytes TE all-gathers for ``elements`` of a linear's GEMM operand (gather_recipe): the hidden states'
+        width without a recipe; with one, the quantized data and the block scales that travel beside it
+        (TransformerEngine v2.9 distributed.py: _all_gather_fp8 sends the fp8 data alone, the per-tensor scale
+        "identical across ranks", and transposes after the gather; _all_gather_fp8_blockwise, _all_gather_mxfp8
+        and _all_gather_nvfp4 gather each usage the quantizer asks for, data then scales). ``grad_output``: a
+        row-parallel linear's grad output, quantized where the flavour does (Flavour.quantized_grad_output_gather)
+        for dgrad and wgrad at once (linear.py l. 567-569: rowwise and columnwise usage), which block recipes gather
+        both copies of; per-tensor ones one."""
+        recipe = self.gather_recipe
+        if recipe is None or (grad_output and not self.flavour.quantized_grad_output_gather):
+            return elements * self.hidden_bytes
+        directions = 2 if grad_output and recipe.activation_block else 1
+        scales = Fraction(recipe.scale_bytes, recipe.activation_block) if recipe.activation_block else 0
+        return math.ceil(elements * directions * (Fraction(recipe.element_bytes) + scales))
+
+    def gemm_input_dtype(self, *, grad_output: bool = False) -> str:
+        """gemm_input_bytes's dtype label: the recipe's element dtype (fp8, fp4; its block scales travel in the same
+        message) where the gather is quantized, else the hidden states'."""
+        recipe = self.gather_recipe
+        if recipe is None or (grad_output and not self.flavour.quantized_grad_output_gather):
+            return self.hidden_dtype
+        return recipe.gemm_dtype
 
     @cached_property
     def dispatch_bytes(self) -> int:

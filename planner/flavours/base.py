@@ -155,6 +155,11 @@ class Flavour:
     # torchao.float8 (Float8Linear): its torchao-only recipes (rowwise, recipes.Recipe.library) and FSDP2's float8
     # all-gather (workload.fp8_param_gather as enable_fsdp_float8_all_gather, rules/data.py)
     torchao_float8: bool = False
+    # TransformerEngine quantizes a column-parallel linear's input before its sequence-parallel all-gather under every
+    # recipe (Context.gather_recipe; a torchao flavour instead gathers fp8 under float8 TP, recipes.check_float8_tp);
+    # and a row-parallel linear's grad output before its backward all-gather too. False: bf16 gathers
+    quantized_tp_gathers: bool = False
+    quantized_grad_output_gather: bool = False
     # ---- context parallelism (rules/context_parallel.py) ---------------------------------------------------
     # torch.distributed.tensor.experimental context_parallel's ring attention: the rotate methods it offers
     # (parallel.cp_rotate_method), the default first; () : TransformerEngine's cp_comm_type (parallel.cp_comm)

@@ -91,6 +91,11 @@ FLAVOUR = Flavour(
     moe_tp_ep_needs_sp=True,  # arguments.py: "sequence parallel must be used with MoE when tp > 1 and ep > 1"
     router_reductions=True,  # megatron/core/transformer/moe/router.py, finalize_model_grads.py
     te_fp8_recipes=True,  # TransformerEngine fp8_autocast recipes, --fp8-param-gather
+    # TransformerEngine v2.9 module/linear.py l. 175-207, layernorm_linear.py l. 234-268: the input quantized, then
+    # distributed.py gather_along_first_dim(..., quantizer) under every recipe; base.py grad_output_preprocess
+    # l. 1160-1192 the grad output likewise
+    quantized_tp_gathers=True,
+    quantized_grad_output_gather=True,
     token_counts_alltoall=False,  # token_dispatcher.py preprocess all-gathers the counts over expert-TP x EP
     overlap_zero_stages=frozenset(),  # DistributedDataParallelConfig overlap_grad_reduce / overlap_param_gather False
     prefetches_units=False,

@@ -10,6 +10,8 @@ implementations are TransformerEngine's attention.py: AttnFuncWithCPAndKVP2P, ..
   q, k and v separately to head-sharding, the output back; backward: dout, then dq, dk, dv.
   It needs the KV heads of one TP rank divisible by cp (validated in planner/parallel.py).
 Core-attention recompute (selective) or full recompute re-runs the forward exchange in backward.
+x is the hidden states' width (Context.hidden_bytes): under an fp8 recipe TE's CP attention exchanges the bf16
+q, k, v and their gradients (the fp8 path, fp8 DPA with fp8_dpa / NVTE_FP8_DPA_BWD, is not modelled).
 
 PyTorch's context_parallel (a flavour with Flavour.cp_rotate_methods; parallel.cp_rotate_method) is its own ring
 attention: torch/distributed/tensor/experimental/_context_parallel/_attention.py (pytorch bbd719e6)
@@ -55,13 +57,13 @@ def k_bytes(ctx: Context) -> int:
         if m.mla
         else (m.kv_heads // t) * m.head_size
     )
-    return ctx.b * ctx.s_cp * per_token * ctx.x
+    return ctx.b * ctx.s_cp * per_token * ctx.hidden_bytes
 
 
 def v_bytes(ctx: Context) -> int:
     m, t = ctx.model, ctx.par.tp
     per_token = (m.num_attention_heads // t) * m.mla.v_head_dim if m.mla else (m.kv_heads // t) * m.head_size
-    return ctx.b * ctx.s_cp * per_token * ctx.x
+    return ctx.b * ctx.s_cp * per_token * ctx.hidden_bytes
 
 
 def kv_bytes(ctx: Context) -> int:
@@ -69,7 +71,7 @@ def kv_bytes(ctx: Context) -> int:
 
 
 def q_bytes(ctx: Context) -> int:
-    return ctx.b * ctx.s_cp * (ctx.model.num_attention_heads // ctx.par.tp) * ctx.model.head_size * ctx.x
+    return ctx.b * ctx.s_cp * (ctx.model.num_attention_heads // ctx.par.tp) * ctx.model.head_size * ctx.hidden_bytes
 
 
 def calls(ctx: Context) -> list[Call]:
@@ -97,7 +99,7 @@ def _cp(ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int
     group, source = Group(("cp",), pairs=pairs), ULYSSES if op == Op.ALLTOALL else SOURCE
     return rule_call(
         name=name, op=op, phase=phase, message=message, count=count, group=group, source=source,
-        dtype=ctx.work.activation_dtype,
+        dtype=ctx.hidden_dtype,
     )  # fmt: skip
 
 
@@ -134,13 +136,13 @@ def _torch_ring(ctx: Context, layers: int, phase: str, name: str, message: int, 
 
 
 def _torch_forward(ctx: Context, layers: int, method: str) -> list[Call]:
-    return [_torch_ring(ctx, layers, "forward", "cp.ring.kv", kv_bytes(ctx), method, ctx.work.activation_dtype)]
+    return [_torch_ring(ctx, layers, "forward", "cp.ring.kv", kv_bytes(ctx), method, ctx.hidden_dtype)]
 
 
 def _torch_backward(ctx: Context, layers: int, method: str) -> list[Call]:
-    dkv = kv_bytes(ctx) // ctx.x * 4  # the fp32 accumulators of dK and dV (convert_to_f32)
+    dkv = kv_bytes(ctx) // ctx.hidden_bytes * 4  # the fp32 accumulators of dK and dV (convert_to_f32)
     return [
-        _torch_ring(ctx, layers, "backward", "cp.ring.kv.bwd", kv_bytes(ctx), method, ctx.work.activation_dtype),
+        _torch_ring(ctx, layers, "backward", "cp.ring.kv.bwd", kv_bytes(ctx), method, ctx.hidden_dtype),
         _torch_ring(ctx, layers, "backward", "cp.ring.dkv", dkv, "alltoall", "fp32"),
     ]
 

@@ -4,7 +4,11 @@ torch.distributed.pipelining).
 Per micro-batch each chunk boundary between two ranks (``boundary_sends``: the layout's chunks, planner/
 parallel.py) carries the activations forward and their gradient backward, one
 tensor of b·s/c·h·x (divided by tp with sequence parallelism: Megatron sends the sequence-sharded tensor,
-get_tensor_shapes). GPipe and 1F1B send the same tensors, only the order differs. The interleaved schedule
+get_tensor_shapes), in the pipeline dtype: bf16 under an fp8 recipe (Megatron-LM 92c8482e6d
+p2p_communication.py allocates its receive buffers with config.pipeline_dtype, which megatron/training/arguments.py
+core_transformer_config_from_args sets to args.params_dtype (kw_args['pipeline_dtype']); the fp8 casts happen
+inside TE's linears; Context.activation).
+GPipe and 1F1B send the same tensors, only the order differs. The interleaved schedule
 gives every rank v model chunks, so a micro-batch crosses p·v - 1 boundaries: each rank sends v times
 forward (the last rank v-1) and v times backward (the first rank v-1), the last rank's chunk j feeding
 the first rank's chunk j+1. Tied input/output embeddings on different stages have their gradients
@@ -48,7 +52,7 @@ def calls(ctx: Context) -> list[Call]:
                         group=Group(("pp",), pairs=pairs),
                         source=src,
                         stages=(stage,),
-                        dtype=ctx.work.activation_dtype,
+                        dtype=ctx.hidden_dtype,  # bf16 under an fp8 recipe (Context.activation)
                     )
                 )
             if shapes:
@@ -120,7 +124,7 @@ def _gathers(ctx: Context, stage: int, phase: str, sends: dict, chunk: int, per_
             group=Group(("tp",)),
             source=ctx.flavour.pp_source,
             stages=(receiver,),
-            dtype=ctx.work.activation_dtype,
+            dtype=ctx.hidden_dtype,
         )
         for (receiver, width), count in sorted(counts.items())
     ]

@@ -71,12 +71,24 @@ def _mb(
     ctx: Context, *, name: str, op: Op, phase: str, count: int, source: str, message: int | None = None,
     dtype: str | None = None,
 ) -> Call:  # fmt: skip
-    """A TP call issued ``count`` times per micro-batch; the message defaults to the TP unit A."""
+    """A TP call issued ``count`` times per micro-batch; the message defaults to the TP unit A, in the hidden
+    states' dtype (Context.hidden_dtype: bf16 under an fp8 recipe, whose GEMM outputs and gradients are bf16)."""
     message = ctx.activation if message is None else message
     return rule_call(
         name=name, op=op, phase=phase, message=message, count=count * ctx.micro_batches, group=TP, source=source,
-        dtype=dtype or ctx.work.activation_dtype,
+        dtype=dtype or ctx.hidden_dtype,
     )  # fmt: skip
+
+
+def _gemm_input(ctx: Context, per_token: int, *, grad_output: bool = False) -> dict:
+    """The message and dtype of an all-gather of a TE linear's GEMM operand (a column-parallel input, its wgrad
+    re-gather, a row-parallel grad output) at ``per_token`` elements a token: quantized under a recipe
+    (Context.gemm_input_bytes), the hidden states' width otherwise."""
+    elements = ctx.b * ctx.s_cp * per_token
+    return {
+        "message": ctx.gemm_input_bytes(elements, grad_output=grad_output),
+        "dtype": ctx.gemm_input_dtype(grad_output=grad_output),
+    }
 
 
 def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int | None = None) -> tuple[int, int]:
@@ -150,7 +162,7 @@ def _rerun_up_proj(ctx: Context, again: Reruns) -> list[Call]:
     src = f"{ctx.flavour.sp_source}; selective recompute (mla_up_proj; {M}multi_latent_attention.py qkv_up_checkpoint)"
     return [
         recomputed(_mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=again.up_proj,
-                       source=src, message=_width(ctx, width)))
+                       source=src, **_gemm_input(ctx, width)))
         for name, width, linear in _attention_inputs(ctx)
         if linear
     ]  # fmt: skip
@@ -180,15 +192,18 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             _mb(ctx, name="tp.attn.out_proj", op=Op.ALLREDUCE, phase="forward", count=attn, source=src),
             _mb(ctx, name="tp.mlp.down_proj", op=Op.ALLREDUCE, phase="forward", count=mlp, source=src),
         ]
+    # a linear's input is gathered quantized under a recipe (Context.gemm_input_bytes); MLA's RoPE key is gathered
+    # by Megatron's gather_from_sequence_parallel_region at the hidden states' width
     gathers = [
         _mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=attn, source=src,
-            message=_width(ctx, width))
-        for name, width, _ in _attention_inputs(ctx)
+            **(_gemm_input(ctx, width) if linear else {"message": _width(ctx, width)}))
+        for name, width, linear in _attention_inputs(ctx)
     ]  # fmt: skip
+    h = ctx.model.hidden_size
     return [
         *gathers,
         _mb(ctx, name="tp.attn.out_proj", op=Op.REDUCESCATTER, phase="forward", count=attn, source=src),
-        _mb(ctx, name="tp.mlp.up_proj", op=Op.ALLGATHER, phase="forward", count=mlp, source=src),
+        _mb(ctx, name="tp.mlp.up_proj", op=Op.ALLGATHER, phase="forward", count=mlp, source=src, **_gemm_input(ctx, h)),
         _mb(ctx, name="tp.mlp.down_proj", op=Op.REDUCESCATTER, phase="forward", count=mlp, source=src),
     ]
 
@@ -215,18 +230,22 @@ def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             message=_width(ctx, width))
         for name, width, _ in inputs
     ] + [
-        _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src),
+        # the row-parallel linears' grad outputs, quantized for dgrad and wgrad (Context.gemm_input_bytes)
+        _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src,
+            **_gemm_input(ctx, ctx.model.hidden_size, grad_output=True)),
         _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
-        _mb(ctx, name="tp.mlp.down_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
+        _mb(ctx, name="tp.mlp.down_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=mlp, source=src,
+            **_gemm_input(ctx, ctx.model.hidden_size, grad_output=True)),
     ]  # fmt: skip
     if fl.sp_wgrad_regather:
         out += [
             _mb(ctx, name=f"tp.attn.{name}.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=attn,
-                source=src, message=_width(ctx, width))
+                source=src, **_gemm_input(ctx, width))
             for name, width, linear in inputs
             if linear
         ] + [
-            _mb(ctx, name="tp.mlp.up_proj.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=mlp, source=src),
+            _mb(ctx, name="tp.mlp.up_proj.wgrad_gather", op=Op.ALLGATHER, phase="backward", count=mlp, source=src,
+                **_gemm_input(ctx, ctx.model.hidden_size)),
         ]  # fmt: skip
     return out
 
@@ -327,7 +346,7 @@ def _head(ctx: Context) -> list[Call]:
         src = ctx.flavour.tp_source
         out.append(_mb(ctx, name="tp.lm_head.dgrad", op=Op.ALLREDUCE, phase="backward", count=1, source=src))
     if not vocab_parallel_loss(ctx):
-        logits = tokens * model.vocab_size * ctx.x
+        logits = tokens * model.vocab_size * ctx.hidden_bytes  # the head's bf16 output under an fp8 recipe
         src = ctx.flavour.tp_source
         out.append(
             _mb(ctx, name="tp.lm_head.logits", op=Op.ALLGATHER, phase="forward", count=1, source=src, message=logits)

@@ -63,26 +63,30 @@ KNOWN_MISSES = {
     "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.270,
     # -31.0% -> -26.8% (mtp6): the MTP module's norms and eh_proj on its rank and the shared output layer and
     # cross-entropy once more on the loss's (compute.stage_pass_compute; Megatron-LM d98e8a6 process_mtp_loss)
-    "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.216,
+    "Megatron-Bridge DeepSeek-V3 MXFP8, 256 B200": -0.205,
     # torchtitan's own H100 runs (titan, held out, entered as published: docs/step-time.md "Torch-native runs"),
     # every one too fast; recorded after FSDP2's compute-stream copies and pass-end gathers / reduce-scatters and
-    # async TP's unfused backward reduce-scatters
+    # async TP's unfused backward reduce-scatters; dtype7: under float8 TP only the colwise inputs are gathered in fp8
+    # (torchao Float8ColwiseParallel / PrepareFloat8ModuleInput), the reduce-scatters and the grad outputs' gathers
+    # are bf16 (were 1 B), on main eab465a: 70B 2D -4.6% -> +4.3%, AsyncTP -7.9% -> -5.2%, 2025-06 70B TP -7.1% ->
+    # +1.6%, AsyncTP -1.3% -> +1.7%, 8B TP -22.5% -> -14.3%, AsyncTP -24.7% -> -21.3%; DeepSeek-V3 (pp 16 p2p in
+    # bf16) -21.6% -> -20.5%
     "torchtitan Llama3.1-8B FSDP, 8 H100": -0.045,
     "torchtitan Llama3.1-8B FSDP + torch.compile, 8 H100": -0.080,
     "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 8 H100": 0.002,
     "torchtitan Llama3.1-8B FSDP, 128 H100": -0.085,
     "torchtitan Llama3.1-8B FSDP + torch.compile, 128 H100": -0.116,
     "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 128 H100": -0.036,
-    "torchtitan Llama3.1-70B 2D (compile, Float8), 256 H100": -0.047,
-    "torchtitan Llama3.1-70B 2D + AsyncTP (compile, Float8), 256 H100": -0.089,
+    "torchtitan Llama3.1-70B 2D (compile, Float8), 256 H100": 0.043,
+    "torchtitan Llama3.1-70B 2D + AsyncTP (compile, Float8), 256 H100": -0.052,
     "torchtitan Llama3.1-70B bf16 TP (2025-06), 256 H100": -0.104,
     "torchtitan Llama3.1-70B bf16 AsyncTP (2025-06), 256 H100": -0.179,
-    "torchtitan Llama3.1-70B Float8 tensorwise TP (2025-06), 256 H100": -0.072,
-    "torchtitan Llama3.1-70B Float8 tensorwise AsyncTP (2025-06), 256 H100": -0.024,
+    "torchtitan Llama3.1-70B Float8 tensorwise TP (2025-06), 256 H100": 0.016,
+    "torchtitan Llama3.1-70B Float8 tensorwise AsyncTP (2025-06), 256 H100": 0.017,
     "torchtitan Llama3.1-8B bf16 TP (2025-06), 64 H100": -0.170,
     "torchtitan Llama3.1-8B bf16 AsyncTP (2025-06), 64 H100": -0.285,
-    "torchtitan Llama3.1-8B Float8 tensorwise TP (2025-06), 64 H100": -0.225,
-    "torchtitan Llama3.1-8B Float8 tensorwise AsyncTP (2025-06), 64 H100": -0.259,
+    "torchtitan Llama3.1-8B Float8 tensorwise TP (2025-06), 64 H100": -0.143,
+    "torchtitan Llama3.1-8B Float8 tensorwise AsyncTP (2025-06), 64 H100": -0.213,
 }
 
 
@@ -104,10 +108,11 @@ def test_runs_within_ten_percent_at_the_median_and_h100_unbiased():
     rows = {c["name"]: step_validation.predict(c, DATA)["error"] for c in DATA["cases"]}
     # 10.1% over the 71 runs since the 16 torchtitan rows came (8.9% over the 55 before them; 10.3% at e9f5c0a),
     # 8.5% with titan7's RMSNorm op chain, loss parallelism, optimizer and async-TP split: their torch-native bias
-    # (-12.2% signed, -8.7% after titan7) is reported, not hidden
+    # (-12.2% signed, -8.7% after titan7, -7.3% after overlap7 and dtype7's bf16 reduce-scatters under float8 TP) is
+    # reported, not hidden
     assert len(rows) >= 40 and median(abs(e) for e in rows.values()) <= 0.10
     torch = [e for name, e in rows.items() if CASES[name]["parallel"].get("framework") == "torch"]
-    assert len(torch) == 16 and median(torch) == pytest.approx(-0.087, abs=0.01)
+    assert len(torch) == 16 and median(torch) == pytest.approx(-0.073, abs=0.01)
     h100 = [e for name, e in rows.items() if CASES[name]["cluster"] == "dgx-h100" and "gpu" not in CASES[name]]
     assert len(h100) >= 19 and median(abs(e) for e in h100) <= 0.08 and abs(median(h100)) <= 0.05
 

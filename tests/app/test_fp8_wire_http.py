@@ -1,0 +1,57 @@
+"""The bytes on the wire of a training plan under an fp8 recipe, over HTTP (issue 20, dtype7; docs/frameworks.md
+"Bytes on the wire under fp8 recipes"): Llama3-8B, one 4,096-token micro-batch, tp 2 with sequence parallelism and
+pp 2 on one DGX H100 under delayed scaling. The pipeline's tensor and the reduce-scatters are bf16 (Megatron-LM
+config.pipeline_dtype = params_dtype; bf16 GEMM outputs); TransformerEngine quantizes a column-parallel input and a
+row-parallel grad output before their all-gathers, mxfp8 with one E8M0 scale per 32 elements beside the data."""
+
+from __future__ import annotations
+
+import copy
+
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+
+client = TestClient(create_app())
+
+BODY = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {
+        "kind": "training", "micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096,
+        "activation_dtype": "fp8", "fp8_recipe": "delayed",
+    },
+    "parallel": {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+}  # fmt: skip
+NAMES = ("pp.activation", "pp.activation_grad", "tp.attn.qkv", "tp.attn.out_proj", "tp.mlp.down_proj.dgrad")
+
+
+def wire(cluster: str = "dgx-h100", **workload) -> dict:
+    body = copy.deepcopy(BODY)
+    body["workload"].update(workload)
+    body["cluster"]["preset"] = cluster
+    r = client.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    return {c["name"]: (c["message_bytes"], c["dtype"]) for c in r.json()["calls"] if c["name"] in NAMES}
+
+
+def test_fp8_delayed_plan_reports_bf16_p2p_and_reduce_scatters_and_fp8_gathers():
+    """A = 4,096 x 4,096 = 16,777,216 elements: the p2p sends the sequence shard A / 2 in bf16 = 16,777,216 B (the
+    fp8 activation dtype gave 8,388,608 B); the fused QKV's input gathered at 1 B, the attention output's
+    reduce-scatter 2 B, the MLP's grad output gathered at 1 B (the per-tensor scale is not sent)."""
+    assert wire() == {
+        "pp.activation": (16_777_216, "bf16"),
+        "pp.activation_grad": (16_777_216, "bf16"),
+        "tp.attn.qkv": (16_777_216, "fp8"),
+        "tp.attn.out_proj": (33_554_432, "bf16"),
+        "tp.mlp.down_proj.dgrad": (16_777_216, "fp8"),
+    }
+
+
+def test_mxfp8_gathers_carry_their_scales():
+    """mxfp8: 16,777,216 + 16,777,216 / 32 = 17,301,504 B for the input; the grad output's rowwise and columnwise
+    copies twice that. Needs an SM100 GPU: one DGX B200."""
+    got = wire("dgx-b200", fp8_recipe="mxfp8")
+    assert got["tp.attn.qkv"] == (17_301_504, "fp8")
+    assert got["tp.mlp.down_proj.dgrad"] == (34_603_008, "fp8")
+    assert got["pp.activation"] == (16_777_216, "bf16")

@@ -1,0 +1,126 @@
+"""The dtype of every activation-sized call under fp8 training (dtype7; docs/frameworks.md "Bytes on the wire under
+fp8 recipes"). Hand-checked on Llama3-8B (h 4,096), one 4,096-token micro-batch, tp 2 with sequence parallelism,
+pp 2: one layer's activations are A = 4,096 x 4,096 elements = 16,777,216, 33,554,432 B in bf16.
+
+Megatron-Core + TransformerEngine v2.9: the p2p, the all-reduces and reduce-scatters, the embedding's, the LM
+head's and CP's exchanges carry bf16 (Megatron-LM config.pipeline_dtype = params_dtype; GEMM outputs and dgrads are
+bf16; the output layer and the embedding run outside TE's recipes); the all-gather of a column-parallel linear's
+input, its wgrad re-gather and a row-parallel linear's grad output are quantized first (module/linear.py,
+layernorm_linear.py, base.py grad_output_preprocess; distributed.py gather_along_first_dim with the quantizer), with
+the block scales beside the data (mxfp8 1 B per 32, blockwise 4 B per 128, nvfp4 1 B per 16 at 0.5 B an element)
+and both the rowwise and the columnwise copy of a grad output under a block recipe."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import ParallelSpec, WorkloadSpec, model_preset
+from planner.context import Context
+from planner.rules import ledger
+
+LLAMA = model_preset("llama3-8b")
+ELEMENTS = 4096 * 4096  # b x s x h of one micro-batch (the gathered tensor)
+BF16 = 2 * ELEMENTS  # 33,554,432 B
+
+
+def calls(recipe="delayed", act="fp8", sp=True, cp=1, framework="megatron", kind="training", tp=2, pp=2):
+    if kind == "training":
+        work = WorkloadSpec(
+            micro_batch_size=1, global_batch_size=8, seq_length=4096, activation_dtype=act, fp8_recipe=recipe
+        )
+        par = ParallelSpec(tp=tp, pp=pp, dp=2, cp=cp, sequence_parallel=sp, framework=framework)
+    else:
+        work = WorkloadSpec(kind="inference", batch_size=1, context_length=4096, activation_dtype=act)
+        par = ParallelSpec(tp=tp, pp=1, dp=1, framework=framework)
+    ctx = Context(LLAMA, work, par)
+    return {
+        c.name: (c.message_bytes, c.dtype)
+        for c in ledger(ctx)
+        if c.name.startswith(("tp.", "pp.", "cp.")) and not c.name.startswith(("tp.data", "tp.sp_param", "tp.norm"))
+    }
+
+
+def test_delayed_scaling_with_sp_and_pp_by_call_kind():
+    """fp8 delayed (per-tensor: the scale is not sent, _all_gather_fp8 "identical across ranks"): the four gathers of
+    a linear's input or grad output at 1 B an element, 16,777,216 B; everything else bf16; the pipeline's tensor is
+    the sequence-parallel shard, A / tp = 16,777,216 B of bf16 (not the 8,388,608 B of fp8 the planner sent before)."""
+    fp8 = (ELEMENTS, "fp8")
+    bf16 = (BF16, "bf16")
+    assert calls() == {
+        "tp.attn.qkv": fp8,
+        "tp.attn.out_proj": bf16,
+        "tp.mlp.up_proj": fp8,
+        "tp.mlp.down_proj": bf16,
+        "tp.attn.qkv.dgrad": bf16,
+        "tp.attn.out_proj.dgrad": fp8,
+        "tp.mlp.up_proj.dgrad": bf16,
+        "tp.mlp.down_proj.dgrad": fp8,
+        "tp.attn.qkv.wgrad_gather": fp8,
+        "tp.mlp.up_proj.wgrad_gather": fp8,
+        "tp.embedding": bf16,
+        "tp.embedding.dgrad": bf16,
+        "tp.lm_head.input": bf16,
+        "tp.lm_head.dgrad": bf16,
+        "tp.lm_head.wgrad_gather": bf16,
+        "tp.cross_entropy": (4096 * 4, "fp32"),
+        "pp.activation": (BF16 // 2, "bf16"),
+        "pp.activation_grad": (BF16 // 2, "bf16"),
+    }
+    # fp8 activations without a recipe are TE's default, delayed; tensorwise (current scaling) gathers alike
+    assert calls(recipe=None) == calls() == calls(recipe="tensorwise")
+
+
+@pytest.mark.parametrize(
+    ("recipe", "forward", "grad_output"),
+    [
+        # 1 B + 1 E8M0 scale per 32 elements; the grad output's rowwise and columnwise copies
+        ("mxfp8", 16_777_216 + 524_288, 2 * (16_777_216 + 524_288)),
+        # 1 B + 1 fp32 scale per 128 elements (1x128 tiles, the compact all-gather layout)
+        ("blockwise", 16_777_216 + 524_288, 2 * (16_777_216 + 524_288)),
+        # 0.5 B + 1 E4M3 scale per 16 elements
+        ("nvfp4", 8_388_608 + 1_048_576, 2 * (8_388_608 + 1_048_576)),
+    ],
+)
+def test_block_recipes_gather_their_scales_beside_the_data(recipe, forward, grad_output):
+    got = calls(recipe=recipe)
+    dtype = "fp4" if recipe == "nvfp4" else "fp8"
+    for name in ("tp.attn.qkv", "tp.mlp.up_proj", "tp.attn.qkv.wgrad_gather", "tp.mlp.up_proj.wgrad_gather"):
+        assert got[name] == (forward, dtype), name
+    for name in ("tp.attn.out_proj.dgrad", "tp.mlp.down_proj.dgrad"):
+        assert got[name] == (grad_output, dtype), name
+    for name in ("tp.attn.out_proj", "tp.mlp.down_proj", "tp.attn.qkv.dgrad", "tp.lm_head.input", "pp.activation"):
+        assert got[name][1] == "bf16", name
+
+
+def test_without_sp_the_all_reduces_and_cp_exchanges_are_bf16():
+    """tp 2 without SP: the row-parallel outputs' and column-parallel input gradients' all-reduces of A in bf16;
+    CP 2 (p2p ring): K and V of 2,048 tokens x 4 KV heads x 128 x 2 B = 2,097,152 B each (TE's CP attention
+    exchanges bf16; fp8 DPA is not modelled)."""
+    got = calls(sp=False, cp=2)
+    half = BF16 // 2  # A on one CP rank: 2,048 tokens
+    for name in ("tp.attn.out_proj", "tp.mlp.down_proj", "tp.attn.qkv.dgrad", "tp.mlp.up_proj.dgrad", "tp.embedding"):
+        assert got[name] == (half, "bf16"), name
+    assert got["cp.attn.kv"] == (2 * 2048 * 4 * 128 * 2, "bf16")
+    assert got["pp.activation"] == (half, "bf16")
+
+
+def test_bf16_runs_and_inference_are_unchanged():
+    """A bf16 run moves 2 B everywhere; inference keeps its activation dtype (fp8 serving all-reduces 1 B)."""
+    bf16 = calls(recipe=None, act="bf16")
+    assert bf16["tp.attn.qkv"] == bf16["tp.attn.out_proj.dgrad"] == (BF16, "bf16")
+    assert bf16["pp.activation"] == (BF16 // 2, "bf16")
+    serving = calls(kind="inference", act="fp8", recipe=None)
+    assert serving["tp.attn.out_proj"] == (ELEMENTS, "fp8")
+
+
+def test_torchtitan_float8_tp_gathers_inputs_in_fp8_and_grad_outputs_in_bf16():
+    """torchtitan apply_tp with float8 tensorwise: PrepareFloat8ModuleInput casts the attention's and the MLP's input
+    before the all-gather (torchao float8_tensor_parallel.py), one gather each; Float8RowwiseParallel's output gradient
+    is gathered in bf16. The LM head gathers bf16 logits (the output layer is not converted)."""
+    got = calls(recipe="tensorwise", framework="torch")
+    assert got["tp.attn.qkv"] == got["tp.mlp.up_proj"] == (ELEMENTS, "fp8")
+    assert got["tp.attn.out_proj.dgrad"] == got["tp.mlp.down_proj.dgrad"] == (BF16, "bf16")
+    assert got["tp.lm_head.logits"] == (4096 * LLAMA.vocab_size * 2, "bf16")
+    assert got["pp.activation"] == (BF16 // 2, "bf16")
+    # bf16 activations with the tensorwise recipe are regular TP (recipes.check_float8_tp): bf16 gathers
+    assert calls(recipe="tensorwise", act="bf16", framework="torch")["tp.attn.qkv"] == (BF16, "bf16")
