@@ -801,12 +801,12 @@ def stage_passes(
 def chunk_shares_key(ctx: Context, stage: int) -> tuple | None:
     """The value key of what ``chunk_shares`` reads of the stage's chunks beyond its compute (whose reads
     stage_compute_key names): each chunk's layer kinds (MoE or dense, in summing order) and whether it holds
-    the loss or the embedding; None with one chunk. Equal (stage_compute_key, chunk_shares_key) give equal
-    shares."""
+    the loss; None with one chunk. Equal (stage_compute_key, chunk_shares_key) give equal shares: the embedding's
+    share goes to the rank's first chunk, which holds it wherever the rank does (stage_compute_key's is_first)."""
     chunks = ctx.chunks[stage]
     if len(chunks) == 1:
         return None
-    return tuple(zip(ctx.chunk_kinds[stage], (c.loss for c in chunks), (c.embedding for c in chunks), strict=True))
+    return tuple(zip(ctx.chunk_kinds[stage], (c.loss for c in chunks), strict=True))
 
 
 def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | None:
