@@ -3,8 +3,9 @@ class, and the head and the optimizer step.
 
 Each layer is the list of kernels ``kernels.layer_kernels`` gives (GEMMs by shape, attention as its kernel,
 memory-bound kernels by bytes, each with its fixed cost); the forward sums its forward kernels, the backward its
-backward kernels plus what recompute runs again (full: the whole forward; selective: core attention). The last
-stage adds the LM head and the cross entropy; the step adds Adam over the local parameters.
+backward kernels plus what recompute runs again (full: the whole forward; selective: core attention). The first
+stage adds the input embedding's lookup and its dense weight gradient (training), the last stage the LM head and
+the cross entropy; the step adds Adam over the local parameters.
 
 FLOPs (a multiply-add = 2 FLOPs) are the kernels' own: causal attention counts the half a flash kernel computes;
 unfused attention the whole square. ``docs/step-time.md`` gives the constants' fit (on kernel tables) and the
@@ -30,6 +31,7 @@ from .kernels import (
     check_kernel_options,
     dense_peak,
     efficiency,
+    embedding_kernels,
     gemm_kernels,
     kv_cache_bytes_per_layer,
     kv_length,
@@ -302,6 +304,9 @@ def stage_pass_compute(
         for (moe, plan), count in plans.items():  # what each re-runs (recompute.py)
             back = per_layer(_LAYER_BACKWARD, _backward_of, c, moe, gpu, eff, plan.kind, plan.modules)
             bwd = bwd + back.scaled(count)
+    if ctx.training and ctx.is_first(stage):  # the input embedding's lookup and its dense weight gradient
+        emb, emb_bwd = embedding_pass(ctx, gpu, eff)
+        fwd, bwd = fwd + emb, bwd + emb_bwd
     mtp = mtp_depths(ctx)
     if mtp and ctx.holds_mtp(stage):  # each module's norms and eh_proj (its layer is counted above)
         module, module_bwd = per_layer(_MTP, _mtp_of, ctx, None, gpu, eff)
@@ -310,6 +315,18 @@ def stage_pass_compute(
         head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
     return fwd, bwd, attn
+
+
+def embedding_pass(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[PassTime, PassTime]:
+    """The input embedding's forward and backward, one micro-batch on the rank holding it (training;
+    kernels.embedding_kernels): the first stage's own term, beside its layers (stage_pass_compute) and in its
+    embedding chunk's share (step.chunk_shares)."""
+    return per_layer(_EMBEDDING, _embedding_of, ctx, None, gpu, efficiency(gpu, eff))
+
+
+def _embedding_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    lk = embedding_kernels(ctx, gpu, eff)
+    return pass_time(lk.forward), pass_time(lk.backward)
 
 
 def _layer_sets(ctx: Context, stage: int) -> tuple[tuple[Context, str], ...]:
@@ -355,6 +372,7 @@ _LAYER_BACKWARD: dict = {}
 _LAYER_RECOMPUTE: dict = {}
 _HEAD: dict = {}
 _MTP: dict = {}
+_EMBEDDING: dict = {}
 
 
 def _recompute_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, kind: str, modules: frozenset) -> float:
@@ -449,6 +467,7 @@ __all__ = [
     "check_gpu",
     "compute_dtype",
     "dense_peak",
+    "embedding_pass",
     "kv_cache_bytes_per_layer",
     "layer_forward",
     "layer_forward_key",
@@ -475,7 +494,8 @@ def stage_compute_key(ctx: Context, stage: int) -> tuple:
 def stage_pass_key(ctx: Context, stage: int) -> tuple:
     """The value key of everything ``stage_pass_compute`` reads: ``layer_forward_key`` (the degrees the kernels'
     shapes read, dp where it splits the batch (inference), the framework and cp_comm), the stage's dense and
-    MoE layers, what each re-runs (recompute.layer_counts, in the order they are summed) and its head. It
+    MoE layers, what each re-runs (recompute.layer_counts, in the order they are summed), its head and its
+    embedding. It
     holds no parameter count nor sharding: layouts differing in dp, pp (alike stages) or ZeRO share it."""
     layers = (
         ctx.dense_layers(stage),
@@ -483,6 +503,7 @@ def stage_pass_key(ctx: Context, stage: int) -> tuple:
         tuple(layer_counts(ctx, stage).items()),
         ctx.is_last(stage),
         ctx.holds_mtp(stage),
+        ctx.is_first(stage),
     )
     return (*layer_forward_key(ctx), *layers)
 

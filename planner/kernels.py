@@ -923,6 +923,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.local_linear_biases,
         flavour.vocab_parallel_loss,  # the head's loss: its vocabulary and kernels (compute.loss_vocab, loss_chain)
         flavour.loss_parallel_switch,
+        flavour.embedding_transposes,
         par.cp_comm,
         par.cp_load_balance,
         par.ep_dispatch,
@@ -1017,6 +1018,9 @@ def _mtp_module_kernels(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> La
     if ctx.training and not grad_accumulation_fusion(ctx):
         _grad_accumulation(k, False)
     checkpointed = tuple(k.fwd)  # _checkpointed_forward wraps _proj_and_transformer_layer, not _get_embeddings
+    # _get_embeddings rolls the ids and positions one token left (multi_token_prediction.py roll_tensor: two
+    # torch.roll over int64, 16 B a token read and written), then looks the shifted tokens up
+    k.mem("mtp.embedding.roll_ids", 2 * 2 * 8 * T, 2, back=0)
     _embedding_lookup(k, T, "mtp.embedding")
     forward, backward = tuple(k.fwd), tuple(k.bwd)
     return LayerKernels(forward, backward, checkpointed if mtp_checkpointed(ctx.work) else ())
@@ -1031,41 +1035,94 @@ EMBEDDING_BACKWARD_LAUNCHES = 10
 # shard's start, index_put of 0 (six int64 kernels over the ids); then output_parallel[input_mask, :] = 0 (nonzero
 # and index_put: two)
 VOCAB_MASK_LAUNCHES, VOCAB_MASK_OUTPUT_LAUNCHES = 6, 2
+# torch dropout (aten/src/ATen/native/cuda/Dropout.cu fused_dropout): read x, write x and a 1-byte mask per element;
+# its backward reads the gradient and the mask and writes the gradient (masked_scale)
+DROPOUT_BYTES = 1  # the mask's bytes per element, beside 2x of data each way
+
+
+def embedding_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> LayerKernels:
+    """The main model's input embedding on the rank holding it (the first stage), one micro-batch, training:
+    ``_embedding_lookup`` of its b·s/cp tokens (Megatron-LM d98e8a6 gpt_model.py ``_preprocess``:
+    ``self.embedding(input_ids=..., position_ids=...)``, LanguageModelEmbedding over VocabParallelEmbedding).
+    Its TP reduction is a ledger call (rules/tensor.py ``tp.embedding``). Not recomputed: the checkpoints wrap
+    the transformer layers only. Inference runs no backward and is not counted here (a gather of b rows a
+    decode step). Memoised by value (per_layer)."""
+    return per_layer(_EMBEDDING_KERNELS, _embedding_kernels, ctx, None, gpu, efficiency(gpu, eff))
+
+
+_EMBEDDING_KERNELS: dict = {}
+
+
+def _embedding_kernels(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
+    k = _Layer(ctx, gpu, eff)
+    if ctx.training:
+        _embedding_lookup(k, ctx.b * ctx.s_cp, "embedding")
+    return LayerKernels(tuple(k.fwd), tuple(k.bwd), ())
 
 
 def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
-    """A word-embedding lookup of T tokens on one rank, forward and backward (Megatron-LM d98e8a6
-    megatron/core/models/common/embeddings/language_model_embedding.py over tensor_parallel/layers.py
-    VocabParallelEmbedding; its TP reduction is a ledger call, rules/tensor.py). An MTP module's
-    ``_get_embeddings`` first rolls the ids and positions one token left (multi_token_prediction.py roll_tensor:
-    two torch.roll over int64, 16 B a token read and written), then looks the shifted tokens up: with tp > 1 the
-    vocabulary-shard mask over the ids; F.embedding gathers T rows of h (read and write x bytes each); the
-    masked rows zeroed; the [b, s, h] -> [s, b, h] transpose made contiguous. The backward runs the transpose's
-    and the mask's gradients, then PyTorch's dense embedding backward, which zero-fills the whole [V/t, h]
-    gradient and sums the T rows into it (EMBEDDING_BACKWARD_LAUNCHES), and Megatron's DDP backward hook adds
-    that gradient into the main_grad (grad_accumulation_bytes: fp32, read 2 + 4 and write 4 bytes a weight;
-    with several lookups of one weight in a micro-batch autograd sums their gradients first and the hook runs
-    once, a little less than counted here): the two V·h terms dominate (DeepSeek-V3, tp 1: 11.1 GB a lookup).
-    Counted for the MTP modules' lookups; the main model's lookup on the first stage is not priced yet
-    (docs/step-time.md, MTP section)."""
+    """A word-embedding lookup of T tokens on one rank, forward and backward: Megatron-LM d98e8a6
+    megatron/core/models/common/embeddings/language_model_embedding.py LanguageModelEmbedding.forward over
+    tensor_parallel/layers.py VocabParallelEmbedding.forward (its TP all-reduce or reduce-scatter is a ledger
+    call, rules/tensor.py). With tp > 1 the vocabulary-shard mask over the ids; F.embedding gathers T rows of h
+    (read and write x bytes each); the masked rows zeroed; learned positions (GPT) a second lookup in the
+    [seq, h] table and its add; the [b, s, h] -> [s, b, h] transpose made contiguous (Flavour.embedding_transposes:
+    torch models keep [b, s, h]); under SP with positions the local scatter's contiguous split, and Megatron's
+    clone of the scattered output (clone_scatter_output_in_embedding, True by default in transformer_config.py;
+    Flavour.embedding_transposes too); the embedding dropout where the model trains with hidden dropout
+    (memory.has_dropout), on the sequence shard under SP.
+    The backward runs the dropout's, the transpose's and the mask's gradients, then PyTorch's dense embedding
+    backward (aten/src/ATen/native/cuda/Embedding.cu embedding_dense_backward_cuda), which zero-fills the whole
+    [V/t, h] gradient and sums the T rows into it (EMBEDDING_BACKWARD_LAUNCHES), and the DDP backward hook adds
+    that gradient into the main_grad (Megatron distributed/param_and_grad_buffer.py, grad_accumulation_bytes:
+    fp32, read 2 + 4 and write 4 bytes a weight, every micro-batch; with several lookups of one weight in a
+    micro-batch autograd sums their gradients first and the hook runs once, a little less than counted here;
+    torch's AccumulateGrad adds from the second micro-batch on): the two V·h terms dominate (DeepSeek-V3, tp 1:
+    11.1 GB a lookup). The main model's lookup (``embedding_kernels``) and each MTP module's
+    (``_mtp_module_kernels``, after its roll of the ids) run this."""
+    from .memory import has_dropout
+
     ctx, t = k.ctx, k.ctx.par.tp
-    h, x = ctx.model.hidden_size, ctx.x
+    mdl, x = ctx.model, ctx.x
+    h = mdl.hidden_size
     row = T * h * x
-    k.mem(name + ".roll_ids", 2 * 2 * 8 * T, 2, back=0)
+    sbh = ctx.par.flavour.embedding_transposes
+    positions = mdl.learned_position_embeddings
+    sp_copies = (positions + 1) if (sbh and ctx.par.sp and t > 1) else 0  # the scatter's split, the clone
+    out = row / (t if ctx.par.sp else 1)  # the embedding's output: the sequence shard under SP
     if t > 1:
         k.mem(name + ".vocab_mask", 6 * 2 * 8 * T, VOCAB_MASK_LAUNCHES, back=0)
     k.mem(name + ".gather", 2 * row, 1, back=0)
     if t > 1:
         k.mem(name + ".mask_output", row, VOCAB_MASK_OUTPUT_LAUNCHES, back=0)
-    k.mem(name + ".transpose", 2 * row, 1, back=0)
+    if positions:
+        k.mem(name + ".positions", 2 * row + 3 * row, 2, back=0)  # F.embedding of the positions, the add
+    if sbh:
+        k.mem(name + ".transpose", 2 * row, 1, back=0)
+    if sp_copies:
+        k.mem(name + ".sp_copy", 2 * out, sp_copies, back=0)
+    dropout = has_dropout(ctx)
+    if dropout:
+        k.mem(name + ".dropout", out * (2 + DROPOUT_BYTES / x), 1, back=0)
     if not ctx.training:
         return
-    grad = ctx.model.padded_vocab(t) // t * h  # the [V/t, h] weight gradient's elements
-    k.bwd.append(memory_kernel(name + ".transpose.bwd", 2 * row, k.gpu, k.eff, 1, k.floor))
+    if dropout:
+        k.bwd.append(memory_kernel(name + ".dropout.bwd", out * (2 + DROPOUT_BYTES / x), k.gpu, k.eff, 1, k.floor))
+    if sbh:
+        k.bwd.append(memory_kernel(name + ".transpose.bwd", 2 * row, k.gpu, k.eff, 1, k.floor))
     if t > 1:
         k.bwd.append(memory_kernel(name + ".mask_output.bwd", row, k.gpu, k.eff, VOCAB_MASK_OUTPUT_LAUNCHES, k.floor))
-    # zero fill (the gradient is in the weight's dtype), the rows read and summed in, the sort's keys and values
-    dense = grad * ctx.param_bytes + 2 * row + 4 * 8 * T
+    _dense_embedding_backward(k, T, ctx.model.padded_vocab(t) // t, name)
+    if positions:
+        _dense_embedding_backward(k, T, mdl.seq_length, name + ".positions")
+
+
+def _dense_embedding_backward(k: _Layer, T: float, rows: int, name: str) -> None:
+    """PyTorch's dense embedding backward of T looked-up rows into a [rows, h] table (zero fill in the weight's
+    dtype, the rows read and summed in, the sort's keys and values) and the main_grad add of that gradient."""
+    ctx = k.ctx
+    grad = rows * ctx.model.hidden_size  # the weight gradient's elements
+    dense = grad * ctx.param_bytes + 2 * T * ctx.model.hidden_size * ctx.x + 4 * 8 * T
     k.bwd.append(memory_kernel(name + ".wgrad", dense, k.gpu, k.eff, EMBEDDING_BACKWARD_LAUNCHES, k.floor))
     k.bwd.append(memory_kernel(name + ".main_grad", grad_accumulation_bytes(ctx, grad), k.gpu, k.eff, 1, k.floor))
 

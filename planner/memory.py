@@ -23,7 +23,8 @@ parallelism splits the rest; context parallelism splits s. Flash attention and s
 the s² term (flash keeps only the output and the log-sum-exp); full recompute keeps each layer's input
 (2·sbh, /t with SP) plus one layer's working set. MoE layers store the expert inputs and activations of the
 top-k copies of each token. Micro-batches in flight come from the schedule (pipeline.in_flight).
-The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3) and, training, the
+The last stage also holds the fp32 logits of one micro-batch (4·s·b·V/t, Korthikanti §4.3; of every micro-batch
+under GPipe, whose backwards wait for all forwards: pipeline.losses_in_flight) and, training, the
 output layer's saved input (``head_input_bytes``); the chunk running the final norm its input
 (``head_chunk_bytes``). Under an fp8/fp4
 recipe TransformerEngine's linears save quantized copies of their inputs, and Megatron can keep the SwiGLU
@@ -44,7 +45,7 @@ from .context import Context
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
-from .pipeline import Schedule, in_flight_chunks
+from .pipeline import Schedule, in_flight_chunks, losses_in_flight
 from .recipes import float8_gathered, quantized
 from .recompute import LayerRecompute, chunk_plans, mtp_checkpointed, working_layers
 from .workload import EXPERT_WEIGHT_FORMATS, WEIGHT_FORMAT_BYTES, WorkloadSpec
@@ -281,7 +282,8 @@ def stage_activation_bytes(ctx: Context, stage: int, sched: Schedule, flash: boo
         kinds = [k for k in (False, True) if (ctx.moe_layers(stage) if k else ctx.dense_layers(stage))]
         per_rank = (layer_activations(ctx, k).per_rank(t, sp, flash) for k in kinds)
         return int(max(per_rank, default=0.0)) + _logits(ctx, stage)
-    return held_activation_bytes(chunk_activations(ctx, stage, flash), in_flight_chunks(sched, stage))
+    parts = chunk_activations(ctx, stage, flash)
+    return held_activation_bytes(parts, in_flight_chunks(sched, stage), losses_in_flight(sched))
 
 
 @dataclass(frozen=True)
@@ -297,13 +299,14 @@ class ChunkActivations:
     logits: int
 
 
-def held_activation_bytes(parts: ChunkActivations, in_flight: tuple[float, ...]) -> int:
+def held_activation_bytes(parts: ChunkActivations, in_flight: tuple[float, ...], losses: int = 1) -> int:
     """A stage's activations at its peak: each chunk's bytes times its micro-batches in flight, plus the working
-    set, less what is offloaded, plus the logits (``stage_activation_bytes``'s sum, in its order)."""
+    set, less what is offloaded, plus the logits of the ``losses`` micro-batches whose loss is held
+    (pipeline.losses_in_flight; ``stage_activation_bytes``'s sum, in its order)."""
     held = 0.0
     for count, kept in zip(in_flight, parts.per_chunk, strict=True):
         held += count * kept
-    return int(held + parts.working - parts.offloaded) + parts.logits
+    return int(held + parts.working - parts.offloaded) + parts.logits * losses
 
 
 def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> ChunkActivations:

@@ -157,6 +157,20 @@ def in_flight_chunks(sched: Schedule, stage: int) -> tuple[float, ...]:
     return tuple(float(c) for c in counts)
 
 
+def losses_in_flight(sched: Schedule) -> int:
+    """Micro-batches whose loss the loss's rank holds at its peak: the logits (the fp32 softmax the vocab-parallel
+    cross-entropy saves), the output layer's input and the MTP heads' (memory._logits). One where each loss's
+    backward follows its forward before the next loss forward: 1F1B and ZB-H1 (the last stage runs no warm-up
+    forward, ``p - s - 1 = 0``; Megatron schedules.py forward_backward_pipelining_without_interleaving), the
+    interleaved schedule (the last rank's warm-up forwards run chunks 0..v-2 only, its first loss-chunk forward
+    k = (v-1)p is followed by that micro-batch's backward: get_model_chunk_id), DualPipe(V) (dualpipe.py step():
+    each loss-phase ``_forward_chunk(1)`` comes after the previous one's ``_backward_chunk(1)``, steps 2-5) and
+    ZBV (the V's end, rank 0's second chunk, runs B right after F: our reading of Qi et al. 2024 §4). All m under
+    a forwards-first schedule: torch.distributed.pipelining schedules.py ScheduleGPipe._step_microbatches
+    computes each forward's loss (``_maybe_compute_loss``) and keeps its graph until the backward loop."""
+    return sched.microbatches if sched.traits.forwards_first else 1
+
+
 # Each schedule's facts, as functions of the schedule (p stages, m micro-batches, v chunks) the table below reads:
 # its fill and drain beyond m times the slowest rank (``bubble_s``), its warm-up forwards, the micro-batches one
 # rank holds at its peak. The sources are those of bubble_s, warmup_microbatches and in_flight.
@@ -461,6 +475,7 @@ __all__ = [
     "drain_leads",
     "in_flight",
     "in_flight_chunks",
+    "losses_in_flight",
     "pipeline_time",
     "register",
     "schedule_traits",

@@ -56,6 +56,7 @@ from .compute import (
     StageCompute,
     check_gpu,
     compute_dtype,
+    embedding_pass,
     layer_forward,
     model_flops_per_token,
     stage_compute,
@@ -781,11 +782,11 @@ def stage_passes(
 ) -> list[StagePass]:
     """Each rank's pass for the pipeline: forward and backward with their exposed communication, the
     forward of its first chunk and the backward of its last one at their real sizes (the layers each
-    holds, the LM head and loss with the chunk that has them; a chunk's share of the backward taken as its
-    share of the forward), and W, the weight-gradient GEMMs the zero-bubble schedules defer: as many FLOPs
-    as the forward GEMMs (Qi et al. 2024 §2), so the forward's GEMM time. ``shares``: chunk_shares of each
-    stage, when the caller has them (the layout search memoises them on stage_compute_key and
-    chunk_shares_key); None computes them."""
+    holds, the LM head and loss and the embedding with the chunks that have them; a chunk's share of the
+    backward taken as its share of the forward), and W, the weight-gradient GEMMs the zero-bubble schedules
+    defer: as many FLOPs as the forward GEMMs (Qi et al. 2024 §2), so the forward's GEMM time. ``shares``:
+    chunk_shares of each stage, when the caller has them (the layout search memoises them on
+    stage_compute_key and chunk_shares_key); None computes them."""
     out = []
     for st in stages:
         share = chunk_shares(ctx, st, gpu) if shares is None else shares[st.stage]
@@ -800,7 +801,8 @@ def stage_passes(
 def chunk_shares_key(ctx: Context, stage: int) -> tuple | None:
     """The value key of what ``chunk_shares`` reads of the stage's chunks beyond its compute (whose reads
     stage_compute_key names): each chunk's layer kinds (MoE or dense, in summing order) and whether it holds
-    the loss; None with one chunk. Equal (stage_compute_key, chunk_shares_key) give equal shares."""
+    the loss; None with one chunk. Equal (stage_compute_key, chunk_shares_key) give equal shares: the embedding's
+    share goes to the rank's first chunk, which holds it wherever the rank does (stage_compute_key's is_first)."""
     chunks = ctx.chunks[stage]
     if len(chunks) == 1:
         return None
@@ -819,8 +821,10 @@ def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | Non
         if ks not in sums:
             sums[ks] = sum(per_layer[k] for k in ks)
     times = [sums[ks] for ks in kinds]
-    head = max(0.0, st.compute.forward.total_s - sum(times))  # the LM head and loss, where the loss is
-    times = [t + (head if c.loss else 0.0) for t, c in zip(times, chunks, strict=True)]
+    embed = embedding_pass(ctx, gpu)[0].total_s if ctx.training and ctx.is_first(st.stage) else 0.0
+    head = max(0.0, st.compute.forward.total_s - sum(times) - embed)  # the LM head and loss, where the loss is
+    ends = ((head if c.loss else 0.0) + (embed if c.embedding else 0.0) for c in chunks)
+    times = [t + e for t, e in zip(times, ends, strict=True)]
     total = sum(times)
     return [t / total for t in times] if total > 0 else None
 

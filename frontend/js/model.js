@@ -4,6 +4,9 @@
 // replaces the base model's), so an edited block is sent whole, the base model's values filling what is not
 // typed. Over a config.json the page does not know the base's blocks: an edited block then needs its required
 // fields typed (the server's 422 names the missing one).
+// A field whose null means something (the rows with a fifth entry: app/convert.py NULLABLE, or a field inside a
+// block, which is sent whole) has a "none" box: ticked, the request sends null, clearing the preset's value (GPT-OSS
+// without its sliding window or YaRN). The MoE and MLA blocks have one each: the model without experts or MLA.
 import { fillInput, get, layerList, ON_OFF, showSetCount } from "./controls.js";
 import { $, el } from "./dom.js";
 import { state } from "./state.js";
@@ -49,7 +52,12 @@ export const MODEL_ROWS = [
   ["mla.v_head_dim", "MLA v head dim", "int", "per head"],
 ];
 const BLOCKS = ["moe", "mla"];
+// [block, label, title] of each block's "none" box: model.moe / model.mla null
+const BLOCK_NONE = { moe: ["No MoE", "send moe: null, a dense model (the preset's experts dropped)"],
+  mla: ["No MLA", "send mla: null, standard attention (the preset's latent attention dropped)"] };
 const idOf = (path) => `m-${path.replace(/[._]/g, "-")}`;
+const noneOf = (path) => $(`${idOf(path)}-none`);  // null for a row without a "none" box
+const nullable = (row) => row[4] !== undefined;
 // request field -> input, for the 422 marks (form.js FIELDS); a whole block's error marks its first field
 export const MODEL_FIELDS = Object.fromEntries([
   ...MODEL_ROWS.map(([path]) => [`model.${path}`, idOf(path)]),
@@ -63,26 +71,55 @@ const base = () => (fromHf() ? null : state.presets.models[$("model-preset").val
 // the inputs, under the model's facts (index.html's Model fieldset), once the presets are known
 export function buildModelFields() {
   if ($("model-fields")) return;
-  const field = ([path, label, kind, title]) => {
+  const field = (row) => {
+    const [path, label, kind, title, none] = row;
     const id = idOf(path), choices = kind === "bool" ? ON_OFF : Array.isArray(kind) ? kind.map((c) => [c, c]) : null;
     const input = choices
       ? el("select", { id, title }, el("option", { value: "" }, "default"), choices.map(([v, t]) => el("option", { value: v }, t)))
       : kind === "list" ? el("input", { id, type: "text", maxLength: 4096, title })
         : el("input", { id, type: "number", min: "0", step: kind === "float" ? "any" : "1", inputMode: kind === "float" ? "decimal" : "numeric", title });
-    return el("div", { className: "field" }, el("label", { htmlFor: id }, label), input);
+    const out = [el("div", { className: "field" }, el("label", { htmlFor: id }, label), !nullable(row) ? input
+      : el("div", { className: "with-none" }, input, el("label", { className: "check none-choice", title: `send null: ${none}` },
+        el("input", { type: "checkbox", id: `${id}-none` }), "none")))];
+    const block = path.split(".")[0];
+    if (BLOCK_NONE[block] && MODEL_ROWS.find(([p]) => p.startsWith(`${block}.`))[0] === path) {  // the block's box first
+      const [text, hint] = BLOCK_NONE[block];
+      out.unshift(el("div", { className: "field check" },
+        el("label", { title: hint }, el("input", { type: "checkbox", id: `m-${block}-none` }), text)));
+    }
+    return out;
   };
   $("model-facts").after(el("details", { id: "model-fields", className: "group" },
     el("summary", {}, "Model fields ", el("span", { className: "set-count", id: "model-fields-count" })),
     el("p", { className: "hint" }, "Blank: the preset's (or config.json's) value, shown greyed. A field typed here overrides it."),
-    el("div", { className: "grid2" }, MODEL_ROWS.map(field))));
+    el("div", { className: "grid2" }, MODEL_ROWS.flatMap(field))));
   $("model-fields").addEventListener("input", countModelFields);
+  $("model-fields").addEventListener("change", (e) => { if (e.target.id.endsWith("-none")) { syncNone(); countModelFields(); } });
   // another preset is another base: the edits made over the last one go
   $("model-preset").addEventListener("change", () => { clearModelFields(); showModelDefaults(); });
   for (const id of ["model-source-preset", "model-source-hf"]) $(id).addEventListener("change", showModelDefaults);
   showModelDefaults();
 }
 
-function clearModelFields() { for (const [path] of MODEL_ROWS) $(idOf(path)).value = ""; countModelFields(); }
+function clearModelFields() {
+  for (const [path] of MODEL_ROWS) { $(idOf(path)).value = ""; if (noneOf(path)) noneOf(path).checked = false; }
+  for (const b of BLOCKS) $(`m-${b}-none`).checked = false;
+  syncNone(); countModelFields();
+}
+
+// a ticked "none" disables its input (and a block's, the block's inputs): null is sent, not what they hold
+function syncNone() {
+  const dropped = new Set(BLOCKS.filter((b) => $(`m-${b}-none`).checked));
+  for (const [path] of MODEL_ROWS) {
+    const box = noneOf(path), gone = dropped.has(path.split(".")[0]);
+    if (box) box.disabled = gone;
+    $(idOf(path)).disabled = gone || !!(box && box.checked);
+  }
+}
+
+// the fields the request sets: typed, or ticked "none"
+const setFields = () => MODEL_ROWS.filter(([path]) => $(idOf(path)).value.trim() !== "" || (noneOf(path) && noneOf(path).checked)).length
+  + BLOCKS.filter((b) => $(`m-${b}-none`).checked).length;
 
 // each blank field shows the value it stands for
 export function showModelDefaults() {
@@ -98,30 +135,38 @@ export function showModelDefaults() {
 }
 
 export function countModelFields() {
-  const n = MODEL_ROWS.filter(([path]) => $(idOf(path)).value.trim() !== "").length;
-  showSetCount($("model-fields-count"), n);
+  showSetCount($("model-fields-count"), setFields());
 }
 
 // the typed fields into the request's model block
 export function readModelFields(model, FormError) {
   const blocks = {};
+  const dropped = BLOCKS.filter((b) => $(`m-${b}-none`).checked);
   for (const [path, label, kind] of MODEL_ROWS) {
-    const text = $(idOf(path)).value.trim();
-    if (text === "") continue;
-    const value = kind === "bool" ? text === "true" : Array.isArray(kind) ? text : kind === "list" ? layerList(text, `model.${path}`, label, FormError) : Number(text);
-    if (kind === "int" && !Number.isInteger(value)) throw new FormError(`model.${path}`, `${label}: a whole number, got "${text}"`);
-    if (kind === "float" && !Number.isFinite(value)) throw new FormError(`model.${path}`, `${label}: a number, got "${text}"`);
     const [head, key] = path.split(".");
+    if (dropped.includes(head)) continue;
+    const text = $(idOf(path)).value.trim(), none = noneOf(path) && noneOf(path).checked;
+    if (text === "" && !none) continue;
+    const value = none ? null : kind === "bool" ? text === "true" : Array.isArray(kind) ? text : kind === "list" ? layerList(text, `model.${path}`, label, FormError) : Number(text);
+    if (!none && kind === "int" && !Number.isInteger(value)) throw new FormError(`model.${path}`, `${label}: a whole number, got "${text}"`);
+    if (!none && kind === "float" && !Number.isFinite(value)) throw new FormError(`model.${path}`, `${label}: a number, got "${text}"`);
     if (key === undefined) model[head] = value;
     else (blocks[head] ||= {})[key] = value;
   }
   const m = base();
   for (const [name, edits] of Object.entries(blocks)) model[name] = { ...((m && m[name]) || {}), ...edits };
+  for (const b of dropped) model[b] = null;
   return model;
 }
 
 // a request's model fields into the inputs (a link, a scenario, a search hit)
 export function fillModelFields(m) {
-  for (const [path] of MODEL_ROWS) fillInput($(idOf(path)), get(m, path));
+  for (const b of BLOCKS) $(`m-${b}-none`).checked = m[b] === null;  // an explicit null, not an absent block
+  for (const [path] of MODEL_ROWS) {
+    const v = get(m, path), box = noneOf(path);
+    if (box) box.checked = v === null;  // get() gives undefined under a null block
+    fillInput($(idOf(path)), v);
+  }
+  syncNone();
   showModelDefaults();
 }

@@ -57,6 +57,10 @@ class Flavour:
     # where the vocab-parallel loss's 3 fp32 all-reduces come from ("" = Megatron's cross_entropy.py)
     loss_parallel_source: str = ""
     embedding_allreduce_with_positions: bool = True
+    # the embedding's output transposed [b, s, h] -> [s, b, h] and, under SP, its scattered output cloned
+    # (Megatron LanguageModelEmbedding; clone_scatter_output_in_embedding); False: torch models keep [b, s, h]
+    # (planner/kernels.py _embedding_lookup)
+    embedding_transposes: bool = True
     # rank 0 of each TP group loads the batch and broadcasts it (Megatron get_batch_on_this_tp_rank)
     tp_broadcasts_batch: bool = True
     # SP leaves TP-replicated weights' gradients partial: "finalize" = one all-reduce per stage and iteration

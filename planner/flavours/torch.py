@@ -33,6 +33,7 @@ FLAVOUR = Flavour(
         "_nll_loss_forward: _MaskPartial all_reduce of the target logit (fp32, b·s values each)"
     ),
     embedding_allreduce_with_positions=False,
+    embedding_transposes=False,  # torchtitan's Transformer: h = self.tok_embeddings(tokens), [b, s, h] throughout
     tp_broadcasts_batch=False,  # every rank loads its batch
     norm_grad_reduction="on_read",  # Partial gradients: reference/pytorch/tp2_sp.json
     tp_source=DTENSOR,

@@ -59,7 +59,7 @@ from ..memory import (
 )
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _split_key
-from ..pipeline import busiest_rank_s, in_flight_chunks, pipeline_time
+from ..pipeline import busiest_rank_s, in_flight_chunks, losses_in_flight, pipeline_time
 from ..step import (
     Overlap,
     StageStep,
@@ -345,11 +345,12 @@ class StepModel:
         out = memos.arrays.get(key)
         if out is None:
             sizes = []
+            losses = losses_in_flight(self._schedule(v, b))
             for s, (rest, counts) in enumerate(zip(v.act_keys, flight[1], strict=True)):
                 parts = memos.acts.get((tokens, rest))
                 if parts is None:
                     parts = memos.put(memos.acts, (tokens, rest), chunk_activations(self._ctx(v, b, rc), s))
-                sizes.append(held_activation_bytes(parts, counts))
+                sizes.append(held_activation_bytes(parts, counts, losses))
             out = memos.put(memos.arrays, key, np.array(sizes, dtype=np.int64))
         return out
 
@@ -371,7 +372,8 @@ class StepModel:
             found = memos.flights.get(sched)
             if found is None:
                 counts = tuple(in_flight_chunks(sched, s) for s in range(v.par.pp))
-                found = memos.put(memos.flights, sched, (memos.intern(("flight", counts)), counts))
+                held = ("flight", counts, losses_in_flight(sched))  # the logits' count too (memory.py)
+                found = memos.put(memos.flights, sched, (memos.intern(held), counts))
             flight = v.flights[b] = found
         return flight
 

@@ -89,3 +89,71 @@ def test_model_fields_edit_the_plan(make_page, viewport):  # noqa: F811
     request = planned(page, lambda r: r["model"].get("norm") == "layernorm")
     assert request["model"]["moe"]["mlp_only_layers"] == [0, 1] and request["model"]["moe"]["top_k"] == 4
     assert overflow(page) == 0
+
+
+GPT_OSS = {
+    "model": {"preset": "gpt-oss-20b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16},
+    "parallel": {"ep": 8, "dp": 16, "zero_stage": 1},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+    "options": {"algorithm": "auto", "links_per_call": 24},
+}
+
+
+def test_none_sends_an_explicit_null(make_page):  # noqa: F811
+    """A nullable field's "none" box (embed7): ticked, the request sends null and the server clears the preset's
+    value (app/convert.py NULLABLE): GPT-OSS 20B without its sliding window attends fully (a longer step), without
+    YaRN runs plain RoPE; "No MoE" sends moe: null, a dense model. The plan is the server's answer for that
+    request; the link keeps the nulls; another preset clears them. 1440 px."""
+    page = make_page()
+    open_page(page, url_state(GPT_OSS))
+    page.click("#model-fields > summary")
+    expect(page.locator("#m-sliding-window")).to_have_attribute("placeholder", "128")
+    before = page.evaluate("window.commplan.state.plan")
+
+    page.check("#m-sliding-window-none")
+    expect(page.locator("#m-sliding-window")).to_be_disabled()
+    # the preset's full_attention_interval 2 needs a window: the server's 422, marked on that field
+    expect(page.locator("#m-full-attention-interval")).to_have_attribute("aria-invalid", "true", timeout=30_000)
+    expect(page.locator("#form-errors")).to_contain_text("needs a sliding_window")
+    page.check("#m-full-attention-interval-none")
+    request = planned(page, lambda r: "full_attention_interval" in r["model"])
+    nulls = {"sliding_window": None, "full_attention_interval": None}
+    assert request["model"] == {"preset": "gpt-oss-20b", **nulls}
+    plan = page.evaluate("window.commplan.state.plan")
+    want = httpx.post(page.base + "/v1/plan", json=request, timeout=60).json()
+    assert plan["step"]["time_s"] == pytest.approx(want["step"]["time_s"])
+    assert plan["step"]["compute_s"] > before["step"]["compute_s"]  # every layer attends to all 4,096 keys
+    assert plan["params_total"] == before["params_total"]
+
+    page.check("#m-rope-scaling-none")
+    request = planned(page, lambda r: "rope_scaling" in r["model"])
+    assert request["model"] == {"preset": "gpt-oss-20b", **nulls, "rope_scaling": None}
+    expect(page.locator("#model-fields-count")).to_have_text("(3 set)")
+    page.uncheck("#m-rope-scaling-none")
+    planned(page, lambda r: "rope_scaling" not in r["model"] and "sliding_window" in r["model"])
+
+    # the link keeps the null: a fresh page shows the box ticked and plans the same request
+    again = make_page()
+    open_page(again, url_state(page.evaluate("window.commplan.state.request")))
+    expect(again.locator("#m-sliding-window-none")).to_be_checked()
+    expect(again.locator("#m-sliding-window")).to_be_disabled()
+    planned(again, lambda r: r["model"] == {"preset": "gpt-oss-20b", **nulls})
+
+    # the whole MoE block: a dense model, the block's own fields disabled
+    page.fill("#ep", "1")  # EP needs experts (a 422 at parallel.ep otherwise)
+    planned(page, lambda r: r["parallel"]["ep"] == 1)
+    page.check("#m-moe-none")
+    expect(page.locator("#m-moe-top-k")).to_be_disabled()
+    request = planned(page, lambda r: r["model"].get("moe", 0) is None)
+    assert request["model"] == {"preset": "gpt-oss-20b", **nulls, "moe": None}
+    dense = page.evaluate("window.commplan.state.plan")
+    assert dense["params_total"] == httpx.post(page.base + "/v1/plan", json=request, timeout=60).json()["params_total"]
+    assert dense["params_total"] < before["params_total"] / 4  # 32 experts a layer gone (20.9B -> 2.4B)
+
+    # another preset: the boxes go with the other edits
+    page.select_option("#model-preset", "llama3-8b")
+    expect(page.locator("#m-sliding-window-none")).not_to_be_checked()
+    expect(page.locator("#m-moe-none")).not_to_be_checked()
+    planned(page, lambda r: r["model"] == {"preset": "llama3-8b"})
+    assert overflow(page) == 0

@@ -18,6 +18,7 @@ from collectives.topology import cluster_preset
 from collectives.topology.gpu import GPUS
 from planner import ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.compute import (
+    embedding_pass,
     layer_backward,
     layer_forward,
     model_flops_per_token,
@@ -52,14 +53,15 @@ def test_module_kernels_by_hand_tp2_sp():
     lk = mtp_module_kernels(ctx, H100)
     names = [k.name for k in lk.forward]
     module = ["mtp.enorm", "mtp.hnorm", "mtp.concat", "mtp.eh_proj", "mtp.final_layernorm"]
-    lookup = ["mtp.embedding." + n for n in ("roll_ids", "vocab_mask", "gather", "mask_output", "transpose")]
+    lookup = ["mtp.embedding." + n for n in ("roll_ids", "vocab_mask", "gather", "mask_output", "transpose", "sp_copy")]
     assert names == module + lookup
     memory = sum(k.bytes for k in lk.forward[:5] if k.kind == "memory")
     assert memory == 3 * 4 * (T / 2) * H + 4 * (T / 2) * H * 2  # 3 norms + the concat: 146,800,640 B
     # the shifted tokens' lookup (kernels._embedding_lookup) on all T tokens: ids rolled, the vocabulary-shard
-    # mask, the gather (read + write a row), the masked rows zeroed, the transpose (read + write)
+    # mask, the gather (read + write a row), the masked rows zeroed, the transpose (read + write), the clone of the
+    # reduce-scattered [s/2, b, h] shard (LanguageModelEmbedding: clone_scatter_output_in_embedding)
     row = T * H * 2
-    assert [k.bytes for k in lk.forward[5:]] == [2 * 2 * 8 * T, 6 * 2 * 8 * T, 2 * row, row, 2 * row]
+    assert [k.bytes for k in lk.forward[5:]] == [2 * 2 * 8 * T, 6 * 2 * 8 * T, 2 * row, row, 2 * row, 2 * row / 2]
     (g,) = (k for k in lk.forward if k.kind == "gemm")
     assert g.shape == (T, H / 2, 2 * H, 1) and g.flops == 2 * T * (H / 2) * (2 * H)
     assert g.time_s == pytest.approx(gemm_time((T,), H / 2, 2 * H, "bf16", H100, gpu_efficiency(H100)))
@@ -208,15 +210,18 @@ def test_nvfp4_runs_the_mtp_layer_in_bf16():
     assert mtp_layer.total_s > 1.2 * decoder.total_s  # bf16 GEMMs on B200 run at half FP4's peak or less
     plain = ctx_of(dense_v3(0), fp8_recipe="nvfp4")
     module = sum(k.time_s for k in mtp_module_kernels(fp4, B200).forward)
-    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * decoder.total_s  # the head, once
+    embed = embedding_pass(fp4, B200)[0].total_s  # the input embedding (pp 1: on this rank)
+    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * decoder.total_s - embed  # the head, once
     fwd = stage_pass_compute(fp4, 0, B200)[0].total_s
-    assert fwd == pytest.approx(4 * decoder.total_s + mtp_layer.total_s + module + 2 * head, rel=1e-9)
+    assert fwd == pytest.approx(4 * decoder.total_s + mtp_layer.total_s + module + 2 * head + embed, rel=1e-9)
     mx = ctx_of(dense_v3(), fp8_recipe="mxfp8")  # an fp8 recipe: the MTP layer runs it as the decoder does
     mx_layer = layer_forward(mx, False, B200)[0].total_s
     mx_plain = stage_pass_compute(ctx_of(dense_v3(0), fp8_recipe="mxfp8"), 0, B200)[0].total_s
     mx_module = sum(k.time_s for k in mtp_module_kernels(mx, B200).forward)
-    mx_head = mx_plain - 4 * mx_layer
-    assert stage_pass_compute(mx, 0, B200)[0].total_s == pytest.approx(5 * mx_layer + mx_module + 2 * mx_head)
+    mx_head = mx_plain - 4 * mx_layer - embed
+    assert stage_pass_compute(mx, 0, B200)[0].total_s == pytest.approx(
+        5 * mx_layer + mx_module + 2 * mx_head + embed
+    )
 
 
 def test_mtp_bf16_context_leaves_fp8_activations():
@@ -254,10 +259,11 @@ def test_mtp_forward_counts_each_layer_by_its_own_kind():
     plain = ctx_of(replace(model, mtp_layers=0), fp8_recipe="nvfp4")
     d, m = (layer_forward(ctx, moe, B200)[0].total_s for moe in (False, True))
     bd, bm = (layer_forward(bf16, moe, B200)[0].total_s for moe in (False, True))
-    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * d - m
+    embed = embedding_pass(ctx, B200)[0].total_s  # the input embedding, once (pp 1)
+    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * d - m - embed
     module = sum(k.time_s for k in mtp_module_kernels(ctx, B200).forward)
     fwd = stage_pass_compute(ctx, 0, B200)[0].total_s
-    assert fwd == pytest.approx(4 * d + m + bd + bm + 2 * module + 3 * head, rel=1e-9)
+    assert fwd == pytest.approx(4 * d + m + bd + bm + 2 * module + 3 * head + embed, rel=1e-9)
 
 
 def test_layer_counts_refuses_an_unknown_layer_set():

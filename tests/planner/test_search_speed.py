@@ -306,7 +306,9 @@ def test_equal_chunk_and_activation_keys_give_equal_values_across_stages_and_pip
                     ca, cb = stage_compute(a, i, _GPU), stage_compute(b, j, _GPU)
                     assert chunk_shares(a, StageStep(i, ca), _GPU) == chunk_shares(b, StageStep(j, cb), _GPU)
 
-    _on_valid_pairs(pairs, 40, check)
+    # 80 draws: since the first stage holds the embedding's lookup (compute.embedding_pass) its forward meets no
+    # other stage's, and 40 draws met 2 times across stages (80: 8)
+    _on_valid_pairs(pairs, 80, check)
     assert sum(met_shares) > 5  # other stages and pipelines met on one key
     # activations meet across stages where the in-flight counts agree: GPipe's stages all hold m micro-batches
     model, work = replace(MODEL_PRESETS["llama3-8b"], num_layers=8), WorkloadSpec(global_batch_size=64)
