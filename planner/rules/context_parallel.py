@@ -33,6 +33,9 @@ q or of k/v each step computes, not what is sent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from collectives import Op
 
 from ..context import Context
@@ -81,12 +84,15 @@ def calls(ctx: Context) -> list[Call]:
     # every call of a stage depends on its number of layers and of those whose attention re-runs alone
     for first, stages in stage_classes(range(ctx.par.pp), lambda stage: _layer_counts(ctx, stage)).items():
         layers, again = _layer_counts(ctx, first)
-        out += [c.on(stages) for c in _forward(ctx, layers * ctx.micro_batches)]
+        out += [c.on(stages) for c in _attention(ctx, layers * ctx.micro_batches, "forward")]
         if not ctx.training:
             continue
-        out += [c.on(stages) for c in _backward(ctx, layers * ctx.micro_batches)]
+        out += [c.on(stages) for c in _attention(ctx, layers * ctx.micro_batches, "backward")]
         if again:  # layers re-run whole, or selective with core_attn: the attention's exchange re-runs
-            out += [recomputed(c, "attention recompute").on(stages) for c in _forward(ctx, again * ctx.micro_batches)]
+            out += [
+                recomputed(c, "attention recompute").on(stages)
+                for c in _attention(ctx, again * ctx.micro_batches, "forward")
+            ]
     return out
 
 
@@ -147,34 +153,41 @@ def _torch_backward(ctx: Context, layers: int, method: str) -> list[Call]:
     ]
 
 
-def _forward(ctx: Context, layers: int) -> list[Call]:
-    c, kv = ctx.par.cp, kv_bytes(ctx)
-    method = rotate_method(ctx)
-    if method:
-        return _torch_forward(ctx, layers, method)
-    if ctx.par.cp_comm == "p2p":
-        return _ring_sends(ctx, layers, "forward", "cp.attn.kv")
-    if ctx.par.cp_comm == "all_gather":
-        return [_cp(ctx, name="cp.attn.kv_gather", op=Op.ALLGATHER, phase="forward", message=c * kv, count=layers)]
-    return [
-        _cp(ctx, name=f"cp.attn.{what}", op=Op.ALLTOALL, phase="forward", message=size, count=layers)
-        for what, size in (("q", q_bytes(ctx)), ("k", k_bytes(ctx)), ("v", v_bytes(ctx)), ("out", q_bytes(ctx)))
-    ]
+class _Phase(NamedTuple):
+    """What one phase of the attention exchanges, per CP method: torch's rotater, the p2p ring's sends, the
+    all-gather path's (name, op) calls of c x KV each, the a2a (Ulysses) path's (tensor, bytes) calls."""
+
+    torch: Callable[[Context, int, str], list[Call]]
+    ring: tuple[str, ...]
+    gathers: tuple[tuple[str, Op], ...]
+    alltoalls: tuple[tuple[str, Callable[[Context], int]], ...]
 
 
-def _backward(ctx: Context, layers: int) -> list[Call]:
-    c, kv = ctx.par.cp, kv_bytes(ctx)
+_PHASES = {
+    "forward": _Phase(
+        _torch_forward, ("cp.attn.kv",), (("cp.attn.kv_gather", Op.ALLGATHER),),
+        (("q", q_bytes), ("k", k_bytes), ("v", v_bytes), ("out", q_bytes)),
+    ),
+    "backward": _Phase(
+        _torch_backward, ("cp.attn.kv.bwd", "cp.attn.dkv"),
+        (("cp.attn.kv_gather.bwd", Op.ALLGATHER), ("cp.attn.dkv", Op.REDUCESCATTER)),
+        (("dout", q_bytes), ("dq", q_bytes), ("dk", k_bytes), ("dv", v_bytes)),
+    ),
+}  # fmt: skip
+
+
+def _attention(ctx: Context, layers: int, phase: str) -> list[Call]:
+    """The attention's CP exchanges of one phase (``_PHASES``), by the run's CP method."""
+    what = _PHASES[phase]
     method = rotate_method(ctx)
     if method:
-        return _torch_backward(ctx, layers, method)
+        return what.torch(ctx, layers, method)
     if ctx.par.cp_comm == "p2p":
-        return _ring_sends(ctx, layers, "backward", "cp.attn.kv.bwd", "cp.attn.dkv")
+        return _ring_sends(ctx, layers, phase, *what.ring)
     if ctx.par.cp_comm == "all_gather":
-        return [
-            _cp(ctx, name="cp.attn.kv_gather.bwd", op=Op.ALLGATHER, phase="backward", message=c * kv, count=layers),
-            _cp(ctx, name="cp.attn.dkv", op=Op.REDUCESCATTER, phase="backward", message=c * kv, count=layers),
-        ]
+        message = ctx.par.cp * kv_bytes(ctx)
+        return [_cp(ctx, name=name, op=op, phase=phase, message=message, count=layers) for name, op in what.gathers]
     return [
-        _cp(ctx, name=f"cp.attn.{what}", op=Op.ALLTOALL, phase="backward", message=size, count=layers)
-        for what, size in (("dout", q_bytes(ctx)), ("dq", q_bytes(ctx)), ("dk", k_bytes(ctx)), ("dv", v_bytes(ctx)))
+        _cp(ctx, name=f"cp.attn.{tensor}", op=Op.ALLTOALL, phase=phase, message=size(ctx), count=layers)
+        for tensor, size in what.alltoalls
     ]
