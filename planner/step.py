@@ -286,6 +286,11 @@ class StreamTotals:
         return out
 
 
+# the SP input re-gathers for the weight gradients (rules/tensor.py "<layer>.wgrad_gather"): TransformerEngine's
+# userbuffers run them as its "bulk" overlap (TE v2.9 pytorch/module/base.py initialize_ub: methods["bulk"] =
+# qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; the *_dgrad ones are all-gathers, layers_all_gather_overlap), an
+# SM-kernel CommOverlap, not the ring exchange's copy engine: their TP op key is "allgather.bulk"
+BULK_GATHER_SUFFIX = ".wgrad_gather"
 _SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces")
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
@@ -322,7 +327,8 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
             got[0] += channels * amount
             got[1] += n * hbm_bytes(pc.price)
         if stream.startswith("tp."):
-            key = (f"{stream}.{c.op.value}", c.stages)
+            bulk = ".bulk" if c.name.endswith(BULK_GATHER_SUFFIX) else ""
+            key = (f"{stream}.{c.op.value}{bulk}", c.stages)
             ops[key] = ops.get(key, 0.0) + amount
         if stream == "tp.backward" and c.op.value == "reducescatter":
             row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)

@@ -13,7 +13,7 @@ from planner.compute import PassTime, StageCompute
 from planner.contention import HBM_FLOOR, Share, compute_rate, hbm_bytes, memory_rate, slowdown_s, window_rate
 from planner.context import Context
 from planner.kernels import efficiency
-from planner.step import FRAMEWORK_OVERLAP, StageStep, StreamTotals, _contention, _holds
+from planner.step import FRAMEWORK_OVERLAP, StageStep, StreamTotals, _contention, _holds, stream_totals
 
 H100 = GPUS["h100-sxm5-80gb"]  # 132 SMs, 3,350 GB/s
 
@@ -87,6 +87,55 @@ def test_te_userbuffers_tp_overlap_holds_its_own_sms():
     st2.hidden_by_stream[("tp", "forward")] = 0.004
     _contention(st2, _holds(ctx, totals, flags, 1, {"tp.forward"}), flags, H100, efficiency(H100, None).hbm)
     assert st2.slow_fwd_s == pytest.approx(0.004 * 24 / 132, rel=1e-12)
+
+
+def test_te_bulk_wgrad_gathers_hold_sms():
+    """A backward TP window by hand, Megatron + TE --tp-comm-overlap: 2 ms of ring-exchange all-gathers (proj/fc2
+    dgrad: copy engine, 0 SMs), 2 ms of bulk all-gathers (qkv/fc1 dgrad, the SP input re-gathered for wgrad: TE v2.9
+    initialize_ub methods["bulk"], CommOverlap num_sm 16) and 2 ms of reduce-scatters (16), all hidden behind 20 ms
+    of GEMMs: on average (2 x 16 + 2 x 16) / 6 SMs held, the backward 0.064 / 132 s later. (Before the bulk
+    gathers had their own key they counted as the ring's copy engine: 0.032 / 132.)"""
+    par = ParallelSpec(tp=8, sequence_parallel=True)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    totals = StreamTotals(
+        time={"tp.backward": [0.006]},
+        sm_time={"tp.backward": [24 * 0.006]},
+        hbm={"tp.backward": [0.0]},
+        tp_ops={
+            "tp.backward.allgather": [0.002],
+            "tp.backward.allgather.bulk": [0.002],
+            "tp.backward.reducescatter": [0.002],
+        },
+    )
+    st = _stage(0.020, 0.002)
+    st.hidden_by_stream[("tp", "backward")] = 0.006
+    flags = replace(FRAMEWORK_OVERLAP, tp_comm_overlap=True).resolved(ctx)
+    _contention(st, _holds(ctx, totals, flags, 1, {"tp.backward"}), flags, H100, efficiency(H100, None).hbm)
+    assert st.slow_bwd_s == pytest.approx(0.064 / 132, rel=1e-12)
+
+
+def test_wgrad_gathers_summed_under_the_bulk_key():
+    """stream_totals files the SP wgrad re-gathers (rules/tensor.py "*.wgrad_gather") under "allgather.bulk" and
+    the other backward all-gathers under "allgather": each key's seconds are its calls' seconds."""
+    plan = build_plan(
+        model_preset("llama3-8b"),
+        WorkloadSpec(global_batch_size=8),
+        ParallelSpec(tp=8, dp=1, sequence_parallel=True),
+        cluster_preset("dgx-h100", 1),
+    )
+    totals = stream_totals(plan.calls, 8, 0, 1)
+
+    def seconds(bulk: bool) -> float:
+        return sum(
+            pc.call.calls_per_iteration * pc.price.time_s
+            for pc in plan.calls
+            if pc.call.parallelism == "tp" and pc.call.phase == "backward" and pc.call.op.value == "allgather"
+            and pc.call.name.endswith(".wgrad_gather") == bulk
+        )
+
+    assert seconds(True) > 0 and seconds(False) > 0
+    assert totals.tp_ops["tp.backward.allgather.bulk"][0] == pytest.approx(seconds(True), rel=1e-12)
+    assert totals.tp_ops["tp.backward.allgather"][0] == pytest.approx(seconds(False), rel=1e-12)
 
 
 def test_fsdp_prefetch_window_from_the_priced_calls():
