@@ -13,7 +13,7 @@ from planner.compute import PassTime, StageCompute
 from planner.contention import HBM_FLOOR, Share, compute_rate, hbm_bytes, memory_rate, slowdown_s, window_rate
 from planner.context import Context
 from planner.kernels import efficiency
-from planner.step import FRAMEWORK_OVERLAP, StageStep, StreamTotals, _contention, _holds, stream_totals
+from planner.step import FRAMEWORK_OVERLAP, StageStep, StreamTotals, _contention, _holds, _pass_exposed, stream_totals
 
 H100 = GPUS["h100-sxm5-80gb"]  # 132 SMs, 3,350 GB/s
 
@@ -136,6 +136,41 @@ def test_wgrad_gathers_summed_under_the_bulk_key():
     assert seconds(True) > 0 and seconds(False) > 0
     assert totals.tp_ops["tp.backward.allgather.bulk"][0] == pytest.approx(seconds(True), rel=1e-12)
     assert totals.tp_ops["tp.backward.allgather"][0] == pytest.approx(seconds(False), rel=1e-12)
+
+
+def test_the_cp_ring_absorbs_only_its_own_exposure():
+    """The CP stream reports the ring's p2p ("cp.ring") and the CP all-gather ("cp", never hidden) together; the
+    ring's slowdown subtracts only the ring's own exposed part. 2.2 ms of ring behind 2 ms of attention (0.2 ms
+    exposed) beside a 4 ms all-gather, the ring holding 33 of 132 SMs: 2 ms x 0.25 - 0.2 ms = 0.3 ms. (Subtracting
+    the stream's 4.2 ms sum gave 0.)"""
+    par = ParallelSpec(tp=1, cp=2)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    flags = FRAMEWORK_OVERLAP.resolved(ctx)
+    st = _stage(0.010, 0.002)
+    st.hidden_by_stream[("cp", "forward")] = 0.002
+    st.exposed_by_stream[("cp", "forward")] = 0.004 + 0.0002  # the all-gather's 4 ms and the ring's 0.2 ms
+    st.exposed_by_kind[("cp.ring", "forward")] = 0.0002
+    holds = {"cp.ring.forward": [Share(sms=33)]}
+    _contention(st, holds, flags, H100, efficiency(H100, None).hbm)
+    assert st.slow_fwd_s == pytest.approx(0.002 * 0.25 - 0.0002, rel=1e-12)
+
+
+def test_cp_exposure_recorded_per_kind():
+    """_pass_exposed keeps the ring's own exposure beside the CP stream's sum: the all-gather (kind "cp") is all
+    exposed, the ring (kind "cp.ring") exposes what attention (forward: 1 x attention_fwd_s) leaves."""
+    par = ParallelSpec(tp=1, cp=2)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    flags = replace(FRAMEWORK_OVERLAP, cp_ring_overlap=True).resolved(ctx)
+    st = StageStep(0, StageCompute(PassTime(gemm_s=0.010, attention_s=0.002), PassTime(gemm_s=0.020), 0.002, 0.0))
+    m = ctx.micro_batches
+    rows = [("cp", "cp", [0.004 * m]), ("cp.ring", "cp", [0.0025 * m])]
+    exposed = _pass_exposed(ctx, st, "forward", rows, flags, False)
+    ring_left = 0.0025 - st.compute.attention_fwd_s
+    assert ring_left > 0
+    assert exposed == pytest.approx(0.004 + ring_left, rel=1e-12)
+    assert st.exposed_by_stream[("cp", "forward")] == pytest.approx(0.004 + ring_left, rel=1e-12)
+    assert st.exposed_by_kind[("cp.ring", "forward")] == pytest.approx(ring_left, rel=1e-12)
+    assert st.hidden_by_stream[("cp", "forward")] == pytest.approx(st.compute.attention_fwd_s, rel=1e-12)
 
 
 def test_fsdp_prefetch_window_from_the_priced_calls():
