@@ -553,8 +553,10 @@ def _contention(st: StageStep, holds: dict, flags: Overlap, gpu: GPUSpec, hbm_ef
         whole = st.compute.forward if phase == "forward" else st.compute.backward
         behind_kernels = kind in ("tp", "cp.ring") or (kind == "ep" and not flags.overlap_moe_expert_parallel_comm)
         rate = window_rate(gpu, hbm_eff, share, 1.0 if behind_kernels else _compute_bound(whole))
-        exposed = st.exposed_by_kind.get((kind, phase), 0.0) if kind != stream else st.exposed_by_stream.get(
-            (stream, phase), 0.0
+        exposed = (
+            st.exposed_by_kind.get((kind, phase), 0.0)
+            if kind != stream
+            else st.exposed_by_stream.get((stream, phase), 0.0)
         )
         slow[phase] += slowdown_s(hidden, exposed, rate)
     st.slow_fwd_s, st.slow_bwd_s = slow["forward"], slow["backward"]

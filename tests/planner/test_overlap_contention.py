@@ -129,7 +129,9 @@ def test_wgrad_gathers_summed_under_the_bulk_key():
         return sum(
             pc.call.calls_per_iteration * pc.price.time_s
             for pc in plan.calls
-            if pc.call.parallelism == "tp" and pc.call.phase == "backward" and pc.call.op.value == "allgather"
+            if pc.call.parallelism == "tp"
+            and pc.call.phase == "backward"
+            and pc.call.op.value == "allgather"
             and pc.call.name.endswith(".wgrad_gather") == bulk
         )
 
