@@ -322,7 +322,8 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         vol = volume.setdefault(stream, [0.0] * stages)
         # what the call holds (planner/contention.py), summed per (stream, stages) and spread over the stages once
         # below; the legs of one kernel run at once, so their SMs and bytes add (the longest leg's time is the
-        # kernel's). NCCL's kernels only: a call priced by the schedule pricer holds no channels and is left out
+        # kernel's). NCCL's closed-form collectives only: a call priced without a channel count (the schedule
+        # pricer's, p2p sends, all-to-alls) is left out, its SMs and its HBM bytes (contention.py's docstring)
         channels = pc.price.channels
         if channels:
             got = held.setdefault((stream, c.stages), [0.0, 0.0])
@@ -511,7 +512,8 @@ def _holds(
     ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str]
 ) -> dict[str, list[Share | None]]:
     """What the calls of each stream hold on average while they run, per stage (contention.Share; None where the
-    stream holds nothing there): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
+    stream holds nothing there, as do the CP ring's and EP's p2p / all-to-all calls, priced without channels:
+    contention.py): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
     whose framework sets its own SMs per collective (Flavour.tp_overlap_sms: TransformerEngine's userbuffers)
     holds those instead of NCCL's channels. Only the streams in ``wanted``."""
     own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
