@@ -194,7 +194,7 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             _mb(ctx, name="tp.attn.out_proj", op=Op.ALLREDUCE, phase="forward", count=attn, source=src),
             _mb(ctx, name="tp.mlp.down_proj", op=Op.ALLREDUCE, phase="forward", count=mlp, source=src),
         ]
-    # a linear's input is gathered quantized under a recipe (Context.gemm_input_bytes); MLA's RoPE key is gathered
+    # a linear's input is gathered quantized under a recipe (Context.gemm_input); MLA's RoPE key is gathered
     # by Megatron's gather_from_sequence_parallel_region at the hidden states' width
     gathers = [
         _mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=attn, source=src,
@@ -232,7 +232,7 @@ def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             message=_width(ctx, width))
         for name, width, _ in inputs
     ] + [
-        # the row-parallel linears' grad outputs, quantized for dgrad and wgrad (Context.gemm_input_bytes)
+        # the row-parallel linears' grad outputs, quantized for dgrad and wgrad (Context.gemm_input)
         _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src,
             **_gemm_input(ctx, ctx.model.hidden_size, grad_output=True)),
         _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
