@@ -28,8 +28,12 @@ GPU-Accelerated Distributed Deep Learning") measure a mean 18.9% (max 40.0%) slo
 SMs 29%. Not modelled: the wave tail when a GEMM's tiles were exactly one wave on the whole GPU (NVIDIA
 developer forum "Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of Tail
 Effect": 132 tiles beside a 24-CTA all-gather nearly double), NCCL slowed by the compute, copy-engine-only
-calls' SMs (0 here), and calls priced without a channel count (the schedule pricer; p2p sends): they hold no
-SMs in this model, their HBM traffic still counts.
+calls' SMs (0 here), and every call priced without a channel count: only NCCL's closed-form pricer sets
+``Price.channels`` (its collectives, collectives/topology/library/model.py NCCL_FUNCS), so the schedule pricer's
+calls, the p2p sends (the CP ring's exchanges, the pipeline's) and the all-to-alls (EP's dispatch and combine)
+hold neither SMs nor HBM here (step.stream_totals skips them): the CP ring and an all-to-all hidden behind
+compute slow it by nothing yet, an under-estimate (NCCL runs them on p2pnChannelsPerPeer channels per peer,
+graph/paths.cc ncclTopoComputeP2pChannels: not yet sourced per version here).
 """
 
 from __future__ import annotations

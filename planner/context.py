@@ -71,7 +71,7 @@ class Context:
         """A = b x s/c x h x x: the TP unit (one layer's activations on one CP rank), at the hidden states' width
         (hidden_bytes: bf16 when training under an fp8 recipe). What the pipeline's p2p, the TP all-reduces and
         reduce-scatters, the embedding's and the LM head's calls carry; TE's quantized all-gathers of a linear's
-        input are ``gemm_input_bytes``."""
+        input are ``gemm_input``."""
         return self.b * self.s_cp * self.model.hidden_size * self.hidden_bytes
 
     @cached_property
@@ -105,7 +105,7 @@ class Context:
         modules (GroupedLinear quantizes each expert's split after the dispatch; Megatron-LM d98e8a6 / 92c8482e6d
         token_dispatcher.py has no fp8 path: the tokens and the experts' output cross the EP group as they are).
         Also the width of the pipeline's p2p, the TP all-reduces and reduce-scatters and CP's K/V (Context.activation;
-        dtype7); TE's quantized gathers of a linear's input are gemm_input_bytes."""
+        dtype7); TE's quantized gathers of a linear's input are gemm_input."""
         dtype = self.work.activation_dtype
         return "bf16" if self.training and DTYPE_BYTES[dtype] < 2 else dtype
 
@@ -134,9 +134,10 @@ class Context:
             return recipe if fp8 and recipe.float8_all_gather else None
         return recipe if self.flavour.quantized_tp_gathers else None
 
-    def gemm_input_bytes(self, elements: int, *, grad_output: bool = False) -> int:
-        """Bytes TE all-gathers for ``elements`` of a linear's GEMM operand (gather_recipe): the hidden states'
-        width without a recipe; with one, the quantized data and the block scales that travel beside it
+    def gemm_input(self, elements: int, *, grad_output: bool = False) -> tuple[int, str]:
+        """(bytes, dtype label) TE all-gathers for ``elements`` of a linear's GEMM operand (gather_recipe): the
+        hidden states' width and dtype without a recipe; with one, the quantized data and the block scales that
+        travel beside it in the same message, labelled with the recipe's element dtype (fp8, fp4)
         (TransformerEngine v2.9 distributed.py: _all_gather_fp8 sends the fp8 data alone, the per-tensor scale
         "identical across ranks", and transposes after the gather; _all_gather_fp8_blockwise, _all_gather_mxfp8
         and _all_gather_nvfp4 gather each usage the quantizer asks for, data then scales). ``grad_output``: a
@@ -145,18 +146,10 @@ class Context:
         both copies of; per-tensor ones one."""
         recipe = self.gather_recipe
         if recipe is None or (grad_output and not self.flavour.quantized_grad_output_gather):
-            return elements * self.hidden_bytes
+            return elements * self.hidden_bytes, self.hidden_dtype
         directions = 2 if grad_output and recipe.activation_block else 1
         scales = Fraction(recipe.scale_bytes, recipe.activation_block) if recipe.activation_block else 0
-        return math.ceil(elements * directions * (Fraction(recipe.element_bytes) + scales))
-
-    def gemm_input_dtype(self, *, grad_output: bool = False) -> str:
-        """gemm_input_bytes's dtype label: the recipe's element dtype (fp8, fp4; its block scales travel in the same
-        message) where the gather is quantized, else the hidden states'."""
-        recipe = self.gather_recipe
-        if recipe is None or (grad_output and not self.flavour.quantized_grad_output_gather):
-            return self.hidden_dtype
-        return recipe.gemm_dtype
+        return math.ceil(elements * directions * (Fraction(recipe.element_bytes) + scales)), recipe.gemm_dtype
 
     @cached_property
     def dispatch_bytes(self) -> int:

@@ -141,6 +141,8 @@ class StageStep:
     tail_s: float = 0.0  # other per-iteration calls on the critical path (tied embeddings, loss)
     exposed_by_stream: dict = field(default_factory=dict)  # (stream, phase) -> exposed seconds per micro-batch
     hidden_by_stream: dict = field(default_factory=dict)  # (stream, phase) -> seconds behind compute per micro-batch
+    # (kind, phase) -> exposed seconds per micro-batch of a kind reported on another kind's stream (_REPORTED_ON)
+    exposed_by_kind: dict = field(default_factory=dict)
     exposed_dp_s: float = 0.0
     exposed_gather_s: float = 0.0
     # FSDP2 (prefetches_units): the first unit's all-gather and the last unit's reduce-scatter of each pass, which
@@ -286,6 +288,11 @@ class StreamTotals:
         return out
 
 
+# the SP input re-gathers for the weight gradients (rules/tensor.py "<layer>.wgrad_gather"): TransformerEngine's
+# userbuffers run them as its "bulk" overlap (TE v2.9 pytorch/module/base.py initialize_ub: methods["bulk"] =
+# qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; the *_dgrad ones are all-gathers, layers_all_gather_overlap), an
+# SM-kernel CommOverlap, not the ring exchange's copy engine: their TP op key is "allgather.bulk"
+BULK_GATHER_SUFFIX = ".wgrad_gather"
 _SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces")
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
@@ -315,14 +322,16 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         vol = volume.setdefault(stream, [0.0] * stages)
         # what the call holds (planner/contention.py), summed per (stream, stages) and spread over the stages once
         # below; the legs of one kernel run at once, so their SMs and bytes add (the longest leg's time is the
-        # kernel's). NCCL's kernels only: a call priced by the schedule pricer holds no channels and is left out
+        # kernel's). NCCL's closed-form collectives only: a call priced without a channel count (the schedule
+        # pricer's, p2p sends, all-to-alls) is left out, its SMs and its HBM bytes (contention.py's docstring)
         channels = pc.price.channels
         if channels:
             got = held.setdefault((stream, c.stages), [0.0, 0.0])
             got[0] += channels * amount
             got[1] += n * hbm_bytes(pc.price)
         if stream.startswith("tp."):
-            key = (f"{stream}.{c.op.value}", c.stages)
+            bulk = ".bulk" if c.name.endswith(BULK_GATHER_SUFFIX) else ""
+            key = (f"{stream}.{c.op.value}{bulk}", c.stages)
             ops[key] = ops.get(key, 0.0) + amount
         if stream == "tp.backward" and c.op.value == "reducescatter":
             row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
@@ -370,13 +379,23 @@ def _unit_totals(out: StreamTotals, key: str, c, t: float, stages: int, per_pass
             big[s] = max(big[s], t)
 
 
+# the kinds reported on another kind's stream: the CP ring's p2p on "cp", beside the CP all-gather (which never
+# hides: _behind_overlap); _HIDING: per such stream, its one kind that hides behind compute (_totals_kind)
+_REPORTED_ON = {"cp.ring": "cp"}
+_HIDING = {stream: kind for kind, stream in _REPORTED_ON.items()}
+
 # per pass: (kind, its stream key in StreamTotals, the stream it is reported on)
 _PASS_STREAMS = {
     phase: tuple(
-        (kind, f"{kind}.{phase}", "cp" if kind == "cp.ring" else kind) for kind in ("tp", "ep", "cp", "cp.ring", "dp")
+        (kind, f"{kind}.{phase}", _REPORTED_ON.get(kind, kind)) for kind in ("tp", "ep", "cp", "cp.ring", "dp")
     )
     for phase in ("forward", "backward")
 }
+
+
+def _totals_kind(stream: str) -> str:
+    """The kind whose hidden time a reported stream's ``hidden_by_stream`` holds: its StreamTotals key's prefix."""
+    return _HIDING.get(stream, stream)
 
 
 def assign_streams(
@@ -420,7 +439,7 @@ def assign_streams(
             overlap_forward_backward(st)
     if gpu is not None:
         # only the streams that hide somewhere (and the DP streams when they overlap) are asked what they hold
-        keys = {f"{'cp.ring' if k == 'cp' else k}.{phase}" for st in stages for k, phase in st.hidden_by_stream}
+        keys = {f"{_totals_kind(k)}.{phase}" for st in stages for k, phase in st.hidden_by_stream}
         keys |= {
             k
             for k, on in (("grad_reduce", flags.overlap_grad_reduce), ("param_gather", flags.overlap_param_gather))
@@ -447,6 +466,8 @@ def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Ov
         key = (stream, phase)
         if left:
             st.exposed_by_stream[key] = st.exposed_by_stream.get(key, 0.0) + left
+            if kind != stream:  # its own exposure too, for the contention (_contention): not its stream's sum
+                st.exposed_by_kind[(kind, phase)] = left
         if t > left:
             st.hidden_by_stream[key] = st.hidden_by_stream.get(key, 0.0) + (t - left)
     return exposed
@@ -491,7 +512,8 @@ def _holds(
     ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str]
 ) -> dict[str, list[Share | None]]:
     """What the calls of each stream hold on average while they run, per stage (contention.Share; None where the
-    stream holds nothing there): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
+    stream holds nothing there, as do the CP ring's and EP's p2p / all-to-all calls, priced without channels:
+    contention.py): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
     whose framework sets its own SMs per collective (Flavour.tp_overlap_sms: TransformerEngine's userbuffers)
     holds those instead of NCCL's channels. Only the streams in ``wanted``."""
     own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
@@ -525,7 +547,7 @@ def _contention(st: StageStep, holds: dict, flags: Overlap, gpu: GPUSpec, hbm_ef
     for (stream, phase), hidden in st.hidden_by_stream.items():
         if phase not in slow:
             continue
-        kind = "cp.ring" if stream == "cp" else stream
+        kind = _totals_kind(stream)
         row = holds.get(f"{kind}.{phase}")
         share = row[i] if row else None
         if share is None:
@@ -533,7 +555,12 @@ def _contention(st: StageStep, holds: dict, flags: Overlap, gpu: GPUSpec, hbm_ef
         whole = st.compute.forward if phase == "forward" else st.compute.backward
         behind_kernels = kind in ("tp", "cp.ring") or (kind == "ep" and not flags.overlap_moe_expert_parallel_comm)
         rate = window_rate(gpu, hbm_eff, share, 1.0 if behind_kernels else _compute_bound(whole))
-        slow[phase] += slowdown_s(hidden, st.exposed_by_stream.get((stream, phase), 0.0), rate)
+        exposed = (
+            st.exposed_by_kind.get((kind, phase), 0.0)
+            if kind != stream
+            else st.exposed_by_stream.get((stream, phase), 0.0)
+        )
+        slow[phase] += slowdown_s(hidden, exposed, rate)
     st.slow_fwd_s, st.slow_bwd_s = slow["forward"], slow["backward"]
     grad, gather = holds.get("grad_reduce"), holds.get("param_gather")
     st.grad_share = (grad[i] if grad else None) or _NOTHING
@@ -671,6 +698,8 @@ class CriticalPath:
     finish_s: list[float]  # per stage: sync + optimizer + exposed parameter gather
     exposed_dp_s: list[float]  # per stage: exposed gradient reduction
     exposed_gather_s: list[float]
+    # per stage: the last backward and first forward lengthened by the hidden DP reduction and gather (_dp_slowdown)
+    slow_dp_s: list[float]
 
 
 def critical_path(
@@ -695,7 +724,7 @@ def critical_path(
     pipe = pipeline_time(passes, sched)
     v = max(1, sched.chunks)
     dp, gathers, ends = [], [], []
-    hbm_eff = 0.0
+    hbm_eff = 0.0 if bound else efficiency(gpu, None).hbm
     slows, late = [], []  # per stage: both slowdowns (reported), the first forward's (after the optimizer step)
     for st, p, lead in zip(stages, passes, drain_leads(passes, sched), strict=True):
         reduce = gather = 0.0
@@ -704,8 +733,7 @@ def critical_path(
         if st.param_gather_s and not (bound and flags.overlap_param_gather):
             gather = exposed_param_gather(ctx, st, p, v, flags)
         slow_reduce = slow_gather = 0.0
-        if not bound and (st.grad_share.sms or st.grad_share.hbm_Bps or st.gather_share.sms or st.gather_share.hbm_Bps):
-            hbm_eff = hbm_eff or efficiency(gpu, None).hbm
+        if not bound:
             slow_reduce, slow_gather = _dp_slowdown(st, gpu, hbm_eff, reduce, gather, flags)
         dp.append(reduce)
         gathers.append(gather)
@@ -714,9 +742,7 @@ def critical_path(
         ends.append(pipe.time_s - lead + reduce + slow_reduce + st.tail_s)
     sync = max(ends)
     finish = [sync + st.compute.optimizer_s + g + slow for st, g, slow in zip(stages, gathers, late, strict=True)]
-    for st, slow in zip(stages, slows, strict=True):
-        st.slow_dp_s = slow
-    return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers)
+    return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers, slows)
 
 
 def _dp_slowdown(
@@ -743,8 +769,8 @@ def _training(
     ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUSpec, flags: Overlap, with_timeline: bool
 ) -> StepTime:
     path = critical_path(ctx, stages, sched, gpu, flags)
-    for st, reduce, gather in zip(stages, path.exposed_dp_s, path.exposed_gather_s, strict=True):
-        st.exposed_dp_s, st.exposed_gather_s = reduce, gather
+    for st, reduce, gather, slow in zip(stages, path.exposed_dp_s, path.exposed_gather_s, path.slow_dp_s, strict=True):
+        st.exposed_dp_s, st.exposed_gather_s, st.slow_dp_s = reduce, gather, slow
     pipe, passes, sync, finish, time = path.pipeline, path.passes, path.sync_s, path.finish_s, path.time_s
     # the breakdown is reported for the stage that sets the pace: the most work per iteration
     crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))

@@ -62,7 +62,7 @@ def placement_nodes(cluster: Cluster, placement: np.ndarray) -> tuple[int, int]:
     nodes one group spans) of a (groups x n) placement, memoised by value for at most NODES_CACHE_DEVICES
     devices."""
     if placement.size > NODES_CACHE_DEVICES:
-        return _local(cluster.node_of(placement[0])), _spans(cluster.node_of(placement))
+        return _placement_nodes(cluster, placement)
     key = (cluster.spec, placement.shape, placement.tobytes())
     found = _NODES.get(key)
     if found is None:

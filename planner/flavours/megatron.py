@@ -26,10 +26,12 @@ FLAVOUR = Flavour(
     # cublaslt_gemm.cu multi_stream_cublas_gemm; num_compute_streams = 4, common/util/multi_stream.h), its m_splits
     # a host list of each expert's rows (token_dispatcher.py tokens_per_expert .to("cpu") + sync)
     expert_gemm_streams=4,
-    # --tp-comm-overlap runs TransformerEngine's userbuffers with initialize_ub's defaults (TE pytorch/module/base.py
-    # get_default_config: num_sm = 1 if method == "ring_exchange" else 16, use_ce = True): the all-gathers of the
-    # ring exchange move by copy engine (no SM), the pipelined and bulk reduce-scatters hold 16 SMs
-    tp_overlap_sms=(("allgather", 0), ("reducescatter", 16)),
+    # --tp-comm-overlap runs TransformerEngine's userbuffers with initialize_ub's defaults (TE v2.9 pytorch/module/
+    # base.py get_default_config: num_sm = 1 if method == "ring_exchange" else 16, use_ce = True): the all-gathers of
+    # the ring exchange (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; CommOverlapP2P) move by copy engine (no SM);
+    # the bulk all-gathers (qkv_dgrad, fc1_dgrad: the SP input re-gathered for wgrad, step.BULK_GATHER_SUFFIX) and
+    # the pipelined and bulk reduce-scatters run CommOverlap's SM kernels on 16 SMs
+    tp_overlap_sms=(("allgather", 0), ("allgather.bulk", 16), ("reducescatter", 16)),
     # TEGroupedMLP pads each expert's rows for its fp8 GEMMs (core_v0.15.0 moe/experts.py Fp8Padding, Fp8Unpadding)
     fp8_expert_padding=True,
     # MoEAlltoAllTokenDispatcher.preprocess and _maybe_dtoh_and_synchronize (Megatron-LM 92c8482e6d, the submodule of

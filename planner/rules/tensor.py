@@ -36,7 +36,7 @@ from dataclasses import replace
 from collectives import Op
 
 from ..context import Context
-from ..kernels import vocab_parallel_loss
+from ..kernels import mtp_runs_bf16, vocab_parallel_loss
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, mtp_checkpointed, rerun_layers
@@ -80,15 +80,17 @@ def _mb(
     )  # fmt: skip
 
 
-def _gemm_input(ctx: Context, per_token: int, *, grad_output: bool = False) -> dict:
+def _gemm_input(ctx: Context, per_token: int, *, grad_output: bool = False, mtp: bool = False) -> dict:
     """The message and dtype of an all-gather of a TE linear's GEMM operand (a column-parallel input, its wgrad
     re-gather, a row-parallel grad output) at ``per_token`` elements a token: quantized under a recipe
-    (Context.gemm_input_bytes), the hidden states' width otherwise."""
+    (Context.gemm_input), the hidden states' width otherwise. ``mtp``: a linear of an MTP module, which runs
+    bf16 under a recipe it does not enter (kernels.mtp_runs_bf16: nvfp4, "currently ignoring FP4 in MTP
+    layers"), so gathers at the hidden states' width there."""
     elements = ctx.b * ctx.s_cp * per_token
-    return {
-        "message": ctx.gemm_input_bytes(elements, grad_output=grad_output),
-        "dtype": ctx.gemm_input_dtype(grad_output=grad_output),
-    }
+    if mtp and mtp_runs_bf16(ctx):
+        return {"message": elements * ctx.hidden_bytes, "dtype": ctx.hidden_dtype}
+    message, dtype = ctx.gemm_input(elements, grad_output=grad_output)
+    return {"message": message, "dtype": dtype}
 
 
 def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int | None = None) -> tuple[int, int]:
@@ -192,7 +194,7 @@ def _forward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             _mb(ctx, name="tp.attn.out_proj", op=Op.ALLREDUCE, phase="forward", count=attn, source=src),
             _mb(ctx, name="tp.mlp.down_proj", op=Op.ALLREDUCE, phase="forward", count=mlp, source=src),
         ]
-    # a linear's input is gathered quantized under a recipe (Context.gemm_input_bytes); MLA's RoPE key is gathered
+    # a linear's input is gathered quantized under a recipe (Context.gemm_input); MLA's RoPE key is gathered
     # by Megatron's gather_from_sequence_parallel_region at the hidden states' width
     gathers = [
         _mb(ctx, name=f"tp.attn.{name}", op=Op.ALLGATHER, phase="forward", count=attn, source=src,
@@ -230,7 +232,7 @@ def _backward(ctx: Context, attn: int, mlp: int) -> list[Call]:
             message=_width(ctx, width))
         for name, width, _ in inputs
     ] + [
-        # the row-parallel linears' grad outputs, quantized for dgrad and wgrad (Context.gemm_input_bytes)
+        # the row-parallel linears' grad outputs, quantized for dgrad and wgrad (Context.gemm_input)
         _mb(ctx, name="tp.attn.out_proj.dgrad", op=Op.ALLGATHER, phase="backward", count=attn, source=src,
             **_gemm_input(ctx, ctx.model.hidden_size, grad_output=True)),
         _mb(ctx, name="tp.mlp.up_proj.dgrad", op=Op.REDUCESCATTER, phase="backward", count=mlp, source=src),
@@ -289,28 +291,37 @@ def _eh_proj(ctx: Context) -> list[Call]:
     (gather_from_tensor_model_parallel_region: an all-gather of the h/t slices, A gathered) and, with SP,
     split back to the sequence shard (scatter_to_sequence_parallel_region: no call forward, an all-gather of
     A backward). With SP the linear all-gathers its 2A input forward, reduce-scatters its input gradient and
-    re-gathers the input for wgrad backward; without SP it all-reduces its 2A input gradient."""
+    re-gathers the input for wgrad backward; without SP it all-reduces its 2A input gradient. eh_proj is a TE
+    linear (gpt_layer_specs.py get_mtp_layer_spec_for_backend: eh_proj = backend.column_parallel_linear(),
+    TEColumnParallelLinear) run in the module's fp8 context (_proj_and_transformer_layer: get_fp8_context when
+    config.fp8): its 2h-wide input is gathered quantized under an fp8 recipe (_gemm_input), at the hidden states'
+    width under nvfp4 (kernels.mtp_runs_bf16); its output and the gradients stay bf16."""
     n = ctx.model.mtp_layers
     if not n or not ctx.training:
         return []
     src = f"{M}multi_token_prediction.py MultiTokenPredictionLayer._concat_embeddings (eh_proj)"
     two = 2 * ctx.activation
+    gathered = _gemm_input(ctx, 2 * ctx.model.hidden_size, mtp=True)  # the SP input's gather and wgrad re-gather
 
-    def call(name: str, op: Op, phase: str, message: int) -> Call:
-        return _mb(ctx, name=f"tp.mtp.eh_proj{name}", op=op, phase=phase, count=n, source=src, message=message)
+    def call(name: str, op: Op, phase: str, message: int | None = None, **quantized) -> Call:
+        return _mb(ctx, name=f"tp.mtp.eh_proj{name}", op=op, phase=phase, count=n, source=src, message=message,
+                   **quantized)  # fmt: skip
 
     if not ctx.par.sp:
         forward = [call(".gather", Op.ALLGATHER, "forward", ctx.activation)]
         out = [*forward, call(".dgrad", Op.ALLREDUCE, "backward", two)]
     else:
-        forward = [call("", Op.ALLGATHER, "forward", two), call(".gather", Op.ALLGATHER, "forward", ctx.activation)]
+        forward = [
+            call("", Op.ALLGATHER, "forward", **gathered),
+            call(".gather", Op.ALLGATHER, "forward", ctx.activation),
+        ]
         out = [
             *forward,
             call(".scatter.dgrad", Op.ALLGATHER, "backward", ctx.activation),
             call(".dgrad", Op.REDUCESCATTER, "backward", two),
         ]
         if ctx.flavour.sp_wgrad_regather:
-            out.append(call(".wgrad_gather", Op.ALLGATHER, "backward", two))
+            out.append(call(".wgrad_gather", Op.ALLGATHER, "backward", **gathered))
     if mtp_checkpointed(ctx.work):  # the module's checkpoint re-runs _concat_embeddings (recompute.MTP_UNIFORM)
         out += [recomputed(c, f"full recompute ({M}multi_token_prediction.py _checkpointed_forward)") for c in forward]
     return out

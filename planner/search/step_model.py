@@ -50,7 +50,6 @@ from ..compute import (
 from ..context import Context
 from ..ledger import Call
 from ..memory import (
-    activation_tokens,
     chunk_activation_key,
     chunk_activations,
     comm_buffers,
@@ -339,8 +338,9 @@ class StepModel:
         kinds alone (computed once per layout, shared by stages and pipelines alike); and the micro-batches in
         flight (pipeline.in_flight_chunks), memoised on the schedule (a value)."""
         memos = self._memos
-        act_id, flight = self._act_id(v), self._flight(v, b)
-        tokens = (b * v.s_cp, rc)  # (memory.activation_tokens of the context at b, recompute)
+        act_id, s_cp = self._act_id(v)
+        flight = self._flight(v, b)
+        tokens = (b * s_cp, rc)  # (memory.activation_tokens of the context at b, recompute)
         key = (tokens, act_id, flight[0])
         out = memos.arrays.get(key)
         if out is None:
@@ -354,15 +354,16 @@ class StepModel:
             out = memos.put(memos.arrays, key, np.array(sizes, dtype=np.int64))
         return out
 
-    def _act_id(self, v: _Variant) -> int:
-        """The interned memory.chunk_activation_key of every stage (past the model, workload and tokens)."""
+    def _act_id(self, v: _Variant) -> tuple[int, int]:
+        """The interned memory.chunk_activation_key of every stage (past the model, workload and tokens), and the
+        layout's s/cp (Context.s_cp: memory.activation_tokens at b is b·s_cp, training: the search's)."""
         if v.act_id is None:
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-            v.s_cp = activation_tokens(ctx) // ctx.b  # training (the search's): b·s/cp, so s/cp
+            v.s_cp = ctx.s_cp
             intern = self._memos.intern  # small ints in the per-(b, recompute) keys: cheap to hash
             v.act_keys = tuple(intern(("act", chunk_activation_key(ctx, s)[3:])) for s in range(v.par.pp))
             v.act_id = intern(("acts", v.act_keys))
-        return v.act_id
+        return v.act_id, v.s_cp
 
     def _flight(self, v: _Variant, b: int) -> tuple[int, tuple]:
         """(interned id, pipeline.in_flight_chunks per stage) of the variant's schedule at b."""
@@ -383,7 +384,8 @@ class StepModel:
         differing in ZeRO or framework (neither read by chunk_activation_key or the schedule) share one matrix."""
         memos = self._memos
         flights = _per_batch(grid, lambda b: self._flight(v, b)[0])
-        key = ("matrix", self._act_id(v), v.s_cp, grid, flights)
+        act_id, s_cp = self._act_id(v)
+        key = ("matrix", act_id, s_cp, grid, flights)
         found = memos.arrays.get(key)
         if found is None:
             found = memos.put(memos.arrays, key, np.stack([self._acts(v, b, rc) for b, rc in grid]))

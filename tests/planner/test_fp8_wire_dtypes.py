@@ -124,3 +124,32 @@ def test_torchtitan_float8_tp_gathers_inputs_in_fp8_and_grad_outputs_in_bf16():
     assert got["pp.activation"] == (BF16 // 2, "bf16")
     # bf16 activations with the tensorwise recipe are regular TP (recipes.check_float8_tp): bf16 gathers
     assert calls(recipe="tensorwise", act="bf16", framework="torch")["tp.attn.qkv"] == (BF16, "bf16")
+
+
+@pytest.mark.parametrize(
+    ("recipe", "wire"),
+    [
+        # 2h = 8,192 elements a token x 4,096 tokens = 33,554,432 elements
+        ("delayed", (33_554_432, "fp8")),  # per-tensor: 1 B an element, no scale
+        ("mxfp8", (33_554_432 + 33_554_432 // 32, "fp8")),  # 1 B + 1 B per 32: 34,603,008 B
+        ("nvfp4", (2 * 33_554_432, "bf16")),  # MTP ignores FP4: bf16, 67,108,864 B
+    ],
+)
+def test_mtp_eh_proj_input_gathers_follow_the_mtp_cut_off(recipe, wire):
+    """Llama3-8B with one MTP module, tp 2 + SP, pp 1: eh_proj is TE's column-parallel linear over the
+    concatenated [embedding, hidden] (2h = 8,192 a token), run in the module's fp8 context (Megatron-LM d98e8a6
+    multi_token_prediction.py _proj_and_transformer_layer: get_fp8_context when config.fp8, "currently ignoring FP4
+    in MTP layers"): its SP input gather and wgrad re-gather are quantized under fp8 recipes and bf16 under nvfp4;
+    its output gather and the gradients' calls stay bf16 (A = 33,554,432 B, the 2h gradient 67,108,864 B)."""
+    from dataclasses import replace
+
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=4096, fp8_recipe=recipe)
+    ctx = Context(replace(LLAMA, mtp_layers=1), work, ParallelSpec(tp=2, pp=1, dp=4, sequence_parallel=True))
+    eh = {c.name: (c.message_bytes, c.dtype) for c in ledger(ctx) if c.name.startswith("tp.mtp.eh_proj")}
+    assert eh == {
+        "tp.mtp.eh_proj": wire,
+        "tp.mtp.eh_proj.wgrad_gather": wire,
+        "tp.mtp.eh_proj.gather": (BF16, "bf16"),
+        "tp.mtp.eh_proj.scatter.dgrad": (BF16, "bf16"),
+        "tp.mtp.eh_proj.dgrad": (2 * BF16, "bf16"),
+    }

@@ -13,7 +13,7 @@ from planner.compute import PassTime, StageCompute
 from planner.contention import HBM_FLOOR, Share, compute_rate, hbm_bytes, memory_rate, slowdown_s, window_rate
 from planner.context import Context
 from planner.kernels import efficiency
-from planner.step import FRAMEWORK_OVERLAP, StageStep, StreamTotals, _contention, _holds
+from planner.step import FRAMEWORK_OVERLAP, StageStep, StreamTotals, _contention, _holds, _pass_exposed, stream_totals
 
 H100 = GPUS["h100-sxm5-80gb"]  # 132 SMs, 3,350 GB/s
 
@@ -87,6 +87,92 @@ def test_te_userbuffers_tp_overlap_holds_its_own_sms():
     st2.hidden_by_stream[("tp", "forward")] = 0.004
     _contention(st2, _holds(ctx, totals, flags, 1, {"tp.forward"}), flags, H100, efficiency(H100, None).hbm)
     assert st2.slow_fwd_s == pytest.approx(0.004 * 24 / 132, rel=1e-12)
+
+
+def test_te_bulk_wgrad_gathers_hold_sms():
+    """A backward TP window by hand, Megatron + TE --tp-comm-overlap: 2 ms of ring-exchange all-gathers (proj/fc2
+    dgrad: copy engine, 0 SMs), 2 ms of bulk all-gathers (qkv/fc1 dgrad, the SP input re-gathered for wgrad: TE v2.9
+    initialize_ub methods["bulk"], CommOverlap num_sm 16) and 2 ms of reduce-scatters (16), all hidden behind 20 ms
+    of GEMMs: on average (2 x 16 + 2 x 16) / 6 SMs held, the backward 0.064 / 132 s later. (Before the bulk
+    gathers had their own key they counted as the ring's copy engine: 0.032 / 132.)"""
+    par = ParallelSpec(tp=8, sequence_parallel=True)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    totals = StreamTotals(
+        time={"tp.backward": [0.006]},
+        sm_time={"tp.backward": [24 * 0.006]},
+        hbm={"tp.backward": [0.0]},
+        tp_ops={
+            "tp.backward.allgather": [0.002],
+            "tp.backward.allgather.bulk": [0.002],
+            "tp.backward.reducescatter": [0.002],
+        },
+    )
+    st = _stage(0.020, 0.002)
+    st.hidden_by_stream[("tp", "backward")] = 0.006
+    flags = replace(FRAMEWORK_OVERLAP, tp_comm_overlap=True).resolved(ctx)
+    _contention(st, _holds(ctx, totals, flags, 1, {"tp.backward"}), flags, H100, efficiency(H100, None).hbm)
+    assert st.slow_bwd_s == pytest.approx(0.064 / 132, rel=1e-12)
+
+
+def test_wgrad_gathers_summed_under_the_bulk_key():
+    """stream_totals files the SP wgrad re-gathers (rules/tensor.py "*.wgrad_gather") under "allgather.bulk" and
+    the other backward all-gathers under "allgather": each key's seconds are its calls' seconds."""
+    plan = build_plan(
+        model_preset("llama3-8b"),
+        WorkloadSpec(global_batch_size=8),
+        ParallelSpec(tp=8, dp=1, sequence_parallel=True),
+        cluster_preset("dgx-h100", 1),
+    )
+    totals = stream_totals(plan.calls, 8, 0, 1)
+
+    def seconds(bulk: bool) -> float:
+        return sum(
+            pc.call.calls_per_iteration * pc.price.time_s
+            for pc in plan.calls
+            if pc.call.parallelism == "tp"
+            and pc.call.phase == "backward"
+            and pc.call.op.value == "allgather"
+            and pc.call.name.endswith(".wgrad_gather") == bulk
+        )
+
+    assert seconds(True) > 0 and seconds(False) > 0
+    assert totals.tp_ops["tp.backward.allgather.bulk"][0] == pytest.approx(seconds(True), rel=1e-12)
+    assert totals.tp_ops["tp.backward.allgather"][0] == pytest.approx(seconds(False), rel=1e-12)
+
+
+def test_the_cp_ring_absorbs_only_its_own_exposure():
+    """The CP stream reports the ring's p2p ("cp.ring") and the CP all-gather ("cp", never hidden) together; the
+    ring's slowdown subtracts only the ring's own exposed part. 2.2 ms of ring behind 2 ms of attention (0.2 ms
+    exposed) beside a 4 ms all-gather, the ring holding 33 of 132 SMs: 2 ms x 0.25 - 0.2 ms = 0.3 ms. (Subtracting
+    the stream's 4.2 ms sum gave 0.)"""
+    par = ParallelSpec(tp=1, cp=2)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    flags = FRAMEWORK_OVERLAP.resolved(ctx)
+    st = _stage(0.010, 0.002)
+    st.hidden_by_stream[("cp", "forward")] = 0.002
+    st.exposed_by_stream[("cp", "forward")] = 0.004 + 0.0002  # the all-gather's 4 ms and the ring's 0.2 ms
+    st.exposed_by_kind[("cp.ring", "forward")] = 0.0002
+    holds = {"cp.ring.forward": [Share(sms=33)]}
+    _contention(st, holds, flags, H100, efficiency(H100, None).hbm)
+    assert st.slow_fwd_s == pytest.approx(0.002 * 0.25 - 0.0002, rel=1e-12)
+
+
+def test_cp_exposure_recorded_per_kind():
+    """_pass_exposed keeps the ring's own exposure beside the CP stream's sum: the all-gather (kind "cp") is all
+    exposed, the ring (kind "cp.ring") exposes what attention (forward: 1 x attention_fwd_s) leaves."""
+    par = ParallelSpec(tp=1, cp=2)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    flags = replace(FRAMEWORK_OVERLAP, cp_ring_overlap=True).resolved(ctx)
+    st = StageStep(0, StageCompute(PassTime(gemm_s=0.010, attention_s=0.002), PassTime(gemm_s=0.020), 0.002, 0.0))
+    m = ctx.micro_batches
+    rows = [("cp", "cp", [0.004 * m]), ("cp.ring", "cp", [0.0025 * m])]
+    exposed = _pass_exposed(ctx, st, "forward", rows, flags, False)
+    ring_left = 0.0025 - st.compute.attention_fwd_s
+    assert ring_left > 0
+    assert exposed == pytest.approx(0.004 + ring_left, rel=1e-12)
+    assert st.exposed_by_stream[("cp", "forward")] == pytest.approx(0.004 + ring_left, rel=1e-12)
+    assert st.exposed_by_kind[("cp.ring", "forward")] == pytest.approx(ring_left, rel=1e-12)
+    assert st.hidden_by_stream[("cp", "forward")] == pytest.approx(st.compute.attention_fwd_s, rel=1e-12)
 
 
 def test_fsdp_prefetch_window_from_the_priced_calls():

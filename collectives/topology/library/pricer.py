@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from functools import lru_cache
 
 import numpy as np
 
@@ -253,11 +252,11 @@ def _tuned(op: Op, nbytes: int, shape: Shape, feat: Features, cal: LibraryCalibr
     return got
 
 
-@lru_cache(maxsize=4096)
 def _schedule_bytes(name: str, op: Op, n: int, nbytes: int, local: int) -> tuple[str, int, int, int]:
     """The busiest rank's bytes sent and received and the steps of the executable schedule, from its
     closed form (algorithms/_base.py Cost, which ``verify`` checks against the executed schedule): O(1)
-    for 131,072 ranks. Falls back to ring where the named schedule does not fit the shape."""
+    for 131,072 ranks; computed once per _TUNED entry (its only caller memoises it). Falls back to ring where
+    the named schedule does not fit the shape."""
     for candidate in (name, "ring", "binomial_tree"):
         try:
             impl = lookup(candidate, op)
