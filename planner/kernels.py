@@ -335,6 +335,18 @@ FLASH_BWD_KERNELS = 3  # backward preprocess (dO·O), the main kernel, and dQ's 
 # (2 + 2) x 1/2 + write 2 = 4 B. torch.nn.Dropout after it (PyTorch's fused_dropout: read 2, write 2 and a 1-byte
 # mask; backward masked_scale: read the gradient and the mask, write 2) sees the whole square: 5 and 5 B.
 UNFUSED_SOFTMAX_BYTES = (3, 4)
+# That kernel runs only where fused_softmax.py at 6985e58 (FusedScaleMaskSoftmax.forward) allows it: 16-bit scores,
+# ``key_seq_len > 16 and key_seq_len <= 2048 and query_seq_len % 4 == 0 and attn_batch_size % 4 == 0`` (b·np
+# score matrices) and a causal square (sq == sk). Otherwise forward_torch_softmax runs torch ops over the whole
+# square, with the default --apply-query-key-layer-scaling (arguments.py: --no-query-key-layer-scaling is store_false;
+# transformer.py then sets attention_softmax_in_fp32 and scale = layer_number): input.float() (read 2, write 4),
+# input * scale (4, 4), utils.py attention_mask_func's masked_fill_ (read 4 and the 1-byte mask, write 4), Softmax
+# (4, 4), probs.bfloat16() (4, 2): 37 B a score in 5 kernels; backward the casts' (2, 4) and (4, 2), Softmax's (read
+# the gradient and the output 4 + 4, write 4), masked_fill's (4 + 1, 4), the scale's (4, 4): 41 B in 5. fp32 scores
+# skip the two casts: (25, 29) B in 3. (55ba1f7b96, 2022, widened the bound to s_k <= 4096 with a batch-per-block
+# rule: not modelled, the 2021 bound is kept.)
+UNFUSED_SOFTMAX_FUSED_MAX_KEYS = 2048
+UNFUSED_SOFTMAX_TORCH = {2: ((37, 5), (41, 5)), 4: ((25, 3), (29, 3))}  # score bytes: ((fwd B, kernels), (bwd ...))
 UNFUSED_DROPOUT_BYTES = (5, 5)
 # The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
 # 2022): forward the context's ``permute(2, 0, 1, 3).contiguous()`` from [b·np, s, hn] back to [s, b, np·hn] (read and
@@ -1839,10 +1851,11 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
     pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
     dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)
-    per_score = [a + b for a, b in zip(UNFUSED_SOFTMAX_BYTES, dropout, strict=True)]
+    (soft_fb, soft_fk), (soft_bb, soft_bk) = unfused_softmax_bytes(ctx.x, s_q, s_k, groups)
     scores = bh * s_q * s_k
-    soft_f = memory_kernel("softmax_dropout", scores * per_score[0], gpu, eff, 1 + bool(dropout[0]))
-    soft_b = memory_kernel("softmax_dropout.bwd", scores * per_score[1], gpu, eff, 1 + bool(dropout[0]))
+    drop_k = bool(dropout[0])
+    soft_f = memory_kernel("softmax_dropout", scores * (soft_fb + dropout[0]), gpu, eff, soft_fk + drop_k)
+    soft_b = memory_kernel("softmax_dropout.bwd", scores * (soft_bb + dropout[1]), gpu, eff, soft_bk + drop_k)
     # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
     tokens, x = ctx.b * ctx.s_cp, ctx.x
     context = tokens * bh / ctx.b * d * x
@@ -1850,6 +1863,24 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     copy_f = memory_kernel("attn_context_copy", UNFUSED_LAYOUT_PASSES * context, gpu, eff)
     copy_b = memory_kernel("qkv_split.bwd", UNFUSED_LAYOUT_PASSES * qkv, gpu, eff)
     return (qk[0], soft_f, pv[0], copy_f), (pv[1], pv[2], soft_b, qk[1], qk[2], copy_b)
+
+
+def unfused_softmax_bytes(
+    score_bytes: float, s_q: float, s_k: float, batches: int
+) -> tuple[tuple[float, int], tuple[float, int]]:
+    """((forward bytes a score, kernels), (backward ...)) of Megatron-LM's FusedScaleMaskSoftmax on a causal square of
+    ``batches`` (b·np) score matrices: the fused upper-triangular kernel where fused_softmax.py (6985e58) allows it
+    (UNFUSED_SOFTMAX_BYTES), else the torch ops over the whole square (UNFUSED_SOFTMAX_TORCH)."""
+    fused = (
+        score_bytes <= 2
+        and s_q == s_k
+        and 16 < s_k <= UNFUSED_SOFTMAX_FUSED_MAX_KEYS
+        and s_q % 4 == 0
+        and batches % 4 == 0
+    )
+    if fused:
+        return (UNFUSED_SOFTMAX_BYTES[0], 1), (UNFUSED_SOFTMAX_BYTES[1], 1)
+    return UNFUSED_SOFTMAX_TORCH[2 if score_bytes <= 2 else 4]
 
 
 def kv_cache_bytes_per_layer(ctx: Context) -> int:
