@@ -202,9 +202,9 @@ GEMM_CEILING = {
 # middle of the stated band, 0.95 of the tensorwise ceiling, an assumption until a trace of rowwise GEMMs refits
 # ``gemm_ceiling.fp8_rowwise``. Blackwell likewise (no published rowwise-vs-tensorwise figure found).
 ROWWISE_VS_TENSORWISE = 0.95
-for (_gen, _dtype), _ceiling in list(GEMM_CEILING.items()):
-    if _dtype == "fp8":
-        GEMM_CEILING[(_gen, "fp8_rowwise")] = round(_ceiling * ROWWISE_VS_TENSORWISE, 3)
+# GEMM dtypes whose ceiling is another's times a ratio, read when gemm_ceiling is asked (not copied at import): a
+# refitted ``gemm_ceiling.fp8`` moves rowwise with it, a fit that names ``gemm_ceiling.fp8_rowwise`` wins.
+DERIVED_CEILING = {"fp8_rowwise": ("fp8", ROWWISE_VS_TENSORWISE)}
 # The rowwise recipe's backward GEMMs run cuBLAS's tensorwise kernel and scale the output afterwards (torchao
 # float8_ops.py addmm_float8_unwrapped: ``output *= post_inverse_scale``, the outer product of the two scale
 # vectors): one elementwise kernel per dgrad and wgrad GEMM (pytorch/ao issue 2184: "at least one extra triton
@@ -640,6 +640,9 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
     for name, ceiling in eff.gemm_ceilings:
         if name == dtype:
             return ceiling
+    if dtype in DERIVED_CEILING:
+        base, ratio = DERIVED_CEILING[dtype]
+        return round(gemm_ceiling(gpu, base, eff) * ratio, 3)
     gen = generation(gpu)
     found = GEMM_CEILING.get((gen, dtype))
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):

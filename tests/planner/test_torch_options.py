@@ -21,7 +21,7 @@ import pytest
 from collectives.topology import cluster_preset
 from planner import ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
 from planner.context import Context
-from planner.kernels import GEMM_CEILING, ROWWISE_RESCALE_BYTES, layer_kernels
+from planner.kernels import EFFICIENCY, GEMM_CEILING, ROWWISE_RESCALE_BYTES, gemm_ceiling, layer_kernels
 from planner.recipes import RECIPES
 
 LLAMA8B = model_preset("llama3-8b")
@@ -51,7 +51,18 @@ def test_rowwise_recipe_is_torchaos_data():
     assert r.cast_bytes_per_element == 4 + 2 * 1.0  # each operand read twice, one fp8 copy per orientation
     assert not r.float8_all_gather and RECIPES["tensorwise"].float8_all_gather
     # 0.95 of the tensorwise ceiling (pytorch issue 147971: "within 90-100% of tensor-wise efficiency")
-    assert GEMM_CEILING[(90, "fp8_rowwise")] == round(GEMM_CEILING[(90, "fp8")] * 0.95, 3) == 0.802
+    gpu = H100.gpu
+    assert gemm_ceiling(gpu, "fp8_rowwise", EFFICIENCY) == round(GEMM_CEILING[(90, "fp8")] * 0.95, 3) == 0.802
+
+
+def test_rowwise_ceiling_follows_a_refitted_tensorwise_one():
+    """A trace that refits gemm_ceiling.fp8 moves rowwise with it (0.95 of it, never faster than tensorwise); a fit
+    that names fp8_rowwise wins."""
+    gpu = H100.gpu
+    fitted = replace(EFFICIENCY, gemm_ceilings=(("fp8", 0.9),))
+    assert gemm_ceiling(gpu, "fp8_rowwise", fitted) == round(0.9 * 0.95, 3) < gemm_ceiling(gpu, "fp8", fitted)
+    named = replace(EFFICIENCY, gemm_ceilings=(("fp8", 0.9), ("fp8_rowwise", 0.7)))
+    assert gemm_ceiling(gpu, "fp8_rowwise", named) == 0.7
 
 
 def test_rowwise_forward_gemms_are_rowwise_and_backward_tensorwise_with_a_rescale():
