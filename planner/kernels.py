@@ -1444,10 +1444,15 @@ def _fp8_casts(k: _Layer) -> None:
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
     # FSDP2 float8 all-gather, recipes.float8_gathered: fsdp_pre_all_gather casts the 1/(dp x cp) shard before the
-    # gather, not counted here, and the backward uses the gathered float8 weight)
-    weights = 0 if ctx.param_bytes <= 1 or float8_gathered(ctx) else 1
+    # gather, not counted here, and the backward uses the gathered float8 weight; the routed experts' grouped weights
+    # are not Float8Linear weights and are gathered in bf16, rules/data.py _float8_buffer: they are cast as before)
+    stored, gathered = ctx.param_bytes <= 1, float8_gathered(ctx)
     gemms = _cast_gemms(ctx, fwd)
-    cast = sum(g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in gemms)
+    cast = sum(
+        g.shape[0] * g.shape[2] * g.shape[3]
+        + (not stored and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1] * g.shape[3]
+        for g in gemms
+    )
     nbytes = cast * cast_bytes_per_element(ctx)
     # one cast kernel per pass at the measured cast rate (CAST_HBM, whose large-tensor measurement holds its fixed
     # cost), and the launches of the experts' per-split quantizes beside it, each a memory-bound kernel's fixed cost

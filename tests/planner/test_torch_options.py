@@ -250,3 +250,19 @@ def test_gathered_float8_weights_are_not_cast_again_in_the_layer():
         lk = layer_kernels(Context(LLAMA8B, replace(work, fp8_param_gather=gather), _torch()), False, H100.gpu)
         casts[gather] = [k.bytes for k in (*lk.forward, *lk.backward) if k.kind == "cast"]
     assert [a - b for a, b in zip(casts[False], casts[True], strict=True)] == [6 * LINEAR, 6 * LINEAR]
+
+
+def test_gathered_float8_weights_leave_the_routed_experts_cast():
+    """The FSDP2 float8 all-gather covers Float8Linear weights only (rules/data.py _float8_buffer: the routed
+    experts' grouped weights are gathered in bf16): on a Mixtral 8x7B MoE layer (ep 8, one local expert) the gather
+    drops the casts of the attention's q, k, v, o weights (2 x 4,096² + 2 x 4,096 x 1,024, 6 B each) and keeps the
+    experts' fc1 (4,096 x 28,672) and fc2 (14,336 x 4,096) weight casts."""
+    mixtral = model_preset("mixtral-8x7b")
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, fp8_recipe="tensorwise", seq_length=4096)
+    casts = {}
+    for gather in (False, True):
+        ctx = Context(mixtral, replace(work, fp8_param_gather=gather), _torch(ep=8))
+        lk = layer_kernels(ctx, True, H100.gpu)
+        casts[gather] = [k.bytes for k in (*lk.forward, *lk.backward) if k.kind == "cast"]
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
+    assert [a - b for a, b in zip(casts[False], casts[True], strict=True)] == [6 * attention, 6 * attention]
