@@ -939,6 +939,8 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.vocab_parallel_loss,  # the head's loss: its vocabulary and kernels (compute.loss_vocab, loss_chain)
         flavour.loss_parallel_switch,
         flavour.embedding_transposes,
+        flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
+        flavour.te_fp8_recipes,  # expert_quantize_launches
         par.cp_comm,
         par.cp_load_balance,
         par.ep_dispatch,

@@ -266,3 +266,22 @@ def test_gathered_float8_weights_leave_the_routed_experts_cast():
         casts[gather] = [k.bytes for k in (*lk.forward, *lk.backward) if k.kind == "cast"]
     attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
     assert [a - b for a, b in zip(casts[False], casts[True], strict=True)] == [6 * attention, 6 * attention]
+
+
+def test_layer_kernels_memo_keys_the_torchao_trait():
+    """_fp8_casts reads Flavour.torchao_float8 (recipes.float8_gathered): a flavour registered again without it
+    casts its weights again, not the memoised kernels of the first registration (kernels.layer_kernels_key)."""
+    from planner import flavours
+    from planner.flavours.torch import FLAVOUR as TORCH
+
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, fp8_recipe="tensorwise", fp8_param_gather=True)
+    casts = []
+    try:
+        for torchao in (True, False):
+            flavours.register(replace(TORCH, name="toy-torchao", torchao_float8=torchao))
+            par = ParallelSpec(framework="toy-torchao", dp=8, zero_stage=3)
+            lk = layer_kernels(Context(LLAMA8B, work, par), False, H100.gpu)
+            casts.append([k.bytes for k in lk.forward if k.kind == "cast"])
+    finally:
+        flavours.unregister("toy-torchao")
+    assert [b - a for a, b in zip(*casts, strict=True)] == [6 * LINEAR]
