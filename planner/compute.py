@@ -38,13 +38,13 @@ from .kernels import (
     layer_kernels,
     layer_kernels_key,
     loss_chain,
+    loss_vocab,
     memory_kernel,
     mtp_module_kernels,
     mtp_runs_bf16,
     one_kernel_loss_bytes,
     optimizer_bytes,
     per_layer,
-    vocab_parallel_loss,
 )
 from .recompute import layer_counts
 
@@ -251,17 +251,6 @@ def head_backward(ctx: Context, head: PassTime, gpu: GPUSpec, eff: Efficiency) -
 def _logits(ctx: Context) -> float:
     """Logits one rank's loss reads per micro-batch (training): tokens x the vocabulary it holds (loss_vocab)."""
     return ctx.b * ctx.s_cp * loss_vocab(ctx)
-
-
-def loss_vocab(ctx: Context) -> int:
-    """The vocabulary one rank's loss runs over: its shard of the LM head's output, or, where the logits are
-    all-gathered over TP before the loss (kernels.vocab_parallel_loss False: DTensor's ColwiseParallel with
-    output_layouts Replicate(), torchtitan 9dec370 parallelize_llama.py when loss_parallel is off; the ledger's
-    tp.lm_head.logits), the whole vocabulary on every rank."""
-    t = ctx.par.tp
-    if t > 1 and ctx.training and not vocab_parallel_loss(ctx):
-        return ctx.model.vocab_size
-    return ctx.model.padded_vocab(t) // t
 
 
 def compute_dtype(ctx: Context) -> str:

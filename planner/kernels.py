@@ -936,7 +936,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.expert_bias_loop,
         flavour.dispatch_preprocess_launches,
         flavour.local_linear_biases,
-        flavour.vocab_parallel_loss,  # the head's loss: its vocabulary and kernels (compute.loss_vocab, loss_chain)
+        flavour.vocab_parallel_loss,  # the head's loss: its vocabulary and kernels (loss_vocab, loss_chain)
         flavour.loss_parallel_switch,
         flavour.embedding_transposes,
         flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
@@ -1378,6 +1378,18 @@ def vocab_parallel_loss(ctx: Context) -> bool:
     the workload's loss_parallel where the flavour has the switch (torchtitan's), else the flavour's."""
     given = ctx.work.loss_parallel
     return ctx.flavour.vocab_parallel_loss if given is None else given
+
+
+def loss_vocab(ctx: Context) -> int:
+    """The vocabulary one rank's loss runs over: its shard of the LM head's output, or, where the logits are
+    all-gathered over TP before the loss (vocab_parallel_loss False: DTensor's ColwiseParallel with
+    output_layouts Replicate(), torchtitan 9dec370 parallelize_llama.py when loss_parallel is off; the ledger's
+    tp.lm_head.logits), the whole vocabulary on every rank. The one home of the loss's width: compute.py's head
+    kernels and memory.py's logits (``_logits``, ``mtp_loss_bytes``) read it."""
+    t = ctx.par.tp
+    if t > 1 and ctx.training and not vocab_parallel_loss(ctx):
+        return ctx.model.vocab_size
+    return ctx.model.padded_vocab(t) // t
 
 
 def loss_chain(ctx: Context) -> tuple[tuple[float, int], tuple[float, int]] | None:

@@ -42,6 +42,7 @@ from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
+from .kernels import loss_vocab
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
@@ -426,8 +427,7 @@ def mtp_loss_bytes(ctx: Context) -> float:
     n = ctx.model.mtp_layers if ctx.training else 0
     if not n:
         return 0.0
-    vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
-    return n * (_sequence_row(ctx) + 4 * ctx.b * ctx.s_cp * vocab)
+    return n * (_sequence_row(ctx) + 4 * ctx.b * ctx.s_cp * loss_vocab(ctx))
 
 
 def offloaded_bytes(ctx: Context, stage: int) -> float:
@@ -475,8 +475,8 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
     layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     mtp = (ctx.chunk_mtp[stage],) if ctx.model.mtp_layers else ()
     head = tuple(holds_final_norm(ctx, c) for c in ctx.chunks[stage])  # head_chunk_bytes, by chunk
-    flavour = par.flavour  # head_input_bytes, saved_recipe
-    dims = (par.tp, par.sp, flavour.sp_wgrad_regather, flavour.te_fp8_recipes)
+    flavour = par.flavour  # head_input_bytes, saved_recipe, loss_vocab
+    dims = (par.tp, par.sp, flavour.sp_wgrad_regather, flavour.te_fp8_recipes, flavour.vocab_parallel_loss)
     inference = None if ctx.training else par.dp
     return (ctx.model, ctx.work, activation_tokens(ctx), inference, *dims, *layers, *mtp, head)
 
@@ -484,9 +484,9 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
 def _logits(ctx: Context, stage: int) -> int:
     if not ctx.is_last(stage):
         return 0
-    vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
     rows = ctx.b * ctx.s_cp if ctx.training else ctx.b  # inference keeps the last position's logits only
-    return 4 * rows * vocab + int(mtp_loss_bytes(ctx) + head_input_bytes(ctx))
+    # fp32 logits over the vocabulary the rank's loss runs over (kernels.loss_vocab: V/t vocab-parallel, V gathered)
+    return 4 * rows * loss_vocab(ctx) + int(mtp_loss_bytes(ctx) + head_input_bytes(ctx))
 
 
 # ---- weights, gradients, optimizer ----------------------------------------------------------------------
