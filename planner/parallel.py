@@ -527,6 +527,14 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
     check_recipe_framework(w, par)
     check_param_gather(w, par)
     check_act_fp8_store(w, par, m)
+    if w.norm_kernel == "ops" and m.norm != "rmsnorm":
+        # kernels.RMSNORM_OPS is torchtitan's RMSNorm op chain (models/norms.py); an eager LayerNorm is one native
+        # kernel each way (F.layer_norm), priced as the fused norm: no chain to price
+        raise SpecError(
+            "workload.norm_kernel",
+            f"'ops' is torchtitan's eager RMSNorm op chain; model.norm is {m.norm!r}, whose eager F.layer_norm is "
+            "one kernel each way: use norm_kernel 'fused' (or null)",
+        )
     if w.training:
         _training_fits(par, m, w)
     elif w.batch_size % par.dp:
