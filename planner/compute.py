@@ -32,6 +32,7 @@ from .kernels import (
     dense_peak,
     efficiency,
     embedding_kernels,
+    final_norm_kernels,
     gemm_kernels,
     kv_cache_bytes_per_layer,
     kv_length,
@@ -300,6 +301,9 @@ def stage_pass_compute(
     if mtp and ctx.holds_mtp(stage):  # each module's norms and eh_proj (its layer is counted above)
         module, module_bwd = per_layer(_MTP, _mtp_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + module.scaled(mtp), bwd + module_bwd.scaled(mtp)
+    if _holds_final_norm(ctx, stage):  # the decoder's final norm (kernels.final_norm_kernels), once a micro-batch
+        norm, norm_bwd = per_layer(_FINAL_NORM, _final_norm_of, ctx, None, gpu, eff)
+        fwd, bwd = fwd + norm, (bwd + norm_bwd if ctx.training else bwd)
     if ctx.is_last(stage):  # the main head and, per MTP depth, the shared output layer and its loss again
         head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
@@ -316,6 +320,18 @@ def embedding_pass(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) ->
 def _embedding_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
     lk = embedding_kernels(ctx, gpu, eff)
     return pass_time(lk.forward), pass_time(lk.backward)
+
+
+def _holds_final_norm(ctx: Context, stage: int) -> bool:
+    """Whether a chunk of ``stage`` runs the decoder's final norm (memory.holds_final_norm, the one rule)."""
+    from .memory import holds_final_norm
+
+    return any(holds_final_norm(ctx, c) for c in ctx.chunks[stage])
+
+
+def _final_norm_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    f, b = final_norm_kernels(ctx, gpu, eff)
+    return pass_time(f), pass_time(b)
 
 
 def _layer_sets(ctx: Context, stage: int) -> tuple[tuple[Context, str], ...]:
@@ -360,6 +376,7 @@ def _mtp_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime
 _LAYER_BACKWARD: dict = {}
 _LAYER_RECOMPUTE: dict = {}
 _HEAD: dict = {}
+_FINAL_NORM: dict = {}
 _MTP: dict = {}
 _EMBEDDING: dict = {}
 
@@ -493,6 +510,7 @@ def stage_pass_key(ctx: Context, stage: int) -> tuple:
         ctx.is_last(stage),
         ctx.holds_mtp(stage),
         ctx.is_first(stage),
+        _holds_final_norm(ctx, stage),  # with MTP not the loss's stage (memory.holds_final_norm)
     )
     return (*layer_forward_key(ctx), *layers)
 

@@ -1195,6 +1195,20 @@ class _Layer:
             self.bwd.append(memory_kernel(name + ".bwd", nbytes * back, self.gpu, self.eff, count, self.floor))
 
 
+def final_norm_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The decoder's final norm on the chunk that runs it (memory.holds_final_norm): Megatron-Core
+    transformer_block.py ``final_layernorm`` (TENorm, built when post_process / has_final_layernorm_in_this_stage,
+    run after the last layer), torchtitan models/llama3/model.py ``self.norm`` before ``self.output``; priced as a
+    layer's norms are (_Layer.norm: the fused kernel, or the eager RMSNorm chain) over the rank's tokens x h, the
+    sequence shard under SP (Megatron's final norm runs on the SP-sharded hidden states before the output layer's
+    all-gather). (forward, backward); inference reads the forward only."""
+    t, h = ctx.par.tp, ctx.model.hidden_size
+    T = ctx.b * ctx.s_cp
+    k = _Layer(ctx, gpu, eff)
+    k.norm("final_norm", T / (t if ctx.par.sp else 1) * h)
+    return tuple(k.fwd), tuple(k.bwd)
+
+
 def _attention_projections(k: _Layer, T: float) -> int:
     """The attention's projections (MLA's low-rank ones, or fused QKV), norms and rotary; returns where in the
     forward list the core attention goes."""
