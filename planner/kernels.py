@@ -1739,7 +1739,7 @@ def layer_keys(ctx: Context) -> tuple[float, ...]:
     mdl, s_kv = ctx.model, kv_length(ctx)
     if s_kv != ctx.s:
         return tuple(float(mdl.attended_keys(i, s_kv)) for i in range(mdl.num_layers))
-    return tuple(causal_keys(s_kv, mdl.attention_window(i)) for i in range(mdl.num_layers))
+    return tuple(cp_rank_causal_keys(ctx, mdl.attention_window(i)) for i in range(mdl.num_layers))
 
 
 def attended_keys(ctx: Context) -> float:
@@ -1751,16 +1751,24 @@ def attended_keys(ctx: Context) -> float:
     return sum(layer_keys(ctx)) / mdl.num_layers
 
 
-def cp_rank_causal_keys(ctx: Context) -> float:
-    """Mean keys per query of causal attention on the busiest context-parallel rank: (s + 1) / 2 when the sequence is
-    sharded balanced (TE's 2 x cp chunks; torch context_parallel's default head-tail load balancing). Without it
-    (parallel.cp_load_balance false: torch's _cp_options.enable_load_balance; _context_parallel/_attention.py
-    _is_causal_behavior SKIPs the blocks after the rank's own) rank cp-1 holds the last s/cp queries, each over
-    s - s/(2 cp) + 1/2 keys on average: (2 cp - 1) / cp of the balanced work."""
+def cp_rank_causal_keys(ctx: Context, window: int | None = None) -> float:
+    """Mean keys per query of causal attention (within ``window`` keys, if any) on the busiest context-parallel rank:
+    causal_keys when the sequence is sharded balanced (TE's 2 x cp chunks; torch context_parallel's default head-tail
+    load balancing). Without it (parallel.cp_load_balance false: torch's _cp_options.enable_load_balance;
+    _context_parallel/_attention.py _is_causal_behavior SKIPs the blocks after the rank's own) rank cp-1 holds the
+    last n = s/cp queries, query j (1-based, j = a+1 .. s, a = s - n) over min(j, w) keys: without a window
+    s - s/(2 cp) + 1/2 on average ((2 cp - 1) / cp of the balanced work), w when w <= a + 1, else
+    (w(w+1)/2 - a(a+1)/2 + (s - w)·w) / n."""
     s, c = ctx.s, ctx.par.cp
     if c > 1 and ctx.par.cp_load_balance is False:
-        return s - s / (2 * c) + 0.5
-    return causal_keys(s, None)
+        n = s / c
+        a = s - n
+        if not window or window >= s:
+            return a + (n + 1) / 2
+        if window <= a + 1:
+            return float(window)
+        return (window * (window + 1) / 2 - a * (a + 1) / 2 + (s - window) * window) / n
+    return causal_keys(s, window)
 
 
 def attention_flops(ctx: Context) -> float:

@@ -213,6 +213,26 @@ def test_cp_options_are_refused_under_the_other_frameworks_implementation():
     assert err.value.field == "parallel.cp_comm" and "cp_rotate_method (allgather, alltoall)" in str(err.value)
 
 
+def test_without_load_balancing_a_sliding_window_model_is_skewed_too():
+    """Llama 3 8B with a 4,096-key window on every other layer (full on layers 2, 4, ...), s 8,192, cp 4 without load
+    balancing: rank 3's queries 6,145 .. 8,192 attend min(j, 4,096) = 4,096 keys in a window layer (every one past
+    the window) and 8,192 - 1,024 + 1/2 in a full one; balanced, causal_keys over the whole sequence. cp_load_balance
+    false was ignored for windowed models (attended_keys' window branch used the balanced mean)."""
+    from planner.kernels import attended_keys, causal_keys, cp_rank_causal_keys
+
+    model = replace(LLAMA8B, sliding_window=4096, full_attention_interval=2)
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8)
+    s, c = 8192, 4
+    skewed = Context(model, work, _torch(dp=2, cp=c, cp_load_balance=False))
+    balanced = Context(model, work, _torch(dp=2, cp=c))
+    assert attended_keys(skewed) == pytest.approx((4096 + (s - s / (2 * c) + 0.5)) / 2)
+    assert attended_keys(balanced) == pytest.approx((causal_keys(s, 4096) + causal_keys(s, None)) / 2)
+    # a window reaching into the rank's queries: s 8, cp 2 (queries 5..8), w 6: (5 + 6 + 6 + 6) / 4
+    tiny = Context(replace(model, seq_length=8), replace(work, seq_length=8), _torch(dp=2, cp=2, cp_load_balance=False))
+    assert cp_rank_causal_keys(tiny, 6) == 23 / 4 and cp_rank_causal_keys(tiny, 3) == 3.0
+    assert cp_rank_causal_keys(tiny, None) == 8 - 8 / 4 + 0.5
+
+
 def test_without_load_balancing_the_last_cp_rank_attends_most():
     """_is_causal_behavior without enable_load_balance: rank c-1 computes its own causal block and c-1 full ones;
     its queries (the last s/c) attend s - s/(2c) + 1/2 keys on average against (s + 1)/2 balanced."""
