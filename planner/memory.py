@@ -47,7 +47,7 @@ from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks, losses_in_flight
-from .recipes import float8_gathered, quantized
+from .recipes import float8_gathered, gathered_param_bytes
 from .recompute import LayerRecompute, chunk_plans, mtp_checkpointed, working_layers
 from .workload import EXPERT_WEIGHT_FORMATS, WEIGHT_FORMAT_BYTES, WorkloadSpec
 
@@ -590,21 +590,14 @@ def gathered_unit_bytes(ctx: Context, stage: int, unit: int) -> int:
     float8 data fsdp_post_all_gather wraps as the unsharded weight)."""
     if not float8_gathered(ctx):
         return unit * ctx.param_bytes
-    return _float8_unit_bytes(ctx.model, _holding(ctx.par), stage, ctx.param_bytes)
+    return _largest_unit(stage_params(ctx, stage)[0], lambda p: gathered_param_bytes(ctx, p, False))
 
 
-@lru_cache(maxsize=1024)
-def _float8_unit_bytes(model: ModelSpec, par: ParallelSpec, stage: int, param_bytes: int) -> int:
-    units: dict[str, int] = {}
-    for p in stage_params(Context(model, WorkloadSpec(), par), stage)[0]:
-        units[p.unit] = units.get(p.unit, 0) + p.numel * (1 if quantized(p.name) else param_bytes)
-    return max(units.values(), default=0)
-
-
-def _largest_unit(params) -> int:
+def _largest_unit(params, size_of=lambda p: p.numel) -> int:
+    """The largest ZeRO-3 unit's size over ``params``: elements, or what ``size_of`` counts of each parameter."""
     units: dict[str, int] = {}
     for p in params:
-        units[p.unit] = units.get(p.unit, 0) + p.numel
+        units[p.unit] = units.get(p.unit, 0) + size_of(p)
     return max(units.values(), default=0)
 
 
