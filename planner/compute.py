@@ -32,19 +32,20 @@ from .kernels import (
     dense_peak,
     efficiency,
     embedding_kernels,
+    final_norm_kernels,
     gemm_kernels,
     kv_cache_bytes_per_layer,
     kv_length,
     layer_kernels,
     layer_kernels_key,
     loss_chain,
+    loss_vocab,
     memory_kernel,
     mtp_module_kernels,
     mtp_runs_bf16,
     one_kernel_loss_bytes,
     optimizer_bytes,
     per_layer,
-    vocab_parallel_loss,
 )
 from .recompute import layer_counts
 
@@ -253,17 +254,6 @@ def _logits(ctx: Context) -> float:
     return ctx.b * ctx.s_cp * loss_vocab(ctx)
 
 
-def loss_vocab(ctx: Context) -> int:
-    """The vocabulary one rank's loss runs over: its shard of the LM head's output, or, where the logits are
-    all-gathered over TP before the loss (kernels.vocab_parallel_loss False: DTensor's ColwiseParallel with
-    output_layouts Replicate(), torchtitan 9dec370 parallelize_llama.py when loss_parallel is off; the ledger's
-    tp.lm_head.logits), the whole vocabulary on every rank."""
-    t = ctx.par.tp
-    if t > 1 and ctx.training and not vocab_parallel_loss(ctx):
-        return ctx.model.vocab_size
-    return ctx.model.padded_vocab(t) // t
-
-
 def compute_dtype(ctx: Context) -> str:
     """The tensor-core dtype the matmuls run in: the recipe's (workload.fp8_recipe, planner/recipes.py), fp8 when
     activations are fp8, bf16 for 2-byte types, else fp32."""
@@ -311,6 +301,9 @@ def stage_pass_compute(
     if mtp and ctx.holds_mtp(stage):  # each module's norms and eh_proj (its layer is counted above)
         module, module_bwd = per_layer(_MTP, _mtp_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + module.scaled(mtp), bwd + module_bwd.scaled(mtp)
+    if _holds_final_norm(ctx, stage):  # the decoder's final norm (kernels.final_norm_kernels), once a micro-batch
+        norm, norm_bwd = per_layer(_FINAL_NORM, _final_norm_of, ctx, None, gpu, eff)
+        fwd, bwd = fwd + norm, (bwd + norm_bwd if ctx.training else bwd)
     if ctx.is_last(stage):  # the main head and, per MTP depth, the shared output layer and its loss again
         head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
@@ -327,6 +320,18 @@ def embedding_pass(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) ->
 def _embedding_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
     lk = embedding_kernels(ctx, gpu, eff)
     return pass_time(lk.forward), pass_time(lk.backward)
+
+
+def _holds_final_norm(ctx: Context, stage: int) -> bool:
+    """Whether a chunk of ``stage`` runs the decoder's final norm (memory.holds_final_norm, the one rule)."""
+    from .memory import holds_final_norm
+
+    return any(holds_final_norm(ctx, c) for c in ctx.chunks[stage])
+
+
+def _final_norm_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    f, b = final_norm_kernels(ctx, gpu, eff)
+    return pass_time(f), pass_time(b)
 
 
 def _layer_sets(ctx: Context, stage: int) -> tuple[tuple[Context, str], ...]:
@@ -371,6 +376,7 @@ def _mtp_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime
 _LAYER_BACKWARD: dict = {}
 _LAYER_RECOMPUTE: dict = {}
 _HEAD: dict = {}
+_FINAL_NORM: dict = {}
 _MTP: dict = {}
 _EMBEDDING: dict = {}
 
@@ -504,6 +510,7 @@ def stage_pass_key(ctx: Context, stage: int) -> tuple:
         ctx.is_last(stage),
         ctx.holds_mtp(stage),
         ctx.is_first(stage),
+        _holds_final_norm(ctx, stage),  # with MTP not the loss's stage (memory.holds_final_norm)
     )
     return (*layer_forward_key(ctx), *layers)
 

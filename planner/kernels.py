@@ -202,9 +202,9 @@ GEMM_CEILING = {
 # middle of the stated band, 0.95 of the tensorwise ceiling, an assumption until a trace of rowwise GEMMs refits
 # ``gemm_ceiling.fp8_rowwise``. Blackwell likewise (no published rowwise-vs-tensorwise figure found).
 ROWWISE_VS_TENSORWISE = 0.95
-for (_gen, _dtype), _ceiling in list(GEMM_CEILING.items()):
-    if _dtype == "fp8":
-        GEMM_CEILING[(_gen, "fp8_rowwise")] = round(_ceiling * ROWWISE_VS_TENSORWISE, 3)
+# GEMM dtypes whose ceiling is another's times a ratio, read when gemm_ceiling is asked (not copied at import): a
+# refitted ``gemm_ceiling.fp8`` moves rowwise with it, a fit that names ``gemm_ceiling.fp8_rowwise`` wins.
+DERIVED_CEILING = {"fp8_rowwise": ("fp8", ROWWISE_VS_TENSORWISE)}
 # The rowwise recipe's backward GEMMs run cuBLAS's tensorwise kernel and scale the output afterwards (torchao
 # float8_ops.py addmm_float8_unwrapped: ``output *= post_inverse_scale``, the outer product of the two scale
 # vectors): one elementwise kernel per dgrad and wgrad GEMM (pytorch/ao issue 2184: "at least one extra triton
@@ -335,6 +335,18 @@ FLASH_BWD_KERNELS = 3  # backward preprocess (dO·O), the main kernel, and dQ's 
 # (2 + 2) x 1/2 + write 2 = 4 B. torch.nn.Dropout after it (PyTorch's fused_dropout: read 2, write 2 and a 1-byte
 # mask; backward masked_scale: read the gradient and the mask, write 2) sees the whole square: 5 and 5 B.
 UNFUSED_SOFTMAX_BYTES = (3, 4)
+# That kernel runs only where fused_softmax.py at 6985e58 (FusedScaleMaskSoftmax.forward) allows it: 16-bit scores,
+# ``key_seq_len > 16 and key_seq_len <= 2048 and query_seq_len % 4 == 0 and attn_batch_size % 4 == 0`` (b·np
+# score matrices) and a causal square (sq == sk). Otherwise forward_torch_softmax runs torch ops over the whole
+# square, with the default --apply-query-key-layer-scaling (arguments.py: --no-query-key-layer-scaling is store_false;
+# transformer.py then sets attention_softmax_in_fp32 and scale = layer_number): input.float() (read 2, write 4),
+# input * scale (4, 4), utils.py attention_mask_func's masked_fill_ (read 4 and the 1-byte mask, write 4), Softmax
+# (4, 4), probs.bfloat16() (4, 2): 37 B a score in 5 kernels; backward the casts' (2, 4) and (4, 2), Softmax's (read
+# the gradient and the output 4 + 4, write 4), masked_fill's (4 + 1, 4), the scale's (4, 4): 41 B in 5. fp32 scores
+# skip the two casts: (25, 29) B in 3. (55ba1f7b96, 2022, widened the bound to s_k <= 4096 with a batch-per-block
+# rule: not modelled, the 2021 bound is kept.)
+UNFUSED_SOFTMAX_FUSED_MAX_KEYS = 2048
+UNFUSED_SOFTMAX_TORCH = {2: ((37, 5), (41, 5)), 4: ((25, 3), (29, 3))}  # score bytes: ((fwd B, kernels), (bwd ...))
 UNFUSED_DROPOUT_BYTES = (5, 5)
 # The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
 # 2022): forward the context's ``permute(2, 0, 1, 3).contiguous()`` from [b·np, s, hn] back to [s, b, np·hn] (read and
@@ -628,6 +640,9 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
     for name, ceiling in eff.gemm_ceilings:
         if name == dtype:
             return ceiling
+    if dtype in DERIVED_CEILING:
+        base, ratio = DERIVED_CEILING[dtype]
+        return round(gemm_ceiling(gpu, base, eff) * ratio, 3)
     gen = generation(gpu)
     found = GEMM_CEILING.get((gen, dtype))
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
@@ -921,9 +936,11 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.expert_bias_loop,
         flavour.dispatch_preprocess_launches,
         flavour.local_linear_biases,
-        flavour.vocab_parallel_loss,  # the head's loss: its vocabulary and kernels (compute.loss_vocab, loss_chain)
+        flavour.vocab_parallel_loss,  # the head's loss: its vocabulary and kernels (loss_vocab, loss_chain)
         flavour.loss_parallel_switch,
         flavour.embedding_transposes,
+        flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
+        flavour.te_fp8_recipes,  # expert_quantize_launches
         par.cp_comm,
         par.cp_load_balance,
         par.ep_dispatch,
@@ -1178,6 +1195,20 @@ class _Layer:
             self.bwd.append(memory_kernel(name + ".bwd", nbytes * back, self.gpu, self.eff, count, self.floor))
 
 
+def final_norm_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The decoder's final norm on the chunk that runs it (memory.holds_final_norm): Megatron-Core
+    transformer_block.py ``final_layernorm`` (TENorm, built when post_process / has_final_layernorm_in_this_stage,
+    run after the last layer), torchtitan models/llama3/model.py ``self.norm`` before ``self.output``; priced as a
+    layer's norms are (_Layer.norm: the fused kernel, or the eager RMSNorm chain) over the rank's tokens x h, the
+    sequence shard under SP (Megatron's final norm runs on the SP-sharded hidden states before the output layer's
+    all-gather). (forward, backward); inference reads the forward only."""
+    t, h = ctx.par.tp, ctx.model.hidden_size
+    T = ctx.b * ctx.s_cp
+    k = _Layer(ctx, gpu, eff)
+    k.norm("final_norm", T / (t if ctx.par.sp else 1) * h)
+    return tuple(k.fwd), tuple(k.bwd)
+
+
 def _attention_projections(k: _Layer, T: float) -> int:
     """The attention's projections (MLA's low-rank ones, or fused QKV), norms and rotary; returns where in the
     forward list the core attention goes."""
@@ -1363,6 +1394,18 @@ def vocab_parallel_loss(ctx: Context) -> bool:
     return ctx.flavour.vocab_parallel_loss if given is None else given
 
 
+def loss_vocab(ctx: Context) -> int:
+    """The vocabulary one rank's loss runs over: its shard of the LM head's output, or, where the logits are
+    all-gathered over TP before the loss (vocab_parallel_loss False: DTensor's ColwiseParallel with
+    output_layouts Replicate(), torchtitan 9dec370 parallelize_llama.py when loss_parallel is off; the ledger's
+    tp.lm_head.logits), the whole vocabulary on every rank. The one home of the loss's width: compute.py's head
+    kernels and memory.py's logits (``_logits``, ``mtp_loss_bytes``) read it."""
+    t = ctx.par.tp
+    if t > 1 and ctx.training and not vocab_parallel_loss(ctx):
+        return ctx.model.vocab_size
+    return ctx.model.padded_vocab(t) // t
+
+
 def loss_chain(ctx: Context) -> tuple[tuple[float, int], tuple[float, int]] | None:
     """The cross entropy as its separate kernels, ((forward bytes per logit, kernels), (backward ...)), or None for
     one kernel each way (the fused loss; the eager F.cross_entropy of a framework without loss parallelism,
@@ -1429,10 +1472,15 @@ def _fp8_casts(k: _Layer) -> None:
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
     # FSDP2 float8 all-gather, recipes.float8_gathered: fsdp_pre_all_gather casts the 1/(dp x cp) shard before the
-    # gather, not counted here, and the backward uses the gathered float8 weight)
-    weights = 0 if ctx.param_bytes <= 1 or float8_gathered(ctx) else 1
+    # gather, not counted here, and the backward uses the gathered float8 weight; the routed experts' grouped weights
+    # are not Float8Linear weights and are gathered in bf16, rules/data.py _float8_buffer: they are cast as before)
+    stored, gathered = ctx.param_bytes <= 1, float8_gathered(ctx)
     gemms = _cast_gemms(ctx, fwd)
-    cast = sum(g.shape[0] * g.shape[2] * g.shape[3] + weights * g.shape[2] * g.shape[1] * g.shape[3] for g in gemms)
+    cast = sum(
+        g.shape[0] * g.shape[2] * g.shape[3]
+        + (not stored and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1] * g.shape[3]
+        for g in gemms
+    )
     nbytes = cast * cast_bytes_per_element(ctx)
     # one cast kernel per pass at the measured cast rate (CAST_HBM, whose large-tensor measurement holds its fixed
     # cost), and the launches of the experts' per-split quantizes beside it, each a memory-bound kernel's fixed cost
@@ -1691,7 +1739,7 @@ def layer_keys(ctx: Context) -> tuple[float, ...]:
     mdl, s_kv = ctx.model, kv_length(ctx)
     if s_kv != ctx.s:
         return tuple(float(mdl.attended_keys(i, s_kv)) for i in range(mdl.num_layers))
-    return tuple(causal_keys(s_kv, mdl.attention_window(i)) for i in range(mdl.num_layers))
+    return tuple(cp_rank_causal_keys(ctx, mdl.attention_window(i)) for i in range(mdl.num_layers))
 
 
 def attended_keys(ctx: Context) -> float:
@@ -1703,16 +1751,24 @@ def attended_keys(ctx: Context) -> float:
     return sum(layer_keys(ctx)) / mdl.num_layers
 
 
-def cp_rank_causal_keys(ctx: Context) -> float:
-    """Mean keys per query of causal attention on the busiest context-parallel rank: (s + 1) / 2 when the sequence is
-    sharded balanced (TE's 2 x cp chunks; torch context_parallel's default head-tail load balancing). Without it
-    (parallel.cp_load_balance false: torch's _cp_options.enable_load_balance; _context_parallel/_attention.py
-    _is_causal_behavior SKIPs the blocks after the rank's own) rank cp-1 holds the last s/cp queries, each over
-    s - s/(2 cp) + 1/2 keys on average: (2 cp - 1) / cp of the balanced work."""
+def cp_rank_causal_keys(ctx: Context, window: int | None = None) -> float:
+    """Mean keys per query of causal attention (within ``window`` keys, if any) on the busiest context-parallel rank:
+    causal_keys when the sequence is sharded balanced (TE's 2 x cp chunks; torch context_parallel's default head-tail
+    load balancing). Without it (parallel.cp_load_balance false: torch's _cp_options.enable_load_balance;
+    _context_parallel/_attention.py _is_causal_behavior SKIPs the blocks after the rank's own) rank cp-1 holds the
+    last n = s/cp queries, query j (1-based, j = a+1 .. s, a = s - n) over min(j, w) keys: without a window
+    s - s/(2 cp) + 1/2 on average ((2 cp - 1) / cp of the balanced work), w when w <= a + 1, else
+    (w(w+1)/2 - a(a+1)/2 + (s - w)·w) / n."""
     s, c = ctx.s, ctx.par.cp
     if c > 1 and ctx.par.cp_load_balance is False:
-        return s - s / (2 * c) + 0.5
-    return causal_keys(s, None)
+        n = s / c
+        a = s - n
+        if not window or window >= s:
+            return a + (n + 1) / 2
+        if window <= a + 1:
+            return float(window)
+        return (window * (window + 1) / 2 - a * (a + 1) / 2 + (s - window) * window) / n
+    return causal_keys(s, window)
 
 
 def attention_flops(ctx: Context) -> float:
@@ -1839,10 +1895,11 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
     pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
     dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)
-    per_score = [a + b for a, b in zip(UNFUSED_SOFTMAX_BYTES, dropout, strict=True)]
+    (soft_fb, soft_fk), (soft_bb, soft_bk) = unfused_softmax_bytes(ctx.x, s_q, s_k, groups)
     scores = bh * s_q * s_k
-    soft_f = memory_kernel("softmax_dropout", scores * per_score[0], gpu, eff, 1 + bool(dropout[0]))
-    soft_b = memory_kernel("softmax_dropout.bwd", scores * per_score[1], gpu, eff, 1 + bool(dropout[0]))
+    drop_k = bool(dropout[0])
+    soft_f = memory_kernel("softmax_dropout", scores * (soft_fb + dropout[0]), gpu, eff, soft_fk + drop_k)
+    soft_b = memory_kernel("softmax_dropout.bwd", scores * (soft_bb + dropout[1]), gpu, eff, soft_bk + drop_k)
     # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
     tokens, x = ctx.b * ctx.s_cp, ctx.x
     context = tokens * bh / ctx.b * d * x
@@ -1850,6 +1907,24 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     copy_f = memory_kernel("attn_context_copy", UNFUSED_LAYOUT_PASSES * context, gpu, eff)
     copy_b = memory_kernel("qkv_split.bwd", UNFUSED_LAYOUT_PASSES * qkv, gpu, eff)
     return (qk[0], soft_f, pv[0], copy_f), (pv[1], pv[2], soft_b, qk[1], qk[2], copy_b)
+
+
+def unfused_softmax_bytes(
+    score_bytes: float, s_q: float, s_k: float, batches: int
+) -> tuple[tuple[float, int], tuple[float, int]]:
+    """((forward bytes a score, kernels), (backward ...)) of Megatron-LM's FusedScaleMaskSoftmax on a causal square of
+    ``batches`` (b·np) score matrices: the fused upper-triangular kernel where fused_softmax.py (6985e58) allows it
+    (UNFUSED_SOFTMAX_BYTES), else the torch ops over the whole square (UNFUSED_SOFTMAX_TORCH)."""
+    fused = (
+        score_bytes <= 2
+        and s_q == s_k
+        and 16 < s_k <= UNFUSED_SOFTMAX_FUSED_MAX_KEYS
+        and s_q % 4 == 0
+        and batches % 4 == 0
+    )
+    if fused:
+        return (UNFUSED_SOFTMAX_BYTES[0], 1), (UNFUSED_SOFTMAX_BYTES[1], 1)
+    return UNFUSED_SOFTMAX_TORCH[2 if score_bytes <= 2 else 4]
 
 
 def kv_cache_bytes_per_layer(ctx: Context) -> int:

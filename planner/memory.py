@@ -42,11 +42,12 @@ from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer
 from .context import Context
+from .kernels import loss_vocab
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
 from .pipeline import Schedule, in_flight_chunks, losses_in_flight
-from .recipes import float8_gathered, quantized
+from .recipes import float8_gathered, gathered_param_bytes
 from .recompute import LayerRecompute, chunk_plans, mtp_checkpointed, working_layers
 from .workload import EXPERT_WEIGHT_FORMATS, WEIGHT_FORMAT_BYTES, WorkloadSpec
 
@@ -426,8 +427,7 @@ def mtp_loss_bytes(ctx: Context) -> float:
     n = ctx.model.mtp_layers if ctx.training else 0
     if not n:
         return 0.0
-    vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
-    return n * (_sequence_row(ctx) + 4 * ctx.b * ctx.s_cp * vocab)
+    return n * (_sequence_row(ctx) + 4 * ctx.b * ctx.s_cp * loss_vocab(ctx))
 
 
 def offloaded_bytes(ctx: Context, stage: int) -> float:
@@ -475,8 +475,8 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
     layers = (ctx.chunk_kinds[stage], ctx.is_last(stage))  # the layers, what each keeps (recompute.py), offload
     mtp = (ctx.chunk_mtp[stage],) if ctx.model.mtp_layers else ()
     head = tuple(holds_final_norm(ctx, c) for c in ctx.chunks[stage])  # head_chunk_bytes, by chunk
-    flavour = par.flavour  # head_input_bytes, saved_recipe
-    dims = (par.tp, par.sp, flavour.sp_wgrad_regather, flavour.te_fp8_recipes)
+    flavour = par.flavour  # head_input_bytes, saved_recipe, loss_vocab
+    dims = (par.tp, par.sp, flavour.sp_wgrad_regather, flavour.te_fp8_recipes, flavour.vocab_parallel_loss)
     inference = None if ctx.training else par.dp
     return (ctx.model, ctx.work, activation_tokens(ctx), inference, *dims, *layers, *mtp, head)
 
@@ -484,9 +484,9 @@ def chunk_activation_key(ctx: Context, stage: int) -> tuple:
 def _logits(ctx: Context, stage: int) -> int:
     if not ctx.is_last(stage):
         return 0
-    vocab = ctx.model.padded_vocab(ctx.par.tp) // ctx.par.tp
     rows = ctx.b * ctx.s_cp if ctx.training else ctx.b  # inference keeps the last position's logits only
-    return 4 * rows * vocab + int(mtp_loss_bytes(ctx) + head_input_bytes(ctx))
+    # fp32 logits over the vocabulary the rank's loss runs over (kernels.loss_vocab: V/t vocab-parallel, V gathered)
+    return 4 * rows * loss_vocab(ctx) + int(mtp_loss_bytes(ctx) + head_input_bytes(ctx))
 
 
 # ---- weights, gradients, optimizer ----------------------------------------------------------------------
@@ -590,21 +590,14 @@ def gathered_unit_bytes(ctx: Context, stage: int, unit: int) -> int:
     float8 data fsdp_post_all_gather wraps as the unsharded weight)."""
     if not float8_gathered(ctx):
         return unit * ctx.param_bytes
-    return _float8_unit_bytes(ctx.model, _holding(ctx.par), stage, ctx.param_bytes)
+    return _largest_unit(stage_params(ctx, stage)[0], lambda p: gathered_param_bytes(ctx, p, False))
 
 
-@lru_cache(maxsize=1024)
-def _float8_unit_bytes(model: ModelSpec, par: ParallelSpec, stage: int, param_bytes: int) -> int:
-    units: dict[str, int] = {}
-    for p in stage_params(Context(model, WorkloadSpec(), par), stage)[0]:
-        units[p.unit] = units.get(p.unit, 0) + p.numel * (1 if quantized(p.name) else param_bytes)
-    return max(units.values(), default=0)
-
-
-def _largest_unit(params) -> int:
+def _largest_unit(params, size_of=lambda p: p.numel) -> int:
+    """The largest ZeRO-3 unit's size over ``params``: elements, or what ``size_of`` counts of each parameter."""
     units: dict[str, int] = {}
     for p in params:
-        units[p.unit] = units.get(p.unit, 0) + p.numel
+        units[p.unit] = units.get(p.unit, 0) + size_of(p)
     return max(units.values(), default=0)
 
 

@@ -13,6 +13,7 @@ from ._errors import SpecError, one_of
 from .flavours import Flavour
 from .model import ModelSpec
 from .pipeline import SCHEDULE_TRAITS, ScheduleTraits
+from .recipes import check_act_fp8_store, check_param_gather, check_recipe_framework
 from .workload import WorkloadSpec, check_recompute_modules
 
 SCHEDULES = tuple(SCHEDULE_TRAITS)  # 1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev (planner/pipeline.py)
@@ -521,6 +522,19 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             "megatron/core/transformer/moe/fused_a2a.py init_hybrid_ep_buffer: assert not fp8_dispatch)",
         )
     _sequence_fits(par, m, w)
+    # the recipe's framework rules: here, so that the search's screen (search/space.py Space.check) and /v1/plan
+    # refuse the same layouts (a torchao recipe under Megatron, FSDP2's float8 all-gather without fully_shard)
+    check_recipe_framework(w, par)
+    check_param_gather(w, par)
+    check_act_fp8_store(w, par, m)
+    if w.norm_kernel == "ops" and m.norm != "rmsnorm":
+        # kernels.RMSNORM_OPS is torchtitan's RMSNorm op chain (models/norms.py); an eager LayerNorm is one native
+        # kernel each way (F.layer_norm), priced as the fused norm: no chain to price
+        raise SpecError(
+            "workload.norm_kernel",
+            f"'ops' is torchtitan's eager RMSNorm op chain; model.norm is {m.norm!r}, whose eager F.layer_norm is "
+            "one kernel each way: use norm_kernel 'fused' (or null)",
+        )
     if w.training:
         _training_fits(par, m, w)
     elif w.batch_size % par.dp:

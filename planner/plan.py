@@ -31,7 +31,7 @@ from .ledger import Call
 from .memory import Memory
 from .model import ModelSpec, validate_model
 from .parallel import ParallelSpec, validate_parallel
-from .recipes import check_act_fp8_store, check_param_gather, check_recipe_framework, check_recipe_gpu
+from .recipes import check_recipe_gpu
 from .rules import ledger
 from .rules.data import steady_state
 from .step import Overlap, StepTime, memory, step_time
@@ -213,9 +213,6 @@ def setup(
     validate_workload(work)
     cluster = cluster_for(cluster_spec)
     validate_parallel(par, model, work, cluster.num_devices)
-    check_recipe_framework(work, par)
-    check_param_gather(work, par)
-    check_act_fp8_store(work, par, model)
     check_recipe_gpu(work.fp8_recipe, cluster_spec.gpu)
     _validate_options(options, cluster.num_devices)
     return _context(model, work, par, cluster.spec.devices_per_node), layout_for(par), cluster

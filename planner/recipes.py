@@ -238,6 +238,15 @@ def float8_gathered(ctx) -> bool:
     return ctx.training and ctx.work.fp8_param_gather and ctx.flavour.torchao_float8
 
 
+def gathered_param_bytes(ctx, p, expert: bool) -> int:
+    """Bytes of parameter ``p`` (params.Param) while ZeRO-3 / FSDP holds it gathered: its Float8Linear weights at 1 B
+    under torchao's FSDP2 float8 all-gather (float8_gathered; the routed experts' grouped weights are not
+    Float8Linear weights: ``expert``), else the parameter dtype. The one rule rules/data.py's gathers and memory.py's
+    gathered unit read."""
+    low = float8_gathered(ctx) and not expert and quantized(p.name)
+    return p.numel * (1 if low else ctx.param_bytes)
+
+
 def check_recipe_framework(work, par) -> None:
     """A torchao-only recipe (rowwise) needs a framework that runs torchao.float8 (Flavour.torchao_float8)."""
     recipe = work.recipe

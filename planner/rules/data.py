@@ -34,7 +34,7 @@ from ..layout import Group
 from ..ledger import Call
 from ..ledger import rule_call as _call
 from ..params import Param, alike_stages, stage_params
-from ..recipes import float8_gathered, quantized
+from ..recipes import float8_gathered, gathered_param_bytes, quantized
 from . import deepspeed
 
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.13)
@@ -299,8 +299,8 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
     units: dict[str, tuple[int, int, int]] = {}  # unit -> (elements, bytes gathered, float8 weights)
     for p in params:
         numel, gathered, fp8 = units.get(p.unit, (0, 0, 0))
-        q = low and quantized(p.name)
-        units[p.unit] = (numel + p.numel, gathered + p.numel * (1 if q else ctx.param_bytes), fp8 + q)
+        units[p.unit] = (numel + p.numel, gathered + gathered_param_bytes(ctx, p, group.expert),
+                         fp8 + (low and quantized(p.name)))  # fmt: skip
     hs = ctx.par.hybrid_shard_size
     shard_group = (
         Group(tuple(d for d in ("cp", "dp_shard") if d != "cp" or ctx.par.cp > 1), group.expert, split=hs)

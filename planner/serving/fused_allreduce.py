@@ -367,7 +367,6 @@ def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, clu
     absorbed = [0.0] * len(stages)
     norms = dict(policy.absorbed)
     kernels: dict[str, float] = {}
-    last_norm = -1  # the last stage whose MLP output is fused: its last layer's fusion applies the final norm
     for row in plan.calls:
         kind = policy.choose(ctx, row.call, cluster)
         if not kind:
@@ -386,15 +385,11 @@ def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, clu
         if norm and not kernels:
             kernels = {k.name: k.time_s for k in layer_kernels(ctx, False, cluster.gpu).forward}
         saved = kernels.get("residual_add", 0.0) + kernels.get(norm, 0.0) if norm else 0.0
-        reached = _charge(call, new.price.time_s - row.price.time_s, saved, comm, absorbed)
-        if norm == "input_norm":
-            last_norm = max(last_norm, reached)
+        # L fused MLP outputs apply L norms: the next L - 1 layers' input norms and the model's final norm, which
+        # the planner charges as an input norm (kernels.final_norm_kernels, the same kernel over the same rows)
+        _charge(call, new.price.time_s - row.price.time_s, saved, comm, absorbed)
     if plan.step is None or not (any(comm) or any(absorbed)):
         return replace(plan, calls=rows)
-    if last_norm >= 0:
-        # L fused MLP outputs apply L norms: the next L - 1 layers' input norms and the model's final norm, which
-        # the planner does not charge (compute.head_kernels); the first layer's input norm still runs on its own
-        absorbed[last_norm] -= kernels.get("input_norm", 0.0)
     return replace(plan, calls=rows, step=_shifted(plan.step, comm, absorbed))
 
 

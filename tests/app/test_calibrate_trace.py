@@ -143,7 +143,8 @@ def test_the_cli_calibrates_a_trace(capsys, tmp_path):
 def test_the_fitted_constants_plan_as_the_answer_hands_them_on(api, control):
     """Round trip (issue 20): calibrate from the committed HTA trace -> its answer's cluster carries the fitted
     constants (cluster.calibration.kernels) -> /v1/plan with that cluster. The trace fitted the A100's memory-bound
-    kernels at hbm = 0.675 of the HBM peak (the default 0.877, the H200's measured copies): Adam's step, 34 B per
+    kernels at hbm = 0.675 of dgx-a100's 2,039 GB/s (the traced part is the 40 GB A100, 1,555 GB/s: 0.885 of its own
+    peak; the default 0.877 is the H200's measured copies): Adam's step, 34 B per
     parameter read and written at hbm x 2,039 GB/s, takes exactly 0.877 / 0.675 = 1.299x as long; the whole
     compute moves by less (bf16 GEMMs and
     attention keep their constants: the trace's GEMMs were tf32/fp32)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def test_disaggregated_ttft_over_http_never_falls_as_concurrency_grows(api):
         assert r.status_code == 200, r.text
         answers[c] = r.json()
     ttfts = [answers[c]["ttft_s"] for c in sorted(answers)]
-    assert ttfts == sorted(ttfts), ttfts
+    # never falls (values equal in exact arithmetic may differ in the last bit of a float sum)
+    assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(ttfts)), ttfts
     assert answers[1]["pools"][0]["batch"] == 32 and answers[512]["pools"][0]["batch"] == 128
     assert answers[1]["ttft_s"] < answers[512]["pools"][0]["step_s"] / 2
     # the load binds up to 256 (below what the pools serve), the prefill pool at 512 (review: it said prefill)

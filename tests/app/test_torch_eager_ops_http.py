@@ -97,3 +97,13 @@ def test_the_torch_switches_are_listed_in_assumptions(api):
     assert "workload.loss_parallel" not in tp1 and "workload.optimizer_implementation" in tp1
     megatron = {r["field"] for r in _post(api, _body(framework="megatron"))["assumptions"]}
     assert not megatron & {"workload.loss_parallel", "workload.optimizer_implementation", "workload.norm_kernel"}
+
+
+def test_norm_kernel_ops_refused_for_a_layernorm_model_over_http(api):
+    """The op chain is RMSNorm's (kernels.RMSNORM_OPS); a LayerNorm model has none to price: a 422 naming the field."""
+    b = _body({"norm_kernel": "ops"})
+    b["model"] = {"preset": "llama3-8b", "norm": "layernorm"}
+    first = _post(api, b, 422)["detail"][0]
+    assert ".".join(map(str, first["loc"][1:])) == "workload.norm_kernel" and "'layernorm'" in first["msg"]
+    b["workload"]["norm_kernel"] = "fused"
+    assert _post(api, b)["step"]["compute_s"] > 0

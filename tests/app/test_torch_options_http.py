@@ -126,3 +126,27 @@ def test_cp_load_balance_over_http(api):
     assert rows["parallel.cp_load_balance"] == "off"
     field, msg = _refused(api, _body(cp=2, dp=4, cp_load_balance=True, framework="megatron", zero_stage=1))
     assert field == "parallel.cp_load_balance" and "enable_load_balance" in msg
+
+
+def test_search_with_rowwise_screens_out_te_frameworks(api):
+    """fp8_recipe rowwise is torchao's: a search that leaves the framework open ranks only torch layouts, and counts
+    the Megatron and DeepSpeed variants as pruned by workload.fp8_recipe (the same rule /v1/plan refuses them with;
+    before mend7 the screen missed it and the search answered that 422 for its first Megatron layout)."""
+    body = {
+        "model": {"preset": "llama3-8b", "num_layers": 4},
+        "workload": {"kind": "training", "global_batch_size": 16, "fp8_recipe": "rowwise"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "constraints": {"tp": [1, 2], "pp": 1, "micro_batch_size": 1},
+        "top_k": 50,
+    }
+    r = api.post("/v1/search", json=body)
+    assert r.status_code == 200, r.text
+    found = r.json()
+    assert found["results"] and {h["parallel"]["framework"] for h in found["results"]} == {"torch"}
+    assert found["pruned"].get("workload.fp8_recipe", 0) > 0, found["pruned"]
+    for hit in found["results"][:2]:  # and /v1/plan takes each ranked layout
+        plan = {k: body[k] for k in ("model", "cluster")} | {"options": {"timeline": False}}
+        plan["workload"] = body["workload"] | {"micro_batch_size": hit["micro_batch_size"]}
+        plan["workload"]["activation_recompute"] = hit["activation_recompute"]
+        plan["parallel"] = hit["parallel"]
+        assert api.post("/v1/plan", json=plan).status_code == 200

@@ -101,3 +101,35 @@ def test_gpu_without_a_needed_figure_is_named():
     with pytest.raises(SpecError) as err:
         check_gpu(None, "bf16")
     assert err.value.field == "cluster.gpu"
+
+
+def test_the_final_norm_runs_on_the_stage_that_holds_it():
+    """Megatron-Core's final_layernorm (transformer_block.py, post_process) / torchtitan's model.norm: one norm over
+    the rank's tokens x h (the sequence shard under SP), priced as a layer's input norm, forward and backward, on
+    the loss's stage only (memory.holds_final_norm); Llama 3 8B, tp 2 with SP, pp 2, one 8,192-token sequence."""
+    from planner.kernels import EFFICIENCY, final_norm_kernels, layer_kernels
+
+    gpu = GPUS["h100-sxm5-80gb"]
+    ctx = Context(
+        model_preset("llama3-8b"),
+        WorkloadSpec(micro_batch_size=1, global_batch_size=8),
+        ParallelSpec(tp=2, pp=2, dp=2, sequence_parallel=True),
+    )
+    fwd, bwd = final_norm_kernels(ctx, gpu, EFFICIENCY)
+    lk = layer_kernels(ctx, False, gpu)
+    (norm,), (norm_b,) = fwd, bwd
+    (inp,) = [k for k in lk.forward if k.name == "input_norm"]
+    (inp_b,) = [k for k in lk.backward if k.name == "input_norm.bwd"]
+    assert norm.bytes == inp.bytes and norm.time_s == inp.time_s and norm_b.bytes == inp_b.bytes
+    assert inp.bytes == 4 * 8192 // 2 * 4096  # fused RMSNorm: read 2 and write 2 B an element, 4,096 rows
+    import planner.compute as compute
+
+    with_norm = [compute.stage_pass_compute(ctx, s, gpu) for s in (0, 1)]
+    try:
+        compute._holds_final_norm, held = (lambda c, s: False), compute._holds_final_norm
+        without = [compute.stage_pass_compute(ctx, s, gpu) for s in (0, 1)]
+    finally:
+        compute._holds_final_norm = held
+    assert with_norm[0] == without[0]  # the first stage has no final norm
+    assert with_norm[1][0].total_s - without[1][0].total_s == pytest.approx(norm.time_s, rel=1e-12)
+    assert with_norm[1][1].total_s - without[1][1].total_s == pytest.approx(norm_b.time_s, rel=1e-12)

@@ -84,8 +84,8 @@ def test_one_shot_moves_tp_minus_one_copies_and_absorbs_the_kernels():
     """Llama-3 70B TP8 decode of 16 sequences: M = 16 x 8192 x 2 = 262,144 bytes per block output; one-shot sends
     every peer the whole M: 7 M = 1,835,008 bytes out of each rank, one step. Against the same plan with NCCL's rows
     and all the layer's kernels, TensorRT-LLM's differs by exactly the rows' price change and the
-    absorbed kernels: 80 layers x (2 residual adds + the pre-MLP norm) + 79 input norms (80 fused MLP outputs
-    apply 79 input norms and the final norm, which the planner does not charge)."""
+    absorbed kernels: 80 layers x (2 residual adds + the pre-MLP norm) + 80 norms (80 fused MLP outputs apply 79
+    input norms and the final norm, which the planner charges as an input norm: kernels.final_norm_kernels)."""
     trt, trt_rows, w = _rows("trtllm", 8, 16)
     vllm, vllm_rows, _ = _rows("nccl", 8, 16)
     delta = 0.0
@@ -105,7 +105,7 @@ def test_one_shot_moves_tp_minus_one_copies_and_absorbs_the_kernels():
     delta += emb.price.time_s - vllm_rows["tp.embedding"].price.time_s
     ctx = _context(LLAMA70B, ServeOptions(), "decode", 16, 1000, w.decode_par, w)
     k = {kn.name: kn.time_s for kn in layer_kernels(ctx, False, NODE.gpu).forward}
-    absorbed = 80 * (2 * k["residual_add"] + k["pre_mlp_norm"]) + 79 * k["input_norm"]
+    absorbed = 80 * (2 * k["residual_add"] + k["pre_mlp_norm"]) + 80 * k["input_norm"]
     assert absorbed > 0
     assert trt.step.compute_s == pytest.approx(vllm.step.compute_s - absorbed, rel=1e-12)
     assert trt.step.time_s == pytest.approx(vllm.step.time_s + delta - absorbed, rel=1e-12)

@@ -25,6 +25,7 @@ from planner.kernels import (
     group_rows,
     layer_kernels,
     streamed_gemm_time,
+    unfused_softmax_bytes,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -292,8 +293,10 @@ def test_the_workload_names_exactly_the_recipes_and_kernels_the_model_prices():
     from planner.recipes import RECIPES
 
     for recipe in RECIPES.values():
-        assert (100, recipe.kernel_dtype) in kernels.GEMM_CEILING
-        assert recipe.min_sm >= 100 or (90, recipe.kernel_dtype) in kernels.GEMM_CEILING
+        # a derived ceiling (kernels.DERIVED_CEILING: rowwise = 0.95 x tensorwise) counts through its base's
+        dtype = kernels.DERIVED_CEILING.get(recipe.kernel_dtype, (recipe.kernel_dtype,))[0]
+        assert (100, dtype) in kernels.GEMM_CEILING
+        assert recipe.min_sm >= 100 or (90, dtype) in kernels.GEMM_CEILING
     priced = {kernel for kernel, _ in kernels.ATTENTION_CEILING} | {"flash", "unfused"}
     assert set(workload.ATTENTION_KERNELS) == priced
 
@@ -437,3 +440,20 @@ def test_unfused_core_attention_moves_the_bytes_of_megatrons_2021_kernels():
     assert "attn_context_copy" in {k.name for k in lk.attention}
     flash = layer_kernels(Context(gpt3, replace(c.work, attention_kernel="flash"), c.par), False, A100)
     assert not {"attn_context_copy", "qkv_split.bwd"} & {k.name for k in flash.forward + flash.backward}
+
+
+def test_unfused_softmax_past_2048_keys_is_torchs_over_the_whole_square():
+    """fused_softmax.py at 6985e58 runs the upper-triangular kernel only for 16 < s_k <= 2048 (and sq, b·np multiples
+    of 4); GPT-3 175B at 4,096 tokens takes forward_torch_softmax: float() 2+4, x scale 4+4, masked_fill_ 4+1+4,
+    Softmax 4+4, bfloat16() 4+2 = 37 B a score in 5 kernels, backward 6 + 12 + 9 + 8 + 6 = 41 B; dropout's 5 and 5 B on
+    top. 12 heads x 4,096² scores."""
+    gpt3 = model_preset("gpt3-175b")
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, attention_kernel="unfused", seq_length=4096)
+    lk = layer_kernels(Context(gpt3, work, ParallelSpec(tp=8, dp=1, pp=1)), False, A100)
+    by_f, by_b = {k.name: k for k in lk.forward}, {k.name: k for k in lk.backward}
+    scores = 12 * 4096 * 4096
+    assert by_f["softmax_dropout"].bytes == scores * (37 + 5) and by_f["softmax_dropout"].count == 6
+    assert by_b["softmax_dropout.bwd"].bytes == scores * (41 + 5) and by_b["softmax_dropout.bwd"].count == 6
+    assert unfused_softmax_bytes(2, 2048, 2048, 12) == ((3, 1), (4, 1))
+    assert unfused_softmax_bytes(2, 2048, 2048, 6) == ((37, 5), (41, 5))  # b·np not a multiple of 4
+    assert unfused_softmax_bytes(4, 2048, 2048, 12) == ((25, 3), (29, 3))  # fp32 scores: no casts

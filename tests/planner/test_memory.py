@@ -93,7 +93,10 @@ def test_final_norm_and_output_layer_inputs_on_the_loss_stage_by_hand():
 
     assert added("megatron", 1) == 2 * row // 4 == 8_388_608  # norm input and head input, both sharded
     assert added("megatron", 0) == 0  # the first stage has no head
-    assert added("torch", 1) == row // 4 + row == 20_971_520  # the head keeps the gathered input
+    # the head keeps the gathered input; its loss runs over the gathered logits (no loss parallelism: the whole
+    # vocabulary on every rank, kernels.loss_vocab), 4 B each, where Megatron's runs over the rank's V/t
+    gathered_logits = 4 * B * S * GPT.vocab_size - logits
+    assert added("torch", 1) - gathered_logits == row // 4 + row == 20_971_520
     c = ctx(tp=4, sp=True, pp=2)
     assert chunk_activations(c, 1).logits == logits + row // 4  # the head's input goes with the logits
     infer = Context(GPT, WorkloadSpec(kind="inference", micro_batch_size=B, seq_length=S), ParallelSpec(tp=4))

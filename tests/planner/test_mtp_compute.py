@@ -211,16 +211,17 @@ def test_nvfp4_runs_the_mtp_layer_in_bf16():
     plain = ctx_of(dense_v3(0), fp8_recipe="nvfp4")
     module = sum(k.time_s for k in mtp_module_kernels(fp4, B200).forward)
     embed = embedding_pass(fp4, B200)[0].total_s  # the input embedding (pp 1: on this rank)
-    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * decoder.total_s - embed  # the head, once
+    norm = _final_norm_s(plain, B200)  # the decoder's final norm, once (kernels.final_norm_kernels)
+    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * decoder.total_s - embed - norm  # the head, once
     fwd = stage_pass_compute(fp4, 0, B200)[0].total_s
-    assert fwd == pytest.approx(4 * decoder.total_s + mtp_layer.total_s + module + 2 * head + embed, rel=1e-9)
+    assert fwd == pytest.approx(4 * decoder.total_s + mtp_layer.total_s + module + 2 * head + embed + norm, rel=1e-9)
     mx = ctx_of(dense_v3(), fp8_recipe="mxfp8")  # an fp8 recipe: the MTP layer runs it as the decoder does
     mx_layer = layer_forward(mx, False, B200)[0].total_s
     mx_plain = stage_pass_compute(ctx_of(dense_v3(0), fp8_recipe="mxfp8"), 0, B200)[0].total_s
     mx_module = sum(k.time_s for k in mtp_module_kernels(mx, B200).forward)
-    mx_head = mx_plain - 4 * mx_layer - embed
+    mx_head = mx_plain - 4 * mx_layer - embed - norm
     assert stage_pass_compute(mx, 0, B200)[0].total_s == pytest.approx(
-        5 * mx_layer + mx_module + 2 * mx_head + embed
+        5 * mx_layer + mx_module + 2 * mx_head + embed + norm
     )
 
 
@@ -260,10 +261,11 @@ def test_mtp_forward_counts_each_layer_by_its_own_kind():
     d, m = (layer_forward(ctx, moe, B200)[0].total_s for moe in (False, True))
     bd, bm = (layer_forward(bf16, moe, B200)[0].total_s for moe in (False, True))
     embed = embedding_pass(ctx, B200)[0].total_s  # the input embedding, once (pp 1)
-    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * d - m - embed
+    norm = _final_norm_s(plain, B200)
+    head = stage_pass_compute(plain, 0, B200)[0].total_s - 4 * d - m - embed - norm
     module = sum(k.time_s for k in mtp_module_kernels(ctx, B200).forward)
     fwd = stage_pass_compute(ctx, 0, B200)[0].total_s
-    assert fwd == pytest.approx(4 * d + m + bd + bm + 2 * module + 3 * head + embed, rel=1e-9)
+    assert fwd == pytest.approx(4 * d + m + bd + bm + 2 * module + 3 * head + embed + norm, rel=1e-9)
 
 
 def test_layer_counts_refuses_an_unknown_layer_set():
@@ -274,3 +276,10 @@ def test_layer_counts_refuses_an_unknown_layer_set():
     assert sum(layer_counts(ctx, 0, "all").values()) == 5 and LAYER_SETS == ("all", "decoder", "mtp")
     with pytest.raises(ValueError, match="layers must be one of"):
         layer_counts(ctx, 0, "decoders")
+
+
+def _final_norm_s(ctx, gpu) -> float:
+    """The decoder's final norm's forward seconds (once a micro-batch, on the stage that holds it)."""
+    from planner.kernels import efficiency, final_norm_kernels
+
+    return sum(k.time_s for k in final_norm_kernels(ctx, gpu, efficiency(gpu, None))[0])

@@ -3,6 +3,7 @@ the KV transfer on the graph, and the layout rules named at the pool's fields.""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -211,7 +212,8 @@ def test_disaggregated_ttft_grows_with_concurrency_and_a_lone_prompt_is_one_pass
     runs = {c: plan_serving(DSV3, cluster, engine("sglang"), Traffic(2000, 100, concurrency=c), pools, options)
             for c in (1, 64, 128, 256, 512, 2048)}  # fmt: skip
     ttfts = [runs[c].ttft_s for c in sorted(runs)]
-    assert ttfts == sorted(ttfts), ttfts
+    # never falls (values equal in exact arithmetic may differ in the last bit of a float sum)
+    assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(ttfts)), ttfts
     assert runs[1].pools[0].batch == 32  # one prompt per attention rank: the ranks step together
     assert runs[64].pools[0].batch == 64 and runs[512].pools[0].batch == 128  # then the token budget: 8,192 / 2,000
     assert runs[1].ttft_s == pytest.approx(runs[1].pools[0].step_s + runs[1].kv_transfer.time_s)

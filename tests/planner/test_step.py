@@ -108,11 +108,11 @@ def test_runs_within_ten_percent_at_the_median_and_h100_unbiased():
     rows = {c["name"]: step_validation.predict(c, DATA)["error"] for c in DATA["cases"]}
     # 10.1% over the 71 runs since the 16 torchtitan rows came (8.9% over the 55 before them; 10.3% at e9f5c0a),
     # 8.5% with titan7's RMSNorm op chain, loss parallelism, optimizer and async-TP split: their torch-native bias
-    # (-12.2% signed, -8.7% after titan7, -7.3% after overlap7 and dtype7's bf16 reduce-scatters under float8 TP) is
-    # reported, not hidden
+    # (-12.2% signed, -8.7% after titan7, -7.3% after overlap7 and dtype7's bf16 reduce-scatters under float8 TP,
+    # -7.1% with the final norm priced: mend7) is reported, not hidden
     assert len(rows) >= 40 and median(abs(e) for e in rows.values()) <= 0.10
     torch = [e for name, e in rows.items() if CASES[name]["parallel"].get("framework") == "torch"]
-    assert len(torch) == 16 and median(torch) == pytest.approx(-0.073, abs=0.01)
+    assert len(torch) == 16 and median(torch) == pytest.approx(-0.071, abs=0.01)
     h100 = [e for name, e in rows.items() if CASES[name]["cluster"] == "dgx-h100" and "gpu" not in CASES[name]]
     assert len(h100) >= 19 and median(abs(e) for e in h100) <= 0.08 and abs(median(h100)) <= 0.05
 

@@ -167,7 +167,8 @@ def test_gathered_logits_loss_runs_over_the_whole_vocabulary():
     """Without loss parallelism DTensor all-gathers the logits (ColwiseParallel output_layouts Replicate()) and
     every rank runs F.cross_entropy over all 128,256 columns: 18 B a logit over 8,192 x 128,256, forward; the
     backward (twice the forward's kernel time) over the same; loss parallelism keeps the rank's 16,128."""
-    from planner.compute import head_backward, head_kernels, loss_vocab
+    from planner.compute import head_backward, head_kernels
+    from planner.kernels import loss_vocab
 
     gathered, sharded = _ctx(tp=8), _ctx(tp=8, loss_parallel=True)
     assert loss_vocab(gathered) == 128256 and loss_vocab(sharded) == 129024 // 8
@@ -178,3 +179,23 @@ def test_gathered_logits_loss_runs_over_the_whole_vocabulary():
 
     head = _head(gathered, H100, EFFICIENCY)
     assert head_backward(gathered, head, H100, EFFICIENCY).elementwise_s == pytest.approx(2 * ce.time_s, rel=1e-12)
+
+
+def test_gathered_logits_are_held_over_the_whole_vocabulary():
+    """memory.py's logits read the loss's vocabulary (kernels.loss_vocab), as the head's kernels do: the gathered
+    loss keeps 4 B x 8,192 tokens x 128,256 columns on every rank, loss parallelism 4 x 8,192 x 16,128."""
+    from planner.memory import chunk_activation_key, chunk_activations
+
+    gathered, sharded = _ctx(tp=8), _ctx(tp=8, loss_parallel=True)
+    held = {c: chunk_activations(c, 0).logits for c in (gathered, sharded)}
+    assert held[gathered] - held[sharded] == 4 * 8192 * (128256 - 129024 // 8) == 3_674_210_304
+    # the memo key reads the flavour's loss trait (its traits, not its name)
+    from planner import flavours
+    from planner.flavours.torch import FLAVOUR as TORCH
+
+    try:
+        flavours.register(replace(TORCH, name="toy-loss", vocab_parallel_loss=True))
+        toy = Context(MODEL, gathered.work, replace(gathered.par, framework="toy-loss"))
+        assert chunk_activation_key(toy, 0) != chunk_activation_key(gathered, 0)
+    finally:
+        flavours.unregister("toy-loss")

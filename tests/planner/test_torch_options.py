@@ -21,7 +21,7 @@ import pytest
 from collectives.topology import cluster_preset
 from planner import ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
 from planner.context import Context
-from planner.kernels import GEMM_CEILING, ROWWISE_RESCALE_BYTES, layer_kernels
+from planner.kernels import EFFICIENCY, GEMM_CEILING, ROWWISE_RESCALE_BYTES, gemm_ceiling, layer_kernels
 from planner.recipes import RECIPES
 
 LLAMA8B = model_preset("llama3-8b")
@@ -51,7 +51,18 @@ def test_rowwise_recipe_is_torchaos_data():
     assert r.cast_bytes_per_element == 4 + 2 * 1.0  # each operand read twice, one fp8 copy per orientation
     assert not r.float8_all_gather and RECIPES["tensorwise"].float8_all_gather
     # 0.95 of the tensorwise ceiling (pytorch issue 147971: "within 90-100% of tensor-wise efficiency")
-    assert GEMM_CEILING[(90, "fp8_rowwise")] == round(GEMM_CEILING[(90, "fp8")] * 0.95, 3) == 0.802
+    gpu = H100.gpu
+    assert gemm_ceiling(gpu, "fp8_rowwise", EFFICIENCY) == round(GEMM_CEILING[(90, "fp8")] * 0.95, 3) == 0.802
+
+
+def test_rowwise_ceiling_follows_a_refitted_tensorwise_one():
+    """A trace that refits gemm_ceiling.fp8 moves rowwise with it (0.95 of it, never faster than tensorwise); a fit
+    that names fp8_rowwise wins."""
+    gpu = H100.gpu
+    fitted = replace(EFFICIENCY, gemm_ceilings=(("fp8", 0.9),))
+    assert gemm_ceiling(gpu, "fp8_rowwise", fitted) == round(0.9 * 0.95, 3) < gemm_ceiling(gpu, "fp8", fitted)
+    named = replace(EFFICIENCY, gemm_ceilings=(("fp8", 0.9), ("fp8_rowwise", 0.7)))
+    assert gemm_ceiling(gpu, "fp8_rowwise", named) == 0.7
 
 
 def test_rowwise_forward_gemms_are_rowwise_and_backward_tensorwise_with_a_rescale():
@@ -202,6 +213,26 @@ def test_cp_options_are_refused_under_the_other_frameworks_implementation():
     assert err.value.field == "parallel.cp_comm" and "cp_rotate_method (allgather, alltoall)" in str(err.value)
 
 
+def test_without_load_balancing_a_sliding_window_model_is_skewed_too():
+    """Llama 3 8B with a 4,096-key window on every other layer (full on layers 2, 4, ...), s 8,192, cp 4 without load
+    balancing: rank 3's queries 6,145 .. 8,192 attend min(j, 4,096) = 4,096 keys in a window layer (every one past
+    the window) and 8,192 - 1,024 + 1/2 in a full one; balanced, causal_keys over the whole sequence. cp_load_balance
+    false was ignored for windowed models (attended_keys' window branch used the balanced mean)."""
+    from planner.kernels import attended_keys, causal_keys, cp_rank_causal_keys
+
+    model = replace(LLAMA8B, sliding_window=4096, full_attention_interval=2)
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8)
+    s, c = 8192, 4
+    skewed = Context(model, work, _torch(dp=2, cp=c, cp_load_balance=False))
+    balanced = Context(model, work, _torch(dp=2, cp=c))
+    assert attended_keys(skewed) == pytest.approx((4096 + (s - s / (2 * c) + 0.5)) / 2)
+    assert attended_keys(balanced) == pytest.approx((causal_keys(s, 4096) + causal_keys(s, None)) / 2)
+    # a window reaching into the rank's queries: s 8, cp 2 (queries 5..8), w 6: (5 + 6 + 6 + 6) / 4
+    tiny = Context(replace(model, seq_length=8), replace(work, seq_length=8), _torch(dp=2, cp=2, cp_load_balance=False))
+    assert cp_rank_causal_keys(tiny, 6) == 23 / 4 and cp_rank_causal_keys(tiny, 3) == 3.0
+    assert cp_rank_causal_keys(tiny, None) == 8 - 8 / 4 + 0.5
+
+
 def test_without_load_balancing_the_last_cp_rank_attends_most():
     """_is_causal_behavior without enable_load_balance: rank c-1 computes its own causal block and c-1 full ones;
     its queries (the last s/c) attend s - s/(2c) + 1/2 keys on average against (s + 1)/2 balanced."""
@@ -239,3 +270,38 @@ def test_gathered_float8_weights_are_not_cast_again_in_the_layer():
         lk = layer_kernels(Context(LLAMA8B, replace(work, fp8_param_gather=gather), _torch()), False, H100.gpu)
         casts[gather] = [k.bytes for k in (*lk.forward, *lk.backward) if k.kind == "cast"]
     assert [a - b for a, b in zip(casts[False], casts[True], strict=True)] == [6 * LINEAR, 6 * LINEAR]
+
+
+def test_gathered_float8_weights_leave_the_routed_experts_cast():
+    """The FSDP2 float8 all-gather covers Float8Linear weights only (rules/data.py _float8_buffer: the routed
+    experts' grouped weights are gathered in bf16): on a Mixtral 8x7B MoE layer (ep 8, one local expert) the gather
+    drops the casts of the attention's q, k, v, o weights (2 x 4,096² + 2 x 4,096 x 1,024, 6 B each) and keeps the
+    experts' fc1 (4,096 x 28,672) and fc2 (14,336 x 4,096) weight casts."""
+    mixtral = model_preset("mixtral-8x7b")
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, fp8_recipe="tensorwise", seq_length=4096)
+    casts = {}
+    for gather in (False, True):
+        ctx = Context(mixtral, replace(work, fp8_param_gather=gather), _torch(ep=8))
+        lk = layer_kernels(ctx, True, H100.gpu)
+        casts[gather] = [k.bytes for k in (*lk.forward, *lk.backward) if k.kind == "cast"]
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
+    assert [a - b for a, b in zip(casts[False], casts[True], strict=True)] == [6 * attention, 6 * attention]
+
+
+def test_layer_kernels_memo_keys_the_torchao_trait():
+    """_fp8_casts reads Flavour.torchao_float8 (recipes.float8_gathered): a flavour registered again without it
+    casts its weights again, not the memoised kernels of the first registration (kernels.layer_kernels_key)."""
+    from planner import flavours
+    from planner.flavours.torch import FLAVOUR as TORCH
+
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, fp8_recipe="tensorwise", fp8_param_gather=True)
+    casts = []
+    try:
+        for torchao in (True, False):
+            flavours.register(replace(TORCH, name="toy-torchao", torchao_float8=torchao))
+            par = ParallelSpec(framework="toy-torchao", dp=8, zero_stage=3)
+            lk = layer_kernels(Context(LLAMA8B, work, par), False, H100.gpu)
+            casts.append([k.bytes for k in lk.forward if k.kind == "cast"])
+    finally:
+        flavours.unregister("toy-torchao")
+    assert [b - a for a, b in zip(*casts, strict=True)] == [6 * LINEAR]
