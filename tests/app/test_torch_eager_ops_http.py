@@ -28,13 +28,15 @@ def _post(api, b, status=200):
 
 
 def test_norm_kernel_ops_over_http(api):
-    """Llama 3 8B, 32 layers x 2 norms over 8,192 x 4,096 per micro-batch, 8 micro-batches: the op chain adds
-    (36 + 92) - (4 + 8) B an element and (8 + 16) - (1 + 1) launches of 5 us, at 0.877 of 3,350 GB/s."""
+    """Llama 3 8B, 32 layers x 2 norms + the final norm over 8,192 x 4,096 per micro-batch, 8 micro-batches: the op
+    chain adds (36 + 92) - (4 + 8) B an element and (8 + 16) - (1 + 1) launches of 5 us, at 0.877 of 3,350 GB/s;
+    the part of those bytes that runs beside FSDP2's hidden gathers shares HBM with them (planner/contention.py),
+    so the difference is at least the closed form and at most 1% over it."""
     fused = _post(api, _body())["step"]["compute_s"]
     ops = _post(api, _body({"norm_kernel": "ops"}))["step"]["compute_s"]
     n = 8192 * 4096
     per_norm = (36 + 92 - 4 - 8) * n / (3350e9 * 0.877) + (8 + 16 - 1 - 1) * 5e-6
-    assert ops - fused == pytest.approx(8 * 64 * per_norm, rel=1e-9)
+    assert 8 * 65 * per_norm * (1 - 1e-9) <= ops - fused <= 8 * 65 * per_norm * 1.01
     assert _post(api, _body({"norm_kernel": "fused"}))["step"]["compute_s"] == fused
 
 
