@@ -278,6 +278,8 @@ def test_moe_overlap_switches_shorten_the_step(api):
     body["options"] = {"overlap": {"overlap_moe_expert_parallel_comm": True}}
     a2a = plan(api, body)["step"]
     assert a2a["exposed_comm_s"] < shared["exposed_comm_s"] < base["exposed_comm_s"]
-    assert a2a["compute_s"] == pytest.approx(base["compute_s"])
+    # the same kernels; hiding the all-to-all's token-count all-gather (NCCL, one channel) slows the compute
+    # beside it by that channel's SM share (planner/contention.py): a little, never less
+    assert base["compute_s"] <= a2a["compute_s"] <= base["compute_s"] * (1 + 1e-4)
     body["parallel"]["ep_dispatch"] = "allgather"
     refused(plan(api, body, 422), ["options", "overlap", "overlap_moe_expert_parallel_comm"], "allgather")
