@@ -892,6 +892,7 @@ def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None 
 
 _LAYER_KERNELS: dict = {}
 _TOKEN_KERNELS: dict = {}  # (token_kernels_key, moe, gpu, eff) -> a LayerKernels of those tokens (search8)
+LAYER_KERNELS_KEPT = 4096  # entries of each per-layer memo before it is cleared
 
 
 def token_kernels_key(ctx: Context) -> tuple | None:
@@ -970,7 +971,6 @@ def _spliced(kernels: tuple, old: tuple, new: tuple) -> tuple:
     """``kernels`` with the contiguous run ``old`` (the very objects) replaced by ``new``."""
     at = next(i for i, k in enumerate(kernels) if k is old[0])
     return kernels[:at] + new + kernels[at + len(old) :]
-LAYER_KERNELS_KEPT = 4096  # entries of each per-layer memo before it is cleared
 
 
 def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff: Efficiency, *args):
