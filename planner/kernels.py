@@ -908,7 +908,6 @@ def token_kernels_key(ctx: Context) -> tuple | None:
     if not ctx.training or ctx.s == 1:
         return None
     par = ctx.par
-    flavour = par.flavour
     return (
         ctx.model,
         _token_work(ctx.work),
@@ -918,21 +917,7 @@ def token_kernels_key(ctx: Context) -> tuple | None:
         par.sp,
         par.ep,
         par.etp,
-        flavour.fused_kernels,  # as layer_kernels_key: the flavour's traits the kernels read
-        flavour.flash_attention_by_sm,
-        flavour.grad_accumulation_fusion,
-        flavour.fused_cross_entropy,
-        flavour.expert_gemm_streams,
-        flavour.moe_score_combine,
-        flavour.fp8_expert_padding,
-        flavour.unfused_rope_scalings,
-        flavour.eager_glu_clamp,
-        flavour.expert_bias_loop,
-        flavour.dispatch_preprocess_launches,
-        flavour.local_linear_biases,
-        flavour.vocab_parallel_loss,
-        flavour.loss_parallel_switch,
-        flavour.embedding_transposes,
+        *kernel_traits(par.flavour),
         par.ep_dispatch,
     )
 
@@ -994,7 +979,6 @@ def layer_kernels_key(ctx: Context) -> tuple:
     the rank order.
     tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts."""
     par = ctx.par
-    flavour = par.flavour
     return (
         ctx.model,
         ctx.work,
@@ -1004,8 +988,19 @@ def layer_kernels_key(ctx: Context) -> tuple:
         par.sp,
         par.ep,
         par.etp,
-        flavour.fused_kernels,  # what the kernels read of the framework's flavour (fusion, attention_kernel):
-        flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
+        *kernel_traits(par.flavour),
+        par.cp_comm,
+        par.cp_load_balance,
+        par.ep_dispatch,
+    )
+
+
+def kernel_traits(flavour) -> tuple:
+    """What a layer's kernels read of the framework's flavour (fusion, attention_kernel, ...): its traits, not
+    its name (a name may be registered again). The one list of layer_kernels_key and token_kernels_key."""
+    return (
+        flavour.fused_kernels,
+        flavour.flash_attention_by_sm,
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
@@ -1021,9 +1016,6 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.embedding_transposes,
         flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
         flavour.te_fp8_recipes,  # expert_quantize_launches
-        par.cp_comm,
-        par.cp_load_balance,
-        par.ep_dispatch,
     )
 
 
