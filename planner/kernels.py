@@ -526,6 +526,7 @@ class LayerKernels:
     backward: tuple[Kernel, ...]
     recompute: tuple[Kernel, ...]
     attention: tuple[Kernel, ...] = ()  # the core-attention forward kernels (what selective recompute reruns)
+    attention_bwd: tuple[Kernel, ...] = ()  # the core-attention backward kernels (as listed in ``backward``)
 
 
 def generation(gpu: GPUSpec) -> int:
@@ -886,11 +887,75 @@ def layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None 
     they read of the context), the kind of layer, the GPU and the constants, so that contexts differing in
     what the kernels do not read (pp, dp when training, ZeRO, the pipeline schedule) share one entry. Bounded:
     cleared past LAYER_KERNELS_KEPT entries. ``eff`` None: the GPU's constants (gpu_efficiency)."""
-    return per_layer(_LAYER_KERNELS, _layer_kernels, ctx, moe, gpu, efficiency(gpu, eff))
+    return per_layer(_LAYER_KERNELS, _layer_kernels_of_tokens, ctx, moe, gpu, efficiency(gpu, eff))
 
 
 _LAYER_KERNELS: dict = {}
+_TOKEN_KERNELS: dict = {}  # (token_kernels_key, moe, gpu, eff) -> a LayerKernels of those tokens (search8)
 LAYER_KERNELS_KEPT = 4096  # entries of each per-layer memo before it is cleared
+
+
+def token_kernels_key(ctx: Context) -> tuple | None:
+    """The value key of what a layer's kernels other than core attention read of the context (search8): the
+    GEMMs and element-wise kernels read the micro-batch size b and cp only through the tokens one rank holds,
+    T = b·s/cp (``_layer_kernels``' ``T``; the MoE routing's rows, ``expert_rows``), and s/cp alone only in the
+    unfused rotary's frequency table (``_attention_projections``, rotary_freqs). Core attention reads b, s/cp,
+    the KV length and the ring's steps apart (``attention_kernels``), cp_comm and cp_load_balance: it is priced
+    per context and spliced into a token-keyed layer at its own place, so each forward and backward keeps its
+    kernels and their order exactly (``_layer_kernels_of_tokens``). None where that split is not made: inference
+    (b reads dp) and decode; unfused attention is not split either (``_layer_kernels_of_tokens``: its GEMMs and
+    softmax, kinds gemm and memory, sit among the layer's own and the fp8 casts' operands)."""
+    if not ctx.training or ctx.s == 1:
+        return None
+    par = ctx.par
+    return (
+        ctx.model,
+        _token_work(ctx.work),
+        ctx.b * ctx.s_cp,
+        ctx.s_cp if unfused_rope(ctx) else None,
+        par.tp,
+        par.sp,
+        par.ep,
+        par.etp,
+        *kernel_traits(par.flavour),
+        par.ep_dispatch,
+    )
+
+
+@lru_cache(maxsize=256)
+def _token_work(work):
+    """The workload less its micro-batch size (which the token kernels read only through T, in the key)."""
+    return replace(work, micro_batch_size=1)
+
+
+def _layer_kernels_of_tokens(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
+    """``_layer_kernels`` of ``ctx`` (layer_kernels' miss), built from a layer of equal tokens per rank when one
+    was priced (token_kernels_key): its kernels with its core attention replaced by ``ctx``'s, at the same
+    places in the forward and the backward, so every pass sums the same kernels in the same order (bit-equal;
+    tests/planner/test_search_speed.py checks it against ``_layer_kernels`` over drawn layouts). Bounded as
+    layer_kernels' memo."""
+    key = token_kernels_key(ctx)
+    if key is None or attention_kernel(ctx, gpu) == "unfused":
+        return _layer_kernels(ctx, moe, gpu, eff)
+    key = (key, moe, gpu, eff)
+    base = _TOKEN_KERNELS.get(key)
+    if base is None:
+        if len(_TOKEN_KERNELS) >= LAYER_KERNELS_KEPT:
+            _TOKEN_KERNELS.clear()
+        base = _TOKEN_KERNELS[key] = _layer_kernels(ctx, moe, gpu, eff)
+        return base
+    core_fwd, core_bwd = attention_kernels(ctx, gpu, eff, 0.0 if cuda_graphs(ctx) else eff.cpu_op_s)
+    forward = _spliced(base.forward, base.attention, core_fwd)
+    backward = _spliced(base.backward, base.attention_bwd, core_bwd)
+    rc = ctx.work.activation_recompute
+    recompute = forward if rc == "full" else core_fwd if rc == "selective" else ()
+    return LayerKernels(forward, backward, recompute, core_fwd, core_bwd)
+
+
+def _spliced(kernels: tuple, old: tuple, new: tuple) -> tuple:
+    """``kernels`` with the contiguous run ``old`` (the very objects) replaced by ``new``."""
+    at = next(i for i, k in enumerate(kernels) if k is old[0])
+    return kernels[:at] + new + kernels[at + len(old) :]
 
 
 def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff: Efficiency, *args):
@@ -914,7 +979,6 @@ def layer_kernels_key(ctx: Context) -> tuple:
     the rank order.
     tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts."""
     par = ctx.par
-    flavour = par.flavour
     return (
         ctx.model,
         ctx.work,
@@ -924,8 +988,19 @@ def layer_kernels_key(ctx: Context) -> tuple:
         par.sp,
         par.ep,
         par.etp,
-        flavour.fused_kernels,  # what the kernels read of the framework's flavour (fusion, attention_kernel):
-        flavour.flash_attention_by_sm,  # its traits, not its name (a name may be registered again)
+        *kernel_traits(par.flavour),
+        par.cp_comm,
+        par.cp_load_balance,
+        par.ep_dispatch,
+    )
+
+
+def kernel_traits(flavour) -> tuple:
+    """What a layer's kernels read of the framework's flavour (fusion, attention_kernel, ...): its traits, not
+    its name (a name may be registered again). The one list of layer_kernels_key and token_kernels_key."""
+    return (
+        flavour.fused_kernels,
+        flavour.flash_attention_by_sm,
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
@@ -941,9 +1016,6 @@ def layer_kernels_key(ctx: Context) -> tuple:
         flavour.embedding_transposes,
         flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
         flavour.te_fp8_recipes,  # expert_quantize_launches
-        par.cp_comm,
-        par.cp_load_balance,
-        par.ep_dispatch,
     )
 
 
@@ -985,7 +1057,7 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         recompute = tuple(core_fwd)
     else:
         recompute = ()
-    return LayerKernels(forward, backward, recompute, tuple(core_fwd))
+    return LayerKernels(forward, backward, recompute, tuple(core_fwd), tuple(core_bwd))
 
 
 def mtp_runs_bf16(ctx: Context) -> bool:

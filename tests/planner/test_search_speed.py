@@ -562,3 +562,44 @@ def test_chunk_activation_key_holds_the_flavour_traits_the_bytes_read():
     (mkey, mbytes), (dkey, dbytes) = found["megatron"], found["deepspeed"]
     assert mkey != dkey and mkey[:3] == dkey[:3]  # the same model, workload and tokens: the trait differs
     assert mbytes == (2315255808.0,) and dbytes == (2818572288.0,)  # fp8 copies of the inputs vs bf16 ones
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "mixtral-8x7b", "gpt3-175b", "deepseek-v3"])
+@pytest.mark.parametrize("framework", ["megatron", "torch", "deepspeed"])
+def test_layer_kernels_spliced_on_tokens_per_rank_equal_their_own(preset, framework):
+    """kernels.layer_kernels prices a layer's kernels but core attention once per tokens per rank b·s/cp
+    (token_kernels_key) and splices each context's own core attention in at its place: for (b, cp) pairs of
+    equal tokens, cp_comm p2p (cp ring steps and merges) and all-gather, three recomputes and an fp8 recipe,
+    the spliced kernels equal the context's own (kernels._layer_kernels afresh), kernel for kernel and in order,
+    so every pass sums bit for bit alike; and the layers of equal tokens share one entry."""
+    from planner import kernels
+    from planner.compute import pass_time
+    from planner.kernels import EFFICIENCY, layer_kernels, token_kernels_key
+
+    model = replace(MODEL_PRESETS[preset], num_layers=4)
+    kernels._LAYER_KERNELS.clear()
+    kernels._TOKEN_KERNELS.clear()
+    spliced = contexts = 0
+    for recipe in (None, "delayed"):
+        for rc in ("none", "selective", "full"):
+            for comm in ("p2p", "allgather"):
+                for b, cp in ((1, 1), (2, 2), (4, 4), (2, 1), (4, 2), (1, 2)):
+                    work = WorkloadSpec(
+                        global_batch_size=64, micro_batch_size=b, activation_recompute=rc, fp8_recipe=recipe
+                    )
+                    par = ParallelSpec(
+                        tp=2, cp=cp, pp=1, dp=8 // cp, sequence_parallel=True, ep=2 if model.moe else 1,
+                        framework=framework, cp_comm=comm if cp > 1 else "p2p",
+                    )  # fmt: skip
+                    ctx = Context(model, work, par)
+                    assert token_kernels_key(ctx)[2] == b * (ctx.s // cp)
+                    for moe in (False, True) if model.moe else (False,):
+                        before = len(kernels._TOKEN_KERNELS)
+                        got = layer_kernels(ctx, moe, _GPU)
+                        spliced += len(kernels._TOKEN_KERNELS) == before
+                        contexts += 1
+                        own = kernels._layer_kernels(ctx, moe, _GPU, EFFICIENCY)
+                        assert got == own, (recipe, rc, comm, b, cp, moe)
+                        assert pass_time(got.forward) == pass_time(own.forward)
+                        assert pass_time(got.backward) == pass_time(own.backward)
+    assert spliced >= contexts // 2  # (2, 2), (4, 4), (4, 2) and (1, 2) meet a layer of their tokens
