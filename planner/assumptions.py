@@ -68,25 +68,51 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     add(Assumption("workload.cuda_graphs", _onoff(bool(work.cuda_graphs)), by + ": no CUDA graphs"))
     add(Assumption("workload.torch_compile", _onoff(bool(work.torch_compile)), by + ": eager"))
     if work.training:
-        fused = _onoff(grad_accumulation_fusion(ctx))
-        add(Assumption("workload.grad_accumulation_fusion", fused, f"{by}: {_onoff(fl.grad_accumulation_fusion)}"))
-        loss = _onoff(cross_entropy_fusion(ctx))
-        add(Assumption("workload.cross_entropy_fusion", loss, f"{by}: {_onoff(fl.fused_cross_entropy)}"))
-        if fl.loss_parallel_switch and par.tp > 1:
-            lp = _onoff(vocab_parallel_loss(ctx))
-            what = f"{by}: {_onoff(fl.vocab_parallel_loss)} (torchtitan: on unless --training.disable_loss_parallel)"
-            add(Assumption("workload.loss_parallel", lp, what))
-        if fl.torch_optimizer:
-            impl = work.optimizer_implementation or "fused"
-            what = f"{by}: fused (torchtitan optimizer.implementation; foreach before 2025), then clip_grad_norm_"
-            add(Assumption("workload.optimizer_implementation", impl, what))
-        if ctx.model.moe is not None and fl.te_fp8_recipes:
-            grouped = _onoff(work.fused_grouped_mlp)
-            add(Assumption("workload.fused_grouped_mlp", grouped, f"{by}: off (TEGroupedMLP, a GEMM per local expert)"))
+        rows += _kernel_switch_rows(ctx, by)
     if not fl.fused_kernels:
         add(Assumption("workload.norm_kernel", "ops" if norm_ops(ctx) else "fused", f"{by}: fused (F.rms_norm)"))
     add(Assumption("parallel.zero_stage", str(par.zero_stage), f"{COMMPLAN}: 0 (no optimizer sharding)"))
     add(Assumption("parallel.order", par.order, f"{COMMPLAN}: Megatron's {DEFAULT_ORDER}, fastest-varying first"))
+    rows += _layout_rows(ctx, by)
+    resolved = overlap.resolved(ctx)
+    for name, source in SCHEMA_SOURCES.items():
+        if _applies(name, ctx):
+            add(Assumption(f"options.overlap.{name}", _onoff(getattr(resolved, name)), f"{by}; {source}"))
+    add(Assumption("cluster.nccl_version", cluster.nccl_version, f"{COMMPLAN}: the newest NCCL tuning model"))
+    add(Assumption("options.pricing", options.pricing, "auto: NCCL's cost model on NVIDIA clusters, else the schedule"))
+    add(Assumption("options.nccl_algo", options.nccl_algo, "NCCL_ALGO unset: NCCL picks per call"))
+    add(Assumption("options.nccl_proto", options.nccl_proto, "NCCL_PROTO unset: NCCL picks per call"))
+    return rows
+
+
+def _kernel_switch_rows(ctx: Context, by: str) -> list[Assumption]:
+    """A training plan's kernel switches as the framework resolves them (fusions, the loss, the optimizer)."""
+    fl, par, work = ctx.flavour, ctx.par, ctx.work
+    rows: list[Assumption] = []
+    add = rows.append
+    fused = _onoff(grad_accumulation_fusion(ctx))
+    add(Assumption("workload.grad_accumulation_fusion", fused, f"{by}: {_onoff(fl.grad_accumulation_fusion)}"))
+    loss = _onoff(cross_entropy_fusion(ctx))
+    add(Assumption("workload.cross_entropy_fusion", loss, f"{by}: {_onoff(fl.fused_cross_entropy)}"))
+    if fl.loss_parallel_switch and par.tp > 1:
+        lp = _onoff(vocab_parallel_loss(ctx))
+        what = f"{by}: {_onoff(fl.vocab_parallel_loss)} (torchtitan: on unless --training.disable_loss_parallel)"
+        add(Assumption("workload.loss_parallel", lp, what))
+    if fl.torch_optimizer:
+        impl = work.optimizer_implementation or "fused"
+        what = f"{by}: fused (torchtitan optimizer.implementation; foreach before 2025), then clip_grad_norm_"
+        add(Assumption("workload.optimizer_implementation", impl, what))
+    if ctx.model.moe is not None and fl.te_fp8_recipes:
+        grouped = _onoff(work.fused_grouped_mlp)
+        add(Assumption("workload.fused_grouped_mlp", grouped, f"{by}: off (TEGroupedMLP, a GEMM per local expert)"))
+    return rows
+
+
+def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
+    """The pipeline schedule, the CP method and the expert layout, where the plan has them."""
+    fl, par = ctx.flavour, ctx.par
+    rows: list[Assumption] = []
+    add = rows.append
     if par.pp > 1:
         add(Assumption("parallel.pipeline_schedule", par.pipeline_schedule, f"{COMMPLAN}: 1f1b (Megatron's default)"))
         add(
@@ -106,14 +132,6 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     if ctx.model.moe is not None:
         add(Assumption("parallel.ep_dispatch", par.ep_dispatch, f"{COMMPLAN}: alltoall, as published recipes set it"))
         add(Assumption("parallel.expert_tp", str(par.etp), by + (" (= tp)" if fl.expert_tp_default_is_tp else " (1)")))
-    resolved = overlap.resolved(ctx)
-    for name, source in SCHEMA_SOURCES.items():
-        if _applies(name, ctx):
-            add(Assumption(f"options.overlap.{name}", _onoff(getattr(resolved, name)), f"{by}; {source}"))
-    add(Assumption("cluster.nccl_version", cluster.nccl_version, f"{COMMPLAN}: the newest NCCL tuning model"))
-    add(Assumption("options.pricing", options.pricing, "auto: NCCL's cost model on NVIDIA clusters, else the schedule"))
-    add(Assumption("options.nccl_algo", options.nccl_algo, "NCCL_ALGO unset: NCCL picks per call"))
-    add(Assumption("options.nccl_proto", options.nccl_proto, "NCCL_PROTO unset: NCCL picks per call"))
     return rows
 
 

@@ -1179,28 +1179,30 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     positions = mdl.learned_position_embeddings
     sp_copies = (positions + 1) if (sbh and ctx.par.sp and t > 1) else 0  # the scatter's split, the clone
     out = row / (t if ctx.par.sp else 1)  # the embedding's output: the sequence shard under SP
-    if t > 1:
-        k.mem(name + ".vocab_mask", 6 * 2 * 8 * T, VOCAB_MASK_LAUNCHES, back=0)
-    k.mem(name + ".gather", 2 * row, 1, back=0)
-    if t > 1:
-        k.mem(name + ".mask_output", row, VOCAB_MASK_OUTPUT_LAUNCHES, back=0)
-    if positions:
-        k.mem(name + ".positions", 2 * row + 3 * row, 2, back=0)  # F.embedding of the positions, the add
-    if sbh:
-        k.mem(name + ".transpose", 2 * row, 1, back=0)
-    if sp_copies:
-        k.mem(name + ".sp_copy", 2 * out, sp_copies, back=0)
     dropout = has_dropout(ctx)
-    if dropout:
-        k.mem(name + ".dropout", out * (2 + DROPOUT_BYTES / x), 1, back=0)
+    # (runs, name, bytes, launches), in the order they run
+    forward = (
+        (t > 1, ".vocab_mask", 6 * 2 * 8 * T, VOCAB_MASK_LAUNCHES),
+        (True, ".gather", 2 * row, 1),
+        (t > 1, ".mask_output", row, VOCAB_MASK_OUTPUT_LAUNCHES),
+        (positions, ".positions", 2 * row + 3 * row, 2),  # F.embedding of the positions, the add
+        (sbh, ".transpose", 2 * row, 1),
+        (sp_copies, ".sp_copy", 2 * out, sp_copies),
+        (dropout, ".dropout", out * (2 + DROPOUT_BYTES / x), 1),
+    )
+    for runs, what, nbytes, launches in forward:
+        if runs:
+            k.mem(name + what, nbytes, launches, back=0)
     if not ctx.training:
         return
-    if dropout:
-        k.bwd.append(memory_kernel(name + ".dropout.bwd", out * (2 + DROPOUT_BYTES / x), k.gpu, k.eff, 1, k.floor))
-    if sbh:
-        k.bwd.append(memory_kernel(name + ".transpose.bwd", 2 * row, k.gpu, k.eff, 1, k.floor))
-    if t > 1:
-        k.bwd.append(memory_kernel(name + ".mask_output.bwd", row, k.gpu, k.eff, VOCAB_MASK_OUTPUT_LAUNCHES, k.floor))
+    backward = (
+        (dropout, ".dropout.bwd", out * (2 + DROPOUT_BYTES / x), 1),
+        (sbh, ".transpose.bwd", 2 * row, 1),
+        (t > 1, ".mask_output.bwd", row, VOCAB_MASK_OUTPUT_LAUNCHES),
+    )
+    for runs, what, nbytes, launches in backward:
+        if runs:
+            k.bwd.append(memory_kernel(name + what, nbytes, k.gpu, k.eff, launches, k.floor))
     _dense_embedding_backward(k, T, ctx.model.padded_vocab(t) // t, name)
     if positions:
         _dense_embedding_backward(k, T, mdl.seq_length, name + ".positions")

@@ -309,34 +309,13 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         c, t = pc.call, pc.price.time_s
         stream = _stream(c, m, zero)
         if stream == "pp":
-            if c.name in SHAPE_CALLS:
-                out.shape_s = max(out.shape_s, t)
-            elif c.name in GATHER_CALLS:
-                out.gather_s = max(out.gather_s, t)
-            else:
-                out.send_s = max(out.send_s, t)
+            _pp_send(out, c.name, t)
             continue
         amount, n = c.calls_per_iteration * t, c.calls_per_iteration
         row = acc.setdefault(stream, [0.0] * stages)
         num = counts.setdefault(stream, [0] * stages)
         vol = volume.setdefault(stream, [0.0] * stages)
-        # what the call holds (planner/contention.py), summed per (stream, stages) and spread over the stages once
-        # below; the legs of one kernel run at once, so their SMs and bytes add (the longest leg's time is the
-        # kernel's). NCCL's closed-form collectives only: a call priced without a channel count (the schedule
-        # pricer's, p2p sends, all-to-alls) is left out, its SMs and its HBM bytes (contention.py's docstring)
-        channels = pc.price.channels
-        if channels:
-            got = held.setdefault((stream, c.stages), [0.0, 0.0])
-            got[0] += channels * amount
-            got[1] += n * hbm_bytes(pc.price)
-        if stream.startswith("tp."):
-            bulk = ".bulk" if c.name.endswith(BULK_GATHER_SUFFIX) else ""
-            key = (f"{stream}.{c.op.value}{bulk}", c.stages)
-            ops[key] = ops.get(key, 0.0) + amount
-        if stream == "tp.backward" and c.op.value == "reducescatter":
-            row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
-            for s in c.stages:
-                row_of[s] += amount
+        _tally_holds(out, held, ops, pc, stream, amount, stages)
         if zero >= 2 and c.parallelism in ("dp", "edp") and c.op.value in _UNIT_OPS and c.phase in _PASSES:
             _unit_totals(out, f"dp.{c.phase}.{c.op.value}", c, t, stages, stream.startswith("dp."))
         for s in c.stages:
@@ -349,6 +328,44 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
                 row[s] += amount
     for (stream, _, s), amount in legs.items():
         acc[stream][s] += amount
+    _spread_holds(out, held, ops, stages)
+    return out
+
+
+def _pp_send(out: StreamTotals, name: str, t: float) -> None:
+    """A pipeline send: the largest of its kind (shape sends, scatter/gather's TP gathers, tensor sends)."""
+    if name in SHAPE_CALLS:
+        out.shape_s = max(out.shape_s, t)
+    elif name in GATHER_CALLS:
+        out.gather_s = max(out.gather_s, t)
+    else:
+        out.send_s = max(out.send_s, t)
+
+
+def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amount: float, stages: int) -> None:
+    """What the call holds (planner/contention.py), summed per (stream, stages) and spread over the stages once
+    (``_spread_holds``); the legs of one kernel run at once, so their SMs and bytes add (the longest leg's time is
+    the kernel's). NCCL's closed-form collectives only: a call priced without a channel count (the schedule
+    pricer's, p2p sends, all-to-alls) is left out, its SMs and its HBM bytes (contention.py's docstring). TP
+    calls also sum per op (TransformerEngine's SMs per op, ``tp_ops``) and the backward reduce-scatters per name."""
+    c = pc.call
+    channels = pc.price.channels
+    if channels:
+        got = held.setdefault((stream, c.stages), [0.0, 0.0])
+        got[0] += channels * amount
+        got[1] += c.calls_per_iteration * hbm_bytes(pc.price)
+    if stream.startswith("tp."):
+        bulk = ".bulk" if c.name.endswith(BULK_GATHER_SUFFIX) else ""
+        key = (f"{stream}.{c.op.value}{bulk}", c.stages)
+        ops[key] = ops.get(key, 0.0) + amount
+    if stream == "tp.backward" and c.op.value == "reducescatter":
+        row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
+        for s in c.stages:
+            row_of[s] += amount
+
+
+def _spread_holds(out: StreamTotals, held: dict, ops: dict, stages: int) -> None:
+    """``_tally_holds``' sums over the stages each group of calls ran on."""
     for (stream, members), (sm_seconds, hbm) in held.items():
         sms, moved = out.sm_time.setdefault(stream, [0.0] * stages), out.hbm.setdefault(stream, [0.0] * stages)
         for s in members:
@@ -358,7 +375,6 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         row = out.tp_ops.setdefault(key, [0.0] * stages)
         for s in members:
             row[s] += amount
-    return out
 
 
 _UNIT_OPS = ("allgather", "reducescatter")
