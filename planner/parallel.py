@@ -570,29 +570,7 @@ def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             f"Currently there is no support for Pipeline parallelism with CPU offloading (Megatron "
             f"transformer_config.py); pp is {par.pp}",
         )
-    if w.selective_ac_option is not None and not par.flavour.torchtitan_selective_ac:
-        raise SpecError(
-            "workload.selective_ac_option",
-            f"is torchtitan's (framework torch), framework is {par.framework!r}; Megatron: recompute_modules",
-        )
-    if w.loss_parallel is not None and not par.flavour.loss_parallel_switch:
-        always = "always" if par.flavour.vocab_parallel_loss else "never"
-        raise SpecError(
-            "workload.loss_parallel",
-            f"is torchtitan's training.disable_loss_parallel switch (framework torch), framework is "
-            f"{par.framework!r}, whose loss is {always} vocab-parallel",
-        )
-    if w.optimizer_implementation is not None and not par.flavour.torch_optimizer:
-        raise SpecError(
-            "workload.optimizer_implementation",
-            f"is torch.optim.AdamW's (framework torch); framework {par.framework!r} runs its own fused Adam",
-        )
-    if w.norm_kernel == "ops" and par.flavour.fused_kernels:
-        raise SpecError(
-            "workload.norm_kernel",
-            f"'ops' is an eager framework's RMSNorm op chain (framework torch or deepspeed); framework "
-            f"{par.framework!r} runs its norm fused (TransformerEngine)",
-        )
+    _framework_switches(par, w)
     per_step = w.micro_batch_size * par.dp
     if w.global_batch_size % per_step:
         raise SpecError(
@@ -630,6 +608,28 @@ class Chunk:
     loss: bool = False
     mtp: int = 0
 
+
+
+def _framework_switches(par: ParallelSpec, w: WorkloadSpec) -> None:
+    """A workload switch that only some frameworks have (a flavour trait says which), refused on the others; the
+    reason is written only for a refusal (the search checks every layout)."""
+    fl = par.flavour
+    refusals = (  # (refused, field, why), checked in this order
+        (w.selective_ac_option is not None and not fl.torchtitan_selective_ac, "workload.selective_ac_option",
+         "is torchtitan's (framework torch), framework is {name}; Megatron: recompute_modules"),
+        (w.loss_parallel is not None and not fl.loss_parallel_switch, "workload.loss_parallel",
+         "is torchtitan's training.disable_loss_parallel switch (framework torch), framework is {name}, whose "
+         "loss is {always} vocab-parallel"),
+        (w.optimizer_implementation is not None and not fl.torch_optimizer, "workload.optimizer_implementation",
+         "is torch.optim.AdamW's (framework torch); framework {name} runs its own fused Adam"),
+        (w.norm_kernel == "ops" and fl.fused_kernels, "workload.norm_kernel",
+         "'ops' is an eager framework's RMSNorm op chain (framework torch or deepspeed); framework {name} runs "
+         "its norm fused (TransformerEngine)"),
+    )  # fmt: skip
+    for refused, where, why in refusals:
+        if refused:
+            always = "always" if fl.vocab_parallel_loss else "never"
+            raise SpecError(where, why.format(name=repr(par.framework), always=always))
 
 def parse_layout(layout: str | tuple | list) -> tuple[tuple[str, ...], ...]:
     """Megatron's --pipeline-model-parallel-layout: the string ("Et*3|(tt|)*29,m|L", commas cosmetic,
