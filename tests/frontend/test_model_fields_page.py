@@ -60,7 +60,9 @@ def test_model_fields_edit_the_plan(make_page, viewport):  # noqa: F811
     expect(again.locator("#m-num-layers")).to_have_value("40")
     planned(again, lambda r: r["model"].get("num_layers") == 40)
 
-    # a bad value: the server's 422, on its input
+    # a bad value: the server's 422, on its input (the first page in front again: the fresh page above took the
+    # front, and a background page's 250 ms plan timer may be throttled)
+    page.bring_to_front()
     page.fill("#m-num-kv-heads", "3")
     expect(page.locator("#m-num-kv-heads")).to_have_attribute("aria-invalid", "true", timeout=30_000)
     expect(page.locator("#form-errors")).to_contain_text("not divisible by num_kv_heads 3")
