@@ -13,9 +13,9 @@ from bench import measure_megatron_moe as m
 
 def test_device_command_fits_the_device_tool_and_is_in_the_docstring():
     assert len(m.DEVICE_COMMAND) <= 2000
-    assert "--no-index --no-deps" in m.DEVICE_COMMAND and "timeout 450" in m.DEVICE_COMMAND
+    assert "--no-index --no-deps" in m.DEVICE_COMMAND and "timeout 420" in m.DEVICE_COMMAND
     assert m.DEVICE_COMMAND in m.__doc__.replace(" \\\n      ", " ")
-    assert m.BUDGET_S < 450 - 30  # the guard leaves the timeout room for the last row and the imports
+    assert m.BUDGET_S <= 420 - 30  # the guard leaves the 7-min timeout room for the last row and the imports
 
 
 def test_shapes_are_the_published_models_per_rank():
