@@ -171,6 +171,10 @@ class Flavour:
     # the optimizer step is torch.optim's AdamW (fused or foreach: workload.optimizer_implementation) after
     # torchtitan's gradient clipping (planner/kernels.py optimizer_bytes); False: a fused Adam (apex / TE)
     torch_optimizer: bool = False
+    # Megatron-LM's Float16OptimizerWithFloat16Params before the distributed optimizer (2021-22): the fp32 copy of the
+    # gradients, the unscale under fp16, the norm and the copy back into the 16-bit parameters as passes of their own
+    # beside apex's FusedAdam (planner/kernels.py MEGATRON_LM_OPTIMIZER); False: one fused Adam (ADAM_BYTES)
+    float16_optimizer_passes: bool = False
     # ---- step time (planner/step.py) ---------------------------------------------------------------------
     # ZeRO stages at which gradient reduction and parameter gathers overlap compute by default
     overlap_zero_stages: frozenset[int] = frozenset()

@@ -8,6 +8,8 @@ import pytest
 
 from collectives.topology import cluster_preset
 from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner.compute import optimizer_s
+from planner.context import Context
 
 GPT3 = model_preset("gpt3-175b")
 WORK = WorkloadSpec(micro_batch_size=1, global_batch_size=16, activation_recompute="full", attention_kernel="unfused")
@@ -44,7 +46,8 @@ def test_each_tp_rank_sends_its_eighth_and_the_receiver_gathers_the_whole():
 def test_the_step_waits_for_the_send_and_the_gather():
     """One boundary crossing is the eighth's send plus the receiver's gather (step.StreamTotals.p2p_s): with a
     blocking p2p (1F1B, overlap_p2p off) the step differs from Megatron-Core's by exactly the crossings' difference,
-    2·(m + p - 1)·Δ per 1F1B pipeline (the steady state's 2 per micro-batch and the fill and drain's). Without
+    2·(m + p - 1)·Δ per 1F1B pipeline (the steady state's 2 per micro-batch and the fill and drain's), less the
+    optimizer's own passes on the slowest stage. Without
     linear biases, so that the flavours' layers launch the same kernels."""
     unbiased = replace(GPT3, linear_bias=False)
     core, old = plan("megatron", model=unbiased), plan("megatron-lm-2021", model=unbiased)
@@ -53,7 +56,15 @@ def test_the_step_waits_for_the_send_and_the_gather():
     gather = rows(old)["pp.gather", (1, 2, 3)].price.time_s
     assert eighth + gather < send  # 6.3 MB over InfiniBand and 50 MB over NVLink beat 50 MB over InfiniBand
     delta = send - (eighth + gather)
-    assert core.step.time_s - old.step.time_s == pytest.approx(2 * (16 + 4 - 1) * delta, rel=1e-6)
+    # and Megatron-LM's optimizer makes its own passes (38 B a bf16 parameter against the fused Adam's 34:
+    # kernels.MEGATRON_LM_OPTIMIZER), which the step pays once, on its slowest stage
+    cluster = cluster_preset("dgx-a100", 4)
+    slowest = [
+        max(optimizer_s(Context(unbiased, WORK, p.parallel), s, cluster.gpu) for s in range(4)) for p in (core, old)
+    ]
+    assert slowest[1] > slowest[0]
+    expected = 2 * (16 + 4 - 1) * delta - (slowest[1] - slowest[0])
+    assert core.step.time_s - old.step.time_s == pytest.approx(expected, rel=1e-6)
 
 
 def test_sequence_parallelism_already_sends_the_shard():
