@@ -63,6 +63,10 @@ class Flavour:
     embedding_transposes: bool = True
     # rank 0 of each TP group loads the batch and broadcasts it (Megatron get_batch_on_this_tp_rank)
     tp_broadcasts_batch: bool = True
+    # Megatron-LM before Megatron-Core: every stage broadcasts the packed "text" tokens (and their sizes) once per model
+    # chunk and micro-batch, the masks built locally (rules/tensor.py _packed_batch); False: Megatron-Core's
+    # get_batch_on_this_tp_rank, each tensor to the stages that read it
+    tp_batch_packed: bool = False
     # SP leaves TP-replicated weights' gradients partial: "finalize" = one all-reduce per stage and iteration
     # (Megatron finalize_model_grads), "on_read" = DTensor reduces each when AdamW reads it (FSDP2: per
     # micro-batch in its post-backward)

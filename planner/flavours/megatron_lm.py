@@ -30,5 +30,8 @@ FLAVOUR = replace(
     # gradients' fp32 copy, unscale and inf check (fp16), the l2 norm for --clip-grad, apex FusedAdam, the fp32 master
     # copied back into the 16-bit parameters (planner/kernels.py MEGATRON_LM_OPTIMIZER)
     float16_optimizer_passes=True,
+    # pretrain_gpt.py get_batch at 6985e58 / 55ba1f7b96 on every stage: mpu.broadcast_data(["text"], ...) (the sizes,
+    # then b x (s + 1) int64), the masks and position ids built on each rank (rules/tensor.py _packed_batch)
+    tp_batch_packed=True,
     pp_source="megatron/p2p_communication.py, schedules.py at 6985e58 (scatter/gather: Narayanan et al. 2021 §4.1)",
 )
