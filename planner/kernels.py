@@ -357,8 +357,10 @@ UNFUSED_DROPOUT_BYTES = (5, 5)
 # tensor reaches 4.28 TB/s and the backward (masked_scale, no RNG, 5 B) 4.38 TB/s: issue-bound at 1.717e-3 x 1.98e9
 # x 132 / 2^30 = 0.42 SM-cycles an element (0.42 at 2^28 too). An A100 issues 32-bit integer multiplies, adds and
 # bitwise ops at the same 64 a clock per SM as an H100 (CUDA C++ Programming Guide, arithmetic-instruction throughput
-# table, compute capability 8.0 and 9.0): the same cycles an element is assumed there, at its own SMs and clock
-# (SM_CLOCK_MHZ). The forward takes the longer of its bytes and its draws (dropout_rng_s); the backward has no RNG.
+# table, compute capability 8.0 and 9.0; not re-read this round): the same cycles an element is assumed there, at its
+# own SMs and clock (SM_CLOCK_MHZ). The forward takes the longer of its bytes and its draws (dropout_rng_s); the
+# backward has no RNG. (The PyTorch 1.8-era kernel, THC headers and a uint8 mask, draws the same way: curand_init
+# per thread, curand_uniform4 per 4 elements.)
 DROPOUT_RNG_SM_CYCLES = 0.42
 # The SM clock a memory-bound kernel runs at, MHz (nvidia-smi clocks.max.sm: A100 SXM4 1,410; H100 SXM5 / H200 1,980,
 # the H200 run's logged clock). Blackwell: not measured here, so its draws are not priced (dropout_rng_s 0).
@@ -2014,7 +2016,8 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     groups = max(1, round(bh))
     qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
     pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
-    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)
+    # dropout trains only: in eval mode torch.nn.Dropout returns its input and launches nothing
+    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) and ctx.training else (0, 0)
     (soft_fb, soft_fk), (soft_bb, soft_bk) = unfused_softmax_bytes(ctx.x, s_q, s_k, groups)
     scores = bh * s_q * s_k
     drop_k = bool(dropout[0])

@@ -101,3 +101,16 @@ def test_unfused_attention_gemms_against_the_h200s():
         pairs[d] = (p + predicted, m + t)
     for d, (p, m) in pairs.items():
         assert 0.05 < p / m - 1 < 0.25, d
+
+
+def test_inference_runs_no_dropout():
+    """In eval mode torch.nn.Dropout returns its input: a prefill of GPT-3 with the unfused attention runs the fused
+    softmax alone (3 B a score, one kernel), where training adds the dropout's 5 B and its kernel."""
+    prefill = WorkloadSpec(
+        kind="inference", phase="prefill", micro_batch_size=1, global_batch_size=1, attention_kernel="unfused"
+    )
+    par = ParallelSpec(tp=8, dp=1, pp=1)
+    scores = 12 * 2048 * 2048
+    for work, (nbytes, count) in ((prefill, (3, 1)), (UNFUSED, (8, 2))):
+        soft = {k.name: k for k in layer_kernels(Context(GPT3, work, par), False, A100).forward}["softmax_dropout"]
+        assert (soft.bytes, soft.count) == (scores * nbytes, count)
