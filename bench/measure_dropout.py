@@ -3,6 +3,7 @@ tensor, and the unfused attention's batched GEMMs at head dims 64/96/128 as Mega
 for QKᵀ with beta 0 and the 1/sqrt(d) alpha over [s, b·np, d] views, bmm for PV), on one CUDA GPU.
 
     python bench/measure_dropout.py > dropout_bmm.json      # on a CUDA machine (the project's device tool)
+    python bench/measure_dropout.py --legacy-fuser > legacy_fuser.json   # Megatron-LM 2021's TorchScript kernels
 
 Timing: 3 warm-up calls, then CUDA events around back-to-back calls lasting about 50 ms (one call sizes the burst);
 the small (L2-resident) dropout sizes replay 20 CUDA graphs of 100 calls each. Each row records nvidia-smi's SM
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 
 import torch
 
@@ -102,5 +104,61 @@ def main() -> None:
     print(json.dumps(out))
 
 
+def legacy_fuser() -> None:
+    """Megatron-LM 6985e58's TorchScript bias-GeLU (megatron/model/fused_bias_gelu.py) and bias-dropout-add
+    (transformer.py) under the legacy executor and fuser it selects, on the SC'21 1.7B layer's tensors, beside copies
+    (20 calls a row: CUDA events, 3 warm-ups)."""
+    jit = torch._C
+    jit._jit_set_profiling_mode(False)
+    jit._jit_set_profiling_executor(False)
+    jit._jit_override_can_fuse_on_gpu(True)
+    jit._jit_set_texpr_fuser_enabled(False)
+
+    @torch.jit.script
+    def bias_gelu(bias, y):
+        x = bias + y
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @torch.jit.script
+    def bias_gelu_back(g, bias, y):
+        x = bias + y
+        t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+        ff = 0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t)
+        return ff * g
+
+    @torch.jit.script
+    def bias_dropout_add(x, bias, residual, prob: float):
+        out = torch.nn.functional.dropout(x + bias, p=prob, training=True)
+        return residual + out
+
+    def twenty(fn) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 2e4
+
+    half = {"device": "cuda", "dtype": torch.half}
+    out = {"torch": torch.__version__, "r": []}
+    y, b = torch.randn(2048, 16, 9216, **half), torch.randn(9216, **half)
+    g, o = torch.randn_like(y), torch.empty_like(y)
+    out["r"].append(["copy_fc1", y.numel(), twenty(lambda: o.copy_(y)), sm_clock_mhz()])
+    out["r"].append(["bias_gelu", y.numel(), twenty(lambda: bias_gelu(b, y)), sm_clock_mhz()])
+    out["fused_forward"] = "FusionGroup" in str(torch.jit.last_executed_optimized_graph())
+    out["r"].append(["bias_gelu_back", y.numel(), twenty(lambda: bias_gelu_back(g, b, y)), sm_clock_mhz()])
+    x = torch.randn(2048, 16, 2304, requires_grad=True, **half)
+    r, bb = torch.randn_like(x, requires_grad=True), torch.randn(2304, requires_grad=True, **half)
+    o2 = torch.empty_like(x)
+    out["r"].append(["copy_h", x.numel(), twenty(lambda: o2.copy_(x)), sm_clock_mhz()])
+    out["r"].append(["bda", x.numel(), twenty(lambda: bias_dropout_add(x, bb.expand_as(r), r, 0.1)), sm_clock_mhz()])
+    out["bda_graph"] = str(torch.jit.last_executed_optimized_graph())[-900:]
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
-    main()
+    legacy_fuser() if "--legacy-fuser" in sys.argv else main()

@@ -114,3 +114,18 @@ def test_inference_runs_no_dropout():
     for work, (nbytes, count) in ((prefill, (3, 1)), (UNFUSED, (8, 2))):
         soft = {k.name: k for k in layer_kernels(Context(GPT3, work, par), False, A100).forward}["softmax_dropout"]
         assert (soft.bytes, soft.count) == (scores * nbytes, count)
+
+
+def test_the_legacy_fused_bias_gelu_reading():
+    """docs/step-time.md "A100-era runs (a100b)" reads tests/reference/kernels/h200/legacy_fuser.json: Megatron-LM
+    2021's TorchScript bias-GeLU, fused by the legacy fuser, streams its 4 B an element at 0.70 of a copy's rate (0.35
+    SM-cycles an element on 132 SMs at 1,980 MHz) and its backward's 6 B at 0.79: below the bytes, not modelled."""
+    legacy = json.loads(
+        (Path(__file__).resolve().parents[1] / "reference" / "kernels" / "h200" / "legacy_fuser.json").read_text()
+    )
+    rows = {op: (n, t) for op, n, t, _ in legacy["rows"]}
+    n, copy = rows["copy_fc1"]
+    assert legacy["fused_forward"]
+    assert (4 * n / rows["bias_gelu"][1]) / (4 * n / copy) == pytest.approx(0.70, abs=0.01)
+    assert (6 * n / rows["bias_gelu_back"][1]) / (4 * n / copy) == pytest.approx(0.79, abs=0.01)
+    assert rows["bias_gelu"][1] * 1.98e9 * 132 / n == pytest.approx(0.35, abs=0.01)
