@@ -348,6 +348,23 @@ UNFUSED_SOFTMAX_BYTES = (3, 4)
 UNFUSED_SOFTMAX_FUSED_MAX_KEYS = 2048
 UNFUSED_SOFTMAX_TORCH = {2: ((37, 5), (41, 5)), 4: ((25, 3), (29, 3))}  # score bytes: ((fwd B, kernels), (bwd ...))
 UNFUSED_DROPOUT_BYTES = (5, 5)
+# That dropout draws its mask with Philox: PyTorch's fused_dropout_kernel_vec (aten/src/ATen/native/cuda/Dropout.cu,
+# the same kernel in PyTorch 1.8 of the SC'21 container nvcr.io pytorch:20.12 and in 2.11) seeds a Philox4x32-10 state
+# per thread (curand_init) and draws curand_uniform4 per 4 elements: ten rounds of 32-bit multiplies, xors and adds
+# per 4 elements, work for the SM's integer pipes rather than the HBM. Measured on this project's H200
+# (tests/reference/kernels/h200/dropout_bmm.json; torch 2.11, fp16, p 0.1, CUDA events over back-to-back launches at
+# 1,980 MHz): the forward over 2^30 elements takes 1.717 ms, 3.13 TB/s of its 5 B an element where a copy of the same
+# tensor reaches 4.28 TB/s and the backward (masked_scale, no RNG, 5 B) 4.38 TB/s: issue-bound at 1.717e-3 x 1.98e9
+# x 132 / 2^30 = 0.42 SM-cycles an element (0.42 at 2^28 too). An A100 issues 32-bit integer multiplies, adds and
+# bitwise ops at the same 64 a clock per SM as an H100 (CUDA C++ Programming Guide, arithmetic-instruction throughput
+# table, compute capability 8.0 and 9.0; not re-read this round): the same cycles an element is assumed there, at its
+# own SMs and clock (SM_CLOCK_MHZ). The forward takes the longer of its bytes and its draws (dropout_rng_s); the
+# backward has no RNG. (The PyTorch 1.8-era kernel, THC headers and a uint8 mask, draws the same way: curand_init
+# per thread, curand_uniform4 per 4 elements.)
+DROPOUT_RNG_SM_CYCLES = 0.42
+# The SM clock a memory-bound kernel runs at, MHz (nvidia-smi clocks.max.sm: A100 SXM4 1,410; H100 SXM5 / H200 1,980,
+# the H200 run's logged clock). Blackwell: not measured here, so its draws are not priced (dropout_rng_s 0).
+SM_CLOCK_MHZ = {80: 1410, 90: 1980}
 # The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
 # 2022): forward the context's ``permute(2, 0, 1, 3).contiguous()`` from [b·np, s, hn] back to [s, b, np·hn] (read and
 # write the output: 2 passes of its elements); backward torch.split's SplitBackward concatenates the q, k and v
@@ -385,11 +402,42 @@ TORCH_ADAMW_BYTES = {"fused": 28, "foreach": 80}
 CLIP_GRAD_NORM_BYTES = 12
 
 
+# Megatron-LM's Float16OptimizerWithFloat16Params before the distributed optimizer (megatron/optimizer/optimizer.py
+# step() at 6985e58, the SC'21 code; the same steps at 55ba1f7b96), as passes of its own over each local parameter,
+# bytes per parameter (Flavour.float16_optimizer_passes; megatron_lm_optimizer_bytes):
+# - _copy_model_grads_to_main_grads: ``main_param.grad = model_param.grad.float()`` (or ``main_grad.float()``):
+#   read the gradient, write it in fp32 (param bytes + 4), nothing where the gradient is already fp32 (``.float()``
+#   returns the tensor itself: 55ba1f7b96 forces --accumulate-allreduce-grads-in-fp32 under bf16);
+# - _unscale_main_grads_and_check_for_nan, only with a grad scaler (--fp16; bf16 has none):
+#   torch._amp_foreach_non_finite_check_and_unscale_ reads and writes each fp32 gradient: 8;
+# - clip_grad_norm_fp32 (--clip-grad 1.0, the default and the SC'21 CONFIG.sh's): amp_C.multi_tensor_l2norm reads each
+#   gradient: 4 (the multi_tensor_scale that follows runs only when the norm exceeds 1: not charged, it is data);
+# - apex FusedAdam (multi_tensor_adam: read the fp32 parameter, gradient, exp_avg and exp_avg_sq, write three): 28;
+# - _copy_main_params_to_model_params: amp_C.multi_tensor_scale reads the fp32 master and writes the model's
+#   16-bit parameter: 4 + param bytes.
+# zero_grad(set_to_none=True) frees the gradients instead of writing them (0).
+MEGATRON_LM_OPTIMIZER = {"unscale": 8, "l2norm": 4, "adam": 28, "master_read": 4}
+
+
+def megatron_lm_optimizer_bytes(ctx: Context) -> float:
+    """Bytes per local parameter of Megatron-LM's Float16OptimizerWithFloat16Params step (MEGATRON_LM_OPTIMIZER):
+    the gradient's fp32 copy unless it is fp32 already, the unscale under fp16's loss scale, the norm, Adam and the
+    copy back into the 16-bit parameter. fp16 with fp16 gradients: 6 + 8 + 4 + 28 + 6 = 52 B; bf16 with fp32 main
+    gradients: 38 B."""
+    t = MEGATRON_LM_OPTIMIZER
+    copy_grads = 0.0 if ctx.grad_bytes >= 4 else ctx.grad_bytes + 4
+    unscale = t["unscale"] if ctx.work.param_dtype == "fp16" else 0
+    return copy_grads + unscale + t["l2norm"] + t["adam"] + t["master_read"] + ctx.param_bytes
+
+
 def optimizer_bytes(ctx: Context) -> float:
     """HBM bytes of the optimizer step per local parameter: torch.optim's AdamW as the workload names its
     implementation (TORCH_ADAMW_BYTES, default fused) and the gradient clipping (CLIP_GRAD_NORM_BYTES) under a flavour
-    that runs them (Flavour.torch_optimizer); else a fused Adam with its bf16 copy and the gradient zeroing
-    (ADAM_BYTES)."""
+    that runs them (Flavour.torch_optimizer); Megatron-LM's fp16/bf16 optimizer's passes under a flavour that runs it
+    (Flavour.float16_optimizer_passes: megatron_lm_optimizer_bytes); else a fused Adam with its bf16 copy and the
+    gradient zeroing (ADAM_BYTES)."""
+    if ctx.flavour.float16_optimizer_passes:
+        return megatron_lm_optimizer_bytes(ctx)
     if not ctx.flavour.torch_optimizer:
         return ADAM_BYTES
     return TORCH_ADAMW_BYTES[ctx.work.optimizer_implementation or "fused"] + CLIP_GRAD_NORM_BYTES
@@ -1968,11 +2016,15 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     groups = max(1, round(bh))
     qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
     pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
-    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)
+    # dropout trains only: in eval mode torch.nn.Dropout returns its input and launches nothing
+    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) and ctx.training else (0, 0)
     (soft_fb, soft_fk), (soft_bb, soft_bk) = unfused_softmax_bytes(ctx.x, s_q, s_k, groups)
     scores = bh * s_q * s_k
     drop_k = bool(dropout[0])
     soft_f = memory_kernel("softmax_dropout", scores * (soft_fb + dropout[0]), gpu, eff, soft_fk + drop_k)
+    if drop_k:  # the dropout's Philox draws where they take longer than its bytes (DROPOUT_RNG_SM_CYCLES)
+        excess = dropout_rng_s(scores, gpu) - scores * dropout[0] / (gpu.hbm_GBps * 1e9 * eff.hbm)
+        soft_f = replace(soft_f, time_s=soft_f.time_s + max(0.0, excess))
     soft_b = memory_kernel("softmax_dropout.bwd", scores * (soft_bb + dropout[1]), gpu, eff, soft_bk + drop_k)
     # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
     tokens, x = ctx.b * ctx.s_cp, ctx.x
@@ -1981,6 +2033,15 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     copy_f = memory_kernel("attn_context_copy", UNFUSED_LAYOUT_PASSES * context, gpu, eff)
     copy_b = memory_kernel("qkv_split.bwd", UNFUSED_LAYOUT_PASSES * qkv, gpu, eff)
     return (qk[0], soft_f, pv[0], copy_f), (pv[1], pv[2], soft_b, qk[1], qk[2], copy_b)
+
+
+def dropout_rng_s(elements: float, gpu: GPUSpec) -> float:
+    """Seconds torch's dropout forward spends drawing its mask over ``elements`` on the SMs: elements x
+    DROPOUT_RNG_SM_CYCLES / (SMs x SM_CLOCK_MHZ); 0 where the GPU's SMs or SM clock are not known."""
+    clock = SM_CLOCK_MHZ.get(generation(gpu))
+    if not clock or not gpu.sms:
+        return 0.0
+    return elements * DROPOUT_RNG_SM_CYCLES / (gpu.sms * clock * 1e6)
 
 
 def unfused_softmax_bytes(

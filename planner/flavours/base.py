@@ -63,6 +63,10 @@ class Flavour:
     embedding_transposes: bool = True
     # rank 0 of each TP group loads the batch and broadcasts it (Megatron get_batch_on_this_tp_rank)
     tp_broadcasts_batch: bool = True
+    # Megatron-LM before Megatron-Core: every stage broadcasts the packed "text" tokens (and their sizes) once per model
+    # chunk and micro-batch, the masks built locally (rules/tensor.py _packed_batch); False: Megatron-Core's
+    # get_batch_on_this_tp_rank, each tensor to the stages that read it
+    tp_batch_packed: bool = False
     # SP leaves TP-replicated weights' gradients partial: "finalize" = one all-reduce per stage and iteration
     # (Megatron finalize_model_grads), "on_read" = DTensor reduces each when AdamW reads it (FSDP2: per
     # micro-batch in its post-backward)
@@ -171,6 +175,10 @@ class Flavour:
     # the optimizer step is torch.optim's AdamW (fused or foreach: workload.optimizer_implementation) after
     # torchtitan's gradient clipping (planner/kernels.py optimizer_bytes); False: a fused Adam (apex / TE)
     torch_optimizer: bool = False
+    # Megatron-LM's Float16OptimizerWithFloat16Params before the distributed optimizer (2021-22): the fp32 copy of the
+    # gradients, the unscale under fp16, the norm and the copy back into the 16-bit parameters as passes of their own
+    # beside apex's FusedAdam (planner/kernels.py MEGATRON_LM_OPTIMIZER); False: one fused Adam (ADAM_BYTES)
+    float16_optimizer_passes: bool = False
     # ---- step time (planner/step.py) ---------------------------------------------------------------------
     # ZeRO stages at which gradient reduction and parameter gathers overlap compute by default
     overlap_zero_stages: frozenset[int] = frozenset()

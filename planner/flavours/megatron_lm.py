@@ -26,5 +26,12 @@ FLAVOUR = replace(
     # ``grad_bias = grad_output.sum(dim=0)``; the fc1, dense and fc2 biases go into bias_gelu / bias_dropout_add,
     # whose bias gradients autograd reduces over the tokens
     local_linear_biases=True,
+    # megatron/optimizer/optimizer.py Float16OptimizerWithFloat16Params.step at 6985e58 (and 55ba1f7b96): the main
+    # gradients' fp32 copy, unscale and inf check (fp16), the l2 norm for --clip-grad, apex FusedAdam, the fp32 master
+    # copied back into the 16-bit parameters (planner/kernels.py MEGATRON_LM_OPTIMIZER)
+    float16_optimizer_passes=True,
+    # pretrain_gpt.py get_batch at 6985e58 / 55ba1f7b96 on every stage: mpu.broadcast_data(["text"], ...) (the sizes,
+    # then b x (s + 1) int64), the masks and position ids built on each rank (rules/tensor.py _packed_batch)
+    tp_batch_packed=True,
     pp_source="megatron/p2p_communication.py, schedules.py at 6985e58 (scatter/gather: Narayanan et al. 2021 §4.1)",
 )

@@ -388,30 +388,51 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
     get_batch_on_this_tp_rank): tokens and position ids to the first stage, labels and loss mask to the
     last, and the attention mask (bool b x 1 x s x s) to both when the data loader builds it
     (--create-attention-mask-in-dataloader, on by default in megatron/training/arguments.py); the full
-    sequence, before the context-parallel split."""
+    sequence, before the context-parallel split. Megatron-LM 2021-22's packed broadcast instead where the flavour
+    has it (_packed_batch)."""
     if not ctx.flavour.tp_broadcasts_batch:
         return []
-    tokens = ctx.b * ctx.s
-    wanted = []
-    if ctx.is_first(stage):
-        wanted += [("tokens", tokens * 8, "int64"), ("position_ids", tokens * 8, "int64")]
-    if ctx.is_last(stage):
-        wanted += [("labels", tokens * 8, "int64"), ("loss_mask", tokens * 4, "fp32")]
-    if ctx.work.attention_mask_in_dataloader and (ctx.is_first(stage) or ctx.is_last(stage)):
-        wanted.append(("attention_mask", ctx.b * ctx.s * ctx.s, "bool"))
+    if ctx.flavour.tp_batch_packed:
+        wanted, calls, source = _packed_batch(ctx)
+    else:
+        tokens = ctx.b * ctx.s
+        wanted = []
+        if ctx.is_first(stage):
+            wanted += [("tokens", tokens * 8, "int64"), ("position_ids", tokens * 8, "int64")]
+        if ctx.is_last(stage):
+            wanted += [("labels", tokens * 8, "int64"), ("loss_mask", tokens * 4, "fp32")]
+        if ctx.work.attention_mask_in_dataloader and (ctx.is_first(stage) or ctx.is_last(stage)):
+            wanted.append(("attention_mask", ctx.b * ctx.s * ctx.s, "bool"))
+        calls, source = ctx.micro_batches, M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank"
     return [
         Call(
             name=f"tp.data.{name}",
             op=Op.BROADCAST,
             phase="forward",
             message_bytes=size,
-            calls_per_iteration=ctx.micro_batches,
+            calls_per_iteration=calls,
             group=TP,
-            source=M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank",
+            source=source,
             dtype=dtype,
         )
         for name, size, dtype in wanted
     ]
+
+
+# Megatron-LM before Megatron-Core: mpu/data.py broadcast_data at 6985e58 (and 55ba1f7b96) broadcasts the keys' sizes
+# (_MAX_DATA_DIM = 5 int64 a key) and then the keys packed into one int64 tensor; GPT's get_batch asks for one key,
+# "text" (b x (s + 1) tokens: the inputs and the labels shifted by one)
+PACKED_BATCH_DIMS = 5
+PACKED_BATCH_SOURCE = "Megatron-LM 6985e58 pretrain_gpt.py get_batch, megatron/mpu/data.py broadcast_data"
+
+
+def _packed_batch(ctx: Context) -> tuple[list[tuple[str, int, str]], int, str]:
+    """Megatron-LM 2021-22's batch (Flavour.tp_batch_packed) as (broadcasts, calls per iteration, source):
+    pretrain_gpt.py's forward_step calls get_batch on every pipeline stage, once per model chunk and micro-batch, and
+    get_batch broadcasts the sizes of its one key, then the "text" tokens, b x (s + 1) int64; the labels, loss mask,
+    attention mask and position ids are built on each rank (get_ltor_masks_and_position_ids)."""
+    wanted = [("sizes", PACKED_BATCH_DIMS * 8, "int64"), ("text", ctx.b * (ctx.s + 1) * 8, "int64")]
+    return wanted, ctx.micro_batches * max(1, ctx.par.chunks_per_rank), PACKED_BATCH_SOURCE
 
 
 def norm_params(ctx: Context, stage: int) -> int:
