@@ -21,6 +21,8 @@ from .calibration import DEFAULT, Calibration
 from .cluster import Cluster
 from .library import is_nvidia, normalise_algo, normalise_proto, price_library
 from .library.model import NCCL_FUNCS
+from .library.p2p import P2P_OPS, p2p_ctas
+from .library.pricer import features_of, shape_of
 from .pricing import Evaluation, Price, evaluate, local_size, summarise
 
 LIBRARY_CANDIDATES: dict[Op, tuple[str, ...]] = {
@@ -112,6 +114,28 @@ def price_call(
             top_links,
         )
     check_group(placement)
+    price = _price_schedule(op, message_bytes, placement, cluster, algorithm, calibration, which, top_links)
+    if op in P2P_OPS and n > 1 and pricing != "schedule" and is_nvidia(cluster):
+        # NCCL runs the send/recv or all-to-all on its p2p channels, one CTA each (library/p2p.py): what the
+        # call holds beside the compute (planner/contention.py), whichever pricer gave its time
+        group = _widest_group(cluster, placement)
+        price.channels = p2p_ctas(op, message_bytes, shape_of(cluster, group), features_of(cluster))
+    return price
+
+
+def _widest_group(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
+    """The first group spanning the most nodes: the one whose path sets a point-to-point call's time (its
+    slowest link), whose communicator's channels the call's kernel is taken to hold."""
+    if placement.shape[0] == 1:
+        return placement[0]
+    nodes = np.sort(cluster.node_of(placement), axis=1)
+    spans = (np.diff(nodes, axis=1) != 0).sum(axis=1)
+    return placement[int(np.argmax(spans))]
+
+
+def _price_schedule(op, message_bytes, placement, cluster, algorithm, calibration, which, top_links) -> Price:
+    """The schedule pricer's price: the named schedule, or the fastest of the candidates."""
+    n = placement.shape[1]
     if not isinstance(calibration, Calibration):
         calibration = DEFAULT
     local = local_size(cluster, placement)
