@@ -115,12 +115,19 @@ def price_call(
         )
     check_group(placement)
     price = _price_schedule(op, message_bytes, placement, cluster, algorithm, calibration, which, top_links)
-    if op in P2P_OPS and n > 1 and pricing != "schedule" and is_nvidia(cluster):
-        # NCCL runs the send/recv or all-to-all on its p2p channels, one CTA each (library/p2p.py): what the
-        # call holds beside the compute (planner/contention.py), whichever pricer gave its time
-        group = _widest_group(cluster, placement)
-        price.channels = p2p_ctas(op, message_bytes, shape_of(cluster, group), features_of(cluster))
+    # NCCL runs a send/recv or all-to-all on its p2p channels, one CTA each: what the call holds beside the
+    # compute (planner/contention.py), whichever pricer gave its time
+    price.channels = nccl_p2p_ctas(op, message_bytes, placement, cluster, pricing)
     return price
+
+
+def nccl_p2p_ctas(op: Op, message_bytes: int, placement: np.ndarray, cluster: Cluster, pricing: str = "auto") -> int:
+    """The CTAs of NCCL's p2p kernel (library/p2p.py) for a send/recv or all-to-all on ``placement``'s groups,
+    where NCCL runs it (an NVIDIA cluster, pricing other than ``schedule`` by name); 0 otherwise."""
+    if op not in P2P_OPS or placement.shape[1] < 2 or pricing == "schedule" or not is_nvidia(cluster):
+        return 0
+    group = _widest_group(cluster, placement)
+    return p2p_ctas(op, message_bytes, shape_of(cluster, group), features_of(cluster))
 
 
 def _widest_group(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
