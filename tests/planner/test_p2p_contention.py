@@ -145,3 +145,13 @@ def test_deepep_plans_report_their_own_sms():
         legs = [pc for pc in plan.calls if pc.call.name.startswith(("ep.dispatch.", "ep.combine."))]
         legs = [pc for pc in legs if pc.call.name.endswith((".rdma", ".nvlink"))]
         assert legs and {pc.price.channels for pc in legs} == {sms}, dispatch
+
+
+def test_deepep_low_latency_kernels_hold_one_block_per_expert():
+    """DeepEP's low-latency dispatch launches ceil(E / ceil(E / S)) blocks (internode_ll.cu lines 564-570): E for
+    Mixtral's 8 experts on an H100 (8 <= 132), not NCCL's all-to-all channels."""
+    par = ParallelSpec(dp=8, ep=8, ep_dispatch="deepep_ll")
+    work = WorkloadSpec(kind="inference", phase="decode", batch_size=64, context_length=4096)
+    plan = build_plan(model_preset("mixtral-8x7b"), work, par, cluster_preset("dgx-h100"))
+    ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
+    assert ll and {pc.price.channels for pc in ll} == {pc.call.sms for pc in ll} == {8}
