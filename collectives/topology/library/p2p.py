@@ -15,7 +15,8 @@ p2pnChannels                  pow2Up(min(comm->nChannels, NCCL_MAX_P2P_NCHANNELS
                               pow2Down(ncclDevMaxChannelsForArgsBytes(NCCL_WORK_ARGS_BYTES = INT64_MAX)), i.e.
                               MAXCHANNELS (graph/paths.cc ncclTopoComputeP2pChannels lines 978-991; the same since
                               v2.18.6-1 lines 703-724). comm->nChannels: the ring's launched channels after
-                              ncclTopoPostset (init.cc calls it first, line 1487): model.comm_channels.
+                              ncclTopoPostset (init.cc line 1480; ncclTopoComputeP2pChannels runs at line 1500):
+                              model.comm_channels.
 channels per peer, NVLink     2 x max(1, path bw / ncclTopoNVLinkBw(sm)): 2 x the GPU's NVLink links through an
                               NVSwitch (paths.cc ncclTopoGetNchannels lines 931-935; v2.18.6-1 line 682)
 channels per peer, PCIe       2 (paths.cc line 938)
@@ -29,7 +30,7 @@ p2pnChannelsPerPeer           pow2Up of the least over the comm's peers (init.cc
 nChannelsMin of a plan        perPeer halved while nChannelsMin x nRanks > p2pnChannels (enqueue.cc
                               scheduleP2pTasksToPlan lines 1143-1146)
 channels of one send (recv)   min(nChannelsMin, ceil(bytes / minPart)), doubled while the part exceeds maxPart and
-                              the count is at most perPeer / 2 (enqueue.cc addP2pToPlan lines 914-922); minPart =
+                              the count is at most perPeer / 2 (enqueue.cc addP2pToPlan lines 919-926); minPart =
                               chunk / 8 in one node, chunk / 2 across nodes (v2.18-v2.19: chunk / 8 both); maxPart
                               = 32 x chunk in one node, chunk across nodes
 chunk (comm->p2pChunkSize)    NCCL_P2P_NVL_CHUNKSIZE 512 KiB on all-NVLink nodes, NCCL_P2P_PCI_CHUNKSIZE 128 KiB,
@@ -42,7 +43,7 @@ a round's channels            parts 0.. of a peer's round r sit on (base(r) + pa
                               ncclP2pChannelBaseForRound, device.h ncclP2pChannelForPart; init.cc ncclP2pSchedule)
 ============================  =====================================================================================
 
-A send and a recv of one round share their channels (nChannelsMax = max of the two: addP2pToPlan line 1049): a
+A send and a recv of one round share their channels (nChannelsMax = max of the two: addP2pToPlan line 1048): a
 grouped send/recv to one peer launches ``send_channels`` CTAs, an all-to-all over n ranks (n rounds, its own
 included) the union of its rounds' channels. Not modelled: a plan split by its work budget (a group of more
 rounds than one kernel's budget launches several kernels in turn, each with its own grid: the union is an upper
