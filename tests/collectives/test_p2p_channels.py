@@ -116,3 +116,21 @@ def test_round_bases_cover_every_channel_once(channels):
     # bit reversal in log2(p2pnChannels) bits is a permutation of the channels (include/bitops.h reverseBits)
     comm = p2p.P2pComm(channels, channels, channels, 1, channels, 512 * KIB, True)
     assert sorted(p2p.round_base(comm, r) for r in range(channels)) == list(range(channels))
+
+
+def test_a_measured_log_prints_the_same_p2p_channels():
+    """Reference data: the AWS p5 nccl-tests log (tests/reference/nccl_heldout/aws_p5_2x8_allreduce.log, NCCL
+    2.22.3, 2 nodes x 8 H100, EFA) prints on every rank "16 coll channels, ... 16 p2p channels, 2 p2p channels per
+    peer" (init.cc's INFO line). The model of that 16-rank communicator: comm->nChannels 16, p2pnChannels
+    pow2Up(16) = 16; per peer the least of NVLink's 36 and the network's max(1 fused NIC, 2) (v2.20-v2.28): 2."""
+    from collectives.topology.library.pricer import features_of, shape_of
+    from tests.collectives.heldout import HELDOUT, cluster_of, manifest
+
+    (entry,) = (e for e in manifest() if e["file"] == "aws_p5_2x8_allreduce.log")
+    lines = [line for line in (HELDOUT / entry["file"]).read_text().splitlines() if "p2p channels per peer" in line]
+    assert len(lines) == 16 and all("16 p2p channels, 2 p2p channels per peer" in line for line in lines)
+    cluster = cluster_of(entry)
+    shape = shape_of(cluster, np.arange(16))
+    assert shape.version == "2.22"
+    comm = p2p.p2p_comm(shape, features_of(cluster))
+    assert (comm.channels, comm.per_peer) == (16, 2)
