@@ -28,12 +28,30 @@ GPU-Accelerated Distributed Deep Learning") measure a mean 18.9% (max 40.0%) slo
 SMs 29%. Not modelled: the wave tail when a GEMM's tiles were exactly one wave on the whole GPU (NVIDIA
 developer forum "Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of Tail
 Effect": 132 tiles beside a 24-CTA all-gather nearly double), NCCL slowed by the compute, copy-engine-only
-calls' SMs (0 here), and every call priced without a channel count: only NCCL's closed-form pricer sets
-``Price.channels`` (its collectives, collectives/topology/library/model.py NCCL_FUNCS), so the schedule pricer's
-calls, the p2p sends (the CP ring's exchanges, the pipeline's) and the all-to-alls (EP's dispatch and combine)
-hold neither SMs nor HBM here (step.stream_totals skips them): the CP ring and an all-to-all hidden behind
-compute slow it by nothing yet, an under-estimate (NCCL runs them on p2pnChannelsPerPeer channels per peer,
-graph/paths.cc ncclTopoComputeP2pChannels: not yet sourced per version here).
+calls' SMs (0 here), and calls priced without a channel count (the schedule pricer's off NVIDIA fabrics).
+
+**Point-to-point calls and all-to-alls (p2psm).** NCCL runs sends, recvs and all-to-alls on its p2p channels, one
+CTA each: collectives/topology/library/p2p.py gives the grid of one kernel (p2pnChannels, channels per peer by
+path, the size rule of enqueue.cc, the rounds' channel bases), which ``select.price_call`` sets as
+``Price.channels`` on every send/recv and all-to-all NCCL runs (the schedule pricer still gives their time). How
+many such kernels run at once is the framework's:
+
+- the CP ring's KV exchange (TransformerEngine v2.9 context_parallel.py lines 1125-1127 and 1872-1873):
+  ``batch_p2p_comm = NVTE_BATCH_MHA_P2P_COMM or (sm < 10.0 and cp == 2)``, one batched send/recv, one kernel;
+  else ``flash_attn_p2p_communicate`` (lines 86-93) issues an isend and an irecv, which torch runs as two
+  kernels on two-rank communicators of their own (ProcessGroupNCCL::pointToPoint: a single p2p op outside a
+  batch gets the ``getKeySendRecv`` comm and its stream): ``ring_p2p_kernels``;
+- the pipeline's sends under --overlap-p2p-communication (Megatron-LM 92c8482e6d arguments.py line 1328
+  ``batch_p2p_comm = not overlap_p2p_comm``; p2p_communication.py ``_p2p_ops``: separate isend / irecv): a send
+  and a recv kernel per pass, ``PP_OVERLAP_KERNELS``; the steady state hides them (planner/pipeline.py), so
+  each pass of each model chunk runs beside one boundary send's time of them (step._pp_contention);
+- the EP all-to-alls hidden by --overlap-moe-expert-parallel-comm / DualPipe or the shared experts: one
+  ``all_to_all_single`` each, one kernel; DeepEP's and HybridEP's kernels hold their own SMs instead
+  (``Call.sms``: rules/deepep.py KERNEL_SMS, Megatron's defaults 20 and 16).
+
+Not modelled here: torch's eager-init mode, where single p2p ops reuse the group's communicator (more ranks,
+fewer channels per plan: enqueue.cc nChannelsMin), and the middle stages' four concurrent pipeline transfers of
+Megatron's combined interleaved step (two counted per pass).
 """
 
 from __future__ import annotations
@@ -95,3 +113,21 @@ def slowdown_s(hidden_s: float, exposed_s: float, rate: float) -> float:
     if hidden_s <= 0:
         return 0.0
     return max(0.0, hidden_s * (1.0 - rate) - exposed_s)
+
+
+# the pipeline's send and recv kernels beside each pass under --overlap-p2p-communication (module docstring)
+PP_OVERLAP_KERNELS = 2
+
+
+def ring_p2p_kernels(sm: int, cp: int) -> int:
+    """The CP ring's concurrent p2p kernels per KV exchange: 1 batched (TE v2.9 ``batch_p2p_comm``: compute
+    capability below 10.0 and cp 2), else an isend and an irecv kernel (module docstring)."""
+    return 1 if sm < 100 and cp == 2 else 2
+
+
+def kernels_share(channels: int, kernels: int, moved: float, seconds: float) -> Share:
+    """What ``kernels`` concurrent p2p kernels of ``channels`` CTAs each hold over ``seconds``, moving ``moved``
+    HBM bytes between them."""
+    if seconds <= 0:
+        return Share()
+    return Share(float(channels * kernels), moved / seconds)

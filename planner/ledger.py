@@ -45,6 +45,10 @@ class Call:
     # the cluster's NVLink domain is larger: DeepEP's normal kernels (NUM_MAX_NVL_PEERS = 8, their RDMA leg is
     # IBGDA: rules/deepep.py); priced on the cluster as such a kernel sees it (plan.nvlink_view). 0: as built
     nvlink_peers: int = 0
+    # SMs the call's own kernel holds while it runs, where that kernel is not NCCL's: DeepEP's and HybridEP's
+    # dispatch/combine grids (rules/deepep.py); 0: what the price says NCCL launches (Price.channels). Read by
+    # the contention model (planner/contention.py, step._tally_holds)
+    sms: int = 0
 
     def __post_init__(self) -> None:
         if not self.parallelism:

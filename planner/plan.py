@@ -582,6 +582,8 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
         ]
     if call.fixed_s:
         price = with_fixed_time(price, call.fixed_s)
+    if call.sms and price.channels != call.sms:  # the framework's own kernel (DeepEP): its SMs, not NCCL's CTAs
+        price = replace(price, channels=call.sms)
     links = [dict(link) for link in relabelled[site.shift]]  # each call's own: callers may edit them
     num_groups, group_size = site.devices.shape
     return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)

@@ -61,7 +61,15 @@ from .compute import (
     model_flops_per_token,
     stage_compute,
 )
-from .contention import Share, hbm_bytes, slowdown_s, window_rate
+from .contention import (
+    PP_OVERLAP_KERNELS,
+    Share,
+    hbm_bytes,
+    kernels_share,
+    ring_p2p_kernels,
+    slowdown_s,
+    window_rate,
+)
 from .context import Context
 from .kernels import async_tp_split, efficiency, fsdp_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
@@ -262,6 +270,7 @@ class StreamTotals:
     hbm: dict[str, list[float]] = field(default_factory=dict)
     tp_ops: dict[str, list[float]] = field(default_factory=dict)
     send_s: float = 0.0  # the longest boundary send
+    send_held: tuple[int, int] = (0, 0)  # its NCCL channels and HBM bytes (planner/contention.py)
     shape_s: float = 0.0  # the longest shape exchange before a send (rules/pipeline.py SHAPE_CALLS; 0: none)
     gather_s: float = 0.0  # the longest TP all-gather after a receive (rules/pipeline.py GATHER_CALLS; 0: none)
 
@@ -276,6 +285,7 @@ class StreamTotals:
     def __add__(self, other: StreamTotals) -> StreamTotals:
         out = StreamTotals(
             send_s=max(self.send_s, other.send_s),
+            send_held=self.send_held if self.send_s >= other.send_s else other.send_held,
             shape_s=max(self.shape_s, other.shape_s),
             gather_s=max(self.gather_s, other.gather_s),
         )
@@ -309,7 +319,7 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         c, t = pc.call, pc.price.time_s
         stream = _stream(c, m, zero)
         if stream == "pp":
-            _pp_send(out, c.name, t)
+            _pp_send(out, pc, t)
             continue
         amount, n = c.calls_per_iteration * t, c.calls_per_iteration
         row = acc.setdefault(stream, [0.0] * stages)
@@ -332,27 +342,35 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
     return out
 
 
-def _pp_send(out: StreamTotals, name: str, t: float) -> None:
-    """A pipeline send: the largest of its kind (shape sends, scatter/gather's TP gathers, tensor sends)."""
+def _pp_send(out: StreamTotals, pc, t: float) -> None:
+    """A pipeline send: the largest of its kind (shape sends, scatter/gather's TP gathers, tensor sends); the
+    longest tensor send's channels and HBM bytes (what it holds beside the compute: _pp_contention)."""
+    name = pc.call.name
     if name in SHAPE_CALLS:
         out.shape_s = max(out.shape_s, t)
     elif name in GATHER_CALLS:
         out.gather_s = max(out.gather_s, t)
-    else:
-        out.send_s = max(out.send_s, t)
+    elif t >= out.send_s:
+        out.send_s = t
+        out.send_held = (pc.price.channels, hbm_bytes(pc.price))
 
 
 def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amount: float, stages: int) -> None:
     """What the call holds (planner/contention.py), summed per (stream, stages) and spread over the stages once
-    (``_spread_holds``); the legs of one kernel run at once, so their SMs and bytes add (the longest leg's time is
-    the kernel's). NCCL's closed-form collectives only: a call priced without a channel count (the schedule
-    pricer's, p2p sends, all-to-alls) is left out, its SMs and its HBM bytes (contention.py's docstring). TP
-    calls also sum per op (TransformerEngine's SMs per op, ``tp_ops``) and the backward reduce-scatters per name."""
+    (``_spread_holds``); the legs of one kernel run at once, so their bytes add and their NCCL channels add, while
+    a kernel with its own SMs (``Call.sms``: DeepEP, HybridEP) holds them once over its longest leg. A call priced
+    without a channel count or SMs of its own (the schedule pricer's off NCCL's fabrics) is left out, its SMs and
+    its HBM bytes. TP calls also sum per op (TransformerEngine's SMs per op, ``tp_ops``) and the backward
+    reduce-scatters per name."""
     c = pc.call
-    channels = pc.price.channels
+    own = c.sms
+    channels = own or pc.price.channels
     if channels:
-        got = held.setdefault((stream, c.stages), [0.0, 0.0])
-        got[0] += channels * amount
+        got = held.setdefault((stream, c.stages), [0.0, 0.0, {}])
+        if own and c.kernel:  # one non-NCCL kernel's legs share its own SMs: held once, over its longest leg
+            got[2][c.kernel] = max(got[2].get(c.kernel, 0.0), own * amount)
+        else:
+            got[0] += channels * amount
         got[1] += c.calls_per_iteration * hbm_bytes(pc.price)
     if stream.startswith("tp."):
         bulk = ".bulk" if c.name.endswith(BULK_GATHER_SUFFIX) else ""
@@ -366,8 +384,9 @@ def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amou
 
 def _spread_holds(out: StreamTotals, held: dict, ops: dict, stages: int) -> None:
     """``_tally_holds``' sums over the stages each group of calls ran on."""
-    for (stream, members), (sm_seconds, hbm) in held.items():
+    for (stream, members), (sm_seconds, hbm, legs) in held.items():
         sms, moved = out.sm_time.setdefault(stream, [0.0] * stages), out.hbm.setdefault(stream, [0.0] * stages)
+        sm_seconds += sum(legs.values())
         for s in members:
             sms[s] += sm_seconds
             moved[s] += hbm
@@ -461,10 +480,12 @@ def assign_streams(
             for k, on in (("grad_reduce", flags.overlap_grad_reduce), ("param_gather", flags.overlap_param_gather))
             if on
         }
-        holds = _holds(ctx, totals, flags, len(stages), keys)
+        holds = _holds(ctx, totals, flags, len(stages), keys, gpu)
         hbm_eff = efficiency(gpu, None).hbm
         for st in stages:
             _contention(st, holds, flags, gpu, hbm_eff)
+        if flags.overlap_p2p and ctx.par.pp > 1:
+            _pp_contention(ctx, totals, stages, gpu, hbm_eff)
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:
@@ -525,13 +546,14 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
 
 
 def _holds(
-    ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str]
+    ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str], gpu: GPUSpec | None = None
 ) -> dict[str, list[Share | None]]:
     """What the calls of each stream hold on average while they run, per stage (contention.Share; None where the
-    stream holds nothing there, as do the CP ring's and EP's p2p / all-to-all calls, priced without channels:
-    contention.py): the priced calls' NCCL channels and HBM bytes over their seconds; a TP overlap
-    whose framework sets its own SMs per collective (Flavour.tp_overlap_sms: TransformerEngine's userbuffers)
-    holds those instead of NCCL's channels. Only the streams in ``wanted``."""
+    stream holds nothing there): the priced calls' NCCL channels (p2p and all-to-all kernels included) or own
+    SMs and HBM bytes over their seconds; a TP overlap whose framework sets its own SMs per collective
+    (Flavour.tp_overlap_sms: TransformerEngine's userbuffers) holds those instead of NCCL's channels; the CP
+    ring's exchange runs as one or two kernels at once (contention.ring_p2p_kernels). Only the streams in
+    ``wanted``."""
     own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
     keys = {k for k in wanted if k in totals.sm_time or (own and k.startswith("tp.") and k in totals.time)}
     out: dict[str, list[Share | None]] = {}
@@ -541,6 +563,8 @@ def _holds(
         if own and key.startswith("tp."):
             by_op = [(n, totals.tp_ops.get(f"{key}.{op}", zeros)) for op, n in own]
             sm = [sum(n * row[s] for n, row in by_op) for s in range(stages)]
+        if key.startswith("cp.ring."):
+            sm = [x * ring_p2p_kernels(gpu.sm if gpu else 0, ctx.par.cp) for x in sm]
         out[key] = [Share(a / t, b / t) if t and (a or b) else None for t, a, b in zip(seconds, sm, hbm, strict=True)]
     return out
 
@@ -584,6 +608,27 @@ def _contention(st: StageStep, holds: dict, flags: Overlap, gpu: GPUSpec, hbm_ef
 
 
 _NOTHING = Share()
+
+
+def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec, hbm_eff: float) -> None:
+    """Each pass lengthened by the pipeline sends hidden behind it under overlap_p2p (planner/contention.py):
+    per micro-batch, every model chunk's pass runs beside one boundary send's time of a send and a recv kernel
+    (contention.PP_OVERLAP_KERNELS), its whole mix of compute- and memory-bound work slowed."""
+    channels, moved = totals.send_held
+    t = totals.send_s
+    if not t or not (channels or moved):
+        return
+    share = kernels_share(channels, PP_OVERLAP_KERNELS, moved, t)
+    hidden = ctx.par.chunks_per_rank * t
+    for st in stages:
+        for phase in ("forward", "backward"):
+            whole = st.compute.forward if phase == "forward" else st.compute.backward
+            rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
+            slow = slowdown_s(min(hidden, whole.total_s), 0.0, rate)
+            if phase == "forward":
+                st.slow_fwd_s += slow
+            else:
+                st.slow_bwd_s += slow
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:

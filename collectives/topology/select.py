@@ -21,6 +21,8 @@ from .calibration import DEFAULT, Calibration
 from .cluster import Cluster
 from .library import is_nvidia, normalise_algo, normalise_proto, price_library
 from .library.model import NCCL_FUNCS
+from .library.p2p import P2P_OPS, p2p_ctas
+from .library.pricer import features_of, shape_of
 from .pricing import Evaluation, Price, evaluate, local_size, summarise
 
 LIBRARY_CANDIDATES: dict[Op, tuple[str, ...]] = {
@@ -112,6 +114,35 @@ def price_call(
             top_links,
         )
     check_group(placement)
+    price = _price_schedule(op, message_bytes, placement, cluster, algorithm, calibration, which, top_links)
+    # NCCL runs a send/recv or all-to-all on its p2p channels, one CTA each: what the call holds beside the
+    # compute (planner/contention.py), whichever pricer gave its time
+    price.channels = nccl_p2p_ctas(op, message_bytes, placement, cluster, pricing)
+    return price
+
+
+def nccl_p2p_ctas(op: Op, message_bytes: int, placement: np.ndarray, cluster: Cluster, pricing: str = "auto") -> int:
+    """The CTAs of NCCL's p2p kernel (library/p2p.py) for a send/recv or all-to-all on ``placement``'s groups,
+    where NCCL runs it (an NVIDIA cluster, pricing other than ``schedule`` by name); 0 otherwise."""
+    if op not in P2P_OPS or placement.shape[1] < 2 or pricing == "schedule" or not is_nvidia(cluster):
+        return 0
+    group = _widest_group(cluster, placement)
+    return p2p_ctas(op, message_bytes, shape_of(cluster, group), features_of(cluster))
+
+
+def _widest_group(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
+    """The first group spanning the most nodes: the one whose path sets a point-to-point call's time (its
+    slowest link), whose communicator's channels the call's kernel is taken to hold."""
+    if placement.shape[0] == 1:
+        return placement[0]
+    nodes = np.sort(cluster.node_of(placement), axis=1)
+    spans = (np.diff(nodes, axis=1) != 0).sum(axis=1)
+    return placement[int(np.argmax(spans))]
+
+
+def _price_schedule(op, message_bytes, placement, cluster, algorithm, calibration, which, top_links) -> Price:
+    """The schedule pricer's price: the named schedule, or the fastest of the candidates."""
+    n = placement.shape[1]
     if not isinstance(calibration, Calibration):
         calibration = DEFAULT
     local = local_size(cluster, placement)

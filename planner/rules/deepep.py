@@ -55,6 +55,12 @@ SOURCE = "DeepEP normal kernels (Buffer.dispatch/combine); DeepSeek-V3 report §
 NUM_MAX_NVL_PEERS = 8  # DeepEP 4e38d1d csrc/kernels/configs.cuh (LEGACY_NUM_MAX_NVL_PEERS at dd758ca)
 NUM_MAX_RDMA_PEERS = 20  # DeepEP 4e38d1d csrc/kernels/configs.cuh
 # ep_dispatch -> the source its legs cite: one count (``legs``), two backends
+# ep_dispatch -> the SMs its dispatch and combine kernels hold (Call.sms), Megatron-LM 92c8482e6d's defaults:
+# transformer_config.py line 228 ``moe_deepep_num_sms = 20`` (token_dispatcher.py line 1163 set_deepep_num_sms ->
+# DeepEP Buffer.set_num_sms; DeepEP 4e38d1d deep_ep/buffer.py line 31 ``num_sms = 20``: the normal kernels launch
+# num_channels x 2 = num_sms blocks, csrc/kernels/intranode.cu / internode.cu SETUP_LAUNCH_CONFIG) and line 231
+# ``moe_hybridep_num_sms = 16`` (token_dispatcher.py lines 1051-1052: num_sms_dispatch_api / num_sms_combine_api)
+KERNEL_SMS = {"deepep": 20, "hybridep": 16}
 BACKENDS = {
     "deepep": SOURCE,
     "hybridep": "HybridEP (DeepEP hybrid-ep 94a9f8f HybridEPBuffer.dispatch/combine, docs/Hybrid-EP_Implementation.md "
@@ -163,6 +169,7 @@ def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) ->
                     kernel=name if len(path) > 1 else "",  # two legs pipelined in one kernel (Call.kernel)
                     # DeepEP's RDMA leg goes through the NICs between its groups of 8 (module docstring)
                     nvlink_peers=NUM_MAX_NVL_PEERS if leg == "rdma" and ctx.par.ep_dispatch == "deepep" else 0,
+                    sms=KERNEL_SMS[ctx.par.ep_dispatch],
                 )
             )
     return out

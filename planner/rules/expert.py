@@ -180,7 +180,15 @@ DEEPEP_LL_SOURCE = "DeepEP low-latency kernels (Buffer.low_latency_dispatch/comb
 
 def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
     calls = _dispatch_combine(ctx, layers, rows, ".ll", DEEPEP_LL_SOURCE)
-    return [replace(c, fixed_s=DEEPEP_LL_KERNEL_S) for c in calls]
+    return [replace(c, fixed_s=DEEPEP_LL_KERNEL_S, sms=ll_sms(ctx)) for c in calls]
+
+
+def ll_sms(ctx: Context) -> int:
+    """The blocks DeepEP's low-latency dispatch and combine launch, not NCCL's channels (the contention model's
+    Call.sms): ceil(E / ceil(E / S)) for E experts on S SMs (DeepEP 4e38d1d csrc/kernels/internode_ll.cu lines
+    564-570 and 1205-1211; the combine at least that), which is E where E <= S and about S above it; taken as E,
+    so that past the GPU's SM count it holds them all (256 experts: 128 of an H100's 132)."""
+    return ctx.model.moe.num_experts
 
 
 def _dispatch_combine(ctx: Context, layers: int, rows: int, suffix: str = "", source: str = SOURCE) -> list[Call]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from collectives import CollectiveError, Op
 from collectives.topology import DEFAULT_CALIBRATION, Cluster, candidates
-from collectives.topology.select import _evaluate_one, local_size, resolve_pricing
+from collectives.topology.select import _evaluate_one, local_size, nccl_p2p_ctas, resolve_pricing
 
 from ..plan import Options, canonical, neighbourhood
 
@@ -97,6 +97,9 @@ class Curve:
             if not times:
                 raise CollectiveError("algorithm", f"no algorithm can run {self.op.value} here")
             best = min(times)
+            ctas = nccl_p2p_ctas(self.op, message, self.placement, self.cluster, self.options.pricing)
+            if ctas:  # what the plan's price of this send/recv says NCCL holds (price_call): it moves M each way
+                self._held[message] = (ctas, message, message)
         self._memo[message] = best
         return best
 

@@ -154,13 +154,16 @@ class RowCall:
     """The fields of a ledger Call that step.py and memory.py read, at one layout's b and m (a plain
     slotted object: built thousands of times a second, where dataclasses.replace would dominate)."""
 
-    __slots__ = ("calls_per_iteration", "kernel", "message_bytes", "name", "op", "parallelism", "phase", "stages")
+    __slots__ = (
+        "calls_per_iteration", "kernel", "message_bytes", "name", "op", "parallelism", "phase", "sms", "stages",
+    )  # fmt: skip
 
     @classmethod
     def of(cls, call: Call, stages: tuple[int, ...], message_bytes: int, count: int) -> RowCall:
         row = cls()
         row.name, row.parallelism, row.op, row.phase = call.name, call.parallelism, call.op, call.phase
         row.kernel = call.kernel  # the legs of one kernel run concurrently (step.stream_totals)
+        row.sms = call.sms  # a non-NCCL kernel's own SMs (planner/contention.py)
         row.stages, row.message_bytes, row.calls_per_iteration = stages, message_bytes, count
         return row
 

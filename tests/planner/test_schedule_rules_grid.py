@@ -26,7 +26,11 @@ logits (tp > 1 without loss parallelism: 32,000 for Mixtral's 16,000 a rank at t
 stage moved 291 plans' step times (+0% to +0.67%, dualpipe pp 4 v 2 m 8 the most) and GPipe's losses in flight
 (pipeline.losses_in_flight: every micro-batch's logits held) the 62 gpipe plans' last-stage memory by (m - 1) x
 the loss's bytes (Megatron 140,509,184 B: the fp32 [4096, 8064] softmax + the head's [4096, 1, 4096] / 4 bf16
-input; torch 165,675,008 B), nothing else (checked line by line against main at eab465a).
+input; torch 165,675,008 B), nothing else (checked line by line against main at eab465a). p2psm's p2p SMs
+(NCCL's p2p CTAs held beside the compute) moved 39 step lines, nothing else (checked line by line against main at
+57f7644): the 15 Megatron interleaved plans under overlap_p2p +0.03% to +0.07% (a send and a recv kernel beside
+each pass), the 24 Megatron dualpipe / dualpipev plans +0.46% to +0.51% (their EP all-to-alls hidden by the F&B
+overlap hold 32 CTAs).
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
@@ -39,7 +43,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "4497ffc57c07c84b59b93422869d158932bcf20b7da7f4aad9f559e81c35bfb5"
+RECORDED = "2fad910b0c5d2ebd74e5be8175391df063444b4c0089a9bb5a68aa121d80e614"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
