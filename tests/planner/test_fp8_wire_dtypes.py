@@ -153,3 +153,35 @@ def test_mtp_eh_proj_input_gathers_follow_the_mtp_cut_off(recipe, wire):
         "tp.mtp.eh_proj.scatter.dgrad": (BF16, "bf16"),
         "tp.mtp.eh_proj.dgrad": (2 * BF16, "bf16"),
     }
+
+
+def test_nvfp4_mtp_block_gathers_in_bf16_beside_the_decoders_fp4():
+    """Llama3-8B with one MTP module, nvfp4, tp 2 + SP, pp 2, 4 micro-batches: stage 1 holds 16 decoder layers and the
+    MTP block (Context.chunks). Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer enters
+    get_fp8_context only ``if self.config.fp8`` ("TODO: currently ignoring FP4 in MTP layers"), so the block's linears
+    run bf16: its quantized gathers carry bf16 (4,096 x 4,096 x 2 = 33,554,432 B) where the decoder's carry nvfp4
+    (16,777,216 x (0.5 + 1/16) = 9,437,184 B input, both copies 18,874,368 B for a grad output). Before, all 17 layers
+    gathered at nvfp4 (68 calls of 9,437,184 B): the MTP block's 4 x 6 gathers were 6 x 4 x 24,117,248 B short."""
+    from dataclasses import replace
+
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=4096, fp8_recipe="nvfp4")
+    ctx = Context(replace(LLAMA, mtp_layers=1), work, ParallelSpec(tp=2, pp=2, dp=2, sequence_parallel=True))
+    rows = {(c.name, c.stages): (c.message_bytes, c.dtype, c.calls_per_iteration) for c in ledger(ctx)}
+    fp4_in, fp4_grad, bf16 = (9_437_184, "fp4"), (18_874_368, "fp4"), (BF16, "bf16")
+    for name in ("attn.qkv", "mlp.up_proj", "attn.qkv.wgrad_gather", "mlp.up_proj.wgrad_gather"):
+        assert rows["tp." + name, (0, 1)] == (*fp4_in, 64)  # 16 decoder layers x 4 micro-batches, both stages
+        assert rows["tp.mtp." + name, (1,)] == (*bf16, 4)  # the MTP block on stage 1 only
+    for name in ("attn.out_proj.dgrad", "mlp.down_proj.dgrad"):
+        assert rows["tp." + name, (0, 1)] == (*fp4_grad, 64)
+        assert rows["tp.mtp." + name, (1,)] == (*bf16, 4)
+    # calls alike in the block and the decoder (bf16 reduce-scatters) stay one row: 17 layers on stage 1
+    assert rows["tp.attn.out_proj", (1,)] == (*bf16, 68)
+    assert rows["tp.mlp.up_proj.dgrad", (1,)] == (*bf16, 68)
+    # an fp8 recipe runs the block quantized like the decoder: one row, 68 calls on stage 1
+    ctx8 = replace(ctx, work=replace(work, fp8_recipe="mxfp8"))
+    assert not [c for c in ledger(ctx8) if c.name.startswith(("tp.mtp.attn", "tp.mtp.mlp"))]
+    # full recompute re-issues the block's forward gathers in bf16 too
+    full = replace(work, activation_recompute="full", recompute_method="uniform", recompute_num_layers=1)
+    again = {c.name: (c.message_bytes, c.dtype, c.calls_per_iteration) for c in ledger(replace(ctx, work=full))}
+    assert again["tp.mtp.attn.qkv.recompute"] == (*bf16, 4)
+    assert again["tp.mtp.mlp.up_proj.recompute"] == (*bf16, 4)
