@@ -101,6 +101,26 @@ class Recipe:
     # tensorwise weights only: torchao/float8/config.py __post_init__) and torchtitan's float8 TP (Float8ColwiseParallel
     # all-gathering fp8 activations: parallelize.py enable_float8_tensorwise_tp = float8 and not rowwise)
     float8_all_gather: bool = False
+    # TransformerEngine's all-gather of an input already quantized falls back to bf16 too when the shard cannot be
+    # quantized (Float8BlockQuantizer: distributed.py _start_all_gather_fp8_blockwise tests is_quantizable whatever the
+    # input; MXFP8 and NVFP4 only for a high-precision input: gather_fallback)
+    requantizes_quantized_gather: bool = False
+
+    def gathers_unquantized(self, rows: int, width: int, *, quantized_input: bool) -> bool:
+        """Whether TransformerEngine all-gathers a shard of ``rows`` x ``width`` in bf16 instead of quantized: a block
+        recipe whose quantizer cannot quantize the shard (``is_quantizable``: the last dimension and the product of
+        the others multiples of the block: Float8BlockQuantizer 128, MXFP8Quantizer 32, NVFP4Quantizer 16; TE
+        tensor/float8_blockwise_tensor.py, mxfp8_tensor.py, nvfp4_tensor.py) gathers the bf16 shard and quantizes
+        the gathered tensor (distributed.py _start_all_gather_fp8_blockwise, _all_gather_mxfp8, _all_gather_nvfp4:
+        "Cannot quantize input tensor. Performing all-gather in high precision.", TE 5fd5c35 #2637, v2.14 on; checked
+        at d0067d0da). MXFP8 and NVFP4 fall back only for an input not yet quantized (``quantized_input`` False: a
+        row-parallel linear's grad output, base.py grad_output_preprocess); a column-parallel input, quantized
+        before its gather (linear.py ``inputmat = input_quantizer(inputmat)``, layernorm_linear.py's quantized norm),
+        and the saved quantized input of the wgrad re-gather stay quantized. Per-tensor recipes never fall back."""
+        block = self.activation_block
+        if not block or (rows % block == 0 and width % block == 0):
+            return False
+        return not quantized_input or self.requantizes_quantized_gather
 
     def weight_scales(self, numel: int) -> int:
         """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
@@ -160,7 +180,7 @@ RECIPES: dict[str, Recipe] = {
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
         TE + "recipe.Float8BlockScaling; DeepSeek-V3 report §3.3.2 (1x128 activation tiles, 128x128 weight blocks)",
-        0, 1, "fp8_block",
+        0, 1, "fp8_block", requantizes_quantized_gather=True,
     ),
     "mxfp8": Recipe(
         "mxfp8", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 32, (1, 32), 1, 1.0, 100,

@@ -93,7 +93,7 @@ def _gemm_input(ctx: Context, per_token: int, *, grad_output: bool = False, mtp:
     elements = ctx.b * ctx.s_cp * per_token
     if mtp and mtp_runs_bf16(ctx):
         return {"message": elements * ctx.hidden_bytes, "dtype": ctx.hidden_dtype}
-    message, dtype = ctx.gemm_input(elements, grad_output=grad_output)
+    message, dtype = ctx.gemm_input(elements, grad_output=grad_output, width=per_token)
     return {"message": message, "dtype": dtype}
 
 

@@ -55,3 +55,19 @@ def test_mxfp8_gathers_carry_their_scales():
     assert got["tp.attn.qkv"] == (17_301_504, "fp8")
     assert got["tp.mlp.down_proj.dgrad"] == (34_603_008, "fp8")
     assert got["pp.activation"] == (16_777_216, "bf16")
+
+
+def test_a_shard_the_block_cannot_quantize_goes_in_bf16_over_http():
+    """s 1,000 over tp 2: a 500-row shard, not a multiple of 128 or 32, so TransformerEngine gathers it in bf16 and
+    quantizes after the gather (distributed.py, TE 5fd5c35 on): 1,000 x 4,096 x 2 = 8,192,000 B. Blockwise falls back
+    on every gather; mxfp8 quantizes the attention's input before its gather (4,096,000 x (1 + 1/32) = 4,224,000 B)
+    and falls back only for the grad output, whose two quantized copies would have been 8,448,000 B."""
+    block = wire(seq_length=1000, fp8_recipe="blockwise", activation_dtype="bf16")
+    assert block["tp.attn.qkv"] == block["tp.mlp.down_proj.dgrad"] == (8_192_000, "bf16")
+    mx = wire("dgx-b200", seq_length=1000, fp8_recipe="mxfp8", activation_dtype="bf16")
+    assert mx["tp.attn.qkv"] == (4_224_000, "fp8")
+    assert mx["tp.mlp.down_proj.dgrad"] == (8_192_000, "bf16")
+    assert wire(seq_length=1024, fp8_recipe="blockwise", activation_dtype="bf16")["tp.attn.qkv"] == (
+        1024 * 4096 + 1024 * 4096 // 128 * 4,
+        "fp8",
+    )  # 512 rows: quantized, 1 B + 4 B per 128

@@ -185,3 +185,45 @@ def test_nvfp4_mtp_block_gathers_in_bf16_beside_the_decoders_fp4():
     again = {c.name: (c.message_bytes, c.dtype, c.calls_per_iteration) for c in ledger(replace(ctx, work=full))}
     assert again["tp.mtp.attn.qkv.recompute"] == (*bf16, 4)
     assert again["tp.mtp.mlp.up_proj.recompute"] == (*bf16, 4)
+
+
+SHORT = 1000 * 4096  # a 1,000-token micro-batch of Llama3-8B: the tp-2 shard holds 500 rows of 4,096
+
+
+@pytest.mark.parametrize(
+    ("recipe", "forward", "grad_output"),
+    [
+        # 500 rows: not a multiple of 128, 32 or 16, so every block recipe's quantizer refuses the shard
+        ("blockwise", (2 * SHORT, "bf16"), (2 * SHORT, "bf16")),  # Float8BlockQuantizer: every gather falls back
+        ("mxfp8", (SHORT + SHORT // 32, "fp8"), (2 * SHORT, "bf16")),  # inputs quantized first: only grad outputs
+        ("nvfp4", (SHORT // 2 + SHORT // 16, "fp4"), (2 * SHORT, "bf16")),
+        ("delayed", (SHORT, "fp8"), (SHORT, "fp8")),  # per-tensor: no block, never falls back
+    ],
+)
+def test_a_shard_the_block_cannot_quantize_is_gathered_in_bf16(recipe, forward, grad_output):
+    """TransformerEngine (5fd5c35, v2.14 on; d0067d0da) gathers a shard its quantizer cannot quantize (is_quantizable:
+    the product of the leading dimensions and the last dimension multiples of the block) in bf16 and quantizes the
+    gathered tensor: Llama3-8B at s 1,000, tp 2 + SP: 1,000 x 4,096 x 2 = 8,192,000 B, where mxfp8 would send
+    4,096,000 x (1 + 1/32) = 4,224,000 B (a grad output's two copies 8,448,000 B) and nvfp4 2,304,000 B. MXFP8 and
+    NVFP4 quantize a column-parallel input before its gather (linear.py input_quantizer(inputmat)), which then needs
+    no fallback; Float8BlockQuantizer's gather tests the shard whatever it holds."""
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=1000, fp8_recipe=recipe)
+    ctx = Context(LLAMA, work, ParallelSpec(tp=2, pp=1, dp=4, sequence_parallel=True))
+    rows = {c.name: (c.message_bytes, c.dtype) for c in ledger(ctx)}
+    for name in ("tp.attn.qkv", "tp.mlp.up_proj", "tp.attn.qkv.wgrad_gather", "tp.mlp.up_proj.wgrad_gather"):
+        assert rows[name] == forward, name
+    for name in ("tp.attn.out_proj.dgrad", "tp.mlp.down_proj.dgrad"):
+        assert rows[name] == grad_output, name
+
+
+def test_blockwise_gathers_of_a_hidden_size_not_a_multiple_of_128_fall_back():
+    """GPT-OSS 20B's hidden size 2,880 = 22.5 x 128: under blockwise (1x128 tiles) no SP shard of its hidden states
+    can be quantized, so its attention input, wgrad re-gather and grad output gather in bf16, 4,096 x 2,880 x 2 =
+    23,592,960 B; mxfp8's 32-element blocks fit (2,880 = 90 x 32): 11,796,480 x (1 + 1/32) = 12,165,120 B."""
+    gpt_oss = model_preset("gpt-oss-20b")
+    for recipe, wire in (("blockwise", (23_592_960, "bf16")), ("mxfp8", (12_165_120, "fp8"))):
+        work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=4096, fp8_recipe=recipe)
+        ctx = Context(gpt_oss, work, ParallelSpec(tp=2, pp=1, dp=4, sequence_parallel=True))
+        rows = {c.name: (c.message_bytes, c.dtype) for c in ledger(ctx)}
+        assert rows["tp.attn.qkv"] == rows["tp.attn.qkv.wgrad_gather"] == wire
+    assert rows["tp.attn.out_proj.dgrad"] == (2 * 12_165_120, "fp8")  # mxfp8's two copies of the grad output
