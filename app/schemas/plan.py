@@ -238,6 +238,14 @@ class WorkloadIn(Strict):
         description="Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward in fp8 "
         "(DeepSeek-V3 report §3.3.2); SwiGLU models, Megatron, training",
     )
+    document_lengths: (
+        Annotated[list[Annotated[int, Field(ge=1, le=1 << 24)]], Field(min_length=1, max_length=65536)] | None
+    ) = Field(
+        default=None,
+        description="packed documents (training): the lengths of the documents each sequence packs, summing to the "
+        "sequence; attention runs causal within each document (Megatron THD packing, cu_seqlens), its work and MFU "
+        "count sum(L²) as Megatron-LM's num_floating_point_operations does; with cp each a multiple of 2·cp",
+    )
 
 
 class ParallelIn(Strict):

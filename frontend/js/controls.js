@@ -74,6 +74,7 @@ export const GROUPS = [
     ["workload.optimizer_implementation", "AdamW (torch)", "select", ["fused", "foreach"], "fused", "kind=training"],
     ["workload.fused_grouped_mlp", "Fused grouped MLP (MXFP8 MoE)", "select", ON_OFF, "off (per-expert GEMMs)", "kind=training"],
     ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
+    ["workload.document_lengths", "Packed documents (lengths)", "list", "e.g. 4096,2048,2048", "one a sequence", "kind=training"],
   ]],
   ["Data parallel", [
     ["parallel.hybrid_shard_size", "Hybrid shard size", "int", null, "none"],
