@@ -79,6 +79,7 @@ ONLY_FOR = {
         "loss_parallel",
         "optimizer_implementation",
         "document_lengths",
+        "fp8_dot_product_attention",
     ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }

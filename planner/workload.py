@@ -104,6 +104,10 @@ class WorkloadSpec:
     # float8.precompute_float8_dynamic_scale_for_fsdp (one amax all-reduce per step instead of one per gather)
     fp8_param_gather: bool = False
     fp8_precompute_scale: bool = False
+    # Megatron --fp8-dot-product-attention: TransformerEngine's core attention in fp8 (recipes.check_fp8_dpa); its
+    # context-parallel exchanges then carry fp8 K/V (rules/context_parallel.py); the attention kernels' rate is not
+    # changed (docs/frameworks.md "fp8 dot-product attention")
+    fp8_dot_product_attention: bool = False
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
     activation_func_fp8_input_store: bool = False

@@ -31,6 +31,7 @@ export const GROUPS = [
     ["workload.kv_dtype", "KV cache", "select", DTYPES, "the activations'", "kind=inference"],
     ["workload.fp8_recipe", "FP8 / FP4 recipe", "select", ["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", ["rowwise", "rowwise (torchao)"]], "none", "kind=training"],
     ["workload.fp8_param_gather", "FP8 parameter all-gather", "select", ON_OFF, "off", "kind=training"],
+    ["workload.fp8_dot_product_attention", "FP8 attention (Megatron)", "select", ON_OFF, "off", "kind=training"],
     ["workload.fp8_precompute_scale", "FP8 scales precomputed (torch FSDP2)", "select", ON_OFF, "off", "kind=training"],
     ["workload.activation_func_fp8_input_store", "SwiGLU input saved in fp8", "select", ON_OFF, "off (Megatron)", "kind=training"],
   ]],

@@ -227,3 +227,52 @@ def test_blockwise_gathers_of_a_hidden_size_not_a_multiple_of_128_fall_back():
         rows = {c.name: (c.message_bytes, c.dtype) for c in ledger(ctx)}
         assert rows["tp.attn.qkv"] == rows["tp.attn.qkv.wgrad_gather"] == wire
     assert rows["tp.attn.out_proj.dgrad"] == (2 * 12_165_120, "fp8")  # mxfp8's two copies of the grad output
+
+
+KV = 2 * 4096 * 8 * 128  # K and V of one CP rank's 4,096 tokens (s 8,192, cp 2), 8 KV heads x 128: 8,388,608 elements
+
+
+@pytest.mark.parametrize(
+    ("recipe", "comm", "want"),
+    [
+        # bf16 attention: the ring's K/V and dK/dV sends at 2 B
+        (None, "p2p", {"cp.attn.kv": ("sendrecv", 2 * KV, "bf16", 64),
+                       "cp.attn.kv.bwd": ("sendrecv", 2 * KV, "bf16", 64),
+                       "cp.attn.dkv": ("sendrecv", 2 * KV, "bf16", 64)}),
+        # fp8 attention, per-tensor: K/V as their fp8 data, dK/dV as one uint8 all-to-all of cp x KV per call
+        ("delayed", "p2p", {"cp.attn.kv": ("sendrecv", KV, "fp8", 64), "cp.attn.kv.bwd": ("sendrecv", KV, "fp8", 64),
+                            "cp.attn.dkv": ("alltoall", 2 * KV, "uint8", 64)}),
+        ("tensorwise", "p2p", {"cp.attn.kv": ("sendrecv", KV, "fp8", 64),
+                               "cp.attn.kv.bwd": ("sendrecv", KV, "fp8", 64),
+                               "cp.attn.dkv": ("alltoall", 2 * KV, "uint8", 64)}),
+        # MXFP8 attention keeps K/V in bf16 on the ring; its dK/dV still go by the uint8 all-to-all
+        ("mxfp8", "p2p", {"cp.attn.kv": ("sendrecv", 2 * KV, "bf16", 64),
+                          "cp.attn.kv.bwd": ("sendrecv", 2 * KV, "bf16", 64),
+                          "cp.attn.dkv": ("alltoall", 2 * KV, "uint8", 64)}),
+        # all-gather CP: the K/V gathers in fp8, dK/dV reduce-scattered in bf16
+        ("delayed", "all_gather", {"cp.attn.kv_gather": ("allgather", 2 * KV, "fp8", 64),
+                                   "cp.attn.kv_gather.bwd": ("allgather", 2 * KV, "fp8", 64),
+                                   "cp.attn.dkv": ("reducescatter", 2 * 2 * KV, "bf16", 64)}),
+    ],
+)  # fmt: skip
+def test_fp8_dot_product_attention_changes_the_cp_wire(recipe, comm, want):
+    """Megatron --fp8-dot-product-attention (TE fp8_dpa), Llama3-8B at s 8,192, cp 2, dp 4: 2 micro-batches x 32
+    layers = 64 attention calls. TransformerEngine d0067d0da context_parallel.py
+    AttnFuncWithCPAndKVP2P sends ``torch.cat((k.view(-1), v.view(-1)))`` of the fp8 data (l. 1690), re-sends it
+    c-1 times in the backward and exchanges the dK/dV partials by one ``all_to_all_single`` of a (cp, *kv.shape)
+    uint8 buffer at the last step (l. 2466-2484); AttnFuncWithCPAndKVAllGather gathers k and v as fp8 data."""
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=8192, fp8_recipe=recipe,
+                        fp8_dot_product_attention=recipe is not None)  # fmt: skip
+    ctx = Context(LLAMA, work, ParallelSpec(tp=1, pp=1, dp=4, cp=2, cp_comm=comm))
+    got = {c.name: (c.op.value, c.message_bytes, c.dtype, c.calls_per_iteration) for c in ledger(ctx)
+           if c.name.startswith("cp.")}  # fmt: skip
+    assert got == want
+    if recipe:  # the recipe without fp8 attention exchanges bf16, as before
+        plain = Context(LLAMA, replace_work(work, fp8_dot_product_attention=False), ctx.par)
+        assert {c.name: c.dtype for c in ledger(plain) if c.name.startswith("cp.")} == dict.fromkeys(want, "bf16")
+
+
+def replace_work(work, **changes):
+    from dataclasses import replace
+
+    return replace(work, **changes)
