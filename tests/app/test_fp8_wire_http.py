@@ -112,3 +112,24 @@ def test_fp8_dot_product_attention_refusals_name_the_field(workload, parallel, w
     first = r.json()["detail"][0]
     assert ".".join(map(str, first["loc"][1:])) == "workload.fp8_dot_product_attention", first
     assert words in first["msg"], first["msg"]
+
+
+def test_fp8_dot_product_attention_by_cli(tmp_path, capsys):
+    """The CLI takes the same body: the answer is the service's, and a blockwise recipe exits 2 naming the field."""
+    import json
+
+    from app.cli import main
+
+    body = copy.deepcopy(BODY)
+    body["workload"] |= {"seq_length": 8192, "fp8_dot_product_attention": True}
+    body["parallel"] = {"tp": 1, "pp": 1, "dp": 4, "cp": 2}
+    path = tmp_path / "dpa.json"
+    path.write_text(json.dumps(body))
+    assert main(["plan", str(path), "--format", "json"]) == 0
+    out, _ = capsys.readouterr()
+    assert json.loads(out) == client.post("/v1/plan", json=body).json()
+    body["workload"]["fp8_recipe"] = "blockwise"
+    path.write_text(json.dumps(body))
+    assert main(["plan", str(path), "--format", "json"]) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("commplan: workload.fp8_dot_product_attention") and "'blockwise'" in err
