@@ -1853,6 +1853,7 @@ def causal_keys(s: int, window: int | None) -> float:
     return (window * (window + 1) / 2 + (s - window) * window) / s
 
 
+@lru_cache(maxsize=256)  # a request may pack 65,536 documents; asked per layer and pass (bounded, keyed by value)
 def document_keys(lengths: tuple[int, ...], window: int | None) -> float:
     """Mean keys a query attends to when the sequence packs documents of ``lengths`` (workload.document_lengths),
     each causal within itself: sum_i L_i · causal_keys(L_i, w) / sum_i L_i. The kernels skip the blocks outside a
