@@ -1905,7 +1905,7 @@ def cp_rank_causal_keys(ctx: Context, window: int | None = None) -> float:
     s - s/(2 cp) + 1/2 on average ((2 cp - 1) / cp of the balanced work), w when w <= a + 1, else
     (w(w+1)/2 - a(a+1)/2 + (s - w)·w) / n."""
     s, c = ctx.s, ctx.par.cp
-    if ctx.training and ctx.work.document_lengths:  # packed documents (parallel._documents_fit: balanced CP only)
+    if ctx.training and ctx.work.document_lengths:  # packed documents (parallel._documents_fit: TE's per-document CP)
         return document_keys(ctx.work.document_lengths, window)
     if c > 1 and ctx.par.cp_load_balance is False:
         n = s / c

@@ -567,13 +567,19 @@ def _documents_fit(par: ParallelSpec, lengths: tuple[int, ...], seq: int) -> Non
     """Packed documents fill the sequence (Megatron's THD batches: cu_seqlens over the packed sequence); with context
     parallelism TransformerEngine splits each document into 2·cp chunks (context_parallel.py get_cu_seqlens_on_cp_rank:
     the padded length // 2 per half, thd_get_partitioned_indices), so each is a multiple of 2·cp (Megatron pads
-    them so: gpt_dataset.py "divisible by ... context parallel size * 2"); torch's unbalanced shards are not modelled
-    with documents."""
+    them so: gpt_dataset.py "divisible by ... context parallel size * 2"); torch's context_parallel, which shards the
+    whole sequence, is not modelled with documents."""
     field = "workload.document_lengths"
     if sum(lengths) != seq:
         raise SpecError(field, f"the {len(lengths)} documents hold {sum(lengths)} tokens but the sequence is {seq}")
-    if par.cp > 1 and par.cp_load_balance is False:
-        raise SpecError(field, "packed documents with cp_load_balance off are not modelled")
+    if par.cp > 1 and par.flavour.cp_rotate_methods:
+        # torch's context_parallel shards the whole sequence (head-tail chunks r and 2cp-1-r, or contiguous without
+        # load balancing), so a rank's work depends on where the documents fall: not modelled
+        raise SpecError(
+            field,
+            f"packed documents with framework {par.framework!r} and cp {par.cp} are not modelled: its context_parallel "
+            "shards the whole sequence, not each document as TransformerEngine's THD split does",
+        )
     if par.cp > 1:
         odd = [n for n in lengths if n % (2 * par.cp)]
         if odd:

@@ -61,7 +61,7 @@ def test_cp_with_documents_over_http(api):
         ({"document_lengths": [4096, 2048]}, {}, "the 2 documents hold 6144 tokens but the sequence is 8192"),
         ({"document_lengths": [4096, 2046, 2050]}, {"cp": 2, "dp": 4}, "are not multiples of 2*cp = 4"),
         ({"document_lengths": DOCS}, {"cp": 2, "dp": 4, "framework": "torch", "cp_load_balance": False},
-         "cp_load_balance off are not modelled"),
+         "framework 'torch' and cp 2 are not modelled"),
         ({"document_lengths": [8192, 0]}, {}, "greater than or equal to 1"),
         ({"document_lengths": []}, {}, "at least 1"),
         ({"kind": "inference", "micro_batch_size": None, "global_batch_size": None, "seq_length": None,

@@ -58,7 +58,7 @@ def test_cp_ranks_split_each_document_so_every_rank_does_the_same():
     [
         ((4096, 2048), 1, {}, "the 2 documents hold 6144 tokens but the sequence is 8192"),
         ((4096, 2046, 2050), 2, {}, "2 documents (first 2046) are not multiples of 2*cp = 4"),
-        (DOCS, 2, {"framework": "torch", "cp_load_balance": False}, "cp_load_balance off are not modelled"),
+        (DOCS, 2, {"framework": "torch", "cp_load_balance": False}, "framework 'torch' and cp 2 are not modelled"),
         ((8192, 0), 1, {}, "lengths >= 1"),
     ],
 )
