@@ -78,6 +78,8 @@ ONLY_FOR = {
         "fused_grouped_mlp",
         "loss_parallel",
         "optimizer_implementation",
+        "document_lengths",
+        "fp8_dot_product_attention",
     ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }
@@ -96,8 +98,9 @@ def workload_spec(block: WorkloadIn) -> WorkloadSpec:
                 f"{', '.join(stray)} {verb} {article} {other} workload, but kind is {kind!r}; "
                 f"the {kind} fields are {', '.join(ONLY_FOR[kind])}",
             )
-    if given.get("recompute_modules") is not None:  # hashable, as the spec is a cache key
-        given["recompute_modules"] = tuple(given["recompute_modules"])
+    for listed in ("recompute_modules", "document_lengths"):  # hashable, as the spec is a cache key
+        if given.get(listed) is not None:
+            given[listed] = tuple(given[listed])
     return WorkloadSpec(**(base | given))
 
 

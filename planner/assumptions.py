@@ -176,6 +176,8 @@ def _training_rows(ctx: Context, by: str) -> list[Assumption]:
         rows.append(
             Assumption("workload.fp8_param_gather", _onoff(work.fp8_param_gather), "Megatron --fp8-param-gather (off)")
         )
+        dpa = "Megatron --fp8-dot-product-attention (off)"
+        rows.append(Assumption("workload.fp8_dot_product_attention", _onoff(work.fp8_dot_product_attention), dpa))
     granularity = work.activation_recompute
     rows.append(Assumption("workload.activation_recompute", granularity, "Megatron --recompute-granularity (none)"))
     if granularity == "full":

@@ -33,9 +33,9 @@ from .kernels import (
     efficiency,
     embedding_kernels,
     final_norm_kernels,
+    flops_keys,
     gemm_kernels,
     kv_cache_bytes_per_layer,
-    kv_length,
     layer_kernels,
     layer_kernels_key,
     loss_chain,
@@ -459,7 +459,7 @@ def model_flops_per_token(ctx: Context) -> float:
     if mdl.learned_position_embeddings:
         n -= mdl.seq_length * mdl.hidden_size
     q = (mdl.mla.qk_nope_head_dim + mdl.mla.qk_rope_head_dim) if mdl.mla else mdl.head_size
-    attn = 2 * (mdl.num_layers + mtp) * mdl.num_attention_heads * q * kv_length(ctx)
+    attn = 2 * (mdl.num_layers + mtp) * mdl.num_attention_heads * q * flops_keys(ctx)  # packed documents: sum(L²)/s
     return (6.0 * n + 6.0 * attn) if ctx.training else (2.0 * n + 2.0 * attn)
 
 

@@ -134,7 +134,7 @@ class Context:
             return recipe if fp8 and recipe.float8_all_gather else None
         return recipe if self.flavour.quantized_tp_gathers else None
 
-    def gemm_input(self, elements: int, *, grad_output: bool = False) -> tuple[int, str]:
+    def gemm_input(self, elements: int, *, grad_output: bool = False, width: int = 0) -> tuple[int, str]:
         """(bytes, dtype label) TE all-gathers for ``elements`` of a linear's GEMM operand (gather_recipe): the
         hidden states' width and dtype without a recipe; with one, the quantized data and the block scales that
         travel beside it in the same message, labelled with the recipe's element dtype (fp8, fp4)
@@ -143,9 +143,15 @@ class Context:
         and _all_gather_nvfp4 gather each usage the quantizer asks for, data then scales). ``grad_output``: a
         row-parallel linear's grad output, quantized where the flavour does (Flavour.quantized_grad_output_gather)
         for dgrad and wgrad at once (linear.py l. 567-569: rowwise and columnwise usage), which block recipes gather
-        both copies of; per-tensor ones one."""
+        both copies of; per-tensor ones one. ``width``: elements a token (the shard's last dimension; 0: not
+        checked), with which a block recipe that cannot quantize the sequence-parallel shard gathers it in bf16
+        (Recipe.gathers_unquantized; a grad output is not quantized before its gather, an input is)."""
         recipe = self.gather_recipe
         if recipe is None or (grad_output and not self.flavour.quantized_grad_output_gather):
+            return elements * self.hidden_bytes, self.hidden_dtype
+        if width and recipe.gathers_unquantized(
+            elements // width // self.par.tp, width, quantized_input=not grad_output
+        ):
             return elements * self.hidden_bytes, self.hidden_dtype
         directions = 2 if grad_output and recipe.activation_block else 1
         scales = Fraction(recipe.scale_bytes, recipe.activation_block) if recipe.activation_block else 0

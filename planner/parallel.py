@@ -552,6 +552,8 @@ def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             raise SpecError(
                 "parallel.cp", f"sequence {seq} is not divisible by 2*cp = {2 * par.cp} (load-balanced ring attention)"
             )
+        if w.training and w.document_lengths is not None:
+            _documents_fit(par, w.document_lengths, seq)
         if par.sp and (seq // par.cp) % par.tp:
             raise SpecError(
                 "parallel.sequence_parallel",
@@ -559,6 +561,33 @@ def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             )
     elif par.cp > 1:
         raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
+
+
+def _documents_fit(par: ParallelSpec, lengths: tuple[int, ...], seq: int) -> None:
+    """Packed documents fill the sequence (Megatron's THD batches: cu_seqlens over the packed sequence); with context
+    parallelism TransformerEngine splits each document into 2·cp chunks (context_parallel.py get_cu_seqlens_on_cp_rank:
+    the padded length // 2 per half, thd_get_partitioned_indices), so each is a multiple of 2·cp (Megatron pads
+    them so: gpt_dataset.py "divisible by ... context parallel size * 2"); torch's context_parallel, which shards the
+    whole sequence, is not modelled with documents."""
+    field = "workload.document_lengths"
+    if sum(lengths) != seq:
+        raise SpecError(field, f"the {len(lengths)} documents hold {sum(lengths)} tokens but the sequence is {seq}")
+    if par.cp > 1 and par.flavour.cp_rotate_methods:
+        # torch's context_parallel shards the whole sequence (head-tail chunks r and 2cp-1-r, or contiguous without
+        # load balancing), so a rank's work depends on where the documents fall: not modelled
+        raise SpecError(
+            field,
+            f"packed documents with framework {par.framework!r} and cp {par.cp} are not modelled: its context_parallel "
+            "shards the whole sequence, not each document as TransformerEngine's THD split does",
+        )
+    if par.cp > 1:
+        odd = [n for n in lengths if n % (2 * par.cp)]
+        if odd:
+            raise SpecError(
+                field,
+                f"{len(odd)} documents (first {odd[0]}) are not multiples of 2*cp = {2 * par.cp}: TransformerEngine "
+                "splits each packed document into 2*cp chunks under context parallelism",
+            )
 
 
 def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:

@@ -101,6 +101,33 @@ class Recipe:
     # tensorwise weights only: torchao/float8/config.py __post_init__) and torchtitan's float8 TP (Float8ColwiseParallel
     # all-gathering fp8 activations: parallelize.py enable_float8_tensorwise_tp = float8 and not rowwise)
     float8_all_gather: bool = False
+    # TransformerEngine's all-gather of an input already quantized falls back to bf16 too when the shard cannot be
+    # quantized (Float8BlockQuantizer: distributed.py _start_all_gather_fp8_blockwise tests is_quantizable whatever the
+    # input; MXFP8 and NVFP4 only for a high-precision input: gather_fallback)
+    requantizes_quantized_gather: bool = False
+    # Megatron --fp8-dot-product-attention hands this recipe fp8_dpa (Megatron-LM d98e8a6 fp8_utils.py get_fp8_recipe:
+    # Float8CurrentScaling and MXFP8BlockScaling take fp8_dpa=config.fp8_dot_product_attention, TEDelayedScaling
+    # through extensions/transformer_engine.py l. 3350; Float8BlockScaling does not), and whether TE's attention then
+    # holds K and V as fp8 data (context_parallel.py: ``if not fp8_recipe.mxfp8(): q, k, v = [x._data ...]``; MXFP8
+    # attention keeps them in the nominal dtype)
+    fp8_dpa: bool = False
+    dpa_quantized_kv: bool = False
+
+    def gathers_unquantized(self, rows: int, width: int, *, quantized_input: bool) -> bool:
+        """Whether TransformerEngine all-gathers a shard of ``rows`` x ``width`` in bf16 instead of quantized: a block
+        recipe whose quantizer cannot quantize the shard (``is_quantizable``: the last dimension and the product of
+        the others multiples of the block: Float8BlockQuantizer 128, MXFP8Quantizer 32, NVFP4Quantizer 16; TE
+        tensor/float8_blockwise_tensor.py, mxfp8_tensor.py, nvfp4_tensor.py) gathers the bf16 shard and quantizes
+        the gathered tensor (distributed.py _start_all_gather_fp8_blockwise, _all_gather_mxfp8, _all_gather_nvfp4:
+        "Cannot quantize input tensor. Performing all-gather in high precision.", TE 5fd5c35 #2637, v2.14 on; checked
+        at d0067d0da). MXFP8 and NVFP4 fall back only for an input not yet quantized (``quantized_input`` False: a
+        row-parallel linear's grad output, base.py grad_output_preprocess); a column-parallel input, quantized
+        before its gather (linear.py ``inputmat = input_quantizer(inputmat)``, layernorm_linear.py's quantized norm),
+        and the saved quantized input of the wgrad re-gather stay quantized. Per-tensor recipes never fall back."""
+        block = self.activation_block
+        if not block or (rows % block == 0 and width % block == 0):
+            return False
+        return not quantized_input or self.requantizes_quantized_gather
 
     def weight_scales(self, numel: int) -> int:
         """Block scales of a weight of ``numel`` elements (per-tensor recipes: 1)."""
@@ -149,23 +176,23 @@ RECIPES: dict[str, Recipe] = {
     "delayed": Recipe(
         "delayed", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.DelayedScaling; Megatron --fp8-recipe delayed (default) --fp8-format hybrid", amax_history=True,
-        fused_split_quantize=True,
+        fused_split_quantize=True, fp8_dpa=True, dpa_quantized_kv=True,
     ),
     "tensorwise": Recipe(
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise; torchao Float8LinearRecipeName."
         "TENSORWISE (torchtitan --float8.recipe_name tensorwise, the default)", tp_amax=True, cast_read_bytes=4,
-        quantize_launches=3, float8_all_gather=True,
+        quantize_launches=3, float8_all_gather=True, fp8_dpa=True, dpa_quantized_kv=True,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
         TE + "recipe.Float8BlockScaling; DeepSeek-V3 report §3.3.2 (1x128 activation tiles, 128x128 weight blocks)",
-        0, 1, "fp8_block",
+        0, 1, "fp8_block", requantizes_quantized_gather=True,
     ),
     "mxfp8": Recipe(
         "mxfp8", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 32, (1, 32), 1, 1.0, 100,
         TE + "recipe.MXFP8BlockScaling; OCP Microscaling Formats (MX) v1.0: 32-element blocks, E8M0 scales",
-        0, 2, "mxfp8", fused_grouped_mlp=True,
+        0, 2, "mxfp8", fused_grouped_mlp=True, fp8_dpa=True,
     ),
     "nvfp4": Recipe(
         "nvfp4", "fp4", "E2M1 / E2M1", ("fprop", "dgrad", "wgrad"), 16, (16, 16), 1, 0.5, 100,
@@ -258,6 +285,33 @@ def check_recipe_framework(work, par) -> None:
             f"{', '.join(n for n, r in RECIPES.items() if r.library == 'te')}",
         )
     check_float8_tp(work, par)
+    check_fp8_dpa(work, par)
+
+
+def check_fp8_dpa(work, par) -> None:
+    """--fp8-dot-product-attention is Megatron's (TransformerEngine's fp8 attention), for the recipes Megatron hands
+    fp8_dpa (Recipe.fp8_dpa: delayed, tensorwise, mxfp8)."""
+    if not work.fp8_dot_product_attention:
+        return
+    field = "workload.fp8_dot_product_attention"
+    if not par.flavour.te_fp8_recipes:
+        raise SpecError(field, f"is Megatron's --fp8-dot-product-attention (TransformerEngine); framework is "
+                               f"{par.framework!r}")  # fmt: skip
+    recipe = work.recipe
+    if recipe is None or not recipe.fp8_dpa:
+        ok = ", ".join(n for n, r in RECIPES.items() if r.fp8_dpa)
+        raise SpecError(
+            field,
+            f"Megatron passes fp8_dpa to the {ok} recipes only (Megatron-LM d98e8a6 fp8_utils.py get_fp8_recipe), got "
+            f"fp8_recipe {work.fp8_recipe!r}",
+        )
+
+
+def dpa_recipe(ctx) -> Recipe | None:
+    """The recipe TE's dot-product attention runs in fp8 with (workload.fp8_dot_product_attention, training), else
+    None: the one test rules/context_parallel.py reads."""
+    work = ctx.work
+    return work.recipe if ctx.training and work.fp8_dot_product_attention else None
 
 
 def check_float8_tp(work, par) -> None:

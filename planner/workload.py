@@ -104,6 +104,10 @@ class WorkloadSpec:
     # float8.precompute_float8_dynamic_scale_for_fsdp (one amax all-reduce per step instead of one per gather)
     fp8_param_gather: bool = False
     fp8_precompute_scale: bool = False
+    # Megatron --fp8-dot-product-attention: TransformerEngine's core attention in fp8 (recipes.check_fp8_dpa); its
+    # context-parallel exchanges then carry fp8 K/V (rules/context_parallel.py); the attention kernels' rate is not
+    # changed (docs/frameworks.md "fp8 dot-product attention")
+    fp8_dot_product_attention: bool = False
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
     activation_func_fp8_input_store: bool = False
@@ -118,6 +122,10 @@ class WorkloadSpec:
     # Megatron --cpu-offloading --cpu-offloading-num-layers N (TransformerEngine's activation offload): the
     # activations of N layers go to host memory over PCIe in the forward and come back in the backward
     cpu_offloading_num_layers: int = 0
+    # packed documents (intra-document attention): the lengths of the documents each training sequence packs, in
+    # order, summing to the sequence (Megatron's packed THD batches: cu_seqlens, causal attention within each
+    # document; planner/kernels.py document_keys). None: one document a sequence
+    document_lengths: tuple[int, ...] | None = None
 
     @property
     def training(self) -> bool:
@@ -174,6 +182,12 @@ def _training_workload(w: WorkloadSpec) -> None:
     _recompute_options(w)
     if w.cpu_offloading_num_layers < 0:
         raise SpecError("workload.cpu_offloading_num_layers", f"must be >= 0, got {w.cpu_offloading_num_layers}")
+    if w.document_lengths is not None:
+        short = [n for n in w.document_lengths if n < 1]
+        if not w.document_lengths or short:
+            raise SpecError(
+                "workload.document_lengths", f"needs one or more lengths >= 1, got {list(w.document_lengths)}"
+            )
 
 
 def _inference_workload(w: WorkloadSpec) -> None:

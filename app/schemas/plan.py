@@ -233,10 +233,24 @@ class WorkloadIn(Strict):
         "fp8_param_gather): one all-reduce of every float8 weight's amax per step instead of one per weight per "
         "all-gather (default false)",
     )
+    fp8_dot_product_attention: bool | None = Field(
+        default=None,
+        description="Megatron --fp8-dot-product-attention (recipes delayed, tensorwise, mxfp8): TransformerEngine's "
+        "attention in fp8; under context parallelism its ring sends K and V in fp8 (delayed, tensorwise) and "
+        "exchanges dK, dV by one fp8 all-to-all; the attention kernels' time is not changed (default false)",
+    )
     activation_func_fp8_input_store: bool | None = Field(
         default=None,
         description="Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward in fp8 "
         "(DeepSeek-V3 report §3.3.2); SwiGLU models, Megatron, training",
+    )
+    document_lengths: (
+        Annotated[list[Annotated[int, Field(ge=1, le=1 << 24)]], Field(min_length=1, max_length=65536)] | None
+    ) = Field(
+        default=None,
+        description="packed documents (training): the lengths of the documents each sequence packs, summing to the "
+        "sequence; attention runs causal within each document (Megatron THD packing, cu_seqlens), its work and MFU "
+        "count sum(L²) as Megatron-LM's num_floating_point_operations does; with cp each a multiple of 2·cp",
     )
 
 

@@ -31,6 +31,7 @@ export const GROUPS = [
     ["workload.kv_dtype", "KV cache", "select", DTYPES, "the activations'", "kind=inference"],
     ["workload.fp8_recipe", "FP8 / FP4 recipe", "select", ["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", ["rowwise", "rowwise (torchao)"]], "none", "kind=training"],
     ["workload.fp8_param_gather", "FP8 parameter all-gather", "select", ON_OFF, "off", "kind=training"],
+    ["workload.fp8_dot_product_attention", "FP8 attention (Megatron)", "select", ON_OFF, "off", "kind=training"],
     ["workload.fp8_precompute_scale", "FP8 scales precomputed (torch FSDP2)", "select", ON_OFF, "off", "kind=training"],
     ["workload.activation_func_fp8_input_store", "SwiGLU input saved in fp8", "select", ON_OFF, "off (Megatron)", "kind=training"],
   ]],
@@ -74,6 +75,7 @@ export const GROUPS = [
     ["workload.optimizer_implementation", "AdamW (torch)", "select", ["fused", "foreach"], "fused", "kind=training"],
     ["workload.fused_grouped_mlp", "Fused grouped MLP (MXFP8 MoE)", "select", ON_OFF, "off (per-expert GEMMs)", "kind=training"],
     ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
+    ["workload.document_lengths", "Packed documents (lengths)", "list", "e.g. 4096,2048,2048", "one a sequence", "kind=training"],
   ]],
   ["Data parallel", [
     ["parallel.hybrid_shard_size", "Hybrid shard size", "int", null, "none"],

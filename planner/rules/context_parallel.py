@@ -11,7 +11,20 @@ implementations are TransformerEngine's attention.py: AttnFuncWithCPAndKVP2P, ..
   It needs the KV heads of one TP rank divisible by cp (validated in planner/parallel.py).
 Core-attention recompute (selective) or full recompute re-runs the forward exchange in backward.
 x is the hidden states' width (Context.hidden_bytes): under an fp8 recipe TE's CP attention exchanges the bf16
-q, k, v and their gradients (the fp8 path, fp8 DPA with fp8_dpa / NVTE_FP8_DPA_BWD, is not modelled).
+q, k, v and their gradients, unless the attention itself runs in fp8 (workload.fp8_dot_product_attention: Megatron
+--fp8-dot-product-attention, the recipe's fp8_dpa; recipes.dpa_recipe). Then (TransformerEngine d0067d0da
+attention/dot_product_attention/context_parallel.py; the same structure at v2.9, l. 1360 and 2122):
+- p2p: the forward quantizes q, k, v before the ring (``combine_and_quantize``; ``if not fp8_recipe.mxfp8(): q, k, v
+  = [q_fp8._data, ...]``, l. 1523-1532) and sends ``torch.cat((k.view(-1), v.view(-1)))`` of that uint8 data
+  (l. 1690): K/V at 1 B an element (delayed, tensorwise; MXFP8 attention keeps them bf16). The backward sends the
+  saved fp8 K/V c-1 times (``if ctx.fp8: if i < cp_size - 1: flash_attn_p2p_communicate(... send_tensor[0] ...)``,
+  l. 2466-2476) and no dK/dV per step: at the last step one ``all_to_all_single(dkv_send_buffer, dkv_recv_buffer)``
+  of a (cp, *kv.shape) uint8 buffer (l. 2477-2484, ``buffer_dtype = torch.uint8``, every fp8 recipe MXFP8 included):
+  one all-to-all of c x K/V elements x 1 B per attention call (``cp.attn.dkv``, op alltoall);
+- all_gather: k and v gathered as their fp8 data (AttnFuncWithCPAndKVAllGather: ``q, k, v = [q_fp8._data, ...]``
+  before ``gather_along_first_dim``; not MXFP8), dK, dV reduce-scattered in the nominal dtype;
+- a2a (Ulysses): q, k, v cross in fp8 only when they arrive quantized (``is_input_fp8``: fp8 MHA, not modelled):
+  bf16.
 
 PyTorch's context_parallel (a flavour with Flavour.cp_rotate_methods; parallel.cp_rotate_method) is its own ring
 attention: torch/distributed/tensor/experimental/_context_parallel/_attention.py (pytorch bbd719e6)
@@ -41,6 +54,7 @@ from collectives import Op
 from ..context import Context
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
+from ..recipes import dpa_recipe
 from ..recompute import rerun_layers
 
 SOURCE = "TransformerEngine attention.py (AttnFuncWithCP*); Megatron-Core cp_comm_type"
@@ -73,6 +87,16 @@ def kv_bytes(ctx: Context) -> int:
     return k_bytes(ctx) + v_bytes(ctx)
 
 
+def _kv_wire(ctx: Context) -> tuple[int, str]:
+    """(bytes, dtype) of K and V as TE's CP attention exchanges them: fp8 data, 1 B an element, when the attention
+    runs in fp8 with a recipe that quantizes them (recipes.dpa_recipe, Recipe.dpa_quantized_kv; module docstring);
+    the hidden states' width otherwise."""
+    recipe = dpa_recipe(ctx)
+    if recipe is not None and recipe.dpa_quantized_kv:
+        return kv_bytes(ctx) // ctx.hidden_bytes, "fp8"
+    return kv_bytes(ctx), ctx.hidden_dtype
+
+
 def q_bytes(ctx: Context) -> int:
     return ctx.b * ctx.s_cp * (ctx.model.num_attention_heads // ctx.par.tp) * ctx.model.head_size * ctx.hidden_bytes
 
@@ -101,21 +125,39 @@ def _layer_counts(ctx: Context, stage: int) -> tuple[int, int]:
     return len(ctx.stage_layers[stage]), rerun_layers(ctx, stage).attention if ctx.training else 0
 
 
-def _cp(ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int, pairs=None) -> Call:
-    group, source = Group(("cp",), pairs=pairs), ULYSSES if op == Op.ALLTOALL else SOURCE
+def _cp(
+    ctx: Context, *, name: str, op: Op, phase: str, message: int, count: int, pairs=None, dtype: str = "",
+    source: str = "",
+) -> Call:  # fmt: skip
+    group, source = Group(("cp",), pairs=pairs), source or (ULYSSES if op == Op.ALLTOALL else SOURCE)
     return rule_call(
         name=name, op=op, phase=phase, message=message, count=count, group=group, source=source,
-        dtype=ctx.hidden_dtype,
+        dtype=dtype or ctx.hidden_dtype,
     )  # fmt: skip
 
 
+FP8_DPA = "TransformerEngine d0067d0da context_parallel.py AttnFuncWithCPAndKVP2P (fp8 attention, fp8_dpa)"
+
+
 def _ring_sends(ctx: Context, layers: int, phase: str, *names: str) -> list[Call]:
-    """The p2p ring's exchanges: each named one is c-1 KV-sized sends per layer to the ring's next rank."""
-    count = (ctx.par.cp - 1) * layers
-    return [
-        _cp(ctx, name=name, op=Op.SENDRECV, phase=phase, message=kv_bytes(ctx), count=count, pairs="ring")
-        for name in names
-    ]
+    """The p2p ring's exchanges: each named one is c-1 KV-sized sends per layer to the ring's next rank. Under fp8
+    attention (recipes.dpa_recipe) the K/V go as fp8 data (_kv_wire) and the dK/dV (``cp.attn.dkv``) as one uint8
+    all-to-all of c x K/V elements per attention call at the backward's last step (module docstring)."""
+    c, (message, dtype) = ctx.par.cp, _kv_wire(ctx)
+    count = (c - 1) * layers
+    out = []
+    for name in names:
+        if name == "cp.attn.dkv" and dpa_recipe(ctx) is not None:
+            elements = kv_bytes(ctx) // ctx.hidden_bytes
+            out.append(_cp(ctx, name=name, op=Op.ALLTOALL, phase=phase, message=c * elements, count=layers,
+                           dtype="uint8", source=FP8_DPA + ": dkv all_to_all_single"))  # fmt: skip
+        elif name == "cp.attn.dkv":
+            out.append(_cp(ctx, name=name, op=Op.SENDRECV, phase=phase, message=kv_bytes(ctx), count=count,
+                           pairs="ring"))  # fmt: skip
+        else:
+            out.append(_cp(ctx, name=name, op=Op.SENDRECV, phase=phase, message=message, count=count, pairs="ring",
+                           dtype=dtype))  # fmt: skip
+    return out
 
 
 def rotate_method(ctx: Context) -> str | None:
@@ -185,8 +227,12 @@ def _attention(ctx: Context, layers: int, phase: str) -> list[Call]:
     if ctx.par.cp_comm == "p2p":
         return _ring_sends(ctx, layers, phase, *what.ring)
     if ctx.par.cp_comm == "all_gather":
-        message = ctx.par.cp * kv_bytes(ctx)
-        return [_cp(ctx, name=name, op=op, phase=phase, message=message, count=layers) for name, op in what.gathers]
+        # the K/V gathers in fp8 under fp8 attention (_kv_wire); dK/dV reduce-scattered in the nominal dtype
+        wire = {Op.ALLGATHER: _kv_wire(ctx), Op.REDUCESCATTER: (kv_bytes(ctx), ctx.hidden_dtype)}
+        return [
+            _cp(ctx, name=name, op=op, phase=phase, message=ctx.par.cp * wire[op][0], count=layers, dtype=wire[op][1])
+            for name, op in what.gathers
+        ]
     return [
         _cp(ctx, name=f"cp.attn.{tensor}", op=Op.ALLTOALL, phase=phase, message=size(ctx), count=layers)
         for tensor, size in what.alltoalls

@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from collectives import Op
 
+from ..compute import mtp_bf16_context
 from ..context import Context
 from ..kernels import mtp_runs_bf16, vocab_parallel_loss
 from ..layout import Group
@@ -52,7 +53,10 @@ def calls(ctx: Context) -> list[Call]:
     if ctx.par.tp == 1:
         return []
     out: list[Call] = []
-    alike = stage_classes(range(ctx.par.pp), lambda stage: (_block_counts(ctx, stage), rerun_layers(ctx, stage)))
+    alike = stage_classes(
+        range(ctx.par.pp),
+        lambda stage: (_block_counts(ctx, stage), rerun_layers(ctx, stage), _mtp_bf16(ctx, stage) is not None),
+    )
     for stage in range(ctx.par.pp):
         if stage in alike:  # the blocks depend on the stage's block counts alone
             out += [c.on(alike[stage]) for c in _blocks(ctx, stage)]
@@ -89,8 +93,18 @@ def _gemm_input(ctx: Context, per_token: int, *, grad_output: bool = False, mtp:
     elements = ctx.b * ctx.s_cp * per_token
     if mtp and mtp_runs_bf16(ctx):
         return {"message": elements * ctx.hidden_bytes, "dtype": ctx.hidden_dtype}
-    message, dtype = ctx.gemm_input(elements, grad_output=grad_output)
+    message, dtype = ctx.gemm_input(elements, grad_output=grad_output, width=per_token)
     return {"message": message, "dtype": dtype}
+
+
+def _layer_kinds(ctx: Context, stage: int, layers: str) -> tuple[int | None, int | None]:
+    """(dense, MoE) layers of ``stage`` in the set ``layers`` ("all": None, None, the stage's; "decoder" or "mtp":
+    the MTP blocks are layers num_layers and after, Context.chunks)."""
+    if layers == "all":
+        return None, None
+    held = [i for i in ctx.stage_layers[stage] if (i >= ctx.model.num_layers) == (layers == "mtp")]
+    moe = sum(map(ctx.model.is_moe_layer, held))
+    return len(held) - moe, moe
 
 
 def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int | None = None) -> tuple[int, int]:
@@ -103,12 +117,49 @@ def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int |
     return dense + moe, dense + shared
 
 
+def _mtp_bf16(ctx: Context, stage: int) -> Context | None:
+    """The context ``stage``'s MTP blocks run in when it is not the decoder's (compute.mtp_bf16_context: under
+    nvfp4 the MTP modules stay bf16, Megatron-LM d98e8a6 multi_token_prediction.py
+    MultiTokenPredictionLayer._proj_and_transformer_layer enters ``get_fp8_context`` only ``if self.config.fp8``:
+    "TODO: currently ignoring FP4 in MTP layers"), else None."""
+    return mtp_bf16_context(ctx) if ctx.training and ctx.holds_mtp(stage) else None
+
+
 def _blocks(ctx: Context, stage: int) -> list[Call]:
-    attn, mlp = _block_counts(ctx, stage)
+    """The transformer blocks' TP calls of ``stage``. Where its MTP blocks run bf16 under the decoder's recipe
+    (_mtp_bf16), the decoder's layers and the MTP blocks are counted apart, each in its own context, so the MTP
+    blocks' quantized gathers (Context.gemm_input) carry the hidden states' width; calls alike in both join."""
+    bf16 = _mtp_bf16(ctx, stage)
+    if bf16 is None:
+        return _layer_calls(ctx, stage)
+    return _joined(_layer_calls(ctx, stage, "decoder"), _layer_calls(bf16, stage, "mtp"))
+
+
+MTP_BLOCK = f"; the MTP block runs bf16 ({M}multi_token_prediction.py _proj_and_transformer_layer: no fp4 context)"
+
+
+def _joined(decoder: list[Call], mtp: list[Call]) -> list[Call]:
+    """The decoder's block calls with the MTP blocks': a call the MTP blocks issue alike (name, bytes, dtype) adds
+    its count to the decoder's row; one that differs (a gather in bf16 where the decoder's is quantized) is its own
+    row, named tp.mtp.* as the module's other calls."""
+    out = list(decoder)
+    at = {(c.name, c.message_bytes, c.dtype): i for i, c in enumerate(out)}
+    for c in mtp:
+        i = at.get((c.name, c.message_bytes, c.dtype))
+        if i is None:
+            out.append(replace(c, name="tp.mtp." + c.name.removeprefix("tp."), source=c.source + MTP_BLOCK))
+        else:
+            out[i] = replace(out[i], calls_per_iteration=out[i].calls_per_iteration + c.calls_per_iteration)
+    return out
+
+
+def _layer_calls(ctx: Context, stage: int, layers: str = "all") -> list[Call]:
+    """The TP calls of ``stage``'s transformer layers in the set ``layers`` (recompute.LAYER_SETS)."""
+    attn, mlp = _block_counts(ctx, stage, *_layer_kinds(ctx, stage, layers))
     out = _forward(ctx, attn, mlp)
     if ctx.training:
         out += _backward(ctx, attn, mlp)
-        again = rerun_layers(ctx, stage)  # the layers re-run whole re-issue their forward calls (recompute.py)
+        again = rerun_layers(ctx, stage, layers)  # the layers re-run whole re-issue their forward calls (recompute.py)
         if again.whole:
             out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
         out += _rerun_mlps(ctx, again) + _rerun_up_proj(ctx, again) + _rerun_per_op(ctx, again)
