@@ -843,6 +843,34 @@ def fsdp_copy_kernels(
     return tuple(out)
 
 
+def sp_layout_copy_kernels(
+    gathered: float, gathers: float, scattered: float, scatters: float, gpu, eff
+) -> tuple[Kernel, ...]:
+    """The copies DTensor's sequence-parallel collectives run on the compute stream (flavour trait
+    ``sp_layout_copies``), for ``gathered`` bytes all-gathered in ``gathers`` calls and ``scattered`` bytes
+    reduce-scattered in ``scatters`` calls (message bytes as the ledger counts them: the gathered output, the
+    full reduce-scatter input; in the dtype on the wire). torch/distributed/_functional_collectives.py (pytorch
+    38410cf9, the 2025-06 torchtitan runs; the same code since 2023):
+
+    - all_gather_tensor(gather_dim=1): NCCL writes the tp shards one after the other along dim 0 ([tp·b, s/tp, h]);
+      ``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)`` re-lays them as [b, s, h]: reads and
+      writes the gathered tensor, 2 bytes moved per byte gathered, one kernel. Later torch returns a view where
+      every dim before the gather dim is 1 (torch/_utils.py ``_maybe_view_chunk_cat``): with b = 1 no copy, so
+      the caller passes no gathers then;
+    - reduce_scatter_tensor(scatter_dim=1): ``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))`` makes each
+      rank's destination block contiguous before NCCL: reads and writes the full input, 2 bytes per byte
+      reduce-scattered, one kernel.
+
+    Inductor cannot fold either copy: the all-gather's output and a matmul's (an extern kernel) are not fusible
+    producers, and the collective takes a contiguous input."""
+    out = []
+    if gathers:
+        out.append(memory_kernel("dtensor.all_gather_cat", 2.0 * gathered, gpu, eff, gathers))
+    if scatters:
+        out.append(memory_kernel("dtensor.reduce_scatter_cat", 2.0 * scattered, gpu, eff, scatters))
+    return tuple(out)
+
+
 # torch's async TP (Inductor's micro-pipeline TP pass, Flavour.async_tp_single_matmul) runs each fused GEMM as one
 # GEMM per TP rank's shard of its rows (torch/distributed/_symmetric_memory/__init__.py, pytorch 0e9ed9cf:
 # _pipelined_all_gather_and_consume calls the shard consumer once per source rank, ``ag_out.chunk(group_size)``;
@@ -996,7 +1024,7 @@ def _layer_kernels_of_tokens(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficie
     forward = _spliced(base.forward, base.attention, core_fwd)
     backward = _spliced(base.backward, base.attention_bwd, core_bwd)
     rc = ctx.work.activation_recompute
-    recompute = forward if rc == "full" else core_fwd if rc == "selective" else ()
+    recompute = full_rerun(ctx, forward, moe) if rc == "full" else core_fwd if rc == "selective" else ()
     return LayerKernels(forward, backward, recompute, core_fwd, core_bwd)
 
 
@@ -1064,6 +1092,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.embedding_transposes,
         flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
         flavour.te_fp8_recipes,  # expert_quantize_launches
+        flavour.recompute_stops_at_last_save,  # full_rerun
     )
 
 
@@ -1100,12 +1129,37 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     backward = tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
     if rc == "full":
-        recompute = forward
+        recompute = full_rerun(ctx, forward, moe)
     elif rc == "selective":
         recompute = tuple(core_fwd)
     else:
         recompute = ()
     return LayerKernels(forward, backward, recompute, tuple(core_fwd), tuple(core_bwd))
+
+
+# what a dense layer's forward runs from its output linear on (kernels.full_rerun): fc2, its bias and the residual add
+LAYER_TAIL = ("fc2", "mlp_bias_add", "residual_add")
+
+
+def full_rerun(ctx: Context, forward: tuple, moe: bool) -> tuple:
+    """The kernels a fully recomputed layer runs again in its backward: the whole forward, or, where the flavour's
+    re-run stops at the last tensor the backward saved (Flavour.recompute_stops_at_last_save: torch's
+    non-reentrant checkpoint with early stop, or torch.compile's min-cut partitioner), a dense layer's forward
+    without its tail (LAYER_TAIL after fc2): the residual add after fc2 never re-runs, nor fc2's matmul, whose
+    inputs autograd packs before it runs (an aten op's saved inputs are set before its redispatch) - but for an
+    eager fp8 recipe, whose torchao Float8Linear is a custom autograd Function that packs its inputs only after
+    its forward returned, so fc2 re-runs then. An MoE layer ends in its combine: re-run whole (no source read
+    for its checkpoint's last save). The fp8 casts (one lump, "fp8_cast") stay whole: fc2's own casts are an
+    over-count."""
+    if moe or not ctx.flavour.recompute_stops_at_last_save:
+        return forward
+    names = [k.name for k in forward]
+    if "fc2" not in names:
+        return forward
+    at = names.index("fc2")
+    eager_fp8 = not ctx.work.torch_compile and ctx.work.recipe is not None
+    keep = {"fc2"} if eager_fp8 else set()
+    return forward[:at] + tuple(k for k in forward[at:] if k.name not in LAYER_TAIL or k.name in keep)
 
 
 def mtp_runs_bf16(ctx: Context) -> bool:

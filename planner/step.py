@@ -71,12 +71,12 @@ from .contention import (
     window_rate,
 )
 from .context import Context
-from .kernels import async_tp_split, efficiency, fsdp_copy_kernels
+from .kernels import async_tp_split, efficiency, fsdp_copy_kernels, sp_layout_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .recompute import layer_counts
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
-from .rules.tensor import summed_dgrad_names
+from .rules.tensor import async_tp_fused_names, summed_dgrad_names
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -263,6 +263,10 @@ class StreamTotals:
     unit_largest: dict[str, list[float]] = field(default_factory=dict)
     # the backward TP reduce-scatters by ledger row (what an async-TP pass may leave unfused: _async_tp_unfused)
     tp_reduces: dict[str, list[float]] = field(default_factory=dict)
+    # the TP all-gathers and reduce-scatters by "<phase>:<op>:<ledger name>": bytes and calls (DTensor's
+    # sequence-parallel layout copies follow each: _sp_layout_copies)
+    tp_moved: dict[str, list[float]] = field(default_factory=dict)
+    tp_moves: dict[str, list[float]] = field(default_factory=dict)
     # what each stream's calls hold while they run (planner/contention.py): SM-seconds (NCCL channels x seconds)
     # and HBM bytes; and, on the TP streams, seconds by collective ("tp.forward.reducescatter", ...) for a TP overlap
     # that sets its own SMs (Flavour.tp_overlap_sms)
@@ -303,7 +307,7 @@ class StreamTotals:
 # qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; the *_dgrad ones are all-gathers, layers_all_gather_overlap), an
 # SM-kernel CommOverlap, not the ring exchange's copy engine: their TP op key is "allgather.bulk"
 BULK_GATHER_SUFFIX = ".wgrad_gather"
-_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces")
+_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces", "tp_moved", "tp_moves")
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
 
@@ -380,6 +384,12 @@ def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amou
         row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
         for s in c.stages:
             row_of[s] += amount
+    if stream.startswith("tp.") and c.op.value in _UNIT_OPS:
+        key = f"{c.phase}:{c.op.value}:{c.name}"
+        moved, moves = out.tp_moved.setdefault(key, [0.0] * stages), out.tp_moves.setdefault(key, [0.0] * stages)
+        for s in c.stages:
+            moved[s] += c.calls_per_iteration * c.message_bytes
+            moves[s] += c.calls_per_iteration
 
 
 def _spread_holds(out: StreamTotals, held: dict, ops: dict, stages: int) -> None:
@@ -456,6 +466,8 @@ def assign_streams(
         _async_tp_unfused(ctx, totals, stages)
     if ctx.flavour.fsdp_unit_copies and gpu is not None:
         _fsdp_copies(ctx, totals, stages, gpu)
+    if ctx.flavour.sp_layout_copies and ctx.par.sp and gpu is not None:
+        _sp_layout_copies(ctx, totals, stages, gpu, flags)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul and ctx.par.sp and gpu is not None:
         _async_tp_split(ctx, stages, gpu)
     passes = {
@@ -660,6 +672,33 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
             reduced = totals.unit_volume.get(f"dp.{phase}.reducescatter", zeros)[i] / m
             reduces = totals.unit_count.get(f"dp.{phase}.reducescatter", zeros)[i] / m
             kernels = fsdp_copy_kernels(gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff)
+            extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
+        if extra[0].elementwise_s or extra[1].elementwise_s:
+            c = st.compute
+            st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
+
+
+def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec, flags) -> None:
+    """DTensor's re-layout of each sequence-parallel all-gather's output and reduce-scatter's input on the compute
+    stream (kernels.sp_layout_copy_kernels), per micro-batch into each stage's passes, beside the call. The
+    all-gathers copy only when a dim before the sequence dim is larger than 1 (the micro-batch: b > 1; torch's
+    _maybe_view_chunk_cat returns a view for b = 1). Under async TP the calls the micro-pipeline pass fuses
+    (rules/tensor.py async_tp_fused_names) are re-laid inside the fused op: not here. Left out without ``gpu``, as
+    the FSDP2 copies are (the search's lower bounds)."""
+    fused = async_tp_fused_names(ctx) if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul else ()
+    m, eff, zeros = ctx.micro_batches, efficiency(gpu, None), [0.0] * len(stages)
+    for st in stages:
+        i = st.stage
+        extra = []
+        for phase in ("forward", "backward"):
+            sums = {"allgather": [0.0, 0.0], "reducescatter": [0.0, 0.0]}
+            for key, moved in totals.tp_moved.items():
+                when, op, name = key.split(":", 2)
+                if when != phase or name in fused or (op == "allgather" and ctx.b == 1):
+                    continue
+                sums[op][0] += moved[i] / m
+                sums[op][1] += totals.tp_moves.get(key, zeros)[i] / m
+            kernels = sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff)
             extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
         if extra[0].elementwise_s or extra[1].elementwise_s:
             c = st.compute

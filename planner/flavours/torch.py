@@ -75,6 +75,19 @@ FLAVOUR = Flavour(
     # split_with_sizes_copy there; foreach_reduce runs foreach_reduce_scatter_copy_in (chunk_cat, which also casts
     # to the reduce dtype) before it switches to the reduce-scatter stream
     fsdp_unit_copies=True,
+    # DTensor's Shard(1) <-> Replicate redistributes (torchtitan's SequenceParallel / PrepareModuleInput /
+    # Rowwise output_layouts=Shard(1) on [b, s, h]) call funcol.all_gather_tensor(gather_dim=1) and
+    # reduce_scatter_tensor(scatter_dim=1) (torch/distributed/_functional_collectives.py, the same since 2023
+    # through pytorch 38410cf9 of the 2025-06 runs): NCCL gathers and scatters along dim 0, so the gathered output
+    # is re-laid by torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim) and the reduce-scatter input
+    # by torch.cat(torch.chunk(self, group_size, dim=scatter_dim)) (kernels.sp_layout_copy_kernels)
+    sp_layout_copies=True,
+    # torchtitan's full AC is torch.utils.checkpoint non-reentrant (ptd_checkpoint_wrapper): the re-run raises
+    # _StopRecomputationError once it has re-packed as many tensors as the forward saved (torch/utils/checkpoint.py
+    # _recomputation_hook pack_hook, early_stop True by default), and autograd packs an op's inputs before the op
+    # runs, so fc2's own matmul, its reduce-scatter and the residual add are never re-run; under torch.compile the
+    # min-cut partitioner re-runs only the nodes the backward needs (torch/_functorch/partitioners.py), the same set
+    recompute_stops_at_last_save=True,
     # async TP (torchtitan enable_async_tensor_parallel, entered as tp_comm_overlap): Inductor's micro-pipeline
     # TP pass (torch/_inductor/fx_passes/micro_pipeline_tp.py, pytorch 00122fb1) fuses all_gather -> matmul(s) and
     # "reduce_scatter_tensor(A @ B)" only: rs_input must be an aten.mm (or its reshape) with one user. The

@@ -110,9 +110,21 @@ def _blocks(ctx: Context, stage: int) -> list[Call]:
         out += _backward(ctx, attn, mlp)
         again = rerun_layers(ctx, stage)  # the layers re-run whole re-issue their forward calls (recompute.py)
         if again.whole:
-            out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
+            out += [recomputed(c) for c in _whole_reruns(ctx, stage, again)]
         out += _rerun_mlps(ctx, again) + _rerun_up_proj(ctx, again) + _rerun_per_op(ctx, again)
     return out
+
+
+def _whole_reruns(ctx: Context, stage: int, again: Reruns) -> list[Call]:
+    """The forward calls the fully re-run layers issue again: all of them, or, where the re-run stops at the
+    layer's last saved tensor (Flavour.recompute_stops_at_last_save, kernels.full_rerun), all but the dense
+    layers' output linear's collective (the MLP's reduce-scatter, or all-reduce without SP, is the last call of
+    _forward): the backward needs nothing of the layer's output."""
+    calls = _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))
+    if not (ctx.flavour.recompute_stops_at_last_save and again.dense):
+        return calls
+    last = _forward(ctx, *_block_counts(ctx, stage, 0, again.moe))[-1]  # only the MoE layers' shared experts'
+    return [last if c.name == last.name else c for c in calls]
 
 
 def _rerun_per_op(ctx: Context, again: Reruns) -> list[Call]:
@@ -146,6 +158,20 @@ def summed_dgrad_names(ctx: Context) -> tuple[str, ...]:
         return ()
     attn = () if ctx.model.mla else tuple(f"tp.attn.{n}.dgrad" for n, _, linear in _attention_inputs(ctx) if linear)
     return attn + (("tp.mlp.up_proj.dgrad",) if ctx.model.gated_mlp else ())
+
+
+def async_tp_fused_names(ctx: Context) -> frozenset[str]:
+    """The TP rows (ledger names) of a transformer block that torch's async-TP pass fuses with their matmul
+    (torch/_inductor/fx_passes/micro_pipeline_tp.py: all_gather -> mm, including funcol's chunk/cat of a
+    gather_dim != 0, and reduce_scatter_tensor(A @ B)): every sequence-parallel gather and reduce-scatter of the
+    block, its forward's re-issues under recompute (the re-gathered input feeds the re-run matmul), but the summed
+    input gradients' reduce-scatters (summed_dgrad_names). The embedding and the head sit outside torchtitan's
+    compiled blocks (parallelize_llama.py apply_compile wraps each TransformerBlock): not fused."""
+    if not ctx.par.sp:
+        return frozenset()
+    forward = [c for c in _forward(ctx, 1, 1) if c.op in (Op.ALLGATHER, Op.REDUCESCATTER)]
+    names = {c.name for c in forward} | {recomputed(c).name for c in forward}
+    return frozenset(names | {c.name for c in _backward(ctx, 1, 1)}) - set(summed_dgrad_names(ctx))
 
 
 def _width(ctx: Context, per_token: int) -> int:

@@ -1,0 +1,142 @@
+"""torch's tensor parallelism as the torchtitan 2025-06 runs ran it (issue 20, titan8; docs/step-time.md "Torch TP
+(titan8)"), each mechanism from its source line:
+
+- DTensor's sequence-parallel collectives gather and scatter on dim 1 of [b, s, h] through functional collectives
+  that move dim 0 only: a torch.cat copy on the compute stream per call (2 B moved per byte of the call's message;
+  none for a gather at b = 1, torch/_utils.py _maybe_view_chunk_cat), except where async TP's fused ops re-lay it;
+- a fully re-run layer stops at its last saved tensor (torch/utils/checkpoint.py early stop; the min-cut
+  partitioner under torch.compile): fc2, its reduce-scatter and the residual add are not re-run;
+- torchtitan's per-op SAC under torch.compile does not re-run the attention's output projection.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from collectives.topology import cluster_preset
+from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner.compute import pass_time, per_op_sac_reruns_out_proj, recompute_modules_forward
+from planner.context import Context
+from planner.flavours import flavour, register, unregister
+from planner.kernels import efficiency, full_rerun, layer_kernels, sp_layout_copy_kernels
+
+H100 = cluster_preset("dgx-h100", 1).gpu
+EFF = efficiency(H100, None)
+MODEL = replace(model_preset("llama3-8b"), num_layers=4)
+# one copy of a [2, 8192, 4096] bf16 tensor (the 8B's TP unit at b 2): read and written once at 0.877 of the H100's
+# 3,350 GB/s, plus the kernel's 5 us
+UNIT = 2 * 8192 * 4096 * 2
+COPY_S = 2 * UNIT / (3350e9 * 0.877) + 5e-6
+
+
+@pytest.fixture
+def no_copies():
+    """torch with the sequence-dim copies switched off: what the copies add is the difference."""
+    register(replace(flavour("torch"), name="torch-nocopy", sp_layout_copies=False))
+    yield "torch-nocopy"
+    unregister("torch-nocopy")
+
+
+def _plan(framework, b=2, overlap=False, **work):
+    lp = {"loss_parallel": True} if flavour(framework).loss_parallel_switch else {}
+    w = WorkloadSpec(micro_batch_size=b, global_batch_size=b, torch_compile=True, **lp, **work)
+    par = ParallelSpec(tp=8, sequence_parallel=True, framework=framework)
+    options = Options(timeline=False, overlap=Overlap(tp_comm_overlap=overlap))
+    return build_plan(MODEL, w, par, cluster_preset("dgx-h100", 1), options)
+
+
+def test_copy_kernels_closed_form():
+    """1 GB gathered in 4 calls, 3 GB reduce-scattered in 6: 2 and 6 GB moved at the achieved HBM bandwidth, one
+    kernel a call."""
+    gather, scatter = sp_layout_copy_kernels(1e9, 4, 3e9, 6, H100, EFF)
+    rate = H100.hbm_GBps * 1e9 * EFF.hbm
+    assert gather.name == "dtensor.all_gather_cat" and gather.bytes == 2e9 and gather.count == 4
+    assert gather.time_s == pytest.approx(2e9 / rate + 4 * EFF.kernel_s)
+    assert scatter.name == "dtensor.reduce_scatter_cat" and scatter.bytes == 6e9 and scatter.count == 6
+    assert scatter.time_s == pytest.approx(6e9 / rate + 6 * EFF.kernel_s)
+    assert sp_layout_copy_kernels(0, 0, 0, 0, H100, EFF) == ()
+
+
+def test_every_sequence_parallel_call_copies_its_tensor_once(no_copies):
+    """4 layers, b 2, no recompute: per layer 2 all-gathers and 2 reduce-scatters each way, and the embedding's
+    reduce-scatter and the head's all-gather (and their conjugates): 36 calls of one TP unit, each one copy of it."""
+    with_copies, without = _plan("torch"), _plan(no_copies)
+    tp = [pc.call for pc in with_copies.calls if pc.call.op.value in ("allgather", "reducescatter")]
+    tp = [c for c in tp if c.parallelism == "tp"]
+    assert sum(c.calls_per_iteration for c in tp) == 36 and {c.message_bytes for c in tp} == {UNIT}
+    assert with_copies.step.compute_s - without.step.compute_s == pytest.approx(36 * COPY_S, rel=1e-9)
+    assert with_copies.step.compute_s > without.step.compute_s
+
+
+def test_a_single_sequence_gathers_into_a_view(no_copies):
+    """b = 1: the gathered [tp, 1, s/tp, h] is [1, s, h] as it lies (_maybe_view_chunk_cat), the reduce-scatters
+    still copy: 18 copies of half the unit."""
+    grown = _plan("torch", b=1).step.compute_s - _plan(no_copies, b=1).step.compute_s
+    assert grown == pytest.approx(18 * (UNIT / (3350e9 * 0.877) + 5e-6), rel=1e-9)
+
+
+def test_async_tp_copies_only_what_it_leaves_unfused(no_copies):
+    """Under async TP the fused ops re-lay their own shards: the copies left are the summed input gradients'
+    reduce-scatters (2 a layer), the embedding's and the head's calls (outside the compiled blocks): 12."""
+    grown = _plan("torch", overlap=True).step.compute_s - _plan(no_copies, overlap=True).step.compute_s
+    assert grown == pytest.approx(12 * COPY_S, rel=1e-9)
+
+
+def test_megatron_has_no_such_copies():
+    """TE's sequence-parallel gathers write [s, b, h] along s, the first dim: no copy (the trait is off)."""
+    assert not flavour("megatron").sp_layout_copies and flavour("torch").sp_layout_copies
+
+
+def _ctx(framework="torch", **work):
+    w = WorkloadSpec(micro_batch_size=2, global_batch_size=2, **work)
+    return Context(MODEL, w, ParallelSpec(tp=8, sequence_parallel=True, framework=framework))
+
+
+def test_full_recompute_stops_before_fc2():
+    """torch's re-run ends at the last save, fc2's input: the layer's forward without fc2 and the residual add
+    after it; eager fp8 (torchao's Float8Linear packs after its forward) re-runs fc2; Megatron re-runs all."""
+    ctx = _ctx(activation_recompute="full", torch_compile=True)
+    fwd = layer_kernels(ctx, False, H100).forward
+    names = [k.name for k in fwd]
+    assert names[-2:] == ["fc2", "residual_add"]
+    assert [k.name for k in full_rerun(ctx, fwd, False)] == names[:-2]
+    assert full_rerun(ctx, fwd, True) == fwd  # an MoE layer: no source read, whole
+    eager_fp8 = _ctx(activation_recompute="full", activation_dtype="fp8", fp8_recipe="tensorwise")
+    fp8_fwd = layer_kernels(eager_fp8, False, H100).forward
+    kept = [k.name for k in full_rerun(eager_fp8, fp8_fwd, False)]
+    assert "fc2" in kept and kept.count("residual_add") == 1 and "fp8_cast" in kept
+    megatron = _ctx("megatron", activation_recompute="full")
+    mfwd = layer_kernels(megatron, False, H100).forward
+    assert full_rerun(megatron, mfwd, False) == mfwd
+
+
+def test_full_recompute_plan_drops_the_output_reduce_scatter_and_fc2(no_copies):
+    """The ledger: no tp.mlp.down_proj.recompute under torch (the other 3 forward calls re-issue); the step: the
+    backward re-runs 4 x (the forward less fc2 and the residual add)."""
+    torch_plan = _plan("torch", activation_recompute="full")
+    rows = {pc.call.name: pc.call for pc in torch_plan.calls}
+    assert "tp.mlp.down_proj.recompute" not in rows
+    assert all(rows[f"tp.{n}.recompute"].calls_per_iteration == 4 for n in ("attn.qkv", "attn.out_proj", "mlp.up_proj"))
+    megatron = {pc.call.name for pc in _plan("megatron", activation_recompute="full").calls}
+    assert "tp.mlp.down_proj.recompute" in megatron
+    ctx = _ctx(activation_recompute="full", torch_compile=True, loss_parallel=True)
+    fwd = layer_kernels(ctx, False, H100).forward
+    tail = sum(k.time_s for k in fwd[-2:])
+    st = torch_plan.step.stages[0]
+    assert st.compute.recompute_s == pytest.approx(4 * (pass_time(fwd).total_s - tail), rel=1e-9)
+
+
+def test_per_op_sac_under_compile_leaves_out_proj():
+    """The policy saves every odd mm: q, v, w1, w2; k, o, w3 re-run eager, k and w3 under compile (o's output feeds
+    only the saved reduce-scatter). Llama 3 8B: h 4,096, 8 KV heads of 128, 32 heads, ffn 14,336."""
+    compiled = _ctx(activation_recompute="selective", selective_ac_option="op", torch_compile=True)
+    eager = _ctx(activation_recompute="selective", selective_ac_option="op")
+    assert not per_op_sac_reruns_out_proj(compiled) and per_op_sac_reruns_out_proj(eager)
+    lk = layer_kernels(compiled, False, H100)
+    layer = pass_time(lk.forward)
+    a = recompute_modules_forward(compiled, lk, layer, H100, EFF, frozenset({"op"}), False)
+    b = recompute_modules_forward(eager, lk, layer, H100, EFF, frozenset({"op"}), False)
+    params = 4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336
+    assert a.gemm_s == pytest.approx(layer.gemm_s * 4096 * (1024 + 14336) / params, rel=1e-12)
+    assert b.gemm_s == pytest.approx(layer.gemm_s * 4096 * (1024 + 4096 + 14336) / params, rel=1e-12)
+    assert a.elementwise_s == b.elementwise_s == layer.elementwise_s
