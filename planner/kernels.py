@@ -882,20 +882,25 @@ ASYNC_TP_GATHER_GEMMS = ("qkv", "fc1")
 ASYNC_TP_SCATTER_GEMMS = ("attn_out", "fc2")
 
 
-def async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[float, float, float]:
+def async_tp_split(
+    ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None, rerun: bool = False
+) -> tuple[float, float, float]:
     """What torch's async TP adds to one layer, one micro-batch, one rank (seconds): (forward GEMMs, forward
     memory-bound, backward GEMMs). Each fused GEMM of m rows runs as tp GEMMs of m/tp rows (ASYNC_TP_GATHER_GEMMS,
     ASYNC_TP_SCATTER_GEMMS; each at its own shape's efficiency and fixed cost) in place of one; a fused
     matmul-reduce-scatter then sums the tp partials it received on the compute stream (``reduce_fn``, torch.sum over
-    dim 0: reads the m x n partials, writes the m/tp x n shard, in the GEMM's output dtype, bf16). Memoised by value
-    (per_layer)."""
-    return per_layer(_ASYNC_TP, _async_tp_split, ctx, moe, gpu, efficiency(gpu, eff))
+    dim 0: reads the m x n partials, writes the m/tp x n shard, in the GEMM's output dtype, bf16). ``rerun``: what a
+    fully recomputed layer's re-run adds (the forward's share of the GEMMs full_rerun keeps; no backward). Memoised
+    by value (per_layer)."""
+    return per_layer(_ASYNC_TP, _async_tp_split, ctx, moe, gpu, efficiency(gpu, eff), rerun)
 
 
 _ASYNC_TP: dict = {}
 
 
-def _async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float, float]:
+def _async_tp_split(
+    ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool = False
+) -> tuple[float, float, float]:
     t = ctx.par.tp
     lk = layer_kernels(ctx, moe, gpu, eff)
     floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
@@ -906,10 +911,11 @@ def _async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> t
         return t * _floored(piece, floor).time_s - k.time_s
 
     fused = ASYNC_TP_GATHER_GEMMS + ASYNC_TP_SCATTER_GEMMS
-    forward = [k for k in lk.forward if k.kind == "gemm" and k.name in fused]
+    ran = full_rerun(ctx, lk.forward, moe) if rerun else lk.forward
+    forward = [k for k in ran if k.kind == "gemm" and k.name in fused]
     dgrads = {n + ".dgrad" for n in ASYNC_TP_SCATTER_GEMMS}
     fwd = sum(extra(k, 0) for k in forward)
-    bwd = sum(extra(k, 1) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
+    bwd = 0.0 if rerun else sum(extra(k, 1) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
     mem = sum(
         memory_kernel("async_tp.reduce", (k.shape[0] * k.shape[1]) * (1 + 1 / t) * 2, gpu, eff, 1, floor).time_s
         for k in forward
@@ -1093,6 +1099,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
         flavour.te_fp8_recipes,  # expert_quantize_launches
         flavour.recompute_stops_at_last_save,  # full_rerun
+        flavour.cp_rotate_methods,  # torch_cp_merge_kernels
     )
 
 
@@ -2011,11 +2018,74 @@ def attention_kernels(
             count=steps * FLASH_BWD_KERNELS,
         )
     ]
-    if steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
+    if steps > 1 and ctx.flavour.cp_rotate_methods:  # torch's context_parallel: its own merge, in torch ops
+        merge_fwd, merge_bwd = torch_cp_merge_kernels(ctx, steps, gpu, eff, floor)
+        fwd += merge_fwd
+        bwd += merge_bwd
+    elif steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
         out = ctx.b * ctx.s_cp * heads * v * 4  # fp32 accumulator of the output (v wide)
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
+
+
+# torch's ring attention merges and accumulates in torch ops (torch/distributed/tensor/experimental/_attention.py,
+# pytorch 38410cf9 / 010ae4a8: _templated_ring_attention with _SDPAMerger, _templated_ring_attention_backward;
+# _ContextParallelOptions.convert_to_f32 True). Bytes per element, (bytes, launches), of: O the output (b·heads·s/cp·v),
+# R its rows (the logsumexp, b·heads·s/cp), Q the query, KV the key and value together.
+# Forward, every step: _SDPAMerger.step's out.to(float32) (2 read, 4 written); the lse is fp32 already (no kernel)
+TORCH_CP_CAST_O = (6.0, 1)
+# forward, every merge (steps after the first): out - block_out 12, sigmoid(...) * that 8, out - that 12 (O); and over
+# the rows block_lse - lse 12, sigmoid 8, the product's read 4, lse - block_lse 12, logsigmoid 8, lse - that 12 (R)
+TORCH_CP_MERGE_O = (32.0, 3)
+TORCH_CP_MERGE_R = (56.0, 5)
+# both passes, every step but the last: next_kv = torch.cat([key.flatten(), value.flatten()]) in bf16 (2 + 2)
+TORCH_CP_KV_CAT = (4.0, 1)
+# forward, once: results()'s out.to(bf16) (4 + 2)
+TORCH_CP_OUT_CAST = (6.0, 1)
+# backward, once: zeros_like of the fp32 dq, dk, dv accumulators (4 written)
+TORCH_CP_ZEROS = (4.0, 3)
+# backward, every step: grad_query += grad_query_ (fp32 += bf16: 4 + 2 read, 4 written) on Q; grad_key += and
+# grad_value += (10) and next_grad_kv = torch.cat of the fp32 dk, dv for the dKV rotation (4 + 4) on KV
+TORCH_CP_DQ_ADD = (10.0, 1)
+TORCH_CP_DKV_ADD = (18.0, 3)
+# backward, once: grad_query.to(bf16) on Q, the last received dkv .to(bf16) on KV (4 + 2 each)
+TORCH_CP_GRAD_CASTS = (6.0, 2)
+
+
+def torch_cp_merge_kernels(
+    ctx: Context, steps: int, gpu: GPUSpec, eff: Efficiency, floor: float = 0.0
+) -> tuple[list[Kernel], list[Kernel]]:
+    """The memory-bound kernels torch's ring attention runs beside its cp SDPA blocks, one layer, one micro-batch,
+    the busiest rank (the last: every step a whole, non-partial merge, load-balanced or not; a partial merge on
+    another rank touches half the output and re-cats the whole, _partial_update), in the order of the TORCH_CP_*
+    tables: (forward, backward). About 38 B per output element per merge against the 12 B of the fused correction
+    the other flavours run, and the fp32 dq/dk/dv accumulation of the backward."""
+    heads, kv_heads, t = ctx.model.num_attention_heads, ctx.model.kv_heads, ctx.par.tp
+    qk, v = attention_head_dims(ctx)
+    rows = ctx.b * ctx.s_cp * heads / t
+    o, q, kv = rows * v, rows * qk, ctx.b * ctx.s_cp * kv_heads / t * (qk + v)
+
+    def kern(name, table, elements, times):
+        per, launches = table
+        return memory_kernel(name, per * elements * times, gpu, eff, launches * times, floor)
+
+    merges = steps - 1
+    fwd = [
+        kern("cp_merge.cast", TORCH_CP_CAST_O, o, steps),
+        kern("cp_merge", TORCH_CP_MERGE_O, o, merges),
+        kern("cp_merge.lse", TORCH_CP_MERGE_R, rows, merges),
+        kern("cp_kv_cat", TORCH_CP_KV_CAT, kv, merges),
+        kern("cp_merge.out_cast", TORCH_CP_OUT_CAST, o, 1),
+    ]
+    bwd = [
+        kern("cp_grad.zeros", TORCH_CP_ZEROS, q + kv, 1),
+        kern("cp_grad.dq_add", TORCH_CP_DQ_ADD, q, steps),
+        kern("cp_grad.dkv_add", TORCH_CP_DKV_ADD, kv, steps),
+        kern("cp_kv_cat.bwd", TORCH_CP_KV_CAT, kv, merges),
+        kern("cp_grad.casts", TORCH_CP_GRAD_CASTS, q + kv, 1),
+    ]
+    return fwd, bwd
 
 
 def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:

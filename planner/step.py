@@ -708,16 +708,19 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
 def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None:
     """Async TP in torch runs each fused GEMM as tp GEMMs of a rank's shard of rows and sums the reduce-scatter's
     partials on the compute stream (kernels.async_tp_split): per micro-batch, into each stage's passes, for every
-    layer; a fully recomputed layer re-runs its forward's share in the backward. Left out without ``gpu``, as the
-    FSDP2 copies are (the search's lower bounds)."""
+    layer; a fully recomputed layer adds the share of what its re-run runs (kernels.full_rerun). Left out without
+    ``gpu``, as the FSDP2 copies are (the search's lower bounds)."""
     eff = efficiency(gpu, None)
     for st in stages:
         fwd, bwd = PassTime(), PassTime()
         for (moe, plan), count in layer_counts(ctx, st.stage).items():
             f_gemm, f_mem, b_gemm = async_tp_split(ctx, moe, gpu, eff)
-            forward = PassTime(gemm_s=f_gemm, elementwise_s=f_mem)
-            fwd = fwd + forward.scaled(count)
-            bwd = bwd + (PassTime(gemm_s=b_gemm) + (forward if plan.kind == "full" else PassTime())).scaled(count)
+            fwd = fwd + PassTime(gemm_s=f_gemm, elementwise_s=f_mem).scaled(count)
+            redo = PassTime()
+            if plan.kind == "full":  # the re-run's share: full_rerun's GEMMs (torch's stops before fc2)
+                r_gemm, r_mem, _ = async_tp_split(ctx, moe, gpu, eff, True)
+                redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
+            bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
         c = st.compute
         st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
 

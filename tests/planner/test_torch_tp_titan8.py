@@ -140,3 +140,60 @@ def test_per_op_sac_under_compile_leaves_out_proj():
     assert a.gemm_s == pytest.approx(layer.gemm_s * 4096 * (1024 + 14336) / params, rel=1e-12)
     assert b.gemm_s == pytest.approx(layer.gemm_s * 4096 * (1024 + 4096 + 14336) / params, rel=1e-12)
     assert a.elementwise_s == b.elementwise_s == layer.elementwise_s
+
+
+def test_async_tp_rerun_share_stops_before_fc2():
+    """A fully re-run layer under async TP re-adds the split GEMMs and partial sums of what it re-runs: qkv, attn_out
+    and fc1 (with attn_out's partial sum), not fc2 nor its sum; no backward GEMM."""
+    from planner.kernels import async_tp_split, gemm_kernels
+
+    ctx = _ctx(activation_recompute="full", torch_compile=True)
+    lk = layer_kernels(ctx, False, H100)
+    f_gemm, f_mem, _ = async_tp_split(ctx, False, H100)
+    r_gemm, r_mem, r_bwd = async_tp_split(ctx, False, H100, rerun=True)
+    fc2 = next(k for k in lk.forward if k.name == "fc2")
+    m, n, kk, _ = fc2.shape
+    fc2_extra = 8 * gemm_kernels("fc2", m / 8, n, kk, fc2.dtype, H100, EFF)[0].time_s - fc2.time_s
+    assert r_gemm == pytest.approx(f_gemm - fc2_extra, rel=1e-12) and r_bwd == 0.0
+    assert r_mem == pytest.approx(f_mem / 2, rel=1e-12)  # attn_out's and fc2's sums are equal: [16,384, 4,096]
+
+
+def test_torch_ring_attention_merges_in_fp32_torch_ops():
+    """torch's context_parallel ring (_attention.py _SDPAMerger, convert_to_f32): Llama 3 8B, cp 4, b 1, 8,192
+    tokens: a rank holds 2,048 queries of 32 heads (O = Q = 8,388,608 elements of 128, 65,536 rows) and 2,048 keys
+    and values of 8 heads (KV = 4,194,304). Forward: 4 casts to fp32 (6 B), 3 merges of 32 B an output element and
+    56 B a row, 3 K/V concatenations (4 B), the cast back (6 B); backward: the fp32 zeros (4 B over Q + KV), 4 dq
+    adds (10 B), 4 dk/dv adds and concatenations (18 B), 3 K/V concatenations, the casts back (6 B over Q + KV).
+    Megatron's ring keeps its fused correction, 12 B an output element a merge."""
+    from planner.kernels import attention_kernels
+
+    def core(framework):
+        w = WorkloadSpec(micro_batch_size=1, global_batch_size=1, seq_length=8192)
+        ctx = Context(model_preset("llama3-8b"), w, ParallelSpec(cp=4, framework=framework))
+        return attention_kernels(ctx, H100, EFF, 0.0)
+
+    o, rows, kv = 8_388_608, 65_536, 4_194_304
+    fwd, bwd = core("torch")
+    merged = {k.name: (k.bytes, k.count) for k in fwd if k.kind == "memory"}
+    assert merged == {
+        "cp_merge.cast": (6 * o * 4, 4),
+        "cp_merge": (32 * o * 3, 9),
+        "cp_merge.lse": (56 * rows * 3, 15),
+        "cp_kv_cat": (4 * kv * 3, 3),
+        "cp_merge.out_cast": (6 * o, 1),
+    }
+    # about 38 B an output element a merge (the cast and the merge), against 12
+    assert (merged["cp_merge.cast"][0] * 3 / 4 + merged["cp_merge"][0]) / (3 * o) == 38.0
+    back = {k.name: (k.bytes, k.count) for k in bwd if k.kind == "memory"}
+    assert back == {
+        "cp_grad.zeros": (4 * (o + kv), 3),
+        "cp_grad.dq_add": (10 * o * 4, 4),
+        "cp_grad.dkv_add": (18 * kv * 4, 12),
+        "cp_kv_cat.bwd": (4 * kv * 3, 3),
+        "cp_grad.casts": (6 * (o + kv), 2),
+    }
+    rate = H100.hbm_GBps * 1e9 * EFF.hbm
+    assert next(k for k in fwd if k.name == "cp_merge").time_s == pytest.approx(32 * o * 3 / rate + 9 * EFF.kernel_s)
+    mfwd, mbwd = core("megatron")
+    assert [(k.name, k.bytes) for k in mfwd if k.kind == "memory"] == [("cp_merge", 12 * o * 3)]
+    assert [(k.name, k.bytes) for k in mbwd if k.kind == "memory"] == [("cp_merge.bwd", 12 * o * 3)]
