@@ -1148,25 +1148,25 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
 LAYER_TAIL = ("fc2", "mlp_bias_add", "residual_add")
 
 
+def rerun_stops_at_last_save(ctx: Context) -> bool:
+    """Whether a fully recomputed layer re-runs only what its backward needs (Flavour.recompute_stops_at_last_save
+    under torch.compile: the min-cut partitioner); eager, the whole forward."""
+    return ctx.flavour.recompute_stops_at_last_save and ctx.work.torch_compile
+
+
 def full_rerun(ctx: Context, forward: tuple, moe: bool) -> tuple:
-    """The kernels a fully recomputed layer runs again in its backward: the whole forward, or, where the flavour's
-    re-run stops at the last tensor the backward saved (Flavour.recompute_stops_at_last_save: torch's
-    non-reentrant checkpoint with early stop, or torch.compile's min-cut partitioner), a dense layer's forward
-    without its tail (LAYER_TAIL after fc2): the residual add after fc2 never re-runs, nor fc2's matmul, whose
-    inputs autograd packs before it runs (an aten op's saved inputs are set before its redispatch) - but for an
-    eager fp8 recipe, whose torchao Float8Linear is a custom autograd Function that packs its inputs only after
-    its forward returned, so fc2 re-runs then. An MoE layer ends in its combine: re-run whole (no source read
-    for its checkpoint's last save). The fp8 casts (one lump, "fp8_cast") stay whole: fc2's own casts are an
-    over-count."""
-    if moe or not ctx.flavour.recompute_stops_at_last_save:
+    """The kernels a fully recomputed layer runs again in its backward: the whole forward, or, where the re-run
+    stops at what the backward needs (rerun_stops_at_last_save), a dense layer's forward without its tail
+    (LAYER_TAIL from fc2 on): nothing in the backward reads fc2's output nor the residual sum after it. An MoE
+    layer ends in its combine: re-run whole (no source read for what its backward keeps). The fp8 casts (one lump,
+    "fp8_cast") stay whole: fc2's own casts are an over-count."""
+    if moe or not rerun_stops_at_last_save(ctx):
         return forward
     names = [k.name for k in forward]
     if "fc2" not in names:
         return forward
     at = names.index("fc2")
-    eager_fp8 = not ctx.work.torch_compile and ctx.work.recipe is not None
-    keep = {"fc2"} if eager_fp8 else set()
-    return forward[:at] + tuple(k for k in forward[at:] if k.name not in LAYER_TAIL or k.name in keep)
+    return forward[:at] + tuple(k for k in forward[at:] if k.name not in LAYER_TAIL)
 
 
 def mtp_runs_bf16(ctx: Context) -> bool:

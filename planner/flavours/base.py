@@ -191,9 +191,9 @@ class Flavour:
     # through functional collectives that move along dim 0 only, so a copy on the compute stream reorders each
     # (planner/step.py _sp_layout_copies, kernels.sp_layout_copy_kernels)
     sp_layout_copies: bool = False
-    # a fully re-run layer stops once the last tensor its backward saved is rebuilt: a dense layer's output
+    # under torch.compile a fully re-run layer re-runs only what its backward needs: a dense layer's output
     # linear (fc2) and what follows it (its TP reduce-scatter or all-reduce, the residual add) are not re-run
-    # (kernels.full_recompute_skips); False: the whole forward again (Megatron's CheckpointFunction)
+    # (kernels.full_rerun); False: the whole forward again (Megatron's CheckpointFunction)
     recompute_stops_at_last_save: bool = False
     # tp_comm_overlap is a compiler pass that fuses a reduce-scatter only when its input is one matmul's output
     # (torch async TP, torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_matmul_reduce_scatter): the

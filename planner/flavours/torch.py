@@ -82,11 +82,13 @@ FLAVOUR = Flavour(
     # is re-laid by torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim) and the reduce-scatter input
     # by torch.cat(torch.chunk(self, group_size, dim=scatter_dim)) (kernels.sp_layout_copy_kernels)
     sp_layout_copies=True,
-    # torchtitan's full AC is torch.utils.checkpoint non-reentrant (ptd_checkpoint_wrapper): the re-run raises
-    # _StopRecomputationError once it has re-packed as many tensors as the forward saved (torch/utils/checkpoint.py
-    # _recomputation_hook pack_hook, early_stop True by default), and autograd packs an op's inputs before the op
-    # runs, so fc2's own matmul, its reduce-scatter and the residual add are never re-run; under torch.compile the
-    # min-cut partitioner re-runs only the nodes the backward needs (torch/_functorch/partitioners.py), the same set
+    # torchtitan compiles each checkpointed block (parallelize_llama.py: apply_ac, then apply_compile): the
+    # checkpoint becomes a tagged region whose nodes the min-cut partitioner puts on the backward's side
+    # (torch/_functorch/partitioners.py must_recompute: MUST_RECOMPUTE and PREFER_RECOMPUTE) and extracts only
+    # those the backward needs: nothing needs fc2's output, so fc2, its reduce-scatter and the residual add are not
+    # re-run. Eager, torchtitan passes early_stop=False since 25413d224 (2025-08; recorded in
+    # tests/reference/pytorch/sac_op_tp2.json): the whole block re-runs (before it, torch's default early stop
+    # ended the re-run at the last pack, fc2's inputs: the 2024-12 and 2025-06 runs compiled, so it does not arise)
     recompute_stops_at_last_save=True,
     # async TP (torchtitan enable_async_tensor_parallel, entered as tp_comm_overlap): Inductor's micro-pipeline
     # TP pass (torch/_inductor/fx_passes/micro_pipeline_tp.py, pytorch 00122fb1) fuses all_gather -> matmul(s) and

@@ -36,7 +36,7 @@ from dataclasses import replace
 from collectives import Op
 
 from ..context import Context
-from ..kernels import mtp_runs_bf16, vocab_parallel_loss
+from ..kernels import mtp_runs_bf16, rerun_stops_at_last_save, vocab_parallel_loss
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, mtp_checkpointed, rerun_layers
@@ -116,12 +116,12 @@ def _blocks(ctx: Context, stage: int) -> list[Call]:
 
 
 def _whole_reruns(ctx: Context, stage: int, again: Reruns) -> list[Call]:
-    """The forward calls the fully re-run layers issue again: all of them, or, where the re-run stops at the
-    layer's last saved tensor (Flavour.recompute_stops_at_last_save, kernels.full_rerun), all but the dense
+    """The forward calls the fully re-run layers issue again: all of them, or, where the re-run stops at what the
+    backward needs (kernels.rerun_stops_at_last_save, full_rerun), all but the dense
     layers' output linear's collective (the MLP's reduce-scatter, or all-reduce without SP, is the last call of
     _forward): the backward needs nothing of the layer's output."""
     calls = _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))
-    if not (ctx.flavour.recompute_stops_at_last_save and again.dense):
+    if not (rerun_stops_at_last_save(ctx) and again.dense):
         return calls
     last = _forward(ctx, *_block_counts(ctx, stage, 0, again.moe))[-1]  # only the MoE layers' shared experts'
     return [last if c.name == last.name else c for c in calls]
