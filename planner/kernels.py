@@ -924,6 +924,35 @@ def _async_tp_split(
     return fwd, mem, bwd
 
 
+def async_tp_gemm_s(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> dict[str, float]:
+    """A dense layer's GEMMs as async TP runs them, one micro-batch, one rank (seconds by kernel name): the fused
+    ones split into tp GEMMs of m/tp rows (async_tp_split's pieces), the others as priced. Memoised by value."""
+    return per_layer(_ASYNC_TP_GEMMS, _async_tp_gemm_s, ctx, False, gpu, efficiency(gpu, eff))
+
+
+_ASYNC_TP_GEMMS: dict = {}
+
+
+def _async_tp_gemm_s(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> dict[str, float]:
+    t = ctx.par.tp
+    lk = layer_kernels(ctx, moe, gpu, eff)
+    floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+    split = {**dict.fromkeys(ASYNC_TP_GATHER_GEMMS + ASYNC_TP_SCATTER_GEMMS, 0)}
+    split |= {n + ".dgrad": 1 for n in ASYNC_TP_SCATTER_GEMMS}
+    out = {}
+    for k in (*lk.forward, *lk.backward):
+        if k.kind != "gemm":
+            continue
+        if k.name in split:
+            m, n, kk, _ = k.shape
+            base = k.name.removesuffix(".dgrad")
+            piece = gemm_kernels(base, m / t, n, kk, k.dtype, gpu, eff)[split[k.name]]
+            out[k.name] = t * _floored(piece, floor).time_s
+        else:
+            out[k.name] = k.time_s
+    return out
+
+
 # ---- the layer -------------------------------------------------------------------------------------------
 
 

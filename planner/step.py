@@ -71,12 +71,12 @@ from .contention import (
     window_rate,
 )
 from .context import Context
-from .kernels import async_tp_split, efficiency, fsdp_copy_kernels, sp_layout_copy_kernels
+from .kernels import async_tp_gemm_s, async_tp_split, efficiency, fsdp_copy_kernels, sp_layout_copy_kernels
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .recompute import layer_counts
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
-from .rules.tensor import async_tp_fused_names, summed_dgrad_names
+from .rules.tensor import async_tp_fused_gemms, async_tp_fused_names, summed_dgrad_names
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -158,6 +158,9 @@ class StageStep:
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
     tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
+    # what torch's fused async-TP ops leave exposed beyond their own GEMMs, per micro-batch (_async_tp_fused)
+    tp_fused_fwd_s: float = 0.0
+    tp_fused_bwd_s: float = 0.0
     # compute slowed by the communication hidden behind it (planner/contention.py), per micro-batch: how much later
     # each pass ends; and what the once-per-iteration DP streams hold while they run (critical_path)
     slow_fwd_s: float = 0.0
@@ -267,6 +270,7 @@ class StreamTotals:
     # sequence-parallel layout copies follow each: _sp_layout_copies)
     tp_moved: dict[str, list[float]] = field(default_factory=dict)
     tp_moves: dict[str, list[float]] = field(default_factory=dict)
+    tp_seconds: dict[str, list[float]] = field(default_factory=dict)  # and their seconds (_async_tp_fused)
     # what each stream's calls hold while they run (planner/contention.py): SM-seconds (NCCL channels x seconds)
     # and HBM bytes; and, on the TP streams, seconds by collective ("tp.forward.reducescatter", ...) for a TP overlap
     # that sets its own SMs (Flavour.tp_overlap_sms)
@@ -308,6 +312,7 @@ class StreamTotals:
 # SM-kernel CommOverlap, not the ring exchange's copy engine: their TP op key is "allgather.bulk"
 BULK_GATHER_SUFFIX = ".wgrad_gather"
 _SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces", "tp_moved", "tp_moves")
+_SUMMED += ("tp_seconds",)
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
 
@@ -387,9 +392,11 @@ def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amou
     if stream.startswith("tp.") and c.op.value in _UNIT_OPS:
         key = f"{c.phase}:{c.op.value}:{c.name}"
         moved, moves = out.tp_moved.setdefault(key, [0.0] * stages), out.tp_moves.setdefault(key, [0.0] * stages)
+        took = out.tp_seconds.setdefault(key, [0.0] * stages)
         for s in c.stages:
             moved[s] += c.calls_per_iteration * c.message_bytes
             moves[s] += c.calls_per_iteration
+            took[s] += amount
 
 
 def _spread_holds(out: StreamTotals, held: dict, ops: dict, stages: int) -> None:
@@ -464,6 +471,8 @@ def assign_streams(
         _fsdp_edges(ctx, totals, stages)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul:
         _async_tp_unfused(ctx, totals, stages)
+        if gpu is not None:
+            _async_tp_fused(ctx, totals, stages, gpu)
     if ctx.flavour.fsdp_unit_copies and gpu is not None:
         _fsdp_copies(ctx, totals, stages, gpu)
     if ctx.flavour.sp_layout_copies and ctx.par.sp and gpu is not None:
@@ -529,6 +538,7 @@ def _behind_overlap(ctx: Context, st: StageStep, kind: str, phase: str, t: float
     comp = st.compute
     if kind == "tp" and flags.tp_comm_overlap:
         left = min(t, st.tp_unfused_s) if phase == "backward" else 0.0
+        left = min(t, left + (st.tp_fused_fwd_s if phase == "forward" else st.tp_fused_bwd_s))
         return left + max(0.0, t - left - pass_time.gemm_s)
     if kind == "cp.ring" and flags.cp_ring_overlap:
         window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
@@ -653,6 +663,41 @@ def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep
     m = ctx.micro_batches
     for st in stages:
         st.tp_unfused_s = sum(totals.tp_reduces.get(n, [0.0] * len(stages))[st.stage] for n in names) / m
+
+
+def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:
+    """torch's fused async-TP ops hide their communication behind their own GEMM only: the op returns once every
+    shard is copied and consumed (torch/distributed/_symmetric_memory/__init__.py _pipelined_all_gather_and_consume:
+    the shard consumer runs per arriving shard, the local one first; _pipelined_produce_and_all2all: a chunk is
+    sent once computed), and the next op on the compute stream waits for it. A fused call of c seconds with a GEMM
+    of g (as split, kernels.async_tp_gemm_s, times its share: rules/tensor.py async_tp_fused_gemms) takes
+    max(c + g/tp, g): the last shard's GEMM (or the first chunk's) cannot overlap the copies; c + g/tp - g of it is
+    exposed. The communication is priced as the ledger prices the call (NCCL's); the copy engines torch uses
+    instead are not priced apart. Dense non-MLA models only (else {}: the pass-wide rule of _behind_overlap)."""
+    fused = async_tp_fused_gemms(ctx)
+    if not fused:
+        return
+    gemm = async_tp_gemm_s(ctx, gpu)
+    t, m = ctx.par.tp, ctx.micro_batches
+    for st in stages:
+        i = st.stage
+        out = {"forward": 0.0, "backward": 0.0}
+        for key, took in totals.tp_seconds.items():
+            phase, _, name = key.split(":", 2)
+            if name not in fused or not took[i]:
+                continue
+            kernel, share = fused[name]
+            g = gemm.get(kernel, 0.0) * share
+            calls = totals.tp_moves[key][i]
+            out[phase] += calls * fused_op_exposed_s(took[i] / calls, g, t) / m
+        st.tp_fused_fwd_s, st.tp_fused_bwd_s = out["forward"], out["backward"]
+
+
+def fused_op_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:
+    """What a fused all-gather-matmul or matmul-reduce-scatter of ``comm_s`` seconds of communication around
+    ``gemm_s`` seconds of GEMM (in tp pieces) leaves exposed: it takes max(comm + gemm/tp, gemm)
+    (_async_tp_fused)."""
+    return max(0.0, comm_s + gemm_s / tp - gemm_s)
 
 
 def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:

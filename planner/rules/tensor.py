@@ -174,6 +174,43 @@ def async_tp_fused_names(ctx: Context) -> frozenset[str]:
     return frozenset(names | {c.name for c in _backward(ctx, 1, 1)}) - set(summed_dgrad_names(ctx))
 
 
+# the GEMM (a layer kernel's name, kernels.py) each fused TP row of a dense block runs with under torch's async TP:
+# the column-parallel inputs' gathers feed qkv and fc1, the row-parallel outputs' reduce-scatters take attn_out's
+# and fc2's, the grad outputs' gathers feed their data gradients; a single-matmul input gradient (a non-gated fc1)
+# reduce-scatters fc1's. A re-issued gather or reduce-scatter runs with the re-run GEMM (async_tp_fused_gemms)
+ASYNC_TP_FUSED_GEMMS = {
+    "tp.attn.qkv": "qkv",
+    "tp.mlp.up_proj": "fc1",
+    "tp.attn.out_proj": "attn_out",
+    "tp.mlp.down_proj": "fc2",
+    "tp.attn.out_proj.dgrad": "attn_out.dgrad",
+    "tp.mlp.down_proj.dgrad": "fc2.dgrad",
+    "tp.attn.qkv.dgrad": "qkv.dgrad",
+    "tp.mlp.up_proj.dgrad": "fc1.dgrad",
+}
+
+
+def async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
+    """Each fused TP row of a dense non-MLA block (async_tp_fused_names) -> (the GEMM it runs with, the share of
+    that GEMM the fused op computes): 1, but for re-issues under torchtitan's per-op SAC, which re-runs k alone of
+    q, k, v (its kv_heads x head_dim of the fused qkv's width) and w3 alone of the gated w1, w3 (half of fc1)
+    (compute.recompute_modules_forward). {} for MLA or MoE models (no mapping read)."""
+    m = ctx.model
+    if m.mla or m.moe:
+        return {}
+    fused = async_tp_fused_names(ctx)
+    out = {name: (gemm, 1.0) for name, gemm in ASYNC_TP_FUSED_GEMMS.items() if name in fused}
+    per_op = ctx.work.selective_ac_option == "op" and ctx.work.activation_recompute == "selective"
+    hd = m.head_size
+    k_share = m.kv_heads * hd / ((m.num_attention_heads + 2 * m.kv_heads) * hd)
+    shares = {"tp.attn.qkv": k_share, "tp.mlp.up_proj": 0.5 if m.gated_mlp else 1.0} if per_op else {}
+    for c in _forward(ctx, 1, 1):
+        again = recomputed(c).name
+        if again in fused and c.name in out:
+            out[again] = (out[c.name][0], shares.get(c.name, 1.0))
+    return out
+
+
 def _width(ctx: Context, per_token: int) -> int:
     """The TP unit A = b·s/c·h·x at ``per_token`` elements instead of h."""
     return ctx.activation // ctx.model.hidden_size * per_token

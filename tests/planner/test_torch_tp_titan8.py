@@ -202,3 +202,51 @@ def test_torch_ring_attention_merges_in_fp32_torch_ops():
     mfwd, mbwd = core("megatron")
     assert [(k.name, k.bytes) for k in mfwd if k.kind == "memory"] == [("cp_merge", 12 * o * 3)]
     assert [(k.name, k.bytes) for k in mbwd if k.kind == "memory"] == [("cp_merge.bwd", 12 * o * 3)]
+
+
+def test_a_fused_op_hides_its_copies_behind_its_own_gemm_only():
+    """max(c + g/tp, g) - g: 2 ms of copies around a 1 ms GEMM in 8 pieces leave 1.125 ms exposed; around a 4 ms
+    GEMM nothing (4 ms >= 2 + 0.5)."""
+    from planner.step import fused_op_exposed_s
+
+    assert fused_op_exposed_s(2e-3, 1e-3, 8) == pytest.approx(1.125e-3)
+    assert fused_op_exposed_s(2e-3, 4e-3, 8) == 0.0
+    assert fused_op_exposed_s(2e-3, 16e-3 / 7, 8) == pytest.approx(0.0, abs=1e-15)  # the break-even: g = 8c/7
+
+
+def test_async_tp_exposes_each_fused_call_beyond_its_gemm():
+    """The 4-layer 8B at b 2 under async TP: each forward fused call (qkv's and fc1's gathers, attn_out's and fc2's
+    reduce-scatters) and each backward one (the two grad-output gathers) exposes max(0, c + g/8 - g) with c its
+    ledger price and g its split GEMM; summed per pass. Nothing was exposed in the forward before (the pass-wide
+    rule hid all TP behind all GEMMs)."""
+    from planner.kernels import async_tp_gemm_s
+
+    plan = _plan("torch", overlap=True)
+    st = plan.step.stages[0]
+    price = {pc.call.name: pc.price.time_s for pc in plan.calls}
+    gemm = async_tp_gemm_s(_ctx(torch_compile=True, loss_parallel=True), H100)
+
+    def exposed(pairs):
+        return sum(4 * max(0.0, price[n] + gemm[g] / 8 - gemm[g]) for n, g in pairs)
+
+    fwd = exposed([("tp.attn.qkv", "qkv"), ("tp.mlp.up_proj", "fc1"), ("tp.attn.out_proj", "attn_out"),
+                   ("tp.mlp.down_proj", "fc2")])  # fmt: skip
+    bwd = exposed([("tp.attn.out_proj.dgrad", "attn_out.dgrad"), ("tp.mlp.down_proj.dgrad", "fc2.dgrad")])
+    assert st.tp_fused_fwd_s == pytest.approx(fwd, rel=1e-12) and st.tp_fused_bwd_s == pytest.approx(bwd, rel=1e-12)
+    assert fwd > 0  # qkv's GEMM (n 768) is shorter than its gather
+    assert st.exposed_by_stream[("tp", "forward")] >= fwd
+
+
+def test_re_issued_gathers_run_with_the_re_run_gemm():
+    """Per-op SAC re-runs k alone of q, k, v (8 KV heads of 40: 1/6 of qkv's width) and w3 alone of w1, w3 (1/2 of
+    fc1): the re-issued gathers fuse with that share; a fully re-run layer re-runs the whole GEMMs."""
+    from planner.rules.tensor import async_tp_fused_gemms
+
+    op = async_tp_fused_gemms(_ctx(activation_recompute="selective", selective_ac_option="op", torch_compile=True))
+    assert op["tp.attn.qkv.recompute"] == ("qkv", pytest.approx(1 / 6)) and op["tp.mlp.up_proj.recompute"] == (
+        "fc1",
+        0.5,
+    )
+    assert op["tp.attn.qkv"] == ("qkv", 1.0) and "tp.attn.qkv.dgrad" not in op  # q, k, v summed: unfused
+    full = async_tp_fused_gemms(_ctx(activation_recompute="full", torch_compile=True))
+    assert full["tp.attn.out_proj.recompute"] == ("attn_out", 1.0) and full["tp.mlp.up_proj.recompute"] == ("fc1", 1.0)
