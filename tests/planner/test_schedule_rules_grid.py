@@ -30,7 +30,10 @@ input; torch 165,675,008 B), nothing else (checked line by line against main at 
 (NCCL's p2p CTAs held beside the compute) moved 39 step lines, nothing else (checked line by line against main at
 57f7644): the 15 Megatron interleaved plans under overlap_p2p +0.03% to +0.07% (a send and a recv kernel beside
 each pass), the 24 Megatron dualpipe / dualpipev plans +0.46% to +0.51% (their EP all-to-alls hidden by the F&B
-overlap hold 32 CTAs).
+overlap hold 32 CTAs). titan8's DTensor
+sequence-dim copies (torch's TP reduce-scatter inputs re-laid by torch.cat on the compute stream; at b 1 the
+gathers are views) moved the 128 torch-flavour step lines' float times only, step +0% to +0.54%, nothing else
+(checked line by line against main at 57f7644).
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
