@@ -161,6 +161,11 @@ def summed_dgrad_names(ctx: Context) -> tuple[str, ...]:
 
 
 def async_tp_fused_names(ctx: Context) -> frozenset[str]:
+    """``_async_tp_fused_names`` memoised by value (_by_layout)."""
+    return _by_layout(_FUSED_NAMES, _async_tp_fused_names, ctx)
+
+
+def _async_tp_fused_names(ctx: Context) -> frozenset[str]:
     """The TP rows (ledger names) of a transformer block that torch's async-TP pass fuses with their matmul
     (torch/_inductor/fx_passes/micro_pipeline_tp.py: all_gather -> mm, including funcol's chunk/cat of a
     gather_dim != 0, and reduce_scatter_tensor(A @ B)): every sequence-parallel gather and reduce-scatter of the
@@ -191,6 +196,27 @@ ASYNC_TP_FUSED_GEMMS = {
 
 
 def async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
+    """``_async_tp_fused_gemms`` memoised by value (_by_layout)."""
+    return _by_layout(_FUSED_GEMMS, _async_tp_fused_gemms, ctx)
+
+
+def _by_layout(memo: dict, fn, ctx: Context):
+    """``fn(ctx)`` memoised on what the TP rules read of the context (the model, workload and layout; bounded:
+    cleared past 256 entries): the step asks for the async-TP rows of every plan and searched layout."""
+    key = (ctx.model, ctx.work, ctx.par)
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= 256:
+            memo.clear()
+        found = memo[key] = fn(ctx)
+    return found
+
+
+_FUSED_GEMMS: dict = {}
+_FUSED_NAMES: dict = {}
+
+
+def _async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
     """Each fused TP row of a dense non-MLA block (async_tp_fused_names) -> (the GEMM it runs with, the share of
     that GEMM the fused op computes): 1, but for re-issues under torchtitan's per-op SAC, which re-runs k alone of
     q, k, v (its kv_heads x head_dim of the fused qkv's width) and w3 alone of the gated w1, w3 (half of fc1)
