@@ -924,6 +924,16 @@ def _async_tp_split(
     return fwd, mem, bwd
 
 
+def gemm_operand_bytes(ctx: Context, gpu: GPUSpec, name: str) -> float:
+    """Bytes of a dense layer's forward GEMM ``name``'s activation operand A (m x k, in the GEMM's operand dtype):
+    what torch's fused matmul-reduce-scatter re-lays (step._sp_layout_copies). 0 when the layer has no such GEMM."""
+    for k in layer_kernels(ctx, False, gpu).forward:
+        if k.kind == "gemm" and k.name == name:
+            m, _, kk, _ = k.shape
+            return m * kk * operand_bytes(k.dtype)
+    return 0.0
+
+
 def async_tp_gemm_s(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> dict[str, float]:
     """A dense layer's GEMMs as async TP runs them, one micro-batch, one rank (seconds by kernel name): the fused
     ones split into tp GEMMs of m/tp rows (async_tp_split's pieces), the others as priced. Memoised by value."""

@@ -71,7 +71,14 @@ from .contention import (
     window_rate,
 )
 from .context import Context
-from .kernels import async_tp_gemm_s, async_tp_split, efficiency, fsdp_copy_kernels, sp_layout_copy_kernels
+from .kernels import (
+    async_tp_gemm_s,
+    async_tp_split,
+    efficiency,
+    fsdp_copy_kernels,
+    gemm_operand_bytes,
+    sp_layout_copy_kernels,
+)
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .recompute import layer_counts
@@ -728,9 +735,11 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
     stream (kernels.sp_layout_copy_kernels), per micro-batch into each stage's passes, beside the call. The
     all-gathers copy only when a dim before the sequence dim is larger than 1 (the micro-batch: b > 1; torch's
     _maybe_view_chunk_cat returns a view for b = 1). Under async TP the calls the micro-pipeline pass fuses
-    (rules/tensor.py async_tp_fused_names) are re-laid inside the fused op: not here. Left out without ``gpu``, as
-    the FSDP2 copies are (the search's lower bounds)."""
-    fused = async_tp_fused_names(ctx) if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul else ()
+    (rules/tensor.py async_tp_fused_names) are re-laid inside the fused op instead (_fused_relayout). Left out
+    without ``gpu``, as the FSDP2 copies are (the search's lower bounds)."""
+    async_tp = flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul
+    fused = async_tp_fused_names(ctx) if async_tp else ()
+    gemms = async_tp_fused_gemms(ctx) if async_tp else {}
     m, eff, zeros = ctx.micro_batches, efficiency(gpu, None), [0.0] * len(stages)
     for st in stages:
         i = st.stage
@@ -739,15 +748,36 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
             sums = {"allgather": [0.0, 0.0], "reducescatter": [0.0, 0.0]}
             for key, moved in totals.tp_moved.items():
                 when, op, name = key.split(":", 2)
-                if when != phase or name in fused or (op == "allgather" and ctx.b == 1):
+                calls = totals.tp_moves.get(key, zeros)[i] / m
+                if when != phase or (ctx.b == 1 and (op == "allgather" or name in fused)):
+                    continue
+                if name in fused:
+                    nbytes = _fused_relayout(ctx, gpu, op, moved[i] / m, calls, gemms.get(name))
+                    sums[op][0] += nbytes
+                    sums[op][1] += calls if nbytes else 0.0
                     continue
                 sums[op][0] += moved[i] / m
-                sums[op][1] += totals.tp_moves.get(key, zeros)[i] / m
+                sums[op][1] += calls
             kernels = sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff)
             extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
         if extra[0].elementwise_s or extra[1].elementwise_s:
             c = st.compute
             st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
+
+
+def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> float:
+    """The bytes a fused async-TP op re-lays per pass when the micro-batch is more than one sequence (b > 1:
+    torch/distributed/_symmetric_memory/__init__.py moves the sequence dim to the front and flattens, a copy when
+    b > 1): _fused_all_gather_matmul_impl ``A_shard.movedim(gather_dim, 0).flatten(0, -2)``, the rank's shard (the
+    gathered message / tp); _fused_matmul_reduce_scatter_impl ``A.movedim(scatter_dim, 0).flatten(0, -2)``, the
+    matmul's whole input A (kernels.gemm_operand_bytes of its GEMM, times the share re-run). Counted in the message
+    units sp_layout_copy_kernels doubles (read and written); 0 where no GEMM is mapped (MoE, MLA)."""
+    if op == "allgather":
+        return moved / ctx.par.tp
+    if gemm is None:
+        return 0.0
+    kernel, share = gemm
+    return calls * share * gemm_operand_bytes(ctx, gpu, kernel)
 
 
 def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None:
