@@ -47,6 +47,7 @@ from .kernels import (
     one_kernel_loss_bytes,
     optimizer_bytes,
     per_layer,
+    vocab_shard,
 )
 from .recompute import layer_counts
 
@@ -417,9 +418,9 @@ def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> t
     stays bf16: Megatron-Core's output layer is a plain ColumnParallelLinear outside TransformerEngine's fp8
     autocast, which wraps the transformer block only (transformer_block.py get_fp8_context)."""
     eff = efficiency(gpu, eff)
-    mdl, t = ctx.model, ctx.par.tp
+    mdl = ctx.model
     # inference samples from the last position of each sequence only (vLLM LogitsProcessor)
-    T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), mdl.padded_vocab(t) // t
+    T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), vocab_shard(ctx)
     dtype = "bf16" if ctx.x <= 2 or ctx.work.activation_dtype == "fp8" else "fp32"
     g = gemm_kernels("lm_head", T, V, mdl.hidden_size, dtype, gpu, eff)[0]
     if not ctx.training:

@@ -1351,7 +1351,7 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     for runs, what, nbytes, launches in backward:
         if runs:
             k.bwd.append(memory_kernel(name + what, nbytes, k.gpu, k.eff, launches, k.floor))
-    _dense_embedding_backward(k, T, ctx.model.padded_vocab(t) // t, name)
+    _dense_embedding_backward(k, T, vocab_shard(ctx), name)
     if positions:
         _dense_embedding_backward(k, T, mdl.seq_length, name + ".positions")
 
@@ -1625,7 +1625,18 @@ def loss_vocab(ctx: Context) -> int:
     t = ctx.par.tp
     if t > 1 and ctx.training and not vocab_parallel_loss(ctx):
         return ctx.model.vocab_size
-    return ctx.model.padded_vocab(t) // t
+    return vocab_shard(ctx)
+
+
+def vocab_shard(ctx: Context) -> int:
+    """The rows of the vocabulary one TP rank's embedding and LM head hold: Megatron pads the vocabulary to a
+    multiple of 128 x tp (ModelSpec.padded_vocab); torch's modules keep the checkpoint's (Flavour.hf_modules: the
+    vocabulary unpadded, as params.py counts it) and DTensor's Shard(0) splits it by torch.chunk, ceil(V / tp) on
+    the largest shard (Llama 3's 128,256 over tp 8: 16,032 a rank, not 16,128)."""
+    t, m = ctx.par.tp, ctx.model
+    if ctx.flavour.hf_modules:
+        return -(-m.vocab_size // t)
+    return m.padded_vocab(t) // t
 
 
 def loss_chain(ctx: Context) -> tuple[tuple[float, int], tuple[float, int]] | None:

@@ -32,8 +32,9 @@ input; torch 165,675,008 B), nothing else (checked line by line against main at 
 each pass), the 24 Megatron dualpipe / dualpipev plans +0.46% to +0.51% (their EP all-to-alls hidden by the F&B
 overlap hold 32 CTAs). titan8's DTensor
 sequence-dim copies (torch's TP reduce-scatter inputs re-laid by torch.cat on the compute stream; at b 1 the
-gathers are views) moved the 128 torch-flavour step lines' float times only, step +0% to +0.54%, nothing else
-(checked line by line against main at 57f7644).
+gathers are views) and torch's unpadded head (Mixtral's 32,000 / 4 = 8,000 columns a rank, not 8,064) moved the
+128 torch-flavour step lines' float times only, step +0% to +0.54%, nothing else (checked line by line against
+main at 57f7644).
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""

@@ -255,3 +255,14 @@ def test_re_issued_gathers_run_with_the_re_run_gemm():
     assert op["tp.attn.qkv"] == ("qkv", 1.0) and "tp.attn.qkv.dgrad" not in op  # q, k, v summed: unfused
     full = async_tp_fused_gemms(_ctx(activation_recompute="full", torch_compile=True))
     assert full["tp.attn.out_proj.recompute"] == ("attn_out", 1.0) and full["tp.mlp.up_proj.recompute"] == ("fc1", 1.0)
+
+
+def test_torchs_head_keeps_the_vocabulary_unpadded():
+    """Llama 3's 128,256 over tp 8: torch's head and embedding hold 16,032 rows a rank (DTensor's Shard(0) of the
+    checkpoint's vocabulary), Megatron's 16,128 (padded to 128 x 8: 129,024); an uneven split takes the larger
+    chunk (torch.chunk): 128,256 over 7 -> 18,323 (ceil of 18,322.3)."""
+    from planner.kernels import vocab_shard
+
+    assert vocab_shard(_ctx(loss_parallel=True)) == 16032 and vocab_shard(_ctx("megatron")) == 16128
+    w = WorkloadSpec(micro_batch_size=2, global_batch_size=2)
+    assert vocab_shard(Context(MODEL, w, ParallelSpec(tp=7, framework="torch"))) == 18323
