@@ -673,7 +673,7 @@ def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep
 
 
 def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:
-    """torch's fused async-TP ops hide their communication behind their own GEMM only: the op returns once every
+    """The fused async-TP ops of torch hide their communication behind their own GEMM only: the op returns once every
     shard is copied and consumed (torch/distributed/_symmetric_memory/__init__.py _pipelined_all_gather_and_consume:
     the shard consumer runs per arriving shard, the local one first; _pipelined_produce_and_all2all: a chunk is
     sent once computed), and the next op on the compute stream waits for it. A fused call of c seconds with a GEMM

@@ -95,6 +95,11 @@ FLAVOUR = Flavour(
     # "reduce_scatter_tensor(A @ B)" only: rs_input must be an aten.mm (or its reshape) with one user. The
     # backward reduce-scatter of the q/k/v (gate/up) input gradient takes the sum of three (two) matmuls: unfused
     async_tp_single_matmul=True,
+    # ... and its fused ops move the shards with copy_ of the peers' symmetric-memory buffers (torch/distributed/
+    # _symmetric_memory/__init__.py _pipelined_multi_all_gather_and_consume copy_shard, _pipelined_produce_and_all2all:
+    # contiguous same-dtype device copies, which torch issues as cudaMemcpyAsync, i.e. the copy engines): no SMs
+    # beside the GEMMs they hide behind (planner/contention.py), only their HBM bytes
+    tp_overlap_sms=(("allgather", 0), ("reducescatter", 0)),
     overlap_p2p_schedules=frozenset(),
     overlap_bucket_elements=_overlap_bucket_elements,
     torchao_float8=True,  # torchtitan's float8 converter (torchao.float8 convert_to_float8_training)

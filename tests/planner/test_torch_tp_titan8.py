@@ -266,3 +266,27 @@ def test_torchs_head_keeps_the_vocabulary_unpadded():
     assert vocab_shard(_ctx(loss_parallel=True)) == 16032 and vocab_shard(_ctx("megatron")) == 16128
     w = WorkloadSpec(micro_batch_size=2, global_batch_size=2)
     assert vocab_shard(Context(MODEL, w, ParallelSpec(tp=7, framework="torch"))) == 18323
+
+
+def test_async_tp_copies_hold_no_sms(monkeypatch):
+    """The fused ops move shards with copy_ of peer buffers (cudaMemcpyAsync: the copy engines): the hidden TP holds
+    no SMs beside the GEMMs, only HBM bytes (planner/contention.py); NCCL's channels (24 here) were charged before."""
+    from planner import step as S
+
+    seen = []
+    real = S._holds
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(S, "_holds", spy)
+    _plan("torch", overlap=True)
+    share = seen[-1]["tp.forward"][0]
+    assert share.sms == 0.0 and share.hbm_Bps > 0
+    register(replace(flavour("torch"), name="torch-nccl-sms", tp_overlap_sms=()))
+    try:
+        _plan("torch-nccl-sms", overlap=True)
+        assert seen[-1]["tp.forward"][0].sms > 0
+    finally:
+        unregister("torch-nccl-sms")
