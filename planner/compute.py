@@ -34,6 +34,7 @@ from .kernels import (
     embedding_kernels,
     final_norm_kernels,
     flops_keys,
+    full_rerun,
     gemm_kernels,
     kv_cache_bytes_per_layer,
     layer_kernels,
@@ -46,6 +47,7 @@ from .kernels import (
     one_kernel_loss_bytes,
     optimizer_bytes,
     per_layer,
+    vocab_shard,
 )
 from .recompute import layer_counts
 
@@ -160,8 +162,8 @@ def layer_backward(
 def _layer_recompute(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, eff, recompute: str, modules, moe: bool):
     """What one layer's backward re-runs of its forward (the one home of the rule; None: nothing): full, the
     whole forward; selective, the forward of each of ``modules``."""
-    if recompute == "full":
-        return pass_time(lk.forward)
+    if recompute == "full":  # the layer's forward, less what a re-run that stops at its last save leaves out
+        return pass_time(full_rerun(ctx, lk.forward, moe))
     if recompute == "selective":
         return recompute_modules_forward(ctx, lk, layer, gpu, eff, frozenset(modules), moe)
     return None
@@ -186,12 +188,13 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
     ran; the GEMM modules (mlp, moe, shared_experts, mla_up_proj) at their share of the layer's GEMM time (their
     active parameters over the layer's); layernorm and moe_act as memory-bound kernels reading and writing
     their tensors. torchtitan's per-op SAC ("op") re-runs k, o and w3 (w2 without a gate) and every
-    elementwise op."""
+    elementwise op; under torch.compile not o (per_op_sac_reruns_out_proj)."""
     mdl = ctx.model
     gemm_flops = layer.flops - pass_time(lk.attention).flops
     if "op" in modules:
         hd = mdl.head_size
-        redo = mdl.hidden_size * (mdl.kv_heads * hd + mdl.num_attention_heads * hd + mdl.ffn_hidden_size)
+        out_proj = mdl.num_attention_heads * hd if per_op_sac_reruns_out_proj(ctx) else 0
+        redo = mdl.hidden_size * (mdl.kv_heads * hd + out_proj + mdl.ffn_hidden_size)
         share = redo / (mdl.attention_params() + mdl.mlp_params(mdl.ffn_hidden_size))
         return PassTime(gemm_s=layer.gemm_s * share, elementwise_s=layer.elementwise_s, flops=gemm_flops * share)
     out = pass_time(lk.attention) if "core_attn" in modules else PassTime()
@@ -229,6 +232,17 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
         # the checkpoint re-runs the activation function whole: an eager GLU clamp inside it too (kernels.GLU_CLAMP)
         kernels.extend(k for k in lk.forward if k.name == "expert_act_clamp")
     return out + pass_time(kernels) if kernels else out
+
+
+def per_op_sac_reruns_out_proj(ctx: Context) -> bool:
+    """Whether torchtitan's per-op SAC re-runs the attention's output projection (o, the 4th mm: its policy
+    saves every odd mm, parallelize_llama.py _custom_policy at 820504e / 9dec370). Eager, yes: the re-run replays
+    the block in order (torch/utils/checkpoint.py _CachedTorchDispatchMode calls every PREFER_RECOMPUTE op again)
+    until the last saved tensor, w2's input. Under torch.compile, no: the min-cut partitioner
+    (torch/_functorch/partitioners.py) forces the PREFER_RECOMPUTE nodes onto the backward's side but extracts
+    only the nodes the backward needs, and o's output feeds only the reduce-scatter (saved: _save_list) or, without
+    SP, the all-reduce and the residual add, whose backward reads no values."""
+    return not ctx.work.torch_compile
 
 
 def _is_moe(ctx: Context, layer: PassTime, gpu: GPUSpec, eff: Efficiency) -> bool:
@@ -404,9 +418,9 @@ def head_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> t
     stays bf16: Megatron-Core's output layer is a plain ColumnParallelLinear outside TransformerEngine's fp8
     autocast, which wraps the transformer block only (transformer_block.py get_fp8_context)."""
     eff = efficiency(gpu, eff)
-    mdl, t = ctx.model, ctx.par.tp
+    mdl = ctx.model
     # inference samples from the last position of each sequence only (vLLM LogitsProcessor)
-    T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), mdl.padded_vocab(t) // t
+    T, V = (ctx.b * ctx.s_cp if ctx.training else ctx.b), vocab_shard(ctx)
     dtype = "bf16" if ctx.x <= 2 or ctx.work.activation_dtype == "fp8" else "fp32"
     g = gemm_kernels("lm_head", T, V, mdl.hidden_size, dtype, gpu, eff)[0]
     if not ctx.training:

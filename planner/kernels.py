@@ -843,6 +843,34 @@ def fsdp_copy_kernels(
     return tuple(out)
 
 
+def sp_layout_copy_kernels(
+    gathered: float, gathers: float, scattered: float, scatters: float, gpu, eff
+) -> tuple[Kernel, ...]:
+    """The copies DTensor's sequence-parallel collectives run on the compute stream (flavour trait
+    ``sp_layout_copies``), for ``gathered`` bytes all-gathered in ``gathers`` calls and ``scattered`` bytes
+    reduce-scattered in ``scatters`` calls (message bytes as the ledger counts them: the gathered output, the
+    full reduce-scatter input; in the dtype on the wire). torch/distributed/_functional_collectives.py (pytorch
+    38410cf9, the 2025-06 torchtitan runs; the same code since 2023):
+
+    - all_gather_tensor(gather_dim=1): NCCL writes the tp shards one after the other along dim 0 ([tp·b, s/tp, h]);
+      ``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)`` re-lays them as [b, s, h]: reads and
+      writes the gathered tensor, 2 bytes moved per byte gathered, one kernel. Later torch returns a view where
+      every dim before the gather dim is 1 (torch/_utils.py ``_maybe_view_chunk_cat``): with b = 1 no copy, so
+      the caller passes no gathers then;
+    - reduce_scatter_tensor(scatter_dim=1): ``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))`` makes each
+      rank's destination block contiguous before NCCL: reads and writes the full input, 2 bytes per byte
+      reduce-scattered, one kernel.
+
+    Inductor cannot fold either copy: the all-gather's output and a matmul's (an extern kernel) are not fusible
+    producers, and the collective takes a contiguous input."""
+    out = []
+    if gathers:
+        out.append(memory_kernel("dtensor.all_gather_cat", 2.0 * gathered, gpu, eff, gathers))
+    if scatters:
+        out.append(memory_kernel("dtensor.reduce_scatter_cat", 2.0 * scattered, gpu, eff, scatters))
+    return tuple(out)
+
+
 # torch's async TP (Inductor's micro-pipeline TP pass, Flavour.async_tp_single_matmul) runs each fused GEMM as one
 # GEMM per TP rank's shard of its rows (torch/distributed/_symmetric_memory/__init__.py, pytorch 0e9ed9cf:
 # _pipelined_all_gather_and_consume calls the shard consumer once per source rank, ``ag_out.chunk(group_size)``;
@@ -854,20 +882,25 @@ ASYNC_TP_GATHER_GEMMS = ("qkv", "fc1")
 ASYNC_TP_SCATTER_GEMMS = ("attn_out", "fc2")
 
 
-def async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[float, float, float]:
+def async_tp_split(
+    ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None, rerun: bool = False
+) -> tuple[float, float, float]:
     """What torch's async TP adds to one layer, one micro-batch, one rank (seconds): (forward GEMMs, forward
     memory-bound, backward GEMMs). Each fused GEMM of m rows runs as tp GEMMs of m/tp rows (ASYNC_TP_GATHER_GEMMS,
     ASYNC_TP_SCATTER_GEMMS; each at its own shape's efficiency and fixed cost) in place of one; a fused
     matmul-reduce-scatter then sums the tp partials it received on the compute stream (``reduce_fn``, torch.sum over
-    dim 0: reads the m x n partials, writes the m/tp x n shard, in the GEMM's output dtype, bf16). Memoised by value
-    (per_layer)."""
-    return per_layer(_ASYNC_TP, _async_tp_split, ctx, moe, gpu, efficiency(gpu, eff))
+    dim 0: reads the m x n partials, writes the m/tp x n shard, in the GEMM's output dtype, bf16). ``rerun``: what a
+    fully recomputed layer's re-run adds (the forward's share of the GEMMs full_rerun keeps; no backward). Memoised
+    by value (per_layer)."""
+    return per_layer(_ASYNC_TP, _async_tp_split, ctx, moe, gpu, efficiency(gpu, eff), rerun)
 
 
 _ASYNC_TP: dict = {}
 
 
-def _async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float, float]:
+def _async_tp_split(
+    ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool = False
+) -> tuple[float, float, float]:
     t = ctx.par.tp
     lk = layer_kernels(ctx, moe, gpu, eff)
     floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
@@ -878,16 +911,56 @@ def _async_tp_split(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> t
         return t * _floored(piece, floor).time_s - k.time_s
 
     fused = ASYNC_TP_GATHER_GEMMS + ASYNC_TP_SCATTER_GEMMS
-    forward = [k for k in lk.forward if k.kind == "gemm" and k.name in fused]
+    ran = full_rerun(ctx, lk.forward, moe) if rerun else lk.forward
+    forward = [k for k in ran if k.kind == "gemm" and k.name in fused]
     dgrads = {n + ".dgrad" for n in ASYNC_TP_SCATTER_GEMMS}
     fwd = sum(extra(k, 0) for k in forward)
-    bwd = sum(extra(k, 1) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
+    bwd = 0.0 if rerun else sum(extra(k, 1) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
     mem = sum(
         memory_kernel("async_tp.reduce", (k.shape[0] * k.shape[1]) * (1 + 1 / t) * 2, gpu, eff, 1, floor).time_s
         for k in forward
         if k.name in ASYNC_TP_SCATTER_GEMMS
     )
     return fwd, mem, bwd
+
+
+def gemm_operand_bytes(ctx: Context, gpu: GPUSpec, name: str) -> float:
+    """Bytes of a dense layer's forward GEMM ``name``'s activation operand A (m x k, in the GEMM's operand dtype):
+    what torch's fused matmul-reduce-scatter re-lays (step._sp_layout_copies). 0 when the layer has no such GEMM."""
+    for k in layer_kernels(ctx, False, gpu).forward:
+        if k.kind == "gemm" and k.name == name:
+            m, _, kk, _ = k.shape
+            return m * kk * operand_bytes(k.dtype)
+    return 0.0
+
+
+def async_tp_gemm_s(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> dict[str, float]:
+    """A dense layer's GEMMs as async TP runs them, one micro-batch, one rank (seconds by kernel name): the fused
+    ones split into tp GEMMs of m/tp rows (async_tp_split's pieces), the others as priced. Memoised by value."""
+    return per_layer(_ASYNC_TP_GEMMS, _async_tp_gemm_s, ctx, False, gpu, efficiency(gpu, eff))
+
+
+_ASYNC_TP_GEMMS: dict = {}
+
+
+def _async_tp_gemm_s(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> dict[str, float]:
+    t = ctx.par.tp
+    lk = layer_kernels(ctx, moe, gpu, eff)
+    floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+    split = {**dict.fromkeys(ASYNC_TP_GATHER_GEMMS + ASYNC_TP_SCATTER_GEMMS, 0)}
+    split |= {n + ".dgrad": 1 for n in ASYNC_TP_SCATTER_GEMMS}
+    out = {}
+    for k in (*lk.forward, *lk.backward):
+        if k.kind != "gemm":
+            continue
+        if k.name in split:
+            m, n, kk, _ = k.shape
+            base = k.name.removesuffix(".dgrad")
+            piece = gemm_kernels(base, m / t, n, kk, k.dtype, gpu, eff)[split[k.name]]
+            out[k.name] = t * _floored(piece, floor).time_s
+        else:
+            out[k.name] = k.time_s
+    return out
 
 
 # ---- the layer -------------------------------------------------------------------------------------------
@@ -996,7 +1069,7 @@ def _layer_kernels_of_tokens(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficie
     forward = _spliced(base.forward, base.attention, core_fwd)
     backward = _spliced(base.backward, base.attention_bwd, core_bwd)
     rc = ctx.work.activation_recompute
-    recompute = forward if rc == "full" else core_fwd if rc == "selective" else ()
+    recompute = full_rerun(ctx, forward, moe) if rc == "full" else core_fwd if rc == "selective" else ()
     return LayerKernels(forward, backward, recompute, core_fwd, core_bwd)
 
 
@@ -1064,6 +1137,8 @@ def kernel_traits(flavour) -> tuple:
         flavour.embedding_transposes,
         flavour.torchao_float8,  # _fp8_casts: recipes.float8_gathered
         flavour.te_fp8_recipes,  # expert_quantize_launches
+        flavour.recompute_stops_at_last_save,  # full_rerun
+        flavour.cp_rotate_methods,  # torch_cp_merge_kernels
     )
 
 
@@ -1100,12 +1175,37 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     backward = tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
     if rc == "full":
-        recompute = forward
+        recompute = full_rerun(ctx, forward, moe)
     elif rc == "selective":
         recompute = tuple(core_fwd)
     else:
         recompute = ()
     return LayerKernels(forward, backward, recompute, tuple(core_fwd), tuple(core_bwd))
+
+
+# what a dense layer's forward runs from its output linear on (kernels.full_rerun): fc2, its bias and the residual add
+LAYER_TAIL = ("fc2", "mlp_bias_add", "residual_add")
+
+
+def rerun_stops_at_last_save(ctx: Context) -> bool:
+    """Whether a fully recomputed layer re-runs only what its backward needs (Flavour.recompute_stops_at_last_save
+    under torch.compile: the min-cut partitioner); eager, the whole forward."""
+    return ctx.flavour.recompute_stops_at_last_save and ctx.work.torch_compile
+
+
+def full_rerun(ctx: Context, forward: tuple, moe: bool) -> tuple:
+    """The kernels a fully recomputed layer runs again in its backward: the whole forward, or, where the re-run
+    stops at what the backward needs (rerun_stops_at_last_save), a dense layer's forward without its tail
+    (LAYER_TAIL from fc2 on): nothing in the backward reads fc2's output nor the residual sum after it. An MoE
+    layer ends in its combine: re-run whole (no source read for what its backward keeps). The fp8 casts (one lump,
+    "fp8_cast") stay whole: fc2's own casts are an over-count."""
+    if moe or not rerun_stops_at_last_save(ctx):
+        return forward
+    names = [k.name for k in forward]
+    if "fc2" not in names:
+        return forward
+    at = names.index("fc2")
+    return forward[:at] + tuple(k for k in forward[at:] if k.name not in LAYER_TAIL)
 
 
 def mtp_runs_bf16(ctx: Context) -> bool:
@@ -1251,7 +1351,7 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     for runs, what, nbytes, launches in backward:
         if runs:
             k.bwd.append(memory_kernel(name + what, nbytes, k.gpu, k.eff, launches, k.floor))
-    _dense_embedding_backward(k, T, ctx.model.padded_vocab(t) // t, name)
+    _dense_embedding_backward(k, T, vocab_shard(ctx), name)
     if positions:
         _dense_embedding_backward(k, T, mdl.seq_length, name + ".positions")
 
@@ -1525,7 +1625,18 @@ def loss_vocab(ctx: Context) -> int:
     t = ctx.par.tp
     if t > 1 and ctx.training and not vocab_parallel_loss(ctx):
         return ctx.model.vocab_size
-    return ctx.model.padded_vocab(t) // t
+    return vocab_shard(ctx)
+
+
+def vocab_shard(ctx: Context) -> int:
+    """The rows of the vocabulary one TP rank's embedding and LM head hold: Megatron pads the vocabulary to a
+    multiple of 128 x tp (ModelSpec.padded_vocab); torch's modules keep the checkpoint's (Flavour.hf_modules: the
+    vocabulary unpadded, as params.py counts it) and DTensor's Shard(0) splits it by torch.chunk, ceil(V / tp) on
+    the largest shard (Llama 3's 128,256 over tp 8: 16,032 a rank, not 16,128)."""
+    t, m = ctx.par.tp, ctx.model
+    if ctx.flavour.hf_modules:
+        return -(-m.vocab_size // t)
+    return m.padded_vocab(t) // t
 
 
 def loss_chain(ctx: Context) -> tuple[tuple[float, int], tuple[float, int]] | None:
@@ -1982,11 +2093,74 @@ def attention_kernels(
             count=steps * FLASH_BWD_KERNELS,
         )
     ]
-    if steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
+    if steps > 1 and ctx.flavour.cp_rotate_methods:  # torch's context_parallel: its own merge, in torch ops
+        merge_fwd, merge_bwd = torch_cp_merge_kernels(ctx, steps, gpu, eff, floor)
+        fwd += merge_fwd
+        bwd += merge_bwd
+    elif steps > 1:  # the ring's output correction: read the partial output and lse, rescale, accumulate
         out = ctx.b * ctx.s_cp * heads * v * 4  # fp32 accumulator of the output (v wide)
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
+
+
+# torch's ring attention merges and accumulates in torch ops (torch/distributed/tensor/experimental/_attention.py,
+# pytorch 38410cf9 / 010ae4a8: _templated_ring_attention with _SDPAMerger, _templated_ring_attention_backward;
+# _ContextParallelOptions.convert_to_f32 True). Bytes per element, (bytes, launches), of: O the output (b·heads·s/cp·v),
+# R its rows (the logsumexp, b·heads·s/cp), Q the query, KV the key and value together.
+# Forward, every step: _SDPAMerger.step's out.to(float32) (2 read, 4 written); the lse is fp32 already (no kernel)
+TORCH_CP_CAST_O = (6.0, 1)
+# forward, every merge (steps after the first): out - block_out 12, sigmoid(...) * that 8, out - that 12 (O); and over
+# the rows block_lse - lse 12, sigmoid 8, the product's read 4, lse - block_lse 12, logsigmoid 8, lse - that 12 (R)
+TORCH_CP_MERGE_O = (32.0, 3)
+TORCH_CP_MERGE_R = (56.0, 5)
+# both passes, every step but the last: next_kv = torch.cat([key.flatten(), value.flatten()]) in bf16 (2 + 2)
+TORCH_CP_KV_CAT = (4.0, 1)
+# forward, once: results()'s out.to(bf16) (4 + 2)
+TORCH_CP_OUT_CAST = (6.0, 1)
+# backward, once: zeros_like of the fp32 dq, dk, dv accumulators (4 written)
+TORCH_CP_ZEROS = (4.0, 3)
+# backward, every step: grad_query += grad_query_ (fp32 += bf16: 4 + 2 read, 4 written) on Q; grad_key += and
+# grad_value += (10) and next_grad_kv = torch.cat of the fp32 dk, dv for the dKV rotation (4 + 4) on KV
+TORCH_CP_DQ_ADD = (10.0, 1)
+TORCH_CP_DKV_ADD = (18.0, 3)
+# backward, once: grad_query.to(bf16) on Q, the last received dkv .to(bf16) on KV (4 + 2 each)
+TORCH_CP_GRAD_CASTS = (6.0, 2)
+
+
+def torch_cp_merge_kernels(
+    ctx: Context, steps: int, gpu: GPUSpec, eff: Efficiency, floor: float = 0.0
+) -> tuple[list[Kernel], list[Kernel]]:
+    """The memory-bound kernels torch's ring attention runs beside its cp SDPA blocks, one layer, one micro-batch,
+    the busiest rank (the last: every step a whole, non-partial merge, load-balanced or not; a partial merge on
+    another rank touches half the output and re-cats the whole, _partial_update), in the order of the TORCH_CP_*
+    tables: (forward, backward). About 38 B per output element per merge against the 12 B of the fused correction
+    the other flavours run, and the fp32 dq/dk/dv accumulation of the backward."""
+    heads, kv_heads, t = ctx.model.num_attention_heads, ctx.model.kv_heads, ctx.par.tp
+    qk, v = attention_head_dims(ctx)
+    rows = ctx.b * ctx.s_cp * heads / t
+    o, q, kv = rows * v, rows * qk, ctx.b * ctx.s_cp * kv_heads / t * (qk + v)
+
+    def kern(name, table, elements, times):
+        per, launches = table
+        return memory_kernel(name, per * elements * times, gpu, eff, launches * times, floor)
+
+    merges = steps - 1
+    fwd = [
+        kern("cp_merge.cast", TORCH_CP_CAST_O, o, steps),
+        kern("cp_merge", TORCH_CP_MERGE_O, o, merges),
+        kern("cp_merge.lse", TORCH_CP_MERGE_R, rows, merges),
+        kern("cp_kv_cat", TORCH_CP_KV_CAT, kv, merges),
+        kern("cp_merge.out_cast", TORCH_CP_OUT_CAST, o, 1),
+    ]
+    bwd = [
+        kern("cp_grad.zeros", TORCH_CP_ZEROS, q + kv, 1),
+        kern("cp_grad.dq_add", TORCH_CP_DQ_ADD, q, steps),
+        kern("cp_grad.dkv_add", TORCH_CP_DKV_ADD, kv, steps),
+        kern("cp_kv_cat.bwd", TORCH_CP_KV_CAT, kv, merges),
+        kern("cp_grad.casts", TORCH_CP_GRAD_CASTS, q + kv, 1),
+    ]
+    return fwd, bwd
 
 
 def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:

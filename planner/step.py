@@ -71,12 +71,19 @@ from .contention import (
     window_rate,
 )
 from .context import Context
-from .kernels import async_tp_split, efficiency, fsdp_copy_kernels
+from .kernels import (
+    async_tp_gemm_s,
+    async_tp_split,
+    efficiency,
+    fsdp_copy_kernels,
+    gemm_operand_bytes,
+    sp_layout_copy_kernels,
+)
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .recompute import layer_counts
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
-from .rules.tensor import summed_dgrad_names
+from .rules.tensor import async_tp_fused_gemms, async_tp_fused_names, summed_dgrad_names
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -158,6 +165,9 @@ class StageStep:
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
     tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
+    # what torch's fused async-TP ops leave exposed beyond their own GEMMs, per micro-batch (_async_tp_fused)
+    tp_fused_fwd_s: float = 0.0
+    tp_fused_bwd_s: float = 0.0
     # compute slowed by the communication hidden behind it (planner/contention.py), per micro-batch: how much later
     # each pass ends; and what the once-per-iteration DP streams hold while they run (critical_path)
     slow_fwd_s: float = 0.0
@@ -263,6 +273,11 @@ class StreamTotals:
     unit_largest: dict[str, list[float]] = field(default_factory=dict)
     # the backward TP reduce-scatters by ledger row (what an async-TP pass may leave unfused: _async_tp_unfused)
     tp_reduces: dict[str, list[float]] = field(default_factory=dict)
+    # the TP all-gathers and reduce-scatters by "<phase>:<op>:<ledger name>": bytes and calls (DTensor's
+    # sequence-parallel layout copies follow each: _sp_layout_copies)
+    tp_moved: dict[str, list[float]] = field(default_factory=dict)
+    tp_moves: dict[str, list[float]] = field(default_factory=dict)
+    tp_seconds: dict[str, list[float]] = field(default_factory=dict)  # and their seconds (_async_tp_fused)
     # what each stream's calls hold while they run (planner/contention.py): SM-seconds (NCCL channels x seconds)
     # and HBM bytes; and, on the TP streams, seconds by collective ("tp.forward.reducescatter", ...) for a TP overlap
     # that sets its own SMs (Flavour.tp_overlap_sms)
@@ -303,7 +318,8 @@ class StreamTotals:
 # qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; the *_dgrad ones are all-gathers, layers_all_gather_overlap), an
 # SM-kernel CommOverlap, not the ring exchange's copy engine: their TP op key is "allgather.bulk"
 BULK_GATHER_SUFFIX = ".wgrad_gather"
-_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces")
+_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces", "tp_moved", "tp_moves")
+_SUMMED += ("tp_seconds",)
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
 
@@ -380,6 +396,14 @@ def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amou
         row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
         for s in c.stages:
             row_of[s] += amount
+    if stream.startswith("tp.") and c.op.value in _UNIT_OPS:
+        key = f"{c.phase}:{c.op.value}:{c.name}"
+        moved, moves = out.tp_moved.setdefault(key, [0.0] * stages), out.tp_moves.setdefault(key, [0.0] * stages)
+        took = out.tp_seconds.setdefault(key, [0.0] * stages)
+        for s in c.stages:
+            moved[s] += c.calls_per_iteration * c.message_bytes
+            moves[s] += c.calls_per_iteration
+            took[s] += amount
 
 
 def _spread_holds(out: StreamTotals, held: dict, ops: dict, stages: int) -> None:
@@ -454,8 +478,12 @@ def assign_streams(
         _fsdp_edges(ctx, totals, stages)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul:
         _async_tp_unfused(ctx, totals, stages)
+        if gpu is not None:
+            _async_tp_fused(ctx, totals, stages, gpu)
     if ctx.flavour.fsdp_unit_copies and gpu is not None:
         _fsdp_copies(ctx, totals, stages, gpu)
+    if ctx.flavour.sp_layout_copies and ctx.par.sp and gpu is not None:
+        _sp_layout_copies(ctx, totals, stages, gpu, flags)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul and ctx.par.sp and gpu is not None:
         _async_tp_split(ctx, stages, gpu)
     passes = {
@@ -517,6 +545,7 @@ def _behind_overlap(ctx: Context, st: StageStep, kind: str, phase: str, t: float
     comp = st.compute
     if kind == "tp" and flags.tp_comm_overlap:
         left = min(t, st.tp_unfused_s) if phase == "backward" else 0.0
+        left = min(t, left + (st.tp_fused_fwd_s if phase == "forward" else st.tp_fused_bwd_s))
         return left + max(0.0, t - left - pass_time.gemm_s)
     if kind == "cp.ring" and flags.cp_ring_overlap:
         window = comp.attention_fwd_s * (1 if phase == "forward" else 2)
@@ -643,6 +672,41 @@ def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep
         st.tp_unfused_s = sum(totals.tp_reduces.get(n, [0.0] * len(stages))[st.stage] for n in names) / m
 
 
+def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:
+    """The fused async-TP ops of torch hide their communication behind their own GEMM only: the op returns once every
+    shard is copied and consumed (torch/distributed/_symmetric_memory/__init__.py _pipelined_all_gather_and_consume:
+    the shard consumer runs per arriving shard, the local one first; _pipelined_produce_and_all2all: a chunk is
+    sent once computed), and the next op on the compute stream waits for it. A fused call of c seconds with a GEMM
+    of g (as split, kernels.async_tp_gemm_s, times its share: rules/tensor.py async_tp_fused_gemms) takes
+    max(c + g/tp, g): the last shard's GEMM (or the first chunk's) cannot overlap the copies; c + g/tp - g of it is
+    exposed. The communication is priced as the ledger prices the call (NCCL's); the copy engines torch uses
+    instead are not priced apart. Dense non-MLA models only (else {}: the pass-wide rule of _behind_overlap)."""
+    fused = async_tp_fused_gemms(ctx)
+    if not fused:
+        return
+    gemm = async_tp_gemm_s(ctx, gpu)
+    t, m = ctx.par.tp, ctx.micro_batches
+    for st in stages:
+        i = st.stage
+        out = {"forward": 0.0, "backward": 0.0}
+        for key, took in totals.tp_seconds.items():
+            phase, _, name = key.split(":", 2)
+            if name not in fused or not took[i]:
+                continue
+            kernel, share = fused[name]
+            g = gemm.get(kernel, 0.0) * share
+            calls = totals.tp_moves[key][i]
+            out[phase] += calls * fused_op_exposed_s(took[i] / calls, g, t) / m
+        st.tp_fused_fwd_s, st.tp_fused_bwd_s = out["forward"], out["backward"]
+
+
+def fused_op_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:
+    """What a fused all-gather-matmul or matmul-reduce-scatter of ``comm_s`` seconds of communication around
+    ``gemm_s`` seconds of GEMM (in tp pieces) leaves exposed: it takes max(comm + gemm/tp, gemm)
+    (_async_tp_fused)."""
+    return max(0.0, comm_s + gemm_s / tp - gemm_s)
+
+
 def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:
     """FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter run on the compute stream
     (kernels.fsdp_copy_kernels): their time joins the passes' memory-bound kernels, per micro-batch. A unit
@@ -666,19 +730,72 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
             st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
 
 
+def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec, flags) -> None:
+    """DTensor's re-layout of each sequence-parallel all-gather's output and reduce-scatter's input on the compute
+    stream (kernels.sp_layout_copy_kernels), per micro-batch into each stage's passes, beside the call. The
+    all-gathers copy only when a dim before the sequence dim is larger than 1 (the micro-batch: b > 1; torch's
+    _maybe_view_chunk_cat returns a view for b = 1). Under async TP the calls the micro-pipeline pass fuses
+    (rules/tensor.py async_tp_fused_names) are re-laid inside the fused op instead (_fused_relayout). Left out
+    without ``gpu``, as the FSDP2 copies are (the search's lower bounds)."""
+    async_tp = flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul
+    fused = async_tp_fused_names(ctx) if async_tp else ()
+    gemms = async_tp_fused_gemms(ctx) if async_tp else {}
+    m, eff, zeros = ctx.micro_batches, efficiency(gpu, None), [0.0] * len(stages)
+    for st in stages:
+        i = st.stage
+        extra = []
+        for phase in ("forward", "backward"):
+            sums = {"allgather": [0.0, 0.0], "reducescatter": [0.0, 0.0]}
+            for key, moved in totals.tp_moved.items():
+                when, op, name = key.split(":", 2)
+                calls = totals.tp_moves.get(key, zeros)[i] / m
+                if when != phase or (ctx.b == 1 and (op == "allgather" or name in fused)):
+                    continue
+                if name in fused:
+                    nbytes = _fused_relayout(ctx, gpu, op, moved[i] / m, calls, gemms.get(name))
+                    sums[op][0] += nbytes
+                    sums[op][1] += calls if nbytes else 0.0
+                    continue
+                sums[op][0] += moved[i] / m
+                sums[op][1] += calls
+            kernels = sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff)
+            extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
+        if extra[0].elementwise_s or extra[1].elementwise_s:
+            c = st.compute
+            st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
+
+
+def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> float:
+    """The bytes a fused async-TP op re-lays per pass when the micro-batch is more than one sequence (b > 1:
+    torch/distributed/_symmetric_memory/__init__.py moves the sequence dim to the front and flattens, a copy when
+    b > 1): _fused_all_gather_matmul_impl ``A_shard.movedim(gather_dim, 0).flatten(0, -2)``, the rank's shard (the
+    gathered message / tp); _fused_matmul_reduce_scatter_impl ``A.movedim(scatter_dim, 0).flatten(0, -2)``, the
+    matmul's whole input A (kernels.gemm_operand_bytes of its GEMM, times the share re-run). Counted in the message
+    units sp_layout_copy_kernels doubles (read and written); 0 where no GEMM is mapped (MoE, MLA)."""
+    if op == "allgather":
+        return moved / ctx.par.tp
+    if gemm is None:
+        return 0.0
+    kernel, share = gemm
+    return calls * share * gemm_operand_bytes(ctx, gpu, kernel)
+
+
 def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None:
     """Async TP in torch runs each fused GEMM as tp GEMMs of a rank's shard of rows and sums the reduce-scatter's
     partials on the compute stream (kernels.async_tp_split): per micro-batch, into each stage's passes, for every
-    layer; a fully recomputed layer re-runs its forward's share in the backward. Left out without ``gpu``, as the
-    FSDP2 copies are (the search's lower bounds)."""
+    layer; a fully recomputed layer adds the share of what its re-run runs (kernels.full_rerun). Left out without
+    ``gpu``, as the FSDP2 copies are (the search's lower bounds)."""
     eff = efficiency(gpu, None)
     for st in stages:
         fwd, bwd = PassTime(), PassTime()
         for (moe, plan), count in layer_counts(ctx, st.stage).items():
             f_gemm, f_mem, b_gemm = async_tp_split(ctx, moe, gpu, eff)
-            forward = PassTime(gemm_s=f_gemm, elementwise_s=f_mem)
-            fwd = fwd + forward.scaled(count)
-            bwd = bwd + (PassTime(gemm_s=b_gemm) + (forward if plan.kind == "full" else PassTime())).scaled(count)
+            fwd = fwd + PassTime(gemm_s=f_gemm, elementwise_s=f_mem).scaled(count)
+            redo = PassTime()
+            if plan.kind == "full":  # the re-run's share: full_rerun's GEMMs (torch's stops before fc2)
+                r_gemm, r_mem, _ = async_tp_split(ctx, moe, gpu, eff, True)
+                redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
+            bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
         c = st.compute
         st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
 

@@ -187,6 +187,14 @@ class Flavour:
     # FSDP2's per-unit copies run on the compute stream (planner/step.py fsdp_unit_copies): each all-gather's
     # copy-out into the unsharded parameters and each reduce-scatter's copy-in of the unsharded gradients
     fsdp_unit_copies: bool = False
+    # the sequence-parallel TP collectives gather and scatter on the sequence dim (DTensor Shard(1) of [b, s, h])
+    # through functional collectives that move along dim 0 only, so a copy on the compute stream reorders each
+    # (planner/step.py _sp_layout_copies, kernels.sp_layout_copy_kernels)
+    sp_layout_copies: bool = False
+    # under torch.compile a fully re-run layer re-runs only what its backward needs: a dense layer's output
+    # linear (fc2) and what follows it (its TP reduce-scatter or all-reduce, the residual add) are not re-run
+    # (kernels.full_rerun); False: the whole forward again (Megatron's CheckpointFunction)
+    recompute_stops_at_last_save: bool = False
     # tp_comm_overlap is a compiler pass that fuses a reduce-scatter only when its input is one matmul's output
     # (torch async TP, torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_matmul_reduce_scatter): the
     # column-parallel input gradient summed over separate linears (q, k, v; gate, up) stays exposed (step.py)

@@ -75,11 +75,31 @@ FLAVOUR = Flavour(
     # split_with_sizes_copy there; foreach_reduce runs foreach_reduce_scatter_copy_in (chunk_cat, which also casts
     # to the reduce dtype) before it switches to the reduce-scatter stream
     fsdp_unit_copies=True,
+    # DTensor's Shard(1) <-> Replicate redistributes (torchtitan's SequenceParallel / PrepareModuleInput /
+    # Rowwise output_layouts=Shard(1) on [b, s, h]) call funcol.all_gather_tensor(gather_dim=1) and
+    # reduce_scatter_tensor(scatter_dim=1) (torch/distributed/_functional_collectives.py, the same since 2023
+    # through pytorch 38410cf9 of the 2025-06 runs): NCCL gathers and scatters along dim 0, so the gathered output
+    # is re-laid by torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim) and the reduce-scatter input
+    # by torch.cat(torch.chunk(self, group_size, dim=scatter_dim)) (kernels.sp_layout_copy_kernels)
+    sp_layout_copies=True,
+    # torchtitan compiles each checkpointed block (parallelize_llama.py: apply_ac, then apply_compile): the
+    # checkpoint becomes a tagged region whose nodes the min-cut partitioner puts on the backward's side
+    # (torch/_functorch/partitioners.py must_recompute: MUST_RECOMPUTE and PREFER_RECOMPUTE) and extracts only
+    # those the backward needs: nothing needs fc2's output, so fc2, its reduce-scatter and the residual add are not
+    # re-run. Eager, torchtitan passes early_stop=False since 25413d224 (2025-08; recorded in
+    # tests/reference/pytorch/sac_op_tp2.json): the whole block re-runs (before it, torch's default early stop
+    # ended the re-run at the last pack, fc2's inputs: the 2024-12 and 2025-06 runs compiled, so it does not arise)
+    recompute_stops_at_last_save=True,
     # async TP (torchtitan enable_async_tensor_parallel, entered as tp_comm_overlap): Inductor's micro-pipeline
     # TP pass (torch/_inductor/fx_passes/micro_pipeline_tp.py, pytorch 00122fb1) fuses all_gather -> matmul(s) and
     # "reduce_scatter_tensor(A @ B)" only: rs_input must be an aten.mm (or its reshape) with one user. The
     # backward reduce-scatter of the q/k/v (gate/up) input gradient takes the sum of three (two) matmuls: unfused
     async_tp_single_matmul=True,
+    # ... and its fused ops move the shards with copy_ of the peers' symmetric-memory buffers (torch/distributed/
+    # _symmetric_memory/__init__.py _pipelined_multi_all_gather_and_consume copy_shard, _pipelined_produce_and_all2all:
+    # contiguous same-dtype device copies, which torch issues as cudaMemcpyAsync, i.e. the copy engines): no SMs
+    # beside the GEMMs they hide behind (planner/contention.py), only their HBM bytes
+    tp_overlap_sms=(("allgather", 0), ("reducescatter", 0)),
     overlap_p2p_schedules=frozenset(),
     overlap_bucket_elements=_overlap_bucket_elements,
     torchao_float8=True,  # torchtitan's float8 converter (torchao.float8 convert_to_float8_training)

@@ -37,7 +37,7 @@ from collectives import Op
 
 from ..compute import mtp_bf16_context
 from ..context import Context
-from ..kernels import mtp_runs_bf16, vocab_parallel_loss
+from ..kernels import mtp_runs_bf16, rerun_stops_at_last_save, vocab_parallel_loss
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, mtp_checkpointed, rerun_layers
@@ -161,9 +161,21 @@ def _layer_calls(ctx: Context, stage: int, layers: str = "all") -> list[Call]:
         out += _backward(ctx, attn, mlp)
         again = rerun_layers(ctx, stage, layers)  # the layers re-run whole re-issue their forward calls (recompute.py)
         if again.whole:
-            out += [recomputed(c) for c in _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))]
+            out += [recomputed(c) for c in _whole_reruns(ctx, stage, again)]
         out += _rerun_mlps(ctx, again) + _rerun_up_proj(ctx, again) + _rerun_per_op(ctx, again)
     return out
+
+
+def _whole_reruns(ctx: Context, stage: int, again: Reruns) -> list[Call]:
+    """The forward calls the fully re-run layers issue again: all of them, or, where the re-run stops at what the
+    backward needs (kernels.rerun_stops_at_last_save, full_rerun), all but the dense
+    layers' output linear's collective (the MLP's reduce-scatter, or all-reduce without SP, is the last call of
+    _forward): the backward needs nothing of the layer's output."""
+    calls = _forward(ctx, *_block_counts(ctx, stage, again.dense, again.moe))
+    if not (rerun_stops_at_last_save(ctx) and again.dense):
+        return calls
+    last = _forward(ctx, *_block_counts(ctx, stage, 0, again.moe))[-1]  # only the MoE layers' shared experts'
+    return [last if c.name == last.name else c for c in calls]
 
 
 def _rerun_per_op(ctx: Context, again: Reruns) -> list[Call]:
@@ -197,6 +209,83 @@ def summed_dgrad_names(ctx: Context) -> tuple[str, ...]:
         return ()
     attn = () if ctx.model.mla else tuple(f"tp.attn.{n}.dgrad" for n, _, linear in _attention_inputs(ctx) if linear)
     return attn + (("tp.mlp.up_proj.dgrad",) if ctx.model.gated_mlp else ())
+
+
+def async_tp_fused_names(ctx: Context) -> frozenset[str]:
+    """``_async_tp_fused_names`` memoised by value (_by_layout)."""
+    return _by_layout(_FUSED_NAMES, _async_tp_fused_names, ctx)
+
+
+def _async_tp_fused_names(ctx: Context) -> frozenset[str]:
+    """The TP rows (ledger names) of a transformer block that torch's async-TP pass fuses with their matmul
+    (torch/_inductor/fx_passes/micro_pipeline_tp.py: all_gather -> mm, including funcol's chunk/cat of a
+    gather_dim != 0, and reduce_scatter_tensor(A @ B)): every sequence-parallel gather and reduce-scatter of the
+    block, its forward's re-issues under recompute (the re-gathered input feeds the re-run matmul), but the summed
+    input gradients' reduce-scatters (summed_dgrad_names). The embedding and the head sit outside torchtitan's
+    compiled blocks (parallelize_llama.py apply_compile wraps each TransformerBlock): not fused."""
+    if not ctx.par.sp:
+        return frozenset()
+    forward = [c for c in _forward(ctx, 1, 1) if c.op in (Op.ALLGATHER, Op.REDUCESCATTER)]
+    names = {c.name for c in forward} | {recomputed(c).name for c in forward}
+    return frozenset(names | {c.name for c in _backward(ctx, 1, 1)}) - set(summed_dgrad_names(ctx))
+
+
+# the GEMM (a layer kernel's name, kernels.py) each fused TP row of a dense block runs with under torch's async TP:
+# the column-parallel inputs' gathers feed qkv and fc1, the row-parallel outputs' reduce-scatters take attn_out's
+# and fc2's, the grad outputs' gathers feed their data gradients; a single-matmul input gradient (a non-gated fc1)
+# reduce-scatters fc1's. A re-issued gather or reduce-scatter runs with the re-run GEMM (async_tp_fused_gemms)
+ASYNC_TP_FUSED_GEMMS = {
+    "tp.attn.qkv": "qkv",
+    "tp.mlp.up_proj": "fc1",
+    "tp.attn.out_proj": "attn_out",
+    "tp.mlp.down_proj": "fc2",
+    "tp.attn.out_proj.dgrad": "attn_out.dgrad",
+    "tp.mlp.down_proj.dgrad": "fc2.dgrad",
+    "tp.attn.qkv.dgrad": "qkv.dgrad",
+    "tp.mlp.up_proj.dgrad": "fc1.dgrad",
+}
+
+
+def async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
+    """``_async_tp_fused_gemms`` memoised by value (_by_layout)."""
+    return _by_layout(_FUSED_GEMMS, _async_tp_fused_gemms, ctx)
+
+
+def _by_layout(memo: dict, fn, ctx: Context):
+    """``fn(ctx)`` memoised on what the TP rules read of the context (the model, workload and layout; bounded:
+    cleared past 256 entries): the step asks for the async-TP rows of every plan and searched layout."""
+    key = (ctx.model, ctx.work, ctx.par)
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= 256:
+            memo.clear()
+        found = memo[key] = fn(ctx)
+    return found
+
+
+_FUSED_GEMMS: dict = {}
+_FUSED_NAMES: dict = {}
+
+
+def _async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
+    """Each fused TP row of a dense non-MLA block (async_tp_fused_names) -> (the GEMM it runs with, the share of
+    that GEMM the fused op computes): 1, but for re-issues under torchtitan's per-op SAC, which re-runs k alone of
+    q, k, v (its kv_heads x head_dim of the fused qkv's width) and w3 alone of the gated w1, w3 (half of fc1)
+    (compute.recompute_modules_forward). {} for MLA or MoE models (no mapping read)."""
+    m = ctx.model
+    if m.mla or m.moe:
+        return {}
+    fused = async_tp_fused_names(ctx)
+    out = {name: (gemm, 1.0) for name, gemm in ASYNC_TP_FUSED_GEMMS.items() if name in fused}
+    per_op = ctx.work.selective_ac_option == "op" and ctx.work.activation_recompute == "selective"
+    hd = m.head_size
+    k_share = m.kv_heads * hd / ((m.num_attention_heads + 2 * m.kv_heads) * hd)
+    shares = {"tp.attn.qkv": k_share, "tp.mlp.up_proj": 0.5 if m.gated_mlp else 1.0} if per_op else {}
+    for c in _forward(ctx, 1, 1):
+        again = recomputed(c).name
+        if again in fused and c.name in out:
+            out[again] = (out[c.name][0], shares.get(c.name, 1.0))
+    return out
 
 
 def _width(ctx: Context, per_token: int) -> int:

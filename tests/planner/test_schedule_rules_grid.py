@@ -30,7 +30,11 @@ input; torch 165,675,008 B), nothing else (checked line by line against main at 
 (NCCL's p2p CTAs held beside the compute) moved 39 step lines, nothing else (checked line by line against main at
 57f7644): the 15 Megatron interleaved plans under overlap_p2p +0.03% to +0.07% (a send and a recv kernel beside
 each pass), the 24 Megatron dualpipe / dualpipev plans +0.46% to +0.51% (their EP all-to-alls hidden by the F&B
-overlap hold 32 CTAs).
+overlap hold 32 CTAs). titan8's DTensor
+sequence-dim copies (torch's TP reduce-scatter inputs re-laid by torch.cat on the compute stream; at b 1 the
+gathers are views) and torch's unpadded head (Mixtral's 32,000 / 4 = 8,000 columns a rank, not 8,064) moved the
+128 torch-flavour step lines' float times only, step +0% to +0.54%, nothing else (checked line by line against
+main at 57f7644 and again at c4def91).
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
@@ -43,7 +47,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "2fad910b0c5d2ebd74e5be8175391df063444b4c0089a9bb5a68aa121d80e614"
+RECORDED = "7c7734ec294c33d03dc26fe8653cd323532cfcfa25e7f88db84863cda5967f50"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},

@@ -70,23 +70,27 @@ KNOWN_MISSES = {
     # (torchao Float8ColwiseParallel / PrepareFloat8ModuleInput), the reduce-scatters and the grad outputs' gathers
     # are bf16 (were 1 B), on main eab465a: 70B 2D -4.6% -> +4.3%, AsyncTP -7.9% -> -5.2%, 2025-06 70B TP -7.1% ->
     # +1.6%, AsyncTP -1.3% -> +1.7%, 8B TP -22.5% -> -14.3%, AsyncTP -24.7% -> -21.3%; DeepSeek-V3 (pp 16 p2p in
-    # bf16) -21.6% -> -20.5%
-    "torchtitan Llama3.1-8B FSDP, 8 H100": -0.045,
-    "torchtitan Llama3.1-8B FSDP + torch.compile, 8 H100": -0.080,
-    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 8 H100": 0.002,
-    "torchtitan Llama3.1-8B FSDP, 128 H100": -0.085,
-    "torchtitan Llama3.1-8B FSDP + torch.compile, 128 H100": -0.116,
-    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 128 H100": -0.036,
-    "torchtitan Llama3.1-70B 2D (compile, Float8), 256 H100": 0.043,
-    "torchtitan Llama3.1-70B 2D + AsyncTP (compile, Float8), 256 H100": -0.052,
-    "torchtitan Llama3.1-70B bf16 TP (2025-06), 256 H100": -0.104,
-    "torchtitan Llama3.1-70B bf16 AsyncTP (2025-06), 256 H100": -0.179,
-    "torchtitan Llama3.1-70B Float8 tensorwise TP (2025-06), 256 H100": 0.016,
-    "torchtitan Llama3.1-70B Float8 tensorwise AsyncTP (2025-06), 256 H100": 0.017,
-    "torchtitan Llama3.1-8B bf16 TP (2025-06), 64 H100": -0.170,
-    "torchtitan Llama3.1-8B bf16 AsyncTP (2025-06), 64 H100": -0.285,
-    "torchtitan Llama3.1-8B Float8 tensorwise TP (2025-06), 64 H100": -0.143,
-    "torchtitan Llama3.1-8B Float8 tensorwise AsyncTP (2025-06), 64 H100": -0.213,
+    # bf16) -21.6% -> -20.5%; titan8 (docs/step-time.md "Torch TP (titan8)"): DTensor's sequence-dim copies, the
+    # compiled full AC's tail left out, per-op SAC's o not re-run under compile, async TP's fused ops hidden behind
+    # their own GEMMs and re-laying their operands: 8B bf16 TP -16.9% -> -8.8%, AsyncTP -26.5% -> -18.6%, float8 TP
+    # -14.2% -> -6.4%, AsyncTP -21.2% -> -10.9%, 70B bf16 TP -10.3% -> -9.0%, AsyncTP -16.6% -> -17.0%, float8 TP
+    # +1.6% -> +3.7%, AsyncTP +1.7% -> +4.2%, 70B 2D +4.3% -> +6.5%, 2D + AsyncTP -5.1% -> -2.8%
+    "torchtitan Llama3.1-8B FSDP, 8 H100": -0.033,
+    "torchtitan Llama3.1-8B FSDP + torch.compile, 8 H100": -0.082,
+    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 8 H100": 0.008,
+    "torchtitan Llama3.1-8B FSDP, 128 H100": -0.072,
+    "torchtitan Llama3.1-8B FSDP + torch.compile, 128 H100": -0.118,
+    "torchtitan Llama3.1-8B FSDP + torch.compile + Float8, 128 H100": -0.029,
+    "torchtitan Llama3.1-70B 2D (compile, Float8), 256 H100": 0.065,
+    "torchtitan Llama3.1-70B 2D + AsyncTP (compile, Float8), 256 H100": -0.028,
+    "torchtitan Llama3.1-70B bf16 TP (2025-06), 256 H100": -0.090,
+    "torchtitan Llama3.1-70B bf16 AsyncTP (2025-06), 256 H100": -0.170,
+    "torchtitan Llama3.1-70B Float8 tensorwise TP (2025-06), 256 H100": 0.037,
+    "torchtitan Llama3.1-70B Float8 tensorwise AsyncTP (2025-06), 256 H100": 0.042,
+    "torchtitan Llama3.1-8B bf16 TP (2025-06), 64 H100": -0.088,
+    "torchtitan Llama3.1-8B bf16 AsyncTP (2025-06), 64 H100": -0.186,
+    "torchtitan Llama3.1-8B Float8 tensorwise TP (2025-06), 64 H100": -0.064,
+    "torchtitan Llama3.1-8B Float8 tensorwise AsyncTP (2025-06), 64 H100": -0.109,
 }
 
 
@@ -109,10 +113,10 @@ def test_runs_within_ten_percent_at_the_median_and_h100_unbiased():
     # 10.1% over the 71 runs since the 16 torchtitan rows came (8.9% over the 55 before them; 10.3% at e9f5c0a),
     # 8.5% with titan7's RMSNorm op chain, loss parallelism, optimizer and async-TP split: their torch-native bias
     # (-12.2% signed, -8.7% after titan7, -7.3% after overlap7 and dtype7's bf16 reduce-scatters under float8 TP,
-    # -7.1% with the final norm priced: mend7) is reported, not hidden
+    # -7.1% with the final norm priced: mend7; -6.8% after titan8's torch TP mechanisms) is reported, not hidden
     assert len(rows) >= 40 and median(abs(e) for e in rows.values()) <= 0.10
     torch = [e for name, e in rows.items() if CASES[name]["parallel"].get("framework") == "torch"]
-    assert len(torch) == 16 and median(torch) == pytest.approx(-0.071, abs=0.01)
+    assert len(torch) == 16 and median(torch) == pytest.approx(-0.068, abs=0.01)
     h100 = [e for name, e in rows.items() if CASES[name]["cluster"] == "dgx-h100" and "gpu" not in CASES[name]]
     assert len(h100) >= 19 and median(abs(e) for e in h100) <= 0.08 and abs(median(h100)) <= 0.05
 

@@ -111,12 +111,12 @@ def test_loss_parallel_ledger():
 
 
 def test_loss_parallel_kernels_by_hand():
-    """The eager vocab-parallel loss over the rank's 8,192 x 16,128 logits (the head's vocabulary padded to 128·t,
-    129,024, as ModelSpec.padded_vocab pads it for every flavour): 38 B a logit in 6 kernels forward, 38 B
+    """The eager vocab-parallel loss over the rank's 8,192 x 16,032 logits (torch's head keeps the checkpoint's
+    128,256 unpadded, split 8 ways by DTensor: kernels.vocab_shard, titan8): 38 B a logit in 6 kernels forward, 38 B
     in 5 backward; torch.compile fuses it unless cross_entropy_fusion says the loss stayed eager (torchtitan
     9dec370); at tp 1 (no sharding) torch's own F.cross_entropy stays one kernel."""
     assert LOSS_PARALLEL_CROSS_ENTROPY == ((38, 6), (38, 5))
-    logits = 8192 * (129024 // 8)
+    logits = 8192 * (128256 // 8)
     ctx = _ctx(tp=8, loss_parallel=True)
     _, ce = head_kernels(ctx, H100)
     assert (ce.bytes, ce.count) == (38 * logits, 6)
@@ -166,12 +166,12 @@ def test_torch_optimizer_step_by_hand():
 def test_gathered_logits_loss_runs_over_the_whole_vocabulary():
     """Without loss parallelism DTensor all-gathers the logits (ColwiseParallel output_layouts Replicate()) and
     every rank runs F.cross_entropy over all 128,256 columns: 18 B a logit over 8,192 x 128,256, forward; the
-    backward (twice the forward's kernel time) over the same; loss parallelism keeps the rank's 16,128."""
+    backward (twice the forward's kernel time) over the same; loss parallelism keeps the rank's 16,032."""
     from planner.compute import head_backward, head_kernels
     from planner.kernels import loss_vocab
 
     gathered, sharded = _ctx(tp=8), _ctx(tp=8, loss_parallel=True)
-    assert loss_vocab(gathered) == 128256 and loss_vocab(sharded) == 129024 // 8
+    assert loss_vocab(gathered) == 128256 and loss_vocab(sharded) == 128256 // 8
     ce = head_kernels(gathered, H100)[1]
     assert (ce.bytes, ce.count) == (18 * 8192 * 128256, 1)
     assert loss_vocab(_ctx()) == 128256  # tp 1: the whole (128-padded) vocabulary either way
@@ -183,12 +183,12 @@ def test_gathered_logits_loss_runs_over_the_whole_vocabulary():
 
 def test_gathered_logits_are_held_over_the_whole_vocabulary():
     """memory.py's logits read the loss's vocabulary (kernels.loss_vocab), as the head's kernels do: the gathered
-    loss keeps 4 B x 8,192 tokens x 128,256 columns on every rank, loss parallelism 4 x 8,192 x 16,128."""
+    loss keeps 4 B x 8,192 tokens x 128,256 columns on every rank, loss parallelism 4 x 8,192 x 16,032."""
     from planner.memory import chunk_activation_key, chunk_activations
 
     gathered, sharded = _ctx(tp=8), _ctx(tp=8, loss_parallel=True)
     held = {c: chunk_activations(c, 0).logits for c in (gathered, sharded)}
-    assert held[gathered] - held[sharded] == 4 * 8192 * (128256 - 129024 // 8) == 3_674_210_304
+    assert held[gathered] - held[sharded] == 4 * 8192 * (128256 - 128256 // 8) == 3_677_356_032
     # the memo key reads the flavour's loss trait (its traits, not its name)
     from planner import flavours
     from planner.flavours.torch import FLAVOUR as TORCH
