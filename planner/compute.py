@@ -24,6 +24,7 @@ from .context import Context
 from .kernels import (
     EFFICIENCY,
     FLASH_BWD,
+    MLA_UP_PROJ_KERNELS,
     Efficiency,
     Kernel,
     LayerKernels,
@@ -224,6 +225,8 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
                 "layernorm.recompute", 2 * 2 * tokens * mdl.hidden_size * x / (t if ctx.par.sp else 1), gpu, eff, 2
             )
         )
+    if "mla_up_proj" in modules and mdl.mla:  # the checkpointed qkv_up_proj_and_rope_apply's memory-bound kernels
+        kernels.extend(k for k in lk.forward if k.name in MLA_UP_PROJ_KERNELS)
     if "moe_act" in modules and moe and mdl.moe:  # SwiGLU over the expert rows: read gate and up, write one
         m = mdl.moe
         act = 3 if mdl.gated_mlp else 2

@@ -516,6 +516,26 @@ LOSS_PARALLEL_CROSS_ENTROPY = ((38, 6), (38, 5))
 # to bf16 (read 4, write 2) = 14 B in 2 kernels (the target's one-hot update touches a logit per token).
 UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
 
+# MLA's RoPE under Megatron-Core's rope fusion (MLA_ROPE_KERNELS; apply_rope_fusion, which the Megatron-Bridge 25.11
+# performance scripts set: scripts/performance/utils/overrides.py _set_common_perf_overrides l. 55 at 5776a6d90b).
+# Megatron-LM 92c8482e6d (Megatron-Bridge 5776a6d90b's submodule) multi_latent_attention.py
+# qkv_up_proj_and_rope_apply (l. 681-806) calls fused_apply_mla_rope_for_q and fused_apply_mla_rope_for_kv
+# (megatron/core/fusions/fused_mla_yarn_rope_apply.py) instead of the torch split / rotary / cat path:
+# - rotary_fwd_q_kernel rotates the rope slice (qk_rope_head_dim) of each head of q in place: read and write n x rope;
+#   its backward does the same on dq;
+# - rotary_fwd_kv_kernel reads the kv up-projection's output (n x (qk_nope + v)) and the shared k_pe (rope, once per
+#   token) and writes a new key (n x (qk_nope + rope), k_pe rotated and broadcast to every head) and value (n x v):
+#   the split and the concatenation the unfused path runs as torch.cat / .contiguous(); its backward reads dk and dv,
+#   writes d_kv (n x (qk_nope + v)) and, in the head-block-0 program, re-reads dk's rope slices of every head and
+#   writes d_k_pe (rope). The cos / sin tables (s x rope, fp32) are read per token and left out (<= 0.5% of these
+#   bytes at 128 heads). DeepSeek-V3 at tp 1 (n 128, nope 128, rope 64, v 128, bf16): 180,352 B a token forward,
+#   196,736 B backward; the generic rotary charge (q and k_pe read and written, 4 B) was 33,024 and 66,048.
+MLA_ROPE_KERNELS = 2
+# The memory-bound kernels inside the checkpoint of ``--recompute-modules mla_up_proj`` (multi_latent_attention.py
+# at 92c8482e6d l. 808-812: CheckpointWithoutOutput over qkv_up_proj_and_rope_apply, which runs q_layernorm and
+# kv_layernorm (TE fuses each into its up-projection's LayerNormColumnParallelLinear: the norm kernel still runs),
+# the two up-projections and the RoPE): the backward re-runs them beside the up-projections' GEMMs.
+MLA_UP_PROJ_KERNELS = ("q_norm", "kv_norm", "mla_rope", "rotary")
 # Ops a fusing framework still runs unfused (Flavour traits; gptoss), bytes per element of bf16 tensors and kernels,
 # (forward, backward):
 # - RoPE as torch ops (Flavour.unfused_rope_scalings; Megatron-LM rope_utils._apply_rotary_pos_emb_bshd at 92c8482,
@@ -1447,8 +1467,11 @@ def _attention_projections(k: _Layer, T: float) -> int:
         k.gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
         k.norm("kv_norm", T * a.kv_lora_rank)
         k.gemm("kv_up", T, heads * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)
-        rope = T * heads / t * a.qk_rope_head_dim + T * a.qk_rope_head_dim
-        k.mem("rotary", fu.rotary[0] * rope, 2 * fu.rotary[1])
+        if k.ctx.training and fusion(k.ctx) is FUSED:
+            _mla_rope_fused(k, T)
+        else:
+            rope = T * heads / t * a.qk_rope_head_dim + T * a.qk_rope_head_dim
+            k.mem("rotary", fu.rotary[0] * rope, 2 * fu.rotary[1])
         k.gemm("attn_out", T, h, heads * a.v_head_dim / t)
         return len(k.fwd) - 1
     q = mdl.num_attention_heads * mdl.head_size / t
@@ -1468,6 +1491,27 @@ def _attention_projections(k: _Layer, T: float) -> int:
     core_index = len(k.fwd)
     k.gemm("attn_out", T, h, q)
     return core_index
+
+
+def mla_rope_bytes(mla, heads: float, x: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Bytes per token of Megatron-Core's fused MLA RoPE kernels (MLA_ROPE_KERNELS), ((q, kv) forward, (q, kv)
+    backward), for ``heads`` heads on the rank and ``x``-byte activations (one home: the layer's kernels, tests)."""
+    n, nope, rope, v = heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+    q_fwd = 2 * n * rope * x  # in place: read and write the rope slice of each head
+    kv_fwd = (n * (nope + v) + rope + n * (nope + rope) + n * v) * x  # read kv and k_pe; write key and value
+    q_bwd = 2 * n * rope * x  # in place on dq's rope slice
+    kv_bwd = (n * (nope + rope) + n * v + n * (nope + v) + n * rope + rope) * x  # dk, dv -> dkv; dk_pe's sum
+    return (q_fwd, kv_fwd), (q_bwd, kv_bwd)
+
+
+def _mla_rope_fused(k: _Layer, T: float) -> None:
+    """MLA's RoPE, split and key/value assembly as Megatron-Core's two fused Triton kernels each way
+    (MLA_ROPE_KERNELS): the mla_rope forward kernels sit after the up-projections, as the checkpoint of
+    ``mla_up_proj`` re-runs them (compute.recompute_modules_forward)."""
+    mla, heads = k.ctx.model.mla, k.ctx.model.num_attention_heads / k.ctx.par.tp
+    (q_f, kv_f), (q_b, kv_b) = mla_rope_bytes(mla, heads, max(k.ctx.x, 2))
+    k.fwd.append(memory_kernel("mla_rope", T * (q_f + kv_f), k.gpu, k.eff, MLA_ROPE_KERNELS, k.floor))
+    k.bwd.append(memory_kernel("mla_rope.bwd", T * (q_b + kv_b), k.gpu, k.eff, MLA_ROPE_KERNELS, k.floor))
 
 
 def norm_ops(ctx: Context) -> bool:
