@@ -618,10 +618,16 @@ def cuda_graphs(ctx: Context) -> bool:
 
 
 def attention_kernel(ctx: Context, gpu: GPUSpec) -> str:
+    """The core-attention kernel that runs: the one asked for, or for "flash" the flavour's for the GPU generation
+    (flash_attention_by_sm); a model with learned sinks takes the first of the flavour's sink_attention_kernels
+    where that one runs no sinks (Megatron + TE 2.9: cuDNN, not FlashAttention-2, on sm80)."""
     name = ctx.work.attention_kernel
     if name != "flash":
         return name
-    return dict(ctx.par.flavour.flash_attention_by_sm).get(generation(gpu), "flash2")
+    fl = ctx.par.flavour
+    name = dict(fl.flash_attention_by_sm).get(generation(gpu), "flash2")
+    sinks = fl.sink_attention_kernels if ctx.model.attention_sinks else ()
+    return sinks[0] if sinks and name not in sinks else name
 
 
 def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
@@ -631,6 +637,14 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
         raise SpecError(
             "workload.attention_kernel",
             f"flash3 (FlashAttention-3) runs on Hopper (sm90) only; {gpu.name} is sm{gpu.sm}: use flash2 or cudnn",
+        )
+    sinks = ctx.flavour.sink_attention_kernels
+    if ctx.model.attention_sinks and sinks and attention_kernel(ctx, gpu) not in sinks:
+        raise SpecError(
+            "workload.attention_kernel",
+            f"{ctx.work.attention_kernel} runs no learned attention sinks (model.attention_sinks) under "
+            f"{ctx.flavour.name}: TransformerEngine 2.9 get_attention_backend disables FlashAttention for softmax_type "
+            f"'learnable'; use one of {', '.join(('flash', *sinks))}",
         )
     if ctx.training and ctx.work.fused_grouped_mlp:
         check_fused_grouped_mlp(ctx)
@@ -1142,6 +1156,7 @@ def kernel_traits(flavour) -> tuple:
     return (
         flavour.fused_kernels,
         flavour.flash_attention_by_sm,
+        flavour.sink_attention_kernels,
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
@@ -2113,7 +2128,11 @@ def attention_kernels(
         return (memory_kernel("decode_attention", nbytes, gpu, eff, 1, floor),), ()
     kernel = attention_kernel(ctx, gpu)
     if kernel == "unfused":
-        return unfused_attention(ctx, gpu, eff)
+        fwd, bwd = unfused_attention(ctx, gpu, eff)
+        if ctx.model.attention_sinks:
+            sink_f, sink_b = unfused_sink_kernels(ctx, gpu, eff)
+            fwd, bwd = (*fwd, *sink_f), (*bwd, *sink_b)
+        return fwd, bwd
     flops = attention_flops(ctx)
     heads = ctx.model.num_attention_heads / ctx.par.tp
     qk, v = attention_head_dims(ctx)
@@ -2285,6 +2304,32 @@ def dropout_rng_s(elements: float, gpu: GPUSpec) -> float:
     if not clock or not gpu.sms:
         return 0.0
     return elements * DROPOUT_RNG_SM_CYCLES / (gpu.sms * clock * 1e6)
+
+
+# Learned attention sinks in unfused attention, as TransformerEngine v2.9's UnfusedDotProductAttention runs them
+# (Megatron-Core's attention_backend "unfused"; dot_product_attention/backends.py l. 467-478 and 491-492): the sink
+# logit is concatenated to the scores as one more key column, torch.cat([scores, sink.expand(b, np, sq, 1)], -1) in
+# the scores' dtype (read a score, write it: 2 x its bytes, one kernel), the softmax runs over s_k + 1 columns and
+# probs[..., :-1] drops the column (a view). Backward: the slice's SliceBackward writes a zeroed [.., s_k + 1]
+# gradient and copies the incoming one into it (write, read and write: 3 x the score's bytes, two kernels); the cat's
+# backward narrows (views) and the sink's own gradient sums the last column over (b, sq) (one reduction kernel,
+# b·np·sq scores read). Not charged: TE then runs the softmax under an "arbitrary" mask (the padded mask) instead of
+# the causal kernel. Megatron-Core's local path (SoftmaxOne, fusions/fused_softmax.py at 92c8482e6d) does the same
+# on fp32 scores. Fused kernels carry the sink inside (cuDNN: no kernel, no byte).
+UNFUSED_SINK_PASSES = (2, 3)  # score-sized passes (forward cat, backward zeros + copy)
+UNFUSED_SINK_KERNELS = (1, 3)  # forward cat; backward zeros, copy, the sink gradient's sum
+
+
+def unfused_sink_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The sink column's kernels of unfused attention (UNFUSED_SINK_PASSES) on one rank: one layer, one micro-batch,
+    the b·(a/t) x s_q x s_k scores of ``unfused_attention`` in the activation dtype."""
+    bh = ctx.b * ctx.model.num_attention_heads / ctx.par.tp
+    scores, rows = bh * ctx.s_cp * ctx.s, bh * ctx.s_cp
+    x = 2 if ctx.x <= 2 else 4
+    fwd = memory_kernel("softmax_sink", UNFUSED_SINK_PASSES[0] * x * scores, gpu, eff, UNFUSED_SINK_KERNELS[0])
+    nbytes = UNFUSED_SINK_PASSES[1] * x * scores + x * rows
+    bwd = memory_kernel("softmax_sink.bwd", nbytes, gpu, eff, UNFUSED_SINK_KERNELS[1])
+    return (fwd,), (bwd,)
 
 
 def unfused_softmax_bytes(

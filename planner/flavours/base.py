@@ -119,6 +119,10 @@ class Flavour:
     local_linear_biases: bool = False
     # what "flash" attention means per GPU generation (compute capability // 10 x 10); missing: FlashAttention-2
     flash_attention_by_sm: tuple[tuple[int, str], ...] = ()
+    # the core-attention kernels that run a learned softmax offset (attention sinks, ModelSpec.attention_sinks) at
+    # the framework's pin, first the one "flash" resolves to when flash_attention_by_sm's kernel has none; a model
+    # with sinks asking for another kernel is a SpecError (kernels.check_kernel_options). () : not read, no rule
+    sink_attention_kernels: tuple[str, ...] = ()
     # weight gradients accumulate inside their GEMM (Megatron --gradient-accumulation-fusion, on by default since
     # Megatron-LM 2022 / Megatron-Core: the wgrad GEMM adds into main_grad); False: a separate add per weight per
     # micro-batch (workload.grad_accumulation_fusion overrides)

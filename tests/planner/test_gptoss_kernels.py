@@ -249,3 +249,62 @@ def test_the_fused_grouped_mlp_clamps_and_adds_the_bias_inside():
     fused = by_name(layer_kernels(ctx(**mx, fused_grouped_mlp=True), True, b200).forward)
     assert {"expert_act_clamp", "expert_bias", "attn_bias_add"} <= set(per_expert)
     assert not {"expert_act_clamp", "expert_bias"} & set(fused) and "attn_bias_add" in fused
+
+
+# ---- which attention backend runs the sinks (TE 2.9 get_attention_backend) ----------------------------------
+
+A100 = GPUS["a100-sxm4-80gb"]
+B200 = GPUS["b200-180gb"]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "sinks", "expected"),
+    [(A100, True, "cudnn"), (A100, False, "flash2"), (H100, True, "cudnn"), (B200, True, "cudnn")],
+)
+def test_flash_runs_cudnn_for_learned_sinks_under_megatron(gpu, sinks, expected):
+    """TE 2.9 drops FlashAttention for softmax_type 'learnable' and cuDNN >= 9.13.1 runs it fused on sm80 and later:
+    "flash" is cuDNN for GPT-OSS on the A100 as well (FlashAttention-2 without sinks); the H100 and B200 already
+    prefer cuDNN. Priced as such: the A100 layer's attention is cudnn_fwd, at cuDNN's sm80 ceiling."""
+    from planner.kernels import attention_kernel
+
+    c = ctx(replace(OSS, attention_sinks=sinks))
+    assert attention_kernel(c, gpu) == expected
+    names = {k.name for k in layer_kernels(c, True, gpu).forward}
+    assert f"{expected}_fwd" in names
+
+
+def test_torch_has_no_sink_rule():
+    """The rule is the Megatron flavour's data (sink_attention_kernels); torch and DeepSpeed were not read for it."""
+    from planner.flavours import flavour
+    from planner.kernels import attention_kernel
+
+    assert flavour("megatron").sink_attention_kernels == ("cudnn", "unfused")
+    assert flavour("torch").sink_attention_kernels == flavour("deepspeed").sink_attention_kernels == ()
+    assert attention_kernel(ctx(framework="torch"), A100) == "flash2"
+
+
+@pytest.mark.parametrize(("kernel", "gpu"), [("flash2", A100), ("flash2", H100), ("flash3", H100)])
+def test_flash_attention_with_sinks_is_a_spec_error(kernel, gpu):
+    from planner.kernels import check_kernel_options
+
+    with pytest.raises(SpecError) as e:
+        check_kernel_options(ctx(attention_kernel=kernel), gpu)
+    assert e.value.field == "workload.attention_kernel"
+    assert "learnable" in str(e.value) and "flash, cudnn, unfused" in str(e.value)
+    check_kernel_options(ctx(replace(OSS, attention_sinks=False), attention_kernel=kernel), gpu)  # no sinks: fine
+
+
+def test_unfused_attention_adds_the_sink_column_by_hand():
+    """Unfused attention with sinks (TE 2.9 UnfusedDotProductAttention: torch.cat of the sink column, the slice's
+    backward): b·(a/t) = 4 x 64 = 256 score matrices of 4,096 x 4,096 bf16 scores, 4.29e9 scores a layer. Forward the
+    cat reads and writes each score: 2 x 2 B = 4 B, 17.18 GB in 1 kernel; backward zeros, copy (3 x 2 B) and the sink
+    gradient's read of 256 x 4,096 rows: 25.77 GB + 2.1 MB in 3 kernels. Without sinks neither kernel is there."""
+    c = ctx(attention_kernel="unfused")
+    scores = 4 * 64 * 4096 * 4096
+    lk = layer_kernels(c, True, H100)
+    fwd, bwd = by_name(lk.forward)["softmax_sink"], by_name(lk.backward)["softmax_sink.bwd"]
+    assert (fwd.bytes, fwd.count) == (4 * scores, 1)
+    assert (bwd.bytes, bwd.count) == (6 * scores + 2 * 4 * 64 * 4096, 3)
+    assert fwd.time_s == pytest.approx(memory_kernel("x", 4 * scores, H100, EFFICIENCY, 1).time_s)
+    plain = layer_kernels(ctx(replace(OSS, attention_sinks=False), attention_kernel="unfused"), True, H100)
+    assert "softmax_sink" not in by_name(plain.forward) and "softmax_sink.bwd" not in by_name(plain.backward)
