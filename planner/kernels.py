@@ -2226,19 +2226,39 @@ def torch_cp_merge_kernels(
     return fwd, bwd
 
 
+# A windowed layer's fused kernel walks whole key tiles: a block of FLASH_TILE query rows spans its window and the
+# block itself, w + FLASH_TILE keys, of which each query attends about w (FlashAttention-2's query blocks are 128 rows;
+# its hdim-64 forward tile is 128 x 128: Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h
+# run_mha_fwd_hdim64, Flash_fwd_kernel_traits<64, 128, 128, 4>; cuDNN's tiles are not published: the H200 check).
+# Checked on this project's H200 (cuDNN 9.19 through XLA, b 4 x 64 heads x d 64, GQA 8, causal, window (128, 0);
+# tests/reference/kernels/h200/swa_cudnn.json): a windowed layer takes 0.29 / 0.33 (forward / backward) of a full
+# layer's time at 4k, 0.17 / 0.19 at 8k, 0.79 / 0.76 at 1k; this rule gives 0.30, 0.17, 0.74 (before it: 0.45, 0.25,
+# 1.05: the window charged the whole per-block overhead s0 on 128 keys, against s0/2 on a causal layer's).
+FLASH_TILE = 128
+
+
 def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
     """The keys per query block whose shape term s/(s + s0) times a layer mix's mean FLOPs (attended_keys) gives the
-    mix's time, where each layer runs at its own term: a windowed layer over min(s_kv, window) keys, a full layer
-    (``full_attention_interval``) over s_kv. GPT-OSS alternates a 128-token window with full attention: at 4k tokens
-    its full layers run at 0.8 of the ceiling and its windowed ones at 0.11, not all of them at 0.11 (the one
-    window applied to every layer's term, as before, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
+    mix's time, where each layer runs at its own cost per query block, in keys at the ceiling: a full (causal) layer
+    its mean keys x (s_kv + s0) / s_kv, i.e. its keys plus the per-block overhead s0/2 (mean s_kv/2); a windowed layer
+    (window w < s_kv) its mean keys + FLASH_TILE (the band's tiles) + the same s0/2, at most the full layer's cost;
+    queries against a cache (kv_length != s) a windowed layer at its window's term, mean x (w + s0) / w.
+    GPT-OSS alternates a 128-token window with full attention (``full_attention_interval``): at 4k tokens its
+    windowed layers take 0.30 of a full layer's time (the one window applied to every layer's term, as before
+    round five, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
     mdl = ctx.model
+    causal = kv_length(ctx) == ctx.s  # a pass over the sequence itself (not a query against a cache)
+    full = cp_rank_causal_keys(ctx) * (s_kv + s0) / s_kv if causal else 0.0  # a windowed layer's cap
     keys = weighted = 0.0
     for i, mean in enumerate(layer_keys(ctx)):  # each layer weighed by its keys, as attended_keys weighs it
         window = mdl.attention_window(i)
-        s_i = s_kv if window is None else min(s_kv, window)
         keys += mean
-        weighted += mean * (s_i + s0) / s_i
+        if window is None or window >= s_kv:
+            weighted += mean * (s_kv + s0) / s_kv
+        elif causal:
+            weighted += min(mean + FLASH_TILE + s0 / 2, full)
+        else:  # queries against a cache: each at its window's own term (no tile measurement here)
+            weighted += mean * (window + s0) / window
     shape = keys / weighted
     return s0 * shape / (1 - shape)
 
