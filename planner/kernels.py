@@ -559,6 +559,23 @@ MLA_UP_PROJ_KERNELS = ("q_norm", "kv_norm", "mla_rope", "rotary")
 UNFUSED_ROPE = ((24, 6), (34, 9))
 ROPE_FREQS = (44, 6)
 GLU_CLAMP = ((16, 3), (30, 9))
+# Of GLU_CLAMP's bytes, those its kernels move through a strided half of fc1's output (forward the two clamps' 8 B;
+# backward the three compares' 9 B and the two where's 10 B): TensorIterator vectorizes only contiguous operands
+# (PyTorch aten/src/ATen/native/cuda/CUDALoops.cuh gpu_kernel_impl_nocast: launch_vectorized_kernel when
+# iter.is_contiguous(), else elementwise_kernel<128, 4> through an offset calculator), so these run below a copy's
+# rate: STRIDED_ELEMENTWISE of it. Measured on this project's H200 at GPT-OSS's shape (65,536 rows x 2 x 2,880 bf16,
+# tests/reference/kernels/h200/glu_act.json, the kernels by name under torch.profiler): the seven strided kernels of
+# one clamp forward and backward moved 5.10 GB in 3.46 ms, 1.47 TB/s against the same run's copy at 4.07 TB/s:
+# 0.36 (clamp 0.36, compare 0.30, where 0.45); the contiguous cat (3.84 TB/s) and logical_and (4.0) ran at a copy's.
+GLU_CLAMP_STRIDED = (8, 19)
+STRIDED_ELEMENTWISE = 0.36
+# Megatron's weighted GLU backward (fusions/fused_bias_swiglu.py weighted_swiglu_back l. 90-97, fused_bias_geglu.py
+# weighted_quick_geglu_back, at 92c8482e6d; Flavour.weighted_act_grad): the input gradient's kernel (read the
+# gradient and fc1's output, write its gradient: 10 B per element of the R x f output) and the probs' gradient,
+# torch.sum(act(y) * g, dim=-1), a reduction Inductor emits as its own kernel (read fc1's output and the gradient
+# again: 6 B; the H200 run above: triton_poi_fused_..._cat_... and triton_red_fused_..._sum_1): 16 B in 2 kernels,
+# against the plain fused backward's 12 B in 1: + WEIGHTED_ACT_GRAD (bytes, kernels).
+WEIGHTED_ACT_GRAD = (4, 1)
 UNFUSED_BIAS_ADD = ((4, 1), (2, 1))
 # Megatron's flex dispatchers carry the router probs in fp32 (token_dispatcher.py at 92c8482: "HybridEP only supports
 # float32 probs", "DeepEP only supports float32 probs", upcast); the alltoall and allgather ones in the router's dtype,
@@ -1164,6 +1181,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.fp8_expert_padding,
         flavour.unfused_rope_scalings,
         flavour.eager_glu_clamp,
+        flavour.weighted_act_grad,
         flavour.expert_bias_loop,
         flavour.dispatch_preprocess_launches,
         flavour.local_linear_biases,
@@ -1647,6 +1665,7 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         # the fused grouped MLP (TE's op fuser) clamps inside its activation and scales fc2's bias by the probs in
         # its GEMM (Megatron-LM d98e8a6 experts.py _make_fused_ops: ScaledClampedQGeGLU, scale_bias)
         glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
+        weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -1894,6 +1913,7 @@ def routed_expert_kernels(
     fused_activation: bool = False,
     glu_clamp: bool = False,
     expert_bias: tuple[float, int, float, int] = (),
+    weighted_act: bool = False,
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
@@ -1909,7 +1929,9 @@ def routed_expert_kernels(
     (Flavour.fp8_expert_padding: FP8_EXPERT_PADDING's copies). ``fused_activation``: the activation runs in fc1's
     epilogue and its gradient in the backward grouped kernel (FUSED_GROUPED_MLP): no kernel of its own.
     ``glu_clamp``: the GLU clamp's own kernels before the activation (GLU_CLAMP, per element of the R x f output);
-    ``expert_bias``: the fc2 bias added per expert after the second GEMM (expert_bias_loop); (): none."""
+    ``expert_bias``: the fc2 bias added per expert after the second GEMM (expert_bias_loop); (): none.
+    ``weighted_act``: the activation multiplies by the probs and its backward sums their gradient in a kernel of its
+    own (WEIGHTED_ACT_GRAD)."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -1938,9 +1960,14 @@ def routed_expert_kernels(
         # the backward reads bb·R·h: 0 on a rank with no rows (and then maybe no tokens: no 0/0)
         memory["combine_scores"] = (forward, fn + 1, bb * R * h / forward if R else 0.0)
         score_counts["combine_scores"] = (fn + 1, bn)
+    if weighted_act and "expert_activation" in memory:
+        wb, wn = WEIGHTED_ACT_GRAD
+        memory["expert_activation"] = (act_b * R * f, act_n, (BACKWARD_BYTES * act_b + wb) / act_b)
+        score_counts["expert_activation"] = (act_n, act_n + wn)
     (clamp_f, clamp_n), (clamp_b, clamp_bn) = GLU_CLAMP
     memory["expert_act_clamp"] = (clamp_f * R * f, clamp_n, clamp_b / clamp_f)
     score_counts["expert_act_clamp"] = (clamp_n, clamp_bn)
+    strided = {"expert_act_clamp": tuple(b * R * f for b in GLU_CLAMP_STRIDED)}  # name: (fwd, bwd) strided bytes
     if expert_bias:
         fb, fn, bb, bn = expert_bias
         memory["expert_bias"] = (fb * R * h, fn, bb / fb)
@@ -1966,10 +1993,19 @@ def routed_expert_kernels(
             if name == "unpermute" and fu.atomic_combine:  # the R·h bf16 adds at the atomic rate
                 atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
                 k = replace(k, time_s=max(k.time_s, atomic))
-            fwd.append(k)
             back_count = score_counts[name][1] if name in score_counts else count
-            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor))
+            kb = memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor)
+            if name in strided:
+                k, kb = (_strided(kk, b, gpu, eff, floor) for kk, b in zip((k, kb), strided[name], strict=True))
+            fwd.append(k)
+            bwd.append(kb)
     return fwd, bwd
+
+
+def _strided(k: Kernel, strided_bytes: float, gpu: GPUSpec, eff: Efficiency, floor: float) -> Kernel:
+    """``k`` with ``strided_bytes`` of its bytes moved at STRIDED_ELEMENTWISE of the copy rate."""
+    extra = strided_bytes * (1 / STRIDED_ELEMENTWISE - 1) / (gpu.hbm_GBps * 1e9 * eff.hbm)
+    return replace(k, time_s=max(k.time_s + extra, k.count * floor))
 
 
 def quantized_gemm(dtype: str) -> bool:

@@ -157,6 +157,9 @@ class Flavour:
     # the GLU clamp (ModelSpec.glu_clamp) of the experts as its own ops before the fused activation (Megatron:
     # two clamps and a cat, fused_bias_geglu.weighted_bias_quick_geglu_impl); False: inside the activation kernel
     eager_glu_clamp: bool = False
+    # the routed experts' gated activation takes the router probs and its backward sums their gradient in a kernel of
+    # its own (Megatron's weighted_bias_swiglu / quick-GeGLU: kernels.WEIGHTED_ACT_GRAD)
+    weighted_act_grad: bool = False
     # a biased MoE's (ModelSpec.linear_bias) expert fc2 bias added per local expert after the grouped GEMM, scaled by
     # the router probs (Megatron TEGroupedMLP._apply_bias: split, t + b * p per expert, cat), and, as TEGroupedMLP
     # forbids bias_dropout_fusion with biases, every layer's bias-dropout-add unfused; False: in the GEMM epilogue

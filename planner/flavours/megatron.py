@@ -67,6 +67,10 @@ FLAVOUR = Flavour(
     # with activation_func_clamp_value, torch.cat((x_glu.clamp(max=v), x_linear.clamp(-v, v))) before the fused
     # quick-GeGLU (the TE op fuser path, use_transformer_engine_op_fuser, is off by default)
     eager_glu_clamp=True,
+    # experts.py TEGroupedMLP.bias_act_func (92c8482e6d): with bias_activation_fusion (Megatron-Bridge's GPT-OSS,
+    # DeepSeek providers and its Qwen3 perf configs set it) the activation is weighted_bias_swiglu_impl /
+    # weighted_bias_quick_geglu_impl(..., permuted_probs): the probs' gradient is a reduction of its own
+    weighted_act_grad=True,
     # megatron/core/transformer/moe/experts.py TEGroupedMLP (92c8482; d98e8a6 with moe_single_grouped_bias False,
     # its default): linear_fc2 skip_bias_add=True, then _apply_bias; its __init__ asserts "bias_dropout_fusion is not
     # supported in TEGroupedMLP when add_bias_linear=True" (gpt_oss_provider.py: bias_dropout_fusion False)
