@@ -562,13 +562,16 @@ GLU_CLAMP = ((16, 3), (30, 9))
 # Of GLU_CLAMP's bytes, those its kernels move through a strided half of fc1's output (forward the two clamps' 8 B;
 # backward the three compares' 9 B and the two where's 10 B): TensorIterator vectorizes only contiguous operands
 # (PyTorch aten/src/ATen/native/cuda/CUDALoops.cuh gpu_kernel_impl_nocast: launch_vectorized_kernel when
-# iter.is_contiguous(), else elementwise_kernel<128, 4> through an offset calculator), so these run below a copy's
-# rate: STRIDED_ELEMENTWISE of it. Measured on this project's H200 at GPT-OSS's shape (65,536 rows x 2 x 2,880 bf16,
-# tests/reference/kernels/h200/glu_act.json, the kernels by name under torch.profiler): the seven strided kernels of
-# one clamp forward and backward moved 5.10 GB in 3.46 ms, 1.47 TB/s against the same run's copy at 4.07 TB/s:
-# 0.36 (clamp 0.36, compare 0.30, where 0.45); the contiguous cat (3.84 TB/s) and logical_and (4.0) ran at a copy's.
+# iter.is_contiguous(), else elementwise_kernel<128, 4> through an offset calculator: the kernel the profiles name for
+# clamp, compare and where). Measured at GPT-OSS's shape (65,536 rows x 2 x 2,880 bf16, tests/reference/kernels/
+# h200/glu_act.json and h100/glu_act.json, each kernel by name under torch.profiler): the seven strided kernels of one
+# clamp forward and backward moved their 27 B an element at 1.47 TB/s on the H200 and 1.43 TB/s on the H100, whose
+# copies ran at 4.07 and 2.92 TB/s: one rate on two GPUs of the same SMs and clock (132 at 1,980 MHz) and different
+# HBM, so an issue rate, not a share of the HBM: 5.64 and 5.47 B an SM-cycle, STRIDED_BYTES_PER_SM_CYCLE their mean.
+# A strided byte moves at the lower of that rate (x SMs x SM_CLOCK_MHZ; Blackwell's clock is not in that table:
+# Hopper's 1,980 MHz is taken, an assumption) and the copy rate; the contiguous cat and logical_and ran at a copy's.
 GLU_CLAMP_STRIDED = (8, 19)
-STRIDED_ELEMENTWISE = 0.36
+STRIDED_BYTES_PER_SM_CYCLE = 5.55
 # Megatron's weighted GLU backward (fusions/fused_bias_swiglu.py weighted_swiglu_back l. 90-97, fused_bias_geglu.py
 # weighted_quick_geglu_back, at 92c8482e6d; Flavour.weighted_act_grad): the input gradient's kernel (read the
 # gradient and fc1's output, write its gradient: 10 B per element of the R x f output) and the probs' gradient,
@@ -2003,9 +2006,13 @@ def routed_expert_kernels(
 
 
 def _strided(k: Kernel, strided_bytes: float, gpu: GPUSpec, eff: Efficiency, floor: float) -> Kernel:
-    """``k`` with ``strided_bytes`` of its bytes moved at STRIDED_ELEMENTWISE of the copy rate."""
-    extra = strided_bytes * (1 / STRIDED_ELEMENTWISE - 1) / (gpu.hbm_GBps * 1e9 * eff.hbm)
-    return replace(k, time_s=max(k.time_s + extra, k.count * floor))
+    """``k`` with ``strided_bytes`` of its bytes moved at the lower of the copy rate and TensorIterator's
+    unvectorized rate (STRIDED_BYTES_PER_SM_CYCLE x SMs x SM clock); as it is where the GPU's SMs are unknown."""
+    copy = gpu.hbm_GBps * 1e9 * eff.hbm
+    issue = STRIDED_BYTES_PER_SM_CYCLE * gpu.sms * SM_CLOCK_MHZ.get(generation(gpu), SM_CLOCK_MHZ[90]) * 1e6
+    if not gpu.sms or issue >= copy:
+        return k
+    return replace(k, time_s=max(k.time_s + strided_bytes * (1 / issue - 1 / copy), k.count * floor))
 
 
 def quantized_gemm(dtype: str) -> bool:
