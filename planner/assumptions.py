@@ -196,6 +196,8 @@ def _training_rows(ctx: Context, by: str) -> list[Assumption]:
 def _attention_source(ctx: Context, by: str) -> str:
     if ctx.work.attention_kernel != "flash":
         return "as requested"
+    if ctx.model.attention_sinks and ctx.flavour.sink_attention_kernels:
+        return by + ": the framework's fused attention for this GPU generation that runs learned sinks"
     return by + ": the framework's fused attention for this GPU generation"
 
 

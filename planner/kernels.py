@@ -559,6 +559,26 @@ MLA_UP_PROJ_KERNELS = ("q_norm", "kv_norm", "mla_rope", "rotary")
 UNFUSED_ROPE = ((24, 6), (34, 9))
 ROPE_FREQS = (44, 6)
 GLU_CLAMP = ((16, 3), (30, 9))
+# Of GLU_CLAMP's bytes, those its kernels move through a strided half of fc1's output (forward the two clamps' 8 B;
+# backward the three compares' 9 B and the two where's 10 B): TensorIterator vectorizes only contiguous operands
+# (PyTorch aten/src/ATen/native/cuda/CUDALoops.cuh gpu_kernel_impl_nocast: launch_vectorized_kernel when
+# iter.is_contiguous(), else elementwise_kernel<128, 4> through an offset calculator: the kernel the profiles name for
+# clamp, compare and where). Measured at GPT-OSS's shape (65,536 rows x 2 x 2,880 bf16, tests/reference/kernels/
+# h200/glu_act.json and h100/glu_act.json, each kernel by name under torch.profiler): the seven strided kernels of one
+# clamp forward and backward moved their 27 B an element at 1.47 TB/s on the H200 and 1.43 TB/s on the H100, whose
+# copies ran at 4.07 and 2.92 TB/s: one rate on two GPUs of the same SMs and clock (132 at 1,980 MHz) and different
+# HBM, so an issue rate, not a share of the HBM: 5.64 and 5.47 B an SM-cycle, STRIDED_BYTES_PER_SM_CYCLE their mean.
+# A strided byte moves at the lower of that rate (x SMs x SM_CLOCK_MHZ; Blackwell's clock is not in that table:
+# Hopper's 1,980 MHz is taken, an assumption) and the copy rate; the contiguous cat and logical_and ran at a copy's.
+GLU_CLAMP_STRIDED = (8, 19)
+STRIDED_BYTES_PER_SM_CYCLE = 5.55
+# Megatron's weighted GLU backward (fusions/fused_bias_swiglu.py weighted_swiglu_back l. 90-97, fused_bias_geglu.py
+# weighted_quick_geglu_back, at 92c8482e6d; Flavour.weighted_act_grad): the input gradient's kernel (read the
+# gradient and fc1's output, write its gradient: 10 B per element of the R x f output) and the probs' gradient,
+# torch.sum(act(y) * g, dim=-1), a reduction Inductor emits as its own kernel (read fc1's output and the gradient
+# again: 6 B; the H200 run above: triton_poi_fused_..._cat_... and triton_red_fused_..._sum_1): 16 B in 2 kernels,
+# against the plain fused backward's 12 B in 1: + WEIGHTED_ACT_GRAD (bytes, kernels).
+WEIGHTED_ACT_GRAD = (4, 1)
 UNFUSED_BIAS_ADD = ((4, 1), (2, 1))
 # Megatron's flex dispatchers carry the router probs in fp32 (token_dispatcher.py at 92c8482: "HybridEP only supports
 # float32 probs", "DeepEP only supports float32 probs", upcast); the alltoall and allgather ones in the router's dtype,
@@ -618,10 +638,16 @@ def cuda_graphs(ctx: Context) -> bool:
 
 
 def attention_kernel(ctx: Context, gpu: GPUSpec) -> str:
+    """The core-attention kernel that runs: the one asked for, or for "flash" the flavour's for the GPU generation
+    (flash_attention_by_sm); a model with learned sinks takes the first of the flavour's sink_attention_kernels
+    where that one runs no sinks (Megatron + TE 2.9: cuDNN, not FlashAttention-2, on sm80)."""
     name = ctx.work.attention_kernel
     if name != "flash":
         return name
-    return dict(ctx.par.flavour.flash_attention_by_sm).get(generation(gpu), "flash2")
+    fl = ctx.par.flavour
+    name = dict(fl.flash_attention_by_sm).get(generation(gpu), "flash2")
+    sinks = fl.sink_attention_kernels if ctx.model.attention_sinks else ()
+    return sinks[0] if sinks and name not in sinks else name
 
 
 def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
@@ -631,6 +657,14 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
         raise SpecError(
             "workload.attention_kernel",
             f"flash3 (FlashAttention-3) runs on Hopper (sm90) only; {gpu.name} is sm{gpu.sm}: use flash2 or cudnn",
+        )
+    sinks = ctx.flavour.sink_attention_kernels
+    if ctx.model.attention_sinks and sinks and attention_kernel(ctx, gpu) not in sinks:
+        raise SpecError(
+            "workload.attention_kernel",
+            f"{ctx.work.attention_kernel} runs no learned attention sinks (model.attention_sinks) under "
+            f"{ctx.flavour.name}: TransformerEngine 2.9 get_attention_backend disables FlashAttention for softmax_type "
+            f"'learnable'; use one of {', '.join(('flash', *sinks))}",
         )
     if ctx.training and ctx.work.fused_grouped_mlp:
         check_fused_grouped_mlp(ctx)
@@ -1142,6 +1176,7 @@ def kernel_traits(flavour) -> tuple:
     return (
         flavour.fused_kernels,
         flavour.flash_attention_by_sm,
+        flavour.sink_attention_kernels,
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
@@ -1149,6 +1184,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.fp8_expert_padding,
         flavour.unfused_rope_scalings,
         flavour.eager_glu_clamp,
+        flavour.weighted_act_grad,
         flavour.expert_bias_loop,
         flavour.dispatch_preprocess_launches,
         flavour.local_linear_biases,
@@ -1632,6 +1668,7 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         # the fused grouped MLP (TE's op fuser) clamps inside its activation and scales fc2's bias by the probs in
         # its GEMM (Megatron-LM d98e8a6 experts.py _make_fused_ops: ScaledClampedQGeGLU, scale_bias)
         glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
+        weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
     )
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
@@ -1879,6 +1916,7 @@ def routed_expert_kernels(
     fused_activation: bool = False,
     glu_clamp: bool = False,
     expert_bias: tuple[float, int, float, int] = (),
+    weighted_act: bool = False,
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
@@ -1894,7 +1932,9 @@ def routed_expert_kernels(
     (Flavour.fp8_expert_padding: FP8_EXPERT_PADDING's copies). ``fused_activation``: the activation runs in fc1's
     epilogue and its gradient in the backward grouped kernel (FUSED_GROUPED_MLP): no kernel of its own.
     ``glu_clamp``: the GLU clamp's own kernels before the activation (GLU_CLAMP, per element of the R x f output);
-    ``expert_bias``: the fc2 bias added per expert after the second GEMM (expert_bias_loop); (): none."""
+    ``expert_bias``: the fc2 bias added per expert after the second GEMM (expert_bias_loop); (): none.
+    ``weighted_act``: the activation multiplies by the probs and its backward sums their gradient in a kernel of its
+    own (WEIGHTED_ACT_GRAD)."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -1923,9 +1963,14 @@ def routed_expert_kernels(
         # the backward reads bb·R·h: 0 on a rank with no rows (and then maybe no tokens: no 0/0)
         memory["combine_scores"] = (forward, fn + 1, bb * R * h / forward if R else 0.0)
         score_counts["combine_scores"] = (fn + 1, bn)
+    if weighted_act and "expert_activation" in memory:
+        wb, wn = WEIGHTED_ACT_GRAD
+        memory["expert_activation"] = (act_b * R * f, act_n, (BACKWARD_BYTES * act_b + wb) / act_b)
+        score_counts["expert_activation"] = (act_n, act_n + wn)
     (clamp_f, clamp_n), (clamp_b, clamp_bn) = GLU_CLAMP
     memory["expert_act_clamp"] = (clamp_f * R * f, clamp_n, clamp_b / clamp_f)
     score_counts["expert_act_clamp"] = (clamp_n, clamp_bn)
+    strided = {"expert_act_clamp": tuple(b * R * f for b in GLU_CLAMP_STRIDED)}  # name: (fwd, bwd) strided bytes
     if expert_bias:
         fb, fn, bb, bn = expert_bias
         memory["expert_bias"] = (fb * R * h, fn, bb / fb)
@@ -1951,10 +1996,23 @@ def routed_expert_kernels(
             if name == "unpermute" and fu.atomic_combine:  # the R·h bf16 adds at the atomic rate
                 atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
                 k = replace(k, time_s=max(k.time_s, atomic))
-            fwd.append(k)
             back_count = score_counts[name][1] if name in score_counts else count
-            bwd.append(memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor))
+            kb = memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor)
+            if name in strided:
+                k, kb = (_strided(kk, b, gpu, eff, floor) for kk, b in zip((k, kb), strided[name], strict=True))
+            fwd.append(k)
+            bwd.append(kb)
     return fwd, bwd
+
+
+def _strided(k: Kernel, strided_bytes: float, gpu: GPUSpec, eff: Efficiency, floor: float) -> Kernel:
+    """``k`` with ``strided_bytes`` of its bytes moved at the lower of the copy rate and TensorIterator's
+    unvectorized rate (STRIDED_BYTES_PER_SM_CYCLE x SMs x SM clock); as it is where the GPU's SMs are unknown."""
+    copy = gpu.hbm_GBps * 1e9 * eff.hbm
+    issue = STRIDED_BYTES_PER_SM_CYCLE * gpu.sms * SM_CLOCK_MHZ.get(generation(gpu), SM_CLOCK_MHZ[90]) * 1e6
+    if not gpu.sms or issue >= copy:
+        return k
+    return replace(k, time_s=max(k.time_s + strided_bytes * (1 / issue - 1 / copy), k.count * floor))
 
 
 def quantized_gemm(dtype: str) -> bool:
@@ -2113,7 +2171,11 @@ def attention_kernels(
         return (memory_kernel("decode_attention", nbytes, gpu, eff, 1, floor),), ()
     kernel = attention_kernel(ctx, gpu)
     if kernel == "unfused":
-        return unfused_attention(ctx, gpu, eff)
+        fwd, bwd = unfused_attention(ctx, gpu, eff)
+        if ctx.model.attention_sinks:
+            sink_f, sink_b = unfused_sink_kernels(ctx, gpu, eff)
+            fwd, bwd = (*fwd, *sink_f), (*bwd, *sink_b)
+        return fwd, bwd
     flops = attention_flops(ctx)
     heads = ctx.model.num_attention_heads / ctx.par.tp
     qk, v = attention_head_dims(ctx)
@@ -2207,19 +2269,39 @@ def torch_cp_merge_kernels(
     return fwd, bwd
 
 
+# A windowed layer's fused kernel walks whole key tiles: a block of FLASH_TILE query rows spans its window and the
+# block itself, w + FLASH_TILE keys, of which each query attends about w (FlashAttention-2's query blocks are 128 rows;
+# its hdim-64 forward tile is 128 x 128: Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h
+# run_mha_fwd_hdim64, Flash_fwd_kernel_traits<64, 128, 128, 4>; cuDNN's tiles are not published: the H200 check).
+# Checked on this project's H200 (cuDNN 9.19 through XLA, b 4 x 64 heads x d 64, GQA 8, causal, window (128, 0);
+# tests/reference/kernels/h200/swa_cudnn.json): a windowed layer takes 0.29 / 0.33 (forward / backward) of a full
+# layer's time at 4k, 0.17 / 0.19 at 8k, 0.79 / 0.76 at 1k; this rule gives 0.30, 0.17, 0.74 (before it: 0.45, 0.25,
+# 1.05: the window charged the whole per-block overhead s0 on 128 keys, against s0/2 on a causal layer's).
+FLASH_TILE = 128
+
+
 def layer_mix_keys(ctx: Context, s_kv: float, s0: float) -> float:
     """The keys per query block whose shape term s/(s + s0) times a layer mix's mean FLOPs (attended_keys) gives the
-    mix's time, where each layer runs at its own term: a windowed layer over min(s_kv, window) keys, a full layer
-    (``full_attention_interval``) over s_kv. GPT-OSS alternates a 128-token window with full attention: at 4k tokens
-    its full layers run at 0.8 of the ceiling and its windowed ones at 0.11, not all of them at 0.11 (the one
-    window applied to every layer's term, as before, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
+    mix's time, where each layer runs at its own cost per query block, in keys at the ceiling: a full (causal) layer
+    its mean keys x (s_kv + s0) / s_kv, i.e. its keys plus the per-block overhead s0/2 (mean s_kv/2); a windowed layer
+    (window w < s_kv) its mean keys + FLASH_TILE (the band's tiles) + the same s0/2, at most the full layer's cost;
+    queries against a cache (kv_length != s) a windowed layer at its window's term, mean x (w + s0) / w.
+    GPT-OSS alternates a 128-token window with full attention (``full_attention_interval``): at 4k tokens its
+    windowed layers take 0.30 of a full layer's time (the one window applied to every layer's term, as before
+    round five, made its attention 3.9x as long at 4k, 5.1x at 8k)."""
     mdl = ctx.model
+    causal = kv_length(ctx) == ctx.s  # a pass over the sequence itself (not a query against a cache)
+    full = cp_rank_causal_keys(ctx) * (s_kv + s0) / s_kv if causal else 0.0  # a windowed layer's cap
     keys = weighted = 0.0
     for i, mean in enumerate(layer_keys(ctx)):  # each layer weighed by its keys, as attended_keys weighs it
         window = mdl.attention_window(i)
-        s_i = s_kv if window is None else min(s_kv, window)
         keys += mean
-        weighted += mean * (s_i + s0) / s_i
+        if window is None or window >= s_kv:
+            weighted += mean * (s_kv + s0) / s_kv
+        elif causal:
+            weighted += min(mean + FLASH_TILE + s0 / 2, full)
+        else:  # queries against a cache: each at its window's own term (no tile measurement here)
+            weighted += mean * (window + s0) / window
     shape = keys / weighted
     return s0 * shape / (1 - shape)
 
@@ -2285,6 +2367,32 @@ def dropout_rng_s(elements: float, gpu: GPUSpec) -> float:
     if not clock or not gpu.sms:
         return 0.0
     return elements * DROPOUT_RNG_SM_CYCLES / (gpu.sms * clock * 1e6)
+
+
+# Learned attention sinks in unfused attention, as TransformerEngine v2.9's UnfusedDotProductAttention runs them
+# (Megatron-Core's attention_backend "unfused"; dot_product_attention/backends.py l. 467-478 and 491-492): the sink
+# logit is concatenated to the scores as one more key column, torch.cat([scores, sink.expand(b, np, sq, 1)], -1) in
+# the scores' dtype (read a score, write it: 2 x its bytes, one kernel), the softmax runs over s_k + 1 columns and
+# probs[..., :-1] drops the column (a view). Backward: the slice's SliceBackward writes a zeroed [.., s_k + 1]
+# gradient and copies the incoming one into it (write, read and write: 3 x the score's bytes, two kernels); the cat's
+# backward narrows (views) and the sink's own gradient sums the last column over (b, sq) (one reduction kernel,
+# b·np·sq scores read). Not charged: TE then runs the softmax under an "arbitrary" mask (the padded mask) instead of
+# the causal kernel. Megatron-Core's local path (SoftmaxOne, fusions/fused_softmax.py at 92c8482e6d) does the same
+# on fp32 scores. Fused kernels carry the sink inside (cuDNN: no kernel, no byte).
+UNFUSED_SINK_PASSES = (2, 3)  # score-sized passes (forward cat, backward zeros + copy)
+UNFUSED_SINK_KERNELS = (1, 3)  # forward cat; backward zeros, copy, the sink gradient's sum
+
+
+def unfused_sink_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The sink column's kernels of unfused attention (UNFUSED_SINK_PASSES) on one rank: one layer, one micro-batch,
+    the b·(a/t) x s_q x s_k scores of ``unfused_attention`` in the activation dtype."""
+    bh = ctx.b * ctx.model.num_attention_heads / ctx.par.tp
+    scores, rows = bh * ctx.s_cp * ctx.s, bh * ctx.s_cp
+    x = 2 if ctx.x <= 2 else 4
+    fwd = memory_kernel("softmax_sink", UNFUSED_SINK_PASSES[0] * x * scores, gpu, eff, UNFUSED_SINK_KERNELS[0])
+    nbytes = UNFUSED_SINK_PASSES[1] * x * scores + x * rows
+    bwd = memory_kernel("softmax_sink.bwd", nbytes, gpu, eff, UNFUSED_SINK_KERNELS[1])
+    return (fwd,), (bwd,)
 
 
 def unfused_softmax_bytes(

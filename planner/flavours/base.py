@@ -119,6 +119,10 @@ class Flavour:
     local_linear_biases: bool = False
     # what "flash" attention means per GPU generation (compute capability // 10 x 10); missing: FlashAttention-2
     flash_attention_by_sm: tuple[tuple[int, str], ...] = ()
+    # the core-attention kernels that run a learned softmax offset (attention sinks, ModelSpec.attention_sinks) at
+    # the framework's pin, first the one "flash" resolves to when flash_attention_by_sm's kernel has none; a model
+    # with sinks asking for another kernel is a SpecError (kernels.check_kernel_options). () : not read, no rule
+    sink_attention_kernels: tuple[str, ...] = ()
     # weight gradients accumulate inside their GEMM (Megatron --gradient-accumulation-fusion, on by default since
     # Megatron-LM 2022 / Megatron-Core: the wgrad GEMM adds into main_grad); False: a separate add per weight per
     # micro-batch (workload.grad_accumulation_fusion overrides)
@@ -153,6 +157,9 @@ class Flavour:
     # the GLU clamp (ModelSpec.glu_clamp) of the experts as its own ops before the fused activation (Megatron:
     # two clamps and a cat, fused_bias_geglu.weighted_bias_quick_geglu_impl); False: inside the activation kernel
     eager_glu_clamp: bool = False
+    # the routed experts' gated activation takes the router probs and its backward sums their gradient in a kernel of
+    # its own (Megatron's weighted_bias_swiglu / quick-GeGLU: kernels.WEIGHTED_ACT_GRAD)
+    weighted_act_grad: bool = False
     # a biased MoE's (ModelSpec.linear_bias) expert fc2 bias added per local expert after the grouped GEMM, scaled by
     # the router probs (Megatron TEGroupedMLP._apply_bias: split, t + b * p per expert, cat), and, as TEGroupedMLP
     # forbids bias_dropout_fusion with biases, every layer's bias-dropout-add unfused; False: in the GEMM epilogue

@@ -20,6 +20,16 @@ FLAVOUR = Flavour(
     # TransformerEngine prefers cuDNN fused attention on sm90+ and FlashAttention-2 on sm80
     # (transformer_engine/pytorch/attention get_attention_backend)
     flash_attention_by_sm=((80, "flash2"), (90, "cudnn"), (100, "cudnn")),
+    # learned attention sinks (TEDotProductAttention passes config.softmax_type, extensions/transformer_engine.py at
+    # 92c8482e6d l. 1000-1005; GPT-OSS's provider sets "learnable", Megatron-Bridge 5776a6d90b gpt_oss_provider.py):
+    # TE v2.9 get_attention_backend (dot_product_attention/utils.py l. 686-727, "Filter: Softmax type") disables
+    # FlashAttention for any softmax_type but "vanilla" and keeps FusedAttention and UnfusedDotProductAttention;
+    # FusedAttention's F16_arbitrary_seqlen backend takes the learnable softmax from cuDNN 9.13.1 on sm80 and later
+    # (common/fused_attn/fused_attn.cpp at v2.9, nvte_get_fused_attn_backend: "9.13.1+: vanilla, off-by-one,
+    # learnable"), and the NeMo 25.11 container has TE 2.9 with cuDNN 9.13.1.26 (Megatron-Bridge 5776a6d90b
+    # docs/releases/software-versions.md). So "flash" on sm80 is cuDNN for a model with sinks, and flash2 / flash3
+    # never run one
+    sink_attention_kernels=("cudnn", "unfused"),
     version=M.strip(),
     # --moe-grouped-gemm: TE GroupedLinear -> general_grouped_gemm -> nvte_multi_stream_cublas_gemm, one cuBLAS
     # GEMM per local expert on compute stream i % 4 (TransformerEngine transformer_engine/common/gemm/
@@ -57,6 +67,10 @@ FLAVOUR = Flavour(
     # with activation_func_clamp_value, torch.cat((x_glu.clamp(max=v), x_linear.clamp(-v, v))) before the fused
     # quick-GeGLU (the TE op fuser path, use_transformer_engine_op_fuser, is off by default)
     eager_glu_clamp=True,
+    # experts.py TEGroupedMLP.bias_act_func (92c8482e6d): with bias_activation_fusion (Megatron-Bridge's GPT-OSS,
+    # DeepSeek providers and its Qwen3 perf configs set it) the activation is weighted_bias_swiglu_impl /
+    # weighted_bias_quick_geglu_impl(..., permuted_probs): the probs' gradient is a reduction of its own
+    weighted_act_grad=True,
     # megatron/core/transformer/moe/experts.py TEGroupedMLP (92c8482; d98e8a6 with moe_single_grouped_bias False,
     # its default): linear_fc2 skip_bias_add=True, then _apply_bias; its __init__ asserts "bias_dropout_fusion is not
     # supported in TEGroupedMLP when add_bias_linear=True" (gpt_oss_provider.py: bias_dropout_fusion False)

@@ -49,3 +49,45 @@ def test_bad_values_are_422_naming_the_field(api):
     assert detail[0]["loc"] == ["body", "model", "glu_clamp"] and "gated_mlp" in detail[0]["msg"]
     detail = post(api, {"hf_config": HF | {"swiglu_limit": "7"}}, 422)["detail"]
     assert detail[0]["loc"] == ["body", "model", "hf_config", "swiglu_limit"]
+
+
+def _on_a100(work: dict | None = None, model: dict | None = None) -> dict:
+    body = BODY | {"cluster": {"preset": "dgx-a100", "num_nodes": 2}}
+    body = body | {"workload": BODY["workload"] | (work or {})}
+    return body | {"model": model or {"preset": "gpt-oss-20b"}}
+
+
+def test_sinks_run_cudnn_on_the_a100_and_flash_is_a_422_naming_the_rule(api):
+    """Megatron + TE 2.9: FlashAttention runs no learned sinks, cuDNN (>= 9.13.1) does on sm80. The A100 plan's
+    assumptions say cudnn with sinks, flash2 without; asking for flash2 with sinks is a 422 on the field."""
+    def attention_row(body):
+        r = api.post("/v1/plan", json=body)
+        assert r.status_code == 200, r.text
+        rows = {row["field"]: row for row in r.json()["assumptions"]}
+        return rows["workload.attention_kernel"]
+
+    row = attention_row(_on_a100())
+    assert row["value"] == "cudnn" and "learned sinks" in row["source"]
+    assert attention_row(_on_a100(model={"preset": "gpt-oss-20b", "attention_sinks": False}))["value"] == "flash2"
+    r = api.post("/v1/plan", json=_on_a100({"attention_kernel": "flash2"}))
+    assert r.status_code == 422, r.text
+    first = r.json()["detail"][0]
+    assert first["loc"] == ["body", "workload", "attention_kernel"]
+    assert "learnable" in first["msg"] and "flash, cudnn, unfused" in first["msg"]
+    no_sinks = _on_a100({"attention_kernel": "flash2"}, {"preset": "gpt-oss-20b", "attention_sinks": False})
+    assert api.post("/v1/plan", json=no_sinks).status_code == 200
+
+
+def test_unfused_attention_with_sinks_costs_the_sink_column(api):
+    """Unfused attention: the sink column's cat and its backward make the step longer than without sinks (the sinks'
+    parameters are 64 a layer: the step, not the memory, is what moves)."""
+    unfused = {"attention_kernel": "unfused"}
+    with_sinks = post_body(api, _on_a100(unfused))
+    without = post_body(api, _on_a100(unfused, {"preset": "gpt-oss-20b", "attention_sinks": False}))
+    assert with_sinks["step"]["time_s"] > without["step"]["time_s"]
+
+
+def post_body(api, body: dict) -> dict:
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -19,6 +19,7 @@ from planner.kernels import (
     GLU_CLAMP,
     HEAD_DIM_K,
     ROPE_FREQS,
+    STRIDED_BYTES_PER_SM_CYCLE,
     UNFUSED_ROPE,
     expert_rows,
     flash_attention_s,
@@ -158,7 +159,12 @@ def test_the_glu_clamp_is_three_kernels_and_moe_act_recompute_runs_it_again():
     assert (cf, cn, cb, cbn) == (4 + 4 + 8, 3, (3 + 5) + (3 + 3 + 3 + 5) + 8, 2 + 1 + 4 + 1 + 1)
     assert (fwd["expert_act_clamp"].bytes, fwd["expert_act_clamp"].count) == (cf * R * f, cn)
     assert (bwd["expert_act_clamp.bwd"].bytes, bwd["expert_act_clamp.bwd"].count) == (cb * R * f, cbn)
-    assert fwd["expert_act_clamp"].time_s == memory_kernel("c", cf * R * f, H100, EFFICIENCY, 3, 1e-5).time_s
+    # the two clamps' 8 B read and write a strided half: at 5.55 B an SM-cycle x 132 SMs x 1,980 MHz = 1.45 TB/s,
+    # below the H100's copy rate 3,350 GB/s x 0.877 (round eight)
+    plain = memory_kernel("c", cf * R * f, H100, EFFICIENCY, 3, 1e-5).time_s
+    issue = STRIDED_BYTES_PER_SM_CYCLE * 132 * 1980e6
+    extra = 8 * R * f * (1 / issue - 1 / (H100.hbm_GBps * 1e9 * EFFICIENCY.hbm))
+    assert fwd["expert_act_clamp"].time_s == pytest.approx(plain + extra, rel=1e-12)
     layer = layer_forward(c, True, H100)[0]
     redo = recompute_modules_forward(c, lk, layer, H100, EFFICIENCY, frozenset({"moe_act"}), True)
     unclamped = ctx(replace(OSS, glu_clamp=None))
@@ -249,3 +255,172 @@ def test_the_fused_grouped_mlp_clamps_and_adds_the_bias_inside():
     fused = by_name(layer_kernels(ctx(**mx, fused_grouped_mlp=True), True, b200).forward)
     assert {"expert_act_clamp", "expert_bias", "attn_bias_add"} <= set(per_expert)
     assert not {"expert_act_clamp", "expert_bias"} & set(fused) and "attn_bias_add" in fused
+
+
+# ---- which attention backend runs the sinks (TE 2.9 get_attention_backend) ----------------------------------
+
+A100 = GPUS["a100-sxm4-80gb"]
+B200 = GPUS["b200-180gb"]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "sinks", "expected"),
+    [(A100, True, "cudnn"), (A100, False, "flash2"), (H100, True, "cudnn"), (B200, True, "cudnn")],
+)
+def test_flash_runs_cudnn_for_learned_sinks_under_megatron(gpu, sinks, expected):
+    """TE 2.9 drops FlashAttention for softmax_type 'learnable' and cuDNN >= 9.13.1 runs it fused on sm80 and later:
+    "flash" is cuDNN for GPT-OSS on the A100 as well (FlashAttention-2 without sinks); the H100 and B200 already
+    prefer cuDNN. Priced as such: the A100 layer's attention is cudnn_fwd, at cuDNN's sm80 ceiling."""
+    from planner.kernels import attention_kernel
+
+    c = ctx(replace(OSS, attention_sinks=sinks))
+    assert attention_kernel(c, gpu) == expected
+    names = {k.name for k in layer_kernels(c, True, gpu).forward}
+    assert f"{expected}_fwd" in names
+
+
+def test_torch_has_no_sink_rule():
+    """The rule is the Megatron flavour's data (sink_attention_kernels); torch and DeepSpeed were not read for it."""
+    from planner.flavours import flavour
+    from planner.kernels import attention_kernel
+
+    assert flavour("megatron").sink_attention_kernels == ("cudnn", "unfused")
+    assert flavour("torch").sink_attention_kernels == flavour("deepspeed").sink_attention_kernels == ()
+    assert attention_kernel(ctx(framework="torch"), A100) == "flash2"
+
+
+@pytest.mark.parametrize(("kernel", "gpu"), [("flash2", A100), ("flash2", H100), ("flash3", H100)])
+def test_flash_attention_with_sinks_is_a_spec_error(kernel, gpu):
+    from planner.kernels import check_kernel_options
+
+    with pytest.raises(SpecError) as e:
+        check_kernel_options(ctx(attention_kernel=kernel), gpu)
+    assert e.value.field == "workload.attention_kernel"
+    assert "learnable" in str(e.value) and "flash, cudnn, unfused" in str(e.value)
+    check_kernel_options(ctx(replace(OSS, attention_sinks=False), attention_kernel=kernel), gpu)  # no sinks: fine
+
+
+def test_unfused_attention_adds_the_sink_column_by_hand():
+    """Unfused attention with sinks (TE 2.9 UnfusedDotProductAttention: torch.cat of the sink column, the slice's
+    backward): b·(a/t) = 4 x 64 = 256 score matrices of 4,096 x 4,096 bf16 scores, 4.29e9 scores a layer. Forward the
+    cat reads and writes each score: 2 x 2 B = 4 B, 17.18 GB in 1 kernel; backward zeros, copy (3 x 2 B) and the sink
+    gradient's read of 256 x 4,096 rows: 25.77 GB + 2.1 MB in 3 kernels. Without sinks neither kernel is there."""
+    c = ctx(attention_kernel="unfused")
+    scores = 4 * 64 * 4096 * 4096
+    lk = layer_kernels(c, True, H100)
+    fwd, bwd = by_name(lk.forward)["softmax_sink"], by_name(lk.backward)["softmax_sink.bwd"]
+    assert (fwd.bytes, fwd.count) == (4 * scores, 1)
+    assert (bwd.bytes, bwd.count) == (6 * scores + 2 * 4 * 64 * 4096, 3)
+    assert fwd.time_s == pytest.approx(memory_kernel("x", 4 * scores, H100, EFFICIENCY, 1).time_s)
+    plain = layer_kernels(ctx(replace(OSS, attention_sinks=False), attention_kernel="unfused"), True, H100)
+    assert "softmax_sink" not in by_name(plain.forward) and "softmax_sink.bwd" not in by_name(plain.backward)
+
+
+# ---- a windowed layer's cost, checked on the H200 (tests/reference/kernels/h200/swa_cudnn.json) -----------------
+
+H200 = GPUS["h200-sxm-141gb"]
+SWA = json.loads((H200_DIR / "swa_cudnn.json").read_text())["rows"]
+
+
+def _attention_times(model, b, s):
+    from planner.kernels import attention_kernels
+
+    c = ctx(replace(model, seq_length=s), micro_batch_size=b, global_batch_size=8 * b)
+    fwd, bwd = attention_kernels(c, H200, EFFICIENCY, 0.0)
+    return sum(k.time_s - k.count * EFFICIENCY.kernel_s for k in fwd), sum(
+        k.time_s - k.count * EFFICIENCY.kernel_s for k in bwd
+    )
+
+
+@pytest.mark.parametrize(("b", "s", "rule"), [(4, 4096, 0.300), (1, 8192, 0.167), (4, 1024, 0.742)])
+def test_a_windowed_layer_costs_its_band_of_tiles_as_cuDNN_measured(b, s, rule):
+    """A 128-token window against a full causal layer on one rank, forward and backward: the rule's ratio is
+    (keys_w + 128 + 512) / (keys_full x (s + 1,024) / s) (FLASH_TILE, s0/2), e.g. (126.02 + 640) / 2,560.6 = 0.299 at
+    4k; the H200's cuDNN 9.19 gave 0.294 / 0.329 (forward / backward) at 4k, 0.165 / 0.190 at 8k, 0.795 / 0.759 at 1k.
+    The rule is within 15% of every measured ratio (the farthest: 8k backward, 0.166 against 0.190, 12%; before it:
+    0.45, 0.25, 1.05, up to 51% off)."""
+    full = _attention_times(replace(OSS, sliding_window=None, full_attention_interval=None), b, s)
+    windowed = _attention_times(replace(OSS, full_attention_interval=None), b, s)
+    ratio = windowed[0] / full[0]
+    assert ratio == pytest.approx(windowed[1] / full[1], rel=1e-9)  # one shape term for both passes
+    assert ratio == pytest.approx(rule, abs=0.002)
+    rows = {(r["b"], r["s"], r["window"] is not None): r for r in SWA}
+    m_full, m_win = rows[b, s, False], rows[b, s, True]
+    fwd = m_win["fwd_s"] / m_full["fwd_s"]
+    bwd = (m_win["fwd_bwd_s"] - m_win["fwd_s"]) / (m_full["fwd_bwd_s"] - m_full["fwd_s"])
+    assert ratio == pytest.approx(fwd, rel=0.15) and ratio == pytest.approx(bwd, rel=0.15)
+
+
+# ---- the GLU clamp's strided kernels, the weighted activation's backward (reference/kernels/h200/glu_act.json) ----
+
+GLU_ACT = json.loads((H200_DIR / "glu_act.json").read_text())["geglu"]
+
+
+def _measured_us(*names) -> float:
+    """Per step: the summed device time of the profiled kernels whose name holds any of ``names`` (10 steps)."""
+    return sum(n * us for key, n, us in GLU_ACT["kernels"] if any(name in key for name in names)) / 10
+
+
+H100_GLU_ACT = json.loads((H200_DIR.parent / "h100" / "glu_act.json").read_text())["geglu"]
+
+
+@pytest.mark.parametrize("data", [GLU_ACT, H100_GLU_ACT], ids=["h200", "h100"])
+def test_the_strided_rate_is_what_the_clamp_kernels_ran_at_on_both_gpus(data):
+    """STRIDED_BYTES_PER_SM_CYCLE from each profile by hand: the clamps (2 a step, 4 B an element each), the compares
+    (3, 3 B) and the where's (2, 5 B) over 65,536 x 2,880 elements, 27 B an element in all, per SM-cycle of 132 SMs
+    at 1,980 MHz: 5.64 (H200) and 5.47 (H100), within 2% of the constant, while their copies differ by 1.39x (4.07
+    against 2.92 TB/s): an issue rate, not a share of the HBM."""
+    from planner.kernels import GLU_CLAMP_STRIDED
+
+    elements = data["R"] * data["f"]
+    strided_us = sum(
+        n * us
+        for key, n, us in data["kernels"]
+        if any(name in key for name in ("launch_clamp_scalar", "compare_scalar_kernel", "where_kernel_impl"))
+    ) / 10
+    assert sum(GLU_CLAMP_STRIDED) == 8 + 19 == 2 * 4 + 3 * 3 + 2 * 5
+    per_cycle = 27 * elements / (strided_us * 1e-6) / (132 * 1980e6)
+    assert per_cycle == pytest.approx(STRIDED_BYTES_PER_SM_CYCLE, rel=0.02)
+    assert (8 * GLU_ACT["R"] * GLU_ACT["f"] / GLU_ACT["copy_us"]) / (8 * elements / data["copy_us"]) in (
+        pytest.approx(1.0),
+        pytest.approx(4.067 / 2.92, rel=0.01),
+    )
+
+
+def test_the_clamp_and_the_weighted_activation_against_the_h200():
+    """At the profiled shape the clamp's forward (two strided clamps and the cat) and backward (compares, the
+    logical_and, where's, the halves' cat) are within 6% of the H200's kernels; the compiled activation's forward
+    within 6%; its backward is the source's two kernels, 16 B an element (10 B the input gradient, 6 B the probs'
+    gradient sum), and runs 35% slower than that on the H200 (its cat-writing kernel at 0.57 of a copy: not
+    modelled, a lower bound)."""
+    from planner.kernels import FUSED, efficiency, routed_expert_kernels
+
+    rows, f = GLU_ACT["R"], GLU_ACT["f"]
+    fw, bw = routed_expert_kernels(
+        rows, rows, 1, 2880, f, True, "bf16", 2, FUSED, H200, efficiency(H200, None), glu_clamp=True, weighted_act=True
+    )
+    k = by_name(fw + bw)
+    cat_us = _measured_us("CatArrayBatchedCopy") / 2  # one in the forward, one (the chunk's backward) after it
+    fwd_us = _measured_us("launch_clamp_scalar") + cat_us
+    bwd_us = _measured_us("compare_scalar_kernel", "logical_and", "where_kernel_impl", "FillFunctor") + cat_us
+    assert k["expert_act_clamp"].time_s * 1e6 == pytest.approx(fwd_us, rel=0.06)
+    assert k["expert_act_clamp.bwd"].time_s * 1e6 == pytest.approx(bwd_us, rel=0.06)
+    act_fwd_us = _measured_us("triton_poi_fused_add_mul_sigmoid")
+    assert k["expert_activation"].time_s * 1e6 == pytest.approx(act_fwd_us, rel=0.06)
+    act_bwd = k["expert_activation.bwd"]
+    assert (act_bwd.bytes, act_bwd.count) == (16 * rows * f, 2)
+    measured = _measured_us("triton_poi_fused_add_cat", "triton_red_fused")
+    assert act_bwd.time_s * 1e6 == pytest.approx(measured / 1.536, rel=0.03)
+    plain = by_name(routed_expert_kernels(rows, rows, 1, 2880, f, True, "bf16", 2, FUSED, H200, EFFICIENCY)[1])
+    assert (plain["expert_activation.bwd"].bytes, plain["expert_activation.bwd"].count) == (12 * rows * f, 1)
+
+
+def test_megatron_runs_the_weighted_activation_and_torch_does_not():
+    from planner.flavours import flavour
+
+    assert flavour("megatron").weighted_act_grad and not flavour("torch").weighted_act_grad
+    mega = by_name(layer_kernels(ctx(), True, H100).backward)["expert_activation.bwd"]
+    torch_ = by_name(layer_kernels(ctx(framework="torch"), True, H100).backward)["expert_activation.bwd"]
+    # Megatron: the fused backward's 12 B + the probs' sum 4 B, 2 kernels; torch eager: its own chain (EAGER's 10 B
+    # forward, twice backward), no probs inside
+    assert mega.count == 2 and torch_.bytes / mega.bytes == pytest.approx(20 / 16)

@@ -132,8 +132,10 @@ def test_causal_and_sliding_window_keys():
 
 def test_a_window_and_full_layer_mix_runs_each_layer_at_its_own_shape():
     """GPT-OSS alternates a 128-token window with full attention (full_attention_interval 2): the mix's attention
-    time is the mean of a windowed layer's and a full layer's, each at its own shape term s/(s + 1,024) over its own
-    keys (0.11 at 128, 0.8 at 4,096), not every layer at the window's (which made it 3.9x as long at 4k)."""
+    time is the mean of a windowed layer's and a full layer's, each at its own cost per query block in keys at the
+    ceiling: the full layer its keys x (4,096 + 1,024)/4,096 (its keys + s0/2), the windowed layer its keys + the
+    band's tile (FLASH_TILE 128) + s0/2 = 126.02 + 128 + 512, not every layer at the window's term (which made it
+    3.9x as long at 4k)."""
     oss = model_preset("gpt-oss-120b")
     t = {}
     for label, model in (
@@ -145,12 +147,13 @@ def test_a_window_and_full_layer_mix_runs_each_layer_at_its_own_shape():
         t[label] = fwd.time_s - EFFICIENCY.kernel_s, fwd.flops
     assert t["mix"][0] == pytest.approx((t["windowed"][0] + t["full"][0]) / 2, rel=1e-9)
     assert t["mix"][1] == pytest.approx((t["windowed"][1] + t["full"][1]) / 2, rel=1e-9)
-    # by hand at 4,096 tokens: mean keys 2,048.5 (full) and 126.02 (window 128), terms 4,096/5,120 and 128/1,152
+    # by hand at 4,096 tokens: mean keys 2,048.5 (full) and 126.02 (window 128); costs 2,048.5 x 5,120/4,096 and
+    # 126.02 + 128 + 512 keys at the ceiling
     keys_full, keys_win = causal_keys(4096, None), causal_keys(4096, 128)
     assert keys_win == pytest.approx((128 * 129 / 2 + (4096 - 128) * 128) / 4096)
     per_key = t["full"][0] / keys_full / (5120 / 4096)  # seconds per mean key at shape term 1
-    assert t["windowed"][0] == pytest.approx(per_key * keys_win * 1152 / 128, rel=1e-9)
-    assert t["mix"][0] == pytest.approx(per_key * (keys_full * 5120 / 4096 + keys_win * 1152 / 128) / 2, rel=1e-9)
+    assert t["windowed"][0] == pytest.approx(per_key * (keys_win + 128 + 512), rel=1e-9)
+    assert t["mix"][0] == pytest.approx(per_key * (keys_full * 5120 / 4096 + keys_win + 640) / 2, rel=1e-9)
 
 
 def test_the_layer_mix_weighs_each_layer_by_the_keys_attended_keys_counts():

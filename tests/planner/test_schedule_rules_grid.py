@@ -34,7 +34,9 @@ overlap hold 32 CTAs). titan8's DTensor
 sequence-dim copies (torch's TP reduce-scatter inputs re-laid by torch.cat on the compute stream; at b 1 the
 gathers are views) and torch's unpadded head (Mixtral's 32,000 / 4 = 8,000 columns a rank, not 8,064) moved the
 128 torch-flavour step lines' float times only, step +0% to +0.54%, nothing else (checked line by line against
-main at 57f7644 and again at c4def91).
+main at 57f7644 and again at c4def91). gptoss8's weighted
+activation backward (Megatron's probs' gradient sum, a kernel of its own: kernels.WEIGHTED_ACT_GRAD) moved float
+times only, 181 step lines of Mixtral's Megatron plans (checked token by token against main at 3f9aedf).
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
@@ -47,7 +49,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "7c7734ec294c33d03dc26fe8653cd323532cfcfa25e7f88db84863cda5967f50"
+RECORDED = "481472ca880c193589e5c45553c1f129dd5e10164adf2ae22b6bb2afceb16f63"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
