@@ -14,7 +14,7 @@ from collectives.topology.library import p2p
 from collectives.topology.library import tables as T
 from collectives.topology.library.graphs import Shape
 from collectives.topology.library.model import Features
-from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.compute import PassTime, StageCompute
 from planner.contention import PP_OVERLAP_KERNELS, Share, ring_p2p_kernels, window_rate
 from planner.context import Context
@@ -155,3 +155,20 @@ def test_deepep_low_latency_kernels_hold_one_block_per_expert():
     plan = build_plan(model_preset("mixtral-8x7b"), work, par, cluster_preset("dgx-h100"))
     ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
     assert ll and {pc.price.channels for pc in ll} == {pc.call.sms for pc in ll} == {8}
+
+
+@pytest.mark.parametrize(
+    "framework, cp, kernels", [("megatron", 2, 1), ("megatron", 4, 2), ("torch", 2, 1), ("torch", 4, 1)]
+)
+def test_only_te_runs_the_ring_as_two_kernels(framework, cp, kernels):
+    """The CP ring's stream (cp.ring.*) on an H100: TransformerEngine's isend + irecv kernels at cp > 2 (contention.
+    ring_p2p_kernels); torch's ring attention rotates K/V with one all_to_all_single (its _AllToAllRotater's
+    permute_tensor), one kernel at any cp (review r8a finding 3): 16 channels held for 1 ms -> 16 or 32 SMs."""
+    from planner.step import _holds
+
+    par = ParallelSpec(framework=framework, cp=cp, dp=8 // cp)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    totals = StreamTotals(time={"cp.ring.forward": [0.001]}, sm_time={"cp.ring.forward": [16 * 0.001]},
+                          hbm={"cp.ring.forward": [0.0]})  # fmt: skip
+    share = _holds(ctx, totals, Overlap().resolved(ctx), 1, {"cp.ring.forward"}, H100)["cp.ring.forward"][0]
+    assert share.sms == pytest.approx(16 * kernels, rel=1e-12)
