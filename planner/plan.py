@@ -24,7 +24,7 @@ from collectives.topology.spec import spec_block
 
 from ._errors import SpecError
 from .assumptions import Assumption, plan_assumptions
-from .context import Context
+from .context import Context, device_sms
 from .kernel_view import drawn_links
 from .layout import Group, RankLayout, layout_for
 from .ledger import Call
@@ -215,7 +215,8 @@ def setup(
     validate_parallel(par, model, work, cluster.num_devices)
     check_recipe_gpu(work.fp8_recipe, cluster_spec.gpu)
     _validate_options(options, cluster.num_devices)
-    return _context(model, work, par, cluster.spec.devices_per_node), layout_for(par), cluster
+    per_node, sms = cluster.spec.devices_per_node, device_sms(cluster_spec)
+    return _context(model, work, par, per_node, sms), layout_for(par), cluster
 
 
 # ---- contexts and ledgers memoised by value --------------------------------------------------------------
@@ -232,8 +233,8 @@ CONTEXT_CACHE = 32
 _CONTEXTS: OrderedDict = OrderedDict()  # Context -> [that context, its ledger or None, its ledger memo]
 
 
-def _context(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, devices_per_node: int) -> Context:
-    probe = Context(model, work, par, devices_per_node=devices_per_node)
+def _context(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, devices_per_node: int, sms: int = 0) -> Context:
+    probe = Context(model, work, par, devices_per_node=devices_per_node, device_sms=sms)
     found = _CONTEXTS.get(probe)
     if found is None:
         found = _CONTEXTS[probe] = [probe, None, {}]

@@ -22,6 +22,7 @@ from planner.kernels import efficiency
 from planner.layout import Group
 from planner.ledger import Call
 from planner.rules.context_parallel import kv_bytes
+from planner.rules.expert import ll_sms
 from planner.step import StageStep, StreamTotals, _pp_contention, stream_totals
 
 H100 = GPUS["h100-sxm5-80gb"]  # 132 SMs
@@ -155,6 +156,31 @@ def test_deepep_low_latency_kernels_hold_one_block_per_expert():
     plan = build_plan(model_preset("mixtral-8x7b"), work, par, cluster_preset("dgx-h100"))
     ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
     assert ll and {pc.price.channels for pc in ll} == {pc.call.sms for pc in ll} == {8}
+
+
+@pytest.mark.parametrize(
+    "experts, preset, blocks",
+    [
+        (256, "dgx-h100", 128),
+        (160, "dgx-h100", 80),
+        (256, "dgx-b200", 128),
+        (128, "dgx-h100", 128),
+        (136, "dgx-h100", 68),
+    ],
+)
+def test_deepep_low_latency_blocks_past_the_sm_count(experts, preset, blocks):
+    """DeepEP 4e38d1d internode_ll.cu 564-570: num_warp_groups = ceil(E / S), num_sms = ceil(E / num_warp_groups),
+    S the GPU's SMs (132 on an H100, 148 on a B200): 256 -> ceil(256 / 2) = 128, 160 -> 80, 136 -> 68, 128 -> 128; not E
+    (review r8a finding 2), which past S held the whole GPU."""
+    base = model_preset("deepseek-v3")
+    model = replace(base, moe=replace(base.moe, num_experts=experts))
+    par = ParallelSpec(dp=8, ep=8, ep_dispatch="deepep_ll")
+    work = WorkloadSpec(kind="inference", phase="decode", batch_size=64, context_length=4096)
+    plan = build_plan(model, work, par, cluster_preset(preset))
+    ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
+    assert ll and {pc.price.channels for pc in ll} == {pc.call.sms for pc in ll} == {blocks}
+    # unknown SMs (a Context without the cluster's GPU): E, as before
+    assert ll_sms(Context(model, work, par)) == experts
 
 
 @pytest.mark.parametrize(
