@@ -2259,8 +2259,7 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     groups = max(1, round(bh))
     qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
     pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
-    # dropout trains only: in eval mode torch.nn.Dropout returns its input and launches nothing
-    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) and ctx.training else (0, 0)
+    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)  # training only (has_dropout)
     (soft_fb, soft_fk), (soft_bb, soft_bk) = unfused_softmax_bytes(ctx.x, s_q, s_k, groups)
     scores = bh * s_q * s_k
     drop_k = bool(dropout[0])

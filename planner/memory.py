@@ -139,8 +139,9 @@ class LayerActivations:
 
 def has_dropout(ctx: Context) -> bool:
     """GPT-style models train with Megatron's default attention and hidden dropout 0.1 (arguments.py); Llama-style
-    recipes (no biases, rotary) set both to 0."""
-    return ctx.model.learned_position_embeddings or ctx.model.linear_bias
+    recipes (no biases, rotary) set both to 0. Training only: in eval mode torch.nn.Dropout returns its input and
+    launches nothing (torch/nn/functional.py dropout: ``training=False``), so no kernel and no saved mask."""
+    return ctx.training and (ctx.model.learned_position_embeddings or ctx.model.linear_bias)
 
 
 def saved_recipe(ctx: Context):
