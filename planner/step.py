@@ -79,6 +79,7 @@ from .kernels import (
     gemm_operand_bytes,
     sp_layout_copy_kernels,
 )
+from .ledger import held_ctas
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .recompute import layer_counts
@@ -381,7 +382,7 @@ def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amou
     reduce-scatters per name."""
     c = pc.call
     own = c.sms
-    channels = own or pc.price.channels
+    channels = held_ctas(c, pc.price.channels)
     if channels:
         got = held.setdefault((stream, c.stages), [0.0, 0.0, {}])
         if own and c.kernel:  # one non-NCCL kernel's legs share its own SMs: held once, over its longest leg

@@ -5,6 +5,7 @@ longer. Each number below is worked by hand."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from collectives import Op
@@ -20,7 +21,7 @@ from planner.contention import PP_OVERLAP_KERNELS, Share, ring_p2p_kernels, wind
 from planner.context import Context
 from planner.kernels import efficiency
 from planner.layout import Group
-from planner.ledger import Call
+from planner.ledger import Call, held_ctas
 from planner.rules.context_parallel import kv_bytes
 from planner.rules.expert import ll_sms
 from planner.step import StageStep, StreamTotals, _pp_contention, stream_totals
@@ -145,7 +146,7 @@ def test_deepep_plans_report_their_own_sms():
         plan = build_plan(model, work, par, cluster_preset("dgx-h100", 2))
         legs = [pc for pc in plan.calls if pc.call.name.startswith(("ep.dispatch.", "ep.combine."))]
         legs = [pc for pc in legs if pc.call.name.endswith((".rdma", ".nvlink"))]
-        assert legs and {pc.price.channels for pc in legs} == {sms}, dispatch
+        assert legs and {pc.channels for pc in legs} == {sms}, dispatch
 
 
 def test_deepep_low_latency_kernels_hold_one_block_per_expert():
@@ -155,7 +156,17 @@ def test_deepep_low_latency_kernels_hold_one_block_per_expert():
     work = WorkloadSpec(kind="inference", phase="decode", batch_size=64, context_length=4096)
     plan = build_plan(model_preset("mixtral-8x7b"), work, par, cluster_preset("dgx-h100"))
     ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
-    assert ll and {pc.price.channels for pc in ll} == {pc.call.sms for pc in ll} == {8}
+    assert ll and {pc.channels for pc in ll} == {pc.call.sms for pc in ll} == {8}
+
+
+def nccl_alltoall_ctas(pc, preset: str) -> int:
+    """NCCL's all-to-all CTAs on the call's first group (what its price says NCCL would launch)."""
+    from collectives.topology import cluster_for
+    from collectives.topology.library.pricer import features_of, shape_of
+
+    cluster = cluster_for(cluster_preset(preset))
+    shape = shape_of(cluster, np.array(pc.group_devices))
+    return p2p.alltoall_ctas(shape, features_of(cluster), pc.call.message_bytes)
 
 
 @pytest.mark.parametrize(
@@ -178,7 +189,11 @@ def test_deepep_low_latency_blocks_past_the_sm_count(experts, preset, blocks):
     work = WorkloadSpec(kind="inference", phase="decode", batch_size=64, context_length=4096)
     plan = build_plan(model, work, par, cluster_preset(preset))
     ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
-    assert ll and {pc.price.channels for pc in ll} == {pc.call.sms for pc in ll} == {blocks}
+    assert ll and {pc.channels for pc in ll} == {pc.call.sms for pc in ll} == {blocks}
+    # one home for "its own SMs, not NCCL's CTAs" (ledger.held_ctas, review r8a finding 6): the price keeps NCCL's
+    # all-to-all channels; the report and the step read the call's SMs through the rule
+    assert all(pc.price.channels == nccl_alltoall_ctas(pc, preset) != blocks for pc in ll)
+    assert {held_ctas(pc.call, pc.price.channels) for pc in ll} == {blocks}
     # unknown SMs (a Context without the cluster's GPU): E, as before
     assert ll_sms(Context(model, work, par)) == experts
 
