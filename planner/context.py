@@ -25,6 +25,7 @@ class Context:
     work: WorkloadSpec
     par: ParallelSpec
     devices_per_node: int | None = None  # the cluster's; DeepEP dispatch needs it to split its two legs
+    device_sms: int = 0  # the GPU's SMs (GPUSpec.sms; 0 unknown): DeepEP's low-latency grid reads it (rules/expert.py)
 
     __hash__ = frozen_hash  # the dataclass's hash, computed once (collectives/_hashing.py): memos key on the context
 
@@ -249,3 +250,8 @@ class Context:
         (every one but pp 1's single chunk) holds its own copy (language_module.py
         setup_embeddings_and_output_layer: "a copy of embedding layer in the mtp process stage")."""
         return any(c.mtp and not c.embedding for c in self.chunks[stage])
+
+
+def device_sms(cluster) -> int:
+    """The SMs of a ClusterSpec's GPU (GPUSpec.sms), 0 where unknown: the fact Context.device_sms carries."""
+    return cluster.gpu.sms if cluster.gpu else 0

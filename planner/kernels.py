@@ -230,6 +230,10 @@ FP8_CLOCK = {90: 0.892}
 # GH200, H800: the same SMs): 132 x 4,096 x 1,830 MHz = 989.4 TF (H100 whitepaper Table 3, max boost clock for
 # tensor-core work 1,830 MHz; nvidia-smi's clocks.max.sm, 1,980 MHz, is the non-tensor boost).
 DATASHEET_CLOCK_MHZ = {80: 1410, 90: 1830}
+# The SM clock a memory-bound kernel runs at, MHz: nvidia-smi's clocks.max.sm, the non-tensor boost named above (A100
+# SXM4 1,410, the datasheet's boost; H100 SXM5 / H200 1,980, the H200 run's logged clock). Blackwell: not measured
+# here, so its dropout draws are not priced (dropout_rng_s 0). The power-limit scale (GPUSpec.clock_scale) lowers it.
+SM_CLOCK_MHZ = {80: 1410, 90: 1980}
 
 # CTA tile (rows, columns) cuBLAS picks for large GEMMs: Ampere 128x128 (ampere_bf16_s16816gemm_..._128x128),
 # Hopper and Blackwell 128x256 (sm90_xmma_gemm_..._tilesize128x256x64; Blackwell's 256x256 2-SM tile is 128x256
@@ -362,9 +366,6 @@ UNFUSED_DROPOUT_BYTES = (5, 5)
 # backward has no RNG. (The PyTorch 1.8-era kernel, THC headers and a uint8 mask, draws the same way: curand_init
 # per thread, curand_uniform4 per 4 elements.)
 DROPOUT_RNG_SM_CYCLES = 0.42
-# The SM clock a memory-bound kernel runs at, MHz (nvidia-smi clocks.max.sm: A100 SXM4 1,410; H100 SXM5 / H200 1,980,
-# the H200 run's logged clock). Blackwell: not measured here, so its draws are not priced (dropout_rng_s 0).
-SM_CLOCK_MHZ = {80: 1410, 90: 1980}
 # The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
 # 2022): forward the context's ``permute(2, 0, 1, 3).contiguous()`` from [b·np, s, hn] back to [s, b, np·hn] (read and
 # write the output: 2 passes of its elements); backward torch.split's SplitBackward concatenates the q, k and v
@@ -867,8 +868,13 @@ def _round(v: float) -> float:
 # ---- memory-bound kernels -----------------------------------------------------------------------------------
 
 
+def hbm_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
+    """Seconds to stream ``nbytes`` through HBM at the memory-bound kernels' efficiency (memory_kernel's byte term)."""
+    return nbytes / (gpu.hbm_GBps * 1e9 * eff.hbm)
+
+
 def memory_kernel(name: str, nbytes: float, gpu: GPUSpec, eff: Efficiency, count: int = 1, floor: float = 0.0):
-    t = nbytes / (gpu.hbm_GBps * 1e9 * eff.hbm) + count * eff.kernel_s
+    t = hbm_s(nbytes, gpu, eff) + count * eff.kernel_s
     return Kernel(name, "memory", max(t, count * floor), bytes=nbytes, count=count)
 
 
@@ -2341,14 +2347,13 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     groups = max(1, round(bh))
     qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
     pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
-    # dropout trains only: in eval mode torch.nn.Dropout returns its input and launches nothing
-    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) and ctx.training else (0, 0)
+    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)  # training only (has_dropout)
     (soft_fb, soft_fk), (soft_bb, soft_bk) = unfused_softmax_bytes(ctx.x, s_q, s_k, groups)
     scores = bh * s_q * s_k
     drop_k = bool(dropout[0])
     soft_f = memory_kernel("softmax_dropout", scores * (soft_fb + dropout[0]), gpu, eff, soft_fk + drop_k)
     if drop_k:  # the dropout's Philox draws where they take longer than its bytes (DROPOUT_RNG_SM_CYCLES)
-        excess = dropout_rng_s(scores, gpu) - scores * dropout[0] / (gpu.hbm_GBps * 1e9 * eff.hbm)
+        excess = dropout_rng_s(scores, gpu) - hbm_s(scores * dropout[0], gpu, eff)
         soft_f = replace(soft_f, time_s=soft_f.time_s + max(0.0, excess))
     soft_b = memory_kernel("softmax_dropout.bwd", scores * (soft_bb + dropout[1]), gpu, eff, soft_bk + drop_k)
     # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
@@ -2362,8 +2367,9 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
 
 def dropout_rng_s(elements: float, gpu: GPUSpec) -> float:
     """Seconds torch's dropout forward spends drawing its mask over ``elements`` on the SMs: elements x
-    DROPOUT_RNG_SM_CYCLES / (SMs x SM_CLOCK_MHZ); 0 where the GPU's SMs or SM clock are not known."""
-    clock = SM_CLOCK_MHZ.get(generation(gpu))
+    DROPOUT_RNG_SM_CYCLES / (SMs x SM_CLOCK_MHZ x the power-limit scale, GPUSpec.clock_scale: a lowered limit lowers
+    the SM clock as it does the GEMMs'); 0 where the GPU's SMs or SM clock are not known."""
+    clock = SM_CLOCK_MHZ.get(generation(gpu), 0) * gpu.clock_scale()
     if not clock or not gpu.sms:
         return 0.0
     return elements * DROPOUT_RNG_SM_CYCLES / (gpu.sms * clock * 1e6)

@@ -81,6 +81,14 @@ class Call:
         )
 
 
+def held_ctas(call, channels: int) -> int:
+    """The CTAs (one SM each) a call's kernel holds while it runs, given its price's NCCL ``channels``: its own SMs
+    where the kernel is not NCCL's (``Call.sms``: DeepEP, HybridEP), else those channels. The one home of that rule:
+    the step's contention (step._tally_holds, on a Call or the search's RowCall) and the report (PricedCall.channels,
+    the wire's placement.channels) read it."""
+    return call.sms or channels
+
+
 def rule_call(
     *, name: str, op: Op, phase: str, message: int, count: int, group: Group, source: str, dtype: str
 ) -> Call:

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .compute import kv_cache_bytes_per_layer
+from .compute import kv_cache_bytes_per_layer, mtp_bf16_context
 from .context import Context
 from .kernels import loss_vocab
 from .model import ModelSpec
@@ -139,8 +139,9 @@ class LayerActivations:
 
 def has_dropout(ctx: Context) -> bool:
     """GPT-style models train with Megatron's default attention and hidden dropout 0.1 (arguments.py); Llama-style
-    recipes (no biases, rotary) set both to 0."""
-    return ctx.model.learned_position_embeddings or ctx.model.linear_bias
+    recipes (no biases, rotary) set both to 0. Training only: in eval mode torch.nn.Dropout returns its input and
+    launches nothing (torch/nn/functional.py dropout: ``training=False``), so no kernel and no saved mask."""
+    return ctx.training and (ctx.model.learned_position_embeddings or ctx.model.linear_bias)
 
 
 def saved_recipe(ctx: Context):
@@ -311,24 +312,28 @@ def held_activation_bytes(parts: ChunkActivations, in_flight: tuple[float, ...],
 
 
 def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> ChunkActivations:
-    """``ChunkActivations`` of a training stage (``stage_activation_bytes`` before the schedule's counts)."""
+    """``ChunkActivations`` of a training stage (``stage_activation_bytes`` before the schedule's counts). The MTP
+    blocks' layers (a chunk's last ``chunk_mtp`` layers) save their tensors at the width of the context they run in
+    (compute.mtp_bf16_context: bf16 under nvfp4, which Megatron-LM d98e8a6 multi_token_prediction.py l. 1386-1402
+    runs outside the fp4 context), the decoder's at the decoder's."""
     par = ctx.par
     t, sp = par.tp, par.sp
     flash = ctx.work.attention_kernel == "flash" if flash is None else flash
     kinds = [k for k in (False, True) if (ctx.moe_layers(stage) if k else ctx.dense_layers(stage))]
     full = {moe: layer_activations(ctx, moe) for moe in kinds}
-    layer_input = _sequence_row(ctx)  # 2sbh at x = 2, /t with SP
+    bf16 = mtp_bf16_context(ctx) if ctx.holds_mtp(stage) else None  # None: the MTP layers run as the decoder's
     kept: dict = {}
 
-    def keeps(moe: bool, plan: LayerRecompute) -> float:
-        key = (moe, plan)
+    def keeps(moe: bool, plan: LayerRecompute, mtp: bool = False) -> float:
+        key = (moe, plan, mtp)
         if key not in kept:
+            at = bf16 if mtp else ctx
             if "op" in plan.modules:
-                kept[key] = torch_op_sac_kept(ctx)
+                kept[key] = torch_op_sac_kept(at)
             elif plan.full:
-                kept[key] = layer_input if plan.keeps_input else 0.0
+                kept[key] = _sequence_row(at) if plan.keeps_input else 0.0
             else:
-                acts, freed = full[moe], freed_activations(ctx, moe, plan.modules)
+                acts, freed = layer_activations(at, moe), freed_activations(at, moe, plan.modules)
                 left = LayerActivations(acts.split - freed.split, acts.replicated - freed.replicated, acts.scores)
                 kept[key] = left.per_rank(t, sp, flash or "core_attn" in plan.modules)
         return kept[key]
@@ -338,17 +343,21 @@ def chunk_activations(ctx: Context, stage: int, flash: bool | None = None) -> Ch
     # values in their order (the keys, the look-ups and the sum run in C: no Python call per layer)
     by_plan: dict = {}
     per_chunk = []
-    for chunk, plans, c in zip(ctx.chunk_kinds[stage], chunk_plans(ctx, stage), ctx.chunks[stage], strict=True):
-        layers = list(zip(chunk, map(id, plans), strict=True))  # (moe, id of its plan) per layer, in order
+    for chunk, plans, c, n_mtp in zip(
+        ctx.chunk_kinds[stage], chunk_plans(ctx, stage), ctx.chunks[stage], ctx.chunk_mtp[stage], strict=True
+    ):
+        # (moe, id of its plan, whether an MTP block at its own width) per layer, in order
+        marks = (False,) * (len(chunk) - n_mtp) + (bf16 is not None,) * n_mtp if n_mtp else (False,) * len(chunk)
+        layers = list(zip(chunk, map(id, plans), marks, strict=True))
         new = set(layers).difference(by_plan)
         if new:
             plan_of = dict(zip(map(id, plans), plans, strict=True))
-            for moe, ident in new:
-                by_plan[moe, ident] = keeps(moe, plan_of[ident])
+            for moe, ident, mtp in new:
+                by_plan[moe, ident, mtp] = keeps(moe, plan_of[ident], mtp)
         per_chunk.append(sum(map(by_plan.__getitem__, layers)) + mtp_chunk_bytes(ctx, c) + head_chunk_bytes(ctx, c))
     working = working_layers(ctx) * max((full[k].per_rank(t, sp, flash) for k in kinds), default=0.0)
     if mtp_checkpointed(ctx.work) and ctx.holds_mtp(stage):  # the backward rebuilds one MTP module whole
-        block = full[ctx.model.is_moe_layer(ctx.model.num_layers)].per_rank(t, sp, flash)
+        block = layer_activations(bf16 or ctx, ctx.model.is_moe_layer(ctx.model.num_layers)).per_rank(t, sp, flash)
         working = max(working, block + mtp_module_bytes(ctx))
     return ChunkActivations(tuple(per_chunk), working, offloaded_bytes(ctx, stage), _logits(ctx, stage))
 

@@ -24,10 +24,10 @@ from collectives.topology.spec import spec_block
 
 from ._errors import SpecError
 from .assumptions import Assumption, plan_assumptions
-from .context import Context
+from .context import Context, device_sms
 from .kernel_view import drawn_links
 from .layout import Group, RankLayout, layout_for
-from .ledger import Call
+from .ledger import Call, held_ctas
 from .memory import Memory
 from .model import ModelSpec, validate_model
 from .parallel import ParallelSpec, validate_parallel
@@ -72,6 +72,11 @@ class PricedCall:
     group_ranks: list[int] = field(default_factory=list)  # group 0, in schedule order
     group_devices: list[int] = field(default_factory=list)  # where those ranks run
     links: list[dict] = field(default_factory=list)  # the busiest links, labelled where they really are
+
+    @property
+    def channels(self) -> int:
+        """The CTAs the call's kernel holds (Call.held_ctas): its own SMs (DeepEP, HybridEP) or NCCL's channels."""
+        return held_ctas(self.call, self.price.channels)
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,8 @@ def setup(
     validate_parallel(par, model, work, cluster.num_devices)
     check_recipe_gpu(work.fp8_recipe, cluster_spec.gpu)
     _validate_options(options, cluster.num_devices)
-    return _context(model, work, par, cluster.spec.devices_per_node), layout_for(par), cluster
+    per_node, sms = cluster.spec.devices_per_node, device_sms(cluster_spec)
+    return _context(model, work, par, per_node, sms), layout_for(par), cluster
 
 
 # ---- contexts and ledgers memoised by value --------------------------------------------------------------
@@ -232,8 +238,8 @@ CONTEXT_CACHE = 32
 _CONTEXTS: OrderedDict = OrderedDict()  # Context -> [that context, its ledger or None, its ledger memo]
 
 
-def _context(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, devices_per_node: int) -> Context:
-    probe = Context(model, work, par, devices_per_node=devices_per_node)
+def _context(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, devices_per_node: int, sms: int = 0) -> Context:
+    probe = Context(model, work, par, devices_per_node=devices_per_node, device_sms=sms)
     found = _CONTEXTS.get(probe)
     if found is None:
         found = _CONTEXTS[probe] = [probe, None, {}]
@@ -582,8 +588,6 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
         ]
     if call.fixed_s:
         price = with_fixed_time(price, call.fixed_s)
-    if call.sms and price.channels != call.sms:  # the framework's own kernel (DeepEP): its SMs, not NCCL's CTAs
-        price = replace(price, channels=call.sms)
     links = [dict(link) for link in relabelled[site.shift]]  # each call's own: callers may edit them
     num_groups, group_size = site.devices.shape
     return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)

@@ -79,9 +79,11 @@ from .kernels import (
     gemm_operand_bytes,
     sp_layout_copy_kernels,
 )
+from .ledger import held_ctas
 from .memory import Memory, memory_per_stage, offloaded_bytes
 from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
 from .recompute import layer_counts
+from .rules.context_parallel import rotate_method
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
 from .rules.tensor import async_tp_fused_gemms, async_tp_fused_names, summed_dgrad_names
 from .workload import selective_modules
@@ -380,7 +382,7 @@ def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amou
     reduce-scatters per name."""
     c = pc.call
     own = c.sms
-    channels = own or pc.price.channels
+    channels = held_ctas(c, pc.price.channels)
     if channels:
         got = held.setdefault((stream, c.stages), [0.0, 0.0, {}])
         if own and c.kernel:  # one non-NCCL kernel's legs share its own SMs: held once, over its longest leg
@@ -575,15 +577,17 @@ def _fsdp_edges(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> 
 
 
 def _holds(
-    ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str], gpu: GPUSpec | None = None
+    ctx: Context, totals: StreamTotals, flags: Overlap, stages: int, wanted: set[str], gpu: GPUSpec
 ) -> dict[str, list[Share | None]]:
     """What the calls of each stream hold on average while they run, per stage (contention.Share; None where the
     stream holds nothing there): the priced calls' NCCL channels (p2p and all-to-all kernels included) or own
     SMs and HBM bytes over their seconds; a TP overlap whose framework sets its own SMs per collective
     (Flavour.tp_overlap_sms: TransformerEngine's userbuffers) holds those instead of NCCL's channels; the CP
-    ring's exchange runs as one or two kernels at once (contention.ring_p2p_kernels). Only the streams in
-    ``wanted``."""
+    ring's exchange under TransformerEngine runs as one or two kernels at once (contention.ring_p2p_kernels);
+    torch's ring attention rotates with one kernel (rules/context_parallel.py ``_torch_ring``). Only the streams
+    in ``wanted``."""
     own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
+    te_ring = ring_p2p_kernels(gpu.sm, ctx.par.cp) if rotate_method(ctx) is None else 0
     keys = {k for k in wanted if k in totals.sm_time or (own and k.startswith("tp.") and k in totals.time)}
     out: dict[str, list[Share | None]] = {}
     zeros = [0.0] * stages
@@ -592,8 +596,8 @@ def _holds(
         if own and key.startswith("tp."):
             by_op = [(n, totals.tp_ops.get(f"{key}.{op}", zeros)) for op, n in own]
             sm = [sum(n * row[s] for n, row in by_op) for s in range(stages)]
-        if key.startswith("cp.ring."):
-            sm = [x * ring_p2p_kernels(gpu.sm if gpu else 0, ctx.par.cp) for x in sm]
+        if te_ring and key.startswith("cp.ring."):
+            sm = [x * te_ring for x in sm]
         out[key] = [Share(a / t, b / t) if t and (a or b) else None for t, a, b in zip(seconds, sm, hbm, strict=True)]
     return out
 

@@ -468,7 +468,7 @@ class PlacementOut(Out):
     nccl_algorithm: Annotated[str, From("price.nccl_algorithm")] = Field(
         default="", description="library pricing: NCCL algorithm (Ring, Tree, NVLS, ...)"
     )
-    channels: Annotated[int, From("price.channels")] = Field(
+    channels: Annotated[int, From("channels")] = Field(
         default=0,
         description="CTAs (one SM each) the call's kernel holds while it runs: NCCL's channels for its collectives "
         "under library pricing and for every send/recv and all-to-all NCCL runs (its p2p channels), the kernel's "

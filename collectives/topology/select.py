@@ -9,6 +9,7 @@ algorithms HCCL uses. ``candidates='all'`` tries every registered algorithm.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
@@ -20,7 +21,8 @@ from ..schedule import Schedule
 from .calibration import DEFAULT, Calibration
 from .cluster import Cluster
 from .library import is_nvidia, normalise_algo, normalise_proto, price_library
-from .library.model import NCCL_FUNCS
+from .library.graphs import Shape
+from .library.model import NCCL_FUNCS, Features
 from .library.p2p import P2P_OPS, p2p_ctas
 from .library.pricer import features_of, shape_of
 from .pricing import Evaluation, Price, evaluate, local_size, summarise
@@ -126,18 +128,28 @@ def nccl_p2p_ctas(op: Op, message_bytes: int, placement: np.ndarray, cluster: Cl
     where NCCL runs it (an NVIDIA cluster, pricing other than ``schedule`` by name); 0 otherwise."""
     if op not in P2P_OPS or placement.shape[1] < 2 or pricing == "schedule" or not is_nvidia(cluster):
         return 0
-    group = _widest_group(cluster, placement)
-    return p2p_ctas(op, message_bytes, shape_of(cluster, group), features_of(cluster))
+    return p2p_ctas(op, message_bytes, *_p2p_part(cluster, placement))
 
 
-def _widest_group(cluster: Cluster, placement: np.ndarray) -> np.ndarray:
-    """The first group spanning the most nodes: the one whose path sets a point-to-point call's time (its
-    slowest link), whose communicator's channels the call's kernel is taken to hold."""
-    if placement.shape[0] == 1:
-        return placement[0]
-    nodes = np.sort(cluster.node_of(placement), axis=1)
-    spans = (np.diff(nodes, axis=1) != 0).sum(axis=1)
-    return placement[int(np.argmax(spans))]
+_P2P_PART: OrderedDict = OrderedDict()
+
+
+def _p2p_part(cluster: Cluster, placement: np.ndarray) -> tuple[Shape, Features]:
+    """NCCL's view of the communicator of the first group spanning the most nodes (the one whose path sets a
+    point-to-point call's time, its slowest link, whose channels the call's kernel is taken to hold) and the
+    cluster's features: what depends on the placement only, memoised per placement as the library pricer's
+    ``_placement_part`` (a search prices thousands of message sizes on one placement)."""
+    key = (cluster.spec, placement.shape, placement.tobytes())
+    got = _P2P_PART.get(key)
+    if got is None:
+        group = placement[0]
+        if placement.shape[0] > 1:
+            nodes = np.sort(cluster.node_of(placement), axis=1)
+            group = placement[int(np.argmax((np.diff(nodes, axis=1) != 0).sum(axis=1)))]
+        got = _P2P_PART[key] = (shape_of(cluster, group), features_of(cluster))
+        if len(_P2P_PART) > 1024:
+            _P2P_PART.popitem(last=False)
+    return got
 
 
 def _price_schedule(op, message_bytes, placement, cluster, algorithm, calibration, which, top_links) -> Price:

@@ -186,9 +186,11 @@ def _low_latency(ctx: Context, layers: int, rows: int) -> list[Call]:
 def ll_sms(ctx: Context) -> int:
     """The blocks DeepEP's low-latency dispatch and combine launch, not NCCL's channels (the contention model's
     Call.sms): ceil(E / ceil(E / S)) for E experts on S SMs (DeepEP 4e38d1d csrc/kernels/internode_ll.cu lines
-    564-570 and 1205-1211; the combine at least that), which is E where E <= S and about S above it; taken as E,
-    so that past the GPU's SM count it holds them all (256 experts: 128 of an H100's 132)."""
-    return ctx.model.moe.num_experts
+    564-570 and 1205-1211: num_warp_groups = ceil_div(num_experts, num_device_sms), num_sms =
+    ceil_div(num_experts, num_warp_groups); the combine the same), which is E where E <= S (256 experts: 128 of
+    an H100's 132; 160: 80). E where the GPU's SM count is unknown (Context.device_sms 0)."""
+    experts, sms = ctx.model.moe.num_experts, ctx.device_sms
+    return -(-experts // -(-experts // sms)) if sms else experts
 
 
 def _dispatch_combine(ctx: Context, layers: int, rows: int, suffix: str = "", source: str = SOURCE) -> list[Call]:

@@ -22,6 +22,7 @@ from collectives.topology.select import cached_schedule, resolve_pricing
 
 from .. import flavours
 from .._errors import SpecError
+from ..context import device_sms
 from ..layout import RankLayout
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _fits_workload
@@ -124,10 +125,10 @@ def data_template(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> te
 
 
 def _build(
-    rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None
+    rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None, sms: int = 0
 ) -> templates.Template | None:
     try:
-        return templates.build(rules, model, work, par, per_node)
+        return templates.build(rules, model, work, par, per_node, sms)
     except templates.NotLinear:
         return None
 
@@ -150,6 +151,7 @@ class ShapeEvaluator:
         self.threshold = threshold  # the k-th best step time found elsewhere so far (branch and bound)
         self.space = space_of(problem)
         self.cluster = cluster_for(problem.cluster)
+        self._sms = device_sms(problem.cluster)  # DeepEP's low-latency grid (rules/expert.py ll_sms)
         # the default schedule (one chunk per rank): the placements read only the degrees and the order
         base = Variant(shape, 1, ParallelSpec.pipeline_schedule, 0, False, flavours.DEFAULT).parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
@@ -176,7 +178,7 @@ class ShapeEvaluator:
             work = replace(self.problem.work, **recompute_fields(recompute))
             if act:
                 per_node = self.cluster.spec.devices_per_node  # DeepEP's legs (rules/deepep.py)
-                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=0), per_node)
+                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=0), per_node, self._sms)
             else:
                 self._templates[key] = data_template(model, work, par)
         return self._templates[key]
@@ -223,7 +225,9 @@ class ShapeEvaluator:
             if tpl is None:
                 work = replace(self.problem.work, micro_batch_size=b, **recompute_fields(recompute))
                 tpl = templates.Template.fixed(
-                    templates.exact(self.problem.model, work, variant.parallel(), self.cluster.spec.devices_per_node)
+                    templates.exact(
+                        self.problem.model, work, variant.parallel(), self.cluster.spec.devices_per_node, self._sms
+                    )
                 )
                 return [self._rows(tpl, 1, 1)]
             parts.append(self._priced(tpl, b, m))

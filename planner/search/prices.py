@@ -50,8 +50,7 @@ class Curve:
         # NCCL's model (the plan's default on NVIDIA clusters) switches algorithm, protocol and channel count
         # with the size, so it is not one line between powers of two; it is cheap (memoised per communicator
         # in collectives/topology/library), so those calls are priced exactly, as the plan prices them.
-        schedule = options.candidates == "all" and options.pricing == "auto"  # as planner.plan._price_op
-        self.library = not schedule and resolve_pricing(options.pricing, cluster, op) == "library"
+        self.library = resolve_pricing(options.pricer, cluster, op) == "library"  # as planner.plan._price_op
 
     def _at(self, algorithm: str, size: int) -> float | None:
         key = (algorithm, size)
@@ -97,7 +96,7 @@ class Curve:
             if not times:
                 raise CollectiveError("algorithm", f"no algorithm can run {self.op.value} here")
             best = min(times)
-            ctas = nccl_p2p_ctas(self.op, message, self.placement, self.cluster, self.options.pricing)
+            ctas = nccl_p2p_ctas(self.op, message, self.placement, self.cluster, self.options.pricer)
             if ctas:  # what the plan's price of this send/recv says NCCL holds (price_call): it moves M each way
                 self._held[message] = (ctas, message, message)
         self._memo[message] = best

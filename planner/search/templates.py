@@ -71,23 +71,26 @@ class Template:
 
 
 def _ledger(
-    rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, b: int, m: int, per_node: int | None
+    rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, b: int, m: int, per_node: int | None, sms: int
 ) -> list[Call]:
     w = replace(work, micro_batch_size=b, global_batch_size=b * m * par.dp)
-    ctx = Context(model, w, par, per_node)
+    ctx = Context(model, w, par, per_node, sms)
     calls: list[Call] = []
     for rule in rules:
         calls += rule.calls(ctx)
     return merge_stages(calls)
 
 
-def build(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None) -> Template:
-    """``per_node``: the cluster's devices per node, which DeepEP's legs read (rules/deepep.py)."""
+def build(
+    rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None, sms: int = 0
+) -> Template:
+    """``per_node``: the cluster's devices per node, which DeepEP's legs read (rules/deepep.py); ``sms``: the
+    GPU's SMs, which DeepEP's low-latency grid reads (rules/expert.py ll_sms)."""
     if data in rules and data.fsdp2_pipelined(Context(model, work, par)):
         # its gathers follow the schedule's warm-up min(m, pp - stage): linear at (1, 1) and (2, 2), not beyond
         raise NotLinear("FSDP2 inside a pipeline: the gathers per phase follow the schedule, not m")
-    one = _ledger(rules, model, work, par, 1, 1, per_node)
-    two = _ledger(rules, model, work, par, 2, 2, per_node)
+    one = _ledger(rules, model, work, par, 1, 1, per_node, sms)
+    two = _ledger(rules, model, work, par, 2, 2, per_node, sms)
     if len(one) != len(two) or any(a.name != c.name or a.stages != c.stages for a, c in zip(one, two, strict=True)):
         raise NotLinear("the ledger's calls differ between micro-batch sizes")
     bytes1 = np.array([c.message_bytes for c in one], dtype=np.int64)
@@ -101,11 +104,13 @@ def build(rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_no
     return Template(one, bytes1, count1, per_b & (bytes1 > 0), per_m & (count1 > 0))
 
 
-def exact(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None) -> list[Call]:
+def exact(
+    model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None, sms: int = 0
+) -> list[Call]:
     """The ledger the plan builds (the reference a template must equal)."""
     from ..rules import ledger
 
-    return ledger(Context(model, work, par, per_node))
+    return ledger(Context(model, work, par, per_node, sms))
 
 
 __all__ = ["ACTIVATION_RULES", "DATA_RULES", "NotLinear", "Template", "build", "exact"]

@@ -36,7 +36,7 @@ from collectives import Op
 from collectives.topology import ClusterSpec, cluster_for, price_call
 
 from .._errors import SpecError
-from ..context import Context
+from ..context import Context, device_sms
 from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
@@ -404,7 +404,7 @@ def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str,
 
 
 def _context(model, options, phase, batch, context, par, w) -> Context:
-    return Context(model, _work(options, phase, batch, context), par, devices_per_node=w.cluster.devices_per_node)
+    return Context(model, _work(options, phase, batch, context), par, w.cluster.devices_per_node, device_sms(w.cluster))
 
 
 def _calibrated(plan: Plan, scale: float) -> Plan:
@@ -463,9 +463,9 @@ def kv_capacity(
     budget = gpu.hbm_bytes * share
     par = w.decode_par
     own = Context(model, _work(options, *counted), w.par if counted[0] == "prefill" else par,
-                  devices_per_node=w.cluster.devices_per_node)  # fmt: skip
+                  w.cluster.devices_per_node, device_sms(w.cluster))  # fmt: skip
     one = Context(model, _work(options, "decode", par.dp, request_tokens), par,
-                  devices_per_node=w.cluster.devices_per_node)  # fmt: skip
+                  w.cluster.devices_per_node, device_sms(w.cluster))  # fmt: skip
     tokens = math.inf
     for st, big in zip(plan.memory.per_stage, largest.memory.per_stage, strict=True):
         per_token = kv_cache_bytes(one, st.stage) / request_tokens

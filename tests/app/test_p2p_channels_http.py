@@ -84,3 +84,19 @@ def test_deepep_legs_report_their_kernels_sms():
         assert r.status_code == 200, r.text
         legs = [c for c in r.json()["calls"] if c["name"].endswith((".rdma", ".nvlink"))]
         assert legs and {c["placement"]["channels"] for c in legs} == {sms}, dispatch
+
+
+def test_deepep_low_latency_reports_ceil_e_over_ceil_e_over_s_blocks():
+    """DeepSeek-V3's 256 experts on H100s (132 SMs): DeepEP's low-latency grid is ceil(256 / ceil(256 / 132)) = 128
+    blocks (internode_ll.cu 564-570), read with the cluster's GPU (review r8a finding 2), not 256."""
+    body = {
+        "model": {"preset": "deepseek-v3"},
+        "workload": {"kind": "inference", "phase": "decode", "batch_size": 64, "context_length": 4096},
+        "parallel": {"dp": 8, "ep": 8, "ep_dispatch": "deepep_ll"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "options": {"timeline": False},
+    }
+    r = client.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    ll = [c for c in r.json()["calls"] if c["name"].endswith(".ll")]
+    assert ll and {c["placement"]["channels"] for c in ll} == {128}

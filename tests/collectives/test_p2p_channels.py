@@ -3,6 +3,7 @@ below is worked by hand from NVIDIA/nccl v2.30.7-1 (graph/paths.cc ncclTopoGetNc
 ncclTopoComputeP2pChannels, enqueue.cc scheduleP2pTasksToPlan / addP2pToPlan, include/channel.h
 ncclP2pChannelBaseForRound) and the older tags where the network rule differs."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -134,3 +135,31 @@ def test_a_measured_log_prints_the_same_p2p_channels():
     assert shape.version == "2.22"
     comm = p2p.p2p_comm(shape, features_of(cluster))
     assert (comm.channels, comm.per_peer) == (16, 2)
+
+
+@pytest.mark.parametrize("ppn", range(1, 19))
+def test_the_schedule_group_is_ncclp2pschedules(ppn):
+    # init.cc ncclP2pSchedule (v2.30.7-1 lines 894-897): groupSize 8, taken as gcd(8, localRanks) where
+    # localRanks % 8 or localRanks < 8 (so 8 at 8, 16: the gcd as well)
+    nccl = math.gcd(8, ppn) if ppn % 8 or ppn < 8 else 8
+    assert p2p.p2p_comm(replace(ACROSS, ppn=ppn), FEAT).group_size == nccl
+
+
+def test_a_placement_is_read_once_for_every_message_size(monkeypatch):
+    """The widest group's shape is worked out once per placement (select._p2p_part), the communicator once per
+    shape (p2p_comm, memoised): a search asks thousands of sizes on one placement (review r8a finding 4)."""
+    from collectives.topology import select
+
+    cluster = cluster_for(cluster_preset("dgx-h100", 2))
+    # four pairs; only the third crosses the node boundary: its shape (2 nodes, 1 GPU each) is the one priced
+    placement = np.array([[0, 1], [2, 3], [4, 12], [5, 6]])
+    seen = []
+    real = select.shape_of
+    monkeypatch.setattr(select, "shape_of", lambda c, g: seen.append(g.tolist()) or real(c, g))
+    select._P2P_PART.clear()
+    ctas = [select.nccl_p2p_ctas(Op.SENDRECV, m, placement, cluster) for m in (64 * KIB, 1 * MIB, 3 * MIB)]
+    assert seen == [[4, 12]]
+    shape, feat = select._p2p_part(cluster, placement)
+    assert (shape.nodes, shape.ppn) == (2, 1)
+    assert ctas == [p2p.sendrecv_ctas(shape, feat, m) for m in (64 * KIB, 1 * MIB, 3 * MIB)]
+    assert p2p.p2p_comm(shape, feat) is p2p.p2p_comm(shape, feat)

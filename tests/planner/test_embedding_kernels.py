@@ -145,3 +145,25 @@ def test_interleaved_embedding_chunk_share():
     emb = embedding_pass(ctx, H100)[0].total_s
     share = chunk_shares(ctx, StageStep(0, c), H100)
     assert share == pytest.approx([(layer + emb) / (2 * layer + emb), layer / (2 * layer + emb)], rel=1e-12)
+
+
+def test_inference_runs_no_embedding_dropout():
+    """In eval mode torch.nn.Dropout returns its input and launches nothing (memory.has_dropout is training's only):
+    a GPT lookup at inference (``_embedding_lookup``, which an MTP module's lookup runs in eval too) has its
+    gathers and position add, no dropout pass (review r8a finding 5); its layers save no dropout masks either
+    (memory.layer_activations equals the dropout-free count)."""
+    from planner.kernels import _embedding_lookup, _Layer, efficiency
+    from planner.memory import has_dropout, layer_activations
+
+    gpt = replace(model_preset("gpt3-175b"), num_layers=2)
+    train, serve = ctx_of(gpt, tp=2, sp=True, seq_length=2048), ctx_of(gpt, tp=2, seq_length=2048, training=False)
+    assert has_dropout(train) and not has_dropout(serve)
+    names = {}
+    for which, ctx in (("train", train), ("serve", serve)):
+        k = _Layer(ctx, H100, efficiency(H100, None))
+        _embedding_lookup(k, 2048, "embedding")
+        names[which] = by_name(k.fwd)
+    assert "embedding.dropout" in names["train"]
+    assert "embedding.positions" in names["serve"] and not any("dropout" in n for n in names["serve"])
+    assert layer_activations(serve, False) == layer_activations(serve, False, dropout=False)
+    assert layer_activations(train, False) != layer_activations(train, False, dropout=False)

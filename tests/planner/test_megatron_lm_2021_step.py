@@ -129,3 +129,21 @@ def test_the_legacy_fused_bias_gelu_reading():
     assert (4 * n / rows["bias_gelu"][1]) / (4 * n / copy) == pytest.approx(0.70, abs=0.01)
     assert (6 * n / rows["bias_gelu_back"][1]) / (4 * n / copy) == pytest.approx(0.79, abs=0.01)
     assert rows["bias_gelu"][1] * 1.98e9 * 132 / n == pytest.approx(0.35, abs=0.01)
+
+
+def test_the_draws_slow_with_the_power_limit():
+    """A lowered power limit lowers the SM clock (GPUSpec.clock_scale, as the GEMMs read it): the H200 at 450 W of
+    its 700 W draws its dropout mask 1 / clock_scale slower (review r8a finding 7); at its default limit, as before.
+    The forward's byte time is memory_kernel's own (kernels.hbm_s)."""
+    from dataclasses import replace
+
+    from planner.kernels import hbm_s, memory_kernel
+
+    scores = 12 * 2048 * 2048
+    capped = replace(H200, power_limit_w=450.0)
+    assert 0.5 < capped.clock_scale() < 1.0 and H200.clock_scale() == 1.0
+    assert dropout_rng_s(scores, H200) == pytest.approx(scores * 0.42 / (132 * 1.98e9), rel=1e-12)
+    assert dropout_rng_s(scores, capped) == pytest.approx(dropout_rng_s(scores, H200) / capped.clock_scale(), rel=1e-12)
+    kernel = memory_kernel("k", 5 * scores, H200, EFFICIENCY, count=3)
+    assert kernel.time_s - 3 * EFFICIENCY.kernel_s == pytest.approx(hbm_s(5 * scores, H200, EFFICIENCY), rel=1e-12)
+    assert hbm_s(5 * scores, H200, EFFICIENCY) == pytest.approx(5 * scores / (4800e9 * EFFICIENCY.hbm), rel=1e-12)

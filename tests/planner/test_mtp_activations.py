@@ -215,3 +215,28 @@ def test_nvfp4_selective_recompute_leaves_the_mtp_block_out_of_the_tp_amax_rerun
     m = 4  # micro-batches: 8 / (1 x dp 2)
     assert rerun("tensorwise") == ((5 * 3 + 1) * m, 5 * 3 * m)  # + eh_proj's first run
     assert rerun("nvfp4") == (4 * 3 * m, 4 * 3 * m)  # was 5 x 3 x m: the bf16 MTP block counted
+
+
+def test_nvfp4_mtp_block_saves_its_tensors_at_bf16():
+    """Under nvfp4 the decoder's TE linears save nvfp4 copies of their inputs (Recipe.saved_input_bytes) while the MTP
+    block runs outside the fp4 context (Megatron-LM d98e8a6 multi_token_prediction.py l. 1386-1402, "currently
+    ignoring FP4 in MTP layers"): its layer saves what a bf16 layer does (compute.mtp_bf16_context), the decoder's
+    four theirs at nvfp4 width. No recompute, tp 1, one chunk: 4 decoder layers + the bf16 block + the module's own
+    5 rows (memory.mtp_module_bytes; eh_proj not quantized under fp4) + the final norm's input."""
+    from planner.compute import mtp_bf16_context
+    from planner.memory import mtp_module_bytes
+
+    c = ctx_of(dense_v3(1), fp8_recipe="nvfp4")
+    bf16 = mtp_bf16_context(c)
+    assert bf16 is not None and bf16.work.fp8_recipe is None
+    decoder = layer_activations(c, False).per_rank(1, False, True)
+    block = layer_activations(bf16, False).per_rank(1, False, True)
+    assert block > decoder  # the nvfp4 copies are narrower than the bf16 inputs
+    assert mtp_module_bytes(c) == 5 * ROW
+    acts = chunk_activations(c, 0)
+    assert acts.per_chunk[0] == pytest.approx(4 * decoder + block + 5 * ROW + ROW, abs=4)
+    # under a recipe the MTP block enters (tensorwise fp8), it saves as the decoder does: 5 layers alike
+    t = ctx_of(dense_v3(1), fp8_recipe="tensorwise")
+    assert mtp_bf16_context(t) is None
+    layer = layer_activations(t, False).per_rank(1, False, True)
+    assert chunk_activations(t, 0).per_chunk[0] == pytest.approx(5 * layer + mtp_module_bytes(t) + ROW, abs=4)

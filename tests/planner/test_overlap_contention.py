@@ -78,14 +78,14 @@ def test_te_userbuffers_tp_overlap_holds_its_own_sms():
     st = _stage(0.010, 0.002)
     st.hidden_by_stream[("tp", "forward")] = 0.004
     flags = replace(FRAMEWORK_OVERLAP, tp_comm_overlap=True).resolved(ctx)
-    _contention(st, _holds(ctx, totals, flags, 1, {"tp.forward"}), flags, H100, efficiency(H100, None).hbm)
+    _contention(st, _holds(ctx, totals, flags, 1, {"tp.forward"}, H100), flags, H100, efficiency(H100, None).hbm)
     assert st.slow_fwd_s == pytest.approx(0.004 * 8 / 132, rel=1e-12)
     assert st.slow_bwd_s == 0.0
     # the same window without TE's table (torch async TP): NCCL's 24 channels
     flags = replace(FRAMEWORK_OVERLAP, tp_comm_overlap=False).resolved(ctx)
     st2 = _stage(0.010, 0.002)
     st2.hidden_by_stream[("tp", "forward")] = 0.004
-    _contention(st2, _holds(ctx, totals, flags, 1, {"tp.forward"}), flags, H100, efficiency(H100, None).hbm)
+    _contention(st2, _holds(ctx, totals, flags, 1, {"tp.forward"}, H100), flags, H100, efficiency(H100, None).hbm)
     assert st2.slow_fwd_s == pytest.approx(0.004 * 24 / 132, rel=1e-12)
 
 
@@ -110,7 +110,7 @@ def test_te_bulk_wgrad_gathers_hold_sms():
     st = _stage(0.020, 0.002)
     st.hidden_by_stream[("tp", "backward")] = 0.006
     flags = replace(FRAMEWORK_OVERLAP, tp_comm_overlap=True).resolved(ctx)
-    _contention(st, _holds(ctx, totals, flags, 1, {"tp.backward"}), flags, H100, efficiency(H100, None).hbm)
+    _contention(st, _holds(ctx, totals, flags, 1, {"tp.backward"}, H100), flags, H100, efficiency(H100, None).hbm)
     assert st.slow_bwd_s == pytest.approx(0.064 / 132, rel=1e-12)
 
 

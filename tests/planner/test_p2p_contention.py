@@ -5,6 +5,7 @@ longer. Each number below is worked by hand."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from collectives import Op
@@ -14,14 +15,15 @@ from collectives.topology.library import p2p
 from collectives.topology.library import tables as T
 from collectives.topology.library.graphs import Shape
 from collectives.topology.library.model import Features
-from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.compute import PassTime, StageCompute
 from planner.contention import PP_OVERLAP_KERNELS, Share, ring_p2p_kernels, window_rate
 from planner.context import Context
 from planner.kernels import efficiency
 from planner.layout import Group
-from planner.ledger import Call
+from planner.ledger import Call, held_ctas
 from planner.rules.context_parallel import kv_bytes
+from planner.rules.expert import ll_sms
 from planner.step import StageStep, StreamTotals, _pp_contention, stream_totals
 
 H100 = GPUS["h100-sxm5-80gb"]  # 132 SMs
@@ -144,7 +146,7 @@ def test_deepep_plans_report_their_own_sms():
         plan = build_plan(model, work, par, cluster_preset("dgx-h100", 2))
         legs = [pc for pc in plan.calls if pc.call.name.startswith(("ep.dispatch.", "ep.combine."))]
         legs = [pc for pc in legs if pc.call.name.endswith((".rdma", ".nvlink"))]
-        assert legs and {pc.price.channels for pc in legs} == {sms}, dispatch
+        assert legs and {pc.channels for pc in legs} == {sms}, dispatch
 
 
 def test_deepep_low_latency_kernels_hold_one_block_per_expert():
@@ -154,4 +156,60 @@ def test_deepep_low_latency_kernels_hold_one_block_per_expert():
     work = WorkloadSpec(kind="inference", phase="decode", batch_size=64, context_length=4096)
     plan = build_plan(model_preset("mixtral-8x7b"), work, par, cluster_preset("dgx-h100"))
     ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
-    assert ll and {pc.price.channels for pc in ll} == {pc.call.sms for pc in ll} == {8}
+    assert ll and {pc.channels for pc in ll} == {pc.call.sms for pc in ll} == {8}
+
+
+def nccl_alltoall_ctas(pc, preset: str) -> int:
+    """NCCL's all-to-all CTAs on the call's first group (what its price says NCCL would launch)."""
+    from collectives.topology import cluster_for
+    from collectives.topology.library.pricer import features_of, shape_of
+
+    cluster = cluster_for(cluster_preset(preset))
+    shape = shape_of(cluster, np.array(pc.group_devices))
+    return p2p.alltoall_ctas(shape, features_of(cluster), pc.call.message_bytes)
+
+
+@pytest.mark.parametrize(
+    "experts, preset, blocks",
+    [
+        (256, "dgx-h100", 128),
+        (160, "dgx-h100", 80),
+        (256, "dgx-b200", 128),
+        (128, "dgx-h100", 128),
+        (136, "dgx-h100", 68),
+    ],
+)
+def test_deepep_low_latency_blocks_past_the_sm_count(experts, preset, blocks):
+    """DeepEP 4e38d1d internode_ll.cu 564-570: num_warp_groups = ceil(E / S), num_sms = ceil(E / num_warp_groups),
+    S the GPU's SMs (132 on an H100, 148 on a B200): 256 -> ceil(256 / 2) = 128, 160 -> 80, 136 -> 68, 128 -> 128; not E
+    (review r8a finding 2), which past S held the whole GPU."""
+    base = model_preset("deepseek-v3")
+    model = replace(base, moe=replace(base.moe, num_experts=experts))
+    par = ParallelSpec(dp=8, ep=8, ep_dispatch="deepep_ll")
+    work = WorkloadSpec(kind="inference", phase="decode", batch_size=64, context_length=4096)
+    plan = build_plan(model, work, par, cluster_preset(preset))
+    ll = [pc for pc in plan.calls if pc.call.name.endswith(".ll")]
+    assert ll and {pc.channels for pc in ll} == {pc.call.sms for pc in ll} == {blocks}
+    # one home for "its own SMs, not NCCL's CTAs" (ledger.held_ctas, review r8a finding 6): the price keeps NCCL's
+    # all-to-all channels; the report and the step read the call's SMs through the rule
+    assert all(pc.price.channels == nccl_alltoall_ctas(pc, preset) != blocks for pc in ll)
+    assert {held_ctas(pc.call, pc.price.channels) for pc in ll} == {blocks}
+    # unknown SMs (a Context without the cluster's GPU): E, as before
+    assert ll_sms(Context(model, work, par)) == experts
+
+
+@pytest.mark.parametrize(
+    "framework, cp, kernels", [("megatron", 2, 1), ("megatron", 4, 2), ("torch", 2, 1), ("torch", 4, 1)]
+)
+def test_only_te_runs_the_ring_as_two_kernels(framework, cp, kernels):
+    """The CP ring's stream (cp.ring.*) on an H100: TransformerEngine's isend + irecv kernels at cp > 2 (contention.
+    ring_p2p_kernels); torch's ring attention rotates K/V with one all_to_all_single (its _AllToAllRotater's
+    permute_tensor), one kernel at any cp (review r8a finding 3): 16 channels held for 1 ms -> 16 or 32 SMs."""
+    from planner.step import _holds
+
+    par = ParallelSpec(framework=framework, cp=cp, dp=8 // cp)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=8), par)
+    totals = StreamTotals(time={"cp.ring.forward": [0.001]}, sm_time={"cp.ring.forward": [16 * 0.001]},
+                          hbm={"cp.ring.forward": [0.0]})  # fmt: skip
+    share = _holds(ctx, totals, Overlap().resolved(ctx), 1, {"cp.ring.forward"}, H100)["cp.ring.forward"][0]
+    assert share.sms == pytest.approx(16 * kernels, rel=1e-12)

@@ -361,3 +361,24 @@ def test_group_size_limit_follows_the_pricer():
     assert default_dp_group(h100) == 16384
     assert default_dp_group(cluster_for(cluster_preset("tpu-torus", 512))) == MAX_DP_GROUP == 2048
     assert default_dp_group(cluster_for(cluster_preset("npu-mesh-8", 512))) == MAX_DP_GROUP
+
+
+def test_screen_equals_build_plan_under_candidates_all():
+    """``candidates: all`` prices every call by schedule (Options.pricer), so build_plan's sends, CP ring and
+    pipeline exchanges hold no NCCL CTAs; the screen's curves must charge none either (prices.Curve.time used
+    the raw ``pricing`` 'auto' and charged NCCL's p2p CTAs: review r8a finding 1)."""
+    from planner.plan import Options
+    from planner.search.evaluate import ShapeEvaluator
+    from planner.search.space import Shape, Variant
+
+    model, cluster = MODEL_PRESETS["llama3-8b"], cluster_preset("dgx-h100", 2)
+    work, options = WorkloadSpec(global_batch_size=16), Options(candidates="all")
+    ev = ShapeEvaluator(Problem(model, work, cluster, options=options), Shape(2, 2, 2, 2, 1, 1))
+    variant = Variant(ev.shape, 1, "1f1b", 1, True, "megatron")
+    par = variant.parallel()
+    parts = ev.calls(variant, 1, "none")
+    sends = [r for part in parts for r in part.rows if r.call.op.value in ("sendrecv", "alltoall")]
+    assert sends and all(r.price.channels == 0 for r in sends)  # no NCCL channels under schedule pricing
+    screen = ev.step_model.step_time(par, 1, "none", parts)
+    plan = build_plan(model, replace(work, micro_batch_size=1), par, cluster, options)
+    assert screen == pytest.approx(plan.step.time_s, rel=1e-6)

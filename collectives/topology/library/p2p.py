@@ -61,8 +61,8 @@ from typing import NamedTuple
 
 from ...primitives import Op
 from . import tables as T
-from .graphs import Shape
-from .model import Features, comm_channels, graphs_for
+from .graphs import Shape, ring_graph
+from .model import Features, comm_channels
 
 P2P_PER_BATCH = 8  # include/device.h NCCL_MAX_DEV_WORK_P2P_PER_BATCH (v2.30.7-1 line 391)
 P2P_SCHEDULE_GROUP_SIZE = 8  # init.cc NCCL_P2P_SCHEDULE_GROUP_SIZE default = NCCL_MAX_DEV_WORK_P2P_PER_BATCH
@@ -111,9 +111,11 @@ def _intra_per_peer(shape: Shape) -> int:
     return 2
 
 
+@lru_cache(maxsize=1024)
 def p2p_comm(shape: Shape, feat: Features) -> P2pComm:
-    """The communicator's p2p channels and channels per peer (module table)."""
-    ring = graphs_for(shape)["ring"]
+    """The communicator's p2p channels and channels per peer (module table); a function of its (hashable,
+    frozen) arguments alone, memoised: every message size on one communicator asks it."""
+    ring = ring_graph(shape)
     most = T.max_channels(shape.version)
     raw = min(comm_channels(shape, feat, ring), most)  # NCCL_MAX_P2P_NCHANNELS defaults to MAXCHANNELS
     channels = min(pow2_up(raw), most)
@@ -134,7 +136,9 @@ def p2p_comm(shape: Shape, feat: Features) -> P2pComm:
         per_peer = min(per_peer, channels)
     if shape.nodes > 1:
         chunk = P2P_NET_CHUNK * (2 if feat.cpu_vendor == "arm" and shape.sm >= 100 else 1)
-        group = math.gcd(P2P_SCHEDULE_GROUP_SIZE, shape.ppn) if shape.ppn % P2P_SCHEDULE_GROUP_SIZE else 8
+        # init.cc ncclP2pSchedule 894-897: gcd(8, localRanks) where localRanks % 8 or localRanks < 8, else 8,
+        # which is that gcd too
+        group = math.gcd(P2P_SCHEDULE_GROUP_SIZE, shape.ppn)
     else:
         chunk = P2P_NVL_CHUNK if shape.nvswitch or feat.nvlink else P2P_PCI_CHUNK
         group = shape.ppn
