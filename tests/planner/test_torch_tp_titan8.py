@@ -18,7 +18,7 @@ from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, mo
 from planner.compute import pass_time, per_op_sac_reruns_out_proj, recompute_modules_forward
 from planner.context import Context
 from planner.flavours import flavour, register, unregister
-from planner.kernels import efficiency, full_rerun, layer_kernels, sp_layout_copy_kernels
+from planner.kernels import efficiency, full_rerun, gemm_operand_bytes, layer_kernels, sp_layout_copy_kernels
 
 H100 = cluster_preset("dgx-h100", 1).gpu
 EFF = efficiency(H100, None)
@@ -290,3 +290,17 @@ def test_async_tp_copies_hold_no_sms(monkeypatch):
         assert seen[-1]["tp.forward"][0].sms > 0
     finally:
         unregister("torch-nccl-sms")
+
+
+def test_fused_backward_reduce_scatter_finds_its_dgrad_operand():
+    # the fused backward matmul-reduce-scatter of fc1 (a non-gated MLP) re-lays dY, its dgrad GEMM's A: GPT-3 175B,
+    # tp 8, b 2, s 2048: m = 4096 rows, ffn / tp = 6144, bf16 (before: the lookup searched the forward only, 0)
+    c = Context(
+        model_preset("gpt3-175b"),
+        WorkloadSpec(micro_batch_size=2, global_batch_size=16, torch_compile=True),
+        ParallelSpec(tp=8, sequence_parallel=True, framework="torch"),
+    )
+    assert gemm_operand_bytes(c, H100, "fc1.dgrad") == 4096 * 6144 * 2 == 50_331_648
+    # a forward GEMM's A is its input X (m x h): fc1's 4096 x 12288
+    assert gemm_operand_bytes(c, H100, "fc1") == 4096 * 12288 * 2
+    assert gemm_operand_bytes(c, H100, "no_such_gemm") == 0.0
