@@ -15,7 +15,7 @@ import pytest
 
 from collectives.topology import cluster_preset
 from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
-from planner.compute import pass_time, per_op_sac_reruns_out_proj, recompute_modules_forward
+from planner.compute import pass_time, per_op_sac_reruns_out_proj, per_op_sac_shares, recompute_modules_forward
 from planner.context import Context
 from planner.flavours import flavour, register, unregister
 from planner.kernels import efficiency, full_rerun, gemm_operand_bytes, layer_kernels, sp_layout_copy_kernels
@@ -304,3 +304,16 @@ def test_fused_backward_reduce_scatter_finds_its_dgrad_operand():
     # a forward GEMM's A is its input X (m x h): fc1's 4096 x 12288
     assert gemm_operand_bytes(c, H100, "fc1") == 4096 * 12288 * 2
     assert gemm_operand_bytes(c, H100, "no_such_gemm") == 0.0
+
+
+def test_per_op_sac_shares_one_home():
+    """k of q, k, v (8 of 32 + 16 heads' widths), o eager only, w3 of the gated w1, w3; the async-TP re-issues read
+    the same shares (rules/tensor.py _async_tp_fused_gemms)."""
+    from planner.rules.tensor import async_tp_fused_gemms
+
+    work = {"activation_recompute": "selective", "selective_ac_option": "op", "torch_compile": True}
+    compiled = _ctx(**work)
+    assert per_op_sac_shares(compiled) == {"qkv": 8 / 48, "attn_out": 0.0, "fc1": 0.5}
+    assert per_op_sac_shares(_ctx(**(work | {"torch_compile": False})))["attn_out"] == 1.0
+    shares = {share for _, share in async_tp_fused_gemms(compiled).values()}
+    assert {8 / 48, 0.5} <= shares
