@@ -966,18 +966,17 @@ def _async_tp_split(
     t = ctx.par.tp
     lk = layer_kernels(ctx, moe, gpu, eff)
     floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+    split = per_layer(_ASYNC_TP_GEMMS, _async_tp_gemm_s, ctx, moe, gpu, eff)  # the one home of the per-shard split
 
-    def extra(k: Kernel, which: int) -> float:
-        m, n, kk, _ = k.shape
-        piece = gemm_kernels(k.name, m / t, n, kk, k.dtype, gpu, eff)[which]
-        return t * _floored(piece, floor).time_s - k.time_s
+    def extra(k: Kernel) -> float:
+        return split[k.name] - k.time_s
 
     fused = ASYNC_TP_GATHER_GEMMS + ASYNC_TP_SCATTER_GEMMS
     ran = full_rerun(ctx, lk.forward, moe) if rerun else lk.forward
     forward = [k for k in ran if k.kind == "gemm" and k.name in fused]
     dgrads = {n + ".dgrad" for n in ASYNC_TP_SCATTER_GEMMS}
-    fwd = sum(extra(k, 0) for k in forward)
-    bwd = 0.0 if rerun else sum(extra(k, 1) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
+    fwd = sum(extra(k) for k in forward)
+    bwd = 0.0 if rerun else sum(extra(k) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
     mem = sum(
         memory_kernel("async_tp.reduce", (k.shape[0] * k.shape[1]) * (1 + 1 / t) * 2, gpu, eff, 1, floor).time_s
         for k in forward
