@@ -1148,11 +1148,18 @@ def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff:
     what reads no more of the context than a layer's kernels do (args: plain values). Bounded: cleared past
     LAYER_KERNELS_KEPT entries."""
     key = (layer_kernels_key(ctx), moe, gpu, eff, args)
+    return memo_by(memo, key, LAYER_KERNELS_KEPT, fn, ctx, moe, gpu, eff, *args)
+
+
+def memo_by(memo: dict, key, kept: int, fn, *args):
+    """``fn(*args)`` memoised in ``memo`` under ``key`` (a value the caller derives from what fn reads), bounded:
+    cleared past ``kept`` entries. The one shape of the planner's value memos (per_layer, rules/tensor.py
+    _by_layout)."""
     found = memo.get(key)
     if found is None:
-        if len(memo) >= LAYER_KERNELS_KEPT:
+        if len(memo) >= kept:
             memo.clear()
-        found = memo[key] = fn(ctx, moe, gpu, eff, *args)
+        found = memo[key] = fn(*args)
     return found
 
 

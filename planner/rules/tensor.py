@@ -37,7 +37,7 @@ from collectives import Op
 
 from ..compute import mtp_bf16_context, per_op_sac_shares
 from ..context import Context
-from ..kernels import mtp_runs_bf16, rerun_stops_at_last_save, vocab_parallel_loss
+from ..kernels import memo_by, mtp_runs_bf16, rerun_stops_at_last_save, vocab_parallel_loss
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, layer_counts, mtp_checkpointed, rerun_layers
@@ -254,13 +254,7 @@ def async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
 def _by_layout(memo: dict, fn, ctx: Context):
     """``fn(ctx)`` memoised on what the TP rules read of the context (the model, workload and layout; bounded:
     cleared past 256 entries): the step asks for the async-TP rows of every plan and searched layout."""
-    key = (ctx.model, ctx.work, ctx.par)
-    found = memo.get(key)
-    if found is None:
-        if len(memo) >= 256:
-            memo.clear()
-        found = memo[key] = fn(ctx)
-    return found
+    return memo_by(memo, (ctx.model, ctx.work, ctx.par), 256, fn, ctx)
 
 
 _FUSED_GEMMS: dict = {}
