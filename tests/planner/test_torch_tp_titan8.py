@@ -317,3 +317,22 @@ def test_per_op_sac_shares_one_home():
     assert per_op_sac_shares(_ctx(**(work | {"torch_compile": False})))["attn_out"] == 1.0
     shares = {share for _, share in async_tp_fused_gemms(compiled).values()}
     assert {8 / 48, 0.5} <= shares
+
+
+def test_tp_rows_tallied_only_for_flavours_that_read_them():
+    """stream_totals' per-row TP tallies (tp.<phase>.<op>.<name>, through _unit_totals) are built for torch (SP
+    copies, async TP) and skipped for Megatron; with them, each row's calls and bytes are the ledger's."""
+    from planner.step import stream_totals, tp_key, tp_rows_read
+
+    assert tp_rows_read(_ctx("torch")) and not tp_rows_read(_ctx("megatron"))
+    torch_plan = _plan("torch")
+    calls, m, zero = torch_plan.calls, torch_plan.num_microbatches, 0
+    on = stream_totals(calls, m, zero, 1, True)
+    off = stream_totals(calls, m, zero, 1, False)
+    assert not off.tp_seconds and not any(k.startswith("tp.") for k in off.unit_volume)
+    gathers = [pc.call for pc in calls if pc.call.parallelism == "tp" and pc.call.op.value == "allgather"]
+    c = next(c for c in gathers if c.phase == "forward")
+    key = tp_key("forward", "allgather", c.name)
+    assert on.unit_count[key] == [c.calls_per_iteration]
+    assert on.unit_volume[key] == [c.calls_per_iteration * c.message_bytes]
+    assert on.time == off.time
