@@ -48,6 +48,7 @@ from .kernels import (
     one_kernel_loss_bytes,
     optimizer_bytes,
     per_layer,
+    rerun_stops_at_last_save,
     vocab_shard,
 )
 from .recompute import layer_counts
@@ -193,9 +194,10 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
     mdl = ctx.model
     gemm_flops = layer.flops - pass_time(lk.attention).flops
     if "op" in modules:
-        hd = mdl.head_size
-        out_proj = mdl.num_attention_heads * hd if per_op_sac_reruns_out_proj(ctx) else 0
-        redo = mdl.hidden_size * (mdl.kv_heads * hd + out_proj + mdl.ffn_hidden_size)
+        q, kv, ffn = mdl.num_attention_heads * mdl.head_size, mdl.kv_heads * mdl.head_size, mdl.ffn_hidden_size
+        widths = {"qkv": q + 2 * kv, "attn_out": q, "fc1": (2 if mdl.gated_mlp else 1) * ffn}  # x h: the weights
+        h = mdl.hidden_size
+        redo = h * sum(widths[name] * part for name, part in per_op_sac_shares(ctx).items())
         share = redo / (mdl.attention_params() + mdl.mlp_params(mdl.ffn_hidden_size))
         return PassTime(gemm_s=layer.gemm_s * share, elementwise_s=layer.elementwise_s, flops=gemm_flops * share)
     out = pass_time(lk.attention) if "core_attn" in modules else PassTime()
@@ -245,7 +247,22 @@ def per_op_sac_reruns_out_proj(ctx: Context) -> bool:
     (torch/_functorch/partitioners.py) forces the PREFER_RECOMPUTE nodes onto the backward's side but extracts
     only the nodes the backward needs, and o's output feeds only the reduce-scatter (saved: _save_list) or, without
     SP, the all-reduce and the residual add, whose backward reads no values."""
-    return not ctx.work.torch_compile
+    return not rerun_stops_at_last_save(ctx)
+
+
+def per_op_sac_shares(ctx: Context) -> dict[str, float]:
+    """The share of each dense-block GEMM (kernels' names) that torchtitan's per-op SAC re-runs (its policy saves
+    every odd mm: parallelize_llama.py _custom_policy at 820504e / 9dec370): k alone of the fused q, k, v (its
+    kv_heads x head_dim of qkv's width), o unless compiled (per_op_sac_reruns_out_proj), w3 alone of the gated
+    w1, w3 (half of fc1; without a gate the whole ffn-wide matrix). One home for recompute_modules_forward's
+    re-run GEMM time and the async-TP re-issues' shares (rules/tensor.py _async_tp_fused_gemms)."""
+    m = ctx.model
+    q, kv = m.num_attention_heads, m.kv_heads
+    return {
+        "qkv": kv / (q + 2 * kv),
+        "attn_out": 1.0 if per_op_sac_reruns_out_proj(ctx) else 0.0,
+        "fc1": 0.5 if m.gated_mlp else 1.0,
+    }
 
 
 def _is_moe(ctx: Context, layer: PassTime, gpu: GPUSpec, eff: Efficiency) -> bool:

@@ -527,10 +527,12 @@ UNFUSED_CROSS_ENTROPY = ((38, 6), (14, 2))
 # - rotary_fwd_kv_kernel reads the kv up-projection's output (n x (qk_nope + v)) and the shared k_pe (rope, once per
 #   token) and writes a new key (n x (qk_nope + rope), k_pe rotated and broadcast to every head) and value (n x v):
 #   the split and the concatenation the unfused path runs as torch.cat / .contiguous(); its backward reads dk and dv,
-#   writes d_kv (n x (qk_nope + v)) and, in the head-block-0 program, re-reads dk's rope slices of every head and
-#   writes d_k_pe (rope). The cos / sin tables (s x rope, fp32) are read per token and left out (<= 0.5% of these
-#   bytes at 128 heads). DeepSeek-V3 at tp 1 (n 128, nope 128, rope 64, v 128, bf16): 180,352 B a token forward,
-#   196,736 B backward; the generic rotary charge (q and k_pe read and written, 4 B) was 33,024 and 66,048.
+#   writes d_kv (n x (qk_nope + v)): its per-head load reads only dk's nope part (dk_in_off over k_dim =
+#   qk_nope_head_dim), and the head-block-0 program alone reads dk's rope slices of every head (so dk is read once,
+#   n x (qk_nope + rope)) and writes d_k_pe (rope). The cos / sin tables (s x rope, fp32) are read per token and
+#   left out (<= 0.5% of these bytes at 128 heads). DeepSeek-V3 at tp 1 (n 128, nope 128, rope 64, v 128, bf16):
+#   180,352 B a token forward and 180,352 B backward (mend8b: was 196,736, dk's rope slices counted twice); the
+#   generic rotary charge (q and k_pe read and written, 4 B) was 33,024 and 66,048.
 MLA_ROPE_KERNELS = 2
 # The memory-bound kernels inside the checkpoint of ``--recompute-modules mla_up_proj`` (multi_latent_attention.py
 # at 92c8482e6d l. 808-812: CheckpointWithoutOutput over qkv_up_proj_and_rope_apply, which runs q_layernorm and
@@ -964,18 +966,17 @@ def _async_tp_split(
     t = ctx.par.tp
     lk = layer_kernels(ctx, moe, gpu, eff)
     floor = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+    split = per_layer(_ASYNC_TP_GEMMS, _async_tp_gemm_s, ctx, moe, gpu, eff)  # the one home of the per-shard split
 
-    def extra(k: Kernel, which: int) -> float:
-        m, n, kk, _ = k.shape
-        piece = gemm_kernels(k.name, m / t, n, kk, k.dtype, gpu, eff)[which]
-        return t * _floored(piece, floor).time_s - k.time_s
+    def extra(k: Kernel) -> float:
+        return split[k.name] - k.time_s
 
     fused = ASYNC_TP_GATHER_GEMMS + ASYNC_TP_SCATTER_GEMMS
     ran = full_rerun(ctx, lk.forward, moe) if rerun else lk.forward
     forward = [k for k in ran if k.kind == "gemm" and k.name in fused]
     dgrads = {n + ".dgrad" for n in ASYNC_TP_SCATTER_GEMMS}
-    fwd = sum(extra(k, 0) for k in forward)
-    bwd = 0.0 if rerun else sum(extra(k, 1) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
+    fwd = sum(extra(k) for k in forward)
+    bwd = 0.0 if rerun else sum(extra(k) for k in lk.backward if k.kind == "gemm" and k.name in dgrads)
     mem = sum(
         memory_kernel("async_tp.reduce", (k.shape[0] * k.shape[1]) * (1 + 1 / t) * 2, gpu, eff, 1, floor).time_s
         for k in forward
@@ -985,12 +986,15 @@ def _async_tp_split(
 
 
 def gemm_operand_bytes(ctx: Context, gpu: GPUSpec, name: str) -> float:
-    """Bytes of a dense layer's forward GEMM ``name``'s activation operand A (m x k, in the GEMM's operand dtype):
-    what torch's fused matmul-reduce-scatter re-lays (step._sp_layout_copies). 0 when the layer has no such GEMM."""
-    for k in layer_kernels(ctx, False, gpu).forward:
+    """Bytes of a dense layer's GEMM ``name``'s activation operand A (in the GEMM's operand dtype), forward or
+    backward: a forward GEMM's X (m x k); a data gradient's dY (m x n: gemm_kernels' (m x n)(n x k), e.g. a fused
+    backward reduce-scatter's ``fc1.dgrad``, m x ffn/t). What torch's fused matmul-reduce-scatter re-lays
+    (step._sp_layout_copies). 0 when the layer has no such GEMM. Every kernel carries its forward shape (m, n, k)."""
+    lk = layer_kernels(ctx, False, gpu)
+    for k in (*lk.forward, *lk.backward):
         if k.kind == "gemm" and k.name == name:
-            m, _, kk, _ = k.shape
-            return m * kk * operand_bytes(k.dtype)
+            m, n, kk, _ = k.shape
+            return m * (n if name.endswith(".dgrad") else kk) * operand_bytes(k.dtype)
     return 0.0
 
 
@@ -1144,11 +1148,18 @@ def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff:
     what reads no more of the context than a layer's kernels do (args: plain values). Bounded: cleared past
     LAYER_KERNELS_KEPT entries."""
     key = (layer_kernels_key(ctx), moe, gpu, eff, args)
+    return memo_by(memo, key, LAYER_KERNELS_KEPT, fn, ctx, moe, gpu, eff, *args)
+
+
+def memo_by(memo: dict, key, kept: int, fn, *args):
+    """``fn(*args)`` memoised in ``memo`` under ``key`` (a value the caller derives from what fn reads), bounded:
+    cleared past ``kept`` entries. The one shape of the planner's value memos (per_layer, rules/tensor.py
+    _by_layout)."""
     found = memo.get(key)
     if found is None:
-        if len(memo) >= LAYER_KERNELS_KEPT:
+        if len(memo) >= kept:
             memo.clear()
-        found = memo[key] = fn(ctx, moe, gpu, eff, *args)
+        found = memo[key] = fn(*args)
     return found
 
 
@@ -1509,7 +1520,7 @@ def _attention_projections(k: _Layer, T: float) -> int:
         k.gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
         k.norm("kv_norm", T * a.kv_lora_rank)
         k.gemm("kv_up", T, heads * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)
-        if k.ctx.training and fusion(k.ctx) is FUSED:
+        if mla_rope_fused(k.ctx):
             _mla_rope_fused(k, T)
         else:
             rope = T * heads / t * a.qk_rope_head_dim + T * a.qk_rope_head_dim
@@ -1542,8 +1553,14 @@ def mla_rope_bytes(mla, heads: float, x: float) -> tuple[tuple[float, float], tu
     q_fwd = 2 * n * rope * x  # in place: read and write the rope slice of each head
     kv_fwd = (n * (nope + v) + rope + n * (nope + rope) + n * v) * x  # read kv and k_pe; write key and value
     q_bwd = 2 * n * rope * x  # in place on dq's rope slice
-    kv_bwd = (n * (nope + rope) + n * v + n * (nope + v) + n * rope + rope) * x  # dk, dv -> dkv; dk_pe's sum
+    kv_bwd = (n * (nope + rope) + n * v + n * (nope + v) + rope) * x  # dk, dv -> dkv; dk_pe's sum
     return (q_fwd, kv_fwd), (q_bwd, kv_bwd)
+
+
+def mla_rope_fused(ctx: Context) -> bool:
+    """Whether MLA's RoPE runs as Megatron-Core's fused Triton kernels (MLA_ROPE_KERNELS): training under a fusing
+    flavour, not torch.compile (torchtitan does not run fused_mla_yarn_rope_apply; the same test as unfused_rope)."""
+    return ctx.training and fusion(ctx) is FUSED and not ctx.work.torch_compile
 
 
 def _mla_rope_fused(k: _Layer, T: float) -> None:

@@ -123,7 +123,9 @@ class Recipe:
         at d0067d0da). MXFP8 and NVFP4 fall back only for an input not yet quantized (``quantized_input`` False: a
         row-parallel linear's grad output, base.py grad_output_preprocess); a column-parallel input, quantized
         before its gather (linear.py ``inputmat = input_quantizer(inputmat)``, layernorm_linear.py's quantized norm),
-        and the saved quantized input of the wgrad re-gather stay quantized. Per-tensor recipes never fall back."""
+        and the saved quantized input of the wgrad re-gather stay quantized. Per-tensor recipes never fall back.
+        Not version-gated: no TE version is recorded; v2.9 (the 25.11 container) behaves otherwise for these shapes
+        (docs/frameworks.md "Assumption, not gated")."""
         block = self.activation_block
         if not block or (rows % block == 0 and width % block == 0):
             return False

@@ -273,13 +273,11 @@ class StreamTotals:
     unit_count: dict[str, list[int]] = field(default_factory=dict)
     unit_volume: dict[str, list[float]] = field(default_factory=dict)
     unit_largest: dict[str, list[float]] = field(default_factory=dict)
-    # the backward TP reduce-scatters by ledger row (what an async-TP pass may leave unfused: _async_tp_unfused)
-    tp_reduces: dict[str, list[float]] = field(default_factory=dict)
-    # the TP all-gathers and reduce-scatters by "<phase>:<op>:<ledger name>": bytes and calls (DTensor's
-    # sequence-parallel layout copies follow each: _sp_layout_copies)
-    tp_moved: dict[str, list[float]] = field(default_factory=dict)
-    tp_moves: dict[str, list[float]] = field(default_factory=dict)
-    tp_seconds: dict[str, list[float]] = field(default_factory=dict)  # and their seconds (_async_tp_fused)
+    # the TP all-gathers and reduce-scatters by "tp.<phase>.<op>.<ledger name>" (tp_key; only where the flavour
+    # reads them: stream_totals' tp_rows): calls and bytes in unit_count / unit_volume (_unit_totals: DTensor's
+    # sequence-parallel layout copies follow each, _sp_layout_copies) and their seconds here (_async_tp_fused;
+    # the backward reduce-scatters an async-TP pass leaves unfused, _async_tp_unfused)
+    tp_seconds: dict[str, list[float]] = field(default_factory=dict)
     # what each stream's calls hold while they run (planner/contention.py): SM-seconds (NCCL channels x seconds)
     # and HBM bytes; and, on the TP streams, seconds by collective ("tp.forward.reducescatter", ...) for a TP overlap
     # that sets its own SMs (Flavour.tp_overlap_sms)
@@ -320,14 +318,15 @@ class StreamTotals:
 # qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; the *_dgrad ones are all-gathers, layers_all_gather_overlap), an
 # SM-kernel CommOverlap, not the ring exchange's copy engine: their TP op key is "allgather.bulk"
 BULK_GATHER_SUFFIX = ".wgrad_gather"
-_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_reduces", "tp_moved", "tp_moves")
-_SUMMED += ("tp_seconds",)
+_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_seconds")
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
 
-def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTotals:
+def stream_totals(calls: Sequence, m: int, zero: int, stages: int, tp_rows: bool = True) -> StreamTotals:
     """Sums each call's time, count and bytes per stage into the stream it runs on (``_stream``); the legs of
-    one kernel (``Call.kernel``) run concurrently, so a kernel adds its longest leg's time."""
+    one kernel (``Call.kernel``) run concurrently, so a kernel adds its longest leg's time. ``tp_rows``: also the
+    TP all-gathers and reduce-scatters by ledger row (tp_key; what torch's SP copies and async TP read,
+    tp_rows_read); False skips that work for the flavours that read none."""
     out = StreamTotals()
     acc, counts, volume = out.time, out.count, out.volume
     legs: dict[tuple, float] = {}  # (stream, kernel, stage) -> its longest leg's time
@@ -346,6 +345,12 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int) -> StreamTota
         _tally_holds(out, held, ops, pc, stream, amount, stages)
         if zero >= 2 and c.parallelism in ("dp", "edp") and c.op.value in _UNIT_OPS and c.phase in _PASSES:
             _unit_totals(out, f"dp.{c.phase}.{c.op.value}", c, t, stages, stream.startswith("dp."))
+        if tp_rows and stream.startswith("tp.") and c.op.value in _UNIT_OPS:
+            key = tp_key(c.phase, c.op.value, c.name)
+            _unit_totals(out, key, c, t, stages, False)
+            took = out.tp_seconds.setdefault(key, [0.0] * stages)
+            for s in c.stages:
+                took[s] += amount
         for s in c.stages:
             num[s] += n
             vol[s] += n * c.message_bytes
@@ -394,18 +399,6 @@ def _tally_holds(out: StreamTotals, held: dict, ops: dict, pc, stream: str, amou
         bulk = ".bulk" if c.name.endswith(BULK_GATHER_SUFFIX) else ""
         key = (f"{stream}.{c.op.value}{bulk}", c.stages)
         ops[key] = ops.get(key, 0.0) + amount
-    if stream == "tp.backward" and c.op.value == "reducescatter":
-        row_of = out.tp_reduces.setdefault(c.name, [0.0] * stages)
-        for s in c.stages:
-            row_of[s] += amount
-    if stream.startswith("tp.") and c.op.value in _UNIT_OPS:
-        key = f"{c.phase}:{c.op.value}:{c.name}"
-        moved, moves = out.tp_moved.setdefault(key, [0.0] * stages), out.tp_moves.setdefault(key, [0.0] * stages)
-        took = out.tp_seconds.setdefault(key, [0.0] * stages)
-        for s in c.stages:
-            moved[s] += c.calls_per_iteration * c.message_bytes
-            moves[s] += c.calls_per_iteration
-            took[s] += amount
 
 
 def _spread_holds(out: StreamTotals, held: dict, ops: dict, stages: int) -> None:
@@ -423,6 +416,19 @@ def _spread_holds(out: StreamTotals, held: dict, ops: dict, stages: int) -> None
 
 
 _UNIT_OPS = ("allgather", "reducescatter")
+
+
+def tp_key(phase: str, op: str, name: str) -> str:
+    """The per-row TP tally's key, "tp.<phase>.<op>.<ledger name>" (the name may hold dots: split(".", 3))."""
+    return f"tp.{phase}.{op}.{name}"
+
+
+def tp_rows_read(ctx: Context) -> bool:
+    """Whether the flavour reads the per-row TP tallies (stream_totals' tp_rows): torch's SP layout copies and
+    its async TP (_sp_layout_copies, _async_tp_unfused, _async_tp_fused)."""
+    return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul
+
+
 _PASSES = ("forward", "backward")
 
 
@@ -673,7 +679,8 @@ def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep
         return
     m = ctx.micro_batches
     for st in stages:
-        st.tp_unfused_s = sum(totals.tp_reduces.get(n, [0.0] * len(stages))[st.stage] for n in names) / m
+        seconds = (totals.tp_seconds.get(tp_key("backward", "reducescatter", n)) for n in names)
+        st.tp_unfused_s = sum(row[st.stage] for row in seconds if row) / m
 
 
 def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec) -> None:
@@ -694,12 +701,12 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
         i = st.stage
         out = {"forward": 0.0, "backward": 0.0}
         for key, took in totals.tp_seconds.items():
-            phase, _, name = key.split(":", 2)
+            _, phase, _, name = key.split(".", 3)
             if name not in fused or not took[i]:
                 continue
             kernel, share = fused[name]
             g = gemm.get(kernel, 0.0) * share
-            calls = totals.tp_moves[key][i]
+            calls = totals.unit_count[key][i]
             out[phase] += calls * fused_op_exposed_s(took[i] / calls, g, t) / m
         st.tp_fused_fwd_s, st.tp_fused_bwd_s = out["forward"], out["backward"]
 
@@ -727,11 +734,19 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
             gathers = totals.unit_count.get(f"dp.{phase}.allgather", zeros)[i] / m
             reduced = totals.unit_volume.get(f"dp.{phase}.reducescatter", zeros)[i] / m
             reduces = totals.unit_count.get(f"dp.{phase}.reducescatter", zeros)[i] / m
-            kernels = fsdp_copy_kernels(gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff)
-            extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
-        if extra[0].elementwise_s or extra[1].elementwise_s:
-            c = st.compute
-            st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
+            extra.append(
+                fsdp_copy_kernels(gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff)
+            )
+        _into_passes(st, *extra)
+
+
+def _into_passes(st: StageStep, forward: Sequence, backward: Sequence) -> None:
+    """Adds a stage's per-micro-batch memory-bound kernels on the compute stream (the FSDP2 and SP copies) into its
+    forward and backward passes."""
+    fwd, bwd = (PassTime(elementwise_s=sum(k.time_s for k in ks)) for ks in (forward, backward))
+    if fwd.elementwise_s or bwd.elementwise_s:
+        c = st.compute
+        st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
 
 
 def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gpu: GPUSpec, flags) -> None:
@@ -750,9 +765,11 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
         extra = []
         for phase in ("forward", "backward"):
             sums = {"allgather": [0.0, 0.0], "reducescatter": [0.0, 0.0]}
-            for key, moved in totals.tp_moved.items():
-                when, op, name = key.split(":", 2)
-                calls = totals.tp_moves.get(key, zeros)[i] / m
+            for key, moved in totals.unit_volume.items():
+                if not key.startswith("tp."):
+                    continue
+                _, when, op, name = key.split(".", 3)
+                calls = totals.unit_count.get(key, zeros)[i] / m
                 if when != phase or (ctx.b == 1 and (op == "allgather" or name in fused)):
                     continue
                 if name in fused:
@@ -762,11 +779,8 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
                     continue
                 sums[op][0] += moved[i] / m
                 sums[op][1] += calls
-            kernels = sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff)
-            extra.append(PassTime(elementwise_s=sum(k.time_s for k in kernels)))
-        if extra[0].elementwise_s or extra[1].elementwise_s:
-            c = st.compute
-            st.compute = replace(c, forward=c.forward + extra[0], backward=c.backward + extra[1])
+            extra.append(sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff))
+        _into_passes(st, *extra)
 
 
 def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> float:
@@ -806,7 +820,7 @@ def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> float:
     """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
-    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages))
+    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx))
     assign_streams(ctx, totals, stages, flags, gpu)
     return totals.p2p_s
 

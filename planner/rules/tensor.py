@@ -35,12 +35,12 @@ from dataclasses import replace
 
 from collectives import Op
 
-from ..compute import mtp_bf16_context
+from ..compute import mtp_bf16_context, per_op_sac_shares
 from ..context import Context
-from ..kernels import mtp_runs_bf16, rerun_stops_at_last_save, vocab_parallel_loss
+from ..kernels import memo_by, mtp_runs_bf16, rerun_stops_at_last_save, vocab_parallel_loss
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
-from ..recompute import Reruns, mtp_checkpointed, rerun_layers
+from ..recompute import Reruns, layer_counts, mtp_checkpointed, rerun_layers
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -99,12 +99,12 @@ def _gemm_input(ctx: Context, per_token: int, *, grad_output: bool = False, mtp:
 
 def _layer_kinds(ctx: Context, stage: int, layers: str) -> tuple[int | None, int | None]:
     """(dense, MoE) layers of ``stage`` in the set ``layers`` ("all": None, None, the stage's; "decoder" or "mtp":
-    the MTP blocks are layers num_layers and after, Context.chunks)."""
+    recompute.layer_counts' split, the one home of which layers are MTP blocks)."""
     if layers == "all":
         return None, None
-    held = [i for i in ctx.stage_layers[stage] if (i >= ctx.model.num_layers) == (layers == "mtp")]
-    moe = sum(map(ctx.model.is_moe_layer, held))
-    return len(held) - moe, moe
+    counts = layer_counts(ctx, stage, layers)
+    moe = sum(n for (is_moe, _), n in counts.items() if is_moe)
+    return sum(counts.values()) - moe, moe
 
 
 def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int | None = None) -> tuple[int, int]:
@@ -254,13 +254,7 @@ def async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
 def _by_layout(memo: dict, fn, ctx: Context):
     """``fn(ctx)`` memoised on what the TP rules read of the context (the model, workload and layout; bounded:
     cleared past 256 entries): the step asks for the async-TP rows of every plan and searched layout."""
-    key = (ctx.model, ctx.work, ctx.par)
-    found = memo.get(key)
-    if found is None:
-        if len(memo) >= 256:
-            memo.clear()
-        found = memo[key] = fn(ctx)
-    return found
+    return memo_by(memo, (ctx.model, ctx.work, ctx.par), 256, fn, ctx)
 
 
 _FUSED_GEMMS: dict = {}
@@ -271,16 +265,15 @@ def _async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
     """Each fused TP row of a dense non-MLA block (async_tp_fused_names) -> (the GEMM it runs with, the share of
     that GEMM the fused op computes): 1, but for re-issues under torchtitan's per-op SAC, which re-runs k alone of
     q, k, v (its kv_heads x head_dim of the fused qkv's width) and w3 alone of the gated w1, w3 (half of fc1)
-    (compute.recompute_modules_forward). {} for MLA or MoE models (no mapping read)."""
+    (compute.per_op_sac_shares). {} for MLA or MoE models (no mapping read)."""
     m = ctx.model
     if m.mla or m.moe:
         return {}
     fused = async_tp_fused_names(ctx)
     out = {name: (gemm, 1.0) for name, gemm in ASYNC_TP_FUSED_GEMMS.items() if name in fused}
     per_op = ctx.work.selective_ac_option == "op" and ctx.work.activation_recompute == "selective"
-    hd = m.head_size
-    k_share = m.kv_heads * hd / ((m.num_attention_heads + 2 * m.kv_heads) * hd)
-    shares = {"tp.attn.qkv": k_share, "tp.mlp.up_proj": 0.5 if m.gated_mlp else 1.0} if per_op else {}
+    part = per_op_sac_shares(ctx) if per_op else {}
+    shares = {"tp.attn.qkv": part["qkv"], "tp.mlp.up_proj": part["fc1"]} if per_op else {}
     for c in _forward(ctx, 1, 1):
         again = recomputed(c).name
         if again in fused and c.name in out:

@@ -32,9 +32,10 @@ SDPA_FILE = Path(__file__).resolve().parents[1] / "reference" / "kernels" / "cud
 SDPA = json.loads(SDPA_FILE.read_text())
 
 
-def ctx(tp=1, **work):
+def ctx(tp=1, framework="megatron", **work):
     work = {"micro_batch_size": 1, "global_batch_size": 2048, "seq_length": 4096} | work
-    return Context(DSV3, WorkloadSpec(**work), ParallelSpec(dp=16, ep=8, tp=tp, sequence_parallel=tp > 1))
+    par = ParallelSpec(dp=16, ep=8, tp=tp, sequence_parallel=tp > 1, framework=framework)
+    return Context(DSV3, WorkloadSpec(**work), par)
 
 
 def by_name(kernels):
@@ -50,10 +51,12 @@ def test_mla_rope_bytes_by_hand():
     (q_f, kv_f), (q_b, kv_b) = mla_rope_bytes(DSV3.mla, 128, 2)
     assert q_f == 2 * 128 * 64 * 2 == 32_768
     assert kv_f == (128 * 256 + 64 + 128 * 192 + 128 * 128) * 2 == 147_584
-    # backward: dq's rope slice in place; dk (192) and dv (128) read, d_kv (256) written, dk's rope slices re-read
-    # by the head-block-0 program and d_k_pe (64) written
+    # backward (rotary_bwd_kv_kernel): dq's rope slice in place; dk read once - its per-head load covers only the
+    # nope part (dk_in_off over k_dim = 128), the head-block-0 program reads the rope slices (64) of every head -
+    # so dk 192 a head; dv (128) read, d_kv (256) written, d_k_pe (64) written
     assert q_b == 32_768
-    assert kv_b == (128 * 192 + 128 * 128 + 128 * 256 + 128 * 64 + 64) * 2 == 163_968
+    assert kv_b == (128 * 128 + 128 * 64 + 128 * 128 + 128 * 256 + 64) * 2 == 147_584
+    assert q_b + kv_b == q_f + kv_f == 180_352
     # tp 8: 16 heads a rank; k_pe stays whole on every rank
     (q8, kv8), _ = mla_rope_bytes(DSV3.mla, 16, 2)
     assert (q8, kv8) == (2 * 16 * 64 * 2, (16 * 256 + 64 + 16 * 192 + 16 * 128) * 2)
@@ -66,7 +69,7 @@ def test_training_layer_runs_the_fused_mla_rope_kernels():
     assert "rotary" not in fwd and "rotary.bwd" not in bwd
     tokens = 4096
     assert fwd["mla_rope"].bytes == tokens * 180_352
-    assert bwd["mla_rope.bwd"].bytes == tokens * 196_736
+    assert bwd["mla_rope.bwd"].bytes == tokens * 180_352
     assert fwd["mla_rope"].count == bwd["mla_rope.bwd"].count == MLA_ROPE_KERNELS == 2
     # at the achievable HBM bandwidth plus two launches
     assert fwd["mla_rope"].time_s == pytest.approx(memory_kernel("x", tokens * 180_352, B200, EFFICIENCY, 2).time_s)
@@ -79,6 +82,18 @@ def test_fp8_recipe_keeps_the_rope_in_bf16():
     # the up-projections' outputs are bf16 under TE's fp8 recipes: the rope kernels move 2-byte elements
     c = ctx(activation_dtype="fp8", fp8_recipe="mxfp8")
     assert by_name(layer_kernels(c, True, B200).forward)["mla_rope"].bytes == 4096 * 180_352
+
+
+def test_torch_compile_keeps_the_generic_rotary():
+    # fused_mla_yarn_rope_apply is Megatron-Core's; a compiled torch run fuses, but does not run those kernels
+    eager = layer_kernels(ctx(framework="torch"), True, B200)
+    compiled = layer_kernels(ctx(framework="torch", torch_compile=True), True, B200)
+    for lk in (eager, compiled):
+        names = {k.name for k in lk.forward}
+        assert "rotary" in names and "mla_rope" not in names
+    tokens = 4096
+    rope = tokens * 128 * 64 + tokens * 64  # q's rope slices and the shared k_pe
+    assert by_name(compiled.forward)["rotary"].bytes == pytest.approx(4 * rope)
 
 
 def test_inference_keeps_the_generic_rotary():

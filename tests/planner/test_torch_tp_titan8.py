@@ -15,10 +15,10 @@ import pytest
 
 from collectives.topology import cluster_preset
 from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
-from planner.compute import pass_time, per_op_sac_reruns_out_proj, recompute_modules_forward
+from planner.compute import pass_time, per_op_sac_reruns_out_proj, per_op_sac_shares, recompute_modules_forward
 from planner.context import Context
 from planner.flavours import flavour, register, unregister
-from planner.kernels import efficiency, full_rerun, layer_kernels, sp_layout_copy_kernels
+from planner.kernels import efficiency, full_rerun, gemm_operand_bytes, layer_kernels, sp_layout_copy_kernels
 
 H100 = cluster_preset("dgx-h100", 1).gpu
 EFF = efficiency(H100, None)
@@ -290,3 +290,49 @@ def test_async_tp_copies_hold_no_sms(monkeypatch):
         assert seen[-1]["tp.forward"][0].sms > 0
     finally:
         unregister("torch-nccl-sms")
+
+
+def test_fused_backward_reduce_scatter_finds_its_dgrad_operand():
+    # the fused backward matmul-reduce-scatter of fc1 (a non-gated MLP) re-lays dY, its dgrad GEMM's A: GPT-3 175B,
+    # tp 8, b 2, s 2048: m = 4096 rows, ffn / tp = 6144, bf16 (before: the lookup searched the forward only, 0)
+    c = Context(
+        model_preset("gpt3-175b"),
+        WorkloadSpec(micro_batch_size=2, global_batch_size=16, torch_compile=True),
+        ParallelSpec(tp=8, sequence_parallel=True, framework="torch"),
+    )
+    assert gemm_operand_bytes(c, H100, "fc1.dgrad") == 4096 * 6144 * 2 == 50_331_648
+    # a forward GEMM's A is its input X (m x h): fc1's 4096 x 12288
+    assert gemm_operand_bytes(c, H100, "fc1") == 4096 * 12288 * 2
+    assert gemm_operand_bytes(c, H100, "no_such_gemm") == 0.0
+
+
+def test_per_op_sac_shares_one_home():
+    """k of q, k, v (8 of 32 + 16 heads' widths), o eager only, w3 of the gated w1, w3; the async-TP re-issues read
+    the same shares (rules/tensor.py _async_tp_fused_gemms)."""
+    from planner.rules.tensor import async_tp_fused_gemms
+
+    work = {"activation_recompute": "selective", "selective_ac_option": "op", "torch_compile": True}
+    compiled = _ctx(**work)
+    assert per_op_sac_shares(compiled) == {"qkv": 8 / 48, "attn_out": 0.0, "fc1": 0.5}
+    assert per_op_sac_shares(_ctx(**(work | {"torch_compile": False})))["attn_out"] == 1.0
+    shares = {share for _, share in async_tp_fused_gemms(compiled).values()}
+    assert {8 / 48, 0.5} <= shares
+
+
+def test_tp_rows_tallied_only_for_flavours_that_read_them():
+    """stream_totals' per-row TP tallies (tp.<phase>.<op>.<name>, through _unit_totals) are built for torch (SP
+    copies, async TP) and skipped for Megatron; with them, each row's calls and bytes are the ledger's."""
+    from planner.step import stream_totals, tp_key, tp_rows_read
+
+    assert tp_rows_read(_ctx("torch")) and not tp_rows_read(_ctx("megatron"))
+    torch_plan = _plan("torch")
+    calls, m, zero = torch_plan.calls, torch_plan.num_microbatches, 0
+    on = stream_totals(calls, m, zero, 1, True)
+    off = stream_totals(calls, m, zero, 1, False)
+    assert not off.tp_seconds and not any(k.startswith("tp.") for k in off.unit_volume)
+    gathers = [pc.call for pc in calls if pc.call.parallelism == "tp" and pc.call.op.value == "allgather"]
+    c = next(c for c in gathers if c.phase == "forward")
+    key = tp_key("forward", "allgather", c.name)
+    assert on.unit_count[key] == [c.calls_per_iteration]
+    assert on.unit_volume[key] == [c.calls_per_iteration * c.message_bytes]
+    assert on.time == off.time
