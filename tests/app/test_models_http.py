@@ -278,8 +278,9 @@ def test_moe_overlap_switches_shorten_the_step(api):
     body["options"] = {"overlap": {"overlap_moe_expert_parallel_comm": True}}
     a2a = plan(api, body)["step"]
     assert a2a["exposed_comm_s"] < shared["exposed_comm_s"] < base["exposed_comm_s"]
-    # the same kernels; hiding the all-to-all's token-count all-gather (NCCL, one channel) slows the compute
-    # beside it by that channel's SM share (planner/contention.py): a little, never less
-    assert base["compute_s"] <= a2a["compute_s"] <= base["compute_s"] * (1 + 1e-4)
+    # the same kernels; the hidden all-to-alls (NCCL grouped p2p: 32 CTAs over 8 H100 peers, p2psm) slow the
+    # compute beside them by C/(S - C) of the time they hide at most (planner/contention.py): slower, bounded
+    hidden = base["exposed_comm_s"] - a2a["exposed_comm_s"]
+    assert base["compute_s"] < a2a["compute_s"] <= base["compute_s"] + hidden * 32 / (132 - 32)
     body["parallel"]["ep_dispatch"] = "allgather"
     refused(plan(api, body, 422), ["options", "overlap", "overlap_moe_expert_parallel_comm"], "allgather")
