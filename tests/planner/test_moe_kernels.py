@@ -14,9 +14,20 @@ import pytest
 
 from collectives.topology.gpu import GPUS
 from planner import ParallelSpec, WorkloadSpec, model_preset
+from planner.compute import layer_forward, layer_passes, pass_time
 from planner.context import Context
 from planner.flavours import megatron
-from planner.kernels import EFFICIENCY, expert_rows, gemm_time, layer_kernels, streamed_gemm_time
+from planner.host import free_running, synced_period
+from planner.kernels import (
+    COUNT_SYNC,
+    EFFICIENCY,
+    expert_rows,
+    gemm_time,
+    gpu_seconds,
+    host_sync,
+    layer_kernels,
+    streamed_gemm_time,
+)
 from planner.rules import ledger
 
 H100 = GPUS["h100-sxm5-80gb"]
@@ -504,3 +515,70 @@ def test_the_ep_exchanges_carry_the_hidden_states_in_bf16_under_an_fp8_recipe():
     explicit = Context(QWEN3, replace(fp8, moe_dispatch_dtype="fp8"), qwen3().par)
     assert ep(explicit)["ep.dispatch"].message_bytes == 4096 * 8 * (2048 + 2048 // 128 * 4)
     assert ep(explicit)["ep.combine"].message_bytes == 4096 * 8 * 2048 * 2
+
+
+# ---- moehost: the layer whose forward syncs, through the host's queue (planner/host.py) -----------------------------
+
+
+def _launches(kernels, host_s=EFFICIENCY.cpu_op_s):
+    return [(host_s, gpu_seconds(k), k.count) for k in kernels]
+
+
+def test_a_megatron_moe_layer_runs_through_the_hosts_queue_from_sync_to_sync():
+    """Megatron's dropless alltoall dispatcher: the count sync once a forward, the permute's 3 launches enqueued
+    between the copy and the wait (token_dispatcher.py 92c8482e6d). The forward is the steady-state period from sync
+    to sync of the two queues at 10 us a launch, the backward its slower queue; the class sums are the kernels' own
+    GPU time (no floor). Qwen3-30B-A3B, ep 8, 4,096 tokens, bf16 on H100: forward 1.933 -> 1.835 ms, backward 3.725
+    -> 3.689 ms (the floors' lockstep overstates what a host running ahead leaves idle: GPU-bound here)."""
+    ctx = qwen3()
+    lk = layer_kernels(ctx, True, H100)
+    names = [k.name for k in lk.forward]
+    sync = host_sync(ctx, lk.forward)
+    assert sync == (names.index(COUNT_SYNC), 1) and names[sync[0] + 1] == "permute"
+    fwd, bwd = layer_passes(ctx, lk, EFFICIENCY)
+    assert fwd.total_s == pytest.approx(synced_period(_launches(lk.forward), *sync), rel=1e-12)
+    assert bwd.total_s == pytest.approx(free_running(_launches(lk.backward)), rel=1e-12)
+    gemm = sum(gpu_seconds(k) for k in lk.forward if k.kind == "gemm")
+    assert fwd.gemm_s == pytest.approx(gemm) and fwd.flops == pass_time(lk.forward).flops
+    assert fwd.total_s == pytest.approx(fwd.gemm_s + fwd.attention_s + fwd.elementwise_s + fwd.host_s)
+    assert (round(pass_time(lk.forward).total_s * 1e3, 3), round(fwd.total_s * 1e3, 3)) == (1.933, 1.835)
+    assert (round(pass_time(lk.backward).total_s * 1e3, 3), round(bwd.total_s * 1e3, 3)) == (3.725, 3.689)
+    # the sync's own GPU work: a small device-to-host copy (a memory kernel's fixed cost), charged cpu_op_s as before
+    # where no host queue is run
+    assert by_name(lk.forward)[COUNT_SYNC].time_s == EFFICIENCY.cpu_op_s
+    assert gpu_seconds(by_name(lk.forward)[COUNT_SYNC]) == EFFICIENCY.kernel_s
+
+
+def test_a_slow_host_leaves_the_synced_layer_host_bound():
+    """At 40 us a launch (moe7's profiled eager layer read 34 us, docs/step-time.md) the B200 Qwen3 row's layer is
+    host-bound: each period at least the host's launches, the GPU idle for the difference (``host_s``)."""
+    eff = replace(EFFICIENCY, cpu_op_s=4e-5)
+    ctx = qwen3()
+    lk = layer_kernels(ctx, True, B200, eff)
+    fwd, bwd = layer_passes(ctx, lk, eff)
+    launches = sum(k.count for k in lk.forward)
+    assert fwd.total_s >= launches * 4e-5 and fwd.host_s > 0
+    assert bwd.total_s == pytest.approx(sum(k.count for k in lk.backward) * 4e-5)
+
+
+@pytest.mark.parametrize(
+    "ctx",
+    [
+        qwen3(framework="torch"),  # torchtitan: torch._grouped_mm: counts stay on the device
+        Context(replace(QWEN3, moe=replace(QWEN3.moe, capacity_factor=1.0)), qwen3().work, qwen3().par),
+        Context(QWEN3, replace(qwen3().work, cuda_graphs=True), qwen3().par),
+    ],
+    ids=["torchtitan", "capacity-factor", "cuda-graphs"],
+)
+def test_without_a_sync_the_layer_keeps_its_floored_sum(ctx):
+    for moe in (True, False):
+        lk = layer_kernels(ctx, moe, H100)
+        assert host_sync(ctx, lk.forward) is None
+        assert layer_passes(ctx, lk, EFFICIENCY) == (pass_time(lk.forward), pass_time(lk.backward))
+
+
+def test_dense_layers_of_a_syncing_framework_keep_their_floored_sum():
+    ctx = qwen3()
+    lk = layer_kernels(ctx, False, H100)
+    assert host_sync(ctx, lk.forward) is None
+    assert layer_forward(ctx, False, H100)[0] == pass_time(lk.forward)
