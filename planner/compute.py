@@ -131,7 +131,7 @@ def layer_passes(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[PassT
     sync = host_sync(ctx, lk.forward)
     if sync is None:
         return pass_time(lk.forward), pass_time(lk.backward)
-    host_s = 0.0 if cuda_graphs(ctx) else eff.cpu_op_s
+    host_s = 0.0 if cuda_graphs(ctx) else eff.host_launch_s or eff.cpu_op_s
     return host_pass_time(lk.forward, sync, host_s), host_pass_time(lk.backward, None, host_s)
 
 

@@ -52,6 +52,9 @@ class Efficiency:
     gemm_fixed_s: float = 0.0  # fixed cost of one GEMM (prologue, epilogue, launch), seconds
     attention_s0: float = 0.0  # attention rate grows as s_kv / (s_kv + s0)
     cpu_op_s: float = 0.0  # host dispatch per kernel without CUDA graphs: a kernel takes at least this
+    # the host's time per launch in a layer whose forward syncs (planner/host.py's queue, compute.layer_passes):
+    # a framework's layer code between its launches (0: cpu_op_s); what a user's own trace or a measurement gives
+    host_launch_s: float = 0.0
     moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
     # measured GEMM ceilings of one GPU by dtype, before GEMM_CEILING: what a profiler trace fits for its GPU
     # (planner/trace_fit.py); () = the tables' ceilings
@@ -111,6 +114,8 @@ KERNEL_CONSTANTS = {
     # (nvidia-smi clocks.max.sm); an A100 holds 1,410 of 1,410; 0.2 is below any power limit's clock
     "clock": (0.2, 1.2),
     "attention_ceiling": (0.05, 1.0),
+    # the host's time per launch in a synced layer's queue (Efficiency.host_launch_s): up to 1 ms
+    "host_launch_s": (0.0, 1e-3),
 }
 # GEMM dtypes a ceiling may be given for: what a trace's GEMMs run as (profile_trace.gemm_dtype) and the recipes'
 # kernel dtypes (planner/recipes.py Recipe.kernel_dtype).
