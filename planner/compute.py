@@ -124,15 +124,24 @@ def host_pass_time(kernels: tuple[Kernel, ...], sync: tuple[int, int] | None, ho
     return PassTime(by["gemm"], by["attention"], by["memory"], flops, by["cast"], max(0.0, span - busy))
 
 
-def layer_passes(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[PassTime, PassTime]:
-    """(forward, backward) of a layer's kernels ``lk``: summed (pass_time, each kernel at least its host floor), or,
-    where the forward syncs (kernels.host_sync), through the host's queue (host_pass_time). The one home of the
-    choice: the forward, the backward and full recompute's rerun read it."""
-    sync = host_sync(ctx, lk.forward)
-    if sync is None:
-        return pass_time(lk.forward), pass_time(lk.backward)
+def layer_pass(
+    ctx: Context, lk: LayerKernels, eff: Efficiency, backward: bool = False, kernels: tuple | None = None
+) -> PassTime:
+    """The forward (or the backward, or ``kernels``: a forward's re-run) of a layer's kernels ``lk``: summed
+    (pass_time, each kernel at least its host floor), or, where the forward syncs (kernels.host_sync), through the
+    host's queue (host_pass_time; a re-run without the sync runs free). The one home of the choice: the forward, the
+    backward and full recompute's rerun read it."""
+    if kernels is None:
+        kernels = lk.backward if backward else lk.forward
+    if host_sync(ctx, lk.forward) is None:
+        return pass_time(kernels)
     host_s = 0.0 if cuda_graphs(ctx) else eff.host_launch_s or eff.cpu_op_s
-    return host_pass_time(lk.forward, sync, host_s), host_pass_time(lk.backward, None, host_s)
+    return host_pass_time(kernels, None if backward else host_sync(ctx, kernels), host_s)
+
+
+def layer_passes(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    """(forward, backward) of ``lk``: layer_pass of each."""
+    return layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
 
 
 @dataclass(frozen=True)
@@ -173,7 +182,7 @@ _LAYER_FORWARD: dict = {}
 
 
 def _layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, float]:
-    fwd = layer_passes(ctx, layer_kernels(ctx, moe, gpu, eff), eff)[0]
+    fwd = layer_pass(ctx, layer_kernels(ctx, moe, gpu, eff), eff)
     return fwd, fwd.attention_s
 
 
@@ -198,7 +207,7 @@ def layer_backward(
     if moe is None:
         moe = _is_moe(ctx, layer, gpu, eff)
     lk = layer_kernels(ctx, moe, gpu, eff)
-    back = layer_passes(ctx, lk, eff)[1]
+    back = layer_pass(ctx, lk, eff, backward=True)
     redo = _layer_recompute(ctx, lk, layer, gpu, eff, recompute, modules, moe)
     return back if redo is None else back + redo
 
@@ -207,7 +216,7 @@ def _layer_recompute(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, eff, recom
     """What one layer's backward re-runs of its forward (the one home of the rule; None: nothing): full, the
     whole forward; selective, the forward of each of ``modules``."""
     if recompute == "full":  # the layer's forward, less what a re-run that stops at its last save leaves out
-        return pass_time(full_rerun(ctx, lk.forward, moe))
+        return layer_pass(ctx, lk, eff, kernels=full_rerun(ctx, lk.forward, moe))
     if recompute == "selective":
         return recompute_modules_forward(ctx, lk, layer, gpu, eff, frozenset(modules), moe)
     return None
@@ -311,7 +320,7 @@ def _is_moe(ctx: Context, layer: PassTime, gpu: GPUSpec, eff: Efficiency) -> boo
     """Whether ``layer`` is the forward of an MoE layer of this model (the two kinds' forwards differ)."""
     if ctx.model.moe is None:
         return False
-    return layer_passes(ctx, layer_kernels(ctx, True, gpu, eff), eff)[0] == layer
+    return layer_pass(ctx, layer_kernels(ctx, True, gpu, eff), eff) == layer
 
 
 def head_backward(ctx: Context, head: PassTime, gpu: GPUSpec, eff: Efficiency) -> PassTime:
