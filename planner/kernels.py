@@ -98,6 +98,12 @@ EFFICIENCY = Efficiency(
     # Principles", 2022, overhead section); on the H200 machine's host 6.0-16.8 us per tiny op, median 10.1 us
     # (runs 1-2 ``launch`` eager column). CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
     cpu_op_s=1e-5,
+    # Megatron-Core's own MoE layer (0.19.2, local spec: no TransformerEngine), bf16 eager forward + backward on this
+    # project's H200 (tests/reference/kernels/h200/megatron_moe_h200.json, bench/measure_megatron_moe.py): host time
+    # per kernel launch, the median of the 47 MoE rows whose GPU was busy under half their wall time (the host's
+    # own work: at most 3.1% of it waiting in syncs): 38.2 us (27.8-50.9; 3.7 aten ops a launch); the one global host
+    # constant, fitted on that measurement, never on a run. Where a layer's forward syncs (compute.layer_pass)
+    host_launch_s=38.2e-6,
 )
 
 # The constants a user's profiler trace fits for its GPU (planner/trace_fit.py; POST /v1/calibrate ``trace`` returns
