@@ -38,7 +38,7 @@ main at 57f7644 and again at c4def91). gptoss8's weighted
 activation backward (Megatron's probs' gradient sum, a kernel of its own: kernels.WEIGHTED_ACT_GRAD) moved float
 times only, 181 step lines of Mixtral's Megatron plans (checked token by token against main at 3f9aedf).
 moehost's two queues for a Megatron MoE layer that syncs (planner/host.py) moved 181 step lines (ep 2: -1.5% to
--2.5%), float times only (checked token by token against main at 468385f), nothing else.
+-2.5%), float times only (checked token by token against main at 9532726), nothing else.
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""

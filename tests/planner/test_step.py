@@ -67,7 +67,7 @@ KNOWN_MISSES = {
     "Megatron-Bridge GPT-OSS-120B BF16, 64 GB200": -0.076,
     "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.263,
     # DeepSeek-V3 MXFP8 256 B200: -31.0% -> -26.8% (mtp6: the MTP module's norms and eh_proj on its rank and the
-    # shared output layer and cross-entropy once more on the loss's), -19.2% on main at 468385f, -15.9% since moehost's
+    # shared output layer and cross-entropy once more on the loss's), -19.2% on main at 9532726, -16.0% since moehost's
     # host queue: within 20%, unpinned
     # torchtitan's own H100 runs (titan, held out, entered as published: docs/step-time.md "Torch-native runs"),
     # every one too fast; recorded after FSDP2's compute-stream copies and pass-end gathers / reduce-scatters and
