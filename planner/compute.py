@@ -21,6 +21,7 @@ from collectives.topology.gpu import GPUSpec
 
 from ._errors import SpecError
 from .context import Context
+from .host import free_running, synced_period
 from .kernels import (
     EFFICIENCY,
     FLASH_BWD,
@@ -30,6 +31,7 @@ from .kernels import (
     LayerKernels,
     attention_flops,
     check_kernel_options,
+    cuda_graphs,
     dense_peak,
     efficiency,
     embedding_kernels,
@@ -37,6 +39,8 @@ from .kernels import (
     flops_keys,
     full_rerun,
     gemm_kernels,
+    gpu_seconds,
+    host_sync,
     kv_cache_bytes_per_layer,
     layer_kernels,
     layer_kernels_key,
@@ -63,10 +67,12 @@ class PassTime:
     elementwise_s: float = 0.0
     flops: float = 0.0
     fp8_cast_s: float = 0.0  # TransformerEngine's casts of GEMM operands to fp8 (0 unless fp8)
+    # the GPU idle waiting for the host's launches (a layer whose forward syncs: host_pass_time); 0 elsewhere
+    host_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.elementwise_s + self.fp8_cast_s
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.fp8_cast_s + self.host_s
 
     def __add__(self, o: PassTime) -> PassTime:
         return PassTime(
@@ -75,11 +81,17 @@ class PassTime:
             self.elementwise_s + o.elementwise_s,
             self.flops + o.flops,
             self.fp8_cast_s + o.fp8_cast_s,
+            self.host_s + o.host_s,
         )
 
     def scaled(self, k: float) -> PassTime:
         return PassTime(
-            self.gemm_s * k, self.attention_s * k, self.elementwise_s * k, self.flops * k, self.fp8_cast_s * k
+            self.gemm_s * k,
+            self.attention_s * k,
+            self.elementwise_s * k,
+            self.flops * k,
+            self.fp8_cast_s * k,
+            self.host_s * k,
         )
 
 
@@ -91,6 +103,45 @@ def pass_time(kernels: tuple[Kernel, ...] | list[Kernel]) -> PassTime:
         by[k.kind] += k.time_s
         flops += k.flops
     return PassTime(by["gemm"], by["attention"], by["memory"], flops, by["cast"])
+
+
+def host_pass_time(kernels: tuple[Kernel, ...], sync: tuple[int, int] | None, host_s: float) -> PassTime:
+    """One pass of a layer whose forward syncs the host with the GPU (kernels.host_sync), as the two queues of
+    planner/host.py run it: the kernels' own GPU time by class (kernels.gpu_seconds, no host floor) and, as
+    ``host_s``, the GPU's wait for the host's launches at ``host_s`` seconds each: the steady-state period from
+    one sync to the next (host.synced_period; ``sync``: kernels.host_sync's index and queued groups) or, for a pass
+    without one (the backward: the host's lead builds up layer over layer), the slower queue (host.free_running)."""
+    by = {"gemm": 0.0, "attention": 0.0, "memory": 0.0, "cast": 0.0}
+    flops = 0.0
+    launches = []
+    for k in kernels:
+        g = gpu_seconds(k)
+        by[k.kind] += g
+        flops += k.flops
+        launches.append((host_s, g, k.count))
+    span = free_running(launches) if sync is None else synced_period(launches, *sync)
+    busy = sum(by.values())
+    return PassTime(by["gemm"], by["attention"], by["memory"], flops, by["cast"], max(0.0, span - busy))
+
+
+def layer_pass(
+    ctx: Context, lk: LayerKernels, eff: Efficiency, backward: bool = False, kernels: tuple | None = None
+) -> PassTime:
+    """The forward (or the backward, or ``kernels``: a forward's re-run) of a layer's kernels ``lk``: summed
+    (pass_time, each kernel at least its host floor), or, where the forward syncs (kernels.host_sync), through the
+    host's queue (host_pass_time; a re-run without the sync runs free). The one home of the choice: the forward, the
+    backward and full recompute's rerun read it."""
+    if kernels is None:
+        kernels = lk.backward if backward else lk.forward
+    if host_sync(ctx, lk.forward) is None:
+        return pass_time(kernels)
+    host_s = 0.0 if cuda_graphs(ctx) else eff.host_launch_s or eff.cpu_op_s
+    return host_pass_time(kernels, None if backward else host_sync(ctx, kernels), host_s)
+
+
+def layer_passes(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[PassTime, PassTime]:
+    """(forward, backward) of ``lk``: layer_pass of each."""
+    return layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
 
 
 @dataclass(frozen=True)
@@ -131,7 +182,7 @@ _LAYER_FORWARD: dict = {}
 
 
 def _layer_forward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, float]:
-    fwd = pass_time(layer_kernels(ctx, moe, gpu, eff).forward)
+    fwd = layer_pass(ctx, layer_kernels(ctx, moe, gpu, eff), eff)
     return fwd, fwd.attention_s
 
 
@@ -156,7 +207,7 @@ def layer_backward(
     if moe is None:
         moe = _is_moe(ctx, layer, gpu, eff)
     lk = layer_kernels(ctx, moe, gpu, eff)
-    back = pass_time(lk.backward)
+    back = layer_pass(ctx, lk, eff, backward=True)
     redo = _layer_recompute(ctx, lk, layer, gpu, eff, recompute, modules, moe)
     return back if redo is None else back + redo
 
@@ -165,7 +216,7 @@ def _layer_recompute(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, eff, recom
     """What one layer's backward re-runs of its forward (the one home of the rule; None: nothing): full, the
     whole forward; selective, the forward of each of ``modules``."""
     if recompute == "full":  # the layer's forward, less what a re-run that stops at its last save leaves out
-        return pass_time(full_rerun(ctx, lk.forward, moe))
+        return layer_pass(ctx, lk, eff, kernels=full_rerun(ctx, lk.forward, moe))
     if recompute == "selective":
         return recompute_modules_forward(ctx, lk, layer, gpu, eff, frozenset(modules), moe)
     return None
@@ -269,7 +320,7 @@ def _is_moe(ctx: Context, layer: PassTime, gpu: GPUSpec, eff: Efficiency) -> boo
     """Whether ``layer`` is the forward of an MoE layer of this model (the two kinds' forwards differ)."""
     if ctx.model.moe is None:
         return False
-    return pass_time(layer_kernels(ctx, True, gpu, eff).forward) == layer
+    return layer_pass(ctx, layer_kernels(ctx, True, gpu, eff), eff) == layer
 
 
 def head_backward(ctx: Context, head: PassTime, gpu: GPUSpec, eff: Efficiency) -> PassTime:

@@ -52,6 +52,9 @@ class Efficiency:
     gemm_fixed_s: float = 0.0  # fixed cost of one GEMM (prologue, epilogue, launch), seconds
     attention_s0: float = 0.0  # attention rate grows as s_kv / (s_kv + s0)
     cpu_op_s: float = 0.0  # host dispatch per kernel without CUDA graphs: a kernel takes at least this
+    # the host's time per launch in a layer whose forward syncs (planner/host.py's queue, compute.layer_passes):
+    # a framework's layer code between its launches (0: cpu_op_s); what a user's own trace or a measurement gives
+    host_launch_s: float = 0.0
     moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
     # measured GEMM ceilings of one GPU by dtype, before GEMM_CEILING: what a profiler trace fits for its GPU
     # (planner/trace_fit.py); () = the tables' ceilings
@@ -95,6 +98,12 @@ EFFICIENCY = Efficiency(
     # Principles", 2022, overhead section); on the H200 machine's host 6.0-16.8 us per tiny op, median 10.1 us
     # (runs 1-2 ``launch`` eager column). CUDA graphs replay the launches without it (PyTorch CUDA graphs docs).
     cpu_op_s=1e-5,
+    # Megatron-Core's own MoE layer (0.19.2, local spec: no TransformerEngine), bf16 eager forward + backward on this
+    # project's H200 (tests/reference/kernels/h200/megatron_moe_h200.json, bench/measure_megatron_moe.py): host time
+    # per kernel launch, the median of the 47 MoE rows whose GPU was busy under half their wall time (the host's
+    # own work: at most 3.1% of it waiting in syncs): 38.2 us (27.8-50.9; 3.7 aten ops a launch); the one global host
+    # constant, fitted on that measurement, never on a run. Where a layer's forward syncs (compute.layer_pass)
+    host_launch_s=38.2e-6,
 )
 
 # The constants a user's profiler trace fits for its GPU (planner/trace_fit.py; POST /v1/calibrate ``trace`` returns
@@ -111,6 +120,8 @@ KERNEL_CONSTANTS = {
     # (nvidia-smi clocks.max.sm); an A100 holds 1,410 of 1,410; 0.2 is below any power limit's clock
     "clock": (0.2, 1.2),
     "attention_ceiling": (0.05, 1.0),
+    # the host's time per launch in a synced layer's queue (Efficiency.host_launch_s): up to 1 ms
+    "host_launch_s": (0.0, 1e-3),
 }
 # GEMM dtypes a ceiling may be given for: what a trace's GEMMs run as (profile_trace.gemm_dtype) and the recipes'
 # kernel dtypes (planner/recipes.py Recipe.kernel_dtype).
@@ -606,6 +617,12 @@ class Kernel:
     shape: tuple = ()  # GEMM: (m, n, k, groups); attention: (b·heads, s_q, s_kv, head_dim)
     dtype: str = ""
     count: int = 1
+    gpu_s: float | None = None  # the GPU's own time where a host floor raised time_s (None: time_s; gpu_seconds)
+
+
+def gpu_seconds(k: Kernel) -> float:
+    """A kernel's GPU time without the host floor (``Kernel.gpu_s``): what planner/host.py's queues take."""
+    return k.time_s if k.gpu_s is None else k.gpu_s
 
 
 @dataclass(frozen=True)
@@ -877,7 +894,9 @@ def hbm_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
 
 def memory_kernel(name: str, nbytes: float, gpu: GPUSpec, eff: Efficiency, count: int = 1, floor: float = 0.0):
     t = hbm_s(nbytes, gpu, eff) + count * eff.kernel_s
-    return Kernel(name, "memory", max(t, count * floor), bytes=nbytes, count=count)
+    if t >= count * floor:
+        return Kernel(name, "memory", t, bytes=nbytes, count=count)
+    return Kernel(name, "memory", count * floor, bytes=nbytes, count=count, gpu_s=t)
 
 
 def fsdp_copy_kernels(
@@ -1696,12 +1715,44 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     if streams and not m.capacity_factor:
         # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
         # queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
-        ef.insert(0, Kernel("expert_counts_sync", "memory", eff.cpu_op_s, bytes=8 * m.num_experts))
+        # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost)
+        ef.insert(0, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
     pre = dispatch_preprocess(ctx)
     if pre:  # the counts and splits the sync waits for; forward only: integer counts, no gradient
         ef.insert(0, memory_kernel("dispatch_preprocess", T_sp * E + 8 * E * (par.ep + 2), gpu, eff, pre, k.floor))
     k.fwd.extend(ef)
     k.bwd.extend(eb)
+
+
+# The host waits for the GPU once per MoE layer forward: Megatron-Core's alltoall and allgather dispatchers move the
+# experts' token counts to the host and synchronise the stream (Megatron-LM 92c8482e6d
+# megatron/core/transformer/moe/token_dispatcher.py ``_maybe_dtoh_and_synchronize``: the alltoall dispatcher's
+# ``cuda_sync_point`` "before_ep_alltoall" for dropless routing over ep > 1, "before_permutation_1" with a capacity
+# factor... for one rank "before_finish"; TEGroupedMLP takes the counts as a host list, experts.py). The kernel that
+# stands for it in a layer's forward:
+COUNT_SYNC = "expert_counts_sync"
+
+
+# Dispatchers whose host copies the counts before the first permutation and waits only before the all-to-all, the
+# permutation's launches queued in between (token_dispatcher.py 92c8482e6d MoEAlltoAllTokenDispatcher:
+# ``cuda_dtoh_point`` "before_permutation_1" without a moe_preprocess CUDA graph, ``d2h_event.synchronize()`` at the
+# ``cuda_sync_point`` "before_ep_alltoall" for dropless ep > 1); the allgather dispatcher's ``.cpu()`` blocks at once.
+PERMUTE_BEFORE_WAIT = ("alltoall",)
+
+
+def host_sync(ctx: Context, forward: tuple[Kernel, ...]) -> tuple[int, int] | None:
+    """Where the host syncs with the GPU in a layer's ``forward``: (the index of COUNT_SYNC, the launch groups after
+    it that are enqueued before the host waits: the permute under PERMUTE_BEFORE_WAIT with ep > 1), or None: no
+    sync, or CUDA graphs (no host launches to wait for). compute.layer_passes then runs the layer through the host's
+    queue (planner/host.py synced_period)."""
+    if cuda_graphs(ctx):
+        return None
+    at = next((i for i, k in enumerate(forward) if k.name == COUNT_SYNC), None)
+    if at is None:
+        return None
+    par = ctx.par
+    early = par.ep_dispatch in PERMUTE_BEFORE_WAIT and par.ep * par.etp > 1
+    return at, int(early and at + 1 < len(forward) and forward[at + 1].name == "permute")
 
 
 def cross_entropy_fusion(ctx: Context) -> bool:
@@ -1824,14 +1875,15 @@ def _fp8_casts(k: _Layer) -> None:
     # and, without CUDA graphs, at least one host dispatch
     extra = expert_quantize_launches(ctx, gemms)
     t = _mem_s(nbytes, k.gpu, k.eff)
-    if extra:
-        t = max(t + extra * k.eff.kernel_s, (1 + extra) * k.floor)
     count = 1 + extra
-    fwd.append(Kernel("fp8_cast", "cast", t, bytes=nbytes, count=count))
+    cast = Kernel("fp8_cast", "cast", t, bytes=nbytes, count=count)
+    if extra:
+        cast = _floored(replace(cast, time_s=t + extra * k.eff.kernel_s), k.floor)
+    fwd.append(cast)
     # the backward casts the output gradients the same way (one per GEMM input, per expert split alike); summed
     # over a layer's GEMMs its bytes equal the forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a
     # GPT layer): charged alike
-    k.bwd.append(Kernel("fp8_cast.bwd", "cast", fwd[-1].time_s, bytes=fwd[-1].bytes, count=count))
+    k.bwd.append(replace(cast, name="fp8_cast.bwd"))
 
 
 def expert_quantize_launches(ctx: Context, gemms: list[Kernel]) -> int:
@@ -2018,7 +2070,7 @@ def routed_expert_kernels(
             k = memory_kernel(name, nbytes, gpu, eff, count, floor)
             if name == "unpermute" and fu.atomic_combine:  # the R·h bf16 adds at the atomic rate
                 atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
-                k = replace(k, time_s=max(k.time_s, atomic))
+                k = replace(k, time_s=max(k.time_s, atomic), gpu_s=None if k.gpu_s is None else max(k.gpu_s, atomic))
             back_count = score_counts[name][1] if name in score_counts else count
             kb = memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor)
             if name in strided:
@@ -2035,7 +2087,9 @@ def _strided(k: Kernel, strided_bytes: float, gpu: GPUSpec, eff: Efficiency, flo
     issue = STRIDED_BYTES_PER_SM_CYCLE * gpu.sms * SM_CLOCK_MHZ.get(generation(gpu), SM_CLOCK_MHZ[90]) * 1e6
     if not gpu.sms or issue >= copy:
         return k
-    return replace(k, time_s=max(k.time_s + strided_bytes * (1 / issue - 1 / copy), k.count * floor))
+    extra = strided_bytes * (1 / issue - 1 / copy)
+    gpu_s = None if k.gpu_s is None else k.gpu_s + extra  # the GPU's own time under a host floor (gpu_seconds)
+    return replace(k, time_s=max(k.time_s + extra, k.count * floor), gpu_s=gpu_s)
 
 
 def quantized_gemm(dtype: str) -> bool:
@@ -2068,7 +2122,7 @@ def _mem_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
 def _floored(k: Kernel, floor: float) -> Kernel:
     if k.time_s >= floor * k.count:
         return k
-    return Kernel(k.name, k.kind, floor * k.count, k.flops, k.bytes, k.shape, k.dtype, k.count)
+    return Kernel(k.name, k.kind, floor * k.count, k.flops, k.bytes, k.shape, k.dtype, k.count, gpu_seconds(k))
 
 
 # ---- attention ------------------------------------------------------------------------------------------
@@ -2210,18 +2264,16 @@ def attention_kernels(
     # head_dim_rate's d: per score one exponential against 2·qk + 2·v matmul FLOPs (QKᵀ and PV; its 4·d at
     # qk = v = d), so the exponential is amortised over their mean (qk + v) / 2 (MLA: 160, at the d-128 rate)
     f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2)
-    fwd = [Kernel(f"{kernel}_fwd", "attention", max(f_t, steps * floor), flops, shape=shape, dtype="bf16", count=steps)]
+    fwd = [_floored(Kernel(f"{kernel}_fwd", "attention", f_t, flops, shape=shape, dtype="bf16", count=steps), floor)]
     bwd = [
-        Kernel(
-            f"{kernel}_bwd",
-            "attention",
-            max(b_t, steps * FLASH_BWD_KERNELS * floor),
-            FLASH_BWD * flops,
-            shape=shape,
-            dtype="bf16",
-            count=steps * FLASH_BWD_KERNELS,
+        _floored(
+            Kernel(
+                f"{kernel}_bwd", "attention", b_t, FLASH_BWD * flops, shape=shape, dtype="bf16",
+                count=steps * FLASH_BWD_KERNELS,
+            ),
+            floor,
         )
-    ]
+    ]  # fmt: skip
     if steps > 1 and ctx.flavour.cp_rotate_methods:  # torch's context_parallel: its own merge, in torch ops
         merge_fwd, merge_bwd = torch_cp_merge_kernels(ctx, steps, gpu, eff, floor)
         fwd += merge_fwd

@@ -609,8 +609,9 @@ def _holds(
 
 
 def _compute_bound(p: PassTime) -> float:
-    """The time share of a pass's compute-bound kernels (GEMMs, attention): the rest is memory-bound."""
-    total = p.total_s
+    """The time share of a pass's compute-bound kernels (GEMMs, attention): the rest is memory-bound (the GPU's wait
+    for the host, PassTime.host_s, is neither)."""
+    total = p.total_s - p.host_s
     return (p.gemm_s + p.attention_s) / total if total > 0 else 1.0
 
 

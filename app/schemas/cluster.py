@@ -111,6 +111,14 @@ class KernelsIn(Strict):
     gemm_fixed_s: _kernel_constant("gemm_fixed_s", "fixed cost of one GEMM, s") | None = None
     hbm: _kernel_constant("hbm", "achieved / datasheet HBM bandwidth of memory-bound kernels") | None = None
     kernel_s: _kernel_constant("kernel_s", "fixed cost of a memory-bound or attention kernel, s") | None = None
+    host_launch_s: (
+        _kernel_constant(
+            "host_launch_s",
+            "the host's time per kernel launch in a layer that syncs with the GPU (Megatron-Core's MoE count "
+            "sync): the two queues of planner/host.py; absent: 38.2 us, Megatron-Core's own MoE layer measured",
+        )
+        | None
+    ) = None
     clock: (
         _kernel_constant(
             "clock",

@@ -1,0 +1,88 @@
+"""``cluster.calibration.kernels.host_launch_s`` (issue 20, moehost): the host's time per kernel launch in a layer
+that syncs with the GPU (Megatron-Core's MoE count sync; default 38.2 us, planner/kernels.py), run through the two
+queues of planner/host.py. Over HTTP:
+it moves exactly the synced MoE layers (the plan is the pure functions' with the constant), leaves a dense plan
+alone, and a value outside 0..1 ms is a 422 naming the field."""
+
+import copy
+from dataclasses import replace
+
+import pytest
+
+from app.convert import plan_inputs
+from app.schemas.plan import PlanRequest
+from app.settings import Settings
+from planner import Context
+from planner.compute import layer_passes, stage_compute
+from planner.kernels import EFFICIENCY, host_sync, layer_kernels
+
+MOE = {  # Qwen3-30B-A3B as the 25.11 B200 row runs it: MXFP8, MBS 1, ep 8, Megatron's alltoall dispatcher
+    "model": {"preset": "qwen3-30b-a3b"},
+    "workload": {
+        "kind": "training",
+        "micro_batch_size": 1,
+        "global_batch_size": 64,
+        "seq_length": 4096,
+        "activation_dtype": "fp8",
+        "fp8_recipe": "mxfp8",
+    },
+    "parallel": {"dp": 8, "ep": 8},
+    "cluster": {"preset": "dgx-b200", "num_nodes": 1},
+    "options": {"timeline": False},
+}
+DENSE = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16},
+    "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1},
+    "cluster": {"preset": "dgx-a100", "num_nodes": 1},
+    "options": {"timeline": False},
+}
+
+
+def with_host(body: dict, host_launch_s: float) -> dict:
+    out = copy.deepcopy(body)
+    out["cluster"]["calibration"] = {"kernels": {"host_launch_s": host_launch_s}}
+    return out
+
+
+def ok(response) -> dict:
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_faster_host_speeds_the_synced_moe_layers_as_the_pure_functions_say(api):
+    """By default (38.2 us a launch, Megatron-Core's own layer measured) the B200 Qwen3 layer is host-bound (241
+    launches a layer and micro-batch against 3.4 ms of GPU); at 10 us it is not: the plan's compute is stage_compute's
+    with that constant (1.44 s against 3.66 s), and the MoE layers' passes are the two queues'."""
+    default = ok(api.post("/v1/plan", json=MOE))
+    fast = ok(api.post("/v1/plan", json=with_host(MOE, 1e-5)))
+    model, work, par, cluster, _ = plan_inputs(PlanRequest.model_validate(MOE), Settings())
+    ctx = Context(model, work, par)
+    quick = replace(EFFICIENCY, host_launch_s=1e-5)
+    m = ctx.micro_batches
+    for answer, eff in ((fast, quick), (default, EFFICIENCY)):
+        comp = stage_compute(ctx, 0, cluster.gpu, eff)
+        assert answer["step"]["compute_s"] == pytest.approx(
+            m * (comp.forward.total_s + comp.backward.total_s) + comp.optimizer_s
+        )
+    assert round(fast["step"]["compute_s"], 2) == 1.44 and round(default["step"]["compute_s"], 2) == 3.66
+    lk = layer_kernels(ctx, True, cluster.gpu)
+    assert host_sync(ctx, lk.forward) is not None
+    fwd, bwd = layer_passes(ctx, lk, EFFICIENCY)
+    host = EFFICIENCY.host_launch_s
+    assert fwd.host_s > 0 and bwd.total_s == pytest.approx(sum(k.count for k in lk.backward) * host)
+    assert fast["cluster"]["calibration"]["kernels"]["host_launch_s"] == 1e-5
+
+
+def test_a_dense_plan_has_no_sync_and_does_not_move(api):
+    assert ok(api.post("/v1/plan", json=with_host(DENSE, 1e-5)))["step"] == ok(api.post("/v1/plan", json=DENSE))["step"]
+
+
+@pytest.mark.parametrize(
+    ("value", "words"), [(2e-3, "less than or equal to 0.001"), (-1e-6, "greater than or equal to 0")]
+)
+def test_a_host_cost_outside_its_range_is_a_422_naming_the_field(api, value, words):
+    r = api.post("/v1/plan", json=with_host(MOE, value))
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert ".".join(map(str, err["loc"][1:])) == "cluster.calibration.kernels.host_launch_s" and words in err["msg"]
