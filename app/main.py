@@ -17,6 +17,8 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from uvicorn.protocols.http import flow_control
 
+from planner.search.engine import young_threshold
+
 from . import errors, runner
 from .limits import BodyLimit
 from .routers import calibrate, collectives, export, health, plan, presets, search, serve, topology
@@ -173,22 +175,13 @@ def freeze_start_up() -> int:
     return gc.get_freeze_count()
 
 
-# The collector's youngest generation is collected every this many net new container objects (CPython's default is
-# 700; the gc module's docs, gc.set_threshold). One plan of Llama 3 405B on 16,384 H100 holds about 1,800 of them
-# at its peak (its ledger rows, links, timeline events and their dicts), all freed by reference counting when the
-# answer is written: at 700 each request ran 2.6 young and 0.2 middle collections over objects about to be freed,
-# 0.6-0.7 ms of its CPU (bench/plan_http.py, measured with gc.callbacks); at 10,000, 3 young collections in 62
-# requests. Cycles are still found, a few thousand objects later; the older generations keep their thresholds.
-GC_YOUNG_THRESHOLD = 10_000
-
-
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     # process-wide, set when a server starts (not on import): the event loop's share of the GIL (Settings) and the
-    # collector's young threshold (GC_YOUNG_THRESHOLD); both given back when it stops
+    # collector's young threshold (planner/search/engine.py GC_YOUNG_THRESHOLD); both given back when it stops
     previous, collector = sys.getswitchinterval(), gc.get_threshold()
     sys.setswitchinterval(app.state.settings.switch_interval_s)
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *collector[1:])
+    young_threshold()
     runner.configure(app.state.settings)
     await warm_up(app)
     freeze_start_up()  # before any pool worker is forked: each inherits the frozen start-up objects

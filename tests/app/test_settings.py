@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from app import runner
-from app.main import GC_YOUNG_THRESHOLD, create_app
+from app.main import create_app
 from app.settings import Settings
 from planner.deadline import Deadline
+from planner.search.engine import GC_YOUNG_THRESHOLD
 
 
 def test_settings_read_the_environment_by_their_commplan_names(monkeypatch):
