@@ -149,20 +149,19 @@ def _pool(workers: int) -> cf.ProcessPoolExecutor:
     return pool
 
 
-# The garbage collector's youngest generation in a process that runs searches or plans for a long time (a search
-# worker; the service while it runs, app/main.py): collected every this many net new container objects, not
-# CPython's 700 (the gc module's docs, gc.set_threshold). Screening a layout builds contexts, keys and priced rows
-# that live about as long as its shape, so at 700 the collector ran over them again and again: Llama 3 405B on
-# 16,384 H100, megatron tp 8 (19,536 layouts, one process) ran 634 collections, 0.74 of 6.48 CPU s; at 10,000,
-# 27 collections, 0.22 of 5.36 CPU s, the same answer. One plan of that model peaks at ~1,800 such objects, all
-# freed when its answer is written: 2.6 collections a request at 700, 3 in 62 requests at 10,000. Cycles are still
-# collected, a few thousand objects later; the older generations keep their thresholds.
+# The garbage collector's youngest generation in a search worker, which screens layouts for a long time: collected
+# every this many net new container objects, not CPython's 700 (the gc module's docs, gc.set_threshold). Screening
+# builds contexts, keys and priced rows that live about as long as their shape, so at 700 the collector ran over
+# them again and again: Llama 3 405B on 16,384 H100, megatron tp 8 (19,536 layouts, one process) ran 634
+# collections, 0.74 of 6.48 CPU s; at 10,000, 27 collections, 0.22 of 5.36 CPU s, the same answer; the whole
+# 405B space on 2 processes peaked at 264 MiB against 261 MiB. Cycles are still collected, a few thousand
+# objects later; the older generations keep their thresholds. (The service's own: app/main.py GC_YOUNG_SERVICE.)
 GC_YOUNG_THRESHOLD = 10_000
 
 
-def young_threshold() -> None:
-    """This process's young generation collected every GC_YOUNG_THRESHOLD net new objects."""
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+def young_threshold(young: int = GC_YOUNG_THRESHOLD) -> None:
+    """This process's young generation collected every ``young`` net new objects."""
+    gc.set_threshold(young, *gc.get_threshold()[1:])
 
 
 def _worker_start() -> None:

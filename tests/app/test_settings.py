@@ -13,10 +13,9 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from app import runner
-from app.main import create_app
+from app.main import GC_YOUNG_SERVICE, create_app
 from app.settings import Settings
 from planner.deadline import Deadline
-from planner.search.engine import GC_YOUNG_THRESHOLD
 
 
 def test_settings_read_the_environment_by_their_commplan_names(monkeypatch):
@@ -46,8 +45,8 @@ def test_a_running_server_uses_its_switch_interval_and_gives_the_old_one_back():
     app = create_app(Settings(switch_interval_s=0.0007))
     with TestClient(app) as client:  # the lifespan runs: the server has started
         assert sys.getswitchinterval() == pytest.approx(0.0007)
-        # the young generation collected every 10,000 net new objects, not 700 (a plan's peak is ~1,800)
-        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *collector[1:]) and GC_YOUNG_THRESHOLD == 10_000
+        # the young generation collected every 2,000 net new objects, not 700 (a plan's peak is ~1,800)
+        assert gc.get_threshold() == (GC_YOUNG_SERVICE, *collector[1:]) and GC_YOUNG_SERVICE == 2_000
         assert client.get("/healthz").json() == {"status": "ok"}
     assert sys.getswitchinterval() == pytest.approx(before)
     assert gc.get_threshold() == collector
