@@ -1188,9 +1188,14 @@ def layer_kernels_key(ctx: Context) -> tuple:
     the shapes read (tp, cp, SP, ep, expert tp), the framework's traits the kernels read (its flavour's fusion
     and default attention kernel) and cp_comm. Not pp, virtual stages, the schedule, dp when training, ZeRO nor
     the rank order.
-    tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts."""
+    tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts. Built once per
+    context object (kept in its ``__dict__`` as its cached properties are; the context is frozen): a stage's
+    passes look it up for every per-layer memo, some 30,000 times on a 20,000-layout search."""
+    found = ctx.__dict__.get("_layer_kernels_key")
+    if found is not None:
+        return found
     par = ctx.par
-    return (
+    found = ctx.__dict__["_layer_kernels_key"] = (
         ctx.model,
         ctx.work,
         None if ctx.training else par.dp,
@@ -1204,6 +1209,7 @@ def layer_kernels_key(ctx: Context) -> tuple:
         par.cp_load_balance,
         par.ep_dispatch,
     )
+    return found
 
 
 def kernel_traits(flavour) -> tuple:

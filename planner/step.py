@@ -509,19 +509,25 @@ def assign_streams(
         if flags.overlap_moe_expert_parallel_comm:
             overlap_forward_backward(st)
     if gpu is not None:
-        # only the streams that hide somewhere (and the DP streams when they overlap) are asked what they hold
-        keys = {f"{_totals_kind(k)}.{phase}" for st in stages for k, phase in st.hidden_by_stream}
-        keys |= {
-            k
-            for k, on in (("grad_reduce", flags.overlap_grad_reduce), ("param_gather", flags.overlap_param_gather))
-            if on
-        }
-        holds = _holds(ctx, totals, flags, len(stages), keys, gpu)
-        hbm_eff = efficiency(gpu, None).hbm
-        for st in stages:
-            _contention(st, holds, flags, gpu, hbm_eff)
-        if flags.overlap_p2p and ctx.par.pp > 1:
-            _pp_contention(ctx, totals, stages, gpu, hbm_eff)
+        _stage_contention(ctx, totals, stages, flags, gpu)
+
+
+def _stage_contention(
+    ctx: Context, totals: StreamTotals, stages: list[StageStep], flags: Overlap, gpu: GPUSpec
+) -> None:
+    """``assign_streams``' last part, with a GPU: each stage's passes slowed by what the hidden communication
+    holds (planner/contention.py), and the pipeline's overlapped sends."""
+    # only the streams that hide somewhere (and the DP streams when they overlap) are asked what they hold
+    keys = {f"{_totals_kind(k)}.{phase}" for st in stages for k, phase in st.hidden_by_stream}
+    keys |= {
+        k for k, on in (("grad_reduce", flags.overlap_grad_reduce), ("param_gather", flags.overlap_param_gather)) if on
+    }
+    holds = _holds(ctx, totals, flags, len(stages), keys, gpu)
+    hbm_eff = efficiency(gpu, None).hbm
+    for st in stages:
+        _contention(st, holds, flags, gpu, hbm_eff)
+    if flags.overlap_p2p and ctx.par.pp > 1:
+        _pp_contention(ctx, totals, stages, gpu, hbm_eff)
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:

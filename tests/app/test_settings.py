@@ -4,6 +4,7 @@ running server uses (issue 26 item 4: /healthz prompt while work threads compute
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from app import runner
-from app.main import create_app
+from app.main import GC_YOUNG_SERVICE, create_app
 from app.settings import Settings
 from planner.deadline import Deadline
 
@@ -40,12 +41,15 @@ def test_a_switch_interval_out_of_range_is_refused_at_start(value):
 
 
 def test_a_running_server_uses_its_switch_interval_and_gives_the_old_one_back():
-    before = sys.getswitchinterval()
+    before, collector = sys.getswitchinterval(), gc.get_threshold()
     app = create_app(Settings(switch_interval_s=0.0007))
     with TestClient(app) as client:  # the lifespan runs: the server has started
         assert sys.getswitchinterval() == pytest.approx(0.0007)
+        # the young generation collected every 2,000 net new objects, not 700 (a plan's peak is ~1,800)
+        assert gc.get_threshold() == (GC_YOUNG_SERVICE, *collector[1:]) and GC_YOUNG_SERVICE == 2_000
         assert client.get("/healthz").json() == {"status": "ok"}
     assert sys.getswitchinterval() == pytest.approx(before)
+    assert gc.get_threshold() == collector
 
 
 # ---- the event loop first (issue 26 item 4, round three) ---------------------------------------------------------
