@@ -41,7 +41,7 @@ def test_specs_hash_as_before_and_once():
     moved = replace(spec, num_nodes=8)
     assert "_hash" not in moved.__dict__ and moved != spec and hash(moved) != hash(spec)
     ctx = Context(model_preset("llama3-8b"), WorkloadSpec(micro_batch_size=1, global_batch_size=8), ParallelSpec(tp=8))
-    assert hash(ctx) == hash((ctx.model, ctx.work, ctx.par, ctx.devices_per_node))
+    assert hash(ctx) == hash((ctx.model, ctx.work, ctx.par, ctx.devices_per_node, ctx.device_sms))
     again = Context(ctx.model, ctx.work, ctx.par)
     assert again == ctx and hash(again) == hash(ctx)
     assert {ctx: 1}[again] == 1
