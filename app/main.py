@@ -191,12 +191,12 @@ async def lifespan(app: FastAPI):
     previous, collector = sys.getswitchinterval(), gc.get_threshold()
     sys.setswitchinterval(app.state.settings.switch_interval_s)
     young_threshold(GC_YOUNG_SERVICE)
-    runner.configure(app.state.settings)
-    await warm_up(app)
-    freeze_start_up()  # before any pool worker is forked: each inherits the frozen start-up objects
-    if runner.LIMITS.pooled and app.state.settings.work_in_process:
-        await runner.pool().start(app.state.settings.worker_processes)
-    try:
+    try:  # a start-up that raises still gives both back and stops any worker already forked
+        runner.configure(app.state.settings)
+        await warm_up(app)
+        freeze_start_up()  # before any pool worker is forked: each inherits the frozen start-up objects
+        if runner.LIMITS.pooled and app.state.settings.work_in_process:
+            await runner.pool().start(app.state.settings.worker_processes)
         yield
     finally:
         sys.setswitchinterval(previous)

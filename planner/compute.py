@@ -31,7 +31,6 @@ from .kernels import (
     LayerKernels,
     attention_flops,
     check_kernel_options,
-    cuda_graphs,
     dense_peak,
     efficiency,
     embedding_kernels,
@@ -133,10 +132,14 @@ def layer_pass(
     backward and full recompute's rerun read it."""
     if kernels is None:
         kernels = lk.backward if backward else lk.forward
-    if host_sync(ctx, lk.forward) is None:
+    sync = host_sync(ctx, lk.forward)  # None under CUDA graphs too: no host queue then
+    if sync is None:
         return pass_time(kernels)
-    host_s = 0.0 if cuda_graphs(ctx) else eff.host_launch_s or eff.cpu_op_s
-    return host_pass_time(kernels, None if backward else host_sync(ctx, kernels), host_s)
+    if backward:
+        sync = None
+    elif kernels is not lk.forward:
+        sync = host_sync(ctx, kernels)
+    return host_pass_time(kernels, sync, eff.host_launch_s or eff.cpu_op_s)
 
 
 def layer_passes(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[PassTime, PassTime]:

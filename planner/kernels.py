@@ -2094,8 +2094,8 @@ def _strided(k: Kernel, strided_bytes: float, gpu: GPUSpec, eff: Efficiency, flo
     if not gpu.sms or issue >= copy:
         return k
     extra = strided_bytes * (1 / issue - 1 / copy)
-    gpu_s = None if k.gpu_s is None else k.gpu_s + extra  # the GPU's own time under a host floor (gpu_seconds)
-    return replace(k, time_s=max(k.time_s + extra, k.count * floor), gpu_s=gpu_s)
+    # the GPU's own time grows, then the host floor applies to it (not floor + extra on a floored kernel)
+    return _floored(replace(k, time_s=gpu_seconds(k) + extra, gpu_s=None), floor)
 
 
 def quantized_gemm(dtype: str) -> bool:

@@ -528,6 +528,9 @@ def _stage_contention(
         _contention(st, holds, flags, gpu, hbm_eff)
     if flags.overlap_p2p and ctx.par.pp > 1:
         _pp_contention(ctx, totals, stages, gpu, hbm_eff)
+    for st in stages:  # a host-bound pass's GPU idles host_s (compute.host_pass_time): slowed kernels fill it first
+        st.slow_fwd_s = max(0.0, st.slow_fwd_s - st.compute.forward.host_s)
+        st.slow_bwd_s = max(0.0, st.slow_bwd_s - st.compute.backward.host_s)
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:
@@ -670,7 +673,7 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
         for phase in ("forward", "backward"):
             whole = st.compute.forward if phase == "forward" else st.compute.backward
             rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
-            slow = slowdown_s(min(hidden, whole.total_s), 0.0, rate)
+            slow = slowdown_s(min(hidden, whole.total_s - whole.host_s), 0.0, rate)
             if phase == "forward":
                 st.slow_fwd_s += slow
             else:

@@ -152,10 +152,12 @@ def _pool(workers: int) -> cf.ProcessPoolExecutor:
 # The garbage collector's youngest generation in a search worker, which screens layouts for a long time: collected
 # every this many net new container objects, not CPython's 700 (the gc module's docs, gc.set_threshold). Screening
 # builds contexts, keys and priced rows that live about as long as their shape, so at 700 the collector ran over
-# them again and again: Llama 3 405B on 16,384 H100, megatron tp 8 (19,536 layouts, one process) ran 634
-# collections, 0.74 of 6.48 CPU s; at 10,000, 27 collections, 0.22 of 5.36 CPU s, the same answer; the whole
-# 405B space on 2 processes peaked at 264 MiB against 261 MiB. Cycles are still collected, a few thousand
-# objects later; the older generations keep their thresholds. (The service's own: app/main.py GC_YOUNG_SERVICE.)
+# them again and again: Llama 3 405B on 16,384 H100, megatron tp 8 (19,536 layouts, measured in one process
+# with this threshold set) ran 634 collections, 0.74 of 6.48 CPU s; at 10,000, 27 collections, 0.22 of 5.36 CPU s,
+# the same answer; the whole 405B space on 2 processes peaked at 264 MiB against 261 MiB. Cycles are still
+# collected, a few thousand objects later; the older generations keep their thresholds. Only forked pool workers
+# take it (_worker_start): an in-process search keeps its process's own threshold (700 from the command line, the
+# service's app/main.py GC_YOUNG_SERVICE), which concurrent plan threads share.
 GC_YOUNG_THRESHOLD = 10_000
 
 

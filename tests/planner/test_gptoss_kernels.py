@@ -424,3 +424,17 @@ def test_megatron_runs_the_weighted_activation_and_torch_does_not():
     # Megatron: the fused backward's 12 B + the probs' sum 4 B, 2 kernels; torch eager: its own chain (EAGER's 10 B
     # forward, twice backward), no probs inside
     assert mega.count == 2 and torch_.bytes / mega.bytes == pytest.approx(20 / 16)
+
+
+def test_a_floored_kernels_strided_bytes_add_to_its_gpu_time_not_to_the_floor():
+    """kernels._strided on a kernel the host floor already raised: max(GPU time + extra, floor), never floor +
+    extra (review r8c). A 1 us GPU kernel under a 30 us floor with 10 KB strided on the H100: still 30 us."""
+    from planner.kernels import EFFICIENCY, Kernel, _floored, _strided
+
+    gpu = GPUS["h100-sxm5-80gb"]
+    k = _floored(Kernel("clamp", "memory", 1e-6, bytes=10_000), 30e-6)
+    assert k.time_s == 30e-6 and k.gpu_s == 1e-6
+    out = _strided(k, 10_000, gpu, EFFICIENCY, 30e-6)
+    assert out.time_s == 30e-6 and 1e-6 < out.gpu_s < 30e-6
+    big = _strided(k, 1e9, gpu, EFFICIENCY, 30e-6)  # past the floor: the GPU's own time, unfloored
+    assert big.time_s > 30e-6 and big.gpu_s in (None, big.time_s)
