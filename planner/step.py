@@ -182,19 +182,15 @@ class StageStep:
     def forward_s(self) -> float:
         return self.compute.forward.total_s + self.slow_fwd_s + self.fwd_comm_s
 
-    def add_comm(self, phase: str, seconds: float) -> None:
-        """Exposed communication inside one pass ("forward" or "backward") by ``seconds`` (per micro-batch)."""
+    def lengthen(self, phase: str, comm_s: float = 0.0, slow_s: float = 0.0) -> None:
+        """One pass ("forward" or "backward") lengthened, per micro-batch: ``comm_s`` more exposed communication
+        inside it, ``slow_s`` more compute slowdown (either negative to shorten it)."""
         if phase == "forward":
-            self.fwd_comm_s += seconds
+            self.fwd_comm_s += comm_s
+            self.slow_fwd_s += slow_s
         else:
-            self.bwd_comm_s += seconds
-
-    def add_slow(self, phase: str, seconds: float) -> None:
-        """One pass ("forward" or "backward") slowed by ``seconds`` more (per micro-batch)."""
-        if phase == "forward":
-            self.slow_fwd_s += seconds
-        else:
-            self.slow_bwd_s += seconds
+            self.bwd_comm_s += comm_s
+            self.slow_bwd_s += slow_s
 
     @property
     def backward_s(self) -> float:
@@ -684,7 +680,7 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
         for phase in ("forward", "backward"):
             whole = st.compute.forward if phase == "forward" else st.compute.backward
             rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
-            st.add_slow(phase, slowdown_s(min(hidden, whole.total_s), 0.0, rate))
+            st.lengthen(phase, slow_s=slowdown_s(min(hidden, whole.total_s), 0.0, rate))
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
@@ -853,7 +849,7 @@ def overlap_forward_backward(st: StageStep) -> None:
     window = st.compute.forward.total_s + st.compute.backward.total_s
     left = max(0.0, ep_f + ep_b - window) / (ep_f + ep_b)
     for phase, t in (("forward", ep_f), ("backward", ep_b)):
-        st.add_comm(phase, -(t * (1 - left)))
+        st.lengthen(phase, comm_s=-(t * (1 - left)))
         if t * (1 - left):
             st.hidden_by_stream[("ep", phase)] = st.hidden_by_stream.get(("ep", phase), 0.0) + t * (1 - left)
         if t * left:
@@ -882,7 +878,7 @@ def _offload(st: StageStep, transfer_s: float) -> None:
             st.hidden_by_stream[("pcie", phase)] = transfer_s - exposed
         if exposed:
             st.exposed_by_stream[("pcie", phase)] = exposed
-            st.add_comm(phase, exposed)
+            st.lengthen(phase, comm_s=exposed)
 
 
 def _prefetch(ctx: Context, flags: Overlap) -> bool:
