@@ -2019,9 +2019,43 @@ def routed_expert_kernels(
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
-    act_b, act_n = fu.gated_act if gated else fu.act
     gemms = {"experts_fc1": ((2 if gated else 1) * f, h), "experts_fc2": (h, f)}
-    memory = {  # name: (forward bytes, kernels, backward bytes / forward bytes)
+    act = fu.gated_act if gated else fu.act
+    memory, counts, strided = _routed_memory(
+        tokens, R, h, f, x, act, fused_activation, fp8_pad, score_combine, weighted_act, expert_bias
+    )
+    for name in _routed_order(sort, glu_clamp, bool(expert_bias), bool(score_combine)):
+        if name in gemms:
+            kf, kd, kw = gemm_kernels(
+                name, rows, *gemms[name], dtype, gpu, eff, groups=local, streams=streams, spread=spread, k0=k0
+            )
+            fwd.append(_floored(kf, floor))
+            bwd.extend((_floored(kd, floor), _floored(kw, floor)))
+        elif name in memory:
+            k, kb = _routed_memory_pair(name, memory[name], counts, strided, R * h, fu, gpu, eff, floor)
+            fwd.append(k)
+            bwd.append(kb)
+    return fwd, bwd
+
+
+def _routed_memory(
+    tokens: float,
+    R: float,
+    h: int,
+    f: float,
+    x: int,
+    act: tuple[float, int],
+    fused_activation: bool,
+    fp8_pad: bool,
+    score_combine: tuple[float, int, float, int],
+    weighted_act: bool,
+    expert_bias: tuple[float, int, float, int],
+) -> tuple[dict, dict, dict]:
+    """routed_expert_kernels' memory-bound kernels over ``R`` routed rows: (memory: name -> (forward bytes, kernels,
+    backward bytes / forward bytes); counts: name -> (forward kernels, backward kernels) where the backward launches
+    another count; strided: name -> (forward, backward) strided bytes)."""
+    act_b, act_n = act
+    memory = {
         "permute": (x * h * (tokens + R) + 16 * R, 3, BACKWARD_BYTES),
         # torch.cat of the chunks: read and write every received row and its fp32 prob; the backward is the reverse
         # copy of the gradient (the prob's gradient goes its own way: not counted)
@@ -2037,53 +2071,61 @@ def routed_expert_kernels(
         # fc2's output; each backward the reverse copy (FP8_EXPERT_PADDING)
         memory["fp8_padding"] = (2 * x * h * R + 8 * R, 2, 1.0)
         memory["fp8_unpadding"] = (2 * x * h * R, 1, 1.0)
-    score_counts = {}  # name: (forward kernels, backward kernels) where the backward launches another count
+    counts = {}
     if score_combine:
         fb, fn, bb, bn = score_combine
         forward = fb * R * h + x * h * tokens  # the score multiply's rows and the zeros_like of the tokens' output
         # the backward reads bb·R·h: 0 on a rank with no rows (and then maybe no tokens: no 0/0)
         memory["combine_scores"] = (forward, fn + 1, bb * R * h / forward if R else 0.0)
-        score_counts["combine_scores"] = (fn + 1, bn)
+        counts["combine_scores"] = (fn + 1, bn)
     if weighted_act and "expert_activation" in memory:
         wb, wn = WEIGHTED_ACT_GRAD
         memory["expert_activation"] = (act_b * R * f, act_n, (BACKWARD_BYTES * act_b + wb) / act_b)
-        score_counts["expert_activation"] = (act_n, act_n + wn)
+        counts["expert_activation"] = (act_n, act_n + wn)
     (clamp_f, clamp_n), (clamp_b, clamp_bn) = GLU_CLAMP
     memory["expert_act_clamp"] = (clamp_f * R * f, clamp_n, clamp_b / clamp_f)
-    score_counts["expert_act_clamp"] = (clamp_n, clamp_bn)
-    strided = {"expert_act_clamp": tuple(b * R * f for b in GLU_CLAMP_STRIDED)}  # name: (fwd, bwd) strided bytes
+    counts["expert_act_clamp"] = (clamp_n, clamp_bn)
+    strided = {"expert_act_clamp": tuple(b * R * f for b in GLU_CLAMP_STRIDED)}
     if expert_bias:
         fb, fn, bb, bn = expert_bias
         memory["expert_bias"] = (fb * R * h, fn, bb / fb)
-        score_counts["expert_bias"] = (fn, bn)
-    # Megatron's order (experts.py TEGroupedMLP.forward): pad, fc1, the activation (the clamp first), fc2, unpad, the
-    # per-expert bias
+        counts["expert_bias"] = (fn, bn)
+    return memory, counts, strided
+
+
+def _routed_order(sort: bool, glu_clamp: bool, expert_bias: bool, score_combine: bool) -> list[str]:
+    """routed_expert_kernels' kernels in Megatron's order (experts.py TEGroupedMLP.forward): pad, fc1, the activation
+    (the clamp first), fc2, unpad, the per-expert bias; the chunk sorts only with ``sort``."""
     order = ["permute", "sort_chunks", "fp8_padding", "experts_fc1"] + (["expert_act_clamp"] if glu_clamp else [])
     order += ["expert_activation", "experts_fc2", "fp8_unpadding"] + (["expert_bias"] if expert_bias else [])
     order += ["unsort_chunks"]
     order += ["combine_scores", "unpermute"] if score_combine else ["unpermute"]
-    for name in order if sort else [n for n in order if "sort_chunks" not in n]:
-        if name not in gemms and name not in memory:
-            continue
-        if name in gemms:
-            kf, kd, kw = gemm_kernels(
-                name, rows, *gemms[name], dtype, gpu, eff, groups=local, streams=streams, spread=spread, k0=k0
-            )
-            fwd.append(_floored(kf, floor))
-            bwd.extend((_floored(kd, floor), _floored(kw, floor)))
-        else:
-            nbytes, count, back = memory[name]
-            k = memory_kernel(name, nbytes, gpu, eff, count, floor)
-            if name == "unpermute" and fu.atomic_combine:  # the R·h bf16 adds at the atomic rate
-                atomic = 2 * R * h / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
-                k = replace(k, time_s=max(k.time_s, atomic), gpu_s=None if k.gpu_s is None else max(k.gpu_s, atomic))
-            back_count = score_counts[name][1] if name in score_counts else count
-            kb = memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor)
-            if name in strided:
-                k, kb = (_strided(kk, b, gpu, eff, floor) for kk, b in zip((k, kb), strided[name], strict=True))
-            fwd.append(k)
-            bwd.append(kb)
-    return fwd, bwd
+    return order if sort else [n for n in order if "sort_chunks" not in n]
+
+
+def _routed_memory_pair(
+    name: str,
+    entry: tuple[float, int, float],
+    counts: dict,
+    strided: dict,
+    elements: float,
+    fu: Fusion,
+    gpu: GPUSpec,
+    eff: Efficiency,
+    floor: float,
+) -> tuple[Kernel, Kernel]:
+    """(forward, backward) of one of routed_expert_kernels' memory-bound kernels (_routed_memory's ``entry``);
+    ``elements``: the R·h routed elements (the atomic combine's adds)."""
+    nbytes, count, back = entry
+    k = memory_kernel(name, nbytes, gpu, eff, count, floor)
+    if name == "unpermute" and fu.atomic_combine:  # the R·h bf16 adds at the atomic rate
+        atomic = 2 * elements / (gpu.hbm_GBps * 1e9 * SCATTER_ADD_HBM) + count * eff.kernel_s
+        k = replace(k, time_s=max(k.time_s, atomic), gpu_s=None if k.gpu_s is None else max(k.gpu_s, atomic))
+    back_count = counts[name][1] if name in counts else count
+    kb = memory_kernel(name + ".bwd", nbytes * back, gpu, eff, back_count, floor)
+    if name in strided:
+        k, kb = (_strided(kk, b, gpu, eff, floor) for kk, b in zip((k, kb), strided[name], strict=True))
+    return k, kb
 
 
 def _strided(k: Kernel, strided_bytes: float, gpu: GPUSpec, eff: Efficiency, floor: float) -> Kernel:

@@ -182,6 +182,16 @@ class StageStep:
     def forward_s(self) -> float:
         return self.compute.forward.total_s + self.slow_fwd_s + self.fwd_comm_s
 
+    def lengthen(self, phase: str, comm_s: float = 0.0, slow_s: float = 0.0) -> None:
+        """One pass ("forward" or "backward") lengthened, per micro-batch: ``comm_s`` more exposed communication
+        inside it, ``slow_s`` more compute slowdown (either negative to shorten it)."""
+        if phase == "forward":
+            self.fwd_comm_s += comm_s
+            self.slow_fwd_s += slow_s
+        else:
+            self.bwd_comm_s += comm_s
+            self.slow_bwd_s += slow_s
+
     @property
     def backward_s(self) -> float:
         return self.compute.backward.total_s + self.slow_bwd_s + self.bwd_comm_s
@@ -673,11 +683,7 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
         for phase in ("forward", "backward"):
             whole = st.compute.forward if phase == "forward" else st.compute.backward
             rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
-            slow = slowdown_s(min(hidden, whole.total_s - whole.host_s), 0.0, rate)
-            if phase == "forward":
-                st.slow_fwd_s += slow
-            else:
-                st.slow_bwd_s += slow
+            st.lengthen(phase, slow_s=slowdown_s(min(hidden, whole.total_s - whole.host_s), 0.0, rate))
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
@@ -846,10 +852,7 @@ def overlap_forward_backward(st: StageStep) -> None:
     window = st.compute.forward.total_s + st.compute.backward.total_s
     left = max(0.0, ep_f + ep_b - window) / (ep_f + ep_b)
     for phase, t in (("forward", ep_f), ("backward", ep_b)):
-        if phase == "forward":
-            st.fwd_comm_s -= t * (1 - left)
-        else:
-            st.bwd_comm_s -= t * (1 - left)
+        st.lengthen(phase, comm_s=-(t * (1 - left)))
         if t * (1 - left):
             st.hidden_by_stream[("ep", phase)] = st.hidden_by_stream.get(("ep", phase), 0.0) + t * (1 - left)
         if t * left:
@@ -878,10 +881,7 @@ def _offload(st: StageStep, transfer_s: float) -> None:
             st.hidden_by_stream[("pcie", phase)] = transfer_s - exposed
         if exposed:
             st.exposed_by_stream[("pcie", phase)] = exposed
-            if phase == "forward":
-                st.fwd_comm_s += exposed
-            else:
-                st.bwd_comm_s += exposed
+            st.lengthen(phase, comm_s=exposed)
 
 
 def _prefetch(ctx: Context, flags: Overlap) -> bool:
