@@ -1222,6 +1222,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
+        flavour.dispatch_count_sync,
         flavour.moe_score_combine,
         flavour.fp8_expert_padding,
         flavour.unfused_rope_scalings,
@@ -1718,9 +1719,10 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
         weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
     )
-    if streams and not m.capacity_factor:
-        # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
-        # queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
+    if ctx.training and ctx.flavour.dispatch_count_sync and not m.capacity_factor:
+        # the dispatcher's: the experts' row counts go to the host before the all-to-all (or the dispatch's end on
+        # one rank), whether the experts then launch one by one or as the fused grouped MLP: the CPU waits for the
+        # GPU, whose queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
         # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost)
         ef.insert(0, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
     pre = dispatch_preprocess(ctx)

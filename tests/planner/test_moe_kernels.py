@@ -407,14 +407,15 @@ def test_megatron_pads_the_dropless_experts_rows_for_fp8():
 def test_the_fused_grouped_mlp_runs_the_experts_as_grouped_kernels_without_sync_padding_or_activation():
     """workload.fused_grouped_mlp (TE's CuTe MXFP8 grouped MLP, Megatron-Bridge 26.08): each expert GEMM one grouped
     launch over the experts' own multinomial rows, SwiGLU in fc1's epilogue, fc2's input quantized there too, fc1's
-    input in one grouped quantize: the pass's cast kernel plus one launch, and fc2's input bytes gone; no count sync,
-    no fp8 padding. Faster than TEGroupedMLP's per-expert path."""
+    input in one grouped quantize: the pass's cast kernel plus one launch, and fc2's input bytes gone; no fp8
+    padding (the dispatcher's count sync stays: test_the_count_sync_is_the_dispatchers). Faster than TEGroupedMLP's
+    per-expert path."""
     from planner.kernels import cast_bytes_per_element
 
     per, fused = (layer_kernels(qwen3_fp8("mxfp8", fused_grouped_mlp=f), True, B200) for f in (False, True))
     p, f = by_name(per.forward), by_name(fused.forward)
     assert p["experts_fc1"].count == 16 and f["experts_fc1"].count == 1 and f["experts_fc2"].count == 1
-    for name in ("expert_activation", "expert_counts_sync", "fp8_padding", "fp8_unpadding"):
+    for name in ("expert_activation", "fp8_padding", "fp8_unpadding"):
         assert name in p and name not in f
     assert "expert_activation.bwd" not in by_name(fused.backward)
     assert f["fp8_cast"].count == 2
@@ -422,6 +423,27 @@ def test_the_fused_grouped_mlp_runs_the_experts_as_grouped_kernels_without_sync_
     fc2_bytes = (fc2[0] * fc2[2] + fc2[2] * fc2[1]) * fc2[3] * cast_bytes_per_element(qwen3_fp8("mxfp8"))
     assert p["fp8_cast"].bytes - f["fp8_cast"].bytes == pytest.approx(fc2_bytes)
     assert sum(k.time_s for k in fused.forward + fused.backward) < sum(k.time_s for k in per.forward + per.backward)
+
+
+@pytest.mark.parametrize("ep", [8, 1])
+def test_the_count_sync_is_the_dispatchers(ep):
+    """review r8c F3: the host waits for the experts' counts in Megatron's dispatcher (token_dispatcher.py 92c8482e6d
+    cuda_sync_point "before_ep_alltoall" over ep > 1, "before_finish" on one rank), not in TEGroupedMLP: under the
+    fused grouped MLP (one grouped launch an expert GEMM, no host m_splits) the forward still lists the sync, and the
+    layer runs through the host's queue, the permute queued before the wait over ep > 1; a capacity factor (drop
+    and pad: no sync point) and serving keep none."""
+    ctx = qwen3_fp8("mxfp8", fused_grouped_mlp=True)
+    ctx = Context(ctx.model, ctx.work, replace(ctx.par, ep=ep, dp=8))
+    lk = layer_kernels(ctx, True, B200)
+    names = [k.name for k in lk.forward]
+    assert by_name(lk.forward)["experts_fc1"].count == 1  # the fused grouped MLP
+    assert host_sync(ctx, lk.forward) == (names.index(COUNT_SYNC), int(ep > 1))
+    fwd = layer_pass(ctx, lk, EFFICIENCY)
+    assert fwd.total_s == pytest.approx(synced_period(_launches(lk.forward), *host_sync(ctx, lk.forward)))
+    capped = Context(replace(ctx.model, moe=replace(ctx.model.moe, capacity_factor=1.0)), ctx.work, ctx.par)
+    serving = Context(ctx.model, replace(ctx.work, kind="inference", phase="prefill", fused_grouped_mlp=False), ctx.par)
+    for other in (capped, serving):
+        assert COUNT_SYNC not in [k.name for k in layer_kernels(other, True, B200).forward]
 
 
 @pytest.mark.parametrize(
