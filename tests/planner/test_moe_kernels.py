@@ -608,6 +608,22 @@ def test_without_a_sync_the_layer_keeps_its_floored_sum(ctx):
         assert layer_passes(ctx, lk, EFFICIENCY) == (pass_time(lk.forward), pass_time(lk.backward))
 
 
+def test_the_layer_kernels_key_is_a_cached_property_of_the_context():
+    """review r8c F8: the per-layer memos' key is Context's cached property (built once, as the context's other
+    derived values), not a hand-written entry in its __dict__; kernels.layer_kernels_key returns it."""
+    from functools import cached_property
+
+    from planner.kernels import layer_kernels_key, layer_kernels_key_of
+
+    assert isinstance(Context.__dict__["layer_kernels_key"], cached_property)
+    ctx = qwen3()
+    key = layer_kernels_key(ctx)
+    assert key is ctx.layer_kernels_key and key is layer_kernels_key(ctx)
+    assert key == layer_kernels_key_of(qwen3()) and hash(key) == hash(qwen3().layer_kernels_key)
+    assert "_layer_kernels_key" not in vars(ctx)
+    assert layer_kernels_key(qwen3(ep=4, dp=16)) != key  # ep shapes the experts' kernels
+
+
 def test_dense_layers_of_a_syncing_framework_keep_their_floored_sum():
     ctx = qwen3()
     lk = layer_kernels(ctx, False, H100)
