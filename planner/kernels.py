@@ -1308,6 +1308,19 @@ def full_rerun(ctx: Context, forward: tuple, moe: bool) -> tuple:
     return forward[:at] + tuple(k for k in forward[at:] if k.name not in LAYER_TAIL)
 
 
+def moe_block(forward: tuple) -> tuple:
+    """The kernels of an MoE layer's ``forward`` that Megatron's selective "moe" recompute re-runs: its checkpoint of
+    the MoE layer (Megatron-LM 92c8482e6d transformer_layer.py, recompute_mlp: tensor_parallel.checkpoint of
+    self.mlp), from the router through the combine, with the shared experts and the dispatcher's count sync; not
+    the pre-MLP norm nor the residual add after it. () without a router (a dense layer)."""
+    names = [k.name for k in forward]
+    if "router" not in names:
+        return ()
+    at = names.index("router")
+    end = max((i for i, n in enumerate(names) if n == "residual_add" and i > at), default=len(names))
+    return forward[at:end]
+
+
 def mtp_runs_bf16(ctx: Context) -> bool:
     """Whether the MTP modules run bf16 GEMMs where the decoder runs a recipe: a recipe they do not enter (nvfp4:
     Megatron-LM d98e8a6 multi_token_prediction.py _proj_and_transformer_layer enters get_fp8_context only when
@@ -2568,6 +2581,7 @@ __all__ = [
     "layer_kernels",
     "layer_kernels_key",
     "layer_kernels_key_of",
+    "moe_block",
     "per_layer",
     "routing_maxvio",
 ]

@@ -624,6 +624,35 @@ def test_the_layer_kernels_key_is_a_cached_property_of_the_context():
     assert layer_kernels_key(qwen3(ep=4, dp=16)) != key  # ep shapes the experts' kernels
 
 
+def test_selective_moe_recompute_reruns_the_host_launches_and_the_sync():
+    """review r8c F5: Megatron's "moe" checkpoint re-runs the router, the dispatcher (its count sync) and every
+    expert launch, so where the layer runs through the host's queue the re-run waits for the host as its own
+    kernels do: its GEMM share plus layer_pass's host_s of moe_block (Qwen3-30B-A3B ep 8 on H100, 38.2 us a
+    launch: the block's 61 launches host-bound, the GPU idle 1.260 ms of the re-run; more than the whole forward's
+    0.915 ms, where attention's GPU time hides part of the host's). Without the sync (CUDA graphs, torchtitan)
+    nothing is added."""
+    from planner.compute import layer_backward, recompute_modules_forward
+    from planner.kernels import moe_block
+
+    ctx = qwen3()
+    lk = layer_kernels(ctx, True, H100)
+    block = moe_block(lk.forward)
+    assert block[0].name == "router" and block[-1].name == "unpermute" and COUNT_SYNC in by_name(block)
+    fwd = layer_pass(ctx, lk, EFFICIENCY)
+    redo = recompute_modules_forward(ctx, lk, fwd, H100, EFFICIENCY, frozenset({"moe"}), True)
+    host = layer_pass(ctx, lk, EFFICIENCY, kernels=block).host_s
+    period = synced_period(_launches(block), *host_sync(ctx, block))
+    assert host == pytest.approx(period - sum(gpu_seconds(k) for k in block))
+    assert redo.host_s == pytest.approx(host) and round(host * 1e3, 3) == 1.260 and host > fwd.host_s
+    back = layer_backward(ctx, fwd, H100, EFFICIENCY, "selective", ("moe",), True)
+    plain = layer_backward(ctx, fwd, H100, EFFICIENCY, "none", (), True)
+    assert back.total_s - plain.total_s == pytest.approx(redo.gemm_s + host)
+    for other in (Context(QWEN3, replace(ctx.work, cuda_graphs=True), ctx.par), qwen3(framework="torch")):
+        lk = layer_kernels(other, True, H100)
+        layer = layer_pass(other, lk, EFFICIENCY)
+        assert recompute_modules_forward(other, lk, layer, H100, EFFICIENCY, frozenset({"moe"}), True).host_s == 0
+
+
 def test_dense_layers_of_a_syncing_framework_keep_their_floored_sum():
     ctx = qwen3()
     lk = layer_kernels(ctx, False, H100)
