@@ -1733,11 +1733,13 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
         weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
     )
-    if ctx.training and ctx.flavour.dispatch_count_sync and not m.capacity_factor:
+    if ctx.training and ctx.flavour.dispatch_count_sync and not m.capacity_factor and not cuda_graphs(ctx):
         # the dispatcher's: the experts' row counts go to the host before the all-to-all (or the dispatch's end on
         # one rank), whether the experts then launch one by one or as the fused grouped MLP: the CPU waits for the
         # GPU, whose queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
-        # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost)
+        # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost). Not under CUDA
+        # graphs: a captured step holds no host wait (its dispatch is sync-free: Megatron-Bridge 26.08's
+        # full-iteration graphs with static expert buffers); host_sync then has nothing to find
         ef.insert(0, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
     pre = dispatch_preprocess(ctx)
     if pre:  # the counts and splits the sync waits for; forward only: integer counts, no gradient

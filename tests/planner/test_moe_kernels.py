@@ -431,7 +431,7 @@ def test_the_count_sync_is_the_dispatchers(ep):
     cuda_sync_point "before_ep_alltoall" over ep > 1, "before_finish" on one rank), not in TEGroupedMLP: under the
     fused grouped MLP (one grouped launch an expert GEMM, no host m_splits) the forward still lists the sync, and the
     layer runs through the host's queue, the permute queued before the wait over ep > 1; a capacity factor (drop
-    and pad: no sync point) and serving keep none."""
+    and pad: no sync point), serving and CUDA graphs keep none."""
     ctx = qwen3_fp8("mxfp8", fused_grouped_mlp=True)
     ctx = Context(ctx.model, ctx.work, replace(ctx.par, ep=ep, dp=8))
     lk = layer_kernels(ctx, True, B200)
@@ -442,7 +442,8 @@ def test_the_count_sync_is_the_dispatchers(ep):
     assert fwd.total_s == pytest.approx(synced_period(_launches(lk.forward), *host_sync(ctx, lk.forward)))
     capped = Context(replace(ctx.model, moe=replace(ctx.model.moe, capacity_factor=1.0)), ctx.work, ctx.par)
     serving = Context(ctx.model, replace(ctx.work, kind="inference", phase="prefill", fused_grouped_mlp=False), ctx.par)
-    for other in (capped, serving):
+    graphed = Context(ctx.model, replace(ctx.work, cuda_graphs=True), ctx.par)  # a captured step holds no wait
+    for other in (capped, serving, graphed):
         assert COUNT_SYNC not in [k.name for k in layer_kernels(other, True, B200).forward]
 
 
