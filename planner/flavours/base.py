@@ -129,8 +129,8 @@ class Flavour:
     grad_accumulation_fusion: bool = True
     # how the routed experts' GEMMs launch: 0, one grouped kernel over the local experts (torch._grouped_mm,
     # serving engines' fused MoE); n > 0, one cuBLAS GEMM per local expert spread over n CUDA streams, which needs
-    # each expert's rows on the host (a device-to-host sync per MoE layer forward; planner/kernels.py
-    # routed_expert_kernels)
+    # each expert's rows on the host (planner/kernels.py routed_expert_kernels; the sync that brings them is the
+    # dispatcher's: dispatch_count_sync)
     expert_gemm_streams: int = 0
     # the training dispatcher moves the experts' token counts to the host every dropless MoE forward and the host
     # waits for them, however the experts then run (Megatron's alltoall dispatcher: cuda_sync_point
