@@ -46,6 +46,7 @@ from .kernels import (
     loss_chain,
     loss_vocab,
     memory_kernel,
+    moe_block,
     mtp_module_kernels,
     mtp_runs_bf16,
     one_kernel_loss_bytes,
@@ -244,7 +245,9 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
     ran; the GEMM modules (mlp, moe, shared_experts, mla_up_proj) at their share of the layer's GEMM time (their
     active parameters over the layer's); layernorm and moe_act as memory-bound kernels reading and writing
     their tensors. torchtitan's per-op SAC ("op") re-runs k, o and w3 (w2 without a gate) and every
-    elementwise op; under torch.compile not o (per_op_sac_reruns_out_proj)."""
+    elementwise op; under torch.compile not o (per_op_sac_reruns_out_proj). Where the layer runs through the host's
+    queue (kernels.host_sync), the "moe" re-run also waits for the host as its own kernels (kernels.moe_block,
+    their sync included) run through it: layer_pass's host_s of them."""
     mdl = ctx.model
     gemm_flops = layer.flops - pass_time(lk.attention).flops
     if "op" in modules:
@@ -272,6 +275,8 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
     picked = sum(v for k, v in shares.items() if k in modules and not (k == "shared_experts" and "moe" in modules))
     if picked:
         out = out + PassTime(gemm_s=layer.gemm_s * picked / active, flops=gemm_flops * picked / active)
+    if "moe" in modules and moe and mdl.moe:  # the re-run's host launches and its count sync (review r8c F5)
+        out = out + PassTime(host_s=layer_pass(ctx, lk, eff, kernels=moe_block(lk.forward)).host_s)
     x, t = max(ctx.x, 2), ctx.par.tp
     tokens = ctx.b * ctx.s_cp
     kernels = []

@@ -38,6 +38,14 @@ class Context:
         """The framework's traits (planner/flavours/): what the rules read, never the framework's name."""
         return self.par.flavour
 
+    @cached_property
+    def layer_kernels_key(self) -> tuple:
+        """The value key of what a layer's kernels read of this context (planner/kernels.py layer_kernels_key_of,
+        the one list): the per-layer memos' key, built once per context."""
+        from .kernels import layer_kernels_key_of  # kernels imports this module
+
+        return layer_kernels_key_of(self)
+
     # ---- batch and sequence ------------------------------------------------------------------------
     @cached_property
     def micro_batches(self) -> int:

@@ -1183,19 +1183,21 @@ def memo_by(memo: dict, key, kept: int, fn, *args):
 
 
 def layer_kernels_key(ctx: Context) -> tuple:
+    """The value key of everything a layer's kernels read of the context (layer_kernels_key_of), built once per
+    context object: ``Context.layer_kernels_key``, a cached property (the context is frozen). A stage's passes
+    look it up for every per-layer memo, some 30,000 times on a 20,000-layout search."""
+    return ctx.layer_kernels_key
+
+
+def layer_kernels_key_of(ctx: Context) -> tuple:
     """The value key of everything a layer's kernels read of the context: the model, the workload (micro-batch,
     sequence, dtypes, recipe, kernel options, recompute), dp where it splits the batch (inference), the degrees
     the shapes read (tp, cp, SP, ep, expert tp), the framework's traits the kernels read (its flavour's fusion
     and default attention kernel) and cp_comm. Not pp, virtual stages, the schedule, dp when training, ZeRO nor
     the rank order.
-    tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts. Built once per
-    context object (kept in its ``__dict__`` as its cached properties are; the context is frozen): a stage's
-    passes look it up for every per-layer memo, some 30,000 times on a 20,000-layout search."""
-    found = ctx.__dict__.get("_layer_kernels_key")
-    if found is not None:
-        return found
+    tests/planner/test_search_speed.py checks equal keys give equal kernels over drawn layouts."""
     par = ctx.par
-    found = ctx.__dict__["_layer_kernels_key"] = (
+    return (
         ctx.model,
         ctx.work,
         None if ctx.training else par.dp,
@@ -1209,7 +1211,6 @@ def layer_kernels_key(ctx: Context) -> tuple:
         par.cp_load_balance,
         par.ep_dispatch,
     )
-    return found
 
 
 def kernel_traits(flavour) -> tuple:
@@ -1222,6 +1223,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.grad_accumulation_fusion,
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
+        flavour.dispatch_count_sync,
         flavour.moe_score_combine,
         flavour.fp8_expert_padding,
         flavour.unfused_rope_scalings,
@@ -1304,6 +1306,19 @@ def full_rerun(ctx: Context, forward: tuple, moe: bool) -> tuple:
         return forward
     at = names.index("fc2")
     return forward[:at] + tuple(k for k in forward[at:] if k.name not in LAYER_TAIL)
+
+
+def moe_block(forward: tuple) -> tuple:
+    """The kernels of an MoE layer's ``forward`` that Megatron's selective "moe" recompute re-runs: its checkpoint of
+    the MoE layer (Megatron-LM 92c8482e6d transformer_layer.py, recompute_mlp: tensor_parallel.checkpoint of
+    self.mlp), from the router through the combine, with the shared experts and the dispatcher's count sync; not
+    the pre-MLP norm nor the residual add after it. () without a router (a dense layer)."""
+    names = [k.name for k in forward]
+    if "router" not in names:
+        return ()
+    at = names.index("router")
+    end = max((i for i, n in enumerate(names) if n == "residual_add" and i > at), default=len(names))
+    return forward[at:end]
 
 
 def mtp_runs_bf16(ctx: Context) -> bool:
@@ -1718,10 +1733,13 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
         weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
     )
-    if streams and not m.capacity_factor:
-        # the experts' row counts go to the host before the per-expert launches: the CPU waits for the GPU, whose
-        # queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
-        # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost)
+    if ctx.training and ctx.flavour.dispatch_count_sync and not m.capacity_factor and not cuda_graphs(ctx):
+        # the dispatcher's: the experts' row counts go to the host before the all-to-all (or the dispatch's end on
+        # one rank), whether the experts then launch one by one or as the fused grouped MLP: the CPU waits for the
+        # GPU, whose queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
+        # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost). Not under CUDA
+        # graphs: a captured step holds no host wait (its dispatch is sync-free: Megatron-Bridge 26.08's
+        # full-iteration graphs with static expert buffers); host_sync then has nothing to find
         ef.insert(0, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
     pre = dispatch_preprocess(ctx)
     if pre:  # the counts and splits the sync waits for; forward only: integer counts, no gradient
@@ -2564,6 +2582,8 @@ __all__ = [
     "kernel_constants",
     "layer_kernels",
     "layer_kernels_key",
+    "layer_kernels_key_of",
+    "moe_block",
     "per_layer",
     "routing_maxvio",
 ]

@@ -129,9 +129,14 @@ class Flavour:
     grad_accumulation_fusion: bool = True
     # how the routed experts' GEMMs launch: 0, one grouped kernel over the local experts (torch._grouped_mm,
     # serving engines' fused MoE); n > 0, one cuBLAS GEMM per local expert spread over n CUDA streams, which needs
-    # each expert's rows on the host (a device-to-host sync per MoE layer forward; planner/kernels.py
-    # routed_expert_kernels)
+    # each expert's rows on the host (planner/kernels.py routed_expert_kernels; the sync that brings them is the
+    # dispatcher's: dispatch_count_sync)
     expert_gemm_streams: int = 0
+    # the training dispatcher moves the experts' token counts to the host every dropless MoE forward and the host
+    # waits for them, however the experts then run (Megatron's alltoall dispatcher: cuda_sync_point
+    # "before_ep_alltoall" over ep x etp > 1, "before_finish" on one rank; its allgather dispatcher's .cpu():
+    # megatron.py); planner/kernels.py COUNT_SYNC, host_sync
+    dispatch_count_sync: bool = False
     # the MoE combine's score multiply as its own eager kernels, bytes and launches per element of the routed rows
     # (R x h): (forward bytes, forward kernels, backward bytes, backward kernels); () when the scores are applied
     # inside the unpermute (Megatron's probs; torch.compile fuses it, planner/kernels.py). torchtitan's: torch.py

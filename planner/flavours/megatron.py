@@ -36,6 +36,12 @@ FLAVOUR = Flavour(
     # cublaslt_gemm.cu multi_stream_cublas_gemm; num_compute_streams = 4, common/util/multi_stream.h), its m_splits
     # a host list of each expert's rows (token_dispatcher.py tokens_per_expert .to("cpu") + sync)
     expert_gemm_streams=4,
+    # the dispatcher's count sync, whatever runs the experts (TEGroupedMLP's host m_splits or the fused grouped MLP):
+    # token_dispatcher.py at 92c8482e6d (and d98e8a6) MoEAlltoAllTokenDispatcher.preprocess sets cuda_sync_point
+    # "before_ep_alltoall" for dropless routing over ep x etp > 1 (the all-to-all's split sizes must be host lists)
+    # and "before_finish" on one rank; drop-and-pad returns before any; MoEAllGatherTokenDispatcher's
+    # dispatch_postprocess calls tokens_per_expert .cpu()
+    dispatch_count_sync=True,
     # --tp-comm-overlap runs TransformerEngine's userbuffers with initialize_ub's defaults (TE v2.9 pytorch/module/
     # base.py get_default_config: num_sm = 1 if method == "ring_exchange" else 16, use_ce = True): the all-gathers of
     # the ring exchange (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; CommOverlapP2P) move by copy engine (no SM);

@@ -407,14 +407,15 @@ def test_megatron_pads_the_dropless_experts_rows_for_fp8():
 def test_the_fused_grouped_mlp_runs_the_experts_as_grouped_kernels_without_sync_padding_or_activation():
     """workload.fused_grouped_mlp (TE's CuTe MXFP8 grouped MLP, Megatron-Bridge 26.08): each expert GEMM one grouped
     launch over the experts' own multinomial rows, SwiGLU in fc1's epilogue, fc2's input quantized there too, fc1's
-    input in one grouped quantize: the pass's cast kernel plus one launch, and fc2's input bytes gone; no count sync,
-    no fp8 padding. Faster than TEGroupedMLP's per-expert path."""
+    input in one grouped quantize: the pass's cast kernel plus one launch, and fc2's input bytes gone; no fp8
+    padding (the dispatcher's count sync stays: test_the_count_sync_is_the_dispatchers). Faster than TEGroupedMLP's
+    per-expert path."""
     from planner.kernels import cast_bytes_per_element
 
     per, fused = (layer_kernels(qwen3_fp8("mxfp8", fused_grouped_mlp=f), True, B200) for f in (False, True))
     p, f = by_name(per.forward), by_name(fused.forward)
     assert p["experts_fc1"].count == 16 and f["experts_fc1"].count == 1 and f["experts_fc2"].count == 1
-    for name in ("expert_activation", "expert_counts_sync", "fp8_padding", "fp8_unpadding"):
+    for name in ("expert_activation", "fp8_padding", "fp8_unpadding"):
         assert name in p and name not in f
     assert "expert_activation.bwd" not in by_name(fused.backward)
     assert f["fp8_cast"].count == 2
@@ -422,6 +423,28 @@ def test_the_fused_grouped_mlp_runs_the_experts_as_grouped_kernels_without_sync_
     fc2_bytes = (fc2[0] * fc2[2] + fc2[2] * fc2[1]) * fc2[3] * cast_bytes_per_element(qwen3_fp8("mxfp8"))
     assert p["fp8_cast"].bytes - f["fp8_cast"].bytes == pytest.approx(fc2_bytes)
     assert sum(k.time_s for k in fused.forward + fused.backward) < sum(k.time_s for k in per.forward + per.backward)
+
+
+@pytest.mark.parametrize("ep", [8, 1])
+def test_the_count_sync_is_the_dispatchers(ep):
+    """review r8c F3: the host waits for the experts' counts in Megatron's dispatcher (token_dispatcher.py 92c8482e6d
+    cuda_sync_point "before_ep_alltoall" over ep > 1, "before_finish" on one rank), not in TEGroupedMLP: under the
+    fused grouped MLP (one grouped launch an expert GEMM, no host m_splits) the forward still lists the sync, and the
+    layer runs through the host's queue, the permute queued before the wait over ep > 1; a capacity factor (drop
+    and pad: no sync point), serving and CUDA graphs keep none."""
+    ctx = qwen3_fp8("mxfp8", fused_grouped_mlp=True)
+    ctx = Context(ctx.model, ctx.work, replace(ctx.par, ep=ep, dp=8))
+    lk = layer_kernels(ctx, True, B200)
+    names = [k.name for k in lk.forward]
+    assert by_name(lk.forward)["experts_fc1"].count == 1  # the fused grouped MLP
+    assert host_sync(ctx, lk.forward) == (names.index(COUNT_SYNC), int(ep > 1))
+    fwd = layer_pass(ctx, lk, EFFICIENCY)
+    assert fwd.total_s == pytest.approx(synced_period(_launches(lk.forward), *host_sync(ctx, lk.forward)))
+    capped = Context(replace(ctx.model, moe=replace(ctx.model.moe, capacity_factor=1.0)), ctx.work, ctx.par)
+    serving = Context(ctx.model, replace(ctx.work, kind="inference", phase="prefill", fused_grouped_mlp=False), ctx.par)
+    graphed = Context(ctx.model, replace(ctx.work, cuda_graphs=True), ctx.par)  # a captured step holds no wait
+    for other in (capped, serving, graphed):
+        assert COUNT_SYNC not in [k.name for k in layer_kernels(other, True, B200).forward]
 
 
 @pytest.mark.parametrize(
@@ -584,6 +607,51 @@ def test_without_a_sync_the_layer_keeps_its_floored_sum(ctx):
         lk = layer_kernels(ctx, moe, H100)
         assert host_sync(ctx, lk.forward) is None
         assert layer_passes(ctx, lk, EFFICIENCY) == (pass_time(lk.forward), pass_time(lk.backward))
+
+
+def test_the_layer_kernels_key_is_a_cached_property_of_the_context():
+    """review r8c F8: the per-layer memos' key is Context's cached property (built once, as the context's other
+    derived values), not a hand-written entry in its __dict__; kernels.layer_kernels_key returns it."""
+    from functools import cached_property
+
+    from planner.kernels import layer_kernels_key, layer_kernels_key_of
+
+    assert isinstance(Context.__dict__["layer_kernels_key"], cached_property)
+    ctx = qwen3()
+    key = layer_kernels_key(ctx)
+    assert key is ctx.layer_kernels_key and key is layer_kernels_key(ctx)
+    assert key == layer_kernels_key_of(qwen3()) and hash(key) == hash(qwen3().layer_kernels_key)
+    assert "_layer_kernels_key" not in vars(ctx)
+    assert layer_kernels_key(qwen3(ep=4, dp=16)) != key  # ep shapes the experts' kernels
+
+
+def test_selective_moe_recompute_reruns_the_host_launches_and_the_sync():
+    """review r8c F5: Megatron's "moe" checkpoint re-runs the router, the dispatcher (its count sync) and every
+    expert launch, so where the layer runs through the host's queue the re-run waits for the host as its own
+    kernels do: its GEMM share plus layer_pass's host_s of moe_block (Qwen3-30B-A3B ep 8 on H100, 38.2 us a
+    launch: the block's 61 launches host-bound, the GPU idle 1.260 ms of the re-run; more than the whole forward's
+    0.915 ms, where attention's GPU time hides part of the host's). Without the sync (CUDA graphs, torchtitan)
+    nothing is added."""
+    from planner.compute import layer_backward, recompute_modules_forward
+    from planner.kernels import moe_block
+
+    ctx = qwen3()
+    lk = layer_kernels(ctx, True, H100)
+    block = moe_block(lk.forward)
+    assert block[0].name == "router" and block[-1].name == "unpermute" and COUNT_SYNC in by_name(block)
+    fwd = layer_pass(ctx, lk, EFFICIENCY)
+    redo = recompute_modules_forward(ctx, lk, fwd, H100, EFFICIENCY, frozenset({"moe"}), True)
+    host = layer_pass(ctx, lk, EFFICIENCY, kernels=block).host_s
+    period = synced_period(_launches(block), *host_sync(ctx, block))
+    assert host == pytest.approx(period - sum(gpu_seconds(k) for k in block))
+    assert redo.host_s == pytest.approx(host) and round(host * 1e3, 3) == 1.260 and host > fwd.host_s
+    back = layer_backward(ctx, fwd, H100, EFFICIENCY, "selective", ("moe",), True)
+    plain = layer_backward(ctx, fwd, H100, EFFICIENCY, "none", (), True)
+    assert back.total_s - plain.total_s == pytest.approx(redo.gemm_s + host)
+    for other in (Context(QWEN3, replace(ctx.work, cuda_graphs=True), ctx.par), qwen3(framework="torch")):
+        lk = layer_kernels(other, True, H100)
+        layer = layer_pass(other, lk, EFFICIENCY)
+        assert recompute_modules_forward(other, lk, layer, H100, EFFICIENCY, frozenset({"moe"}), True).host_s == 0
 
 
 def test_dense_layers_of_a_syncing_framework_keep_their_floored_sum():
