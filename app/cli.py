@@ -498,6 +498,10 @@ def _trace_table(trace: dict, path: str) -> None:
         print(f"\n{group}: median |error| {before * 100:.1f}% before, {after * 100:.1f}% after")
     for name, value in trace["constants"].items():
         print(f"  {name} = {value}")
+    host = trace["host"]
+    print(f"  host: {host['gaps']} gaps between host-bound launches ({host['host_bound']} of {host['launches']} "
+          "launches found the GPU idle)" + (f", median {human_seconds(host['host_launch_s'])} a launch"
+                                            if host["host_launch_s"] is not None else ""))  # fmt: skip
     if trace["collectives"]:
         print()
         rows = [("op", "message", "trace calls/step", "trace per call", "plan calls/iteration", "plan per call")]
