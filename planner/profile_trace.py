@@ -649,9 +649,9 @@ def elementwise_bytes(op: TraceOp) -> int | None:
 __all__ = [
     "KERNEL_CLASSES",
     "LAUNCH_CALL",
+    "MAX_EVENTS",
     "WAIT_CALL",
     "HostLaunch",
-    "MAX_EVENTS",
     "Trace",
     "TraceKernel",
     "TraceOp",

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from statistics import fmean, median, quantiles
 
 from collectives.topology.gpu import GPUSpec
@@ -271,7 +272,7 @@ def host_gaps(launches: tuple[HostLaunch, ...]) -> list[float]:
     since the first (the framework's code, the operator's dispatch, a memset's or copy's call)."""
     return [
         b.start_s - a.start_s
-        for a, b in zip(launches, launches[1:])
+        for a, b in pairwise(launches)
         if a.thread == b.thread and not b.after_wait and host_bound(a) and host_bound(b)
     ]
 
