@@ -492,7 +492,8 @@ def _trace_table(trace: dict, path: str) -> None:
         shape = " x ".join(str(x) for x in r["shape"]) if r["kind"] == "gemm" else human_bytes(r["shape"][0])
         cells = (r["kind"], r["op"], shape, r["dtype"], str(r["count"]))
         rows.append(cells + tuple(human_seconds(r[key]) for key in ("measured_s", "before_s", "after_s")))
-    _print_rows(rows)
+    if trace["rows"]:  # none without record_shapes
+        _print_rows(rows)
     for group, before in trace["median_error_before"].items():
         after = trace["median_error_after"][group]
         print(f"\n{group}: median |error| {before * 100:.1f}% before, {after * 100:.1f}% after")

@@ -388,10 +388,9 @@ def host_warning(host: HostFit) -> str:
     """What the host's time per launch rests on, or why the trace gives none."""
     if host.host_launch_s is not None:
         return (
-            f"host_launch_s = {host.host_launch_s * 1e6:.1f} us is the median of {host.gaps} gaps between "
-            f"host-bound launches ({host.host_bound} of {host.launches} launches found the GPU idle), read with the "
-            "profiler on: it adds host time to every operator (this project's H200 host: tiny ops 10.1 us without "
-            "it, 15.6-17.4 us with it), so the host without the profiler launches faster"
+            f"host_launch_s ({host.host_launch_s * 1e6:.1f} us, the median of {host.gaps} gaps) was read with the "
+            "profiler on, which adds host time to every operator (this project's H200 host: tiny ops 10.1 us "
+            "without it, 15.6-17.4 us with it): without it the host launches faster"
         )
     if not host.launches:
         return (
