@@ -394,7 +394,7 @@ _GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 def _scan(events: list) -> tuple[list, list, dict, set, list]:
     """One pass over the events: GPU activities (name, ts, dur, args, cat), host operators (pid, tid, start, end,
     name, args), launches by correlation id (pid, tid, ts), the ProfilerStep names, and the runtime and driver
-    calls that launch a kernel or may wait (name, pid, tid, ts, dur, correlation)."""
+    calls that launch a kernel or may wait (call_kind, pid, tid, ts, dur, correlation)."""
     kernels, ops, launches, steps, calls = [], [], {}, set(), []
     for i, e in enumerate(events):
         if type(e) is not dict:
@@ -416,12 +416,19 @@ def _scan(events: list) -> tuple[list, list, dict, set, list]:
         elif cat in ("cuda_runtime", "cuda_driver"):
             if "correlation" in args:
                 launches[_id(args["correlation"])] = (_id(e.get("pid")), _id(e.get("tid")), ts)
-            name = str(e.get("name", ""))
-            if LAUNCH_CALL.match(name) or WAIT_CALL.match(name):
-                calls.append((name, _id(e.get("pid")), _id(e.get("tid")), ts, dur, _id(args.get("correlation"))))
+            kind = call_kind(str(e.get("name", "")))
+            if kind:
+                calls.append((kind, _id(e.get("pid")), _id(e.get("tid")), ts, dur, _id(args.get("correlation"))))
         elif str(e.get("name", "")).startswith("ProfilerStep#"):
             steps.add(str(e["name"]))
     return kernels, ops, launches, steps, calls
+
+
+@lru_cache(maxsize=1024)
+def call_kind(name: str) -> str:
+    """A runtime or driver call: "launch" (LAUNCH_CALL), "wait" (WAIT_CALL) or "" (memoised: a trace repeats a few
+    dozen names)."""
+    return "launch" if LAUNCH_CALL.match(name) else "wait" if WAIT_CALL.match(name) else ""
 
 
 def host_launches(calls: list, kernels: list) -> tuple[HostLaunch, ...]:
@@ -435,9 +442,9 @@ def host_launches(calls: list, kernels: list) -> tuple[HostLaunch, ...]:
     out, waited = [], {}
     calls = sorted(calls, key=lambda c: c[3])
     origin = calls[0][3] if calls else 0.0  # seconds from the first call: an epoch's microseconds keep their digits
-    for name, pid, tid, ts, dur, corr in calls:
+    for kind, pid, tid, ts, dur, corr in calls:
         thread = (pid, tid)
-        if not LAUNCH_CALL.match(name):
+        if kind == "wait":
             waited[thread] = True
         elif corr in started:
             at, kernel = (ts - origin) * 1e-6, (started[corr] - origin) * 1e-6
