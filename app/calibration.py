@@ -90,6 +90,7 @@ def trace_response(body: CalibrateRequest, settings: Settings) -> dict:
         "stage": stage,
         "collectives": collectives,
         "unclassified": fit.unclassified,
+        "host": fit.host.as_dict(),
         "warnings": fit.warnings + warnings,
     }
 

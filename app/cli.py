@@ -492,12 +492,17 @@ def _trace_table(trace: dict, path: str) -> None:
         shape = " x ".join(str(x) for x in r["shape"]) if r["kind"] == "gemm" else human_bytes(r["shape"][0])
         cells = (r["kind"], r["op"], shape, r["dtype"], str(r["count"]))
         rows.append(cells + tuple(human_seconds(r[key]) for key in ("measured_s", "before_s", "after_s")))
-    _print_rows(rows)
+    if trace["rows"]:  # none without record_shapes
+        _print_rows(rows)
     for group, before in trace["median_error_before"].items():
         after = trace["median_error_after"][group]
         print(f"\n{group}: median |error| {before * 100:.1f}% before, {after * 100:.1f}% after")
     for name, value in trace["constants"].items():
         print(f"  {name} = {value}")
+    host = trace["host"]
+    print(f"  host: {host['gaps']} gaps between host-bound launches ({host['host_bound']} of {host['launches']} "
+          "launches found the GPU idle)" + (f", median {human_seconds(host['host_launch_s'])} a launch"
+                                            if host["host_launch_s"] is not None else ""))  # fmt: skip
     if trace["collectives"]:
         print()
         rows = [("op", "message", "trace calls/step", "trace per call", "plan calls/iteration", "plan per call")]

@@ -16,6 +16,9 @@ The input is the Chrome-trace JSON ``torch.profiler`` exports (``prof.export_chr
 - NCCL kernels: since PyTorch 2.1 Kineto copies the ``record_param_comms`` operator's metadata onto the kernel:
   ``"Collective name"``, ``"dtype"``, ``"In msg nelems"``, ``"Out msg nelems"``, ``"Group size"``
   (output_json.cpp ``kCollectiveName``...); older traces have the kernel name alone (counts and times only);
+- the host's launch calls (``cudaLaunchKernel``, ``cudaLaunchKernelExC``, ``cuLaunchKernel(Ex)``: ``LAUNCH_CALL``) with
+  their kernel's start on the GPU, and the calls that wait for the GPU (``WAIT_CALL``): ``Trace.launches``, from
+  which planner/trace_fit.py reads the host's time per launch;
 - ``cat: "user_annotation"`` named ``ProfilerStep#N``: one per profiled step (``prof.step()`` under
   ``torch.profiler.schedule``). A trace without them (a ``with profile(...)`` block around a loop) holds as many
   steps as its kernel sequence repeats (``repeats``), or one.
@@ -170,6 +173,15 @@ ELEMENTWISE_OPS = frozenset(
     )
 )
 WRITE_ONLY_SELF = frozenset(("aten::copy_", "aten::fill_", "aten::zero_"))  # self is written, not read
+# The host calls that launch one kernel (CUDA runtime API and driver API names as CUPTI reports them, with the
+# versioned or per-thread-stream suffixes some builds print: cudaLaunchKernel_v7000, cudaLaunchKernel_ptsz). A
+# CUDA graph's launch (cudaGraphLaunch) is one call for many kernels, and a memset or copy is no kernel launch:
+# neither is one (their host time falls in the gaps between launches, as in bench/measure_megatron_moe.py's count).
+LAUNCH_CALL = re.compile(r"^cu(?:da)?Launch(?:Cooperative)?Kernel(?:ExC?)?(?:_v\d+)?(?:_ptsz)?$")
+# The host calls that may wait for the GPU: the synchronisations, and the copies (a device-to-host copy into
+# pageable memory returns when the copy is done: CUDA Runtime API, "API synchronization behavior"); a trace does
+# not say which copies waited, so each is taken as one.
+WAIT_CALL = re.compile(r"^cu(?:da)?(?:Stream|Event|Device|Ctx)Synchronize|^cu(?:da)?Memcpy(?!.*Peer)")
 
 
 @dataclass(frozen=True)
@@ -197,6 +209,18 @@ class TraceOp:
 
 
 @dataclass(frozen=True)
+class HostLaunch:
+    """One kernel launch call (LAUNCH_CALL) on a host thread, and when its kernel started on the GPU; seconds on
+    the trace's clock (Kineto puts the host's and the GPU's events on one)."""
+
+    thread: tuple  # (pid, tid) of the launching thread
+    start_s: float  # the call's start
+    end_s: float  # the call's return
+    kernel_start_s: float  # its kernel's start on the GPU
+    after_wait: bool  # a call of this thread that may wait for the GPU (WAIT_CALL) since its previous launch
+
+
+@dataclass(frozen=True)
 class Trace:
     kernels: tuple[TraceKernel, ...]
     ops: tuple[TraceOp, ...]
@@ -209,6 +233,7 @@ class Trace:
     events: int
     record_shapes: bool  # any operator carries Input Dims
     steps_from: str = "ProfilerStep"  # ProfilerStep | repeats | none (one step assumed)
+    launches: tuple[HostLaunch, ...] = ()  # the kernel launches, by their calls' start
 
 
 def _first_class(table, text: str) -> str:
@@ -315,7 +340,7 @@ def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
 
 
 def _read(data: dict, events: list) -> Trace:
-    kernels, ops, launches, steps = _scan(events)
+    kernels, ops, launches, steps, calls = _scan(events)
     if not any(cat == "kernel" for *_, cat in kernels):
         cpu = sum(1 for e in events if type(e) is dict and e.get("cat") == "cpu_op")
         what = f"{cpu} CPU operators and no GPU activity: a CPU-only run, or" if cpu else "no GPU activity:"
@@ -345,6 +370,7 @@ def _read(data: dict, events: list) -> Trace:
         events=len(events),
         record_shapes=any("Input Dims" in a for *_, a in ops),
         steps_from=steps_from,
+        launches=host_launches(calls, kernels),
     )
 
 
@@ -365,10 +391,11 @@ _WANTED = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "cuda_runtime", "cuda
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _scan(events: list) -> tuple[list, list, dict, set]:
+def _scan(events: list) -> tuple[list, list, dict, set, list]:
     """One pass over the events: GPU activities (name, ts, dur, args, cat), host operators (pid, tid, start, end,
-    name, args), launches by correlation id (pid, tid, ts), and the ProfilerStep names."""
-    kernels, ops, launches, steps = [], [], {}, set()
+    name, args), launches by correlation id (pid, tid, ts), the ProfilerStep names, and the runtime and driver
+    calls that launch a kernel or may wait (call_kind, pid, tid, ts, dur, correlation)."""
+    kernels, ops, launches, steps, calls = [], [], {}, set(), []
     for i, e in enumerate(events):
         if type(e) is not dict:
             raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
@@ -389,9 +416,41 @@ def _scan(events: list) -> tuple[list, list, dict, set]:
         elif cat in ("cuda_runtime", "cuda_driver"):
             if "correlation" in args:
                 launches[_id(args["correlation"])] = (_id(e.get("pid")), _id(e.get("tid")), ts)
+            kind = call_kind(str(e.get("name", "")))
+            if kind:
+                calls.append((kind, _id(e.get("pid")), _id(e.get("tid")), ts, dur, _id(args.get("correlation"))))
         elif str(e.get("name", "")).startswith("ProfilerStep#"):
             steps.add(str(e["name"]))
-    return kernels, ops, launches, steps
+    return kernels, ops, launches, steps, calls
+
+
+@lru_cache(maxsize=1024)
+def call_kind(name: str) -> str:
+    """A runtime or driver call: "launch" (LAUNCH_CALL), "wait" (WAIT_CALL) or "" (memoised: a trace repeats a few
+    dozen names)."""
+    return "launch" if LAUNCH_CALL.match(name) else "wait" if WAIT_CALL.match(name) else ""
+
+
+def host_launches(calls: list, kernels: list) -> tuple[HostLaunch, ...]:
+    """Each launch call (LAUNCH_CALL) whose kernel the trace holds, with that kernel's start, and whether its
+    thread made a call that may wait (WAIT_CALL) since its previous launch; by the calls' start."""
+    started = {}
+    for _name, ts, _dur, args, cat in kernels:
+        corr = _id(args.get("correlation"))
+        if cat == "kernel" and corr is not None and corr not in started:
+            started[corr] = ts
+    out, waited = [], {}
+    calls = sorted(calls, key=lambda c: c[3])
+    origin = calls[0][3] if calls else 0.0  # seconds from the first call: an epoch's microseconds keep their digits
+    for kind, pid, tid, ts, dur, corr in calls:
+        thread = (pid, tid)
+        if kind == "wait":
+            waited[thread] = True
+        elif corr in started:
+            at, kernel = (ts - origin) * 1e-6, (started[corr] - origin) * 1e-6
+            out.append(HostLaunch(thread, at, at + dur * 1e-6, kernel, waited.get(thread, False)))
+            waited[thread] = False
+    return tuple(out)
 
 
 def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], list[TraceKernel]]:
@@ -596,7 +655,10 @@ def elementwise_bytes(op: TraceOp) -> int | None:
 
 __all__ = [
     "KERNEL_CLASSES",
+    "LAUNCH_CALL",
     "MAX_EVENTS",
+    "WAIT_CALL",
+    "HostLaunch",
     "Trace",
     "TraceKernel",
     "TraceOp",
@@ -606,6 +668,7 @@ __all__ = [
     "gemm_dtype",
     "gemm_shape",
     "grouped_shape",
+    "host_launches",
     "kernel_class",
     "load_trace",
     "message_bytes",

@@ -21,6 +21,13 @@ tables):
   (kernels.memory_kernel); a grid chooses ``hbm`` on those moving at least HBM_MIN_BYTES, then ``kernel_s`` on all.
   Strided ones (STRIDED_KERNEL) are shown, not fitted.
 
+- **The host's time per launch** (``host_launch_s``, the two queues' c of planner/host.py): where the host is the
+  bound, the GPU idle until each launch reaches it (a kernel that starts within HOST_BOUND_LAG_S of its launch
+  call's return), the time between two such consecutive launches of one thread is the host's own per launch: the
+  median of those gaps (host_launch). A gap over a call that may wait for the GPU is left out; with fewer than
+  MIN_HOST_GAPS the trace is GPU-bound (the host keeps ahead, and its gaps may be the GPU's pace: a full launch
+  queue blocks the call) and the constant keeps its default.
+
 A group with fewer than ``MIN_POINTS`` points keeps its defaults and says so. "Before" predictions are at the GPU
 as the plan runs it (the sustained clock under its power limit), "after" at the fitted clock.
 """
@@ -30,7 +37,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from statistics import median
+from itertools import pairwise
+from statistics import fmean, median, quantiles
 
 from collectives.topology.gpu import GPUSpec
 
@@ -55,6 +63,7 @@ from .kernels import (
     memory_kernel,
 )
 from .profile_trace import (
+    HostLaunch,
     Trace,
     attention_shape,
     elementwise_bytes,
@@ -84,6 +93,14 @@ GROUPS = ("gemm", "grouped_gemm", "attention", "memory", "memory_strided")
 # architecture whitepapers), so their bytes come from HBM; smaller ones fit the per-kernel cost.
 HBM_MIN_BYTES = 64 << 20
 STRIDED_KERNEL = re.compile(r"(?<![A-Za-z_])elementwise_kernel(?:_manual_unroll)?<")  # the latter: with a cast
+# A kernel that starts this soon after its launch call returns found the GPU idle, waiting for it: the launch
+# latency on an empty queue. The H200 Megatron-Core MoE trace (tests/reference/kernels/h200/trace_megatron_qwen3_30b
+# .ep8_alltoall_T8192) starts 80% of its kernels 1.4-2.6 us after their calls return; a kernel queued behind work
+# waits for it (its 9th decile 17.9 us; the dense H200 trace's ms). 5 us or 10 us move its median gap by under 1%.
+HOST_BOUND_LAG_S = 5e-6
+# The median of 20 gaps has its 95% confidence interval between the 6th and the 15th of them (binomial order
+# statistics): fewer, and host_launch_s keeps its default.
+MIN_HOST_GAPS = 20
 
 
 @dataclass(frozen=True)
@@ -154,6 +171,29 @@ class MemoryPoint:
 
 
 @dataclass(frozen=True)
+class HostFit:
+    """The host's time per launch read off a trace's launch calls (host_launch)."""
+
+    launches: int  # kernel launch calls matched with their kernel (profile_trace.HostLaunch)
+    host_bound: int  # of them, kernels that started within HOST_BOUND_LAG_S of their call's return
+    gaps: int  # the gaps read: consecutive host-bound launches of one thread, no wait between
+    host_launch_s: float | None  # their median; None with fewer than MIN_HOST_GAPS
+    quartiles_s: tuple[float, float] | None  # their 25th and 75th percentiles
+    mean_s: float | None  # their mean (a few long gaps, the framework's Python between launches, lift it)
+
+    def as_dict(self) -> dict:
+        return {
+            "launches": self.launches,
+            "host_bound": self.host_bound,
+            "gaps": self.gaps,
+            "host_launch_s": self.host_launch_s,
+            "quartiles_s": list(self.quartiles_s) if self.quartiles_s else None,
+            "mean_s": self.mean_s,
+            "lag_s": HOST_BOUND_LAG_S,
+        }
+
+
+@dataclass(frozen=True)
 class TraceFit:
     efficiency: Efficiency  # the defaults with the fitted constants
     gpu: GPUSpec  # the GPU with the fitted constants (kernel_constants: the clock among them)
@@ -164,6 +204,7 @@ class TraceFit:
     median_error_after: dict
     warnings: list[str]
     unclassified: list[dict]  # kernels no class names: name, count, seconds per step
+    host: HostFit | None = None  # the host's time per launch (host_launch)
 
 
 def gemm_points(trace: Trace) -> list[GemmPoint]:
@@ -218,6 +259,33 @@ def memory_points(trace: Trace) -> list[MemoryPoint]:
             strided = bool(STRIDED_KERNEL.search(launched[0].name))
             out.append(MemoryPoint(trace.ops[i].name, nbytes, launched[0].dur_s, strided))
     return out
+
+
+def host_bound(launch: HostLaunch) -> bool:
+    """Its kernel found the GPU idle: it started within HOST_BOUND_LAG_S of the call's return."""
+    return launch.kernel_start_s - launch.end_s <= HOST_BOUND_LAG_S
+
+
+def host_gaps(launches: tuple[HostLaunch, ...]) -> list[float]:
+    """Start to start of each two consecutive launches (by their calls' start) of one thread, both host-bound, with
+    no call that may wait for the GPU between: the host's own time for the second launch and what its thread did
+    since the first (the framework's code, the operator's dispatch, a memset's or copy's call)."""
+    return [
+        b.start_s - a.start_s
+        for a, b in pairwise(launches)
+        if a.thread == b.thread and not b.after_wait and host_bound(a) and host_bound(b)
+    ]
+
+
+def host_launch(trace: Trace) -> HostFit:
+    """The host's time per launch: the median of host_gaps where at least MIN_HOST_GAPS were read."""
+    gaps = sorted(host_gaps(trace.launches))
+    bound = sum(1 for launch in trace.launches if host_bound(launch))
+    if len(gaps) < MIN_HOST_GAPS:
+        return HostFit(len(trace.launches), bound, len(gaps), None, None, None)
+    q = quantiles(gaps, n=4)
+    ns = lambda x: round(x, 9)  # noqa: E731  (Kineto's clock: microseconds with three decimals)
+    return HostFit(len(trace.launches), bound, len(gaps), ns(median(gaps)), (ns(q[0]), ns(q[2])), ns(fmean(gaps)))
 
 
 def predict_gemm(p: GemmPoint, gpu: GPUSpec, eff: Efficiency) -> float:
@@ -288,6 +356,12 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
             f"{len(mems)} contiguous elementwise operators with recorded shapes (at least {MIN_POINTS} fit the HBM "
             "fraction and the per-kernel cost): they keep their defaults"
         )
+    host = host_launch(trace)
+    if host.host_launch_s is not None:
+        c = _clipped("host_launch_s", host.host_launch_s, KERNEL_CONSTANTS["host_launch_s"], warnings)
+        eff = replace(eff, host_launch_s=c)
+        constants["host_launch_s"] = c
+    warnings.append(host_warning(host))
     points = [*gemms, *attns, *mems_all]
     missing, summary = unclassified(trace), kernel_summary(trace)
     if missing:  # the counts of every unclassified kernel, not only the listed names (MAX_UNCLASSIFIED)
@@ -306,6 +380,27 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
         _median_errors(points, fitted_gpu, eff),
         warnings,
         missing,
+        host,
+    )
+
+
+def host_warning(host: HostFit) -> str:
+    """What the host's time per launch rests on, or why the trace gives none."""
+    if host.host_launch_s is not None:
+        return (
+            f"host_launch_s ({host.host_launch_s * 1e6:.1f} us, the median of {host.gaps} gaps) was read with the "
+            "profiler on, which adds host time to every operator (this project's H200 host: tiny ops 10.1 us "
+            "without it, 15.6-17.4 us with it): without it the host launches faster"
+        )
+    if not host.launches:
+        return (
+            "no kernel launch calls (cudaLaunchKernel, cuLaunchKernel...) with their kernels' correlation: profile "
+            "with ProfilerActivity.CPU and CUDA; host_launch_s keeps its default"
+        )
+    return (
+        f"{host.gaps} gaps between host-bound launches ({host.host_bound} of {host.launches} launches found the GPU "
+        f"idle; at least {MIN_HOST_GAPS} gaps fit host_launch_s): the GPU stays ahead of the host's launches "
+        "(GPU-bound), so the trace does not show the host's time per launch; host_launch_s keeps its default"
     )
 
 
@@ -556,9 +651,12 @@ def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tu
 
 
 __all__ = [
+    "HostFit",
     "TraceFit",
     "compare_collectives",
     "fit_trace",
+    "host_gaps",
+    "host_launch",
     "kernel_summary",
     "trace_stage",
     "unclassified",

@@ -153,6 +153,23 @@ class CollectiveRowOut(BaseModel):
     plan_calls: list[str] = Field(description="the ledger rows' names")
 
 
+class HostOut(BaseModel):
+    """The host's time per kernel launch read off the trace (planner/trace_fit.py host_launch)."""
+
+    launches: int = Field(description="kernel launch calls (cudaLaunchKernel, cuLaunchKernelEx...) with their kernel")
+    host_bound: int = Field(description="of them, kernels that started within lag_s of their call's return")
+    gaps: int = Field(
+        description="the gaps read: consecutive host-bound launches of one thread, no synchronising call or copy "
+        "between"
+    )
+    host_launch_s: float | None = Field(
+        description="their median, returned as constants.host_launch_s; null with too few gaps (a GPU-bound trace)"
+    )
+    quartiles_s: list[float] | None = Field(description="the gaps' 25th and 75th percentiles")
+    mean_s: float | None = Field(description="the gaps' mean")
+    lag_s: float = Field(description="a kernel that starts this soon after its call returns found the GPU idle")
+
+
 class TraceOut(BaseModel):
     device: str = Field(description="deviceProperties[0].name")
     sms: int
@@ -168,7 +185,7 @@ class TraceOut(BaseModel):
     kernels: list[KernelClassOut]
     constants: dict = Field(
         description="fitted compute constants (planner/kernels.py KERNEL_CONSTANTS names: clock, gemm_ceiling by "
-        "dtype, gemm_fixed_s, attention_ceiling by kernel_pass, hbm, kernel_s)"
+        "dtype, gemm_fixed_s, attention_ceiling by kernel_pass, hbm, kernel_s, host_launch_s)"
     )
     rows: list[KernelRowOut]
     median_error_before: dict[str, float] = Field(description="by kernel group: median |before / measured - 1|")
@@ -176,6 +193,7 @@ class TraceOut(BaseModel):
     stage: int | None = Field(description="the plan's stage the trace's rank is on (with compare)")
     collectives: list[CollectiveRowOut]
     unclassified: list[UnclassifiedOut] = Field(description="kernels of no class, the most time first (at most 20)")
+    host: HostOut = Field(description="the host's time per launch where the GPU waited for it")
     warnings: list[str]
 
 

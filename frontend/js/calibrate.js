@@ -62,8 +62,12 @@ function describeTrace(t) {
     ? Object.entries(v).map(([dtype, c]) => `${name}.${dtype} ${sig3(c)}`) : [`${name} ${name.endsWith("_s") ? fmtTime(v) : sig3(v)}`]));
   const steps = `${t.steps} steps${t.steps_from === "repeats" ? " (its kernels repeat so often)" : t.steps_from === "none" ? " (assumed)" : ""}`;
   const missing = (t.unclassified || []).map((u) => `${u.name.slice(0, 60)} ×${fmtInt(u.count)}`);
+  const h = t.host;  // the host's time per launch where the GPU waited for it (planner/trace_fit.py host_launch)
+  const host = h ? ` Host: ${fmtInt(h.host_bound)} of ${fmtInt(h.launches)} launches found the GPU idle, ${fmtInt(h.gaps)} gaps read`
+    + (h.host_launch_s === null ? " (too few: host_launch_s not fitted)." : `, median ${fmtTime(h.host_launch_s)} a launch.`) : "";
   return `Trace (${t.device || "GPU not recorded"}, ${steps}): ${kinds.join(", ")}. Fitted compute constants: `
     + `${constants.join(", ") || "none"}; median |kernel error| ${errors.join(", ") || "–"}. Collectives: ${calls.join("; ") || "none"}.`
+    + host
     + (missing.length ? ` Kernels of no class: ${missing.join(", ")}.` : "")
     + (t.warnings.length ? ` Warnings: ${t.warnings.join("; ")}.` : "");
 }

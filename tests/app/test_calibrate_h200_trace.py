@@ -49,6 +49,10 @@ def test_the_dense_trace_calibrates_over_http(dense):
     assert constants["attention_ceiling"] == pytest.approx({"cudnn_fwd": 0.721, "cudnn_bwd": 0.576}, abs=0.005)
     assert (constants["hbm"], constants["kernel_s"], constants["gemm_fixed_s"]) == (0.95, 1e-6, 1e-6)
     assert dense["cluster"] == CLUSTER | {"calibration": {"kernels": constants}}
+    # GPU-bound: 7 of its 189 launches found the GPU idle (5 gaps), too few to read the host's cost per launch
+    host = trace["host"]
+    assert (host["launches"], host["host_bound"], host["gaps"], host["host_launch_s"]) == (189, 7, 5, None)
+    assert "host_launch_s" not in constants and any("GPU-bound" in w for w in trace["warnings"])
     # every kernel group before and after: the GEMM rows median 15.4% -> 1.4%
     assert trace["median_error_before"]["gemm"] > 0.15 and trace["median_error_after"]["gemm"] < 0.02
     row = next(r for r in trace["rows"] if r["kind"] == "attention" and r["op"] == "aten::_cudnn_attention_forward")
@@ -66,7 +70,10 @@ def test_the_moe_trace_calibrates_and_its_gzip_base64_form_answers_the_same(api)
     grouped = [r for r in trace["rows"] if r["kind"] == "grouped_gemm"]
     assert len(grouped) == 6 and {tuple(r["shape"][3:]) for r in grouped} == {(128,)}
     assert trace["unclassified"] == [] and trace["steps"] == 3
-    assert set(trace["constants"]) == {"clock", "gemm_fixed_s", "attention_ceiling", "hbm", "kernel_s"}
+    assert set(trace["constants"]) == {"clock", "gemm_fixed_s", "attention_ceiling", "hbm", "kernel_s", "host_launch_s"}
+    # eager routing after its syncs runs at the host's pace: 71 gaps, a median 26.1 us (the moehost replay's 26.6 us
+    # over the routing windows' activities, memsets and copies among them: tests/planner/test_moe_kernels.py)
+    assert (trace["host"]["gaps"], trace["constants"]["host_launch_s"]) == (71, 26.114e-6)
 
 
 def test_a_cluster_with_attention_constants_recalibrates_over_them(api):

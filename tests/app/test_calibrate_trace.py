@@ -48,7 +48,10 @@ def test_a_gzipped_trace_calibrates_over_http(control):
     )
     kinds = {k["kind"]: k for k in trace["kernels"]}
     assert kinds["gemm"]["count"] == 2388 and kinds["nccl"]["per_step"] == 10  # README: jq counts
-    assert set(trace["constants"]) == {"gemm_ceiling", "gemm_fixed_s", "hbm", "kernel_s"}
+    assert set(trace["constants"]) == {"gemm_ceiling", "gemm_fixed_s", "hbm", "kernel_s", "host_launch_s"}
+    host = trace["host"]  # the A100 host's gaps where the GPU waited for it (tests/planner/test_trace_fit_host.py)
+    assert (host["launches"], host["host_bound"], host["gaps"]) == (8568, 2333, 1936)
+    assert host["host_launch_s"] == trace["constants"]["host_launch_s"] == 35e-6
     assert trace["median_error_after"]["memory"] < 0.8 * trace["median_error_before"]["memory"]
     row = next(r for r in trace["rows"] if r["op"] == "aten::mm" and r["shape"] == [100, 256, 1024, 1])
     assert row["count"] == 78 and row["dtype"] == "tf32" and row["measured_s"] > 0

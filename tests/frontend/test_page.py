@@ -570,7 +570,10 @@ def test_calibrate_from_a_profiler_trace(page, reference):
     expect(active).to_contain_text("kernels.gemm_ceiling.fp32 1.00, kernels.gemm_ceiling.tf32 0.189")
     calibration = page.evaluate("window.commplan.state.request.cluster.calibration")
     assert set(calibration) == {"kernels"}
-    assert set(calibration["kernels"]) == {"gemm_ceiling", "gemm_fixed_s", "hbm", "kernel_s"}
+    # since calib8 the host's time per launch too: 195 gaps between host-bound launches, a median 74 us
+    assert set(calibration["kernels"]) == {"gemm_ceiling", "gemm_fixed_s", "hbm", "kernel_s", "host_launch_s"}
+    assert calibration["kernels"]["host_launch_s"] == 74e-6
+    assert "Host: 233 of 1,154 launches found the GPU idle, 195 gaps read, median 74.0 µs a launch." in text
 
 
 def test_sort_and_filter(page):
