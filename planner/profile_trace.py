@@ -397,18 +397,10 @@ def _scan(events: list) -> tuple[list, list, dict, set, list]:
     calls that launch a kernel or may wait (call_kind, pid, tid, ts, dur, correlation)."""
     kernels, ops, launches, steps, calls = [], [], {}, set(), []
     for i, e in enumerate(events):
-        if type(e) is not dict:
-            raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
-        cat = e.get("cat")
-        if cat not in _WANTED or e.get("ph") != "X":
+        checked = _complete_event(i, e)
+        if checked is None:
             continue
-        ts, dur = e.get("ts"), e.get("dur")
-        if type(ts) not in (int, float) or type(dur) not in (int, float) or not (0 <= dur < 1e18 and abs(ts) < 1e18):
-            raise SpecError(
-                f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
-            )
-        args = e.get("args")
-        args = args if type(args) is dict else {}
+        cat, ts, dur, args = checked
         if cat in _GPU:
             kernels.append((str(e.get("name", "")), ts, dur, args, cat))
         elif cat == "cpu_op":
@@ -422,6 +414,23 @@ def _scan(events: list) -> tuple[list, list, dict, set, list]:
         elif str(e.get("name", "")).startswith("ProfilerStep#"):
             steps.add(str(e["name"]))
     return kernels, ops, launches, steps, calls
+
+
+def _complete_event(i: int, e) -> tuple | None:
+    """Event ``i`` as (cat, ts, dur, args) where it is a complete ('X') event of a wanted category, else None; a
+    422 for an event that is not an object or a complete event without numeric ts and dur."""
+    if type(e) is not dict:
+        raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
+    cat = e.get("cat")
+    if cat not in _WANTED or e.get("ph") != "X":
+        return None
+    ts, dur = e.get("ts"), e.get("dur")
+    if type(ts) not in (int, float) or type(dur) not in (int, float) or not (0 <= dur < 1e18 and abs(ts) < 1e18):
+        raise SpecError(
+            f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
+        )
+    args = e.get("args")
+    return cat, ts, dur, args if type(args) is dict else {}
 
 
 @lru_cache(maxsize=1024)
