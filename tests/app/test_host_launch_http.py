@@ -15,28 +15,8 @@ from app.settings import Settings
 from planner import Context
 from planner.compute import layer_passes, stage_compute
 from planner.kernels import EFFICIENCY, host_sync, layer_kernels
-
-MOE = {  # Qwen3-30B-A3B as the 25.11 B200 row runs it: MXFP8, MBS 1, ep 8, Megatron's alltoall dispatcher
-    "model": {"preset": "qwen3-30b-a3b"},
-    "workload": {
-        "kind": "training",
-        "micro_batch_size": 1,
-        "global_batch_size": 64,
-        "seq_length": 4096,
-        "activation_dtype": "fp8",
-        "fp8_recipe": "mxfp8",
-    },
-    "parallel": {"dp": 8, "ep": 8},
-    "cluster": {"preset": "dgx-b200", "num_nodes": 1},
-    "options": {"timeline": False},
-}
-DENSE = {
-    "model": {"preset": "llama3-8b"},
-    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16},
-    "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1},
-    "cluster": {"preset": "dgx-a100", "num_nodes": 1},
-    "options": {"timeline": False},
-}
+from tests.app.test_kernel_constants import PLAN as DENSE  # Llama-3 8B, dp 8 on one DGX A100
+from tests.app.test_kernels_http import MOE_MXFP8 as MOE  # Qwen3-30B-A3B as the 25.11 B200 row runs it: MXFP8, ep 8
 
 
 def with_host(body: dict, host_launch_s: float) -> dict:

@@ -737,6 +737,11 @@ def _megatron_rows():
     return data, [dict(zip(data["columns"], r, strict=True)) for r in data["rows"]]
 
 
+def _wall_errors(rows, host_s):
+    """Each measured row's wall time against the two queues' slower queue, max(launches x host_s, GPU busy)."""
+    return [max(r["launches"] * host_s, r["gpu_busy_s"]) / r["wall_s"] - 1 for r in rows]
+
+
 def test_megatron_cores_own_moe_layer_is_host_bound_and_fits_the_host_constant():
     """tests/reference/kernels/h200/megatron_moe_h200.json: Megatron-Core 0.19.2's TransformerLayer with MoE (local
     spec, SequentialMLP, alltoall and allgather dispatchers), bf16 eager forward + backward, 16 and 128 local experts,
@@ -764,13 +769,10 @@ def test_the_two_queues_at_the_fitted_host_cost_give_megatron_cores_layer_times(
     the GPU's busy time alone -75%: the per-kernel floor that the planner charged a Megatron MoE layer before."""
     _, rows = _megatron_rows()
     moe = [r for r in rows if not r["shape"].startswith("llama")]
-
-    def errors(host_s):
-        return [max(r["launches"] * host_s, r["gpu_busy_s"]) / r["wall_s"] - 1 for r in moe]
-
-    fitted = errors(EFFICIENCY.host_launch_s)
+    fitted = _wall_errors(moe, EFFICIENCY.host_launch_s)
     assert median(map(abs, fitted)) < 0.16 and abs(median(fitted)) < 0.05
-    assert median(errors(EFFICIENCY.cpu_op_s)) < -0.65 and median(r["gpu_busy_s"] / r["wall_s"] - 1 for r in moe) < -0.7
+    assert median(_wall_errors(moe, EFFICIENCY.cpu_op_s)) < -0.65
+    assert median(r["gpu_busy_s"] / r["wall_s"] - 1 for r in moe) < -0.7
 
 
 def test_the_two_queues_replay_megatron_cores_moe_layer_trace():
@@ -800,11 +802,7 @@ def test_host_launch_s_on_a_second_machine_held_out():
     bound = [r for r in moe if r["gpu_busy_s"] < 0.5 * r["wall_s"]]
     per_launch = [r["host_s"] / r["launches"] for r in bound]
     assert (len(moe), len(bound)) == (16, 9) and round(median(per_launch) * 1e6, 1) == 52.8
-
-    def errors(host_s):
-        return [max(r["launches"] * host_s, r["gpu_busy_s"]) / r["wall_s"] - 1 for r in moe]
-
-    held_out = errors(EFFICIENCY.host_launch_s)
+    held_out = _wall_errors(moe, EFFICIENCY.host_launch_s)
     assert round(median(held_out), 3) == -0.177 and round(median(map(abs, held_out)), 3) == 0.177
-    own = errors(median(per_launch))
+    own = _wall_errors(moe, median(per_launch))
     assert round(median(map(abs, own)), 3) == 0.136 and round(median(own), 3) == 0.047
