@@ -71,25 +71,40 @@ def predicted(gpu, dtype, m, n, k, eff=EFFICIENCY) -> float:
     return gemm_time((float(m),), float(n), float(k), dtype, burst(gpu), eff)
 
 
+def errors_by(rows) -> dict:
+    """predicted / measured - 1 of ``rows`` of (class, predicted s, measured s), by class in first-seen order."""
+    by: dict = {}
+    for key, predicted_s, measured_s in rows:
+        by.setdefault(key, []).append(predicted_s / measured_s - 1)
+    return by
+
+
+def error_stats(errors: list[float]) -> dict:
+    """The tables' columns of one class's relative errors: rows, median absolute, signed median, 90th percentile
+    absolute."""
+    return {
+        "n": len(errors),
+        "median_abs": median(abs(e) for e in errors),
+        "signed_median": median(errors),
+        "p90_abs": sorted(abs(e) for e in errors)[int(0.9 * len(errors))],
+    }
+
+
+def error_cells(r: dict) -> str:
+    return f"{r['median_abs']:.1%} | {r['signed_median']:+.1%} | {r['p90_abs']:.1%} |"
+
+
 def table(data: dict, eff=EFFICIENCY) -> list[dict]:
-    by: dict[tuple, list[float]] = {}
-    for system, gpu, dtype, m, n, k, measured in rows(data):
-        by.setdefault((system, dtype), []).append(predicted(gpu, dtype, m, n, k, eff) / measured - 1)
-    out = []
-    for (system, dtype), errors in by.items():
-        gpu = GPUS[data["systems"][system]["gpu"]]
-        out.append(
-            {
-                "system": system,
-                "dtype": dtype,
-                "n": len(errors),
-                "ceiling": GEMM_CEILING.get((generation(gpu), dtype)),
-                "median_abs": median(abs(e) for e in errors),
-                "signed_median": median(errors),
-                "p90_abs": sorted(abs(e) for e in errors)[int(0.9 * len(errors))],
-            }
-        )
-    return out
+    by = errors_by(((s, d), predicted(gpu, d, m, n, k, eff), measured) for s, gpu, d, m, n, k, measured in rows(data))
+    return [
+        {
+            "system": system,
+            "dtype": dtype,
+            "ceiling": GEMM_CEILING.get((generation(GPUS[data["systems"][system]["gpu"]]), dtype)),
+            **error_stats(errors),
+        }
+        for (system, dtype), errors in by.items()
+    ]
 
 
 def moe_rows():
@@ -115,35 +130,13 @@ def attention_rows():
 
 
 def attention_table() -> list[dict]:
-    by: dict[str, list[float]] = {}
-    for system, _, predicted_s, measured_s in attention_rows():
-        by.setdefault(system, []).append(predicted_s / measured_s - 1)
-    return [
-        {
-            "system": system,
-            "n": len(e),
-            "median_abs": median(abs(x) for x in e),
-            "signed_median": median(e),
-            "p90_abs": sorted(abs(x) for x in e)[int(0.9 * len(e))],
-        }
-        for system, e in by.items()
-    ]
+    by = errors_by((system, p, m) for system, _, p, m in attention_rows())
+    return [{"system": system, **error_stats(e)} for system, e in by.items()]
 
 
 def moe_table() -> list[dict]:
-    by: dict[str, list[float]] = {}
-    for *_, dist, predicted_s, measured_s in moe_rows():
-        by.setdefault(dist, []).append(predicted_s / measured_s - 1)
-    return [
-        {
-            "distribution": dist,
-            "n": len(e),
-            "median_abs": median(abs(x) for x in e),
-            "signed_median": median(e),
-            "p90_abs": sorted(abs(x) for x in e)[int(0.9 * len(e))],
-        }
-        for dist, e in by.items()
-    ]
+    by = errors_by((dist, p, m) for *_, dist, p, m in moe_rows())
+    return [{"distribution": dist, **error_stats(e)} for dist, e in by.items()]
 
 
 GRID = [
@@ -213,10 +206,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     rows_ = table(data)
     for r in rows_:
-        print(
-            f"| {r['system']} | {r['dtype']} | {r['n']} | {r['ceiling']:.3f} | {r['median_abs']:.1%} | "
-            f"{r['signed_median']:+.1%} | {r['p90_abs']:.1%} |"
-        )
+        print(f"| {r['system']} | {r['dtype']} | {r['n']} | {r['ceiling']:.3f} | {error_cells(r)}")
     print()
     print(
         "| attention forward (TensorRT-LLM FMHA, causal, bf16, d 128) | measured | median abs error | signed median "
@@ -226,18 +216,12 @@ def main() -> None:
     systems = json.loads(ATTENTION.read_text())["systems"]
     for r in attention_table():
         kernel = FMHA_CLASS[generation(GPUS[systems[r["system"]]["gpu"]])]
-        print(
-            f"| {r['system']} ({kernel}) | {r['n']} | {r['median_abs']:.1%} | {r['signed_median']:+.1%} | "
-            f"{r['p90_abs']:.1%} |"
-        )
+        print(f"| {r['system']} ({kernel}) | {r['n']} | {error_cells(r)}")
     print()
     print("| MoE forward, H100 bf16 (routing) | measured | median abs error | signed median | p90 abs error |")
     print("|---|---|---|---|---|")
     for r in moe_table():
-        print(
-            f"| {r['distribution']} | {r['n']} | {r['median_abs']:.1%} | {r['signed_median']:+.1%} | "
-            f"{r['p90_abs']:.1%} |"
-        )
+        print(f"| {r['distribution']} | {r['n']} | {error_cells(r)}")
 
 
 if __name__ == "__main__":

@@ -143,11 +143,6 @@ def layer_pass(
     return host_pass_time(kernels, sync, eff.host_launch_s or eff.cpu_op_s)
 
 
-def layer_passes(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[PassTime, PassTime]:
-    """(forward, backward) of ``lk``: layer_pass of each."""
-    return layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
-
-
 @dataclass(frozen=True)
 class StageCompute:
     """One micro-batch on one rank of a stage: forward, backward (with recompute), and the optimizer step."""

@@ -424,19 +424,11 @@ def simai_workload(plan: Plan, stage: int = 0) -> str:
         wg = SIMAI_OP[pc.call.op] + SIMAI_WG_GROUP[pc.call.parallelism]
         rows.append((pc.call.name, 1, "NONE", 0, 1, "NONE", 0, 1, wg, int(pc.call.message_bytes)))
     for pc in fwd_layers:
-        comm = (
-            ("NONE", 0)
-            if pc is None
-            else (SIMAI_OP[pc.call.op] + SIMAI_PASS_GROUP[pc.call.parallelism], int(pc.call.message_bytes))
-        )
-        rows.append(("compute" if pc is None else pc.call.name, per_fwd, *comm, 1, "NONE", 0, 1, "NONE", 0))
+        name, *comm = _simai_pass(pc)
+        rows.append((name, per_fwd, *comm, 1, "NONE", 0, 1, "NONE", 0))
     for pc in bwd_layers:
-        comm = (
-            ("NONE", 0)
-            if pc is None
-            else (SIMAI_OP[pc.call.op] + SIMAI_PASS_GROUP[pc.call.parallelism], int(pc.call.message_bytes))
-        )
-        rows.append(("compute" if pc is None else pc.call.name, 1, "NONE", 0, per_bwd, *comm, 1, "NONE", 0))
+        name, *comm = _simai_pass(pc)
+        rows.append((name, 1, "NONE", 0, per_bwd, *comm, 1, "NONE", 0))
     pp_comm = (
         next(
             (
@@ -461,6 +453,13 @@ def simai_workload(plan: Plan, stage: int = 0) -> str:
         fields = (_simai_name(name), -1, f_t, f_c, f_s, i_t, i_c, i_s, w_t, w_c, w_s, SIMAI_UPDATE_NS)
         lines.append("\t".join(map(str, fields)))
     return "\n".join(lines) + "\n"
+
+
+def _simai_pass(pc: PricedCall | None) -> tuple[str, str, int]:
+    """A forward or input-gradient layer's name, comm type and bytes; ``None``: a pass with no call, compute only."""
+    if pc is None:
+        return "compute", "NONE", 0
+    return pc.call.name, SIMAI_OP[pc.call.op] + SIMAI_PASS_GROUP[pc.call.parallelism], int(pc.call.message_bytes)
 
 
 def _interleaved(group: list, counts: list[int]) -> list:

@@ -52,7 +52,7 @@ class Efficiency:
     gemm_fixed_s: float = 0.0  # fixed cost of one GEMM (prologue, epilogue, launch), seconds
     attention_s0: float = 0.0  # attention rate grows as s_kv / (s_kv + s0)
     cpu_op_s: float = 0.0  # host dispatch per kernel without CUDA graphs: a kernel takes at least this
-    # the host's time per launch in a layer whose forward syncs (planner/host.py's queue, compute.layer_passes):
+    # the host's time per launch in a layer whose forward syncs (planner/host.py's queue, compute.layer_pass):
     # a framework's layer code between its launches (0: cpu_op_s); what a user's own trace or a measurement gives
     host_launch_s: float = 0.0
     moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
@@ -1767,7 +1767,7 @@ PERMUTE_BEFORE_WAIT = ("alltoall",)
 def host_sync(ctx: Context, forward: tuple[Kernel, ...]) -> tuple[int, int] | None:
     """Where the host syncs with the GPU in a layer's ``forward``: (the index of COUNT_SYNC, the launch groups after
     it that are enqueued before the host waits: the permute under PERMUTE_BEFORE_WAIT with ep > 1), or None: no
-    sync, or CUDA graphs (no host launches to wait for). compute.layer_passes then runs the layer through the host's
+    sync, or CUDA graphs (no host launches to wait for). compute.layer_pass then runs the layer through the host's
     queue (planner/host.py synced_period)."""
     if cuda_graphs(ctx):
         return None

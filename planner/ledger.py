@@ -100,6 +100,20 @@ def rule_call(
     )  # fmt: skip
 
 
+def fill_buckets(sizes: Iterable[int], closes: Callable[[int, int], bool]) -> list[int]:
+    """``sizes`` summed in order into buckets, a bucket closing once ``closes(its total, buckets closed so far)``
+    holds, the last one kept if it is not empty: the one loop of the frameworks' greedy bucketing (rules/data.py
+    Megatron's and DDP's gradient buckets, rules/deepspeed.py's reduce buckets), each rule giving its own closing
+    test (>= a cap, or > it)."""
+    buckets, current = [], 0
+    for size in sizes:
+        current += size
+        if closes(current, len(buckets)):
+            buckets.append(current)
+            current = 0
+    return buckets + ([current] if current else [])
+
+
 def stage_classes(stages: Iterable[int], key: Callable[[int], Hashable]) -> dict[int, tuple[int, ...]]:
     """Stages whose calls a rule derives from the same ``key`` (layer counts, say) issue the same calls:
     the first stage of each class -> every stage of the class. A rule emits a class's calls once, on all

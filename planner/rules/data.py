@@ -31,7 +31,7 @@ from collectives import Op
 from ..context import Context
 from ..flavours import Zero
 from ..layout import Group
-from ..ledger import Call
+from ..ledger import Call, fill_buckets
 from ..ledger import rule_call as _call
 from ..params import Param, alike_stages, stage_params
 from ..recipes import float8_gathered, gathered_param_bytes, quantized
@@ -177,14 +177,7 @@ def _buckets(ctx: Context, params: Sequence[Param], dp_size: int) -> list[int]:
     if ctx.flavour.ddp_switches and ctx.par.zero_stage == 0:
         return ddp_buckets(ctx, params)
     cap = _cap_elements(ctx)
-    buckets, current = [], 0
-    for p in reversed(params):
-        current += p.numel
-        if current >= cap:
-            buckets.append(current)
-            current = 0
-    if current:
-        buckets.append(current)
+    buckets = fill_buckets((p.numel for p in reversed(params)), lambda total, _: total >= cap)
     if ctx.flavour.bucket_pad_lcm_128 and ctx.par.zero_stage >= 1:
         pad = lcm(dp_size, 128)
         buckets = [-(-b // pad) * pad for b in buckets]
@@ -214,13 +207,8 @@ def ddp_buckets(ctx: Context, params: Sequence[Param]) -> list[int]:
     limits = [cap_bytes] if explicit or cap_bytes <= DDP_FIRST_BUCKET_BYTES else [DDP_FIRST_BUCKET_BYTES, cap_bytes]
     ddp = ctx.par.ddp
     order = params if ddp.find_unused_parameters and not ddp.static_graph else list(reversed(params))
-    buckets, current, limit = [], 0, 0
-    for p in order:
-        current += p.numel
-        if current * ctx.grad_bytes >= limits[limit]:
-            buckets.append(current)
-            current, limit = 0, min(limit + 1, len(limits) - 1)
-    return buckets + ([current] if current else [])
+    last = len(limits) - 1
+    return fill_buckets((p.numel for p in order), lambda total, i: total * ctx.grad_bytes >= limits[min(i, last)])
 
 
 def ddp_cap_bytes(ctx: Context) -> tuple[int, bool]:

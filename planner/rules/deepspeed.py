@@ -45,7 +45,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, rule_call
+from ..ledger import Call, fill_buckets, rule_call
 from ..params import Param
 
 DS = "DeepSpeed 0.19.6 "
@@ -101,14 +101,8 @@ def _padded(numel: int, ranks: int) -> int:
 
 
 def _zero0(ctx: Context, numels: list[int], group: Group, kind: str) -> list[Call]:
-    buckets, current = [], 0
-    for n in numels:
-        current += n
-        if current > MEMORY_OPT_ALLREDUCE_SIZE:  # allreduce_no_retain: flush once past the size
-            buckets.append(current)
-            current = 0
-    if current:
-        buckets.append(current)
+    # allreduce_no_retain: flush once past the size
+    buckets = fill_buckets(numels, lambda total, _: total > MEMORY_OPT_ALLREDUCE_SIZE)
     grads = {"name": f"{kind}.grads", "op": Op.ALLREDUCE, "phase": "backward", **_grads(ctx, group)}
     return _rows(ctx, buckets, source="engine.py buffered_allreduce_fallback", **grads)
 
@@ -144,13 +138,7 @@ def _allreduce_sizes(bucket: list[int], numels: list[int], starts: list[int], pa
             end = min(hi, (lo // partition + 1) * partition)
             slices.append(end - lo)
             lo = end
-    sizes, current = [], 0
-    for s in slices:
-        current += s
-        if current > cap:
-            sizes.append(current)
-            current = 0
-    return sizes + ([current] if current else [])
+    return fill_buckets(slices, lambda total, _: total > cap)
 
 
 def _zero12(ctx: Context, numels: list[int], group: Group, kind: str, size: int) -> list[Call]:

@@ -13,7 +13,7 @@ from app.convert import plan_inputs
 from app.schemas.plan import PlanRequest
 from app.settings import Settings
 from planner import Context
-from planner.compute import layer_passes, stage_compute
+from planner.compute import layer_pass, stage_compute
 from planner.kernels import EFFICIENCY, host_sync, layer_kernels
 from tests.app.test_kernel_constants import PLAN as DENSE  # Llama-3 8B, dp 8 on one DGX A100
 from tests.app.test_kernels_http import MOE_MXFP8 as MOE  # Qwen3-30B-A3B as the 25.11 B200 row runs it: MXFP8, ep 8
@@ -48,7 +48,7 @@ def test_a_faster_host_speeds_the_synced_moe_layers_as_the_pure_functions_say(ap
     assert round(fast["step"]["compute_s"], 2) == 1.44 and round(default["step"]["compute_s"], 2) == 3.66
     lk = layer_kernels(ctx, True, cluster.gpu)
     assert host_sync(ctx, lk.forward) is not None
-    fwd, bwd = layer_passes(ctx, lk, EFFICIENCY)
+    fwd, bwd = (layer_pass(ctx, lk, EFFICIENCY, backward=b) for b in (False, True))
     host = EFFICIENCY.host_launch_s
     assert fwd.host_s > 0 and bwd.total_s == pytest.approx(sum(k.count for k in lk.backward) * host)
     assert fast["cluster"]["calibration"]["kernels"]["host_launch_s"] == 1e-5

@@ -196,7 +196,7 @@ def test_the_fused_grouped_mlp_over_http(api):
     """workload.fused_grouped_mlp (TE's CuTe MXFP8 grouped MLP of the Megatron-Bridge 26.08 recipes): the routed
     experts as grouped kernels without the per-expert launches, the count sync, the fp8 padding and the activation
     kernel; the step's compute is exactly the planner's with the switch (planner/kernels.py FUSED_GROUPED_MLP)."""
-    from planner.compute import layer_passes
+    from planner.compute import layer_pass
     from planner.kernels import EFFICIENCY, layer_kernels
 
     answer = plan(api, MOE_MXFP8)
@@ -212,8 +212,11 @@ def test_the_fused_grouped_mlp_over_http(api):
     works = [WorkloadSpec(**(MOE_MXFP8["workload"] | {"fused_grouped_mlp": f})) for f in (False, True)]
     qwen3, b200 = model_preset("qwen3-30b-a3b"), GPUS["b200-180gb"]
     ctxs = [Context(qwen3, w, ParallelSpec(dp=8, ep=8)) for w in works]
-    # the per-expert layer syncs for its counts: its passes run through the host's queue (compute.layer_passes)
-    per_layer = [sum(p.total_s for p in layer_passes(c, layer_kernels(c, True, b200), EFFICIENCY)) for c in ctxs]
+    # the per-expert layer syncs for its counts: its passes run through the host's queue (compute.layer_pass)
+    per_layer = [
+        sum(layer_pass(c, layer_kernels(c, True, b200), EFFICIENCY, backward=b).total_s for b in (False, True))
+        for c in ctxs
+    ]
     # 48 MoE layers, 8 micro-batches a step (64 / dp 8): the step's compute moves by the layers' difference
     assert per - fused == pytest.approx(48 * 8 * (per_layer[0] - per_layer[1]), rel=1e-6)
 

@@ -248,26 +248,23 @@ def table(records: list[dict]) -> None:
                   for c in (Constants(), result.constants)]  # fmt: skip
         return errors
 
+    def row(label, obs):
+        result = fit(obs)
+        before, after = held_out(obs)
+        fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
+        fitted = fitted or "none (defaults kept)"
+        print(f"| {label} | {len(obs)} | {result.median_error_before:.1%} | {result.median_error_after:.1%} "
+              f"| {before:.1%} | {after:.1%} | {fitted} |")  # fmt: skip
+
     print("| log | rows | median error before | after | held-out before | after | constants fitted |")
     print("|---|---|---|---|---|---|---|")
     everything = []
     for log in logs(records):
         obs = observations(log)
         everything += obs
-        if len(obs) < 6:
-            continue
-        result = fit(obs)
-        before, after = held_out(obs)
-        fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
-        fitted = fitted or "none (defaults kept)"
-        print(f"| {log['file'][:-4]} | {len(obs)} | {result.median_error_before:.1%} | {result.median_error_after:.1%} "
-              f"| {before:.1%} | {after:.1%} | {fitted} |")  # fmt: skip
-    result = fit(everything)
-    before, after = held_out(everything)
-    fitted = ", ".join(f"{n} = {result.constants.get(n):.3g}" for n in result.constants.names())
-    fitted = fitted or "none (defaults kept)"
-    print(f"| all 20 logs together | {len(everything)} | {result.median_error_before:.1%} | "
-          f"{result.median_error_after:.1%} | {before:.1%} | {after:.1%} | {fitted} |")  # fmt: skip
+        if len(obs) >= 6:
+            row(log["file"][:-4], obs)
+    row("all 20 logs together", everything)
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """The ledger's building blocks: stage classes, per-stage parameter lists shared between plans."""
 
 from planner import Context, ParallelSpec, WorkloadSpec, model_preset
-from planner.ledger import stage_classes
+from planner.ledger import fill_buckets, stage_classes
 from planner.params import alike_stages, stage_params, total
 from planner.rules import ledger
 
@@ -9,6 +9,19 @@ from planner.rules import ledger
 def test_stage_classes_group_alike_stages_under_their_first():
     counts = [7, 8, 8, 8, 7, 9]
     assert stage_classes(range(6), counts.__getitem__) == {0: (0, 4), 1: (1, 2, 3), 5: (5,)}
+
+
+def test_fill_buckets_closes_on_the_rules_own_test():
+    """Megatron and DDP close a bucket once it reaches the cap (>=), DeepSpeed once past it (>): at a total equal
+    to the cap the two differ; the last partial bucket is kept, an empty one is not; DDP's first limit is read for
+    the first bucket only (the index is the count of buckets closed)."""
+    sizes = [4, 6, 5, 5, 3]
+    assert fill_buckets(sizes, lambda total, _: total >= 10) == [10, 10, 3]
+    assert fill_buckets(sizes, lambda total, _: total > 10) == [15, 8]
+    assert fill_buckets([5, 5], lambda total, _: total >= 10) == [10]
+    assert fill_buckets([], lambda total, _: True) == []
+    limits = [3, 10]
+    assert fill_buckets(sizes, lambda total, i: total >= limits[min(i, 1)]) == [4, 11, 8]
 
 
 def test_stage_params_are_tuples_shared_across_workloads():

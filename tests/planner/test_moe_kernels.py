@@ -15,7 +15,7 @@ import pytest
 
 from collectives.topology.gpu import GPUS
 from planner import ParallelSpec, WorkloadSpec, model_preset
-from planner.compute import layer_forward, layer_pass, layer_passes, pass_time
+from planner.compute import layer_forward, layer_pass, pass_time
 from planner.context import Context
 from planner.flavours import megatron
 from planner.host import free_running, stream_span, synced_period
@@ -561,7 +561,7 @@ def test_a_megatron_moe_layer_runs_through_the_hosts_queue_from_sync_to_sync():
     names = [k.name for k in lk.forward]
     sync = host_sync(ctx, lk.forward)
     assert sync == (names.index(COUNT_SYNC), 1) and names[sync[0] + 1] == "permute"
-    fwd, bwd = layer_passes(ctx, lk, EFFICIENCY)
+    fwd, bwd = (layer_pass(ctx, lk, EFFICIENCY, backward=b) for b in (False, True))
     assert fwd.total_s == pytest.approx(synced_period(_launches(lk.forward), *sync), rel=1e-12)
     assert bwd.total_s == pytest.approx(free_running(_launches(lk.backward)), rel=1e-12)
     gemm = sum(gpu_seconds(k) for k in lk.forward if k.kind == "gemm")
@@ -586,11 +586,11 @@ def test_a_slow_host_leaves_the_synced_layer_host_bound():
     eff = replace(EFFICIENCY, host_launch_s=4e-5)
     ctx = qwen3()
     lk = layer_kernels(ctx, True, B200, eff)
-    fwd, bwd = layer_passes(ctx, lk, eff)
+    fwd, bwd = (layer_pass(ctx, lk, eff, backward=b) for b in (False, True))
     launches = sum(k.count for k in lk.forward)
     assert fwd.total_s >= launches * 4e-5 and fwd.host_s > 0
     assert bwd.total_s == pytest.approx(sum(k.count for k in lk.backward) * 4e-5)
-    assert layer_passes(ctx, lk, replace(eff, cpu_op_s=2e-5)) == (fwd, bwd)
+    assert [layer_pass(ctx, lk, replace(eff, cpu_op_s=2e-5), backward=b) for b in (False, True)] == [fwd, bwd]
 
 
 @pytest.mark.parametrize(
@@ -606,7 +606,10 @@ def test_without_a_sync_the_layer_keeps_its_floored_sum(ctx):
     for moe in (True, False):
         lk = layer_kernels(ctx, moe, H100)
         assert host_sync(ctx, lk.forward) is None
-        assert layer_passes(ctx, lk, EFFICIENCY) == (pass_time(lk.forward), pass_time(lk.backward))
+        assert [layer_pass(ctx, lk, EFFICIENCY, backward=b) for b in (False, True)] == [
+            pass_time(lk.forward),
+            pass_time(lk.backward),
+        ]
 
 
 def test_the_layer_kernels_key_is_a_cached_property_of_the_context():
