@@ -148,8 +148,7 @@ def host_efficiency(host_cpu: str) -> Efficiency:
     f = HOST_CPUS[host_cpu].per_op
     if f == 1.0:
         return EFFICIENCY
-    e = EFFICIENCY
-    return replace(e, cpu_op_s=e.cpu_op_s * f, host_launch_s=e.host_launch_s * f, host_per_op=f)
+    return replace(EFFICIENCY, cpu_op_s=EFFICIENCY.cpu_op_s * f, host_per_op=f)
 
 
 # The constants a user's profiler trace fits for its GPU (planner/trace_fit.py; POST /v1/calibrate ``trace`` returns

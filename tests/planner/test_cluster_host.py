@@ -1,7 +1,10 @@
 """The host CPU as a trait of the cluster's node (issue 20, grace9): cluster.cpu_vendor -> GPUSpec.host_cpu ->
-planner/kernels.py HOST_CPUS, whose per-op factor scales the host's costs (eager dispatch cpu_op_s, the synced layer's
-host_launch_s) and nothing a CUDA graph replays. Grace's factor: TransformerEngine issue 2053's torch.nn.Linear
-forward CPU time, 37.08 us (GB200) and 33.17 us (GH200) against 13.48 us on an H100 DGX's Xeon Platinum 8480C."""
+planner/kernels.py HOST_CPUS, whose per-op factor scales eager PyTorch's host costs (the dispatch floor cpu_op_s, a
+flavour's own eager host_launch_s: torchtitan's) and nothing a CUDA graph replays; Megatron-Core's measured
+host_launch_s (its local layer on a Xeon VM, applied to TransformerEngine's kernel list) is kept on every host
+(docs/step-time.md "Host CPUs and torchtitan's sync (grace9)"). Grace's factor: TransformerEngine issue 2053's
+torch.nn.Linear forward CPU time, 37.08 us (GB200) and 33.17 us (GH200) against 13.48 us on an H100 DGX's Xeon
+Platinum 8480C."""
 
 from dataclasses import replace
 
@@ -48,7 +51,7 @@ def test_each_preset_gpu_carries_its_nodes_host(name):
     eff = gpu_efficiency(cluster.gpu)
     f = 2.61 if grace else 1.0
     assert eff.host_per_op == f
-    assert eff.cpu_op_s == pytest.approx(f * 1e-5) and eff.host_launch_s == pytest.approx(f * 38.2e-6)
+    assert eff.cpu_op_s == pytest.approx(f * 1e-5) and eff.host_launch_s == 38.2e-6 == EFFICIENCY.host_launch_s
 
 
 def test_the_cluster_is_the_one_source_of_the_host():
@@ -65,22 +68,27 @@ def _qwen3(framework="megatron", ep=8, **work):
     return Context(QWEN3, w, ParallelSpec(dp=8, ep=ep, framework=framework))
 
 
-def test_grace_against_x86_closed_form_on_a_host_bound_synced_layer():
-    """Qwen3-30B-A3B ep 8 on a B200 of GB200 (Megatron, bf16, 4,096 tokens): the forward is host-bound on either
-    host, so its period is its launches x the host's time per launch, and Grace's is 2.61x the Xeon's exactly."""
-    ctx = _qwen3()
+def test_grace_against_x86_closed_form_on_a_synced_torchtitan_layer():
+    """Qwen3-30B-A3B ep 8 under torchtitan on a B200 of GB200 (bf16, 4,096 tokens): its 40 forward launches at
+    26.1 us (torch's own, x86) leave the layer GPU-bound on a Xeon (1.751 ms); at 2.61 x 26.1 = 68.1 us on Grace the
+    host is the bound and the forward is exactly its launches x that (2.725 ms). Megatron's measured per-launch cost
+    is the same on both hosts."""
+    ctx = _qwen3("torch")
     arm = cluster_preset("gb200-nvl72", 1).gpu
     x86 = replace(arm, host_cpu="intel")
-    times = {}
+    out = {}
     for gpu in (x86, arm):
         eff = gpu_efficiency(gpu)
         lk = layer_kernels(ctx, True, gpu, eff)
         assert host_sync(ctx, lk.forward) is not None
         fwd, _ = layer_passes(ctx, lk, eff)
-        launches = sum(k.count for k in lk.forward)
-        assert fwd.total_s == pytest.approx(launches * queue_launch_s(ctx, eff))  # host-bound: H_n + the last kernel
-        times[gpu.host_cpu] = fwd.total_s
-    assert times["arm"] / times["intel"] == pytest.approx(2.61)
+        out[gpu.host_cpu] = (sum(k.count for k in lk.forward), queue_launch_s(ctx, eff), fwd.total_s)
+    (n, c_x86, x86_s), (n_arm, c_arm, arm_s) = out["intel"], out["arm"]
+    assert n == n_arm == 40 and c_x86 == 26.1e-6 and c_arm == pytest.approx(2.61 * 26.1e-6)
+    assert arm_s == pytest.approx(n * c_arm)  # host-bound: H_n + the last kernel's share
+    assert x86_s > n * c_x86 and (round(x86_s * 1e3, 3), round(arm_s * 1e3, 3)) == (1.751, 2.725)
+    meg = gpu_efficiency(arm)
+    assert queue_launch_s(_qwen3(), meg) == queue_launch_s(_qwen3(), gpu_efficiency(x86)) == 38.2e-6
 
 
 def test_a_calibrated_host_launch_replaces_the_scaled_one_as_given():
