@@ -11,7 +11,7 @@ from app.convert import plan_inputs
 from app.schemas.plan import PlanRequest
 from app.settings import Settings
 from planner import Context, build_plan
-from planner.compute import layer_passes
+from planner.compute import layer_pass
 from planner.kernels import gpu_efficiency, host_sync, layer_kernels, queue_launch_s
 
 # Qwen3-30B-A3B under torchtitan, bf16, ep 8 on 8 GPUs of one GB200 NVL72 rack: its dispatcher's sync for the
@@ -54,7 +54,7 @@ def test_a_gb200_plan_runs_on_grace_hosts_and_an_x86_node_is_faster_by_the_host_
         eff = gpu_efficiency(cluster.gpu)
         lk = layer_kernels(ctx, True, cluster.gpu)
         assert host_sync(ctx, lk.forward) is not None
-        fwd, _ = layer_passes(ctx, lk, eff)
+        fwd = layer_pass(ctx, lk, eff)
         layers[cluster.cpu_vendor] = (sum(k.count for k in lk.forward), queue_launch_s(ctx, eff), fwd.total_s)
     (n, c, arm_s), (_, c_x86, x86_s) = layers["arm"], layers["intel"]
     assert c == pytest.approx(2.61 * c_x86) and c_x86 == 26.1e-6  # torch's own host per launch, on each host
@@ -73,7 +73,8 @@ def test_a_calibrated_host_launch_overrides_the_grace_factor(api):
         ctx, cluster, compute = _planner(_with(GB200, cpu_vendor=vendor, **mine))
         eff = gpu_efficiency(cluster.gpu)
         assert eff.host_launch_s == 2e-5 and queue_launch_s(ctx, eff) == 2e-5
-        passes[vendor] = layer_passes(ctx, layer_kernels(ctx, True, cluster.gpu), eff)
+        lk = layer_kernels(ctx, True, cluster.gpu)
+        passes[vendor] = (layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True))
         if vendor == "arm":
             assert grace["step"]["compute_s"] == pytest.approx(compute)
     assert passes["arm"] == passes["intel"]

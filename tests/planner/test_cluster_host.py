@@ -15,7 +15,7 @@ from collectives.topology.gpu import GPUS
 from collectives.topology.presets import PRESETS
 from collectives.topology.spec import CPU_VENDORS
 from planner import ParallelSpec, WorkloadSpec, build_plan, model_preset
-from planner.compute import layer_passes
+from planner.compute import layer_pass
 from planner.context import Context
 from planner.kernels import (
     EFFICIENCY,
@@ -81,7 +81,7 @@ def test_grace_against_x86_closed_form_on_a_synced_torchtitan_layer():
         eff = gpu_efficiency(gpu)
         lk = layer_kernels(ctx, True, gpu, eff)
         assert host_sync(ctx, lk.forward) is not None
-        fwd, _ = layer_passes(ctx, lk, eff)
+        fwd = layer_pass(ctx, lk, eff)
         out[gpu.host_cpu] = (sum(k.count for k in lk.forward), queue_launch_s(ctx, eff), fwd.total_s)
     (n, c_x86, x86_s), (n_arm, c_arm, arm_s) = out["intel"], out["arm"]
     assert n == n_arm == 40 and c_x86 == 26.1e-6 and c_arm == pytest.approx(2.61 * 26.1e-6)

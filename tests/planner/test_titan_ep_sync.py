@@ -12,7 +12,7 @@ import pytest
 from collectives.topology import cluster_preset
 from collectives.topology.gpu import GPUS
 from planner import ParallelSpec, WorkloadSpec, model_preset
-from planner.compute import layer_passes, pass_time
+from planner.compute import layer_pass, pass_time
 from planner.context import Context
 from planner.flavours import megatron, torch
 from planner.host import free_running, synced_period
@@ -59,14 +59,14 @@ def test_an_ep8_titan_layer_syncs_and_runs_through_the_hosts_queue():
     assert sync is not None and lk.forward[sync[0]].name == COUNT_SYNC
     c = queue_launch_s(ctx, EFFICIENCY)
     assert c == 26.1e-6
-    fwd, bwd = layer_passes(ctx, lk, EFFICIENCY)
+    fwd, bwd = (layer_pass(ctx, lk, EFFICIENCY, backward=b) for b in (False, True))
     launches = [(c, gpu_seconds(k), k.count) for k in lk.forward]
     assert fwd.total_s == pytest.approx(synced_period(launches, *sync), rel=1e-12)
     assert bwd.total_s == pytest.approx(free_running([(c, gpu_seconds(k), k.count) for k in lk.backward]), rel=1e-12)
     one = titan(ep=1)
     lk1 = layer_kernels(one, True, H100)
     assert host_sync(one, lk1.forward) is None and COUNT_SYNC not in [k.name for k in lk1.forward]
-    assert layer_passes(one, lk1, EFFICIENCY)[0] == pass_time(lk1.forward)
+    assert layer_pass(one, lk1, EFFICIENCY) == pass_time(lk1.forward)
 
 
 def test_torch_host_cost_scales_with_the_nodes_host_and_gives_way_to_a_calibrated_one():
