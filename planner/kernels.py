@@ -1274,6 +1274,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.expert_gemm_streams,
         flavour.dispatch_count_sync,
         flavour.count_sync_needs_ep,
+        flavour.count_sync_after_permute,
         flavour.host_launch_s,  # queue_launch_s
         flavour.moe_score_combine,
         flavour.fp8_expert_padding,
@@ -1794,7 +1795,10 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost). Not under CUDA
         # graphs: a captured step holds no host wait (its dispatch is sync-free: Megatron-Bridge 26.08's
         # full-iteration graphs with static expert buffers); host_sync then has nothing to find
-        ef.insert(0, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
+        # torchtitan reorders its tokens first and then blocks (Flavour.count_sync_after_permute): the sync follows
+        # the permute, whose kernels the wait drains (host_sync then finds nothing queued past it)
+        at = next((i + 1 for i, e in enumerate(ef) if e.name == "permute"), 0) if fl.count_sync_after_permute else 0
+        ef.insert(at, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
     pre = dispatch_preprocess(ctx)
     if pre:  # the counts and splits the sync waits for; forward only: integer counts, no gradient
         ef.insert(0, memory_kernel("dispatch_preprocess", T_sp * E + 8 * E * (par.ep + 2), gpu, eff, pre, k.floor))

@@ -74,6 +74,7 @@ FLAVOUR = Flavour(
     # LocalTokenDispatcher does not (planner/kernels.py COUNT_SYNC, host_sync)
     dispatch_count_sync=True,
     count_sync_needs_ep=True,
+    count_sync_after_permute=True,  # dispatch: _local_reorder, the count all-to-all, then the blocking copy
     # eager PyTorch's own host time per launch in a synced MoE layer: the median gap between host-bound launches of
     # this project's eager MoE layer trace (tests/reference/kernels/h200/trace_qwen3_235b.ep1.s2048.json.gz, PyTorch
     # 2.11 eager, the H200 machine's Xeon VM: planner/trace_fit.py host_launch, 71 gaps, 26.1 us; read with the

@@ -39,8 +39,9 @@ def titan(ep=8, **work):
 
 
 def test_the_flavours_say_who_syncs_and_at_what_host_cost():
-    assert torch.FLAVOUR.dispatch_count_sync and torch.FLAVOUR.count_sync_needs_ep
-    assert megatron.FLAVOUR.dispatch_count_sync and not megatron.FLAVOUR.count_sync_needs_ep
+    t, m = torch.FLAVOUR, megatron.FLAVOUR
+    assert t.dispatch_count_sync and t.count_sync_needs_ep and t.count_sync_after_permute
+    assert m.dispatch_count_sync and not m.count_sync_needs_ep and not m.count_sync_after_permute
     assert torch.FLAVOUR.host_launch_s == 26.1e-6 and megatron.FLAVOUR.host_launch_s == 0.0
 
 
@@ -56,7 +57,9 @@ def test_an_ep8_titan_layer_syncs_and_runs_through_the_hosts_queue():
     ctx = titan()
     lk = layer_kernels(ctx, True, H100)
     sync = host_sync(ctx, lk.forward)
-    assert sync is not None and lk.forward[sync[0]].name == COUNT_SYNC
+    names = [k.name for k in lk.forward]
+    # _local_reorder, then the blocking copy, which drains the stream: the sync follows the permute, nothing queued
+    assert sync == (names.index("permute") + 1, 0) and names[sync[0]] == COUNT_SYNC
     c = queue_launch_s(ctx, EFFICIENCY)
     assert c == 26.1e-6
     fwd, bwd = (layer_pass(ctx, lk, EFFICIENCY, backward=b) for b in (False, True))
