@@ -58,8 +58,8 @@ class Efficiency:
     # host_launch_s is the user's own (cluster.calibration.kernels or a trace fit): it replaces a flavour's own
     # (Flavour.host_launch_s) as it is; False: the default, Megatron-Core's measurement (kernels.queue_launch_s)
     host_launch_given: bool = False
-    # the node's host CPU's time per op against the x86 reference (HOST_CPUS per_op; host_efficiency scales cpu_op_s
-    # and host_launch_s by it, queue_launch_s a flavour's own host_launch_s)
+    # the node's host CPU's time per eager op against the x86 reference (HOST_CPUS per_op; host_efficiency scales
+    # cpu_op_s by it, queue_launch_s a flavour's own host_launch_s; Efficiency.host_launch_s stays as measured)
     host_per_op: float = 1.0
     moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
     # measured GEMM ceilings of one GPU by dtype, before GEMM_CEILING: what a profiler trace fits for its GPU
@@ -116,9 +116,9 @@ EFFICIENCY = Efficiency(
 @dataclass(frozen=True)
 class HostCPU:
     """The CPU that launches a node's kernels (the cluster's ``cpu_vendor``, GPUSpec.host_cpu) as the host costs
-    read it: ``per_op`` = its host seconds per op against the x86 hosts ``cpu_op_s`` and ``host_launch_s`` were
-    measured on. It scales only host time, eager dispatch and the launches of a synced layer's queue; a CUDA-graph
-    replay launches no op from Python (kernels.cuda_graphs: no floor, no host queue), so it does not move there."""
+    read it: ``per_op`` = its host seconds per eager PyTorch op against the x86 hosts the constants were measured
+    on. It scales eager PyTorch's host time only (host_efficiency, queue_launch_s); a CUDA-graph replay launches no op
+    from Python (kernels.cuda_graphs: no floor, no host queue), so it does not move there."""
 
     name: str
     per_op: float
@@ -143,8 +143,11 @@ HOST_CPUS = {
 
 @lru_cache(maxsize=8)
 def host_efficiency(host_cpu: str) -> Efficiency:
-    """EFFICIENCY on a node whose host is ``host_cpu`` (HOST_CPUS): the host's costs, eager dispatch per kernel
-    (``cpu_op_s``) and a synced layer's launches (``host_launch_s``), at ``per_op`` times the x86 reference."""
+    """EFFICIENCY on a node whose host is ``host_cpu`` (HOST_CPUS): eager PyTorch's dispatch per kernel
+    (``cpu_op_s``) at ``per_op`` times the x86 reference, and ``host_per_op`` for a flavour's own eager cost per
+    launch (queue_launch_s). ``host_launch_s`` stays as measured: Megatron-Core's local layer on a Xeon VM, applied to
+    TransformerEngine's kernel list, whose Grace/Xeon ratio the source does not give (scaled, the two eager GB200 MoE
+    rows went to +74.5% / +20.9%: docs/step-time.md "Host CPUs and torchtitan's sync (grace9)")."""
     f = HOST_CPUS[host_cpu].per_op
     if f == 1.0:
         return EFFICIENCY
