@@ -211,7 +211,7 @@ def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels"
 def gpu_efficiency(gpu: GPUSpec) -> Efficiency:
     """The kernel model's constants for ``gpu``: EFFICIENCY on its node's host (host_efficiency of
     ``gpu.host_cpu``) with what a trace fitted for it (kernel_constants): a calibrated ``host_launch_s`` was read on
-    the user's own host and replaces the scaled one as it is."""
+    the user's own host and replaces the default and a flavour's own as it is (``host_launch_given``)."""
     base = host_efficiency(gpu.host_cpu)
     if not gpu.kernel_constants:
         return base
