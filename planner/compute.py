@@ -52,6 +52,7 @@ from .kernels import (
     one_kernel_loss_bytes,
     optimizer_bytes,
     per_layer,
+    queue_launch_s,
     rerun_stops_at_last_save,
     vocab_shard,
 )
@@ -140,7 +141,7 @@ def layer_pass(
         sync = None
     elif kernels is not lk.forward:
         sync = host_sync(ctx, kernels)
-    return host_pass_time(kernels, sync, eff.host_launch_s or eff.cpu_op_s)
+    return host_pass_time(kernels, sync, queue_launch_s(ctx, eff))
 
 
 @dataclass(frozen=True)

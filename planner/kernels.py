@@ -55,6 +55,12 @@ class Efficiency:
     # the host's time per launch in a layer whose forward syncs (planner/host.py's queue, compute.layer_pass):
     # a framework's layer code between its launches (0: cpu_op_s); what a user's own trace or a measurement gives
     host_launch_s: float = 0.0
+    # host_launch_s is the user's own (cluster.calibration.kernels or a trace fit): it replaces a flavour's own
+    # (Flavour.host_launch_s) as it is; False: the default, Megatron-Core's measurement (kernels.queue_launch_s)
+    host_launch_given: bool = False
+    # the node's host CPU's time per eager op against the x86 reference (HOST_CPUS per_op; host_efficiency scales
+    # cpu_op_s by it, queue_launch_s a flavour's own host_launch_s; Efficiency.host_launch_s stays as measured)
+    host_per_op: float = 1.0
     moe_skew: float = 0.0  # systematic routing skew beyond the multinomial spread (0: none; a trace refits it)
     # measured GEMM ceilings of one GPU by dtype, before GEMM_CEILING: what a profiler trace fits for its GPU
     # (planner/trace_fit.py); () = the tables' ceilings
@@ -105,6 +111,48 @@ EFFICIENCY = Efficiency(
     # constant, fitted on that measurement, never on a run. Where a layer's forward syncs (compute.layer_pass)
     host_launch_s=38.2e-6,
 )
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """The CPU that launches a node's kernels (the cluster's ``cpu_vendor``, GPUSpec.host_cpu) as the host costs
+    read it: ``per_op`` = its host seconds per eager PyTorch op against the x86 hosts the constants were measured
+    on. It scales eager PyTorch's host time only (host_efficiency, queue_launch_s); a CUDA-graph replay launches no op
+    from Python (kernels.cuda_graphs: no floor, no host queue), so it does not move there."""
+
+    name: str
+    per_op: float
+    source: str
+
+
+# Grace against a Xeon, per op: TransformerEngine issue 2053 ("[PyTorch] High CPU overhead on Grace systems",
+# NVIDIA/TransformerEngine, opened 2025-08-11 by Marks101): CPU time per torch.nn.Linear forward (BF16, hidden 2,048,
+# 8,192 tokens; the same script on each system) 13.48 us on an H100 DGX (Intel Xeon Platinum 8480C), 37.08 us on GB200
+# and 33.17 us on GH200 (Grace): 2.75x and 2.46x; te.Linear 99.66 / 90.53 us on GB200 / GH200, 2.7x torch's on the same
+# host. Both Grace systems carry the same CPU (72 Neoverse V2 cores): their mean over the Xeon, 35.125 / 13.48 =
+# 2.61. No published per-op comparison of AMD EPYC against Xeon was found: taken as the x86 hosts' (1.0).
+HOST_CPUS = {
+    "intel": HostCPU("x86 (Intel Xeon)", 1.0, "the hosts cpu_op_s and host_launch_s were measured on (this project's "
+                     "H200 machine's Xeon VM; He 2022): the reference, 1.0"),
+    "amd": HostCPU("x86 (AMD EPYC)", 1.0, "no published per-op comparison with a Xeon: the x86 reference, 1.0"),
+    "arm": HostCPU("NVIDIA Grace (Arm Neoverse V2)", round((37.08 + 33.17) / 2 / 13.48, 2),
+                   "TransformerEngine issue 2053: torch.nn.Linear forward's CPU time 37.08 us (GB200) and 33.17 us "
+                   "(GH200) against 13.48 us on an H100 DGX's Xeon Platinum 8480C: 2.75x and 2.46x, mean 2.61x"),
+}  # fmt: skip
+
+
+@lru_cache(maxsize=8)
+def host_efficiency(host_cpu: str) -> Efficiency:
+    """EFFICIENCY on a node whose host is ``host_cpu`` (HOST_CPUS): eager PyTorch's dispatch per kernel
+    (``cpu_op_s``) at ``per_op`` times the x86 reference, and ``host_per_op`` for a flavour's own eager cost per
+    launch (queue_launch_s). ``host_launch_s`` stays as measured: Megatron-Core's local layer on a Xeon VM, applied to
+    TransformerEngine's kernel list, whose Grace/Xeon ratio the source does not give (scaled, the two eager GB200 MoE
+    rows went to +74.5% / +20.9%: docs/step-time.md "Host CPUs and torchtitan's sync (grace9)")."""
+    f = HOST_CPUS[host_cpu].per_op
+    if f == 1.0:
+        return EFFICIENCY
+    return replace(EFFICIENCY, cpu_op_s=EFFICIENCY.cpu_op_s * f, host_per_op=f)
+
 
 # The constants a user's profiler trace fits for its GPU (planner/trace_fit.py; POST /v1/calibrate ``trace`` returns
 # them as ``constants``), which a request hands back as ``cluster.calibration.kernels`` (the GPU carries them:
@@ -161,13 +209,17 @@ def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels"
 
 @lru_cache(maxsize=256)
 def gpu_efficiency(gpu: GPUSpec) -> Efficiency:
-    """The kernel model's constants for ``gpu``: EFFICIENCY with what a trace fitted for it (kernel_constants)."""
+    """The kernel model's constants for ``gpu``: EFFICIENCY on its node's host (host_efficiency of
+    ``gpu.host_cpu``) with what a trace fitted for it (kernel_constants): a calibrated ``host_launch_s`` was read on
+    the user's own host and replaces the default and a flavour's own as it is (``host_launch_given``)."""
+    base = host_efficiency(gpu.host_cpu)
     if not gpu.kernel_constants:
-        return EFFICIENCY
+        return base
     given = nested_constants(gpu.kernel_constants)
     ceilings = tuple(sorted(given.pop("gemm_ceiling", {}).items()))
     attention = tuple(sorted(given.pop("attention_ceiling", {}).items()))
-    return replace(EFFICIENCY, gemm_ceilings=ceilings, attention_ceilings=attention, **given)
+    given = given | ({"host_launch_given": True} if "host_launch_s" in given else {})
+    return replace(base, gemm_ceilings=ceilings, attention_ceilings=attention, **given)
 
 
 def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
@@ -1224,6 +1276,9 @@ def kernel_traits(flavour) -> tuple:
         flavour.fused_cross_entropy,
         flavour.expert_gemm_streams,
         flavour.dispatch_count_sync,
+        flavour.count_sync_needs_ep,
+        flavour.count_sync_after_permute,
+        flavour.host_launch_s,  # queue_launch_s
         flavour.moe_score_combine,
         flavour.fp8_expert_padding,
         flavour.unfused_rope_scalings,
@@ -1733,14 +1788,20 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
         weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
     )
-    if ctx.training and ctx.flavour.dispatch_count_sync and not m.capacity_factor and not cuda_graphs(ctx):
+    fl = ctx.flavour
+    if ctx.training and fl.dispatch_count_sync and not m.capacity_factor and not cuda_graphs(ctx) and (
+        par.ep > 1 or not fl.count_sync_needs_ep
+    ):
         # the dispatcher's: the experts' row counts go to the host before the all-to-all (or the dispatch's end on
         # one rank), whether the experts then launch one by one or as the fused grouped MLP: the CPU waits for the
         # GPU, whose queue then runs dry until the host has launched the next kernel (one host dispatch, cpu_op_s)
         # (its own GPU work: one small device-to-host copy, a memory-bound kernel's fixed cost). Not under CUDA
         # graphs: a captured step holds no host wait (its dispatch is sync-free: Megatron-Bridge 26.08's
         # full-iteration graphs with static expert buffers); host_sync then has nothing to find
-        ef.insert(0, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
+        # torchtitan reorders its tokens first and then blocks (Flavour.count_sync_after_permute): the sync follows
+        # the permute, whose kernels the wait drains (host_sync then finds nothing queued past it)
+        at = next((i + 1 for i, e in enumerate(ef) if e.name == "permute"), 0) if fl.count_sync_after_permute else 0
+        ef.insert(at, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
     pre = dispatch_preprocess(ctx)
     if pre:  # the counts and splits the sync waits for; forward only: integer counts, no gradient
         ef.insert(0, memory_kernel("dispatch_preprocess", T_sp * E + 8 * E * (par.ep + 2), gpu, eff, pre, k.floor))
@@ -1777,6 +1838,17 @@ def host_sync(ctx: Context, forward: tuple[Kernel, ...]) -> tuple[int, int] | No
     par = ctx.par
     early = par.ep_dispatch in PERMUTE_BEFORE_WAIT and par.ep * par.etp > 1
     return at, int(early and at + 1 < len(forward) and forward[at + 1].name == "permute")
+
+
+def queue_launch_s(ctx: Context, eff: Efficiency) -> float:
+    """The host's seconds per launch in a synced layer's queue (compute.layer_pass, planner/host.py): a calibrated
+    ``host_launch_s`` as given (the user's own host); else the flavour's own (Flavour.host_launch_s: torchtitan's
+    eager layer) at the node's host factor (``host_per_op``); else Efficiency's (Megatron-Core's measured layer,
+    already at that factor), or the eager dispatch ``cpu_op_s`` where that is 0."""
+    own = ctx.flavour.host_launch_s
+    if own and not eff.host_launch_given:
+        return own * eff.host_per_op
+    return eff.host_launch_s or eff.cpu_op_s
 
 
 def cross_entropy_fusion(ctx: Context) -> bool:
@@ -2567,8 +2639,10 @@ __all__ = [
     "EFFICIENCY",
     "GEMM_CEILING",
     "GEMM_DTYPES",
+    "HOST_CPUS",
     "KERNEL_CONSTANTS",
     "Efficiency",
+    "HostCPU",
     "Kernel",
     "LayerKernels",
     "attention_flops",
@@ -2579,11 +2653,13 @@ __all__ = [
     "efficiency",
     "gemm_time",
     "gpu_efficiency",
+    "host_efficiency",
     "kernel_constants",
     "layer_kernels",
     "layer_kernels_key",
     "layer_kernels_key_of",
     "moe_block",
     "per_layer",
+    "queue_launch_s",
     "routing_maxvio",
 ]

@@ -359,7 +359,7 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
     host = host_launch(trace)
     if host.host_launch_s is not None:
         c = _clipped("host_launch_s", host.host_launch_s, KERNEL_CONSTANTS["host_launch_s"], warnings)
-        eff = replace(eff, host_launch_s=c)
+        eff = replace(eff, host_launch_s=c, host_launch_given=True)
         constants["host_launch_s"] = c
     warnings.append(host_warning(host))
     points = [*gemms, *attns, *mems_all]

@@ -12,6 +12,9 @@ The GPU as it runs: ``sms`` (streaming multiprocessors: the GEMM model's tiles f
 ``min_power_w`` (the lowest limit ``nvidia-smi -pl`` accepts), and ``power_limit_w`` (the configured limit;
 None = the default). Under a lower limit the tensor cores run at a lower sustained clock: ``clock_scale``.
 ``kernel_constants``: what a profiler trace fitted for this GPU (the planner's kernel model reads them).
+``host_cpu``: the CPU of the node the GPU sits in (spec.CPU_VENDORS: intel, amd, arm), which launches its kernels;
+the cluster sets it from its ``cpu_vendor`` (spec.ClusterSpec), the planner's host costs read it
+(planner/kernels.py HOST_CPUS).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class GPUSpec:
     # (name, value) pairs; () = the defaults. Opaque here: the planner's kernel model reads them
     # (planner/kernels.py KERNEL_CONSTANTS names them and their ranges).
     kernel_constants: tuple[tuple[str, float], ...] = ()
+    # the node's host CPU (the cluster's cpu_vendor, set by ClusterSpec); opaque here like kernel_constants
+    host_cpu: str = "intel"
 
     def clock_scale(self) -> float:
         """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
@@ -78,6 +83,7 @@ class GPUSpec:
                     self.sms,
                     self.power_limit_w,
                     self.kernel_constants,
+                    self.host_cpu,
                 )
             )
             object.__setattr__(self, "_hash", found)

@@ -104,10 +104,11 @@ _ROWS = {
                      description="DGX H100: 8 GPUs on NVSwitch (450 GB/s, NVLS), 8 x 400G NDR, rail-optimised fat-tree",
                      sources=("DGX H100 user guide", "DGX SuperPOD H100 reference architecture")),
     # NVIDIA GB200 NVL72: one NVLink domain of 72 Blackwell GPUs, 18 NVLink5 links x 50 GB/s = 900 GB/s per GPU per
-    # direction through 9 NVLink switch trays (NVLS capable); one ConnectX-7 400 Gb/s NIC per GPU. Source: NVIDIA
-    # GB200 NVL72 product brief.
+    # direction through 9 NVLink switch trays (NVLS capable); one ConnectX-7 400 Gb/s NIC per GPU; 36 Grace CPUs
+    # (Arm Neoverse V2), one per two GPUs, are the hosts (NCCL reads an Arm CPU; planner/kernels.py HOST_CPUS its
+    # host time per op). Source: NVIDIA GB200 NVL72 product brief.
     "gb200-nvl72": dict(gpu="gb200-186gb", device="B200 (GB200)", per_node=72, intra_GBps=900.0, nics=72,
-                        nic_GBps=50.0, leaf=8, sharp=True,
+                        nic_GBps=50.0, leaf=8, sharp=True, cpu_vendor="arm",
                         description="GB200 NVL72: 72 GPUs in one NVLink domain (900 GB/s, NVLS), 400G per GPU",
                         sources=("NVIDIA GB200 NVL72 product brief",)),
     # An 8-NPU board with a full mesh: every NPU has a direct 56 GB/s link to each of the other 7 (Huawei Ascend

@@ -3,7 +3,7 @@ in seconds). The HTTP layer maps its pydantic models onto these; presets.py hold
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from .._errors import CollectiveError
 from .._hashing import frozen_hash
@@ -99,6 +99,12 @@ class ClusterSpec:
     nccl_env: NcclEnv = field(default_factory=NcclEnv)  # NCCL_* variables the job sets (NCCL's defaults)
 
     __hash__ = frozen_hash  # the dataclass's hash, computed once (.._hashing): the pricers' memos key on the spec
+
+    def __post_init__(self) -> None:
+        # the GPU is launched from this node's CPU: it carries the cluster's cpu_vendor as its host_cpu (one source,
+        # the cluster's; planner/kernels.py prices host time per op by it)
+        if self.gpu is not None and self.gpu.host_cpu != self.cpu_vendor:
+            object.__setattr__(self, "gpu", replace(self.gpu, host_cpu=self.cpu_vendor))
 
     @property
     def num_devices(self) -> int:

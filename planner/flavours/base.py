@@ -137,6 +137,18 @@ class Flavour:
     # "before_ep_alltoall" over ep x etp > 1, "before_finish" on one rank; its allgather dispatcher's .cpu():
     # megatron.py); planner/kernels.py COUNT_SYNC, host_sync
     dispatch_count_sync: bool = False
+    # ... only over ep > 1 (torchtitan: its AllToAllTokenDispatcher's blocking copy of the output splits,
+    # token_dispatcher.py _sync_token_count_exchange; at ep 1 the LocalTokenDispatcher keeps the counts on the
+    # device); False: also on one rank (Megatron's "before_finish")
+    count_sync_needs_ep: bool = False
+    # ... after the dispatcher's local token reorder (the permute), with a blocking copy that waits for the whole
+    # stream (torchtitan: AllToAllTokenDispatcher.dispatch runs _local_reorder, the count all-to-all, then
+    # _sync_token_count_exchange's .to("cpu", non_blocking=False)); False: before it (Megatron's)
+    count_sync_after_permute: bool = False
+    # the host's seconds per launch of the framework's own layer code in a synced MoE layer (planner/host.py's
+    # queue), on the x86 reference host (planner/kernels.py HOST_CPUS); 0: Efficiency.host_launch_s (Megatron-Core's
+    # measured layer). A calibrated cluster.calibration.kernels.host_launch_s replaces either (kernels.queue_launch_s)
+    host_launch_s: float = 0.0
     # the MoE combine's score multiply as its own eager kernels, bytes and launches per element of the routed rows
     # (R x h): (forward bytes, forward kernels, backward bytes, backward kernels); () when the scores are applied
     # inside the unpermute (Megatron's probs; torch.compile fuses it, planner/kernels.py). torchtitan's: torch.py

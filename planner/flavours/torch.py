@@ -68,6 +68,18 @@ FLAVOUR = Flavour(
     moe_tp_ep_needs_sp=False,
     router_reductions=False,  # torchtitan computes its balance loss locally
     token_counts_alltoall=True,  # torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch
+    # torchtitan's dispatcher syncs the host for its all-to-all splits over ep > 1 (b5bcd76c6
+    # torchtitan/models/common/token_dispatcher.py AllToAllTokenDispatcher._sync_token_count_exchange, l. 301-305:
+    # output_splits .to("cpu", non_blocking=False), "NOTE: this would incur a device-to-host sync"); at ep 1 the
+    # LocalTokenDispatcher does not (planner/kernels.py COUNT_SYNC, host_sync)
+    dispatch_count_sync=True,
+    count_sync_needs_ep=True,
+    count_sync_after_permute=True,  # dispatch: _local_reorder, the count all-to-all, then the blocking copy
+    # eager PyTorch's own host time per launch in a synced MoE layer: the median gap between host-bound launches of
+    # this project's eager MoE layer trace (tests/reference/kernels/h200/trace_qwen3_235b.ep1.s2048.json.gz, PyTorch
+    # 2.11 eager, the H200 machine's Xeon VM: planner/trace_fit.py host_launch, 71 gaps, 26.1 us; read with the
+    # profiler on, as calib8 reads every trace), not Megatron-Core's 38.2 us
+    host_launch_s=26.1e-6,
     overlap_zero_stages=frozenset({0, 1, 2, 3}),  # DDP autograd hooks, FSDP2 prefetch
     prefetches_units=True,  # FSDP2 implicit forward and backward prefetch
     # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (pytorch 010ae4a8; the same split since FSDP2's
