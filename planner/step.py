@@ -55,6 +55,7 @@ from .compute import (
     PassTime,
     StageCompute,
     check_gpu,
+    combined_pair_delta,
     compute_dtype,
     embedding_pass,
     layer_forward,
@@ -510,6 +511,8 @@ def assign_streams(
     }
     for st in stages:
         i = st.stage
+        if flags.overlap_moe_expert_parallel_comm and ctx.training and gpu is not None:
+            _combined_pairs(ctx, st, gpu)
         st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[i], grad_n[i], int(grad_v[i])
         st.param_bytes = int(gather_v[i])
         st.param_gather_s, st.param_units = gather[i], gather_n[i]
@@ -839,6 +842,16 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
     totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx))
     assign_streams(ctx, totals, stages, flags, gpu)
     return totals.p2p_s
+
+
+def _combined_pairs(ctx: Context, st: StageStep, gpu: GPUSpec) -> None:
+    """Megatron's combined 1F1B issues a layer's backward and the next micro-batch's forward as one pair from one
+    host thread: where the MoE layers wait for their token counts, the host's queue of the pair replaces the
+    per-pass rule's (compute.combined_pair_delta; docs/step-time.md "MoE host time", round 9)."""
+    fwd, bwd = combined_pair_delta(ctx, st.stage, gpu)
+    if fwd.host_s or bwd.host_s:
+        c = st.compute
+        st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
 
 
 def overlap_forward_backward(st: StageStep) -> None:
