@@ -118,8 +118,9 @@ def test_the_qwen3_fp8_current_scaling_pair_is_its_launches_at_the_hosts_cost():
     """Qwen3-30B-A3B ep 8 (16 local experts), 8,192 tokens (the 25.11 H100 row's micro-batch), FP8 current
     scaling on H100: TransformerEngine v2.9 quantizes each expert's split in three launches (quantizer.cpp
     Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax_with_config, nvte_compute_scale_from_amax,
-    nvte_quantize_v2), 96 a pass beside the one cast; the forward 172 launches, the backward 198. As a pair the layer is host-bound: 370 x 38.2 us = 14.134 ms, every
-    kernel of both passes once, the mlp backward (9 groups) queued behind the permute before the wait."""
+    nvte_quantize_v2), 96 a pass beside the one cast; the forward 172 launches, the backward 198. As a pair
+    the layer is host-bound: 370 x 38.2 us = 14.134 ms, every kernel of both passes once, the mlp backward (8 groups)
+    queued behind the permute before the wait; the per-pass rule 14.351 ms (the synced forward alone drains)."""
     ctx = qwen3_fp8("tensorwise", micro_batch_size=2)
     lk = layer_kernels(ctx, True, H100)
     assert (sum(k.count for k in lk.forward), sum(k.count for k in lk.backward)) == (172, 198)
