@@ -24,7 +24,9 @@ whose ``None`` means the framework's default:
 - ``overlap_moe_expert_parallel_comm``: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B
   schedule, megatron/core/pipeline_parallel/combined_1f1b.py): a forward and a backward of two micro-batches
   run as a pair, the EP dispatch/combine of both exposed only beyond the pair's compute
-  (overlap_forward_backward; DualPipe's F&B is the same overlap). False, but True under the dualpipe and
+  (overlap_forward_backward; DualPipe's F&B is the same overlap). Where the MoE layers wait for their token
+  counts, the pair also runs through one host queue (_combined_pairs, compute.combined_pair: Megatron-LM
+  core_v0.15.0 TransformerLayerSchedulePlan.run's node order). False, but True under the dualpipe and
   dualpipev schedules, which provide it. Not with the allgather dispatcher.
   Priced as the steady state for every micro-batch (warm-up and cool-down micro-batches also hide theirs:
   an under-estimate of the exposed time for few micro-batches).
