@@ -1795,6 +1795,15 @@ COMBINED_1F1B_ORDER = (
 _BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")
 
 
+# Dispatchers whose host wait for the token counts is in the dispatch node (``token_dispatch``), so that under the
+# combined 1F1B the other micro-batch's mlp backward is enqueued before it: the alltoall dispatcher's
+# ``d2h_event.synchronize()`` at "before_ep_alltoall" (token_dispatcher.py core_v0.15.0 MoEAlltoAllTokenDispatcher
+# token_dispatch), DeepEP's ``Buffer.dispatch`` ("the CPU will wait for GPU's signal to arrive", fused_a2a.py
+# core_v0.15.0 FusedDispatch.forward, called from MoEFlexTokenDispatcher.token_dispatch). HybridEP is not in
+# core_v0.15.0: not read, its wait taken at the copy.
+WAIT_IN_DISPATCH_NODE = ("alltoall", "deepep")
+
+
 def _forward_nodes(forward: tuple[Kernel, ...], sync: tuple[int, int]) -> list[str] | None:
     """The node of each kernel of an MoE layer's ``forward`` (COMBINED_1F1B_ORDER's names), by its place: attn before
     the pre-MLP norm, post_attn through the count copy and the permute queued after it (host_sync), mlp up to the
@@ -1836,8 +1845,9 @@ def _backward_nodes(backward: tuple[Kernel, ...], forward: tuple[Kernel, ...], f
 def combined_pair_launches(ctx: Context, lk: LayerKernels) -> tuple[tuple[Kernel, ...], int, int] | None:
     """An MoE layer's backward and the next micro-batch's forward as Megatron's combined 1F1B issues them
     (COMBINED_1F1B_ORDER): (the pair's kernels in host order, the index of the count copy, the launch groups the host
-    enqueues between the copy and the wait: the rest of post_attn, the permute, and, under PERMUTE_BEFORE_WAIT's
-    dispatcher, the other micro-batch's whole mlp backward, issued before the forward's dispatch node waits), or None:
+    enqueues between the copy and the wait: the rest of post_attn (the alltoall dispatcher's permute) and, under a
+    WAIT_IN_DISPATCH_NODE dispatcher, the other micro-batch's whole mlp backward, issued before the forward's dispatch
+    node waits; 0 for a dispatcher that waits at the copy), or None:
     no sync in the layer (host_sync), or its kernels do not split into the nodes. compute.combined_pair runs it
     through the host's queue (planner/host.py synced_period)."""
     sync = host_sync(ctx, lk.forward)
@@ -1847,7 +1857,7 @@ def combined_pair_launches(ctx: Context, lk: LayerKernels) -> tuple[tuple[Kernel
     if f_nodes is None:
         return None
     b_nodes = _backward_nodes(lk.backward, lk.forward, f_nodes)
-    early = sync[1] > 0  # the dispatcher copies early and waits in its dispatch node (PERMUTE_BEFORE_WAIT)
+    early = ctx.par.ep_dispatch in WAIT_IN_DISPATCH_NODE  # the host waits in the dispatch node, after b.mlp
     pair: list[Kernel] = []
     copy = queued = 0
     for side, node in COMBINED_1F1B_ORDER:

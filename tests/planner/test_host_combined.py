@@ -167,3 +167,20 @@ def test_without_an_early_copy_the_pair_has_nothing_queued_or_no_pair(ctx):
 def test_a_dense_layer_has_no_pair():
     ctx = qwen3()
     assert combined_pair_launches(ctx, layer_kernels(ctx, False, H100)) is None
+
+
+def test_deepeps_wait_is_in_its_dispatch_node_too():
+    """DeepEP (Megatron's flex dispatcher): the host waits inside ``Buffer.dispatch`` ("the CPU will wait for GPU's
+    signal to arrive", fused_a2a.py core_v0.15.0), called from the dispatch node, so the other micro-batch's mlp
+    backward is queued before it as under the alltoall dispatcher; its copy has no permute after it in post_attn
+    (DeepEP permutes after the dispatch), so exactly the mlp backward's groups are queued. HybridEP, not in
+    core_v0.15.0, keeps its wait at the copy."""
+    deepep = qwen3(ep_dispatch="deepep")
+    lk = layer_kernels(deepep, True, H100)
+    kernels, copy, queued = combined_pair_launches(deepep, lk)
+    assert kernels[copy].name == COUNT_SYNC and queued > 0
+    f_names = {k.name for k in lk.forward}
+    assert all(k.name not in f_names for k in kernels[copy + 1 : copy + queued + 1])  # all the other micro-batch's
+    assert not kernels[copy + queued].name.endswith(".wgrad") and kernels[copy + queued + 1].name.endswith(".wgrad")
+    hybrid = qwen3(ep_dispatch="hybridep")
+    assert combined_pair_launches(hybrid, layer_kernels(hybrid, True, H100))[2] == 0
