@@ -544,8 +544,21 @@ def _stage_contention(
     if flags.overlap_p2p and ctx.par.pp > 1:
         _pp_contention(ctx, totals, stages, gpu, hbm_eff)
     for st in stages:  # a host-bound pass's GPU idles host_s (compute.host_pass_time): slowed kernels fill it first
+        if flags.overlap_moe_expert_parallel_comm:
+            absorb_pair_slowdown(st)
+            continue
         st.slow_fwd_s = max(0.0, st.slow_fwd_s - st.compute.forward.host_s)
         st.slow_bwd_s = max(0.0, st.slow_bwd_s - st.compute.backward.host_s)
+
+
+def absorb_pair_slowdown(st: StageStep) -> None:
+    """A forward and a backward run as one pair (the combined 1F1B): the GPU's idle of the pair, both passes'
+    host_s (compute.combined_pair splits one wait between them by their launches, a bookkeeping split), takes the
+    slowed kernels of either pass; what is left stays on each pass in proportion to its slowdown."""
+    slow = st.slow_fwd_s + st.slow_bwd_s
+    if slow:
+        keep = max(0.0, slow - st.compute.forward.host_s - st.compute.backward.host_s) / slow
+        st.slow_fwd_s, st.slow_bwd_s = st.slow_fwd_s * keep, st.slow_bwd_s * keep
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:

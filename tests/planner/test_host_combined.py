@@ -184,3 +184,21 @@ def test_deepeps_wait_is_in_its_dispatch_node_too():
     assert not kernels[copy + queued].name.endswith(".wgrad") and kernels[copy + queued + 1].name.endswith(".wgrad")
     hybrid = qwen3(ep_dispatch="hybridep")
     assert combined_pair_launches(hybrid, layer_kernels(hybrid, True, H100))[2] == 0
+
+
+def test_the_pair_pools_its_idle_for_either_passs_slowed_kernels():
+    """The pair's host wait is one idle of the GPU, split between the passes only for bookkeeping: 1 + 3 s of idle
+    take 2 + 1 s of slowed kernels whole (each pass alone would keep 1 s of the forward's); 2 + 4 s of slowdown
+    leave 2 s, 2:4 by their slowdowns."""
+    from planner.compute import PassTime, StageCompute
+    from planner.step import StageStep, absorb_pair_slowdown
+
+    def stage(slow_f, slow_b):
+        st = StageStep(0, StageCompute(PassTime(host_s=1.0), PassTime(host_s=3.0), 0.0, 0.0))
+        st.slow_fwd_s, st.slow_bwd_s = slow_f, slow_b
+        absorb_pair_slowdown(st)
+        return st.slow_fwd_s, st.slow_bwd_s
+
+    assert stage(2.0, 1.0) == (0.0, 0.0)
+    assert stage(2.0, 4.0) == pytest.approx((2 / 3, 4 / 3))
+    assert stage(0.0, 0.0) == (0.0, 0.0)
