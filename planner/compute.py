@@ -31,6 +31,7 @@ from .kernels import (
     LayerKernels,
     attention_flops,
     check_kernel_options,
+    combined_pair_launches,
     dense_peak,
     efficiency,
     embedding_kernels,
@@ -142,6 +143,56 @@ def layer_pass(
     elif kernels is not lk.forward:
         sync = host_sync(ctx, kernels)
     return host_pass_time(kernels, sync, queue_launch_s(ctx, eff))
+
+
+def combined_pair(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[PassTime, PassTime] | None:
+    """An MoE layer's (forward, backward) where Megatron's combined 1F1B runs the backward of one micro-batch and
+    the forward of the next as one pair from one host thread (kernels.combined_pair_launches, --overlap-moe-expert-
+    parallel-comm): the pair's steady-state period through the host's queue, from the forward's count wait around
+    to it (host.synced_period), with the other micro-batch's mlp backward enqueued between the copy and the wait.
+    The class sums stay each pass's own GPU time (layer_pass); the GPU's wait for the host, the period less both
+    passes' GPU time, is split between them in proportion to their launches. None where layer_pass's per-pass rule
+    stays (no count sync: CUDA graphs, torchtitan, a capacity factor; or a layer that does not split into nodes)."""
+    pair = combined_pair_launches(ctx, lk)
+    if pair is None:
+        return None
+    kernels, copy, queued = pair
+    c = queue_launch_s(ctx, eff)
+    period = synced_period([(c, gpu_seconds(k), k.count) for k in kernels], copy, queued)
+    fwd, bwd = layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
+    wait = max(0.0, period - (fwd.total_s - fwd.host_s) - (bwd.total_s - bwd.host_s))
+    f_n, b_n = sum(k.count for k in lk.forward), sum(k.count for k in lk.backward)
+    return replace(fwd, host_s=wait * f_n / (f_n + b_n)), replace(bwd, host_s=wait * b_n / (f_n + b_n))
+
+
+def combined_pair_delta(
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None
+) -> tuple[PassTime, PassTime]:
+    """What Megatron's combined 1F1B (combined_pair) changes in one micro-batch's forward and backward on a rank of
+    ``stage``: per MoE layer, the pair's host waits less the per-pass rule's (layer_pass), times the stage's MoE
+    layers. step.assign_streams adds it where overlap_moe_expert_parallel_comm holds. Only the host wait moves."""
+    eff = efficiency(gpu, eff)
+    fwd = bwd = 0.0
+    for c, which in _layer_sets(ctx, stage):
+        count = sum(n for (moe, _), n in layer_counts(ctx, stage, which).items() if moe)
+        if count:
+            f, b = per_layer(_COMBINED_DELTA, _combined_delta_of, c, True, gpu, eff)
+            fwd, bwd = fwd + f * count, bwd + b * count
+    return PassTime(host_s=fwd), PassTime(host_s=bwd)
+
+
+_COMBINED_DELTA: dict = {}
+
+
+def _combined_delta_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float]:
+    lk = layer_kernels(ctx, moe, gpu, eff)
+    pair = combined_pair(ctx, lk, eff)
+    if pair is None:
+        return 0.0, 0.0
+    return (
+        pair[0].host_s - layer_pass(ctx, lk, eff).host_s,
+        pair[1].host_s - layer_pass(ctx, lk, eff, backward=True).host_s,
+    )
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,12 @@ stream sync, once per MoE layer forward; token_dispatcher.py ``_maybe_dtoh_and_s
 state, one ``synced_period``: the span of its kernels taken from just after the sync around to the sync (the host's
 lead is thrown away at every sync, so each layer starts from an empty queue). A pass without a sync runs at its
 slower queue: max(host, GPU) per layer (``free_running``), the host's lead carried from layer to layer.
+
+Two micro-batches' passes interleaved on one host thread (Megatron's combined 1F1B: a layer's backward of one
+micro-batch and its forward of the next, node by node; kernels.COMBINED_1F1B_ORDER) are one launch list with one sync:
+its steady state is ``synced_period`` of the pair's launches in host order, ``queued`` the groups the host enqueues
+between the copy and the wait (there, the other micro-batch's expert backward), so the wait need not drain the GPU
+(compute.combined_pair).
 """
 
 from __future__ import annotations

@@ -1851,6 +1851,99 @@ def queue_launch_s(ctx: Context, eff: Efficiency) -> float:
     return eff.host_launch_s or eff.cpu_op_s
 
 
+# Megatron-Core's combined 1F1B EP overlap (--overlap-moe-expert-parallel-comm; Megatron-LM core_v0.15.0 0d7e02bd26,
+# the 25.11 container's: megatron/core/models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run)
+# issues a layer's backward of one micro-batch ("b") and its forward of the next ("f") from one host thread, node by
+# node, in this order. The nodes (models/gpt/fine_grained_callables.py build_transformer_layer_callables): attn;
+# post_attn, the pre-MLP norm, the router and the dispatcher's preprocess (the count copy, then the first permute);
+# dispatch, the wait for the counts ("before_ep_alltoall") and the all-to-all; mlp, the sort, the experts and the
+# unsort; combine, the all-to-all, the unpermute and the residual add; "_dw", backward_dw: the attention's and the
+# experts' weight gradients. A node waits for the one before it of its own micro-batch (one CUDA event per model
+# chunk, pipeline_parallel/utils.py stream_acquire_context), not for the other micro-batch's.
+COMBINED_1F1B_ORDER = (
+    ("b", "combine"), ("f", "attn"), ("f", "post_attn"), ("b", "mlp"), ("f", "dispatch"), ("b", "mlp_dw"),
+    ("b", "dispatch"), ("f", "mlp"), ("f", "combine"), ("b", "post_attn"), ("b", "attn"), ("b", "attn_dw"),
+)  # fmt: skip
+_BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")
+
+
+# Dispatchers whose host wait for the token counts is in the dispatch node (``token_dispatch``), so that under the
+# combined 1F1B the other micro-batch's mlp backward is enqueued before it: the alltoall dispatcher's
+# ``d2h_event.synchronize()`` at "before_ep_alltoall" (token_dispatcher.py core_v0.15.0 MoEAlltoAllTokenDispatcher
+# token_dispatch), DeepEP's ``Buffer.dispatch`` ("the CPU will wait for GPU's signal to arrive", fused_a2a.py
+# core_v0.15.0 FusedDispatch.forward, called from MoEFlexTokenDispatcher.token_dispatch). HybridEP is not in
+# core_v0.15.0: not read, its wait taken at the copy.
+WAIT_IN_DISPATCH_NODE = ("alltoall", "deepep")
+
+
+def _forward_nodes(forward: tuple[Kernel, ...], sync: tuple[int, int]) -> list[str] | None:
+    """The node of each kernel of an MoE layer's ``forward`` (COMBINED_1F1B_ORDER's names), by its place: attn before
+    the pre-MLP norm, post_attn through the count copy and the permute queued after it (host_sync), mlp up to the
+    unpermute, combine from it; the fp8 casts (one group, nearly all of them the experts' splits) in mlp. None
+    where the layer lacks one of those kernels."""
+    names = [k.name for k in forward]
+    if "pre_mlp_norm" not in names or "unpermute" not in names:
+        return None
+    start, end, combine = names.index("pre_mlp_norm"), sync[0] + sync[1], names.index("unpermute")
+    if not start <= end < combine:
+        return None
+    nodes = []
+    for i, k in enumerate(forward):
+        node = "attn" if i < start else "post_attn" if i <= end else "mlp" if i < combine else "combine"
+        nodes.append("mlp" if k.kind == "cast" else node)
+    return nodes
+
+
+def _backward_nodes(backward: tuple[Kernel, ...], forward: tuple[Kernel, ...], f_nodes: list[str]) -> list[str]:
+    """The node of each kernel of the layer's ``backward``: its forward kernel's (the name less .bwd / .dgrad /
+    .wgrad, the k-th of a repeated name the k-th), attention's backward in attn, the experts' and the attention's
+    weight gradients in their node's backward_dw (the router's stays in post_attn: a plain module's wgrad, not a
+    backward_dw), the rest in mlp."""
+    where: dict[str, list[str]] = {}
+    for k, node in zip(forward, f_nodes, strict=True):
+        where.setdefault(k.name, []).append(node)
+    seen: dict[str, int] = {}
+    nodes = []
+    for k in backward:
+        base = next((k.name[: -len(s)] for s in _BACKWARD_SUFFIXES if k.name.endswith(s)), k.name)
+        i = seen[k.name] = seen.get(k.name, -1) + 1
+        found = where.get(base, ())
+        node = found[min(i, len(found) - 1)] if found else "attn" if k.kind == "attention" else "mlp"
+        wgrad = k.name.endswith(".wgrad") and node in ("attn", "mlp") and k.kind == "gemm"
+        nodes.append(node + "_dw" if wgrad else node)
+    return nodes
+
+
+def combined_pair_launches(ctx: Context, lk: LayerKernels) -> tuple[tuple[Kernel, ...], int, int] | None:
+    """An MoE layer's backward and the next micro-batch's forward as Megatron's combined 1F1B issues them
+    (COMBINED_1F1B_ORDER): (the pair's kernels in host order, the index of the count copy, the launch groups the host
+    enqueues between the copy and the wait: the rest of post_attn (the alltoall dispatcher's permute) and, under a
+    WAIT_IN_DISPATCH_NODE dispatcher, the other micro-batch's whole mlp backward, issued before the forward's dispatch
+    node waits; 0 for a dispatcher that waits at the copy), or None:
+    no sync in the layer (host_sync), or its kernels do not split into the nodes. compute.combined_pair runs it
+    through the host's queue (planner/host.py synced_period)."""
+    sync = host_sync(ctx, lk.forward)
+    if sync is None:
+        return None
+    f_nodes = _forward_nodes(lk.forward, sync)
+    if f_nodes is None:
+        return None
+    b_nodes = _backward_nodes(lk.backward, lk.forward, f_nodes)
+    early = ctx.par.ep_dispatch in WAIT_IN_DISPATCH_NODE  # the host waits in the dispatch node, after b.mlp
+    pair: list[Kernel] = []
+    copy = queued = 0
+    for side, node in COMBINED_1F1B_ORDER:
+        kernels, nodes = (lk.forward, f_nodes) if side == "f" else (lk.backward, b_nodes)
+        for i, (k, n) in enumerate(zip(kernels, nodes, strict=True)):
+            if n == node:
+                if side == "f" and i == sync[0]:
+                    copy = len(pair)
+                pair.append(k)
+        if side == "b" and node == "mlp" and early:
+            queued = len(pair) - copy - 1
+    return tuple(pair), copy, queued
+
+
 def cross_entropy_fusion(ctx: Context) -> bool:
     """Whether the loss is one fused kernel: torch.compile fuses it; else the workload's setting, else the
     framework's (Megatron: --cross-entropy-loss-fusion off)."""

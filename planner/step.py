@@ -24,7 +24,9 @@ whose ``None`` means the framework's default:
 - ``overlap_moe_expert_parallel_comm``: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B
   schedule, megatron/core/pipeline_parallel/combined_1f1b.py): a forward and a backward of two micro-batches
   run as a pair, the EP dispatch/combine of both exposed only beyond the pair's compute
-  (overlap_forward_backward; DualPipe's F&B is the same overlap). False, but True under the dualpipe and
+  (overlap_forward_backward; DualPipe's F&B is the same overlap). Where the MoE layers wait for their token
+  counts, the pair also runs through one host queue (_combined_pairs, compute.combined_pair: Megatron-LM
+  core_v0.15.0 TransformerLayerSchedulePlan.run's node order). False, but True under the dualpipe and
   dualpipev schedules, which provide it. Not with the allgather dispatcher.
   Priced as the steady state for every micro-batch (warm-up and cool-down micro-batches also hide theirs:
   an under-estimate of the exposed time for few micro-batches).
@@ -55,6 +57,7 @@ from .compute import (
     PassTime,
     StageCompute,
     check_gpu,
+    combined_pair_delta,
     compute_dtype,
     embedding_pass,
     layer_forward,
@@ -510,6 +513,8 @@ def assign_streams(
     }
     for st in stages:
         i = st.stage
+        if flags.overlap_moe_expert_parallel_comm and ctx.training and gpu is not None:
+            _combined_pairs(ctx, st, gpu)
         st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[i], grad_n[i], int(grad_v[i])
         st.param_bytes = int(gather_v[i])
         st.param_gather_s, st.param_units = gather[i], gather_n[i]
@@ -539,8 +544,21 @@ def _stage_contention(
     if flags.overlap_p2p and ctx.par.pp > 1:
         _pp_contention(ctx, totals, stages, gpu, hbm_eff)
     for st in stages:  # a host-bound pass's GPU idles host_s (compute.host_pass_time): slowed kernels fill it first
+        if flags.overlap_moe_expert_parallel_comm:
+            absorb_pair_slowdown(st)
+            continue
         st.slow_fwd_s = max(0.0, st.slow_fwd_s - st.compute.forward.host_s)
         st.slow_bwd_s = max(0.0, st.slow_bwd_s - st.compute.backward.host_s)
+
+
+def absorb_pair_slowdown(st: StageStep) -> None:
+    """A forward and a backward run as one pair (the combined 1F1B): the GPU's idle of the pair, both passes'
+    host_s (compute.combined_pair splits one wait between them by their launches, a bookkeeping split), takes the
+    slowed kernels of either pass; what is left stays on each pass in proportion to its slowdown."""
+    slow = st.slow_fwd_s + st.slow_bwd_s
+    if slow:
+        keep = max(0.0, slow - st.compute.forward.host_s - st.compute.backward.host_s) / slow
+        st.slow_fwd_s, st.slow_bwd_s = st.slow_fwd_s * keep, st.slow_bwd_s * keep
 
 
 def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Overlap, prefetch: bool) -> float:
@@ -839,6 +857,16 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
     totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx))
     assign_streams(ctx, totals, stages, flags, gpu)
     return totals.p2p_s
+
+
+def _combined_pairs(ctx: Context, st: StageStep, gpu: GPUSpec) -> None:
+    """Megatron's combined 1F1B issues a layer's backward and the next micro-batch's forward as one pair from one
+    host thread: where the MoE layers wait for their token counts, the host's queue of the pair replaces the
+    per-pass rule's (compute.combined_pair_delta; docs/step-time.md "MoE host time", round 9)."""
+    fwd, bwd = combined_pair_delta(ctx, st.stage, gpu)
+    if fwd.host_s or bwd.host_s:
+        c = st.compute
+        st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
 
 
 def overlap_forward_backward(st: StageStep) -> None:

@@ -464,9 +464,12 @@ def test_deepspeed_zero2_reductions_hide_only_with_overlap_comm():
 def test_a_host_bound_pass_absorbs_the_slowdown_of_what_it_hides():
     """Qwen3-30B-A3B on 16 H100 (Megatron-Bridge 25.11): each forward syncs for its token counts and waits for the
     host's launches (compute.host_pass_time), so its GPU idles host_s per micro-batch; the EP all-to-alls hidden under
-    overlap_moe_expert_parallel_comm slow kernels that fill that idle first, so the pass is not lengthened."""
+    overlap_moe_expert_parallel_comm slow kernels that fill that idle first, so the pass is not lengthened. Under the
+    combined 1F1B (compute.combined_pair) the backward of one micro-batch and the forward of the next share one host
+    queue: each holds its share of the pair's wait (0.0247 s of host wait a micro-batch in the backward, which ran
+    free before and was slowed 10.6 ms), and neither is lengthened."""
     st = build_plan(*step_validation.case_inputs(CASES["Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100"], DATA)).step
     stage = st.stages[0]
     assert stage.hidden_by_stream[("ep", "forward")] > 0 and stage.compute.forward.host_s > 0.02
     assert stage.slow_fwd_s == 0.0
-    assert stage.compute.backward.host_s == 0.0 and stage.slow_bwd_s > 0  # the backward runs free: slowed
+    assert round(stage.compute.backward.host_s, 4) == 0.0247 and stage.slow_bwd_s == 0.0
