@@ -1929,7 +1929,9 @@ def combined_pair_launches(ctx: Context, lk: LayerKernels) -> tuple[tuple[Kernel
     if f_nodes is None:
         return None
     b_nodes = _backward_nodes(lk.backward, lk.forward, f_nodes)
-    early = ctx.par.ep_dispatch in WAIT_IN_DISPATCH_NODE  # the host waits in the dispatch node, after b.mlp
+    # the host waits in the dispatch node, after b.mlp; a blocking copy after the permute (torchtitan's,
+    # Flavour.count_sync_after_permute) waits at the copy itself
+    early = ctx.par.ep_dispatch in WAIT_IN_DISPATCH_NODE and not ctx.flavour.count_sync_after_permute
     pair: list[Kernel] = []
     copy = queued = 0
     for side, node in COMBINED_1F1B_ORDER:

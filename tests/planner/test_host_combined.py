@@ -147,7 +147,7 @@ def test_the_qwen3_fp8_current_scaling_pair_is_its_launches_at_the_hosts_cost():
 @pytest.mark.parametrize(
     "ctx",
     [
-        qwen3(framework="torch"),  # torchtitan: no count sync
+        qwen3(framework="torch"),  # torchtitan: its blocking copy waits at the copy (grace9)
         qwen3_fp8("tensorwise", cuda_graphs=True),  # a captured step holds no host wait
         qwen3(ep_dispatch="allgather"),  # the .cpu() blocks at once: nothing queued before the wait
     ],
