@@ -294,6 +294,12 @@ def check_fp8_dpa(work, par) -> None:
     """--fp8-dot-product-attention is Megatron's (TransformerEngine's fp8 attention), for the recipes Megatron hands
     fp8_dpa (Recipe.fp8_dpa: delayed, tensorwise, mxfp8)."""
     if not work.fp8_dot_product_attention:
+        if not work.fp8_dpa_backward:
+            raise SpecError(
+                "workload.fp8_dpa_backward",
+                "is TransformerEngine's NVTE_FP8_DPA_BWD, the backward of an fp8 attention: it needs "
+                "workload.fp8_dot_product_attention true",
+            )
         return
     field = "workload.fp8_dot_product_attention"
     if not par.flavour.te_fp8_recipes:

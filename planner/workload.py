@@ -105,9 +105,12 @@ class WorkloadSpec:
     fp8_param_gather: bool = False
     fp8_precompute_scale: bool = False
     # Megatron --fp8-dot-product-attention: TransformerEngine's core attention in fp8 (recipes.check_fp8_dpa); its
-    # context-parallel exchanges then carry fp8 K/V (rules/context_parallel.py); the attention kernels' rate is not
-    # changed (docs/frameworks.md "fp8 dot-product attention")
+    # context-parallel exchanges then carry fp8 K/V (rules/context_parallel.py) and the attention kernels run at
+    # cuDNN's FP8 rate with TE's casts (kernels.ATTENTION_FP8_SPEEDUP, fp8_attention_casts)
     fp8_dot_product_attention: bool = False
+    # TE's NVTE_FP8_DPA_BWD (default 1): the FP8 attention's backward in FP8 too; False, forward only (the backward
+    # reads the saved bf16 q, k, v and runs the bf16 kernel). Only with fp8_dot_product_attention (recipes.check_fp8_dpa)
+    fp8_dpa_backward: bool = True
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
     activation_func_fp8_input_store: bool = False

@@ -237,7 +237,13 @@ class WorkloadIn(Strict):
         default=None,
         description="Megatron --fp8-dot-product-attention (recipes delayed, tensorwise, mxfp8): TransformerEngine's "
         "attention in fp8; under context parallelism its ring sends K and V in fp8 (delayed, tensorwise) and "
-        "exchanges dK, dV by one fp8 all-to-all; the attention kernels' time is not changed (default false)",
+        "exchanges dK, dV by one fp8 all-to-all; the attention runs on cuDNN's FP8 kernel at its FP8 rate with "
+        "TE's casts around it (default false)",
+    )
+    fp8_dpa_backward: bool | None = Field(
+        default=None,
+        description="TransformerEngine NVTE_FP8_DPA_BWD: with fp8_dot_product_attention, the attention's backward in "
+        "fp8 too (default true); false runs the backward in bf16 (training, needs fp8_dot_product_attention)",
     )
     activation_func_fp8_input_store: bool | None = Field(
         default=None,
