@@ -109,7 +109,8 @@ class WorkloadSpec:
     # cuDNN's FP8 rate with TE's casts (kernels.ATTENTION_FP8_SPEEDUP, fp8_attention_casts)
     fp8_dot_product_attention: bool = False
     # TE's NVTE_FP8_DPA_BWD (default 1): the FP8 attention's backward in FP8 too; False, forward only (the backward
-    # reads the saved bf16 q, k, v and runs the bf16 kernel). Only with fp8_dot_product_attention (recipes.check_fp8_dpa)
+    # reads the saved bf16 q, k, v and runs the bf16 kernel). Only with fp8_dot_product_attention
+    # (recipes.check_fp8_dpa)
     fp8_dpa_backward: bool = True
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
