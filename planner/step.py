@@ -88,7 +88,13 @@ from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_t
 from .recompute import layer_counts
 from .rules.context_parallel import rotate_method
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
-from .rules.tensor import async_tp_fused_gemms, async_tp_fused_names, summed_dgrad_names
+from .rules.tensor import (
+    async_tp_fused_gemms,
+    async_tp_fused_names,
+    check_userbuffers,
+    summed_dgrad_names,
+    userbuffers_rows,
+)
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -128,7 +134,10 @@ def _resolved(self, ctx: Context) -> Overlap:
             "transformer_config.py; workload.recompute_modules lists shared_experts)",
         )
     given = {name: getattr(self, name) for name in OVERLAP_DEFAULTS}
-    return Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
+    flags = Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
+    if flags.tp_comm_overlap and ctx.flavour.userbuffers:
+        check_userbuffers(ctx)
+    return flags
 
 
 Overlap = make_dataclass(
@@ -170,6 +179,8 @@ class StageStep:
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
     tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
+    # TP left on NCCL by userbuffers, per micro-batch, by phase (_userbuffers_fallback)
+    tp_fallback_s: dict[str, float] = field(default_factory=dict)
     # what torch's fused async-TP ops leave exposed beyond their own GEMMs, per micro-batch (_async_tp_fused)
     tp_fused_fwd_s: float = 0.0
     tp_fused_bwd_s: float = 0.0
@@ -438,8 +449,9 @@ def tp_key(phase: str, op: str, name: str) -> str:
 
 def tp_rows_read(ctx: Context) -> bool:
     """Whether the flavour reads the per-row TP tallies (stream_totals' tp_rows): torch's SP layout copies and
-    its async TP (_sp_layout_copies, _async_tp_unfused, _async_tp_fused)."""
-    return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul
+    its async TP (_sp_layout_copies, _async_tp_unfused, _async_tp_fused), Megatron's userbuffers fallback
+    (_userbuffers_fallback)."""
+    return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul or ctx.flavour.userbuffers
 
 
 _PASSES = ("forward", "backward")
@@ -497,6 +509,8 @@ def assign_streams(
     prefetch = _prefetch(ctx, flags)
     if ctx.flavour.prefetches_units and prefetch:
         _fsdp_edges(ctx, totals, stages)
+    if flags.tp_comm_overlap and ctx.flavour.userbuffers:
+        _userbuffers_fallback(ctx, totals, stages)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul:
         _async_tp_unfused(ctx, totals, stages)
         if gpu is not None:
@@ -590,6 +604,7 @@ def _behind_overlap(ctx: Context, st: StageStep, kind: str, phase: str, t: float
     comp = st.compute
     if kind == "tp" and flags.tp_comm_overlap:
         left = min(t, st.tp_unfused_s) if phase == "backward" else 0.0
+        left = min(t, left + st.tp_fallback_s.get(phase, 0.0))
         left = min(t, left + (st.tp_fused_fwd_s if phase == "forward" else st.tp_fused_bwd_s))
         return left + max(0.0, t - left - pass_time.gemm_s)
     if kind == "cp.ring" and flags.cp_ring_overlap:
@@ -702,6 +717,19 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
             whole = st.compute.forward if phase == "forward" else st.compute.backward
             rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
             st.lengthen(phase, slow_s=slowdown_s(min(hidden, whole.total_s - whole.host_s), 0.0, rate))
+
+
+def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
+    """The TP all-gathers and reduce-scatters Megatron's --tp-comm-overlap leaves on NCCL (not in
+    rules/tensor.py userbuffers_rows: MLA's, the MTP modules', the embedding's and the output layer's), per
+    micro-batch and phase: exposed as without the overlap."""
+    carried, m = userbuffers_rows(ctx), ctx.micro_batches
+    for key, took in totals.tp_seconds.items():
+        _, phase, _, name = key.split(".", 3)
+        if name in carried:
+            continue
+        for st in stages:
+            st.tp_fallback_s[phase] = st.tp_fallback_s.get(phase, 0.0) + took[st.stage] / m
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
