@@ -81,6 +81,7 @@ ONLY_FOR = {
         "document_lengths",
         "fp8_dot_product_attention",
         "fp8_dpa_backward",
+        "document_packing",
     ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }

@@ -74,6 +74,7 @@ from .contention import (
     window_rate,
 )
 from .context import Context
+from .documents import document_wait_s
 from .kernels import (
     async_tp_gemm_s,
     async_tp_split,
@@ -1002,9 +1003,19 @@ def critical_path(
         slows.append(slow_reduce + slow_gather)
         late.append(slow_gather)
         ends.append(pipe.time_s - lead + reduce + slow_reduce + st.tail_s)
-    sync = max(ends)
+    sync = max(ends) + _document_wait_s(ctx, stages)
     finish = [sync + st.compute.optimizer_s + g + slow for st, g, slow in zip(stages, gathers, late, strict=True)]
     return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers, slows)
+
+
+def _document_wait_s(ctx: Context, stages: list[StageStep]) -> float:
+    """The wait for the slowest packed micro-batch (planner/documents.py document_wait_s) over the stage with the
+    most compute a micro-batch: its core attention (forward and backward) and the rest."""
+    if ctx.work.document_packing is None or not ctx.training:
+        return 0.0
+    comp = max((st.compute for st in stages), key=lambda c: c.forward.total_s + c.backward.total_s)
+    attention = comp.forward.attention_s + comp.backward.attention_s
+    return document_wait_s(ctx, comp.forward.total_s + comp.backward.total_s - attention, attention)
 
 
 def _dp_slowdown(

@@ -130,6 +130,11 @@ class WorkloadSpec:
     # order, summing to the sequence (Megatron's packed THD batches: cu_seqlens, causal attention within each
     # document; planner/kernels.py document_keys). None: one document a sequence
     document_lengths: tuple[int, ...] | None = None
+    # how the documents fill the micro-batches: None, every sequence packs document_lengths (no imbalance);
+    # "dp_balanced", Megatron's packing scheduler (data_schedule.py DpBalancedScheduler): document_lengths is the
+    # corpus's distribution, documents packed next-fit into sequences; the step waits for the slowest micro-batch
+    # (planner/documents.py)
+    document_packing: str | None = None
 
     @property
     def training(self) -> bool:
@@ -177,6 +182,9 @@ def _weight_format(w: WorkloadSpec) -> None:
         raise SpecError("workload.fp8_recipe", f"{w.param_dtype} weights run their GEMMs {runs}; got {w.fp8_recipe!r}")
 
 
+DOCUMENT_PACKING = ("dp_balanced",)  # Megatron-LM d98e8a6 data_schedule.py PackingSchedulerEnum
+
+
 def _training_workload(w: WorkloadSpec) -> None:
     at_least_one("workload.micro_batch_size", w.micro_batch_size)
     at_least_one("workload.global_batch_size", w.global_batch_size)
@@ -191,6 +199,13 @@ def _training_workload(w: WorkloadSpec) -> None:
         if not w.document_lengths or short:
             raise SpecError(
                 "workload.document_lengths", f"needs one or more lengths >= 1, got {list(w.document_lengths)}"
+            )
+    if w.document_packing is not None:
+        one_of("workload.document_packing", w.document_packing, DOCUMENT_PACKING)
+        if w.document_lengths is None:
+            raise SpecError(
+                "workload.document_packing",
+                "packs documents of workload.document_lengths (the corpus's lengths), which is not given",
             )
 
 

@@ -258,6 +258,13 @@ class WorkloadIn(Strict):
         "sequence; attention runs causal within each document (Megatron THD packing, cu_seqlens), its work and MFU "
         "count sum(L²) as Megatron-LM's num_floating_point_operations does; with cp each a multiple of 2·cp",
     )
+    document_packing: Literal["dp_balanced"] | None = Field(
+        default=None,
+        description="how documents fill the micro-batches (training): null, every sequence packs document_lengths; "
+        "'dp_balanced', Megatron's packing scheduler (data_schedule.py DpBalancedScheduler): document_lengths are the "
+        "corpus's lengths, each at most the sequence, packed in order into sequences, and the step waits for the "
+        "slowest micro-batch in the pipeline and across data-parallel ranks",
+    )
 
 
 class ParallelIn(Strict):
