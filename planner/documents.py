@@ -112,12 +112,13 @@ def _from_first(sizes, q, pairs, first: int, capacity: int) -> tuple[tuple[float
 
 
 def _stationary(chain: list[list[float]]) -> list[float]:
-    """The stationary distribution of the first documents' chain (rows sum to 1), by power iteration from the
-    uniform one until it moves less than 1e-15."""
+    """The stationary distribution of the first documents' chain (rows sum to 1), by power iteration of the lazy
+    chain (P + I) / 2 (the same stationary distribution, never periodic) from the uniform one until it moves less
+    than 1e-15."""
     k = len(chain)
     pi = [1.0 / k] * k
     for _ in range(100_000):
-        new = [sum(pi[i] * chain[i][j] for i in range(k)) for j in range(k)]
+        new = [(pi[j] + sum(pi[i] * chain[i][j] for i in range(k))) / 2 for j in range(k)]
         if max(abs(x - y) for x, y in zip(new, pi, strict=True)) < 1e-15:
             return new
         pi = new
