@@ -43,6 +43,16 @@ def test_fp8_attention_shortens_the_step_and_moves_no_byte(api):
     assert "workload.fp8_dpa_backward" not in {a["field"] for a in plain["assumptions"]}
 
 
+def test_fp8_attention_saves_fp8_tensors_over_http(api):
+    """bf16 activations, delayed scaling: with the backward in FP8 the attention saves q, k, v and its output as
+    fp8 data, 32 layers x (50,331,648 + 33,554,432) B less a micro-batch (tests/planner/test_fp8_attention.py)."""
+    plain = post(api, activation_dtype="bf16")["memory"]["per_stage"][0]["activations_bytes"]
+    fp8 = post(api, activation_dtype="bf16", fp8_dot_product_attention=True)["memory"]["per_stage"][0]
+    forward = post(api, activation_dtype="bf16", fp8_dot_product_attention=True, fp8_dpa_backward=False)
+    assert plain - fp8["activations_bytes"] == 32 * (50_331_648 + 33_554_432)
+    assert forward["memory"]["per_stage"][0]["activations_bytes"] == plain
+
+
 @pytest.mark.parametrize(
     ("cluster", "workload", "field", "words"),
     [

@@ -104,3 +104,24 @@ def test_fp8_dpa_backward_without_fp8_attention_is_refused():
     with pytest.raises(SpecError) as e:
         check_fp8_dpa(replace(WORK, fp8_dpa_backward=False), PAR)
     assert e.value.field == "workload.fp8_dpa_backward"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "backward", "qkv", "out"),
+    [
+        ("delayed", True, QKV * 1, OUT * 1),  # fp8_tensors = (q_fp8, k_fp8, v_fp8, out_fp8)
+        ("tensorwise", True, QKV * 1, OUT * 2),  # NVTE_DPA_FP8CS_O_in_F16=1: the bf16 output
+        ("delayed", False, QKV * 2, OUT * 2),  # a bf16 backward saves the bf16 q, k, v and output
+    ],
+)
+def test_the_saved_attention_tensors(recipe, backward, qkv, out):
+    """bf16 activations under the recipe: Q, K, V (50,331,648 elements) and the output (33,554,432) saved for the
+    attention's backward at 2 B, or as fp8 data (1 B) when the backward runs in FP8 (FusedAttnFunc fp8_tensors)."""
+    from planner.memory import activation_parts
+
+    work = replace(WORK, activation_dtype="bf16", fp8_recipe=recipe, fp8_dot_product_attention=True,
+                   fp8_dpa_backward=backward)  # fmt: skip
+    parts = activation_parts(Context(LLAMA, work, PAR), False)
+    assert (parts["qkv"][1], parts["proj_in"][1]) == (qkv, out)
+    plain = activation_parts(Context(LLAMA, replace(work, fp8_dot_product_attention=False), PAR), False)
+    assert (plain["qkv"][1], plain["proj_in"][1]) == (QKV * 2, OUT * 2)
