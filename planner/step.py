@@ -645,7 +645,9 @@ def _holds(
     ring's exchange under TransformerEngine runs as one or two kernels at once (contention.ring_p2p_kernels);
     torch's ring attention rotates with one kernel (rules/context_parallel.py ``_torch_ring``). Only the streams
     in ``wanted``."""
-    own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
+    # under MLA, Megatron's userbuffers are off (rules/tensor.py userbuffers_rows): NCCL's channels
+    ub = flags.tp_comm_overlap and (not ctx.flavour.userbuffers or bool(userbuffers_rows(ctx)))
+    own = ctx.flavour.tp_overlap_sms if ub else ()
     te_ring = ring_p2p_kernels(gpu.sm, ctx.par.cp) if rotate_method(ctx) is None else 0
     keys = {k for k in wanted if k in totals.sm_time or (own and k.startswith("tp.") and k in totals.time)}
     out: dict[str, list[Share | None]] = {}
@@ -721,16 +723,21 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
 
 
 def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
-    """The TP all-gathers and reduce-scatters Megatron's --tp-comm-overlap leaves on NCCL (not in
-    rules/tensor.py userbuffers_rows: MLA's, the MTP modules', the embedding's and the output layer's), per
-    micro-batch and phase: exposed as without the overlap."""
+    """The TP calls of a pass Megatron's --tp-comm-overlap leaves on NCCL (all but rules/tensor.py userbuffers_rows:
+    MLA's, the MTP modules', the embedding's and the output layer's, any all-reduce), per micro-batch and phase:
+    exposed as without the overlap."""
     carried, m = userbuffers_rows(ctx), ctx.micro_batches
-    for key, took in totals.tp_seconds.items():
-        _, phase, _, name = key.split(".", 3)
-        if name in carried:
+    for phase in _PASSES:
+        total = totals.time.get(f"tp.{phase}")
+        if total is None:
             continue
+        kept = [0.0] * len(stages)  # the carried rows' seconds (all-gathers and reduce-scatters: tp_seconds)
+        for key, took in totals.tp_seconds.items():
+            _, of, _, name = key.split(".", 3)
+            if of == phase and name in carried:
+                kept = [k + t for k, t in zip(kept, took, strict=True)]
         for st in stages:
-            st.tp_fallback_s[phase] = st.tp_fallback_s.get(phase, 0.0) + took[st.stage] / m
+            st.tp_fallback_s[phase] = max(0.0, total[st.stage] - kept[st.stage]) / m
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:

@@ -39,7 +39,7 @@ def _plans(model, par=PAR, work=WORK):
 
 def test_the_embedding_and_head_stay_exposed_under_the_overlap():
     """Llama3-70B tp 8: with the overlap, what stays exposed of the TP in each pass is the fallback rows' seconds per
-    micro-batch (the embedding's reduce-scatter and the head's gathers, first and last stage), no less."""
+    micro-batch (the embedding's reduce-scatter, the head's gathers, the cross-entropy's all-reduces), no less."""
     off, on = _plans(LLAMA)
     assert on.exposed_comm_s < 0.5 * off.exposed_comm_s
     st = on.stages[0]
@@ -48,11 +48,11 @@ def test_the_embedding_and_head_stay_exposed_under_the_overlap():
 
 
 def test_mla_falls_back_whole():
-    """DeepSeek-V3 (4 layers, tp 8, ep 2): the overlap hides no TP row, so the exposed communication is within 2% of
-    the overlap's off (the userbuffers' SMs still counted in the contention); on main it hid 42% of it."""
+    """DeepSeek-V3 (4 layers, tp 8, ep 2): the overlap hides no TP row and holds no userbuffers SMs, so the step is
+    the overlap's off to the bit (before fp8a9 it hid 42% of the exposed communication)."""
     small = replace(DSV3, num_layers=4, mtp_layers=0)
     off, on = _plans(small, replace(PAR, ep=2))
-    assert on.exposed_comm_s == pytest.approx(off.exposed_comm_s, rel=0.02)
+    assert (on.time_s, on.exposed_comm_s) == (off.time_s, off.exposed_comm_s)
 
 
 @pytest.mark.parametrize(
