@@ -448,11 +448,12 @@ def tp_key(phase: str, op: str, name: str) -> str:
     return f"tp.{phase}.{op}.{name}"
 
 
-def tp_rows_read(ctx: Context) -> bool:
+def tp_rows_read(ctx: Context, flags: Overlap | None = None) -> bool:
     """Whether the flavour reads the per-row TP tallies (stream_totals' tp_rows): torch's SP layout copies and
-    its async TP (_sp_layout_copies, _async_tp_unfused, _async_tp_fused), Megatron's userbuffers fallback
-    (_userbuffers_fallback)."""
-    return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul or ctx.flavour.userbuffers
+    its async TP (_sp_layout_copies, _async_tp_unfused, _async_tp_fused), and with ``flags``' tp_comm_overlap
+    Megatron's userbuffers fallback (_userbuffers_fallback)."""
+    ub = flags is not None and flags.tp_comm_overlap and ctx.flavour.userbuffers
+    return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul or bool(ub)
 
 
 _PASSES = ("forward", "backward")
@@ -890,7 +891,7 @@ def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> float:
     """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
-    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx))
+    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx, flags))
     assign_streams(ctx, totals, stages, flags, gpu)
     return totals.p2p_s
 
