@@ -80,6 +80,8 @@ ONLY_FOR = {
         "optimizer_implementation",
         "document_lengths",
         "fp8_dot_product_attention",
+        "fp8_dpa_backward",
+        "document_packing",
     ),
     "inference": ("phase", "batch_size", "context_length", "kv_dtype"),
 }

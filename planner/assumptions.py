@@ -178,6 +178,9 @@ def _training_rows(ctx: Context, by: str) -> list[Assumption]:
         )
         dpa = "Megatron --fp8-dot-product-attention (off)"
         rows.append(Assumption("workload.fp8_dot_product_attention", _onoff(work.fp8_dot_product_attention), dpa))
+        if work.fp8_dot_product_attention:
+            bwd = "TransformerEngine NVTE_FP8_DPA_BWD (1: the backward in fp8 too)"
+            rows.append(Assumption("workload.fp8_dpa_backward", _onoff(work.fp8_dpa_backward), bwd))
     granularity = work.activation_recompute
     rows.append(Assumption("workload.activation_recompute", granularity, "Megatron --recompute-granularity (none)"))
     if granularity == "full":

@@ -34,7 +34,7 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError
 from .context import Context
-from .recipes import check_recipe_gpu, float8_gathered, recipe_of
+from .recipes import check_recipe_gpu, dpa_recipe, float8_gathered, recipe_of
 from .workload import WEIGHT_FORMAT_BYTES
 
 
@@ -379,6 +379,30 @@ ATTENTION_CEILING = {
 # measurement here: none.
 HEAD_DIM_K = {"cudnn": (0.303, 0.222), "flash2": (0.027, 0.103)}
 HEAD_DIM_REF = 128
+# FP8 attention (workload.fp8_dot_product_attention: Megatron --fp8-dot-product-attention, TE's fp8_dpa). TE then
+# runs cuDNN's fused attention whatever kernel was asked for: get_attention_backend ("Filter: Execution type")
+# disables FlashAttention-2 for FP8 attention and FlashAttention-3 for FP8 training (its FP8 path is forward-only),
+# FP8_DPA_KERNEL. The FP8 kernel's rate as its speedup over the same kernel in bf16, (forward, backward), applied
+# to that kernel's bf16 ceiling (ATTENTION_CEILING) by the one attention model (flash_attention_s):
+# - cuDNN on H100, forward: FlashAttention-3 (Shah et al. 2024) Fig. 7 (FP8 forward, H100 SXM5, head dim 128) over
+#   Fig. 5 (bf16 forward, same shapes, not causal): cuDNN 886/617, 864/609, 971/600, 1,005/595 TF/s at 2k, 4k, 8k,
+#   16k = 1.44, 1.42, 1.62, 1.69, mean 1.54 (FlashAttention-3's own FP8 kernel: 733/625 .. 1,008/648, 1.17-1.56);
+# - cuDNN on H100, backward: FlashAttention-3 has no FP8 backward; NVIDIA's "Accelerating Transformers with NVIDIA
+#   cuDNN 9" (2024) gives cuDNN SDPA "up to 2x" the best PyTorch eager in bf16 and "up to 3x" in FP8 (H200): 1.5,
+#   a headline, not a per-shape table (the weakest figure here);
+# - no published FP8 attention measurement on Blackwell or A100 (no FP8 tensor cores there: a recipe is a 422,
+#   recipes.check_recipe_gpu): no row, the bf16 rate (an upper bound on the time), the casts below still charged.
+FP8_DPA_KERNEL = "cudnn"
+ATTENTION_FP8_SPEEDUP = {("cudnn", 90): (1.54, 1.5)}
+# The casts TE's FusedAttnFunc adds around an FP8 attention whose inputs and output are bf16 (TransformerEngine
+# d0067d0da attention/dot_product_attention/backends.py FusedAttnFunc, utils.py combine_and_quantize): forward,
+# Q, K and V concatenated (torch.cat of the three, separate sbhd layouts as Megatron passes them: read 2, write 2)
+# and quantized as one tensor (the recipe's cast bytes: read, write 1; its quantize launches; MXFP8 quantizes each
+# in place, no cat), the output dequantized (out_.dequantize(): read 1, write 2); backward in FP8
+# (NVTE_FP8_DPA_BWD, default 1: workload.fp8_dpa_backward), the output gradient quantized (dO_quantizer) and dQ,
+# dK, dV dequantized (combine_and_dequantize: read 1, write 2). A bf16 backward reads the saved bf16 q, k, v.
+FP8_DPA_CAT_BYTES = 4
+FP8_DPA_DEQUANTIZE_BYTES = 3
 
 
 def head_dim_rate(kernel: str, d: float) -> tuple[float, float]:
@@ -714,12 +738,24 @@ def attention_kernel(ctx: Context, gpu: GPUSpec) -> str:
     (flash_attention_by_sm); a model with learned sinks takes the first of the flavour's sink_attention_kernels
     where that one runs no sinks (Megatron + TE 2.9: cuDNN, not FlashAttention-2, on sm80)."""
     name = ctx.work.attention_kernel
+    if name != "unfused" and fp8_attention(ctx) is not None:
+        return FP8_DPA_KERNEL  # TE's FP8 attention runs on cuDNN only (FP8_DPA_KERNEL)
     if name != "flash":
         return name
     fl = ctx.par.flavour
     name = dict(fl.flash_attention_by_sm).get(generation(gpu), "flash2")
     sinks = fl.sink_attention_kernels if ctx.model.attention_sinks else ()
     return sinks[0] if sinks and name not in sinks else name
+
+
+def fp8_attention(ctx: Context) -> tuple[bool, bool] | None:
+    """(forward, backward) in FP8 of the core attention, or None when it runs bf16: TE's fp8_dpa
+    (recipes.dpa_recipe: workload.fp8_dot_product_attention when training) runs the forward in FP8 and the backward
+    too unless NVTE_FP8_DPA_BWD=0 (workload.fp8_dpa_backward; TransformerEngine d0067d0da backends.py
+    FusedAttnFunc ``is_bwd_fp8 = fp8 and int(os.getenv("NVTE_FP8_DPA_BWD", "1"))``)."""
+    if dpa_recipe(ctx) is None:
+        return None
+    return True, ctx.work.fp8_dpa_backward
 
 
 def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
@@ -2462,12 +2498,17 @@ def core_attention_flops(b: float, queries: float, keys: float, heads: float, qk
     return 2.0 * b * queries * keys * heads * (qk + v)
 
 
-def attention_ceiling(kernel: str, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float]:
+def attention_ceiling(
+    kernel: str, gpu: GPUSpec, eff: Efficiency, fp8: tuple[bool, bool] = (False, False)
+) -> tuple[float, float]:
+    """(forward, backward) ceiling of ``kernel`` as a fraction of the dense bf16 peak: ATTENTION_CEILING or what a
+    trace fitted, times the FP8 kernel's speedup (ATTENTION_FP8_SPEEDUP) on the passes ``fp8`` runs in FP8."""
     fwd, bwd = ATTENTION_CEILING.get((kernel, generation(gpu)), (eff.attention_fwd, eff.attention_bwd))
     if eff.attention_ceilings:  # what a trace fitted for this GPU (planner/trace_fit.py)
         fitted = dict(eff.attention_ceilings)
         fwd, bwd = fitted.get(f"{kernel}_fwd", fwd), fitted.get(f"{kernel}_bwd", bwd)
-    return fwd, bwd
+    up_f, up_b = ATTENTION_FP8_SPEEDUP.get((kernel, generation(gpu)), (1.0, 1.0))
+    return fwd * (up_f if fp8[0] else 1.0), bwd * (up_b if fp8[1] else 1.0)
 
 
 def attention_kernels(
@@ -2496,17 +2537,23 @@ def attention_kernels(
     shape = (ctx.b * heads, ctx.s_cp, kv_length(ctx), qk)
     # head_dim_rate's d: per score one exponential against 2·qk + 2·v matmul FLOPs (QKᵀ and PV; its 4·d at
     # qk = v = d), so the exponential is amortised over their mean (qk + v) / 2 (MLA: 160, at the d-128 rate)
-    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2)
-    fwd = [_floored(Kernel(f"{kernel}_fwd", "attention", f_t, flops, shape=shape, dtype="bf16", count=steps), floor)]
+    fp8 = fp8_attention(ctx)
+    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2, fp8 or (False, False))
+    dt_f, dt_b = ("fp8" if p else "bf16" for p in (fp8 or (False, False)))
+    fwd = [_floored(Kernel(f"{kernel}_fwd", "attention", f_t, flops, shape=shape, dtype=dt_f, count=steps), floor)]
     bwd = [
         _floored(
             Kernel(
-                f"{kernel}_bwd", "attention", b_t, FLASH_BWD * flops, shape=shape, dtype="bf16",
+                f"{kernel}_bwd", "attention", b_t, FLASH_BWD * flops, shape=shape, dtype=dt_b,
                 count=steps * FLASH_BWD_KERNELS,
             ),
             floor,
         )
     ]  # fmt: skip
+    if fp8:
+        cast_f, cast_b = fp8_attention_casts(ctx, gpu, eff, fp8[1], floor)
+        fwd = [*cast_f, *fwd]
+        bwd = [*cast_b, *bwd]
     if steps > 1 and ctx.flavour.cp_rotate_methods:  # torch's context_parallel: its own merge, in torch ops
         merge_fwd, merge_bwd = torch_cp_merge_kernels(ctx, steps, gpu, eff, floor)
         fwd += merge_fwd
@@ -2516,6 +2563,37 @@ def attention_kernels(
         fwd.append(memory_kernel("cp_merge", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
         bwd.append(memory_kernel("cp_merge.bwd", 3 * out * (steps - 1), gpu, eff, steps - 1, floor))
     return tuple(fwd), tuple(bwd)
+
+
+def fp8_attention_casts(
+    ctx: Context, gpu: GPUSpec, eff: Efficiency, backward_fp8: bool, floor: float = 0.0
+) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The memory-bound casts around TE's FP8 attention on one rank, one layer, one micro-batch (FP8_DPA_CAT_BYTES,
+    FP8_DPA_DEQUANTIZE_BYTES): forward, Q, K, V concatenated (not under MXFP8) and quantized, and the output
+    dequantized; backward in FP8, the output gradient quantized and dQ, dK, dV dequantized (none in bf16). A
+    quantize reads the bf16 element (twice under current scaling: Recipe.cast_read_bytes) and writes one copy
+    with its block scales (Recipe.saved_input_bytes)."""
+    recipe = ctx.work.recipe
+    qk, v = attention_head_dims(ctx)
+    tokens, t = ctx.b * ctx.s_cp, ctx.par.tp
+    heads, kv_heads = ctx.model.num_attention_heads / t, max(1.0, ctx.model.kv_heads / t)
+    qkv = tokens * (heads * qk + kv_heads * (qk + v))
+    out = tokens * heads * v
+    read = recipe.cast_read_bytes + recipe.saved_input_bytes  # one copy (rowwise; V columnwise under MXFP8)
+    launches = recipe.quantize_launches
+    cat = [] if recipe.activation_block else [memory_kernel("fp8_attn.qkv_cat", FP8_DPA_CAT_BYTES * qkv, gpu, eff)]
+    fwd = (
+        *cat,
+        memory_kernel("fp8_attn.qkv_quantize", read * qkv, gpu, eff, launches, floor),
+        memory_kernel("fp8_attn.out_dequantize", FP8_DPA_DEQUANTIZE_BYTES * out, gpu, eff, 1, floor),
+    )
+    if not backward_fp8:
+        return fwd, ()
+    bwd = (
+        memory_kernel("fp8_attn.dout_quantize", read * out, gpu, eff, launches, floor),
+        memory_kernel("fp8_attn.dqkv_dequantize", FP8_DPA_DEQUANTIZE_BYTES * qkv, gpu, eff, 1, floor),
+    )
+    return fwd, bwd
 
 
 # torch's ring attention merges and accumulates in torch ops (torch/distributed/tensor/experimental/_attention.py,
@@ -2622,14 +2700,16 @@ def flash_attention_s(
     eff: Efficiency = EFFICIENCY,
     launches: int = 1,
     head_dim: float = HEAD_DIM_REF,
+    fp8: tuple[bool, bool] = (False, False),
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
-    per query block: the kernel's ceiling x s_kv/(s_kv + s0) x its head-dim rate (head_dim_rate) of the bf16 peak
-    (core attention stays bf16 under fp8 recipes: NVTE_FP8_DPA=0 by default); the backward FLASH_BWD x the FLOPs at
-    its own ceiling."""
+    per query block: the kernel's ceiling x s_kv/(s_kv + s0) x its head-dim rate (head_dim_rate) of the bf16 peak,
+    the passes ``fp8`` names at the FP8 kernel's speedup (attention_ceiling; core attention stays bf16 under fp8
+    recipes unless fp8_dpa: workload.fp8_dot_product_attention); the backward FLASH_BWD x the FLOPs at its own
+    ceiling."""
     shape_f = s_kv / (s_kv + eff.attention_s0)
     d_f, d_b = head_dim_rate(kernel, head_dim)
-    c_f, c_b = attention_ceiling(kernel, gpu, eff)
+    c_f, c_b = attention_ceiling(kernel, gpu, eff, fp8)
     c_f, c_b = c_f * d_f, c_b * d_b
     peak = dense_peak(gpu, "bf16")
     forward = flops / (peak * c_f * shape_f) + launches * eff.kernel_s

@@ -42,7 +42,7 @@ from functools import lru_cache
 
 from .compute import kv_cache_bytes_per_layer, mtp_bf16_context
 from .context import Context
-from .kernels import loss_vocab
+from .kernels import fp8_attention, loss_vocab
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
@@ -174,10 +174,15 @@ def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> di
     else:  # Q and the projection input q wide, K and V kv wide (GQA)
         qkv, proj, readers = heads * hd + 2 * mdl.kv_heads * hd, heads * hd, 1
     mask = tok * h if dropout else 0  # 1-byte dropout masks
+    # an FP8 attention with its backward in FP8 saves the quantized q, k, v (and, delayed, the fp8 output) instead
+    # of the bf16 ones (TransformerEngine d0067d0da backends.py FusedAttnFunc fp8_tensors; Recipe.dpa_fp8_output)
+    dpa = ctx.work.recipe if (fp8_attention(ctx) or (False, False))[1] else None
+    qkv_x = dpa.saved_input_bytes if dpa else x
+    out_x = dpa.element_bytes if dpa and dpa.dpa_fp8_output else x
     parts = {
         "qkv_in": ("replicated", tok * h * (readers * lin if recipe else x)),  # the norm output, QKV's input
-        "qkv": ("split", tok * qkv * x),  # Q, K, V for the attention kernel
-        "proj_in": ("split", tok * proj * x),  # the attention output, linear_proj's input
+        "qkv": ("split", tok * qkv * qkv_x),  # Q, K, V for the attention kernel
+        "proj_in": ("split", tok * proj * out_x),  # the attention output, linear_proj's input
         "attn_mask": ("replicated", mask),
         # softmax output (x bytes per score); with dropout also its 1-byte mask and x-byte output: 5·a·s²·b at x = 2
         "scores": ("scores", ((2 * x + 1) if dropout else x) * heads * tok * ctx.s),

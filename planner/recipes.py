@@ -112,6 +112,10 @@ class Recipe:
     # attention keeps them in the nominal dtype)
     fp8_dpa: bool = False
     dpa_quantized_kv: bool = False
+    # an FP8 attention's backward in FP8 reads the output TE saved as fp8 data (TransformerEngine d0067d0da
+    # backends.py FusedAttnFunc: ``fp8_tensors = (q_fp8, k_fp8, v_fp8, out_fp8)`` for delayed scaling); current
+    # scaling (NVTE_DPA_FP8CS_O_in_F16, default 1) and MXFP8 save the bf16 output
+    dpa_fp8_output: bool = False
 
     def gathers_unquantized(self, rows: int, width: int, *, quantized_input: bool) -> bool:
         """Whether TransformerEngine all-gathers a shard of ``rows`` x ``width`` in bf16 instead of quantized: a block
@@ -178,7 +182,7 @@ RECIPES: dict[str, Recipe] = {
     "delayed": Recipe(
         "delayed", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.DelayedScaling; Megatron --fp8-recipe delayed (default) --fp8-format hybrid", amax_history=True,
-        fused_split_quantize=True, fp8_dpa=True, dpa_quantized_kv=True,
+        fused_split_quantize=True, fp8_dpa=True, dpa_quantized_kv=True, dpa_fp8_output=True,
     ),
     "tensorwise": Recipe(
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
@@ -294,6 +298,12 @@ def check_fp8_dpa(work, par) -> None:
     """--fp8-dot-product-attention is Megatron's (TransformerEngine's fp8 attention), for the recipes Megatron hands
     fp8_dpa (Recipe.fp8_dpa: delayed, tensorwise, mxfp8)."""
     if not work.fp8_dot_product_attention:
+        if not work.fp8_dpa_backward:
+            raise SpecError(
+                "workload.fp8_dpa_backward",
+                "is TransformerEngine's NVTE_FP8_DPA_BWD, the backward of an fp8 attention: it needs "
+                "workload.fp8_dot_product_attention true",
+            )
         return
     field = "workload.fp8_dot_product_attention"
     if not par.flavour.te_fp8_recipes:

@@ -74,6 +74,7 @@ from .contention import (
     window_rate,
 )
 from .context import Context
+from .documents import document_wait_s
 from .kernels import (
     async_tp_gemm_s,
     async_tp_split,
@@ -88,7 +89,13 @@ from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_t
 from .recompute import layer_counts
 from .rules.context_parallel import rotate_method
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
-from .rules.tensor import async_tp_fused_gemms, async_tp_fused_names, summed_dgrad_names
+from .rules.tensor import (
+    async_tp_fused_gemms,
+    async_tp_fused_names,
+    check_userbuffers,
+    summed_dgrad_names,
+    userbuffers_rows,
+)
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -128,7 +135,10 @@ def _resolved(self, ctx: Context) -> Overlap:
             "transformer_config.py; workload.recompute_modules lists shared_experts)",
         )
     given = {name: getattr(self, name) for name in OVERLAP_DEFAULTS}
-    return Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
+    flags = Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
+    if flags.tp_comm_overlap and ctx.flavour.userbuffers:
+        check_userbuffers(ctx)
+    return flags
 
 
 Overlap = make_dataclass(
@@ -170,6 +180,8 @@ class StageStep:
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
     tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
+    # TP left on NCCL by userbuffers, per micro-batch, by phase (_userbuffers_fallback)
+    tp_fallback_s: dict[str, float] = field(default_factory=dict)
     # what torch's fused async-TP ops leave exposed beyond their own GEMMs, per micro-batch (_async_tp_fused)
     tp_fused_fwd_s: float = 0.0
     tp_fused_bwd_s: float = 0.0
@@ -436,10 +448,12 @@ def tp_key(phase: str, op: str, name: str) -> str:
     return f"tp.{phase}.{op}.{name}"
 
 
-def tp_rows_read(ctx: Context) -> bool:
+def tp_rows_read(ctx: Context, flags: Overlap | None = None) -> bool:
     """Whether the flavour reads the per-row TP tallies (stream_totals' tp_rows): torch's SP layout copies and
-    its async TP (_sp_layout_copies, _async_tp_unfused, _async_tp_fused)."""
-    return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul
+    its async TP (_sp_layout_copies, _async_tp_unfused, _async_tp_fused), and with ``flags``' tp_comm_overlap
+    Megatron's userbuffers fallback (_userbuffers_fallback)."""
+    ub = flags is not None and flags.tp_comm_overlap and ctx.flavour.userbuffers
+    return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul or bool(ub)
 
 
 _PASSES = ("forward", "backward")
@@ -497,6 +511,8 @@ def assign_streams(
     prefetch = _prefetch(ctx, flags)
     if ctx.flavour.prefetches_units and prefetch:
         _fsdp_edges(ctx, totals, stages)
+    if flags.tp_comm_overlap and ctx.flavour.userbuffers:
+        _userbuffers_fallback(ctx, totals, stages)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul:
         _async_tp_unfused(ctx, totals, stages)
         if gpu is not None:
@@ -590,6 +606,7 @@ def _behind_overlap(ctx: Context, st: StageStep, kind: str, phase: str, t: float
     comp = st.compute
     if kind == "tp" and flags.tp_comm_overlap:
         left = min(t, st.tp_unfused_s) if phase == "backward" else 0.0
+        left = min(t, left + st.tp_fallback_s.get(phase, 0.0))
         left = min(t, left + (st.tp_fused_fwd_s if phase == "forward" else st.tp_fused_bwd_s))
         return left + max(0.0, t - left - pass_time.gemm_s)
     if kind == "cp.ring" and flags.cp_ring_overlap:
@@ -629,7 +646,9 @@ def _holds(
     ring's exchange under TransformerEngine runs as one or two kernels at once (contention.ring_p2p_kernels);
     torch's ring attention rotates with one kernel (rules/context_parallel.py ``_torch_ring``). Only the streams
     in ``wanted``."""
-    own = ctx.flavour.tp_overlap_sms if flags.tp_comm_overlap else ()
+    # under MLA, Megatron's userbuffers are off (rules/tensor.py userbuffers_rows): NCCL's channels
+    ub = flags.tp_comm_overlap and (not ctx.flavour.userbuffers or bool(userbuffers_rows(ctx)))
+    own = ctx.flavour.tp_overlap_sms if ub else ()
     te_ring = ring_p2p_kernels(gpu.sm, ctx.par.cp) if rotate_method(ctx) is None else 0
     keys = {k for k in wanted if k in totals.sm_time or (own and k.startswith("tp.") and k in totals.time)}
     out: dict[str, list[Share | None]] = {}
@@ -702,6 +721,24 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
             whole = st.compute.forward if phase == "forward" else st.compute.backward
             rate = window_rate(gpu, hbm_eff, share, _compute_bound(whole))
             st.lengthen(phase, slow_s=slowdown_s(min(hidden, whole.total_s - whole.host_s), 0.0, rate))
+
+
+def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
+    """The TP calls of a pass Megatron's --tp-comm-overlap leaves on NCCL (all but rules/tensor.py userbuffers_rows:
+    MLA's, the MTP modules', the embedding's and the output layer's, any all-reduce), per micro-batch and phase:
+    exposed as without the overlap."""
+    carried, m = userbuffers_rows(ctx), ctx.micro_batches
+    for phase in _PASSES:
+        total = totals.time.get(f"tp.{phase}")
+        if total is None:
+            continue
+        kept = [0.0] * len(stages)  # the carried rows' seconds (all-gathers and reduce-scatters: tp_seconds)
+        for key, took in totals.tp_seconds.items():
+            _, of, _, name = key.split(".", 3)
+            if of == phase and name in carried:
+                kept = [k + t for k, t in zip(kept, took, strict=True)]
+        for st in stages:
+            st.tp_fallback_s[phase] = max(0.0, total[st.stage] - kept[st.stage]) / m
 
 
 def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
@@ -854,7 +891,7 @@ def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> float:
     """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
-    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx))
+    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx, flags))
     assign_streams(ctx, totals, stages, flags, gpu)
     return totals.p2p_s
 
@@ -974,9 +1011,19 @@ def critical_path(
         slows.append(slow_reduce + slow_gather)
         late.append(slow_gather)
         ends.append(pipe.time_s - lead + reduce + slow_reduce + st.tail_s)
-    sync = max(ends)
+    sync = max(ends) + _document_wait_s(ctx, stages)
     finish = [sync + st.compute.optimizer_s + g + slow for st, g, slow in zip(stages, gathers, late, strict=True)]
     return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers, slows)
+
+
+def _document_wait_s(ctx: Context, stages: list[StageStep]) -> float:
+    """The wait for the slowest packed micro-batch (planner/documents.py document_wait_s) over the stage with the
+    most compute a micro-batch: its core attention (forward and backward) and the rest."""
+    if ctx.work.document_packing is None or not ctx.training:
+        return 0.0
+    comp = max((st.compute for st in stages), key=lambda c: c.forward.total_s + c.backward.total_s)
+    attention = comp.forward.attention_s + comp.backward.attention_s
+    return document_wait_s(ctx, comp.forward.total_s + comp.backward.total_s - attention, attention)
 
 
 def _dp_slowdown(

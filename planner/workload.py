@@ -105,9 +105,13 @@ class WorkloadSpec:
     fp8_param_gather: bool = False
     fp8_precompute_scale: bool = False
     # Megatron --fp8-dot-product-attention: TransformerEngine's core attention in fp8 (recipes.check_fp8_dpa); its
-    # context-parallel exchanges then carry fp8 K/V (rules/context_parallel.py); the attention kernels' rate is not
-    # changed (docs/frameworks.md "fp8 dot-product attention")
+    # context-parallel exchanges then carry fp8 K/V (rules/context_parallel.py) and the attention kernels run at
+    # cuDNN's FP8 rate with TE's casts (kernels.ATTENTION_FP8_SPEEDUP, fp8_attention_casts)
     fp8_dot_product_attention: bool = False
+    # TE's NVTE_FP8_DPA_BWD (default 1): the FP8 attention's backward in FP8 too; False, forward only (the backward
+    # reads the saved bf16 q, k, v and runs the bf16 kernel). Only with fp8_dot_product_attention
+    # (recipes.check_fp8_dpa)
+    fp8_dpa_backward: bool = True
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
     activation_func_fp8_input_store: bool = False
@@ -126,6 +130,11 @@ class WorkloadSpec:
     # order, summing to the sequence (Megatron's packed THD batches: cu_seqlens, causal attention within each
     # document; planner/kernels.py document_keys). None: one document a sequence
     document_lengths: tuple[int, ...] | None = None
+    # how the documents fill the micro-batches: None, every sequence packs document_lengths (no imbalance);
+    # "dp_balanced", Megatron's packing scheduler (data_schedule.py DpBalancedScheduler): document_lengths is the
+    # corpus's distribution, documents packed next-fit into sequences; the step waits for the slowest micro-batch
+    # (planner/documents.py)
+    document_packing: str | None = None
 
     @property
     def training(self) -> bool:
@@ -173,6 +182,9 @@ def _weight_format(w: WorkloadSpec) -> None:
         raise SpecError("workload.fp8_recipe", f"{w.param_dtype} weights run their GEMMs {runs}; got {w.fp8_recipe!r}")
 
 
+DOCUMENT_PACKING = ("dp_balanced",)  # Megatron-LM d98e8a6 data_schedule.py PackingSchedulerEnum
+
+
 def _training_workload(w: WorkloadSpec) -> None:
     at_least_one("workload.micro_batch_size", w.micro_batch_size)
     at_least_one("workload.global_batch_size", w.global_batch_size)
@@ -187,6 +199,13 @@ def _training_workload(w: WorkloadSpec) -> None:
         if not w.document_lengths or short:
             raise SpecError(
                 "workload.document_lengths", f"needs one or more lengths >= 1, got {list(w.document_lengths)}"
+            )
+    if w.document_packing is not None:
+        one_of("workload.document_packing", w.document_packing, DOCUMENT_PACKING)
+        if w.document_lengths is None:
+            raise SpecError(
+                "workload.document_packing",
+                "packs documents of workload.document_lengths (the corpus's lengths), which is not given",
             )
 
 

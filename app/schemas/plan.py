@@ -237,7 +237,13 @@ class WorkloadIn(Strict):
         default=None,
         description="Megatron --fp8-dot-product-attention (recipes delayed, tensorwise, mxfp8): TransformerEngine's "
         "attention in fp8; under context parallelism its ring sends K and V in fp8 (delayed, tensorwise) and "
-        "exchanges dK, dV by one fp8 all-to-all; the attention kernels' time is not changed (default false)",
+        "exchanges dK, dV by one fp8 all-to-all; the attention runs on cuDNN's FP8 kernel at its FP8 rate with "
+        "TE's casts around it (default false)",
+    )
+    fp8_dpa_backward: bool | None = Field(
+        default=None,
+        description="TransformerEngine NVTE_FP8_DPA_BWD: with fp8_dot_product_attention, the attention's backward in "
+        "fp8 too (default true); false runs the backward in bf16 (training, needs fp8_dot_product_attention)",
     )
     activation_func_fp8_input_store: bool | None = Field(
         default=None,
@@ -251,6 +257,13 @@ class WorkloadIn(Strict):
         description="packed documents (training): the lengths of the documents each sequence packs, summing to the "
         "sequence; attention runs causal within each document (Megatron THD packing, cu_seqlens), its work and MFU "
         "count sum(L²) as Megatron-LM's num_floating_point_operations does; with cp each a multiple of 2·cp",
+    )
+    document_packing: Literal["dp_balanced"] | None = Field(
+        default=None,
+        description="how documents fill the micro-batches (training): null, every sequence packs document_lengths; "
+        "'dp_balanced', Megatron's packing scheduler (data_schedule.py DpBalancedScheduler): document_lengths are the "
+        "corpus's lengths, each at most the sequence, packed in order into sequences, and the step waits for the "
+        "slowest micro-batch in the pipeline and across data-parallel ranks",
     )
 
 

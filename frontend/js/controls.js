@@ -32,6 +32,7 @@ export const GROUPS = [
     ["workload.fp8_recipe", "FP8 / FP4 recipe", "select", ["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", ["rowwise", "rowwise (torchao)"]], "none", "kind=training"],
     ["workload.fp8_param_gather", "FP8 parameter all-gather", "select", ON_OFF, "off", "kind=training"],
     ["workload.fp8_dot_product_attention", "FP8 attention (Megatron)", "select", ON_OFF, "off", "kind=training"],
+    ["workload.fp8_dpa_backward", "FP8 attention backward (NVTE_FP8_DPA_BWD)", "select", ON_OFF, "on", "kind=training"],
     ["workload.fp8_precompute_scale", "FP8 scales precomputed (torch FSDP2)", "select", ON_OFF, "off", "kind=training"],
     ["workload.activation_func_fp8_input_store", "SwiGLU input saved in fp8", "select", ON_OFF, "off (Megatron)", "kind=training"],
   ]],
@@ -76,6 +77,7 @@ export const GROUPS = [
     ["workload.fused_grouped_mlp", "Fused grouped MLP (MXFP8 MoE)", "select", ON_OFF, "off (per-expert GEMMs)", "kind=training"],
     ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
     ["workload.document_lengths", "Packed documents (lengths)", "list", "e.g. 4096,2048,2048", "one a sequence", "kind=training"],
+    ["workload.document_packing", "Document packing", "select", [["dp_balanced", "dp_balanced (Megatron scheduler)"]], "every sequence alike", "kind=training"],
   ]],
   ["Data parallel", [
     ["parallel.hybrid_shard_size", "Hybrid shard size", "int", null, "none"],

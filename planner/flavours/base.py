@@ -223,6 +223,10 @@ class Flavour:
     # (torch async TP, torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_matmul_reduce_scatter): the
     # column-parallel input gradient summed over separate linears (q, k, v; gate, up) stays exposed (step.py)
     async_tp_single_matmul: bool = False
+    # tp_comm_overlap is TransformerEngine's userbuffers (Megatron --tp-comm-overlap): only the TE linears named
+    # qkv, proj, fc1, fc2 overlap their TP collectives; the others fall back to NCCL (rules/tensor.py
+    # userbuffers_rows, check_userbuffers)
+    userbuffers: bool = False
     # SMs the framework's own TP overlap holds per collective while it hides behind the GEMMs (planner/contention.py),
     # ((op, SMs), ...); (): the NCCL calls' channels (the pricer's)
     tp_overlap_sms: tuple[tuple[str, int], ...] = ()

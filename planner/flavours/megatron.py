@@ -113,6 +113,7 @@ FLAVOUR = Flavour(
     moe_tp_ep_needs_sp=True,  # arguments.py: "sequence parallel must be used with MoE when tp > 1 and ep > 1"
     router_reductions=True,  # megatron/core/transformer/moe/router.py, finalize_model_grads.py
     te_fp8_recipes=True,  # TransformerEngine fp8_autocast recipes, --fp8-param-gather
+    userbuffers=True,  # --tp-comm-overlap: TE userbuffers (extensions/transformer_engine.py TELinear)
     # TransformerEngine v2.9 module/linear.py l. 175-207, layernorm_linear.py l. 234-268: the input quantized, then
     # distributed.py gather_along_first_dim(..., quantizer) under every recipe; base.py grad_output_preprocess
     # l. 1160-1192 the grad output likewise

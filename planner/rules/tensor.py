@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from collectives import Op
 
+from .._errors import SpecError
 from ..compute import mtp_bf16_context, per_op_sac_shares
 from ..context import Context
 from ..kernels import memo_by, mtp_runs_bf16, rerun_stops_at_last_save, vocab_parallel_loss
@@ -279,6 +280,59 @@ def _async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
         if again in fused and c.name in out:
             out[again] = (out[c.name][0], shares.get(c.name, 1.0))
     return out
+
+
+# TransformerEngine's userbuffers under Megatron --tp-comm-overlap (Flavour.userbuffers): the TE linears built with
+# one of these buffer names overlap their sequence-parallel all-gather / reduce-scatter with their GEMM (Megatron-LM
+# d98e8a6 extensions/transformer_engine.py TELinear: ub_overlap_ag / ub_overlap_rs; TELayerNormColumnParallelLinear:
+# ub_bulk_dgrad re-gathers the input behind the dgrad GEMM, ub_overlap_rs_dgrad). A TELinear named otherwise (MLA's
+# q_down_proj, q_up_proj, kv_up_proj; MTP's mtp_eh_proj) sets ``self.config.tp_comm_overlap = False`` with "The user
+# buffer name ... is not supported in Transformer Engine. Disabling TP communication overlap for this layer." on the
+# TransformerConfig every module shares, so every TE linear built after it runs NCCL: under MLA all the decoder's TP
+# (the first layer's linear_proj, built before, the one exception: not counted). The embedding's reduce-scatter and
+# the output layer's gathers are Megatron's own mappings, never userbuffers.
+USERBUFFERS_NAMES = ("qkv", "proj", "fc1", "fc2")
+USERBUFFERS_ROWS = ("tp.attn.qkv", "tp.attn.out_proj", "tp.mlp.up_proj", "tp.mlp.down_proj")
+# TE d0067d0da module/base.py fill_userbuffers_buffer_for_all_gather: userbuffers gather bf16, Float8 (delayed,
+# current scaling) and MXFP8 data; an MXFP8 shard needs rows (the product of its leading dims) divisible by 128,
+# and any other quantizer (Float8BlockQuantizer, NVFP4Quantizer) raises "Unsupported quantizer for Userbuffers"
+USERBUFFERS_MXFP8_ROWS = 128
+
+
+def userbuffers_rows(ctx: Context) -> frozenset[str]:
+    """The TP ledger rows Megatron's --tp-comm-overlap carries on TE userbuffers (USERBUFFERS_ROWS: forward, their
+    ``.dgrad`` and ``.wgrad_gather`` conjugates, their re-issues under recompute); every other TP row stays on NCCL
+    and is not overlapped (step.py _userbuffers_fallback). None under MLA: its first non-listed linear switches the
+    shared config's overlap off (USERBUFFERS_NAMES)."""
+    if ctx.model.mla:
+        return frozenset()
+    rows = {r + end for r in USERBUFFERS_ROWS for end in ("", ".dgrad", ".wgrad_gather")}
+    return frozenset(rows | {r + ".recompute" for r in rows})
+
+
+def check_userbuffers(ctx: Context) -> None:
+    """Under Megatron --tp-comm-overlap, a quantized gather TE's userbuffers cannot take is a 422 (TE raises at the
+    first forward; USERBUFFERS_MXFP8_ROWS): a block recipe other than MXFP8, or an MXFP8 shard whose rows b·s/(cp·tp)
+    are not a multiple of 128. MLA models are exempt: their overlap is off (userbuffers_rows)."""
+    recipe = ctx.gather_recipe
+    if recipe is None or ctx.par.tp == 1 or not userbuffers_rows(ctx):
+        return
+    field = "options.overlap.tp_comm_overlap"
+    if recipe.activation_block and recipe.name != "mxfp8":
+        raise SpecError(
+            field,
+            f"TransformerEngine's userbuffers gather bf16, per-tensor fp8 and mxfp8 data only: fp8_recipe "
+            f"{recipe.name!r} raises 'Unsupported quantizer for Userbuffers' (TE module/base.py "
+            "fill_userbuffers_buffer_for_all_gather)",
+        )
+    rows = ctx.b * ctx.s_cp // ctx.par.tp
+    if recipe.name == "mxfp8" and rows % USERBUFFERS_MXFP8_ROWS:
+        raise SpecError(
+            field,
+            f"TransformerEngine's userbuffers need an mxfp8 shard of rows divisible by {USERBUFFERS_MXFP8_ROWS}, "
+            f"got micro_batch_size x sequence / (cp x tp) = {rows} (TE module/base.py "
+            "fill_userbuffers_buffer_for_all_gather)",
+        )
 
 
 def _width(ctx: Context, per_token: int) -> int:

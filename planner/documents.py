@@ -1,0 +1,163 @@
+"""Document imbalance across micro-batches (issue 21, fp8a9): packed documents make micro-batches differ in work,
+and the pipeline and the data-parallel ranks wait for the slowest.
+
+With ``workload.document_packing`` "dp_balanced" the lengths in ``workload.document_lengths`` are the corpus's
+distribution (each one equally likely, drawn independently), and the documents are packed as Megatron-LM d98e8a6
+megatron/core/datasets/data_schedule.py ``DpBalancedScheduler.get_groups_and_subsamples`` packs a global batch:
+"in their original order until reaching the max limit of sequence length" (next fit: a pack closes when the next
+document does not fit; that document opens the next pack), the capacity ``max_seqlen_per_dp_cp_rank`` x cp, here
+the sequence; pack i is micro-batch i // dp of DP rank i % dp. A pack's work is its tokens T (the linear layers) and
+its query-key pairs W = sum L(L+1)/2 over its documents (each causal within itself: kernels.document_keys).
+
+``pack_moments``: the exact first and second moments of (T, W) of a pack in the long run, by an exact small
+computation: from each first document, the fills the pack passes through (each fill a state, documents added while
+they fit), which give the pack's (T, W) and the next pack's first document; the first documents form a Markov chain
+whose stationary distribution weighs them. ``expected_max``: E[max of n independent standard normals] by quadrature.
+``document_wait_s``: what the step takes from the imbalance, over the critical stage's mean micro-batch (time t_lin
+outside the core attention, t_attn in it; the planner's mean): a micro-batch of b packs takes t = t_lin·T/E[T] +
+t_attn·W/E[W] summed over them, standard deviation sigma. The pipeline is a proportionate flow shop (each
+micro-batch takes the same time on every stage), whose makespan is sum_j t_j + (p - 1)·max_j t_j (Pinedo,
+"Scheduling: Theory, Algorithms, and Systems", 5th ed., §6.2, proportionate flow shop), so the bubble waits for the
+slowest of the m micro-batches: (p - 1)·sigma·E[max of m]; the data-parallel ranks each sum m micro-batches and the
+gradient reduction waits for the slowest: sigma·sqrt(m)·E[max of dp]. Both maxima as of independent normal
+micro-batches (the packs' dependence through their first documents is not counted)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
+
+from ._errors import SpecError
+
+FIELD = "workload.document_lengths"
+# the exact computation visits (fills x distinct lengths) per first document: bounded, a histogram coarser than
+# this is the input (a 422 says so)
+MAX_PACK_STEPS = 1_000_000
+_Z = NormalDist()
+
+
+@dataclass(frozen=True)
+class PackMoments:
+    """A pack's tokens T and query-key pairs W in the long run: means, variances and covariance."""
+
+    tokens: float
+    pairs: float
+    var_tokens: float
+    var_pairs: float
+    cov: float
+
+
+@lru_cache(maxsize=64)  # keyed by value: a search asks once per layout
+def pack_moments(lengths: tuple[int, ...], capacity: int) -> PackMoments:
+    """Exact stationary moments of next-fit packs of documents drawn from ``lengths`` (module docstring)."""
+    counts = Counter(lengths)
+    sizes = sorted(counts)
+    if sizes[-1] > capacity:
+        raise SpecError(FIELD, f"a document of {sizes[-1]} tokens does not fit a packed sequence of {capacity}")
+    q = [counts[n] / len(lengths) for n in sizes]
+    pairs = [n * (n + 1) / 2 for n in sizes]
+    k = len(sizes)
+    steps = k * k * (capacity // math.gcd(*sizes, capacity) + 1)
+    if steps > MAX_PACK_STEPS:
+        raise SpecError(
+            FIELD,
+            f"{k} distinct lengths over a {capacity}-token pack are {steps:,} steps of the exact packing "
+            f"computation (at most {MAX_PACK_STEPS:,}): give a coarser histogram (fewer distinct lengths, or "
+            "lengths on a common multiple)",
+        )
+    moments, chain = [], []
+    for first in range(k):
+        m, nxt = _from_first(sizes, q, pairs, first, capacity)
+        moments.append(m)
+        chain.append(nxt)
+    pi = _stationary(chain)
+    e = [sum(p * m[i] for p, m in zip(pi, moments, strict=True)) for i in range(5)]
+    t, w, tt, ww, tw = e
+    return PackMoments(t, w, tt - t * t, ww - w * w, tw - t * w)
+
+
+def _from_first(sizes, q, pairs, first: int, capacity: int) -> tuple[tuple[float, ...], list[float]]:
+    """(E[T], E[W], E[T²], E[W²], E[TW]) of a pack opened by document ``first``, and the distribution of the
+    next pack's first document. A state is a fill f with (probability, E[W; f], E[W²; f]); fills only grow."""
+    states = {sizes[first]: [1.0, pairs[first], pairs[first] ** 2]}
+    heap = [sizes[first]]
+    out = [0.0] * 5
+    nxt = [0.0] * len(sizes)
+    while heap:
+        f = heapq.heappop(heap)
+        p, a, b = states.pop(f)
+        for j, n in enumerate(sizes):
+            pj, c = p * q[j], pairs[j]
+            if f + n <= capacity:
+                g = f + n
+                if g not in states:
+                    states[g] = [0.0, 0.0, 0.0]
+                    heapq.heappush(heap, g)
+                s = states[g]
+                s[0] += pj
+                s[1] += q[j] * a + pj * c
+                s[2] += q[j] * (b + 2 * a * c) + pj * c * c
+            else:  # document j does not fit: the pack closes at fill f and j opens the next
+                out[0] += pj * f
+                out[1] += q[j] * a
+                out[2] += pj * f * f
+                out[3] += q[j] * b
+                out[4] += q[j] * a * f
+                nxt[j] += pj
+    return tuple(out), nxt
+
+
+def _stationary(chain: list[list[float]]) -> list[float]:
+    """The stationary distribution of the first documents' chain (rows sum to 1), by power iteration of the lazy
+    chain (P + I) / 2 (the same stationary distribution, never periodic) from the uniform one until it moves less
+    than 1e-15."""
+    k = len(chain)
+    pi = [1.0 / k] * k
+    for _ in range(100_000):
+        new = [(pi[j] + sum(pi[i] * chain[i][j] for i in range(k))) / 2 for j in range(k)]
+        if max(abs(x - y) for x, y in zip(new, pi, strict=True)) < 1e-15:
+            return new
+        pi = new
+    return pi
+
+
+@lru_cache(maxsize=256)
+def expected_max(n: int) -> float:
+    """E[max of n independent standard normals]: 0 for n = 1, 1/sqrt(pi) for 2, 3/(2 sqrt(pi)) for 3; by the
+    midpoint rule on [-10, 10] (step 1e-3) of x·n·phi(x)·Phi(x)^(n-1)."""
+    if n <= 1:
+        return 0.0
+    h = 1e-3
+    total = 0.0
+    for i in range(20_000):
+        x = -10.0 + (i + 0.5) * h
+        total += x * n * _Z.pdf(x) * _Z.cdf(x) ** (n - 1)
+    return total * h
+
+
+def micro_batch_sigma(moments: PackMoments, packs: int, linear_s: float, attention_s: float) -> float:
+    """Standard deviation of a micro-batch of ``packs`` independent packs whose mean takes ``linear_s`` outside the
+    core attention and ``attention_s`` in it: t = linear_s·T/E[T] + attention_s·W/E[W] per pack, averaged."""
+    a, c = linear_s / moments.tokens, attention_s / moments.pairs
+    var = a * a * moments.var_tokens + c * c * moments.var_pairs + 2 * a * c * moments.cov
+    return math.sqrt(max(0.0, var) / packs)
+
+
+def document_wait_s(ctx, linear_s: float, attention_s: float) -> float:
+    """Seconds the step waits for the slowest packed micro-batch (module docstring): (p - 1)·sigma·E[max of m] for
+    the pipeline's bubble, sigma·sqrt(m)·E[max of dp] for the data-parallel ranks; 0 without "dp_balanced"
+    packing. ``linear_s``, ``attention_s``: the critical stage's mean micro-batch, forward and backward."""
+    work = ctx.work
+    if not (ctx.training and work.document_packing == "dp_balanced" and work.document_lengths):
+        return 0.0
+    moments = pack_moments(work.document_lengths, ctx.s)
+    sigma = micro_batch_sigma(moments, ctx.b, linear_s, attention_s)
+    m, p, dp = ctx.micro_batches, ctx.par.pp, ctx.par.dp
+    return (p - 1) * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(dp)
+
+
+__all__ = ["PackMoments", "document_wait_s", "expected_max", "micro_batch_sigma", "pack_moments"]

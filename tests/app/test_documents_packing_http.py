@@ -1,0 +1,77 @@
+"""workload.document_packing over HTTP and the CLI (issue 21, fp8a9; tests/planner/test_documents_imbalance.py):
+"dp_balanced" packs documents drawn from workload.document_lengths next-fit into sequences (Megatron-LM d98e8a6
+data_schedule.py DpBalancedScheduler), and the step waits for the slowest micro-batch. Llama3-8B at s 8,192 on one
+DGX H100, pp 4, dp 2, 16 micro-batches."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from app.cli import main
+
+BODY = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 32, "seq_length": 8192,
+                 "document_lengths": [4096, 2048, 2048]},
+    "parallel": {"tp": 1, "pp": 4, "dp": 2},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    "options": {"timeline": False},
+}  # fmt: skip
+
+
+def body(**workload) -> dict:
+    b = copy.deepcopy(BODY)
+    b["workload"] |= workload
+    return b
+
+
+def post(api, b: dict, status: int = 200) -> dict:
+    r = api.post("/v1/plan", json=b)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def test_packing_adds_the_wait_to_the_bubble(api):
+    """Same compute and calls; the bubble (the step less compute and exposed communication) grows by the wait."""
+    fixed = post(api, body())
+    packed = post(api, body(document_packing="dp_balanced"))
+    assert packed["step"]["compute_s"] == fixed["step"]["compute_s"]
+    assert packed["step"]["time_s"] > fixed["step"]["time_s"]
+    grew = packed["step"]["time_s"] - fixed["step"]["time_s"]
+    assert packed["step"]["bubble_s"] - fixed["step"]["bubble_s"] == pytest.approx(grew, rel=1e-9)
+    assert [c["name"] for c in packed["calls"]] == [c["name"] for c in fixed["calls"]]
+
+
+def test_dp_balanced_lengths_need_not_fill_a_sequence(api):
+    """The corpus's lengths: any sum (the fixed packing refuses 6,144 of 8,192 tokens), each at most the sequence."""
+    post(api, body(document_lengths=[4096, 2048], document_packing="dp_balanced"))
+    post(api, body(document_lengths=[4096, 2048]), 422)
+
+
+@pytest.mark.parametrize(
+    ("workload", "field", "words"),
+    [
+        ({"document_packing": "dp_balanced", "document_lengths": [4096, 16384]}, "workload.document_lengths",
+         "16384 tokens does not fit a packed sequence of 8192"),
+        ({"document_packing": "dp_balanced", "document_lengths": None}, "workload.document_packing",
+         "which is not given"),
+        ({"document_packing": "first_fit"}, "workload.document_packing", "dp_balanced"),
+    ],
+)  # fmt: skip
+def test_bad_packing_is_422_naming_the_field(api, workload, field, words):
+    b = body(**workload)
+    b["workload"] = {k: v for k, v in b["workload"].items() if v is not None}
+    (first, *_) = post(api, b, 422)["detail"]
+    assert ".".join(map(str, first["loc"][1:])) == field, first
+    assert words in first["msg"], first["msg"]
+
+
+def test_the_cli_takes_the_same_body(tmp_path, capsys, api):
+    path = tmp_path / "packed.json"
+    path.write_text(json.dumps(body(document_packing="dp_balanced")))
+    assert main(["plan", str(path), "--format", "json"]) == 0
+    out, _ = capsys.readouterr()
+    assert json.loads(out) == post(api, body(document_packing="dp_balanced"))
