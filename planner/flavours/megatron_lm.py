@@ -34,7 +34,8 @@ FLAVOUR = replace(
     # then b x (s + 1) int64), the masks and position ids built on each rank (rules/tensor.py _packed_batch)
     tp_batch_packed=True,
     # megatron/model/fused_layer_norm.py at 55ba1f7b96: MixedFusedLayerNorm runs apex's FastLayerNormFN for these
-    # hidden sizes (persist_ln_hidden_sizes; --no-persist-layer-norm store_true, forced on below PyTorch 1.11) and its
+    # hidden sizes (persist_ln_hidden_sizes; --no-persist-layer-norm store_true; arguments.py turns the persistent
+    # kernel off below PyTorch 1.11) and its
     # own older kernels (fused_mix_prec_layer_norm_cuda) otherwise; 6985e58 has only the older ones, which a run of
     # that code states as workload.norm_kernel "apex" (planner/kernels.py APEX_LAYER_NORM)
     persist_layer_norm_sizes=frozenset(
