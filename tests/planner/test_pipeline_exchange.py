@@ -3,7 +3,7 @@ one-way crossings a micro-batch; Megatron's interleaved schedule, one two-way ex
 (send_forward_backward_recv_forward_backward, schedules.py at 6985e58 and d98e8a6), so v of them a micro-batch,
 each sending both tensors through the rank's one egress and, under Megatron-LM 2021's scatter/gather, gathering
 both received tensors over TP (p2p_communication.py _communicate at 6985e58). Closed forms on the ledger's own
-prices; over HTTP too."""
+prices (tests/app/test_pipeline_exchange_http.py: the same over HTTP)."""
 
 from dataclasses import replace
 
