@@ -17,6 +17,7 @@ from collectives.topology.spec import ClusterSpec
 
 from .context import Context
 from .kernels import (
+    apex_norm,
     attention_kernel,
     cross_entropy_fusion,
     grad_accumulation_fusion,
@@ -69,8 +70,14 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     add(Assumption("workload.torch_compile", _onoff(bool(work.torch_compile)), by + ": eager"))
     if work.training:
         rows += _kernel_switch_rows(ctx, by)
+    norm = "ops" if norm_ops(ctx) else "apex" if apex_norm(ctx) else "fused"
     if not fl.fused_kernels:
-        add(Assumption("workload.norm_kernel", "ops" if norm_ops(ctx) else "fused", f"{by}: fused (F.rms_norm)"))
+        add(Assumption("workload.norm_kernel", norm, f"{by}: fused (F.rms_norm)"))
+    elif fl.persist_layer_norm_sizes is not None:
+        what = f"{by}: apex's persistent LayerNorm where the hidden size is one of persist_ln_hidden_sizes, else apex"
+        add(Assumption("workload.norm_kernel", norm, what))
+    elif norm == "apex":
+        add(Assumption("workload.norm_kernel", norm, f"{by}: fused"))
     add(Assumption("parallel.zero_stage", str(par.zero_stage), f"{COMMPLAN}: 0 (no optimizer sharding)"))
     add(Assumption("parallel.order", par.order, f"{COMMPLAN}: Megatron's {DEFAULT_ORDER}, fastest-varying first"))
     rows += _layout_rows(ctx, by)

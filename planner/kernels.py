@@ -587,6 +587,22 @@ BACKWARD_BYTES = 2.0  # backward elementwise kernels read the forward's inputs a
 # into x.float()'s gradient (4 + 4 + 4); x.float()'s ToCopyBackward to bf16 (4 + 2) = 92 B in 16 kernels.
 RMSNORM_OPS = ((36, 8), (92, 16))
 
+# Megatron-LM's MixedFusedLayerNorm as it ran before the persistent kernel (workload.norm_kernel "apex"): the kernels
+# of megatron/fused_kernels/layer_norm_cuda_kernel.cu at 6985e58 (the SC'21 code), apex's of that date: forward
+# cuApplyLayerNorm (one block a row: cuWelfordMuSigma2 reads the row, the apply loop reads it again, unvectorised),
+# backward cuComputePartGradGammaBeta (reads x and dout), cuComputeGradGammaBeta (the partials) and
+# cuComputeGradInput (reads x and dout for the row sums, then again to write dx): 3 kernels. Its time on the A100,
+# published against apex's persistent FastLayerNorm (apex.contrib.layer_norm, NVIDIA/apex PR #1037, 2021-01-27:
+# "Performance for B=32, S=512 on GA100", hidden 1024, fp16): forward 0.0751 ms (895.8 GB/s over 4 B an element)
+# against 0.0535 ms (1258.0 GB/s), backward 0.1762 ms (572.2 GB/s over 6 B) against 0.0866 ms (1163.4 GB/s). Priced
+# as the persistent kernel's bytes (4 B forward, 6 B backward: read x and dout once, write dx) at the streaming rate
+# of every memory-bound kernel, times those measured ratios: bytes-equivalent per element and kernels each way. By
+# the bytes of the code alone the ratios would be 6/4 and 10/6 (the rows read twice); the measurement says 1.40 and
+# 2.03. Megatron-LM 55ba1f7b96 (Korthikanti et al. 2022) runs FastLayerNormFN for the hidden sizes of its
+# persist_ln_hidden_sizes (megatron/model/fused_layer_norm.py; --no-persist-layer-norm store_true, so on by default
+# with PyTorch >= 1.11) and this kernel for the others (Flavour.persist_layer_norm_sizes).
+APEX_LAYER_NORM = ((4 * 1258.0 / 895.8, 1), (6 * 1163.4 / 572.2, 3))
+
 # torch's loss parallelism (workload.loss_parallel; torch/distributed/tensor/parallel/loss.py, pytorch 02eef6b8)
 # over torchtitan's ``F.cross_entropy(pred.flatten(0, 1).float(), labels)`` (torchtitan 9dec370 train.py loss_fn),
 # bytes per logit of the rank's vocabulary shard and kernels over the logits. Forward: .float() (read 2, write 4),
@@ -1330,6 +1346,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.te_fp8_recipes,  # expert_quantize_launches
         flavour.recompute_stops_at_last_save,  # full_rerun
         flavour.cp_rotate_methods,  # torch_cp_merge_kernels
+        flavour.persist_layer_norm_sizes,  # apex_norm
     )
 
 
@@ -1607,9 +1624,11 @@ class _Layer:
         self.bwd.extend((_floored(d, self.floor), _floored(w, self.floor)))
 
     def norm(self, name, elements, count=1):
-        """``count`` RMSNorms over ``elements`` each: one kernel each way, or the eager op chain (RMSNORM_OPS)."""
-        if norm_ops(self.ctx):
-            (fb, fn), (bb, bn) = RMSNORM_OPS
+        """``count`` norms over ``elements`` each: one kernel each way, the eager op chain (RMSNORM_OPS), or
+        Megatron-LM's pre-persistent MixedFusedLayerNorm (APEX_LAYER_NORM)."""
+        chain = RMSNORM_OPS if norm_ops(self.ctx) else APEX_LAYER_NORM if apex_norm(self.ctx) else None
+        if chain is not None:
+            (fb, fn), (bb, bn) = chain
             self.fwd.append(memory_kernel(name, fb * elements, self.gpu, self.eff, count * fn, self.floor))
             self.bwd.append(memory_kernel(name + ".bwd", bb * elements, self.gpu, self.eff, count * bn, self.floor))
         else:
@@ -1708,6 +1727,17 @@ def norm_ops(ctx: Context) -> bool:
     """Whether the layers' RMSNorms run as the eager op chain (workload.norm_kernel "ops", RMSNORM_OPS): only where
     nothing fuses them (an eager flavour without torch.compile; Inductor fuses the chain inside compiled blocks)."""
     return ctx.work.norm_kernel == "ops" and fusion(ctx) is EAGER
+
+
+def apex_norm(ctx: Context) -> bool:
+    """Whether the layers' norms run Megatron-LM's MixedFusedLayerNorm kernels of before the persistent one
+    (APEX_LAYER_NORM): workload.norm_kernel "apex" where given, else where the flavour's norm falls back to them
+    (Flavour.persist_layer_norm_sizes: Megatron-LM 55ba1f7b96 for a hidden size outside persist_ln_hidden_sizes)."""
+    given = ctx.work.norm_kernel
+    if given is not None:
+        return given == "apex"
+    sizes = ctx.par.flavour.persist_layer_norm_sizes
+    return sizes is not None and ctx.model.hidden_size not in sizes
 
 
 def unfused_rope(ctx: Context) -> bool:

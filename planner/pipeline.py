@@ -15,7 +15,9 @@ which is (m + p - 1)·t for equal stages without interleaving (bubble (p-1)/m) a
 chunks (bubble (p-1)/(v·m)), and lets the slowest stage set the steady-state pace. GPipe runs the same
 critical path as 1F1B (all forwards, then all backwards); it only holds more activations. Without
 ``overlap_p2p`` (Megatron overlaps p2p only in the interleaved schedule: --overlap-p2p-communication,
-megatron/training/arguments.py) each steady-state micro-batch also waits for its two boundary transfers.
+megatron/training/arguments.py) each steady-state micro-batch also waits for its boundary transfers
+(``steady_wait``): 1F1B's two one-way exchanges, or, where the framework's interleaved schedule exchanges both
+ways at once once per chunk (``Schedule.two_way_s``), v of those.
 
 A real schedule of 10^5 micro-batch events is never built: ``timeline`` lays the same closed form out as
 blocks per stage, one per micro-batch for the warm-up and cool-down when they are few, and one aggregated
@@ -66,6 +68,10 @@ class Schedule:
     chunks: int = 1  # v: model chunks per stage (interleaved)
     p2p_s: float = 0.0  # one boundary send, seconds
     overlap_p2p: bool = False
+    # one steady-state exchange that sends both ways at once, seconds: Megatron's interleaved schedule without
+    # overlap_p2p runs one send_forward_backward_recv_forward_backward per chunk forward + backward (schedules.py
+    # at 6985e58 and d98e8a6; step.py two_way_s); 0: two one-way exchanges a micro-batch (1F1B's pairs)
+    two_way_s: float = 0.0
 
     @property
     def traits(self) -> ScheduleTraits:
@@ -85,7 +91,7 @@ def pipeline_time(passes: Sequence[StagePass], sched: Schedule) -> PipelineTime:
     totals = [x.total_s for x in passes]
     t_max = max(totals)
     fill = 2 * (p - 1) * sched.p2p_s
-    time = m * (t_max + _steady_wait(sched)) + bubble_s(passes, sched) + fill
+    time = m * (t_max + steady_wait(sched)) + bubble_s(passes, sched) + fill
     busy = tuple(m * t for t in totals)
     return PipelineTime(time, busy, tuple(time - b for b in busy))
 
@@ -97,8 +103,17 @@ def busiest_rank_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     return sched.microbatches * max(x.total_s for x in passes)
 
 
-def _steady_wait(sched: Schedule) -> float:
-    return 0.0 if sched.overlap_p2p or sched.stages == 1 else 2 * sched.p2p_s
+def steady_wait(sched: Schedule) -> float:
+    """What each steady-state micro-batch waits on its boundary exchanges when they are not overlapped, seconds:
+    1F1B's send_forward_recv_backward and send_backward_recv_forward, two one-way crossings (2·p2p_s; Megatron
+    schedules.py forward_backward_pipelining_without_interleaving); a schedule that exchanges both ways at once
+    once per chunk forward + backward (``two_way_s``, Megatron's interleaved: forward_backward_pipelining_with_
+    interleaving's steady state, one send_forward_backward_recv_forward_backward per k) v of those."""
+    if sched.overlap_p2p or sched.stages == 1:
+        return 0.0
+    if sched.two_way_s:
+        return max(1, sched.chunks) * sched.two_way_s
+    return 2 * sched.p2p_s
 
 
 def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
@@ -391,7 +406,7 @@ def timeline(passes: Sequence[StagePass], sched: Schedule, start_s: float = 0.0)
     Each block: {stage, stream, name, microbatch (first), microbatches (count), start_s, end_s}."""
     total = pipeline_time(passes, sched).time_s
     p, m, v = sched.stages, sched.microbatches, max(1, sched.chunks)
-    period = max(x.total_s for x in passes) + _steady_wait(sched)
+    period = max(x.total_s for x in passes) + steady_wait(sched)
     events: list[dict] = []
     each = 2 * m * v * p <= MAX_EVENTS
     for s, (x, lead, tail) in enumerate(zip(passes, *_offsets(passes, sched, total), strict=True)):
@@ -423,7 +438,7 @@ def _offsets(passes: Sequence[StagePass], sched: Schedule, total: float) -> tupl
     fill and drain of the stages above it (chunks of their real sizes, plus a send each), shrunk where a
     schedule's smaller bubble (zero-bubble, DualPipe) leaves the stage less idle time than that."""
     m, v = sched.microbatches, max(1, sched.chunks)
-    period = max(x.total_s for x in passes) + _steady_wait(sched)
+    period = max(x.total_s for x in passes) + steady_wait(sched)
     leads, tails, lead, tail = [], [], 0.0, 0.0
     for x in passes:
         leads.append(lead)
@@ -479,6 +494,7 @@ __all__ = [
     "pipeline_time",
     "register",
     "schedule_traits",
+    "steady_wait",
     "timeline",
     "warmup_microbatches",
 ]

@@ -85,7 +85,7 @@ from .kernels import (
 )
 from .ledger import held_ctas
 from .memory import Memory, memory_per_stage, offloaded_bytes
-from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, timeline
+from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, steady_wait, timeline
 from .recompute import layer_counts
 from .rules.context_parallel import rotate_method
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
@@ -225,9 +225,19 @@ class StepTime:
     timeline: list[dict] = field(default_factory=list)
 
 
-def schedule_of(ctx: Context, p2p_s: float = 0.0, overlap_p2p: bool = False) -> Schedule:
+def schedule_of(ctx: Context, p2p_s: float = 0.0, overlap_p2p: bool = False, two_way_s: float = 0.0) -> Schedule:
     par = ctx.par
-    return Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank, p2p_s, overlap_p2p)
+    return Schedule(
+        par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank, p2p_s, overlap_p2p, two_way_s
+    )
+
+
+def schedule_for(ctx: Context, totals: StreamTotals, overlap_p2p: bool) -> Schedule:
+    """The schedule as the step runs it, from the iteration's stream totals: one boundary crossing
+    (``StreamTotals.p2p_s``) and, where the flavour's schedule exchanges both ways at once once per chunk
+    (``Flavour.two_way_exchange_schedules``), that exchange (``StreamTotals.two_way_s``; pipeline.steady_wait)."""
+    two_way = ctx.par.pipeline_schedule in ctx.flavour.two_way_exchange_schedules
+    return schedule_of(ctx, totals.p2p_s, overlap_p2p, totals.two_way_s if two_way else 0.0)
 
 
 def memory(ctx: Context, gpu: GPUSpec, calls: Sequence = ()) -> Memory:
@@ -251,11 +261,11 @@ def step_time(
     check_gpu(gpu, compute_dtype(ctx), ctx)
     flags = overlap.resolved(ctx)
     stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
-    p2p = _assign_calls(ctx, calls, stages, flags, gpu)
+    totals = _assign_calls(ctx, calls, stages, flags, gpu)
     if ctx.training and ctx.work.cpu_offloading_num_layers:
         for st in stages:
             _offload(st, offloaded_bytes(ctx, st.stage) / (host_GBps * 1e9))
-    sched = schedule_of(ctx, p2p, bool(flags.overlap_p2p))
+    sched = schedule_for(ctx, totals, bool(flags.overlap_p2p))
     if not ctx.training:
         return _inference(ctx, stages, sched, gpu, with_timeline)
     return _training(ctx, stages, sched, gpu, flags, with_timeline)
@@ -321,6 +331,16 @@ class StreamTotals:
         send's (the shape row's own price); else the send alone. Megatron-LM's scatter/gather adds the receiver's
         TP all-gather (rules/pipeline.py GATHER_CALLS)."""
         return self.send_s + self.shape_s + self.gather_s
+
+    @property
+    def two_way_s(self) -> float:
+        """One crossing that sends both ways at once (pipeline.Schedule.two_way_s): the output to the next rank and
+        the input gradient to the previous one leave through the same GPU's egress (its NIC, or NVLink), so the
+        tensor send's time twice (its latency counted twice too: an upper bound by that latency); the shape
+        exchange once; and, under scatter/gather, a TP all-gather per received tensor, one after the other
+        (Megatron-LM 6985e58 p2p_communication.py _communicate: gather_split_1d_tensor for recv_prev, then
+        recv_next)."""
+        return self.p2p_s + self.send_s + self.gather_s
 
     def __add__(self, other: StreamTotals) -> StreamTotals:
         out = StreamTotals(
@@ -889,11 +909,11 @@ def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None
         st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
 
 
-def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> float:
-    """Sums each call's time per stage into the stream it runs on; returns one pipeline send's time."""
+def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> StreamTotals:
+    """Sums each call's time per stage into the stream it runs on; returns the totals (the pipeline's sends)."""
     totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx, flags))
     assign_streams(ctx, totals, stages, flags, gpu)
-    return totals.p2p_s
+    return totals
 
 
 def _combined_pairs(ctx: Context, st: StageStep, gpu: GPUSpec) -> None:
@@ -1060,9 +1080,8 @@ def _training(
     # compute as it runs: slowed by the communication hidden behind it (planner/contention.py)
     passes_s = st.compute.forward.total_s + st.slow_fwd_s + st.compute.backward.total_s + st.slow_bwd_s
     compute = m * passes_s + st.compute.optimizer_s + st.slow_dp_s
-    steady_wait = 0.0 if sched.overlap_p2p or sched.stages == 1 else 2 * sched.p2p_s
     exposed = (
-        m * (st.fwd_comm_s + st.bwd_comm_s + steady_wait)
+        m * (st.fwd_comm_s + st.bwd_comm_s + steady_wait(sched))
         + 2 * (sched.stages - 1) * sched.p2p_s
         + st.exposed_dp_s
         + st.tail_s
@@ -1295,6 +1314,7 @@ __all__ = [
     "exposed_grad_reduce",
     "exposed_param_gather",
     "memory",
+    "schedule_for",
     "schedule_of",
     "step_time",
     "stream_totals",

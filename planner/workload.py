@@ -76,7 +76,8 @@ class WorkloadSpec:
     # how an eager framework runs its RMSNorm (planner/kernels.py RMSNORM_OPS): "ops" = the op chain of
     # torchtitan's RMSNorm (norm_type "rmsnorm" up to 2025: x.float(), pow, mean, + eps, rsqrt, mul, type_as, * weight,
     # and autograd's backward of each); "fused" = one kernel each way (F.rms_norm on CUDA, TE, Inductor); None = the
-    # framework's (fused)
+    # framework's (fused); "apex" = Megatron-LM's MixedFusedLayerNorm before its persistent kernel (Megatron-LM
+    # 6985e58, planner/kernels.py APEX_LAYER_NORM)
     norm_kernel: str | None = None
     # torch.optim.AdamW's implementation (torchtitan optimizer.implementation; 9dec370: foreach unless
     # --optimizer.fused): "fused" | "foreach"; None = "fused" (planner/kernels.py TORCH_ADAMW_BYTES)
@@ -217,7 +218,7 @@ def _inference_workload(w: WorkloadSpec) -> None:
         at_least_one("workload.context_length", w.context_length)
 
 
-NORM_KERNELS = ("fused", "ops")
+NORM_KERNELS = ("fused", "ops", "apex")
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach")
 RECOMPUTE_METHODS = ("uniform", "block")
 # Megatron-Core --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules)

@@ -232,6 +232,14 @@ class Flavour:
     tp_overlap_sms: tuple[tuple[str, int], ...] = ()
     # pipeline schedules whose sends overlap compute by default (Megatron --overlap-p2p-communication)
     overlap_p2p_schedules: frozenset[str] = frozenset()
+    # pipeline schedules whose steady state, when its sends do not overlap, exchanges both ways at once once per
+    # chunk forward + backward (Megatron's interleaved: send_forward_backward_recv_forward_backward; step.py
+    # two_way_s); the others run two one-way exchanges a micro-batch
+    two_way_exchange_schedules: frozenset[str] = frozenset()
+    # the hidden sizes whose norms run apex's persistent LayerNorm in Megatron-LM's MixedFusedLayerNorm (the others run
+    # its older kernels: planner/kernels.py APEX_LAYER_NORM, apex_norm); None: the flavour's norms are its own fused
+    # kernel (TransformerEngine, torch) unless workload.norm_kernel says otherwise
+    persist_layer_norm_sizes: frozenset[int] | None = None
     # elements per gradient bucket once overlap is on: (ParallelSpec, gradient element bytes) -> elements
     overlap_bucket_elements: Callable = field(default=lambda par, grad_bytes: 1 << 62, compare=False)
 

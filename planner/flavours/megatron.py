@@ -123,5 +123,9 @@ FLAVOUR = Flavour(
     overlap_zero_stages=frozenset(),  # DistributedDataParallelConfig overlap_grad_reduce / overlap_param_gather False
     prefetches_units=False,
     overlap_p2p_schedules=frozenset({"interleaved"}),  # --overlap-p2p-communication (interleaved only)
+    # schedules.py d98e8a6 l. 1900-1940 (Megatron-LM 6985e58 the same): without overlap_p2p_comm the interleaved
+    # steady state runs, after each chunk's forward and backward, one send_forward_backward_recv_forward_backward
+    # (the output to the next rank and the input gradient to the previous one, batch_isend_irecv)
+    two_way_exchange_schedules=frozenset({"interleaved"}),
     overlap_bucket_elements=_overlap_bucket_elements,
 )

@@ -33,5 +33,13 @@ FLAVOUR = replace(
     # pretrain_gpt.py get_batch at 6985e58 / 55ba1f7b96 on every stage: mpu.broadcast_data(["text"], ...) (the sizes,
     # then b x (s + 1) int64), the masks and position ids built on each rank (rules/tensor.py _packed_batch)
     tp_batch_packed=True,
+    # megatron/model/fused_layer_norm.py at 55ba1f7b96: MixedFusedLayerNorm runs apex's FastLayerNormFN for these
+    # hidden sizes (persist_ln_hidden_sizes; --no-persist-layer-norm store_true; arguments.py turns the persistent
+    # kernel off below PyTorch 1.11) and its own older kernels (fused_mix_prec_layer_norm_cuda) otherwise; 6985e58
+    # has only the older ones, which a run of that code states as workload.norm_kernel "apex" (kernels.APEX_LAYER_NORM)
+    persist_layer_norm_sizes=frozenset(
+        {1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 6144, 8192, 10240, 12288, 12800, 15360, 16384, 18432}
+        | {20480, 24576, 25600, 30720, 32768, 40960, 49152, 65536}
+    ),
     pp_source="megatron/p2p_communication.py, schedules.py at 6985e58 (scatter/gather: Narayanan et al. 2021 §4.1)",
 )

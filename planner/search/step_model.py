@@ -67,6 +67,7 @@ from ..step import (
     chunk_shares,
     chunk_shares_key,
     critical_path,
+    schedule_for,
     schedule_of,
     stage_passes,
     stream_totals,
@@ -617,7 +618,7 @@ class StepModel:
         for part in parts[1:]:
             totals = totals + part.totals(m, zero, par.pp)
         assign_streams(ctx, totals, stages, flags, self.gpu)
-        sched = schedule_of(ctx, totals.p2p_s, bool(flags.overlap_p2p))
+        sched = schedule_for(ctx, totals, bool(flags.overlap_p2p))
         return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
 
 
