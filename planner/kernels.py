@@ -403,6 +403,11 @@ ATTENTION_FP8_SPEEDUP = {("cudnn", 90): (1.54, 1.5)}
 # dK, dV dequantized (combine_and_dequantize: read 1, write 2). A bf16 backward reads the saved bf16 q, k, v.
 FP8_DPA_CAT_BYTES = 4
 FP8_DPA_DEQUANTIZE_BYTES = 3
+# the quantizer calls of Q, K, V under MXFP8, one a tensor (no cat): TE's own MXFP8 reference quantizes
+# ``[quantizer(x) for x in [q, k, v]]`` (tests/pytorch attention _UnfusedDPAQuantizationEmulator, the MXFP8 branch
+# beside combine_and_quantize's); each call takes the recipe's quantize launches. The backward's dQ, dK, dV
+# dequantize stays one launch (not read for MXFP8)
+FP8_DPA_QKV_TENSORS = 3
 
 
 def head_dim_rate(kernel: str, d: float) -> tuple[float, float]:
@@ -1909,8 +1914,9 @@ def host_sync(ctx: Context, forward: tuple[Kernel, ...]) -> tuple[int, int] | No
 def queue_launch_s(ctx: Context, eff: Efficiency) -> float:
     """The host's seconds per launch in a synced layer's queue (compute.layer_pass, planner/host.py): a calibrated
     ``host_launch_s`` as given (the user's own host); else the flavour's own (Flavour.host_launch_s: torchtitan's
-    eager layer) at the node's host factor (``host_per_op``); else Efficiency's (Megatron-Core's measured layer,
-    already at that factor), or the eager dispatch ``cpu_op_s`` where that is 0."""
+    eager layer) at the node's host factor (``host_per_op``); else Efficiency's (Megatron-Core's measured layer, kept
+    on every host: the factor scales eager PyTorch's host costs only, 76fb6e1), or the eager dispatch ``cpu_op_s``
+    (at the factor) where that is 0."""
     own = ctx.flavour.host_launch_s
     if own and not eff.host_launch_given:
         return own * eff.host_per_op
@@ -1962,19 +1968,25 @@ def _forward_nodes(forward: tuple[Kernel, ...], sync: tuple[int, int]) -> list[s
 
 def _backward_nodes(backward: tuple[Kernel, ...], forward: tuple[Kernel, ...], f_nodes: list[str]) -> list[str]:
     """The node of each kernel of the layer's ``backward``: its forward kernel's (the name less .bwd / .dgrad /
-    .wgrad, the k-th of a repeated name the k-th), attention's backward in attn, the experts' and the attention's
-    weight gradients in their node's backward_dw (the router's stays in post_attn: a plain module's wgrad, not a
-    backward_dw), the rest in mlp."""
+    .wgrad, the k-th of a repeated name the k-th); without a twin, the node of the forward's first kernel of its
+    family (the name before the first "."; FP8 attention's backward casts, fp8_attn.dout_quantize and
+    fp8_attn.dqkv_dequantize, in attn with the forward's fp8_attn casts: TE's FusedAttnFunc.backward runs them); then
+    attention's backward in attn, the experts' and the attention's weight gradients in their node's backward_dw (the
+    router's stays in post_attn: a plain module's wgrad, not a backward_dw), the rest in mlp."""
     where: dict[str, list[str]] = {}
+    family: dict[str, str] = {}
     for k, node in zip(forward, f_nodes, strict=True):
         where.setdefault(k.name, []).append(node)
+        if "." in k.name:
+            family.setdefault(k.name.split(".", 1)[0], node)
     seen: dict[str, int] = {}
     nodes = []
     for k in backward:
         base = next((k.name[: -len(s)] for s in _BACKWARD_SUFFIXES if k.name.endswith(s)), k.name)
         i = seen[k.name] = seen.get(k.name, -1) + 1
         found = where.get(base, ())
-        node = found[min(i, len(found) - 1)] if found else "attn" if k.kind == "attention" else "mlp"
+        kin = family.get(k.name.split(".", 1)[0]) if "." in k.name else None
+        node = found[min(i, len(found) - 1)] if found else kin or ("attn" if k.kind == "attention" else "mlp")
         wgrad = k.name.endswith(".wgrad") and node in ("attn", "mlp") and k.kind == "gemm"
         nodes.append(node + "_dw" if wgrad else node)
     return nodes
@@ -2611,10 +2623,13 @@ def fp8_attention_casts(
     out = tokens * heads * v
     read = recipe.cast_read_bytes + recipe.saved_input_bytes  # one copy (rowwise; V columnwise under MXFP8)
     launches = recipe.quantize_launches
-    cat = [] if recipe.activation_block else [memory_kernel("fp8_attn.qkv_cat", FP8_DPA_CAT_BYTES * qkv, gpu, eff)]
+    # MXFP8 quantizes Q, K and V each on its own (no cat: FP8_DPA_QKV_TENSORS), the others the concatenated one
+    qkv_launches = launches * (FP8_DPA_QKV_TENSORS if recipe.activation_block else 1)
+    cat_bytes = FP8_DPA_CAT_BYTES * qkv
+    cat = [] if recipe.activation_block else [memory_kernel("fp8_attn.qkv_cat", cat_bytes, gpu, eff, 1, floor)]
     fwd = (
         *cat,
-        memory_kernel("fp8_attn.qkv_quantize", read * qkv, gpu, eff, launches, floor),
+        memory_kernel("fp8_attn.qkv_quantize", read * qkv, gpu, eff, qkv_launches, floor),
         memory_kernel("fp8_attn.out_dequantize", FP8_DPA_DEQUANTIZE_BYTES * out, gpu, eff, 1, floor),
     )
     if not backward_fp8:
