@@ -253,3 +253,24 @@ def test_fp8_attentions_backward_casts_are_in_the_attention_node(recipe):
     _, _, queued = combined_pair_launches(ctx, lk)
     _, _, plain_queued = combined_pair_launches(plain, layer_kernels(plain, True, H100, EFFICIENCY))
     assert queued == plain_queued
+
+
+def test_the_delta_prices_each_pass_once(monkeypatch):
+    """_combined_delta_of takes the per-pass rule's host waits from the pricing combined_pair starts from: two
+    layer_pass calls a layer (forward, backward), not four (review r9a finding 7); the pair's less those."""
+    import planner.compute as compute
+
+    ctx, calls = qwen3_fp8("tensorwise"), []
+    real = compute.layer_pass
+
+    def counted(*a, **k):
+        calls.append(k.get("backward", False))
+        return real(*a, **k)
+
+    monkeypatch.setattr(compute, "layer_pass", counted)
+    f, b = compute._combined_delta_of(ctx, True, H100, EFFICIENCY)
+    assert sorted(calls) == [False, True]
+    lk = layer_kernels(ctx, True, H100, EFFICIENCY)
+    pf, pb = combined_pair(ctx, lk, EFFICIENCY)
+    assert f == pf.host_s - real(ctx, lk, EFFICIENCY).host_s and b == pb.host_s - real(ctx, lk, EFFICIENCY, True).host_s
+    assert f != 0.0
