@@ -25,9 +25,10 @@ micro-batch takes the same time on every stage), whose makespan is sum_j t_j + (
 "Scheduling: Theory, Algorithms, and Systems", 5th ed., §6.2, proportionate flow shop), so the bubble waits for the
 slowest of the m micro-batches: (p - 1)·sigma·E[max of m]; the data-parallel ranks each sum m micro-batches and the
 gradient reduction waits for the slowest: sigma·sqrt(m)·E[max of dp]. Both maxima as of independent normal
-micro-batches (the packs' dependence through their first documents is not counted). Under interleaving the bubble
-term is kept, not divided by v: a device runs v of the p·v chunk stages, outside the flow-shop argument
-(docs/step-time.md, left open)."""
+micro-batches (the packs' dependence through their first documents is not counted). The bubble term is known
+wrong for Megatron's orders (open): 1F1B alternates forwards and backwards and the interleaved schedule runs v chunk
+stages a device, outside the flow-shop argument; bench/document_wait_sim.py measures 2.1-2.7x the term for 1F1B,
+0.35-0.65x interleaved (docs/step-time.md)."""
 
 from __future__ import annotations
 
