@@ -2455,25 +2455,26 @@ def causal_keys(s: int, window: int | None) -> float:
 
 
 @lru_cache(maxsize=256)  # a request may pack 65,536 documents; asked per layer and pass (bounded, keyed by value)
-def document_keys(lengths: tuple[int, ...], window: int | None) -> float:
-    """Mean keys a query attends to when the sequence packs documents of ``lengths`` (workload.document_lengths),
-    each causal within itself: sum_i L_i · causal_keys(L_i, w) / sum_i L_i. The kernels skip the blocks outside a
-    document (FlashAttention's varlen path over cu_seqlens; TE's THD format), so their work is sum_i L_i(L_i + 1)/2
-    query-key pairs, the per-document form of the sum(L_i²) Megatron-LM d98e8a6 training.py
-    num_floating_point_operations counts for packed (THD) batches (seqlen_squared_sum_in_batch). Under context
-    parallelism TE splits each document into 2·cp chunks, rank r holding chunks r and 2cp-1-r of each
+def document_keys(histogram: tuple[tuple[int, int], ...], window: int | None) -> float:
+    """Mean keys a query attends to when the sequence packs documents of ``histogram``'s lengths, (length, count)
+    pairs (WorkloadSpec.document_histogram: workload.document_lengths counted once, so the cache key hashes the
+    distinct lengths, not every document), each causal within itself: sum_i L_i · causal_keys(L_i, w) / sum_i L_i.
+    The kernels skip the blocks outside a document (FlashAttention's varlen path over cu_seqlens; TE's THD format),
+    so their work is sum_i L_i(L_i + 1)/2 query-key pairs, the per-document form of the sum(L_i²) Megatron-LM d98e8a6
+    training.py num_floating_point_operations counts for packed (THD) batches (seqlen_squared_sum_in_batch). Under
+    context parallelism TE splits each document into 2·cp chunks, rank r holding chunks r and 2cp-1-r of each
     (context_parallel.py get_cu_seqlens_on_cp_rank: each document's two halves; thd_get_partitioned_indices), so
     every rank averages the same."""
-    return sum(n * causal_keys(n, window) for n in lengths) / sum(lengths)
+    return sum(n * c * causal_keys(n, window) for n, c in histogram) / sum(n * c for n, c in histogram)
 
 
 def flops_keys(ctx: Context) -> float:
     """Keys per query the model FLOPs (MFU) count: kv_length, the whole square (PaLM Appendix B), or with packed
     documents sum(L_i²)/s, as Megatron-LM d98e8a6 training.py num_floating_point_operations replaces batch · s² by
     seqlen_squared_sum_in_batch = sum_i L_i² for THD batches."""
-    lengths = ctx.work.document_lengths if ctx.training else None
-    if lengths:
-        return sum(n * n for n in lengths) / sum(lengths)
+    counted = ctx.work.document_histogram if ctx.training else None
+    if counted:
+        return sum(n * n * c for n, c in counted) / sum(n * c for n, c in counted)
     return kv_length(ctx)
 
 
@@ -2507,7 +2508,7 @@ def cp_rank_causal_keys(ctx: Context, window: int | None = None) -> float:
     (w(w+1)/2 - a(a+1)/2 + (s - w)·w) / n."""
     s, c = ctx.s, ctx.par.cp
     if ctx.training and ctx.work.document_lengths:  # packed documents (parallel._documents_fit: TE's per-document CP)
-        return document_keys(ctx.work.document_lengths, window)
+        return document_keys(ctx.work.document_histogram, window)
     if c > 1 and ctx.par.cp_load_balance is False:
         n = s / c
         a = s - n
