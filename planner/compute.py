@@ -153,6 +153,15 @@ def combined_pair(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[Pass
     The class sums stay each pass's own GPU time (layer_pass); the GPU's wait for the host, the period less both
     passes' GPU time, is split between them in proportion to their launches. None where layer_pass's per-pass rule
     stays (no count sync: CUDA graphs, torchtitan, a capacity factor; or a layer that does not split into nodes)."""
+    both = _pair_and_passes(ctx, lk, eff)
+    return None if both is None else both[0]
+
+
+def _pair_and_passes(
+    ctx: Context, lk: LayerKernels, eff: Efficiency
+) -> tuple[tuple[PassTime, PassTime], tuple[PassTime, PassTime]] | None:
+    """combined_pair's (forward, backward) and layer_pass's, which it starts from: one pricing of each pass for
+    combined_pair and _combined_delta_of."""
     pair = combined_pair_launches(ctx, lk)
     if pair is None:
         return None
@@ -162,7 +171,8 @@ def combined_pair(ctx: Context, lk: LayerKernels, eff: Efficiency) -> tuple[Pass
     fwd, bwd = layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
     wait = max(0.0, period - (fwd.total_s - fwd.host_s) - (bwd.total_s - bwd.host_s))
     f_n, b_n = sum(k.count for k in lk.forward), sum(k.count for k in lk.backward)
-    return replace(fwd, host_s=wait * f_n / (f_n + b_n)), replace(bwd, host_s=wait * b_n / (f_n + b_n))
+    paired = replace(fwd, host_s=wait * f_n / (f_n + b_n)), replace(bwd, host_s=wait * b_n / (f_n + b_n))
+    return paired, (fwd, bwd)
 
 
 def combined_pair_delta(
@@ -185,14 +195,11 @@ _COMBINED_DELTA: dict = {}
 
 
 def _combined_delta_of(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> tuple[float, float]:
-    lk = layer_kernels(ctx, moe, gpu, eff)
-    pair = combined_pair(ctx, lk, eff)
-    if pair is None:
+    both = _pair_and_passes(ctx, layer_kernels(ctx, moe, gpu, eff), eff)
+    if both is None:
         return 0.0, 0.0
-    return (
-        pair[0].host_s - layer_pass(ctx, lk, eff).host_s,
-        pair[1].host_s - layer_pass(ctx, lk, eff, backward=True).host_s,
-    )
+    (f_pair, b_pair), (fwd, bwd) = both
+    return f_pair.host_s - fwd.host_s, b_pair.host_s - bwd.host_s
 
 
 @dataclass(frozen=True)

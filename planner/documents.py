@@ -13,20 +13,27 @@ its query-key pairs W = sum L(L+1)/2 over its documents (each causal within itse
 computation: from each first document, the fills the pack passes through (each fill a state, documents added while
 they fit), which give the pack's (T, W) and the next pack's first document; the first documents form a Markov chain
 whose stationary distribution weighs them. ``expected_max``: E[max of n independent standard normals] by quadrature.
-``document_wait_s``: what the step takes from the imbalance, over the critical stage's mean micro-batch (time t_lin
-outside the core attention, t_attn in it; the planner's mean): a micro-batch of b packs takes t = t_lin·T/E[T] +
-t_attn·W/E[W] summed over them, standard deviation sigma. The pipeline is a proportionate flow shop (each
+``document_wait_s``: what the step takes from the imbalance, over the critical stage's micro-batch as the planner
+prices it (b packs of s tokens each: time t_lin in the token work outside the core attention, the host's waits left
+out, t_attn in it at the corpus's pairs per token E[W]/E[T]): a pack takes t = (t_lin·T + t_attn·W·E[T]/E[W]) / s,
+a micro-batch their mean over its b packs, standard deviation sigma. Megatron does not pad a pack to the
+sequence: data_schedule_utils.py build_packed_microbatches / _pack_sequences concatenate the documents at their
+own padded_seq_len (cu_seqlens_padded is their cumulative sum; Megatron-LM main 65b9207, the stored copy: not
+re-read at d98e8a6), so T varies and its term stays. The planner's mean prices full packs (s, not E[T], tokens):
+the mean step is not lowered for the packs' slack (not modelled). The pipeline is a proportionate flow shop (each
 micro-batch takes the same time on every stage), whose makespan is sum_j t_j + (p - 1)·max_j t_j (Pinedo,
 "Scheduling: Theory, Algorithms, and Systems", 5th ed., §6.2, proportionate flow shop), so the bubble waits for the
 slowest of the m micro-batches: (p - 1)·sigma·E[max of m]; the data-parallel ranks each sum m micro-batches and the
 gradient reduction waits for the slowest: sigma·sqrt(m)·E[max of dp]. Both maxima as of independent normal
-micro-batches (the packs' dependence through their first documents is not counted)."""
+micro-batches (the packs' dependence through their first documents is not counted). The bubble term is known
+wrong for Megatron's orders (open): 1F1B alternates forwards and backwards and the interleaved schedule runs v chunk
+stages a device, outside the flow-shop argument; bench/document_wait_sim.py measures 2.1-2.7x the term for 1F1B,
+0.35-0.65x interleaved (docs/step-time.md)."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
@@ -52,13 +59,15 @@ class PackMoments:
 
 
 @lru_cache(maxsize=64)  # keyed by value: a search asks once per layout
-def pack_moments(lengths: tuple[int, ...], capacity: int) -> PackMoments:
-    """Exact stationary moments of next-fit packs of documents drawn from ``lengths`` (module docstring)."""
-    counts = Counter(lengths)
-    sizes = sorted(counts)
+def pack_moments(histogram: tuple[tuple[int, int], ...], capacity: int) -> PackMoments:
+    """Exact stationary moments of next-fit packs of documents drawn from ``histogram``, (length, count) pairs by
+    length (WorkloadSpec.document_histogram: the corpus counted once, so the key hashes the distinct lengths, not
+    every document; module docstring)."""
+    sizes = [n for n, _ in histogram]
     if sizes[-1] > capacity:
         raise SpecError(FIELD, f"a document of {sizes[-1]} tokens does not fit a packed sequence of {capacity}")
-    q = [counts[n] / len(lengths) for n in sizes]
+    total = sum(c for _, c in histogram)
+    q = [c / total for _, c in histogram]
     pairs = [n * (n + 1) / 2 for n in sizes]
     k = len(sizes)
     steps = k * k * (capacity // math.gcd(*sizes, capacity) + 1)
@@ -139,10 +148,15 @@ def expected_max(n: int) -> float:
     return total * h
 
 
-def micro_batch_sigma(moments: PackMoments, packs: int, linear_s: float, attention_s: float) -> float:
-    """Standard deviation of a micro-batch of ``packs`` independent packs whose mean takes ``linear_s`` outside the
-    core attention and ``attention_s`` in it: t = linear_s·T/E[T] + attention_s·W/E[W] per pack, averaged."""
-    a, c = linear_s / moments.tokens, attention_s / moments.pairs
+def micro_batch_sigma(moments: PackMoments, packs: int, tokens: int, linear_s: float, attention_s: float) -> float:
+    """Standard deviation of a micro-batch of ``packs`` independent packs, priced (the planner's mean micro-batch)
+    at ``tokens`` tokens a pack (the sequence: the step prices every pack full) with ``linear_s`` outside the core
+    attention and ``attention_s`` in it. The linear work is per token: a = linear_s / tokens a token. The core
+    attention is priced at the corpus's pairs per token, E[W]/E[T] (kernels.document_keys: sum L(L+1)/2 / sum L, the
+    renewal-reward ratio of a pack's means), times the tokens: c = attention_s·E[T] / (tokens·E[W]) a pair. The
+    micro-batch takes the mean over its packs of a·T + c·W: standard deviation sqrt(Var(a·T + c·W) / packs)."""
+    a = linear_s / tokens
+    c = attention_s * moments.tokens / (tokens * moments.pairs)
     var = a * a * moments.var_tokens + c * c * moments.var_pairs + 2 * a * c * moments.cov
     return math.sqrt(max(0.0, var) / packs)
 
@@ -150,12 +164,13 @@ def micro_batch_sigma(moments: PackMoments, packs: int, linear_s: float, attenti
 def document_wait_s(ctx, linear_s: float, attention_s: float) -> float:
     """Seconds the step waits for the slowest packed micro-batch (module docstring): (p - 1)·sigma·E[max of m] for
     the pipeline's bubble, sigma·sqrt(m)·E[max of dp] for the data-parallel ranks; 0 without "dp_balanced"
-    packing. ``linear_s``, ``attention_s``: the critical stage's mean micro-batch, forward and backward."""
+    packing. ``linear_s``, ``attention_s``: the critical stage's mean micro-batch (ctx.b packs of ctx.s tokens),
+    forward and backward, the token work only (the host's waits do not scale with a pack's tokens)."""
     work = ctx.work
     if not (ctx.training and work.document_packing == "dp_balanced" and work.document_lengths):
         return 0.0
-    moments = pack_moments(work.document_lengths, ctx.s)
-    sigma = micro_batch_sigma(moments, ctx.b, linear_s, attention_s)
+    moments = pack_moments(work.document_histogram, ctx.s)
+    sigma = micro_batch_sigma(moments, ctx.b, ctx.s, linear_s, attention_s)
     m, p, dp = ctx.micro_batches, ctx.par.pp, ctx.par.dp
     return (p - 1) * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(dp)
 

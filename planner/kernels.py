@@ -403,6 +403,11 @@ ATTENTION_FP8_SPEEDUP = {("cudnn", 90): (1.54, 1.5)}
 # dK, dV dequantized (combine_and_dequantize: read 1, write 2). A bf16 backward reads the saved bf16 q, k, v.
 FP8_DPA_CAT_BYTES = 4
 FP8_DPA_DEQUANTIZE_BYTES = 3
+# the quantizer calls of Q, K, V under MXFP8, one a tensor (no cat): TE's own MXFP8 reference quantizes
+# ``[quantizer(x) for x in [q, k, v]]`` (tests/pytorch attention _UnfusedDPAQuantizationEmulator, the MXFP8 branch
+# beside combine_and_quantize's); each call takes the recipe's quantize launches. The backward's dQ, dK, dV
+# dequantize stays one launch (not read for MXFP8)
+FP8_DPA_QKV_TENSORS = 3
 
 
 def head_dim_rate(kernel: str, d: float) -> tuple[float, float]:
@@ -1909,8 +1914,9 @@ def host_sync(ctx: Context, forward: tuple[Kernel, ...]) -> tuple[int, int] | No
 def queue_launch_s(ctx: Context, eff: Efficiency) -> float:
     """The host's seconds per launch in a synced layer's queue (compute.layer_pass, planner/host.py): a calibrated
     ``host_launch_s`` as given (the user's own host); else the flavour's own (Flavour.host_launch_s: torchtitan's
-    eager layer) at the node's host factor (``host_per_op``); else Efficiency's (Megatron-Core's measured layer,
-    already at that factor), or the eager dispatch ``cpu_op_s`` where that is 0."""
+    eager layer) at the node's host factor (``host_per_op``); else Efficiency's (Megatron-Core's measured layer, kept
+    on every host: the factor scales eager PyTorch's host costs only, 76fb6e1), or the eager dispatch ``cpu_op_s``
+    (at the factor) where that is 0."""
     own = ctx.flavour.host_launch_s
     if own and not eff.host_launch_given:
         return own * eff.host_per_op
@@ -1962,19 +1968,25 @@ def _forward_nodes(forward: tuple[Kernel, ...], sync: tuple[int, int]) -> list[s
 
 def _backward_nodes(backward: tuple[Kernel, ...], forward: tuple[Kernel, ...], f_nodes: list[str]) -> list[str]:
     """The node of each kernel of the layer's ``backward``: its forward kernel's (the name less .bwd / .dgrad /
-    .wgrad, the k-th of a repeated name the k-th), attention's backward in attn, the experts' and the attention's
-    weight gradients in their node's backward_dw (the router's stays in post_attn: a plain module's wgrad, not a
-    backward_dw), the rest in mlp."""
+    .wgrad, the k-th of a repeated name the k-th); without a twin, the node of the forward's first kernel of its
+    family (the name before the first "."; FP8 attention's backward casts, fp8_attn.dout_quantize and
+    fp8_attn.dqkv_dequantize, in attn with the forward's fp8_attn casts: TE's FusedAttnFunc.backward runs them); then
+    attention's backward in attn, the experts' and the attention's weight gradients in their node's backward_dw (the
+    router's stays in post_attn: a plain module's wgrad, not a backward_dw), the rest in mlp."""
     where: dict[str, list[str]] = {}
+    family: dict[str, str] = {}
     for k, node in zip(forward, f_nodes, strict=True):
         where.setdefault(k.name, []).append(node)
+        if "." in k.name:
+            family.setdefault(k.name.split(".", 1)[0], node)
     seen: dict[str, int] = {}
     nodes = []
     for k in backward:
         base = next((k.name[: -len(s)] for s in _BACKWARD_SUFFIXES if k.name.endswith(s)), k.name)
         i = seen[k.name] = seen.get(k.name, -1) + 1
         found = where.get(base, ())
-        node = found[min(i, len(found) - 1)] if found else "attn" if k.kind == "attention" else "mlp"
+        kin = family.get(k.name.split(".", 1)[0]) if "." in k.name else None
+        node = found[min(i, len(found) - 1)] if found else kin or ("attn" if k.kind == "attention" else "mlp")
         wgrad = k.name.endswith(".wgrad") and node in ("attn", "mlp") and k.kind == "gemm"
         nodes.append(node + "_dw" if wgrad else node)
     return nodes
@@ -2443,25 +2455,26 @@ def causal_keys(s: int, window: int | None) -> float:
 
 
 @lru_cache(maxsize=256)  # a request may pack 65,536 documents; asked per layer and pass (bounded, keyed by value)
-def document_keys(lengths: tuple[int, ...], window: int | None) -> float:
-    """Mean keys a query attends to when the sequence packs documents of ``lengths`` (workload.document_lengths),
-    each causal within itself: sum_i L_i · causal_keys(L_i, w) / sum_i L_i. The kernels skip the blocks outside a
-    document (FlashAttention's varlen path over cu_seqlens; TE's THD format), so their work is sum_i L_i(L_i + 1)/2
-    query-key pairs, the per-document form of the sum(L_i²) Megatron-LM d98e8a6 training.py
-    num_floating_point_operations counts for packed (THD) batches (seqlen_squared_sum_in_batch). Under context
-    parallelism TE splits each document into 2·cp chunks, rank r holding chunks r and 2cp-1-r of each
+def document_keys(histogram: tuple[tuple[int, int], ...], window: int | None) -> float:
+    """Mean keys a query attends to when the sequence packs documents of ``histogram``'s lengths, (length, count)
+    pairs (WorkloadSpec.document_histogram: workload.document_lengths counted once, so the cache key hashes the
+    distinct lengths, not every document), each causal within itself: sum_i L_i · causal_keys(L_i, w) / sum_i L_i.
+    The kernels skip the blocks outside a document (FlashAttention's varlen path over cu_seqlens; TE's THD format),
+    so their work is sum_i L_i(L_i + 1)/2 query-key pairs, the per-document form of the sum(L_i²) Megatron-LM d98e8a6
+    training.py num_floating_point_operations counts for packed (THD) batches (seqlen_squared_sum_in_batch). Under
+    context parallelism TE splits each document into 2·cp chunks, rank r holding chunks r and 2cp-1-r of each
     (context_parallel.py get_cu_seqlens_on_cp_rank: each document's two halves; thd_get_partitioned_indices), so
     every rank averages the same."""
-    return sum(n * causal_keys(n, window) for n in lengths) / sum(lengths)
+    return sum(n * c * causal_keys(n, window) for n, c in histogram) / sum(n * c for n, c in histogram)
 
 
 def flops_keys(ctx: Context) -> float:
     """Keys per query the model FLOPs (MFU) count: kv_length, the whole square (PaLM Appendix B), or with packed
     documents sum(L_i²)/s, as Megatron-LM d98e8a6 training.py num_floating_point_operations replaces batch · s² by
     seqlen_squared_sum_in_batch = sum_i L_i² for THD batches."""
-    lengths = ctx.work.document_lengths if ctx.training else None
-    if lengths:
-        return sum(n * n for n in lengths) / sum(lengths)
+    counted = ctx.work.document_histogram if ctx.training else None
+    if counted:
+        return sum(n * n * c for n, c in counted) / sum(n * c for n, c in counted)
     return kv_length(ctx)
 
 
@@ -2495,7 +2508,7 @@ def cp_rank_causal_keys(ctx: Context, window: int | None = None) -> float:
     (w(w+1)/2 - a(a+1)/2 + (s - w)·w) / n."""
     s, c = ctx.s, ctx.par.cp
     if ctx.training and ctx.work.document_lengths:  # packed documents (parallel._documents_fit: TE's per-document CP)
-        return document_keys(ctx.work.document_lengths, window)
+        return document_keys(ctx.work.document_histogram, window)
     if c > 1 and ctx.par.cp_load_balance is False:
         n = s / c
         a = s - n
@@ -2611,10 +2624,13 @@ def fp8_attention_casts(
     out = tokens * heads * v
     read = recipe.cast_read_bytes + recipe.saved_input_bytes  # one copy (rowwise; V columnwise under MXFP8)
     launches = recipe.quantize_launches
-    cat = [] if recipe.activation_block else [memory_kernel("fp8_attn.qkv_cat", FP8_DPA_CAT_BYTES * qkv, gpu, eff)]
+    # MXFP8 quantizes Q, K and V each on its own (no cat: FP8_DPA_QKV_TENSORS), the others the concatenated one
+    qkv_launches = launches * (FP8_DPA_QKV_TENSORS if recipe.activation_block else 1)
+    cat_bytes = FP8_DPA_CAT_BYTES * qkv
+    cat = [] if recipe.activation_block else [memory_kernel("fp8_attn.qkv_cat", cat_bytes, gpu, eff, 1, floor)]
     fwd = (
         *cat,
-        memory_kernel("fp8_attn.qkv_quantize", read * qkv, gpu, eff, launches, floor),
+        memory_kernel("fp8_attn.qkv_quantize", read * qkv, gpu, eff, qkv_launches, floor),
         memory_kernel("fp8_attn.out_dequantize", FP8_DPA_DEQUANTIZE_BYTES * out, gpu, eff, 1, floor),
     )
     if not backward_fp8:

@@ -554,7 +554,7 @@ def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
                 "parallel.cp", f"sequence {seq} is not divisible by 2*cp = {2 * par.cp} (load-balanced ring attention)"
             )
         if w.training and w.document_lengths is not None:
-            _documents_fit(par, w.document_lengths, seq, w.document_packing)
+            _documents_fit(par, w, seq)
         if par.sp and (seq // par.cp) % par.tp:
             raise SpecError(
                 "parallel.sequence_parallel",
@@ -564,15 +564,15 @@ def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
         raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
 
 
-def _documents_fit(par: ParallelSpec, lengths: tuple[int, ...], seq: int, packing: str | None = None) -> None:
+def _documents_fit(par: ParallelSpec, w: WorkloadSpec, seq: int) -> None:
     """Packed documents fill the sequence (Megatron's THD batches: cu_seqlens over the packed sequence); with context
     parallelism TransformerEngine splits each document into 2·cp chunks (context_parallel.py get_cu_seqlens_on_cp_rank:
     the padded length // 2 per half, thd_get_partitioned_indices), so each is a multiple of 2·cp (Megatron pads
     them so: gpt_dataset.py "divisible by ... context parallel size * 2"); torch's context_parallel, which shards the
     whole sequence, is not modelled with documents."""
-    field = "workload.document_lengths"
-    if packing == "dp_balanced":  # the corpus's lengths, packed next-fit: each fits a sequence (documents.py)
-        pack_moments(lengths, seq)
+    field, lengths = "workload.document_lengths", w.document_lengths
+    if w.document_packing == "dp_balanced":  # the corpus, packed next-fit: each fits a sequence (documents.py)
+        pack_moments(w.document_histogram, seq)
     elif sum(lengths) != seq:
         raise SpecError(field, f"the {len(lengths)} documents hold {sum(lengths)} tokens but the sequence is {seq}")
     if par.cp > 1 and par.flavour.cp_rotate_methods:

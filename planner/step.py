@@ -1038,12 +1038,14 @@ def critical_path(
 
 def _document_wait_s(ctx: Context, stages: list[StageStep]) -> float:
     """The wait for the slowest packed micro-batch (planner/documents.py document_wait_s) over the stage with the
-    most compute a micro-batch: its core attention (forward and backward) and the rest."""
+    most compute a micro-batch: its core attention (forward and backward) and the rest of its token work, less the
+    GPU's waits for the host (host_s: launches, not tokens)."""
     if ctx.work.document_packing is None or not ctx.training:
         return 0.0
     comp = max((st.compute for st in stages), key=lambda c: c.forward.total_s + c.backward.total_s)
     attention = comp.forward.attention_s + comp.backward.attention_s
-    return document_wait_s(ctx, comp.forward.total_s + comp.backward.total_s - attention, attention)
+    host = comp.forward.host_s + comp.backward.host_s
+    return document_wait_s(ctx, comp.forward.total_s + comp.backward.total_s - attention - host, attention)
 
 
 def _dp_slowdown(

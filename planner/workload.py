@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 from ._errors import SpecError, at_least_one, one_of
 from .model import ModelSpec
@@ -136,6 +138,14 @@ class WorkloadSpec:
     # corpus's distribution, documents packed next-fit into sequences; the step waits for the slowest micro-batch
     # (planner/documents.py)
     document_packing: str | None = None
+
+    @cached_property
+    def document_histogram(self) -> tuple[tuple[int, int], ...] | None:
+        """document_lengths as (length, count) pairs, by length: counted once per spec (a corpus of 200k lengths
+        is one pass here, not one per layout; planner/documents.py pack_moments is keyed by it)."""
+        if self.document_lengths is None:
+            return None
+        return tuple(sorted(Counter(self.document_lengths).items()))
 
     @property
     def training(self) -> bool:

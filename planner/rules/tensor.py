@@ -297,6 +297,10 @@ USERBUFFERS_ROWS = ("tp.attn.qkv", "tp.attn.out_proj", "tp.mlp.up_proj", "tp.mlp
 # current scaling) and MXFP8 data; an MXFP8 shard needs rows (the product of its leading dims) divisible by 128,
 # and any other quantizer (Float8BlockQuantizer, NVFP4Quantizer) raises "Unsupported quantizer for Userbuffers"
 USERBUFFERS_MXFP8_ROWS = 128
+# the rows userbuffers_rows gives, built once: forward, .dgrad and .wgrad_gather, each also re-issued under recompute
+_USERBUFFERS_CARRIED = frozenset(
+    r + end + again for r in USERBUFFERS_ROWS for end in ("", ".dgrad", ".wgrad_gather") for again in ("", ".recompute")
+)
 
 
 def userbuffers_rows(ctx: Context) -> frozenset[str]:
@@ -304,10 +308,7 @@ def userbuffers_rows(ctx: Context) -> frozenset[str]:
     ``.dgrad`` and ``.wgrad_gather`` conjugates, their re-issues under recompute); every other TP row stays on NCCL
     and is not overlapped (step.py _userbuffers_fallback). None under MLA: its first non-listed linear switches the
     shared config's overlap off (USERBUFFERS_NAMES)."""
-    if ctx.model.mla:
-        return frozenset()
-    rows = {r + end for r in USERBUFFERS_ROWS for end in ("", ".dgrad", ".wgrad_gather")}
-    return frozenset(rows | {r + ".recompute" for r in rows})
+    return frozenset() if ctx.model.mla else _USERBUFFERS_CARRIED
 
 
 def check_userbuffers(ctx: Context) -> None:

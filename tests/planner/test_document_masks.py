@@ -27,11 +27,12 @@ def ctx(docs=DOCS, cp=1, **par) -> Context:
 def test_mean_keys_per_query_by_hand():
     """sum_i L_i (L_i + 1)/2 / s = (4,096 x 4,097 / 2 + 2 x 2,048 x 2,049 / 2) / 8,192 = 12,587,008 / 8,192 = 1,536.5
     keys a query, against (8,192 + 1)/2 = 4,096.5 for one document; a window of 1,024 clips each document alike."""
-    assert document_keys(DOCS, None) == 12_587_008 / 8192 == 1536.5
+    counted = WorkloadSpec(document_lengths=DOCS).document_histogram  # ((2048, 2), (4096, 1))
+    assert document_keys(counted, None) == 12_587_008 / 8192 == 1536.5
     assert causal_keys(8192, None) == 4096.5
     w = 1024
     per_doc = [(w * (w + 1) / 2 + (n - w) * w) for n in DOCS]  # causal_keys(n, w) x n
-    assert document_keys(DOCS, w) == pytest.approx(sum(per_doc) / 8192)
+    assert document_keys(counted, w) == pytest.approx(sum(per_doc) / 8192)
 
 
 def test_attention_work_and_model_flops_follow_the_documents():

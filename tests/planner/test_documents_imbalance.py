@@ -6,6 +6,7 @@ pipeline (p - 1)·sigma·E[max of m], the data-parallel ranks sigma·sqrt(m)·E[
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -21,14 +22,14 @@ def test_pack_moments_by_hand():
     T 2, W 3, the next uniform. First documents: P(1 -> 1) = 1/4, P(2 -> 1) = 1/2, stationary pi = (2/5, 3/5).
     E[T] = 0.4·1.5 + 0.6·2 = 1.8, E[W] = 0.4·1.5 + 0.6·3 = 2.4, E[T²] = 0.4·2.5 + 0.6·4 = 3.4 (Var 0.16),
     E[W²] = 0.4·2.5 + 0.6·9 = 6.4 (Var 0.64), E[TW] = 0.4·2.5 + 0.6·6 = 4.6 (Cov 0.28)."""
-    got = pack_moments((1, 2), 2)
+    got = pack_moments(((1, 1), (2, 1)), 2)
     want = (1.8, 2.4, 0.16, 0.64, 0.28)
     assert (got.tokens, got.pairs, got.var_tokens, got.var_pairs, got.cov) == pytest.approx(want, abs=1e-12)
 
 
 def test_documents_that_fill_every_pack_alike_have_no_variance():
     """Every document 2,048 tokens in 8,192-token packs: four a pack, W = 4 x 2,048·2,049/2, no spread."""
-    got = pack_moments((2048,), 8192)
+    got = pack_moments(((2048, 1),), 8192)
     assert (got.tokens, got.pairs) == (8192, 4 * 2048 * 2049 / 2)
     assert got.var_tokens == pytest.approx(0, abs=1e-6) and got.var_pairs == pytest.approx(0, abs=1e-3)
 
@@ -41,13 +42,32 @@ def test_expected_max_of_normals():
 
 
 def test_micro_batch_sigma_by_hand():
-    """t = a·T + c·W with a = 3 / 1.8, c = 1 / 2.4: Var = a²·0.16 + c²·0.64 + 2ac·0.28; two packs a micro-batch
-    halve the variance."""
+    """The pack of test_pack_moments_by_hand priced at s = 2 tokens (E[T] 1.8): a = 3 / 2 a token, c = 1·1.8 /
+    (2·2.4) = 0.375 a pair, Var = 1.5²·0.16 + 0.375²·0.64 + 2·1.5·0.375·0.28 = 0.36 + 0.09 + 0.315 = 0.765 (the
+    review's finding 2: scaling by E[T], E[W] gave 0.944); two packs a micro-batch halve the variance."""
     m = PackMoments(1.8, 2.4, 0.16, 0.64, 0.28)
-    a, c = 3 / 1.8, 1 / 2.4
-    var = a * a * 0.16 + c * c * 0.64 + 2 * a * c * 0.28
-    assert micro_batch_sigma(m, 1, 3.0, 1.0) == pytest.approx(math.sqrt(var))
-    assert micro_batch_sigma(m, 2, 3.0, 1.0) == pytest.approx(math.sqrt(var / 2))
+    assert micro_batch_sigma(m, 1, 2, 3.0, 1.0) == pytest.approx(math.sqrt(0.765), rel=1e-12)
+    assert micro_batch_sigma(m, 2, 2, 3.0, 1.0) == pytest.approx(math.sqrt(0.765 / 2), rel=1e-12)
+
+
+def test_packs_are_priced_at_the_sequence_not_their_mean():
+    """Full packs (every document 2,048 in 8,192-token packs, so E[T] = s) keep the old and new scaling equal;
+    {4096, 2048, 2048} at 8,192 packs E[T] < s tokens, and sigma is (E[T]/s) of the scaling by the means."""
+    m = pack_moments(WorkloadSpec(document_lengths=DOCS).document_histogram, 8192)
+    assert m.tokens < 8192
+    a, c = 3.0 / m.tokens, 1.0 / m.pairs  # the scaling by the pack's means, which the review found
+    by_means = math.sqrt(a * a * m.var_tokens + c * c * m.var_pairs + 2 * a * c * m.cov)
+    assert micro_batch_sigma(m, 1, 8192, 3.0, 1.0) == pytest.approx(by_means * m.tokens / 8192, rel=1e-12)
+
+
+def test_the_histogram_is_counted_once_per_spec():
+    """WorkloadSpec.document_histogram: (length, count) by length, the same object on every read (pack_moments'
+    key hashes the distinct lengths, not the corpus)."""
+    w = WorkloadSpec(document_lengths=(2048, 4096, 2048, 1024))
+    assert w.document_histogram == ((1024, 1), (2048, 2), (4096, 1))
+    assert w.document_histogram is w.document_histogram
+    assert WorkloadSpec().document_histogram is None
+    assert w == WorkloadSpec(document_lengths=(2048, 4096, 2048, 1024))  # the cache is no field
 
 
 LLAMA = model_preset("llama3-8b")
@@ -70,7 +90,7 @@ def test_the_step_waits_for_the_slowest_micro_batch(pp, dp):
     comp = max((st.compute for st in packed.stages), key=lambda c: c.forward.total_s + c.backward.total_s)
     attn = comp.forward.attention_s + comp.backward.attention_s
     lin = comp.forward.total_s + comp.backward.total_s - attn
-    sigma = micro_batch_sigma(pack_moments(DOCS, 8192), 1, lin, attn)
+    sigma = micro_batch_sigma(pack_moments(ctx.work.document_histogram, 8192), 1, 8192, lin, attn)
     m = ctx.micro_batches
     want = (pp - 1) * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(dp)
     assert want > 0
@@ -81,8 +101,29 @@ def test_the_step_waits_for_the_slowest_micro_batch(pp, dp):
 
 def test_refusals_name_the_field():
     with pytest.raises(SpecError) as e:
-        pack_moments((4096, 16384), 8192)
+        pack_moments(((4096, 1), (16384, 1)), 8192)
     assert e.value.field == "workload.document_lengths" and "16384 tokens does not fit" in str(e.value)
     with pytest.raises(SpecError) as e:
-        pack_moments(tuple(range(1, 2000)), 131072)
+        pack_moments(tuple((n, 1) for n in range(1, 2000)), 131072)
     assert e.value.field == "workload.document_lengths" and "coarser histogram" in str(e.value)
+
+
+def test_the_host_wait_is_not_token_work():
+    """Qwen3-30B-A3B in FP8 (tensorwise) with EP 8: the GPU waits for the host about 0.09 s a pass (the count sync's
+    queue, planner/host.py), which does not grow with a pack's tokens: the wait prices the token work only, the
+    stage's passes less attention and host_s (the review's finding 3)."""
+    model = model_preset("qwen3-30b-a3b")
+    docs = (2048, 1024, 512, 512)
+    w = WorkloadSpec(micro_batch_size=1, global_batch_size=64, seq_length=4096, activation_dtype="fp8",
+                     fp8_recipe="tensorwise", document_lengths=docs, document_packing="dp_balanced")  # fmt: skip
+    par = ParallelSpec(tp=1, pp=2, dp=8, ep=8)
+    cluster = cluster_preset("dgx-h100", 2)
+    packed = build_plan(model, w, par, cluster).step
+    fixed = build_plan(model, replace(w, document_packing=None), par, cluster).step
+    comp = max((st.compute for st in packed.stages), key=lambda c: c.forward.total_s + c.backward.total_s)
+    host = comp.forward.host_s + comp.backward.host_s
+    attn = comp.forward.attention_s + comp.backward.attention_s
+    assert host > 0.3 * (comp.forward.total_s + comp.backward.total_s)
+    lin = comp.forward.total_s + comp.backward.total_s - attn - host
+    ctx = Context(model, w, par)
+    assert packed.time_s - fixed.time_s == pytest.approx(document_wait_s(ctx, lin, attn), rel=1e-9)

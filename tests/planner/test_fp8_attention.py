@@ -17,6 +17,7 @@ from planner.kernels import (
     ATTENTION_FP8_SPEEDUP,
     EFFICIENCY,
     FP8_DPA_KERNEL,
+    FP8_DPA_QKV_TENSORS,
     attention_kernel,
     attention_kernels,
     hbm_s,
@@ -125,3 +126,23 @@ def test_the_saved_attention_tensors(recipe, backward, qkv, out):
     assert (parts["qkv"][1], parts["proj_in"][1]) == (qkv, out)
     plain = activation_parts(Context(LLAMA, replace(work, fp8_dot_product_attention=False), PAR), False)
     assert (plain["qkv"][1], plain["proj_in"][1]) == (QKV * 2, OUT * 2)
+
+
+def test_mxfp8_quantizes_q_k_v_in_three_calls():
+    """Under MXFP8 there is no cat and Q, K, V are quantized each by its own call (FP8_DPA_QKV_TENSORS, review r9a
+    finding 8): three launches of MXFP8's one, the bytes unchanged; the output gradient one tensor, one launch."""
+    f8, b8 = kernels(B200, fp8_recipe="mxfp8", fp8_dot_product_attention=True)
+    assert FP8_DPA_QKV_TENSORS == 3
+    assert f8["fp8_attn.qkv_quantize"].count == 3 and b8["fp8_attn.dout_quantize"].count == 1
+    assert f8["fp8_attn.qkv_quantize"].time_s == pytest.approx(hbm_s(QKV * (2 + 1 + 1 / 32), B200, EFFICIENCY) + 3 * KS)
+
+
+def test_the_cat_takes_the_host_floor_like_every_cast():
+    """The cat is a launch like the quantize beside it: at a host floor above its GPU time it takes the floor
+    (review r9a finding 8: it was priced at its GPU time alone)."""
+    ctx = Context(LLAMA, replace(WORK, fp8_dot_product_attention=True), PAR)
+    floor = 1.0  # a second a launch: above any cast's GPU time
+    fwd, _ = attention_kernels(ctx, H100, EFFICIENCY, floor)
+    f8 = {k.name: k for k in fwd}
+    assert f8["fp8_attn.qkv_cat"].time_s == f8["fp8_attn.qkv_quantize"].time_s == floor
+    assert f8["fp8_attn.qkv_cat"].gpu_s == pytest.approx(hbm_s(4 * QKV, H100, EFFICIENCY) + KS)

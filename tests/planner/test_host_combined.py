@@ -20,6 +20,8 @@ from planner.kernels import (
     EFFICIENCY,
     Kernel,
     LayerKernels,
+    _backward_nodes,
+    _forward_nodes,
     combined_pair_launches,
     host_sync,
     layer_kernels,
@@ -235,3 +237,40 @@ def test_the_search_bounds_stay_below_the_step_with_the_switch_on():
                 assert ev.refined_bound(index, b, "none") <= step and ev.step_model.lower_bound(par, b, "none") <= step
                 checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "tensorwise"])
+def test_fp8_attentions_backward_casts_are_in_the_attention_node(recipe):
+    """TE's FP8 attention quantizes dO and dequantizes dQ, dK, dV inside FusedAttnFunc.backward (review r9a finding
+    6): fp8_attn.dout_quantize and fp8_attn.dqkv_dequantize have no forward twin and go with the forward's fp8_attn
+    casts to attn, issued in b.attn after the forward's count wait, so the launches queued between the copy and the
+    wait are those of the layer without FP8 attention."""
+    ctx, plain = qwen3_fp8(recipe, fp8_dot_product_attention=True), qwen3_fp8(recipe)
+    lk = layer_kernels(ctx, True, H100, EFFICIENCY)
+    f_nodes = _forward_nodes(lk.forward, host_sync(ctx, lk.forward))
+    nodes = dict(zip((k.name for k in lk.backward), _backward_nodes(lk.backward, lk.forward, f_nodes), strict=True))
+    assert nodes["fp8_attn.dout_quantize"] == nodes["fp8_attn.dqkv_dequantize"] == "attn"
+    _, _, queued = combined_pair_launches(ctx, lk)
+    _, _, plain_queued = combined_pair_launches(plain, layer_kernels(plain, True, H100, EFFICIENCY))
+    assert queued == plain_queued
+
+
+def test_the_delta_prices_each_pass_once(monkeypatch):
+    """_combined_delta_of takes the per-pass rule's host waits from the pricing combined_pair starts from: two
+    layer_pass calls a layer (forward, backward), not four (review r9a finding 7); the pair's less those."""
+    import planner.compute as compute
+
+    ctx, calls = qwen3_fp8("tensorwise"), []
+    real = compute.layer_pass
+
+    def counted(*a, **k):
+        calls.append(k.get("backward", False))
+        return real(*a, **k)
+
+    monkeypatch.setattr(compute, "layer_pass", counted)
+    f, b = compute._combined_delta_of(ctx, True, H100, EFFICIENCY)
+    assert sorted(calls) == [False, True]
+    lk = layer_kernels(ctx, True, H100, EFFICIENCY)
+    pf, pb = combined_pair(ctx, lk, EFFICIENCY)
+    assert f == pf.host_s - real(ctx, lk, EFFICIENCY).host_s and b == pb.host_s - real(ctx, lk, EFFICIENCY, True).host_s
+    assert f != 0.0

@@ -32,6 +32,12 @@ def test_the_rows_userbuffers_carry():
     assert userbuffers_rows(Context(DSV3, WORK, replace(PAR, ep=2))) == frozenset()
 
 
+def test_the_rows_are_built_once():
+    """Every _holds, fallback and check reads the rows: one module set, not a new one a call (review r9a finding 7)."""
+    a, b = userbuffers_rows(Context(LLAMA, WORK, PAR)), userbuffers_rows(Context(LLAMA, WORK, replace(PAR, dp=1)))
+    assert a is b
+
+
 def _plans(model, par=PAR, work=WORK):
     cluster = cluster_preset("dgx-h100", 2)
     return build_plan(model, work, par, cluster).step, build_plan(model, work, par, cluster, ON).step
