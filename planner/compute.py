@@ -439,6 +439,7 @@ STAGE_PASSES_KEPT = 1 << 14  # entries before the stage-pass cache is cleared (~
 
 def _stage_pass_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime, float]:
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
+    _, _, last, holds_mtp, first, final_norm = ctx.stage_roles[stage]
     for c, which in _layer_sets(ctx, stage):
         plans = layer_counts(ctx, stage, which)  # (MoE, what it re-runs) -> layers: the forward's counts too
         for moe in (False, True):
@@ -451,17 +452,17 @@ def _stage_pass_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency)
         for (moe, plan), count in plans.items():  # what each re-runs (recompute.py)
             back = per_layer(_LAYER_BACKWARD, _backward_of, c, moe, gpu, eff, plan.kind, plan.modules)
             bwd = bwd + back.scaled(count)
-    if ctx.training and ctx.is_first(stage):  # the input embedding's lookup and its dense weight gradient
+    if ctx.training and first:  # the input embedding's lookup and its dense weight gradient
         emb, emb_bwd = embedding_pass(ctx, gpu, eff)
         fwd, bwd = fwd + emb, bwd + emb_bwd
     mtp = mtp_depths(ctx)
-    if mtp and ctx.holds_mtp(stage):  # each module's norms and eh_proj (its layer is counted above)
+    if mtp and holds_mtp:  # each module's norms and eh_proj (its layer is counted above)
         module, module_bwd = per_layer(_MTP, _mtp_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + module.scaled(mtp), bwd + module_bwd.scaled(mtp)
-    if _holds_final_norm(ctx, stage):  # the decoder's final norm (kernels.final_norm_kernels), once a micro-batch
+    if final_norm:  # the decoder's final norm (kernels.final_norm_kernels), once a micro-batch
         norm, norm_bwd = per_tokens(_FINAL_NORM, _final_norm_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + norm, (bwd + norm_bwd if ctx.training else bwd)
-    if ctx.is_last(stage):  # the main head and, per MTP depth, the shared output layer and its loss again
+    if last:  # the main head and, per MTP depth, the shared output layer and its loss again
         head, head_bwd = per_tokens(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
     return fwd, bwd, attn
@@ -477,13 +478,6 @@ def embedding_pass(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) ->
 def _embedding_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
     lk = embedding_kernels(ctx, gpu, eff)
     return pass_time(lk.forward), pass_time(lk.backward)
-
-
-def _holds_final_norm(ctx: Context, stage: int) -> bool:
-    """Whether a chunk of ``stage`` runs the decoder's final norm (memory.holds_final_norm, the one rule)."""
-    from .memory import holds_final_norm
-
-    return any(holds_final_norm(ctx, c) for c in ctx.chunks[stage])
 
 
 def _final_norm_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
@@ -665,16 +659,12 @@ def stage_pass_key(ctx: Context, stage: int) -> tuple:
 
 
 def _stage_layers_key(ctx: Context, stage: int) -> tuple:
-    """What ``stage_pass_compute`` reads of the stage past a layer's kernels' key (stage_pass_key's second part)."""
-    return (
-        ctx.dense_layers(stage),
-        ctx.moe_layers(stage),
-        tuple(layer_counts(ctx, stage).items()),
-        ctx.is_last(stage),
-        ctx.holds_mtp(stage),
-        ctx.is_first(stage),
-        _holds_final_norm(ctx, stage),  # with MTP not the loss's stage (memory.holds_final_norm)
-    )
+    """What ``stage_pass_compute`` reads of the stage past a layer's kernels' key (stage_pass_key's second part):
+    its dense and MoE layers, what each re-runs (recompute.layer_counts, in the order they are summed), whether it
+    holds the loss, the MTP modules, the embedding and the final norm (Context.stage_roles; with MTP the final
+    norm is not the loss's stage: memory.holds_final_norm)."""
+    dense, moe, last, mtp, first, norm = ctx.stage_roles[stage]
+    return (dense, moe, tuple(layer_counts(ctx, stage).items()), last, mtp, first, norm)
 
 
 def optimizer_key(ctx: Context, stage: int) -> tuple:

@@ -237,6 +237,25 @@ class Context:
         the activations' and the chunk shares' value keys read of the layers (never their global indices)."""
         return tuple(tuple(tuple(map(self.model.is_moe_layer, c.layers)) for c in chunks) for chunks in self.chunks)
 
+    @cached_property
+    def stage_roles(self) -> tuple[tuple[int, int, bool, bool, bool, bool], ...]:
+        """Per pipeline rank: its dense and MoE layers, whether it holds the loss, the MTP modules, the embedding
+        and the decoder's final norm (memory.holds_final_norm): what the stage-pass key reads of the split
+        (compute.stage_pass_key), once per context. They read the model, whether it trains and the split alone."""
+        from .memory import holds_final_norm  # memory imports this module
+
+        return tuple(
+            (
+                len(self.stage_layers[s]) - self._moe_layers[s],
+                self._moe_layers[s],
+                self.is_last(s),
+                self.holds_mtp(s),
+                self.is_first(s),
+                any(holds_final_norm(self, c) for c in self.chunks[s]),
+            )
+            for s in range(len(self.chunks))
+        )
+
     def moe_layers(self, stage: int) -> int:
         return self._moe_layers[stage]
 

@@ -88,8 +88,8 @@ class _Context(Context):
 
 
 # Context's cached properties that read only the model, the layout's pipeline split (parallel._split_key) and
-# whether it trains (fixed per scope): the chunks and layers each stage holds, their kinds and MTP blocks
-_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds", "chunk_mtp")
+# whether it trains (fixed per scope): the chunks and layers each stage holds, their kinds, MTP blocks and roles
+_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds", "chunk_mtp", "stage_roles")
 SCOPES_KEPT = 8  # (model, workload, GPU) scopes whose memos are kept
 MEMO_KEPT = 1 << 16  # entries per memo before it is cleared
 _SCOPES: dict = {}  # (model, workload, GPU) -> _Memos
