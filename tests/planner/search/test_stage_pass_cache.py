@@ -224,3 +224,19 @@ def test_value_keys_equal_and_hash_as_their_tuples():
     assert {items: 1}[key] == 1 and {key: 2}[items] == 2
     back = pickle.loads(pickle.dumps(key))
     assert back == key and type(back) is ValueKey and "_hash" not in back.__dict__
+
+
+def test_the_specs_hash_as_their_fields_and_once():
+    """WorkloadSpec, ModelSpec and ParallelSpec keep their hash (collectives._hashing.frozen_hash): the value is
+    the dataclass's own (the hash of the tuple of its fields), a replaced spec hashes afresh, and equal specs
+    built apart find each other's memo entries."""
+    from dataclasses import fields
+
+    for spec in (WorkloadSpec(global_batch_size=64), MODEL_PRESETS["mixtral-8x7b"], ParallelSpec(tp=2, ep=4)):
+        assert hash(spec) == hash(tuple(getattr(spec, f.name) for f in fields(spec) if f.compare))
+        assert spec.__dict__["_hash"] == hash(spec)
+        first = fields(spec)[0].name
+        moved = replace(spec, **{first: getattr(spec, first)})
+        assert "_hash" not in moved.__dict__ and moved == spec and {spec: 1}[moved] == 1
+    work = WorkloadSpec(global_batch_size=64)
+    assert hash(replace(work, micro_batch_size=2)) != hash(work)
