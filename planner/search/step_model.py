@@ -75,18 +75,6 @@ from ..step import (
 from ..workload import WorkloadSpec
 from .space import recompute_fields
 
-
-class _Context(Context):
-    """A Context whose hash is computed once (the dataclass hash walks the model, workload and layout specs,
-    and compute.py's and memory.py's lru caches hash the context on every call)."""
-
-    def __hash__(self) -> int:
-        found = self.__dict__.get("_hash")
-        if found is None:
-            found = self.__dict__["_hash"] = super().__hash__()
-        return found
-
-
 # Context's cached properties that read only the model, the layout's pipeline split (parallel._split_key) and
 # whether it trains (fixed per scope): the chunks and layers each stage holds, their kinds, MTP blocks and roles
 _SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds", "chunk_mtp", "stage_roles")
@@ -285,7 +273,7 @@ class StepModel:
     def _ctx(self, v: _Variant, b: int, rc: str) -> Context:
         found = v.contexts.get((b, rc))
         if found is None:
-            found = _Context(self.model, self._work(b, rc), v.par)
+            found = Context(self.model, self._work(b, rc), v.par)
             found.__dict__.update(self._split(v))  # what the layer split reads is the same for all of them
             v.contexts[(b, rc)] = found
         return found
