@@ -434,7 +434,7 @@ def stage_pass_compute(
 # (layer_kernels_key, the stage's layers: stage_pass_key's two parts, gpu, eff) -> (forward, backward, core
 # attention forward seconds)
 _STAGE_PASSES: dict = {}
-STAGE_PASSES_KEPT = 1 << 14  # entries before the stage-pass cache is cleared (~1 KB each)
+STAGE_PASSES_KEPT = 1 << 16  # entries before the stage-pass cache is cleared (as the search's MEMO_KEPT; <1 KB each)
 
 
 def _stage_pass_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime, float]:
