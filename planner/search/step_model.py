@@ -103,6 +103,9 @@ class _Memos:
         self.shares: dict = {}
         self.share_lists: dict = {}  # ((b, recompute), passes id, chunks id) -> chunk shares per stage
         self.bounds: dict = {}  # ((b, recompute), passes id, chunks id, Schedule) -> pipeline of the compute alone
+        # (b, recompute) -> the scope's workload at them: one object for every StepModel of the scope (a search
+        # builds one per shape), so the planner's memos keyed on a workload meet it by identity
+        self.works: dict = {}
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -247,7 +250,7 @@ class StepModel:
         self.capacity = (self.gpu.hbm_bytes * (1 - headroom)) if self.gpu else None
         self.last_reason = ""
         self._memos = _memos(model, work, self.gpu)
-        self._works: dict = {}
+        self._works = self._memos.works
         self._variants: dict = {}
         self._scheds: dict = {}  # (schedule, pp, chunks per rank, dp, b) -> step.schedule_of (no sends)
         self._statics: dict = {}  # the layout's fields but SP -> memory.held_bytes per stage
