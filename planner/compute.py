@@ -46,6 +46,7 @@ from .kernels import (
     layer_kernels_key,
     loss_chain,
     loss_vocab,
+    memo_by,
     memory_kernel,
     moe_block,
     mtp_module_kernels,
@@ -53,6 +54,7 @@ from .kernels import (
     one_kernel_loss_bytes,
     optimizer_bytes,
     per_layer,
+    per_tokens,
     queue_launch_s,
     rerun_stops_at_last_save,
     vocab_shard,
@@ -426,9 +428,25 @@ def stage_pass_compute(
     ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None
 ) -> tuple[PassTime, PassTime, float]:
     """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
-    seconds) of one micro-batch on one rank of ``stage``."""
+    seconds) of one micro-batch on one rank of ``stage``. Memoised by value (the stage-pass cache): on
+    ``stage_pass_key`` (everything it reads of the context: the layer's kernels' key, the stage's layers by kind,
+    what each re-runs, its head, embedding, final norm and MTP blocks), the GPU and the constants, so layouts
+    that differ in dp, ZeRO, the schedule or pp with alike stages share an entry, the plan (stage_compute) and the
+    search (step_model) alike. Bounded: cleared past STAGE_PASSES_KEPT entries."""
     eff = efficiency(gpu, eff)
+    key = (layer_kernels_key(ctx), _stage_layers_key(ctx, stage), gpu, eff)  # stage_pass_key's items, nested
+    return memo_by(_STAGE_PASSES, key, STAGE_PASSES_KEPT, _stage_pass_compute, ctx, stage, gpu, eff)
+
+
+# (layer_kernels_key, the stage's layers: stage_pass_key's two parts, gpu, eff) -> (forward, backward, core
+# attention forward seconds)
+_STAGE_PASSES: dict = {}
+STAGE_PASSES_KEPT = 1 << 16  # entries before the stage-pass cache is cleared (as the search's MEMO_KEPT; <1 KB each)
+
+
+def _stage_pass_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime, float]:
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
+    _, _, last, holds_mtp, first, final_norm = ctx.stage_roles[stage]
     for c, which in _layer_sets(ctx, stage):
         plans = layer_counts(ctx, stage, which)  # (MoE, what it re-runs) -> layers: the forward's counts too
         for moe in (False, True):
@@ -441,18 +459,18 @@ def stage_pass_compute(
         for (moe, plan), count in plans.items():  # what each re-runs (recompute.py)
             back = per_layer(_LAYER_BACKWARD, _backward_of, c, moe, gpu, eff, plan.kind, plan.modules)
             bwd = bwd + back.scaled(count)
-    if ctx.training and ctx.is_first(stage):  # the input embedding's lookup and its dense weight gradient
+    if ctx.training and first:  # the input embedding's lookup and its dense weight gradient
         emb, emb_bwd = embedding_pass(ctx, gpu, eff)
         fwd, bwd = fwd + emb, bwd + emb_bwd
     mtp = mtp_depths(ctx)
-    if mtp and ctx.holds_mtp(stage):  # each module's norms and eh_proj (its layer is counted above)
+    if mtp and holds_mtp:  # each module's norms and eh_proj (its layer is counted above)
         module, module_bwd = per_layer(_MTP, _mtp_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + module.scaled(mtp), bwd + module_bwd.scaled(mtp)
-    if _holds_final_norm(ctx, stage):  # the decoder's final norm (kernels.final_norm_kernels), once a micro-batch
-        norm, norm_bwd = per_layer(_FINAL_NORM, _final_norm_of, ctx, None, gpu, eff)
+    if final_norm:  # the decoder's final norm (kernels.final_norm_kernels), once a micro-batch
+        norm, norm_bwd = per_tokens(_FINAL_NORM, _final_norm_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + norm, (bwd + norm_bwd if ctx.training else bwd)
-    if ctx.is_last(stage):  # the main head and, per MTP depth, the shared output layer and its loss again
-        head, head_bwd = per_layer(_HEAD, _head_of, ctx, None, gpu, eff)
+    if last:  # the main head and, per MTP depth, the shared output layer and its loss again
+        head, head_bwd = per_tokens(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
     return fwd, bwd, attn
 
@@ -461,19 +479,12 @@ def embedding_pass(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) ->
     """The input embedding's forward and backward, one micro-batch on the rank holding it (training;
     kernels.embedding_kernels): the first stage's own term, beside its layers (stage_pass_compute) and in its
     embedding chunk's share (step.chunk_shares)."""
-    return per_layer(_EMBEDDING, _embedding_of, ctx, None, gpu, efficiency(gpu, eff))
+    return per_tokens(_EMBEDDING, _embedding_of, ctx, None, gpu, efficiency(gpu, eff))
 
 
 def _embedding_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
     lk = embedding_kernels(ctx, gpu, eff)
     return pass_time(lk.forward), pass_time(lk.backward)
-
-
-def _holds_final_norm(ctx: Context, stage: int) -> bool:
-    """Whether a chunk of ``stage`` runs the decoder's final norm (memory.holds_final_norm, the one rule)."""
-    from .memory import holds_final_norm
-
-    return any(holds_final_norm(ctx, c) for c in ctx.chunks[stage])
 
 
 def _final_norm_of(ctx: Context, _moe, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime]:
@@ -649,17 +660,18 @@ def stage_pass_key(ctx: Context, stage: int) -> tuple:
     shapes read, dp where it splits the batch (inference), the framework and cp_comm), the stage's dense and
     MoE layers, what each re-runs (recompute.layer_counts, in the order they are summed), its head and its
     embedding. It
-    holds no parameter count nor sharding: layouts differing in dp, pp (alike stages) or ZeRO share it."""
-    layers = (
-        ctx.dense_layers(stage),
-        ctx.moe_layers(stage),
-        tuple(layer_counts(ctx, stage).items()),
-        ctx.is_last(stage),
-        ctx.holds_mtp(stage),
-        ctx.is_first(stage),
-        _holds_final_norm(ctx, stage),  # with MTP not the loss's stage (memory.holds_final_norm)
-    )
-    return (*layer_forward_key(ctx), *layers)
+    holds no parameter count nor sharding: layouts differing in dp, pp (alike stages) or ZeRO share it. The
+    stage-pass cache (stage_pass_compute) keys on its two parts nested, the layer key as one hashed object."""
+    return (*layer_forward_key(ctx), *_stage_layers_key(ctx, stage))
+
+
+def _stage_layers_key(ctx: Context, stage: int) -> tuple:
+    """What ``stage_pass_compute`` reads of the stage past a layer's kernels' key (stage_pass_key's second part):
+    its dense and MoE layers, what each re-runs (recompute.layer_counts, in the order they are summed), whether it
+    holds the loss, the MTP modules, the embedding and the final norm (Context.stage_roles; with MTP the final
+    norm is not the loss's stage: memory.holds_final_norm)."""
+    dense, moe, last, mtp, first, norm = ctx.stage_roles[stage]
+    return (dense, moe, tuple(layer_counts(ctx, stage).items()), last, mtp, first, norm)
 
 
 def optimizer_key(ctx: Context, stage: int) -> tuple:

@@ -44,7 +44,17 @@ class Context:
         the one list): the per-layer memos' key, built once per context."""
         from .kernels import layer_kernels_key_of  # kernels imports this module
 
-        return layer_kernels_key_of(self)
+        return interned_key(layer_kernels_key_of(self))
+
+    @cached_property
+    def token_kernels_key(self) -> tuple | None:
+        """The value key of what a layer's kernels other than core attention read of this context, b and cp only
+        through the tokens per rank b·s/cp (planner/kernels.py token_kernels_key; None: inference, decode): the
+        token-keyed memos' key (kernels.per_tokens, the spliced layers), built once per context."""
+        from .kernels import token_kernels_key  # kernels imports this module
+
+        key = token_kernels_key(self)
+        return None if key is None else interned_key(key)
 
     # ---- batch and sequence ------------------------------------------------------------------------
     @cached_property
@@ -227,6 +237,25 @@ class Context:
         the activations' and the chunk shares' value keys read of the layers (never their global indices)."""
         return tuple(tuple(tuple(map(self.model.is_moe_layer, c.layers)) for c in chunks) for chunks in self.chunks)
 
+    @cached_property
+    def stage_roles(self) -> tuple[tuple[int, int, bool, bool, bool, bool], ...]:
+        """Per pipeline rank: its dense and MoE layers, whether it holds the loss, the MTP modules, the embedding
+        and the decoder's final norm (memory.holds_final_norm): what the stage-pass key reads of the split
+        (compute.stage_pass_key), once per context. They read the model, whether it trains and the split alone."""
+        from .memory import holds_final_norm  # memory imports this module
+
+        return tuple(
+            (
+                len(self.stage_layers[s]) - self._moe_layers[s],
+                self._moe_layers[s],
+                self.is_last(s),
+                self.holds_mtp(s),
+                self.is_first(s),
+                any(holds_final_norm(self, c) for c in self.chunks[s]),
+            )
+            for s in range(len(self.chunks))
+        )
+
     def moe_layers(self, stage: int) -> int:
         return self._moe_layers[stage]
 
@@ -258,6 +287,38 @@ class Context:
         (every one but pp 1's single chunk) holds its own copy (language_module.py
         setup_embeddings_and_output_layer: "a copy of embedding layer in the mtp process stage")."""
         return any(c.mtp and not c.embedding for c in self.chunks[stage])
+
+
+class ValueKey(tuple):
+    """A value key (a plain tuple of the values a memoised function reads) that keeps its hash: equal to, and
+    hashing as, the tuple of its items, so a memo looks it up as it would the tuple, but hashed once, not at
+    every look-up (a layer's key holds the model, the workload and ~35 more items: ~6 us a hash)."""
+
+    def __hash__(self) -> int:
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = self.__dict__["_hash"] = tuple.__hash__(self)
+        return found
+
+    def __reduce__(self):  # pickled as its items: a hash is not carried to another process (its string seeds)
+        return (ValueKey, (tuple(self),))
+
+
+_KEYS: dict = {}  # a key's value -> its one ValueKey
+KEYS_KEPT = 1 << 14  # distinct keys kept before the table is cleared
+
+
+def interned_key(key: tuple) -> ValueKey:
+    """The one ValueKey of ``key``'s value, so that the contexts sharing a key share the object: a memo's look-up
+    then finds its entry by identity, without comparing the items (WorkloadSpec's generated __eq__ walks ~60
+    fields: ~6 us). Bounded: cleared past KEYS_KEPT keys; a key made before a clear still equals (and hashes as)
+    one made after, so a memo entry is found either way, only by comparing its items."""
+    found = _KEYS.get(key)
+    if found is None:
+        if len(_KEYS) >= KEYS_KEPT:
+            _KEYS.clear()
+        found = _KEYS[key] = ValueKey(key)
+    return found
 
 
 def device_sms(cluster) -> int:

@@ -1247,7 +1247,7 @@ def _layer_kernels_of_tokens(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficie
     places in the forward and the backward, so every pass sums the same kernels in the same order (bit-equal;
     tests/planner/test_search_speed.py checks it against ``_layer_kernels`` over drawn layouts). Bounded as
     layer_kernels' memo."""
-    key = token_kernels_key(ctx)
+    key = ctx.token_kernels_key
     if key is None or attention_kernel(ctx, gpu) == "unfused":
         return _layer_kernels(ctx, moe, gpu, eff)
     key = (key, moe, gpu, eff)
@@ -1276,6 +1276,17 @@ def per_layer(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff:
     what reads no more of the context than a layer's kernels do (args: plain values). Bounded: cleared past
     LAYER_KERNELS_KEPT entries."""
     key = (layer_kernels_key(ctx), moe, gpu, eff, args)
+    return memo_by(memo, key, LAYER_KERNELS_KEPT, fn, ctx, moe, gpu, eff, *args)
+
+
+def per_tokens(memo: dict, fn, ctx: Context, moe: bool | None, gpu: GPUSpec, eff: Efficiency, *args):
+    """``per_layer`` for what reads the micro-batch size b and cp only through the tokens one rank holds,
+    b·s/cp, as a layer's kernels other than core attention do (token_kernels_key): the input embedding, the
+    decoder's final norm, the LM head and its loss. Memoised in ``memo`` on (token_kernels_key, moe, gpu, eff,
+    args), so layouts with equal tokens per rank (b 2, cp 2 and b 1, cp 1) share an entry; where that key is None
+    (inference, decode) on layer_kernels_key, as per_layer. Bounded: cleared past LAYER_KERNELS_KEPT entries."""
+    tokens = ctx.token_kernels_key
+    key = (layer_kernels_key(ctx) if tokens is None else ("tokens", tokens), moe, gpu, eff, args)
     return memo_by(memo, key, LAYER_KERNELS_KEPT, fn, ctx, moe, gpu, eff, *args)
 
 
@@ -1352,6 +1363,7 @@ def kernel_traits(flavour) -> tuple:
         flavour.recompute_stops_at_last_save,  # full_rerun
         flavour.cp_rotate_methods,  # torch_cp_merge_kernels
         flavour.persist_layer_norm_sizes,  # apex_norm
+        flavour.hf_modules,  # the LM head's and the embedding's vocabulary shard (vocab_shard)
     )
 
 
@@ -1510,7 +1522,7 @@ def embedding_kernels(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None)
     Its TP reduction is a ledger call (rules/tensor.py ``tp.embedding``). Not recomputed: the checkpoints wrap
     the transformer layers only. Inference runs no backward and is not counted here (a gather of b rows a
     decode step). Memoised by value (per_layer)."""
-    return per_layer(_EMBEDDING_KERNELS, _embedding_kernels, ctx, None, gpu, efficiency(gpu, eff))
+    return per_tokens(_EMBEDDING_KERNELS, _embedding_kernels, ctx, None, gpu, efficiency(gpu, eff))
 
 
 _EMBEDDING_KERNELS: dict = {}
@@ -2881,6 +2893,7 @@ __all__ = [
     "layer_kernels_key_of",
     "moe_block",
     "per_layer",
+    "per_tokens",
     "queue_launch_s",
     "routing_maxvio",
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from collectives._hashing import frozen_hash
+
 from ._errors import SpecError, one_of
 
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
@@ -101,6 +103,8 @@ class MLASpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    __hash__ = frozen_hash  # computed once (collectives/_hashing.py): the planner's memos key on the spec
+
     num_layers: int
     hidden_size: int
     num_attention_heads: int

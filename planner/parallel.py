@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
+from collectives._hashing import frozen_hash
+
 from . import flavours
 from ._errors import SpecError, one_of
 from .documents import pack_moments
@@ -177,6 +179,8 @@ def zero_config_from_dict(values: dict | None) -> ZeroConfig:
 
 @dataclass(frozen=True)
 class ParallelSpec:
+    __hash__ = frozen_hash  # computed once (collectives/_hashing.py): the planner's memos key on the spec
+
     tp: int = 1
     pp: int = 1
     dp: int = 1

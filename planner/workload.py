@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
+from collectives._hashing import frozen_hash
+
 from ._errors import SpecError, at_least_one, one_of
 from .model import ModelSpec
 from .recipes import Recipe, recipe_of, validate_recipe
@@ -50,6 +52,8 @@ ATTENTION_KERNELS = ("flash", "flash2", "flash3", "cudnn", "unfused")
 
 @dataclass(frozen=True)
 class WorkloadSpec:
+    __hash__ = frozen_hash  # computed once (collectives/_hashing.py): the planner's memos key on the spec
+
     kind: str = "training"  # training | inference
     # training
     micro_batch_size: int = 1

@@ -75,21 +75,9 @@ from ..step import (
 from ..workload import WorkloadSpec
 from .space import recompute_fields
 
-
-class _Context(Context):
-    """A Context whose hash is computed once (the dataclass hash walks the model, workload and layout specs,
-    and compute.py's and memory.py's lru caches hash the context on every call)."""
-
-    def __hash__(self) -> int:
-        found = self.__dict__.get("_hash")
-        if found is None:
-            found = self.__dict__["_hash"] = super().__hash__()
-        return found
-
-
 # Context's cached properties that read only the model, the layout's pipeline split (parallel._split_key) and
-# whether it trains (fixed per scope): the chunks and layers each stage holds, their kinds and MTP blocks
-_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds", "chunk_mtp")
+# whether it trains (fixed per scope): the chunks and layers each stage holds, their kinds, MTP blocks and roles
+_SPLIT = ("chunks", "stage_layers", "_moe_layers", "chunk_kinds", "chunk_mtp", "stage_roles")
 SCOPES_KEPT = 8  # (model, workload, GPU) scopes whose memos are kept
 MEMO_KEPT = 1 << 16  # entries per memo before it is cleared
 _SCOPES: dict = {}  # (model, workload, GPU) -> _Memos
@@ -115,6 +103,9 @@ class _Memos:
         self.shares: dict = {}
         self.share_lists: dict = {}  # ((b, recompute), passes id, chunks id) -> chunk shares per stage
         self.bounds: dict = {}  # ((b, recompute), passes id, chunks id, Schedule) -> pipeline of the compute alone
+        # (b, recompute) -> the scope's workload at them: one object for every StepModel of the scope (a search
+        # builds one per shape), so the planner's memos keyed on a workload meet it by identity
+        self.works: dict = {}
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -259,7 +250,7 @@ class StepModel:
         self.capacity = (self.gpu.hbm_bytes * (1 - headroom)) if self.gpu else None
         self.last_reason = ""
         self._memos = _memos(model, work, self.gpu)
-        self._works: dict = {}
+        self._works = self._memos.works
         self._variants: dict = {}
         self._scheds: dict = {}  # (schedule, pp, chunks per rank, dp, b) -> step.schedule_of (no sends)
         self._statics: dict = {}  # the layout's fields but SP -> memory.held_bytes per stage
@@ -285,7 +276,7 @@ class StepModel:
     def _ctx(self, v: _Variant, b: int, rc: str) -> Context:
         found = v.contexts.get((b, rc))
         if found is None:
-            found = _Context(self.model, self._work(b, rc), v.par)
+            found = Context(self.model, self._work(b, rc), v.par)
             found.__dict__.update(self._split(v))  # what the layer split reads is the same for all of them
             v.contexts[(b, rc)] = found
         return found

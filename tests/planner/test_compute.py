@@ -125,11 +125,9 @@ def test_the_final_norm_runs_on_the_stage_that_holds_it():
     import planner.compute as compute
 
     with_norm = [compute.stage_pass_compute(ctx, s, gpu) for s in (0, 1)]
-    try:
-        compute._holds_final_norm, held = (lambda c, s: False), compute._holds_final_norm
-        without = [compute.stage_pass_compute(ctx, s, gpu) for s in (0, 1)]
-    finally:
-        compute._holds_final_norm = held
+    bare = Context(ctx.model, ctx.work, ctx.par)  # its stage roles without the final norm (Context.stage_roles)
+    bare.__dict__["stage_roles"] = tuple((*roles[:5], False) for roles in ctx.stage_roles)
+    without = [compute._stage_pass_compute(bare, s, gpu, compute.efficiency(gpu, None)) for s in (0, 1)]
     assert with_norm[0] == without[0]  # the first stage has no final norm
     assert with_norm[1][0].total_s - without[1][0].total_s == pytest.approx(norm.time_s, rel=1e-12)
     assert with_norm[1][1].total_s - without[1][1].total_s == pytest.approx(norm_b.time_s, rel=1e-12)
