@@ -123,3 +123,20 @@ def test_the_timeline_drops_the_tick_that_crowds_its_end_label(make_page):  # no
     )
     assert labels[-1] == "18.8 s" and "18 s" not in labels, labels
     assert labels[:-1] == ["0", "3 s", "6 s", "9 s", "12 s", "15 s"], labels  # the other ticks stay
+
+
+def test_a_refused_sla_names_its_box_and_says_seconds(make_page):  # noqa: F811
+    """The SLA boxes take milliseconds; a refusal named the JSON path and a bare number ("sla.tpot_s: Input should
+    be less than or equal to 60", which reads as 60 ms): now the box's label and the bound in seconds."""
+    pg = make_page()
+    open_page(pg)
+    pg.fill("#serve-sla-tpot", "100000000")
+    pg.click("#serve-search-run")
+    expect(pg.locator("#serve-search-status")).to_have_text(
+        "Search failed: TPOT at most (ms) (sla.tpot_s): Input should be less than or equal to 60 s", timeout=20_000
+    )
+    pg.fill("#serve-isl", "100000000")
+    pg.click("#serve-run")
+    expect(pg.locator("#serve-status")).to_contain_text(
+        "Input tokens (traffic.input_tokens): Input should be less than or equal to 2097152", timeout=20_000
+    )
