@@ -615,8 +615,12 @@ def test_a_slow_start_says_loading_and_the_urls_calibration_at_once(page):
         expect(page.locator(select)).to_have_text("Loading…")
     expect(page.locator("#config")).to_have_attribute("aria-busy", "true")
     expect(page.locator("#status")).to_have_text("Loading…")
-    page.wait_for_timeout(300)
+    for _ in range(100):  # the held GET reaches its handler while the page waits (Playwright's dispatch)
+        if held:
+            break
+        page.wait_for_timeout(100)
     assert len(held) == 1
+    expect(page.locator("#model-preset")).to_have_text("Loading…")  # still, with the models' GET held
     held[0].continue_()
     expect(page.locator("#ledger tbody tr").first).to_be_visible(timeout=20_000)
     expect(page.locator("#config")).to_have_attribute("aria-busy", "false")
