@@ -193,6 +193,7 @@ async def lifespan(app: FastAPI):
     young_threshold(GC_YOUNG_SERVICE)
     try:  # a start-up that raises still gives both back and stops any worker already forked
         runner.configure(app.state.settings)
+        runner.release_sockets_on_fork()  # a forked process must not keep the server's connections open
         await warm_up(app)
         freeze_start_up()  # before any pool worker is forked: each inherits the frozen start-up objects
         if runner.LIMITS.pooled and app.state.settings.work_in_process:

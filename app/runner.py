@@ -22,6 +22,14 @@ Forking a process with threads copies only the forking thread: a lock another th
 stays locked in the child. CPython re-initialises its own (import lock, logging's handler locks) and glibc
 its malloc arenas; the parent's other threads are the event loop's helpers, which the work does not share.
 Should a child still hang, the deadline kills it like any other.
+
+A forked process also inherits every file descriptor, the server's TCP sockets among them: its listening socket and
+each client's connection. While any process holds a copy, the server's own close of a connection (keep-alive
+timeout, header deadline) sends no FIN: the client keeps the connection in its pool as open and idle, reuses it, and
+its request reaches a socket that nobody reads (CI flake of round 9: Chromium's GETs after a page reload waited on
+two connections a pool worker had inherited, idle 20 s past the 5 s keep-alive). :func:`release_sockets` points
+those descriptors at /dev/null in every process forked from the server (``os.register_at_fork``: the pool's workers,
+a forked request, a search's own worker pool).
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ import marshal
 import os
 import pickle
 import signal
+import socket
+import stat
 import struct
 import sys
 import traceback
@@ -154,6 +164,51 @@ def _child(fd: int, work: Callable, deadline: Deadline, progress: bool) -> None:
         code = 1
     finally:
         _exit(code)
+
+
+def release_sockets() -> int:
+    """In a process just forked: every inherited TCP socket (the server's listening socket, its clients'
+    connections) made /dev/null, so that the server's close of a connection is the connection's end (the module's
+    docstring); returns how many. dup2 rather than close: the descriptor's number stays taken, so a copied socket
+    object the child finalises closes /dev/null, never a file the child opened since. Sockets of other families
+    (a search pool's pipes and socket pairs, AF_UNIX) are left alone."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: nothing to do it with
+        return 0
+    null, released = -1, 0
+    for fd in fds:
+        if fd <= 2:
+            continue
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            probe = socket.socket(fileno=fd)  # reads the family of the socket behind fd
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+        family = probe.family
+        probe.detach()  # the object lets go of fd without closing it
+        if family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        if null < 0:
+            null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, fd)
+        released += 1
+    if null >= 0:
+        os.close(null)
+    return released
+
+
+_RELEASING = False
+
+
+def release_sockets_on_fork() -> None:
+    """Runs :func:`release_sockets` in every process this one forks from now on (once per process: a hook cannot be
+    removed; the server's lifespan calls it before it forks its pool)."""
+    global _RELEASING
+    if not _RELEASING and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=release_sockets)
+        _RELEASING = True
 
 
 def _kill(pid: int) -> None:
@@ -545,6 +600,8 @@ __all__ = [
     "frames",
     "pool",
     "pss_bytes",
+    "release_sockets",
+    "release_sockets_on_fork",
     "rss_bytes",
     "run",
 ]

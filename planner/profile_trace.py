@@ -43,6 +43,7 @@ from functools import lru_cache
 from collectives.primitives import Op
 
 from ._errors import SpecError
+from .words import human_bytes
 
 MAX_EVENTS = 2_000_000  # a few steps of a large model: ~0.2-1M events (HTA's test traces: 2k-300k)
 MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
@@ -333,7 +334,9 @@ def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
     except zlib.error as err:
         raise SpecError("trace", f"not a readable gzip file: {err}") from None
     if len(out) > max_bytes:
-        raise SpecError("trace", f"the gzipped trace unpacks to more than {max_bytes} bytes (the limit)")
+        raise SpecError(
+            "trace", f"the gzipped trace unpacks to more than {max_bytes:,} bytes ({human_bytes(max_bytes)}, the limit)"
+        )
     if not unpack.eof:
         raise SpecError("trace", f"the gzip stream ends early after {len(data)} bytes (a truncated file?)")
     return out

@@ -1,5 +1,6 @@
 // The configuration form <-> a POST /v1/plan request, scenarios, and 422 messages marked on their inputs.
 import { $, el, options } from "./dom.js";
+import { showActiveCalibration } from "./calibrate.js";
 import { buildControls, CONTROL_FIELDS, fillControls, readControls } from "./controls.js";
 import { buildModelFields, fillModelFields, MODEL_FIELDS, readModelFields } from "./model.js";
 import { state } from "./state.js";
@@ -102,6 +103,12 @@ export function readForm() {
 
 const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
 
+// the constants a request is priced with (its cluster.calibration), or null: what a link or a loaded result carries
+export function calibrationOf(req) {
+  const c = req && typeof req === "object" && req.cluster && typeof req.cluster === "object" ? req.cluster : {};
+  return c.calibration && typeof c.calibration === "object" ? c.calibration : null;
+}
+
 export function fillForm(req) {
   const obj = (v) => (v && typeof v === "object" ? v : {});
   const m = obj(req.model), w = obj(req.workload), p = obj(req.parallel), c = obj(req.cluster);
@@ -125,8 +132,9 @@ export function fillForm(req) {
   $("cluster-switch-note").textContent = ""; lastCluster = $("cluster-preset").value;
   $("intra-bw").value = str(obj(c.intra).bandwidth_GBps); $("nics").value = str(c.nics_per_node); $("nic-bw").value = str(c.nic_bandwidth_GBps);
   $("oversub").value = str(obj(c.network).oversubscription);
-  // no input shows the constants (the calibration card does), but a link or a result loaded here keeps them
-  state.calibration = c.calibration && typeof c.calibration === "object" ? c.calibration : null;
+  // no input shows the constants (the calibration card says them), but a link or a result loaded here keeps them
+  state.calibration = calibrationOf(req);
+  showActiveCalibration(state.calibration);
   const base = state.presets.clusters[$("cluster-preset").value];
   $("rail").checked = obj(c.network).rail_optimized ?? (base && base.network ? base.network.rail_optimized : true);
   setSelect("algorithm", obj(req.options).algorithm || "auto");

@@ -1,10 +1,10 @@
 // commplan what-if page: wires the modules. No build step: ES modules; ECharts and Cytoscape.js vendored.
 import { ApiError, getJson, postJson, Unreachable } from "./api.js";
-import { $ } from "./dom.js";
+import { $, options } from "./dom.js";
 import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
 import { countSet, setClusterChoices, setNcclVersions, showResolvedDefaults } from "./controls.js";
-import { clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
+import { calibrationOf, clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
@@ -154,20 +154,27 @@ function loadLayout(hit) {
 }
 
 // ---- start ------------------------------------------------------------------------------------------------------
+const LOADED_BY_START = ["scenario", "model-preset", "cluster-preset"];  // index.html says "Loading…" in each until then
+
 async function start() {
+  // the URL is read first: the constants it carries are said at once, not after the server's lists have come
+  const saved = loadUrl();
+  showActiveCalibration(calibrationOf(saved && saved.r));
   try {
     const [models, clusters, catalogue, versions, choices] = await Promise.all(["/v1/presets/models", "/v1/presets/clusters", "/v1/collectives/algorithms",
       "/v1/collectives/nccl-versions", "/v1/collectives/cluster-choices"].map(getJson));
     Object.assign(state.presets, { models, clusters }); state.catalogue = catalogue;
     setNcclVersions(versions); setClusterChoices(choices);
   } catch {
-    banner(`Cannot reach the commplan server at ${location.origin}.`); $("status").textContent = "Server unreachable."; return;
+    banner(`Cannot reach the commplan server at ${location.origin}.`); $("status").textContent = "Server unreachable.";
+    for (const id of LOADED_BY_START) options($(id), [["", "not loaded: the server is unreachable"]]);
+    return;
   }
   fillPresets();
   fillServeModels(state.presets.models);
   fillStepOps();
-  const saved = loadUrl();
   if (saved) { fillForm(saved.r); state.selected = saved.c; if (saved.o) { fillServeOptions(saved.o); state.serveOptions = saved.o; } } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
+  $("config").setAttribute("aria-busy", "false");
 
   $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs

@@ -216,9 +216,16 @@ export function serveBody() {
   return { ...modelAndCluster(), engine: $("serve-engine").value, traffic: traffic(), deployment: { pools }, options: options() };
 }
 
+// a 422 on this card: the field as the card labels it, and a bound on a field in seconds said in seconds (the SLA
+// boxes take ms: "sla.tpot_s: Input should be less than or equal to 60" read as 60 ms)
+const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-tpot", "traffic.input_tokens": "serve-isl",
+  "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency" };
 function errorText(err) {
   const d = err.detail && err.detail[0];
-  return d && d.loc ? `${d.loc.slice(1).join(".")}: ${d.msg}` : err.message;
+  if (!d || !d.loc) return err.message;
+  const path = d.loc.slice(1).join("."), input = SERVE_FIELDS[path] && $(SERVE_FIELDS[path]);
+  const name = input && input.labels.length ? `${input.labels[0].textContent.trim()} (${path})` : path;
+  return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*)$/, "$1 s") : d.msg}`;
 }
 
 let serveSeq = 0;  // only the latest request's answer is shown
@@ -311,7 +318,7 @@ async function runServeSearch() {
 
 function showServeProgress(p) {
   state.serveSearchProgress = p;
-  const best = p.best ? `; best so far ${p.best.engine} ${p.best.mode} ${p.best.deployment}, `
+  const best = p.best ? `; best so far ${engineName(p.best.engine)} ${p.best.mode} ${p.best.deployment}, `
     + `${fmtCount(p.best.output_tokens_per_s_per_gpu)} tokens/s per GPU` : "";
   $("serve-search-status").textContent = `Searching deployments: ${fmtInt(p.done)} of ${fmtInt(p.total)}, `
     + `${fmtInt(p.evaluated)} plans fit, ${fmtInt(p.feasible)} meet the SLA${best}…`;
@@ -329,6 +336,11 @@ const sentence = (text) => text.charAt(0).toUpperCase() + text.slice(1) + (/[.!?
 const slaText = (sla) => [["TTFT", sla.ttft_s], ["TPOT", sla.tpot_s]].filter(([, v]) => v !== undefined)
   .map(([k, v]) => `${k} at most ${axisTime(v)}`).join(", ") || "no bound";
 
+// an engine as people write it ("vLLM", "TensorRT-LLM"), read off the Engine select's own labels (index.html): the
+// search's rows, front, chart and progress wrote the id a request takes ("vllm", "trtllm") beside the server's
+// sentences, which name "vLLM"
+const engineName = (id) => [...$("serve-engine").options].find((o) => o.value === id)?.textContent || id;
+
 const loadable = (request) => ({ tabIndex: 0, onclick: () => loadDeployment(request),
   onkeydown: (e) => { if (e.key === "Enter") loadDeployment(request); } });
 
@@ -337,7 +349,7 @@ function renderServeSearch(result, sla, traffic) {
   $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
     + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}`;
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
-    el("td", { className: "num" }, String(i + 1)), el("td", {}, `${c.engine} ${c.mode}`),
+    el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
     el("td", {}, c.request.deployment.pools.map(poolName).join(" + ")),
     el("td", { className: "num" }, fmtCount(c.answer.throughput.output_tokens_per_s_per_gpu)),
     el("td", { className: "num" }, fmtCount(c.answer.throughput.tokens_per_s_per_user)),
@@ -352,7 +364,7 @@ function renderServeSearch(result, sla, traffic) {
     + (result.pareto.some((p) => p.meets_sla) ? "The Pareto front's points marked \u201cmeets the SLA\u201d do at a lower load: select one to load it."
       : "No point of the Pareto front meets it, at any load tried: relax the SLA or give the model more GPUs.");
   $("serve-search-front").replaceChildren(...result.pareto.map((p) => el("li", loadable(p.request),
-    `${p.engine} ${p.mode}: ${p.request.deployment.pools.map(poolName).join(" + ")}; `
+    `${engineName(p.engine)} ${p.mode}: ${p.request.deployment.pools.map(poolName).join(" + ")}; `
     + `${fmtCount(p.output_tokens_per_s_per_gpu)} tokens/s per GPU, ${fmtCount(p.tokens_per_s_per_user)} per user, `
     + `TTFT ${p.ttft_s === null ? "unbounded" : fmtTime(p.ttft_s)}, TPOT ${fmtTime(p.tpot_s)} at ${loadText(p.request.traffic)}: `,
     el("strong", { className: p.meets_sla ? "meets" : "misses" }, p.meets_sla ? "meets the SLA" : "misses the SLA"))));
@@ -361,7 +373,7 @@ function renderServeSearch(result, sla, traffic) {
     itemStyle: { color: p.meets_sla ? "#1e8449" : "#c0392b" } }));
   chart("serve-pareto").setOption({
     animation: false,
-    tooltip: { trigger: "item", formatter: (q) => esc(`${q.data.value[2].engine} ${q.data.value[2].mode}: ${q.data.value[2].request.deployment.pools.map(poolName).join(" + ")}; `
+    tooltip: { trigger: "item", formatter: (q) => esc(`${engineName(q.data.value[2].engine)} ${q.data.value[2].mode}: ${q.data.value[2].request.deployment.pools.map(poolName).join(" + ")}; `
       + `${fmtCount(q.data.value[1])} tokens/s per GPU, ${fmtCount(q.data.value[0])} per user at ${loadText(q.data.value[2].request.traffic)}`
       + (q.data.value[2].meets_sla ? "; meets the SLA" : "")) },
     grid: { left: narrow() ? 50 : 70, right: 16, top: 24, bottom: 44 },

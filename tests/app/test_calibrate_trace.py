@@ -188,3 +188,12 @@ def test_a_cluster_with_constants_recalibrates_over_them(api):
     kernels, fitted = body["cluster"]["calibration"]["kernels"], body["trace"]["constants"]
     assert kernels["gemm_ceiling"] == {"bf16": 0.7} | fitted["gemm_ceiling"] and kernels["hbm"] == fitted["hbm"]
     assert set(fitted["gemm_ceiling"]) == {"fp32", "tf32"}
+
+
+def test_a_gzip_bomb_is_a_422_in_the_pages_units(api, monkeypatch):
+    """A small gzipped trace that unpacks past the limit (app/schemas/calibrate.py MAX_TRACE_BYTES, 256 MiB; 1,000
+    bytes here) is refused naming the limit exactly and in human units (it said "268435456 bytes" on the page)."""
+    monkeypatch.setattr("app.calibration.MAX_TRACE_BYTES", 1000)
+    bomb = base64.b64encode(gzip.compress(b'{"traceEvents": [' + b" " * 5000 + b"]}")).decode()
+    loc, msg = _loc_msg(api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-a100"}, "trace": bomb}))
+    assert loc[-1] == "trace" and msg == "the gzipped trace unpacks to more than 1,000 bytes (1.00 KB, the limit)"

@@ -221,7 +221,9 @@ def test_unknown_pinned_algorithm_is_named(api):
 
 def test_limits_refuse_up_front(small_limits):
     r = small_limits.post("/v1/plan", content=b"{" + b" " * 4096 + b"}", headers={"content-type": "application/json"})
-    assert r.status_code == 413 and "exceeds 2048 bytes" in r.json()["detail"][0]["msg"]
+    # the exact count and the page's units (it read "exceeds 8388608 bytes" on the page; user9)
+    msg = "request body exceeds 2,048 bytes (2.05 KB; COMMPLAN_MAX_BODY_BYTES)"
+    assert r.status_code == 413 and r.json()["detail"][0]["msg"] == msg
     r = small_limits.post("/v1/plan/batch", json={"requests": [{}] * 4})
     assert r.status_code == 422 and "at most 3 per batch" in r.json()["detail"][0]["msg"]
     r = small_limits.post("/v1/plan", json=with_(LLAMA70B, cluster={"preset": "dgx-h100", "num_nodes": 9}))

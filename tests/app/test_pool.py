@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -238,3 +239,76 @@ def test_a_killed_idle_worker_is_replaced(pool_of):
 
     second = asyncio.run(same_loop())
     assert second not in (first, os.getpid())
+
+
+def _tcp_sockets(pid: int) -> set[str]:
+    """The inodes of the TCP sockets ``pid`` holds (its descriptors' ``socket:[inode]`` found in /proc/net/tcp*)."""
+    held = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")}
+    tcp = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            tcp |= {line.split()[9] for line in list(f)[1:]}
+    return held & tcp
+
+
+def _idle_connection(base: str) -> socket.socket:
+    """A kept-alive connection to ``base`` after one answered GET, as a browser keeps one in its pool."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)))
+    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.settimeout(10)
+    answer = b""
+    while not answer.endswith(b'{"status":"ok"}'):  # headers and body may come in two reads
+        answer += conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200")
+    return conn
+
+
+def test_a_worker_forked_while_a_connection_idles_does_not_keep_it_open():
+    """The CI flake of round 9 (test_page.py's calibrate reload): a pool worker forked while a browser's kept-alive
+    connection idled inherited its socket, so the server's keep-alive close sent no FIN; Chromium reused the
+    connection after the reload and its GETs of /v1/presets/* waited on a socket nobody read (20 s, the test's
+    limit). Here the worker forked at start-up retires after its second request, the third forks its replacement
+    with the connection open; the server's close (keep-alive 1 s) must reach the client. Before the fix the
+    connection stayed open 8 s and a request on it was never answered."""
+    with serving(worker_processes=1, worker_requests=2, keep_alive_s=1) as (base, pid):
+        with httpx.Client(base_url=base, timeout=60) as http:
+            for _ in range(2):
+                assert http.post("/v1/plan", json=SMALL).status_code == 200
+            (retiring,) = _descendants(pid)
+            idle = _idle_connection(base)
+            assert http.post("/v1/plan", json=SMALL).status_code == 200  # forks the replacement
+            (replacement,) = _descendants(pid)
+        assert replacement != retiring
+        assert not _tcp_sockets(replacement)  # neither the listening socket nor a client's connection
+        start = time.monotonic()
+        assert idle.recv(100) == b""  # the server's close: end of stream, within the keep-alive and a margin
+        assert time.monotonic() - start < 9
+        idle.close()
+
+
+def test_release_sockets_leaves_pipes_and_unix_pairs():
+    """In a forked child the TCP sockets become /dev/null; pipes and AF_UNIX pairs (a search pool's channels) stay
+    usable, and the parent's socket is untouched."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    pair = socket.socketpair()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it sees through the pipe, then leave without running pytest's handlers
+        try:
+            released = runner.release_sockets()
+            gone = os.readlink(f"/proc/self/fd/{listener.fileno()}") == os.devnull
+            pair[1].sendall(b"pair ok")
+            os.write(write_fd, f"{released} {gone}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    report = os.read(read_fd, 100).decode()
+    os.waitpid(pid, 0)
+    assert pair[0].recv(10) == b"pair ok"
+    released, gone = report.split()
+    assert int(released) >= 1 and gone == "True"
+    assert listener.getsockname()[1] > 0  # still the parent's listening socket
+    for s in (listener, *pair):
+        s.close()
+    os.close(read_fd)

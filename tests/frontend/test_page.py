@@ -599,6 +599,44 @@ def test_keyboard_selects_rows(page):
     expect(page.locator("#topology-note")).to_contain_text("The first group spans 16 nodes")
 
 
+def test_a_slow_start_says_loading_and_the_urls_calibration_at_once(page):
+    """The page reads its URL before the server's lists come (main.js start()): a link's calibrated constants are
+    said at once, and until /v1/presets/models answers the form says "Loading…" (it was blank: the CI flake of
+    round 9 left it so for 20 s); once it answers, the form is filled and the plan priced with those constants."""
+    held = []
+    page.route("**/v1/presets/models", lambda route: held.append(route))
+    calibration = {"efficiency": {"nic": 0.9}, "latency_scale": {"inter_node": 1.5}}
+    request = {**LLAMA, "cluster": {**LLAMA["cluster"], "calibration": calibration}}
+    page.goto(page.base + "/" + url_state(request))
+    expect(page.locator("#calib-active")).to_have_text(
+        "The plan is priced with calibrated constants: efficiency.nic 0.900, latency_scale.inter_node 1.50."
+    )
+    for select in ("#scenario", "#model-preset", "#cluster-preset"):
+        expect(page.locator(select)).to_have_text("Loading…")
+    expect(page.locator("#config")).to_have_attribute("aria-busy", "true")
+    expect(page.locator("#status")).to_have_text("Loading…")
+    for _ in range(100):  # the held GET reaches its handler while the page waits (Playwright's dispatch)
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert len(held) == 1
+    expect(page.locator("#model-preset")).to_have_text("Loading…")  # still, with the models' GET held
+    held[0].continue_()
+    expect(page.locator("#ledger tbody tr").first).to_be_visible(timeout=20_000)
+    expect(page.locator("#config")).to_have_attribute("aria-busy", "false")
+    expect(page.locator("#model-preset")).to_have_value("llama3-70b")
+    assert page.evaluate("window.commplan.state.request.cluster.calibration") == calibration
+    expect(page.locator("#calib-active")).to_contain_text("latency_scale.inter_node 1.50")
+
+
+def test_a_server_gone_at_start_is_said_in_the_form(page):
+    page.route("**/v1/presets/clusters", lambda route: route.abort())
+    page.goto(page.base + "/")
+    expect(page.locator("#banner")).to_contain_text("Cannot reach the commplan server", timeout=10_000)
+    expect(page.locator("#scenario")).to_have_text("not loaded: the server is unreachable")
+    page.errors.clear()  # the aborted request logs a network error
+
+
 def test_server_unreachable_is_said_and_results_marked_stale(page):
     open_page(page)
     page.route("**/v1/plan", lambda route: route.abort())

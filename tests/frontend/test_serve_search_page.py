@@ -11,6 +11,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from planner.serving.engines import ENGINES
 from tests.frontend.test_page import (  # noqa: F401  (fixtures)
     LLAMA,
     VIEWPORTS,
@@ -63,7 +64,8 @@ def test_no_deployment_meets_the_sla_says_why_and_lists_the_front(make_page, vie
     rows = front_rows(pg, result)
     for point, row in zip(result["pareto"], rows, strict=True):
         assert f" at {point['request']['traffic']['concurrency']} concurrent: misses the SLA" in row, row
-        assert row.startswith(f"{point['engine']} {point['mode']}: ")
+        # the engine as the Engine select and the server's sentences name it (it wrote the id, "vllm aggregated")
+        assert row.startswith(f"{ENGINES[point['engine']].label} {point['mode']}: "), row
     assert {p["request"]["traffic"]["concurrency"] for p in result["pareto"]} <= {512, 256, 128}
 
     # the SLA of the front's lightest-load point: still nothing at 512, but that point meets it at its load
@@ -95,6 +97,9 @@ def test_a_found_deployment_keeps_its_table_and_says_best(make_page):  # noqa: F
     expect(pg.locator("#serve-search-table-wrap")).to_be_visible()
     expect(pg.locator("#serve-search-none")).to_be_hidden()
     expect(pg.locator("#serve-search-status")).to_contain_text(f" of those plans fit. Best: {result['why']}.")
+    first = pg.locator("#serve-search-table tbody tr").first.locator("td").nth(1)
+    top = result["results"][0]
+    expect(first).to_have_text(f"{ENGINES[top['engine']].label} {top['mode']}")
 
 
 def test_the_timeline_drops_the_tick_that_crowds_its_end_label(make_page):  # noqa: F811
@@ -118,3 +123,20 @@ def test_the_timeline_drops_the_tick_that_crowds_its_end_label(make_page):  # no
     )
     assert labels[-1] == "18.8 s" and "18 s" not in labels, labels
     assert labels[:-1] == ["0", "3 s", "6 s", "9 s", "12 s", "15 s"], labels  # the other ticks stay
+
+
+def test_a_refused_sla_names_its_box_and_says_seconds(make_page):  # noqa: F811
+    """The SLA boxes take milliseconds; a refusal named the JSON path and a bare number ("sla.tpot_s: Input should
+    be less than or equal to 60", which reads as 60 ms): now the box's label and the bound in seconds."""
+    pg = make_page()
+    open_page(pg)
+    pg.fill("#serve-sla-tpot", "100000000")
+    pg.click("#serve-search-run")
+    expect(pg.locator("#serve-search-status")).to_have_text(
+        "Search failed: TPOT at most (ms) (sla.tpot_s): Input should be less than or equal to 60 s", timeout=20_000
+    )
+    pg.fill("#serve-isl", "100000000")
+    pg.click("#serve-run")
+    expect(pg.locator("#serve-status")).to_contain_text(
+        "Input tokens (traffic.input_tokens): Input should be less than or equal to 2097152", timeout=20_000
+    )
