@@ -40,6 +40,7 @@ from .kernels import (
     full_rerun,
     gemm_kernels,
     gpu_seconds,
+    grad_buffer_bytes,
     host_sync,
     kv_cache_bytes_per_layer,
     layer_kernels,
@@ -582,7 +583,9 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
 
 
 def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> float:
-    """Adam over the parameters this rank updates: all of them, or 1/dp of them with a sharded optimizer."""
+    """Adam over the parameters this rank updates: all of them, or 1/dp of them with a sharded optimizer; and, where
+    the framework zeroes its whole gradient buffer every iteration (kernels.grad_buffer_bytes: Megatron-Core's
+    zero_grad_buffer), that pass over every local parameter, sharded or not."""
     from .memory import param_totals
 
     dense, expert, _ = param_totals(ctx, stage)
@@ -590,7 +593,8 @@ def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None =
     shard_dense = par.dp * par.cp if par.zero_stage >= 1 else 1
     shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
     local = dense / shard_dense + expert / shard_expert
-    return local * optimizer_bytes(ctx) / (gpu.hbm_GBps * 1e9 * efficiency(gpu, eff).hbm)
+    nbytes = local * optimizer_bytes(ctx) + (dense + expert) * grad_buffer_bytes(ctx)
+    return nbytes / (gpu.hbm_GBps * 1e9 * efficiency(gpu, eff).hbm)
 
 
 # ---- model FLOPs (the MFU definition) --------------------------------------------------------------------
@@ -685,7 +689,7 @@ def optimizer_key(ctx: Context, stage: int) -> tuple:
     par = ctx.par
     dense, expert, _ = param_totals(ctx, stage)
     shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
-    return (dense, expert, *shards, optimizer_bytes(ctx))
+    return (dense, expert, *shards, optimizer_bytes(ctx), grad_buffer_bytes(ctx))
 
 
 def layer_forward_key(ctx: Context) -> tuple:

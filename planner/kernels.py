@@ -523,14 +523,53 @@ def megatron_lm_optimizer_bytes(ctx: Context) -> float:
     return copy_grads + unscale + t["l2norm"] + t["adam"] + t["master_read"] + ctx.param_bytes
 
 
+# Megatron-Core's optimizer step, bytes per parameter of the optimizer's shard (all local parameters without the
+# distributed optimizer), Megatron-LM f2e5db402c (July 2024) and d98e8a6 alike: megatron/core/optimizer/optimizer.py
+# MixedPrecisionOptimizer.step -> prepare_grads (the main gradient is the fp32 grad buffer's view: ``.float()`` copies
+# nothing, and bf16 has no grad scaler to unscale), clip_grad_norm (--clip-grad 1.0 by default, arguments.py;
+# clip_grads.py get_grad_norm_fp32: amp_C.multi_tensor_l2norm reads each fp32 gradient: 4; the scale that follows
+# runs only when the norm exceeds the clip: data, not charged), step_with_ready_grads: TransformerEngine's (or
+# apex's) FusedAdam (multi_tensor_adam: read the fp32 master, gradient, exp_avg and exp_avg_sq, write three: 28),
+# then _copy_main_params_to_model_params (distrib_optimizer.py: ``shard_model_param.data.copy_(shard_main_param)``,
+# optimizer.py Float16OptimizerWithFloat16Params: _multi_tensor_copy_this_to_that): read the fp32 master (4) and
+# write the parameter in its dtype (param bytes). bf16: 4 + 28 + 4 + 2 = 38 B.
+MEGATRON_CORE_OPTIMIZER = {"l2norm": 4, "adam": 28, "master_read": 4}
+
+
+def megatron_core_optimizer_bytes(ctx: Context) -> float:
+    """Bytes per parameter of the optimizer's shard of Megatron-Core's optimizer step (MEGATRON_CORE_OPTIMIZER): the
+    norm, Adam and the master's copy into the parameter (38 B under bf16). The gradient buffer's zeroing is over
+    every local parameter, sharded or not (grad_buffer_bytes)."""
+    return sum(MEGATRON_CORE_OPTIMIZER.values()) + ctx.param_bytes
+
+
+def grad_buffer_bytes(ctx: Context) -> float:
+    """Bytes per local parameter (the rank's whole gradient buffer, not the optimizer's shard) that the step writes
+    every iteration under a flavour that runs Megatron-Core's optimizer (Flavour.core_optimizer_passes): the train
+    step's ``model_chunk.zero_grad_buffer()`` (Megatron-LM f2e5db402c megatron/training/training.py l. 585, d98e8a6
+    l. 3041) runs ParamAndGradBuffer.reset, ``self.grad_data.zero_()`` over the buffer in the gradient-reduction
+    dtype (param_and_grad_buffer.py l. 503-508 at f2e5db402c: fp32 under bf16, arguments.py forces
+    --accumulate-allreduce-grads-in-fp32). The DDP's NaN check of each bucket's gradient norm before its reduction
+    (Bucket.start_grad_sync, ddp_config.check_for_nan_in_grad) is on in Megatron-LM's own loop
+    (--check-for-nan-in-loss-and-grad, default on) but off in DistributedDataParallelConfig's default, which
+    Megatron-Bridge and NeMo keep: not charged (no switch says which loop ran). 0 under other flavours."""
+    f = ctx.flavour
+    if not f.core_optimizer_passes or f.float16_optimizer_passes or f.torch_optimizer:
+        return 0.0
+    return float(ctx.grad_bytes)
+
+
 def optimizer_bytes(ctx: Context) -> float:
     """HBM bytes of the optimizer step per local parameter: torch.optim's AdamW as the workload names its
     implementation (TORCH_ADAMW_BYTES, default fused) and the gradient clipping (CLIP_GRAD_NORM_BYTES) under a flavour
     that runs them (Flavour.torch_optimizer); Megatron-LM's fp16/bf16 optimizer's passes under a flavour that runs it
-    (Flavour.float16_optimizer_passes: megatron_lm_optimizer_bytes); else a fused Adam with its bf16 copy and the
-    gradient zeroing (ADAM_BYTES)."""
+    (Flavour.float16_optimizer_passes: megatron_lm_optimizer_bytes); Megatron-Core's under a flavour that runs it
+    (Flavour.core_optimizer_passes: megatron_core_optimizer_bytes, its gradient zeroing in grad_buffer_bytes); else a
+    fused Adam with its bf16 copy and the gradient zeroing (ADAM_BYTES)."""
     if ctx.flavour.float16_optimizer_passes:
         return megatron_lm_optimizer_bytes(ctx)
+    if ctx.flavour.core_optimizer_passes and not ctx.flavour.torch_optimizer:
+        return megatron_core_optimizer_bytes(ctx)
     if not ctx.flavour.torch_optimizer:
         return ADAM_BYTES
     return TORCH_ADAMW_BYTES[ctx.work.optimizer_implementation or "fused"] + CLIP_GRAD_NORM_BYTES

@@ -203,6 +203,11 @@ class Flavour:
     # gradients, the unscale under fp16, the norm and the copy back into the 16-bit parameters as passes of their own
     # beside apex's FusedAdam (planner/kernels.py MEGATRON_LM_OPTIMIZER); False: one fused Adam (ADAM_BYTES)
     float16_optimizer_passes: bool = False
+    # Megatron-Core's optimizer step (MixedPrecisionOptimizer / DistributedOptimizer) as the passes it runs: the
+    # gradient norm for clipping, Adam, the fp32 master's copy back into the 16-bit parameter (kernels.py
+    # MEGATRON_CORE_OPTIMIZER), and the zeroing of the whole local gradient buffer every iteration, not only the
+    # optimizer's shard (kernels.grad_buffer_bytes); False: one fused Adam over the shard (ADAM_BYTES)
+    core_optimizer_passes: bool = False
     # ---- step time (planner/step.py) ---------------------------------------------------------------------
     # ZeRO stages at which gradient reduction and parameter gathers overlap compute by default
     overlap_zero_stages: frozenset[int] = frozenset()

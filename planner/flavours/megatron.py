@@ -42,6 +42,9 @@ FLAVOUR = Flavour(
     # and "before_finish" on one rank; drop-and-pad returns before any; MoEAllGatherTokenDispatcher's
     # dispatch_postprocess calls tokens_per_expert .cpu()
     dispatch_count_sync=True,
+    # the optimizer step's own passes and the per-iteration zeroing of the local gradient buffer (training.py
+    # train_step: model_chunk.zero_grad_buffer(); planner/kernels.py MEGATRON_CORE_OPTIMIZER)
+    core_optimizer_passes=True,
     # --tp-comm-overlap runs TransformerEngine's userbuffers with initialize_ub's defaults (TE v2.9 pytorch/module/
     # base.py get_default_config: num_sm = 1 if method == "ring_exchange" else 16, use_ce = True): the all-gathers of
     # the ring exchange (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; CommOverlapP2P) move by copy engine (no SM);

@@ -62,12 +62,13 @@ def _compute_s(api, cluster):
 
 
 def test_the_returned_cluster_plans_the_synced_moe_layer_with_it(api, megatron):
-    """32.6 us a launch against the default 38.2: the host-bound MoE layers' compute falls 2.693 -> 2.443 s, exactly
+    """32.6 us a launch against the default 38.2: the host-bound MoE layers' compute falls 2.703 -> 2.452 s, exactly
     as with the value given by hand."""
     default, fitted = _compute_s(api, CLUSTER), _compute_s(api, megatron["cluster"])
     by_hand = _compute_s(api, CLUSTER | {"calibration": {"kernels": {"host_launch_s": HOST_S}}})
     assert fitted == by_hand
-    assert (round(default, 3), round(fitted, 3)) == (2.693, 2.443)
+    # 2.693 / 2.443 before small9 charged Megatron-Core's whole-gradient-buffer zeroing (kernels.grad_buffer_bytes)
+    assert (round(default, 3), round(fitted, 3)) == (2.703, 2.452)
 
 
 def test_a_gpu_bound_trace_keeps_the_clusters_own_host_cost(api):

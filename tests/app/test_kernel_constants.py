@@ -50,7 +50,9 @@ def test_a_gemm_ceiling_moves_the_gemms_and_only_them(api):
     expected = 2 * (halved.forward.total_s + halved.backward.total_s) + halved.optimizer_s
     assert after == pytest.approx(expected, rel=1e-12)
     assert before == pytest.approx(2 * (default.forward.total_s + default.backward.total_s) + default.optimizer_s)
-    assert after / before == pytest.approx(1.7310, abs=1e-3)  # GEMMs share (embedding lookup, final norm: not)
+    # GEMMs share (embedding lookup, final norm and the optimizer step: not; 1.7310 before small9 charged
+    # Megatron-Core's whole-gradient-buffer zeroing, kernels.grad_buffer_bytes)
+    assert after / before == pytest.approx(1.7271, abs=1e-3)
 
 
 def test_batch_search_and_serve_take_the_constants(api):

@@ -73,14 +73,17 @@ def test_megatron_lm_2021s_optimizer_makes_its_own_passes():
     """Float16OptimizerWithFloat16Params.step (optimizer.py at 6985e58): fp16 parameters with fp16 gradients (the
     SC'21 runs) move 6 (grad.float()) + 8 (unscale, fp16's loss scale) + 4 (l2 norm) + 28 (apex FusedAdam) + 6
     (master copied back) = 52 B a parameter; bf16 with fp32 main gradients (55ba1f7b96) 0 + 0 + 4 + 28 + 6 = 38 B;
-    Megatron-Core's fused Adam keeps ADAM_BYTES (34)."""
+    Megatron-Core's step moves 4 (l2 norm) + 28 (FusedAdam) + 6 (master copied back) = 38 B a shard parameter too, and
+    zeroes its whole gradient buffer besides (kernels.grad_buffer_bytes); DeepSpeed keeps ADAM_BYTES (34)."""
     fp16 = WorkloadSpec(
         micro_batch_size=1, global_batch_size=8, param_dtype="fp16", activation_dtype="fp16", grad_reduce_dtype="fp16"
     )
     old = ParallelSpec(tp=8, dp=1, pp=1, framework="megatron-lm-2021")
     assert optimizer_bytes(Context(GPT3, fp16, old)) == 52
     assert optimizer_bytes(Context(GPT3, UNFUSED, old)) == 38
-    assert optimizer_bytes(Context(GPT3, fp16, ParallelSpec(tp=8, dp=1, pp=1))) == ADAM_BYTES == 34
+    assert optimizer_bytes(Context(GPT3, fp16, ParallelSpec(tp=8, dp=1, pp=1))) == 38
+    deepspeed = ParallelSpec(tp=8, dp=1, pp=1, framework="deepspeed")
+    assert optimizer_bytes(Context(GPT3, fp16, deepspeed)) == ADAM_BYTES == 34
     ctx = Context(GPT3, fp16, old)
     dense, expert, _ = param_totals(ctx, 0)
     assert optimizer_s(ctx, 0, A100) == pytest.approx((dense + expert) * 52 / (2039e9 * EFFICIENCY.hbm))

@@ -41,6 +41,10 @@ moehost's two queues for a Megatron MoE layer that syncs (planner/host.py) moved
 -2.5%), float times only (checked token by token against main at 9532726), nothing else.
 The lead's review-r8c fixes and tidy8's StageStep.lengthen moved 27 step lines by at most 2.7e-15 relative (the
 same sums in another order), checked token by token against main at e9ad9cd.
+small9's Megatron-Core optimizer step (38 B a shard parameter for the fused Adam's 34, and the whole local fp32
+gradient buffer zeroed every iteration, 4 B a local parameter: kernels.grad_buffer_bytes) moved the 181 Megatron
+plans' step lines, float times only (time and compute; bubble in 70, exposed communication in 2), step +0.62% to
++5.43%, nothing else (checked token by token against main at c36d7be).
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
@@ -53,7 +57,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "f07458035b9d2102958a4bce180cfa0f80151a25abc250be383079153cd01b1f"
+RECORDED = "b6bfcbed3b96811b51f079d175eed177709aa8dbe7042ec699c75c56e8df6b06"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
