@@ -228,8 +228,8 @@ class _Pricer:
         try:
             return price_call(
                 op, size, placement, cluster, calibration=self.calibrations[constants], pricing="auto",
-                nccl_algo=obs.nccl_algo,
-            )  # fmt: skip
+                nccl_algo=obs.nccl_algo, top_links=0,
+            )  # fmt: skip  # top_links=0: the fit reads the bandwidth and NCCL's pick, never the busiest links
         except CollectiveError as err:
             raise CollectiveError(err.field, f"{obs.where}: {err.rule}") from None
 
