@@ -208,6 +208,7 @@ class _Pricer:
         self.clusters: dict[ClusterSpec, Cluster] = {}
         self.calibrations: dict[Constants, LibraryCalibration] = {}
         self.busbws: dict[tuple, float] = {}
+        self.calls: dict[tuple, tuple] = {}  # row -> (op, size, placement, cluster): no constant changes them
 
     def cluster(self, spec: ClusterSpec) -> Cluster:
         spec = replace(spec, calibration=None)  # the calibration is passed with each call
@@ -223,21 +224,30 @@ class _Pricer:
     def price(self, obs: Observation, constants: Constants):
         if constants not in self.calibrations:
             self.calibrations[constants] = calibration_for(constants)
-        cluster = self.cluster(obs.spec)
-        placement = placement_for(obs.ranks, cluster.spec)
-        size = obs.size_bytes
-        if obs.op is Op.SENDRECV:  # sendrecv_perf: rank r sends to r+1 and receives from r-1, all at once
-            ring = placement[0]
-            placement = np.stack([ring, np.roll(ring, -1)], axis=1)
-        if obs.op is Op.ALLTOALL:
-            size -= size % obs.ranks
+        op, size, placement, cluster = self.call(obs)
         try:
             return price_call(
-                obs.op, size, placement, cluster, calibration=self.calibrations[constants], pricing="auto",
-                nccl_algo=obs.nccl_algo,
-            )  # fmt: skip
+                op, size, placement, cluster, calibration=self.calibrations[constants], pricing="auto",
+                nccl_algo=obs.nccl_algo, top_links=0,
+            )  # fmt: skip  # top_links=0: the fit reads the bandwidth and NCCL's pick, never the busiest links
         except CollectiveError as err:
             raise CollectiveError(err.field, f"{obs.where}: {err.rule}") from None
+
+    def call(self, obs: Observation) -> tuple:
+        """The call a row prices, built once per row: the constants are the only thing a fit varies."""
+        key = (obs.op, obs.size_bytes, obs.ranks, obs.spec)
+        got = self.calls.get(key)
+        if got is None:
+            cluster = self.cluster(obs.spec)
+            placement = placement_for(obs.ranks, cluster.spec)
+            size = obs.size_bytes
+            if obs.op is Op.SENDRECV:  # sendrecv_perf: rank r sends to r+1 and receives from r-1, all at once
+                ring = placement[0]
+                placement = np.stack([ring, np.roll(ring, -1)], axis=1)
+            if obs.op is Op.ALLTOALL:
+                size -= size % obs.ranks
+            got = self.calls[key] = (obs.op, size, placement, cluster)
+        return got
 
     def fitted(self, obs: Observation) -> bool:
         return fitted_by_library(obs.op, self.cluster(obs.spec))
@@ -387,7 +397,15 @@ def _search(
         pred = np.array([pricer.busbw(o, constants) for o in sample])
         return np.abs(np.log(np.maximum(pred, 1e-30) / np.array([o.measured_busbw_GBps for o in sample])))
 
+    memo: dict[Constants, float] = {}  # a point the search comes back to (a start, each descent's end) is priced once
+
     def objective(constants: Constants) -> float:
+        got = memo.get(constants)
+        if got is None:
+            got = memo[constants] = evaluate(constants)
+        return got
+
+    def evaluate(constants: Constants) -> float:
         pull = sum(abs(_coordinate(n, constants.get(n)) - _coordinate(n, defaults[n])) for n in names)
         ties = TIEBREAK_WEIGHT * float(np.median(log_errors(tiebreak, constants))) if tiebreak else 0.0
         return float(np.median(log_errors(rows, constants))) + ties + PULL * pull

@@ -161,3 +161,56 @@ def test_ranks_must_fit_the_cluster():
     o = Observation(Op.ALLREDUCE, 1 << 20, 24, dgx_h100(2), 10.0)
     with pytest.raises(CollectiveError, match="24 ranks on 2 nodes of 8 devices"):
         fit([o])
+
+
+def _empty_memos(monkeypatch):
+    """Every value memo the fit's prices go through, empty (library/model.py and pricer.py)."""
+    from collectives.topology.library import model as M
+    from collectives.topology.library import pricer as L
+
+    monkeypatch.setattr(L, "_TUNED", type(L._TUNED)())
+    monkeypatch.setattr(L, "_CANDS", type(L._CANDS)())
+    M._calibration_free.cache_clear()
+    L._schedule_bytes.cache_clear()
+
+
+def test_the_sample_log_fits_the_same_to_the_last_digit_with_the_memos_warm_or_empty(reference, monkeypatch):
+    """The speed-ups of the fit (a row's call built once, the objective memoised by constants, the calibration-
+    free part of NCCL's candidates and the schedule's bytes cached by value) change no number: the 2-node H100
+    sample's constants and errors as the fit gave them before them (recorded to the last digit, round 9), from
+    empty memos and again warm."""
+    from collectives.topology.calibrate import Log, calibrate
+
+    text = reference("nccl_logs/sample_h100_2node.txt").read_text()
+    _empty_memos(monkeypatch)
+    for _ in ("empty", "warm"):
+        done = calibrate(dgx_h100(2), [Log(text)], max_rows=1000, max_devices=1000)
+        assert done.result.constants == Constants(
+            efficiency=(("nic", 1.006500442793277),), latency_scale=(("inter_node", 1.2237379504776855),)
+        )
+        assert done.result.median_error_before == 0.04873256674343296
+        assert done.result.median_error_after == 0.027523747676601706
+
+
+def test_the_calibration_free_part_of_the_candidates_is_the_fresh_computation_and_bounded():
+    """model._calibration_free (cached by value, bounded) gives what computing afresh gives, and the candidates
+    built on it under another calibration are those built with the cache empty."""
+    from collectives.topology.cluster import Cluster
+    from collectives.topology.library import model as M
+    from collectives.topology.library import pricer as L
+
+    cluster = Cluster(dgx_h100(2))
+    shape, feat = L.shape_of(cluster, np.arange(16)), L.features_of(cluster)
+    other = DEFAULT_LIBRARY.with_values(efficiency={"nic": 0.8}, latency_scale={"inter_node": 3.0})
+    warm = [M.candidates(Op.ALLREDUCE, shape, feat, cal) for cal in (DEFAULT_LIBRARY, other)]
+    graphs, launched, node_speed, newest = M._calibration_free(shape, feat)
+    assert graphs == M.graphs_for(shape) and graphs["ring"].channels > 0
+    assert launched == (
+        M.comm_channels(shape, feat, graphs["ring"]),
+        M.comm_channels(shape, feat, graphs["ring"], knobs=False),
+    )
+    assert newest.version == M.T.SUPPORTED_VERSIONS[-1] and node_speed == M._node_nvls_speed(shape)
+    M._calibration_free.cache_clear()
+    assert [M.candidates(Op.ALLREDUCE, shape, feat, cal) for cal in (DEFAULT_LIBRARY, other)] == warm
+    assert warm[0] != warm[1]  # the calibration still reaches the candidates
+    assert M._calibration_free.cache_info().maxsize == 1024 and L._schedule_bytes.cache_info().maxsize == 8192

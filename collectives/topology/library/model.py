@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ...primitives import Op
 from . import tables as T
@@ -188,6 +189,21 @@ def graphs_for(shape: Shape) -> dict[str, Graph | None]:
     }
 
 
+@lru_cache(maxsize=1024)
+def _calibration_free(shape: Shape, feat: Features) -> tuple[dict[str, Graph | None], tuple[int, int], float, Shape]:
+    """What ``candidates`` reads that no calibration changes: the graphs, the channels launched (with and without
+    the NCCL_MIN/MAX_NCHANNELS knobs), the node's NVLS speed and the newest tag's shape. A pure function of its
+    two frozen arguments, cached by value and bounded: a calibration fit prices one shape under a thousand
+    calibrations (collectives/topology/fit.py), and this part was a third of each new one's cost. Read only."""
+    graphs = graphs_for(shape)
+    ring = graphs["ring"]
+    launched = (comm_channels(shape, feat, ring), comm_channels(shape, feat, ring, knobs=False))
+    node_speed = _node_nvls_speed(shape) if graphs.get("nvls") else 0.0
+    last = T.SUPPORTED_VERSIONS[-1]
+    newest = shape if shape.version == last else replace(shape, version=last)
+    return graphs, launched, node_speed, newest
+
+
 def why_unavailable(algorithm: str, op: Op, shape: Shape, feat: Features) -> str:
     """The rule that keeps ``algorithm`` from running, or '' (tuning.cc:ncclTopoTuneModel of the tag
     ``shape.version``): the op's rules, then the NVLS, CollNet and span rules, in that order."""
@@ -281,12 +297,7 @@ def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features)
 
 def candidates(op: Op, shape: Shape, feat: Features, cal: LibraryCalibration) -> list[Candidate]:
     """Every enabled (algorithm, protocol) with NCCL's latency and bandwidth for this communicator."""
-    graphs = graphs_for(shape)
-    ring = graphs["ring"]
-    launched = (comm_channels(shape, feat, ring), comm_channels(shape, feat, ring, knobs=False))
-    node_speed = _node_nvls_speed(shape) if graphs.get("nvls") else 0.0
-    last = T.SUPPORTED_VERSIONS[-1]
-    newest = shape if shape.version == last else replace(shape, version=last)
+    graphs, launched, node_speed, newest = _calibration_free(shape, feat)
     out = []
     for a in T.ALGORITHMS:
         g = graphs.get(a)

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import lru_cache
 
 import numpy as np
 
@@ -252,11 +253,13 @@ def _tuned(op: Op, nbytes: int, shape: Shape, feat: Features, cal: LibraryCalibr
     return got
 
 
+@lru_cache(maxsize=8192)
 def _schedule_bytes(name: str, op: Op, n: int, nbytes: int, local: int) -> tuple[str, int, int, int]:
     """The busiest rank's bytes sent and received and the steps of the executable schedule, from its
     closed form (algorithms/_base.py Cost, which ``verify`` checks against the executed schedule): O(1)
-    for 131,072 ranks; computed once per _TUNED entry (its only caller memoises it). Falls back to ring where
-    the named schedule does not fit the shape."""
+    for 131,072 ranks. Falls back to ring where the named schedule does not fit the shape. Cached by value
+    and bounded: no calibration changes it, and a calibration fit (fit.py) asks it for the same call under
+    each of its ~1,000 calibrations, each a new _TUNED entry."""
     for candidate in (name, "ring", "binomial_tree"):
         try:
             impl = lookup(candidate, op)
