@@ -183,7 +183,8 @@ def combined_pair_delta(
 ) -> tuple[PassTime, PassTime]:
     """What Megatron's combined 1F1B (combined_pair) changes in one micro-batch's forward and backward on a rank of
     ``stage``: per MoE layer, the pair's host waits less the per-pass rule's (layer_pass), times the stage's MoE
-    layers. step.assign_streams adds it where overlap_moe_expert_parallel_comm holds. Only the host wait moves."""
+    layers. stage_pass_compute adds it to the stage's passes where ``paired`` (step.paired_passes: the switch
+    overlap_moe_expert_parallel_comm on, training). Only the host wait moves."""
     eff = efficiency(gpu, eff)
     fwd = bwd = 0.0
     for c, which in _layer_sets(ctx, stage):
@@ -412,40 +413,51 @@ def compute_dtype(ctx: Context) -> str:
     return "fp8" if ctx.work.activation_dtype == "fp8" else "bf16" if ctx.x <= 2 else "fp32"
 
 
-def stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> StageCompute:
-    """Forward and backward of one micro-batch on one rank of ``stage``, plus its optimizer step."""
-    return _stage_compute(ctx, stage, gpu, efficiency(gpu, eff))
+def stage_compute(
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None, paired: bool = False
+) -> StageCompute:
+    """Forward and backward of one micro-batch on one rank of ``stage``, plus its optimizer step; ``paired``: the
+    forward and backward run as Megatron's combined 1F1B pair (stage_pass_compute)."""
+    return _stage_compute(ctx, stage, gpu, efficiency(gpu, eff), paired and ctx.training)
 
 
 @lru_cache(maxsize=4096)
-def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> StageCompute:
-    fwd, bwd, attn = stage_pass_compute(ctx, stage, gpu, eff)
+def _stage_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency, paired: bool) -> StageCompute:
+    fwd, bwd, attn = stage_pass_compute(ctx, stage, gpu, eff, paired)
     if not ctx.training:
         return StageCompute(fwd, bwd, attn, 0.0)
     return StageCompute(fwd, bwd, attn, optimizer_s(ctx, stage, gpu, eff), stage_recompute_s(ctx, stage, gpu, eff))
 
 
 def stage_pass_compute(
-    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None, paired: bool = False
 ) -> tuple[PassTime, PassTime, float]:
     """``stage_compute`` without the optimizer step: (forward, backward with recompute, core-attention forward
     seconds) of one micro-batch on one rank of ``stage``. Memoised by value (the stage-pass cache): on
     ``stage_pass_key`` (everything it reads of the context: the layer's kernels' key, the stage's layers by kind,
     what each re-runs, its head, embedding, final norm and MTP blocks), the GPU and the constants, so layouts
     that differ in dp, ZeRO, the schedule or pp with alike stages share an entry, the plan (stage_compute) and the
-    search (step_model) alike. Bounded: cleared past STAGE_PASSES_KEPT entries."""
+    search (step_model) alike. Bounded: cleared past STAGE_PASSES_KEPT entries.
+
+    ``paired`` (step.paired_passes: overlap_moe_expert_parallel_comm on, in training): the forward and the backward
+    run as Megatron's combined 1F1B pair, whose host wait replaces the per-pass rule's (combined_pair_delta, added
+    here so that the plan, the search's step time and its bounds read one compute); resolved against ctx.training
+    and part of the key."""
     eff = efficiency(gpu, eff)
-    key = (layer_kernels_key(ctx), _stage_layers_key(ctx, stage), gpu, eff)  # stage_pass_key's items, nested
-    return memo_by(_STAGE_PASSES, key, STAGE_PASSES_KEPT, _stage_pass_compute, ctx, stage, gpu, eff)
+    paired = paired and ctx.training
+    key = (layer_kernels_key(ctx), _stage_layers_key(ctx, stage), gpu, eff, paired)  # stage_pass_key's, nested
+    return memo_by(_STAGE_PASSES, key, STAGE_PASSES_KEPT, _stage_pass_compute, ctx, stage, gpu, eff, paired)
 
 
-# (layer_kernels_key, the stage's layers: stage_pass_key's two parts, gpu, eff) -> (forward, backward, core
-# attention forward seconds)
+# (layer_kernels_key, the stage's layers: stage_pass_key's two parts, gpu, eff, paired) -> (forward, backward,
+# core attention forward seconds)
 _STAGE_PASSES: dict = {}
 STAGE_PASSES_KEPT = 1 << 16  # entries before the stage-pass cache is cleared (as the search's MEMO_KEPT; <1 KB each)
 
 
-def _stage_pass_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency) -> tuple[PassTime, PassTime, float]:
+def _stage_pass_compute(
+    ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency, paired: bool = False
+) -> tuple[PassTime, PassTime, float]:
     fwd, bwd, attn = PassTime(), PassTime(), 0.0
     _, _, last, holds_mtp, first, final_norm = ctx.stage_roles[stage]
     for c, which in _layer_sets(ctx, stage):
@@ -473,6 +485,10 @@ def _stage_pass_compute(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency)
     if last:  # the main head and, per MTP depth, the shared output layer and its loss again
         head, head_bwd = per_tokens(_HEAD, _head_of, ctx, None, gpu, eff)
         fwd, bwd = fwd + head.scaled(1 + mtp), bwd + head_bwd.scaled(1 + mtp)
+    if paired:  # the combined 1F1B pair's host wait in place of the per-pass rule's (combined_pair_delta)
+        f_pair, b_pair = combined_pair_delta(ctx, stage, gpu, eff)
+        if f_pair.host_s or b_pair.host_s:
+            fwd, bwd = fwd + f_pair, bwd + b_pair
     return fwd, bwd, attn
 
 

@@ -25,7 +25,7 @@ whose ``None`` means the framework's default:
   schedule, megatron/core/pipeline_parallel/combined_1f1b.py): a forward and a backward of two micro-batches
   run as a pair, the EP dispatch/combine of both exposed only beyond the pair's compute
   (overlap_forward_backward; DualPipe's F&B is the same overlap). Where the MoE layers wait for their token
-  counts, the pair also runs through one host queue (_combined_pairs, compute.combined_pair: Megatron-LM
+  counts, the pair also runs through one host queue (paired_passes, compute.combined_pair: Megatron-LM
   core_v0.15.0 TransformerLayerSchedulePlan.run's node order). False, but True under the dualpipe and
   dualpipev schedules, which provide it. Not with the allgather dispatcher.
   Priced as the steady state for every micro-batch (warm-up and cool-down micro-batches also hide theirs:
@@ -57,7 +57,6 @@ from .compute import (
     PassTime,
     StageCompute,
     check_gpu,
-    combined_pair_delta,
     compute_dtype,
     embedding_pass,
     layer_forward,
@@ -260,7 +259,8 @@ def step_time(
     to host memory per direction (the cluster's pcie_bandwidth_GBps), for CPU activation offload."""
     check_gpu(gpu, compute_dtype(ctx), ctx)
     flags = overlap.resolved(ctx)
-    stages = [StageStep(s, stage_compute(ctx, s, gpu)) for s in range(ctx.par.pp)]
+    paired = paired_passes(ctx, flags)
+    stages = [StageStep(s, stage_compute(ctx, s, gpu, paired=paired)) for s in range(ctx.par.pp)]
     totals = _assign_calls(ctx, calls, stages, flags, gpu)
     if ctx.training and ctx.work.cpu_offloading_num_layers:
         for st in stages:
@@ -549,8 +549,6 @@ def assign_streams(
     }
     for st in stages:
         i = st.stage
-        if flags.overlap_moe_expert_parallel_comm and ctx.training and gpu is not None:
-            _combined_pairs(ctx, st, gpu)
         st.grad_reduce_s, st.grad_buckets, st.grad_bytes = grad[i], grad_n[i], int(grad_v[i])
         st.param_bytes = int(gather_v[i])
         st.param_gather_s, st.param_units = gather[i], gather_n[i]
@@ -916,14 +914,19 @@ def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags:
     return totals
 
 
-def _combined_pairs(ctx: Context, st: StageStep, gpu: GPUSpec) -> None:
-    """Megatron's combined 1F1B issues a layer's backward and the next micro-batch's forward as one pair from one
-    host thread: where the MoE layers wait for their token counts, the host's queue of the pair replaces the
-    per-pass rule's (compute.combined_pair_delta; docs/step-time.md "MoE host time", round 9)."""
-    fwd, bwd = combined_pair_delta(ctx, st.stage, gpu)
-    if fwd.host_s or bwd.host_s:
-        c = st.compute
-        st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
+def paired_passes(ctx: Context, overlap: Overlap) -> bool:
+    """Whether a micro-batch's forward and backward run as Megatron's combined 1F1B pair: the switch
+    overlap_moe_expert_parallel_comm as ``overlap`` gives it (resolved or not: None is its OVERLAP_DEFAULTS row,
+    as Overlap.resolved reads it, without that method's checks), in training. Megatron issues a layer's backward
+    and the next micro-batch's forward as one pair from one host thread: where the MoE layers wait for their token
+    counts, the host's queue of the pair replaces the per-pass rule's (compute.combined_pair_delta;
+    docs/step-time.md "MoE host time", round 9). The stage compute carries it (compute.stage_compute's
+    ``paired``), so that the plan (step_time) and the search (search/step_model.py: its step time and its bounds)
+    read one compute."""
+    on = overlap.overlap_moe_expert_parallel_comm
+    if on is None:
+        on = OVERLAP_DEFAULTS["overlap_moe_expert_parallel_comm"](ctx)
+    return bool(on) and ctx.training
 
 
 def overlap_forward_backward(st: StageStep) -> None:
@@ -1316,6 +1319,7 @@ __all__ = [
     "exposed_grad_reduce",
     "exposed_param_gather",
     "memory",
+    "paired_passes",
     "schedule_for",
     "schedule_of",
     "step_time",

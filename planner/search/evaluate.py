@@ -156,7 +156,10 @@ class ShapeEvaluator:
         base = Variant(shape, 1, ParallelSpec.pipeline_schedule, 0, False, flavours.DEFAULT).parallel()
         self.layout = RankLayout(base)  # placements depend on the degrees and the order only
         self.pricer = Pricer(self.cluster, problem.options, shared_curves(self.cluster, problem.options))
-        self.step_model = StepModel(problem.model, problem.work, self.cluster, problem.constraints.memory_headroom)
+        # the problem's overlap switches, as _exact's build_plan reads them (a screen without them ranks other layouts)
+        self.step_model = StepModel(
+            problem.model, problem.work, self.cluster, problem.constraints.memory_headroom, problem.options.overlap
+        )
         self._templates: dict = {}
         self._curves: dict = {}
         self._priced_memo: dict = {}

@@ -67,6 +67,7 @@ from ..step import (
     chunk_shares,
     chunk_shares_key,
     critical_path,
+    paired_passes,
     schedule_for,
     schedule_of,
     stage_passes,
@@ -90,7 +91,8 @@ class _Memos:
     lookup per (micro-batch size, recompute) hashes small values; ids are never reused."""
 
     def __init__(self):
-        self.compute: dict = {}  # ((b, recompute), interned stage_pass_key[2:]) -> (fwd, bwd, attention s)
+        # ((b, recompute), interned (stage_pass_key[2:], paired)) -> (fwd, bwd, attention s)
+        self.compute: dict = {}
         self.optimizer: dict = {}  # optimizer_key -> optimizer_s (seconds)
         # ((b·s/cp, recompute), interned chunk_activation_key[3:]) -> ChunkActivations
         self.acts: dict = {}
@@ -212,6 +214,7 @@ class _Variant:
         "flights",
         "layer_key",
         "optimizer",
+        "paired",
         "par",
         "pass_id",
         "pass_keys",
@@ -224,7 +227,9 @@ class _Variant:
     def __init__(self, par: ParallelSpec):
         self.par = par
         self.contexts: dict = {}
-        self.pass_keys: tuple | None = None  # per stage: compute.stage_pass_key past the model and workload, interned
+        # per stage: compute.stage_pass_key past the model and workload, and ``paired``, interned
+        self.pass_keys: tuple | None = None
+        self.paired = False  # step.paired_passes of the StepModel's overlap: the passes run as combined 1F1B pairs
         self.pass_id: int | None = None
         self.optimizer: tuple = ()  # per stage: compute.optimizer_s
         self.compute_id: int | None = None  # interned (passes, optimizer steps)
@@ -432,7 +437,9 @@ class StepModel:
         memos = self._memos
         if v.compute_id is None:  # on the context held_bytes reads (param_totals is cached on it)
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-            v.pass_keys = tuple(memos.intern(("pass", stage_pass_key(ctx, s)[2:])) for s in range(v.par.pp))
+            # the combined 1F1B pair (step.paired_passes) is part of the passes: the bounds read it as the step does
+            v.paired = paired_passes(ctx, self.overlap)
+            v.pass_keys = tuple(memos.intern(("pass", stage_pass_key(ctx, s)[2:], v.paired)) for s in range(v.par.pp))
             v.pass_id = memos.intern(("passes", v.pass_keys))
             optimizer = []
             for s in range(v.par.pp):
@@ -451,7 +458,8 @@ class StepModel:
             for s, (rest, opt) in enumerate(zip(v.pass_keys, v.optimizer, strict=True)):
                 part = memos.compute.get(((b, rc), rest))
                 if part is None:
-                    part = memos.put(memos.compute, ((b, rc), rest), stage_pass_compute(ctx, s, gpu))
+                    part = stage_pass_compute(ctx, s, gpu, paired=v.paired)
+                    memos.put(memos.compute, ((b, rc), rest), part)
                 # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the
                 # timeline draws it (step._pass_comm_events), which the search never builds; the step time
                 # and its bounds do not read it, and the reported layouts are build_plan's own

@@ -240,3 +240,24 @@ def test_the_specs_hash_as_their_fields_and_once():
         assert "_hash" not in moved.__dict__ and moved == spec and {spec: 1}[moved] == 1
     work = WorkloadSpec(global_batch_size=64)
     assert hash(replace(work, micro_batch_size=2)) != hash(work)
+
+
+def test_the_combined_pair_is_part_of_the_key():
+    """``paired`` (step.paired_passes: Megatron's combined 1F1B) is in the stage-pass key (review r9a finding 1): on
+    Qwen3-30B-A3B FP8-CS the paired passes are the per-pass ones plus compute.combined_pair_delta (the host waits
+    only), each entry its own; a forward-only context (no pair without a backward) resolves it off, one entry."""
+    from planner.compute import combined_pair_delta, stage_compute
+    from tests.planner.test_moe_kernels import qwen3_fp8
+
+    ctx = qwen3_fp8("tensorwise")
+    alone, paired = stage_pass_compute(ctx, 0, GPU), stage_pass_compute(ctx, 0, GPU, paired=True)
+    df, db = combined_pair_delta(ctx, 0, GPU)
+    assert df.host_s < 0 < db.host_s  # the pair drains the forward's count wait, the backward waits its share
+    assert paired == (alone[0] + df, alone[1] + db, alone[2])
+    assert paired[0].gemm_s == alone[0].gemm_s and paired[1].attention_s == alone[1].attention_s
+    assert stage_pass_compute(ctx, 0, GPU) is alone and compute._stage_pass_compute(ctx, 0, GPU, EFFICIENCY) == alone
+    full = stage_compute(ctx, 0, GPU, paired=True)
+    assert (full.forward, full.backward) == paired[:2] and full.optimizer_s == stage_compute(ctx, 0, GPU).optimizer_s
+    serve = Context(ctx.model, replace(ctx.work, kind="inference"), ctx.par)
+    assert not serve.training
+    assert stage_pass_compute(serve, 0, GPU, paired=True) is stage_pass_compute(serve, 0, GPU)
