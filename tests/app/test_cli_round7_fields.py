@@ -153,7 +153,7 @@ MEGATRON = {"framework": "megatron", "zero_stage": 1}
          ("parallel.cp_rotate_method", "framework 'megatron' takes cp_comm")),
         (_torch(cp=2, dp=4, cp_load_balance=True, **MEGATRON), ("parallel.cp_load_balance", "enable_load_balance")),
         (_eager({"norm_kernel": "ops"}, framework="megatron"), ("workload.norm_kernel", "'megatron'")),
-        (_eager({"norm_kernel": "triton"}), ("workload.norm_kernel", "'fused' or 'ops'")),
+        (_eager({"norm_kernel": "triton"}), ("workload.norm_kernel", "'fused', 'ops' or 'apex'")),
         (_eager({"loss_parallel": True}, framework="megatron"), ("workload.loss_parallel", "always")),
         (_eager({"optimizer_implementation": "foreach"}, framework="megatron"),
          ("workload.optimizer_implementation", "torch.optim.AdamW's", "'megatron' runs its own fused Adam")),
