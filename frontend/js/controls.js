@@ -72,7 +72,7 @@ export const GROUPS = [
     ["workload.grad_accumulation_fusion", "Grad-accumulation fusion", "select", ON_OFF, "the framework's (Megatron: on)", "kind=training"],
     ["workload.cross_entropy_fusion", "Cross-entropy fusion", "select", ON_OFF, "the framework's (Megatron: off)", "kind=training"],
     ["workload.loss_parallel", "Loss parallel (torch)", "select", ON_OFF, "off (torchtitan: on with TP)", "kind=training"],
-    ["workload.norm_kernel", "RMSNorm kernel", "select", [["fused", "fused"], ["ops", "op chain (eager torch)"]], "fused"],
+    ["workload.norm_kernel", "Norm kernel", "select", [["fused", "fused"], ["ops", "op chain (eager torch)"], ["apex", "apex non-persistent LayerNorm (Megatron-LM 2021)"]], "fused"],
     ["workload.optimizer_implementation", "AdamW (torch)", "select", ["fused", "foreach"], "fused", "kind=training"],
     ["workload.fused_grouped_mlp", "Fused grouped MLP (MXFP8 MoE)", "select", ON_OFF, "off (per-expert GEMMs)", "kind=training"],
     ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
