@@ -714,6 +714,8 @@ def _contention(st: StageStep, holds: dict, flags: Overlap, gpu: GPUSpec, hbm_ef
             if kind != stream
             else st.exposed_by_stream.get((stream, phase), 0.0)
         )
+        if kind == "tp":  # the rows userbuffers leave on NCCL run apart, serialised: they absorb no slowdown
+            exposed = max(0.0, exposed - st.tp_fallback_s.get(phase, 0.0))
         slow[phase] += slowdown_s(hidden, exposed, rate)
     st.slow_fwd_s, st.slow_bwd_s = slow["forward"], slow["backward"]
     grad, gather = holds.get("grad_reduce"), holds.get("param_gather")
