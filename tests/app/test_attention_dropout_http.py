@@ -31,7 +31,7 @@ def test_a_gpt_plan_pays_the_fused_kernels_dropout_per_layer(api, monkeypatch):
     monkeypatch.setattr(kernels, "FUSED_DROPOUT_SM_CYCLES", {})
     for module in (kernels, compute):  # the value-keyed memos (kernels.memo_by) called through
         monkeypatch.setattr(module, "memo_by", lambda memo, key, kept, fn, *args: fn(*args))
-    free = compute._stage_compute.__wrapped__(ctx, 0, gpu, eff)
+    free = compute._stage_compute.__wrapped__(ctx, 0, gpu, eff, False)  # not paired (a dense model)
     without = 2 * (free.forward.total_s + free.backward.total_s) + free.optimizer_s
     scores = 12 * 2048 * (2048 + 1) / 2  # 96 heads / tp 8, 2,048 queries, their mean attended keys (causal)
     cf, cb = FUSED_DROPOUT_SM_CYCLES["cudnn"]
