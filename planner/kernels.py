@@ -458,6 +458,23 @@ UNFUSED_DROPOUT_BYTES = (5, 5)
 # backward has no RNG. (The PyTorch 1.8-era kernel, THC headers and a uint8 mask, draws the same way: curand_init
 # per thread, curand_uniform4 per 4 elements.)
 DROPOUT_RNG_SM_CYCLES = 0.42
+# Attention dropout inside a fused attention kernel (cuDNN, FlashAttention-2: dropout_p > 0, GPT-style recipes at
+# Megatron-LM's --attention-dropout 0.1, arguments.py f2e5db402c l.947; memory.has_dropout): the kernel draws a Philox
+# number per attended score in the forward and draws it again in the backward (no mask is saved), SM work on top of
+# the kernel's tensor-core time. SM-cycles per attended score (b x heads x queries x attended keys, the scores the
+# FLOPs count: attention_flops / (2 (qk + v))), (forward, backward), per backend: FITTED ON
+# tests/reference/kernels/h200/attention_dropout_h200.json ONLY (the lead's H200 run of
+# bench/measure_attention_dropout.py: cuDNN 9.19 and FlashAttention-2 via SDPA, torch 2.11, causal bf16, b 1,
+# s 4,096, d 128, 16/12/7 heads, dropout 0 vs 0.1, SM clock 1,980 MHz, 132 SMs): least squares through the origin of
+# the dropout's extra seconds against the attended scores over the three head counts, forward from fwd_s, backward
+# from fwd_bwd_s less the forward's extra. Per row: cuDNN forward 0.323/0.350/0.444 at 16/12/7 heads, backward
+# 0.192/0.209/0.274; FA2 forward 0.128/0.148/0.198, backward 0.199/0.225/0.259 (the 7-head rows' 224 query tiles fill
+# 132 SMs in two uneven waves: the constant under-charges small per-rank head counts by up to 25%).
+# Other generations: the same SM-cycles a score at their own SMs and clock (SM_CLOCK_MHZ, as DROPOUT_RNG_SM_CYCLES:
+# Philox is integer-pipe work, the same issue rate per SM on sm80 and sm90); Blackwell has no SM clock here and is
+# charged none (dropout_rng_s's rule). FlashAttention-3 and FP8 attention: not measured and not charged
+# (FlashAttention-3's Hopper kernels take no dropout; TE's FP8 attention runs cuDNN, this table's cuDNN row is bf16).
+FUSED_DROPOUT_SM_CYCLES = {"cudnn": (0.345, 0.206), "flash2": (0.142, 0.214)}
 # The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
 # 2022): forward the context's ``permute(2, 0, 1, 3).contiguous()`` from [b·np, s, hn] back to [s, b, np·hn] (read and
 # write the output: 2 passes of its elements); backward torch.split's SplitBackward concatenates the q, k and v
@@ -2633,6 +2650,8 @@ def attention_kernels(
     # qk = v = d), so the exponential is amortised over their mean (qk + v) / 2 (MLA: 160, at the d-128 rate)
     fp8 = fp8_attention(ctx)
     f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2, fp8 or (False, False))
+    drop_f, drop_b = fused_dropout_s(ctx, kernel, flops / (2.0 * (qk + v)), gpu, fp8 is not None)
+    f_t, b_t = f_t + drop_f, b_t + drop_b
     dt_f, dt_b = ("fp8" if p else "bf16" for p in (fp8 or (False, False)))
     fwd = [_floored(Kernel(f"{kernel}_fwd", "attention", f_t, flops, shape=shape, dtype=dt_f, count=steps), floor)]
     bwd = [
@@ -2842,6 +2861,20 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     copy_f = memory_kernel("attn_context_copy", UNFUSED_LAYOUT_PASSES * context, gpu, eff)
     copy_b = memory_kernel("qkv_split.bwd", UNFUSED_LAYOUT_PASSES * qkv, gpu, eff)
     return (qk[0], soft_f, pv[0], copy_f), (pv[1], pv[2], soft_b, qk[1], qk[2], copy_b)
+
+
+def fused_dropout_s(ctx: Context, kernel: str, scores: float, gpu: GPUSpec, fp8: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds attention dropout adds to a fused attention kernel over ``scores`` attended scores:
+    scores x FUSED_DROPOUT_SM_CYCLES[kernel] / (SMs x SM clock), where the model trains with dropout
+    (memory.has_dropout); 0 for kernels without a measurement (FlashAttention-3, FP8 attention) and GPUs without an SM
+    clock (SM_CLOCK_MHZ)."""
+    from .memory import has_dropout
+
+    cycles = FUSED_DROPOUT_SM_CYCLES.get(kernel)
+    if cycles is None or fp8 or not has_dropout(ctx):
+        return 0.0, 0.0
+    per_cycle = dropout_rng_s(scores, gpu) / DROPOUT_RNG_SM_CYCLES  # scores / (SMs x clock); 0 without a clock
+    return cycles[0] * per_cycle, cycles[1] * per_cycle
 
 
 def dropout_rng_s(elements: float, gpu: GPUSpec) -> float:
