@@ -310,7 +310,9 @@ def test_release_sockets_leaves_pipes_and_unix_pairs():
     os.waitpid(pid, 0)
     assert pair[0].recv(10) == b"pair ok"
     released, gone = report.split()
-    assert int(released) >= 1 and gone == "True"
+    # the listening socket is /dev/null in the child: by this call, or already by the at-fork hook when an earlier
+    # test of the session ran the app's lifespan in this process (release_sockets_on_fork; then this call finds none)
+    assert gone == "True" and int(released) >= 0
     assert listener.getsockname()[1] > 0  # still the parent's listening socket
     for s in (listener, *pair):
         s.close()
