@@ -1,5 +1,7 @@
 """Every violated rule is reported with its field and the numbers (torchtitan ParallelDims style)."""
 
+from dataclasses import replace
+
 import pytest
 
 from app.serialize import plan_dict
@@ -125,7 +127,7 @@ def test_moe_rules():
     with pytest.raises(SpecError, match=r"expert_tp\*ep = 2\*8 = 16 does not divide tp\*cp\*dp = 1\*1\*8 = 8"):
         plan(ParallelSpec(tp=1, pp=1, dp=8, ep=8, expert_tp=2), WorkloadSpec(global_batch_size=8), mixtral, 1)
     with pytest.raises(SpecError, match="top_k 9 must be between 1 and num_experts 8"):
-        validate_model(mixtral.__class__(**{**mixtral.__dict__, "moe": MoESpec(8, 9, 14336)}))
+        validate_model(replace(mixtral, moe=MoESpec(8, 9, 14336)))
 
 
 def test_good_config_plans():

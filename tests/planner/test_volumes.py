@@ -1,5 +1,7 @@
 """Closed-form communication volumes from the papers, computed through the whole planner (ring pinned)."""
 
+from dataclasses import replace
+
 import pytest
 
 from app.serialize import plan_dict
@@ -127,7 +129,7 @@ def test_expert_dispatch_volume():
     assert dispatch["message_bytes"] == tokens * k * h * x
     assert dispatch["bytes_sent_per_rank"] == dispatch["message_bytes"] * 7 // 8
     assert dispatch["calls_per_iteration"] == 32  # 32 MoE layers x 1 micro-batch
-    capped = ModelSpec(**{**model.__dict__, "moe": MoESpec(8, 2, 14336, capacity_factor=1.25)})
+    capped = replace(model, moe=MoESpec(8, 2, 14336, capacity_factor=1.25))
     plan = plan_on_h100(capped, work, par)
     assert call(plan, "ep.dispatch")["message_bytes"] == tokens * k * h * x * 5 // 4
     assert not any(c["name"] == "ep.token_counts" for c in plan["calls"])  # capacity: no count exchange
