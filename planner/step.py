@@ -1036,21 +1036,23 @@ def critical_path(
         slows.append(slow_reduce + slow_gather)
         late.append(slow_gather)
         ends.append(pipe.time_s - lead + reduce + slow_reduce + st.tail_s)
-    sync = max(ends) + _document_wait_s(ctx, stages)
+    sync = max(ends) + _document_wait_s(ctx, stages, sched)
     finish = [sync + st.compute.optimizer_s + g + slow for st, g, slow in zip(stages, gathers, late, strict=True)]
     return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers, slows)
 
 
-def _document_wait_s(ctx: Context, stages: list[StageStep]) -> float:
+def _document_wait_s(ctx: Context, stages: list[StageStep], sched: Schedule) -> float:
     """The wait for the slowest packed micro-batch (planner/documents.py document_wait_s) over the stage with the
-    most compute a micro-batch: its core attention (forward and backward) and the rest of its token work, less the
-    GPU's waits for the host (host_s: launches, not tokens)."""
+    most compute a micro-batch: its passes (the shares and scale ``sched``'s order runs), its core attention
+    (forward and backward) and the rest of its token work, less the GPU's waits for the host (host_s: launches,
+    not tokens)."""
     if ctx.work.document_packing is None or not ctx.training:
         return 0.0
     comp = max((st.compute for st in stages), key=lambda c: c.forward.total_s + c.backward.total_s)
     attention = comp.forward.attention_s + comp.backward.attention_s
     host = comp.forward.host_s + comp.backward.host_s
-    return document_wait_s(ctx, comp.forward.total_s + comp.backward.total_s - attention - host, attention)
+    token = comp.forward.total_s + comp.backward.total_s - attention - host
+    return document_wait_s(ctx, sched, (comp.forward.total_s, comp.backward.total_s), token, attention)
 
 
 def _dp_slowdown(
