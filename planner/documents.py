@@ -13,24 +13,24 @@ its query-key pairs W = sum L(L+1)/2 over its documents (each causal within itse
 computation: from each first document, the fills the pack passes through (each fill a state, documents added while
 they fit), which give the pack's (T, W) and the next pack's first document; the first documents form a Markov chain
 whose stationary distribution weighs them. ``expected_max``: E[max of n independent standard normals] by quadrature.
-``document_wait_s``: what the step takes from the imbalance, over the critical stage's micro-batch as the planner
-prices it (b packs of s tokens each: time t_lin in the token work outside the core attention, the host's waits left
-out, t_attn in it at the corpus's pairs per token E[W]/E[T]): a pack takes t = (t_lin·T + t_attn·W·E[T]/E[W]) / s,
-a micro-batch their mean over its b packs, standard deviation sigma. Megatron does not pad a pack to the
-sequence: data_schedule_utils.py build_packed_microbatches / _pack_sequences concatenate the documents at their
-own padded_seq_len (cu_seqlens_padded is their cumulative sum; Megatron-LM main 65b9207, the stored copy: not
-re-read at d98e8a6), so T varies and its term stays. The planner's mean prices full packs (s, not E[T], tokens):
-the mean step is not lowered for the packs' slack (not modelled). The pipeline runs the schedule's own order over
-the micro-batches' times (planner/pipeline_jitter.py, docwait10): its makespan's excess over the uniform one,
-sigma·mean, and its spread, sigma·sd, per data-parallel replica; the replicas each run their own micro-batches
-and the gradient reduction waits for the slowest: sigma·(mean + sd·E[max of dp]), the replicas' makespans taken as
-normal (with pp 1: mean 0, sd sqrt(m), the sum of m micro-batches). A schedule whose order is not written out keeps
-the proportionate flow shop, makespan sum_j t_j + (p - 1)·max_j t_j (Pinedo, "Scheduling: Theory, Algorithms, and
-Systems", 5th ed., §6.2): mean (p - 1)·E[max of m], sd sqrt(m) (the sum's; the max's own spread not counted); the
-mean is exact for GPipe (every forward, then every backward: two proportionate flow shops, the backward one opening
-on the last rank when its forwards end, the others' forwards done by then, so (phi + 1 - phi)·(p - 1)·max_j t_j
-beyond the sum; tests/planner/test_pipeline_jitter.py), approximate for ZB-H1, ZBV and DualPipe(V). The micro-batches are taken as independent normals (the packs' dependence through
-their first documents is not counted)"""
+``document_wait_s``: what the step takes from the imbalance, over the critical stage's micro-batch as the planner prices
+it (b packs of s tokens each: time t_lin in the token work outside the core attention, the host's waits left out, t_attn
+in it at the corpus's pairs per token E[W]/E[T]): a pack takes t = (t_lin·T + t_attn·W·E[T]/E[W]) / s, a micro-batch
+their mean over its b packs, standard deviation sigma. Megatron does not pad a pack to the sequence:
+data_schedule_utils.py build_packed_microbatches / _pack_sequences concatenate the documents at their own padded_seq_len
+(cu_seqlens_padded is their cumulative sum; Megatron-LM main 65b9207, the stored copy: not re-read at d98e8a6), so T
+varies and its term stays. The planner's mean prices full packs (s, not E[T], tokens): the mean step is not lowered for
+the packs' slack (not modelled). The pipeline runs the schedule's own order over the micro-batches' times
+(planner/pipeline_jitter.py, docwait10): its makespan's excess over the uniform one, sigma·mean, and its spread,
+sigma·sd, per data-parallel replica; the replicas each run their own micro-batches and the gradient reduction waits for
+the slowest: sigma·(mean + sd·E[max of dp]), the replicas' makespans taken as normal (with pp 1: mean 0, sd sqrt(m), the
+sum of m micro-batches). A schedule whose order is not written out keeps the proportionate flow shop, makespan sum_j t_j
++ (p - 1)·max_j t_j (Pinedo, "Scheduling: Theory, Algorithms, and Systems", 5th ed., §6.2): mean (p - 1)·E[max of m], sd
+sqrt(m) (the sum's; the max's own spread not counted); the mean is exact for GPipe (every forward, then every backward:
+two proportionate flow shops, the backward one opening on the last rank when its forwards end, the others' forwards done
+by then, so (phi + 1 - phi)·(p - 1)·max_j t_j beyond the sum; tests/planner/test_pipeline_jitter.py), approximate for
+ZB-H1, ZBV and DualPipe(V). The micro-batches are taken as independent normals (the packs' dependence through their
+first documents is not counted)"""
 
 from __future__ import annotations
 

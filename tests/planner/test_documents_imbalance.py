@@ -90,7 +90,11 @@ def _stage(step):
     comp = max((st.compute for st in step.stages), key=lambda c: c.forward.total_s + c.backward.total_s)
     attn = comp.forward.attention_s + comp.backward.attention_s
     host = comp.forward.host_s + comp.backward.host_s
-    return (comp.forward.total_s, comp.backward.total_s), comp.forward.total_s + comp.backward.total_s - attn - host, attn
+    return (
+        (comp.forward.total_s, comp.backward.total_s),
+        comp.forward.total_s + comp.backward.total_s - attn - host,
+        attn,
+    )
 
 
 @pytest.mark.parametrize(

@@ -121,7 +121,8 @@ def test_1f1b_waits_more_and_interleaved_less_than_the_flow_shop():
 
 
 @pytest.mark.parametrize(
-    ("kind", "p", "v", "m"), [("1f1b", 4, 1, 256), ("1f1b", 8, 1, 200), ("interleaved", 4, 2, 128), ("interleaved", 8, 2, 256)]
+    ("kind", "p", "v", "m"),
+    [("1f1b", 4, 1, 256), ("1f1b", 8, 1, 200), ("interleaved", 4, 2, 128), ("interleaved", 8, 2, 256)],
 )
 def test_extrapolation_in_m_matches_the_direct_run(kind, p, v, m):
     """Beyond MAX_STEPS a rank's ops the moments come from m1 and m2, linear in m; the direct run agrees within 1%
