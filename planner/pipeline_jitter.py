@@ -125,13 +125,13 @@ def _graph(kind: str, p: int, v: int, m: int, phi: float) -> _Graph:
 
 def makespans(graph: _Graph, t: np.ndarray) -> np.ndarray:
     """The makespan of each column of ``t`` (m micro-batch times x draws): one vectorised step a level."""
-    dur = graph.coef[:, None] * t[graph.mb]
-    done = np.zeros((len(graph.mb) + 1, t.shape[1]))
-    prev, dep, b = graph.prev, graph.dep, graph.bounds
-    for s, e in pairwise(b):
+    done = np.empty((len(graph.mb) + 1, t.shape[1]))  # every row written (level by level) before it is read
+    done[0] = 0.0
+    prev, dep, mb, coef = graph.prev, graph.dep, graph.mb, graph.coef[:, None]
+    for s, e in pairwise(graph.bounds):
         out = done[s + 1 : e + 1]
         np.maximum(done[prev[s:e]], done[dep[s:e]], out=out)
-        out += dur[s:e]
+        out += coef[s:e] * t[mb[s:e]]
     return done[graph.last].max(axis=0)
 
 
