@@ -158,19 +158,20 @@ def test_one_stage_is_the_sum_and_keys_are_values():
     assert _levels("interleaved", 16, 8, 16)[-1].max() == 2 * 16 * 8 + 2 * 15
 
 
-def test_deadlocked_orders_are_refused():
-    """An order whose input never comes (a rank running its backwards first) is an error, not a wrong answer."""
-    from planner import pipeline
+def test_deadlocked_orders_are_refused(monkeypatch):
+    """An order whose input never comes (each rank running its ops backwards: backwards first) is an error, not a
+    wrong answer."""
+    from types import SimpleNamespace
+
+    from planner import pipeline, pipeline_jitter
 
     def backwards_first(sched, stage):
         back, mb, chunk = pipeline._order_megatron(sched, stage)
         return back[::-1].copy(), mb[::-1].copy(), chunk[::-1].copy()
 
-    traits = schedule_traits("1f1b")
-    pipeline.register(pipeline.ScheduleTraits("test-deadlock", traits.bubble, traits.warmup, traits.in_flight,
-                                              order=backwards_first))  # fmt: skip
+    monkeypatch.setattr(pipeline_jitter, "schedule_traits", lambda kind: SimpleNamespace(order=backwards_first))
     try:
         with pytest.raises(RuntimeError, match="deadlock"):
-            _levels("test-deadlock", 3, 1, 4)
+            _levels("1f1b", 3, 1, 5)
     finally:
-        del pipeline.SCHEDULE_TRAITS["test-deadlock"]
+        _levels.cache_clear()
