@@ -93,6 +93,7 @@ from .rules.tensor import (
     async_tp_fused_names,
     check_userbuffers,
     summed_dgrad_names,
+    userbuffers_decoder_share,
     userbuffers_rows,
 )
 from .workload import selective_modules
@@ -745,9 +746,11 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
 
 def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
     """The TP calls of a pass Megatron's --tp-comm-overlap leaves on NCCL (all but rules/tensor.py userbuffers_rows:
-    MLA's, the MTP modules', the embedding's and the output layer's, any all-reduce), per micro-batch and phase:
-    exposed as without the overlap."""
+    MLA's, the MTP modules' and their inner layers' (userbuffers_decoder_share), the embedding's and the output
+    layer's, any all-reduce), per micro-batch and phase: exposed as without the overlap."""
     carried, m = userbuffers_rows(ctx), ctx.micro_batches
+    # the decoder's share of a carried row the MTP blocks join (their inner layers run NCCL)
+    shares = [userbuffers_decoder_share(ctx, s) if carried else {} for s in range(len(stages))]
     for phase in _PASSES:
         total = totals.time.get(f"tp.{phase}")
         if total is None:
@@ -756,7 +759,7 @@ def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[Stage
         for key, took in totals.tp_seconds.items():
             _, of, _, name = key.split(".", 3)
             if of == phase and name in carried:
-                kept = [k + t for k, t in zip(kept, took, strict=True)]
+                kept = [k + t * share.get(name, 1.0) for k, t, share in zip(kept, took, shares, strict=True)]
         for st in stages:
             st.tp_fallback_s[phase] = max(0.0, total[st.stage] - kept[st.stage]) / m
 
