@@ -13,19 +13,20 @@ neighbour's backward of another), so each micro-batch adds a max and the excess 
 interleaved order has slack that absorbs small spreads (docs/step-time.md, "(docwait10)").
 
 ``jitter`` evaluates it: DRAWS fixed-seed draws (common random numbers, numpy's PCG64 with SEED: deterministic) run
-together through the graph in its longest-path levels (operations counted, found by relaxation in about 2p vectorised
-rounds), each level one vectorised step over its operations and the draws. It returns, per unit of sigma, the mean
-excess over the uniform makespan (the sum of the draws' (t_j - 1) subtracted as a control variate: its mean is 0, its
-spread the largest part of the makespan's) and the makespan's standard deviation. Keyed by value (schedule, p, v, m, phi
-to 0.01, rho to two significant figures: the excess is not linear in rho once the spread uses up the interleaved order's
-slack) and bounded. Beyond MAX_STEPS operations a rank the graph is run at m2, the most micro-batches within it, and m1
-about m2/4 (multiples of p, in steady state), and both moments extrapolated linearly in m: a max-plus system with
-independent steps grows its mean linearly in m, at its cycle time (Baccelli, Cohen, Olsder, Quadrat, "Synchronization
-and Linearity", 1992, ch. 7, the ergodic theory of stochastic event graphs), and its variance is taken to grow so too
-(a sum over weakly dependent steps); both checked against the direct evaluation in tests/planner/test_pipeline_jitter.py
-(1F1B's mean within 1%, the interleaved order's flat one within 0.5 sigma, the sd within 12%). A schedule without an
-order is None: GPipe, whose every-forward-then-every-backward makespan is the flow shop's exactly (documents.py),
-and ZB-H1, ZBV, DualPipe(V) (a deferred weight gradient or two directions, not written out here), for which
+together through the graph in its longest-path levels (operations counted, found by relaxation in about 2p
+vectorised rounds), each level one vectorised step over its operations and the draws. It returns, per unit of sigma,
+the mean excess over the uniform makespan (the sum of the draws' (t_j - 1) subtracted as a control variate: its mean
+is 0, its spread the largest part of the makespan's) and the makespan's standard deviation. Keyed by value
+(schedule, p, v, m, phi to 0.01, rho to two significant figures: the excess is not linear in rho once the spread
+uses up the interleaved order's slack) and bounded. Up to m2 micro-batches, the most whose 2·m·v operations a rank
+fit in MAX_STEPS (at least 4p), the graph is run directly; beyond, at m2 and at m1 about m2/4 (multiples of p, in
+steady state), and both moments extrapolated linearly in m: a max-plus system with independent steps grows its mean
+linearly in m, at its cycle time (Baccelli, Cohen, Olsder, Quadrat, "Synchronization and Linearity", 1992, ch. 7,
+the ergodic theory of stochastic event graphs), and its variance is taken to grow so too (a sum over weakly
+dependent steps); both checked against the direct evaluation in tests/planner/test_pipeline_jitter.py (1F1B's mean
+within 1%, the interleaved order's flat one within 0.5 sigma, the sd within 12%). A schedule without an order is
+None: GPipe, whose every-forward-then-every-backward makespan is the flow shop's exactly (documents.py), and ZB-H1,
+ZBV, DualPipe(V) (a deferred weight gradient or two directions, not written out here), for which
 planner/documents.py keeps the flow shop's (p - 1)·E[max of m], a known approximation."""
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .pipeline import Schedule, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
 SEED = 20261126
-# a rank's operations (2·m·v) run directly; beyond, two runs (m1 and m2) extrapolated (module docstring)
+# a rank's operations (2·m·v) in the longest direct run; beyond, two runs (m1 and m2) extrapolated (module docstring)
 MAX_STEPS = 256
 
 
@@ -156,10 +157,10 @@ def _run(kind: str, p: int, v: int, m: int, phi: float, rho: float) -> tuple[flo
 def _jitter(kind: str, p: int, v: int, m: int, phi: float, rho: float) -> Jitter:
     if p == 1:  # one stage runs the micro-batches back to back: the sum of m, no excess
         return Jitter(0.0, math.sqrt(m))
-    if 2 * m * v <= MAX_STEPS:
+    m2 = max(4 * p, MAX_STEPS // (2 * v) // p * p)  # the longest direct run (at least four groups of p)
+    if m <= m2:
         mean, var = _run(kind, p, v, m, phi, rho)
         return Jitter(mean, math.sqrt(var))
-    m2 = max(4 * p, MAX_STEPS // (2 * v) // p * p)  # the longest direct run (at least four groups of p)
     m1 = max(2 * p, m2 // 4 // p * p)  # far from it: the slope's sampling error is divided by m2 - m1
     (a1, v1), (a2, v2) = _run(kind, p, v, m1, phi, rho), _run(kind, p, v, m2, phi, rho)
     grow = (m - m2) / (m2 - m1)

@@ -125,9 +125,9 @@ def test_1f1b_waits_more_and_interleaved_less_than_the_flow_shop():
     [("1f1b", 4, 1, 256), ("1f1b", 8, 1, 200), ("interleaved", 4, 2, 128), ("interleaved", 8, 2, 256)],
 )
 def test_extrapolation_in_m_matches_the_direct_run(kind, p, v, m):
-    """Beyond MAX_STEPS a rank's ops the moments come from m1 and m2, linear in m; the direct run agrees within 1%
-    of 1F1B's growing mean and, for the interleaved order's flat one (about 2-7 sigma, where the slope is mostly
-    sampling error), within 0.5 sigma; the sd within 12%."""
+    """Beyond m2 (the most micro-batches within MAX_STEPS a rank's ops) the moments come from m1 and m2, linear in
+    m; the direct run agrees within 1% of 1F1B's growing mean and, for the interleaved order's flat one (about 2-7
+    sigma, where the slope is mostly sampling error), within 0.5 sigma; the sd within 12%."""
     assert 2 * m * v > MAX_STEPS
     got = jitter(Schedule(kind, p, m, v), 1 / 3, 0.1)
     mean, var = _run(kind, p, v, m, 1 / 3, 0.1)
