@@ -13,22 +13,24 @@ its query-key pairs W = sum L(L+1)/2 over its documents (each causal within itse
 computation: from each first document, the fills the pack passes through (each fill a state, documents added while
 they fit), which give the pack's (T, W) and the next pack's first document; the first documents form a Markov chain
 whose stationary distribution weighs them. ``expected_max``: E[max of n independent standard normals] by quadrature.
-``document_wait_s``: what the step takes from the imbalance, over the critical stage's micro-batch as the planner
-prices it (b packs of s tokens each: time t_lin in the token work outside the core attention, the host's waits left
-out, t_attn in it at the corpus's pairs per token E[W]/E[T]): a pack takes t = (t_lin·T + t_attn·W·E[T]/E[W]) / s,
-a micro-batch their mean over its b packs, standard deviation sigma. Megatron does not pad a pack to the
-sequence: data_schedule_utils.py build_packed_microbatches / _pack_sequences concatenate the documents at their
-own padded_seq_len (cu_seqlens_padded is their cumulative sum; Megatron-LM main 65b9207, the stored copy: not
-re-read at d98e8a6), so T varies and its term stays. The planner's mean prices full packs (s, not E[T], tokens):
-the mean step is not lowered for the packs' slack (not modelled). The pipeline is a proportionate flow shop (each
-micro-batch takes the same time on every stage), whose makespan is sum_j t_j + (p - 1)·max_j t_j (Pinedo,
-"Scheduling: Theory, Algorithms, and Systems", 5th ed., §6.2, proportionate flow shop), so the bubble waits for the
-slowest of the m micro-batches: (p - 1)·sigma·E[max of m]; the data-parallel ranks each sum m micro-batches and the
-gradient reduction waits for the slowest: sigma·sqrt(m)·E[max of dp]. Both maxima as of independent normal
-micro-batches (the packs' dependence through their first documents is not counted). The bubble term is known
-wrong for Megatron's orders (open): 1F1B alternates forwards and backwards and the interleaved schedule runs v chunk
-stages a device, outside the flow-shop argument; bench/document_wait_sim.py measures 2.1-2.7x the term for 1F1B,
-0.35-0.65x interleaved (docs/step-time.md)."""
+``document_wait_s``: what the step takes from the imbalance, over the critical stage's micro-batch as the planner prices
+it (b packs of s tokens each: time t_lin in the token work outside the core attention, the host's waits left out, t_attn
+in it at the corpus's pairs per token E[W]/E[T]): a pack takes t = (t_lin·T + t_attn·W·E[T]/E[W]) / s, a micro-batch
+their mean over its b packs, standard deviation sigma. Megatron does not pad a pack to the sequence:
+data_schedule_utils.py build_packed_microbatches / _pack_sequences concatenate the documents at their own padded_seq_len
+(cu_seqlens_padded is their cumulative sum; Megatron-LM main 65b9207, the stored copy: not re-read at d98e8a6), so T
+varies and its term stays. The planner's mean prices full packs (s, not E[T], tokens): the mean step is not lowered for
+the packs' slack (not modelled). The pipeline runs the schedule's own order over the micro-batches' times
+(planner/pipeline_jitter.py, docwait10): its makespan's excess over the uniform one, sigma·mean, and its spread,
+sigma·sd, per data-parallel replica; the replicas each run their own micro-batches and the gradient reduction waits for
+the slowest: sigma·(mean + sd·E[max of dp]), the replicas' makespans taken as normal (with pp 1: mean 0, sd sqrt(m), the
+sum of m micro-batches). A schedule whose order is not written out keeps the proportionate flow shop, makespan sum_j t_j
++ (p - 1)·max_j t_j (Pinedo, "Scheduling: Theory, Algorithms, and Systems", 5th ed., §6.2): mean (p - 1)·E[max of m], sd
+sqrt(m) (the sum's; the max's own spread not counted); the mean is exact for GPipe (every forward, then every backward:
+two proportionate flow shops, the backward one opening on the last rank when its forwards end, the others' forwards done
+by then, so (phi + 1 - phi)·(p - 1)·max_j t_j beyond the sum; tests/planner/test_pipeline_jitter.py), approximate for
+ZB-H1, ZBV and DualPipe(V). The micro-batches are taken as independent normals (the packs' dependence through their
+first documents is not counted)"""
 
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ from functools import lru_cache
 from statistics import NormalDist
 
 from ._errors import SpecError
+from .pipeline import Schedule
+from .pipeline_jitter import jitter
 
 FIELD = "workload.document_lengths"
 # the exact computation visits (fills x distinct lengths) per first document: bounded, a histogram coarser than
@@ -161,18 +165,25 @@ def micro_batch_sigma(moments: PackMoments, packs: int, tokens: int, linear_s: f
     return math.sqrt(max(0.0, var) / packs)
 
 
-def document_wait_s(ctx, linear_s: float, attention_s: float) -> float:
-    """Seconds the step waits for the slowest packed micro-batch (module docstring): (p - 1)·sigma·E[max of m] for
-    the pipeline's bubble, sigma·sqrt(m)·E[max of dp] for the data-parallel ranks; 0 without "dp_balanced"
-    packing. ``linear_s``, ``attention_s``: the critical stage's mean micro-batch (ctx.b packs of ctx.s tokens),
-    forward and backward, the token work only (the host's waits do not scale with a pack's tokens)."""
+def document_wait_s(ctx, sched: Schedule, pass_s: tuple[float, float], linear_s: float, attention_s: float) -> float:
+    """Seconds the step waits for the slowest packed micro-batch (module docstring): sigma·(mean + sd·E[max of
+    dp]) with the pipeline's excess and spread from ``sched``'s order (pipeline_jitter.jitter; the flow shop's
+    (p - 1)·E[max of m] and sqrt(m) where the order is not written out); 0 without "dp_balanced" packing.
+    ``pass_s``: the critical stage's mean micro-batch, (forward, backward) seconds, whose shares and spread the
+    order runs over; ``linear_s``, ``attention_s``: its token work (ctx.b packs of ctx.s tokens), forward and
+    backward (the host's waits do not scale with a pack's tokens)."""
     work = ctx.work
     if not (ctx.training and work.document_packing == "dp_balanced" and work.document_lengths):
         return 0.0
     moments = pack_moments(work.document_histogram, ctx.s)
     sigma = micro_batch_sigma(moments, ctx.b, ctx.s, linear_s, attention_s)
-    m, p, dp = ctx.micro_batches, ctx.par.pp, ctx.par.dp
-    return (p - 1) * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(dp)
+    total = sum(pass_s)
+    if sigma <= 0.0 or total <= 0.0:
+        return 0.0
+    m, p, dp = sched.microbatches, sched.stages, ctx.par.dp
+    got = jitter(sched, pass_s[0] / total, sigma / total)
+    mean, sd = (got.mean, got.sd) if got else ((p - 1) * expected_max(m), math.sqrt(m))
+    return sigma * (mean + sd * expected_max(dp))
 
 
 __all__ = ["PackMoments", "document_wait_s", "expected_max", "micro_batch_sigma", "pack_moments"]

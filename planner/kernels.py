@@ -398,15 +398,17 @@ ATTENTION_FP8_SPEEDUP = {("cudnn", 90): (1.54, 1.5)}
 # d0067d0da attention/dot_product_attention/backends.py FusedAttnFunc, utils.py combine_and_quantize): forward,
 # Q, K and V concatenated (torch.cat of the three, separate sbhd layouts as Megatron passes them: read 2, write 2)
 # and quantized as one tensor (the recipe's cast bytes: read, write 1; its quantize launches; MXFP8 quantizes each
-# in place, no cat), the output dequantized (out_.dequantize(): read 1, write 2); backward in FP8
-# (NVTE_FP8_DPA_BWD, default 1: workload.fp8_dpa_backward), the output gradient quantized (dO_quantizer) and dQ,
-# dK, dV dequantized (combine_and_dequantize: read 1, write 2). A bf16 backward reads the saved bf16 q, k, v.
+# in place, no cat), the output dequantized (out_.dequantize(): read 1, write 2) where the kernel wrote it as fp8
+# (delayed scaling only: Recipe.dpa_fp8_output); backward in FP8 (NVTE_FP8_DPA_BWD, default 1:
+# workload.fp8_dpa_backward), the output gradient quantized (dO_quantizer; MXFP8: mxfp8_quantize_fast_path) and dQ,
+# dK, dV dequantized (combine_and_dequantize: read 1, write 2) where the kernel wrote them as fp8 (delayed scaling
+# only, the same trait). A bf16 backward reads the saved bf16 q, k, v.
 FP8_DPA_CAT_BYTES = 4
 FP8_DPA_DEQUANTIZE_BYTES = 3
 # the quantizer calls of Q, K, V under MXFP8, one a tensor (no cat): TE's own MXFP8 reference quantizes
 # ``[quantizer(x) for x in [q, k, v]]`` (tests/pytorch attention _UnfusedDPAQuantizationEmulator, the MXFP8 branch
-# beside combine_and_quantize's); each call takes the recipe's quantize launches. The backward's dQ, dK, dV
-# dequantize stays one launch (not read for MXFP8)
+# beside combine_and_quantize's); each call takes the recipe's quantize launches. The output and dQ, dK, dV come out
+# of the MXFP8 (and current-scaling) kernel in bf16, with no dequantize (Recipe.dpa_fp8_output; docwait10)
 FP8_DPA_QKV_TENSORS = 3
 
 
@@ -2683,7 +2685,9 @@ def fp8_attention_casts(
 ) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
     """The memory-bound casts around TE's FP8 attention on one rank, one layer, one micro-batch (FP8_DPA_CAT_BYTES,
     FP8_DPA_DEQUANTIZE_BYTES): forward, Q, K, V concatenated (not under MXFP8) and quantized, and the output
-    dequantized; backward in FP8, the output gradient quantized and dQ, dK, dV dequantized (none in bf16). A
+    dequantized where the kernel writes it as fp8 (Recipe.dpa_fp8_output: delayed scaling; current scaling and MXFP8
+    write bf16); backward in FP8, the output gradient quantized and dQ, dK, dV dequantized where the kernel writes
+    them as fp8 (the same trait; docwait10: before, every recipe paid that launch); none in a bf16 backward. A
     quantize reads the bf16 element (twice under current scaling: Recipe.cast_read_bytes) and writes one copy
     with its block scales (Recipe.saved_input_bytes)."""
     recipe = ctx.work.recipe
@@ -2698,16 +2702,19 @@ def fp8_attention_casts(
     qkv_launches = launches * (FP8_DPA_QKV_TENSORS if recipe.activation_block else 1)
     cat_bytes = FP8_DPA_CAT_BYTES * qkv
     cat = [] if recipe.activation_block else [memory_kernel("fp8_attn.qkv_cat", cat_bytes, gpu, eff, 1, floor)]
+    fp8_out = recipe.dpa_fp8_output  # the kernel writes O (and dQ, dK, dV) as fp8: TE dequantizes them
+    out_cast = (memory_kernel("fp8_attn.out_dequantize", FP8_DPA_DEQUANTIZE_BYTES * out, gpu, eff, 1, floor),)
     fwd = (
         *cat,
         memory_kernel("fp8_attn.qkv_quantize", read * qkv, gpu, eff, qkv_launches, floor),
-        memory_kernel("fp8_attn.out_dequantize", FP8_DPA_DEQUANTIZE_BYTES * out, gpu, eff, 1, floor),
+        *(out_cast if fp8_out else ()),
     )
     if not backward_fp8:
         return fwd, ()
+    grads = (memory_kernel("fp8_attn.dqkv_dequantize", FP8_DPA_DEQUANTIZE_BYTES * qkv, gpu, eff, 1, floor),)
     bwd = (
         memory_kernel("fp8_attn.dout_quantize", read * out, gpu, eff, launches, floor),
-        memory_kernel("fp8_attn.dqkv_dequantize", FP8_DPA_DEQUANTIZE_BYTES * qkv, gpu, eff, 1, floor),
+        *(grads if fp8_out else ()),
     )
     return fwd, bwd
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ._errors import SpecError
 
 MAX_EVENTS = 256  # compute blocks in all; beyond, each stage's warm-up, steady state and cool-down are one block each
@@ -297,6 +299,28 @@ def _any_m(name: str, m: int, p: int) -> str:
     return ""
 
 
+def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Megatron's 1F1B and interleaved 1F1B on one rank (Megatron-LM d98e8a6 pipeline_parallel/schedules.py
+    forward_backward_pipelining_with(out)_interleaving): the w warm-up chunk forwards (``warmup_microbatches``),
+    then one forward one backward, then the cool-down backwards, so chunk forward k runs at position k (k < w) or
+    2k - w, chunk backward k at w + 2k + 1 (k < n - w) or n + k, n = m·v; chunk forward k runs micro-batch
+    (k // pv)·p + k % p on chunk (k // p) % v, chunk backward k the same micro-batch on chunk v - 1 - (k // p) % v
+    (get_model_chunk_id, microbatch_group_size_per_vp_stage = p); v 1 is the plain 1F1B. Returns, in run order,
+    (backward?, micro-batch, chunk) arrays."""
+    p, v = sched.stages, max(1, sched.chunks)
+    n = sched.microbatches * v
+    w = warmup_microbatches(sched, stage)
+    k = np.arange(n)
+    backward = np.zeros(2 * n, dtype=bool)
+    at = np.concatenate([np.where(k < w, k, 2 * k - w), np.where(k < n - w, w + 2 * k + 1, n + k)])
+    backward[at[n:]] = True
+    group, r = np.divmod(k, p * v)
+    mb, chunk = np.empty(2 * n, dtype=np.intp), np.empty(2 * n, dtype=np.intp)
+    mb[at[:n]] = mb[at[n:]] = group * p + r % p
+    chunk[at[:n]], chunk[at[n:]] = r // p, v - 1 - r // p
+    return backward, mb, chunk
+
+
 @dataclass(frozen=True)
 class ScheduleTraits:
     """One pipeline schedule's facts, read by ``bubble_s``, ``warmup_microbatches``, ``in_flight`` and
@@ -338,6 +362,11 @@ class ScheduleTraits:
     # True: the layout search tries it when the constraints name no schedule (planner/search/space.py); the
     # others only when listed
     searched: bool = False
+    # one rank's operations in the order it runs them, (backward?, micro-batch, chunk) arrays, which
+    # planner/pipeline_jitter.py runs as a list schedule over per-micro-batch times; None: not written out here
+    # (GPipe: the flow shop is its exact form; the zero-bubble and DualPipe orders split the backward or run two
+    # directions: planner/documents.py keeps the flow shop for them)
+    order: Callable[[Schedule, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     @property
     def label(self) -> str:
@@ -365,7 +394,7 @@ def schedule_traits(kind: str) -> ScheduleTraits:
 
 
 # parallel.py's SCHEDULES are these names, in this order
-register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, searched=True))
+register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, searched=True, order=_order_megatron))
 register(
     ScheduleTraits(
         "interleaved",
@@ -376,6 +405,7 @@ register(
         interleaved=True,
         microbatch_rule=_m_divisible_by_pp,
         searched=True,
+        order=_order_megatron,
     )
 )
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches

@@ -112,9 +112,13 @@ class Recipe:
     # attention keeps them in the nominal dtype)
     fp8_dpa: bool = False
     dpa_quantized_kv: bool = False
-    # an FP8 attention's backward in FP8 reads the output TE saved as fp8 data (TransformerEngine d0067d0da
-    # backends.py FusedAttnFunc: ``fp8_tensors = (q_fp8, k_fp8, v_fp8, out_fp8)`` for delayed scaling); current
-    # scaling (NVTE_DPA_FP8CS_O_in_F16, default 1) and MXFP8 save the bf16 output
+    # TE's fused FP8 attention writes its output, and in an FP8 backward dQ, dK, dV, as fp8 data (TransformerEngine
+    # d0067d0da csrc/extensions/attention.cpp fused_attn_bwd: "FP8DS: ... dQ/dK/dV.dtype = torch.uint8", "FP8CS/MXFP8:
+    # ... dQ/dK/dV.dtype = torch.float16/torch.bfloat16"; backends.py FusedAttnFunc.forward ``out_``: Float8Tensor
+    # under DelayedScaling, torch.Tensor under Float8CurrentScaling and MXFP8BlockScaling): so only then does TE
+    # dequantize them for a bf16 caller (kernels.fp8_attention_casts) and the FP8 backward read the output saved as fp8
+    # data (``fp8_tensors = (q_fp8, k_fp8, v_fp8, out_fp8)``; current scaling, NVTE_DPA_FP8CS_O_in_F16 default 1, and
+    # MXFP8 save the bf16 output)
     dpa_fp8_output: bool = False
 
     def gathers_unquantized(self, rows: int, width: int, *, quantized_input: bool) -> bool:

@@ -93,6 +93,7 @@ from .rules.tensor import (
     async_tp_fused_names,
     check_userbuffers,
     summed_dgrad_names,
+    userbuffers_decoder_share,
     userbuffers_rows,
 )
 from .workload import selective_modules
@@ -745,9 +746,11 @@ def _pp_contention(ctx: Context, totals: StreamTotals, stages: list[StageStep], 
 
 def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[StageStep]) -> None:
     """The TP calls of a pass Megatron's --tp-comm-overlap leaves on NCCL (all but rules/tensor.py userbuffers_rows:
-    MLA's, the MTP modules', the embedding's and the output layer's, any all-reduce), per micro-batch and phase:
-    exposed as without the overlap."""
+    MLA's, the MTP modules' and their inner layers' (userbuffers_decoder_share), the embedding's and the output
+    layer's, any all-reduce), per micro-batch and phase: exposed as without the overlap."""
     carried, m = userbuffers_rows(ctx), ctx.micro_batches
+    # the decoder's share of a carried row the MTP blocks join (their inner layers run NCCL)
+    shares = [userbuffers_decoder_share(ctx, s) if carried else {} for s in range(len(stages))]
     for phase in _PASSES:
         total = totals.time.get(f"tp.{phase}")
         if total is None:
@@ -756,7 +759,7 @@ def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[Stage
         for key, took in totals.tp_seconds.items():
             _, of, _, name = key.split(".", 3)
             if of == phase and name in carried:
-                kept = [k + t for k, t in zip(kept, took, strict=True)]
+                kept = [k + t * share.get(name, 1.0) for k, t, share in zip(kept, took, shares, strict=True)]
         for st in stages:
             st.tp_fallback_s[phase] = max(0.0, total[st.stage] - kept[st.stage]) / m
 
@@ -1036,21 +1039,23 @@ def critical_path(
         slows.append(slow_reduce + slow_gather)
         late.append(slow_gather)
         ends.append(pipe.time_s - lead + reduce + slow_reduce + st.tail_s)
-    sync = max(ends) + _document_wait_s(ctx, stages)
+    sync = max(ends) + _document_wait_s(ctx, stages, sched)
     finish = [sync + st.compute.optimizer_s + g + slow for st, g, slow in zip(stages, gathers, late, strict=True)]
     return CriticalPath(max(finish), pipe, passes, sync, finish, dp, gathers, slows)
 
 
-def _document_wait_s(ctx: Context, stages: list[StageStep]) -> float:
+def _document_wait_s(ctx: Context, stages: list[StageStep], sched: Schedule) -> float:
     """The wait for the slowest packed micro-batch (planner/documents.py document_wait_s) over the stage with the
-    most compute a micro-batch: its core attention (forward and backward) and the rest of its token work, less the
-    GPU's waits for the host (host_s: launches, not tokens)."""
+    most compute a micro-batch: its passes (the shares and scale ``sched``'s order runs), its core attention
+    (forward and backward) and the rest of its token work, less the GPU's waits for the host (host_s: launches,
+    not tokens)."""
     if ctx.work.document_packing is None or not ctx.training:
         return 0.0
     comp = max((st.compute for st in stages), key=lambda c: c.forward.total_s + c.backward.total_s)
     attention = comp.forward.attention_s + comp.backward.attention_s
     host = comp.forward.host_s + comp.backward.host_s
-    return document_wait_s(ctx, comp.forward.total_s + comp.backward.total_s - attention - host, attention)
+    token = comp.forward.total_s + comp.backward.total_s - attention - host
+    return document_wait_s(ctx, sched, (comp.forward.total_s, comp.backward.total_s), token, attention)
 
 
 def _dp_slowdown(

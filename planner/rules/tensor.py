@@ -289,7 +289,8 @@ def _async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
 # q_down_proj, q_up_proj, kv_up_proj; MTP's mtp_eh_proj) sets ``self.config.tp_comm_overlap = False`` with "The user
 # buffer name ... is not supported in Transformer Engine. Disabling TP communication overlap for this layer." on the
 # TransformerConfig every module shares, so every TE linear built after it runs NCCL: under MLA all the decoder's TP
-# (the first layer's linear_proj, built before, the one exception: not counted). The embedding's reduce-scatter and
+# (the first layer's linear_proj, built before, the one exception: not counted); with MTP the MTP blocks' inner
+# layers, built after their eh_proj (userbuffers_decoder_share). The embedding's reduce-scatter and
 # the output layer's gathers are Megatron's own mappings, never userbuffers.
 USERBUFFERS_NAMES = ("qkv", "proj", "fc1", "fc2")
 USERBUFFERS_ROWS = ("tp.attn.qkv", "tp.attn.out_proj", "tp.mlp.up_proj", "tp.mlp.down_proj")
@@ -309,6 +310,29 @@ def userbuffers_rows(ctx: Context) -> frozenset[str]:
     and is not overlapped (step.py _userbuffers_fallback). None under MLA: its first non-listed linear switches the
     shared config's overlap off (USERBUFFERS_NAMES)."""
     return frozenset() if ctx.model.mla else _USERBUFFERS_CARRIED
+
+
+def userbuffers_decoder_share(ctx: Context, stage: int) -> dict[str, float]:
+    """Per row userbuffers carry (userbuffers_rows) that ``stage``'s MTP blocks join (_joined: the same call alike),
+    the share of its calls the decoder's layers issue; the MTP blocks' share runs NCCL. Megatron-LM d98e8a6
+    multi_token_prediction.py MultiTokenPredictionLayer builds its eh_proj (tp_comm_buffer_name "mtp_eh_proj") before
+    its inner transformer layer (mtp_model_layer), and that name switches the shared config's tp_comm_overlap off
+    (USERBUFFERS_NAMES), so the inner layer's qkv, proj, fc1 and fc2 are built without a ub_name; the decoder's,
+    built before it (gpt_model.py: self.decoder, then self.mtp, both on self.config), keep theirs. {} where the stage
+    holds no MTP block (every carried row the decoder's)."""
+    if not (ctx.training and ctx.holds_mtp(stage)):
+        return {}
+    carried = userbuffers_rows(ctx)
+    decoder: dict[tuple, float] = {}
+    for c in _layer_calls(ctx, stage, "decoder"):
+        key = (c.name, c.message_bytes, c.dtype)
+        decoder[key] = decoder.get(key, 0) + c.calls_per_iteration
+    out = {}
+    for c in _layer_calls(_mtp_bf16(ctx, stage) or ctx, stage, "mtp"):
+        own = decoder.get((c.name, c.message_bytes, c.dtype))
+        if own is not None and c.name in carried:
+            out[c.name] = own / (own + c.calls_per_iteration)
+    return out
 
 
 def check_userbuffers(ctx: Context) -> None:

@@ -45,6 +45,28 @@ def test_packing_adds_the_wait_to_the_bubble(api):
     assert [c["name"] for c in packed["calls"]] == [c["name"] for c in fixed["calls"]]
 
 
+def wait(api, **parallel) -> float:
+    """The step's growth from packing under the given layout."""
+    fixed, packed = body(), body(document_packing="dp_balanced")
+    for b in (fixed, packed):
+        b["parallel"] |= parallel
+    return post(api, packed)["step"]["time_s"] - post(api, fixed)["step"]["time_s"]
+
+
+def test_the_wait_follows_the_schedule_order(api):
+    """The same stages (so the same sigma, rho 0.11, forward share 0.36) under three orders, pp 4, dp 2, m 16, waits
+    sigma·(mean + sd·E[max of 2]) (planner/pipeline_jitter.py, docwait10): GPipe the flow shop's 3·E[max of 16] +
+    sqrt(16)·E[max of 2] = 3·1.766 + 4·0.564 = 7.55; 1F1B's order mean 12.6, sd 6.0 -> 12.6 + 6.0·0.564 = 16.0,
+    2.1 times GPipe's; the interleaved order (v 2) mean 2.2, sd 4.2 -> 4.6, 0.61 of GPipe's. Before docwait10 1F1B
+    and GPipe waited alike (0.168 s here)."""
+    gpipe = wait(api, pipeline_schedule="gpipe")
+    one = wait(api, pipeline_schedule="1f1b")
+    two = wait(api, pipeline_schedule="interleaved", virtual_pipeline_stages=2)
+    assert one / gpipe == pytest.approx(16.0 / 7.55, rel=0.02)
+    assert two / gpipe == pytest.approx(4.63 / 7.55, rel=0.02)
+    assert gpipe == pytest.approx(0.168, rel=0.01)
+
+
 def test_dp_balanced_lengths_need_not_fill_a_sequence(api):
     """The corpus's lengths: any sum (the fixed packing refuses 6,144 of 8,192 tokens), each at most the sequence."""
     post(api, body(document_lengths=[4096, 2048], document_packing="dp_balanced"))

@@ -1,7 +1,8 @@
 """Document imbalance across micro-batches (issue 21, fp8a9; planner/documents.py): with workload.document_packing
 "dp_balanced" the documents (drawn from workload.document_lengths) are packed next-fit into sequences as Megatron-LM
 d98e8a6 data_schedule.py DpBalancedScheduler packs them, and the step waits for the slowest micro-batch: the
-pipeline (p - 1)·sigma·E[max of m], the data-parallel ranks sigma·sqrt(m)·E[max of dp]."""
+schedule's own order over the micro-batches' times (planner/pipeline_jitter.py, docwait10) and the slowest of the dp
+replicas, sigma·(mean + sd·E[max of dp]); with pp 1 sigma·sqrt(m)·E[max of dp]."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from collectives.topology import cluster_preset
 from planner import ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
 from planner.context import Context
 from planner.documents import PackMoments, document_wait_s, expected_max, micro_batch_sigma, pack_moments
+from planner.pipeline import Schedule
+from planner.pipeline_jitter import jitter
+from planner.step import schedule_of
 
 
 def test_pack_moments_by_hand():
@@ -74,29 +78,71 @@ LLAMA = model_preset("llama3-8b")
 DOCS = (4096, 2048, 2048)
 
 
-def _plan(packing, pp=4, dp=2):
+def _plan(packing, pp=4, dp=2, schedule="1f1b", v=1):
     w = WorkloadSpec(micro_batch_size=1, global_batch_size=32, seq_length=8192, document_lengths=DOCS,
                      document_packing=packing)  # fmt: skip
-    par = ParallelSpec(tp=1, pp=pp, dp=dp)
+    par = ParallelSpec(tp=1, pp=pp, dp=dp, pipeline_schedule=schedule, virtual_pipeline_stages=v)
     return Context(LLAMA, w, par), build_plan(LLAMA, w, par, cluster_preset("dgx-h100", 1)).step
 
 
-@pytest.mark.parametrize(("pp", "dp"), [(4, 2), (1, 8), (8, 1)])
-def test_the_step_waits_for_the_slowest_micro_batch(pp, dp):
-    """The step grows by (p - 1)·sigma·E[max of m] + sigma·sqrt(m)·E[max of dp] over the busiest stage's mean
-    micro-batch, all else equal: pp 1 the ranks' term alone, dp 1 the bubble's alone."""
-    _, fixed = _plan(None, pp, dp)
-    ctx, packed = _plan("dp_balanced", pp, dp)
-    comp = max((st.compute for st in packed.stages), key=lambda c: c.forward.total_s + c.backward.total_s)
+def _stage(step):
+    """The busiest stage's passes (forward, backward), its token work and its core attention, as step.py reads them."""
+    comp = max((st.compute for st in step.stages), key=lambda c: c.forward.total_s + c.backward.total_s)
     attn = comp.forward.attention_s + comp.backward.attention_s
-    lin = comp.forward.total_s + comp.backward.total_s - attn
+    host = comp.forward.host_s + comp.backward.host_s
+    return (
+        (comp.forward.total_s, comp.backward.total_s),
+        comp.forward.total_s + comp.backward.total_s - attn - host,
+        attn,
+    )
+
+
+@pytest.mark.parametrize(
+    ("pp", "dp", "schedule", "v"), [(4, 2, "1f1b", 1), (1, 8, "1f1b", 1), (8, 1, "1f1b", 1), (4, 2, "interleaved", 2)]
+)
+def test_the_step_waits_for_the_slowest_micro_batch(pp, dp, schedule, v):
+    """The step grows by sigma·(mean + sd·E[max of dp]) of the schedule's order over the busiest stage's mean
+    micro-batch, all else equal: pp 1 the replicas' sigma·sqrt(m)·E[max of dp] alone, dp 1 the order's mean alone."""
+    _, fixed = _plan(None, pp, dp, schedule, v)
+    ctx, packed = _plan("dp_balanced", pp, dp, schedule, v)
+    (f, b), lin, attn = _stage(packed)
     sigma = micro_batch_sigma(pack_moments(ctx.work.document_histogram, 8192), 1, 8192, lin, attn)
     m = ctx.micro_batches
-    want = (pp - 1) * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(dp)
+    got = jitter(Schedule(schedule, pp, m, v), f / (f + b), sigma / (f + b))
+    want = sigma * (got.mean + got.sd * expected_max(dp))
+    if pp == 1:
+        assert want == pytest.approx(sigma * math.sqrt(m) * expected_max(dp), rel=1e-12)
     assert want > 0
-    assert document_wait_s(ctx, lin, attn) == pytest.approx(want)
+    assert document_wait_s(ctx, schedule_of(ctx), (f, b), lin, attn) == pytest.approx(want, rel=1e-12)
     assert packed.time_s - fixed.time_s == pytest.approx(want, rel=1e-9)
     assert packed.compute_s == fixed.compute_s
+
+
+def test_1f1b_waits_twice_the_flow_shop_and_interleaved_less():
+    """Llama3-8B, pp 8, dp 1 (m 32), rho about 0.11: 1F1B's order waits 2.7 times the flow shop's (p - 1)·sigma·E[max
+    of m] (its steady state has no slack), the interleaved order (v 2) 0.44 of it (docs/step-time.md's table: 2.7x
+    and 0.45x at p 8, m 32, rho 0.1)."""
+    for schedule, v, low, high in (("1f1b", 1, 2.4, 3.0), ("interleaved", 2, 0.3, 0.55)):
+        _, fixed = _plan(None, 8, 1, schedule, v)
+        ctx, packed = _plan("dp_balanced", 8, 1, schedule, v)
+        _, lin, attn = _stage(packed)
+        sigma = micro_batch_sigma(pack_moments(ctx.work.document_histogram, 8192), 1, 8192, lin, attn)
+        flow = 7 * sigma * expected_max(ctx.micro_batches)
+        assert low < (packed.time_s - fixed.time_s) / flow < high, schedule
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1"])
+def test_orders_not_written_out_keep_the_flow_shop(schedule):
+    """GPipe (the flow shop exactly, tests/planner/test_pipeline_jitter.py) and ZB-H1 (not written out): sigma·((p -
+    1)·E[max of m] + sqrt(m)·E[max of dp]), the form before docwait10."""
+    _, fixed = _plan(None, 4, 2, schedule)
+    ctx, packed = _plan("dp_balanced", 4, 2, schedule)
+    (f, b), lin, attn = _stage(packed)
+    sigma = micro_batch_sigma(pack_moments(ctx.work.document_histogram, 8192), 1, 8192, lin, attn)
+    m = ctx.micro_batches
+    want = 3 * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(2)
+    assert document_wait_s(ctx, schedule_of(ctx), (f, b), lin, attn) == pytest.approx(want, rel=1e-12)
+    assert packed.time_s - fixed.time_s == pytest.approx(want, rel=1e-9)
 
 
 def test_refusals_name_the_field():
@@ -126,4 +172,5 @@ def test_the_host_wait_is_not_token_work():
     assert host > 0.3 * (comp.forward.total_s + comp.backward.total_s)
     lin = comp.forward.total_s + comp.backward.total_s - attn - host
     ctx = Context(model, w, par)
-    assert packed.time_s - fixed.time_s == pytest.approx(document_wait_s(ctx, lin, attn), rel=1e-9)
+    wait = document_wait_s(ctx, schedule_of(ctx), (comp.forward.total_s, comp.backward.total_s), lin, attn)
+    assert packed.time_s - fixed.time_s == pytest.approx(wait, rel=1e-9)

@@ -75,6 +75,19 @@ def test_current_scaling_reads_its_input_twice():
     assert b8["fp8_attn.dout_quantize"].bytes == 5 * OUT
 
 
+@pytest.mark.parametrize(("recipe", "gpu"), [("tensorwise", H100), ("mxfp8", B200)])
+def test_current_scaling_and_mxfp8_kernels_write_bf16(recipe, gpu):
+    """TE d0067d0da attention.cpp fused_attn_bwd: "FP8CS/MXFP8: ... dQ/dK/dV.dtype = torch.bfloat16" (only delayed
+    scaling's Float8Quantizer writes uint8), and FusedAttnFunc.forward's out_ is a torch.Tensor under current scaling
+    and MXFP8: no output dequantize and no dQ, dK, dV dequantize (docwait10; before, one launch of 3 B an element
+    each, 100,663,296 B and 150,994,944 B here); dO is still quantized (MXFP8: read 2, write 1 + 1/32 of scales)."""
+    f8, b8 = kernels(gpu, fp8_dot_product_attention=True, fp8_recipe=recipe)
+    assert "fp8_attn.out_dequantize" not in f8 and "fp8_attn.qkv_quantize" in f8
+    assert [n for n, k in b8.items() if k.kind == "memory"] == ["fp8_attn.dout_quantize"]
+    if recipe == "mxfp8":
+        assert b8["fp8_attn.dout_quantize"].bytes == OUT * (2 + 1 + 1 / 32)
+
+
 def test_a_bf16_backward_is_the_plain_backward():
     """NVTE_FP8_DPA_BWD=0: the forward in FP8 with its casts, the backward the bf16 kernel unchanged, no cast."""
     _, b16 = kernels()

@@ -82,3 +82,41 @@ def test_what_userbuffers_take_plans():
         check_userbuffers(Context(LLAMA, replace(WORK, activation_dtype="fp8", fp8_recipe=recipe, seq_length=seq), PAR))
     work = replace(WORK, activation_dtype="fp8", fp8_recipe="blockwise")
     check_userbuffers(Context(DSV3, work, replace(PAR, ep=2)))
+
+
+def test_mtp_inner_layers_run_nccl():
+    """Llama3-70B with one MTP block, tp 8, pp 1, 8 micro-batches: Megatron-LM d98e8a6 builds the MTP layer's eh_proj
+    (tp_comm_buffer_name "mtp_eh_proj", not one of the four) before its inner transformer layer, switching the shared
+    config's overlap off, so of each carried row the inner layer joins (80 decoder calls + 1 a micro-batch: 648 in
+    the ledger) 80/81 stays on userbuffers and 1/81 runs NCCL, exposed (docwait10; before it all 81 were hidden): the
+    fallback grows by the carried rows' seconds / 81 a micro-batch. The row-parallel out_proj and down_proj gather
+    nothing for wgrad: 10 rows."""
+    from planner import step as step_module
+    from planner.rules.tensor import userbuffers_decoder_share
+
+    mtp = replace(LLAMA, mtp_layers=1)
+    shares = userbuffers_decoder_share(Context(mtp, WORK, PAR), 0)
+    rows = {r + end for r in USERBUFFERS_ROWS for end in ("", ".dgrad")} | {
+        "tp.attn.qkv.wgrad_gather",
+        "tp.mlp.up_proj.wgrad_gather",
+    }
+    assert set(shares) == rows and list(shares.values()) == pytest.approx([80 / 81] * len(rows), rel=1e-12)
+    assert userbuffers_decoder_share(Context(LLAMA, WORK, PAR), 0) == {}
+    cluster = cluster_preset("dgx-h100", 2)
+    plan = build_plan(mtp, WORK, PAR, cluster, ON)
+    original = step_module.userbuffers_decoder_share
+    step_module.userbuffers_decoder_share = lambda ctx, stage: {}  # every carried row hidden, as before docwait10
+    try:
+        hidden = build_plan(mtp, WORK, PAR, cluster, ON).step
+    finally:
+        step_module.userbuffers_decoder_share = original
+    for phase in ("forward", "backward"):
+        carried = sum(
+            c.call.calls_per_iteration * c.price.time_s
+            for c in plan.calls
+            if c.call.name in rows and c.call.phase == phase
+        )
+        assert carried > 0 and {c.call.calls_per_iteration for c in plan.calls if c.call.name in rows} == {648}
+        grew = plan.step.stages[0].tp_fallback_s[phase] - hidden.stages[0].tp_fallback_s[phase]
+        assert grew == pytest.approx(carried / 81 / 8, rel=1e-9), phase
+    assert plan.step.time_s > hidden.time_s
