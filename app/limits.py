@@ -156,22 +156,28 @@ async def _supervise(request: Request, deadline: Deadline, work: Callable[[], by
     stopped = False
     while not finished.done():
         await asyncio.wait([finished], timeout=0.02)
-        if finished.done() or stopped:
-            continue
-        if await request.is_disconnected():
-            deadline.cancel("disconnected")
-        elif deadline.expired():
-            deadline.cancel("deadline")
-        if deadline.cancelled:
-            stopped = True
-            with lock:
-                if box.get("running"):
-                    _raise_in(box["ident"], _Stop)
-                elif "ident" not in box:  # still at the gate: it never starts (or stops at its first check)
-                    finished.cancel()
+        if not (finished.done() or stopped):
+            stopped = await _stop_if_due(request, deadline, box, lock, finished)
     if not finished.cancelled():
         finished.exception()  # read: a stop that landed after the work ended is not logged as never retrieved
     return box
+
+
+async def _stop_if_due(request: Request, deadline: Deadline, box: dict, lock: threading.Lock, finished) -> bool:
+    """Cancel ``deadline`` when the client has gone or its time is up, then stop the work: an exception raised in
+    its running thread, or the future cancelled while it still waits at the gate. True once stopped."""
+    if await request.is_disconnected():
+        deadline.cancel("disconnected")
+    elif deadline.expired():
+        deadline.cancel("deadline")
+    if not deadline.cancelled:
+        return False
+    with lock:
+        if box.get("running"):
+            _raise_in(box["ident"], _Stop)
+        elif "ident" not in box:  # still at the gate: it never starts (or stops at its first check)
+            finished.cancel()
+    return True
 
 
 def encode(payload, model=None) -> bytes:
