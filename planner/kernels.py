@@ -461,8 +461,8 @@ DROPOUT_RNG_SM_CYCLES = 0.42
 # Attention dropout inside a fused attention kernel (cuDNN, FlashAttention-2: dropout_p > 0, GPT-style recipes at
 # Megatron-LM's --attention-dropout 0.1, arguments.py f2e5db402c l.947; memory.attention_dropout): the kernel draws a
 # Philox number per attended score in the forward and draws it again in the backward (no mask is saved), SM work on
-# top of the kernel's tensor-core time. SM-cycles per attended score (b x heads x queries x attended keys, the scores the
-# FLOPs count: attention_flops / (2 (qk + v))), (forward, backward), per backend: FITTED ON
+# top of the kernel's tensor-core time. SM-cycles per attended score (b x heads x queries x attended keys, the scores
+# the FLOPs count: attention_flops / (2 (qk + v))), (forward, backward), per backend: FITTED ON
 # tests/reference/kernels/h200/attention_dropout_h200.json ONLY (the lead's H200 run of
 # bench/measure_attention_dropout.py: cuDNN 9.19 and FlashAttention-2 via SDPA, torch 2.11, causal bf16, b 1,
 # s 4,096, d 128, 16/12/7 heads, dropout 0 vs 0.1, SM clock 1,980 MHz, 132 SMs): least squares through the origin of
