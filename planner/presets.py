@@ -241,10 +241,15 @@ HF_MODEL_TYPES: dict[str, dict] = {
     "qwen3_moe": {"qk_norm": True},
     # modeling_gpt_oss.py: q/k/v/o, router and experts all with biases (attention_bias true in every
     # released config; the router and the experts' gate_up/down biases regardless) and GptOssAttention.sinks
-    # GptOssDecoderLayer adds each block's output to the residual with no dropout (there is no hidden dropout in
-    # modeling_gpt_oss.py, and GptOssConfig has no key for one): hidden dropout 0, not the biases' inferred 0.1
-    "gpt_oss": {"linear_bias": True, "attention_sinks": True, "hidden_dropout": 0.0},
+    "gpt_oss": {"linear_bias": True, "attention_sinks": True},
 }
+# model_types whose transformers modeling file has no hidden dropout: each decoder layer adds its attention and MLP
+# outputs to the residual as they are (modeling_llama.py LlamaDecoderLayer and the files built on it: Mistral,
+# Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3, GPT-OSS's GptOssDecoderLayer), and their configs have no key for one: a
+# hidden dropout of 0 unless the config.json names one (GPT-OSS's biases would otherwise infer 0.1)
+HF_NO_HIDDEN_DROPOUT = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
+)
 # config.json keys of the dropout probabilities, first found wins (transformers' configuration_*.py, read by code
 # search at 02b8f42b42 for gpt_oss): attention_dropout (LlamaConfig, MistralConfig, MixtralConfig, Qwen2/3(Moe)Config,
 # DeepseekV3Config, GptOssConfig, BloomConfig, GPTNeoXConfig, StableLmConfig), attn_pdrop (GPT2Config, GPTJConfig,
@@ -378,7 +383,7 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         glu_clamp=hf.number("swiglu_limit"),
         mtp_layers=hf.int("num_nextn_predict_layers", 0),
         attention_dropout=hf.probability(HF_ATTENTION_DROPOUT),
-        hidden_dropout=hf.probability(HF_HIDDEN_DROPOUT, traits.get("hidden_dropout")),
+        hidden_dropout=hf.probability(HF_HIDDEN_DROPOUT, 0.0 if kind in HF_NO_HIDDEN_DROPOUT else None),
         name=name or hf.text("_name_or_path") or kind or "hf-model",
         source="Hugging Face config.json",
     )

@@ -116,6 +116,20 @@ class ModelIn(Strict):
         le=BOUNDS["mtp_layers"][1],
         description="DeepSeek-V3 multi-token-prediction modules on the last stage (HF num_nextn_predict_layers)",
     )
+    attention_dropout: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="dropout probability on the attention probabilities in training (Megatron --attention-dropout; "
+        "HF attention_dropout); 0 draws nothing; null: 0.1 for GPT-style models (biases or learned positions), else 0",
+    )
+    hidden_dropout: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="dropout probability on each block's output and the embedding in training (Megatron "
+        "--hidden-dropout; HF hidden_dropout / resid_pdrop); 0 launches nothing; null: as attention_dropout's rule",
+    )
 
 
 class WorkloadIn(Strict):
