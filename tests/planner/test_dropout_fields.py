@@ -15,8 +15,8 @@ from planner.context import Context
 from planner.kernels import (
     DROPOUT_RNG_SM_CYCLES,
     FUSED_DROPOUT_SM_CYCLES,
-    embedding_kernels,
     efficiency,
+    embedding_kernels,
     hbm_s,
     layer_kernels,
 )
