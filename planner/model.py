@@ -313,6 +313,10 @@ def validate_model(m: ModelSpec) -> None:
         )
     if m.mtp_layers < 0:
         raise SpecError("model.mtp_layers", f"must be >= 0, got {m.mtp_layers}")
+    _validate_dropout(m)
+
+
+def _validate_dropout(m: ModelSpec) -> None:
     for name in ("attention_dropout", "hidden_dropout"):
         p = getattr(m, name)
         if p is not None and not 0 <= p < 1:  # NaN fails both comparisons

@@ -10,14 +10,9 @@ import pytest
 from app.cli import main
 
 from .test_gptoss_http import BODY
+from .test_gptoss_http import post as plan
 
 LAYERS, S, H = 24, 4096, 2880  # gpt-oss-20b at b 1, tp 1 (no SP), one micro-batch in flight (pp 1)
-
-
-def plan(api, model: dict, status: int = 200) -> dict:
-    r = api.post("/v1/plan", json=BODY | {"model": model})
-    assert r.status_code == status, r.text
-    return r.json()
 
 
 def test_presets_list_their_dropout(api):

@@ -29,12 +29,14 @@ def test_dropout_fields_reach_the_plan_and_the_link(make_page):  # noqa: F811
     # the bias-dropout-adds' masks and the embedding's dropout: longer, and the saved masks: more memory
     assert plan["step"]["compute_s"] > before["step"]["compute_s"]
 
-    again = make_page()
-    open_page(again, url_state(request))
-    expect(again.locator("#m-hidden-dropout")).to_have_value("0.1")
-    planned(again, lambda r: r["model"].get("hidden_dropout") == 0.1)
-
-    page.bring_to_front()
     page.fill("#m-attention-dropout", "1")
     expect(page.locator("#m-attention-dropout")).to_have_attribute("aria-invalid", "true", timeout=30_000)
     expect(page.locator("#form-errors")).to_contain_text("less than 1")
+    page.fill("#m-attention-dropout", "")
+    request = planned(page, lambda r: "attention_dropout" not in r["model"] and "hidden_dropout" in r["model"])
+
+    # the link keeps the typed probability
+    again = make_page()
+    open_page(again, url_state(request))
+    expect(again.locator("#m-hidden-dropout")).to_have_value("0.1")
+    assert planned(again, lambda r: "hidden_dropout" in r["model"])["model"] == request["model"]
