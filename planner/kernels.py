@@ -1428,11 +1428,20 @@ def _residual_add(k: _Layer, elements: float) -> None:
     (memory.hidden_dropout) it also writes the 1-byte mask its backward reads (DROPOUT_BYTES: torch's native_dropout
     keeps a bool mask, as does torch.compile's decomposition, which Megatron-Core's jit_fuser runs) and draws a Philox
     number per element: the forward takes the longer of its bytes and its draws (with_draws); the backward reads the
-    mask once beside BACKWARD_BYTES x the add's bytes. Dropout 0 adds nothing (memory.dropout_probs)."""
+    mask once beside BACKWARD_BYTES x the add's bytes. Where Megatron runs it unfused (unfused_bias_add: GPT-OSS's
+    bias_dropout_fusion False, fused_bias_dropout.py bias_dropout_add_unfused at f2e5db402c) the dropout is torch's own
+    kernel before the add. Dropout 0 adds nothing (memory.dropout_probs)."""
     from .memory import hidden_dropout
 
     nbytes, count = k.fu.residual
     if not hidden_dropout(k.ctx):
+        k.mem("residual_add", nbytes * elements, count)
+        return
+    if unfused_bias_add(k.ctx):  # bias_dropout_fusion off: bias_dropout_add_unfused runs torch's dropout on its own
+        # (fused_dropout: read and write x bytes and the 1-byte mask, backward masked_scale alike), then the add
+        drop = (2 * k.ctx.x + DROPOUT_BYTES) * elements
+        k.mem("residual_dropout", drop, 1, back=1.0)
+        k.fwd[-1] = with_draws(k.fwd[-1], elements, drop, k.gpu, k.eff)
         k.mem("residual_add", nbytes * elements, count)
         return
     mask = DROPOUT_BYTES * elements
@@ -1483,7 +1492,8 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
 
 
 # what a dense layer's forward runs from its output linear on (kernels.full_rerun): fc2, its bias and the residual add
-LAYER_TAIL = ("fc2", "mlp_bias_add", "residual_add")
+LAYER_TAIL = ("fc2", "mlp_bias_add", "residual_dropout", "residual_add")
+BDA_KERNELS = ("residual_dropout", "residual_add")  # a bias-dropout-add's kernels (_residual_add)
 
 
 def rerun_stops_at_last_save(ctx: Context) -> bool:
@@ -1516,7 +1526,8 @@ def moe_block(forward: tuple) -> tuple:
     if "router" not in names:
         return ()
     at = names.index("router")
-    end = max((i for i, n in enumerate(names) if n == "residual_add" and i > at), default=len(names))
+    # up to the bias-dropout-add after it (its unfused dropout kernel, where one runs, included: outside the checkpoint)
+    end = min((i for i, n in enumerate(names) if n in BDA_KERNELS and i > at), default=len(names))
     return forward[at:end]
 
 

@@ -19,6 +19,7 @@ from planner.kernels import (
     embedding_kernels,
     hbm_s,
     layer_kernels,
+    moe_block,
 )
 from planner.memory import dropout_probs, layer_activations
 from planner.model import validate_model
@@ -127,3 +128,22 @@ def test_bad_probabilities_are_named(field, value):
     with pytest.raises(SpecError) as err:
         validate_model(replace(GPT3, **{field: value}))
     assert err.value.field == f"model.{field}" and "[0, 1)" in str(err.value)
+
+
+def test_an_unfused_bias_dropout_add_runs_torchs_dropout_kernel():
+    """GPT-OSS under Megatron runs its bias-dropout-add unfused (bias_dropout_fusion False): with a hidden dropout set
+    the dropout is torch's own kernel, (2 x 2 + 1) B an element each way beside the add's unchanged 6 B; at the
+    recipe's 0 there is none."""
+    oss = replace(model_preset("gpt-oss-20b"), num_layers=2)
+    c = Context(replace(oss, hidden_dropout=0.1), WorkloadSpec(micro_batch_size=1, global_batch_size=8),
+                ParallelSpec(ep=8, dp=8))  # fmt: skip
+    lk = layer_kernels(c, True, H100)
+    fwd, bwd = {k.name: k for k in lk.forward}, {k.name: k for k in lk.backward}
+    n = 1 * 4096 * 2880
+    assert (fwd["residual_dropout"].bytes, bwd["residual_dropout.bwd"].bytes) == (5 * n, 5 * n)
+    assert fwd["residual_add"].bytes == 6 * n
+    # Megatron's "moe" recompute checkpoints the MoE layer only (recompute_mlp): not the bias-dropout-add after it
+    block = [k.name for k in moe_block(lk.forward)]
+    assert block[0] == "router" and "residual_dropout" not in block and "residual_add" not in block
+    recipe = layer_kernels(replace(c, model=oss), True, H100)
+    assert not any("dropout" in k.name for k in (*recipe.forward, *recipe.backward))
