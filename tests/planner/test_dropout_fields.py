@@ -104,6 +104,16 @@ def test_a_probability_of_zero_launches_nothing():
     names = {k.name for k in embedding_kernels(ctx(replace(GPT3, hidden_dropout=0.0)), H100).forward}
     assert "embedding.positions" in names and not any("dropout" in n for n in names)
     assert "embedding.dropout" in {k.name for k in embedding_kernels(ctx(GPT3), H100).forward}
+    # both 0: a GPT-style model's layer saves what the dropout-free count says and launches no dropout anywhere
+    off = replace(GPT3, attention_dropout=0.0, hidden_dropout=0.0)
+    assert layer_activations(ctx(off), False) == layer_activations(ctx(GPT3), False, dropout=False)
+    # the unfused attention's dropout kernel: UNFUSED_DROPOUT_BYTES' 5 B over the whole 12 x 2,048 x 2,048 square
+    soft = [
+        {k.name: k.bytes for k in layer_kernels(ctx(m, attention_kernel="unfused"), False, H100).forward}
+        for m in (GPT3, off)
+    ]
+    assert soft[0]["softmax_dropout"] - soft[1]["softmax_dropout"] == 5 * 12 * S * S
+    assert not any("dropout" in n for n in soft[1] if n != "softmax_dropout")
 
 
 def test_hf_config_dropout_keys():
