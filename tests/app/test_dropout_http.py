@@ -32,6 +32,11 @@ def test_null_returns_to_the_inferred_rule_and_its_masks(api):
     assert acts[1] - acts[0] == LAYERS * 2 * S * H == 566_231_040
     assert inferred["step"]["time_s"] > recipe["step"]["time_s"]
     assert plan(api, {"preset": "gpt-oss-20b", "hidden_dropout": 0})["step"] == recipe["step"]
+    # the assumptions say what was applied and whence
+    rows = [{r["field"]: r for r in p["assumptions"]} for p in (recipe, inferred)]
+    assert (rows[0]["model.hidden_dropout"]["value"], rows[1]["model.hidden_dropout"]["value"]) == ("0", "0.1")
+    assert "PRESET_DROPOUT" in rows[0]["model.attention_dropout"]["source"]
+    assert rows[1]["model.attention_dropout"]["source"].startswith("inferred: Megatron-LM's")
 
 
 @pytest.mark.parametrize(
