@@ -31,7 +31,8 @@ def _set(block, skip=("preset", "hf_config")) -> dict:
 
 # model fields an explicit null sets to None (clearing a preset's value) rather than leaving the preset's
 NULLABLE = (
-    "moe", "mla", "num_kv_heads", "head_dim", "sliding_window", "full_attention_interval", "rope_scaling", "glu_clamp"
+    "moe", "mla", "num_kv_heads", "head_dim", "sliding_window", "full_attention_interval", "rope_scaling", "glu_clamp",
+    "attention_dropout", "hidden_dropout",
 )  # fmt: skip
 
 

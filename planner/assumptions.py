@@ -188,6 +188,7 @@ def _training_rows(ctx: Context, by: str) -> list[Assumption]:
         if work.fp8_dot_product_attention:
             bwd = "TransformerEngine NVTE_FP8_DPA_BWD (1: the backward in fp8 too)"
             rows.append(Assumption("workload.fp8_dpa_backward", _onoff(work.fp8_dpa_backward), bwd))
+    rows += _dropout_rows(ctx)
     granularity = work.activation_recompute
     rows.append(Assumption("workload.activation_recompute", granularity, "Megatron --recompute-granularity (none)"))
     if granularity == "full":
@@ -201,6 +202,26 @@ def _training_rows(ctx: Context, by: str) -> list[Assumption]:
         modules = ", ".join(work.recompute_modules or ("core_attn",))
         rows.append(Assumption("workload.recompute_modules", modules, "Megatron --recompute-modules (core_attn)"))
     return rows
+
+
+INFERRED_DROPOUT_SOURCE = (
+    "inferred: Megatron-LM's --attention-dropout / --hidden-dropout defaults (0.1) for a GPT-style model (linear "
+    "biases or learned positions), 0 otherwise"
+)
+
+
+def _dropout_rows(ctx: Context) -> list[Assumption]:
+    """The dropout probabilities the plan trained with (ModelSpec.dropout_probs): the model's where it sets them
+    (a preset's recipe, the request, a config.json), else the inferred rule."""
+    m = ctx.model
+    given = "the model (a preset's recipe: planner/presets.py PRESET_DROPOUT; the request; or config.json)"
+    return [
+        Assumption(f"model.{name}", f"{p:g}", INFERRED_DROPOUT_SOURCE if set_to is None else given)
+        for name, p, set_to in zip(
+            ("attention_dropout", "hidden_dropout"), m.dropout_probs(), (m.attention_dropout, m.hidden_dropout),
+            strict=True,
+        )
+    ]
 
 
 def _attention_source(ctx: Context, by: str) -> str:

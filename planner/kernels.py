@@ -461,10 +461,10 @@ UNFUSED_DROPOUT_BYTES = (5, 5)
 # per thread, curand_uniform4 per 4 elements.)
 DROPOUT_RNG_SM_CYCLES = 0.42
 # Attention dropout inside a fused attention kernel (cuDNN, FlashAttention-2: dropout_p > 0, GPT-style recipes at
-# Megatron-LM's --attention-dropout 0.1, arguments.py f2e5db402c l.947; memory.has_dropout): the kernel draws a Philox
-# number per attended score in the forward and draws it again in the backward (no mask is saved), SM work on top of
-# the kernel's tensor-core time. SM-cycles per attended score (b x heads x queries x attended keys, the scores the
-# FLOPs count: attention_flops / (2 (qk + v))), (forward, backward), per backend: FITTED ON
+# Megatron-LM's --attention-dropout 0.1, arguments.py f2e5db402c l.947; memory.attention_dropout): the kernel draws a
+# Philox number per attended score in the forward and draws it again in the backward (no mask is saved), SM work on
+# top of the kernel's tensor-core time. SM-cycles per attended score (b x heads x queries x attended keys, the scores
+# the FLOPs count: attention_flops / (2 (qk + v))), (forward, backward), per backend: FITTED ON
 # tests/reference/kernels/h200/attention_dropout_h200.json ONLY (the lead's H200 run of
 # bench/measure_attention_dropout.py: cuDNN 9.19 and FlashAttention-2 via SDPA, torch 2.11, causal bf16, b 1,
 # s 4,096, d 128, 16/12/7 heads, dropout 0 vs 0.1, SM clock 1,980 MHz, 132 SMs): least squares through the origin of
@@ -1425,6 +1425,33 @@ def kernel_traits(flavour) -> tuple:
     )
 
 
+def _residual_add(k: _Layer, elements: float) -> None:
+    """One bias-dropout-add over ``elements`` (Fusion.residual: x + bias, dropout, + residual). With hidden dropout
+    (memory.hidden_dropout) it also writes the 1-byte mask its backward reads (DROPOUT_BYTES: torch's native_dropout
+    keeps a bool mask, as does torch.compile's decomposition, which Megatron-Core's jit_fuser runs) and draws a Philox
+    number per element: the forward takes the longer of its bytes and its draws (with_draws); the backward reads the
+    mask once beside BACKWARD_BYTES x the add's bytes. Where Megatron runs it unfused (unfused_bias_add: GPT-OSS's
+    bias_dropout_fusion False, fused_bias_dropout.py bias_dropout_add_unfused at f2e5db402c) the dropout is torch's own
+    kernel before the add. Dropout 0 adds nothing (memory.dropout_probs)."""
+    from .memory import hidden_dropout
+
+    nbytes, count = k.fu.residual
+    if not hidden_dropout(k.ctx):
+        k.mem("residual_add", nbytes * elements, count)
+        return
+    if unfused_bias_add(k.ctx):  # bias_dropout_fusion off: bias_dropout_add_unfused runs torch's dropout on its own
+        # (fused_dropout: read and write x bytes and the 1-byte mask, backward masked_scale alike), then the add
+        drop = (2 * k.ctx.x + DROPOUT_BYTES) * elements
+        k.mem("residual_dropout", drop, 1, back=1.0)
+        k.fwd[-1] = with_draws(k.fwd[-1], elements, drop, k.gpu, k.eff)
+        k.mem("residual_add", nbytes * elements, count)
+        return
+    mask = DROPOUT_BYTES * elements
+    forward = nbytes * elements + mask
+    k.mem("residual_add", forward, count, back=(BACKWARD_BYTES * nbytes * elements + mask) / forward)
+    k.fwd[-1] = with_draws(k.fwd[-1], elements, forward, k.gpu, k.eff)
+
+
 def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> LayerKernels:
     mdl, par = ctx.model, ctx.par
     t, T, h = par.tp, ctx.b * ctx.s_cp, mdl.hidden_size
@@ -1439,7 +1466,7 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     (bias_f, bias_n), (bias_b, _) = UNFUSED_BIAS_ADD
     if bias_add:
         k.mem("attn_bias_add", bias_f * T_sp * h, bias_n, back=bias_b / bias_f)
-    k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
+    _residual_add(k, T_sp * h)
     k.norm("pre_mlp_norm", T_sp * h)
     if moe:
         _moe_mlp(k, T, T_sp)
@@ -1447,7 +1474,7 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         _dense_mlp(k, T)
         if bias_add:  # a dense layer's fc2 bias comes out for its bias-dropout-add too (an MoE layer's does not)
             k.mem("mlp_bias_add", bias_f * T_sp * h, bias_n, back=bias_b / bias_f)
-    k.mem("residual_add", k.fu.residual[0] * T_sp * h, k.fu.residual[1])
+    _residual_add(k, T_sp * h)
     if k.dt not in ("bf16", "fp32"):
         _fp8_casts(k)
     if ctx.training and not grad_accumulation_fusion(ctx):
@@ -1467,7 +1494,8 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
 
 
 # what a dense layer's forward runs from its output linear on (kernels.full_rerun): fc2, its bias and the residual add
-LAYER_TAIL = ("fc2", "mlp_bias_add", "residual_add")
+LAYER_TAIL = ("fc2", "mlp_bias_add", "residual_dropout", "residual_add")
+BDA_KERNELS = ("residual_dropout", "residual_add")  # a bias-dropout-add's kernels (_residual_add)
 
 
 def rerun_stops_at_last_save(ctx: Context) -> bool:
@@ -1500,7 +1528,8 @@ def moe_block(forward: tuple) -> tuple:
     if "router" not in names:
         return ()
     at = names.index("router")
-    end = max((i for i, n in enumerate(names) if n == "residual_add" and i > at), default=len(names))
+    # up to the bias-dropout-add after it (its unfused dropout kernel, where one runs, included: outside the checkpoint)
+    end = min((i for i, n in enumerate(names) if n in BDA_KERNELS and i > at), default=len(names))
     return forward[at:end]
 
 
@@ -1603,7 +1632,8 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     torch models keep [b, s, h]); under SP with positions the local scatter's contiguous split, and Megatron's
     clone of the scattered output (clone_scatter_output_in_embedding, True by default in transformer_config.py;
     Flavour.embedding_transposes too); the embedding dropout where the model trains with hidden dropout
-    (memory.has_dropout), on the sequence shard under SP.
+    (memory.hidden_dropout: Megatron's embedding_dropout is torch.nn.Dropout(config.hidden_dropout)), on the
+    sequence shard under SP.
     The backward runs the dropout's, the transpose's and the mask's gradients, then PyTorch's dense embedding
     backward (aten/src/ATen/native/cuda/Embedding.cu embedding_dense_backward_cuda), which zero-fills the whole
     [V/t, h] gradient and sums the T rows into it (EMBEDDING_BACKWARD_LAUNCHES), and the DDP backward hook adds
@@ -1613,7 +1643,7 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     torch's AccumulateGrad adds from the second micro-batch on): the two V·h terms dominate (DeepSeek-V3, tp 1:
     11.1 GB a lookup). The main model's lookup (``embedding_kernels``) and each MTP module's
     (``_mtp_module_kernels``, after its roll of the ids) run this."""
-    from .memory import has_dropout
+    from .memory import hidden_dropout
 
     ctx, t = k.ctx, k.ctx.par.tp
     mdl, x = ctx.model, ctx.x
@@ -1623,7 +1653,7 @@ def _embedding_lookup(k: _Layer, T: float, name: str) -> None:
     positions = mdl.learned_position_embeddings
     sp_copies = (positions + 1) if (sbh and ctx.par.sp and t > 1) else 0  # the scatter's split, the clone
     out = row / (t if ctx.par.sp else 1)  # the embedding's output: the sequence shard under SP
-    dropout = has_dropout(ctx)
+    dropout = hidden_dropout(ctx)
     # (runs, name, bytes, launches), in the order they run
     forward = (
         (t > 1, ".vocab_mask", 6 * 2 * 8 * T, VOCAB_MASK_LAUNCHES),
@@ -2843,8 +2873,9 @@ def flash_attention_s(
 def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
     """Megatron-LM's pre-flash core attention on one rank: per (batch, head) QKᵀ (s x d @ d x s) and PV
     (s x s @ s x d) as batched GEMMs over the whole square (the causal mask is applied, not skipped), with the
-    memory-bound softmax (and dropout, for GPT recipes) over the b·(a/t)·s² scores between them."""
-    from .memory import has_dropout
+    memory-bound softmax (and dropout, where the model trains with attention dropout) over the b·(a/t)·s² scores
+    between them."""
+    from .memory import attention_dropout
 
     mdl = ctx.model
     bh, d, s_q, s_k = ctx.b * mdl.num_attention_heads / ctx.par.tp, mdl.head_size, ctx.s_cp, ctx.s
@@ -2852,14 +2883,13 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     groups = max(1, round(bh))
     qk = gemm_kernels("attn_scores", s_q, s_k, d, dtype, gpu, eff, groups)
     pv = gemm_kernels("attn_values", s_q, d, s_k, dtype, gpu, eff, groups)
-    dropout = UNFUSED_DROPOUT_BYTES if has_dropout(ctx) else (0, 0)  # training only (has_dropout)
+    dropout = UNFUSED_DROPOUT_BYTES if attention_dropout(ctx) else (0, 0)  # training only (memory.dropout_probs)
     (soft_fb, soft_fk), (soft_bb, soft_bk) = unfused_softmax_bytes(ctx.x, s_q, s_k, groups)
     scores = bh * s_q * s_k
     drop_k = bool(dropout[0])
     soft_f = memory_kernel("softmax_dropout", scores * (soft_fb + dropout[0]), gpu, eff, soft_fk + drop_k)
     if drop_k:  # the dropout's Philox draws where they take longer than its bytes (DROPOUT_RNG_SM_CYCLES)
-        excess = dropout_rng_s(scores, gpu) - hbm_s(scores * dropout[0], gpu, eff)
-        soft_f = replace(soft_f, time_s=soft_f.time_s + max(0.0, excess))
+        soft_f = with_draws(soft_f, scores, scores * dropout[0], gpu, eff)
     soft_b = memory_kernel("softmax_dropout.bwd", scores * (soft_bb + dropout[1]), gpu, eff, soft_bk + drop_k)
     # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
     tokens, x = ctx.b * ctx.s_cp, ctx.x
@@ -2872,16 +2902,23 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
 
 def fused_dropout_s(ctx: Context, kernel: str, scores: float, gpu: GPUSpec, fp8: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds attention dropout adds to a fused attention kernel over ``scores`` attended scores:
-    scores x FUSED_DROPOUT_SM_CYCLES[kernel] / (SMs x SM clock), where the model trains with dropout
-    (memory.has_dropout); 0 for kernels without a measurement (FlashAttention-3, FP8 attention) and GPUs without an SM
-    clock (SM_CLOCK_MHZ)."""
-    from .memory import has_dropout
+    scores x FUSED_DROPOUT_SM_CYCLES[kernel] / (SMs x SM clock), where the model trains with attention dropout
+    (memory.attention_dropout: p > 0; p 0 draws nothing); 0 for kernels without a measurement (FlashAttention-3, FP8
+    attention) and GPUs without an SM clock (SM_CLOCK_MHZ)."""
+    from .memory import attention_dropout
 
     cycles = FUSED_DROPOUT_SM_CYCLES.get(kernel)
-    if cycles is None or fp8 or not has_dropout(ctx):
+    if cycles is None or fp8 or not attention_dropout(ctx):
         return 0.0, 0.0
     per_cycle = dropout_rng_s(scores, gpu) / DROPOUT_RNG_SM_CYCLES  # scores / (SMs x clock); 0 without a clock
     return cycles[0] * per_cycle, cycles[1] * per_cycle
+
+
+def with_draws(kernel: Kernel, elements: float, nbytes: float, gpu: GPUSpec, eff: Efficiency) -> Kernel:
+    """``kernel``, a dropout moving ``nbytes``, at the longer of its bytes and its Philox draws over ``elements``
+    (dropout_rng_s): the unfused attention's dropout and the bias-dropout-add's."""
+    excess = dropout_rng_s(elements, gpu) - hbm_s(nbytes, gpu, eff)
+    return replace(kernel, time_s=kernel.time_s + excess) if excess > 0 else kernel
 
 
 def dropout_rng_s(elements: float, gpu: GPUSpec) -> float:

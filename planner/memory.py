@@ -137,11 +137,30 @@ class LayerActivations:
         return self.split / tp + self.replicated / (tp if sp else 1) + (0.0 if flash else self.scores / tp)
 
 
-def has_dropout(ctx: Context) -> bool:
-    """GPT-style models train with Megatron's default attention and hidden dropout 0.1 (arguments.py); Llama-style
-    recipes (no biases, rotary) set both to 0. Training only: in eval mode torch.nn.Dropout returns its input and
-    launches nothing (torch/nn/functional.py dropout: ``training=False``), so no kernel and no saved mask."""
-    return ctx.training and (ctx.model.learned_position_embeddings or ctx.model.linear_bias)
+def dropout_probs(ctx: Context) -> tuple[float, float]:
+    """(attention, hidden) dropout probabilities this run applies: the model's (ModelSpec.dropout_probs: its recipe's,
+    or Megatron-LM's 0.1 defaults for GPT-style models and 0 for Llama-style ones), training only: in eval mode
+    torch.nn.Dropout returns its input and launches nothing (torch/nn/functional.py dropout: ``training=False``).
+    A probability of 0 launches nothing either, in eager mode too: aten's ``dropout`` (aten/src/ATen/native/
+    Dropout.cpp, read at 03d697c503 and as code search shows it today) takes the fused kernel only when
+    ``is_fused_kernel_acceptable`` (``p > 0 && p < 1``) and otherwise ``_dropout_impl``, which returns its input for
+    ``p == 0 || !train``; under torch.compile (Megatron-Core's jit_fuser, its fused bias-dropout-add) the
+    decomposition (torch/_decomp/decompositions.py ``dropout``) returns ``input.clone()`` unless ``train and p != 0``,
+    which the add's kernel absorbs; a fused attention (TE/cuDNN, FlashAttention-2) with dropout 0 draws no Philox
+    numbers (FUSED_DROPOUT_SM_CYCLES is the p 0.1 vs p 0 difference). So no kernel, no draws, no saved mask."""
+    return ctx.model.dropout_probs() if ctx.training else (0.0, 0.0)
+
+
+def attention_dropout(ctx: Context) -> bool:
+    """Whether the attention probabilities are dropped (Megatron --attention-dropout > 0): the fused attention's
+    Philox draws (kernels.fused_dropout_s), the unfused attention's dropout kernel and its s x s mask."""
+    return dropout_probs(ctx)[0] > 0
+
+
+def hidden_dropout(ctx: Context) -> bool:
+    """Whether each block's output is dropped (Megatron --hidden-dropout > 0): the bias-dropout-add's mask and draws
+    (kernels.residual_bytes), its saved 1-byte mask per element (activation_parts), and the embedding's dropout."""
+    return dropout_probs(ctx)[1] > 0
 
 
 def saved_recipe(ctx: Context):
@@ -161,7 +180,8 @@ def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> di
     float8_e4m3fn (1 B) with ``workload.activation_func_fp8_input_store`` (Megatron
     --activation-func-fp8-input-store, megatron/core/fusions/fused_bias_swiglu.py)."""
     mdl = ctx.model
-    dropout = has_dropout(ctx) if dropout is None else dropout
+    # dropout False: neither dropout (a caller's override); None: as the model trains (attention, hidden)
+    drop_attn, drop_hidden = (attention_dropout(ctx), hidden_dropout(ctx)) if dropout is None else (dropout, dropout)
     tok = ctx.b * ctx.s_cp
     x, h, hd, heads = ctx.x, mdl.hidden_size, mdl.head_size, mdl.num_attention_heads
     recipe = saved_recipe(ctx)
@@ -173,7 +193,7 @@ def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> di
         readers = 2 if a.q_lora_rank else 1  # linear_q_down_proj and linear_kv_down_proj each quantize the norm output
     else:  # Q and the projection input q wide, K and V kv wide (GQA)
         qkv, proj, readers = heads * hd + 2 * mdl.kv_heads * hd, heads * hd, 1
-    mask = tok * h if dropout else 0  # 1-byte dropout masks
+    mask = tok * h if drop_hidden else 0  # the bias-dropout-adds' 1-byte masks (hidden dropout)
     # an FP8 attention with its backward in FP8 saves the quantized q, k, v (and, delayed, the fp8 output) instead
     # of the bf16 ones (TransformerEngine d0067d0da backends.py FusedAttnFunc fp8_tensors; Recipe.dpa_fp8_output)
     dpa = ctx.work.recipe if (fp8_attention(ctx) or (False, False))[1] else None
@@ -184,8 +204,9 @@ def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> di
         "qkv": ("split", tok * qkv * qkv_x),  # Q, K, V for the attention kernel
         "proj_in": ("split", tok * proj * out_x),  # the attention output, linear_proj's input
         "attn_mask": ("replicated", mask),
-        # softmax output (x bytes per score); with dropout also its 1-byte mask and x-byte output: 5·a·s²·b at x = 2
-        "scores": ("scores", ((2 * x + 1) if dropout else x) * heads * tok * ctx.s),
+        # softmax output (x bytes per score); with attention dropout also its 1-byte mask and x-byte output: 5·a·s²·b
+        # at x = 2
+        "scores": ("scores", ((2 * x + 1) if drop_attn else x) * heads * tok * ctx.s),
         "mlp_mask": ("replicated", mask),
         "norm_in": ("replicated", 2 * tok * h * x),  # the two norms' inputs
     }

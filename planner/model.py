@@ -16,6 +16,9 @@ from ._errors import SpecError, one_of
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 # Hugging Face's RoPE types (transformers modeling_rope_utils.py ROPE_INIT_FUNCTIONS; "default" is plain RoPE)
 ROPE_SCALINGS = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+# Megatron-LM's --attention-dropout and --hidden-dropout defaults (megatron/training/arguments.py at f2e5db402c
+# l. 947-949: default=0.1 both), which GPT-style runs keep unless their recipe says otherwise
+INFERRED_DROPOUT = 0.1
 
 
 @dataclass(frozen=True)
@@ -135,12 +138,26 @@ class ModelSpec:
     # (Flavour.eager_glu_clamp)
     glu_clamp: float | None = None
     mtp_layers: int = 0  # DeepSeek-V3 multi-token prediction modules (HF num_nextn_predict_layers)
+    # the dropout probabilities the model trains with, as its recipe sets them (Megatron --attention-dropout on the
+    # attention probabilities, --hidden-dropout on each block's output in its bias-dropout-add and on the embedding);
+    # None: the inferred rule (``dropout_probs``); 0 launches nothing and saves nothing
+    attention_dropout: float | None = None
+    hidden_dropout: float | None = None
     name: str = ""
     published_params: float | None = None
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     # ---- derived -----------------------------------------------------------------------------------
+    def dropout_probs(self) -> tuple[float, float]:
+        """(attention, hidden) dropout probabilities in training: the fields where set, otherwise the inferred rule:
+        a GPT-style model (learned positions or linear biases) at Megatron-LM's defaults, --attention-dropout 0.1
+        and --hidden-dropout 0.1 (megatron/training/arguments.py at f2e5db402c l. 947-949; INFERRED_DROPOUT), and a
+        Llama-style one (rotary, no biases) at 0, as those recipes set it (planner/presets.py PRESET_DROPOUT)."""
+        inferred = INFERRED_DROPOUT if (self.learned_position_embeddings or self.linear_bias) else 0.0
+        attention, hidden = self.attention_dropout, self.hidden_dropout
+        return (inferred if attention is None else attention, inferred if hidden is None else hidden)
+
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_attention_heads
@@ -296,6 +313,14 @@ def validate_model(m: ModelSpec) -> None:
         )
     if m.mtp_layers < 0:
         raise SpecError("model.mtp_layers", f"must be >= 0, got {m.mtp_layers}")
+    _validate_dropout(m)
+
+
+def _validate_dropout(m: ModelSpec) -> None:
+    for name in ("attention_dropout", "hidden_dropout"):
+        p = getattr(m, name)
+        if p is not None and not 0 <= p < 1:  # NaN fails both comparisons
+            raise SpecError(f"model.{name}", f"a dropout probability must be in [0, 1) or null (inferred), got {p}")
 
 
 def _validate_window(m: ModelSpec) -> None:

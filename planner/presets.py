@@ -108,6 +108,42 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     ),
 }  # fmt: skip
 
+# The dropout each preset trains with, as its published training recipe sets it: (attention, hidden, source). Without
+# an entry a model keeps the inferred rule (ModelSpec.dropout_probs). Megatron-Bridge at 5776a6d90b (the 25.11
+# performance summary's commit), Megatron-LM at f2e5db402c (the README table's).
+_MB = "Megatron-Bridge 5776a6d90b src/megatron/bridge/models/"
+_LLAMA_DROPOUT = (0.0, 0.0, _MB + "llama/llama_provider.py l. 48-49 (LlamaModelProvider): attention_dropout 0.0, "
+                  "hidden_dropout 0.0")  # fmt: skip
+_QWEN3_DROPOUT = (0.0, 0.0, _MB + "qwen/qwen_provider.py l. 377-378 (Qwen3MoEModelProvider): hidden_dropout 0.0, "
+                  "attention_dropout 0.0")  # fmt: skip
+_OSS_DROPOUT = (0.0, 0.0, _MB + "gpt_oss/gpt_oss_provider.py l. 54-55 (GPTOSSProvider): hidden_dropout 0.0, "
+                "attention_dropout 0.0; openai/gpt-oss-120b config.json attention_dropout 0.0")  # fmt: skip
+_MIXTRAL_DROPOUT = (0.0, 0.0, "Megatron-LM f2e5db402c examples/mixtral/train_mixtral_8x7b_distributed.sh l. 37-38: "
+                    "--attention-dropout 0.0 --hidden-dropout 0.0")  # fmt: skip
+PRESET_DROPOUT: dict[str, tuple[float, float, str]] = {
+    "llama3-8b": _LLAMA_DROPOUT,
+    "llama3-70b": _LLAMA_DROPOUT,
+    "llama3-405b": _LLAMA_DROPOUT,
+    "mixtral-8x7b": _MIXTRAL_DROPOUT,
+    "mixtral-8x22b": _MIXTRAL_DROPOUT,
+    "deepseek-v3": (0.0, 0.0, _MB + "deepseek/deepseek_provider.py l. 69-70 (DeepSeekModelProvider): "
+                    "attention_dropout 0.0, hidden_dropout 0.0"),
+    "qwen3-30b-a3b": _QWEN3_DROPOUT,
+    "qwen3-235b-a22b": _QWEN3_DROPOUT,
+    "gpt-oss-120b": _OSS_DROPOUT,
+    "gpt-oss-20b": _OSS_DROPOUT,
+    "qwen2-57b-a14b": (0.0, 0.0, _MB + "qwen/qwen_provider.py l. 58-59 (Qwen2ModelProvider, the Qwen2 family; no "
+                       "Qwen2-MoE provider there): hidden_dropout 0.0, attention_dropout 0.0"),
+    "gpt3-175b": (0.1, 0.1, "Megatron-LM f2e5db402c megatron/training/arguments.py l. 947-949 defaults "
+                  "(--attention-dropout 0.1, --hidden-dropout 0.1), which examples/gpt3/train_gpt3_175b_distributed.sh "
+                  "keeps (it sets neither)"),
+}  # fmt: skip
+MODEL_PRESETS = {
+    name: replace(spec, attention_dropout=PRESET_DROPOUT[name][0], hidden_dropout=PRESET_DROPOUT[name][1])
+    if name in PRESET_DROPOUT else spec
+    for name, spec in MODEL_PRESETS.items()
+}  # fmt: skip
+
 
 def model_preset(name: str) -> ModelSpec:
     if name not in MODEL_PRESETS:
@@ -207,6 +243,21 @@ HF_MODEL_TYPES: dict[str, dict] = {
     # released config; the router and the experts' gate_up/down biases regardless) and GptOssAttention.sinks
     "gpt_oss": {"linear_bias": True, "attention_sinks": True},
 }
+# model_types whose transformers modeling file has no hidden dropout: each decoder layer adds its attention and MLP
+# outputs to the residual as they are (modeling_llama.py LlamaDecoderLayer and the files built on it: Mistral,
+# Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3, GPT-OSS's GptOssDecoderLayer), and their configs have no key for one: a
+# hidden dropout of 0 unless the config.json names one (GPT-OSS's biases would otherwise infer 0.1)
+HF_NO_HIDDEN_DROPOUT = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
+)
+# config.json keys of the dropout probabilities, first found wins (transformers' configuration_*.py, read by code
+# search at 02b8f42b42 for gpt_oss): attention_dropout (LlamaConfig, MistralConfig, MixtralConfig, Qwen2/3(Moe)Config,
+# DeepseekV3Config, GptOssConfig, BloomConfig, GPTNeoXConfig, StableLmConfig), attn_pdrop (GPT2Config, GPTJConfig,
+# PhiConfig), attention_probs_dropout_prob (BertConfig); hidden_dropout (BloomConfig, GPTNeoXConfig, StableLmConfig,
+# PersimmonConfig), resid_pdrop (GPT2Config, GPTJConfig, PhiConfig), hidden_dropout_prob (BertConfig). The
+# decoders this import builds (Llama, Mistral, Mixtral, Qwen, DeepSeek, GPT-OSS) name only attention_dropout.
+HF_ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+HF_HIDDEN_DROPOUT = ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob")
 # layer_types entries (transformers configuration_utils.ALLOWED_LAYER_TYPES, the ones that matter here)
 HF_FULL, HF_SLIDING = "full_attention", "sliding_attention"
 
@@ -261,6 +312,19 @@ class _HFConfig:
             return default
         if type(value) not in (int, float) or not 0 < value <= 1e6:
             raise SpecError(self._where(key), f"must be a number in (0, 1e6], got {f'{value!r}'[:40]}")
+        return float(value)
+
+    def probability(self, keys: tuple[str, ...], default=None) -> float | None:
+        """The first of ``keys`` present: a JSON number in [0, 1) (a dropout probability), as the model block's
+        attention_dropout / hidden_dropout; null or absent: ``default``."""
+        key = next((k for k in keys if self.config.get(k) is not None), None)
+        if key is None:
+            return default
+        value = self.config[key]
+        if type(value) not in (int, float) or not 0 <= value < 1:
+            raise SpecError(
+                self._where(key), f"a dropout probability must be a number in [0, 1), got {f'{value!r}'[:40]}"
+            )
         return float(value)
 
     def rope_scaling(self) -> str | None:
@@ -318,6 +382,8 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         rope_scaling=hf.rope_scaling(),
         glu_clamp=hf.number("swiglu_limit"),
         mtp_layers=hf.int("num_nextn_predict_layers", 0),
+        attention_dropout=hf.probability(HF_ATTENTION_DROPOUT),
+        hidden_dropout=hf.probability(HF_HIDDEN_DROPOUT, 0.0 if kind in HF_NO_HIDDEN_DROPOUT else None),
         name=name or hf.text("_name_or_path") or kind or "hf-model",
         source="Hugging Face config.json",
     )

@@ -23,6 +23,11 @@ def optional_positive(le: float, description: str):
     return Field(default=None, gt=0, le=le, description=description)
 
 
+def optional_probability(description: str):
+    """An optional probability in [0, 1) (a dropout probability), null when left out."""
+    return Field(default=None, ge=0, lt=1, description=description)
+
+
 def with_example(example: dict) -> ConfigDict:
     """A request model's config: unknown fields refused, and ``example`` its OpenAPI example body."""
     return ConfigDict(extra="forbid", json_schema_extra={"examples": [example]})

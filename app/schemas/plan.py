@@ -13,7 +13,7 @@ from planner.plan import PricedCall
 from planner.presets import BOUNDS
 from planner.step import OVERLAP_DEFAULTS
 
-from .base import DeviceId, MessageBytes, Strict, optional_positive
+from .base import DeviceId, MessageBytes, Strict, optional_positive, optional_probability
 from .cluster import ClusterIn, LinkOut
 from .read import SAME, From, reader
 
@@ -115,6 +115,14 @@ class ModelIn(Strict):
         ge=BOUNDS["mtp_layers"][0],
         le=BOUNDS["mtp_layers"][1],
         description="DeepSeek-V3 multi-token-prediction modules on the last stage (HF num_nextn_predict_layers)",
+    )
+    attention_dropout: float | None = optional_probability(
+        "dropout probability on the attention probabilities in training (Megatron --attention-dropout; HF "
+        "attention_dropout); 0 draws nothing; null: 0.1 for GPT-style models (biases or learned positions), else 0"
+    )
+    hidden_dropout: float | None = optional_probability(
+        "dropout probability on each block's output and the embedding in training (Megatron --hidden-dropout; HF "
+        "hidden_dropout / resid_pdrop); 0 launches nothing; null: as attention_dropout's rule"
     )
 
 

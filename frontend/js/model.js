@@ -25,6 +25,8 @@ export const MODEL_ROWS = [
   ["mtp_layers", "MTP layers", "int", "multi-token-prediction modules (DeepSeek-V3 1)"],
   ["gated_mlp", "Gated MLP (SwiGLU)", "bool", "three MLP matrices instead of two"],
   ["glu_clamp", "GLU clamp", "float", "the gated MLP's clamp limit (GPT-OSS swiglu_limit 7; Megatron clamps in kernels of its own)", "none"],
+  ["attention_dropout", "Attention dropout", "float", "training dropout probability on the attention probabilities (Megatron --attention-dropout; 0 draws nothing)", "GPT-style 0.1, else 0"],
+  ["hidden_dropout", "Hidden dropout", "float", "training dropout probability on each block's output and the embedding (Megatron --hidden-dropout; 0 launches nothing)", "GPT-style 0.1, else 0"],
   ["norm", "Norm", ["rmsnorm", "layernorm"], "the layers' norm"],
   ["qk_norm", "QK-norm", "bool", "RMSNorm on queries and keys per head (Qwen3)"],
   ["attention_sinks", "Attention sinks", "bool", "one learned sink logit per head (GPT-OSS)"],

@@ -148,16 +148,17 @@ def test_interleaved_embedding_chunk_share():
 
 
 def test_inference_runs_no_embedding_dropout():
-    """In eval mode torch.nn.Dropout returns its input and launches nothing (memory.has_dropout is training's only):
+    """In eval mode torch.nn.Dropout returns its input and launches nothing (memory.dropout_probs is training's only):
     a GPT lookup at inference (``_embedding_lookup``, which an MTP module's lookup runs in eval too) has its
     gathers and position add, no dropout pass (review r8a finding 5); its layers save no dropout masks either
     (memory.layer_activations equals the dropout-free count)."""
     from planner.kernels import _embedding_lookup, _Layer, efficiency
-    from planner.memory import has_dropout, layer_activations
+    from planner.memory import attention_dropout, hidden_dropout, layer_activations
 
     gpt = replace(model_preset("gpt3-175b"), num_layers=2)
     train, serve = ctx_of(gpt, tp=2, sp=True, seq_length=2048), ctx_of(gpt, tp=2, seq_length=2048, training=False)
-    assert has_dropout(train) and not has_dropout(serve)
+    assert hidden_dropout(train) and attention_dropout(train)
+    assert not hidden_dropout(serve) and not attention_dropout(serve)
     names = {}
     for which, ctx in (("train", train), ("serve", serve)):
         k = _Layer(ctx, H100, efficiency(H100, None))

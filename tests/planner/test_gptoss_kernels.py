@@ -101,9 +101,8 @@ def test_gpt_oss_attention_takes_its_head_dim_and_its_sinks_change_no_kernel():
     ref = by_name(layer_kernels(ctx(d128), True, H100).forward)["cudnn_fwd"]
     assert ref.flops == lk["cudnn_fwd"].flops
     launch = EFFICIENCY.kernel_s
-    # less the dropout's draws (has_dropout takes GPT-OSS's biases for a GPT-style recipe, which Megatron-Bridge's
-    # GPTOSSProvider is not: an open item; FUSED_DROPOUT_SM_CYCLES) per score, and d 128 has half d 64's scores for
-    # the same FLOPs
+    # less the dropout's draws (none since bias10: GPT-OSS trains with attention_dropout 0, Megatron-Bridge's
+    # GPTOSSProvider; FUSED_DROPOUT_SM_CYCLES) per score, and d 128 has half d 64's scores for the same FLOPs
     ref_t, oss_t = (k.time_s - launch - fused_dropout_s(ctx(), "cudnn", k.flops / (4 * d), H100)[0]
                     for k, d in ((ref, 128), (lk["cudnn_fwd"], 64)))  # fmt: skip
     assert ref_t / oss_t == pytest.approx(head_dim_rate("cudnn", 64)[0])
