@@ -3,7 +3,8 @@
 The planner's value memos key on frozen specs (a plan's context, its cluster): the hash a dataclass generates
 walks every field, nested specs included, on every look-up (a Context ~50 times a plan, each hashing the
 model, workload and layout specs again). ``frozen_hash`` gives the same value, the hash of the tuple of the
-fields the dataclass hashes, computed on the first look-up; equality is the dataclass's own.
+fields the dataclass hashes, computed on the first look-up; equality is the dataclass's own. ``kept_property``
+keeps a frozen value's derived values the same way (functools.cached_property writes them into ``__dict__``).
 
 The kept hash lives in a side table keyed by the instance's identity, not in its ``__dict__`` (issue 19 item 3:
 a spec is a small value without hidden attributes): ``vars(spec)`` holds its fields only, so
@@ -56,5 +57,40 @@ def frozen_hash(obj) -> int:
     return keep_hash(obj, hash(tuple(getattr(obj, name) for name in names)))
 
 
+class _KeptValues(weakref.ref):
+    """The derived values kept for one live instance (kept_property), by name; dropped with the instance."""
+
+    __slots__ = ("key", "values")
+
+
+def _forget_values(kept: _KeptValues) -> None:
+    _VALUES.pop(kept.key, None)
+
+
+class kept_property:  # lower case, as the functools.cached_property it stands in for
+    """``functools.cached_property`` for a frozen value: computed on the first read and kept beside the instance
+    (a side table as the hash's), not in its ``__dict__``, so ``vars(spec)`` stays its fields."""
+
+    def __init__(self, func) -> None:
+        self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        kept = _VALUES.get(id(obj))
+        if kept is None:
+            kept = _KeptValues(obj, _forget_values)
+            kept.key, kept.values = id(obj), {}
+            _VALUES[kept.key] = kept
+        values = kept.values
+        if self.name not in values:
+            values[self.name] = self.func(obj)
+        return values[self.name]
+
+
 _KEPT: dict[int, _Kept] = {}  # id of a live instance -> its kept hash (the entry leaves with the instance)
+_VALUES: dict[int, _KeptValues] = {}  # id of a live instance -> its kept_property values
 _HASHED: dict = {}  # a dataclass -> the names of the fields its hash reads, in order (one entry per class)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property
 
-from collectives._hashing import frozen_hash
+from collectives._hashing import frozen_hash, kept_property
 
 from ._errors import SpecError, at_least_one, one_of
 from .model import ModelSpec
@@ -143,7 +142,7 @@ class WorkloadSpec:
     # (planner/documents.py)
     document_packing: str | None = None
 
-    @cached_property
+    @kept_property  # beside the spec, not in its __dict__ (collectives/_hashing.py)
     def document_histogram(self) -> tuple[tuple[int, int], ...] | None:
         """document_lengths as (length, count) pairs, by length: counted once per spec (a corpus of 200k lengths
         is one pass here, not one per layout; planner/documents.py pack_moments is keyed by it)."""

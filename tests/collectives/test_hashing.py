@@ -13,7 +13,7 @@ from collectives import _hashing
 from collectives._hashing import frozen_hash
 from collectives.topology import cluster_preset
 from collectives.topology.library import LibraryCalibration
-from planner import ParallelSpec, WorkloadSpec, model_preset
+from planner import ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.context import Context
 
 
@@ -110,6 +110,24 @@ def test_a_hashed_spec_holds_its_fields_only():
             assert vars(twin) == vars(spec)
 
 
+def test_specs_hold_their_fields_only_after_a_plan():
+    """A plan reads the specs' derived values too (WorkloadSpec.document_histogram, a kept_property: beside the
+    spec as its hash is, where functools.cached_property wrote it into __dict__ and Cls(**vars(spec)) failed)."""
+    model = model_preset("llama3-8b")
+    work = WorkloadSpec(
+        micro_batch_size=1, global_batch_size=16, seq_length=8192, document_lengths=(4096, 2048, 2048),
+        document_packing="dp_balanced",
+    )  # fmt: skip
+    par, cluster = ParallelSpec(tp=2, pp=2, dp=2), cluster_preset("dgx-h100", 1)
+    build_plan(model, work, par, cluster)
+    assert work.document_histogram == ((2048, 2), (4096, 1)) and work.document_histogram is work.document_histogram
+    for spec in (model, work, par, cluster, cluster.gpu):
+        assert vars(spec) == {f.name: getattr(spec, f.name) for f in fields(spec)}, type(spec).__name__
+        twin = type(spec)(**vars(spec))
+        assert twin == spec and hash(twin) == hash(spec)
+    assert type(work)(**vars(work)).document_histogram == work.document_histogram
+
+
 def test_a_freed_spec_leaves_the_table():
     """The side table keeps an entry while its instance lives (a weak reference's callback drops it), so
     plans that build specs by the million do not grow it, and a reused id never answers a stale hash."""
@@ -128,6 +146,11 @@ def test_a_freed_spec_leaves_the_table():
     del cyclic
     gc.collect()
     assert len(_hashing._KEPT) == before
+    values = len(_hashing._VALUES)
+    work = WorkloadSpec(document_lengths=(1, 2, 2))
+    assert work.document_histogram == ((1, 1), (2, 2)) and len(_hashing._VALUES) == values + 1
+    del work
+    assert len(_hashing._VALUES) == values
 
 
 def test_a_pickle_carries_no_hash_to_a_process_with_another_seed():
