@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .._errors import CollectiveError
+from .._hashing import kept_hash
 
 MIB = 1 << 20
 GB = 10**9
@@ -71,26 +72,12 @@ class GPUSpec:
         return tflops * 1e12
 
     def __hash__(self) -> int:  # frozen, but the dict field needs a hash of its items
-        found = self.__dict__.get("_hash")  # computed once: the planner's lru caches hash the GPU on every call
-        if found is None:
-            found = hash(
-                (
-                    self.name,
-                    tuple(sorted(self.peak_tflops.items())),
-                    self.hbm_bytes,
-                    self.hbm_GBps,
-                    self.sm,
-                    self.sms,
-                    self.power_limit_w,
-                    self.kernel_constants,
-                    self.host_cpu,
-                )
-            )
-            object.__setattr__(self, "_hash", found)
-        return found
+        return kept_hash(self, _gpu_hash)  # computed once (.._hashing): the planner's lru caches hash the GPU
 
-    def __getstate__(self) -> dict:  # the cached hash stays in its process (str hashes are salted per process)
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+def _gpu_hash(gpu: GPUSpec) -> int:
+    fields = (gpu.name, tuple(sorted(gpu.peak_tflops.items())), gpu.hbm_bytes, gpu.hbm_GBps, gpu.sm, gpu.sms)
+    return hash((*fields, gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu))
 
 
 def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):

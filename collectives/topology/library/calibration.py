@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..._hashing import kept_hash
 from ..spec import NETWORK_KINDS  # noqa: F401  (re-exported: the kinds network_latency_s is keyed by)
 from .tables import cc_class
 
@@ -115,17 +116,13 @@ class LibraryCalibration:
 
     def __hash__(self) -> int:
         """Frozen with dict fields: the hash of their sorted items (a key of the price caches, hashed some 17
-        times a plan), computed once and kept on the instance; equality stays the fields' (dataclass)."""
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            items = (self.efficiency, self.latency_scale, self.network_latency_s)
-            cached = hash(tuple(tuple(sorted(d.items())) for d in items))
-            object.__setattr__(self, "_hash", cached)
-        return cached
+        times a plan), computed once and kept beside the instance (..._hashing); equality stays the fields'."""
+        return kept_hash(self, _calibration_hash)
 
-    def __getstate__(self) -> dict:
-        # the kept hash is left out of a pickle or copy: string hashes differ between processes
-        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
+
+def _calibration_hash(calibration: LibraryCalibration) -> int:
+    items = (calibration.efficiency, calibration.latency_scale, calibration.network_latency_s)
+    return hash(tuple(tuple(sorted(d.items())) for d in items))
 
 
 DEFAULT_LIBRARY = LibraryCalibration()
