@@ -282,22 +282,7 @@ def _total_params(m: ModelSpec) -> int:
 
 
 def validate_model(m: ModelSpec) -> None:
-    for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
-        if getattr(m, name) < 1:
-            raise SpecError(f"model.{name}", f"must be >= 1, got {getattr(m, name)}")
-    if m.num_kv_heads is not None and m.num_kv_heads < 1:
-        raise SpecError("model.num_kv_heads", f"must be >= 1, got {m.num_kv_heads}")
-    if m.num_attention_heads % m.kv_heads:
-        raise SpecError(
-            "model.num_kv_heads",
-            f"num_attention_heads {m.num_attention_heads} is not divisible by num_kv_heads {m.kv_heads}",
-        )
-    if m.head_dim is None and m.hidden_size % m.num_attention_heads:
-        raise SpecError(
-            "model.hidden_size",
-            f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads} "
-            "(give head_dim explicitly)",
-        )
+    _validate_heads(m)
     if m.norm not in ("rmsnorm", "layernorm"):
         raise SpecError("model.norm", f"must be 'rmsnorm' or 'layernorm', got {m.norm!r}")
     if m.moe:
@@ -314,6 +299,26 @@ def validate_model(m: ModelSpec) -> None:
     if m.mtp_layers < 0:
         raise SpecError("model.mtp_layers", f"must be >= 0, got {m.mtp_layers}")
     _validate_dropout(m)
+
+
+def _validate_heads(m: ModelSpec) -> None:
+    """The sizes, then the attention heads: kv heads dividing the heads, the hidden size dividing into heads."""
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
+        if getattr(m, name) < 1:
+            raise SpecError(f"model.{name}", f"must be >= 1, got {getattr(m, name)}")
+    if m.num_kv_heads is not None and m.num_kv_heads < 1:
+        raise SpecError("model.num_kv_heads", f"must be >= 1, got {m.num_kv_heads}")
+    if m.num_attention_heads % m.kv_heads:
+        raise SpecError(
+            "model.num_kv_heads",
+            f"num_attention_heads {m.num_attention_heads} is not divisible by num_kv_heads {m.kv_heads}",
+        )
+    if m.head_dim is None and m.hidden_size % m.num_attention_heads:
+        raise SpecError(
+            "model.hidden_size",
+            f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads} "
+            "(give head_dim explicitly)",
+        )
 
 
 def _validate_dropout(m: ModelSpec) -> None:
