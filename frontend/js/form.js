@@ -103,6 +103,17 @@ export function readForm() {
 
 const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
 
+// Megatron's layer names of a list-of-lists layout as its string's characters (planner/parallel.py LAYER_CHARS,
+// megatron/core/transformer/pipeline_parallel_layer_layout.py): [["embedding"], ["decoder", "loss"]] is "E|tL" (each
+// name was glued whole: "embedding|decoderloss"); a name it does not know stays as given, for the server's 422
+const LAYER_CHAR = { embedding: "E", decoder: "t", mtp: "m", loss: "L" };
+function layoutText(layout) {
+  if (typeof layout === "string") return layout;
+  if (!Array.isArray(layout)) return "";
+  const char = (x) => LAYER_CHAR[String(x).trim().toLowerCase()] || String(x).trim();
+  return layout.map((st) => (Array.isArray(st) ? st.map(char).join("") : "")).join("|");
+}
+
 // the constants a request is priced with (its cluster.calibration), or null: what a link or a loaded result carries
 export function calibrationOf(req) {
   const c = req && typeof req === "object" && req.cluster && typeof req.cluster === "object" ? req.cluster : {};
@@ -123,8 +134,7 @@ export function fillForm(req) {
   $("batch-size").value = str(w.batch_size, "64"); $("context-length").value = str(w.context_length);
   for (const [key, id, dflt] of [["tp", "tp", "1"], ["pp", "pp", "1"], ["dp", "dp", ""], ["cp", "cp", "1"], ["ep", "ep", "1"],
     ["virtual_pipeline_stages", "vpp", "1"], ["first_stage_layers", "first-layers", ""], ["last_stage_layers", "last-layers", ""]]) $(id).value = str(p[key], dflt);
-  $("pipeline-layout").value = typeof p.pipeline_layout === "string" ? p.pipeline_layout
-    : Array.isArray(p.pipeline_layout) ? p.pipeline_layout.map((st) => (Array.isArray(st) ? st.join("") : "")).join("|") : "";
+  $("pipeline-layout").value = layoutText(p.pipeline_layout);
   setSelect("zero", String(p.zero_stage ?? 0)); $("sp").checked = !!p.sequence_parallel;
   setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
   if (c.preset) setSelect("cluster-preset", c.preset);

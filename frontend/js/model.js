@@ -7,7 +7,7 @@
 // A field whose null means something (the rows with a fifth entry: app/convert.py NULLABLE, or a field inside a
 // block, which is sent whole) has a "none" box: ticked, the request sends null, clearing the preset's value (GPT-OSS
 // without its sliding window or YaRN). The MoE and MLA blocks have one each: the model without experts or MLA.
-import { fillInput, get, layerList, ON_OFF, showSetCount } from "./controls.js";
+import { fillInput, get, layerList, ON_OFF, onOff, showSetCount } from "./controls.js";
 import { $, el } from "./dom.js";
 import { state } from "./state.js";
 
@@ -147,7 +147,7 @@ export function readModelFields(model, FormError) {
     if (dropped.includes(head)) continue;
     const text = $(idOf(path)).value.trim(), none = noneOf(path) && noneOf(path).checked;
     if (text === "" && !none) continue;
-    const value = none ? null : kind === "bool" ? text === "true" : Array.isArray(kind) ? text : kind === "list" ? layerList(text, `model.${path}`, label, FormError) : Number(text);
+    const value = none ? null : kind === "bool" ? onOff(text) : Array.isArray(kind) ? text : kind === "list" ? layerList(text, `model.${path}`, label, FormError) : Number(text);
     if (!none && kind === "int" && !Number.isInteger(value)) throw new FormError(`model.${path}`, `${label}: a whole number, got "${text}"`);
     if (!none && kind === "float" && !Number.isFinite(value)) throw new FormError(`model.${path}`, `${label}: a number, got "${text}"`);
     if (key === undefined) model[head] = value;
