@@ -254,6 +254,9 @@ export function showResolvedDefaults(assumptions, cluster) {
     else if (c.kind !== "modules") input.placeholder = c.kind === "int" || c.kind === "float" ? `default: ${shown}` : `${c.choices} (default: ${shown})`;
     input.title = a ? `default: ${a.value}, ${a.source}` : `default: ${c.dflt}`;
   }
+  // the layout box (the form's own) shows the split the plan resolved, in its own syntax, when left blank
+  const split = byField["parallel.pipeline_layout"];
+  $("pipeline-layout").placeholder = split ? `planned: ${split.value}` : "E|(t|)*126,L";
 }
 
 function labelOf(c, value) {
