@@ -17,7 +17,7 @@ import copy
 import httpx
 import pytest
 
-from tests.app.test_cli_issue21 import CASES, H100x2, REFUSALS
+from tests.app.test_cli_issue21 import CASES, REFUSALS, H100x2
 from tests.frontend.test_page import browser, open_page, page  # noqa: F401
 
 pytestmark = pytest.mark.browser
