@@ -26,8 +26,10 @@ SMALL_V3 = {"preset": "deepseek-v3", "num_layers": 4, "mtp_layers": 0}  # 3 dens
 QWEN = {"preset": "qwen3-30b-a3b"}
 # DeepSeek-V3's MoE block whole: the page sends an edited block whole, the preset's values in the fields not typed
 # (model.js), where the API replaces the block, the schema's defaults in the fields not given
-V3_MOE = {"num_experts": 256, "top_k": 8, "expert_ffn_hidden_size": 2048, "num_shared_experts": 1,
-          "first_dense_layers": 3, "load_balancing": "seq_aux_loss", "expert_bias": True, "node_limit": 4}
+V3_MOE = {
+    "num_experts": 256, "top_k": 8, "expert_ffn_hidden_size": 2048, "num_shared_experts": 1,
+    "first_dense_layers": 3, "load_balancing": "seq_aux_loss", "expert_bias": True, "node_limit": 4,
+}  # fmt: skip
 
 
 def _moe(model: dict, parallel: dict, workload: dict | None = None, options: dict | None = None) -> dict:
