@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from .test_cli_fields import cli
+from .test_models_http import MOE as TOY_MOE
+from .test_models_http import moe_body as _moe_body
 
 HF_DIR = Path(__file__).parents[1] / "reference" / "hf_configs"
 H100x1 = {"preset": "dgx-h100", "num_nodes": 1}
@@ -48,11 +50,6 @@ DP8 = {  # Llama-3 8B, one DGX H100, DP8, one micro-batch each
     "cluster": H100x1,
     "options": {"timeline": False},
 }
-TOY_MOE = {  # tests/app/test_models_http.py MOE: 4 layers, 16 experts of 1024, top-2
-    "num_layers": 4, "hidden_size": 2048, "num_attention_heads": 16, "ffn_hidden_size": 8192,
-    "vocab_size": 32000, "seq_length": 4096,
-    "moe": {"num_experts": 16, "top_k": 2, "expert_ffn_hidden_size": 1024},
-}  # fmt: skip
 TOY_MLA = {  # tests/app/test_models_http.py test_mla_projections_under_tp_over_http
     "num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8, "ffn_hidden_size": 4096,
     "vocab_size": 32000, "seq_length": 2048,
@@ -85,13 +82,9 @@ def edit(base: dict, **parts) -> dict:
 
 
 def moe_body(parallel: dict, **workload) -> dict:
-    return {
-        "model": TOY_MOE,
-        "workload": {"global_batch_size": 16} | workload,
-        "parallel": {"ep": 16, "dp": 16} | parallel,
-        "cluster": H100x2,
-        "options": {"timeline": False},
-    }
+    """tests/app/test_models_http.py's MoE body (4 layers, 16 experts of 1024, top-2; ep 16 dp 16 on two DGX
+    H100), without the timeline."""
+    return _moe_body(parallel, **workload) | {"options": {"timeline": False}}
 
 
 def rows(plan: dict, prefix: str) -> dict[str, dict]:
