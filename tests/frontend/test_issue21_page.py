@@ -124,7 +124,10 @@ PLAN_ON_THE_PAGE = """async (request) => {
   form.fillForm(sent);
   const again = form.readForm();
   return { sent, again, plan: box.hidden ? s.plan : null, errors: box.hidden ? "" : box.innerText,
-           invalid: [...document.querySelectorAll("[aria-invalid=true]")].map((e) => e.id) };
+           invalid: [...document.querySelectorAll("[aria-invalid=true]")].map((e) => e.id),
+           placeholder: document.querySelector("#pipeline-layout").placeholder,
+           said: Object.fromEntries([...document.querySelectorAll("#assumptions-table tbody tr")].map(
+             (r) => [r.cells[0].textContent, r.cells[1].textContent])) };
 }"""
 
 
@@ -153,6 +156,9 @@ def test_every_issue21_option_is_entered_exactly_on_the_page(page):  # noqa: F81
             wrong.append(f"{name}: the page's plan is not the service's for the body")
         elif plan["step"]["time_s"] != pytest.approx(want["step"]["time_s"], rel=1e-9):
             wrong.append(f"{name}: step {plan['step']['time_s']} on the page, {want['step']['time_s']} over HTTP")
+        if name == "first-last-stage-layers-with-virtual-stages":  # the split planned, said where it is entered
+            split = "Et*3|t*5|t*5|t*3|t*3|t*5|t*5|t*3L"
+            assert (got["placeholder"], got["said"]["parallel.pipeline_layout"]) == (f"planned: {split}", split)
     assert not wrong, "\n".join(wrong)
     assert len(FEATURES) >= 40
 
