@@ -64,9 +64,11 @@ export const MODEL_FIELDS = Object.fromEntries([
   ...BLOCKS.map((b) => [`model.${b}`, idOf(MODEL_ROWS.find(([p]) => p.startsWith(`${b}.`))[0])]),
 ]);
 
-const fromHf = () => $("model-source-hf").checked;
-// the model the fields edit: the preset's as GET /v1/presets/models gives it; null over a config.json
-const base = () => (fromHf() ? null : state.presets.models[$("model-preset").value] || null);
+// where the model comes from: a preset, a pasted config.json, or the fields alone (no preset: the fields typed are the
+// whole model block, the schema's defaults for the rest, as a request body's model block without a preset)
+export const modelSource = () => ($("model-source-hf").checked ? "hf" : $("model-source-fields").checked ? "fields" : "preset");
+// the model the fields edit: the preset's as GET /v1/presets/models gives it; null over a config.json or alone
+const base = () => (modelSource() !== "preset" ? null : state.presets.models[$("model-preset").value] || null);
 
 // the inputs, under the model's facts (index.html's Model fieldset), once the presets are known
 export function buildModelFields() {
@@ -97,7 +99,7 @@ export function buildModelFields() {
   $("model-fields").addEventListener("change", (e) => { if (e.target.id.endsWith("-none")) { syncNone(); countModelFields(); } });
   // another preset is another base: the edits made over the last one go
   $("model-preset").addEventListener("change", () => { clearModelFields(); showModelDefaults(); });
-  for (const id of ["model-source-preset", "model-source-hf"]) $(id).addEventListener("change", showModelDefaults);
+  for (const id of ["model-source-preset", "model-source-hf", "model-source-fields"]) $(id).addEventListener("change", showModelDefaults);
   showModelDefaults();
 }
 
@@ -126,7 +128,7 @@ export function showModelDefaults() {
   const m = base();
   for (const [path, , kind, , none = "none"] of MODEL_ROWS) {
     const input = $(idOf(path)), v = m ? get(m, path) : undefined;
-    const shown = m === null ? "config.json's" : v === undefined || v === null || (Array.isArray(v) && !v.length) ? none
+    const shown = m === null ? (modelSource() === "hf" ? "config.json's" : "the schema's default") : v === undefined || v === null || (Array.isArray(v) && !v.length) ? none
       : kind === "bool" ? (v ? "on" : "off") : Array.isArray(v) ? v.join(",") : String(v);
     if (input.tagName === "SELECT") input.options[0].textContent = `default (${shown})`;
     else input.placeholder = shown;

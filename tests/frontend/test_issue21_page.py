@@ -7,8 +7,8 @@ recipes, MoE dispatch and overlap, documents, norms, FP8 attention) is put into 
 - the page's plan is the service's plan for the body itself (parameters, step time, every ledger row's bytes);
 - the request survives the URL: filling the form from it reads back the same request (what a reload does);
 and each of the CLI test's bad inputs (REFUSALS) on the page is the server's 422 naming the field at the top of the
-results, with the field's control marked (aria-invalid). Bodies whose model is given by fields alone (no preset,
-no config.json) are replaced by the same feature on a preset: the page edits a preset's fields or a config.json."""
+results, with the field's control marked (aria-invalid). A model given by fields alone (no preset, no
+config.json) is the form's "Fields only" model source; the toy models' features are entered again over presets."""
 
 from __future__ import annotations
 
@@ -54,8 +54,6 @@ ON_PRESETS = [
                                                 {"overlap": {"overlap_moe_expert_parallel_comm": True,
                                                              "moe_shared_expert_overlap": True}})),
 ]  # fmt: skip
-TOY_REFUSALS = {"mla-rank-zero", "shared-experts-too-many", "deepep-low-latency-in-training", "hybridep-fp8-dispatch",
-                "a2a-overlap-with-allgather"}  # fmt: skip
 REFUSALS_ON_PRESETS = [
     ("mla-rank-zero", _moe(SMALL_V3 | {"mla": {"q_lora_rank": 512, "kv_lora_rank": 0, "qk_nope_head_dim": 64,
                                                "qk_rope_head_dim": 32, "v_head_dim": 64}}, {}),
@@ -69,10 +67,6 @@ REFUSALS_ON_PRESETS = [
 ]  # fmt: skip
 
 
-def _pageable(body: dict) -> bool:
-    return "preset" in body["model"] or "hf_config" in body["model"]
-
-
 def _for_the_page(body: dict) -> dict:
     """The body as a link carries it: no None (a blank field), nothing the page does not send (the timeline)."""
     b = copy.deepcopy({k: v for k, v in body.items() if not k.startswith("_")})
@@ -81,11 +75,13 @@ def _for_the_page(body: dict) -> dict:
     return b | ({"options": options} if options else {})
 
 
-FEATURES = [(name, _for_the_page(body)) for name, body, _ in CASES if _pageable(body)] + [
-    (name, _for_the_page(body)) for name, body in ON_PRESETS
+# every CLI body (a model given by fields alone is the form's "Fields only" source), and the toy models' features
+# again over presets (their fields edited)
+FEATURES = [(name, _for_the_page(body)) for name, body, _ in CASES] + [
+    (f"{name} (preset)", _for_the_page(body)) for name, body in ON_PRESETS
 ]
-BAD = [(name, _for_the_page(body), field) for name, body, field, _ in REFUSALS if name not in TOY_REFUSALS]
-BAD += [(name, _for_the_page(body), field) for name, body, field in REFUSALS_ON_PRESETS]
+BAD = [(name, _for_the_page(body), field) for name, body, field, _ in REFUSALS]
+BAD += [(f"{name} (preset)", _for_the_page(body), field) for name, body, field in REFUSALS_ON_PRESETS]
 LAYER_CHARS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}  # planner/parallel.py LAYER_CHARS
 
 
@@ -160,7 +156,7 @@ def test_every_issue21_option_is_entered_exactly_on_the_page(page):  # noqa: F81
             split = "Et*3|t*5|t*5|t*3|t*3|t*5|t*5|t*3L"
             assert (got["placeholder"], got["said"]["parallel.pipeline_layout"]) == (f"planned: {split}", split)
     assert not wrong, "\n".join(wrong)
-    assert len(FEATURES) >= 40
+    assert len(FEATURES) == len(CASES) + len(ON_PRESETS)
 
 
 def test_every_issue21_refusal_is_named_and_marked_on_the_page(page):  # noqa: F811
@@ -177,4 +173,4 @@ def test_every_issue21_refusal_is_named_and_marked_on_the_page(page):  # noqa: F
         if control not in got["invalid"]:
             wrong.append(f"{name}: {field}'s control {control} is not marked ({got['invalid']})")
     assert not wrong, "\n".join(wrong)
-    assert len(BAD) >= 30
+    assert len(BAD) == len(REFUSALS) + len(REFUSALS_ON_PRESETS)
