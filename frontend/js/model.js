@@ -103,7 +103,13 @@ export function buildModelFields() {
   showModelDefaults();
 }
 
+// The blocks a request put in the form whole (a link, a scenario, a search hit): read back as they came, the fields
+// they leave out the schema's defaults as the API takes them, not the preset's (a link's DeepSeek-V3 moe block
+// without expert_bias planned the preset's expert bias on the page). A block typed over a preset merges with its.
+const wholeBlocks = new Set();
+
 function clearModelFields() {
+  wholeBlocks.clear();
   for (const [path] of MODEL_ROWS) { $(idOf(path)).value = ""; if (noneOf(path)) noneOf(path).checked = false; }
   for (const b of BLOCKS) $(`m-${b}-none`).checked = false;
   syncNone(); countModelFields();
@@ -128,7 +134,7 @@ export function showModelDefaults() {
   const m = base();
   for (const [path, , kind, , none = "none"] of MODEL_ROWS) {
     const input = $(idOf(path)), v = m ? get(m, path) : undefined;
-    const shown = m === null ? (modelSource() === "hf" ? "config.json's" : "the schema's default") : v === undefined || v === null || (Array.isArray(v) && !v.length) ? none
+    const shown = wholeBlocks.has(path.split(".")[0]) ? "the schema's default" : m === null ? (modelSource() === "hf" ? "config.json's" : "the schema's default") : v === undefined || v === null || (Array.isArray(v) && !v.length) ? none
       : kind === "bool" ? (v ? "on" : "off") : Array.isArray(v) ? v.join(",") : String(v);
     if (input.tagName === "SELECT") input.options[0].textContent = `default (${shown})`;
     else input.placeholder = shown;
@@ -156,14 +162,18 @@ export function readModelFields(model, FormError) {
     else (blocks[head] ||= {})[key] = value;
   }
   const m = base();
-  for (const [name, edits] of Object.entries(blocks)) model[name] = { ...((m && m[name]) || {}), ...edits };
+  for (const [name, edits] of Object.entries(blocks)) model[name] = { ...((!wholeBlocks.has(name) && m && m[name]) || {}), ...edits };
   for (const b of dropped) model[b] = null;
   return model;
 }
 
 // a request's model fields into the inputs (a link, a scenario, a search hit)
 export function fillModelFields(m) {
-  for (const b of BLOCKS) $(`m-${b}-none`).checked = m[b] === null;  // an explicit null, not an absent block
+  wholeBlocks.clear();
+  for (const b of BLOCKS) {
+    $(`m-${b}-none`).checked = m[b] === null;  // an explicit null, not an absent block
+    if (m[b] && typeof m[b] === "object") wholeBlocks.add(b);
+  }
   for (const [path] of MODEL_ROWS) {
     const v = get(m, path), box = noneOf(path);
     if (box) box.checked = v === null;  // get() gives undefined under a null block

@@ -24,12 +24,6 @@ pytestmark = pytest.mark.browser
 
 SMALL_V3 = {"preset": "deepseek-v3", "num_layers": 4, "mtp_layers": 0}  # 3 dense layers and one MoE layer
 QWEN = {"preset": "qwen3-30b-a3b"}
-# DeepSeek-V3's MoE block whole: the page sends an edited block whole, the preset's values in the fields not typed
-# (model.js), where the API replaces the block, the schema's defaults in the fields not given
-V3_MOE = {
-    "num_experts": 256, "top_k": 8, "expert_ffn_hidden_size": 2048, "num_shared_experts": 1,
-    "first_dense_layers": 3, "load_balancing": "seq_aux_loss", "expert_bias": True, "node_limit": 4,
-}  # fmt: skip
 
 
 def _moe(model: dict, parallel: dict, workload: dict | None = None, options: dict | None = None) -> dict:
@@ -44,7 +38,12 @@ ON_PRESETS = [
                                                              "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
                                                              "v_head_dim": 64}},
                                          {"tp": 2, "ep": 8, "dp": 8, "sequence_parallel": True})),
-    ("shared-experts-over-deepseek-v3", _moe(SMALL_V3 | {"moe": V3_MOE | {"num_shared_experts": 2}}, {"ep": 16})),
+    # a block given in part: the fields it leaves out are the schema's defaults on the page too (expert_bias off,
+    # node_limit none, aux_loss), not the preset's (model.js wholeBlocks)
+    ("shared-experts-over-deepseek-v3", _moe(SMALL_V3 | {"moe": {"num_experts": 256, "top_k": 8,
+                                                                 "expert_ffn_hidden_size": 2048,
+                                                                 "num_shared_experts": 2, "first_dense_layers": 3}},
+                                             {"ep": 16})),
     ("dispatcher-allgather", _moe(QWEN, {"tp": 2, "ep": 8, "dp": 8, "sequence_parallel": True,
                                          "ep_dispatch": "allgather"})),
     ("dispatcher-alltoall", _moe(QWEN, {"ep_dispatch": "alltoall"})),
