@@ -2,8 +2,9 @@
 // sends a field only when it is typed in, so a blank field is the base model's value, shown as the placeholder.
 // Names as in app/schemas/plan.py ModelIn; moe.* and mla.* are whole blocks there (MoEIn, MLAIn: a block given
 // replaces the base model's), so an edited block is sent whole, the base model's values filling what is not
-// typed. Over a config.json the page does not know the base's blocks: an edited block then needs its required
-// fields typed (the server's 422 names the missing one).
+// typed; a block a request brings (a link, a scenario) is read back as it came (wholeBlocks). Over a config.json or
+// the fields alone the page does not know the base's blocks: an edited block then needs its required fields typed
+// (the server's 422 names the missing one).
 // A field whose null means something (the rows with a fifth entry: app/convert.py NULLABLE, or a field inside a
 // block, which is sent whole) has a "none" box: ticked, the request sends null, clearing the preset's value (GPT-OSS
 // without its sliding window or YaRN). The MoE and MLA blocks have one each: the model without experts or MLA.
