@@ -24,7 +24,7 @@ from .kernels import (
     norm_ops,
     vocab_parallel_loss,
 )
-from .parallel import DEFAULT_ORDER
+from .parallel import DEFAULT_ORDER, pipeline_chunks
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,7 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     add(Assumption("parallel.zero_stage", str(par.zero_stage), f"{COMMPLAN}: 0 (no optimizer sharding)"))
     add(Assumption("parallel.order", par.order, f"{COMMPLAN}: Megatron's {DEFAULT_ORDER}, fastest-varying first"))
     rows += _layout_rows(ctx, by)
+    rows += _split_and_data_rows(ctx)
     resolved = overlap.resolved(ctx)
     for name, source in SCHEMA_SOURCES.items():
         if _applies(name, ctx):
@@ -142,6 +143,59 @@ def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
     return rows
 
 
+def _split_and_data_rows(ctx: Context) -> list[Assumption]:
+    """The pipeline split as the planner resolved it, in Megatron's --pipeline-model-parallel-layout syntax
+    (whatever gave it: an even split, first/last stage layers, embedding/loss counted as layers, torch's split
+    points or a layout), the layers offloaded to the host, and the packed documents (issue 21)."""
+    par, work = ctx.par, ctx.work
+    rows: list[Assumption] = []
+    if par.pp > 1:
+        chunks = [c for rank in pipeline_chunks(par, ctx.model.num_layers, ctx.model.mtp_layers) for c in rank]
+        layout = layout_text(sorted(chunks, key=lambda c: c.index))
+        rows.append(Assumption("parallel.pipeline_layout", layout, _split_source(par)))
+    if work.training and work.activation_recompute == "none" and par.pp == 1:
+        offload = "Megatron --cpu-offloading-num-layers (0: none)"
+        rows.append(Assumption("workload.cpu_offloading_num_layers", str(work.cpu_offloading_num_layers), offload))
+    if work.training and work.document_lengths:
+        lengths = work.document_lengths
+        shown = ", ".join(map(str, lengths[:8])) + (f", ... ({len(lengths)} in all)" if len(lengths) > 8 else "")
+        rows.append(Assumption("workload.document_lengths", shown, f"{COMMPLAN}: one document a sequence"))
+        what = "none: every sequence packs document_lengths (Megatron's packing scheduler off)"
+        rows.append(Assumption("workload.document_packing", work.document_packing or "none", what))
+    return rows
+
+
+def _split_source(par) -> str:
+    """What split the layers over the virtual stages, the first of these the request sets (parallel.py
+    _stage_tokens reads them in this order)."""
+    given = (
+        (par.pipeline_split_points is not None, "torch pipeline_split_points (torch.distributed.pipelining)"),
+        (par.first_stage_layers is not None or par.last_stage_layers is not None,
+         "Megatron --decoder-first/last-pipeline-num-layers, each rank's layers split evenly over its chunks"),
+        (par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split,
+         "Megatron --account-for-embedding/loss-in-pipeline-split: an even split, embedding/loss counted as layers"),
+    )  # fmt: skip
+    found = next((what for hit, what in given if hit), None)
+    return found or "Megatron: num_layers / (pp·v) layers a virtual stage (get_transformer_layer_offset)"
+
+
+def layout_text(chunks) -> str:
+    """Chunks in model order as a --pipeline-model-parallel-layout string, a run of three or more alike chunks as
+    "(x|)*n": Llama 3 405B's "E|(t|)*125t|L"; planner/parallel.py parse_layout reads it back to the same chunks."""
+    names = [
+        "E" * c.embedding + ("t" if len(c.layers) == 1 else f"t*{len(c.layers)}" if c.layers else "")
+        + "m" * c.mtp + "L" * c.loss
+        for c in chunks
+    ]  # fmt: skip
+    runs: list[list] = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return "|".join("|".join([name] * n) if n <= 2 else f"({name}|)*{n - 1}{name}" for name, n in runs)
+
+
 def _model_rows(ctx: Context) -> list[Assumption]:
     """The model as the planner read it (a preset, the request's fields or a config.json): what the page shows
     to confirm an import was understood."""
@@ -158,13 +212,17 @@ def _model_rows(ctx: Context) -> list[Assumption]:
     ]
     if m.moe is not None:
         shape += [("moe.num_experts", m.moe.num_experts), ("moe.top_k", m.moe.top_k)]
+        shape += [("moe.expert_ffn_hidden_size", m.moe.expert_ffn_hidden_size)]
+        shape += [("moe.num_shared_experts", m.moe.num_shared_experts)] if m.moe.num_shared_experts else []
     if m.mla is not None:
-        shape.append(("mla.kv_lora_rank", m.mla.kv_lora_rank))
+        shape += [("mla.kv_lora_rank", m.mla.kv_lora_rank), ("mla.q_lora_rank", m.mla.q_lora_rank)]
     if m.sliding_window:
-        shape.append(("sliding_window", m.sliding_window))
+        every = m.full_attention_interval or "none (every layer slides)"
+        shape += [("sliding_window", m.sliding_window), ("full_attention_interval", every)]
     if m.mtp_layers:
         shape.append(("mtp_layers", m.mtp_layers))
-    return [Assumption(f"model.{name}", str(value), source) for name, value in shape]
+    switches = [(name, "on") for name in ("qk_norm", "attention_sinks") if getattr(m, name)]
+    return [Assumption(f"model.{name}", str(value), source) for name, value in shape + switches]
 
 
 def _training_rows(ctx: Context, by: str) -> list[Assumption]:

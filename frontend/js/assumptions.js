@@ -10,10 +10,10 @@ export function renderAssumptions(plan, request) {
   if (!rows.length) return;
   const given = (a) => get(request, a.field) !== undefined && get(request, a.field) !== null;
   // a model field the request leaves out comes from what it names: the preset or the pasted config.json
-  const origin = (a) => (given(a) ? "set" : !a.field.startsWith("model.") ? "default"
-    : request.model && request.model.hf_config ? "config.json" : "preset");
+  const model = request.model || {}, from = model.hf_config ? "config.json" : model.preset ? "preset" : "default";
+  const origin = (a) => (given(a) ? "set" : !a.field.startsWith("model.") ? "default" : from);
   const defaults = rows.filter((a) => origin(a) === "default").length;
-  $("assumptions-note").textContent = `${rows.length} settings, ${defaults} of them defaults this request left out; the model's from its ${request.model && request.model.hf_config ? "config.json" : "preset"}.`;
+  $("assumptions-note").textContent = `${rows.length} settings, ${defaults} of them defaults this request left out; the model's from ${model.hf_config ? "its config.json" : model.preset ? "its preset" : "its fields and the schema's defaults"}.`;
   $("assumptions-table").tBodies[0].replaceChildren(...rows.map((a) => el("tr", { className: given(a) ? "given" : "" },
     el("td", {}, el("code", {}, a.field)),
     el("td", {}, /^\d{4,}$/.test(a.value) ? Number(a.value).toLocaleString("en-US") : a.value),  // exact counts: 128,256

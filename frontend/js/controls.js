@@ -18,6 +18,9 @@ export function setNcclVersions(answer) { refill(NCCL_VERSIONS, answer.versions)
 export function setClusterChoices(answer) { refill(NETWORK_KINDS, answer.network_kinds); refill(CPU_VENDORS, answer.cpu_vendors); }
 // shared with the model's fields (model.js) and the Assumptions panel (assumptions.js)
 export const ON_OFF = [["true", "on"], ["false", "off"]];
+// an on/off select's value as the request's boolean; a value from a link that is neither is sent as it is, so the
+// server names it in its 422 (it was sent as false: "qk_norm": "rms" planned without QK-norm)
+export const onOff = (text) => (text === "true" ? true : text === "false" ? false : text);
 // [group, [path, label, kind, choices or placeholder, default text, when]]; kind: select | int | float | text |
 // list | modules. `when` hides a control unless the form's kind matches (data-when, form.js syncVisibility).
 // The cluster's fields (beyond the form's preset, nodes and override box) default to the preset's: after a plan
@@ -177,7 +180,7 @@ export function readControls(request, FormError) {
     else if (input.value.trim() === "") value = undefined;
     else if (c.kind === "int" || c.kind === "float" || c.path.startsWith("cluster.nccl_env.")) value = Number(input.value);
     else if (c.kind === "list") value = layerList(input.value, c.path, c.label, FormError);
-    else if (c.choices === ON_OFF) value = input.value === "true";
+    else if (c.choices === ON_OFF) value = onOff(input.value);
     else value = input.value.trim();
     if (value !== undefined) set(request, c.path, value);
   }
@@ -187,10 +190,18 @@ export function readControls(request, FormError) {
 export function fillControls(request) {
   for (const c of CONTROLS) {
     const input = $(c.id), v = get(request, c.path);
-    if (c.kind === "modules") { for (const o of input.options) o.selected = Array.isArray(v) && v.includes(o.value); continue; }
+    if (c.kind === "modules") { pickModules(input, v); continue; }
     fillInput(input, v);
   }
   countSet();
+}
+
+// a module list's choices from a request: a module the list does not offer (a link may name one) is added, as text,
+// and picked, so the server names it in its 422 (it was dropped, and the default modules were planned instead)
+function pickModules(input, v) {
+  const want = Array.isArray(v) ? v.map(String) : [];
+  for (const m of want) if (![...input.options].some((o) => o.value === m)) input.append(el("option", { value: m }, m));
+  for (const o of input.options) o.selected = want.includes(o.value);
 }
 
 // a list field's text as whole layer numbers, or a FormError naming the field
@@ -243,6 +254,9 @@ export function showResolvedDefaults(assumptions, cluster) {
     else if (c.kind !== "modules") input.placeholder = c.kind === "int" || c.kind === "float" ? `default: ${shown}` : `${c.choices} (default: ${shown})`;
     input.title = a ? `default: ${a.value}, ${a.source}` : `default: ${c.dflt}`;
   }
+  // the layout box (the form's own) shows the split the plan resolved, in its own syntax, when left blank
+  const split = byField["parallel.pipeline_layout"];
+  $("pipeline-layout").placeholder = split ? `planned: ${split.value}` : "E|(t|)*126,L";
 }
 
 function labelOf(c, value) {

@@ -2,7 +2,7 @@
 import { $, el, options } from "./dom.js";
 import { showActiveCalibration } from "./calibrate.js";
 import { buildControls, CONTROL_FIELDS, fillControls, readControls } from "./controls.js";
-import { buildModelFields, fillModelFields, MODEL_FIELDS, readModelFields } from "./model.js";
+import { buildModelFields, fillModelFields, MODEL_FIELDS, modelSource, readModelFields } from "./model.js";
 import { state } from "./state.js";
 
 export const SCENARIOS = [
@@ -68,10 +68,10 @@ export class FormError extends Error {
 }
 
 export function readForm() {
-  const model = {};
-  if ($("model-source-hf").checked) {
+  const model = {}, source = modelSource();
+  if (source === "hf") {
     try { model.hf_config = JSON.parse($("hf-config").value || "{}"); } catch (e) { throw new FormError("model.hf_config", `config.json is not valid JSON: ${e.message}`); }
-  } else model.preset = $("model-preset").value;
+  } else if (source === "preset") model.preset = $("model-preset").value;
   put(model, "seq_length", num("seq-length"));
   readModelFields(model, FormError);
   const workload = { kind: $("kind").value };
@@ -103,6 +103,17 @@ export function readForm() {
 
 const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
 
+// Megatron's layer names of a list-of-lists layout as its string's characters (planner/parallel.py LAYER_CHARS,
+// megatron/core/transformer/pipeline_parallel_layer_layout.py): [["embedding"], ["decoder", "loss"]] is "E|tL" (each
+// name was glued whole: "embedding|decoderloss"); a name it does not know stays as given, for the server's 422
+const LAYER_CHAR = { embedding: "E", decoder: "t", mtp: "m", loss: "L" };
+function layoutText(layout) {
+  if (typeof layout === "string") return layout;
+  if (!Array.isArray(layout)) return "";
+  const char = (x) => LAYER_CHAR[String(x).trim().toLowerCase()] || String(x).trim();
+  return layout.map((st) => (Array.isArray(st) ? st.map(char).join("") : "")).join("|");
+}
+
 // the constants a request is priced with (its cluster.calibration), or null: what a link or a loaded result carries
 export function calibrationOf(req) {
   const c = req && typeof req === "object" && req.cluster && typeof req.cluster === "object" ? req.cluster : {};
@@ -112,7 +123,9 @@ export function calibrationOf(req) {
 export function fillForm(req) {
   const obj = (v) => (v && typeof v === "object" ? v : {});
   const m = obj(req.model), w = obj(req.workload), p = obj(req.parallel), c = obj(req.cluster);
-  $("model-source-hf").checked = !!m.hf_config; $("model-source-preset").checked = !m.hf_config;
+  // a model block with neither a preset nor a config.json is the fields alone (an empty one keeps the preset)
+  const source = m.hf_config ? "hf" : m.preset || !Object.keys(m).some((k) => k !== "seq_length") ? "preset" : "fields";
+  for (const s of ["preset", "hf", "fields"]) $(`model-source-${s}`).checked = s === source;
   if (m.preset) setSelect("model-preset", m.preset);
   $("hf-config").value = m.hf_config ? JSON.stringify(m.hf_config, null, 1) : "";
   fillModelFields(m);
@@ -123,8 +136,7 @@ export function fillForm(req) {
   $("batch-size").value = str(w.batch_size, "64"); $("context-length").value = str(w.context_length);
   for (const [key, id, dflt] of [["tp", "tp", "1"], ["pp", "pp", "1"], ["dp", "dp", ""], ["cp", "cp", "1"], ["ep", "ep", "1"],
     ["virtual_pipeline_stages", "vpp", "1"], ["first_stage_layers", "first-layers", ""], ["last_stage_layers", "last-layers", ""]]) $(id).value = str(p[key], dflt);
-  $("pipeline-layout").value = typeof p.pipeline_layout === "string" ? p.pipeline_layout
-    : Array.isArray(p.pipeline_layout) ? p.pipeline_layout.map((st) => (Array.isArray(st) ? st.join("") : "")).join("|") : "";
+  $("pipeline-layout").value = layoutText(p.pipeline_layout);
   setSelect("zero", String(p.zero_stage ?? 0)); $("sp").checked = !!p.sequence_parallel;
   setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
   if (c.preset) setSelect("cluster-preset", c.preset);
@@ -170,28 +182,29 @@ export function switchCluster() {
 }
 
 export function syncVisibility() {
-  const values = { "model-source": $("model-source-hf").checked ? "hf" : "preset", kind: $("kind").value };
+  const source = modelSource(), values = { "model-source": source, kind: $("kind").value };
   for (const node of document.querySelectorAll("[data-when]")) {
     const [key, value] = node.dataset.when.split("=");
     node.hidden = values[key] !== value;
   }
   const model = state.presets.models[$("model-preset").value];
-  $("model-facts").textContent = model && !$("model-source-hf").checked
+  $("model-facts").textContent = model && source === "preset"
     ? `${model.num_layers} layers, hidden ${model.hidden_size}, ${model.num_attention_heads} heads / ${model.num_kv_heads || model.num_attention_heads} KV, `
       + `${(model.params_total / 1e9).toFixed(1)}B parameters${model.moe ? ` (${(model.params_active / 1e9).toFixed(1)}B active)` : ""}`
-    : $("model-source-hf").checked ? hfFacts() : "";
+    : source === "hf" ? readFacts("config.json") : source === "fields" ? readFacts("the fields") : "";
   const cluster = state.presets.clusters[$("cluster-preset").value], per = devicesPerNode(), nodes = num("nodes") || 1;
   $("cluster-facts").textContent = cluster ? `${per} device${per > 1 ? "s" : ""} per node${cluster.device ? ` (${cluster.device})` : ""} × `
     + `${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} = ${(per * nodes).toLocaleString("en-US")} devices` : "";
 }
 
-// what the server read from the pasted config.json (the plan's model.* assumptions, planner/assumptions.py)
-function hfFacts() {
+// what the server read from the pasted config.json or the fields alone (the plan's model.* assumptions,
+// planner/assumptions.py)
+function readFacts(what) {
   const plan = state.plan, rows = plan && plan.assumptions;
-  if (!rows || !state.request || !state.request.model.hf_config) return "Read when planned: layers, width and parameters appear here.";
+  if (!rows || !state.request || state.request.model.preset) return "Read when planned: layers, width and parameters appear here.";
   const v = Object.fromEntries(rows.filter((a) => a.field.startsWith("model.")).map((a) => [a.field.slice(6), a.value]));
   const n = (x) => Number(x).toLocaleString("en-US");
-  return `Read from config.json: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
+  return `Read from ${what}: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
     + `FFN ${n(v.ffn_hidden_size)}, vocabulary ${n(v.vocab_size)}${v["moe.num_experts"] ? `, ${n(v["moe.num_experts"])} experts (top ${n(v["moe.top_k"])})` : ""}, `
     + `${(plan.params_total / 1e9).toFixed(2)}B parameters.`;
 }

@@ -2,12 +2,13 @@
 // sends a field only when it is typed in, so a blank field is the base model's value, shown as the placeholder.
 // Names as in app/schemas/plan.py ModelIn; moe.* and mla.* are whole blocks there (MoEIn, MLAIn: a block given
 // replaces the base model's), so an edited block is sent whole, the base model's values filling what is not
-// typed. Over a config.json the page does not know the base's blocks: an edited block then needs its required
-// fields typed (the server's 422 names the missing one).
+// typed; a block a request brings (a link, a scenario) is read back as it came (wholeBlocks). Over a config.json or
+// the fields alone the page does not know the base's blocks: an edited block then needs its required fields typed
+// (the server's 422 names the missing one).
 // A field whose null means something (the rows with a fifth entry: app/convert.py NULLABLE, or a field inside a
 // block, which is sent whole) has a "none" box: ticked, the request sends null, clearing the preset's value (GPT-OSS
 // without its sliding window or YaRN). The MoE and MLA blocks have one each: the model without experts or MLA.
-import { fillInput, get, layerList, ON_OFF, showSetCount } from "./controls.js";
+import { fillInput, get, layerList, ON_OFF, onOff, showSetCount } from "./controls.js";
 import { $, el } from "./dom.js";
 import { state } from "./state.js";
 
@@ -66,9 +67,11 @@ export const MODEL_FIELDS = Object.fromEntries([
   ...BLOCKS.map((b) => [`model.${b}`, idOf(MODEL_ROWS.find(([p]) => p.startsWith(`${b}.`))[0])]),
 ]);
 
-const fromHf = () => $("model-source-hf").checked;
-// the model the fields edit: the preset's as GET /v1/presets/models gives it; null over a config.json
-const base = () => (fromHf() ? null : state.presets.models[$("model-preset").value] || null);
+// where the model comes from: a preset, a pasted config.json, or the fields alone (no preset: the fields typed are the
+// whole model block, the schema's defaults for the rest, as a request body's model block without a preset)
+export const modelSource = () => ($("model-source-hf").checked ? "hf" : $("model-source-fields").checked ? "fields" : "preset");
+// the model the fields edit: the preset's as GET /v1/presets/models gives it; null over a config.json or alone
+const base = () => (modelSource() !== "preset" ? null : state.presets.models[$("model-preset").value] || null);
 
 // the inputs, under the model's facts (index.html's Model fieldset), once the presets are known
 export function buildModelFields() {
@@ -99,11 +102,17 @@ export function buildModelFields() {
   $("model-fields").addEventListener("change", (e) => { if (e.target.id.endsWith("-none")) { syncNone(); countModelFields(); } });
   // another preset is another base: the edits made over the last one go
   $("model-preset").addEventListener("change", () => { clearModelFields(); showModelDefaults(); });
-  for (const id of ["model-source-preset", "model-source-hf"]) $(id).addEventListener("change", showModelDefaults);
+  for (const id of ["model-source-preset", "model-source-hf", "model-source-fields"]) $(id).addEventListener("change", showModelDefaults);
   showModelDefaults();
 }
 
+// The blocks a request put in the form whole (a link, a scenario, a search hit): read back as they came, the fields
+// they leave out the schema's defaults as the API takes them, not the preset's (a link's DeepSeek-V3 moe block
+// without expert_bias planned the preset's expert bias on the page). A block typed over a preset merges with its.
+const wholeBlocks = new Set();
+
 function clearModelFields() {
+  wholeBlocks.clear();
   for (const [path] of MODEL_ROWS) { $(idOf(path)).value = ""; if (noneOf(path)) noneOf(path).checked = false; }
   for (const b of BLOCKS) $(`m-${b}-none`).checked = false;
   syncNone(); countModelFields();
@@ -128,7 +137,7 @@ export function showModelDefaults() {
   const m = base();
   for (const [path, , kind, , none = "none"] of MODEL_ROWS) {
     const input = $(idOf(path)), v = m ? get(m, path) : undefined;
-    const shown = m === null ? "config.json's" : v === undefined || v === null || (Array.isArray(v) && !v.length) ? none
+    const shown = wholeBlocks.has(path.split(".")[0]) ? "the schema's default" : m === null ? (modelSource() === "hf" ? "config.json's" : "the schema's default") : v === undefined || v === null || (Array.isArray(v) && !v.length) ? none
       : kind === "bool" ? (v ? "on" : "off") : Array.isArray(v) ? v.join(",") : String(v);
     if (input.tagName === "SELECT") input.options[0].textContent = `default (${shown})`;
     else input.placeholder = shown;
@@ -149,21 +158,25 @@ export function readModelFields(model, FormError) {
     if (dropped.includes(head)) continue;
     const text = $(idOf(path)).value.trim(), none = noneOf(path) && noneOf(path).checked;
     if (text === "" && !none) continue;
-    const value = none ? null : kind === "bool" ? text === "true" : Array.isArray(kind) ? text : kind === "list" ? layerList(text, `model.${path}`, label, FormError) : Number(text);
+    const value = none ? null : kind === "bool" ? onOff(text) : Array.isArray(kind) ? text : kind === "list" ? layerList(text, `model.${path}`, label, FormError) : Number(text);
     if (!none && kind === "int" && !Number.isInteger(value)) throw new FormError(`model.${path}`, `${label}: a whole number, got "${text}"`);
     if (!none && kind === "float" && !Number.isFinite(value)) throw new FormError(`model.${path}`, `${label}: a number, got "${text}"`);
     if (key === undefined) model[head] = value;
     else (blocks[head] ||= {})[key] = value;
   }
   const m = base();
-  for (const [name, edits] of Object.entries(blocks)) model[name] = { ...((m && m[name]) || {}), ...edits };
+  for (const [name, edits] of Object.entries(blocks)) model[name] = { ...((!wholeBlocks.has(name) && m && m[name]) || {}), ...edits };
   for (const b of dropped) model[b] = null;
   return model;
 }
 
 // a request's model fields into the inputs (a link, a scenario, a search hit)
 export function fillModelFields(m) {
-  for (const b of BLOCKS) $(`m-${b}-none`).checked = m[b] === null;  // an explicit null, not an absent block
+  wholeBlocks.clear();
+  for (const b of BLOCKS) {
+    $(`m-${b}-none`).checked = m[b] === null;  // an explicit null, not an absent block
+    if (m[b] && typeof m[b] === "object") wholeBlocks.add(b);
+  }
   for (const [path] of MODEL_ROWS) {
     const v = get(m, path), box = noneOf(path);
     if (box) box.checked = v === null;  // get() gives undefined under a null block

@@ -108,3 +108,60 @@ def test_gradient_accumulation_fusion_is_an_assumption(api):
     assert _rows(api, LLAMA70B)["workload.cross_entropy_fusion"]["value"] == "off"
     request["workload"]["cross_entropy_fusion"] = True
     assert _rows(api, request)["workload.cross_entropy_fusion"]["value"] == "on"
+
+
+SMALL_PP4 = {  # Llama-3 8B on one DGX H100, PP4 DP2, m = 16 / 2 = 8
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16},
+    "parallel": {"tp": 1, "pp": 4, "dp": 2},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    "options": {"timeline": False},
+}
+
+
+def _with(part: str, **fields) -> dict:
+    request = copy.deepcopy(SMALL_PP4)
+    request[part] |= fields
+    return request
+
+
+def test_the_pipeline_split_is_said_as_megatrons_layout_and_reads_back(api):
+    """Issue 21: the split as the planner resolved it, whatever gave it, in --pipeline-model-parallel-layout
+    syntax. First/last stage layers 6 over 2 chunks a rank: 3 a chunk on ranks 0 and 3, (32 - 12) / 2 / 2 = 5 on
+    ranks 1 and 2, chunk k on rank k % 4; the string planned as pipeline_layout gives the same stages."""
+    uneven = _with("parallel", pipeline_schedule="interleaved", virtual_pipeline_stages=2, first_stage_layers=6,
+                   last_stage_layers=6)  # fmt: skip
+    row = _rows(api, uneven)["parallel.pipeline_layout"]
+    assert row["value"] == "Et*3|t*5|t*5|t*3|t*3|t*5|t*5|t*3L"
+    assert "--decoder-first/last-pipeline-num-layers" in row["source"]
+    again = _with("parallel", pipeline_schedule="interleaved", pipeline_layout=row["value"])
+    stages = [api.post("/v1/plan", json=r).json()["memory"]["per_stage"] for r in (uneven, again)]
+    assert [s["param_count"] for s in stages[0]] == [s["param_count"] for s in stages[1]]
+    even = _rows(api, SMALL_PP4)["parallel.pipeline_layout"]
+    assert even["value"] == "Et*8|t*8|t*8|t*8L" and "num_layers / (pp·v)" in even["source"]
+    split = _rows(api, _with("parallel", framework="torch", pipeline_split_points=[7, 16, 25]))
+    assert split["parallel.pipeline_layout"]["value"] == "Et*7|t*9|t*9|t*7L"
+    assert "parallel.pipeline_layout" not in _rows(api, _with("parallel", pp=1, dp=8))
+
+
+def test_issue21_model_and_workload_settings_are_said(api):
+    """The rows the page's Assumptions panel lists for issue 21's models and workload fields, as resolved."""
+    oss = _rows(api, {"model": {"preset": "gpt-oss-20b"}, "workload": {"global_batch_size": 16},
+                      "cluster": {"preset": "dgx-h100", "num_nodes": 2}})  # fmt: skip
+    said = {f: oss[f"model.{f}"]["value"] for f in ("sliding_window", "full_attention_interval", "attention_sinks")}
+    assert said == {"sliding_window": "128", "full_attention_interval": "2", "attention_sinks": "on"}
+    assert oss["model.moe.expert_ffn_hidden_size"]["value"] == "2880" and "model.qk_norm" not in oss
+    qwen = _rows(api, {"model": {"preset": "qwen3-30b-a3b"}, "workload": {"global_batch_size": 16},
+                       "parallel": {"ep": 16}, "cluster": {"preset": "dgx-h100", "num_nodes": 2}})  # fmt: skip
+    assert qwen["model.qk_norm"]["value"] == "on" and "model.moe.num_shared_experts" not in qwen
+    v3 = _rows(api, {"model": {"preset": "deepseek-v3"}, "workload": {"global_batch_size": 64},
+                     "parallel": {"ep": 16, "dp": 16}, "cluster": {"preset": "dgx-h100", "num_nodes": 2}})  # fmt: skip
+    assert (v3["model.mla.q_lora_rank"]["value"], v3["model.moe.num_shared_experts"]["value"]) == ("1536", "1")
+    flat = _with("parallel", pp=1, dp=8)
+    flat["workload"] |= {"global_batch_size": 8, "cpu_offloading_num_layers": 16}
+    assert _rows(api, flat)["workload.cpu_offloading_num_layers"]["value"] == "16"
+    flat["workload"] = {"kind": "training", "global_batch_size": 8, "seq_length": 8192,
+                        "document_lengths": [4096, 2048, 2048]}  # fmt: skip
+    docs = _rows(api, flat)
+    assert (docs["workload.document_lengths"]["value"], docs["workload.document_packing"]["value"]) == (
+        "4096, 2048, 2048", "none")  # fmt: skip
