@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from .test_page import browser, open_page, page, url_state  # noqa: F401  (the page tests' browser and helpers)
+from .test_page import browser, open_page, page, url_state, wait_until  # noqa: F401  (the page tests' browser and helpers)
 
 pytestmark = pytest.mark.browser
 H200 = Path(__file__).resolve().parents[1] / "reference" / "kernels" / "h200"
@@ -43,7 +43,7 @@ def test_a_profiler_trace_calibrates_on_the_page_then_plans(page):  # noqa: F811
     expect(page.locator("#calib-active")).to_contain_text("kernels.clock 0.963", timeout=20_000)
     kernels = page.evaluate("window.commplan.state.request.cluster.calibration.kernels")
     assert kernels["clock"] == pytest.approx(0.9627) and kernels["hbm"] == 0.95
-    page.wait_for_function(f"window.commplan.state.plan && window.commplan.state.plan.step.compute_s < {before}")
+    wait_until(page, f"window.commplan.state.plan && window.commplan.state.plan.step.compute_s < {before}")
     after = page.evaluate("window.commplan.state.plan.step.compute_s")
     assert after / before == pytest.approx(0.882, abs=0.01)  # as POST /v1/plan with the returned cluster
 
@@ -72,10 +72,6 @@ def test_a_host_bound_trace_gives_the_host_cost_per_launch_on_the_page(page):  #
     expect(page.locator("#calib-active")).to_contain_text("kernels.host_launch_s 32.6 µs", timeout=20_000)
     kernels = page.evaluate("window.commplan.state.request.cluster.calibration.kernels")
     assert kernels == {"host_launch_s": 32.565e-6}
-    after = before
-    for _ in range(100):  # the page's CSP refuses wait_for_function's string predicate while it polls
-        after = page.evaluate("window.commplan.state.plan ? window.commplan.state.plan.step.compute_s : null")
-        if after is not None and after < before:
-            break
-        page.wait_for_timeout(200)
+    wait_until(page, f"window.commplan.state.plan && window.commplan.state.plan.step.compute_s < {before}")
+    after = page.evaluate("window.commplan.state.plan.step.compute_s")
     assert after / before == pytest.approx(2.443 / 2.693, abs=0.005)  # as POST /v1/plan with the returned cluster

@@ -95,6 +95,20 @@ def open_page(page, url=""):
     expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=10_000)
 
 
+def wait_until(page, predicate: str, arg=None, timeout: float = 20_000):
+    """Poll ``predicate`` (a JS expression or function, with ``arg``) every 100 ms until it is truthy; its last value.
+    Not page.wait_for_function: its polling builds the predicate with new Function inside the page, which the page's
+    CSP (no 'unsafe-eval') refuses whenever the first try is false (a slow plan under load); page.evaluate is not
+    subject to the CSP."""
+    deadline = time.monotonic() + timeout / 1000
+    while True:
+        value = page.evaluate(predicate, arg)
+        if value or time.monotonic() > deadline:
+            assert value, f"still false after {timeout / 1000:.0f} s: {predicate}"
+            return value
+        page.wait_for_timeout(100)
+
+
 def shot(page, name):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -1134,7 +1148,8 @@ def test_every_scenario_fits_as_shipped(page):
             "(id) => import('/static/js/form.js').then((m) => m.SCENARIOS.find((s) => s.id === id).request)", sid
         )
         # the plan on show is this scenario's: its request's parallel block, answered and not stale
-        page.wait_for_function(
+        wait_until(
+            page,
             "([want]) => { const s = window.commplan.state; return !s.stale && s.plan && s.request"
             " && JSON.stringify(s.request.parallel) === JSON.stringify({...s.request.parallel, ...want.parallel})"
             " && s.request.model.preset === want.model.preset; }",
@@ -1308,7 +1323,8 @@ def test_network_kind_and_cpu_vendor_selects_are_the_servers_lists(page):
     page.select_option("#f-network-kind", "roce")
     page.select_option("#f-cpu-vendor", "amd")
     expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=20_000)
-    page.wait_for_function(
+    wait_until(
+        page,
         "() => { const c = window.commplan.state.plan && window.commplan.state.plan.cluster;"
         " return c && c.network.kind === 'roce' && c.cpu_vendor === 'amd'; }",
         timeout=20_000,
@@ -1708,7 +1724,7 @@ def test_a_phone_sees_the_answer_without_scrolling_past_the_form(make_page):
     top = "document.getElementById('results').getBoundingClientRect().top"
     assert page.evaluate(top) > PHONE["height"]  # the results start below the first screen
     page.click("#see-result-go")
-    page.wait_for_function(f"Math.abs({top}) < 2", timeout=5_000)
+    wait_until(page, f"Math.abs({top}) < 2", timeout=5_000)
     wide = make_page(WIDE)
     open_page(wide)
     expect(wide.locator("#see-result")).to_be_hidden()
