@@ -159,7 +159,7 @@ def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
     validate_serving(traffic, pools, options)
     if cluster.gpu is None:
         raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
-    check_weight_format(options.weight_dtype, cluster.gpu, model)
+    check_weight_format(options.weight_dtype, cluster.gpu, model, options.fp8_recipe)
     used = sum(p.gpus for p in pools)
     if used > cluster.num_devices:
         raise SpecError(
@@ -301,11 +301,16 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
     )
 
 
-def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None) -> None:
+def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None, fp8_recipe: str | None = None) -> None:
     """A block-scaled weight format runs its GEMMs on the tensor cores that have it: the recipe's compute capability
     (nvfp4: 10.0, Blackwell; recipes.py RECIPES, TransformerEngine _compute_nvfp4_support). A weight-only format
     (no recipe: MXFP4) needs the engines' own minimum (MXFP4_MIN_SM) and, storing only the MoE experts so, a model
-    with experts."""
+    with experts. fp8 weights run their GEMMs under options.fp8_recipe (_gemm_recipe), checked here at that field:
+    the plan's own check named workload.fp8_recipe, a field no serving request has (hostile10: fp8 weights on an
+    A100, blockwise by default, sm 9.0)."""
+    if dtype == "fp8":
+        check_recipe_gpu(fp8_recipe, gpu, "options.fp8_recipe", f"fp8 weights under fp8_recipe {fp8_recipe!r} need",
+                         ": use bf16 weights, or a recipe the GPU has")  # fmt: skip
     if dtype not in WEIGHT_FORMAT_BYTES:
         return
     recipe = WEIGHT_FORMAT_RECIPE[dtype]

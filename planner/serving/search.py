@@ -140,7 +140,7 @@ def _checked_request(model, cluster, traffic, engines, modes, options) -> dict[s
     validate_traffic(traffic)
     validate_options(options)
     if cluster.gpu is not None:
-        check_weight_format(options.weight_dtype, cluster.gpu, model)
+        check_weight_format(options.weight_dtype, cluster.gpu, model, options.fp8_recipe)
     for m in modes:
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
