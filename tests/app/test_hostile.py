@@ -826,7 +826,9 @@ def test_the_least_peak_answers_finite_times(api):
     assert r.json()["step"]["time_s"] > 1e6
 
 
-HOSTILE_STEP = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([5e-324, -0.0, -1e-300, 1.0000001, 2.0000001])
+HOSTILE_STEP = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
+    [5e-324, -0.0, -1e-300, 1.0000001, 2.0000001]
+)
 
 
 @hypothesis.settings(max_examples=300, deadline=None)
