@@ -24,6 +24,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from collectives.topology import PRESETS, cluster_preset
 from planner import MODEL_PRESETS
 from planner.invariants import MFU_CEILING
 from planner.kernels import causal_keys, square_keys
@@ -32,40 +33,9 @@ REF = Path(__file__).resolve().parents[1] / "reference"
 SAMPLED = json.loads(gzip.decompress((REF / "traces" / "hta_sampled_rank-0.json.gz").read_bytes()))
 LOGS = [p.read_text() for p in sorted((REF / "nccl_logs").glob("*.txt"))[:4]]
 
-# model presets: layers, kv heads, routed experts (planner/presets.py; test_every_preset_is_drawn checks the list)
-MODELS = {
-    "llama3-8b": (32, 8, 0),
-    "llama3-70b": (80, 8, 0),
-    "llama3-405b": (126, 8, 0),
-    "mixtral-8x7b": (32, 8, 8),
-    "mixtral-8x22b": (56, 8, 8),
-    "deepseek-v3": (61, 128, 256),
-    "qwen3-30b-a3b": (48, 4, 128),
-    "qwen3-235b-a22b": (94, 4, 128),
-    "gpt-oss-120b": (36, 8, 128),
-    "gpt-oss-20b": (24, 8, 32),
-    "qwen2-57b-a14b": (28, 4, 64),
-    "gpt3-175b": (96, 96, 0),
-}
-CLUSTERS = {  # devices per node (collectives/topology PRESETS)
-    "dgx-a100": 8,
-    "dgx-h100": 8,
-    "dgx-h200": 8,
-    "dgx-b200": 8,
-    "hgx-h20": 8,
-    "hgx-h800": 8,
-    "aws-p5": 8,
-    "gcp-a3-mega": 8,
-    "gcp-a3-high": 8,
-    "gh200": 1,
-    "dgx-b300": 8,
-    "gb300-nvl72": 72,
-    "azure-nd-h100-v5": 8,
-    "gb200-nvl72": 72,
-    "npu-mesh-8": 8,
-    "tpu-torus": 1,
-    "pcie-server": 8,
-}
+# layers, kv heads, routed experts of every model preset; devices per node of every cluster preset
+MODELS = {n: (m.num_layers, m.kv_heads, m.moe.num_experts if m.moe else 0) for n, m in MODEL_PRESETS.items()}
+CLUSTERS = {name: cluster_preset(name).devices_per_node for name in PRESETS}
 BLACKWELL = {"dgx-b200", "dgx-b300", "gb300-nvl72", "gb200-nvl72"}
 SCHEDULES = ["1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev"]
 MODULES = ["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
@@ -127,10 +97,10 @@ def _divisors(n: int, cands) -> list[int]:
     return [c for c in cands if n % c == 0] or [1]
 
 
-def _cluster(pick: Picker, big: bool) -> tuple[dict, int]:
+def _cluster(pick: Picker) -> tuple[dict, int]:
     name = pick(CLUSTERS)
     per = CLUSTERS[name]
-    nodes = pick([1, 2, 4, 8, 16] + ([2048, 16384] if big else []))
+    nodes = pick([1, 2, 4, 8, 16] * 3 + [2048, 16384])  # one in 8.5 at scale: 16,384 GPUs and 131,072
     nodes = pick([1, 2]) if per == 72 else pick([8, 16]) if per == 1 else nodes
     cluster = {"preset": name, "num_nodes": nodes}
     network = pick(NETWORKS) if per == 8 and nodes <= 16 else None
@@ -195,7 +165,7 @@ def _pipeline(pick: Picker, par: dict, layers: int, pp: int) -> None:
             par["virtual_pipeline_stages"] = 2
 
 
-def plan_body(pick: Picker, big: bool = False) -> dict:
+def plan_body(pick: Picker) -> dict:
     """A /v1/plan request, coherent enough that about half are answered (the rest: 422s naming a rule)."""
     name = pick(MODELS)
     layers, kv, experts = MODELS[name]
@@ -204,7 +174,7 @@ def plan_body(pick: Picker, big: bool = False) -> dict:
         model["mtp_layers"] = pick([1, 2])
     if pick.coin(6):
         model["sliding_window"] = pick([1, 128, 4096])
-    cluster, devices = _cluster(pick, big)
+    cluster, devices = _cluster(pick)
     tp = pick(_divisors(min(kv, devices), [1, 2, 4, 8]))
     cp = pick([1, 1, 2, 4]) if devices % (2 * tp) == 0 else 1
     pp = pick(_divisors(devices // (tp * cp), [1, 1, 2, 4, 8]))
@@ -437,39 +407,12 @@ def check_serve(answer: dict, body) -> None:
 # ---- the fuzzers ---------------------------------------------------------------------------------------------
 
 
-def test_every_preset_is_drawn():
-    """The tables above are the presets' own: a new preset must be added here to be fuzzed."""
-    from collectives.topology import PRESETS
-
-    assert set(MODELS) == set(MODEL_PRESETS) and set(CLUSTERS) == set(PRESETS)
-    for name, (layers, kv, experts) in MODELS.items():
-        spec = MODEL_PRESETS[name]
-        assert (spec.num_layers, spec.kv_heads, spec.moe.num_experts if spec.moe else 0) == (layers, kv, experts)
-
-
-@fuzz(200)
+@pytest.mark.parametrize("make", [plan_body, custom_plan_body])
+@fuzz(130)
 @hypothesis.given(data=st.data())
-def test_plans_of_combined_fields_make_sense(api, data):
-    body = plan_body(Picker(data))
-    answer = check_answer(api.post("/v1/plan", json=body), body)
-    if answer is not None:
-        check_plan(answer, body)
-
-
-@fuzz(25)
-@hypothesis.given(data=st.data())
-def test_plans_at_scale_make_sense(api, data):
-    """2,048 and 16,384 nodes (131,072 GPUs) among the presets, answered within the service's budgets."""
-    body = plan_body(Picker(data), big=True)
-    answer = check_answer(api.post("/v1/plan", json=body, params={"summary": "true"}), body)
-    if answer is not None:
-        check_plan(answer, body)
-
-
-@fuzz(60)
-@hypothesis.given(data=st.data())
-def test_plans_on_custom_clusters_make_sense(api, data):
-    body = custom_plan_body(Picker(data))
+def test_plans_of_combined_fields_make_sense(api, make, data):
+    """plan_body: every preset, at scale one time in 8.5; custom_plan_body: clusters given field by field."""
+    body = make(Picker(data))
     answer = check_answer(api.post("/v1/plan", json=body), body)
     if answer is not None:
         check_plan(answer, body)
