@@ -397,6 +397,12 @@ def check_plan(plan: dict, body) -> None:
         assert stage["peak_bytes"] >= held > 0, (stage, body)
 
 
+def post_and_check(api, path: str, body: dict, check) -> None:
+    answer = check_answer(api.post(path, json=body), body)
+    if answer is not None:
+        check(answer, body)
+
+
 def check_serve(answer: dict, body) -> None:
     assert answer["tpot_s"] > 0 and answer["gpus"] >= 1, (answer["tpot_s"], body)
     assert answer["ttft_s"] is None or answer["ttft_s"] > 0, body
@@ -412,10 +418,7 @@ def check_serve(answer: dict, body) -> None:
 @hypothesis.given(data=st.data())
 def test_plans_of_combined_fields_make_sense(api, make, data):
     """plan_body: every preset, at scale one time in 8.5; custom_plan_body: clusters given field by field."""
-    body = make(Picker(data))
-    answer = check_answer(api.post("/v1/plan", json=body), body)
-    if answer is not None:
-        check_plan(answer, body)
+    post_and_check(api, "/v1/plan", make(Picker(data)), check_plan)
 
 
 @fuzz(12)
@@ -435,10 +438,7 @@ def test_batches_of_combined_plans_answer_item_by_item(api, data):
 @fuzz(120)
 @hypothesis.given(data=st.data())
 def test_serving_deployments_make_sense(api, data):
-    body = serve_body(Picker(data))
-    answer = check_answer(api.post("/v1/serve", json=body), body)
-    if answer is not None:
-        check_serve(answer, body)
+    post_and_check(api, "/v1/serve", serve_body(Picker(data)), check_serve)
 
 
 @fuzz(8)
