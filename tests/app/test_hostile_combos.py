@@ -140,6 +140,8 @@ def _training(pick: Picker, cluster: dict, layers: int, pp: int, dp: int, seq, e
             work["document_packing"] = "dp_balanced"
     if experts and pick.coin(10):
         work["activation_func_fp8_input_store"] = True
+    if experts and pick.coin(5):
+        work["moe_dispatch_dtype"] = "fp8"
     return work
 
 
@@ -597,3 +599,18 @@ def test_a_long_prefill_on_an_a100_answers_an_mfu_above_one_and_says_why(api):
     assert "262,144 keys" in said and "twice" in said
     short = api.post("/v1/plan", json=body | {"workload": body["workload"] | {"context_length": 8192}}).json()
     assert short["step"]["mfu"] < 1 and not any("above 100%" in w for w in short["warnings"])
+
+
+def test_deepep_legs_of_fp8_rows_split_evenly_over_their_ranks(api):
+    """vLLM, GPT-OSS 20B with fp8 weights, DeepEP over dp 4 x tp 2 = ep 8: three dispatched rows of 2,972 B (2,880
+    fp8 elements and 23 fp32 scales) made an 8,916 B NVLink leg that no all-to-all schedule splits over 8 ranks, a
+    422 at body.algorithm (no such field). Each leg's send buffer is in equal blocks (ledger.equal_blocks)."""
+    body = {"model": {"preset": "gpt-oss-20b"}, "cluster": {"preset": "dgx-h100", "num_nodes": 2}, "engine": "vllm",
+            "deployment": {"pools": [{"tp": 2, "dp": 4, "ep": 8, "attention_dp": True, "ep_dispatch": "deepep"}]},
+            "traffic": {"input_tokens": 4096, "output_tokens": 512, "concurrency": 256},
+            "options": {"weight_dtype": "fp8"}}  # fmt: skip
+    r = api.post("/v1/serve", json=body)
+    assert r.status_code == 200, r.text
+    legs = [c for pool in r.json()["pools"] for c in pool["calls"] + pool["prefill_calls"] if c["op"] == "alltoall"]
+    assert legs and all(c["message_bytes"] % c["group_size"] == 0 for c in legs)
+    assert any(c["name"] == "ep.dispatch.nvlink" and c["dtype"] == "fp8" for c in legs)
