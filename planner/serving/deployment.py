@@ -43,6 +43,7 @@ from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
 from ..recipes import check_recipe_gpu
 from ..rules.engine_step import dp_sync
+from ..words import sig3
 from ..workload import (
     DTYPE_BYTES,
     EXPERT_WEIGHT_FORMATS,
@@ -515,8 +516,9 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
         bottleneck = "prefill" if rate * share > 0.5 else "concurrency" if per_worker < max_conc else "decode"
     if tpot is None:
         warnings.append(
-            f"saturated: {traffic.request_rate:g} requests/s need {traffic.request_rate * share / pool.workers:.2f} "
-            f"of each worker's time for prefill alone; TTFT grows without bound"
+            f"saturated: {sig3(traffic.request_rate)} requests/s need "
+            f"{sig3(traffic.request_rate * share / pool.workers)} of each worker's time for prefill alone; TTFT grows "
+            f"without bound"
         )
         tpot = t_d / tps
     total_rate = rate * pool.workers
@@ -547,7 +549,8 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     if traffic.request_rate is not None:
         rate = traffic.request_rate
         if rate > r_d:
-            warnings.append(f"the decode pool serves at most {r_d:.3g} requests/s at batch {batch}; asked {rate:g}")
+            served = f"the decode pool serves at most {sig3(r_d)} requests/s"
+            warnings.append(f"{served} at batch {batch}; asked {sig3(rate)}")
     else:
         rate = min(r_p, r_d)
         if r_p < r_d:  # prefill-bound: the decode pool holds only what the prefill pool feeds it (Little's law)
@@ -571,7 +574,7 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     else:
         ttft = None
         warnings.append(
-            f"saturated: the prefill pool serves at most {r_p:.3g} requests/s ({p_pool.workers} workers x {n_pre} "
+            f"saturated: the prefill pool serves at most {sig3(r_p)} requests/s ({p_pool.workers} workers x {n_pre} "
             f"prompts per {t_p * 1e3:.1f} ms); TTFT grows without bound"
         )
     results = [
@@ -652,7 +655,7 @@ def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warni
         b = new
     if rate * (t_p + osl * decode(b).step.time_s / tps) > cap:
         warnings.append(
-            f"{traffic.request_rate:g} requests/s need more sequences per worker than its KV cache "
+            f"{sig3(traffic.request_rate)} requests/s need more sequences per worker than its KV cache "
             f"holds ({max_conc}): the decode pool is saturated"
         )
     return b, decode(b)

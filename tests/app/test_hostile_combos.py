@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 from pathlib import Path
 
 import hypothesis
@@ -380,6 +381,7 @@ def check_answer(response, body) -> dict | None:
 def check_plan(plan: dict, body) -> None:
     """A plan's own figures agree: the step holds its compute and every timeline event, MFU is within its bound
     and said when above 1, a stage's peak memory holds its parameters, gradients and optimizer states."""
+    check_words(plan, body)
     step = plan["step"]
     if step:
         total = step["time_s"]
@@ -405,7 +407,16 @@ def post_and_check(api, path: str, body: dict, check) -> None:
         check(answer, body)
 
 
+SCIENTIFIC = re.compile(r"\d[eE][+-]?\d")  # 1e+06, 3.3e+04: people read human numbers (planner/words.py)
+
+
+def check_words(answer: dict, body) -> None:
+    said = [w for w in answer["warnings"] if SCIENTIFIC.search(w)]
+    assert not said, (said, body)
+
+
 def check_serve(answer: dict, body) -> None:
+    check_words(answer, body)
     assert answer["tpot_s"] > 0 and answer["gpus"] >= 1, (answer["tpot_s"], body)
     assert answer["ttft_s"] is None or answer["ttft_s"] > 0, body
     for pool in answer["pools"]:
@@ -614,3 +625,16 @@ def test_deepep_legs_of_fp8_rows_split_evenly_over_their_ranks(api):
     legs = [c for pool in r.json()["pools"] for c in pool["calls"] + pool["prefill_calls"] if c["op"] == "alltoall"]
     assert legs and all(c["message_bytes"] % c["group_size"] == 0 for c in legs)
     assert any(c["name"] == "ep.dispatch.nvlink" and c["dtype"] == "fp8" for c in legs)
+
+
+def test_serving_warnings_write_rates_as_people_read_them(api):
+    """DeepSeek-V3 on 32 H200 at a million requests a second: the warnings said "1e+06 requests/s" and "at most
+    3.3e+04 requests/s"; they write 1000000 and 33000 (planner/words.py sig3: never scientific notation)."""
+    body = {"model": {"preset": "deepseek-v3"}, "cluster": {"preset": "dgx-h200", "num_nodes": 4}, "engine": "sglang",
+            "deployment": {"pools": [{"role": "prefill", "tp": 8, "ep": 8},
+                                     {"role": "decode", "workers": 2, "dp": 8, "ep": 8, "attention_dp": True}]},
+            "traffic": {"input_tokens": 1, "output_tokens": 1, "request_rate": 1e6},
+            "options": {"weight_dtype": "fp8"}}  # fmt: skip
+    warnings = api.post("/v1/serve", json=body).json()["warnings"]
+    assert any(w.startswith("1000000 requests/s need more sequences") for w in warnings), warnings
+    assert any("asked 1000000" in w for w in warnings) and not any(SCIENTIFIC.search(w) for w in warnings)
