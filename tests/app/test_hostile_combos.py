@@ -638,3 +638,17 @@ def test_serving_warnings_write_rates_as_people_read_them(api):
     warnings = api.post("/v1/serve", json=body).json()["warnings"]
     assert any(w.startswith("1000000 requests/s need more sequences") for w in warnings), warnings
     assert any("asked 1000000" in w for w in warnings) and not any(SCIENTIFIC.search(w) for w in warnings)
+
+
+def test_a_serving_search_at_the_lightest_rate_rejects_no_deployment_for_its_pareto_loads(api):
+    """Qwen3-30B-A3B, TensorRT-LLM disaggregated on 8 H100 at 1e-6 requests/s: the Pareto front's half load (5e-7)
+    is below what a request may ask for, and every deployment that answered at full load was also counted
+    "rejected: must be in [1e-6, 1e6] requests/s, got 5e-07". Lighter loads than the floor are not tried."""
+    body = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+            "traffic": {"input_tokens": 131072, "output_tokens": 200, "request_rate": 1e-6}, "engines": ["trtllm"],
+            "modes": ["disaggregated"], "sla": {"ttft_s": 1e-6, "tpot_s": 1e-6}, "top_k": 3}  # fmt: skip
+    r = api.post("/v1/serve/search", json=body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert not any("requests/s, got" in reason for reason in answer["rejected"]), answer["rejected"]
+    assert answer["evaluated"] >= 1 and all(p["request"]["traffic"]["request_rate"] >= 1e-6 for p in answer["pareto"])
