@@ -25,6 +25,7 @@ A kernel's time is its own bound plus a fixed cost (``Efficiency``):
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -2568,14 +2569,38 @@ def document_keys(histogram: tuple[tuple[int, int], ...], window: int | None) ->
     return sum(n * c * causal_keys(n, window) for n, c in histogram) / sum(n * c for n, c in histogram)
 
 
+def square_keys(n: int, window: int | None) -> float:
+    """Keys per query PaLM's whole square counts for an n-token (causal) sequence: n, which is 2·causal_keys(n) - 1
+    (twice the mask's nonzero pairs, less the diagonal). Within a sliding window w < n the same count of the band,
+    2·causal_keys(n, w) - 1 = 2w - w(w - 1)/n - 1 (equal to n at w = n): the band's nonzero pairs w(w+1)/2 +
+    (n - w)·w are what NVIDIA NeMo's flops_formulas.py (gpt_oss_flops_calculator, attention_mask_nz_elem, 2025)
+    counts for a sliding layer. Counting a sliding layer's whole square instead made the MFU of a window far
+    below the sequence exceed 1 (hostile10: Llama-3 8B with sliding_window 4096 at 131,072 tokens, 1.70)."""
+    return float(n) if not window or window >= n else 2 * causal_keys(n, window) - 1
+
+
 def flops_keys(ctx: Context) -> float:
-    """Keys per query the model FLOPs (MFU) count: kv_length, the whole square (PaLM Appendix B), or with packed
-    documents sum(L_i²)/s, as Megatron-LM d98e8a6 training.py num_floating_point_operations replaces batch · s² by
-    seqlen_squared_sum_in_batch = sum_i L_i² for THD batches."""
+    """Keys per query the model FLOPs (MFU) count, the mean over the model's layers: kv_length, the whole square
+    (PaLM Appendix B), or with packed documents sum(L_i²)/s, as Megatron-LM d98e8a6 training.py
+    num_floating_point_operations replaces batch · s² by seqlen_squared_sum_in_batch = sum_i L_i² for THD batches.
+    A sliding layer (ModelSpec.attention_window) counts its band (square_keys); a decode query the keys it attends
+    (ModelSpec.attended_keys)."""
+    mdl, s_kv = ctx.model, kv_length(ctx)
     counted = ctx.work.document_histogram if ctx.training else None
-    if counted:
-        return sum(n * n * c for n, c in counted) / sum(n * c for n, c in counted)
-    return kv_length(ctx)
+    if not mdl.sliding_window:
+        if counted:
+            return sum(n * n * c for n, c in counted) / sum(n * c for n, c in counted)
+        return s_kv
+    windows = Counter(mdl.attention_window(i) for i in range(mdl.num_layers))
+
+    def keys(window: int | None) -> float:
+        if counted:
+            return sum(n * c * square_keys(n, window) for n, c in counted) / sum(n * c for n, c in counted)
+        if s_kv != ctx.s:  # a decode query: the cache up to it, within the window
+            return float(s_kv if window is None else min(s_kv, window))
+        return square_keys(s_kv, window)
+
+    return sum(k * keys(window) for window, k in windows.items()) / mdl.num_layers
 
 
 def layer_keys(ctx: Context) -> tuple[float, ...]:

@@ -26,6 +26,7 @@ from ._errors import SpecError
 from .assumptions import Assumption, plan_assumptions
 from .context import Context, device_sms
 from .kernel_view import drawn_links
+from .kernels import kv_length
 from .layout import Group, RankLayout, layout_for
 from .ledger import Call, held_ctas
 from .memory import Memory
@@ -206,6 +207,7 @@ def build_plan(
     plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline, cluster_spec.pcie_bandwidth_GBps)
     plan.memory = memory(ctx, gpu, priced)
     plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
+    plan.warnings += _mfu_warning(plan.step, ctx)
     return plan
 
 
@@ -287,6 +289,17 @@ def _bubble_warning(step: StepTime, par: ParallelSpec, m: int) -> list[str]:
     return [
         f"stage {step.critical_stage} idles {step.bubble_s / step.time_s:.0%} of the step in the pipeline bubble "
         f"({m} micro-batches for {par.pp} stages): more micro-batches or virtual_pipeline_stages shrink it"
+    ]
+
+
+def _mfu_warning(step: StepTime, ctx: Context) -> list[str]:
+    """MFU above 1 is its definition's, not a machine faster than its peak (invariants.MFU_CEILING): said."""
+    if step.mfu <= 1:
+        return []
+    return [
+        f"MFU {step.mfu:.0%} is above 100%: its model FLOPs (PaLM, Llama 3: 12·L·H·Q·T for attention) count causal "
+        f"attention's whole square, twice the query-key pairs the kernels compute, and at {kv_length(ctx):,} keys a "
+        f"query attention is most of the work (Megatron-LM's current num_floating_point_operations halves it)"
     ]
 
 

@@ -49,7 +49,7 @@ from collectives import Op
 from .._errors import SpecError
 from ..context import Context
 from ..layout import Group, RankLayout
-from ..ledger import Call
+from ..ledger import Call, equal_blocks
 
 SOURCE = "DeepEP normal kernels (Buffer.dispatch/combine); DeepSeek-V3 report §3.2.2"
 NUM_MAX_NVL_PEERS = 8  # DeepEP 4e38d1d csrc/kernels/configs.cuh (LEGACY_NUM_MAX_NVL_PEERS at dd758ca)
@@ -124,10 +124,10 @@ def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple
     nodes = par.ep // local
     k = moe.top_k
     if nodes == 1:
-        per_token = distinct(local, k)
+        rows = round(tokens * distinct(local, k))
         group = Group(("ep",), expert=True)
-        return [("nvlink", group, round(tokens * per_token) * row_bytes)], [
-            ("nvlink", group, round(tokens * per_token) * combine_bytes)
+        return [("nvlink", group, equal_blocks(rows * row_bytes, par.ep))], [
+            ("nvlink", group, equal_blocks(rows * combine_bytes, par.ep))
         ]
     limit = min(moe.node_limit or nodes, nodes)
     nodes_per_token = distinct(limit, k)
@@ -136,9 +136,14 @@ def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple
     nvlink_rows = round(tokens * nodes_per_token * gpus_per_node)
     inter = Group(("ep_node",), expert=True, split=local)
     intra = Group(("ep_local",), expert=True, split=local)
-    dispatch = [("rdma", inter, rdma_rows * row_bytes), ("nvlink", intra, nvlink_rows * row_bytes)]
-    combine = [("nvlink", intra, nvlink_rows * combine_bytes), ("rdma", inter, rdma_rows * combine_bytes)]
-    return dispatch, combine
+    # each leg's send buffer in equal blocks over its group (ledger.equal_blocks): fp8 rows with their scales
+    # (2,972 B at h 2,880) over 8 ranks were priced by no schedule, a 422 (hostile10)
+    rdma, nvlink = (rdma_rows, nodes), (nvlink_rows, local)
+    dispatch = [("rdma", inter, equal_blocks(rdma[0] * row_bytes, rdma[1])),
+                ("nvlink", intra, equal_blocks(nvlink[0] * row_bytes, nvlink[1]))]
+    combine = [("nvlink", intra, equal_blocks(nvlink[0] * combine_bytes, nvlink[1])),
+               ("rdma", inter, equal_blocks(rdma[0] * combine_bytes, rdma[1]))]
+    return dispatch, combine  # fmt: skip
 
 
 def calls(ctx: Context, layers: int, tokens: int, row_bytes: int, phase: str) -> list[Call]:

@@ -28,7 +28,7 @@ from collectives import Op
 
 from ..context import Context
 from ..layout import Group
-from ..ledger import Call, recomputed, rule_call, stage_classes
+from ..ledger import Call, equal_blocks, recomputed, rule_call, stage_classes
 from ..recompute import rerun_layers
 from . import deepep, engine_gather
 
@@ -206,12 +206,6 @@ def _dispatch_combine(ctx: Context, layers: int, rows: int, suffix: str = "", so
             group=group,
             source=source),
     ]  # fmt: skip
-
-
-def equal_blocks(message: int, ranks: int) -> int:
-    """An all-to-all's send buffer rounded up to equal blocks per rank (what the executable schedules and prices
-    take): at most ranks - 1 bytes more, where the tokens do not split evenly over the EP ranks (EP 72)."""
-    return -(-message // ranks) * ranks
 
 
 def _deepep(ctx: Context) -> bool:

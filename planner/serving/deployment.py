@@ -43,6 +43,7 @@ from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
 from ..recipes import check_recipe_gpu
 from ..rules.engine_step import dp_sync
+from ..words import sig3
 from ..workload import (
     DTYPE_BYTES,
     EXPERT_WEIGHT_FORMATS,
@@ -159,7 +160,7 @@ def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
     validate_serving(traffic, pools, options)
     if cluster.gpu is None:
         raise SpecError("cluster.gpu", f"cluster {cluster.name!r} has no GPU spec: serving needs compute and memory")
-    check_weight_format(options.weight_dtype, cluster.gpu, model)
+    check_weight_format(options.weight_dtype, cluster.gpu, model, options.fp8_recipe)
     used = sum(p.gpus for p in pools)
     if used > cluster.num_devices:
         raise SpecError(
@@ -301,11 +302,16 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
     )
 
 
-def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None) -> None:
+def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None, fp8_recipe: str | None = None) -> None:
     """A block-scaled weight format runs its GEMMs on the tensor cores that have it: the recipe's compute capability
     (nvfp4: 10.0, Blackwell; recipes.py RECIPES, TransformerEngine _compute_nvfp4_support). A weight-only format
     (no recipe: MXFP4) needs the engines' own minimum (MXFP4_MIN_SM) and, storing only the MoE experts so, a model
-    with experts."""
+    with experts. fp8 weights run their GEMMs under options.fp8_recipe (_gemm_recipe), checked here at that field:
+    the plan's own check named workload.fp8_recipe, a field no serving request has (hostile10: fp8 weights on an
+    A100, blockwise by default, sm 9.0)."""
+    if dtype == "fp8":
+        check_recipe_gpu(fp8_recipe, gpu, "options.fp8_recipe", f"fp8 weights under fp8_recipe {fp8_recipe!r} need",
+                         ": use bf16 weights, or a recipe the GPU has")  # fmt: skip
     if dtype not in WEIGHT_FORMAT_BYTES:
         return
     recipe = WEIGHT_FORMAT_RECIPE[dtype]
@@ -510,8 +516,9 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
         bottleneck = "prefill" if rate * share > 0.5 else "concurrency" if per_worker < max_conc else "decode"
     if tpot is None:
         warnings.append(
-            f"saturated: {traffic.request_rate:g} requests/s need {traffic.request_rate * share / pool.workers:.2f} "
-            f"of each worker's time for prefill alone; TTFT grows without bound"
+            f"saturated: {sig3(traffic.request_rate)} requests/s need "
+            f"{sig3(traffic.request_rate * share / pool.workers)} of each worker's time for prefill alone; TTFT grows "
+            f"without bound"
         )
         tpot = t_d / tps
     total_rate = rate * pool.workers
@@ -542,7 +549,8 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     if traffic.request_rate is not None:
         rate = traffic.request_rate
         if rate > r_d:
-            warnings.append(f"the decode pool serves at most {r_d:.3g} requests/s at batch {batch}; asked {rate:g}")
+            served = f"the decode pool serves at most {sig3(r_d)} requests/s"
+            warnings.append(f"{served} at batch {batch}; asked {sig3(rate)}")
     else:
         rate = min(r_p, r_d)
         if r_p < r_d:  # prefill-bound: the decode pool holds only what the prefill pool feeds it (Little's law)
@@ -566,7 +574,7 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     else:
         ttft = None
         warnings.append(
-            f"saturated: the prefill pool serves at most {r_p:.3g} requests/s ({p_pool.workers} workers x {n_pre} "
+            f"saturated: the prefill pool serves at most {sig3(r_p)} requests/s ({p_pool.workers} workers x {n_pre} "
             f"prompts per {t_p * 1e3:.1f} ms); TTFT grows without bound"
         )
     results = [
@@ -647,7 +655,7 @@ def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warni
         b = new
     if rate * (t_p + osl * decode(b).step.time_s / tps) > cap:
         warnings.append(
-            f"{traffic.request_rate:g} requests/s need more sequences per worker than its KV cache "
+            f"{sig3(traffic.request_rate)} requests/s need more sequences per worker than its KV cache "
             f"holds ({max_conc}): the decode pool is saturated"
         )
     return b, decode(b)

@@ -23,7 +23,7 @@ from ..words import POOL_DIMS, duration, load_name, pool_name
 from ..workload import WEIGHT_FORMAT_BYTES
 from .deployment import ServePlan, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
-from .spec import Pool, ServeOptions, Traffic, validate_options, validate_traffic
+from .spec import REQUEST_RATES, Pool, ServeOptions, Traffic, validate_options, validate_traffic
 
 MODES = ("aggregated", "disaggregated")
 LOAD_FRACTIONS = (1.0, 0.5, 0.25)  # the traffic's concurrency, and lighter loads, for the Pareto front
@@ -140,7 +140,7 @@ def _checked_request(model, cluster, traffic, engines, modes, options) -> dict[s
     validate_traffic(traffic)
     validate_options(options)
     if cluster.gpu is not None:
-        check_weight_format(options.weight_dtype, cluster.gpu, model)
+        check_weight_format(options.weight_dtype, cluster.gpu, model, options.fp8_recipe)
     for m in modes:
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
@@ -183,6 +183,8 @@ def search_serving(
         deadline.check()
         for fraction in LOAD_FRACTIONS:
             load = _scaled(traffic, fraction)
+            if load is None:  # a lighter load than any request may ask for: no point, not a rejection
+                break
             try:
                 plan = plan_serving(model, cluster, traits[name], load, pools, options)
             except SpecError as err:
@@ -213,10 +215,13 @@ def _brief(c: Candidate) -> dict:
             "output_tokens_per_s_per_gpu": c.per_gpu, "tokens_per_s_per_user": c.per_user}  # fmt: skip
 
 
-def _scaled(traffic: Traffic, fraction: float) -> Traffic:
+def _scaled(traffic: Traffic, fraction: float) -> Traffic | None:
+    """The traffic at ``fraction`` of its load; None below the lightest rate a request may ask for (a search at
+    1e-6 requests/s counted every deployment's half load "rejected: must be in [1e-6, 1e6]", hostile10)."""
     if traffic.concurrency is not None:
         return replace(traffic, concurrency=max(1, math.ceil(traffic.concurrency * fraction)))
-    return replace(traffic, request_rate=traffic.request_rate * fraction)
+    rate = traffic.request_rate * fraction
+    return replace(traffic, request_rate=rate) if rate >= REQUEST_RATES[0] else None
 
 
 def pareto_front(tried: list[Candidate]) -> list[Candidate]:

@@ -9,6 +9,7 @@ from ..workload import DTYPE_BYTES, WEIGHT_FORMAT_BYTES, weight_bytes
 
 ROLES = ("both", "prefill", "decode")
 MAX_TOKENS = 1 << 21  # longest input or output a request may ask for (2M tokens)
+REQUEST_RATES = (1e-6, 1e6)  # requests/s an open-loop load may ask for: one a million seconds to a million a second
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ def validate_traffic(traffic: Traffic) -> None:
         raise SpecError("traffic", "give exactly one of concurrency and request_rate")
     if traffic.concurrency is not None and traffic.concurrency < 1:
         raise SpecError("traffic.concurrency", f"must be >= 1, got {traffic.concurrency}")
-    if traffic.request_rate is not None and not 1e-6 <= traffic.request_rate <= 1e6:
+    low, high = REQUEST_RATES
+    if traffic.request_rate is not None and not low <= traffic.request_rate <= high:
         raise SpecError("traffic.request_rate", f"must be in [1e-6, 1e6] requests/s, got {traffic.request_rate}")
 
 
