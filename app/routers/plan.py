@@ -6,6 +6,7 @@ estimated and checked against the budget; the JSON answer is built in that threa
 from __future__ import annotations
 
 import json
+import logging
 import time
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -20,6 +21,7 @@ from planner.deadline import check as check_deadline
 from planner.deadline import current as current_deadline
 from planner.estimate import Estimate
 from planner.explore import DEFAULT_SIZES, explore
+from planner.invariants import InvariantError
 
 from ..body import OffLoopBody
 from ..errors import BAD_INPUT, detail, error_detail, nested, relocated, validation_detail
@@ -37,6 +39,7 @@ from ..schemas.plan import (
 )
 from ..serialize import exploration_json, plan_item_json, plan_json
 
+_log = logging.getLogger("commplan")
 router = APIRouter(prefix="/v1/plan", tags=["plan"], route_class=OffLoopBody)
 SUMMARY = Query(False, description="true: totals, step (without its timeline), memory, cluster and warnings; no calls")
 
@@ -192,6 +195,10 @@ def _one(checked: _Checked, settings, summary: bool = False) -> bytes:
         plan = plan_of(checked.request, settings, checked.bounded)
     except (SpecError, CollectiveError) as err:
         return _failed(error_detail(err))
+    except InvariantError as err:  # a bug: logged, and a 500 of this item's own; the batch's other items answer
+        _log.exception("invariant broken in a batch item")
+        message = f"internal error (logged): the plan broke its own invariant {err.where}: {err.rule}"
+        return encode({"ok": False, "error": {"status": 500, "detail": detail("", message, "internal")}}, BatchItem)
     return plan_item_json(plan, summary)
 
 

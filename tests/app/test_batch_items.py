@@ -115,3 +115,28 @@ def test_a_batch_near_its_deadline_answers_what_it_planned_and_names_the_rest(mo
     assert first["detail"][0]["loc"] == ["body", "requests"]
     assert f"near at request {k} of 12" in first["detail"][0]["msg"] and "deadline of 2 s" in first["detail"][0]["msg"]
     assert all(x["error"] == first for x in results[k:])  # every later item names where to resend from
+
+
+def test_a_broken_invariant_is_one_items_500_and_the_rest_answer(api, monkeypatch):
+    """An invariant the planner breaks (a bug, planner/invariants.py) fails its own item with a logged 500; it used
+    to fail the whole batch (hostile10's note). Forced here on the item with tp 4."""
+    from planner.invariants import InvariantError
+
+    real = plan_router.plan_of
+
+    def plan_of(request, settings, bounded):
+        if request.parallel.tp == 4:
+            raise InvariantError("step.mfu", "2.5 is not in [0, 2]")
+        return real(request, settings, bounded)
+
+    monkeypatch.setattr(plan_router, "plan_of", plan_of)
+    broken = {**SMALL, "parallel": {"tp": 4, "dp": 2, "zero_stage": 1}}
+    r = api.post("/v1/plan/batch", json={"requests": [SMALL, broken, SMALL]})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["ok"] for x in results] == [True, False, True]
+    assert results[0] == results[2] and results[0]["plan"]["world_size"] == 8
+    assert results[1]["error"]["status"] == 500
+    assert results[1]["error"]["detail"][0]["msg"] == (
+        "internal error (logged): the plan broke its own invariant step.mfu: 2.5 is not in [0, 2]"
+    )
