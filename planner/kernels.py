@@ -193,7 +193,8 @@ def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels"
         if name in NESTED_CONSTANTS:
             what, known = NESTED_CONSTANTS[name]
             if not isinstance(value, Mapping):
-                raise SpecError(f"{field}.{name}", f'a ceiling per {what}, e.g. {{"{known[0]}": 0.8}}, got {shown(value)[:40]}')
+                got = shown(value)[:40]
+                raise SpecError(f"{field}.{name}", f'a ceiling per {what}, e.g. {{"{known[0]}": 0.8}}, got {got}')
             for key in value:
                 if key not in known:
                     raise SpecError(f"{field}.{name}.{key}", f"unknown {what}; known: {', '.join(known)}")
