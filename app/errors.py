@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from decimal import Decimal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
