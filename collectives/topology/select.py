@@ -184,6 +184,8 @@ def _evaluate_one(name, op, message_bytes, placement, cluster, local, calibratio
         )
     if auto and name == "double_binary_tree" and local == placement.shape[1]:
         # NCCL's tree is an inter-node algorithm: inside one node its "tree" is a chain (trees.cc)
-        raise CollectiveError("algorithm", "the library's tree is only used across nodes")
+        raise CollectiveError(
+            "algorithm", f"the library's tree is only used across nodes; the {local} ranks sit in one node"
+        )
     schedule = cached_schedule(name, op, placement.shape[1], message_bytes, local)
     return evaluate(schedule, placement, cluster, calibration)

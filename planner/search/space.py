@@ -132,7 +132,7 @@ class Constraints:
             if name not in DIMENSIONS:
                 raise SpecError(f"constraints.{name}", f"unknown dimension; constrainable: {', '.join(DIMENSIONS)}")
             if not values:
-                raise SpecError(f"constraints.{name}", "lists no value; omit it to search every value")
+                raise SpecError(f"constraints.{name}", "lists no value (got []); omit it to search every value")
         if not 0.0 <= self.memory_headroom < 1.0:
             raise SpecError("constraints.memory_headroom", f"must be a fraction in [0, 1), got {self.memory_headroom}")
         _check_values(dict(self.allowed))
