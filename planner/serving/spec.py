@@ -103,8 +103,10 @@ def validate_traffic(traffic: Traffic) -> None:
     if (traffic.concurrency is None) == (traffic.request_rate is None):
         raise SpecError(
             "traffic",
-            f"give exactly one of concurrency and request_rate; got concurrency {traffic.concurrency}, "
-            f"request_rate {traffic.request_rate}".replace("None", "null"),
+            f"give exactly one of concurrency and request_rate; got concurrency {traffic.concurrency}, request_rate "
+            f"{traffic.request_rate}"
+            if traffic.concurrency is not None
+            else "give exactly one of concurrency and request_rate; got neither",
         )
     if traffic.concurrency is not None and traffic.concurrency < 1:
         raise SpecError("traffic.concurrency", f"must be >= 1, got {traffic.concurrency}")

@@ -92,6 +92,8 @@ CASES = {
     # serving
     "one of concurrency and rate": ("/v1/serve", with_(SERVE, traffic={"request_rate": 2.0}),
                                     ["traffic"], ["concurrency 64", "request_rate 2.0"]),
+    "neither concurrency nor rate": ("/v1/serve", with_(SERVE, traffic=({"input_tokens": 1000, "output_tokens": 200},)),
+                                     ["traffic"], ["got neither"]),
     "input tokens bound": ("/v1/serve", with_(SERVE, traffic={"input_tokens": 0}),
                            ["traffic", "input_tokens"], ["1", "got 0"]),
     "pools fill the cluster": ("/v1/serve", with_(SERVE, deployment={"pools": [{"role": "both", "workers": 3,
