@@ -75,9 +75,10 @@ MAX_LISTED_ERRORS = 50
 
 # pydantic's messages that already state what they got (a validator's own "got ..."; a list's length rule counts
 # the items), or concern the key, not the value (a missing field's input is the whole enclosing object; an unknown
-# field is wrong by its name)
+# field is wrong by its name; FastAPI's unreadable JSON has an empty object as its input, not the text)
 STATES_ITS_INPUT = frozenset(
     {"value_error", "assertion_error", "missing", "extra_forbidden", "too_many_errors", "too_short", "too_long"}
+    | {"json_invalid"}
 )
 GOT_TEXT = 40  # characters of a string input repeated in a message; a longer one is said by its length
 

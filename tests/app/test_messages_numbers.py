@@ -152,6 +152,13 @@ def test_a_schema_rule_says_the_value_it_got_but_never_echoes_a_big_input(api):
     assert r.json()["detail"][0]["msg"] == "Input should be a valid integer, got a list of 300 items"
     r = api.post("/v1/plan", json=with_(PLAN, workload={"micro_batch_size": -2}))
     assert r.json()["detail"][0]["msg"] == "Input should be greater than or equal to 1, got -2"
+    r = api.post("/v1/plan", json=with_(PLAN, workload={"kind": "trainin"}))
+    assert r.json()["detail"][0]["msg"] == "Input should be 'training' or 'inference', got 'trainin'"
+    # no value to say: a missing field (its input is the enclosing object), JSON that does not parse
+    r = api.post("/v1/plan", json={k: v for k, v in PLAN.items() if k != "cluster"})
+    assert r.json()["detail"][0]["msg"] == "Field required"
+    r = api.post("/v1/plan", content=b'{"model": ', headers={"content-type": "application/json"})
+    assert r.json()["detail"][0]["msg"] == "JSON decode error"
 
 
 def test_got_writes_json_words_and_positional_numbers():
