@@ -443,8 +443,10 @@ def _refused(err: Exception, where=str) -> int:
 
 def _invalid(err: ValidationError) -> int:
     """A request file that does not match its schema: one line per error, named by its field; exit 2."""
+    from .errors import stated
+
     for e in err.errors(include_url=False):
-        print(f"commplan: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+        print(f"commplan: {'.'.join(map(str, e['loc']))}: {stated(e)}", file=sys.stderr)
     return 2
 
 

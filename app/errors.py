@@ -2,7 +2,9 @@
 
 Every error body is built here, and always encodes: strings are made valid UTF-8 (a lone surrogate such
 as "\\ud800" in a key is written as the text \\ud800), numbers JSON lacks are written as text, and the
-offending input is not echoed back (FastAPI's default ``input`` field is dropped).
+offending input is not echoed back whole (FastAPI's default ``input`` field is dropped): a schema rule's message
+says the value it got instead, short (``got``: a number or a short string as sent, a long string, a list or an
+object by its size).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -70,12 +73,51 @@ def error_detail(err: Exception) -> list[dict]:
 MAX_LISTED_ERRORS = 50
 
 
+# pydantic's messages that already state what they got (a validator's own "got ..."; a list's length rule counts
+# the items), or concern the key, not the value (a missing field's input is the whole enclosing object; an unknown
+# field is wrong by its name; FastAPI's unreadable JSON has an empty object as its input, not the text)
+STATES_ITS_INPUT = frozenset(
+    {"value_error", "assertion_error", "missing", "extra_forbidden", "too_many_errors", "too_short", "too_long"}
+    | {"json_invalid"}
+)
+GOT_TEXT = 40  # characters of a string input repeated in a message; a longer one is said by its length
+
+
+def got(value) -> str:
+    """The value a schema rule refused, as a message says it: short, JSON's words, numbers positional (never
+    scientific notation: 1e-07 is 0.0000001) unless that is longer than GOT_TEXT."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        text = str(value) if abs(value) < 10**GOT_TEXT else ""
+        return text or f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)
+        text = format(Decimal(repr(value)), "f")
+        return text if len(text) <= GOT_TEXT else repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= GOT_TEXT else f"a string of {len(value):,} characters"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value):,} item{'s' * (len(value) != 1)}"
+    if isinstance(value, dict):
+        return f"an object of {len(value):,} key{'s' * (len(value) != 1)}"
+    return type(value).__name__
+
+
+def stated(e: dict) -> str:
+    """pydantic's message with the value it refused (its ``input``), unless the message states it already."""
+    if e["type"] in STATES_ITS_INPUT or "input" not in e:
+        return e["msg"]
+    return f"{e['msg']}, got {got(e['input'])}"
+
+
 def validation_detail(err: ValidationError | RequestValidationError, root: tuple = ()) -> list[dict]:
     """Pydantic's errors as loc / msg / type only, made encodable (``root`` prefixes loc); at most
     MAX_LISTED_ERRORS of them, then one entry counting the others."""
     errors = err.errors(include_url=False) if isinstance(err, ValidationError) else err.errors()
     listed = [
-        {"loc": safe([*root, *e["loc"]]), "msg": safe(e["msg"]), "type": safe(e["type"])}
+        {"loc": safe([*root, *e["loc"]]), "msg": safe(stated(e)), "type": safe(e["type"])}
         for e in errors[:MAX_LISTED_ERRORS]
     ]
     if len(errors) > MAX_LISTED_ERRORS:

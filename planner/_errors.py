@@ -8,6 +8,13 @@ class SpecError(ValueError):
         self.rule = message
 
 
+def shown(value) -> str:
+    """A value as the request wrote it, for a message: JSON's null, true and false; a string quoted."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value) if isinstance(value, str) else str(value)
+
+
 def one_of(field: str, value, choices) -> None:
     """``value`` must be one of ``choices`` (a field holding one of a fixed set of names)."""
     if value not in choices:

@@ -33,7 +33,7 @@ from statistics import NormalDist
 
 from collectives.topology.gpu import GPUSpec, nested_constants
 
-from ._errors import SpecError
+from ._errors import SpecError, shown
 from .context import Context
 from .recipes import check_recipe_gpu, dpa_recipe, float8_gathered, recipe_of
 from .workload import WEIGHT_FORMAT_BYTES
@@ -193,7 +193,8 @@ def kernel_constants(values: Mapping, field: str = "cluster.calibration.kernels"
         if name in NESTED_CONSTANTS:
             what, known = NESTED_CONSTANTS[name]
             if not isinstance(value, Mapping):
-                raise SpecError(f"{field}.{name}", f'a ceiling per {what}, e.g. {{"{known[0]}": 0.8}}')
+                got = shown(value)[:40]
+                raise SpecError(f"{field}.{name}", f'a ceiling per {what}, e.g. {{"{known[0]}": 0.8}}, got {got}')
             for key in value:
                 if key not in known:
                     raise SpecError(f"{field}.{name}.{key}", f"unknown {what}; known: {', '.join(known)}")

@@ -11,7 +11,7 @@ from functools import lru_cache
 from collectives._hashing import frozen_hash
 
 from . import flavours
-from ._errors import SpecError, one_of
+from ._errors import SpecError, one_of, shown
 from .documents import pack_moments
 from .flavours import Flavour
 from .model import ModelSpec
@@ -285,7 +285,11 @@ def _degrees(par: ParallelSpec) -> None:
 def _choices(par: ParallelSpec) -> None:
     one_of("parallel.pipeline_schedule", par.pipeline_schedule, SCHEDULE_TRAITS)  # at call time: every registered one
     if par.flavour.kind != "training":
-        raise SpecError("parallel.framework", f"{par.framework!r} is a serving engine, not a training framework")
+        raise SpecError(
+            "parallel.framework",
+            f"{par.framework!r} is a serving engine, not a training framework; training frameworks: "
+            f"{', '.join(flavours.names())}",
+        )
     _ddp(par)
     _zero_plus_plus(par)
     one_of("parallel.cp_comm", par.cp_comm, CP_COMM)
@@ -509,7 +513,8 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
     if par.tp > 1 and par.ep > 1 and not par.sequence_parallel and par.flavour.moe_tp_ep_needs_sp and work.training:
         raise SpecError(
             "parallel.sequence_parallel",
-            f"{par.flavour.display} requires sequence_parallel with MoE, tp > 1 and ep > 1",
+            f"{par.flavour.display} requires sequence_parallel with MoE, tp > 1 and ep > 1; got tp {par.tp}, "
+            f"ep {par.ep}, sequence_parallel false",
         )
 
 
@@ -524,7 +529,8 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
         raise SpecError(
             "workload.moe_dispatch_dtype",
             "the HybridEP dispatcher does not support fp8 dispatch (Megatron-LM d98e8a6 "
-            "megatron/core/transformer/moe/fused_a2a.py init_hybrid_ep_buffer: assert not fp8_dispatch)",
+            "megatron/core/transformer/moe/fused_a2a.py init_hybrid_ep_buffer: assert not fp8_dispatch); got "
+            "moe_dispatch_dtype 'fp8' with ep_dispatch 'hybridep'",
         )
     _sequence_fits(par, m, w)
     # the recipe's framework rules: here, so that the search's screen (search/space.py Space.check) and /v1/plan
@@ -565,7 +571,7 @@ def _sequence_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
                 f"sequence {seq} / cp {par.cp} = {seq // par.cp} is not divisible by tp {par.tp}",
             )
     elif par.cp > 1:
-        raise SpecError("parallel.cp", "context parallelism is not modelled for decode; use cp 1")
+        raise SpecError("parallel.cp", f"context parallelism is not modelled for decode; use cp 1, got cp {par.cp}")
 
 
 def _documents_fit(par: ParallelSpec, w: WorkloadSpec, seq: int) -> None:
@@ -823,7 +829,8 @@ def _uneven_chunk_counts(par: ParallelSpec, num_layers: int) -> list[int]:
     if par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split:
         raise SpecError(
             "parallel.account_for_embedding_in_pipeline_split",
-            "not modelled together with first_stage_layers / last_stage_layers: give pipeline_layout instead",
+            "not modelled together with first_stage_layers / last_stage_layers: give pipeline_layout instead; got "
+            f"first_stage_layers {shown(par.first_stage_layers)}, last_stage_layers {shown(par.last_stage_layers)}",
         )
     counts = _uneven_counts(par, num_layers)
     for r, c in enumerate(counts):
@@ -886,7 +893,9 @@ def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
     _check_layout_mtp(par, stages)
     for name in ("first_stage_layers", "last_stage_layers", "pipeline_split_points"):
         if getattr(par, name) is not None:
-            raise SpecError(f"parallel.{name}", "give either pipeline_layout or this, not both")
+            raise SpecError(
+                f"parallel.{name}", f"give either pipeline_layout or this, not both; got {shown(getattr(par, name))}"
+            )
 
 
 def _check_layout_tokens(stages, num_layers: int, mtp: int) -> None:
@@ -906,7 +915,12 @@ def _check_layout_tokens(stages, num_layers: int, mtp: int) -> None:
     if counts["m"] != mtp:
         raise SpecError(f, f"the layout holds {counts['m']} MTP layers (m) but the model has {mtp}")
     if "m" in flat and "t" in flat[flat.index("m") :]:
-        raise SpecError(f, "decoder layers must come before the MTP layers (pipeline_parallel_layer_layout.py)")
+        first_m, last_t = flat.index("m"), len(flat) - 1 - flat[::-1].index("t")
+        raise SpecError(
+            f,
+            f"decoder layers must come before the MTP layers (pipeline_parallel_layer_layout.py); got the first m at "
+            f"position {first_m} and the last t at {last_t} (of {len(flat)}, counting E and L)",
+        )
 
 
 def _check_layout_mtp(par: ParallelSpec, stages) -> None:

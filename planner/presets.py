@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ._errors import SpecError
+from ._errors import SpecError, shown
 from .model import ROPE_SCALINGS, MLASpec, ModelSpec, MoESpec
 
 # Models of one family share their architecture: a family's first model is spelled out, the others are it with
@@ -343,7 +343,8 @@ class _HFConfig:
         if value is None:
             return default
         if not isinstance(value, str) or len(value) > HF_TEXT[key]:
-            raise SpecError(self._where(key), f"must be a string of at most {HF_TEXT[key]} characters")
+            got = f"{len(value)} characters" if isinstance(value, str) else shown(value)[:40]
+            raise SpecError(self._where(key), f"must be a string of at most {HF_TEXT[key]} characters, got {got}")
         return value
 
 
@@ -411,7 +412,8 @@ def _hf_window(hf: _HFConfig, layers: int) -> tuple[int | None, int | None]:
         return None, None
     if window is None:
         raise SpecError(
-            "model.hf_config.sliding_window", "layer_types has sliding layers but sliding_window is missing"
+            "model.hf_config.sliding_window",
+            f"layer_types has {layers - len(full)} sliding layers (of {layers}) but sliding_window is missing",
         )
     if not full:
         return window, None
@@ -461,7 +463,8 @@ def _hf_layer_list(hf: _HFConfig, key: str, layers: int) -> tuple[int, ...]:
         or len(value) > layers
         or any(type(i) is not int or not 0 <= i < layers for i in value)
     ):
-        raise SpecError(f"model.hf_config.{key}", f"must be a list of layer indices in [0, {layers})")
+        got = f"{len(value)} entries" if isinstance(value, list) and len(value) > layers else shown(value)[:60]
+        raise SpecError(f"model.hf_config.{key}", f"must be a list of layer indices in [0, {layers}), got {got}")
     return tuple(sorted(set(value)))
 
 

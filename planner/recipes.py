@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._errors import SpecError
+from ._errors import SpecError, shown
 
 TE = "TransformerEngine 2.x "
 
@@ -238,7 +238,7 @@ def validate_recipe(fp8_recipe: str | None, fp8_param_gather: bool) -> None:
         raise SpecError(
             "workload.fp8_param_gather",
             "fp8_param_gather (Megatron --fp8-param-gather) needs an fp8_recipe: the weights must be fp8 to be "
-            "gathered in fp8",
+            "gathered in fp8; got fp8_recipe null",
         )
 
 
@@ -306,7 +306,7 @@ def check_fp8_dpa(work, par) -> None:
             raise SpecError(
                 "workload.fp8_dpa_backward",
                 "is TransformerEngine's NVTE_FP8_DPA_BWD, the backward of an fp8 attention: it needs "
-                "workload.fp8_dot_product_attention true",
+                f"workload.fp8_dot_product_attention true, got {shown(work.fp8_dot_product_attention)}",
             )
         return
     field = "workload.fp8_dot_product_attention"
@@ -354,7 +354,7 @@ def check_param_gather(work, par) -> None:
             raise SpecError(
                 "workload.fp8_precompute_scale",
                 "torchao's precompute_float8_dynamic_scale_for_fsdp computes the scales of the float8 all-gather: "
-                "it needs fp8_param_gather (enable_fsdp_float8_all_gather)",
+                f"it needs fp8_param_gather (enable_fsdp_float8_all_gather), got {shown(work.fp8_param_gather)}",
             )
         return
     if par.flavour.torchao_float8:
@@ -410,5 +410,5 @@ def check_act_fp8_store(work, par, model) -> None:
         raise SpecError(
             "workload.activation_func_fp8_input_store",
             "Megatron stores the activation input in fp8 only for SwiGLU (transformer_config.py); the model's MLP "
-            "is not gated",
+            "is not gated (gated_mlp false)",
         )

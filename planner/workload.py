@@ -281,7 +281,9 @@ def _selective_ac_option(w: WorkloadSpec) -> None:
     if w.activation_recompute != "selective" or w.recompute_modules is not None:
         raise SpecError(
             "workload.selective_ac_option",
-            "goes with activation_recompute 'selective' and no recompute_modules (torchtitan's mode selective)",
+            "goes with activation_recompute 'selective' and no recompute_modules (torchtitan's mode selective); got "
+            f"activation_recompute {w.activation_recompute!r}, recompute_modules "
+            f"{'null' if w.recompute_modules is None else list(w.recompute_modules)}",
         )
 
 

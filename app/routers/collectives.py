@@ -100,8 +100,12 @@ def _placement(body: PriceRequest, limit: int) -> np.ndarray:
         raise SpecError("ranks", "give ranks (global device ids) or group_size")
     first = body.ranks if body.ranks is not None else list(range(body.group_size))
     groups = [first, *(body.concurrent_groups or [])]
-    if any(len(g) != len(first) for g in groups):
-        raise SpecError("concurrent_groups", f"every group must have {len(first)} ranks like the first")
+    odd = next((i for i, g in enumerate(groups) if len(g) != len(first)), None)
+    if odd is not None:
+        raise SpecError(
+            "concurrent_groups",
+            f"every group must have {len(first)} ranks like the first; group {odd} has {len(groups[odd])}",
+        )
     if len(groups) * len(first) > limit:
         raise SpecError(
             "concurrent_groups",

@@ -276,7 +276,7 @@ def fit(
     when empty); returns every row before and after."""
     obs = [o for o in observations if o.size_bytes > 0 and o.measured_busbw_GBps > 0]
     if not obs:
-        raise CollectiveError("logs", "no row with a positive size and bandwidth to fit")
+        raise CollectiveError("logs", f"no row with a positive size and bandwidth to fit (of {len(observations)} rows)")
     pricer = _Pricer()
     before = np.array([pricer.busbw(o, start) for o in obs])
     measured = np.array([o.measured_busbw_GBps for o in obs])

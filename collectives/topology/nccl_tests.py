@@ -194,7 +194,10 @@ def parse(
     reader._flush()
     runs = [r for r in reader.runs if r.rows]
     if not runs:
-        raise CollectiveError(field_name, "no nccl-tests result rows found (lines starting with the size in bytes)")
+        lines = text.count("\n") + 1
+        raise CollectiveError(
+            field_name, f"no nccl-tests result rows found (lines starting with the size in bytes) in {lines} lines"
+        )
     return [_finish(r, forced, ranks, field_name) for r in runs]
 
 

@@ -177,9 +177,15 @@ def _price_schedule(op, message_bytes, placement, cluster, algorithm, calibratio
 
 def _evaluate_one(name, op, message_bytes, placement, cluster, local, calibration, auto=False) -> Evaluation:
     if name == "hierarchical" and (local in (0, 1) or local == placement.shape[1]):
-        raise CollectiveError("algorithm", "hierarchical needs a group spread evenly over several nodes")
+        raise CollectiveError(
+            "algorithm",
+            f"hierarchical needs a group spread evenly over several nodes; got {placement.shape[1]} ranks, "
+            + (f"{local} per node" if local else "unevenly over nodes"),
+        )
     if auto and name == "double_binary_tree" and local == placement.shape[1]:
         # NCCL's tree is an inter-node algorithm: inside one node its "tree" is a chain (trees.cc)
-        raise CollectiveError("algorithm", "the library's tree is only used across nodes")
+        raise CollectiveError(
+            "algorithm", f"the library's tree is only used across nodes; the {local} ranks sit in one node"
+        )
     schedule = cached_schedule(name, op, placement.shape[1], message_bytes, local)
     return evaluate(schedule, placement, cluster, calibration)

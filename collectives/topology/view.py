@@ -89,7 +89,7 @@ def subgraph(cluster: Cluster, devices: Sequence[int], utilisation: Mapping[int,
     (link id -> busy fraction; links absent are idle)."""
     dev = np.asarray(devices, dtype=np.int64)
     if dev.size == 0:
-        raise CollectiveError("devices", "give at least one device")
+        raise CollectiveError("devices", "give at least one device, got none")
     cluster.check_devices(dev, "devices")
     if np.unique(dev).size != dev.size:
         values, counts = np.unique(dev, return_counts=True)

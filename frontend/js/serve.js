@@ -217,7 +217,7 @@ export function serveBody() {
 }
 
 // a 422 on this card: the field as the card labels it, and a bound on a field in seconds said in seconds (the SLA
-// boxes take ms: "sla.tpot_s: Input should be less than or equal to 60" read as 60 ms)
+// boxes take ms: "sla.tpot_s: Input should be less than or equal to 60" read as 60 ms; the bound and the value got)
 const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-tpot", "traffic.input_tokens": "serve-isl",
   "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency" };
 function errorText(err) {
@@ -225,7 +225,7 @@ function errorText(err) {
   if (!d || !d.loc) return err.message;
   const path = d.loc.slice(1).join("."), input = SERVE_FIELDS[path] && $(SERVE_FIELDS[path]);
   const name = input && input.labels.length ? `${input.labels[0].textContent.trim()} (${path})` : path;
-  return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*)$/, "$1 s") : d.msg}`;
+  return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : d.msg}`;
 }
 
 let serveSeq = 0;  // only the latest request's answer is shown

@@ -94,7 +94,8 @@ class Curve:
         else:
             times = [t for a in self.algorithms if (t := self._interpolated(a, message)) is not None]
             if not times:
-                raise CollectiveError("algorithm", f"no algorithm can run {self.op.value} here")
+                n = self.placement.shape[-1]
+                raise CollectiveError("algorithm", f"no algorithm can run {self.op.value} on {n} ranks here")
             best = min(times)
             ctas = nccl_p2p_ctas(self.op, message, self.placement, self.cluster, self.options.pricer)
             if ctas:  # what the plan's price of this send/recv says NCCL holds (price_call): it moves M each way

@@ -132,7 +132,7 @@ class Constraints:
             if name not in DIMENSIONS:
                 raise SpecError(f"constraints.{name}", f"unknown dimension; constrainable: {', '.join(DIMENSIONS)}")
             if not values:
-                raise SpecError(f"constraints.{name}", "lists no value; omit it to search every value")
+                raise SpecError(f"constraints.{name}", "lists no value (got []); omit it to search every value")
         if not 0.0 <= self.memory_headroom < 1.0:
             raise SpecError("constraints.memory_headroom", f"must be a fraction in [0, 1), got {self.memory_headroom}")
         _check_values(dict(self.allowed))
@@ -161,7 +161,7 @@ def _check_values(allowed: dict) -> None:
                 raise SpecError(f"constraints.{name}", f"{bad[0]!r} is not one of {', '.join(choices[name])}")
         elif name == "sequence_parallel":
             if any(not isinstance(v, bool) for v in values):
-                raise SpecError(f"constraints.{name}", "values must be true or false")
+                raise SpecError(f"constraints.{name}", f"values must be true or false, got {list(values)}")
         elif name == "zero_stage":
             if any(v not in (0, 1, 2, 3) for v in values):
                 raise SpecError(f"constraints.{name}", f"values must be 0, 1, 2 or 3, got {list(values)}")
@@ -359,7 +359,10 @@ class Space:
         devices_per_node: int | None = None,
     ):
         if not work.training:
-            raise SpecError("workload.kind", "the search covers training workloads; plan inference layouts one by one")
+            raise SpecError(
+                "workload.kind",
+                f"the search covers training workloads; plan inference layouts one by one (got kind {work.kind!r})",
+            )
         self.model, self.work, self.devices, self.c = model, work, num_devices, constraints
         self.devices_per_node = devices_per_node  # DeepEP's legs split by node (rules/deepep.py)
         degrees = divisors(num_devices)

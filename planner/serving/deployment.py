@@ -190,7 +190,7 @@ def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[P
         raise SpecError(
             "options.two_batch_overlap",
             "two-batch overlap hides the MoE layers' expert exchange (SGLang two_batch_overlap.py, vLLM DBO); "
-            "this model is dense",
+            f"model {model.name!r} is dense (no moe block)",
         )
     r = options.redundant_experts
     if not r:

@@ -101,7 +101,13 @@ def validate_traffic(traffic: Traffic) -> None:
         if not 1 <= value <= MAX_TOKENS:
             raise SpecError(f"traffic.{name}", f"must be between 1 and {MAX_TOKENS:,}, got {value}")
     if (traffic.concurrency is None) == (traffic.request_rate is None):
-        raise SpecError("traffic", "give exactly one of concurrency and request_rate")
+        raise SpecError(
+            "traffic",
+            f"give exactly one of concurrency and request_rate; got concurrency {traffic.concurrency}, request_rate "
+            f"{traffic.request_rate}"
+            if traffic.concurrency is not None
+            else "give exactly one of concurrency and request_rate; got neither",
+        )
     if traffic.concurrency is not None and traffic.concurrency < 1:
         raise SpecError("traffic.concurrency", f"must be >= 1, got {traffic.concurrency}")
     low, high = REQUEST_RATES
@@ -111,7 +117,7 @@ def validate_traffic(traffic: Traffic) -> None:
 
 def validate_pools(pools: tuple[Pool, ...]) -> None:
     if not pools:
-        raise SpecError("deployment.pools", "needs at least one pool")
+        raise SpecError("deployment.pools", "needs at least one pool, got 0")
     roles = [p.role for p in pools]
     for i, pool in enumerate(pools):
         if pool.role not in ROLES:

@@ -242,9 +242,9 @@ def _nvls_rule(algorithm: str, shape: Shape, feat: Features) -> str:
                 f"gpuCount {'<= 2' if vt.nvls_min_gpus == 3 else '< 2'} turns NVLS off), got {shape.ppn}"
             )
         if shape.nodes > 1 and not vt.nvls_multi_node:
-            return "NCCL 2.20 turns NVLS off on more than one node (nvls.cc v2.20.5-1 line 240)"
+            return f"NCCL 2.20 turns NVLS off on more than one node (nvls.cc v2.20.5-1 line 240), got {shape.nodes}"
     if algorithm == "nvls_tree" and shape.nodes == 1:
-        return "NVLSTree is disabled on a single node"
+        return "NVLSTree is disabled on a single node (the group spans 1)"
     if algorithm == "nvls" and shape.nodes > 1 and not feat.collnet:
         return "NVLS across nodes needs CollNet (SHARP) in the network"
     return ""
@@ -256,7 +256,7 @@ def _collnet_rule(algorithm: str, shape: Shape, feat: Features) -> str:
     if not feat.collnet:
         return f"{algorithm} needs CollNet (SHARP) in the network"
     if shape.nodes == 1:
-        return f"{algorithm} needs more than one node"
+        return f"{algorithm} needs more than one node, got 1"
     if algorithm == "collnet_direct" and not shape.nvswitch:
         return "CollNetDirect needs an NVSwitch system"
     return ""
@@ -266,7 +266,7 @@ def _span_rule(algorithm: str, op: Op, shape: Shape) -> str:
     if algorithm in ("nvls", "collnet_direct") and op in (Op.ALLGATHER, Op.REDUCESCATTER) and shape.nodes > 1:
         return f"{algorithm} allgather/reducescatter across nodes needs a CollNet plugin with iallgather/ireducescatter"
     if algorithm == "pat" and shape.ppn != 1:
-        return "PAT runs with 1 GPU per node only (NCCL_PAT_ENABLE default)"
+        return f"PAT runs with 1 GPU per node only (NCCL_PAT_ENABLE default), got {shape.ppn}"
     return ""
 
 
@@ -288,7 +288,7 @@ def why_no_protocol(algorithm: str, protocol: str, shape: Shape, feat: Features)
     if protocol == "LL128" and shape.ppn > 1 and not feat.nvlink:
         return "LL128 is enabled only over NVLink paths (typeIntra <= PATH_NVB)"
     if protocol == "LL128" and shape.sm < 70:
-        return "LL128 needs SM70+"
+        return f"LL128 needs SM70+, got sm {shape.sm}"
     sms = T.tables(shape.version).ll128_sms
     if protocol == "LL128" and sms and shape.sm not in sms:
         return f"NCCL {shape.version} enables LL128 by default on SM {', '.join(map(str, sms))} only (got {shape.sm})"
