@@ -728,6 +728,8 @@ def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets,
     (EngineTraits.kv_transfer_sends_replicas), not the load, so the SLA search prices each split once for its three
     loads and for the engines that send alike. The answer is shared: read it, never change it."""
     p, d = p_w.par, d_w.par
+    # the engine's choice only matters where the prefill replicates heads and the decode TP is the smaller: keyed so
+    sends_replicas = sends_replicas and not model.mla and p.tp > max(d.tp, model.kv_heads)
     return _kv_transfer(model, cluster, p_pool.workers, p_pool.worker_gpus, (p.tp, p.pp, p.dp), d_pool.workers,
                         d_pool.worker_gpus, (d.tp, d.pp, d.dp), options.kv, options.transfer_overhead_s, isl,
                         tuple(offsets), sends_replicas)  # fmt: skip
