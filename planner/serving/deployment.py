@@ -188,7 +188,7 @@ def _check_kv_transfer(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool
     if max(p_tp, d_tp) > k and not k < p_tp <= d_tp:
         raise SpecError(
             f"deployment.pools.{i}.tp",
-            f"prefill tp {p_tp} and decode tp {d_tp} over {k} KV heads: {rule}",
+            f"{rule}: prefill tp {p_tp} and decode tp {d_tp} over {k} KV heads",  # the rule first: search's key
         )
 
 
