@@ -50,17 +50,19 @@ def test_qkv_weights_and_gemm_per_rank_hold_the_copies():
     """QKV per rank at TP 8: q 32 x 128 / 8 = 512 columns, K and V one head of 128 each (copied), so 2048 x (512 +
     2 x 128) = 1,572,864 weights; at TP 4 the 4 heads split, 2048 x (1024 + 256) = 2,621,440."""
 
-    def qkv(tp: int) -> tuple[int, tuple]:
+    def qkv(tp: int) -> tuple[int, tuple, float]:
         par = ParallelSpec(tp=tp, ep=tp, expert_tp=1, kv_head_replication=True)
         ctx = Context(QWEN3, DECODE, par, 8)
         (weights,) = [p.numel for p in stage_params(ctx, 0)[0] if p.name == "layer.0.qkv"]
-        (gemm,) = [k for k in layer_kernels(ctx, True, cluster_preset("dgx-h100", 1).gpu).forward if k.name == "qkv"]
-        return weights, gemm.shape
+        kernels = {k.name: k for k in layer_kernels(ctx, True, cluster_preset("dgx-h100", 1).gpu).forward}
+        return weights, kernels["qkv"].shape, kernels["decode_attention"].bytes
 
-    (w8, shape8), (w4, shape4) = qkv(8), qkv(4)
+    (w8, shape8, read8), (w4, shape4, read4) = qkv(8), qkv(4)
     assert w8 == 2048 * (512 + 2 * 128) == 1_572_864
     assert w4 == 2048 * (1024 + 2 * 128) == 2_621_440
     assert shape8[1] == 512 + 2 * 128 and shape4[1] == 1024 + 2 * 128  # the GEMM's n: q / tp + K and V of one head
+    # the decode attention reads the rank's one KV head: 8 sequences x 2,048 tokens x K and V x 128 x 2 bytes
+    assert read8 == read4 == 8 * 2048 * 2 * 128 * 2
 
 
 def test_kv_capacity_follows_the_replicated_layout():
