@@ -89,7 +89,7 @@ SearchResult: evaluated: int; feasible: int; elapsed_s: float; pruned: dict[str,
 Throughput: input_tokens_per_s: float; output_tokens_per_s: float; output_tokens_per_s_per_gpu: float;
     tokens_per_s_per_user: float
 KVCache: bytes_per_token: int; capacity_tokens: int; max_concurrency: int
-KVTransfer: bytes_per_request: int; time_s: float; bottleneck: str; senders: int = 1
+KVTransfer: bytes_per_request: int; time_s: float; bottleneck: str; senders: int = 1; wire_bytes: int = 0
 ServePool: role: str; gpus: int; batch: int; step_s: float; input_tokens_per_s: float; output_tokens_per_s: float;
     calls: list[Call]; fits: bool = True; prefill_calls: list[Call] = []
 ServeResult: gpus: int; ttft_s: float | None; tpot_s: float; fits: bool; throughput: Throughput; kv_cache: KVCache;

@@ -1785,7 +1785,7 @@ def _attention_projections(k: _Layer, T: float) -> int:
         k.gemm("attn_out", T, h, heads * a.v_head_dim / t)
         return len(k.fwd) - 1
     q = mdl.num_attention_heads * mdl.head_size / t
-    kv = mdl.kv_heads * mdl.head_size / t
+    kv = mdl.kv_heads_per_rank(t) * mdl.head_size  # past kv_heads ranks, each computes its copy of one head
     k.gemm("qkv", T, q + 2 * kv, h)
     if mdl.qk_norm:
         k.norm("qk_norm", T * (q + kv), 2)
@@ -2749,7 +2749,7 @@ def fp8_attention_casts(
     recipe = ctx.work.recipe
     qk, v = attention_head_dims(ctx)
     tokens, t = ctx.b * ctx.s_cp, ctx.par.tp
-    heads, kv_heads = ctx.model.num_attention_heads / t, max(1.0, ctx.model.kv_heads / t)
+    heads, kv_heads = ctx.model.num_attention_heads / t, ctx.model.kv_heads_per_rank(t)
     qkv = tokens * (heads * qk + kv_heads * (qk + v))
     out = tokens * heads * v
     read = recipe.cast_read_bytes + recipe.saved_input_bytes  # one copy (rowwise; V columnwise under MXFP8)
@@ -2920,7 +2920,7 @@ def unfused_attention(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> tuple[tupl
     # the layout copies (UNFUSED_LAYOUT_PASSES): the context out, the q/k/v gradients' concatenation
     tokens, x = ctx.b * ctx.s_cp, ctx.x
     context = tokens * bh / ctx.b * d * x
-    qkv = context + 2 * tokens * mdl.kv_heads / ctx.par.tp * d * x
+    qkv = context + 2 * tokens * mdl.kv_heads_per_rank(ctx.par.tp) * d * x
     copy_f = memory_kernel("attn_context_copy", UNFUSED_LAYOUT_PASSES * context, gpu, eff)
     copy_b = memory_kernel("qkv_split.bwd", UNFUSED_LAYOUT_PASSES * qkv, gpu, eff)
     return (qk[0], soft_f, pv[0], copy_f), (pv[1], pv[2], soft_b, qk[1], qk[2], copy_b)
@@ -3002,7 +3002,7 @@ def unfused_softmax_bytes(
 
 
 def kv_cache_bytes_per_layer(ctx: Context) -> int:
-    """K and V of every cached token of the rank's sequences (ModelSpec.kv_token_bytes: max(1, kv_heads/t)
+    """K and V of every cached token of the rank's sequences (ModelSpec.kv_token_bytes: kv_heads_per_rank(t)
     heads, or MLA's latent whole on every rank), in the KV cache's dtype."""
     return ctx.b * (kv_length(ctx) // ctx.par.cp) * ctx.model.kv_token_bytes(ctx.par.tp, ctx.kv_bytes)
 

@@ -191,8 +191,8 @@ def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> di
         a = mdl.mla
         qkv, proj = heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim), heads * a.v_head_dim
         readers = 2 if a.q_lora_rank else 1  # linear_q_down_proj and linear_kv_down_proj each quantize the norm output
-    else:  # Q and the projection input q wide, K and V kv wide (GQA)
-        qkv, proj, readers = heads * hd + 2 * mdl.kv_heads * hd, heads * hd, 1
+    else:  # Q and the projection input q wide, K and V kv wide (GQA; a copy per rank past kv_heads ranks, "split" / t)
+        qkv, proj, readers = heads * hd + 2 * mdl.kv_heads_per_rank(ctx.par.tp) * ctx.par.tp * hd, heads * hd, 1
     mask = tok * h if drop_hidden else 0  # the bias-dropout-adds' 1-byte masks (hidden dropout)
     # an FP8 attention with its backward in FP8 saves the quantized q, k, v (and, delayed, the fp8 output) instead
     # of the bf16 ones (TransformerEngine d0067d0da backends.py FusedAttnFunc fp8_tensors; Recipe.dpa_fp8_output)

@@ -166,14 +166,21 @@ class ModelSpec:
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """KV heads one tensor-parallel rank holds (K and V projections, KV cache, attention kernel): kv_heads / tp,
+        or one replicated head once tp passes kv_heads (the serving engines' layout: vLLM ModelConfig.get_num_kv_heads
+        ``max(1, total_num_kv_heads // tensor_parallel_size)``, vllm/config/model.py at 18ec66292536; SGLang and
+        TensorRT-LLM alike, docs/serving.md "KV heads replicated past TP"). Whether a layout may replicate is the
+        flavour's or the engine's rule (parallel.kv_heads_rule); this is only the count."""
+        return max(1, self.kv_heads // tp)
+
     def kv_token_bytes(self, tp: int, elem_bytes: int) -> int:
         """KV-cache bytes one token adds to one layer on one tensor-parallel rank: K and V of the rank's
-        max(1, kv_heads / tp) heads (past kv_heads ranks each keeps one replicated head: vLLM
-        vllm/model_executor/models/llama.py, ``max(1, total_num_kv_heads // tp_size)``); MLA: the compressed
+        kv_heads_per_rank(tp) heads (past kv_heads ranks each keeps one replicated head); MLA: the compressed
         latent kv_lora_rank + qk_rope_head_dim, whole on every rank (DeepSeek-V3 report §2.1.1)."""
         if self.mla:
             return (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) * elem_bytes
-        return 2 * max(1, self.kv_heads // tp) * self.head_size * elem_bytes
+        return 2 * self.kv_heads_per_rank(tp) * self.head_size * elem_bytes
 
     def padded_vocab(self, tp: int, divisible_by: int = 128) -> int:
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x tp

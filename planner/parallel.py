@@ -219,6 +219,10 @@ class ParallelSpec:
     pipeline_split_points: tuple[int, ...] | None = None
     # ---- framework switches by the framework's own names (planner/flavours/: which flavour reads them) ----
     ddp: DDPConfig = field(default_factory=DDPConfig)  # torch DistributedDataParallel, ZeRO-0
+    # tp past num_kv_heads replicates KV heads: a serving engine's trait (EngineTraits.kv_head_replication, which
+    # planner/serving sets on its workers' layouts); None: the framework's (Flavour.kv_head_replication). Not an
+    # HTTP field of /v1/plan (app/schemas ParallelIn)
+    kv_head_replication: bool | None = None
 
     @property
     def flavour(self) -> Flavour:
@@ -231,6 +235,11 @@ class ParallelSpec:
         (Megatron: tp; torch, DeepSpeed: 1). Resolved on every read, so ``dataclasses.replace`` of the
         framework changes it."""
         return self.expert_tp if self.expert_tp is not None else self.flavour.expert_tp(self)
+
+    @property
+    def replicates_kv_heads(self) -> bool:
+        """Whether tp may pass num_kv_heads, each head copied on tp / num_kv_heads ranks (kv_heads_rule)."""
+        return self.flavour.kv_head_replication if self.kv_head_replication is None else self.kv_head_replication
 
     @property
     def world_size(self) -> int:
@@ -431,12 +440,32 @@ def _fits_model(par: ParallelSpec, m: ModelSpec) -> None:
     t = par.tp
     if m.num_attention_heads % t:
         raise SpecError("parallel.tp", f"num_attention_heads {m.num_attention_heads} is not divisible by tp {t}")
-    if m.mla is None and m.kv_heads % t:
-        raise SpecError("parallel.tp", f"num_kv_heads {m.kv_heads} is not divisible by tp {t}")
+    broken = None if m.mla else kv_heads_rule(m.kv_heads, t, par.replicates_kv_heads)
+    if broken:
+        raise SpecError("parallel.tp", broken)
     if m.ffn_hidden_size % t:
         raise SpecError("parallel.tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by tp {t}")
     _ulysses(par, m)
     pipeline_chunks(par, m.num_layers, getattr(m, "mtp_layers", 0))  # raises naming the layout's numbers
+
+
+def kv_heads_rule(kv_heads: int, tp: int, replication: bool) -> str | None:
+    """The rule a layout's KV heads break over ``tp`` ranks, or None. Without replication (the training
+    frameworks: Flavour.kv_head_replication) tp must divide num_kv_heads. With it (the serving engines), tp may also
+    be a multiple of num_kv_heads, each head then held by tp / num_kv_heads ranks: vLLM and SGLang
+    QKVParallelLinear ``num_kv_head_replicas = divide(tp_size, total_num_kv_heads)`` once tp_size >= the heads
+    (vllm/model_executor/layers/linear.py at 0036d38de46c, python/sglang/srt/layers/linear.py at 0079fcc18b3e;
+    divide asserts the remainder is 0), TensorRT-LLM duplicate_kv_weight ``assert tensor_parallel_size %
+    num_kv_heads == 0`` (tensorrt_llm/_torch/models/modeling_utils.py at cb4c622cf5bb)."""
+    if kv_heads % tp == 0 or (replication and tp % kv_heads == 0):
+        return None
+    if not replication:
+        return f"num_kv_heads {kv_heads} is not divisible by tp {tp}"
+    return (
+        f"tp {tp} neither divides num_kv_heads {kv_heads} nor is a multiple of it: the serving engines split the KV "
+        f"heads over the tp ranks or replicate each on tp / num_kv_heads of them, a whole number (vLLM, SGLang "
+        f"QKVParallelLinear divide(tp_size, total_num_kv_heads); TensorRT-LLM duplicate_kv_weight)"
+    )
 
 
 def _ulysses(par: ParallelSpec, m: ModelSpec) -> None:

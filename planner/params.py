@@ -125,7 +125,9 @@ def _layer(ctx: Context, layer: int, torch: bool) -> list[Param]:
     m, t = ctx.model, ctx.par.tp
     unit = f"layer.{layer}"
     h, hd = m.hidden_size, m.head_size
-    q, kv = m.num_attention_heads * hd, m.kv_heads * hd
+    # K and V as the ranks hold them: kv_heads / t each, or one copy of a head per rank past kv_heads ranks (the
+    # serving engines' replication, ModelSpec.kv_heads_per_rank; t x that is the K width summed over the TP group)
+    q, kv = m.num_attention_heads * hd, m.kv_heads_per_rank(t) * t * hd
     bias = m.linear_bias or m.qkv_bias
     qkv_t, o_t = 1 + bool(bias), 1 + bool(m.linear_bias)
     out = [Param(f"{unit}.input_norm", m.norm_params(), unit, _norm_tensors(m))]

@@ -147,6 +147,10 @@ class KVTransferOut(Out):
         description="the GPUs of the first prefill worker and of the decode worker it feeds: POST /v1/topology "
         "with them and `links` draws the transfer"
     )
+    wire_bytes: int = Field(
+        description="bytes the transfer moves per request, every rank pair: bytes_per_request in equal shares, more "
+        "where a pool's tp passes the KV heads and the engine fills each replicated copy"
+    )
 
 
 class PoolOut(Out):

@@ -40,6 +40,14 @@ class Flavour:
     # separate q, k, v and gate, up modules, unpadded vocabulary (a Hugging Face model); False: Megatron's fused
     # QKV and fc1, vocabulary padded to a multiple of 128 x tp
     hf_modules: bool = False
+    # tp past num_kv_heads replicates each KV head on tp / num_kv_heads ranks (the serving engines:
+    # serving/engines.py EngineTraits.kv_head_replication); False: tp must divide num_kv_heads. Every training
+    # framework here splits KV heads only: Megatron-Core transformer/attention.py (d98e8a64ddf3)
+    # num_query_groups_per_partition = divide(num_query_groups, world_size), which asserts; torchtitan
+    # models/common/attention.py (b5bcd76c66d0) shards wk/wv colwise and views the local K, V as (-1, head_dim), so a
+    # rank needs whole heads; DeepSpeed trains its TP through Megatron or AutoTP (module_inject/tp_shard.py
+    # get_shard_size at edaa72212672 splits the heads over ranks, never copies one). parallel.kv_heads_rule
+    kv_head_replication: bool = False
     # ---- tensor parallelism (rules/tensor.py) ------------------------------------------------------------
     # backward all-reduces one input gradient per column-parallel linear as the module has it: fused (Megatron:
     # 1 for QKV, 1 for fc1) or one per separate linear (DTensor: q, k, v; gate, up)

@@ -75,6 +75,9 @@ class KVTransfer:
     # the GPUs of the first prefill worker and of the decode worker it sends to (what the page draws the
     # transfer's links among: POST /v1/topology with these devices and ``links``)
     devices: list = field(default_factory=list)
+    # bytes the transfer moves for one request, every pair and stage: bytes_per_request rounded up to equal shares,
+    # more where a side replicates KV heads past its tp (each decode copy is filled; _transfer_pairs)
+    wire_bytes: int = 0
 
 
 @dataclass
@@ -169,6 +172,24 @@ def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
             f"has {cluster.num_devices}",
         )
     _check_engine_options(model, traits, pools, options)
+    _check_kv_transfer(model, traits, pools)
+
+
+def _check_kv_transfer(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...]) -> None:
+    """The engine's KV connector's rule on replicated KV heads (EngineTraits.kv_transfer_replicated_rule): where
+    either pool's tp passes the model's KV heads, the prefill pool must replicate them and the decode pool's tp be
+    at least the prefill's."""
+    rule = traits.kv_transfer_replicated_rule
+    roles = {p.role: (i, p.tp) for i, p in enumerate(pools)}
+    if rule is None or model.mla or "prefill" not in roles or "decode" not in roles:
+        return
+    (i, p_tp), (_, d_tp) = roles["prefill"], roles["decode"]
+    k = model.kv_heads
+    if max(p_tp, d_tp) > k and not k < p_tp <= d_tp:
+        raise SpecError(
+            f"deployment.pools.{i}.tp",
+            f"{rule}: prefill tp {p_tp} and decode tp {d_tp} over {k} KV heads",  # the rule first: search's key
+        )
 
 
 def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
@@ -253,7 +274,8 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
         # all-reduce sums the experts' output): vLLM all2all kernels need dp > 1, TensorRT-LLM's
         # communication_factory returns None without attention DP, SGLang gathers only with DP attention
         dispatch = "replicated"
-    par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=1, ep_dispatch=dispatch)
+    par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=1, ep_dispatch=dispatch,
+                       kv_head_replication=traits.kv_head_replication)  # fmt: skip
     try:  # the layout's own rules (heads by tp, experts by ep, layers by pp), named at the pool's fields
         validate_parallel(par, model, WorkloadSpec(kind="inference", batch_size=pool.dp), n)
     except SpecError as err:
@@ -545,7 +567,9 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     batch, decode = _decode_batch(model, d_w, options, traffic, d_pool.workers, max_conc, t_p, tps, warnings)
     t_d = decode.step.time_s * _mtp_overhead(model, options)
     r_d = d_pool.workers * batch * tps / (osl * t_d)
-    transfer = kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets)
+    transfer = kv_transfer(
+        model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets, traits.kv_transfer_sends_replicas
+    )
     if traffic.request_rate is not None:
         rate = traffic.request_rate
         if rate > r_d:
@@ -697,14 +721,18 @@ def _mtp_overhead(model: ModelSpec, options: ServeOptions) -> float:
 # ---- the KV transfer -----------------------------------------------------------------------------------
 
 
-def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets) -> KVTransfer:
+def kv_transfer(model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets,
+                sends_replicas: bool = False) -> KVTransfer:  # fmt: skip
     """A request's KV from a prefill worker to a decode worker (``_kv_transfer``), keyed by what it depends on: the
-    layouts, the KV dtype and the per-transfer overhead, not the load or the engine, so the SLA search prices each
-    split once for its three loads and its engines. The answer is shared: read it, never change it."""
+    layouts, the KV dtype, the per-transfer overhead and whether every copy of a replicated head is sent
+    (EngineTraits.kv_transfer_sends_replicas), not the load, so the SLA search prices each split once for its three
+    loads and for the engines that send alike. The answer is shared: read it, never change it."""
     p, d = p_w.par, d_w.par
+    # the engine's choice only matters where the prefill replicates heads and the decode TP is the smaller: keyed so
+    sends_replicas = sends_replicas and not model.mla and p.tp > max(d.tp, model.kv_heads)
     return _kv_transfer(model, cluster, p_pool.workers, p_pool.worker_gpus, (p.tp, p.pp, p.dp), d_pool.workers,
                         d_pool.worker_gpus, (d.tp, d.pp, d.dp), options.kv, options.transfer_overhead_s, isl,
-                        tuple(offsets))  # fmt: skip
+                        tuple(offsets), sends_replicas)  # fmt: skip
 
 
 _Grid = namedtuple("_Grid", "tp pp dp")
@@ -712,22 +740,19 @@ _Grid = namedtuple("_Grid", "tp pp dp")
 
 @lru_cache(maxsize=512)  # value keys (frozen specs and numbers)
 def _kv_transfer(model, cluster, p_workers, p_gpus, p_grid, d_workers, d_gpus, d_grid, kv, overhead_s, isl,
-                 offsets) -> KVTransfer:  # fmt: skip
-    """A request's KV moves from the prefill worker's ranks that hold distinct parts of it to the decode
-    worker's ranks that will hold them, all prefill workers sending at once, priced on the whole cluster's graph.
+                 offsets, sends_replicas=False) -> KVTransfer:  # fmt: skip
+    """A request's KV moves from the prefill worker's ranks to the decode worker's ranks that will hold it
+    (``_transfer_pairs``), all prefill workers sending at once, priced on the whole cluster's graph.
 
-    Parts: per pipeline stage, the KV heads split over ``min(tp, kv_heads)`` ranks on each side (MLA: one
-    latent, held whole by every TP rank, sent once as TensorRT-LLM's mlaCacheFormatter does). Where the two
-    sides split the heads differently each prefill rank sends to every decode rank that holds some of its heads
-    (cacheFormatter.cpp splitKVCacheDispatch): ``max`` of the two splits pairs, each an equal share. A request
-    lives on one attention-DP rank; prefill worker w's requests go to decode worker w mod workers and to its
-    attention rank w mod dp, so concurrent transfers spread as the engines' round-robin spreads them."""
+    ``bytes_per_request`` is the request's KV as the model stores it; ``wire_bytes`` what the pairs move, more
+    where a side replicates KV heads (every decode copy is filled). A request lives on one attention-DP rank;
+    prefill worker w's requests go to decode worker w mod workers and to its attention rank w mod dp, so
+    concurrent transfers spread as the engines' round-robin spreads them."""
     p_par, d_par = _Grid(*p_grid), _Grid(*d_grid)
     kv_x = DTYPE_BYTES[kv]
     whole = model.num_layers * model.kv_token_bytes(1, kv_x) * isl
-    p_split, d_split = (1, 1) if model.mla else (min(p_par.tp, model.kv_heads), min(d_par.tp, model.kv_heads))
-    n = max(p_split, d_split)
-    message = -(-whole // (p_par.pp * n))
+    ranks, share = _transfer_pairs(model, p_par.tp, d_par.tp, sends_replicas)
+    message = -(-whole * share[0] // (p_par.pp * share[1]))
     pairs = []
     for wk in range(p_workers):
         src0 = offsets[0] + wk * p_gpus + (wk % p_par.dp) * p_par.tp  # tp fastest, then dp, then pp
@@ -735,18 +760,44 @@ def _kv_transfer(model, cluster, p_workers, p_gpus, p_grid, d_workers, d_gpus, d
         dst0 = offsets[1] + dst_worker * d_gpus + (wk % d_par.dp) * d_par.tp
         for s in range(p_par.pp):
             d_stage = s * d_par.pp // p_par.pp
-            for i in range(n):
-                src = src0 + s * p_par.tp * p_par.dp + i * p_split // n
-                dst = dst0 + d_stage * d_par.tp * d_par.dp + i * d_split // n
-                pairs.append((src, dst))
-    senders = p_par.pp * p_split
+            for i, j in ranks:
+                pairs.append((src0 + s * p_par.tp * p_par.dp + i, dst0 + d_stage * d_par.tp * d_par.dp + j))
+    senders = p_par.pp * len({i for i, _ in ranks})
+    wire = message * len(ranks) * p_par.pp
     whole_cluster = cluster_for(cluster)
     price = price_call(Op.SENDRECV, message, np.array(pairs, dtype=np.int64), whole_cluster, "auto", top_links=3)
     busiest = price.links[0] if price.links else None
     label = _describe(whole_cluster, busiest) if busiest else "none (same device)"
     first = pairs[0][1] - (pairs[0][1] - offsets[1]) % d_gpus  # the decode worker prefill worker 0 feeds
     devices = [*range(offsets[0], offsets[0] + p_gpus), *range(first, first + d_gpus)]
-    return KVTransfer(whole, senders, price.time_s + overhead_s, label, list(price.links), devices)
+    return KVTransfer(whole, senders, price.time_s + overhead_s, label, list(price.links), devices, wire)
+
+
+def _transfer_pairs(model: ModelSpec, p_tp: int, d_tp: int, sends_replicas: bool
+                    ) -> tuple[list[tuple[int, int]], tuple[int, int]]:  # fmt: skip
+    """One pipeline stage's transfer as (prefill TP rank, decode TP rank) pairs, and each pair's share of the
+    stage's KV as (heads, of heads). MLA: one pair, the whole latent (every TP rank holds it; TensorRT-LLM's
+    mlaCacheFormatter sends one copy). Otherwise each pair carries the KV heads a rank of the larger TP holds,
+    ``kv_heads_per_rank(max(p_tp, d_tp))``:
+
+    - decode TP >= prefill TP: each decode rank gets its heads, copies included, from prefill rank
+      ``i * p_tp // d_tp`` (vLLM NixlConnector: decode rank tp_rank reads remote rank tp_rank // tp_ratio; SGLang
+      _resolve_rank_mapping target_tp_rank likewise; TensorRT-LLM targetIRanks);
+    - decode TP < prefill TP: each prefill rank sends its heads to decode rank ``j * d_tp // p_tp``; where the prefill
+      replicates them, every copy (``sends_replicas``: SGLang) or one per head (TensorRT-LLM's needSendCache, ranks
+      with tp rank % dup factor == 0).
+
+    Without replication either way this is ``max(p_tp, d_tp)`` pairs of an equal share (cacheFormatter.cpp
+    splitKVCacheDispatch), the whole KV once."""
+    if model.mla:
+        return [(0, 0)], (1, 1)
+    k = model.kv_heads
+    if d_tp >= p_tp:
+        ranks = [(i * p_tp // d_tp, i) for i in range(d_tp)]
+    else:
+        step = 1 if sends_replicas else max(1, p_tp // k)
+        ranks = [(j, j * d_tp // p_tp) for j in range(0, p_tp, step)]
+    return ranks, (model.kv_heads_per_rank(max(p_tp, d_tp)), k)
 
 
 def _describe(cluster, link: dict) -> str:

@@ -81,6 +81,30 @@ class EngineTraits:
     # how Dynamo runs the engine's workers (launch.py DynamoWorker); None: POST /v1/serve/export?format=dynamo is a
     # 422 on ``engine``
     dynamo: DynamoWorker | None = None
+    # tp past the model's KV heads replicates each head on tp / num_kv_heads ranks, tp a multiple of the heads
+    # (parallel.kv_heads_rule); False: tp must divide the KV heads, as the training frameworks' (Flavour)
+    kv_head_replication: bool = False
+    # the disaggregated KV transfer from a prefill worker whose heads are replicated into a decode worker of smaller
+    # TP (deployment._transfer_pairs): True, every prefill rank holding a copy of a head sends it (the copies land on
+    # the same decode bytes); False: one copy per head leaves the prefill worker
+    kv_transfer_sends_replicas: bool = False
+    # the engine's KV connector moves replicated heads (either side's tp past the KV heads) only between a prefill
+    # worker that replicates them and a decode worker of at least its TP; the string is its source, a 422 otherwise
+    # (deployment._check_kv_transfer). None: any pair of layouts
+    kv_transfer_replicated_rule: str | None = None
+
+
+# vLLM NixlConnectorWorker._validate_remote_agent_handshake (vllm/distributed/kv_transfer/kv_connector/v1/
+# nixl_connector.py at 002a1057e9ae): assert not (tp_ratio < 0 and is_kv_replicated(remote)), "Num kv_heads >
+# tp_size and P TP > D TP case, not supported"; with the decode TP the larger and the prefill's heads not replicated
+# the remote block must be tp_ratio local blocks ("Remote P worker KV layer cache must be of shape [2, N,
+# local_kv_heads*tp_ratio, ...]"), which a replicated decode rank's one head is not. Each decode rank pulls its own
+# heads (make_prepped_xfer "READ") from prefill rank tp_rank // tp_ratio, so the decode side's copies are each filled
+VLLM_NIXL_REPLICATED = (
+    "vLLM's NixlConnector moves replicated KV heads only from a prefill worker that replicates them too into a decode "
+    "worker of at least its TP (nixl_connector.py _validate_remote_agent_handshake: 'Num kv_heads > tp_size and P TP "
+    "> D TP case, not supported'; the remote block must hold tp_ratio local blocks)"
+)
 
 
 ENGINES: dict[str, EngineTraits] = {}
@@ -133,6 +157,11 @@ VLLM = register(
         dynamo=VLLM_DYNAMO,  # python3 -m dynamo.vllm
         # quantization/mxfp4.py Mxfp4MoEMethod (experts only; the weights dequantized to bf16 math by default)
         weight_formats=("nvfp4", "mxfp4"),
+        # QKVParallelLinear: num_kv_heads 1, num_kv_head_replicas = divide(tp_size, total_num_kv_heads) once tp_size
+        # >= the heads (model_executor/layers/linear.py at 0036d38de46c); ModelConfig.get_num_kv_heads
+        # max(1, total // tp) sizes the KV cache (config/model.py at 18ec66292536)
+        kv_head_replication=True,
+        kv_transfer_replicated_rule=VLLM_NIXL_REPLICATED,
     )
 )
 SGLANG = register(
@@ -168,6 +197,14 @@ SGLANG = register(
         dynamo=SGLANG_DYNAMO,  # python3 -m dynamo.sglang
         # python/sglang/srt/layers/quantization/mxfp4.py Mxfp4Config (FusedMoE only; linears UnquantizedLinearMethod)
         weight_formats=("nvfp4", "mxfp4"),
+        # QKVParallelLinear as vLLM's, a K/V shard loaded from head tp_rank // num_kv_head_replicas
+        # (python/sglang/srt/layers/linear.py at 0079fcc18b3e)
+        kv_head_replication=True,
+        # a decode rank of smaller TP waits for every prefill rank of its span, MLA excepted
+        # (disaggregation/common/conn.py _resolve_rank_mapping: required_prefill_response_num = span), and each sends
+        # its heads, copies too (mooncake/conn.py send_kvcache_slice at 0005973a84f7: "GQA replication: how many
+        # prefill ranks share the same KV head", unique_head_idx = rank // src_replication, the same decode offset)
+        kv_transfer_sends_replicas=True,
     )
 )
 TRTLLM = register(
@@ -196,6 +233,11 @@ TRTLLM = register(
         launch=trtllm_command,  # trtllm-serve --backend pytorch (TensorRT-LLM 1.2)
         disagg_router=trtllm_router,  # trtllm-serve disaggregated -c disagg_config.yaml
         weight_formats_note="TensorRT-LLM's own MXFP4 MoE path (GPT-OSS) is not modelled here: use vllm or sglang",
+        # _torch/modules/attention.py Attention (c6d3bb2aae30): num_key_value_heads = ceil(kv / tp) per rank, K and V
+        # copied per rank by duplicate_kv_weight (_torch/models/modeling_utils.py at cb4c622cf5bb: tp % kv == 0). Its
+        # cache transceiver sends one copy: CacheFormatter::needSendCache lets only the ranks with tp rank %
+        # mDupHeadFactor == 0 send (cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp; targetIRanks' dup factor)
+        kv_head_replication=True,
     )
 )
 
@@ -207,4 +249,4 @@ def engine(name: str) -> EngineTraits:
     return traits
 
 
-__all__ = ["ENGINES", "MXFP4_MIN_SM", "EngineTraits", "engine", "register"]
+__all__ = ["ENGINES", "MXFP4_MIN_SM", "VLLM_NIXL_REPLICATED", "EngineTraits", "engine", "register"]

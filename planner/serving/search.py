@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from .. import deadline
 from .._errors import SpecError
 from ..model import ModelSpec
+from ..parallel import kv_heads_rule
 from ..words import POOL_DIMS, duration, load_name, pool_name
 from ..workload import WEIGHT_FORMAT_BYTES
 from .deployment import ServePlan, check_weight_format, plan_serving
@@ -75,7 +76,9 @@ def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
     out = []
     tp = 1
     while tp <= per_node:
-        if model.num_attention_heads % tp == 0 and model.kv_heads % min(tp, model.kv_heads) == 0:
+        # KV heads split over the ranks or, past them, replicated (the engines': parallel.kv_heads_rule; an engine
+        # without replication refuses the layout itself, counted in ``rejected``)
+        if model.num_attention_heads % tp == 0 and (model.mla or kv_heads_rule(model.kv_heads, tp, True) is None):
             pp = 1
             while tp * pp <= gpus and pp <= model.num_layers:
                 out.append(Pool(tp=tp, pp=pp))
