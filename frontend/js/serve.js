@@ -291,7 +291,7 @@ async function drawTransfer() {
   const d = state.serve;
   if (!d || !d.kv_transfer) return;
   const k = d.kv_transfer, [pre, dec] = d.pools;
-  await drawTopology({ num_groups: 1, placement: { group_devices: k.devices, links: k.links } }, d.cluster);
+  await drawTopology({ num_groups: 1, drawn: "The transfer", placement: { group_devices: k.devices, links: k.links } }, d.cluster);
   const lead = `The KV transfer: GPUs ${k.devices[0]}-${k.devices[pre.gpus / pre.workers - 1]} are the first prefill worker, `
     + `${k.devices[pre.gpus / pre.workers]}-${k.devices[k.devices.length - 1]} the decode worker it feeds `
     + `(${fmtInt(dec.workers)} decode worker${dec.workers > 1 ? "s" : ""} in all); links coloured by the transfer. `;

@@ -86,6 +86,10 @@ function colours(call) {
 // "on all 64 groups", "on its one group" (a KV transfer, or a call over the whole world, was "on all 1 groups")
 const onGroups = (n) => (n === 1 ? "on its one group" : `on all ${fmtInt(n)} groups`);
 
+// what is drawn, as the notes name it: a ledger call's first group, or what the caller names (call.drawn: the
+// serving KV transfer, which read "The first group spans 12 nodes")
+const whoOf = (call) => call.drawn || "The first group";
+
 const edgeEl = (e, u) => ({ data: { id: e.id, source: e.source, target: e.target, u, label: e.label }, classes: e.links.length > 1 ? "bundle" : "" });
 
 // node boxes in rows; rails (or the unit's leaf) in a row beneath, labelled with their busiest link
@@ -111,8 +115,8 @@ function drawAggregate(call, cluster, view, busy) {
     const said = railSeen.has(v.id) ? `${Math.round(100 * u)}% busy` : "not reported";
     els.push({ data: { id: v.id, label: `${v.label}\n${said}` }, classes: "rail", position: { x: (i + 0.5) * span / rails.length - 33 - (span - width) / 2, y: rows * 48 + 90 } });
   });
-  show(els, `The first group spans ${view.nodes} nodes${view.nodes > boxes.length ? ` (the first ${boxes.length} drawn)` : ""}: `
-    + `each box is a node with how many of its ${D} devices are in the group; `
+  show(els, `${whoOf(call)} spans ${view.nodes} nodes${view.nodes > boxes.length ? ` (the first ${boxes.length} drawn)` : ""}: `
+    + `each box is a node with how many of its ${D} devices are in it; `
     + (rails.length ? `each ${cluster.network.rail_optimized ? "rail" : "leaf"} gathers its NIC links, coloured by the busiest reported link while the call runs ${onGroups(call.num_groups)}`
       + (rails.some((v) => !railSeen.has(v.id)) ? ` ("not reported": none of its links is among the ${fmtInt(reported.size)} busiest the plan reports). ` : ". ")
       : view.edges.length ? `edges are the router links between them, coloured while the call runs ${onGroups(call.num_groups)}. ` : "")
@@ -141,7 +145,7 @@ function drawDetailed(call, view, busy, spanned) {
   network.row.forEach((v, i) => at(v, i * 90, rows * 60 + 200));
   network.spine.forEach((v) => at(v, Math.max(0, (network.row.length - 1) * 45), rows * 60 + 300));
   for (const e of view.edges) els.push(edgeEl(e, busy(e)));
-  show(els, `${focus !== null ? `Node ${focus}, one of the ${spanned} nodes the first group spans (click the background for all of them). ` : ""}`
+  show(els, `${focus !== null ? `Node ${focus}, one of the ${spanned} nodes ${whoOf(call).toLowerCase()} spans (click the background for all of them). ` : ""}`
     + `${view.truncated ? "Some GPUs or router links are left out to keep the drawing readable. " : ""}`
     + `Edge colour: utilisation while the call runs ${onGroups(call.num_groups)} (green < 50%, orange < 90%, red ≥ 90%); a link and its reverse are drawn apart.`);
 }

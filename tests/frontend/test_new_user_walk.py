@@ -70,12 +70,16 @@ def test_timeline_colours_apart(page):  # noqa: F811
 def test_the_kv_transfer_drawn_is_what_the_card_says(page):  # noqa: F811
     """Drawing the serving KV transfer said "Selected call: tp.attn.qkv" with that call's sentence and explorer
     curves above and beside the transfer's drawing. Now the card names the transfer with its bytes, time and busiest
-    link, the explorer is empty with a note, no ledger row is selected; a ledger row brings a call back."""
+    link, the topology's note names the transfer, the explorer is empty with a note, no ledger row is selected; a
+    ledger row brings a call back."""
     open_page(page, url_state(LLAMA))
     page.select_option("#serve-scenario", "dsv3-pd")
     expect(page.locator("#serve-draw")).to_be_visible(timeout=60_000)
     page.click("#serve-draw")
     expect(page.locator("#topology-note")).to_contain_text("The KV transfer", timeout=30_000)
+    # its drawing is the transfer's 96 GPUs, not a "first group"
+    expect(page.locator("#topology-note")).to_contain_text("The transfer spans 12 nodes")
+    assert "first group" not in page.locator("#topology-note").inner_text()
     k = page.evaluate("window.commplan.state.serve.kv_transfer")
     expect(page.locator("#detail-title")).to_have_text("Serving: the KV transfer")
     text = page.locator("#detail-text").inner_text()
