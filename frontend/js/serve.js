@@ -407,6 +407,11 @@ function setPool(prefix, p) {
 
 export function loadDeployment(request) {
   $("serve-engine").value = request.engine;
+  // at the load it was planned at: a front point "at 512 concurrent: meets the SLA" was loaded at the form's 2,048
+  // and planned a TTFT of 12.2 s, not its 1.03 s (round 10)
+  const t = request.traffic || {};
+  if (t.concurrency !== null && t.concurrency !== undefined) { $("serve-load").value = "concurrency"; $("serve-concurrency").value = t.concurrency; }
+  else if (t.request_rate !== null && t.request_rate !== undefined) { $("serve-load").value = "rate"; $("serve-concurrency").value = t.request_rate; }
   const pools = request.deployment.pools;
   $("serve-mode").value = pools.length > 1 ? "disaggregated" : "aggregated";
   if (pools.length > 1) { setPool("serve-p", pools[0]); setPool("serve-d", pools[1]); } else setPool("serve-a", pools[0]);
