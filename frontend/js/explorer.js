@@ -9,6 +9,17 @@ import { state } from "./state.js";
 
 let seq = 0;
 
+// the explorer emptied, with a note, while the detail card shows something that is not a ledger call (the serving
+// KV transfer): it kept the training call's curves under the transfer's topology (round 10); a pending answer is
+// dropped as after a newer selection
+export function clearExplorer(note) {
+  ++seq;
+  chart("explorer").clear();
+  $("explorer").dataset.call = "";
+  $("explorer-title").textContent = "Algorithm explorer";
+  $("explorer-note").textContent = note;
+}
+
 export async function explore(call) {
   const mine = ++seq;
   const label = `${call.name} (stage ${call.stages[0]})`;

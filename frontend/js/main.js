@@ -1,7 +1,7 @@
 // commplan what-if page: wires the modules. No build step: ES modules; ECharts and Cytoscape.js vendored.
 import { ApiError, getJson, postJson, Unreachable } from "./api.js";
 import { $, options } from "./dom.js";
-import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
+import { fmtBw, fmtBytes, fmtCount, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
 import { countSet, setClusterChoices, setNcclVersions, showResolvedDefaults } from "./controls.js";
 import { calibrationOf, clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
@@ -221,5 +221,5 @@ async function start() {
   await runPlan();
 }
 
-window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime, fields: FIELDS };  // for the browser tests and the curious
+window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime, fmtBytes, fmtCount, fields: FIELDS };  // for the browser tests and the curious
 start();

@@ -6,6 +6,7 @@ import { $, el, options as fillOptions } from "./dom.js";
 import { axisCount, axisTime, esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
 import { saveUrl, state } from "./state.js";
+import { clearExplorer } from "./explorer.js";
 import { drawTopology } from "./topology.js";
 
 const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Number(v); };
@@ -249,6 +250,10 @@ async function runServe() {
 const metric = (label, value, hint, id) => el("div", { className: "card metric-card", "data-card": id },
   el("div", { className: "metric-label" }, label), el("div", { className: "metric" }, value), hint ? el("div", { className: "hint" }, hint) : null);
 
+// a pool's tokens/s, which ones named: the column showed a prefill pool's input tokens/s beside a decode pool's
+// output ones unnamed ("223 K" over "11.1 K"), read as the prefill pool making 20x the output (round 10)
+const poolTokens = (p) => (p.output_tokens_per_s ? `${fmtCount(p.output_tokens_per_s)} output` : `${fmtCount(p.input_tokens_per_s)} input`);
+
 export function renderServe(d) {
   const t = d.throughput, kv = d.kv_cache;
   const cards = [
@@ -265,7 +270,7 @@ export function renderServe(d) {
   $("serve-cards").replaceChildren(...cards);
   const rows = d.pools.map((p) => el("tr", {},
     el("td", {}, p.role), el("td", { className: "num" }, fmtInt(p.gpus)), el("td", { className: "num" }, fmtInt(p.batch)),
-    el("td", { className: "num" }, fmtTime(p.step_s)), el("td", { className: "num" }, fmtCount(p.output_tokens_per_s || p.input_tokens_per_s)),
+    el("td", { className: "num" }, fmtTime(p.step_s)), el("td", { className: "num" }, poolTokens(p)),
     el("td", {}, p.fits ? "fits" : "does not fit"),
     el("td", { title: p.calls.map((c) => `${c.name} ${fmtBytes(c.message_bytes)} × ${c.calls_per_iteration}: ${fmtTime(c.time_s)}`).join("\n") },
       `${p.calls.length}: ${fmtTime(p.calls.reduce((s, c) => s + c.time_s * c.calls_per_iteration, 0))} if serialised`)));
@@ -286,12 +291,21 @@ async function drawTransfer() {
   const d = state.serve;
   if (!d || !d.kv_transfer) return;
   const k = d.kv_transfer, [pre, dec] = d.pools;
-  await drawTopology({ num_groups: 1, placement: { group_devices: k.devices, links: k.links } }, d.cluster);
+  await drawTopology({ num_groups: 1, drawn: "The transfer", placement: { group_devices: k.devices, links: k.links } }, d.cluster);
   const lead = `The KV transfer: GPUs ${k.devices[0]}-${k.devices[pre.gpus / pre.workers - 1]} are the first prefill worker, `
     + `${k.devices[pre.gpus / pre.workers]}-${k.devices[k.devices.length - 1]} the decode worker it feeds `
     + `(${fmtInt(dec.workers)} decode worker${dec.workers > 1 ? "s" : ""} in all); links coloured by the transfer. `;
   $("topology-note").textContent = lead + $("topology-note").textContent;
-  $("topology").scrollIntoView({ block: "nearest" });
+  // the card's title, sentence and explorer say the transfer too: they kept the ledger's selected training call
+  // ("Selected call: tp.attn.qkv", its curves) above the transfer's drawing (round 10)
+  for (const row of $("ledger").tBodies[0].rows) row.setAttribute("aria-selected", "false");
+  $("detail-title").textContent = "Serving: the KV transfer";
+  $("detail-text").textContent = `${fmtBytes(k.bytes_per_request)} of KV cache per request from ${k.senders} rank${k.senders > 1 ? "s" : ""} `
+    + `of the first prefill worker to the decode worker it feeds, ${fmtTime(k.time_s)} a request; the busiest link is ${k.bottleneck}. `
+    + "Select a ledger row to come back to the training plan's calls.";
+  clearExplorer("The explorer prices a ledger call's collective algorithms; the KV transfer is point-to-point sends of "
+    + "the transfer engine (Mooncake, NIXL), priced on the graph above (docs/serving.md). Select a ledger row to explore one.");
+  $("detail").scrollIntoView({ block: "nearest" });
 }
 
 async function runServeSearch() {
@@ -393,6 +407,11 @@ function setPool(prefix, p) {
 
 export function loadDeployment(request) {
   $("serve-engine").value = request.engine;
+  // at the load it was planned at: a front point "at 512 concurrent: meets the SLA" was loaded at the form's 2,048
+  // and planned a TTFT of 12.2 s, not its 1.03 s (round 10)
+  const t = request.traffic || {};
+  if (t.concurrency !== null && t.concurrency !== undefined) { $("serve-load").value = "concurrency"; $("serve-concurrency").value = t.concurrency; }
+  else if (t.request_rate !== null && t.request_rate !== undefined) { $("serve-load").value = "rate"; $("serve-concurrency").value = t.request_rate; }
   const pools = request.deployment.pools;
   $("serve-mode").value = pools.length > 1 ? "disaggregated" : "aggregated";
   if (pools.length > 1) { setPool("serve-p", pools[0]); setPool("serve-d", pools[1]); } else setPool("serve-a", pools[0]);

@@ -20,7 +20,10 @@ import { $, el } from "./dom.js";
 import { axisTime, esc, fmtInt, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
 
-const STREAM_COLORS = { compute: "#2f6fb0", tp: "#5b8fd0", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", comm: "#1e8449", pcie: "#7f8c8d" };
+// tp was #5b8fd0, a blue 3.8 apart (CIE76 ΔE) from the forward pass's #4f8fd6: a new user could not tell exposed
+// tp traffic from forward compute (round 10); the pink is at least 14 from every other colour drawn
+// (tests/frontend/test_page.py test_timeline_colours_apart)
+const STREAM_COLORS = { compute: "#2f6fb0", tp: "#d63384", cp: "#8e44ad", ep: "#c0392b", pp: "#d68910", dp: "#1e8449", edp: "#16a085", comm: "#1e8449", pcie: "#7f8c8d" };
 const RECOMPUTE = "#e67e22";
 // a stream's colour mixed with white: the light shade of its overlapped (hidden) part
 const lighten = (hex, k = 0.6) => `#${[1, 3, 5].map((i) => Math.round(parseInt(hex.slice(i, i + 2), 16) * (1 - k) + 255 * k).toString(16).padStart(2, "0")).join("")}`;

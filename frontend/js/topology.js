@@ -86,6 +86,10 @@ function colours(call) {
 // "on all 64 groups", "on its one group" (a KV transfer, or a call over the whole world, was "on all 1 groups")
 const onGroups = (n) => (n === 1 ? "on its one group" : `on all ${fmtInt(n)} groups`);
 
+// what is drawn, as the notes name it: a ledger call's first group, or what the caller names (call.drawn: the
+// serving KV transfer, which read "The first group spans 12 nodes")
+const whoOf = (call) => call.drawn || "The first group";
+
 const edgeEl = (e, u) => ({ data: { id: e.id, source: e.source, target: e.target, u, label: e.label }, classes: e.links.length > 1 ? "bundle" : "" });
 
 // node boxes in rows; rails (or the unit's leaf) in a row beneath, labelled with their busiest link
@@ -94,17 +98,27 @@ function drawAggregate(call, cluster, view, busy) {
   const boxes = view.vertices.filter((v) => v.kind === "node_box"), rails = view.vertices.filter((v) => v.kind === "rail");
   const perRow = Math.max(4, Math.min(12, Math.ceil(Math.sqrt(2 * boxes.length))));
   const rows = Math.ceil(boxes.length / perRow), width = Math.min(boxes.length, perRow) * 66;
+  // a rail none of whose links the plan reports (placement.links: the call's busiest, 24 on the page) is not known
+  // to be idle: it read "0% busy" while the other groups' traffic kept it as busy as rail 0 (round 10)
+  const reported = new Set((call.placement.links || []).map((l) => l.id)), railSeen = new Set();
   const railBusy = new Map(), els = [];
   boxes.forEach((v, i) => els.push({ data: { id: v.id, node: v.node, label: `${v.label}\n${v.members}/${D}` }, classes: "box", position: { x: (i % perRow) * 66, y: Math.floor(i / perRow) * 48 } }));
-  for (const e of view.edges) { const u = busy(e); railBusy.set(e.target, Math.max(railBusy.get(e.target) || 0, u)); els.push(edgeEl(e, u)); }
+  for (const e of view.edges) {
+    const u = busy(e);
+    railBusy.set(e.target, Math.max(railBusy.get(e.target) || 0, u));
+    if (e.links.some((id) => reported.has(id))) railSeen.add(e.target);
+    els.push(edgeEl(e, u));
+  }
   const span = Math.max(width, rails.length * 96);  // rails side by side without overlapping
   rails.forEach((v, i) => {
     const u = railBusy.get(v.id) || 0;
-    els.push({ data: { id: v.id, label: `${v.label}\n${Math.round(100 * u)}% busy` }, classes: "rail", position: { x: (i + 0.5) * span / rails.length - 33 - (span - width) / 2, y: rows * 48 + 90 } });
+    const said = railSeen.has(v.id) ? `${Math.round(100 * u)}% busy` : "not reported";
+    els.push({ data: { id: v.id, label: `${v.label}\n${said}` }, classes: "rail", position: { x: (i + 0.5) * span / rails.length - 33 - (span - width) / 2, y: rows * 48 + 90 } });
   });
-  show(els, `The first group spans ${view.nodes} nodes${view.nodes > boxes.length ? ` (the first ${boxes.length} drawn)` : ""}: `
-    + `each box is a node with how many of its ${D} devices are in the group; `
-    + (rails.length ? `each ${cluster.network.rail_optimized ? "rail" : "leaf"} gathers its NIC links, coloured by the busiest reported link while the call runs ${onGroups(call.num_groups)}. `
+  show(els, `${whoOf(call)} spans ${view.nodes} nodes${view.nodes > boxes.length ? ` (the first ${boxes.length} drawn)` : ""}: `
+    + `each box is a node with how many of its ${D} devices are in it; `
+    + (rails.length ? `each ${cluster.network.rail_optimized ? "rail" : "leaf"} gathers its NIC links, coloured by the busiest reported link while the call runs ${onGroups(call.num_groups)}`
+      + (rails.some((v) => !railSeen.has(v.id)) ? ` ("not reported": none of its links is among the ${fmtInt(reported.size)} busiest the plan reports). ` : ". ")
       : view.edges.length ? `edges are the router links between them, coloured while the call runs ${onGroups(call.num_groups)}. ` : "")
     + "Click a node to expand it; click the background to come back.");
 }
@@ -131,7 +145,7 @@ function drawDetailed(call, view, busy, spanned) {
   network.row.forEach((v, i) => at(v, i * 90, rows * 60 + 200));
   network.spine.forEach((v) => at(v, Math.max(0, (network.row.length - 1) * 45), rows * 60 + 300));
   for (const e of view.edges) els.push(edgeEl(e, busy(e)));
-  show(els, `${focus !== null ? `Node ${focus}, one of the ${spanned} nodes the first group spans (click the background for all of them). ` : ""}`
+  show(els, `${focus !== null ? `Node ${focus}, one of the ${spanned} nodes ${whoOf(call).toLowerCase()} spans (click the background for all of them). ` : ""}`
     + `${view.truncated ? "Some GPUs or router links are left out to keep the drawing readable. " : ""}`
     + `Edge colour: utilisation while the call runs ${onGroups(call.num_groups)} (green < 50%, orange < 90%, red ≥ 90%); a link and its reverse are drawn apart.`);
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 import tomllib
@@ -19,10 +20,15 @@ def _client_snippet() -> str:
     return match.group(1)
 
 
-def test_readme_client_snippet_runs_and_its_plan_fits():
-    code = _client_snippet()
+@functools.cache
+def _run_snippet() -> dict:
     scope: dict = {}
-    exec(compile(code, "README.md#python-client", "exec"), scope)  # its own `assert plan.memory.fits`
+    exec(compile(_client_snippet(), "README.md#python-client", "exec"), scope)  # its own `assert plan.memory.fits`
+    return scope
+
+
+def test_readme_client_snippet_runs_and_its_plan_fits():
+    scope = _run_snippet()
     plan = scope["plan"]
     assert plan.memory.fits and plan.step.time_s > 0
     peak = max(s["peak_bytes"] for s in plan.raw["memory"]["per_stage"])
@@ -33,6 +39,37 @@ def test_readme_client_snippet_runs_and_its_plan_fits():
     assert 0 < serve.tpot_s < 0.03 and serve.ttft_s is not None
     assert best.answer.tpot_s <= 0.03 and best.answer.ttft_s <= 1.0 and best.answer.gpus <= 8
     assert best.answer.throughput.output_tokens_per_s_per_gpu > 0
+
+
+def test_readme_client_snippet_figures_are_what_it_computes():
+    """The figures its comments quote, at the digits quoted (round 10, a new user's walk: they read 61.9 GB, 98.0
+    and TPOT 8.9 ms where the snippet computed 62.0, 98.1 and 8.1): the ZeRO-1 peak against the capacity, the same
+    layout's ZeRO-0 peak, the served TPOT and the SLA search's best deployment."""
+    code, scope = _client_snippet(), _run_snippet()
+    memory = re.search(r"ZeRO-1: peak (\d+\.\d) GB of (\d+\.\d); ZeRO-0: (\d+\.\d)", code)
+    served = re.search(r"TPOT (\d+\.\d) ms; best: vLLM (\d+)x TP(\d+) prefill \+ TP(\d+) decode", code)
+    assert memory and served, "the snippet's comments no longer quote its figures"
+    gb = lambda b: f"{b / 1e9:.1f}"  # noqa: E731
+    plan = scope["plan"]
+    assert (
+        gb(max(s["peak_bytes"] for s in plan.raw["memory"]["per_stage"])),
+        gb(plan.memory.capacity_bytes),
+    ) == memory.group(1, 2)
+    from app.client import Client
+    from app.main import create_app
+
+    request = {"model": {"preset": "llama3-8b"}, "workload": {"micro_batch_size": 1, "global_batch_size": 64},
+               "parallel": {"tp": 2, "dp": 4, "zero_stage": 0}, "cluster": {"preset": "dgx-h100"}}  # fmt: skip
+    with Client(app=create_app()) as client:
+        zero0 = client.plan(request)
+    assert gb(max(s["peak_bytes"] for s in zero0.raw["memory"]["per_stage"])) == memory.group(3)
+    assert f"{scope['serve'].tpot_s * 1e3:.1f}" == served.group(1)
+    best = scope["best"]
+    pools = {p["role"]: p for p in best.request["deployment"]["pools"]}
+    assert best.engine == "vllm" and best.mode == "disaggregated"
+    assert (str(pools["prefill"]["workers"]), str(pools["prefill"]["tp"]), str(pools["decode"]["tp"])) == served.group(
+        2, 3, 4
+    )
 
 
 def test_readme_names_every_client_method():

@@ -1586,7 +1586,7 @@ def test_timeline_recompute_blocks_and_hidden_pass_traffic(make_page, viewport):
             )
     colours = {d["itemStyle"]["color"] for d in data if d["name"].startswith("tp ")}
     assert len(colours) >= 1 and all(
-        c != "#5b8fd0" for c in {d["itemStyle"]["color"] for d in data if d["name"].endswith("(overlapped)")}
+        c != "#d63384" for c in {d["itemStyle"]["color"] for d in data if d["name"].endswith("(overlapped)")}
     )
     expect(page.locator("#timeline-note")).to_contain_text("overlapped")
     assert overflow(page) <= 0
