@@ -330,7 +330,7 @@ def userbuffers_decoder_share(ctx: Context, stage: int) -> dict[str, float]:
     out = {}
     for c in _layer_calls(_mtp_bf16(ctx, stage) or ctx, stage, "mtp"):
         own = decoder.get((c.name, c.message_bytes, c.dtype))
-        if own is not None and c.name in carried:
+        if own is not None and c.name in carried and own + c.calls_per_iteration > 0:  # tp 1: rows of no call
             out[c.name] = own / (own + c.calls_per_iteration)
     return out
 

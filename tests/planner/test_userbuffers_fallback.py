@@ -120,3 +120,17 @@ def test_mtp_inner_layers_run_nccl():
         grew = plan.step.stages[0].tp_fallback_s[phase] - hidden.stages[0].tp_fallback_s[phase]
         assert grew == pytest.approx(carried / 81 / 8, rel=1e-9), phase
     assert plan.step.time_s > hidden.time_s
+
+
+def test_mtp_at_tp_1_under_the_overlap_plans():
+    """tp 1 issues no TP call, so no share to take (was a ZeroDivisionError, a 500: the fresh-clone run of
+    tests/app/test_hostile_combos.py found Mixtral with one MTP block, tp 1, tp_comm_overlap on, on a DGX A100)."""
+    model = replace(model_preset("mixtral-8x7b"), mtp_layers=1)
+    plan = build_plan(
+        model,
+        WorkloadSpec(micro_batch_size=1, global_batch_size=8),
+        ParallelSpec(tp=1, dp=8),
+        cluster_preset("dgx-a100", 1),
+        Options(overlap=Overlap(overlap_grad_reduce=True, tp_comm_overlap=True)),
+    )
+    assert plan.step.time_s > 0 and not [c for c in plan.calls if c.call.name.startswith("tp.")]
