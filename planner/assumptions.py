@@ -25,6 +25,8 @@ from .kernels import (
     vocab_parallel_loss,
 )
 from .parallel import DEFAULT_ORDER, format_layout, pipeline_chunks
+from .pipeline import Schedule
+from .pipeline_jitter import method
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,9 @@ def _split_and_data_rows(ctx: Context) -> list[Assumption]:
         shown = ", ".join(map(str, lengths[:8])) + (f", ... ({len(lengths)} in all)" if len(lengths) > 8 else "")
         rows.append(Assumption("workload.document_lengths", shown, f"{COMMPLAN}: one document a sequence"))
         what = "none: every sequence packs document_lengths (Megatron's packing scheduler off)"
+        if work.document_packing == "dp_balanced":  # how the wait for the slowest packed micro-batch is found
+            sched = Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank)
+            what += f"; the wait for the slowest packed micro-batch: {method(sched)} (planner/pipeline_jitter.py)"
         rows.append(Assumption("workload.document_packing", work.document_packing or "none", what))
     return rows
 

@@ -233,10 +233,13 @@ def draws(p: int, v: int, m: int) -> int:
     return runs_at(p, v, m)[1]
 
 
-def call_work(p: int, v: int, m: int) -> int:
-    """Cells of one call as ``runs_at`` runs it (planner/estimate.py charges it); 0 for the flow shop."""
+def call_work(kind: str, p: int, v: int, m: int) -> int:
+    """Cells of one call as ``runs_at`` runs it (planner/estimate.py charges it); 0 for the flow shop (an order
+    not written out, or over the bound) and for one stage."""
+    if p == 1 or schedule_traits(kind).order is None:
+        return 0
     nodes, d = runs_at(p, v, m)
-    return work(p, v, m, d, nodes) if d and p > 1 else 0
+    return work(p, v, m, d, nodes) if d else 0
 
 
 def method(sched: Schedule) -> str:

@@ -220,9 +220,9 @@ def test_the_work_is_bounded_by_fewer_draws_then_the_flow_shop():
     shop (None, said by ``method``) at pp 256 and 512, answered at once."""
     assert [runs_at(p, 1, 4 * p) for p in (4, 16, 64)] == [(NODES, DRAWS)] * 3
     assert runs_at(128, 1, 512) == runs_at(64, 2, 4096) == (1, DRAWS) and runs_at(128, 2, 1024) == (1, 64)
-    assert draws(256, 1, 1024) == draws(512, 1, 2048) == call_work(512, 1, 2048) == 0
+    assert draws(256, 1, 1024) == draws(512, 1, 2048) == call_work("1f1b", 512, 1, 2048) == 0
     for p, v, m in ((16, 4, 128), (64, 2, 4096), (128, 1, 512), (64, 4, 1024)):
-        assert 0 < call_work(p, v, m) <= CELLS
+        assert 0 < call_work("interleaved", p, v, m) <= CELLS and call_work("gpipe", p, 1, m) == 0
     start = time.process_time()
     assert jitter(Schedule("1f1b", 512, 2048), 0.33, 0.05) is None
     assert time.process_time() - start < 0.5
