@@ -68,6 +68,7 @@ CELLS = 1 << 28
 CELL_UNITS = 5  # cells (2-5 ns) in one of planner/estimate.py's work units (about 15 ns)
 CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of it (cache-resident: ~5 ns a cell)
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
+RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
 GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (4 int32 arrays: ~130 MiB at most)
 
 
@@ -211,7 +212,7 @@ def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES) -> int:
     for mr in _runs(p, v, m):
         ops, levels = 2 * mr * v * p, 2 * mr * v + 2 * (p - 1)
         chunks = -(-columns // max(1, CHUNK // (ops + 1)))
-        total += ops * columns + levels * chunks * LEVEL_CELLS + ops * (2 * p + 8)
+        total += ops * columns + levels * chunks * LEVEL_CELLS + RELAX_CELLS * ops * (2 * p + 8)
     return total
 
 
