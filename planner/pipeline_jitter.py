@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -136,7 +137,8 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     key = (kind, p, v, m)
     found = _GRAPHS.get(key)
     if found is not None:
-        _GRAPHS.move_to_end(key)
+        with suppress(KeyError):  # another thread may have let it go since (each step atomic under the GIL)
+            _GRAPHS.move_to_end(key)
         return found
     backward, mb, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
     ops = len(mb)
@@ -151,8 +153,9 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     bounds = (0, *(np.flatnonzero(np.diff(level[by_level])) + 1).tolist(), ops)
     at = (mb + m * backward)[by_level].astype(np.int32)
     graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1])
-    while sum(len(g.at) for g in _GRAPHS.values()) > GRAPH_OPS and len(_GRAPHS) > 1:
-        _GRAPHS.popitem(last=False)
+    with suppress(KeyError, RuntimeError):  # another thread's eviction in between
+        while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
+            _GRAPHS.popitem(last=False)
     return graph
 
 
@@ -246,7 +249,9 @@ def call_work(kind: str, p: int, v: int, m: int) -> int:
 def method(sched: Schedule) -> str:
     """How the wait for packed micro-batches is found for ``sched`` (the plan's Assumptions row)."""
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
-    if p > 1 and sched.traits.order is None:
+    if p == 1:
+        return "one stage: its micro-batches back to back, the spread of their sum (no pipeline to wait in)"
+    if sched.traits.order is None:
         return f"the flow shop's (p - 1)·E[max of m] (the {sched.kind} order is not written out)"
     nodes, d = runs_at(p, v, m)
     if d == 0:
@@ -269,7 +274,8 @@ def _node_moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, fl
     control variate (review r10a #3: its mean is the clipped draws', so clipping adds no work the planner does
     not price)."""
     keys = [(kind, p, v, m, d, phi, rho) for phi, rho in nodes]
-    missing = [k for k in dict.fromkeys(keys) if k not in _NODE_CACHE]
+    got = {k: _NODE_CACHE.get(k) for k in keys}  # read once: another thread may evict between steps
+    missing = [k for k, found in got.items() if found is None]
     if missing:
         # C order: the first m1 rows are the same draws at any m (common random numbers across m and nodes)
         z = np.random.Generator(np.random.PCG64(SEED)).standard_normal((m, DRAWS))[:, :d]
@@ -281,12 +287,16 @@ def _node_moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, fl
         for k, t, span in zip(missing, ts, spans, strict=True):
             rho = k[-1]
             extra = (span[1:] - span[0]) / rho
-            _NODE_CACHE[k] = (float(np.mean(extra - (t - 1.0).sum(axis=0) / rho)), float(np.var(extra, ddof=1)))
+            got[k] = _NODE_CACHE[k] = (
+                float(np.mean(extra - (t - 1.0).sum(axis=0) / rho)),
+                float(np.var(extra, ddof=1)),
+            )
+    with suppress(KeyError):
+        for k in got:
+            _NODE_CACHE.move_to_end(k)
         while len(_NODE_CACHE) > NODE_CACHE:
             _NODE_CACHE.popitem(last=False)
-    for k in keys:
-        _NODE_CACHE.move_to_end(k)
-    return [_NODE_CACHE[k] for k in keys]
+    return [got[k] for k in keys]
 
 
 def _moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, float]], d: int) -> list[tuple]:

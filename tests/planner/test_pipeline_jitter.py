@@ -231,6 +231,8 @@ def test_the_work_is_bounded_by_fewer_draws_then_the_flow_shop():
     fewer = method(Schedule("interleaved", 96, 768, 2))
     assert "128 fixed-seed draws at its own (phi, rho), sampling error 1.4x" in fewer
     assert "256 fixed-seed draws interpolated" in method(Schedule("1f1b", 4, 16))
+    assert method(Schedule("1f1b", 1, 16)).startswith("one stage") and "not written out" in method(
+        Schedule("gpipe", 4, 16))  # fmt: skip
 
 
 def test_deadlocked_orders_are_refused(monkeypatch):
