@@ -13,7 +13,7 @@ neighbour's backward of another), so each micro-batch adds a max and the excess 
 interleaved order has slack that absorbs small spreads (docs/step-time.md, "(docwait10)").
 
 ``jitter`` evaluates it: DRAWS fixed-seed draws (common random numbers, numpy's PCG64 with SEED: deterministic) run
-together through the graph in its longest-path levels (operations counted, found by relaxation in about 2p vectorised
+together through the graph in its longest-path levels (operations counted, found by relaxation in 2-3 Gauss-Seidel
 rounds), each level one vectorised step over its operations and the draws. It returns, per unit of sigma, the mean
 excess over the uniform makespan (the sum of the draws' own (t_j - 1) subtracted as a control variate: t_j = max(1 +
 rho·z_j, 0) clipped at 0, so the clipped draws' sum, which keeps the mean work at what the planner prices; review r10a
@@ -70,6 +70,7 @@ CELL_UNITS = 5  # cells (2-5 ns) in one of planner/estimate.py's work units (abo
 CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of it (cache-resident: ~5 ns a cell)
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
 RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
+RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
 GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (4 int32 arrays: ~130 MiB at most)
 
 
@@ -100,7 +101,9 @@ class _Graph:
 def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
     """Per rank d and position i (its i-th op): backward?, micro-batch, the flat index d·n + i of its input
     (-1: none) and its longest-path level (ops counted), by relaxation: a level is at least its rank's previous
-    op's + 1 and its input's + 1; each round takes the inputs, then runs a cumulative max along every rank."""
+    op's + 1 and its input's + 1; a round visits the ranks 0..p-1 then back (Gauss-Seidel: each takes its inputs'
+    newest levels, then runs a cumulative max along the rank). It was Jacobi (all ranks at once, about 2p rounds:
+    O(p) passes over 8p²v ops, the bound's binding cost at pp 128; review r10a #1); the same levels (test)."""
     sched = Schedule(kind, p, m, v)
     order = schedule_traits(kind).order
     backward, mb, chunk = (np.stack(x) for x in zip(*(order(sched, d) for d in range(p)), strict=True))
@@ -119,14 +122,20 @@ def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
     pos_in = at[src, np.where(own, 0, backward.astype(np.intp)), mb, np.clip(c_in, 0, v - 1)]
     flat = np.where(none, -1, src * n + pos_in)
     step = np.arange(n)
-    level = np.broadcast_to(step + 1, (p, n)).copy()
-    for _ in range(4 * p * v + 8):  # converges in about 2p rounds (tests/planner/test_pipeline_jitter.py)
-        new = np.maximum(level, np.append(level.ravel(), 0)[flat] + 1)
-        new = np.maximum.accumulate(new - step, axis=1) + step
-        if np.array_equal(new, level):
-            return backward, mb, flat, level
-        level = new
-    raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock")
+    level = np.append(np.broadcast_to(step + 1, (p, n)).ravel(), 0)  # flat; the last: "no input", level 0
+    ranks = level[:-1].reshape(p, n)
+    sweep = [*range(p), *range(p - 1, -1, -1)]  # Gauss-Seidel: each rank reads its neighbours' newest levels
+    for _ in range(RELAX_ROUNDS):  # Megatron's orders settle in 1-2 rounds, a third finds no change (mend10a)
+        changed = False
+        for d in sweep:
+            new = np.maximum(ranks[d], level[flat[d]] + 1)
+            new = np.maximum.accumulate(new - step) + step
+            if not np.array_equal(new, ranks[d]):
+                ranks[d] = new
+                changed = True
+        if not changed:
+            return backward, mb, flat, ranks
+    raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock (no fixed point in {RELAX_ROUNDS} rounds)")
 
 
 _GRAPHS: OrderedDict[tuple, _Graph] = OrderedDict()  # (kind, p, v, m) -> structure, least recently used first
@@ -210,12 +219,13 @@ def _runs(p: int, v: int, m: int) -> tuple[int, ...]:
 def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES) -> int:
     """Cells of one call at ``draws_`` draws on ``nodes`` grid nodes (each with its uniform column): per run of
     2·m·v·p ops, the sweep's ops x columns, its levels' numpy steps (LEVEL_CELLS each, per column chunk) and the
-    levels' relaxation (about 2p + 8 rounds over the ops, the structure built once)."""
+    levels' relaxation (3 Gauss-Seidel rounds of 2p rank steps over the ops, the structure built once)."""
     total, columns = 0, nodes * (draws_ + 1)
     for mr in _runs(p, v, m):
         ops, levels = 2 * mr * v * p, 2 * mr * v + 2 * (p - 1)
         chunks = -(-columns // max(1, CHUNK // (ops + 1)))
-        total += ops * columns + levels * chunks * LEVEL_CELLS + RELAX_CELLS * ops * (2 * p + 8)
+        relax = 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)  # 3 Gauss-Seidel rounds of 2p rank steps
+        total += ops * columns + levels * chunks * LEVEL_CELLS + relax
     return total
 
 

@@ -174,7 +174,7 @@ def test_the_slowest_replica_is_the_normal_maximum():
 
 def test_one_stage_is_the_sum_and_nodes_are_runs():
     """pp 1: mean 0, sd sqrt(m) (no run); on a grid node the answer is that node's direct run exactly; the caches
-    are bounded; the levels relax in about 2p rounds."""
+    are bounded; the levels' longest path is 2mv + 2(p - 1) ops."""
     assert jitter(Schedule("1f1b", 1, 9), 0.3, 0.1) == Jitter(0.0, 3.0)
     assert 0.08 in RHO_NODES and 0.3 in PHI_NODES
     on = jitter(Schedule("1f1b", 4, 16), 0.3, 0.08)
@@ -215,24 +215,47 @@ def test_clipped_draws_are_their_own_control_variate():
 
 
 def test_the_work_is_bounded_by_fewer_draws_then_the_flow_shop():
-    """Review r10a #1: a call's cells stay within CELLS: the grid with all DRAWS up to pp 32 at m 4p; its own key
-    alone at pp 64 and 128 (1F1B, m 4p) and interleaved pp 64 (m 4096); fewer draws at interleaved pp 96; the flow
-    shop (None, said by ``method``) at interleaved pp 128 and at pp 256 and 512, answered at once."""
-    assert [runs_at(p, 1, 4 * p) for p in (4, 16, 32)] == [(NODES, DRAWS)] * 3
-    assert runs_at(64, 1, 256) == runs_at(128, 1, 512) == runs_at(64, 2, 4096) == (1, DRAWS)
-    assert runs_at(96, 2, 768) == (1, 128) and draws(128, 2, 1024) == 0
-    assert draws(256, 1, 1024) == draws(512, 1, 2048) == call_work("1f1b", 512, 1, 2048) == 0
-    for p, v, m in ((16, 4, 128), (64, 2, 4096), (128, 1, 512), (96, 2, 768)):
+    """Review r10a #1: a call's cells stay within CELLS: the grid with all DRAWS up to pp 64 at m 4p; its own key
+    alone at pp 128 (1F1B, m 4p) and interleaved pp 64 (m 4096); fewer draws at interleaved pp 128 and 1F1B pp 256;
+    the flow shop (None, said by ``method``) at pp 512 and interleaved pp 64 v 16, answered at once."""
+    assert [runs_at(p, 1, 4 * p) for p in (4, 16, 64)] == [(NODES, DRAWS)] * 3
+    assert runs_at(128, 1, 512) == runs_at(64, 2, 4096) == (1, DRAWS)
+    assert runs_at(128, 2, 1024) == (1, 128) and runs_at(256, 1, 1024) == (1, 64)
+    assert draws(512, 1, 2048) == draws(64, 16, 1024) == call_work("1f1b", 512, 1, 2048) == 0
+    for p, v, m in ((16, 4, 128), (64, 2, 4096), (128, 1, 512), (128, 2, 1024), (256, 1, 1024)):
         assert 0 < call_work("interleaved", p, v, m) <= CELLS and call_work("gpipe", p, 1, m) == 0
     start = time.process_time()
     assert jitter(Schedule("1f1b", 512, 2048), 0.33, 0.05) is None
     assert time.process_time() - start < 0.5
     assert "over the work bound" in method(Schedule("1f1b", 512, 2048))
-    fewer = method(Schedule("interleaved", 96, 768, 2))
+    fewer = method(Schedule("interleaved", 128, 1024, 2))
     assert "128 fixed-seed draws at its own (phi, rho), sampling error 1.4x" in fewer
     assert "256 fixed-seed draws interpolated" in method(Schedule("1f1b", 4, 16))
     assert method(Schedule("1f1b", 1, 16)).startswith("one stage") and "not written out" in method(
         Schedule("gpipe", 4, 16))  # fmt: skip
+
+
+def test_the_orders_settle_in_a_few_gauss_seidel_rounds():
+    """Review r10a #6's grid (p 2-16, v 1-8, m up to m2): every Megatron order settles within RELAX_ROUNDS (no false
+    deadlock), and the levels are Jacobi's (all ranks at once until nothing moves, written here) at a few."""
+    for p in (2, 3, 4, 5, 8, 16):
+        for v in (1, 2, 3, 4, 8):
+            kind = "1f1b" if v == 1 else "interleaved"
+            for m in sorted(
+                {p, 2 * p, 4 * p, max(4 * p, MAX_STEPS // (2 * v) // p * p)} | ({1, 3, 7} if v == 1 else set())
+            ):
+                _levels(kind, p, v, m)
+    for kind, p, v, m in (("1f1b", 8, 1, 32), ("interleaved", 4, 2, 16), ("interleaved", 5, 3, 20)):
+        _, _, flat, level = _levels(kind, p, v, m)
+        n, step = level.shape[1], np.arange(level.shape[1])
+        jacobi = np.broadcast_to(step + 1, (p, n)).copy()
+        while True:
+            new = np.maximum(jacobi, np.append(jacobi.ravel(), 0)[flat] + 1)
+            new = np.maximum.accumulate(new - step, axis=1) + step
+            if np.array_equal(new, jacobi):
+                break
+            jacobi = new
+        assert np.array_equal(level, jacobi)
 
 
 def test_deadlocked_orders_are_refused(monkeypatch):
