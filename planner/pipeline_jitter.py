@@ -63,15 +63,15 @@ INTERPOLATION_ERROR = (0.01, 0.05)  # |interpolated - direct| <= 1% of the mean 
 NODES = 16  # nodes a candidate runs at most at once (4 phi x 4 rho, cubic in phi and log rho)
 # The work bound (review r10a #1): cells (ops x columns) of one call, its levels' numpy steps and the relaxation's
 # rounds (``work``), at most CELLS (under 1 s of one core: 2-5 ns a cell, measured in docs/step-time.md
-# "(mend10a)"); beyond it fewer draws (at least MIN_DRAWS), then the flow shop (``draws`` 0), said in the plan's
-# Assumptions row (``method``) and charged by planner/estimate.py (CELL_UNITS cells a work unit).
+# "(mend10a)"); beyond it the candidate's own (phi, rho) alone, then fewer draws (at least MIN_DRAWS), then the
+# flow shop (``draws`` 0), said in the plan's Assumptions row (``method``) and charged by planner/estimate.py (CELL_UNITS cells a work unit).
 CELLS = 1 << 28
 CELL_UNITS = 5  # cells (2-5 ns) in one of planner/estimate.py's work units (about 15 ns)
 CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of it (cache-resident: ~5 ns a cell)
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
 RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
 RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
-GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (4 int32 arrays: ~130 MiB at most)
+GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (3 int32 arrays an op: ~100 MiB at most)
 
 
 @dataclass(frozen=True)
