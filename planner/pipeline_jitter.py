@@ -64,7 +64,8 @@ NODES = 16  # nodes a candidate runs at most at once (4 phi x 4 rho, cubic in ph
 # The work bound (review r10a #1): cells (ops x columns) of one call, its levels' numpy steps and the relaxation's
 # rounds (``work``), at most CELLS (under 1 s of one core: 2-5 ns a cell, measured in docs/step-time.md
 # "(mend10a)"); beyond it the candidate's own (phi, rho) alone, then fewer draws (at least MIN_DRAWS), then the
-# flow shop (``draws`` 0), said in the plan's Assumptions row (``method``) and charged by planner/estimate.py (CELL_UNITS cells a work unit).
+# flow shop (``draws`` 0), said in the plan's Assumptions row (``method``) and charged by planner/estimate.py
+# (CELL_UNITS cells a work unit).
 CELLS = 1 << 28
 CELL_UNITS = 5  # cells (2-5 ns) in one of planner/estimate.py's work units (about 15 ns)
 CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of it (cache-resident: ~5 ns a cell)
