@@ -24,7 +24,9 @@ from .kernels import (
     norm_ops,
     vocab_parallel_loss,
 )
-from .parallel import DEFAULT_ORDER, pipeline_chunks
+from .parallel import DEFAULT_ORDER, format_layout, pipeline_chunks
+from .pipeline import Schedule
+from .pipeline_jitter import method
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def _split_and_data_rows(ctx: Context) -> list[Assumption]:
     rows: list[Assumption] = []
     if par.pp > 1:
         chunks = [c for rank in pipeline_chunks(par, ctx.model.num_layers, ctx.model.mtp_layers) for c in rank]
-        layout = layout_text(sorted(chunks, key=lambda c: c.index))
+        layout = format_layout(sorted(chunks, key=lambda c: c.index))
         rows.append(Assumption("parallel.pipeline_layout", layout, _split_source(par)))
     if work.training and work.activation_recompute == "none" and par.pp == 1:
         offload = "Megatron --cpu-offloading-num-layers (0: none)"
@@ -161,6 +163,9 @@ def _split_and_data_rows(ctx: Context) -> list[Assumption]:
         shown = ", ".join(map(str, lengths[:8])) + (f", ... ({len(lengths)} in all)" if len(lengths) > 8 else "")
         rows.append(Assumption("workload.document_lengths", shown, f"{COMMPLAN}: one document a sequence"))
         what = "none: every sequence packs document_lengths (Megatron's packing scheduler off)"
+        if work.document_packing == "dp_balanced":  # how the wait for the slowest packed micro-batch is found
+            sched = Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank)
+            what += f"; the wait for the slowest packed micro-batch: {method(sched)} (planner/pipeline_jitter.py)"
         rows.append(Assumption("workload.document_packing", work.document_packing or "none", what))
     return rows
 
@@ -177,23 +182,6 @@ def _split_source(par) -> str:
     )  # fmt: skip
     found = next((what for hit, what in given if hit), None)
     return found or "Megatron: num_layers / (pp·v) layers a virtual stage (get_transformer_layer_offset)"
-
-
-def layout_text(chunks) -> str:
-    """Chunks in model order as a --pipeline-model-parallel-layout string, a run of three or more alike chunks as
-    "(x|)*n": Llama 3 405B's "E|(t|)*125t|L"; planner/parallel.py parse_layout reads it back to the same chunks."""
-    names = [
-        "E" * c.embedding + ("t" if len(c.layers) == 1 else f"t*{len(c.layers)}" if c.layers else "")
-        + "m" * c.mtp + "L" * c.loss
-        for c in chunks
-    ]  # fmt: skip
-    runs: list[list] = []
-    for name in names:
-        if runs and runs[-1][0] == name:
-            runs[-1][1] += 1
-        else:
-            runs.append([name, 1])
-    return "|".join("|".join([name] * n) if n <= 2 else f"({name}|)*{n - 1}{name}" for name, n in runs)
 
 
 def _model_rows(ctx: Context) -> list[Assumption]:

@@ -168,7 +168,8 @@ def micro_batch_sigma(moments: PackMoments, packs: int, tokens: int, linear_s: f
 def document_wait_s(ctx, sched: Schedule, pass_s: tuple[float, float], linear_s: float, attention_s: float) -> float:
     """Seconds the step waits for the slowest packed micro-batch (module docstring): sigma·(mean + sd·E[max of
     dp]) with the pipeline's excess and spread from ``sched``'s order (pipeline_jitter.jitter; the flow shop's
-    (p - 1)·E[max of m] and sqrt(m) where the order is not written out); 0 without "dp_balanced" packing.
+    (p - 1)·E[max of m] and sqrt(m) where the order is not written out or its run is over pipeline_jitter's work
+    bound, said by pipeline_jitter.method); 0 without "dp_balanced" packing.
     ``pass_s``: the critical stage's mean micro-batch, (forward, backward) seconds, whose shares and spread the
     order runs over; ``linear_s``, ``attention_s``: its token work (ctx.b packs of ctx.s tokens), forward and
     backward (the host's waits do not scale with a pack's tokens)."""

@@ -46,6 +46,8 @@ from ._errors import SpecError
 from .explore import QUADRATIC, QUADRATIC_LIMIT
 from .model import ModelSpec
 from .parallel import ParallelSpec
+from .pipeline_jitter import CELL_UNITS
+from .pipeline_jitter import call_work as jitter_work
 from .plan import MAX_PARAMS, Options, Prepared, ledger_memo, placement_priced, prepare, price_classes
 from .workload import WorkloadSpec
 
@@ -214,7 +216,22 @@ def estimate(
             if len(memo) > WALKS_PER_CONTEXT:
                 del memo[next(iter(memo))]
     units, biggest, biggest_units, parts = walked
-    return Estimate(units, biggest, biggest_units, list(parts), prepared=prepared)
+    est = Estimate(units, biggest, biggest_units, list(parts), prepared=prepared)
+    if call is None:
+        _documents_work(est, prepared.ctx)
+    return est
+
+
+def _documents_work(est: Estimate, ctx) -> None:
+    """The wait for the slowest packed micro-batch ("dp_balanced"): the schedule's order run over fixed-seed draws
+    (planner/pipeline_jitter.py call_work: its cells, at most CELLS, CELL_UNITS a unit), for the same (schedule, pp,
+    v, micro-batches) the step runs it on."""
+    work, par = ctx.work, ctx.par
+    if not (ctx.training and work.document_packing == "dp_balanced" and work.document_lengths):
+        return
+    cells = jitter_work(par.pipeline_schedule, par.pp, max(1, par.chunks_per_rank), ctx.micro_batches)
+    what = f"workload.document_packing: the {par.pipeline_schedule} order over {ctx.micro_batches} micro-batches"
+    est.add(cells // CELL_UNITS, f"{what} at pp {par.pp} (planner/pipeline_jitter.py)")
 
 
 WALKS_PER_CONTEXT = 16  # (cluster, options, explored call) estimates kept per memoised context

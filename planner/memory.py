@@ -170,7 +170,7 @@ def saved_recipe(ctx: Context):
     return recipe if recipe is not None and ctx.training and ctx.flavour.te_fp8_recipes else None
 
 
-def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> dict[str, tuple[str, float]]:
+def activation_parts(ctx: Context, moe: bool) -> dict[str, tuple[str, float]]:
     """Each tensor one layer saves for backward, by name: (split | replicated | scores, bytes) for b·s/cp tokens
     (Korthikanti et al. 2022 Table 2, module docstring), at the width it is saved at. Under an fp8/fp4 recipe
     (``saved_recipe``) a TE linear saves a quantized copy of its input (``Recipe.saved_input_bytes``, 1.03 B per
@@ -180,8 +180,8 @@ def activation_parts(ctx: Context, moe: bool, dropout: bool | None = None) -> di
     float8_e4m3fn (1 B) with ``workload.activation_func_fp8_input_store`` (Megatron
     --activation-func-fp8-input-store, megatron/core/fusions/fused_bias_swiglu.py)."""
     mdl = ctx.model
-    # dropout False: neither dropout (a caller's override); None: as the model trains (attention, hidden)
-    drop_attn, drop_hidden = (attention_dropout(ctx), hidden_dropout(ctx)) if dropout is None else (dropout, dropout)
+    # each dropout as the model trains (dropout_probs: one rule decides the masks and the scores' 5·a·s²·b)
+    drop_attn, drop_hidden = attention_dropout(ctx), hidden_dropout(ctx)
     tok = ctx.b * ctx.s_cp
     x, h, hd, heads = ctx.x, mdl.hidden_size, mdl.head_size, mdl.num_attention_heads
     recipe = saved_recipe(ctx)
@@ -244,9 +244,9 @@ def _sum_parts(parts: dict[str, tuple[str, float]], names) -> LayerActivations:
     return LayerActivations(by_kind["split"], by_kind["replicated"], by_kind["scores"])
 
 
-def layer_activations(ctx: Context, moe: bool, dropout: bool | None = None) -> LayerActivations:
+def layer_activations(ctx: Context, moe: bool) -> LayerActivations:
     """Korthikanti et al. 2022 Table 2 tensor by tensor (module docstring, ``activation_parts``)."""
-    parts = activation_parts(ctx, moe, dropout)
+    parts = activation_parts(ctx, moe)
     return _sum_parts(parts, parts)
 
 

@@ -729,6 +729,25 @@ def parse_layout(layout: str | tuple | list) -> tuple[tuple[str, ...], ...]:
     return tuple(stages)
 
 
+def format_layout(chunks) -> str:
+    """Chunks in model order as a --pipeline-model-parallel-layout string, the inverse of :func:`parse_layout`
+    (``parse_layout(format_layout(chunks))`` gives each chunk's characters back): a chunk is its LAYER_CHARS in
+    Megatron's order (embedding, decoder layers, MTP, loss), n > 1 alike as "x*n"; a run of three or more alike
+    chunks is "(x|)*n": Llama 3 405B's "E|(t|)*125t|L"."""
+    char = {name: c for c, name in LAYER_CHARS.items()}
+    names = []
+    for c in chunks:
+        counts = (("embedding", int(c.embedding)), ("decoder", len(c.layers)), ("mtp", c.mtp), ("loss", int(c.loss)))
+        names.append("".join(char[k] if n == 1 else f"{char[k]}*{n}" if n else "" for k, n in counts))
+    runs: list[list] = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return "|".join("|".join([name] * n) if n <= 2 else f"({name}|)*{n - 1}{name}" for name, n in runs)
+
+
 def _unroll(text: str, n: int) -> str:
     if len(text) * n > LAYOUT_MAX_CHARS:
         raise SpecError("parallel.pipeline_layout", f"{text!r}*{n} unrolls to more than {LAYOUT_MAX_CHARS} layers")

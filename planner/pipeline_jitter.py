@@ -13,25 +13,31 @@ neighbour's backward of another), so each micro-batch adds a max and the excess 
 interleaved order has slack that absorbs small spreads (docs/step-time.md, "(docwait10)").
 
 ``jitter`` evaluates it: DRAWS fixed-seed draws (common random numbers, numpy's PCG64 with SEED: deterministic) run
-together through the graph in its longest-path levels (operations counted, found by relaxation in about 2p
-vectorised rounds), each level one vectorised step over its operations and the draws. It returns, per unit of sigma,
-the mean excess over the uniform makespan (the sum of the draws' (t_j - 1) subtracted as a control variate: its mean
-is 0, its spread the largest part of the makespan's) and the makespan's standard deviation. Keyed by value
-(schedule, p, v, m, phi to 0.01, rho to two significant figures: the excess is not linear in rho once the spread
-uses up the interleaved order's slack) and bounded. Up to m2 micro-batches, the most whose 2·m·v operations a rank
-fit in MAX_STEPS (at least 4p), the graph is run directly; beyond, at m2 and at m1 about m2/4 (multiples of p, in
-steady state), and both moments extrapolated linearly in m: a max-plus system with independent steps grows its mean
-linearly in m, at its cycle time (Baccelli, Cohen, Olsder, Quadrat, "Synchronization and Linearity", 1992, ch. 7,
-the ergodic theory of stochastic event graphs), and its variance is taken to grow so too (a sum over weakly
-dependent steps); both checked against the direct evaluation in tests/planner/test_pipeline_jitter.py (1F1B's mean
-within 1%, the interleaved order's flat one within 0.5 sigma, the sd within 12%). A schedule without an order is
-None: GPipe, whose every-forward-then-every-backward makespan is the flow shop's exactly (documents.py), and ZB-H1,
-ZBV, DualPipe(V) (a deferred weight gradient or two directions, not written out here), for which
-planner/documents.py keeps the flow shop's (p - 1)·E[max of m], a known approximation."""
+together through the graph in its longest-path levels (operations counted, found by relaxation in 2-3 Gauss-Seidel
+rounds), each level one vectorised step over its operations and the draws. It returns, per unit of sigma, the mean
+excess over the uniform makespan (the sum of the draws' own (t_j - 1) subtracted as a control variate: t_j = max(1 +
+rho·z_j, 0) clipped at 0, so the clipped draws' sum, which keeps the mean work at what the planner prices; review r10a
+#3) and the makespan's standard deviation. The draws run on a grid of (phi, rho) nodes per structure (schedule, p, v,
+m), cached by node; a candidate's (phi, rho) is cubic in phi and in log rho over its sixteen nodes, run together
+(mend10a; outside the grid its own key, phi to 0.01, rho to two significant figures: the excess is not linear in rho
+once the spread uses up the interleaved order's slack). The work of a call (``work``: cells and levels) is bounded by
+CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws, then the flow shop (None; ``method`` says
+which). Up to m2 micro-batches, the most whose 2·m·v operations a rank fit in MAX_STEPS (at least 4p), the graph is run
+directly; beyond, at m2 and at m1 about m2/4 (multiples of p, in steady state), and both moments extrapolated linearly
+in m: a max-plus system with independent steps grows its mean linearly in m, at its cycle time (Baccelli, Cohen, Olsder,
+Quadrat, "Synchronization and Linearity", 1992, ch. 7, the ergodic theory of stochastic event graphs), and its variance
+is taken to grow so too (a sum over weakly dependent steps); both checked against the direct evaluation in
+tests/planner/test_pipeline_jitter.py (1F1B's mean within 1%, the interleaved order's flat one within 0.5 sigma, the sd
+within 12%). A schedule without an order is None: GPipe, whose every-forward-then-every-backward makespan is the flow
+shop's exactly (documents.py), and ZB-H1, ZBV, DualPipe(V) (a deferred weight gradient or two directions, not written
+out here), for which planner/documents.py keeps the flow shop's (p - 1)·E[max of m], a known approximation."""
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -41,9 +47,32 @@ import numpy as np
 from .pipeline import Schedule, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
+MIN_DRAWS = 64  # the fewest draws before the flow shop (sampling error sqrt(DRAWS / MIN_DRAWS) = 2x DRAWS')
 SEED = 20261126
 # a rank's operations (2·m·v) in the longest direct run; beyond, two runs (m1 and m2) extrapolated (module docstring)
 MAX_STEPS = 256
+# The grid the draws run on (mend10a, review r10a #2): forward shares and log-spaced spreads; a candidate's
+# (phi, rho) inside it reads its sixteen nearest nodes (those not cached run together, one vectorised pass; cached
+# per structure and node), cubic (Lagrange) in phi and in log rho; outside it its own key is run. Interpolation
+# error against direct runs: at most 0.9% of the mean and 0.7% of the sd over 6 structures x 66 (phi, rho)
+# (docs/step-time.md "(mend10a)"; linear between nodes it was 3-6% in the interleaved order's steep rise);
+# tests/planner/test_pipeline_jitter.py holds it within INTERPOLATION_ERROR.
+PHI_NODES = tuple(k / 20 for k in range(2, 19))  # 0.1 .. 0.9 by 0.05
+RHO_NODES = tuple(float(f"{0.01 * 2 ** (k / 2):.4g}") for k in range(15))  # 0.01 .. 1.28 by sqrt(2)
+INTERPOLATION_ERROR = (0.01, 0.05)  # |interpolated - direct| <= 1% of the mean per sigma + 0.05 (the test's bound)
+NODES = 16  # nodes a candidate runs at most at once (4 phi x 4 rho, cubic in phi and log rho)
+# The work bound (review r10a #1): cells (ops x columns) of one call, its levels' numpy steps and the relaxation's
+# rounds (``work``), at most CELLS (under 1 s of one core: 2-5 ns a cell, measured in docs/step-time.md
+# "(mend10a)"); beyond it the candidate's own (phi, rho) alone, then fewer draws (at least MIN_DRAWS), then the
+# flow shop (``draws`` 0), said in the plan's Assumptions row (``method``) and charged by planner/estimate.py
+# (CELL_UNITS cells a work unit).
+CELLS = 1 << 28
+CELL_UNITS = 5  # cells (2-5 ns) in one of planner/estimate.py's work units (about 15 ns)
+CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of it (cache-resident: ~5 ns a cell)
+LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
+RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
+RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
+GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (3 int32 arrays an op: ~100 MiB at most)
 
 
 @dataclass(frozen=True)
@@ -57,25 +86,25 @@ class Jitter:
 
 @dataclass(frozen=True)
 class _Graph:
-    """A schedule's operations in longest-path levels: op i is row i + 1 of the run (row 0 is time 0); it waits for
-    rows ``prev[i]`` (its rank's previous op) and ``dep[i]`` (its input) and runs coef[i]·t[mb[i]]; level k holds
-    ops bounds[k]..bounds[k + 1] - 1, which wait only on earlier levels; ``last``: the ranks' last ops' rows;
-    ``base``: the uniform makespan."""
+    """A schedule's operations in longest-path levels, without phi: op i is row i + 1 of the run (row 0 is time 0);
+    it waits for rows ``prev[i]`` (its rank's previous op) and ``dep[i]`` (its input) and runs the duration in row
+    ``at[i]`` of the run's (2m x columns) durations (micro-batch j's forward at row j, its backward at m + j); level
+    k holds ops bounds[k]..bounds[k + 1] - 1, which wait only on earlier levels; ``last``: the ranks' last ops'
+    rows."""
 
     prev: np.ndarray
     dep: np.ndarray
-    mb: np.ndarray
-    coef: np.ndarray
+    at: np.ndarray
     bounds: tuple[int, ...]
     last: np.ndarray
-    base: float
 
 
-@lru_cache(maxsize=16)
 def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
     """Per rank d and position i (its i-th op): backward?, micro-batch, the flat index d·n + i of its input
     (-1: none) and its longest-path level (ops counted), by relaxation: a level is at least its rank's previous
-    op's + 1 and its input's + 1; each round takes the inputs, then runs a cumulative max along every rank."""
+    op's + 1 and its input's + 1; a round visits the ranks 0..p-1 then back (Gauss-Seidel: each takes its inputs'
+    newest levels, then runs a cumulative max along the rank). It was Jacobi (all ranks at once, about 2p rounds:
+    O(p) passes over 8p²v ops, the bound's binding cost at pp 128; review r10a #1); the same levels (test)."""
     sched = Schedule(kind, p, m, v)
     order = schedule_traits(kind).order
     backward, mb, chunk = (np.stack(x) for x in zip(*(order(sched, d) for d in range(p)), strict=True))
@@ -94,88 +123,259 @@ def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
     pos_in = at[src, np.where(own, 0, backward.astype(np.intp)), mb, np.clip(c_in, 0, v - 1)]
     flat = np.where(none, -1, src * n + pos_in)
     step = np.arange(n)
-    level = np.broadcast_to(step + 1, (p, n)).copy()
-    for _ in range(4 * p * v + 8):  # converges in about 2p rounds (tests/planner/test_pipeline_jitter.py)
-        new = np.maximum(level, np.append(level.ravel(), 0)[flat] + 1)
-        new = np.maximum.accumulate(new - step, axis=1) + step
-        if np.array_equal(new, level):
-            return backward, mb, flat, level
-        level = new
-    raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock")
+    level = np.append(np.broadcast_to(step + 1, (p, n)).ravel(), 0)  # flat; the last: "no input", level 0
+    ranks = level[:-1].reshape(p, n)
+    sweep = [*range(p), *range(p - 1, -1, -1)]  # Gauss-Seidel: each rank reads its neighbours' newest levels
+    for _ in range(RELAX_ROUNDS):  # Megatron's orders settle in 1-2 rounds, a third finds no change (mend10a)
+        changed = False
+        for d in sweep:
+            new = np.maximum(ranks[d], level[flat[d]] + 1)
+            new = np.maximum.accumulate(new - step) + step
+            if not np.array_equal(new, ranks[d]):
+                ranks[d] = new
+                changed = True
+        if not changed:
+            return backward, mb, flat, ranks
+    raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock (no fixed point in {RELAX_ROUNDS} rounds)")
 
 
-@lru_cache(maxsize=16)
-def _graph(kind: str, p: int, v: int, m: int, phi: float) -> _Graph:
+_GRAPHS: OrderedDict[tuple, _Graph] = OrderedDict()  # (kind, p, v, m) -> structure, least recently used first
+
+
+def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
+    """The structure of (kind, p, v, m), cached (a search's structures: bounded by their operations, GRAPH_OPS)."""
+    key = (kind, p, v, m)
+    found = _GRAPHS.get(key)
+    if found is not None:
+        with suppress(KeyError):  # another thread may have let it go since (each step atomic under the GIL)
+            _GRAPHS.move_to_end(key)
+        return found
     backward, mb, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
-    n = len(mb) // p
+    ops = len(mb)
+    n = ops // p
     by_level = np.argsort(level, kind="stable")
-    row = np.empty(len(mb) + 1, dtype=np.intp)  # flat index -> row; flat -1 (no input) -> row 0
-    row[by_level] = np.arange(1, len(mb) + 1)
+    row = np.empty(ops + 1, dtype=np.int32)  # flat index -> row; flat -1 (no input) -> row 0
+    row[by_level] = np.arange(1, ops + 1)
     row[-1] = 0
-    first = np.arange(len(mb)) % n == 0
-    prev = np.where(first, 0, row[np.arange(len(mb)) - 1])[by_level]
+    first = np.arange(ops) % n == 0
+    prev = np.where(first, 0, row[np.arange(ops) - 1])[by_level].astype(np.int32)
     dep = row[flat][by_level]
-    sorted_levels = level[by_level]
-    bounds = (0, *(np.flatnonzero(np.diff(sorted_levels)) + 1).tolist(), len(mb))
-    coef = np.where(backward, (1 - phi) / v, phi / v)[by_level]
-    last = row[np.arange(p) * n + n - 1]
-    graph = _Graph(prev, dep, mb[by_level], coef, bounds, last, 0.0)
-    base = float(makespans(graph, np.ones((m, 1)))[0])
-    return _Graph(prev, dep, graph.mb, coef, bounds, last, base)
+    bounds = (0, *(np.flatnonzero(np.diff(level[by_level])) + 1).tolist(), ops)
+    at = (mb + m * backward)[by_level].astype(np.int32)
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1])
+    with suppress(KeyError, RuntimeError):  # another thread's eviction in between
+        while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
+            _GRAPHS.popitem(last=False)
+    return graph
 
 
-def makespans(graph: _Graph, t: np.ndarray) -> np.ndarray:
-    """The makespan of each column of ``t`` (m micro-batch times x draws): one vectorised step a level."""
-    done = np.empty((len(graph.mb) + 1, t.shape[1]))  # every row written (level by level) before it is read
+def durations(t: np.ndarray, phi: float, v: int) -> np.ndarray:
+    """Micro-batch times ``t`` (m x columns) as a run's (2m x columns) op durations: each chunk's forward a share
+    ``phi`` / v of it, its backward (1 - phi) / v."""
+    return np.concatenate((t * (phi / v), t * ((1 - phi) / v)))
+
+
+def makespans(graph: _Graph, dur: np.ndarray) -> np.ndarray:
+    """The makespan of each column of ``dur`` (``durations``), one vectorised step a level, in column chunks of
+    at most CHUNK cells."""
+    rows = len(graph.at) + 1
+    width = max(1, CHUNK // rows)
+    return np.concatenate([_sweep(graph, dur[:, c : c + width]) for c in range(0, dur.shape[1], width)])
+
+
+def _sweep(graph: _Graph, dur: np.ndarray) -> np.ndarray:
+    done = np.empty((len(graph.at) + 1, dur.shape[1]))  # every row written (level by level) before it is read
     done[0] = 0.0
-    prev, dep, mb, coef = graph.prev, graph.dep, graph.mb, graph.coef[:, None]
+    prev, dep, at = graph.prev, graph.dep, graph.at
     for s, e in pairwise(graph.bounds):
         out = done[s + 1 : e + 1]
         np.maximum(done[prev[s:e]], done[dep[s:e]], out=out)
-        out += coef[s:e] * t[mb[s:e]]
+        out += dur[at[s:e]]
     return done[graph.last].max(axis=0)
 
 
 def schedule_makespans(kind: str, p: int, v: int, phi: float, t: np.ndarray) -> tuple[np.ndarray, float]:
     """The list schedule's makespans for micro-batch times ``t`` (m x draws) and its uniform makespan (all 1):
     what bench/document_wait_sim.py prints."""
-    graph = _graph(kind, p, v, t.shape[0], phi)
-    return makespans(graph, t), graph.base
+    graph = _graph(kind, p, v, t.shape[0])
+    spans = makespans(graph, durations(np.hstack((np.ones((t.shape[0], 1)), t)), phi, v))
+    return spans[1:], float(spans[0])
 
 
-def _run(kind: str, p: int, v: int, m: int, phi: float, rho: float) -> tuple[float, float]:
-    """(mean excess, variance) per sigma, per sigma², of DRAWS fixed-seed draws at m micro-batches."""
-    # C order: the first m1 rows are the same draws at any m (common random numbers across m)
-    z = np.random.Generator(np.random.PCG64(SEED)).standard_normal((m, DRAWS))
-    t = np.maximum(1.0 + rho * z, 0.0)
-    graph = _graph(kind, p, v, m, phi)
-    extra = (makespans(graph, t) - graph.base) / rho
-    return float(np.mean(extra - z.sum(axis=0))), float(np.var(extra, ddof=1))
+def _spans(m2: int, p: int) -> tuple[int, int]:
+    """(m1, m2): the runs beyond the longest direct one (module docstring)."""
+    return max(2 * p, m2 // 4 // p * p), m2
 
 
-@lru_cache(maxsize=256)
-def _jitter(kind: str, p: int, v: int, m: int, phi: float, rho: float) -> Jitter:
-    if p == 1:  # one stage runs the micro-batches back to back: the sum of m, no excess
-        return Jitter(0.0, math.sqrt(m))
-    m2 = max(4 * p, MAX_STEPS // (2 * v) // p * p)  # the longest direct run (at least four groups of p)
-    if m <= m2:
-        mean, var = _run(kind, p, v, m, phi, rho)
-        return Jitter(mean, math.sqrt(var))
-    m1 = max(2 * p, m2 // 4 // p * p)  # far from it: the slope's sampling error is divided by m2 - m1
-    (a1, v1), (a2, v2) = _run(kind, p, v, m1, phi, rho), _run(kind, p, v, m2, phi, rho)
-    grow = (m - m2) / (m2 - m1)
-    return Jitter(a2 + grow * (a2 - a1), math.sqrt(max(0.0, v2 + grow * (v2 - v1))))
+def _longest(p: int, v: int) -> int:
+    return max(4 * p, MAX_STEPS // (2 * v) // p * p)  # the longest direct run (at least four groups of p)
+
+
+def _runs(p: int, v: int, m: int) -> tuple[int, ...]:
+    """The micro-batch counts actually run for m: m itself, or (m1, m2) to extrapolate from."""
+    m2 = _longest(p, v)
+    return (m,) if m <= m2 else _spans(m2, p)
+
+
+def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES) -> int:
+    """Cells of one call at ``draws_`` draws on ``nodes`` grid nodes (each with its uniform column): per run of
+    2·m·v·p ops, the sweep's ops x columns, its levels' numpy steps (LEVEL_CELLS each, per column chunk) and the
+    levels' relaxation (3 Gauss-Seidel rounds of 2p rank steps over the ops, the structure built once)."""
+    total, columns = 0, nodes * (draws_ + 1)
+    for mr in _runs(p, v, m):
+        ops, levels = 2 * mr * v * p, 2 * mr * v + 2 * (p - 1)
+        chunks = -(-columns // max(1, CHUNK // (ops + 1)))
+        relax = 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)  # 3 Gauss-Seidel rounds of 2p rank steps
+        total += ops * columns + levels * chunks * LEVEL_CELLS + relax
+    return total
+
+
+@lru_cache(maxsize=1024)
+def runs_at(p: int, v: int, m: int) -> tuple[int, int]:
+    """(nodes, draws) a call runs within CELLS: the grid (NODES nodes, DRAWS draws) where it fits, else the
+    candidate's own key (one node) at DRAWS, else at the most of DRAWS / 2^k down to MIN_DRAWS; draws 0: the flow
+    shop (``method`` says which)."""
+    if p == 1 or work(p, v, m, DRAWS, NODES) <= CELLS:
+        return NODES, DRAWS
+    d = DRAWS
+    while d >= MIN_DRAWS and work(p, v, m, d, 1) > CELLS:
+        d //= 2
+    return 1, d if d >= MIN_DRAWS else 0
+
+
+def draws(p: int, v: int, m: int) -> int:
+    """The draws a call runs (``runs_at``); 0: the flow shop."""
+    return runs_at(p, v, m)[1]
+
+
+def call_work(kind: str, p: int, v: int, m: int) -> int:
+    """Cells of one call as ``runs_at`` runs it (planner/estimate.py charges it); 0 for the flow shop (an order
+    not written out, or over the bound) and for one stage."""
+    if p == 1 or schedule_traits(kind).order is None:
+        return 0
+    nodes, d = runs_at(p, v, m)
+    return work(p, v, m, d, nodes) if d else 0
+
+
+def method(sched: Schedule) -> str:
+    """How the wait for packed micro-batches is found for ``sched`` (the plan's Assumptions row)."""
+    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
+    if p == 1:
+        return "one stage: its micro-batches back to back, the spread of their sum (no pipeline to wait in)"
+    if sched.traits.order is None:
+        return f"the flow shop's (p - 1)·E[max of m] (the {sched.kind} order is not written out)"
+    nodes, d = runs_at(p, v, m)
+    if d == 0:
+        return (
+            f"the flow shop's (p - 1)·E[max of m]: the {sched.kind} order at pp {p}, v {v}, m {m} is over the work "
+            f"bound ({CELLS:,} cells; {work(p, v, m, MIN_DRAWS):,} at {MIN_DRAWS} draws)"
+        )
+    error = "" if d == DRAWS else f", sampling error {math.sqrt(DRAWS / d):.1f}x the {DRAWS} draws' 2-3%"
+    how = "interpolated on its (phi, rho) grid" if nodes > 1 else "at its own (phi, rho)"
+    return f"the {sched.kind} order run as a list schedule, {d} fixed-seed draws {how}{error}"
+
+
+_NODE_CACHE: OrderedDict[tuple, tuple[float, float]] = OrderedDict()
+NODE_CACHE = 1 << 14  # (structure, phi, rho) moments kept (two floats each)
+
+
+def _node_moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, float]], d: int) -> list[tuple]:
+    """(mean excess per sigma, variance per sigma²) at each (phi, rho) node, those not cached run together: each
+    node's uniform column and its d draws, t = max(1 + rho·z, 0); the draws' own (t - 1) / rho subtracted as the
+    control variate (review r10a #3: its mean is the clipped draws', so clipping adds no work the planner does
+    not price)."""
+    keys = [(kind, p, v, m, d, phi, rho) for phi, rho in nodes]
+    got = {k: _NODE_CACHE.get(k) for k in keys}  # read once: another thread may evict between steps
+    missing = [k for k, found in got.items() if found is None]
+    if missing:
+        # C order: the first m1 rows are the same draws at any m (common random numbers across m and nodes)
+        z = np.random.Generator(np.random.PCG64(SEED)).standard_normal((m, DRAWS))[:, :d]
+        ts = [np.maximum(1.0 + k[-1] * z, 0.0) for k in missing]
+        dur = np.hstack(
+            [durations(np.hstack((np.ones((m, 1)), t)), k[-2], v) for k, t in zip(missing, ts, strict=True)]
+        )
+        spans = makespans(_graph(kind, p, v, m), dur).reshape(len(missing), d + 1)
+        for k, t, span in zip(missing, ts, spans, strict=True):
+            rho = k[-1]
+            extra = (span[1:] - span[0]) / rho
+            got[k] = _NODE_CACHE[k] = (
+                float(np.mean(extra - (t - 1.0).sum(axis=0) / rho)),
+                float(np.var(extra, ddof=1)),
+            )
+    with suppress(KeyError):
+        for k in got:
+            _NODE_CACHE.move_to_end(k)
+        while len(_NODE_CACHE) > NODE_CACHE:
+            _NODE_CACHE.popitem(last=False)
+    return [got[k] for k in keys]
+
+
+def _moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, float]], d: int) -> list[tuple]:
+    """The nodes' moments at m: run directly, or at m1 and m2 and extrapolated linearly in m (module docstring)."""
+    runs = _runs(p, v, m)
+    if len(runs) == 1:
+        return _node_moments(kind, p, v, m, nodes, d)
+    (m1, m2), grow = runs, (m - runs[1]) / (runs[1] - runs[0])
+    near, far = _node_moments(kind, p, v, m1, nodes, d), _node_moments(kind, p, v, m2, nodes, d)
+    return [
+        (a2 + grow * (a2 - a1), max(0.0, v2 + grow * (v2 - v1))) for (a1, v1), (a2, v2) in zip(near, far, strict=True)
+    ]
+
+
+def _bracket(nodes: tuple[float, ...], x: float, scale=float, points: int = 2) -> list[tuple[float, float]]:
+    """(node, weight) pairs interpolating in scale(x) over the ``points`` nodes nearest x (Lagrange: 2 linear,
+    4 cubic), the window kept inside the grid."""
+    i = min(max(bisect_right(nodes, x) - points // 2, 0), len(nodes) - points)
+    window = nodes[i : i + points]
+    at = [scale(n) for n in window]
+    u = scale(x)
+    weights = [math.prod((u - b) / (a - b) for b in at if b != a) for a in at]
+    return list(zip(window, weights, strict=True))
 
 
 def jitter(sched: Schedule, phi: float, rho: float) -> Jitter | None:
     """The excess and spread of ``sched``'s makespan per unit of sigma (module docstring), the forward a share
-    ``phi`` of a micro-batch and its spread ``rho`` of its mean (phi kept to 0.01, rho to two significant
-    figures, at least 1e-4: the cache's key); None for a schedule whose order is not written out (the caller's
-    fallback)."""
-    if sched.stages > 1 and sched.traits.order is None:
+    ``phi`` of a micro-batch and its spread ``rho`` of its mean: inside the grid (PHI_NODES x RHO_NODES)
+    interpolated between its nodes, outside it run at phi to 0.01 and rho to two significant figures (at least
+    1e-4); None for a schedule whose order is not written out or whose run is over the work bound (``method``
+    says which; the caller's flow shop)."""
+    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
+    if p > 1 and sched.traits.order is None:
         return None
-    rho = float(f"{max(rho, 1e-4):.2g}")
-    return _jitter(sched.kind, sched.stages, max(1, sched.chunks), sched.microbatches, round(phi, 2), rho)
+    if p == 1:  # one stage runs the micro-batches back to back: the sum of m, no excess
+        return Jitter(0.0, math.sqrt(m))
+    nodes, d = runs_at(p, v, m)
+    if d == 0:
+        return None
+    phi, rho = round(phi, 2), float(f"{max(rho, 1e-4):.2g}")
+    if nodes > 1 and PHI_NODES[0] <= phi <= PHI_NODES[-1] and RHO_NODES[0] <= rho <= RHO_NODES[-1]:
+        phis, rhos = _bracket(PHI_NODES, phi, float, 4), _bracket(RHO_NODES, rho, math.log, 4)
+        weighted = [((f, r), wf * wr) for f, wf in phis for r, wr in rhos]
+    else:
+        weighted = [((phi, rho), 1.0)]
+    weighted = [(node, w) for node, w in weighted if abs(w) > 1e-12]
+    moments = _moments(sched.kind, p, v, m, [node for node, _ in weighted], d)
+    mean = sum(w * a for (_, w), (a, _) in zip(weighted, moments, strict=True))
+    var = sum(w * b for (_, w), (_, b) in zip(weighted, moments, strict=True))
+    return Jitter(mean, math.sqrt(max(0.0, var)))
 
 
-__all__ = ["DRAWS", "MAX_STEPS", "SEED", "Jitter", "jitter", "makespans", "schedule_makespans"]
+__all__ = [
+    "CELLS",
+    "CELL_UNITS",
+    "DRAWS",
+    "MAX_STEPS",
+    "PHI_NODES",
+    "RHO_NODES",
+    "SEED",
+    "Jitter",
+    "call_work",
+    "draws",
+    "durations",
+    "jitter",
+    "makespans",
+    "method",
+    "runs_at",
+    "schedule_makespans",
+    "work",
+]

@@ -103,7 +103,8 @@ export function readForm() {
 
 const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
 
-// Megatron's layer names of a list-of-lists layout as its string's characters (planner/parallel.py LAYER_CHARS,
+// Megatron's layer names of a list-of-lists layout as its string's characters: a copy of planner/parallel.py
+// LAYER_CHARS, the one home of the syntax (parse_layout reads it, format_layout writes it; the page cannot import it;
 // megatron/core/transformer/pipeline_parallel_layer_layout.py): [["embedding"], ["decoder", "loss"]] is "E|tL" (each
 // name was glued whole: "embedding|decoderloss"); a name it does not know stays as given, for the server's 422
 const LAYER_CHAR = { embedding: "E", decoder: "t", mtp: "m", loss: "L" };

@@ -6,6 +6,7 @@ DGX H100, pp 4, dp 2, 16 micro-batches."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -97,3 +98,45 @@ def test_the_cli_takes_the_same_body(tmp_path, capsys, api):
     assert main(["plan", str(path), "--format", "json"]) == 0
     out, _ = capsys.readouterr()
     assert json.loads(out) == post(api, body(document_packing="dp_balanced"))
+
+
+def test_deep_pipelines_with_packing_answer_within_the_budget(api):
+    """Review r10a #1: pp 512 with packing (Llama3-8B cut to 512 layers, one per rank, m 2,048) was a 503 at the
+    15 s deadline (66 s and 4.4 GB from the CLI); its order is now over pipeline_jitter's work bound, so the wait is
+    the flow shop's, said in the Assumptions row, and the plan answers at once. pp 64 runs its order (the grid, all
+    draws) and the estimate charges it under workload.document_packing."""
+    import time
+
+    from collectives.topology import cluster_preset
+    from planner.estimate import estimate
+    from planner.parallel import ParallelSpec
+    from planner.presets import model_preset
+    from planner.workload import WorkloadSpec
+
+    for pp, nodes in ((512, 64), (64, 8)):
+        b = body(document_packing="dp_balanced", global_batch_size=4 * pp, document_lengths=[4096, 2048, 2048, 1024])
+        b["model"] |= {"num_layers": pp}
+        b["parallel"] = {"tp": 1, "pp": pp, "dp": 1}
+        b["cluster"]["num_nodes"] = nodes
+        start = time.process_time()
+        got = post(api, b)
+        row = {r["field"]: r for r in got["assumptions"]}["workload.document_packing"]["source"]
+        if pp == 512:
+            assert time.process_time() - start < 5.0
+            assert "the flow shop's (p - 1)·E[max of m]: the 1f1b order at pp 512, v 1, m 2048 is over" in row
+        else:
+            assert "256 fixed-seed draws interpolated on its (phi, rho) grid" in row
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=256, seq_length=8192, document_lengths=(4096, 2048),
+                        document_packing="dp_balanced")  # fmt: skip
+    model = dataclasses.replace(model_preset("llama3-8b"), num_layers=64)
+    est = estimate(model, work, ParallelSpec(tp=1, pp=64, dp=1), cluster_preset("dgx-h100", 8))
+    part = "workload.document_packing: the 1f1b order over 256 micro-batches at pp 64 (planner/pipeline_jitter.py)"
+    assert est.biggest == part and est.biggest_units == 262_414_624 // 5
+    # a budget below it: a 422 naming the part and its units, not a 503 after the deadline
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    small = TestClient(create_app(Settings(max_work=est.units - 1))).post("/v1/plan", json=b)
+    assert small.status_code == 422 and f"the largest part: {part}, 52,482,924 units" in small.text, small.text

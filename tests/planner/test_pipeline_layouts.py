@@ -9,9 +9,9 @@ import pytest
 from collectives.topology import cluster_preset
 from planner import Options, ParallelSpec, SpecError, WorkloadSpec, build_plan
 from planner.context import Context
-from planner.parallel import parse_layout, pipeline_chunks, validate_parallel
+from planner.parallel import LAYER_CHARS, format_layout, parse_layout, pipeline_chunks, validate_parallel
 from planner.pipeline import Schedule, StagePass, in_flight, in_flight_chunks, pipeline_time, timeline
-from planner.presets import model_preset
+from planner.presets import MODEL_PRESETS, model_preset
 
 META_405B = "E|(t|)*126,L"  # Dubey et al. 2024 §3.3.2: PP16, v = 8, embedding and loss each a chunk
 
@@ -35,6 +35,36 @@ def test_megatron_layout_strings_unroll_as_megatron_does():
     stages = parse_layout("Et*3|(tt|)*29,m|L")
     assert stages == (("E", "t", "t", "t"), *[("t", "t")] * 29, ("m",), ("L",))
     assert parse_layout([["embedding", "decoder"], ["decoder", "loss"]]) == (("E", "t"), ("t", "L"))
+
+
+ROUND_TRIPS = [  # (model preset, parallel): even splits, interleaved, V-shaped, uneven first/last, a layout, MTP
+    *((name, dict(pp=2 if m.num_layers % 2 == 0 else 1)) for name, m in MODEL_PRESETS.items()),
+    ("llama3-405b", dict(pp=16, pipeline_schedule="interleaved", pipeline_layout=META_405B)),
+    ("llama3-70b", dict(pp=4, pipeline_schedule="interleaved", virtual_pipeline_stages=5)),
+    ("llama3-70b", dict(pp=4, first_stage_layers=17, last_stage_layers=19)),
+    ("llama3-70b", dict(pp=4, pipeline_schedule="zbv")),
+    ("deepseek-v3", dict(pp=8, pipeline_schedule="interleaved", pipeline_layout="Et*3|(tt|)*29,m|L")),
+    ("llama3-8b", dict(pp=2, pipeline_layout="Et*15|t*17L")),
+]
+
+
+@pytest.mark.parametrize(("preset", "par"), ROUND_TRIPS)
+def test_format_layout_is_parse_layouts_inverse(preset, par):
+    """The Assumptions row writes the resolved split (format_layout) and parse_layout reads the same chunks back:
+    each chunk's characters in Megatron's order, from LAYER_CHARS (one home for the syntax), runs folded."""
+    model = MODEL_PRESETS[preset]
+    spec = ParallelSpec(**par)
+    chunks = sorted((c for rank in pipeline_chunks(spec, model.num_layers, model.mtp_layers) for c in rank),
+                    key=lambda c: c.index)  # fmt: skip
+    char = {name: c for c, name in LAYER_CHARS.items()}
+    want = tuple(
+        (char["embedding"],) * c.embedding + (char["decoder"],) * len(c.layers) + (char["mtp"],) * c.mtp
+        + (char["loss"],) * c.loss
+        for c in chunks
+    )  # fmt: skip
+    text = format_layout(chunks)
+    assert parse_layout(text) == want, text
+    assert sum(len(c.layers) for c in chunks) == model.num_layers and len(want) == len(chunks)
 
 
 def test_meta_405b_layout_three_ways():
