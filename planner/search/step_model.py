@@ -58,6 +58,7 @@ from ..memory import (
 )
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _split_key
+from ..params import alike_stages
 from ..pipeline import busiest_rank_s, in_flight_chunks, losses_in_flight, pipeline_time
 from ..step import (
     Overlap,
@@ -324,7 +325,12 @@ class StepModel:
             twin = self._statics.get(_without_sp(par))
             if twin is None:
                 ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-                twin = np.array([held_bytes(ctx, s).total_bytes for s in range(par.pp)], dtype=np.int64)
+                # once per class of alike stages (params.alike_stages: the same parameter sizes, names and units but
+                # for the layer numbers, which is all held_bytes reads of a stage; rules/data.py prices their
+                # buffers once per class likewise)
+                twin = np.zeros(par.pp, dtype=np.int64)
+                for first, members in alike_stages(ctx).items():
+                    twin[list(members)] = held_bytes(ctx, first).total_bytes
                 _Memos.put(self._statics, _without_sp(par), twin)
             v.static = twin
         return v.static
