@@ -463,14 +463,16 @@ class StepModel:
             for s, k in enumerate(v.pass_keys):
                 first.setdefault(k, s)
             v.distinct = tuple(first.values())
-            optimizer = []
-            for s in range(v.par.pp):
-                key = optimizer_key(ctx, s)
+            optimizer = [0.0] * v.par.pp
+            # once per class of alike stages: optimizer_key reads the stage's parameter counts alone (param_totals)
+            for first, members in alike_stages(ctx).items():
+                key = optimizer_key(ctx, first)
                 found = memos.optimizer.get(key)
                 if found is None:
-                    found = optimizer_s(ctx, s, self.gpu) if ctx.training else 0.0
+                    found = optimizer_s(ctx, first, self.gpu) if ctx.training else 0.0
                     memos.put(memos.optimizer, key, found)
-                optimizer.append(found)
+                for s in members:
+                    optimizer[s] = found
             v.optimizer = tuple(optimizer)
             v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
 

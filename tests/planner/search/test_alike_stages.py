@@ -10,6 +10,7 @@ import numpy as np
 
 from collectives.topology import cluster_for, cluster_preset
 from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec
+from planner.compute import optimizer_key
 from planner.context import Context
 from planner.memory import held_bytes
 from planner.params import alike_stages
@@ -33,17 +34,19 @@ def _layouts(model):
 
 
 def test_held_bytes_are_equal_within_a_class_of_alike_stages():
-    """Every stage's held_bytes equals its class's first stage's (dense, MoE, MTP, an fp8 recipe's weight copies)."""
+    """Every stage's held_bytes and optimizer_key equal its class's first stage's (dense, MoE, MTP, an fp8 recipe's
+    weight copies)."""
     checked = classes = 0
     for name, recipe in (("llama3-405b", None), ("gpt3-175b", None), ("deepseek-v3", None), ("llama3-70b", "mxfp8")):
         model = MODEL_PRESETS[name]
         for par in _layouts(model):
             ctx = Context(model, WorkloadSpec(global_batch_size=512, fp8_recipe=recipe), par)
             full = [held_bytes(ctx, s).total_bytes for s in range(par.pp)]
+            keys = [optimizer_key(ctx, s) for s in range(par.pp)]
             alike = alike_stages(ctx)
             assert sorted(s for members in alike.values() for s in members) == list(range(par.pp))
             for first, members in alike.items():
-                assert all(full[s] == full[first] for s in members)
+                assert all(full[s] == full[first] and keys[s] == keys[first] for s in members)
             classes += len(alike) < par.pp
             checked += 1
     assert checked > 100 and classes > 50
