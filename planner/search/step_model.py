@@ -58,7 +58,7 @@ from ..memory import (
 )
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _split_key
-from ..params import alike_stages
+from ..params import _holding, alike_stages
 from ..pipeline import busiest_rank_s, in_flight_chunks, losses_in_flight, pipeline_time
 from ..step import (
     Overlap,
@@ -109,6 +109,8 @@ class _Memos:
         # (b, recompute) -> the scope's workload at them: one object for every StepModel of the scope (a search
         # builds one per shape), so the planner's memos keyed on a workload meet it by identity
         self.works: dict = {}
+        # params._holding(layout) -> params.alike_stages (its lru keeps 64 layouts; a search reads thousands)
+        self.alike: dict = {}
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -122,6 +124,16 @@ class _Memos:
             memo.clear()
         memo[key] = value
         return value
+
+
+def _alike(memos: _Memos, ctx: Context) -> dict[int, tuple[int, ...]]:
+    """params.alike_stages of the context's layout, memoised in the scope on params._holding (what it reads of the
+    layout: the model is the scope's)."""
+    key = _holding(ctx.par)
+    found = memos.alike.get(key)
+    if found is None:
+        found = memos.put(memos.alike, key, alike_stages(ctx))
+    return found
 
 
 def _memos(model: ModelSpec, work: WorkloadSpec, gpu) -> _Memos:
@@ -329,7 +341,7 @@ class StepModel:
                 # for the layer numbers, which is all held_bytes reads of a stage; rules/data.py prices their
                 # buffers once per class likewise)
                 twin = np.zeros(par.pp, dtype=np.int64)
-                for first, members in alike_stages(ctx).items():
+                for first, members in _alike(self._memos, ctx).items():
                     twin[list(members)] = held_bytes(ctx, first).total_bytes
                 _Memos.put(self._statics, _without_sp(par), twin)
             v.static = twin
@@ -465,7 +477,7 @@ class StepModel:
             v.distinct = tuple(first.values())
             optimizer = [0.0] * v.par.pp
             # once per class of alike stages: optimizer_key reads the stage's parameter counts alone (param_totals)
-            for first, members in alike_stages(ctx).items():
+            for first, members in _alike(self._memos, ctx).items():
                 key = optimizer_key(ctx, first)
                 found = memos.optimizer.get(key)
                 if found is None:
