@@ -74,3 +74,19 @@ def test_static_bytes_and_busiest_bounds_equal_every_stage():
             assert bound == want
         checked += 1
     assert checked >= 10 and np.isfinite(got).all()
+
+
+def test_efficiency_keeps_the_hash_of_its_fields():
+    """kernels.Efficiency hashes once (every per-layer and stage-pass memo keys on it), to the value of its fields;
+    a replaced copy hashes afresh, and equal copies hash alike."""
+    import dataclasses
+
+    from planner.kernels import gpu_efficiency
+
+    eff = gpu_efficiency(cluster_for(cluster_preset("dgx-h100", 1)).spec.gpu)
+    names = [f.name for f in dataclasses.fields(eff) if (f.compare if f.hash is None else f.hash)]
+    assert hash(eff) == hash(tuple(getattr(eff, n) for n in names)) == hash(eff)
+    other = dataclasses.replace(eff, gemm=eff.gemm / 2)
+    assert other != eff and hash(other) == hash(tuple(getattr(other, n) for n in names))
+    same = dataclasses.replace(eff, gemm=eff.gemm)
+    assert same == eff and hash(same) == hash(eff) and {eff: 1}[same] == 1
