@@ -167,6 +167,7 @@ class ShapeEvaluator:
             problem.model, problem.work, self.cluster, problem.constraints.memory_headroom, problem.options.overlap
         )
         self._templates: dict = {}
+        self._act_zero: dict = {}  # (SP, framework, ZeRO) -> templates.activation_zero
         self._curves: dict = {}
         self._priced_memo: dict = {}
         self._classes_memo: dict = {}
@@ -180,7 +181,7 @@ class ShapeEvaluator:
         data-parallel template refused (not linear in m: FSDP2 inside a pipeline), with ``m`` the rule's ledger
         at m micro-batches (``data_template``), without it None."""
         act = rules is templates.ACTIVATION_RULES
-        zero = templates.activation_zero(variant.zero_stage) if act else variant.zero_stage
+        zero = self._activation_zero(variant) if act else variant.zero_stage
         key = (
             act, variant.virtual_pipeline_stages, variant.pipeline_schedule, variant.framework,
             variant.end_stage_layers, variant.sequence_parallel if act else None, zero, recompute,
@@ -376,6 +377,14 @@ class ShapeEvaluator:
         if tpl is None:
             return None
         return self._priced(tpl, b, m)
+
+    def _activation_zero(self, variant: Variant) -> int:
+        """templates.activation_zero of the variant's layout, memoised on what it reads (SP, framework, ZeRO)."""
+        key = (variant.sequence_parallel, variant.framework, variant.zero_stage)
+        found = self._act_zero.get(key)
+        if found is None:
+            found = self._act_zero[key] = templates.activation_zero(variant.parallel())
+        return found
 
     def parallel(self, index: int) -> ParallelSpec:
         found = self._parallels.get(index)

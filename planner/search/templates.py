@@ -31,11 +31,12 @@ ACTIVATION_RULES = (tensor, context_parallel, expert, pipeline)
 DATA_RULES = (data,)
 
 
-def activation_zero(zero_stage: int) -> int:
-    """The ZeRO stage the activation rules' template is built at for a layout at ``zero_stage``: the least stage the
-    rules read alike (rules/tensor.py ``zero_read``: FSDP2's reduction of the SP norm gradients at ZeRO-2/3; the
-    context-parallel, expert and pipeline rules read none), so that ZeRO stages alike share one template."""
-    return tensor.zero_read(zero_stage)
+def activation_zero(par: ParallelSpec) -> int:
+    """The ZeRO stage the activation rules' template is built at for ``par``: the least stage the rules read alike
+    (rules/tensor.py ``zero_read``: FSDP2's reduction of the SP norm gradients at ZeRO-2/3 under a flavour that
+    reduces them on read; the context-parallel, expert and pipeline rules read none), so that ZeRO stages alike
+    share one template."""
+    return tensor.zero_read(par)
 
 
 class NotLinear(Exception):

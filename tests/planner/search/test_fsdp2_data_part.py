@@ -137,4 +137,8 @@ def test_torch_sp_under_fsdp2_screens_as_build_plan():
                 assert abs(step - plan) <= 1e-9 * plan
                 checked += 1
     assert checked >= 24
-    assert [templates.activation_zero(z) for z in (0, 1, 2, 3)] == [0, 0, 2, 2]
+    torch_sp = [ParallelSpec(tp=2, dp=16, zero_stage=z, sequence_parallel=True, framework="torch") for z in range(4)]
+    assert [templates.activation_zero(p) for p in torch_sp] == [0, 0, 2, 2]
+    megatron = [ParallelSpec(tp=2, dp=16, zero_stage=z, sequence_parallel=True) for z in range(4)]
+    no_sp = [ParallelSpec(tp=2, dp=16, zero_stage=z, framework="torch") for z in range(4)]
+    assert [templates.activation_zero(p) for p in megatron + no_sp] == [0] * 8  # one template for every ZeRO stage
