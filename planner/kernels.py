@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from statistics import NormalDist
 
+from collectives._hashing import frozen_hash
 from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError, shown
@@ -42,6 +43,10 @@ from .workload import WEIGHT_FORMAT_BYTES
 @dataclass(frozen=True)
 class Efficiency:
     """The global constants of the kernel model (fitted on kernel tables where marked; docs/step-time.md)."""
+
+    # the dataclass's hash, computed once (collectives/_hashing.py): every per-layer and stage-pass memo keys on it
+    # (~2.3 us a hash of its fields, several look-ups per stage pass)
+    __hash__ = frozen_hash
 
     gemm: float  # fallback GEMM ceiling for a GPU generation without a measured one (GEMM_CEILING)
     attention_fwd: float  # fallback attention ceilings (ATTENTION_CEILING has the measured ones)

@@ -302,8 +302,9 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
         reduces = 1
     out = []
     by_size: dict[tuple[int, int, int, int, int], int] = {}
+    gathers = {root: _gathers(ctx, stage, root) for root in (False, True)}  # it reads a unit as the root or not
     for unit, sizes in units.items():
-        key = (*sizes, *_gathers(ctx, stage, unit == "root"))
+        key = (*sizes, *gathers[unit == "root"])
         by_size[key] = by_size.get(key, 0) + 1
     for (numel, gathered, fp8, forward, backward), count in by_size.items():
         for name, phase, gathers in (

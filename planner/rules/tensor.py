@@ -666,6 +666,15 @@ def norm_params(ctx: Context, stage: int) -> int:
     )
 
 
+def zero_read(par) -> int:
+    """What this rule reads of the layout's ZeRO stage, as the least stage that reads the same: under SP, for a
+    flavour whose optimizer reduces the norm weights' partial gradients on read, whether FSDP2 (ZeRO-2/3) reduces
+    them in its post-backward instead (``_norm_grads``): 2, else 0. The layout search builds one activation-rules
+    template per value (the other activation rules read no ZeRO stage)."""
+    on_read = par.sequence_parallel and par.flavour.norm_grad_reduction == "on_read"
+    return 2 if on_read and par.zero_stage >= 2 else 0
+
+
 def _norm_grads(ctx: Context, stage: int) -> list[Call]:
     """Sequence parallelism leaves the gradients of TP-replicated weights partial.
 
@@ -682,7 +691,7 @@ def _norm_grads(ctx: Context, stage: int) -> list[Call]:
     if ctx.flavour.norm_grad_reduction == "on_read":
         m = ctx.model
         weights = 2 * len(ctx.stage_layers[stage]) + (1 if ctx.is_last(stage) else 0)
-        fsdp2 = ctx.par.zero_stage >= 2
+        fsdp2 = zero_read(ctx.par) >= 2
         return [
             Call(
                 name="tp.norm_weight_grads",

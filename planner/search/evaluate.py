@@ -103,7 +103,9 @@ _DATA_TEMPLATES: dict = {}
 DATA_TEMPLATES_KEPT = 8192  # (model, tp, pp, v, schedule, framework, ZeRO, cp x dp, ...) templates of a few calls
 
 
-def data_template(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> templates.Template | None:
+def data_template(
+    model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, m: int | None = None
+) -> templates.Template | None:
     """The data-parallel template of a layout (None where it refused: the layout is built exactly), shared
     by every shape with the same cp x dp. The data-parallel rule (planner/rules/data.py, deepspeed.py) reads
     cp and dp only as their product (the gradient group cp x dp, its padding and bucket sizes; expert_dp =
@@ -111,14 +113,18 @@ def data_template(model: ModelSpec, work: WorkloadSpec, par: ParallelSpec) -> te
     hybrid sharding only, dp and cp apart; parameters per stage do not read them (params.py ``_holding``).
     Its groups are symbolic (``Group(("cp", "dp"))``), placed per shape when priced. So the many cp values
     of one (tp, pp) (cp x dp = devices / (tp·pp)) share one template, built on the first of them; tests/
-    planner/test_search_speed.py checks shared == built on each shape's own layout."""
+    planner/test_search_speed.py checks shared == built on each shape's own layout. With ``m``: the rule's
+    ledger at m micro-batches (``templates.at_count``), for a layout whose linear template refused (FSDP2
+    inside a pipeline), shared likewise by (cp x dp, m): the rule reads no micro-batch size."""
     par = replace(par, sequence_parallel=False)  # the rule does not read it (templates.py)
     shared = par if par.hybrid_shard_size else replace(par, cp=1, dp=par.cp * par.dp)
-    key = (id(model), work, shared)
+    key = (id(model), work, shared, m)
     found = _DATA_TEMPLATES.get(key)
     if found is None:
+        rules = templates.DATA_RULES
+        built = _build(rules, model, work, par) if m is None else templates.at_count(rules, model, work, par, m)
         # holding the model keeps its id from being reused
-        found = _DATA_TEMPLATES[key] = (model, _build(templates.DATA_RULES, model, work, par))
+        found = _DATA_TEMPLATES[key] = (model, built)
         if len(_DATA_TEMPLATES) > DATA_TEMPLATES_KEPT:
             _DATA_TEMPLATES.pop(next(iter(_DATA_TEMPLATES)))
     return found[1]
@@ -161,6 +167,7 @@ class ShapeEvaluator:
             problem.model, problem.work, self.cluster, problem.constraints.memory_headroom, problem.options.overlap
         )
         self._templates: dict = {}
+        self._act_zero: dict = {}  # (SP, framework, ZeRO) -> templates.activation_zero
         self._curves: dict = {}
         self._priced_memo: dict = {}
         self._classes_memo: dict = {}
@@ -168,12 +175,16 @@ class ShapeEvaluator:
         self._parallels: dict[int, ParallelSpec] = {}
 
     # ---- ledger ----------------------------------------------------------------------------------------
-    def template(self, rules, variant: Variant, recompute: str) -> templates.Template | None:
-        """The activation template ignores the ZeRO stage, the data-parallel one SP and recompute."""
+    def template(self, rules, variant: Variant, recompute: str, m: int | None = None) -> templates.Template | None:
+        """The activation template reads the ZeRO stage only as ``templates.activation_zero``, the data-parallel one
+        neither SP nor recompute. Where the
+        data-parallel template refused (not linear in m: FSDP2 inside a pipeline), with ``m`` the rule's ledger
+        at m micro-batches (``data_template``), without it None."""
         act = rules is templates.ACTIVATION_RULES
+        zero = self._activation_zero(variant) if act else variant.zero_stage
         key = (
             act, variant.virtual_pipeline_stages, variant.pipeline_schedule, variant.framework,
-            variant.end_stage_layers, variant.sequence_parallel if act else variant.zero_stage, recompute,
+            variant.end_stage_layers, variant.sequence_parallel if act else None, zero, recompute,
             variant.ep_dispatch, variant.last_stage_layers, variant.pipeline_layout,
         )  # fmt: skip
         if key not in self._templates:
@@ -181,10 +192,17 @@ class ShapeEvaluator:
             work = replace(self.problem.work, **recompute_fields(recompute))
             if act:
                 per_node = self.cluster.spec.devices_per_node  # DeepEP's legs (rules/deepep.py)
-                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=0), per_node, self._sms)
+                self._templates[key] = _build(rules, model, work, replace(par, zero_stage=zero), per_node, self._sms)
             else:
                 self._templates[key] = data_template(model, work, par)
-        return self._templates[key]
+        found = self._templates[key]
+        if found is None and m is not None and not act:
+            at_m = (*key, m)
+            found = self._templates.get(at_m)
+            if found is None:
+                work = replace(self.problem.work, **recompute_fields(recompute))
+                found = self._templates[at_m] = data_template(self.problem.model, work, variant.parallel(), m)
+        return found
 
     def classes(self, tpl: templates.Template) -> list[tuple[int, tuple[int, ...], object]]:
         """(call index, stages, price curve) per row the plan prices: a call's stages split where their
@@ -224,7 +242,7 @@ class ShapeEvaluator:
         m = self.problem.work.global_batch_size // (b * self.shape.dp)
         parts = []
         for rules, rc in ((templates.ACTIVATION_RULES, recompute), (templates.DATA_RULES, "none")):
-            tpl = self.template(rules, variant, rc)
+            tpl = self.template(rules, variant, rc, m)
             if tpl is None:
                 work = replace(self.problem.work, micro_batch_size=b, **recompute_fields(recompute))
                 tpl = templates.Template.fixed(
@@ -354,10 +372,19 @@ class ShapeEvaluator:
         return found
 
     def _data_part(self, index: int, b: int):
-        tpl = self.template(templates.DATA_RULES, self.variants[index], "none")
+        m = self.problem.work.global_batch_size // (b * self.shape.dp)
+        tpl = self.template(templates.DATA_RULES, self.variants[index], "none", m)
         if tpl is None:
             return None
-        return self._priced(tpl, b, self.problem.work.global_batch_size // (b * self.shape.dp))
+        return self._priced(tpl, b, m)
+
+    def _activation_zero(self, variant: Variant) -> int:
+        """templates.activation_zero of the variant's layout, memoised on what it reads (SP, framework, ZeRO)."""
+        key = (variant.sequence_parallel, variant.framework, variant.zero_stage)
+        found = self._act_zero.get(key)
+        if found is None:
+            found = self._act_zero[key] = templates.activation_zero(variant.parallel())
+        return found
 
     def parallel(self, index: int) -> ParallelSpec:
         found = self._parallels.get(index)

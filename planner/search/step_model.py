@@ -58,6 +58,7 @@ from ..memory import (
 )
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _split_key
+from ..params import _holding, alike_stages
 from ..pipeline import busiest_rank_s, in_flight_chunks, losses_in_flight, pipeline_time
 from ..step import (
     Overlap,
@@ -108,6 +109,8 @@ class _Memos:
         # (b, recompute) -> the scope's workload at them: one object for every StepModel of the scope (a search
         # builds one per shape), so the planner's memos keyed on a workload meet it by identity
         self.works: dict = {}
+        # params._holding(layout) -> params.alike_stages (its lru keeps 64 layouts; a search reads thousands)
+        self.alike: dict = {}
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -121,6 +124,16 @@ class _Memos:
             memo.clear()
         memo[key] = value
         return value
+
+
+def _alike(memos: _Memos, ctx: Context) -> dict[int, tuple[int, ...]]:
+    """params.alike_stages of the context's layout, memoised in the scope on params._holding (what it reads of the
+    layout: the model is the scope's)."""
+    key = _holding(ctx.par)
+    found = memos.alike.get(key)
+    if found is None:
+        found = memos.put(memos.alike, key, alike_stages(ctx))
+    return found
 
 
 def _memos(model: ModelSpec, work: WorkloadSpec, gpu) -> _Memos:
@@ -211,6 +224,7 @@ class _Variant:
         "chunks_id",
         "compute_id",
         "contexts",
+        "distinct",
         "flights",
         "layer_key",
         "optimizer",
@@ -229,6 +243,7 @@ class _Variant:
         self.contexts: dict = {}
         # per stage: compute.stage_pass_key past the model and workload, and ``paired``, interned
         self.pass_keys: tuple | None = None
+        self.distinct: tuple = ()  # the first stage of each distinct pass key (what busiest_bounds reads)
         self.paired = False  # step.paired_passes of the StepModel's overlap: the passes run as combined 1F1B pairs
         self.pass_id: int | None = None
         self.optimizer: tuple = ()  # per stage: compute.optimizer_s
@@ -322,7 +337,12 @@ class StepModel:
             twin = self._statics.get(_without_sp(par))
             if twin is None:
                 ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
-                twin = np.array([held_bytes(ctx, s).total_bytes for s in range(par.pp)], dtype=np.int64)
+                # once per class of alike stages (params.alike_stages: the same parameter sizes, names and units but
+                # for the layer numbers, which is all held_bytes reads of a stage; rules/data.py prices their
+                # buffers once per class likewise)
+                twin = np.zeros(par.pp, dtype=np.int64)
+                for first, members in _alike(self._memos, ctx).items():
+                    twin[list(members)] = held_bytes(ctx, first).total_bytes
                 _Memos.put(self._statics, _without_sp(par), twin)
             v.static = twin
         return v.static
@@ -435,37 +455,50 @@ class StepModel:
         neither b nor recompute); both keys' entries past the model and workload read the layout and the stage
         alone, so they are computed once per layout."""
         memos = self._memos
+        self._keys(v)
+        key = ((b, rc), v.compute_id)
+        found = memos.lists.get(key)
+        if found is None:
+            found = memos.put(memos.lists, key, [self._stage(v, b, rc, s) for s in range(v.par.pp)])
+        return found
+
+    def _keys(self, v: _Variant) -> None:
+        """The layout's interned pass keys, its distinct ones, and its optimizer steps (once per layout)."""
+        memos = self._memos
         if v.compute_id is None:  # on the context held_bytes reads (param_totals is cached on it)
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
             # the combined 1F1B pair (step.paired_passes) is part of the passes: the bounds read it as the step does
             v.paired = paired_passes(ctx, self.overlap)
             v.pass_keys = tuple(memos.intern(("pass", stage_pass_key(ctx, s)[2:], v.paired)) for s in range(v.par.pp))
             v.pass_id = memos.intern(("passes", v.pass_keys))
-            optimizer = []
-            for s in range(v.par.pp):
-                key = optimizer_key(ctx, s)
+            first: dict = {}
+            for s, k in enumerate(v.pass_keys):
+                first.setdefault(k, s)
+            v.distinct = tuple(first.values())
+            optimizer = [0.0] * v.par.pp
+            # once per class of alike stages: optimizer_key reads the stage's parameter counts alone (param_totals)
+            for first, members in _alike(self._memos, ctx).items():
+                key = optimizer_key(ctx, first)
                 found = memos.optimizer.get(key)
                 if found is None:
-                    found = optimizer_s(ctx, s, self.gpu) if ctx.training else 0.0
+                    found = optimizer_s(ctx, first, self.gpu) if ctx.training else 0.0
                     memos.put(memos.optimizer, key, found)
-                optimizer.append(found)
+                for s in members:
+                    optimizer[s] = found
             v.optimizer = tuple(optimizer)
             v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
-        key = ((b, rc), v.compute_id)
-        found = memos.lists.get(key)
-        if found is None:
-            ctx, gpu, found = self._ctx(v, b, rc), self.gpu, []
-            for s, (rest, opt) in enumerate(zip(v.pass_keys, v.optimizer, strict=True)):
-                part = memos.compute.get(((b, rc), rest))
-                if part is None:
-                    part = stage_pass_compute(ctx, s, gpu, paired=v.paired)
-                    memos.put(memos.compute, ((b, rc), rest), part)
-                # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the
-                # timeline draws it (step._pass_comm_events), which the search never builds; the step time
-                # and its bounds do not read it, and the reported layouts are build_plan's own
-                found.append(StageCompute(*part, opt))
-            memos.put(memos.lists, key, found)
-        return found
+
+    def _stage(self, v: _Variant, b: int, rc: str, s: int) -> StageCompute:
+        """Stage s's compute.stage_compute: its passes memoised on its interned pass key, its optimizer step."""
+        memos, rest = self._memos, v.pass_keys[s]
+        part = memos.compute.get(((b, rc), rest))
+        if part is None:
+            part = stage_pass_compute(self._ctx(v, b, rc), s, self.gpu, paired=v.paired)
+            memos.put(memos.compute, ((b, rc), rest), part)
+        # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the timeline
+        # draws it (step._pass_comm_events), which the search never builds; the step time and its bounds do
+        # not read it, and the reported layouts are build_plan's own
+        return StageCompute(*part, v.optimizer[s])
 
     # ---- bounds ----------------------------------------------------------------------------------------------
     def _shares(self, v: _Variant, b: int, rc: str) -> tuple | None:
@@ -532,7 +565,7 @@ class StepModel:
         if not self.timed:
             return np.zeros(len(grid))
         v, memos = self._variant(par), self._memos
-        self._compute(v, *grid[0])  # the layout's passes id and optimizer steps
+        self._keys(v)  # the layout's passes id and optimizer steps
         counts = _per_batch(grid, lambda b: self._schedule(v, b).microbatches)
         # the whole grid's bounds as one array, on the values every entry's key reads (layouts differing in ZeRO,
         # dp at equal m, or framework switches share it)
@@ -545,7 +578,9 @@ class StepModel:
                 key = ("busiest", b, rc, v.pass_id, m)
                 found = memos.bounds.get(key)
                 if found is None:  # the stages' compute only here (a hit needs none of it)
-                    stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
+                    # one stage per distinct pass key: a stage's pass reads its passes alone (no shares, no
+                    # optimizer step), so alike stages give equal passes and the slowest is among these
+                    stages = [StageStep(s, self._stage(v, b, rc, s)) for s in v.distinct]
                     passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
                     found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
                 out.append(found)

@@ -9,7 +9,8 @@ else (a rounding in some rule) is refused here and that variant is built exactly
 template never guesses.
 
 The rules split in two groups with different keys: the activation rules (tensor, context, expert, pipeline
-parallelism) do not read the ZeRO stage; the data-parallel rule does not read sequence parallelism, b or
+parallelism) read the ZeRO stage only as ``activation_zero`` (the tensor rule's FSDP2 norm gradients); the
+data-parallel rule does not read sequence parallelism, b or
 recompute. tests/planner/test_search.py checks template == ``rules.ledger`` call by call.
 """
 
@@ -28,6 +29,14 @@ from ..workload import WorkloadSpec
 
 ACTIVATION_RULES = (tensor, context_parallel, expert, pipeline)
 DATA_RULES = (data,)
+
+
+def activation_zero(par: ParallelSpec) -> int:
+    """The ZeRO stage the activation rules' template is built at for ``par``: the least stage the rules read alike
+    (rules/tensor.py ``zero_read``: FSDP2's reduction of the SP norm gradients at ZeRO-2/3 under a flavour that
+    reduces them on read; the context-parallel, expert and pipeline rules read none), so that ZeRO stages alike
+    share one template."""
+    return tensor.zero_read(par)
 
 
 class NotLinear(Exception):
@@ -104,6 +113,17 @@ def build(
     return Template(one, bytes1, count1, per_b & (bytes1 > 0), per_m & (count1 > 0))
 
 
+def at_count(
+    rules, model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, m: int, per_node: int | None = None, sms: int = 0
+) -> Template:
+    """The rules' ledger at m micro-batches as a template that does not scale (``Template.fixed``): for rules that
+    read no micro-batch size, so that one ledger per m serves every b, where ``build`` refused (FSDP2 inside a
+    pipeline: the data-parallel rule's gathers follow the schedule's warm-up min(m, pp - stage), not m). Built
+    at b = 1 with the global batch m x dp, as ``build`` builds its two; tests/planner/test_search.py checks it
+    equal to the exact ledger's data-parallel calls at several b of one m."""
+    return Template.fixed(_ledger(rules, model, work, par, 1, m, per_node, sms))
+
+
 def exact(
     model: ModelSpec, work: WorkloadSpec, par: ParallelSpec, per_node: int | None = None, sms: int = 0
 ) -> list[Call]:
@@ -113,4 +133,4 @@ def exact(
     return ledger(Context(model, work, par, per_node, sms))
 
 
-__all__ = ["ACTIVATION_RULES", "DATA_RULES", "NotLinear", "Template", "build", "exact"]
+__all__ = ["ACTIVATION_RULES", "DATA_RULES", "NotLinear", "Template", "activation_zero", "at_count", "build", "exact"]
