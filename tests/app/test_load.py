@@ -149,6 +149,7 @@ EFA_CLUSTER = {"preset": "dgx-a100", "nics_per_node": 4, "nic_bandwidth_GBps": 1
 # the calibrate row limit (app/schemas/calibrate.MAX_ROWS = 1,000): 34 copies of a 29-row run, 986 rows
 CALIBRATE_AT_LIMIT = {"cluster": EFA_CLUSTER, "logs": [{"text": EFA_LOG * 34, "nodes": 2}]}
 HEAVY = LARGE  # Llama-3 70B on 2,048 H100s: ~0.5-1 s of pure Python each
+HEAVY_PHASE_S = 2.0  # the heavy requests are sent again until this long has passed: >= 50 probes at 20 ms a pair
 MEDIUM = LARGE | {"cluster": {"preset": "dgx-h100", "num_nodes": 64}}
 SEARCH = {
     "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
@@ -253,8 +254,15 @@ def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit(in_
         probing(base, control) as probes,
     ):
 
+        start = time.monotonic()
+
         def heavy(path: str, body: dict) -> None:
-            answers.append(httpx.post(base + path, json=body, timeout=300).status_code)
+            # each job sends its request again until the heavy phase has lasted HEAVY_PHASE_S: the plans got faster
+            # (round 10: the phase took 0.7 s, 17 probes, on the fresh-clone run), and the p99 needs >= 20 probes
+            while True:
+                answers.append(httpx.post(base + path, json=body, timeout=300).status_code)
+                if time.monotonic() - start >= HEAVY_PHASE_S:
+                    return
 
         jobs = [threading.Thread(target=heavy, args=("/v1/plan", HEAVY)) for _ in range(8)]
         jobs.append(threading.Thread(target=heavy, args=("/v1/calibrate", CALIBRATE_AT_LIMIT)))
@@ -262,7 +270,7 @@ def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit(in_
             job.start()
         for job in jobs:
             job.join()
-    assert answers == [200] * 9
+    assert len(answers) >= 9 and set(answers) == {200}, answers
     assert {p["status"] for p in probes[base] + probes[control]} == {200}
     server = percentiles([p["took"] for p in probes[base]])
     floor = percentiles([p["took"] for p in probes[control]])
