@@ -20,10 +20,9 @@ from __future__ import annotations
 
 # ruff: noqa: B023 - each timed lambda runs inside the iteration that binds its tensors
 import json
-import math
-import subprocess
 
 import torch
+from _cuda_timing import burst_s, sm_clock_mhz
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -33,30 +32,13 @@ HEADS = (16, 12, 7)  # per TP rank: 1.7B and 7.1B, 16B, 32B
 BACKENDS = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash2", SDPBackend.FLASH_ATTENTION))
 
 
-def sm_clock_mhz() -> float:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"], capture_output=True, text=True
-    )
-    return float(out.stdout.split()[0])
-
-
 def timed(fn) -> float:
     """Seconds per call."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    reps = max(3, min(200, math.ceil(BURST_MS / start.elapsed_time(end))))
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
+    return burst_s(fn, start, end, BURST_MS, 200)
 
 
 def main() -> None:

@@ -16,23 +16,15 @@ from __future__ import annotations
 
 # ruff: noqa: B023 - each timed lambda runs inside the iteration that binds its tensors
 import json
-import math
-import subprocess
 import sys
 
 import torch
+from _cuda_timing import burst_s, sm_clock_mhz
 
 BURST_MS = 50.0
 SIZES = ((1 << 28, False), (1 << 30, False), (1 << 20, True), (1 << 21, True))  # (elements, CUDA graph)
 HEAD_DIMS = (64, 96, 128)
 SEQ, BATCHES = 2048, 384  # the SC'21 1.7B layer: b 16 x 24 heads, s 2048
-
-
-def sm_clock_mhz() -> float:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"], capture_output=True, text=True
-    )
-    return float(out.stdout.split()[0])
 
 
 def timed(fn, graph: bool = False) -> float:
@@ -58,17 +50,7 @@ def timed(fn, graph: bool = False) -> float:
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 2e6  # ms over 2,000 calls -> s per call
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    reps = max(3, min(500, math.ceil(BURST_MS / start.elapsed_time(end))))
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
+    return burst_s(fn, start, end, BURST_MS, 500)
 
 
 def main() -> None:
