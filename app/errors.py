@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from collectives import CollectiveError
-from planner import SpecError
+from planner import SpecError, shown
 from planner.deadline import DeadlineExceeded
 from planner.search import Cancelled
 
@@ -87,7 +87,7 @@ def got(value) -> str:
     """The value a schema rule refused, as a message says it: short, JSON's words, numbers positional (never
     scientific notation: 1e-07 is 0.0000001) unless that is longer than GOT_TEXT."""
     if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
+        return shown(value)
     if isinstance(value, int):
         text = str(value) if abs(value) < 10**GOT_TEXT else ""
         return text or f"an integer of {len(str(abs(value)))} digits"
@@ -97,7 +97,7 @@ def got(value) -> str:
         text = format(Decimal(repr(value)), "f")
         return text if len(text) <= GOT_TEXT else repr(value)
     if isinstance(value, str):
-        return repr(value) if len(value) <= GOT_TEXT else f"a string of {len(value):,} characters"
+        return shown(value) if len(value) <= GOT_TEXT else f"a string of {len(value):,} characters"
     if isinstance(value, list | tuple):
         return f"a list of {len(value):,} item{'s' * (len(value) != 1)}"
     if isinstance(value, dict):

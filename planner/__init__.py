@@ -10,7 +10,7 @@ Public surface::
     SpecError                                                   bad input: .field and .rule
 """
 
-from ._errors import SpecError
+from ._errors import SpecError, shown
 from .context import Context
 from .model import MLASpec, ModelSpec, MoESpec
 from .parallel import ParallelSpec
@@ -37,5 +37,6 @@ __all__ = [
     "from_hf_config",
     "memory",
     "model_preset",
+    "shown",
     "step_time",
 ]
