@@ -72,14 +72,14 @@ def k_bytes(ctx: Context) -> int:
     per_token = (
         (m.num_attention_heads // t) * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim)
         if m.mla
-        else (m.kv_heads // t) * m.head_size
+        else m.kv_heads_per_rank(t) * m.head_size
     )
     return ctx.b * ctx.s_cp * per_token * ctx.hidden_bytes
 
 
 def v_bytes(ctx: Context) -> int:
     m, t = ctx.model, ctx.par.tp
-    per_token = (m.num_attention_heads // t) * m.mla.v_head_dim if m.mla else (m.kv_heads // t) * m.head_size
+    per_token = (m.num_attention_heads // t) * m.mla.v_head_dim if m.mla else m.kv_heads_per_rank(t) * m.head_size
     return ctx.b * ctx.s_cp * per_token * ctx.hidden_bytes
 
 
