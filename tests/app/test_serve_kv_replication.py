@@ -4,6 +4,10 @@ multiple of the KV heads is a 422 naming both, and the KV transfer says the byte
 
 from __future__ import annotations
 
+import json
+
+from app.cli import main
+
 QWEN3 = {
     "model": {"preset": "qwen3-30b-a3b"},
     "cluster": {"preset": "dgx-h100", "num_nodes": 1},
@@ -62,3 +66,19 @@ def test_the_sla_search_evaluates_tp8(api):
     assert not any("num_kv_heads" in why for why in d["rejected"]), d["rejected"]
     tp8 = [p for p in d["pareto"] + d["results"] if p["request"]["deployment"]["pools"][0]["tp"] == 8]
     assert tp8, d["pareto"]
+
+
+def test_the_cli_serves_qwen3_at_tp8_and_refuses_alike(tmp_path, capsys):
+    """`commplan serve-plan FILE` answers what POST /v1/serve answers: one replicated head per rank at TP 8, and
+    vLLM's connector rule as the CLI's field: rule line (exit 2)."""
+    path = tmp_path / "qwen3.json"
+    path.write_text(json.dumps(QWEN3))
+    assert main(["serve-plan", str(path), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["pools"][0]["gpus"] == 8 and d["kv_cache"]["bytes_per_token"] == 48 * 2 * 4 * 128 * 2
+    assert 2.4e6 < d["kv_cache"]["capacity_tokens"] < 2.95e6
+    body = QWEN3 | {"engine": "vllm", "cluster": {"preset": "dgx-h100", "num_nodes": 2}}
+    path.write_text(json.dumps(body | {"deployment": {"pools": list(DISAGG)}}))
+    assert main(["serve-plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "deployment.pools.0.tp" in err and "prefill tp 8 and decode tp 4 over 4 KV heads" in err, err
