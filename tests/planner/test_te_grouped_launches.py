@@ -119,3 +119,21 @@ def test_the_b200_gpt_oss_rows_layers_are_gpu_bound_at_the_hosts_cost():
     assert "cudnn_fwd" in counts(lk.forward) and "cudnn_bwd" in counts(lk.backward)
     attention = [[k.name for k in g.forward if k.kind == "attention"] for g in (lk, layer_kernels(ctx, True, H100))]
     assert attention[0] == attention[1]
+
+
+def test_one_host_cost_a_launch_cannot_fit_both_fine_grained_qwen3_rows():
+    """The same TE code path (per-expert cuBLAS and quantize loops in C++) on two Qwen3-30B-A3B rows: the whole
+    measured step over the layer micro-batches a rank runs, over the layer pair's launches, is the most host time a
+    launch could take. H100 FP8-CS (24 layers x 32 micro-batches a rank, 434 launches a pair): 74.5 us; B200 MXFP8
+    (48 layers x 64 micro-batches, 242 launches): 37.9 us, Megatron-Core's measured 38.2 us. A factor 2 between rows
+    of one launch path: the H100 row's miss is not a launch count (its combined 1F1B schedule is the difference)."""
+    bound = {}
+    for name, gpu in (("Qwen3-30B-A3B FP8-CS, 16 H100", H100), ("Qwen3-30B-A3B MXFP8, 8 B200", B200)):
+        case = CASES[f"Megatron-Bridge {name}"]
+        spec, work, par, _, _ = step_validation.case_inputs(case, DATA)
+        ctx = Context(spec, work, par)
+        lk = layer_kernels(ctx, True, gpu)
+        launches = sum(k.count for k in lk.forward + lk.backward)
+        layer_micro_batches = spec.num_layers // par.pp * ctx.micro_batches
+        bound[name] = step_validation.measured_time(case, DATA) / layer_micro_batches / launches
+    assert [round(b * 1e6, 1) for b in bound.values()] == [74.5, 37.9]
