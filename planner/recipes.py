@@ -80,8 +80,11 @@ class Recipe:
     cast_read_bytes: int = 2  # bf16 input bytes read per quantized element: Float8CurrentScalingQuantizer reads twice
     # kernel launches TE makes to quantize one tensor (TransformerEngine v2.9 pytorch/csrc/quantizer.cpp):
     # Float8Quantizer (delayed), Float8BlockQuantizer and MXFP8Quantizer one nvte_quantize_v2 each;
-    # Float8CurrentScalingQuantizer::quantize_impl three (nvte_compute_amax_with_config, nvte_compute_scale_from_amax,
-    # nvte_quantize_v2); NVFP4Quantizer::quantize_impl three (the amax, the rowwise quantize, the columnwise RHT cast)
+    # Float8CurrentScalingQuantizer::quantize_impl four: nvte_compute_amax_with_config is two kernels
+    # (common/recipe/current_scaling.cu launch_amax_kernel: ``zero_amax_kernel<<<1, 1>>>`` then ``amax_kernel``; a
+    # cudaMemsetAsync up to v2.7, a kernel since v2.8, commit 3f5b47549 "NVFP4 recipe (#2177)"; moe11), then
+    # nvte_compute_scale_from_amax (``compute_scale_from_amax_kernel<<<1, 1>>>``) and nvte_quantize_v2;
+    # NVFP4Quantizer::quantize_impl three (the amax, the rowwise quantize, the columnwise RHT cast; not re-read here)
     quantize_launches: int = 1
     # a grouped linear's per-expert inputs quantized by one fused launch: only delayed scaling has the fused
     # multi-tensor kernel (csrc/extensions/cast.cpp multi_tensor_quantize_impl: nvte_multi_cast_transpose "Currently
@@ -192,7 +195,7 @@ RECIPES: dict[str, Recipe] = {
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise; torchao Float8LinearRecipeName."
         "TENSORWISE (torchtitan --float8.recipe_name tensorwise, the default)", tp_amax=True, cast_read_bytes=4,
-        quantize_launches=3, float8_all_gather=True, fp8_dpa=True, dpa_quantized_kv=True,
+        quantize_launches=4, float8_all_gather=True, fp8_dpa=True, dpa_quantized_kv=True,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,

@@ -338,22 +338,23 @@ def qwen3_fp8(recipe="mxfp8", **work):
 
 
 def test_te_recipes_quantize_a_tensor_in_their_own_number_of_launches():
-    """TransformerEngine v2.9 pytorch/csrc/quantizer.cpp: current scaling three launches per tensor (amax, scale,
-    cast), MXFP8 / blockwise / delayed one; csrc/extensions/cast.cpp multi_tensor_quantize_impl fuses the splits of
+    """TransformerEngine v2.9 pytorch/csrc/quantizer.cpp: current scaling four launches per tensor (the amax's
+    zeroing and the amax, common/recipe/current_scaling.cu launch_amax_kernel since v2.8; the scale; the cast), MXFP8 /
+    blockwise / delayed one; csrc/extensions/cast.cpp multi_tensor_quantize_impl fuses the splits of
     a grouped linear into one launch for delayed scaling only; the fused grouped MLP kernels are MXFP8's only."""
     from planner.recipes import RECIPES
 
     launches = {name: r.quantize_launches for name, r in RECIPES.items() if r.library == "te"}
-    assert launches == {"delayed": 1, "tensorwise": 3, "blockwise": 1, "mxfp8": 1, "nvfp4": 3}
+    assert launches == {"delayed": 1, "tensorwise": 4, "blockwise": 1, "mxfp8": 1, "nvfp4": 3}
     assert {n for n, r in RECIPES.items() if r.library != "te"} == {"rowwise"}  # torchao's, no grouped linear
     assert [n for n, r in RECIPES.items() if r.fused_split_quantize] == ["delayed"]
     assert [n for n, r in RECIPES.items() if r.fused_grouped_mlp] == ["mxfp8"]
 
 
-@pytest.mark.parametrize(("recipe", "extra"), [("mxfp8", 32), ("tensorwise", 96), ("delayed", 2), (None, 2)])
+@pytest.mark.parametrize(("recipe", "extra"), [("mxfp8", 32), ("tensorwise", 128), ("delayed", 2), (None, 2)])
 def test_each_experts_split_is_quantized_by_its_own_launches(recipe, extra):
     """Qwen3-30B-A3B at ep 8: 16 local experts, so the fc1 and fc2 inputs are 16 splits each; MXFP8 quantizes each
-    split in one launch (32), current scaling in three (96), delayed scaling (and fp8 without a recipe) all splits of
+    split in one launch (32), current scaling in four (128), delayed scaling (and fp8 without a recipe) all splits of
     a GEMM in one fused launch (2), beside the pass's one cast kernel. Each extra launch a memory-bound kernel's
     fixed cost on top of the bytes at the cast rate, at least one host dispatch each without CUDA graphs; the
     backward quantizes its gradients alike."""

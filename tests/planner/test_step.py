@@ -56,8 +56,12 @@ KNOWN_MISSES = {
     # through the host's two queues at host_launch_s (38.2 us a launch, Megatron-Core's own layer measured on the
     # H200): -54.8% -> -48.6% here (its EP overlap's wait does not drain the queue: not modelled); the B200 Qwen3 row
     # -47.3% -> +10.8% and the GB200 one -19.7% -> -12.5% are within 20% and unpinned
-    # (-50.0% once a host-bound forward's idle GPU absorbs the hidden all-to-alls' slowdown: step._stage_contention)
-    "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": -0.500,
+    # (-50.0% once a host-bound forward's idle GPU absorbs the hidden all-to-alls' slowdown: step._stage_contention;
+    # -52.0% under the combined 1F1B pair, qwen9)
+    # moe11 (docs/step-time.md "TransformerEngine's grouped GEMM and the host (moe11)"): TE v2.8+ quantizes a tensor
+    # under current scaling in four launches, not three (current_scaling.cu zero_amax_kernel before the amax): 64 more
+    # launches a layer pair, host-bound at 38.2 us each: -52.0% -> -44.4%
+    "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": -0.444,
     # GPT-OSS since gptoss (docs/step-time.md "GPT-OSS, by mechanism": d-64 attention, Megatron's unfused YaRN RoPE,
     # GLU clamp and per-expert fc2 bias; the 26.08 row with its recipe's fused grouped MLP): H100 -24.5% -> -9.1%, now
     # within the 20% all runs are held to; B200 -55.7% -> -51.7% (its table's EP8 against the recipe's EP64: -13.1% at
@@ -466,10 +470,11 @@ def test_a_host_bound_pass_absorbs_the_slowdown_of_what_it_hides():
     host's launches (compute.host_pass_time), so its GPU idles host_s per micro-batch; the EP all-to-alls hidden under
     overlap_moe_expert_parallel_comm slow kernels that fill that idle first, so the pass is not lengthened. Under the
     combined 1F1B (compute.combined_pair) the backward of one micro-batch and the forward of the next share one host
-    queue: each holds its share of the pair's wait (0.0247 s of host wait a micro-batch in the backward, which ran
-    free before and was slowed 10.6 ms), and neither is lengthened."""
+    queue: each holds its share of the pair's wait (0.0515 s of host wait a micro-batch in the backward, which ran
+    free before and was slowed 10.6 ms; 0.0247 s before moe11's fourth current-scaling launch), and neither is
+    lengthened."""
     st = build_plan(*step_validation.case_inputs(CASES["Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100"], DATA)).step
     stage = st.stages[0]
     assert stage.hidden_by_stream[("ep", "forward")] > 0 and stage.compute.forward.host_s > 0.02
     assert stage.slow_fwd_s == 0.0
-    assert round(stage.compute.backward.host_s, 4) == 0.0247 and stage.slow_bwd_s == 0.0
+    assert round(stage.compute.backward.host_s, 4) == 0.0515 and stage.slow_bwd_s == 0.0
