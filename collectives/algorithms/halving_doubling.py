@@ -20,7 +20,7 @@ from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, Transfers
 from ._base import Cost, Request, floor_pow2, register
-from .recursive_doubling import fold_in, folded
+from .recursive_doubling import fold_in, fold_out
 
 
 def _exchange(owner: np.ndarray, p: int, mask: int, halving: bool, reduce: bool) -> Step:
@@ -66,6 +66,31 @@ def _kept_bytes(sizes: np.ndarray, owner: np.ndarray, p: int) -> np.ndarray:
     return sum((_held_bytes(sizes, owner, j, ranks) for j in range(p.bit_length() - 1)), np.zeros(p, np.int64))
 
 
+def _rabenseifner(req: Request, layout, owner: np.ndarray, folded: np.ndarray, doubling: bool) -> Schedule:
+    """The steps both ops share (Thakur, Rabenseifner & Gropp 2005 §4.3-4.4, MPICH's non-power-of-two treatment):
+    the extra ranks p..n-1 hand their ``folded`` slots in, recursive halving over the blocks' virtual ``owner``
+    among ranks 0..p-1, recursive doubling back when ``doubling`` (allreduce), and each extra rank gets back what
+    it stands for: every slot of the result (allreduce, ``owner`` = the p chunks), or its own block p + j
+    (reduce-scatter, blocks 0..n-1)."""
+    n = req.num_ranks
+    p = floor_pow2(n)
+
+    def steps():
+        if n > p:
+            yield fold_in(n, folded)
+        yield from _halving(owner, p)
+        if doubling:
+            for mask in reversed(_masks_down(p)):
+                yield _exchange(owner, p, mask, halving=False, reduce=False)
+        if n > p and doubling:  # rank j hands the whole result back to rank p + j
+            yield fold_out(n, owner)
+        elif n > p:  # rank j sends block p + j to rank p + j
+            extra = np.arange(p, n)
+            yield Step.of(Transfers.of(extra - p, extra, extra, extra, False))
+
+    return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
+
+
 def _cost_allreduce(req: Request) -> Cost:
     n, m = req.num_ranks, req.message_bytes
     p = floor_pow2(n)
@@ -94,18 +119,7 @@ def _cost_allreduce(req: Request) -> Cost:
 def halving_doubling_allreduce(req: Request) -> Schedule:
     n = req.num_ranks
     p = floor_pow2(n)
-    layout = layouts.chunked(Op.ALLREDUCE, req.count, p)
-    owner = np.arange(p)
-
-    def halving_doubling():
-        yield from _halving(owner, p)
-        for mask in reversed(_masks_down(p)):
-            yield _exchange(owner, p, mask, halving=False, reduce=False)
-
-    def steps():
-        return folded(n, owner, halving_doubling())
-
-    return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
+    return _rabenseifner(req, layouts.chunked(req.op, req.count, p), np.arange(p), np.arange(p), doubling=True)
 
 
 def _virtual_owner(n: int) -> np.ndarray:
@@ -140,16 +154,4 @@ def _cost_reducescatter(req: Request) -> Cost:
 )
 def halving_doubling_reducescatter(req: Request) -> Schedule:
     n = req.num_ranks
-    p = floor_pow2(n)
-    layout = layouts.blocked(Op.REDUCESCATTER, req.count, n)
-    owner = _virtual_owner(n)
-
-    def steps():
-        if n > p:
-            yield fold_in(n, np.arange(n))
-        yield from _halving(owner, p)
-        if n > p:  # rank j sends block p + j to rank p + j
-            extra = np.arange(p, n)
-            yield Step.of(Transfers.of(extra - p, extra, extra, extra, False))
-
-    return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
+    return _rabenseifner(req, layouts.blocked(req.op, req.count, n), _virtual_owner(n), np.arange(n), doubling=False)

@@ -12,6 +12,7 @@ AllGather: at step k rank r exchanges the 2^k blocks it holds with r xor 2^k: lo
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -76,19 +77,27 @@ def exchange_allreduce(req: Request, algorithm: str, peers: Callable[[int, int],
     return Schedule(req.op, algorithm, n, req.count, req.itemsize, layout, steps)
 
 
+def register_exchange_allreduce(
+    algorithm: str, peers: Callable[[int, int], np.ndarray], *, formula: str, source: str, check=None
+) -> Callable[[Request], Schedule]:
+    """Register an allreduce of the exchange family (recursive doubling, Swing): :func:`exchange_allreduce` over
+    ``peers`` and its one closed form (:func:`exchange_allreduce_cost`); the name is given once, here."""
+    build = partial(exchange_allreduce, algorithm=algorithm, peers=peers)
+    return register(algorithm, Op.ALLREDUCE, cost=exchange_allreduce_cost, formula=formula, source=source, check=check)(
+        build
+    )
+
+
 def doubling_peers(p: int, step: int) -> np.ndarray:
     return np.arange(p) ^ (1 << step)
 
 
-@register(
+recursive_doubling_allreduce = register_exchange_allreduce(
     "recursive_doubling",
-    Op.ALLREDUCE,
-    cost=exchange_allreduce_cost,
+    doubling_peers,
     formula="log2(n)·α + log2(n)·M·β (+2 fold steps of M when n is not a power of two)",
     source="Thakur, Rabenseifner & Gropp 2005 §4.4; MPICH allreduce",
 )
-def recursive_doubling_allreduce(req: Request) -> Schedule:
-    return exchange_allreduce(req, "recursive_doubling", doubling_peers)
 
 
 def _cost_allgather(req: Request) -> Cost:
