@@ -20,24 +20,7 @@ from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, Transfers
 from ._base import Cost, Request, floor_pow2, register
-from .recursive_doubling import fold_in, fold_out
-
-
-def _exchange(owner: np.ndarray, p: int, mask: int, halving: bool, reduce: bool) -> Step:
-    """One exchange among ranks 0..p-1 at distance ``mask`` over blocks with the given virtual owners.
-
-    Halving: rank r holds blocks whose owner agrees with r above bit 2*mask and sends those the partner
-    keeps. Doubling: rank r holds blocks whose owner agrees with r from bit ``mask`` up and sends them all.
-    """
-    r = np.arange(p)[:, None]
-    partner = r ^ mask
-    if halving:
-        moving = (owner[None, :] & ~(2 * mask - 1)) == (r & ~(2 * mask - 1))
-        moving &= (owner[None, :] & mask) == (partner & mask)
-    else:
-        moving = (owner[None, :] & ~(mask - 1)) == (r & ~(mask - 1))
-    rows, blocks = np.nonzero(moving)
-    return Step.of(Transfers.of(rows, rows ^ mask, blocks, blocks, reduce))
+from .recursive_doubling import block_exchange, fold_in, fold_out, recursive_doubling
 
 
 def _masks_down(p: int) -> list[int]:
@@ -52,7 +35,7 @@ def _held_bytes(sizes: np.ndarray, owner: np.ndarray, j: int, ranks: np.ndarray)
 def _halving(owner: np.ndarray, p: int):
     """The recursive-halving reduce-scatter among ranks 0..p-1: distances p/2, ..., 1."""
     for mask in _masks_down(p):
-        yield _exchange(owner, p, mask, halving=True, reduce=True)
+        yield block_exchange(owner, p, mask, halving=True, reduce=True)
 
 
 def _fold_steps(n: int, p: int) -> int:
@@ -80,8 +63,7 @@ def _rabenseifner(req: Request, layout, owner: np.ndarray, folded: np.ndarray, d
             yield fold_in(n, folded)
         yield from _halving(owner, p)
         if doubling:
-            for mask in reversed(_masks_down(p)):
-                yield _exchange(owner, p, mask, halving=False, reduce=False)
+            yield from recursive_doubling(owner, p)
         if n > p and doubling:  # rank j hands the whole result back to rank p + j
             yield fold_out(n, owner)
         elif n > p:  # rank j sends block p + j to rank p + j
