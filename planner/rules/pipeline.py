@@ -42,18 +42,9 @@ def calls(ctx: Context) -> list[Call]:
             if phase == "backward" and not ctx.training:
                 continue
             for (pairs, width), count in sorted(sends.items()):
+                tensor = name + (".mtp" if width > 1 else "")  # in the hidden states' dtype (Context.activation)
                 out.append(
-                    Call(
-                        name=name + (".mtp" if width > 1 else ""),
-                        op=Op.SENDRECV,
-                        phase=phase,
-                        message_bytes=message * width,
-                        calls_per_iteration=count * m // halves,
-                        group=Group(("pp",), pairs=pairs),
-                        source=src,
-                        stages=(stage,),
-                        dtype=ctx.hidden_dtype,  # bf16 under an fp8 recipe (Context.activation)
-                    )
+                    _send(tensor, phase, message * width, count * m // halves, pairs, src, stage, ctx.hidden_dtype)
                 )
             if shapes:
                 out += _shape_sends(ctx, stage, phase, sends, m // halves)
@@ -152,19 +143,26 @@ def _shape_sends(ctx: Context, stage: int, phase: str, sends: dict, per_send: in
         counts[pairs] = counts.get(pairs, 0) + count
     name = SHAPE_CALLS[phase != "forward"]
     return [
-        Call(
-            name=name,
-            op=Op.SENDRECV,
-            phase=phase,
-            message_bytes=SHAPE_BYTES,
-            calls_per_iteration=count * per_send,
-            group=Group(("pp",), pairs=pairs),
-            source=SHAPE_SOURCE,
-            stages=(stage,),
-            dtype="int64",
-        )
+        _send(name, phase, SHAPE_BYTES, count * per_send, pairs, SHAPE_SOURCE, stage, "int64")
         for pairs, count in sorted(counts.items())
     ]
+
+
+def _send(name: str, phase: str, message: int, count: int, pairs: str, source: str, stage: int, dtype: str) -> Call:
+    """A send across ``stage``'s pipeline boundaries: a SendRecv of ``message`` bytes over the pp pairs ``pairs``
+    (boundary_sends' direction, "pp+1" / "pp-1"), issued on that stage alone: the activation (or gradient) sends
+    and, with mtp_standalone, their shape sends."""
+    return Call(
+        name=name,
+        op=Op.SENDRECV,
+        phase=phase,
+        message_bytes=message,
+        calls_per_iteration=count,
+        group=Group(("pp",), pairs=pairs),
+        source=source,
+        stages=(stage,),
+        dtype=dtype,
+    )
 
 
 def boundary_sends(ctx: Context) -> list[tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]]:
