@@ -115,11 +115,12 @@ def steady_wait(sched: Schedule) -> float:
     schedules.py forward_backward_pipelining_without_interleaving); a schedule that exchanges both ways at once
     once per chunk forward + backward (``two_way_s``, Megatron's interleaved: forward_backward_pipelining_with_
     interleaving's steady state, one send_forward_backward_recv_forward_backward per k) v of those; a schedule
-    whose every transfer blocks on its own (``unbatched_s``: DeepSpeed's TrainSchedule) that wait."""
+    whose every transfer blocks on its own (``unbatched_s``: DeepSpeed's TrainSchedule, per chunk forward +
+    backward) v of that wait."""
     if sched.overlap_p2p or sched.stages == 1:
         return 0.0
     if sched.unbatched_s:
-        return sched.unbatched_s
+        return max(1, sched.chunks) * sched.unbatched_s
     if sched.two_way_s:
         return max(1, sched.chunks) * sched.two_way_s
     return 2 * sched.p2p_s

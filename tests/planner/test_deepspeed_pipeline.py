@@ -159,3 +159,11 @@ def test_deepspeed_waits_on_four_transfers_and_three_gathers(batched):
     assert s > 1e-4 and g > 1e-4  # 6.3 MB over an HDR NIC; a 50 MB all-gather over NVLink
     assert {k: pc.price.time_s for k, pc in rows.items()} == {k: pc.price.time_s for k, pc in _rows(one).items()}
     assert ds.step.time_s - one.step.time_s == pytest.approx(8 * (4 * s + 3 * g - 2 * (s + g)), rel=1e-9)
+
+
+def test_unbatched_wait_is_per_chunk():
+    """DeepSpeed runs no interleaved schedule, but the planner accepts one under the flavour: each of the v chunks'
+    forward and backward then carries its own four transfers, v times the 1F1B wait (as the two-way exchange is)."""
+    c, x = 0.01, 0.07
+    assert steady_wait(Schedule("interleaved", 4, 8, 3, c, False, 0.0, x)) == pytest.approx(3 * x)
+    assert steady_wait(Schedule("interleaved", 4, 8, 3, c, True, 0.0, x)) == 0.0
