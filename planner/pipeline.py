@@ -299,26 +299,220 @@ def _any_m(name: str, m: int, p: int) -> str:
     return ""
 
 
+# One rank's operations as a list schedule (planner/pipeline_jitter.py runs them over per-micro-batch times): op kinds,
+# in the ``ScheduleTraits.order`` arrays. A forward's output and a backward's input gradient leave when the op ends,
+# except OP_F_LATE, a forward whose send goes out with the next op's (dualpipe.py's ``send=False`` forwards followed
+# by ``_send_forward`` after the next compute, and the forward of an F&B pair, whose sends follow both computes);
+# OP_WAIT (no time) holds the rank until the input of the backward it names has come (an F&B pair receives both
+# inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
+OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
+
+
+class _Ops:
+    """One rank's ops in run order, each (kind, micro-batch, virtual stage): the stage in the micro-batch's path
+    (its forward runs virtual stages 0, 1, ..., its backward back), and the weight gradients a zero-bubble backward
+    defers, popped first in first out (dualpipe.py ``WeightGradStore``: "Assume FIFO"; torch's ``weight_queue``)."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[int, int, int]] = []
+        self.deferred: list[tuple[int, int]] = []
+
+    def forward(self, mb: int, stage: int, late: bool = False) -> None:
+        self.ops.append((OP_F_LATE if late else OP_F, mb, stage))
+
+    def backward(self, mb: int, stage: int, zero_bubble: bool = False) -> None:
+        self.ops.append((OP_I if zero_bubble else OP_B, mb, stage))
+        if zero_bubble:
+            self.deferred.append((mb, stage))
+
+    def weight(self) -> None:
+        if self.deferred:
+            self.ops.append((OP_W, *self.deferred.pop(0)))
+
+    def weights(self) -> None:
+        while self.deferred:
+            self.weight()
+
+    def pair(self, f: tuple[int, int], b: tuple[int, int]) -> None:
+        """An F&B pair (dualpipe.py ``_forward_backward_chunk``): both inputs received, the forward and the full
+        backward computed, both outputs sent."""
+        self.ops.append((OP_WAIT, *b))
+        self.forward(*f, late=True)
+        self.backward(*b)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        kind, mb, stage = (np.array(x, dtype=np.intp) for x in zip(*self.ops, strict=True))
+        return kind, mb, stage
+
+
 def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Megatron's 1F1B and interleaved 1F1B on one rank (Megatron-LM d98e8a6 pipeline_parallel/schedules.py
     forward_backward_pipelining_with(out)_interleaving): the w warm-up chunk forwards (``warmup_microbatches``),
     then one forward one backward, then the cool-down backwards, so chunk forward k runs at position k (k < w) or
     2k - w, chunk backward k at w + 2k + 1 (k < n - w) or n + k, n = m·v; chunk forward k runs micro-batch
     (k // pv)·p + k % p on chunk (k // p) % v, chunk backward k the same micro-batch on chunk v - 1 - (k // p) % v
-    (get_model_chunk_id, microbatch_group_size_per_vp_stage = p); v 1 is the plain 1F1B. Returns, in run order,
-    (backward?, micro-batch, chunk) arrays."""
+    (get_model_chunk_id, microbatch_group_size_per_vp_stage = p), chunk c of rank d being virtual stage c·p + d;
+    v 1 is the plain 1F1B. Returns, in run order, (kind: OP_F or OP_B, micro-batch, virtual stage) arrays."""
     p, v = sched.stages, max(1, sched.chunks)
     n = sched.microbatches * v
     w = warmup_microbatches(sched, stage)
     k = np.arange(n)
-    backward = np.zeros(2 * n, dtype=bool)
+    kind = np.full(2 * n, OP_F, dtype=np.intp)
     at = np.concatenate([np.where(k < w, k, 2 * k - w), np.where(k < n - w, w + 2 * k + 1, n + k)])
-    backward[at[n:]] = True
+    kind[at[n:]] = OP_B
     group, r = np.divmod(k, p * v)
     mb, chunk = np.empty(2 * n, dtype=np.intp), np.empty(2 * n, dtype=np.intp)
     mb[at[:n]] = mb[at[n:]] = group * p + r % p
     chunk[at[:n]], chunk[at[n:]] = r // p, v - 1 - r // p
-    return backward, mb, chunk
+    return kind, mb, chunk * p + stage
+
+
+def _order_zb_h1(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZB-H1 on one rank as sail-sg/zero-bubble-pipeline-parallelism's quick implementation runs it (branch
+    zb-h1-quick-start, commit 95212f7, Megatron's schedules.py forward_backward_pipelining_without_interleaving
+    with WeightGradStore): 1F1B's warm-up and pairs; rank r > 0 splits the backward (B, its W deferred) of its
+    first r steady-state micro-batches, of its last, and of every cool-down one, and pops the oldest W after the
+    last steady-state backward when i >= r and after cool-down backward i when (m - w) + i >= r; the rest at the
+    end (``pop_all``); rank 0 never splits."""
+    m, r = sched.microbatches, stage
+    w = warmup_microbatches(sched, stage)
+    rest = m - w
+    ops = _Ops()
+    for j in range(w):
+        ops.forward(j, r)
+    for i in range(rest):
+        ops.forward(w + i, r)
+        last = i == rest - 1
+        ops.backward(i, r, zero_bubble=(i < r or last) and r > 0)
+        if last and i >= r > 0:
+            ops.weight()
+    for i in range(w):
+        ops.backward(rest + i, r, zero_bubble=r > 0)
+        if r > 0 and rest + i >= r:
+            ops.weight()
+    ops.weights()
+    return ops.arrays()
+
+
+def _order_zbv(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZBV (Qi et al. 2024 §6, the V with T_F = T_B = T_W) on one rank as torch.distributed.pipelining runs it
+    (schedules.py ScheduleZBVZeroBubble._calculate_single_rank_operations, PyTorch 2.6-2.9): chunk 0 is virtual stage
+    r, chunk 1 stage 2p - 1 - r; 2(p - r) - 1 chunk-0 forwards, r (F1, F0) pairs, p - r (F1, I1, W1), then (F0,
+    I0, W0, F1, I1, W1) while forwards remain, then r (I0, I1), p - r (I0, W0) and the remaining W1 and W0; run for
+    max(2p - 1, m) micro-batches and those past m dropped, as torch does."""
+    p, m, r = sched.stages, sched.microbatches, stage
+    n = max(2 * p - 1, m)
+    s0, s1 = r, 2 * p - 1 - r
+    ops, count = [], {}
+
+    def add(kind: int, s: int, key: str) -> None:
+        j = count.get(key, 0)
+        count[key] = j + 1
+        ops.append((kind, j, s))
+
+    for _ in range(2 * (p - r) - 1):
+        add(OP_F, s0, "f0")
+    for _ in range(r):
+        add(OP_F, s1, "f1")
+        add(OP_F, s0, "f0")
+    for _ in range(p - r):
+        add(OP_F, s1, "f1")
+        add(OP_I, s1, "b1")
+        add(OP_W, s1, "w1")
+    while count.get("f1", 0) < count["f0"] or count["f0"] < n:
+        if count["f0"] < n:
+            add(OP_F, s0, "f0")
+        add(OP_I, s0, "b0")
+        add(OP_W, s0, "w0")
+        add(OP_F, s1, "f1")
+        add(OP_I, s1, "b1")
+        add(OP_W, s1, "w1")
+    for _ in range(r):
+        add(OP_I, s0, "b0")
+        add(OP_I, s1, "b1")
+    for _ in range(p - r):
+        add(OP_I, s0, "b0")
+        add(OP_W, s0, "w0")
+    while count["w1"] < count["b1"]:
+        add(OP_W, s1, "w1")
+    while count["w0"] < count["b0"]:
+        add(OP_W, s0, "w0")
+    kind, mb, at = (np.array(x, dtype=np.intp) for x in zip(*(o for o in ops if o[1] < m), strict=True))
+    return kind, mb, at
+
+
+def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DualPipe and DualPipeV on one rank, step() of deepseek-ai/DualPipe (3da1bbe) dualpipe.py and dualpipev.py,
+    its eight steps: nF0, nF0F1, nB1W1F1 (zero bubble), nF0B1F1B0 (F&B pairs), nB1F1B0, nB1B0 (the second half zero
+    bubble), nWB0, nW. Phase 0 is the rank's early stage, phase 1 its late one. DualPipeV (``v_shape``, one
+    direction folded in a V): virtual stages r and 2p - 1 - r, every micro-batch through both, the turn at the last
+    rank (its phase-0 output handed over in place). DualPipe: two directions of m/2 micro-batches each, direction 0
+    from rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches m/2 ..), a rank's phase 0 the
+    direction whose early stage it holds (``phase ^= is_in_second_half``), the steps counted by the half rank
+    min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks. ``send=False`` forwards followed by a
+    ``_send_forward`` after the next compute are OP_F_LATE."""
+    v_shape = sched.traits.directions == 1
+    p, m, r = sched.stages, sched.microbatches, stage
+    if v_shape:
+        ranks, h, turn, half = p, r, r == p - 1, m
+    else:
+        ranks, h, half = p // 2, min(r, p - 1 - r), m // 2
+        turn = r in (p // 2 - 1, p // 2)
+    second = not v_shape and r >= p // 2
+
+    def where(phase: int) -> tuple[int, int]:
+        """(first micro-batch, virtual stage) of the phase's ops on this rank."""
+        if v_shape:
+            return 0, r if phase == 0 else 2 * p - 1 - r
+        direction = phase ^ second
+        return direction * half, r if direction == 0 else p - 1 - r
+
+    ops, done = _Ops(), {}
+
+    def at(phase: int, what: str) -> tuple[int, int]:
+        first, s = where(phase)
+        j = done.get((phase, what), 0)
+        done[(phase, what)] = j + 1
+        return first + j, s
+
+    def forward(phase: int, late: bool = False) -> None:
+        ops.forward(*at(phase, "f"), late=late)
+
+    def backward(phase: int, zero_bubble: bool = False) -> None:
+        ops.backward(*at(phase, "b"), zero_bubble=zero_bubble)
+
+    for _ in range((ranks - h - 1) * 2):  # step 1
+        forward(0)
+    for i in range(h + 1):  # step 2: F0's send waits for F1 except at the turn (V: in place; DualPipe: sent)
+        forward(0, late=not turn)
+        forward(1, late=turn and i == h)  # the turn's last F1 is sent after step 4's first F0
+    for _ in range(ranks - h - 1):  # step 3
+        backward(1, zero_bubble=True)
+        ops.weight()
+        forward(1)
+    for i in range(half - 2 * ranks + h + 1):  # step 4
+        if i == 0 and turn:  # "We don't overlap these two chunks to further reduce bubble size."
+            forward(0, late=not v_shape)  # DualPipe's middle rank sends it after B1; the V's turn hands it over
+            backward(1)
+        else:
+            ops.pair(at(0, "f"), at(1, "b"))
+        ops.pair(at(1, "f"), at(0, "b"))
+    for _ in range(ranks - h - 1):  # step 5
+        backward(1)
+        ops.pair(at(1, "f"), at(0, "b"))
+    zero_bubble = False
+    for i in range(h + 1):  # step 6
+        if i == (h + 1) // 2 and h % 2 == 1:
+            zero_bubble = True
+        backward(1, zero_bubble)
+        if i == (h + 1) // 2 and h % 2 == 0:
+            zero_bubble = True
+        backward(0, zero_bubble)
+    for _ in range(ranks - h - 1):  # step 7
+        ops.weight()
+        backward(0, zero_bubble=True)
+    ops.weights()  # step 8
+    return ops.arrays()
 
 
 @dataclass(frozen=True)
@@ -362,11 +556,13 @@ class ScheduleTraits:
     # True: the layout search tries it when the constraints name no schedule (planner/search/space.py); the
     # others only when listed
     searched: bool = False
-    # one rank's operations in the order it runs them, (backward?, micro-batch, chunk) arrays, which
-    # planner/pipeline_jitter.py runs as a list schedule over per-micro-batch times; None: not written out here
-    # (GPipe: the flow shop is its exact form; the zero-bubble and DualPipe orders split the backward or run two
-    # directions: planner/documents.py keeps the flow shop for them)
+    # one rank's operations in the order it runs them, (kind: OP_F, OP_B, ..., micro-batch, virtual stage) arrays,
+    # which planner/pipeline_jitter.py runs as a list schedule over per-micro-batch times; None: not written out
+    # (GPipe: the flow shop is its exact form, planner/documents.py)
     order: Callable[[Schedule, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    # True: the order runs some backwards' weight gradients apart (OP_I, then OP_W later: the zero-bubble and DualPipe
+    # orders), so the weight gradient's share of a pass moves its list schedule (planner/pipeline_jitter.py)
+    splits_weights: bool = False
 
     @property
     def label(self) -> str:
@@ -410,10 +606,10 @@ register(
 )
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
-_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE}
-_DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True}
-register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB))
-register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True))
+_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True}
+_DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
+register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
+register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv))
 register(
     ScheduleTraits(
         "dualpipe",
@@ -509,6 +705,13 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
 
 
 __all__ = [
+    "OP_B",
+    "OP_F",
+    "OP_F_LATE",
+    "OP_I",
+    "OP_IDLE",
+    "OP_W",
+    "OP_WAIT",
     "SCHEDULE_TRAITS",
     "ZB_DUALPIPE_SOURCE",
     "PipelineTime",

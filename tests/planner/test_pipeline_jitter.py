@@ -115,7 +115,6 @@ def test_gpipe_is_the_flow_shop_exactly():
         t = list(1 + 0.3 * rng.random(6))
         assert event_makespan(gpipe_order, 4, 1, t, 0.3) == pytest.approx(sum(t) + 3 * max(t), abs=1e-12)
     assert jitter(Schedule("gpipe", 4, 6), 0.3, 0.1) is None
-    assert jitter(Schedule("zb-h1", 4, 6), 0.3, 0.1) is None  # not written out: the caller's flow shop
     assert schedule_traits("interleaved").order is schedule_traits("1f1b").order
 
 
