@@ -27,6 +27,7 @@ block each for the warm-up, the steady state and the cool-down when 2·m·v·p e
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -397,122 +398,121 @@ def _order_zb_h1(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, n
 def _order_zbv(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ZBV (Qi et al. 2024 §6, the V with T_F = T_B = T_W) on one rank as torch.distributed.pipelining runs it
     (schedules.py ScheduleZBVZeroBubble._calculate_single_rank_operations, PyTorch 2.6-2.9): chunk 0 is virtual stage
-    r, chunk 1 stage 2p - 1 - r; 2(p - r) - 1 chunk-0 forwards, r (F1, F0) pairs, p - r (F1, I1, W1), then (F0,
-    I0, W0, F1, I1, W1) while forwards remain, then r (I0, I1), p - r (I0, W0) and the remaining W1 and W0; run for
-    max(2p - 1, m) micro-batches and those past m dropped, as torch does."""
+    r, chunk 1 stage 2p - 1 - r; 2(p - r) - 1 chunk-0 forwards, r (F1, F0), p - r (F1, I1, W1), then (F0, I0, W0,
+    F1, I1, W1) while chunk-0 forwards remain and (I0, W0, F1, I1, W1) until chunk 1's catch up, r (I0, I1), p - r
+    (I0, W0), the r remaining W1 and W0 (torch's loops, their counts written out); run for n = max(2p - 1, m)
+    micro-batches and those past m dropped, as torch does. Each (kind, chunk) takes its micro-batches in turn."""
     p, m, r = sched.stages, sched.microbatches, stage
     n = max(2 * p - 1, m)
-    s0, s1 = r, 2 * p - 1 - r
-    ops, count = [], {}
-
-    def add(kind: int, s: int, key: str) -> None:
-        j = count.get(key, 0)
-        count[key] = j + 1
-        ops.append((kind, j, s))
-
-    for _ in range(2 * (p - r) - 1):
-        add(OP_F, s0, "f0")
-    for _ in range(r):
-        add(OP_F, s1, "f1")
-        add(OP_F, s0, "f0")
-    for _ in range(p - r):
-        add(OP_F, s1, "f1")
-        add(OP_I, s1, "b1")
-        add(OP_W, s1, "w1")
-    while count.get("f1", 0) < count["f0"] or count["f0"] < n:
-        if count["f0"] < n:
-            add(OP_F, s0, "f0")
-        add(OP_I, s0, "b0")
-        add(OP_W, s0, "w0")
-        add(OP_F, s1, "f1")
-        add(OP_I, s1, "b1")
-        add(OP_W, s1, "w1")
-    for _ in range(r):
-        add(OP_I, s0, "b0")
-        add(OP_I, s1, "b1")
-    for _ in range(p - r):
-        add(OP_I, s0, "b0")
-        add(OP_W, s0, "w0")
-    while count["w1"] < count["b1"]:
-        add(OP_W, s1, "w1")
-    while count["w0"] < count["b0"]:
-        add(OP_W, s0, "w0")
+    f0, f1, i0, i1, w0, w1 = (OP_F, 0), (OP_F, 1), (OP_I, 0), (OP_I, 1), (OP_W, 0), (OP_W, 1)
+    runs = (
+        ((f0,), 2 * (p - r) - 1),
+        ((f1, f0), r),
+        ((f1, i1, w1), p - r),
+        ((f0, i0, w0, f1, i1, w1), n - 2 * p + r + 1),
+        ((i0, w0, f1, i1, w1), p - r - 1),
+        ((i0, i1), r),
+        ((i0, w0), p - r),
+        ((w1,), r),
+        ((w0,), r),
+    )
+    stages, count, ops = (r, 2 * p - 1 - r), Counter(), []
+    for pattern, times in runs:
+        for kind, chunk in pattern * times:
+            ops.append((kind, count[kind, chunk], stages[chunk]))
+            count[kind, chunk] += 1
     kind, mb, at = (np.array(x, dtype=np.intp) for x in zip(*(o for o in ops if o[1] < m), strict=True))
     return kind, mb, at
 
 
-def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """DualPipe and DualPipeV on one rank, step() of deepseek-ai/DualPipe (3da1bbe) dualpipe.py and dualpipev.py,
-    its eight steps: nF0, nF0F1, nB1W1F1 (zero bubble), nF0B1F1B0 (F&B pairs), nB1F1B0, nB1B0 (the second half zero
-    bubble), nWB0, nW. Phase 0 is the rank's early stage, phase 1 its late one. DualPipeV (``v_shape``, one
+class _DualRank:
+    """One rank of DualPipe or DualPipeV running step() of deepseek-ai/DualPipe (3da1bbe) dualpipe.py and
+    dualpipev.py (``_order_dual``). Phase 0 is the rank's early stage, phase 1 its late one. DualPipeV (one
     direction folded in a V): virtual stages r and 2p - 1 - r, every micro-batch through both, the turn at the last
-    rank (its phase-0 output handed over in place). DualPipe: two directions of m/2 micro-batches each, direction 0
-    from rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches m/2 ..), a rank's phase 0 the
+    rank (its phase-0 output handed over in place). DualPipe: two directions of m/2 micro-batches, direction 0 from
+    rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches m/2 ..), a rank's phase 0 the
     direction whose early stage it holds (``phase ^= is_in_second_half``), the steps counted by the half rank
-    min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks. ``send=False`` forwards followed by a
-    ``_send_forward`` after the next compute are OP_F_LATE."""
-    v_shape = sched.traits.directions == 1
-    p, m, r = sched.stages, sched.microbatches, stage
-    if v_shape:
-        ranks, h, turn, half = p, r, r == p - 1, m
-    else:
-        ranks, h, half = p // 2, min(r, p - 1 - r), m // 2
-        turn = r in (p // 2 - 1, p // 2)
-    second = not v_shape and r >= p // 2
+    min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks."""
 
-    def where(phase: int) -> tuple[int, int]:
-        """(first micro-batch, virtual stage) of the phase's ops on this rank."""
-        if v_shape:
-            return 0, r if phase == 0 else 2 * p - 1 - r
-        direction = phase ^ second
-        return direction * half, r if direction == 0 else p - 1 - r
+    def __init__(self, sched: Schedule, stage: int) -> None:
+        p, m, r = sched.stages, sched.microbatches, stage
+        self.v_shape = sched.traits.directions == 1
+        if self.v_shape:
+            self.ranks, self.h, self.turn, self.half = p, r, r == p - 1, m
+            self.where = ((0, r), (0, 2 * p - 1 - r))
+        else:
+            self.ranks, self.h, self.half = p // 2, min(r, p - 1 - r), m // 2
+            self.turn = r in (p // 2 - 1, p // 2)
+            second = int(r >= p // 2)  # (first micro-batch, virtual stage) of each direction, by phase
+            directions = ((0, r), (m // 2, p - 1 - r))
+            self.where = (directions[second], directions[1 - second])
+        self.ops, self.done = _Ops(), Counter()
 
-    ops, done = _Ops(), {}
-
-    def at(phase: int, what: str) -> tuple[int, int]:
-        first, s = where(phase)
-        j = done.get((phase, what), 0)
-        done[(phase, what)] = j + 1
+    def at(self, phase: int, what: str) -> tuple[int, int]:
+        first, s = self.where[phase]
+        j = self.done[phase, what]
+        self.done[phase, what] = j + 1
         return first + j, s
 
-    def forward(phase: int, late: bool = False) -> None:
-        ops.forward(*at(phase, "f"), late=late)
+    def forward(self, phase: int, late: bool = False) -> None:
+        self.ops.forward(*self.at(phase, "f"), late=late)
 
-    def backward(phase: int, zero_bubble: bool = False) -> None:
-        ops.backward(*at(phase, "b"), zero_bubble=zero_bubble)
+    def backward(self, phase: int, zero_bubble: bool = False) -> None:
+        self.ops.backward(*self.at(phase, "b"), zero_bubble=zero_bubble)
 
-    for _ in range((ranks - h - 1) * 2):  # step 1
-        forward(0)
-    for i in range(h + 1):  # step 2: F0's send waits for F1 except at the turn (V: in place; DualPipe: sent)
-        forward(0, late=not turn)
-        forward(1, late=turn and i == h)  # the turn's last F1 is sent after step 4's first F0
-    for _ in range(ranks - h - 1):  # step 3
-        backward(1, zero_bubble=True)
-        ops.weight()
-        forward(1)
-    for i in range(half - 2 * ranks + h + 1):  # step 4
-        if i == 0 and turn:  # "We don't overlap these two chunks to further reduce bubble size."
-            forward(0, late=not v_shape)  # DualPipe's middle rank sends it after B1; the V's turn hands it over
-            backward(1)
-        else:
-            ops.pair(at(0, "f"), at(1, "b"))
-        ops.pair(at(1, "f"), at(0, "b"))
-    for _ in range(ranks - h - 1):  # step 5
-        backward(1)
-        ops.pair(at(1, "f"), at(0, "b"))
-    zero_bubble = False
-    for i in range(h + 1):  # step 6
-        if i == (h + 1) // 2 and h % 2 == 1:
-            zero_bubble = True
-        backward(1, zero_bubble)
-        if i == (h + 1) // 2 and h % 2 == 0:
-            zero_bubble = True
-        backward(0, zero_bubble)
-    for _ in range(ranks - h - 1):  # step 7
-        ops.weight()
-        backward(0, zero_bubble=True)
-    ops.weights()  # step 8
-    return ops.arrays()
+    def pair(self, f: int, b: int) -> None:
+        self.ops.pair(self.at(f, "f"), self.at(b, "b"))
+
+    def fill(self) -> None:
+        """Steps 1-3: nF0; nF0F1, F0's send after F1 except at the turn (V: in place; DualPipe: sent), the turn's
+        last F1 sent after step 4's first F0; nB1W1F1 (zero bubble)."""
+        rest, h = self.ranks - self.h - 1, self.h
+        for _ in range(rest * 2):
+            self.forward(0)
+        for i in range(h + 1):
+            self.forward(0, late=not self.turn)
+            self.forward(1, late=self.turn and i == h)
+        for _ in range(rest):
+            self.backward(1, zero_bubble=True)
+            self.ops.weight()
+            self.forward(1)
+
+    def steady(self) -> None:
+        """Steps 4-5: nF0B1F1B0 in F&B pairs (the turn's first F0 and B1 apart: "We don't overlap these two chunks
+        to further reduce bubble size", DualPipe's middle rank sending the F0 after the B1), nB1F1B0."""
+        for i in range(self.half - 2 * self.ranks + self.h + 1):
+            if i == 0 and self.turn:
+                self.forward(0, late=not self.v_shape)
+                self.backward(1)
+            else:
+                self.pair(0, 1)
+            self.pair(1, 0)
+        for _ in range(self.ranks - self.h - 1):
+            self.backward(1)
+            self.pair(1, 0)
+
+    def drain(self) -> None:
+        """Steps 6-8: nB1B0 (the second half zero bubble, from the half rank's parity), nWB0, nW."""
+        h, zero_bubble = self.h, False
+        for i in range(h + 1):
+            zero_bubble = zero_bubble or (i == (h + 1) // 2 and h % 2 == 1)
+            self.backward(1, zero_bubble)
+            zero_bubble = zero_bubble or (i == (h + 1) // 2 and h % 2 == 0)
+            self.backward(0, zero_bubble)
+        for _ in range(self.ranks - h - 1):
+            self.ops.weight()
+            self.backward(0, zero_bubble=True)
+        self.ops.weights()
+
+
+def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DualPipe and DualPipeV on one rank: step()'s eight steps (``_DualRank``), ``send=False`` forwards followed
+    by a ``_send_forward`` after the next compute as OP_F_LATE."""
+    rank = _DualRank(sched, stage)
+    rank.fill()
+    rank.steady()
+    rank.drain()
+    return rank.ops.arrays()
 
 
 @dataclass(frozen=True)

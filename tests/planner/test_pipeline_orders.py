@@ -55,7 +55,8 @@ def test_every_micro_batch_runs_each_pass_once_on_every_stage(kind, p, m):
             if kind_:
                 seen[kind_, j, s] += 1
         assert not split
-    assert {k for k, c in seen.items() if k[0] != "W"} == {(x, j, s) for x in "FB" for j in range(m) for s in range(path)}
+    every = {(x, j, s) for x in "FB" for j in range(m) for s in range(path)}
+    assert {k for k in seen if k[0] != "W"} == every
     assert set(seen.values()) == {1}
 
 
@@ -131,9 +132,11 @@ def test_zb_h1_uniform_makespan_is_its_closed_form(p, m):
     assert base == pytest.approx(m + (p - 1) * 0.45, abs=1e-9) and base > closed + 0.04
 
 
-@pytest.mark.parametrize(("kind", "p", "m"), [("dualpipe", 2, 4), ("dualpipe", 4, 8), ("dualpipe", 4, 16),
-                                              ("dualpipe", 6, 14), ("dualpipe", 8, 32), ("dualpipev", 2, 4),
-                                              ("dualpipev", 3, 10), ("dualpipev", 4, 16), ("dualpipev", 8, 16)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "p", "m"), [("dualpipe", 2, 4), ("dualpipe", 4, 8), ("dualpipe", 4, 16), ("dualpipe", 6, 14),
+                         ("dualpipe", 8, 32), ("dualpipev", 2, 4), ("dualpipev", 3, 10), ("dualpipev", 4, 16),
+                         ("dualpipev", 8, 16)],
+)  # fmt: skip
 def test_dualpipe_uniform_makespan_is_the_readme_bubble(kind, p, m):
     """deepseek-ai/DualPipe's step() (3da1bbe) with equal micro-batches and equal chunk passes (forward, input
     gradient and weight gradient a third each, as its README's figure draws them) ends at m + the README table's
