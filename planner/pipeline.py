@@ -307,6 +307,7 @@ def _any_m(name: str, m: int, p: int) -> str:
 # OP_WAIT (no time) holds the rank until the input of the backward it names has come (an F&B pair receives both
 # inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
 OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
+OP_CELLS = 250  # one op of an order written op by op, in pipeline_jitter's cells (0.5-0.8 us measured / 3 ns a cell)
 
 
 class _Ops:
@@ -563,6 +564,10 @@ class ScheduleTraits:
     # True: the order runs some backwards' weight gradients apart (OP_I, then OP_W later: the zero-bubble and DualPipe
     # orders), so the weight gradient's share of a pass moves its list schedule (planner/pipeline_jitter.py)
     splits_weights: bool = False
+    # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out: 0 for the
+    # vectorised Megatron order (39 ns an op at pp 512, within the relaxation's charge), OP_CELLS for an order
+    # written op by op (``_Ops``: 0.5-0.8 us an op at pp 256-512, docs/step-time.md "(sched11)")
+    order_op_cells: int = 0
 
     @property
     def label(self) -> str:
@@ -606,7 +611,7 @@ register(
 )
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
-_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True}
+_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS}
 _DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
 register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv))

@@ -49,7 +49,7 @@ import numpy as np
 from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
-MIN_DRAWS = 64  # the fewest draws before the flow shop (sampling error sqrt(DRAWS / MIN_DRAWS) = 2x DRAWS')
+MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
 SEED = 20261126
 # a rank's operations (2·m·v) in the longest direct run; beyond, two runs (m1 and m2) extrapolated (module docstring)
 MAX_STEPS = 256
@@ -248,6 +248,11 @@ def _spans(m2: int, p: int) -> tuple[int, int]:
     return max(2 * p, m2 // 4 // p * p), m2
 
 
+def build_cells(kind: str) -> int:
+    """Cells one op of ``kind``'s order costs to write out (``ScheduleTraits.order_op_cells``)."""
+    return schedule_traits(kind).order_op_cells
+
+
 def per_microbatch(kind: str, v: int) -> int:
     """A rank's ops per micro-batch, at most: a forward and a backward per chunk (2v, Megatron's orders); where the
     order splits weight gradients off, a forward, a backward or an input gradient, and a weight gradient or an F&B
@@ -269,36 +274,37 @@ def _runs(p: int, v: int, m: int, per: int = 0) -> tuple[int, ...]:
     return (m,) if m <= m2 else _spans(m2, p)
 
 
-def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES, per: int = 0) -> int:
+def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES, per: int = 0, build: int = 0) -> int:
     """Cells of one call at ``draws_`` draws on ``nodes`` grid nodes (each with its uniform column): per run of
     per·m·p ops (``per_microbatch``; 0: 2v), the sweep's ops x columns, its levels' numpy steps (LEVEL_CELLS each,
-    per column chunk) and the levels' relaxation (3 Gauss-Seidel rounds of 2p rank steps over the ops, the
-    structure built once)."""
+    per column chunk) and the levels' relaxation (3 Gauss-Seidel rounds of 2p rank steps over the ops), the
+    structure built once (``build`` cells an op where the order is written op by op: ``build_cells``)."""
     total, columns, per = 0, nodes * (draws_ + 1), per or 2 * v
     for mr in _runs(p, v, m, per):
         ops, levels = per * mr * p, per * mr + 2 * (p - 1)
         chunks = -(-columns // max(1, CHUNK // (ops + 1)))
         relax = 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)  # 3 Gauss-Seidel rounds of 2p rank steps
-        total += ops * columns + levels * chunks * LEVEL_CELLS + relax
+        total += ops * columns + levels * chunks * LEVEL_CELLS + relax + build * ops
     return total
 
 
 @lru_cache(maxsize=1024)
-def runs_at(p: int, v: int, m: int, per: int = 0) -> tuple[int, int]:
+def runs_at(p: int, v: int, m: int, per: int = 0, build: int = 0) -> tuple[int, int]:
     """(nodes, draws) a call runs within CELLS: the grid (NODES nodes, DRAWS draws) where it fits, else the
     candidate's own key (one node) at DRAWS, else at the most of DRAWS / 2^k down to MIN_DRAWS; draws 0: the flow
-    shop (``method`` says which). ``per``: the rank's ops a micro-batch (``per_microbatch``; 0: 2v)."""
-    if p == 1 or work(p, v, m, DRAWS, NODES, per) <= CELLS:
+    shop (``method`` says which). ``per``: the rank's ops a micro-batch (``per_microbatch``; 0: 2v); ``build``: the
+    cells an op costs to write out (``build_cells``)."""
+    if p == 1 or work(p, v, m, DRAWS, NODES, per, build) <= CELLS:
         return NODES, DRAWS
     d = DRAWS
-    while d >= MIN_DRAWS and work(p, v, m, d, 1, per) > CELLS:
+    while d >= MIN_DRAWS and work(p, v, m, d, 1, per, build) > CELLS:
         d //= 2
     return 1, d if d >= MIN_DRAWS else 0
 
 
-def draws(p: int, v: int, m: int, per: int = 0) -> int:
+def draws(p: int, v: int, m: int, per: int = 0, build: int = 0) -> int:
     """The draws a call runs (``runs_at``); 0: the flow shop."""
-    return runs_at(p, v, m, per)[1]
+    return runs_at(p, v, m, per, build)[1]
 
 
 def call_work(kind: str, p: int, v: int, m: int) -> int:
@@ -306,9 +312,9 @@ def call_work(kind: str, p: int, v: int, m: int) -> int:
     not written out, or over the bound) and for one stage."""
     if p == 1 or schedule_traits(kind).order is None:
         return 0
-    per = per_microbatch(kind, v)
-    nodes, d = runs_at(p, v, m, per)
-    return work(p, v, m, d, nodes, per) if d else 0
+    per, build = per_microbatch(kind, v), build_cells(kind)
+    nodes, d = runs_at(p, v, m, per, build)
+    return work(p, v, m, d, nodes, per, build) if d else 0
 
 
 def method(sched: Schedule) -> str:
@@ -318,12 +324,12 @@ def method(sched: Schedule) -> str:
         return "one stage: its micro-batches back to back, the spread of their sum (no pipeline to wait in)"
     if sched.traits.order is None:
         return f"the flow shop's (p - 1)·E[max of m] (the {sched.kind} order is not written out)"
-    per = per_microbatch(sched.kind, v)
-    nodes, d = runs_at(p, v, m, per)
+    per, build = per_microbatch(sched.kind, v), build_cells(sched.kind)
+    nodes, d = runs_at(p, v, m, per, build)
     if d == 0:
         return (
             f"the flow shop's (p - 1)·E[max of m]: the {sched.kind} order at pp {p}, v {v}, m {m} is over the work "
-            f"bound ({CELLS:,} cells; {work(p, v, m, MIN_DRAWS, 1, per):,} at {MIN_DRAWS} draws)"
+            f"bound ({CELLS:,} cells; {work(p, v, m, MIN_DRAWS, 1, per, build):,} at {MIN_DRAWS} draws)"
         )
     error = "" if d == DRAWS else f", sampling error {math.sqrt(DRAWS / d):.1f}x the {DRAWS} draws' 2-3%"
     how = "interpolated on its (phi, rho) grid" if nodes > 1 else "at its own (phi, rho)"
@@ -380,8 +386,10 @@ def _moments(
         return _node_moments(kind, p, v, m, nodes, d, omega)
     (m1, m2), grow = runs, (m - runs[1]) / (runs[1] - runs[0])
     near, far = (_node_moments(kind, p, v, mr, nodes, d, omega) for mr in (m1, m2))
+    # the variance is not let fall below the m2 run's (a sum over more steps; with few draws the two runs' noise
+    # could extrapolate it to 0: interleaved pp 64 v 16 m 1024 at 16 draws, sched11)
     return [
-        (a2 + grow * (a2 - a1), max(0.0, v2 + grow * (v2 - v1))) for (a1, v1), (a2, v2) in zip(near, far, strict=True)
+        (a2 + grow * (a2 - a1), max(v2, v2 + grow * (v2 - v1))) for (a1, v1), (a2, v2) in zip(near, far, strict=True)
     ]
 
 
@@ -408,7 +416,7 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
         return None
     if p == 1:  # one stage runs the micro-batches back to back: the sum of m, no excess
         return Jitter(0.0, math.sqrt(m))
-    nodes, d = runs_at(p, v, m, per_microbatch(sched.kind, v))
+    nodes, d = runs_at(p, v, m, per_microbatch(sched.kind, v), build_cells(sched.kind))
     if d == 0:
         return None
     phi, rho = round(phi, 2), float(f"{max(rho, 1e-4):.2g}")
