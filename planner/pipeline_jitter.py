@@ -209,8 +209,8 @@ def durations(t: np.ndarray, phi: float, split: int, omega: float = 0.0) -> np.n
     """Micro-batch times ``t`` (m x columns) as a run's (4m + 1 x columns) op durations (``_Graph``): each chunk's
     forward a share ``phi`` / split of it, its full backward (1 - phi) / split, of which its weight gradient
     ``omega`` / split and its input gradient the rest; a last row of no time."""
-    rest = max(0.0, 1 - phi - omega)
-    shares = (phi / split, (1 - phi) / split, rest / split, omega / split)
+    omega = min(omega, 1 - phi)  # a grid node's phi may leave less backward than omega (then all of it is W)
+    shares = (phi / split, (1 - phi) / split, (1 - phi - omega) / split, omega / split)
     return np.concatenate([t * s for s in shares] + [np.zeros((1, t.shape[1]))])
 
 

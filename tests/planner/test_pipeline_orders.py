@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from planner import pipeline_jitter
 from planner.documents import expected_max
 from planner.pipeline import (
     OP_B,
@@ -23,7 +24,7 @@ from planner.pipeline import (
     bubble_s,
     schedule_traits,
 )
-from planner.pipeline_jitter import jitter, method, per_microbatch, schedule_makespans
+from planner.pipeline_jitter import DRAWS, MIN_DRAWS, _node_moments, jitter, method, per_microbatch, schedule_makespans
 
 ZB = ("zb-h1", "zbv", "dualpipe", "dualpipev")
 
@@ -175,3 +176,37 @@ def test_the_packed_wait_comes_from_the_orders_and_reads_the_weight_share():
         assert got is not None and got.sd > 0, kind
         assert f"the {kind} order run as a list schedule" in method(sched)
     assert per_microbatch("zbv", 2) == 6 and per_microbatch("dualpipe", 2) == 3 and per_microbatch("1f1b", 1) == 2
+
+
+def test_the_orders_settle_within_the_charged_rounds(monkeypatch):
+    """planner/pipeline_jitter.py's work charges three Gauss-Seidel rounds of the levels' relaxation: every
+    zero-bubble and DualPipe order settles within them (p 2-32, m from p to 8p), none is called deadlocked."""
+    monkeypatch.setattr(pipeline_jitter, "RELAX_ROUNDS", 3)
+    for kind in ZB:
+        for p in (2, 3, 4, 6, 8, 16, 32):
+            if kind == "dualpipe" and p % 2:
+                continue
+            for m in {2 * p, 4 * p + 2, 8 * p} | ({p, 3} if kind in ("zb-h1", "zbv") else set()):
+                pipeline_jitter._levels(kind, p, _v(kind), m)
+    pipeline_jitter._GRAPHS.clear()
+
+
+@pytest.mark.parametrize(("kind", "p", "v", "m"), [("1f1b", 64, 1, 256), ("interleaved", 32, 2, 128),
+                                                   ("zb-h1", 64, 1, 256), ("dualpipev", 32, 2, 128)])  # fmt: skip
+def test_fewer_draws_stay_within_their_stated_sampling_error(kind, p, v, m):
+    """Beyond the work bound the draws halve down to MIN_DRAWS (8) before the flow shop; the Assumptions row states
+    sqrt(DRAWS / 8) = 5.7x the 256 draws' 2-3%: the mean at 8 draws is within 5.7 x 3% of the 256 draws' on the same
+    structure (measured at most 7.7%, docs/step-time.md "(sched11)")."""
+    omega = 2 / 9 if schedule_traits(kind).splits_weights else 0.0
+    full, few = (_node_moments(kind, p, v, m, [(1 / 3, 0.1)], d, omega)[0][0] for d in (DRAWS, MIN_DRAWS))
+    assert abs(few - full) <= (DRAWS / MIN_DRAWS) ** 0.5 * 0.03 * full, (few, full)
+
+
+def test_deep_1f1b_beyond_the_old_bound_runs_its_order():
+    """1F1B at pp 512, m 2,048 (over the bound at 64 draws): 8 draws of its order, 6,945 sigma against the 32-draw
+    direct run's 6,843 (docs), not the flow shop's (p - 1)·E[max of m] = 1,759 it fell back to (3.9x short)."""
+    sched = Schedule("1f1b", 512, 2048)
+    got = jitter(sched, 1 / 3, 0.1)
+    assert got.mean > 3.5 * 511 * expected_max(2048)
+    assert got.mean == pytest.approx(6843, rel=0.05)
+    assert "8 fixed-seed draws" in method(sched)
