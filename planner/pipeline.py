@@ -27,7 +27,6 @@ block each for the warm-up, the steady state and the cool-down when 2·m·v·p e
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -307,44 +306,7 @@ def _any_m(name: str, m: int, p: int) -> str:
 # OP_WAIT (no time) holds the rank until the input of the backward it names has come (an F&B pair receives both
 # inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
 OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
-OP_CELLS = 250  # one op of an order written op by op, in pipeline_jitter's cells (0.5-0.8 us measured / 3 ns a cell)
-
-
-class _Ops:
-    """One rank's ops in run order, each (kind, micro-batch, virtual stage): the stage in the micro-batch's path
-    (its forward runs virtual stages 0, 1, ..., its backward back), and the weight gradients a zero-bubble backward
-    defers, popped first in first out (dualpipe.py ``WeightGradStore``: "Assume FIFO"; torch's ``weight_queue``)."""
-
-    def __init__(self) -> None:
-        self.ops: list[tuple[int, int, int]] = []
-        self.deferred: list[tuple[int, int]] = []
-
-    def forward(self, mb: int, stage: int, late: bool = False) -> None:
-        self.ops.append((OP_F_LATE if late else OP_F, mb, stage))
-
-    def backward(self, mb: int, stage: int, zero_bubble: bool = False) -> None:
-        self.ops.append((OP_I if zero_bubble else OP_B, mb, stage))
-        if zero_bubble:
-            self.deferred.append((mb, stage))
-
-    def weight(self) -> None:
-        if self.deferred:
-            self.ops.append((OP_W, *self.deferred.pop(0)))
-
-    def weights(self) -> None:
-        while self.deferred:
-            self.weight()
-
-    def pair(self, f: tuple[int, int], b: tuple[int, int]) -> None:
-        """An F&B pair (dualpipe.py ``_forward_backward_chunk``): both inputs received, the forward and the full
-        backward computed, both outputs sent."""
-        self.ops.append((OP_WAIT, *b))
-        self.forward(*f, late=True)
-        self.backward(*b)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        kind, mb, stage = (np.array(x, dtype=np.intp) for x in zip(*self.ops, strict=True))
-        return kind, mb, stage
+OP_CELLS = 50  # one op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells: 115-160 ns / 3 ns a cell
 
 
 def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -369,31 +331,85 @@ def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray
     return kind, mb, chunk * p + stage
 
 
+# A rank's order is written as runs of a pattern repeated (``_Runs``): a handful of Python steps per rank, the ops
+# themselves laid out by numpy (about 50 ns an op; written op by op in Python they cost 0.5-0.8 us, sched11).
+F0, F1, FL0, FL1, B0, B1, I0, I1 = ((OP_F, 0), (OP_F, 1), (OP_F_LATE, 0), (OP_F_LATE, 1), (OP_B, 0), (OP_B, 1),
+                                    (OP_I, 0), (OP_I, 1))  # fmt: skip
+W0, W1, WQ = (OP_W, 0), (OP_W, 1), (OP_W, -1)  # a chunk's oldest deferred weight gradient; -1: the rank's oldest
+
+
+def _pair(f: int, b: int) -> tuple[tuple[int, int], ...]:
+    """An F&B pair (dualpipe.py ``_forward_backward_chunk``): both inputs received (OP_WAIT on the backward's), the
+    forward and the full backward computed, both outputs sent after both."""
+    return (OP_WAIT, b), (OP_F_LATE, f), (OP_B, b)
+
+
+class _Runs:
+    """One rank's ops as (pattern, times) runs of (kind, phase) pairs; ``arrays`` gives each op its micro-batch and
+    virtual stage: a forward (F, F_LATE) the next of its phase's forwards, a backward (B, I) the next of its
+    backwards, an OP_WAIT the backward after it; an OP_W the weight gradient of the oldest OP_I not yet popped, first
+    in first out over the rank (dualpipe.py ``WeightGradStore``: "Assume FIFO") or within its phase (torch's
+    ScheduleZBVZeroBubble counts each chunk's W apart); ``where``: (first micro-batch, virtual stage) of each phase."""
+
+    def __init__(self, where: tuple[tuple[int, int], ...]) -> None:
+        self.where = np.array(where, dtype=np.intp)
+        self.runs: list[tuple[tuple, int]] = []
+
+    def add(self, times: int, *pattern: tuple[int, int]) -> None:
+        if times > 0 and pattern:
+            self.runs.append((pattern, times))
+
+    def weights(self) -> None:
+        """The weight gradients still deferred, oldest first (dualpipe.py step 8, the quick ZB-H1's ``pop_all``)."""
+        kind = np.concatenate([np.tile(np.array(p)[:, 0], t) for p, t in self.runs])
+        self.add(int(np.sum(kind == OP_I) - np.sum(kind == OP_W)), WQ)
+
+    def arrays(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ops = np.concatenate([np.tile(np.array(p, dtype=np.intp), (t, 1)) for p, t in self.runs])
+        kind, phase = ops[:, 0], ops[:, 1]
+        index = np.zeros(len(kind), dtype=np.intp)
+        forward, backward = np.isin(kind, (OP_F, OP_F_LATE)), np.isin(kind, (OP_B, OP_I, OP_WAIT))
+        for group, counted in ((forward, forward), (backward, np.isin(kind, (OP_B, OP_I)))):
+            for ph in (0, 1):
+                sel = group & (phase == ph)
+                ahead = np.cumsum(counted & sel) - (counted & sel)  # the group's counted ops before this one
+                index[sel] = ahead[sel]
+        deferred, popped = np.flatnonzero(kind == OP_I), np.flatnonzero(kind == OP_W)
+        for ph in (-1, 0, 1):  # each W takes the (phase, index) of the I it pops
+            queue = deferred if ph == -1 else deferred[phase[deferred] == ph]
+            pops = popped[phase[popped] == ph]
+            index[pops], phase[pops] = index[queue[: len(pops)]], phase[queue[: len(pops)]]
+        first, stage = self.where[phase].T
+        mb = first + index
+        keep = mb < m
+        return kind[keep].copy(), mb[keep], stage[keep]
+
+
 def _order_zb_h1(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ZB-H1 on one rank as sail-sg/zero-bubble-pipeline-parallelism's quick implementation runs it (branch
     zb-h1-quick-start, commit 95212f7, Megatron's schedules.py forward_backward_pipelining_without_interleaving
-    with WeightGradStore): 1F1B's warm-up and pairs; rank r > 0 splits the backward (B, its W deferred) of its
+    with WeightGradStore): 1F1B's warm-up and pairs; rank r > 0 splits the backward (I, its W deferred) of its
     first r steady-state micro-batches, of its last, and of every cool-down one, and pops the oldest W after the
     last steady-state backward when i >= r and after cool-down backward i when (m - w) + i >= r; the rest at the
     end (``pop_all``); rank 0 never splits."""
     m, r = sched.microbatches, stage
     w = warmup_microbatches(sched, stage)
     rest = m - w
-    ops = _Ops()
-    for j in range(w):
-        ops.forward(j, r)
-    for i in range(rest):
-        ops.forward(w + i, r)
-        last = i == rest - 1
-        ops.backward(i, r, zero_bubble=(i < r or last) and r > 0)
-        if last and i >= r > 0:
-            ops.weight()
-    for i in range(w):
-        ops.backward(rest + i, r, zero_bubble=r > 0)
-        if r > 0 and rest + i >= r:
-            ops.weight()
-    ops.weights()
-    return ops.arrays()
+    runs = _Runs(((0, r),))
+    runs.add(w, F0)
+    if r == 0:
+        runs.add(rest, F0, B0)
+        runs.add(w, B0)
+        return runs.arrays(m)
+    runs.add(min(r, rest - 1), F0, I0)  # i < r, short of the last
+    runs.add(rest - 1 - r, F0, B0)
+    if rest > 0:  # the last steady-state micro-batch
+        runs.add(1, F0, I0, *((WQ,) if rest - 1 >= r else ()))
+    early = min(w, max(0, r - rest))  # cool-down backwards before (m - w) + i reaches r: no pop
+    runs.add(early, I0)
+    runs.add(w - early, I0, WQ)
+    runs.weights()
+    return runs.arrays(m)
 
 
 def _order_zbv(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -402,118 +418,64 @@ def _order_zbv(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.
     r, chunk 1 stage 2p - 1 - r; 2(p - r) - 1 chunk-0 forwards, r (F1, F0), p - r (F1, I1, W1), then (F0, I0, W0,
     F1, I1, W1) while chunk-0 forwards remain and (I0, W0, F1, I1, W1) until chunk 1's catch up, r (I0, I1), p - r
     (I0, W0), the r remaining W1 and W0 (torch's loops, their counts written out); run for n = max(2p - 1, m)
-    micro-batches and those past m dropped, as torch does. Each (kind, chunk) takes its micro-batches in turn."""
+    micro-batches and those past m dropped, as torch does. Each chunk's W pops that chunk's oldest I."""
     p, m, r = sched.stages, sched.microbatches, stage
     n = max(2 * p - 1, m)
-    f0, f1, i0, i1, w0, w1 = (OP_F, 0), (OP_F, 1), (OP_I, 0), (OP_I, 1), (OP_W, 0), (OP_W, 1)
-    runs = (
-        ((f0,), 2 * (p - r) - 1),
-        ((f1, f0), r),
-        ((f1, i1, w1), p - r),
-        ((f0, i0, w0, f1, i1, w1), n - 2 * p + r + 1),
-        ((i0, w0, f1, i1, w1), p - r - 1),
-        ((i0, i1), r),
-        ((i0, w0), p - r),
-        ((w1,), r),
-        ((w0,), r),
-    )
-    stages, count, ops = (r, 2 * p - 1 - r), Counter(), []
-    for pattern, times in runs:
-        for kind, chunk in pattern * times:
-            ops.append((kind, count[kind, chunk], stages[chunk]))
-            count[kind, chunk] += 1
-    kind, mb, at = (np.array(x, dtype=np.intp) for x in zip(*(o for o in ops if o[1] < m), strict=True))
-    return kind, mb, at
-
-
-class _DualRank:
-    """One rank of DualPipe or DualPipeV running step() of deepseek-ai/DualPipe (3da1bbe) dualpipe.py and
-    dualpipev.py (``_order_dual``). Phase 0 is the rank's early stage, phase 1 its late one. DualPipeV (one
-    direction folded in a V): virtual stages r and 2p - 1 - r, every micro-batch through both, the turn at the last
-    rank (its phase-0 output handed over in place). DualPipe: two directions of m/2 micro-batches, direction 0 from
-    rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches m/2 ..), a rank's phase 0 the
-    direction whose early stage it holds (``phase ^= is_in_second_half``), the steps counted by the half rank
-    min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks."""
-
-    def __init__(self, sched: Schedule, stage: int) -> None:
-        p, m, r = sched.stages, sched.microbatches, stage
-        self.v_shape = sched.traits.directions == 1
-        if self.v_shape:
-            self.ranks, self.h, self.turn, self.half = p, r, r == p - 1, m
-            self.where = ((0, r), (0, 2 * p - 1 - r))
-        else:
-            self.ranks, self.h, self.half = p // 2, min(r, p - 1 - r), m // 2
-            self.turn = r in (p // 2 - 1, p // 2)
-            second = int(r >= p // 2)  # (first micro-batch, virtual stage) of each direction, by phase
-            directions = ((0, r), (m // 2, p - 1 - r))
-            self.where = (directions[second], directions[1 - second])
-        self.ops, self.done = _Ops(), Counter()
-
-    def at(self, phase: int, what: str) -> tuple[int, int]:
-        first, s = self.where[phase]
-        j = self.done[phase, what]
-        self.done[phase, what] = j + 1
-        return first + j, s
-
-    def forward(self, phase: int, late: bool = False) -> None:
-        self.ops.forward(*self.at(phase, "f"), late=late)
-
-    def backward(self, phase: int, zero_bubble: bool = False) -> None:
-        self.ops.backward(*self.at(phase, "b"), zero_bubble=zero_bubble)
-
-    def pair(self, f: int, b: int) -> None:
-        self.ops.pair(self.at(f, "f"), self.at(b, "b"))
-
-    def fill(self) -> None:
-        """Steps 1-3: nF0; nF0F1, F0's send after F1 except at the turn (V: in place; DualPipe: sent), the turn's
-        last F1 sent after step 4's first F0; nB1W1F1 (zero bubble)."""
-        rest, h = self.ranks - self.h - 1, self.h
-        for _ in range(rest * 2):
-            self.forward(0)
-        for i in range(h + 1):
-            self.forward(0, late=not self.turn)
-            self.forward(1, late=self.turn and i == h)
-        for _ in range(rest):
-            self.backward(1, zero_bubble=True)
-            self.ops.weight()
-            self.forward(1)
-
-    def steady(self) -> None:
-        """Steps 4-5: nF0B1F1B0 in F&B pairs (the turn's first F0 and B1 apart: "We don't overlap these two chunks
-        to further reduce bubble size", DualPipe's middle rank sending the F0 after the B1), nB1F1B0."""
-        for i in range(self.half - 2 * self.ranks + self.h + 1):
-            if i == 0 and self.turn:
-                self.forward(0, late=not self.v_shape)
-                self.backward(1)
-            else:
-                self.pair(0, 1)
-            self.pair(1, 0)
-        for _ in range(self.ranks - self.h - 1):
-            self.backward(1)
-            self.pair(1, 0)
-
-    def drain(self) -> None:
-        """Steps 6-8: nB1B0 (the second half zero bubble, from the half rank's parity), nWB0, nW."""
-        h, zero_bubble = self.h, False
-        for i in range(h + 1):
-            zero_bubble = zero_bubble or (i == (h + 1) // 2 and h % 2 == 1)
-            self.backward(1, zero_bubble)
-            zero_bubble = zero_bubble or (i == (h + 1) // 2 and h % 2 == 0)
-            self.backward(0, zero_bubble)
-        for _ in range(self.ranks - h - 1):
-            self.ops.weight()
-            self.backward(0, zero_bubble=True)
-        self.ops.weights()
+    runs = _Runs(((0, r), (0, 2 * p - 1 - r)))
+    runs.add(2 * (p - r) - 1, F0)
+    runs.add(r, F1, F0)
+    runs.add(p - r, F1, I1, W1)
+    runs.add(n - 2 * p + r + 1, F0, I0, W0, F1, I1, W1)
+    runs.add(p - r - 1, I0, W0, F1, I1, W1)
+    runs.add(r, I0, I1)
+    runs.add(p - r, I0, W0)
+    runs.add(r, W1)
+    runs.add(r, W0)
+    return runs.arrays(m)
 
 
 def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """DualPipe and DualPipeV on one rank: step()'s eight steps (``_DualRank``), ``send=False`` forwards followed
-    by a ``_send_forward`` after the next compute as OP_F_LATE."""
-    rank = _DualRank(sched, stage)
-    rank.fill()
-    rank.steady()
-    rank.drain()
-    return rank.ops.arrays()
+    """DualPipe and DualPipeV on one rank, step() of deepseek-ai/DualPipe (3da1bbe) dualpipe.py and dualpipev.py:
+    nF0; nF0F1 (F0's send after F1 except at the turn, the turn's last F1 sent after step 4's first F0); nB1W1F1
+    (zero bubble); nF0B1F1B0 in F&B pairs (the turn's first F0 and B1 apart: "We don't overlap these two chunks to
+    further reduce bubble size", DualPipe's middle rank sending the F0 after the B1); nB1F1B0; nB1B0 (the second
+    half zero bubble from the half rank's parity); nWB0; nW. Phase 0 is the rank's early stage, phase 1 its late
+    one. DualPipeV (one direction folded in a V): virtual stages r and 2p - 1 - r, every micro-batch through both,
+    the turn at the last rank (its phase-0 output handed over in place). DualPipe: two directions of m/2
+    micro-batches, direction 0 from rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches
+    m/2 ..), a rank's phase 0 the direction whose early stage it holds (``phase ^= is_in_second_half``), the steps
+    counted by the half rank min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks."""
+    p, m, r = sched.stages, sched.microbatches, stage
+    v_shape = sched.traits.directions == 1
+    if v_shape:
+        ranks, h, turn, half, where = p, r, r == p - 1, m, ((0, r), (0, 2 * p - 1 - r))
+    else:
+        ranks, h, half, turn = p // 2, min(r, p - 1 - r), m // 2, r in (p // 2 - 1, p // 2)
+        directions = ((0, r), (m // 2, p - 1 - r))
+        where = directions if r < p // 2 else directions[::-1]
+    rest, f0 = ranks - h - 1, F0 if turn else FL0
+    runs = _Runs(where)
+    runs.add(2 * rest, F0)  # step 1
+    runs.add(h, f0, F1)  # step 2
+    runs.add(1, f0, FL1 if turn else F1)
+    runs.add(rest, I1, WQ, F1)  # step 3
+    steady = half - 2 * ranks + h + 1  # step 4
+    if turn:
+        runs.add(1, FL0 if not v_shape else F0, B1, *_pair(1, 0))
+    else:
+        runs.add(1, *_pair(0, 1), *_pair(1, 0))
+    runs.add(steady - 1, *_pair(0, 1), *_pair(1, 0))
+    runs.add(rest, B1, *_pair(1, 0))  # step 5
+    k = (h + 1) // 2  # step 6: zero bubble from i = k (B1 from i = k + 1 where h is even)
+    runs.add(k, B1, B0)
+    if h % 2 == 0:
+        runs.add(1, B1, I0)
+        runs.add(h - k, I1, I0)
+    else:
+        runs.add(h + 1 - k, I1, I0)
+    runs.add(rest, WQ, I0)  # step 7
+    runs.weights()  # step 8
+    return runs.arrays(m)
 
 
 @dataclass(frozen=True)
@@ -565,8 +527,8 @@ class ScheduleTraits:
     # orders), so the weight gradient's share of a pass moves its list schedule (planner/pipeline_jitter.py)
     splits_weights: bool = False
     # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out: 0 for the
-    # vectorised Megatron order (39 ns an op at pp 512, within the relaxation's charge), OP_CELLS for an order
-    # written op by op (``_Ops``: 0.5-0.8 us an op at pp 256-512, docs/step-time.md "(sched11)")
+    # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
+    # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
     order_op_cells: int = 0
 
     @property
