@@ -210,3 +210,28 @@ def test_deep_1f1b_beyond_the_old_bound_runs_its_order():
     assert got.mean > 3.5 * 511 * expected_max(2048)
     assert got.mean == pytest.approx(6843, rel=0.05)
     assert "8 fixed-seed draws" in method(sched)
+
+
+def _spelt(kind: str, p: int, m: int, rank: int) -> str:
+    names = {OP_F: "F", OP_F_LATE: "FL", OP_B: "B", OP_I: "I", OP_W: "W", OP_WAIT: "WAIT"}
+    return " ".join(f"{names[op]}{j}@{s}" for op, j, s in _orders(kind, p, m)[rank])
+
+
+def test_the_orders_by_hand():
+    """Small cases followed by hand through the sources. ZB-H1 p 3, m 4 (the quick implementation 95212f7): rank 2
+    splits micro-batches 0, 1 (i < r) and 3 (the last), pops W0 after the last backward (i 3 >= r), W1 and W3 at
+    the end; rank 1 warms up one forward, splits 0 (i < r) and 2 (the last, popping W0), the cool-down's 3 (popping
+    W2), W3 at the end. DualPipeV p 2, m 4 (dualpipev.py step()): rank 0 runs steps 1-3 and 5-8 (the F0 of step 2
+    sent after F1, step 3's I1 W F1, the F&B pairs, step 6's B0 zero bubble from i 0 on an even rank); rank 1, the
+    turn, pairs nothing at step 4's first (F0 and B1 apart) and sends its last step-2 F1 after that F0."""
+    assert _spelt("zb-h1", 3, 4, 2) == "F0@2 I0@2 F1@2 I1@2 F2@2 B2@2 F3@2 I3@2 W0@2 W1@2 W3@2"
+    assert _spelt("zb-h1", 3, 4, 1) == "F0@1 F1@1 I0@1 F2@1 B1@1 F3@1 I2@1 W0@1 I3@1 W2@1 W3@1"
+    assert _spelt("zb-h1", 3, 4, 0) == "F0@0 F1@0 F2@0 B0@0 F3@0 B1@0 B2@0 B3@0"
+    assert _spelt("dualpipev", 2, 4, 0) == (
+        "F0@0 F1@0 FL2@0 F0@3 I0@3 W0@3 F1@3 WAIT1@3 FL3@0 B1@3 WAIT0@0 FL2@3 B0@0 B2@3 WAIT1@0 FL3@3 B1@0 B3@3 "
+        "I2@0 W2@0 I3@0 W3@0"
+    )
+    assert _spelt("dualpipev", 2, 4, 1) == (
+        "F0@1 F0@2 F1@1 FL1@2 F2@1 B0@2 WAIT0@1 FL2@2 B0@1 WAIT1@2 FL3@1 B1@2 WAIT1@1 FL3@2 B1@1 B2@2 B2@1 I3@2 "
+        "I3@1 W3@2 W3@1"
+    )
