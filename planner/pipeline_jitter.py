@@ -4,10 +4,10 @@ docwait10; planner/documents.py reads it for packed documents).
 A micro-batch j takes t_j on every stage (the same packs: a proportionate pipeline), its forward a share phi of it
 and its backward the rest, each split evenly over the rank's v chunks; t_j = 1 + rho·z_j in units of the mean,
 z_j independent standard normals. Every rank runs its operations in its schedule's order (``ScheduleTraits.order``)
-as a list schedule: an operation starts when its rank and its
-input are free (the forward of chunk c from the rank before, chunk c - 1's last rank on rank 0; the backward from the
-rank after, chunk c + 1's first rank on the last, the last chunk's backward after its own forward; p2p taken as
-free). The makespan is the longest path of that graph, which is not the flow shop's sum_j t_j + (p - 1)·max_j t_j
+as a list schedule: an operation starts when its rank and its input are free (a forward waits for its micro-batch's
+forward on the virtual stage before: Megatron's chunk c of rank d is stage c·p + d, so rank 0 waits for the last
+rank's chunk c - 1; a backward for the backward on the stage after, the last stage's for its own forward; p2p taken
+as free). The makespan is the longest path of that graph, which is not the flow shop's sum_j t_j + (p - 1)·max_j t_j
 (Pinedo, "Scheduling", §6.2): 1F1B's steady state has no slack (every rank's forward of one micro-batch waits on its
 neighbour's backward of another), so each micro-batch adds a max and the excess grows linearly in m; Megatron's
 interleaved order has slack that absorbs small spreads (docs/step-time.md, "(docwait10)").
@@ -21,12 +21,13 @@ rho·z_j, 0) clipped at 0, so the clipped draws' sum, which keeps the mean work 
 m), cached by node; a candidate's (phi, rho) is cubic in phi and in log rho over its sixteen nodes, run together
 (mend10a; outside the grid its own key, phi to 0.01, rho to two significant figures: the excess is not linear in rho
 once the spread uses up the interleaved order's slack). The work of a call (``work``: cells and levels) is bounded by
-CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws, then the flow shop (None; ``method`` says
-which). Up to m2 micro-batches, the most whose 2·m·v operations a rank fit in MAX_STEPS (at least 4p), the graph is run
+CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws (down to MIN_DRAWS), then the flow shop (None;
+``method`` says which). Up to m2 micro-batches, the most whose operations a rank (``per_microbatch``·m: 2·m·v for
+Megatron's orders) fit in MAX_STEPS (at least 4p), the graph is run
 directly; beyond, at m2 and at m1 about m2/4 (multiples of p, in steady state), and both moments extrapolated linearly
 in m: a max-plus system with independent steps grows its mean linearly in m, at its cycle time (Baccelli, Cohen, Olsder,
 Quadrat, "Synchronization and Linearity", 1992, ch. 7, the ergodic theory of stochastic event graphs), and its variance
-is taken to grow so too (a sum over weakly dependent steps); both checked against the direct evaluation in
+is taken to grow so too (a sum over weakly dependent steps; never below the m2 run's); both checked against the direct evaluation in
 tests/planner/test_pipeline_jitter.py (1F1B's mean within 1%, the interleaved order's flat one within 0.5 sigma, the sd
 within 12%). A schedule without an order is None: GPipe, whose every-forward-then-every-backward makespan is the flow
 shop's exactly (documents.py). ZB-H1, ZBV, DualPipe and DualPipeV run their own orders (sched11; pipeline._order_zb_h1,
