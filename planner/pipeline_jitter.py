@@ -23,13 +23,13 @@ m), cached by node; a candidate's (phi, rho) is cubic in phi and in log rho over
 once the spread uses up the interleaved order's slack). The work of a call (``work``: cells and levels) is bounded by
 CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws (down to MIN_DRAWS), then the flow shop (None;
 ``method`` says which). Up to m2 micro-batches, the most whose operations a rank (``per_microbatch``·m: 2·m·v for
-Megatron's orders) fit in MAX_STEPS (at least 4p), the graph is run
-directly; beyond, at m2 and at m1 about m2/4 (multiples of p, in steady state), and both moments extrapolated linearly
-in m: a max-plus system with independent steps grows its mean linearly in m, at its cycle time (Baccelli, Cohen, Olsder,
-Quadrat, "Synchronization and Linearity", 1992, ch. 7, the ergodic theory of stochastic event graphs), and its variance
-is taken to grow so too (a sum over weakly dependent steps; never below the m2 run's); both checked against the direct evaluation in
+Megatron's orders) fit in MAX_STEPS (at least 4p), the graph is run directly; beyond, at m2 and at m1 about m2/4
+(multiples of p, in steady state), and both moments extrapolated linearly in m: a max-plus system with independent steps
+grows its mean linearly in m, at its cycle time (Baccelli, Cohen, Olsder, Quadrat, "Synchronization and Linearity",
+1992, ch. 7, the ergodic theory of stochastic event graphs), and its variance is taken to grow so too (a sum over weakly
+dependent steps; never below the m2 run's); both checked against the direct evaluation in
 tests/planner/test_pipeline_jitter.py (1F1B's mean within 1%, the interleaved order's flat one within 0.5 sigma, the sd
-within 12%). A schedule without an order is None: GPipe, whose every-forward-then-every-backward makespan is the flow
+within 12%). A schedule without an order is None: GPipe, whose every-forward-then-every- backward makespan is the flow
 shop's exactly (documents.py). ZB-H1, ZBV, DualPipe and DualPipeV run their own orders (sched11; pipeline._order_zb_h1,
 _order_zbv, _order_dual): a backward split into its input gradient (I) and a weight gradient (W) run later, a share
 omega of the pass; DualPipe's two directions (micro-batches m/2.. from the last rank); an F&B pair starting once both
