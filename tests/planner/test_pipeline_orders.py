@@ -235,3 +235,24 @@ def test_the_orders_by_hand():
         "F0@1 F0@2 F1@1 FL1@2 F2@1 B0@2 WAIT0@1 FL2@2 B0@1 WAIT1@2 FL3@1 B1@2 WAIT1@1 FL3@2 B1@1 B2@2 B2@1 I3@2 "
         "I3@1 W3@2 W3@1"
     )
+
+
+@pytest.mark.parametrize(("schedule", "pp", "gbs"), [("zb-h1", 4, 32), ("dualpipev", 4, 32), ("zbv", 16, 256)])
+def test_the_cost_guard_charges_the_orders_work(schedule, pp, gbs):
+    """planner/estimate.py charges the packed-document wait's run at call_work's cells (the ops each order runs a
+    micro-batch and the cells of laying the order out included), CELL_UNITS a unit: the estimate with packing minus
+    the same request without it."""
+    from collectives.topology import cluster_preset
+    from planner import ParallelSpec, WorkloadSpec, model_preset
+    from planner.estimate import estimate
+    from planner.pipeline_jitter import CELL_UNITS, call_work
+
+    model, cluster = model_preset("llama3-8b"), cluster_preset("dgx-h100", pp * 2 // 8)
+    par = ParallelSpec(tp=1, pp=pp, dp=2, pipeline_schedule=schedule, virtual_pipeline_stages=_v(schedule))
+    units = []
+    for packing in (None, "dp_balanced"):
+        work = WorkloadSpec(micro_batch_size=1, global_batch_size=gbs, seq_length=8192,
+                            document_lengths=(4096, 2048, 2048), document_packing=packing)  # fmt: skip
+        units.append(estimate(model, work, par, cluster).units)
+    cells = call_work(schedule, pp, _v(schedule), gbs // 2)
+    assert cells > 0 and units[1] - units[0] == cells // CELL_UNITS
