@@ -91,8 +91,9 @@ class Jitter:
 class _Graph:
     """A schedule's operations in longest-path levels, without phi: op i is row i + 1 of the run (row 0 is time 0);
     it waits for rows ``prev[i]`` (its rank's previous op) and ``dep[i]`` (its input) and runs the duration in row
-    ``at[i]`` of the run's (4m + 1 x columns) durations (``durations``: micro-batch j's forward at row j, its full
-    backward at m + j, its input-gradient backward at 2m + j, its weight gradient at 3m + j, no time at 4m); level
+    ``at[i]`` of the run's (blocks·m + 1 x columns) durations (``durations``: micro-batch j's forward at row j, its
+    full backward at m + j, where the order splits weight gradients off (``blocks`` 4, else 2) its input-gradient
+    backward at 2m + j and its weight gradient at 3m + j, no time at the last row); level
     k holds ops bounds[k]..bounds[k + 1] - 1, which wait only on earlier levels; ``last``: the ranks' last ops'
     rows; ``split``: the ops of one kind a micro-batch runs on a rank (its chunks there: v interleaved, 2 in a V, 1
     for DualPipe's two directions), each taking 1/split of its pass."""
@@ -103,11 +104,12 @@ class _Graph:
     bounds: tuple[int, ...]
     last: np.ndarray
     split: int = 1
+    blocks: int = 2
 
 
 _FORWARDS = np.array([OP_F, OP_F_LATE])
 _GRADIENTS = np.array([OP_B, OP_I, OP_WAIT])  # OP_WAIT waits for the input of the backward it names
-_ROW = np.array([0, 1, 2, 3, 4, 0, 4])  # op kind (pipeline.OP_*) -> its block of m duration rows (4: the zero row)
+_ROW = np.array([0, 1, 2, 3, -1, 0, -1])  # op kind (pipeline.OP_*) -> its block of m duration rows (-1: the zero row)
 
 
 def _orders(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -197,21 +199,23 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     prev = np.where(first, 0, row[np.arange(ops) - 1])[by_level].astype(np.int32)
     dep = row[flat][by_level]
     bounds = (0, *(np.flatnonzero(np.diff(level[by_level])) + 1).tolist(), ops)
-    at = np.where(_ROW[op] == 4, 4 * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
-    split = max(1, v) // schedule_traits(kind).directions  # the chunks a micro-batch visits on one rank
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1], split)
+    traits = schedule_traits(kind)
+    blocks = 4 if traits.splits_weights else 2
+    at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
+    split = max(1, v) // traits.directions  # the chunks a micro-batch visits on one rank
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1], split, blocks)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
     return graph
 
 
-def durations(t: np.ndarray, phi: float, split: int, omega: float = 0.0) -> np.ndarray:
-    """Micro-batch times ``t`` (m x columns) as a run's (4m + 1 x columns) op durations (``_Graph``): each chunk's
-    forward a share ``phi`` / split of it, its full backward (1 - phi) / split, of which its weight gradient
-    ``omega`` / split and its input gradient the rest; a last row of no time."""
+def durations(t: np.ndarray, phi: float, split: int, omega: float = 0.0, blocks: int = 2) -> np.ndarray:
+    """Micro-batch times ``t`` (m x columns) as a run's (blocks·m + 1 x columns) op durations (``_Graph``): each
+    chunk's forward a share ``phi`` / split of it, its full backward (1 - phi) / split, and with 4 blocks its weight
+    gradient ``omega`` / split and its input gradient the rest; a last row of no time."""
     omega = min(omega, 1 - phi)  # a grid node's phi may leave less backward than omega (then all of it is W)
-    shares = (phi / split, (1 - phi) / split, (1 - phi - omega) / split, omega / split)
+    shares = (phi / split, (1 - phi) / split, (1 - phi - omega) / split, omega / split)[:blocks]
     return np.concatenate([t * s for s in shares] + [np.zeros((1, t.shape[1]))])
 
 
@@ -240,7 +244,7 @@ def schedule_makespans(
     """The list schedule's makespans for micro-batch times ``t`` (m x draws) and its uniform makespan (all 1), the
     weight gradient a share ``omega`` of a pass: what bench/document_wait_sim.py prints."""
     graph = _graph(kind, p, v, t.shape[0])
-    spans = makespans(graph, durations(np.hstack((np.ones((t.shape[0], 1)), t)), phi, graph.split, omega))
+    spans = makespans(graph, durations(np.hstack((np.ones((t.shape[0], 1)), t)), phi, graph.split, omega, graph.blocks))
     return spans[1:], float(spans[0])
 
 
@@ -358,7 +362,7 @@ def _node_moments(
         graph = _graph(kind, p, v, m)
         dur = np.hstack(
             [
-                durations(np.hstack((np.ones((m, 1)), t)), k[-2], graph.split, omega)
+                durations(np.hstack((np.ones((m, 1)), t)), k[-2], graph.split, omega, graph.blocks)
                 for k, t in zip(missing, ts, strict=True)
             ]
         )
