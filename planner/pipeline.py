@@ -332,7 +332,7 @@ def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray
 
 
 # A rank's order is written as runs of a pattern repeated (``_Runs``): a handful of Python steps per rank, the ops
-# themselves laid out by numpy (about 50 ns an op; written op by op in Python they cost 0.5-0.8 us, sched11).
+# themselves laid out by numpy (115-160 ns an op with pipeline_jitter's padding; op by op in Python 0.5-0.8 us).
 F0, F1, FL0, FL1, B0, B1, I0, I1 = ((OP_F, 0), (OP_F, 1), (OP_F_LATE, 0), (OP_F_LATE, 1), (OP_B, 0), (OP_B, 1),
                                     (OP_I, 0), (OP_I, 1))  # fmt: skip
 W0, W1, WQ = (OP_W, 0), (OP_W, 1), (OP_W, -1)  # a chunk's oldest deferred weight gradient; -1: the rank's oldest
@@ -414,8 +414,9 @@ def _order_zb_h1(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, n
 
 def _order_zbv(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ZBV (Qi et al. 2024 §6, the V with T_F = T_B = T_W) on one rank as torch.distributed.pipelining runs it
-    (schedules.py ScheduleZBVZeroBubble._calculate_single_rank_operations, PyTorch 2.6-2.9): chunk 0 is virtual stage
-    r, chunk 1 stage 2p - 1 - r; 2(p - r) - 1 chunk-0 forwards, r (F1, F0), p - r (F1, I1, W1), then (F0, I0, W0,
+    (torch/distributed/pipelining/schedules.py ScheduleZBVZeroBubble._calculate_single_rank_operations, the stored
+    PyTorch main beside ScheduleDualPipeV; not pinned to a release): chunk 0 is virtual stage r, chunk 1 stage
+    2p - 1 - r; 2(p - r) - 1 chunk-0 forwards, r (F1, F0), p - r (F1, I1, W1), then (F0, I0, W0,
     F1, I1, W1) while chunk-0 forwards remain and (I0, W0, F1, I1, W1) until chunk 1's catch up, r (I0, I1), p - r
     (I0, W0), the r remaining W1 and W0 (torch's loops, their counts written out); run for n = max(2p - 1, m)
     micro-batches and those past m dropped, as torch does. Each chunk's W pops that chunk's oldest I."""
