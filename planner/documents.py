@@ -28,9 +28,9 @@ sum of m micro-batches). A schedule whose order is not written out keeps the pro
 + (p - 1)·max_j t_j (Pinedo, "Scheduling: Theory, Algorithms, and Systems", 5th ed., §6.2): mean (p - 1)·E[max of m], sd
 sqrt(m) (the sum's; the max's own spread not counted); the mean is exact for GPipe (every forward, then every backward:
 two proportionate flow shops, the backward one opening on the last rank when its forwards end, the others' forwards done
-by then, so (phi + 1 - phi)·(p - 1)·max_j t_j beyond the sum; tests/planner/test_pipeline_jitter.py), approximate for
-ZB-H1, ZBV and DualPipe(V). The micro-batches are taken as independent normals (the packs' dependence through their
-first documents is not counted)"""
+by then, so (phi + 1 - phi)·(p - 1)·max_j t_j beyond the sum; tests/planner/test_pipeline_jitter.py); ZB-H1, ZBV
+and DualPipe(V) run their own orders, the weight gradient split off where they split it (sched11). The micro-batches
+are taken as independent normals (the packs' dependence through their first documents is not counted)"""
 
 from __future__ import annotations
 
@@ -165,14 +165,17 @@ def micro_batch_sigma(moments: PackMoments, packs: int, tokens: int, linear_s: f
     return math.sqrt(max(0.0, var) / packs)
 
 
-def document_wait_s(ctx, sched: Schedule, pass_s: tuple[float, float], linear_s: float, attention_s: float) -> float:
+def document_wait_s(
+    ctx, sched: Schedule, pass_s: tuple[float, float], linear_s: float, attention_s: float, weight_s: float = 0.0
+) -> float:
     """Seconds the step waits for the slowest packed micro-batch (module docstring): sigma·(mean + sd·E[max of
     dp]) with the pipeline's excess and spread from ``sched``'s order (pipeline_jitter.jitter; the flow shop's
     (p - 1)·E[max of m] and sqrt(m) where the order is not written out or its run is over pipeline_jitter's work
     bound, said by pipeline_jitter.method); 0 without "dp_balanced" packing.
     ``pass_s``: the critical stage's mean micro-batch, (forward, backward) seconds, whose shares and spread the
     order runs over; ``linear_s``, ``attention_s``: its token work (ctx.b packs of ctx.s tokens), forward and
-    backward (the host's waits do not scale with a pack's tokens)."""
+    backward (the host's waits do not scale with a pack's tokens); ``weight_s``: the weight-gradient GEMMs of its
+    backward, which the zero-bubble and DualPipe orders run apart (pipeline.StagePass.weight_s)."""
     work = ctx.work
     if not (ctx.training and work.document_packing == "dp_balanced" and work.document_lengths):
         return 0.0
@@ -182,7 +185,7 @@ def document_wait_s(ctx, sched: Schedule, pass_s: tuple[float, float], linear_s:
     if sigma <= 0.0 or total <= 0.0:
         return 0.0
     m, p, dp = sched.microbatches, sched.stages, ctx.par.dp
-    got = jitter(sched, pass_s[0] / total, sigma / total)
+    got = jitter(sched, pass_s[0] / total, sigma / total, weight_s / total)
     mean, sd = (got.mean, got.sd) if got else ((p - 1) * expected_max(m), math.sqrt(m))
     return sigma * (mean + sd * expected_max(dp))
 

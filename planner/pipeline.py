@@ -307,26 +307,184 @@ def _any_m(name: str, m: int, p: int) -> str:
     return ""
 
 
+# One rank's operations as a list schedule (planner/pipeline_jitter.py runs them over per-micro-batch times): op kinds,
+# in the ``ScheduleTraits.order`` arrays. A forward's output and a backward's input gradient leave when the op ends,
+# except OP_F_LATE, a forward whose send goes out with the next op's (dualpipe.py's ``send=False`` forwards followed
+# by ``_send_forward`` after the next compute, and the forward of an F&B pair, whose sends follow both computes);
+# OP_WAIT (no time) holds the rank until the input of the backward it names has come (an F&B pair receives both
+# inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
+OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
+OP_CELLS = 50  # one op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells: 115-160 ns / 3 ns a cell
+
+
 def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Megatron's 1F1B and interleaved 1F1B on one rank (Megatron-LM d98e8a6 pipeline_parallel/schedules.py
     forward_backward_pipelining_with(out)_interleaving): the w warm-up chunk forwards (``warmup_microbatches``),
     then one forward one backward, then the cool-down backwards, so chunk forward k runs at position k (k < w) or
     2k - w, chunk backward k at w + 2k + 1 (k < n - w) or n + k, n = m·v; chunk forward k runs micro-batch
     (k // pv)·p + k % p on chunk (k // p) % v, chunk backward k the same micro-batch on chunk v - 1 - (k // p) % v
-    (get_model_chunk_id, microbatch_group_size_per_vp_stage = p); v 1 is the plain 1F1B. Returns, in run order,
-    (backward?, micro-batch, chunk) arrays."""
+    (get_model_chunk_id, microbatch_group_size_per_vp_stage = p), chunk c of rank d being virtual stage c·p + d;
+    v 1 is the plain 1F1B. Returns, in run order, (kind: OP_F or OP_B, micro-batch, virtual stage) arrays."""
     p, v = sched.stages, max(1, sched.chunks)
     n = sched.microbatches * v
     w = warmup_microbatches(sched, stage)
     k = np.arange(n)
-    backward = np.zeros(2 * n, dtype=bool)
+    kind = np.full(2 * n, OP_F, dtype=np.intp)
     at = np.concatenate([np.where(k < w, k, 2 * k - w), np.where(k < n - w, w + 2 * k + 1, n + k)])
-    backward[at[n:]] = True
+    kind[at[n:]] = OP_B
     group, r = np.divmod(k, p * v)
     mb, chunk = np.empty(2 * n, dtype=np.intp), np.empty(2 * n, dtype=np.intp)
     mb[at[:n]] = mb[at[n:]] = group * p + r % p
     chunk[at[:n]], chunk[at[n:]] = r // p, v - 1 - r // p
-    return backward, mb, chunk
+    return kind, mb, chunk * p + stage
+
+
+# A rank's order is written as runs of a pattern repeated (``_Runs``): a handful of Python steps per rank, the ops
+# themselves laid out by numpy (115-160 ns an op with pipeline_jitter's padding; op by op in Python 0.5-0.8 us).
+F0, F1, FL0, FL1, B0, B1, I0, I1 = ((OP_F, 0), (OP_F, 1), (OP_F_LATE, 0), (OP_F_LATE, 1), (OP_B, 0), (OP_B, 1),
+                                    (OP_I, 0), (OP_I, 1))  # fmt: skip
+W0, W1, WQ = (OP_W, 0), (OP_W, 1), (OP_W, -1)  # a chunk's oldest deferred weight gradient; -1: the rank's oldest
+
+
+def _pair(f: int, b: int) -> tuple[tuple[int, int], ...]:
+    """An F&B pair (dualpipe.py ``_forward_backward_chunk``): both inputs received (OP_WAIT on the backward's), the
+    forward and the full backward computed, both outputs sent after both."""
+    return (OP_WAIT, b), (OP_F_LATE, f), (OP_B, b)
+
+
+class _Runs:
+    """One rank's ops as (pattern, times) runs of (kind, phase) pairs; ``arrays`` gives each op its micro-batch and
+    virtual stage: a forward (F, F_LATE) the next of its phase's forwards, a backward (B, I) the next of its
+    backwards, an OP_WAIT the backward after it; an OP_W the weight gradient of the oldest OP_I not yet popped, first
+    in first out over the rank (dualpipe.py ``WeightGradStore``: "Assume FIFO") or within its phase (torch's
+    ScheduleZBVZeroBubble counts each chunk's W apart); ``where``: (first micro-batch, virtual stage) of each phase."""
+
+    def __init__(self, where: tuple[tuple[int, int], ...]) -> None:
+        self.where = np.array(where, dtype=np.intp)
+        self.runs: list[tuple[tuple, int]] = []
+
+    def add(self, times: int, *pattern: tuple[int, int]) -> None:
+        if times > 0 and pattern:
+            self.runs.append((pattern, times))
+
+    def weights(self) -> None:
+        """The weight gradients still deferred, oldest first (dualpipe.py step 8, the quick ZB-H1's ``pop_all``)."""
+        kind = np.concatenate([np.tile(np.array(p)[:, 0], t) for p, t in self.runs])
+        self.add(int(np.sum(kind == OP_I) - np.sum(kind == OP_W)), WQ)
+
+    def arrays(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ops = np.concatenate([np.tile(np.array(p, dtype=np.intp), (t, 1)) for p, t in self.runs])
+        kind, phase = ops[:, 0], ops[:, 1]
+        index = np.zeros(len(kind), dtype=np.intp)
+        forward, backward = np.isin(kind, (OP_F, OP_F_LATE)), np.isin(kind, (OP_B, OP_I, OP_WAIT))
+        for group, counted in ((forward, forward), (backward, np.isin(kind, (OP_B, OP_I)))):
+            for ph in (0, 1):
+                sel = group & (phase == ph)
+                ahead = np.cumsum(counted & sel) - (counted & sel)  # the group's counted ops before this one
+                index[sel] = ahead[sel]
+        deferred, popped = np.flatnonzero(kind == OP_I), np.flatnonzero(kind == OP_W)
+        for ph in (-1, 0, 1):  # each W takes the (phase, index) of the I it pops
+            queue = deferred if ph == -1 else deferred[phase[deferred] == ph]
+            pops = popped[phase[popped] == ph]
+            index[pops], phase[pops] = index[queue[: len(pops)]], phase[queue[: len(pops)]]
+        first, stage = self.where[phase].T
+        mb = first + index
+        keep = mb < m
+        return kind[keep].copy(), mb[keep], stage[keep]
+
+
+def _order_zb_h1(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZB-H1 on one rank as sail-sg/zero-bubble-pipeline-parallelism's quick implementation runs it (branch
+    zb-h1-quick-start, commit 95212f7, Megatron's schedules.py forward_backward_pipelining_without_interleaving
+    with WeightGradStore): 1F1B's warm-up and pairs; rank r > 0 splits the backward (I, its W deferred) of its
+    first r steady-state micro-batches, of its last, and of every cool-down one, and pops the oldest W after the
+    last steady-state backward when i >= r and after cool-down backward i when (m - w) + i >= r; the rest at the
+    end (``pop_all``); rank 0 never splits."""
+    m, r = sched.microbatches, stage
+    w = warmup_microbatches(sched, stage)
+    rest = m - w
+    runs = _Runs(((0, r),))
+    runs.add(w, F0)
+    if r == 0:
+        runs.add(rest, F0, B0)
+        runs.add(w, B0)
+        return runs.arrays(m)
+    runs.add(min(r, rest - 1), F0, I0)  # i < r, short of the last
+    runs.add(rest - 1 - r, F0, B0)
+    if rest > 0:  # the last steady-state micro-batch
+        runs.add(1, F0, I0, *((WQ,) if rest - 1 >= r else ()))
+    early = min(w, max(0, r - rest))  # cool-down backwards before (m - w) + i reaches r: no pop
+    runs.add(early, I0)
+    runs.add(w - early, I0, WQ)
+    runs.weights()
+    return runs.arrays(m)
+
+
+def _order_zbv(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZBV (Qi et al. 2024 §6, the V with T_F = T_B = T_W) on one rank as torch.distributed.pipelining runs it
+    (torch/distributed/pipelining/schedules.py ScheduleZBVZeroBubble._calculate_single_rank_operations, the stored
+    PyTorch main beside ScheduleDualPipeV; not pinned to a release): chunk 0 is virtual stage r, chunk 1 stage
+    2p - 1 - r; 2(p - r) - 1 chunk-0 forwards, r (F1, F0), p - r (F1, I1, W1), then (F0, I0, W0,
+    F1, I1, W1) while chunk-0 forwards remain and (I0, W0, F1, I1, W1) until chunk 1's catch up, r (I0, I1), p - r
+    (I0, W0), the r remaining W1 and W0 (torch's loops, their counts written out); run for n = max(2p - 1, m)
+    micro-batches and those past m dropped, as torch does. Each chunk's W pops that chunk's oldest I."""
+    p, m, r = sched.stages, sched.microbatches, stage
+    n = max(2 * p - 1, m)
+    runs = _Runs(((0, r), (0, 2 * p - 1 - r)))
+    runs.add(2 * (p - r) - 1, F0)
+    runs.add(r, F1, F0)
+    runs.add(p - r, F1, I1, W1)
+    runs.add(n - 2 * p + r + 1, F0, I0, W0, F1, I1, W1)
+    runs.add(p - r - 1, I0, W0, F1, I1, W1)
+    runs.add(r, I0, I1)
+    runs.add(p - r, I0, W0)
+    runs.add(r, W1)
+    runs.add(r, W0)
+    return runs.arrays(m)
+
+
+def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DualPipe and DualPipeV on one rank, step() of deepseek-ai/DualPipe (3da1bbe) dualpipe.py and dualpipev.py:
+    nF0; nF0F1 (F0's send after F1 except at the turn, the turn's last F1 sent after step 4's first F0); nB1W1F1
+    (zero bubble); nF0B1F1B0 in F&B pairs (the turn's first F0 and B1 apart: "We don't overlap these two chunks to
+    further reduce bubble size", DualPipe's middle rank sending the F0 after the B1); nB1F1B0; nB1B0 (the second
+    half zero bubble from the half rank's parity); nWB0; nW. Phase 0 is the rank's early stage, phase 1 its late
+    one. DualPipeV (one direction folded in a V): virtual stages r and 2p - 1 - r, every micro-batch through both,
+    the turn at the last rank (its phase-0 output handed over in place). DualPipe: two directions of m/2
+    micro-batches, direction 0 from rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches
+    m/2 ..), a rank's phase 0 the direction whose early stage it holds (``phase ^= is_in_second_half``), the steps
+    counted by the half rank min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks."""
+    p, m, r = sched.stages, sched.microbatches, stage
+    v_shape = sched.traits.directions == 1
+    if v_shape:
+        ranks, h, turn, half, where = p, r, r == p - 1, m, ((0, r), (0, 2 * p - 1 - r))
+    else:
+        ranks, h, half, turn = p // 2, min(r, p - 1 - r), m // 2, r in (p // 2 - 1, p // 2)
+        directions = ((0, r), (m // 2, p - 1 - r))
+        where = directions if r < p // 2 else directions[::-1]
+    rest, f0 = ranks - h - 1, F0 if turn else FL0
+    runs = _Runs(where)
+    runs.add(2 * rest, F0)  # step 1
+    runs.add(h, f0, F1)  # step 2
+    runs.add(1, f0, FL1 if turn else F1)
+    runs.add(rest, I1, WQ, F1)  # step 3
+    steady = half - 2 * ranks + h + 1  # step 4
+    if turn:
+        runs.add(1, FL0 if not v_shape else F0, B1, *_pair(1, 0))
+    else:
+        runs.add(1, *_pair(0, 1), *_pair(1, 0))
+    runs.add(steady - 1, *_pair(0, 1), *_pair(1, 0))
+    runs.add(rest, B1, *_pair(1, 0))  # step 5
+    k = (h + 1) // 2  # step 6: zero bubble from i = k (B1 from i = k + 1 where h is even)
+    runs.add(k, B1, B0)
+    if h % 2 == 0:
+        runs.add(1, B1, I0)
+        runs.add(h - k, I1, I0)
+    else:
+        runs.add(h + 1 - k, I1, I0)
+    runs.add(rest, WQ, I0)  # step 7
+    runs.weights()  # step 8
+    return runs.arrays(m)
 
 
 @dataclass(frozen=True)
@@ -370,11 +528,17 @@ class ScheduleTraits:
     # True: the layout search tries it when the constraints name no schedule (planner/search/space.py); the
     # others only when listed
     searched: bool = False
-    # one rank's operations in the order it runs them, (backward?, micro-batch, chunk) arrays, which
-    # planner/pipeline_jitter.py runs as a list schedule over per-micro-batch times; None: not written out here
-    # (GPipe: the flow shop is its exact form; the zero-bubble and DualPipe orders split the backward or run two
-    # directions: planner/documents.py keeps the flow shop for them)
+    # one rank's operations in the order it runs them, (kind: OP_F, OP_B, ..., micro-batch, virtual stage) arrays,
+    # which planner/pipeline_jitter.py runs as a list schedule over per-micro-batch times; None: not written out
+    # (GPipe: the flow shop is its exact form, planner/documents.py)
     order: Callable[[Schedule, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    # True: the order runs some backwards' weight gradients apart (OP_I, then OP_W later: the zero-bubble and DualPipe
+    # orders), so the weight gradient's share of a pass moves its list schedule (planner/pipeline_jitter.py)
+    splits_weights: bool = False
+    # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out: 0 for the
+    # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
+    # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
+    order_op_cells: int = 0
 
     @property
     def label(self) -> str:
@@ -418,10 +582,10 @@ register(
 )
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
-_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE}
-_DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True}
-register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB))
-register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True))
+_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS}
+_DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
+register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
+register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv))
 register(
     ScheduleTraits(
         "dualpipe",
@@ -517,6 +681,13 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
 
 
 __all__ = [
+    "OP_B",
+    "OP_F",
+    "OP_F_LATE",
+    "OP_I",
+    "OP_IDLE",
+    "OP_W",
+    "OP_WAIT",
     "SCHEDULE_TRAITS",
     "ZB_DUALPIPE_SOURCE",
     "PipelineTime",

@@ -3,11 +3,11 @@ docwait10; planner/documents.py reads it for packed documents).
 
 A micro-batch j takes t_j on every stage (the same packs: a proportionate pipeline), its forward a share phi of it
 and its backward the rest, each split evenly over the rank's v chunks; t_j = 1 + rho·z_j in units of the mean,
-z_j independent standard normals. Every rank runs its operations in its schedule's order (``ScheduleTraits.order``:
-Megatron's 1F1B and interleaved 1F1B, torch's GPipe) as a list schedule: an operation starts when its rank and its
-input are free (the forward of chunk c from the rank before, chunk c - 1's last rank on rank 0; the backward from the
-rank after, chunk c + 1's first rank on the last, the last chunk's backward after its own forward; p2p taken as
-free). The makespan is the longest path of that graph, which is not the flow shop's sum_j t_j + (p - 1)·max_j t_j
+z_j independent standard normals. Every rank runs its operations in its schedule's order (``ScheduleTraits.order``)
+as a list schedule: an operation starts when its rank and its input are free (a forward waits for its micro-batch's
+forward on the virtual stage before: Megatron's chunk c of rank d is stage c·p + d, so rank 0 waits for the last
+rank's chunk c - 1; a backward for the backward on the stage after, the last stage's for its own forward; p2p taken
+as free). The makespan is the longest path of that graph, which is not the flow shop's sum_j t_j + (p - 1)·max_j t_j
 (Pinedo, "Scheduling", §6.2): 1F1B's steady state has no slack (every rank's forward of one micro-batch waits on its
 neighbour's backward of another), so each micro-batch adds a max and the excess grows linearly in m; Megatron's
 interleaved order has slack that absorbs small spreads (docs/step-time.md, "(docwait10)").
@@ -21,16 +21,19 @@ rho·z_j, 0) clipped at 0, so the clipped draws' sum, which keeps the mean work 
 m), cached by node; a candidate's (phi, rho) is cubic in phi and in log rho over its sixteen nodes, run together
 (mend10a; outside the grid its own key, phi to 0.01, rho to two significant figures: the excess is not linear in rho
 once the spread uses up the interleaved order's slack). The work of a call (``work``: cells and levels) is bounded by
-CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws, then the flow shop (None; ``method`` says
-which). Up to m2 micro-batches, the most whose 2·m·v operations a rank fit in MAX_STEPS (at least 4p), the graph is run
-directly; beyond, at m2 and at m1 about m2/4 (multiples of p, in steady state), and both moments extrapolated linearly
-in m: a max-plus system with independent steps grows its mean linearly in m, at its cycle time (Baccelli, Cohen, Olsder,
-Quadrat, "Synchronization and Linearity", 1992, ch. 7, the ergodic theory of stochastic event graphs), and its variance
-is taken to grow so too (a sum over weakly dependent steps); both checked against the direct evaluation in
+CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws (down to MIN_DRAWS), then the flow shop (None;
+``method`` says which). Up to m2 micro-batches, the most whose operations a rank (``per_microbatch``·m: 2·m·v for
+Megatron's orders) fit in MAX_STEPS (at least 4p), the graph is run directly; beyond, at m2 and at m1 about m2/4
+(multiples of p, in steady state), and both moments extrapolated linearly in m: a max-plus system with independent steps
+grows its mean linearly in m, at its cycle time (Baccelli, Cohen, Olsder, Quadrat, "Synchronization and Linearity",
+1992, ch. 7, the ergodic theory of stochastic event graphs), and its variance is taken to grow so too (a sum over weakly
+dependent steps; never below the m2 run's); both checked against the direct evaluation in
 tests/planner/test_pipeline_jitter.py (1F1B's mean within 1%, the interleaved order's flat one within 0.5 sigma, the sd
-within 12%). A schedule without an order is None: GPipe, whose every-forward-then-every-backward makespan is the flow
-shop's exactly (documents.py), and ZB-H1, ZBV, DualPipe(V) (a deferred weight gradient or two directions, not written
-out here), for which planner/documents.py keeps the flow shop's (p - 1)·E[max of m], a known approximation."""
+within 12%). A schedule without an order is None: GPipe, whose every-forward-then-every- backward makespan is the flow
+shop's exactly (documents.py). ZB-H1, ZBV, DualPipe and DualPipeV run their own orders (sched11; pipeline._order_zb_h1,
+_order_zbv, _order_dual): a backward split into its input gradient (I) and a weight gradient (W) run later, a share
+omega of the pass; DualPipe's two directions (micro-batches m/2.. from the last rank); an F&B pair starting once both
+inputs are in and sending both outputs at its end (the op kinds: ``_ROW``)."""
 
 from __future__ import annotations
 
@@ -44,10 +47,10 @@ from itertools import pairwise
 
 import numpy as np
 
-from .pipeline import Schedule, schedule_traits
+from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
-MIN_DRAWS = 64  # the fewest draws before the flow shop (sampling error sqrt(DRAWS / MIN_DRAWS) = 2x DRAWS')
+MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
 SEED = 20261126
 # a rank's operations (2·m·v) in the longest direct run; beyond, two runs (m1 and m2) extrapolated (module docstring)
 MAX_STEPS = 256
@@ -88,40 +91,75 @@ class Jitter:
 class _Graph:
     """A schedule's operations in longest-path levels, without phi: op i is row i + 1 of the run (row 0 is time 0);
     it waits for rows ``prev[i]`` (its rank's previous op) and ``dep[i]`` (its input) and runs the duration in row
-    ``at[i]`` of the run's (2m x columns) durations (micro-batch j's forward at row j, its backward at m + j); level
+    ``at[i]`` of the run's (blocks·m + 1 x columns) durations (``durations``: micro-batch j's forward at row j, its
+    full backward at m + j, where the order splits weight gradients off (``blocks`` 4, else 2) its input-gradient
+    backward at 2m + j and its weight gradient at 3m + j, no time at the last row); level
     k holds ops bounds[k]..bounds[k + 1] - 1, which wait only on earlier levels; ``last``: the ranks' last ops'
-    rows."""
+    rows; ``split``: the ops of one kind a micro-batch runs on a rank (its chunks there: v interleaved, 2 in a V, 1
+    for DualPipe's two directions), each taking 1/split of its pass."""
 
     prev: np.ndarray
     dep: np.ndarray
     at: np.ndarray
     bounds: tuple[int, ...]
     last: np.ndarray
+    split: int = 1
+    blocks: int = 2
+
+
+_FORWARDS = np.array([OP_F, OP_F_LATE])
+_GRADIENTS = np.array([OP_B, OP_I, OP_WAIT])  # OP_WAIT waits for the input of the backward it names
+_ROW = np.array([0, 1, 2, 3, -1, 0, -1])  # op kind (pipeline.OP_*) -> its block of m duration rows (-1: the zero row)
+
+
+def _orders(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every rank's (kind, micro-batch, virtual stage), padded with OP_IDLE to the longest rank's count."""
+    sched = Schedule(kind, p, m, v)
+    order = schedule_traits(kind).order
+    ranks = [order(sched, d) for d in range(p)]
+    n = max(len(r[0]) for r in ranks)
+    out = np.full((3, p, n), OP_IDLE, dtype=np.intp)
+    out[1:] = 0
+    for d, r in enumerate(ranks):
+        for i, x in enumerate(r):
+            out[i, d, : len(x)] = x
+    return out[0], out[1], out[2]
+
+
+def _inputs(op: np.ndarray, mb: np.ndarray, stage: np.ndarray, m: int) -> np.ndarray:
+    """The flat index (rank·n + position) of the op each op waits for (-1: none): a forward at virtual stage s the
+    forward of its micro-batch at s - 1 (none at 0); a backward (and the wait of an F&B pair) the backward at s + 1,
+    at the last stage its own forward; a weight gradient, after its backward on its own rank, nothing more. An
+    output leaves with the op that sends it: OP_F_LATE's with the next op on its rank."""
+    p, n = op.shape
+    stages = int(stage.max()) + 1
+    flat = np.arange(p * n).reshape(p, n)
+    sent = np.full((2, m, stages), -1, dtype=np.intp)  # (forward 0 / backward 1, micro-batch, stage) -> flat
+    fwd, grad = np.isin(op, _FORWARDS), np.isin(op, (OP_B, OP_I))
+    sent[0, mb[fwd], stage[fwd]] = (flat + (op == OP_F_LATE))[fwd]
+    sent[1, mb[grad], stage[grad]] = flat[grad]
+    waits = np.full((p, n), -1, dtype=np.intp)
+    f_in = fwd & (stage > 0)
+    waits[f_in] = sent[0, mb[f_in], stage[f_in] - 1]
+    g = np.isin(op, _GRADIENTS)
+    top = g & (stage == stages - 1)
+    waits[top] = sent[0, mb[top], stage[top]]
+    inner = g & ~top
+    waits[inner] = sent[1, mb[inner], stage[inner] + 1]
+    if np.any(waits[f_in | g] < 0):
+        raise RuntimeError("an order's op waits for an input no rank produces")
+    return waits
 
 
 def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
-    """Per rank d and position i (its i-th op): backward?, micro-batch, the flat index d·n + i of its input
+    """Per rank d and position i (its i-th op): op kind, micro-batch, the flat index d·n + i of its input
     (-1: none) and its longest-path level (ops counted), by relaxation: a level is at least its rank's previous
     op's + 1 and its input's + 1; a round visits the ranks 0..p-1 then back (Gauss-Seidel: each takes its inputs'
     newest levels, then runs a cumulative max along the rank). It was Jacobi (all ranks at once, about 2p rounds:
     O(p) passes over 8p²v ops, the bound's binding cost at pp 128; review r10a #1); the same levels (test)."""
-    sched = Schedule(kind, p, m, v)
-    order = schedule_traits(kind).order
-    backward, mb, chunk = (np.stack(x) for x in zip(*(order(sched, d) for d in range(p)), strict=True))
-    n = backward.shape[1]
-    d = np.broadcast_to(np.arange(p)[:, None], (p, n))
-    at = np.empty((p, 2, m, v), dtype=np.intp)  # rank, backward?, micro-batch, chunk -> position
-    at[d, backward.astype(np.intp), mb, chunk] = np.broadcast_to(np.arange(n), (p, n))
-    # the input (module docstring): a forward from rank d - 1 (rank 0: the last rank's chunk c - 1); a backward
-    # from rank d + 1 (the last rank: rank 0's chunk c + 1, or the last chunk's own forward)
-    last_rank, last_chunk = d == p - 1, chunk == v - 1
-    src = np.where(backward, np.where(last_rank, np.where(last_chunk, d, 0), d + 1), np.where(d > 0, d - 1, p - 1))
-    c_in = np.where(backward & last_rank, chunk + 1, np.where(~backward & (d == 0), chunk - 1, chunk))
-    own = backward & last_rank & last_chunk
-    c_in = np.where(own, chunk, c_in)
-    none = ~backward & (d == 0) & (chunk == 0)
-    pos_in = at[src, np.where(own, 0, backward.astype(np.intp)), mb, np.clip(c_in, 0, v - 1)]
-    flat = np.where(none, -1, src * n + pos_in)
+    op, mb, stage = _orders(kind, p, v, m)
+    n = op.shape[1]
+    flat = _inputs(op, mb, stage, m)
     step = np.arange(n)
     level = np.append(np.broadcast_to(step + 1, (p, n)).ravel(), 0)  # flat; the last: "no input", level 0
     ranks = level[:-1].reshape(p, n)
@@ -135,7 +173,7 @@ def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
                 ranks[d] = new
                 changed = True
         if not changed:
-            return backward, mb, flat, ranks
+            return op, mb, flat, ranks
     raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock (no fixed point in {RELAX_ROUNDS} rounds)")
 
 
@@ -150,7 +188,7 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
         with suppress(KeyError):  # another thread may have let it go since (each step atomic under the GIL)
             _GRAPHS.move_to_end(key)
         return found
-    backward, mb, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
+    op, mb, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
     ops = len(mb)
     n = ops // p
     by_level = np.argsort(level, kind="stable")
@@ -161,18 +199,24 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     prev = np.where(first, 0, row[np.arange(ops) - 1])[by_level].astype(np.int32)
     dep = row[flat][by_level]
     bounds = (0, *(np.flatnonzero(np.diff(level[by_level])) + 1).tolist(), ops)
-    at = (mb + m * backward)[by_level].astype(np.int32)
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1])
+    traits = schedule_traits(kind)
+    blocks = 4 if traits.splits_weights else 2
+    at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
+    split = max(1, v) // traits.directions  # the chunks a micro-batch visits on one rank
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1], split, blocks)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
     return graph
 
 
-def durations(t: np.ndarray, phi: float, v: int) -> np.ndarray:
-    """Micro-batch times ``t`` (m x columns) as a run's (2m x columns) op durations: each chunk's forward a share
-    ``phi`` / v of it, its backward (1 - phi) / v."""
-    return np.concatenate((t * (phi / v), t * ((1 - phi) / v)))
+def durations(t: np.ndarray, phi: float, split: int, omega: float = 0.0, blocks: int = 2) -> np.ndarray:
+    """Micro-batch times ``t`` (m x columns) as a run's (blocks·m + 1 x columns) op durations (``_Graph``): each
+    chunk's forward a share ``phi`` / split of it, its full backward (1 - phi) / split, and with 4 blocks its weight
+    gradient ``omega`` / split and its input gradient the rest; a last row of no time."""
+    omega = min(omega, 1 - phi)  # a grid node's phi may leave less backward than omega (then all of it is W)
+    shares = (phi / split, (1 - phi) / split, (1 - phi - omega) / split, omega / split)[:blocks]
+    return np.concatenate([t * s for s in shares] + [np.zeros((1, t.shape[1]))])
 
 
 def makespans(graph: _Graph, dur: np.ndarray) -> np.ndarray:
@@ -194,11 +238,13 @@ def _sweep(graph: _Graph, dur: np.ndarray) -> np.ndarray:
     return done[graph.last].max(axis=0)
 
 
-def schedule_makespans(kind: str, p: int, v: int, phi: float, t: np.ndarray) -> tuple[np.ndarray, float]:
-    """The list schedule's makespans for micro-batch times ``t`` (m x draws) and its uniform makespan (all 1):
-    what bench/document_wait_sim.py prints."""
+def schedule_makespans(
+    kind: str, p: int, v: int, phi: float, t: np.ndarray, omega: float = 0.0
+) -> tuple[np.ndarray, float]:
+    """The list schedule's makespans for micro-batch times ``t`` (m x draws) and its uniform makespan (all 1), the
+    weight gradient a share ``omega`` of a pass: what bench/document_wait_sim.py prints."""
     graph = _graph(kind, p, v, t.shape[0])
-    spans = makespans(graph, durations(np.hstack((np.ones((t.shape[0], 1)), t)), phi, v))
+    spans = makespans(graph, durations(np.hstack((np.ones((t.shape[0], 1)), t)), phi, graph.split, omega, graph.blocks))
     return spans[1:], float(spans[0])
 
 
@@ -207,45 +253,63 @@ def _spans(m2: int, p: int) -> tuple[int, int]:
     return max(2 * p, m2 // 4 // p * p), m2
 
 
-def _longest(p: int, v: int) -> int:
-    return max(4 * p, MAX_STEPS // (2 * v) // p * p)  # the longest direct run (at least four groups of p)
+def build_cells(kind: str) -> int:
+    """Cells one op of ``kind``'s order costs to write out (``ScheduleTraits.order_op_cells``)."""
+    return schedule_traits(kind).order_op_cells
 
 
-def _runs(p: int, v: int, m: int) -> tuple[int, ...]:
-    """The micro-batch counts actually run for m: m itself, or (m1, m2) to extrapolate from."""
-    m2 = _longest(p, v)
+def per_microbatch(kind: str, v: int) -> int:
+    """A rank's ops per micro-batch, at most: a forward and a backward per chunk (2v, Megatron's orders); where the
+    order splits weight gradients off, a forward, a backward or an input gradient, and a weight gradient or an F&B
+    pair's wait, per chunk the micro-batch visits on the rank (3·split; pipeline._order_zb_h1, _order_zbv,
+    _order_dual)."""
+    traits = schedule_traits(kind)
+    return 3 * (max(1, v) // traits.directions) if traits.splits_weights else 2 * max(1, v)
+
+
+def _longest(p: int, v: int, per: int = 0) -> int:
+    # the longest direct run (at least four groups of p)
+    return max(4 * p, MAX_STEPS // (per or 2 * v) // p * p)
+
+
+def _runs(p: int, v: int, m: int, per: int = 0) -> tuple[int, ...]:
+    """The micro-batch counts actually run for m: m itself, or (m1, m2) to extrapolate from; ``per``: the rank's
+    ops a micro-batch (``per_microbatch``; 0: 2v)."""
+    m2 = _longest(p, v, per)
     return (m,) if m <= m2 else _spans(m2, p)
 
 
-def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES) -> int:
+def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES, per: int = 0, build: int = 0) -> int:
     """Cells of one call at ``draws_`` draws on ``nodes`` grid nodes (each with its uniform column): per run of
-    2·m·v·p ops, the sweep's ops x columns, its levels' numpy steps (LEVEL_CELLS each, per column chunk) and the
-    levels' relaxation (3 Gauss-Seidel rounds of 2p rank steps over the ops, the structure built once)."""
-    total, columns = 0, nodes * (draws_ + 1)
-    for mr in _runs(p, v, m):
-        ops, levels = 2 * mr * v * p, 2 * mr * v + 2 * (p - 1)
+    per·m·p ops (``per_microbatch``; 0: 2v), the sweep's ops x columns, its levels' numpy steps (LEVEL_CELLS each,
+    per column chunk) and the levels' relaxation (3 Gauss-Seidel rounds of 2p rank steps over the ops), the
+    structure built once (``build`` cells an op where the order is written op by op: ``build_cells``)."""
+    total, columns, per = 0, nodes * (draws_ + 1), per or 2 * v
+    for mr in _runs(p, v, m, per):
+        ops, levels = per * mr * p, per * mr + 2 * (p - 1)
         chunks = -(-columns // max(1, CHUNK // (ops + 1)))
         relax = 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)  # 3 Gauss-Seidel rounds of 2p rank steps
-        total += ops * columns + levels * chunks * LEVEL_CELLS + relax
+        total += ops * columns + levels * chunks * LEVEL_CELLS + relax + build * ops
     return total
 
 
 @lru_cache(maxsize=1024)
-def runs_at(p: int, v: int, m: int) -> tuple[int, int]:
+def runs_at(p: int, v: int, m: int, per: int = 0, build: int = 0) -> tuple[int, int]:
     """(nodes, draws) a call runs within CELLS: the grid (NODES nodes, DRAWS draws) where it fits, else the
     candidate's own key (one node) at DRAWS, else at the most of DRAWS / 2^k down to MIN_DRAWS; draws 0: the flow
-    shop (``method`` says which)."""
-    if p == 1 or work(p, v, m, DRAWS, NODES) <= CELLS:
+    shop (``method`` says which). ``per``: the rank's ops a micro-batch (``per_microbatch``; 0: 2v); ``build``: the
+    cells an op costs to write out (``build_cells``)."""
+    if p == 1 or work(p, v, m, DRAWS, NODES, per, build) <= CELLS:
         return NODES, DRAWS
     d = DRAWS
-    while d >= MIN_DRAWS and work(p, v, m, d, 1) > CELLS:
+    while d >= MIN_DRAWS and work(p, v, m, d, 1, per, build) > CELLS:
         d //= 2
     return 1, d if d >= MIN_DRAWS else 0
 
 
-def draws(p: int, v: int, m: int) -> int:
+def draws(p: int, v: int, m: int, per: int = 0, build: int = 0) -> int:
     """The draws a call runs (``runs_at``); 0: the flow shop."""
-    return runs_at(p, v, m)[1]
+    return runs_at(p, v, m, per, build)[1]
 
 
 def call_work(kind: str, p: int, v: int, m: int) -> int:
@@ -253,8 +317,9 @@ def call_work(kind: str, p: int, v: int, m: int) -> int:
     not written out, or over the bound) and for one stage."""
     if p == 1 or schedule_traits(kind).order is None:
         return 0
-    nodes, d = runs_at(p, v, m)
-    return work(p, v, m, d, nodes) if d else 0
+    per, build = per_microbatch(kind, v), build_cells(kind)
+    nodes, d = runs_at(p, v, m, per, build)
+    return work(p, v, m, d, nodes, per, build) if d else 0
 
 
 def method(sched: Schedule) -> str:
@@ -264,11 +329,14 @@ def method(sched: Schedule) -> str:
         return "one stage: its micro-batches back to back, the spread of their sum (no pipeline to wait in)"
     if sched.traits.order is None:
         return f"the flow shop's (p - 1)·E[max of m] (the {sched.kind} order is not written out)"
-    nodes, d = runs_at(p, v, m)
+    per, build = per_microbatch(sched.kind, v), build_cells(sched.kind)
+    nodes, d = runs_at(p, v, m, per, build)
     if d == 0:
         return (
             f"the flow shop's (p - 1)·E[max of m]: the {sched.kind} order at pp {p}, v {v}, m {m} is over the work "
-            f"bound ({CELLS:,} cells; {work(p, v, m, MIN_DRAWS):,} at {MIN_DRAWS} draws)"
+            f"bound ({CELLS:,} cells; {work(p, v, m, MIN_DRAWS, 1, per, build):,} at {MIN_DRAWS} draws); it is "
+            "short of an order with no slack in its steady state (1F1B's run once at pp 256-1024, m 4p: 3.9-4.4x the "
+            "flow shop's)"
         )
     error = "" if d == DRAWS else f", sampling error {math.sqrt(DRAWS / d):.1f}x the {DRAWS} draws' 2-3%"
     how = "interpolated on its (phi, rho) grid" if nodes > 1 else "at its own (phi, rho)"
@@ -279,22 +347,28 @@ _NODE_CACHE: OrderedDict[tuple, tuple[float, float]] = OrderedDict()
 NODE_CACHE = 1 << 14  # (structure, phi, rho) moments kept (two floats each)
 
 
-def _node_moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, float]], d: int) -> list[tuple]:
+def _node_moments(
+    kind: str, p: int, v: int, m: int, nodes: list[tuple[float, float]], d: int, omega: float = 0.0
+) -> list[tuple]:
     """(mean excess per sigma, variance per sigma²) at each (phi, rho) node, those not cached run together: each
-    node's uniform column and its d draws, t = max(1 + rho·z, 0); the draws' own (t - 1) / rho subtracted as the
-    control variate (review r10a #3: its mean is the clipped draws', so clipping adds no work the planner does
-    not price)."""
-    keys = [(kind, p, v, m, d, phi, rho) for phi, rho in nodes]
+    node's uniform column and its d draws, t = max(1 + rho·z, 0), the weight gradient a share ``omega`` of a pass;
+    the draws' own (t - 1) / rho subtracted as the control variate (review r10a #3: its mean is the clipped
+    draws', so clipping adds no work the planner does not price)."""
+    keys = [(kind, p, v, m, d, omega, phi, rho) for phi, rho in nodes]
     got = {k: _NODE_CACHE.get(k) for k in keys}  # read once: another thread may evict between steps
     missing = [k for k, found in got.items() if found is None]
     if missing:
         # C order: the first m1 rows are the same draws at any m (common random numbers across m and nodes)
         z = np.random.Generator(np.random.PCG64(SEED)).standard_normal((m, DRAWS))[:, :d]
         ts = [np.maximum(1.0 + k[-1] * z, 0.0) for k in missing]
+        graph = _graph(kind, p, v, m)
         dur = np.hstack(
-            [durations(np.hstack((np.ones((m, 1)), t)), k[-2], v) for k, t in zip(missing, ts, strict=True)]
+            [
+                durations(np.hstack((np.ones((m, 1)), t)), k[-2], graph.split, omega, graph.blocks)
+                for k, t in zip(missing, ts, strict=True)
+            ]
         )
-        spans = makespans(_graph(kind, p, v, m), dur).reshape(len(missing), d + 1)
+        spans = makespans(graph, dur).reshape(len(missing), d + 1)
         for k, t, span in zip(missing, ts, spans, strict=True):
             rho = k[-1]
             extra = (span[1:] - span[0]) / rho
@@ -310,15 +384,19 @@ def _node_moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, fl
     return [got[k] for k in keys]
 
 
-def _moments(kind: str, p: int, v: int, m: int, nodes: list[tuple[float, float]], d: int) -> list[tuple]:
+def _moments(
+    kind: str, p: int, v: int, m: int, nodes: list[tuple[float, float]], d: int, omega: float = 0.0
+) -> list[tuple]:
     """The nodes' moments at m: run directly, or at m1 and m2 and extrapolated linearly in m (module docstring)."""
-    runs = _runs(p, v, m)
+    runs = _runs(p, v, m, per_microbatch(kind, v))
     if len(runs) == 1:
-        return _node_moments(kind, p, v, m, nodes, d)
+        return _node_moments(kind, p, v, m, nodes, d, omega)
     (m1, m2), grow = runs, (m - runs[1]) / (runs[1] - runs[0])
-    near, far = _node_moments(kind, p, v, m1, nodes, d), _node_moments(kind, p, v, m2, nodes, d)
+    near, far = (_node_moments(kind, p, v, mr, nodes, d, omega) for mr in (m1, m2))
+    # the variance is not let fall below the m2 run's (a sum over more steps; with few draws the two runs' noise
+    # could extrapolate it to 0: interleaved pp 64 v 16 m 1024 at 16 draws, sched11)
     return [
-        (a2 + grow * (a2 - a1), max(0.0, v2 + grow * (v2 - v1))) for (a1, v1), (a2, v2) in zip(near, far, strict=True)
+        (a2 + grow * (a2 - a1), max(v2, v2 + grow * (v2 - v1))) for (a1, v1), (a2, v2) in zip(near, far, strict=True)
     ]
 
 
@@ -333,18 +411,19 @@ def _bracket(nodes: tuple[float, ...], x: float, scale=float, points: int = 2) -
     return list(zip(window, weights, strict=True))
 
 
-def jitter(sched: Schedule, phi: float, rho: float) -> Jitter | None:
+def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitter | None:
     """The excess and spread of ``sched``'s makespan per unit of sigma (module docstring), the forward a share
-    ``phi`` of a micro-batch and its spread ``rho`` of its mean: inside the grid (PHI_NODES x RHO_NODES)
-    interpolated between its nodes, outside it run at phi to 0.01 and rho to two significant figures (at least
-    1e-4); None for a schedule whose order is not written out or whose run is over the work bound (``method``
-    says which; the caller's flow shop)."""
+    ``phi`` of a micro-batch, the weight gradient a share ``omega`` (read by the orders that split it off,
+    ``ScheduleTraits.splits_weights``: to 0.01, the grid's nodes run at it) and its spread ``rho`` of its mean:
+    inside the grid (PHI_NODES x RHO_NODES) interpolated between its nodes, outside it run at phi to 0.01 and rho to
+    two significant figures (at least 1e-4); None for a schedule whose order is not written out or whose run is
+    over the work bound (``method`` says which; the caller's flow shop)."""
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
     if p > 1 and sched.traits.order is None:
         return None
     if p == 1:  # one stage runs the micro-batches back to back: the sum of m, no excess
         return Jitter(0.0, math.sqrt(m))
-    nodes, d = runs_at(p, v, m)
+    nodes, d = runs_at(p, v, m, per_microbatch(sched.kind, v), build_cells(sched.kind))
     if d == 0:
         return None
     phi, rho = round(phi, 2), float(f"{max(rho, 1e-4):.2g}")
@@ -354,7 +433,8 @@ def jitter(sched: Schedule, phi: float, rho: float) -> Jitter | None:
     else:
         weighted = [((phi, rho), 1.0)]
     weighted = [(node, w) for node, w in weighted if abs(w) > 1e-12]
-    moments = _moments(sched.kind, p, v, m, [node for node, _ in weighted], d)
+    omega = round(min(max(omega, 0.0), 1.0 - phi), 2) if sched.traits.splits_weights else 0.0
+    moments = _moments(sched.kind, p, v, m, [node for node, _ in weighted], d, omega)
     mean = sum(w * a for (_, w), (a, _) in zip(weighted, moments, strict=True))
     var = sum(w * b for (_, w), (_, b) in zip(weighted, moments, strict=True))
     return Jitter(mean, math.sqrt(max(0.0, var)))

@@ -1080,7 +1080,8 @@ def _document_wait_s(ctx: Context, stages: list[StageStep], sched: Schedule) -> 
     attention = comp.forward.attention_s + comp.backward.attention_s
     host = comp.forward.host_s + comp.backward.host_s
     token = comp.forward.total_s + comp.backward.total_s - attention - host
-    return document_wait_s(ctx, sched, (comp.forward.total_s, comp.backward.total_s), token, attention)
+    passes = (comp.forward.total_s, comp.backward.total_s)
+    return document_wait_s(ctx, sched, passes, token, attention, comp.forward.gemm_s)  # W: stage_passes' weight_s
 
 
 def _dp_slowdown(

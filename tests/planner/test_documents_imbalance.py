@@ -131,17 +131,35 @@ def test_1f1b_waits_twice_the_flow_shop_and_interleaved_less():
         assert low < (packed.time_s - fixed.time_s) / flow < high, schedule
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1"])
-def test_orders_not_written_out_keep_the_flow_shop(schedule):
-    """GPipe (the flow shop exactly, tests/planner/test_pipeline_jitter.py) and ZB-H1 (not written out): sigma·((p -
-    1)·E[max of m] + sqrt(m)·E[max of dp]), the form before docwait10."""
-    _, fixed = _plan(None, 4, 2, schedule)
-    ctx, packed = _plan("dp_balanced", 4, 2, schedule)
+def test_gpipe_keeps_the_flow_shop():
+    """GPipe (the flow shop exactly, tests/planner/test_pipeline_jitter.py): sigma·((p - 1)·E[max of m] + sqrt(m)·E[max
+    of dp]), the form before docwait10."""
+    _, fixed = _plan(None, 4, 2, "gpipe")
+    ctx, packed = _plan("dp_balanced", 4, 2, "gpipe")
     (f, b), lin, attn = _stage(packed)
     sigma = micro_batch_sigma(pack_moments(ctx.work.document_histogram, 8192), 1, 8192, lin, attn)
     m = ctx.micro_batches
     want = 3 * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(2)
     assert document_wait_s(ctx, schedule_of(ctx), (f, b), lin, attn) == pytest.approx(want, rel=1e-12)
+    assert packed.time_s - fixed.time_s == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize(("schedule", "v"), [("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)])
+def test_zero_bubble_orders_wait_by_their_own_order(schedule, v):
+    """ZB-H1, ZBV and DualPipeV (sched11): sigma·(mean + sd·E[max of dp]) of the schedule's own order, the weight
+    gradient the busiest stage's forward GEMM time (its share omega: step.stage_passes' W), not the flow shop's."""
+    _, fixed = _plan(None, 4, 2, schedule, v)
+    ctx, packed = _plan("dp_balanced", 4, 2, schedule, v)
+    (f, b), lin, attn = _stage(packed)
+    comp = max((st.compute for st in packed.stages), key=lambda c: c.forward.total_s + c.backward.total_s)
+    weight = comp.forward.gemm_s
+    sigma = micro_batch_sigma(pack_moments(ctx.work.document_histogram, 8192), 1, 8192, lin, attn)
+    m = ctx.micro_batches
+    got = jitter(Schedule(schedule, 4, m, v), f / (f + b), sigma / (f + b), weight / (f + b))
+    want = sigma * (got.mean + got.sd * expected_max(2))
+    flow = 3 * sigma * expected_max(m) + sigma * math.sqrt(m) * expected_max(2)
+    assert 0 < weight < f and abs(want - flow) > 0.05 * flow
+    assert document_wait_s(ctx, schedule_of(ctx), (f, b), lin, attn, weight) == pytest.approx(want, rel=1e-12)
     assert packed.time_s - fixed.time_s == pytest.approx(want, rel=1e-9)
 
 

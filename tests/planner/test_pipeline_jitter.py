@@ -115,7 +115,6 @@ def test_gpipe_is_the_flow_shop_exactly():
         t = list(1 + 0.3 * rng.random(6))
         assert event_makespan(gpipe_order, 4, 1, t, 0.3) == pytest.approx(sum(t) + 3 * max(t), abs=1e-12)
     assert jitter(Schedule("gpipe", 4, 6), 0.3, 0.1) is None
-    assert jitter(Schedule("zb-h1", 4, 6), 0.3, 0.1) is None  # not written out: the caller's flow shop
     assert schedule_traits("interleaved").order is schedule_traits("1f1b").order
 
 
@@ -216,18 +215,23 @@ def test_clipped_draws_are_their_own_control_variate():
 
 def test_the_work_is_bounded_by_fewer_draws_then_the_flow_shop():
     """Review r10a #1: a call's cells stay within CELLS: the grid with all DRAWS up to pp 64 at m 4p; its own key
-    alone at pp 128 (1F1B, m 4p) and interleaved pp 64 (m 4096); fewer draws at interleaved pp 128 and 1F1B pp 256;
-    the flow shop (None, said by ``method``) at pp 512 and interleaved pp 64 v 16, answered at once."""
+    alone at pp 128 (1F1B, m 4p) and interleaved pp 64 (m 4096); fewer draws at interleaved pp 128, 1F1B pp 256,
+    and (sched11: down to MIN_DRAWS 8) 1F1B pp 512 and interleaved pp 64 v 16; the flow shop (None, said by
+    ``method``) at pp 1024 and interleaved pp 128 v 8, answered at once."""
     assert [runs_at(p, 1, 4 * p) for p in (4, 16, 64)] == [(NODES, DRAWS)] * 3
     assert runs_at(128, 1, 512) == runs_at(64, 2, 4096) == (1, DRAWS)
     assert runs_at(128, 2, 1024) == (1, 128) and runs_at(256, 1, 1024) == (1, 64)
-    assert draws(512, 1, 2048) == draws(64, 16, 1024) == call_work("1f1b", 512, 1, 2048) == 0
-    for p, v, m in ((16, 4, 128), (64, 2, 4096), (128, 1, 512), (128, 2, 1024), (256, 1, 1024)):
+    assert draws(512, 1, 2048) == 8 and draws(64, 16, 1024) == 16
+    assert draws(1024, 1, 4096) == draws(128, 8, 1024) == call_work("1f1b", 1024, 1, 4096) == 0
+    for p, v, m in ((16, 4, 128), (64, 2, 4096), (128, 1, 512), (128, 2, 1024), (256, 1, 1024), (64, 16, 1024)):
         assert 0 < call_work("interleaved", p, v, m) <= CELLS and call_work("gpipe", p, 1, m) == 0
+    assert 0 < call_work("1f1b", 512, 1, 2048) <= CELLS
     start = time.process_time()
-    assert jitter(Schedule("1f1b", 512, 2048), 0.33, 0.05) is None
+    assert jitter(Schedule("1f1b", 1024, 4096), 0.33, 0.05) is None
     assert time.process_time() - start < 0.5
-    assert "over the work bound" in method(Schedule("1f1b", 512, 2048))
+    row = method(Schedule("1f1b", 1024, 4096))
+    assert "over the work bound" in row and "3.9-4.4x the flow shop's" in row  # the error, stated (docs)
+    assert "8 fixed-seed draws at its own (phi, rho), sampling error 5.7x" in method(Schedule("1f1b", 512, 2048))
     fewer = method(Schedule("interleaved", 128, 1024, 2))
     assert "128 fixed-seed draws at its own (phi, rho), sampling error 1.4x" in fewer
     assert "256 fixed-seed draws interpolated" in method(Schedule("1f1b", 4, 16))
