@@ -86,9 +86,10 @@ class Recipe:
     # nvte_compute_scale_from_amax (``compute_scale_from_amax_kernel<<<1, 1>>>``) and nvte_quantize_v2;
     # NVFP4Quantizer::quantize_impl three (the amax, the rowwise quantize, the columnwise RHT cast; not re-read here)
     quantize_launches: int = 1
-    # launches that quantize a LayerNormLinear's norm output (Megatron-Core's TE spec fuses the input norm into linear_qkv,
-    # the pre-MLP norm into a dense linear_fc1, MLA's q/kv norms into linear_q_up_proj / linear_kv_up_proj: Megatron-LM
-    # 92c8482e6d models/gpt/gpt_layer_specs.py column_parallel_layer_norm_linear), beside the norm kernel itself.
+    # launches that quantize a LayerNormLinear's norm output (Megatron-Core's TE spec fuses the input norm into
+    # linear_qkv, the pre-MLP norm into a dense linear_fc1, MLA's q/kv norms into linear_q_up_proj / linear_kv_up_proj:
+    # Megatron-LM 92c8482e6d models/gpt/gpt_layer_specs.py column_parallel_layer_norm_linear), beside the norm kernel
+    # itself.
     # TransformerEngine v2.9 csrc/extensions/normalization.cpp rmsnorm_fwd (NVTE_NORM_FWD_USE_CUDNN unset, as the
     # Megatron-Bridge perf scripts leave it): Float8Quantizer (delayed) FULLY_FUSED, the norm writes fp8 and, for the
     # columnwise copy, common/normalization/rmsnorm/rmsnorm_api.cpp l. 96-103 runs one nvte_transpose: 1;
