@@ -74,6 +74,10 @@ class Schedule:
     # overlap_p2p runs one send_forward_backward_recv_forward_backward per chunk forward + backward (schedules.py
     # at 6985e58 and d98e8a6; step.py two_way_s); 0: two one-way exchanges a micro-batch (1F1B's pairs)
     two_way_s: float = 0.0
+    # what one steady-state micro-batch waits on its transfers when each is a blocking instruction of its own
+    # (DeepSpeed's TrainSchedule: four one-way transfers and the TP gathers after them; step.py unbatched_wait);
+    # 0: the exchanges above
+    unbatched_s: float = 0.0
 
     @property
     def traits(self) -> ScheduleTraits:
@@ -110,9 +114,13 @@ def steady_wait(sched: Schedule) -> float:
     1F1B's send_forward_recv_backward and send_backward_recv_forward, two one-way crossings (2·p2p_s; Megatron
     schedules.py forward_backward_pipelining_without_interleaving); a schedule that exchanges both ways at once
     once per chunk forward + backward (``two_way_s``, Megatron's interleaved: forward_backward_pipelining_with_
-    interleaving's steady state, one send_forward_backward_recv_forward_backward per k) v of those."""
+    interleaving's steady state, one send_forward_backward_recv_forward_backward per k) v of those; a schedule
+    whose every transfer blocks on its own (``unbatched_s``: DeepSpeed's TrainSchedule, per chunk forward +
+    backward) v of that wait."""
     if sched.overlap_p2p or sched.stages == 1:
         return 0.0
+    if sched.unbatched_s:
+        return max(1, sched.chunks) * sched.unbatched_s
     if sched.two_way_s:
         return max(1, sched.chunks) * sched.two_way_s
     return 2 * sched.p2p_s

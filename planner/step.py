@@ -225,10 +225,19 @@ class StepTime:
     timeline: list[dict] = field(default_factory=list)
 
 
-def schedule_of(ctx: Context, p2p_s: float = 0.0, overlap_p2p: bool = False, two_way_s: float = 0.0) -> Schedule:
+def schedule_of(
+    ctx: Context, p2p_s: float = 0.0, overlap_p2p: bool = False, two_way_s: float = 0.0, unbatched_s: float = 0.0
+) -> Schedule:
     par = ctx.par
     return Schedule(
-        par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank, p2p_s, overlap_p2p, two_way_s
+        par.pipeline_schedule,
+        par.pp,
+        ctx.micro_batches,
+        par.chunks_per_rank,
+        p2p_s,
+        overlap_p2p,
+        two_way_s,
+        unbatched_s,
     )
 
 
@@ -237,7 +246,23 @@ def schedule_for(ctx: Context, totals: StreamTotals, overlap_p2p: bool) -> Sched
     (``StreamTotals.p2p_s``) and, where the flavour's schedule exchanges both ways at once once per chunk
     (``Flavour.two_way_exchange_schedules``), that exchange (``StreamTotals.two_way_s``; pipeline.steady_wait)."""
     two_way = ctx.par.pipeline_schedule in ctx.flavour.two_way_exchange_schedules
-    return schedule_of(ctx, totals.p2p_s, overlap_p2p, totals.two_way_s if two_way else 0.0)
+    unbatched = unbatched_wait(ctx, totals) if ctx.flavour.pp_unbatched_transfers else 0.0
+    return schedule_of(ctx, totals.p2p_s, overlap_p2p, totals.two_way_s if two_way else 0.0, unbatched)
+
+
+def unbatched_wait(ctx: Context, totals: StreamTotals) -> float:
+    """What a steady-state micro-batch waits on its boundary transfers when each is a blocking instruction of its
+    own (``Flavour.pp_unbatched_transfers``): DeepSpeed's TrainSchedule (deepspeed/runtime/pipe/schedule.py at
+    edaa722, the same at cd7967d6b of October 2021 but for the order inside a step) gives a stage, per micro-batch, a
+    forward step with RecvActivation and SendGrad and a backward step with SendActivation and RecvGrad, each a
+    blocking p2p.send / p2p.recv (pipe/p2p.py: dist.send, or dist.broadcast over a 2-rank group), so four one-way
+    transfers lie on its path where 1F1B's send_forward_recv_backward and send_backward_recv_forward batch them into
+    two (tests/planner/test_deepspeed_pipeline.py replays the schedule: 4 c a micro-batch, no extra bubble). Each
+    received partition is all-gathered over TP (PartitionedTensor.full), and with ``pp_regathers_output`` the
+    stage's own output once more before its backward: 4 sends (with their shape exchanges, if any) and 2 or 3
+    gathers."""
+    gathers = 3 if ctx.flavour.pp_regathers_output else 2
+    return 4 * (totals.send_s + totals.shape_s) + gathers * totals.gather_s
 
 
 def memory(ctx: Context, gpu: GPUSpec, calls: Sequence = ()) -> Memory:
@@ -1339,4 +1364,5 @@ __all__ = [
     "schedule_of",
     "step_time",
     "stream_totals",
+    "unbatched_wait",
 ]

@@ -14,30 +14,15 @@ rank j finally sends block p+j to rank p+j. Extra steps: 2; extra bytes: M in, M
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, Transfers
 from ._base import Cost, Request, floor_pow2, register
-from .recursive_doubling import fold_in, folded
-
-
-def _exchange(owner: np.ndarray, p: int, mask: int, halving: bool, reduce: bool) -> Step:
-    """One exchange among ranks 0..p-1 at distance ``mask`` over blocks with the given virtual owners.
-
-    Halving: rank r holds blocks whose owner agrees with r above bit 2*mask and sends those the partner
-    keeps. Doubling: rank r holds blocks whose owner agrees with r from bit ``mask`` up and sends them all.
-    """
-    r = np.arange(p)[:, None]
-    partner = r ^ mask
-    if halving:
-        moving = (owner[None, :] & ~(2 * mask - 1)) == (r & ~(2 * mask - 1))
-        moving &= (owner[None, :] & mask) == (partner & mask)
-    else:
-        moving = (owner[None, :] & ~(mask - 1)) == (r & ~(mask - 1))
-    rows, blocks = np.nonzero(moving)
-    return Step.of(Transfers.of(rows, rows ^ mask, blocks, blocks, reduce))
+from .recursive_doubling import block_exchange, fold_in, fold_out, recursive_doubling
 
 
 def _masks_down(p: int) -> list[int]:
@@ -52,7 +37,7 @@ def _held_bytes(sizes: np.ndarray, owner: np.ndarray, j: int, ranks: np.ndarray)
 def _halving(owner: np.ndarray, p: int):
     """The recursive-halving reduce-scatter among ranks 0..p-1: distances p/2, ..., 1."""
     for mask in _masks_down(p):
-        yield _exchange(owner, p, mask, halving=True, reduce=True)
+        yield block_exchange(owner, p, mask, halving=True, reduce=True)
 
 
 def _fold_steps(n: int, p: int) -> int:
@@ -66,22 +51,69 @@ def _kept_bytes(sizes: np.ndarray, owner: np.ndarray, p: int) -> np.ndarray:
     return sum((_held_bytes(sizes, owner, j, ranks) for j in range(p.bit_length() - 1)), np.zeros(p, np.int64))
 
 
-def _cost_allreduce(req: Request) -> Cost:
+def _owner(n: int, doubling: bool) -> np.ndarray:
+    """The blocks' virtual owners among ranks 0..p-1. Allreduce (``doubling``) cuts the buffer in p chunks, chunk
+    v rank v's; reduce-scatter keeps the n blocks, block b rank b's and an extra rank's block p + j rank j's."""
+    p = floor_pow2(n)
+    b = np.arange(p if doubling else n)
+    return np.where(b < p, b, b - p)
+
+
+def _rabenseifner(req: Request, layout, doubling: bool) -> Schedule:
+    """The steps both ops share (Thakur, Rabenseifner & Gropp 2005 §4.3-4.4, MPICH's non-power-of-two treatment):
+    the extra ranks p..n-1 hand every slot in, recursive halving over the blocks' virtual owners among ranks
+    0..p-1, recursive doubling back when ``doubling`` (allreduce), and each extra rank gets back what it stands
+    for: the whole result (allreduce), or its own block p + j (reduce-scatter)."""
+    n = req.num_ranks
+    p = floor_pow2(n)
+    owner = _owner(n, doubling)
+    slots = np.arange(len(owner))
+
+    def steps():
+        if n > p:
+            yield fold_in(n, slots)
+        yield from _halving(owner, p)
+        if doubling:
+            yield from recursive_doubling(owner, p)
+        if n > p and doubling:  # rank j hands the whole result back to rank p + j
+            yield fold_out(n, owner)
+        elif n > p:  # rank j sends block p + j to rank p + j
+            extra = np.arange(p, n)
+            yield Step.of(Transfers.of(extra - p, extra, extra, extra, False))
+
+    return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
+
+
+def _cost(req: Request, doubling: bool) -> Cost:
+    """The busiest rank's bytes under :func:`_rabenseifner`. Halving: a rank sends all but the blocks it ends up
+    owning and receives what it keeps at each step; doubling (allreduce) sends what it kept and receives what its
+    partner r xor 2^j holds. A rank an extra rank folded into receives M more and sends back M (allreduce) or the
+    extra rank's block (reduce-scatter); the extra rank sends M and receives that."""
     n, m = req.num_ranks, req.message_bytes
     p = floor_pow2(n)
-    sizes = block_sizes(req.count, p) * req.itemsize
-    owner = ranks = np.arange(p)
+    owner = _owner(n, doubling)
+    sizes = block_sizes(req.count, len(owner)) * req.itemsize
+    ranks = np.arange(p)
+    owned = np.where(owner[None, :] == ranks[:, None], sizes[None, :], 0).sum(axis=1)
     kept = _kept_bytes(sizes, owner, p)
-    # in the doubling phase rank r receives what its partner r ^ 2^j holds
-    partner_held = sum(
-        (_held_bytes(sizes, owner, j, ranks ^ (1 << j)) for j in range(p.bit_length() - 1)), np.zeros(p, np.int64)
-    )
     has_extra = ranks < n - p  # the ranks an extra rank folded into
-    sent = (m - sizes) + kept + has_extra * m
-    received = kept + partner_held + has_extra * m
-    extra = m if n > p else 0
-    steps = 2 * (p.bit_length() - 1) + _fold_steps(n, p)
-    return Cost(steps, int(max(sent.max(), extra)), int(max(received.max(), extra)))
+    returned = m if doubling else np.where(has_extra, sizes[np.minimum(ranks + p, n - 1)], 0)
+    sent = (m - owned) + has_extra * returned
+    received = kept + has_extra * m
+    if doubling:
+        # in the doubling phase rank r sends what it kept and receives what its partner r ^ 2^j holds
+        sent = sent + kept
+        received = received + sum(
+            (_held_bytes(sizes, owner, j, ranks ^ (1 << j)) for j in range(p.bit_length() - 1)), np.zeros(p, np.int64)
+        )
+    extra_sent = m if n > p else 0
+    extra_received = extra_sent if doubling else int(sizes[p:].max(initial=0))
+    steps = (2 if doubling else 1) * (p.bit_length() - 1) + _fold_steps(n, p)
+    return Cost(steps, int(max(sent.max(), extra_sent)), int(max(received.max(), extra_received)))
+
+
+_cost_allreduce = partial(_cost, doubling=True)
+_cost_reducescatter = partial(_cost, doubling=False)
 
 
 @register(
@@ -94,41 +126,7 @@ def _cost_allreduce(req: Request) -> Cost:
 def halving_doubling_allreduce(req: Request) -> Schedule:
     n = req.num_ranks
     p = floor_pow2(n)
-    layout = layouts.chunked(Op.ALLREDUCE, req.count, p)
-    owner = np.arange(p)
-
-    def halving_doubling():
-        yield from _halving(owner, p)
-        for mask in reversed(_masks_down(p)):
-            yield _exchange(owner, p, mask, halving=False, reduce=False)
-
-    def steps():
-        return folded(n, owner, halving_doubling())
-
-    return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
-
-
-def _virtual_owner(n: int) -> np.ndarray:
-    p = floor_pow2(n)
-    b = np.arange(n)
-    return np.where(b < p, b, b - p)
-
-
-def _cost_reducescatter(req: Request) -> Cost:
-    n, m = req.num_ranks, req.message_bytes
-    p = floor_pow2(n)
-    sizes = block_sizes(req.count, n) * req.itemsize
-    owner = _virtual_owner(n)
-    v = np.arange(p)
-    owned = np.where(owner[None, :] == v[:, None], sizes[None, :], 0).sum(axis=1)
-    has_extra = v < n - p
-    returned = np.where(has_extra, sizes[np.minimum(v + p, n - 1)], 0)
-    sent = (m - owned) + returned
-    received = _kept_bytes(sizes, owner, p) + has_extra * m
-    extra_sent = m if n > p else 0
-    extra_received = int(sizes[p:].max(initial=0))
-    steps = (p.bit_length() - 1) + _fold_steps(n, p)
-    return Cost(steps, int(max(sent.max(), extra_sent)), int(max(received.max(), extra_received)))
+    return _rabenseifner(req, layouts.chunked(req.op, req.count, p), doubling=True)
 
 
 @register(
@@ -140,16 +138,4 @@ def _cost_reducescatter(req: Request) -> Cost:
 )
 def halving_doubling_reducescatter(req: Request) -> Schedule:
     n = req.num_ranks
-    p = floor_pow2(n)
-    layout = layouts.blocked(Op.REDUCESCATTER, req.count, n)
-    owner = _virtual_owner(n)
-
-    def steps():
-        if n > p:
-            yield fold_in(n, np.arange(n))
-        yield from _halving(owner, p)
-        if n > p:  # rank j sends block p + j to rank p + j
-            extra = np.arange(p, n)
-            yield Step.of(Transfers.of(extra - p, extra, extra, extra, False))
-
-    return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
+    return _rabenseifner(req, layouts.blocked(req.op, req.count, n), doubling=False)

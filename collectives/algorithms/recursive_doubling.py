@@ -12,6 +12,7 @@ AllGather: at step k rank r exchanges the 2^k blocks it holds with r xor 2^k: lo
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -48,6 +49,32 @@ def folded(n: int, slots, inner):
         yield fold_out(n, slots)
 
 
+def block_exchange(owner: np.ndarray, p: int, mask: int, halving: bool, reduce: bool) -> Step:
+    """One exchange among ranks 0..p-1 at distance ``mask`` over blocks with the given virtual owners.
+
+    Halving: rank r holds blocks whose owner agrees with r above bit 2*mask and sends those the partner
+    keeps. Doubling: rank r holds blocks whose owner agrees with r from bit ``mask`` up and sends them all.
+    """
+    r = np.arange(p)[:, None]
+    partner = r ^ mask
+    if halving:
+        moving = (owner[None, :] & ~(2 * mask - 1)) == (r & ~(2 * mask - 1))
+        moving &= (owner[None, :] & mask) == (partner & mask)
+    else:
+        moving = (owner[None, :] & ~(mask - 1)) == (r & ~(mask - 1))
+    rows, blocks = np.nonzero(moving)
+    return Step.of(Transfers.of(rows, rows ^ mask, blocks, blocks, reduce))
+
+
+def recursive_doubling(owner: np.ndarray, p: int):
+    """Recursive doubling over blocks among ranks 0..p-1 (distances 1, 2, ..., p/2): at distance d rank r sends
+    its partner r xor d every block it holds, those whose ``owner`` agrees with r from bit d up. The allgather
+    of recursive doubling (``owner``: block b is rank b's) and the second half of Rabenseifner's allreduce
+    (halving_doubling.py; Thakur, Rabenseifner & Gropp 2005 §4.4)."""
+    for j in range(p.bit_length() - 1):
+        yield block_exchange(owner, p, 1 << j, halving=False, reduce=False)
+
+
 def exchange_and_reduce(peers: np.ndarray) -> Step:
     """Every rank r swaps its whole (single-slot) buffer with peers[r] and reduces: one step of recursive
     doubling, and of Swing with its own peers."""
@@ -76,19 +103,27 @@ def exchange_allreduce(req: Request, algorithm: str, peers: Callable[[int, int],
     return Schedule(req.op, algorithm, n, req.count, req.itemsize, layout, steps)
 
 
+def register_exchange_allreduce(
+    algorithm: str, peers: Callable[[int, int], np.ndarray], *, formula: str, source: str, check=None
+) -> Callable[[Request], Schedule]:
+    """Register an allreduce of the exchange family (recursive doubling, Swing): :func:`exchange_allreduce` over
+    ``peers`` and its one closed form (:func:`exchange_allreduce_cost`); the name is given once, here."""
+    build = partial(exchange_allreduce, algorithm=algorithm, peers=peers)
+    return register(algorithm, Op.ALLREDUCE, cost=exchange_allreduce_cost, formula=formula, source=source, check=check)(
+        build
+    )
+
+
 def doubling_peers(p: int, step: int) -> np.ndarray:
     return np.arange(p) ^ (1 << step)
 
 
-@register(
+recursive_doubling_allreduce = register_exchange_allreduce(
     "recursive_doubling",
-    Op.ALLREDUCE,
-    cost=exchange_allreduce_cost,
+    doubling_peers,
     formula="log2(n)·α + log2(n)·M·β (+2 fold steps of M when n is not a power of two)",
     source="Thakur, Rabenseifner & Gropp 2005 §4.4; MPICH allreduce",
 )
-def recursive_doubling_allreduce(req: Request) -> Schedule:
-    return exchange_allreduce(req, "recursive_doubling", doubling_peers)
 
 
 def _cost_allgather(req: Request) -> Cost:
@@ -107,15 +142,5 @@ def _cost_allgather(req: Request) -> Cost:
 def recursive_doubling_allgather(req: Request) -> Schedule:
     n = req.num_ranks
     layout = layouts.blocked(Op.ALLGATHER, req.count, n)
-
-    def steps():
-        r = np.arange(n)
-        mask = 1
-        while mask < n:
-            # rank r holds the blocks of its aligned group of size mask: base(r) .. base(r)+mask-1
-            held = (r & ~(mask - 1))[:, None] + np.arange(mask)[None, :]
-            src = np.broadcast_to(r[:, None], held.shape)
-            yield Step.of(Transfers.of(src, src ^ mask, held, held, False))
-            mask <<= 1
-
+    steps = partial(recursive_doubling, np.arange(n), n)
     return Schedule(req.op, "recursive_doubling", n, req.count, req.itemsize, layout, steps)

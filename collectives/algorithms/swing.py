@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..primitives import Op
-from ..schedule import Schedule
-from ._base import Request, need_pow2, register
-from .recursive_doubling import exchange_allreduce, exchange_allreduce_cost
+from ._base import need_pow2
+from .recursive_doubling import register_exchange_allreduce
 
 
 def rho(step: int) -> int:
@@ -27,13 +25,10 @@ def swing_peers(n: int, step: int) -> np.ndarray:
     return np.where(r % 2 == 0, r + rho(step), r - rho(step)) % n
 
 
-@register(
+swing_allreduce = register_exchange_allreduce(
     "swing",
-    Op.ALLREDUCE,
-    cost=exchange_allreduce_cost,
+    swing_peers,
     check=need_pow2,
     formula="log2(n)·α + log2(n)·M·β (peers ±1, ±3, ±5, ±11…)",
     source="De Sensi et al., NSDI 2024 (Swing), latency-optimal variant",
 )
-def swing_allreduce(req: Request) -> Schedule:
-    return exchange_allreduce(req, "swing", swing_peers)

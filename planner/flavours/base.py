@@ -93,6 +93,13 @@ class Flavour:
     # TP (Megatron-LM's --scatter-gather-tensors-in-pipeline, on by default until Megatron-Core dropped it;
     # Narayanan et al. 2021 §4.1): rules/pipeline.py GATHER_CALLS
     pp_scatter_gather: bool = False
+    # the sender keeps only its 1/t partition of each output it sent under scatter/gather and all-gathers it over TP
+    # again before that micro-batch's backward (DeepSpeed's PipelineEngine: rules/pipeline.py ``pp.gather_output``)
+    pp_regathers_output: bool = False
+    # each boundary transfer is a blocking instruction of its own, never batched with the opposite one (DeepSpeed's
+    # TrainSchedule: RecvActivation, SendGrad, SendActivation, RecvGrad): four one-way transfers on a steady-state
+    # micro-batch's path where 1F1B batches them into two exchanges (step.py unbatched_wait; pipeline.steady_wait)
+    pp_unbatched_transfers: bool = False
     # ---- data parallelism (rules/data.py) ----------------------------------------------------------------
     zero: Zero = Zero.PAPER
     dp_sources: dict[int, str] = field(default_factory=dict)  # by ZeRO stage

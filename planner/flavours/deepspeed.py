@@ -30,7 +30,6 @@ FLAVOUR = Flavour(
     tp_source=MEGATRON.tp_source,
     sp_source=MEGATRON.sp_source,
     embedding_source=MEGATRON.embedding_source,
-    pp_source=MEGATRON.pp_source,
     tied_embedding_allreduce=True,
     zero=Zero.DEEPSPEED,
     dp_sources={},  # rules/deepspeed.py names its own sources
@@ -46,5 +45,15 @@ FLAVOUR = Flavour(
     overlap_zero_stages=frozenset({3}),  # DeepSpeedZeroConfig.overlap_comm: None -> True for stage 3 only
     prefetches_units=False,  # per-micro-batch ZeRO-2/3 traffic follows overlap_comm
     overlap_p2p_schedules=frozenset(),
+    # DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/engine.py at edaa722, the same at cd7967d6b of 2021-10):
+    # is_pipe_partitioned = is_model_parallel and pipeline['pipe_partitioned'] (runtime/config.py default True), so
+    # each TP rank sends its 1/t PartitionedTensor of the stage's output and the receiver all-gathers it
+    # (_exec_forward_pass: part_input.full()), the input gradient likewise (grad_partitioned, default True:
+    # _exec_backward_pass part_grad.full()); the sender re-gathers its own output before the backward
+    # (part_output.full()); and schedule.py TrainSchedule issues every transfer as a blocking instruction of its own
+    pp_source="DeepSpeed edaa722 deepspeed/runtime/pipe/engine.py, schedule.py TrainSchedule, p2p.py",
+    pp_scatter_gather=True,
+    pp_regathers_output=True,
+    pp_unbatched_transfers=True,
     overlap_bucket_elements=_overlap_bucket_elements,
 )

@@ -42,23 +42,16 @@ def calls(ctx: Context) -> list[Call]:
             if phase == "backward" and not ctx.training:
                 continue
             for (pairs, width), count in sorted(sends.items()):
+                tensor = name + (".mtp" if width > 1 else "")  # in the hidden states' dtype (Context.activation)
                 out.append(
-                    Call(
-                        name=name + (".mtp" if width > 1 else ""),
-                        op=Op.SENDRECV,
-                        phase=phase,
-                        message_bytes=message * width,
-                        calls_per_iteration=count * m // halves,
-                        group=Group(("pp",), pairs=pairs),
-                        source=src,
-                        stages=(stage,),
-                        dtype=ctx.hidden_dtype,  # bf16 under an fp8 recipe (Context.activation)
-                    )
+                    _send(tensor, phase, message * width, count * m // halves, pairs, src, stage, ctx.hidden_dtype)
                 )
             if shapes:
                 out += _shape_sends(ctx, stage, phase, sends, m // halves)
             if gather:
                 out += _gathers(ctx, stage, phase, sends, message, m // halves)
+            if gather and phase == "forward" and ctx.training and ctx.flavour.pp_regathers_output:
+                out += _regathers(ctx, stage, sends, message, m // halves)
     # MTP modules read the word embedding on the last stage too: Megatron-Core finalize_model_grads.py
     # _get_shared_word_embedding_weight reduces it "if share_embeddings_and_output_weights or mtp_num_layers"
     shared = ctx.model.tied_embeddings or ctx.model.mtp_layers > 0
@@ -94,8 +87,15 @@ SHAPE_SOURCE = (
 
 # Megatron-LM's scatter/gather (Flavour.pp_scatter_gather): the receiver's TP all-gather of the 1/t chunks (forward,
 # backward); the step time adds its price to each boundary's send (step.stream_totals), as the receive returns
-# only after it (p2p_communication.py _communicate at 6985e58: gather_split_1d_tensor after the requests' wait)
-GATHER_CALLS = ("pp.gather", "pp.gather_grad")
+# only after it (p2p_communication.py _communicate at 6985e58: gather_split_1d_tensor after the requests' wait);
+# DeepSpeed's sender re-gathers its own output before the backward (Flavour.pp_regathers_output, _regathers)
+GATHER_CALLS = ("pp.gather", "pp.gather_grad", "pp.gather_output")
+REGATHER_SOURCE = (
+    "DeepSpeed edaa722 (and cd7967d6b, 2021-10) deepspeed/runtime/pipe/engine.py: _exec_forward_pass partitions the "
+    "output it sends (PartitionedTensor over the slice-parallel group, first_output.data = torch.zeros(1)); "
+    "_exec_backward_pass rebuilds it, part_output.full() (dist.all_gather), when pipe_partitioned and "
+    "grad_partitioned (runtime/config.py defaults True)"
+)
 _RECEIVER = {"pp+1": 1, "pp-1": -1}  # the boundary_sends direction -> the receiving stage's offset
 
 
@@ -130,6 +130,29 @@ def _gathers(ctx: Context, stage: int, phase: str, sends: dict, chunk: int, per_
     ]
 
 
+def _regathers(ctx: Context, stage: int, sends: dict, chunk: int, per_send: int) -> list[Call]:
+    """The TP all-gathers with which a DeepSpeed stage rebuilds, before each micro-batch's backward, the output it
+    sent forward as 1/t partitions and freed (``REGATHER_SOURCE``): one per forward send, on the sender, in the
+    backward (the last stage sends none and runs its backward from the loss)."""
+    counts: dict[int, int] = {}
+    for (_pairs, width), count in sends.items():
+        counts[width] = counts.get(width, 0) + count
+    return [
+        Call(
+            name=GATHER_CALLS[2],
+            op=Op.ALLGATHER,
+            phase="backward",
+            message_bytes=chunk * ctx.par.tp * width,
+            calls_per_iteration=count * per_send,
+            group=Group(("tp",)),
+            source=REGATHER_SOURCE,
+            stages=(stage,),
+            dtype=ctx.hidden_dtype,
+        )
+        for width, count in sorted(counts.items())
+    ]
+
+
 def mtp_standalone(ctx: Context) -> bool:
     """Megatron's ``mtp_standalone``: the layout puts the MTP layers on a rank other than the last
     (pipeline_parallel_layer_layout.py validate_layer_layout: ``LayerType.mtp in self.layout[pp_rank][-1] and
@@ -152,19 +175,26 @@ def _shape_sends(ctx: Context, stage: int, phase: str, sends: dict, per_send: in
         counts[pairs] = counts.get(pairs, 0) + count
     name = SHAPE_CALLS[phase != "forward"]
     return [
-        Call(
-            name=name,
-            op=Op.SENDRECV,
-            phase=phase,
-            message_bytes=SHAPE_BYTES,
-            calls_per_iteration=count * per_send,
-            group=Group(("pp",), pairs=pairs),
-            source=SHAPE_SOURCE,
-            stages=(stage,),
-            dtype="int64",
-        )
+        _send(name, phase, SHAPE_BYTES, count * per_send, pairs, SHAPE_SOURCE, stage, "int64")
         for pairs, count in sorted(counts.items())
     ]
+
+
+def _send(name: str, phase: str, message: int, count: int, pairs: str, source: str, stage: int, dtype: str) -> Call:
+    """A send across ``stage``'s pipeline boundaries: a SendRecv of ``message`` bytes over the pp pairs ``pairs``
+    (boundary_sends' direction, "pp+1" / "pp-1"), issued on that stage alone: the activation (or gradient) sends
+    and, with mtp_standalone, their shape sends."""
+    return Call(
+        name=name,
+        op=Op.SENDRECV,
+        phase=phase,
+        message_bytes=message,
+        calls_per_iteration=count,
+        group=Group(("pp",), pairs=pairs),
+        source=source,
+        stages=(stage,),
+        dtype=dtype,
+    )
 
 
 def boundary_sends(ctx: Context) -> list[tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]]:

@@ -605,7 +605,7 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
     if not ctx.flavour.tp_broadcasts_batch:
         return []
     if ctx.flavour.tp_batch_packed:
-        wanted, calls, source = _packed_batch(ctx)
+        wanted, per_micro_batch, source = _packed_batch(ctx)
     else:
         tokens = ctx.b * ctx.s
         wanted = []
@@ -615,16 +615,16 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
             wanted += [("labels", tokens * 8, "int64"), ("loss_mask", tokens * 4, "fp32")]
         if ctx.work.attention_mask_in_dataloader and (ctx.is_first(stage) or ctx.is_last(stage)):
             wanted.append(("attention_mask", ctx.b * ctx.s * ctx.s, "bool"))
-        calls, source = ctx.micro_batches, M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank"
+        per_micro_batch, source = 1, M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank"
     return [
-        Call(
+        _mb(
+            ctx,
             name=f"tp.data.{name}",
             op=Op.BROADCAST,
             phase="forward",
-            message_bytes=size,
-            calls_per_iteration=calls,
-            group=TP,
+            count=per_micro_batch,
             source=source,
+            message=size,
             dtype=dtype,
         )
         for name, size, dtype in wanted
@@ -639,12 +639,12 @@ PACKED_BATCH_SOURCE = "Megatron-LM 6985e58 pretrain_gpt.py get_batch, megatron/m
 
 
 def _packed_batch(ctx: Context) -> tuple[list[tuple[str, int, str]], int, str]:
-    """Megatron-LM 2021-22's batch (Flavour.tp_batch_packed) as (broadcasts, calls per iteration, source):
+    """Megatron-LM 2021-22's batch (Flavour.tp_batch_packed) as (broadcasts, calls per micro-batch, source):
     pretrain_gpt.py's forward_step calls get_batch on every pipeline stage, once per model chunk and micro-batch, and
     get_batch broadcasts the sizes of its one key, then the "text" tokens, b x (s + 1) int64; the labels, loss mask,
     attention mask and position ids are built on each rank (get_ltor_masks_and_position_ids)."""
     wanted = [("sizes", PACKED_BATCH_DIMS * 8, "int64"), ("text", ctx.b * (ctx.s + 1) * 8, "int64")]
-    return wanted, ctx.micro_batches * max(1, ctx.par.chunks_per_rank), PACKED_BATCH_SOURCE
+    return wanted, max(1, ctx.par.chunks_per_rank), PACKED_BATCH_SOURCE
 
 
 def norm_params(ctx: Context, stage: int) -> int:
