@@ -252,3 +252,12 @@ def test_the_scale_swizzle_over_http(api):
     b["workload"]["scale_swizzle"] = "cublas"
     field, msg = error(api, b)
     assert field == "workload.scale_swizzle" and "quantize" in msg
+
+
+def test_the_scale_swizzle_for_inference_is_a_422_naming_it(api):
+    b = copy.deepcopy(MOE_MXFP8)
+    for name in ("micro_batch_size", "global_batch_size"):
+        b["workload"].pop(name)
+    b["workload"] |= {"kind": "inference", "batch_size": 8, "scale_swizzle": "gemm"}
+    field, msg = error(api, b)
+    assert field == "workload.scale_swizzle" and "training workload" in msg
