@@ -77,6 +77,7 @@ ONLY_FOR = {
         "cpu_offloading_num_layers",
         "activation_func_fp8_input_store",
         "fused_grouped_mlp",
+        "scale_swizzle",
         "loss_parallel",
         "optimizer_implementation",
         "document_lengths",

@@ -115,6 +115,10 @@ def _kernel_switch_rows(ctx: Context, by: str) -> list[Assumption]:
     if ctx.model.moe is not None and fl.te_fp8_recipes:
         grouped = _onoff(work.fused_grouped_mlp)
         add(Assumption("workload.fused_grouped_mlp", grouped, f"{by}: off (TEGroupedMLP, a GEMM per local expert)"))
+    recipe = work.recipe
+    if fl.te_fp8_recipes and recipe is not None and recipe.gemm_swizzle_launches:
+        what = f"{by}: quantize (TE 2.18's quantizers write GEMM-ready scales; gemm: TE 2.9 swizzles at each GEMM)"
+        add(Assumption("workload.scale_swizzle", work.scale_swizzle, what))
     return rows
 
 

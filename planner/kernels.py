@@ -2246,20 +2246,72 @@ def _fp8_casts(k: _Layer) -> None:
         for g in gemms
     )
     nbytes = cast * cast_bytes_per_element(ctx)
-    # one cast kernel per pass at the measured cast rate (CAST_HBM, whose large-tensor measurement holds its fixed
-    # cost), and the launches of the experts' per-split quantizes beside it, each a memory-bound kernel's fixed cost
-    # and, without CUDA graphs, at least one host dispatch
-    extra = expert_quantize_launches(ctx, gemms)
+    # the pass's quantize launches at the measured cast rate (CAST_HBM, whose large-tensor measurement holds one
+    # kernel's fixed cost): the dense linears' (dense_quantize_launches) and the experts' per-split quantizes
+    # (expert_quantize_launches), each launch beyond the first a memory-bound kernel's fixed cost and, without CUDA
+    # graphs, at least one host dispatch. The backward casts the output gradients (one per GEMM, per expert split
+    # alike); summed over a layer's GEMMs its bytes equal the forward's within a third (T·h·(8 + 28/t) vs
+    # T·h·(8 + 20/t) for a GPT layer): charged alike, with the backward's own launches
     t = _mem_s(nbytes, k.gpu, k.eff)
-    count = 1 + extra
-    cast = Kernel("fp8_cast", "cast", t, bytes=nbytes, count=count)
-    if extra:
-        cast = _floored(replace(cast, time_s=t + extra * k.eff.kernel_s), k.floor)
-    fwd.append(cast)
-    # the backward casts the output gradients the same way (one per GEMM input, per expert split alike); summed
-    # over a layer's GEMMs its bytes equal the forward's within a third (T·h·(8 + 28/t) vs T·h·(8 + 20/t) for a
-    # GPT layer): charged alike
-    k.bwd.append(replace(cast, name="fp8_cast.bwd"))
+    experts = expert_quantize_launches(ctx, gemms)
+    for name, dense, out in (("fp8_cast", False, fwd), ("fp8_cast.bwd", True, k.bwd)):
+        count = dense_quantize_launches(ctx, gemms, backward=dense) + experts
+        cast = Kernel(name, "cast", t, bytes=nbytes, count=count)
+        if count > 1:
+            cast = _floored(replace(cast, time_s=t + (count - 1) * k.eff.kernel_s), k.floor)
+        out.append(cast)
+    swizzles = scale_swizzles(ctx, fwd)
+    if swizzles:  # the backward's dgrad and wgrad calls: twice the forward's swizzles
+        scales, launches = swizzles
+        fwd.append(memory_kernel("scale_swizzle", scales, k.gpu, k.eff, launches, k.floor))
+        k.bwd.append(memory_kernel("scale_swizzle.bwd", 2 * scales, k.gpu, k.eff, 2 * launches, k.floor))
+
+
+# The linears TransformerEngine's LayerNormLinear serves under Megatron-Core's TE spec (Recipe.norm_quantize_launches:
+# Megatron-LM 92c8482e6d gpt_layer_specs.py column_parallel_layer_norm_linear for linear_qkv, a dense linear_fc1, and
+# MLA's linear_q_up_proj / linear_kv_up_proj with qk_layernorm); every other TE linear quantizes its input itself
+NORM_FED_LINEARS = ("qkv", "fc1", "q_up", "kv_up")
+# Megatron-Core sets save_original_input on linear_proj for a non-delayed fp8 recipe or fp4 (Megatron-LM 92c8482e6d
+# transformer/attention.py l. 239-255, TE >= 2.6 / 2.7): its backward quantizes the saved bf16 input again for the
+# wgrad (TE v2.9 module/linear.py l. 768-772, ``inputmat_total = ctx.input_quantizer(inputmat_total)``)
+ORIGINAL_INPUT_LINEARS = ("attn_out",)
+
+
+def dense_quantize_launches(ctx: Context, gemms: list[Kernel], backward: bool) -> int:
+    """Kernel launches a training pass of a TE flavour makes to quantize its dense (one-weight) linears' operands,
+    ``gemms`` being the pass's cast GEMMs (_cast_gemms; grouped ones, shape[3] > 1, are expert_quantize_launches'):
+    forward, each linear's input (Recipe.quantize_launches), or its norm's output for a LayerNormLinear
+    (NORM_FED_LINEARS: Recipe.norm_quantize_launches); backward, each linear's output gradient (TE v2.9
+    module/base.py grad_output_preprocess: ``quantizer(grad_output)``, or tex.bgrad_quantize with a bias, one
+    quantize either way) and linear_proj's original input again where the recipe honours save_original_input
+    (ORIGINAL_INPUT_LINEARS). The weights' casts are not counted: TE keeps a weight's quantized copy between
+    micro-batches (is_first_microbatch). Inference and a framework without TE's recipes: one cast kernel a pass."""
+    if not ctx.training or not ctx.flavour.te_fp8_recipes:
+        return 1
+    recipe = ctx.work.recipe or recipe_of("delayed")
+    dense = [g.name for g in gemms if g.shape[3] == 1]
+    if backward:
+        again = sum(n in ORIGINAL_INPUT_LINEARS for n in dense) if recipe.saves_original_input else 0
+        return (len(dense) + again) * recipe.quantize_launches
+    return sum(recipe.norm_quantize_launches if n in NORM_FED_LINEARS else recipe.quantize_launches for n in dense)
+
+
+def scale_swizzles(ctx: Context, fwd: list[Kernel]) -> tuple[float, int] | None:
+    """The forward pass's block-scale swizzles where TE swizzles at the GEMM (workload.scale_swizzle "gemm";
+    Recipe.gemm_swizzle_launches): (HBM bytes, launches). Each low-precision GEMM call of the pass, a grouped one
+    included (one multi-tensor swizzle an operand list), swizzles its two operands' scales: one E8M0 / E4M3 byte a
+    block (Recipe.activation_block) of the activation and of the weight, read and written. The backward's dgrad and
+    wgrad calls make twice as many. None when nothing swizzles (another recipe, the quantizer's swizzle, inference,
+    a framework without TE)."""
+    recipe = ctx.work.recipe
+    if recipe is None or not recipe.gemm_swizzle_launches or ctx.work.scale_swizzle != "gemm":
+        return None
+    if not ctx.training or not ctx.flavour.te_fp8_recipes:
+        return None
+    calls = [g for g in fwd if _cast(g)]
+    elements = sum((g.shape[0] + g.shape[1]) * g.shape[2] * g.shape[3] for g in calls)
+    scales = 2 * elements / recipe.activation_block * recipe.scale_bytes
+    return scales, len(calls) * recipe.gemm_swizzle_launches
 
 
 def expert_quantize_launches(ctx: Context, gemms: list[Kernel]) -> int:

@@ -86,6 +86,28 @@ class Recipe:
     # nvte_compute_scale_from_amax (``compute_scale_from_amax_kernel<<<1, 1>>>``) and nvte_quantize_v2;
     # NVFP4Quantizer::quantize_impl three (the amax, the rowwise quantize, the columnwise RHT cast; not re-read here)
     quantize_launches: int = 1
+    # launches that quantize a LayerNormLinear's norm output (Megatron-Core's TE spec fuses the input norm into
+    # linear_qkv, the pre-MLP norm into a dense linear_fc1, MLA's q/kv norms into linear_q_up_proj / linear_kv_up_proj:
+    # Megatron-LM 92c8482e6d models/gpt/gpt_layer_specs.py column_parallel_layer_norm_linear), beside the norm kernel
+    # itself.
+    # TransformerEngine v2.9 csrc/extensions/normalization.cpp rmsnorm_fwd (NVTE_NORM_FWD_USE_CUDNN unset, as the
+    # Megatron-Bridge perf scripts leave it): Float8Quantizer (delayed) FULLY_FUSED, the norm writes fp8 and, for the
+    # columnwise copy, common/normalization/rmsnorm/rmsnorm_api.cpp l. 96-103 runs one nvte_transpose: 1;
+    # Float8CurrentScalingQuantizer FUSED_NORM_AMAX_FP8: create_unquantized_tensor_with_amax's ``amax.zero_()`` (a fill
+    # kernel; quantizer.cpp l. 392-395), the norm writing its amax, then quantize_with_amax = compute_scale_from_amax +
+    # nvte_quantize_v2 (quantizer.cpp l. 497-548): 3; MXFP8 (no cuDNN), Float8BlockQuantizer and NVFP4 with its
+    # default RHT (recipe/__init__.py NVFP4BlockScaling: random_hadamard_transform on fprop inputs) UNFUSED: the norm in
+    # bf16, then the quantizer's own launches (quantize_launches)
+    norm_quantize_launches: int = 1
+    # kernel launches one low-precision GEMM call makes to swizzle its two operands' block scales into cuBLAS's layout
+    # when the quantizer wrote them unswizzled: TE v2.9 csrc/extensions/gemm.cpp l. 237-240 (general_gemm:
+    # swizzle_scaling_factors of A and of B, csrc/util.cpp: MXFP8_1D and NVFP4_1D scaling only) and l. 488-491
+    # (te_general_grouped_gemm: one multi_tensor_swizzle_scaling_factors of the A list and one of the B list). The TE
+    # line of the Megatron-Bridge 26.08 stack (uv.lock at 4ab94dfad pins e7c550c5f, v2.18) sets ``optimize_for_gemm``
+    # on the modules' input, grad-output and weight quantizers (module/linear.py l. 2016-2024, 2165; grouped_linear.py
+    # l. 318, 822), whose output carries with_gemm_swizzled_scales, and swizzle.cpp swizzle_scales_for_gemm skips such a
+    # tensor (l. 64): no launch. Which applies is workload.scale_swizzle (kernels.scale_swizzles)
+    gemm_swizzle_launches: int = 0
     # a grouped linear's per-expert inputs quantized by one fused launch: only delayed scaling has the fused
     # multi-tensor kernel (csrc/extensions/cast.cpp multi_tensor_quantize_impl: nvte_multi_cast_transpose "Currently
     # only have fused kernel for FP8 delayed scaling"); the others quantize each split on its own (split_quantize)
@@ -195,7 +217,7 @@ RECIPES: dict[str, Recipe] = {
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise; torchao Float8LinearRecipeName."
         "TENSORWISE (torchtitan --float8.recipe_name tensorwise, the default)", tp_amax=True, cast_read_bytes=4,
-        quantize_launches=4, float8_all_gather=True, fp8_dpa=True, dpa_quantized_kv=True,
+        quantize_launches=4, norm_quantize_launches=3, float8_all_gather=True, fp8_dpa=True, dpa_quantized_kv=True,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,
@@ -205,12 +227,12 @@ RECIPES: dict[str, Recipe] = {
     "mxfp8": Recipe(
         "mxfp8", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 32, (1, 32), 1, 1.0, 100,
         TE + "recipe.MXFP8BlockScaling; OCP Microscaling Formats (MX) v1.0: 32-element blocks, E8M0 scales",
-        0, 2, "mxfp8", fused_grouped_mlp=True, fp8_dpa=True,
+        0, 2, "mxfp8", fused_grouped_mlp=True, fp8_dpa=True, gemm_swizzle_launches=2,
     ),
     "nvfp4": Recipe(
         "nvfp4", "fp4", "E2M1 / E2M1", ("fprop", "dgrad", "wgrad"), 16, (16, 16), 1, 0.5, 100,
         TE + "recipe.NVFP4BlockScaling: 16-element blocks, E4M3 scales and an fp32 per-tensor scale",
-        1, 1, "nvfp4", tp_amax=True, quantize_launches=3,
+        1, 1, "nvfp4", tp_amax=True, quantize_launches=3, norm_quantize_launches=3, gemm_swizzle_launches=2,
     ),
     "rowwise": Recipe(
         "rowwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,

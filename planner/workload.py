@@ -92,6 +92,11 @@ class WorkloadSpec:
     # with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, the Megatron-Bridge 26.08 MXFP8 recipes): planner/kernels.py
     # FUSED_GROUPED_MLP. False: TEGroupedMLP's per-expert GEMMs (Megatron's default)
     fused_grouped_mlp: bool = False
+    # where TransformerEngine swizzles MXFP8 / NVFP4 block scales into cuBLAS's layout (Recipe.gemm_swizzle_launches):
+    # "quantize" = the quantizer writes them swizzled (optimize_for_gemm: the TE v2.18 line of the Megatron-Bridge
+    # 26.08 stack, the newest published one, hence the default); "gemm" = two swizzle launches at every low-precision
+    # GEMM call (TE v2.9, the 25.11 stack). No other recipe has block scales to swizzle
+    scale_swizzle: str = "quantize"
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas
@@ -182,6 +187,7 @@ def validate_workload(w: WorkloadSpec) -> None:
         one_of("workload.norm_kernel", w.norm_kernel, NORM_KERNELS)
     if w.optimizer_implementation is not None:
         one_of("workload.optimizer_implementation", w.optimizer_implementation, OPTIMIZER_IMPLEMENTATIONS)
+    one_of("workload.scale_swizzle", w.scale_swizzle, SCALE_SWIZZLES)
     if w.training:
         _training_workload(w)
     else:
@@ -240,6 +246,7 @@ def _inference_workload(w: WorkloadSpec) -> None:
 
 NORM_KERNELS = ("fused", "ops", "apex")
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach")
+SCALE_SWIZZLES = ("quantize", "gemm")  # WorkloadSpec.scale_swizzle
 RECOMPUTE_METHODS = ("uniform", "block")
 # Megatron-Core --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")

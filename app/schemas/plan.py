@@ -217,6 +217,12 @@ class WorkloadIn(Strict):
         "--use-transformer-engine-op-fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1): one grouped kernel per expert GEMM "
         "with SwiGLU and the quantize in its epilogue, counts on the device (default false: per-expert GEMMs)",
     )
+    scale_swizzle: Literal["quantize", "gemm"] | None = Field(
+        default=None,
+        description="where TransformerEngine swizzles MXFP8 / NVFP4 block scales for cuBLAS: quantize (the default: "
+        "the quantizers write them GEMM-ready, TE 2.18 of the Megatron-Bridge 26.08 stack) or gemm (two swizzle "
+        "kernels at every low-precision GEMM call, TE 2.9 of the 25.11 stack); no effect on other recipes",
+    )
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"] | None = Field(
         default=None,
         description="the weights' dtype; nvfp4 (inference only, with fp8_recipe nvfp4): a block-scaled checkpoint, "

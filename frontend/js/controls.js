@@ -78,6 +78,7 @@ export const GROUPS = [
     ["workload.norm_kernel", "Norm kernel", "select", [["fused", "fused"], ["ops", "op chain (eager torch)"], ["apex", "apex non-persistent LayerNorm (Megatron-LM 2021)"]], "fused"],
     ["workload.optimizer_implementation", "AdamW (torch)", "select", ["fused", "foreach"], "fused", "kind=training"],
     ["workload.fused_grouped_mlp", "Fused grouped MLP (MXFP8 MoE)", "select", ON_OFF, "off (per-expert GEMMs)", "kind=training"],
+    ["workload.scale_swizzle", "MXFP8/NVFP4 scale swizzle", "select", [["quantize", "in the quantizer (TE 2.18)"], ["gemm", "at each GEMM (TE 2.9)"]], "quantize", "kind=training"],
     ["workload.attention_mask_in_dataloader", "Mask from the loader", "select", ON_OFF, "on (Megatron)", "kind=training"],
     ["workload.document_lengths", "Packed documents (lengths)", "list", "e.g. 4096,2048,2048", "one a sequence", "kind=training"],
     ["workload.document_packing", "Document packing", "select", [["dp_balanced", "dp_balanced (Megatron scheduler)"]], "every sequence alike", "kind=training"],

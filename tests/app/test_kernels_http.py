@@ -236,3 +236,28 @@ def test_the_fused_grouped_mlp_elsewhere_is_a_422_naming_it(api, workload, says)
             b["workload"].pop(name)
     field, msg = error(api, b)
     assert field == "workload.fused_grouped_mlp" and says in msg
+
+
+def test_the_scale_swizzle_over_http(api):
+    """workload.scale_swizzle (moe11b): "gemm" (TE v2.9, the 25.11 stack: two swizzle launches a low-precision GEMM
+    call) slows an MXFP8 plan against the default "quantize" (TE v2.18's GEMM-ready scales); the plan's assumptions
+    name which; a value outside the two is a 422 naming the field."""
+    answer = plan(api, MOE_MXFP8)
+    b = copy.deepcopy(MOE_MXFP8)
+    b["workload"]["scale_swizzle"] = "gemm"
+    lazy = plan(api, b)
+    assert lazy["step"]["compute_s"] > answer["step"]["compute_s"]
+    listed = [{r["field"]: r["value"] for r in a["assumptions"]}.get("workload.scale_swizzle") for a in (answer, lazy)]
+    assert listed == ["quantize", "gemm"]
+    b["workload"]["scale_swizzle"] = "cublas"
+    field, msg = error(api, b)
+    assert field == "workload.scale_swizzle" and "quantize" in msg
+
+
+def test_the_scale_swizzle_for_inference_is_a_422_naming_it(api):
+    b = copy.deepcopy(MOE_MXFP8)
+    for name in ("micro_batch_size", "global_batch_size"):
+        b["workload"].pop(name)
+    b["workload"] |= {"kind": "inference", "batch_size": 8, "scale_swizzle": "gemm"}
+    field, msg = error(api, b)
+    assert field == "workload.scale_swizzle" and "training workload" in msg
