@@ -207,8 +207,15 @@ def _bubble_1f1b(others: Sequence[StagePass], sched: Schedule) -> float:
 
 
 def _bubble_zb_h1(others: Sequence[StagePass], sched: Schedule) -> float:
-    """F + B - 2W per rank (Qi et al. 2024 §3.1; DualPipe README table: ZB1P (PP-1)(F+B-2W))."""
-    return sum(max(x.forward_s, x.backward_s - x.weight_s, x.total_s - 2 * x.weight_s) for x in others)
+    """max(F, B - W, F + B - 2W) per rank: Qi et al. 2024 §3.1's F + B - 2W (the DualPipe README table: ZB1P
+    (PP-1)(F+B-2W)), which assumes W <= B - W and F <= B; past them the order's chain of forwards (F) or of input
+    gradients (B - W) is the longer (bubble11: the longest path of sail-sg's zb-h1 order, 95212f7, traced as
+    ``_bubble_zbv``'s). Below m = p (no steady state) the longest path holds one more min(W, B - W) for each
+    missing micro-batch (at the others' mean). Equal to the order's list schedule to 1e-9 with equal ranks, p 2-12,
+    every m (tests/planner/test_pipeline_bubbles.py)."""
+    missing = max(0, sched.stages - sched.microbatches) / len(others)
+    short = missing * min(sum(x.weight_s for x in others), sum(x.backward_s - x.weight_s for x in others))
+    return sum(max(x.forward_s, x.backward_s - x.weight_s, x.total_s - 2 * x.weight_s) for x in others) + short
 
 
 def _chunk_parts(others: Sequence[StagePass], split: int) -> tuple[float, float, float, float, float]:
@@ -229,22 +236,31 @@ def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
     (tests/planner/test_pipeline_bubbles.py's event simulation, back-tracked at random F, W, p 2-6, m 2p-4p)
     gives, with P ranks all equal and m >= 2P - 1, four count vectors beyond m(F + B):
 
-    - (P - 1)·i: one chunk input gradient a rank beyond its work (the chain of input gradients up the V);
+    - (P - 1)·i: one chunk input gradient a rank beyond its work (a chain of input gradients);
     - 2(P - 1)(i - w): that chain where the weight gradient cannot fill the input gradient's slot;
     - (2P - 3)f - (P - 2)i: the fill, the last rank's first op waiting for the chunk forwards down the first leg
       (sched11's bound m + (P - 1)F/2 at equal thirds, which torch's order reaches);
     - (2P - 3)f + i - 2(P - 1)w: that fill where the weight gradients run out before the turn.
 
-    Equal to the list schedule to 1e-9 for p 2-12, m 2p - 1 to 5p, W <= F <= B (the test); below m = 2P - 1
-    (torch runs 2P - 1 and drops the rest) and at F > B it is below the order (a lower bound, tested). Ranks of
-    unequal passes: each chain's per-rank terms summed over the other ranks, its single f and i at their mean;
-    exact when equal, above the order when one rank is slower (its slack absorbs the others' fill; the test
-    states the band). Qi et al. 2024 (ICLR) §6 give no closed form for ZBV; this replaces our earlier reading
-    (F + B - 3W)/2 a rank, 0 at equal thirds, below what any ZBV order can reach."""
+    Below m = 2P - 1 (torch runs 2P - 1 micro-batches and drops the rest) only m - P weight gradients fill the
+    second chain (``late``), the first holds 2P - 1 - m more input gradients less as many w (``early``), and below
+    m = P, with no steady state, each missing micro-batch adds min(2f, f + i). Equal to the list schedule to 1e-9
+    for every m >= 1 where W <= F <= B - W (the backward at least the forward plus its weight GEMMs: the planner's
+    W is the forward's GEMMs), and for m >= 2P - 1 wherever W <= F <= B (tests/planner/test_pipeline_bubbles.py);
+    elsewhere within 0.25·p passes of it (measured). Ranks of unequal passes: each chain's per-rank terms summed
+    over the other ranks, its single f and i at their mean; exact when equal, above the order when one rank is
+    slower (its slack absorbs the others' fill; the test states the band). Qi et al. 2024 (ICLR) §6 give no closed
+    form for ZBV; this replaces our earlier reading (F + B - 3W)/2 a rank, 0 at equal thirds, below what any ZBV
+    order can reach."""
     f, i, w, mf, mi = _chunk_parts(others, 2)
     p = sched.stages
-    late = min(max(sched.microbatches - p, 0), p - 1) / (p - 1)  # 1 from m = 2p - 1
-    return max(0.0, i, 2 * (i - late * w), 2 * f - i - mf + mi, 2 * f - 2 * w - mf + mi)
+    m = sched.microbatches
+    late = min(max(m - p, 0), p - 1)  # p - 1 from m = 2p - 1: the weight gradients that fill the second chain
+    early = p - 1 - late  # the input gradients the first chain holds beyond p - 1, less as many w
+    short = max(0, p - m) * min(2 * mf, mf + mi)  # below m = p, no steady state
+    mw = w / (p - 1)
+    chains = (i + early * (mi - mw), 2 * (i - late * mw), 2 * f - i - mf + mi, 2 * f - 2 * w - mf + mi)
+    return max(0.0, *chains) + short
 
 
 def _dual_bubble(f: float, i: float, w: float, mf: float) -> float:

@@ -3,8 +3,9 @@ recorded on main at 9c24664, before the schedule facts moved into planner/pipeli
 any bubble, in-flight count, warm-up count or timeline block of any schedule changes the digest (an intended
 formula change re-records it, and says why). Re-recorded by bubble11: ZBV's, DualPipe's and DualPipeV's bubbles
 from their own orders (pipeline.py _bubble_zbv, _bubble_dualpipev, _bubble_dualpipe) moved their 495 rows at p >= 2
-(DualPipe p >= 3): times, bubbles, drain leads and timeline blocks, nothing else; ZB-H1's max(F, B - W,
-F + B - 2W) is F + B - 2W on this grid (W <= B - W), its rows unchanged (diffed against main at 67d207f)."""
+(DualPipe p >= 3): times, bubbles, drain leads and timeline blocks, nothing else; ZB-H1's moved only at m < p
+(72 rows: each missing micro-batch's min(W, B - W)), its max(F, B - W, F + B - 2W) being F + B - 2W on this grid
+(diffed against main at 67d207f)."""
 
 import hashlib
 
@@ -27,7 +28,7 @@ from planner.pipeline import (
 )
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev")
-RECORDED = "6fe8cfefbb398c81ca1c9322129b56ab2e48e9b93b067b77f2460a158dd2b71b"
+RECORDED = "d93dd14bdf3450a16d826fb7943748f56a36b0d4fd32597b6ca9e54192a15044"
 
 
 def _passes(p: int) -> list[StagePass]:
