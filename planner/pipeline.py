@@ -131,13 +131,14 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
 
     - gpipe, 1f1b, interleaved: its first chunk's forward and last chunk's backward (Narayanan et al. SC'21
       §2.2: (p-1)(F+B) for 1F1B, /v interleaved; chunks of their real sizes in an uneven layout);
-    - zb-h1: F + B - 2W (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1; the DualPipe
-      README's table: ZB1P (PP-1)(F+B-2W), B the full backward);
+    - zb-h1: max(F, B - W, F + B - 2W) (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1; the
+      DualPipe README's table: ZB1P (PP-1)(F+B-2W), B the full backward; F and B - W where its order's chains are
+      longer, and min(W, B - W) for each micro-batch short of p: ``_bubble_zb_h1``, bubble11);
     - zbv, dualpipe, dualpipev: the longest of a few chains their own orders run (torch's ScheduleZBVZeroBubble,
       deepseek-ai/DualPipe 3da1bbe step()), each rank's share summed (``_bubble_zbv``, ``_bubble_dualpipev``,
-      ``_bubble_dualpipe``; bubble11): with equal ranks the list schedule's makespan to 1e-9 (W <= F <= B; ZBV at
-      m >= 2p - 1), which the DualPipe README's (PP/2-1)(F&B + B - 3W) and (PP-1)(F&B + B - 3W)/2 equal only at
-      equal thirds.
+      ``_bubble_dualpipe``; bubble11): with equal ranks the list schedule's makespan to 1e-9 (W <= F <= B - W, every
+      m; W <= F <= B at m >= 2p - 1), which the DualPipe README's (PP/2-1)(F&B + B - 3W) and (PP-1)(F&B + B - 3W)/2
+      equal only at equal thirds.
     """
     traits = sched.traits
     if sched.stages == 1:
