@@ -289,7 +289,7 @@ def _bubble_dualpipev(others: Sequence[StagePass], sched: Schedule) -> float:
     - (P - 1)(2f + i - w): that fill with each rank's steady F&B pair holding an input gradient beyond the weight
       gradient that step 3 fills;
     - (P - 1)(f + 2i - w) - f: the backward chain up the V (steps 5-6), the README's (PP - 1)(F&B + B - 3W)/2 less
-      one chunk forward (the turn's F0 and B1 run apart).
+      one chunk forward (our reading: the turn's first F0 and B1 run apart, dualpipe.py step 4).
 
     At equal thirds all three are the README's 2(P - 1)f; away from them the order's is the largest of the three,
     not the README form (F 0.3, W 0.2 of the pass: 1.5 against 1.65 at p 4). Equal to the list schedule to 1e-9
