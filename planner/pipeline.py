@@ -243,6 +243,8 @@ def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
       (sched11's bound m + (P - 1)F/2 at equal thirds, which torch's order reaches);
     - (2P - 3)f + i - 2(P - 1)w: that fill where the weight gradients run out before the turn.
 
+    (The counts are what the trace gives; where each chain runs is our reading.)
+
     Below m = 2P - 1 (torch runs 2P - 1 micro-batches and drops the rest) only m - P weight gradients fill the
     second chain (``late``), the first holds 2P - 1 - m more input gradients less as many w (``early``), and below
     m = P, with no steady state, each missing micro-batch adds min(2f, f + i). Equal to the list schedule to 1e-9
@@ -291,7 +293,8 @@ def _bubble_dualpipev(others: Sequence[StagePass], sched: Schedule) -> float:
     - (P - 1)(f + 2i - w) - f: the backward chain up the V (steps 5-6), the README's (PP - 1)(F&B + B - 3W)/2 less
       one chunk forward (our reading: the turn's first F0 and B1 run apart, dualpipe.py step 4).
 
-    At equal thirds all three are the README's 2(P - 1)f; away from them the order's is the largest of the three,
+    (The counts are what the trace gives; where each chain runs is our reading.) At equal thirds all three are the
+    README's 2(P - 1)f; away from them the order's is the largest of the three,
     not the README form (F 0.3, W 0.2 of the pass: 1.5 against 1.65 at p 4). Equal to the list schedule to 1e-9
     for p 2-12, m 2p to 5p, W <= F <= B (tests/planner/test_pipeline_bubbles.py); at F > B a lower bound. Ranks
     of unequal passes sum each rank's share as ``_bubble_zbv`` does."""
