@@ -131,14 +131,14 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
 
     - gpipe, 1f1b, interleaved: its first chunk's forward and last chunk's backward (Narayanan et al. SC'21
       §2.2: (p-1)(F+B) for 1F1B, /v interleaved; chunks of their real sizes in an uneven layout);
-    - zb-h1: F + B - 2W (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1; the DualPipe
-      README's table: ZB1P (PP-1)(F+B-2W), B the full backward);
-    - dualpipe: (PP/2-1)/(PP-1) of (F&B + B - 3W) (DualPipe README table; F&B, the overlapped forward and
-      backward, is the rank's steady-state pass, its EP all-to-all hidden by step.py);
-    - dualpipev, V-shaped with half-size chunks: (F&B + B - 3W)/2 per rank, DualPipe's bubble on 2·pp
-      half-size stages (DualPipeV is DualPipe "cut in half"); zbv likewise (F + B - 3W)/2, our reading of
-      Qi et al.'s V schedule (not a published closed form): zero when T_F = T_B = T_W as the sail-sg README
-      table states, growing with the imbalance as ZB-H1's does.
+    - zb-h1: max(F, B - W, F + B - 2W) (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1; the
+      DualPipe README's table: ZB1P (PP-1)(F+B-2W), B the full backward; F and B - W where its order's chains are
+      longer, and min(W, B - W) for each micro-batch short of p: ``_bubble_zb_h1``, bubble11);
+    - zbv, dualpipe, dualpipev: the longest of a few chains their own orders run (torch's ScheduleZBVZeroBubble,
+      deepseek-ai/DualPipe 3da1bbe step()), each rank's share summed (``_bubble_zbv``, ``_bubble_dualpipev``,
+      ``_bubble_dualpipe``; bubble11): with equal ranks the list schedule's makespan to 1e-9 (W <= F <= B - W, every
+      m; W <= F <= B at m >= 2p - 1), which the DualPipe README's (PP/2-1)(F&B + B - 3W) and (PP-1)(F&B + B - 3W)/2
+      equal only at equal thirds.
     """
     traits = sched.traits
     if sched.stages == 1:
@@ -208,25 +208,98 @@ def _bubble_1f1b(others: Sequence[StagePass], sched: Schedule) -> float:
 
 
 def _bubble_zb_h1(others: Sequence[StagePass], sched: Schedule) -> float:
-    """F + B - 2W per rank (Qi et al. 2024 §3.1; DualPipe README table: ZB1P (PP-1)(F+B-2W))."""
-    return sum(max(0.0, x.total_s - 2 * x.weight_s) for x in others)
+    """max(F, B - W, F + B - 2W) per rank: Qi et al. 2024 §3.1's F + B - 2W (the DualPipe README table: ZB1P
+    (PP-1)(F+B-2W)), which assumes W <= B - W and F <= B; past them the order's chain of forwards (F) or of input
+    gradients (B - W) is the longer (bubble11: the longest path of sail-sg's zb-h1 order, 95212f7, traced as
+    ``_bubble_zbv``'s). Below m = p (no steady state) the longest path holds one more min(W, B - W) for each
+    missing micro-batch (at the others' mean). Equal to the order's list schedule to 1e-9 with equal ranks, p 2-12,
+    every m (tests/planner/test_pipeline_bubbles.py)."""
+    missing = max(0, sched.stages - sched.microbatches) / len(others)
+    short = missing * min(sum(x.weight_s for x in others), sum(x.backward_s - x.weight_s for x in others))
+    return sum(max(x.forward_s, x.backward_s - x.weight_s, x.total_s - 2 * x.weight_s) for x in others) + short
+
+
+def _chunk_parts(others: Sequence[StagePass], split: int) -> tuple[float, float, float, float, float]:
+    """Sums over the other ranks of a chunk's forward f, input gradient i = (B - W) and weight gradient w (the pass
+    cut in ``split`` chunks), and the means of f and i (the single chunk op the critical paths below count)."""
+    f = sum(x.forward_s for x in others) / split
+    w = sum(x.weight_s for x in others) / split
+    i = sum(x.backward_s for x in others) / split - w
+    n = max(1, len(others))
+    return f, i, w, f / n, i / n
 
 
 def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
-    """(F + B - 3W)/2 per rank: our reading of Qi et al.'s V schedule (not a published closed form)."""
-    return sum(max(0.0, x.total_s - 3 * x.weight_s) for x in others) / 2
+    """torch's ScheduleZBVZeroBubble order's own bubble from its critical paths (bubble11). The order is a list
+    schedule: its makespan is its longest path, a sum of op times, so with f, i, w a chunk's forward, input and
+    weight gradient (half the rank's F, B - W, W) every path is n_f·f + n_i·i + n_w·w and the makespan the
+    largest such sum over the few paths that can be longest. Tracing the longest path of the order
+    (tests/planner/test_pipeline_bubbles.py's event simulation, back-tracked at random F, W, p 2-6, m 2p-4p)
+    gives, with P ranks all equal and m >= 2P - 1, four count vectors beyond m(F + B):
+
+    - (P - 1)·i: one chunk input gradient a rank beyond its work (a chain of input gradients);
+    - 2(P - 1)(i - w): that chain where the weight gradient cannot fill the input gradient's slot;
+    - (2P - 3)f - (P - 2)i: the fill, the last rank's first op waiting for the chunk forwards down the first leg
+      (sched11's bound m + (P - 1)F/2 at equal thirds, which torch's order reaches);
+    - (2P - 3)f + i - 2(P - 1)w: that fill where the weight gradients run out before the turn.
+
+    (The counts are what the trace gives; where each chain runs is our reading.)
+
+    Below m = 2P - 1 (torch runs 2P - 1 micro-batches and drops the rest) only m - P weight gradients fill the
+    second chain (``late``), the first holds 2P - 1 - m more input gradients less as many w (``early``), and below
+    m = P, with no steady state, each missing micro-batch adds min(2f, f + i). Equal to the list schedule to 1e-9
+    for every m >= 1 where W <= F <= B - W (the backward at least the forward plus its weight GEMMs: the planner's
+    W is the forward's GEMMs), and for m >= 2P - 1 wherever W <= F <= B (tests/planner/test_pipeline_bubbles.py);
+    elsewhere within 0.25·p passes of it (measured). Ranks of unequal passes: each chain's per-rank terms summed
+    over the other ranks, its single f and i at their mean; exact when equal, above the order when one rank is
+    slower (its slack absorbs the others' fill; the test states the band). Qi et al. 2024 (ICLR) §6 give no closed
+    form for ZBV; this replaces our earlier reading (F + B - 3W)/2 a rank, 0 at equal thirds, below what any ZBV
+    order can reach."""
+    f, i, w, mf, mi = _chunk_parts(others, 2)
+    p = sched.stages
+    m = sched.microbatches
+    late = min(max(m - p, 0), p - 1)  # p - 1 from m = 2p - 1: the weight gradients that fill the second chain
+    early = p - 1 - late  # the input gradients the first chain holds beyond p - 1, less as many w
+    short = max(0, p - m) * min(2 * mf, mf + mi)  # below m = p, no steady state
+    mw = w / (p - 1)
+    chains = (i + early * (mi - mw), 2 * (i - late * mw), 2 * f - i - mf + mi, 2 * f - 2 * w - mf + mi)
+    return max(0.0, *chains) + short
+
+
+def _dual_bubble(f: float, i: float, w: float, mf: float) -> float:
+    """DualPipeV's order's bubble on P - 1 ranks' sums (``_bubble_dualpipev``)."""
+    return max(0.0, 2 * f, 2 * f + i - w, f + 2 * i - w - mf)
 
 
 def _bubble_dualpipe(others: Sequence[StagePass], sched: Schedule) -> float:
-    """(PP/2-1)/(PP-1) of (F&B + B - 3W) per rank (DualPipe README table)."""
+    """DualPipe's order (dualpipe.py step(), 3da1bbe) on p ranks runs as DualPipeV's on p/2 ranks with whole
+    stages for chunks (each direction's half of the ranks is a V folded at the middle: the list schedules
+    have the same longest paths, bubble11), so ``_bubble_dualpipev`` with f, i, w the rank's F, B - W,
+    W and the others' sums scaled by (p/2 - 1)/(p - 1), the README's share."""
     p = sched.stages
     share = (p / 2 - 1) / (p - 1)
-    return share * sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others)
+    f, i, w, mf, _ = _chunk_parts(others, 1)
+    return _dual_bubble(share * f, share * i, share * w, mf)
 
 
 def _bubble_dualpipev(others: Sequence[StagePass], sched: Schedule) -> float:
-    """(F&B + B - 3W)/2 per rank: DualPipe's bubble on 2·pp half-size stages (DualPipeV, DualPipe cut in half)."""
-    return sum(max(0.0, x.total_s + x.backward_s - 3 * x.weight_s) for x in others) / 2
+    """dualpipev.py step()'s order's own bubble from its critical paths (bubble11; derived as ``_bubble_zbv``'s,
+    the longest path's count vectors). With f, i, w a chunk's forward, input and weight gradient (half the rank's
+    F, B - W, W), P ranks all equal, the order ends at m(F + B) plus the largest of:
+
+    - 2(P - 1)f: the chunk forwards down the V and back up (steps 1-2's fill);
+    - (P - 1)(2f + i - w): that fill with each rank's steady F&B pair holding an input gradient beyond the weight
+      gradient that step 3 fills;
+    - (P - 1)(f + 2i - w) - f: the backward chain up the V (steps 5-6), the README's (PP - 1)(F&B + B - 3W)/2 less
+      one chunk forward (our reading: the turn's first F0 and B1 run apart, dualpipe.py step 4).
+
+    (The counts are what the trace gives; where each chain runs is our reading.) At equal thirds all three are the
+    README's 2(P - 1)f; away from them the order's is the largest of the three,
+    not the README form (F 0.3, W 0.2 of the pass: 1.5 against 1.65 at p 4). Equal to the list schedule to 1e-9
+    for p 2-12, m 2p to 5p, W <= F <= B (tests/planner/test_pipeline_bubbles.py); at F > B a lower bound. Ranks
+    of unequal passes sum each rank's share as ``_bubble_zbv`` does."""
+    f, i, w, mf, _ = _chunk_parts(others, 2)
+    return _dual_bubble(f, i, w, mf)
 
 
 def _warmup_all(sched: Schedule, stage: int) -> int:

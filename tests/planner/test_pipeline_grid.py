@@ -1,7 +1,11 @@
 """Every schedule's closed forms on a grid of (pp, m, v) and uneven stages, pinned bit for bit: the digest was
 recorded on main at 9c24664, before the schedule facts moved into planner/pipeline.py's traits table. A change to
 any bubble, in-flight count, warm-up count or timeline block of any schedule changes the digest (an intended
-formula change re-records it, and says why)."""
+formula change re-records it, and says why). Re-recorded by bubble11: ZBV's, DualPipe's and DualPipeV's bubbles
+from their own orders (pipeline.py _bubble_zbv, _bubble_dualpipev, _bubble_dualpipe) moved their 495 rows at p >= 2
+(DualPipe p >= 3): times, bubbles, drain leads and timeline blocks, nothing else; ZB-H1's moved only at m < p
+(72 rows: each missing micro-batch's min(W, B - W)), its max(F, B - W, F + B - 2W) being F + B - 2W on this grid
+(diffed against main at 67d207f)."""
 
 import hashlib
 
@@ -24,7 +28,7 @@ from planner.pipeline import (
 )
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev")
-RECORDED = "18d2c8be816229188768ef1cc6e122e45d15603026e39a27e4760796ac390d17"
+RECORDED = "d93dd14bdf3450a16d826fb7943748f56a36b0d4fd32597b6ca9e54192a15044"
 
 
 def _passes(p: int) -> list[StagePass]:

@@ -289,9 +289,11 @@ P, M, F, B, W = 8, 32, 1.0, 2.0, 1.0  # B the full backward (input and weight gr
     [
         ("1f1b", (P - 1) * (F + B)),  # Narayanan et al. SC'21
         ("zb-h1", (P - 1) * (F + B - 2 * W)),  # DualPipe README table, ZB1P; Qi et al. 2024 §3.1
-        ("dualpipe", (P / 2 - 1) * ((F + B) + B - 3 * W)),  # DualPipe README table, F&B = F + B
+        ("dualpipe", (P / 2 - 1) * ((F + B) + B - 3 * W)),  # DualPipe README table, F&B = F + B (its order's at thirds)
         ("dualpipev", (P - 1) * ((F + B) + B - 3 * W) / 2),  # DualPipe on 2·pp half-size stages
-        ("zbv", 0.0),  # T_F = T_B = T_W (B the input gradient alone): zero bubble (sail-sg README table)
+        # T_F = T_B = T_W (B the input gradient alone): the sail-sg README table's zero bubble is not what torch's
+        # ScheduleZBVZeroBubble order reaches: its last rank waits p - 1 chunk forwards (sched11, bubble11)
+        ("zbv", (P - 1) * F / 2),
     ],
 )
 def test_schedule_bubbles(kind, bubble):

@@ -45,6 +45,10 @@ small9's Megatron-Core optimizer step (38 B a shard parameter for the fused Adam
 gradient buffer zeroed every iteration, 4 B a local parameter: kernels.grad_buffer_bytes) moved the 181 Megatron
 plans' step lines, float times only (time and compute; bubble in 70, exposed communication in 2), step +0.62% to
 +5.43%, nothing else (checked token by token against main at c36d7be).
+bubble11's bubbles from the schedules' own orders (planner/pipeline.py) moved 80 step lines' time and bubble only
+(checked token by token against main at 67d207f): ZBV 38 (+0.34% to +85.2%, the most at m 1 < pp 4, where no
+steady state hides the V's fill), ZB-H1 18 at m < pp (+1.8% to +17.8%), DualPipeV 18 (-2.55% to -0.40%) and DualPipe
+6 (-2.28% to -0.73%), nothing else.
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
@@ -57,7 +61,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "b6bfcbed3b96811b51f079d175eed177709aa8dbe7042ec699c75c56e8df6b06"
+RECORDED = "3c27dd7e3543068d56012167b4d955326eedbad1bd46268ef66ffd5876569a85"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
