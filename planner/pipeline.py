@@ -230,7 +230,7 @@ def _chunk_parts(others: Sequence[StagePass], split: int) -> tuple[float, float,
 
 
 def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
-    """torch's ScheduleZBVZeroBubble order's own bubble from its critical paths (bubble11). The order is a list
+    """The ScheduleZBVZeroBubble (PyTorch) order's own bubble from its critical paths (bubble11). The order is a list
     schedule: its makespan is its longest path, a sum of op times, so with f, i, w a chunk's forward, input and
     weight gradient (half the rank's F, B - W, W) every path is n_f·f + n_i·i + n_w·w and the makespan the
     largest such sum over the few paths that can be longest. Tracing the longest path of the order
