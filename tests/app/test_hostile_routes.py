@@ -14,6 +14,7 @@ import copy
 import gzip
 import json
 import math
+import re
 from pathlib import Path
 
 import httpx
@@ -72,7 +73,7 @@ def answered(response, body=None, refused_at=("body",)):
     for path, v in numbers(answer):
         assert math.isfinite(v), (path, v, why)
         leaf = path.rsplit(".", 1)[-1].split("[")[0]
-        if leaf.endswith(TIMED):
+        if leaf.endswith(TIMED) and ".errors." not in path:  # a calibration's errors are signed fractions
             assert v >= 0, (path, v, why)
         if "bytes" in leaf:
             assert isinstance(v, int), (path, v, why)
@@ -167,6 +168,45 @@ def test_serving_searches_with_hostile_slas_and_loads(api, data):
         assert len(answer["results"]) <= body["top_k"] and answer["why"], body
         if not answer["results"]:
             assert answer["why"], body
+
+
+# ---- /v1/serve/calibrate with mangled benchmark output ---------------------------------------------------------
+
+BENCH = (REF / "serving" / "vllm-bench-serve-docs.txt").read_text()  # 10 requests, 1,369 tokens in, 2,212 out
+BENCH_LABELS = ["Successful requests", "Total input tokens", "Total generated tokens", "Mean TTFT (ms)"]
+BENCH_LABELS += ["Mean TPOT (ms)", "Output token throughput (tok/s)", "Benchmark duration (s)"]
+DEPLOYMENT = {"model": {"preset": "llama3-8b"}, "cluster": H100, "deployment": {"pools": [{"tp": 1}]}}
+
+
+def bench_with(label: str, value: str) -> str:
+    return re.sub(rf"^({re.escape(label)}:\s+)\S+$", rf"\g<1>{value}", BENCH, flags=re.MULTILINE)
+
+
+@fuzz(12)
+@hypothesis.given(data=st.data())
+def test_serving_calibrations_of_mangled_benchmark_output(api, data):
+    pick = Picker(data)
+    text = BENCH
+    for _ in range(pick([1, 2, 3])):
+        text = bench_with(pick(BENCH_LABELS), pick(["0", "-1", "1e-300", "1e300", "nan", "inf", "0.01", "abc", "7"]))
+    body = DEPLOYMENT | {"engine": pick(["vllm", "sglang", "trtllm"]), "runs": [{"text": text}]}
+    answer = answered(api.post("/v1/serve/calibrate", json=body), body)
+    if answer is not None:
+        assert all(0.05 <= v <= 20 for v in answer["constants"].values()), answer["constants"]
+        traffic = answer["rows"][0]["traffic"]
+        assert traffic["input_tokens"] >= 1 and traffic["output_tokens"] >= 1, traffic
+
+
+@pytest.mark.parametrize("label", ["Total input tokens", "Total generated tokens"])
+@pytest.mark.parametrize("value", ["0", "9"])
+def test_a_run_of_under_one_token_a_request_is_refused(api, label, value):
+    """10 requests that printed 0 (or 9) tokens in or out were planned as 1 token a request, a 200 whose fit
+    (prefill_time_scale 8.1 for 0 tokens in) stood on traffic the run never sent; now a 422 naming the line."""
+    r = api.post("/v1/serve/calibrate", json=DEPLOYMENT | {"runs": [{"text": bench_with(label, value)}]})
+    assert r.status_code == 422, r.text[:500]
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "runs", "0", "text"], err  # a planner rule's loc: its field's dotted parts
+    assert err["msg"] == f"'{label}' is '{value}' over 10 requests: under one token a request", err
 
 
 # ---- /v1/calibrate with a mangled trace -----------------------------------------------------------------------
