@@ -367,6 +367,63 @@ def test_collectives_price_verify_and_schedule(api, data):
     answered(api.post("/v1/collectives/schedule", json=schedule), schedule)
 
 
+TWO_NODES = {"preset": "dgx-h100", "num_nodes": 2}
+
+
+@pytest.mark.parametrize(
+    "groups, loc, msg",
+    [
+        (
+            {"ranks": [*range(8)], "concurrent_groups": [[*range(8)]]},
+            "concurrent_groups",
+            "device 0 is in group 0 and group 1",
+        ),
+        (
+            {"ranks": [*range(8)], "concurrent_groups": [[*range(4, 12)]]},
+            "concurrent_groups",
+            "device 4 is in group 0 and group 1",
+        ),
+        (
+            {"group_size": 8, "concurrent_groups": [[8] * 8]},
+            "concurrent_groups",
+            "group 1 lists a device twice: [8, 8,",
+        ),
+        (
+            {"ranks": [0, 1], "group_size": 4},
+            "group_size",
+            "give ranks or group_size, not both; got 2 ranks and group_size 4",
+        ),
+    ],
+    ids=[
+        "the same 8 devices twice",
+        "half of them twice",
+        "a device twice in a concurrent group",
+        "ranks and group_size",
+    ],
+)
+def test_price_groups_that_overlap_or_disagree_are_refused(api, groups, loc, msg):
+    """Each was a 200 before (hostile11): overlapping groups priced as if each had its devices to itself (the same
+    8 GPUs twice: 39.8 us, the time of 8 other GPUs alongside), and group_size ignored beside ranks."""
+    body = {"op": "allreduce", "message_bytes": 1 << 20, "cluster": TWO_NODES} | groups
+    r = api.post("/v1/collectives/price", json=body)
+    assert r.status_code == 422, r.text[:500]
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", loc] and err["msg"].startswith(msg), err
+
+
+def test_point_to_point_pairs_may_share_a_device(api):
+    """A pipeline stage sends on and receives at once: sendrecv pairs (0, 8) and (8, 0) run together."""
+    body = {
+        "op": "sendrecv",
+        "message_bytes": 1 << 20,
+        "cluster": TWO_NODES,
+        "ranks": [0, 8],
+        "concurrent_groups": [[8, 0]],
+    }
+    answer = answered(api.post("/v1/collectives/price", json=body), body)
+    assert answer is not None and answer["time_s"] > 0
+
+
 TOPOLOGY_CLUSTERS = [
     ({"preset": "dgx-h100", "num_nodes": 4}, 32),
     ({"preset": "gb200-nvl72", "num_nodes": 2}, 144),
