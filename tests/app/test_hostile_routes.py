@@ -230,7 +230,7 @@ def mangled_trace(pick: Picker) -> dict:
     if pick.coin(5):
         events.append(pick([1, "s", None, [], {"ph": "X"}]))
     if pick.coin(5):
-        trace["distributedInfo"] = pick([None, 5, {"rank": -1, "world_size": 0}, {"world_size": 2**64}])
+        trace["distributedInfo"] = pick([None, 5, {"rank": -1, "world_size": 0}, {"world_size": 2**64}, {"rank": 9}])
     return trace
 
 
@@ -273,6 +273,24 @@ def test_bad_traces_are_422s_naming_the_event(api, trace, field, words):
     assert r.status_code == 422, r.text[:500]
     (err,) = r.json()["detail"]
     assert ".".join(map(str, err["loc"])).startswith("body." + field) and words in err["msg"], err
+
+
+@pytest.mark.parametrize(
+    "info, msg",
+    [
+        ({"rank": 5, "world_size": 2}, "rank 5 is not below world_size 2"),
+        ({"rank": 1.5}, "rank and world_size are integers, got rank 1.5, world_size null"),
+        ({"rank": "3", "world_size": 8}, "rank and world_size are integers, got rank '3', world_size 8"),
+        ({"rank": -1, "world_size": 0}, "needs rank >= 0 and world_size >= 1, got rank -1, world_size 0"),
+    ],
+)
+def test_a_trace_placed_on_an_impossible_rank_is_refused(api, info, msg):
+    """distributedInfo places the trace on a pipeline stage (planner/trace_fit.py trace_stage): rank 5 of 2 was
+    clamped to the last stage, rank 1.5 truncated, rank -1 dropped, each a 200 before (hostile11)."""
+    trace = SAMPLED | {"distributedInfo": {"backend": "nccl", **info}}
+    r = api.post("/v1/calibrate", json={"cluster": H100, "trace": trace})
+    assert r.status_code == 422, r.text[:300]
+    assert r.json()["detail"] == [{"loc": ["body", "trace", "distributedInfo"], "msg": msg, "type": "value_error.spec"}]
 
 
 @pytest.mark.parametrize("nccl", [False, True], ids=["no NCCL kernel", "NCCL kernels only"])
