@@ -152,22 +152,25 @@ def test_a_search_whose_constraints_leave_no_layout_says_why(api):
 
 # ---- /v1/serve/search -----------------------------------------------------------------------------------------
 
-SLA_VALUES = [0, -1, "inf", "Infinity", "nan", "3", 1e-300, 1e-9, 0.05, 3.0, 60, 3600, 1e308, None]
+SLA_BAD = [0, -1, "inf", "Infinity", "nan", "3", 3601, 1e308]
+SLA_EDGE = [1e-300, 1e-9, 0.05, 3.0, 60, 3600, None]
 
 
 @fuzz(10)
 @hypothesis.given(data=st.data())
 def test_serving_searches_with_hostile_slas_and_loads(api, data):
     pick = Picker(data)
-    sla = {k: pick(SLA_VALUES) for k in pick([["ttft_s"], ["tpot_s"], ["ttft_s", "tpot_s"]])}
-    traffic = {"input_tokens": pick([1, 2000, 1 << 21]), "output_tokens": pick([1, 200, 1 << 21])}
-    traffic |= pick([{"concurrency": pick([1, 64, 1 << 22])}, {"request_rate": pick([1e-6, 2.5, 1e6, "inf"])}])
+    sla = {k: pick(SLA_BAD if pick.coin(4) else SLA_EDGE) for k in pick([["ttft_s"], ["tpot_s"], ["ttft_s", "tpot_s"]])}
+    traffic = {"input_tokens": pick([2000, 1, 1 << 21]), "output_tokens": pick([200, 1, 1 << 21])}
+    traffic |= pick([{"concurrency": pick([64, 1, 1 << 22])}, {"request_rate": pick([2.5, 1e-6, 1e6])}])
+    if pick.coin(5):
+        traffic["request_rate"] = pick(["inf", 0, 1e7])
     body = SERVE_SEARCH | {"sla": sla, "traffic": traffic}
     answer = answered(api.post("/v1/serve/search", json=body), body)
     if answer is not None:
-        assert len(answer["results"]) <= body["top_k"] and answer["why"], body
+        assert len(answer["results"]) <= body["top_k"] and answer["evaluated"] <= 3 * answer["candidates"], body
         if not answer["results"]:
-            assert answer["why"], body
+            assert answer["why"], body  # an empty answer says why
 
 
 # ---- /v1/serve/calibrate with mangled benchmark output ---------------------------------------------------------
@@ -361,7 +364,9 @@ CLUSTERS = [
 @hypothesis.given(data=st.data())
 def test_collectives_price_verify_and_schedule(api, data):
     pick = Picker(data)
-    op, algorithm, n = pick(OPS), pick(ALGORITHMS), pick([1, 2, 3, 4, 5, 8, 16])
+    op, n = pick(OPS), pick([2, 4, 8, 16, 1, 3, 5])
+    implements = [a["algorithm"] for a in api.get("/v1/collectives/algorithms").json() if a["op"] == op]
+    algorithm = pick(ALGORITHMS) if pick.coin(4) or not implements else pick(implements)
     price = {
         "op": op,
         "algorithm": algorithm,
@@ -375,7 +380,7 @@ def test_collectives_price_verify_and_schedule(api, data):
     answer = answered(api.post("/v1/collectives/price", json=price), price)
     if answer is not None and price["message_bytes"] and answer["steps"]:
         assert answer["time_s"] > 0, price
-    count, root, local = pick([0, 1, 3, 8, 4096]), pick([0, 1, n - 1, n, 16]), pick([1, 2, 4, n])
+    count, root, local = pick([64, 0, 1, 3, 8, 4096]), pick([0, 1, n - 1, n, 16]), pick([1, 2, 4, n])
     verify = {"op": op, "algorithm": algorithm, "num_ranks": n, "count": count, "root": root, "local_size": local}
     verify |= {"dtype": pick(["float16", "int8", "int64"]), "reduction": pick(["sum", "avg", "max"])}
     answer = answered(api.post("/v1/collectives/verify", json=verify), verify)
@@ -456,9 +461,9 @@ TOPOLOGY_CLUSTERS = [
 def test_topology_of_hostile_device_lists(api, data):
     pick = Picker(data)
     cluster, n = pick(TOPOLOGY_CLUSTERS)
-    devices = [pick([0, 1, n - 1, n, n + 1, 7, 63]) for _ in range(pick([0, 1, 2, 8, 64]))]
-    if pick.coin(2):
-        devices = sorted(set(devices))
+    devices = sorted({pick([0, 1, n - 1, 7, 63, 8, 9]) for _ in range(pick([1, 2, 8, 64]))})
+    if pick.coin(4):  # outside the cluster, listed twice, or none
+        devices = pick([[*devices, n], [*devices, devices[0]], []])
     body = {"cluster": cluster, "devices": devices}
     if pick.coin():
         body["utilisation"] = [{"id": pick([0, 5, 10**6]), "utilisation": pick([0, 0.5, 1e6])} for _ in range(2)]
@@ -501,10 +506,11 @@ def test_batches_with_bad_items_answer_the_good_ones(api, data):
 
 def test_a_dropped_search_stream_leaves_the_server_answering(server):
     with httpx.Client(base_url=server, timeout=60) as client:
-        with client.stream("POST", "/v1/search?stream=true", json=SEARCH) as r:
-            assert r.status_code == 200
-            first = json.loads(next(r.iter_lines()))
-            assert first["type"] == "progress" and first["total"] > 0
+        for path, body in [("/v1/search", SEARCH), ("/v1/serve/search", SERVE_SEARCH)]:
+            with client.stream("POST", f"{path}?stream=true", json=body) as r:
+                assert r.status_code == 200
+                first = json.loads(next(r.iter_lines()))
+                assert first["type"] == "progress", first
         # the stream is closed mid-search; the service answers the next plan and a whole search
         assert client.post("/v1/plan", json=PLAN).status_code == 200
         lines = [json.loads(line) for line in client.post("/v1/search?stream=true", json=SEARCH).text.splitlines()]
