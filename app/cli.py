@@ -24,6 +24,18 @@ def _bad_input() -> tuple[type[Exception], ...]:
 UNREADABLE = object()
 
 
+def _positive(text: str) -> int:
+    """--workers: a count of processes, at least 1 (sweep's 0 was a ValueError traceback from the process pool
+    after the spec was read, search's -3 was taken as every core; hostile11)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def read_request(path: str):
     """The JSON document at ``path`` (``-``: standard input; .yaml/.yml as YAML), or UNREADABLE once standard
     error says why (exit status 2, as the service's 422 for a body that does not parse): a file that is missing,
@@ -100,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
     find.add_argument("--format", choices=("table", "json"), default="table")
-    find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    find.add_argument("--workers", type=_positive, default=None, help="processes (default: every core)")
     find.add_argument(
         "--memory-headroom",
         type=float,
@@ -116,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         help="local: processes on this machine; ray: a Ray cluster (pip install 'commplan[ray]')",
     )  # fmt: skip
     sweep.add_argument("--out", default="sweep.csv", help="output file: .csv, or .parquet (needs pyarrow)")
-    sweep.add_argument("--workers", type=int, default=None, help="processes, or Ray CPUs (default: every core)")
+    sweep.add_argument("--workers", type=_positive, default=None, help="processes, or Ray CPUs (default: every core)")
     cal = sub.add_parser(
         "calibrate",
         help="fit the pricing constants to nccl-tests logs, or the compute constants to a torch.profiler "
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=None, help="default: COMMPLAN_WORKERS or 1")
+    serve.add_argument("--workers", type=_positive, default=None, help="default: COMMPLAN_WORKERS or 1")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)

@@ -6,6 +6,7 @@ import copy
 import itertools
 import json
 import sys
+from pathlib import Path
 
 from planner import SpecError
 from planner.search import search
@@ -192,6 +193,10 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
 def sweep_command(args) -> int:
     spec = read_request(args.spec)
     if spec is UNREADABLE:
+        return 2
+    folder = Path(args.out).resolve().parent
+    if not folder.is_dir():  # said before the searches run, not as a traceback after them (hostile11)
+        print(f"commplan: cannot write {args.out}: {folder} is not a folder", file=sys.stderr)
         return 2
     settings = Settings.from_env()
     tasks = [Task(label, problem_of(SearchRequest.model_validate(body), settings)) for label, body in expand(spec)]

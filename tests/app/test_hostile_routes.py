@@ -570,3 +570,27 @@ def test_a_sweep_spec_of_the_wrong_shape_is_refused_naming_its_field(tmp_path, c
     path.write_text(json.dumps(spec))
     assert main(["sweep", str(path), "--out", str(tmp_path / "out.csv")]) == 2
     assert capsys.readouterr().err.strip() == f"commplan: {words}"
+
+
+@pytest.mark.parametrize("command", ["search", "sweep", "serve"])
+@pytest.mark.parametrize("workers", ["0", "-3", "x"])
+def test_the_cli_refuses_a_worker_count_below_one(tmp_path, capsys, command, workers):
+    """sweep --workers 0 was the process pool's ValueError traceback after the spec was read; search --workers -3
+    ran on every core (hostile11). argparse's usage error, exit 2."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"base": SEARCH}))
+    args = {"search": [str(spec)], "sweep": [str(spec)], "serve": []}[command]
+    with pytest.raises(SystemExit) as stop:
+        main([command, *args, "--workers", workers])
+    assert stop.value.code == 2
+    assert f"argument --workers: must be a whole number >= 1, got '{workers}'" in capsys.readouterr().err
+
+
+def test_a_sweep_into_a_missing_folder_is_refused_before_it_runs(tmp_path, capsys):
+    """A FileNotFoundError traceback after every search had run, before (hostile11)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"base": SEARCH}))
+    out = tmp_path / "nowhere" / "out.csv"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"commplan: cannot write {out}: {out.parent} is not a folder\n", err
