@@ -42,7 +42,7 @@ from functools import lru_cache
 
 from collectives.primitives import Op
 
-from ._errors import SpecError, shown
+from ._errors import SpecError, got
 from .words import human_bytes
 
 MAX_EVENTS = 2_000_000  # a few steps of a large model: ~0.2-1M events (HTA's test traces: 2k-300k)
@@ -303,11 +303,11 @@ def _distributed(info) -> tuple[int | None, int | None]:
     if not isinstance(info, dict):
         return None, None
     rank, world = info.get("rank"), info.get("world_size")
-    got = f"got rank {shown(rank)}, world_size {shown(world)}"
+    given = f"got rank {got(rank)}, world_size {got(world)}"
     if any(v is not None and type(v) is not int for v in (rank, world)):
-        raise SpecError("trace.distributedInfo", f"rank and world_size are integers, {got}")
+        raise SpecError("trace.distributedInfo", f"rank and world_size are integers, {given}")
     if (rank is not None and rank < 0) or (world is not None and world < 1):
-        raise SpecError("trace.distributedInfo", f"needs rank >= 0 and world_size >= 1, {got}")
+        raise SpecError("trace.distributedInfo", f"needs rank >= 0 and world_size >= 1, {given}")
     if rank is not None and world is not None and rank >= world:
         raise SpecError("trace.distributedInfo", f"rank {rank} is not below world_size {world}")
     return rank, world
@@ -448,7 +448,8 @@ def _complete_event(i: int, e) -> tuple | None:
     ts, dur = e.get("ts"), e.get("dur")
     if type(ts) not in (int, float) or type(dur) not in (int, float) or not (0 <= dur < 1e18 and abs(ts) < 1e18):
         raise SpecError(
-            f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
+            f"trace.traceEvents[{i}]",
+            f"a complete ('X') event needs numeric ts and dur >= 0; got {got(ts)}, {got(dur)}",
         )
     args = e.get("args")
     return cat, ts, dur, args if type(args) is dict else {}

@@ -268,8 +268,17 @@ def _kernels_only(nccl: bool) -> dict:
         ({"traceEvents": [dict(EVENTS[2402], ts=2**70)]}, "trace.traceEvents[0]", str(2**70)),
         ({"traceEvents": [dict(EVENTS[2402], dur=-5.0)]}, "trace.traceEvents[0]", "-5.0"),
         ({"traceEvents": [7]}, "trace.traceEvents[0]", "int"),
+        (
+            {"traceEvents": [dict(EVENTS[2402], ts=1.682725898082228e27)]},
+            "trace.traceEvents[0]",
+            "got 16827258980822280",
+        ),
+        ({"traceEvents": [dict(EVENTS[2402], dur=None)]}, "trace.traceEvents[0]", "got 1682725898082228, null"),
     ],
-    ids=["0 events", "an empty list", "truncated text", "deeply nested", "dur a string", "ts 2^70", "dur < 0", "7"],
+    ids=[
+        *["0 events", "an empty list", "truncated text", "deeply nested", "dur a string", "ts 2^70", "dur < 0", "7"],
+        *["ts 1.7e27 positional (was 1.68e+27)", "dur null (was None)"],
+    ],
 )
 def test_bad_traces_are_422s_naming_the_event(api, trace, field, words):
     r = api.post("/v1/calibrate", json={"cluster": H100, "trace": trace})
