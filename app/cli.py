@@ -21,6 +21,48 @@ def _bad_input() -> tuple[type[Exception], ...]:
     return ValidationError, SpecError, CollectiveError
 
 
+UNREADABLE = object()
+
+
+def _positive(text: str) -> int:
+    """--workers: a count of processes, at least 1 (sweep's 0 was a ValueError traceback from the process pool
+    after the spec was read, search's -3 was taken as every core; hostile11)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def read_request(path: str):
+    """The JSON document at ``path`` (``-``: standard input; .yaml/.yml as YAML), or UNREADABLE once standard
+    error says why (exit status 2, as the service's 422 for a body that does not parse): a file that is missing,
+    a folder, not UTF-8 text, not JSON, or nested deeper than Python's parser goes (a traceback before, hostile11;
+    the service says the same of a trace, planner/profile_trace.py)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path.endswith((".yaml", ".yml")):
+            return _yaml(text)
+        return json.loads(text)
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = str(err)
+    except RecursionError:
+        reason = "nested deeper than Python's parser goes: not a request"
+    print(f"commplan: cannot read {path}: {reason}", file=sys.stderr)
+    return UNREADABLE
+
+
+def _yaml(text: str):
+    import yaml  # pyyaml: only needed for YAML specs
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(" ".join(str(err).split())) from None
+
+
 class _Formats:
     """A --format's choices: the CLI's own (``fixed``) and an export registry's names (``registry``, "module:NAME"),
     read when argparse first asks (a parse, or the subcommand's own help: the metavar keeps add_argument from
@@ -70,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
     find.add_argument("--format", choices=("table", "json"), default="table")
-    find.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    find.add_argument("--workers", type=_positive, default=None, help="processes (default: every core)")
     find.add_argument(
         "--memory-headroom",
         type=float,
@@ -86,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         help="local: processes on this machine; ray: a Ray cluster (pip install 'commplan[ray]')",
     )  # fmt: skip
     sweep.add_argument("--out", default="sweep.csv", help="output file: .csv, or .parquet (needs pyarrow)")
-    sweep.add_argument("--workers", type=int, default=None, help="processes, or Ray CPUs (default: every core)")
+    sweep.add_argument("--workers", type=_positive, default=None, help="processes, or Ray CPUs (default: every core)")
     cal = sub.add_parser(
         "calibrate",
         help="fit the pricing constants to nccl-tests logs, or the compute constants to a torch.profiler "
@@ -119,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=None, help="default: COMMPLAN_WORKERS or 1")
+    serve.add_argument("--workers", type=_positive, default=None, help="default: COMMPLAN_WORKERS or 1")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -179,8 +221,8 @@ def _plan(args) -> int:
     from .schemas.plan import PlanRequest
     from .serialize import export_bytes, plan_dict
 
-    def produce(text: str, settings) -> str:
-        plan = plan_of(PlanRequest.model_validate(json.loads(text)), settings)
+    def produce(raw, settings) -> str:
+        plan = plan_of(PlanRequest.model_validate(raw), settings)
         if args.format in ("table", "json"):
             result = plan_dict(plan)
             return json.dumps(result, indent=2) + "\n" if args.format == "json" else _table(result)
@@ -191,16 +233,15 @@ def _plan(args) -> int:
 
 
 def _answer(args, produce) -> int:
-    """Read the request file (or standard input), write what ``produce(text, settings)`` makes of it; bad input
+    """Read the request file (or standard input), write what ``produce(raw, settings)`` makes of it; bad input
     is exit status 2 with the field and the rule, as the service's 422."""
     from .settings import Settings
 
-    try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        output = produce(text, Settings.from_env())
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
+    raw = read_request(args.file)
+    if raw is UNREADABLE:
         return 2
+    try:
+        output = produce(raw, Settings.from_env())
     except _bad_input() as err:
         return _refused(err)
     try:
@@ -224,8 +265,8 @@ def _serve_plan(args) -> int:
     from .schemas.serve import ServeRequest
     from .serialize import serve_dict
 
-    def produce(text: str, settings) -> str:
-        inputs = serve_inputs(ServeRequest.model_validate(json.loads(text)), settings)
+    def produce(raw, settings) -> str:
+        inputs = serve_inputs(ServeRequest.model_validate(raw), settings)
         if args.format in EXPORTS:
             if any(ord(ch) < 32 or ord(ch) == 127 for ch in args.model_path):
                 raise SpecError("--model-path", "may not hold control characters")
@@ -245,8 +286,8 @@ def _serve_search(args) -> int:
     from .search_cli import Progress
     from .serialize import serve_search_dict
 
-    def produce(text: str, settings) -> str:
-        request = ServeSearchRequest.model_validate(json.loads(text))
+    def produce(raw, settings) -> str:
+        request = ServeSearchRequest.model_validate(raw)
         kwargs, base, count = serve_search_inputs(request, settings)
         progress = Progress()
 
@@ -463,7 +504,9 @@ def _calibrate(args) -> int:
             raw = Path(args.trace).read_bytes()  # gzipped: as base64 text, the request's own form for it
             body["trace"] = base64.b64encode(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode(errors="replace")
         if args.compare:
-            body["compare"] = json.loads(Path(args.compare).read_text())
+            body["compare"] = read_request(args.compare)
+            if body["compare"] is UNREADABLE:
+                return 2
         request = CalibrateRequest.model_validate(body)
         result = run(request, Settings.from_env())
     except OSError as err:

@@ -14,7 +14,6 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from decimal import Decimal
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -24,7 +23,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from collectives import CollectiveError
-from planner import SpecError, shown
+from planner import SpecError
+from planner._errors import got  # the value a rule refused, as a message says it (one home)
 from planner.deadline import DeadlineExceeded
 from planner.search import Cancelled
 
@@ -80,29 +80,6 @@ STATES_ITS_INPUT = frozenset(
     {"value_error", "assertion_error", "missing", "extra_forbidden", "too_many_errors", "too_short", "too_long"}
     | {"json_invalid"}
 )
-GOT_TEXT = 40  # characters of a string input repeated in a message; a longer one is said by its length
-
-
-def got(value) -> str:
-    """The value a schema rule refused, as a message says it: short, JSON's words, numbers positional (never
-    scientific notation: 1e-07 is 0.0000001) unless that is longer than GOT_TEXT."""
-    if value is None or isinstance(value, bool):
-        return shown(value)
-    if isinstance(value, int):
-        text = str(value) if abs(value) < 10**GOT_TEXT else ""
-        return text or f"an integer of {len(str(abs(value)))} digits"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return repr(value)
-        text = format(Decimal(repr(value)), "f")
-        return text if len(text) <= GOT_TEXT else repr(value)
-    if isinstance(value, str):
-        return shown(value) if len(value) <= GOT_TEXT else f"a string of {len(value):,} characters"
-    if isinstance(value, list | tuple):
-        return f"a list of {len(value):,} item{'s' * (len(value) != 1)}"
-    if isinstance(value, dict):
-        return f"an object of {len(value):,} key{'s' * (len(value) != 1)}"
-    return type(value).__name__
 
 
 def stated(e: dict) -> str:

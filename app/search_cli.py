@@ -8,30 +8,16 @@ import json
 import sys
 from pathlib import Path
 
+from planner import SpecError
 from planner.search import search
 from planner.sweep import Task, run, write
 
-from .cli import human_percent, human_seconds
+from .cli import UNREADABLE, human_percent, human_seconds, read_request
+from .errors import got
 from .inputs import problem_of
 from .schemas.search import SearchRequest
 from .serialize import search_dict
 from .settings import Settings
-
-UNREADABLE = object()
-
-
-def _read(path: str):
-    """The request or spec at ``path`` (``-``: stdin; .yaml/.yml as YAML), or UNREADABLE once stderr says why."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-        if path.endswith((".yaml", ".yml")):
-            import yaml  # pyyaml: only needed for YAML specs
-
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"commplan: cannot read {path}: {err}", file=sys.stderr)
-        return UNREADABLE
 
 
 class Progress:
@@ -122,7 +108,7 @@ def pipeline_note(p: dict) -> str:
 
 
 def search_command(args) -> int:
-    raw = _read(args.file)
+    raw = read_request(args.file)
     if raw is UNREADABLE:
         return 2
     if args.memory_headroom is not None and isinstance(raw, dict):  # checked by the schema as the request's own
@@ -166,14 +152,34 @@ def _set(body: dict, dotted: str, value) -> None:
     node = body
     for part in path:
         node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise SpecError(f"grid.{dotted}", f"base's {part} is not an object to set {last} in, got {got(node)}")
     node[last] = value
+
+
+def _shape(spec) -> None:
+    """A 422-like refusal of a spec that is not the shape ``expand`` reads (a traceback before, hostile11)."""
+    if not isinstance(spec, dict) or not ({"base", "searches"} & spec.keys()):
+        raise SpecError("spec", f"a sweep spec is an object with base and grid, or with searches; got {got(spec)}")
+    searches = spec.get("searches", [])
+    if not isinstance(searches, list) or not all(isinstance(s, dict) for s in searches):
+        raise SpecError("searches", f"must be a list of search requests (objects), got {got(searches)}")
+    if not isinstance(spec.get("base", {}), dict):
+        raise SpecError("base", f"must be a search request (an object), got {got(spec['base'])}")
+    grid = spec.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise SpecError("grid", f"must map dotted fields to lists of values, got {got(grid)}")
+    for name, values in grid.items():
+        if not isinstance(values, list):
+            raise SpecError(f"grid.{name}", f"must be a list of values, got {got(values)}")
 
 
 def expand(spec: dict) -> list[tuple[str, dict]]:
     """A sweep spec: ``{"base": SEARCH_REQUEST, "grid": {"dotted.field": [values, ...]}}`` -> one search
     request per combination, labelled ``field=value,...``; or ``{"searches": [{"label", ...request}]}``."""
+    _shape(spec)
     if "searches" in spec:
-        return [(s.pop("label", f"search {i}"), s) for i, s in enumerate(copy.deepcopy(spec["searches"]))]
+        return [(str(s.pop("label", f"search {i}")), s) for i, s in enumerate(copy.deepcopy(spec["searches"]))]
     grid = spec.get("grid") or {}
     out = []
     for values in itertools.product(*grid.values()):
@@ -185,8 +191,12 @@ def expand(spec: dict) -> list[tuple[str, dict]]:
 
 
 def sweep_command(args) -> int:
-    spec = _read(args.spec)
+    spec = read_request(args.spec)
     if spec is UNREADABLE:
+        return 2
+    folder = Path(args.out).resolve().parent
+    if not folder.is_dir():  # said before the searches run, not as a traceback after them (hostile11)
+        print(f"commplan: cannot write {args.out}: {folder} is not a folder", file=sys.stderr)
         return 2
     settings = Settings.from_env()
     tasks = [Task(label, problem_of(SearchRequest.model_validate(body), settings)) for label, body in expand(spec)]

@@ -42,7 +42,7 @@ from functools import lru_cache
 
 from collectives.primitives import Op
 
-from ._errors import SpecError
+from ._errors import SpecError, got
 from .words import human_bytes
 
 MAX_EVENTS = 2_000_000  # a few steps of a large model: ~0.2-1M events (HTA's test traces: 2k-300k)
@@ -295,6 +295,24 @@ def _count(value) -> int | None:
     return n if n >= 0 else None
 
 
+def _distributed(info) -> tuple[int | None, int | None]:
+    """The trace's rank and world size (torch.profiler's distributedInfo, from torch.distributed: integers, 0 <=
+    rank < world_size), each None where absent. They place the trace on a pipeline stage (trace_fit.trace_stage);
+    a rank of 5 in a world of 2, or a rank of 1.5, placed it silently (clamped, truncated) before hostile11: now a
+    422 naming them."""
+    if not isinstance(info, dict):
+        return None, None
+    rank, world = info.get("rank"), info.get("world_size")
+    given = f"got rank {got(rank)}, world_size {got(world)}"
+    if any(v is not None and type(v) is not int for v in (rank, world)):
+        raise SpecError("trace.distributedInfo", f"rank and world_size are integers, {given}")
+    if (rank is not None and rank < 0) or (world is not None and world < 1):
+        raise SpecError("trace.distributedInfo", f"needs rank >= 0 and world_size >= 1, {given}")
+    if rank is not None and world is not None and rank >= world:
+        raise SpecError("trace.distributedInfo", f"rank {rank} is not below world_size {world}")
+    return rank, world
+
+
 # ---- parsing ------------------------------------------------------------------------------------------------
 
 
@@ -360,7 +378,7 @@ def _read(data: dict, events: list) -> Trace:
         steps_from = "repeats" if count > 1 else "none"
     props = data.get("deviceProperties")
     first = props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else {}
-    dist = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+    rank, world_size = _distributed(data.get("distributedInfo"))
     return Trace(
         kernels=tuple(out),
         ops=tuple(table),
@@ -368,8 +386,8 @@ def _read(data: dict, events: list) -> Trace:
         sms=_count(first.get("numSms")) or 0,
         compute_capability=(_count(first.get("computeMajor")) or 0) * 10 + (_count(first.get("computeMinor")) or 0),
         steps=max(1, count),
-        rank=_count(dist.get("rank")),
-        world_size=_count(dist.get("world_size")),
+        rank=rank,
+        world_size=world_size,
         events=len(events),
         record_shapes=any("Input Dims" in a for *_, a in ops),
         steps_from=steps_from,
@@ -430,7 +448,8 @@ def _complete_event(i: int, e) -> tuple | None:
     ts, dur = e.get("ts"), e.get("dur")
     if type(ts) not in (int, float) or type(dur) not in (int, float) or not (0 <= dur < 1e18 and abs(ts) < 1e18):
         raise SpecError(
-            f"trace.traceEvents[{i}]", f"a complete ('X') event needs numeric ts and dur >= 0; got {ts!r}, {dur!r}"
+            f"trace.traceEvents[{i}]",
+            f"a complete ('X') event needs numeric ts and dur >= 0; got {got(ts)}, {got(dur)}",
         )
     args = e.get("args")
     return cat, ts, dur, args if type(args) is dict else {}

@@ -80,13 +80,14 @@ def parse_bench(text: str, where: str = "text") -> BenchRun:
     requests = int(number("Successful requests"))
     if requests < 1:
         raise SpecError(where, f"'Successful requests' is {requests}: nothing was measured")
+
     concurrency = _optional(values, ("Maximum request concurrency", "Max request concurrency"), where)
     rate = _optional(values, ("Request rate configured (RPS)", "Traffic request rate"), where)
     run = BenchRun(
         tool=tool,
         requests=requests,
-        input_tokens=max(1, round(number("Total input tokens") / requests)),
-        output_tokens=max(1, round(number("Total generated tokens") / requests)),
+        input_tokens=_per_request(number, "Total input tokens", values, requests, where),
+        output_tokens=_per_request(number, "Total generated tokens", values, requests, where),
         ttft_s=number("Mean TTFT (ms)", "Median TTFT (ms)") / 1e3,
         tpot_s=number("Mean TPOT (ms)", "Median TPOT (ms)", "Mean ITL (ms)") / 1e3,
         output_tokens_per_s=number("Output token throughput (tok/s)"),
@@ -98,6 +99,15 @@ def parse_bench(text: str, where: str = "text") -> BenchRun:
     except SpecError as err:
         raise SpecError(where, f"{err.field}: {err.rule}") from None
     return run
+
+
+def _per_request(number, label: str, values: dict, requests: int, where: str) -> int:
+    """Tokens a request, on average: at least one, as /v1/serve's traffic takes (a run printing 0 tokens in or out
+    was planned as 1 a request, silently, before hostile11)."""
+    total = number(label)
+    if total < requests:
+        raise SpecError(where, f"'{label}' is {values[label]!r} over {requests} requests: under one token a request")
+    return round(total / requests)
 
 
 def _optional(values: dict, labels: tuple[str, ...], where: str) -> float | None:
