@@ -312,6 +312,18 @@ def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user:
     )
 
 
+def _kv_moved(kv: dict) -> str:
+    """A request's KV and what its transfer moves (``wire_bytes``: more than the KV where a pool's tp passes the KV
+    heads and the engine fills every copy, docs/serving.md "KV heads replicated past TP"); the page's KV transfer
+    card says the same (frontend/js/serve.js kvMoved)."""
+    ranks = f"{kv['senders']} rank{'s' if kv['senders'] > 1 else ''}"
+    copies = " (replicated KV heads: every copy filled)" if kv["wire_bytes"] > kv["bytes_per_request"] * 1.001 else ""
+    return (
+        f"{human_bytes(kv['bytes_per_request'])} per request, {human_bytes(kv['wire_bytes'])} on the wire from "
+        f"{ranks}{copies},"
+    )
+
+
 def _serve_table(result: dict) -> str:
     tp = result["throughput"]
     ttft = _words().duration(result["ttft_s"], "saturated")
@@ -327,10 +339,7 @@ def _serve_table(result: dict) -> str:
     ]
     if result["kv_transfer"]:
         kv = result["kv_transfer"]
-        lines.append(
-            f"KV transfer {human_bytes(kv['bytes_per_request'])} per request in {human_seconds(kv['time_s'])} "
-            f"over {kv['bottleneck']}"
-        )
+        lines.append(f"KV transfer {_kv_moved(kv)} in {human_seconds(kv['time_s'])} over {kv['bottleneck']}")
     for p in result["pools"]:
         lines.append(
             f"pool {p['role']}: {p['gpus']} GPUs, batch {p['batch']}, step {human_seconds(p['step_s'])}, "

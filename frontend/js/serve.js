@@ -254,6 +254,12 @@ const metric = (label, value, hint, id) => el("div", { className: "card metric-c
 // output ones unnamed ("223 K" over "11.1 K"), read as the prefill pool making 20x the output (round 10)
 const poolTokens = (p) => (p.output_tokens_per_s ? `${fmtCount(p.output_tokens_per_s)} output` : `${fmtCount(p.input_tokens_per_s)} input`);
 
+// a request's KV and what its transfer moves: wire_bytes (kvrep10) exceeds the KV where a pool's tp passes the KV
+// heads and the engine fills every copy (docs/serving.md "KV heads replicated past TP"); the card said the KV alone
+// (round 11). app/cli.py _kv_moved writes the same words.
+const kvMoved = (k) => `${fmtBytes(k.bytes_per_request)} per request, ${fmtBytes(k.wire_bytes)} on the wire from ${k.senders} rank${k.senders > 1 ? "s" : ""}`
+  + (k.wire_bytes > k.bytes_per_request * 1.001 ? " (replicated KV heads: every copy filled)" : "");
+
 export function renderServe(d) {
   const t = d.throughput, kv = d.kv_cache;
   const cards = [
@@ -265,7 +271,7 @@ export function renderServe(d) {
   ];
   if (d.kv_transfer) {
     const k = d.kv_transfer;
-    cards.push(metric("KV transfer", fmtTime(k.time_s), `${fmtBytes(k.bytes_per_request)} per request from ${k.senders} rank${k.senders > 1 ? "s" : ""}; busiest link ${k.bottleneck}`, "kv-transfer"));
+    cards.push(metric("KV transfer", fmtTime(k.time_s), `${kvMoved(k)}; busiest link ${k.bottleneck}`, "kv-transfer"));
   }
   $("serve-cards").replaceChildren(...cards);
   const rows = d.pools.map((p) => el("tr", {},
@@ -300,8 +306,8 @@ async function drawTransfer() {
   // ("Selected call: tp.attn.qkv", its curves) above the transfer's drawing (round 10)
   for (const row of $("ledger").tBodies[0].rows) row.setAttribute("aria-selected", "false");
   $("detail-title").textContent = "Serving: the KV transfer";
-  $("detail-text").textContent = `${fmtBytes(k.bytes_per_request)} of KV cache per request from ${k.senders} rank${k.senders > 1 ? "s" : ""} `
-    + `of the first prefill worker to the decode worker it feeds, ${fmtTime(k.time_s)} a request; the busiest link is ${k.bottleneck}. `
+  $("detail-text").textContent = `KV cache: ${kvMoved(k)} of the first prefill worker to the decode worker it feeds, `
+    + `${fmtTime(k.time_s)} a request; the busiest link is ${k.bottleneck}. `
     + "Select a ledger row to come back to the training plan's calls.";
   clearExplorer("The explorer prices a ledger call's collective algorithms; the KV transfer is point-to-point sends of "
     + "the transfer engine (Mooncake, NIXL), priced on the graph above (docs/serving.md). Select a ledger row to explore one.");

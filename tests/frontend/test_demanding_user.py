@@ -1,0 +1,83 @@
+"""Round 11, a demanding user's walk (docs/page.md, user11): what the page said wrong or left out, each fixed and
+held here. The serving KV transfer card said the request's KV ("197 MB per request from 8 ranks") but not what
+the transfer moves (`kv_transfer.wire_bytes`, twice that where a pool's tp passes the KV heads); the topology's
+heading said "first group highlighted" over the KV transfer's drawing, and the emptied explorer kept "Time against
+message size on this call's groups." with no call."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+# Qwen3-30B-A3B (4 KV heads) served by SGLang, prefill TP 8 -> decode TP 4 on 2 DGX H100: the prefill ranks hold
+# each KV head twice and SGLang sends every copy (docs/serving.md "KV heads replicated past TP"): 196.6 MB of KV,
+# 393.2 MB on the wire from 8 ranks
+QWEN3 = {
+    "model": {"preset": "qwen3-30b-a3b"},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+    "engine": "sglang",
+    "traffic": {"input_tokens": 2000, "output_tokens": 200, "concurrency": 64},
+    "options": {"weight_dtype": "bf16"},
+    "deployment": {"pools": [{"role": "prefill", "workers": 1, "tp": 8}, {"role": "decode", "workers": 1, "tp": 4}]},
+}
+
+
+def fill_qwen3(page):
+    page.select_option("#serve-model", "qwen3-30b-a3b")
+    page.fill("#serve-nodes", "2")
+    page.select_option("#serve-engine", "sglang")
+    page.select_option("#serve-mode", "disaggregated")
+    for prefix, tp in (("serve-p", "8"), ("serve-d", "4")):
+        page.fill(f"#{prefix}-workers", "1")
+        page.fill(f"#{prefix}-tp", tp)
+        page.fill(f"#{prefix}-dp", "1")
+        page.fill(f"#{prefix}-ep", "1")
+    page.fill("#serve-isl", "2000")
+    page.fill("#serve-osl", "200")
+    page.select_option("#serve-load", "concurrency")
+    page.fill("#serve-concurrency", "64")
+    page.click("#serve-run")
+
+
+def test_the_kv_transfer_card_says_what_goes_on_the_wire(page):  # noqa: F811
+    """The card and the drawn transfer's sentence give the request's KV and the wire bytes, the server's own
+    numbers: 2x for Qwen3 at prefill TP 8 -> decode TP 4 (SGLang fills every copy), said as replicated heads; the
+    same bytes, without that phrase, for DeepSeek-V3's MLA latent."""
+    open_page(page, url_state(LLAMA))
+    fill_qwen3(page)
+    card = page.locator('[data-card="kv-transfer"] .hint')
+    expect(card).to_contain_text("on the wire", timeout=60_000)
+    served = httpx.post(page.base + "/v1/serve", json=QWEN3, timeout=60).json()["kv_transfer"]
+    shown = page.evaluate("window.commplan.state.serve.kv_transfer")
+    assert {k: shown[k] for k in ("bytes_per_request", "wire_bytes", "senders")} == {
+        k: served[k] for k in ("bytes_per_request", "wire_bytes", "senders")
+    }
+    assert (served["bytes_per_request"], served["wire_bytes"], served["senders"]) == (196_608_000, 393_216_000, 8)
+    want = page.evaluate(
+        "(k) => [window.commplan.fmtBytes(k.bytes_per_request), window.commplan.fmtBytes(k.wire_bytes)]", served
+    )
+    assert want == ["197 MB", "393 MB"]
+    text = card.inner_text()
+    assert f"{want[0]} per request, {want[1]} on the wire from 8 ranks (replicated KV heads" in text, text
+    # drawn on the topology: the card's sentence says it too, the heading names the transfer, the explorer is empty
+    page.click("#serve-draw")
+    expect(page.locator("#detail-title")).to_have_text("Serving: the KV transfer", timeout=30_000)
+    expect(page.locator("#detail-text")).to_contain_text(f"{want[1]} on the wire from 8 ranks")
+    expect(page.locator("#topology-hint")).to_have_text("(the transfer's devices highlighted; links coloured by utilisation)")
+    expect(page.locator("#explorer-hint")).to_be_hidden()
+    # a ledger row brings a call, its heading and its explorer hint back
+    page.locator("#ledger tbody tr", has_text="dp.grads").first.click()
+    expect(page.locator("#topology-hint")).to_have_text("(first group highlighted; links coloured by utilisation)")
+    expect(page.locator("#explorer-hint")).to_be_visible()
+    # DeepSeek-V3's latent moves once from one attention rank: the wire is the KV, no copies named
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(card).to_contain_text("from 1 rank", timeout=60_000)
+    k = page.evaluate("window.commplan.state.serve.kv_transfer")
+    assert k["wire_bytes"] == k["bytes_per_request"] == 140_544_000  # 70,272 B/token x 2,000 tokens
+    assert card.inner_text().startswith("141 MB per request, 141 MB on the wire from 1 rank; busiest link ")
+    assert "replicated" not in card.inner_text()
