@@ -27,7 +27,7 @@ QWEN3 = {
 }
 
 
-def fill_qwen3(page):
+def fill_qwen3(page):  # noqa: F811
     page.select_option("#serve-model", "qwen3-30b-a3b")
     page.fill("#serve-nodes", "2")
     page.select_option("#serve-engine", "sglang")
@@ -68,11 +68,12 @@ def test_the_kv_transfer_card_says_what_goes_on_the_wire(page):  # noqa: F811
     page.click("#serve-draw")
     expect(page.locator("#detail-title")).to_have_text("Serving: the KV transfer", timeout=30_000)
     expect(page.locator("#detail-text")).to_contain_text(f"{want[1]} on the wire from 8 ranks")
-    expect(page.locator("#topology-hint")).to_have_text("(the transfer's devices highlighted; links coloured by utilisation)")
+    hint = page.locator("#topology-hint")
+    expect(hint).to_have_text("(the transfer's devices highlighted; links coloured by utilisation)")
     expect(page.locator("#explorer-hint")).to_be_hidden()
     # a ledger row brings a call, its heading and its explorer hint back
     page.locator("#ledger tbody tr", has_text="dp.grads").first.click()
-    expect(page.locator("#topology-hint")).to_have_text("(first group highlighted; links coloured by utilisation)")
+    expect(hint).to_have_text("(first group highlighted; links coloured by utilisation)")
     expect(page.locator("#explorer-hint")).to_be_visible()
     # DeepSeek-V3's latent moves once from one attention rank: the wire is the KV, no copies named
     page.select_option("#serve-scenario", "dsv3-pd")
