@@ -64,6 +64,12 @@ def human_percent(x: float) -> str:
     return f"{sig3(100 * x)}%"
 
 
+def human_number(x: float) -> str:
+    """A count or a rate in a sentence: 3 significant digits below 1,000, a whole number with thousands separators
+    from there on ("0.0473", "33,012", "1,000,000": it read "1000000 requests/s" in the serving warnings)."""
+    return f"{x:,.0f}" if abs(x) >= 999.5 else sig3(x)
+
+
 def human_capacity(n: int) -> str:
     """Memory capacity: decimal GB as everywhere, with GiB beside it (format.js fmtCapacity)."""
     return f"{human_bytes(n)} ({sig3(n / 2**30)} GiB)"
@@ -97,6 +103,7 @@ __all__ = [
     "duration",
     "human_bytes",
     "human_capacity",
+    "human_number",
     "human_percent",
     "human_rate",
     "human_seconds",

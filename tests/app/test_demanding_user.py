@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.cli import main
+from app.cli import human_bytes, human_seconds, main
 
 ROOT = Path(__file__).resolve().parents[2]
 # Qwen3-30B-A3B (4 KV heads), SGLang, prefill TP 8 -> decode TP 4: every prefill rank holds one head twice over and
@@ -42,3 +42,32 @@ def test_serve_plan_says_the_kv_transfers_wire_bytes(tmp_path, capsys):
     line, kv = kv_line(capsys, ROOT / "examples/serve-deepseek-v3-disagg.json")
     assert kv["wire_bytes"] == kv["bytes_per_request"] == 140_544_000  # 70,272 B/token x 2,000 tokens
     assert line.startswith("KV transfer 141 MB per request, 141 MB on the wire from 1 rank, in "), line
+
+
+def test_serving_warnings_say_times_counts_and_memory_in_human_units(api):
+    """DeepSeek-V3 on the page's 96 H100 at 2^21-token prompts and a million requests a second: the warnings read
+    "(1 workers x 32 prompts per 23968045.0 ms)", "at most 0.00134 requests/s ... asked 1000000", and "the both pool
+    does not fit: 17747.0 GB peak per GPU". Now a time in the unit that shows it, counts thousands-separated, the
+    memory in human bytes, and an aggregated pool is "the pool"."""
+    body = json.loads((ROOT / "examples/serve-deepseek-v3-disagg.json").read_text())
+    body["traffic"] = {"input_tokens": 2**21, "output_tokens": 2**21, "request_rate": 1e6}
+    answer = api.post("/v1/serve", json=body).json()
+    assert answer["ttft_s"] is None  # saturated
+    text = " | ".join(answer["warnings"])
+    t_p = answer["pools"][0]["step_s"]
+    assert t_p > 1000  # the prefill pass of 32 prompts of 2,097,152 tokens: hours
+    assert f"(1 worker x 32 prompts per {human_seconds(t_p)}); TTFT grows without bound" in text, text
+    assert "1,000,000 requests/s need more sequences per worker" in text and "asked 1,000,000" in text, text
+    assert " ms)" not in text and "1 workers" not in text
+    peak = answer["pools"][0]["memory_peak_bytes"]
+    assert f"the prefill pool does not fit: {human_bytes(peak)} peak per GPU" in text, text
+    # an aggregated pool that does not fit (a 2,048-layer, 65,536-wide model on 16 GPUs) is "the pool"
+    huge = {"num_layers": 2048, "hidden_size": 65536, "num_attention_heads": 512, "ffn_hidden_size": 262144,
+            "vocab_size": 1_000_000, "seq_length": 1_000_000}  # fmt: skip
+    agg = {"model": huge, "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+           "traffic": {"input_tokens": 1000, "output_tokens": 100, "concurrency": 4},
+           "deployment": {"pools": [{"role": "both", "workers": 1, "tp": 16}]}}  # fmt: skip
+    answer = api.post("/v1/serve", json=agg).json()
+    peak = answer["pools"][0]["memory_peak_bytes"]
+    assert peak > 1e13  # 17.7 TB per GPU
+    assert f"the pool does not fit: {human_bytes(peak)} peak per GPU" in answer["warnings"][0], answer["warnings"]
