@@ -71,3 +71,26 @@ def test_serving_warnings_say_times_counts_and_memory_in_human_units(api):
     peak = answer["pools"][0]["memory_peak_bytes"]
     assert peak > 1e13  # 17.7 TB per GPU
     assert f"the pool does not fit: {human_bytes(peak)} peak per GPU" in answer["warnings"][0], answer["warnings"]
+
+
+def test_a_body_that_is_not_json_or_is_empty_says_why_and_where(api):
+    """A truncated body was "JSON decode error" alone (loc ["body", 485]) and an empty one "Field required" at
+    ["body"]: now the decoder's reason and the character, and that the body is empty, on every endpoint."""
+    whole = json.dumps(json.loads((ROOT / "examples/serve-deepseek-v3-disagg.json").read_text()))
+    cut = whole.index('"sglang"')  # the body ends at '"engine": '
+    for url in ("/v1/serve", "/v1/serve/search", "/v1/plan"):
+        r = api.post(url, content=whole[:cut].encode(), headers={"content-type": "application/json"})
+        assert r.status_code == 422
+        [d] = r.json()["detail"]
+        assert d["loc"] == ["body", cut] and d["type"] == "json_invalid"
+        assert d["msg"] == f"JSON decode error: Expecting value at character {cut:,} of the body"
+        r = api.post(url, content=b"", headers={"content-type": "application/json"})
+        assert r.status_code == 422
+        assert r.json()["detail"] == [
+            {
+                "loc": ["body"],
+                "msg": "Field required: the body is empty; this endpoint takes a JSON object (its schema and "
+                "examples: /docs)",
+                "type": "missing",
+            }
+        ]
