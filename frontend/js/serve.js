@@ -61,12 +61,22 @@ function loadScenario() {
 const DISPATCHES = [["", "engine default"], ["alltoall", "all-to-all"], ["deepep", "DeepEP"], ["deepep_ll", "DeepEP low-latency"],
   ["agrs", "all-gather + reduce-scatter (vLLM)"], ["dp_gather", "DP-attention gather (SGLang)"], ["agrs_quant", "post-quant all-gather (TensorRT-LLM)"]];
 const POOL_LABELS = { workers: "Workers", tp: "TP", dp: 'DP <span class="hint">(attention)</span>', ep: "EP" };
+// what each pool control does, said on hover (round 11: the pool's fields had none; "DP (attention)" beside an
+// "Attention-DP" box read as one setting twice)
+const POOL_TITLES = {
+  workers: "engine instances of this layout, each serving its own requests",
+  tp: "tensor parallel GPUs of one worker (with DP and EP: the attention's TP)",
+  dp: "attention ranks of one worker (app/schemas/serve.py PoolIn.dp); GPUs per worker = TP x DP",
+  ep: "expert parallel GPUs the MoE experts spread over (MoE models)",
+  adp: "data-parallel attention: each attention rank holds its own requests' tokens and KV cache, gathered before the experts (SGLang --enable-dp-attention, TensorRT-LLM enable_attention_dp; docs/serving.md)",
+  dispatch: "how tokens reach their experts; engine default: vLLM all-gather + reduce-scatter, SGLang DP-attention gather, TensorRT-LLM all-to-all",
+};
 
 function poolFields(prefix) {
-  const numbers = POOL_FIELDS.map((f) => `<div class="field"><label for="${prefix}-${f}">${POOL_LABELS[f]}</label><input id="${prefix}-${f}" type="number" min="1" value="${f === "tp" ? 8 : 1}"></div>`);
+  const numbers = POOL_FIELDS.map((f) => `<div class="field"><label for="${prefix}-${f}">${POOL_LABELS[f]}</label><input id="${prefix}-${f}" type="number" min="1" value="${f === "tp" ? 8 : 1}" title="${POOL_TITLES[f]}"></div>`);
   const options = DISPATCHES.map(([v, label]) => `<option value="${v}">${label}</option>`).join("");
-  return numbers.join("") + `<div class="field check"><label><input id="${prefix}-adp" type="checkbox"> Attention-DP</label></div>`
-    + `<div class="field"><label for="${prefix}-dispatch">Token dispatch</label><select id="${prefix}-dispatch">${options}</select></div>`;
+  return numbers.join("") + `<div class="field check"><label><input id="${prefix}-adp" type="checkbox" title="${POOL_TITLES.adp}"> Attention-DP</label></div>`
+    + `<div class="field"><label for="${prefix}-dispatch">Token dispatch</label><select id="${prefix}-dispatch" title="${POOL_TITLES.dispatch}">${options}</select></div>`;
 }
 
 export function initServe() {

@@ -82,3 +82,30 @@ def test_the_kv_transfer_card_says_what_goes_on_the_wire(page):  # noqa: F811
     assert k["wire_bytes"] == k["bytes_per_request"] == 140_544_000  # 70,272 B/token x 2,000 tokens
     assert card.inner_text().startswith("141 MB per request, 141 MB on the wire from 1 rank; busiest link ")
     assert "replicated" not in card.inner_text()
+
+
+# the controls a newcomer sets first: the form's workload, layout and cluster, the search's and the serving card's
+# own; each said nothing on hover (the model fields, More settings and the calibration card already did)
+EXPLAINED = [
+    "scenario", "kind", "micro-batch", "global-batch", "recompute", "tp", "pp", "dp", "cp", "ep", "zero", "sp",
+    "schedule", "vpp", "framework", "first-layers", "last-layers", "nodes", "algorithm", "search-topk",
+    "search-framework", "serve-scenario", "serve-model", "serve-nodes", "serve-engine", "serve-mode", "serve-isl",
+    "serve-osl", "serve-load", "serve-concurrency", "serve-weights", "serve-kv", "serve-sla-ttft", "serve-sla-tpot",
+    *(f"serve-{pool}-{f}" for pool in "apd" for f in ("workers", "tp", "dp", "ep", "adp", "dispatch")),
+]  # fmt: skip
+
+
+def test_every_first_control_says_what_it_does(page):  # noqa: F811
+    """Each control above has a title of its own words (at least five); the KV cache's blank option said "as the
+    weights" while fp8 weights keep a bf16 cache (planner/serving/spec.py ServeOptions.kv): it names bf16, and the
+    DeepSeek-V3 scenario's fp8 weights with it hold 70.3 KB a token, (512 + 64) x 61 layers x 2 B."""
+    open_page(page, url_state(LLAMA))
+    titles = page.evaluate("(ids) => ids.map((id) => [id, document.getElementById(id).title])", EXPLAINED)
+    missing = [i for i, t in titles if len(t.split()) < 5]
+    assert not missing, missing
+    assert len({t for _, t in titles}) >= len(titles) - 2 * 6  # the three pools share their six titles
+    assert page.locator("#serve-kv option[value='']").inner_text() == "default (bf16)"
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator('[data-card="kv"] .hint')).to_contain_text("70.3 KB per token", timeout=60_000)
+    assert page.evaluate("window.commplan.serveBody().options") == {"weight_dtype": "fp8", "two_batch_overlap": True}
+    assert page.evaluate("window.commplan.state.serve.kv_cache.bytes_per_token") == (512 + 64) * 61 * 2
