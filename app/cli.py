@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -193,10 +194,15 @@ def _plan(args) -> int:
 def _answer(args, produce) -> int:
     """Read the request file (or standard input), write what ``produce(text, settings)`` makes of it; bad input
     is exit status 2 with the field and the rule, as the service's 422."""
+    from .limits import NON_FINITE_RULE, non_finite
     from .settings import Settings
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        bad = non_finite(text.encode())  # the service's body filter: Python's json reads NaN, RFC 8259 has none
+        if bad is not None:
+            print(f"commplan: {args.file}: {bad} {NON_FINITE_RULE}", file=sys.stderr)
+            return 2
         output = produce(text, Settings.from_env())
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {args.file}: {err}", file=sys.stderr)
@@ -455,7 +461,11 @@ def _invalid(err: ValidationError) -> int:
     from .errors import stated
 
     for e in err.errors(include_url=False):
-        print(f"commplan: {'.'.join(map(str, e['loc']))}: {stated(e)}", file=sys.stderr)
+        # the file itself (no field): it read "commplan: : ... or instance of ServeRequest" for a list
+        where = ".".join(map(str, e["loc"])) or "the file"
+        print(
+            f"commplan: {where}: {re.sub(r' or instance of [A-Za-z]+', ' (a JSON object)', stated(e))}", file=sys.stderr
+        )
     return 2
 
 

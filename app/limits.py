@@ -220,6 +220,10 @@ def _float(text: str) -> float:
     return value
 
 
+# what a refused number breaks, after the number: the service's 422 and the CLI's exit 2 say the same
+NON_FINITE_RULE = "is not a JSON number (RFC 8259 has no NaN or Infinity; a double overflows above 1.8e308)"
+
+
 def non_finite(body: bytes) -> str | None:
     """The first number in ``body`` that JSON (RFC 8259) does not have or a double cannot hold, else None."""
     if not _suspect(body):
@@ -268,7 +272,7 @@ class BodyLimit:
         body = b"".join(chunks)
         bad = non_finite(body) if body else None
         if bad is not None:
-            msg = f"{bad} is not a JSON number (RFC 8259 has no NaN or Infinity; a double overflows above 1.8e308)"
+            msg = f"{bad} {NON_FINITE_RULE}"
             return await self._refuse(send, 422, _error(422, ["body"], msg, "json_invalid"))
         replayed = False
 
