@@ -194,14 +194,14 @@ def _plan(args) -> int:
 def _answer(args, produce) -> int:
     """Read the request file (or standard input), write what ``produce(text, settings)`` makes of it; bad input
     is exit status 2 with the field and the rule, as the service's 422."""
-    from .limits import NON_FINITE_RULE, non_finite
+    from .limits import non_finite_rule
     from .settings import Settings
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        bad = non_finite(text.encode())  # the service's body filter: Python's json reads NaN, RFC 8259 has none
+        bad = non_finite_rule(text.encode())  # the service's body filter: Python's json reads NaN, RFC 8259 has none
         if bad is not None:
-            print(f"commplan: {args.file}: {bad} {NON_FINITE_RULE}", file=sys.stderr)
+            print(f"commplan: {args.file}: {bad}", file=sys.stderr)
             return 2
         output = produce(text, Settings.from_env())
     except (OSError, json.JSONDecodeError) as err:

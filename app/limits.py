@@ -220,8 +220,13 @@ def _float(text: str) -> float:
     return value
 
 
-# what a refused number breaks, after the number: the service's 422 and the CLI's exit 2 say the same
-NON_FINITE_RULE = "is not a JSON number (RFC 8259 has no NaN or Infinity; a double overflows above 1.8e308)"
+def non_finite_rule(body: bytes) -> str | None:
+    """Why ``body`` is refused, naming its first non-finite number (``non_finite``), else None: the service's 422
+    and the CLI's exit 2 (app/cli.py, app/search_cli.py) say the same."""
+    bad = non_finite(body)
+    if bad is None:
+        return None
+    return f"{bad} is not a JSON number (RFC 8259 has no NaN or Infinity; a double overflows above 1.8e308)"
 
 
 def non_finite(body: bytes) -> str | None:
@@ -270,9 +275,8 @@ class BodyLimit:
             msg = f"the body did not arrive within {self.timeout_s:g} s (COMMPLAN_BODY_TIMEOUT_S)"
             return await self._refuse(send, 408, _error(408, ["body"], msg, "timeout"))
         body = b"".join(chunks)
-        bad = non_finite(body) if body else None
-        if bad is not None:
-            msg = f"{bad} {NON_FINITE_RULE}"
+        msg = non_finite_rule(body) if body else None
+        if msg is not None:
             return await self._refuse(send, 422, _error(422, ["body"], msg, "json_invalid"))
         replayed = False
 

@@ -13,6 +13,7 @@ from planner.sweep import Task, run, write
 
 from .cli import human_percent, human_seconds
 from .inputs import problem_of
+from .limits import non_finite_rule
 from .schemas.search import SearchRequest
 from .serialize import search_dict
 from .settings import Settings
@@ -28,6 +29,10 @@ def _read(path: str):
             import yaml  # pyyaml: only needed for YAML specs
 
             return yaml.safe_load(text)
+        bad = non_finite_rule(text.encode())  # as the service and app/cli.py refuse it
+        if bad is not None:
+            print(f"commplan: {path}: {bad}", file=sys.stderr)
+            return UNREADABLE
         return json.loads(text)
     except (OSError, json.JSONDecodeError) as err:
         print(f"commplan: cannot read {path}: {err}", file=sys.stderr)

@@ -94,3 +94,25 @@ def test_a_body_that_is_not_json_or_is_empty_says_why_and_where(api):
                 "type": "missing",
             }
         ]
+
+
+def test_the_cli_refuses_nan_and_a_file_that_is_not_an_object_as_the_service_does(tmp_path, capsys):
+    """`commplan serve-plan` read a NaN (Python's json takes it) and said "traffic.input_tokens: Input should be a
+    valid integer, got nan" where the service says NaN is no JSON number; a file holding a list said "commplan: :
+    Input should be a valid dictionary or instance of ServeRequest" (no field, a class name)."""
+    body = json.loads((ROOT / "examples/serve-deepseek-v3-disagg.json").read_text())
+    path = tmp_path / "nan.json"
+    for command in ("serve-plan", "serve-search", "plan", "search"):
+        for literal in ("NaN", "-Infinity", "1e400"):
+            path.write_text(json.dumps(body).replace('"input_tokens": 2000', f'"input_tokens": {literal}'))
+            assert main([command, str(path)]) == 2
+            err = capsys.readouterr().err
+            assert err == (
+                f"commplan: {path}: {literal} is not a JSON number (RFC 8259 has no NaN or Infinity; a double "
+                "overflows above 1.8e308)\n"
+            ), err
+    path.write_text("[1, 2]")
+    assert main(["serve-plan", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        "commplan: the file: Input should be a valid dictionary (a JSON object), got a list of 2 items\n"
+    )
