@@ -109,3 +109,18 @@ def test_every_first_control_says_what_it_does(page):  # noqa: F811
     expect(page.locator('[data-card="kv"] .hint')).to_contain_text("70.3 KB per token", timeout=60_000)
     assert page.evaluate("window.commplan.serveBody().options") == {"weight_dtype": "fp8", "two_batch_overlap": True}
     assert page.evaluate("window.commplan.state.serve.kv_cache.bytes_per_token") == (512 + 64) * 61 * 2
+
+
+@pytest.mark.parametrize("box", ["sp", "search-framework", "serve-a-adp"])
+def test_a_check_box_sits_beside_its_words(page, box):  # noqa: F811
+    """A check field's box was as wide as its field (inputs are width 100%), drawn in the middle of it: 40-70 px
+    from its words ("Keep the framework"). Now the box is its own width and the words follow it."""
+    open_page(page, url_state(LLAMA))
+    gap = page.evaluate(
+        """(id) => { const box = document.getElementById(id), r = box.getBoundingClientRect();
+          const range = document.createRange(); range.selectNodeContents(box.parentElement);
+          const words = [...range.getClientRects()].filter((q) => q.left >= r.right - 1);
+          return [r.width, Math.min(...words.map((q) => q.left)) - r.right]; }""",
+        box,
+    )
+    assert gap[0] < 24 and 0 <= gap[1] < 12, gap
