@@ -111,16 +111,19 @@ def test_every_first_control_says_what_it_does(page):  # noqa: F811
     assert page.evaluate("window.commplan.state.serve.kv_cache.bytes_per_token") == (512 + 64) * 61 * 2
 
 
-@pytest.mark.parametrize("box", ["sp", "search-framework", "serve-a-adp"])
+@pytest.mark.parametrize("box", ["sp", "search-framework", "serve-p-adp"])
 def test_a_check_box_sits_beside_its_words(page, box):  # noqa: F811
     """A check field's box was as wide as its field (inputs are width 100%), drawn in the middle of it: 40-70 px
-    from its words ("Keep the framework"). Now the box is its own width and the words follow it."""
+    from its words ("Keep the framework"), and a pool's "Attention-DP" floated mid-field (.check centres its
+    items). Now the box is its own width at the field's left edge and the words follow it."""
     open_page(page, url_state(LLAMA))
+    page.select_option("#serve-mode", "disaggregated")  # the prefill pool's fields on show
     gap = page.evaluate(
         """(id) => { const box = document.getElementById(id), r = box.getBoundingClientRect();
+          const field = box.closest('.field').getBoundingClientRect();
           const range = document.createRange(); range.selectNodeContents(box.parentElement);
           const words = [...range.getClientRects()].filter((q) => q.left >= r.right - 1);
-          return [r.width, Math.min(...words.map((q) => q.left)) - r.right]; }""",
+          return [r.width, Math.min(...words.map((q) => q.left)) - r.right, r.left - field.left]; }""",
         box,
     )
-    assert gap[0] < 24 and 0 <= gap[1] < 12, gap
+    assert gap[0] < 24 and 0 <= gap[1] < 12 and 0 <= gap[2] < 8, gap
