@@ -127,3 +127,47 @@ def test_a_check_box_sits_beside_its_words(page, box):  # noqa: F811
         box,
     )
     assert gap[0] < 24 and 0 <= gap[1] < 12 and 0 <= gap[2] < 8, gap
+
+
+# the DeepSeek-V3 training scenario (frontend/js/form.js SCENARIOS "dsv3"): 16 stages, 240 micro-batches, 79 lanes
+DSV3 = {
+    "model": {"preset": "deepseek-v3"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 15360},
+    "parallel": {"tp": 2, "pp": 16, "dp": 64, "ep": 64, "zero_stage": 1, "sequence_parallel": True,
+                 "first_stage_layers": 3, "last_stage_layers": 2},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 256},
+    "options": {"algorithm": "auto", "links_per_call": 24},
+}  # fmt: skip
+
+
+def test_every_lane_of_a_big_timeline_is_drawn(page):  # noqa: F811
+    """DeepSeek-V3's timeline is 25,578 blocks on 79 lanes; past ECharts' progressive threshold (3,000) its custom
+    series drew the first chunks and stopped: two lanes had blocks, 77 read idle for the whole step. Every lane
+    with blocks now has pixels of a block's colour on its centre line of the chart's canvas."""
+    open_page(page, url_state(DSV3))
+    expect(page.locator("#timeline-note")).to_contain_text("79 lanes", timeout=60_000)
+    page.wait_for_timeout(500)
+    drawn = page.evaluate(
+        """() => {
+          const c = window.commplan.state.charts.timeline, lanes = c.getOption().yAxis[0].data.length;
+          const events = c.getOption().series[1].data, busy = new Set(events.map((d) => d.value[0]));
+          const canvas = document.querySelector('#timeline canvas'), ctx = canvas.getContext('2d');
+          const ratio = canvas.width / canvas.clientWidth, grid = c.getModel().getComponent('grid', 0).coordinateSystem;
+          const r = grid.getRect(), out = [];
+          for (let lane = 0; lane < lanes; lane++) {
+            const y = Math.round(c.convertToPixel({ gridIndex: 0 }, [0, lane])[1] * ratio);
+            const row = ctx.getImageData(Math.round(r.x * ratio), y, Math.round(r.width * ratio), 1).data;
+            let coloured = 0;  // neither the idle grey (#e9eef4) nor the background
+            for (let i = 0; i < row.length; i += 4) {
+              const [R, G, B] = [row[i], row[i + 1], row[i + 2]];
+              const idle = Math.abs(R - 0xe9) < 6 && Math.abs(G - 0xee) < 6 && Math.abs(B - 0xf4) < 6;
+              if (!idle && R + G + B < 700) coloured++;
+            }
+            out.push([lane, busy.has(lane), coloured]);
+          }
+          return [events.length, out]; }"""
+    )
+    count, lanes = drawn
+    assert count > 3000 and len(lanes) == 79, (count, len(lanes))
+    blank = [lane for lane, busy, coloured in lanes if busy and coloured == 0]
+    assert not blank, blank
