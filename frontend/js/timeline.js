@@ -237,7 +237,9 @@ export function renderTimeline(plan) {
   const data = blocks.filter((b) => b.stream !== "recompute").map(item);
   const redo = blocks.filter((b) => b.stream === "recompute").map(item);
   state_data = [data, redo];
-  const height = Math.min(720, Math.max(180, lanes.length * (narrow() ? 18 : 24) + 90));
+  // at least 14 px a lane, past the 720 px the chart keeps for up to 26 lanes: 79 lanes (DeepSeek-V3, 16 stages) had
+  // 8 px each under 11 px labels, "stage 0 · dp" printed over "stage 0 · pp" (round 11)
+  const height = Math.min(Math.max(720, lanes.length * 14 + 90), Math.max(180, lanes.length * (narrow() ? 18 : 24) + 90));
   $("timeline").style.height = `${height}px`;
   const bars = (share) => (params, api) => {
     const lane = api.value(0), start = api.coord([api.value(1), lane]), stop = api.coord([api.value(2), lane]);

@@ -171,3 +171,9 @@ def test_every_lane_of_a_big_timeline_is_drawn(page):  # noqa: F811
     assert count > 3000 and len(lanes) == 79, (count, len(lanes))
     blank = [lane for lane, busy, coloured in lanes if busy and coloured == 0]
     assert not blank, blank
+    # and each lane at least 14 px apart, so its 11 px label does not print over the next (they were 8 px apart)
+    step = page.evaluate(
+        """() => { const c = window.commplan.state.charts.timeline;
+          return c.convertToPixel({ gridIndex: 0 }, [0, 1])[1] - c.convertToPixel({ gridIndex: 0 }, [0, 0])[1]; }"""
+    )
+    assert step >= 14, step
