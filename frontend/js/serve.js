@@ -229,13 +229,30 @@ export function serveBody() {
 
 // a 422 on this card: the field as the card labels it, and a bound on a field in seconds said in seconds (the SLA
 // boxes take ms: "sla.tpot_s: Input should be less than or equal to 60" read as 60 ms; the bound and the value got)
+// The options and each pool's fields too, marked on their input (round 11: "options.fp8_recipe: fp8 weights ... use
+// bf16 weights" named a field the card has no control for, and a pool's "deployment.pools.0.ep" was a path alone)
 const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-tpot", "traffic.input_tokens": "serve-isl",
-  "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency" };
+  "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency",
+  "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
+  "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
+  "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes" };
+const POOL_INPUTS = { workers: "workers", tp: "tp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
+const unmark = () => { for (const node of $("serve-card").querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid"); };
+function inputOf(path) {
+  const pool = /^deployment\.pools\.(\d)\.(\w+)$/.exec(path);
+  if (!pool) return SERVE_FIELDS[path] && $(SERVE_FIELDS[path]);
+  const prefix = $("serve-mode").value === "disaggregated" ? ["serve-p", "serve-d"][Number(pool[1])] : "serve-a";
+  return prefix && POOL_INPUTS[pool[2]] ? $(`${prefix}-${POOL_INPUTS[pool[2]]}`) : null;
+}
 function errorText(err) {
+  unmark();
   const d = err.detail && err.detail[0];
   if (!d || !d.loc) return err.message;
-  const path = d.loc.slice(1).join("."), input = SERVE_FIELDS[path] && $(SERVE_FIELDS[path]);
-  const name = input && input.labels.length ? `${input.labels[0].textContent.trim()} (${path})` : path;
+  const path = d.loc.slice(1).join("."), input = inputOf(path);
+  if (input) input.setAttribute("aria-invalid", "true");
+  const legend = input && input.closest("fieldset") ? `${input.closest("fieldset").querySelector("legend").textContent.trim()} ` : "";
+  const label = input && input.labels.length ? input.labels[0].textContent.trim() : "";
+  const name = label ? `${legend}${label} (${path})` : path;
   return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : d.msg}`;
 }
 
@@ -244,6 +261,7 @@ async function runServe() {
   if (!state.request) return;
   const seq = ++serveSeq;
   $("serve-status").textContent = "Planning the deployment…";
+  unmark();
   try {
     const answer = await postJson("/v1/serve", serveBody());
     if (seq !== serveSeq) return;
@@ -331,6 +349,7 @@ async function runServeSearch() {
   if (num("serve-sla-tpot") !== null) sla.tpot_s = num("serve-sla-tpot") / 1e3;
   const body = { ...modelAndCluster(), traffic: traffic(), sla, options: options(), top_k: 10 };
   $("serve-search-status").textContent = "Searching deployments…";
+  unmark();
   $("serve-search-run").disabled = true;
   state.serveSearchProgress = null;
   try {

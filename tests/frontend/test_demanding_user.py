@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state  # noqa: F401
+from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
@@ -177,3 +177,54 @@ def test_every_lane_of_a_big_timeline_is_drawn(page):  # noqa: F811
           return c.convertToPixel({ gridIndex: 0 }, [0, 1])[1] - c.convertToPixel({ gridIndex: 0 }, [0, 0])[1]; }"""
     )
     assert step >= 14, step
+
+
+def test_a_refused_deployment_names_and_marks_the_cards_own_control(page):  # noqa: F811
+    """A 422 on a pool's field read as its path alone ("deployment.pools.0.ep: ...") and fp8 weights on an A100 as
+    "options.fp8_recipe: ...", a field the card has no control for; each now names the card's control (the pool's
+    legend and label; the weights select) beside the path, and marks it until the next plan."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    page.fill("#serve-p-ep", "7")
+    page.click("#serve-run")
+    status = page.locator("#serve-status")
+    lead = "Cannot plan this deployment: "
+    expect(status).to_have_text(
+        f"{lead}Prefill pool EP (deployment.pools.0.ep): num_experts 256 is not divisible by ep 7", timeout=30_000
+    )
+    assert page.locator("#serve-card [aria-invalid=true]").evaluate_all("els => els.map((e) => e.id)") == ["serve-p-ep"]
+    page.fill("#serve-p-ep", "32")
+    page.click("#serve-run")
+    expect(status).to_have_text("", timeout=30_000)
+    assert page.locator("#serve-card [aria-invalid=true]").count() == 0
+    # fp8 weights on the form's A100s: the weights select, whose default recipe (blockwise) needs sm 9.0
+    a100 = {**LLAMA, "cluster": {"preset": "dgx-a100", "num_nodes": 64}}
+    open_page(page, url_state(a100))
+    assert page.evaluate("window.commplan.state.request.cluster.preset") == "dgx-a100"
+    page.select_option("#serve-model", "llama3-8b")
+    page.fill("#serve-nodes", "1")
+    page.select_option("#serve-engine", "vllm")
+    page.select_option("#serve-mode", "aggregated")
+    page.fill("#serve-a-tp", "8")
+    page.select_option("#serve-weights", "fp8")
+    page.click("#serve-run")
+    want = "Weights (options.fp8_recipe): fp8 weights under fp8_recipe 'blockwise' need compute capability >= 9.0"
+    expect(status).to_contain_text(f"{lead}{want}", timeout=30_000)
+    assert page.locator("#serve-card [aria-invalid=true]").evaluate_all("els => els.map((e) => e.id)") == [
+        "serve-weights"
+    ]
+
+
+def test_a_link_opened_over_the_page_plans_what_it_holds(page):  # noqa: F811
+    """A shared link opened in a tab already on the page differs only in its hash: the browser does not load the
+    page again, and the page kept its own plan (the 70B on H100s under a link to A100s). It plans the link's."""
+    open_page(page, url_state(LLAMA))
+    assert page.evaluate("window.commplan.state.request.cluster.preset") == "dgx-h100"
+    a100 = {**LLAMA, "cluster": {"preset": "dgx-a100", "num_nodes": 64}}
+    with page.expect_event("load", timeout=30_000):  # the hash changes, then the page loads it as a new visit
+        page.goto(page.base + "/" + url_state(a100))
+    wait_until(page, "window.commplan && window.commplan.state.plan && window.commplan.state.plan.world_size > 0")
+    expect(page.locator("#cluster-preset")).to_have_value("dgx-a100")
+    expect(page.locator("#status")).to_contain_text("512 devices")
+    assert page.evaluate("window.commplan.state.plan.cluster.gpu.name").startswith("A100")

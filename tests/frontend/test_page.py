@@ -90,7 +90,14 @@ def make_page(browser, server):
 
 
 def open_page(page, url=""):
-    page.goto(page.base + "/" + url)
+    target = page.base + "/" + url
+    if page.url.split("#")[0] == target.split("#")[0]:
+        # the page already: a new hash makes it load itself again (main.js hashchange), the same URL needs a reload;
+        # either way its old document must not answer the waits below
+        with page.expect_event("load", timeout=30_000):
+            page.reload() if page.url == target else page.goto(target)
+    else:
+        page.goto(target)
     expect(page.locator("#ledger tbody tr").first).to_be_visible(timeout=20_000)
     expect(page.locator("#results")).not_to_have_class(re.compile("stale"), timeout=10_000)
 
