@@ -321,7 +321,8 @@ def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user:
 def _kv_moved(kv: dict) -> str:
     """A request's KV and what its transfer moves (``wire_bytes``: more than the KV where a pool's tp passes the KV
     heads and the engine fills every copy, docs/serving.md "KV heads replicated past TP"); the page's KV transfer
-    card says the same (frontend/js/serve.js kvMoved)."""
+    card says the same (frontend/js/serve.js kvMoved). 1.001: the shares are ceil-divided, so a transfer without
+    copies may read a few bytes over the KV."""
     ranks = f"{kv['senders']} rank{'s' if kv['senders'] > 1 else ''}"
     copies = " (replicated KV heads: every copy filled)" if kv["wire_bytes"] > kv["bytes_per_request"] * 1.001 else ""
     return (

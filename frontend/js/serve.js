@@ -284,7 +284,8 @@ const poolTokens = (p) => (p.output_tokens_per_s ? `${fmtCount(p.output_tokens_p
 
 // a request's KV and what its transfer moves: wire_bytes (kvrep10) exceeds the KV where a pool's tp passes the KV
 // heads and the engine fills every copy (docs/serving.md "KV heads replicated past TP"); the card said the KV alone
-// (round 11). app/cli.py _kv_moved writes the same words.
+// (round 11). app/cli.py _kv_moved writes the same words. 1.001: the shares are ceil-divided (deployment.py
+// _kv_transfer), so a transfer without copies may read a few bytes over the KV.
 const kvMoved = (k) => `${fmtBytes(k.bytes_per_request)} per request, ${fmtBytes(k.wire_bytes)} on the wire from ${k.senders} rank${k.senders > 1 ? "s" : ""}`
   + (k.wire_bytes > k.bytes_per_request * 1.001 ? " (replicated KV heads: every copy filled)" : "");
 
