@@ -12,6 +12,8 @@ from collections.abc import Mapping
 # Human units (issue 14): 3 significant digits, decimal prefixes (1 GB = 1e9 B, as GB/s), never scientific notation.
 BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
 TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+# from 1,000 s on (a saturated prefill pass read "24500 s", a TTFT "3140000000 s"); a year is 365.25 days
+LONG_UNITS = (("years", 365.25 * 86400), ("days", 86400.0), ("h", 3600.0), ("min", 60.0))
 
 
 def sig3(x: float) -> str:
@@ -47,6 +49,8 @@ def human_seconds(s: float) -> str:
     """frontend/js/format.js fmtTime, with 'us' for 'µs' (tests/frontend/test_page.py compares them)."""
     if s == 0:
         return "0 s"
+    if abs(s) >= 999.5:
+        return _human(s, LONG_UNITS)
     return _below(s, "ns", "0 s") if abs(s) < 0.9995e-9 else _human(s, TIME_UNITS)
 
 
