@@ -116,3 +116,27 @@ def test_the_cli_refuses_nan_and_a_file_that_is_not_an_object_as_the_service_doe
     assert capsys.readouterr().err == (
         "commplan: the file: Input should be a valid dictionary (a JSON object), got a list of 2 items\n"
     )
+
+
+def test_a_search_for_a_flavour_it_does_not_propose_is_one_error(api):
+    """constraints.framework "megatron-lm-2021" (registered, ``searched`` False) was two union errors at
+    ``constraints.framework.literal['megatron','torch','deepspeed']`` and ``...list[...]``; one now, at the field,
+    with the searched names from the flavour registry."""
+    body = {
+        "model": {"preset": "llama3-70b"},
+        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 1024},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 64},
+    }
+    old = "a flavour the search does not propose (Megatron-LM 2021-22: a plan of a run of its time)"
+    cases = (("megatron-lm-2021", old), (["torch", "megatron-lm-2021"], old), ("jax", "not a training framework"))
+    for given, why in cases:
+        r = api.post("/v1/search", json={**body, "constraints": {"framework": given}})
+        assert r.status_code == 422
+        name = "megatron-lm-2021" if given != "jax" else "jax"
+        assert r.json()["detail"] == [
+            {
+                "loc": ["body", "constraints", "framework"],
+                "msg": f"Value error, framework {name!r} is {why}; searched: megatron, torch, deepspeed",
+                "type": "value_error",
+            }
+        ]

@@ -228,3 +228,19 @@ def test_a_link_opened_over_the_page_plans_what_it_holds(page):  # noqa: F811
     expect(page.locator("#cluster-preset")).to_have_value("dgx-a100")
     expect(page.locator("#status")).to_contain_text("512 devices")
     assert page.evaluate("window.commplan.state.plan.cluster.gpu.name").startswith("A100")
+
+
+def test_keep_the_framework_of_a_flavour_the_search_does_not_propose(page):  # noqa: F811
+    """The form on Megatron-LM 2021-22 (a plan flavour only) with "Keep the framework" ticked, the default: the search
+    failed with two pydantic union errors run together; it now names the box, says why and which are searched, and
+    marks the box."""
+    request = {**LLAMA, "parallel": {**LLAMA["parallel"], "framework": "megatron-lm-2021"}}
+    open_page(page, url_state(request))
+    page.click("#search-run")
+    expect(page.locator("#search-status")).to_have_text(
+        "Search failed: Keep the framework (constraints.framework): Value error, framework 'megatron-lm-2021' is a "
+        "flavour the search does not propose (Megatron-LM 2021-22: a plan of a run of its time); searched: megatron, "
+        "torch, deepspeed",
+        timeout=30_000,
+    )
+    expect(page.locator("#search-framework")).to_have_attribute("aria-invalid", "true")
