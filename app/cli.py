@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -45,6 +46,12 @@ def read_request(path: str):
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
         if path.endswith((".yaml", ".yml")):
             return _yaml(text)
+        from .limits import non_finite_rule
+
+        bad = non_finite_rule(text.encode())  # the service's body filter: Python's json reads NaN, RFC 8259 has none
+        if bad is not None:
+            print(f"commplan: {path}: {bad}", file=sys.stderr)
+            return UNREADABLE
         return json.loads(text)
     except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = str(err)
@@ -353,6 +360,19 @@ def _deployment_line(lead: str, hit: dict, pools: str, per_gpu: float, per_user:
     )
 
 
+def _kv_moved(kv: dict) -> str:
+    """A request's KV and what its transfer moves (``wire_bytes``: more than the KV where a pool's tp passes the KV
+    heads and the engine fills every copy, docs/serving.md "KV heads replicated past TP"); the page's KV transfer
+    card says the same (frontend/js/serve.js kvMoved). 1.001: the shares are ceil-divided, so a transfer without
+    copies may read a few bytes over the KV."""
+    ranks = f"{kv['senders']} rank{'s' if kv['senders'] > 1 else ''}"
+    copies = " (replicated KV heads: every copy filled)" if kv["wire_bytes"] > kv["bytes_per_request"] * 1.001 else ""
+    return (
+        f"{human_bytes(kv['bytes_per_request'])} per request, {human_bytes(kv['wire_bytes'])} on the wire from "
+        f"{ranks}{copies},"
+    )
+
+
 def _serve_table(result: dict) -> str:
     tp = result["throughput"]
     ttft = _words().duration(result["ttft_s"], "saturated")
@@ -368,10 +388,7 @@ def _serve_table(result: dict) -> str:
     ]
     if result["kv_transfer"]:
         kv = result["kv_transfer"]
-        lines.append(
-            f"KV transfer {human_bytes(kv['bytes_per_request'])} per request in {human_seconds(kv['time_s'])} "
-            f"over {kv['bottleneck']}"
-        )
+        lines.append(f"KV transfer {_kv_moved(kv)} in {human_seconds(kv['time_s'])} over {kv['bottleneck']}")
     for p in result["pools"]:
         lines.append(
             f"pool {p['role']}: {p['gpus']} GPUs, batch {p['batch']}, step {human_seconds(p['step_s'])}, "
@@ -487,7 +504,11 @@ def _invalid(err: ValidationError) -> int:
     from .errors import stated
 
     for e in err.errors(include_url=False):
-        print(f"commplan: {'.'.join(map(str, e['loc']))}: {stated(e)}", file=sys.stderr)
+        # the file itself (no field): it read "commplan: : ... or instance of ServeRequest" for a list
+        where = ".".join(map(str, e["loc"])) or "the file"
+        print(
+            f"commplan: {where}: {re.sub(r' or instance of [A-Za-z]+', ' (a JSON object)', stated(e))}", file=sys.stderr
+        )
     return 2
 
 

@@ -83,7 +83,13 @@ STATES_ITS_INPUT = frozenset(
 
 
 def stated(e: dict) -> str:
-    """pydantic's message with the value it refused (its ``input``), unless the message states it already."""
+    """pydantic's message with the value it refused (its ``input``), unless the message states it already. JSON that
+    does not decode says the decoder's reason and where (it read "JSON decode error" alone, at loc ["body", 485]);
+    a missing body says so (it read "Field required" at loc ["body"])."""
+    if e["type"] == "json_invalid" and isinstance(e.get("ctx"), dict) and len(e["loc"]) == 2:
+        return f"{e['msg']}: {e['ctx'].get('error')} at character {e['loc'][1]:,} of the body"
+    if e["type"] == "missing" and tuple(e["loc"]) == ("body",):
+        return f"{e['msg']}: the body is empty; this endpoint takes a JSON object (its schema and examples: /docs)"
     if e["type"] in STATES_ITS_INPUT or "input" not in e:
         return e["msg"]
     return f"{e['msg']}, got {got(e['input'])}"

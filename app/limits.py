@@ -220,6 +220,15 @@ def _float(text: str) -> float:
     return value
 
 
+def non_finite_rule(body: bytes) -> str | None:
+    """Why ``body`` is refused, naming its first non-finite number (``non_finite``), else None: the service's 422
+    and the CLI's exit 2 (app/cli.py, app/search_cli.py) say the same."""
+    bad = non_finite(body)
+    if bad is None:
+        return None
+    return f"{bad} is not a JSON number (RFC 8259 has no NaN or Infinity; a double overflows above 1.8e308)"
+
+
 def non_finite(body: bytes) -> str | None:
     """The first number in ``body`` that JSON (RFC 8259) does not have or a double cannot hold, else None."""
     if not _suspect(body):
@@ -266,9 +275,8 @@ class BodyLimit:
             msg = f"the body did not arrive within {self.timeout_s:g} s (COMMPLAN_BODY_TIMEOUT_S)"
             return await self._refuse(send, 408, _error(408, ["body"], msg, "timeout"))
         body = b"".join(chunks)
-        bad = non_finite(body) if body else None
-        if bad is not None:
-            msg = f"{bad} is not a JSON number (RFC 8259 has no NaN or Infinity; a double overflows above 1.8e308)"
+        msg = non_finite_rule(body) if body else None
+        if msg is not None:
             return await self._refuse(send, 422, _error(422, ["body"], msg, "json_invalid"))
         replayed = False
 

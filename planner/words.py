@@ -12,6 +12,8 @@ from collections.abc import Mapping
 # Human units (issue 14): 3 significant digits, decimal prefixes (1 GB = 1e9 B, as GB/s), never scientific notation.
 BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
 TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+# from 1,000 s on (a saturated prefill pass read "24500 s", a TTFT "3140000000 s"); a year is 365.25 days
+LONG_UNITS = (("years", 365.25 * 86400), ("days", 86400.0), ("h", 3600.0), ("min", 60.0))
 
 
 def sig3(x: float) -> str:
@@ -47,6 +49,8 @@ def human_seconds(s: float) -> str:
     """frontend/js/format.js fmtTime, with 'us' for 'µs' (tests/frontend/test_page.py compares them)."""
     if s == 0:
         return "0 s"
+    if abs(s) >= 999.5:
+        return _human(s, LONG_UNITS)
     return _below(s, "ns", "0 s") if abs(s) < 0.9995e-9 else _human(s, TIME_UNITS)
 
 
@@ -62,6 +66,12 @@ def human_percent(x: float) -> str:
     if x == 0 or abs(100 * x) < 0.009995:
         return "< 0.01%" if x > 0 else "0%"
     return f"{sig3(100 * x)}%"
+
+
+def human_number(x: float) -> str:
+    """A count or a rate in a sentence: 3 significant digits below 1,000, a whole number with thousands separators
+    from there on ("0.0473", "33,012", "1,000,000": it read "1000000 requests/s" in the serving warnings)."""
+    return f"{x:,.0f}" if abs(x) >= 999.5 else sig3(x)
 
 
 def human_capacity(n: int) -> str:
@@ -97,6 +107,7 @@ __all__ = [
     "duration",
     "human_bytes",
     "human_capacity",
+    "human_number",
     "human_percent",
     "human_rate",
     "human_seconds",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from planner import flavours
 from planner.pipeline import SCHEDULE_TRAITS
 
 from .base import Strict, with_example
@@ -107,6 +108,24 @@ class ConstraintsIn(Strict):
         "model leaves out, chiefly the PyTorch caching allocator's fragmentation (planner/memory.py counts the "
         "CUDA context, workspaces and NCCL buffers); 0 turns it off",
     )
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _searched_framework(cls, value):
+        """A framework the search proposes (its flavour's ``searched`` trait), said as one error: the page's "Keep the
+        framework" with Megatron-LM 2021-22 read two pydantic union errors at
+        ``constraints.framework.literal['megatron','torch','deepspeed']`` (round 11)."""
+        searched = [n for n in flavours.names() if flavours.flavour(n).searched]
+        for name in value if isinstance(value, list) else [value]:
+            if isinstance(name, str) and name not in searched:
+                why = (
+                    f"a flavour the search does not propose ({flavours.flavour(name).display}: a plan of a run of "
+                    "its time)"
+                    if name in flavours.names()
+                    else "not a training framework"
+                )
+                raise ValueError(f"framework {name!r} is {why}; searched: {', '.join(searched)}")
+        return value
 
 
 class SearchRequest(Strict):

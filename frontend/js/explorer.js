@@ -17,6 +17,7 @@ export function clearExplorer(note) {
   chart("explorer").clear();
   $("explorer").dataset.call = "";
   $("explorer-title").textContent = "Algorithm explorer";
+  $("explorer-hint").hidden = true;  // no call's groups to plot (the KV transfer drawn): the note says why
   $("explorer-note").textContent = note;
 }
 
@@ -26,6 +27,7 @@ export async function explore(call) {
   chart("explorer").clear();
   $("explorer").dataset.call = "";
   $("explorer-title").textContent = `Algorithm explorer: ${label}`;
+  $("explorer-hint").hidden = false;
   $("explorer-note").textContent = `Pricing every algorithm for ${call.name}…`;
   let body;
   try {

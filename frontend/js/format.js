@@ -23,8 +23,12 @@ export const fmtBytes = (n) => (n === null || n === undefined || Number.isNaN(n)
 // of floating-point noise. app/cli.py human_seconds/human_bytes/human_rate/human_percent write the same strings
 // (tests/frontend/test_page.py::test_one_formatter_page_and_cli).
 const tiny = (x, unit, zero) => (x > 0 ? `< 1 ${unit}` : zero);
+// from 1,000 s on, minutes, hours, days or years: a saturated prefill pass read "24500 s", a TTFT "3140000000 s"
+// (round 11); app/cli.py human_seconds (planner/words.py LONG_UNITS) the same
+const LONG_UNITS = [["years", 365.25 * 86400], ["days", 86400], ["h", 3600], ["min", 60]];
 export const fmtTime = (s) => (s === null || s === undefined || Number.isNaN(s) ? "–" : s === 0 ? "0 s"
-  : Math.abs(s) < 0.9995e-9 ? tiny(s, "ns", "0 s") : human(s, TIME_UNITS, (v) => `${sig3(v / 1e-9)} ns`));
+  : Math.abs(s) < 0.9995e-9 ? tiny(s, "ns", "0 s") : Math.abs(s) >= 999.5 ? human(s, LONG_UNITS, (v) => `${sig3(v / 60)} min`)
+    : human(s, TIME_UNITS, (v) => `${sig3(v / 1e-9)} ns`));
 export const fmtCount = (n) => (n === null || n === undefined ? "–" : Math.abs(n) < 999.5 ? sig3(n)
   : human(n, COUNT_UNITS));
 // one formatter for every integer: toLocaleString built a new one per call (the timeline's tooltips made thousands)
@@ -44,7 +48,8 @@ export const fmtCapacity = (n) => `${fmtBytes(n)} (${sig3(n / 2 ** 30)} GiB)`;
 // axis ticks: "0" for zero, else the same units (ECharts passes plain numbers) without the trailing zeros of
 // 3 significant digits: ticks are round numbers ("1 KB", "10 ms", "1.5 s", not "1.00 KB", "10.0 ms", "1.50 s")
 const bare = (text) => text.replace(/(\.\d*?)0+(?=\D|$)/, "$1").replace(/\.(?=\D|$)/, "");
-export const axisTime = (v) => (v === 0 ? "0" : bare(fmtTime(v)));
+// an axis keeps seconds past 1,000 s (fmtTime's minutes there would mix "800 s" and "16.7 min" on one axis)
+export const axisTime = (v) => (v === 0 ? "0" : bare(Math.abs(v) >= 999.5 ? human(v, TIME_UNITS, fmtTime) : fmtTime(v)));
 export const axisBytes = (v) => (v === 0 ? "0" : bare(fmtBytes(v)));
 export const axisCount = (v) => (v === 0 ? "0" : bare(fmtCount(v)));  // "5", "90", "1.5K": not "5.00", "90.0", "1.50K"
 

@@ -222,4 +222,8 @@ async function start() {
 }
 
 window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime, fmtBytes, fmtCount, fields: FIELDS };  // for the browser tests and the curious
+// a shared link opened in a tab already on the page changes only the hash: no load, so the page kept its old plan
+// (round 11). The page writes its own state with history.replaceState, which fires no hashchange: one that fires is
+// a link or an edited address, loaded as a new visit.
+window.addEventListener("hashchange", () => { if (!location.hash || location.hash.startsWith("#s=")) location.reload(); });
 start();

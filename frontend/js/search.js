@@ -46,12 +46,23 @@ function searchBody() {
   return { model: r.model, workload, cluster: r.cluster, constraints, top_k: Number($("search-topk").value) || 20 };
 }
 
+// a refusal on this card's own controls names and marks them (round 11: "Keep the framework" with Megatron-LM 2021-22,
+// a flavour the search does not propose, read as a bare message); others are the plan's, said by the server's words
+const SEARCH_FIELDS = { "constraints.framework": "search-framework", "constraints.memory_headroom": "search-headroom", top_k: "search-topk" };
+function refusal(err) {
+  const d = err.detail && err.detail[0], path = d && d.loc ? d.loc.slice(1).join(".") : "", input = SEARCH_FIELDS[path] && $(SEARCH_FIELDS[path]);
+  if (!input) return err.message;
+  input.setAttribute("aria-invalid", "true");
+  return `${input.labels[0].textContent.trim()} (${path}): ${d.msg}`;
+}
+
 async function runSearch() {
   if (!state.request) return;
   if (state.request.workload.kind !== "training") { $("search-status").textContent = "The search ranks training layouts: switch the workload to training."; return; }
   controller = new AbortController();
   $("search-run").disabled = true; $("search-stop").hidden = false; $("search-progress").hidden = false;
   setProgress(0, 1); $("search-status").textContent = "Searching…";
+  for (const node of $("search-card").querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
   try {
     const body = searchBody();
     searchedHeadroom = 100 * (body.constraints.memory_headroom || 0);
@@ -64,7 +75,7 @@ async function runSearch() {
     setProgress(1, 1);
     renderSearch();
   } catch (err) {
-    $("search-status").textContent = err.name === "AbortError" ? "Search stopped." : `Search failed: ${err.message}`;
+    $("search-status").textContent = err.name === "AbortError" ? "Search stopped." : `Search failed: ${refusal(err)}`;
   } finally {
     $("search-run").disabled = false; $("search-stop").hidden = true; controller = null;
   }

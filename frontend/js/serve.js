@@ -61,12 +61,22 @@ function loadScenario() {
 const DISPATCHES = [["", "engine default"], ["alltoall", "all-to-all"], ["deepep", "DeepEP"], ["deepep_ll", "DeepEP low-latency"],
   ["agrs", "all-gather + reduce-scatter (vLLM)"], ["dp_gather", "DP-attention gather (SGLang)"], ["agrs_quant", "post-quant all-gather (TensorRT-LLM)"]];
 const POOL_LABELS = { workers: "Workers", tp: "TP", dp: 'DP <span class="hint">(attention)</span>', ep: "EP" };
+// what each pool control does, said on hover (round 11: the pool's fields had none; "DP (attention)" beside an
+// "Attention-DP" box read as one setting twice)
+const POOL_TITLES = {
+  workers: "engine instances of this layout, each serving its own requests",
+  tp: "tensor parallel GPUs of one worker (with DP and EP: the attention's TP)",
+  dp: "attention ranks of one worker (app/schemas/serve.py PoolIn.dp); GPUs per worker = TP x DP",
+  ep: "expert parallel GPUs the MoE experts spread over (MoE models)",
+  adp: "data-parallel attention: each attention rank holds its own requests' tokens and KV cache, gathered before the experts (SGLang --enable-dp-attention, TensorRT-LLM enable_attention_dp; docs/serving.md)",
+  dispatch: "how tokens reach their experts; engine default: vLLM all-gather + reduce-scatter, SGLang DP-attention gather, TensorRT-LLM all-to-all",
+};
 
 function poolFields(prefix) {
-  const numbers = POOL_FIELDS.map((f) => `<div class="field"><label for="${prefix}-${f}">${POOL_LABELS[f]}</label><input id="${prefix}-${f}" type="number" min="1" value="${f === "tp" ? 8 : 1}"></div>`);
+  const numbers = POOL_FIELDS.map((f) => `<div class="field"><label for="${prefix}-${f}">${POOL_LABELS[f]}</label><input id="${prefix}-${f}" type="number" min="1" value="${f === "tp" ? 8 : 1}" title="${POOL_TITLES[f]}"></div>`);
   const options = DISPATCHES.map(([v, label]) => `<option value="${v}">${label}</option>`).join("");
-  return numbers.join("") + `<div class="field check"><label><input id="${prefix}-adp" type="checkbox"> Attention-DP</label></div>`
-    + `<div class="field"><label for="${prefix}-dispatch">Token dispatch</label><select id="${prefix}-dispatch">${options}</select></div>`;
+  return numbers.join("") + `<div class="field check"><label><input id="${prefix}-adp" type="checkbox" title="${POOL_TITLES.adp}"> Attention-DP</label></div>`
+    + `<div class="field"><label for="${prefix}-dispatch">Token dispatch</label><select id="${prefix}-dispatch" title="${POOL_TITLES.dispatch}">${options}</select></div>`;
 }
 
 export function initServe() {
@@ -219,13 +229,30 @@ export function serveBody() {
 
 // a 422 on this card: the field as the card labels it, and a bound on a field in seconds said in seconds (the SLA
 // boxes take ms: "sla.tpot_s: Input should be less than or equal to 60" read as 60 ms; the bound and the value got)
+// The options and each pool's fields too, marked on their input (round 11: "options.fp8_recipe: fp8 weights ... use
+// bf16 weights" named a field the card has no control for, and a pool's "deployment.pools.0.ep" was a path alone)
 const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-tpot", "traffic.input_tokens": "serve-isl",
-  "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency" };
+  "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency",
+  "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
+  "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
+  "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes" };
+const POOL_INPUTS = { workers: "workers", tp: "tp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
+const unmark = () => { for (const node of $("serve-card").querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid"); };
+function inputOf(path) {
+  const pool = /^deployment\.pools\.(\d)\.(\w+)$/.exec(path);
+  if (!pool) return SERVE_FIELDS[path] && $(SERVE_FIELDS[path]);
+  const prefix = $("serve-mode").value === "disaggregated" ? ["serve-p", "serve-d"][Number(pool[1])] : "serve-a";
+  return prefix && POOL_INPUTS[pool[2]] ? $(`${prefix}-${POOL_INPUTS[pool[2]]}`) : null;
+}
 function errorText(err) {
+  unmark();
   const d = err.detail && err.detail[0];
   if (!d || !d.loc) return err.message;
-  const path = d.loc.slice(1).join("."), input = SERVE_FIELDS[path] && $(SERVE_FIELDS[path]);
-  const name = input && input.labels.length ? `${input.labels[0].textContent.trim()} (${path})` : path;
+  const path = d.loc.slice(1).join("."), input = inputOf(path);
+  if (input) input.setAttribute("aria-invalid", "true");
+  const legend = input && input.closest("fieldset") ? `${input.closest("fieldset").querySelector("legend").textContent.trim()} ` : "";
+  const label = input && input.labels.length ? input.labels[0].textContent.trim() : "";
+  const name = label ? `${legend}${label} (${path})` : path;
   return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : d.msg}`;
 }
 
@@ -234,6 +261,7 @@ async function runServe() {
   if (!state.request) return;
   const seq = ++serveSeq;
   $("serve-status").textContent = "Planning the deployment…";
+  unmark();
   try {
     const answer = await postJson("/v1/serve", serveBody());
     if (seq !== serveSeq) return;
@@ -254,6 +282,13 @@ const metric = (label, value, hint, id) => el("div", { className: "card metric-c
 // output ones unnamed ("223 K" over "11.1 K"), read as the prefill pool making 20x the output (round 10)
 const poolTokens = (p) => (p.output_tokens_per_s ? `${fmtCount(p.output_tokens_per_s)} output` : `${fmtCount(p.input_tokens_per_s)} input`);
 
+// a request's KV and what its transfer moves: wire_bytes (kvrep10) exceeds the KV where a pool's tp passes the KV
+// heads and the engine fills every copy (docs/serving.md "KV heads replicated past TP"); the card said the KV alone
+// (round 11). app/cli.py _kv_moved writes the same words. 1.001: the shares are ceil-divided (deployment.py
+// _kv_transfer), so a transfer without copies may read a few bytes over the KV.
+const kvMoved = (k) => `${fmtBytes(k.bytes_per_request)} per request, ${fmtBytes(k.wire_bytes)} on the wire from ${k.senders} rank${k.senders > 1 ? "s" : ""}`
+  + (k.wire_bytes > k.bytes_per_request * 1.001 ? " (replicated KV heads: every copy filled)" : "");
+
 export function renderServe(d) {
   const t = d.throughput, kv = d.kv_cache;
   const cards = [
@@ -265,7 +300,7 @@ export function renderServe(d) {
   ];
   if (d.kv_transfer) {
     const k = d.kv_transfer;
-    cards.push(metric("KV transfer", fmtTime(k.time_s), `${fmtBytes(k.bytes_per_request)} per request from ${k.senders} rank${k.senders > 1 ? "s" : ""}; busiest link ${k.bottleneck}`, "kv-transfer"));
+    cards.push(metric("KV transfer", fmtTime(k.time_s), `${kvMoved(k)}; busiest link ${k.bottleneck}`, "kv-transfer"));
   }
   $("serve-cards").replaceChildren(...cards);
   const rows = d.pools.map((p) => el("tr", {},
@@ -300,8 +335,8 @@ async function drawTransfer() {
   // ("Selected call: tp.attn.qkv", its curves) above the transfer's drawing (round 10)
   for (const row of $("ledger").tBodies[0].rows) row.setAttribute("aria-selected", "false");
   $("detail-title").textContent = "Serving: the KV transfer";
-  $("detail-text").textContent = `${fmtBytes(k.bytes_per_request)} of KV cache per request from ${k.senders} rank${k.senders > 1 ? "s" : ""} `
-    + `of the first prefill worker to the decode worker it feeds, ${fmtTime(k.time_s)} a request; the busiest link is ${k.bottleneck}. `
+  $("detail-text").textContent = `KV cache: ${kvMoved(k)} of the first prefill worker to the decode worker it feeds, `
+    + `${fmtTime(k.time_s)} a request; the busiest link is ${k.bottleneck}. `
     + "Select a ledger row to come back to the training plan's calls.";
   clearExplorer("The explorer prices a ledger call's collective algorithms; the KV transfer is point-to-point sends of "
     + "the transfer engine (Mooncake, NIXL), priced on the graph above (docs/serving.md). Select a ledger row to explore one.");
@@ -315,6 +350,7 @@ async function runServeSearch() {
   if (num("serve-sla-tpot") !== null) sla.tpot_s = num("serve-sla-tpot") / 1e3;
   const body = { ...modelAndCluster(), traffic: traffic(), sla, options: options(), top_k: 10 };
   $("serve-search-status").textContent = "Searching deployments…";
+  unmark();
   $("serve-search-run").disabled = true;
   state.serveSearchProgress = null;
   try {

@@ -237,7 +237,9 @@ export function renderTimeline(plan) {
   const data = blocks.filter((b) => b.stream !== "recompute").map(item);
   const redo = blocks.filter((b) => b.stream === "recompute").map(item);
   state_data = [data, redo];
-  const height = Math.min(720, Math.max(180, lanes.length * (narrow() ? 18 : 24) + 90));
+  // at least 14 px a lane, past the 720 px the chart keeps for up to 26 lanes: 79 lanes (DeepSeek-V3, 16 stages) had
+  // 8 px each under 11 px labels, "stage 0 · dp" printed over "stage 0 · pp" (round 11)
+  const height = Math.min(Math.max(720, lanes.length * 14 + 90), Math.max(180, lanes.length * (narrow() ? 18 : 24) + 90));
   $("timeline").style.height = `${height}px`;
   const bars = (share) => (params, api) => {
     const lane = api.value(0), start = api.coord([api.value(1), lane]), stop = api.coord([api.value(2), lane]);
@@ -270,11 +272,13 @@ export function renderTimeline(plan) {
     xAxis: { type: "value", min: 0, max: end, axisLabel: { formatter: apartFromTheEnd, hideOverlap: true } },
     yAxis: { type: "category", inverse: true, data: lanes.map((k) => { const [s, st] = k.split("|"); return narrow() ? `s${s} ${st}` : `stage ${s} · ${st}`; }),
       axisLabel: { fontSize: narrow() ? 9 : 11 } },
+    // progressive: 0: every block drawn in one pass. Past ECharts' progressiveThreshold (3,000 items) a custom series
+    // drew in chunks and stopped after the first: DeepSeek-V3's 25,578 blocks showed two of 79 lanes (round 11)
     series: [
-      { type: "custom", name: "idle", renderItem, encode: { x: [1, 2], y: 0 }, data: idle, silent: true, z: 1 },
-      { type: "custom", name: "events", renderItem, encode: { x: [1, 2], y: 0 }, data, z: 2 },
+      { type: "custom", name: "idle", renderItem, encode: { x: [1, 2], y: 0 }, data: idle, silent: true, z: 1, progressive: 0 },
+      { type: "custom", name: "events", renderItem, encode: { x: [1, 2], y: 0 }, data, z: 2, progressive: 0 },
       // recompute: a narrow bar inside the backward it is part of (same lane, drawn over it)
-      { type: "custom", name: "recompute", renderItem: bars(0.3), encode: { x: [1, 2], y: 0 }, data: redo, z: 3 },
+      { type: "custom", name: "recompute", renderItem: bars(0.3), encode: { x: [1, 2], y: 0 }, data: redo, z: 3, progressive: 0 },
     ],
   }, true);
   chart("timeline").resize();

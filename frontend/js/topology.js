@@ -152,6 +152,8 @@ function drawDetailed(call, view, busy, spanned) {
 
 export async function drawTopology(call, cluster) {
   const seq = ++drawSeq, D = cluster.devices_per_node;
+  // the heading says what is highlighted: it said "first group highlighted" over the serving KV transfer (round 11)
+  $("topology-hint").textContent = `(${call.drawn ? `${call.drawn.toLowerCase()}'s devices` : "first group"} highlighted; links coloured by utilisation)`;
   const group = call.placement.group_devices || [];
   if (!focusCall || focusCall.call !== call) focus = null;
   focusCall = { call, cluster };

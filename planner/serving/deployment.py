@@ -43,7 +43,7 @@ from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
 from ..recipes import check_recipe_gpu
 from ..rules.engine_step import dp_sync
-from ..words import sig3
+from ..words import human_bytes, human_number, human_percent, human_seconds
 from ..workload import (
     DTYPE_BYTES,
     EXPERT_WEIGHT_FORMATS,
@@ -538,9 +538,9 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
         bottleneck = "prefill" if rate * share > 0.5 else "concurrency" if per_worker < max_conc else "decode"
     if tpot is None:
         warnings.append(
-            f"saturated: {sig3(traffic.request_rate)} requests/s need "
-            f"{sig3(traffic.request_rate * share / pool.workers)} of each worker's time for prefill alone; TTFT grows "
-            f"without bound"
+            f"saturated: {human_number(traffic.request_rate)} requests/s need "
+            f"{human_percent(traffic.request_rate * share / pool.workers)} of each worker's time for prefill alone; "
+            "TTFT grows without bound"
         )
         tpot = t_d / tps
     total_rate = rate * pool.workers
@@ -573,8 +573,8 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     if traffic.request_rate is not None:
         rate = traffic.request_rate
         if rate > r_d:
-            served = f"the decode pool serves at most {sig3(r_d)} requests/s"
-            warnings.append(f"{served} at batch {batch}; asked {sig3(rate)}")
+            served = f"the decode pool serves at most {human_number(r_d)} requests/s"
+            warnings.append(f"{served} at batch {batch:,}; asked {human_number(rate)}")
     else:
         rate = min(r_p, r_d)
         if r_p < r_d:  # prefill-bound: the decode pool holds only what the prefill pool feeds it (Little's law)
@@ -598,8 +598,9 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     else:
         ttft = None
         warnings.append(
-            f"saturated: the prefill pool serves at most {sig3(r_p)} requests/s ({p_pool.workers} workers x {n_pre} "
-            f"prompts per {t_p * 1e3:.1f} ms); TTFT grows without bound"
+            f"saturated: the prefill pool serves at most {human_number(r_p)} requests/s ({p_pool.workers:,} "
+            f"worker{'s' if p_pool.workers > 1 else ''} x {n_pre:,} prompts per {human_seconds(t_p)}); TTFT grows "
+            "without bound"
         )
     results = [
         PoolResult(
@@ -624,7 +625,8 @@ def _result(model, traffic, options, pools, transfer, ttft, tpot, rate, capacity
     for p in pools:
         if not p.fits:
             warnings.append(
-                f"the {p.role} pool does not fit: {p.memory_peak_bytes / 1e9:.1f} GB peak per GPU, or no room for one "
+                f"the {'' if p.role == 'both' else p.role + ' '}pool does not fit: {human_bytes(p.memory_peak_bytes)} "
+                "peak per GPU, or no room for one "
                 f"request's {traffic.input_tokens + traffic.output_tokens:,} tokens of KV cache"
             )
     return ServePlan(
@@ -664,8 +666,8 @@ def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warni
         want = math.ceil(traffic.concurrency / workers)
         if max_conc and want > max_conc:
             warnings.append(
-                f"concurrency {traffic.concurrency} is {want} requests per worker, but its KV cache holds "
-                f"{max_conc}: the rest wait in the queue"
+                f"concurrency {traffic.concurrency:,} is {want:,} requests per worker, but its KV cache holds "
+                f"{max_conc:,}: the rest wait in the queue"
             )
         b = min(want, cap)
         return b, decode(b)
@@ -679,8 +681,8 @@ def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warni
         b = new
     if rate * (t_p + osl * decode(b).step.time_s / tps) > cap:
         warnings.append(
-            f"{sig3(traffic.request_rate)} requests/s need more sequences per worker than its KV cache "
-            f"holds ({max_conc}): the decode pool is saturated"
+            f"{human_number(traffic.request_rate)} requests/s need more sequences per worker than its KV cache "
+            f"holds ({max_conc:,}): the decode pool is saturated"
         )
     return b, decode(b)
 

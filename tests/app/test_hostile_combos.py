@@ -629,15 +629,16 @@ def test_deepep_legs_of_fp8_rows_split_evenly_over_their_ranks(api):
 
 def test_serving_warnings_write_rates_as_people_read_them(api):
     """DeepSeek-V3 on 32 H200 at a million requests a second: the warnings said "1e+06 requests/s" and "at most
-    3.3e+04 requests/s"; they write 1000000 and 33000 (planner/words.py sig3: never scientific notation)."""
+    3.3e+04 requests/s"; they write 1,000,000 and 33,012 (planner/words.py human_number: never scientific notation,
+    thousands separated)."""
     body = {"model": {"preset": "deepseek-v3"}, "cluster": {"preset": "dgx-h200", "num_nodes": 4}, "engine": "sglang",
             "deployment": {"pools": [{"role": "prefill", "tp": 8, "ep": 8},
                                      {"role": "decode", "workers": 2, "dp": 8, "ep": 8, "attention_dp": True}]},
             "traffic": {"input_tokens": 1, "output_tokens": 1, "request_rate": 1e6},
             "options": {"weight_dtype": "fp8"}}  # fmt: skip
     warnings = api.post("/v1/serve", json=body).json()["warnings"]
-    assert any(w.startswith("1000000 requests/s need more sequences") for w in warnings), warnings
-    assert any("asked 1000000" in w for w in warnings) and not any(SCIENTIFIC.search(w) for w in warnings)
+    assert any(w.startswith("1,000,000 requests/s need more sequences") for w in warnings), warnings
+    assert any("asked 1,000,000" in w for w in warnings) and not any(SCIENTIFIC.search(w) for w in warnings)
 
 
 def test_a_serving_search_at_the_lightest_rate_rejects_no_deployment_for_its_pareto_loads(api):

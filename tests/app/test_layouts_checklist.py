@@ -161,7 +161,7 @@ def _choices(source: str, path: str) -> set[str]:
 def test_the_page_offers_every_layout_and_recipe_choice(api):
     controls = api.get("/static/js/controls.js").text
     page = api.get("/").text
-    select = re.search(r'<select id="schedule">(.*?)</select>', page).group(1)
+    select = re.search(r'<select id="schedule"[^>]*>(.*?)</select>', page).group(1)
     schedules = set(re.findall(r"<option>([^<]+)</option>", select))
     assert schedules == set(SCHEDULE_TRAITS)
     assert set(EP_DISPATCH) - set(INFERENCE_DISPATCH) <= _choices(controls, "parallel.ep_dispatch")

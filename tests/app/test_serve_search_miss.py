@@ -25,11 +25,13 @@ SEARCH = EXAMPLE | {
 @pytest.mark.parametrize(
     ("s", "text"),
     [(8.2498, "8.25 s"), (0.0314159, "31.4 ms"), (0.959, "959 ms"), (0.0302, "30.2 ms"), (0.03, "30.0 ms"),
-     (1234.5, "1230 s"), (0.9996, "1.00 s"), (4.1e-5, "41.0 us"), (None, "unbounded")],
+     (1234.5, "20.6 min"), (999.4, "999 s"), (24500.5, "6.81 h"), (0.9996, "1.00 s"), (4.1e-5, "41.0 us"),
+     (None, "unbounded")],
 )  # fmt: skip
 def test_durations_read_in_seconds_or_milliseconds(s, text):
     """The search's sentences and the CLI write a time alike (planner/words.py, one home: search._duration wrote
-    "30 ms", "1,230 s" and "0.041 ms" where the CLI and the page write "30.0 ms", "1230 s" and "41.0 us")."""
+    "30 ms", "1,230 s" and "0.041 ms" where the CLI and the page write "30.0 ms", "1230 s" and "41.0 us"); from
+    1,000 s on in minutes to years (round 11: "20.6 min", not "1230 s")."""
     assert duration(s) == text
     if s is not None:
         assert human_seconds(s) == text == duration(s, "saturated")
