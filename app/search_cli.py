@@ -71,6 +71,9 @@ def search_summary(result: dict, headroom: float = 0.0) -> list[str]:
         f"{result['feasible']:,} fit, {over:,} need more memory than the device has{less}"
         + (f" ({examples['memory']})" if over else "")
     )
+    early = result.get("bounded_before_memory", 0)
+    if early:
+        lines.append(f"{early:,} not sized: their layers' compute alone was already slower than the results kept")
     return lines
 
 

@@ -302,6 +302,7 @@ def search_dict(result: SearchResult) -> dict:
         "evaluated": out.evaluated,
         "feasible": out.feasible,
         "bounded": out.bounded,
+        "bounded_before_memory": out.bounded_before_memory,
         "elapsed_s": result.elapsed_s,
         "space_size": result.space_size,
         "pruned": dict(sorted(out.pruned.counts.items())),

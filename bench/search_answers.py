@@ -4,6 +4,8 @@
     PYTHONPATH=. python bench/search_answers.py --out after.json           # on the new one
     PYTHONPATH=. python bench/search_answers.py --compare before.json after.json
     PYTHONPATH=. python bench/search_answers.py --compare before.json after.json --ignore bounded
+    # against a main before speed11 (bounded_before_memory): also --ignore feasible --ignore memory
+    #   --ignore bounded_before_memory
 
 Each search runs in one process (chunks in order, so ``bounded`` is deterministic) and is written as
 POST /v1/search answers it (app/serialize.py ``search_dict``: counts, pruning reasons and examples, and every
@@ -178,8 +180,9 @@ def main() -> None:
         action="append",
         default=[],
         metavar="FIELD",
-        help="a top-level count to list but not fail on: 'bounded' counts the layouts a bound skipped, which a "
-        "tighter bound raises without moving any answer (repeatable)",
+        help="a count to list but not fail on: 'bounded' counts the layouts a bound skipped, which a tighter bound "
+        "raises without moving any answer; against a main before speed11 also 'feasible', 'memory' and "
+        "'bounded_before_memory' (layouts the layers' floor skips before their memory is sized) (repeatable)",
     )
     args = parser.parse_args()
     if args.compare:

@@ -470,8 +470,7 @@ def _stage_pass_compute(
             fwd = fwd + layer.scaled(count)
             attn += attn_s * count
         for (moe, plan), count in plans.items():  # what each re-runs (recompute.py)
-            back = per_layer(_LAYER_BACKWARD, _backward_of, c, moe, gpu, eff, plan.kind, plan.modules)
-            bwd = bwd + back.scaled(count)
+            bwd = bwd + _layer_backward(c, moe, gpu, eff, plan).scaled(count)
     if ctx.training and first:  # the input embedding's lookup and its dense weight gradient
         emb, emb_bwd = embedding_pass(ctx, gpu, eff)
         fwd, bwd = fwd + emb, bwd + emb_bwd
@@ -490,6 +489,34 @@ def _stage_pass_compute(
         if f_pair.host_s or b_pair.host_s:
             fwd, bwd = fwd + f_pair, bwd + b_pair
     return fwd, bwd, attn
+
+
+def _layer_backward(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, plan) -> PassTime:
+    """One layer's backward with what ``plan`` (recompute.layer_counts' LayerRecompute) re-runs, memoised by value."""
+    return per_layer(_LAYER_BACKWARD, _backward_of, ctx, moe, gpu, eff, plan.kind, plan.modules)
+
+
+def layer_s(ctx: Context, moe: bool, plan, gpu: GPUSpec, eff: Efficiency | None = None) -> float:
+    """One layer's forward plus its backward with what ``plan`` (recompute.layer_counts' LayerRecompute) re-runs,
+    seconds: the per-layer terms ``stage_pass_compute`` sums, as totals."""
+    eff = efficiency(gpu, eff)
+    return layer_forward(ctx, moe, gpu, eff)[0].total_s + _layer_backward(ctx, moe, gpu, eff, plan).total_s
+
+
+def stage_layers_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> float:
+    """Seconds of the stage's decoder layers alone, one micro-batch on one rank: ``layer_s`` of each layer
+    (recompute.layer_counts without the MTP blocks), the terms ``stage_pass_compute`` sums first. Its forward +
+    backward adds to them the embedding, the final norm, the LM head, the MTP blocks and modules (PassTimes of
+    non-negative parts) and, for the combined 1F1B pair only, ``combined_pair_delta``: so this is never above that
+    pass's total but for the pair (the layout search's cheapest compute bound: it reads no embedding, head or
+    memory)."""
+    return layers_s(layer_counts(ctx, stage, "decoder"), lambda moe, plan: layer_s(ctx, moe, plan, gpu, eff))
+
+
+def layers_s(counts: dict, layer) -> float:
+    """``stage_layers_s`` from its parts: recompute.layer_counts' (MoE, plan) -> layers, and ``layer`` (MoE, plan)
+    -> ``layer_s`` (the layout search memoises each part on what it reads)."""
+    return sum(count * layer(moe, plan) for (moe, plan), count in counts.items())
 
 
 def embedding_pass(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> tuple[PassTime, PassTime]:
@@ -656,11 +683,14 @@ __all__ = [
     "layer_forward",
     "layer_forward_key",
     "layer_kernels",
+    "layer_s",
+    "layers_s",
     "model_flops_per_token",
     "optimizer_key",
     "optimizer_s",
     "stage_compute",
     "stage_compute_key",
+    "stage_layers_s",
     "stage_pass_compute",
     "stage_pass_key",
     "stage_recompute_s",

@@ -197,11 +197,20 @@ def reason_words(key: str) -> str:
 
 
 class SearchOut(BaseModel):
-    evaluated: int = Field(description="layouts valid under every rule whose memory and step time were computed")
-    feasible: int = Field(description="evaluated layouts that fit in memory (with the headroom)")
+    evaluated: int = Field(
+        description="layouts valid under every rule: their memory and step time, or a bound proving them out of "
+        "the top k, were computed"
+    )
+    feasible: int = Field(description="evaluated layouts whose memory was computed and that fit (with the headroom)")
     bounded: int = Field(
         description="feasible layouts not timed in full: their compute-only critical path was already slower "
         "than the k-th best (branch and bound; the top k is unchanged)"
+    )
+    bounded_before_memory: int = Field(
+        0,
+        description="evaluated layouts skipped before their memory was computed: their layers' compute alone "
+        "(m x the slowest stage's layers + the optimizer step) was already slower than the k-th best; neither "
+        "feasible nor pruned by memory (evaluated = feasible + pruned.memory + bounded_before_memory)",
     )
     elapsed_s: float
     space_size: int = Field(description="layouts in the constrained space (evaluated + pruned other than memory)")

@@ -200,7 +200,8 @@ export function renderCompare(labels, plans) {
 }
 
 // ---- the counts in words, agreeing with each other and with the progress bar ----------------------------------
-// space_size = evaluated + layouts a rule dropped before timing; feasible = evaluated - those over memory
+// space_size = evaluated + layouts a rule dropped before timing; feasible = evaluated - those over memory - those
+// bounded before their memory was computed (bounded_before_memory)
 // (SearchOut, app/schemas/search.py). A pruning reason is the request field whose rule failed; its words come
 // with the answer (pruned_reasons: app/schemas/search.py REASON_WORDS, which the CLI prints too).
 const reasonWords = (result, key) => (result.pruned_reasons || {})[key] || String(key);
@@ -219,6 +220,7 @@ export function searchSummary(result) {
   }
   text += `. Of the evaluated, ${fmtInt(result.feasible)} fit and ${fmtInt(over)} need more memory than the device has`
     + `${headroom > 0 ? ` less ${Number(headroom.toPrecision(3))}% headroom` : ""}.`;
+  if (result.bounded_before_memory) text += ` ${fmtInt(result.bounded_before_memory)} more were not sized: their layers' compute alone was already slower than the results kept.`;
   if (result.bounded) text += ` ${fmtInt(result.bounded)} of those that fit were not timed in full: their compute alone was already slower than the results kept.`;
   return text;
 }

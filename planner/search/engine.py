@@ -263,6 +263,7 @@ def _progress(total: Outcome, size: int, elapsed: float) -> dict:
         "evaluated": total.evaluated,
         "feasible": total.feasible,
         "bounded": total.bounded,
+        "bounded_before_memory": total.bounded_before_memory,
         "elapsed_s": elapsed,
         "best": best,
     }

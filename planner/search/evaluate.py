@@ -60,6 +60,9 @@ class Outcome:
     evaluated: int = 0  # layouts valid under every rule: memory (and step when they fit) computed
     feasible: int = 0
     bounded: int = 0  # feasible layouts whose lower bound (compute, then data-parallel) was slower than the k-th best
+    # evaluated layouts whose cheapest bound (StepModel.layer_floors: their layers' compute alone) was slower than the
+    # k-th best before their memory was computed: neither feasible nor pruned by memory (docs/search.md, speed11)
+    bounded_before_memory: int = 0
     pruned: Pruned = field(default_factory=Pruned)
     best: list[tuple[float, tuple, Layout]] = field(default_factory=list)  # (screened step s, tiebreak, layout)
 
@@ -68,6 +71,7 @@ class Outcome:
         self.evaluated += other.evaluated
         self.feasible += other.feasible
         self.bounded += other.bounded
+        self.bounded_before_memory += other.bounded_before_memory
         self.pruned.merge(other.pruned)
         self.best = heapq.nsmallest(keep, self.best + other.best, key=_rank)
 
@@ -309,6 +313,10 @@ class ShapeEvaluator:
                 continue
             grid = tuple(grid)
             out.evaluated += len(grid)
+            if self.threshold < math.inf:  # its layers alone are slower than the k-th best: no memory to compute
+                grid = self._floored(par, grid, out)
+                if not grid:
+                    continue
             ok = self._fits(variant, par, grid)
             fitting = tuple(pair for pair, fit in zip(grid, ok.tolist(), strict=True) if fit)
             out.pruned.add(MEMORY, len(grid) - len(fitting), model.last_reason)
@@ -325,6 +333,15 @@ class ShapeEvaluator:
             bounds += model.lower_bounds(par, fitting).tolist()
             picks += [(index, b, recomputes.index(rc)) for b, rc in fitting]
         return Screened.of(self.shape, bounds, picks, self)
+
+    def _floored(self, par: ParallelSpec, grid: tuple, out: Outcome) -> tuple:
+        """The pairs of ``grid`` whose ``StepModel.layer_floors`` is within the threshold; the others are counted in
+        ``bounded_before_memory``."""
+        fast = (self.step_model.layer_floors(par, grid) <= self.threshold).tolist()
+        if all(fast):
+            return grid
+        out.bounded_before_memory += len(fast) - sum(fast)
+        return tuple(pair for pair, ok in zip(grid, fast, strict=True) if ok)
 
     def time(self, screened: Screened) -> Outcome:
         """Step times of the screened layouts, best bound first: once a bound is slower than the k-th best

@@ -42,6 +42,8 @@ from ..compute import (
     PassTime,
     StageCompute,
     layer_forward_key,
+    layer_s,
+    layers_s,
     optimizer_key,
     optimizer_s,
     stage_pass_compute,
@@ -60,6 +62,7 @@ from ..model import ModelSpec
 from ..parallel import ParallelSpec, _split_key
 from ..params import _holding, alike_stages
 from ..pipeline import busiest_rank_s, in_flight_chunks, losses_in_flight, pipeline_time
+from ..recompute import layer_counts
 from ..step import (
     Overlap,
     StageStep,
@@ -111,6 +114,9 @@ class _Memos:
         self.works: dict = {}
         # params._holding(layout) -> params.alike_stages (its lru keeps 64 layouts; a search reads thousands)
         self.alike: dict = {}
+        # (recompute, interned (chunk kinds, MTP blocks) of a stage) -> recompute.layer_counts(ctx, stage, "decoder")
+        self.layers: dict = {}
+        self.per_layer: dict = {}  # ((b, recompute), interned layer_forward_key[2:], MoE, LayerRecompute) -> layer_s
 
     def intern(self, keys: tuple) -> int:
         found = self.ids.get(keys)
@@ -226,6 +232,7 @@ class _Variant:
         "contexts",
         "distinct",
         "flights",
+        "floor_keys",
         "layer_key",
         "optimizer",
         "paired",
@@ -251,6 +258,8 @@ class _Variant:
         self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key interned (None: every stage one chunk)
         self.chunks_id: int | None = None
         self.layer_key: int | None = None  # compute.layer_forward_key past the model and workload, interned
+        # (interned (chunk kinds, MTP blocks), its first stage) per distinct pair: what stage_layers_s reads of a stage
+        self.floor_keys: tuple | None = None
         self.scheds: dict = {}  # b -> step.schedule_of (it reads the layout and the micro-batch count)
         # per stage: memory.chunk_activation_key past the model, workload and tokens (b·s/cp), interned
         self.act_keys: tuple | None = None
@@ -515,7 +524,7 @@ class StepModel:
             v.chunks_id = -1 if v.chunk_keys is None else memos.intern(("chunks", keys))
             if v.chunk_keys is not None:
                 v.chunk_keys = tuple(memos.intern(("chunk", k)) for k in keys)
-            v.layer_key = memos.intern(("layer", layer_forward_key(ctx)[2:]))
+            self._layer_id(v)
         if v.chunk_keys is None:
             return None
         key = ((b, rc), v.pass_id, v.chunks_id)
@@ -557,6 +566,59 @@ class StepModel:
             passes = stage_passes(ctx, [StageStep(s, c) for s, c in enumerate(comp)], self.gpu, shares)
             pipe = self._memos.put(self._memos.bounds, key, pipeline_time(passes, sched).time_s)
         return pipe
+
+    def _layer_id(self, v: _Variant) -> int:
+        """The variant's interned compute.layer_forward_key past the model and workload (what a layer's kernels read
+        of the layout: at (b, recompute), with the scope's model and workload, the whole key)."""
+        if v.layer_key is None:
+            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+            v.layer_key = self._memos.intern(("layer", layer_forward_key(ctx)[2:]))
+        return v.layer_key
+
+    def layer_floors(self, par: ParallelSpec, grid) -> np.ndarray:
+        """For every (b, recompute) of ``grid`` a bound no larger than ``busiest_bounds`` and cheaper still: m times
+        the slowest stage's decoder layers alone (compute.stage_layers_s: no embedding, head, final norm, MTP
+        module) plus the slowest optimizer step, shaved by FLOOR_SHAVE for the sums' order. It reads the layer's
+        kernels' key, each stage's chunk kinds and MTP blocks and the micro-batch count, not the memory nor the
+        stage's roles, so the search asks it before the memory screen (docs/search.md, speed11). Zeros where the
+        passes run as the combined 1F1B pair (its delta may be negative: no bound) or without a GPU."""
+        v, memos = self._variant(par), self._memos
+        self._keys(v)  # the layout's optimizer steps and whether its passes are paired
+        if not self.timed or v.paired:
+            return np.zeros(len(grid))
+        layer_id = self._layer_id(v)
+        if v.floor_keys is None:  # one stage per distinct (chunk kinds, MTP blocks): all stage_layers_s reads of it
+            split, first = self._split(v), {}
+            for s, kinds in enumerate(zip(split["chunk_kinds"], split["chunk_mtp"], strict=True)):
+                first.setdefault(memos.intern(("floor", kinds)), s)
+            v.floor_keys = tuple(first.items())
+        counts = _per_batch(grid, lambda b: self._schedule(v, b).microbatches)
+        key = ("floors", layer_id, tuple(k for k, _ in v.floor_keys), grid, counts)
+        floors = memos.arrays.get(key)
+        if floors is None:
+            out = []
+            for b, rc in grid:
+
+                def layer(moe: bool, plan, b=b, rc=rc) -> float:  # compute.layer_s, memoised
+                    found = memos.per_layer.get(((b, rc), layer_id, moe, plan))
+                    if found is None:
+                        found = layer_s(self._ctx(v, b, rc), moe, plan, self.gpu)
+                        memos.put(memos.per_layer, ((b, rc), layer_id, moe, plan), found)
+                    return found
+
+                worst = max(layers_s(self._layer_counts(v, b, rc, k, s), layer) for k, s in v.floor_keys)
+                out.append(self._schedule(v, b).microbatches * worst * FLOOR_SHAVE)
+            floors = memos.put(memos.arrays, key, np.array(out, dtype=np.float64))
+        return floors + max(v.optimizer)
+
+    def _layer_counts(self, v: _Variant, b: int, rc: str, k: int, s: int) -> dict:
+        """recompute.layer_counts(ctx, s, "decoder") (what compute.stage_layers_s sums) memoised on (recompute, the
+        stage's interned chunk kinds and MTP blocks): all it reads (the workload's recompute, not b)."""
+        memos = self._memos
+        found = memos.layers.get((rc, k))
+        if found is None:
+            found = memos.put(memos.layers, (rc, k), layer_counts(self._ctx(v, b, rc), s, "decoder"))
+        return found
 
     def busiest_bounds(self, par: ParallelSpec, grid) -> np.ndarray:
         """For every (b, recompute) of ``grid`` a bound no larger than ``lower_bound`` and cheaper (no chunk
@@ -656,6 +718,9 @@ class StepModel:
         return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
 
 
+# layer_floors' shave: stage_layers_s sums the layers' totals, the pass their PassTimes' parts (another order of
+# the same non-negative terms, a few ulps apart); 1e-9 relative keeps the floor below the pass in floating point
+FLOOR_SHAVE = 1.0 - 1e-9
 _SP_FREE = tuple(f.name for f in fields(ParallelSpec) if f.name != "sequence_parallel")
 
 

@@ -21,6 +21,7 @@ from planner.rules.data import calls as data_calls
 from planner.search import Constraints, Problem, Pruned, templates
 from planner.search.evaluate import data_template, screen_shapes, space_of, time_shapes
 from planner.search.prices import Pricer, shared_curves
+from planner.search.space import MEMORY
 from planner.search.step_model import StepModel
 from planner.step import Overlap, StageStep, critical_path, schedule_of
 
@@ -460,8 +461,10 @@ def test_layer_kernels_memo_follows_a_flavour_registered_again():
 
 def test_screen_bounded_by_the_threshold_counts_and_answers_as_timing_would():
     """Layouts whose busiest-rank bound is slower than the chunk's threshold are counted bounded in the screen
-    (StepModel.busiest_bounds): every count and the best layouts equal screening them all and letting
-    timing bound them; the busiest-rank bound is never above the compute-only bound."""
+    (StepModel.busiest_bounds), and those whose layers' floor is (StepModel.layer_floors, speed11) before their
+    memory (bounded_before_memory): the layouts timed and the best layouts equal screening them all and letting
+    timing bound them, every layout is counted once; the busiest-rank bound is never above the compute-only
+    bound."""
     model = replace(MODEL_PRESETS["llama3-8b"], num_layers=8)
     allowed = {"framework": ["megatron", "torch"], "activation_recompute": ["none", "selective", "full"]}
     cluster, constraints = cluster_preset("dgx-h100", 2), Constraints.of(allowed)
@@ -476,8 +479,11 @@ def test_screen_bounded_by_the_threshold_counts_and_answers_as_timing_would():
     out, screened = screen_shapes(problem, shapes, threshold)
     assert sum(map(len, screened)) < len(bounds) and out.bounded > 0  # the screen bounded some
     out.merge(time_shapes(problem, screened, threshold), problem.keep)
-    counts = ("done", "evaluated", "feasible", "bounded")
-    assert [getattr(out, c) for c in counts] == [getattr(out_all, c) for c in counts]
+    assert (out.done, out.evaluated) == (out_all.done, out_all.evaluated)
+    assert out.feasible - out.bounded == out_all.feasible - out_all.bounded  # the same layouts timed
+    assert out_all.bounded_before_memory == 0 < out.bounded_before_memory
+    for o in (out, out_all):
+        assert o.evaluated == o.feasible + o.pruned.counts.get(MEMORY, 0) + o.bounded_before_memory
     assert [(t, layout) for t, _, layout in out.best] == [(t, layout) for t, _, layout in out_all.best]
     step_model = StepModel(model, problem.work, cluster_for(problem.cluster))
     grid = tuple((b, rc) for b in (1, 2, 4) for rc in ("none", "selective", "full"))
