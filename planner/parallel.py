@@ -299,6 +299,13 @@ def _choices(par: ParallelSpec) -> None:
             f"{par.framework!r} is a serving engine, not a training framework; training frameworks: "
             f"{', '.join(flavours.names())}",
         )
+    runs = par.flavour.pipeline_schedules
+    if par.pp > 1 and runs is not None and par.pipeline_schedule not in runs:
+        raise SpecError(
+            "parallel.pipeline_schedule",
+            f"framework {par.framework!r} runs only the {', '.join(sorted(runs))} pipeline schedule(s), "
+            f"got {par.pipeline_schedule!r} at pp {par.pp}",
+        )
     _ddp(par)
     _zero_plus_plus(par)
     one_of("parallel.cp_comm", par.cp_comm, CP_COMM)

@@ -250,6 +250,9 @@ class Flavour:
     # SMs the framework's own TP overlap holds per collective while it hides behind the GEMMs (planner/contention.py),
     # ((op, SMs), ...); (): the NCCL calls' channels (the pricer's)
     tp_overlap_sms: tuple[tuple[str, int], ...] = ()
+    # the pipeline schedules the framework runs; None: every registered one (planner/parallel.py _choices refuses
+    # the others by name)
+    pipeline_schedules: frozenset[str] | None = None
     # pipeline schedules whose sends overlap compute by default (Megatron --overlap-p2p-communication)
     overlap_p2p_schedules: frozenset[str] = frozenset()
     # pipeline schedules whose steady state, when its sends do not overlap, exchanges both ways at once once per

@@ -53,6 +53,10 @@ FLAVOUR = Flavour(
     # (part_output.full()); and schedule.py TrainSchedule issues every transfer as a blocking instruction of its own
     pp_source="DeepSpeed edaa722 deepspeed/runtime/pipe/engine.py, schedule.py TrainSchedule, p2p.py",
     pp_scatter_gather=True,
+    # PipelineEngine.train_batch runs schedule.TrainSchedule (1F1B: deepspeed/runtime/pipe/schedule.py at edaa722,
+    # "A schedule for training a batch using hybrid parallelism ... 1F1B"); DeepSpeed has no interleaved, zero-bubble
+    # or DualPipe schedule
+    pipeline_schedules=frozenset({"1f1b"}),
     pp_regathers_output=True,
     pp_unbatched_transfers=True,
     overlap_bucket_elements=_overlap_bucket_elements,

@@ -40,3 +40,17 @@ def test_deepspeed_pipeline_over_http(api, batched):
     longer = answers["deepspeed"]["step"]["time_s"] - answers[batched]["step"]["time_s"]
     # m = 8 micro-batches x (4 s + 3 g, less 1F1B's 2 (s + g)): 8 (2 s + g)
     assert s > 1e-4 and g > 1e-4 and longer == pytest.approx(8 * (2 * s + g), rel=1e-6)
+
+
+@pytest.mark.parametrize("schedule, extra", [("interleaved", {"virtual_pipeline_stages": 2}), ("gpipe", {})])
+def test_deepspeed_runs_only_1f1b(api, schedule, extra):
+    """DeepSpeed's PipelineEngine trains with schedule.TrainSchedule (1F1B) alone: another schedule is a 422 naming
+    the field, the framework, the schedules it runs and the pp; the search never offers one (it prunes by the rule)."""
+    parallel = BODY["parallel"] | {"framework": "deepspeed", "pipeline_schedule": schedule} | extra
+    r = api.post("/v1/plan", json=BODY | {"parallel": parallel})
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "parallel", "pipeline_schedule"]
+    assert err["msg"] == f"framework 'deepspeed' runs only the 1f1b pipeline schedule(s), got '{schedule}' at pp 2"
+    ok = api.post("/v1/plan", json=BODY | {"parallel": parallel | {"framework": "megatron"}})
+    assert ok.status_code == 200 or schedule == "gpipe", ok.text
