@@ -306,6 +306,13 @@ def _choices(par: ParallelSpec) -> None:
             f"framework {par.framework!r} runs only the {', '.join(sorted(runs))} pipeline schedule(s), "
             f"got {par.pipeline_schedule!r} at pp {par.pp}",
         )
+    top = par.flavour.pp_max_zero_stage
+    if par.pp > 1 and top is not None and par.zero_stage > top:
+        raise SpecError(
+            "parallel.zero_stage",
+            f"framework {par.framework!r} runs ZeRO stages up to {top} beside pipeline parallelism, got zero_stage "
+            f"{par.zero_stage} at pp {par.pp}",
+        )
     _ddp(par)
     _zero_plus_plus(par)
     one_of("parallel.cp_comm", par.cp_comm, CP_COMM)

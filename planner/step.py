@@ -134,6 +134,13 @@ def _resolved(self, ctx: Context) -> Overlap:
             "shared_experts recompute cannot work with --moe-shared-expert-overlap (Megatron-LM d98e8a6 "
             "transformer_config.py; workload.recompute_modules lists shared_experts)",
         )
+    if self.overlap_p2p and ctx.flavour.pp_unbatched_transfers and ctx.par.pp > 1:
+        raise SpecError(
+            "options.overlap.overlap_p2p",
+            f"framework {ctx.par.framework!r} issues every pipeline transfer as a blocking instruction of its own "
+            f"(Flavour.pp_unbatched_transfers: DeepSpeed's TrainSchedule): it has no overlapped sends, got true at "
+            f"pp {ctx.par.pp}",
+        )
     given = {name: getattr(self, name) for name in OVERLAP_DEFAULTS}
     flags = Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
     if flags.tp_comm_overlap and ctx.flavour.userbuffers:

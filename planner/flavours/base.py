@@ -253,6 +253,8 @@ class Flavour:
     # the pipeline schedules the framework runs; None: every registered one (planner/parallel.py _choices refuses
     # the others by name)
     pipeline_schedules: frozenset[str] | None = None
+    # the highest ZeRO stage the framework runs beside pipeline parallelism (pp > 1); None: any
+    pp_max_zero_stage: int | None = None
     # pipeline schedules whose sends overlap compute by default (Megatron --overlap-p2p-communication)
     overlap_p2p_schedules: frozenset[str] = frozenset()
     # pipeline schedules whose steady state, when its sends do not overlap, exchanges both ways at once once per

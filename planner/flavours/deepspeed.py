@@ -57,6 +57,9 @@ FLAVOUR = Flavour(
     # "A schedule for training a batch using hybrid parallelism ... 1F1B"); DeepSpeed has no interleaved, zero-bubble
     # or DualPipe schedule
     pipeline_schedules=frozenset({"1f1b"}),
+    # PipelineEngine.__init__: assert self.zero_optimization_stage() < ZeroStageEnum.gradients, "ZeRO-2 and ZeRO-3 are
+    # incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py at edaa722)
+    pp_max_zero_stage=1,
     pp_regathers_output=True,
     pp_unbatched_transfers=True,
     overlap_bucket_elements=_overlap_bucket_elements,

@@ -54,3 +54,33 @@ def test_deepspeed_runs_only_1f1b(api, schedule, extra):
     assert err["msg"] == f"framework 'deepspeed' runs only the 1f1b pipeline schedule(s), got '{schedule}' at pp 2"
     ok = api.post("/v1/plan", json=BODY | {"parallel": parallel | {"framework": "megatron"}})
     assert ok.status_code == 200 or schedule == "gpipe", ok.text
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_deepspeed_pipeline_takes_zero_0_or_1(api, zero):
+    """PipelineEngine.__init__ asserts ZeRO < 2 (deepspeed/runtime/pipe/engine.py at edaa722): ZeRO-2/3 beside pp > 1
+    is a 422 at parallel.zero_stage; at pp 1 (no PipelineEngine) and at ZeRO-1 the plan is made."""
+    parallel = BODY["parallel"] | {"framework": "deepspeed", "zero_stage": zero}
+    r = api.post("/v1/plan", json=BODY | {"parallel": parallel})
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "parallel", "zero_stage"]
+    assert err["msg"] == (
+        f"framework 'deepspeed' runs ZeRO stages up to 1 beside pipeline parallelism, got zero_stage {zero} at pp 2"
+    )
+    flat = BODY | {"parallel": parallel | {"pp": 1, "dp": 2}}
+    assert api.post("/v1/plan", json=flat).status_code == 200
+    assert api.post("/v1/plan", json=BODY | {"parallel": parallel | {"zero_stage": 1}}).status_code == 200
+
+
+def test_deepspeed_has_no_overlapped_sends(api):
+    """TrainSchedule's transfers block (pp_unbatched_transfers): overlap_p2p is a 422, not a silent 0 wait."""
+    parallel = BODY["parallel"] | {"framework": "deepspeed"}
+    body = BODY | {"parallel": parallel, "options": {"overlap": {"overlap_p2p": True}}}
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"][-3:] == ["options", "overlap", "overlap_p2p"]
+    assert "has no overlapped sends, got true at pp 2" in err["msg"]
+    off = body | {"options": {"overlap": {"overlap_p2p": False}}}
+    assert api.post("/v1/plan", json=off).status_code == 200

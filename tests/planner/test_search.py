@@ -197,7 +197,7 @@ def test_llama3_405b_layout_fits_and_is_found_or_beaten():
 @pytest.mark.parametrize(
     "preset, nodes, shape, variants",
     [
-        ("llama3-8b", 2, (2, 2, 2), [("megatron", 1, True), ("torch", 3, False), ("deepspeed", 2, False)]),
+        ("llama3-8b", 2, (2, 2, 2), [("megatron", 1, True), ("torch", 3, False), ("deepspeed", 1, False)]),
         ("mixtral-8x7b", 4, (2, 1, 4), [("megatron", 1, True), ("torch", 0, True)]),
         ("gpt3-175b", 16, (8, 1, 8), [("megatron", 1, True), ("megatron", 0, False)]),
     ],
@@ -268,7 +268,7 @@ def test_screen_over_a_variant_equals_the_layout_by_layout_screen(preset, nodes,
     ev = ShapeEvaluator(Problem(model, work, cluster), Shape(tp, cp, pp, dp))
     model_ = ev.step_model
     seen = set()
-    for framework, zero in (("megatron", 1), ("torch", 3), ("deepspeed", 2)):
+    for framework, zero in (("megatron", 1), ("torch", 3), ("deepspeed", 1)):  # DeepSpeed: ZeRO <= 1 beside pp
         runs = flavours.flavour(framework).pipeline_schedules
         if runs is not None and pipeline[1] not in runs:
             continue  # DeepSpeed runs only 1F1B (its flavour's pipeline_schedules): the rules refuse the variant
