@@ -46,14 +46,8 @@ def max_layouts(settings) -> int:
 
 
 def check_size(problem: Problem, limit: int) -> int:
-    size = space_of(problem).size()
-    if size > limit:
-        raise SpecError(
-            "constraints",
-            f"the space holds {size} layouts, above the limit of {limit} (COMMPLAN_MAX_SEARCH_LAYOUTS); "
-            "fix or list values of tp, pp, cp, framework or micro_batch_size to narrow it",
-        )
-    return size
+    """Before the first byte: the space's size rules (planner/search/space.py ``Space.checked_size``)."""
+    return space_of(problem).checked_size(limit)
 
 
 def wants_stream(request: Request, stream: bool) -> bool:

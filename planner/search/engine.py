@@ -86,13 +86,7 @@ def search(
 ) -> SearchResult:
     start = time.perf_counter()
     space = space_of(problem)
-    size = space.size()
-    if size > max_layouts:
-        raise SpecError(
-            "constraints",
-            f"the space holds {size} layouts, above the limit of {max_layouts} (COMMPLAN_MAX_SEARCH_LAYOUTS); "
-            "fix or list values of tp, pp, cp, framework or micro_batch_size to narrow it",
-        )
+    size = space.checked_size(max_layouts)
     total = Outcome()
     shapes = list(space.shapes(total.pruned))
     total.done = total.pruned.total

@@ -568,6 +568,27 @@ class Space:
             total += self._inner(tp, pp, dp) * len(self.eps) * len(self.expert_tps(tp))
         return total
 
+    def checked_size(self, limit: int) -> int:
+        """``size()``, refused (a SpecError at ``constraints``) above ``limit`` or where the constraints leave no
+        layout at all (an empty answer would give no reason: hostile11), the one home of both rules for the HTTP
+        route, which refuses before its first byte, and the search itself (the CLI, Python callers)."""
+        size = self.size()
+        if size > limit:
+            raise SpecError(
+                "constraints",
+                f"the space holds {size} layouts, above the limit of {limit} (COMMPLAN_MAX_SEARCH_LAYOUTS); "
+                "fix or list values of tp, pp, cp, framework or micro_batch_size to narrow it",
+            )
+        if size == 0:
+            least = min(tp * cp * pp for tp in self.tps for cp in self.cps for pp in self.pps)
+            raise SpecError(
+                "constraints",
+                f"leave no layout on the {self.devices} devices: tp {self.tps}, cp {self.cps}, pp {self.pps} "
+                f"(tp*cp*pp is at least {least}, which must divide the devices), ep {self.eps}, micro-batch sizes "
+                "that divide the global batch",
+            )
+        return size
+
     def recompute_rule(self, par: ParallelSpec, choice: str | Recompute) -> SpecError | None:
         """The rule /v1/plan would refuse an opt-in recompute choice (``Recompute.options``) on a valid layout
         with (offload with pp > 1, torch's option under Megatron, a module the model lacks, uniform groups of

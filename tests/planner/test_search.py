@@ -385,3 +385,15 @@ def test_screen_equals_build_plan_under_candidates_all():
     screen = ev.step_model.step_time(par, 1, "none", parts)
     plan = build_plan(model, replace(work, micro_batch_size=1), par, cluster, options)
     assert screen == pytest.approx(plan.step.time_s, rel=1e-6)
+
+
+def test_constraints_that_leave_no_layout_are_refused_with_the_rule():
+    """Each degree divides the 8 devices, their product 512 does not: the search (the CLI's, Python callers')
+    refuses at constraints with the degrees, as the HTTP route does before its first byte (Space.checked_size)."""
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=8)
+    constraints = Constraints.of({"tp": 8, "pp": 8, "cp": 8})
+    problem = Problem(model, WorkloadSpec(global_batch_size=64), cluster_preset("dgx-h100", 1), constraints)
+    with pytest.raises(SpecError) as err:
+        search(problem, workers=1)
+    assert err.value.field == "constraints"
+    assert "tp [8], cp [8], pp [8] (tp*cp*pp is at least 512, which must divide the devices)" in str(err.value)
