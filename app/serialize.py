@@ -255,6 +255,7 @@ def serve_calibration_json(result, options: dict) -> bytes:
             "rows": result.rows,
             "median_error_before": result.median_error_before,
             "median_error_after": result.median_error_after,
+            "warnings": result.warnings,
         }
     )
 

@@ -264,3 +264,6 @@ class ServeCalibrateOut(Out):
     rows: list[dict] = Field(description="per run: its traffic, what it measured, the planner before and after")
     median_error_before: float = Field(description="median |error| of TTFT and TPOT over the runs, before")
     median_error_after: float
+    warnings: list[str] = Field(
+        default_factory=list, description="a constant held at a bound of its range (0.05 to 20), with what it means"
+    )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .._errors import SpecError
 from .deployment import plan_serving
@@ -130,6 +130,7 @@ class ServeCalibration:
     rows: list[dict]
     median_error_before: float
     median_error_after: float
+    warnings: list[str] = field(default_factory=list)  # a factor held at a bound of SCALE_RANGE, said (hostile11)
 
 
 def calibrate_serving(model, cluster, traits, pools, options, runs: list[BenchRun]) -> ServeCalibration:
@@ -145,7 +146,19 @@ def calibrate_serving(model, cluster, traits, pools, options, runs: list[BenchRu
     after_options = replace(options, prefill_time_scale=p, decode_time_scale=d)
     after = [_predict(model, cluster, traits, pools, after_options, run) for run in runs]
     rows = [_row(run, b, a) for run, b, a in zip(runs, before, after, strict=True)]
-    return ServeCalibration(p, d, rows, _median_error(rows, "before"), _median_error(rows, "after"))
+    held = [_held(name, x) for name, x in (("prefill_time_scale", p), ("decode_time_scale", d)) if x in SCALE_RANGE]
+    return ServeCalibration(p, d, rows, _median_error(rows, "before"), _median_error(rows, "after"), held)
+
+
+def _held(name: str, x: float) -> str:
+    """What a factor held at a bound of SCALE_RANGE means: the runs ask for more than a step-time factor explains (a
+    measured TTFT of 1e-300 ms was fitted as 0.05 without a word before)."""
+    low, high = SCALE_RANGE
+    return (
+        f"{name} is held at its bound {x:g} (factors are kept within {low:g} to {high:g}): the runs measured "
+        f"{'faster' if x == low else 'slower'} than any step-time factor in that range explains; check the runs' "
+        "deployment and units"
+    )
 
 
 def _predict(model, cluster, traits, pools, options, run: BenchRun):

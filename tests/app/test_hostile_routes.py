@@ -605,3 +605,18 @@ def test_a_sweep_into_a_missing_folder_is_refused_before_it_runs(tmp_path, capsy
     assert main(["sweep", str(spec), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err == f"commplan: cannot write {out}: {out.parent} is not a folder\n", err
+
+
+def test_a_factor_held_at_its_bound_is_said(api):
+    """A measured TTFT of 1e-300 ms was fitted as prefill_time_scale 0.05 (its lower bound) without a word; the answer
+    now says the factor is held and which way the runs lie; an ordinary run has no warning."""
+    tiny = DEPLOYMENT | {"runs": [{"text": bench_with("Mean TTFT (ms)", "1e-300")}]}
+    held = api.post("/v1/serve/calibrate", json=tiny)
+    plain = api.post("/v1/serve/calibrate", json=DEPLOYMENT | {"runs": [{"text": BENCH}]})
+    assert held.status_code == 200 and plain.status_code == 200, (held.text, plain.text)
+    answer = held.json()
+    assert answer["constants"]["prefill_time_scale"] == 0.05
+    (warning,) = [w for w in answer["warnings"] if w.startswith("prefill_time_scale")]
+    assert warning.startswith("prefill_time_scale is held at its bound 0.05 (factors are kept within 0.05 to 20)")
+    assert "measured faster" in warning
+    assert all(0.05 < v < 20 for v in plain.json()["constants"].values()) and plain.json()["warnings"] == []
