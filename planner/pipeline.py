@@ -612,6 +612,11 @@ class ScheduleTraits:
     # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
     # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
     order_op_cells: int = 0
+    # (kind, v) orders planner/pipeline_jitter.py runs in turn, at the same (p, m), where this one's run is over its
+    # work bound, before the flow shop: cheaper orders (no split weight gradients, 2-3x fewer ops, no build cells,
+    # any m) whose packed-document wait is measured no less than this one's (review r11a #1: the flow shop was 3.6x
+    # below ZB-H1's own at pp 512; the ratios in docs/step-time.md "(mend11a)")
+    wait_stand_ins: tuple[tuple[str, int], ...] = ()
 
     @property
     def label(self) -> str:
@@ -638,6 +643,11 @@ def schedule_traits(kind: str) -> ScheduleTraits:
     return traits
 
 
+# past the work bound (``wait_stand_ins``): Megatron's 1F1B order, whose steady state has no slack, so its wait is the
+# most of the written orders' (per sigma at p 16/64, m 4p, five (phi, rho, omega): ZB-H1 0.88-0.98 of it, DualPipe(V)
+# 0.60-0.71, ZBV 0.13-0.23, the interleaved v 2 0.15-0.35). The interleaved order is not a safe stand-in for the V
+# schedules: ZBV 0.67-1.34 of its wait, DualPipe(V) 2.0-4.4x (mend11a, docs/step-time.md)
+_STAND_INS = (("1f1b", 1),)
 # parallel.py's SCHEDULES are these names, in this order
 register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, searched=True, order=_order_megatron))
 register(
@@ -651,11 +661,13 @@ register(
         microbatch_rule=_m_divisible_by_pp,
         searched=True,
         order=_order_megatron,
+        wait_stand_ins=_STAND_INS,
     )
 )
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
-_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS}
+_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS,
+       "wait_stand_ins": _STAND_INS}  # fmt: skip
 _DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
 register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv))
