@@ -148,6 +148,14 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     return traits.bubble(others, sched)
 
 
+def caveats(passes: Sequence[StagePass], sched: Schedule) -> list[str]:
+    """The plan's warnings on ``bubble_s`` for these passes (``ScheduleTraits.caveat``): none where its form is
+    exact."""
+    caveat = sched.traits.caveat
+    said = caveat(passes, sched) if caveat is not None and sched.stages > 1 else ""
+    return [said] if said else []
+
+
 def warmup_microbatches(sched: Schedule, stage: int) -> int:
     """Forwards before the first backward on ``stage``: p - s - 1 (1F1B, ZB-H1); Megatron's interleaved
     schedule runs (p - s - 1)·2 + (v - 1)·p chunk forwards (schedules.py get_pp_rank_microbatches); the V
@@ -264,6 +272,24 @@ def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
     mw = w / (p - 1)
     chains = (i + early * (mi - mw), 2 * (i - late * mw), 2 * f - i - mf + mi, 2 * f - 2 * w - mf + mi)
     return max(0.0, *chains) + short
+
+
+def _caveat_zbv(passes: Sequence[StagePass], sched: Schedule) -> str:
+    """Where a rank's forward outlasts its input gradient (F > B - W), ``_bubble_zbv``'s third chain, (2P - 3)f -
+    (P - 2)i, binds (it beats the first iff f > i) and, summed over unequal ranks, can shorten as a rank's backward
+    slows: measured 5% under the order at p 32-64, m 8 (F 0.45, B 0.55, W 0.2), and the step falling 35.475 ->
+    35.355 while the order rises 34.0 -> 35.035 (review r11a #5). The planner's passes keep (B - W)/F >= 1.24 (W is
+    the forward's GEMMs); a kernel change that breaks it is said, not priced silently."""
+    over = [r for r, x in enumerate(passes) if x.forward_s > x.backward_s - x.weight_s]
+    if not over:
+        return ""
+    x = passes[over[0]]
+    return (
+        f"{sched.traits.label}: {len(over)} of {len(passes)} stages run a forward longer than the backward's input "
+        f"gradient (stage {over[0]}: F {x.forward_s * 1e3:,.2f} ms > B - W {(x.backward_s - x.weight_s) * 1e3:,.2f} "
+        "ms); the zero-bubble V's bubble (its fill chain) is exact only where F <= B - W, and there it may be "
+        "under the order (5% measured at m < pp) or fall as a rank slows"
+    )
 
 
 def _dual_bubble(f: float, i: float, w: float, mf: float) -> float:
@@ -612,6 +638,8 @@ class ScheduleTraits:
     # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
     # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
     order_op_cells: int = 0
+    # a warning on the plan where the passes leave the range ``bubble`` is exact in ("" when they do not)
+    caveat: Callable[[Sequence[StagePass], Schedule], str] | None = None
     # (kind, v) orders planner/pipeline_jitter.py runs in turn, at the same (p, m), where this one's run is over its
     # work bound, before the flow shop: cheaper orders (no split weight gradients, 2-3x fewer ops, no build cells,
     # any m) whose packed-document wait is measured no less than this one's (review r11a #1: the flow shop was 3.6x
@@ -670,7 +698,9 @@ _ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order
        "wait_stand_ins": _STAND_INS}  # fmt: skip
 _DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
-register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv))
+register(
+    ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv, caveat=_caveat_zbv)
+)
 register(
     ScheduleTraits(
         "dualpipe",
@@ -781,6 +811,7 @@ __all__ = [
     "StagePass",
     "bubble_s",
     "busiest_rank_s",
+    "caveats",
     "drain_leads",
     "in_flight",
     "in_flight_chunks",

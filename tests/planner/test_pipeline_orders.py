@@ -63,16 +63,25 @@ def test_every_micro_batch_runs_each_pass_once_on_every_stage(kind, p, m):
 
 
 def event_makespan(
-    kind: str, p: int, m: int, t: list[float], phi: float, omega: float, scale: list[float] | None = None
+    kind: str,
+    p: int,
+    m: int,
+    t: list[float],
+    phi: float,
+    omega: float,
+    scale: list[float] | None = None,
+    ranks: list[tuple[float, float, float]] | None = None,
 ) -> float:
-    """Each rank runs its order (rank d's op times multiplied by ``scale[d]``, 1 when None); an op starts when its
+    """Each rank runs its order (rank d's op times multiplied by ``scale[d]``, 1 when None; with ``ranks``, rank d's
+    pass is its own (F, B, W), phi and omega unused); an op starts when its
     rank is free and its input has come: a forward the forward
     of its micro-batch on the stage before, a backward the backward on the stage after (the last stage: its own
     forward), an F&B pair's wait its backward's input; a forward's output leaves at the op's end, OP_F_LATE's at the
     end of the rank's next op. Written with dictionaries, independent of planner/pipeline_jitter.py's arrays."""
     split = 2 if kind in ("zbv", "dualpipev") else 1
     path = p * split
-    share = {OP_F: phi, OP_F_LATE: phi, OP_B: 1 - phi, OP_I: 1 - phi - omega, OP_W: omega, OP_WAIT: 0.0}
+    own = ranks or [(phi, 1 - phi, omega)] * p
+    shares = [{OP_F: f, OP_F_LATE: f, OP_B: b, OP_I: b - w, OP_W: w, OP_WAIT: 0.0} for f, b, w in own]
     orders = _orders(kind, p, m)
     sent: dict[tuple, float] = {}
     free, at, pending = [0.0] * p, [0] * p, [None] * p
@@ -89,7 +98,7 @@ def event_makespan(
                     need = None
                 if need is not None and need not in sent:
                     break
-                cost = share[op] * t[j] / split * (scale[d] if scale else 1.0)
+                cost = shares[d][op] * t[j] / split * (scale[d] if scale else 1.0)
                 free[d] = max(free[d], sent[need] if need else 0.0) + cost
                 if pending[d] is not None:
                     sent[pending[d]], pending[d] = free[d], None
