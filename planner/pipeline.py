@@ -221,7 +221,8 @@ def _bubble_zb_h1(others: Sequence[StagePass], sched: Schedule) -> float:
     gradients (B - W) is the longer (bubble11: the longest path of sail-sg's zb-h1 order, 95212f7, traced as
     ``_bubble_zbv``'s). Below m = p (no steady state) the longest path holds one more min(W, B - W) for each
     missing micro-batch (at the others' mean). Equal to the order's list schedule to 1e-9 with equal ranks, p 2-12,
-    every m (tests/planner/test_pipeline_bubbles.py)."""
+    every m (tests/planner/test_pipeline_bubbles.py). Ranks that split their passes differently: down to 0.17 of
+    a mean pass a rank below the order (the longest path takes one rank's F, another's B - W; review r11a #4)."""
     missing = max(0, sched.stages - sched.microbatches) / len(others)
     short = missing * min(sum(x.weight_s for x in others), sum(x.backward_s - x.weight_s for x in others))
     return sum(max(x.forward_s, x.backward_s - x.weight_s, x.total_s - 2 * x.weight_s) for x in others) + short
@@ -260,9 +261,10 @@ def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
     W is the forward's GEMMs), and for m >= 2P - 1 wherever W <= F <= B (tests/planner/test_pipeline_bubbles.py);
     elsewhere within 0.25·p passes of it (measured). Ranks of unequal passes: each chain's per-rank terms summed
     over the other ranks, its single f and i at their mean; exact when equal, above the order when one rank is
-    slower (its slack absorbs the others' fill; the test states the band). Qi et al. 2024 (ICLR) §6 give no closed
-    form for ZBV; this replaces our earlier reading (F + B - 3W)/2 a rank, 0 at equal thirds, below what any ZBV
-    order can reach."""
+    slower (its slack absorbs the others' fill; the test states the band), and below it by up to 0.34 of a mean
+    pass a rank where ranks split F, B, W differently (review r11a #4: the path mixes ranks' terms); past F > B - W
+    the plan says so (``_caveat_zbv``). Qi et al. 2024 (ICLR) §6 give no closed form for ZBV; this replaces our
+    earlier reading (F + B - 3W)/2 a rank, 0 at equal thirds, below what any ZBV order can reach."""
     f, i, w, mf, mi = _chunk_parts(others, 2)
     p = sched.stages
     m = sched.microbatches
@@ -323,7 +325,8 @@ def _bubble_dualpipev(others: Sequence[StagePass], sched: Schedule) -> float:
     README's 2(P - 1)f; away from them the order's is the largest of the three,
     not the README form (F 0.3, W 0.2 of the pass: 1.5 against 1.65 at p 4). Equal to the list schedule to 1e-9
     for p 2-12, m 2p to 5p, W <= F <= B (tests/planner/test_pipeline_bubbles.py); at F > B a lower bound. Ranks
-    of unequal passes sum each rank's share as ``_bubble_zbv`` does."""
+    of unequal passes sum each rank's share as ``_bubble_zbv`` does (down to 0.17 of a mean pass a rank below the
+    order with per-rank splits, DualPipe's 0.28: review r11a #4)."""
     f, i, w, mf, _ = _chunk_parts(others, 2)
     return _dual_bubble(f, i, w, mf)
 
@@ -552,7 +555,11 @@ def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np
     the turn at the last rank (its phase-0 output handed over in place). DualPipe: two directions of m/2
     micro-batches, direction 0 from rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches
     m/2 ..), a rank's phase 0 the direction whose early stage it holds (``phase ^= is_in_second_half``), the steps
-    counted by the half rank min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks."""
+    counted by the half rank min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks. Not modelled:
+    dualpipev.py's ``_commit_and_wait_comm()``, which every compute call (and ``_weight_chunk``) runs first, waiting
+    for every queued receive (step 3's W for the F1 input queued before it, step 2's F1 for the next F0's); with
+    those waits added to the event simulation the makespan is the same with equal ranks (p 4/8/16, to 1e-12) and at
+    most 0.10 passes longer with random unequal ranks (review r11a #6)."""
     p, m, r = sched.stages, sched.microbatches, stage
     v_shape = sched.traits.directions == 1
     if v_shape:
