@@ -679,9 +679,10 @@ def schedule_traits(kind: str) -> ScheduleTraits:
 
 
 # past the work bound (``wait_stand_ins``): Megatron's 1F1B order, whose steady state has no slack, so its wait is the
-# most of the written orders' (per sigma at p 16/64, m 4p, five (phi, rho, omega): ZB-H1 0.88-0.98 of it, DualPipe(V)
-# 0.60-0.71, ZBV 0.13-0.23, the interleaved v 2 0.15-0.35). The interleaved order is not a safe stand-in for the V
-# schedules: ZBV 0.67-1.34 of its wait, DualPipe(V) 2.0-4.4x (mend11a, docs/step-time.md)
+# most of the written orders' (per sigma, p 4-128, m 2p-8p, rho 0.02-1.0, four (phi, omega); mend11a, docs/step-time.md:
+# ZB-H1 0.64-1.005 of it, DualPipe 0.48-0.82, DualPipeV 0.20-0.78, ZBV 0.04-0.64, the interleaved v 2 0.07-0.69). Not
+# the interleaved order for the V schedules (ZBV 0.67-1.34 of its wait, DualPipe(V) 2.0-4.4x), nor the flow shop for
+# ZBV (up to 2.8x below ZBV's at rho 1)
 _STAND_INS = (("1f1b", 1),)
 # parallel.py's SCHEDULES are these names, in this order
 register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, searched=True, order=_order_megatron))

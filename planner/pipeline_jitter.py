@@ -360,9 +360,9 @@ def method(sched: Schedule) -> str:
         return f"the {kind} order run as a list schedule, {d} fixed-seed draws {how}{error}"
     return (
         f"{own}: the cheaper {kind} order (v {kv}, no slack in its steady state) run in its place as a list schedule, "
-        f"{d} fixed-seed draws {how}{error}; it waits longer than the {sched.kind} order (the safe side: ZB-H1 "
-        "0.88-0.98 of 1F1B's wait, DualPipe(V) 0.60-0.71, ZBV and the interleaved order 0.13-0.35, measured at pp "
-        "16/64), where the flow shop was 3.6x short (review r11a #1)"
+        f"{d} fixed-seed draws {how}{error}; it waits at least as long as the {sched.kind} order (the safe side, "
+        "measured at pp 4-128: ZB-H1 0.64-1.005 of 1F1B's wait, DualPipe(V) 0.20-0.82, ZBV 0.04-0.64, the interleaved "
+        "order 0.07-0.69), where the flow shop was 3.6x short (review r11a #1)"
     )
 
 
