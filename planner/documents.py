@@ -29,7 +29,8 @@ sum of m micro-batches). A schedule whose order is not written out keeps the pro
 sqrt(m) (the sum's; the max's own spread not counted); the mean is exact for GPipe (every forward, then every backward:
 two proportionate flow shops, the backward one opening on the last rank when its forwards end, the others' forwards done
 by then, so (phi + 1 - phi)·(p - 1)·max_j t_j beyond the sum; tests/planner/test_pipeline_jitter.py); ZB-H1, ZBV
-and DualPipe(V) run their own orders, the weight gradient split off where they split it (sched11). The micro-batches
+and DualPipe(V) run their own orders, the weight gradient split off where they split it (sched11), and past the work
+bound 1F1B's, which waits longer (mend11a; the flow shop was 3.6x short at pp 512, review r11a #1). The micro-batches
 are taken as independent normals (the packs' dependence through their first documents is not counted)"""
 
 from __future__ import annotations
@@ -169,8 +170,9 @@ def document_wait_s(
     ctx, sched: Schedule, pass_s: tuple[float, float], linear_s: float, attention_s: float, weight_s: float = 0.0
 ) -> float:
     """Seconds the step waits for the slowest packed micro-batch (module docstring): sigma·(mean + sd·E[max of
-    dp]) with the pipeline's excess and spread from ``sched``'s order (pipeline_jitter.jitter; the flow shop's
-    (p - 1)·E[max of m] and sqrt(m) where the order is not written out or its run is over pipeline_jitter's work
+    dp]) with the pipeline's excess and spread from ``sched``'s order (pipeline_jitter.jitter; past the work bound
+    a cheaper stand-in order's, 1F1B's, which waits longer: ScheduleTraits.wait_stand_ins; the flow shop's
+    (p - 1)·E[max of m] and sqrt(m) where the order is not written out or every run is over pipeline_jitter's work
     bound, said by pipeline_jitter.method); 0 without "dp_balanced" packing.
     ``pass_s``: the critical stage's mean micro-batch, (forward, backward) seconds, whose shares and spread the
     order runs over; ``linear_s``, ``attention_s``: its token work (ctx.b packs of ctx.s tokens), forward and

@@ -148,6 +148,14 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     return traits.bubble(others, sched)
 
 
+def caveats(passes: Sequence[StagePass], sched: Schedule) -> list[str]:
+    """The plan's warnings on ``bubble_s`` for these passes (``ScheduleTraits.caveat``): none where its form is
+    exact."""
+    caveat = sched.traits.caveat
+    said = caveat(passes, sched) if caveat is not None and sched.stages > 1 else ""
+    return [said] if said else []
+
+
 def warmup_microbatches(sched: Schedule, stage: int) -> int:
     """Forwards before the first backward on ``stage``: p - s - 1 (1F1B, ZB-H1); Megatron's interleaved
     schedule runs (p - s - 1)·2 + (v - 1)·p chunk forwards (schedules.py get_pp_rank_microbatches); the V
@@ -213,7 +221,8 @@ def _bubble_zb_h1(others: Sequence[StagePass], sched: Schedule) -> float:
     gradients (B - W) is the longer (bubble11: the longest path of sail-sg's zb-h1 order, 95212f7, traced as
     ``_bubble_zbv``'s). Below m = p (no steady state) the longest path holds one more min(W, B - W) for each
     missing micro-batch (at the others' mean). Equal to the order's list schedule to 1e-9 with equal ranks, p 2-12,
-    every m (tests/planner/test_pipeline_bubbles.py)."""
+    every m (tests/planner/test_pipeline_bubbles.py). Ranks that split their passes differently: down to 0.17 of
+    a mean pass a rank below the order (the longest path takes one rank's F, another's B - W; review r11a #4)."""
     missing = max(0, sched.stages - sched.microbatches) / len(others)
     short = missing * min(sum(x.weight_s for x in others), sum(x.backward_s - x.weight_s for x in others))
     return sum(max(x.forward_s, x.backward_s - x.weight_s, x.total_s - 2 * x.weight_s) for x in others) + short
@@ -252,9 +261,10 @@ def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
     W is the forward's GEMMs), and for m >= 2P - 1 wherever W <= F <= B (tests/planner/test_pipeline_bubbles.py);
     elsewhere within 0.25·p passes of it (measured). Ranks of unequal passes: each chain's per-rank terms summed
     over the other ranks, its single f and i at their mean; exact when equal, above the order when one rank is
-    slower (its slack absorbs the others' fill; the test states the band). Qi et al. 2024 (ICLR) §6 give no closed
-    form for ZBV; this replaces our earlier reading (F + B - 3W)/2 a rank, 0 at equal thirds, below what any ZBV
-    order can reach."""
+    slower (its slack absorbs the others' fill; the test states the band), and below it by up to 0.34 of a mean
+    pass a rank where ranks split F, B, W differently (review r11a #4: the path mixes ranks' terms); past F > B - W
+    the plan says so (``_caveat_zbv``). Qi et al. 2024 (ICLR) §6 give no closed form for ZBV; this replaces our
+    earlier reading (F + B - 3W)/2 a rank, 0 at equal thirds, below what any ZBV order can reach."""
     f, i, w, mf, mi = _chunk_parts(others, 2)
     p = sched.stages
     m = sched.microbatches
@@ -264,6 +274,24 @@ def _bubble_zbv(others: Sequence[StagePass], sched: Schedule) -> float:
     mw = w / (p - 1)
     chains = (i + early * (mi - mw), 2 * (i - late * mw), 2 * f - i - mf + mi, 2 * f - 2 * w - mf + mi)
     return max(0.0, *chains) + short
+
+
+def _caveat_zbv(passes: Sequence[StagePass], sched: Schedule) -> str:
+    """Where a rank's forward outlasts its input gradient (F > B - W), ``_bubble_zbv``'s third chain, (2P - 3)f -
+    (P - 2)i, binds (it beats the first iff f > i) and, summed over unequal ranks, can shorten as a rank's backward
+    slows: measured 5% under the order at p 32-64, m 8 (F 0.45, B 0.55, W 0.2), and the step falling 35.475 ->
+    35.355 while the order rises 34.0 -> 35.035 (review r11a #5). The planner's passes keep (B - W)/F >= 1.24 (W is
+    the forward's GEMMs); a kernel change that breaks it is said, not priced silently."""
+    over = [r for r, x in enumerate(passes) if x.forward_s > x.backward_s - x.weight_s]
+    if not over:
+        return ""
+    x = passes[over[0]]
+    return (
+        f"{sched.traits.label}: {len(over)} of {len(passes)} stages run a forward longer than the backward's input "
+        f"gradient (stage {over[0]}: F {x.forward_s * 1e3:,.2f} ms > B - W {(x.backward_s - x.weight_s) * 1e3:,.2f} "
+        "ms); the zero-bubble V's bubble (its fill chain) is exact only where F <= B - W, and there it may be "
+        "under the order (5% measured at m < pp) or fall as a rank slows"
+    )
 
 
 def _dual_bubble(f: float, i: float, w: float, mf: float) -> float:
@@ -297,7 +325,8 @@ def _bubble_dualpipev(others: Sequence[StagePass], sched: Schedule) -> float:
     README's 2(P - 1)f; away from them the order's is the largest of the three,
     not the README form (F 0.3, W 0.2 of the pass: 1.5 against 1.65 at p 4). Equal to the list schedule to 1e-9
     for p 2-12, m 2p to 5p, W <= F <= B (tests/planner/test_pipeline_bubbles.py); at F > B a lower bound. Ranks
-    of unequal passes sum each rank's share as ``_bubble_zbv`` does."""
+    of unequal passes sum each rank's share as ``_bubble_zbv`` does (down to 0.17 of a mean pass a rank below the
+    order with per-rank splits, DualPipe's 0.28: review r11a #4)."""
     f, i, w, mf, _ = _chunk_parts(others, 2)
     return _dual_bubble(f, i, w, mf)
 
@@ -526,7 +555,11 @@ def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np
     the turn at the last rank (its phase-0 output handed over in place). DualPipe: two directions of m/2
     micro-batches, direction 0 from rank 0 (stage r), direction 1 from rank p - 1 (stage p - 1 - r, micro-batches
     m/2 ..), a rank's phase 0 the direction whose early stage it holds (``phase ^= is_in_second_half``), the steps
-    counted by the half rank min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks."""
+    counted by the half rank min(r, p - 1 - r) over p/2 ranks, the turn at the middle ranks. Not modelled:
+    dualpipev.py's ``_commit_and_wait_comm()``, which every compute call (and ``_weight_chunk``) runs first, waiting
+    for every queued receive (step 3's W for the F1 input queued before it, step 2's F1 for the next F0's); with
+    those waits added to the event simulation the makespan is the same with equal ranks (p 4/8/16, to 1e-12) and at
+    most 0.10 passes longer with random unequal ranks (review r11a #6)."""
     p, m, r = sched.stages, sched.microbatches, stage
     v_shape = sched.traits.directions == 1
     if v_shape:
@@ -612,6 +645,13 @@ class ScheduleTraits:
     # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
     # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
     order_op_cells: int = 0
+    # a warning on the plan where the passes leave the range ``bubble`` is exact in ("" when they do not)
+    caveat: Callable[[Sequence[StagePass], Schedule], str] | None = None
+    # (kind, v) orders planner/pipeline_jitter.py runs in turn, at the same (p, m), where this one's run is over its
+    # work bound, before the flow shop: cheaper orders (no split weight gradients, 2-3x fewer ops, no build cells,
+    # any m) whose packed-document wait is measured no less than this one's (review r11a #1: the flow shop was 3.6x
+    # below ZB-H1's own at pp 512; the ratios in docs/step-time.md "(mend11a)")
+    wait_stand_ins: tuple[tuple[str, int], ...] = ()
 
     @property
     def label(self) -> str:
@@ -638,6 +678,12 @@ def schedule_traits(kind: str) -> ScheduleTraits:
     return traits
 
 
+# past the work bound (``wait_stand_ins``): Megatron's 1F1B order, whose steady state has no slack, so its wait is the
+# most of the written orders' (per sigma, p 4-128, m 2p-8p, rho 0.02-1.0, four (phi, omega); mend11a, docs/step-time.md:
+# ZB-H1 0.64-1.005 of it, DualPipe 0.48-0.82, DualPipeV 0.20-0.78, ZBV 0.04-0.64, the interleaved v 2 0.07-0.69). Not
+# the interleaved order for the V schedules (ZBV 0.67-1.34 of its wait, DualPipe(V) 2.0-4.4x), nor the flow shop for
+# ZBV (up to 2.8x below ZBV's at rho 1)
+_STAND_INS = (("1f1b", 1),)
 # parallel.py's SCHEDULES are these names, in this order
 register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, searched=True, order=_order_megatron))
 register(
@@ -651,14 +697,18 @@ register(
         microbatch_rule=_m_divisible_by_pp,
         searched=True,
         order=_order_megatron,
+        wait_stand_ins=_STAND_INS,
     )
 )
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
-_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS}
+_ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS,
+       "wait_stand_ins": _STAND_INS}  # fmt: skip
 _DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
-register(ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv))
+register(
+    ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv, caveat=_caveat_zbv)
+)
 register(
     ScheduleTraits(
         "dualpipe",
@@ -769,6 +819,7 @@ __all__ = [
     "StagePass",
     "bubble_s",
     "busiest_rank_s",
+    "caveats",
     "drain_leads",
     "in_flight",
     "in_flight_chunks",

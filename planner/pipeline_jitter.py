@@ -21,7 +21,8 @@ rho·z_j, 0) clipped at 0, so the clipped draws' sum, which keeps the mean work 
 m), cached by node; a candidate's (phi, rho) is cubic in phi and in log rho over its sixteen nodes, run together
 (mend10a; outside the grid its own key, phi to 0.01, rho to two significant figures: the excess is not linear in rho
 once the spread uses up the interleaved order's slack). The work of a call (``work``: cells and levels) is bounded by
-CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws (down to MIN_DRAWS), then the flow shop (None;
+CELLS: beyond it the candidate's own (phi, rho) alone, then fewer draws (down to MIN_DRAWS), then its stand-ins' orders
+(``ScheduleTraits.wait_stand_ins``, review r11a #1), then the flow shop (None;
 ``method`` says which). Up to m2 micro-batches, the most whose operations a rank (``per_microbatch``·m: 2·m·v for
 Megatron's orders) fit in MAX_STEPS (at least 4p), the graph is run directly; beyond, at m2 and at m1 about m2/4
 (multiples of p, in steady state), and both moments extrapolated linearly in m: a max-plus system with independent steps
@@ -312,14 +313,30 @@ def draws(p: int, v: int, m: int, per: int = 0, build: int = 0) -> int:
     return runs_at(p, v, m, per, build)[1]
 
 
+@lru_cache(maxsize=1024)
+def order_run(kind: str, p: int, v: int, m: int) -> tuple[str, int, int, int] | None:
+    """(kind, v, nodes, draws) of the order a call runs: ``kind``'s own within the work bound (``runs_at``), else
+    its stand-ins in turn at the same (p, m) (``ScheduleTraits.wait_stand_ins``: cheaper orders whose wait errs on
+    the safe side; review r11a #1), else None: the flow shop (also for an order not
+    written out). One stage runs none either (None)."""
+    traits = schedule_traits(kind)
+    if p == 1 or traits.order is None:
+        return None
+    for k, kv in ((kind, v), *traits.wait_stand_ins):
+        nodes, d = runs_at(p, kv, m, per_microbatch(k, kv), build_cells(k))
+        if d:
+            return k, kv, nodes, d
+    return None
+
+
 def call_work(kind: str, p: int, v: int, m: int) -> int:
-    """Cells of one call as ``runs_at`` runs it (planner/estimate.py charges it); 0 for the flow shop (an order
-    not written out, or over the bound) and for one stage."""
-    if p == 1 or schedule_traits(kind).order is None:
+    """Cells of one call as it runs (``order_run``; planner/estimate.py charges it): the order run, its own or a
+    stand-in's; 0 for the flow shop (an order not written out, or every one over the bound) and for one stage."""
+    run = order_run(kind, p, v, m)
+    if run is None:
         return 0
-    per, build = per_microbatch(kind, v), build_cells(kind)
-    nodes, d = runs_at(p, v, m, per, build)
-    return work(p, v, m, d, nodes, per, build) if d else 0
+    k, kv, nodes, d = run
+    return work(p, kv, m, d, nodes, per_microbatch(k, kv), build_cells(k))
 
 
 def method(sched: Schedule) -> str:
@@ -329,18 +346,24 @@ def method(sched: Schedule) -> str:
         return "one stage: its micro-batches back to back, the spread of their sum (no pipeline to wait in)"
     if sched.traits.order is None:
         return f"the flow shop's (p - 1)·E[max of m] (the {sched.kind} order is not written out)"
-    per, build = per_microbatch(sched.kind, v), build_cells(sched.kind)
-    nodes, d = runs_at(p, v, m, per, build)
-    if d == 0:
+    run = order_run(sched.kind, p, v, m)
+    own = f"the {sched.kind} order at pp {p}, v {v}, m {m} is over the work bound ({CELLS:,} cells)"
+    if run is None:
         return (
-            f"the flow shop's (p - 1)·E[max of m]: the {sched.kind} order at pp {p}, v {v}, m {m} is over the work "
-            f"bound ({CELLS:,} cells; {work(p, v, m, MIN_DRAWS, 1, per, build):,} at {MIN_DRAWS} draws); it is "
-            "short of an order with no slack in its steady state (1F1B's run once at pp 256-1024, m 4p: 3.9-4.4x the "
-            "flow shop's)"
+            f"the flow shop's (p - 1)·E[max of m]: {own}, and so are its stand-ins; it is short of an order with no "
+            "slack in its steady state (1F1B's run once at pp 256-1024, m 4p: 3.9-4.4x the flow shop's)"
         )
+    kind, kv, nodes, d = run
     error = "" if d == DRAWS else f", sampling error {math.sqrt(DRAWS / d):.1f}x the {DRAWS} draws' 2-3%"
     how = "interpolated on its (phi, rho) grid" if nodes > 1 else "at its own (phi, rho)"
-    return f"the {sched.kind} order run as a list schedule, {d} fixed-seed draws {how}{error}"
+    if kind == sched.kind:
+        return f"the {kind} order run as a list schedule, {d} fixed-seed draws {how}{error}"
+    return (
+        f"{own}: the cheaper {kind} order (v {kv}, no slack in its steady state) run in its place as a list schedule, "
+        f"{d} fixed-seed draws {how}{error}; it waits no less than the {sched.kind} order, to 0.5% (the safe side, "
+        "measured at pp 4-128: ZB-H1 0.64-1.005 of 1F1B's wait, DualPipe(V) 0.20-0.82, ZBV 0.04-0.64, the interleaved "
+        "order 0.07-0.69), where the flow shop was 3.6x short (review r11a #1)"
+    )
 
 
 _NODE_CACHE: OrderedDict[tuple, tuple[float, float]] = OrderedDict()
@@ -419,13 +442,12 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
     two significant figures (at least 1e-4); None for a schedule whose order is not written out or whose run is
     over the work bound (``method`` says which; the caller's flow shop)."""
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
-    if p > 1 and sched.traits.order is None:
-        return None
     if p == 1:  # one stage runs the micro-batches back to back: the sum of m, no excess
         return Jitter(0.0, math.sqrt(m))
-    nodes, d = runs_at(p, v, m, per_microbatch(sched.kind, v), build_cells(sched.kind))
-    if d == 0:
+    run = order_run(sched.kind, p, v, m)
+    if run is None:
         return None
+    kind, v, nodes, d = run  # its own order, or a stand-in's (``order_run``)
     phi, rho = round(phi, 2), float(f"{max(rho, 1e-4):.2g}")
     if nodes > 1 and PHI_NODES[0] <= phi <= PHI_NODES[-1] and RHO_NODES[0] <= rho <= RHO_NODES[-1]:
         phis, rhos = _bracket(PHI_NODES, phi, float, 4), _bracket(RHO_NODES, rho, math.log, 4)
@@ -433,8 +455,8 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
     else:
         weighted = [((phi, rho), 1.0)]
     weighted = [(node, w) for node, w in weighted if abs(w) > 1e-12]
-    omega = round(min(max(omega, 0.0), 1.0 - phi), 2) if sched.traits.splits_weights else 0.0
-    moments = _moments(sched.kind, p, v, m, [node for node, _ in weighted], d, omega)
+    omega = round(min(max(omega, 0.0), 1.0 - phi), 2) if schedule_traits(kind).splits_weights else 0.0
+    moments = _moments(kind, p, v, m, [node for node, _ in weighted], d, omega)
     mean = sum(w * a for (_, w), (a, _) in zip(weighted, moments, strict=True))
     var = sum(w * b for (_, w), (_, b) in zip(weighted, moments, strict=True))
     return Jitter(mean, math.sqrt(max(0.0, var)))
@@ -455,6 +477,7 @@ __all__ = [
     "jitter",
     "makespans",
     "method",
+    "order_run",
     "runs_at",
     "schedule_makespans",
     "work",

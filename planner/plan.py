@@ -207,7 +207,7 @@ def build_plan(
     plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline, cluster_spec.pcie_bandwidth_GBps)
     plan.memory = memory(ctx, gpu, priced)
     plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
-    plan.warnings += _mfu_warning(plan.step, ctx)
+    plan.warnings += _mfu_warning(plan.step, ctx) + plan.step.warnings
     return plan
 
 

@@ -84,7 +84,16 @@ from .kernels import (
 )
 from .ledger import held_ctas
 from .memory import Memory, memory_per_stage, offloaded_bytes
-from .pipeline import PipelineTime, Schedule, StagePass, drain_leads, pipeline_time, steady_wait, timeline
+from .pipeline import (
+    PipelineTime,
+    Schedule,
+    StagePass,
+    caveats,
+    drain_leads,
+    pipeline_time,
+    steady_wait,
+    timeline,
+)
 from .recompute import layer_counts
 from .rules.context_parallel import rotate_method
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
@@ -230,6 +239,8 @@ class StepTime:
     critical_stage: int
     stages: list[StageStep] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    # what the plan should say about the pipeline's form for these passes (pipeline.caveats)
+    warnings: list[str] = field(default_factory=list)
 
 
 def schedule_of(
@@ -1145,6 +1156,7 @@ def _training(
         crit,
         stages,
         events,
+        caveats(passes, sched),
     )
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 import collectives as coll
 from collectives.steps import schedule_view
-from collectives.topology import ClusterSpec, price_call
+from collectives.topology import ClusterSpec, check_concurrent_groups, price_call
 from collectives.topology.spec import CPU_VENDORS, NCCL_VERSIONS, NETWORK_KINDS
 from planner import SpecError
 from planner.estimate import price_estimate
@@ -105,7 +105,8 @@ def _placement(body: PriceRequest, limit: int) -> np.ndarray:
         )
     first = body.ranks if body.ranks is not None else list(range(body.group_size))
     groups = [first, *(body.concurrent_groups or [])]
-    _disjoint(groups, body.op)
+    with relocated(fields=PRICE_FIELDS):  # disjoint groups, sendrecv pairs exempt: one home in collectives
+        check_concurrent_groups(groups, coll.Op(body.op))
     odd = next((i for i, g in enumerate(groups) if len(g) != len(first)), None)
     if odd is not None:
         raise SpecError(
@@ -120,26 +121,6 @@ def _placement(body: PriceRequest, limit: int) -> np.ndarray:
     if body.op == "sendrecv" and len(first) != 2:
         raise SpecError("ranks", f"sendrecv is between 2 ranks, got {len(first)}")
     return np.array(groups, dtype=np.int64)
-
-
-def _disjoint(groups: list[list[int]], op: str) -> None:
-    """The groups of one collective are disjoint, as a communicator split (ncclCommSplit, a process group per
-    color) puts each rank in one group: a device in two groups was priced as if each group had it to itself (the
-    same 8 GPUs twice gave the time of 8 others alongside, hostile11). Point-to-point pairs may share a device (a
-    pipeline stage sends on and receives at once)."""
-    if op == "sendrecv":
-        return
-    seen: dict[int, int] = {}
-    for i, group in enumerate(groups):
-        if i and len(set(group)) != len(group):  # the first group's duplicates: collectives' check_group
-            raise SpecError("concurrent_groups", f"group {i} lists a device twice: {group[:16]}")
-        for device in group:
-            first = seen.setdefault(device, i)
-            if first != i:
-                raise SpecError(
-                    "concurrent_groups",
-                    f"device {device} is in group {first} and group {i}: the groups of one call are disjoint",
-                )
 
 
 bounded_post(

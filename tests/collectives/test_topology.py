@@ -11,6 +11,8 @@ from collectives.topology import (
     ClusterSpec,
     IntraNode,
     Network,
+    check_concurrent_groups,
+    cluster_for,
     cluster_preset,
     price_call,
 )
@@ -187,3 +189,28 @@ def test_swing_beats_recursive_doubling_on_a_torus():
         doubling = price_call(Op.ALLREDUCE, size, group, ring16, "recursive_doubling")
         assert swing.time_s < doubling.time_s * 0.9, size
         assert swing.bytes_sent_per_rank == doubling.bytes_sent_per_rank
+
+
+def test_a_calls_groups_are_disjoint_for_every_caller():
+    """Review r11a #7: the rule lives in collectives (price_call checks it, the HTTP route calls the same function):
+    the same 8 devices twice, or half of them, is refused naming the device and both groups, whichever pricer
+    (library or schedule); a concurrent group listing a device twice is refused; sendrecv pairs may share a device
+    (a stage sends on and receives at once) and price; disjoint groups price as before."""
+    cluster = cluster_for(cluster_preset("dgx-h100", 2))
+    for placement, words in (
+        ([[*range(8)], [*range(8)]], "device 0 is in group 0 and group 1: the groups of one call are disjoint"),
+        ([[*range(8)], [*range(4, 12)]], "device 4 is in group 0 and group 1"),
+        ([[*range(8)], [8] * 8], "group 1 lists a device twice: [8, 8,"),
+    ):
+        for pricing in ("library", "schedule"):
+            with pytest.raises(CollectiveError) as err:
+                price_call(Op.ALLREDUCE, 1 << 20, np.array(placement), cluster, pricing=pricing)
+            assert err.value.field == "concurrent_groups" and words in err.value.rule, (placement, pricing)
+        with pytest.raises(CollectiveError, match="concurrent_groups"):
+            check_concurrent_groups(placement, Op.ALLGATHER)  # lists, as the route passes them (ragged allowed)
+    check_concurrent_groups([[0, 1], [2, 3, 4]], Op.ALLREDUCE)  # disjoint; the sizes are the route's rule
+    pairs = price_call(Op.SENDRECV, 1 << 20, np.array([[0, 1], [1, 2]]), cluster)
+    assert pairs.time_s > 0
+    apart = price_call(Op.ALLREDUCE, 1 << 20, np.array([[*range(8)], [*range(8, 16)]]), cluster)
+    alone = price_call(Op.ALLREDUCE, 1 << 20, np.array([[*range(8)]]), cluster)
+    assert apart.time_s == pytest.approx(alone.time_s, rel=1e-9)  # two nodes' NVLink domains share nothing

@@ -6,6 +6,7 @@ packed-document wait from the orders themselves."""
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -62,16 +63,25 @@ def test_every_micro_batch_runs_each_pass_once_on_every_stage(kind, p, m):
 
 
 def event_makespan(
-    kind: str, p: int, m: int, t: list[float], phi: float, omega: float, scale: list[float] | None = None
+    kind: str,
+    p: int,
+    m: int,
+    t: list[float],
+    phi: float,
+    omega: float,
+    scale: list[float] | None = None,
+    ranks: list[tuple[float, float, float]] | None = None,
 ) -> float:
-    """Each rank runs its order (rank d's op times multiplied by ``scale[d]``, 1 when None); an op starts when its
+    """Each rank runs its order (rank d's op times multiplied by ``scale[d]``, 1 when None; with ``ranks``, rank d's
+    pass is its own (F, B, W), phi and omega unused); an op starts when its
     rank is free and its input has come: a forward the forward
     of its micro-batch on the stage before, a backward the backward on the stage after (the last stage: its own
     forward), an F&B pair's wait its backward's input; a forward's output leaves at the op's end, OP_F_LATE's at the
     end of the rank's next op. Written with dictionaries, independent of planner/pipeline_jitter.py's arrays."""
     split = 2 if kind in ("zbv", "dualpipev") else 1
     path = p * split
-    share = {OP_F: phi, OP_F_LATE: phi, OP_B: 1 - phi, OP_I: 1 - phi - omega, OP_W: omega, OP_WAIT: 0.0}
+    own = ranks or [(phi, 1 - phi, omega)] * p
+    shares = [{OP_F: f, OP_F_LATE: f, OP_B: b, OP_I: b - w, OP_W: w, OP_WAIT: 0.0} for f, b, w in own]
     orders = _orders(kind, p, m)
     sent: dict[tuple, float] = {}
     free, at, pending = [0.0] * p, [0] * p, [None] * p
@@ -88,7 +98,7 @@ def event_makespan(
                     need = None
                 if need is not None and need not in sent:
                     break
-                cost = share[op] * t[j] / split * (scale[d] if scale else 1.0)
+                cost = shares[d][op] * t[j] / split * (scale[d] if scale else 1.0)
                 free[d] = max(free[d], sent[need] if need else 0.0) + cost
                 if pending[d] is not None:
                     sent[pending[d]], pending[d] = free[d], None
@@ -217,6 +227,47 @@ def test_deep_1f1b_beyond_the_old_bound_runs_its_order():
     assert "8 fixed-seed draws" in method(sched)
 
 
+def _chunks(kind: str) -> int:
+    return 2 if schedule_traits(kind).interleaved else _v(kind)  # the interleaved order at v 2, as the V's
+
+
+def test_the_splitting_orders_wait_no_more_than_their_stand_in():
+    """Review r11a #1: past the work bound the zero-bubble and DualPipe orders (and the interleaved one) run 1F1B's
+    order in their place (ScheduleTraits.wait_stand_ins), which must err on the safe side: at p 16, m 64, over
+    spreads and shares from small to large, each waits no more per sigma than 1F1B's (measured over p 4-128, m
+    2p-8p, rho 0.02-1.0: ZB-H1 0.64-1.005 of it, DualPipe(V) 0.20-0.82, ZBV 0.04-0.64, interleaved 0.07-0.69). The
+    interleaved order is no such bound for the V schedules (DualPipeV waits 2-4x its)."""
+    for phi, rho, omega in ((0.33, 0.02, 0.2), (0.33, 0.4, 0.2), (0.25, 0.1, 0.3), (0.45, 0.1, 0.1)):
+        one = jitter(Schedule("1f1b", 16, 64), phi, rho).mean
+        for kind in ("interleaved", *ZB):
+            assert schedule_traits(kind).wait_stand_ins == (("1f1b", 1),)
+            got = jitter(Schedule(kind, 16, 64, _chunks(kind)), phi, rho, omega).mean
+            assert 0 < got <= one, (kind, phi, rho, omega, got, one)
+    inter = jitter(Schedule("interleaved", 16, 64, 2), 0.33, 0.1).mean
+    assert jitter(Schedule("dualpipev", 16, 64, 2), 0.33, 0.1, 0.2).mean > 2 * inter
+
+
+def test_the_wait_never_falls_as_pp_doubles():
+    """Review r11a #1: the wait per sigma (m 4p, phi 0.33, rho 0.1, W 0.2) does not fall from pp to 2·pp for any
+    written order up to pp 512: past its work bound an order runs its stand-in (1F1B's, 8 draws at pp 512), never the
+    flow shop (3.6x short of ZB-H1's own there). The cost guard charges the order that runs."""
+    from planner.pipeline_jitter import call_work, order_run
+
+    for kind in ("1f1b", "interleaved", *ZB):
+        means = [jitter(Schedule(kind, p, 4 * p, _chunks(kind)), 0.33, 0.1, 0.2).mean for p in (32, 64, 128, 256, 512)]
+        assert all(b >= a for a, b in pairwise(means)), (kind, means)
+        assert means[-1] > 3.5 * 511 * expected_max(2048), kind  # above the flow shop's
+    for kind in ("interleaved", *ZB):
+        sched = Schedule(kind, 512, 2048, _chunks(kind))
+        assert order_run(kind, 512, _chunks(kind), 2048) == ("1f1b", 1, 1, MIN_DRAWS)
+        assert jitter(sched, 0.33, 0.1, 0.2) == jitter(Schedule("1f1b", 512, 2048), 0.33, 0.1)
+        assert call_work(kind, 512, _chunks(kind), 2048) == call_work("1f1b", 512, 1, 2048) > 0
+        row = method(sched)
+        assert "over the work bound" in row and "the cheaper 1f1b order (v 1" in row and "8 fixed-seed draws" in row
+    assert order_run("zbv", 128, 2, 512)[0] == "zbv" and order_run("zbv", 256, 2, 1024)[0] == "1f1b"
+    assert order_run("1f1b", 1024, 1, 4096) is None and order_run("zb-h1", 1024, 1, 4096) is None
+
+
 def _spelt(kind: str, p: int, m: int, rank: int) -> str:
     names = {OP_F: "F", OP_F_LATE: "FL", OP_B: "B", OP_I: "I", OP_W: "W", OP_WAIT: "WAIT"}
     return " ".join(f"{names[op]}{j}@{s}" for op, j, s in _orders(kind, p, m)[rank])
@@ -242,17 +293,21 @@ def test_the_orders_by_hand():
     )
 
 
-@pytest.mark.parametrize(("schedule", "pp", "gbs"), [("zb-h1", 4, 32), ("dualpipev", 4, 32), ("zbv", 16, 256)])
+@pytest.mark.parametrize(("schedule", "pp", "gbs"), [("zb-h1", 4, 32), ("dualpipev", 4, 32), ("zbv", 16, 256),
+                                                      ("zbv", 256, 2048)])  # fmt: skip
 def test_the_cost_guard_charges_the_orders_work(schedule, pp, gbs):
     """planner/estimate.py charges the packed-document wait's run at call_work's cells (the ops each order runs a
     micro-batch and the cells of laying the order out included), CELL_UNITS a unit: the estimate with packing minus
-    the same request without it."""
+    the same request without it; ZBV at pp 256 (over its bound) at its stand-in's, 1F1B's (review r11a #1)."""
+    from dataclasses import replace
+
     from collectives.topology import cluster_preset
     from planner import ParallelSpec, WorkloadSpec, model_preset
     from planner.estimate import estimate
     from planner.pipeline_jitter import CELL_UNITS, call_work
 
-    model, cluster = model_preset("llama3-8b"), cluster_preset("dgx-h100", pp * 2 // 8)
+    model = replace(model_preset("llama3-8b"), num_layers=max(32, 2 * pp))  # 2 layers a rank and chunk at pp 256
+    cluster = cluster_preset("dgx-h100", pp * 2 // 8)
     par = ParallelSpec(tp=1, pp=pp, dp=2, pipeline_schedule=schedule, virtual_pipeline_stages=_v(schedule))
     units = []
     for packing in (None, "dp_balanced"):
