@@ -53,7 +53,10 @@ function refusal(err) {
   const d = err.detail && err.detail[0], path = d && d.loc ? d.loc.slice(1).join(".") : "", input = SEARCH_FIELDS[path] && $(SEARCH_FIELDS[path]);
   if (!input) return err.message;
   input.setAttribute("aria-invalid", "true");
-  return `${input.labels[0].textContent.trim()} (${path}): ${d.msg}`;
+  // the box is a percent, the field a fraction (the server's "less than 1, got 1.0" read beside "100": r11b)
+  const msg = path === "constraints.memory_headroom"
+    ? `must be at least 0% and under 100% of the device's memory, got ${input.value}%` : d.msg;
+  return `${input.labels[0].textContent.trim()} (${path}): ${msg}`;
 }
 
 async function runSearch() {
@@ -218,7 +221,7 @@ export function searchSummary(result) {
     text += `, ${fmtInt(ruled)} ruled out before timing (${rules.map(([k, v]) => `${fmtInt(v)} by the ${reasonWords(result, k)}`
       + (examples[k] ? `, e.g. "${examples[k]}"` : "")).join("; ")})`;
   }
-  text += `. Of the evaluated, ${fmtInt(result.feasible)} fit and ${fmtInt(over)} need more memory than the device has`
+  text += `. Of the ${result.bounded_before_memory ? "evaluated whose memory was sized" : "evaluated"}, ${fmtInt(result.feasible)} fit and ${fmtInt(over)} need more memory than the device has`
     + `${headroom > 0 ? ` less ${Number(headroom.toPrecision(3))}% headroom` : ""}.`;
   if (result.bounded_before_memory) text += ` ${fmtInt(result.bounded_before_memory)} more were not sized: their layers' compute alone was already slower than the results kept.`;
   if (result.bounded) text += ` ${fmtInt(result.bounded)} of those that fit were not timed in full: their compute alone was already slower than the results kept.`;

@@ -176,7 +176,8 @@ async function runServeCalibrate() {
     state.serveCalibration = result;
     const c = result.constants;
     $("serve-calib-status").textContent = `Prefill × ${c.prefill_time_scale.toFixed(3)}, decode × ${c.decode_time_scale.toFixed(3)}: `
-      + `median |error| of TTFT and TPOT ${pct(result.median_error_before)} before, ${pct(result.median_error_after)} after.`;
+      + `median |error| of TTFT and TPOT ${pct(result.median_error_before)} before, ${pct(result.median_error_after)} after.`
+      + (result.warnings || []).map((w) => ` Warning: ${w}.`).join("");
     renderServeCalibration(result);
   } catch (err) {
     $("serve-calib-status").textContent = `Cannot fit: ${errorText(err)}`;

@@ -580,14 +580,32 @@ class Space:
                 "fix or list values of tp, pp, cp, framework or micro_batch_size to narrow it",
             )
         if size == 0:
-            least = min(tp * cp * pp for tp in self.tps for cp in self.cps for pp in self.pps)
-            raise SpecError(
-                "constraints",
-                f"leave no layout on the {self.devices} devices: tp {self.tps}, cp {self.cps}, pp {self.pps} "
-                f"(tp*cp*pp is at least {least}, which must divide the devices), ep {self.eps}, micro-batch sizes "
-                "that divide the global batch",
-            )
+            raise SpecError("constraints", f"leave no layout on the {self.devices} devices: {self._empty_because()}")
         return size
+
+    def _empty_because(self) -> str:
+        """Why ``size()`` is 0: no (tp, cp, pp) whose product divides the devices, else the splits, schedules or
+        micro-batch sizes the constraints allow (r11b: an interleaved-only search at pp 1 was told the product rule)."""
+        shapes = [(tp, pp, self.devices // (tp * cp * pp)) for tp, cp, pp, ok in self._triples() if ok]
+        if not shapes:
+            least = min(tp * cp * pp for tp in self.tps for cp in self.cps for pp in self.pps)
+            return (
+                f"tp {self.tps}, cp {self.cps}, pp {self.pps} (tp*cp*pp is at least {least}, which must divide the "
+                "devices)"
+            )
+        if not any(self.variants_per_shape(tp, pp) for tp, pp, _ in shapes):
+            pps = sorted({pp for _, pp, _ in shapes})
+            allowed = ", ".join(self.schedules)
+            return (
+                f"no pipeline schedule, virtual stages or stage split the constraints allow ({allowed}) runs at pp "
+                f"{pps} (an interleaved or V schedule needs pp >= 2)"
+            )
+        if not any(self.micro_batches(dp) for _, _, dp in shapes):
+            return (
+                f"no micro-batch size the constraints allow divides the global batch "
+                f"{self.work.global_batch_size} over dp {sorted({dp for _, _, dp in shapes})}"
+            )
+        return "the recompute, ep or expert-tp values the constraints allow leave none"
 
     def recompute_rule(self, par: ParallelSpec, choice: str | Recompute) -> SpecError | None:
         """The rule /v1/plan would refuse an opt-in recompute choice (``Recompute.options``) on a valid layout

@@ -244,3 +244,16 @@ def test_keep_the_framework_of_a_flavour_the_search_does_not_propose(page):  # n
         timeout=30_000,
     )
     expect(page.locator("#search-framework")).to_have_attribute("aria-invalid", "true")
+
+
+def test_a_headroom_of_100_percent_is_refused_in_percent(page):  # noqa: F811
+    """The headroom box is a percent, the request's field a fraction: 100 read "Input should be less than 1, got 1.0"
+    beside a box holding 100 (r11b); the refusal now speaks the box's unit and marks it."""
+    open_page(page, url_state(LLAMA))
+    page.fill("#search-headroom", "100")
+    page.click("#search-run")
+    expect(page.locator("#search-status")).to_contain_text(
+        "(constraints.memory_headroom): must be at least 0% and under 100% of the device's memory, got 100%",
+        timeout=30_000,
+    )
+    expect(page.locator("#search-headroom")).to_have_attribute("aria-invalid", "true")

@@ -75,3 +75,18 @@ def test_serve_calibration_fits_shows_and_plans_with_the_factors(make_page, brow
     page.click("#serve-calib-clear")
     assert "decode_time_scale" not in page.evaluate("window.commplan.serveBody()")["options"]
     expect(page.locator("#serve-calib-active")).to_have_text("")
+
+
+def test_a_factor_held_at_its_bound_is_shown(make_page):  # noqa: F811
+    """A run whose TTFT reads 1e-300 ms holds prefill_time_scale at 0.05: the status line says the service's warning."""
+    page = make_page()
+    open_page(page, url_state(REQUEST))
+    page.select_option("#serve-model", "llama3-8b")
+    page.select_option("#serve-engine", "vllm")
+    for name, value in {"nodes": "1", "a-tp": "1", "a-workers": "1"}.items():
+        page.fill(f"#serve-{name}", value)
+    page.fill("#serve-calib-text", RUNS[0].replace("Mean TTFT (ms):", "Mean TTFT (ms): 1e-300 #"))
+    page.click("#serve-calib-run")
+    expect(page.locator("#serve-calib-status")).to_contain_text(
+        "Warning: prefill_time_scale is held at its bound 0.05", timeout=60_000
+    )

@@ -397,3 +397,16 @@ def test_constraints_that_leave_no_layout_are_refused_with_the_rule():
         search(problem, workers=1)
     assert err.value.field == "constraints"
     assert "tp [8], cp [8], pp [8] (tp*cp*pp is at least 512, which must divide the devices)" in str(err.value)
+
+
+def test_an_interleaved_only_search_at_pp_1_names_the_schedule_rule():
+    """The product divides the devices; what leaves nothing is the schedule: the refusal names it (r11b)."""
+    model = replace(MODEL_PRESETS["llama3-8b"], num_layers=8)
+    constraints = Constraints.of({"pipeline_schedule": "interleaved", "pp": 1})
+    problem = Problem(model, WorkloadSpec(global_batch_size=64), cluster_preset("dgx-h100", 1), constraints)
+    with pytest.raises(SpecError) as err:
+        search(problem, workers=1)
+    assert str(err.value).endswith(
+        "leave no layout on the 8 devices: no pipeline schedule, virtual stages or stage split the constraints allow "
+        "(interleaved) runs at pp [1] (an interleaved or V schedule needs pp >= 2)"
+    )
