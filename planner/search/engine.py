@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -77,6 +78,25 @@ def chunks(shapes: list[Shape], cost: Callable[[Shape], int], target: int) -> li
     return out
 
 
+def lanes(shapes: list[Shape], cost: Callable[[Shape], int], target: int, workers: int) -> list[list[list[Shape]]]:
+    """The chunks of ``shapes`` dealt to ``workers`` lanes, one lane a worker process: the shapes of one tp in one
+    lane (the process memos shared across shapes all key on tp: a layer's kernels and the floors' layer sums on
+    (tp, cp, ...), the data-parallel templates and their cp x dp curves on (tp, pp, cp x dp), the tensor groups'
+    curves on tp), the tp groups largest first, each to the lane with the least work so far (list scheduling).
+    Dealt to any free process instead, both processes built most of those memos each (docs/search.md, speed11b)."""
+    groups: dict[int, list[Shape]] = {}
+    for shape in shapes:
+        groups.setdefault(shape.tp, []).append(shape)
+    out: list[list[list[Shape]]] = [[] for _ in range(workers)]
+    load = [0] * workers
+    weighed = [(sum(cost(s) for s in group), group) for group in groups.values()]
+    for weight, group in sorted(weighed, key=lambda item: -item[0]):  # stable: equal weights keep the walk's order
+        lane = load.index(min(load))
+        out[lane] += chunks(group, cost, target)
+        load[lane] += weight
+    return out
+
+
 def search(
     problem: Problem,
     progress: Callable[[dict], None] | None = None,
@@ -114,25 +134,28 @@ def search(
     report(force=True)
     if work < IN_PROCESS_BELOW or workers == 1 or len(parts) == 1:
         workers = 1
-    # each chunk is bounded by the k-th best known when it is handed out
-    jobs = ((evaluate_shapes, (problem, part, kth(total, problem.top_k))) for part in parts)
-    _run(workers, jobs, lambda out: total.merge(out, problem.keep), report, cancelled)
+
+    def job(part: list[Shape]) -> tuple:  # each chunk is bounded by the k-th best known when it is handed out
+        return evaluate_shapes, (problem, part, kth(total, problem.top_k))
+
+    merge = lambda out: total.merge(out, problem.keep)  # noqa: E731
+    if workers == 1:  # in the walk's order
+        _run((job(part) for part in parts), merge, report, cancelled)
+    else:
+        _in_lanes(workers, lanes(shapes, cost, CHUNK_LAYOUTS, workers), job, merge, report, cancelled)
     report(force=True)
     results = _exact(problem, total)
     return SearchResult(size, total, results, time.perf_counter() - start, workers, total.pruned)
 
 
-def _run(workers: int, jobs, merge, report, cancelled) -> None:
-    """Runs ``jobs`` ((function, args), drawn lazily so that each sees the latest results) in this process
-    or on the pool, merging each result as it comes."""
-    if workers == 1:
-        for fn, args in jobs:
-            if cancelled and cancelled():
-                raise Cancelled()
-            merge(fn(*args))
-            report()
-    else:
-        _in_pool(workers, jobs, merge, report, cancelled)
+def _run(jobs, merge, report, cancelled) -> None:
+    """Runs ``jobs`` ((function, args), drawn lazily so that each sees the latest results) in this process, merging
+    each result as it comes."""
+    for fn, args in jobs:
+        if cancelled and cancelled():
+            raise Cancelled()
+        merge(fn(*args))
+        report()
 
 
 _POOL: dict = {}
@@ -190,32 +213,40 @@ def _drop_pool(workers: int) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _in_pool(workers: int, jobs, merge, report, cancelled) -> None:
-    """Jobs are handed out a few at a time, each drawn when a worker is free so that it bounds against what
-    earlier ones found."""
+def _in_lanes(workers: int, lanes: list[list], job, merge, report, cancelled) -> None:
+    """The chunks of ``lanes`` on the pool, ``job(chunk)`` drawn when it is handed out so that it bounds against what
+    earlier ones found. One chunk a worker at a time: a lane's next chunk is handed out when its last one comes back,
+    so the worker that ran it, the one free then, takes it and its process's memos serve it; a lane with none left
+    takes the last chunk of the lane with the most left."""
     pool = _pool(workers)
-    jobs = iter(jobs)
-    pending: set = set()
+    queues = [deque(lane) for lane in lanes]
+    pending: dict = {}  # future -> lane
 
-    def refill() -> None:
+    def hand_out(lane: int) -> None:
         nonlocal pool
-        while len(pending) < 2 * workers:
-            job = next(jobs, None)
-            if job is None:
+        if queues[lane]:
+            part = queues[lane].popleft()
+        else:
+            most = max(queues, key=len)
+            if not most:
                 return
-            try:
-                pending.add(pool.submit(job[0], *job[1]))
-            except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
-                _drop_pool(workers)
-                pool = _pool(workers)
-                pending.add(pool.submit(job[0], *job[1]))
+            part = most.pop()
+        fn, args = job(part)
+        try:
+            future = pool.submit(fn, *args)
+        except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
+            _drop_pool(workers)
+            pool = _pool(workers)
+            future = pool.submit(fn, *args)
+        pending[future] = lane
 
-    refill()
+    for lane in range(len(queues)):
+        hand_out(lane)
     while pending:
-        done, rest = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
-        pending.clear()
-        pending.update(rest)
+        done, _ = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
+        free = []
         for future in done:
+            free.append(pending.pop(future))
             try:
                 merge(future.result())
             except cf.process.BrokenProcessPool:
@@ -224,7 +255,8 @@ def _in_pool(workers: int, jobs, merge, report, cancelled) -> None:
         if cancelled and cancelled():
             _drop_pool(workers)
             raise Cancelled()
-        refill()
+        for lane in free:
+            hand_out(lane)
         report()
 
 

@@ -499,7 +499,7 @@ class StepModel:
             v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
 
     def _paired(self, v: _Variant) -> bool:
-        """step.paired_passes of the layout under the StepModel's overlap, once per layout (on the context _keys reads)."""
+        """step.paired_passes of the layout under the StepModel's overlap, once per layout (on _keys' context)."""
         if v.paired is None:
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
             v.paired = paired_passes(ctx, self.overlap)
@@ -603,7 +603,7 @@ class StepModel:
         and pass keys (``_keys``: its parameter counts per stage) are never computed (docs/search.md, speed11b)."""
         v = self._variant(par)
         if not self.timed or self._paired(v):
-            return [0.0 <= threshold] * len(grid)
+            return [threshold >= 0.0] * len(grid)  # the zeros layer_floors gives them
         layers = self._layers_floor(v, grid)
         if not (layers <= threshold).any():
             return [False] * len(grid)
