@@ -213,45 +213,50 @@ def _drop_pool(workers: int) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+class _Lanes:
+    """Queues of chunks, one a worker: a lane's own next chunk, else the last chunk of the lane with the most left."""
+
+    def __init__(self, lanes: list[list]):
+        self.queues = [deque(lane) for lane in lanes]
+
+    def next(self, lane: int):
+        if self.queues[lane]:
+            return self.queues[lane].popleft()
+        most = max(self.queues, key=len)
+        return most.pop() if most else None
+
+
+def _submit(workers: int, fn, args) -> cf.Future:
+    try:
+        return _pool(workers).submit(fn, *args)
+    except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
+        _drop_pool(workers)
+        return _pool(workers).submit(fn, *args)
+
+
 def _in_lanes(workers: int, lanes: list[list], job, merge, report, cancelled) -> None:
     """The chunks of ``lanes`` on the pool, ``job(chunk)`` drawn when it is handed out so that it bounds against what
     earlier ones found. One chunk a worker at a time: a lane's next chunk is handed out when its last one comes back,
-    so the worker that ran it, the one free then, takes it and its process's memos serve it; a lane with none left
-    takes the last chunk of the lane with the most left."""
-    pool = _pool(workers)
-    queues = [deque(lane) for lane in lanes]
-    pending: dict = {}  # future -> lane
+    so the worker that ran it, the one free then, takes it and its process's memos serve it (``_Lanes`` says which
+    chunk)."""
+    queues, pending = _Lanes(lanes), {}  # future -> lane
 
     def hand_out(lane: int) -> None:
-        nonlocal pool
-        if queues[lane]:
-            part = queues[lane].popleft()
-        else:
-            most = max(queues, key=len)
-            if not most:
-                return
-            part = most.pop()
-        fn, args = job(part)
-        try:
-            future = pool.submit(fn, *args)
-        except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
-            _drop_pool(workers)
-            pool = _pool(workers)
-            future = pool.submit(fn, *args)
-        pending[future] = lane
+        part = queues.next(lane)
+        if part is not None:
+            pending[_submit(workers, *job(part))] = lane
 
-    for lane in range(len(queues)):
+    for lane in range(len(lanes)):
         hand_out(lane)
     while pending:
         done, _ = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
-        free = []
-        for future in done:
-            free.append(pending.pop(future))
-            try:
+        free = [pending.pop(future) for future in done]
+        try:
+            for future in done:
                 merge(future.result())
-            except cf.process.BrokenProcessPool:
-                _drop_pool(workers)
-                raise _stopped() from None
+        except cf.process.BrokenProcessPool:
+            _drop_pool(workers)
+            raise _stopped() from None
         if cancelled and cancelled():
             _drop_pool(workers)
             raise Cancelled()
