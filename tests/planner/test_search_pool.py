@@ -68,7 +68,7 @@ def test_lanes_keep_each_tp_in_one_lane_and_every_shape_once():
     exactly once in the walk's order within its tp, the lanes' work within the largest tp group's of each other."""
     from collectives.topology import cluster_preset
     from planner import MODEL_PRESETS, WorkloadSpec
-    from planner.search import Constraints, Problem
+    from planner.search import Problem
     from planner.search.evaluate import space_of
     from planner.search.space import Pruned
 
