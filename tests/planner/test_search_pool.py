@@ -50,13 +50,15 @@ def test_a_dropped_pool_stops_its_busy_workers_at_once():
 
 def test_a_worker_collects_its_young_objects_every_10000_not_700():
     """A forked worker runs chunks of screening for a long time: its collector's young threshold is
-    GC_YOUNG_THRESHOLD (engine.py: 634 collections -> 27 on a 405B slice), the older ones as the parent's."""
+    GC_YOUNG_THRESHOLD (engine.py: 634 collections -> 27 on a 405B slice), the middle one GC_MIDDLE_THRESHOLD (100:
+    speed11b), the oldest as the parent's."""
     before = gc.get_threshold()
     engine._drop_pool(2)  # a pool forked before this test's parent threshold would prove nothing
     gc.set_threshold(700, *before[1:])  # CPython's default in the parent
     try:
         pool = engine._pool(2)
-        assert pool.submit(gc.get_threshold).result(timeout=30) == (10_000, *before[1:])
+        assert pool.submit(gc.get_threshold).result(timeout=30) == (10_000, 100, before[2])
+        assert engine.GC_MIDDLE_THRESHOLD == 100 and gc.get_threshold()[1] == before[1]
         assert engine.GC_YOUNG_THRESHOLD == 10_000 and gc.get_threshold()[0] == 700  # the parent's own kept
     finally:
         engine._drop_pool(2)
