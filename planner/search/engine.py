@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -77,6 +78,25 @@ def chunks(shapes: list[Shape], cost: Callable[[Shape], int], target: int) -> li
     return out
 
 
+def lanes(shapes: list[Shape], cost: Callable[[Shape], int], target: int, workers: int) -> list[list[list[Shape]]]:
+    """The chunks of ``shapes`` dealt to ``workers`` lanes, one lane a worker process: the shapes of one tp in one
+    lane (the process memos shared across shapes all key on tp: a layer's kernels and the floors' layer sums on
+    (tp, cp, ...), the data-parallel templates and their cp x dp curves on (tp, pp, cp x dp), the tensor groups'
+    curves on tp), the tp groups largest first, each to the lane with the least work so far (list scheduling).
+    Dealt to any free process instead, both processes built most of those memos each (docs/search.md, speed11b)."""
+    groups: dict[int, list[Shape]] = {}
+    for shape in shapes:
+        groups.setdefault(shape.tp, []).append(shape)
+    out: list[list[list[Shape]]] = [[] for _ in range(workers)]
+    load = [0] * workers
+    weighed = [(sum(cost(s) for s in group), group) for group in groups.values()]
+    for weight, group in sorted(weighed, key=lambda item: -item[0]):  # stable: equal weights keep the walk's order
+        lane = load.index(min(load))
+        out[lane] += chunks(group, cost, target)
+        load[lane] += weight
+    return out
+
+
 def search(
     problem: Problem,
     progress: Callable[[dict], None] | None = None,
@@ -108,25 +128,28 @@ def search(
     report(force=True)
     if work < IN_PROCESS_BELOW or workers == 1 or len(parts) == 1:
         workers = 1
-    # each chunk is bounded by the k-th best known when it is handed out
-    jobs = ((evaluate_shapes, (problem, part, kth(total, problem.top_k))) for part in parts)
-    _run(workers, jobs, lambda out: total.merge(out, problem.keep), report, cancelled)
+
+    def job(part: list[Shape]) -> tuple:  # each chunk is bounded by the k-th best known when it is handed out
+        return evaluate_shapes, (problem, part, kth(total, problem.top_k))
+
+    merge = lambda out: total.merge(out, problem.keep)  # noqa: E731
+    if workers == 1:  # in the walk's order
+        _run((job(part) for part in parts), merge, report, cancelled)
+    else:
+        _in_lanes(workers, lanes(shapes, cost, CHUNK_LAYOUTS, workers), job, merge, report, cancelled)
     report(force=True)
     results = _exact(problem, total)
     return SearchResult(size, total, results, time.perf_counter() - start, workers, total.pruned)
 
 
-def _run(workers: int, jobs, merge, report, cancelled) -> None:
-    """Runs ``jobs`` ((function, args), drawn lazily so that each sees the latest results) in this process
-    or on the pool, merging each result as it comes."""
-    if workers == 1:
-        for fn, args in jobs:
-            if cancelled and cancelled():
-                raise Cancelled()
-            merge(fn(*args))
-            report()
-    else:
-        _in_pool(workers, jobs, merge, report, cancelled)
+def _run(jobs, merge, report, cancelled) -> None:
+    """Runs ``jobs`` ((function, args), drawn lazily so that each sees the latest results) in this process, merging
+    each result as it comes."""
+    for fn, args in jobs:
+        if cancelled and cancelled():
+            raise Cancelled()
+        merge(fn(*args))
+        report()
 
 
 _POOL: dict = {}
@@ -160,10 +183,23 @@ def young_threshold(young: int = GC_YOUNG_THRESHOLD) -> None:
     gc.set_threshold(young, *gc.get_threshold()[1:])
 
 
+# The middle generation in a search worker: collected every this many young collections, not CPython's 10. What
+# survives a young collection there is mostly memo entries that live as long as their shape's lane or the search, so
+# at 10 the middle collections walked them again and again: GPT-3 175B on 1,024 A100, whole space (speed11b,
+# 2026-11-27 01:31, load 1.2-2.4, 2 processes, three runs each in turn) 19.30-19.43 -> 18.51-18.84 CPU s of the
+# workers, the largest worker's peak 179 -> 187 MiB; in one process the collector took 1.75 -> 1.14 of ~18 CPU s
+# (25 -> 3 middle collections, 2 -> 0 old ones). The shape evaluators' reference cycles are freed at the next middle
+# collection, up to 100 x 10,000 objects later. The oldest generation keeps the parent's threshold.
+GC_MIDDLE_THRESHOLD = 100
+
+
 def _worker_start() -> None:
-    """A forked worker's start: the signals it answers (``_plain_signals``) and its collector (``young_threshold``)."""
+    """A forked worker's start: the signals it answers (``_plain_signals``) and its collector (``young_threshold``,
+    then GC_MIDDLE_THRESHOLD)."""
     _plain_signals()
     young_threshold()
+    young, _, old = gc.get_threshold()
+    gc.set_threshold(young, GC_MIDDLE_THRESHOLD, old)
 
 
 def _plain_signals() -> None:
@@ -184,41 +220,55 @@ def _drop_pool(workers: int) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _in_pool(workers: int, jobs, merge, report, cancelled) -> None:
-    """Jobs are handed out a few at a time, each drawn when a worker is free so that it bounds against what
-    earlier ones found."""
-    pool = _pool(workers)
-    jobs = iter(jobs)
-    pending: set = set()
+class _Lanes:
+    """Queues of chunks, one a worker: a lane's own next chunk, else the last chunk of the lane with the most left."""
 
-    def refill() -> None:
-        nonlocal pool
-        while len(pending) < 2 * workers:
-            job = next(jobs, None)
-            if job is None:
-                return
-            try:
-                pending.add(pool.submit(job[0], *job[1]))
-            except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
-                _drop_pool(workers)
-                pool = _pool(workers)
-                pending.add(pool.submit(job[0], *job[1]))
+    def __init__(self, lanes: list[list]):
+        self.queues = [deque(lane) for lane in lanes]
 
-    refill()
+    def next(self, lane: int):
+        if self.queues[lane]:
+            return self.queues[lane].popleft()
+        most = max(self.queues, key=len)
+        return most.pop() if most else None
+
+
+def _submit(workers: int, fn, args) -> cf.Future:
+    try:
+        return _pool(workers).submit(fn, *args)
+    except cf.process.BrokenProcessPool:  # left broken by an earlier search: a fresh pool
+        _drop_pool(workers)
+        return _pool(workers).submit(fn, *args)
+
+
+def _in_lanes(workers: int, lanes: list[list], job, merge, report, cancelled) -> None:
+    """The chunks of ``lanes`` on the pool, ``job(chunk)`` drawn when it is handed out so that it bounds against what
+    earlier ones found. One chunk a worker at a time: a lane's next chunk is handed out when its last one comes back,
+    so the worker that ran it, the one free then, takes it and its process's memos serve it (``_Lanes`` says which
+    chunk)."""
+    queues, pending = _Lanes(lanes), {}  # future -> lane
+
+    def hand_out(lane: int) -> None:
+        part = queues.next(lane)
+        if part is not None:
+            pending[_submit(workers, *job(part))] = lane
+
+    for lane in range(len(lanes)):
+        hand_out(lane)
     while pending:
-        done, rest = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
-        pending.clear()
-        pending.update(rest)
-        for future in done:
-            try:
+        done, _ = cf.wait(pending, timeout=PROGRESS_EVERY_S, return_when=cf.FIRST_COMPLETED)
+        free = [pending.pop(future) for future in done]
+        try:
+            for future in done:
                 merge(future.result())
-            except cf.process.BrokenProcessPool:
-                _drop_pool(workers)
-                raise _stopped() from None
+        except cf.process.BrokenProcessPool:
+            _drop_pool(workers)
+            raise _stopped() from None
         if cancelled and cancelled():
             _drop_pool(workers)
             raise Cancelled()
-        refill()
+        for lane in free:
+            hand_out(lane)
         report()
 
 

@@ -337,7 +337,7 @@ class ShapeEvaluator:
     def _floored(self, par: ParallelSpec, grid: tuple, out: Outcome) -> tuple:
         """The pairs of ``grid`` whose ``StepModel.layer_floors`` is within the threshold; the others are counted in
         ``bounded_before_memory``."""
-        fast = (self.step_model.layer_floors(par, grid) <= self.threshold).tolist()
+        fast = self.step_model.floors_within(par, grid, self.threshold)
         if all(fast):
             return grid
         out.bounded_before_memory += len(fast) - sum(fast)

@@ -251,7 +251,8 @@ class _Variant:
         # per stage: compute.stage_pass_key past the model and workload, and ``paired``, interned
         self.pass_keys: tuple | None = None
         self.distinct: tuple = ()  # the first stage of each distinct pass key (what busiest_bounds reads)
-        self.paired = False  # step.paired_passes of the StepModel's overlap: the passes run as combined 1F1B pairs
+        # step.paired_passes of the StepModel's overlap: the passes run as combined 1F1B pairs (None: not asked yet)
+        self.paired: bool | None = None
         self.pass_id: int | None = None
         self.optimizer: tuple = ()  # per stage: compute.optimizer_s
         self.compute_id: int | None = None  # interned (passes, optimizer steps)
@@ -477,7 +478,7 @@ class StepModel:
         if v.compute_id is None:  # on the context held_bytes reads (param_totals is cached on it)
             ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
             # the combined 1F1B pair (step.paired_passes) is part of the passes: the bounds read it as the step does
-            v.paired = paired_passes(ctx, self.overlap)
+            self._paired(v)
             v.pass_keys = tuple(memos.intern(("pass", stage_pass_key(ctx, s)[2:], v.paired)) for s in range(v.par.pp))
             v.pass_id = memos.intern(("passes", v.pass_keys))
             first: dict = {}
@@ -496,6 +497,13 @@ class StepModel:
                     optimizer[s] = found
             v.optimizer = tuple(optimizer)
             v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
+
+    def _paired(self, v: _Variant) -> bool:
+        """step.paired_passes of the layout under the StepModel's overlap, once per layout (on _keys' context)."""
+        if v.paired is None:
+            ctx = self._ctx(v, self.work.micro_batch_size, self.work.activation_recompute)
+            v.paired = paired_passes(ctx, self.overlap)
+        return v.paired
 
     def _stage(self, v: _Variant, b: int, rc: str, s: int) -> StageCompute:
         """Stage s's compute.stage_compute: its passes memoised on its interned pass key, its optimizer step."""
@@ -582,10 +590,31 @@ class StepModel:
         kernels' key, each stage's chunk kinds and MTP blocks and the micro-batch count, not the memory nor the
         stage's roles, so the search asks it before the memory screen (docs/search.md, speed11). Zeros where the
         passes run as the combined 1F1B pair (its delta may be negative: no bound) or without a GPU."""
-        v, memos = self._variant(par), self._memos
-        self._keys(v)  # the layout's optimizer steps and whether its passes are paired
-        if not self.timed or v.paired:
+        v = self._variant(par)
+        if not self.timed or self._paired(v):
             return np.zeros(len(grid))
+        self._keys(v)  # the layout's optimizer steps
+        return self._layers_floor(v, grid) + max(v.optimizer)
+
+    def floors_within(self, par: ParallelSpec, grid, threshold: float) -> list[bool]:
+        """Whether each pair's ``layer_floors`` is within ``threshold``, the same answers. The optimizer step adds a
+        non-negative term (a rounded sum of non-negatives is never below either), so a pair whose layers alone are
+        above the threshold is above it with the step too: where every pair's are, the layout's optimizer steps
+        and pass keys (``_keys``: its parameter counts per stage) are never computed (docs/search.md, speed11b)."""
+        v = self._variant(par)
+        if not self.timed or self._paired(v):
+            return [threshold >= 0.0] * len(grid)  # the zeros layer_floors gives them
+        layers = self._layers_floor(v, grid)
+        if not (layers <= threshold).any():
+            return [False] * len(grid)
+        self._keys(v)
+        return (layers + max(v.optimizer) <= threshold).tolist()
+
+    def _layers_floor(self, v: _Variant, grid) -> np.ndarray:
+        """``layer_floors`` without the optimizer step: m x the slowest stage's decoder layers x FLOOR_SHAVE per pair,
+        memoised as one array on (layer key, the stages' interned chunk kinds, grid, micro-batch counts); timed
+        layouts whose passes are not paired (the callers' zeros otherwise)."""
+        memos = self._memos
         layer_id = self._layer_id(v)
         if v.floor_keys is None:  # one stage per distinct (chunk kinds, MTP blocks): all stage_layers_s reads of it
             split, first = self._split(v), {}
@@ -609,7 +638,7 @@ class StepModel:
                 worst = max(layers_s(self._layer_counts(v, b, rc, k, s), layer) for k, s in v.floor_keys)
                 out.append(self._schedule(v, b).microbatches * worst * FLOOR_SHAVE)
             floors = memos.put(memos.arrays, key, np.array(out, dtype=np.float64))
-        return floors + max(v.optimizer)
+        return floors
 
     def _layer_counts(self, v: _Variant, b: int, rc: str, k: int, s: int) -> dict:
         """recompute.layer_counts(ctx, s, "decoder") (what compute.stage_layers_s sums) memoised on (recompute, the

@@ -106,7 +106,8 @@ def test_a_search_with_the_floor_answers_as_one_without(monkeypatch):
     feasible + memory + bounded_before_memory) and some skipped before their memory."""
     problem = _problem({"tp": [1, 2], "framework": "megatron"})
     with_floor = search(problem, workers=1)
-    monkeypatch.setattr(StepModel, "layer_floors", lambda self, par, grid: np.zeros(len(grid)))
+    # the screen asks floors_within (layer_floors <= threshold): without the floor every pair is within it
+    monkeypatch.setattr(StepModel, "floors_within", lambda self, par, grid, threshold: [True] * len(grid))
     without = search(problem, workers=1)
     a, b = with_floor.outcome, without.outcome
     assert [(r.layout, r.time_s) for r in with_floor.results] == [(r.layout, r.time_s) for r in without.results]
@@ -116,3 +117,32 @@ def test_a_search_with_the_floor_answers_as_one_without(monkeypatch):
     for out in (a, b):
         assert out.evaluated == out.feasible + out.pruned.counts.get(MEMORY, 0) + out.bounded_before_memory
     assert a.feasible + a.pruned.counts.get(MEMORY, 0) < b.feasible + b.pruned.counts.get(MEMORY, 0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[3]}")
+def test_floors_within_answers_as_the_floors_and_skips_the_optimizer_step_below_them(case):
+    """StepModel.floors_within (speed11b) == layer_floors <= threshold at thresholds on, between and around the
+    floors of every valid variant; below every pair's layers it answers all False without computing the layout's
+    optimizer steps and pass keys (_keys), which a fresh evaluator shows: its _Variant keeps compute_id None."""
+    name, work, (preset, nodes), shape, allowed = case
+    problem = Problem(MODEL_PRESETS[name], work, cluster_preset(preset, nodes), Constraints.of(allowed))
+    ev, fresh = ShapeEvaluator(problem, shape), ShapeEvaluator(problem, shape)
+    compared = skipped = 0
+    for index in range(len(ev.variants)):
+        grid = _grid(ev, index)
+        if not grid:
+            continue
+        par = ev.parallel(index)
+        floors = ev.step_model.layer_floors(par, grid)
+        cuts = sorted({*floors.tolist(), 0.0})
+        cuts += [c * (1 - 1e-12) for c in cuts] + [c * (1 + 1e-12) for c in cuts] + [np.inf]
+        for cut in cuts:
+            assert ev.step_model.floors_within(par, grid, cut) == (floors <= cut).tolist()
+            compared += 1
+        if floors.min() > 0:
+            v = fresh.step_model._variant(fresh.parallel(index))
+            below = float(fresh.step_model._layers_floor(v, grid).min()) / 2  # under every pair's layers alone
+            assert fresh.step_model.floors_within(fresh.parallel(index), grid, below) == [False] * len(grid)
+            assert fresh.step_model._variant(fresh.parallel(index)).compute_id is None
+            skipped += 1
+    assert compared >= 30 and (skipped >= 1 or name == "mixtral-8x7b")
