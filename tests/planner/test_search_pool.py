@@ -103,5 +103,8 @@ def test_in_lanes_runs_every_chunk_once_and_an_empty_lane_takes_from_the_fullest
     (lane 1 has none of its own: without taking them, its worker would idle and the chunks still run, in order)."""
     merged = []
     lanes = [[[i] for i in range(12)], []]
-    engine._in_lanes(2, lanes, lambda part: (_chunk_sum, (part,)), merged.append, lambda: None, None)
+    try:
+        engine._in_lanes(2, lanes, lambda part: (_chunk_sum, (part,)), merged.append, lambda: None, None)
+    finally:
+        engine._drop_pool(2)  # not left for the interpreter's exit (its executor thread's weakref callback)
     assert sorted(total for _, total in merged) == list(range(12))
