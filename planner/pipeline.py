@@ -684,19 +684,20 @@ def schedule_traits(kind: str) -> ScheduleTraits:
 # the interleaved order for the V schedules (ZBV 0.67-1.34 of its wait, DualPipe(V) 2.0-4.4x), nor the flow shop for
 # ZBV (up to 2.8x below ZBV's at rho 1)
 _STAND_INS = (("1f1b", 1),)
+# Megatron's two schedules: searched by default, run in Megatron's own order (schedules.py)
+_MEGATRON = {"searched": True, "order": _order_megatron}
 # parallel.py's SCHEDULES are these names, in this order
-register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, searched=True, order=_order_megatron))
+register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, **_MEGATRON))
 register(
     ScheduleTraits(
         "interleaved",
         _bubble_1f1b,
         _warmup_interleaved,
         _held_interleaved,
+        **_MEGATRON,
         chunk_order=True,
         interleaved=True,
         microbatch_rule=_m_divisible_by_pp,
-        searched=True,
-        order=_order_megatron,
         wait_stand_ins=_STAND_INS,
     )
 )
