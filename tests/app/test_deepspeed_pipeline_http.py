@@ -2,12 +2,10 @@
 the partitioned sends, the three TP gathers a micro-batch (``pp.gather_output`` the sender's own) and the four
 blocking transfers a steady-state micro-batch waits on, in closed form on the answer's own ledger prices."""
 
-from dataclasses import replace
-
 import pytest
 
-from planner import flavours
 from planner.flavours.deepspeed import FLAVOUR as DEEPSPEED
+from tests.flavour_variants import flavour_variant
 
 A = 2048 * 12288 * 2  # the boundary tensor of one micro-batch: s x b x h x 2 B
 BODY = {
@@ -21,9 +19,8 @@ BODY = {
 @pytest.fixture
 def batched():
     """DeepSpeed as if its transfers were batched into 1F1B's two exchanges a micro-batch."""
-    flavours.register(replace(DEEPSPEED, name="ds-batched-http", pp_unbatched_transfers=False))
-    yield "ds-batched-http"
-    flavours.unregister("ds-batched-http")
+    with flavour_variant(DEEPSPEED, "ds-batched-http", pp_unbatched_transfers=False) as name:
+        yield name
 
 
 def test_deepspeed_pipeline_over_http(api, batched):

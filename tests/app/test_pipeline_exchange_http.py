@@ -1,12 +1,10 @@
 """Megatron-LM 2021's interleaved steady state over HTTP (planner/pipeline.py steady_wait): v two-way exchanges a
 micro-batch, each the send twice and the TP gather twice, in closed form on the answer's own ledger prices."""
 
-from dataclasses import replace
-
 import pytest
 
-from planner import flavours
 from planner.flavours.megatron_lm import FLAVOUR as MEGATRON_LM
+from tests.flavour_variants import flavour_variant
 
 BODY = {
     "model": {"preset": "gpt3-175b", "num_layers": 4},
@@ -25,9 +23,8 @@ BODY = {
 @pytest.fixture
 def one_way():
     """Megatron-LM 2021 as if its interleaved steady state ran two one-way crossings a micro-batch."""
-    flavours.register(replace(MEGATRON_LM, name="one-way", two_way_exchange_schedules=frozenset()))
-    yield "one-way"
-    flavours.unregister("one-way")
+    with flavour_variant(MEGATRON_LM, "one-way", two_way_exchange_schedules=frozenset()) as name:
+        yield name
 
 
 def test_two_way_exchange_over_http(api, one_way):

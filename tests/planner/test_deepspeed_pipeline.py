@@ -16,9 +16,10 @@ from dataclasses import replace
 import pytest
 
 from collectives.topology import cluster_preset
-from planner import Options, ParallelSpec, WorkloadSpec, build_plan, flavours, model_preset
+from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.flavours.deepspeed import FLAVOUR as DEEPSPEED
 from planner.pipeline import Schedule, StagePass, pipeline_time, steady_wait
+from tests.flavour_variants import flavour_variant
 
 
 def _train_schedule(m: int, p: int, s: int, edaa722: bool) -> list[tuple[str, int]]:
@@ -124,9 +125,8 @@ def _rows(plan):
 @pytest.fixture
 def batched():
     """DeepSpeed with Megatron-Core's 1F1B exchanges: its partitioned sends and gathers kept, its transfers batched."""
-    flavours.register(replace(DEEPSPEED, name="ds-batched", pp_unbatched_transfers=False))
-    yield "ds-batched"
-    flavours.unregister("ds-batched")
+    with flavour_variant(DEEPSPEED, "ds-batched", pp_unbatched_transfers=False) as name:
+        yield name
 
 
 def test_deepspeed_partitions_and_gathers():

@@ -13,6 +13,7 @@ from collectives.topology import cluster_preset
 from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, flavours, model_preset
 from planner.flavours.megatron_lm import FLAVOUR as MEGATRON_LM
 from planner.pipeline import Schedule, StagePass, pipeline_time, steady_wait
+from tests.flavour_variants import flavour_variant
 
 PASSES = [StagePass(1.0, 2.0), StagePass(1.5, 2.5), StagePass(1.0, 2.0), StagePass(1.0, 2.0)]
 
@@ -50,9 +51,8 @@ def _price(plan, name):
 @pytest.fixture
 def one_way():
     """Megatron-LM 2021 as if its interleaved steady state ran two one-way crossings a micro-batch."""
-    flavours.register(replace(MEGATRON_LM, name="one-way", two_way_exchange_schedules=frozenset()))
-    yield "one-way"
-    flavours.unregister("one-way")
+    with flavour_variant(MEGATRON_LM, "one-way", two_way_exchange_schedules=frozenset()) as name:
+        yield name
 
 
 def test_megatron_lm_interleaved_pays_v_two_way_exchanges(one_way):
