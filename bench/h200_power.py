@@ -38,14 +38,16 @@ import h200_tables
 from kernel_fit import REFERENCE  # bench/kernel_fit.py: the one home of the kernel tables' folder
 
 from collectives.topology.gpu import GPUS as GPU_CARDS
+from planner.compute import pass_time
 from planner.context import Context
-from planner.kernels import DATASHEET_CLOCK_MHZ, gpu_seconds, layer_kernels
+from planner.kernels import DATASHEET_CLOCK_MHZ, EFFICIENCY, gemm_time, gpu_seconds, layer_kernels
 
 SETTLE_S = 5.0  # a sustained section's first seconds run at the boost clock before the cap acts
 BOOST_MHZ = 1980  # nvidia-smi clocks.max.sm of both GPUs (run provenance), the clock an uncapped kernel runs at
 CAP_REASON = 0x4  # nvidia-smi clocks_event_reasons: software power cap
 # the runs whose logs hold each class: (folder, run with the sustained GEMMs and the trained layer)
 GPUS = {"h200": ("h200", "run2"), "h100": ("h100", "run1")}
+LAYER = "llama3_8b.tp1.s4096"  # the layer both GPUs trained back to back (``layer_sustained``)
 
 
 def smi(folder: str, run: str) -> list[tuple[float, int, float, int, int]]:
@@ -253,6 +255,50 @@ def bracket(gpu: str, layer: str, at: float = 1560.0) -> tuple[float, float]:
     return low, high
 
 
+def _solve_down(fn, target: float, lo: float = 800.0, hi: float = 2500.0) -> float:
+    """The f (MHz) where the decreasing ``fn`` meets ``target`` (bisection, 0.01 MHz)."""
+    while hi - lo > 0.01:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fn(mid) > target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _gemm_clock(dtype: str, seconds: float) -> float:
+    """The clock at which the model times one 8192^3 GEMM of ``dtype`` at ``seconds``."""
+    return _solve_down(
+        lambda f: gemm_time((8192.0,), 8192.0, 8192.0, dtype, h200_tables.at_clock(f, dtype), EFFICIENCY), seconds
+    )
+
+
+def effective_clocks(gpu: str, layer: str = LAYER) -> dict:
+    """The clocks in the model's own units, by throughput instead of the log's reading: the f at which the model
+    times the sustained 8192^3 GEMMs (planner/kernels.py gemm_time) and the trained layer's step (layer_kernels,
+    pass_time) as measured. Then the mix model on them: GEMM classes at their effective clocks, attention scaled
+    by the same effective / read ratio as the bf16 GEMMs."""
+    sus, clocks = sustained(gpu), fit(gpu)
+    out = {}
+    with h200_tables.on_gpu(gpu) if gpu in h200_tables.OTHER_GPUS else nullcontext():
+        for dtype in ("bf16", "fp8"):
+            out[f"gemm_{dtype}"] = _gemm_clock(dtype, 2 * 8192**3 / (sus[f"gemm_{dtype}"]["tflops"] * 1e12))
+        row = next(r for r in h200_tables.load("run2")["layers"] if r["layer"] == layer)
+        ctx, moe = h200_tables.layer_context(row)
+
+        def step(f: float) -> float:
+            lk = layer_kernels(ctx, moe, h200_tables.at_clock(f))
+            return pass_time(lk.forward).total_s + pass_time(lk.backward).total_s
+
+        out["layer"] = _solve_down(step, sus["layer"]["step_s"])
+    ratio = out["gemm_bf16"] / clocks["gemm_bf16"]
+    mixed = {
+        **clocks,
+        "gemm_bf16": out["gemm_bf16"],
+        "gemm_fp8": out["gemm_fp8"],
+        "attention": clocks["attention"] * ratio,
+    }
+    out["predicted_layer"] = pass_clock(_layer(gpu, layer, 1560.0), 1560.0, mixed)
+    return out
+
+
 def main() -> None:
     for gpu in GPUS:
         sus, clocks = sustained(gpu), fit(gpu)
@@ -274,7 +320,12 @@ def main() -> None:
             f"{ceiling_at_read_clock(gpu, 'fp8'):.3f} of peak; the layer's step against 1/clock: r {corr:+.2f}, "
             f"share that follows the clock {share:.0%}"
         )
-        for layer in ("llama3_8b.tp1.s4096",):
+        eff = effective_clocks(gpu)
+        print(
+            f"  by throughput (the model's units): bf16 GEMMs {eff['gemm_bf16']:.0f} MHz, fp8 {eff['gemm_fp8']:.0f}, "
+            f"the layer {eff['layer']:.0f}; the mix predicts {eff['predicted_layer']:.0f}"
+        )
+        for layer in (LAYER,):
             f, w = predict(gpu, layer)
             lo, hi = bracket(gpu, layer)
             shares_txt = ", ".join(f"{c} {s:.1%}" for c, s in sorted(w.items()))
