@@ -73,8 +73,8 @@ def test_the_same_procedure_misses_the_h100_layer_by_139_mhz():
 def test_the_read_clock_is_not_the_tensor_clock_to_ten_percent():
     """Why the fit cannot reach 30 MHz: per reported MHz the same 132 SMs run their sustained GEMMs at 0.837 of
     the dense peak on the H200 and 0.923 on the H100 (bf16; fp8 0.838 and 0.909), 10% apart; and over the trained
-    layer's 460 settled bursts the step follows 1 / the NVML clock for 33% of its time on the H200 and not at all on
-    the H100 (r -0.00), where the model's compute-bound share is 90%."""
+    layer's settled bursts (460 on the H200, 454 on the H100) the step follows 1 / the NVML clock for 33% of its
+    time on the H200 and not at all on the H100 (r -0.00), where the model's compute-bound share is 90%."""
     assert h200_power.ceiling_at_read_clock("h200", "bf16") == pytest.approx(0.837, abs=0.002)
     assert h200_power.ceiling_at_read_clock("h100", "bf16") == pytest.approx(0.923, abs=0.002)
     assert h200_power.ceiling_at_read_clock("h200", "fp8") == pytest.approx(0.838, abs=0.002)
