@@ -116,6 +116,15 @@ class Timer:
         lib, handle = self.nvml
         return lib.nvmlDeviceGetClockInfo(handle, lib.NVML_CLOCK_SM)
 
+    def energy_mj(self):
+        """The board's energy counter (mJ since the driver loaded; NVML nvmlDeviceGetTotalEnergyConsumption, Volta
+        and later): read around a burst it gives that burst's own mean power, which nvidia-smi's ~1 s average
+        cannot. None where NVML is missing."""
+        if not self.nvml:
+            return None
+        lib, handle = self.nvml
+        return lib.nvmlDeviceGetTotalEnergyConsumption(handle)
+
     def sync(self):
         if self.cuda:
             torch.cuda.synchronize()
@@ -561,6 +570,7 @@ class Layer:
         def p(*shape):
             return (torch.randn(*shape, device=run.device, dtype=torch.bfloat16) * 0.02).requires_grad_()
 
+        self.fp8 = False  # the linears through Fp8Linear (torch._scaled_mm, tensorwise casts): the power section
         self.n1, self.n2 = p(h), p(h)
         self.wqkv, self.wo = p((heads + 2 * kv) * d, h), p(h, heads * d)
         if experts:
@@ -569,6 +579,9 @@ class Layer:
         else:
             self.w1, self.w2 = p(2 * ffn, h), p(h, ffn)
         self.params = [t for t in vars(self).values() if isinstance(t, torch.Tensor)]
+
+    def linear(self, x, w):
+        return Fp8Linear.apply(x, w) if self.fp8 else F.linear(x, w)
 
     def rotary(self, t, cos, sin):
         half = t.shape[-1] // 2
@@ -599,7 +612,7 @@ class Layer:
     def forward(self, x, cos, sin):
         b, s, h = x.shape
         y = F.rms_norm(x, (h,), self.n1)
-        qkv = F.linear(y, self.wqkv)
+        qkv = self.linear(y, self.wqkv)
         q, k, v = qkv.split([self.heads * self.d, self.kv * self.d, self.kv * self.d], dim=-1)
         q = self.rotary(q.view(b, s, self.heads, self.d), cos, sin).transpose(1, 2)
         k = self.rotary(k.view(b, s, self.kv, self.d), cos, sin).transpose(1, 2)
@@ -611,12 +624,135 @@ class Layer:
             v = v.repeat_interleave(self.heads // self.kv, dim=1)
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not self.expand)
-        x = x + F.linear(o.transpose(1, 2).reshape(b, s, -1), self.wo)
+        x = x + self.linear(o.transpose(1, 2).reshape(b, s, -1), self.wo)
         y = F.rms_norm(x, (h,), self.n2)
         if self.experts:
             return x + self.moe(y.view(b * s, h)).view(b, s, h)
-        g, u = F.linear(y, self.w1).chunk(2, dim=-1)
-        return x + F.linear(F.silu(g) * u, self.w2)
+        g, u = self.linear(y, self.w1).chunk(2, dim=-1)
+        return x + self.linear(F.silu(g) * u, self.w2)
+
+
+def _fp8(t):
+    """A tensorwise cast to e4m3 (TransformerEngine's current scaling: scale = the format's max / amax) and its
+    dequantising scale."""
+    amax = t.abs().amax().float().clamp(min=1e-12)
+    scale = torch.finfo(torch.float8_e4m3fn).max / amax
+    return (t * scale.to(t.dtype)).to(torch.float8_e4m3fn), scale.reciprocal()
+
+
+class Fp8Linear(torch.autograd.Function):
+    """y = x·Wᵀ with its three GEMMs in fp8 through torch._scaled_mm (row-major x column-major, as the sustained
+    fp8 bursts), each operand cast tensorwise to e4m3 (a transposed copy where the GEMM needs the other layout, as
+    TE's cast-transpose): the kernel mix of an fp8 layer, its casts included, not a recipe's numerics."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, sx = _fp8(x2)
+        wq, sw = _fp8(w)
+        ctx.save_for_backward(xq, sx, wq, sw)
+        ctx.shape = x.shape
+        y = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        xq, sx, wq, sw = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dq, sd = _fp8(dy2)
+        dx = torch._scaled_mm(dq, wq.t().contiguous().t(), scale_a=sd, scale_b=sw, out_dtype=torch.bfloat16)
+        dw = torch._scaled_mm(dq.t().contiguous(), xq.t().contiguous().t(), scale_a=sd, scale_b=sx,
+                              out_dtype=torch.bfloat16)
+        return dx.view(ctx.shape), dw
+
+
+# The power section's classes (bench/h200_power.py reads them): the 8B layer (LAYERS[0]) in bf16 and with fp8
+# linears, the 405B tp8 layer (LAYERS_HELDOUT[0], GEMM-heavy bf16), cuDNN attention forward + backward at the 8B
+# layer's shape, 2 GiB copies, and the 8192^3 GEMMs. Not yet run (written without a device: run ``--smoke --only
+# power --power 0.3`` first)
+POWER_ATTENTION = (4, 4096, 32, 8, 128)  # batch, seq, heads, kv heads, head dim
+POWER_COPY_BYTES = 2 ** 31
+POWER_BURST_S = 0.25  # a burst long enough for the energy counter's updates
+
+
+def _layer_step(run, shape, fp8=False):
+    _, b, s, h, heads, kv, ffn, experts, topk, eff = shape
+    layer = Layer(run, h, heads, kv, ffn, experts, topk, eff)
+    layer.fp8 = fp8
+    x, dy = run.randn(b, s, h).requires_grad_(), run.randn(b, s, h)
+    cos, sin = run.randn(s, 1, 128), run.randn(s, 1, 128)
+    return lambda: torch.autograd.grad(layer.forward(x, cos, sin), [x, *layer.params], dy)
+
+
+def _attention_step(run, b, s, h, kv, d):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, do = run.randn(b, h, s, d).requires_grad_(), run.randn(b, h, s, d)
+    k, v = run.randn(b, kv, s, d).requires_grad_(), run.randn(b, kv, s, d).requires_grad_()
+    backends = [SDPBackend.MATH] if run.smoke else [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
+
+    def step():
+        with sdpa_kernel(backends):  # as Layer.forward: cuDNN where it takes the shape
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        torch.autograd.grad(o, (q, k, v), do)
+    return step
+
+
+def _power_classes(run, layers, heldout):
+    """(class, a builder of its step): built one at a time, so only one class's tensors are held."""
+    n = 8192 if not run.smoke else 64
+
+    def gemm(dtype):
+        a, b = run.randn(n, n), run.randn(n, n)
+        if dtype == "bf16":
+            return lambda: torch.mm(a, b)
+        aq, bq, one = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t(), torch.ones((), device=run.device)
+        return lambda: torch._scaled_mm(aq, bq, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    def copy():
+        x = run.randn(POWER_COPY_BYTES // 2 if not run.smoke else 4096)
+        y = torch.empty_like(x)
+        return lambda: y.copy_(x)
+
+    attention = POWER_ATTENTION if not run.smoke else (1, 64, 2, 1, 64)
+    out = [("gemm_bf16", lambda: gemm("bf16")), ("attention_cudnn", lambda: _attention_step(run, *attention)),
+           ("copy", copy), (f"layer_bf16.{layers[0][0]}", lambda: _layer_step(run, layers[0])),
+           (f"layer_bf16.{heldout[0][0]}", lambda: _layer_step(run, heldout[0]))]
+    if not run.smoke:  # torch._scaled_mm needs fp8 tensor cores
+        out += [("gemm_fp8", lambda: gemm("fp8")),
+                (f"layer_fp8.{layers[0][0]}", lambda: _layer_step(run, layers[0], fp8=True))]
+    return out
+
+
+@section
+def power(run: Run, seconds, layers, heldout):
+    """Each power class back to back for ``seconds``, in bursts of about POWER_BURST_S: per burst its seconds per
+    call, the wall time, the SM clock NVML reads after it and the energy the board drew during it (the energy
+    counter), so each burst has its own mean power (bench/h200_power.py: the clock a pass sustains from its own
+    kernel mix, docs/step-time.md "The clock from the pass's own power (clock12)")."""
+    rows = []
+    for name, build in _power_classes(run, layers, heldout):
+        try:
+            fn = build()
+            once = max(run.timer._burst(fn, 1), 1e-7)
+        except Exception as err:
+            run.data.setdefault("errors", {})[f"power.{name}"] = f"{type(err).__name__}: {err}"[:300]
+            continue
+        reps = max(1, int(POWER_BURST_S / once))
+        t_end, burst = time.time() + seconds, 0
+        while time.time() < t_end:
+            e0, w0 = run.timer.energy_mj(), time.perf_counter()
+            t = run.timer._burst(fn, reps)
+            wall, e1 = time.perf_counter() - w0, run.timer.energy_mj()
+            joules = (e1 - e0) / 1e3 if e0 is not None else None
+            rows.append([name, burst, round(time.time() - run.started, 3), t, reps, wall, run.timer.clock(), joules])
+            burst += 1
+        del fn
+        if run.device == "cuda":
+            torch.cuda.empty_cache()
+        run.save("power", rows, ["class", "burst", "t_s", "seconds", "reps", "wall_s", "sm_mhz", "energy_j"],
+                 "each class back to back; seconds per call (CUDA events), the burst's wall time and the energy "
+                 "counter's joules over it (mean W = energy_j / wall_s); sm_mhz read after the burst")
 
 
 @section
@@ -702,6 +838,8 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--profile", default="", help="comma-separated layer names: torch.profiler tables and traces")
     ap.add_argument("--heldout", action="store_true", help="the held-out layers (LAYERS_HELDOUT) instead of LAYERS")
+    ap.add_argument("--power", type=float, default=0.0,
+                    help="seconds per class of the power section (0: not run); e.g. --only power --power 15")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     g = SMOKE if args.smoke else globals()
@@ -725,6 +863,8 @@ def main():
         ("gemm_fp8", lambda: gemm_fp8(run, g["LINEARS"], g["FP8_TOKENS"])),
         ("sustained", lambda: sustained(run, args.sustain)),
     ]
+    if args.power > 0:
+        steps.append(("power", lambda: power(run, args.power, g["LAYERS"], g["LAYERS_HELDOUT"])))
     if args.profile:
         profile_layers(run, args.profile.split(","), [*g["LAYERS"], *g["LAYERS_HELDOUT"]])
         steps = []
