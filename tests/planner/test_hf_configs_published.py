@@ -1,0 +1,209 @@
+"""Hugging Face config.json files as users paste them (tests/reference/hf_configs, provenance in its README): each
+either imports as the model its card publishes (the total within 1% of the published count; layers, heads, KV
+heads, head dim, vocabulary, tied embeddings, windows, experts, top-k as the config says) or is refused with a
+SpecError naming the key that makes it an architecture the planner does not model."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import SpecError, from_hf_config
+
+HF_DIR = Path(__file__).parents[1] / "reference" / "hf_configs"
+
+
+def hf(name: str) -> dict:
+    return json.loads((HF_DIR / f"{name}.json").read_text())
+
+
+# Llama 4's vision tower by hand from its vision_config (transformers modeling_llama4.py Llama4VisionModel): the
+# unfold patch embedding 3 x 14 x 14 -> 1408 (no bias), class embedding, 577 positions, two LayerNorms, 34 encoder
+# layers (q/k/v/o with bias, fc1 1408 -> 5632 and fc2 back with bias, two LayerNorms), the pixel-shuffle adapter
+# (5632 -> 4096 -> 4096, no bias) and the projector 4096 -> 5120 (no bias). The cards' totals count it.
+_VIT_LAYER = 4 * (1408 * 1408 + 1408) + (1408 * 5632 + 5632) + (5632 * 1408 + 1408) + 2 * 2 * 1408
+LLAMA4_VISION = (588 + 1 + 577 + 2 * 2) * 1408 + 34 * _VIT_LAYER + 5632 * 4096 + 4096 * 4096 + 4096 * 5120
+
+# name: (published total, what it counts beyond the language model, source)
+PUBLISHED = {
+    "llama-2-7b": (6.74e9, 0, "huggingface.co/meta-llama/Llama-2-7b-hf: 6.74B params (safetensors)"),
+    "llama-3.1-8b-instruct": (8.03e9, 0, "meta-llama/Llama-3.1-8B-Instruct: 8.03B params (safetensors)"),
+    "llama-3.1-70b-instruct": (70.6e9, 0, "meta-llama/Llama-3.1-70B-Instruct: 70.6B params (safetensors)"),
+    "llama-3.1-405b": (405.9e9, 0, "The Llama 3 Herd of Models (2024) Table 3; hub 406B"),
+    "mistral-7b-v0.1": (7.24e9, 0, "mistralai/Mistral-7B-v0.1: 7.24B params (safetensors)"),
+    "mistral-nemo-instruct-2407": (12.2e9, 0, "mistralai/Mistral-Nemo-Instruct-2407: 12.2B params (safetensors)"),
+    "qwen2.5-7b-instruct": (7.61e9, 0, "Qwen/Qwen2.5-7B-Instruct model card: Number of Parameters 7.61B"),
+    "qwen2.5-72b-instruct": (72.7e9, 0, "Qwen/Qwen2.5-72B-Instruct model card: Number of Parameters 72.7B"),
+    "phi-3.5-mini-instruct": (3.8e9, 0, "microsoft/Phi-3.5-mini-instruct model card: 3.8B parameters"),
+    "gpt2": (124e6, 0, "openai-community/gpt2 model card: 124M parameters"),
+    "gemma-2-9b": (917e6 + 8_324e6, 0, "Gemma 2 report (2024) Table 1: 917M embedding + 8,324M non-embedding"),
+    "gemma-2-27b": (1_180e6 + 26_047e6, 0, "Gemma 2 report Table 1: 1,180M embedding + 26,047M non-embedding"),
+    "gemma-3-1b-it": (999_885_952, 0, "keras-hub gemma3_presets.py gemma3_instruct_1b params; Gemma 3 report "
+                      "Table 1: 302M embedding + 698M non-embedding"),
+    "gemma-3-27b-it": (1_416e6 + 25_600e6, 0, "Gemma 3 report (2025) Table 1: 1,416M embedding + 25,600M "
+                       "non-embedding (its 417M vision encoder apart)"),
+    "mixtral-8x7b-v0.1": (46.7e9, 0, "Mixtral of Experts (2024): 47B total; hub 46.7B"),
+    "mixtral-8x22b-v0.1": (141e9, 0, "mistral.ai/news/mixtral-8x22b: 141B total, 39B active"),
+    "qwen1.5-moe-a2.7b": (14.3e9, 0, "Qwen/Qwen1.5-MoE-A2.7B model card: 14.3B total, 2.7B activated"),
+    "deepseek-v2-lite": (15.7e9, 0, "deepseek-ai/DeepSeek-V2-Lite model card: 15.7B total, 2.4B activated"),
+    "glm-4.5": (355e9, 0, "zai-org/GLM-4.5 model card: 355B total, 32B active (its MTP layer included)"),
+    "dbrx-base": (132e9, 0, "databricks/dbrx-base model card: 132B total, 36B active"),
+    "phi-3.5-moe-instruct": (41.9e9, 0, "microsoft/Phi-3.5-MoE-instruct model card: 41.9B total, 6.6B active"),
+    "llama-4-scout-17b-16e-instruct": (109e9, LLAMA4_VISION, "meta-llama/Llama-4-Scout-17B-16E model card: "
+                                       "17B active, 109B total (vision encoder included)"),
+    "llama-4-maverick-17b-128e-instruct": (400e9, LLAMA4_VISION, "meta-llama/Llama-4-Maverick-17B-128E model "
+                                           "card: 17B active, 400B total (vision encoder included)"),
+}  # fmt: skip
+
+# name: layers, heads, kv heads, head dim, vocab, tied, (window, full every k-th), (experts, top-k, MoE layers)
+SHAPES = {
+    "llama-2-7b": (32, 32, 32, 128, 32000, False, (None, None), None),
+    "llama-3.1-405b": (126, 128, 8, 128, 128256, False, (None, None), None),
+    "mistral-7b-v0.1": (32, 32, 8, 128, 32000, False, (4096, None), None),  # every layer slides
+    "mistral-nemo-instruct-2407": (40, 32, 8, 128, 131072, False, (None, None), None),  # head_dim 128, not 160
+    "qwen2.5-72b-instruct": (80, 64, 8, 128, 152064, False, (None, None), None),  # use_sliding_window false
+    "gemma-2-9b": (42, 16, 8, 256, 256000, True, (4096, 2), None),  # head_dim 256, not 3584 / 16
+    "gemma-3-1b-it": (26, 4, 1, 256, 262144, True, (512, 6), None),
+    "gemma-3-27b-it": (62, 32, 16, 128, 262208, True, (1024, 6), None),  # text_config, Gemma3TextConfig defaults
+    "gpt2": (12, 12, 12, 64, 50257, True, (None, None), None),
+    "phi-3.5-mini-instruct": (32, 32, 32, 96, 32064, False, (262144, None), None),
+    "mixtral-8x22b-v0.1": (56, 48, 8, 128, 32768, False, (None, None), (8, 2, 56)),
+    "qwen1.5-moe-a2.7b": (24, 16, 16, 128, 151936, False, (None, None), (60, 4, 24)),
+    "deepseek-v2-lite": (27, 16, 16, 128, 102400, False, (None, None), (64, 6, 26)),  # first_k_dense_replace 1
+    "kimi-k2-instruct": (61, 64, 64, 112, 163840, False, (None, None), (384, 8, 60)),
+    "glm-4.5": (92, 96, 8, 128, 151552, False, (None, None), (160, 8, 90)),  # 89 main MoE layers + the MTP one
+    "dbrx-base": (40, 48, 8, 128, 100352, False, (None, None), (16, 4, 40)),
+    "phi-3.5-moe-instruct": (32, 32, 8, 128, 32064, False, (131072, None), (16, 2, 32)),
+    "llama-4-scout-17b-16e-instruct": (48, 40, 8, 128, 202048, False, (None, None), (16, 1, 48)),
+    "llama-4-maverick-17b-128e-instruct": (48, 40, 8, 128, 202048, False, (None, None), (128, 1, 24)),
+}  # fmt: skip
+
+# name: (the key refused, words of the rule)
+REFUSED = {
+    "falcon-7b": ("model.hf_config.parallel_attn", "side by side"),
+    "jamba-v0.1": ("model.hf_config.attn_layer_period", "Mamba (SSM) layers"),
+    "qwen3-next-80b-a3b-instruct": ("model.hf_config.linear_conv_kernel_dim", "linear-attention layers"),
+    "t5-base": ("model.hf_config.is_encoder_decoder", "encoder-decoder"),
+    "whisper-large-v3": ("model.hf_config.is_encoder_decoder", "encoder-decoder"),
+    "vit-base-patch16-224": ("model.hf_config.image_size", "vision encoder"),
+}
+
+
+def test_every_reference_config_has_an_outcome_here():
+    names = {p.stem for p in HF_DIR.glob("*.json")}
+    have = set(PUBLISHED) | set(SHAPES) | set(REFUSED) | {"deepseek-v3", "gpt-oss-120b", "gpt-oss-20b"}
+    assert names - have <= {"qwen3-30b-a3b", "qwen3-235b-a22b"}  # those four: test_models.py, against presets
+    assert set(REFUSED).isdisjoint(PUBLISHED) and len(names) >= 30
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_total_within_one_percent_of_the_published_count(name):
+    published, beyond, source = PUBLISHED[name]
+    model = from_hf_config(hf(name))
+    assert model.total_params() + beyond == pytest.approx(published, rel=0.01), source
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_shape_as_the_config_says(name):
+    layers, heads, kv, head_dim, vocab, tied, window, moe = SHAPES[name]
+    m = from_hf_config(hf(name))
+    assert (m.num_layers, m.num_attention_heads, m.kv_heads, m.vocab_size, m.tied_embeddings) == (
+        layers, heads, kv, vocab, tied,
+    )  # fmt: skip
+    assert (m.mla.qk_head_dim if m.mla else m.head_size) == (192 if m.mla else head_dim)
+    assert (m.sliding_window, m.full_attention_interval) == window
+    assert ((m.moe.num_experts, m.moe.top_k, m.num_moe_layers) if m.moe else None) == moe
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_architectures_not_modelled_are_refused_at_their_key(name):
+    field, words = REFUSED[name]
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(hf(name))
+    assert caught.value.field == field and words in caught.value.rule, caught.value
+
+
+def test_gpt2_by_hand():
+    """modeling_gpt2.py: wte + wpe, per layer c_attn (768 -> 2304) and c_proj with biases, c_fc (768 -> 3072) and
+    its c_proj with biases, ln_1 / ln_2 (weight and bias); ln_f; lm_head tied: 124,439,808."""
+    h, v, p = 768, 50257, 1024
+    layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 2 * 2 * h
+    m = from_hf_config(hf("gpt2"))
+    assert m.total_params() == v * h + p * h + 12 * layer + 2 * h == 124_439_808
+    assert (m.norm, m.gated_mlp, m.linear_bias, m.learned_position_embeddings) == ("layernorm", False, True, True)
+    assert m.dropout_probs() == (0.1, 0.1)  # attn_pdrop, resid_pdrop
+
+
+def test_gemma_windows_alternate_as_the_modeling_files_say():
+    """modeling_gemma2.py: layer i slides when i is even; Gemma 3: full when (i + 1) % sliding_window_pattern == 0."""
+    g2, g3 = from_hf_config(hf("gemma-2-9b")), from_hf_config(hf("gemma-3-1b-it"))
+    assert [g2.attention_window(i) for i in range(4)] == [4096, None, 4096, None]
+    assert [g3.attention_window(i) is None for i in range(12)] == [(i + 1) % 6 == 0 for i in range(12)]
+    # the Gemma 3 1B total misses only the two extra norms per layer Gemma has (2 x 1152 x 26 = 59,904)
+    assert 999_885_952 - g3.total_params() == 2 * 1152 * 26
+    # the newer config.json form with layer_types reads the same
+    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(26)]
+    assert from_hf_config(hf("gemma-3-1b-it") | {"layer_types": types}) == g3
+    assert from_hf_config(hf("gemma-2-9b") | {"tie_word_embeddings": False}).tied_embeddings is False
+
+
+def test_llama4_text_config_moe_interleave_and_chunks():
+    """Scout: every layer MoE (16 experts of 8192 and one shared of 8192); Maverick: layers 1, 3, ... MoE with 128,
+    the others dense at intermediate_size_mlp 16384 (configuration_llama4.py moe_layers default)."""
+    scout = from_hf_config(hf("llama-4-scout-17b-16e-instruct"))
+    mav = from_hf_config(hf("llama-4-maverick-17b-128e-instruct"))
+    assert (scout.moe.expert_ffn_hidden_size, scout.moe.shared_ffn, scout.moe.num_shared_experts) == (8192, 8192, 1)
+    assert [mav.is_moe_layer(i) for i in range(4)] == [False, True, False, True] and mav.ffn_hidden_size == 16384
+    assert not scout.qk_norm  # Llama4TextL2Norm: no weights
+    assert any("vision encoder" in n for n in scout.notes) and any("chunked attention" in n for n in scout.notes)
+    # one chunk of 8192 is full causal attention; past it chunked attention is not modelled
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(hf("llama-4-scout-17b-16e-instruct"), seq_length=16384)
+    assert caught.value.field == "model.hf_config.text_config.attention_chunk_size" and "16,384" in caught.value.rule
+    # active: 17B on both cards (two significant figures): 17.17B and 17.18B
+    assert round(scout.active_params(), -9) == round(mav.active_params(), -9) == 17e9
+
+
+def test_dbrx_nested_keys_and_their_errors():
+    m = from_hf_config(hf("dbrx-base"))
+    assert (m.hidden_size, m.kv_heads, m.moe.expert_ffn_hidden_size, m.seq_length) == (6144, 8, 10752, 8192)
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(hf("dbrx-base") | {"attn_config": [8]})
+    assert caught.value.field == "model.hf_config.attn_config" and "object" in caught.value.rule
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(hf("dbrx-base") | {"ffn_config": hf("dbrx-base")["ffn_config"] | {"moe_top_k": 4.0}})
+    assert caught.value.field == "model.hf_config.ffn_config.moe_top_k"
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(hf("dbrx-base") | {"n_layers": None})
+    assert caught.value.field == "model.hf_config.n_layers" and "required" in caught.value.rule
+
+
+def test_kimi_k2_and_glm_45_as_deepseek_v3_kin():
+    """Kimi K2's card says 1T total, 32B active (one significant figure): the import gives 1,026.4B and 32.9B.
+    GLM-4.5: q/k/v bias (attention_bias) and per-head q/k norms (use_qk_norm), its MTP layer as DeepSeek-V3's."""
+    k2 = from_hf_config(hf("kimi-k2-instruct"))
+    assert k2.total_params() == 1_026_408_209_408 and round(k2.total_params(), -12) == 1e12
+    assert round(k2.active_params(), -9) == 33e9 and k2.mtp_layers == 0 and k2.moe.expert_bias
+    glm = from_hf_config(hf("glm-4.5"))
+    assert glm.qkv_bias and glm.qk_norm and glm.mtp_layers == 1 and glm.moe.first_dense_layers == 3
+    assert glm.attention_params() == 5120 * 96 * 128 * 2 + 2 * 5120 * 8 * 128 + (96 + 16) * 128 + 2 * 128
+
+
+def test_hybrid_layer_types_and_unknown_families_are_named():
+    base = hf("llama-3.1-8b-instruct")
+    types = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 28
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(base | {"layer_types": types})
+    assert caught.value.field == "model.hf_config.layer_types"
+    assert "layer type 'linear_attention' (layer 0) is not modelled" in caught.value.rule
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(base | {"model_type": "bloom"})
+    assert caught.value.field == "model.hf_config.model_type" and "'bloom'" in caught.value.rule
+    # a hybrid's key inside a multimodal wrapper is named where it sits
+    with pytest.raises(SpecError) as caught:
+        from_hf_config({"model_type": "llava", "text_config": base | {"state_size": 16}})
+    assert caught.value.field == "model.hf_config.text_config.state_size"
+    # a key whose value says "not this" is no refusal: a GPT-NeoX-style false, a null
+    assert from_hf_config(base | {"use_parallel_residual": False, "is_encoder_decoder": False}).total_params() == (
+        from_hf_config(base).total_params()
+    )
