@@ -1,0 +1,84 @@
+"""The hub's config.json files (tests/reference/hf_configs) POSTed to /v1/plan as users paste them: each either plans
+the model as published (params_total the import's count, within 1% of the card; what the import leaves out in the
+warnings) or is a 422 naming the key, the rule and the value. Never a 500."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import from_hf_config
+
+HF_DIR = Path(__file__).parents[1] / "reference" / "hf_configs"
+BODY = {"workload": {"global_batch_size": 16}, "cluster": {"preset": "dgx-h100", "num_nodes": 2}}
+
+# name: (published total, its source): the language models whose card counts nothing the import leaves out
+PUBLISHED = {
+    "llama-3.1-8b-instruct": (8.03e9, "meta-llama/Llama-3.1-8B-Instruct: 8.03B params (safetensors)"),
+    "mistral-7b-v0.1": (7.24e9, "mistralai/Mistral-7B-v0.1: 7.24B params (safetensors)"),
+    "qwen2.5-7b-instruct": (7.61e9, "Qwen/Qwen2.5-7B-Instruct model card: 7.61B"),
+    "gemma-2-9b": (9.241e9, "Gemma 2 report Table 1: 917M embedding + 8,324M non-embedding"),
+    "gpt2": (124e6, "openai-community/gpt2 model card: 124M"),
+    "phi-3.5-moe-instruct": (41.9e9, "microsoft/Phi-3.5-MoE-instruct model card: 41.9B total"),
+    "qwen1.5-moe-a2.7b": (14.3e9, "Qwen/Qwen1.5-MoE-A2.7B model card: 14.3B total"),
+    "dbrx-base": (132e9, "databricks/dbrx-base model card: 132B total"),
+    "glm-4.5": (355e9, "zai-org/GLM-4.5 model card: 355B total"),
+}
+# name: (loc under body, words of the message)
+REFUSED = {
+    "falcon-7b": (["model", "hf_config", "parallel_attn"], "side by side"),
+    "jamba-v0.1": (["model", "hf_config", "attn_layer_period"], "got attn_layer_period 8"),
+    "qwen3-next-80b-a3b-instruct": (["model", "hf_config", "linear_conv_kernel_dim"], "linear-attention"),
+    "t5-base": (["model", "hf_config", "is_encoder_decoder"], "got is_encoder_decoder true"),
+    "whisper-large-v3": (["model", "hf_config", "is_encoder_decoder"], "encoder-decoder"),
+    "vit-base-patch16-224": (["model", "hf_config", "image_size"], "got image_size 224"),
+}
+
+
+def hf(name: str) -> dict:
+    return json.loads((HF_DIR / f"{name}.json").read_text())
+
+
+def plan(api, config: dict, status: int, **model) -> dict:
+    r = api.post("/v1/plan", json={**BODY, "model": {"hf_config": config, **model}})
+    assert r.status_code == status, r.text[:400]
+    return r.json()
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_plans_the_published_model(api, name):
+    published, source = PUBLISHED[name]
+    result = plan(api, hf(name), 200)
+    assert result["params_total"] == from_hf_config(hf(name)).total_params()
+    assert result["params_total"] == pytest.approx(published, rel=0.01), source
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refuses_what_it_cannot_model_at_the_key(api, name):
+    loc, words = REFUSED[name]
+    detail = plan(api, hf(name), 422)["detail"]
+    assert any(d["loc"] == ["body", *loc] and words in d["msg"] for d in detail), detail
+
+
+def test_multimodal_plans_its_language_model_and_says_what_it_leaves_out(api):
+    """Llama 4 Scout's text_config: 107.77B planned, the vision tower named in the warnings; Gemma 3 27B's
+    text_config leaves vocab_size out (Gemma3TextConfig's 262,208)."""
+    scout = plan(api, hf("llama-4-scout-17b-16e-instruct"), 200)
+    assert scout["params_total"] == 107_769_861_120
+    assert any("vision encoder" in w for w in scout["warnings"])
+    assert any("chunked attention" in w for w in scout["warnings"])
+    gemma = plan(api, hf("gemma-3-27b-it"), 200)
+    assert gemma["params_total"] == pytest.approx(27.016e9, rel=0.01)  # Gemma 3 report Table 1, text only
+    # past one chunk of 8192, Llama 4's chunked attention is refused, naming the key and the numbers
+    detail = plan(api, hf("llama-4-scout-17b-16e-instruct"), 422, seq_length=16384)["detail"]
+    assert detail[0]["loc"] == ["body", "model", "hf_config", "text_config", "attention_chunk_size"], detail
+    assert "16,384 > 8,192" in detail[0]["msg"]
+
+
+def test_hybrid_layer_types_and_unknown_family_over_http(api):
+    types = ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8
+    detail = plan(api, hf("llama-3.1-8b-instruct") | {"layer_types": types}, 422)["detail"]
+    assert detail[0]["loc"] == ["body", "model", "hf_config", "layer_types"]
+    assert "layer type 'linear_attention' (layer 0) is not modelled" in detail[0]["msg"]
+    detail = plan(api, hf("llama-3.1-8b-instruct") | {"model_type": "cohere"}, 422)["detail"]
+    assert detail[0]["loc"] == ["body", "model", "hf_config", "model_type"] and "'cohere'" in detail[0]["msg"]
