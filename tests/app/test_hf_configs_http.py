@@ -12,17 +12,12 @@ from planner import from_hf_config
 HF_DIR = Path(__file__).parents[1] / "reference" / "hf_configs"
 BODY = {"workload": {"global_batch_size": 16}, "cluster": {"preset": "dgx-h100", "num_nodes": 2}}
 
-# name: (published total, its source): the language models whose card counts nothing the import leaves out
+# name: {published, counts_vision_encoder, source} (tests/reference/hf_configs/published.json): the language
+# models whose card counts nothing the import leaves out
 PUBLISHED = {
-    "llama-3.1-8b-instruct": (8.03e9, "meta-llama/Llama-3.1-8B-Instruct: 8.03B params (safetensors)"),
-    "mistral-7b-v0.1": (7.24e9, "mistralai/Mistral-7B-v0.1: 7.24B params (safetensors)"),
-    "qwen2.5-7b-instruct": (7.61e9, "Qwen/Qwen2.5-7B-Instruct model card: 7.61B"),
-    "gemma-2-9b": (9.241e9, "Gemma 2 report Table 1: 917M embedding + 8,324M non-embedding"),
-    "gpt2": (124e6, "openai-community/gpt2 model card: 124M"),
-    "phi-3.5-moe-instruct": (41.9e9, "microsoft/Phi-3.5-MoE-instruct model card: 41.9B total"),
-    "qwen1.5-moe-a2.7b": (14.3e9, "Qwen/Qwen1.5-MoE-A2.7B model card: 14.3B total"),
-    "dbrx-base": (132e9, "databricks/dbrx-base model card: 132B total"),
-    "glm-4.5": (355e9, "zai-org/GLM-4.5 model card: 355B total"),
+    k: v
+    for k, v in json.loads((HF_DIR / "published.json").read_text()).items()
+    if not k.startswith("_") and not v["counts_vision_encoder"]
 }
 # name: (loc under body, words of the message)
 REFUSED = {
@@ -47,10 +42,10 @@ def plan(api, config: dict, status: int, **model) -> dict:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_plans_the_published_model(api, name):
-    published, source = PUBLISHED[name]
+    row = PUBLISHED[name]
     result = plan(api, hf(name), 200)
     assert result["params_total"] == from_hf_config(hf(name)).total_params()
-    assert result["params_total"] == pytest.approx(published, rel=0.01), source
+    assert result["params_total"] == pytest.approx(row["published"], rel=0.01), row["source"]
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
