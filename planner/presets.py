@@ -603,10 +603,12 @@ def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
         return None
     shared_ffn = hf.int("shared_expert_intermediate_size")
     # Qwen2/3-MoE: layer i is MoE when (i + 1) % decoder_sparse_step == 0 (modeling_qwen3_moe.py
-    # Qwen3MoeDecoderLayer), i.e. layers k-1, 2k-1, ...; DeepSeek: i >= first_k_dense_replace and
-    # i % moe_layer_freq == 0 (freq 1 in every released config)
-    step = hf.int("decoder_sparse_step")
+    # Qwen3MoeDecoderLayer), i.e. layers k-1, 2k-1, ...; DeepSeek (modeling_deepseek_v3.py DeepseekV3DecoderLayer):
+    # i >= first_k_dense_replace and i % moe_layer_freq == 0, i.e. from the first multiple of the freq on
+    # (freq 1 in every released config)
+    step, freq = hf.int("decoder_sparse_step"), hf.int("moe_layer_freq")
     first = hf.int("first_k_dense_replace", 0)
+    first = -(-first // freq) * freq if freq else first
     return MoESpec(
         num_experts=experts,
         top_k=hf.int("num_experts_per_tok") or hf.int("experts_per_token", 2),
@@ -614,7 +616,7 @@ def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
         num_shared_experts=hf.int("n_shared_experts") or (1 if shared_ffn else 0),
         shared_expert_ffn_hidden_size=shared_ffn,
         first_dense_layers=first + (step - 1 if step else 0),
-        layer_freq=hf.int("moe_layer_freq") or step or 1,
+        layer_freq=freq or step or 1,
         # DeepSeek-V3's "noaux_tc" router: bias-based balancing (Megatron --moe-router-enable-expert-bias)
         expert_bias=hf.text("topk_method") == "noaux_tc",
         # DeepseekV3Config.seq_aux: the sequence-wise balance loss (report §2.1.2 eq. 17-20)

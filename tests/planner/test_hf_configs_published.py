@@ -180,3 +180,11 @@ def test_hybrid_layer_types_and_unknown_families_are_named():
     assert from_hf_config(base | {"use_parallel_residual": False, "is_encoder_decoder": False}).total_params() == (
         from_hf_config(base).total_params()
     )
+
+
+def test_deepseek_moe_layer_freq_counts_from_layer_zero():
+    """modeling_deepseek_v3.py: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0."""
+    config = hf("deepseek-v2-lite") | {"first_k_dense_replace": 3, "moe_layer_freq": 2}
+    m = from_hf_config(config)
+    assert [i for i in range(12) if m.is_moe_layer(i)] == [4, 6, 8, 10]
+    assert m.num_moe_layers == len([i for i in range(27) if i >= 3 and i % 2 == 0])
