@@ -221,6 +221,8 @@ HF_KEYS: dict[str, str] = {
     # Gemma3TextConfig: layer i is full when (i + 1) % sliding_window_pattern == 0 (configuration_gemma3.py)
     "sliding_window_pattern": "full_attention_interval",
     "attention_chunk_size": "seq_length",  # Llama4TextConfig: chunked attention's chunk, in tokens
+    # Qwen2Config: layers from this one on slide (with use_sliding_window); bounded as a layer count from 0
+    "max_window_layers": "first_dense_layers",
     "num_nextn_predict_layers": "mtp_layers",  # DeepseekV3Config
 }
 # keys where 0 has always meant "none" in config.json files (a dense Qwen2 has num_experts 0)
@@ -558,11 +560,18 @@ def _hf_window(hf: _HFConfig, layers: int) -> tuple[int | None, int | None]:
     if hf.get("use_sliding_window") is False:
         return None, None
     window = hf.int("sliding_window")
+    if types is None and hf.get("use_sliding_window") is True and window is not None:
+        return _hf_max_window_layers(hf, layers, window)
     if types is None:
         pattern = hf.int("sliding_window_pattern")
         if window is None or pattern is None or pattern > layers:
             return window, None
         return (None, None) if pattern == 1 else (window, pattern)
+    return _hf_layer_types(hf, layers, types, window)
+
+
+def _hf_layer_types(hf: _HFConfig, layers: int, types, window: int | None) -> tuple[int | None, int | None]:
+    """``layer_types`` (GPT-OSS, Gemma 3): full and sliding layers only, the full ones every k-th."""
     where = hf._where("layer_types")
     if not isinstance(types, list) or len(types) != layers:
         raise SpecError(
@@ -597,6 +606,21 @@ def _hf_window(hf: _HFConfig, layers: int) -> tuple[int | None, int | None]:
     return window, k
 
 
+def _hf_max_window_layers(hf: _HFConfig, layers: int, window: int) -> tuple[int | None, int | None]:
+    """Qwen2 with use_sliding_window: layers 0 .. max_window_layers - 1 attend fully, the rest slide
+    (configuration_qwen2.py layer_types' default); a window on all or none of them is modelled, a split is not."""
+    first = hf.int("max_window_layers", 0)
+    if first >= layers:
+        return None, None
+    if first:
+        raise SpecError(
+            hf._where("max_window_layers"),
+            f"use_sliding_window with max_window_layers {first} of num_hidden_layers {layers}: layers 0-{first - 1} "
+            "full, the rest sliding; only all-sliding or a periodic pattern (full_attention_interval) is modelled",
+        )
+    return window, None
+
+
 def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
     experts = hf.int("num_local_experts") or hf.int("n_routed_experts") or hf.int("num_experts")
     if not experts:
@@ -609,6 +633,8 @@ def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
     step, freq = hf.int("decoder_sparse_step"), hf.int("moe_layer_freq")
     first = hf.int("first_k_dense_replace", 0)
     first = -(-first // freq) * freq if freq else first
+    dense = _hf_dense_layers(hf, layers)  # Llama 4's moe_layers list, where given, wins over its step
+    step = None if hf.get("moe_layers") is not None else step
     return MoESpec(
         num_experts=experts,
         top_k=hf.int("num_experts_per_tok") or hf.int("experts_per_token", 2),
@@ -622,8 +648,17 @@ def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
         # DeepseekV3Config.seq_aux: the sequence-wise balance loss (report §2.1.2 eq. 17-20)
         load_balancing="seq_aux_loss" if hf.flag("seq_aux") else "aux_loss",
         node_limit=hf.int("topk_group") if (hf.int("n_group") or 1) > 1 else None,  # group-limited routing
-        mlp_only_layers=_hf_layer_list(hf, "mlp_only_layers", layers),
+        mlp_only_layers=tuple(sorted(set(_hf_layer_list(hf, "mlp_only_layers", layers) + dense))),
     )
+
+
+def _hf_dense_layers(hf: _HFConfig, layers: int) -> tuple[int, ...]:
+    """Llama4TextConfig.moe_layers, where given, lists the MoE layers whatever interleave_moe_layer_step says: the
+    others keep their dense MLP (modeling_llama4.py Llama4TextDecoderLayer: is_moe_layer = layer_idx in moe_layers)."""
+    if hf.get("moe_layers") is None:
+        return ()
+    moe = set(_hf_layer_list(hf, "moe_layers", layers))
+    return tuple(i for i in range(layers) if i not in moe)
 
 
 def _hf_layer_list(hf: _HFConfig, key: str, layers: int) -> tuple[int, ...]:

@@ -188,3 +188,26 @@ def test_deepseek_moe_layer_freq_counts_from_layer_zero():
     m = from_hf_config(config)
     assert [i for i in range(12) if m.is_moe_layer(i)] == [4, 6, 8, 10]
     assert m.num_moe_layers == len([i for i in range(27) if i >= 3 and i % 2 == 0])
+
+
+def test_llama4_moe_layers_list_wins_over_the_step():
+    """Llama4TextConfig.moe_layers (newer config.json files list it): exactly those layers are MoE."""
+    config = hf("llama-4-maverick-17b-128e-instruct")
+    listed = config | {"text_config": config["text_config"] | {"moe_layers": list(range(1, 48, 2))}}
+    assert from_hf_config(listed).total_params() == from_hf_config(config).total_params()
+    odd = config | {"text_config": config["text_config"] | {"moe_layers": [0, 5]}}
+    m = from_hf_config(odd)
+    assert [i for i in range(48) if m.is_moe_layer(i)] == [0, 5]
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(config | {"text_config": config["text_config"] | {"moe_layers": [48]}})
+    assert caught.value.field == "model.hf_config.text_config.moe_layers"
+
+
+def test_qwen2_max_window_layers_with_sliding_on():
+    """configuration_qwen2.py: with use_sliding_window, layers from max_window_layers on slide."""
+    base = hf("qwen2.5-7b-instruct") | {"use_sliding_window": True, "sliding_window": 4096}
+    assert from_hf_config(base | {"max_window_layers": 28}).sliding_window is None  # all 28 layers full
+    assert from_hf_config(base | {"max_window_layers": 0}).attention_window(0) == 4096  # all slide
+    with pytest.raises(SpecError) as caught:
+        from_hf_config(base | {"max_window_layers": 21})
+    assert caught.value.field == "model.hf_config.max_window_layers" and "layers 0-20 full" in caught.value.rule
