@@ -251,15 +251,17 @@ HF_MODEL_TYPES: dict[str, dict] = {
     "llama": {},
     "mistral": {},
     "mixtral": {},
-    # modeling_qwen2(_moe).py: q/k/v projections with bias=True
-    "qwen2": {"fields": {"qkv_bias": True}},
+    # modeling_qwen2(_moe).py: q/k/v projections with bias=True; configuration_qwen2(_moe) / qwen3(_moe).py:
+    # max_window_layers=28 (read only with use_sliding_window true)
+    "qwen2": {"fields": {"qkv_bias": True}, "defaults": {"max_window_layers": 28}},
     "qwen2_moe": {
         "fields": {"qkv_bias": True},
+        "defaults": {"max_window_layers": 28},
         "notes": ("the shared-expert gate (hidden x 1 per layer) is not modelled",),  # Qwen2MoeSparseMoeBlock
     },
     # modeling_qwen3(_moe).py: q_norm, k_norm (Qwen3RMSNorm(head_dim)) in every attention block
-    "qwen3": {"fields": {"qk_norm": True}},
-    "qwen3_moe": {"fields": {"qk_norm": True}},
+    "qwen3": {"fields": {"qk_norm": True}, "defaults": {"max_window_layers": 28}},
+    "qwen3_moe": {"fields": {"qk_norm": True}, "defaults": {"max_window_layers": 28}},
     "deepseek_v2": {},
     "deepseek_v3": {},
     # moonshotai/Kimi-K2-Instruct: architectures DeepseekV3ForCausalLM, its DeepseekV3Config under model_type kimi_k2
