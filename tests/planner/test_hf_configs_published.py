@@ -42,6 +42,7 @@ SHAPES = {
     "mixtral-8x22b-v0.1": (56, 48, 8, 128, 32768, False, (None, None), (8, 2, 56)),
     "qwen1.5-moe-a2.7b": (24, 16, 16, 128, 151936, False, (None, None), (60, 4, 24)),
     "deepseek-v2-lite": (27, 16, 16, 128, 102400, False, (None, None), (64, 6, 26)),  # first_k_dense_replace 1
+    "deepseek-v2": (60, 128, 128, 128, 102400, False, (None, None), (160, 6, 59)),
     "kimi-k2-instruct": (61, 64, 64, 112, 163840, False, (None, None), (384, 8, 60)),
     "glm-4.5": (92, 96, 8, 128, 151552, False, (None, None), (160, 8, 90)),  # 89 main MoE layers + the MTP one
     "dbrx-base": (40, 48, 8, 128, 100352, False, (None, None), (16, 4, 40)),
