@@ -212,3 +212,21 @@ def test_qwen2_max_window_layers_with_sliding_on():
     with pytest.raises(SpecError) as caught:
         from_hf_config(base | {"max_window_layers": 21})
     assert caught.value.field == "model.hf_config.max_window_layers" and "layers 0-20 full" in caught.value.rule
+
+
+def test_other_shapes_users_paste():
+    """A pure Mamba (state-spaces/mamba-2.8b-hf's keys), an encoder (BERT: no is_encoder_decoder, an unknown
+    model_type) and a multimodal wrapper whose language model is unknown are refused at the key; a config.json
+    without model_type is read as Llama's, as before."""
+    mamba = {"model_type": "mamba", "hidden_size": 2560, "num_hidden_layers": 64, "state_size": 16,
+             "vocab_size": 50280, "expand": 2, "conv_kernel": 4}  # fmt: skip
+    bert = {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "intermediate_size": 3072, "vocab_size": 30522}  # fmt: skip
+    clip = {"model_type": "clip", "text_config": {"model_type": "clip_text_model", **bert}}
+    for config, field in ((mamba, "model.hf_config.state_size"), (bert, "model.hf_config.model_type"),
+                          (clip, "model.hf_config.text_config.model_type")):  # fmt: skip
+        with pytest.raises(SpecError) as caught:
+            from_hf_config(config)
+        assert caught.value.field == field, caught.value
+    plain = {k: v for k, v in hf("llama-3.1-8b-instruct").items() if k != "model_type"}
+    assert from_hf_config(plain).total_params() == 8_030_261_248
