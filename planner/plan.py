@@ -199,6 +199,7 @@ def build_plan(
     plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, prepared.params_total, cluster_summary(cluster))
     plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
+    plan.warnings += model.notes  # what the model's source leaves out (a config.json's vision encoder, ...)
     plan.assumptions = plan_assumptions(ctx, options.overlap, cluster_spec, options)
     gpu = cluster_spec.gpu
     if gpu is None:

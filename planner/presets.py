@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ._errors import SpecError, shown
+from ._errors import SpecError, got, shown
 from .model import ROPE_SCALINGS, MLASpec, ModelSpec, MoESpec
 
 # Models of one family share their architecture: a family's first model is spelled out, the others are it with
@@ -218,6 +218,11 @@ HF_KEYS: dict[str, str] = {
     "v_head_dim": "v_head_dim",
     "experts_per_token": "top_k",  # GptOssConfig (beside num_experts_per_tok)
     "sliding_window": "sliding_window",
+    # Gemma3TextConfig: layer i is full when (i + 1) % sliding_window_pattern == 0 (configuration_gemma3.py)
+    "sliding_window_pattern": "full_attention_interval",
+    "attention_chunk_size": "seq_length",  # Llama4TextConfig: chunked attention's chunk, in tokens
+    # Qwen2Config: layers from this one on slide (with use_sliding_window); bounded as a layer count from 0
+    "max_window_layers": "first_dense_layers",
     "num_nextn_predict_layers": "mtp_layers",  # DeepseekV3Config
 }
 # keys where 0 has always meant "none" in config.json files (a dense Qwen2 has num_experts 0)
@@ -231,25 +236,122 @@ HF_ZERO_IS_NONE = {
     "decoder_sparse_step",
 }
 HF_TEXT = {"model_type": 64, "_name_or_path": 256, "topk_method": 32}
-# What a model_type implies beyond its config keys (transformers 4.55 modeling files): ModelSpec fields.
+# What a model_type implies beyond its config keys (transformers 4.55 configuration_*.py and modeling_*.py unless
+# said). The import reads only the families listed: another model_type is a 422 (its keys may mean something the
+# import does not know; the model's fields can be given instead); a config.json without one is read as Llama's.
+#   fields:   ModelSpec fields its modeling file fixes whatever config.json says
+#   defaults: keys its configuration class fills in when config.json leaves them out (an explicit null stays null)
+#   aliases:  LlamaConfig's key -> the key this family writes it under (a dotted path into a nested block)
+#   notes:    what the import leaves out, said in the plan's warnings
+_GEMMA_NORMS = (
+    "Gemma's two extra RMSNorms per layer (post_attention / post_feedforward_layernorm, 2 x hidden parameters) "
+    "are not modelled"
+)
 HF_MODEL_TYPES: dict[str, dict] = {
-    # modeling_qwen2(_moe).py: q/k/v projections with bias=True
-    "qwen2": {"qkv_bias": True},
-    "qwen2_moe": {"qkv_bias": True},
+    "llama": {},
+    "mistral": {},
+    "mixtral": {},
+    # modeling_qwen2(_moe).py: q/k/v projections with bias=True; configuration_qwen2(_moe) / qwen3(_moe).py:
+    # max_window_layers=28 (read only with use_sliding_window true)
+    "qwen2": {"fields": {"qkv_bias": True}, "defaults": {"max_window_layers": 28}},
+    "qwen2_moe": {
+        "fields": {"qkv_bias": True},
+        "defaults": {"max_window_layers": 28},
+        "notes": ("the shared-expert gate (hidden x 1 per layer) is not modelled",),  # Qwen2MoeSparseMoeBlock
+    },
     # modeling_qwen3(_moe).py: q_norm, k_norm (Qwen3RMSNorm(head_dim)) in every attention block
-    "qwen3": {"qk_norm": True},
-    "qwen3_moe": {"qk_norm": True},
-    # modeling_gpt_oss.py: q/k/v/o, router and experts all with biases (attention_bias true in every
-    # released config; the router and the experts' gate_up/down biases regardless) and GptOssAttention.sinks
-    "gpt_oss": {"linear_bias": True, "attention_sinks": True},
-}
+    "qwen3": {"fields": {"qk_norm": True}, "defaults": {"max_window_layers": 28}},
+    "qwen3_moe": {"fields": {"qk_norm": True}, "defaults": {"max_window_layers": 28}},
+    "deepseek_v2": {},
+    "deepseek_v3": {},
+    # moonshotai/Kimi-K2-Instruct: architectures DeepseekV3ForCausalLM, its DeepseekV3Config under model_type kimi_k2
+    "kimi_k2": {},
+    # modeling_glm4_moe.py: DeepSeek-V3's MoE keys; q/k/v bias from attention_bias, q/k norms from use_qk_norm
+    "glm4_moe": {},
+    # modeling_gpt_oss.py: q/k/v/o, router and experts all with biases (attention_bias true in every released
+    # config; the router and the experts' gate_up/down biases regardless) and GptOssAttention.sinks
+    "gpt_oss": {"fields": {"linear_bias": True, "attention_sinks": True}},
+    # modeling_phi3.py: fused qkv_proj and gate_up_proj, the parameters of Llama's separate ones
+    "phi3": {},
+    # modeling_phimoe.py: nn.LayerNorm (weight and bias) around attention and the MoE block
+    "phimoe": {"fields": {"norm": "layernorm"}},
+    # configuration_gemma*.py: tie_word_embeddings=True. modeling_gemma2.py Gemma2DecoderLayer: is_sliding =
+    # not bool(layer_idx % 2), every 2nd layer full (Gemma 3's sliding_window_pattern 2; no key in Gemma2Config)
+    "gemma": {"defaults": {"tie_word_embeddings": True}},
+    "gemma2": {"defaults": {"tie_word_embeddings": True, "sliding_window_pattern": 2}, "notes": (_GEMMA_NORMS,)},
+    # configuration_gemma3.py Gemma3TextConfig defaults (gemma-3-27b-it's text_config leaves these out);
+    # modeling_gemma3.py Gemma3Attention: q_norm, k_norm (Gemma3RMSNorm(head_dim))
+    "gemma3_text": {
+        "fields": {"qk_norm": True},
+        "defaults": {
+            "tie_word_embeddings": True, "vocab_size": 262_208, "max_position_embeddings": 131_072,
+            "sliding_window": 4096, "sliding_window_pattern": 6,
+        },
+        "notes": (_GEMMA_NORMS,),
+    },
+    # configuration_llama4.py / modeling_llama4.py: dense layers' MLP is intermediate_size_mlp; each expert and
+    # the one shared expert (Llama4TextMoe.shared_expert) intermediate_size; layers step-1, 2*step-1, ... are
+    # MoE (moe_layers' default, Qwen's decoder_sparse_step rule); use_qk_norm is Llama4TextL2Norm, no weights
+    "llama4_text": {
+        "fields": {"qk_norm": False},
+        "aliases": {
+            "intermediate_size": "intermediate_size_mlp",
+            "moe_intermediate_size": "intermediate_size",
+            "shared_expert_intermediate_size": "intermediate_size",
+            "decoder_sparse_step": "interleave_moe_layer_step",
+        },
+        "notes": ("the NoPE layers (no_rope_layers) change no parameter or traffic; they are read as RoPE layers",),
+    },
+    # configuration_gpt2.py attribute_map and defaults (n_positions 1024, tie_word_embeddings True, n_inner None:
+    # 4 x n_embd); modeling_gpt2.py: Conv1D c_attn / c_proj / c_fc with biases, wpe, LayerNorm, a GELU MLP
+    "gpt2": {
+        "fields": {"norm": "layernorm", "gated_mlp": False, "linear_bias": True, "learned_position_embeddings": True},
+        "defaults": {"tie_word_embeddings": True, "max_position_embeddings": 1024},
+        "aliases": {
+            "num_hidden_layers": "n_layer", "hidden_size": "n_embd", "num_attention_heads": "n_head",
+            "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
+        },
+    },
+    # configuration_dbrx.py attribute_map and its nested attn_config / ffn_config; modeling_dbrx.py: LayerNorm
+    # without bias (hidden parameters, as RMSNorm's), every layer an MoE block
+    "dbrx": {
+        "aliases": {
+            "num_hidden_layers": "n_layers", "hidden_size": "d_model", "num_attention_heads": "n_heads",
+            "max_position_embeddings": "max_seq_len", "num_key_value_heads": "attn_config.kv_n_heads",
+            "num_local_experts": "ffn_config.moe_num_experts", "num_experts_per_tok": "ffn_config.moe_top_k",
+            "moe_intermediate_size": "ffn_config.ffn_hidden_size",
+        },
+    },
+}  # fmt: skip
+# a multimodal config.json holds its language model under text_config; the model_type that block has when it
+# names none (configuration_llama4.py Llama4Config, configuration_gemma3.py Gemma3Config)
+HF_TEXT_MODEL_TYPES = {"llama4": "llama4_text", "gemma3": "gemma3_text"}
+HF_VISION_NOTE = "the vision encoder (vision_config) is not modelled: only the language model is planned"
+# keys that say the architecture is one this planner does not model, first found refused at its key (a value other
+# than null / false / 0 / empty): read as a Llama-style decoder they would be a silent wrong answer
+HF_UNMODELLED: tuple[tuple[str, str], ...] = (
+    ("is_encoder_decoder", "an encoder-decoder model (T5, BART, Whisper) is not modelled: only decoder-only models"),
+    ("attn_layer_period", "Mamba (SSM) layers with attention every attn_layer_period-th layer (Jamba) are not "
+     "modelled"),
+    ("hybrid_override_pattern", "a Mamba / attention layer pattern (Nemotron-H) is not modelled"),
+    ("layers_block_type", "a hybrid pattern of Mamba and attention blocks is not modelled"),
+    ("state_size", "Mamba (SSM) layers (MambaConfig / Mamba2Config state_size) are not modelled"),
+    ("ssm_cfg", "Mamba (SSM) layers (state-spaces ssm_cfg) are not modelled"),
+    ("linear_conv_kernel_dim", "Gated DeltaNet linear-attention layers (Qwen3-Next) are not modelled"),
+    ("parallel_attn", "attention and MLP side by side off one layernorm (Falcon) is not modelled: the planner's "
+     "layers run them in turn"),
+    ("use_parallel_residual", "attention and MLP side by side (GPT-NeoX use_parallel_residual) is not modelled"),
+    ("image_size", "a vision encoder (image_size, patch_size) has no language model to plan"),
+)  # fmt: skip
 # model_types whose transformers modeling file has no hidden dropout: each decoder layer adds its attention and MLP
 # outputs to the residual as they are (modeling_llama.py LlamaDecoderLayer and the files built on it: Mistral,
-# Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3, GPT-OSS's GptOssDecoderLayer), and their configs have no key for one: a
-# hidden dropout of 0 unless the config.json names one (GPT-OSS's biases would otherwise infer 0.1)
+# Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3 (Kimi K2), GLM-4.5, Gemma 1-3, Llama 4, GPT-OSS's GptOssDecoderLayer), and
+# their configs have no key for one: a hidden dropout of 0 unless the config.json names one (GPT-OSS's biases would
+# otherwise infer 0.1)
 HF_NO_HIDDEN_DROPOUT = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
-)
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+     "kimi_k2", "glm4_moe", "gemma", "gemma2", "gemma3_text", "llama4_text", "gpt_oss"}
+)  # fmt: skip
 # config.json keys of the dropout probabilities, first found wins (transformers' configuration_*.py, read by code
 # search at 02b8f42b42 for gpt_oss): attention_dropout (LlamaConfig, MistralConfig, MixtralConfig, Qwen2/3(Moe)Config,
 # DeepseekV3Config, GptOssConfig, BloomConfig, GPTNeoXConfig, StableLmConfig), attn_pdrop (GPT2Config, GPTJConfig,
@@ -264,18 +366,31 @@ HF_FULL, HF_SLIDING = "full_attention", "sliding_attention"
 
 class _HFConfig:
     """Typed, bounded reads of a config.json: an integer key must be a JSON integer (not a boolean, not
-    1.0) within its field's bounds, a flag a boolean, a name a short string; null means absent."""
+    1.0) within its field's bounds, a flag a boolean, a name a short string; null means absent. A family's
+    ``traits`` (HF_MODEL_TYPES) say where it writes a key (aliases) and what its class fills in (defaults)."""
 
-    def __init__(self, config):
+    def __init__(self, config, prefix: str = "model.hf_config", traits: dict | None = None):
         if not isinstance(config, dict):
-            raise SpecError("model.hf_config", f"must be a JSON object, got {type(config).__name__}")
-        self.config = config
+            raise SpecError(prefix, f"must be a JSON object, got {type(config).__name__}")
+        self.config, self.prefix = config, prefix
+        self.aliases, self.defaults = (traits or {}).get("aliases", {}), (traits or {}).get("defaults", {})
 
     def _where(self, key: str) -> str:
-        return f"model.hf_config.{key}"
+        return f"{self.prefix}.{self.aliases.get(key, key)}"
+
+    def get(self, key: str):
+        """``key`` where this family writes it; the family's default when config.json leaves it out."""
+        node, parts = self.config, self.aliases.get(key, key).split(".")
+        for i, part in enumerate(parts):
+            if part not in node:
+                return self.defaults.get(key)
+            node = node[part]
+            if i < len(parts) - 1 and not isinstance(node, dict):
+                raise SpecError(f"{self.prefix}.{'.'.join(parts[: i + 1])}", f"must be an object, got {got(node)}")
+        return node
 
     def int(self, key: str, default=None):
-        value = self.config.get(key)
+        value = self.get(key)
         if value is None:
             return default
         if type(value) is not int:
@@ -298,7 +413,7 @@ class _HFConfig:
         return value
 
     def flag(self, key: str, default: bool = False) -> bool:
-        value = self.config.get(key)
+        value = self.get(key)
         if value is None:
             return default
         if type(value) is not bool:
@@ -307,7 +422,7 @@ class _HFConfig:
 
     def number(self, key: str, default=None):
         """A positive JSON number (not a boolean), at most 1e6; null means absent."""
-        value = self.config.get(key)
+        value = self.get(key)
         if value is None:
             return default
         if type(value) not in (int, float) or not 0 < value <= 1e6:
@@ -317,10 +432,10 @@ class _HFConfig:
     def probability(self, keys: tuple[str, ...], default=None) -> float | None:
         """The first of ``keys`` present: a JSON number in [0, 1) (a dropout probability), as the model block's
         attention_dropout / hidden_dropout; null or absent: ``default``."""
-        key = next((k for k in keys if self.config.get(k) is not None), None)
+        key = next((k for k in keys if self.get(k) is not None), None)
         if key is None:
             return default
-        value = self.config[key]
+        value = self.get(key)
         if type(value) not in (int, float) or not 0 <= value < 1:
             raise SpecError(
                 self._where(key), f"a dropout probability must be a number in [0, 1), got {f'{value!r}'[:40]}"
@@ -330,7 +445,7 @@ class _HFConfig:
     def rope_scaling(self) -> str | None:
         """rope_scaling.rope_type (or its older key ``type``) when it is one of transformers' RoPE types
         (model.ROPE_SCALINGS); another name is ignored as other keys are; not an object: a SpecError."""
-        value = self.config.get("rope_scaling")
+        value = self.get("rope_scaling")
         if value is None:
             return None
         if not isinstance(value, dict):
@@ -339,28 +454,56 @@ class _HFConfig:
         return kind if kind in ROPE_SCALINGS else None
 
     def text(self, key: str, default: str = "") -> str:
-        value = self.config.get(key)
+        value = self.get(key)
         if value is None:
             return default
         if not isinstance(value, str) or len(value) > HF_TEXT[key]:
-            got = f"{len(value)} characters" if isinstance(value, str) else shown(value)[:40]
-            raise SpecError(self._where(key), f"must be a string of at most {HF_TEXT[key]} characters, got {got}")
+            got_ = f"{len(value)} characters" if isinstance(value, str) else shown(value)[:40]
+            raise SpecError(self._where(key), f"must be a string of at most {HF_TEXT[key]} characters, got {got_}")
         return value
 
 
+def _hf_language_model(config) -> tuple[_HFConfig, str, list[str]]:
+    """(the language model's config, its model_type, notes): ``text_config`` of a multimodal config.json (Llama 4,
+    Gemma 3) or the file itself; an architecture this planner cannot model refused at the key that says so
+    (HF_UNMODELLED), then a model_type it does not know; the family's traits attached."""
+    hf = _HFConfig(config)
+    kind, text = hf.text("model_type").lower(), config.get("text_config")
+    notes = [HF_VISION_NOTE] if config.get("vision_config") is not None else []
+    if text is not None:
+        tie = config.get("tie_word_embeddings")  # the wrapper's key counts where the text block has none
+        if isinstance(text, dict) and tie is not None:
+            text = {"tie_word_embeddings": tie} | text
+        hf = _HFConfig(text, "model.hf_config.text_config")
+        kind = hf.text("model_type").lower() or HF_TEXT_MODEL_TYPES.get(kind, "")
+    for key, why in HF_UNMODELLED:
+        value = hf.config.get(key)
+        if value not in (None, False, 0, "", [], {}):
+            raise SpecError(hf._where(key), f"{why}; got {key} {got(value)}")
+    if kind and kind not in HF_MODEL_TYPES:
+        raise SpecError(
+            hf._where("model_type"),
+            f"model_type {shown(kind)[:40]} is not a family this import reads (its keys may mean what the import "
+            f"does not know); give the model's fields instead, or one of: {', '.join(HF_MODEL_TYPES)}",
+        )
+    traits = HF_MODEL_TYPES.get(kind, {})
+    return _HFConfig(hf.config, hf.prefix, traits), kind, notes + list(traits.get("notes", ()))
+
+
 def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3,
-    GPT-OSS).
+    """A ModelSpec from a Hugging Face config.json of a family in HF_MODEL_TYPES (Llama 2-4, Mistral, Mixtral,
+    Qwen2/2.5/3(-MoE), DeepSeek-V2/V3, Kimi K2, GLM-4.5, GPT-OSS, Phi-3(.5)(-MoE), Gemma 1-3, GPT-2, DBRX), the
+    language model of a multimodal one (text_config).
 
     Every key read is typed and bounded as the model block's field is (BOUNDS); other keys are ignored, as
-    a config.json carries many this planner does not use. ``seq_length`` defaults to max_position_embeddings
+    a config.json carries many this planner does not use, except those that say the architecture is one it
+    cannot model (HF_UNMODELLED: a 422 at that key). ``seq_length`` defaults to max_position_embeddings
     capped at 8192 (long-context models advertise 128K positions that nobody trains every step with).
     """
-    hf = _HFConfig(config)
+    hf, kind, notes = _hf_language_model(config)
+    fields = HF_MODEL_TYPES.get(kind, {}).get("fields", {})
     layers, hidden = hf.required("num_hidden_layers"), hf.required("hidden_size")
     heads, vocab = hf.required("num_attention_heads"), hf.required("vocab_size")
-    kind = hf.text("model_type").lower()
-    traits = HF_MODEL_TYPES.get(kind, {})
     seq = seq_length or min(hf.int("max_position_embeddings", 4096), DEFAULT_SEQ_CAP)
     ffn = hf.int("intermediate_size", min(4 * hidden, BOUNDS["ffn_hidden_size"][1]))
     window, interval = _hf_window(hf, layers)
@@ -373,13 +516,16 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         seq_length=seq,
         num_kv_heads=hf.int("num_key_value_heads", heads),
         head_dim=hf.int("head_dim"),
+        gated_mlp=fields.get("gated_mlp", True),
         tied_embeddings=hf.flag("tie_word_embeddings"),
-        qkv_bias=(hf.flag("attention_bias") or traits.get("qkv_bias", False)) and not traits.get("linear_bias"),
-        linear_bias=traits.get("linear_bias", False),
-        qk_norm=traits.get("qk_norm", False),
+        norm=fields.get("norm", "rmsnorm"),
+        qkv_bias=(hf.flag("attention_bias") or fields.get("qkv_bias", False)) and not fields.get("linear_bias"),
+        linear_bias=fields.get("linear_bias", False),
+        qk_norm=fields.get("qk_norm", hf.flag("use_qk_norm")),  # GLM-4.5's key; Qwen3 and Gemma 3 by family
+        learned_position_embeddings=fields.get("learned_position_embeddings", False),
         sliding_window=window,
         full_attention_interval=interval,
-        attention_sinks=traits.get("attention_sinks", False),
+        attention_sinks=fields.get("attention_sinks", False),
         rope_scaling=hf.rope_scaling(),
         glu_clamp=hf.number("swiglu_limit"),
         mtp_layers=hf.int("num_nextn_predict_layers", 0),
@@ -387,32 +533,67 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         hidden_dropout=hf.probability(HF_HIDDEN_DROPOUT, 0.0 if kind in HF_NO_HIDDEN_DROPOUT else None),
         name=name or hf.text("_name_or_path") or kind or "hf-model",
         source="Hugging Face config.json",
+        notes=tuple(notes) + _hf_chunked_attention(hf, seq),
     )
     return replace(spec, moe=_hf_moe(hf, ffn, layers), mla=_hf_mla(hf))
 
 
+def _hf_chunked_attention(hf: _HFConfig, seq: int) -> tuple[str, ...]:
+    """Llama 4's chunked attention (attention_chunk_size: a query sees the keys of its own chunk only, on the RoPE
+    layers) is full causal attention while the sequence fits in one chunk; past that it is not modelled."""
+    chunk = hf.int("attention_chunk_size")
+    if chunk is None:
+        return ()
+    if seq > chunk:
+        raise SpecError(
+            hf._where("attention_chunk_size"),
+            f"chunked attention (chunks of {chunk:,} tokens) is not modelled past one chunk: seq_length {seq:,} "
+            f"> {chunk:,} (give model.seq_length <= {chunk:,})",
+        )
+    return (f"chunked attention (attention_chunk_size {chunk:,}) is full attention at seq_length {seq:,}; decode "
+            f"contexts past {chunk:,} tokens are priced as full attention",)  # fmt: skip
+
+
 def _hf_window(hf: _HFConfig, layers: int) -> tuple[int | None, int | None]:
-    """(sliding_window, full_attention_interval). GPT-OSS and Gemma 3 list ``layer_types``; Mistral gives a
-    window for every layer; Qwen2/3 carry a window that ``use_sliding_window: false`` turns off."""
-    types = hf.config.get("layer_types")
-    if hf.config.get("use_sliding_window") is False:
+    """(sliding_window, full_attention_interval). GPT-OSS and Gemma 3 list ``layer_types``; Gemma 2/3 without them
+    say every sliding_window_pattern-th layer is full; Mistral gives a window for every layer; Qwen2/3 carry a
+    window that ``use_sliding_window: false`` turns off."""
+    types = hf.get("layer_types")
+    if hf.get("use_sliding_window") is False:
         return None, None
     window = hf.int("sliding_window")
+    if types is None and hf.get("use_sliding_window") is True and window is not None:
+        return _hf_max_window_layers(hf, layers, window)
     if types is None:
-        return window, None
-    where = "model.hf_config.layer_types"
-    if not isinstance(types, list) or len(types) != layers or any(t not in (HF_FULL, HF_SLIDING) for t in types):
+        pattern = hf.int("sliding_window_pattern")
+        if window is None or pattern is None or pattern > layers:
+            return window, None
+        return (None, None) if pattern == 1 else (window, pattern)
+    return _hf_layer_types(hf, layers, types, window)
+
+
+def _hf_layer_types(hf: _HFConfig, layers: int, types, window: int | None) -> tuple[int | None, int | None]:
+    """``layer_types`` (GPT-OSS, Gemma 3): full and sliding layers only, the full ones every k-th."""
+    where = hf._where("layer_types")
+    if not isinstance(types, list) or len(types) != layers:
         raise SpecError(
             where,
             f"must list num_hidden_layers {layers} entries of {HF_FULL!r} / {HF_SLIDING!r}"
             + (f", got {len(types)}" if isinstance(types, list) else ""),
+        )
+    stray = next(((i, t) for i, t in enumerate(types) if t not in (HF_FULL, HF_SLIDING)), None)
+    if stray is not None:
+        raise SpecError(
+            where,
+            f"layer type {got(stray[1])} (layer {stray[0]}) is not modelled: only {HF_FULL!r} and {HF_SLIDING!r} "
+            "layers are",
         )
     full = [i + 1 for i, t in enumerate(types) if t == HF_FULL]
     if len(full) == layers:
         return None, None
     if window is None:
         raise SpecError(
-            "model.hf_config.sliding_window",
+            hf._where("sliding_window"),
             f"layer_types has {layers - len(full)} sliding layers (of {layers}) but sliding_window is missing",
         )
     if not full:
@@ -427,16 +608,35 @@ def _hf_window(hf: _HFConfig, layers: int) -> tuple[int | None, int | None]:
     return window, k
 
 
+def _hf_max_window_layers(hf: _HFConfig, layers: int, window: int) -> tuple[int | None, int | None]:
+    """Qwen2 with use_sliding_window: layers 0 .. max_window_layers - 1 attend fully, the rest slide
+    (configuration_qwen2.py layer_types' default); a window on all or none of them is modelled, a split is not."""
+    first = hf.int("max_window_layers", 0)
+    if first >= layers:
+        return None, None
+    if first:
+        raise SpecError(
+            hf._where("max_window_layers"),
+            f"use_sliding_window with max_window_layers {first} of num_hidden_layers {layers}: layers 0-{first - 1} "
+            "full, the rest sliding; only all-sliding or a periodic pattern (full_attention_interval) is modelled",
+        )
+    return window, None
+
+
 def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
     experts = hf.int("num_local_experts") or hf.int("n_routed_experts") or hf.int("num_experts")
     if not experts:
         return None
     shared_ffn = hf.int("shared_expert_intermediate_size")
     # Qwen2/3-MoE: layer i is MoE when (i + 1) % decoder_sparse_step == 0 (modeling_qwen3_moe.py
-    # Qwen3MoeDecoderLayer), i.e. layers k-1, 2k-1, ...; DeepSeek: i >= first_k_dense_replace and
-    # i % moe_layer_freq == 0 (freq 1 in every released config)
-    step = hf.int("decoder_sparse_step")
+    # Qwen3MoeDecoderLayer), i.e. layers k-1, 2k-1, ...; DeepSeek (modeling_deepseek_v3.py DeepseekV3DecoderLayer):
+    # i >= first_k_dense_replace and i % moe_layer_freq == 0, i.e. from the first multiple of the freq on
+    # (freq 1 in every released config)
+    step, freq = hf.int("decoder_sparse_step"), hf.int("moe_layer_freq")
     first = hf.int("first_k_dense_replace", 0)
+    first = -(-first // freq) * freq if freq else first
+    dense = _hf_dense_layers(hf, layers)  # Llama 4's moe_layers list, where given, wins over its step
+    step = None if hf.get("moe_layers") is not None else step
     return MoESpec(
         num_experts=experts,
         top_k=hf.int("num_experts_per_tok") or hf.int("experts_per_token", 2),
@@ -444,18 +644,27 @@ def _hf_moe(hf: _HFConfig, ffn: int, layers: int) -> MoESpec | None:
         num_shared_experts=hf.int("n_shared_experts") or (1 if shared_ffn else 0),
         shared_expert_ffn_hidden_size=shared_ffn,
         first_dense_layers=first + (step - 1 if step else 0),
-        layer_freq=hf.int("moe_layer_freq") or step or 1,
+        layer_freq=freq or step or 1,
         # DeepSeek-V3's "noaux_tc" router: bias-based balancing (Megatron --moe-router-enable-expert-bias)
         expert_bias=hf.text("topk_method") == "noaux_tc",
         # DeepseekV3Config.seq_aux: the sequence-wise balance loss (report §2.1.2 eq. 17-20)
         load_balancing="seq_aux_loss" if hf.flag("seq_aux") else "aux_loss",
         node_limit=hf.int("topk_group") if (hf.int("n_group") or 1) > 1 else None,  # group-limited routing
-        mlp_only_layers=_hf_layer_list(hf, "mlp_only_layers", layers),
+        mlp_only_layers=tuple(sorted(set(_hf_layer_list(hf, "mlp_only_layers", layers) + dense))),
     )
 
 
+def _hf_dense_layers(hf: _HFConfig, layers: int) -> tuple[int, ...]:
+    """Llama4TextConfig.moe_layers, where given, lists the MoE layers whatever interleave_moe_layer_step says: the
+    others keep their dense MLP (modeling_llama4.py Llama4TextDecoderLayer: is_moe_layer = layer_idx in moe_layers)."""
+    if hf.get("moe_layers") is None:
+        return ()
+    moe = set(_hf_layer_list(hf, "moe_layers", layers))
+    return tuple(i for i in range(layers) if i not in moe)
+
+
 def _hf_layer_list(hf: _HFConfig, key: str, layers: int) -> tuple[int, ...]:
-    value = hf.config.get(key)
+    value = hf.get(key)
     if value is None:
         return ()
     if (
@@ -463,8 +672,8 @@ def _hf_layer_list(hf: _HFConfig, key: str, layers: int) -> tuple[int, ...]:
         or len(value) > layers
         or any(type(i) is not int or not 0 <= i < layers for i in value)
     ):
-        got = f"{len(value)} entries" if isinstance(value, list) and len(value) > layers else shown(value)[:60]
-        raise SpecError(f"model.hf_config.{key}", f"must be a list of layer indices in [0, {layers}), got {got}")
+        said = f"{len(value)} entries" if isinstance(value, list) and len(value) > layers else shown(value)[:60]
+        raise SpecError(hf._where(key), f"must be a list of layer indices in [0, {layers}), got {said}")
     return tuple(sorted(set(value)))
 
 

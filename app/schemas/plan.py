@@ -68,7 +68,11 @@ class MLAIn(Strict):
 class ModelIn(Strict):
     preset: str | None = Field(default=None, description="a name from GET /v1/presets/models")
     hf_config: dict[str, Any] | None = Field(
-        default=None, description="a Hugging Face config.json (Llama, Mixtral, Qwen2/3-MoE, DeepSeek)"
+        default=None,
+        description="a Hugging Face config.json of a decoder-only family (Llama 2-4, Mistral, Mixtral, Qwen2/2.5/3"
+        "(-MoE), DeepSeek-V2/V3, Kimi K2, GLM-4.5, GPT-OSS, Phi-3(.5)(-MoE), Gemma 1-3, GPT-2, DBRX; a multimodal "
+        "one's text_config); encoder-decoders, SSM / linear-attention hybrids, parallel attention and vision "
+        "encoders are a 422 at the key that says so",
     )
     num_layers: int | None = Layers
     hidden_size: int | None = Width
