@@ -33,12 +33,19 @@ then prune, counted by reason):
   ``last_stage_layers`` (Megatron --decoder-first/last-pipeline-num-layers) in place of ``end_layers``;
 - framework: megatron, torch, deepspeed unless fixed.
 
+What a rule refuses by the shape or the variant alone is refused up front, outside ``Space.size`` (what the size
+limit counts) and counted apart (``Pruned.up_front``): tp·cp·pp not dividing the devices, a gradient group above
+max_dp_group, and a framework's variants it does not run beside pp > 1 (its pipeline schedules and highest ZeRO
+stage: ``Space.pipeline_rule``, planner/parallel.py framework_pipeline_rule). Every layout left is evaluated or
+pruned by a later rule (validity per layout, memory), so that evaluated + pruned (not memory) = ``size()``.
+
 Every option is a value of the layout that /v1/plan takes as it is; each is evaluated by the planner's own
 functions (the screen and ``build_plan``), never modelled here.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 
@@ -94,7 +101,7 @@ DP_GROUP = "max_dp_group"  # the pruning reason of a shape whose data-parallel g
 MAX_DP_GROUP = 2048
 MEMORY = "memory"  # the pruning reason of a valid layout that does not fit
 # the rules ``Space.shapes`` applies before the walk, in the size limit's refusal
-UP_FRONT = ": a framework's pipeline schedules and ZeRO stages beside pp, tp*cp*pp dividing the devices, max_dp_group"
+UP_FRONT = "a framework's pipeline schedules and ZeRO stages beside pp, tp*cp*pp dividing the devices, max_dp_group"
 
 
 def divisors(n: int) -> list[int]:
@@ -380,6 +387,9 @@ class AtPipeline:
     runnable: int
     refused: dict[str, tuple[int, str]]
 
+    def triples(self, every: bool = False) -> int:
+        return self.every if every else self.runnable
+
 
 class Space:
     """The constrained space of a model, a training workload and a device count."""
@@ -492,8 +502,7 @@ class Space:
     def variants_per_shape(self, tp: int, pp: int, every: bool = False) -> int:
         """The variants of a shape that ``variants`` walks: those the frameworks' pipeline rule leaves
         (``pipeline_rule``); with ``every``, all of them (splits x frameworks x ZeRO stages x SP x dispatchers)."""
-        at = self.at_pipeline(pp)
-        return (at.every if every else at.runnable) * len(self.sps(tp)) * len(self.dispatches)
+        return self.at_pipeline(pp).triples(every) * len(self.sps(tp)) * len(self.dispatches)
 
     # ---- the rules applied up front ---------------------------------------------------------------------
     def pipeline_rule(self, pp: int, schedule: str, framework: str, zero: int) -> SpecError | None:
@@ -521,8 +530,8 @@ class Space:
         found = memo.get((pp, traits))
         if found is None:
             runs, refused = {}, {}
-            splits = self.stage_splits(pp)
-            for schedule in dict.fromkeys(split[1] for split in splits):
+            splits = Counter(split[1] for split in self.stage_splits(pp))  # stage splits per schedule
+            for schedule, count in splits.items():
                 runs[schedule] = []
                 for framework in self.frameworks:
                     for zero in self.zeros:
@@ -531,9 +540,9 @@ class Space:
                             runs[schedule].append((framework, zero))
                         else:
                             n, example = refused.get(err.field, (0, err.rule))
-                            refused[err.field] = (n + sum(split[1] == schedule for split in splits), example)
-            runnable = sum(len(runs[split[1]]) for split in splits)
-            every = len(splits) * len(self.frameworks) * len(self.zeros)
+                            refused[err.field] = (n + count, example)
+            runnable = sum(len(runs[schedule]) * count for schedule, count in splits.items())
+            every = splits.total() * len(self.frameworks) * len(self.zeros)
             found = memo[(pp, traits)] = AtPipeline({k: tuple(v) for k, v in runs.items()}, every, runnable, refused)
         return found
 
@@ -577,8 +586,7 @@ class Space:
                         yield tp, cp, pp, False
 
     def _inner(self, tp: int, pp: int, dp: int, every: bool = False) -> int:
-        at = self.at_pipeline(pp)
-        return (at.every if every else at.runnable) * self._per_triple(tp, dp)
+        return self.at_pipeline(pp).triples(every) * self._per_triple(tp, dp)
 
     def _per_triple(self, tp: int, dp: int) -> int:
         """Layouts per (stage split, framework, ZeRO stage) of a shape: SP x dispatchers x micro-batch sizes x
@@ -671,7 +679,7 @@ class Space:
         size = self.size()
         if size > limit:
             every = self.size(every=True)
-            before = f" ({every:,} before the rules that refuse layouts up front{UP_FRONT})" if every != size else ""
+            before = f" ({every:,} before the rules that refuse layouts up front: {UP_FRONT})" if every != size else ""
             raise SpecError(
                 "constraints",
                 f"the space holds {size:,} runnable layouts{before}, above the limit of {limit:,} "
