@@ -55,8 +55,9 @@ def search_line(state: dict) -> str:
 
 def search_summary(result: dict, headroom: float = 0.0) -> list[str]:
     """The counts as the page gives them, adding up: the space = evaluated + ruled out before timing (by the
-    request field whose rule failed, in the answer's words with its example); the evaluated = fit + over memory
-    less the ``headroom`` the search kept free."""
+    request field whose rule failed, in the answer's words with its example), and apart from it the layouts the
+    rules refused up front (pruned_up_front); the evaluated = fit + over memory less the ``headroom`` the search
+    kept free."""
     pruned, examples, words = result["pruned"], result["pruned_examples"], result.get("pruned_reasons", {})
     ruled = sorted(((n, k) for k, n in pruned.items() if k != "memory"), reverse=True)
     over = pruned.get("memory", 0)
@@ -66,6 +67,11 @@ def search_summary(result: dict, headroom: float = 0.0) -> list[str]:
         f"{sum(n for n, _ in ruled):,} ruled out before timing"
     ]
     lines += [f"  {n:>9,} ruled out by the {words.get(k, k)}: {examples.get(k, '')}" for n, k in ruled]
+    lines += [
+        f"  {n:>9,} more refused up front, not in the space, by the {words.get(k, k)}: "
+        f"{result['pruned_up_front_examples'].get(k, '')}"
+        for k, n in result.get("pruned_up_front", {}).items()
+    ]
     less = f" less {human_percent(headroom)} headroom" if headroom else ""
     lines.append(
         f"{result['feasible']:,} fit, {over:,} need more memory than the device has{less}"

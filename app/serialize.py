@@ -308,7 +308,9 @@ def search_dict(result: SearchResult) -> dict:
         "space_size": result.space_size,
         "pruned": dict(sorted(out.pruned.counts.items())),
         "pruned_examples": dict(sorted(out.pruned.examples.items())),
-        "pruned_reasons": {key: reason_words(key) for key in sorted(out.pruned.counts)},
+        "pruned_up_front": dict(sorted(out.pruned.up_front.items())),
+        "pruned_up_front_examples": dict(sorted(out.pruned.up_front_examples.items())),
+        "pruned_reasons": {key: reason_words(key) for key in sorted(out.pruned.counts | out.pruned.up_front)},
         "layouts_per_s": out.evaluated / result.elapsed_s if result.elapsed_s else 0.0,
         "workers": result.workers,
         "results": [

@@ -299,6 +299,26 @@ def _choices(par: ParallelSpec) -> None:
             f"{par.framework!r} is a serving engine, not a training framework; training frameworks: "
             f"{', '.join(flavours.names())}",
         )
+    framework_pipeline_rule(par)
+    _ddp(par)
+    _zero_plus_plus(par)
+    one_of("parallel.cp_comm", par.cp_comm, CP_COMM)
+    _cp_rotate(par)
+    one_of("parallel.ep_dispatch", par.ep_dispatch, EP_DISPATCH)
+    dims = par.order.split("-")
+    if sorted(dims) != sorted(DEFAULT_ORDER.split("-")):
+        raise SpecError("parallel.order", f"must name tp, cp, ep, dp and pp once each, got {par.order!r}")
+    _interleaving(par)
+    _schedule_fits_pp(par)
+    _hybrid_shard(par)
+
+
+def framework_pipeline_rule(par: ParallelSpec) -> None:
+    """What a framework runs beside pipeline parallelism (pp > 1): its pipeline schedules
+    (Flavour.pipeline_schedules) and its highest ZeRO stage (Flavour.pp_max_zero_stage; DeepSpeed's sources in
+    planner/flavours/deepspeed.py). It reads only pp, the schedule, the ZeRO stage and the framework's two traits:
+    the search applies it to whole variants before it walks them (planner/search/space.py ``Space.pipeline_rule``),
+    validate_parallel to one layout."""
     runs = par.flavour.pipeline_schedules
     if par.pp > 1 and runs is not None and par.pipeline_schedule not in runs:
         raise SpecError(
@@ -313,17 +333,6 @@ def _choices(par: ParallelSpec) -> None:
             f"framework {par.framework!r} runs ZeRO stages up to {top} beside pipeline parallelism, got zero_stage "
             f"{par.zero_stage} at pp {par.pp}",
         )
-    _ddp(par)
-    _zero_plus_plus(par)
-    one_of("parallel.cp_comm", par.cp_comm, CP_COMM)
-    _cp_rotate(par)
-    one_of("parallel.ep_dispatch", par.ep_dispatch, EP_DISPATCH)
-    dims = par.order.split("-")
-    if sorted(dims) != sorted(DEFAULT_ORDER.split("-")):
-        raise SpecError("parallel.order", f"must name tp, cp, ep, dp and pp once each, got {par.order!r}")
-    _interleaving(par)
-    _schedule_fits_pp(par)
-    _hybrid_shard(par)
 
 
 def _cp_rotate(par: ParallelSpec) -> None:

@@ -213,11 +213,26 @@ class SearchOut(BaseModel):
         "feasible nor pruned by memory (evaluated = feasible + pruned.memory + bounded_before_memory)",
     )
     elapsed_s: float
-    space_size: int = Field(description="layouts in the constrained space (evaluated + pruned other than memory)")
-    pruned: dict[str, int] = Field(description="layouts dropped, by the request field whose rule fails, or memory")
+    space_size: int = Field(
+        description="layouts the search walked, what COMMPLAN_MAX_SEARCH_LAYOUTS counts (evaluated + pruned other "
+        "than memory); those the rules refuse up front are not in it (pruned_up_front)"
+    )
+    pruned: dict[str, int] = Field(
+        description="layouts of space_size dropped, by the request field whose rule fails, or memory"
+    )
     pruned_examples: dict[str, str] = Field(description="one message per reason, with the numbers")
+    pruned_up_front: dict[str, int] = Field(
+        default_factory=dict,
+        description="layouts refused before the walk, outside space_size, by reason: world_size (tp*cp*pp does not "
+        "divide the devices), max_dp_group, and a framework's rules beside pp > 1 (parallel.pipeline_schedule: the "
+        "schedules it runs; parallel.zero_stage: its highest ZeRO stage); space_size + these = the constrained space",
+    )
+    pruned_up_front_examples: dict[str, str] = Field(
+        default_factory=dict, description="one message per key of pruned_up_front, with the numbers"
+    )
     pruned_reasons: dict[str, str] = Field(
-        default_factory=dict, description="each key of pruned in words ('parallel.tp': 'tensor-parallel size')"
+        default_factory=dict,
+        description="each key of pruned and pruned_up_front in words ('parallel.tp': 'tensor-parallel size')",
     )
     layouts_per_s: float = Field(description="evaluated / elapsed_s")
     workers: int = Field(description="processes the search ran on")

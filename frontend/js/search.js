@@ -221,6 +221,7 @@ export function searchSummary(result) {
     text += `, ${fmtInt(ruled)} ruled out before timing (${rules.map(([k, v]) => `${fmtInt(v)} by the ${reasonWords(result, k)}`
       + (examples[k] ? `, e.g. "${examples[k]}"` : "")).join("; ")})`;
   }
+  text += Object.entries(result.pruned_up_front || {}).map(([k, v]) => `; ${fmtInt(v)} more refused up front, not in the ${fmtInt(space)}, by the ${reasonWords(result, k)}` + ((result.pruned_up_front_examples || {})[k] ? `, e.g. "${result.pruned_up_front_examples[k]}"` : "")).join("");
   text += `. Of the ${result.bounded_before_memory ? "evaluated whose memory was sized" : "evaluated"}, ${fmtInt(result.feasible)} fit and ${fmtInt(over)} need more memory than the device has`
     + `${headroom > 0 ? ` less ${Number(headroom.toPrecision(3))}% headroom` : ""}.`;
   if (result.bounded_before_memory) text += ` ${fmtInt(result.bounded_before_memory)} more were not sized: their layers' compute alone was already slower than the results kept.`;

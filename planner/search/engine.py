@@ -108,8 +108,7 @@ def search(
     space = space_of(problem)
     size = space.checked_size(max_layouts)
     total = Outcome()
-    shapes = list(space.shapes(total.pruned))
-    total.done = total.pruned.total
+    shapes = list(space.shapes(total.pruned))  # what the rules refuse up front: total.pruned.up_front, not in size
 
     def cost(shape: Shape) -> int:
         return space.variants_per_shape(shape.tp, shape.pp) * len(space.micro_batches(shape.dp)) * len(space.recomputes)

@@ -33,15 +33,23 @@ then prune, counted by reason):
   ``last_stage_layers`` (Megatron --decoder-first/last-pipeline-num-layers) in place of ``end_layers``;
 - framework: megatron, torch, deepspeed unless fixed.
 
+What a rule refuses by the shape or the variant alone is refused up front, outside ``Space.size`` (what the size
+limit counts) and counted apart (``Pruned.up_front``): tp·cp·pp not dividing the devices, a gradient group above
+max_dp_group, and a framework's variants it does not run beside pp > 1 (its pipeline schedules and highest ZeRO
+stage: ``Space.pipeline_rule``, planner/parallel.py framework_pipeline_rule). Every layout left is evaluated or
+pruned by a later rule (validity per layout, memory), so that evaluated + pruned (not memory) = ``size()``.
+
 Every option is a value of the layout that /v1/plan takes as it is; each is evaluated by the planner's own
 functions (the screen and ``build_plan``), never modelled here.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 
+from .. import flavours
 from .._errors import SpecError
 from ..context import Context
 from ..model import ModelSpec
@@ -51,6 +59,7 @@ from ..parallel import (
     INFERENCE_DISPATCH,
     ParallelSpec,
     _fits_workload,
+    framework_pipeline_rule,
     parse_layout,
     validate_parallel,
 )
@@ -91,6 +100,8 @@ DP_GROUP = "max_dp_group"  # the pruning reason of a shape whose data-parallel g
 # a group in closed form (~30 ms at 8,192 ranks), so there the default is no limit (``default_dp_group``).
 MAX_DP_GROUP = 2048
 MEMORY = "memory"  # the pruning reason of a valid layout that does not fit
+# the rules ``Space.shapes`` applies before the walk, in the size limit's refusal
+UP_FRONT = "a framework's pipeline schedules and ZeRO stages beside pp, tp*cp*pp dividing the devices, max_dp_group"
 
 
 def divisors(n: int) -> list[int]:
@@ -325,26 +336,59 @@ class Layout:
 
 @dataclass
 class Pruned:
-    """Layouts dropped, by reason (the SpecError field of the rule that fails, ``world_size`` or
-    ``memory``), with one example message per reason so that a user sees the rule and the numbers."""
+    """Layouts dropped, by reason (the SpecError field of the rule that fails, or ``memory``), with one example
+    message per reason so that a user sees the rule and the numbers. ``counts`` are the layouts of the space
+    (``Space.size``) that a rule refused while the search walked them; ``up_front`` (``refuse``) those refused
+    before, outside ``Space.size`` and the size limit: shapes whose degrees do not divide the devices
+    (``world_size``), above ``max_dp_group``, and variants a framework does not run beside pp
+    (``Space.pipeline_rule``), by the same kind of reason, with their own examples."""
 
     counts: dict[str, int] = field(default_factory=dict)
     examples: dict[str, str] = field(default_factory=dict)
+    up_front: dict[str, int] = field(default_factory=dict)
+    up_front_examples: dict[str, str] = field(default_factory=dict)
 
     def add(self, reason: str, count: int, example: str = "") -> None:
-        if count <= 0:
-            return
-        self.counts[reason] = self.counts.get(reason, 0) + count
-        if example and reason not in self.examples:
-            self.examples[reason] = example
+        _count(self.counts, self.examples, reason, count, example)
+
+    def refuse(self, reason: str, count: int, example: str = "") -> None:
+        """``count`` layouts refused up front by ``reason`` (not in ``Space.size``)."""
+        _count(self.up_front, self.up_front_examples, reason, count, example)
 
     def merge(self, other: Pruned) -> None:
         for reason, count in other.counts.items():
             self.add(reason, count, other.examples.get(reason, ""))
+        for reason, count in other.up_front.items():
+            self.refuse(reason, count, other.up_front_examples.get(reason, ""))
 
     @property
     def total(self) -> int:
+        """The layouts of the space a rule or memory dropped (``counts``; not those refused up front)."""
         return sum(self.counts.values())
+
+
+def _count(counts: dict[str, int], examples: dict[str, str], reason: str, count: int, example: str) -> None:
+    if count <= 0:
+        return
+    counts[reason] = counts.get(reason, 0) + count
+    if example and reason not in examples:
+        examples[reason] = example
+
+
+@dataclass(frozen=True)
+class AtPipeline:
+    """The variants of a shape with ``pp`` stages in units of (stage split, framework, ZeRO stage), the axes
+    ``Space.pipeline_rule`` reads: ``runs`` per schedule the (framework, ZeRO stage) pairs it leaves, in the
+    walk's order; ``every`` such triples before the rule, ``runnable`` after it; ``refused`` per reason
+    (count, example message)."""
+
+    runs: dict[str, tuple[tuple[str, int], ...]]
+    every: int
+    runnable: int
+    refused: dict[str, tuple[int, str]]
+
+    def triples(self, every: bool = False) -> int:
+        return self.every if every else self.runnable
 
 
 class Space:
@@ -455,9 +499,52 @@ class Space:
         per_replica = self.work.global_batch_size // dp if self.work.global_batch_size % dp == 0 else 0
         return self.c.values("micro_batch_size", divisors(per_replica) if per_replica else [1])
 
-    def variants_per_shape(self, tp: int, pp: int) -> int:
-        splits = len(self.stage_splits(pp))
-        return splits * len(self.zeros) * len(self.sps(tp)) * len(self.frameworks) * len(self.dispatches)
+    def variants_per_shape(self, tp: int, pp: int, every: bool = False) -> int:
+        """The variants of a shape that ``variants`` walks: those the frameworks' pipeline rule leaves
+        (``pipeline_rule``); with ``every``, all of them (splits x frameworks x ZeRO stages x SP x dispatchers)."""
+        return self.at_pipeline(pp).triples(every) * len(self.sps(tp)) * len(self.dispatches)
+
+    # ---- the rules applied up front ---------------------------------------------------------------------
+    def pipeline_rule(self, pp: int, schedule: str, framework: str, zero: int) -> SpecError | None:
+        """planner/parallel.py ``framework_pipeline_rule`` (the schedules and ZeRO stages a framework runs
+        beside pp > 1), the error /v1/plan refuses every layout of these four values with (validate_parallel
+        checks it before any rule that reads more), or None. Memoised on what it reads: the four values and the
+        framework's two traits, not its name alone (a flavour registered again is read again)."""
+        fl = flavours.flavour(framework)
+        key = (pp, schedule, framework, zero, fl.pipeline_schedules, fl.pp_max_zero_stage)
+        memo = self.__dict__.setdefault("_pipeline_rules", {})
+        if key not in memo:
+            par = ParallelSpec(pp=pp, pipeline_schedule=schedule, framework=framework, zero_stage=zero)
+            try:
+                framework_pipeline_rule(par)
+                memo[key] = None
+            except SpecError as err:
+                memo[key] = err
+        return memo[key]
+
+    def at_pipeline(self, pp: int) -> AtPipeline:
+        """``pipeline_rule`` over the variants of a shape with ``pp`` stages (``AtPipeline``), memoised per pp and
+        the frameworks' traits the rule reads."""
+        traits = tuple((fl.pipeline_schedules, fl.pp_max_zero_stage) for fl in map(flavours.flavour, self.frameworks))
+        memo = self.__dict__.setdefault("_at_pipeline", {})
+        found = memo.get((pp, traits))
+        if found is None:
+            runs, refused = {}, {}
+            splits = Counter(split[1] for split in self.stage_splits(pp))  # stage splits per schedule
+            for schedule, count in splits.items():
+                runs[schedule] = []
+                for framework in self.frameworks:
+                    for zero in self.zeros:
+                        err = self.pipeline_rule(pp, schedule, framework, zero)
+                        if err is None:
+                            runs[schedule].append((framework, zero))
+                        else:
+                            n, example = refused.get(err.field, (0, err.rule))
+                            refused[err.field] = (n + count, example)
+            runnable = sum(len(runs[schedule]) * count for schedule, count in splits.items())
+            every = splits.total() * len(self.frameworks) * len(self.zeros)
+            found = memo[(pp, traits)] = AtPipeline({k: tuple(v) for k, v in runs.items()}, every, runnable, refused)
+        return found
 
     def stage_splits(self, pp: int) -> list[tuple[int, str, int | None, int | None, str | None]]:
         """(virtual stages, schedule, first stage layers, last stage layers, layout) per pipeline split of a
@@ -498,30 +585,43 @@ class Space:
                     elif any(self.devices % d for d in (tp, cp, pp)):
                         yield tp, cp, pp, False
 
-    def _inner(self, tp: int, pp: int, dp: int) -> int:
-        return self.variants_per_shape(tp, pp) * len(self.micro_batches(dp)) * len(self.recomputes)
+    def _inner(self, tp: int, pp: int, dp: int, every: bool = False) -> int:
+        return self.at_pipeline(pp).triples(every) * self._per_triple(tp, dp)
+
+    def _per_triple(self, tp: int, dp: int) -> int:
+        """Layouts per (stage split, framework, ZeRO stage) of a shape: SP x dispatchers x micro-batch sizes x
+        recompute choices."""
+        return len(self.sps(tp)) * len(self.dispatches) * len(self.micro_batches(dp)) * len(self.recomputes)
 
     def shapes(self, pruned: Pruned) -> Iterator[Shape]:
+        """The shapes the search walks, in order. What the rules refuse up front is counted into
+        ``pruned.up_front`` (``Pruned.refuse``) on the way, each layout once, by the first rule that refuses it:
+        the degrees (``world_size``), the gradient group (``max_dp_group``), then the variants a framework does not
+        run beside pp (``pipeline_rule``); a shape with no variant left is not yielded."""
         for tp, cp, pp, divides in self._triples():
             for ep in self.eps:
                 for etp in self.expert_tps(tp):
                     if not divides:
-                        pruned.add(
+                        pruned.refuse(
                             WORLD,
-                            self._inner(tp, pp, 1),
+                            self._inner(tp, pp, 1, every=True),
                             f"tp*cp*pp = {tp}*{cp}*{pp} = {tp * cp * pp} does not divide the {self.devices} devices",
                         )
                         continue
                     dp = self.devices // (tp * cp * pp)
                     if cp * dp > self.c.max_dp_group:
-                        pruned.add(
+                        pruned.refuse(
                             DP_GROUP,
-                            self._inner(tp, pp, dp),
+                            self._inner(tp, pp, dp, every=True),
                             f"cp*dp = {cp}*{dp} = {cp * dp} ranks reduce gradients together, above the "
                             f"{self.c.max_dp_group} the search prices (constraints.max_dp_group raises it)",
                         )
                         continue
-                    yield Shape(tp, cp, pp, dp, ep, etp)
+                    at = self.at_pipeline(pp)
+                    for reason, (n, example) in at.refused.items():  # n (split, framework, ZeRO) triples
+                        pruned.refuse(reason, n * self._per_triple(tp, dp), example)
+                    if at.runnable:
+                        yield Shape(tp, cp, pp, dp, ep, etp)
 
     def end_layers(self, pp: int, v: int) -> int | None:
         """Layers that do not split evenly over pp stages split as Llama 3 405B's did (126 layers on 16
@@ -553,19 +653,23 @@ class Space:
         return None
 
     def variants(self, shape: Shape) -> Iterator[Variant]:
+        """The shape's variants the frameworks' pipeline rule leaves (``at_pipeline``), in the walk's order."""
+        runs = self.at_pipeline(shape.pp).runs
         for v, schedule, first, last, layout in self.stage_splits(shape.pp):
             for sp in self.sps(shape.tp):
-                for framework in self.frameworks:
-                    for zero in self.zeros:
-                        for dispatch in self.dispatches:
-                            yield Variant(shape, v, schedule, zero, sp, framework, first, dispatch, last, layout)
+                for framework, zero in runs[schedule]:
+                    for dispatch in self.dispatches:
+                        yield Variant(shape, v, schedule, zero, sp, framework, first, dispatch, last, layout)
 
-    def size(self) -> int:
-        """Layouts in the constrained space, before any rule prunes one (what the size limit counts)."""
+    def size(self, every: bool = False) -> int:
+        """The layouts the search walks (what the size limit counts): every one it evaluates or a later rule
+        prunes, none the rules refuse up front (``shapes``: world_size, max_dp_group, a framework's pipeline
+        rule). With ``every``: the constrained space before those rules."""
         total = 0
         for tp, cp, pp, divides in self._triples():
             dp = self.devices // (tp * cp * pp) if divides else 1
-            total += self._inner(tp, pp, dp) * len(self.eps) * len(self.expert_tps(tp))
+            if every or (divides and cp * dp <= self.c.max_dp_group):
+                total += self._inner(tp, pp, dp, every) * len(self.eps) * len(self.expert_tps(tp))
         return total
 
     def checked_size(self, limit: int) -> int:
@@ -574,10 +678,13 @@ class Space:
         route, which refuses before its first byte, and the search itself (the CLI, Python callers)."""
         size = self.size()
         if size > limit:
+            every = self.size(every=True)
+            before = f" ({every:,} before the rules that refuse layouts up front: {UP_FRONT})" if every != size else ""
             raise SpecError(
                 "constraints",
-                f"the space holds {size} layouts, above the limit of {limit} (COMMPLAN_MAX_SEARCH_LAYOUTS); "
-                "fix or list values of tp, pp, cp, framework or micro_batch_size to narrow it",
+                f"the space holds {size:,} runnable layouts{before}, above the limit of {limit:,} "
+                "(COMMPLAN_MAX_SEARCH_LAYOUTS); fix or list values of tp, pp, cp, framework or micro_batch_size to "
+                "narrow it",
             )
         if size == 0:
             raise SpecError("constraints", f"leave no layout on the {self.devices} devices: {self._empty_because()}")
@@ -585,7 +692,8 @@ class Space:
 
     def _empty_because(self) -> str:
         """Why ``size()`` is 0: no (tp, cp, pp) whose product divides the devices, else the splits, schedules or
-        micro-batch sizes the constraints allow (r11b: an interleaved-only search at pp 1 was told the product rule)."""
+        micro-batch sizes the constraints allow (r11b: an interleaved-only search at pp 1 was told the product rule),
+        else the rules that refuse layouts up front, each with its count and example (``shapes``)."""
         shapes = [(tp, pp, self.devices // (tp * cp * pp)) for tp, cp, pp, ok in self._triples() if ok]
         if not shapes:
             least = min(tp * cp * pp for tp in self.tps for cp in self.cps for pp in self.pps)
@@ -593,7 +701,7 @@ class Space:
                 f"tp {self.tps}, cp {self.cps}, pp {self.pps} (tp*cp*pp is at least {least}, which must divide the "
                 "devices)"
             )
-        if not any(self.variants_per_shape(tp, pp) for tp, pp, _ in shapes):
+        if not any(self.variants_per_shape(tp, pp, every=True) for tp, pp, _ in shapes):
             pps = sorted({pp for _, pp, _ in shapes})
             allowed = ", ".join(self.schedules)
             return (
@@ -604,6 +712,12 @@ class Space:
             return (
                 f"no micro-batch size the constraints allow divides the global batch "
                 f"{self.work.global_batch_size} over dp {sorted({dp for _, _, dp in shapes})}"
+            )
+        refused = Pruned()
+        list(self.shapes(refused))  # the layouts the rules refuse up front, by reason
+        if refused.up_front:
+            return "every layout is refused up front: " + "; ".join(
+                f"{n:,} by {reason} ({refused.up_front_examples[reason]})" for reason, n in refused.up_front.items()
             )
         return "the recompute, ep or expert-tp values the constraints allow leave none"
 

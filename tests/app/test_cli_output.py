@@ -125,12 +125,13 @@ def test_search_cli_reasons_in_the_answers_words_and_the_default_headroom(tmp_pa
     path.write_text(json.dumps(body))
     assert main(["search", str(path), "--workers", "1", "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["pruned_reasons"] == {k: reason_words(k) for k in result["pruned"]}
+    assert result["pruned_reasons"] == {k: reason_words(k) for k in result["pruned"] | result["pruned_up_front"]}
     assert set(result["pruned"]) <= set(REASON_WORDS)  # every reason this search gives has its words
-    assert "world_size" in result["pruned"]  # tp 16 on 8 GPUs
+    assert "world_size" in result["pruned_up_front"]  # tp 16 on 8 GPUs: refused up front (counts12)
     assert main(["search", str(path), "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "ruled out by the device count (tp·cp·pp does not divide it)" in out and "world_size" not in out
+    assert "more refused up front, not in the space, by the device count (tp·cp·pp does not divide it)" in out
+    assert "world_size" not in out
     assert "less 5.00% headroom" in out
     assert main(["search", str(path), "--workers", "1", "--memory-headroom", "0"]) == 0
     out0 = capsys.readouterr().out

@@ -56,11 +56,41 @@ def test_stream_sends_progress_lines_then_the_result():
     assert lines[-1]["results"][0]["step"]["time_s"] <= lines[-2]["best"]["step_time_s"] * (1 + 1e-12)
 
 
-def test_empty_space_is_200_with_the_pruning_counts():
-    body = BODY | {"constraints": {"tp": 3}}
-    d = client.post("/v1/search", json=body).json()
+def test_a_space_the_rules_refuse_up_front_is_a_422_with_the_rule():
+    """A tp that divides no device count leaves no layout to walk (counts12: refused up front, outside the space):
+    a 422 naming the rule and the numbers, where round 11 answered 200 with no result."""
+    r = client.post("/v1/search", json=BODY | {"constraints": {"tp": 3}})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
     assert (
-        d["results"] == [] and d["pruned"]["world_size"] > 0 and "does not divide" in d["pruned_examples"]["world_size"]
+        detail["loc"][-1] == "constraints"
+        and "(tp*cp*pp is at least 3, which must divide the devices)" in detail["msg"]
+    )
+
+
+def test_the_answer_counts_what_the_rules_refused_up_front_apart_from_the_space():
+    """DeepSpeed beside Megatron over ZeRO 0 and 2: DeepSpeed's rules beside pp refuse layouts up front, each counted
+    by its reason with DeepSpeed's message (pruned_up_front), outside space_size, which the size limit counts: a limit
+    of exactly space_size is searched, the counts still add up (space_size = evaluated + pruned other than memory)
+    and a tp that divides nothing is counted there too."""
+    body = BODY | {"constraints": {"framework": ["megatron", "deepspeed"], "zero_stage": [0, 2], "tp": [1, 2, 3],
+                                   "activation_recompute": "none"}}  # fmt: skip
+    d = client.post("/v1/search", json=body).json()
+    assert d["space_size"] == d["evaluated"] + sum(d["pruned"].values()) - d["pruned"].get("memory", 0)
+    up = d["pruned_up_front"]
+    assert set(up) == {"world_size", "parallel.pipeline_schedule", "parallel.zero_stage"} and min(up.values()) > 0
+    assert d["pruned_up_front_examples"]["parallel.zero_stage"] == (
+        "framework 'deepspeed' runs ZeRO stages up to 1 beside pipeline parallelism, got zero_stage 2 at pp 2"
+    )
+    assert d["pruned_reasons"]["parallel.zero_stage"] == "ZeRO stage" and not set(up) & set(d["pruned_examples"])
+    limited = TestClient(create_app(Settings(max_search_layouts=d["space_size"])))
+    again = limited.post("/v1/search", json=body)
+    assert again.status_code == 200, again.text
+    assert again.json()["space_size"] == d["space_size"] and again.json()["pruned_up_front"] == up
+    refused = TestClient(create_app(Settings(max_search_layouts=d["space_size"] - 1))).post("/v1/search", json=body)
+    every = d["space_size"] + sum(up.values())
+    assert refused.status_code == 422 and refused.json()["detail"][0]["msg"].startswith(
+        f"the space holds {d['space_size']:,} runnable layouts ({every:,} before the rules that refuse layouts up front"
     )
 
 
@@ -117,6 +147,7 @@ def test_memory_headroom_defaults_to_five_percent_and_reasons_come_in_words():
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
     field = schemas["ConstraintsIn"]["properties"]["memory_headroom"]
     assert field["default"] == 0.05 and "default 0.05 (5%)" in field["description"]
-    bad = client.post("/v1/search", json=body | {"constraints": {"tp": 3}})
+    bad = client.post("/v1/search", json=body | {"constraints": body["constraints"] | {"tp": [1, 3]}})
     words = bad.json()["pruned_reasons"]
+    assert "world_size" in words and "world_size" in bad.json()["pruned_up_front"]  # the words of both counts
     assert words and all("." not in w and "_" not in w for w in words.values()), words

@@ -297,7 +297,15 @@ def stub_search(page, results=SEARCH_RESULTS, seen=None):
                 "memory": "stage 0 needs 90 GB",
                 "parallel.tp": "num_kv_heads 8 is not divisible by tp 16",
             },
-            "pruned_reasons": {k: reason_words(k) for k in ("memory", "parallel.tp")},  # the server's words
+            # refused before the walk, outside space_size (counts12)
+            "pruned_up_front": {"parallel.pipeline_schedule": 500},
+            "pruned_up_front_examples": {
+                "parallel.pipeline_schedule": "framework 'deepspeed' runs only the 1f1b pipeline schedule(s), got "
+                "'interleaved' at pp 2"
+            },
+            "pruned_reasons": {
+                k: reason_words(k) for k in ("memory", "parallel.tp", "parallel.pipeline_schedule")
+            },  # the server's words
             "results": results,
         },
     ]
@@ -882,6 +890,10 @@ def test_find_a_layout_table_pareto_load_and_compare(make_page, viewport):
         'timing (900 by the tensor-parallel size, e.g. "num_kv_heads 8 is not divisible by tp 16")'
     ), status
     assert "Of the evaluated, 900 fit and 2,200 need more memory than the device has less 5% headroom." in status
+    assert (
+        "\"); 500 more refused up front, not in the 4,000, by the pipeline schedule, e.g. \"framework 'deepspeed' "
+        "runs only the 1f1b pipeline schedule(s), got 'interleaved' at pp 2\". Of the evaluated" in status
+    )
     assert "parallel.tp" not in status and "memory 2" not in status
     assert page.locator("#search-bar").evaluate("e => parseFloat(e.style.width)") == 100
     body = sent[0]
