@@ -41,14 +41,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import pairwise
 
 import numpy as np
 
-from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, schedule_traits
+from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
 MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
@@ -106,6 +107,9 @@ class _Graph:
     last: np.ndarray
     split: int = 1
     blocks: int = 2
+    # each op's row of a per-(rank, chunk, block) duration table (``order_span``): ((rank·split + chunk)·blocks +
+    # block), the table's last row (p·split·blocks) for no time
+    cell: np.ndarray | None = None
 
 
 _FORWARDS = np.array([OP_F, OP_F_LATE])
@@ -153,7 +157,7 @@ def _inputs(op: np.ndarray, mb: np.ndarray, stage: np.ndarray, m: int) -> np.nda
 
 
 def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
-    """Per rank d and position i (its i-th op): op kind, micro-batch, the flat index d·n + i of its input
+    """Per rank d and position i (its i-th op): op kind, micro-batch, virtual stage, the flat index d·n + i of its input
     (-1: none) and its longest-path level (ops counted), by relaxation: a level is at least its rank's previous
     op's + 1 and its input's + 1; a round visits the ranks 0..p-1 then back (Gauss-Seidel: each takes its inputs'
     newest levels, then runs a cumulative max along the rank). It was Jacobi (all ranks at once, about 2p rounds:
@@ -174,7 +178,7 @@ def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
                 ranks[d] = new
                 changed = True
         if not changed:
-            return op, mb, flat, ranks
+            return op, mb, stage, flat, ranks
     raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock (no fixed point in {RELAX_ROUNDS} rounds)")
 
 
@@ -189,7 +193,7 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
         with suppress(KeyError):  # another thread may have let it go since (each step atomic under the GIL)
             _GRAPHS.move_to_end(key)
         return found
-    op, mb, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
+    op, mb, stage, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
     ops = len(mb)
     n = ops // p
     by_level = np.argsort(level, kind="stable")
@@ -204,7 +208,12 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     blocks = 4 if traits.splits_weights else 2
     at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
     split = max(1, v) // traits.directions  # the chunks a micro-batch visits on one rank
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1], split, blocks)
+    # virtual stage s is chunk s // p of its rank (Megatron's c·p + d, a V's r and 2p - 1 - r; DualPipe's two
+    # directions both below p: one chunk, the rank's whole stage)
+    cell = (np.arange(ops) // n * split + stage // p) * blocks + _ROW[op]
+    cell = np.where(_ROW[op] < 0, p * split * blocks, cell)[by_level].astype(np.int32)
+    last = row[np.arange(p) * n + n - 1]
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
@@ -462,6 +471,92 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
     return Jitter(mean, math.sqrt(max(0.0, var)))
 
 
+# The step's pipeline at unequal ranks (vsched12, review r11a #3): the order's list schedule with ONE deterministic
+# column, each op the time of its (rank, chunk, op) from the plan's StagePass parts. Bounded by ORDER_OPS (the ops of
+# one run: at 3-5 us a level and ~20 ns an op to build, p 8 m 16's 768 ops run in about 1 ms, docs/step-time.md
+# "(vsched12)"); beyond, two runs a 2p apart past the fill and the span extrapolated linearly in m (a deterministic
+# max-plus system is affine in m once periodic: Baccelli et al. 1992 ch. 3; checked against direct runs in
+# tests/planner/test_pipeline_vsched.py), and where even those are over it, None: the caller's closed form.
+ORDER_OPS = 1 << 16
+SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
+_SPANS: OrderedDict[tuple, float | None] = OrderedDict()
+
+
+def chunk_table(passes: Sequence[StagePass], split: int, blocks: int) -> np.ndarray:
+    """The per-(rank, chunk, block) op times of ``_Graph.cell`` (blocks: forward, full backward, input gradient,
+    weight gradient), one column: with one chunk the rank's F, B, B - W, W; with two (a V) chunk 0's forward the
+    pass's ``fill_s`` and chunk 1's backward its ``drain_s`` (step.stage_passes: each chunk's real share, the
+    backward's share taken as the forward's), the other chunk the rest, W in the backward's shares."""
+    rows = []
+    for x in passes:
+        if split == 1:
+            fwd, bwd = (x.forward_s,), (x.backward_s,)
+        else:
+            fill, drain = x.ends(split)
+            fwd = (fill, *((x.forward_s - fill) / (split - 1),) * (split - 1))
+            bwd = (*((x.backward_s - drain) / (split - 1),) * (split - 1), drain)
+        for f, b in zip(fwd, bwd, strict=True):
+            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else 1 / split)
+            rows.append((f, b, b - w, w)[:blocks])
+    return np.append(np.array(rows, dtype=np.float64).ravel(), 0.0)[:, None]
+
+
+def _span_runs(kind: str, p: int, v: int, m: int) -> tuple[int, ...]:
+    """The micro-batch counts run: (m,) within ORDER_OPS, else (m1, m2) 2p apart, m1 at least 2p (past DualPipe(V)'s
+    least m and ZBV's 2p - 1), multiples of 2p (DualPipe's even m); () where even they are over it."""
+    per = per_microbatch(kind, v) * p
+    if per * m <= ORDER_OPS:
+        return (m,)
+    m2 = ORDER_OPS // per // (2 * p) * (2 * p)
+    return (m2 - 2 * p, m2) if m2 >= 4 * p else ()
+
+
+def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
+    """The makespan of ``sched``'s order with each op the time of its (rank, chunk, op) in ``passes`` (``chunk_table``;
+    p2p left out, as ``bubble_s``'s forms leave it): one deterministic column through the cached structure, memoised on
+    (passes, kind, p, v, m); None where its runs are over ORDER_OPS (``order_method``) or the order is not written."""
+    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
+    key = (tuple(passes), sched.kind, p, v, m)
+    if key in _SPANS:
+        with suppress(KeyError):
+            _SPANS.move_to_end(key)
+            return _SPANS[key]
+    runs = _span_runs(sched.kind, p, v, m) if sched.traits.order is not None else ()
+    spans = []
+    for mr in runs:
+        graph = _graph(sched.kind, p, v, mr)
+        spans.append(float(_sweep(replace(graph, at=graph.cell), chunk_table(passes, graph.split, graph.blocks))[0]))
+    span = None
+    if len(spans) == 1:
+        span = spans[0]
+    elif spans:
+        span = spans[1] + (m - runs[1]) / (runs[1] - runs[0]) * (spans[1] - spans[0])
+    _SPANS[key] = span
+    with suppress(KeyError):
+        while len(_SPANS) > SPANS_KEPT:
+            _SPANS.popitem(last=False)
+    return span
+
+
+def order_method(sched: Schedule) -> str:
+    """How ``pipeline.bubble_s`` prices ``sched``'s fill and drain where its ranks or chunks differ (the plan's
+    Assumptions row; the closed form where every rank and chunk is equal, where it is exact)."""
+    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
+    if not sched.traits.order_priced or p == 1:
+        return ""
+    runs = _span_runs(sched.kind, p, v, m)
+    how = f"the {sched.kind} order run as a list schedule, each rank's and chunk's forward and gradients at their times"
+    if len(runs) == 2:
+        how += f" at m {runs[0]} and {runs[1]}, extrapolated linearly in m ({ORDER_OPS:,} ops a run at most)"
+    elif not runs:
+        how = (
+            f"the closed form, each other rank's share summed (the order at pp {p}, m {m} is over {ORDER_OPS:,} ops a "
+            "run; above the order where one rank is slower, below it by up to 0.34 of a pass a rank where ranks split "
+            "their passes differently)"
+        )
+    return f"{how} where ranks or chunks differ; the closed form, exact there, where all are equal"
+
+
 __all__ = [
     "CELLS",
     "CELL_UNITS",
@@ -477,7 +572,9 @@ __all__ = [
     "jitter",
     "makespans",
     "method",
+    "order_method",
     "order_run",
+    "order_span",
     "runs_at",
     "schedule_makespans",
     "work",
