@@ -140,6 +140,12 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
       ``_bubble_dualpipe``; bubble11): with equal ranks the list schedule's makespan to 1e-9 (W <= F <= B - W, every
       m; W <= F <= B at m >= 2p - 1), which the DualPipe README's (PP/2-1)(F&B + B - 3W) and (PP-1)(F&B + B - 3W)/2
       equal only at equal thirds.
+
+    Where these four schedules' ranks or chunks differ, or their passes leave the forms' exact range (``by_order``),
+    the order itself runs as a list schedule at each (rank, chunk, op)'s time (planner/pipeline_jitter.py
+    ``order_span``; vsched12): the makespan beyond m times the slowest rank. The forms below price unequal ranks only
+    where its runs are over pipeline_jitter.ORDER_OPS (a V from pp 64, ZB-H1 from pp 96, at m past one run;
+    ``order_method`` says which).
     """
     traits = sched.traits
     if sched.stages == 1:
@@ -154,18 +160,23 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
 
 def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
     """Whether ``bubble_s`` runs ``sched``'s order rather than its closed form (vsched12, review r11a #3): a schedule
-    priced by its order (``ScheduleTraits.order_priced``) whose ranks, or a rank's chunks, differ. The forms sum each
-    other rank's share of a chain and take the chunks as halves: with DeepSeek-V3's rank 0 (its second chunk the head,
-    loss and MTP, 0.70 of its forward) DualPipeV came out 7.6% over its own order and ranked behind ZBV."""
+    priced by its order (``ScheduleTraits.order_priced``) whose ranks, or a rank's chunks, differ, or whose equal
+    passes leave W <= F <= B - W, the range every form is exact in at every m (bubble11: ZBV's within 0.25·p passes
+    outside it, DualPipe(V)'s a lower bound at F > B). The forms sum each other rank's share of a chain and take the
+    chunks as halves: with DeepSeek-V3's rank 0 (its second chunk the head, loss and MTP, 0.70 of its forward)
+    DualPipeV came out 7.6% over its own order and ranked behind ZBV (review r11a #3)."""
     if not sched.traits.order_priced or sched.stages == 1:
         return False
+    first = passes[0]
+    if not first.weight_s <= first.forward_s <= first.backward_s - first.weight_s:
+        return True
     v = max(1, sched.chunks)
     halves = sched.traits.directions == 1 and v > 1  # a V: each rank's two chunks at their own sizes
 
     def parts(x: StagePass) -> tuple[float, ...]:
         return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v) if halves else ()))
 
-    want = (*parts(passes[0])[:3], *((passes[0].forward_s / v, passes[0].backward_s / v) if halves else ()))
+    want = (*parts(first)[:3], *((first.forward_s / v, first.backward_s / v) if halves else ()))
     close = math.isclose
     return not all(all(close(a, b, rel_tol=1e-12) for a, b in zip(parts(x), want, strict=True)) for x in passes)
 

@@ -473,10 +473,12 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
 
 # The step's pipeline at unequal ranks (vsched12, review r11a #3): the order's list schedule with ONE deterministic
 # column, each op the time of its (rank, chunk, op) from the plan's StagePass parts. Bounded by ORDER_OPS (the ops of
-# one run: at 3-5 us a level and ~20 ns an op to build, p 8 m 16's 768 ops run in about 1 ms, docs/step-time.md
-# "(vsched12)"); beyond, two runs a 2p apart past the fill and the span extrapolated linearly in m (a deterministic
-# max-plus system is affine in m once periodic: Baccelli et al. 1992 ch. 3; checked against direct runs in
-# tests/planner/test_pipeline_vsched.py), and where even those are over it, None: the caller's closed form.
+# one run: 0.2-0.5 ms at p 8, m 16 with the structure cached, 1.5-2.5 ms to build it; 13 ms at most, 50 ms cold, up to
+# the bound: docs/step-time.md "(vsched12)"). Beyond it one run at m2, the most micro-batches (a multiple of 2p, at
+# least 4p) within it, and the slowest rank's pass for each micro-batch past m2: in steady state the slowest rank never
+# idles (the runs' slope is its pass from m 4p-8p on, p 4-8, random ranks), and before that the bubble only falls, so
+# this is never below the direct run and at most 1.4% above it at m2 = 4p (tests/planner/test_pipeline_vsched.py);
+# monotone in every op's time, as the search's bound needs. Where even m2 = 4p is over it, None: the closed form.
 ORDER_OPS = 1 << 16
 SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
@@ -501,36 +503,37 @@ def chunk_table(passes: Sequence[StagePass], split: int, blocks: int) -> np.ndar
     return np.append(np.array(rows, dtype=np.float64).ravel(), 0.0)[:, None]
 
 
-def _span_runs(kind: str, p: int, v: int, m: int) -> tuple[int, ...]:
-    """The micro-batch counts run: (m,) within ORDER_OPS, else (m1, m2) 2p apart, m1 at least 2p (past DualPipe(V)'s
-    least m and ZBV's 2p - 1), multiples of 2p (DualPipe's even m); () where even they are over it."""
+def span_run(kind: str, p: int, v: int, m: int) -> int:
+    """The micro-batches the run takes: m within ORDER_OPS, else the most (a multiple of 2p: DualPipe's even m) within
+    it if at least 4p (past ZBV's 2p - 1 and DualPipe(V)'s 2p), else 0: over the bound."""
     per = per_microbatch(kind, v) * p
     if per * m <= ORDER_OPS:
-        return (m,)
+        return m
     m2 = ORDER_OPS // per // (2 * p) * (2 * p)
-    return (m2 - 2 * p, m2) if m2 >= 4 * p else ()
+    return m2 if m2 >= 4 * p else 0
 
 
 def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
     """The makespan of ``sched``'s order with each op the time of its (rank, chunk, op) in ``passes`` (``chunk_table``;
-    p2p left out, as ``bubble_s``'s forms leave it): one deterministic column through the cached structure, memoised on
-    (passes, kind, p, v, m); None where its runs are over ORDER_OPS (``order_method``) or the order is not written."""
+    p2p left out, as ``bubble_s``'s forms leave it): one deterministic column through the cached structure, past
+    ``span_run`` the slowest pass a micro-batch more; memoised on (passes, kind, p, v, m); None where the run is over
+    ORDER_OPS (``order_method``), the order is not written out or the schedule's rules do not hold."""
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
-    key = (tuple(passes), sched.kind, p, v, m)
+    key = (tuple(passes), sched.kind, p, v, m, ORDER_OPS)
     if key in _SPANS:
         with suppress(KeyError):
             _SPANS.move_to_end(key)
             return _SPANS[key]
-    runs = _span_runs(sched.kind, p, v, m) if sched.traits.order is not None else ()
-    spans = []
-    for mr in runs:
-        graph = _graph(sched.kind, p, v, mr)
-        spans.append(float(_sweep(replace(graph, at=graph.cell), chunk_table(passes, graph.split, graph.blocks))[0]))
+    traits = sched.traits
+    # an order runs only where its schedule's rules hold (DualPipe's even pp, DualPipe(V)'s even m >= 2pp: a plan's
+    # checked by planner/parallel.py; pipeline_time is also called bare)
+    valid = traits.order is not None and not traits.microbatch_rule(sched.kind, m, p) and not (traits.even_pp and p % 2)
+    run = span_run(sched.kind, p, v, m) if valid else 0
     span = None
-    if len(spans) == 1:
-        span = spans[0]
-    elif spans:
-        span = spans[1] + (m - runs[1]) / (runs[1] - runs[0]) * (spans[1] - spans[0])
+    if run:
+        graph = _graph(sched.kind, p, v, run)
+        span = float(_sweep(replace(graph, at=graph.cell), chunk_table(passes, graph.split, graph.blocks))[0])
+        span += (m - run) * max(x.total_s for x in passes)
     _SPANS[key] = span
     with suppress(KeyError):
         while len(_SPANS) > SPANS_KEPT:
@@ -544,11 +547,11 @@ def order_method(sched: Schedule) -> str:
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
     if not sched.traits.order_priced or p == 1:
         return ""
-    runs = _span_runs(sched.kind, p, v, m)
+    run = span_run(sched.kind, p, v, m)
     how = f"the {sched.kind} order run as a list schedule, each rank's and chunk's forward and gradients at their times"
-    if len(runs) == 2:
-        how += f" at m {runs[0]} and {runs[1]}, extrapolated linearly in m ({ORDER_OPS:,} ops a run at most)"
-    elif not runs:
+    if run and run < m:
+        how += f" at m {run} ({ORDER_OPS:,} ops a run at most), the slowest rank's pass a micro-batch beyond"
+    elif not run:
         how = (
             f"the closed form, each other rank's share summed (the order at pp {p}, m {m} is over {ORDER_OPS:,} ops a "
             "run; above the order where one rank is slower, below it by up to 0.34 of a pass a rank where ranks split "
