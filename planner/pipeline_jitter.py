@@ -525,9 +525,10 @@ def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
             _SPANS.move_to_end(key)
             return _SPANS[key]
     traits = sched.traits
-    # an order runs only where its schedule's rules hold (DualPipe's even pp, DualPipe(V)'s even m >= 2pp: a plan's
-    # checked by planner/parallel.py; pipeline_time is also called bare)
-    valid = traits.order is not None and not traits.microbatch_rule(sched.kind, m, p) and not (traits.even_pp and p % 2)
+    # an order runs only where its schedule's rules hold (its chunks per rank, DualPipe's even pp, DualPipe(V)'s even
+    # m >= 2pp: a plan's checked by planner/parallel.py; pipeline_time is also called bare)
+    valid = traits.order is not None and traits.runs_chunks(v) and not traits.microbatch_rule(sched.kind, m, p)
+    valid = valid and not (traits.even_pp and p % 2)
     run = span_run(sched.kind, p, v, m) if valid else 0
     span = None
     if run:
