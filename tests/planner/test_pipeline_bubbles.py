@@ -200,9 +200,8 @@ def test_zbv_says_where_a_forward_outlasts_its_input_gradient(monkeypatch):
     from dataclasses import replace
 
     from collectives.topology import cluster_preset
-    from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
+    from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset, pipeline_jitter
     from planner import pipeline as pipeline_module
-    from planner import pipeline_jitter
     from planner.pipeline import caveats
 
     sched = Schedule("zbv", 4, 8, 2)

@@ -89,7 +89,7 @@ def test_chunk_sizes_move_the_v_and_not_the_others():
     case) against halves; ZB-H1 and DualPipe run a rank's whole stage per micro-batch and read no chunk split."""
     p, m = 4, 16
     even = [StagePass(0.3, 0.7, weight_s=0.2)] * p
-    split = [StagePass(0.3, 0.7, 0.3 * 0.3, 0.7 * 0.7, 0.2)] + even[1:]
+    split = [StagePass(0.3, 0.7, 0.3 * 0.3, 0.7 * 0.7, 0.2), *even[1:]]
     for kind in KINDS:
         sched = Schedule(kind, p, m, _v(kind))
         moved = pipeline_time(split, sched).time_s != pytest.approx(pipeline_time(even, sched).time_s, abs=1e-9)
