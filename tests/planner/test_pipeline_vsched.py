@@ -190,3 +190,50 @@ def test_the_plan_says_which_method_ran():
     plan = build_plan(model, work, par, cluster_preset("dgx-h100", 1), Options(timeline=False))
     row = next(a for a in plan.assumptions if a.field == "parallel.pipeline_schedule")
     assert "list schedule" not in row.source
+
+
+# (preset, layers, nodes, shape (tp, cp, pp, dp, ep)): MTP and a dense-then-MoE stack (DeepSeek-V3 cut to 16 layers),
+# a dense model whose ends differ (embedding, head), an MoE one
+SEARCHED = (
+    ("deepseek-v3", 16, 2, (1, 1, 4, 4, 4)),
+    ("llama3-8b", None, 1, (2, 1, 4, 1, 1)),
+    ("mixtral-8x7b", None, 2, (2, 1, 4, 2, 2)),
+)
+
+
+@pytest.mark.parametrize(("preset", "layers", "nodes", "shape"), SEARCHED)
+def test_the_searchs_bounds_stay_below_the_step_for_every_v_and_zb_schedule(preset, layers, nodes, shape):
+    """Drawn layouts (every ZB / V schedule, even and uneven stage splits, micro-batch sizes and recompute): the
+    search's cheapest floor (layer_floors), its busiest-rank bound and its compute-only pipeline (lower_bounds, now
+    the order's makespan where ranks differ) are each below the next and all below build_plan's step time: the
+    order's makespan only grows with its ops' times, so the compute-only passes give a lower pipeline."""
+    from planner.search.evaluate import Problem, ShapeEvaluator
+    from planner.search.space import Shape, Variant
+
+    model = model_preset(preset) if layers is None else replace(model_preset(preset), num_layers=layers)
+    cluster = cluster_preset("dgx-h100", nodes)
+    tp, cp, pp, dp, ep = shape
+    work = WorkloadSpec(global_batch_size=dp * 4 * pp, seq_length=4096)
+    ev = ShapeEvaluator(Problem(model, work, cluster), Shape(tp, cp, pp, dp, ep, 1))
+    rng = random.Random(20261127 + nodes * 10 + pp)
+    ordered = planned = 0
+    for kind in KINDS:
+        v = _v(kind)
+        for ends in (None, model.num_layers // pp - v):  # even, or the end stages v layers short (chunks of v)
+            if ends is not None and (ends <= 0 or kind.startswith("dual")):
+                continue  # DualPipe(V): even splits (its layers fold per rank)
+            par = Variant(ev.shape, v, kind, 1, tp > 1, "megatron", end_stage_layers=ends).parallel()
+            grid = tuple((b, rc) for b in (1, 2) for rc in ("none", "selective", "full"))
+            floors = ev.step_model.layer_floors(par, grid)
+            busiest = ev.step_model.busiest_bounds(par, grid)
+            bounds = ev.step_model.lower_bounds(par, grid)
+            for i in rng.sample(range(len(grid)), 2):
+                b, rc = grid[i]
+                plan = build_plan(model, replace(work, micro_batch_size=b, activation_recompute=rc), par, cluster)
+                assert floors[i] <= busiest[i] * (1 + 1e-12) <= bounds[i] * (1 + 1e-12) <= plan.step.time_s * (1 + 1e-9)
+                assert plan.step.bubble_s >= 0
+                ordered += "order run as a list schedule" in next(
+                    a.source for a in plan.assumptions if a.field == "parallel.pipeline_schedule"
+                )
+                planned += 1
+    assert planned >= 12 and ordered == planned
