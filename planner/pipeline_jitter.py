@@ -39,6 +39,7 @@ inputs are in and sending both outputs at its end (the op kinds: ``_ROW``)."""
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -110,6 +111,8 @@ class _Graph:
     # each op's row of a per-(rank, chunk, block) duration table (``order_span``): ((rank·split + chunk)·blocks +
     # block), the table's last row (p·split·blocks) for no time
     cell: np.ndarray | None = None
+    # (prev, dep, cell) as int32 arrays for ``_span_one``'s loop (4 B an op each)
+    rows: tuple[array, array, array] | None = None
 
 
 _FORWARDS = np.array([OP_F, OP_F_LATE])
@@ -213,7 +216,8 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     cell = (np.arange(ops) // n * split + stage // p) * blocks + _ROW[op]
     cell = np.where(_ROW[op] < 0, p * split * blocks, cell)[by_level].astype(np.int32)
     last = row[np.arange(p) * n + n - 1]
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell)
+    rows = tuple(array("i", x.astype(np.int32).tobytes()) for x in (prev, dep, cell))
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell, rows)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
@@ -480,6 +484,10 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
 # this is never below the direct run and at most 1.4% above it at m2 = 4p (tests/planner/test_pipeline_vsched.py);
 # monotone in every op's time, as the search's bound needs. Where even m2 = 4p is over it, None: the closed form.
 ORDER_OPS = 1 << 16
+# one column runs as a Python loop over the ops (0.08-0.12 us an op) where they are fewer than this many a level,
+# else as ``_sweep``'s numpy steps (3-4 us a level at one column): the two cross at 40-45 ops a level (p 40-48 in a V;
+# measured with ZB-H1, ZBV and DualPipeV at p 2-48, docs/step-time.md "(vsched12)"; the same makespans bit for bit)
+LOOP_PER_LEVEL = 40
 SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
 
@@ -513,6 +521,16 @@ def span_run(kind: str, p: int, v: int, m: int) -> int:
     return m2 if m2 >= 4 * p else 0
 
 
+def _span_one(graph: _Graph, table: list[float]) -> float:
+    """``_sweep`` of one column as a loop over the ops in level order (each op's inputs are earlier rows)."""
+    prev, dep, cell = graph.rows
+    done = [0.0] * (len(prev) + 1)
+    for i, (a, b, c) in enumerate(zip(prev, dep, cell, strict=True), 1):
+        x, y = done[a], done[b]
+        done[i] = (x if x > y else y) + table[c]
+    return max(done[r] for r in graph.last.tolist())
+
+
 def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
     """The makespan of ``sched``'s order with each op the time of its (rank, chunk, op) in ``passes`` (``chunk_table``;
     p2p left out, as ``bubble_s``'s forms leave it): one deterministic column through the cached structure, past
@@ -533,7 +551,11 @@ def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
     span = None
     if run:
         graph = _graph(sched.kind, p, v, run)
-        span = float(_sweep(replace(graph, at=graph.cell), chunk_table(passes, graph.split, graph.blocks))[0])
+        table = chunk_table(passes, graph.split, graph.blocks)
+        if len(graph.at) < LOOP_PER_LEVEL * (len(graph.bounds) - 1):
+            span = _span_one(graph, table[:, 0].tolist())
+        else:
+            span = float(_sweep(replace(graph, at=graph.cell), table)[0])
         span += (m - run) * max(x.total_s for x in passes)
     _SPANS[key] = span
     with suppress(KeyError):

@@ -237,3 +237,22 @@ def test_the_searchs_bounds_stay_below_the_step_for_every_v_and_zb_schedule(pres
                 )
                 planned += 1
     assert planned >= 12 and ordered == planned
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_loop_and_the_level_sweep_give_the_same_makespan(kind):
+    """One column runs as a Python loop below LOOP_PER_LEVEL ops a level and as the numpy level sweep above: the same
+    makespan, bit for bit (the same sums in the same order), at drawn unequal ranks and chunks."""
+    from dataclasses import replace as swap
+
+    rng = random.Random(11)
+    for p, m in ((2, 8), (4, 16), (6, 36), (8, 32)):
+        if kind == "dualpipe" and p % 2:
+            continue
+        graph = pj._graph(kind, p, _v(kind), m)
+        passes, _ = _drawn(rng, p, 0.3)
+        table = pj.chunk_table(passes, graph.split, graph.blocks)
+        loop = pj._span_one(graph, table[:, 0].tolist())
+        assert loop == float(pj._sweep(swap(graph, at=graph.cell), table)[0]) and loop > m * max(
+            x.total_s for x in passes
+        )
