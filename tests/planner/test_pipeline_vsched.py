@@ -253,6 +253,5 @@ def test_the_loop_and_the_level_sweep_give_the_same_makespan(kind):
         passes, _ = _drawn(rng, p, 0.3)
         table = pj.chunk_table(passes, graph.split, graph.blocks)
         loop = pj._span_one(graph, table[:, 0].tolist())
-        assert loop == float(pj._sweep(swap(graph, at=graph.cell), table)[0]) and loop >= m * max(
-            x.total_s for x in passes
-        )
+        slowest = m * max(x.total_s for x in passes)
+        assert loop == float(pj._sweep(swap(graph, at=graph.cell), table)[0]) and loop >= slowest * (1 - 1e-12)
