@@ -39,7 +39,6 @@ inputs are in and sending both outputs at its end (the op kinds: ``_ROW``)."""
 from __future__ import annotations
 
 import math
-from array import array
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -78,7 +77,7 @@ CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
 RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
 RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
-GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (3 int32 arrays an op: ~100 MiB at most)
+GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (4 int32 arrays an op, ``cell`` too: ~134 MiB at most)
 
 
 @dataclass(frozen=True)
@@ -111,8 +110,6 @@ class _Graph:
     # each op's row of a per-(rank, chunk, block) duration table (``order_span``): ((rank·split + chunk)·blocks +
     # block), the table's last row (p·split·blocks) for no time
     cell: np.ndarray | None = None
-    # (prev, dep, cell) as int32 arrays for ``_span_one``'s loop (4 B an op each)
-    rows: tuple[array, array, array] | None = None
 
 
 _FORWARDS = np.array([OP_F, OP_F_LATE])
@@ -216,8 +213,7 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     cell = (np.arange(ops) // n * split + stage // p) * blocks + _ROW[op]
     cell = np.where(_ROW[op] < 0, p * split * blocks, cell)[by_level].astype(np.int32)
     last = row[np.arange(p) * n + n - 1]
-    rows = tuple(array("i", x.astype(np.int32).tobytes()) for x in (prev, dep, cell))
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell, rows)
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
@@ -523,7 +519,7 @@ def span_run(kind: str, p: int, v: int, m: int) -> int:
 
 def _span_one(graph: _Graph, table: list[float]) -> float:
     """``_sweep`` of one column as a loop over the ops in level order (each op's inputs are earlier rows)."""
-    prev, dep, cell = graph.rows
+    prev, dep, cell = (memoryview(x) for x in (graph.prev, graph.dep, graph.cell))  # int32, no copy
     done = [0.0] * (len(prev) + 1)
     for i, (a, b, c) in enumerate(zip(prev, dep, cell, strict=True), 1):
         x, y = done[a], done[b]
