@@ -144,8 +144,8 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     Where these four schedules' ranks or chunks differ, or their passes leave the forms' exact range (``by_order``),
     the order itself runs as a list schedule at each (rank, chunk, op)'s time (planner/pipeline_jitter.py
     ``order_span``; vsched12): the makespan beyond m times the slowest rank. The forms below price unequal ranks only
-    where its runs are over pipeline_jitter.ORDER_OPS (a V from pp 64, ZB-H1 from pp 96, at m past one run;
-    ``order_method`` says which).
+    where its runs are over pipeline_jitter.ORDER_OPS (a V beyond pp 48, ZB-H1 and DualPipe beyond pp 64, at m past
+    one run; ``order_method`` says which).
     """
     traits = sched.traits
     if sched.stages == 1:
