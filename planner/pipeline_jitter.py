@@ -474,12 +474,12 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
 # The step's pipeline at unequal ranks (vsched12, review r11a #3): the order's list schedule with ONE deterministic
 # column, each op the time of its (rank, chunk, op) from the plan's StagePass parts. Bounded by ORDER_OPS (the ops of
 # one run: 0.1 ms at p 8, m 16 with the structure cached, about 2 ms to build it; at most 6 ms, 30 ms with the build,
-# up to the bound: docs/step-time.md "(vsched12)"). Beyond it one run at m2, the most micro-batches (a multiple of 2p,
-# at least 4p) within it, and the slowest rank's pass for each micro-batch past m2: in steady state the slowest rank never
-# idles (the runs' slope is its pass from m 4p-8p on, p 4-8, random ranks), and before that the bubble only falls, so
-# this is never below the direct run and at most 1.4% above it at m2 = 4p (tests/planner/test_pipeline_vsched.py);
-# monotone in every op's time, as the search's bound needs. Where even m2 = 4p is over it (a V beyond pp 48, ZB-H1
-# and DualPipe beyond pp 64), None: the closed form.
+# up to the bound: docs/step-time.md "(vsched12)"). Beyond it one run at m2, the most micro-batches (a multiple of
+# 2p, at least 4p) within it, and the slowest rank's pass for each micro-batch past m2: in steady state the slowest
+# rank never idles (the runs' slope is its pass from m 4p-8p on, p 4-8, random ranks), and before that the bubble
+# only falls, so this is never below the direct run and at most 1.4% above it at m2 = 4p
+# (tests/planner/test_pipeline_vsched.py); monotone in every op's time, as the search's bound needs. Where even
+# m2 = 4p is over it (a V beyond pp 48, ZB-H1 and DualPipe beyond pp 64), None: the closed form.
 ORDER_OPS = 1 << 16
 # one column runs as a Python loop over the ops (0.08-0.12 us an op) where they are fewer than this many a level,
 # else as ``_sweep``'s numpy steps (3-4 us a level at one column): the two cross at 40-45 ops a level (p 40-48 in a V;
