@@ -26,7 +26,7 @@ from .kernels import (
 )
 from .parallel import DEFAULT_ORDER, format_layout, pipeline_chunks
 from .pipeline import Schedule
-from .pipeline_jitter import method
+from .pipeline_jitter import method, order_method
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,11 @@ def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
     rows: list[Assumption] = []
     add = rows.append
     if par.pp > 1:
-        add(Assumption("parallel.pipeline_schedule", par.pipeline_schedule, f"{COMMPLAN}: 1f1b (Megatron's default)"))
+        source = f"{COMMPLAN}: 1f1b (Megatron's default)"
+        bubble = order_method(Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank))
+        if bubble and ctx.work.training:  # how the step's bubble is found (vsched12)
+            source += f"; the bubble: {bubble} (planner/pipeline.py bubble_s)"
+        add(Assumption("parallel.pipeline_schedule", par.pipeline_schedule, source))
         add(
             Assumption(
                 "parallel.virtual_pipeline_stages",

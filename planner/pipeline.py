@@ -27,6 +27,7 @@ block each for the warm-up, the steady state and the cool-down when 2·m·v·p e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -139,20 +140,64 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
       ``_bubble_dualpipe``; bubble11): with equal ranks the list schedule's makespan to 1e-9 (W <= F <= B - W, every
       m; W <= F <= B at m >= 2p - 1), which the DualPipe README's (PP/2-1)(F&B + B - 3W) and (PP-1)(F&B + B - 3W)/2
       equal only at equal thirds.
+
+    Where these four schedules' ranks or chunks differ, or their passes leave the forms' exact range (``by_order``),
+    the order itself runs as a list schedule at each (rank, chunk, op)'s time (planner/pipeline_jitter.py
+    ``order_span``; vsched12): the makespan beyond m times the slowest rank. The forms below price unequal ranks only
+    where its runs are over pipeline_jitter.ORDER_OPS (a V beyond pp 48, ZB-H1 and DualPipe beyond pp 64, at m past
+    one run; ``order_method`` says which).
     """
     traits = sched.traits
     if sched.stages == 1:
         return 0.0
+    ordered = _order_bubble(passes, sched)
+    if ordered is not None:
+        return ordered
     crit = max(range(len(passes)), key=lambda r: passes[r].total_s)
     others = [x for r, x in enumerate(passes) if r != crit]
     return traits.bubble(others, sched)
+
+
+def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
+    """Whether ``bubble_s`` runs ``sched``'s order rather than its closed form (vsched12, review r11a #3): a schedule
+    priced by its order (``ScheduleTraits.order_priced``) whose ranks, or a rank's chunks, differ, or whose equal
+    passes leave W <= F <= B - W, the range every form is exact in at every m (bubble11: ZBV's within 0.25·p passes
+    outside it, DualPipe(V)'s a lower bound at F > B). The forms sum each other rank's share of a chain and take the
+    chunks as halves: with DeepSeek-V3's rank 0 (its second chunk the head, loss and MTP, 0.70 of its forward)
+    DualPipeV came out 7.6% over its own order and ranked behind ZBV (review r11a #3)."""
+    if not sched.traits.order_priced or sched.stages == 1:
+        return False
+    first = passes[0]
+    if not first.weight_s <= first.forward_s <= first.backward_s - first.weight_s:
+        return True
+    v = max(1, sched.chunks)
+    halves = sched.traits.directions == 1 and v > 1  # a V: each rank's two chunks at their own sizes
+
+    def parts(x: StagePass) -> tuple[float, ...]:
+        return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v) if halves else ()))
+
+    want = (*parts(first)[:3], *((first.forward_s / v, first.backward_s / v) if halves else ()))
+    close = math.isclose
+    return not all(all(close(a, b, rel_tol=1e-12) for a, b in zip(parts(x), want, strict=True)) for x in passes)
+
+
+def _order_bubble(passes: Sequence[StagePass], sched: Schedule) -> float | None:
+    """The order's makespan beyond m times the slowest rank where ``by_order``; None where it is not, or where the
+    order's runs are over pipeline_jitter.ORDER_OPS (the closed form then)."""
+    if not by_order(passes, sched):
+        return None
+    from .pipeline_jitter import order_span  # it imports this module
+
+    span = order_span(passes, sched)
+    return None if span is None else max(0.0, span - sched.microbatches * max(x.total_s for x in passes))
 
 
 def caveats(passes: Sequence[StagePass], sched: Schedule) -> list[str]:
     """The plan's warnings on ``bubble_s`` for these passes (``ScheduleTraits.caveat``): none where its form is
     exact."""
     caveat = sched.traits.caveat
-    said = caveat(passes, sched) if caveat is not None and sched.stages > 1 else ""
+    closed = sched.stages > 1 and _order_bubble(passes, sched) is None  # the closed form priced it
+    said = caveat(passes, sched) if caveat is not None and closed else ""
     return [said] if said else []
 
 
@@ -645,6 +690,9 @@ class ScheduleTraits:
     # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
     # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
     order_op_cells: int = 0
+    # True: where its ranks or chunks differ, ``bubble_s`` runs ``order`` as a list schedule at each (rank, chunk, op)'s
+    # time (planner/pipeline_jitter.py order_span; vsched12), the closed form ``bubble`` where all are equal
+    order_priced: bool = False
     # a warning on the plan where the passes leave the range ``bubble`` is exact in ("" when they do not)
     caveat: Callable[[Sequence[StagePass], Schedule], str] | None = None
     # (kind, v) orders planner/pipeline_jitter.py runs in turn, at the same (p, m), where this one's run is over its
@@ -704,7 +752,7 @@ register(
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
 _ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS,
-       "wait_stand_ins": _STAND_INS}  # fmt: skip
+       "wait_stand_ins": _STAND_INS, "order_priced": True}  # fmt: skip
 _DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
 register(
@@ -820,6 +868,7 @@ __all__ = [
     "StagePass",
     "bubble_s",
     "busiest_rank_s",
+    "by_order",
     "caveats",
     "drain_leads",
     "in_flight",

@@ -41,14 +41,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import pairwise
 
 import numpy as np
 
-from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, schedule_traits
+from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
 MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
@@ -76,7 +77,7 @@ CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
 RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
 RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
-GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (3 int32 arrays an op: ~100 MiB at most)
+GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (4 int32 arrays an op, ``cell`` too: ~134 MiB at most)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ class _Graph:
     last: np.ndarray
     split: int = 1
     blocks: int = 2
+    # each op's row of a per-(rank, chunk, block) duration table (``order_span``): ((rank·split + chunk)·blocks +
+    # block), the table's last row (p·split·blocks) for no time
+    cell: np.ndarray | None = None
 
 
 _FORWARDS = np.array([OP_F, OP_F_LATE])
@@ -153,7 +157,7 @@ def _inputs(op: np.ndarray, mb: np.ndarray, stage: np.ndarray, m: int) -> np.nda
 
 
 def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
-    """Per rank d and position i (its i-th op): op kind, micro-batch, the flat index d·n + i of its input
+    """Per rank d and position i (its i-th op): op kind, micro-batch, virtual stage, the flat index d·n + i of its input
     (-1: none) and its longest-path level (ops counted), by relaxation: a level is at least its rank's previous
     op's + 1 and its input's + 1; a round visits the ranks 0..p-1 then back (Gauss-Seidel: each takes its inputs'
     newest levels, then runs a cumulative max along the rank). It was Jacobi (all ranks at once, about 2p rounds:
@@ -174,7 +178,7 @@ def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
                 ranks[d] = new
                 changed = True
         if not changed:
-            return op, mb, flat, ranks
+            return op, mb, stage, flat, ranks
     raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock (no fixed point in {RELAX_ROUNDS} rounds)")
 
 
@@ -189,7 +193,7 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
         with suppress(KeyError):  # another thread may have let it go since (each step atomic under the GIL)
             _GRAPHS.move_to_end(key)
         return found
-    op, mb, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
+    op, mb, stage, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
     ops = len(mb)
     n = ops // p
     by_level = np.argsort(level, kind="stable")
@@ -204,7 +208,12 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     blocks = 4 if traits.splits_weights else 2
     at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
     split = max(1, v) // traits.directions  # the chunks a micro-batch visits on one rank
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, row[np.arange(p) * n + n - 1], split, blocks)
+    # virtual stage s is chunk s // p of its rank (Megatron's c·p + d, a V's r and 2p - 1 - r; DualPipe's two
+    # directions both below p: one chunk, the rank's whole stage)
+    cell = (np.arange(ops) // n * split + stage // p) * blocks + _ROW[op]
+    cell = np.where(_ROW[op] < 0, p * split * blocks, cell)[by_level].astype(np.int32)
+    last = row[np.arange(p) * n + n - 1]
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
@@ -462,6 +471,115 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
     return Jitter(mean, math.sqrt(max(0.0, var)))
 
 
+# The step's pipeline at unequal ranks (vsched12, review r11a #3): the order's list schedule with ONE deterministic
+# column, each op the time of its (rank, chunk, op) from the plan's StagePass parts. Bounded by ORDER_OPS (the ops of
+# one run: 0.1 ms at p 8, m 16 with the structure cached, about 2 ms to build it; at most 6 ms, 30 ms with the build,
+# up to the bound: docs/step-time.md "(vsched12)"). Beyond it one run at m2, the most micro-batches (a multiple of
+# 2p, at least 4p) within it, and the slowest rank's pass for each micro-batch past m2: in steady state the slowest
+# rank never idles (the runs' slope is its pass from m 4p-8p on, p 4-8, random ranks), and before that the bubble
+# only falls, so this is never below the direct run and at most 1.4% above it at m2 = 4p
+# (tests/planner/test_pipeline_vsched.py); monotone in every op's time, as the search's bound needs. Where even
+# m2 = 4p is over it (a V beyond pp 48, ZB-H1 and DualPipe beyond pp 64), None: the closed form.
+ORDER_OPS = 1 << 16
+# one column runs as a Python loop over the ops (0.08-0.12 us an op) where they are fewer than this many a level,
+# else as ``_sweep``'s numpy steps (3-4 us a level at one column): the two cross at 40-45 ops a level (p 40-48 in a V;
+# measured with ZB-H1, ZBV and DualPipeV at p 2-48, docs/step-time.md "(vsched12)"; the same makespans bit for bit)
+LOOP_PER_LEVEL = 40
+SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
+_SPANS: OrderedDict[tuple, float | None] = OrderedDict()
+
+
+def chunk_table(passes: Sequence[StagePass], split: int, blocks: int) -> np.ndarray:
+    """The per-(rank, chunk, block) op times of ``_Graph.cell`` (blocks: forward, full backward, input gradient,
+    weight gradient), one column: with one chunk the rank's F, B, B - W, W; with two (a V) chunk 0's forward the
+    pass's ``fill_s`` and chunk 1's backward its ``drain_s`` (step.stage_passes: each chunk's real share, the
+    backward's share taken as the forward's), the other chunk the rest, W in the backward's shares."""
+    rows = []
+    for x in passes:
+        if split == 1:
+            fwd, bwd = (x.forward_s,), (x.backward_s,)
+        else:
+            fill, drain = x.ends(split)
+            fwd = (fill, *((x.forward_s - fill) / (split - 1),) * (split - 1))
+            bwd = (*((x.backward_s - drain) / (split - 1),) * (split - 1), drain)
+        for f, b in zip(fwd, bwd, strict=True):
+            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else 1 / split)
+            rows.append((f, b, b - w, w)[:blocks])
+    return np.append(np.array(rows, dtype=np.float64).ravel(), 0.0)[:, None]
+
+
+def span_run(kind: str, p: int, v: int, m: int) -> int:
+    """The micro-batches the run takes: m within ORDER_OPS, else the most (a multiple of 2p: DualPipe's even m) within
+    it if at least 4p (past ZBV's 2p - 1 and DualPipe(V)'s 2p), else 0: over the bound."""
+    per = per_microbatch(kind, v) * p
+    if per * m <= ORDER_OPS:
+        return m
+    m2 = ORDER_OPS // per // (2 * p) * (2 * p)
+    return m2 if m2 >= 4 * p else 0
+
+
+def _span_one(graph: _Graph, table: list[float]) -> float:
+    """``_sweep`` of one column as a loop over the ops in level order (each op's inputs are earlier rows)."""
+    prev, dep, cell = (memoryview(x) for x in (graph.prev, graph.dep, graph.cell))  # int32, no copy
+    done = [0.0] * (len(prev) + 1)
+    for i, (a, b, c) in enumerate(zip(prev, dep, cell, strict=True), 1):
+        x, y = done[a], done[b]
+        done[i] = (x if x > y else y) + table[c]
+    return max(done[r] for r in graph.last.tolist())
+
+
+def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
+    """The makespan of ``sched``'s order with each op the time of its (rank, chunk, op) in ``passes`` (``chunk_table``;
+    p2p left out, as ``bubble_s``'s forms leave it): one deterministic column through the cached structure, past
+    ``span_run`` the slowest pass a micro-batch more; memoised on (passes, kind, p, v, m); None where the run is over
+    ORDER_OPS (``order_method``), the order is not written out or the schedule's rules do not hold."""
+    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
+    key = (tuple(passes), sched.kind, p, v, m, ORDER_OPS)
+    if key in _SPANS:
+        with suppress(KeyError):
+            _SPANS.move_to_end(key)
+            return _SPANS[key]
+    traits = sched.traits
+    # an order runs only where its schedule's rules hold (its chunks per rank, DualPipe's even pp, DualPipe(V)'s even
+    # m >= 2pp: a plan's checked by planner/parallel.py; pipeline_time is also called bare)
+    valid = traits.order is not None and traits.runs_chunks(v) and not traits.microbatch_rule(sched.kind, m, p)
+    valid = valid and not (traits.even_pp and p % 2)
+    run = span_run(sched.kind, p, v, m) if valid else 0
+    span = None
+    if run:
+        graph = _graph(sched.kind, p, v, run)
+        table = chunk_table(passes, graph.split, graph.blocks)
+        if len(graph.at) < LOOP_PER_LEVEL * (len(graph.bounds) - 1):
+            span = _span_one(graph, table[:, 0].tolist())
+        else:
+            span = float(_sweep(replace(graph, at=graph.cell), table)[0])
+        span += (m - run) * max(x.total_s for x in passes)
+    _SPANS[key] = span
+    with suppress(KeyError):
+        while len(_SPANS) > SPANS_KEPT:
+            _SPANS.popitem(last=False)
+    return span
+
+
+def order_method(sched: Schedule) -> str:
+    """How ``pipeline.bubble_s`` prices ``sched``'s fill and drain where its ranks or chunks differ (the plan's
+    Assumptions row; the closed form where every rank and chunk is equal, where it is exact)."""
+    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
+    if not sched.traits.order_priced or p == 1:
+        return ""
+    run = span_run(sched.kind, p, v, m)
+    how = f"the {sched.kind} order run as a list schedule, each rank's and chunk's forward and gradients at their times"
+    if run and run < m:
+        how += f" at m {run} ({ORDER_OPS:,} ops a run at most), the slowest rank's pass a micro-batch beyond"
+    elif not run:
+        how = (
+            f"the closed form, each other rank's share summed (the order at pp {p}, m {m} is over {ORDER_OPS:,} ops a "
+            "run; above the order where one rank is slower, below it by up to 0.34 of a pass a rank where ranks split "
+            "their passes differently)"
+        )
+    return f"{how} where ranks or chunks differ; the closed form, exact there, where all are equal"
+
+
 __all__ = [
     "CELLS",
     "CELL_UNITS",
@@ -477,7 +595,9 @@ __all__ = [
     "jitter",
     "makespans",
     "method",
+    "order_method",
     "order_run",
+    "order_span",
     "runs_at",
     "schedule_makespans",
     "work",

@@ -5,7 +5,11 @@ formula change re-records it, and says why). Re-recorded by bubble11: ZBV's, Dua
 from their own orders (pipeline.py _bubble_zbv, _bubble_dualpipev, _bubble_dualpipe) moved their 495 rows at p >= 2
 (DualPipe p >= 3): times, bubbles, drain leads and timeline blocks, nothing else; ZB-H1's moved only at m < p
 (72 rows: each missing micro-batch's min(W, B - W)), its max(F, B - W, F + B - 2W) being F + B - 2W on this grid
-(diffed against main at 67d207f)."""
+(diffed against main at 67d207f). Re-recorded by vsched12: the four schedules' pipelines at these unequal ranks (and
+rank 0's own chunk split) from their orders' list schedules (planner/pipeline_jitter.py order_span) moved 126 rows,
+only where the order runs (the schedule's own v, DualPipe(V)'s even m >= 2p): ZB-H1 54 (-6.10% to -0.46% of the
+time), ZBV 60 (-5.48% to +1.38%), DualPipeV 9 (-3.34% to -2.14%), DualPipe 3 (-5.30% to -5.20%); no other schedule's
+row moved (diffed against main at 62a660b)."""
 
 import hashlib
 
@@ -28,7 +32,7 @@ from planner.pipeline import (
 )
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev")
-RECORDED = "d93dd14bdf3450a16d826fb7943748f56a36b0d4fd32597b6ca9e54192a15044"
+RECORDED = "10c5318b0f22682b1347e22483049a15e57949bb452379e66b28d6dca0d15607"
 
 
 def _passes(p: int) -> list[StagePass]:

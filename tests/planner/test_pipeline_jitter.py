@@ -250,7 +250,7 @@ def test_the_orders_settle_in_a_few_gauss_seidel_rounds():
             ):
                 _levels(kind, p, v, m)
     for kind, p, v, m in (("1f1b", 8, 1, 32), ("interleaved", 4, 2, 16), ("interleaved", 5, 3, 20)):
-        _, _, flat, level = _levels(kind, p, v, m)
+        _, _, _, flat, level = _levels(kind, p, v, m)
         n, step = level.shape[1], np.arange(level.shape[1])
         jacobi = np.broadcast_to(step + 1, (p, n)).copy()
         while True:

@@ -49,6 +49,11 @@ bubble11's bubbles from the schedules' own orders (planner/pipeline.py) moved 80
 (checked token by token against main at 67d207f): ZBV 38 (+0.34% to +85.2%, the most at m 1 < pp 4, where no
 steady state hides the V's fill), ZB-H1 18 at m < pp (+1.8% to +17.8%), DualPipeV 18 (-2.55% to -0.40%) and DualPipe
 6 (-2.28% to -0.73%), nothing else.
+vsched12's pipelines of ZB-H1, ZBV, DualPipe(V) at unequal ranks from their own orders at each rank's and chunk's
+times (planner/pipeline_jitter.py order_span) moved 128 step lines (checked case by case against main at 62a660b):
+time and bubble in 120 (ZB-H1 56, -2.03% to -0.04%; ZBV 38, -3.69% to +8.28%, the most at m 3 < pp 4; DualPipeV 18,
+-3.72% to +0.77%; DualPipe 8, -3.26% to +0.87%), and DualPipe at pp 2: torch's 2 bubble 0 -> 2.5 ms (+0.16%, the
+closed form's (pp/2 - 1) share is 0 there) and Megatron's 6 by one ulp (time and exposed), nothing else.
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
@@ -61,7 +66,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "3c27dd7e3543068d56012167b4d955326eedbad1bd46268ef66ffd5876569a85"
+RECORDED = "92a56db7d61805f7ee7a71c60bb06bd02bb7170f9c4e58a01fd26bfee6184fea"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
