@@ -1,0 +1,113 @@
+"""Round 12, a demanding user's walk (docs/page.md, user12): what the page lost on Back, a reload or a shared link,
+each fixed and held here. Every plan rewrote the one history entry (history.replaceState), so Back after a session of
+changes left the page; the Serve card kept only its options in the link, so a reload showed an empty card."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+PLANNED = "(s) => window.commplan.state.plan && JSON.stringify(window.commplan.state.request.parallel) === s"
+
+
+def parallel(page):  # noqa: F811
+    return page.evaluate("JSON.stringify(window.commplan.state.request.parallel)")
+
+
+def test_back_and_forward_walk_the_changes_in_place(page):  # noqa: F811
+    """Two changes (interleaved with 5 virtual stages, then ZeRO-3), each planned: Back brings the one before back,
+    form and plan, without loading the page again (a marker set in the page survives); Forward the one after; a
+    change after Back is a new entry. Before: Back left the page (about:blank here)."""
+    page.goto("about:blank")
+    open_page(page, url_state(LLAMA))
+    first, first_step = parallel(page), page.evaluate("window.commplan.state.plan.step.time_s")
+    page.fill("#vpp", "5")
+    page.select_option("#schedule", "interleaved")
+    wait_until(
+        page,
+        "() => window.commplan.state.request.parallel.virtual_pipeline_stages === 5 && "
+        "window.commplan.state.plan.step.time_s !== " + repr(first_step),
+    )
+    wait_until(page, "() => !document.getElementById('results').classList.contains('stale')")
+    second, second_step = parallel(page), page.evaluate("window.commplan.state.plan.step.time_s")
+    page.select_option("#zero", "3")
+    wait_until(
+        page,
+        "() => window.commplan.state.request.parallel.zero_stage === 3 && "
+        "!document.getElementById('results').classList.contains('stale')",
+    )
+    third, third_url = parallel(page), page.url
+    page.evaluate("window.__same_document = 1")
+    page.go_back()
+    wait_until(page, PLANNED, second)
+    expect(page.locator("#zero")).to_have_value("1")
+    expect(page.locator("#schedule")).to_have_value("interleaved")
+    expect(page.locator("#vpp")).to_have_value("5")
+    wait_until(page, "(t) => window.commplan.state.plan.step.time_s === t", second_step)
+    page.go_back()
+    wait_until(page, PLANNED, first)
+    expect(page.locator("#schedule")).to_have_value("1f1b")
+    wait_until(page, "(t) => window.commplan.state.plan.step.time_s === t", first_step)
+    page.go_forward()
+    page.go_forward()
+    wait_until(page, PLANNED, third)
+    assert page.url == third_url
+    expect(page.locator("#zero")).to_have_value("3")
+    assert page.evaluate("window.__same_document") == 1  # restored in place, not loaded again
+    # a change after Back is a new entry: Back from it returns to the entry it was made on
+    page.go_back()
+    wait_until(page, PLANNED, second)
+    page.select_option("#framework", "torch")
+    wait_until(page, "() => window.commplan.state.request.parallel.framework === 'torch'")
+    page.go_back()
+    wait_until(page, PLANNED, second)
+    expect(page.locator("#framework")).to_have_value("megatron")
+
+
+def test_a_reload_and_a_link_bring_the_serve_card_back(page, browser):  # noqa: F811
+    """The Serve card's model, nodes, engine, mode, pools, traffic and SLA go to the link as they change, and a
+    deployment on show is planned again: a reload and the same link in a new tab show DeepSeek-V3's SGLang pools
+    with the same TTFT. Before: the card came back as the form's model, aggregated TP8, 2,000 / 200 tokens at 64."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    page.select_option("#serve-engine", "vllm")
+    page.fill("#serve-sla-ttft", "800")
+    page.locator("#serve-sla-ttft").dispatch_event("change")
+    page.evaluate("window.commplan.state.serve = null")
+    page.click("#serve-run")
+    wait_until(page, "() => window.commplan.state.serve", timeout=60_000)
+    wait_until(page, "() => document.getElementById('serve-status').textContent === ''")
+    ttft, body = page.evaluate("[window.commplan.state.serve.ttft_s, window.commplan.serveBody()]")
+    assert body["model"] == {"preset": "deepseek-v3"} and body["cluster"]["num_nodes"] == 12
+    assert [p["dp"] for p in body["deployment"]["pools"]] == [32, 64]
+    link = page.url
+    for target in (page, browser.new_context(viewport={"width": 1440, "height": 900}).new_page()):
+        if target is page:
+            page.reload()
+        else:
+            target.goto(link)
+        wait_until(target, "() => window.commplan && window.commplan.state.serve", timeout=60_000)
+        assert target.evaluate("window.commplan.serveBody()") == body
+        assert target.evaluate("window.commplan.state.serve.ttft_s") == ttft
+        expect(target.locator("#serve-mode")).to_have_value("disaggregated")
+        expect(target.locator("#serve-model")).to_have_value("deepseek-v3")
+        expect(target.locator("#serve-sla-ttft")).to_have_value("800")
+        expect(target.locator("#serve-results")).to_be_visible()
+    # a link's card of the wrong types keeps the boxes' own values and plans nothing
+    bad = url_state(LLAMA).replace("#s=", "")
+    raw = json.loads(base64.urlsafe_b64decode(bad + "=" * (-len(bad) % 4)))
+    raw["v"] = {"model": 7, "nodes": "x", "traffic": [], "deployment": {"pools": "no"}, "planned": False}
+    odd = "#s=" + base64.urlsafe_b64encode(json.dumps(raw).encode()).decode().rstrip("=")
+    open_page(page, odd)
+    expect(page.locator("#serve-model")).to_have_value("")
+    expect(page.locator("#serve-nodes")).to_have_value("")
+    expect(page.locator("#serve-isl")).to_have_value("2000")
+    expect(page.locator("#serve-results")).to_be_hidden()
