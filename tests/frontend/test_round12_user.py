@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -111,3 +112,41 @@ def test_a_reload_and_a_link_bring_the_serve_card_back(page, browser):  # noqa: 
     expect(page.locator("#serve-nodes")).to_have_value("")
     expect(page.locator("#serve-isl")).to_have_value("2000")
     expect(page.locator("#serve-results")).to_be_hidden()
+
+
+def test_the_search_prices_the_forms_workload_and_its_best_opens_at_its_step_time(page):  # noqa: F811
+    """Under an FP8 recipe the page's search sent the global batch and the sequence alone: it ranked bf16 layouts and
+    its best opened as a plan of another step time. It sends the form's workload less the fields it searches, and a
+    result loads with its own. The search here is the server's, narrowed to TP4 PP4 to be quick."""
+    fp8 = {**LLAMA, "workload": {**LLAMA["workload"], "fp8_recipe": "tensorwise", "attention_kernel": "flash2"}}
+    open_page(page, url_state(fp8))
+    sent = []
+
+    def handle(route):
+        body = route.request.post_data_json
+        sent.append(body)
+        narrowed = {**body, "constraints": {**body["constraints"], "tp": 4, "pp": 4, "cp": 1, "zero_stage": 1}}
+        answer = httpx.post(page.base + "/v1/search", json=narrowed, timeout=120).json()
+        route.fulfill(status=200, content_type="application/x-ndjson", body=json.dumps({"type": "result", **answer}))
+
+    page.route("**/v1/search*", handle)
+    page.click("#search-run")
+    expect(page.locator("#search-table tbody tr").first).to_be_visible(timeout=120_000)
+    workload = sent[0]["workload"]
+    assert workload == {
+        "kind": "training",
+        "global_batch_size": 1024,
+        "fp8_recipe": "tensorwise",
+        "attention_kernel": "flash2",
+    }
+    best = page.evaluate("window.commplan.state.search.results[0]")
+    page.locator("#search-table tbody tr").first.click()
+    keys = "['tp', 'pp', 'dp', 'virtual_pipeline_stages']"
+    wait_until(
+        page, f"(p) => {keys}.every((k) => window.commplan.state.request.parallel[k] === p[k])", best["parallel"]
+    )
+    wait_until(page, "() => !document.getElementById('results').classList.contains('stale')")
+    plan = page.evaluate("window.commplan.state.plan.step")
+    assert plan["time_s"] == best["step"]["time_s"] and plan["mfu"] == best["step"]["mfu"]
+    request = page.evaluate("window.commplan.state.request.workload")
+    assert request["fp8_recipe"] == "tensorwise" and request["micro_batch_size"] == best["micro_batch_size"]
