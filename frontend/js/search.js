@@ -100,6 +100,21 @@ function setProgress(done, total) {
   $("search-progress").setAttribute("aria-valuenow", String(Math.round(100 * frac)));
 }
 
+// POST /v1/search takes no options block (app/schemas/search.py SearchRequest): it prices every layout with the
+// default overlap and NCCL settings, while a loaded layout keeps the form's. Said, with the fields, where the form
+// sets any (round 12: a row's step time and the plan it opened differed without a word). The page's own
+// links_per_call and the algorithm left on auto are no setting.
+function unsearched(options) {
+  const set = [];
+  const walk = (o, path) => { for (const [k, v] of Object.entries(o || {})) {
+    if (v && typeof v === "object" && !Array.isArray(v)) walk(v, `${path}${k}.`);
+    else if (!(path === "" && (k === "links_per_call" || (k === "algorithm" && v === "auto")))) set.push(`options.${path}${k}`);
+  } };
+  walk(options, "");
+  return set.length ? ` The search prices every layout with the default options, not this plan's ${set.join(", ")}: `
+    + "a loaded layout keeps them, so its step time may differ from its row's." : "";
+}
+
 // the layouts no other result beats in both step time and memory
 export function paretoFront(hits) {
   const pts = hits.map((h, i) => ({ i, x: peakOf(h), y: h.step.time_s })).sort((a, b) => a.x - b.x || a.y - b.y);
@@ -113,7 +128,8 @@ export function renderSearch() {
   const result = state.search;
   if (!result) return;
   const hits = result.results || [];
-  $("search-status").textContent = searchSummary(result) + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.");
+  $("search-status").textContent = searchSummary(result) + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.")
+    + unsearched(state.request && state.request.options);
   $("search-results").hidden = !hits.length;
   if (!hits.length) return;
   const front = paretoFront(hits), onFront = new Set(front.map((p) => p.i));

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
+from tests.frontend.test_page import LLAMA, browser, open_page, page, stub_search, url_state, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
@@ -150,3 +150,24 @@ def test_the_search_prices_the_forms_workload_and_its_best_opens_at_its_step_tim
     assert plan["time_s"] == best["step"]["time_s"] and plan["mfu"] == best["step"]["mfu"]
     request = page.evaluate("window.commplan.state.request.workload")
     assert request["fp8_recipe"] == "tensorwise" and request["micro_batch_size"] == best["micro_batch_size"]
+
+
+def test_the_search_says_which_of_the_forms_options_it_does_not_price(page):  # noqa: F811
+    """POST /v1/search has no options block: with TP comm overlap on and an NCCL_ALGO pin, its rows are priced
+    without them, and a loaded row planned with them. The status names both; the default form names none."""
+    seen = []
+    stub_search(page, seen=seen)
+    open_page(page, url_state(LLAMA))
+    page.click("#search-run")
+    status = page.locator("#search-status")
+    expect(status).to_contain_text("Click a row or a point to load the layout.", timeout=30_000)
+    assert "default options" not in status.inner_text()
+    options = {"algorithm": "auto", "links_per_call": 24, "nccl_algo": "Ring", "overlap": {"tp_comm_overlap": True}}
+    open_page(page, url_state({**LLAMA, "options": options}))
+    page.click("#search-run")
+    expect(status).to_contain_text(
+        "The search prices every layout with the default options, not this plan's options.overlap.tp_comm_overlap, "
+        "options.nccl_algo: a loaded layout keeps them, so its step time may differ from its row's.",
+        timeout=30_000,
+    )
+    assert all("options" not in body for body in seen)
