@@ -53,14 +53,25 @@ function searchBody() {
   const headroom = $("search-headroom").value.trim() === "" ? 5 : Number($("search-headroom").value);
   constraints.memory_headroom = headroom / 100;
   if ($("search-framework").checked) constraints.framework = r.parallel.framework || "megatron";
+  for (const k of ["tp", "pp"]) if ($(`search-keep-${k}`).checked) constraints[k] = r.parallel[k] || 1;
   return { model: r.model, workload, cluster: r.cluster, constraints, top_k: Number($("search-topk").value) || 20 };
 }
 
 // a refusal on this card's own controls names and marks them (round 11: "Keep the framework" with Megatron-LM 2021-22,
 // a flavour the search does not propose, read as a bare message); others are the plan's, said by the server's words
-const SEARCH_FIELDS = { "constraints.framework": "search-framework", "constraints.memory_headroom": "search-headroom", top_k: "search-topk" };
+const SEARCH_FIELDS = { "constraints.framework": "search-framework", "constraints.memory_headroom": "search-headroom", top_k: "search-topk",
+  "constraints.tp": "search-keep-tp", "constraints.pp": "search-keep-pp" };
 function refusal(err) {
   const d = err.detail && err.detail[0], path = d && d.loc ? d.loc.slice(1).join(".") : "", input = SEARCH_FIELDS[path] && $(SEARCH_FIELDS[path]);
+  // a space over the service's limit names constraints the card sets two of (round 12: DeepSeek-V3 on 2,048 GPUs,
+  // 10,131,372 layouts, named tp and pp, which the card had no control for)
+  if (path === "constraints" && d.msg.includes("to narrow it")) {
+    const boxes = ["tp", "pp"].map((k) => $(`search-keep-${k}`)).filter((box) => !box.checked);
+    for (const box of boxes) box.setAttribute("aria-invalid", "true");
+    const p = state.request.parallel;
+    return `${d.msg}. Here: ${boxes.length ? `tick ${boxes.map((box) => box.labels[0].textContent.trim()).join(" or ")} (the form's TP ${p.tp || 1}, PP ${p.pp || 1})`
+      : "the form's TP and PP are kept already; narrow cp or micro_batch_size over HTTP or the CLI (docs/search.md)"}.`;
+  }
   if (!input) return err.message;
   input.setAttribute("aria-invalid", "true");
   // the box is a percent, the field a fraction (the server's "less than 1, got 1.0" read beside "100": r11b)

@@ -201,3 +201,34 @@ def test_the_rest_of_the_controls_say_what_they_do(page):  # noqa: F811
     }
     assert all(f"({f})" in titles[i] for i, f in fields.items()), titles
     assert "1 = non-blocking" in titles["oversub"]
+
+
+def test_a_space_over_the_limit_names_the_cards_keep_boxes(page):  # noqa: F811
+    """DeepSeek-V3 on 2,048 GPUs: the search's space (10,131,372 layouts) is over the service's limit, and its 422
+    named constraints tp and pp the card had no control for. The card has Keep TP and Keep PP: the refusal names and
+    marks them with the form's values, and ticked they reach the request's constraints."""
+    dsv3 = {
+        "model": {"preset": "deepseek-v3"},
+        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 15360},
+        "parallel": {"tp": 2, "pp": 16, "dp": 64, "ep": 64, "zero_stage": 1, "sequence_parallel": True,
+                     "first_stage_layers": 3, "last_stage_layers": 2},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 256},
+    }  # fmt: skip
+    open_page(page, url_state(dsv3))
+    page.click("#search-run")
+    status = page.locator("#search-status")
+    expect(status).to_contain_text(
+        "above the limit of 2000000 (COMMPLAN_MAX_SEARCH_LAYOUTS); fix or list values of tp, pp, cp, framework or "
+        "micro_batch_size to narrow it. Here: tick Keep TP or Keep PP (the form's TP 2, PP 16).",
+        timeout=30_000,
+    )
+    marked = page.locator("#search-card [aria-invalid=true]").evaluate_all("els => els.map((e) => e.id)")
+    assert marked == ["search-keep-tp", "search-keep-pp"]
+    sent = []
+    page.on("request", lambda r: sent.append(r.post_data_json) if "/v1/search" in r.url else None)
+    page.check("#search-keep-tp")
+    page.check("#search-keep-pp")
+    page.click("#search-run")
+    expect(status).to_contain_text("layouts in", timeout=60_000)
+    assert {k: sent[-1]["constraints"][k] for k in ("tp", "pp")} == {"tp": 2, "pp": 16}
+    assert page.locator("#search-card [aria-invalid=true]").count() == 0
