@@ -11,7 +11,18 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.frontend.test_page import LLAMA, browser, open_page, page, stub_search, url_state, wait_until  # noqa: F401
+from tests.frontend.test_page import (  # noqa: F401
+    LLAMA,
+    PHONE,
+    browser,
+    make_page,
+    open_page,
+    overflow,
+    page,
+    stub_search,
+    url_state,
+    wait_until,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -232,3 +243,19 @@ def test_a_space_over_the_limit_names_the_cards_keep_boxes(page):  # noqa: F811
     expect(status).to_contain_text("layouts in", timeout=60_000)
     assert {k: sent[-1]["constraints"][k] for k in ("tp", "pp")} == {"tp": 2, "pp": 16}
     assert page.locator("#search-card [aria-invalid=true]").count() == 0
+
+
+def test_a_long_source_path_does_not_scroll_a_phone_sideways(make_page):  # noqa: F811
+    """DeepSeek-V3's selected call (ep.dispatch) names its source, megatron/core/transformer/moe/token_dispatcher.py,
+    one 49-character word that ran 58 px past a 390 px screen: the page scrolled sideways. It breaks inside now."""
+    phone = make_page(PHONE)
+    dsv3 = {
+        "model": {"preset": "deepseek-v3"},
+        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 15360},
+        "parallel": {"tp": 2, "pp": 16, "dp": 64, "ep": 64, "zero_stage": 1, "sequence_parallel": True,
+                     "first_stage_layers": 3, "last_stage_layers": 2},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 256},
+    }  # fmt: skip
+    open_page(phone, url_state(dsv3))
+    expect(phone.locator("#detail-text")).to_contain_text("megatron/core/transformer/moe/token_dispatcher.py")
+    assert overflow(phone) == 0
