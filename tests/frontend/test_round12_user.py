@@ -11,6 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from tests.frontend.test_demanding_user import DSV3
 from tests.frontend.test_page import (  # noqa: F401
     LLAMA,
     PHONE,
@@ -218,14 +219,7 @@ def test_a_space_over_the_limit_names_the_cards_keep_boxes(page):  # noqa: F811
     """DeepSeek-V3 on 2,048 GPUs: the search's space (10,131,372 layouts) is over the service's limit, and its 422
     named constraints tp and pp the card had no control for. The card has Keep TP and Keep PP: the refusal names and
     marks them with the form's values, and ticked they reach the request's constraints."""
-    dsv3 = {
-        "model": {"preset": "deepseek-v3"},
-        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 15360},
-        "parallel": {"tp": 2, "pp": 16, "dp": 64, "ep": 64, "zero_stage": 1, "sequence_parallel": True,
-                     "first_stage_layers": 3, "last_stage_layers": 2},
-        "cluster": {"preset": "dgx-h100", "num_nodes": 256},
-    }  # fmt: skip
-    open_page(page, url_state(dsv3))
+    open_page(page, url_state(DSV3))
     page.click("#search-run")
     status = page.locator("#search-status")
     expect(status).to_contain_text(
@@ -249,13 +243,6 @@ def test_a_long_source_path_does_not_scroll_a_phone_sideways(make_page):  # noqa
     """DeepSeek-V3's selected call (ep.dispatch) names its source, megatron/core/transformer/moe/token_dispatcher.py,
     one 49-character word that ran 58 px past a 390 px screen: the page scrolled sideways. It breaks inside now."""
     phone = make_page(PHONE)
-    dsv3 = {
-        "model": {"preset": "deepseek-v3"},
-        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 15360},
-        "parallel": {"tp": 2, "pp": 16, "dp": 64, "ep": 64, "zero_stage": 1, "sequence_parallel": True,
-                     "first_stage_layers": 3, "last_stage_layers": 2},
-        "cluster": {"preset": "dgx-h100", "num_nodes": 256},
-    }  # fmt: skip
-    open_page(phone, url_state(dsv3))
+    open_page(phone, url_state(DSV3))
     expect(phone.locator("#detail-text")).to_contain_text("megatron/core/transformer/moe/token_dispatcher.py")
     assert overflow(phone) == 0
