@@ -98,6 +98,10 @@ class _Formats:
 
 PLAN_FORMATS = _Formats(("table",), "planner.exports:PLAN_EXPORTS")  # docs/exports.md
 SERVE_FORMATS = _Formats(("table", "json"), "planner.serving.launch:EXPORTS")  # docs/serving.md, Launch commands
+# the planner's own list (collectives/topology/spec.py), read as --format's are: calibrate listed a copy of it
+NETWORK_KINDS = _Formats((), "collectives.topology.spec:NETWORK_KINDS")
+# every option says what it does (round 12: --format, --network-kind, --host and --port said nothing in --help)
+TABLE_OR_JSON = "table (default): the answer as text; json: the HTTP answer's JSON"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument(
         "--stage", type=int, default=0, help="an export of one rank (docs/exports.md): the pipeline stage of that rank"
     )
-    plan.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun", help="nccl-tests launcher")
+    plan.add_argument(
+        "--launcher",
+        choices=("mpirun", "srun"),
+        default="mpirun",
+        help="what starts the nccl-tests export's ranks: mpirun (default) or srun",
+    )
     find = sub.add_parser(
         "search",
         help="find the fastest layouts that fit (FILE.json: the body of POST /v1/search)",
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     find.add_argument("file", help="path to a JSON search request, or - for standard input")
-    find.add_argument("--format", choices=("table", "json"), default="table")
+    find.add_argument("--format", choices=("table", "json"), default="table", help=TABLE_OR_JSON)
     find.add_argument("--workers", type=_positive, default=None, help="processes (default: every core)")
     find.add_argument(
         "--memory-headroom",
@@ -151,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     cal.add_argument("--cluster", required=True, help="cluster preset the logs ran on (GET /v1/presets/clusters)")
     cal.add_argument("--nodes", type=int, default=None, help="nodes of every log (default: the hosts each log names)")
-    cal.add_argument("--network-kind", choices=("ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo"), default=None)
+    cal.add_argument(
+        "--network-kind", choices=NETWORK_KINDS, default=None, metavar="KIND",
+        help="the network the logs crossed between nodes, one of %(choices)s (its per-hop latency); default: the "
+        "cluster preset's",
+    )  # fmt: skip
     cal.add_argument("--op", default=None, help="the test of every log (all_reduce_perf, allgather, ...): for a table "
                      "pasted without its header, when its columns leave it open")  # fmt: skip
     cal.add_argument("--ranks", type=int, default=None, help="ranks of every log (default: its rank lines)")
-    cal.add_argument("--format", choices=("table", "json"), default="table")
+    cal.add_argument("--format", choices=("table", "json"), default="table", help=TABLE_OR_JSON)
     dep = sub.add_parser("serve-plan", help="plan a serving deployment (FILE.json: the body of POST /v1/serve)")
     dep.add_argument("file", help="path to a JSON serve request, or - for standard input")
     SERVE_FORMATS.option(dep, "json, or an export the engines or Dynamo read (docs/serving.md)")
@@ -164,11 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         "serve-search", help="the best serving deployments under an SLA (FILE.json: the body of POST /v1/serve/search)"
     )
     dse.add_argument("file", help="path to a JSON serve-search request, or - for standard input")
-    dse.add_argument("--format", choices=("table", "json"), default="table")
+    dse.add_argument("--format", choices=("table", "json"), default="table", help=TABLE_OR_JSON)
     serve = sub.add_parser("serve", help="start the HTTP service")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=_positive, default=None, help="default: COMMPLAN_WORKERS or 1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
+    serve.add_argument(
+        "--workers", type=_positive, default=None,
+        help="server processes, each with its own pool of work processes (default: COMMPLAN_WORKERS or 1)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)

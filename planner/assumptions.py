@@ -136,8 +136,9 @@ def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
         add(
             Assumption(
                 "parallel.virtual_pipeline_stages",
-                str(par.virtual_pipeline_stages or 1),
-                "Megatron: 1 (no interleaving)",
+                # the chunks a rank runs (round 12: ZBV, DualPipe(V) and a layout's read "1" where they run 2)
+                str(par.chunks_per_rank),
+                "Megatron: 1 (no interleaving); ZBV, DualPipe and DualPipeV: 2; a layout or split: its chunks",
             )
         )
     if par.cp > 1 and fl.cp_rotate_methods:
@@ -272,7 +273,9 @@ def _dropout_rows(ctx: Context) -> list[Assumption]:
     return [
         Assumption(f"model.{name}", f"{p:g}", INFERRED_DROPOUT_SOURCE if set_to is None else given)
         for name, p, set_to in zip(
-            ("attention_dropout", "hidden_dropout"), m.dropout_probs(), (m.attention_dropout, m.hidden_dropout),
+            ("attention_dropout", "hidden_dropout"),
+            m.dropout_probs(),
+            (m.attention_dropout, m.hidden_dropout),
             strict=True,
         )
     ]

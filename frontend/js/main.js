@@ -10,7 +10,7 @@ import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
 import { applyLayout, initSearch, renderSearch } from "./search.js";
 import { initCalibrate, showActiveCalibration } from "./calibrate.js";
-import { fillServeModels, fillServeOptions, initServe, serveBody } from "./serve.js";
+import { fillServeModels, initServe, replanServe, restoreServe, serveBody } from "./serve.js";
 import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
@@ -37,7 +37,8 @@ function formChanged() {
 let debounce = null;
 function schedulePlan(delay = 250) { setStale("pending"); clearTimeout(debounce); debounce = setTimeout(runPlan, delay); }
 
-async function runPlan() {
+// restore: the request of a history entry brought back (Back, Forward), planned without a new entry
+async function runPlan(restore = false) {
   let request;
   try { request = readForm(); } catch (err) {
     if (!(err instanceof FormError)) throw err;
@@ -45,9 +46,12 @@ async function runPlan() {
     $("status").textContent = "Invalid configuration.";
     return;
   }
+  // another request than the one on show is a new history entry, so Back undoes the change; the first plan, a
+  // restored entry and the same request planned again rewrite the entry on show
+  const push = !restore && state.request !== null && JSON.stringify(request) !== JSON.stringify(state.request);
   state.request = request;
   showActiveCalibration(request.cluster.calibration);
-  saveUrl();
+  saveUrl(push);
   const seq = ++state.planSeq;
   $("results").setAttribute("aria-busy", "true");
   $("status").textContent = "Planning…";
@@ -173,7 +177,7 @@ async function start() {
   fillPresets();
   fillServeModels(state.presets.models);
   fillStepOps();
-  if (saved) { fillForm(saved.r); state.selected = saved.c; if (saved.o) { fillServeOptions(saved.o); state.serveOptions = saved.o; } } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
+  if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
   $("config").setAttribute("aria-busy", "false");
 
   $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
@@ -217,13 +221,34 @@ async function start() {
   $("step-play").addEventListener("click", togglePlay);
   initSearch(loadLayout);
   initServe();
+  if (saved) restoreServe(saved.o, saved.v);  // after initServe, which writes the pools' fields
   initCalibrate((constants) => { state.calibration = constants; $("scenario").value = ""; schedulePlan(0); });
   await runPlan();
+  replanServe();
+}
+
+// Back and Forward between entries this page wrote (state.js saveUrl) bring their state back in place: the form, the
+// selected call and the Serve card, then their plans
+async function restoreEntry() {
+  const saved = loadUrl();
+  if (!saved) return;
+  if (!state.request) { location.reload(); return; }  // before the page's first plan: start() reads the URL
+  clearTimeout(debounce);
+  fillForm(saved.r); state.selected = saved.c; $("scenario").value = "";
+  syncVisibility(); countSet();
+  restoreServe(saved.o, saved.v);
+  await runPlan(true);
+  replanServe();
 }
 
 window.commplan = { state, render, runPlan, renderSearch, serveBody, fmtTime, fmtBytes, fmtCount, fields: FIELDS };  // for the browser tests and the curious
 // a shared link opened in a tab already on the page changes only the hash: no load, so the page kept its old plan
-// (round 11). The page writes its own state with history.replaceState, which fires no hashchange: one that fires is
-// a link or an edited address, loaded as a new visit.
-window.addEventListener("hashchange", () => { if (!location.hash || location.hash.startsWith("#s=")) location.reload(); });
+// (round 11). Writing its own state fires no hashchange; Back and Forward between its own entries do, after the
+// popstate that restored them in place: the entry on show says which (history.state). Any other hashchange is a
+// link or an edited address, loaded as a new visit.
+window.addEventListener("popstate", (e) => { if (e.state && e.state.commplan) restoreEntry(); });
+window.addEventListener("hashchange", () => {
+  if (history.state && history.state.commplan) return;
+  if (!location.hash || location.hash.startsWith("#s=")) location.reload();
+});
 start();

@@ -29,28 +29,49 @@ export const layoutName = (p) => ["tp", "pp", "dp", "cp", "ep"].filter((k) => k 
   + (p.pipeline_layout ? ` layout ${p.pipeline_layout}` : "") + (p.ep_dispatch ? ` ${p.ep_dispatch}` : "")
   + (p.sequence_parallel ? " SP" : "") + (p.framework && p.framework !== "megatron" ? ` (${p.framework})` : "");
 
+// the workload fields a result sets (app/schemas/search.py SearchResultOut): the search varies them, so the form's
+// are not sent, and a loaded result gives each its own value (a field it leaves null is left out)
+const SEARCHED = ["micro_batch_size", "activation_recompute", "recompute_method", "recompute_num_layers", "recompute_modules",
+  "selective_ac_option", "cpu_offloading_num_layers"];
+
 export function applyLayout(request, hit) {
-  return { ...request, parallel: { ...hit.parallel },
-    workload: { ...request.workload, micro_batch_size: hit.micro_batch_size, activation_recompute: hit.activation_recompute } };
+  const workload = { ...request.workload };
+  for (const k of SEARCHED) { if (hit[k] === null || hit[k] === undefined) delete workload[k]; else workload[k] = hit[k]; }
+  return { ...request, parallel: { ...hit.parallel }, workload };
 }
 
+// the form's whole training workload less the searched fields: its precision, FP8 recipe, kernels, documents and
+// dropout price every layout as they price the plan. Round 12: only the global batch and the sequence were sent, so
+// under an FP8 recipe the search ranked bf16 layouts (14.6 s at best) and its best, TP2 PP8 CP2 v10, opened as a
+// 12.8 s plan; the best under FP8 is TP4 PP4 v20 at 12.2 s.
 function searchBody() {
   const r = state.request;
-  const workload = { kind: "training", global_batch_size: r.workload.global_batch_size };
-  if (r.workload.seq_length) workload.seq_length = r.workload.seq_length;
+  const workload = { ...r.workload, kind: "training" };
+  for (const k of SEARCHED) delete workload[k];
   const constraints = {};
   // sent as set, 0 included: the server's default is 5% (app/schemas/search.py DEFAULT_HEADROOM)
   const headroom = $("search-headroom").value.trim() === "" ? 5 : Number($("search-headroom").value);
   constraints.memory_headroom = headroom / 100;
   if ($("search-framework").checked) constraints.framework = r.parallel.framework || "megatron";
+  for (const k of ["tp", "pp"]) if ($(`search-keep-${k}`).checked) constraints[k] = r.parallel[k] || 1;
   return { model: r.model, workload, cluster: r.cluster, constraints, top_k: Number($("search-topk").value) || 20 };
 }
 
 // a refusal on this card's own controls names and marks them (round 11: "Keep the framework" with Megatron-LM 2021-22,
 // a flavour the search does not propose, read as a bare message); others are the plan's, said by the server's words
-const SEARCH_FIELDS = { "constraints.framework": "search-framework", "constraints.memory_headroom": "search-headroom", top_k: "search-topk" };
+const SEARCH_FIELDS = { "constraints.framework": "search-framework", "constraints.memory_headroom": "search-headroom", top_k: "search-topk",
+  "constraints.tp": "search-keep-tp", "constraints.pp": "search-keep-pp" };
 function refusal(err) {
   const d = err.detail && err.detail[0], path = d && d.loc ? d.loc.slice(1).join(".") : "", input = SEARCH_FIELDS[path] && $(SEARCH_FIELDS[path]);
+  // a space over the service's limit names constraints the card sets two of (round 12: DeepSeek-V3 on 2,048 GPUs,
+  // 10,131,372 layouts, named tp and pp, which the card had no control for)
+  if (path === "constraints" && d.msg.includes("to narrow it")) {
+    const boxes = ["tp", "pp"].map((k) => $(`search-keep-${k}`)).filter((box) => !box.checked);
+    for (const box of boxes) box.setAttribute("aria-invalid", "true");
+    const p = state.request.parallel;
+    return `${d.msg}. Here: ${boxes.length ? `tick ${boxes.map((box) => box.labels[0].textContent.trim()).join(" or ")} (the form's TP ${p.tp || 1}, PP ${p.pp || 1})`
+      : "the form's TP and PP are kept already; narrow cp or micro_batch_size over HTTP or the CLI (docs/search.md)"}.`;
+  }
   if (!input) return err.message;
   input.setAttribute("aria-invalid", "true");
   // the box is a percent, the field a fraction (the server's "less than 1, got 1.0" read beside "100": r11b)
@@ -90,6 +111,21 @@ function setProgress(done, total) {
   $("search-progress").setAttribute("aria-valuenow", String(Math.round(100 * frac)));
 }
 
+// POST /v1/search takes no options block (app/schemas/search.py SearchRequest): it prices every layout with the
+// default overlap and NCCL settings, while a loaded layout keeps the form's. Said, with the fields, where the form
+// sets any (round 12: a row's step time and the plan it opened differed without a word). The page's own
+// links_per_call and the algorithm left on auto are no setting.
+function unsearched(options) {
+  const set = [];
+  const walk = (o, path) => { for (const [k, v] of Object.entries(o || {})) {
+    if (v && typeof v === "object" && !Array.isArray(v)) walk(v, `${path}${k}.`);
+    else if (!(path === "" && (k === "links_per_call" || (k === "algorithm" && v === "auto")))) set.push(`options.${path}${k}`);
+  } };
+  walk(options, "");
+  return set.length ? ` The search prices every layout with the default options, not this plan's ${set.join(", ")}: `
+    + "a loaded layout keeps them, so its step time may differ from its row's." : "";
+}
+
 // the layouts no other result beats in both step time and memory
 export function paretoFront(hits) {
   const pts = hits.map((h, i) => ({ i, x: peakOf(h), y: h.step.time_s })).sort((a, b) => a.x - b.x || a.y - b.y);
@@ -103,7 +139,8 @@ export function renderSearch() {
   const result = state.search;
   if (!result) return;
   const hits = result.results || [];
-  $("search-status").textContent = searchSummary(result) + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.");
+  $("search-status").textContent = searchSummary(result) + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.")
+    + unsearched(state.request && state.request.options);
   $("search-results").hidden = !hits.length;
   if (!hits.length) return;
   const front = paretoFront(hits), onFront = new Set(front.map((p) => p.i));

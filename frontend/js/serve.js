@@ -91,8 +91,41 @@ export function initServe() {
   $("serve-calib-run").addEventListener("click", runServeCalibrate);
   $("serve-calib-use").addEventListener("click", () => useScales(state.serveCalibration && state.serveCalibration.constants));
   $("serve-calib-clear").addEventListener("click", () => useScales(null));
+  // the card's own inputs go to the URL as they change (the calibration text does not: it is not a setting)
+  $("serve-card").addEventListener("change", (e) => { if (e.target.id !== "serve-calib-text") keepCard(); });
   syncMode();
 }
+
+// The card's model, nodes, engine, traffic, pools and SLA, and whether a deployment is on show: kept in the URL ("v"),
+// so a reload, a shared link or Back brings the card back and plans it again. Round 12: a reload kept the options
+// alone, and the card came back empty (the form's model, aggregated TP8, 2,000 / 200 tokens at 64 concurrent).
+function serveCard() {
+  return { model: $("serve-model").value, nodes: num("serve-nodes"), engine: $("serve-engine").value, traffic: traffic(),
+    deployment: { pools: cardPools() }, sla: { ttft_ms: num("serve-sla-ttft"), tpot_ms: num("serve-sla-tpot") },
+    planned: !$("serve-results").hidden };
+}
+function keepCard(planned) { state.serveCard = { ...serveCard(), ...(planned ? { planned } : {}) }; saveUrl(); }
+
+// the card from a URL's "o" and "v" (state.js loadUrl: objects, else null); a value of the wrong type keeps the box's
+const objectOr = (v) => (v && typeof v === "object" && !Array.isArray(v) ? v : {});
+const numberText = (v, fallback) => (typeof v === "number" && Number.isFinite(v) ? String(v) : fallback);
+export function restoreServe(o, v) {
+  state.serveOptions = o; state.serveCard = v;
+  if (o) fillServeOptions(o);
+  if (!v) return;
+  $("serve-model").value = typeof v.model === "string" ? v.model : "";
+  if ($("serve-model").selectedIndex < 0) $("serve-model").value = "";
+  $("serve-nodes").value = numberText(v.nodes, "");
+  const t = objectOr(v.traffic), sla = objectOr(v.sla);
+  $("serve-isl").value = numberText(t.input_tokens, $("serve-isl").value);
+  $("serve-osl").value = numberText(t.output_tokens, $("serve-osl").value);
+  $("serve-sla-ttft").value = numberText(sla.ttft_ms, ""); $("serve-sla-tpot").value = numberText(sla.tpot_ms, "");
+  const given = objectOr(v.deployment).pools;
+  const list = Array.isArray(given) ? given.filter((p) => p && typeof p === "object" && !Array.isArray(p)).slice(0, 2) : [];
+  if (list.length) fillDeployment({ engine: typeof v.engine === "string" ? v.engine : "vllm", traffic: t, deployment: { pools: list } });
+}
+// after the plan a restored card needs (the model and cluster are the form's unless the card names them)
+export function replanServe() { if (state.serveCard && state.serveCard.planned) runServe(); }
 
 function syncMode() {
   const disagg = $("serve-mode").value === "disaggregated";
@@ -223,9 +256,10 @@ function modelAndCluster() {
   return { model, cluster };
 }
 
+const cardPools = () => ($("serve-mode").value === "disaggregated" ? [pool("serve-p", "prefill"), pool("serve-d", "decode")] : [pool("serve-a", "both")]);
+
 export function serveBody() {
-  const pools = $("serve-mode").value === "disaggregated" ? [pool("serve-p", "prefill"), pool("serve-d", "decode")] : [pool("serve-a", "both")];
-  return { ...modelAndCluster(), engine: $("serve-engine").value, traffic: traffic(), deployment: { pools }, options: options() };
+  return { ...modelAndCluster(), engine: $("serve-engine").value, traffic: traffic(), deployment: { pools: cardPools() }, options: options() };
 }
 
 // a 422 on this card: the field as the card labels it, and a bound on a field in seconds said in seconds (the SLA
@@ -261,6 +295,7 @@ let serveSeq = 0;  // only the latest request's answer is shown
 async function runServe() {
   if (!state.request) return;
   const seq = ++serveSeq;
+  keepCard(true);
   $("serve-status").textContent = "Planning the deployment…";
   unmark();
   try {
@@ -443,6 +478,11 @@ function setPool(prefix, p) {
 }
 
 export function loadDeployment(request) {
+  fillDeployment(request);
+  runServe();
+}
+
+function fillDeployment(request) {
   $("serve-engine").value = request.engine;
   // at the load it was planned at: a front point "at 512 concurrent: meets the SLA" was loaded at the form's 2,048
   // and planned a TTFT of 12.2 s, not its 1.03 s (round 10)
@@ -453,6 +493,5 @@ export function loadDeployment(request) {
   $("serve-mode").value = pools.length > 1 ? "disaggregated" : "aggregated";
   if (pools.length > 1) { setPool("serve-p", pools[0]); setPool("serve-d", pools[1]); } else setPool("serve-a", pools[0]);
   syncMode();
-  runServe();
 }
 

@@ -1,19 +1,28 @@
-// Page state and its URL form (#s=base64url(JSON)): the request, the selected call and the Serve card's options.
+// Page state and its URL form (#s=base64url(JSON)): the request, the selected call, the Serve card's options and its
+// own inputs.
 export const state = {
   presets: { models: {}, clusters: {} }, catalogue: [], plan: null, request: null, selected: null,
   sort: { key: "time_iter", dir: -1 }, planSeq: 0, charts: {}, stale: false, search: null,
   calibration: null,  // fitted constants (POST /v1/calibrate) the plan is priced with: cluster.calibration
   serveOptions: null,  // the Serve card's options once changed (serve.js): kept in the URL as "o"
+  serveCard: null,  // the Serve card's model, nodes, engine, traffic, pools and SLA once set (serve.js): "v"
 };
 
 const encode = (obj) => btoa(unescape(encodeURIComponent(JSON.stringify(obj)))).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 const decode = (text) => JSON.parse(decodeURIComponent(escape(atob(text.replace(/-/g, "+").replace(/_/g, "/")))));
 
-export function saveUrl() {
+// push: a new history entry, so Back returns to the state before (a plan of another request); else the entry on
+// show is rewritten (a selected call, the Serve card). Every round to 11 replaced the entry, so Back after a session
+// of changes left the page (round 12). The entries this page writes carry {commplan: 1}: main.js restores them in
+// place on popstate; an entry a link made carries none and is loaded as a new visit.
+export function saveUrl(push = false) {
   const saved = { r: state.request, c: state.selected };
   if (state.serveOptions) saved.o = state.serveOptions;
+  if (state.serveCard) saved.v = state.serveCard;
   const hash = `#s=${encode(saved)}`;
-  if (location.hash !== hash) history.replaceState(null, "", hash);
+  if (location.hash === hash && history.state && history.state.commplan) return;
+  if (push && location.hash !== hash) history.pushState({ commplan: 1 }, "", hash);
+  else history.replaceState({ commplan: 1 }, "", hash);
 }
 
 // what the URL holds, or null; only plain JSON objects are accepted (anything else is ignored)
@@ -25,6 +34,7 @@ export function loadUrl() {
     if (!saved || typeof saved !== "object" || typeof saved.r !== "object") return null;
     const c = saved.c && typeof saved.c.name === "string" && Number.isInteger(saved.c.stage) ? saved.c : null;
     const o = saved.o && typeof saved.o === "object" && !Array.isArray(saved.o) ? saved.o : null;
-    return { r: saved.r, c, o };
+    const v = saved.v && typeof saved.v === "object" && !Array.isArray(saved.v) ? saved.v : null;
+    return { r: saved.r, c, o, v };
   } catch { return null; }
 }

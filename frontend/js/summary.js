@@ -17,7 +17,9 @@ export function renderSummary(plan, onBusiest, kind) {
     const inference = kind === "inference";
     cards.push(card(inference ? "Latency" : "Step time", fmtTime(step.time_s),
       `compute ${fmtTime(step.compute_s)} · bubble ${fmtTime(step.bubble_s)}`, null, "step"));
-    cards.push(card("MFU", fmtPct(step.mfu), "model FLOPs / peak FLOPs", null, "mfu"));
+    // the peak is the GPUs' dense peak in the dtype the GEMMs run in (planner/step.py _mfu): an FP8 recipe's fp8
+    // peak is twice bf16's, so a faster FP8 step reads a lower MFU (round 12: 42.1% -> 24.9% with no word why)
+    cards.push(card("MFU", fmtPct(step.mfu), "model FLOPs / the GPUs' dense peak in the GEMMs' dtype (fp8 under an FP8 recipe)", null, "mfu"));
     cards.push(card("Tokens / s", fmtCount(step.tokens_per_s), "whole job", null, "tokens"));
     // critical stage: its calls not hidden behind compute, plus the pipeline sends it waits for in the fill and
     // drain (planner/step.py). Those sends belong to other stages, so this can exceed the next card's figure.
