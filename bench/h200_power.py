@@ -299,6 +299,15 @@ def effective_clocks(gpu: str, layer: str = LAYER) -> dict:
     return out
 
 
+def sustained_by_throughput(gpu: str) -> tuple[float, float]:
+    """(sustained clock fraction, fp8 / bf16 clock ratio) by throughput (``effective_clocks``), rounded to the 3
+    digits the model keeps: the trained layer's clock over the datasheet clock, and the sustained fp8 GEMMs' clock
+    over the bf16 ones'. What planner/kernels.py SUSTAINED_CLOCK / FP8_CLOCK hold for Hopper (the H100's) and the
+    H200 preset's own GPUSpec.sustained_clock (collectives/topology/gpu.py), sus12."""
+    eff = effective_clocks(gpu)
+    return round(eff["layer"] / DATASHEET_CLOCK_MHZ[90], 3), round(eff["gemm_fp8"] / eff["gemm_bf16"], 3)
+
+
 def main() -> None:
     for gpu in GPUS:
         sus, clocks = sustained(gpu), fit(gpu)
@@ -324,6 +333,11 @@ def main() -> None:
         print(
             f"  by throughput (the model's units): bf16 GEMMs {eff['gemm_bf16']:.0f} MHz, fp8 {eff['gemm_fp8']:.0f}, "
             f"the layer {eff['layer']:.0f}; the mix predicts {eff['predicted_layer']:.0f}"
+        )
+        fraction, ratio = sustained_by_throughput(gpu)
+        print(
+            f"  the model's sustained clock: {fraction:.3f} of {DATASHEET_CLOCK_MHZ[90]:,} MHz (the layer), fp8 GEMMs "
+            f"at {ratio:.3f} of the bf16 clock"
         )
         for layer in (LAYER,):
             f, w = predict(gpu, layer)
