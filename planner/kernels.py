@@ -933,11 +933,23 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
     place the clock enters the model: a kernel table row measured at a known clock is predicted with this fraction
     replaced by its clock / DATASHEET_CLOCK_MHZ (bench/h200_tables.py at_clock). fp8 GEMMs hold a lower clock
     (the part's fp8_ratio or FP8_CLOCK)."""
-    gen, own = generation(gpu), gpu.sustained_clock
+    sustained, fp8_ratio, _ = sustained_clock(gpu)
     fp8 = _PEAK_DTYPE.get(dtype) == "fp8" and gpu.peak_tflops.get("fp8")
     clock = gpu_efficiency(gpu).clock if gpu.kernel_constants else 0.0  # what a trace fitted for this GPU
-    clock = clock or gpu.clock_scale() * (own.fraction if own else SUSTAINED_CLOCK.get(gen, 1.0))
-    return clock * ((own.fp8_ratio if own else FP8_CLOCK.get(gen, 1.0)) if fp8 else 1.0)
+    clock = clock or gpu.clock_scale() * sustained
+    return clock * (fp8_ratio if fp8 else 1.0)
+
+
+def sustained_clock(gpu: GPUSpec) -> tuple[float, float, str]:
+    """(fraction of the datasheet clock, fp8 / bf16 clock ratio, where they come from) that ``gpu`` sustains in a
+    training step at its default power limit: its own measurement (GPUSpec.sustained_clock) or its generation's
+    (SUSTAINED_CLOCK, FP8_CLOCK). clock_fraction reads it; a trace fit's warning names its source."""
+    own = gpu.sustained_clock
+    if own is not None:
+        return own.fraction, own.fp8_ratio, f"the {gpu.name}'s own GPUSpec.sustained_clock {own.fraction}: {own.source}"
+    gen = generation(gpu)
+    fraction = SUSTAINED_CLOCK.get(gen, 1.0)
+    return fraction, FP8_CLOCK.get(gen, 1.0), f"planner/kernels.py SUSTAINED_CLOCK {fraction} of its generation"
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
@@ -3103,4 +3115,5 @@ __all__ = [
     "per_tokens",
     "queue_launch_s",
     "routing_maxvio",
+    "sustained_clock",
 ]

@@ -48,7 +48,6 @@ from .kernels import (
     GEMM_CEILING,
     GROUPED_GEMM_K0,
     KERNEL_CONSTANTS,
-    SUSTAINED_CLOCK,
     Efficiency,
     attention_ceiling,
     causal_keys,
@@ -61,6 +60,7 @@ from .kernels import (
     generation,
     group_rows,
     memory_kernel,
+    sustained_clock,
 )
 from .profile_trace import (
     HostLaunch,
@@ -443,7 +443,7 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
             warnings.append(
                 f"the trace's GEMMs ran at {clock:.3f} of the datasheet clock ({clock * mhz:,.0f} MHz of {mhz:,}), "
                 f"above the {sustained:.3f} ({sustained * mhz:,.0f} MHz) a training step sustains under the power "
-                f"cap (planner/kernels.py SUSTAINED_CLOCK {SUSTAINED_CLOCK.get(gen, 1.0)}): a few profiled steps run "
+                f"cap ({sustained_clock(gpu)[2]}): a few profiled steps run "
                 "before the cap pulls the clock down. A plan with this clock is the burst's; profile after ~30 s of "
                 "training, or drop calibration.kernels.clock to plan at the sustained clock"
             )

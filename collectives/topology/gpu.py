@@ -157,7 +157,9 @@ _H20 = _gpu(  # Hopper cut down for export: every rate its own
 # clock nvidia-smi logged (1,560 MHz, fp8 / bf16 0.918): under the cap that reading is not the tensor clock to ~10%
 # (docs/step-time.md, clock12 and sus12). The other Hopper parts take the H100's measurement, the generation's row.
 _H200_CLOCK = SustainedClock(
-    0.798, 0.969, "this project's H200 run 2 by throughput (bench/h200_power.py effective_clocks): 1,461 MHz layer, "
+    0.798,
+    0.969,
+    "this project's H200 run 2 by throughput (bench/h200_power.py effective_clocks): 1,461 MHz layer, "
     "fp8 GEMMs 1,367 / bf16 1,411 MHz",
 )
 # fmt: off
