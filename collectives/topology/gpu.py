@@ -234,6 +234,15 @@ def nested_constants(pairs: tuple[tuple[str, float], ...]) -> dict:
     return out
 
 
+def measured_preset(gpu: GPUSpec) -> str | None:
+    """The preset (GPUS) whose measured sustained clock ``gpu`` carries, if any: a request block given field by field
+    names it (``preset``), so that the clock, which no request field carries, comes back when the block is pasted
+    (spec.spec_block)."""
+    if gpu.sustained_clock is None:
+        return None
+    return next((k for k, g in GPUS.items() if g.sustained_clock == gpu.sustained_clock), None)
+
+
 def gpu_preset(name: str) -> GPUSpec:
     gpu = GPUS.get(name)
     if gpu is None:
