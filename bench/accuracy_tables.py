@@ -87,7 +87,8 @@ H200_ROWS = {
 
 def h200() -> list[str]:
     """This project's H200 tables: per kernel class (runs 1-2, each row at its logged clock) and the whole eager
-    layers at the model's sustained clock (run 2: the fit set; run 3: held out)."""
+    layers at the clock the tables' short bursts hold in the model's units (h200_tables.burst_clock_mhz; run 2: the
+    fit set; run 3: held out)."""
     errors: dict[str, list[float]] = {}
     for rows in (
         h200_tables.gemm_rows(),

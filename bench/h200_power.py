@@ -38,7 +38,6 @@ import h200_tables
 from kernel_fit import REFERENCE  # bench/kernel_fit.py: the one home of the kernel tables' folder
 
 from collectives.topology.gpu import GPUS as GPU_CARDS
-from planner.compute import pass_time
 from planner.context import Context
 from planner.kernels import DATASHEET_CLOCK_MHZ, EFFICIENCY, gemm_time, gpu_seconds, layer_kernels
 
@@ -47,7 +46,7 @@ BOOST_MHZ = 1980  # nvidia-smi clocks.max.sm of both GPUs (run provenance), the 
 CAP_REASON = 0x4  # nvidia-smi clocks_event_reasons: software power cap
 # the runs whose logs hold each class: (folder, run with the sustained GEMMs and the trained layer)
 GPUS = {"h200": ("h200", "run2"), "h100": ("h100", "run1")}
-LAYER = "llama3_8b.tp1.s4096"  # the layer both GPUs trained back to back (``layer_sustained``)
+LAYER = h200_tables.TRAINED_LAYER  # the layer both GPUs trained back to back (``layer_sustained``)
 
 
 def smi(folder: str, run: str) -> list[tuple[float, int, float, int, int]]:
@@ -255,17 +254,9 @@ def bracket(gpu: str, layer: str, at: float = 1560.0) -> tuple[float, float]:
     return low, high
 
 
-def _solve_down(fn, target: float, lo: float = 800.0, hi: float = 2500.0) -> float:
-    """The f (MHz) where the decreasing ``fn`` meets ``target`` (bisection, 0.01 MHz)."""
-    while hi - lo > 0.01:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if fn(mid) > target else (lo, mid)
-    return (lo + hi) / 2
-
-
 def _gemm_clock(dtype: str, seconds: float) -> float:
     """The clock at which the model times one 8192^3 GEMM of ``dtype`` at ``seconds``."""
-    return _solve_down(
+    return h200_tables.solve_down(
         lambda f: gemm_time((8192.0,), 8192.0, 8192.0, dtype, h200_tables.at_clock(f, dtype), EFFICIENCY), seconds
     )
 
@@ -280,14 +271,7 @@ def effective_clocks(gpu: str, layer: str = LAYER) -> dict:
     with h200_tables.on_gpu(gpu) if gpu in h200_tables.OTHER_GPUS else nullcontext():
         for dtype in ("bf16", "fp8"):
             out[f"gemm_{dtype}"] = _gemm_clock(dtype, 2 * 8192**3 / (sus[f"gemm_{dtype}"]["tflops"] * 1e12))
-        row = next(r for r in h200_tables.load("run2")["layers"] if r["layer"] == layer)
-        ctx, moe = h200_tables.layer_context(row)
-
-        def step(f: float) -> float:
-            lk = layer_kernels(ctx, moe, h200_tables.at_clock(f))
-            return pass_time(lk.forward).total_s + pass_time(lk.backward).total_s
-
-        out["layer"] = _solve_down(step, sus["layer"]["step_s"])
+        out["layer"] = h200_tables.layer_clock_mhz(sus["layer"]["step_s"], layer)
     ratio = out["gemm_bf16"] / clocks["gemm_bf16"]
     mixed = {
         **clocks,
@@ -297,6 +281,15 @@ def effective_clocks(gpu: str, layer: str = LAYER) -> dict:
     }
     out["predicted_layer"] = pass_clock(_layer(gpu, layer, 1560.0), 1560.0, mixed)
     return out
+
+
+def sustained_by_throughput(gpu: str) -> tuple[float, float]:
+    """(sustained clock fraction, fp8 / bf16 clock ratio) by throughput (``effective_clocks``), rounded to the 3
+    digits the model keeps: the trained layer's clock over the datasheet clock, and the sustained fp8 GEMMs' clock
+    over the bf16 ones'. What planner/kernels.py SUSTAINED_CLOCK / FP8_CLOCK hold for Hopper (the H100's) and the
+    H200 preset's own GPUSpec.sustained_clock (collectives/topology/gpu.py), sus12."""
+    eff = effective_clocks(gpu)
+    return round(eff["layer"] / DATASHEET_CLOCK_MHZ[90], 3), round(eff["gemm_fp8"] / eff["gemm_bf16"], 3)
 
 
 def main() -> None:
@@ -324,6 +317,11 @@ def main() -> None:
         print(
             f"  by throughput (the model's units): bf16 GEMMs {eff['gemm_bf16']:.0f} MHz, fp8 {eff['gemm_fp8']:.0f}, "
             f"the layer {eff['layer']:.0f}; the mix predicts {eff['predicted_layer']:.0f}"
+        )
+        fraction, ratio = sustained_by_throughput(gpu)
+        print(
+            f"  the model's sustained clock: {fraction:.3f} of {DATASHEET_CLOCK_MHZ[90]:,} MHz (the layer), fp8 GEMMs "
+            f"at {ratio:.3f} of the bf16 clock"
         )
         for layer in (LAYER,):
             f, w = predict(gpu, layer)

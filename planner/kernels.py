@@ -243,9 +243,10 @@ def efficiency(gpu: GPUSpec, eff: Efficiency | None) -> Efficiency:
 # bench/h200_tables.py fit): 0.886 (aiconfigurator's H100 table, clock not recorded, read at the datasheet clock:
 # 0.844, what 0.886 gives at 1,743 MHz). Hopper fp8 likewise: 0.844 (the 216 tensorwise torch._scaled_mm of
 # ``gemm_fp8``, torch 2.11, CUDA 13). Block-scaled fp8 (DeepGEMM) was not measured on the H200: aiconfigurator's,
-# refitted with fp8 at FP8_CLOCK of the bf16 clock, 0.596 / 0.892 = 0.668. aiconfigurator's 196 H100 per-tensor
-# fp8 GEMMs, read at the datasheet clock and FP8_CLOCK, come out 27% faster than measured: their clock is not
-# recorded.
+# refitted with fp8 at FP8_CLOCK of the bf16 clock (bench/kernel_fit.py burst: its fp8 rows at FP8_CLOCK of the
+# datasheet clock), 0.596 / 0.947 = 0.629 (0.596 / 0.892 = 0.668 under the logged clocks' ratio until sus12; the
+# table's rows predicted the same either way). aiconfigurator's 196 H100 per-tensor fp8 GEMMs, read at the datasheet
+# clock and FP8_CLOCK, come out 30% faster than measured (27% at 0.892): their clock is not recorded.
 # Blackwell per-tensor fp8 (TransformerEngine's delayed and current scaling) takes block-scaled fp8's ceiling, not
 # aiconfigurator's b200_sxm per-tensor table's (0.525, bimodal: small n slow): the same tensor-core MMA with one scale
 # per tensor, applied in the epilogue, does less per tile than MXFP8's scale per 32 elements, and the one published
@@ -258,7 +259,7 @@ GEMM_CEILING = {
     (80, "bf16"): 0.860,
     (90, "bf16"): 0.886,
     (90, "fp8"): 0.844,
-    (90, "fp8_block"): 0.668,
+    (90, "fp8_block"): 0.629,
     (100, "bf16"): 0.733,
     (100, "fp8"): 0.635,  # = mxfp8's (comment above); aiconfigurator's per-tensor table alone: 0.525
     (100, "fp8_block"): 0.635,
@@ -281,20 +282,26 @@ DERIVED_CEILING = {"fp8_rowwise": ("fp8", ROWWISE_VS_TENSORWISE)}
 # kernel per GEMM"), reading and writing the bf16 output: 4 B per output element.
 ROWWISE_RESCALE_BYTES = 4
 # Tensor-core clock sustained through a training step, as a fraction of the clock the datasheet peak is quoted at
-# (DATASHEET_CLOCK_MHZ below). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). Hopper: this project's H200
-# (700 W, tests/reference/kernels/h200/run2.json ``layer_sustained``: the Llama-3-8B eager layer trained back to back
-# for 30 s) settles at a median 1,560 MHz after its first 5 s (run2_smi.csv: 1,530-1,650 MHz, 690 W, clock-event
-# reason 0x4, software power cap), from 1,980 MHz: 1,560 / 1,830 = 0.852 (bench/h200_tables.py
-# sustained_clock_mhz). The H100 SXM5 has the same SMs and the same 700 W limit; its HBM3 (5 stacks, 80 GB) draws
-# less than the H200's HBM3e (6 stacks, 141 GB), so it may hold a slightly higher clock: not measured here.
-# Blackwell (B200 1,965 MHz boost, 1,000 W): 0.90 as before (no datasheet clock or measured clock here) until a
-# trace at scale refits it. The power-limit scale (GPUSpec.clock_scale) multiplies this.
-SUSTAINED_CLOCK = {90: 0.852, 100: 0.90}
-# fp8 tensor work draws more power per clock than bf16, so under the same cap it holds a lower clock: 8192^3 GEMMs
-# back to back for 15-20 s on the H200 settle at 1,290-1,305 MHz in fp8 against 1,440-1,470 MHz in bf16
-# (tests/reference/kernels/h200/README.md, run1/run2 ``sustained`` with their smi logs): 1,298 / 1,455 = 0.892,
-# applied to the GEMMs whose peak is the fp8 one (dense_peak).
-FP8_CLOCK = {90: 0.892}
+# (DATASHEET_CLOCK_MHZ below), by generation; a part measured itself carries its own (GPUSpec.sustained_clock, read
+# before this by clock_fraction, the one reader). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). Hopper, BY
+# THROUGHPUT: the clock at which this model (gemm_time, layer_kernels, pass_time) times a Llama-3-8B eager layer
+# trained back to back for 30 s at 700 W as measured (tests/reference/kernels/<gpu>/<run>.json ``layer_sustained``;
+# bench/h200_power.py effective_clocks prints it, tests/planner/test_h200_power.py recomputes it): the H100 SXM5
+# (h100/run1) 1,510 MHz / 1,830 = 0.825, the H200 1,461 = 0.798 (its preset's own, collectives/topology/gpu.py).
+# Not the clock nvidia-smi logged (H100 1,605, H200 1,560 MHz = 0.852, this entry until sus12): under the 0x4 power
+# cap the logged / NVML clock is not the tensor clock to ~10% (the same sustained GEMMs run 0.923 of peak per logged
+# MHz on the H100, 0.837 on the H200; docs/step-time.md clock12). Assumed, not measured: the other Hopper parts (H800:
+# the H100's SMs and 700 W; GH200, H100 NVL, H20) take the H100's pair as the generation's. Blackwell (B200 1,965 MHz
+# boost, 1,000 W): 0.90 as before (no datasheet clock or measured clock here) until a trace at scale refits it. The
+# power-limit scale (GPUSpec.clock_scale) multiplies this; a trace-fitted clock (Efficiency.clock) replaces both.
+SUSTAINED_CLOCK = {90: 0.825, 100: 0.90}
+# fp8 tensor work draws more power per clock than bf16, so under the same cap it holds a lower clock, applied to the
+# GEMMs whose peak is the fp8 one (dense_peak). By throughput, as above: the clocks at which gemm_time times the
+# 8192^3 GEMMs run back to back for 15-20 s as measured (``sustained``; bench/h200_power.py effective_clocks): H100
+# fp8 1,383 / bf16 1,461 MHz = 0.947 (the generation's, the same assumption for the other Hopper parts), H200 1,367 /
+# 1,411 = 0.969 (its preset's). The logged clocks' ratio (H200 1,298 / 1,455 = 0.892, this entry until sus12; H100
+# 1,245 / 1,365 = 0.912) is not used, for the reason above.
+FP8_CLOCK = {90: 0.947}
 # The SM clock the datasheet's dense tensor peak is quoted at, MHz: peak = SMs x dense FLOP per clock per SM x clock.
 # A100 SXM4: 108 x 2,048 x 1,410 MHz = 312 TF bf16 (A100 whitepaper, boost clock 1,410 MHz); H100 SXM5 (and H200,
 # GH200, H800: the same SMs): 132 x 4,096 x 1,830 MHz = 989.4 TF (H100 whitepaper Table 3, max boost clock for
@@ -921,15 +928,28 @@ def dense_peak(gpu: GPUSpec, dtype: str) -> float:
 
 def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
     """The tensor clock a training step sustains as a fraction of the clock the datasheet peak is quoted at
-    (DATASHEET_CLOCK_MHZ): SUSTAINED_CLOCK of the generation x the power-limit scale (GPUSpec.clock_scale). The one
+    (DATASHEET_CLOCK_MHZ): the part's own measured clock (GPUSpec.sustained_clock) or its generation's
+    (SUSTAINED_CLOCK) x the power-limit scale (GPUSpec.clock_scale); a trace-fitted clock replaces both. The one
     place the clock enters the model: a kernel table row measured at a known clock is predicted with this fraction
     replaced by its clock / DATASHEET_CLOCK_MHZ (bench/h200_tables.py at_clock). fp8 GEMMs hold a lower clock
-    (FP8_CLOCK)."""
-    gen = generation(gpu)
+    (the part's fp8_ratio or FP8_CLOCK)."""
+    sustained, fp8_ratio, _ = sustained_clock(gpu)
     fp8 = _PEAK_DTYPE.get(dtype) == "fp8" and gpu.peak_tflops.get("fp8")
     clock = gpu_efficiency(gpu).clock if gpu.kernel_constants else 0.0  # what a trace fitted for this GPU
-    clock = clock or gpu.clock_scale() * SUSTAINED_CLOCK.get(gen, 1.0)
-    return clock * (FP8_CLOCK.get(gen, 1.0) if fp8 else 1.0)
+    clock = clock or gpu.clock_scale() * sustained
+    return clock * (fp8_ratio if fp8 else 1.0)
+
+
+def sustained_clock(gpu: GPUSpec) -> tuple[float, float, str]:
+    """(fraction of the datasheet clock, fp8 / bf16 clock ratio, where they come from) that ``gpu`` sustains in a
+    training step at its default power limit: its own measurement (GPUSpec.sustained_clock) or its generation's
+    (SUSTAINED_CLOCK, FP8_CLOCK). clock_fraction reads it; a trace fit's warning names its source."""
+    own = gpu.sustained_clock
+    if own is not None:
+        return own.fraction, own.fp8_ratio, f"the {gpu.name}'s own GPUSpec.sustained_clock {own.fraction}: {own.source}"
+    gen = generation(gpu)
+    fraction = SUSTAINED_CLOCK.get(gen, 1.0)
+    return fraction, FP8_CLOCK.get(gen, 1.0), f"planner/kernels.py SUSTAINED_CLOCK {fraction} of its generation"
 
 
 def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
@@ -3095,4 +3115,5 @@ __all__ = [
     "per_tokens",
     "queue_launch_s",
     "routing_maxvio",
+    "sustained_clock",
 ]

@@ -48,7 +48,6 @@ from .kernels import (
     GEMM_CEILING,
     GROUPED_GEMM_K0,
     KERNEL_CONSTANTS,
-    SUSTAINED_CLOCK,
     Efficiency,
     attention_ceiling,
     causal_keys,
@@ -61,6 +60,7 @@ from .kernels import (
     generation,
     group_rows,
     memory_kernel,
+    sustained_clock,
 )
 from .profile_trace import (
     HostLaunch,
@@ -80,6 +80,13 @@ KERNEL_GRID_S = (1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6
 CEILING_RANGE = KERNEL_CONSTANTS["gemm_ceiling"]  # what a request may hand back (cluster.calibration.kernels)
 ATTENTION_RANGE = KERNEL_CONSTANTS["attention_ceiling"]
 CLOCK_RANGE = KERNEL_CONSTANTS["clock"]
+# The GEMM fit alternates the fixed cost (by grid, at a clock) and the clock (at a fixed cost) until the fixed cost
+# repeats, and steps the clock until it moves less than CLOCK_TOLERANCE: a fit that does not depend on the clock it
+# starts from (sus12: from 0.852 or 0.798 of the datasheet clock, the H200 MoE trace fitted 4 us / 1.0145 and
+# 5 us / 1.0374 with one grid and three clock steps; both 4 us / 1.0185 now). Bounds on the loops, not tuned.
+FIT_ROUNDS = 4
+CLOCK_STEPS = 20
+CLOCK_TOLERANCE = 1e-4
 MAX_ROWS = 100  # per kernel group, the largest total time first
 MAX_UNCLASSIFIED = 20  # kernel names listed by unclassified(), the most time first
 GROUPS = ("gemm", "grouped_gemm", "attention", "memory", "memory_strided")
@@ -413,27 +420,39 @@ def _same(p) -> tuple:
     return p.inputs
 
 
+def _fit_clock(tabled, gpu: GPUSpec, eff: Efficiency, clock: float) -> float:
+    """The tensor clock at which ``tabled`` (GEMMs of a dtype with a measured ceiling) sit at their median: the
+    clock scaled by predicted / measured until it moves less than CLOCK_TOLERANCE (the fixed cost and the HBM bound
+    make the time not quite 1 / clock)."""
+    for _ in range(CLOCK_STEPS):
+        at = with_clock(gpu, clock)
+        scale = class_scales(
+            log_errors(tabled, eff, lambda p, e, at=at: predict_gemm(p, at, e), _measured, None, _same)
+        )[None]
+        clock *= scale
+        if abs(scale - 1) < CLOCK_TOLERANCE:
+            break
+    return clock
+
+
 def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
-    """The fixed cost by grid with each dtype's ceiling centred out; then the clock on the dtypes the generation
-    has a measured ceiling for, and the other dtypes' ceilings at that clock, each scaled to its median (three
-    rounds: the fixed cost and the HBM bound make the time not quite 1 / (clock x ceiling))."""
-    _, eff = fit_grid(
-        gemms,
-        [replace(eff, gemm_fixed_s=s) for s in FIXED_GRID_S],
-        lambda p, e: predict_gemm(p, gpu, e),
-        _measured,
-        _dtype,
-        _same,
-    )
-    constants: dict = {"gemm_fixed_s": eff.gemm_fixed_s}
+    """The fixed cost by grid with each dtype's ceiling centred out and the clock on the dtypes the generation has a
+    measured ceiling for, alternately until the fixed cost repeats (FIT_ROUNDS); then the other dtypes' ceilings at
+    that clock, each scaled to its median (three rounds: the fixed cost and the HBM bound make the time not quite
+    1 / (clock x ceiling))."""
     gen = generation(gpu)
     tabled = [p for p in gemms if (gen, p.dtype) in GEMM_CEILING]
+    clock, fixed = clock_fraction(gpu, "bf16"), None
+    for _ in range(FIT_ROUNDS):  # the fixed cost is chosen at a clock, the clock at a fixed cost: until both settle
+        at = with_clock(gpu, clock)
+        grid = [replace(eff, gemm_fixed_s=s) for s in FIXED_GRID_S]
+        _, eff = fit_grid(gemms, grid, lambda p, e, at=at: predict_gemm(p, at, e), _measured, _dtype, _same)
+        clock = _fit_clock(tabled, gpu, eff, clock) if tabled else clock
+        if not tabled or eff.gemm_fixed_s == fixed:
+            break
+        fixed = eff.gemm_fixed_s
+    constants: dict = {"gemm_fixed_s": eff.gemm_fixed_s}
     if tabled:
-        clock = clock_fraction(gpu, "bf16")
-        for _ in range(3):
-            at = with_clock(gpu, clock)
-            errors = log_errors(tabled, eff, lambda p, e, at=at: predict_gemm(p, at, e), _measured, None, _same)
-            clock *= class_scales(errors)[None]
         clock = _clipped("clock", clock, CLOCK_RANGE, warnings)
         gpu = with_clock(gpu, clock)
         constants["clock"] = round(clock, 4)
@@ -443,7 +462,7 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
             warnings.append(
                 f"the trace's GEMMs ran at {clock:.3f} of the datasheet clock ({clock * mhz:,.0f} MHz of {mhz:,}), "
                 f"above the {sustained:.3f} ({sustained * mhz:,.0f} MHz) a training step sustains under the power "
-                f"cap (planner/kernels.py SUSTAINED_CLOCK {SUSTAINED_CLOCK.get(gen, 1.0)}): a few profiled steps run "
+                f"cap ({sustained_clock(gpu)[2]}): a few profiled steps run "
                 "before the cap pulls the clock down. A plan with this clock is the burst's; profile after ~30 s of "
                 "training, or drop calibration.kernels.clock to plan at the sustained clock"
             )

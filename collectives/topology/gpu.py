@@ -11,6 +11,8 @@ The GPU as it runs: ``sms`` (streaming multiprocessors: the GEMM model's tiles f
 ``tdp_w`` (the default power limit the published peaks and the measured kernel tables hold at) and
 ``min_power_w`` (the lowest limit ``nvidia-smi -pl`` accepts), and ``power_limit_w`` (the configured limit;
 None = the default). Under a lower limit the tensor cores run at a lower sustained clock: ``clock_scale``.
+``sustained_clock``: the tensor clock a training step holds at the default limit, measured on this very part
+(SustainedClock, with its source); None = the generation's (planner/kernels.py SUSTAINED_CLOCK, FP8_CLOCK).
 ``kernel_constants``: what a profiler trace fitted for this GPU (the planner's kernel model reads them).
 ``host_cpu``: the CPU of the node the GPU sits in (spec.CPU_VENDORS: intel, amd, arm), which launches its kernels;
 the cluster sets it from its ``cpu_vendor`` (spec.ClusterSpec), the planner's host costs read it
@@ -35,6 +37,18 @@ STATIC_POWER_FRACTION = 0.2
 
 
 @dataclass(frozen=True)
+class SustainedClock:
+    """The tensor clock one part sustains through a training step at its default power limit, measured: ``fraction``
+    of the clock its datasheet peak is quoted at (bf16 tensor work), ``fp8_ratio`` the clock its fp8 GEMMs hold over
+    the bf16 ones under the same cap, ``source`` the measurement. Opaque here: planner/kernels.py clock_fraction reads
+    it (the power-limit scale, clock_scale, multiplies it)."""
+
+    fraction: float
+    fp8_ratio: float
+    source: str
+
+
+@dataclass(frozen=True)
 class GPUSpec:
     name: str
     peak_tflops: dict[str, float] = field(default_factory=dict)  # dense, per dtype
@@ -53,6 +67,8 @@ class GPUSpec:
     kernel_constants: tuple[tuple[str, float], ...] = ()
     # the node's host CPU (the cluster's cpu_vendor, set by ClusterSpec); opaque here like kernel_constants
     host_cpu: str = "intel"
+    # the tensor clock measured on this part in a training step; None = its generation's (the module docstring)
+    sustained_clock: SustainedClock | None = None
 
     def clock_scale(self) -> float:
         """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
@@ -77,7 +93,7 @@ class GPUSpec:
 
 def _gpu_hash(gpu: GPUSpec) -> int:
     fields = (gpu.name, tuple(sorted(gpu.peak_tflops.items())), gpu.hbm_bytes, gpu.hbm_GBps, gpu.sm, gpu.sms)
-    return hash((*fields, gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu))
+    return hash((*fields, gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu, gpu.sustained_clock))
 
 
 def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):
@@ -133,6 +149,20 @@ _H20 = _gpu(  # Hopper cut down for export: every rate its own
     "NVLink 900 GB/s bidirectional, 400 W; 78 SMs",
     (78, 400, 200),
 )
+# fmt: on
+# This project's H200 (700 W) by throughput: the clock at which planner/kernels.py times its Llama-3-8B layer trained
+# back to back for 30 s as measured, 1,461 MHz of 1,830 = 0.798, and its sustained 8192^3 fp8 GEMMs over its bf16
+# ones, 1,367 / 1,411 MHz = 0.969 (tests/reference/kernels/h200/run2.json ``layer_sustained``, ``sustained``;
+# bench/h200_power.py effective_clocks prints them, tests/planner/test_h200_power.py recomputes them). Not the
+# clock nvidia-smi logged (1,560 MHz, fp8 / bf16 0.918): under the cap that reading is not the tensor clock to ~10%
+# (docs/step-time.md, clock12 and sus12). The other Hopper parts take the H100's measurement, the generation's row.
+_H200_CLOCK = SustainedClock(
+    0.798,
+    0.969,
+    "this project's H200 run 2 by throughput (bench/h200_power.py effective_clocks): 1,461 MHz layer, "
+    "fp8 GEMMs 1,367 / bf16 1,411 MHz",
+)
+# fmt: off
 GPUS: dict[str, GPUSpec] = {
     "a100-sxm4-80gb": _A100,
     "a100-pcie-80gb": replace(
@@ -161,6 +191,7 @@ GPUS: dict[str, GPUSpec] = {
         _H100, name="H200 SXM 141GB", hbm_bytes=143771 * MIB, hbm_GBps=4800.0,
         source="NVIDIA H200 Tensor Core GPU datasheet (2024): H100 compute, 141 GB HBM3e at 4.8 TB/s; nvidia-smi "
         "143771 MiB; 700 W; 132 SMs",
+        sustained_clock=_H200_CLOCK,
     ),
     "h20-96gb": _H20,
     "b200-180gb": _B200,
@@ -201,6 +232,15 @@ def nested_constants(pairs: tuple[tuple[str, float], ...]) -> dict:
         else:
             out[name] = value
     return out
+
+
+def measured_preset(gpu: GPUSpec) -> str | None:
+    """The preset (GPUS) whose measured sustained clock ``gpu`` carries, if any: a request block given field by field
+    names it (``preset``), so that the clock, which no request field carries, comes back when the block is pasted
+    (spec.spec_block)."""
+    if gpu.sustained_clock is None:
+        return None
+    return next((k for k, g in GPUS.items() if g.sustained_clock == gpu.sustained_clock), None)
 
 
 def gpu_preset(name: str) -> GPUSpec:

@@ -62,13 +62,15 @@ def _compute_s(api, cluster):
 
 
 def test_the_returned_cluster_plans_the_synced_moe_layer_with_it(api, megatron):
-    """32.6 us a launch against the default 38.2: the host-bound MoE layers' compute falls 2.703 -> 2.452 s, exactly
-    as with the value given by hand."""
+    """32.6 us a launch against the default 38.2: the host-bound MoE layers' compute falls 2.708 -> 2.527 s, exactly
+    as with the value given by hand. (2.703 -> 2.452 at the H200's read clock 0.852 before sus12: at its 0.798 by
+    throughput the GEMMs and attention take x 1.068; the host-bound forward at 38.2 us hides most of it, 2.703 ->
+    2.708, while at 32.6 us more of the layer is the GPU's own time, 2.452 -> 2.527.)"""
     default, fitted = _compute_s(api, CLUSTER), _compute_s(api, megatron["cluster"])
     by_hand = _compute_s(api, CLUSTER | {"calibration": {"kernels": {"host_launch_s": HOST_S}}})
     assert fitted == by_hand
     # 2.693 / 2.443 before small9 charged Megatron-Core's whole-gradient-buffer zeroing (kernels.grad_buffer_bytes)
-    assert (round(default, 3), round(fitted, 3)) == (2.703, 2.452)
+    assert (round(default, 3), round(fitted, 3)) == (2.708, 2.527)
 
 
 def test_a_gpu_bound_trace_keeps_the_clusters_own_host_cost(api):

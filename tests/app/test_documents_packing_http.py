@@ -59,13 +59,14 @@ def test_the_wait_follows_the_schedule_order(api):
     sigma·(mean + sd·E[max of 2]) (planner/pipeline_jitter.py, docwait10): GPipe the flow shop's 3·E[max of 16] +
     sqrt(16)·E[max of 2] = 3·1.766 + 4·0.564 = 7.55; 1F1B's order mean 12.6, sd 6.0 -> 12.6 + 6.0·0.564 = 16.0,
     2.1 times GPipe's; the interleaved order (v 2) mean 2.2, sd 4.2 -> 4.6, 0.61 of GPipe's. Before docwait10 1F1B
-    and GPipe waited alike (0.168 s here)."""
+    and GPipe waited alike. GPipe's wait 0.173 s here (0.168 s before sus12: the wait is a multiple of the stage's
+    compute, whose GEMMs and attention take x 0.852 / 0.825 = 1.033 at the H100's clock by throughput)."""
     gpipe = wait(api, pipeline_schedule="gpipe")
     one = wait(api, pipeline_schedule="1f1b")
     two = wait(api, pipeline_schedule="interleaved", virtual_pipeline_stages=2)
     assert one / gpipe == pytest.approx(16.0 / 7.55, rel=0.02)
     assert two / gpipe == pytest.approx(4.63 / 7.55, rel=0.02)
-    assert gpipe == pytest.approx(0.168, rel=0.01)
+    assert gpipe == pytest.approx(0.173, rel=0.01)
 
 
 def test_dp_balanced_lengths_need_not_fill_a_sequence(api):

@@ -45,7 +45,9 @@ def test_a_profiler_trace_calibrates_on_the_page_then_plans(page):  # noqa: F811
     assert kernels["clock"] == pytest.approx(0.9627) and kernels["hbm"] == 0.95
     wait_until(page, f"window.commplan.state.plan && window.commplan.state.plan.step.compute_s < {before}")
     after = page.evaluate("window.commplan.state.plan.step.compute_s")
-    assert after / before == pytest.approx(0.882, abs=0.01)  # as POST /v1/plan with the returned cluster
+    # as POST /v1/plan with the returned cluster (tests/app/test_calibrate_h200_trace.py: 0.843; 0.884 before sus12,
+    # when "before" ran at the read clock 0.852, not the H200's 0.798 by throughput)
+    assert after / before == pytest.approx(0.843, abs=0.01)
 
 
 MOE_REQUEST = {
@@ -74,4 +76,5 @@ def test_a_host_bound_trace_gives_the_host_cost_per_launch_on_the_page(page):  #
     assert kernels == {"host_launch_s": 32.565e-6}
     wait_until(page, f"window.commplan.state.plan && window.commplan.state.plan.step.compute_s < {before}")
     after = page.evaluate("window.commplan.state.plan.step.compute_s")
-    assert after / before == pytest.approx(2.443 / 2.693, abs=0.005)  # as POST /v1/plan with the returned cluster
+    # as POST /v1/plan with the returned cluster (tests/app/test_calibrate_host_launch.py; 2.452 / 2.703 before sus12)
+    assert after / before == pytest.approx(2.527 / 2.708, abs=0.005)

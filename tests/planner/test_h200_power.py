@@ -2,14 +2,16 @@
 bench/h200_power.py, docs/step-time.md "The clock from the pass's own power (clock12)"): the class powers the H200's
 and H100's nvidia-smi logs hold, the model P = P_static + a_class f^3 fitted on them, and the held-out check that
 stopped it at step 1: it lands within 30 MHz of the H200's trained layer only inside a bracket twice that wide, and
-the same procedure on the H100 (never fitted on) misses its layer by 139 MHz, so planner/kernels.py is unchanged."""
+the same procedure on the H100 (never fitted on) misses its layer by 139 MHz, so the mix model is not used. What is
+used (sus12): the sustained clock and the fp8 ratio by throughput, per GPU (the last test)."""
 
 import sys
 from pathlib import Path
 
 import pytest
 
-from planner.kernels import DATASHEET_CLOCK_MHZ, SUSTAINED_CLOCK, Kernel
+from collectives.topology.gpu import GPUS
+from planner.kernels import DATASHEET_CLOCK_MHZ, FP8_CLOCK, SUSTAINED_CLOCK, Kernel, clock_fraction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import h200_power
@@ -20,10 +22,11 @@ LAYER = "llama3_8b.tp1.s4096"
 def test_the_logs_hold_each_sustained_class_at_the_cap():
     """Matched by time, the settled windows (first 5 s dropped) of run 2's 8192^3 bursts and trained layer: every
     sample at the software power cap (0x4), 690-695 W, 61-63 C; bf16 GEMMs 1,455 MHz, fp8 1,335, the layer 1,560
-    (SUSTAINED_CLOCK's 1,560 / 1,830). The board idles at 129 W at 1,980 MHz: the one shared static term."""
+    (1,560 / 1,830 = 0.852, SUSTAINED_CLOCK until sus12 read it by throughput). The board idles at 129 W at 1,980
+    MHz: the one shared static term."""
     sus = h200_power.sustained("h200")
     assert {c: w["mhz"] for c, w in sus.items()} == {"gemm_bf16": 1455, "gemm_fp8": 1335, "layer": 1560}
-    assert sus["layer"]["mhz"] / DATASHEET_CLOCK_MHZ[90] == pytest.approx(SUSTAINED_CLOCK[90], abs=5e-4)
+    assert sus["layer"]["mhz"] / DATASHEET_CLOCK_MHZ[90] == pytest.approx(0.852, abs=5e-4)
     for w in sus.values():
         assert w["capped"] == 1.0 and 690 < w["watts"] < 695 and 61 <= w["celsius"] <= 63 and w["samples"] >= 40
     assert h200_power.idle_watts("h200") == pytest.approx(128.8, abs=0.5)
@@ -90,10 +93,29 @@ def test_in_the_models_own_units_the_mix_still_misses_both_layers_high():
     8192^3 GEMMs and the trained layer's step as measured): bf16 GEMMs 1,411 MHz on the H200 and 1,461 on the H100,
     their layers 1,461 and 1,510, the same 1.035 above their GEMMs on both boards; the mix predicts 1,497 and
     1,569, 36 and 59 MHz high (the layer draws more than its kernel classes say). fp8 GEMMs 1,367 and 1,383: 0.969
-    and 0.947 of the bf16 ones by throughput, where the read clocks say 0.918 and 0.912 (FP8_CLOCK 0.892)."""
+    and 0.947 of the bf16 ones by throughput, where the read clocks say 0.918 and 0.912 (FP8_CLOCK 0.892 until
+    sus12). These are fixed points: the clocks are absolute (h200_tables.at_clock), so the model's own sustained
+    clock, which now comes from them, does not move them."""
     h200, h100 = h200_power.effective_clocks("h200"), h200_power.effective_clocks("h100")
     assert h200 == pytest.approx({"gemm_bf16": 1411, "gemm_fp8": 1367, "layer": 1461, "predicted_layer": 1497}, abs=2)
     assert h100 == pytest.approx({"gemm_bf16": 1461, "gemm_fp8": 1383, "layer": 1510, "predicted_layer": 1569}, abs=2)
     for e in (h200, h100):
         assert e["layer"] / e["gemm_bf16"] == pytest.approx(1.035, abs=0.003)
         assert e["predicted_layer"] - e["layer"] > 30
+
+
+def test_the_models_sustained_clocks_are_the_throughput_clocks_of_the_logs():
+    """sus12: planner/kernels.py's Hopper clocks are the ones above in the model's units, to 3 digits, recomputed
+    from the reference logs: the H100 (h100/run1) 1,510 / 1,830 = 0.825 and fp8 1,383 / 1,461 = 0.947 as the
+    generation's (SUSTAINED_CLOCK, FP8_CLOCK: H800, GH200, H100 NVL and H20 assumed the same); the H200 (h200/run2)
+    1,461 / 1,830 = 0.798 and 1,367 / 1,411 = 0.969 as its preset's own (GPUSpec.sustained_clock). clock_fraction
+    reads them: the H200's fp8 GEMMs at 0.798 x 0.969 = 0.773 of 1,830 MHz (1,415), the H100's at 0.825 x 0.947 =
+    0.781 (1,430)."""
+    assert h200_power.sustained_by_throughput("h100") == (SUSTAINED_CLOCK[90], FP8_CLOCK[90]) == (0.825, 0.947)
+    h200 = GPUS["h200-sxm-141gb"]
+    own = h200.sustained_clock
+    assert h200_power.sustained_by_throughput("h200") == (own.fraction, own.fp8_ratio) == (0.798, 0.969)
+    assert clock_fraction(h200) == 0.798 and clock_fraction(h200, "fp8") == pytest.approx(0.798 * 0.969, rel=1e-12)
+    for name in ("h100-sxm5-80gb", "h800-sxm5-80gb", "gh200-96gb", "h100-nvl-94gb", "h20-96gb"):
+        assert GPUS[name].sustained_clock is None and clock_fraction(GPUS[name]) == 0.825, name
+        assert clock_fraction(GPUS[name], "fp8") == pytest.approx(0.825 * 0.947, rel=1e-12), name

@@ -91,19 +91,21 @@ def test_megatron_lm_2021s_optimizer_makes_its_own_passes():
 
 def test_unfused_attention_gemms_against_the_h200s():
     """Megatron-LM 2021's baddbmm QKᵀ and bmm PV over 384 x 2,048² scores at head dims 64/96/128, predicted at the
-    model's own H200 clock (the rows' logged SM clock fell from 1,980 to 1,380 MHz under the GEMMs' power): QKᵀ -16%,
-    -7%, +7%, PV +33% to +37% (its 96-to-128-wide output on 256-wide tiles); the pair (what one layer's forward runs)
-    9%, 13%, 19% slower than measured. The model does not make the unfused attention's GEMMs too fast at k = 64-128
-    (its k/(k + k0) amortisation was fitted on k >= 1,024), so they are not where the A100 runs' offset comes from."""
+    model's own H200 clock (the rows' logged SM clock fell from 1,980 to 1,380 MHz under the GEMMs' power): QKᵀ -10%,
+    -1%, +14%, PV +42% to +46% (its 96-to-128-wide output on 256-wide tiles); the pair (what one layer's forward runs)
+    16%, 21%, 27% slower than measured. At the sustained 0.852 before sus12 (0.798 now, by throughput) every row was
+    0.852 / 0.798 = 1.068 faster (compute-bound): -16%, -7%, +7%, +33-37%; pairs 9%, 13%, 19%. The model does not
+    make the unfused attention's GEMMs too fast at k = 64-128 (its k/(k + k0) amortisation was fitted on k >= 1,024),
+    so they are not where the A100 runs' offset comes from."""
     pairs = {}
     for op, d, t, _mhz in MEASURED["bmm"]:
         shape = (2048, d, 2048) if op == "pv" else (2048, 2048, d)
         predicted = gemm_time((2048.0,) * 384, shape[1], shape[2], "bf16", H200, EFFICIENCY)
-        assert -0.20 < predicted / t - 1 < 0.40, (op, d)
+        assert -0.15 < predicted / t - 1 < 0.50, (op, d)
         p, m = pairs.get(d, (0.0, 0.0))
         pairs[d] = (p + predicted, m + t)
     for d, (p, m) in pairs.items():
-        assert 0.05 < p / m - 1 < 0.25, d
+        assert 0.12 < p / m - 1 < 0.32, d
 
 
 def test_inference_runs_no_dropout():

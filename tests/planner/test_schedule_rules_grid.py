@@ -54,6 +54,10 @@ times (planner/pipeline_jitter.py order_span) moved 128 step lines (checked case
 time and bubble in 120 (ZB-H1 56, -2.03% to -0.04%; ZBV 38, -3.69% to +8.28%, the most at m 3 < pp 4; DualPipeV 18,
 -3.72% to +0.77%; DualPipe 8, -3.26% to +0.87%), and DualPipe at pp 2: torch's 2 bubble 0 -> 2.5 ms (+0.16%, the
 closed form's (pp/2 - 1) share is 0 there) and Megatron's 6 by one ulp (time and exposed), nothing else.
+sus12's Hopper clock by throughput (the grid's DGX H100: SUSTAINED_CLOCK 0.852 -> 0.825, bf16 GEMM and attention
+time x 1.033) moved the 309 step lines (181 Megatron, 128 torch) in their float times only (time, compute, exposed
+communication, bubble), step -0.16% to +2.11% (exposed communication shrinks where compute hides more of it), no
+call, byte or memory line, nothing else (checked token by token against main at 6f6eed1).
 Flipping
 any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
 forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
@@ -66,7 +70,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "92a56db7d61805f7ee7a71c60bb06bd02bb7170f9c4e58a01fd26bfee6184fea"
+RECORDED = "d0de96bfcab246be985fe122e7f565ca8a39274da35ab317209e80096b99b98a"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},

@@ -15,17 +15,19 @@ def lmsys() -> list[dict]:
 
 
 def test_two_batch_overlap_rows_within_target(lmsys):
-    """LMSYS DeepSeek-V3 on 96 H100, as run (two-batch overlap on): prefill +8.1%, decode -7.4% (were +38.1% and
-    +22.8% when the overlap hid every exchange; prefill +13.4% before kern4's fp8 clock); both within the 15%
-    target."""
+    """LMSYS DeepSeek-V3 on 96 H100, as run (two-batch overlap on): prefill +5.7%, decode -8.3% (were +38.1% and
+    +22.8% when the overlap hid every exchange; prefill +13.4% before kern4's fp8 clock; +8.1% and -7.4% before
+    sus12's H100 clock by throughput: its block-scaled fp8 GEMMs keep aiconfigurator's rate at the burst clock,
+    0.596 of the fp8 peak, and run in a step at 0.825 of the datasheet clock where they ran at 0.852, as its bf16
+    attention does: compute-bound time x 1.033); both within the 15% target."""
     on = {r["row"].split(",")[0]: r for r in lmsys if r["two_batch_overlap"]}
     assert on["DeepSeek-V3 prefill"]["published"] == 52_300 and on["DeepSeek-V3 decode"]["published"] == 22_300
-    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.081, abs=0.01)
-    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.074, abs=0.01)
+    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.057, abs=0.01)
+    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.083, abs=0.01)
     off = {r["row"].split(",")[0]: r for r in lmsys if not r["two_batch_overlap"]}
     gain = {k: on[k]["predicted"] / off[k]["predicted"] for k in on}
-    # the overlap is worth 34% in prefill and 9% in decode here
-    assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.34, abs=0.02)
+    # the overlap is worth 32% in prefill (34% at the 0.852 clock) and 9% in decode here
+    assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.32, abs=0.02)
     assert gain["DeepSeek-V3 decode"] == pytest.approx(1.09, abs=0.02)
 
 
@@ -35,16 +37,19 @@ def test_dense_table_held_out():
     7.1%, signed median -5.8%, worst -21.1% (70B H200 TP1 1000/2000), twelve rows over (up to +7.4%), since the
     Hopper fp8 GEMM ceiling and cast rate are the H200's measured ones (kern4: 11.2%, -11.0%, worst -27.7% before);
     serve6's plain embedding all-reduce through TensorRT-LLM's own op moves the 70B TP2 rows by +0.01 .. +0.07
-    points (70B H100 TP2 2048/2048: -0.02% -> +0.02%, the twelfth).
+    points (70B H100 TP2 2048/2048: -0.02% -> +0.02%, the twelfth). sus12: 6.9%, -4.9%, worst -20.3%, thirteen rows
+    over (up to +8.1%, 405B H200 TP8 128/2048; 405B H100 TP8 1000/2000 -0.3% -> +0.7%): the TensorRT-LLM FP8 rows'
+    fp8 GEMMs hold 0.825 x 0.947 = 0.781 of the datasheet clock on the H100 (0.760 before) and 0.798 x 0.969 = 0.773
+    on the H200, up to 2.8% and 1.7% faster where they bound the step.
     The first 24 alone: 8.2% (12.7% before; 17.5% before TensorRT-LLM's fused all-reduce and its KV fraction of
     the free memory)."""
     assert len(REQUESTS) == 10 and sum(len(rows) for *_, rows in DENSE) == 40
     assert DENSE[1][3][(128, 2048)] == 4336  # H200 TP1 (FP8), 128/2048, the doc's table
     assert DENSE[3][3][(20000, 2000)] == 505 and REQUESTS[(20000, 2000)] == 1000
     rows = dense_table()
-    assert median_abs(rows) == pytest.approx(0.071, abs=0.01)
-    assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.082, abs=0.01)
-    assert all(-0.22 < r["error"] < 0.08 for r in rows) and sum(r["error"] > 0 for r in rows) == 12
+    assert median_abs(rows) == pytest.approx(0.069, abs=0.01)
+    assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.075, abs=0.01)
+    assert all(-0.22 < r["error"] < 0.09 for r in rows) and sum(r["error"] > 0 for r in rows) == 13
     assert all(r["batch"] <= REQUESTS[tuple(map(int, r["row"].split()[-1].split("/")))] for r in rows)
 
 
