@@ -453,6 +453,7 @@ class _HFConfig:
             raise SpecError(prefix, f"must be a JSON object, got {type(config).__name__}")
         self.config, self.prefix = config, prefix
         self.aliases, self.defaults = (traits or {}).get("aliases", {}), (traits or {}).get("defaults", {})
+        self.filled: dict[str, object] = {}  # the keys read as the class's defaults (where written: value)
 
     def _where(self, key: str) -> str:
         return f"{self.prefix}.{self.aliases.get(key, key)}"
@@ -464,7 +465,10 @@ class _HFConfig:
             # an absent key, or a null block above it (DbrxConfig: attn_config None is DbrxAttentionConfig()),
             # is the class's default; an explicit null at the key itself stays null
             if part not in node or (node[part] is None and i < len(parts) - 1):
-                return self.defaults.get(key) if fill else None
+                if not fill or self.defaults.get(key) is None:
+                    return None
+                self.filled[self.aliases.get(key, key)] = self.defaults[key]
+                return self.defaults[key]
             node = node[part]
             if i < len(parts) - 1 and not isinstance(node, dict):
                 raise SpecError(f"{self.prefix}.{'.'.join(parts[: i + 1])}", f"must be an object, got {got(node)}")
@@ -647,7 +651,18 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         source="Hugging Face config.json",
         notes=tuple(notes) + _hf_chunked_attention(hf, seq) + _hf_bias_notes(hf, traits),
     )
-    return replace(spec, moe=_hf_moe(hf, ffn, layers), mla=_hf_mla(hf))
+    moe, mla = _hf_moe(hf, ffn, layers), _hf_mla(hf)
+    return replace(spec, moe=moe, mla=mla, notes=spec.notes + _hf_filled_note(hf, kind))
+
+
+def _hf_filled_note(hf: _HFConfig, kind: str) -> tuple[str, ...]:
+    """The keys config.json left out that the import read as the family's configuration class fills them in
+    (HF_MODEL_TYPES defaults), said in the warnings: a file that omits what its class defaults is read as
+    transformers reads it, and the user sees which values came from there."""
+    if not hf.filled:
+        return ()
+    said = ", ".join(f"{key} {got(value)}" for key, value in sorted(hf.filled.items()))
+    return (f"keys left out of config.json read as transformers' {kind} configuration class fills them in: {said}",)
 
 
 def _hf_chunked_attention(hf: _HFConfig, seq: int) -> tuple[str, ...]:

@@ -330,3 +330,16 @@ def test_o_proj_and_lm_head_biases_are_named():
     assert llama.qkv_bias and any("o_proj" in n for n in llama.notes)
     assert not any("o_proj" in n for n in from_hf_config(hf("glm-4.5")).notes)
     assert not any("o_proj" in n for n in from_hf_config(hf("llama-3.1-8b-instruct")).notes)
+
+
+def test_the_warnings_say_which_keys_came_from_the_class():
+    """A file that leaves a key to its class is read as transformers reads it, and the warnings list those keys
+    with the values used (so a pasted fragment is not planned silently as the class's model)."""
+    g4 = from_hf_config(hf("gemma-3-4b-it"))
+    [note] = [n for n in g4.notes if "left out of config.json" in n]
+    for said in ("head_dim 256", "num_attention_heads 8", "num_key_value_heads 4", "vocab_size 262208"):
+        assert said in note
+    assert not any("left out of config.json" in n for n in from_hf_config(hf("llama-3.1-8b-instruct")).notes)
+    empty = from_hf_config({"model_type": "llama"})  # LlamaConfig(): Llama-2-7B's shape, every key named
+    assert (empty.num_layers, empty.hidden_size, empty.ffn_hidden_size, empty.vocab_size) == (32, 4096, 11008, 32000)
+    assert "num_hidden_layers 32" in empty.notes[-1] and "max_position_embeddings 2048" in empty.notes[-1]
