@@ -243,10 +243,10 @@ HF_TEXT = {"model_type": 64, "_name_or_path": 256, "topk_method": 32}
 #   defaults: what its configuration class fills in for EVERY key the import reads when config.json leaves it out
 #             (an explicit null stays null), keyed by LlamaConfig's name. Read from huggingface/transformers
 #             src/transformers/models/<family>/configuration_<family>.py at commit 008e574391 (the dataclass
-#             defaults), except gemma3 (008f5c8c29), gpt_oss (02b8f42b42), phimoe (040e1a7e4b) and gpt2 (4.x
-#             GPT2Config.__init__). Left out where the class's default is the import's own fallback: None
-#             num_key_value_heads (= heads), None head_dim (= hidden / heads), tie_word_embeddings /
-#             attention_bias False, no experts, n_group 1, no layer list.
+#             defaults), except gemma3 (008f5c8c29), gpt_oss (02b8f42b42), phimoe (040e1a7e4b) and gpt2
+#             (01ae98ae24; tie_word_embeddings PretrainedConfig's True). Left out where the class's default is
+#             the import's own fallback: None num_key_value_heads (= heads), None head_dim (= hidden / heads),
+#             tie_word_embeddings / attention_bias False, no experts, n_group 1, no layer list.
 #   aliases:  LlamaConfig's key -> the key this family writes it under (a dotted path into a nested block)
 #   no_hidden_dropout: its modeling file adds each sublayer's output to the residual as it is (LlamaDecoderLayer
 #             and the files built on it; GptOssDecoderLayer) and its class has no key for one: hidden dropout 0
