@@ -236,63 +236,137 @@ HF_ZERO_IS_NONE = {
     "decoder_sparse_step",
 }
 HF_TEXT = {"model_type": 64, "_name_or_path": 256, "topk_method": 32}
-# What a model_type implies beyond its config keys (transformers 4.55 configuration_*.py and modeling_*.py unless
-# said). The import reads only the families listed: another model_type is a 422 (its keys may mean something the
-# import does not know; the model's fields can be given instead); a config.json without one is read as Llama's.
+# What a model_type implies beyond its config keys (transformers configuration_*.py and modeling_*.py). The import
+# reads only the families listed: another model_type is a 422 (its keys may mean something the import does not know;
+# the model's fields can be given instead); a config.json without one is read as Llama's, with no class defaults.
 #   fields:   ModelSpec fields its modeling file fixes whatever config.json says
-#   defaults: keys its configuration class fills in when config.json leaves them out (an explicit null stays null)
+#   defaults: what its configuration class fills in for EVERY key the import reads when config.json leaves it out
+#             (an explicit null stays null), keyed by LlamaConfig's name. Read from huggingface/transformers
+#             src/transformers/models/<family>/configuration_<family>.py at commit 008e574391 (the dataclass
+#             defaults), except gemma3 (008f5c8c29), gpt_oss (02b8f42b42), phimoe (040e1a7e4b) and gpt2
+#             (01ae98ae24; tie_word_embeddings PretrainedConfig's True). Left out where the class's default is
+#             the import's own fallback: None num_key_value_heads (= heads), None head_dim (= hidden / heads),
+#             tie_word_embeddings / attention_bias False, no experts, n_group 1, no layer list.
 #   aliases:  LlamaConfig's key -> the key this family writes it under (a dotted path into a nested block)
+#   no_hidden_dropout: its modeling file adds each sublayer's output to the residual as it is (LlamaDecoderLayer
+#             and the files built on it; GptOssDecoderLayer) and its class has no key for one: hidden dropout 0
+#             unless config.json names one (else inferred from the biases: GPT-OSS's would read 0.1)
+#   o_bias:   attention_bias biases o_proj too (modeling_llama.py LlamaAttention, modeling_phimoe.py
+#             PhimoeAttention: o_proj = nn.Linear(..., bias=config.attention_bias)); without it, only q/k/v
+#             (modeling_glm4_moe.py Glm4MoeAttention: o_proj bias=False). ModelSpec counts q/k/v biases only
+#             (qkv_bias): the o_proj bias (hidden per layer) is named in the warnings (_hf_bias_notes)
 #   notes:    what the import leaves out, said in the plan's warnings
 _GEMMA_NORMS = (
     "Gemma's two extra RMSNorms per layer (post_attention / post_feedforward_layernorm, 2 x hidden parameters) "
     "are not modelled"
 )
+# LlamaConfig (configuration_llama.py); MistralConfig / MixtralConfig the same but where they say otherwise
+_LLAMA = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+          "num_attention_heads": 32, "max_position_embeddings": 2048}  # fmt: skip
+_MISTRAL = _LLAMA | {"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 131072}
+# Qwen2Config / Qwen3Config (num_key_value_heads 32, not None); Qwen2MoeConfig / Qwen3MoeConfig override these
+_QWEN = {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
+         "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28}  # fmt: skip
+_QWEN_MOE = {"hidden_size": 2048, "num_hidden_layers": 24, "decoder_sparse_step": 1}
+# DeepseekV3Config (Kimi K2 ships its config under model_type kimi_k2, architectures DeepseekV3ForCausalLM)
+_DEEPSEEK_V3 = {"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
+                "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 4096,
+                "moe_intermediate_size": 2048, "n_shared_experts": 1, "n_routed_experts": 256, "kv_lora_rank": 512,
+                "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+                "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+                "num_nextn_predict_layers": 1}  # fmt: skip
+_GEMMA3_TEXT = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+                "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 6}  # fmt: skip
+_NO_DROP = {"no_hidden_dropout": True}
 HF_MODEL_TYPES: dict[str, dict] = {
-    "llama": {},
-    "mistral": {},
-    "mixtral": {},
-    # modeling_qwen2(_moe).py: q/k/v projections with bias=True; configuration_qwen2(_moe) / qwen3(_moe).py:
-    # max_window_layers=28 (read only with use_sliding_window true)
-    "qwen2": {"fields": {"qkv_bias": True}, "defaults": {"max_window_layers": 28}},
-    "qwen2_moe": {
+    "llama": _NO_DROP | {"o_bias": True, "defaults": _LLAMA},
+    # MistralConfig: sliding_window 4096 (the v0.1 class; later files write null), every layer
+    "mistral": _NO_DROP | {"defaults": _MISTRAL | {"sliding_window": 4096}},
+    "mixtral": _NO_DROP | {"defaults": _MISTRAL | {"num_local_experts": 8, "num_experts_per_tok": 2}},
+    # modeling_qwen2(_moe).py: q/k/v projections with bias=True, o_proj without; use_sliding_window false by default
+    "qwen2": _NO_DROP | {"fields": {"qkv_bias": True}, "defaults": _QWEN},
+    "qwen2_moe": _NO_DROP | {
         "fields": {"qkv_bias": True},
-        "defaults": {"max_window_layers": 28},
+        "defaults": _QWEN | _QWEN_MOE | {"intermediate_size": 5632, "num_attention_heads": 16,
+                                         "num_key_value_heads": 16, "moe_intermediate_size": 1408,
+                                         "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4,
+                                         "num_experts": 60},
         "notes": ("the shared-expert gate (hidden x 1 per layer) is not modelled",),  # Qwen2MoeSparseMoeBlock
     },
-    # modeling_qwen3(_moe).py: q_norm, k_norm (Qwen3RMSNorm(head_dim)) in every attention block
-    "qwen3": {"fields": {"qk_norm": True}, "defaults": {"max_window_layers": 28}},
-    "qwen3_moe": {"fields": {"qk_norm": True}, "defaults": {"max_window_layers": 28}},
-    "deepseek_v2": {},
-    "deepseek_v3": {},
-    # moonshotai/Kimi-K2-Instruct: architectures DeepseekV3ForCausalLM, its DeepseekV3Config under model_type kimi_k2
-    "kimi_k2": {},
-    # modeling_glm4_moe.py: DeepSeek-V3's MoE keys; q/k/v bias from attention_bias, q/k norms from use_qk_norm
-    "glm4_moe": {},
-    # modeling_gpt_oss.py: q/k/v/o, router and experts all with biases (attention_bias true in every released
-    # config; the router and the experts' gate_up/down biases regardless) and GptOssAttention.sinks
-    "gpt_oss": {"fields": {"linear_bias": True, "attention_sinks": True}},
-    # modeling_phi3.py: fused qkv_proj and gate_up_proj, the parameters of Llama's separate ones
-    "phi3": {},
-    # modeling_phimoe.py: nn.LayerNorm (weight and bias) around attention and the MoE block
-    "phimoe": {"fields": {"norm": "layernorm"}},
-    # configuration_gemma*.py: tie_word_embeddings=True. modeling_gemma2.py Gemma2DecoderLayer: is_sliding =
-    # not bool(layer_idx % 2), every 2nd layer full (Gemma 3's sliding_window_pattern 2; no key in Gemma2Config)
-    "gemma": {"defaults": {"tie_word_embeddings": True}},
-    "gemma2": {"defaults": {"tie_word_embeddings": True, "sliding_window_pattern": 2}, "notes": (_GEMMA_NORMS,)},
-    # configuration_gemma3.py Gemma3TextConfig defaults (gemma-3-27b-it's text_config leaves these out);
-    # modeling_gemma3.py Gemma3Attention: q_norm, k_norm (Gemma3RMSNorm(head_dim))
-    "gemma3_text": {
+    # modeling_qwen3(_moe).py: q_norm, k_norm (Qwen3RMSNorm(head_dim)) in every attention block; Qwen3Config
+    # head_dim 128; o_proj bias=False
+    "qwen3": _NO_DROP | {"fields": {"qk_norm": True}, "defaults": _QWEN | {"head_dim": 128}},
+    "qwen3_moe": _NO_DROP | {
         "fields": {"qk_norm": True},
-        "defaults": {
-            "tie_word_embeddings": True, "vocab_size": 262_208, "max_position_embeddings": 131_072,
-            "sliding_window": 4096, "sliding_window_pattern": 6,
-        },
+        "defaults": _QWEN | _QWEN_MOE | {"intermediate_size": 6144, "num_key_value_heads": 4,
+                                         "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128},
+    },
+    # DeepseekV2Config: num_experts_per_tok None (the import's 2), n_group / topk_group None (no group limit)
+    "deepseek_v2": _NO_DROP | {
+        "defaults": _LLAMA | {"first_k_dense_replace": 0, "kv_lora_rank": 512, "q_lora_rank": 1536,
+                              "n_routed_experts": 64, "n_shared_experts": 2, "qk_nope_head_dim": 128,
+                              "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 1407,
+                              "topk_method": "greedy"},
+    },
+    "deepseek_v3": _NO_DROP | {"defaults": _DEEPSEEK_V3},
+    "kimi_k2": _NO_DROP | {"defaults": _DEEPSEEK_V3},
+    # modeling_glm4_moe.py: DeepSeek-V3's MoE keys; q/k/v bias from attention_bias (o_proj bias=False), q/k norms
+    # from use_qk_norm
+    "glm4_moe": _NO_DROP | {
+        "defaults": {"vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944, "num_hidden_layers": 46,
+                     "num_attention_heads": 96, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                     "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                     "n_routed_experts": 128, "first_k_dense_replace": 1, "num_nextn_predict_layers": 1},
+    },
+    # modeling_gpt_oss.py: q/k/v/o, router and experts all with biases (attention_bias true in every released
+    # config; the router and the experts' gate_up/down biases regardless) and GptOssAttention.sinks; GptOssConfig's
+    # layer_types default alternates sliding / full (layer i full when (i + 1) % 2 == 0: pattern 2)
+    "gpt_oss": _NO_DROP | {
+        "fields": {"linear_bias": True, "attention_sinks": True},
+        "defaults": {"num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088, "hidden_size": 2880,
+                     "intermediate_size": 2880, "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+                     "sliding_window": 128, "sliding_window_pattern": 2, "max_position_embeddings": 131072,
+                     "num_experts_per_tok": 4, "swiglu_limit": 7.0, "attention_dropout": 0.0},
+    },
+    # modeling_phi3.py: fused qkv_proj and gate_up_proj, the parameters of Llama's separate ones, no biases;
+    # Phi3Config resid_pdrop 0.0
+    "phi3": {
+        "defaults": {"vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "max_position_embeddings": 4096, "resid_pdrop": 0.0},
+    },
+    # modeling_phimoe.py: nn.LayerNorm (weight and bias) around attention and the MoE block; PhimoeAttention's
+    # o_proj and PhimoeForCausalLM's lm_head (lm_head_bias) biased as the config says
+    "phimoe": {
+        "fields": {"norm": "layernorm"},
+        "o_bias": True,
+        "defaults": {"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 6400, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                     "num_experts_per_tok": 2, "num_local_experts": 16},
+    },
+    # configuration_gemma*.py: tie_word_embeddings=True, head_dim 256. modeling_gemma2.py Gemma2DecoderLayer:
+    # is_sliding = not bool(layer_idx % 2), every 2nd layer full (Gemma 3's sliding_window_pattern 2; no key in
+    # Gemma2Config)
+    "gemma": _NO_DROP | {
+        "defaults": {"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+                     "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+                     "max_position_embeddings": 8192, "tie_word_embeddings": True},
+    },
+    "gemma2": _NO_DROP | {
+        "defaults": {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                     "max_position_embeddings": 8192, "tie_word_embeddings": True, "sliding_window": 4096,
+                     "sliding_window_pattern": 2},
         "notes": (_GEMMA_NORMS,),
     },
+    # Gemma3TextConfig (gemma-3-4b/12b/27b-it's text_configs leave out what equals these: head_dim, heads, vocab,
+    # sliding_window_pattern); modeling_gemma3.py Gemma3Attention: q_norm, k_norm (Gemma3RMSNorm(head_dim))
+    "gemma3_text": _NO_DROP | {"fields": {"qk_norm": True}, "defaults": _GEMMA3_TEXT, "notes": (_GEMMA_NORMS,)},
     # configuration_llama4.py / modeling_llama4.py: dense layers' MLP is intermediate_size_mlp; each expert and
     # the one shared expert (Llama4TextMoe.shared_expert) intermediate_size; layers step-1, 2*step-1, ... are
     # MoE (moe_layers' default, Qwen's decoder_sparse_step rule); use_qk_norm is Llama4TextL2Norm, no weights
-    "llama4_text": {
+    "llama4_text": _NO_DROP | {
         "fields": {"qk_norm": False},
         "aliases": {
             "intermediate_size": "intermediate_size_mlp",
@@ -300,27 +374,41 @@ HF_MODEL_TYPES: dict[str, dict] = {
             "shared_expert_intermediate_size": "intermediate_size",
             "decoder_sparse_step": "interleave_moe_layer_step",
         },
+        "defaults": {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 16384,
+                     "moe_intermediate_size": 8192, "shared_expert_intermediate_size": 8192, "num_hidden_layers": 48,
+                     "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                     "max_position_embeddings": 131072, "num_experts_per_tok": 1, "num_local_experts": 16,
+                     "decoder_sparse_step": 1, "attention_chunk_size": 8192},
         "notes": ("the NoPE layers (no_rope_layers) change no parameter or traffic; they are read as RoPE layers",),
     },
-    # configuration_gpt2.py attribute_map and defaults (n_positions 1024, tie_word_embeddings True, n_inner None:
-    # 4 x n_embd); modeling_gpt2.py: Conv1D c_attn / c_proj / c_fc with biases, wpe, LayerNorm, a GELU MLP
+    # configuration_gpt2.py attribute_map and defaults (vocab 50257, n_positions 1024, n_embd 768, n_layer 12,
+    # n_head 12, n_inner None: 4 x n_embd, resid_pdrop 0.1, tie_word_embeddings True); modeling_gpt2.py: Conv1D
+    # c_attn / c_proj / c_fc with biases, wpe, LayerNorm, a GELU MLP
     "gpt2": {
         "fields": {"norm": "layernorm", "gated_mlp": False, "linear_bias": True, "learned_position_embeddings": True},
-        "defaults": {"tie_word_embeddings": True, "max_position_embeddings": 1024},
+        "defaults": {"vocab_size": 50257, "max_position_embeddings": 1024, "hidden_size": 768,
+                     "num_hidden_layers": 12, "num_attention_heads": 12, "tie_word_embeddings": True,
+                     "resid_pdrop": 0.1, "attn_pdrop": 0.1},
         "aliases": {
             "num_hidden_layers": "n_layer", "hidden_size": "n_embd", "num_attention_heads": "n_head",
             "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
         },
     },
-    # configuration_dbrx.py attribute_map and its nested attn_config / ffn_config; modeling_dbrx.py: LayerNorm
-    # without bias (hidden parameters, as RMSNorm's), every layer an MoE block
+    # configuration_dbrx.py attribute_map, DbrxConfig / DbrxAttentionConfig / DbrxFFNConfig defaults (d_model 2048,
+    # n_heads 16, n_layers 24, max_seq_len 2048, vocab 32000, resid_pdrop 0.0; kv_n_heads 1, attn_pdrop 0.0;
+    # moe_num_experts 4, moe_top_k 1, ffn_hidden_size 3584: an absent or null block is the class's); modeling_dbrx.py:
+    # LayerNorm without bias (hidden parameters, as RMSNorm's), every layer an MoE block
     "dbrx": {
         "aliases": {
             "num_hidden_layers": "n_layers", "hidden_size": "d_model", "num_attention_heads": "n_heads",
             "max_position_embeddings": "max_seq_len", "num_key_value_heads": "attn_config.kv_n_heads",
-            "num_local_experts": "ffn_config.moe_num_experts", "num_experts_per_tok": "ffn_config.moe_top_k",
-            "moe_intermediate_size": "ffn_config.ffn_hidden_size",
+            "attention_dropout": "attn_config.attn_pdrop", "num_local_experts": "ffn_config.moe_num_experts",
+            "num_experts_per_tok": "ffn_config.moe_top_k", "moe_intermediate_size": "ffn_config.ffn_hidden_size",
         },
+        "defaults": {"hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 24,
+                     "max_position_embeddings": 2048, "vocab_size": 32000, "resid_pdrop": 0.0,
+                     "num_key_value_heads": 1, "attention_dropout": 0.0, "num_local_experts": 4,
+                     "num_experts_per_tok": 1, "moe_intermediate_size": 3584},
     },
 }  # fmt: skip
 # a multimodal config.json holds its language model under text_config; the model_type that block has when it
@@ -342,15 +430,6 @@ HF_UNMODELLED: tuple[tuple[str, str], ...] = (
      "layers run them in turn"),
     ("use_parallel_residual", "attention and MLP side by side (GPT-NeoX use_parallel_residual) is not modelled"),
     ("image_size", "a vision encoder (image_size, patch_size) has no language model to plan"),
-)  # fmt: skip
-# model_types whose transformers modeling file has no hidden dropout: each decoder layer adds its attention and MLP
-# outputs to the residual as they are (modeling_llama.py LlamaDecoderLayer and the files built on it: Mistral,
-# Mixtral, Qwen2/3(-MoE), DeepSeek-V2/V3 (Kimi K2), GLM-4.5, Gemma 1-3, Llama 4, GPT-OSS's GptOssDecoderLayer), and
-# their configs have no key for one: a hidden dropout of 0 unless the config.json names one (GPT-OSS's biases would
-# otherwise infer 0.1)
-HF_NO_HIDDEN_DROPOUT = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-     "kimi_k2", "glm4_moe", "gemma", "gemma2", "gemma3_text", "llama4_text", "gpt_oss"}
 )  # fmt: skip
 # config.json keys of the dropout probabilities, first found wins (transformers' configuration_*.py, read by code
 # search at 02b8f42b42 for gpt_oss): attention_dropout (LlamaConfig, MistralConfig, MixtralConfig, Qwen2/3(Moe)Config,
@@ -374,16 +453,22 @@ class _HFConfig:
             raise SpecError(prefix, f"must be a JSON object, got {type(config).__name__}")
         self.config, self.prefix = config, prefix
         self.aliases, self.defaults = (traits or {}).get("aliases", {}), (traits or {}).get("defaults", {})
+        self.filled: dict[str, object] = {}  # the keys read as the class's defaults (where written: value)
 
     def _where(self, key: str) -> str:
         return f"{self.prefix}.{self.aliases.get(key, key)}"
 
-    def get(self, key: str):
-        """``key`` where this family writes it; the family's default when config.json leaves it out."""
+    def get(self, key: str, fill: bool = True):
+        """``key`` where this family writes it; the family's default (``fill``) when config.json leaves it out."""
         node, parts = self.config, self.aliases.get(key, key).split(".")
         for i, part in enumerate(parts):
-            if part not in node:
-                return self.defaults.get(key)
+            # an absent key, or a null block above it (DbrxConfig: attn_config None is DbrxAttentionConfig()),
+            # is the class's default; an explicit null at the key itself stays null
+            if part not in node or (node[part] is None and i < len(parts) - 1):
+                if not fill or self.defaults.get(key) is None:
+                    return None
+                self.filled[self.aliases.get(key, key)] = self.defaults[key]
+                return self.defaults[key]
             node = node[part]
             if i < len(parts) - 1 and not isinstance(node, dict):
                 raise SpecError(f"{self.prefix}.{'.'.join(parts[: i + 1])}", f"must be an object, got {got(node)}")
@@ -431,8 +516,10 @@ class _HFConfig:
 
     def probability(self, keys: tuple[str, ...], default=None) -> float | None:
         """The first of ``keys`` present: a JSON number in [0, 1) (a dropout probability), as the model block's
-        attention_dropout / hidden_dropout; null or absent: ``default``."""
-        key = next((k for k in keys if self.get(k) is not None), None)
+        attention_dropout / hidden_dropout; null or absent: the class's default for one of them, else ``default``.
+        A key config.json gives wins over another's class default (GPT-OSS with attn_pdrop, not attention_dropout)."""
+        key = next((k for k in keys if self.get(k, fill=False) is not None), None)
+        key = key or next((k for k in keys if self.get(k) is not None), None)
         if key is None:
             return default
         value = self.get(key)
@@ -475,7 +562,7 @@ def _hf_language_model(config) -> tuple[_HFConfig, str, list[str]]:
         if isinstance(text, dict) and tie is not None:
             text = {"tie_word_embeddings": tie} | text
         hf = _HFConfig(text, "model.hf_config.text_config")
-        kind = hf.text("model_type").lower() or HF_TEXT_MODEL_TYPES.get(kind, "")
+        kind = hf.text("model_type").lower() or _hf_wrapped_kind(kind)
     for key, why in HF_UNMODELLED:
         value = hf.config.get(key)
         if value not in (None, False, 0, "", [], {}):
@@ -490,6 +577,34 @@ def _hf_language_model(config) -> tuple[_HFConfig, str, list[str]]:
     return _HFConfig(hf.config, hf.prefix, traits), kind, notes + list(traits.get("notes", ()))
 
 
+def _hf_wrapped_kind(wrapper: str) -> str:
+    """The model_type of a text_config that names none: its wrapper's text model (HF_TEXT_MODEL_TYPES), or the
+    wrapper's own where that is a family read here; an unknown wrapper is a 422 (its text block's keys may mean
+    what the import does not know), as an unknown model_type at the top is."""
+    if not wrapper or wrapper in HF_MODEL_TYPES:
+        return wrapper
+    if wrapper not in HF_TEXT_MODEL_TYPES:
+        raise SpecError(
+            "model.hf_config.model_type",
+            f"model_type {shown(wrapper)[:40]} is not a multimodal wrapper this import reads and its text_config "
+            f"names no model_type; give text_config.model_type (one of: {', '.join(HF_MODEL_TYPES)}), or the "
+            f"model's fields instead (known wrappers: {', '.join(HF_TEXT_MODEL_TYPES)})",
+        )
+    return HF_TEXT_MODEL_TYPES[wrapper]
+
+
+def _hf_bias_notes(hf: _HFConfig, traits: dict) -> tuple[str, ...]:
+    """The biases the import reads but ModelSpec does not count (it has q/k/v biases, qkv_bias, and all-linear
+    biases, linear_bias): o_proj's where attention_bias covers it (the family's o_bias trait), PhiMoE's lm_head
+    (configuration_phimoe.py lm_head_bias; modeling_phimoe.py PhimoeForCausalLM lm_head bias=config.lm_head_bias)."""
+    out = []
+    if traits.get("o_bias") and hf.flag("attention_bias") and not traits.get("fields", {}).get("linear_bias"):
+        out.append("attention_bias also biases o_proj (hidden parameters per layer); those biases are not counted")
+    if hf.flag("lm_head_bias"):
+        out.append("lm_head_bias: the output layer's bias (vocab_size parameters) is not counted")
+    return tuple(out)
+
+
 def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json of a family in HF_MODEL_TYPES (Llama 2-4, Mistral, Mixtral,
     Qwen2/2.5/3(-MoE), DeepSeek-V2/V3, Kimi K2, GLM-4.5, GPT-OSS, Phi-3(.5)(-MoE), Gemma 1-3, GPT-2, DBRX), the
@@ -501,7 +616,8 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
     capped at 8192 (long-context models advertise 128K positions that nobody trains every step with).
     """
     hf, kind, notes = _hf_language_model(config)
-    fields = HF_MODEL_TYPES.get(kind, {}).get("fields", {})
+    traits = HF_MODEL_TYPES.get(kind, {})
+    fields = traits.get("fields", {})
     layers, hidden = hf.required("num_hidden_layers"), hf.required("hidden_size")
     heads, vocab = hf.required("num_attention_heads"), hf.required("vocab_size")
     seq = seq_length or min(hf.int("max_position_embeddings", 4096), DEFAULT_SEQ_CAP)
@@ -530,12 +646,23 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
         glu_clamp=hf.number("swiglu_limit"),
         mtp_layers=hf.int("num_nextn_predict_layers", 0),
         attention_dropout=hf.probability(HF_ATTENTION_DROPOUT),
-        hidden_dropout=hf.probability(HF_HIDDEN_DROPOUT, 0.0 if kind in HF_NO_HIDDEN_DROPOUT else None),
+        hidden_dropout=hf.probability(HF_HIDDEN_DROPOUT, 0.0 if traits.get("no_hidden_dropout") else None),
         name=name or hf.text("_name_or_path") or kind or "hf-model",
         source="Hugging Face config.json",
-        notes=tuple(notes) + _hf_chunked_attention(hf, seq),
+        notes=tuple(notes) + _hf_chunked_attention(hf, seq) + _hf_bias_notes(hf, traits),
     )
-    return replace(spec, moe=_hf_moe(hf, ffn, layers), mla=_hf_mla(hf))
+    moe, mla = _hf_moe(hf, ffn, layers), _hf_mla(hf)
+    return replace(spec, moe=moe, mla=mla, notes=spec.notes + _hf_filled_note(hf, kind))
+
+
+def _hf_filled_note(hf: _HFConfig, kind: str) -> tuple[str, ...]:
+    """The keys config.json left out that the import read as the family's configuration class fills them in
+    (HF_MODEL_TYPES defaults), said in the warnings: a file that omits what its class defaults is read as
+    transformers reads it, and the user sees which values came from there."""
+    if not hf.filled:
+        return ()
+    said = ", ".join(f"{key} {got(value)}" for key, value in sorted(hf.filled.items()))
+    return (f"keys left out of config.json read as transformers' {kind} configuration class fills them in: {said}",)
 
 
 def _hf_chunked_attention(hf: _HFConfig, seq: int) -> tuple[str, ...]:

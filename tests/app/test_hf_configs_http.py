@@ -89,3 +89,20 @@ def test_every_file_plans_as_imported_or_is_refused_at_a_key(api, name):
     else:
         assert r.status_code == 200, r.text[:400]
         assert r.json()["params_total"] == from_hf_config(hf(name)).total_params()
+
+
+def test_review_r12a_mends_over_http(api):
+    """review r12a: gemma-3-12b-it plans at head_dim 256 (Gemma3TextConfig's default; 11.77B, keras-hub's text
+    total within 0.01%), gemma-3-4b-it plans (it was a 422); an unknown wrapper whose text_config names no
+    model_type is a 422 at model_type (#5); a null DBRX block is the class default (#7); PhiMoE's o_proj and
+    lm_head biases are named in the warnings (#4)."""
+    g12 = plan(api, hf("gemma-3-12b-it"), 200)
+    assert g12["params_total"] == pytest.approx(11_765_788_416, rel=1e-4)
+    assert plan(api, hf("gemma-3-4b-it"), 200)["params_total"] == pytest.approx(3_880_099_328, rel=1e-4)
+    text = {k: v for k, v in hf("llama-3.1-8b-instruct").items() if k != "model_type"}
+    detail = plan(api, {"model_type": "llava_weird", "text_config": text}, 422)["detail"]
+    assert detail[0]["loc"] == ["body", "model", "hf_config", "model_type"] and "'llava_weird'" in detail[0]["msg"]
+    dbrx = plan(api, hf("dbrx-base") | {"ffn_config": None}, 200)
+    assert dbrx["params_total"] == from_hf_config(hf("dbrx-base") | {"ffn_config": None}).total_params()
+    phimoe = plan(api, hf("phi-3.5-moe-instruct"), 200)
+    assert any("o_proj" in w for w in phimoe["warnings"]) and any("lm_head" in w for w in phimoe["warnings"])

@@ -37,6 +37,8 @@ SHAPES = {
     "gemma-2-9b": (42, 16, 8, 256, 256000, True, (4096, 2), None),  # head_dim 256, not 3584 / 16
     "gemma-3-1b-it": (26, 4, 1, 256, 262144, True, (512, 6), None),
     "gemma-3-27b-it": (62, 32, 16, 128, 262208, True, (1024, 6), None),  # text_config, Gemma3TextConfig defaults
+    "gemma-3-12b-it": (48, 16, 8, 256, 262208, True, (1024, 6), None),  # head_dim 256 by default, not 3840 / 16
+    "gemma-3-4b-it": (34, 8, 4, 256, 262208, True, (1024, 6), None),  # heads 8, kv heads 4 by default
     "gpt2": (12, 12, 12, 64, 50257, True, (None, None), None),
     "phi-3.5-mini-instruct": (32, 32, 32, 96, 32064, False, (262144, None), None),
     "mixtral-8x22b-v0.1": (56, 48, 8, 128, 32768, False, (None, None), (8, 2, 56)),
@@ -230,3 +232,114 @@ def test_other_shapes_users_paste():
         assert caught.value.field == field, caught.value
     plain = {k: v for k, v in hf("llama-3.1-8b-instruct").items() if k != "model_type"}
     assert from_hf_config(plain).total_params() == 8_030_261_248
+
+
+@pytest.mark.parametrize(
+    ("name", "keras", "hidden", "layers"),
+    [("gemma-3-4b-it", 3_880_099_328, 2560, 34), ("gemma-3-12b-it", 11_765_788_416, 3840, 48),
+     ("gemma-3-27b-it", 27_009_002_240, 5376, 62)],
+)  # fmt: skip
+def test_gemma3_text_totals_against_keras_hub_exactly(name, keras, hidden, layers):
+    """keras-hub gemma3_presets.py (gemma3_instruct_<size>_text params) counts a 262,144-token vocabulary and Gemma's
+    two extra norms per layer; the import counts the hub's 262,208 and leaves the norms out: the difference is
+    exactly 64 x hidden - 2 x hidden x layers (review r12a #1: before the defaults, 12B read head_dim 240, -1.2%,
+    and 4B was a 422 on its missing num_attention_heads)."""
+    m = from_hf_config(hf(name))
+    assert m.total_params() - keras == 64 * hidden - 2 * hidden * layers
+
+
+# review r12a #1: keys the hub files may leave out, filled in as each family's configuration class does
+# (configuration_<family>.py at transformers 008e574391): key -> what the import reads it as
+CLASS_DEFAULTS = {
+    "gemma2": ({"hidden_size": 3584, "num_hidden_layers": 42, "num_attention_heads": 16, "vocab_size": 256000},
+               lambda m: (m.head_size, m.kv_heads, m.tied_embeddings, m.full_attention_interval), (256, 4, True, 2)),
+    "qwen3": ({"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "vocab_size": 151936},
+              lambda m: (m.head_size, m.kv_heads, m.sliding_window), (128, 32, None)),
+    "mistral": ({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000},
+                lambda m: (m.kv_heads, m.ffn_hidden_size, m.sliding_window), (8, 14336, 4096)),
+    "gpt_oss": ({"num_hidden_layers": 24, "num_local_experts": 32},
+                lambda m: (m.head_size, m.kv_heads, m.sliding_window, m.full_attention_interval, m.moe.top_k,
+                           m.glu_clamp, m.dropout_probs()), (64, 8, 128, 2, 4, 7.0, (0.0, 0.0))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(CLASS_DEFAULTS))
+def test_keys_left_out_read_as_the_configuration_class_fills_them(kind):
+    given, read, want = CLASS_DEFAULTS[kind]
+    assert read(from_hf_config({"model_type": kind, **given})) == want
+
+
+def test_llama4_and_dbrx_defaults_where_their_files_are_silent():
+    """Llama4TextConfig: intermediate_size_mlp 16384 (dense layers), intermediate_size 8192 (experts and the shared
+    one), 16 experts, top-1; DbrxAttentionConfig kv_n_heads 1 (MQA); DbrxFFNConfig 4 experts of 3584, top-1: not a
+    dense model and not MHA (review r12a #1)."""
+    text = {"num_hidden_layers": 4, "interleave_moe_layer_step": 2}
+    l4 = from_hf_config({"model_type": "llama4", "text_config": text})
+    assert (l4.hidden_size, l4.ffn_hidden_size, l4.moe.expert_ffn_hidden_size, l4.moe.shared_ffn) == (
+        5120, 16384, 8192, 8192,
+    )  # fmt: skip
+    assert (l4.moe.num_experts, l4.moe.top_k, [l4.is_moe_layer(i) for i in range(4)]) == (16, 1, [False, True] * 2)
+    dbrx = from_hf_config({"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "vocab_size": 100352})
+    assert (dbrx.kv_heads, dbrx.moe.num_experts, dbrx.moe.top_k, dbrx.moe.expert_ffn_hidden_size) == (1, 4, 1, 3584)
+
+
+def test_a_null_nested_block_is_the_class_default():
+    """DbrxConfig: attn_config / ffn_config None is DbrxAttentionConfig() / DbrxFFNConfig(): a null block reads as
+    absent (review r12a #7), not a 422; a null key inside a block stays null (the import's own fallback)."""
+    base = hf("dbrx-base")
+    m = from_hf_config(base | {"ffn_config": None, "attn_config": None})
+    assert (m.kv_heads, m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_hidden_size) == (1, 4, 1, 3584)
+    explicit = from_hf_config(base | {"attn_config": base["attn_config"] | {"kv_n_heads": None}})
+    assert explicit.kv_heads == 48  # null at the key: num_key_value_heads absent, MHA as LlamaConfig reads None
+
+
+def test_an_unknown_wrapper_whose_text_names_no_type_is_refused():
+    """review r12a #5: {"model_type": "llava_weird", "text_config": <Llama keys, no model_type>} was read as Llama;
+    now a 422 at the wrapper's model_type. Known wrappers (gemma3, llama4) and known text families still read."""
+    text = {k: v for k, v in hf("llama-3.1-8b-instruct").items() if k != "model_type"}
+    with pytest.raises(SpecError) as caught:
+        from_hf_config({"model_type": "llava_weird", "text_config": text})
+    assert caught.value.field == "model.hf_config.model_type" and "'llava_weird'" in caught.value.rule
+    assert "text_config names no model_type" in caught.value.rule
+    assert from_hf_config({"model_type": "llama", "text_config": text}).total_params() == 8_030_261_248
+    assert from_hf_config({"text_config": text}).total_params() == 8_030_261_248  # no wrapper type: as before
+    named = {"model_type": "llava_weird", "text_config": text | {"model_type": "llama"}}
+    assert from_hf_config(named).total_params() == 8_030_261_248
+
+
+def test_hidden_dropout_is_a_family_trait():
+    """review r12a #6: no_hidden_dropout sits in each HF_MODEL_TYPES entry (one table); GPT-2's class default
+    resid_pdrop 0.1, Phi-3's 0.0; GPT-OSS (biases, so 0.1 would be inferred) reads 0."""
+    from planner.presets import HF_MODEL_TYPES
+
+    with_hidden_dropout = {k for k, v in HF_MODEL_TYPES.items() if not v.get("no_hidden_dropout")}
+    assert with_hidden_dropout == {"phi3", "phimoe", "gpt2", "dbrx"}
+    assert from_hf_config({"model_type": "gpt2"}).dropout_probs() == (0.1, 0.1)
+    assert from_hf_config({"model_type": "phi3"}).hidden_dropout == 0.0
+    oss = {k: v for k, v in hf("gpt-oss-20b").items() if k not in ("attention_dropout", "resid_pdrop")}
+    assert from_hf_config(oss).dropout_probs() == (0.0, 0.0)
+
+
+def test_o_proj_and_lm_head_biases_are_named():
+    """review r12a #4: LlamaAttention / PhimoeAttention bias o_proj with attention_bias, and PhiMoE's lm_head_bias;
+    ModelSpec counts q/k/v biases only, so the import counts those and names the rest (32 x 4096 + 32,064 on
+    Phi-3.5-MoE, 4e-6 of its total). Qwen2 / GLM-4.5 keep o_proj unbiased: nothing to name."""
+    phimoe = from_hf_config(hf("phi-3.5-moe-instruct"))
+    assert phimoe.qkv_bias and any("o_proj" in n for n in phimoe.notes) and any("lm_head" in n for n in phimoe.notes)
+    llama = from_hf_config(hf("llama-3.1-8b-instruct") | {"attention_bias": True})
+    assert llama.qkv_bias and any("o_proj" in n for n in llama.notes)
+    assert not any("o_proj" in n for n in from_hf_config(hf("glm-4.5")).notes)
+    assert not any("o_proj" in n for n in from_hf_config(hf("llama-3.1-8b-instruct")).notes)
+
+
+def test_the_warnings_say_which_keys_came_from_the_class():
+    """A file that leaves a key to its class is read as transformers reads it, and the warnings list those keys
+    with the values used (so a pasted fragment is not planned silently as the class's model)."""
+    g4 = from_hf_config(hf("gemma-3-4b-it"))
+    [note] = [n for n in g4.notes if "left out of config.json" in n]
+    for said in ("head_dim 256", "num_attention_heads 8", "num_key_value_heads 4", "vocab_size 262208"):
+        assert said in note
+    assert not any("left out of config.json" in n for n in from_hf_config(hf("llama-3.1-8b-instruct")).notes)
+    empty = from_hf_config({"model_type": "llama"})  # LlamaConfig(): Llama-2-7B's shape, every key named
+    assert (empty.num_layers, empty.hidden_size, empty.ffn_hidden_size, empty.vocab_size) == (32, 4096, 11008, 32000)
+    assert "num_hidden_layers 32" in empty.notes[-1] and "max_position_embeddings 2048" in empty.notes[-1]
