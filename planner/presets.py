@@ -497,6 +497,18 @@ class _HFConfig:
             raise SpecError(self._where(key), "required field is missing (or null)")
         return value
 
+    def shape(self, key: str) -> int:
+        """A key config.json itself must give: the model's shape (hidden size, layer count) is never a class
+        default. A fragment such as {"model_type": "llama"} would otherwise be planned as the configuration class's
+        own default model (LlamaConfig(): Llama 2 7B), a model nobody pasted."""
+        if self.get(key, fill=False) is None:
+            raise SpecError(
+                self._where(key),
+                "required field is missing (or null): config.json must give the model's shape itself; its "
+                "configuration class's default is not read for it",
+            )
+        return self.required(key)
+
     def flag(self, key: str, default: bool = False) -> bool:
         value = self.get(key)
         if value is None:
@@ -618,7 +630,7 @@ def from_hf_config(config: dict, seq_length: int | None = None, name: str = "") 
     hf, kind, notes = _hf_language_model(config)
     traits = HF_MODEL_TYPES.get(kind, {})
     fields = traits.get("fields", {})
-    layers, hidden = hf.required("num_hidden_layers"), hf.required("hidden_size")
+    layers, hidden = hf.shape("num_hidden_layers"), hf.shape("hidden_size")
     heads, vocab = hf.required("num_attention_heads"), hf.required("vocab_size")
     seq = seq_length or min(hf.int("max_position_embeddings", 4096), DEFAULT_SEQ_CAP)
     ffn = hf.int("intermediate_size", min(4 * hidden, BOUNDS["ffn_hidden_size"][1]))

@@ -257,7 +257,7 @@ CLASS_DEFAULTS = {
               lambda m: (m.head_size, m.kv_heads, m.sliding_window), (128, 32, None)),
     "mistral": ({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000},
                 lambda m: (m.kv_heads, m.ffn_hidden_size, m.sliding_window), (8, 14336, 4096)),
-    "gpt_oss": ({"num_hidden_layers": 24, "num_local_experts": 32},
+    "gpt_oss": ({"hidden_size": 2880, "num_hidden_layers": 24, "num_local_experts": 32},
                 lambda m: (m.head_size, m.kv_heads, m.sliding_window, m.full_attention_interval, m.moe.top_k,
                            m.glu_clamp, m.dropout_probs()), (64, 8, 128, 2, 4, 7.0, (0.0, 0.0))),
 }  # fmt: skip
@@ -273,7 +273,7 @@ def test_llama4_and_dbrx_defaults_where_their_files_are_silent():
     """Llama4TextConfig: intermediate_size_mlp 16384 (dense layers), intermediate_size 8192 (experts and the shared
     one), 16 experts, top-1; DbrxAttentionConfig kv_n_heads 1 (MQA); DbrxFFNConfig 4 experts of 3584, top-1: not a
     dense model and not MHA (review r12a #1)."""
-    text = {"num_hidden_layers": 4, "interleave_moe_layer_step": 2}
+    text = {"hidden_size": 5120, "num_hidden_layers": 4, "interleave_moe_layer_step": 2}
     l4 = from_hf_config({"model_type": "llama4", "text_config": text})
     assert (l4.hidden_size, l4.ffn_hidden_size, l4.moe.expert_ffn_hidden_size, l4.moe.shared_ffn) == (
         5120, 16384, 8192, 8192,
@@ -314,8 +314,8 @@ def test_hidden_dropout_is_a_family_trait():
 
     with_hidden_dropout = {k for k, v in HF_MODEL_TYPES.items() if not v.get("no_hidden_dropout")}
     assert with_hidden_dropout == {"phi3", "phimoe", "gpt2", "dbrx"}
-    assert from_hf_config({"model_type": "gpt2"}).dropout_probs() == (0.1, 0.1)
-    assert from_hf_config({"model_type": "phi3"}).hidden_dropout == 0.0
+    assert from_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12}).dropout_probs() == (0.1, 0.1)
+    assert from_hf_config({"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32}).hidden_dropout == 0.0
     oss = {k: v for k, v in hf("gpt-oss-20b").items() if k not in ("attention_dropout", "resid_pdrop")}
     assert from_hf_config(oss).dropout_probs() == (0.0, 0.0)
 
@@ -340,6 +340,11 @@ def test_the_warnings_say_which_keys_came_from_the_class():
     for said in ("head_dim 256", "num_attention_heads 8", "num_key_value_heads 4", "vocab_size 262208"):
         assert said in note
     assert not any("left out of config.json" in n for n in from_hf_config(hf("llama-3.1-8b-instruct")).notes)
-    empty = from_hf_config({"model_type": "llama"})  # LlamaConfig(): Llama-2-7B's shape, every key named
-    assert (empty.num_layers, empty.hidden_size, empty.ffn_hidden_size, empty.vocab_size) == (32, 4096, 11008, 32000)
-    assert "num_hidden_layers 32" in empty.notes[-1] and "max_position_embeddings 2048" in empty.notes[-1]
+    # the shape itself is never a class default: a fragment is refused where it would be LlamaConfig()'s Llama 2 7B
+    for key in ("hidden_size", "num_hidden_layers"):
+        with pytest.raises(SpecError) as err:
+            from_hf_config({"model_type": "llama"} | {k: 32 for k in ("hidden_size", "num_hidden_layers") if k != key})
+        assert err.value.field == f"model.hf_config.{key}" and "class's default is not read" in str(err.value)
+    fragment = from_hf_config({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32})
+    assert (fragment.ffn_hidden_size, fragment.vocab_size) == (11008, 32000)  # the rest as LlamaConfig() fills it
+    assert "intermediate_size 11008" in fragment.notes[-1] and "max_position_embeddings 2048" in fragment.notes[-1]
