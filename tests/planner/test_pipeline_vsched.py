@@ -255,3 +255,35 @@ def test_the_loop_and_the_level_sweep_give_the_same_makespan(kind):
         loop = pj._span_one(graph, table[:, 0].tolist())
         slowest = m * max(x.total_s for x in passes)
         assert loop == float(pj._sweep(swap(graph, at=graph.cell), table)[0]) and loop >= slowest * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_order_spans_batched_are_order_span_bit_for_bit(kind, monkeypatch):
+    """mend12a (review r12a #2): ``order_spans`` runs the pending passes of one structure as the columns of one sweep;
+    each makespan is ``order_span``'s one-column run exactly (==, not approx), direct and past ORDER_OPS (the run at
+    m2 plus the slowest pass a micro-batch), with a job already memoised and one whose rules fail (None) among
+    them; at few columns it loops, at many it sweeps: both."""
+    rng = random.Random(12)
+    for p, columns in ((4, 3), (8, 40), (12, 12)):
+        for m in _ms(kind, p)[1:3]:
+            sched = Schedule(kind, p, m, _v(kind))
+            jobs = [(_drawn(rng, p, 0.5)[0], sched) for _ in range(columns)]
+            pj._SPANS.clear()
+            alone = [pj.order_span(passes, s) for passes, s in jobs]
+            assert all(x is not None for x in alone)
+            pj._SPANS.clear()
+            pj.order_span(*jobs[0])  # memoised before: left as it is
+            bad = Schedule(kind, p, 1 if kind.startswith("dual") else m, 3)  # chunks (or m) its rules refuse
+            pj.order_spans([*jobs, jobs[1], (jobs[0][0], bad)])
+            assert [pj._SPANS[pj._span_key(passes, s)] for passes, s in jobs] == alone
+            assert pj._SPANS[pj._span_key(jobs[0][0], bad)] is None
+    p = 8  # past ORDER_OPS: the run at m2 = 4p and the slowest pass beyond, as order_span
+    sched = Schedule(kind, p, 9 * p + 1 if not kind.startswith("dual") else 10 * p, _v(kind))
+    monkeypatch.setattr(pj, "ORDER_OPS", pj.per_microbatch(kind, _v(kind)) * p * 4 * p + 1)
+    assert 0 < pj.span_run(kind, p, _v(kind), sched.microbatches) < sched.microbatches
+    jobs = [(_drawn(rng, p, 0.5)[0], sched) for _ in range(50)]
+    pj._SPANS.clear()
+    alone = [pj.order_span(passes, s) for passes, s in jobs]
+    pj._SPANS.clear()
+    pj.order_spans(jobs)
+    assert [pj._SPANS[pj._span_key(passes, s)] for passes, s in jobs] == alone
