@@ -486,6 +486,9 @@ ORDER_OPS = 1 << 16
 # measured with ZB-H1, ZBV and DualPipeV at p 2-48, docs/step-time.md "(vsched12)"; the same makespans bit for bit)
 LOOP_PER_LEVEL = 40
 SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
+# one op of ``_span_one``'s loop in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 90-130 ns an op measured with ZBV,
+# DualPipeV and ZB-H1 at p 4-40 (docs/step-time.md "(mend12a)"), ``span_work`` charges it
+SPAN_LOOP_CELLS = 30
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
 
 
@@ -516,6 +519,25 @@ def span_run(kind: str, p: int, v: int, m: int) -> int:
         return m
     m2 = ORDER_OPS // per // (2 * p) * (2 * p)
     return m2 if m2 >= 4 * p else 0
+
+
+def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
+    """Cells of ``columns`` order runs at (kind, p, v, m) as ``order_span`` / ``order_spans`` run them (``span_run``: 0
+    over ORDER_OPS or for one stage): the structure laid out once (``build_cells`` an op and ``work``'s three
+    relaxation rounds), then each column its loop (SPAN_LOOP_CELLS an op) where the columns' ops are fewer than
+    LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, LEVEL_CELLS a level per column chunk), the
+    levels counted as ``work`` counts them; planner/estimate.py charges it (CELL_UNITS a unit)."""
+    traits = schedule_traits(kind)
+    run = span_run(kind, p, max(1, v), m) if p > 1 and traits.order_priced and traits.order is not None else 0
+    if not run:
+        return 0
+    per = per_microbatch(kind, v)
+    ops, levels = per * run * p, per * run + 2 * (p - 1)
+    laid = build_cells(kind) * ops + 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)
+    if columns * ops < LOOP_PER_LEVEL * levels:
+        return laid + columns * ops * SPAN_LOOP_CELLS
+    chunks = -(-columns // max(1, CHUNK // (ops + 1)))
+    return laid + columns * ops + levels * chunks * LEVEL_CELLS
 
 
 def _span_one(graph: _Graph, table: list[float]) -> float:
@@ -646,5 +668,6 @@ __all__ = [
     "order_spans",
     "runs_at",
     "schedule_makespans",
+    "span_work",
     "work",
 ]
