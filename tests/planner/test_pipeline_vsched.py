@@ -15,7 +15,7 @@ from collectives.topology import cluster_preset
 from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner import pipeline_jitter as pj
 from planner import step as step_module
-from planner.pipeline import Schedule, StagePass, bubble_s, by_order, pipeline_time, steady_wait
+from planner.pipeline import Schedule, StagePass, bubble_s, by_order, pipeline_time, schedule_traits, steady_wait
 
 from .test_pipeline_orders import event_makespan
 
@@ -327,3 +327,25 @@ def test_the_cost_guard_charges_the_step_order_as_it_runs(monkeypatch):
                     per_cell.append(spent / cells)
     assert len(per_cell) >= 12, per_cell
     assert max(per_cell) < 15e-9 and max(per_cell) / min(per_cell) < 5, [f"{x * 1e9:.1f}" for x in per_cell]
+
+
+def test_dualpipe_says_its_ends_sit_on_rank_0_at_their_measured_size():
+    """review r12a #3, not mended (mend12a): DualPipe is laid out as DualPipeV, its ends on rank 0's every op. The
+    plan's Assumptions row says so with the figures bench/dualpipe_ends.py measures (DeepSeek-V3, pp 8): the order
+    6.37 s as planned against 5.72 s with the ends split (+11%), rank 0's parameters 57.9 GB against 52.6 GB; the
+    DualPipeV row does not carry it."""
+    from bench.dualpipe_ends import ends
+
+    got = ends()
+    caveat = schedule_traits("dualpipe").layout_caveat
+    assert f"{got['planned_s']:.2f} s" in caveat and f"{got['ends_split_s']:.2f} s" in caveat
+    assert f"+{got['planned_s'] / got['ends_split_s'] - 1:.0%}" in caveat
+    params = got["params_bytes"]
+    assert f"{params[0] / 1e9:.1f} GB" in caveat and f"{params[4] / 1e9:.1f} GB" in caveat and params[-1] == params[4]
+    model = model_preset("llama3-8b")
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=32, seq_length=4096)
+    for kind in ("dualpipe", "dualpipev"):
+        par = ParallelSpec(tp=2, pp=4, dp=1, pipeline_schedule=kind, virtual_pipeline_stages=2)
+        plan = build_plan(model, work, par, cluster_preset("dgx-h100", 1), Options(timeline=False))
+        (row,) = [a.source for a in plan.assumptions if a.field == "parallel.pipeline_schedule"]
+        assert (caveat in row) == (kind == "dualpipe")
