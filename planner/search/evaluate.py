@@ -504,7 +504,8 @@ def evaluate_shape(problem: Problem, shape: Shape, threshold: float = math.inf) 
 
 
 # screened layouts whose orders ``ShapeEvaluator.time`` runs together (their data floors' and refined bounds'; mend12a):
-# 32 columns of a V at pp 40 cost about one column's loop (docs/step-time.md "(mend12a)")
+# 32 columns of a V at pp 40 (60k ops, 1,500 levels) sweep in about 15 ms, what 2-3 columns' loops cost (6 ms each),
+# so a window wasted past the break costs little; 8 and 16 measured no better (docs/step-time.md "(mend12a)")
 WARM = 32
 BOUND_SLACK = 1e-5  # the screen's rounding against build_plan is ~1e-6 relative: a bound with room to spare
 
