@@ -129,9 +129,13 @@ def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
     add = rows.append
     if par.pp > 1:
         source = f"{COMMPLAN}: 1f1b (Megatron's default)"
-        bubble = order_method(Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank))
+        sched = Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank)
+        bubble = order_method(sched)
         if bubble and ctx.work.training:  # how the step's bubble is found (vsched12)
             source += f"; the bubble: {bubble} (planner/pipeline.py bubble_s)"
+        caveat = sched.traits.layout_caveat
+        if caveat:  # what the stages' layout leaves out of the schedule's own (review r12a #3)
+            source += f"; {caveat}"
         add(Assumption("parallel.pipeline_schedule", par.pipeline_schedule, source))
         add(
             Assumption(

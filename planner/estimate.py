@@ -46,7 +46,7 @@ from ._errors import SpecError
 from .explore import QUADRATIC, QUADRATIC_LIMIT
 from .model import ModelSpec
 from .parallel import ParallelSpec
-from .pipeline_jitter import CELL_UNITS
+from .pipeline_jitter import CELL_UNITS, span_work
 from .pipeline_jitter import call_work as jitter_work
 from .plan import MAX_PARAMS, Options, Prepared, ledger_memo, placement_priced, prepare, price_classes
 from .workload import WorkloadSpec
@@ -219,6 +219,7 @@ def estimate(
     est = Estimate(units, biggest, biggest_units, list(parts), prepared=prepared)
     if call is None:
         _documents_work(est, prepared.ctx)
+        _order_work(est, prepared.ctx)
     return est
 
 
@@ -232,6 +233,20 @@ def _documents_work(est: Estimate, ctx) -> None:
     cells = jitter_work(par.pipeline_schedule, par.pp, max(1, par.chunks_per_rank), ctx.micro_batches)
     what = f"workload.document_packing: the {par.pipeline_schedule} order over {ctx.micro_batches} micro-batches"
     est.add(cells // CELL_UNITS, f"{what} at pp {par.pp} (planner/pipeline_jitter.py)")
+
+
+def _order_work(est: Estimate, ctx) -> None:
+    """The step's pipeline at unequal ranks (vsched12; mend12a, review r12a #2): the zero-bubble and DualPipe orders
+    run once as a list schedule (planner/pipeline_jitter.py span_work: the structure laid out and one column; a
+    plan runs one: its stages' passes, memoised), for the same (schedule, pp, v, micro-batches) the step runs it on;
+    nothing where the schedule is not priced by its order or its run is over ORDER_OPS."""
+    par = ctx.par
+    if not ctx.training:
+        return
+    cells = span_work(par.pipeline_schedule, par.pp, max(1, par.chunks_per_rank), ctx.micro_batches)
+    if cells:
+        what = f"the {par.pipeline_schedule} order over {ctx.micro_batches} micro-batches at pp {par.pp}"
+        est.add(cells // CELL_UNITS, f"{what} (planner/pipeline_jitter.py order_span)")
 
 
 WALKS_PER_CONTEXT = 16  # (cluster, options, explored call) estimates kept per memoised context

@@ -700,6 +700,8 @@ class ScheduleTraits:
     # any m) whose packed-document wait is measured no less than this one's (review r11a #1: the flow shop was 3.6x
     # below ZB-H1's own at pp 512; the ratios in docs/step-time.md "(mend11a)")
     wait_stand_ins: tuple[tuple[str, int], ...] = ()
+    # what the planner's layout of its stages leaves out of the schedule's own (the plan's Assumptions row; "" none)
+    layout_caveat: str = ""
 
     @property
     def label(self) -> str:
@@ -754,6 +756,18 @@ register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwar
 _ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS,
        "wait_stand_ins": _STAND_INS, "order_priced": True}  # fmt: skip
 _DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
+# review r12a #3 (not mended, mend12a): DualPipe is laid out as DualPipeV (parallel.py rank_of: rank r holds chunks r
+# and 2p - 1 - r of a 2p split), so rank 0's every op carries the embedding and the head, loss and MTP and rank p - 1
+# neither; deepseek-ai/DualPipe examples/example_dualpipe.py builds rank r from stage r one way and p - 1 - r the
+# other of a pp-stage model (each end on half of ranks 0's and p - 1's ops). Measured by bench/dualpipe_ends.py (the
+# review's /tmp/r12a_dp.py and r12a_mem.py): DeepSeek-V3 at 64 layers, pp 8, m 16, 8 DGX H100
+_DUALPIPE_ENDS = (
+    "the stages laid out as DualPipeV's (rank 0 runs the embedding and the head, loss and MTP on every op, rank pp - 1 "
+    "neither), not DualPipe's own (examples/example_dualpipe.py: rank r runs stage r one way and pp - 1 - r the "
+    "other, each end on half of ranks 0's and pp - 1's ops): on DeepSeek-V3 at pp 8 the order's makespan 6.37 s "
+    "against 5.72 s with the ends split (+11%), rank 0's parameters 57.9 GB against 52.6 GB on a middle rank "
+    "(review r12a #3)"
+)
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
 register(
     ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv, caveat=_caveat_zbv)
@@ -769,6 +783,7 @@ register(
         title="DualPipe",
         directions=2,
         param_copies=2,
+        layout_caveat=_DUALPIPE_ENDS,
     )
 )
 register(ScheduleTraits("dualpipev", _bubble_dualpipev, _warmup_v, _held_dualpipev, **_DUALPIPE))

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -486,6 +486,9 @@ ORDER_OPS = 1 << 16
 # measured with ZB-H1, ZBV and DualPipeV at p 2-48, docs/step-time.md "(vsched12)"; the same makespans bit for bit)
 LOOP_PER_LEVEL = 40
 SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
+# one op of ``_span_one``'s loop in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 90-130 ns an op measured with ZBV,
+# DualPipeV and ZB-H1 at p 4-40 (docs/step-time.md "(mend12a)"), ``span_work`` charges it
+SPAN_LOOP_CELLS = 30
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
 
 
@@ -518,6 +521,25 @@ def span_run(kind: str, p: int, v: int, m: int) -> int:
     return m2 if m2 >= 4 * p else 0
 
 
+def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
+    """Cells of ``columns`` order runs at (kind, p, v, m) as ``order_span`` / ``order_spans`` run them (``span_run``: 0
+    over ORDER_OPS or for one stage): the structure laid out once (``build_cells`` an op and ``work``'s three
+    relaxation rounds), then each column its loop (SPAN_LOOP_CELLS an op) where the columns' ops are fewer than
+    LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, LEVEL_CELLS a level per column chunk), the
+    levels counted as ``work`` counts them; planner/estimate.py charges it (CELL_UNITS a unit)."""
+    traits = schedule_traits(kind)
+    run = span_run(kind, p, max(1, v), m) if p > 1 and traits.order_priced and traits.order is not None else 0
+    if not run:
+        return 0
+    per = per_microbatch(kind, v)
+    ops, levels = per * run * p, per * run + 2 * (p - 1)
+    laid = build_cells(kind) * ops + 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)
+    if columns * ops < LOOP_PER_LEVEL * levels:
+        return laid + columns * ops * SPAN_LOOP_CELLS
+    chunks = -(-columns // max(1, CHUNK // (ops + 1)))
+    return laid + columns * ops + levels * chunks * LEVEL_CELLS
+
+
 def _span_one(graph: _Graph, table: list[float]) -> float:
     """``_sweep`` of one column as a loop over the ops in level order (each op's inputs are earlier rows)."""
     prev, dep, cell = (memoryview(x) for x in (graph.prev, graph.dep, graph.cell))  # int32, no copy
@@ -528,37 +550,82 @@ def _span_one(graph: _Graph, table: list[float]) -> float:
     return max(done[r] for r in graph.last.tolist())
 
 
+def _span_key(passes: Sequence[StagePass], sched: Schedule) -> tuple:
+    return (tuple(passes), sched.kind, sched.stages, max(1, sched.chunks), sched.microbatches, ORDER_OPS)
+
+
+def _span_graph(sched: Schedule) -> tuple[int, _Graph | None]:
+    """(the micro-batches the run takes, its structure): 0 and None where the run is over ORDER_OPS, the order is
+    not written out or the schedule's rules do not hold (an order runs only where they hold: its chunks per rank,
+    DualPipe's even pp, DualPipe(V)'s even m >= 2pp; a plan's checked by planner/parallel.py, pipeline_time is also
+    called bare)."""
+    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
+    traits = sched.traits
+    valid = traits.order is not None and traits.runs_chunks(v) and not traits.microbatch_rule(sched.kind, m, p)
+    valid = valid and not (traits.even_pp and p % 2)
+    run = span_run(sched.kind, p, v, m) if valid else 0
+    return (run, _graph(sched.kind, p, v, run)) if run else (0, None)
+
+
+def _keep(key: tuple, span: float | None) -> None:
+    _SPANS[key] = span
+    with suppress(KeyError):
+        while len(_SPANS) > SPANS_KEPT:
+            _SPANS.popitem(last=False)
+
+
 def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
     """The makespan of ``sched``'s order with each op the time of its (rank, chunk, op) in ``passes`` (``chunk_table``;
     p2p left out, as ``bubble_s``'s forms leave it): one deterministic column through the cached structure, past
-    ``span_run`` the slowest pass a micro-batch more; memoised on (passes, kind, p, v, m); None where the run is over
-    ORDER_OPS (``order_method``), the order is not written out or the schedule's rules do not hold."""
-    p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
-    key = (tuple(passes), sched.kind, p, v, m, ORDER_OPS)
+    ``span_run`` the slowest pass a micro-batch more; memoised on (passes, kind, p, v, m) (``order_spans`` fills the
+    memo for many at once); None where the run is over ORDER_OPS (``order_method``), the order is not written out or
+    the schedule's rules do not hold."""
+    key = _span_key(passes, sched)
     if key in _SPANS:
         with suppress(KeyError):
             _SPANS.move_to_end(key)
             return _SPANS[key]
-    traits = sched.traits
-    # an order runs only where its schedule's rules hold (its chunks per rank, DualPipe's even pp, DualPipe(V)'s even
-    # m >= 2pp: a plan's checked by planner/parallel.py; pipeline_time is also called bare)
-    valid = traits.order is not None and traits.runs_chunks(v) and not traits.microbatch_rule(sched.kind, m, p)
-    valid = valid and not (traits.even_pp and p % 2)
-    run = span_run(sched.kind, p, v, m) if valid else 0
+    run, graph = _span_graph(sched)
     span = None
-    if run:
-        graph = _graph(sched.kind, p, v, run)
+    if graph is not None:
         table = chunk_table(passes, graph.split, graph.blocks)
         if len(graph.at) < LOOP_PER_LEVEL * (len(graph.bounds) - 1):
             span = _span_one(graph, table[:, 0].tolist())
         else:
             span = float(_sweep(replace(graph, at=graph.cell), table)[0])
-        span += (m - run) * max(x.total_s for x in passes)
-    _SPANS[key] = span
-    with suppress(KeyError):
-        while len(_SPANS) > SPANS_KEPT:
-            _SPANS.popitem(last=False)
+        span += (sched.microbatches - run) * max(x.total_s for x in passes)
+    _keep(key, span)
     return span
+
+
+def order_spans(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> None:
+    """``order_span`` of many (passes, schedule) at once into its memo (mend12a, review r12a #2): the jobs of one
+    structure (kind, p, v, run) not yet memoised run as the columns of ONE ``_sweep`` (its numpy steps a level
+    shared by the columns: 3-4 us a level plus 2-5 ns a cell, against ``_span_one``'s 0.08-0.12 us an op and
+    column; ``makespans``: in chunks of CHUNK cells) where the columns' ops are at least LOOP_PER_LEVEL a level,
+    else each column its own loop, as ``order_span`` chooses for one. The same makespans bit for bit
+    (each column's max and add in the same order; tests/planner/test_pipeline_vsched.py): the search calls it with
+    a shape's pending bounds (planner/search/step_model.py ``lower_bounds_many``)."""
+    groups: dict[tuple, list] = {}
+    for passes, sched in jobs:
+        key = _span_key(passes, sched)
+        if key in _SPANS:
+            continue
+        run, graph = _span_graph(sched)
+        if graph is None:
+            _keep(key, None)
+            continue
+        found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
+        found.setdefault(key, (passes, sched))
+    for (*_, run), (graph, pending) in groups.items():
+        if len(pending) * len(graph.at) < LOOP_PER_LEVEL * (len(graph.bounds) - 1):  # loops are cheaper
+            for job in pending.values():
+                order_span(*job)
+            continue
+        table = np.hstack([chunk_table(passes, graph.split, graph.blocks) for passes, _ in pending.values()])
+        spans = makespans(replace(graph, at=graph.cell), table)
+        for (key, (passes, sched)), span in zip(pending.items(), spans.tolist(), strict=True):
+            _keep(key, span + (sched.microbatches - run) * max(x.total_s for x in passes))
 
 
 def order_method(sched: Schedule) -> str:
@@ -598,7 +665,9 @@ __all__ = [
     "order_method",
     "order_run",
     "order_span",
+    "order_spans",
     "runs_at",
     "schedule_makespans",
+    "span_work",
     "work",
 ]

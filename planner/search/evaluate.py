@@ -291,7 +291,7 @@ class ShapeEvaluator:
         space, model = self.space, self.step_model
         recomputes = space.recomputes
         bs = space.micro_batches(self.shape.dp)
-        bounds: list[float] = []
+        requests: list[tuple[ParallelSpec, tuple]] = []  # (layout, its fitting pairs): bounds priced together
         picks: list[tuple[int, int, int]] = []  # (variant index, b, recompute index)
         for index, variant in enumerate(self.variants):
             out.done += len(bs) * len(recomputes)
@@ -330,8 +330,9 @@ class ShapeEvaluator:
                     fitting = tuple(pair for pair, ok in zip(fitting, fast, strict=True) if ok)
                     if not fitting:
                         continue
-            bounds += model.lower_bounds(par, fitting).tolist()
+            requests.append((par, fitting))
             picks += [(index, b, recomputes.index(rc)) for b, rc in fitting]
+        bounds = [x for found in model.lower_bounds_many(requests) for x in found.tolist()]
         return Screened.of(self.shape, bounds, picks, self)
 
     def _floored(self, par: ParallelSpec, grid: tuple, out: Outcome) -> tuple:
@@ -355,6 +356,8 @@ class ShapeEvaluator:
             if bound_s > bound:  # it cannot enter the top k, and neither can any after it (sorted)
                 out.bounded += len(screened) - seq
                 break
+            if seq % WARM == 0:
+                self._warm(screened, seq, bound)
             par, rc = self.parallel(index), recomputes[r]
             # its data-parallel calls alone make it too slow: first the part that only adds to the compute
             # bound (memoised per variant and micro-batch count), then the whole path with those calls
@@ -368,6 +371,27 @@ class ShapeEvaluator:
                 heapq.heappop(heap)
         out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
+
+    def _warm(self, screened: Screened, start: int, bound: float) -> None:
+        """The next WARM screened layouts' data floors and refined bounds (those within ``bound`` now: a superset of
+        those ``time`` asks for), their orders run together (StepModel.warm_paths; mend12a, review r12a #2)."""
+        wanted, end = [], start + WARM
+        rows = zip(
+            screened.bounds[start:end].tolist(),
+            screened.variants[start:end].tolist(),
+            screened.batches[start:end].tolist(),
+            screened.recomputes[start:end].tolist(),
+            strict=True,
+        )
+        for bound_s, index, b, r in rows:
+            data = None if bound_s > bound else self._data_part(index, b)
+            if data is None:
+                continue
+            par, m = self.parallel(index), self.problem.work.global_batch_size // (b * self.shape.dp)
+            if ("floor", index, m) not in self._priced_memo:
+                wanted.append((par, b, None, data))
+            wanted.append((par, b, self.space.recomputes[r], data))
+        self.step_model.warm_paths(wanted)
 
     def refined_bound(self, index: int, b: int, rc: str) -> float:
         """``StepModel.refined_bound`` on the variant's data-parallel template (built and priced once per
@@ -479,6 +503,10 @@ def evaluate_shape(problem: Problem, shape: Shape, threshold: float = math.inf) 
     return ShapeEvaluator(problem, shape, threshold).run()
 
 
+# screened layouts whose orders ``ShapeEvaluator.time`` runs together (their data floors' and refined bounds'; mend12a):
+# 32 columns of a V at pp 40 (60k ops, 1,500 levels) sweep in about 15 ms, what 2-3 columns' loops cost (6 ms each),
+# so a window wasted past the break costs little; 8 and 16 measured no better (docs/step-time.md "(mend12a)")
+WARM = 32
 BOUND_SLACK = 1e-5  # the screen's rounding against build_plan is ~1e-6 relative: a bound with room to spare
 
 
