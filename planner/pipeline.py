@@ -764,8 +764,8 @@ _DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overl
 _DUALPIPE_ENDS = (
     "the stages laid out as DualPipeV's (rank 0 runs the embedding and the head, loss and MTP on every op, rank pp - 1 "
     "neither), not DualPipe's own (examples/example_dualpipe.py: rank r runs stage r one way and pp - 1 - r the "
-    "other, each end on half of ranks 0's and pp - 1's ops): on DeepSeek-V3 at pp 8 the order's makespan 6.37 s "
-    "against 5.72 s with the ends split (+11%), rank 0's parameters 57.9 GB against 52.6 GB on a middle rank "
+    "other, each end on half of ranks 0's and pp - 1's ops): on DeepSeek-V3 at pp 8 the order's makespan 6.53 s "
+    "against 5.87 s with the ends split (+11%), rank 0's parameters 57.9 GB against 52.6 GB on a middle rank "
     "(review r12a #3)"
 )
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))

@@ -159,7 +159,11 @@ def test_deepseek_v3_dualpipev_is_its_orders_makespan_and_ranks_ahead_of_zbv(mon
         orders[kind] = event_makespan(kind, p, m, [1.0] * m, 0.0, 0.0, None, ranks, first)
         sends = m * steady_wait(sched) + 2 * (p - 1) * sched.p2p_s
         assert pipe == pytest.approx(orders[kind] + sends, abs=1e-9)
-    assert orders["dualpipev"] == pytest.approx(6.839, rel=0.02) and orders["zbv"] == pytest.approx(7.256, rel=0.02)
+    # the review's figures were timed at Hopper's read clock (0.852); sus12's clock by throughput (0.825) makes the
+    # passes' compute-bound time 0.852 / 0.825 longer
+    clock = 0.852 / 0.825
+    assert orders["dualpipev"] == pytest.approx(6.839 * clock, rel=0.02)
+    assert orders["zbv"] == pytest.approx(7.256 * clock, rel=0.02)
     assert steps["dualpipev"] < steps["zbv"] and orders["dualpipev"] < orders["zbv"]
 
 
@@ -332,7 +336,8 @@ def test_the_cost_guard_charges_the_step_order_as_it_runs(monkeypatch):
 def test_dualpipe_says_its_ends_sit_on_rank_0_at_their_measured_size():
     """review r12a #3, not mended (mend12a): DualPipe is laid out as DualPipeV, its ends on rank 0's every op. The
     plan's Assumptions row says so with the figures bench/dualpipe_ends.py measures (DeepSeek-V3, pp 8): the order
-    6.37 s as planned against 5.72 s with the ends split (+11%), rank 0's parameters 57.9 GB against 52.6 GB; the
+    6.53 s as planned against 5.87 s with the ends split (+11%; 6.37 / 5.72 s at the read clock before sus12), rank
+    0's parameters 57.9 GB against 52.6 GB; the
     DualPipeV row does not carry it."""
     from bench.dualpipe_ends import ends
 
