@@ -36,9 +36,19 @@ if __name__ == "__main__":
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     d = r.json()
     caches = {k: len(getattr(pj, k)) for k in ("_NODE_CACHE", "_GRAPHS") if hasattr(pj, k)}
-    print(which, "pack", pack, r.status_code, f"wall {wall:.1f} s, CPU {cpu:.1f} s", caches,
-          {k: d.get(k) for k in ("space_size", "evaluated", "feasible")} if r.status_code == 200 else r.text[:300])
+    print(
+        which,
+        "pack",
+        pack,
+        r.status_code,
+        f"wall {wall:.1f} s, CPU {cpu:.1f} s",
+        caches,
+        {k: d.get(k) for k in ("space_size", "evaluated", "feasible")} if r.status_code == 200 else r.text[:300],
+    )
     for x in d.get("results", [])[:3]:
         p = x["parallel"]
-        print(" ", {k: p[k] for k in ("tp", "pp", "dp", "cp", "virtual_pipeline_stages", "pipeline_schedule")},
-              f"{x['step']['time_s']:.4f} s")
+        print(
+            " ",
+            {k: p[k] for k in ("tp", "pp", "dp", "cp", "virtual_pipeline_stages", "pipeline_schedule")},
+            f"{x['step']['time_s']:.4f} s",
+        )

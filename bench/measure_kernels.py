@@ -81,19 +81,29 @@ EXPERTS = [
 ]
 
 # (name, batch, seq, heads, kv heads, head dim): causal self-attention per rank, 16k tokens where the sequence allows
-ATTENTION = [(f"h{h}.d{d}.s{s}", max(1, 16384 // s), s, h, kv, d)
-             for (h, kv, d) in [(8, 1, 128), (32, 8, 128), (16, 16, 64)]
-             for s in [1024, 2048, 4096, 8192, 16384, 32768]]
+ATTENTION = [
+    (f"h{h}.d{d}.s{s}", max(1, 16384 // s), s, h, kv, d)
+    for (h, kv, d) in [(8, 1, 128), (32, 8, 128), (16, 16, 64)]
+    for s in [1024, 2048, 4096, 8192, 16384, 32768]
+]
 # (name, batch, kv length, heads, kv heads, head dim): one decode token per sequence against its KV
-DECODE_ATTENTION = [(f"b{b}.l{L}.h{h}.kv{kv}", b, L, h, kv, 128)
-                    for (b, L) in [(1, 4096), (8, 4096), (64, 4096), (8, 32768), (64, 16384), (1, 131072)]
-                    for (h, kv) in [(32, 8), (8, 1)]]
+DECODE_ATTENTION = [
+    (f"b{b}.l{L}.h{h}.kv{kv}", b, L, h, kv, 128)
+    for (b, L) in [(1, 4096), (8, 4096), (64, 4096), (8, 32768), (64, 16384), (1, 131072)]
+    for (h, kv) in [(32, 8), (8, 1)]
+]
 
-SMOKE = dict(LINEARS=[("tiny", 96, 64), ("tiny2", 64, 128)], TOKENS=[64, 128], DECODE_TOKENS=[1, 8], FP8_TOKENS=[],
-             EXPERTS=[("tiny", 64, 32, 4, 256)], ATTENTION=[("tiny", 2, 128, 4, 2, 64)],
-             DECODE_ATTENTION=[("tiny", 2, 256, 4, 2, 64)],
-             LAYERS=[("tiny", 1, 64, 256, 2, 1, 512, 0, 0, 0), ("tinymoe", 1, 64, 256, 2, 1, 0, 8, 2, 64)],
-             LAYERS_HELDOUT=[("tiny", 1, 64, 256, 2, 1, 512, 0, 0, 0)])
+SMOKE = dict(
+    LINEARS=[("tiny", 96, 64), ("tiny2", 64, 128)],
+    TOKENS=[64, 128],
+    DECODE_TOKENS=[1, 8],
+    FP8_TOKENS=[],
+    EXPERTS=[("tiny", 64, 32, 4, 256)],
+    ATTENTION=[("tiny", 2, 128, 4, 2, 64)],
+    DECODE_ATTENTION=[("tiny", 2, 256, 4, 2, 64)],
+    LAYERS=[("tiny", 1, 64, 256, 2, 1, 512, 0, 0, 0), ("tinymoe", 1, 64, 256, 2, 1, 0, 8, 2, 64)],
+    LAYERS_HELDOUT=[("tiny", 1, 64, 256, 2, 1, 512, 0, 0, 0)],
+)
 
 
 class Timer:
@@ -187,8 +197,12 @@ class Run:
         self.started = time.time()
 
     def save(self, section, rows, columns, note=""):
-        self.data["sections"][section] = {"columns": columns, "rows": rows, "note": note,
-                                          "seconds": round(time.time() - self.started, 1)}
+        self.data["sections"][section] = {
+            "columns": columns,
+            "rows": rows,
+            "note": note,
+            "seconds": round(time.time() - self.started, 1),
+        }
         self.path.write_text(json.dumps(self.data, indent=None, separators=(",", ":")))
         print(f"[{time.time() - self.started:7.1f}s] {section}: {len(rows)} rows", flush=True)
 
@@ -205,18 +219,29 @@ class Run:
 
 
 def provenance(device):
-    out = {"python": sys.version.split()[0], "torch": torch.__version__, "host": platform.node(),
-           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
-        out.update(gpu=p.name, sms=p.multi_processor_count, memory_bytes=p.total_memory,
-                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
-                   l2_bytes=getattr(p, "L2_cache_size", None))
+        out.update(
+            gpu=p.name,
+            sms=p.multi_processor_count,
+            memory_bytes=p.total_memory,
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            l2_bytes=getattr(p, "L2_cache_size", None),
+        )
         with contextlib.suppress(Exception):
             out["blas_lt"] = torch._C._cuda_getCompiledVersion()
-        out["nvidia_smi"] = smi("--query-gpu=name,driver_version,power.limit,power.default_limit,power.min_limit,"
-                                "power.max_limit,clocks.max.sm,clocks.max.mem,memory.total,pstate",
-                                "--format=csv")
+        out["nvidia_smi"] = smi(
+            "--query-gpu=name,driver_version,power.limit,power.default_limit,power.min_limit,"
+            "power.max_limit,clocks.max.sm,clocks.max.mem,memory.total,pstate",
+            "--format=csv",
+        )
     return out
 
 
@@ -229,6 +254,7 @@ def smi(*args):
 
 def section(fn):
     """Run one section; an error is recorded, not fatal, so the other sections still run."""
+
     def wrapped(run, *a):
         t = time.time()
         try:
@@ -240,6 +266,7 @@ def section(fn):
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
         print(f"    {fn.__name__} took {time.time() - t:.1f}s", flush=True)
+
     return wrapped
 
 
@@ -258,8 +285,12 @@ def launch(run: Run):
         run.timer.sync()
         host = (time.perf_counter() - t0) / reps
         rows.append([name, host, run.try_time("launch.graph", fn, graph=True)])
-    run.save("launch", rows, ["op", "eager_s_per_op", "graph_s_per_op"],
-             "eager: wall time of back-to-back python calls (host-bound for tiny ops); graph: CUDA-graph replay")
+    run.save(
+        "launch",
+        rows,
+        ["op", "eager_s_per_op", "graph_s_per_op"],
+        "eager: wall time of back-to-back python calls (host-bound for tiny ops); graph: CUDA-graph replay",
+    )
 
 
 @section
@@ -273,17 +304,33 @@ def gemm_bf16(run: Run, linears, tokens, decode_tokens):
             dgrad = run.timer.eager(lambda: torch.mm(dy, w))
             wgrad = run.timer.eager(lambda: torch.mm(dy.t(), x))
             c = run.timer.clock()
-            rows += [[name, "fwd", m, n, k, fwd, c], [name, "dgrad", m, k, n, dgrad, c],
-                     [name, "wgrad", n, k, m, wgrad, c]]
+            rows += [
+                [name, "fwd", m, n, k, fwd, c],
+                [name, "dgrad", m, k, n, dgrad, c],
+                [name, "wgrad", n, k, m, wgrad, c],
+            ]
         for m in decode_tokens:
             x = run.randn(m, k)
             rows.append([name, "decode", m, n, k, run.timer.eager(lambda: torch.mm(x, w.t())), run.timer.clock()])
             if m <= 8 and run.device == "cuda":
-                rows.append([name, "decode_graph", m, n, k, run.try_time("gemm.graph", lambda: torch.mm(x, w.t()),
-                                                                         graph=True), run.timer.clock()])
-        run.save("gemm_bf16", rows, ["layer", "pass", "m", "n", "k", "seconds", "sm_mhz"],
-                 "torch.mm bf16 (cuBLAS/cuBLASLt): fwd x[m,k]·W[n,k]^T; dgrad dy[m,n]·W[n,k]; wgrad dy^T·x; "
-                 "(m, n, k) of the product each row names")
+                rows.append(
+                    [
+                        name,
+                        "decode_graph",
+                        m,
+                        n,
+                        k,
+                        run.try_time("gemm.graph", lambda: torch.mm(x, w.t()), graph=True),
+                        run.timer.clock(),
+                    ]
+                )
+        run.save(
+            "gemm_bf16",
+            rows,
+            ["layer", "pass", "m", "n", "k", "seconds", "sm_mhz"],
+            "torch.mm bf16 (cuBLAS/cuBLASLt): fwd x[m,k]·W[n,k]^T; dgrad dy[m,n]·W[n,k]; wgrad dy^T·x; "
+            "(m, n, k) of the product each row names",
+        )
 
 
 @section
@@ -295,20 +342,26 @@ def gemm_fp8(run: Run, linears, tokens):
     rows = []
     for name, n, k in linears:
         for m in tokens:
-            for (mm, nn, kk, passname) in [(m, n, k, "fwd"), (m, k, n, "dgrad"), (n, k, m, "wgrad")]:
+            for mm, nn, kk, passname in [(m, n, k, "fwd"), (m, k, n, "dgrad"), (n, k, m, "wgrad")]:
                 a = run.randn(mm, kk).to(e4m3)
                 b = run.randn(nn, kk).to(e4m3).t()  # column-major [k, n]: cuBLAS fp8 takes TN only
-                t = run.try_time("fp8.tensorwise", lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
-                                                                             out_dtype=torch.bfloat16))
+                t = run.try_time(
+                    "fp8.tensorwise", lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                )
                 rows.append([name, passname, "tensorwise", mm, nn, kk, t, run.timer.clock()])
                 if passname == "fwd":
                     sa = torch.ones(mm, 1, device="cuda", dtype=torch.float32)
                     sb = torch.ones(1, nn, device="cuda", dtype=torch.float32)
-                    t = run.try_time("fp8.rowwise", lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
-                                                                              out_dtype=torch.bfloat16))
+                    t = run.try_time(
+                        "fp8.rowwise", lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                    )
                     rows.append([name, passname, "rowwise", mm, nn, kk, t, run.timer.clock()])
-        run.save("gemm_fp8", rows, ["layer", "pass", "scaling", "m", "n", "k", "seconds", "sm_mhz"],
-                 "torch._scaled_mm e4m3 x e4m3 -> bf16 (cuBLASLt; rowwise: CUTLASS in torch), TN layout")
+        run.save(
+            "gemm_fp8",
+            rows,
+            ["layer", "pass", "scaling", "m", "n", "k", "seconds", "sm_mhz"],
+            "torch._scaled_mm e4m3 x e4m3 -> bf16 (cuBLASLt; rowwise: CUTLASS in torch), TN layout",
+        )
 
 
 def expert_counts(tokens, experts, skew, gen, align=16):
@@ -349,26 +402,71 @@ def grouped(run: Run, experts_list):
                 g_fc2 = run.try_time("grouped.fc2", lambda: torch._grouped_mm(y1a, w2.transpose(-2, -1), offs=offs))
                 g_dgrad2 = run.try_time("grouped.dgrad", lambda: torch._grouped_mm(dy2, w2, offs=offs))
                 g_wgrad2 = run.try_time("grouped.wgrad", lambda: torch._grouped_mm(dy2.t(), y1a, offs=offs))
-            rows.append([name, skew, h, inter, e, routed, total, max(counts), flops_fc1, flops_fc2,
-                         loop_fc1, loop_fc2, loop_wgrad2, g_fc1, g_fc2, g_dgrad2, g_wgrad2, run.timer.clock()])
-        run.save("grouped", rows, ["config", "zipf_skew", "hidden", "inter", "local_experts", "routed_tokens",
-                                   "padded_tokens", "max_expert_tokens", "flops_fc1", "flops_fc2",
-                                   "loop_fc1_s", "loop_fc2_s", "loop_wgrad_fc2_s", "grouped_fc1_s",
-                                   "grouped_fc2_s", "grouped_dgrad_fc2_s", "grouped_wgrad_fc2_s", "sm_mhz"],
-                 "fc1: [tokens,h]x[h,2*inter] per expert; fc2: [tokens,inter]x[inter,h]; loop = one torch.mm per "
-                 "expert, back to back on one stream, host dispatch included; counts multinomial with Zipf "
-                 "weights 1/(i+1)^skew, padded to 16 rows")
+            rows.append(
+                [
+                    name,
+                    skew,
+                    h,
+                    inter,
+                    e,
+                    routed,
+                    total,
+                    max(counts),
+                    flops_fc1,
+                    flops_fc2,
+                    loop_fc1,
+                    loop_fc2,
+                    loop_wgrad2,
+                    g_fc1,
+                    g_fc2,
+                    g_dgrad2,
+                    g_wgrad2,
+                    run.timer.clock(),
+                ]
+            )
+        run.save(
+            "grouped",
+            rows,
+            [
+                "config",
+                "zipf_skew",
+                "hidden",
+                "inter",
+                "local_experts",
+                "routed_tokens",
+                "padded_tokens",
+                "max_expert_tokens",
+                "flops_fc1",
+                "flops_fc2",
+                "loop_fc1_s",
+                "loop_fc2_s",
+                "loop_wgrad_fc2_s",
+                "grouped_fc1_s",
+                "grouped_fc2_s",
+                "grouped_dgrad_fc2_s",
+                "grouped_wgrad_fc2_s",
+                "sm_mhz",
+            ],
+            "fc1: [tokens,h]x[h,2*inter] per expert; fc2: [tokens,inter]x[inter,h]; loop = one torch.mm per "
+            "expert, back to back on one stream, host dispatch included; counts multinomial with Zipf "
+            "weights 1/(i+1)^skew, padded to 16 rows",
+        )
 
 
 def sdpa_backends():
     from torch.nn.attention import SDPBackend
-    return [("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
-            ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+
+    return [
+        ("flash2", SDPBackend.FLASH_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ]
 
 
 @section
 def attention(run: Run, shapes):
     from torch.nn.attention import sdpa_kernel
+
     rows = []
     from torch.nn.attention import SDPBackend
 
@@ -389,16 +487,33 @@ def attention(run: Run, shapes):
                         def both():
                             o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             torch.autograd.grad(o, (q, k, v), do)
+
                         total = run.timer.eager(both)
                 except Exception as err:
                     run.data.setdefault("errors", {})[f"attention.{label}.{name}"] = str(err)[:300]
                     continue
                 flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
                 rows.append([name, label, causal, b, s, h, kv, d, flops, fwd, total - fwd, run.timer.clock()])
-        run.save("attention", rows, ["shape", "kernel", "causal", "batch", "seq", "heads", "kv_heads", "head_dim",
-                                     "fwd_flops", "fwd_s", "bwd_s", "sm_mhz"],
-                 "torch SDPA by backend (flash2 = FlashAttention-2 in torch; cudnn = cuDNN fused attention); bwd_s "
-                 "= (forward + autograd.grad) - forward; fwd_flops = 4·b·h·s²·d (x 1/2 causal)")
+        run.save(
+            "attention",
+            rows,
+            [
+                "shape",
+                "kernel",
+                "causal",
+                "batch",
+                "seq",
+                "heads",
+                "kv_heads",
+                "head_dim",
+                "fwd_flops",
+                "fwd_s",
+                "bwd_s",
+                "sm_mhz",
+            ],
+            "torch SDPA by backend (flash2 = FlashAttention-2 in torch; cudnn = cuDNN fused attention); bwd_s "
+            "= (forward + autograd.grad) - forward; fwd_flops = 4·b·h·s²·d (x 1/2 causal)",
+        )
 
 
 @section
@@ -414,23 +529,30 @@ def decode_attention(run: Run, shapes):
             run.data.setdefault("errors", {})[f"decode_attention.{name}"] = str(err)[:300]
             continue
         rows.append([name, b, L, h, kv, d, 2 * b * kv * L * d * 2, t])
-    run.save("decode_attention", rows, ["shape", "batch", "kv_len", "heads", "kv_heads", "head_dim", "kv_bytes",
-                                        "seconds"],
-             "torch SDPA (default backend choice), one query token per sequence, contiguous (not paged) bf16 KV")
+    run.save(
+        "decode_attention",
+        rows,
+        ["shape", "batch", "kv_len", "heads", "kv_heads", "head_dim", "kv_bytes", "seconds"],
+        "torch SDPA (default backend choice), one query token per sequence, contiguous (not paged) bf16 KV",
+    )
 
 
 @section
 def memory_bound(run: Run):
     rows = []
-    sizes = [2 ** p for p in range(16, 32, 1)] if not run.smoke else [2 ** 12, 2 ** 16]
+    sizes = [2**p for p in range(16, 32, 1)] if not run.smoke else [2**12, 2**16]
     for nbytes in sizes:
         n = nbytes // 2
         x, y = run.randn(n), run.randn(n)
         t = run.timer.eager(lambda: y.copy_(x))
-        g = run.try_time("copy.graph", lambda: y.copy_(x), graph=True) if nbytes <= 2 ** 24 else None
+        g = run.try_time("copy.graph", lambda: y.copy_(x), graph=True) if nbytes <= 2**24 else None
         rows.append(["copy", nbytes, 2 * nbytes, t, g])
-    run.save("memory_bound", rows, ["op", "tensor_bytes", "bytes_moved", "eager_s", "graph_s"],
-             "bf16 tensors; copy reads and writes the tensor once each")
+    run.save(
+        "memory_bound",
+        rows,
+        ["op", "tensor_bytes", "bytes_moved", "eager_s", "graph_s"],
+        "bf16 tensors; copy reads and writes the tensor once each",
+    )
     tokens = 8192 if not run.smoke else 64
     for hidden in (4096, 8192) if not run.smoke else (64,):
         x = run.randn(tokens, hidden).requires_grad_()
@@ -445,7 +567,7 @@ def memory_bound(run: Run):
         cos, sin = run.randn(tokens, hidden), run.randn(tokens, hidden)
 
         def rotary():  # Hugging Face apply_rotary_pos_emb on one tensor: q·cos + rotate_half(q)·sin
-            h1, h2 = a[..., : hidden // 2], a[..., hidden // 2:]
+            h1, h2 = a[..., : hidden // 2], a[..., hidden // 2 :]
             return a * cos + torch.cat((-h2, h1), dim=-1) * sin
 
         ops = [
@@ -468,16 +590,25 @@ def memory_bound(run: Run):
         def rms_fwd_bwd():
             y = F.rms_norm(x, (hidden,), w)
             torch.autograd.grad(y, (x, w), a)
+
         rows.append([f"rms_norm_fused_fwd_bwd.h{hidden}", act, 5 * act, run.timer.eager(rms_fwd_bwd), None])
     vocab = 128256 // 8 if not run.smoke else 512
     logits = run.randn(tokens, vocab).requires_grad_()
     target = torch.randint(0, vocab, (tokens,), device=run.device)
-    rows.append([f"cross_entropy_fwd.v{vocab}", logits.numel() * 2, logits.numel() * 2,
-                 run.timer.eager(lambda: F.cross_entropy(logits.float(), target)), None])
+    rows.append(
+        [
+            f"cross_entropy_fwd.v{vocab}",
+            logits.numel() * 2,
+            logits.numel() * 2,
+            run.timer.eager(lambda: F.cross_entropy(logits.float(), target)),
+            None,
+        ]
+    )
 
     def ce_both():
         loss = F.cross_entropy(logits.float(), target)
         torch.autograd.grad(loss, logits)
+
     rows.append([f"cross_entropy_fwd_bwd.v{vocab}", logits.numel() * 2, None, run.timer.eager(ce_both), None])
     # MoE permute: gather routed rows (index_select), sort the expert ids, scatter back (index_add_)
     h = 4096 if not run.smoke else 64
@@ -485,13 +616,27 @@ def memory_bound(run: Run):
     src = run.randn(routed // 8, h)
     idx = torch.randint(0, routed // 8, (routed,), device=run.device)
     ids = torch.randint(0, 128, (routed,), device=run.device)
-    rows.append([f"moe_gather.h{h}", routed * h * 2, 2 * routed * h * 2,
-                 run.timer.eager(lambda: src.index_select(0, idx)), None])
+    rows.append(
+        [
+            f"moe_gather.h{h}",
+            routed * h * 2,
+            2 * routed * h * 2,
+            run.timer.eager(lambda: src.index_select(0, idx)),
+            None,
+        ]
+    )
     rows.append([f"moe_sort.n{routed}", routed * 8, None, run.timer.eager(lambda: torch.sort(ids, stable=True)), None])
     val = run.randn(routed, h)
     out = torch.zeros_like(src)
-    rows.append([f"moe_scatter_add.h{h}", routed * h * 2, 3 * routed * h * 2,
-                 run.timer.eager(lambda: out.index_add_(0, idx, val)), None])
+    rows.append(
+        [
+            f"moe_scatter_add.h{h}",
+            routed * h * 2,
+            3 * routed * h * 2,
+            run.timer.eager(lambda: out.index_add_(0, idx, val)),
+            None,
+        ]
+    )
     # Optimizer: AdamW over 1e8 fp32 parameters (+ fp32 grads and two moments), fused and foreach
     n = 100_000_000 if not run.smoke else 10_000
     for impl in ("fused", "foreach"):
@@ -502,9 +647,13 @@ def memory_bound(run: Run):
         opt = torch.optim.AdamW([p], lr=1e-4, **{impl: True})
         opt.step()
         rows.append([f"adamw_{impl}.fp32", n * 4, None, run.timer.eager(opt.step), None])
-    run.save("memory_bound", rows, ["op", "tensor_bytes", "bytes_moved", "eager_s", "graph_s"],
-             "bf16 unless named; bytes_moved = the op's minimal HBM traffic (None: not stated); eager_s includes "
-             "every kernel the op launches")
+    run.save(
+        "memory_bound",
+        rows,
+        ["op", "tensor_bytes", "bytes_moved", "eager_s", "graph_s"],
+        "bf16 unless named; bytes_moved = the op's minimal HBM traffic (None: not stated); eager_s includes "
+        "every kernel the op launches",
+    )
 
 
 @section
@@ -528,10 +677,14 @@ def sustained(run: Run, seconds):
         second = 0
         while time.time() < t_end:
             t = run.timer._burst(fn, 20)
-            rows.append([dtype, second, time.time() - run.started, 2 * n ** 3 / t / 1e12])
+            rows.append([dtype, second, time.time() - run.started, 2 * n**3 / t / 1e12])
             second += 1
-    run.save("sustained", rows, ["dtype", "burst", "t_s", "tflops"],
-             "8192x8192x8192 back to back, 20 per burst; clocks and power in smi.csv")
+    run.save(
+        "sustained",
+        rows,
+        ["dtype", "burst", "t_s", "tflops"],
+        "8192x8192x8192 back to back, 20 per burst; clocks and power in smi.csv",
+    )
 
 
 # (name, batch, seq, hidden, heads, kv heads, ffn, experts, top-k, expert ffn): one rank's layer, no communication
@@ -661,8 +814,9 @@ class Fp8Linear(torch.autograd.Function):
         dy2 = dy.reshape(-1, dy.shape[-1])
         dq, sd = _fp8(dy2)
         dx = torch._scaled_mm(dq, wq.t().contiguous().t(), scale_a=sd, scale_b=sw, out_dtype=torch.bfloat16)
-        dw = torch._scaled_mm(dq.t().contiguous(), xq.t().contiguous().t(), scale_a=sd, scale_b=sx,
-                              out_dtype=torch.bfloat16)
+        dw = torch._scaled_mm(
+            dq.t().contiguous(), xq.t().contiguous().t(), scale_a=sd, scale_b=sx, out_dtype=torch.bfloat16
+        )
         return dx.view(ctx.shape), dw
 
 
@@ -671,7 +825,7 @@ class Fp8Linear(torch.autograd.Function):
 # layer's shape, 2 GiB copies, and the 8192^3 GEMMs. Not yet run (written without a device: run ``--smoke --only
 # power --power 0.3`` first)
 POWER_ATTENTION = (4, 4096, 32, 8, 128)  # batch, seq, heads, kv heads, head dim
-POWER_COPY_BYTES = 2 ** 31
+POWER_COPY_BYTES = 2**31
 POWER_BURST_S = 0.25  # a burst long enough for the energy counter's updates
 
 
@@ -695,6 +849,7 @@ def _attention_step(run, b, s, h, kv, d):
         with sdpa_kernel(backends):  # as Layer.forward: cuDNN where it takes the shape
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         torch.autograd.grad(o, (q, k, v), do)
+
     return step
 
 
@@ -715,12 +870,18 @@ def _power_classes(run, layers, heldout):
         return lambda: y.copy_(x)
 
     attention = POWER_ATTENTION if not run.smoke else (1, 64, 2, 1, 64)
-    out = [("gemm_bf16", lambda: gemm("bf16")), ("attention_cudnn", lambda: _attention_step(run, *attention)),
-           ("copy", copy), (f"layer_bf16.{layers[0][0]}", lambda: _layer_step(run, layers[0])),
-           (f"layer_bf16.{heldout[0][0]}", lambda: _layer_step(run, heldout[0]))]
+    out = [
+        ("gemm_bf16", lambda: gemm("bf16")),
+        ("attention_cudnn", lambda: _attention_step(run, *attention)),
+        ("copy", copy),
+        (f"layer_bf16.{layers[0][0]}", lambda: _layer_step(run, layers[0])),
+        (f"layer_bf16.{heldout[0][0]}", lambda: _layer_step(run, heldout[0])),
+    ]
     if not run.smoke:  # torch._scaled_mm needs fp8 tensor cores
-        out += [("gemm_fp8", lambda: gemm("fp8")),
-                (f"layer_fp8.{layers[0][0]}", lambda: _layer_step(run, layers[0], fp8=True))]
+        out += [
+            ("gemm_fp8", lambda: gemm("fp8")),
+            (f"layer_fp8.{layers[0][0]}", lambda: _layer_step(run, layers[0], fp8=True)),
+        ]
     return out
 
 
@@ -750,9 +911,13 @@ def power(run: Run, seconds, layers, heldout):
         del fn
         if run.device == "cuda":
             torch.cuda.empty_cache()
-        run.save("power", rows, ["class", "burst", "t_s", "seconds", "reps", "wall_s", "sm_mhz", "energy_j"],
-                 "each class back to back; seconds per call (CUDA events), the burst's wall time and the energy "
-                 "counter's joules over it (mean W = energy_j / wall_s); sm_mhz read after the burst")
+        run.save(
+            "power",
+            rows,
+            ["class", "burst", "t_s", "seconds", "reps", "wall_s", "sm_mhz", "energy_j"],
+            "each class back to back; seconds per call (CUDA events), the burst's wall time and the energy "
+            "counter's joules over it (mean W = energy_j / wall_s); sm_mhz read after the burst",
+        )
 
 
 @section
@@ -781,11 +946,28 @@ def layers(run: Run, shapes, sustain):
             layer.expand = True
             t_fwd = run.try_time(f"layers.{name}.fwd.expanded", fwd)
             t_step = run.try_time(f"layers.{name}.step.expanded", step)
-        rows.append([name, b, s, h, heads, kv, ffn, experts, topk, eff, t_fwd, t_step, run.timer.clock(),
-                     layer.expand])
-        run.save("layers", rows, ["layer", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "experts",
-                                  "topk", "expert_ffn", "fwd_s", "fwd_bwd_s", "sm_mhz", "kv_expanded"],
-                 "PyTorch eager layer (class Layer), bf16, one rank's share, no collectives; fwd under no_grad")
+        rows.append([name, b, s, h, heads, kv, ffn, experts, topk, eff, t_fwd, t_step, run.timer.clock(), layer.expand])
+        run.save(
+            "layers",
+            rows,
+            [
+                "layer",
+                "batch",
+                "seq",
+                "hidden",
+                "heads",
+                "kv_heads",
+                "ffn",
+                "experts",
+                "topk",
+                "expert_ffn",
+                "fwd_s",
+                "fwd_bwd_s",
+                "sm_mhz",
+                "kv_expanded",
+            ],
+            "PyTorch eager layer (class Layer), bf16, one rank's share, no collectives; fwd under no_grad",
+        )
         if not steady and sustain > 0 and t_step:
             t_end = time.time() + sustain
             i = 0
@@ -793,9 +975,12 @@ def layers(run: Run, shapes, sustain):
                 t = run.timer._burst(step, 5)
                 steady.append([name, i, round(time.time() - run.started, 2), t, run.timer.clock()])
                 i += 1
-            run.save("layer_sustained", steady, ["layer", "burst", "t_s", "fwd_bwd_s", "sm_mhz"],
-                     "the layer's forward + backward back to back for the sustain time, 5 per burst")
-
+            run.save(
+                "layer_sustained",
+                steady,
+                ["layer", "burst", "t_s", "fwd_bwd_s", "sm_mhz"],
+                "the layer's forward + backward back to back for the sustain time, 5 per burst",
+            )
 
 
 def profile_layers(run: Run, names: list[str], known: list[tuple]):
@@ -838,8 +1023,12 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--profile", default="", help="comma-separated layer names: torch.profiler tables and traces")
     ap.add_argument("--heldout", action="store_true", help="the held-out layers (LAYERS_HELDOUT) instead of LAYERS")
-    ap.add_argument("--power", type=float, default=0.0,
-                    help="seconds per class of the power section (0: not run); e.g. --only power --power 15")
+    ap.add_argument(
+        "--power",
+        type=float,
+        default=0.0,
+        help="seconds per class of the power section (0: not run); e.g. --only power --power 15",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     g = SMOKE if args.smoke else globals()
@@ -849,9 +1038,17 @@ def main():
     smi_log = None
     if not args.smoke:
         with open(args.out / "smi.csv", "w") as log:
-            smi_log = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,"
-                                        "temperature.gpu,clocks_event_reasons.active", "--format=csv,noheader",
-                                        "-lms", "250"], stdout=log, stderr=subprocess.STDOUT)
+            smi_log = subprocess.Popen(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active",
+                    "--format=csv,noheader",
+                    "-lms",
+                    "250",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
     steps = [
         ("layers", lambda: layers(run, g["LAYERS_HELDOUT" if args.heldout else "LAYERS"], args.sustain_layer)),
         ("launch", lambda: launch(run)),

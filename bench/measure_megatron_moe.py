@@ -90,9 +90,11 @@ try:  # the CI imports this module for its tables without torch or Megatron
 except ImportError:  # pragma: no cover - exercised where torch is missing
     torch = None
 
-DEVICE_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "
-                  ".whl/*.whl && PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 timeout 420 "
-                  "python3 bench/measure_megatron_moe.py --out $OUT")  # the docstring's, on one line
+DEVICE_COMMAND = (
+    "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "
+    ".whl/*.whl && PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 timeout 420 "
+    "python3 bench/measure_megatron_moe.py --out $OUT"
+)  # the docstring's, on one line
 BUDGET_S = 390.0  # 6.5 min: the remaining rows are skipped past this (the device command's timeout: 420 s = 7 min)
 MIN_TIME = 0.25  # seconds a timed burst lasts at least
 MAX_REPS = 20
@@ -117,12 +119,37 @@ SHAPES = [
 ]
 TRACE = ("qwen3_30b.ep8", "alltoall", 8192)  # the one profiler trace written (gzip Chrome JSON)
 
-SMOKE = dict(SHAPES=[("tiny.moe", 64, 4, 2, 16, 32, 4, 2, True), ("tiny.dense", 64, 4, 2, 16, 128, 0, 0, False)],
-             TOKENS=[32, 64], SEQ=32, TRACE=("tiny.moe", "alltoall", 64))
+SMOKE = dict(
+    SHAPES=[("tiny.moe", 64, 4, 2, 16, 32, 4, 2, True), ("tiny.dense", 64, 4, 2, 16, 128, 0, 0, False)],
+    TOKENS=[32, 64],
+    SEQ=32,
+    TRACE=("tiny.moe", "alltoall", 64),
+)
 
-COLUMNS = ["shape", "dispatcher", "scope", "tokens", "seq", "mbs", "reps", "wall_s", "host_s", "host_cpu_s",
-           "gpu_busy_s", "kernels", "memcpy_dtoh", "memset", "launches", "syncs", "sync_wait_s", "memcpy_calls",
-           "memcpy_wait_s", "aten_ops", "sync_warnings", "peak_bytes"]
+COLUMNS = [
+    "shape",
+    "dispatcher",
+    "scope",
+    "tokens",
+    "seq",
+    "mbs",
+    "reps",
+    "wall_s",
+    "host_s",
+    "host_cpu_s",
+    "gpu_busy_s",
+    "kernels",
+    "memcpy_dtoh",
+    "memset",
+    "launches",
+    "syncs",
+    "sync_wait_s",
+    "memcpy_calls",
+    "memcpy_wait_s",
+    "aten_ops",
+    "sync_warnings",
+    "peak_bytes",
+]
 
 
 def parse_args(argv=None):
@@ -170,11 +197,13 @@ def seq_mbs(tokens: int, seq: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------------------------
 # the run (torch and Megatron needed from here on)
 
+
 def cpu_cuda_shim():
     """--smoke only: no-op stand-ins for the torch.cuda stream/event calls Megatron's MoE code makes even at world
     size 1 (token_dispatcher.py MoEAlltoAllTokenDispatcher: torch.cuda.Stream(), current_stream(), stream(),
     Stream.record_event(), Event.synchronize(); router.py: torch.cuda.current_device()), so the real code runs on
     a CPU-only torch. One stream object, so Megatron sees no side stream (no record_stream on CPU tensors)."""
+
     class Event:
         def record(self, *a, **k):
             pass
@@ -222,8 +251,14 @@ def cpu_model():
 
 
 def provenance(device):
-    out = {"python": sys.version.split()[0], "torch": torch.__version__, "host": platform.node(),
-           "cpu": cpu_model(), "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     with contextlib.suppress(Exception):
         from megatron.core import package_info
 
@@ -233,8 +268,11 @@ def provenance(device):
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         out.update(gpu=p.name, sms=p.multi_processor_count, memory_bytes=p.total_memory, cuda=torch.version.cuda)
-        out["nvidia_smi"] = smi("--query-gpu=name,driver_version,power.limit,clocks.sm,clocks.max.sm,clocks.mem,"
-                                "clocks.max.mem,memory.total,pstate", "--format=csv")
+        out["nvidia_smi"] = smi(
+            "--query-gpu=name,driver_version,power.limit,clocks.sm,clocks.max.sm,clocks.mem,"
+            "clocks.max.mem,memory.total,pstate",
+            "--format=csv",
+        )
     return out
 
 
@@ -248,8 +286,16 @@ class Run:
         from bench.measure_kernels import Timer  # the same timing method as the kernel tables
 
         self.timer = Timer(self.device)
-        self.data: dict = {"provenance": provenance(self.device), "columns": COLUMNS, "rows": [], "sections": {},
-                           "modules": {}, "runtime_calls": {}, "skipped": [], "errors": {}}
+        self.data: dict = {
+            "provenance": provenance(self.device),
+            "columns": COLUMNS,
+            "rows": [],
+            "sections": {},
+            "modules": {},
+            "runtime_calls": {},
+            "skipped": [],
+            "errors": {},
+        }
         name = self.data["provenance"].get("gpu", "cpu").lower().replace("nvidia ", "").replace(" ", "_")
         self.path = self.out / f"megatron_moe_{name}.json"
 
@@ -278,8 +324,9 @@ def init_megatron(run: Run):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("gloo" if run.smoke else "nccl", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                                             expert_model_parallel_size=1)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1
+    )
     if not run.smoke:
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
     torch.manual_seed(1234)
@@ -294,14 +341,16 @@ def sdpa_attention_class():
     class SdpaAttention(DotProductAttention):
         gqa = True  # SDPA's enable_gqa; False: the key and value are repeated per group (Megatron's own DPA does)
 
-        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                    packed_seq_params=None):
+        def forward(
+            self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
+        ):
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             group = q.shape[1] // k.shape[1]
             if group > 1 and not self.gqa:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                 enable_gqa=group > 1 and self.gqa)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=group > 1 and self.gqa
+            )
             return o.permute(2, 0, 1, 3).reshape(o.shape[2], o.shape[0], -1)
 
     return SdpaAttention
@@ -329,19 +378,51 @@ def build_layer(run: Run, shape, dispatcher):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     _, hidden, heads, kv, head_dim, ffn, experts, topk, qk_norm = shape
-    moe = dict(num_moe_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=ffn,
-               moe_token_dispatcher_type=dispatcher, moe_grouped_gemm=False, moe_permute_fusion=False,
-               moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-3, moe_router_dtype="fp32",
-               moe_router_pre_softmax=False) if experts else {}
+    moe = (
+        dict(
+            num_moe_experts=experts,
+            moe_router_topk=topk,
+            moe_ffn_hidden_size=ffn,
+            moe_token_dispatcher_type=dispatcher,
+            moe_grouped_gemm=False,
+            moe_permute_fusion=False,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=1e-3,
+            moe_router_dtype="fp32",
+            moe_router_pre_softmax=False,
+        )
+        if experts
+        else {}
+    )
     config = TransformerConfig(
-        num_layers=1, hidden_size=hidden, num_attention_heads=heads, num_query_groups=kv, kv_channels=head_dim,
-        ffn_hidden_size=ffn, qk_layernorm=qk_norm, normalization="RMSNorm", gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=run.smoke, bias_activation_fusion=False,
-        masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
-        gradient_accumulation_fusion=False, bias_dropout_fusion=False, transformer_impl="local", **moe)
-    spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False, qk_layernorm=qk_norm,
-                                    normalization="RMSNorm")
+        num_layers=1,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_query_groups=kv,
+        kv_channels=head_dim,
+        ffn_hidden_size=ffn,
+        qk_layernorm=qk_norm,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        use_cpu_initialization=run.smoke,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False,
+        transformer_impl="local",
+        **moe,
+    )
+    spec = get_gpt_layer_local_spec(
+        num_experts=experts or None, moe_grouped_gemm=False, qk_layernorm=qk_norm, normalization="RMSNorm"
+    )
     attention = sdpa_attention_class()
     attention.gqa = run.data["provenance"].setdefault("flash_gqa", run.smoke or flash_takes_gqa())
     spec.submodules.self_attention.submodules.core_attention = attention
@@ -352,9 +433,13 @@ def build_layer(run: Run, shape, dispatcher):
 def modules(layer, build_s):
     """What Megatron built for a section: the classes that decide the host's work, and the parameter count."""
     mlp = layer.mlp
-    out = {"layer": type(layer).__name__, "mlp": type(mlp).__name__,
-           "core_attention": type(layer.self_attention.core_attention).__name__,
-           "params": sum(p.numel() for p in layer.parameters()), "build_s": round(build_s, 2)}
+    out = {
+        "layer": type(layer).__name__,
+        "mlp": type(mlp).__name__,
+        "core_attention": type(layer.self_attention.core_attention).__name__,
+        "params": sum(p.numel() for p in layer.parameters()),
+        "build_s": round(build_s, 2),
+    }
     for part in ("router", "experts", "token_dispatcher"):
         if hasattr(mlp, part):
             out[part] = type(getattr(mlp, part)).__name__
@@ -373,8 +458,17 @@ def profile_counts(run: Run, step, steps, trace_path=None):
         for _ in range(steps):
             step()
         run.sync()
-    c = dict(kernels=0, memcpy_dtoh=0, memset=0, launches=0, syncs=0, sync_wait_s=0.0, memcpy_calls=0,
-             memcpy_wait_s=0.0, aten_ops=0)
+    c = dict(
+        kernels=0,
+        memcpy_dtoh=0,
+        memset=0,
+        launches=0,
+        syncs=0,
+        sync_wait_s=0.0,
+        memcpy_calls=0,
+        memcpy_wait_s=0.0,
+        aten_ops=0,
+    )
     spans, calls = [], {}
     # the raw kineto events: prof.events() builds the op tree in Python, ~2 s per 20k events on a slow host
     for e in prof.profiler.kineto_results.events():
@@ -460,8 +554,13 @@ def measure(run: Run, layer, scope, s, b, hidden, trace_path=None):
         step()
     t1, c1 = time.perf_counter(), time.process_time()
     run.sync()
-    row = dict(reps=reps, wall_s=wall, host_s=(t1 - t0) / reps, host_cpu_s=(c1 - c0) / reps,
-               peak_bytes=torch.cuda.max_memory_allocated() if run.device == "cuda" else None)
+    row = dict(
+        reps=reps,
+        wall_s=wall,
+        host_s=(t1 - t0) / reps,
+        host_cpu_s=(c1 - c0) / reps,
+        peak_bytes=torch.cuda.max_memory_allocated() if run.device == "cuda" else None,
+    )
     row.update(profile_counts(run, step, PROFILE_STEPS, trace_path))
     row["sync_warnings"] = sync_warnings(run, step)
     return row
@@ -485,8 +584,11 @@ def shape_section(run: Run, shape, dispatcher, tokens, seq, trace):
                     run.data["skipped"].append(label)
                     continue
                 s, b = seq_mbs(T, seq)
-                path = (run.out / f"trace_{name}_{dispatcher}_T{T}.json.gz"
-                        if trace and scope == "mlp" and (name, dispatcher, T) == trace else None)
+                path = (
+                    run.out / f"trace_{name}_{dispatcher}_T{T}.json.gz"
+                    if trace and scope == "mlp" and (name, dispatcher, T) == trace
+                    else None
+                )
                 try:
                     r = measure(run, layer, scope, s, b, hidden, path)
                 except Exception as e:  # e.g. out of memory: record it, go on with the next row
@@ -498,9 +600,12 @@ def shape_section(run: Run, shape, dispatcher, tokens, seq, trace):
                 r.update(shape=name, dispatcher=dispatcher, scope=scope, tokens=T, seq=s, mbs=b)
                 run.data["rows"].append([r.get(k) for k in COLUMNS])
                 run.data["runtime_calls"][label] = r["runtime_calls"]
-                print(f"  {label}: wall {r['wall_s'] * 1e3:.2f} ms host {r['host_s'] * 1e3:.2f} ms "
-                      f"gpu {r['gpu_busy_s'] * 1e3:.2f} ms kernels {r['kernels']:.0f} syncs {r['syncs']:.0f} "
-                      f"dtoh {r['memcpy_dtoh']:.0f}", flush=True)
+                print(
+                    f"  {label}: wall {r['wall_s'] * 1e3:.2f} ms host {r['host_s'] * 1e3:.2f} ms "
+                    f"gpu {r['gpu_busy_s'] * 1e3:.2f} ms kernels {r['kernels']:.0f} syncs {r['syncs']:.0f} "
+                    f"dtoh {r['memcpy_dtoh']:.0f}",
+                    flush=True,
+                )
                 run.save(label)
         del layer
     except Exception as e:
@@ -523,17 +628,26 @@ def main(argv=None):
     smi_log = None
     if not args.smoke:  # the SM clock, power and throttle reasons every second, as measure_kernels.py logs them
         with open(args.out / "smi.csv", "w") as log:
-            smi_log = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,"
-                                        "temperature.gpu,clocks_event_reasons.active", "--format=csv,noheader",
-                                        "-lms", "1000"], stdout=log, stderr=subprocess.STDOUT)
+            smi_log = subprocess.Popen(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active",
+                    "--format=csv,noheader",
+                    "-lms",
+                    "1000",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
     init_megatron(run)
     run.save("init")
     g = SMOKE if args.smoke else globals()
     trace = None if args.no_trace else g["TRACE"]
     for shape, dispatcher, tokens in plan(args):
         shape_section(run, shape, dispatcher, tokens, g["SEQ"], trace)
-    run.data["provenance"]["nvidia_smi_end"] = smi("--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
-                                                   "--format=csv") if not args.smoke else None
+    run.data["provenance"]["nvidia_smi_end"] = (
+        smi("--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw", "--format=csv") if not args.smoke else None
+    )
     run.save("done")
     if smi_log:
         smi_log.terminate()

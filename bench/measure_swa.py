@@ -32,9 +32,7 @@ def measure(b: int, s: int, window) -> dict:
     v = random.normal(random.PRNGKey(2), (b, s, 8, 64), jnp.bfloat16)
 
     def f(q, k, v):
-        return jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, local_window_size=window, implementation="cudnn"
-        )
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window, implementation="cudnn")
 
     fwd = jax.jit(f)
     both = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))

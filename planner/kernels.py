@@ -1978,17 +1978,38 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
     clamp = bool(gated and mdl.glu_clamp and ctx.flavour.eager_glu_clamp and ctx.training)
     clamp = clamp and not ctx.work.torch_compile  # Inductor fuses the clamp into the activation
     ef, eb = routed_expert_kernels(
-        tokens, rows, local, h, f, gated, dt, x, k.fu, gpu, eff, k.floor,
-        streams=streams, sort=sort, spread=spread, k0=k0, score_combine=scores,
-        fp8_pad=fp8_expert_padding(ctx, dt) and not fused, fused_activation=fused,
+        tokens,
+        rows,
+        local,
+        h,
+        f,
+        gated,
+        dt,
+        x,
+        k.fu,
+        gpu,
+        eff,
+        k.floor,
+        streams=streams,
+        sort=sort,
+        spread=spread,
+        k0=k0,
+        score_combine=scores,
+        fp8_pad=fp8_expert_padding(ctx, dt) and not fused,
+        fused_activation=fused,
         # the fused grouped MLP (TE's op fuser) clamps inside its activation and scales fc2's bias by the probs in
         # its GEMM (Megatron-LM d98e8a6 experts.py _make_fused_ops: ScaledClampedQGeGLU, scale_bias)
-        glu_clamp=clamp and not fused, expert_bias=() if fused else expert_bias_loop(ctx, local),
+        glu_clamp=clamp and not fused,
+        expert_bias=() if fused else expert_bias_loop(ctx, local),
         weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
     )
     fl = ctx.flavour
-    if ctx.training and fl.dispatch_count_sync and not m.capacity_factor and not cuda_graphs(ctx) and (
-        par.ep > 1 or not fl.count_sync_needs_ep
+    if (
+        ctx.training
+        and fl.dispatch_count_sync
+        and not m.capacity_factor
+        and not cuda_graphs(ctx)
+        and (par.ep > 1 or not fl.count_sync_needs_ep)
     ):
         # the dispatcher's: the experts' row counts go to the host before the all-to-all (or the dispatch's end on
         # one rank), whether the experts then launch one by one or as the fused grouped MLP: the CPU waits for the

@@ -703,7 +703,6 @@ class Chunk:
     mtp: int = 0
 
 
-
 def _framework_switches(par: ParallelSpec, w: WorkloadSpec) -> None:
     """A workload switch that only some frameworks have (a flavour trait says which), refused on the others; the
     reason is written only for a refusal (the search checks every layout)."""
@@ -724,6 +723,7 @@ def _framework_switches(par: ParallelSpec, w: WorkloadSpec) -> None:
         if refused:
             always = "always" if fl.vocab_parallel_loss else "never"
             raise SpecError(where, why.format(name=repr(par.framework), always=always))
+
 
 def parse_layout(layout: str | tuple | list) -> tuple[tuple[str, ...], ...]:
     """Megatron's --pipeline-model-parallel-layout: the string ("Et*3|(tt|)*29,m|L", commas cosmetic,

@@ -42,6 +42,7 @@ def weight_bytes(dtype: str) -> float:
     """Bytes of one stored weight element: a plain dtype's, or a block-scaled format's with its scales."""
     return DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else WEIGHT_FORMAT_BYTES[dtype]
 
+
 RECOMPUTE = ("none", "selective", "full")
 # Core-attention kernels: "flash" (the framework's default fused kernel for the GPU: planner/kernels.py
 # the flavour's flash_attention_by_sm), "flash2" (FlashAttention-2), "flash3" (FlashAttention-3, Hopper only), "cudnn"

@@ -210,7 +210,7 @@ class WorkloadIn(Strict):
         default=None,
         description='RMSNorm as one kernel each way ("fused", the default) or, in an eager framework (torch, '
         'deepspeed, without torch.compile), as its op chain ("ops": torchtitan\'s RMSNorm of norm_type "rmsnorm" '
-        "up to 2025, 36 B an element in 8 kernels forward, 92 B in 16 backward); \"apex\": Megatron-LM's "
+        'up to 2025, 36 B an element in 8 kernels forward, 92 B in 16 backward); "apex": Megatron-LM\'s '
         "MixedFusedLayerNorm before its persistent kernel (the SC'21 code, 6985e58; NVIDIA/apex PR #1037's A100 "
         "times: 1.40x the persistent kernel forward, 2.03x backward in 3 kernels). Default: the framework's "
         "(megatron-lm-2021: the persistent kernel for the hidden sizes of persist_ln_hidden_sizes, else apex)",

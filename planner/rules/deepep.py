@@ -139,10 +139,14 @@ def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple
     # each leg's send buffer in equal blocks over its group (ledger.equal_blocks): fp8 rows with their scales
     # (2,972 B at h 2,880) over 8 ranks were priced by no schedule, a 422 (hostile10)
     rdma, nvlink = (rdma_rows, nodes), (nvlink_rows, local)
-    dispatch = [("rdma", inter, equal_blocks(rdma[0] * row_bytes, rdma[1])),
-                ("nvlink", intra, equal_blocks(nvlink[0] * row_bytes, nvlink[1]))]
-    combine = [("nvlink", intra, equal_blocks(nvlink[0] * combine_bytes, nvlink[1])),
-               ("rdma", inter, equal_blocks(rdma[0] * combine_bytes, rdma[1]))]
+    dispatch = [
+        ("rdma", inter, equal_blocks(rdma[0] * row_bytes, rdma[1])),
+        ("nvlink", intra, equal_blocks(nvlink[0] * row_bytes, nvlink[1])),
+    ]
+    combine = [
+        ("nvlink", intra, equal_blocks(nvlink[0] * combine_bytes, nvlink[1])),
+        ("rdma", inter, equal_blocks(rdma[0] * combine_bytes, rdma[1])),
+    ]
     return dispatch, combine  # fmt: skip
 
 

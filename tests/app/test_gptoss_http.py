@@ -60,6 +60,7 @@ def _on_a100(work: dict | None = None, model: dict | None = None) -> dict:
 def test_sinks_run_cudnn_on_the_a100_and_flash_is_a_422_naming_the_rule(api):
     """Megatron + TE 2.9: FlashAttention runs no learned sinks, cuDNN (>= 9.13.1) does on sm80. The A100 plan's
     assumptions say cudnn with sinks, flash2 without; asking for flash2 with sinks is a 422 on the field."""
+
     def attention_row(body):
         r = api.post("/v1/plan", json=body)
         assert r.status_code == 200, r.text

@@ -253,7 +253,6 @@ def test_healthz_p99_under_eight_heavy_requests_and_a_calibrate_at_its_limit(in_
         control_server() as control,
         probing(base, control) as probes,
     ):
-
         start = time.monotonic()
 
         def heavy(path: str, body: dict) -> None:

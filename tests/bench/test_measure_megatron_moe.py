@@ -41,10 +41,14 @@ def test_plan_runs_alltoall_for_every_shape_first_and_the_dense_layer_once(tmp_p
     plan = m.plan(m.parse_args(["--out", str(tmp_path)]))
     moe = [s for s in m.SHAPES if s[6]]
     assert [(s[0], d) for s, d, _ in plan] == (
-        [(s[0], "alltoall" if s[6] else "none") for s in m.SHAPES] + [(s[0], "allgather") for s in moe])
+        [(s[0], "alltoall" if s[6] else "none") for s in m.SHAPES] + [(s[0], "allgather") for s in moe]
+    )
     assert all(t == m.TOKENS for _, _, t in plan)
-    one = m.plan(m.parse_args(["--out", str(tmp_path), "--only", "qwen3_30b.ep8", "--tokens", "4096",
-                               "--dispatchers", "alltoall"]))
+    one = m.plan(
+        m.parse_args(
+            ["--out", str(tmp_path), "--only", "qwen3_30b.ep8", "--tokens", "4096", "--dispatchers", "alltoall"]
+        )
+    )
     assert [(s[0], d, t) for s, d, t in one] == [("qwen3_30b.ep8", "alltoall", [4096])]
     smoke = m.plan(m.parse_args(["--out", str(tmp_path), "--smoke"]))
     assert {s[0] for s, _, _ in smoke} == {s[0] for s in m.SMOKE["SHAPES"]}
@@ -60,8 +64,10 @@ def test_bad_arguments_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatron") is None,
-                    reason="the smoke run needs torch and megatron-core")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatron") is None,
+    reason="the smoke run needs torch and megatron-core",
+)
 def test_smoke_runs_megatrons_moe_layer_on_the_cpu(tmp_path):
     m.main(["--out", str(tmp_path), "--smoke", "--tokens", "32"])
     data = json.loads((tmp_path / "megatron_moe_cpu.json").read_text())
@@ -74,8 +80,10 @@ def test_smoke_runs_megatrons_moe_layer_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatron") is None,
-                    reason="needs torch and megatron-core")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("megatron") is None,
+    reason="needs torch and megatron-core",
+)
 def test_the_sdpa_substitution_equals_megatrons_dot_product_attention(tmp_path, monkeypatch):
     """The one module the script swaps in the local spec computes what Megatron's DotProductAttention computes
     (causal, GQA 4 heads over 2 groups, fp32, CPU): only the kernels differ."""
@@ -88,8 +96,16 @@ def test_the_sdpa_substitution_equals_megatrons_dot_product_attention(tmp_path, 
     m.init_megatron(m.Run(m.parse_args(["--out", str(tmp_path), "--smoke"])))
     # DotProductAttention forks the CUDA RNG for its (zero) dropout: no CUDA RNG on a CPU-only torch
     monkeypatch.setattr(get_cuda_rng_tracker(), "fork", lambda *a, **k: contextlib.nullcontext())
-    cfg = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
-                            use_cpu_initialization=True, masked_softmax_fusion=False, attention_dropout=0.0)
+    cfg = TransformerConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        use_cpu_initialization=True,
+        masked_softmax_fusion=False,
+        attention_dropout=0.0,
+    )
     ref = DotProductAttention(cfg, 1, AttnMaskType.causal, "self")
     new = m.sdpa_attention_class()(cfg, 1, AttnMaskType.causal, "self")
     s, b = 24, 2

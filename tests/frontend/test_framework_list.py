@@ -17,5 +17,5 @@ def test_framework_options_are_the_registered_training_flavours():
     assert select, "index.html has no framework select"
     options = re.findall(r'<option value="([\w.-]+)"', select.group(1))
     assert len(options) == len(set(options))
-    assert set(options) == set(flavours.names("training")), (set(options) ^ set(flavours.names("training")))
+    assert set(options) == set(flavours.names("training")), set(options) ^ set(flavours.names("training"))
     assert options[0] == flavours.DEFAULT  # the page's first choice is the service's default

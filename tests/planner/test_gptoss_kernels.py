@@ -379,11 +379,14 @@ def test_the_strided_rate_is_what_the_clamp_kernels_ran_at_on_both_gpus(data):
     from planner.kernels import GLU_CLAMP_STRIDED
 
     elements = data["R"] * data["f"]
-    strided_us = sum(
-        n * us
-        for key, n, us in data["kernels"]
-        if any(name in key for name in ("launch_clamp_scalar", "compare_scalar_kernel", "where_kernel_impl"))
-    ) / 10
+    strided_us = (
+        sum(
+            n * us
+            for key, n, us in data["kernels"]
+            if any(name in key for name in ("launch_clamp_scalar", "compare_scalar_kernel", "where_kernel_impl"))
+        )
+        / 10
+    )
     assert sum(GLU_CLAMP_STRIDED) == 8 + 19 == 2 * 4 + 3 * 3 + 2 * 5
     per_cycle = 27 * elements / (strided_us * 1e-6) / (132 * 1980e6)
     assert per_cycle == pytest.approx(STRIDED_BYTES_PER_SM_CYCLE, rel=0.02)

@@ -339,7 +339,12 @@ def test_recipes_describe_their_dtypes_scales_and_support():
     assert RECIPES["tensorwise"].cast_bytes_per_element == 6  # plus the amax pass
     assert RECIPES["nvfp4"].weight_copy_bytes(4096 * 4096) == 4096 * 4096 + 2 * 4096 * 4096 // 256
     assert {n: r.min_sm for n, r in RECIPES.items()} == {
-        "delayed": 89, "tensorwise": 89, "blockwise": 90, "mxfp8": 100, "nvfp4": 100, "rowwise": 89
+        "delayed": 89,
+        "tensorwise": 89,
+        "blockwise": 90,
+        "mxfp8": 100,
+        "nvfp4": 100,
+        "rowwise": 89,
     }  # torchao rowwise: torch._scaled_mm needs sm 8.9
 
 

@@ -526,6 +526,7 @@ def test_megatron_sends_the_routed_probabilities_in_an_all_to_all_of_their_own()
     all_to_all(ep_group, permuted_probs, ...), one bf16 value per routed row; its gradient goes back in the
     backward. Qwen3-30B-A3B, 4,096 tokens, top-8, ep 8: 32,768 rows x 2 B = 65,536 B per layer and micro-batch,
     48 layers x 8 micro-batches a step; torchtitan sends the rows only; inference lists none."""
+
     def probs(c):
         return {x.name: x for x in ledger(c) if x.name.startswith("ep.dispatch.probs")}
 

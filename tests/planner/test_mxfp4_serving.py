@@ -66,7 +66,7 @@ def test_a_fitted_bf16_ceiling_is_the_weight_only_gemms_too():
 
 
 def test_the_weight_only_gemm_is_bf16_math_and_the_formats_bytes_from_one_home():
-    """"w4a16_mxfp4 computes bf16" has one home (kernels.math_dtype): its peak, clock, ceiling and activation operand
+    """ "w4a16_mxfp4 computes bf16" has one home (kernels.math_dtype): its peak, clock, ceiling and activation operand
     are bf16's on every GPU; its weight operand's bytes are workload.WEIGHT_FORMAT_BYTES["mxfp4"] (0.53125), not a
     second literal (review)."""
     from planner.kernels import _WEIGHT_OPERAND_BYTES, EXPERT_GEMM_DTYPE, clock_fraction, dense_peak, operand_bytes
