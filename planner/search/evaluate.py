@@ -384,10 +384,13 @@ class ShapeEvaluator:
             strict=True,
         )
         for bound_s, index, b, r in rows:
-            data = None if bound_s > bound else self._data_part(index, b)
+            par = self.parallel(index)
+            if bound_s > bound or not self.step_model.orders_possible(par):
+                continue  # no order to run ahead: time() builds what it asks for, when it asks
+            data = self._data_part(index, b)
             if data is None:
                 continue
-            par, m = self.parallel(index), self.problem.work.global_batch_size // (b * self.shape.dp)
+            m = self.problem.work.global_batch_size // (b * self.shape.dp)
             if ("floor", index, m) not in self._priced_memo:
                 wanted.append((par, b, None, data))
             wanted.append((par, b, self.space.recomputes[r], data))

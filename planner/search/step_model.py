@@ -61,7 +61,7 @@ from ..memory import (
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _split_key
 from ..params import _holding, alike_stages
-from ..pipeline import busiest_rank_s, by_order, in_flight_chunks, losses_in_flight, pipeline_time
+from ..pipeline import busiest_rank_s, by_order, in_flight_chunks, losses_in_flight, pipeline_time, schedule_traits
 from ..pipeline_jitter import order_spans
 from ..recompute import layer_counts
 from ..step import (
@@ -700,6 +700,14 @@ class StepModel:
             pipes = memos.put(memos.arrays, key, np.array([self._pipe(v, b, rc) for b, rc in grid], dtype=np.float64))
         return pipes + max(v.optimizer)
 
+    @staticmethod
+    def orders_possible(par: ParallelSpec) -> bool:
+        """Whether a layout's pipeline may be priced by its schedule's order (pipeline.by_order: a schedule with the
+        ``order_priced`` trait, pp > 1): only those gain from running orders together (lower_bounds_many,
+        warm_paths); the others keep the closed forms' memos, at no extra work (the README's searches: 1F1B and
+        the interleaved schedule)."""
+        return par.pp > 1 and schedule_traits(par.pipeline_schedule).order_priced
+
     def lower_bounds_many(self, requests: list[tuple[ParallelSpec, tuple]]) -> list[np.ndarray]:
         """``lower_bounds`` of each (layout, grid), the same values: the pipelines not yet memoised are priced
         first, the orders they run (pipeline.by_order) as one pipeline_jitter.order_spans call, which runs the
@@ -708,6 +716,8 @@ class StepModel:
         if self.timed:
             jobs = []
             for par, grid in requests:
+                if not self.orders_possible(par):
+                    continue  # closed forms only: lower_bounds' own array memo, shared across ZeRO stages
                 v = self._variant(par)
                 jobs += [job for job in (self._pipe_job(v, b, rc) for b, rc in grid) if job[1] is not None]
             order_spans((passes, sched) for _, passes, sched in jobs if by_order(passes, sched))
@@ -755,6 +765,8 @@ class StepModel:
             return
         jobs = []
         for par, b, rc, data in wanted:
+            if not self.orders_possible(par):
+                continue
             ctx, stages, sched, _, shares = (
                 self._floor_path(par, b, data) if rc is None else self._refined_path(par, b, rc, data)
             )
