@@ -585,17 +585,7 @@ def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
         with suppress(KeyError):
             _SPANS.move_to_end(key)
             return _SPANS[key]
-    run, graph = _span_graph(sched)
-    span = None
-    if graph is not None:
-        table = chunk_table(passes, graph.split, graph.blocks)
-        if len(graph.at) < LOOP_PER_LEVEL * (len(graph.bounds) - 1):
-            span = _span_one(graph, table[:, 0].tolist())
-        else:
-            span = float(_sweep(replace(graph, at=graph.cell), table)[0])
-        span += (sched.microbatches - run) * max(x.total_s for x in passes)
-    _keep(key, span)
-    return span
+    return _run_orders(((passes, sched),)).get(key)
 
 
 def order_spans(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> None:
@@ -603,29 +593,38 @@ def order_spans(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> None:
     structure (kind, p, v, run) not yet memoised run as the columns of ONE ``_sweep`` (its numpy steps a level
     shared by the columns: 3-4 us a level plus 2-5 ns a cell, against ``_span_one``'s 0.08-0.12 us an op and
     column; ``makespans``: in chunks of CHUNK cells) where the columns' ops are at least LOOP_PER_LEVEL a level,
-    else each column its own loop, as ``order_span`` chooses for one. The same makespans bit for bit
-    (each column's max and add in the same order; tests/planner/test_pipeline_vsched.py): the search calls it with
-    a shape's pending bounds (planner/search/step_model.py ``lower_bounds_many``)."""
-    groups: dict[tuple, list] = {}
+    else each column its own loop (as for one job alone: ``order_span`` runs through the same ``_run_orders``). The same
+    makespans bit for bit (each column's max and add in the same order; tests/planner/test_pipeline_vsched.py): the
+    search calls it with a shape's pending bounds (planner/search/step_model.py ``lower_bounds_many``)."""
+    _run_orders(jobs)
+
+
+def _run_orders(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> dict[tuple, float | None]:
+    """The makespans of the jobs not yet memoised, by memo key, each kept (``_keep``): grouped by structure, each
+    group one sweep or one loop a column (``order_spans``), the slowest pass a micro-batch past the run."""
+    groups: dict[tuple, tuple] = {}
+    out: dict[tuple, float | None] = {}
     for passes, sched in jobs:
         key = _span_key(passes, sched)
-        if key in _SPANS:
+        if key in _SPANS or key in out:
             continue
         run, graph = _span_graph(sched)
         if graph is None:
-            _keep(key, None)
+            out[key] = None
             continue
         found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
         found.setdefault(key, (passes, sched))
     for (*_, run), (graph, pending) in groups.items():
+        tables = [chunk_table(passes, graph.split, graph.blocks) for passes, _ in pending.values()]
         if len(pending) * len(graph.at) < LOOP_PER_LEVEL * (len(graph.bounds) - 1):  # loops are cheaper
-            for job in pending.values():
-                order_span(*job)
-            continue
-        table = np.hstack([chunk_table(passes, graph.split, graph.blocks) for passes, _ in pending.values()])
-        spans = makespans(replace(graph, at=graph.cell), table)
-        for (key, (passes, sched)), span in zip(pending.items(), spans.tolist(), strict=True):
-            _keep(key, span + (sched.microbatches - run) * max(x.total_s for x in passes))
+            spans = [_span_one(graph, table[:, 0].tolist()) for table in tables]
+        else:
+            spans = makespans(replace(graph, at=graph.cell), np.hstack(tables)).tolist()
+        for (key, (passes, sched)), span in zip(pending.items(), spans, strict=True):
+            out[key] = span + (sched.microbatches - run) * max(x.total_s for x in passes)
+    for key, span in out.items():
+        _keep(key, span)
+    return out
 
 
 def order_method(sched: Schedule) -> str:
