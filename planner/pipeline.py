@@ -165,7 +165,7 @@ def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
     outside it, DualPipe(V)'s a lower bound at F > B). The forms sum each other rank's share of a chain and take the
     chunks as halves: with DeepSeek-V3's rank 0 (its second chunk the head, loss and MTP, 0.70 of its forward)
     DualPipeV came out 7.6% over its own order and ranked behind ZBV (review r11a #3)."""
-    if not sched.traits.order_priced or sched.stages == 1:
+    if not sched.traits.orders_at(sched.stages):
         return False
     first = passes[0]
     if not first.weight_s <= first.forward_s <= first.backward_s - first.weight_s:
@@ -706,6 +706,12 @@ class ScheduleTraits:
     @property
     def label(self) -> str:
         return self.title or self.name
+
+    def orders_at(self, pp: int) -> bool:
+        """Whether a pipeline of ``pp`` stages may be priced by running ``order`` (``order_priced``, the order written
+        out, more than one stage): the one test ``by_order``, ``pipeline_jitter.span_work`` / ``order_method`` and the
+        search's ``StepModel.orders_possible`` ask before anything of the passes."""
+        return self.order_priced and self.order is not None and pp > 1
 
     def runs_chunks(self, v: int) -> bool:
         """Whether it runs ``v`` model chunks per rank: interleaved any v >= 2, a V exactly 2, the others 1."""

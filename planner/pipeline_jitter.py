@@ -528,7 +528,7 @@ def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
     LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, LEVEL_CELLS a level per column chunk), the
     levels counted as ``work`` counts them; planner/estimate.py charges it (CELL_UNITS a unit)."""
     traits = schedule_traits(kind)
-    run = span_run(kind, p, max(1, v), m) if p > 1 and traits.order_priced and traits.order is not None else 0
+    run = span_run(kind, p, max(1, v), m) if traits.orders_at(p) else 0
     if not run:
         return 0
     per = per_microbatch(kind, v)
@@ -631,7 +631,7 @@ def order_method(sched: Schedule) -> str:
     """How ``pipeline.bubble_s`` prices ``sched``'s fill and drain where its ranks or chunks differ (the plan's
     Assumptions row; the closed form where every rank and chunk is equal, where it is exact)."""
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
-    if not sched.traits.order_priced or p == 1:
+    if not sched.traits.orders_at(p):
         return ""
     run = span_run(sched.kind, p, v, m)
     how = f"the {sched.kind} order run as a list schedule, each rank's and chunk's forward and gradients at their times"

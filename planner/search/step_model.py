@@ -702,11 +702,11 @@ class StepModel:
 
     @staticmethod
     def orders_possible(par: ParallelSpec) -> bool:
-        """Whether a layout's pipeline may be priced by its schedule's order (pipeline.by_order: a schedule with the
-        ``order_priced`` trait, pp > 1): only those gain from running orders together (lower_bounds_many,
+        """Whether a layout's pipeline may be priced by its schedule's order (``ScheduleTraits.orders_at``, as
+        pipeline.by_order asks first): only those gain from running orders together (lower_bounds_many,
         warm_paths); the others keep the closed forms' memos, at no extra work (the README's searches: 1F1B and
         the interleaved schedule)."""
-        return par.pp > 1 and schedule_traits(par.pipeline_schedule).order_priced
+        return schedule_traits(par.pipeline_schedule).orders_at(par.pp)
 
     def lower_bounds_many(self, requests: list[tuple[ParallelSpec, tuple]]) -> list[np.ndarray]:
         """``lower_bounds`` of each (layout, grid), the same values: the pipelines not yet memoised are priced
