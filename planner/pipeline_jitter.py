@@ -534,10 +534,16 @@ def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
     per = per_microbatch(kind, v)
     ops, levels = per * run * p, per * run + 2 * (p - 1)
     laid = build_cells(kind) * ops + 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)
-    if columns * ops < LOOP_PER_LEVEL * levels:
+    if _loops_cheaper(columns, ops, levels):
         return laid + columns * ops * SPAN_LOOP_CELLS
     chunks = -(-columns // max(1, CHUNK // (ops + 1)))
     return laid + columns * ops + levels * chunks * LEVEL_CELLS
+
+
+def _loops_cheaper(columns: int, ops: int, levels: int) -> bool:
+    """Whether ``columns`` runs of ``ops`` ops in ``levels`` levels cost less as one loop a column (``_span_one``)
+    than as one sweep (fewer than LOOP_PER_LEVEL ops a level): the choice the runs make and ``span_work`` charges."""
+    return columns * ops < LOOP_PER_LEVEL * levels
 
 
 def _span_one(graph: _Graph, table: list[float]) -> float:
@@ -616,7 +622,7 @@ def _run_orders(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> dict[tu
         found.setdefault(key, (passes, sched))
     for (*_, run), (graph, pending) in groups.items():
         tables = [chunk_table(passes, graph.split, graph.blocks) for passes, _ in pending.values()]
-        if len(pending) * len(graph.at) < LOOP_PER_LEVEL * (len(graph.bounds) - 1):  # loops are cheaper
+        if _loops_cheaper(len(pending), len(graph.at), len(graph.bounds) - 1):
             spans = [_span_one(graph, table[:, 0].tolist()) for table in tables]
         else:
             spans = makespans(replace(graph, at=graph.cell), np.hstack(tables)).tolist()
