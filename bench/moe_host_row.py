@@ -18,6 +18,7 @@ import sys
 
 from bench import step_validation
 from planner import build_plan
+from planner.compute import layer_pass
 from planner.context import Context
 from planner.host import synced_period
 from planner.kernels import combined_pair_launches, gpu_efficiency, gpu_seconds, layer_kernels, queue_launch_s
@@ -102,41 +103,30 @@ def _table(title: str, kernels, c: float) -> None:
         print(f"| {k.name} | {k.kind} | {k.count} | {gpu_seconds(k) * 1e6:,.1f} | {k.count * c * 1e6:,.1f} |")
 
 
-def main(name: str = ROW) -> None:
-    case, data, ctx, cluster, _ = row(name)
-    gpu = cluster.gpu
-    eff = gpu_efficiency(gpu)
-    lk = layer_kernels(ctx, True, gpu)
-    c = queue_launch_s(ctx, eff)
-    print(f"{name}: host per launch in a synced layer {c * 1e6:.1f} us")
-    _table("MoE layer forward", lk.forward, c)
-    _table("MoE layer backward", lk.backward, c)
-    plan = build_plan(*step_validation.case_inputs(case, data))
-    step = plan.step
-    measured = step_validation.measured_time(case, data)
-    print(
-        f"\nstep: predicted {step.time_s:.2f} s (compute {step.compute_s:.2f}, exposed comm "
-        f"{step.exposed_comm_s:.3f}, bubble {step.bubble_s:.3f}); measured {measured:.2f} s"
-    )
-    pair = combined_pair_launches(ctx, lk)
-    if pair is None:
-        return
-    kernels, copy, queued = pair
+def _per_layer_measured(ctx: Context, measured: float) -> tuple[int, int, float]:
+    """(micro-batches a rank, layers a rank, measured seconds a layer's forward and backward)."""
+    par = ctx.par
+    m = ctx.work.global_batch_size // (ctx.work.micro_batch_size * par.dp)
+    layers = ctx.model.num_layers // par.pp
+    return m, layers, measured / (m * layers)
+
+
+def _pair(ctx: Context, cluster, lk, c: float, measured: float) -> None:
+    """The combined 1F1B pair: launches, GPU, host before and after the wait, the period, the measured bound and
+    the interleaved pipeline's coupled period."""
+    kernels, copy, queued = combined_pair_launches(ctx, lk)
     n = sum(k.count for k in kernels)
     g = sum(gpu_seconds(k) for k in kernels)
     period = synced_period([(c, gpu_seconds(k), k.count) for k in kernels], copy, queued)
     pre, post, gpu_pre = pair_split(kernels, copy, queued, c)
-    par = ctx.par
-    m = ctx.work.global_batch_size // (ctx.work.micro_batch_size * par.dp)
-    layers = ctx.model.num_layers // par.pp
-    per_pair = measured / (m * layers)
+    m, layers, per_pair = _per_layer_measured(ctx, measured)
     print(
         f"layer pair (combined 1F1B): {n} launches, GPU {g * 1e3:.3f} ms, host {n * c * 1e3:.3f} ms "
         f"(before the wait {pre * 1e3:.3f}, after {post * 1e3:.3f}), period {period * 1e3:.3f} ms"
     )
     print(
         f"measured: {m} micro-batches x {layers} layers a rank -> {per_pair * 1e3:.2f} ms a layer pair; "
-        f"at most {(per_pair - gpu_seconds(kernels[-1])) / n * 1e6:.1f} us a launch if host-bound"
+        f"{per_pair / n * 1e6:.1f} us a launch if host-bound"
     )
     # the p2p of one micro-batch's hidden states in bf16 (Megatron's pipeline_dtype) over one NIC (PP2 on 2 nodes)
     hidden = ctx.model.hidden_size * ctx.work.micro_batch_size * (ctx.work.seq_length or ctx.model.seq_length) * 2
@@ -145,6 +135,38 @@ def main(name: str = ROW) -> None:
         f"interleaved PP2 one layer a chunk: GPU before the copy {gpu_pre * 1e3:.3f} ms, p2p of {hidden / 1e6:.1f} MB "
         f"~{transfer * 1e3:.2f} ms: coupled period {coupled_period(pre, post, gpu_pre, transfer) * 1e3:.3f} ms"
     )
+
+
+def _passes(ctx: Context, lk, eff, measured: float) -> None:
+    """A layer without the combined 1F1B: each pass as compute.layer_pass prices it (the GPU's own time and its wait
+    for the host)."""
+    f, b = layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
+    m, layers, per_layer = _per_layer_measured(ctx, measured)
+    n = sum(k.count for k in lk.forward) + sum(k.count for k in lk.backward)
+    print(
+        f"forward {f.total_s * 1e3:.3f} ms (host wait {f.host_s * 1e3:.3f}), backward {b.total_s * 1e3:.3f} ms "
+        f"(host wait {b.host_s * 1e3:.3f}); measured: {m} micro-batches x {layers} layers a rank -> "
+        f"{per_layer * 1e3:.2f} ms a layer, {per_layer / n * 1e6:.1f} us a launch if host-bound"
+    )
+
+
+def main(name: str = ROW) -> None:
+    case, data, ctx, cluster, options = row(name)
+    gpu = cluster.gpu
+    eff = gpu_efficiency(gpu)
+    lk = layer_kernels(ctx, True, gpu)
+    c = queue_launch_s(ctx, eff)
+    print(f"{name}: host per launch in a synced layer {c * 1e6:.1f} us")
+    _table("MoE layer forward", lk.forward, c)
+    _table("MoE layer backward", lk.backward, c)
+    step = build_plan(*step_validation.case_inputs(case, data)).step
+    measured = step_validation.measured_time(case, data)
+    print(
+        f"\nstep: predicted {step.time_s:.2f} s (compute {step.compute_s:.2f}, exposed comm "
+        f"{step.exposed_comm_s:.3f}, bubble {step.bubble_s:.3f}); measured {measured:.2f} s"
+    )
+    paired = options.overlap.overlap_moe_expert_parallel_comm and combined_pair_launches(ctx, lk) is not None
+    _pair(ctx, cluster, lk, c, measured) if paired else _passes(ctx, lk, eff, measured)
     print("\n| uncharged per combined step | calls | source |\n|---|---|---|")
     for what, calls, source in CHUNK_STEP_CALLS:
         print(f"| {what} | {calls} | {source} |")
