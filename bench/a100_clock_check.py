@@ -7,10 +7,11 @@ planner/kernels.py SUSTAINED_CLOCK has no Ampere entry: the A100 SXM4 runs its G
 datasheet peak is quoted at. No published log of an A100's tensor clock through a training step was found (what was
 looked for: docs/step-time.md). This script asks the converse of a fit: for each of the 21 published A100 rows
 (tests/reference/step_times/published.json), the clock fraction at which the model's step time equals the
-measured one (the row's "break-even clock", by bisection on ``GPUSpec.sustained_clock``), and each group's errors
-at a few trial clocks. All three sources ran DGX A100 80GB nodes at the default 400 W (the dgx-a100 preset's GPU;
-Narayanan et al. 2021 §5 and Smith et al. 2022 §3 name NVIDIA's Selene): a clock the hardware holds would give the
-three one break-even clock. The printed spread is what the doc section reads; nothing here changes the model.
+measured one (the row's "break-even clock", by bisection on ``GPUSpec.sustained_clock``), each group's errors
+at a few trial clocks, and the share of a layer's kernel time its unfused core attention takes. All three sources
+ran DGX A100 80GB nodes at the default 400 W (the dgx-a100 preset's GPU; Narayanan et al. 2021 and Smith et al.
+2022 name NVIDIA's Selene): a clock the hardware holds would give the three one break-even clock. The printed
+spread is what the doc section reads; nothing here changes the model.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from statistics import median
 from bench.step_validation import case_inputs, load, measured_time
 from collectives.topology.gpu import SustainedClock
 from planner import build_plan
+from planner.context import Context
+from planner.kernels import layer_kernels
 
 TRIAL_CLOCKS = (1.0, 0.95, 0.90)
 # the three sources of the A100 rows, by how each row's name starts (published.json)
@@ -43,6 +46,17 @@ def step_at_clock(case: dict, data: dict, fraction: float) -> float:
     return build_plan(spec, work, par, cluster, options).step.time_s
 
 
+def attention_share(case: dict, data: dict) -> float:
+    """The core attention's share of one layer's kernel time (forward, backward and what recompute reruns), as
+    planner/kernels.py lists them (LayerKernels.attention, attention_bwd: the unfused baddbmm, softmax, dropout,
+    bmm and their layout copies on these runs)."""
+    spec, work, par, cluster, _ = case_inputs(case, data)
+    kernels = layer_kernels(Context(spec, work, par), False, cluster.gpu)
+    names = {k.name for k in kernels.attention + kernels.attention_bwd}
+    every = kernels.forward + kernels.backward + kernels.recompute
+    return sum(k.time_s for k in every if k.name in names) / sum(k.time_s for k in every)
+
+
 def break_even_clock(case: dict, data: dict, low: float = 0.5, high: float = 1.2, steps: int = 20) -> float:
     """The clock fraction at which the step time equals the measured one (the step time falls as the clock
     rises), to (high - low) / 2**steps."""
@@ -60,8 +74,8 @@ def main() -> None:
     data = load()
     cases = a100_cases(data)
     heads = " | ".join(f"error at {c:.2f}" for c in TRIAL_CLOCKS)
-    print(f"| run | {heads} | break-even clock |")
-    print("|---|" + "---|" * (len(TRIAL_CLOCKS) + 1))
+    print(f"| run | attention share of a layer | {heads} | break-even clock |")
+    print("|---|---|" + "---|" * (len(TRIAL_CLOCKS) + 1))
     rows = []
     for case in cases:
         measured = measured_time(case, data)
@@ -69,7 +83,7 @@ def main() -> None:
         clock = break_even_clock(case, data)
         rows.append((group_of(case), errors, clock))
         cells = " | ".join(f"{e:+.1%}" for e in errors)
-        print(f"| {case['name']} | {cells} | {clock:.3f} |")
+        print(f"| {case['name']} | {attention_share(case, data):.3f} | {cells} | {clock:.3f} |")
     print()
     print(f"| source | runs | signed median at {' / '.join(f'{c:.2f}' for c in TRIAL_CLOCKS)} | break-even clocks |")
     print("|---|---|---|---|")

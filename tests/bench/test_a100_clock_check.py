@@ -6,7 +6,7 @@ SC'21 code)."""
 
 import pytest
 
-from bench.a100_clock_check import a100_cases, break_even_clock, group_of, step_at_clock
+from bench.a100_clock_check import a100_cases, attention_share, break_even_clock, group_of, step_at_clock
 from bench.step_validation import case_inputs, load
 from planner import build_plan
 
@@ -48,3 +48,14 @@ def test_no_one_a100_clock_serves_both_software_years():
     assert korthikanti == pytest.approx(1.00, abs=0.01)
     assert sc21 == pytest.approx(0.768, abs=0.01)
     assert korthikanti - sc21 > 0.2
+
+
+def test_the_sc21_break_even_clock_falls_with_the_attention_share():
+    """Within the SC'21 code the rows without a pipeline (1.7B-18B) break even lower the more of their layer the
+    unfused core attention takes (baddbmm, the fused causal softmax, dropout, bmm): 0.360 of the 1.7B's layer,
+    0.133 of the 18B's, 0.039 of the 1T's. A clock scales every kernel alike and cannot make that slope."""
+    names = ("SC'21 GPT 1.7B, 32 A100", "SC'21 GPT 18B, 256 A100", "SC'21 GPT 1T, 3,072 A100")
+    shares = [attention_share(_case(n), DATA) for n in names]
+    assert shares == pytest.approx([0.360, 0.133, 0.039], abs=0.002)
+    clocks = [break_even_clock(_case(n), DATA, steps=12) for n in names]
+    assert clocks[0] < clocks[1] < clocks[2]
