@@ -283,7 +283,12 @@ DERIVED_CEILING = {"fp8_rowwise": ("fp8", ROWWISE_VS_TENSORWISE)}
 ROWWISE_RESCALE_BYTES = 4
 # Tensor-core clock sustained through a training step, as a fraction of the clock the datasheet peak is quoted at
 # (DATASHEET_CLOCK_MHZ below), by generation; a part measured itself carries its own (GPUSpec.sustained_clock, read
-# before this by clock_fraction, the one reader). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). Hopper, BY
+# before this by clock_fraction, the one reader). Ampere has no entry (1.0: the A100 SXM4's GEMMs at the clock of its
+# GEMM_CEILING table, which aiconfigurator measured at the default 400 W on random data: its cuBLAS 8192^3, 262.5 TF/s,
+# sits 1.7% from Horace He's power-limited 258 TF/s, tests/planner/test_a100_clock.py). No published A100 SXM4 clock
+# through a training step was found (docs/step-time.md "The A100 rows (a100r13)"). A check on the runs, not a source:
+# bench/a100_clock_check.py finds no clock common to them (Korthikanti et al.'s 175B-530B meet their times at 0.98-1.00,
+# the SC'21 rows at 0.77-0.91, falling with the unfused attention's share). Hopper, BY
 # THROUGHPUT: the clock at which this model (gemm_time, layer_kernels, pass_time) times a Llama-3-8B eager layer
 # trained back to back for 30 s at 700 W as measured (tests/reference/kernels/<gpu>/<run>.json ``layer_sustained``;
 # bench/h200_power.py effective_clocks prints it, tests/planner/test_h200_power.py recomputes it): the H100 SXM5
