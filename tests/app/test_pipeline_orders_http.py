@@ -9,7 +9,7 @@ import pytest
 from planner.pipeline import schedule_traits
 
 
-def _row(api, kind: str) -> str:
+def _plan(api, kind: str) -> dict:
     body = {
         "model": {"preset": "llama3-8b", "num_layers": 8},
         "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096},
@@ -18,7 +18,11 @@ def _row(api, kind: str) -> str:
     }
     response = api.post("/v1/plan", json=body)
     assert response.status_code == 200, response.text
-    (row,) = [a["source"] for a in response.json()["assumptions"] if a["field"] == "parallel.pipeline_schedule"]
+    return response.json()
+
+
+def _row(api, kind: str) -> str:
+    (row,) = [a["source"] for a in _plan(api, kind)["assumptions"] if a["field"] == "parallel.pipeline_schedule"]
     return row
 
 
@@ -34,15 +38,7 @@ def test_the_assumptions_say_how_the_bubble_is_found(api, kind):
 
 
 def _memory(api, kind: str) -> list[dict]:
-    body = {
-        "model": {"preset": "llama3-8b", "num_layers": 8},
-        "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096},
-        "parallel": {"tp": 1, "pp": 4, "dp": 2, "pipeline_schedule": kind},
-        "cluster": {"preset": "dgx-h100", "num_nodes": 1},
-    }
-    response = api.post("/v1/plan", json=body)
-    assert response.status_code == 200, response.text
-    return response.json()["memory"]["per_stage"]
+    return _plan(api, kind)["memory"]["per_stage"]
 
 
 def test_dualpipe_memory_holds_each_stage_once_and_an_end_on_ranks_0_and_pp_minus_1(api):
