@@ -171,7 +171,8 @@ def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
     passes leave W <= F <= B - W, the range every form is exact in at every m (bubble11: ZBV's within 0.25·p passes
     outside it, DualPipe(V)'s a lower bound at F > B). The forms sum each other rank's share of a chain and take the
     chunks as halves: with DeepSeek-V3's rank 0 (its second chunk the head, loss and MTP, 0.70 of its forward)
-    DualPipeV came out 7.6% over its own order and ranked behind ZBV (review r11a #3)."""
+    DualPipeV came out 7.6% over its own order and ranked behind ZBV (review r11a #3). DualPipe's two chunks are
+    the stages its two directions run (``StageMap`` MIRRORED), even when each is the rank's mean pass."""
     if not sched.traits.orders_at(sched.stages):
         return False
     first = passes[0]
@@ -222,8 +223,8 @@ def in_flight(sched: Schedule, stage: int) -> float:
     so stage 0 holds p·(1 + (p - 1)/(p·v)) (Korthikanti et al. 2022 §4.2.3, Megatron
     theoretical_memory_usage.py interleaved_schedule_memory_penalty); GPipe all m. ZB-H1 holds what 1F1B
     holds (Qi et al. 2024 §3.1); ZBV p on every rank (the V balances it; "1x" of 1F1B in the sail-sg
-    README table); DualPipe PP + 1 of its stages (DualPipe README table); DualPipeV, DualPipe on 2·pp
-    half-size stages, 2·pp + 1 half-stages."""
+    README table); DualPipe PP + 1 stages (DualPipe README table), (PP + 1)/2 of the rank's two (dualpipe13);
+    DualPipeV, DualPipe on 2·pp half-size stages, 2·pp + 1 half-stages."""
     return sched.traits.in_flight(sched, stage)
 
 
