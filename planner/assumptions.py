@@ -166,7 +166,9 @@ def _split_and_data_rows(ctx: Context) -> list[Assumption]:
     rows: list[Assumption] = []
     if par.pp > 1:
         chunks = [c for rank in pipeline_chunks(par, ctx.model.num_layers, ctx.model.mtp_layers) for c in rank]
-        layout = format_layout(sorted(chunks, key=lambda c: c.index))
+        chunks.sort(key=lambda c: c.index)
+        # one copy of the model: DualPipe holds two (pipeline.StageMap), and its layout names one copy's pp stages
+        layout = format_layout(chunks[: len(chunks) // par.schedule.stage_map.copies])
         rows.append(Assumption("parallel.pipeline_layout", layout, _split_source(par)))
     if work.training and work.activation_recompute == "none" and par.pp == 1:
         offload = "Megatron --cpu-offloading-num-layers (0: none)"

@@ -5,10 +5,12 @@ direction 0 and stage pp - 1 - r for direction 1 (deepseek-ai/DualPipe 3da1bbe e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from collectives.topology import cluster_preset
-from planner import Options, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner import Options, ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
 from planner import pipeline_jitter as pj
 from planner.context import Context
 from planner.parallel import pipeline_chunks, rank_of
@@ -100,6 +102,23 @@ def test_the_stage_map_lays_each_stage_on_its_rank_and_its_mirror():
     assert (ctx.micro_batches, ctx.schedule_micro_batches) == (8, 16)  # a pass over both stages: one each way
     assert [ctx.is_first(r) for r in range(4)] == [ctx.is_last(r) for r in range(4)] == [True, False, False, True]
     assert schedule_traits("dualpipe").passes(16) == 8 and schedule_traits("dualpipev").passes(16) == 16
+
+
+def test_the_layout_row_names_one_copy_and_plans_back_to_the_same_chunks():
+    """The plan's Assumptions row writes the resolved split as a layout: for DualPipe one copy's pp stages (the second
+    copy repeats them), which planned as ``pipeline_layout`` gives the same chunks; a 2·pp-stage layout (a V's) is
+    refused naming the rule."""
+    model = model_preset("llama3-8b")
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=16, seq_length=4096)
+    par = ParallelSpec(tp=2, pp=4, dp=1, pipeline_schedule="dualpipe", first_stage_layers=6, last_stage_layers=10)
+    plan = build_plan(model, work, par, cluster_preset("dgx-h100", 1), Options(timeline=False))
+    (row,) = [a.value for a in plan.assumptions if a.field == "parallel.pipeline_layout"]
+    assert row == "Et*6|t*8|t*8|t*10L"
+    again = replace(par, first_stage_layers=None, last_stage_layers=None, pipeline_layout=row)
+    assert pipeline_chunks(again, 32) == pipeline_chunks(par, 32)
+    v = ParallelSpec(tp=2, pp=4, dp=1, pipeline_schedule="dualpipe", pipeline_layout="Et*3|" + "t*4|" * 6 + "t")
+    with pytest.raises(SpecError, match=r"the layout names one copy's 4 stages, got 8 \(a V of 8 chunks is dualpipev"):
+        build_plan(model, work, v, cluster_preset("dgx-h100", 1), Options(timeline=False))
 
 
 def test_the_ends_calls_split_over_ranks_0_and_pp_minus_1():
