@@ -236,8 +236,8 @@ class Context:
     @cached_property
     def stage_layers(self) -> list[list[int]]:
         """Global layer indices each pipeline rank holds, over all its chunks (contiguous blocks without
-        virtual stages; chunks s, s + p, s + 2p, ... interleaved; the V's two for ZBV and DualPipe), the MTP
-        blocks with their chunk."""
+        virtual stages; chunks s, s + p, s + 2p, ... interleaved; the V's two for ZBV and DualPipeV; DualPipe's stages
+        r and pp - 1 - r, each a copy's), the MTP blocks with their chunk."""
         return [[i for c in chunks for i in c.layers] for chunks in self.chunks]
 
     @cached_property

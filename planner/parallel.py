@@ -263,7 +263,7 @@ class ParallelSpec:
     @property
     def chunks_per_rank(self) -> int:
         """Model chunks per pipeline rank: v of the interleaved schedule or of an explicit layout / split,
-        2 for the V schedules (ZBV, DualPipeV) and DualPipe (its two directions), else 1."""
+        2 for the V schedules (ZBV, DualPipeV) and DualPipe (its two stages, one a direction), else 1."""
         return virtual_stages(self) // self.pp if self.pp >= 1 else 1
 
 
@@ -683,7 +683,8 @@ def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
 # to say it, one representation: the virtual stages in model order, each a tuple of Megatron's layer
 # characters (megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list: E embedding,
 # t decoder layer, m MTP layer, L loss), virtual stage k on rank k % pp as chunk k // pp (the interleaved
-# assignment), or folded into a V for ZBV and DualPipe(V) (rank k for k < pp, else 2·pp - 1 - k).
+# assignment), or folded into a V for ZBV and DualPipeV (rank k for k < pp, else 2·pp - 1 - k), or for DualPipe two
+# copies of a pp-stage split folded the same way (copy 1's stage j on rank pp - 1 - j): pipeline.StageMap.
 
 V_SCHEDULES = tuple(n for n, t in SCHEDULE_TRAITS.items() if t.v_shape)  # 2 chunks per rank in a V (the search)
 LAYER_CHARS = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
