@@ -22,7 +22,7 @@ from pathlib import Path
 from statistics import median
 
 from collectives.topology.gpu import GPUS
-from planner.kernel_fit import centred, fit_grid, log_errors
+from planner.kernel_fit import centred, class_scales, fit_grid, log_errors
 from planner.kernels import (
     EFFICIENCY,
     FUSED,
@@ -38,6 +38,13 @@ from planner.kernels import (
 
 REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels"
 DATA = REFERENCE / "aiconfigurator_gemm.json"
+# GB200, B300, GB300 (and H200) tables of the same source, grid and TensorRT-LLM version as DATA's b200_sxm
+# (bench/aiconfigurator_extract.py); not in the global fit: each part's ceilings are fitted on its own (own_ceilings)
+PARTS = REFERENCE / "aiconfigurator_gemm_parts.json"
+ANCHOR = "b200_sxm"  # the table Blackwell's GEMM_CEILING was fitted on
+# the class of the anchor's table each Blackwell GEMM dtype's ceiling was fitted on (planner/kernels.py GEMM_CEILING:
+# per-tensor fp8 and MXFP8 take block-scaled fp8's)
+FITTED_ON = {"bf16": "bf16", "fp8": "fp8_block", "fp8_block": "fp8_block", "mxfp8": "fp8_block", "nvfp4": "nvfp4"}
 MOE = REFERENCE / "aiconfigurator_moe.json"
 ATTENTION = REFERENCE / "aiconfigurator_attention.json"
 # TensorRT-LLM's context FMHA, by generation, is the kernel class it is compared as: on Hopper and Blackwell its
@@ -47,6 +54,10 @@ FMHA_CLASS = {80: "flash2", 90: "cudnn", 100: "cudnn"}
 
 def load() -> dict:
     return json.loads(DATA.read_text())
+
+
+def load_parts() -> dict:
+    return json.loads(PARTS.read_text())
 
 
 def burst(gpu):
@@ -105,6 +116,32 @@ def table(data: dict, eff=EFFICIENCY) -> list[dict]:
         }
         for (system, dtype), errors in by.items()
     ]
+
+
+def _table_scales(system: str, entry: dict) -> dict:
+    """predicted / measured at the median of each dtype of one table (planner/kernel_fit.py class_scales), the
+    GPU's own GEMM table left out: what its generation's ceilings give it at the global k0, fill and fixed cost."""
+    gpu = replace(GPUS[entry["gpu"]], gemm_table=None)
+    points = rows({"systems": {system: entry}})
+    by = log_errors(points, EFFICIENCY, lambda p, e: predicted(gpu, p[2], *p[3:6], e), _measured, _class)
+    return {dtype: scale for (_, dtype), scale in class_scales(by).items()}
+
+
+def own_ceilings(system: str, parts: dict | None = None) -> dict[str, float]:
+    """A part's GEMM ceilings fitted on its own table, k0, fill and fixed cost kept: the generation's ceiling
+    (fitted on ANCHOR's table) x the part's median predicted / measured over the anchor's, class by class
+    (FITTED_ON): the part's table is then predicted with the anchor's median bias, so the two differ by what the
+    tables measured. Rounded to 3 places, as collectives/topology/gpu.py carries them."""
+    parts = parts or load_parts()
+    entry = parts["systems"][system]
+    gen = generation(GPUS[entry["gpu"]])
+    own = _table_scales(system, entry)
+    anchor = _table_scales(ANCHOR, load()["systems"][ANCHOR])
+    return {
+        dtype: round(GEMM_CEILING[gen, dtype] * own[cls] / anchor[cls], 3)
+        for dtype, cls in FITTED_ON.items()
+        if (gen, dtype) in GEMM_CEILING
+    }
 
 
 def moe_rows():

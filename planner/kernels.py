@@ -965,11 +965,20 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
     if dtype in DERIVED_CEILING:
         base, ratio = DERIVED_CEILING[dtype]
         return round(gemm_ceiling(gpu, base, eff) * ratio, 3)
-    gen = generation(gpu)
-    found = GEMM_CEILING.get((gen, dtype))
+    found = tabled_ceiling(gpu, dtype)
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
-        found = GEMM_CEILING.get((gen, "bf16"))
+        found = tabled_ceiling(gpu, "bf16")
     return found if found is not None else eff.gemm
+
+
+def tabled_ceiling(gpu: GPUSpec, dtype: str) -> float | None:
+    """The ceiling a measured GEMM table gives ``dtype`` on ``gpu`` (None: no table has it): the part's own
+    (GPUSpec.gemm_table, fitted on its own table) or its generation's (GEMM_CEILING)."""
+    own = gpu.gemm_table
+    for name, ceiling in own.ceilings if own is not None else ():
+        if name == dtype:
+            return ceiling
+    return GEMM_CEILING.get((generation(gpu), dtype))
 
 
 @lru_cache(maxsize=65536)
@@ -3142,4 +3151,5 @@ __all__ = [
     "queue_launch_s",
     "routing_maxvio",
     "sustained_clock",
+    "tabled_ceiling",
 ]
