@@ -186,7 +186,7 @@ _H200_CLOCK = SustainedClock(
 # the tables measured: the GB200's bf16 GEMMs run a median 4.9% faster than the B200's (p10-p90 0.97-1.13x), not the
 # 11% of their datasheet peaks (2,500 / 2,250 TF). B300 / GB300 nvfp4 (datasheet 1.5x / 1.67x the B200's fp4) measure
 # 1.03x / 1.06x in median (1.15x / 1.22x at m, n, k >= 4,096): their ceilings (0.246, 0.227) fit the median, and price
-# the largest nvfp4 GEMMs ~26% slow; docs/step-time.md "GB200 and B300 GEMMs from their own tables (blackwell13)".
+# those large nvfp4 GEMMs 28-33% slow; docs/step-time.md "GB200 and B300 GEMMs from their own tables (blackwell13)".
 _AIC_PARTS = "aiconfigurator 095f58a5 {} gemm/trtllm/1.3.0rc20 (bench/kernel_fit.py own_ceilings, over b200_sxm's)"
 
 
