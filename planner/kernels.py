@@ -7,7 +7,8 @@ compute.py sums them into PassTime; the page and serving can show the list as it
 A kernel's time is its own bound plus a fixed cost (``Efficiency``):
 
 - GEMM (m x k) @ (k x n), one or a group (experts): FLOPs at the dense peak of its dtype x the measured ceiling
-  of the GPU generation for that dtype (``GEMM_CEILING``) x tile quantization (rows and columns padded to the
+  of the GPU generation for that dtype (``GEMM_CEILING``; a part with a measured table of its own, GPUSpec.gemm_table,
+  carries its own: ``tabled_ceiling``) x tile quantization (rows and columns padded to the
   generation's CTA tile, ``GEMM_TILE``) x SM fill (tiles / (tiles + fill·SMs)) x main-loop amortisation
   k / (k + k0); or its operand bytes at the achievable HBM bandwidth, whichever is slower; + ``gemm_fixed_s``.
   The ceilings, fill, k0 and the fixed cost are fitted on measured cuBLASLt/DeepGEMM tables (bench/kernel_fit.py,
