@@ -7,7 +7,8 @@ compute.py sums them into PassTime; the page and serving can show the list as it
 A kernel's time is its own bound plus a fixed cost (``Efficiency``):
 
 - GEMM (m x k) @ (k x n), one or a group (experts): FLOPs at the dense peak of its dtype x the measured ceiling
-  of the GPU generation for that dtype (``GEMM_CEILING``) x tile quantization (rows and columns padded to the
+  of the GPU generation for that dtype (``GEMM_CEILING``; a part with a measured table of its own, GPUSpec.gemm_table,
+  carries its own: ``tabled_ceiling``) x tile quantization (rows and columns padded to the
   generation's CTA tile, ``GEMM_TILE``) x SM fill (tiles / (tiles + fill·SMs)) x main-loop amortisation
   k / (k + k0); or its operand bytes at the achievable HBM bandwidth, whichever is slower; + ``gemm_fixed_s``.
   The ceilings, fill, k0 and the fixed cost are fitted on measured cuBLASLt/DeepGEMM tables (bench/kernel_fit.py,
@@ -965,11 +966,20 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
     if dtype in DERIVED_CEILING:
         base, ratio = DERIVED_CEILING[dtype]
         return round(gemm_ceiling(gpu, base, eff) * ratio, 3)
-    gen = generation(gpu)
-    found = GEMM_CEILING.get((gen, dtype))
+    found = tabled_ceiling(gpu, dtype)
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
-        found = GEMM_CEILING.get((gen, "bf16"))
+        found = tabled_ceiling(gpu, "bf16")
     return found if found is not None else eff.gemm
+
+
+def tabled_ceiling(gpu: GPUSpec, dtype: str) -> float | None:
+    """The ceiling a measured GEMM table gives ``dtype`` on ``gpu`` (None: no table has it): the part's own
+    (GPUSpec.gemm_table, fitted on its own table) or its generation's (GEMM_CEILING)."""
+    own = gpu.gemm_table
+    for name, ceiling in own.ceilings if own is not None else ():
+        if name == dtype:
+            return ceiling
+    return GEMM_CEILING.get((generation(gpu), dtype))
 
 
 @lru_cache(maxsize=65536)
@@ -3142,4 +3152,5 @@ __all__ = [
     "queue_launch_s",
     "routing_maxvio",
     "sustained_clock",
+    "tabled_ceiling",
 ]
