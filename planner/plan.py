@@ -502,8 +502,10 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
             row.links = drawn_links(cluster, real, row.links)
         return rows
     # a group across the pipeline dimension (dp.grad_norm over the whole world) is the same one group whichever
-    # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks)
-    if not call.group.pairs and "pp" in call.group.dims:
+    # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks); a mirror group
+    # (DualPipe's copies) likewise: twins r and pp - 1 - r issue one call, and its members are no pipeline shift of
+    # stage 0's, so the symmetry classes do not hold
+    if not call.group.pairs and ("pp" in call.group.dims or call.group.mirror):
         return [_price(call, pricer)]
     classes = _stage_classes(call, pricer.places, pricer.options)
     if len(classes) == 1:

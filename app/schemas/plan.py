@@ -480,7 +480,8 @@ def _bottleneck_link(pc: PricedCall) -> str:
 
 def _group_dims(pc: PricedCall) -> list[str]:
     group = pc.call.group
-    return [group.pairs] if group.pairs else list(group.dims)
+    # "pp_twin": the group spans both copies of the stage (DualPipe's ranks s and pp - 1 - s: Group.mirror)
+    return [group.pairs] if group.pairs else list(group.dims) + ["pp_twin"] * group.mirror
 
 
 class PlacementOut(Out):
