@@ -682,3 +682,58 @@ __all__ = [
     "span_work",
     "work",
 ]
+
+
+# ops of an order the timeline draws one block each (order_blocks); past it the closed-form timeline (pipeline.timeline)
+TIMELINE_OPS = 4096
+# the drawn name of each op kind (pipeline.OP_*): the input-gradient backward is a backward, OP_WAIT and OP_IDLE none
+_DRAWN = ("forward", "backward", "backward", "wgrad", "", "forward", "")
+
+
+def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) -> list[dict] | None:
+    """The compute blocks of ``sched``'s own order per rank, from the run ``order_span`` prices (the same structure,
+    chunk table and max-then-add, dualpipe13b): each op one block at its list-schedule time, scaled by ``span_s`` (the
+    priced pipeline: the order's makespan plus the sends the run leaves out, 2(p - 1) one-way sends and m steady
+    waits; pipeline.pipeline_time) over the makespan, so the last block ends at the priced span. DualPipe's blocks
+    carry their ``direction`` (the op's chunk, StageMap.op_chunk). None where the run does not take all m micro-batches
+    (over ORDER_OPS), the order is not written out, or it holds over TIMELINE_OPS ops."""
+    run, graph = _span_graph(sched)
+    p, m = sched.stages, sched.microbatches
+    if graph is None or run != m or len(graph.at) > TIMELINE_OPS:
+        return None
+    traits = sched.traits
+    op, mb, stage, flat, level = _levels(sched.kind, p, max(1, sched.chunks), m)
+    n = op.shape[1]
+    rank = np.arange(p)[:, None]
+    cell = (rank * graph.chunks + traits.stage_map.op_chunk(rank, stage, p)) * graph.blocks + _ROW[op]
+    table = chunk_table(passes, graph.chunks, graph.blocks, traits.directions)[:, 0]
+    dur = np.where(_ROW[op] < 0, 0.0, table[np.minimum(cell, len(table) - 1)]).ravel().tolist()
+    flat, ops = flat.ravel().tolist(), op.ravel().tolist()
+    end = [0.0] * (p * n)
+    start = [0.0] * (p * n)
+    for i in np.argsort(level.ravel(), kind="stable").tolist():  # level order: each op's inputs are done
+        before = end[i - 1] if i % n else 0.0
+        after = end[flat[i]] if flat[i] >= 0 else 0.0
+        start[i] = before if before > after else after
+        end[i] = start[i] + dur[i]
+    makespan = max(end)
+    scale = span_s / makespan if makespan > 0 else 1.0
+    chunk = traits.stage_map.op_chunk(rank, stage, p).ravel().tolist()
+    mbs = mb.ravel().tolist()
+    events = []
+    for i, kind in enumerate(ops):
+        if not _DRAWN[kind] or dur[i] <= 0:
+            continue
+        ev = {
+            "stage": i // n,
+            "stream": "compute",
+            "name": _DRAWN[kind],
+            "microbatch": mbs[i],
+            "microbatches": 1,
+            "start_s": start[i] * scale,
+            "end_s": end[i] * scale,
+        }
+        if traits.directions > 1:
+            ev["direction"] = chunk[i]
+        events.append(ev)
+    return events

@@ -94,6 +94,7 @@ from .pipeline import (
     steady_wait,
     timeline,
 )
+from .pipeline_jitter import order_blocks
 from .recompute import layer_counts
 from .rules.context_parallel import rotate_method
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
@@ -1250,9 +1251,9 @@ def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:
 def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict]:
     if not with_timeline:
         return []
-    events = timeline(passes, sched)
+    events, leads = _compute_blocks(passes, sched, pipe_end)
     events += _pass_comm_events(events, stages, sched)
-    for st, lead in zip(stages, drain_leads(passes, sched), strict=True):
+    for st, lead in zip(stages, leads, strict=True):
         last = pipe_end - lead
         if st.grad_reduce_s:
             start = max(0.0, last + st.exposed_dp_s - st.grad_reduce_s)
@@ -1273,6 +1274,21 @@ def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict
                 hidden = _ev(st.stage, "dp", "param_gather", 0.0, st.param_gather_s - exposed)
                 events.append(hidden | {"overlapped": True})
     return events
+
+
+def _compute_blocks(passes, sched: Schedule, pipe_end: float) -> tuple[list[dict], list[float]]:
+    """The compute blocks and, per stage, how long before the pipeline's end its last one ends: a schedule priced by
+    its own order (ZB-H1, ZBV, DualPipe, DualPipeV) drawn from that order's run (pipeline_jitter.order_blocks: the
+    drawing and the step agree; DualPipe's last rank starts direction 1 at time 0), the others from the closed form's
+    warm-up, steady state and cool-down (pipeline.timeline)."""
+    if sched.traits.orders_at(sched.stages):
+        blocks = order_blocks(passes, sched, pipe_end)
+        if blocks is not None:
+            last = [0.0] * sched.stages
+            for ev in blocks:
+                last[ev["stage"]] = max(last[ev["stage"]], ev["end_s"])
+            return blocks, [pipe_end - t for t in last]
+    return timeline(passes, sched), drain_leads(passes, sched)
 
 
 def _pass_comm_events(compute: list[dict], stages: list[StageStep], sched: Schedule) -> list[dict]:

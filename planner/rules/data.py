@@ -48,9 +48,10 @@ def calls(ctx: Context) -> list[Call]:
     if not ctx.training:
         return []
     out: list[Call] = []
-    for members in _classes(ctx):  # each class's calls, on all its stages
-        out += [c.on(members) for c in _stage_buffers(ctx, members[0])]
+    classes = _classes(ctx)
     for stage in range(ctx.par.pp):
+        for members in classes.get(stage, ()):  # the first stage of its class: the class's calls, on all its stages
+            out += [c.on(members) for c in _stage_buffers(ctx, members[0])]
         if ctx.is_last(stage) and ctx.flavour.reports_loss and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
@@ -68,9 +69,9 @@ def calls(ctx: Context) -> list[Call]:
     return out
 
 
-def _classes(ctx: Context) -> list[tuple[int, ...]]:
-    """The stages whose ranks issue the same data-parallel calls, each class led by the stage whose parameters they
-    are built from: alike parameter lists (the calls depend on the sizes and names alone), split by schedule.
+def _classes(ctx: Context) -> dict[int, list[tuple[int, ...]]]:
+    """The stages whose ranks issue the same data-parallel calls, by their first stage, whose parameters they are built
+    from: alike parameter lists (the calls depend on the sizes and names alone), split by schedule.
 
     With two copies reduced over one group (DualPipe, Context.param_copies, flat buffers: Context.dp_ranks), twins r
     and pp - 1 - r issue one call, so both reduce the lower rank's buffer: the twin holds the same two stages in the
@@ -78,14 +79,14 @@ def _classes(ctx: Context) -> list[tuple[int, ...]]:
     buffer is laid out as its twin's; deepseek-ai/DualPipe's example sums module by module)."""
     alike = alike_stages(ctx)
     if ctx.param_copies == 1 or ctx.sharded_units:
-        return [members for stage in sorted(alike) for members in _by_schedule(ctx, alike[stage])]
+        return {stage: _by_schedule(ctx, members) for stage, members in alike.items()}
     layout = layout_for(ctx.par)
     first = {s: lead for lead, members in alike.items() for s in members}
     pairs: dict[int, list[int]] = {}
     for s in range(ctx.par.pp):
         lower = min(s, layout.twin(s))
         pairs.setdefault(first[lower], []).append(s)
-    return [tuple(members) for members in pairs.values()]
+    return {members[0]: [tuple(members)] for members in pairs.values()}
 
 
 def _by_schedule(ctx: Context, stages: tuple[int, ...]) -> list[tuple[int, ...]]:
