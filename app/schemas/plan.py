@@ -579,6 +579,10 @@ class TimelineEvent(Out):
     overlapped: bool = Field(
         default=False, description="communication of a pass hidden behind its compute (false: exposed, on the path)"
     )
+    direction: int | None = Field(
+        default=None,
+        description="DualPipe: the direction the block's micro-batch runs (0 from rank 0, 1 from rank pp - 1)",
+    )
 
 
 class StepSummaryOut(Out):
