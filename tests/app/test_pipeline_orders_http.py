@@ -63,10 +63,9 @@ def test_dualpipe_memory_holds_each_stage_once_and_an_end_on_ranks_0_and_pp_minu
 
 def test_dualpipe_timeline_runs_both_directions_from_time_0(api):
     """The timeline is DualPipe's own order as the step prices it (dualpipe13b: pipeline_jitter.order_blocks), not
-    1F1B's
-    shape from rank 0's fill: rank 3 (pp - 1) starts a direction-1 forward at time 0 as rank 0 starts direction 0
-    (deepseek-ai/DualPipe dualpipe.py step(): the last rank feeds the second half of the micro-batches), every block one
-    micro-batch with its direction: m 8 (16 sequences over dp 2), m / 2 = 4 forwards of each direction on every rank."""
+    1F1B's shape from rank 0's fill: rank 3 (pp - 1) starts a direction-1 forward at time 0 as rank 0 starts direction
+    0 (deepseek-ai/DualPipe dualpipe.py step(): the last rank feeds the second half of the micro-batches), every block
+    one micro-batch with its direction: m 8 (16 sequences over dp 2), m / 2 = 4 forwards each way on every rank."""
     events = _plan(api, "dualpipe")["step"]["timeline"]
     blocks = [e for e in events if e["stream"] == "compute" and e["microbatch"] >= 0]
     for rank, way in ((0, 0), (3, 1)):
