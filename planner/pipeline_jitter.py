@@ -690,6 +690,11 @@ TIMELINE_OPS = 4096
 _DRAWN = ("forward", "backward", "backward", "wgrad", "", "forward", "")
 
 
+@lru_cache(maxsize=64)  # a plan's structure (kind, p, v, m), at most TIMELINE_OPS ops: five small int arrays, read only
+def _timeline_levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
+    return _levels(kind, p, v, m)
+
+
 def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) -> list[dict] | None:
     """The compute blocks of ``sched``'s own order per rank, from the run ``order_span`` prices (the same structure,
     chunk table and max-then-add, dualpipe13b): each op one block at its list-schedule time, scaled by ``span_s`` (the
@@ -702,7 +707,7 @@ def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) ->
     if graph is None or run != m or len(graph.at) > TIMELINE_OPS:
         return None
     traits = sched.traits
-    op, mb, stage, flat, level = _levels(sched.kind, p, max(1, sched.chunks), m)
+    op, mb, stage, flat, level = _timeline_levels(sched.kind, p, max(1, sched.chunks), m)
     n = op.shape[1]
     rank = np.arange(p)[:, None]
     cell = (rank * graph.chunks + traits.stage_map.op_chunk(rank, stage, p)) * graph.blocks + _ROW[op]
