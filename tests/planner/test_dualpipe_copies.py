@@ -59,12 +59,14 @@ def test_sharded_units_sum_the_copies_shards():
 
 @pytest.mark.parametrize("sched", ["dualpipe", "dualpipev", "zbv", "zb-h1"])
 def test_the_timeline_is_the_priced_order(sched, monkeypatch):
-    """The compute blocks come from the order the step is priced by: the last ends at the pipeline's priced span, and
-    DualPipe's last rank starts direction 1 at time 0 (dualpipe.py: rank pp - 1 begins the second direction)."""
+    """The compute blocks come from the order the step is priced by: the last ends at the pipeline's priced span, each
+    rank's last where the step starts that rank's exposed gradient reduction (step.drain_leads_of: the order's own
+    ends), and DualPipe's last rank starts direction 1 at time 0 (dualpipe.py: rank pp - 1 begins the second
+    direction)."""
     seen = {}
 
     def spy(passes, s):
-        seen["pipe"] = pipeline_time(passes, s).time_s
+        seen["pipe"], seen["leads"] = pipeline_time(passes, s).time_s, step_module.drain_leads_of(passes, s)
         return pipeline_time(passes, s)
 
     monkeypatch.setattr(step_module, "pipeline_time", spy)
@@ -72,6 +74,9 @@ def test_the_timeline_is_the_priced_order(sched, monkeypatch):
     blocks = [e for e in plan.step.timeline if e["stream"] == "compute" and e["microbatch"] >= 0]
     assert max(e["end_s"] for e in blocks) == pytest.approx(seen["pipe"], rel=1e-9)
     assert all(e["microbatches"] == 1 for e in blocks)
+    for rank, lead in enumerate(seen["leads"]):  # each rank's last block ends where the step places its reduction
+        last = max(e["end_s"] for e in blocks if e["stage"] == rank)
+        assert last == pytest.approx(seen["pipe"] - lead, rel=1e-9)
     if sched == "dualpipe":
         first = min((e for e in blocks if e["stage"] == 3), key=lambda e: e["start_s"])
         assert (first["start_s"], first["direction"], first["name"]) == (0.0, 1, "forward")
