@@ -540,8 +540,8 @@ def _stage_classes(call: Call, places: _Placements, options: Options) -> list[tu
     stage's ``pp-1``) is not such a move and is a class of its own. The embedding group (``ends``) is one
     placement whatever the stage."""
     stages, pairs = call.stages, call.group.pairs
-    if len(stages) < 2 or pairs == "ends" or places.layout.par.pp < 2:
-        return [stages]
+    if len(stages) < 2 or pairs == "ends" or places.layout.par.pp < 2 or call.group.mirror:
+        return [stages]  # a mirror group (DualPipe's copies): one row, as _price_by_stage prices it
     if options.device_map is not None:
         return _classes(call, places, options)
     key = ("classes", call.group, stages)  # the estimate and the plan both ask; a custom map is not in the key

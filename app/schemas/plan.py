@@ -481,7 +481,7 @@ def _bottleneck_link(pc: PricedCall) -> str:
 def _group_dims(pc: PricedCall) -> list[str]:
     group = pc.call.group
     # "pp_twin": the group spans both copies of the stage (DualPipe's ranks s and pp - 1 - s: Group.mirror)
-    return [group.pairs] if group.pairs else list(group.dims) + ["pp_twin"] * group.mirror
+    return [group.pairs] if group.pairs else list(group.dims) + (["pp_twin"] if group.mirror else [])
 
 
 class PlacementOut(Out):

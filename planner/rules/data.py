@@ -30,7 +30,7 @@ from collectives import Op
 
 from ..context import Context
 from ..flavours import Zero
-from ..layout import Group, layout_for
+from ..layout import Group, twin
 from ..ledger import Call, fill_buckets
 from ..ledger import rule_call as _call
 from ..params import Param, alike_stages, stage_params
@@ -80,11 +80,10 @@ def _classes(ctx: Context) -> dict[int, list[tuple[int, ...]]]:
     alike = alike_stages(ctx)
     if ctx.param_copies == 1 or ctx.sharded_units:
         return {stage: _by_schedule(ctx, members) for stage, members in alike.items()}
-    layout = layout_for(ctx.par)
     first = {s: lead for lead, members in alike.items() for s in members}
     pairs: dict[int, list[int]] = {}
     for s in range(ctx.par.pp):
-        lower = min(s, layout.twin(s))
+        lower = min(s, twin(ctx.par.schedule.stage_map, s, ctx.par.pp))
         pairs.setdefault(first[lower], []).append(s)
     return {members[0]: [tuple(members)] for members in pairs.values()}
 
@@ -105,7 +104,8 @@ def _stage_buffers(ctx: Context, stage: int) -> list[Call]:
     Megatron's optimizer-step reductions."""
     dense, expert = stage_params(ctx, stage)
     out = []
-    mirror = ctx.param_copies > 1 and not ctx.sharded_units  # the copies' replicas in the group (Context.dp_ranks)
+    # the copies' replicas in the group (Context.dp_ranks): the stage map whose copies it spans
+    mirror = ctx.par.schedule.stage_map if ctx.param_copies > 1 and not ctx.sharded_units else None
     copies = ctx.param_copies > 1  # the copies' gradients are summed whatever dp is (example_dualpipe.py runs dp 1)
     if ctx.dp_ranks() > 1 or copies:
         out += _buffer(ctx, dense, Group(("cp", "dp"), mirror=mirror), "dp", ctx.dp_ranks(), stage)
@@ -380,7 +380,9 @@ def _replicas(ctx: Context, shard_bytes: int, count: int, expert: bool, kind: st
     count_replicas = ((ctx.par.expert_dp if expert else ctx.par.dp) // hs if hs else 1) * copies
     if count_replicas == 1:
         return []
-    replicas = Group(("dp_rep",) if hs else (), expert, split=hs, mirror=copies > 1)
+    replicas = Group(
+        ("dp_rep",) if hs else (), expert, split=hs, mirror=ctx.par.schedule.stage_map if copies > 1 else None
+    )
     where = " (HSDP replicate all-reduce)" if hs else ""
     if copies > 1:
         where += f" ({COPIES_SOURCE})"
