@@ -142,7 +142,7 @@ export function fillForm(req) {
   setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
   if (c.preset) setSelect("cluster-preset", c.preset);
   $("nodes").value = str(c.num_nodes, "1"); $("dpn").value = str(c.devices_per_node);
-  $("cluster-switch-note").textContent = ""; lastCluster = $("cluster-preset").value;
+  $("cluster-switch-note").textContent = ""; lastCluster = $("cluster-preset").value; rounded = null;
   $("intra-bw").value = str(obj(c.intra).bandwidth_GBps); $("nics").value = str(c.nics_per_node); $("nic-bw").value = str(c.nic_bandwidth_GBps);
   $("oversub").value = str(obj(c.network).oversubscription);
   // no input shows the constants (the calibration card says them), but a link or a result loaded here keeps them
@@ -168,14 +168,18 @@ function setSelect(id, value) {
 export const devicesPerNode = (preset = $("cluster-preset").value) => num("dpn") || (state.presets.clusters[preset] || {}).devices_per_node || 1;
 
 // a cluster switch keeps the device count where it can (64 DGX nodes are 512 GPUs, 7 GB200 NVL72 racks 504), and
-// says so; the old count came from the preset switched away from
-let lastCluster = null;
+// says so; the old count came from the preset switched away from, or, while the nodes box still holds what a
+// rounding switch put there, the count before it: 512 DGX GPUs -> 7 NVL72 racks (504) -> back to DGX kept 504 (63
+// nodes), and the layout that ran on 512 was refused (round 13)
+let lastCluster = null, rounded = null;  // rounded: {devices asked, nodes shown} after a switch that rounded
 export function switchCluster() {
   const next = $("cluster-preset").value, before = lastCluster;
   lastCluster = next;
   if (!before || before === next || num("dpn")) return;
   const old = (state.presets.clusters[before] || {}).devices_per_node || 1, per = devicesPerNode(next);
-  const devices = (num("nodes") || 1) * old, nodes = Math.max(1, Math.round(devices / per));
+  const devices = rounded && rounded.nodes === num("nodes") ? rounded.devices : (num("nodes") || 1) * old;
+  const nodes = Math.max(1, Math.round(devices / per));
+  rounded = nodes * per === devices ? null : { devices, nodes };
   $("nodes").value = String(nodes);
   $("cluster-switch-note").textContent = nodes * per === devices
     ? `Kept ${devices.toLocaleString("en-US")} devices: ${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} of ${per}.`

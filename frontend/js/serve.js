@@ -325,12 +325,30 @@ const poolTokens = (p) => (p.output_tokens_per_s ? `${fmtCount(p.output_tokens_p
 const kvMoved = (k) => `${fmtBytes(k.bytes_per_request)} per request, ${fmtBytes(k.wire_bytes)} on the wire from ${k.senders} rank${k.senders > 1 ? "s" : ""}`
   + (k.wire_bytes > k.bytes_per_request * 1.001 ? " (replicated KV heads: every copy filled)" : "");
 
+// what a deployment the cards cannot stand for is, in words (round 13): one that does not fit showed 250 tokens/s per
+// GPU and "2.00 K output tokens/s on 8 GPUs" for DeepSeek-V3's 670 GB per GPU, and a saturated request rate the
+// traffic's own tokens/s as if served (planner/serving/deployment.py gives the asked rate where TTFT is unbounded)
+function verdict(d) {
+  const hbm = d.cluster && d.cluster.gpu ? d.cluster.gpu.hbm_bytes : null;
+  const short = d.pools.filter((p) => !p.fits).map((p) => `the ${p.role === "both" ? "" : `${p.role} `}pool `
+    + (hbm && p.memory_peak_bytes > hbm ? `needs ${fmtBytes(p.memory_peak_bytes)} per GPU, over the ${fmtBytes(hbm)} a GPU holds`
+      : "leaves no room for one request's KV cache"));
+  const said = [];
+  if (!d.fits) said.push(`Does not fit: ${short.join("; ") || "a pool does not fit in memory"}. The figures below are what it would do if it fit, not a deployment that runs.`);
+  if (d.ttft_s === null) said.push(`Saturated: ${fmtCount(d.request_rate)} requests/s is more than it serves, so the queue and TTFT grow without bound; the tokens/s below are the traffic's, asked, not served.`);
+  return said.join(" ");
+}
+
 export function renderServe(d) {
-  const t = d.throughput, kv = d.kv_cache;
+  const t = d.throughput, kv = d.kv_cache, words = verdict(d);
+  $("serve-verdict").textContent = words;
+  $("serve-verdict").hidden = !words;
+  $("serve-cards").classList.toggle("unrunnable", !!words);
   const cards = [
     metric("TTFT", d.ttft_s === null ? "unbounded" : fmtTime(d.ttft_s), d.ttft_s === null ? "the queue grows without bound" : "prefill + queue + KV transfer", "ttft"),
     metric("TPOT", fmtTime(d.tpot_s), `${fmtCount(t.tokens_per_s_per_user)} tokens/s per user`, "tpot"),
-    metric("Tokens/s per GPU", fmtCount(t.output_tokens_per_s_per_gpu), `${fmtCount(t.output_tokens_per_s)} output tokens/s on ${fmtInt(d.gpus)} GPUs`, "per-gpu"),
+    metric("Tokens/s per GPU", fmtCount(t.output_tokens_per_s_per_gpu), `${fmtCount(t.output_tokens_per_s)} output tokens/s `
+      + `${d.ttft_s === null ? "asked of" : "on"} ${fmtInt(d.gpus)} GPUs${d.fits ? "" : " (does not fit)"}`, "per-gpu"),
     metric("KV cache", `${fmtCount(kv.capacity_tokens)} tokens`, `${fmtBytes(kv.bytes_per_token)} per token; ${fmtInt(kv.max_concurrency)} requests per worker`, "kv"),
     metric("Bound by", d.bottleneck, `${fmtCount(d.request_rate)} requests/s`, "bound"),
   ];
@@ -430,10 +448,18 @@ const engineName = (id) => [...$("serve-engine").options].find((o) => o.value ==
 const loadable = (request) => ({ tabIndex: 0, onclick: () => loadDeployment(request),
   onkeydown: (e) => { if (e.key === "Enter") loadDeployment(request); } });
 
+// the deployments the search did not plan and why, as the CLI's "not planned:" line (app/cli.py): the page said
+// nothing, so the card's two-batch overlap refusing every TensorRT-LLM deployment (256 of 768) left an engine out
+// of a search "across engines" unsaid (round 13)
+const notPlanned = (rejected) => {
+  const why = Object.entries(rejected || {}).sort((a, b) => b[1] - a[1]);
+  return why.length ? ` Not planned (deployments): ${why.map(([reason, n]) => `${reason} (${fmtInt(n)})`).join("; ")}.` : "";
+};
+
 function renderServeSearch(result, sla, traffic) {
   const met = result.results.length > 0;
   $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
-    + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}`;
+    + `${fmtInt(result.evaluated)} of those plans fit.${notPlanned(result.rejected)} ${met ? `Best: ${result.why}.` : sentence(result.why)}`;
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
     el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
     el("td", {}, c.request.deployment.pools.map(poolName).join(" + ")),

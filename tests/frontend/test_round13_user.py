@@ -1,0 +1,126 @@
+"""Round 13, a demanding user's walk (docs/page.md, user13): what the page showed as if it ran, what it left unsaid,
+and where it lost the user's cluster, each fixed and held here. A serving deployment that does not fit (DeepSeek-V3 on
+8 GPUs) showed "250 tokens/s per GPU" as a result; the SLA search dropped every TensorRT-LLM deployment (the card's
+two-batch overlap) without a word; 512 DGX GPUs switched to GB200 NVL72 racks (504) and back came back as 504."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+# DeepSeek-V3 (671 B parameters, fp8 weights: 671 GB) on one TP8 worker of 80 GB H100s at 20 requests/s: it does not
+# fit, and 20 requests/s need 219% of the worker's time for prefill alone (saturated)
+UNFIT = {
+    "model": {"preset": "deepseek-v3"},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 12},
+    "engine": "sglang",
+    "traffic": {"input_tokens": 2000, "output_tokens": 100, "request_rate": 20},
+    "deployment": {"pools": [{"role": "both", "workers": 1, "tp": 8, "dp": 1, "ep": 1}]},
+    "options": {"weight_dtype": "fp8"},
+}
+
+
+def serve_dsv3(page):  # noqa: F811
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    wait_until(page, "() => document.getElementById('serve-status').textContent === ''", timeout=60_000)
+
+
+def test_a_deployment_that_does_not_fit_is_not_shown_as_running(page):  # noqa: F811
+    """The card's figures of a deployment that does not fit (DeepSeek-V3 on one TP8 worker: the server's own peak
+    per GPU over the H100's 85.5 GB) and of a saturated request rate (TTFT unbounded: the tokens/s are the traffic's,
+    asked) come under a verdict that says so, greyed; a deployment that runs has no verdict. Before: "Tokens/s per GPU
+    250, 2.00 K output tokens/s on 8 GPUs" as a result, the reason in the warnings below."""
+    open_page(page, url_state(LLAMA))
+    serve_dsv3(page)
+    expect(page.locator("#serve-verdict")).to_be_hidden()
+    page.select_option("#serve-mode", "aggregated")
+    for box, value in (("#serve-a-workers", "1"), ("#serve-a-tp", "8"), ("#serve-a-dp", "1"), ("#serve-a-ep", "1")):
+        page.fill(box, value)
+    page.uncheck("#serve-a-adp")
+    page.select_option("#serve-a-dispatch", "")
+    page.select_option("#serve-tbo", "")
+    page.select_option("#serve-load", "rate")
+    page.fill("#serve-concurrency", "20")
+    page.evaluate("window.commplan.state.serve = null")
+    page.click("#serve-run")
+    wait_until(page, "() => window.commplan.state.serve", timeout=60_000)
+    body = page.evaluate("window.commplan.serveBody()")
+    assert {k: body[k] for k in ("model", "cluster", "engine", "traffic")} == {
+        k: UNFIT[k] for k in ("model", "cluster", "engine", "traffic")
+    }
+    assert body["deployment"]["pools"][0] | UNFIT["deployment"]["pools"][0] == body["deployment"]["pools"][0]
+    answer = httpx.post(page.base + "/v1/serve", json=body, timeout=60).json()
+    assert answer["fits"] is False and answer["ttft_s"] is None
+    peak = answer["pools"][0]["memory_peak_bytes"]
+    assert 600e9 < peak < 700e9 and answer["cluster"]["gpu"]["hbm_bytes"] == 85_520_809_984
+    verdict = page.locator("#serve-verdict")
+    expect(verdict).to_be_visible()
+    expect(verdict).to_contain_text(
+        f"Does not fit: the pool needs {peak / 1e9:.0f} GB per GPU, over the 85.5 GB a GPU holds"
+    )
+    expect(verdict).to_contain_text("Saturated: 20.0 requests/s is more than it serves")
+    expect(page.locator('[data-card="per-gpu"] .hint')).to_have_text(
+        "2.00 K output tokens/s asked of 8 GPUs (does not fit)"
+    )
+    assert page.locator("#serve-cards").evaluate("(e) => e.classList.contains('unrunnable')")
+    # back to a deployment that runs: no verdict, the figures not greyed
+    page.select_option("#serve-scenario", "llama70b-vllm")
+    wait_until(page, "() => window.commplan.state.serve && window.commplan.state.serve.fits", timeout=60_000)
+    expect(verdict).to_be_hidden()
+    assert not page.locator("#serve-cards").evaluate("(e) => e.classList.contains('unrunnable')")
+
+
+def test_the_sla_search_says_what_it_did_not_plan(page):  # noqa: F811
+    """DeepSeek-V3's scenario runs with two-batch overlap on, which TensorRT-LLM has no switch for: the search
+    refuses every TensorRT-LLM deployment. The status names each reason with its count, the server's `rejected`, its
+    words cut at a word, no parenthesis left open. Before: "768 deployments tried ...; 108 of those plans fit." and
+    nothing on the 732 not planned."""
+    open_page(page, url_state(LLAMA))
+    serve_dsv3(page)
+    page.click("#serve-search-run")
+    expect(page.locator("#serve-search-results")).to_be_visible(timeout=120_000)
+    rejected = page.evaluate("window.commplan.state.serveSearch.rejected")
+    trt = [reason for reason in rejected if reason.startswith("TensorRT-LLM has no two-batch overlap switch")]
+    assert len(trt) == 1 and trt[0].endswith(" …") and "(" not in trt[0], rejected
+    assert rejected[trt[0]] == page.evaluate("window.commplan.state.serveSearch.candidates") // 3
+    status = page.locator("#serve-search-status")
+    expect(status).to_contain_text("Not planned (deployments): ")
+    for reason, n in rejected.items():
+        expect(status).to_contain_text(f"{reason} ({n:,})")
+
+
+def test_a_cluster_switch_and_back_keeps_the_devices(page):  # noqa: F811
+    """512 DGX H100 GPUs (the 70B scenario's 64 nodes) switched to GB200 NVL72 racks round to 7 racks (504 GPUs);
+    switched back, the 512 asked come back (64 nodes) and the layout plans again, through another preset too; a
+    node count typed after the rounding is the new count. Before: back on DGX read 63 nodes, "tp*cp*pp*dp = 512 but
+    the cluster has 504 devices"."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#cluster-preset", "gb200-nvl72")
+    expect(page.locator("#nodes")).to_have_value("7")
+    expect(page.locator("#cluster-switch-note")).to_have_text(
+        "512 devices are not a whole number of 72-device nodes: 7 nodes give 504."
+    )
+    page.select_option("#cluster-preset", "dgx-a100")
+    expect(page.locator("#nodes")).to_have_value("64")
+    expect(page.locator("#cluster-switch-note")).to_have_text("Kept 512 devices: 64 nodes of 8.")
+    page.select_option("#cluster-preset", "gb200-nvl72")
+    page.select_option("#cluster-preset", "dgx-h100")
+    expect(page.locator("#nodes")).to_have_value("64")
+    wait_until(
+        page,
+        "() => window.commplan.state.request.cluster.num_nodes === 64 && "
+        "window.commplan.state.request.cluster.preset === 'dgx-h100' && "
+        "!document.getElementById('results').classList.contains('stale')",
+    )
+    expect(page.locator("#form-errors")).to_be_hidden()
+    # a count typed after a rounding switch is the user's: 8 racks are 576 GPUs, 72 DGX nodes
+    page.select_option("#cluster-preset", "gb200-nvl72")
+    page.fill("#nodes", "8")
+    page.select_option("#cluster-preset", "dgx-h100")
+    expect(page.locator("#nodes")).to_have_value("72")
