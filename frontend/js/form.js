@@ -231,10 +231,17 @@ export function clearErrors() {
   for (const node of document.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
 }
 
+// the layout factor typed last: "tp*cp*pp*dp = 8*2*4*16 = 1024 but the cluster has 512 devices" (loc `parallel`)
+// marked TP and said "Go to TP" after a change of CP (round 13); it marks the factor changed
+const FACTORS = ["tp", "cp", "pp", "dp"];
+let lastFactor = "tp";
+export function noteEdit(target) { if (target && FACTORS.includes(target.id)) lastFactor = target.id; }
+
 export function showErrors(detail) {
   const items = detail.map((d) => {
     const path = (d.loc || []).filter((x) => x !== "body").join(".");
-    const control = FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
+    const control = path === "parallel" ? lastFactor
+      : FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
     const input = control && $(control);
     if (input) input.setAttribute("aria-invalid", "true");
     const go = input ? el("button", { type: "button", className: "link", onclick: () => { input.scrollIntoView({ block: "center" }); input.focus(); } },

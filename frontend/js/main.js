@@ -4,7 +4,7 @@ import { $, options } from "./dom.js";
 import { fmtBw, fmtBytes, fmtCount, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
 import { countSet, setClusterChoices, setNcclVersions, showResolvedDefaults } from "./controls.js";
-import { calibrationOf, clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
+import { calibrationOf, clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, noteEdit, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
@@ -180,7 +180,7 @@ async function start() {
   if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
   $("config").setAttribute("aria-busy", "false");
 
-  $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
+  $("config").addEventListener("input", (e) => { noteEdit(e.target); $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
   $("cluster-preset").addEventListener("change", switchCluster);
   $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });

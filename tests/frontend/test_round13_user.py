@@ -124,3 +124,51 @@ def test_a_cluster_switch_and_back_keeps_the_devices(page):  # noqa: F811
     page.fill("#nodes", "8")
     page.select_option("#cluster-preset", "dgx-h100")
     expect(page.locator("#nodes")).to_have_value("72")
+
+
+def test_the_layout_product_refusal_marks_the_factor_changed(page):  # noqa: F811
+    """tp*cp*pp*dp against the cluster (loc `parallel`) marks the factor the user changed and goes to it: CP 2 on the
+    70B scenario's 512 GPUs marks CP, a TP of 4 marks TP, each with the DP that fits. Before: TP marked and "Go to
+    TP" after a change of CP."""
+    open_page(page, url_state(LLAMA))
+    errors = page.locator("#form-errors")
+    for box, value, sent, dp in (("cp", "2", "8*2*4*16 = 1024", "DP 8"), ("tp", "4", "4*1*4*16 = 256", "DP 32")):
+        page.fill("#cp", "1")
+        page.fill(f"#{box}", value)
+        expect(errors).to_contain_text(f"tp*cp*pp*dp = {sent} but the cluster has 512 devices", timeout=10_000)
+        assert page.evaluate("[...document.querySelectorAll('[aria-invalid]')].map((e) => e.id)") == [box]
+        go = errors.locator("button.link", has_text="Go to")
+        expect(go).to_have_text(f"Go to {box.upper()}")
+        expect(errors.locator("button.fix").first).to_have_text(dp)
+        go.click()
+        expect(page.locator(f"#{box}")).to_be_focused()
+
+
+def test_the_memory_legend_draws_the_peak_as_the_chart_does(page):  # noqa: F811
+    """The legend's "peak" diamond is the marks' colour (ECharts draws a legend icon in the series' colour): it was the
+    palette's blue beside dark diamonds."""
+    open_page(page, url_state(LLAMA))
+    wait_until(page, "() => window.commplan.state.charts.memory")
+    legend, mark = page.evaluate(
+        "(() => { const s = window.commplan.state.charts.memory.getModel().getSeriesByName('peak')[0].getData();"
+        " return [s.getVisual('style').fill, s.getItemVisual(0, 'style').fill]; })()"
+    )
+    assert legend == mark == "#15202b"
+
+
+def test_the_kv_transfer_leaves_no_empty_explorer(page):  # noqa: F811
+    """Drawing the KV transfer empties the explorer: no blank plot above its note (it kept a 320 px empty chart), and
+    a ledger row brings the plot back at its width."""
+    open_page(page, url_state(LLAMA))
+    serve_dsv3(page)
+    page.click("#serve-draw")
+    expect(page.locator("#detail-title")).to_have_text("Serving: the KV transfer")
+    expect(page.locator("#explorer")).to_be_hidden()
+    expect(page.locator("#explorer-note")).to_contain_text("Select a ledger row to explore one.")
+    page.locator("#ledger tbody tr").first.click()
+    expect(page.locator("#explorer")).to_be_visible()
+    wait_until(page, "() => document.getElementById('explorer').dataset.call")
+    width = page.evaluate(
+        "[document.getElementById('explorer').clientWidth, document.querySelector('#explorer canvas').width]"
+    )
+    assert width[0] > 300 and width[1] >= width[0], width
