@@ -10,7 +10,9 @@ import { clearExplorer } from "./explorer.js";
 import { drawTopology } from "./topology.js";
 
 const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Number(v); };
-const POOL_FIELDS = ["workers", "tp", "dp", "ep"];
+// pp: a search result with a pipelined pool ("decode 3× TP8 PP16") loaded without it, so the card planned 40 GPUs
+// for the listed 400, at 111 tokens/s per GPU for the listed 10.9 (round 13)
+const POOL_FIELDS = ["workers", "tp", "pp", "dp", "ep"];
 
 // published deployments to start from (their sources: docs/serving.md)
 // dsv3-pd: the LMSYS run (lmsys.org/blog/2025-05-05-large-scale-ep; its launch commands, sglang issue #6017, pass
@@ -60,13 +62,14 @@ function loadScenario() {
 // a pool's fields, written once for the three pools (serve-a: both roles, serve-p: prefill, serve-d: decode)
 const DISPATCHES = [["", "engine default"], ["alltoall", "all-to-all"], ["deepep", "DeepEP"], ["deepep_ll", "DeepEP low-latency"],
   ["agrs", "all-gather + reduce-scatter (vLLM)"], ["dp_gather", "DP-attention gather (SGLang)"], ["agrs_quant", "post-quant all-gather (TensorRT-LLM)"]];
-const POOL_LABELS = { workers: "Workers", tp: "TP", dp: 'DP <span class="hint">(attention)</span>', ep: "EP" };
+const POOL_LABELS = { workers: "Workers", tp: "TP", pp: "PP", dp: 'DP <span class="hint">(attention)</span>', ep: "EP" };
 // what each pool control does, said on hover (round 11: the pool's fields had none; "DP (attention)" beside an
 // "Attention-DP" box read as one setting twice)
 const POOL_TITLES = {
   workers: "engine instances of this layout, each serving its own requests",
   tp: "tensor parallel GPUs of one worker (with DP and EP: the attention's TP)",
-  dp: "attention ranks of one worker (app/schemas/serve.py PoolIn.dp); GPUs per worker = TP x DP",
+  pp: "pipeline stages of one worker (vLLM --pipeline-parallel-size, SGLang --pp-size, TensorRT-LLM --pp_size); GPUs per worker = TP x PP x DP",
+  dp: "attention ranks of one worker (app/schemas/serve.py PoolIn.dp); GPUs per worker = TP x PP x DP",
   ep: "expert parallel GPUs the MoE experts spread over (MoE models)",
   adp: "data-parallel attention: each attention rank holds its own requests' tokens and KV cache, gathered before the experts (SGLang --enable-dp-attention, TensorRT-LLM enable_attention_dp; docs/serving.md)",
   dispatch: "how tokens reach their experts; engine default: vLLM all-gather + reduce-scatter, SGLang DP-attention gather, TensorRT-LLM all-to-all",
@@ -271,7 +274,7 @@ const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
   "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes" };
-const POOL_INPUTS = { workers: "workers", tp: "tp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
+const POOL_INPUTS = { workers: "workers", tp: "tp", pp: "pp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
 const unmark = () => { for (const node of $("serve-card").querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid"); };
 function inputOf(path) {
   const pool = /^deployment\.pools\.(\d)\.(\w+)$/.exec(path);
@@ -459,7 +462,7 @@ const notPlanned = (rejected) => {
 function renderServeSearch(result, sla, traffic) {
   const met = result.results.length > 0;
   $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
-    + `${fmtInt(result.evaluated)} of those plans fit.${notPlanned(result.rejected)} ${met ? `Best: ${result.why}.` : sentence(result.why)}`;
+    + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}${notPlanned(result.rejected)}`;
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
     el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
     el("td", {}, c.request.deployment.pools.map(poolName).join(" + ")),

@@ -172,3 +172,29 @@ def test_the_kv_transfer_leaves_no_empty_explorer(page):  # noqa: F811
         "[document.getElementById('explorer').clientWidth, document.querySelector('#explorer canvas').width]"
     )
     assert width[0] > 300 and width[1] >= width[0], width
+
+
+def test_a_pipelined_deployment_loads_as_listed(page):  # noqa: F811
+    """Llama-3 70B on 8 DGX H100 at 64 concurrent under 1 s / 40 ms: the best deployment's decode pool is pipelined
+    (PP4). Loaded, the card holds every pool's PP and plans the listed deployment: its GPUs, tokens/s per GPU and TPOT
+    as the row. Before: the card had no PP, so it planned the pools without it (Llama-3 70B on 64 nodes: the listed
+    "decode 3× TP8 PP16", 400 GPUs and 10.9 tokens/s per GPU, planned as 40 GPUs at 111)."""
+    open_page(page, url_state(LLAMA))
+    page.fill("#serve-nodes", "8")
+    page.fill("#serve-sla-ttft", "1000")
+    page.fill("#serve-sla-tpot", "40")
+    page.click("#serve-search-run")
+    expect(page.locator("#serve-search-table-wrap")).to_be_visible(timeout=120_000)
+    best = page.evaluate("window.commplan.state.serveSearch.results[0]")
+    pools = best["request"]["deployment"]["pools"]
+    assert [p["pp"] for p in pools] == [1, 4], pools
+    expect(page.locator("#serve-search-table tbody tr").first).to_contain_text("decode 1× TP8 PP4")
+    page.evaluate("window.commplan.state.serve = null")
+    page.locator("#serve-search-table tbody tr").first.click()
+    wait_until(page, "() => window.commplan.state.serve", timeout=60_000)
+    assert page.evaluate("window.commplan.serveBody().deployment.pools") == pools
+    expect(page.locator("#serve-d-pp")).to_have_value("4")
+    served = page.evaluate("window.commplan.state.serve")
+    listed = best["answer"]
+    assert served["gpus"] == listed["gpus"] == sum(p["workers"] * p["tp"] * p["pp"] * p["dp"] for p in pools)
+    assert served["throughput"] == listed["throughput"] and served["tpot_s"] == listed["tpot_s"]
