@@ -198,3 +198,22 @@ def test_a_pipelined_deployment_loads_as_listed(page):  # noqa: F811
     listed = best["answer"]
     assert served["gpus"] == listed["gpus"] == sum(p["workers"] * p["tp"] * p["pp"] * p["dp"] for p in pools)
     assert served["throughput"] == listed["throughput"] and served["tpot_s"] == listed["tpot_s"]
+
+
+def test_a_call_new_in_the_compared_layout_is_its_whole_time(page):  # noqa: F811
+    """The 70B scenario (no CP) against its search's best (TP2 PP8 DP16 CP2): cp.attn.kv is absent from A, so its
+    difference is B's whole time, "+21.2 ms (new)", as the rows' order already counted it. Before: "–"."""
+    open_page(page, url_state(LLAMA))
+    page.click("#search-run")
+    expect(page.locator("#search-table tbody tr").first).to_be_visible(timeout=120_000)
+    assert page.evaluate("window.commplan.state.search.results[0].parallel.cp") == 2
+    page.locator("#search-table tbody tr").first.locator("input").check()
+    page.click("#compare-run")
+    expect(page.locator("#compare-body")).to_contain_text("Ledger differences", timeout=30_000)
+    rows = page.locator("#compare-body table").nth(1).locator("tbody tr")
+    cells = [[rows.nth(i).locator("td").nth(k).inner_text() for k in range(4)] for i in range(rows.count())]
+    new = [c for c in cells if c[1] == "absent"]
+    assert any(c[0] == "cp.attn.kv" for c in new), cells
+    for name, _, b, d in new:
+        assert d == f"+{b} (new)", (name, b, d)
+    assert all(d != "–" for *_, d in cells), cells
