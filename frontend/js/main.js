@@ -211,7 +211,10 @@ async function start() {
   });
   $("timeline-zoom").addEventListener("click", () => {
     const k = Number($("timeline-mb").value), span = zoomToMicrobatch(k);
-    $("timeline-zoom-note").textContent = span ? `micro-batch ${k}: ${fmtTime(span[0])} → ${fmtTime(span[1])} over every stage` : `no micro-batch ${k} in this step`;
+    // the range too: "no micro-batch 64 in this step" left the user guessing 1-64 or 0-63 (round 13)
+    const m = state.plan ? state.plan.num_microbatches : 0;
+    $("timeline-zoom-note").textContent = span ? `micro-batch ${k}: ${fmtTime(span[0])} → ${fmtTime(span[1])} over every stage`
+      : `no micro-batch ${$("timeline-mb").value.trim() || "given"} in this step` + (m > 1 ? `: they are numbered 0 to ${fmtInt(m - 1)}` : m === 1 ? ": its one is numbered 0" : "");
   });
   $("timeline-all").addEventListener("click", () => { zoomToMicrobatch(-2); $("timeline-zoom-note").textContent = ""; });
   $("step-op").addEventListener("change", fillStepAlgorithms);

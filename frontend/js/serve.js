@@ -415,7 +415,7 @@ async function runServeSearch() {
     // best so far), then the result
     const result = await search(body, showServeProgress, undefined, "/v1/serve/search?stream=true");
     state.serveSearch = result;
-    renderServeSearch(result, sla, body.traffic);
+    renderServeSearch(result, sla, body.traffic, body.cluster);
   } catch (err) {
     $("serve-search-status").textContent = `Search failed: ${errorText(err)}`;
   } finally {
@@ -459,9 +459,19 @@ const notPlanned = (rejected) => {
   return why.length ? ` Not planned (deployments): ${why.map(([reason, n]) => `${reason} (${fmtInt(n)})`).join("; ")}.` : "";
 };
 
-function renderServeSearch(result, sla, traffic) {
+// the GPUs every deployment of the search fills (planner/serving/search.py candidates: as many workers as fit in
+// the cluster): at the form's 64 nodes a 64-request load ranked 400-GPU deployments at 10.9 tokens/s per GPU, with
+// nothing saying the Nodes box sets the size searched (round 13)
+function searchedGpus(cluster) {
+  const per = cluster.devices_per_node || (state.presets.clusters[cluster.preset] || {}).devices_per_node || 1;
+  const nodes = cluster.num_nodes || 1;
+  return `${fmtInt(nodes * per)} GPUs (${fmtInt(nodes)} node${nodes > 1 ? "s" : ""}; the Nodes box sets them)`;
+}
+
+function renderServeSearch(result, sla, traffic, cluster) {
   const met = result.results.length > 0;
-  $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
+  $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each filling up to `
+    + `${searchedGpus(cluster)} with its workers, each at up to 3 loads; `
     + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}${notPlanned(result.rejected)}`;
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
     el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),

@@ -185,6 +185,10 @@ def test_a_pipelined_deployment_loads_as_listed(page):  # noqa: F811
     page.fill("#serve-sla-tpot", "40")
     page.click("#serve-search-run")
     expect(page.locator("#serve-search-table-wrap")).to_be_visible(timeout=120_000)
+    # the size searched is said, and where it comes from (every deployment fills the cluster with its workers)
+    expect(page.locator("#serve-search-status")).to_contain_text(
+        "deployments tried, each filling up to 64 GPUs (8 nodes; the Nodes box sets them) with its workers"
+    )
     best = page.evaluate("window.commplan.state.serveSearch.results[0]")
     pools = best["request"]["deployment"]["pools"]
     assert [p["pp"] for p in pools] == [1, 4], pools
@@ -217,3 +221,17 @@ def test_a_call_new_in_the_compared_layout_is_its_whole_time(page):  # noqa: F81
     for name, _, b, d in new:
         assert d == f"+{b} (new)", (name, b, d)
     assert all(d != "–" for *_, d in cells), cells
+
+
+def test_a_micro_batch_past_the_step_says_the_range(page):  # noqa: F811
+    """The 70B scenario's 64 micro-batches are numbered 0 to 63: Zoom to it on 64 says so (it said "no micro-batch 64
+    in this step" alone), and 63 zooms to its span."""
+    open_page(page, url_state(LLAMA))
+    page.fill("#timeline-mb", "64")
+    page.click("#timeline-zoom")
+    expect(page.locator("#timeline-zoom-note")).to_have_text(
+        "no micro-batch 64 in this step: they are numbered 0 to 63"
+    )
+    page.fill("#timeline-mb", "63")
+    page.click("#timeline-zoom")
+    expect(page.locator("#timeline-zoom-note")).to_contain_text("micro-batch 63: ")
