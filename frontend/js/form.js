@@ -211,7 +211,17 @@ function readFacts(what) {
   const n = (x) => Number(x).toLocaleString("en-US");
   return `Read from ${what}: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
     + `FFN ${n(v.ffn_hidden_size)}, vocabulary ${n(v.vocab_size)}${v["moe.num_experts"] ? `, ${n(v["moe.num_experts"])} experts (top ${n(v["moe.top_k"])})` : ""}, `
-    + `${(plan.params_total / 1e9).toFixed(2)}B parameters.`;
+    + `${(plan.params_total / 1e9).toFixed(2)}B parameters, ${n(v.seq_length)} tokens a sequence${positions(v.seq_length)}.`;
+}
+
+// a long-context config.json planned at fewer tokens than it advertises (planner/presets.py from_hf_config caps
+// max_position_embeddings): the facts said nothing of the sequence, and Assumptions named config.json as the source
+// of its 8,192 where the file says 131,072 (round 13)
+function positions(seq) {
+  const hf = (state.request && state.request.model.hf_config) || {}, text = hf.text_config || hf;
+  const max = Number(text.max_position_embeddings);
+  return max > Number(seq) && !state.request.model.seq_length && !(state.request.workload || {}).seq_length
+    ? ` (its max_position_embeddings is ${max.toLocaleString("en-US")}: set Sequence length to plan more)` : "";
 }
 
 export function fillPresets() {

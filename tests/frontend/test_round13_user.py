@@ -5,6 +5,8 @@ two-batch overlap) without a word; 512 DGX GPUs switched to GB200 NVL72 racks (5
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from playwright.sync_api import expect
@@ -230,3 +232,23 @@ def test_a_micro_batch_past_the_step_says_the_range(page):  # noqa: F811
     page.fill("#timeline-mb", "63")
     page.click("#timeline-zoom")
     expect(page.locator("#timeline-zoom-note")).to_contain_text("micro-batch 63: ")
+
+
+def test_a_long_context_config_says_the_sequence_planned(page):  # noqa: F811
+    """A pasted Llama-3.1-8B-shaped config.json advertises 131,072 positions; the plan runs the planner's 8,192 (the
+    file's positions capped). The facts say the sequence planned and the file's positions, until Sequence length is
+    set. Before: no word of the sequence, and Assumptions named config.json as the source of 8,192."""
+    open_page(page, url_state(LLAMA))
+    config = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}
+    config |= {"num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}
+    page.check("#model-source-hf")
+    page.fill("#hf-config", json.dumps(config | {"max_position_embeddings": 131072}))
+    facts = page.locator("#model-facts")
+    expect(facts).to_contain_text(
+        "8.03B parameters, 8,192 tokens a sequence (its max_position_embeddings is 131,072: set Sequence length "
+        "to plan more).",
+        timeout=20_000,
+    )
+    assert page.evaluate("window.commplan.state.plan.step.time_s") > 0
+    page.fill("#seq-length", "16384")
+    expect(facts).to_contain_text("8.03B parameters, 16,384 tokens a sequence.", timeout=20_000)
