@@ -117,7 +117,9 @@ function showSeeResult() {
 function selectCall(call, save = true) {
   if (!call) return;
   state.selected = { name: call.name, stage: call.stages[0] };
-  for (const row of $("ledger").tBodies[0].rows) row.setAttribute("aria-selected", String(row.dataset.name === call.name && Number(row.dataset.stage) === call.stages[0]));
+  const rows = [...$("ledger").tBodies[0].rows], on = (row) => row.dataset.name === call.name && Number(row.dataset.stage) === call.stages[0];
+  for (const row of rows) row.setAttribute("aria-selected", String(on(row)));
+  if (rows.some(on)) for (const row of rows) row.tabIndex = on(row) ? 0 : -1;  // the ledger's one tab stop (ledger.js)
   const p = call.placement, link = (p.links || [])[0];
   $("detail-title").textContent = `Selected call: ${call.name} (stage${call.stages.length > 1 ? "s" : ""} ${fmtStages(call.stages)})`;
   $("detail-text").textContent = `${call.op} of ${fmtBytes(call.message_bytes)} over ${call.group_size} ranks `
@@ -206,8 +208,9 @@ async function start() {
   $("ledger").tBodies[0].addEventListener("keydown", (e) => {
     const row = e.target.closest("tr"); if (!row) return;
     if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pick(row); }
-    if (e.key === "ArrowDown") { e.preventDefault(); row.nextElementSibling?.focus(); }
-    if (e.key === "ArrowUp") { e.preventDefault(); row.previousElementSibling?.focus(); }
+    const rows = row.parentElement.rows;
+    const to = { ArrowDown: row.nextElementSibling, ArrowUp: row.previousElementSibling, Home: rows[0], End: rows[rows.length - 1] }[e.key];
+    if (to) { e.preventDefault(); row.tabIndex = -1; to.tabIndex = 0; to.focus(); }
   });
   $("timeline-zoom").addEventListener("click", () => {
     const k = Number($("timeline-mb").value), span = zoomToMicrobatch(k);

@@ -252,3 +252,31 @@ def test_a_long_context_config_says_the_sequence_planned(page):  # noqa: F811
     assert page.evaluate("window.commplan.state.plan.step.time_s") > 0
     page.fill("#seq-length", "16384")
     expect(facts).to_contain_text("8.03B parameters, 16,384 tokens a sequence.", timeout=20_000)
+
+
+def test_the_ledger_is_one_tab_stop(page):  # noqa: F811
+    """Keyboard only: Tab enters the ledger on one row and the next Tab leaves it for the search (every one of the 70B
+    plan's 35 rows was a tab stop); the arrows, Home and End move in it, Enter selects, and the selected row is the
+    stop from then on."""
+    open_page(page, url_state(LLAMA))
+    rows = page.locator("#ledger tbody tr")
+    assert rows.count() > 30
+    assert (
+        page.evaluate("[...document.querySelectorAll('#ledger tbody tr')].filter((r) => r.tabIndex === 0).length") == 1
+    )
+    page.locator("#ledger thead button:visible").last.focus()
+    page.keyboard.press("Tab")
+    expect(rows.first).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(page.locator("#search-topk")).to_be_focused()
+    rows.first.focus()
+    page.keyboard.press("End")
+    expect(rows.last).to_be_focused()
+    page.keyboard.press("ArrowUp")
+    expect(rows.nth(rows.count() - 2)).to_be_focused()
+    page.keyboard.press("Enter")
+    name = rows.nth(rows.count() - 2).get_attribute("data-name")
+    expect(page.locator("#detail-title")).to_contain_text(f"Selected call: {name} ")
+    page.locator("#ledger thead button:visible").last.focus()
+    page.keyboard.press("Tab")
+    expect(rows.nth(rows.count() - 2)).to_be_focused()
