@@ -273,7 +273,10 @@ const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-
   "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency",
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
-  "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes" };
+  "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes",
+  // the pools' GPUs against the cluster's, the one refusal of the pools as a whole the card can send: "deployment.pools:
+  // the pools use 1x32 + 1x64 = 96 GPUs; the cluster has 32" named a path and marked nothing (round 13)
+  "deployment.pools": "serve-nodes" };
 const POOL_INPUTS = { workers: "workers", tp: "tp", pp: "pp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
 const unmark = () => { for (const node of $("serve-card").querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid"); };
 function inputOf(path) {

@@ -280,3 +280,23 @@ def test_the_ledger_is_one_tab_stop(page):  # noqa: F811
     page.locator("#ledger thead button:visible").last.focus()
     page.keyboard.press("Tab")
     expect(rows.nth(rows.count() - 2)).to_be_focused()
+
+
+def test_pools_over_the_cluster_mark_the_nodes(page):  # noqa: F811
+    """DeepSeek-V3's pools (32 + 64 GPUs) on 4 nodes (32 GPUs): the refusal names and marks the card's Nodes box, with
+    the numbers. Before: "deployment.pools: the pools use 1x32 + 1x64 = 96 GPUs; the cluster has 32", nothing
+    marked."""
+    open_page(page, url_state(LLAMA))
+    serve_dsv3(page)
+    page.fill("#serve-nodes", "4")
+    page.click("#serve-run")
+    expect(page.locator("#serve-status")).to_have_text(
+        "Cannot plan this deployment: Nodes (blank: the form's) (deployment.pools): the pools use 1x32 + 1x64 = 96 "
+        "GPUs; the cluster has 32",
+        timeout=30_000,
+    )
+    expect(page.locator("#serve-nodes")).to_have_attribute("aria-invalid", "true")
+    page.fill("#serve-nodes", "12")
+    page.click("#serve-run")
+    expect(page.locator("#serve-status")).to_have_text("", timeout=30_000)
+    expect(page.locator("#serve-nodes")).not_to_have_attribute("aria-invalid", "true")
