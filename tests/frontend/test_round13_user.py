@@ -300,3 +300,29 @@ def test_pools_over_the_cluster_mark_the_nodes(page):  # noqa: F811
     page.click("#serve-run")
     expect(page.locator("#serve-status")).to_have_text("", timeout=30_000)
     expect(page.locator("#serve-nodes")).not_to_have_attribute("aria-invalid", "true")
+
+
+def test_fields_only_starts_from_the_preset_on_show(page):  # noqa: F811
+    """Fields only, nothing typed: the preset's fields fill the boxes, opened, and plan the same step as the preset
+    (Llama-3 70B, 70.55B parameters, 8,192 tokens); a typed field is the user's from then on. Before: an empty model,
+    "model.num_layers: required when neither preset nor hf_config is given (missing: num_layers, ...)"."""
+    open_page(page, url_state(LLAMA))
+    step, params = page.evaluate("[window.commplan.state.plan.step.time_s, window.commplan.state.plan.params_total]")
+    page.check("#model-source-fields")
+    wait_until(
+        page,
+        "() => window.commplan.state.request.model.num_layers === 80 && !window.commplan.state.request.model.preset",
+    )
+    wait_until(page, "() => !document.getElementById('results').classList.contains('stale')")
+    expect(page.locator("#form-errors")).to_be_hidden()
+    assert page.evaluate("[window.commplan.state.plan.step.time_s, window.commplan.state.plan.params_total]") == [
+        step,
+        params,
+    ]
+    assert page.evaluate("document.getElementById('model-fields').open")
+    expect(page.locator("#seq-length")).to_have_value("8192")
+    expect(page.locator("#model-facts")).to_contain_text(
+        "Read from the fields: 80 layers, hidden 8,192, 64 heads / 8 KV"
+    )
+    page.fill("#m-num-layers", "40")
+    wait_until(page, "() => window.commplan.state.request.model.num_layers === 40")
