@@ -153,7 +153,10 @@ function traffic() {
 
 // the serving options the card sets (app/schemas/serve.py ServeOptionsIn); a blank one is the engine's default
 // (two_batch_overlap off and redundant_experts 0 in vLLM, SGLang and TensorRT-LLM: planner/serving/engines.py)
-const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant"];
+// MTP, CUDA graphs and chunked prefill (round 13): options the API takes that the card had no control for, so
+// DeepSeek-V3 could not be served with its multi-token prediction from the page
+const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant", "serve-mtp-draft", "serve-mtp-acceptance", "serve-cuda-graphs", "serve-chunked"];
+const ON_OFF_OPTIONS = [["serve-cuda-graphs", "cuda_graphs"], ["serve-chunked", "chunked_prefill"]];
 // the step-time factors fitted to the user's benchmark runs (POST /v1/serve/calibrate), or null: the planner's own
 let scales = null;
 function options(calibrated = true) {
@@ -161,6 +164,13 @@ function options(calibrated = true) {
   if ($("serve-kv").value) o.kv_dtype = $("serve-kv").value;
   if ($("serve-tbo").value) o.two_batch_overlap = $("serve-tbo").value === "true";
   if (num("serve-redundant") !== null) o.redundant_experts = num("serve-redundant");
+  // a draft count alone is sent without its acceptance: the server names the missing field (options.mtp.acceptance)
+  if (num("serve-mtp-draft") !== null || num("serve-mtp-acceptance") !== null) {
+    o.mtp = {};
+    if (num("serve-mtp-draft") !== null) o.mtp.draft_tokens = num("serve-mtp-draft");
+    if (num("serve-mtp-acceptance") !== null) o.mtp.acceptance = num("serve-mtp-acceptance");
+  }
+  for (const [id, key] of ON_OFF_OPTIONS) if ($(id).value) o[key] = $(id).value === "true";
   if (calibrated && scales) Object.assign(o, scales);
   return o;
 }
@@ -173,6 +183,10 @@ export function fillServeOptions(o) {
   $("serve-kv").value = ["bf16", "fp8"].includes(o.kv_dtype) ? o.kv_dtype : "";
   $("serve-tbo").value = typeof o.two_batch_overlap === "boolean" ? String(o.two_batch_overlap) : "";
   $("serve-redundant").value = Number.isInteger(o.redundant_experts) ? String(o.redundant_experts) : "";
+  const mtp = o.mtp && typeof o.mtp === "object" ? o.mtp : {};
+  $("serve-mtp-draft").value = Number.isFinite(mtp.draft_tokens) ? String(mtp.draft_tokens) : "";
+  $("serve-mtp-acceptance").value = Number.isFinite(mtp.acceptance) ? String(mtp.acceptance) : "";
+  for (const [id, key] of ON_OFF_OPTIONS) $(id).value = typeof o[key] === "boolean" ? String(o[key]) : "";
   const fitted = typeof o.prefill_time_scale === "number" && typeof o.decode_time_scale === "number";
   scales = fitted ? { prefill_time_scale: o.prefill_time_scale, decode_time_scale: o.decode_time_scale } : null;
   showScales();
@@ -273,6 +287,8 @@ const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-
   "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency",
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
+  "options.mtp": "serve-mtp-draft", "options.mtp.draft_tokens": "serve-mtp-draft", "options.mtp.acceptance": "serve-mtp-acceptance",
+  "options.cuda_graphs": "serve-cuda-graphs", "options.chunked_prefill": "serve-chunked",
   "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes",
   // the pools' GPUs against the cluster's, the one refusal of the pools as a whole the card can send: "deployment.pools:
   // the pools use 1x32 + 1x64 = 96 GPUs; the cluster has 32" named a path and marked nothing (round 13)

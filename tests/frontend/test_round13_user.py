@@ -326,3 +326,47 @@ def test_fields_only_starts_from_the_preset_on_show(page):  # noqa: F811
     )
     page.fill("#m-num-layers", "40")
     wait_until(page, "() => window.commplan.state.request.model.num_layers === 40")
+
+
+def test_the_serve_card_sets_mtp_cuda_graphs_and_chunked_prefill(page):  # noqa: F811
+    """DeepSeek-V3 served with its multi-token prediction (1 draft token, 80% accepted: 1.8 tokens a step) from the
+    card: the request carries options.mtp and the TPOT falls as the server answers it; a draft count without its
+    acceptance is refused at the acceptance box; CUDA graphs off is sent and slows the decode step; the options come
+    back from the link. Before: the card had no control for options.mtp, cuda_graphs or chunked_prefill."""
+    open_page(page, url_state(LLAMA))
+    serve_dsv3(page)
+    base = page.evaluate("window.commplan.state.serve.tpot_s")
+
+    def replan():
+        page.evaluate("window.commplan.state.serve = null")
+        page.click("#serve-run")
+        wait_until(
+            page,
+            "() => window.commplan.state.serve || "
+            "document.getElementById('serve-status').textContent.startsWith('Cannot')",
+        )
+
+    page.fill("#serve-mtp-draft", "1")
+    page.fill("#serve-mtp-acceptance", "0.8")
+    replan()
+    body = page.evaluate("window.commplan.serveBody()")
+    assert body["options"]["mtp"] == {"draft_tokens": 1, "acceptance": 0.8}
+    answer = httpx.post(page.base + "/v1/serve", json=body, timeout=60).json()
+    assert page.evaluate("window.commplan.state.serve.tpot_s") == answer["tpot_s"] < base / 1.5
+    link = page.url
+    page.fill("#serve-mtp-acceptance", "")
+    replan()
+    expect(page.locator("#serve-status")).to_contain_text("MTP acceptance (options.mtp.acceptance): Field required")
+    expect(page.locator("#serve-mtp-acceptance")).to_have_attribute("aria-invalid", "true")
+    page.fill("#serve-mtp-draft", "")
+    page.select_option("#serve-cuda-graphs", "false")
+    page.select_option("#serve-chunked", "false")
+    replan()
+    options = page.evaluate("window.commplan.serveBody().options")
+    assert options["cuda_graphs"] is False and options["chunked_prefill"] is False and "mtp" not in options
+    assert page.evaluate("window.commplan.state.serve.tpot_s") > base
+    page.goto(link)
+    page.reload()
+    wait_until(page, "() => window.commplan && window.commplan.state.serve", timeout=60_000)
+    expect(page.locator("#serve-mtp-draft")).to_have_value("1")
+    expect(page.locator("#serve-mtp-acceptance")).to_have_value("0.8")
