@@ -159,6 +159,9 @@ function loadLayout(hit) {
   $("results").scrollIntoView({ block: "start" });
 }
 
+// the scenario the history entry on show was planned from (state.js saveUrl), if it is one of ours
+const entryScenario = () => { const id = history.state && history.state.scenario; return SCENARIOS.some((s) => s.id === id) ? id : ""; };
+
 // ---- start ------------------------------------------------------------------------------------------------------
 const LOADED_BY_START = ["scenario", "model-preset", "cluster-preset"];  // index.html says "Loading…" in each until then
 
@@ -179,7 +182,7 @@ async function start() {
   fillPresets();
   fillServeModels(state.presets.models);
   fillStepOps();
-  if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
+  if (saved) { fillForm(saved.r); state.selected = saved.c; $("scenario").value = entryScenario(); } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
   $("config").setAttribute("aria-busy", "false");
 
   $("config").addEventListener("input", (e) => { noteEdit(e.target); $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
@@ -240,7 +243,7 @@ async function restoreEntry() {
   if (!saved) return;
   if (!state.request) { location.reload(); return; }  // before the page's first plan: start() reads the URL
   clearTimeout(debounce);
-  fillForm(saved.r); state.selected = saved.c; $("scenario").value = "";
+  fillForm(saved.r); state.selected = saved.c; $("scenario").value = entryScenario();
   syncVisibility(); countSet();
   restoreServe(saved.o, saved.v);
   await runPlan(true);

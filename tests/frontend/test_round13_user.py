@@ -370,3 +370,28 @@ def test_the_serve_card_sets_mtp_cuda_graphs_and_chunked_prefill(page):  # noqa:
     wait_until(page, "() => window.commplan && window.commplan.state.serve", timeout=60_000)
     expect(page.locator("#serve-mtp-draft")).to_have_value("1")
     expect(page.locator("#serve-mtp-acceptance")).to_have_value("0.8")
+
+
+def test_back_to_a_scenario_names_it(page):  # noqa: F811
+    """Two scenarios picked, then Back: the form and the select say the first again; Forward the second; a change of
+    a field leaves the select blank (the form is no scenario), and Back names the scenario it was made on. Before:
+    Back restored the scenario's form under "— pick a scenario —"."""
+    open_page(page, url_state(LLAMA))
+    for sc, model in (("fsdp-a100", "llama3-8b"), ("gpt3-a100", "gpt3-175b")):
+        page.select_option("#scenario", sc)
+        wait_until(
+            page, f"() => window.commplan.state.plan && window.commplan.state.request.model.preset === '{model}'"
+        )
+        wait_until(page, "() => !document.getElementById('results').classList.contains('stale')")
+    page.go_back()
+    wait_until(page, "() => window.commplan.state.request.model.preset === 'llama3-8b'")
+    expect(page.locator("#scenario")).to_have_value("fsdp-a100")
+    page.go_forward()
+    wait_until(page, "() => window.commplan.state.request.model.preset === 'gpt3-175b'")
+    expect(page.locator("#scenario")).to_have_value("gpt3-a100")
+    page.fill("#global-batch", "768")
+    wait_until(page, "() => window.commplan.state.request.workload.global_batch_size === 768")
+    expect(page.locator("#scenario")).to_have_value("")
+    page.go_back()
+    wait_until(page, "() => window.commplan.state.request.workload.global_batch_size === 1536")
+    expect(page.locator("#scenario")).to_have_value("gpt3-a100")
