@@ -365,8 +365,7 @@ def test_the_serve_card_sets_mtp_cuda_graphs_and_chunked_prefill(page):  # noqa:
     options = page.evaluate("window.commplan.serveBody().options")
     assert options["cuda_graphs"] is False and options["chunked_prefill"] is False and "mtp" not in options
     assert page.evaluate("window.commplan.state.serve.tpot_s") > base
-    page.goto(link)
-    page.reload()
+    open_page(page, "#s=" + link.split("#s=")[1])  # the page loads itself on a new hash (main.js hashchange)
     wait_until(page, "() => window.commplan && window.commplan.state.serve", timeout=60_000)
     expect(page.locator("#serve-mtp-draft")).to_have_value("1")
     expect(page.locator("#serve-mtp-acceptance")).to_have_value("0.8")
