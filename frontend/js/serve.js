@@ -371,7 +371,9 @@ export function renderServe(d) {
     metric("TPOT", fmtTime(d.tpot_s), `${fmtCount(t.tokens_per_s_per_user)} tokens/s per user`, "tpot"),
     metric("Tokens/s per GPU", fmtCount(t.output_tokens_per_s_per_gpu), `${fmtCount(t.output_tokens_per_s)} output tokens/s `
       + `${d.ttft_s === null ? "asked of" : "on"} ${fmtInt(d.gpus)} GPUs${d.fits ? "" : " (does not fit)"}`, "per-gpu"),
-    metric("KV cache", `${fmtCount(kv.capacity_tokens)} tokens`, `${fmtBytes(kv.bytes_per_token)} per token; ${fmtInt(kv.max_concurrency)} requests per worker`, "kv"),
+    // whose: a disaggregated deployment's KV cache is its decode workers' (round 13: "per worker" beside a prefill pool)
+    metric("KV cache", `${fmtCount(kv.capacity_tokens)} tokens`, `${fmtBytes(kv.bytes_per_token)} per token; ${fmtInt(kv.max_concurrency)} requests per `
+      + `${d.pools.length > 1 ? "decode " : ""}worker`, "kv"),
     metric("Bound by", d.bottleneck, `${fmtCount(d.request_rate)} requests/s`, "bound"),
   ];
   if (d.kv_transfer) {

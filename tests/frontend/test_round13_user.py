@@ -30,6 +30,8 @@ def test_a_deployment_that_does_not_fit_is_not_shown_as_running(page):  # noqa: 
     open_page(page, url_state(LLAMA))
     serve_dsv3(page)
     expect(page.locator("#serve-verdict")).to_be_hidden()
+    # a disaggregated deployment's KV cache is its decode workers'
+    expect(page.locator('[data-card="kv"] .hint')).to_have_text("70.3 KB per token; 20,095 requests per decode worker")
     page.select_option("#serve-mode", "aggregated")
     for box, value in (("#serve-a-workers", "1"), ("#serve-a-tp", "8"), ("#serve-a-dp", "1"), ("#serve-a-ep", "1")):
         page.fill(box, value)
