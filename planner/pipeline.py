@@ -43,25 +43,53 @@ class StagePass:
     """One micro-batch on one rank of a stage, seconds: forward and backward (whole stage, all chunks).
 
     ``fill_s`` / ``drain_s``: the forward of the rank's first chunk and the backward of its last one, what the
-    pipeline's fill and drain wait for (None: an even share, forward_s / v and backward_s / v);
-    ``weight_s``: the weight-gradient part W of ``backward_s`` the zero-bubble schedules defer."""
+    pipeline's fill and drain wait for (None: an even share of the pass, ``chunk_s``);
+    ``weight_s``: the weight-gradient part W of ``backward_s`` the zero-bubble schedules defer;
+    ``copies``: the micro-batches one pass over the rank's chunks carries (``StageMap.copies``: DualPipe's 2, one
+    each way, each micro-batch running one of its two stages; ``of_pass`` builds it), so forward_s and backward_s
+    are a micro-batch's mean and ``pass_forward_s`` / ``pass_backward_s`` the pass over all the chunks."""
 
     forward_s: float
     backward_s: float
     fill_s: float | None = None
     drain_s: float | None = None
     weight_s: float = 0.0
+    copies: int = 1
+
+    @classmethod
+    def of_pass(
+        cls, forward_s: float, backward_s: float, fill_s: float | None, drain_s: float | None, weight_s: float,
+        copies: int,
+    ) -> StagePass:  # fmt: skip
+        """From a rank's pass over all its chunks (a stage step: ``copies`` micro-batches, one each way): the
+        per-micro-batch pass the schedule runs, the fill and drain kept at their chunks' whole sizes."""
+        return cls(forward_s / copies, backward_s / copies, fill_s, drain_s, weight_s / copies, copies)
 
     @property
     def total_s(self) -> float:
         return self.forward_s + self.backward_s
 
-    def ends(self, v: int, copies: int = 1) -> tuple[float, float]:
-        """(fill, drain): what this rank adds to the fill and to the drain of the 1F1B family. ``copies``: the model
-        copies the rank's chunks hold (``StageMap.copies``): with DualPipe's 2 a micro-batch runs one of its two
-        chunks, so a chunk's even share is copies / v of the per-micro-batch pass."""
-        fill = copies * self.forward_s / v if self.fill_s is None else self.fill_s
-        drain = copies * self.backward_s / v if self.drain_s is None else self.drain_s
+    @property
+    def pass_forward_s(self) -> float:
+        """The forward of a pass over all the rank's chunks (``copies`` micro-batches' worth)."""
+        return self.copies * self.forward_s
+
+    @property
+    def pass_backward_s(self) -> float:
+        """The backward of a pass over all the rank's chunks."""
+        return self.copies * self.backward_s
+
+    def chunk_s(self, v: int) -> tuple[float, float]:
+        """(forward, backward) of one of the rank's ``v`` chunks at an even share of the pass over them (DualPipe's
+        chunk: a whole stage, twice the per-micro-batch mean over its two)."""
+        return self.pass_forward_s / v, self.pass_backward_s / v
+
+    def ends(self, v: int) -> tuple[float, float]:
+        """(fill, drain): what this rank adds to the fill and to the drain of the 1F1B family: ``fill_s`` /
+        ``drain_s``, or a chunk's even share (``chunk_s``)."""
+        even = self.chunk_s(v)
+        fill = even[0] if self.fill_s is None else self.fill_s
+        drain = even[1] if self.drain_s is None else self.drain_s
         return fill, drain
 
 
@@ -108,6 +136,14 @@ def pipeline_time(passes: Sequence[StagePass], sched: Schedule) -> PipelineTime:
     time = m * (t_max + steady_wait(sched)) + bubble_s(passes, sched) + fill
     busy = tuple(m * t for t in totals)
     return PipelineTime(time, busy, tuple(time - b for b in busy))
+
+
+def check_copies(passes: Sequence[StagePass], sched: Schedule) -> None:
+    """A pass carries the micro-batches its schedule's stage map says (``StageMap.copies``): a DualPipe pass built as
+    one micro-batch's would price each chunk at half its stage."""
+    want = sched.traits.stage_map.copies
+    if any(x.copies != want for x in passes):
+        raise ValueError(f"{sched.kind} passes carry {want} micro-batches each (StagePass.of_pass), got {passes[0]}")
 
 
 def busiest_rank_s(passes: Sequence[StagePass], sched: Schedule) -> float:
@@ -157,6 +193,7 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     traits = sched.traits
     if sched.stages == 1:
         return 0.0
+    check_copies(passes, sched)
     ordered = _order_bubble(passes, sched)
     if ordered is not None:
         return ordered
@@ -178,13 +215,13 @@ def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
     first = passes[0]
     if not first.weight_s <= first.forward_s <= first.backward_s - first.weight_s:
         return True
-    v, copies = max(1, sched.chunks), sched.traits.directions
+    v = max(1, sched.chunks)
     halves = v > 1  # a V or DualPipe's two stages: each rank's two chunks at their own sizes
 
     def parts(x: StagePass) -> tuple[float, ...]:
-        return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v, copies) if halves else ()))
+        return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v) if halves else ()))
 
-    even = (copies * first.forward_s / v, copies * first.backward_s / v)
+    even = first.chunk_s(v)
     want = (*parts(first)[:3], *(even if halves else ()))
     close = math.isclose
     return not all(all(close(a, b, rel_tol=1e-12) for a, b in zip(parts(x), want, strict=True)) for x in passes)
@@ -672,6 +709,27 @@ class StageMap:
             return k if k < p else 2 * p - 1 - k
         return k % p
 
+    def passes(self, m: int) -> int:
+        """A rank's passes over all its chunks in a step of m micro-batches: a pass carries ``copies`` micro-batches,
+        so m, or m / 2 with DualPipe's two copies (each micro-batch runs one of the rank's two stages; a pass over
+        both is one micro-batch each way: dualpipe.py runs num_chunks // 2 micro-batches a direction). The one home of
+        Context.passes and Schedule.passes (review r13a #7)."""
+        return m // self.copies
+
+    @property
+    def micro_batch_share(self) -> float:
+        """A micro-batch's share of a pass over the rank's chunks (a stage step): 1 / copies."""
+        return 1 / self.copies
+
+    def visits(self, v: int) -> int:
+        """The chunks of its ``v`` one micro-batch runs on a rank: all v (Megatron's, a V's 2), DualPipe's 1 (the
+        chunk of its direction)."""
+        return max(1, v) // self.copies
+
+    def copy_of(self, k: int, p: int) -> int:
+        """Which copy of the model virtual stage k (model order, copy by copy) belongs to: 0, or k // pp with copies."""
+        return k // p if self.copies > 1 else 0
+
     def op_chunk(self, rank: np.ndarray, stage: np.ndarray, p: int) -> np.ndarray:
         """The rank's chunk an order's op at (virtual) ``stage`` runs: stage // pp, or, with copies, the op's direction
         (its stage is the rank's own r one way, pp - 1 - r the other; pp is even)."""
@@ -760,9 +818,8 @@ class ScheduleTraits:
         return self.stage_map.copies
 
     def passes(self, m: int) -> int:
-        """A rank's passes over all its chunks in a step of m micro-batches: m, or m / 2 with DualPipe's two copies
-        (each micro-batch runs one of the rank's two stages; a pass over both is one micro-batch each way)."""
-        return m // self.directions
+        """A rank's passes over all its chunks in a step of m micro-batches (``StageMap.passes``)."""
+        return self.stage_map.passes(m)
 
     def orders_at(self, pp: int) -> bool:
         """Whether a pipeline of ``pp`` stages may be priced by running ``order`` (``order_priced``, the order written

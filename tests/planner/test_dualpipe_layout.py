@@ -24,11 +24,7 @@ def _mirror_passes(stage0: tuple[float, float, float], stage1: tuple[float, floa
     forward of the stage direction 0 runs (rank r: stage r), its drain the backward of the stage direction 1 runs
     (stage 1 - r); W in each stage's backward share."""
     (a0, b0, w0), (a1, b1, w1) = stage0, stage1
-    mean = StagePass((a0 + a1) / 2, (b0 + b1) / 2, weight_s=(w0 + w1) / 2)
-    return [
-        StagePass(mean.forward_s, mean.backward_s, a0, b1, mean.weight_s),
-        StagePass(mean.forward_s, mean.backward_s, a1, b0, mean.weight_s),
-    ]
+    return [StagePass.of_pass(a0 + a1, b0 + b1, a0, b1, w0 + w1, 2), StagePass.of_pass(a0 + a1, b0 + b1, a1, b0, w0 + w1, 2)]
 
 
 @pytest.mark.parametrize(("ends", "m"), [((0.1, 0.3), 4), ((0.25, 0.0), 4), ((0.0, 0.4), 4), ((0.1, 0.3), 8)])
@@ -70,13 +66,13 @@ def test_four_ranks_run_each_stage_on_its_own_rank_and_direction():
     passes = []
     for r in range(4):
         (a0, b0, w0), (a1, b1, w1) = stages[r], stages[3 - r]
-        passes.append(StagePass((a0 + a1) / 2, (b0 + b1) / 2, a0, b1, (w0 + w1) / 2))
+        passes.append(StagePass.of_pass(a0 + a1, b0 + b1, a0, b1, w0 + w1, 2))
     sched = Schedule("dualpipe", 4, 8, 2)
     first = [x.fill_s / (2 * x.forward_s) for x in passes]
     ranks = [(x.forward_s, x.backward_s, x.weight_s) for x in passes]
     span = pj.order_span(passes, sched)
     assert span == pytest.approx(event_makespan("dualpipe", 4, 8, [1.0] * 8, 0.0, 0.0, None, ranks, first), abs=1e-12)
-    equal = [StagePass(1.0, 2.0, weight_s=1.0)] * 4
+    equal = [StagePass(1.0, 2.0, weight_s=1.0, copies=2)] * 4
     slowest = 8 * passes[0].total_s  # ranks 0 and 3: 3 + 1.5 (e + h)
     assert passes[0].total_s == passes[3].total_s == pytest.approx(3.0 + 1.5 * (e + h))
     assert slowest - 1e-12 <= span <= slowest + bubble_s(equal, sched) and bubble_s(equal, sched) > 0
@@ -99,7 +95,7 @@ def test_the_stage_map_lays_each_stage_on_its_rank_and_its_mirror():
     assert [(any(c.embedding for c in r), any(c.loss for c in r)) for r in v] == [(True, True)] + [(False, False)] * 3
     work = WorkloadSpec(micro_batch_size=1, global_batch_size=16, seq_length=4096)
     ctx = Context(model, work, par)
-    assert (ctx.micro_batches, ctx.schedule_micro_batches) == (8, 16)  # a pass over both stages: one each way
+    assert (ctx.passes, ctx.micro_batches) == (8, 16)  # a pass over both stages: one each way
     assert [ctx.is_first(r) for r in range(4)] == [ctx.is_last(r) for r in range(4)] == [True, False, False, True]
     assert schedule_traits("dualpipe").passes(16) == 8 and schedule_traits("dualpipev").passes(16) == 16
 
