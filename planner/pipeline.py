@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -138,12 +138,14 @@ def pipeline_time(passes: Sequence[StagePass], sched: Schedule) -> PipelineTime:
     return PipelineTime(time, busy, tuple(time - b for b in busy))
 
 
-def check_copies(passes: Sequence[StagePass], sched: Schedule) -> None:
-    """A pass carries the micro-batches its schedule's stage map says (``StageMap.copies``): a DualPipe pass built as
-    one micro-batch's would price each chunk at half its stage."""
+def own_passes(passes: Sequence[StagePass], sched: Schedule) -> Sequence[StagePass]:
+    """The passes as ``sched`` runs them: each carrying the micro-batches its stage map's pass does
+    (``StageMap.copies``; step.stage_passes builds them so with ``StagePass.of_pass``); a bare pass (copies 1) under
+    DualPipe takes its 2, each chunk a whole stage, as the schedule runs it."""
     want = sched.traits.stage_map.copies
-    if any(x.copies != want for x in passes):
-        raise ValueError(f"{sched.kind} passes carry {want} micro-batches each (StagePass.of_pass), got {passes[0]}")
+    if all(x.copies == want for x in passes):
+        return passes
+    return [replace(x, copies=want) for x in passes]
 
 
 def busiest_rank_s(passes: Sequence[StagePass], sched: Schedule) -> float:
@@ -193,7 +195,7 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     traits = sched.traits
     if sched.stages == 1:
         return 0.0
-    check_copies(passes, sched)
+    passes = own_passes(passes, sched)
     ordered = _order_bubble(passes, sched)
     if ordered is not None:
         return ordered
@@ -212,6 +214,7 @@ def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
     the stages its two directions run (``StageMap`` MIRRORED), even when each is the rank's mean pass."""
     if not sched.traits.orders_at(sched.stages):
         return False
+    passes = own_passes(passes, sched)
     first = passes[0]
     if not first.weight_s <= first.forward_s <= first.backward_s - first.weight_s:
         return True

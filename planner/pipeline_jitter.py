@@ -49,7 +49,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, check_copies, schedule_traits
+from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, own_passes, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
 MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
@@ -622,9 +622,8 @@ def _run_orders(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> dict[tu
         if graph is None:
             out[key] = None
             continue
-        check_copies(passes, sched)
         found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
-        found.setdefault(key, (passes, sched))
+        found.setdefault(key, (own_passes(passes, sched), sched))
     for group, (graph, pending) in groups.items():
         run = group[-1]
         tables = [chunk_table(passes, graph.chunks, graph.blocks) for passes, _ in pending.values()]
