@@ -263,7 +263,8 @@ def in_flight(sched: Schedule, stage: int) -> float:
     so stage 0 holds p·(1 + (p - 1)/(p·v)) (Korthikanti et al. 2022 §4.2.3, Megatron
     theoretical_memory_usage.py interleaved_schedule_memory_penalty); GPipe all m. ZB-H1 holds what 1F1B
     holds (Qi et al. 2024 §3.1); ZBV p on every rank (the V balances it; "1x" of 1F1B in the sail-sg
-    README table); DualPipe PP + 1 stages (DualPipe README table), (PP + 1)/2 of the rank's two (dualpipe13);
+    README table); DualPipe PP + 1 stages (DualPipe README table), (PP + 1)/2 of the rank's two (dualpipe13), by
+    chunk pp - s of stage s and s + 1 of stage pp - 1 - s (``in_flight_chunks``, mend13a);
     DualPipeV, DualPipe on 2·pp half-size stages, 2·pp + 1 half-stages."""
     return sched.traits.in_flight(sched, stage)
 
@@ -273,9 +274,11 @@ def in_flight_chunks(sched: Schedule, stage: int) -> tuple[float, ...]:
     peak: ``in_flight`` resolved by chunk, so that chunks of different sizes (an embedding-only or a
     loss-only chunk, first/last stages of other sizes) count what they hold. Interleaved: the first
     warm-up + 1 chunk forwards, forward k running chunk (k // p) % v (Megatron schedules.py
-    get_model_chunk_id with microbatch_group_size_per_vp_stage = p); the other schedules hold their
-    chunks alike."""
+    get_model_chunk_id with microbatch_group_size_per_vp_stage = p); DualPipe by its order
+    (``ScheduleTraits.held_by_chunk``, ``_held_dualpipe_chunks``); the other schedules hold their chunks alike."""
     v, p = max(1, sched.chunks), sched.stages
+    if sched.traits.held_by_chunk is not None:
+        return sched.traits.held_by_chunk(sched, stage)
     if not sched.traits.chunk_order:
         return (in_flight(sched, stage),) * v
     counts = [0] * v
@@ -467,8 +470,22 @@ def _held_zbv(sched: Schedule, stage: int) -> int:
 
 def _held_dualpipe(sched: Schedule, stage: int) -> float:
     """PP + 1 stages' activations (DualPipe README table), in units of the rank's two stages (``MIRRORED``: each of
-    its chunks a whole stage) half as many."""
+    its chunks a whole stage) half as many; per chunk ``_held_dualpipe_chunks`` (what memory reads)."""
     return min(sched.stages + 1, sched.microbatches) / 2
+
+
+def _held_dualpipe_chunks(sched: Schedule, stage: int) -> tuple[float, float]:
+    """Per chunk of rank r (stage r, then stage pp - 1 - r: ``MIRRORED``), the micro-batches whose activations it
+    holds at its peak: min(pp - r, m/2) of stage r and min(r + 1, m/2) of stage pp - 1 - r, PP + 1 in all (the DualPipe
+    README table). deepseek-ai/DualPipe 3da1bbe dualpipe.py step() runs nF0 (2·(pp/2 - h) - 1 forwards of the rank's
+    first direction, h = min(r, pp - 1 - r): the half rank, l. 335) and nF0F1 (h + 1 of each) before the first backward
+    (steps 1-4, l. 358-395), so the direction the rank starts piles up and the other does not; counting ``_order_dual``
+    (a forward adds one, a full or input-gradient backward frees one) gives exactly these counts at the moment the
+    total peaks, each chunk's own peak at that same moment, at every rank of p, m = 2/4, 4/8, 4/20, 8/16, 8/32,
+    16/32, 16/64 (tests/planner/test_dualpipe_layout.py; review r13a #1). So whatever the two stages weigh, the
+    rank's peak is this pair. (Until r13: (PP + 1)/2 of each, rank 0's stage 0 under-counted 16 against 8.5 at pp 16.)"""
+    p, half, r = sched.stages, sched.microbatches // 2, stage
+    return float(min(p - r, half)), float(min(r + 1, half))
 
 
 def _held_dualpipev(sched: Schedule, stage: int) -> float:
@@ -795,6 +812,9 @@ class ScheduleTraits:
     # True: where its ranks or chunks differ, ``bubble_s`` runs ``order`` as a list schedule at each (rank, chunk, op)'s
     # time (planner/pipeline_jitter.py order_span; vsched12), the closed form ``bubble`` where all are equal
     order_priced: bool = False
+    # per chunk of a rank, the micro-batches it holds at its peak where its chunks differ by more than
+    # ``chunk_order`` says (DualPipe: ``_held_dualpipe_chunks``, from its order); None: ``in_flight`` / ``chunk_order``
+    held_by_chunk: Callable[[Schedule, int], tuple[float, ...]] | None = None
     # a warning on the plan where the passes leave the range ``bubble`` is exact in ("" when they do not)
     caveat: Callable[[Sequence[StagePass], Schedule], str] | None = None
     # (kind, v) orders planner/pipeline_jitter.py runs in turn, at the same (p, m), where this one's run is over its
@@ -902,6 +922,7 @@ register(
         _held_dualpipe,
         **{**_DUALPIPE, "stage_map": MIRRORED},
         even_pp="dualpipe.py: assert num_ranks % 2 == 0",
+        held_by_chunk=_held_dualpipe_chunks,
         title="DualPipe",
         layout_caveat=_DUALPIPE_LAYOUT,
     )
