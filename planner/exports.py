@@ -381,9 +381,7 @@ def simai_omitted(plan: Plan, stage: int = 0) -> list[str]:
     return [
         pc.call.name
         for pc in plan.calls
-        if stage in pc.call.stages
-        and pc.call.parallelism != "pp"
-        and _simai_slot(pc, max(plan.passes, 1)) is None
+        if stage in pc.call.stages and pc.call.parallelism != "pp" and _simai_slot(pc, max(plan.passes, 1)) is None
     ]
 
 

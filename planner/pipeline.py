@@ -172,6 +172,12 @@ def steady_wait(sched: Schedule) -> float:
     return 2 * sched.p2p_s
 
 
+def pass_wait(sched: Schedule) -> float:
+    """What each of a rank's passes over its chunks waits on its boundary exchanges: ``steady_wait`` for each
+    micro-batch the pass carries (``StageMap.copies``: DualPipe's one each way)."""
+    return sched.traits.stage_map.copies * steady_wait(sched)
+
+
 def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     """The fill and drain beyond m times the slowest rank, each rank r but the slowest adding its share:
 
@@ -477,13 +483,14 @@ def _held_dualpipe(sched: Schedule, stage: int) -> float:
 def _held_dualpipe_chunks(sched: Schedule, stage: int) -> tuple[float, float]:
     """Per chunk of rank r (stage r, then stage pp - 1 - r: ``MIRRORED``), the micro-batches whose activations it
     holds at its peak: min(pp - r, m/2) of stage r and min(r + 1, m/2) of stage pp - 1 - r, PP + 1 in all (the DualPipe
-    README table). deepseek-ai/DualPipe 3da1bbe dualpipe.py step() runs nF0 (2·(pp/2 - h) - 1 forwards of the rank's
-    first direction, h = min(r, pp - 1 - r): the half rank, l. 335) and nF0F1 (h + 1 of each) before the first backward
-    (steps 1-4, l. 358-395), so the direction the rank starts piles up and the other does not; counting ``_order_dual``
-    (a forward adds one, a full or input-gradient backward frees one) gives exactly these counts at the moment the
-    total peaks, each chunk's own peak at that same moment, at every rank of p, m = 2/4, 4/8, 4/20, 8/16, 8/32,
-    16/32, 16/64 (tests/planner/test_dualpipe_layout.py; review r13a #1). So whatever the two stages weigh, the
-    rank's peak is this pair. (Until r13: (PP + 1)/2 of each, rank 0's stage 0 under-counted 16 against 8.5 at pp 16.)"""
+    README table). deepseek-ai/DualPipe 3da1bbe dualpipe.py step() runs nF0 (step_1 = (pp/2 - h - 1)·2 forwards of
+    the rank's first direction, h = min(r, pp - 1 - r) the half rank, l. 335) and nF0F1 (step_2 = h + 1 of each)
+    before its first backward (steps 1-4, l. 358-395), so the direction the rank starts piles up and the other does
+    not; counting ``_order_dual`` (a forward adds one, a full or input-gradient backward frees one) gives exactly these
+    counts at the moment the total peaks, each chunk's own peak at that same moment, at every rank of p, m = 2/4, 4/8,
+    4/20, 8/16, 8/32, 16/64 (tests/planner/test_dualpipe_layout.py; review r13a #1). So whatever the two stages
+    weigh, the rank's peak is this pair. (dualpipe13 held (PP + 1)/2 of each: 8.5 of rank 0's stage 0 at pp 16, not 16.)
+    """
     p, half, r = sched.stages, sched.microbatches // 2, stage
     return float(min(p - r, half)), float(min(r + 1, half))
 

@@ -90,8 +90,8 @@ from .pipeline import (
     StagePass,
     caveats,
     drain_leads,
+    pass_wait,
     pipeline_time,
-    steady_wait,
     timeline,
 )
 from .recompute import layer_counts
@@ -1141,8 +1141,7 @@ def _training(
     passes_s = st.compute.forward.total_s + st.slow_fwd_s + st.compute.backward.total_s + st.slow_bwd_s
     compute = runs * passes_s + st.compute.optimizer_s + st.slow_dp_s
     exposed = (
-        runs * (st.fwd_comm_s + st.bwd_comm_s)
-        + sched.microbatches * steady_wait(sched)  # each micro-batch's wait
+        runs * (st.fwd_comm_s + st.bwd_comm_s + pass_wait(sched))
         + 2 * (sched.stages - 1) * sched.p2p_s
         + st.exposed_dp_s
         + st.tail_s

@@ -114,8 +114,7 @@ def calls(ctx: Context) -> list[Call]:
         out += [c.on(stages) for c in _attention(ctx, layers * ctx.passes, "backward")]
         if again:  # layers re-run whole, or selective with core_attn: the attention's exchange re-runs
             out += [
-                recomputed(c, "attention recompute").on(stages)
-                for c in _attention(ctx, again * ctx.passes, "forward")
+                recomputed(c, "attention recompute").on(stages) for c in _attention(ctx, again * ctx.passes, "forward")
             ]
     return out
 

@@ -24,7 +24,10 @@ def _mirror_passes(stage0: tuple[float, float, float], stage1: tuple[float, floa
     forward of the stage direction 0 runs (rank r: stage r), its drain the backward of the stage direction 1 runs
     (stage 1 - r); W in each stage's backward share."""
     (a0, b0, w0), (a1, b1, w1) = stage0, stage1
-    return [StagePass.of_pass(a0 + a1, b0 + b1, a0, b1, w0 + w1, 2), StagePass.of_pass(a0 + a1, b0 + b1, a1, b0, w0 + w1, 2)]
+    return [
+        StagePass.of_pass(a0 + a1, b0 + b1, a0, b1, w0 + w1, 2),
+        StagePass.of_pass(a0 + a1, b0 + b1, a1, b0, w0 + w1, 2),
+    ]
 
 
 @pytest.mark.parametrize(("ends", "m"), [((0.1, 0.3), 4), ((0.25, 0.0), 4), ((0.0, 0.4), 4), ((0.1, 0.3), 8)])
