@@ -33,8 +33,9 @@ exactly as published, is accepted with sane values.
   (96.3 GB, the plan's warning): DualPipe's order holds pp - r micro-batches of rank r's first stage (mend13a,
   review r13a #1), so ranks 0 and 15 hold stage 0 (the embedding and 5 layers) 16 times. The report gives no layout,
   so the recipe's stays the row's; moving two of stage 0's layers to stage 15 (``Et*3|(t*4|)*14,t*2mL``, the
-  review's, not from a source) fits every rank at the same step. Not expressible: the report's E5M6 copy of linear_proj's input (§3.3.2; Megatron saves the bf16 tensor
-  the attention keeps); the sum of the two copies' gradients between mirror ranks (not in the ledger).
+  review's, not from a source) fits every rank at the same step. Not expressible: the report's E5M6 copy of
+  linear_proj's input (§3.3.2; Megatron saves the bf16 tensor the attention keeps); the sum of the two copies'
+  gradients between mirror ranks (not in the ledger).
 """
 
 import copy
