@@ -49,7 +49,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, schedule_traits
+from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, own_passes, schedule_traits
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
 MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
@@ -208,7 +208,7 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     traits = schedule_traits(kind)
     blocks = 4 if traits.splits_weights else 2
     at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
-    split = max(1, v) // traits.directions  # the chunks a micro-batch visits on one rank
+    split = traits.stage_map.visits(v)  # the chunks a micro-batch visits on one rank
     # the rank's chunk an op runs (pipeline.StageMap.op_chunk: virtual stage s is chunk s // p, Megatron's c·p + d, a
     # V's r and 2p - 1 - r; DualPipe's by the op's direction, stage r one way and p - 1 - r the other; dualpipe13)
     chunks, rank = max(1, v), np.arange(ops) // n
@@ -276,7 +276,7 @@ def per_microbatch(kind: str, v: int) -> int:
     pair's wait, per chunk the micro-batch visits on the rank (3·split; pipeline._order_zb_h1, _order_zbv,
     _order_dual)."""
     traits = schedule_traits(kind)
-    return 3 * (max(1, v) // traits.directions) if traits.splits_weights else 2 * max(1, v)
+    return 3 * traits.stage_map.visits(v) if traits.splits_weights else 2 * max(1, v)
 
 
 def _longest(p: int, v: int, per: int = 0) -> int:
@@ -494,23 +494,23 @@ SPAN_LOOP_CELLS = 30
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
 
 
-def chunk_table(passes: Sequence[StagePass], split: int, blocks: int, copies: int = 1) -> np.ndarray:
+def chunk_table(passes: Sequence[StagePass], split: int, blocks: int) -> np.ndarray:
     """The per-(rank, chunk, block) op times of ``_Graph.cell`` (blocks: forward, full backward, input gradient,
     weight gradient), one column: with one chunk the rank's F, B, B - W, W; with two (a V) chunk 0's forward the
     pass's ``fill_s`` and chunk 1's backward its ``drain_s`` (step.stage_passes: each chunk's real share, the
     backward's share taken as the forward's), the other chunk the rest, W in the backward's shares. ``split``: the
-    rank's chunks; ``copies`` (pipeline.StageMap): DualPipe's 2, whose pass is a micro-batch's mean over its two
-    stages, so the chunks hold twice the pass (the stage each direction runs, dualpipe13)."""
+    rank's chunks, which share the pass over all of them (``StagePass.pass_forward_s``: DualPipe's is a micro-batch
+    each way, each chunk the stage one direction runs, dualpipe13)."""
     rows = []
     for x in passes:
         if split == 1:
             fwd, bwd = (x.forward_s,), (x.backward_s,)
         else:
-            fill, drain = x.ends(split, copies)
-            fwd = (fill, *((copies * x.forward_s - fill) / (split - 1),) * (split - 1))
-            bwd = (*((copies * x.backward_s - drain) / (split - 1),) * (split - 1), drain)
+            fill, drain = x.ends(split)
+            fwd = (fill, *((x.pass_forward_s - fill) / (split - 1),) * (split - 1))
+            bwd = (*((x.pass_backward_s - drain) / (split - 1),) * (split - 1), drain)
         for f, b in zip(fwd, bwd, strict=True):
-            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else copies / split)
+            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else x.copies / split)
             rows.append((f, b, b - w, w)[:blocks])
     return np.append(np.array(rows, dtype=np.float64).ravel(), 0.0)[:, None]
 
@@ -623,11 +623,10 @@ def _run_orders(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> dict[tu
             out[key] = None
             continue
         found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
-        found.setdefault(key, (passes, sched))
+        found.setdefault(key, (own_passes(passes, sched), sched))
     for group, (graph, pending) in groups.items():
-        kind, run = group[0], group[-1]
-        copies = schedule_traits(kind).directions
-        tables = [chunk_table(passes, graph.chunks, graph.blocks, copies) for passes, _ in pending.values()]
+        run = group[-1]
+        tables = [chunk_table(passes, graph.chunks, graph.blocks) for passes, _ in pending.values()]
         if _loops_cheaper(len(pending), len(graph.at), len(graph.bounds) - 1):
             spans = [_span_one(graph, table[:, 0].tolist()) for table in tables]
         else:

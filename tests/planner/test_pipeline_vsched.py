@@ -42,7 +42,7 @@ def _drawn(rng: random.Random, p: int, spread: float, copies: int = 1) -> tuple[
         total, f, a = rng.uniform(1 - spread, 1 + spread), rng.uniform(0.2, 0.45), rng.uniform(0.2, 0.8)
         w = rng.uniform(0.02, min(f, 1 - 2 * f))
         fwd, bwd = f * total, (1 - f) * total
-        passes.append(StagePass(fwd, bwd, copies * fwd * a, copies * bwd * (1 - a), w * total))
+        passes.append(StagePass(fwd, bwd, copies * fwd * a, copies * bwd * (1 - a), w * total, copies))
         first.append(a)
     return passes, first
 
@@ -258,7 +258,7 @@ def test_the_loop_and_the_level_sweep_give_the_same_makespan(kind):
         graph = pj._graph(kind, p, _v(kind), m)
         copies = schedule_traits(kind).directions
         passes, _ = _drawn(rng, p, 0.3, copies)
-        table = pj.chunk_table(passes, graph.chunks, graph.blocks, copies)
+        table = pj.chunk_table(passes, graph.chunks, graph.blocks)
         loop = pj._span_one(graph, table[:, 0].tolist())
         slowest = m * max(x.total_s for x in passes)
         assert loop == float(pj._sweep(swap(graph, at=graph.cell), table)[0]) and loop >= slowest * (1 - 1e-12)
@@ -274,7 +274,7 @@ def test_order_spans_batched_are_order_span_bit_for_bit(kind, monkeypatch):
     for p, columns in ((4, 3), (8, 40), (12, 12)):
         for m in _ms(kind, p)[1:3]:
             sched = Schedule(kind, p, m, _v(kind))
-            jobs = [(_drawn(rng, p, 0.5)[0], sched) for _ in range(columns)]
+            jobs = [(_drawn(rng, p, 0.5, schedule_traits(kind).directions)[0], sched) for _ in range(columns)]
             pj._SPANS.clear()
             alone = [pj.order_span(passes, s) for passes, s in jobs]
             assert all(x is not None for x in alone)
@@ -288,7 +288,7 @@ def test_order_spans_batched_are_order_span_bit_for_bit(kind, monkeypatch):
     sched = Schedule(kind, p, 9 * p + 1 if not kind.startswith("dual") else 10 * p, _v(kind))
     monkeypatch.setattr(pj, "ORDER_OPS", pj.per_microbatch(kind, _v(kind)) * p * 4 * p + 1)
     assert 0 < pj.span_run(kind, p, _v(kind), sched.microbatches) < sched.microbatches
-    jobs = [(_drawn(rng, p, 0.5)[0], sched) for _ in range(50)]
+    jobs = [(_drawn(rng, p, 0.5, schedule_traits(kind).directions)[0], sched) for _ in range(50)]
     pj._SPANS.clear()
     alone = [pj.order_span(passes, s) for passes, s in jobs]
     pj._SPANS.clear()
