@@ -43,7 +43,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import pairwise
 
@@ -110,6 +110,9 @@ class _Graph:
     # each op's row of a per-(rank, chunk, block) duration table (``order_span``): ((rank·split + chunk)·blocks +
     # block), the table's last row (p·split·blocks) for no time
     cell: np.ndarray | None = None
+    # ``_sweep``'s per-level gather indices, laid out on its first sweep (``_levels_plan``) and shared by the copies
+    # ``replace`` makes (the same dict): {0: plan}
+    plan: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 _FORWARDS = np.array([OP_F, OP_F_LATE])
@@ -237,14 +240,36 @@ def makespans(graph: _Graph, dur: np.ndarray) -> np.ndarray:
     return np.concatenate([_sweep(graph, dur[:, c : c + width]) for c in range(0, dur.shape[1], width)])
 
 
+def _levels_plan(graph: _Graph) -> tuple[tuple[int, int, np.ndarray, int], ...]:
+    """Per level (its first and past-last rows, its ops' inputs: the ``prev`` rows then the ``dep`` rows as one int32
+    array, its op count): laid out once per structure (``_Graph.plan``), so a level of ``_sweep`` is one gather, one
+    max and one add (vsearch13: 1.6-1.9 us a level at one column, against 3.2-3.5 us slicing three index arrays and
+    gathering the durations a level; docs/step-time.md "(vsearch13)")."""
+    found = graph.plan.get(0)
+    if found is None:
+        bounds = np.array(graph.bounds)
+        sizes = np.diff(bounds)
+        start = np.repeat(bounds[:-1], sizes)  # each op's level's first op
+        inputs = np.empty(2 * len(graph.prev), dtype=np.int32)  # level by level: its prev rows, then its dep rows
+        inputs[start + np.arange(len(start))] = graph.prev
+        inputs[start + np.repeat(sizes, sizes) + np.arange(len(start))] = graph.dep
+        plan = tuple((s + 1, e + 1, inputs[2 * s : 2 * e], e - s) for s, e in pairwise(graph.bounds))
+        found = graph.plan.setdefault(0, plan)  # atomic: another thread's equal plan may have landed first
+    return found
+
+
 def _sweep(graph: _Graph, dur: np.ndarray) -> np.ndarray:
+    """The makespan of each column of ``dur``: level by level, each op the max of its two inputs' ends plus its
+    duration (the rows of ``dur`` gathered in level order once, ``at``), the same max and add as ``_span_one``."""
     done = np.empty((len(graph.at) + 1, dur.shape[1]))  # every row written (level by level) before it is read
     done[0] = 0.0
-    prev, dep, at = graph.prev, graph.dep, graph.at
-    for s, e in pairwise(graph.bounds):
-        out = done[s + 1 : e + 1]
-        np.maximum(done[prev[s:e]], done[dep[s:e]], out=out)
-        out += dur[at[s:e]]
+    times = dur[graph.at]  # op i's duration at row i (level order)
+    maximum = np.maximum
+    for start, end, inputs, k in _levels_plan(graph):
+        got = done[inputs]
+        out = done[start:end]
+        maximum(got[:k], got[k:], out=out)
+        out += times[start - 1 : end - 1]
     return done[graph.last].max(axis=0)
 
 
@@ -481,10 +506,15 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
 # (tests/planner/test_pipeline_vsched.py); monotone in every op's time, as the search's bound needs. Where even
 # m2 = 4p is over it (a V beyond pp 48, ZB-H1 and DualPipe beyond pp 64), None: the closed form.
 ORDER_OPS = 1 << 16
-# one column runs as a Python loop over the ops (0.08-0.12 us an op) where they are fewer than this many a level,
-# else as ``_sweep``'s numpy steps (3-4 us a level at one column): the two cross at 40-45 ops a level (p 40-48 in a V;
-# measured with ZB-H1, ZBV and DualPipeV at p 2-48, docs/step-time.md "(vsched12)"; the same makespans bit for bit)
-LOOP_PER_LEVEL = 40
+# one column runs as a Python loop over the ops (84-102 ns an op) where they are fewer than this many a level,
+# else as ``_sweep``'s numpy steps (1.5-2.0 us a level at one column, one gather a level since vsearch13; 3-4 us
+# before): the two cross at 19-22 ops a level (p 20-24; measured with ZB-H1, ZBV and DualPipeV at p 4-48,
+# docs/step-time.md "(vsearch13)", 40 at vsched12's sweep; the same makespans bit for bit)
+LOOP_PER_LEVEL = 20
+# one level of an order run's ``_sweep`` in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 1.5-2.0 us measured at
+# one column, p 4-48 (docs/step-time.md "(vsearch13)"); ``span_work`` charges it (the draws' wider sweeps keep
+# LEVEL_CELLS)
+SPAN_LEVEL_CELLS = 600
 SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
 # one op of ``_span_one``'s loop in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 90-130 ns an op measured with ZBV,
 # DualPipeV and ZB-H1 at p 4-40 (docs/step-time.md "(mend12a)"), ``span_work`` charges it
@@ -525,7 +555,7 @@ def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
     """Cells of ``columns`` order runs at (kind, p, v, m) as ``order_span`` / ``order_spans`` run them (``span_run``: 0
     over ORDER_OPS or for one stage): the structure laid out once (``build_cells`` an op and ``work``'s three
     relaxation rounds), then each column its loop (SPAN_LOOP_CELLS an op) where the columns' ops are fewer than
-    LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, LEVEL_CELLS a level per column chunk), the
+    LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, SPAN_LEVEL_CELLS a level per column chunk), the
     levels counted as ``work`` counts them; planner/estimate.py charges it (CELL_UNITS a unit)."""
     traits = schedule_traits(kind)
     run = span_run(kind, p, max(1, v), m) if traits.orders_at(p) else 0
@@ -537,7 +567,7 @@ def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
     if _loops_cheaper(columns, ops, levels):
         return laid + columns * ops * SPAN_LOOP_CELLS
     chunks = -(-columns // max(1, CHUNK // (ops + 1)))
-    return laid + columns * ops + levels * chunks * LEVEL_CELLS
+    return laid + 2 * ops + columns * ops + levels * chunks * SPAN_LEVEL_CELLS  # 2 ops: the sweep's plan laid out
 
 
 def _loops_cheaper(columns: int, ops: int, levels: int) -> bool:
