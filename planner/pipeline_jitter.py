@@ -506,19 +506,19 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
 # (tests/planner/test_pipeline_vsched.py); monotone in every op's time, as the search's bound needs. Where even
 # m2 = 4p is over it (a V beyond pp 48, ZB-H1 and DualPipe beyond pp 64), None: the closed form.
 ORDER_OPS = 1 << 16
-# one column runs as a Python loop over the ops (84-102 ns an op) where they are fewer than this many a level,
-# else as ``_sweep``'s numpy steps (1.5-2.0 us a level at one column, one gather a level since vsearch13; 3-4 us
-# before): the two cross at 19-22 ops a level (p 20-24; measured with ZB-H1, ZBV and DualPipeV at p 4-48,
-# docs/step-time.md "(vsearch13)", 40 at vsched12's sweep; the same makespans bit for bit)
-LOOP_PER_LEVEL = 20
-# one level of an order run's ``_sweep`` in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 1.5-2.0 us measured at
+# one column runs as a Python loop over the ops (63-69 ns an op since vsearch13, 84-102 before) where they are fewer
+# than this many a level, else as ``_sweep``'s numpy steps (1.6-1.8 us a level at one column, one gather a level
+# since vsearch13; 3-4 us before): the two cross at 25-29 ops a level (p 24-32; measured with ZB-H1, ZBV and
+# DualPipeV at p 4-48, docs/step-time.md "(vsearch13)"; 40 at vsched12's; the same makespans bit for bit)
+LOOP_PER_LEVEL = 27
+# one level of an order run's ``_sweep`` in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 1.6-2.0 us measured at
 # one column, p 4-48 (docs/step-time.md "(vsearch13)"); ``span_work`` charges it (the draws' wider sweeps keep
 # LEVEL_CELLS)
 SPAN_LEVEL_CELLS = 600
 SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
-# one op of ``_span_one``'s loop in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 90-130 ns an op measured with ZBV,
-# DualPipeV and ZB-H1 at p 4-40 (docs/step-time.md "(mend12a)"), ``span_work`` charges it
-SPAN_LOOP_CELLS = 30
+# one op of ``_span_one``'s loop in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 63-69 ns an op measured with ZBV,
+# DualPipeV and ZB-H1 at p 4-48 (docs/step-time.md "(vsearch13)"; 90-130 ns at mend12a's loop), ``span_work`` charges it
+SPAN_LOOP_CELLS = 22
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
 
 
@@ -579,10 +579,12 @@ def _loops_cheaper(columns: int, ops: int, levels: int) -> bool:
 def _span_one(graph: _Graph, table: list[float]) -> float:
     """``_sweep`` of one column as a loop over the ops in level order (each op's inputs are earlier rows)."""
     prev, dep, cell = (memoryview(x) for x in (graph.prev, graph.dep, graph.cell))  # int32, no copy
-    done = [0.0] * (len(prev) + 1)
-    for i, (a, b, c) in enumerate(zip(prev, dep, cell, strict=True), 1):
-        x, y = done[a], done[b]
-        done[i] = (x if x > y else y) + table[c]
+    done = [0.0]  # op i's end at i + 1, appended in level order (vsearch13: 75-80 ns an op, 90-100 indexed)
+    append = done.append
+    for a, b, c in zip(prev, dep, cell, strict=True):
+        x = done[a]
+        y = done[b]
+        append((x if x > y else y) + table[c])
     return max(done[r] for r in graph.last.tolist())
 
 
@@ -627,11 +629,12 @@ def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
 def order_spans(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> None:
     """``order_span`` of many (passes, schedule) at once into its memo (mend12a, review r12a #2): the jobs of one
     structure (kind, p, v, run) not yet memoised run as the columns of ONE ``_sweep`` (its numpy steps a level
-    shared by the columns: 3-4 us a level plus 2-5 ns a cell, against ``_span_one``'s 0.08-0.12 us an op and
+    shared by the columns: 1.6-2.0 us a level plus 2-5 ns a cell, against ``_span_one``'s 63-69 ns an op and
     column; ``makespans``: in chunks of CHUNK cells) where the columns' ops are at least LOOP_PER_LEVEL a level,
     else each column its own loop (as for one job alone: ``order_span`` runs through the same ``_run_orders``). The same
     makespans bit for bit (each column's max and add in the same order; tests/planner/test_pipeline_vsched.py): the
-    search calls it with a shape's pending bounds (planner/search/step_model.py ``lower_bounds_many``)."""
+    search calls it with the bounds timing prices together (planner/search/evaluate.py ``_InOrder``, step_model.py
+    ``lower_bounds_many``) and a window's data floors and refined bounds (``warm_paths``)."""
     _run_orders(jobs)
 
 
