@@ -525,7 +525,7 @@ class _InOrder:
     come in the same order, with the same bounds, as were every one priced in the screen: a busiest-rank bound is
     never above its compute-only bound (``StepModel.busiest_bounds``)."""
 
-    def __init__(self, screened: Screened, price) -> None:
+    def __init__(self, screened: Screened, price, ahead: int = 0) -> None:
         self.rows = list(
             zip(
                 screened.bounds.tolist(),
@@ -535,7 +535,7 @@ class _InOrder:
                 strict=True,
             )
         )
-        self.price, self.seq = price, 0
+        self.price, self.seq, self.ahead_n = price, 0, ahead or PRICE_AHEAD
         self.heap: list | None = None  # (bound, walk, row) of the priced layouts not yet given
         if screened.known is not None:
             walk, known = screened.walk.tolist(), screened.known.tolist()
@@ -554,7 +554,7 @@ class _InOrder:
         while pending and (not heap or self.rows[pending[0]][0] <= heap[0][0]):
             if min(heap[0][0] if heap else math.inf, self.rows[pending[0]][0]) > bound:
                 return (math.inf, -1, 0, 0)
-            batch, self.pending = pending[:PRICE_AHEAD], pending[PRICE_AHEAD:]
+            batch, self.pending = pending[: self.ahead_n], pending[self.ahead_n :]
             pending = self.pending
             rows = [self.rows[i][1:] for i in batch]
             for i, row, bound_s in zip(batch, rows, self.price(rows), strict=True):
