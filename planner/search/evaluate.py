@@ -526,18 +526,11 @@ class _InOrder:
     never above its compute-only bound (``StepModel.busiest_bounds``)."""
 
     def __init__(self, screened: Screened, price, ahead: int = 0) -> None:
-        self.rows = list(
-            zip(
-                screened.bounds.tolist(),
-                screened.variants.tolist(),
-                screened.batches.tolist(),
-                screened.recomputes.tolist(),
-                strict=True,
-            )
-        )
-        self.price, self.seq, self.ahead_n = price, 0, ahead or PRICE_AHEAD
+        self.screened, self.price, self.seq, self.ahead_n = screened, price, 0, ahead or PRICE_AHEAD
+        self.rows = self._rows(0, len(screened))  # all known: read as they are given (timing stops early)
         self.heap: list | None = None  # (bound, walk, row) of the priced layouts not yet given
         if screened.known is not None:
+            self.rows = list(self.rows)
             walk, known = screened.walk.tolist(), screened.known.tolist()
             self.heap = [(self.rows[i][0], walk[i], i) for i in range(len(walk)) if known[i]]
             heapq.heapify(self.heap)
@@ -549,7 +542,7 @@ class _InOrder:
         above ``bound`` (timing stops there; none is priced for it)."""
         if self.heap is None:
             self.seq += 1
-            return self.rows[self.seq - 1]
+            return next(self.rows)
         heap, pending = self.heap, self.pending
         while pending and (not heap or self.rows[pending[0]][0] <= heap[0][0]):
             if min(heap[0][0] if heap else math.inf, self.rows[pending[0]][0]) > bound:
@@ -566,8 +559,14 @@ class _InOrder:
         """``row`` (the layout just given) and up to count - 1 after it: the next in order where all are priced,
         else the least priced ones (what timing asks for next, unless a pending layout comes before them)."""
         if self.heap is None:
-            return self.rows[self.seq - 1 : self.seq - 1 + count]
+            return list(self._rows(self.seq - 1, self.seq - 1 + count))
         return [row, *(self.rows[i] for _, _, i in heapq.nsmallest(count - 1, self.heap))]
+
+    def _rows(self, start: int, end: int):
+        """(bound, variant index, b, recompute index) of the screened layouts start..end - 1, as an iterator."""
+        s = self.screened
+        columns = (s.bounds, s.variants, s.batches, s.recomputes)
+        return zip(*(x[start:end].tolist() for x in columns), strict=True)
 
 
 def sort_key(layout: Layout) -> tuple:
