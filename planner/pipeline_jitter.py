@@ -49,7 +49,16 @@ from itertools import pairwise
 
 import numpy as np
 
-from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, schedule_traits
+from .pipeline import (
+    IS_FORWARD,
+    IS_GRADIENT,
+    OP_F_LATE,
+    OP_IDLE,
+    SENDS_GRADIENT,
+    Schedule,
+    StagePass,
+    schedule_traits,
+)
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
 MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
@@ -115,12 +124,6 @@ class _Graph:
     plan: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-# per op kind (pipeline.OP_*, OP_IDLE the last): a forward; a backward that sends its input gradient (B, I); one
-# that waits for that gradient (OP_WAIT waits for the input of the backward it names). Tables, not np.isin (10x
-# its cost on a rank's few thousand ops; vsearch13)
-_FORWARD = np.isin(np.arange(OP_IDLE + 1), (OP_F, OP_F_LATE))
-_SENDS_GRADIENT = np.isin(np.arange(OP_IDLE + 1), (OP_B, OP_I))
-_GRADIENT = np.isin(np.arange(OP_IDLE + 1), (OP_B, OP_I, OP_WAIT))
 _ROW = np.array([0, 1, 2, 3, -1, 0, -1])  # op kind (pipeline.OP_*) -> its block of m duration rows (-1: the zero row)
 
 
@@ -147,13 +150,13 @@ def _inputs(op: np.ndarray, mb: np.ndarray, stage: np.ndarray, m: int) -> np.nda
     stages = int(stage.max()) + 1
     flat = np.arange(p * n).reshape(p, n)
     sent = np.full((2, m, stages), -1, dtype=np.intp)  # (forward 0 / backward 1, micro-batch, stage) -> flat
-    fwd, grad = _FORWARD[op], _SENDS_GRADIENT[op]
+    fwd, grad = IS_FORWARD[op], SENDS_GRADIENT[op]
     sent[0, mb[fwd], stage[fwd]] = (flat + (op == OP_F_LATE))[fwd]
     sent[1, mb[grad], stage[grad]] = flat[grad]
     waits = np.full((p, n), -1, dtype=np.intp)
     f_in = fwd & (stage > 0)
     waits[f_in] = sent[0, mb[f_in], stage[f_in] - 1]
-    g = _GRADIENT[op]
+    g = IS_GRADIENT[op]
     top = g & (stage == stages - 1)
     waits[top] = sent[0, mb[top], stage[top]]
     inner = g & ~top
