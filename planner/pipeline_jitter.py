@@ -86,7 +86,9 @@ CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
 RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
 RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
-GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (4 int32 arrays an op, ``cell`` too: ~134 MiB at most)
+# operations kept in the structures' cache (4 int32 arrays an op, ``cell`` too: ~134 MiB at most; with a swept
+# structure's ``plan``, two more: ~200 MiB)
+GRAPH_OPS = 1 << 23
 
 
 @dataclass(frozen=True)
@@ -247,21 +249,21 @@ def makespans(graph: _Graph, dur: np.ndarray) -> np.ndarray:
     return np.concatenate([_sweep(graph, dur[:, c : c + width]) for c in range(0, dur.shape[1], width)])
 
 
-def _levels_plan(graph: _Graph) -> tuple[tuple[int, int, np.ndarray, int], ...]:
-    """Per level (its first and past-last rows, its ops' inputs: the ``prev`` rows then the ``dep`` rows as one int32
-    array, its op count): laid out once per structure (``_Graph.plan``), so a level of ``_sweep`` is one gather, one
-    max and one add (vsearch13: 1.6-1.9 us a level at one column, against 3.2-3.5 us slicing three index arrays and
-    gathering the durations a level; docs/step-time.md "(vsearch13)")."""
+def _levels_plan(graph: _Graph) -> np.ndarray:
+    """The ops' inputs level by level, level k (ops s..e - 1) at 2s..2e - 1: its ``prev`` rows, then its ``dep``
+    rows (int32, 8 bytes an op; one array, not a view a level, whose ~280 bytes a level would outweigh the
+    structure at small p): laid out once per structure (``_Graph.plan``), so a level of ``_sweep`` is one gather,
+    one max and one add (vsearch13: 1.6-2.0 us a level at one column, against 3.2-3.5 us slicing three index arrays
+    and gathering the durations a level; docs/step-time.md "(vsearch13)")."""
     found = graph.plan.get(0)
     if found is None:
         bounds = np.array(graph.bounds)
         sizes = np.diff(bounds)
         start = np.repeat(bounds[:-1], sizes)  # each op's level's first op
-        inputs = np.empty(2 * len(graph.prev), dtype=np.int32)  # level by level: its prev rows, then its dep rows
+        inputs = np.empty(2 * len(graph.prev), dtype=np.int32)
         inputs[start + np.arange(len(start))] = graph.prev
         inputs[start + np.repeat(sizes, sizes) + np.arange(len(start))] = graph.dep
-        plan = tuple((s + 1, e + 1, inputs[2 * s : 2 * e], e - s) for s, e in pairwise(graph.bounds))
-        found = graph.plan.setdefault(0, plan)  # atomic: another thread's equal plan may have landed first
+        found = graph.plan.setdefault(0, inputs)  # atomic: another thread's equal plan may have landed first
     return found
 
 
@@ -270,13 +272,14 @@ def _sweep(graph: _Graph, dur: np.ndarray) -> np.ndarray:
     duration (the rows of ``dur`` gathered in level order once, ``at``), the same max and add as ``_span_one``."""
     done = np.empty((len(graph.at) + 1, dur.shape[1]))  # every row written (level by level) before it is read
     done[0] = 0.0
-    times = dur[graph.at]  # op i's duration at row i (level order)
-    maximum = np.maximum
-    for start, end, inputs, k in _levels_plan(graph):
-        got = done[inputs]
-        out = done[start:end]
+    times = dur[graph.at]  # op i's duration at row i - 1 (level order)
+    inputs, maximum = _levels_plan(graph), np.maximum
+    for s, e in pairwise(graph.bounds):
+        got = done[inputs[2 * s : 2 * e]]
+        out = done[s + 1 : e + 1]
+        k = e - s
         maximum(got[:k], got[k:], out=out)
-        out += times[start - 1 : end - 1]
+        out += times[s:e]
     return done[graph.last].max(axis=0)
 
 
