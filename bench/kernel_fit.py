@@ -1,6 +1,7 @@
 """Predicted vs measured GEMM kernels (tests/reference/kernels/aiconfigurator_gemm.json).
 
     PYTHONPATH=. python bench/kernel_fit.py          # the per-class table of docs/step-time.md
+    PYTHONPATH=. python bench/kernel_fit.py --parts  # GB200 / B300 / GB300 against the B200, their own ceilings
     PYTHONPATH=. python bench/kernel_fit.py --fit    # refit the global constants (k0, fill, fixed cost) and the
                                                      # per-(generation, dtype) ceilings, by least squares in log time
 
@@ -21,9 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
-from collectives.topology.gpu import GPUS
-from planner.kernel_fit import centred, fit_grid, log_errors
+from collectives.topology.gpu import GPUS, MeasuredGemm
+from planner.kernel_fit import centred, class_scales, fit_grid, log_errors
 from planner.kernels import (
+    DATASHEET_CLOCK_MHZ,
     EFFICIENCY,
     FUSED,
     GEMM_CEILING,
@@ -34,10 +36,18 @@ from planner.kernels import (
     gemm_time,
     generation,
     routed_expert_kernels,
+    tabled_ceiling,
 )
 
 REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels"
 DATA = REFERENCE / "aiconfigurator_gemm.json"
+# GB200, B300, GB300 (and H200) tables of the same source, grid and TensorRT-LLM version as DATA's b200_sxm
+# (bench/aiconfigurator_extract.py); not in the global fit: each part's ceilings are fitted on its own (own_ceilings)
+PARTS = REFERENCE / "aiconfigurator_gemm_parts.json"
+ANCHOR = "b200_sxm"  # the table Blackwell's GEMM_CEILING was fitted on
+# the class of the anchor's table each Blackwell GEMM dtype's ceiling was fitted on (planner/kernels.py GEMM_CEILING:
+# per-tensor fp8 and MXFP8 take block-scaled fp8's)
+FITTED_ON = {"bf16": "bf16", "fp8": "fp8_block", "fp8_block": "fp8_block", "mxfp8": "fp8_block", "nvfp4": "nvfp4"}
 MOE = REFERENCE / "aiconfigurator_moe.json"
 ATTENTION = REFERENCE / "aiconfigurator_attention.json"
 # TensorRT-LLM's context FMHA, by generation, is the kernel class it is compared as: on Hopper and Blackwell its
@@ -47,6 +57,10 @@ FMHA_CLASS = {80: "flash2", 90: "cudnn", 100: "cudnn"}
 
 def load() -> dict:
     return json.loads(DATA.read_text())
+
+
+def load_parts() -> dict:
+    return json.loads(PARTS.read_text())
 
 
 def burst(gpu):
@@ -100,11 +114,112 @@ def table(data: dict, eff=EFFICIENCY) -> list[dict]:
         {
             "system": system,
             "dtype": dtype,
-            "ceiling": GEMM_CEILING.get((generation(GPUS[data["systems"][system]["gpu"]]), dtype)),
+            "ceiling": tabled_ceiling(GPUS[data["systems"][system]["gpu"]], dtype),
             **error_stats(errors),
         }
         for (system, dtype), errors in by.items()
     ]
+
+
+def _table_scales(system: str, entry: dict, table: MeasuredGemm | None = None) -> dict:
+    """predicted / measured at the median of each dtype of one table (planner/kernel_fit.py class_scales) at the
+    global k0, fill and fixed cost, the GPU's GEMM table replaced by ``table`` (None: its generation's ceilings)."""
+    gpu = replace(GPUS[entry["gpu"]], gemm_table=table)
+    points = rows({"systems": {system: entry}})
+    by = log_errors(points, EFFICIENCY, lambda p, e: predicted(gpu, p[2], *p[3:6], e), _measured, _class)
+    return {dtype: scale for (_, dtype), scale in class_scales(by).items()}
+
+
+OWN_ROUNDS = 12  # the fixed cost and the HBM bound make a GEMM's time not quite 1 / ceiling: rounds settle it
+
+
+def own_ceilings(system: str, parts: dict | None = None) -> dict[str, float]:
+    """A part's GEMM ceilings fitted on its own table, k0, fill and fixed cost kept: each table class (FITTED_ON)
+    scaled until the part's median predicted / measured is the anchor's (ANCHOR, the table its generation's
+    GEMM_CEILING was fitted on), starting from the generation's: the part's table is then predicted with the anchor's
+    median bias, so the two differ by what the tables measured. Rounded to 3 places, as gpu.py carries them."""
+    parts = parts or load_parts()
+    entry = parts["systems"][system]
+    gen = generation(GPUS[entry["gpu"]])
+    anchor = _table_scales(ANCHOR, load()["systems"][ANCHOR])
+    ceilings = {dtype: GEMM_CEILING[gen, dtype] for dtype in FITTED_ON if (gen, dtype) in GEMM_CEILING}
+    for _ in range(OWN_ROUNDS):
+        own = _table_scales(system, entry, MeasuredGemm(tuple(ceilings.items()), "trial"))
+        ceilings = {dtype: c * own[FITTED_ON[dtype]] / anchor[FITTED_ON[dtype]] for dtype, c in ceilings.items()}
+    return {dtype: round(c, 3) for dtype, c in ceilings.items()}
+
+
+def speedups(system: str, dtype: str, parts: dict | None = None) -> dict:
+    """ANCHOR's measured time / ``system``'s, shape by shape, over one dtype's table: median, p10, p90, min, max
+    and the median by m."""
+    parts = parts or load_parts()
+    anchor = {tuple(r[:3]): r[3] for r in load()["systems"][ANCHOR]["dtypes"][dtype]}
+    own = {tuple(r[:3]): r[3] for r in parts["systems"][system]["dtypes"][dtype]}
+    ratio = {key: anchor[key] / own[key] for key in anchor}
+    values = sorted(ratio.values())
+    at = lambda q: values[int(q * (len(values) - 1))]  # noqa: E731
+    by_m = {m: median(r for key, r in ratio.items() if key[0] == m) for m in sorted({key[0] for key in ratio})}
+    return {"median": median(values), "p10": at(0.1), "p90": at(0.9), "min": values[0], "max": values[-1], "by_m": by_m}
+
+
+def h200_table_clock(parts: dict | None = None) -> dict:
+    """The clock aiconfigurator's H200 bf16 table ran at, two ways. ``logged_mhz``: at the shapes both measured (this
+    project's run 2 ``gemm_bf16`` fwd / dgrad / wgrad, the same torch.mm -> cuBLAS), run 2's logged SM clock x its
+    time over the table's, median over rows. ``model_mhz``: the clock at which the model (the H200's ceiling, fitted
+    at run 2's logged clocks) meets the table's compact grid in median (time ~ 1 / clock)."""
+    import h200_tables  # bench sibling; kept out of the module's imports: it loads the H200 runs
+
+    parts = parts or load_parts()
+    table = {tuple(r[:3]): r[3] * 1e-3 for r in parts["h200_sxm_at_run2_shapes"]}
+    both = [
+        (r["sm_mhz"] * r["seconds"] / table[key], r["seconds"] / table[key])
+        for r in h200_tables.load("run2")["gemm_bf16"]
+        if r["seconds"] is not None
+        and r["pass"] in ("fwd", "dgrad", "wgrad")
+        and (key := (r["m"], r["n"], r["k"])) in table
+    ]
+    entry = parts["systems"]["h200_sxm"]
+    gpu = GPUS[entry["gpu"]]
+    points = rows({"systems": {"h200_sxm": entry | {"dtypes": {"bf16": entry["dtypes"]["bf16"]}}}})
+    scale = class_scales(log_errors(points, EFFICIENCY, _predict, _measured))[None]
+    datasheet = DATASHEET_CLOCK_MHZ[generation(gpu)]
+    return {
+        "rows": len(both),
+        "time_ratio": median(t for _, t in both),
+        "logged_mhz": median(c for c, _ in both),
+        "model_mhz": datasheet * scale,
+        "datasheet_mhz": datasheet,
+    }
+
+
+def parts_report() -> None:
+    """The GB200, B300 and GB300 tables against the B200's, their own ceilings, and the H200 table's clock."""
+    parts = load_parts()
+    head = (
+        f"| part (table) | dtype | {ANCHOR} time / part's: median | p10 - p90 | min - max | by m (256 / 1k / 4k / 8k) |"
+    )
+    print(head)
+    print("|---|---|---|---|---|---|")
+    for system in (s for s in parts["systems"] if generation(GPUS[parts["systems"][s]["gpu"]]) == 100):
+        for dtype in parts["systems"][system]["dtypes"]:
+            r = speedups(system, dtype, parts)
+            by_m = " / ".join(f"{v:.3f}" for v in r["by_m"].values())
+            print(
+                f"| {system} | {dtype} | {r['median']:.3f} | {r['p10']:.3f} - {r['p90']:.3f} | "
+                f"{r['min']:.3f} - {r['max']:.3f} | {by_m} |"
+            )
+    print()
+    print("| GPU (table) | dtype | GEMMs | ceiling | median abs error | signed median | p90 abs error |")
+    print("|---|---|---|---|---|---|---|")
+    for r in table(parts):
+        print(f"| {r['system']} | {r['dtype']} | {r['n']} | {r['ceiling']:.3f} | {error_cells(r)}")
+    print()
+    c = h200_table_clock(parts)
+    print(
+        f"h200_sxm bf16 table: {c['rows']} shapes in run 2, which took {c['time_ratio']:.3f}x the table's time: the "
+        f"table at {c['logged_mhz']:,.0f} MHz in run 2's logged clock; the model meets its grid at "
+        f"{c['model_mhz']:,.0f} MHz ({c['model_mhz'] / c['datasheet_mhz']:.3f} of {c['datasheet_mhz']:,})"
+    )
 
 
 def moe_rows():
@@ -192,6 +307,9 @@ def leave_one_source_out(data: dict) -> list[dict]:
 
 
 def main() -> None:
+    if "--parts" in sys.argv:
+        parts_report()
+        return
     data = load()
     if "--fit" in sys.argv:
         rms, eff = fit(list(rows(data)))

@@ -129,7 +129,7 @@ def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
     add = rows.append
     if par.pp > 1:
         source = f"{COMMPLAN}: 1f1b (Megatron's default)"
-        sched = Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank)
+        sched = Schedule(par.pipeline_schedule, par.pp, ctx.schedule_micro_batches, par.chunks_per_rank)
         bubble = order_method(sched)
         if bubble and ctx.work.training:  # how the step's bubble is found (vsched12)
             source += f"; the bubble: {bubble} (planner/pipeline.py bubble_s)"
@@ -166,7 +166,9 @@ def _split_and_data_rows(ctx: Context) -> list[Assumption]:
     rows: list[Assumption] = []
     if par.pp > 1:
         chunks = [c for rank in pipeline_chunks(par, ctx.model.num_layers, ctx.model.mtp_layers) for c in rank]
-        layout = format_layout(sorted(chunks, key=lambda c: c.index))
+        chunks.sort(key=lambda c: c.index)
+        # one copy of the model: DualPipe holds two (pipeline.StageMap), and its layout names one copy's pp stages
+        layout = format_layout(chunks[: len(chunks) // par.schedule.stage_map.copies])
         rows.append(Assumption("parallel.pipeline_layout", layout, _split_source(par)))
     if work.training and work.activation_recompute == "none" and par.pp == 1:
         offload = "Megatron --cpu-offloading-num-layers (0: none)"
@@ -177,7 +179,7 @@ def _split_and_data_rows(ctx: Context) -> list[Assumption]:
         rows.append(Assumption("workload.document_lengths", shown, f"{COMMPLAN}: one document a sequence"))
         what = "none: every sequence packs document_lengths (Megatron's packing scheduler off)"
         if work.document_packing == "dp_balanced":  # how the wait for the slowest packed micro-batch is found
-            sched = Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank)
+            sched = Schedule(par.pipeline_schedule, par.pp, ctx.schedule_micro_batches, par.chunks_per_rank)
             what += f"; the wait for the slowest packed micro-batch: {method(sched)} (planner/pipeline_jitter.py)"
         rows.append(Assumption("workload.document_packing", work.document_packing or "none", what))
     return rows

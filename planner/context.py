@@ -59,7 +59,16 @@ class Context:
     # ---- batch and sequence ------------------------------------------------------------------------
     @cached_property
     def micro_batches(self) -> int:
-        """m = B / (b x dp) for training; one pass for inference."""
+        """A rank's passes over all its chunks in a step, what every per-micro-batch call and pass is counted by: m
+        (``schedule_micro_batches``), or m / 2 under DualPipe, whose rank runs one of its two stages per micro-batch
+        (pipeline.ScheduleTraits.passes); one pass for inference."""
+        if not self.training:
+            return 1
+        return self.par.schedule.passes(self.schedule_micro_batches)
+
+    @property
+    def schedule_micro_batches(self) -> int:
+        """m = B / (b x dp), the micro-batches the pipeline schedule runs, for training; one for inference."""
         if not self.training:
             return 1
         return self.work.global_batch_size // (self.work.micro_batch_size * self.par.dp)
@@ -227,8 +236,8 @@ class Context:
     @cached_property
     def stage_layers(self) -> list[list[int]]:
         """Global layer indices each pipeline rank holds, over all its chunks (contiguous blocks without
-        virtual stages; chunks s, s + p, s + 2p, ... interleaved; the V's two for ZBV and DualPipe), the MTP
-        blocks with their chunk."""
+        virtual stages; chunks s, s + p, s + 2p, ... interleaved; the V's two for ZBV and DualPipeV; DualPipe's stages
+        r and pp - 1 - r, each a copy's), the MTP blocks with their chunk."""
         return [[i for c in chunks for i in c.layers] for chunks in self.chunks]
 
     @cached_property
@@ -272,7 +281,8 @@ class Context:
         return any(c.embedding for c in self.chunks[stage])
 
     def is_last(self, stage: int) -> bool:
-        """Whether the rank holds the loss: the last rank, or rank 0 in a V (ZBV, DualPipe(V))."""
+        """Whether the rank holds the loss: the last rank, or rank 0 in a V (ZBV, DualPipeV); ranks 0 and pp - 1 under
+        DualPipe (each holds a copy's last stage)."""
         return any(c.loss for c in self.chunks[stage])
 
     def holds_mtp(self, stage: int) -> bool:

@@ -7,7 +7,8 @@ compute.py sums them into PassTime; the page and serving can show the list as it
 A kernel's time is its own bound plus a fixed cost (``Efficiency``):
 
 - GEMM (m x k) @ (k x n), one or a group (experts): FLOPs at the dense peak of its dtype x the measured ceiling
-  of the GPU generation for that dtype (``GEMM_CEILING``) x tile quantization (rows and columns padded to the
+  of the GPU generation for that dtype (``GEMM_CEILING``; a part with a measured table of its own, GPUSpec.gemm_table,
+  carries its own: ``tabled_ceiling``) x tile quantization (rows and columns padded to the
   generation's CTA tile, ``GEMM_TILE``) x SM fill (tiles / (tiles + fill·SMs)) x main-loop amortisation
   k / (k + k0); or its operand bytes at the achievable HBM bandwidth, whichever is slower; + ``gemm_fixed_s``.
   The ceilings, fill, k0 and the fixed cost are fitted on measured cuBLASLt/DeepGEMM tables (bench/kernel_fit.py,
@@ -283,7 +284,12 @@ DERIVED_CEILING = {"fp8_rowwise": ("fp8", ROWWISE_VS_TENSORWISE)}
 ROWWISE_RESCALE_BYTES = 4
 # Tensor-core clock sustained through a training step, as a fraction of the clock the datasheet peak is quoted at
 # (DATASHEET_CLOCK_MHZ below), by generation; a part measured itself carries its own (GPUSpec.sustained_clock, read
-# before this by clock_fraction, the one reader). A100 SXM4 holds its 1,410 MHz boost at 400 W (1.0). Hopper, BY
+# before this by clock_fraction, the one reader). Ampere has no entry (1.0: the A100 SXM4's GEMMs at the clock of its
+# GEMM_CEILING table, which aiconfigurator measured at the default 400 W on random data: its cuBLAS 8192^3, 262.5 TF/s,
+# sits 1.7% from Horace He's power-limited 258 TF/s, tests/planner/test_a100_clock.py). No published A100 SXM4 clock
+# through a training step was found (docs/step-time.md "The A100 rows (a100r13)"). A check on the runs, not a source:
+# bench/a100_clock_check.py finds no clock common to them (Korthikanti et al.'s 175B-530B meet their times at 0.98-1.00,
+# the SC'21 rows at 0.77-0.91, falling with the unfused attention's share). Hopper, BY
 # THROUGHPUT: the clock at which this model (gemm_time, layer_kernels, pass_time) times a Llama-3-8B eager layer
 # trained back to back for 30 s at 700 W as measured (tests/reference/kernels/<gpu>/<run>.json ``layer_sustained``;
 # bench/h200_power.py effective_clocks prints it, tests/planner/test_h200_power.py recomputes it): the H100 SXM5
@@ -960,11 +966,20 @@ def gemm_ceiling(gpu: GPUSpec, dtype: str, eff: Efficiency) -> float:
     if dtype in DERIVED_CEILING:
         base, ratio = DERIVED_CEILING[dtype]
         return round(gemm_ceiling(gpu, base, eff) * ratio, 3)
-    gen = generation(gpu)
-    found = GEMM_CEILING.get((gen, dtype))
+    found = tabled_ceiling(gpu, dtype)
     if found is None and dtype != "bf16" and not gpu.peak_tflops.get("fp8"):
-        found = GEMM_CEILING.get((gen, "bf16"))
+        found = tabled_ceiling(gpu, "bf16")
     return found if found is not None else eff.gemm
+
+
+def tabled_ceiling(gpu: GPUSpec, dtype: str) -> float | None:
+    """The ceiling a measured GEMM table gives ``dtype`` on ``gpu`` (None: no table has it): the part's own
+    (GPUSpec.gemm_table, fitted on its own table) or its generation's (GEMM_CEILING)."""
+    own = gpu.gemm_table
+    for name, ceiling in own.ceilings if own is not None else ():
+        if name == dtype:
+            return ceiling
+    return GEMM_CEILING.get((generation(gpu), dtype))
 
 
 @lru_cache(maxsize=65536)
@@ -3137,4 +3152,5 @@ __all__ = [
     "queue_launch_s",
     "routing_maxvio",
     "sustained_clock",
+    "tabled_ceiling",
 ]

@@ -572,18 +572,17 @@ def held_bytes(ctx: Context, stage: int) -> HeldBytes:
     xp = ctx.param_bytes
     z = ctx.par.zero_stage if ctx.training else 0
     params = grads = opt = 0.0
-    copies = ctx.par.schedule.param_copies if ctx.training else 1
     for count, is_expert in ((nd, False), (ne, True)):
         if not count:
             continue
         shards = _shards(ctx, is_expert)
-        params += copies * count * xp / (shards if z >= 3 else 1)
+        params += count * xp / (shards if z >= 3 else 1)
         if z >= 3 and ctx.flavour.zero_plus_plus and ctx.par.zero_config.zero_hpz_partition_size > 1:
             # hpZ's secondary partition of every released parameter (DeepSpeed partition_parameters.py
             # _partition_param_sec: aligned numel / zero_hpz_partition_size, kept until the step)
             params += count * xp / ctx.par.zero_config.zero_hpz_partition_size
         if ctx.training:
-            grads += copies * count * ctx.grad_bytes / (shards if z >= 2 else 1)
+            grads += count * ctx.grad_bytes / (shards if z >= 2 else 1)
             opt_per = ADAM_STATE_BYTES + (MASTER_BYTES if xp < 4 else 0)
             opt += count * opt_per / (shards if z >= 1 else 1)
     params += recipe_weight_bytes(ctx, stage)  # fp8/fp4 weight copies (workload.fp8_recipe, params.py)

@@ -263,7 +263,7 @@ class ParallelSpec:
     @property
     def chunks_per_rank(self) -> int:
         """Model chunks per pipeline rank: v of the interleaved schedule or of an explicit layout / split,
-        2 for the V schedules (ZBV, DualPipeV) and DualPipe (its two directions), else 1."""
+        2 for the V schedules (ZBV, DualPipeV) and DualPipe (its two stages, one a direction), else 1."""
         return virtual_stages(self) // self.pp if self.pp >= 1 else 1
 
 
@@ -683,7 +683,8 @@ def _training_fits(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
 # to say it, one representation: the virtual stages in model order, each a tuple of Megatron's layer
 # characters (megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list: E embedding,
 # t decoder layer, m MTP layer, L loss), virtual stage k on rank k % pp as chunk k // pp (the interleaved
-# assignment), or folded into a V for ZBV and DualPipe(V) (rank k for k < pp, else 2·pp - 1 - k).
+# assignment), or folded into a V for ZBV and DualPipeV (rank k for k < pp, else 2·pp - 1 - k), or for DualPipe two
+# copies of a pp-stage split folded the same way (copy 1's stage j on rank pp - 1 - j): pipeline.StageMap.
 
 V_SCHEDULES = tuple(n for n, t in SCHEDULE_TRAITS.items() if t.v_shape)  # 2 chunks per rank in a V (the search)
 LAYER_CHARS = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
@@ -779,13 +780,14 @@ def _unroll(text: str, n: int) -> str:
 
 def virtual_stages(par: ParallelSpec) -> int:
     """Model chunks over all pipeline ranks (pp·v); a malformed layout counts as pp (validation names it)."""
+    copies = par.schedule.stage_map.copies  # a layout or split names one copy's stages (DualPipe holds two)
     if par.pipeline_layout is not None:
         try:
-            return len(_parsed(par.pipeline_layout))
+            return copies * len(_parsed(par.pipeline_layout))
         except SpecError:
             return par.pp
     if par.pipeline_split_points is not None:
-        return len(par.pipeline_split_points) + 1
+        return copies * (len(par.pipeline_split_points) + 1)
     if par.schedule.v_shape:
         return 2 * par.pp
     return par.pp * (par.virtual_pipeline_stages if par.schedule.interleaved else 1)
@@ -797,11 +799,9 @@ def _parsed(layout) -> tuple[tuple[str, ...], ...]:
 
 
 def rank_of(par: ParallelSpec, k: int) -> int:
-    """The pipeline rank of virtual stage k: interleaved k % pp; V-shaped k, then back down from pp - 1."""
-    p = par.pp
-    if par.schedule.v_shape:
-        return k if k < p else 2 * p - 1 - k
-    return k % p
+    """The pipeline rank of virtual stage k: interleaved k % pp; V-shaped k, then back down from pp - 1 (DualPipe's
+    second copy of the model too): the schedule's ``StageMap.rank``."""
+    return par.schedule.stage_map.rank(k, par.pp)
 
 
 def pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int = 0) -> tuple[tuple[Chunk, ...], ...]:
@@ -840,7 +840,10 @@ def _pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int) -> tup
     stages = _stage_tokens(par, num_layers, mtp_layers)
     per_rank: list[list[Chunk]] = [[] for _ in range(par.pp)]
     layer = 0
+    per_copy = len(stages) // par.schedule.stage_map.copies  # DualPipe's second copy holds the same layers again
     for k, tokens in enumerate(stages):
+        if k % per_copy == 0:
+            layer = 0
         count = tokens.count("t")
         chunk = Chunk(
             k, rank_of(par, k), tuple(range(layer, layer + count)), "E" in tokens, "L" in tokens, tokens.count("m")
@@ -851,6 +854,16 @@ def _pipeline_chunks(par: ParallelSpec, num_layers: int, mtp_layers: int) -> tup
 
 
 def _stage_tokens(par: ParallelSpec, num_layers: int, mtp: int) -> tuple[tuple[str, ...], ...]:
+    """Every virtual stage's characters, copy by copy (``StageMap.copies``: DualPipe's model twice)."""
+    return _copy_tokens(par, num_layers, mtp) * par.schedule.stage_map.copies
+
+
+def _copy_stages(par: ParallelSpec) -> int:
+    """The stages one copy of the model is split into: all virtual stages, DualPipe's pp (two copies)."""
+    return virtual_stages(par) // par.schedule.stage_map.copies
+
+
+def _copy_tokens(par: ParallelSpec, num_layers: int, mtp: int) -> tuple[tuple[str, ...], ...]:
     if par.pipeline_layout is not None:
         stages = _parsed(par.pipeline_layout)
         _check_layout(par, stages, num_layers, mtp)
@@ -879,10 +892,12 @@ def _split_point_counts(par: ParallelSpec, num_layers: int) -> list[int]:
             f"split points {points} must rise strictly inside 1..{num_layers - 1} (num_layers {num_layers})",
         )
     n = len(bounds) - 1
-    if par.schedule.v_shape and n != 2 * p:
+    want = 2 * p // par.schedule.stage_map.copies  # a V's 2·pp; DualPipe's pp, each held twice
+    if par.schedule.v_shape and n != want:
+        held = "holds pp stages twice" if want == p else "runs 2 stages per rank"
         raise SpecError(
             "parallel.pipeline_split_points",
-            f"{par.pipeline_schedule} runs 2 stages per rank: {2 * p} stages, got {n} from {len(points)} points",
+            f"{par.pipeline_schedule} {held}: {want} stages, got {n} from {len(points)} points",
         )
     if n % p:
         raise SpecError(
@@ -894,8 +909,8 @@ def _split_point_counts(par: ParallelSpec, num_layers: int) -> list[int]:
 
 def _uneven_chunk_counts(par: ParallelSpec, num_layers: int) -> list[int]:
     """Decoder layers per virtual stage with Megatron's first/last_stage_layers: each rank's share split evenly
-    over its chunks."""
-    p, n = par.pp, virtual_stages(par)
+    over its chunks (DualPipe's copy: one stage a rank)."""
+    p, n = par.pp, _copy_stages(par)
     v = n // p
     if par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split:
         raise SpecError(
@@ -921,8 +936,9 @@ def _uneven_chunk_counts(par: ParallelSpec, num_layers: int) -> list[int]:
 
 
 def _even_chunk_counts(par: ParallelSpec, num_layers: int) -> list[int]:
-    """Decoder layers per virtual stage of an even split, the embedding and loss counted as layers when asked."""
-    p, n = par.pp, virtual_stages(par)
+    """Decoder layers per virtual stage of an even split (of one copy), the embedding and loss counted as layers when
+    asked."""
+    p, n = par.pp, _copy_stages(par)
     v = n // p
     emb, loss = par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split
     slots = num_layers + emb + loss
@@ -947,8 +963,16 @@ def _check_layout(par: ParallelSpec, stages, num_layers: int, mtp: int) -> None:
     f, p, n = "parallel.pipeline_layout", par.pp, len(stages)
     if n % p:
         raise SpecError(f, f"{n} virtual stages do not divide over pp {p} (Megatron: len(layout) % pp == 0)")
-    v = n // p
     traits = par.schedule
+    copies = traits.stage_map.copies
+    v = n * copies // p  # DualPipe's layout names one copy's pp stages, each rank holding two
+    if traits.v_shape and v != 2 and copies > 1:
+        raise SpecError(
+            f,
+            f"{par.pipeline_schedule} holds the model twice in pp stages, rank r running stage r one way and pp - 1 - "
+            f"r the other (deepseek-ai/DualPipe examples/example_dualpipe.py): the layout names one copy's {p} "
+            f"stages, got {n} (a V of {2 * p} chunks is dualpipev's)",
+        )
     if traits.v_shape and v != 2:
         raise SpecError(f, f"{par.pipeline_schedule} runs 2 chunks per rank; the layout has {n} = {p}*{v}")
     if not traits.v_shape and v > 1 and not traits.interleaved:

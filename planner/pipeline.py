@@ -56,10 +56,12 @@ class StagePass:
     def total_s(self) -> float:
         return self.forward_s + self.backward_s
 
-    def ends(self, v: int) -> tuple[float, float]:
-        """(fill, drain): what this rank adds to the fill and to the drain of the 1F1B family."""
-        fill = self.forward_s / v if self.fill_s is None else self.fill_s
-        drain = self.backward_s / v if self.drain_s is None else self.drain_s
+    def ends(self, v: int, copies: int = 1) -> tuple[float, float]:
+        """(fill, drain): what this rank adds to the fill and to the drain of the 1F1B family. ``copies``: the model
+        copies the rank's chunks hold (``StageMap.copies``): with DualPipe's 2 a micro-batch runs one of its two
+        chunks, so a chunk's even share is copies / v of the per-micro-batch pass."""
+        fill = copies * self.forward_s / v if self.fill_s is None else self.fill_s
+        drain = copies * self.backward_s / v if self.drain_s is None else self.drain_s
         return fill, drain
 
 
@@ -83,6 +85,11 @@ class Schedule:
     @property
     def traits(self) -> ScheduleTraits:
         return schedule_traits(self.kind)
+
+    @property
+    def passes(self) -> int:
+        """A rank's passes over all its chunks in the step (``ScheduleTraits.passes``)."""
+        return self.traits.passes(self.microbatches)
 
 
 @dataclass(frozen=True)
@@ -164,19 +171,21 @@ def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
     passes leave W <= F <= B - W, the range every form is exact in at every m (bubble11: ZBV's within 0.25·p passes
     outside it, DualPipe(V)'s a lower bound at F > B). The forms sum each other rank's share of a chain and take the
     chunks as halves: with DeepSeek-V3's rank 0 (its second chunk the head, loss and MTP, 0.70 of its forward)
-    DualPipeV came out 7.6% over its own order and ranked behind ZBV (review r11a #3)."""
+    DualPipeV came out 7.6% over its own order and ranked behind ZBV (review r11a #3). DualPipe's two chunks are
+    the stages its two directions run (``StageMap`` MIRRORED), even when each is the rank's mean pass."""
     if not sched.traits.orders_at(sched.stages):
         return False
     first = passes[0]
     if not first.weight_s <= first.forward_s <= first.backward_s - first.weight_s:
         return True
-    v = max(1, sched.chunks)
-    halves = sched.traits.directions == 1 and v > 1  # a V: each rank's two chunks at their own sizes
+    v, copies = max(1, sched.chunks), sched.traits.directions
+    halves = v > 1  # a V or DualPipe's two stages: each rank's two chunks at their own sizes
 
     def parts(x: StagePass) -> tuple[float, ...]:
-        return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v) if halves else ()))
+        return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v, copies) if halves else ()))
 
-    want = (*parts(first)[:3], *((first.forward_s / v, first.backward_s / v) if halves else ()))
+    even = (copies * first.forward_s / v, copies * first.backward_s / v)
+    want = (*parts(first)[:3], *(even if halves else ()))
     close = math.isclose
     return not all(all(close(a, b, rel_tol=1e-12) for a, b in zip(parts(x), want, strict=True)) for x in passes)
 
@@ -214,8 +223,8 @@ def in_flight(sched: Schedule, stage: int) -> float:
     so stage 0 holds p·(1 + (p - 1)/(p·v)) (Korthikanti et al. 2022 §4.2.3, Megatron
     theoretical_memory_usage.py interleaved_schedule_memory_penalty); GPipe all m. ZB-H1 holds what 1F1B
     holds (Qi et al. 2024 §3.1); ZBV p on every rank (the V balances it; "1x" of 1F1B in the sail-sg
-    README table); DualPipe PP + 1 of its stages (DualPipe README table); DualPipeV, DualPipe on 2·pp
-    half-size stages, 2·pp + 1 half-stages."""
+    README table); DualPipe PP + 1 stages (DualPipe README table), (PP + 1)/2 of the rank's two (dualpipe13);
+    DualPipeV, DualPipe on 2·pp half-size stages, 2·pp + 1 half-stages."""
     return sched.traits.in_flight(sched, stage)
 
 
@@ -416,9 +425,10 @@ def _held_zbv(sched: Schedule, stage: int) -> int:
     return min(sched.stages, sched.microbatches)
 
 
-def _held_dualpipe(sched: Schedule, stage: int) -> int:
-    """PP + 1 of its stages (DualPipe README table)."""
-    return min(sched.stages + 1, sched.microbatches)
+def _held_dualpipe(sched: Schedule, stage: int) -> float:
+    """PP + 1 stages' activations (DualPipe README table), in units of the rank's two stages (``MIRRORED``: each of
+    its chunks a whole stage) half as many."""
+    return min(sched.stages + 1, sched.microbatches) / 2
 
 
 def _held_dualpipev(sched: Schedule, stage: int) -> float:
@@ -645,6 +655,43 @@ def _order_dual(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np
 
 
 @dataclass(frozen=True)
+class StageMap:
+    """How a schedule's model chunks sit on its ranks and which chunk an op of its order runs (dualpipe13, review r12a
+    #3): the one home parallel.rank_of (the layout), pipeline_jitter's op cells and the step's passes
+    (step.stage_passes, ``ScheduleTraits.passes``) read.
+
+    - in order (Megatron's, ZB-H1): virtual stage k on rank k % pp as chunk k // pp;
+    - ``folded`` (a V: ZBV, DualPipeV): stage k on rank k for k < pp, else 2·pp - 1 - k, one model in 2·pp stages, a
+      micro-batch through both chunks of a rank;
+    - ``copies`` 2 (DualPipe): the model split in pp stages and held twice, folded the same way: copy 0's stage r on
+      rank r (chunk 0, direction 0), copy 1's stage r on rank pp - 1 - r (chunk 1, direction 1), so rank r runs stage
+      r one way and pp - 1 - r the other (deepseek-ai/DualPipe 3da1bbe examples/example_dualpipe.py:
+      ``local_full_modules = nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``), each micro-batch
+      one of the two: a rank's pass over both chunks is one micro-batch of each direction."""
+
+    folded: bool = False
+    copies: int = 1
+
+    def rank(self, k: int, p: int) -> int:
+        """The rank of chunk k (virtual stages in model order, copy by copy)."""
+        if self.folded:
+            return k if k < p else 2 * p - 1 - k
+        return k % p
+
+    def op_chunk(self, rank: np.ndarray, stage: np.ndarray, p: int) -> np.ndarray:
+        """The rank's chunk an order's op at (virtual) ``stage`` runs: stage // pp, or, with copies, the op's direction
+        (its stage is the rank's own r one way, pp - 1 - r the other; pp is even)."""
+        if self.copies > 1:
+            return (stage != rank).astype(stage.dtype)
+        return stage // p
+
+
+IN_ORDER = StageMap()
+FOLDED = StageMap(folded=True)
+MIRRORED = StageMap(folded=True, copies=2)
+
+
+@dataclass(frozen=True)
 class ScheduleTraits:
     """One pipeline schedule's facts, read by ``bubble_s``, ``warmup_microbatches``, ``in_flight`` and
     ``in_flight_chunks`` here, by the validation and layout of planner/parallel.py, the step's overlap defaults
@@ -662,9 +709,9 @@ class ScheduleTraits:
     # True: virtual_pipeline_stages >= 2 chunks per rank, interleaved (virtual stage k on rank k % pp), which
     # needs pp >= 2 and v >= 2; False: one chunk per rank unless ``v_shape``
     interleaved: bool = False
-    # True: exactly 2 chunks per rank folded in a V (virtual stage k on rank k, then 2·pp - 1 - k): ZBV, DualPipeV,
-    # and DualPipe's two directions
-    v_shape: bool = False
+    # how its chunks sit on the ranks (``StageMap``): folded, exactly 2 chunks per rank (virtual stage k on rank k,
+    # then 2·pp - 1 - k): ZBV, DualPipeV, and DualPipe's two copies of the model (``v_shape``, ``directions``)
+    stage_map: StageMap = IN_ORDER
     min_pp: int = 1  # the pipeline ranks it needs
     even_pp: str = ""  # where an even pp is required (the check's source), "" when any pp does
     title: str = ""  # its name in messages; "" is ``name``
@@ -673,14 +720,8 @@ class ScheduleTraits:
     # True: each forward runs beside another micro-batch's backward, hiding MoE's all-to-all behind the
     # other's compute (DeepSeek-V3 report §3.2.1, Figure 4): the default of overlap_moe_expert_parallel_comm
     overlaps_ep: bool = False
-    # the micro-batches split over this many directions, each crossing a rank boundary once (DualPipe: 2,
-    # dualpipe.py num_chunks // 2)
-    directions: int = 1
     # True: a stage runs all its forwards, then all its backwards (GPipe; torch ScheduleGPipe._step_microbatches)
     forwards_first: bool = False
-    # copies of the parameters a rank trains, each with its gradients; the optimizer steps them as one (DualPipe:
-    # 2, one per direction, DualPipe README table "Parameter 2x", DeepSeek-V3 report §3.2.1; DualPipeV: 1)
-    param_copies: int = 1
     source: str = ""  # its p2p calls' source; "" is the framework's schedule file (Flavour.pp_source)
     # True: the layout search tries it when the constraints name no schedule (planner/search/space.py); the
     # others only when listed
@@ -712,6 +753,22 @@ class ScheduleTraits:
     @property
     def label(self) -> str:
         return self.title or self.name
+
+    @property
+    def v_shape(self) -> bool:
+        """Exactly 2 chunks per rank folded in a V (``StageMap.folded``)."""
+        return self.stage_map.folded
+
+    @property
+    def directions(self) -> int:
+        """The micro-batches split over this many directions, each crossing a rank boundary once and running one
+        copy of the model (DualPipe: 2, dualpipe.py num_chunks // 2; ``StageMap.copies``)."""
+        return self.stage_map.copies
+
+    def passes(self, m: int) -> int:
+        """A rank's passes over all its chunks in a step of m micro-batches: m, or m / 2 with DualPipe's two copies
+        (each micro-batch runs one of the rank's two stages; a pass over both is one micro-batch each way)."""
+        return m // self.directions
 
     def orders_at(self, pp: int) -> bool:
         """Whether a pipeline of ``pp`` stages may be priced by running ``order`` (``order_priced``, the order written
@@ -767,22 +824,21 @@ register(
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
 _ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS,
        "wait_stand_ins": _STAND_INS, "order_priced": True}  # fmt: skip
-_DUALPIPE = {**_ZB, "v_shape": True, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
-# review r12a #3 (not mended, mend12a): DualPipe is laid out as DualPipeV (parallel.py rank_of: rank r holds chunks r
-# and 2p - 1 - r of a 2p split), so rank 0's every op carries the embedding and the head, loss and MTP and rank p - 1
-# neither; deepseek-ai/DualPipe examples/example_dualpipe.py builds rank r from stage r one way and p - 1 - r the
-# other of a pp-stage model (each end on half of ranks 0's and p - 1's ops). Measured by bench/dualpipe_ends.py (the
-# review's /tmp/r12a_dp.py and r12a_mem.py): DeepSeek-V3 at 64 layers, pp 8, m 16, 8 DGX H100
-_DUALPIPE_ENDS = (
-    "the stages laid out as DualPipeV's (rank 0 runs the embedding and the head, loss and MTP on every op, rank pp - 1 "
-    "neither), not DualPipe's own (examples/example_dualpipe.py: rank r runs stage r one way and pp - 1 - r the "
-    "other, each end on half of ranks 0's and pp - 1's ops): on DeepSeek-V3 at pp 8 the order's makespan 6.53 s "
-    "against 5.87 s with the ends split (+11%), rank 0's parameters 57.9 GB against 52.6 GB on a middle rank "
-    "(review r12a #3)"
+_DUALPIPE = {**_ZB, "stage_map": FOLDED, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
+# DualPipe's own layout (dualpipe13, review r12a #3): rank r runs stage r one way and pp - 1 - r the other of a pp-stage
+# model held twice (``MIRRORED``); until round 13 it was laid out as DualPipeV's 2·pp-stage V, rank 0 carrying the
+# embedding and the head, loss and MTP on every op (+11% pipeline on DeepSeek-V3 pp 8, docs/step-time.md "(mend12a)")
+_DUALPIPE_LAYOUT = (
+    "DualPipe's own layout (deepseek-ai/DualPipe examples/example_dualpipe.py): the model in pp stages held twice, "
+    "rank r running stage r for direction 0 and stage pp - 1 - r for direction 1, so ranks 0 and pp - 1 each hold one "
+    "embedding and one output layer and run each on half their micro-batches; the sum of the two copies' gradients "
+    "between ranks r and pp - 1 - r is not in the ledger"
 )
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
 register(
-    ScheduleTraits("zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, v_shape=True, order=_order_zbv, caveat=_caveat_zbv)
+    ScheduleTraits(
+        "zbv", _bubble_zbv, _warmup_v, _held_zbv, **_ZB, stage_map=FOLDED, order=_order_zbv, caveat=_caveat_zbv
+    )
 )
 register(
     ScheduleTraits(
@@ -790,12 +846,10 @@ register(
         _bubble_dualpipe,
         _warmup_v,
         _held_dualpipe,
-        **_DUALPIPE,
+        **{**_DUALPIPE, "stage_map": MIRRORED},
         even_pp="dualpipe.py: assert num_ranks % 2 == 0",
         title="DualPipe",
-        directions=2,
-        param_copies=2,
-        layout_caveat=_DUALPIPE_ENDS,
+        layout_caveat=_DUALPIPE_LAYOUT,
     )
 )
 register(ScheduleTraits("dualpipev", _bubble_dualpipev, _warmup_v, _held_dualpipev, **_DUALPIPE))
@@ -880,8 +934,11 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
 
 
 __all__ = [
+    "FOLDED",
+    "IN_ORDER",
     "IS_FORWARD",
     "IS_GRADIENT",
+    "MIRRORED",
     "OP_B",
     "OP_F",
     "OP_F_LATE",
@@ -895,6 +952,7 @@ __all__ = [
     "PipelineTime",
     "Schedule",
     "ScheduleTraits",
+    "StageMap",
     "StagePass",
     "bubble_s",
     "busiest_rank_s",

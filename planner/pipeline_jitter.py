@@ -118,9 +118,10 @@ class _Graph:
     last: np.ndarray
     split: int = 1
     blocks: int = 2
-    # each op's row of a per-(rank, chunk, block) duration table (``order_span``): ((rank·split + chunk)·blocks +
-    # block), the table's last row (p·split·blocks) for no time
+    # each op's row of a per-(rank, chunk, block) duration table (``order_span``): ((rank·chunks + chunk)·blocks +
+    # block), the table's last row (p·chunks·blocks) for no time
     cell: np.ndarray | None = None
+    chunks: int = 1  # the chunks of a rank in that table (v: DualPipe's two stages though a micro-batch runs one)
     # ``_sweep``'s per-level gather indices, laid out on its first sweep (``_levels_plan``) and shared by the copies
     # ``replace`` makes (the same dict): {0: plan}
     plan: dict = field(default_factory=dict, compare=False, repr=False)
@@ -220,12 +221,13 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     blocks = 4 if traits.splits_weights else 2
     at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
     split = max(1, v) // traits.directions  # the chunks a micro-batch visits on one rank
-    # virtual stage s is chunk s // p of its rank (Megatron's c·p + d, a V's r and 2p - 1 - r; DualPipe's two
-    # directions both below p: one chunk, the rank's whole stage)
-    cell = (np.arange(ops) // n * split + stage // p) * blocks + _ROW[op]
-    cell = np.where(_ROW[op] < 0, p * split * blocks, cell)[by_level].astype(np.int32)
+    # the rank's chunk an op runs (pipeline.StageMap.op_chunk: virtual stage s is chunk s // p, Megatron's c·p + d, a
+    # V's r and 2p - 1 - r; DualPipe's by the op's direction, stage r one way and p - 1 - r the other; dualpipe13)
+    chunks, rank = max(1, v), np.arange(ops) // n
+    cell = (rank * chunks + traits.stage_map.op_chunk(rank, stage, p)) * blocks + _ROW[op]
+    cell = np.where(_ROW[op] < 0, p * chunks * blocks, cell)[by_level].astype(np.int32)
     last = row[np.arange(p) * n + n - 1]
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell)
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell, chunks)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
@@ -532,21 +534,23 @@ SPAN_LOOP_CELLS = 22
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
 
 
-def chunk_table(passes: Sequence[StagePass], split: int, blocks: int) -> np.ndarray:
+def chunk_table(passes: Sequence[StagePass], split: int, blocks: int, copies: int = 1) -> np.ndarray:
     """The per-(rank, chunk, block) op times of ``_Graph.cell`` (blocks: forward, full backward, input gradient,
     weight gradient), one column: with one chunk the rank's F, B, B - W, W; with two (a V) chunk 0's forward the
     pass's ``fill_s`` and chunk 1's backward its ``drain_s`` (step.stage_passes: each chunk's real share, the
-    backward's share taken as the forward's), the other chunk the rest, W in the backward's shares."""
+    backward's share taken as the forward's), the other chunk the rest, W in the backward's shares. ``split``: the
+    rank's chunks; ``copies`` (pipeline.StageMap): DualPipe's 2, whose pass is a micro-batch's mean over its two
+    stages, so the chunks hold twice the pass (the stage each direction runs, dualpipe13)."""
     rows = []
     for x in passes:
         if split == 1:
             fwd, bwd = (x.forward_s,), (x.backward_s,)
         else:
-            fill, drain = x.ends(split)
-            fwd = (fill, *((x.forward_s - fill) / (split - 1),) * (split - 1))
-            bwd = (*((x.backward_s - drain) / (split - 1),) * (split - 1), drain)
+            fill, drain = x.ends(split, copies)
+            fwd = (fill, *((copies * x.forward_s - fill) / (split - 1),) * (split - 1))
+            bwd = (*((copies * x.backward_s - drain) / (split - 1),) * (split - 1), drain)
         for f, b in zip(fwd, bwd, strict=True):
-            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else 1 / split)
+            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else copies / split)
             rows.append((f, b, b - w, w)[:blocks])
     return np.append(np.array(rows, dtype=np.float64).ravel(), 0.0)[:, None]
 
@@ -663,8 +667,10 @@ def _run_orders(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> dict[tu
             continue
         found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
         found.setdefault(key, (passes, sched))
-    for (*_, run), (graph, pending) in groups.items():
-        tables = [chunk_table(passes, graph.split, graph.blocks) for passes, _ in pending.values()]
+    for group, (graph, pending) in groups.items():
+        kind, run = group[0], group[-1]
+        copies = schedule_traits(kind).directions
+        tables = [chunk_table(passes, graph.chunks, graph.blocks, copies) for passes, _ in pending.values()]
         if _loops_cheaper(len(pending), len(graph.at), len(graph.bounds) - 1):
             spans = [_span_one(graph, table[:, 0].tolist()) for table in tables]
         else:

@@ -196,7 +196,8 @@ def build_plan(
     pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
     pricer = _pricer(cluster, layout, pricing)
     priced = [row for call in prepared.calls for row in _price_by_stage(call, pricer)]
-    plan = Plan(par.world_size, ctx.micro_batches, priced, par.pp, prepared.params_total, cluster_summary(cluster))
+    m = ctx.schedule_micro_batches
+    plan = Plan(par.world_size, m, priced, par.pp, prepared.params_total, cluster_summary(cluster))
     plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
     plan.warnings += model.notes  # what the model's source leaves out (a config.json's vision encoder, ...)
@@ -207,7 +208,7 @@ def build_plan(
         return plan
     plan.step = step_time(ctx, priced, gpu, options.overlap, options.timeline, cluster_spec.pcie_bandwidth_GBps)
     plan.memory = memory(ctx, gpu, priced)
-    plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, ctx.micro_batches)
+    plan.warnings += plan.memory.warnings() + _bubble_warning(plan.step, par, m)
     plan.warnings += _mfu_warning(plan.step, ctx) + plan.step.warnings
     return plan
 

@@ -250,7 +250,7 @@ def schedule_of(
     return Schedule(
         par.pipeline_schedule,
         par.pp,
-        ctx.micro_batches,
+        ctx.schedule_micro_batches,
         par.chunks_per_rank,
         p2p_s,
         overlap_p2p,
@@ -1064,7 +1064,7 @@ def critical_path(
     sum over stages of each pass's growth / v). ``shares``: stage_passes's."""
     passes = stage_passes(ctx, stages, gpu, shares)
     pipe = pipeline_time(passes, sched)
-    v = max(1, sched.chunks)
+    v = max(1, sched.chunks) // sched.traits.directions  # a chunk's share of the pass (DualPipe's: a whole stage)
     dp, gathers, ends = [], [], []
     hbm_eff = 0.0 if bound else efficiency(gpu, None).hbm
     slows, late = [], []  # per stage: both slowdowns (reported), the first forward's (after the optimizer step)
@@ -1098,8 +1098,10 @@ def _document_wait_s(ctx: Context, stages: list[StageStep], sched: Schedule) -> 
     attention = comp.forward.attention_s + comp.backward.attention_s
     host = comp.forward.host_s + comp.backward.host_s
     token = comp.forward.total_s + comp.backward.total_s - attention - host
-    passes = (comp.forward.total_s, comp.backward.total_s)
-    return document_wait_s(ctx, sched, passes, token, attention, comp.forward.gemm_s)  # W: stage_passes' weight_s
+    copies = sched.traits.directions  # DualPipe's stage step is a micro-batch each way: its mean a micro-batch
+    passes = (comp.forward.total_s / copies, comp.backward.total_s / copies)
+    token, attention = token / copies, attention / copies
+    return document_wait_s(ctx, sched, passes, token, attention, comp.forward.gemm_s / copies)  # stage_passes' W
 
 
 def _dp_slowdown(
@@ -1132,12 +1134,13 @@ def _training(
     # the breakdown is reported for the stage that sets the pace: the most work per iteration
     crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))
     st = stages[crit]
-    m = sched.microbatches
+    # a rank's passes over its chunks (DualPipe's: one micro-batch each way, m / 2 of them; pipeline.StageMap)
+    runs, copies = sched.passes, sched.traits.directions
     # compute as it runs: slowed by the communication hidden behind it (planner/contention.py)
     passes_s = st.compute.forward.total_s + st.slow_fwd_s + st.compute.backward.total_s + st.slow_bwd_s
-    compute = m * passes_s + st.compute.optimizer_s + st.slow_dp_s
+    compute = runs * passes_s + st.compute.optimizer_s + st.slow_dp_s
     exposed = (
-        m * (st.fwd_comm_s + st.bwd_comm_s + steady_wait(sched))
+        runs * (st.fwd_comm_s + st.bwd_comm_s + copies * steady_wait(sched))
         + 2 * (sched.stages - 1) * sched.p2p_s
         + st.exposed_dp_s
         + st.tail_s
@@ -1169,15 +1172,18 @@ def stage_passes(
     backward taken as its share of the forward), and W, the weight-gradient GEMMs the zero-bubble schedules
     defer: as many FLOPs as the forward GEMMs (Qi et al. 2024 §2), so the forward's GEMM time. ``shares``:
     chunk_shares of each stage, when the caller has them (the layout search memoises them on
-    stage_compute_key and chunk_shares_key); None computes them."""
+    stage_compute_key and chunk_shares_key); None computes them. Under DualPipe (``StageMap.copies`` 2) a stage's
+    step is one micro-batch each way, its first chunk the stage direction 0 runs and its last the one direction 1
+    runs: the pass is half of it (a micro-batch's mean), the fill and drain those whole stages (dualpipe13)."""
     out = []
+    copies = ctx.par.schedule.directions  # DualPipe: a stage step is one micro-batch each way (Context.micro_batches)
     for st in stages:
         share = chunk_shares(ctx, st, gpu) if shares is None else shares[st.stage]
         fwd, bwd = st.forward_s, st.backward_s
         fill = drain = None
         if share is not None:
             fill, drain = fwd * share[0], bwd * share[-1]
-        out.append(StagePass(fwd, bwd, fill, drain, st.compute.forward.gemm_s))
+        out.append(StagePass(fwd / copies, bwd / copies, fill, drain, st.compute.forward.gemm_s / copies))
     return out
 
 
@@ -1281,7 +1287,7 @@ def _pass_comm_events(compute: list[dict], stages: list[StageStep], sched: Sched
       compute, not added to it) from the block's start.
 
     Where inside a pass a call or the recompute runs is schematic: the step model gives each pass's amounts."""
-    v = max(1, sched.chunks)
+    v = max(1, sched.chunks) * sched.traits.directions  # DualPipe's stage step holds two micro-batches' amounts
     out = []
     streams: dict[int, tuple] = {}  # per stage, its streams in drawing order (sorted once, not per block)
     for ev in compute:

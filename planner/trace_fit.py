@@ -7,9 +7,10 @@ tables):
 - **The clock, the GEMM ceiling per dtype and the GEMM fixed cost**: every host GEMM operator with recorded shapes
   (profile_trace.gemm_shape) is one point, its measured time the sum of the kernels it launched (a split-K GEMM's
   reduction included); the grid chooses ``gemm_fixed_s`` with each dtype's median centred out. A trace records no
-  clock, and a GEMM's time goes as 1 / (clock x ceiling): where the GPU's generation has a measured ceiling for
-  a dtype (kernels.GEMM_CEILING, measured at known clocks), that ceiling is kept and the median of those GEMMs
-  fits the tensor ``clock`` (a fraction of the datasheet clock, kernels.clock_fraction); a dtype without one
+  clock, and a GEMM's time goes as 1 / (clock x ceiling): where a measured table gives the GPU a ceiling for a
+  dtype (kernels.tabled_ceiling: the part's own or its generation's GEMM_CEILING, measured at known clocks), that
+  ceiling is kept and the median of those GEMMs fits the tensor ``clock`` (a fraction of the datasheet clock,
+  kernels.clock_fraction); a dtype without one
   (tf32 on an A100) fits its own ceiling at that clock. k0 and SM fill, shape terms a trace's few shapes cannot
   separate, stay the tables'. torch._grouped_mm points (profile_trace.grouped_shape) are predicted and shown, not
   fitted: their main loop is GROUPED_GEMM_K0's.
@@ -45,7 +46,6 @@ from collectives.topology.gpu import GPUSpec
 from .kernel_fit import class_scales, fit_grid, log_errors
 from .kernels import (
     DATASHEET_CLOCK_MHZ,
-    GEMM_CEILING,
     GROUPED_GEMM_K0,
     KERNEL_CONSTANTS,
     Efficiency,
@@ -61,6 +61,7 @@ from .kernels import (
     group_rows,
     memory_kernel,
     sustained_clock,
+    tabled_ceiling,
 )
 from .profile_trace import (
     HostLaunch,
@@ -441,7 +442,7 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
     that clock, each scaled to its median (three rounds: the fixed cost and the HBM bound make the time not quite
     1 / (clock x ceiling))."""
     gen = generation(gpu)
-    tabled = [p for p in gemms if (gen, p.dtype) in GEMM_CEILING]
+    tabled = [p for p in gemms if tabled_ceiling(gpu, p.dtype) is not None]
     clock, fixed = clock_fraction(gpu, "bf16"), None
     for _ in range(FIT_ROUNDS):  # the fixed cost is chosen at a clock, the clock at a fixed cost: until both settle
         at = with_clock(gpu, clock)
@@ -466,7 +467,7 @@ def _fit_gemms(gemms, gpu, eff, warnings) -> tuple[Efficiency, GPUSpec, dict]:
                 "before the cap pulls the clock down. A plan with this clock is the burst's; profile after ~30 s of "
                 "training, or drop calibration.kernels.clock to plan at the sustained clock"
             )
-    rest = [p for p in gemms if (gen, p.dtype) not in GEMM_CEILING]
+    rest = [p for p in gemms if tabled_ceiling(gpu, p.dtype) is None]
     ceilings = {d: gemm_ceiling(gpu, d, eff) for d in sorted({p.dtype for p in rest})}
     for _ in range(3 if ceilings else 0):
         trial = replace(eff, gemm_ceilings=tuple(ceilings.items()))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .._errors import CollectiveError
 from ..primitives import Op, check_count
-from ..schedule import Schedule
+from ..schedule import Layout, Schedule
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,12 @@ class Cost:
         """The alpha-beta time (Hockney; Thakur, Rabenseifner & Gropp 2005): a latency per step plus the
         busiest rank's bytes at the link's inverse bandwidth. Reduction compute (gamma) is not charged."""
         return self.steps * alpha_s + max(self.bytes_sent, self.bytes_received) * beta_s_per_byte
+
+
+def schedule_of(req: Request, algorithm: str, layout: Layout, make_steps, make_classes=None, **kw) -> Schedule:
+    """``req``'s schedule under ``algorithm``: the request's op, group size, count and itemsize, as every builder
+    hands them on (``kw``: Schedule's ``num_virtual``, ``root``)."""
+    return Schedule(req.op, algorithm, req.num_ranks, req.count, req.itemsize, layout, make_steps, make_classes, **kw)
 
 
 def allreduce_lower_bound(num_ranks: int, message_bytes: int) -> int:

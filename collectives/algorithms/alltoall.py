@@ -14,7 +14,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op
 from ..schedule import Schedule, Step, StepClass, Transfers
-from ._base import Cost, Request, register, share
+from ._base import Cost, Request, register, schedule_of, share
 
 
 def _own_block_copy(n: int) -> Transfers:
@@ -49,7 +49,7 @@ def pairwise_alltoall(req: Request) -> Schedule:
             peer = (r + k) % n
             yield Step.of(Transfers.of(r, peer, peer, n + r, False))
 
-    return Schedule(req.op, "pairwise", n, req.count, req.itemsize, layouts.alltoall(req.count, n), steps)
+    return schedule_of(req, "pairwise", layouts.alltoall(req.count, n), steps)
 
 
 @register(
@@ -73,4 +73,4 @@ def direct_alltoall(req: Request) -> Schedule:
         return [StepClass.every_pair(1, np.zeros(n, dtype=np.int64), slot_bytes[:n])]
 
     layout = layouts.alltoall(req.count, n)
-    return Schedule(req.op, "direct", n, req.count, req.itemsize, layout, steps, classes)
+    return schedule_of(req, "direct", layout, steps, classes)

@@ -15,7 +15,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op
 from ..schedule import Schedule, Step, Transfers
-from ._base import Cost, Request, ceil_log2, register
+from ._base import Cost, Request, ceil_log2, register, schedule_of
 
 
 def broadcast_steps(n: int, root: int):
@@ -33,9 +33,7 @@ def reduce_steps(n: int, root: int):
 def _rooted(req: Request, steps_fn) -> Schedule:
     layout = layouts.chunked(req.op, req.count, 1, req.root)
     n = req.num_ranks
-    return Schedule(
-        req.op, "binomial_tree", n, req.count, req.itemsize, layout, lambda: steps_fn(n, req.root), root=req.root
-    )
+    return schedule_of(req, "binomial_tree", layout, lambda: steps_fn(n, req.root), root=req.root)
 
 
 def _cost_broadcast(req: Request) -> Cost:
@@ -77,4 +75,4 @@ def binomial_allreduce(req: Request) -> Schedule:
         yield from broadcast_steps(n, 0)
 
     layout = layouts.chunked(Op.ALLREDUCE, req.count, 1)
-    return Schedule(req.op, "binomial_tree", n, req.count, req.itemsize, layout, steps)
+    return schedule_of(req, "binomial_tree", layout, steps)

@@ -17,7 +17,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op
 from ..schedule import Schedule, Step, Transfers
-from ._base import Cost, Request, ceil_log2, register, share
+from ._base import Cost, Request, ceil_log2, register, schedule_of, share
 
 
 def _cost_allgather(req: Request) -> Cost:
@@ -44,7 +44,7 @@ def bruck_allgather(req: Request) -> Schedule:
             src = np.broadcast_to((r + dist) % n, blocks.shape)
             yield Step.of(Transfers.of(src, np.broadcast_to(r, blocks.shape), blocks, blocks, False))
 
-    return Schedule(req.op, "bruck", n, req.count, req.itemsize, layout, steps)
+    return schedule_of(req, "bruck", layout, steps)
 
 
 def _cost_alltoall(req: Request) -> Cost:
@@ -77,4 +77,4 @@ def bruck_alltoall(req: Request) -> Schedule:
             yield Step.of(Transfers.of(src, (src + (1 << k)) % n, work + pos, work + pos, False))
         yield Step.of(Transfers.of(rank, rank, work + i, n + (r - i) % n, False))
 
-    return Schedule(req.op, "bruck", n, req.count, req.itemsize, layout, steps)
+    return schedule_of(req, "bruck", layout, steps)

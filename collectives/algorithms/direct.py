@@ -14,7 +14,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, StepClass, Transfers
-from ._base import Cost, Request, register
+from ._base import Cost, Request, register, schedule_of
 
 
 def _cost_sendrecv(req: Request) -> Cost:
@@ -24,9 +24,7 @@ def _cost_sendrecv(req: Request) -> Cost:
 @register("direct", Op.SENDRECV, cost=_cost_sendrecv, formula="α + M·β", source="NCCL ncclSend/ncclRecv")
 def direct_sendrecv(req: Request) -> Schedule:
     layout = layouts.sendrecv(req.count)
-    return Schedule(
-        req.op, "direct", 2, req.count, req.itemsize, layout, lambda: iter([Step.of(Transfers.of(0, 1, 0, 0, False))])
-    )
+    return schedule_of(req, "direct", layout, lambda: iter([Step.of(Transfers.of(0, 1, 0, 0, False))]))
 
 
 def _others_bytes(req: Request) -> tuple[int, int]:
@@ -57,9 +55,7 @@ def _linear(req: Request, to_root: bool) -> Schedule:
     others = _others(req)
     src, dst = (others, req.root) if to_root else (req.root, others)
     step = Step.of(Transfers.of(src, dst, others, others, False))
-    return Schedule(
-        req.op, "direct", req.num_ranks, req.count, req.itemsize, layout, lambda: iter([step]), root=req.root
-    )
+    return schedule_of(req, "direct", layout, lambda: iter([step]), root=req.root)
 
 
 for _op, _to_root, _what in ((Op.GATHER, True, "gather"), (Op.SCATTER, False, "scatter")):
@@ -117,7 +113,7 @@ def _mesh(req: Request, layout, parts) -> Schedule:
                 out = out + slot_bytes[:n]
         return [StepClass.every_pair(len(parts), out, into)]
 
-    return Schedule(req.op, "direct", n, req.count, req.itemsize, layout, steps, classes)
+    return schedule_of(req, "direct", layout, steps, classes)
 
 
 _MESH_SOURCE = "HCCL mesh algorithm on full-mesh NPU boards; TensorRT-LLM two-shot allreduce"

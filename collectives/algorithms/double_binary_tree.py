@@ -18,7 +18,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, StepClass, Transfers
-from ._base import Cost, Request, pipeline_chunks, register
+from ._base import Cost, Request, pipeline_chunks, register, schedule_of
 
 
 def btree_parents(n: int) -> np.ndarray:
@@ -133,16 +133,7 @@ def double_binary_tree_allreduce(req: Request) -> Schedule:
         for s in range(max(len(t) for t in trees)):
             yield Step.of(*(x for t in trees if s < len(t) for x in t[s]))
 
-    return Schedule(
-        req.op,
-        "double_binary_tree",
-        n,
-        req.count,
-        req.itemsize,
-        layout,
-        steps,
-        lambda slot_bytes: _pipelined_class(n, k, slot_bytes),
-    )
+    return schedule_of(req, "double_binary_tree", layout, steps, lambda slot_bytes: _pipelined_class(n, k, slot_bytes))
 
 
 def _pipelined_class(n: int, k: int, slot_bytes: np.ndarray) -> list[StepClass]:

@@ -21,7 +21,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, Transfers
-from ._base import Cost, Request, floor_pow2, register
+from ._base import Cost, Request, floor_pow2, register, schedule_of
 from .recursive_doubling import block_exchange, fold_in, fold_out, recursive_doubling
 
 
@@ -81,7 +81,7 @@ def _rabenseifner(req: Request, layout, doubling: bool) -> Schedule:
             extra = np.arange(p, n)
             yield Step.of(Transfers.of(extra - p, extra, extra, extra, False))
 
-    return Schedule(req.op, "halving_doubling", n, req.count, req.itemsize, layout, steps)
+    return schedule_of(req, "halving_doubling", layout, steps)
 
 
 def _cost(req: Request, doubling: bool) -> Cost:

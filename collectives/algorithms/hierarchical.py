@@ -22,7 +22,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op
 from ..schedule import Schedule, Step, StepClass, Transfers
-from ._base import Cost, Request, register, share
+from ._base import Cost, Request, register, schedule_of, share
 from .ring import ring_pass_class, ring_pass_steps
 
 
@@ -75,7 +75,7 @@ def _phases(req: Request, plan: list[tuple[str, bool]]):
 
 def _hierarchical(req: Request, layout, plan) -> Schedule:
     steps, classes = _phases(req, plan)
-    return Schedule(req.op, "hierarchical", req.num_ranks, req.count, req.itemsize, layout, steps, classes)
+    return schedule_of(req, "hierarchical", layout, steps, classes)
 
 
 def _levels(req: Request) -> tuple[int, int]:
@@ -177,4 +177,4 @@ def hierarchical_alltoall(req: Request) -> Schedule:
             out.append(StepClass.every_pair(1, none, into, rank % g, "one send per remote node"))
         return out
 
-    return Schedule(req.op, "hierarchical", n, req.count, req.itemsize, layout, steps, classes)
+    return schedule_of(req, "hierarchical", layout, steps, classes)

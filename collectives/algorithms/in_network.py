@@ -14,7 +14,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op, block_sizes
 from ..schedule import Schedule, Step, Transfers, compress, merge
-from ._base import Cost, Request, register
+from ._base import Cost, Request, register, schedule_of
 
 _SOURCE = "NCCL NVLS (2.17+); Graham et al. 2016 (SHARP)"
 
@@ -42,7 +42,7 @@ def _schedule(req: Request, layout, body) -> Schedule:
     def classes(slot_bytes):
         return merge(compress(steps(), slot_bytes), "pipelined up and down")
 
-    return Schedule(req.op, "in_network", req.num_ranks, req.count, req.itemsize, layout, steps, classes, num_virtual=1)
+    return schedule_of(req, "in_network", layout, steps, classes, num_virtual=1)
 
 
 def _cost_allreduce(req: Request) -> Cost:

@@ -19,7 +19,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op
 from ..schedule import Schedule, Step, Transfers
-from ._base import Cost, Request, floor_pow2, need_pow2, register, share
+from ._base import Cost, Request, floor_pow2, need_pow2, register, schedule_of, share
 
 
 def fold_in(n: int, slots, reduce: bool = True) -> Step:
@@ -100,7 +100,7 @@ def exchange_allreduce(req: Request, algorithm: str, peers: Callable[[int, int],
     def steps():
         return folded(n, [0], (exchange_and_reduce(peers(p, s)) for s in range(p.bit_length() - 1)))
 
-    return Schedule(req.op, algorithm, n, req.count, req.itemsize, layout, steps)
+    return schedule_of(req, algorithm, layout, steps)
 
 
 def register_exchange_allreduce(
@@ -143,4 +143,4 @@ def recursive_doubling_allgather(req: Request) -> Schedule:
     n = req.num_ranks
     layout = layouts.blocked(Op.ALLGATHER, req.count, n)
     steps = partial(recursive_doubling, np.arange(n), n)
-    return Schedule(req.op, "recursive_doubling", n, req.count, req.itemsize, layout, steps)
+    return schedule_of(req, "recursive_doubling", layout, steps)

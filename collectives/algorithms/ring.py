@@ -18,7 +18,7 @@ import numpy as np
 from .. import layouts
 from ..primitives import Op
 from ..schedule import Schedule, Step, StepClass, Transfers
-from ._base import Cost, Request, pipeline_chunks, register, share
+from ._base import Cost, Request, pipeline_chunks, register, schedule_of, share
 
 
 def ring_pass_steps(members: np.ndarray, chunks: np.ndarray, reduce: bool) -> Iterator[Step]:
@@ -63,7 +63,7 @@ def _ring_schedule(req: Request, layout, phases: list[bool]) -> Schedule:
             for reduce in phases
         ]
 
-    return Schedule(req.op, "ring", req.num_ranks, req.count, req.itemsize, layout, steps, classes)
+    return schedule_of(req, "ring", layout, steps, classes)
 
 
 def _cost_allreduce(req: Request) -> Cost:
@@ -127,4 +127,4 @@ def ring_broadcast(req: Request) -> Schedule:
             live = (chunk >= 0) & (chunk < num_chunks)
             yield Step.of(Transfers.of(chain[j[live]], chain[j[live] + 1], chunk[live], chunk[live], False))
 
-    return Schedule(req.op, "ring", n, req.count, req.itemsize, layout, steps, root=req.root)
+    return schedule_of(req, "ring", layout, steps, root=req.root)

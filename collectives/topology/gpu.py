@@ -13,6 +13,8 @@ The GPU as it runs: ``sms`` (streaming multiprocessors: the GEMM model's tiles f
 None = the default). Under a lower limit the tensor cores run at a lower sustained clock: ``clock_scale``.
 ``sustained_clock``: the tensor clock a training step holds at the default limit, measured on this very part
 (SustainedClock, with its source); None = the generation's (planner/kernels.py SUSTAINED_CLOCK, FP8_CLOCK).
+``gemm_table``: GEMM ceilings fitted on this part's own measured GEMM table (MeasuredGemm, with its source); None =
+the generation's (planner/kernels.py GEMM_CEILING).
 ``kernel_constants``: what a profiler trace fitted for this GPU (the planner's kernel model reads them).
 ``host_cpu``: the CPU of the node the GPU sits in (spec.CPU_VENDORS: intel, amd, arm), which launches its kernels;
 the cluster sets it from its ``cpu_vendor`` (spec.ClusterSpec), the planner's host costs read it
@@ -49,6 +51,16 @@ class SustainedClock:
 
 
 @dataclass(frozen=True)
+class MeasuredGemm:
+    """GEMM ceilings fitted on one part's own measured GEMM table: ``ceilings`` as (GEMM dtype, fraction of the
+    datasheet dense peak) pairs, ``source`` the table and the fit. Opaque here: planner/kernels.py gemm_ceiling reads
+    it (after a trace's fitted ceilings, before the generation's GEMM_CEILING)."""
+
+    ceilings: tuple[tuple[str, float], ...]
+    source: str
+
+
+@dataclass(frozen=True)
 class GPUSpec:
     name: str
     peak_tflops: dict[str, float] = field(default_factory=dict)  # dense, per dtype
@@ -69,6 +81,8 @@ class GPUSpec:
     host_cpu: str = "intel"
     # the tensor clock measured on this part in a training step; None = its generation's (the module docstring)
     sustained_clock: SustainedClock | None = None
+    # GEMM ceilings fitted on this part's own measured table; None = its generation's (the module docstring)
+    gemm_table: MeasuredGemm | None = None
 
     def clock_scale(self) -> float:
         """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
@@ -93,7 +107,7 @@ class GPUSpec:
 
 def _gpu_hash(gpu: GPUSpec) -> int:
     fields = (gpu.name, tuple(sorted(gpu.peak_tflops.items())), gpu.hbm_bytes, gpu.hbm_GBps, gpu.sm, gpu.sms)
-    return hash((*fields, gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu, gpu.sustained_clock))
+    return hash((*fields, gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu, gpu.sustained_clock, gpu.gemm_table))
 
 
 def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):
@@ -162,6 +176,29 @@ _H200_CLOCK = SustainedClock(
     "this project's H200 run 2 by throughput (bench/h200_power.py effective_clocks): 1,461 MHz layer, "
     "fp8 GEMMs 1,367 / bf16 1,411 MHz",
 )
+# GB200, B300 and GB300 GEMMs from their own measured tables: NVIDIA aiconfigurator (Apache-2.0, commit 095f58a5),
+# systems gb200 / b300_sxm / gb300, gemm/trtllm/1.3.0rc20 (TensorRT-LLM's torch flow: cuBLASLt; DeepGEMM for
+# fp8_block), the B200 table's (b200_sxm) source, grid and version; extract tests/reference/kernels/
+# aiconfigurator_gemm_parts.json (bench/aiconfigurator_extract.py). Fitted by bench/kernel_fit.py own_ceilings with the
+# global k0, fill and fixed cost kept: the generation's ceiling (planner/kernels.py GEMM_CEILING, fitted on b200_sxm)
+# scaled, per table class (bf16; fp8_block, which per-tensor fp8 and MXFP8 take as the generation does; nvfp4), until
+# the part's table is predicted with the B200 table's median bias. The datasheet peaks stay; the ceiling carries what
+# the tables measured: the GB200's bf16 GEMMs run a median 4.9% faster than the B200's (p10-p90 0.97-1.13x), not the
+# 11% of their datasheet peaks (2,500 / 2,250 TF). B300 / GB300 nvfp4 (datasheet 1.5x / 1.67x the B200's fp4) measure
+# 1.03x / 1.06x in median (1.15x / 1.22x at m, n, k >= 4,096): their ceilings (0.246, 0.227) fit the median, and price
+# those large nvfp4 GEMMs 28-33% slow; docs/step-time.md "GB200 and B300 GEMMs from their own tables (blackwell13)".
+_AIC_PARTS = "aiconfigurator 095f58a5 {} gemm/trtllm/1.3.0rc20 (bench/kernel_fit.py own_ceilings, over b200_sxm's)"
+
+
+def _measured_gemm(system: str, bf16: float, fp8: float, nvfp4: float) -> MeasuredGemm:
+    """bf16, block-scaled fp8 (per-tensor fp8 and MXFP8 too) and nvfp4 ceilings of one part's table."""
+    ceilings = (("bf16", bf16), ("fp8", fp8), ("fp8_block", fp8), ("mxfp8", fp8), ("nvfp4", nvfp4))
+    return MeasuredGemm(ceilings, _AIC_PARTS.format(system))
+
+
+_GB200_GEMM = _measured_gemm("gb200", 0.699, 0.603, 0.392)
+_B300_GEMM = _measured_gemm("b300_sxm", 0.765, 0.694, 0.246)
+_GB300_GEMM = _measured_gemm("gb300", 0.797, 0.679, 0.227)
 # fmt: off
 GPUS: dict[str, GPUSpec] = {
     "a100-sxm4-80gb": _A100,
@@ -195,17 +232,17 @@ GPUS: dict[str, GPUSpec] = {
     ),
     "h20-96gb": _H20,
     "b200-180gb": _B200,
-    "gb200-186gb": _GB200,
+    "gb200-186gb": replace(_GB200, gemm_table=_GB200_GEMM),
     "b300-288gb": replace(
         _B200, name="B300 288GB", peak_tflops=_B200.peak_tflops | {"fp4": 13500.0}, hbm_bytes=288 * GB, sms=160,
-        tdp_w=1100,
+        tdp_w=1100, gemm_table=_B300_GEMM,
         source="NVIDIA HGX B300 datasheet (2025): per 8 GPUs 36 PF bf16 and 72 PF fp8 with sparsity (2.25 / 4.5 PF "
         "dense per GPU), 108 PF dense fp4 (13.5 PF per GPU), 2.3 TB HBM3e; 1,100 W per GPU; 160 SMs (NVIDIA "
         "technical blog 'Inside NVIDIA Blackwell Ultra', 2025)",
     ),
     "gb300-288gb": replace(
         _GB200, name="B300 in GB300 NVL72", peak_tflops=_GB200.peak_tflops | {"fp4": 15000.0}, hbm_bytes=288 * GB,
-        sms=160, tdp_w=1400,
+        sms=160, tdp_w=1400, gemm_table=_GB300_GEMM,
         source="NVIDIA GB300 NVL72 datasheet (2025): per 72 GPUs 360 PF bf16 and 720 PF fp8 with sparsity (2.5 / 5 "
         "PF dense per GPU), 1,080 PF dense fp4 (15 PF per GPU), 20 TB HBM3e at 576 TB/s; 1,400 W per GPU; 160 SMs",
     ),
@@ -235,12 +272,13 @@ def nested_constants(pairs: tuple[tuple[str, float], ...]) -> dict:
 
 
 def measured_preset(gpu: GPUSpec) -> str | None:
-    """The preset (GPUS) whose measured sustained clock ``gpu`` carries, if any: a request block given field by field
-    names it (``preset``), so that the clock, which no request field carries, comes back when the block is pasted
-    (spec.spec_block)."""
-    if gpu.sustained_clock is None:
+    """The preset (GPUS) whose measured sustained clock and GEMM table ``gpu`` carries, if any: a request block given
+    field by field names it (``preset``), so that what it measured, which no request field carries, comes back when
+    the block is pasted (spec.spec_block)."""
+    measured = (gpu.sustained_clock, gpu.gemm_table)
+    if measured == (None, None):
         return None
-    return next((k for k, g in GPUS.items() if g.sustained_clock == gpu.sustained_clock), None)
+    return next((k for k, g in GPUS.items() if (g.sustained_clock, g.gemm_table) == measured), None)
 
 
 def gpu_preset(name: str) -> GPUSpec:

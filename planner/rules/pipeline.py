@@ -34,8 +34,8 @@ def calls(ctx: Context) -> list[Call]:
     message = ctx.activation // (ctx.par.tp if ctx.par.sp or gather else 1)
     src = ctx.par.schedule.source or ctx.flavour.pp_source
     out = []
-    # DualPipe: each micro-batch crosses each rank once, half of them each way (dualpipe.py num_chunks // 2)
-    halves = ctx.par.schedule.directions if ctx.training else 1
+    # m: a rank's passes over its chunks (Context.micro_batches); DualPipe's pass is one micro-batch each way, each
+    # crossing each boundary once (dualpipe.py num_chunks // 2 a direction), its chunks' sends one of each
     shapes = mtp_standalone(ctx)
     for stage, (fwd, bwd) in enumerate(boundary_sends(ctx)):
         for phase, sends, name in (("forward", fwd, "pp.activation"), ("backward", bwd, "pp.activation_grad")):
@@ -43,15 +43,13 @@ def calls(ctx: Context) -> list[Call]:
                 continue
             for (pairs, width), count in sorted(sends.items()):
                 tensor = name + (".mtp" if width > 1 else "")  # in the hidden states' dtype (Context.activation)
-                out.append(
-                    _send(tensor, phase, message * width, count * m // halves, pairs, src, stage, ctx.hidden_dtype)
-                )
+                out.append(_send(tensor, phase, message * width, count * m, pairs, src, stage, ctx.hidden_dtype))
             if shapes:
-                out += _shape_sends(ctx, stage, phase, sends, m // halves)
+                out += _shape_sends(ctx, stage, phase, sends, m)
             if gather:
-                out += _gathers(ctx, stage, phase, sends, message, m // halves)
+                out += _gathers(ctx, stage, phase, sends, message, m)
             if gather and phase == "forward" and ctx.training and ctx.flavour.pp_regathers_output:
-                out += _regathers(ctx, stage, sends, message, m // halves)
+                out += _regathers(ctx, stage, sends, message, m)
     # MTP modules read the word embedding on the last stage too: Megatron-Core finalize_model_grads.py
     # _get_shared_word_embedding_weight reduces it "if share_embeddings_and_output_weights or mtp_num_layers"
     shared = ctx.model.tied_embeddings or ctx.model.mtp_layers > 0

@@ -642,7 +642,7 @@ class StepModel:
                     return found
 
                 worst = max(layers_s(self._layer_counts(v, b, rc, k, s), layer) for k, s in v.floor_keys)
-                out.append(self._schedule(v, b).microbatches * worst * FLOOR_SHAVE)
+                out.append(self._schedule(v, b).passes * worst * FLOOR_SHAVE)  # DualPipe: m / 2 of both stages
             floors = memos.put(memos.arrays, key, np.array(out, dtype=np.float64))
         return floors
 

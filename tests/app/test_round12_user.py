@@ -11,6 +11,7 @@ import pytest
 from app.cli import main
 from collectives.topology.spec import NETWORK_KINDS
 from planner.parallel import parse_layout
+from planner.pipeline import schedule_traits
 
 COMMANDS = ["plan", "search", "sweep", "calibrate", "serve-plan", "serve-search", "serve"]
 
@@ -77,5 +78,7 @@ def test_the_assumptions_say_the_chunks_a_rank_runs(api, parallel, chunks):
     assert answer.status_code == 200, answer.text
     rows = {a["field"]: a["value"] for a in answer.json()["assumptions"]}
     assert rows["parallel.virtual_pipeline_stages"] == chunks
-    # the layout row's chunks (Megatron's notation, "(t*10|)*5" unrolled): pp x the chunks a rank runs
-    assert len(parse_layout(rows["parallel.pipeline_layout"])) == 4 * int(chunks)
+    # the layout row's chunks (Megatron's notation, "(t*10|)*5" unrolled): pp x the chunks a rank runs; DualPipe's
+    # row names one copy of the model, pp stages each held twice (pipeline.StageMap MIRRORED, dualpipe13)
+    copies = schedule_traits(parallel["pipeline_schedule"]).directions
+    assert len(parse_layout(rows["parallel.pipeline_layout"])) * copies == 4 * int(chunks)

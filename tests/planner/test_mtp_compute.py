@@ -129,9 +129,10 @@ def test_mfu_numerator_counts_mtp_as_megatron():
 
 
 def test_deepseek_v3_as_reported_by_hand():
-    """DeepSeek-V3 as reported (PP16 DualPipe, tp 1, tests/app/test_published_layouts.py): the loss's rank 0
-    runs a second LM head per micro-batch, 2 x 4,096 x 129,280 x 7,168 = 7.59e12 FLOPs forward; the module's
-    rank 1 ("m" in chunk 30) eh_proj's 2 x 4,096 x 14,336 x 7,168 = 0.84e12 beside its MoE layer."""
+    """DeepSeek-V3 on Megatron-Core's recipe layout (PP16 x 2 chunks in a V, tp 1; DualPipeV, the schedule that runs
+    a 2·pp-chunk V: DualPipe's own layout takes pp stages since dualpipe13): the loss's rank 0 runs a second LM head
+    per micro-batch, 2 x 4,096 x 129,280 x 7,168 = 7.59e12 FLOPs forward; the module's rank 1 ("m" in chunk 30)
+    eh_proj's 2 x 4,096 x 14,336 x 7,168 = 0.84e12 beside its MoE layer."""
     mdl = model_preset("deepseek-v3")
     work = WorkloadSpec(
         micro_batch_size=1, global_batch_size=15360, seq_length=S, fp8_recipe="blockwise",
@@ -139,7 +140,7 @@ def test_deepseek_v3_as_reported_by_hand():
         recompute_modules=("layernorm", "mla_up_proj", "moe_act"),
     )  # fmt: skip
     par = ParallelSpec(
-        tp=1, pp=16, dp=128, ep=64, zero_stage=1, pipeline_schedule="dualpipe",
+        tp=1, pp=16, dp=128, ep=64, zero_stage=1, pipeline_schedule="dualpipev",
         pipeline_layout="Et*3|(tt|)*29,m|L", ep_dispatch="deepep",
     )  # fmt: skip
     h800 = GPUS["h800-sxm5-80gb"]

@@ -9,7 +9,11 @@ from their own orders (pipeline.py _bubble_zbv, _bubble_dualpipev, _bubble_dualp
 rank 0's own chunk split) from their orders' list schedules (planner/pipeline_jitter.py order_span) moved 126 rows,
 only where the order runs (the schedule's own v, DualPipe(V)'s even m >= 2p): ZB-H1 54 (-6.10% to -0.46% of the
 time), ZBV 60 (-5.48% to +1.38%), DualPipeV 9 (-3.34% to -2.14%), DualPipe 3 (-5.30% to -5.20%); no other schedule's
-row moved (diffed against main at 62a660b)."""
+row moved (diffed against main at 62a660b). Re-recorded by dualpipe13 (DualPipe's own layout, pipeline.StageMap
+MIRRORED: each rank's two chunks whole stages, one a micro-batch): DualPipe's 225 rows moved and no other schedule's
+(diffed against main at bf53d25): its in-flight counts halve (PP + 1 stages' activations in units of the rank's two
+stages), and where its order runs with rank 0's own fill and drain (pp 2 and 4, m 8, v 2: 6 rows) those are the
+stages each direction runs, time +1.9% to +2.1%."""
 
 import hashlib
 
@@ -32,7 +36,7 @@ from planner.pipeline import (
 )
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev")
-RECORDED = "10c5318b0f22682b1347e22483049a15e57949bb452379e66b28d6dca0d15607"
+RECORDED = "469090d2897518f77177cdc863597ceb234149ae9d8d8d614ed32e5dfc29b955"
 
 
 def _passes(p: int) -> list[StagePass]:

@@ -325,7 +325,11 @@ def test_chunks_in_flight_follow_megatrons_order():
     assert in_flight_chunks(sched, 0) == (7.0, 4.0)
     assert sum(in_flight_chunks(sched, 0)) / 2 == in_flight(sched, 0)
     assert in_flight(Schedule("zb-h1", 4, 8), 0) == 4  # 1F1B's
-    assert in_flight(Schedule("dualpipe", 4, 8, 2), 1) == 5  # PP + 1
+    # PP + 1 stages' activations: 2.5 of the rank's two whole stages, each chunk a stage holding 2.5 (dualpipe13)
+    assert (
+        in_flight(Schedule("dualpipe", 4, 8, 2), 1) == 2.5
+        and sum(in_flight_chunks(Schedule("dualpipe", 4, 8, 2), 1)) == 5
+    )
     assert in_flight(Schedule("dualpipev", 4, 8, 2), 1) == 4.5  # 2·PP + 1 half-stages
 
 

@@ -75,7 +75,9 @@ def event_makespan(
 ) -> float:
     """Each rank runs its order (rank d's op times multiplied by ``scale[d]``, 1 when None; with ``ranks``, rank d's
     pass is its own (F, B, W), phi and omega unused; with ``first``, in a V rank d's chunk 0 (virtual stage d) takes
-    that share of each of its passes' parts and chunk 1 the rest, else halves); an op starts when its
+    that share of each of its passes' parts and chunk 1 the rest, else halves; DualPipe's rank d, whose pass is a
+    micro-batch's mean over its two stages, runs twice that share on its direction-0 ops (stage d) and twice the rest
+    on its direction-1 ops (stage p - 1 - d), else the pass); an op starts when its
     rank is free and its input has come: a forward the forward
     of its micro-batch on the stage before, a backward the backward on the stage after (the last stage: its own
     forward), an F&B pair's wait its backward's input; a forward's output leaves at the op's end, OP_F_LATE's at the
@@ -101,6 +103,8 @@ def event_makespan(
                 if need is not None and need not in sent:
                     break
                 part = 1 / split if first is None or split == 1 else first[d] if s < p else 1 - first[d]
+                if first is not None and kind == "dualpipe":  # its stage each way: twice the pass's share (dualpipe13)
+                    part = 2 * (first[d] if s == d else 1 - first[d])
                 cost = shares[d][op] * t[j] * part * (scale[d] if scale else 1.0)
                 free[d] = max(free[d], sent[need] if need else 0.0) + cost
                 if pending[d] is not None:

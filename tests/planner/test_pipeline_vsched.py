@@ -33,15 +33,16 @@ def _ms(kind: str, p: int) -> tuple[int, ...]:
     return (1, p, 2 * p - 1, 3 * p + 1, 5 * p)
 
 
-def _drawn(rng: random.Random, p: int, spread: float) -> tuple[list[StagePass], list[float]]:
+def _drawn(rng: random.Random, p: int, spread: float, copies: int = 1) -> tuple[list[StagePass], list[float]]:
     """p ranks of their own pass (total within ``spread``, F 0.2-0.45 of it, W up to min(F, B - F)) and chunk-0 share
-    (0.2-0.8), as step.stage_passes gives them: fill = F·share, drain = B·(1 - share)."""
+    (0.2-0.8), as step.stage_passes gives them: fill = F·share, drain = B·(1 - share), times ``copies`` (DualPipe's
+    2: its pass a micro-batch's mean over its two stages, each chunk a whole stage)."""
     passes, first = [], []
     for _ in range(p):
         total, f, a = rng.uniform(1 - spread, 1 + spread), rng.uniform(0.2, 0.45), rng.uniform(0.2, 0.8)
         w = rng.uniform(0.02, min(f, 1 - 2 * f))
         fwd, bwd = f * total, (1 - f) * total
-        passes.append(StagePass(fwd, bwd, fwd * a, bwd * (1 - a), w * total))
+        passes.append(StagePass(fwd, bwd, copies * fwd * a, copies * bwd * (1 - a), w * total))
         first.append(a)
     return passes, first
 
@@ -75,7 +76,7 @@ def test_unequal_ranks_and_chunks_are_the_orders_makespan(kind):
             continue
         for _ in range(20):
             m = rng.choice(_ms(kind, p)[1:])
-            passes, first = _drawn(rng, p, rng.choice((0.0, 0.3)))
+            passes, first = _drawn(rng, p, rng.choice((0.0, 0.3)), schedule_traits(kind).directions)
             sched = Schedule(kind, p, m, _v(kind), p2p_s=0.01)
             assert by_order(passes, sched)
             ranks = [(x.forward_s, x.backward_s, x.weight_s) for x in passes]
@@ -86,14 +87,15 @@ def test_unequal_ranks_and_chunks_are_the_orders_makespan(kind):
 
 def test_chunk_sizes_move_the_v_and_not_the_others():
     """A V's chunks at their own sizes change its makespan (rank 0's second chunk 0.7 of its pass, the DeepSeek-V3
-    case) against halves; ZB-H1 and DualPipe run a rank's whole stage per micro-batch and read no chunk split."""
+    case) against halves, and so do DualPipe's two stages (rank r runs stage r one way and p - 1 - r the other:
+    dualpipe13; it read no chunk split while laid out as a V); ZB-H1 runs a rank's whole stage and reads none."""
     p, m = 4, 16
     even = [StagePass(0.3, 0.7, weight_s=0.2)] * p
     split = [StagePass(0.3, 0.7, 0.3 * 0.3, 0.7 * 0.7, 0.2), *even[1:]]
     for kind in KINDS:
         sched = Schedule(kind, p, m, _v(kind))
         moved = pipeline_time(split, sched).time_s != pytest.approx(pipeline_time(even, sched).time_s, abs=1e-9)
-        assert moved == (kind in ("zbv", "dualpipev")) and by_order(split, sched) == moved, kind
+        assert moved == (kind != "zb-h1") and by_order(split, sched) == moved, kind
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -254,8 +256,9 @@ def test_the_loop_and_the_level_sweep_give_the_same_makespan(kind):
         if kind == "dualpipe" and p % 2:
             continue
         graph = pj._graph(kind, p, _v(kind), m)
-        passes, _ = _drawn(rng, p, 0.3)
-        table = pj.chunk_table(passes, graph.split, graph.blocks)
+        copies = schedule_traits(kind).directions
+        passes, _ = _drawn(rng, p, 0.3, copies)
+        table = pj.chunk_table(passes, graph.chunks, graph.blocks, copies)
         loop = pj._span_one(graph, table[:, 0].tolist())
         slowest = m * max(x.total_s for x in passes)
         assert loop == float(pj._sweep(swap(graph, at=graph.cell), table)[0]) and loop >= slowest * (1 - 1e-12)
@@ -331,26 +334,3 @@ def test_the_cost_guard_charges_the_step_order_as_it_runs(monkeypatch):
                     per_cell.append(spent / cells)
     assert len(per_cell) >= 12, per_cell
     assert max(per_cell) < 15e-9 and max(per_cell) / min(per_cell) < 5, [f"{x * 1e9:.1f}" for x in per_cell]
-
-
-def test_dualpipe_says_its_ends_sit_on_rank_0_at_their_measured_size():
-    """review r12a #3, not mended (mend12a): DualPipe is laid out as DualPipeV, its ends on rank 0's every op. The
-    plan's Assumptions row says so with the figures bench/dualpipe_ends.py measures (DeepSeek-V3, pp 8): the order
-    6.53 s as planned against 5.87 s with the ends split (+11%; 6.37 / 5.72 s at the read clock before sus12), rank
-    0's parameters 57.9 GB against 52.6 GB; the
-    DualPipeV row does not carry it."""
-    from bench.dualpipe_ends import ends
-
-    got = ends()
-    caveat = schedule_traits("dualpipe").layout_caveat
-    assert f"{got['planned_s']:.2f} s" in caveat and f"{got['ends_split_s']:.2f} s" in caveat
-    assert f"+{got['planned_s'] / got['ends_split_s'] - 1:.0%}" in caveat
-    params = got["params_bytes"]
-    assert f"{params[0] / 1e9:.1f} GB" in caveat and f"{params[4] / 1e9:.1f} GB" in caveat and params[-1] == params[4]
-    model = model_preset("llama3-8b")
-    work = WorkloadSpec(micro_batch_size=1, global_batch_size=32, seq_length=4096)
-    for kind in ("dualpipe", "dualpipev"):
-        par = ParallelSpec(tp=2, pp=4, dp=1, pipeline_schedule=kind, virtual_pipeline_stages=2)
-        plan = build_plan(model, work, par, cluster_preset("dgx-h100", 1), Options(timeline=False))
-        (row,) = [a.source for a in plan.assumptions if a.field == "parallel.pipeline_schedule"]
-        assert (caveat in row) == (kind == "dualpipe")

@@ -1,5 +1,5 @@
 """The schedule rules outside planner/pipeline.py (validation in planner/parallel.py, the step's EP overlap
-default, the p2p ledger rule, torch's pass order, DualPipe's parameter copies), pinned on a grid of (schedule,
+default, the p2p ledger rule, torch's pass order, DualPipe's two copies of the model), pinned on a grid of (schedule,
 framework, pp, v, m, layout): each bad request's SpecError field and message byte for byte, each good one's
 plan (calls, prices, step time, memory). The digest is main's code at ee0d38e, before those facts moved into
 the ScheduleTraits table (first recorded at 0813324; the moemech merge then moved MoE step times; the kern4
@@ -58,19 +58,27 @@ sus12's Hopper clock by throughput (the grid's DGX H100: SUSTAINED_CLOCK 0.852 -
 time x 1.033) moved the 309 step lines (181 Megatron, 128 torch) in their float times only (time, compute, exposed
 communication, bubble), step -0.16% to +2.11% (exposed communication shrinks where compute hides more of it), no
 call, byte or memory line, nothing else (checked token by token against main at 6f6eed1).
+dualpipe13's DualPipe layout (pipeline.StageMap MIRRORED: the model in pp stages held twice, rank r running stage r
+one way and pp - 1 - r the other; review r12a #3) moved the 30 dualpipe cases and no other (checked case by case
+against main at bf53d25): its layouts and split points name one copy's pp stages, so 14 cases swap error and plan
+(a 2-point split or 2-stage layout at pp 2, a 4-stage one at pp 4 now plan; the 2·pp-stage ones are refused naming
+the rule) and 4 error texts reworded; its 12 plans put the embedding and the head's calls on ranks 0 and pp - 1 at
+m / 2 each, reduce and gather both stages' gradients and parameters over DP (2x the bytes: the V held one), hold the
+optimizer states of both and PP + 1 stages' activations, step +3.5% to +7.9% (Megatron) and +10% to +29% (torch at
+ZeRO-3, FSDP2's gathers now per stage pass: the forward's doubled), peak memory +36% to +48%, nothing else.
 Flipping
-any one schedule's trait (v_shape, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, directions,
-forwards_first, param_copies, source) changes it or raises. An intended change re-records it and says why."""
+any one schedule's trait (stage_map, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, forwards_first,
+source) changes it or raises. An intended change re-records it and says why."""
 
 import hashlib
 
 from collectives.topology import cluster_preset
 from planner import Options, ParallelSpec, SpecError, WorkloadSpec, build_plan
 from planner.parallel import SCHEDULES
-from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register
+from planner.pipeline import MIRRORED, SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "d0de96bfcab246be985fe122e7f565ca8a39274da35ab317209e80096b99b98a"
+RECORDED = "4496df149e8bd0e9620175a916aa37c705480eaef04be67dea03199526c03fd2"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
@@ -149,19 +157,19 @@ def test_the_grid_holds_errors_and_plans_of_every_schedule():
 
 def test_a_toy_schedule_is_one_entry_for_the_planner_too():
     """A schedule registered in the test only is validated, laid out and priced from its traits alone: a V
-    (2 chunks per rank) that needs pp >= 4 and an even pp, and sends half its micro-batches each way."""
+    (2 chunks per rank, DualPipe's two copies: ``MIRRORED``) that needs pp >= 4 and an even pp, and sends half its
+    micro-batches each way."""
     zbv = SCHEDULE_TRAITS["zbv"]
     toy = ScheduleTraits(
         "toy-v",
         zbv.bubble,
         zbv.warmup,
         zbv.in_flight,
-        v_shape=True,
+        stage_map=MIRRORED,
         min_pp=4,
         even_pp="toy.py: even ranks",
         title="Toy",
         overlaps_ep=True,
-        directions=2,
         source="toy.py",
     )
     register(toy)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from planner import SpecError
-from planner.pipeline import SCHEDULE_TRAITS, ScheduleTraits, register, schedule_traits
+from planner.pipeline import FOLDED, SCHEDULE_TRAITS, ScheduleTraits, register, schedule_traits
 
 from .test_search_options import SCHEDULES, space
 
@@ -44,7 +44,7 @@ def test_a_registered_schedule_is_searched_when_named():
     """A toy V schedule, registered here only: the constraints accept it, the space gives it two chunks per
     rank from its traits, and an unregistered name is refused naming every registered one."""
     toy = SCHEDULE_TRAITS["zbv"]
-    register(ScheduleTraits("toy-v", toy.bubble, toy.warmup, toy.in_flight, v_shape=True, min_pp=2))
+    register(ScheduleTraits("toy-v", toy.bubble, toy.warmup, toy.in_flight, stage_map=FOLDED, min_pp=2))
     try:
         s = space(20, pipeline_schedule=["1f1b", "toy-v"])
         assert s.pipelines(4) == [(1, "1f1b"), (2, "toy-v")]

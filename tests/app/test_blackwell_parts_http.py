@@ -1,0 +1,49 @@
+"""A GB200 plan over HTTP prices its GEMMs at the part's own measured ceilings (GPUSpec.gemm_table, issue 20)."""
+
+import copy
+from dataclasses import replace
+
+import pytest
+
+from collectives.topology.gpu import GPUS
+from planner import ParallelSpec, WorkloadSpec, model_preset
+from planner.compute import stage_compute
+from planner.context import Context
+
+BODY = {
+    "model": {"preset": "llama3-8b"},
+    "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 64},
+    "parallel": {"tp": 1, "pp": 1, "dp": 8},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpu": "gb200-186gb"},
+    "options": {"timeline": False},
+}
+
+
+def plan(api, body):
+    r = api.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_gb200_plan_prices_its_gemms_at_its_own_ceiling(api):
+    """Llama-3-8B, dp 8, 8 micro-batches: the GB200 preset against the same GPU given field by field (no measured
+    table: Blackwell's GEMM_CEILING, 0.733 bf16). The step's compute differs by exactly 8 micro-batches x the
+    stage's GEMM seconds at 0.699 against 0.733 and nothing else; those GEMMs take 1.03-1.042x (0.733 / 0.699, less
+    the fixed cost's share) as long. The answered cluster names the preset, so pasting it back keeps the table."""
+    own = plan(api, BODY)
+    gpu = {k: v for k, v in own["cluster"]["gpu"].items() if k not in ("preset", "power_limit_w")}
+    assert own["cluster"]["gpu"]["preset"] == "gb200-186gb"
+    custom = copy.deepcopy(BODY)
+    custom["cluster"]["gpu"] = gpu
+    generation = plan(api, custom)
+    ctx = Context(model_preset("llama3-8b"), WorkloadSpec(global_batch_size=64), ParallelSpec(dp=8))
+    gemm = {}
+    for name, g in (("own", GPUS["gb200-186gb"]), ("generation", replace(GPUS["gb200-186gb"], gemm_table=None))):
+        sc = stage_compute(ctx, 0, g)
+        gemm[name] = sc.forward.gemm_s + sc.backward.gemm_s
+    assert 1.03 < gemm["own"] / gemm["generation"] < 0.733 / 0.699
+    extra = own["step"]["compute_s"] - generation["step"]["compute_s"]
+    assert extra == pytest.approx(8 * (gemm["own"] - gemm["generation"]), rel=1e-9)
+    pasted = copy.deepcopy(BODY)
+    pasted["cluster"] = own["cluster"]
+    assert plan(api, pasted)["step"]["compute_s"] == pytest.approx(own["step"]["compute_s"], rel=1e-12)
