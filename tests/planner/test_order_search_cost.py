@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from collectives.topology import cluster_preset
 from planner import WorkloadSpec, model_preset
 from planner import pipeline_jitter as pj
-from planner.pipeline import Schedule, StagePass, busiest_rank_s, by_order, pipeline_time
+from planner.pipeline import Schedule, StagePass, busiest_rank_s, by_order, pipeline_time, schedule_traits
 from planner.search import evaluate
 from planner.search.engine import search
 from planner.search.evaluate import Problem, Screened, _InOrder
@@ -76,7 +76,7 @@ def test_the_sweep_and_the_loop_give_the_same_makespans_bit_for_bit(case, column
     if graph is None:
         return
     rng = np.random.default_rng(columns)
-    base = pj.chunk_table(passes, graph.split, graph.blocks)
+    base = pj.chunk_table(passes, graph.chunks, graph.blocks, schedule_traits(sched.kind).directions)  # as _run_orders
     tables = np.hstack([base * rng.uniform(0.5, 1.5, base.shape) for _ in range(columns)])
     tables[-1] = 0.0  # the no-time row
     swept = pj.makespans(replace(graph, at=graph.cell), tables)
