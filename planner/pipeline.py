@@ -536,6 +536,12 @@ def _any_m(name: str, m: int, p: int) -> str:
 # inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
 OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
 OP_CELLS = 50  # one op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells: 115-160 ns / 3 ns a cell
+# per op kind: a forward; a backward that sends its input gradient (B, I); one that waits for it too (OP_WAIT, which
+# waits for the input of the backward it names). Tables read as IS_FORWARD[kind], not np.isin (10x its cost on a
+# rank's few thousand ops: ``_Runs.arrays`` 0.31 -> 0.22 ms a rank; vsearch13); pipeline_jitter reads them too
+IS_FORWARD = np.isin(np.arange(OP_IDLE + 1), (OP_F, OP_F_LATE))
+SENDS_GRADIENT = np.isin(np.arange(OP_IDLE + 1), (OP_B, OP_I))
+IS_GRADIENT = np.isin(np.arange(OP_IDLE + 1), (OP_B, OP_I, OP_WAIT))
 
 
 def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -597,8 +603,8 @@ class _Runs:
         ops = np.concatenate([np.tile(np.array(p, dtype=np.intp), (t, 1)) for p, t in self.runs])
         kind, phase = ops[:, 0], ops[:, 1]
         index = np.zeros(len(kind), dtype=np.intp)
-        forward, backward = np.isin(kind, (OP_F, OP_F_LATE)), np.isin(kind, (OP_B, OP_I, OP_WAIT))
-        for group, counted in ((forward, forward), (backward, np.isin(kind, (OP_B, OP_I)))):
+        forward, backward = IS_FORWARD[kind], IS_GRADIENT[kind]
+        for group, counted in ((forward, forward), (backward, SENDS_GRADIENT[kind])):
             for ph in (0, 1):
                 sel = group & (phase == ph)
                 ahead = np.cumsum(counted & sel) - (counted & sel)  # the group's counted ops before this one
@@ -1018,6 +1024,8 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
 __all__ = [
     "FOLDED",
     "IN_ORDER",
+    "IS_FORWARD",
+    "IS_GRADIENT",
     "MIRRORED",
     "OP_B",
     "OP_F",
@@ -1027,6 +1035,7 @@ __all__ = [
     "OP_W",
     "OP_WAIT",
     "SCHEDULE_TRAITS",
+    "SENDS_GRADIENT",
     "ZB_DUALPIPE_SOURCE",
     "PipelineTime",
     "Schedule",
