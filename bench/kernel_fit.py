@@ -141,7 +141,7 @@ OWN_ROUNDS = 12  # the fixed cost and the HBM bound make a GEMM's time not quite
 # 0.93x the B200 at m 256, 1.15-1.22x at m, n, k >= 4,096) a median over every shape let the small ones, which the
 # ceiling barely moves, set it: the large GEMMs came out 28-33% slow and slower than the B200's (review r13a, 3). At
 # 0.5, 0.7, 0.8, 0.9 the B300's nvfp4 ceiling is 0.287 / 0.311 / 0.321 / 0.331; 0.8 chosen having seen that 0.5 still
-# prices its large nvfp4 GEMMs 11.5% slow against the B200 (0.7-0.9 within 4%; docs/step-time.md, mend13b).
+# prices its large nvfp4 GEMMs 11.5% slow against the B200 (0.7-0.9 within 4.3%; docs/step-time.md, mend13b).
 COMPUTE_BOUND = 0.8
 
 
