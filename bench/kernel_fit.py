@@ -33,6 +33,7 @@ from planner.kernels import (
     causal_keys,
     clock_fraction,
     flash_attention_s,
+    gemm_peak_share,
     gemm_time,
     generation,
     routed_expert_kernels,
@@ -121,30 +122,43 @@ def table(data: dict, eff=EFFICIENCY) -> list[dict]:
     ]
 
 
-def _table_scales(system: str, entry: dict, table: MeasuredGemm | None = None) -> dict:
+def _table_scales(system: str, entry: dict, table: MeasuredGemm | None = None, bound: float = 0.0) -> dict:
     """predicted / measured at the median of each dtype of one table (planner/kernel_fit.py class_scales) at the
-    global k0, fill and fixed cost, the GPU's GEMM table replaced by ``table`` (None: its generation's ceilings)."""
+    global k0, fill and fixed cost, the GPU's GEMM table replaced by ``table`` (None: its generation's ceilings), over
+    the shapes whose peak share (kernels.gemm_peak_share, at those ceilings) is at least ``bound`` (0: every shape)."""
     gpu = replace(GPUS[entry["gpu"]], gemm_table=table)
-    points = rows({"systems": {system: entry}})
+    at = burst(gpu)  # the tables' clock, as predicted's
+    points = [p for p in rows({"systems": {system: entry}}) if gemm_peak_share(*p[3:6], p[2], at, EFFICIENCY) >= bound]
     by = log_errors(points, EFFICIENCY, lambda p, e: predicted(gpu, p[2], *p[3:6], e), _measured, _class)
     return {dtype: scale for (_, dtype), scale in class_scales(by).items()}
 
 
 OWN_ROUNDS = 12  # the fixed cost and the HBM bound make a GEMM's time not quite 1 / ceiling: rounds settle it
+# The shapes a part's ceiling governs (mend13b): those whose predicted time the FLOPs at the dense peak x the ceiling
+# set to at least 0.8 (kernels.gemm_peak_share), i.e. the fixed cost, SM fill, k0, tile quantisation and the HBM bound
+# together at most 20% of it (the model's own terms, not a shape list). On the b200_sxm grid that is 95 / 84 / 73 of
+# 196 shapes (bf16 / fp8_block / nvfp4). Where the tables do not scale like the datasheet peaks (B300 / GB300 nvfp4:
+# 0.93x the B200 at m 256, 1.15-1.22x at m, n, k >= 4,096) a median over every shape let the small ones, which the
+# ceiling barely moves, set it: the large GEMMs came out 28-33% slow and slower than the B200's (review r13a, 3). At
+# 0.5, 0.7, 0.8, 0.9 the B300's nvfp4 ceiling is 0.287 / 0.311 / 0.321 / 0.331; 0.8 chosen having seen that 0.5 still
+# prices its large nvfp4 GEMMs 11.5% slow against the B200 (0.7-0.9 within 4.3%; docs/step-time.md, mend13b).
+COMPUTE_BOUND = 0.8
 
 
-def own_ceilings(system: str, parts: dict | None = None) -> dict[str, float]:
+def own_ceilings(system: str, parts: dict | None = None, bound: float = COMPUTE_BOUND) -> dict[str, float]:
     """A part's GEMM ceilings fitted on its own table, k0, fill and fixed cost kept: each table class (FITTED_ON)
-    scaled until the part's median predicted / measured is the anchor's (ANCHOR, the table its generation's
-    GEMM_CEILING was fitted on), starting from the generation's: the part's table is then predicted with the anchor's
-    median bias, so the two differ by what the tables measured. Rounded to 3 places, as gpu.py carries them."""
+    scaled until the part's median predicted / measured over its compute-bound shapes (peak share >= ``bound`` at
+    the trial ceilings) is the anchor's over the anchor's (ANCHOR, the table its generation's GEMM_CEILING was fitted
+    on), starting from the generation's: where the ceiling governs, the part's table is then predicted with the
+    anchor's median bias, so the two differ by what the tables measured. Rounded to 3 places, as gpu.py carries
+    them."""
     parts = parts or load_parts()
     entry = parts["systems"][system]
     gen = generation(GPUS[entry["gpu"]])
-    anchor = _table_scales(ANCHOR, load()["systems"][ANCHOR])
+    anchor = _table_scales(ANCHOR, load()["systems"][ANCHOR], bound=bound)
     ceilings = {dtype: GEMM_CEILING[gen, dtype] for dtype in FITTED_ON if (gen, dtype) in GEMM_CEILING}
     for _ in range(OWN_ROUNDS):
-        own = _table_scales(system, entry, MeasuredGemm(tuple(ceilings.items()), "trial"))
+        own = _table_scales(system, entry, MeasuredGemm(tuple(ceilings.items()), "trial"), bound)
         ceilings = {dtype: c * own[FITTED_ON[dtype]] / anchor[FITTED_ON[dtype]] for dtype, c in ceilings.items()}
     return {dtype: round(c, 3) for dtype, c in ceilings.items()}
 
@@ -160,6 +174,24 @@ def speedups(system: str, dtype: str, parts: dict | None = None) -> dict:
     at = lambda q: values[int(q * (len(values) - 1))]  # noqa: E731
     by_m = {m: median(r for key, r in ratio.items() if key[0] == m) for m in sorted({key[0] for key in ratio})}
     return {"median": median(values), "p10": at(0.1), "p90": at(0.9), "min": values[0], "max": values[-1], "by_m": by_m}
+
+
+LARGE = 4096  # the tables' largest shapes: m, n and k all at least this (50 of the 196-shape grid)
+
+
+def ordering(system: str, dtype: str, parts: dict | None = None) -> dict:
+    """The part's time over the B200's at the tables' largest shapes (LARGE), median over them: as the two tables
+    measured, and as the model prices the two presets (the part's own ceilings against the generation's)."""
+    parts = parts or load_parts()
+    entry = parts["systems"][system]
+    anchor = {tuple(r[:3]): r[3] for r in load()["systems"][ANCHOR]["dtypes"][dtype]}
+    own = {tuple(r[:3]): r[3] for r in entry["dtypes"][dtype] if min(r[:3]) >= LARGE}
+    part, b200 = GPUS[entry["gpu"]], GPUS[load()["systems"][ANCHOR]["gpu"]]
+    return {
+        "shapes": len(own),
+        "measured": median(t / anchor[key] for key, t in own.items()),
+        "predicted": median(predicted(part, dtype, *key) / predicted(b200, dtype, *key) for key in own),
+    }
 
 
 def h200_table_clock(parts: dict | None = None) -> dict:
@@ -207,6 +239,16 @@ def parts_report() -> None:
             print(
                 f"| {system} | {dtype} | {r['median']:.3f} | {r['p10']:.3f} - {r['p90']:.3f} | "
                 f"{r['min']:.3f} - {r['max']:.3f} | {by_m} |"
+            )
+    print()
+    print(f"| part (table) | dtype | m, n, k >= {LARGE:,} | part / B200 time, measured | model | model / measured |")
+    print("|---|---|---|---|---|---|")
+    for system in (s for s in parts["systems"] if generation(GPUS[parts["systems"][s]["gpu"]]) == 100):
+        for dtype in parts["systems"][system]["dtypes"]:
+            o = ordering(system, dtype, parts)
+            print(
+                f"| {system} | {dtype} | {o['shapes']} | {o['measured']:.3f} | {o['predicted']:.3f} | "
+                f"{o['predicted'] / o['measured'] - 1:+.1%} |"
             )
     print()
     print("| GPU (table) | dtype | GEMMs | ceiling | median abs error | signed median | p90 abs error |")

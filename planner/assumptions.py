@@ -129,7 +129,7 @@ def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
     add = rows.append
     if par.pp > 1:
         source = f"{COMMPLAN}: 1f1b (Megatron's default)"
-        sched = Schedule(par.pipeline_schedule, par.pp, ctx.schedule_micro_batches, par.chunks_per_rank)
+        sched = Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank)
         bubble = order_method(sched)
         if bubble and ctx.work.training:  # how the step's bubble is found (vsched12)
             source += f"; the bubble: {bubble} (planner/pipeline.py bubble_s)"
@@ -179,7 +179,7 @@ def _split_and_data_rows(ctx: Context) -> list[Assumption]:
         rows.append(Assumption("workload.document_lengths", shown, f"{COMMPLAN}: one document a sequence"))
         what = "none: every sequence packs document_lengths (Megatron's packing scheduler off)"
         if work.document_packing == "dp_balanced":  # how the wait for the slowest packed micro-batch is found
-            sched = Schedule(par.pipeline_schedule, par.pp, ctx.schedule_micro_batches, par.chunks_per_rank)
+            sched = Schedule(par.pipeline_schedule, par.pp, ctx.micro_batches, par.chunks_per_rank)
             what += f"; the wait for the slowest packed micro-batch: {method(sched)} (planner/pipeline_jitter.py)"
         rows.append(Assumption("workload.document_packing", work.document_packing or "none", what))
     return rows

@@ -85,19 +85,21 @@ class Context:
     # ---- batch and sequence ------------------------------------------------------------------------
     @cached_property
     def micro_batches(self) -> int:
-        """A rank's passes over all its chunks in a step, what every per-micro-batch call and pass is counted by: m
-        (``schedule_micro_batches``), or m / 2 under DualPipe, whose rank runs one of its two stages per micro-batch
-        (pipeline.ScheduleTraits.passes); one pass for inference."""
-        if not self.training:
-            return 1
-        return self.par.schedule.passes(self.schedule_micro_batches)
-
-    @property
-    def schedule_micro_batches(self) -> int:
-        """m = B / (b x dp), the micro-batches the pipeline schedule runs, for training; one for inference."""
+        """m = B / (b x dp), the micro-batches of a step, for training (what the pipeline schedule runs, the plan's
+        ``num_microbatches``); one for inference."""
         if not self.training:
             return 1
         return self.work.global_batch_size // (self.work.micro_batch_size * self.par.dp)
+
+    @cached_property
+    def passes(self) -> int:
+        """A rank's passes over all its chunks in a step, what every per-pass call, compute and exposure is counted
+        by: m, or m / 2 under DualPipe, whose pass over its two stages is one micro-batch each way
+        (pipeline.StageMap.passes, review r13a #7); one pass for inference. A reader that counts micro-batches reads
+        ``micro_batches``."""
+        if not self.training:
+            return 1
+        return self.par.schedule.passes(self.micro_batches)
 
     @cached_property
     def b(self) -> int:
@@ -310,6 +312,15 @@ class Context:
         """Whether the rank holds the loss: the last rank, or rank 0 in a V (ZBV, DualPipeV); ranks 0 and pp - 1 under
         DualPipe (each holds a copy's last stage)."""
         return any(c.loss for c in self.chunks[stage])
+
+    def end_copies(self, stage: int) -> int:
+        """How many copies of the model enter or leave the pipeline on the rank (a chunk with the embedding or the
+        loss; pipeline.StageMap.copy_of): each of its passes runs one micro-batch of each such copy at an end. 1 on
+        1F1B's ranks 0 and pp - 1 and on a V's rank 0 (a micro-batch enters and leaves there), 2 on DualPipe's ranks 0
+        and pp - 1 (one direction's micro-batches enter, the other's leave), 0 elsewhere (review r13a #5)."""
+        where = self.par.schedule.stage_map
+        ends = {where.copy_of(c.index, self.par.pp) for c in self.chunks[stage] if c.embedding or c.loss}
+        return len(ends)
 
     def holds_mtp(self, stage: int) -> bool:
         """Whether the rank holds the MTP modules: the chunk with ``m`` in the layout, by default the last

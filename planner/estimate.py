@@ -230,7 +230,7 @@ def _documents_work(est: Estimate, ctx) -> None:
     work, par = ctx.work, ctx.par
     if not (ctx.training and work.document_packing == "dp_balanced" and work.document_lengths):
         return
-    m = ctx.schedule_micro_batches
+    m = ctx.micro_batches
     cells = jitter_work(par.pipeline_schedule, par.pp, max(1, par.chunks_per_rank), m)
     what = f"workload.document_packing: the {par.pipeline_schedule} order over {m} micro-batches"
     est.add(cells // CELL_UNITS, f"{what} at pp {par.pp} (planner/pipeline_jitter.py)")
@@ -244,9 +244,9 @@ def _order_work(est: Estimate, ctx) -> None:
     par = ctx.par
     if not ctx.training:
         return
-    cells = span_work(par.pipeline_schedule, par.pp, max(1, par.chunks_per_rank), ctx.schedule_micro_batches)
+    cells = span_work(par.pipeline_schedule, par.pp, max(1, par.chunks_per_rank), ctx.micro_batches)
     if cells:
-        what = f"the {par.pipeline_schedule} order over {ctx.schedule_micro_batches} micro-batches at pp {par.pp}"
+        what = f"the {par.pipeline_schedule} order over {ctx.micro_batches} micro-batches at pp {par.pp}"
         est.add(cells // CELL_UNITS, f"{what} (planner/pipeline_jitter.py order_span)")
 
 

@@ -300,7 +300,7 @@ def aicb_workload(plan: Plan, stage: int = 0) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(AICB_COLUMNS)
-    mb = max(plan.num_microbatches, 1)
+    mb = max(plan.passes, 1)  # a pass over the rank's chunks (Plan.passes)
     for phase in ("forward", "backward", "optimizer"):
         group = [pc for pc in calls if pc.call.phase == phase]
         per_mb = all(pc.call.calls_per_iteration % mb == 0 for pc in group) and phase != "optimizer"
@@ -381,9 +381,7 @@ def simai_omitted(plan: Plan, stage: int = 0) -> list[str]:
     return [
         pc.call.name
         for pc in plan.calls
-        if stage in pc.call.stages
-        and pc.call.parallelism != "pp"
-        and _simai_slot(pc, max(plan.num_microbatches, 1)) is None
+        if stage in pc.call.stages and pc.call.parallelism != "pp" and _simai_slot(pc, max(plan.passes, 1)) is None
     ]
 
 
@@ -399,7 +397,7 @@ def simai_workload(plan: Plan, stage: int = 0) -> str:
     are the header's ``pp_comm`` (the activation message), which SimAI prices itself."""
     _check_stage(plan, stage)
     par = plan.parallel
-    m = max(plan.num_microbatches, 1)
+    m = max(plan.passes, 1)  # the passes the step counts (Plan.passes: DualPipe's one micro-batch each way)
     slots: dict[str, list[PricedCall]] = {"fwd": [], "ig": [], "wg": []}
     for pc in plan.calls:
         slot = _simai_slot(pc, m) if stage in pc.call.stages else None
@@ -499,7 +497,7 @@ def chrome_trace(plan: Plan) -> dict:
         raise SpecError("cluster", "the cluster has no GPU spec, so the plan has no step timeline to export")
     from .step import _stream  # the one rule of which stream a call runs on
 
-    m = max(plan.num_microbatches, 1)
+    m = max(plan.passes, 1)  # the passes the step counts (Plan.passes: DualPipe's one micro-batch each way)
     zero = plan.parallel.zero_stage if plan.parallel else 0
     by_stream: dict[tuple[int, str], list[dict]] = {}
     for pc in plan.calls:
@@ -646,7 +644,7 @@ def chakra_trace(plan: Plan, stage: int = 0) -> bytes:
     parallelism: tp, cp, ep, dp, edp, ...) and is_cpu_op false; compute nodes their time in microseconds (the
     plan's step model, per micro-batch)."""
     _check_stage(plan, stage)
-    m = max(plan.num_microbatches, 1)
+    m = max(plan.passes, 1)  # the passes the step counts (Plan.passes: DualPipe's one micro-batch each way)
     mine = [pc for pc in plan.calls if stage in pc.call.stages and pc.call.op in CHAKRA_COMM_TYPE]
     total = sum(pc.call.calls_per_iteration for pc in mine) + 2 * m
     if total > MAX_CHAKRA_NODES:

@@ -1013,6 +1013,15 @@ def gemm_time(
     return max(flops / rate + eff.gemm_fixed_s, traffic / (gpu.hbm_GBps * 1e9 * eff.hbm) + eff.kernel_s)
 
 
+def gemm_peak_share(m: float, n: float, k: float, dtype: str, gpu: GPUSpec, eff: Efficiency) -> float:
+    """The share of one GEMM's predicted time (gemm_time) that its FLOPs at the dense peak x the ceiling alone
+    take: near 1 where the ceiling sets the time (a compute-bound shape), lower where the fixed cost, SM fill, the
+    main loop's k0, tile quantisation or the HBM bound add to it. bench/kernel_fit.py own_ceilings fits a part's
+    ceilings on the shapes where this share is high (COMPUTE_BOUND)."""
+    t = gemm_time((m,), n, k, dtype, gpu, eff)
+    return 2.0 * m * n * k / (dense_peak(gpu, dtype) * gemm_ceiling(gpu, dtype, eff)) / t if t else 0.0
+
+
 def gemm_kernels(
     name: str,
     m: float,
@@ -3139,6 +3148,7 @@ __all__ = [
     "core_attention_flops",
     "cross_entropy_fusion",
     "efficiency",
+    "gemm_peak_share",
     "gemm_time",
     "gpu_efficiency",
     "host_efficiency",

@@ -65,7 +65,8 @@ def _params_by_stage(model: ModelSpec, par: ParallelSpec) -> tuple[tuple[Params,
     # the parameters depend on the model and the layout alone (never on the workload), so the key is
     # those two frozen specs and any workload gives the same lists
     ctx = Context(model, WorkloadSpec(), par)
-    return tuple(_stage_params(ctx, stage) for stage in range(par.pp))
+    layers: dict = {}  # a layer's lists, built once: DualPipe's ranks r and pp - 1 - r hold the same layers (mend13a)
+    return tuple(_stage_params(ctx, stage, layers) for stage in range(par.pp))
 
 
 def alike_stages(ctx: Context) -> dict[int, tuple[int, ...]]:
@@ -91,7 +92,10 @@ def _shape(params: Params) -> tuple:
     return tuple(shape)
 
 
-def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
+def _stage_params(ctx: Context, stage: int, layers: dict | None = None) -> tuple[Params, Params]:
+    """The rank's (dense, expert) lists in registration order. ``layers``: each layer's (dense, expert) lists by its
+    index, shared by the ranks of one layout (a layer's lists read the layout and the layer, never the rank)."""
+    layers = {} if layers is None else layers
     m, t = ctx.model, ctx.par.tp
     torch = ctx.flavour.hf_modules  # separate q, k, v and gate, up; the vocabulary unpadded (planner/flavours/)
     vocab = m.vocab_size if torch else m.padded_vocab(t)
@@ -102,8 +106,10 @@ def _stage_params(ctx: Context, stage: int) -> tuple[Params, Params]:
         if m.learned_position_embeddings:
             dense.append(Param("embedding.position", m.seq_length * m.hidden_size, "root"))
     for layer in ctx.stage_layers[stage]:
-        dense += _layer(ctx, layer, torch)
-        expert += _experts(ctx, layer)
+        if layer not in layers:
+            layers[layer] = (_layer(ctx, layer, torch), _experts(ctx, layer))
+        dense += layers[layer][0]
+        expert += layers[layer][1]
     if ctx.is_last(stage):
         dense.append(Param("final_norm", m.norm_params(), "root", _norm_tensors(m)))
     if ctx.holds_mtp(stage):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,25 +43,53 @@ class StagePass:
     """One micro-batch on one rank of a stage, seconds: forward and backward (whole stage, all chunks).
 
     ``fill_s`` / ``drain_s``: the forward of the rank's first chunk and the backward of its last one, what the
-    pipeline's fill and drain wait for (None: an even share, forward_s / v and backward_s / v);
-    ``weight_s``: the weight-gradient part W of ``backward_s`` the zero-bubble schedules defer."""
+    pipeline's fill and drain wait for (None: an even share of the pass, ``chunk_s``);
+    ``weight_s``: the weight-gradient part W of ``backward_s`` the zero-bubble schedules defer;
+    ``copies``: the micro-batches one pass over the rank's chunks carries (``StageMap.copies``: DualPipe's 2, one
+    each way, each micro-batch running one of its two stages; ``of_pass`` builds it), so forward_s and backward_s
+    are a micro-batch's mean and ``pass_forward_s`` / ``pass_backward_s`` the pass over all the chunks."""
 
     forward_s: float
     backward_s: float
     fill_s: float | None = None
     drain_s: float | None = None
     weight_s: float = 0.0
+    copies: int = 1
+
+    @classmethod
+    def of_pass(
+        cls, forward_s: float, backward_s: float, fill_s: float | None, drain_s: float | None, weight_s: float,
+        copies: int,
+    ) -> StagePass:  # fmt: skip
+        """From a rank's pass over all its chunks (a stage step: ``copies`` micro-batches, one each way): the
+        per-micro-batch pass the schedule runs, the fill and drain kept at their chunks' whole sizes."""
+        return cls(forward_s / copies, backward_s / copies, fill_s, drain_s, weight_s / copies, copies)
 
     @property
     def total_s(self) -> float:
         return self.forward_s + self.backward_s
 
-    def ends(self, v: int, copies: int = 1) -> tuple[float, float]:
-        """(fill, drain): what this rank adds to the fill and to the drain of the 1F1B family. ``copies``: the model
-        copies the rank's chunks hold (``StageMap.copies``): with DualPipe's 2 a micro-batch runs one of its two
-        chunks, so a chunk's even share is copies / v of the per-micro-batch pass."""
-        fill = copies * self.forward_s / v if self.fill_s is None else self.fill_s
-        drain = copies * self.backward_s / v if self.drain_s is None else self.drain_s
+    @property
+    def pass_forward_s(self) -> float:
+        """The forward of a pass over all the rank's chunks (``copies`` micro-batches' worth)."""
+        return self.copies * self.forward_s
+
+    @property
+    def pass_backward_s(self) -> float:
+        """The backward of a pass over all the rank's chunks."""
+        return self.copies * self.backward_s
+
+    def chunk_s(self, v: int) -> tuple[float, float]:
+        """(forward, backward) of one of the rank's ``v`` chunks at an even share of the pass over them (DualPipe's
+        chunk: a whole stage, twice the per-micro-batch mean over its two)."""
+        return self.pass_forward_s / v, self.pass_backward_s / v
+
+    def ends(self, v: int) -> tuple[float, float]:
+        """(fill, drain): what this rank adds to the fill and to the drain of the 1F1B family: ``fill_s`` /
+        ``drain_s``, or a chunk's even share (``chunk_s``)."""
+        even = self.chunk_s(v)
+        fill = even[0] if self.fill_s is None else self.fill_s
+        drain = even[1] if self.drain_s is None else self.drain_s
         return fill, drain
 
 
@@ -110,6 +138,16 @@ def pipeline_time(passes: Sequence[StagePass], sched: Schedule) -> PipelineTime:
     return PipelineTime(time, busy, tuple(time - b for b in busy))
 
 
+def own_passes(passes: Sequence[StagePass], sched: Schedule) -> Sequence[StagePass]:
+    """The passes as ``sched`` runs them: each carrying the micro-batches its stage map's pass does
+    (``StageMap.copies``; step.stage_passes builds them so with ``StagePass.of_pass``); a bare pass (copies 1) under
+    DualPipe takes its 2, each chunk a whole stage, as the schedule runs it."""
+    want = sched.traits.stage_map.copies
+    if all(x.copies == want for x in passes):
+        return passes
+    return [replace(x, copies=want) for x in passes]
+
+
 def busiest_rank_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     """m times the slowest rank's pass: what ``pipeline_time`` is never below (it adds the bubble, the sends and
     the steady-state waits, each >= 0, to this product, so in floating point too). The layout search prunes on
@@ -132,6 +170,12 @@ def steady_wait(sched: Schedule) -> float:
     if sched.two_way_s:
         return max(1, sched.chunks) * sched.two_way_s
     return 2 * sched.p2p_s
+
+
+def pass_wait(sched: Schedule) -> float:
+    """What each of a rank's passes over its chunks waits on its boundary exchanges: ``steady_wait`` for each
+    micro-batch the pass carries (``StageMap.copies``: DualPipe's one each way)."""
+    return sched.traits.stage_map.copies * steady_wait(sched)
 
 
 def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
@@ -157,6 +201,7 @@ def bubble_s(passes: Sequence[StagePass], sched: Schedule) -> float:
     traits = sched.traits
     if sched.stages == 1:
         return 0.0
+    passes = own_passes(passes, sched)
     ordered = _order_bubble(passes, sched)
     if ordered is not None:
         return ordered
@@ -175,16 +220,17 @@ def by_order(passes: Sequence[StagePass], sched: Schedule) -> bool:
     the stages its two directions run (``StageMap`` MIRRORED), even when each is the rank's mean pass."""
     if not sched.traits.orders_at(sched.stages):
         return False
+    passes = own_passes(passes, sched)
     first = passes[0]
     if not first.weight_s <= first.forward_s <= first.backward_s - first.weight_s:
         return True
-    v, copies = max(1, sched.chunks), sched.traits.directions
+    v = max(1, sched.chunks)
     halves = v > 1  # a V or DualPipe's two stages: each rank's two chunks at their own sizes
 
     def parts(x: StagePass) -> tuple[float, ...]:
-        return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v, copies) if halves else ()))
+        return (x.forward_s, x.backward_s, x.weight_s, *(x.ends(v) if halves else ()))
 
-    even = (copies * first.forward_s / v, copies * first.backward_s / v)
+    even = first.chunk_s(v)
     want = (*parts(first)[:3], *(even if halves else ()))
     close = math.isclose
     return not all(all(close(a, b, rel_tol=1e-12) for a, b in zip(parts(x), want, strict=True)) for x in passes)
@@ -223,7 +269,8 @@ def in_flight(sched: Schedule, stage: int) -> float:
     so stage 0 holds p·(1 + (p - 1)/(p·v)) (Korthikanti et al. 2022 §4.2.3, Megatron
     theoretical_memory_usage.py interleaved_schedule_memory_penalty); GPipe all m. ZB-H1 holds what 1F1B
     holds (Qi et al. 2024 §3.1); ZBV p on every rank (the V balances it; "1x" of 1F1B in the sail-sg
-    README table); DualPipe PP + 1 stages (DualPipe README table), (PP + 1)/2 of the rank's two (dualpipe13);
+    README table); DualPipe PP + 1 stages (DualPipe README table), (PP + 1)/2 of the rank's two (dualpipe13), by
+    chunk pp - s of stage s and s + 1 of stage pp - 1 - s (``in_flight_chunks``, mend13a);
     DualPipeV, DualPipe on 2·pp half-size stages, 2·pp + 1 half-stages."""
     return sched.traits.in_flight(sched, stage)
 
@@ -233,9 +280,11 @@ def in_flight_chunks(sched: Schedule, stage: int) -> tuple[float, ...]:
     peak: ``in_flight`` resolved by chunk, so that chunks of different sizes (an embedding-only or a
     loss-only chunk, first/last stages of other sizes) count what they hold. Interleaved: the first
     warm-up + 1 chunk forwards, forward k running chunk (k // p) % v (Megatron schedules.py
-    get_model_chunk_id with microbatch_group_size_per_vp_stage = p); the other schedules hold their
-    chunks alike."""
+    get_model_chunk_id with microbatch_group_size_per_vp_stage = p); DualPipe by its order
+    (``ScheduleTraits.held_by_chunk``, ``_held_dualpipe_chunks``); the other schedules hold their chunks alike."""
     v, p = max(1, sched.chunks), sched.stages
+    if sched.traits.held_by_chunk is not None:
+        return sched.traits.held_by_chunk(sched, stage)
     if not sched.traits.chunk_order:
         return (in_flight(sched, stage),) * v
     counts = [0] * v
@@ -427,8 +476,23 @@ def _held_zbv(sched: Schedule, stage: int) -> int:
 
 def _held_dualpipe(sched: Schedule, stage: int) -> float:
     """PP + 1 stages' activations (DualPipe README table), in units of the rank's two stages (``MIRRORED``: each of
-    its chunks a whole stage) half as many."""
+    its chunks a whole stage) half as many; per chunk ``_held_dualpipe_chunks`` (what memory reads)."""
     return min(sched.stages + 1, sched.microbatches) / 2
+
+
+def _held_dualpipe_chunks(sched: Schedule, stage: int) -> tuple[float, float]:
+    """Per chunk of rank r (stage r, then stage pp - 1 - r: ``MIRRORED``), the micro-batches whose activations it
+    holds at its peak: min(pp - r, m/2) of stage r and min(r + 1, m/2) of stage pp - 1 - r, PP + 1 in all (the DualPipe
+    README table). deepseek-ai/DualPipe 3da1bbe dualpipe.py step() runs nF0 (step_1 = (pp/2 - h - 1)·2 forwards of
+    the rank's first direction, h = min(r, pp - 1 - r) the half rank, l. 335) and nF0F1 (step_2 = h + 1 of each)
+    before its first backward (steps 1-4, l. 358-395), so the direction the rank starts piles up and the other does
+    not; counting ``_order_dual`` (a forward adds one, a full or input-gradient backward frees one) gives exactly these
+    counts at the moment the total peaks, each chunk's own peak at that same moment, at every rank of p, m = 2/4, 4/8,
+    4/20, 8/16, 8/32, 16/64 (tests/planner/test_dualpipe_layout.py; review r13a #1). So whatever the two stages
+    weigh, the rank's peak is this pair. (dualpipe13 held (PP + 1)/2 of each: 8.5 of rank 0's stage 0 at pp 16, not 16.)
+    """
+    p, half, r = sched.stages, sched.microbatches // 2, stage
+    return float(min(p - r, half)), float(min(r + 1, half))
 
 
 def _held_dualpipev(sched: Schedule, stage: int) -> float:
@@ -472,6 +536,12 @@ def _any_m(name: str, m: int, p: int) -> str:
 # inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
 OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
 OP_CELLS = 50  # one op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells: 115-160 ns / 3 ns a cell
+# per op kind: a forward; a backward that sends its input gradient (B, I); one that waits for it too (OP_WAIT, which
+# waits for the input of the backward it names). Tables read as IS_FORWARD[kind], not np.isin (10x its cost on a
+# rank's few thousand ops: ``_Runs.arrays`` 0.31 -> 0.22 ms a rank; vsearch13); pipeline_jitter reads them too
+IS_FORWARD = np.isin(np.arange(OP_IDLE + 1), (OP_F, OP_F_LATE))
+SENDS_GRADIENT = np.isin(np.arange(OP_IDLE + 1), (OP_B, OP_I))
+IS_GRADIENT = np.isin(np.arange(OP_IDLE + 1), (OP_B, OP_I, OP_WAIT))
 
 
 def _order_megatron(sched: Schedule, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -533,8 +603,8 @@ class _Runs:
         ops = np.concatenate([np.tile(np.array(p, dtype=np.intp), (t, 1)) for p, t in self.runs])
         kind, phase = ops[:, 0], ops[:, 1]
         index = np.zeros(len(kind), dtype=np.intp)
-        forward, backward = np.isin(kind, (OP_F, OP_F_LATE)), np.isin(kind, (OP_B, OP_I, OP_WAIT))
-        for group, counted in ((forward, forward), (backward, np.isin(kind, (OP_B, OP_I)))):
+        forward, backward = IS_FORWARD[kind], IS_GRADIENT[kind]
+        for group, counted in ((forward, forward), (backward, SENDS_GRADIENT[kind])):
             for ph in (0, 1):
                 sel = group & (phase == ph)
                 ahead = np.cumsum(counted & sel) - (counted & sel)  # the group's counted ops before this one
@@ -672,6 +742,27 @@ class StageMap:
             return k if k < p else 2 * p - 1 - k
         return k % p
 
+    def passes(self, m: int) -> int:
+        """A rank's passes over all its chunks in a step of m micro-batches: a pass carries ``copies`` micro-batches,
+        so m, or m / 2 with DualPipe's two copies (each micro-batch runs one of the rank's two stages; a pass over
+        both is one micro-batch each way: dualpipe.py runs num_chunks // 2 micro-batches a direction). The one home of
+        Context.passes and Schedule.passes (review r13a #7)."""
+        return m // self.copies
+
+    @property
+    def micro_batch_share(self) -> float:
+        """A micro-batch's share of a pass over the rank's chunks (a stage step): 1 / copies."""
+        return 1 / self.copies
+
+    def visits(self, v: int) -> int:
+        """The chunks of its ``v`` one micro-batch runs on a rank: all v (Megatron's, a V's 2), DualPipe's 1 (the
+        chunk of its direction)."""
+        return max(1, v) // self.copies
+
+    def copy_of(self, k: int, p: int) -> int:
+        """Which copy of the model virtual stage k (model order, copy by copy) belongs to: 0, or k // pp with copies."""
+        return k // p if self.copies > 1 else 0
+
     def op_chunk(self, rank: np.ndarray, stage: np.ndarray, p: int) -> np.ndarray:
         """The rank's chunk an order's op at (virtual) ``stage`` runs: stage // pp, or, with copies, the op's direction
         (its stage is the rank's own r one way, pp - 1 - r the other; pp is even)."""
@@ -734,6 +825,9 @@ class ScheduleTraits:
     # True: where its ranks or chunks differ, ``bubble_s`` runs ``order`` as a list schedule at each (rank, chunk, op)'s
     # time (planner/pipeline_jitter.py order_span; vsched12), the closed form ``bubble`` where all are equal
     order_priced: bool = False
+    # per chunk of a rank, the micro-batches it holds at its peak where its chunks differ by more than
+    # ``chunk_order`` says (DualPipe: ``_held_dualpipe_chunks``, from its order); None: ``in_flight`` / ``chunk_order``
+    held_by_chunk: Callable[[Schedule, int], tuple[float, ...]] | None = None
     # a warning on the plan where the passes leave the range ``bubble`` is exact in ("" when they do not)
     caveat: Callable[[Sequence[StagePass], Schedule], str] | None = None
     # (kind, v) orders planner/pipeline_jitter.py runs in turn, at the same (p, m), where this one's run is over its
@@ -760,9 +854,8 @@ class ScheduleTraits:
         return self.stage_map.copies
 
     def passes(self, m: int) -> int:
-        """A rank's passes over all its chunks in a step of m micro-batches: m, or m / 2 with DualPipe's two copies
-        (each micro-batch runs one of the rank's two stages; a pass over both is one micro-batch each way)."""
-        return m // self.directions
+        """A rank's passes over all its chunks in a step of m micro-batches (``StageMap.passes``)."""
+        return self.stage_map.passes(m)
 
     def orders_at(self, pp: int) -> bool:
         """Whether a pipeline of ``pp`` stages may be priced by running ``order`` (``order_priced``, the order written
@@ -844,6 +937,7 @@ register(
         _held_dualpipe,
         **{**_DUALPIPE, "stage_map": MIRRORED},
         even_pp="dualpipe.py: assert num_ranks % 2 == 0",
+        held_by_chunk=_held_dualpipe_chunks,
         title="DualPipe",
         layout_caveat=_DUALPIPE_LAYOUT,
     )
@@ -932,6 +1026,8 @@ def _event(stage: int, name: str, mb: int, count: int, start: float, end: float)
 __all__ = [
     "FOLDED",
     "IN_ORDER",
+    "IS_FORWARD",
+    "IS_GRADIENT",
     "MIRRORED",
     "OP_B",
     "OP_F",
@@ -941,6 +1037,7 @@ __all__ = [
     "OP_W",
     "OP_WAIT",
     "SCHEDULE_TRAITS",
+    "SENDS_GRADIENT",
     "ZB_DUALPIPE_SOURCE",
     "PipelineTime",
     "Schedule",

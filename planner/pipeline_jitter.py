@@ -43,13 +43,23 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import pairwise
 
 import numpy as np
 
-from .pipeline import OP_B, OP_F, OP_F_LATE, OP_I, OP_IDLE, OP_WAIT, Schedule, StagePass, schedule_traits
+from .pipeline import (
+    IS_FORWARD,
+    IS_GRADIENT,
+    OP_F_LATE,
+    OP_IDLE,
+    SENDS_GRADIENT,
+    Schedule,
+    StagePass,
+    own_passes,
+    schedule_traits,
+)
 
 DRAWS = 256  # fixed-seed draws: the mean excess to 2-3% (its sampling error; tests/planner/test_pipeline_jitter.py)
 MIN_DRAWS = 8  # the fewest draws before the flow shop (sched11: error measured in docs/step-time.md "(sched11)")
@@ -77,7 +87,9 @@ CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
 RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
 RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
-GRAPH_OPS = 1 << 23  # operations kept in the structures' cache (4 int32 arrays an op, ``cell`` too: ~134 MiB at most)
+# operations kept in the structures' cache (4 int32 arrays an op, ``cell`` too: ~134 MiB at most; with a swept
+# structure's ``plan``, two more: ~200 MiB)
+GRAPH_OPS = 1 << 23
 
 
 @dataclass(frozen=True)
@@ -111,10 +123,11 @@ class _Graph:
     # block), the table's last row (p·chunks·blocks) for no time
     cell: np.ndarray | None = None
     chunks: int = 1  # the chunks of a rank in that table (v: DualPipe's two stages though a micro-batch runs one)
+    # ``_sweep``'s per-level gather indices, laid out on its first sweep (``_levels_plan``) and shared by the copies
+    # ``replace`` makes (the same dict): {0: plan}
+    plan: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-_FORWARDS = np.array([OP_F, OP_F_LATE])
-_GRADIENTS = np.array([OP_B, OP_I, OP_WAIT])  # OP_WAIT waits for the input of the backward it names
 _ROW = np.array([0, 1, 2, 3, -1, 0, -1])  # op kind (pipeline.OP_*) -> its block of m duration rows (-1: the zero row)
 
 
@@ -141,13 +154,13 @@ def _inputs(op: np.ndarray, mb: np.ndarray, stage: np.ndarray, m: int) -> np.nda
     stages = int(stage.max()) + 1
     flat = np.arange(p * n).reshape(p, n)
     sent = np.full((2, m, stages), -1, dtype=np.intp)  # (forward 0 / backward 1, micro-batch, stage) -> flat
-    fwd, grad = np.isin(op, _FORWARDS), np.isin(op, (OP_B, OP_I))
+    fwd, grad = IS_FORWARD[op], SENDS_GRADIENT[op]
     sent[0, mb[fwd], stage[fwd]] = (flat + (op == OP_F_LATE))[fwd]
     sent[1, mb[grad], stage[grad]] = flat[grad]
     waits = np.full((p, n), -1, dtype=np.intp)
     f_in = fwd & (stage > 0)
     waits[f_in] = sent[0, mb[f_in], stage[f_in] - 1]
-    g = np.isin(op, _GRADIENTS)
+    g = IS_GRADIENT[op]
     top = g & (stage == stages - 1)
     waits[top] = sent[0, mb[top], stage[top]]
     inner = g & ~top
@@ -208,7 +221,7 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     traits = schedule_traits(kind)
     blocks = 4 if traits.splits_weights else 2
     at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
-    split = max(1, v) // traits.directions  # the chunks a micro-batch visits on one rank
+    split = traits.stage_map.visits(v)  # the chunks a micro-batch visits on one rank
     # the rank's chunk an op runs (pipeline.StageMap.op_chunk: virtual stage s is chunk s // p, Megatron's c·p + d, a
     # V's r and 2p - 1 - r; DualPipe's by the op's direction, stage r one way and p - 1 - r the other; dualpipe13)
     chunks, rank = max(1, v), np.arange(ops) // n
@@ -239,14 +252,37 @@ def makespans(graph: _Graph, dur: np.ndarray) -> np.ndarray:
     return np.concatenate([_sweep(graph, dur[:, c : c + width]) for c in range(0, dur.shape[1], width)])
 
 
+def _levels_plan(graph: _Graph) -> np.ndarray:
+    """The ops' inputs level by level, level k (ops s..e - 1) at 2s..2e - 1: its ``prev`` rows, then its ``dep``
+    rows (int32, 8 bytes an op; one array, not a view a level, whose ~280 bytes a level would outweigh the
+    structure at small p): laid out once per structure (``_Graph.plan``), so a level of ``_sweep`` is one gather,
+    one max and one add (vsearch13: 1.6-2.0 us a level at one column, against 3.2-3.5 us slicing three index arrays
+    and gathering the durations a level; docs/step-time.md "(vsearch13)")."""
+    found = graph.plan.get(0)
+    if found is None:
+        bounds = np.array(graph.bounds)
+        sizes = np.diff(bounds)
+        start = np.repeat(bounds[:-1], sizes)  # each op's level's first op
+        inputs = np.empty(2 * len(graph.prev), dtype=np.int32)
+        inputs[start + np.arange(len(start))] = graph.prev
+        inputs[start + np.repeat(sizes, sizes) + np.arange(len(start))] = graph.dep
+        found = graph.plan.setdefault(0, inputs)  # atomic: another thread's equal plan may have landed first
+    return found
+
+
 def _sweep(graph: _Graph, dur: np.ndarray) -> np.ndarray:
+    """The makespan of each column of ``dur``: level by level, each op the max of its two inputs' ends plus its
+    duration (the rows of ``dur`` gathered in level order once, ``at``), the same max and add as ``_span_one``."""
     done = np.empty((len(graph.at) + 1, dur.shape[1]))  # every row written (level by level) before it is read
     done[0] = 0.0
-    prev, dep, at = graph.prev, graph.dep, graph.at
+    times = dur[graph.at]  # op i's duration at row i - 1 (level order)
+    inputs, maximum = _levels_plan(graph), np.maximum
     for s, e in pairwise(graph.bounds):
+        got = done[inputs[2 * s : 2 * e]]
         out = done[s + 1 : e + 1]
-        np.maximum(done[prev[s:e]], done[dep[s:e]], out=out)
-        out += dur[at[s:e]]
+        k = e - s
+        maximum(got[:k], got[k:], out=out)
+        out += times[s:e]
     return done[graph.last].max(axis=0)
 
 
@@ -276,7 +312,7 @@ def per_microbatch(kind: str, v: int) -> int:
     pair's wait, per chunk the micro-batch visits on the rank (3·split; pipeline._order_zb_h1, _order_zbv,
     _order_dual)."""
     traits = schedule_traits(kind)
-    return 3 * (max(1, v) // traits.directions) if traits.splits_weights else 2 * max(1, v)
+    return 3 * traits.stage_map.visits(v) if traits.splits_weights else 2 * max(1, v)
 
 
 def _longest(p: int, v: int, per: int = 0) -> int:
@@ -483,34 +519,39 @@ def jitter(sched: Schedule, phi: float, rho: float, omega: float = 0.0) -> Jitte
 # (tests/planner/test_pipeline_vsched.py); monotone in every op's time, as the search's bound needs. Where even
 # m2 = 4p is over it (a V beyond pp 48, ZB-H1 and DualPipe beyond pp 64), None: the closed form.
 ORDER_OPS = 1 << 16
-# one column runs as a Python loop over the ops (0.08-0.12 us an op) where they are fewer than this many a level,
-# else as ``_sweep``'s numpy steps (3-4 us a level at one column): the two cross at 40-45 ops a level (p 40-48 in a V;
-# measured with ZB-H1, ZBV and DualPipeV at p 2-48, docs/step-time.md "(vsched12)"; the same makespans bit for bit)
-LOOP_PER_LEVEL = 40
+# one column runs as a Python loop over the ops (63-69 ns an op since vsearch13, 84-102 before) where they are fewer
+# than this many a level, else as ``_sweep``'s numpy steps (1.6-1.8 us a level at one column, one gather a level
+# since vsearch13; 3-4 us before): the two cross at 25-29 ops a level (p 24-32; measured with ZB-H1, ZBV and
+# DualPipeV at p 4-48, docs/step-time.md "(vsearch13)"; 40 at vsched12's; the same makespans bit for bit)
+LOOP_PER_LEVEL = 27
+# one level of an order run's ``_sweep`` in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 1.6-2.0 us measured at
+# one column, p 4-48 (docs/step-time.md "(vsearch13)"); ``span_work`` charges it (the draws' wider sweeps keep
+# LEVEL_CELLS)
+SPAN_LEVEL_CELLS = 600
 SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used first
-# one op of ``_span_one``'s loop in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 90-130 ns an op measured with ZBV,
-# DualPipeV and ZB-H1 at p 4-40 (docs/step-time.md "(mend12a)"), ``span_work`` charges it
-SPAN_LOOP_CELLS = 30
+# one op of ``_span_one``'s loop in cells (CELL_UNITS a 15 ns unit: ~3 ns a cell): 63-69 ns an op measured with ZBV,
+# DualPipeV and ZB-H1 at p 4-48 (docs/step-time.md "(vsearch13)"; 90-130 ns at mend12a's loop), ``span_work`` charges it
+SPAN_LOOP_CELLS = 22
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
 
 
-def chunk_table(passes: Sequence[StagePass], split: int, blocks: int, copies: int = 1) -> np.ndarray:
+def chunk_table(passes: Sequence[StagePass], split: int, blocks: int) -> np.ndarray:
     """The per-(rank, chunk, block) op times of ``_Graph.cell`` (blocks: forward, full backward, input gradient,
     weight gradient), one column: with one chunk the rank's F, B, B - W, W; with two (a V) chunk 0's forward the
     pass's ``fill_s`` and chunk 1's backward its ``drain_s`` (step.stage_passes: each chunk's real share, the
     backward's share taken as the forward's), the other chunk the rest, W in the backward's shares. ``split``: the
-    rank's chunks; ``copies`` (pipeline.StageMap): DualPipe's 2, whose pass is a micro-batch's mean over its two
-    stages, so the chunks hold twice the pass (the stage each direction runs, dualpipe13)."""
+    rank's chunks, which share the pass over all of them (``StagePass.pass_forward_s``: DualPipe's is a micro-batch
+    each way, each chunk the stage one direction runs, dualpipe13)."""
     rows = []
     for x in passes:
         if split == 1:
             fwd, bwd = (x.forward_s,), (x.backward_s,)
         else:
-            fill, drain = x.ends(split, copies)
-            fwd = (fill, *((copies * x.forward_s - fill) / (split - 1),) * (split - 1))
-            bwd = (*((copies * x.backward_s - drain) / (split - 1),) * (split - 1), drain)
+            fill, drain = x.ends(split)
+            fwd = (fill, *((x.pass_forward_s - fill) / (split - 1),) * (split - 1))
+            bwd = (*((x.pass_backward_s - drain) / (split - 1),) * (split - 1), drain)
         for f, b in zip(fwd, bwd, strict=True):
-            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else copies / split)
+            w = x.weight_s * (b / x.backward_s if x.backward_s > 0 else x.copies / split)
             rows.append((f, b, b - w, w)[:blocks])
     return np.append(np.array(rows, dtype=np.float64).ravel(), 0.0)[:, None]
 
@@ -529,7 +570,7 @@ def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
     """Cells of ``columns`` order runs at (kind, p, v, m) as ``order_span`` / ``order_spans`` run them (``span_run``: 0
     over ORDER_OPS or for one stage): the structure laid out once (``build_cells`` an op and ``work``'s three
     relaxation rounds), then each column its loop (SPAN_LOOP_CELLS an op) where the columns' ops are fewer than
-    LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, LEVEL_CELLS a level per column chunk), the
+    LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, SPAN_LEVEL_CELLS a level per column chunk), the
     levels counted as ``work`` counts them; planner/estimate.py charges it (CELL_UNITS a unit)."""
     traits = schedule_traits(kind)
     run = span_run(kind, p, max(1, v), m) if traits.orders_at(p) else 0
@@ -541,7 +582,7 @@ def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
     if _loops_cheaper(columns, ops, levels):
         return laid + columns * ops * SPAN_LOOP_CELLS
     chunks = -(-columns // max(1, CHUNK // (ops + 1)))
-    return laid + columns * ops + levels * chunks * LEVEL_CELLS
+    return laid + 2 * ops + columns * ops + levels * chunks * SPAN_LEVEL_CELLS  # 2 ops: the sweep's plan laid out
 
 
 def _loops_cheaper(columns: int, ops: int, levels: int) -> bool:
@@ -558,10 +599,12 @@ def _span_one(graph: _Graph, table: list[float]) -> float:
 def _ends_one(graph: _Graph, table: list[float]) -> list[float]:
     """Each rank's last op's end in ``_span_one``'s loop (order_ends reads them apart; dualpipe13b)."""
     prev, dep, cell = (memoryview(x) for x in (graph.prev, graph.dep, graph.cell))  # int32, no copy
-    done = [0.0] * (len(prev) + 1)
-    for i, (a, b, c) in enumerate(zip(prev, dep, cell, strict=True), 1):
-        x, y = done[a], done[b]
-        done[i] = (x if x > y else y) + table[c]
+    done = [0.0]  # op i's end at i + 1, appended in level order (vsearch13: 75-80 ns an op, 90-100 indexed)
+    append = done.append
+    for a, b, c in zip(prev, dep, cell, strict=True):
+        x = done[a]
+        y = done[b]
+        append((x if x > y else y) + table[c])
     return [done[r] for r in graph.last.tolist()]
 
 
@@ -606,11 +649,12 @@ def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
 def order_spans(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> None:
     """``order_span`` of many (passes, schedule) at once into its memo (mend12a, review r12a #2): the jobs of one
     structure (kind, p, v, run) not yet memoised run as the columns of ONE ``_sweep`` (its numpy steps a level
-    shared by the columns: 3-4 us a level plus 2-5 ns a cell, against ``_span_one``'s 0.08-0.12 us an op and
+    shared by the columns: 1.6-2.0 us a level plus 2-5 ns a cell, against ``_span_one``'s 63-69 ns an op and
     column; ``makespans``: in chunks of CHUNK cells) where the columns' ops are at least LOOP_PER_LEVEL a level,
     else each column its own loop (as for one job alone: ``order_span`` runs through the same ``_run_orders``). The same
     makespans bit for bit (each column's max and add in the same order; tests/planner/test_pipeline_vsched.py): the
-    search calls it with a shape's pending bounds (planner/search/step_model.py ``lower_bounds_many``)."""
+    search calls it with the bounds timing prices together (planner/search/evaluate.py ``_InOrder``, step_model.py
+    ``lower_bounds_many``) and a window's data floors and refined bounds (``warm_paths``)."""
     _run_orders(jobs)
 
 
@@ -628,11 +672,10 @@ def _run_orders(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> dict[tu
             out[key] = None
             continue
         found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
-        found.setdefault(key, (passes, sched))
+        found.setdefault(key, (own_passes(passes, sched), sched))
     for group, (graph, pending) in groups.items():
-        kind, run = group[0], group[-1]
-        copies = schedule_traits(kind).directions
-        tables = [chunk_table(passes, graph.chunks, graph.blocks, copies) for passes, _ in pending.values()]
+        run = group[-1]
+        tables = [chunk_table(passes, graph.chunks, graph.blocks) for passes, _ in pending.values()]
         if _loops_cheaper(len(pending), len(graph.at), len(graph.bounds) - 1):
             spans = [_span_one(graph, table[:, 0].tolist()) for table in tables]
         else:

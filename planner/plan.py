@@ -108,6 +108,9 @@ class Totals:
 class Plan:
     world_size: int
     num_microbatches: int
+    # a rank's passes over all its chunks (Context.passes: m, DualPipe's m / 2, one micro-batch each way): what the
+    # step's compute and per-pass calls are counted by, and the exports' passes (review r13a #4)
+    passes: int
     calls: list[PricedCall]
     num_stages: int
     params_total: int
@@ -196,8 +199,8 @@ def build_plan(
     pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
     pricer = _pricer(cluster, layout, pricing)
     priced = [row for call in prepared.calls for row in _price_by_stage(call, pricer)]
-    m = ctx.schedule_micro_batches
-    plan = Plan(par.world_size, m, priced, par.pp, prepared.params_total, cluster_summary(cluster))
+    m = ctx.micro_batches
+    plan = Plan(par.world_size, m, ctx.passes, priced, par.pp, prepared.params_total, cluster_summary(cluster))
     plan.parallel = par
     plan.warnings += steady_state(ctx)  # where a framework's first steps differ from the ledger's
     plan.warnings += model.notes  # what the model's source leaves out (a config.json's vision encoder, ...)

@@ -90,8 +90,8 @@ from .pipeline import (
     StagePass,
     caveats,
     drain_leads,
+    pass_wait,
     pipeline_time,
-    steady_wait,
     timeline,
 )
 from .pipeline_jitter import order_blocks, order_ends
@@ -251,7 +251,7 @@ def schedule_of(
     return Schedule(
         par.pipeline_schedule,
         par.pp,
-        ctx.schedule_micro_batches,
+        ctx.micro_batches,
         par.chunks_per_rank,
         p2p_s,
         overlap_p2p,
@@ -647,7 +647,7 @@ def _pass_exposed(ctx: Context, st: StageStep, phase: str, rows: list, flags: Ov
     pass_time = comp.forward if phase == "forward" else comp.backward
     exposed = 0.0
     for kind, stream, row in rows:
-        t = row[st.stage] / ctx.micro_batches
+        t = row[st.stage] / ctx.passes
         if not t:
             continue
         left = _behind_overlap(ctx, st, kind, phase, t, pass_time, flags, prefetch)
@@ -792,7 +792,7 @@ def _userbuffers_fallback(ctx: Context, totals: StreamTotals, stages: list[Stage
     """The TP calls of a pass Megatron's --tp-comm-overlap leaves on NCCL (all but rules/tensor.py userbuffers_rows:
     MLA's, the MTP modules' and their inner layers' (userbuffers_decoder_share), the embedding's and the output
     layer's, any all-reduce), per micro-batch and phase: exposed as without the overlap."""
-    carried, m = userbuffers_rows(ctx), ctx.micro_batches
+    carried, m = userbuffers_rows(ctx), ctx.passes
     # the decoder's share of a carried row the MTP blocks join (their inner layers run NCCL)
     shares = [userbuffers_decoder_share(ctx, s) if carried else {} for s in range(len(stages))]
     for phase in _PASSES:
@@ -815,7 +815,7 @@ def _async_tp_unfused(ctx: Context, totals: StreamTotals, stages: list[StageStep
     names = summed_dgrad_names(ctx)
     if not names:
         return
-    m = ctx.micro_batches
+    m = ctx.passes
     for st in stages:
         seconds = (totals.tp_seconds.get(tp_key("backward", "reducescatter", n)) for n in names)
         st.tp_unfused_s = sum(row[st.stage] for row in seconds if row) / m
@@ -834,7 +834,7 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
     if not fused:
         return
     gemm = async_tp_gemm_s(ctx, gpu)
-    t, m = ctx.par.tp, ctx.micro_batches
+    t, m = ctx.par.tp, ctx.passes
     for st in stages:
         i = st.stage
         out = {"forward": 0.0, "backward": 0.0}
@@ -862,7 +862,7 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
     gathered or reduced fewer times than there are micro-batches (FSDP2 inside torch.distributed.pipelining:
     rules/data.py fsdp2_pipelined) has its copies spread evenly over the micro-batches' passes: the iteration's
     total is exact, where in the schedule they fall is not."""
-    m, eff = ctx.micro_batches, efficiency(gpu, None)
+    m, eff = ctx.passes, efficiency(gpu, None)
     zeros = [0] * len(stages)
     for st in stages:
         i = st.stage
@@ -897,7 +897,7 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
     async_tp = flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul
     fused = async_tp_fused_names(ctx) if async_tp else ()
     gemms = async_tp_fused_gemms(ctx) if async_tp else {}
-    m, eff, zeros = ctx.micro_batches, efficiency(gpu, None), [0.0] * len(stages)
+    m, eff, zeros = ctx.passes, efficiency(gpu, None), [0.0] * len(stages)
     for st in stages:
         i = st.stage
         extra = []
@@ -958,7 +958,7 @@ def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> StreamTotals:
     """Sums each call's time per stage into the stream it runs on; returns the totals (the pipeline's sends)."""
-    totals = stream_totals(calls, ctx.micro_batches, ctx.par.zero_stage, len(stages), tp_rows_read(ctx, flags))
+    totals = stream_totals(calls, ctx.passes, ctx.par.zero_stage, len(stages), tp_rows_read(ctx, flags))
     assign_streams(ctx, totals, stages, flags, gpu)
     return totals
 
@@ -1065,7 +1065,7 @@ def critical_path(
     sum over stages of each pass's growth / v). ``shares``: stage_passes's."""
     passes = stage_passes(ctx, stages, gpu, shares)
     pipe = pipeline_time(passes, sched)
-    v = max(1, sched.chunks) // sched.traits.directions  # a chunk's share of the pass (DualPipe's: a whole stage)
+    v = max(1, sched.chunks)  # the rank's chunks, which share its pass (StagePass.chunk_s; DualPipe's: a whole stage)
     dp, gathers, ends = [], [], []
     hbm_eff = 0.0 if bound else efficiency(gpu, None).hbm
     slows, late = [], []  # per stage: both slowdowns (reported), the first forward's (after the optimizer step)
@@ -1099,10 +1099,11 @@ def _document_wait_s(ctx: Context, stages: list[StageStep], sched: Schedule) -> 
     attention = comp.forward.attention_s + comp.backward.attention_s
     host = comp.forward.host_s + comp.backward.host_s
     token = comp.forward.total_s + comp.backward.total_s - attention - host
-    copies = sched.traits.directions  # DualPipe's stage step is a micro-batch each way: its mean a micro-batch
-    passes = (comp.forward.total_s / copies, comp.backward.total_s / copies)
-    token, attention = token / copies, attention / copies
-    return document_wait_s(ctx, sched, passes, token, attention, comp.forward.gemm_s / copies)  # stage_passes' W
+    # a micro-batch's share of the stage step (StageMap.passes: DualPipe's step is one micro-batch each way)
+    share = sched.traits.stage_map.micro_batch_share
+    passes = (comp.forward.total_s * share, comp.backward.total_s * share)
+    token, attention = token * share, attention * share
+    return document_wait_s(ctx, sched, passes, token, attention, comp.forward.gemm_s * share)  # stage_passes' W
 
 
 def _dp_slowdown(
@@ -1135,13 +1136,13 @@ def _training(
     # the breakdown is reported for the stage that sets the pace: the most work per iteration
     crit = max(range(len(stages)), key=lambda s: (pipe.busy_s[s], finish[s]))
     st = stages[crit]
-    # a rank's passes over its chunks (DualPipe's: one micro-batch each way, m / 2 of them; pipeline.StageMap)
-    runs, copies = sched.passes, sched.traits.directions
+    # a rank's passes over its chunks (DualPipe's: one micro-batch each way, m / 2 of them; pipeline.StageMap.passes)
+    runs = sched.passes
     # compute as it runs: slowed by the communication hidden behind it (planner/contention.py)
     passes_s = st.compute.forward.total_s + st.slow_fwd_s + st.compute.backward.total_s + st.slow_bwd_s
     compute = runs * passes_s + st.compute.optimizer_s + st.slow_dp_s
     exposed = (
-        runs * (st.fwd_comm_s + st.bwd_comm_s + copies * steady_wait(sched))
+        runs * (st.fwd_comm_s + st.bwd_comm_s + pass_wait(sched))
         + 2 * (sched.stages - 1) * sched.p2p_s
         + st.exposed_dp_s
         + st.tail_s
@@ -1177,14 +1178,14 @@ def stage_passes(
     step is one micro-batch each way, its first chunk the stage direction 0 runs and its last the one direction 1
     runs: the pass is half of it (a micro-batch's mean), the fill and drain those whole stages (dualpipe13)."""
     out = []
-    copies = ctx.par.schedule.directions  # DualPipe: a stage step is one micro-batch each way (Context.micro_batches)
+    copies = ctx.par.schedule.stage_map.copies  # the micro-batches a stage step (a pass over both chunks) carries
     for st in stages:
         share = chunk_shares(ctx, st, gpu) if shares is None else shares[st.stage]
         fwd, bwd = st.forward_s, st.backward_s
         fill = drain = None
         if share is not None:
             fill, drain = fwd * share[0], bwd * share[-1]
-        out.append(StagePass(fwd / copies, bwd / copies, fill, drain, st.compute.forward.gemm_s / copies))
+        out.append(StagePass.of_pass(fwd, bwd, fill, drain, st.compute.forward.gemm_s, copies))
     return out
 
 
@@ -1221,23 +1222,23 @@ def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | Non
 
 def exposed_grad_reduce(ctx: Context, st: StageStep, p: StagePass, v: int, flags: Overlap) -> float:
     """The stage's gradient reduction left exposed after its last backward: all of it without
-    overlap_grad_reduce; with it, what outlasts the last micro-batch's backward (one chunk of v), and never
+    overlap_grad_reduce; with it, what outlasts the last chunk's backward (one of v: StagePass.chunk_s), and never
     less than the last bucket, which starts only once that backward ends."""
     if not flags.overlap_grad_reduce:
         return st.grad_reduce_s
     last_bucket = st.grad_reduce_s / max(1, st.grad_buckets, _overlap_buckets(ctx, st.grad_bytes, ctx.grad_bytes))
-    return max(st.grad_reduce_s - p.backward_s / v, last_bucket)
+    return max(st.grad_reduce_s - p.chunk_s(v)[1], last_bucket)
 
 
 def exposed_param_gather(ctx: Context, st: StageStep, p: StagePass, v: int, flags: Overlap) -> float:
     """The stage's parameter all-gather left exposed after its optimizer step: all of it without
-    overlap_param_gather; with it, what outlasts the first micro-batch's forward (one chunk of v), and never
+    overlap_param_gather; with it, what outlasts the first chunk's forward (one of v: StagePass.chunk_s), and never
     less than the first bucket, which the forward waits for."""
     if not flags.overlap_param_gather:
         return st.param_gather_s
     buckets = _overlap_buckets(ctx, st.param_bytes, ctx.param_bytes)
     first = st.param_gather_s / max(1, st.param_units, buckets)
-    return max(st.param_gather_s - p.forward_s / v, first)
+    return max(st.param_gather_s - p.chunk_s(v)[0], first)
 
 
 def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:

@@ -182,11 +182,13 @@ _H200_CLOCK = SustainedClock(
 # aiconfigurator_gemm_parts.json (bench/aiconfigurator_extract.py). Fitted by bench/kernel_fit.py own_ceilings with the
 # global k0, fill and fixed cost kept: the generation's ceiling (planner/kernels.py GEMM_CEILING, fitted on b200_sxm)
 # scaled, per table class (bf16; fp8_block, which per-tensor fp8 and MXFP8 take as the generation does; nvfp4), until
-# the part's table is predicted with the B200 table's median bias. The datasheet peaks stay; the ceiling carries what
-# the tables measured: the GB200's bf16 GEMMs run a median 4.9% faster than the B200's (p10-p90 0.97-1.13x), not the
-# 11% of their datasheet peaks (2,500 / 2,250 TF). B300 / GB300 nvfp4 (datasheet 1.5x / 1.67x the B200's fp4) measure
-# 1.03x / 1.06x in median (1.15x / 1.22x at m, n, k >= 4,096): their ceilings (0.246, 0.227) fit the median, and price
-# those large nvfp4 GEMMs 28-33% slow; docs/step-time.md "GB200 and B300 GEMMs from their own tables (blackwell13)".
+# the part's table is predicted with the B200 table's median bias on the shapes the ceiling governs (COMPUTE_BOUND:
+# the FLOPs at peak x ceiling at least 0.8 of the predicted time, kernels.gemm_peak_share; mend13b). The datasheet
+# peaks stay; the ceiling carries what the tables measured: at m, n, k >= 4,096 the GB200's bf16 GEMMs take 0.956
+# of the B200's time, not the 0.90 of their datasheet peaks (2,500 / 2,250 TF), the B300's / GB300's nvfp4 0.867 /
+# 0.821, not 0.67 / 0.60 (13.5 / 15 PF against 9); the model gives 0.964, 0.868 / 0.816. Fitted on every shape (the
+# median), B300 / GB300 nvfp4 came out 0.246 / 0.227, slower than the B200's at every shape; docs/step-time.md
+# "nvfp4 ceilings on the compute-bound shapes (mend13b)".
 _AIC_PARTS = "aiconfigurator 095f58a5 {} gemm/trtllm/1.3.0rc20 (bench/kernel_fit.py own_ceilings, over b200_sxm's)"
 
 
@@ -196,9 +198,9 @@ def _measured_gemm(system: str, bf16: float, fp8: float, nvfp4: float) -> Measur
     return MeasuredGemm(ceilings, _AIC_PARTS.format(system))
 
 
-_GB200_GEMM = _measured_gemm("gb200", 0.699, 0.603, 0.392)
-_B300_GEMM = _measured_gemm("b300_sxm", 0.765, 0.694, 0.246)
-_GB300_GEMM = _measured_gemm("gb300", 0.797, 0.679, 0.227)
+_GB200_GEMM = _measured_gemm("gb200", 0.685, 0.614, 0.398)
+_B300_GEMM = _measured_gemm("b300_sxm", 0.744, 0.708, 0.321)
+_GB300_GEMM = _measured_gemm("gb300", 0.804, 0.695, 0.308)
 # fmt: off
 GPUS: dict[str, GPUSpec] = {
     "a100-sxm4-80gb": _A100,

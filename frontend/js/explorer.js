@@ -18,12 +18,15 @@ export function clearExplorer(note) {
   $("explorer").dataset.call = "";
   $("explorer-title").textContent = "Algorithm explorer";
   $("explorer-hint").hidden = true;  // no call's groups to plot (the KV transfer drawn): the note says why
+  // and no empty plot: a blank 320 px stood above the note, beside the drawn transfer (round 13)
+  $("explorer").hidden = true;
   $("explorer-note").textContent = note;
 }
 
 export async function explore(call) {
   const mine = ++seq;
   const label = `${call.name} (stage ${call.stages[0]})`;
+  if ($("explorer").hidden) { $("explorer").hidden = false; chart("explorer").resize(); }
   chart("explorer").clear();
   $("explorer").dataset.call = "";
   $("explorer-title").textContent = `Algorithm explorer: ${label}`;

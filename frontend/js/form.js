@@ -9,9 +9,9 @@ export const SCENARIOS = [
   { id: "llama70b-h100", label: "Llama-3 70B on 64 DGX H100 nodes, TP8 PP4 DP16, ZeRO-1",
     request: { model: { preset: "llama3-70b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 1024 },
       parallel: { tp: 8, pp: 4, dp: 16, zero_stage: 1, sequence_parallel: true }, cluster: { preset: "dgx-h100", num_nodes: 64 } } },
-  // 405B interleaved as Meta ran it peaks at 88.7 GB of 85.5 here without recompute (MFU 46.2%); full recompute
-  // fits in 25.3 GB at 35.7%. Recomputing the MLP alone (Megatron --recompute-modules mlp, the selective
-  // granularity) peaks at 46.8 GB, MFU 39.8% against the paper's 38-43% (Dubey et al. 2024 §3.3). The paper
+  // 405B interleaved as Meta ran it peaks at 88.7 GB of 85.5 here without recompute (MFU 45.5%); full recompute
+  // fits in 25.3 GB at 34.6%. Recomputing the MLP alone (Megatron --recompute-modules mlp, the selective
+  // granularity) peaks at 46.8 GB, MFU 37.4% against the paper's 38-43% (Dubey et al. 2024 §3.3). The paper
   // does not say what it recomputed: this is a light recompute that fits, not a published setting.
   { id: "llama405b-16k", label: "Llama-3 405B on 2,048 DGX H100 nodes, TP8 PP16 DP128, interleaved as Meta ran it, ZeRO-1, MLP recomputed",
     request: { model: { preset: "llama3-405b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 2048, activation_recompute: "selective", recompute_modules: ["mlp"] },
@@ -29,8 +29,8 @@ export const SCENARIOS = [
   { id: "mixtral-npu", label: "Mixtral 8x7B on four 8-NPU full-mesh boards, TP2 EP8, ZeRO-1",
     request: { model: { preset: "mixtral-8x7b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 256 },
       parallel: { tp: 2, pp: 1, dp: 16, ep: 8, zero_stage: 1, sequence_parallel: true }, cluster: { preset: "npu-mesh-8", num_nodes: 4 } } },
-  // FSDP2: one sequence per GPU per micro-batch as torchtitan's llama3_8b.toml (local_batch_size 1), peak 54.0 GB of
-  // 85.9 (micro-batch 2: 94.7)
+  // FSDP2: one sequence per GPU per micro-batch as torchtitan's llama3_8b.toml (local_batch_size 1), peak 54.2 GB of
+  // 85.9 (micro-batch 2: 95.0)
   { id: "fsdp-a100", label: "Llama-3 8B with FSDP2 on 2 DGX A100 nodes (PyTorch), micro-batch 1",
     request: { model: { preset: "llama3-8b" }, workload: { kind: "training", micro_batch_size: 1, global_batch_size: 64 },
       parallel: { tp: 1, pp: 1, dp: 16, zero_stage: 3, framework: "torch" }, cluster: { preset: "dgx-a100", num_nodes: 2 } } },
@@ -142,7 +142,7 @@ export function fillForm(req) {
   setSelect("schedule", p.pipeline_schedule || "1f1b"); setSelect("framework", p.framework || "megatron");
   if (c.preset) setSelect("cluster-preset", c.preset);
   $("nodes").value = str(c.num_nodes, "1"); $("dpn").value = str(c.devices_per_node);
-  $("cluster-switch-note").textContent = ""; lastCluster = $("cluster-preset").value;
+  $("cluster-switch-note").textContent = ""; lastCluster = $("cluster-preset").value; rounded = null;
   $("intra-bw").value = str(obj(c.intra).bandwidth_GBps); $("nics").value = str(c.nics_per_node); $("nic-bw").value = str(c.nic_bandwidth_GBps);
   $("oversub").value = str(obj(c.network).oversubscription);
   // no input shows the constants (the calibration card says them), but a link or a result loaded here keeps them
@@ -168,14 +168,18 @@ function setSelect(id, value) {
 export const devicesPerNode = (preset = $("cluster-preset").value) => num("dpn") || (state.presets.clusters[preset] || {}).devices_per_node || 1;
 
 // a cluster switch keeps the device count where it can (64 DGX nodes are 512 GPUs, 7 GB200 NVL72 racks 504), and
-// says so; the old count came from the preset switched away from
-let lastCluster = null;
+// says so; the old count came from the preset switched away from, or, while the nodes box still holds what a
+// rounding switch put there, the count before it: 512 DGX GPUs -> 7 NVL72 racks (504) -> back to DGX kept 504 (63
+// nodes), and the layout that ran on 512 was refused (round 13)
+let lastCluster = null, rounded = null;  // rounded: {devices asked, nodes shown} after a switch that rounded
 export function switchCluster() {
   const next = $("cluster-preset").value, before = lastCluster;
   lastCluster = next;
   if (!before || before === next || num("dpn")) return;
   const old = (state.presets.clusters[before] || {}).devices_per_node || 1, per = devicesPerNode(next);
-  const devices = (num("nodes") || 1) * old, nodes = Math.max(1, Math.round(devices / per));
+  const devices = rounded && rounded.nodes === num("nodes") ? rounded.devices : (num("nodes") || 1) * old;
+  const nodes = Math.max(1, Math.round(devices / per));
+  rounded = nodes * per === devices ? null : { devices, nodes };
   $("nodes").value = String(nodes);
   $("cluster-switch-note").textContent = nodes * per === devices
     ? `Kept ${devices.toLocaleString("en-US")} devices: ${nodes.toLocaleString("en-US")} node${nodes > 1 ? "s" : ""} of ${per}.`
@@ -207,7 +211,17 @@ function readFacts(what) {
   const n = (x) => Number(x).toLocaleString("en-US");
   return `Read from ${what}: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
     + `FFN ${n(v.ffn_hidden_size)}, vocabulary ${n(v.vocab_size)}${v["moe.num_experts"] ? `, ${n(v["moe.num_experts"])} experts (top ${n(v["moe.top_k"])})` : ""}, `
-    + `${(plan.params_total / 1e9).toFixed(2)}B parameters.`;
+    + `${(plan.params_total / 1e9).toFixed(2)}B parameters, ${n(v.seq_length)} tokens a sequence${positions(v.seq_length)}.`;
+}
+
+// a long-context config.json planned at fewer tokens than it advertises (planner/presets.py from_hf_config caps
+// max_position_embeddings): the facts said nothing of the sequence, and Assumptions named config.json as the source
+// of its 8,192 where the file says 131,072 (round 13)
+function positions(seq) {
+  const hf = (state.request && state.request.model.hf_config) || {}, text = hf.text_config || hf;
+  const max = Number(text.max_position_embeddings);
+  return max > Number(seq) && !state.request.model.seq_length && !(state.request.workload || {}).seq_length
+    ? ` (its max_position_embeddings is ${max.toLocaleString("en-US")}: set Sequence length to plan more)` : "";
 }
 
 export function fillPresets() {
@@ -227,10 +241,17 @@ export function clearErrors() {
   for (const node of document.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
 }
 
+// the layout factor typed last: "tp*cp*pp*dp = 8*2*4*16 = 1024 but the cluster has 512 devices" (loc `parallel`)
+// marked TP and said "Go to TP" after a change of CP (round 13); it marks the factor changed
+const FACTORS = ["tp", "cp", "pp", "dp"];
+let lastFactor = "tp";
+export function noteEdit(target) { if (target && FACTORS.includes(target.id)) lastFactor = target.id; }
+
 export function showErrors(detail) {
   const items = detail.map((d) => {
     const path = (d.loc || []).filter((x) => x !== "body").join(".");
-    const control = FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
+    const control = path === "parallel" ? lastFactor
+      : FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
     const input = control && $(control);
     if (input) input.setAttribute("aria-invalid", "true");
     const go = input ? el("button", { type: "button", className: "link", onclick: () => { input.scrollIntoView({ block: "center" }); input.focus(); } },

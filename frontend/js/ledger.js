@@ -52,9 +52,13 @@ export function renderTable() {
   const sel = state.selected, calls = visibleCalls();
   const named = new Map();
   for (const c of calls) named.set(c.name, (named.get(c.name) || 0) + 1);
-  $("ledger").tBodies[0].replaceChildren(...calls.map((c) => el("tr", {
-    tabIndex: 0, "data-name": c.name, "data-stage": c.stages[0],
-    "aria-selected": String(!!sel && sel.name === c.name && c.stages.includes(sel.stage)),
+  // one tab stop for the whole ledger (the selected row, else the first), the arrows, Home and End move in it
+  // (main.js): every row was a tab stop, 35 Tabs between the form and the search for a keyboard user (round 13)
+  const chosen = (c) => !!sel && sel.name === c.name && c.stages.includes(sel.stage);
+  const stop = Math.max(0, calls.findIndex(chosen));
+  $("ledger").tBodies[0].replaceChildren(...calls.map((c, i) => el("tr", {
+    tabIndex: i === stop ? 0 : -1, "data-name": c.name, "data-stage": c.stages[0],
+    "aria-selected": String(chosen(c)),
   }, COLUMNS.map((col) => {
     const v = cellValue(col, c);
     // under 600 px the Stages column is hidden: a name on several rows says its stages, or a call priced apart per

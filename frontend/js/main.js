@@ -4,7 +4,7 @@ import { $, options } from "./dom.js";
 import { fmtBw, fmtBytes, fmtCount, fmtInt, fmtPct, fmtStages, fmtTime, timeIter } from "./format.js";
 import { renderAssumptions } from "./assumptions.js";
 import { countSet, setClusterChoices, setNcclVersions, showResolvedDefaults } from "./controls.js";
-import { calibrationOf, clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
+import { calibrationOf, clearErrors, FIELDS, fillForm, switchCluster, fillPresets, FormError, noteEdit, readForm, SCENARIOS, showErrors, syncVisibility } from "./form.js";
 import { exportPlan, renderFilters, renderTable, sortBy } from "./ledger.js";
 import { renderMemory } from "./memory.js";
 import { renderParChart } from "./charts.js";
@@ -117,7 +117,9 @@ function showSeeResult() {
 function selectCall(call, save = true) {
   if (!call) return;
   state.selected = { name: call.name, stage: call.stages[0] };
-  for (const row of $("ledger").tBodies[0].rows) row.setAttribute("aria-selected", String(row.dataset.name === call.name && Number(row.dataset.stage) === call.stages[0]));
+  const rows = [...$("ledger").tBodies[0].rows], on = (row) => row.dataset.name === call.name && Number(row.dataset.stage) === call.stages[0];
+  for (const row of rows) row.setAttribute("aria-selected", String(on(row)));
+  if (rows.some(on)) for (const row of rows) row.tabIndex = on(row) ? 0 : -1;  // the ledger's one tab stop (ledger.js)
   const p = call.placement, link = (p.links || [])[0];
   $("detail-title").textContent = `Selected call: ${call.name} (stage${call.stages.length > 1 ? "s" : ""} ${fmtStages(call.stages)})`;
   $("detail-text").textContent = `${call.op} of ${fmtBytes(call.message_bytes)} over ${call.group_size} ranks `
@@ -157,6 +159,9 @@ function loadLayout(hit) {
   $("results").scrollIntoView({ block: "start" });
 }
 
+// the scenario the history entry on show was planned from (state.js saveUrl), if it is one of ours
+const entryScenario = () => { const id = history.state && history.state.scenario; return SCENARIOS.some((s) => s.id === id) ? id : ""; };
+
 // ---- start ------------------------------------------------------------------------------------------------------
 const LOADED_BY_START = ["scenario", "model-preset", "cluster-preset"];  // index.html says "Loading…" in each until then
 
@@ -177,10 +182,10 @@ async function start() {
   fillPresets();
   fillServeModels(state.presets.models);
   fillStepOps();
-  if (saved) { fillForm(saved.r); state.selected = saved.c; } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
+  if (saved) { fillForm(saved.r); state.selected = saved.c; $("scenario").value = entryScenario(); } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
   $("config").setAttribute("aria-busy", "false");
 
-  $("config").addEventListener("input", () => { $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
+  $("config").addEventListener("input", (e) => { noteEdit(e.target); $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
   $("cluster-preset").addEventListener("change", switchCluster);
   $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });
@@ -206,12 +211,16 @@ async function start() {
   $("ledger").tBodies[0].addEventListener("keydown", (e) => {
     const row = e.target.closest("tr"); if (!row) return;
     if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pick(row); }
-    if (e.key === "ArrowDown") { e.preventDefault(); row.nextElementSibling?.focus(); }
-    if (e.key === "ArrowUp") { e.preventDefault(); row.previousElementSibling?.focus(); }
+    const rows = row.parentElement.rows;
+    const to = { ArrowDown: row.nextElementSibling, ArrowUp: row.previousElementSibling, Home: rows[0], End: rows[rows.length - 1] }[e.key];
+    if (to) { e.preventDefault(); row.tabIndex = -1; to.tabIndex = 0; to.focus(); }
   });
   $("timeline-zoom").addEventListener("click", () => {
     const k = Number($("timeline-mb").value), span = zoomToMicrobatch(k);
-    $("timeline-zoom-note").textContent = span ? `micro-batch ${k}: ${fmtTime(span[0])} → ${fmtTime(span[1])} over every stage` : `no micro-batch ${k} in this step`;
+    // the range too: "no micro-batch 64 in this step" left the user guessing 1-64 or 0-63 (round 13)
+    const m = state.plan ? state.plan.num_microbatches : 0;
+    $("timeline-zoom-note").textContent = span ? `micro-batch ${k}: ${fmtTime(span[0])} → ${fmtTime(span[1])} over every stage`
+      : `no micro-batch ${$("timeline-mb").value.trim() || "given"} in this step` + (m > 1 ? `: they are numbered 0 to ${fmtInt(m - 1)}` : m === 1 ? ": its one is numbered 0" : "");
   });
   $("timeline-all").addEventListener("click", () => { zoomToMicrobatch(-2); $("timeline-zoom-note").textContent = ""; });
   $("step-op").addEventListener("change", fillStepAlgorithms);
@@ -234,7 +243,7 @@ async function restoreEntry() {
   if (!saved) return;
   if (!state.request) { location.reload(); return; }  // before the page's first plan: start() reads the URL
   clearTimeout(debounce);
-  fillForm(saved.r); state.selected = saved.c; $("scenario").value = "";
+  fillForm(saved.r); state.selected = saved.c; $("scenario").value = entryScenario();
   syncVisibility(); countSet();
   restoreServe(saved.o, saved.v);
   await runPlan(true);

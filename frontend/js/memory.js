@@ -21,7 +21,8 @@ export function renderMemory(plan) {
     data: stages.map((s) => ({ value: s[key] || 0, itemStyle: s.peak_bytes > cap ? { borderColor: "#c0392b", borderWidth: 2 } : {} })),
   }));
   series.push({
-    name: "peak", type: "scatter", symbol: "diamond", symbolSize: 11,
+    // the series' own colour is the legend's: without it the legend drew the palette's blue diamond beside dark marks
+    name: "peak", type: "scatter", symbol: "diamond", symbolSize: 11, itemStyle: { color: "#15202b" },
     data: stages.map((s) => ({ value: s.peak_bytes, itemStyle: { color: s.peak_bytes > cap ? "#c0392b" : "#15202b" } })),
     markLine: { symbol: "none", silent: true, lineStyle: { color: "#c0392b", type: "dashed", width: 2 },
       label: { formatter: `capacity ${fmtBytes(cap)}`, position: "insideEndTop", color: "#a11d1d" }, data: [{ yAxis: cap }] },

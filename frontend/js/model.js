@@ -103,7 +103,18 @@ export function buildModelFields() {
   // another preset is another base: the edits made over the last one go
   $("model-preset").addEventListener("change", () => { clearModelFields(); showModelDefaults(); });
   for (const id of ["model-source-preset", "model-source-hf", "model-source-fields"]) $(id).addEventListener("change", showModelDefaults);
+  $("model-source-fields").addEventListener("change", startFromPreset);
   showModelDefaults();
+}
+
+// "Fields only" with nothing typed starts from the preset on show, its fields filled in and open, to edit: it sent an
+// empty model, a 422 naming six missing fields, the fields folded away (round 13)
+function startFromPreset() {
+  const m = state.presets.models[$("model-preset").value];
+  if (!m || setFields() > 0) return;
+  fillModelFields(m);
+  if ($("seq-length").value.trim() === "") $("seq-length").value = String(m.seq_length);
+  $("model-fields").closest("details").open = true;
 }
 
 // The blocks a request put in the form whole (a link, a scenario, a search hit): read back as they came, the fields

@@ -221,6 +221,10 @@ export function renderCompare(labels, plans) {
     return el("tr", {}, el("th", { scope: "row" }, name), el("td", { className: "num" }, fmt(a)), el("td", { className: "num" }, fmt(b)),
       el("td", { className: `num ${good}` }, d === null ? "–" : `${d > 0 ? "+" : d < 0 ? "−" : ""}${dfmt(Math.abs(d))}`));
   });
+  // a call one plan has not costs it nothing: cp.attn.kv, absent from TP8 PP4 and 21.2 ms a step in TP2 PP8 CP2, is
+  // +21.2 ms (it read "–", though the rows are ranked by that same difference; round 13)
+  const callDiff = (a, b) => { const d = (b ?? 0) - (a ?? 0);
+    return `${d >= 0 ? "+" : "−"}${fmtTime(Math.abs(d))}${a === undefined ? " (new)" : b === undefined ? " (gone)" : ""}`; };
   const [wa, wb] = plans.map(worstByName);
   const names = [...new Set([...wa.keys(), ...wb.keys()])]
     .map((n) => ({ n, a: wa.get(n), b: wb.get(n) }))
@@ -228,7 +232,7 @@ export function renderCompare(labels, plans) {
     .sort((x, y) => Math.abs((y.b || 0) - (y.a || 0)) - Math.abs((x.b || 0) - (x.a || 0))).slice(0, 15);
   const diff = names.map(({ n, a, b }) => el("tr", {}, el("td", {}, n), el("td", { className: "num" }, a === undefined ? "absent" : fmtTime(a)),
     el("td", { className: "num" }, b === undefined ? "absent" : fmtTime(b)),
-    el("td", { className: "num" }, a === undefined || b === undefined ? "–" : `${b >= a ? "+" : "−"}${fmtTime(Math.abs(b - a))}`)));
+    el("td", { className: "num" }, callDiff(a, b))));
   $("compare-body").replaceChildren(
     el("p", { className: "compare-legend" }, el("strong", {}, "A"), ` = ${labels[0]} · `, el("strong", {}, "B"), ` = ${labels[1]}`),
     el("div", { className: "table-wrap" }, el("table", { className: "compare-table" }, el("thead", {}, head), el("tbody", {}, rows.filter(Boolean)))),

@@ -10,7 +10,9 @@ import { clearExplorer } from "./explorer.js";
 import { drawTopology } from "./topology.js";
 
 const num = (id) => { const v = $(id).value.trim(); return v === "" ? null : Number(v); };
-const POOL_FIELDS = ["workers", "tp", "dp", "ep"];
+// pp: a search result with a pipelined pool ("decode 3× TP8 PP16") loaded without it, so the card planned 40 GPUs
+// for the listed 400, at 111 tokens/s per GPU for the listed 10.9 (round 13)
+const POOL_FIELDS = ["workers", "tp", "pp", "dp", "ep"];
 
 // published deployments to start from (their sources: docs/serving.md)
 // dsv3-pd: the LMSYS run (lmsys.org/blog/2025-05-05-large-scale-ep; its launch commands, sglang issue #6017, pass
@@ -60,13 +62,14 @@ function loadScenario() {
 // a pool's fields, written once for the three pools (serve-a: both roles, serve-p: prefill, serve-d: decode)
 const DISPATCHES = [["", "engine default"], ["alltoall", "all-to-all"], ["deepep", "DeepEP"], ["deepep_ll", "DeepEP low-latency"],
   ["agrs", "all-gather + reduce-scatter (vLLM)"], ["dp_gather", "DP-attention gather (SGLang)"], ["agrs_quant", "post-quant all-gather (TensorRT-LLM)"]];
-const POOL_LABELS = { workers: "Workers", tp: "TP", dp: 'DP <span class="hint">(attention)</span>', ep: "EP" };
+const POOL_LABELS = { workers: "Workers", tp: "TP", pp: "PP", dp: 'DP <span class="hint">(attention)</span>', ep: "EP" };
 // what each pool control does, said on hover (round 11: the pool's fields had none; "DP (attention)" beside an
 // "Attention-DP" box read as one setting twice)
 const POOL_TITLES = {
   workers: "engine instances of this layout, each serving its own requests",
   tp: "tensor parallel GPUs of one worker (with DP and EP: the attention's TP)",
-  dp: "attention ranks of one worker (app/schemas/serve.py PoolIn.dp); GPUs per worker = TP x DP",
+  pp: "pipeline stages of one worker (vLLM --pipeline-parallel-size, SGLang --pp-size, TensorRT-LLM --pp_size); GPUs per worker = TP x PP x DP",
+  dp: "attention ranks of one worker (app/schemas/serve.py PoolIn.dp); GPUs per worker = TP x PP x DP",
   ep: "expert parallel GPUs the MoE experts spread over (MoE models)",
   adp: "data-parallel attention: each attention rank holds its own requests' tokens and KV cache, gathered before the experts (SGLang --enable-dp-attention, TensorRT-LLM enable_attention_dp; docs/serving.md)",
   dispatch: "how tokens reach their experts; engine default: vLLM all-gather + reduce-scatter, SGLang DP-attention gather, TensorRT-LLM all-to-all",
@@ -150,7 +153,10 @@ function traffic() {
 
 // the serving options the card sets (app/schemas/serve.py ServeOptionsIn); a blank one is the engine's default
 // (two_batch_overlap off and redundant_experts 0 in vLLM, SGLang and TensorRT-LLM: planner/serving/engines.py)
-const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant"];
+// MTP, CUDA graphs and chunked prefill (round 13): options the API takes that the card had no control for, so
+// DeepSeek-V3 could not be served with its multi-token prediction from the page
+const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant", "serve-mtp-draft", "serve-mtp-acceptance", "serve-cuda-graphs", "serve-chunked"];
+const ON_OFF_OPTIONS = [["serve-cuda-graphs", "cuda_graphs"], ["serve-chunked", "chunked_prefill"]];
 // the step-time factors fitted to the user's benchmark runs (POST /v1/serve/calibrate), or null: the planner's own
 let scales = null;
 function options(calibrated = true) {
@@ -158,6 +164,13 @@ function options(calibrated = true) {
   if ($("serve-kv").value) o.kv_dtype = $("serve-kv").value;
   if ($("serve-tbo").value) o.two_batch_overlap = $("serve-tbo").value === "true";
   if (num("serve-redundant") !== null) o.redundant_experts = num("serve-redundant");
+  // a draft count alone is sent without its acceptance: the server names the missing field (options.mtp.acceptance)
+  if (num("serve-mtp-draft") !== null || num("serve-mtp-acceptance") !== null) {
+    o.mtp = {};
+    if (num("serve-mtp-draft") !== null) o.mtp.draft_tokens = num("serve-mtp-draft");
+    if (num("serve-mtp-acceptance") !== null) o.mtp.acceptance = num("serve-mtp-acceptance");
+  }
+  for (const [id, key] of ON_OFF_OPTIONS) if ($(id).value) o[key] = $(id).value === "true";
   if (calibrated && scales) Object.assign(o, scales);
   return o;
 }
@@ -170,6 +183,10 @@ export function fillServeOptions(o) {
   $("serve-kv").value = ["bf16", "fp8"].includes(o.kv_dtype) ? o.kv_dtype : "";
   $("serve-tbo").value = typeof o.two_batch_overlap === "boolean" ? String(o.two_batch_overlap) : "";
   $("serve-redundant").value = Number.isInteger(o.redundant_experts) ? String(o.redundant_experts) : "";
+  const mtp = o.mtp && typeof o.mtp === "object" ? o.mtp : {};
+  $("serve-mtp-draft").value = Number.isFinite(mtp.draft_tokens) ? String(mtp.draft_tokens) : "";
+  $("serve-mtp-acceptance").value = Number.isFinite(mtp.acceptance) ? String(mtp.acceptance) : "";
+  for (const [id, key] of ON_OFF_OPTIONS) $(id).value = typeof o[key] === "boolean" ? String(o[key]) : "";
   const fitted = typeof o.prefill_time_scale === "number" && typeof o.decode_time_scale === "number";
   scales = fitted ? { prefill_time_scale: o.prefill_time_scale, decode_time_scale: o.decode_time_scale } : null;
   showScales();
@@ -270,8 +287,13 @@ const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-
   "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency",
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
-  "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes" };
-const POOL_INPUTS = { workers: "workers", tp: "tp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
+  "options.mtp": "serve-mtp-draft", "options.mtp.draft_tokens": "serve-mtp-draft", "options.mtp.acceptance": "serve-mtp-acceptance",
+  "options.cuda_graphs": "serve-cuda-graphs", "options.chunked_prefill": "serve-chunked",
+  "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes",
+  // the pools' GPUs against the cluster's, the one refusal of the pools as a whole the card can send: "deployment.pools:
+  // the pools use 1x32 + 1x64 = 96 GPUs; the cluster has 32" named a path and marked nothing (round 13)
+  "deployment.pools": "serve-nodes" };
+const POOL_INPUTS = { workers: "workers", tp: "tp", pp: "pp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
 const unmark = () => { for (const node of $("serve-card").querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid"); };
 function inputOf(path) {
   const pool = /^deployment\.pools\.(\d)\.(\w+)$/.exec(path);
@@ -325,13 +347,33 @@ const poolTokens = (p) => (p.output_tokens_per_s ? `${fmtCount(p.output_tokens_p
 const kvMoved = (k) => `${fmtBytes(k.bytes_per_request)} per request, ${fmtBytes(k.wire_bytes)} on the wire from ${k.senders} rank${k.senders > 1 ? "s" : ""}`
   + (k.wire_bytes > k.bytes_per_request * 1.001 ? " (replicated KV heads: every copy filled)" : "");
 
+// what a deployment the cards cannot stand for is, in words (round 13): one that does not fit showed 250 tokens/s per
+// GPU and "2.00 K output tokens/s on 8 GPUs" for DeepSeek-V3's 670 GB per GPU, and a saturated request rate the
+// traffic's own tokens/s as if served (planner/serving/deployment.py gives the asked rate where TTFT is unbounded)
+function verdict(d) {
+  const hbm = d.cluster && d.cluster.gpu ? d.cluster.gpu.hbm_bytes : null;
+  const short = d.pools.filter((p) => !p.fits).map((p) => `the ${p.role === "both" ? "" : `${p.role} `}pool `
+    + (hbm && p.memory_peak_bytes > hbm ? `needs ${fmtBytes(p.memory_peak_bytes)} per GPU, over the ${fmtBytes(hbm)} a GPU holds`
+      : "leaves no room for one request's KV cache"));
+  const said = [];
+  if (!d.fits) said.push(`Does not fit: ${short.join("; ") || "a pool does not fit in memory"}. The figures below are what it would do if it fit, not a deployment that runs.`);
+  if (d.ttft_s === null) said.push(`Saturated: ${fmtCount(d.request_rate)} requests/s is more than it serves, so the queue and TTFT grow without bound; the tokens/s below are the traffic's, asked, not served.`);
+  return said.join(" ");
+}
+
 export function renderServe(d) {
-  const t = d.throughput, kv = d.kv_cache;
+  const t = d.throughput, kv = d.kv_cache, words = verdict(d);
+  $("serve-verdict").textContent = words;
+  $("serve-verdict").hidden = !words;
+  $("serve-cards").classList.toggle("unrunnable", !!words);
   const cards = [
     metric("TTFT", d.ttft_s === null ? "unbounded" : fmtTime(d.ttft_s), d.ttft_s === null ? "the queue grows without bound" : "prefill + queue + KV transfer", "ttft"),
     metric("TPOT", fmtTime(d.tpot_s), `${fmtCount(t.tokens_per_s_per_user)} tokens/s per user`, "tpot"),
-    metric("Tokens/s per GPU", fmtCount(t.output_tokens_per_s_per_gpu), `${fmtCount(t.output_tokens_per_s)} output tokens/s on ${fmtInt(d.gpus)} GPUs`, "per-gpu"),
-    metric("KV cache", `${fmtCount(kv.capacity_tokens)} tokens`, `${fmtBytes(kv.bytes_per_token)} per token; ${fmtInt(kv.max_concurrency)} requests per worker`, "kv"),
+    metric("Tokens/s per GPU", fmtCount(t.output_tokens_per_s_per_gpu), `${fmtCount(t.output_tokens_per_s)} output tokens/s `
+      + `${d.ttft_s === null ? "asked of" : "on"} ${fmtInt(d.gpus)} GPUs${d.fits ? "" : " (does not fit)"}`, "per-gpu"),
+    // whose: a disaggregated deployment's KV cache is its decode workers' (round 13: "per worker" beside a prefill pool)
+    metric("KV cache", `${fmtCount(kv.capacity_tokens)} tokens`, `${fmtBytes(kv.bytes_per_token)} per token; ${fmtInt(kv.max_concurrency)} requests per `
+      + `${d.pools.length > 1 ? "decode " : ""}worker`, "kv"),
     metric("Bound by", d.bottleneck, `${fmtCount(d.request_rate)} requests/s`, "bound"),
   ];
   if (d.kv_transfer) {
@@ -394,7 +436,7 @@ async function runServeSearch() {
     // best so far), then the result
     const result = await search(body, showServeProgress, undefined, "/v1/serve/search?stream=true");
     state.serveSearch = result;
-    renderServeSearch(result, sla, body.traffic);
+    renderServeSearch(result, sla, body.traffic, body.cluster);
   } catch (err) {
     $("serve-search-status").textContent = `Search failed: ${errorText(err)}`;
   } finally {
@@ -430,10 +472,28 @@ const engineName = (id) => [...$("serve-engine").options].find((o) => o.value ==
 const loadable = (request) => ({ tabIndex: 0, onclick: () => loadDeployment(request),
   onkeydown: (e) => { if (e.key === "Enter") loadDeployment(request); } });
 
-function renderServeSearch(result, sla, traffic) {
+// the deployments the search did not plan and why, as the CLI's "not planned:" line (app/cli.py): the page said
+// nothing, so the card's two-batch overlap refusing every TensorRT-LLM deployment (256 of 768) left an engine out
+// of a search "across engines" unsaid (round 13)
+const notPlanned = (rejected) => {
+  const why = Object.entries(rejected || {}).sort((a, b) => b[1] - a[1]);
+  return why.length ? ` Not planned (deployments): ${why.map(([reason, n]) => `${reason} (${fmtInt(n)})`).join("; ")}.` : "";
+};
+
+// the GPUs every deployment of the search fills (planner/serving/search.py candidates: as many workers as fit in
+// the cluster): at the form's 64 nodes a 64-request load ranked 400-GPU deployments at 10.9 tokens/s per GPU, with
+// nothing saying the Nodes box sets the size searched (round 13)
+function searchedGpus(cluster) {
+  const per = cluster.devices_per_node || (state.presets.clusters[cluster.preset] || {}).devices_per_node || 1;
+  const nodes = cluster.num_nodes || 1;
+  return `${fmtInt(nodes * per)} GPUs (${fmtInt(nodes)} node${nodes > 1 ? "s" : ""}; the Nodes box sets them)`;
+}
+
+function renderServeSearch(result, sla, traffic, cluster) {
   const met = result.results.length > 0;
-  $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each at up to 3 loads; `
-    + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}`;
+  $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each filling up to `
+    + `${searchedGpus(cluster)} with its workers, each at up to 3 loads; `
+    + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}${notPlanned(result.rejected)}`;
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
     el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
     el("td", {}, c.request.deployment.pools.map(poolName).join(" + ")),

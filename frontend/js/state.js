@@ -20,9 +20,12 @@ export function saveUrl(push = false) {
   if (state.serveOptions) saved.o = state.serveOptions;
   if (state.serveCard) saved.v = state.serveCard;
   const hash = `#s=${encode(saved)}`;
-  if (location.hash === hash && history.state && history.state.commplan) return;
-  if (push && location.hash !== hash) history.pushState({ commplan: 1 }, "", hash);
-  else history.replaceState({ commplan: 1 }, "", hash);
+  // the scenario on show goes with the entry (not the link: a link is its request), so Back to a scenario's plan
+  // names it again; the select read "— pick a scenario —" over the scenario's own form (round 13)
+  const entry = { commplan: 1, scenario: (document.getElementById("scenario") || {}).value || "" };
+  if (location.hash === hash && history.state && history.state.commplan && history.state.scenario === entry.scenario) return;
+  if (push && location.hash !== hash) history.pushState(entry, "", hash);
+  else history.replaceState(entry, "", hash);
 }
 
 // what the URL holds, or null; only plain JSON objects are accepted (anything else is ignored)

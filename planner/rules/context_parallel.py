@@ -108,14 +108,13 @@ def calls(ctx: Context) -> list[Call]:
     # every call of a stage depends on its number of layers and of those whose attention re-runs alone
     for first, stages in stage_classes(range(ctx.par.pp), lambda stage: _layer_counts(ctx, stage)).items():
         layers, again = _layer_counts(ctx, first)
-        out += [c.on(stages) for c in _attention(ctx, layers * ctx.micro_batches, "forward")]
+        out += [c.on(stages) for c in _attention(ctx, layers * ctx.passes, "forward")]
         if not ctx.training:
             continue
-        out += [c.on(stages) for c in _attention(ctx, layers * ctx.micro_batches, "backward")]
+        out += [c.on(stages) for c in _attention(ctx, layers * ctx.passes, "backward")]
         if again:  # layers re-run whole, or selective with core_attn: the attention's exchange re-runs
             out += [
-                recomputed(c, "attention recompute").on(stages)
-                for c in _attention(ctx, again * ctx.micro_batches, "forward")
+                recomputed(c, "attention recompute").on(stages) for c in _attention(ctx, again * ctx.passes, "forward")
             ]
     return out
 

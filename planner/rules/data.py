@@ -59,7 +59,7 @@ def calls(ctx: Context) -> list[Call]:
                     op=Op.ALLREDUCE,
                     phase="forward",
                     message_bytes=8,
-                    calls_per_iteration=ctx.micro_batches,
+                    calls_per_iteration=ctx.passes,
                     group=Group(("cp", "dp")),
                     source="megatron pretrain_gpt.py loss_func (loss and token count)",
                     stages=(stage,),
@@ -165,7 +165,7 @@ def _bucketed(ctx: Context, params: Sequence[Param], group: Group, kind: str, si
         return []
     source = ctx.flavour.dp_sources[stage]
     buckets = _buckets(ctx, params, size)
-    gbytes, pbytes, m = ctx.grad_bytes, ctx.param_bytes, ctx.micro_batches
+    gbytes, pbytes, m = ctx.grad_bytes, ctx.param_bytes, ctx.passes
     out = ddp_used_map(ctx, params, group, kind)
     for numel, count in _counted(buckets):
         # ZeRO-0 all-reduces the bucket's gradients; ZeRO-1/2 reduce-scatter them (ZeRO-2 every micro-batch)
@@ -321,7 +321,7 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
         else group
     )
     source = ctx.flavour.dp_sources[ctx.par.zero_stage]
-    reduces = ctx.micro_batches
+    reduces = ctx.passes
     if fsdp2_pipelined(ctx):
         source += " in torch.distributed.pipelining (stage.py backward_maybe_with_nosync, perform_reduce_grad)"
         reduces = 1
@@ -459,7 +459,7 @@ def _gathers(ctx: Context, stage: int, root: bool) -> tuple[int, int]:
     first pass of the step, and again only by a pass that follows a forward which resharded it: never with
     reshard_after_forward=False (our torch ZeRO-2) or for the root; with resharding (blocks at ZeRO-3), by
     every forward or backward that follows a forward in the stage's order (pipeline_passes)."""
-    m, fsdp2 = ctx.micro_batches, ctx.flavour.zero is Zero.FSDP2
+    m, fsdp2 = ctx.passes, ctx.flavour.zero is Zero.FSDP2
     if not fsdp2_pipelined(ctx):
         again = ctx.par.zero_stage == 3 and not (fsdp2 and root)
         return m, m if again else 0
@@ -485,6 +485,6 @@ def pipeline_passes(ctx: Context, stage: int) -> list[str]:
     schedule is taken in 1F1B's order (ScheduleInterleaved1F1B interleaves the chunks in rounds): its gather
     count per unit is still m + 1, as in any order whose last pass is a backward (every forward is followed
     by one pass, which gathers), only the split between the forward and backward phases is 1F1B's."""
-    m, p = ctx.micro_batches, ctx.par.pp
+    m, p = ctx.passes, ctx.par.pp
     warmup = m if ctx.par.schedule.forwards_first else min(m, p - stage)
     return [["F"] * warmup + ["B", "F"] * (m - warmup) + ["B"] * warmup]

@@ -148,7 +148,7 @@ def _zero12(ctx: Context, numels: list[int], group: Group, kind: str, size: int)
     partition = _flat_partition(numels, size)
     order = list(range(len(numels))) if stage == 1 else list(reversed(range(len(numels))))
     sizes = [s for b in _ipg_buckets(numels, order, cap) for s in _allreduce_sizes(b, numels, starts, partition, cap)]
-    per, source = ctx.micro_batches if stage == 2 else 1, "stage_1_and_2.py average_tensor -> allreduce_and_scatter"
+    per, source = ctx.passes if stage == 2 else 1, "stage_1_and_2.py average_tensor -> allreduce_and_scatter"
     grads = _rows(ctx, sizes, per=per, name=f"{kind}.grads", op=Op.ALLREDUCE, phase="backward", source=source,
                   **_grads(ctx, group))  # fmt: skip
     source = "runtime/utils.py all_gather_into_tensor_dp_groups"
@@ -170,7 +170,7 @@ def _reduce_cap(ctx: Context) -> int:
 
 def _zero3(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int) -> list[Call]:
     numels = [p.numel for p in params]
-    zc, m = ctx.par.zero_config, ctx.micro_batches
+    zc, m = ctx.par.zero_config, ctx.passes
     persist = [n <= zc.stage3_param_persistence_threshold for n in numels]
     fetches = fetch_sizes(numels, persist, ctx.par.zero_config, size, module_tree(params))
     param = _params(ctx, group)
@@ -267,7 +267,7 @@ def _qgz(ctx: Context, numels: list[int], buckets: list[list[int]], group: Group
     weight is taken as the hidden size."""
     local = min(size, ctx.devices_per_node or size)
     intra, inter = _sub_group(ctx, group, local), Group(("dp_rep",), group.expert, split=local)
-    h, m = ctx.model.hidden_size, ctx.micro_batches
+    h, m = ctx.model.hidden_size, ctx.passes
     src = "runtime/comm/coalesced_collectives.py all_to_all_quant_reduce (qgZ)"
     rows: dict[tuple, int] = {}
     for bucket in buckets:

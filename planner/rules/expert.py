@@ -51,7 +51,7 @@ def calls(ctx: Context) -> list[Call]:
     # every call of a stage depends on its number of MoE layers and of those whose MoE block re-runs alone
     key = (lambda stage: (ctx.moe_layers(stage), rerun_layers(ctx, stage).routed)) if ctx.training else ctx.moe_layers
     for first, stages in stage_classes(range(ctx.par.pp), key).items():
-        layers = ctx.moe_layers(first) * ctx.micro_batches
+        layers = ctx.moe_layers(first) * ctx.passes
         if layers == 0:
             continue
         out += [c.on(stages) for c in _router(ctx, first)]
@@ -62,7 +62,7 @@ def calls(ctx: Context) -> list[Call]:
             again = rerun_layers(ctx, first)
             if again.routed:
                 what = "activation recompute" if not again.moe_block else "selective recompute (moe; moe_layer.py)"
-                out += [recomputed(c, what).on(stages) for c in _forward(ctx, again.routed * ctx.micro_batches)]
+                out += [recomputed(c, what).on(stages) for c in _forward(ctx, again.routed * ctx.passes)]
     return out
 
 
@@ -95,12 +95,12 @@ def _router(ctx: Context, stage: int) -> list[Call]:
             op=Op.ALLREDUCE,
             phase="forward",
             message=per * 8,
-            count=moe_layers * ctx.micro_batches,
+            count=moe_layers * ctx.passes,
             group=Group(("tp", "cp")),
             dtype="int64",
             source=M + "megatron/core/transformer/moe/router.py _apply_aux_loss -> moe_utils.py:269 (tp_cp_group)",
         )
-        rerun = rerun_layers(ctx, stage).routed * ctx.micro_batches
+        rerun = rerun_layers(ctx, stage).routed * ctx.passes
         moved = replace(recomputed(call, ROUTER_RECOMPUTE), calls_per_iteration=rerun)
         kept = replace(call, calls_per_iteration=call.calls_per_iteration - rerun)
         out += [c for c in (kept, moved) if c.calls_per_iteration]

@@ -116,7 +116,7 @@ def _amax(ctx: Context) -> list[Call]:
             op=Op.ALLREDUCE,
             phase=phase,
             message_bytes=message,
-            calls_per_iteration=count * ctx.micro_batches,
+            calls_per_iteration=count * ctx.passes,
             group=Group(("tp", "cp", "dp")),
             source=source,
             dtype="fp32",
@@ -168,7 +168,7 @@ def _tp_amax(ctx: Context) -> list[Call]:
                 op=Op.ALLREDUCE,
                 phase=phase,
                 message_bytes=AMAX_BYTES,
-                calls_per_iteration=linears * ctx.micro_batches,
+                calls_per_iteration=linears * ctx.passes,
                 group=Group(("tp",)),
                 source=TP_AMAX_SOURCE,
                 dtype="fp32",
@@ -176,7 +176,7 @@ def _tp_amax(ctx: Context) -> list[Call]:
             )
             out.append(call.on(stages))
             if phase == "forward" and again:
-                out.append(replace(recomputed(call), calls_per_iteration=again * ctx.micro_batches).on(stages))
+                out.append(replace(recomputed(call), calls_per_iteration=again * ctx.passes).on(stages))
     return out
 
 

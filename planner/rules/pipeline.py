@@ -29,7 +29,7 @@ from ..parallel import rank_of
 def calls(ctx: Context) -> list[Call]:
     if ctx.par.pp == 1:
         return []
-    p, m = ctx.par.pp, ctx.micro_batches
+    p, m = ctx.par.pp, ctx.passes
     gather = scatter_gather(ctx)
     message = ctx.activation // (ctx.par.tp if ctx.par.sp or gather else 1)
     src = ctx.par.schedule.source or ctx.flavour.pp_source

@@ -76,11 +76,12 @@ def _mb(
     ctx: Context, *, name: str, op: Op, phase: str, count: int, source: str, message: int | None = None,
     dtype: str | None = None,
 ) -> Call:  # fmt: skip
-    """A TP call issued ``count`` times per micro-batch; the message defaults to the TP unit A, in the hidden
+    """A TP call issued ``count`` times per pass over the rank's chunks (Context.passes: a micro-batch, DualPipe's one
+    each way); the message defaults to the TP unit A, in the hidden
     states' dtype (Context.hidden_dtype: bf16 under an fp8 recipe, whose GEMM outputs and gradients are bf16)."""
     message = ctx.activation if message is None else message
     return rule_call(
-        name=name, op=op, phase=phase, message=message, count=count * ctx.micro_batches, group=TP, source=source,
+        name=name, op=op, phase=phase, message=message, count=count * ctx.passes, group=TP, source=source,
         dtype=dtype or ctx.hidden_dtype,
     )  # fmt: skip
 
@@ -605,30 +606,25 @@ def _data_broadcast(ctx: Context, stage: int) -> list[Call]:
     if not ctx.flavour.tp_broadcasts_batch:
         return []
     if ctx.flavour.tp_batch_packed:
-        wanted, per_micro_batch, source = _packed_batch(ctx)
+        keys, per_micro_batch, source = _packed_batch(ctx)
+        wanted = [(name, size, dtype, per_micro_batch) for name, size, dtype in keys]
     else:
         tokens = ctx.b * ctx.s
         wanted = []
         if ctx.is_first(stage):
-            wanted += [("tokens", tokens * 8, "int64"), ("position_ids", tokens * 8, "int64")]
+            wanted += [("tokens", tokens * 8, "int64", 1), ("position_ids", tokens * 8, "int64", 1)]
         if ctx.is_last(stage):
-            wanted += [("labels", tokens * 8, "int64"), ("loss_mask", tokens * 4, "fp32")]
-        if ctx.work.attention_mask_in_dataloader and (ctx.is_first(stage) or ctx.is_last(stage)):
-            wanted.append(("attention_mask", ctx.b * ctx.s * ctx.s, "bool"))
-        per_micro_batch, source = 1, M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank"
+            wanted += [("labels", tokens * 8, "int64", 1), ("loss_mask", tokens * 4, "fp32", 1)]
+        if ctx.work.attention_mask_in_dataloader and ctx.end_copies(stage):
+            # once for each micro-batch the rank runs at an end: DualPipe's ranks 0 and pp - 1 run a first stage one
+            # way and a last stage the other, m in all, as each of 1F1B's two end ranks does (review r13a #5)
+            wanted.append(("attention_mask", ctx.b * ctx.s * ctx.s, "bool", ctx.end_copies(stage)))
+        source = M + "megatron/core/utils.py:2167 get_batch_on_this_tp_rank"
     return [
-        _mb(
-            ctx,
-            name=f"tp.data.{name}",
-            op=Op.BROADCAST,
-            phase="forward",
-            count=per_micro_batch,
-            source=source,
-            message=size,
-            dtype=dtype,
-        )
-        for name, size, dtype in wanted
-    ]
+        _mb(ctx, name=f"tp.data.{name}", op=Op.BROADCAST, phase="forward", count=count, source=source, message=size,
+            dtype=dtype)
+        for name, size, dtype, count in wanted
+    ]  # fmt: skip
 
 
 # Megatron-LM before Megatron-Core: mpu/data.py broadcast_data at 6985e58 (and 55ba1f7b96) broadcasts the keys' sizes
@@ -698,7 +694,7 @@ def _norm_grads(ctx: Context, stage: int) -> list[Call]:
                 op=Op.ALLREDUCE,
                 phase="backward" if fsdp2 else "optimizer",
                 message_bytes=m.norm_params() * ctx.grad_bytes,
-                calls_per_iteration=weights * (ctx.micro_batches if fsdp2 else 3),
+                calls_per_iteration=weights * (ctx.passes if fsdp2 else 3),
                 group=TP,
                 source=FSDP2_TP
                 if fsdp2

@@ -332,8 +332,15 @@ class ShapeEvaluator:
                         continue
             requests.append((par, fitting))
             picks += [(index, b, recomputes.index(rc)) for b, rc in fitting]
-        bounds = [x for found in model.lower_bounds_many(requests) for x in found.tolist()]
-        return Screened.of(self.shape, bounds, picks, self)
+        # layouts whose pipeline may run its order keep their busiest-rank bound here, priced when timing reaches
+        # them (``_InOrder``: vsearch13); the others their compute-only bound, as timing reads it
+        later = [model.timed and model.orders_possible(par) for par, _ in requests]
+        priced = iter(model.lower_bounds_many([req for req, lazy in zip(requests, later, strict=True) if not lazy]))
+        bounds, known = [], []
+        for (par, fitting), lazy in zip(requests, later, strict=True):
+            bounds += (model.busiest_bounds(par, fitting) if lazy else next(priced)).tolist()
+            known += [not lazy] * len(fitting)
+        return Screened.of(self.shape, bounds, picks, self, known)
 
     def _floored(self, par: ParallelSpec, grid: tuple, out: Outcome) -> tuple:
         """The pairs of ``grid`` whose ``StepModel.layer_floors`` is within the threshold; the others are counted in
@@ -350,14 +357,15 @@ class ShapeEvaluator:
         out = Outcome()
         keep, model, recomputes = self.problem.keep, self.step_model, self.space.recomputes
         heap: list = []  # (-screened step time, sequence, (score, sort key, layout)): the keep best so far
-        picks = zip(screened.variants.tolist(), screened.batches.tolist(), screened.recomputes.tolist(), strict=True)
-        for seq, (bound_s, (index, b, r)) in enumerate(zip(screened.bounds.tolist(), picks, strict=True)):
+        walk = _InOrder(screened, self._price)
+        for seq in range(len(screened)):
             bound = min(self.threshold, -heap[0][0] if len(heap) >= keep else math.inf)
+            bound_s, index, b, r = walk.next(bound)
             if bound_s > bound:  # it cannot enter the top k, and neither can any after it (sorted)
                 out.bounded += len(screened) - seq
                 break
             if seq % WARM == 0:
-                self._warm(screened, seq, bound)
+                self._warm(walk.ahead((bound_s, index, b, r), WARM), bound)
             par, rc = self.parallel(index), recomputes[r]
             # its data-parallel calls alone make it too slow: first the part that only adds to the compute
             # bound (memoised per variant and micro-batch count), then the whole path with those calls
@@ -372,17 +380,22 @@ class ShapeEvaluator:
         out.best = sorted((item for _, _, item in heap), key=_rank)
         return out
 
-    def _warm(self, screened: Screened, start: int, bound: float) -> None:
+    def _price(self, rows: list[tuple[int, int, int]]) -> list[float]:
+        """The compute-only bounds (``StepModel.lower_bounds``, plus the optimizer step) of screened (variant index,
+        b, recompute index) rows whose screen kept their busiest-rank bound, the same values the screen gives the
+        others: a variant's rows as one grid, every pending order run together (``lower_bounds_many``)."""
+        grids: dict[int, list] = {}
+        for index, b, r in rows:
+            grids.setdefault(index, []).append((b, self.space.recomputes[r]))
+        requests = [(self.parallel(index), tuple(grid)) for index, grid in grids.items()]
+        found = dict(zip(grids, self.step_model.lower_bounds_many(requests), strict=True))
+        at = {index: iter(bounds.tolist()) for index, bounds in found.items()}
+        return [next(at[index]) for index, _, _ in rows]
+
+    def _warm(self, rows: list[tuple[float, int, int, int]], bound: float) -> None:
         """The next WARM screened layouts' data floors and refined bounds (those within ``bound`` now: a superset of
         those ``time`` asks for), their orders run together (StepModel.warm_paths; mend12a, review r12a #2)."""
-        wanted, end = [], start + WARM
-        rows = zip(
-            screened.bounds[start:end].tolist(),
-            screened.variants[start:end].tolist(),
-            screened.batches[start:end].tolist(),
-            screened.recomputes[start:end].tolist(),
-            strict=True,
-        )
+        wanted = []
         for bound_s, index, b, r in rows:
             par = self.parallel(index)
             if bound_s > bound or not self.step_model.orders_possible(par):
@@ -455,20 +468,30 @@ class Screened:
     the shape's variants and the space's recompute list, small to send between processes."""
 
     shape: Shape
-    bounds: np.ndarray  # seconds, ascending
+    # seconds, ascending: the compute-only bound (StepModel.lower_bounds) where ``known``, else the busiest-rank
+    # bound (StepModel.busiest_bounds, never above it), which timing replaces when it needs it (``_InOrder``)
+    bounds: np.ndarray
     variants: np.ndarray  # index into Space.variants(shape)
     batches: np.ndarray  # micro-batch size
     recomputes: np.ndarray  # index into Space.recomputes
     # the evaluator that screened it, reused to time it in the same process (its compute, memory and
     # template memos); not sent between processes (a fresh one is built there)
     evaluator: ShapeEvaluator | None = field(default=None, repr=False, compare=False)
+    known: np.ndarray | None = None  # whether ``bounds`` is the compute-only bound (None: all are)
+    walk: np.ndarray | None = None  # each layout's place in the screen's walk (equal bounds keep it)
 
     @classmethod
-    def of(cls, shape: Shape, bounds: list[float], picks: list[tuple[int, int, int]], evaluator=None) -> Screened:
+    def of(
+        cls, shape: Shape, bounds: list[float], picks: list[tuple[int, int, int]], evaluator=None, known=None
+    ) -> Screened:
         order = np.argsort(np.array(bounds, dtype=np.float64), kind="stable")  # ties keep the walk's order
         cols = np.array(picks, dtype=np.int64).reshape(-1, 3)[order]
         bounds = np.array(bounds, dtype=np.float64)[order]
-        return cls(shape, bounds, cols[:, 0], cols[:, 1], cols[:, 2], evaluator)
+        if known is not None and all(known):
+            known = None
+        if known is not None:
+            known = np.array(known, dtype=bool)[order]
+        return cls(shape, bounds, cols[:, 0], cols[:, 1], cols[:, 2], evaluator, known, order)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "evaluator": None}
@@ -485,6 +508,65 @@ class Screened:
     @property
     def best_bound(self) -> float:
         return float(self.bounds[0]) if len(self.bounds) else math.inf
+
+
+# screened layouts whose compute-only bounds ``_InOrder`` prices at once where timing needs one: their orders run
+# together (a sweep's columns); past the break the rest are never priced
+PRICE_AHEAD = 32
+
+
+class _InOrder:
+    """A shape's screened layouts in the order of their compute-only bounds, ties in the screen's walk order (what
+    ``Screened.of`` sorts them by where every bound is known), the bounds not known (``Screened.known``: layouts
+    whose pipeline may run its order, review r12a #2, vsearch13) priced only when needed: the next one is the
+    least known (bound, walk) unless a pending layout's busiest-rank bound is at most that bound (its own may then
+    be less, or equal and earlier in the walk), when the next PRICE_AHEAD pending by that bound are priced. So a
+    pending layout whose busiest-rank bound is above every bound timing reaches is never priced, and the layouts
+    come in the same order, with the same bounds, as were every one priced in the screen: a busiest-rank bound is
+    never above its compute-only bound (``StepModel.busiest_bounds``)."""
+
+    def __init__(self, screened: Screened, price, ahead: int = 0) -> None:
+        self.screened, self.price, self.seq, self.ahead_n = screened, price, 0, ahead or PRICE_AHEAD
+        self.rows = self._rows(0, len(screened))  # all known: read as they are given (timing stops early)
+        self.heap: list | None = None  # (bound, walk, row) of the priced layouts not yet given
+        if screened.known is not None:
+            self.rows = list(self.rows)
+            walk, known = screened.walk.tolist(), screened.known.tolist()
+            self.heap = [(self.rows[i][0], walk[i], i) for i in range(len(walk)) if known[i]]
+            heapq.heapify(self.heap)
+            self.pending = [i for i in range(len(walk)) if not known[i]]  # by busiest-rank bound, then walk
+            self.walk = walk
+
+    def next(self, bound: float) -> tuple[float, int, int, int]:
+        """The next layout (bound, variant index, b, recompute index); an infinite bound where every one left is
+        above ``bound`` (timing stops there; none is priced for it)."""
+        if self.heap is None:
+            self.seq += 1
+            return next(self.rows)
+        heap, pending = self.heap, self.pending
+        while pending and (not heap or self.rows[pending[0]][0] <= heap[0][0]):
+            if min(heap[0][0] if heap else math.inf, self.rows[pending[0]][0]) > bound:
+                return (math.inf, -1, 0, 0)
+            batch, self.pending = pending[: self.ahead_n], pending[self.ahead_n :]
+            pending = self.pending
+            rows = [self.rows[i][1:] for i in batch]
+            for i, row, bound_s in zip(batch, rows, self.price(rows), strict=True):
+                self.rows[i] = (bound_s, *row)
+                heapq.heappush(heap, (bound_s, self.walk[i], i))
+        return self.rows[heapq.heappop(heap)[2]]
+
+    def ahead(self, row: tuple[float, int, int, int], count: int) -> list[tuple[float, int, int, int]]:
+        """``row`` (the layout just given) and up to count - 1 after it: the next in order where all are priced,
+        else the least priced ones (what timing asks for next, unless a pending layout comes before them)."""
+        if self.heap is None:
+            return list(self._rows(self.seq - 1, self.seq - 1 + count))
+        return [row, *(self.rows[i] for _, _, i in heapq.nsmallest(count - 1, self.heap))]
+
+    def _rows(self, start: int, end: int):
+        """(bound, variant index, b, recompute index) of the screened layouts start..end - 1, as an iterator."""
+        s = self.screened
+        columns = (s.bounds, s.variants, s.batches, s.recomputes)
+        return zip(*(x[start:end].tolist() for x in columns), strict=True)
 
 
 def sort_key(layout: Layout) -> tuple:

@@ -326,7 +326,7 @@ class StepModel:
 
     def _schedule(self, v: _Variant, b: int):
         """step.schedule_of without sends, per micro-batch size: it reads the layout's schedule, pp and chunks per
-        rank, and ctx.micro_batches (the workload, b and dp), so layouts alike in those (ZeRO, SP, framework,
+        rank, and ctx.passes (the workload, b and dp), so layouts alike in those (ZeRO, SP, framework,
         ...) share one, and a context is built only for the first of them."""
         found = v.scheds.get(b)
         if found is None:
@@ -742,7 +742,7 @@ class StepModel:
         ctx = self._ctx(v, b, rc)
         flags = self.overlap.resolved(ctx)
         stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
-        assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
+        assign_streams(ctx, data.totals(ctx.passes, par.zero_stage, par.pp), stages, flags)
         return ctx, stages, self._schedule(v, b), flags, self._shares(v, b, rc)
 
     def _floor_path(self, par: ParallelSpec, b: int, data: Part) -> tuple:
@@ -752,7 +752,7 @@ class StepModel:
         flags = self.overlap.resolved(ctx)
         opt = [c.optimizer_s for c in self._compute(v, b, "none")]
         stages = [StageStep(s, StageCompute(PassTime(), PassTime(), 0.0, o)) for s, o in enumerate(opt)]
-        assign_streams(ctx, data.totals(ctx.micro_batches, par.zero_stage, par.pp), stages, flags)
+        assign_streams(ctx, data.totals(ctx.passes, par.zero_stage, par.pp), stages, flags)
         shares = self._shares(v, b, "none")  # passes of no time: any shares give fill = drain = 0.0
         return ctx, stages, self._schedule(v, b), flags, shares
 
@@ -799,7 +799,7 @@ class StepModel:
         ctx = self._ctx(v, b, rc)
         flags = self.overlap.resolved(ctx)
         stages = [StageStep(s, c) for s, c in enumerate(self._compute(v, b, rc))]
-        m, zero = ctx.micro_batches, par.zero_stage
+        m, zero = ctx.passes, par.zero_stage
         totals = parts[0].totals(m, zero, par.pp)
         for part in parts[1:]:
             totals = totals + part.totals(m, zero, par.pp)

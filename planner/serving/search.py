@@ -191,7 +191,8 @@ def search_serving(
             try:
                 plan = plan_serving(model, cluster, traits[name], load, pools, options)
             except SpecError as err:
-                rejected[err.rule.split(";")[0][:80]] = rejected.get(err.rule.split(";")[0][:80], 0) + 1
+                reason = _reason(err.rule)
+                rejected[reason] = rejected.get(reason, 0) + 1
                 break
             if not plan.fits:
                 rejected["does not fit in memory"] = rejected.get("does not fit in memory", 0) + 1
@@ -211,6 +212,19 @@ def search_serving(
     front = pareto_front(tried)
     why = _why(ranked[0], at_load) if ranked else _miss(at_load, front)
     return ServeSearchResult(ranked[:top_k], front, len(tried), rejected, why)
+
+
+def _reason(rule: str, limit: int = 80) -> str:
+    """A refusal's first clause as a ``rejected`` key, at most ``limit`` characters, cut at a word with an ellipsis:
+    cut at 80 characters flat, the page and the CLI said "(SGLang --enabl" (round 13)."""
+    first = rule.split(";")[0]
+    if len(first) <= limit:
+        return first
+    space = first.rfind(" ", 0, limit)
+    cut = first[: space if space > 0 else limit]
+    if cut.count("(") > cut.count(")"):  # no parenthesis left open: the words before it
+        cut = cut[: cut.rfind("(")]
+    return cut.rstrip(" ,") + " …"
 
 
 def _brief(c: Candidate) -> dict:

@@ -24,10 +24,9 @@ def _mirror_passes(stage0: tuple[float, float, float], stage1: tuple[float, floa
     forward of the stage direction 0 runs (rank r: stage r), its drain the backward of the stage direction 1 runs
     (stage 1 - r); W in each stage's backward share."""
     (a0, b0, w0), (a1, b1, w1) = stage0, stage1
-    mean = StagePass((a0 + a1) / 2, (b0 + b1) / 2, weight_s=(w0 + w1) / 2)
     return [
-        StagePass(mean.forward_s, mean.backward_s, a0, b1, mean.weight_s),
-        StagePass(mean.forward_s, mean.backward_s, a1, b0, mean.weight_s),
+        StagePass.of_pass(a0 + a1, b0 + b1, a0, b1, w0 + w1, 2),
+        StagePass.of_pass(a0 + a1, b0 + b1, a1, b0, w0 + w1, 2),
     ]
 
 
@@ -70,13 +69,13 @@ def test_four_ranks_run_each_stage_on_its_own_rank_and_direction():
     passes = []
     for r in range(4):
         (a0, b0, w0), (a1, b1, w1) = stages[r], stages[3 - r]
-        passes.append(StagePass((a0 + a1) / 2, (b0 + b1) / 2, a0, b1, (w0 + w1) / 2))
+        passes.append(StagePass.of_pass(a0 + a1, b0 + b1, a0, b1, w0 + w1, 2))
     sched = Schedule("dualpipe", 4, 8, 2)
     first = [x.fill_s / (2 * x.forward_s) for x in passes]
     ranks = [(x.forward_s, x.backward_s, x.weight_s) for x in passes]
     span = pj.order_span(passes, sched)
     assert span == pytest.approx(event_makespan("dualpipe", 4, 8, [1.0] * 8, 0.0, 0.0, None, ranks, first), abs=1e-12)
-    equal = [StagePass(1.0, 2.0, weight_s=1.0)] * 4
+    equal = [StagePass(1.0, 2.0, weight_s=1.0, copies=2)] * 4
     slowest = 8 * passes[0].total_s  # ranks 0 and 3: 3 + 1.5 (e + h)
     assert passes[0].total_s == passes[3].total_s == pytest.approx(3.0 + 1.5 * (e + h))
     assert slowest - 1e-12 <= span <= slowest + bubble_s(equal, sched) and bubble_s(equal, sched) > 0
@@ -99,7 +98,7 @@ def test_the_stage_map_lays_each_stage_on_its_rank_and_its_mirror():
     assert [(any(c.embedding for c in r), any(c.loss for c in r)) for r in v] == [(True, True)] + [(False, False)] * 3
     work = WorkloadSpec(micro_batch_size=1, global_batch_size=16, seq_length=4096)
     ctx = Context(model, work, par)
-    assert (ctx.micro_batches, ctx.schedule_micro_batches) == (8, 16)  # a pass over both stages: one each way
+    assert (ctx.passes, ctx.micro_batches) == (8, 16)  # a pass over both stages: one each way
     assert [ctx.is_first(r) for r in range(4)] == [ctx.is_last(r) for r in range(4)] == [True, False, False, True]
     assert schedule_traits("dualpipe").passes(16) == 8 and schedule_traits("dualpipev").passes(16) == 16
 
@@ -138,3 +137,69 @@ def test_the_ends_calls_split_over_ranks_0_and_pp_minus_1():
         assert dual[name, (0, 3)] == 8 and v[name, (0,)] == 16
     sends = {k: n for k, n in dual.items() if k[0].startswith("pp.")}
     assert sends and sends == {k: n // 2 for k, n in v.items() if k[0].startswith("pp.")}
+
+
+def _ledger_by_rank(model, work, par) -> dict[str, tuple[int, int, bool]]:
+    """Per call name, (calls, calls x message bytes) summed over the pipeline ranks, and whether it is a per-step call
+    (the optimizer phase's, the data-parallel gradient reduction)."""
+    from planner.rules import ledger
+
+    out: dict[str, tuple[int, int, bool]] = {}
+    for call in ledger(Context(model, work, par)):
+        n, b, _ = out.get(call.name, (0, 0, False))
+        times = len(call.stages) * call.calls_per_iteration
+        step = call.phase == "optimizer" or call.name.split(".")[0] in ("dp", "edp")
+        out[call.name] = (n + times, b + times * call.message_bytes, step)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra"),
+    [("mixtral-8x7b", {"tp": 2, "ep": 4, "dp": 4}), ("deepseek-v3", {"tp": 2, "cp": 2, "ep": 4, "dp": 2})],
+)
+def test_the_ledger_counts_every_micro_batch_call_as_1f1b_does(preset, extra):
+    """mend13a (review r13a #5, #7): a DualPipe rank runs m / 2 passes over its two stages, one micro-batch each way;
+    summed over the pipeline ranks every per-micro-batch call (TP, CP, EP, the embedding's, the head's, the loss's,
+    the MTP's, the sends and the batch broadcasts, the attention mask among them: Megatron's get_batch_on_this_tp_rank
+    broadcasts it for each micro-batch a rank runs at an end, m on each of ranks 0 and pp - 1 under both schedules)
+    issues as many calls of as many bytes as 1F1B's of the same model (8 layers, pp 4, m 32); the per-step calls (the
+    DP reduction, the optimizer's) carry both of a rank's stages, twice 1F1B's bytes over the ranks (a scalar such as
+    the gradient norm's the same). Left to the two
+    copies' gradient sum (dualpipe13b): the MTP's shared-embedding reduction, which 1F1B runs between its first and
+    last rank and DualPipe's ranks 0 and pp - 1 each hold both ends of."""
+    model = replace(model_preset(preset), num_layers=8)
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=32 * extra["dp"], seq_length=4096)
+    one = _ledger_by_rank(model, work, ParallelSpec(pp=4, pipeline_schedule="1f1b", **extra))
+    dual = _ledger_by_rank(model, work, ParallelSpec(pp=4, pipeline_schedule="dualpipe", **extra))
+    assert one["tp.data.attention_mask"] == (2 * 32, 2 * 32 * 4096 * 4096, False)  # m on rank 0, m on rank 3
+    assert sum(not step for *_, step in one.values()) > 20
+    assert dual["dp.grads"][1] == 2 * one["dp.grads"][1]  # both stages' gradients on every rank
+    for name, (calls, nbytes, step) in one.items():
+        if name == "embedding.tied_grads":
+            continue
+        if step:  # a rank's two stages' bytes (its gradients) or one scalar as before (the gradient norm's)
+            assert dual[name][1] in (nbytes, 2 * nbytes), name
+        else:
+            assert dual[name] == (calls, nbytes, False), name
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 20), (8, 16), (8, 32), (16, 64)])
+def test_activations_in_flight_are_the_orders_peak(p, m):
+    """mend13a (review r13a #1): counting DualPipe's own order (pipeline._order_dual, dualpipe.py 3da1bbe step(): a
+    forward adds a micro-batch of its chunk, a full or input-gradient backward frees one), rank r holds at its peak
+    pp - r micro-batches of stage r and r + 1 of stage pp - 1 - r, each chunk's own peak at the total's: what
+    in_flight_chunks says, in the rank's chunk order; PP + 1 in all (the DualPipe README)."""
+    import numpy as np
+
+    from planner.pipeline import OP_B, OP_F, OP_F_LATE, OP_I, _order_dual, in_flight, in_flight_chunks
+
+    sched = Schedule("dualpipe", p, m, 2)
+    for r in range(p):
+        kind, _, stage = _order_dual(sched, r)
+        chunk = MIRRORED.op_chunk(np.full(len(stage), r), stage, p)
+        step = np.isin(kind, (OP_F, OP_F_LATE)).astype(int) - np.isin(kind, (OP_B, OP_I)).astype(int)
+        held = [np.cumsum(step * (chunk == c)) for c in (0, 1)]
+        peak = int(np.argmax(held[0] + held[1]))
+        assert (held[0][peak], held[1][peak]) == (held[0].max(), held[1].max()) == (p - r, r + 1)
+        assert in_flight_chunks(sched, r) == (p - r, r + 1)
+        assert sum(in_flight_chunks(sched, r)) == 2 * in_flight(sched, r) == p + 1

@@ -13,7 +13,10 @@ row moved (diffed against main at 62a660b). Re-recorded by dualpipe13 (DualPipe'
 MIRRORED: each rank's two chunks whole stages, one a micro-batch): DualPipe's 225 rows moved and no other schedule's
 (diffed against main at bf53d25): its in-flight counts halve (PP + 1 stages' activations in units of the rank's two
 stages), and where its order runs with rank 0's own fill and drain (pp 2 and 4, m 8, v 2: 6 rows) those are the
-stages each direction runs, time +1.9% to +2.1%."""
+stages each direction runs, time +1.9% to +2.1%. Re-recorded by mend13a (review r13a #1): DualPipe's in-flight counts
+by chunk follow its order, pp - r micro-batches of stage r and r + 1 of stage pp - 1 - r (in_flight_chunks; min with
+m / 2), where they were (PP + 1)/2 of each: 201 DualPipe rows moved in those values only, every time, busy, bubble and
+drain-lead value and every other schedule's row bit for bit (diffed against main at 2ed45fa)."""
 
 import hashlib
 
@@ -36,7 +39,7 @@ from planner.pipeline import (
 )
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev")
-RECORDED = "469090d2897518f77177cdc863597ceb234149ae9d8d8d614ed32e5dfc29b955"
+RECORDED = "f02eff2602e6a6bf92bab089b80c821086339401ef467a6fe5196b5ac396ede3"
 
 
 def _passes(p: int) -> list[StagePass]:

@@ -66,9 +66,15 @@ the rule) and 4 error texts reworded; its 12 plans put the embedding and the hea
 m / 2 each, reduce and gather both stages' gradients and parameters over DP (2x the bytes: the V held one), hold the
 optimizer states of both and PP + 1 stages' activations, step +3.5% to +7.9% (Megatron) and +10% to +29% (torch at
 ZeRO-3, FSDP2's gathers now per stage pass: the forward's doubled), peak memory +36% to +48%, nothing else.
+mend13a (review r13a #1, #5) moved 14 dualpipe cases and no other case (checked case by case against main at 2ed45fa):
+the activations in flight by DualPipe's order (rank r: pp - r micro-batches of stage r, r + 1 of stage pp - 1 - r)
+moved all 14 plans' end-rank peaks (-4,194,304 B at pp 2, -12,582,912 B on ranks 0 and 3 at pp 4: the loss stage
+held once, not 1.5 or 2.5 times), and Megatron's attention-mask broadcast, once per micro-batch a rank runs at an end
+(m on ranks 0 and pp - 1, as 1F1B), doubled its 8 plans' tp.data.attention_mask count: step +0.014% to +0.030%,
+exposed communication +0.34% to +0.65%; nothing else (torch broadcasts no batch).
 dualpipe13b's two copies' gradient sum (rules/data.py: the twins' dp replicas in one reduction group, Group.mirror;
 FSDP2's reduced shards all-reduced across the copies) moved the 20 dualpipe plans and no other (checked case by case
-against main at 2ed45fa): Megatron's 14 step +37.6% to +75.0% (Mixtral's expert gradients, expert_dp 1, now summed in
+against main at 63eef51): Megatron's 14 step +37.6% to +75.0% (Mixtral's expert gradients, expert_dp 1, now summed in
 fp32 over the twin pair across nodes), torch's 6 +3.4% to +17.2%, nothing else.
 Flipping
 any one schedule's trait (stage_map, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, forwards_first,
@@ -82,7 +88,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import MIRRORED, SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "2326624b41616ea9def716350345d8a43830afcfaaace88b4a38f60050f086e2"
+RECORDED = "568757f5c83ae7eba876aa72acf314b6ec1ee68a6cfac1ca08d941453f4657e8"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
