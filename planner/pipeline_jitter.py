@@ -754,7 +754,7 @@ def order_ends(passes: Sequence[StagePass], sched: Schedule) -> tuple[float, ...
     run, graph = _span_graph(sched)
     ends = None
     if graph is not None and run == sched.microbatches:
-        table = chunk_table(passes, graph.chunks, graph.blocks, sched.traits.directions)[:, 0].tolist()
+        table = chunk_table(passes, graph.chunks, graph.blocks)[:, 0].tolist()
         ends = tuple(_ends_one(graph, table))
     _ENDS[key] = ends
     with suppress(KeyError):
@@ -786,7 +786,7 @@ def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) ->
     n = op.shape[1]
     rank = np.arange(p)[:, None]
     cell = (rank * graph.chunks + traits.stage_map.op_chunk(rank, stage, p)) * graph.blocks + _ROW[op]
-    table = chunk_table(passes, graph.chunks, graph.blocks, traits.directions)[:, 0]
+    table = chunk_table(passes, graph.chunks, graph.blocks)[:, 0]
     dur = np.where(_ROW[op] < 0, 0.0, table[np.minimum(cell, len(table) - 1)]).ravel().tolist()
     flat, ops = flat.ravel().tolist(), op.ravel().tolist()
     end = [0.0] * (p * n)
