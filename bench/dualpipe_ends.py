@@ -43,7 +43,15 @@ def ends(kind: str = "dualpipe", pp: int = 8, nodes: int = 8) -> dict:
         "m_slowest_s": sched.microbatches * max(x.total_s for x in passes),
         "pipeline_s": pipeline_time(passes, sched).time_s,
         "step_s": plan.step.time_s,
+        "exposed_comm_s": plan.step.exposed_comm_s,
         "params_bytes": [s.params_bytes for s in plan.memory.per_stage],
+        "optimizer_bytes": [s.optimizer_bytes for s in plan.memory.per_stage],
+        # rank 0's data-parallel calls: (name, bytes per call, calls, group size, time of one call)
+        "dp_calls": [
+            (pc.call.name, pc.call.message_bytes, pc.call.calls_per_iteration, pc.group_size, round(pc.price.time_s, 4))
+            for pc in plan.calls
+            if pc.call.parallelism in ("dp", "edp") and 0 in pc.call.stages and pc.call.message_bytes > 64
+        ],
     }
 
 

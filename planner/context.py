@@ -10,7 +10,7 @@ from functools import cached_property
 from collectives._hashing import frozen_hash
 
 from ._errors import SpecError
-from .flavours import Flavour
+from .flavours import Flavour, Zero
 from .model import ModelSpec
 from .parallel import Chunk, ParallelSpec, pipeline_chunks, rank_of
 from .recipes import Recipe, recipe_of
@@ -55,6 +55,32 @@ class Context:
 
         key = token_kernels_key(self)
         return None if key is None else interned_key(key)
+
+    # ---- the data-parallel reduction ---------------------------------------------------------------
+    @cached_property
+    def param_copies(self) -> int:
+        """Copies of each pipeline stage's parameters a data-parallel replica holds, whose gradients every step sums:
+        the schedule's ``StageMap.copies`` when training (DualPipe 2: stage r on rank r and on rank pp - 1 - r;
+        DeepSeek-V3 technical report §3.2.1, "requires keeping two copies of the model parameters";
+        deepseek-ai/DualPipe 3da1bbe examples/example_dualpipe.py:167-174 adds rank pp - 1 - r's gradient of each
+        module to rank r's), 1 otherwise."""
+        return self.par.schedule.stage_map.copies if self.training else 1
+
+    @cached_property
+    def sharded_units(self) -> bool:
+        """Whether the data-parallel rule shards by units (ZeRO-3 / FSDP, and FSDP2's ZeRO-2: rules/data.py
+        _sharded_units) rather than reducing flat buffers (DDP, the distributed optimizer, ZeRO-1/2, DeepSpeed)."""
+        z = self.par.zero_stage
+        return self.flavour.zero is not Zero.DEEPSPEED and (z == 3 or (z == 2 and self.flavour.zero is Zero.FSDP2))
+
+    def dp_ranks(self, expert: bool = False) -> int:
+        """Ranks one flat gradient buffer is reduced (and its optimizer states sharded) over: dp x cp (expert_dp for
+        expert parameters), times ``param_copies`` where buffers are flat: the copies' replicas join the group, as more
+        data-parallel replicas of the rank pair's two stages (rules/data.py; memory._shards). Sharded units keep a
+        copy's group (their gathers follow each copy's own order) and all-reduce the reduced shards across the copies
+        (HSDP's replicate dimension)."""
+        size = self.par.expert_dp if expert else self.par.dp * self.par.cp
+        return size if self.sharded_units else size * self.param_copies
 
     # ---- batch and sequence ------------------------------------------------------------------------
     @cached_property

@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from .parallel import ParallelSpec
+from .pipeline import StageMap
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,11 @@ class Group:
     ``pairs`` turns the groups into point-to-point pairs: ``"pp+1"`` / ``"pp-1"`` pair each stage with the
     next / previous one (wrapping round for interleaved schedules), ``"ring"`` pairs every member of a
     group with its successor (ring attention), ``"ends"`` keeps the first and last stage of each pipeline
-    (Megatron's embedding group).
+    (Megatron's embedding group). ``mirror``: the stage map whose two copies the group spans (DualPipe's
+    ``pipeline.MIRRORED``): each stage's groups joined by the same groups of the rank holding the stage's other copy
+    (its twin, pp - 1 - s: ``StageMap.rank`` of copy 1's virtual stage pp + s), the twins' groups once, the lower
+    rank's members first (Context.param_copies; rules/data.py). The map travels with the group, so a layout built for
+    another schedule (the search's per-shape layout) places it alike.
     """
 
     dims: tuple[str, ...]
@@ -39,6 +44,7 @@ class Group:
     # the inner size of a split dimension: dp -> (dp_rep, dp_shard) for hybrid sharding, ep -> (ep_node,
     # ep_local) for DeepEP's two legs (inter-node RDMA among same-index GPUs, NVLink inside a node)
     split: int | None = None
+    mirror: StageMap | None = None
 
 
 SPLITS = {"dp": ("dp_rep", "dp_shard"), "ep": ("ep_node", "ep_local")}
@@ -122,10 +128,27 @@ class RankLayout:
             return np.stack([senders.ravel(), receivers.ravel()], axis=1)
         if group.pairs == "ends":  # the embedding group: first and last stage of every pipeline
             return self.groups(("pp",), group.expert)[:, [0, self.par.pp - 1]]
+        if group.mirror:
+            return self._mirrored(group, stages)
         members = self.groups(group.dims, group.expert, stages, group.split)
         if group.pairs == "ring":
             return np.stack([members.ravel(), np.roll(members, -1, axis=1).ravel()], axis=1)
         return members
+
+    def _mirrored(self, group: Group, stages) -> np.ndarray:
+        """A ``mirror`` group's rows: each twin pair's groups once (both twins issue the one call), the lower rank's
+        ``dims`` group, then its twin's at the same coordinates (np.take keeps the other axes' order)."""
+        p = self.par.pp
+        lower = sorted({min(s, twin(group.mirror, s, p)) for s in stages})
+        own = self.groups(group.dims, group.expert, lower, group.split)
+        twins = self.groups(group.dims, group.expert, [twin(group.mirror, s, p) for s in lower], group.split)
+        return np.hstack([own, twins])
+
+
+def twin(stage_map: StageMap, stage: int, p: int) -> int:
+    """The pipeline rank holding ``stage``'s other copy under ``stage_map`` (DualPipe: copy 1's stage s is virtual stage
+    p + s, on rank p - 1 - s; StageMap.rank, the one home); ``stage`` itself with one copy."""
+    return stage_map.rank(p + stage, p) if stage_map.copies > 1 else stage
 
 
 @lru_cache(maxsize=LAYOUT_CACHE)

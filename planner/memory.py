@@ -528,10 +528,11 @@ def _logits(ctx: Context, stage: int) -> int:
 
 
 def _shards(ctx: Context, expert: bool) -> int:
-    par = ctx.par
-    if par.hybrid_shard_size:
-        return par.hybrid_shard_size
-    return par.expert_dp if expert else par.dp * par.cp
+    """Ranks a ZeRO shard spreads over: hybrid_shard_size, or the group the data-parallel rule reduces over
+    (Context.dp_ranks: DualPipe's flat buffers over both copies' replicas, 2 x dp x cp)."""
+    if ctx.par.hybrid_shard_size:
+        return ctx.par.hybrid_shard_size
+    return ctx.dp_ranks(expert)
 
 
 @lru_cache(maxsize=4096)

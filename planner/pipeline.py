@@ -918,8 +918,10 @@ _DUALPIPE = {**_ZB, "stage_map": FOLDED, "microbatch_rule": _m_even_twice_pp, "o
 _DUALPIPE_LAYOUT = (
     "DualPipe's own layout (deepseek-ai/DualPipe examples/example_dualpipe.py): the model in pp stages held twice, "
     "rank r running stage r for direction 0 and stage pp - 1 - r for direction 1, so ranks 0 and pp - 1 each hold one "
-    "embedding and one output layer and run each on half their micro-batches; the sum of the two copies' gradients "
-    "between ranks r and pp - 1 - r is not in the ledger"
+    "embedding and one output layer and run each on half their micro-batches; the two copies' gradients are summed "
+    "every step in one reduction over both copies' data-parallel ranks (ranks r and pp - 1 - r; assumed: the copy's "
+    "buffer laid out as its twin's; ZeRO-3 / FSDP: each copy shards on its own and the reduced shards are all-reduced "
+    "across the copies)"
 )
 register(ScheduleTraits("zb-h1", _bubble_zb_h1, _warmup_1f1b, _held_warmup, **_ZB, order=_order_zb_h1))
 register(

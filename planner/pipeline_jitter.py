@@ -593,6 +593,11 @@ def _loops_cheaper(columns: int, ops: int, levels: int) -> bool:
 
 def _span_one(graph: _Graph, table: list[float]) -> float:
     """``_sweep`` of one column as a loop over the ops in level order (each op's inputs are earlier rows)."""
+    return max(_ends_one(graph, table))
+
+
+def _ends_one(graph: _Graph, table: list[float]) -> list[float]:
+    """Each rank's last op's end in ``_span_one``'s loop (order_ends reads them apart; dualpipe13b)."""
     prev, dep, cell = (memoryview(x) for x in (graph.prev, graph.dep, graph.cell))  # int32, no copy
     done = [0.0]  # op i's end at i + 1, appended in level order (vsearch13: 75-80 ns an op, 90-100 indexed)
     append = done.append
@@ -600,7 +605,7 @@ def _span_one(graph: _Graph, table: list[float]) -> float:
         x = done[a]
         y = done[b]
         append((x if x > y else y) + table[c])
-    return max(done[r] for r in graph.last.tolist())
+    return [done[r] for r in graph.last.tolist()]
 
 
 def _span_key(passes: Sequence[StagePass], sched: Schedule) -> tuple:
@@ -725,3 +730,93 @@ __all__ = [
     "span_work",
     "work",
 ]
+
+
+# ops of an order the timeline draws one block each (order_blocks); past it the closed-form timeline (pipeline.timeline)
+TIMELINE_OPS = 4096
+# the drawn name of each op kind (pipeline.OP_*): the input-gradient backward is a backward, OP_WAIT and OP_IDLE none
+_DRAWN = ("forward", "backward", "backward", "wgrad", "", "forward", "")
+ENDS_KEPT = 4096  # (passes, schedule) -> each rank's end in its order's run, least recently used first
+_ENDS: OrderedDict[tuple, tuple[float, ...] | None] = OrderedDict()
+
+
+def order_ends(passes: Sequence[StagePass], sched: Schedule) -> tuple[float, ...] | None:
+    """When each rank's last op ends in ``sched``'s order run at ``passes``' times (``order_span``'s run: the same
+    structure, chunk table and max-then-add; the largest is its makespan), so the step places each rank's gradient
+    reduction after its own last backward (planner/step.py ``drain_leads_of``; dualpipe13b: DualPipe's last rank ends
+    last too, where 1F1B's shape had it drain first). None where the run does not take all m micro-batches (over
+    ORDER_OPS), the order is not written out or the schedule's rules do not hold. Memoised like ``order_span``."""
+    key = _span_key(passes, sched)
+    if key in _ENDS:
+        with suppress(KeyError):
+            _ENDS.move_to_end(key)
+            return _ENDS[key]
+    run, graph = _span_graph(sched)
+    ends = None
+    if graph is not None and run == sched.microbatches:
+        table = chunk_table(passes, graph.chunks, graph.blocks)[:, 0].tolist()
+        ends = tuple(_ends_one(graph, table))
+    _ENDS[key] = ends
+    with suppress(KeyError):
+        while len(_ENDS) > ENDS_KEPT:
+            _ENDS.popitem(last=False)
+    return ends
+
+
+@lru_cache(maxsize=64)  # a plan's structure (kind, p, v, m), at most TIMELINE_OPS ops: five small int arrays, read only
+def _timeline_levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
+    return _levels(kind, p, v, m)
+
+
+def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) -> list[dict] | None:
+    """The compute blocks of ``sched``'s own order per rank, from the run ``order_span`` prices (the same structure,
+    chunk table and max-then-add, dualpipe13b): each op one block at its list-schedule time t, drawn at
+    t + S·min(1, t / e) where S = ``span_s`` - the makespan (the sends the run leaves out, 2(p - 1) one-way sends and m
+    steady waits, which the priced pipeline adds: pipeline.pipeline_time) and e the earliest rank's end: every rank's
+    last block then ends S after its end in the run, where the step prices it (``order_ends``), the last at ``span_s``,
+    and time 0 stays 0. DualPipe's blocks carry their ``direction`` (the op's chunk, StageMap.op_chunk). None where
+    ``order_ends`` is, or the order holds over TIMELINE_OPS ops."""
+    graph = _span_graph(sched)[1]
+    p, m = sched.stages, sched.microbatches
+    ends = order_ends(passes, sched)
+    if ends is None or graph is None or len(graph.at) > TIMELINE_OPS:
+        return None
+    traits = sched.traits
+    op, mb, stage, flat, level = _timeline_levels(sched.kind, p, max(1, sched.chunks), m)
+    n = op.shape[1]
+    rank = np.arange(p)[:, None]
+    cell = (rank * graph.chunks + traits.stage_map.op_chunk(rank, stage, p)) * graph.blocks + _ROW[op]
+    table = chunk_table(passes, graph.chunks, graph.blocks)[:, 0]
+    dur = np.where(_ROW[op] < 0, 0.0, table[np.minimum(cell, len(table) - 1)]).ravel().tolist()
+    flat, ops = flat.ravel().tolist(), op.ravel().tolist()
+    end = [0.0] * (p * n)
+    start = [0.0] * (p * n)
+    for i in np.argsort(level.ravel(), kind="stable").tolist():  # level order: each op's inputs are done
+        before = end[i - 1] if i % n else 0.0
+        after = end[flat[i]] if flat[i] >= 0 else 0.0
+        start[i] = before if before > after else after
+        end[i] = start[i] + dur[i]
+    sends, first = span_s - max(ends), min(ends)
+
+    def drawn(t: float) -> float:
+        return max(0.0, t + sends * (min(1.0, t / first) if first > 0 else 1.0))
+
+    chunk = traits.stage_map.op_chunk(rank, stage, p).ravel().tolist()
+    mbs = mb.ravel().tolist()
+    events = []
+    for i, kind in enumerate(ops):
+        if not _DRAWN[kind] or dur[i] <= 0:
+            continue
+        ev = {
+            "stage": i // n,
+            "stream": "compute",
+            "name": _DRAWN[kind],
+            "microbatch": mbs[i],
+            "microbatches": 1,
+            "start_s": drawn(start[i]),
+            "end_s": drawn(end[i]),
+        }
+        if traits.directions > 1:
+            ev["direction"] = chunk[i]
+        events.append(ev)
+    return events

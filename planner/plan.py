@@ -505,8 +505,10 @@ def _price_by_stage(call: Call, pricer: _Pricer) -> list[PricedCall]:
             row.links = drawn_links(cluster, real, row.links)
         return rows
     # a group across the pipeline dimension (dp.grad_norm over the whole world) is the same one group whichever
-    # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks)
-    if not call.group.pairs and "pp" in call.group.dims:
+    # stage lists it: one row, one group (per-stage rows each counted it: "2 groups" of all 512 ranks); a mirror group
+    # (DualPipe's copies) likewise: twins r and pp - 1 - r issue one call, and its members are no pipeline shift of
+    # stage 0's, so the symmetry classes do not hold
+    if not call.group.pairs and ("pp" in call.group.dims or call.group.mirror):
         return [_price(call, pricer)]
     classes = _stage_classes(call, pricer.places, pricer.options)
     if len(classes) == 1:
@@ -541,8 +543,8 @@ def _stage_classes(call: Call, places: _Placements, options: Options) -> list[tu
     stage's ``pp-1``) is not such a move and is a class of its own. The embedding group (``ends``) is one
     placement whatever the stage."""
     stages, pairs = call.stages, call.group.pairs
-    if len(stages) < 2 or pairs == "ends" or places.layout.par.pp < 2:
-        return [stages]
+    if len(stages) < 2 or pairs == "ends" or places.layout.par.pp < 2 or call.group.mirror:
+        return [stages]  # a mirror group (DualPipe's copies): one row, as _price_by_stage prices it
     if options.device_map is not None:
         return _classes(call, places, options)
     key = ("classes", call.group, stages)  # the estimate and the plan both ask; a custom map is not in the key

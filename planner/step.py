@@ -94,6 +94,7 @@ from .pipeline import (
     pipeline_time,
     timeline,
 )
+from .pipeline_jitter import order_blocks, order_ends
 from .recompute import layer_counts
 from .rules.context_parallel import rotate_method
 from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
@@ -1068,7 +1069,7 @@ def critical_path(
     dp, gathers, ends = [], [], []
     hbm_eff = 0.0 if bound else efficiency(gpu, None).hbm
     slows, late = [], []  # per stage: both slowdowns (reported), the first forward's (after the optimizer step)
-    for st, p, lead in zip(stages, passes, drain_leads(passes, sched), strict=True):
+    for st, p, lead in zip(stages, passes, drain_leads_of(passes, sched), strict=True):
         reduce = gather = 0.0
         if st.grad_reduce_s and not (bound and flags.overlap_grad_reduce):
             reduce = exposed_grad_reduce(ctx, st, p, v, flags)
@@ -1251,9 +1252,9 @@ def _overlap_buckets(ctx: Context, total_bytes: int, elem_bytes: int) -> int:
 def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict]:
     if not with_timeline:
         return []
-    events = timeline(passes, sched)
+    events, leads = _compute_blocks(passes, sched, pipe_end)
     events += _pass_comm_events(events, stages, sched)
-    for st, lead in zip(stages, drain_leads(passes, sched), strict=True):
+    for st, lead in zip(stages, leads, strict=True):
         last = pipe_end - lead
         if st.grad_reduce_s:
             start = max(0.0, last + st.exposed_dp_s - st.grad_reduce_s)
@@ -1274,6 +1275,30 @@ def _timeline(stages, passes, sched, pipe_end, sync, with_timeline) -> list[dict
                 hidden = _ev(st.stage, "dp", "param_gather", 0.0, st.param_gather_s - exposed)
                 events.append(hidden | {"overlapped": True})
     return events
+
+
+def drain_leads_of(passes, sched: Schedule) -> list[float]:
+    """How long before the pipeline's end each stage's last backward ends, where its gradient reduction's exposed part
+    starts: for a schedule priced by its own order (ZB-H1, ZBV, DualPipe, DualPipeV; ``ScheduleTraits.orders_at``) the
+    order's run, the makespan less the rank's end (pipeline_jitter.order_ends: DualPipe's ranks 0 and pp - 1 both end
+    last, dualpipe13b), the sends the run leaves out added to every rank alike; else, or past its run, the closed form's
+    fill and drain (pipeline.drain_leads). Each rank's end, pipe - lead, only grows with its passes (a max-plus run),
+    as the search's bounds need (critical_path ``bound``)."""
+    if sched.traits.orders_at(sched.stages):
+        ends = order_ends(passes, sched)
+        if ends is not None:
+            makespan = max(ends)
+            return [makespan - e for e in ends]
+    return drain_leads(passes, sched)
+
+
+def _compute_blocks(passes, sched: Schedule, pipe_end: float) -> tuple[list[dict], list[float]]:
+    """The compute blocks and, per stage, how long before the pipeline's end its last backward ends (drain_leads_of,
+    what the step prices): a schedule priced by its own order drawn from that order's run (pipeline_jitter.order_blocks:
+    each rank's last block ends where the step has it; DualPipe's last rank starts direction 1 at time 0), the others
+    from the closed form's warm-up, steady state and cool-down (pipeline.timeline)."""
+    blocks = order_blocks(passes, sched, pipe_end) if sched.traits.orders_at(sched.stages) else None
+    return (timeline(passes, sched) if blocks is None else blocks), drain_leads_of(passes, sched)
 
 
 def _pass_comm_events(compute: list[dict], stages: list[StageStep], sched: Schedule) -> list[dict]:

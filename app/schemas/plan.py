@@ -480,7 +480,8 @@ def _bottleneck_link(pc: PricedCall) -> str:
 
 def _group_dims(pc: PricedCall) -> list[str]:
     group = pc.call.group
-    return [group.pairs] if group.pairs else list(group.dims)
+    # "pp_twin": the group spans both copies of the stage (DualPipe's ranks s and pp - 1 - s: Group.mirror)
+    return [group.pairs] if group.pairs else list(group.dims) + (["pp_twin"] if group.mirror else [])
 
 
 class PlacementOut(Out):
@@ -577,6 +578,10 @@ class TimelineEvent(Out):
     end_s: float
     overlapped: bool = Field(
         default=False, description="communication of a pass hidden behind its compute (false: exposed, on the path)"
+    )
+    direction: int | None = Field(
+        default=None,
+        description="DualPipe: the direction the block's micro-batch runs (0 from rank 0, 1 from rank pp - 1)",
     )
 
 

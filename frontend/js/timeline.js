@@ -13,7 +13,9 @@
 //   at the pass's end) and the part behind its compute (overlapped, light, from the pass's start), both from the
 //   server (`overlapped` events); the note gives, on the busiest stage, each parallelism's calls serialised
 //   against what is drawn exposed and overlapped;
-// - recompute (stream "recompute", part of a backward's compute): a narrow bar inside the backward it belongs to.
+// - recompute (stream "recompute", part of a backward's compute): a narrow bar inside the backward it belongs to;
+// - ZB-H1, ZBV, DualPipe and DualPipeV: the server lays out each op of the schedule's own order where the step's
+//   pricing runs it (one block a micro-batch), DualPipe's with its direction, named on hover.
 // Hundreds of micro-batches: events closer than 1/1500 of the step on one lane are drawn as one block.
 /* global echarts */
 import { $, el } from "./dom.js";
@@ -69,9 +71,11 @@ export function aggregate(events, span) {
 }
 
 // the server may aggregate a run of micro-batches into one event ("microbatches": how many, CONTRACT v1.1)
+// DualPipe's blocks carry their micro-batch's direction (0 enters at stage 0, 1 at the last stage; dualpipe13b)
 function mbLabel(d) {
   if (d.microbatch === null || d.microbatch === undefined || d.microbatch < 0) return "";
-  return d.microbatches > 1 ? ` (micro-batches ${d.microbatch}–${d.microbatch + d.microbatches - 1})` : ` (micro-batch ${d.microbatch})`;
+  const way = d.direction === null || d.direction === undefined ? "" : `, direction ${d.direction}`;
+  return d.microbatches > 1 ? ` (micro-batches ${d.microbatch}–${d.microbatch + d.microbatches - 1}${way})` : ` (micro-batch ${d.microbatch}${way})`;
 }
 
 // ---- aggregated blocks drawn per micro-batch -------------------------------------------------------------------
@@ -231,7 +235,7 @@ export function renderTimeline(plan) {
   const sendsOf = (stage) => { if (!sends.has(stage)) sends.set(stage, ppCalls(plan, stage)); return sends.get(stage); };
   const item = (b) => ({
     value: [laneOf(b), b.start_s, b.end_s, b.count],
-    name: label(b), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch, microbatches: b.microbatches,
+    name: label(b), itemStyle: { color: colorOf(b) }, microbatch: b.microbatch, microbatches: b.microbatches, direction: b.direction,
     split: !!b.split, sends: b.wait ? sendsOf(b.stage) : null,
   });
   const data = blocks.filter((b) => b.stream !== "recompute").map(item);
@@ -286,6 +290,8 @@ export function renderTimeline(plan) {
     el("li", {}, el("span", { className: "swatch", style: { background: color }, "aria-hidden": "true" }), name)));
   $("timeline-note").textContent = `${fmtInt(events.length)} events on ${lanes.length} lanes over ${fmtTime(end)}. `
     + (expanded ? `${expanded} aggregated block${expanded > 1 ? "s" : ""} drawn per micro-batch. ` : "")
+    + (events.some((e) => e.direction !== undefined && e.direction !== null)
+      ? `DualPipe: micro-batches of direction 0 enter at stage 0, those of direction 1 at stage ${stages[stages.length - 1]} at the same time; the blocks are its own order as the step prices it (hover names the direction). ` : "")
     + `Grey: the stream is idle (the pipeline bubble: ${fmtTime(step.bubble_s)} on the critical stage). `
     + (events.some((e) => e.wait) ? "Orange (pp lanes): the compute stream waits on the pipeline (fill, drain, sends). " : "")
     + (events.some((e) => e.overlapped) ? "Light shades: communication under compute (overlapped); solid: what the step waits for (exposed). " : "")

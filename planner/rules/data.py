@@ -30,13 +30,17 @@ from collectives import Op
 
 from ..context import Context
 from ..flavours import Zero
-from ..layout import Group
+from ..layout import Group, twin
 from ..ledger import Call, fill_buckets
 from ..ledger import rule_call as _call
 from ..params import Param, alike_stages, stage_params
 from ..recipes import float8_gathered, gathered_param_bytes, quantized
 from . import deepspeed
 
+# the stage's two copies' gradients summed every step (Context.param_copies)
+COPIES_SOURCE = (
+    "DualPipe's two copies summed: DeepSeek-V3 report §3.2.1; deepseek-ai/DualPipe 3da1bbe example_dualpipe.py:167-174"
+)
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.13)
 
 
@@ -44,11 +48,10 @@ def calls(ctx: Context) -> list[Call]:
     if not ctx.training:
         return []
     out: list[Call] = []
-    alike = alike_stages(ctx)  # the buffers' calls depend on the parameter sizes and names alone
+    classes = _classes(ctx)
     for stage in range(ctx.par.pp):
-        if stage in alike:  # the first stage of its class: the class's calls, on all its stages
-            for members in _by_schedule(ctx, alike[stage]):
-                out += [c.on(members) for c in _stage_buffers(ctx, members[0])]
+        for members in classes.get(stage, ()):  # the first stage of its class: the class's calls, on all its stages
+            out += [c.on(members) for c in _stage_buffers(ctx, members[0])]
         if ctx.is_last(stage) and ctx.flavour.reports_loss and ctx.par.dp * ctx.par.cp > 1:
             out.append(
                 Call(
@@ -64,6 +67,25 @@ def calls(ctx: Context) -> list[Call]:
                 )
             )
     return out
+
+
+def _classes(ctx: Context) -> dict[int, list[tuple[int, ...]]]:
+    """The stages whose ranks issue the same data-parallel calls, by their first stage, whose parameters they are built
+    from: alike parameter lists (the calls depend on the sizes and names alone), split by schedule.
+
+    With two copies reduced over one group (DualPipe, Context.param_copies, flat buffers: Context.dp_ranks), twins r
+    and pp - 1 - r issue one call, so both reduce the lower rank's buffer: the twin holds the same two stages in the
+    other chunk order, and one reduction needs both buffers laid out alike element for element (assumed: the copy's
+    buffer is laid out as its twin's; deepseek-ai/DualPipe's example sums module by module)."""
+    alike = alike_stages(ctx)
+    if ctx.param_copies == 1 or ctx.sharded_units:
+        return {stage: _by_schedule(ctx, members) for stage, members in alike.items()}
+    first = {s: lead for lead, members in alike.items() for s in members}
+    pairs: dict[int, list[int]] = {}
+    for s in range(ctx.par.pp):
+        lower = min(s, twin(ctx.par.schedule.stage_map, s, ctx.par.pp))
+        pairs.setdefault(first[lower], []).append(s)
+    return {members[0]: [tuple(members)] for members in pairs.values()}
 
 
 def _by_schedule(ctx: Context, stages: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -82,10 +104,13 @@ def _stage_buffers(ctx: Context, stage: int) -> list[Call]:
     Megatron's optimizer-step reductions."""
     dense, expert = stage_params(ctx, stage)
     out = []
-    if ctx.par.dp * ctx.par.cp > 1:
-        out += _buffer(ctx, dense, Group(("cp", "dp")), "dp", ctx.par.dp * ctx.par.cp, stage)
-    if expert and ctx.par.expert_dp > 1:
-        out += _buffer(ctx, expert, Group(("dp",), expert=True), "edp", ctx.par.expert_dp, stage)
+    # the copies' replicas in the group (Context.dp_ranks): the stage map whose copies it spans
+    mirror = ctx.par.schedule.stage_map if ctx.param_copies > 1 and not ctx.sharded_units else None
+    copies = ctx.param_copies > 1  # the copies' gradients are summed whatever dp is (example_dualpipe.py runs dp 1)
+    if ctx.dp_ranks() > 1 or copies:
+        out += _buffer(ctx, dense, Group(("cp", "dp"), mirror=mirror), "dp", ctx.dp_ranks(), stage)
+    if expert and (ctx.dp_ranks(expert=True) > 1 or copies):
+        out += _buffer(ctx, expert, Group(("dp",), expert=True, mirror=mirror), "edp", ctx.dp_ranks(True), stage)
     if ctx.flavour.optimizer_step_reductions:
         out += _megatron_step(ctx)
     return out
@@ -306,12 +331,13 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
     for unit, sizes in units.items():
         key = (*sizes, *gathers[unit == "root"])
         by_size[key] = by_size.get(key, 0) + 1
+    sharded = size > 1  # a copy of one rank (dp x cp 1 under DualPipe) gathers nothing: only the copies' sum
     for (numel, gathered, fp8, forward, backward), count in by_size.items():
         for name, phase, gathers in (
             (f"{kind}.params", "forward", forward),
             (f"{kind}.params.bwd", "backward", backward),
         ):
-            if gathers:
+            if gathers and sharded:
                 out.append(
                     _call(
                         name=name,
@@ -326,36 +352,44 @@ def _sharded_units(ctx: Context, params: Sequence[Param], group: Group, kind: st
                 )
                 if fp8 and not ctx.work.fp8_precompute_scale:
                     out.append(_float8_amax(name, phase, fp8 * count * gathers, shard_group))
-        out.append(
-            _call(
-                name=f"{kind}.grads",
-                op=Op.REDUCESCATTER,
-                phase="backward",
-                message=numel * ctx.grad_bytes,
-                count=count * reduces,
-                group=shard_group,
-                source=source,
-                dtype=ctx.grad_dtype,
-            )
-        )
-        replicas_count = (ctx.par.expert_dp if group.expert else ctx.par.dp) // hs if hs else 1
-        if replicas_count > 1:
-            replicas = Group(("dp_rep",), group.expert, split=hs)
+        if sharded:
             out.append(
                 _call(
-                    name=f"{kind}.grads.replicas",
-                    op=Op.ALLREDUCE,
+                    name=f"{kind}.grads",
+                    op=Op.REDUCESCATTER,
                     phase="backward",
-                    message=numel * ctx.grad_bytes // hs,
+                    message=numel * ctx.grad_bytes,
                     count=count * reduces,
-                    group=replicas,
-                    source=source + " (HSDP replicate all-reduce)",
+                    group=shard_group,
+                    source=source,
                     dtype=ctx.grad_dtype,
                 )
             )
-    if low and ctx.work.fp8_precompute_scale:
+        out += _replicas(ctx, numel * ctx.grad_bytes // (hs or size), count * reduces, group.expert, kind, source)
+    if low and ctx.work.fp8_precompute_scale and sharded:
         out += _precomputed_scales(ctx, sum(fp8 for _, _, fp8 in units.values()), shard_group)
     return out
+
+
+def _replicas(ctx: Context, shard_bytes: int, count: int, expert: bool, kind: str, source: str) -> list[Call]:
+    """The all-reduce of a unit's reduced gradient shard across the replicas that hold the same shard: HSDP's
+    replicate groups (dp / hybrid_shard_size of them) and, under DualPipe, the stage's two copies (Context.param_copies:
+    each copy shards its stages over its own dp x cp ranks, its gathers following its own order; the twins then sum
+    the shards and each copy's optimizer steps its shard alike, as HSDP's replicas do)."""
+    hs, copies = ctx.par.hybrid_shard_size, ctx.param_copies
+    count_replicas = ((ctx.par.expert_dp if expert else ctx.par.dp) // hs if hs else 1) * copies
+    if count_replicas == 1:
+        return []
+    replicas = Group(
+        ("dp_rep",) if hs else (), expert, split=hs, mirror=ctx.par.schedule.stage_map if copies > 1 else None
+    )
+    where = " (HSDP replicate all-reduce)" if hs else ""
+    if copies > 1:
+        where += f" ({COPIES_SOURCE})"
+    return [
+        _call(name=f"{kind}.grads.replicas", op=Op.ALLREDUCE, phase="backward", message=shard_bytes,
+              count=count, group=replicas, source=source + where, dtype=ctx.grad_dtype)
+    ]  # fmt: skip
 
 
 # torchao FSDP2 float8 all-gather (pytorch/ao 36027d82 torchao/float8/fsdp_utils.py): WeightWithDynamicFloat8CastTensor

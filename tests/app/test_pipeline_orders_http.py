@@ -59,3 +59,20 @@ def test_dualpipe_memory_holds_each_stage_once_and_an_end_on_ranks_0_and_pp_minu
     for s in dual:  # bf16 weights, fp32 gradients, each parameter once
         assert (s["params_bytes"], s["grads_bytes"]) == (2 * s["param_count"], 4 * s["param_count"])
     assert dual[0]["optimizer_bytes"] * dual[1]["param_count"] == dual[1]["optimizer_bytes"] * dual[0]["param_count"]
+
+
+def test_dualpipe_timeline_runs_both_directions_from_time_0(api):
+    """The timeline is DualPipe's own order as the step prices it (dualpipe13b: pipeline_jitter.order_blocks), not
+    1F1B's shape from rank 0's fill: rank 3 (pp - 1) starts a direction-1 forward at time 0 as rank 0 starts direction
+    0 (deepseek-ai/DualPipe dualpipe.py step(): the last rank feeds the second half of the micro-batches), every block
+    one micro-batch with its direction: m 8 (16 sequences over dp 2), m / 2 = 4 forwards each way on every rank."""
+    events = _plan(api, "dualpipe")["step"]["timeline"]
+    blocks = [e for e in events if e["stream"] == "compute" and e["microbatch"] >= 0]
+    for rank, way in ((0, 0), (3, 1)):
+        first = min((e for e in blocks if e["stage"] == rank), key=lambda e: e["start_s"])
+        assert (first["name"], first["start_s"], first["direction"]) == ("forward", 0.0, way)
+    for rank in range(4):
+        forwards = [e["direction"] for e in blocks if e["stage"] == rank and e["name"] == "forward"]
+        assert sorted(forwards) == [0] * 4 + [1] * 4
+    assert all(e["microbatches"] == 1 and e["direction"] in (0, 1) for e in blocks)
+    assert all(e.get("direction") is None for e in _plan(api, "1f1b")["step"]["timeline"])

@@ -26,16 +26,17 @@ exactly as published, is accepted with sane values.
   the other, deepseek-ai/DualPipe examples/example_dualpipe.py): Megatron-Core's DeepSeek-V3 recipe layout
   ``Et*3|(tt|)*29,m|L`` (PP16 x 2 chunks; the report gives no layout) read two chunks a stage in model order,
   ``Et*5|(t*4|)*14,mL``. The report gives no MFU; its Table 1 gives 2,664K H800 GPU hours for 14.8T pre-training
-  tokens: 14.8e12 / (2.664e6 x 3600) = 1,543 tokens/s per GPU, held here to within 0.75-1.5x (1,619: +4.9%; -10.3%
+  tokens: 14.8e12 / (2.664e6 x 3600) = 1,543 tokens/s per GPU, held here to within 0.75-1.5x (1,617: +4.8%; -10.3%
   while DualPipe was laid out as a V, rank 0 running both ends on every op). Its memory is reported honestly: with
-  the FP8 storage the middle ranks fit (ranks 2-13, eight MoE layers each: 81.5 GB of a 85.5 GB H800; 110.4 GB in
-  bf16 storage; ranks 1 and 14 81.6 GB with layer 60's final norm input in stage 14), and ranks 0 and 15 do not
-  (96.3 GB, the plan's warning): DualPipe's order holds pp - r micro-batches of rank r's first stage (mend13a,
+  the FP8 storage the middle ranks fit (ranks 2-13, eight MoE layers each: 77.1 GB of a 85.5 GB H800; 106.0 GB in
+  bf16 storage; ranks 1 and 14 77.3 GB with layer 60's final norm input in stage 14), and ranks 0 and 15 do not
+  (94.5 GB, the plan's warning): DualPipe's order holds pp - r micro-batches of rank r's first stage (mend13a,
   review r13a #1), so ranks 0 and 15 hold stage 0 (the embedding and 5 layers) 16 times. The report gives no layout,
   so the recipe's stays the row's; moving two of stage 0's layers to stage 15 (``Et*3|(t*4|)*14,t*2mL``, the
   review's, not from a source) fits every rank at the same step. Not expressible: the report's E5M6 copy of
-  linear_proj's input (§3.3.2; Megatron saves the bf16 tensor the attention keeps); the sum of the two copies'
-  gradients between mirror ranks (not in the ledger).
+  linear_proj's input (§3.3.2; Megatron saves the bf16 tensor the attention keeps). The two copies' gradients are
+  summed in the data-parallel reduction (dualpipe13b: dp 128 x 2 copies, expert dp 2 x 2), over which ZeRO-1 shards
+  the optimizer states (81.5 / 81.6 / 96.3 GB and 1,619 tokens/s before).
 """
 
 import copy
@@ -113,12 +114,12 @@ def test_deepseek_v3_as_reported(api):
     dispatch = next(c for c in plan["calls"] if c["name"] == "ep.dispatch.rdma")
     assert dispatch["dtype"] == "fp8"
     # DualPipe's own layout (dualpipe13): ranks 0 and 15 each hold stage 0 (the embedding and 5 layers) and stage 15
-    # (the MTP module and the output layer), mirror images; FP8 storage brings the MoE ranks from 110.4 GB to 81.5 GB.
+    # (the MTP module and the output layer), mirror images; FP8 storage brings the MoE ranks from 106.0 GB to 77.1 GB.
     # Rank r holds pp - r micro-batches of stage r and r + 1 of stage 15 - r at its peak (DualPipe's order, mend13a,
-    # review r13a #1): ranks 0 and 15 hold stage 0 sixteen times, 96.3 GB, over the H800's 85.5 GB; said, not hidden
+    # review r13a #1): ranks 0 and 15 hold stage 0 sixteen times, 94.5 GB, over the H800's 85.5 GB; said, not hidden
     stages = plan["memory"]["per_stage"]
     assert plan["warnings"] == [
-        "stages 0, 15 do not fit (2 of 16): stage 0 needs 96.3 GB per rank > 85.5 GB capacity; largest part: "
+        "stages 0, 15 do not fit (2 of 16): stage 0 needs 94.5 GB per rank > 85.5 GB capacity; largest part: "
         "activations (49.4 GB)"
     ]
     assert len(stages) == 16 and all(s["peak_bytes"] < 85.5e9 for s in stages[1:15])

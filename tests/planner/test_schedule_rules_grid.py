@@ -72,6 +72,10 @@ moved all 14 plans' end-rank peaks (-4,194,304 B at pp 2, -12,582,912 B on ranks
 held once, not 1.5 or 2.5 times), and Megatron's attention-mask broadcast, once per micro-batch a rank runs at an end
 (m on ranks 0 and pp - 1, as 1F1B), doubled its 8 plans' tp.data.attention_mask count: step +0.014% to +0.030%,
 exposed communication +0.34% to +0.65%; nothing else (torch broadcasts no batch).
+dualpipe13b's two copies' gradient sum (rules/data.py: the twins' dp replicas in one reduction group, Group.mirror;
+FSDP2's reduced shards all-reduced across the copies) moved the 20 dualpipe plans and no other (checked case by case
+against main at 63eef51): Megatron's 14 step +37.6% to +75.0% (Mixtral's expert gradients, expert_dp 1, now summed in
+fp32 over the twin pair across nodes), torch's 6 +3.4% to +17.2%, nothing else.
 Flipping
 any one schedule's trait (stage_map, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, forwards_first,
 source) changes it or raises. An intended change re-records it and says why."""
@@ -84,7 +88,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import MIRRORED, SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "568757f5c83ae7eba876aa72acf314b6ec1ee68a6cfac1ca08d941453f4657e8"
+RECORDED = "a272178e6e00b332e8cef873bd374c4ace43c1f4415d29dc8ddeaa96c9228868"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},
