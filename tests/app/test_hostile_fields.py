@@ -734,3 +734,21 @@ def test_a_batch_item_and_the_cli_name_a_union_field_alike(api, tmp_path, capsys
     assert capsys.readouterr().err == (
         "commplan: cluster.gpu.peak_tflops.bf16: Input should be greater than or equal to 0, got -1\n"
     )
+
+
+@pytest.mark.parametrize("text", ["a" * 2_000_000, "a:" * 1_000_000])
+def test_a_log_of_one_long_line_is_refused_promptly(api, text):
+    """A calibrate log's `text` may hold 2,000,000 characters; one line of them made the nccl-tests reader's pattern
+    for a glued NCCL message run about an hour in C (collectives/topology/nccl_tests.py `_NCCL_INLINE`): the request
+    got its 503 at the deadline but its thread ran on (a served worker is killed). Now a 422 naming the field."""
+    start = time.process_time()
+    r = api.post("/v1/calibrate", json={"cluster": H100, "logs": [{"text": text}]})
+    assert r.status_code == 422, r.text[:800]
+    assert r.json()["detail"] == [
+        {
+            "loc": ["body", "logs", "0", "text"],
+            "msg": "no nccl-tests result rows found (lines starting with the size in bytes) in 1 lines",
+            "type": "value_error.collective",
+        }
+    ], r.text[:800]
+    assert time.process_time() - start < 5
