@@ -748,7 +748,7 @@ def test_a_log_of_one_long_line_is_refused_promptly(api, text):
         {
             "loc": ["body", "logs", "0", "text"],
             "msg": "no nccl-tests result rows found (lines starting with the size in bytes) in 1 lines",
-            "type": "value_error.collective",
+            "type": "value_error.spec",
         }
     ], r.text[:800]
     assert time.process_time() - start < 5
