@@ -39,11 +39,11 @@ import pytest
 from hypothesis import strategies as st
 
 from app.settings import Settings
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, answering, free_port
 
 from .conftest import Api
 from .test_hostile_combos import SETTINGS
-from .test_hostile_routes import TIMED, numbers
+from .test_hostile_routes import in_range
 
 REF = Path(__file__).resolve().parents[1] / "reference"
 EXAMPLES = int(os.environ.get("COMMPLAN_HOSTILE_EXAMPLES", "12"))
@@ -460,16 +460,6 @@ def _strict(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def _numbers_in_range(answer, why):
-    for path, v in numbers(answer):
-        assert math.isfinite(v), (path, v, why)
-        leaf = path.rsplit(".", 1)[-1].split("[")[0]
-        if leaf.endswith(TIMED) and ".errors." not in path:  # a calibration's errors are signed fractions
-            assert v >= 0, (path, v, why)
-        if "bytes" in leaf:
-            assert isinstance(v, int), (path, v, why)
-
-
 def _plain_cells(text: str, why):
     """A CSV's numbers are plain decimals (docs/CONTRACT.md exports): finite, never in scientific notation."""
     for row in csv.reader(io.StringIO(text)):
@@ -487,10 +477,10 @@ def judge(response: httpx.Response, elapsed: float, schema: Schema, path: str, s
     if status == 200:
         if "ndjson" in kind:
             for line in response.text.splitlines():
-                _numbers_in_range(_strict(line), why)
+                in_range(_strict(line), why)
                 assert _strict(line).get("status", 200) != 500, (line[:800], why)
         elif "json" in kind:
-            _numbers_in_range(_strict(response.text), why)
+            in_range(_strict(response.text), why)
         elif "csv" in kind:
             _plain_cells(response.text, why)
         return "200"
@@ -597,12 +587,7 @@ def real_server():
     cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(150):
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
+    assert answering(base), "the server did not start"
     try:
         with httpx.Client(base_url=base, timeout=DEADLINE_S + 2 * MARGIN_S) as client:
             yield client
@@ -642,6 +627,16 @@ GPU_OBJECT = {"name": "x", "peak_tflops": {"bf16": -1}}
 SEARCH = BY_NAME["search"].body
 
 
+OVER = "Input should be less than or equal to 131072, got 9223372036854775808"
+CONSTRAINTS = [  # a search constraint: one value or a list of them
+    ({"tp": [1, 2**63]}, ["tp", 1], OVER),
+    ({"micro_batch_size": 1.5}, ["micro_batch_size"], "Input should be a valid integer or a valid list, got 1.5"),
+    ({"micro_batch_size": 2**63}, ["micro_batch_size"], OVER),
+    ({"recompute": ["none", "x"]}, ["recompute", 1], "Input should be 'none', 'selective' or 'full', got 'x'"),
+    ({"framework": 5}, ["framework"], "Input should be 'megatron', 'torch' or 'deepspeed', got 5"),
+]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "loc", "msg"),
     [
@@ -665,41 +660,14 @@ SEARCH = BY_NAME["search"].body
             "Extra inputs are not permitted",
         ),
         (
-            "/v1/search",
-            SEARCH | {"constraints": {"tp": [1, 2**63]}},
-            ["body", "constraints", "tp", 1],
-            "Input should be less than or equal to 131072, got 9223372036854775808",
-        ),
-        (
-            "/v1/search",
-            SEARCH | {"constraints": {"micro_batch_size": 1.5}},
-            ["body", "constraints", "micro_batch_size"],
-            "Input should be a valid integer or a valid list, got 1.5",
-        ),
-        (
-            "/v1/search",
-            SEARCH | {"constraints": {"micro_batch_size": 2**63}},
-            ["body", "constraints", "micro_batch_size"],
-            "Input should be less than or equal to 131072, got 9223372036854775808",
-        ),
-        (
-            "/v1/search",
-            SEARCH | {"constraints": {"recompute": ["none", "x"]}},
-            ["body", "constraints", "recompute", 1],
-            "Input should be 'none', 'selective' or 'full', got 'x'",
-        ),
-        (
-            "/v1/search",
-            SEARCH | {"constraints": {"framework": 5}},
-            ["body", "constraints", "framework"],
-            "Input should be 'megatron', 'torch' or 'deepspeed', got 5",
-        ),
-        (
             "/v1/plan",
             PLAN | {"parallel": {"pipeline_layout": 5}},
             ["body", "parallel", "pipeline_layout"],
             "Input should be a valid string or a valid list, got 5",
         ),
+    ]
+    + [
+        ("/v1/search", SEARCH | {"constraints": c}, ["body", "constraints", *tail], msg) for c, tail, msg in CONSTRAINTS
     ],
 )
 def test_a_union_field_is_refused_at_the_field_itself(api, path, body, loc, msg):

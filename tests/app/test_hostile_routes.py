@@ -70,6 +70,12 @@ def answered(response, body=None, refused_at=("body",)):
     if response.status_code != 200 or "json" not in response.headers.get("content-type", ""):
         return None
     answer = response.json()
+    in_range(answer, why)
+    return answer
+
+
+def in_range(answer, why) -> None:
+    """Every number of an answer finite; durations and counts >= 0; byte counts integers."""
     for path, v in numbers(answer):
         assert math.isfinite(v), (path, v, why)
         leaf = path.rsplit(".", 1)[-1].split("[")[0]
@@ -77,7 +83,6 @@ def answered(response, body=None, refused_at=("body",)):
             assert v >= 0, (path, v, why)
         if "bytes" in leaf:
             assert isinstance(v, int), (path, v, why)
-    return answer
 
 
 # ---- /v1/search -----------------------------------------------------------------------------------------------
