@@ -295,6 +295,11 @@ def _count(value) -> int | None:
     return n if n >= 0 else None
 
 
+# torch.distributed's rank and world size are C ints (c10d Backend.hpp / ProcessGroup.hpp `const int rank_; const
+# int size_;`, torch 2.x): a world past 2^31 - 1 is no trace torch wrote
+MAX_WORLD = 2**31 - 1
+
+
 def _distributed(info) -> tuple[int | None, int | None]:
     """The trace's rank and world size (torch.profiler's distributedInfo, from torch.distributed: integers, 0 <=
     rank < world_size), each None where absent. They place the trace on a pipeline stage (trace_fit.trace_stage);
@@ -308,6 +313,8 @@ def _distributed(info) -> tuple[int | None, int | None]:
         raise SpecError("trace.distributedInfo", f"rank and world_size are integers, {given}")
     if (rank is not None and rank < 0) or (world is not None and world < 1):
         raise SpecError("trace.distributedInfo", f"needs rank >= 0 and world_size >= 1, {given}")
+    if world is not None and world > MAX_WORLD:  # a 401-digit world_size was answered back as it was (hostile13)
+        raise SpecError("trace.distributedInfo", f"world_size is at most {MAX_WORLD:,} (c10d's int), {given}")
     if rank is not None and world is not None and rank >= world:
         raise SpecError("trace.distributedInfo", f"rank {rank} is not below world_size {world}")
     return rank, world

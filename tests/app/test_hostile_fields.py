@@ -720,3 +720,24 @@ def test_a_log_of_one_long_line_is_refused_promptly(api, text):
         }
     ], r.text[:800]
     assert time.process_time() - start < 5
+
+
+@pytest.mark.parametrize(
+    ("world", "said"),
+    [(10**400, "an integer of 401 digits"), (2**31, "2147483648"), (2**63, "9223372036854775808")],
+    ids=["10^400", "2^31", "2^63"],
+)
+def test_a_trace_of_a_world_past_c10ds_int_is_refused(api, world, said):
+    """A trace's `distributedInfo.world_size` of 10^400 was read and answered back as it was, a 200 holding a
+    401-digit integer that no JSON reader of 64-bit numbers takes (found by the long profile, seed 7). torch writes
+    it from c10d's C int: past 2^31 - 1 it is a 422 naming the field and the number."""
+    trace = TRACE | {"distributedInfo": {"backend": "nccl", "rank": 0, "world_size": world}}
+    r = api.post("/v1/calibrate", json={"cluster": H100, "trace": trace})
+    assert r.status_code == 422, r.text[:800]
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "trace", "distributedInfo"], err
+    assert err["msg"] == f"world_size is at most 2,147,483,647 (c10d's int), got rank 0, world_size {said}", err
+    ok = api.post(
+        "/v1/calibrate", json={"cluster": H100, "trace": TRACE | {"distributedInfo": {"world_size": 2**31 - 1}}}
+    )
+    assert ok.status_code == 200 and ok.json()["trace"]["world_size"] == 2**31 - 1, ok.text[:800]
