@@ -46,7 +46,7 @@ from .test_hostile_combos import SETTINGS
 from .test_hostile_routes import in_range
 
 REF = Path(__file__).resolve().parents[1] / "reference"
-EXAMPLES = int(os.environ.get("COMMPLAN_HOSTILE_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("COMMPLAN_HOSTILE_EXAMPLES", "30"))
 SEED = os.environ.get("COMMPLAN_HOSTILE_SEED")
 PROFILE = (
     hypothesis.settings(SETTINGS, max_examples=EXAMPLES)
