@@ -259,6 +259,8 @@ def _near(value) -> list:
     """Values of the same kind as a valid one, but wrong: off by a half, scaled past int64, as a string."""
     if isinstance(value, bool):
         return [0, 1, "true", str(value)]
+    if isinstance(value, float) and not math.isfinite(value):  # an earlier mutation scaled it past a double
+        return [0.0, -1.0]
     if isinstance(value, int | float):
         other = int(value) if isinstance(value, float) else value * 10**12
         return [value + 0.5, -value, value * 2**40, str(value), float(value), other]
@@ -741,3 +743,18 @@ def test_a_trace_of_a_world_past_c10ds_int_is_refused(api, world, said):
         "/v1/calibrate", json={"cluster": H100, "trace": TRACE | {"distributedInfo": {"world_size": 2**31 - 1}}}
     )
     assert ok.status_code == 200 and ok.json()["trace"]["world_size"] == 2**31 - 1, ok.text[:800]
+
+
+@pytest.mark.parametrize("where", ["kernel", "gpu_memcpy"])
+def test_a_trace_name_that_is_no_unicode_text_is_refused(api, where):
+    """A kernel named "\\ud800" (JSON's escape of a lone surrogate) was answered among the unclassified kernels and
+    the answer failed to encode: a logged 500 (the long profile, seed 10). Now a 422 naming the event."""
+    trace = copy.deepcopy(TRACE)
+    i = max(k for k, e in enumerate(trace["traceEvents"]) if e.get("cat") == where)
+    trace["traceEvents"][i]["name"] = "\ud800"
+    text = json.dumps({"cluster": H100, "trace": trace})  # ensure_ascii: the escape as a client writes it
+    r = api.post("/v1/calibrate", content=text.encode(), headers=JSON)
+    assert r.status_code == 422, r.text[:800]
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "trace", f"traceEvents[{i}]", "name"], err
+    assert err["msg"] == "a lone surrogate (U+D800 at character 1) is not text", err
