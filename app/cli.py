@@ -6,7 +6,6 @@ import argparse
 import base64
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -517,14 +516,12 @@ def _refused(err: Exception, where=str) -> int:
 
 def _invalid(err: ValidationError) -> int:
     """A request file that does not match its schema: one line per error, named by its field; exit 2."""
-    from .errors import stated
+    from .errors import stated, untagged
 
-    for e in err.errors(include_url=False):
+    for e in untagged(err.errors(include_url=False)):
         # the file itself (no field): it read "commplan: : ... or instance of ServeRequest" for a list
         where = ".".join(map(str, e["loc"])) or "the file"
-        print(
-            f"commplan: {where}: {re.sub(r' or instance of [A-Za-z]+', ' (a JSON object)', stated(e))}", file=sys.stderr
-        )
+        print(f"commplan: {where}: {stated(e)}", file=sys.stderr)
     return 2
 
 

@@ -16,7 +16,7 @@ from planner.model import MLASpec, MoESpec
 from planner.parallel import DDPConfig, zero_config_from_dict
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
 
-from .errors import relocated, stated
+from .errors import relocated, stated, untagged
 from .schemas.cluster import ClusterIn
 from .schemas.plan import ModelIn, OptionsIn, ParallelIn, PlanRequest, WorkloadIn
 from .settings import Settings
@@ -324,7 +324,7 @@ def serve_calibrate_inputs(body, settings: Settings) -> tuple[tuple, list]:
         try:
             request = ServeRequest.model_validate(blocks | {"traffic": traffic})
         except ValidationError as err:  # the run's traffic is over what /v1/serve takes
-            first = err.errors(include_url=False)[0]
+            first = untagged(err.errors(include_url=False))[0]
             raise SpecError(f"runs.{i}.text", f"{'.'.join(map(str, first['loc']))}: {stated(first)}") from None
         model, cluster, traits, _, pools, options_ = serve_inputs(request, settings)
         inputs = (model, cluster, traits, pools, options_)
