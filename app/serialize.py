@@ -182,6 +182,7 @@ def serve_dict(plan: ServePlan) -> dict:
         "fits": plan.fits,
         "request_rate": plan.request_rate,
         "bottleneck": plan.bottleneck,
+        "saturated": plan.saturated,
         "throughput": {
             "input_tokens_per_s": plan.input_tokens_per_s,
             "output_tokens_per_s": plan.output_tokens_per_s,

@@ -178,6 +178,11 @@ class ServeOut(Out):
         description="what limits request_rate: prefill | decode (a pool, or the worker's time and KV cache), or "
         "concurrency (a closed loop whose load is below what the pools serve: more requests would serve more)"
     )
+    saturated: bool = Field(
+        description="the asked request_rate is more than the deployment serves: request_rate and the throughput are "
+        "what it serves (its capacity, the resource named by bottleneck), ttft_s null (the queue grows without bound); "
+        "false at a concurrency (a closed loop's queue is bounded)"
+    )
     throughput: ThroughputOut
     kv_cache: KVCacheOut
     pools: list[PoolOut]
