@@ -97,9 +97,9 @@ ServeResult: gpus: int; ttft_s: float | None; tpot_s: float; fits: bool; through
     saturated: bool = False; warnings: list[str] = []; raw
 ServeHit: engine: str; mode: str; request: JSON; meets_sla: bool; answer: ServeResult
 ParetoPoint: engine: str; mode: str; request: JSON; output_tokens_per_s_per_gpu: float; tokens_per_s_per_user: float;
-    ttft_s: float | None = None; tpot_s: float = 0.0; meets_sla: bool = False
+    ttft_s: float | None = None; tpot_s: float = 0.0; meets_sla: bool = False; gpus: int = 0
 ServeSearchResult: results: list[ServeHit]; pareto: list[ParetoPoint]; evaluated: int; candidates: int;
-    rejected: dict[str, int]; why: str; raw
+    rejected: dict[str, int]; why: str; deployment_gpus: JSON | None = None; raw
 """
 
 

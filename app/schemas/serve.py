@@ -238,6 +238,12 @@ class ParetoPointOut(Out):
     ttft_s: float | None
     tpot_s: float
     meets_sla: bool = Field(description="at its own load (request.traffic): the search's SLA.met, as for results")
+    gpus: int = Field(description="the GPUs the deployment uses (its pools' workers x GPUs per worker)")
+
+
+class DeploymentGpusOut(Out):
+    fewest: int
+    most: int
 
 
 class ServeSearchOut(Out):
@@ -245,6 +251,10 @@ class ServeSearchOut(Out):
     pareto: list[ParetoPointOut] = Field(description="tokens/s per GPU against tokens/s per user, every load tried")
     evaluated: int
     candidates: int
+    deployment_gpus: DeploymentGpusOut = Field(
+        description="the fewest and the most GPUs a deployment searched uses: whole-node sizes from one node up to "
+        "the cluster, smallest first within COMMPLAN_MAX_SERVE_CANDIDATES"
+    )
     rejected: dict[str, int]
     why: str
 

@@ -37,6 +37,10 @@ class SLA:
     tpot_s: float | None = None
 
     def met(self, plan: ServePlan) -> bool:
+        """Both limits kept, and the load served: a saturated deployment (plan.saturated: the asked rate is more
+        than it serves, its queue unbounded) meets no SLA, a TPOT-only one included."""
+        if plan.saturated:
+            return False
         if self.ttft_s is not None and (plan.ttft_s is None or plan.ttft_s > self.ttft_s):
             return False
         return self.tpot_s is None or plan.tpot_s <= self.tpot_s
@@ -67,6 +71,8 @@ class ServeSearchResult:
     evaluated: int
     rejected: dict[str, int] = field(default_factory=dict)  # why layouts were not tried, with counts
     why: str = ""
+    # the fewest and the most GPUs a deployment listed uses (candidates: whole-node sizes up to the cluster)
+    gpus: tuple[int, int] = (0, 0)
 
 
 def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
@@ -255,7 +261,10 @@ def search_serving(
     ranked = sorted((c for c in at_load if c.meets_sla), key=lambda c: (-c.per_gpu, -c.per_user))
     front = pareto_front(tried)
     why = _why(ranked[0], at_load) if ranked else _miss(at_load, front)
-    return ServeSearchResult(ranked[:top_k], front, len(tried), rejected, why)
+    sizes = [sum(p.gpus for p in pools) for _, _, pools in plan_list]
+    return ServeSearchResult(
+        ranked[:top_k], front, len(tried), rejected, why, (min(sizes, default=0), max(sizes, default=0))
+    )
 
 
 def _reason(rule: str, limit: int = 80) -> str:
