@@ -396,8 +396,8 @@ def _serve_table(result: dict) -> str:
         f"GPUs {result['gpus']}  TTFT {ttft}  TPOT {human_seconds(result['tpot_s'])}  "
         f"{'fits in memory' if result['fits'] else 'does NOT fit in memory'}",
         f"output {tp['output_tokens_per_s']:,.0f} tokens/s, {tp['output_tokens_per_s_per_gpu']:,.1f} per GPU, "
-        f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s; "
-        f"bound by {result['bottleneck']}",
+        f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s"
+        f"{' served (saturated: less than asked)' if result.get('saturated') else ''}; bound by {result['bottleneck']}",
         f"KV cache {human_bytes(result['kv_cache']['bytes_per_token'])} per token, "
         f"{result['kv_cache']['capacity_tokens']:,} "
         f"tokens per worker, {result['kv_cache']['max_concurrency']:,} requests",
