@@ -298,8 +298,11 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
-    # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
-    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (3 if options.two_batch_overlap else 1)
+    # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped); at a rate,
+    # a saturated deployment plans its decode step at the KV cache's batch and the batch its prefill pool feeds
+    # (_aggregated_capacity, _disaggregated_capacity)
+    steps = 3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS + SATURATED_STEPS
+    plans = steps * (3 if options.two_batch_overlap else 1)
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
@@ -308,6 +311,7 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
 
 
 DECODE_ITERATIONS = 12  # Little's-law iterations for a decode batch at a request rate (_decode_batch)
+SATURATED_STEPS = 2  # decode steps a saturated deployment adds: at the full KV cache, at the fed batch
 
 
 def _work(options: ServeOptions, phase: str, batch: int, context: int) -> WorkloadSpec:
