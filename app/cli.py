@@ -336,10 +336,12 @@ def _serve_search(args) -> int:
 
 
 def _serve_search_table(result: dict) -> str:
-    lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments; {result['why']}"]
+    sizes = result.get("deployment_gpus") or {}
+    of = f" of {sizes['fewest']:,} to {sizes['most']:,} GPUs" if sizes else ""
+    lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments{of}; {result['why']}"]
     for i, hit in enumerate(result["results"], 1):
         a = hit["answer"]
-        pools = " + ".join(_pool_name(p) for p in hit["request"]["deployment"]["pools"])
+        pools = " + ".join(_pool_name(p) for p in hit["request"]["deployment"]["pools"]) + f" ({a['gpus']:,} GPUs)"
         lines.append(
             _deployment_line(
                 f"{i:3d}.", hit, pools, a["throughput"]["output_tokens_per_s_per_gpu"],
@@ -351,6 +353,7 @@ def _serve_search_table(result: dict) -> str:
     lines.append(f"Pareto front: {len(result['pareto'])} deployments (tokens/s per GPU against tokens/s per user)")
     for point in result["pareto"]:
         pools = " + ".join(_pool_name(p) for p in point["request"]["deployment"]["pools"])
+        pools += f" ({point['gpus']:,} GPUs)" if "gpus" in point else ""
         traffic = point["request"]["traffic"]
         load = _words().load_name(traffic.get("concurrency"), traffic.get("request_rate"))
         line = _deployment_line(
