@@ -135,3 +135,22 @@ def test_a_saturated_deployment_meets_no_sla():
     assert not SLA(tpot_s=10.0).met(over)  # a TPOT it keeps, but a queue without bound
     assert not SLA().met(over)
     assert SLA(tpot_s=10.0).met(_aggregated(0.1))
+
+
+@pytest.mark.parametrize("decode_dp, osl", [(64, DSV3_OSL), (16, 2000)])
+def test_the_cost_guard_bounds_the_steps_a_saturated_plan_makes(decode_dp, osl):
+    """worker_inputs' ``plans`` (what the cost guard multiplies each pool's step estimate by) bounds the distinct step
+    plans a saturated deployment makes: the Little's-law iterations and the two decode steps at capacity
+    (SATURATED_STEPS), prefill- and decode-bound."""
+    from planner.serving.deployment import _step, worker_inputs
+
+    decode = Pool("decode", workers=1, dp=decode_dp, ep=decode_dp, attention_dp=True)
+    pools = (Pool("prefill", workers=1, dp=32, ep=32, attention_dp=True), decode)
+    traffic = Traffic(DSV3_ISL, osl, request_rate=1000.0)
+    options = ServeOptions(weight_dtype="fp8", kv_dtype="bf16")
+    cluster = cluster_preset("dgx-h100", 12)
+    bound = sum(plans for *_, plans in worker_inputs(DSV3, cluster, engine("sglang"), traffic, pools, options))
+    _step.cache_clear()
+    plan = plan_serving(DSV3, cluster, engine("sglang"), traffic, pools, options)
+    assert plan.saturated
+    assert 3 <= _step.cache_info().misses <= bound
