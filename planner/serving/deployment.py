@@ -14,7 +14,9 @@ The queueing model (docs/serving.md states it in full):
   ``R_d = workers · b · tokens_per_step / (OSL · t_d(b))``; the system runs at the smaller (rate matching);
 - one queueing model for both modes: at a request rate (open loop) TTFT = the prefill pass + the wait for it in
   an M/D/1 queue, ``ρ · t_p / (2 (1 - ρ))`` (Pollaczek-Khinchine with deterministic service) + the KV transfer
-  when disaggregated (past ρ = 1 the queue grows without bound: TTFT None with a warning); at a concurrency
+  when disaggregated (past ρ = 1, or past what the KV cache holds, the queue grows without bound: the plan is
+  ``saturated``, TTFT None, and it serves its capacity, the closed loop's bound with the KV cache full:
+  ``_aggregated_capacity``, ``_disaggregated_capacity``); at a concurrency
   (closed loop) the asymptotic bounds of mean-value analysis with Little's law exact (``_closed_loop``), TTFT =
   C / R - OSL · TPOT.
 """
