@@ -60,7 +60,23 @@ def model_spec(block: ModelIn) -> ModelSpec:
         changes["moe"] = MoESpec(**moe | {"mlp_only_layers": tuple(moe["mlp_only_layers"])}) if moe else None
     if "mla" in changes:
         changes["mla"] = MLASpec(**block.mla.model_dump()) if block.mla else None
-    return replace(base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE})
+    if changes.get("notes") is not None:
+        changes["notes"] = tuple(changes["notes"])
+    derived = {k: changes.pop(k) for k in DERIVED_COUNTS if k in changes}
+    spec = replace(base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE})
+    for key, given in derived.items():
+        counted = DERIVED_COUNTS[key](spec)
+        if given is not None and given != counted:
+            raise SpecError(
+                f"model.{key}",
+                f"{key} is derived from the model's fields, not an input: these fields give {counted:,}, not "
+                f"{given:,} (drop it, or change the fields it counts)",
+            )
+    return spec
+
+
+# what GET /v1/presets/models adds to a spec's fields: derived counts, checked when a preset is posted back
+DERIVED_COUNTS = {"params_total": ModelSpec.total_params, "params_active": ModelSpec.active_params}
 
 
 # The fields that describe one kind of workload only: given for the other kind they were dropped without a word
