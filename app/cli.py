@@ -6,7 +6,6 @@ import argparse
 import base64
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -336,10 +335,12 @@ def _serve_search(args) -> int:
 
 
 def _serve_search_table(result: dict) -> str:
-    lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments; {result['why']}"]
+    sizes = result.get("deployment_gpus") or {}
+    of = f" of {sizes['fewest']:,} to {sizes['most']:,} GPUs" if sizes else ""
+    lines = [f"{result['evaluated']:,} plans of {result['candidates']:,} deployments{of}; {result['why']}"]
     for i, hit in enumerate(result["results"], 1):
         a = hit["answer"]
-        pools = " + ".join(_pool_name(p) for p in hit["request"]["deployment"]["pools"])
+        pools = " + ".join(_pool_name(p) for p in hit["request"]["deployment"]["pools"]) + f" ({a['gpus']:,} GPUs)"
         lines.append(
             _deployment_line(
                 f"{i:3d}.", hit, pools, a["throughput"]["output_tokens_per_s_per_gpu"],
@@ -351,6 +352,7 @@ def _serve_search_table(result: dict) -> str:
     lines.append(f"Pareto front: {len(result['pareto'])} deployments (tokens/s per GPU against tokens/s per user)")
     for point in result["pareto"]:
         pools = " + ".join(_pool_name(p) for p in point["request"]["deployment"]["pools"])
+        pools += f" ({point['gpus']:,} GPUs)" if "gpus" in point else ""
         traffic = point["request"]["traffic"]
         load = _words().load_name(traffic.get("concurrency"), traffic.get("request_rate"))
         line = _deployment_line(
@@ -396,8 +398,8 @@ def _serve_table(result: dict) -> str:
         f"GPUs {result['gpus']}  TTFT {ttft}  TPOT {human_seconds(result['tpot_s'])}  "
         f"{'fits in memory' if result['fits'] else 'does NOT fit in memory'}",
         f"output {tp['output_tokens_per_s']:,.0f} tokens/s, {tp['output_tokens_per_s_per_gpu']:,.1f} per GPU, "
-        f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s; "
-        f"bound by {result['bottleneck']}",
+        f"{tp['tokens_per_s_per_user']:,.1f} per user; {result['request_rate']:,.2f} requests/s"
+        f"{' served (saturated: less than asked)' if result.get('saturated') else ''}; bound by {result['bottleneck']}",
         f"KV cache {human_bytes(result['kv_cache']['bytes_per_token'])} per token, "
         f"{result['kv_cache']['capacity_tokens']:,} "
         f"tokens per worker, {result['kv_cache']['max_concurrency']:,} requests",
@@ -517,14 +519,12 @@ def _refused(err: Exception, where=str) -> int:
 
 def _invalid(err: ValidationError) -> int:
     """A request file that does not match its schema: one line per error, named by its field; exit 2."""
-    from .errors import stated
+    from .errors import stated, untagged
 
-    for e in err.errors(include_url=False):
+    for e in untagged(err.errors(include_url=False)):
         # the file itself (no field): it read "commplan: : ... or instance of ServeRequest" for a list
         where = ".".join(map(str, e["loc"])) or "the file"
-        print(
-            f"commplan: {where}: {re.sub(r' or instance of [A-Za-z]+', ' (a JSON object)', stated(e))}", file=sys.stderr
-        )
+        print(f"commplan: {where}: {stated(e)}", file=sys.stderr)
     return 2
 
 

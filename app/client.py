@@ -94,12 +94,12 @@ ServePool: role: str; gpus: int; batch: int; step_s: float; input_tokens_per_s: 
     calls: list[Call]; fits: bool = True; prefill_calls: list[Call] = []
 ServeResult: gpus: int; ttft_s: float | None; tpot_s: float; fits: bool; throughput: Throughput; kv_cache: KVCache;
     pools: list[ServePool]; kv_transfer: KVTransfer | None = None; bottleneck: str = ""; request_rate: float = 0.0;
-    warnings: list[str] = []; raw
+    saturated: bool = False; warnings: list[str] = []; raw
 ServeHit: engine: str; mode: str; request: JSON; meets_sla: bool; answer: ServeResult
 ParetoPoint: engine: str; mode: str; request: JSON; output_tokens_per_s_per_gpu: float; tokens_per_s_per_user: float;
-    ttft_s: float | None = None; tpot_s: float = 0.0; meets_sla: bool = False
+    ttft_s: float | None = None; tpot_s: float = 0.0; meets_sla: bool = False; gpus: int = 0
 ServeSearchResult: results: list[ServeHit]; pareto: list[ParetoPoint]; evaluated: int; candidates: int;
-    rejected: dict[str, int]; why: str; raw
+    rejected: dict[str, int]; why: str; deployment_gpus: JSON | None = None; raw
 """
 
 
@@ -111,7 +111,8 @@ def _time_per_iteration_s(self: Any) -> float:
 _EXTRAS: dict[str, JSON] = {
     "Call": {"time_per_iteration_s": property(_time_per_iteration_s)},
     "ServeResult": {
-        "__doc__": "POST /v1/serve (CONTRACT v1.2): ``ttft_s`` is None when the queue grows without bound."
+        "__doc__": "POST /v1/serve (CONTRACT v1.2): ``ttft_s`` is None when the queue grows without bound; "
+        "``saturated``: the asked rate is more than the deployment serves (``request_rate`` is what it serves)."
     },
 }
 

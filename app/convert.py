@@ -16,7 +16,7 @@ from planner.model import MLASpec, MoESpec
 from planner.parallel import DDPConfig, zero_config_from_dict
 from planner.presets import PARALLEL_PRESETS, WORKLOAD_PRESETS
 
-from .errors import relocated, stated
+from .errors import relocated, stated, untagged
 from .schemas.cluster import ClusterIn
 from .schemas.plan import ModelIn, OptionsIn, ParallelIn, PlanRequest, WorkloadIn
 from .settings import Settings
@@ -60,7 +60,23 @@ def model_spec(block: ModelIn) -> ModelSpec:
         changes["moe"] = MoESpec(**moe | {"mlp_only_layers": tuple(moe["mlp_only_layers"])}) if moe else None
     if "mla" in changes:
         changes["mla"] = MLASpec(**block.mla.model_dump()) if block.mla else None
-    return replace(base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE})
+    if changes.get("notes") is not None:
+        changes["notes"] = tuple(changes["notes"])
+    derived = {k: changes.pop(k) for k in DERIVED_COUNTS if k in changes}
+    spec = replace(base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE})
+    for key, given in derived.items():
+        counted = DERIVED_COUNTS[key](spec)
+        if given is not None and given != counted:
+            raise SpecError(
+                f"model.{key}",
+                f"{key} is derived from the model's fields, not an input: these fields give {counted:,}, not "
+                f"{given:,} (drop it, or change the fields it counts)",
+            )
+    return spec
+
+
+# what GET /v1/presets/models adds to a spec's fields: derived counts, checked when a preset is posted back
+DERIVED_COUNTS = {"params_total": ModelSpec.total_params, "params_active": ModelSpec.active_params}
 
 
 # The fields that describe one kind of workload only: given for the other kind they were dropped without a word
@@ -325,7 +341,7 @@ def serve_calibrate_inputs(body, settings: Settings) -> tuple[tuple, list]:
         try:
             request = ServeRequest.model_validate(blocks | {"traffic": traffic})
         except ValidationError as err:  # the run's traffic is over what /v1/serve takes
-            first = err.errors(include_url=False)[0]
+            first = untagged(err.errors(include_url=False))[0]
             raise SpecError(f"runs.{i}.text", f"{'.'.join(map(str, first['loc']))}: {stated(first)}") from None
         model, cluster, traits, _, pools, options_ = serve_inputs(request, settings)
         inputs = (model, cluster, traits, pools, options_)
@@ -344,7 +360,8 @@ def serve_search_inputs(body, settings: Settings) -> tuple[dict, dict, int]:
     traffic = Traffic(**body.traffic.model_dump())
     engines, modes = tuple(dict.fromkeys(body.engines)), tuple(dict.fromkeys(body.modes))
     validate_traffic(traffic)
-    deployments = candidates(model, cluster, traffic, engines, modes)
+    sla = SLA(**body.sla.model_dump())
+    deployments = candidates(model, cluster, traffic, engines, modes, sla, settings.max_serve_candidates)
     if len(deployments) > settings.max_serve_candidates:
         raise SpecError(
             "cluster",
@@ -353,7 +370,7 @@ def serve_search_inputs(body, settings: Settings) -> tuple[dict, dict, int]:
         )
     args = {
         "model": model, "cluster": cluster, "traffic": traffic, "engines": engines, "modes": modes,
-        "sla": SLA(**body.sla.model_dump()), "options": serve_options(body.options), "top_k": body.top_k,
+        "sla": sla, "options": serve_options(body.options), "top_k": body.top_k,
         "deployments": deployments,
     }  # fmt: skip
     base = body.model_dump(include={"model", "cluster", "options"}, exclude_unset=True)

@@ -182,6 +182,7 @@ def serve_dict(plan: ServePlan) -> dict:
         "fits": plan.fits,
         "request_rate": plan.request_rate,
         "bottleneck": plan.bottleneck,
+        "saturated": plan.saturated,
         "throughput": {
             "input_tokens_per_s": plan.input_tokens_per_s,
             "output_tokens_per_s": plan.output_tokens_per_s,
@@ -230,11 +231,12 @@ def serve_search_dict(result: ServeSearchResult, base: dict, candidates: int) ->
         "pareto": [
             {"engine": c.engine, "mode": c.mode, "request": request(c), "output_tokens_per_s_per_gpu": c.per_gpu,
              "tokens_per_s_per_user": c.per_user, "ttft_s": c.plan.ttft_s, "tpot_s": c.plan.tpot_s,
-             "meets_sla": c.meets_sla}
+             "meets_sla": c.meets_sla, "gpus": c.plan.gpus}
             for c in result.pareto
         ],
         "evaluated": result.evaluated,
         "candidates": candidates,
+        "deployment_gpus": {"fewest": result.gpus[0], "most": result.gpus[1]},
         "rejected": result.rejected,
         "why": result.why,
     }  # fmt: skip

@@ -295,6 +295,11 @@ def _count(value) -> int | None:
     return n if n >= 0 else None
 
 
+# torch.distributed's rank and world size are C ints (c10d Backend.hpp / ProcessGroup.hpp `const int rank_; const
+# int size_;`, torch 2.x): a world past 2^31 - 1 is no trace torch wrote
+MAX_WORLD = 2**31 - 1
+
+
 def _distributed(info) -> tuple[int | None, int | None]:
     """The trace's rank and world size (torch.profiler's distributedInfo, from torch.distributed: integers, 0 <=
     rank < world_size), each None where absent. They place the trace on a pipeline stage (trace_fit.trace_stage);
@@ -308,12 +313,26 @@ def _distributed(info) -> tuple[int | None, int | None]:
         raise SpecError("trace.distributedInfo", f"rank and world_size are integers, {given}")
     if (rank is not None and rank < 0) or (world is not None and world < 1):
         raise SpecError("trace.distributedInfo", f"needs rank >= 0 and world_size >= 1, {given}")
+    if world is not None and world > MAX_WORLD:  # a 401-digit world_size was answered back as it was (hostile13)
+        raise SpecError("trace.distributedInfo", f"world_size is at most {MAX_WORLD:,} (c10d's int), {given}")
     if rank is not None and world is not None and rank >= world:
         raise SpecError("trace.distributedInfo", f"rank {rank} is not below world_size {world}")
     return rank, world
 
 
 # ---- parsing ------------------------------------------------------------------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value, where: str) -> str:
+    """A name the answer may show (a kernel's or an operator's, the device's): Unicode text. JSON's "\\ud800"
+    escape gives a lone surrogate, which no UTF-8 answer can hold (it was a 500 when the name was answered among the
+    unclassified kernels; round 13, hostile13); torch.profiler writes UTF-8, so it is a 422 naming the event."""
+    text = str(value)
+    if not text.isascii() and (m := _SURROGATE.search(text)):
+        raise SpecError(where, f"a lone surrogate (U+{ord(m.group()):04X} at character {m.start() + 1}) is not text")
+    return text
 
 
 def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -> Trace:
@@ -382,7 +401,7 @@ def _read(data: dict, events: list) -> Trace:
     return Trace(
         kernels=tuple(out),
         ops=tuple(table),
-        device=str(first.get("name", "")),
+        device=_text(first.get("name", ""), "trace.deviceProperties[0].name"),
         sms=_count(first.get("numSms")) or 0,
         compute_capability=(_count(first.get("computeMajor")) or 0) * 10 + (_count(first.get("computeMinor")) or 0),
         steps=max(1, count),
@@ -423,9 +442,10 @@ def _scan(events: list) -> tuple[list, list, dict, set, list]:
             continue
         cat, ts, dur, args = checked
         if cat in _GPU:
-            kernels.append((str(e.get("name", "")), ts, dur, args, cat))
+            kernels.append((_text(e.get("name", ""), f"trace.traceEvents[{i}].name"), ts, dur, args, cat))
         elif cat == "cpu_op":
-            ops.append((_id(e.get("pid")), _id(e.get("tid")), ts, ts + dur, e.get("name", ""), args))
+            name = _text(e.get("name", ""), f"trace.traceEvents[{i}].name")
+            ops.append((_id(e.get("pid")), _id(e.get("tid")), ts, ts + dur, name, args))
         elif cat in ("cuda_runtime", "cuda_driver"):
             if "correlation" in args:
                 launches[_id(args["correlation"])] = (_id(e.get("pid")), _id(e.get("tid")), ts)

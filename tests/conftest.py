@@ -43,6 +43,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answering(base: str, seconds: float = 30.0) -> bool:
+    """Whether a server at ``base`` answers /healthz within ``seconds`` of its start."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return True
+        except httpx.TransportError:
+            time.sleep(0.2)
+    return False
+
+
 @pytest.fixture(scope="session")
 def server():
     """The real service: `commplan serve` on a free loopback port, stopped after the session."""

@@ -128,6 +128,20 @@ class ModelIn(Strict):
         "dropout probability on each block's output and the embedding in training (Megatron --hidden-dropout; HF "
         "hidden_dropout / resid_pdrop); 0 launches nothing; null: as attention_dropout's rule"
     )
+    # What GET /v1/presets/models answers beside the fields, so that a preset read there posts back as it is: the
+    # descriptive ones are kept (the plan's model says them), the derived counts are checked against the fields
+    name: str | None = Field(default=None, max_length=200, description="a label for the model")
+    source: str | None = Field(default=None, max_length=4000, description="where the model's figures come from")
+    notes: list[Annotated[str, Field(max_length=4000)]] | None = Field(default=None, max_length=64)
+    published_params: float | None = Field(
+        default=None, ge=0, le=1e16, description="the parameter count its authors publish (read back from a preset)"
+    )
+    params_total: int | None = Field(
+        default=None, ge=0, description="derived, not an input: given, it must equal the count the fields give"
+    )
+    params_active: int | None = Field(
+        default=None, ge=0, description="derived, not an input: given, it must equal the count the fields give"
+    )
 
 
 class WorkloadIn(Strict):

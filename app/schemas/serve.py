@@ -187,6 +187,11 @@ class ServeOut(Out):
         description="what limits request_rate: prefill | decode (a pool, or the worker's time and KV cache), or "
         "concurrency (a closed loop whose load is below what the pools serve: more requests would serve more)"
     )
+    saturated: bool = Field(
+        description="the asked request_rate is more than the deployment serves: request_rate and the throughput are "
+        "what it serves (its capacity, the resource named by bottleneck), ttft_s null (the queue grows without bound); "
+        "false at a concurrency (a closed loop's queue is bounded)"
+    )
     throughput: ThroughputOut
     kv_cache: KVCacheOut
     pools: list[PoolOut]
@@ -242,6 +247,12 @@ class ParetoPointOut(Out):
     ttft_s: float | None
     tpot_s: float
     meets_sla: bool = Field(description="at its own load (request.traffic): the search's SLA.met, as for results")
+    gpus: int = Field(description="the GPUs the deployment uses (its pools' workers x GPUs per worker)")
+
+
+class DeploymentGpusOut(Out):
+    fewest: int
+    most: int
 
 
 class ServeSearchOut(Out):
@@ -249,6 +260,10 @@ class ServeSearchOut(Out):
     pareto: list[ParetoPointOut] = Field(description="tokens/s per GPU against tokens/s per user, every load tried")
     evaluated: int
     candidates: int
+    deployment_gpus: DeploymentGpusOut = Field(
+        description="the fewest and the most GPUs a deployment searched uses: whole-node sizes from one node up to "
+        "the cluster, smallest first within COMMPLAN_MAX_SERVE_CANDIDATES"
+    )
     rejected: dict[str, int]
     why: str
 

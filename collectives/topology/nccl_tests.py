@@ -98,8 +98,13 @@ _PREFIX = re.compile(r"^(\[\d+,\d+\]<std(out|err)>:|\d+: |\[\d+\] )")
 # placement), each tagged (tests/reference/nccl_heldout/aws_p5_2x8_allreduce.log)
 _TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 # an NCCL debug message glued after a fragment of a row ("      0[0] host:12:34 [0] NCCL INFO 2048 Bytes ->"):
-# NCCL's prefix "host:pid:tid [dev] " (src/debug.cc ncclDebugLog), optionally "file:line " for WARN
-_NCCL_INLINE = re.compile(r"(?:\[\d+\] )?\S+:\d+:\d+ \[\d+\] (?:\S+:\d+ )?NCCL (?:INFO|WARN|TRACE|ABORT)\b")
+# NCCL's prefix "host:pid:tid [dev] " (src/debug.cc ncclDebugLog; the host is gethostname's, no space or colon),
+# optionally "file:line " for WARN. The host is tried only where a word starts (after a space, a colon or the
+# "[0] " of MPICH's -prepend-rank): with "\S+" every position of a long run of letters was tried and each scanned
+# the run to its end, O(n^2) in C where no deadline stops it (a 2 MB line ran for an hour; round 13, hostile13)
+_NCCL_INLINE = re.compile(
+    r"(?:\[\d+\] )?(?<![^\s:\]])[^\s:]+:\d+:\d+ \[\d+\] (?:\S+:\d+ )?NCCL (?:INFO|WARN|TRACE|ABORT)\b"
+)
 # a test binary, also with a NAME_SUFFIX (all_reduce_perf_mpi); unknown *_perf names are kept for the message
 _PROGRAM = re.compile(r"(?<![A-Za-z0-9_])((?:" + "|".join(p[:-5] for p in PROGRAMS) + r"|[a-z][a-z_]*?)_perf)")
 _RANK = re.compile(

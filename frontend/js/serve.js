@@ -325,11 +325,12 @@ async function runServe() {
   $("serve-status").textContent = "Planning the deployment…";
   unmark();
   try {
-    const answer = await postJson("/v1/serve", serveBody());
+    const body = serveBody();
+    const answer = await postJson("/v1/serve", body);
     if (seq !== serveSeq) return;
     state.serve = answer;
     $("serve-status").textContent = "";
-    renderServe(state.serve);
+    renderServe(state.serve, body.traffic);
   } catch (err) {
     if (seq !== serveSeq) return;
     $("serve-status").textContent = `Cannot plan this deployment: ${errorText(err)}`;
@@ -352,29 +353,34 @@ const kvMoved = (k) => `${fmtBytes(k.bytes_per_request)} per request, ${fmtBytes
   + (k.wire_bytes > k.bytes_per_request * 1.001 ? " (replicated KV heads: every copy filled)" : "");
 
 // what a deployment the cards cannot stand for is, in words (round 13): one that does not fit showed 250 tokens/s per
-// GPU and "2.00 K output tokens/s on 8 GPUs" for DeepSeek-V3's 670 GB per GPU, and a saturated request rate the
-// traffic's own tokens/s as if served (planner/serving/deployment.py gives the asked rate where TTFT is unbounded)
-function verdict(d) {
+// GPU and "2.00 K output tokens/s on 8 GPUs" for DeepSeek-V3's 670 GB per GPU. A saturated request rate (mend13c:
+// the answer's `saturated`) is answered with what the deployment serves, its capacity, and TTFT unbounded: the
+// verdict says the asked rate is more than that (the asked rate is the form's, `asked`)
+function verdict(d, asked) {
   const hbm = d.cluster && d.cluster.gpu ? d.cluster.gpu.hbm_bytes : null;
   const short = d.pools.filter((p) => !p.fits).map((p) => `the ${p.role === "both" ? "" : `${p.role} `}pool `
     + (hbm && p.memory_peak_bytes > hbm ? `needs ${fmtBytes(p.memory_peak_bytes)} per GPU, over the ${fmtBytes(hbm)} a GPU holds`
       : "leaves no room for one request's KV cache"));
   const said = [];
   if (!d.fits) said.push(`Does not fit: ${short.join("; ") || "a pool does not fit in memory"}. The figures below are what it would do if it fit, not a deployment that runs.`);
-  if (d.ttft_s === null) said.push(`Saturated: ${fmtCount(d.request_rate)} requests/s is more than it serves, so the queue and TTFT grow without bound; the tokens/s below are the traffic's, asked, not served.`);
+  if (d.saturated) {
+    const rate = asked && asked.request_rate ? `${fmtCount(asked.request_rate)} requests/s is` : "the rate asked is";
+    said.push(`Saturated: ${rate} more than it serves, ${fmtCount(d.request_rate)} requests/s (bound by ${d.bottleneck}), so the queue and TTFT grow without bound; the tokens/s below are what it serves.`);
+  }
   return said.join(" ");
 }
 
-export function renderServe(d) {
-  const t = d.throughput, kv = d.kv_cache, words = verdict(d);
+export function renderServe(d, traffic) {
+  const t = d.throughput, kv = d.kv_cache, words = verdict(d, traffic);
   $("serve-verdict").textContent = words;
   $("serve-verdict").hidden = !words;
-  $("serve-cards").classList.toggle("unrunnable", !!words);
+  // greyed where the figures are not a deployment that runs; a saturated one's are what it serves (mend13c)
+  $("serve-cards").classList.toggle("unrunnable", !d.fits);
   const cards = [
     metric("TTFT", d.ttft_s === null ? "unbounded" : fmtTime(d.ttft_s), d.ttft_s === null ? "the queue grows without bound" : "prefill + queue + KV transfer", "ttft"),
     metric("TPOT", fmtTime(d.tpot_s), `${fmtCount(t.tokens_per_s_per_user)} tokens/s per user`, "tpot"),
     metric("Tokens/s per GPU", fmtCount(t.output_tokens_per_s_per_gpu), `${fmtCount(t.output_tokens_per_s)} output tokens/s `
-      + `${d.ttft_s === null ? "asked of" : "on"} ${fmtInt(d.gpus)} GPUs${d.fits ? "" : " (does not fit)"}`, "per-gpu"),
+      + `on ${fmtInt(d.gpus)} GPUs${d.fits ? "" : " (does not fit)"}${d.saturated ? " (saturated: what it serves)" : ""}`, "per-gpu"),
     // whose: a disaggregated deployment's KV cache is its decode workers' (round 13: "per worker" beside a prefill pool)
     metric("KV cache", `${fmtCount(kv.capacity_tokens)} tokens`, `${fmtBytes(kv.bytes_per_token)} per token; ${fmtInt(kv.max_concurrency)} requests per `
       + `${d.pools.length > 1 ? "decode " : ""}worker`, "kv"),
@@ -484,23 +490,23 @@ const notPlanned = (rejected) => {
   return why.length ? ` Not planned (deployments): ${why.map(([reason, n]) => `${reason} (${fmtInt(n)})`).join("; ")}.` : "";
 };
 
-// the GPUs every deployment of the search fills (planner/serving/search.py candidates: as many workers as fit in
-// the cluster): at the form's 64 nodes a 64-request load ranked 400-GPU deployments at 10.9 tokens/s per GPU, with
-// nothing saying the Nodes box sets the size searched (round 13)
-function searchedGpus(cluster) {
+// the GPUs the search's deployments use (round 13: nothing said the Nodes box sets the size searched; mend13c: the
+// search tries whole-node sizes from one node up, so the answer's deployment_gpus gives the fewest and the most)
+function searchedGpus(cluster, sizes) {
   const per = cluster.devices_per_node || (state.presets.clusters[cluster.preset] || {}).devices_per_node || 1;
   const nodes = cluster.num_nodes || 1;
-  return `${fmtInt(nodes * per)} GPUs (${fmtInt(nodes)} node${nodes > 1 ? "s" : ""}; the Nodes box sets them)`;
+  const range = sizes && sizes.fewest < sizes.most ? `${fmtInt(sizes.fewest)} to ${fmtInt(sizes.most)} GPUs` : `${fmtInt(nodes * per)} GPUs`;
+  return `${range} of the cluster's ${fmtInt(nodes * per)} (${fmtInt(nodes)} node${nodes > 1 ? "s" : ""}; the Nodes box sets them)`;
 }
 
 function renderServeSearch(result, sla, traffic, cluster) {
   const met = result.results.length > 0;
-  $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each filling up to `
-    + `${searchedGpus(cluster)} with its workers, each at up to 3 loads; `
+  $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each using `
+    + `${searchedGpus(cluster, result.deployment_gpus)}, each at up to 3 loads; `
     + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}${notPlanned(result.rejected)}`;
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
     el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
-    el("td", {}, c.request.deployment.pools.map(poolName).join(" + ")),
+    el("td", {}, `${c.request.deployment.pools.map(poolName).join(" + ")} (${fmtInt(c.answer.gpus)} GPUs)`),
     el("td", { className: "num" }, fmtCount(c.answer.throughput.output_tokens_per_s_per_gpu)),
     el("td", { className: "num" }, fmtCount(c.answer.throughput.tokens_per_s_per_user)),
     el("td", { className: "num" }, c.answer.ttft_s === null ? "unbounded" : fmtTime(c.answer.ttft_s)),
@@ -514,7 +520,7 @@ function renderServeSearch(result, sla, traffic, cluster) {
     + (result.pareto.some((p) => p.meets_sla) ? "The Pareto front's points marked \u201cmeets the SLA\u201d do at a lower load: select one to load it."
       : "No point of the Pareto front meets it, at any load tried: relax the SLA or give the model more GPUs.");
   $("serve-search-front").replaceChildren(...result.pareto.map((p) => el("li", loadable(p.request),
-    `${engineName(p.engine)} ${p.mode}: ${p.request.deployment.pools.map(poolName).join(" + ")}; `
+    `${engineName(p.engine)} ${p.mode}: ${p.request.deployment.pools.map(poolName).join(" + ")}${p.gpus ? ` (${fmtInt(p.gpus)} GPUs)` : ""}; `
     + `${fmtCount(p.output_tokens_per_s_per_gpu)} tokens/s per GPU, ${fmtCount(p.tokens_per_s_per_user)} per user, `
     + `TTFT ${p.ttft_s === null ? "unbounded" : fmtTime(p.ttft_s)}, TPOT ${fmtTime(p.tpot_s)} at ${loadText(p.request.traffic)}: `,
     el("strong", { className: p.meets_sla ? "meets" : "misses" }, p.meets_sla ? "meets the SLA" : "misses the SLA"))));

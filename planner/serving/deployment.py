@@ -14,7 +14,9 @@ The queueing model (docs/serving.md states it in full):
   ``R_d = workers · b · tokens_per_step / (OSL · t_d(b))``; the system runs at the smaller (rate matching);
 - one queueing model for both modes: at a request rate (open loop) TTFT = the prefill pass + the wait for it in
   an M/D/1 queue, ``ρ · t_p / (2 (1 - ρ))`` (Pollaczek-Khinchine with deterministic service) + the KV transfer
-  when disaggregated (past ρ = 1 the queue grows without bound: TTFT None with a warning); at a concurrency
+  when disaggregated (past ρ = 1, or past what the KV cache holds, the queue grows without bound: the plan is
+  ``saturated``, TTFT None, and it serves its capacity, the closed loop's bound with the KV cache full:
+  ``_aggregated_capacity``, ``_disaggregated_capacity``); at a concurrency
   (closed loop) the asymptotic bounds of mean-value analysis with Little's law exact (``_closed_loop``), TTFT =
   C / R - OSL · TPOT.
 """
@@ -111,6 +113,9 @@ class ServePlan:
     pools: list[PoolResult]
     kv_transfer: KVTransfer | None
     bottleneck: str
+    # the asked request rate is more than the deployment serves: request_rate and the throughput are what it serves
+    # (its capacity, _aggregated_capacity / _disaggregated_capacity), ttft_s None (the queue grows without bound)
+    saturated: bool = False
     warnings: list[str] = field(default_factory=list)
     cluster: dict = field(default_factory=dict)  # the whole cluster as a request block (/v1/plan's cluster block)
 
@@ -295,8 +300,11 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
-    # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped)
-    plans = (3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS) * (3 if options.two_batch_overlap else 1)
+    # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped); at a rate,
+    # a saturated deployment plans its decode step at the KV cache's batch and the batch its prefill pool feeds
+    # (_aggregated_capacity, _disaggregated_capacity)
+    steps = 3 if traffic.concurrency is not None else 2 + DECODE_ITERATIONS + SATURATED_STEPS
+    plans = steps * (3 if options.two_batch_overlap else 1)
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
@@ -305,6 +313,7 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
 
 
 DECODE_ITERATIONS = 12  # Little's-law iterations for a decode batch at a request rate (_decode_batch)
+SATURATED_STEPS = 2  # decode steps a saturated deployment adds: at the full KV cache, at the fed batch
 
 
 def _work(options: ServeOptions, phase: str, batch: int, context: int) -> WorkloadSpec:
@@ -513,16 +522,24 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
     probe = _decode(model, w, options, 1, isl + osl // 2, 0)
     capacity = kv_capacity(model, w, probe, prefill, ("prefill", n_pre, isl), isl + osl, options, traits)
     max_conc = capacity // (isl + osl)
-    batch, decode = _decode_batch(model, w, options, traffic, pool.workers, max_conc, t_p, tps, warnings)
+    batch, decode, over = _decode_batch(model, w, options, traffic, pool.workers, max_conc, t_p, tps, warnings)
     t_d = decode.step.time_s * _mtp_overhead(model, options)
-    ttft = tpot = None
-    rate = 0.0
+    ttft = None
+    saturated = False
     share = t_p / n_pre  # worker time per request's prefill
     if traffic.request_rate is not None:
         rate = traffic.request_rate / pool.workers
+        if rate * share >= 1 or over:
+            # saturated: the worker serves its capacity, not the asked rate (_aggregated_capacity), and the queue grows
+            saturated = True
+            served, batch, decode, t_d = _aggregated_capacity(model, w, options, traffic, max_conc, t_p, share, tps)
+            why = (f"prefill alone needs {human_percent(rate * share)} of each worker's time" if rate * share >= 1
+                   else f"each worker's KV cache holds {max_conc:,} requests")  # fmt: skip
+            _saturated(warnings, traffic.request_rate, served * pool.workers, why)
+            rate = min(rate, served)
         u = rate * share
-        if u < 1:
-            tpot = t_d / (1 - u) / tps
+        tpot = t_d / (1 - u) / tps
+        if not saturated:
             ttft = t_p + _wait(u, t_p) + t_d / 2
         bottleneck = "prefill" if u > 0.5 else "decode"
     else:
@@ -536,13 +553,6 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
         ttft = max(t_p + t_d / 2, per_worker / rate - osl * tpot)  # the queue's wait, (C / W - N) / R, included
         # below the KV cache's batch every request is held: more of them would serve more (the load binds)
         bottleneck = "prefill" if rate * share > 0.5 else "concurrency" if per_worker < max_conc else "decode"
-    if tpot is None:
-        warnings.append(
-            f"saturated: {human_number(traffic.request_rate)} requests/s need "
-            f"{human_percent(traffic.request_rate * share / pool.workers)} of each worker's time for prefill alone; "
-            "TTFT grows without bound"
-        )
-        tpot = t_d / tps
     total_rate = rate * pool.workers
     fits = prefill.memory.fits and decode.memory.fits and max_conc >= 1
     result = PoolResult(
@@ -550,8 +560,9 @@ def _aggregated(model, cluster, traits, traffic, pool, w, options, tps, warnings
         decode.calls, prefill.calls, max(prefill.memory.peak_bytes, decode.memory.peak_bytes),
     )  # fmt: skip
     return _result(
-        model, traffic, options, [result], None, ttft, tpot, total_rate, capacity, max_conc, bottleneck, warnings
-    )
+        model, traffic, options, [result], None, ttft, tpot, total_rate, capacity, max_conc, bottleneck, warnings,
+        saturated,
+    )  # fmt: skip
 
 
 def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps, warnings, offsets) -> ServePlan:
@@ -564,24 +575,36 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
     counted = ("decode", d_w.par.dp, isl + osl // 2)
     capacity = kv_capacity(model, d_w, probe, probe, counted, isl + osl, options, traits)
     max_conc = capacity // (isl + osl)
-    batch, decode = _decode_batch(model, d_w, options, traffic, d_pool.workers, max_conc, t_p, tps, warnings)
+    batch, decode, over = _decode_batch(model, d_w, options, traffic, d_pool.workers, max_conc, t_p, tps, warnings)
     t_d = decode.step.time_s * _mtp_overhead(model, options)
     r_d = d_pool.workers * batch * tps / (osl * t_d)
     transfer = kv_transfer(
         model, cluster, p_pool, p_w, d_pool, d_w, options, isl, offsets, traits.kv_transfer_sends_replicas
     )
+    bottleneck = "prefill" if r_p < r_d else "decode"
+    saturated = False
     if traffic.request_rate is not None:
         rate = traffic.request_rate
         if rate > r_d:
             served = f"the decode pool serves at most {human_number(r_d)} requests/s"
             warnings.append(f"{served} at batch {batch:,}; asked {human_number(rate)}")
+        if rate >= r_p:
+            warnings.append(
+                f"saturated: the prefill pool serves at most {human_number(r_p)} requests/s ({p_pool.workers:,} "
+                f"worker{'s' if p_pool.workers > 1 else ''} x {n_pre:,} prompts per {human_seconds(t_p)}); TTFT "
+                "grows without bound"
+            )
+        if over or rate > r_d or rate >= r_p:
+            saturated = True
+            served, batch, decode, t_d, bottleneck = _disaggregated_capacity(
+                model, d_w, options, traffic, d_pool.workers, max_conc, r_p, t_p + transfer.time_s, tps
+            )
+            _saturated(warnings, rate, served, f"bound by the {bottleneck} pool")
+            rate = min(rate, served)
     else:
         rate = min(r_p, r_d)
         if r_p < r_d:  # prefill-bound: the decode pool holds only what the prefill pool feeds it (Little's law)
-            batch = min(batch, max(1, math.ceil(rate * osl * t_d / tps / d_pool.workers)))
-            decode = _decode(model, d_w, options, batch, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
-            t_d = decode.step.time_s * _mtp_overhead(model, options)
-    bottleneck = "prefill" if r_p < r_d else "decode"
+            batch, decode, t_d = _fed_decode(model, d_w, options, traffic, rate, d_pool.workers, batch, t_d, tps)
     rho = rate / r_p
     tpot = t_d / tps
     if traffic.concurrency is not None:
@@ -593,15 +616,8 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
         ttft = max(t_p + transfer.time_s, traffic.concurrency / rate - osl * tpot)
         if rate < pools_rate:
             bottleneck = "concurrency"  # the load, not a pool, limits the rate
-    elif rho < 1:
-        ttft = t_p + _wait(rho, t_p) + transfer.time_s
-    else:
-        ttft = None
-        warnings.append(
-            f"saturated: the prefill pool serves at most {human_number(r_p)} requests/s ({p_pool.workers:,} "
-            f"worker{'s' if p_pool.workers > 1 else ''} x {n_pre:,} prompts per {human_seconds(t_p)}); TTFT grows "
-            "without bound"
-        )
+    else:  # an open loop: the M/D/1 wait for the prefill pass; saturated, the queue grows without bound
+        ttft = None if saturated else t_p + _wait(rho, t_p) + transfer.time_s
     results = [
         PoolResult(
             p_pool, "prefill", p_pool.gpus, n_pre, t_p, t_p, rate * isl, 0.0, prefill.memory.fits,
@@ -613,11 +629,13 @@ def _disaggregated(model, cluster, traits, traffic, pools, workers, options, tps
         ),
     ]  # fmt: skip
     return _result(
-        model, traffic, options, results, transfer, ttft, tpot, rate, capacity, max_conc, bottleneck, warnings
-    )
+        model, traffic, options, results, transfer, ttft, tpot, rate, capacity, max_conc, bottleneck, warnings,
+        saturated,
+    )  # fmt: skip
 
 
-def _result(model, traffic, options, pools, transfer, ttft, tpot, rate, capacity, max_conc, bottleneck, warnings):
+def _result(model, traffic, options, pools, transfer, ttft, tpot, rate, capacity, max_conc, bottleneck, warnings,
+            saturated=False):  # fmt: skip
     gpus = sum(p.gpus for p in pools)
     out_rate = rate * traffic.output_tokens
     kv = KVCache(model.num_layers * model.kv_token_bytes(1, DTYPE_BYTES[options.kv]), capacity, max_conc)
@@ -643,15 +661,17 @@ def _result(model, traffic, options, pools, transfer, ttft, tpot, rate, capacity
         pools=pools,
         kv_transfer=transfer,
         bottleneck=bottleneck,
+        saturated=saturated,
         warnings=warnings,
     )
 
 
-def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warnings) -> tuple[int, Plan]:
-    """Sequences a worker holds in its decode batch, and that decode step. At a concurrency: the requests
-    spread over the workers, at most what the KV cache holds (the rest wait in the engine's queue). At a
-    request rate: Little's law, b = R_w (TTFT + OSL TPOT(b)), iterated from b = 1 (TTFT taken as one prefill
-    pass); it converges because TPOT(b) grows more slowly than b."""
+def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warnings) -> tuple[int, Plan, bool]:
+    """Sequences a worker holds in its decode batch, that decode step, and whether the asked load needs more than
+    the KV cache holds. At a concurrency: the requests spread over the workers, at most what the KV cache holds
+    (the rest wait in the engine's queue; never over: a closed loop's queue is bounded). At a request rate:
+    Little's law, b = R_w (TTFT + OSL TPOT(b)), iterated from b = 1 (TTFT taken as one prefill pass); it
+    converges because TPOT(b) grows more slowly than b; over the KV cache the worker is saturated."""
     isl, osl = traffic.input_tokens, traffic.output_tokens
     draft = options.mtp.draft_tokens if options.mtp else 0
     cap = max(1, max_conc)
@@ -670,7 +690,7 @@ def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warni
                 f"{max_conc:,}: the rest wait in the queue"
             )
         b = min(want, cap)
-        return b, decode(b)
+        return b, decode(b), False
     rate = traffic.request_rate / workers
     b = 1
     for _ in range(DECODE_ITERATIONS):
@@ -679,12 +699,60 @@ def _decode_batch(model, w, options, traffic, workers, max_conc, t_p, tps, warni
         if new == b:
             break
         b = new
-    if rate * (t_p + osl * decode(b).step.time_s / tps) > cap:
+    over = rate * (t_p + osl * decode(b).step.time_s / tps) > cap
+    if over:
         warnings.append(
             f"{human_number(traffic.request_rate)} requests/s need more sequences per worker than its KV cache "
             f"holds ({max_conc:,}): the decode pool is saturated"
         )
-    return b, decode(b)
+    return b, decode(b), over
+
+
+def _aggregated_capacity(model, w, options, traffic, max_conc, t_p, share, tps) -> tuple[float, int, Plan, float]:
+    """What one saturated aggregated worker serves: the queue in front of it never empties, so it holds all its KV
+    cache takes (b = max_conc) and serves the closed loop's rate at that population, _closed_loop's mean-value
+    bound (one home with the concurrency path), R < 1 / share. (requests/s per worker, batch, decode step, t_d)."""
+    isl, osl = traffic.input_tokens, traffic.output_tokens
+    cap = max(1, max_conc)
+    decode = _decode(model, w, options, cap, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
+    t_d = decode.step.time_s * _mtp_overhead(model, options)
+    return _closed_loop(cap, t_p + t_d / 2, osl * t_d / tps, share, math.inf), cap, decode, t_d
+
+
+def _disaggregated_capacity(model, w, options, traffic, workers, max_conc, r_p, unqueued_s, tps
+                            ) -> tuple[float, int, Plan, float, str]:  # fmt: skip
+    """What a saturated disaggregated deployment serves: the decode pool with every worker's KV cache full
+    (max_conc requests each, held from the prefill through the transfer to the last token, as _decode_batch's
+    Little's law holds them) and the prefill pool at r_p, the mean-value bounds of _closed_loop over that population:
+    R = min(r_p, the decode pool's W b tokens_per_step / (OSL t_d(b)), W b / (t_p + transfer + OSL TPOT)). Where the
+    prefill pool binds, the decode pool holds only what it is fed (_fed_decode). (requests/s, decode batch, decode
+    step, t_d, the pool that binds)."""
+    isl, osl = traffic.input_tokens, traffic.output_tokens
+    cap = max(1, max_conc)
+    decode = _decode(model, w, options, cap, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
+    t_d = decode.step.time_s * _mtp_overhead(model, options)
+    r_d = workers * cap * tps / (osl * t_d)
+    rate = _closed_loop(workers * cap, unqueued_s, osl * t_d / tps, 0.0, min(r_p, r_d))
+    if rate < r_p:
+        return rate, cap, decode, t_d, "decode"
+    return rate, *_fed_decode(model, w, options, traffic, rate, workers, cap, t_d, tps), "prefill"
+
+
+def _fed_decode(model, w, options, traffic, rate, workers, batch, t_d, tps) -> tuple[int, Plan, float]:
+    """A decode pool behind a prefill pool that binds holds only what it is fed: Little's law on the decode side,
+    b = R OSL TPOT / workers (at most ``batch``), and that step. (batch, decode step, t_d)."""
+    isl, osl = traffic.input_tokens, traffic.output_tokens
+    batch = min(batch, max(1, math.ceil(rate * osl * t_d / tps / workers)))
+    decode = _decode(model, w, options, batch, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
+    return batch, decode, decode.step.time_s * _mtp_overhead(model, options)
+
+
+def _saturated(warnings: list[str], asked: float, served: float, why: str) -> None:
+    warnings.append(
+        f"saturated: {human_number(asked)} requests/s are more than the deployment serves, {human_number(served)} "
+        f"requests/s ({why}); the queue and TTFT grow without bound, and request_rate and the throughput are the "
+        "served rate"
+    )
 
 
 def _waiting(traffic: Traffic, workers: int) -> int | None:

@@ -37,6 +37,10 @@ class SLA:
     tpot_s: float | None = None
 
     def met(self, plan: ServePlan) -> bool:
+        """Both limits kept, and the load served: a saturated deployment (plan.saturated: the asked rate is more
+        than it serves, its queue unbounded) meets no SLA, a TPOT-only one included."""
+        if plan.saturated:
+            return False
         if self.ttft_s is not None and (plan.ttft_s is None or plan.ttft_s > self.ttft_s):
             return False
         return self.tpot_s is None or plan.tpot_s <= self.tpot_s
@@ -67,6 +71,8 @@ class ServeSearchResult:
     evaluated: int
     rejected: dict[str, int] = field(default_factory=dict)  # why layouts were not tried, with counts
     why: str = ""
+    # the fewest and the most GPUs a deployment listed uses (candidates: whole-node sizes up to the cluster)
+    gpus: tuple[int, int] = (0, 0)
 
 
 def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
@@ -101,30 +107,74 @@ def _ep(model: ModelSpec, gpus: int, tp: int) -> int:
     return tp if model.moe.num_experts % tp == 0 else 1
 
 
-def candidates(model, cluster, traffic, engines, modes) -> list[tuple[str, str, tuple[Pool, ...]]]:
-    """Every deployment the search will plan, before any is: (engine, mode, pools)."""
+def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, limit: int | None = None
+               ) -> list[tuple[str, str, tuple[Pool, ...]]]:  # fmt: skip
+    """Every deployment the search will plan, before any is: (engine, mode, pools). First those on the whole
+    cluster (what the search tried before round 13), then, smallest first, those on each smaller size of
+    ``deployment_sizes`` while the list stays within ``limit`` (the cost guard's COMMPLAN_MAX_SERVE_CANDIDATES: a
+    size that would pass it is left out, and the larger ones with it); each pool at most the workers the load keeps
+    busy (``busy_workers``); a deployment reached from two sizes is listed once."""
     gpus = cluster.num_devices
     layouts = worker_layouts(model, cluster.devices_per_node, gpus)
-    out = []
-    for name in engines:
-        for mode in modes:
-            if mode == "aggregated":
-                for lay in layouts:
-                    if lay.worker_gpus <= gpus:
-                        out.append((name, mode, (replace(lay, role="both", workers=gpus // lay.worker_gpus),)))
-                continue
-            for pre in layouts:
-                for dec in layouts:
-                    for x in _splits(pre.worker_gpus, dec.worker_gpus, gpus):
-                        y = (gpus - x * pre.worker_gpus) // dec.worker_gpus
-                        out.append(
-                            (
-                                name,
-                                mode,
-                                (replace(pre, role="prefill", workers=x), replace(dec, role="decode", workers=y)),
-                            )
-                        )
-    return out
+    busy = busy_workers(traffic, sla)
+    out: dict[tuple, None] = {}
+    for size in (gpus, *deployment_sizes(cluster.devices_per_node, gpus)[:-1]):
+        at = (
+            (name, mode, pools)
+            for name in engines
+            for mode in modes
+            for pools in _deployments(layouts, size, busy, mode)
+        )
+        new = [key for key in dict.fromkeys(at) if key not in out]
+        if limit is not None and size < gpus and len(out) + len(new) > limit:
+            break
+        out.update(dict.fromkeys(new))
+    return list(out)
+
+
+def _deployments(layouts: list[Pool], size: int, busy: Callable[[Pool], int], mode: str):
+    """The deployments of one mode on ``size`` GPUs: aggregated, as many workers of a layout as the size holds;
+    disaggregated, every prefill x decode layout, 1, 2, 4, ... prefill workers and the rest decode; each pool cut to
+    the workers its load keeps busy."""
+    if mode == "aggregated":
+        for lay in layouts:
+            if lay.worker_gpus <= size:
+                yield (replace(lay, role="both", workers=min(size // lay.worker_gpus, busy(lay))),)
+        return
+    for pre in layouts:
+        for dec in layouts:
+            for x in _splits(pre.worker_gpus, dec.worker_gpus, size):
+                if x > busy(pre):
+                    break
+                y = min((size - x * pre.worker_gpus) // dec.worker_gpus, busy(dec))
+                yield replace(pre, role="prefill", workers=x), replace(dec, role="decode", workers=y)
+
+
+def deployment_sizes(per_node: int, gpus: int) -> list[int]:
+    """The GPU budgets a deployment is tried at: whole nodes, 1, 2, 4, ... below the cluster, and the whole cluster
+    (round 13, user13: every deployment filled the cluster, so at 64 concurrent requests on 64 nodes the search
+    ranked 400-GPU deployments at 10.9 tokens/s per GPU and never tried 40 GPUs at 111). Ranked by tokens/s per GPU,
+    a smaller deployment that meets the SLA wins, the rest of the cluster free for others or replicas of it."""
+    out, n = [], per_node
+    while n < gpus:
+        out.append(n)
+        n *= 2
+    return [*out, gpus]
+
+
+def busy_workers(traffic: Traffic, sla: SLA | None) -> Callable[[Pool], int]:
+    """The most workers of a layout the load keeps busy: one request per attention rank, the load's population
+    ``ceil(population / dp)``; a worker past it holds nothing, so more of them only lower tokens/s per GPU at the same
+    TTFT and TPOT (dominated on the Pareto front too). The population: the concurrency (a closed loop); at a request
+    rate, Little's law over the SLA, R (ttft_s + OSL tpot_s), the most a deployment that meets both limits holds;
+    unbounded without both."""
+    if traffic.concurrency is not None:
+        population = traffic.concurrency
+    elif sla is not None and sla.ttft_s is not None and sla.tpot_s is not None:
+        population = traffic.request_rate * (sla.ttft_s + traffic.output_tokens * sla.tpot_s)
+    else:
+        return lambda pool: math.inf
+    return lambda pool: max(1, math.ceil(population / pool.dp))
 
 
 def _splits(p: int, d: int, gpus: int) -> list[int]:
@@ -177,7 +227,7 @@ def search_serving(
     request's deadline (planner.deadline), so a client that leaves stops the search."""
     options = options or ServeOptions()
     traits = _checked_request(model, cluster, traffic, engines, modes, options)
-    plan_list = deployments if deployments is not None else candidates(model, cluster, traffic, engines, modes)
+    plan_list = deployments if deployments is not None else candidates(model, cluster, traffic, engines, modes, sla)
     tried: list[Candidate] = []
     rejected: dict[str, int] = {}
     start = last = time.monotonic()
@@ -211,7 +261,10 @@ def search_serving(
     ranked = sorted((c for c in at_load if c.meets_sla), key=lambda c: (-c.per_gpu, -c.per_user))
     front = pareto_front(tried)
     why = _why(ranked[0], at_load) if ranked else _miss(at_load, front)
-    return ServeSearchResult(ranked[:top_k], front, len(tried), rejected, why)
+    sizes = [sum(p.gpus for p in pools) for _, _, pools in plan_list]
+    return ServeSearchResult(
+        ranked[:top_k], front, len(tried), rejected, why, (min(sizes, default=0), max(sizes, default=0))
+    )
 
 
 def _reason(rule: str, limit: int = 80) -> str:

@@ -70,14 +70,19 @@ def answered(response, body=None, refused_at=("body",)):
     if response.status_code != 200 or "json" not in response.headers.get("content-type", ""):
         return None
     answer = response.json()
+    in_range(answer, why)
+    return answer
+
+
+def in_range(answer, why) -> None:
+    """Every number of an answer finite; durations and counts >= 0; byte counts integers."""
     for path, v in numbers(answer):
-        assert math.isfinite(v), (path, v, why)
+        assert abs(v) < 2**63 and math.isfinite(v), (path, v, why)  # an integer within int64 (JSON readers' limit)
         leaf = path.rsplit(".", 1)[-1].split("[")[0]
         if leaf.endswith(TIMED) and ".errors." not in path:  # a calibration's errors are signed fractions
             assert v >= 0, (path, v, why)
         if "bytes" in leaf:
             assert isinstance(v, int), (path, v, why)
-    return answer
 
 
 # ---- /v1/search -----------------------------------------------------------------------------------------------

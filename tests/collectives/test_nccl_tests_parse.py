@@ -2,6 +2,7 @@
 sample with NCCL INFO lines interleaved, and on malformed logs (an error naming the line)."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -373,3 +374,27 @@ def test_g8_runs_read_as_8_gpus_a_process_and_every_rank_counted(records):
                 factor("allreduce", ranks) * row.size_bytes / row.time_us / 1e3, rel=1e-12
             )
     assert factor("allreduce", 16) == 2 * 15 / 16
+
+
+@pytest.mark.parametrize("line", ["a" * 200_000, "a:" * 100_000, "1" * 200_000, "h:1:1 " * 30_000])
+def test_a_long_line_is_read_in_linear_time(line):
+    """The pattern of an NCCL message glued after a row's fragment tried its host (``\\S+``) at every position of a
+    run of letters and scanned the run to its end from each: a 40 kB line took 1.4 CPU s, this 200 kB one 35 s, the
+    2 MB a log's ``text`` may hold about an hour, in C where no deadline stops it (round 13, hostile13). Now the host
+    is tried only where a word starts."""
+    start = time.process_time()
+    with pytest.raises(CollectiveError, match="no nccl-tests result rows found"):
+        parse(line)
+    assert time.process_time() - start < 0.5
+
+
+def test_an_nccl_message_glued_after_a_fragment_is_still_cut_out():
+    """The pattern's host now starts after a space, a colon or MPICH's "[0] " (what the logs hold): the message is
+    still found where it was, after a row's fragment and after MPICH's rank prefix, and a WARN's file:line read."""
+    from collectives.topology.nccl_tests import _NCCL_INLINE
+
+    line = "      0[0] host-1:12:34 [0] NCCL INFO 2048 Bytes -> Algo 1 proto 2 time 12.5"
+    assert _NCCL_INLINE.search(line).start() == line.index("[0] host")
+    assert _NCCL_INLINE.search("host:12:34 [3] enqueue.cc:77 NCCL WARN x").start() == 0
+    row = "  1024  256  float  sum  -1  host:1:2 [0] NCCL INFO x"
+    assert _NCCL_INLINE.search(row).start() == row.index("host")

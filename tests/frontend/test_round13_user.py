@@ -74,9 +74,11 @@ def test_a_deployment_that_does_not_fit_is_not_shown_as_running(page):  # noqa: 
     expect(verdict).to_contain_text(
         f"Does not fit: the pool needs {peak / 1e9:.0f} GB per GPU, over the 85.5 GB a GPU holds"
     )
-    expect(verdict).to_contain_text("Saturated: 20.0 requests/s is more than it serves")
-    expect(page.locator('[data-card="per-gpu"] .hint')).to_have_text(
-        "2.00 K output tokens/s asked of 8 GPUs (does not fit)"
+    # mend13c: the answer is what it serves (saturated), and the verdict names both rates
+    assert answer["saturated"] is True and answer["request_rate"] < 20
+    expect(verdict).to_contain_text("Saturated: 20.0 requests/s is more than it serves, ")
+    expect(page.locator('[data-card="per-gpu"] .hint')).to_contain_text(
+        "output tokens/s on 8 GPUs (does not fit) (saturated: what it serves)"
     )
     assert page.locator("#serve-cards").evaluate("(e) => e.classList.contains('unrunnable')")
     # back to a deployment that runs: no verdict, the figures not greyed
@@ -185,31 +187,41 @@ def test_the_kv_transfer_leaves_no_empty_explorer(page):  # noqa: F811
 
 
 def test_a_pipelined_deployment_loads_as_listed(page):  # noqa: F811
-    """Llama-3 70B on 8 DGX H100 at 64 concurrent under 1 s / 40 ms: the best deployment's decode pool is pipelined
-    (PP4). Loaded, the card holds every pool's PP and plans the listed deployment: its GPUs, tokens/s per GPU and TPOT
-    as the row. Before: the card had no PP, so it planned the pools without it (Llama-3 70B on 64 nodes: the listed
-    "decode 3× TP8 PP16", 400 GPUs and 10.9 tokens/s per GPU, planned as 40 GPUs at 111)."""
-    open_page(page, url_state(LLAMA))
-    for box, value in (("#serve-nodes", "8"), ("#serve-sla-ttft", "1000"), ("#serve-sla-tpot", "40")):
+    """Llama-3 405B (810 GB of bf16 weights) on 2 DGX H100 nodes at 64 concurrent under 60 s / 1 s: a worker needs
+    both nodes, TP8 PP2, so the listed deployments are pipelined. Loaded, the card holds every pool's PP and plans the
+    listed deployment: its GPUs, tokens/s per GPU and TPOT as the row. Before: the card had no PP, so it planned the
+    pools without it (Llama-3 70B on 64 nodes: the listed "decode 3× TP8 PP16", 400 GPUs and 10.9 tokens/s per GPU,
+    planned as 40 GPUs at 111). mend13c: Llama-3 70B on 8 nodes, the round's case, now ranks a 16-GPU deployment
+    without PP first (197.9 tokens/s per GPU against the PP4 one's), so the pipelined case is a model that needs it."""
+    open_page(
+        page,
+        url_state({**LLAMA, "model": {"preset": "llama3-405b"}, "parallel": {**LLAMA["parallel"], "pp": 2, "dp": 32}}),
+    )
+    for box, value in (("#serve-nodes", "2"), ("#serve-sla-ttft", "60000"), ("#serve-sla-tpot", "1000")):
         page.fill(box, value)
     page.click("#serve-search-run")
     expect(page.locator("#serve-search-table-wrap")).to_be_visible(timeout=120_000)
-    # the size searched is said, and where it comes from (every deployment fills the cluster with its workers)
+    # the sizes searched are said, and where they come from (mend13c: whole nodes from one up to the cluster)
+    search = page.evaluate("window.commplan.state.serveSearch")
+    sizes = search["deployment_gpus"]
+    assert sizes["most"] == 16 and sizes["fewest"] < 16, sizes
     expect(page.locator("#serve-search-status")).to_contain_text(
-        "deployments tried, each filling up to 64 GPUs (8 nodes; the Nodes box sets them) with its workers"
+        f"deployments tried, each using {sizes['fewest']} to 16 GPUs of the cluster's 16 (2 nodes; the Nodes box sets "
+        "them), each at up to 3 loads"
     )
-    best = page.evaluate("window.commplan.state.serveSearch.results[0]")
+    best = search["results"][0]
     pools = best["request"]["deployment"]["pools"]
-    assert [p["pp"] for p in pools] == [1, 4], pools
-    expect(page.locator("#serve-search-table tbody tr").first).to_contain_text("decode 1× TP8 PP4")
+    assert [p["pp"] for p in pools] == [2], pools
+    first = page.locator("#serve-search-table tbody tr").first
+    expect(first).to_contain_text("both 1× TP8 PP2 (16 GPUs)")
     page.evaluate("window.commplan.state.serve = null")
-    page.locator("#serve-search-table tbody tr").first.click()
+    first.click()
     wait_until(page, "() => window.commplan.state.serve", timeout=60_000)
     assert page.evaluate("window.commplan.serveBody().deployment.pools") == pools
-    expect(page.locator("#serve-d-pp")).to_have_value("4")
+    expect(page.locator("#serve-a-pp")).to_have_value("2")
     served = page.evaluate("window.commplan.state.serve")
     listed = best["answer"]
-    assert served["gpus"] == listed["gpus"] == sum(p["workers"] * p["tp"] * p["pp"] * p["dp"] for p in pools)
+    assert served["gpus"] == listed["gpus"] == sum(p["workers"] * p["tp"] * p["pp"] * p["dp"] for p in pools) == 16
     assert served["throughput"] == listed["throughput"] and served["tpot_s"] == listed["tpot_s"]
 
 
