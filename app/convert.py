@@ -297,7 +297,8 @@ def serve_options(block):
     from planner.serving import MTP, ServeOptions
 
     opts = block.model_dump()
-    opts["mtp"] = MTP(**opts["mtp"]) if opts["mtp"] else None
+    mtp = opts["mtp"]
+    opts["mtp"] = MTP(mtp["draft_tokens"], mtp["acceptance"], mtp["tokens_per_step"]) if mtp else None
     return ServeOptions(**opts)
 
 

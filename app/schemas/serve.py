@@ -52,8 +52,17 @@ class DeploymentIn(Strict):
 
 class MTPIn(Strict):
     draft_tokens: int = Field(ge=1, le=16)
-    acceptance: float = Field(
-        ge=0, le=17, description="mean tokens per step (>= 1), or a per-draft-token acceptance rate (< 1)"
+    # exactly one of the two (planner/serving/spec.py MTP; a 422 at options.mtp.acceptance otherwise); acceptance's
+    # bound is tokens_per_step's so that a mean sent as a rate is told its field, not "less than or equal to 1"
+    acceptance: float | None = Field(
+        default=None,
+        ge=0,
+        le=17,
+        description="a per-draft-token acceptance rate in [0, 1] (1: every draft accepted); above 1 a 422 naming "
+        "tokens_per_step (until round 13 a value of 1 or more was read as the mean tokens a step emits)",
+    )
+    tokens_per_step: float | None = Field(
+        default=None, ge=1, le=17, description="the mean tokens a step emits, in [1, 1 + draft_tokens]"
     )
 
 

@@ -58,7 +58,7 @@ export const FIELDS = {
   "cluster.devices_per_node": "dpn", "options.algorithm": "algorithm", "cluster.calibration": "calib-clear", ...CONTROL_FIELDS,
   ...MODEL_FIELDS,
 };
-const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes" };
+const LABELS = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP", nodes: "Nodes", dpn: "Devices per node", "cluster-preset": "Cluster preset" };
 
 const num = (id) => { const v = $(id).value.trim(); return v === "" ? undefined : Number(v); };
 const put = (obj, key, value) => { if (value !== undefined && value !== "" && !Number.isNaN(value)) obj[key] = value; };
@@ -122,6 +122,7 @@ export function calibrationOf(req) {
 }
 
 export function fillForm(req) {
+  lastProduct = "dp";  // the edits before it are not this form's
   const obj = (v) => (v && typeof v === "object" ? v : {});
   const m = obj(req.model), w = obj(req.workload), p = obj(req.parallel), c = obj(req.cluster);
   // a model block with neither a preset nor a config.json is the fields alone (an empty one keeps the preset)
@@ -241,16 +242,18 @@ export function clearErrors() {
   for (const node of document.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
 }
 
-// the layout factor typed last: "tp*cp*pp*dp = 8*2*4*16 = 1024 but the cluster has 512 devices" (loc `parallel`)
-// marked TP and said "Go to TP" after a change of CP (round 13); it marks the factor changed
-const FACTORS = ["tp", "cp", "pp", "dp"];
-let lastFactor = "tp";
-export function noteEdit(target) { if (target && FACTORS.includes(target.id)) lastFactor = target.id; }
+// the control of the product's either side changed last: "tp*cp*pp*dp = 8*2*4*16 = 1024 but the cluster has 512
+// devices" (loc `parallel`) marked TP and said "Go to TP" after a change of CP (round 13); a factor, or the cluster's
+// devices (Nodes, devices per node, the preset), so a change of Nodes marks Nodes, not the factor typed before it
+// (review r13b #3). None since the form was filled (a scenario, a link, Back): DP, the box the first fix button sets
+const PRODUCT = ["tp", "cp", "pp", "dp", "nodes", "dpn", "cluster-preset"];
+let lastProduct = "dp";
+export function noteEdit(target) { if (target && PRODUCT.includes(target.id)) lastProduct = target.id; }
 
 export function showErrors(detail) {
   const items = detail.map((d) => {
     const path = (d.loc || []).filter((x) => x !== "body").join(".");
-    const control = path === "parallel" ? lastFactor
+    const control = path === "parallel" ? lastProduct
       : FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
     const input = control && $(control);
     if (input) input.setAttribute("aria-invalid", "true");

@@ -15,7 +15,7 @@ import { loadUrl, saveUrl, state } from "./state.js";
 import { explore } from "./explorer.js";
 import { fillStepAlgorithms, fillStepOps, loadSteps, presetSteps, step, stopPlay, togglePlay } from "./stepper.js";
 import { renderSummary } from "./summary.js";
-import { renderTimeline, zoomToMicrobatch } from "./timeline.js";
+import { drawnMicrobatches, renderTimeline, zoomToMicrobatch } from "./timeline.js";
 import { drawTopology, prefetchTopology } from "./topology.js";
 
 // ---- honest updates: stale while replanning, stale-and-invalid while the inputs cannot be planned ----------
@@ -217,10 +217,12 @@ async function start() {
   });
   $("timeline-zoom").addEventListener("click", () => {
     const k = Number($("timeline-mb").value), span = zoomToMicrobatch(k);
-    // the range too: "no micro-batch 64 in this step" left the user guessing 1-64 or 0-63 (round 13)
-    const m = state.plan ? state.plan.num_microbatches : 0;
+    // the range too: "no micro-batch 64 in this step" left the user guessing 1-64 or 0-63 (round 13); the range the
+    // chart draws, a rank's chunk passes where a schedule runs several chunks (review r13b #2)
+    const n = drawnMicrobatches(), m = state.plan ? state.plan.num_microbatches : 0;
+    const chunks = m > 0 && n > m && n % m === 0 ? `, one a chunk pass: ${fmtInt(m)} micro-batches × ${fmtInt(n / m)} chunks a rank` : "";
     $("timeline-zoom-note").textContent = span ? `micro-batch ${k}: ${fmtTime(span[0])} → ${fmtTime(span[1])} over every stage`
-      : `no micro-batch ${$("timeline-mb").value.trim() || "given"} in this step` + (m > 1 ? `: they are numbered 0 to ${fmtInt(m - 1)}` : m === 1 ? ": its one is numbered 0" : "");
+      : `no micro-batch ${$("timeline-mb").value.trim() || "given"} in this step` + (n > 1 ? `: they are numbered 0 to ${fmtInt(n - 1)}${chunks}` : n === 1 ? ": its one is numbered 0" : "");
   });
   $("timeline-all").addEventListener("click", () => { zoomToMicrobatch(-2); $("timeline-zoom-note").textContent = ""; });
   $("step-op").addEventListener("change", fillStepAlgorithms);

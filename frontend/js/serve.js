@@ -155,7 +155,7 @@ function traffic() {
 // (two_batch_overlap off and redundant_experts 0 in vLLM, SGLang and TensorRT-LLM: planner/serving/engines.py)
 // MTP, CUDA graphs and chunked prefill (round 13): options the API takes that the card had no control for, so
 // DeepSeek-V3 could not be served with its multi-token prediction from the page
-const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant", "serve-mtp-draft", "serve-mtp-acceptance", "serve-cuda-graphs", "serve-chunked"];
+const OPTION_IDS = ["serve-weights", "serve-kv", "serve-tbo", "serve-redundant", "serve-mtp-draft", "serve-mtp-acceptance", "serve-mtp-tokens", "serve-cuda-graphs", "serve-chunked"];
 const ON_OFF_OPTIONS = [["serve-cuda-graphs", "cuda_graphs"], ["serve-chunked", "chunked_prefill"]];
 // the step-time factors fitted to the user's benchmark runs (POST /v1/serve/calibrate), or null: the planner's own
 let scales = null;
@@ -164,11 +164,13 @@ function options(calibrated = true) {
   if ($("serve-kv").value) o.kv_dtype = $("serve-kv").value;
   if ($("serve-tbo").value) o.two_batch_overlap = $("serve-tbo").value === "true";
   if (num("serve-redundant") !== null) o.redundant_experts = num("serve-redundant");
-  // a draft count alone is sent without its acceptance: the server names the missing field (options.mtp.acceptance)
-  if (num("serve-mtp-draft") !== null || num("serve-mtp-acceptance") !== null) {
+  // a draft count alone is sent without its acceptance: the server names the missing field (options.mtp.acceptance);
+  // the rate and the mean tokens a step are two boxes, one field each (one box read as both priced 1.0 as one token
+  // a step, review r13b #1): both filled are sent, and the server says to give one
+  const mtp = [["serve-mtp-draft", "draft_tokens"], ["serve-mtp-acceptance", "acceptance"], ["serve-mtp-tokens", "tokens_per_step"]];
+  if (mtp.some(([id]) => num(id) !== null)) {
     o.mtp = {};
-    if (num("serve-mtp-draft") !== null) o.mtp.draft_tokens = num("serve-mtp-draft");
-    if (num("serve-mtp-acceptance") !== null) o.mtp.acceptance = num("serve-mtp-acceptance");
+    for (const [id, key] of mtp) if (num(id) !== null) o.mtp[key] = num(id);
   }
   for (const [id, key] of ON_OFF_OPTIONS) if ($(id).value) o[key] = $(id).value === "true";
   if (calibrated && scales) Object.assign(o, scales);
@@ -186,6 +188,7 @@ export function fillServeOptions(o) {
   const mtp = o.mtp && typeof o.mtp === "object" ? o.mtp : {};
   $("serve-mtp-draft").value = Number.isFinite(mtp.draft_tokens) ? String(mtp.draft_tokens) : "";
   $("serve-mtp-acceptance").value = Number.isFinite(mtp.acceptance) ? String(mtp.acceptance) : "";
+  $("serve-mtp-tokens").value = Number.isFinite(mtp.tokens_per_step) ? String(mtp.tokens_per_step) : "";
   for (const [id, key] of ON_OFF_OPTIONS) $(id).value = typeof o[key] === "boolean" ? String(o[key]) : "";
   const fitted = typeof o.prefill_time_scale === "number" && typeof o.decode_time_scale === "number";
   scales = fitted ? { prefill_time_scale: o.prefill_time_scale, decode_time_scale: o.decode_time_scale } : null;
@@ -288,6 +291,7 @@ const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
   "options.mtp": "serve-mtp-draft", "options.mtp.draft_tokens": "serve-mtp-draft", "options.mtp.acceptance": "serve-mtp-acceptance",
+  "options.mtp.tokens_per_step": "serve-mtp-tokens",
   "options.cuda_graphs": "serve-cuda-graphs", "options.chunked_prefill": "serve-chunked",
   "model.preset": "serve-model", "cluster.num_nodes": "serve-nodes",
   // the pools' GPUs against the cluster's, the one refusal of the pools as a whole the card can send: "deployment.pools:

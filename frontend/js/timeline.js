@@ -209,6 +209,10 @@ export function zoomToMicrobatch(k) {
   return [lo, hi];
 }
 let state_events = [], state_data = [[], []];
+// the micro-batch numbers the chart draws (and zoomToMicrobatch finds): 0 to this - 1. Under interleaved, V and
+// DualPipe schedules planner/pipeline.py timeline numbers a rank's chunk passes, 0 to m·v - 1, not m's micro-batches
+// (the zoom note said "numbered 0 to 15" beside a zoom to 20 that worked: review r13b #2)
+export const drawnMicrobatches = () => Math.max(-1, ...state_events.filter((e) => e.microbatches === 1).map((e) => e.microbatch)) + 1;
 
 export function renderTimeline(plan) {
   const section = $("timeline-card"), step = plan && plan.step;
@@ -218,8 +222,7 @@ export function renderTimeline(plan) {
   const { events: perMb, expanded } = expand(raw);
   const events = derive(perMb.map((e) => ({ ...e })));
   state_events = events;
-  const mbs = Math.max(0, ...events.filter((e) => e.microbatches === 1).map((e) => e.microbatch)) + 1;
-  $("timeline-mb").max = String(Math.max(0, mbs - 1));
+  $("timeline-mb").max = String(Math.max(0, drawnMicrobatches() - 1));
   const streams = [...new Set(events.map((e) => String(e.stream)))].filter((s) => s !== "recompute")
     .sort((a, b) => (a === "compute" ? -1 : b === "compute" ? 1 : a.localeCompare(b)));
   const stages = [...new Set(events.map((e) => e.stage))].sort((a, b) => a - b);

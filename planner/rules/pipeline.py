@@ -34,8 +34,9 @@ def calls(ctx: Context) -> list[Call]:
     message = ctx.activation // (ctx.par.tp if ctx.par.sp or gather else 1)
     src = ctx.par.schedule.source or ctx.flavour.pp_source
     out = []
-    # m: a rank's passes over its chunks (Context.micro_batches); DualPipe's pass is one micro-batch each way, each
-    # crossing each boundary once (dualpipe.py num_chunks // 2 a direction), its chunks' sends one of each
+    # m: a rank's passes over its chunks (Context.passes, m / 2 under DualPipe; Context.micro_batches is m);
+    # DualPipe's pass is one micro-batch each way, each crossing each boundary once (dualpipe.py num_chunks // 2 a
+    # direction), its chunks' sends one of each
     shapes = mtp_standalone(ctx)
     for stage, (fwd, bwd) in enumerate(boundary_sends(ctx)):
         for phase, sends, name in (("forward", fwd, "pp.activation"), ("backward", bwd, "pp.activation_grad")):

@@ -275,9 +275,20 @@ def _reason(rule: str, limit: int = 80) -> str:
         return first
     space = first.rfind(" ", 0, limit)
     cut = first[: space if space > 0 else limit]
-    if cut.count("(") > cut.count(")"):  # no parenthesis left open: the words before it
-        cut = cut[: cut.rfind("(")]
-    return cut.rstrip(" ,") + " …"
+    # no parenthesis left open: the words before the first one still open at the cut, found with a depth count
+    # ("a (b (c) d" ended "a (b" when cut at the last "(", review r13b #5); where nothing comes before it (a
+    # clause that opens with "("), the open ones' marks dropped, so the key keeps its words
+    opened = []
+    for i, ch in enumerate(cut):
+        if ch == "(":
+            opened.append(i)
+        elif ch == ")" and opened:
+            opened.pop()
+    if opened and cut[: opened[0]].strip(" ,"):
+        cut = cut[: opened[0]]
+    elif opened:
+        cut = "".join(ch for i, ch in enumerate(cut) if i not in opened)
+    return cut.strip(" ,") + " …"
 
 
 def _brief(c: Candidate) -> dict:

@@ -43,16 +43,21 @@ class Pool:
 
 @dataclass(frozen=True)
 class MTP:
-    """Multi-token prediction / speculative decoding: ``draft_tokens`` per step; ``acceptance`` either the
-    mean tokens a step emits (>= 1, at most 1 + draft_tokens) or a per-draft-token acceptance rate (< 1)."""
+    """Multi-token prediction / speculative decoding: ``draft_tokens`` per step and exactly one of
+    ``acceptance``, the rate at which one draft token is accepted, in [0, 1] (1: every draft kept; the DeepSeek-V3
+    report §5.4.3 gives 85-90 % for its second token), and ``mean_tokens``, the mean tokens a step emits, in
+    [1, 1 + draft_tokens] (vLLM's and SGLang's "mean acceptance length"; the API's ``options.mtp.tokens_per_step``).
+    One field read as both, a rate below 1 and tokens from 1 up, priced 1.0 as one token a step: TPOT 26.1 ms at
+    0.999 and 54.0 ms at 1.0 (review r13b #1)."""
 
     draft_tokens: int
-    acceptance: float
+    acceptance: float | None = None
+    mean_tokens: float | None = None
 
     @property
     def tokens_per_step(self) -> float:
-        if self.acceptance >= 1:
-            return self.acceptance
+        if self.mean_tokens is not None:
+            return self.mean_tokens
         # draft i is kept only if drafts 1..i all are: 1 + p + p^2 + ... + p^n (Leviathan et al. 2023, §3.1)
         return sum(self.acceptance**i for i in range(self.draft_tokens + 1))
 
@@ -136,11 +141,32 @@ def validate_pools(pools: tuple[Pool, ...]) -> None:
 def _validate_mtp(mtp: MTP) -> None:
     if not 1 <= mtp.draft_tokens <= 16:
         raise SpecError("options.mtp.draft_tokens", f"must be between 1 and 16, got {mtp.draft_tokens}")
-    if not 0 <= mtp.acceptance <= 1 + mtp.draft_tokens:
+    most = 1 + mtp.draft_tokens
+    if (mtp.acceptance is None) == (mtp.mean_tokens is None):
+        got = (
+            "neither"
+            if mtp.acceptance is None
+            else f"acceptance {mtp.acceptance} and tokens_per_step {mtp.mean_tokens}"
+        )
         raise SpecError(
             "options.mtp.acceptance",
-            f"a rate in [0, 1) or mean tokens per step in [1, 1 + draft_tokens = {1 + mtp.draft_tokens}]; "
-            f"got {mtp.acceptance}",
+            f"give exactly one of acceptance (a per-draft-token rate in [0, 1]) and tokens_per_step (the mean tokens "
+            f"a step emits, in [1, 1 + draft_tokens = {most}]); got {got}",
+        )
+    if mtp.acceptance is not None and not 0 <= mtp.acceptance <= 1:
+        raise SpecError(
+            "options.mtp.acceptance",
+            f"is a per-draft-token rate in [0, 1] (1: every draft accepted), got {mtp.acceptance}"
+            + (
+                f"; a mean of {mtp.acceptance} tokens a step is options.mtp.tokens_per_step"
+                if mtp.acceptance <= most
+                else ""
+            ),
+        )
+    if mtp.mean_tokens is not None and not 1 <= mtp.mean_tokens <= most:
+        raise SpecError(
+            "options.mtp.tokens_per_step",
+            f"the mean tokens a step emits must be in [1, 1 + draft_tokens = {most}], got {mtp.mean_tokens}",
         )
 
 

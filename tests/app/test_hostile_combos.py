@@ -301,7 +301,9 @@ def _serve_options(pick: Picker, cluster: str, experts: int) -> dict:
     if pick.coin(4):
         options["kv_dtype"] = pick(["bf16", "fp8"])
     if pick.coin(4):
-        options["mtp"] = {"draft_tokens": pick([1, 3, 16]), "acceptance": pick([0.0, 0.5, 0.99, 1.0, 2.5, 17.0])}
+        # a rate in [0, 1] or the mean tokens a step, each past its range too (review r13b #1)
+        field, values = pick([("acceptance", [0.0, 0.5, 0.99, 1.0, 2.5]), ("tokens_per_step", [1.0, 2.5, 17.0])])
+        options["mtp"] = {"draft_tokens": pick([1, 3, 16]), field: pick(values)}
     for name in ("cuda_graphs", "chunked_prefill"):
         if pick.coin(5):
             options[name] = False

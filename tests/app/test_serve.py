@@ -87,7 +87,16 @@ def test_deepep_dispatch_over_http(api):
         ({"deployment": {"pools": [{"tp": 8, "workers": 3}]}}, ["deployment", "pools"], "the cluster has 16"),
         ({"engine": "tgi"}, ["engine"], ""),
         ({"deployment": {"pools": [{"tp": 8, "ep": 8}]}}, ["deployment", "pools", "0", "ep"], "needs an MoE model"),
-        ({"options": {"mtp": {"draft_tokens": 1, "acceptance": 3.0}}}, ["options", "mtp", "acceptance"], "1 + draft"),
+        (
+            {"options": {"mtp": {"draft_tokens": 1, "acceptance": 3.0}}},
+            ["options", "mtp", "acceptance"],
+            "rate in [0, 1]",
+        ),
+        (
+            {"options": {"mtp": {"draft_tokens": 1, "tokens_per_step": 3.0}}},
+            ["options", "mtp", "tokens_per_step"],
+            "1 + draft",
+        ),
         # was a 500 (layouts3 found it with schemathesis): the overlap splits MoE layers only
         ({"engine": "sglang", "options": {"two_batch_overlap": True}}, ["options", "two_batch_overlap"], "dense"),
     ],
@@ -201,7 +210,7 @@ def test_launch_export_runs_only_the_launcher(api, tmp_path, engine):
     body = json.loads(json.dumps(DSV3)) | {"engine": engine}
     for pool in body["deployment"]["pools"]:
         pool["ep_dispatch"] = "deepep_ll" if engine != "vllm" else "alltoall"
-    body["options"]["mtp"] = {"draft_tokens": 1, "acceptance": 1.8}
+    body["options"]["mtp"] = {"draft_tokens": 1, "tokens_per_step": 1.8}
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "argv.log"

@@ -22,6 +22,16 @@ def serve_dsv3(page):  # noqa: F811
     wait_until(page, "() => document.getElementById('serve-status').textContent === ''", timeout=60_000)
 
 
+def serve_replan(page):  # noqa: F811
+    """Run the Serve card again and wait for its answer or its refusal ("Cannot ...")."""
+    page.evaluate("window.commplan.state.serve = null")
+    page.click("#serve-run")
+    wait_until(
+        page,
+        "() => window.commplan.state.serve || document.getElementById('serve-status').textContent.startsWith('Cannot')",
+    )
+
+
 def test_a_deployment_that_does_not_fit_is_not_shown_as_running(page):  # noqa: F811
     """The card's figures of a deployment that does not fit (DeepSeek-V3 on one TP8 worker: the server's own peak
     per GPU over the H100's 85.5 GB) and of a saturated request rate (TTFT unbounded: the tokens/s are the traffic's,
@@ -351,31 +361,24 @@ def test_the_serve_card_sets_mtp_cuda_graphs_and_chunked_prefill(page):  # noqa:
     serve_dsv3(page)
     base = page.evaluate("window.commplan.state.serve.tpot_s")
 
-    def replan():
-        page.evaluate("window.commplan.state.serve = null")
-        page.click("#serve-run")
-        wait_until(
-            page,
-            "() => window.commplan.state.serve || "
-            "document.getElementById('serve-status').textContent.startsWith('Cannot')",
-        )
-
     page.fill("#serve-mtp-draft", "1")
     page.fill("#serve-mtp-acceptance", "0.8")
-    replan()
+    serve_replan(page)
     body = page.evaluate("window.commplan.serveBody()")
     assert body["options"]["mtp"] == {"draft_tokens": 1, "acceptance": 0.8}
     answer = httpx.post(page.base + "/v1/serve", json=body, timeout=60).json()
     assert page.evaluate("window.commplan.state.serve.tpot_s") == answer["tpot_s"] < base / 1.5
     link = page.url
     page.fill("#serve-mtp-acceptance", "")
-    replan()
-    expect(page.locator("#serve-status")).to_contain_text("MTP acceptance (options.mtp.acceptance): Field required")
+    serve_replan(page)
+    expect(page.locator("#serve-status")).to_contain_text(
+        "MTP acceptance rate (options.mtp.acceptance): give exactly one of acceptance"
+    )
     expect(page.locator("#serve-mtp-acceptance")).to_have_attribute("aria-invalid", "true")
     page.fill("#serve-mtp-draft", "")
     page.select_option("#serve-cuda-graphs", "false")
     page.select_option("#serve-chunked", "false")
-    replan()
+    serve_replan(page)
     options = page.evaluate("window.commplan.serveBody().options")
     assert options["cuda_graphs"] is False and options["chunked_prefill"] is False and "mtp" not in options
     assert page.evaluate("window.commplan.state.serve.tpot_s") > base

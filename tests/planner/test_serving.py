@@ -61,7 +61,11 @@ def test_trtllm_kv_fraction_is_of_the_free_memory():
 def test_mtp_tokens_per_step():
     # draft i is kept only if 1..i are: 1 + p + p^2 (Leviathan et al. 2023); a mean given as such is kept
     assert MTP(2, 0.8).tokens_per_step == pytest.approx(1 + 0.8 + 0.64)
-    assert MTP(1, 1.8).tokens_per_step == 1.8
+    assert MTP(1, mean_tokens=1.8).tokens_per_step == 1.8
+    # a rate of 1 is every draft kept, 1 + n tokens, and the rate's sum is continuous there (review r13b #1: 1.0 read
+    # as one token a step priced TPOT at 54.0 ms against 26.1 ms at 0.999)
+    assert MTP(3, 1.0).tokens_per_step == 4 and MTP(1, 1.0).tokens_per_step == 2
+    assert MTP(3, 0.999999).tokens_per_step == pytest.approx(4, rel=1e-5)
 
 
 def test_aggregated_littles_law_and_throughput():
