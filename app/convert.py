@@ -63,7 +63,13 @@ def model_spec(block: ModelIn) -> ModelSpec:
     if changes.get("notes") is not None:
         changes["notes"] = tuple(changes["notes"])
     derived = {k: changes.pop(k) for k in DERIVED_COUNTS if k in changes}
-    spec = replace(base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE})
+    return _counted_as_given(
+        replace(base, **{k: v for k, v in changes.items() if v is not None or k in NULLABLE}), derived
+    )
+
+
+def _counted_as_given(spec: ModelSpec, derived: dict) -> ModelSpec:
+    """``spec``, once each derived count a request gave (a preset read back) equals what its fields count."""
     for key, given in derived.items():
         counted = DERIVED_COUNTS[key](spec)
         if given is not None and given != counted:
