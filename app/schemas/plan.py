@@ -3,7 +3,7 @@ GB/s = 1e9 bytes/s per direction. Every block may be ``{"preset": NAME, ...overr
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -66,6 +66,11 @@ class MLAIn(Strict):
 
 
 class ModelIn(Strict):
+    # what GET /v1/presets/models answers beside the spec's fields, accepted so that a read preset posts back as it
+    # is (app/convert.py DERIVED_COUNTS checks the two counts); no page control edits them
+    read_back: ClassVar[frozenset[str]] = frozenset(
+        {"name", "source", "notes", "published_params", "params_total", "params_active"}
+    )
     preset: str | None = Field(default=None, description="a name from GET /v1/presets/models")
     hf_config: dict[str, Any] | None = Field(
         default=None,
