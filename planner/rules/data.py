@@ -142,13 +142,11 @@ def _megatron_step(ctx: Context) -> list[Call]:
 
 
 def _buffer(ctx: Context, params: Sequence[Param], group: Group, kind: str, size: int, pp_stage: int) -> list[Call]:
-    zero = ctx.flavour.zero
-    if zero is Zero.DEEPSPEED:
+    if ctx.flavour.zero is Zero.DEEPSPEED:
         return deepspeed.calls(ctx, params, group, kind, size)
-    stage = ctx.par.zero_stage
-    if stage == 3 or (stage == 2 and zero is Zero.FSDP2):
+    if ctx.sharded_units:
         return _sharded_units(ctx, params, group, kind, size, pp_stage)
-    if ctx.work.fp8_param_gather and stage <= 1:
+    if ctx.work.fp8_param_gather and ctx.par.zero_stage <= 1:
         # --fp8-param-gather: the TE linear weights live in their own uint8 buffer (param_and_grad_buffer.py
         # groups buffers by parameter dtype), bucketed and gathered apart from the bf16 rest
         low = [p for p in params if quantized(p.name)]
