@@ -712,10 +712,9 @@ def _aggregated_capacity(model, w, options, traffic, max_conc, t_p, share, tps) 
     """What one saturated aggregated worker serves: the queue in front of it never empties, so it holds all its KV
     cache takes (b = max_conc) and serves the closed loop's rate at that population, _closed_loop's mean-value
     bound (one home with the concurrency path), R < 1 / share. (requests/s per worker, batch, decode step, t_d)."""
-    isl, osl = traffic.input_tokens, traffic.output_tokens
+    osl = traffic.output_tokens
     cap = max(1, max_conc)
-    decode = _decode(model, w, options, cap, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
-    t_d = decode.step.time_s * _mtp_overhead(model, options)
+    decode, t_d = _decode_at(model, w, options, traffic, cap)
     return _closed_loop(cap, t_p + t_d / 2, osl * t_d / tps, share, math.inf), cap, decode, t_d
 
 
@@ -727,10 +726,9 @@ def _disaggregated_capacity(model, w, options, traffic, workers, max_conc, r_p, 
     R = min(r_p, the decode pool's W b tokens_per_step / (OSL t_d(b)), W b / (t_p + transfer + OSL TPOT)). Where the
     prefill pool binds, the decode pool holds only what it is fed (_fed_decode). (requests/s, decode batch, decode
     step, t_d, the pool that binds)."""
-    isl, osl = traffic.input_tokens, traffic.output_tokens
+    osl = traffic.output_tokens
     cap = max(1, max_conc)
-    decode = _decode(model, w, options, cap, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
-    t_d = decode.step.time_s * _mtp_overhead(model, options)
+    decode, t_d = _decode_at(model, w, options, traffic, cap)
     r_d = workers * cap * tps / (osl * t_d)
     rate = _closed_loop(workers * cap, unqueued_s, osl * t_d / tps, 0.0, min(r_p, r_d))
     if rate < r_p:
@@ -741,10 +739,16 @@ def _disaggregated_capacity(model, w, options, traffic, workers, max_conc, r_p, 
 def _fed_decode(model, w, options, traffic, rate, workers, batch, t_d, tps) -> tuple[int, Plan, float]:
     """A decode pool behind a prefill pool that binds holds only what it is fed: Little's law on the decode side,
     b = R OSL TPOT / workers (at most ``batch``), and that step. (batch, decode step, t_d)."""
+    batch = min(batch, max(1, math.ceil(rate * traffic.output_tokens * t_d / tps / workers)))
+    return batch, *_decode_at(model, w, options, traffic, batch)
+
+
+def _decode_at(model, w, options, traffic, batch: int) -> tuple[Plan, float]:
+    """A worker's decode step at ``batch`` sequences, mid-output (the traffic's ISL + OSL / 2 of context), and its
+    time with the MTP drafts' overhead, t_d: what the saturated and fed decode pools run."""
     isl, osl = traffic.input_tokens, traffic.output_tokens
-    batch = min(batch, max(1, math.ceil(rate * osl * t_d / tps / workers)))
     decode = _decode(model, w, options, batch, isl + osl // 2, options.mtp.draft_tokens if options.mtp else 0)
-    return batch, decode, decode.step.time_s * _mtp_overhead(model, options)
+    return decode, decode.step.time_s * _mtp_overhead(model, options)
 
 
 def _saturated(warnings: list[str], asked: float, served: float, why: str) -> None:
