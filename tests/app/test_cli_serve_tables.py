@@ -148,3 +148,18 @@ def test_serve_plan_writes_the_dynamo_manifest_the_export_route_writes(api, caps
     workers = {name: s for name, s in services.items() if name != "Frontend"}
     assert sorted(s["subComponentType"] for s in workers.values()) == ["decode", "prefill"]
     assert all(s["replicas"] == 1 for s in workers.values())  # one prefill and one decode worker in the example
+
+
+def test_serve_plan_says_a_saturated_rate_as_served_on_the_cli(tmp_path, capsys):
+    """The CLI as the HTTP answer (mend13c): past capacity the JSON's request_rate is what the deployment serves,
+    ``saturated`` true and TTFT null, and the table says it is served, saturated, with TTFT 'saturated'."""
+    body = json.loads((ROOT / "examples/serve-llama3-70b.json").read_text())
+    path = tmp_path / "over.json"
+    path.write_text(json.dumps(body | {"traffic": {"input_tokens": 1000, "output_tokens": 200, "request_rate": 1000}}))
+    assert main(["serve-plan", str(path), "--format", "json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["saturated"] is True and answer["ttft_s"] is None
+    assert 0 < answer["request_rate"] < 1000
+    assert main(["serve-plan", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "served (saturated: less than asked)" in table and "saturated" in table.split("TTFT", 1)[1].split("\n")[0]
