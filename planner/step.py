@@ -80,6 +80,7 @@ from .kernels import (
     efficiency,
     fsdp_copy_kernels,
     gemm_operand_bytes,
+    reads_stored_operands,
     sp_layout_copy_kernels,
 )
 from .ledger import held_ctas
@@ -101,6 +102,7 @@ from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
 from .rules.tensor import (
     async_tp_fused_gemms,
     async_tp_fused_names,
+    async_tp_wgrad_reads,
     check_userbuffers,
     summed_dgrad_names,
     userbuffers_decoder_share,
@@ -917,8 +919,38 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
                     continue
                 sums[op][0] += moved[i] / m
                 sums[op][1] += calls
+            if async_tp and phase == "backward":  # the weight gradients' copies of the fused gathers' outputs
+                nbytes, copies = _strided_reads(ctx, totals, i, gpu)
+                sums["allgather"] = [sums["allgather"][0] + nbytes, sums["allgather"][1] + copies]
             extra.append(sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff))
         _into_passes(st, *extra)
+
+
+def _strided_reads(ctx: Context, totals: StreamTotals, i: int, gpu: GPUSpec) -> tuple[float, float]:
+    """(bytes, calls) per micro-batch of stage ``i``'s fused all-gathers whose gathered output a weight gradient
+    copies before reading it, in the backward pass. The fused op returns its gathered A as
+    ``A_flat.view(*leading_dims, -1).flatten(0, 1).movedim(0, gather_dim)`` (torch/distributed/_symmetric_memory/
+    __init__.py _fused_all_gather_matmul_impl ``unflatten``): [b, s, h] over memory laid [s, b, h]. The weight
+    gradient's matmul flattens it to [b*s, h], which is no view of that memory when b > 1, so Inductor realizes a
+    copy (torch/_inductor/ir.py View.create keeps a reindexing view of a non-contiguous input; ExternKernel.
+    realize_input cannot make it a ReinterpretView and calls copy_input, a pointwise copy). Once a gather of the
+    forward (its tensor saved or re-gathered) and once a grad output's gather (rules/tensor.py
+    async_tp_wgrad_reads), where that GEMM reads its operands as stored (kernels.reads_stored_operands: bf16, not
+    a float8 recipe's, whose casts already copy). Counted in the message units sp_layout_copy_kernels doubles
+    (2 B moved a byte gathered: the copy DTensor's cat made in vanilla TP, here after the fused op)."""
+    if ctx.b == 1:
+        return 0.0, 0.0
+    reads, m = async_tp_wgrad_reads(ctx), ctx.passes
+    nbytes = calls = 0.0
+    for name, wgrad in reads.items():
+        if not reads_stored_operands(ctx, gpu, wgrad):
+            continue
+        for phase in ("forward", "backward"):
+            key = tp_key(phase, "allgather", name)
+            if key in totals.unit_volume:
+                nbytes += totals.unit_volume[key][i] / m
+                calls += totals.unit_count[key][i] / m
+    return nbytes, calls
 
 
 def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> float:
