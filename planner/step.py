@@ -50,7 +50,7 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, make_dataclass, replace
 
-from collectives.topology.gpu import GPUSpec
+from collectives.topology.gpu import GPUSpec, PeerCopy, peer_copy
 
 from ._errors import SpecError
 from .compute import (
@@ -830,13 +830,14 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
     sent once computed), and the next op on the compute stream waits for it. A fused call of c seconds with a GEMM
     of g (as split, kernels.async_tp_gemm_s, times its share: rules/tensor.py async_tp_fused_gemms) takes
     max(c + g/tp, g): the last shard's GEMM (or the first chunk's) cannot overlap the copies; c + g/tp - g of it is
-    exposed. The communication is priced as the ledger prices the call (NCCL's); the copy engines torch uses
-    instead are not priced apart. Dense non-MLA models only (else {}: the pass-wide rule of _behind_overlap)."""
+    exposed. The communication c is what the op moves: tp - 1 copy-engine pulls of one peer's shard, one after
+    another (fused_transfer_s), where the GPU's pull was measured (collectives peer_copy); elsewhere the ledger's
+    price of the call (NCCL's). Dense non-MLA models only (else {}: the pass-wide rule of _behind_overlap)."""
     fused = async_tp_fused_gemms(ctx)
     if not fused:
         return
     gemm = async_tp_gemm_s(ctx, gpu)
-    t, m = ctx.par.tp, ctx.passes
+    t, m, pull = ctx.par.tp, ctx.passes, peer_copy(gpu)
     for st in stages:
         i = st.stage
         out = {"forward": 0.0, "backward": 0.0}
@@ -847,8 +848,19 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
             kernel, share = fused[name]
             g = gemm.get(kernel, 0.0) * share
             calls = totals.unit_count[key][i]
-            out[phase] += calls * fused_op_exposed_s(took[i] / calls, g, t) / m
+            c = took[i] / calls if pull is None else fused_transfer_s(totals.unit_volume[key][i] / calls, t, pull)
+            out[phase] += calls * fused_op_exposed_s(c, g, t) / m
         st.tp_fused_fwd_s, st.tp_fused_bwd_s = out["forward"], out["backward"]
+
+
+def fused_transfer_s(message: float, tp: int, pull: PeerCopy) -> float:
+    """What a fused all-gather-matmul or matmul-reduce-scatter of ``message`` bytes (the gathered output, the
+    reduce-scattered input: the ledger's message) moves, in seconds: tp - 1 copy-engine pulls of one peer's
+    message / tp, one after another (torch/distributed/_symmetric_memory/__init__.py: each step of
+    _pipelined_all_gather_and_consume and _pipelined_produce_and_all2all ``copy_``s one remote rank's p2p buffer,
+    a contiguous device copy, i.e. cudaMemcpyAsync on the copy engine; "cp" from different streams cannot
+    overlap), at ``pull``'s measured rate (collectives/topology/gpu.py PEER_COPY)."""
+    return pull.seconds(message / tp, tp - 1)
 
 
 def fused_op_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:

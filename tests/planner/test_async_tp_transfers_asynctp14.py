@@ -5,7 +5,10 @@ transfers (asynctp14)"):
   (torch/distributed/_symmetric_memory/__init__.py ``unflatten``); a weight gradient that reads that tensor again
   flattens it to [b*s, h], no view of it when b > 1, and Inductor copies it first (ExternKernel.realize_input ->
   copy_input): once per gather of the forward and per grad output's gather, in the backward pass, where the weight
-  gradient reads its operands as stored (bf16; a float8 recipe's casts copy them anyway).
+  gradient reads its operands as stored (bf16; a float8 recipe's casts copy them anyway);
+- the fused ops move each peer's shard with one copy-engine pull after another (``copy_`` of the peer's symmetric
+  buffer; "cp" from different streams cannot overlap): tp - 1 pulls of message / tp at the measured single-peer
+  copy-engine read rate (nvbandwidth device_to_device_memcpy_read_ce on H100 SXM: 395.05 GB/s), not NCCL's price.
 """
 
 from dataclasses import replace
@@ -14,9 +17,10 @@ import pytest
 
 import planner.step as step_module
 from collectives.topology import cluster_preset
+from collectives.topology.gpu import GPUS, PEER_COPY, PeerCopy, peer_copy
 from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.context import Context
-from planner.kernels import reads_stored_operands
+from planner.kernels import async_tp_gemm_s, reads_stored_operands
 from planner.rules.tensor import async_tp_wgrad_reads
 
 H100 = cluster_preset("dgx-h100", 1).gpu
@@ -102,3 +106,49 @@ def test_float8_plans_copy_nothing_more():
 def _totals(plan):
     """The plan's per-row TP tallies (step.stream_totals over its priced calls: one micro-batch, one stage)."""
     return step_module.stream_totals(plan.calls, 1, 0, 1)
+
+
+def test_the_measured_copy_engine_pull():
+    """nvbandwidth v0.10 on 8 x H100 80GB HBM3 (Azure ND96isr_H100_v5): the 56 pairs' sum 22,122.87 GB/s, 395.05 a
+    pair; Hopper with 18 NVLink links takes it (H100, H200), a part with another NVLink count or generation none."""
+    pull = peer_copy(H100)
+    assert pull == PEER_COPY[(90, 18)] and pull.GBps == 395.05 == round(22122.87 / 56, 2)
+    assert "device_to_device_memcpy_read_ce" in pull.source and "ND96isr_H100_v5" in pull.source
+    assert peer_copy(GPUS["h200-sxm-141gb"]) is pull
+    assert peer_copy(GPUS["h800-sxm5-80gb"]) is None and peer_copy(GPUS["a100-sxm4-80gb"]) is None
+    assert peer_copy(GPUS["b200-180gb"]) is None
+    assert PeerCopy(100.0, "x").seconds(1e9, 3) == pytest.approx(0.03)
+
+
+def test_one_fused_all_gather_matmul_in_closed_form():
+    """The 8B's qkv at b 2 (16,384 rows, tp 8): the gathered message is one unit (134,217,728 B); the op pulls 7
+    shards of 16,777,216 B one after another at 395.05 GB/s, 297.3 us, beside its GEMM in 8 pieces; it leaves
+    max(0, c + g/8 - g) exposed. The plan's forward exposure is the four fused calls' sum over 4 layers."""
+    from planner.step import fused_op_exposed_s, fused_transfer_s
+
+    c = fused_transfer_s(UNIT, 8, peer_copy(H100))
+    assert c == pytest.approx(7 * (UNIT / 8) / 395.05e9) and c == pytest.approx(297.3e-6, rel=1e-4)
+    gemm = async_tp_gemm_s(_ctx(), H100)
+    g = gemm["qkv"]
+    assert fused_op_exposed_s(c, g, 8) == pytest.approx(max(0.0, c + g / 8 - g))
+    st = _plan().step.stages[0]
+    fwd = sum(4 * fused_op_exposed_s(c, gemm[k], 8) for k in ("qkv", "fc1", "attn_out", "fc2"))
+    assert st.tp_fused_fwd_s == pytest.approx(fwd, rel=1e-12)
+
+
+def test_without_a_measured_pull_the_ledger_prices_the_transfer():
+    """On an A100 no copy-engine pull was measured: the fused op's communication is the call's ledger price, as
+    before (the forward exposure of the same 4 layers from NCCL's prices)."""
+    a100 = cluster_preset("dgx-a100", 1)
+    par = ParallelSpec(tp=8, sequence_parallel=True, framework="torch")
+    options = Options(timeline=False, overlap=Overlap(tp_comm_overlap=True))
+    plan = build_plan(MODEL, _work(), par, a100, options)
+    from planner.step import fused_op_exposed_s
+
+    price = {pc.call.name: pc.price.time_s for pc in plan.calls}
+    gemm = async_tp_gemm_s(_ctx(), a100.gpu)
+    pairs = (("tp.attn.qkv", "qkv"), ("tp.mlp.up_proj", "fc1"), ("tp.attn.out_proj", "attn_out"),
+             ("tp.mlp.down_proj", "fc2"))  # fmt: skip
+    fwd = sum(4 * fused_op_exposed_s(price[n], gemm[k], 8) for n, k in pairs)
+    assert peer_copy(a100.gpu) is None
+    assert plan.step.stages[0].tp_fused_fwd_s == pytest.approx(fwd, rel=1e-12)

@@ -223,13 +223,16 @@ def test_a_fused_op_hides_its_copies_behind_its_own_gemm_only():
 def test_async_tp_exposes_each_fused_call_beyond_its_gemm():
     """The 4-layer 8B at b 2 under async TP: each forward fused call (qkv's and fc1's gathers, attn_out's and fc2's
     reduce-scatters) and each backward one (the two grad-output gathers) exposes max(0, c + g/8 - g) with c its
-    ledger price and g its split GEMM; summed per pass. Nothing was exposed in the forward before (the pass-wide
-    rule hid all TP behind all GEMMs)."""
+    transfer (asynctp14: 7 copy-engine pulls of one peer's 1/8 of the message at the H100's measured rate,
+    step.fused_transfer_s) and g its split GEMM; summed per pass. Nothing was exposed in the forward before (the
+    pass-wide rule hid all TP behind all GEMMs)."""
+    from collectives.topology.gpu import peer_copy
     from planner.kernels import async_tp_gemm_s
+    from planner.step import fused_transfer_s
 
     plan = _plan("torch", overlap=True)
     st = plan.step.stages[0]
-    price = {pc.call.name: pc.price.time_s for pc in plan.calls}
+    price = {pc.call.name: fused_transfer_s(pc.call.message_bytes, 8, peer_copy(H100)) for pc in plan.calls}
     gemm = async_tp_gemm_s(_ctx(torch_compile=True, loss_parallel=True), H100)
 
     def exposed(pairs):
