@@ -922,12 +922,14 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
                     continue
                 _, when, op, name = key.split(".", 3)
                 calls = totals.unit_count.get(key, zeros)[i] / m
-                if when != phase or (ctx.b == 1 and (op == "allgather" or name in fused)):
+                if when != phase:
                     continue
                 if name in fused:
-                    nbytes = _fused_relayout(ctx, gpu, op, moved[i] / m, calls, gemms.get(name))
+                    nbytes, kernels = _fused_relayout(ctx, gpu, op, moved[i] / m, calls, gemms.get(name))
                     sums[op][0] += nbytes
-                    sums[op][1] += calls if nbytes else 0.0
+                    sums[op][1] += kernels
+                    continue
+                if ctx.b == 1 and op == "allgather":
                     continue
                 sums[op][0] += moved[i] / m
                 sums[op][1] += calls
@@ -965,19 +967,24 @@ def _strided_reads(ctx: Context, totals: StreamTotals, i: int, gpu: GPUSpec) -> 
     return nbytes, calls
 
 
-def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> float:
-    """The bytes a fused async-TP op re-lays per pass when the micro-batch is more than one sequence (b > 1:
-    torch/distributed/_symmetric_memory/__init__.py moves the sequence dim to the front and flattens, a copy when
-    b > 1): _fused_all_gather_matmul_impl ``A_shard.movedim(gather_dim, 0).flatten(0, -2)``, the rank's shard (the
-    gathered message / tp); _fused_matmul_reduce_scatter_impl ``A.movedim(scatter_dim, 0).flatten(0, -2)``, the
-    matmul's whole input A (kernels.gemm_operand_bytes of its GEMM, times the share re-run). Counted in the message
-    units sp_layout_copy_kernels doubles (read and written); 0 where no GEMM is mapped (MoE, MLA)."""
+def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> tuple[float, float]:
+    """(bytes, kernels) a fused async-TP op copies on the compute stream per pass. When the micro-batch is more than
+    one sequence (b > 1: torch/distributed/_symmetric_memory/__init__.py moves the sequence dim to the front and
+    flattens, a copy when b > 1): _fused_all_gather_matmul_impl ``A_shard.movedim(gather_dim, 0).flatten(0, -2)``,
+    the rank's shard (the gathered message / tp); _fused_matmul_reduce_scatter_impl ``A.movedim(scatter_dim,
+    0).flatten(0, -2)``, the matmul's whole input A (kernels.gemm_operand_bytes of its GEMM, times the share re-run;
+    none where no GEMM is mapped: MoE, MLA). At any b, an all-gather also copies the rank's shard into its own
+    symmetric p2p buffer before the first shard's GEMM, then waits at a barrier (_pipelined_multi_all_gather_and_
+    consume ``copy_shard(dst=local_p2p_bufs, src=shard)``: "we are giving up the chance to overlap mv and b with
+    the first shard_consumer"; asynctp14): one shard more, one kernel more a call. Counted in the message units
+    sp_layout_copy_kernels doubles (read and written), one kernel a copy."""
     if op == "allgather":
-        return moved / ctx.par.tp
-    if gemm is None:
-        return 0.0
+        copies = 2 if ctx.b > 1 else 1
+        return copies * moved / ctx.par.tp, copies * calls
+    if gemm is None or ctx.b == 1:
+        return 0.0, 0.0
     kernel, share = gemm
-    return calls * share * gemm_operand_bytes(ctx, gpu, kernel)
+    return calls * share * gemm_operand_bytes(ctx, gpu, kernel), calls
 
 
 def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None:

@@ -152,3 +152,15 @@ def test_without_a_measured_pull_the_ledger_prices_the_transfer():
     fwd = sum(4 * fused_op_exposed_s(price[n], gemm[k], 8) for n, k in pairs)
     assert peer_copy(a100.gpu) is None
     assert plan.step.stages[0].tp_fused_fwd_s == pytest.approx(fwd, rel=1e-12)
+
+
+def test_a_gather_copies_its_shard_into_its_p2p_buffer_at_any_b():
+    """_pipelined_multi_all_gather_and_consume copies the rank's shard into its symmetric buffer before the first
+    shard's GEMM (mv, then a barrier): one shard (message / 8) and one kernel a call, at b 1 too; at b 2 the
+    movedim-flatten re-layout of the shard besides (titan8). A reduce-scatter at b 1 copies nothing."""
+    one, two = _ctx(b=1), _ctx(b=2)
+    assert step_module._fused_relayout(one, H100, "allgather", 8e6, 3.0, ("qkv", 1.0)) == (1e6, 3.0)
+    assert step_module._fused_relayout(two, H100, "allgather", 8e6, 3.0, ("qkv", 1.0)) == (2e6, 6.0)
+    assert step_module._fused_relayout(one, H100, "reducescatter", 8e6, 3.0, ("fc2", 1.0)) == (0.0, 0.0)
+    _, calls = step_module._fused_relayout(two, H100, "reducescatter", 8e6, 3.0, ("fc2", 1.0))
+    assert calls == 3.0
