@@ -297,8 +297,9 @@ def _async_tp_wgrad_reads(ctx: Context) -> dict[str, str]:
     qkv.wgrad, fc1.wgrad) and the grad outputs' gathers (tp.attn.out_proj.dgrad, tp.mlp.down_proj.dgrad:
     attn_out.wgrad, fc2.wgrad). Inductor's pass replaces every use of the gathered result with the fused op's A
     (torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_all_gather_matmul: ``all_gather.replace_with(new_ag_node)``;
-    return_A stays True while a use is left), and the weight gradient's matmul is not among the fused ones (it takes
-    the tensor as its right-hand operand). One read a gather of the forward, whether its A is saved or gathered again
+    return_A stays True while a use is left), and the weight gradient's matmul is not among the fused ones (those
+    take the reshaped tensor itself as their left operand: dW = dY^T @ X reads X as its right one, a grad output
+    through a transpose). One read a gather of the forward, whether its A is saved or gathered again
     by a re-run (the re-issue, ``.recompute``, is not listed: it stands for the same tensor). {} where no GEMM is
     mapped (async_tp_fused_gemms: MoE, MLA)."""
     gathers = {c.name for c in (*_forward(ctx, 1, 1), *_backward(ctx, 1, 1)) if c.op == Op.ALLGATHER}
