@@ -1227,12 +1227,27 @@ def gemm_operand_bytes(ctx: Context, gpu: GPUSpec, name: str) -> float:
     backward: a forward GEMM's X (m x k); a data gradient's dY (m x n: gemm_kernels' (m x n)(n x k), e.g. a fused
     backward reduce-scatter's ``fc1.dgrad``, m x ffn/t). What torch's fused matmul-reduce-scatter re-lays
     (step._sp_layout_copies). 0 when the layer has no such GEMM. Every kernel carries its forward shape (m, n, k)."""
+    k = _dense_gemm(ctx, gpu, name)
+    if k is None:
+        return 0.0
+    m, n, kk, _ = k.shape
+    return m * (n if name.endswith(".dgrad") else kk) * operand_bytes(k.dtype)
+
+
+def reads_stored_operands(ctx: Context, gpu: GPUSpec, name: str) -> bool:
+    """Whether a dense layer's GEMM ``name`` reads its activation operands as another op stored them: a GEMM in a
+    16- or 32-bit dtype does (cuBLAS takes either operand transposed, so a tensor whose rows it can stride through is
+    read in place, any other is first copied); a quantized GEMM (a low-precision recipe's dtype, _PEAK_DTYPE) reads
+    what its recipe's casts wrote, in the layout _scaled_mm needs (torchao's tensorwise float8: the cast and the
+    transposed copy of each operand, already in the kernel list). False where the layer has no such GEMM."""
+    k = _dense_gemm(ctx, gpu, name)
+    return k is not None and k.dtype not in _PEAK_DTYPE
+
+
+def _dense_gemm(ctx: Context, gpu: GPUSpec, name: str) -> Kernel | None:
+    """A dense layer's GEMM kernel ``name`` (forward or backward), or None."""
     lk = layer_kernels(ctx, False, gpu)
-    for k in (*lk.forward, *lk.backward):
-        if k.kind == "gemm" and k.name == name:
-            m, n, kk, _ = k.shape
-            return m * (n if name.endswith(".dgrad") else kk) * operand_bytes(k.dtype)
-    return 0.0
+    return next((k for k in (*lk.forward, *lk.backward) if k.kind == "gemm" and k.name == name), None)
 
 
 def async_tp_gemm_s(ctx: Context, gpu: GPUSpec, eff: Efficiency | None = None) -> dict[str, float]:

@@ -50,7 +50,7 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, make_dataclass, replace
 
-from collectives.topology.gpu import GPUSpec
+from collectives.topology.gpu import GPUSpec, PeerCopy, peer_copy
 
 from ._errors import SpecError
 from .compute import (
@@ -80,6 +80,7 @@ from .kernels import (
     efficiency,
     fsdp_copy_kernels,
     gemm_operand_bytes,
+    reads_stored_operands,
     sp_layout_copy_kernels,
 )
 from .ledger import held_ctas
@@ -101,6 +102,7 @@ from .rules.pipeline import GATHER_CALLS, SHAPE_CALLS
 from .rules.tensor import (
     async_tp_fused_gemms,
     async_tp_fused_names,
+    async_tp_wgrad_reads,
     check_userbuffers,
     summed_dgrad_names,
     userbuffers_decoder_share,
@@ -828,13 +830,14 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
     sent once computed), and the next op on the compute stream waits for it. A fused call of c seconds with a GEMM
     of g (as split, kernels.async_tp_gemm_s, times its share: rules/tensor.py async_tp_fused_gemms) takes
     max(c + g/tp, g): the last shard's GEMM (or the first chunk's) cannot overlap the copies; c + g/tp - g of it is
-    exposed. The communication is priced as the ledger prices the call (NCCL's); the copy engines torch uses
-    instead are not priced apart. Dense non-MLA models only (else {}: the pass-wide rule of _behind_overlap)."""
+    exposed. The communication c is what the op moves: tp - 1 copy-engine pulls of one peer's shard, one after
+    another (fused_transfer_s), where the GPU's pull was measured (collectives peer_copy); elsewhere the ledger's
+    price of the call (NCCL's). Dense non-MLA models only (else {}: the pass-wide rule of _behind_overlap)."""
     fused = async_tp_fused_gemms(ctx)
     if not fused:
         return
     gemm = async_tp_gemm_s(ctx, gpu)
-    t, m = ctx.par.tp, ctx.passes
+    t, m, pull = ctx.par.tp, ctx.passes, peer_copy(gpu)
     for st in stages:
         i = st.stage
         out = {"forward": 0.0, "backward": 0.0}
@@ -845,8 +848,19 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
             kernel, share = fused[name]
             g = gemm.get(kernel, 0.0) * share
             calls = totals.unit_count[key][i]
-            out[phase] += calls * fused_op_exposed_s(took[i] / calls, g, t) / m
+            c = took[i] / calls if pull is None else fused_transfer_s(totals.unit_volume[key][i] / calls, t, pull)
+            out[phase] += calls * fused_op_exposed_s(c, g, t) / m
         st.tp_fused_fwd_s, st.tp_fused_bwd_s = out["forward"], out["backward"]
+
+
+def fused_transfer_s(message: float, tp: int, pull: PeerCopy) -> float:
+    """What a fused all-gather-matmul or matmul-reduce-scatter of ``message`` bytes (the gathered output, the
+    reduce-scattered input: the ledger's message) moves, in seconds: tp - 1 copy-engine pulls of one peer's
+    message / tp, one after another (torch/distributed/_symmetric_memory/__init__.py: each step of
+    _pipelined_all_gather_and_consume and _pipelined_produce_and_all2all ``copy_``s one remote rank's p2p buffer,
+    a contiguous device copy, i.e. cudaMemcpyAsync on the copy engine; "cp" from different streams cannot
+    overlap), at ``pull``'s measured rate (collectives/topology/gpu.py PEER_COPY)."""
+    return pull.seconds(message / tp, tp - 1)
 
 
 def fused_op_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:
@@ -908,32 +922,69 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
                     continue
                 _, when, op, name = key.split(".", 3)
                 calls = totals.unit_count.get(key, zeros)[i] / m
-                if when != phase or (ctx.b == 1 and (op == "allgather" or name in fused)):
+                if when != phase:
                     continue
                 if name in fused:
-                    nbytes = _fused_relayout(ctx, gpu, op, moved[i] / m, calls, gemms.get(name))
+                    nbytes, kernels = _fused_relayout(ctx, gpu, op, moved[i] / m, calls, gemms.get(name))
                     sums[op][0] += nbytes
-                    sums[op][1] += calls if nbytes else 0.0
+                    sums[op][1] += kernels
+                    continue
+                if ctx.b == 1 and op == "allgather":
                     continue
                 sums[op][0] += moved[i] / m
                 sums[op][1] += calls
+            if async_tp and phase == "backward":  # the weight gradients' copies of the fused gathers' outputs
+                nbytes, copies = _strided_reads(ctx, totals, i, gpu)
+                sums["allgather"] = [sums["allgather"][0] + nbytes, sums["allgather"][1] + copies]
             extra.append(sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff))
         _into_passes(st, *extra)
 
 
-def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> float:
-    """The bytes a fused async-TP op re-lays per pass when the micro-batch is more than one sequence (b > 1:
-    torch/distributed/_symmetric_memory/__init__.py moves the sequence dim to the front and flattens, a copy when
-    b > 1): _fused_all_gather_matmul_impl ``A_shard.movedim(gather_dim, 0).flatten(0, -2)``, the rank's shard (the
-    gathered message / tp); _fused_matmul_reduce_scatter_impl ``A.movedim(scatter_dim, 0).flatten(0, -2)``, the
-    matmul's whole input A (kernels.gemm_operand_bytes of its GEMM, times the share re-run). Counted in the message
-    units sp_layout_copy_kernels doubles (read and written); 0 where no GEMM is mapped (MoE, MLA)."""
+def _strided_reads(ctx: Context, totals: StreamTotals, i: int, gpu: GPUSpec) -> tuple[float, float]:
+    """(bytes, calls) per micro-batch of stage ``i``'s fused all-gathers whose gathered output a weight gradient
+    copies before reading it, in the backward pass. The fused op returns its gathered A as
+    ``A_flat.view(*leading_dims, -1).flatten(0, 1).movedim(0, gather_dim)`` (torch/distributed/_symmetric_memory/
+    __init__.py _fused_all_gather_matmul_impl ``unflatten``): [b, s, h] over memory laid [s, b, h]. The weight
+    gradient's matmul flattens it to [b*s, h], which is no view of that memory when b > 1, so Inductor realizes a
+    copy (torch/_inductor/ir.py View.create keeps a reindexing view of a non-contiguous input; ExternKernel.
+    realize_input cannot make it a ReinterpretView and calls copy_input, a pointwise copy). Once a gather of the
+    forward (its tensor saved or re-gathered) and once a grad output's gather (rules/tensor.py
+    async_tp_wgrad_reads), where that GEMM reads its operands as stored (kernels.reads_stored_operands: bf16, not
+    a float8 recipe's, whose casts already copy). Counted in the message units sp_layout_copy_kernels doubles
+    (2 B moved a byte gathered: the copy DTensor's cat made in vanilla TP, here after the fused op)."""
+    if ctx.b == 1:
+        return 0.0, 0.0
+    reads, m = async_tp_wgrad_reads(ctx), ctx.passes
+    nbytes = calls = 0.0
+    for name, wgrad in reads.items():
+        if not reads_stored_operands(ctx, gpu, wgrad):
+            continue
+        for phase in ("forward", "backward"):
+            key = tp_key(phase, "allgather", name)
+            if key in totals.unit_volume:
+                nbytes += totals.unit_volume[key][i] / m
+                calls += totals.unit_count[key][i] / m
+    return nbytes, calls
+
+
+def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: float, gemm) -> tuple[float, float]:
+    """(bytes, kernels) a fused async-TP op copies on the compute stream per pass. When the micro-batch is more than
+    one sequence (b > 1: torch/distributed/_symmetric_memory/__init__.py moves the sequence dim to the front and
+    flattens, a copy when b > 1): _fused_all_gather_matmul_impl ``A_shard.movedim(gather_dim, 0).flatten(0, -2)``,
+    the rank's shard (the gathered message / tp); _fused_matmul_reduce_scatter_impl ``A.movedim(scatter_dim,
+    0).flatten(0, -2)``, the matmul's whole input A (kernels.gemm_operand_bytes of its GEMM, times the share re-run;
+    none where no GEMM is mapped: MoE, MLA). At any b, an all-gather also copies the rank's shard into its own
+    symmetric p2p buffer before the first shard's GEMM, then waits at a barrier (_pipelined_multi_all_gather_and_
+    consume ``copy_shard(dst=local_p2p_bufs, src=shard)``: "we are giving up the chance to overlap mv and b with
+    the first shard_consumer"; asynctp14): one shard more, one kernel more a call. Counted in the message units
+    sp_layout_copy_kernels doubles (read and written), one kernel a copy."""
     if op == "allgather":
-        return moved / ctx.par.tp
-    if gemm is None:
-        return 0.0
+        copies = 2 if ctx.b > 1 else 1
+        return copies * moved / ctx.par.tp, copies * calls
+    if gemm is None or ctx.b == 1:
+        return 0.0, 0.0
     kernel, share = gemm
-    return calls * share * gemm_operand_bytes(ctx, gpu, kernel)
+    return calls * share * gemm_operand_bytes(ctx, gpu, kernel), calls
 
 
 def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None:

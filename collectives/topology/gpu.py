@@ -305,3 +305,44 @@ def with_power_limit(gpu: GPUSpec, watts: float | None) -> GPUSpec:
             "(nvidia-smi -pl accepts the min..default limit)",
         )
     return replace(gpu, power_limit_w=float(watts))
+
+
+@dataclass(frozen=True)
+class PeerCopy:
+    """One copy-engine pull over NVLink as measured: a single ``cudaMemcpyAsync`` from one peer's memory into the
+    calling GPU's (the copy engine of the reading GPU, no SM), at ``GBps`` (1e9 B/s) per direction, ``source`` the
+    measurement. No per-copy fixed cost is added: none was read for this path (at the shards it prices, 100 MB and
+    more, a few microseconds are under 0.1%)."""
+
+    GBps: float
+    source: str
+
+    def seconds(self, nbytes: float, copies: int = 1) -> float:
+        """``copies`` pulls of ``nbytes`` each, one after another (one copy engine at a time: the copies do not
+        overlap one another)."""
+        return copies * nbytes / (self.GBps * GB)
+
+
+# Copy-engine peer reads by (compute capability x 10, NVLink links per GPU): the parts whose GPU-to-GPU path is the
+# measured one. Hopper with 18 NVLink4 links through NVSwitch (HGX H100 / H200 boards): nvbandwidth v0.10
+# ``device_to_device_memcpy_read_ce`` ("Read tests launch a copy from the peer device to the target using the
+# target's context": cuMemcpyAsync, the copy engine) on 8 x "NVIDIA H100 80GB HBM3" (Azure ND96isr_H100_v5, driver
+# 580.159.04, CUDA runtime 12.6), every one of the 56 ordered pairs 394.9-395.1 GB/s, matrix sum 22,122.87 GB/s =
+# 395.05 a pair (github.com/Azure/cluster-health-monitor, pkg/nodecheckerrunner/checkers/gpu/testdata/
+# nvbandwidth_peer_report.json, captured verbatim on that VM). The same boards' copy-engine peer writes,
+# cuda-samples p2pBandwidthLatencyTest (default CE, 160 MB copies), 371-377 GB/s a pair unidirectional and 742-749
+# GB/s both directions at once (NVIDIA/nccl issue 1264, HGX H100 SXM): a pull in each direction at once keeps ~99% of
+# its one-way rate. Other parts: no measurement read (None: the caller prices what it priced before).
+PEER_COPY = {
+    (90, 18): PeerCopy(
+        395.05,
+        "nvbandwidth v0.10 device_to_device_memcpy_read_ce, 8 x H100 80GB HBM3 (Azure ND96isr_H100_v5): 56 pairs "
+        "394.9-395.1 GB/s (Azure/cluster-health-monitor testdata/nvbandwidth_peer_report.json)",
+    ),
+}
+
+
+def peer_copy(gpu: GPUSpec) -> PeerCopy | None:
+    """The measured copy-engine pull from one NVLink peer of ``gpu``'s kind (PEER_COPY), or None where none was
+    measured."""
+    return PEER_COPY.get((gpu.sm, gpu.nvlink_links))

@@ -283,6 +283,30 @@ def _async_tp_fused_gemms(ctx: Context) -> dict[str, tuple[str, float]]:
     return out
 
 
+def async_tp_wgrad_reads(ctx: Context) -> dict[str, str]:
+    """``_async_tp_wgrad_reads`` memoised by value (_by_layout)."""
+    return _by_layout(_WGRAD_READS, _async_tp_wgrad_reads, ctx)
+
+
+_WGRAD_READS: dict = {}
+
+
+def _async_tp_wgrad_reads(ctx: Context) -> dict[str, str]:
+    """Each fused all-gather of a dense non-MLA block whose gathered tensor a weight gradient reads again -> that
+    weight gradient's GEMM (a layer kernel's name): the column-parallel inputs' gathers (tp.attn.qkv, tp.mlp.up_proj:
+    qkv.wgrad, fc1.wgrad) and the grad outputs' gathers (tp.attn.out_proj.dgrad, tp.mlp.down_proj.dgrad:
+    attn_out.wgrad, fc2.wgrad). Inductor's pass replaces every use of the gathered result with the fused op's A
+    (torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_all_gather_matmul: ``all_gather.replace_with(new_ag_node)``;
+    return_A stays True while a use is left), and the weight gradient's matmul is not among the fused ones (those
+    take the reshaped tensor itself as their left operand: dW = dY^T @ X reads X as its right one, a grad output
+    through a transpose). One read a gather of the forward, whether its A is saved or gathered again
+    by a re-run (the re-issue, ``.recompute``, is not listed: it stands for the same tensor). {} where no GEMM is
+    mapped (async_tp_fused_gemms: MoE, MLA)."""
+    gathers = {c.name for c in (*_forward(ctx, 1, 1), *_backward(ctx, 1, 1)) if c.op == Op.ALLGATHER}
+    fused = async_tp_fused_gemms(ctx)
+    return {name: gemm.removesuffix(".dgrad") + ".wgrad" for name, (gemm, _) in fused.items() if name in gathers}
+
+
 # TransformerEngine's userbuffers under Megatron --tp-comm-overlap (Flavour.userbuffers): the TE linears built with
 # one of these buffer names overlap their sequence-parallel all-gather / reduce-scatter with their GEMM (Megatron-LM
 # d98e8a6 extensions/transformer_engine.py TELinear: ub_overlap_ag / ub_overlap_rs; TELayerNormColumnParallelLinear:

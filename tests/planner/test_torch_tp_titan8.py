@@ -81,10 +81,12 @@ def test_async_tp_copies_only_what_it_leaves_unfused(no_copies):
     operand (_symmetric_memory's movedim(...).flatten at b > 1): a gather its shard (1/8 unit), a reduce-scatter
     its matmul's input A: attn_out's 16,384 x 512 (1/8 unit), fc2's 16,384 x 1,792 (7/16 unit); per layer 2
     gathers and 2 reduce-scatters forward, 2 gathers backward: 4 x (4/8 + 9/16) = 4.25 units, read and written, in
-    24 kernels."""
+    24 kernels. asynctp14: each gather also copies its shard into its p2p buffer (4 x 4/8 = 2 units more, 16
+    kernels: step._fused_relayout), and the weight gradients copy the 4 gathered tensors they read again, 16 units
+    whole (step._strided_reads; tests/planner/test_async_tp_transfers_asynctp14.py)."""
     grown = _plan("torch", overlap=True).step.compute_s - _plan(no_copies, overlap=True).step.compute_s
-    fused = 2 * 4.25 * UNIT / (3350e9 * 0.877) + 24 * 5e-6
-    assert grown == pytest.approx(12 * COPY_S + fused, rel=1e-9)
+    fused = 2 * 6.25 * UNIT / (3350e9 * 0.877) + 40 * 5e-6
+    assert grown == pytest.approx((12 + 16) * COPY_S + fused, rel=1e-9)
 
 
 def test_megatron_has_no_such_copies():
@@ -222,13 +224,16 @@ def test_a_fused_op_hides_its_copies_behind_its_own_gemm_only():
 def test_async_tp_exposes_each_fused_call_beyond_its_gemm():
     """The 4-layer 8B at b 2 under async TP: each forward fused call (qkv's and fc1's gathers, attn_out's and fc2's
     reduce-scatters) and each backward one (the two grad-output gathers) exposes max(0, c + g/8 - g) with c its
-    ledger price and g its split GEMM; summed per pass. Nothing was exposed in the forward before (the pass-wide
-    rule hid all TP behind all GEMMs)."""
+    transfer (asynctp14: 7 copy-engine pulls of one peer's 1/8 of the message at the H100's measured rate,
+    step.fused_transfer_s) and g its split GEMM; summed per pass. Nothing was exposed in the forward before (the
+    pass-wide rule hid all TP behind all GEMMs)."""
+    from collectives.topology.gpu import peer_copy
     from planner.kernels import async_tp_gemm_s
+    from planner.step import fused_transfer_s
 
     plan = _plan("torch", overlap=True)
     st = plan.step.stages[0]
-    price = {pc.call.name: pc.price.time_s for pc in plan.calls}
+    price = {pc.call.name: fused_transfer_s(pc.call.message_bytes, 8, peer_copy(H100)) for pc in plan.calls}
     gemm = async_tp_gemm_s(_ctx(torch_compile=True, loss_parallel=True), H100)
 
     def exposed(pairs):
