@@ -488,9 +488,10 @@ DROPOUT_RNG_SM_CYCLES = 0.42
 # run backward (masked_scale, no RNG; Table 16 less Table 19: 1.95/1.94 ms at s 2,048, 7.80 at 4,096) stream at
 # 0.88-0.89 of the 40GB part's 1,555 GB/s, the model's 0.877; the forward's 5 B would take 3.67 ps a score at that
 # rate and it takes 4.2. So on the 80GB A100 of the published runs (2,039 GB/s, the same SMs and clock) the forward
-# is set by its draws, 1.5x its bytes. Why sm80 spends 1.5x Hopper's cycles is not measured here (no SASS profile);
-# a candidate: Philox's 32-bit multiplies (IMAD) issue on the FMA pipe, 64 lanes an SM on GA100 against GH100's 128
-# (A100 and H100 architecture whitepapers), its xors and adds on the integer pipe, as wide on both.
+# is set by its draws, 1.5x its bytes. Why sm80 spends 1.5x Hopper's cycles is not known here: the CUDA C++
+# Programming Guide's throughput table gives both compute capabilities the same 64 32-bit integer multiply-adds a
+# clock per SM (as a100b read it, which is why the H200's value had been assumed for the A100), and the kernel was not
+# profiled on either (no SASS or ncu run).
 DROPOUT_RNG_SM_CYCLES_BY_GEN = {80: 0.64}
 # Attention dropout inside a fused attention kernel (cuDNN, FlashAttention-2: dropout_p > 0, GPT-style recipes at
 # Megatron-LM's --attention-dropout 0.1, arguments.py f2e5db402c l.947; memory.attention_dropout): the kernel draws a
