@@ -473,13 +473,26 @@ UNFUSED_DROPOUT_BYTES = (5, 5)
 # (tests/reference/kernels/h200/dropout_bmm.json; torch 2.11, fp16, p 0.1, CUDA events over back-to-back launches at
 # 1,980 MHz): the forward over 2^30 elements takes 1.717 ms, 3.13 TB/s of its 5 B an element where a copy of the same
 # tensor reaches 4.28 TB/s and the backward (masked_scale, no RNG, 5 B) 4.38 TB/s: issue-bound at 1.717e-3 x 1.98e9
-# x 132 / 2^30 = 0.42 SM-cycles an element (0.42 at 2^28 too). An A100 issues 32-bit integer multiplies, adds and
-# bitwise ops at the same 64 a clock per SM as an H100 (CUDA C++ Programming Guide, arithmetic-instruction throughput
-# table, compute capability 8.0 and 9.0; not re-read this round): the same cycles an element is assumed there, at its
-# own SMs and clock (SM_CLOCK_MHZ). The forward takes the longer of its bytes and its draws (dropout_rng_s); the
-# backward has no RNG. (The PyTorch 1.8-era kernel, THC headers and a uint8 mask, draws the same way: curand_init
-# per thread, curand_uniform4 per 4 elements.)
+# x 132 / 2^30 = 0.42 SM-cycles an element (0.42 at 2^28 too): the Hopper value, and the one for generations with
+# no measurement of their own (DROPOUT_RNG_SM_CYCLES_BY_GEN). The forward takes the longer of its bytes and its draws
+# (dropout_rng_s); the backward has no RNG. (The PyTorch 1.8-era kernel, THC headers and a uint8 mask, draws the same
+# way: curand_init per thread, curand_uniform4 per 4 elements.)
 DROPOUT_RNG_SM_CYCLES = 0.42
+# The A100 draws at its own rate, FITTED ON KERNEL TABLES ONLY: FlashAttention (Dao et al. 2022, arXiv 2205.14135)
+# Appendix E.6 times standard attention on an A100 40GB (batch 16, 8 heads, head dim 64, fp16) with and without
+# dropout 0.1 (tests/reference/kernels/a100/flashattention_tables.json). What dropout adds, Table 15 less Table 18
+# (forward) for its PyTorch and Megatron rows at s 512, 1,024, 2,048: 0.14/0.14, 0.53/0.55, 2.24/2.28 ms over 16 x 8 x
+# s^2 scores; least squares through the origin (less one launch each, bench/a100_attention_check.py
+# fitted_draw_cycles) x 108 SMs x 1,410 MHz: 0.64 SM-cycles a score. Held out: PyTorch at s 4,096 (25.34 - 16.47 =
+# 8.87 ms, 0.63) and with masking (Table 9 less Table 12: 0.15, 0.61, 2.25 ms). Not its bytes: the same 5 B a score
+# run backward (masked_scale, no RNG; Table 16 less Table 19: 1.95/1.94 ms at s 2,048, 7.80 at 4,096) stream at
+# 0.88-0.89 of the 40GB part's 1,555 GB/s, the model's 0.877; the forward's 5 B would take 3.67 ps a score at that
+# rate and it takes 4.2. So on the 80GB A100 of the published runs (2,039 GB/s, the same SMs and clock) the forward
+# is set by its draws, 1.5x its bytes. Why sm80 spends 1.5x Hopper's cycles is not known here: the CUDA C++
+# Programming Guide's throughput table gives both compute capabilities the same 64 32-bit integer multiply-adds a
+# clock per SM (as a100b read it, which is why the H200's value had been assumed for the A100), and the kernel was not
+# profiled on either (no SASS or ncu run).
+DROPOUT_RNG_SM_CYCLES_BY_GEN = {80: 0.64}
 # Attention dropout inside a fused attention kernel (cuDNN, FlashAttention-2: dropout_p > 0, GPT-style recipes at
 # Megatron-LM's --attention-dropout 0.1, arguments.py f2e5db402c l.947; memory.attention_dropout): the kernel draws a
 # Philox number per attended score in the forward and draws it again in the backward (no mask is saved), SM work on
@@ -492,9 +505,10 @@ DROPOUT_RNG_SM_CYCLES = 0.42
 # from fwd_bwd_s less the forward's extra. Per row: cuDNN forward 0.323/0.350/0.444 at 16/12/7 heads, backward
 # 0.192/0.209/0.274; FA2 forward 0.128/0.148/0.198, backward 0.199/0.225/0.259 (the 7-head rows' 224 query tiles fill
 # 132 SMs in two uneven waves: the constant under-charges small per-rank head counts by up to 25%).
-# Other generations: the same SM-cycles a score at their own SMs and clock (SM_CLOCK_MHZ, as DROPOUT_RNG_SM_CYCLES:
-# Philox is integer-pipe work, the same issue rate per SM on sm80 and sm90); Blackwell has no SM clock here and is
-# charged none (dropout_rng_s's rule). FlashAttention-3 and FP8 attention: not measured and not charged
+# Other generations: the same SM-cycles a score at their own SMs and clock (sm_cycles_s; an assumption: on sm80 torch's
+# own dropout draws at 1.5x Hopper's cycles, DROPOUT_RNG_SM_CYCLES_BY_GEN, and no fused kernel's draws were measured
+# there; no published A100 run runs a fused attention); Blackwell has no SM clock here and is charged none
+# (dropout_rng_s's rule). FlashAttention-3 and FP8 attention: not measured and not charged
 # (FlashAttention-3's Hopper kernels take no dropout; TE's FP8 attention runs cuDNN, this table's cuDNN row is bf16).
 FUSED_DROPOUT_SM_CYCLES = {"cudnn": (0.345, 0.206), "flash2": (0.142, 0.214)}
 # The layout copies around it (the same CoreAttention, transformer.py at 6985e58; ParallelAttention/CoreAttention of
@@ -3073,7 +3087,7 @@ def fused_dropout_s(ctx: Context, kernel: str, scores: float, gpu: GPUSpec, fp8:
     cycles = FUSED_DROPOUT_SM_CYCLES.get(kernel)
     if cycles is None or fp8 or not attention_dropout(ctx):
         return 0.0, 0.0
-    per_cycle = dropout_rng_s(scores, gpu) / DROPOUT_RNG_SM_CYCLES  # scores / (SMs x clock); 0 without a clock
+    per_cycle = sm_cycles_s(scores, gpu)  # 0 without a clock
     return cycles[0] * per_cycle, cycles[1] * per_cycle
 
 
@@ -3085,13 +3099,26 @@ def with_draws(kernel: Kernel, elements: float, nbytes: float, gpu: GPUSpec, eff
 
 
 def dropout_rng_s(elements: float, gpu: GPUSpec) -> float:
-    """Seconds torch's dropout forward spends drawing its mask over ``elements`` on the SMs: elements x
-    DROPOUT_RNG_SM_CYCLES / (SMs x SM_CLOCK_MHZ x the power-limit scale, GPUSpec.clock_scale: a lowered limit lowers
-    the SM clock as it does the GEMMs'); 0 where the GPU's SMs or SM clock are not known."""
+    """Seconds torch's dropout forward spends drawing its mask over ``elements`` on the SMs: elements x the
+    generation's SM-cycles an element (dropout_rng_cycles) at its SMs and SM clock (sm_cycles_s); 0 where the GPU's
+    SMs or SM clock are not known."""
+    return dropout_rng_cycles(gpu) * sm_cycles_s(elements, gpu)
+
+
+def dropout_rng_cycles(gpu: GPUSpec) -> float:
+    """SM-cycles torch's dropout forward spends drawing one element: the generation's measured value
+    (DROPOUT_RNG_SM_CYCLES_BY_GEN: the A100's), else the H200's (DROPOUT_RNG_SM_CYCLES)."""
+    return DROPOUT_RNG_SM_CYCLES_BY_GEN.get(generation(gpu), DROPOUT_RNG_SM_CYCLES)
+
+
+def sm_cycles_s(elements: float, gpu: GPUSpec) -> float:
+    """Seconds ``elements`` SM-cycles spread over the whole GPU take: elements / (SMs x SM_CLOCK_MHZ x the power-limit
+    scale, GPUSpec.clock_scale: a lowered limit lowers the SM clock as it does the GEMMs'); 0 where the GPU's SMs or
+    SM clock are not known."""
     clock = SM_CLOCK_MHZ.get(generation(gpu), 0) * gpu.clock_scale()
     if not clock or not gpu.sms:
         return 0.0
-    return elements * DROPOUT_RNG_SM_CYCLES / (gpu.sms * clock * 1e6)
+    return elements / (gpu.sms * clock * 1e6)
 
 
 # Learned attention sinks in unfused attention, as TransformerEngine v2.9's UnfusedDotProductAttention runs them
