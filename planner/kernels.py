@@ -2809,7 +2809,10 @@ def core_attention_flops(b: float, queries: float, keys: float, heads: float, qk
 
 
 def attention_ceiling(
-    kernel: str, gpu: GPUSpec, eff: Efficiency, fp8: tuple[bool, bool] = (False, False),
+    kernel: str,
+    gpu: GPUSpec,
+    eff: Efficiency,
+    fp8: tuple[bool, bool] = (False, False),
     speedups: Mapping = ATTENTION_FP8_SPEEDUP,
 ) -> tuple[float, float]:
     """(forward, backward) ceiling of ``kernel`` as a fraction of the dense bf16 peak: ATTENTION_CEILING or what a

@@ -334,7 +334,9 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha:
         # per kernel (planner/kernels.py cpu_op_s); prefill runs eager in all three
         cuda_graphs=options.cuda_graphs and phase == "decode",
         fp8_recipe=_gemm_recipe(options),
-        fp8_context_attention=fp8_fmha and phase == "prefill" and options.kv == "fp8"
+        fp8_context_attention=fp8_fmha
+        and phase == "prefill"
+        and options.kv == "fp8"
         and options.weight_dtype in FP8_FMHA_WEIGHTS,
     )
 

@@ -268,4 +268,13 @@ def engine(name: str) -> EngineTraits:
     return traits
 
 
-__all__ = ["ENGINES", "FP8_FMHA_WEIGHTS", "MXFP4_MIN_SM", "TRTLLM_FP8_CONTEXT_FMHA", "VLLM_NIXL_REPLICATED", "EngineTraits", "engine", "register"]
+__all__ = [
+    "ENGINES",
+    "FP8_FMHA_WEIGHTS",
+    "MXFP4_MIN_SM",
+    "TRTLLM_FP8_CONTEXT_FMHA",
+    "VLLM_NIXL_REPLICATED",
+    "EngineTraits",
+    "engine",
+    "register",
+]
