@@ -2315,8 +2315,13 @@ def grad_accumulation_bytes(ctx: Context, weights: float) -> float:
 
 
 def _fp8_casts(k: _Layer) -> None:
-    """The quantizing casts of a low-precision recipe's GEMM operands."""
+    """The quantizing casts of a low-precision recipe's GEMM operands; none for an inference pass whose every cast
+    GEMM's measured ceiling already times its input's quantize (quantize_timed_in_gemm)."""
     ctx, fwd = k.ctx, k.fwd
+    if not ctx.training:
+        cast_gemms = _cast_gemms(ctx, fwd)
+        if cast_gemms and all(quantize_timed_in_gemm(ctx, g, k.gpu, k.eff) for g in cast_gemms):
+            return
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
     # FSDP2 float8 all-gather, recipes.float8_gathered: fsdp_pre_all_gather casts the 1/(dp x cp) shard before the
@@ -2430,6 +2435,31 @@ EXPERT_GEMMS = ("experts_fc1", "experts_fc2")
 def fused_grouped_mlp(ctx: Context) -> bool:
     """Whether the routed experts run TE's fused grouped MLP (FUSED_GROUPED_MLP): training, workload's switch."""
     return ctx.training and ctx.work.fused_grouped_mlp
+
+
+# The GEMM classes whose ceiling (GEMM_CEILING, a part's GPUSpec.gemm_table) was fitted on GEMMs timed through
+# TensorRT-LLM's Linear.forward of a bf16 input: aiconfigurator 095f58a51c4c collector/trtllm/collect_gemm.py
+# run_gemm builds ``x`` in bf16, a Linear with QuantConfig NVFP4 / FP8_BLOCK_SCALES and a static input scale, and
+# logs the latency of ``gemm.forward(x)``, which quantizes x inside the timed call (NVFP4LinearMethod: fp4_quantize
+# of the input with its E4M3 scales per 16, then the nvfp4 GEMM; block fp8: fp8_quantize_1x128 / per_token_quant
+# and DeepGEMM, "both labeled torch_flow", the collector's own note). So those ceilings' time holds one rowwise
+# quantize of the activation, the one copy an inference GEMM reads, and a separate cast for it counts it twice.
+# Blackwell's per-tensor fp8 and MXFP8 take block-scaled fp8's ceiling (GEMM_CEILING's note). Not Hopper's bf16 and
+# per-tensor fp8 (this project's torch.mm / torch._scaled_mm tables: the GEMM alone), nor a trace's fitted ceiling
+# (a profiler's GEMM kernel alone), nor grouped expert GEMMs (aiconfigurator times its fused MoE apart). Applied to
+# inference only: a training pass's TE casts write more than that one copy (Recipe.cast_bytes_per_element), left to
+# the training model.
+QUANTIZE_TIMED_IN_GEMM = frozenset({(90, "fp8_block"), (100, "fp8"), (100, "fp8_block"), (100, "mxfp8"),
+                                    (100, "nvfp4")})  # fmt: skip
+
+
+def quantize_timed_in_gemm(ctx: Context, g: Kernel, gpu: GPUSpec, eff: Efficiency) -> bool:
+    """Whether inference GEMM ``g``'s input quantize is inside its priced time: a dense (one-weight) GEMM at a tabled
+    ceiling of a QUANTIZE_TIMED_IN_GEMM class, not one a trace fitted (Efficiency.gemm_ceilings)."""
+    dtype = math_dtype(g.dtype)
+    if ctx.training or g.shape[3] != 1 or (generation(gpu), dtype) not in QUANTIZE_TIMED_IN_GEMM:
+        return False
+    return all(name != dtype for name, _ in eff.gemm_ceilings)
 
 
 def _quantized_in_epilogue(ctx: Context, g: Kernel) -> bool:
