@@ -39,8 +39,8 @@ def prefill_layer(cluster: str, tp: int, options: ServeOptions, eff=None):
 def test_the_classes():
     """The ceilings fitted on aiconfigurator's Linear timings: Hopper's block-scaled fp8, Blackwell's fp8 classes
     (per-tensor and MXFP8 take block-scaled fp8's ceiling) and nvfp4; not Hopper's per-tensor fp8 nor any bf16."""
-    assert QUANTIZE_TIMED_IN_GEMM == {(90, "fp8_block"), (100, "fp8"), (100, "fp8_block"), (100, "mxfp8"),
-                                      (100, "nvfp4")}  # fmt: skip
+    expected = {(90, "fp8_block"), (100, "fp8"), (100, "fp8_block"), (100, "mxfp8"), (100, "nvfp4")}
+    assert expected == QUANTIZE_TIMED_IN_GEMM
 
 
 def test_nvfp4_prefill_on_a_b200_has_no_cast_kernel():
