@@ -2315,13 +2315,10 @@ def grad_accumulation_bytes(ctx: Context, weights: float) -> float:
 
 
 def _fp8_casts(k: _Layer) -> None:
-    """The quantizing casts of a low-precision recipe's GEMM operands; none for an inference pass whose every cast
-    GEMM's measured ceiling already times its input's quantize (quantize_timed_in_gemm)."""
+    """The quantizing casts of a low-precision recipe's GEMM operands; an inference GEMM whose measured ceiling
+    already times its input's quantize (quantize_timed_in_gemm) casts only its weights, if they are not stored
+    quantized, and a pass with nothing left to cast lists no cast kernel."""
     ctx, fwd = k.ctx, k.fwd
-    if not ctx.training:
-        cast_gemms = _cast_gemms(ctx, fwd)
-        if cast_gemms and all(quantize_timed_in_gemm(ctx, g, k.gpu, k.eff) for g in cast_gemms):
-            return
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
     # FSDP2 float8 all-gather, recipes.float8_gathered: fsdp_pre_all_gather casts the 1/(dp x cp) shard before the
@@ -2329,11 +2326,14 @@ def _fp8_casts(k: _Layer) -> None:
     # are not Float8Linear weights and are gathered in bf16, rules/data.py _float8_buffer: they are cast as before)
     stored, gathered = ctx.param_bytes <= 1, float8_gathered(ctx)
     gemms = _cast_gemms(ctx, fwd)
+    timed = [quantize_timed_in_gemm(ctx, g, k.gpu, k.eff) for g in gemms]
     cast = sum(
-        g.shape[0] * g.shape[2] * g.shape[3]
+        (not in_gemm) * g.shape[0] * g.shape[2] * g.shape[3]
         + (not stored and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1] * g.shape[3]
-        for g in gemms
+        for g, in_gemm in zip(gemms, timed, strict=True)
     )
+    if any(timed) and not cast:  # every input's quantize is inside its measured GEMM, and no weight to cast
+        return
     nbytes = cast * cast_bytes_per_element(ctx)
     # the pass's quantize launches at the measured cast rate (CAST_HBM, whose large-tensor measurement holds one
     # kernel's fixed cost): the dense linears' (dense_quantize_launches) and the experts' per-split quantizes
