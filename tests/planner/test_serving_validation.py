@@ -19,14 +19,16 @@ def test_two_batch_overlap_rows_within_target(lmsys):
     +22.8% when the overlap hid every exchange; prefill +13.4% before kern4's fp8 clock; +8.1% and -7.4% before
     sus12's H100 clock by throughput: its block-scaled fp8 GEMMs keep aiconfigurator's rate at the burst clock,
     0.596 of the fp8 peak, and run in a step at 0.825 of the datasheet clock where they ran at 0.852, as its bf16
-    attention does: compute-bound time x 1.033); both within the 15% target."""
+    attention does: compute-bound time x 1.033); both within the 15% target. serve14: +7.6% and -7.7%, the dense
+    linears' block-fp8 input casts inside their measured GEMMs (kernels.QUANTIZE_TIMED_IN_GEMM; the routed experts'
+    grouped GEMMs keep theirs)."""
     on = {r["row"].split(",")[0]: r for r in lmsys if r["two_batch_overlap"]}
     assert on["DeepSeek-V3 prefill"]["published"] == 52_300 and on["DeepSeek-V3 decode"]["published"] == 22_300
-    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.057, abs=0.01)
-    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.083, abs=0.01)
+    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.076, abs=0.005)
+    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.077, abs=0.005)
     off = {r["row"].split(",")[0]: r for r in lmsys if not r["two_batch_overlap"]}
     gain = {k: on[k]["predicted"] / off[k]["predicted"] for k in on}
-    # the overlap is worth 32% in prefill (34% at the 0.852 clock) and 9% in decode here
+    # the overlap is worth 32% in prefill (34% at the 0.852 clock) and 9% in decode here (serve14: 1.313, 1.081)
     assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.32, abs=0.02)
     assert gain["DeepSeek-V3 decode"] == pytest.approx(1.09, abs=0.02)
 
