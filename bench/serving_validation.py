@@ -96,7 +96,9 @@ FP4_REFERENCE = Path(__file__).resolve().parents[1] / "tests/reference/serving/t
 # the perf-overview's NVFP4 tables' systems: DGX B200 (8 x B200 180GB) and GB200 NVL72 (GB200 192GB)
 FP4_CLUSTERS = {"B200": "dgx-b200", "GB200": "gb200-nvl72"}
 # ModelOpt's NVFP4 checkpoints: the transformer blocks' linear weights and activations in NVFP4 (model cards of
-# nvidia/Llama-3.3-70B-Instruct-FP4 and nvidia/Llama-3.1-405B-Instruct-FP4), the KV cache in FP8 as the FP8 rows'
+# nvidia/Llama-3.3-70B-Instruct-FP4 and nvidia/Llama-3.1-405B-Instruct-FP4), the KV cache in FP8 as the FP8 rows':
+# trtllm-bench gives an NVFP4 or FP8 checkpoint an FP8 KV cache when none is named (tensorrt_llm/bench/benchmark/
+# utils/general.py _KV_CACHE_MAP), and with it TensorRT-LLM's FP8 context FMHA (engines.TRTLLM_FP8_CONTEXT_FMHA)
 FP4_OPTIONS = ServeOptions(weight_dtype="nvfp4", kv_dtype="fp8")
 
 

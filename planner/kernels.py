@@ -414,6 +414,17 @@ HEAD_DIM_REF = 128
 #   recipes.check_recipe_gpu): no row, the bf16 rate (an upper bound on the time), the casts below still charged.
 FP8_DPA_KERNEL = "cudnn"
 ATTENTION_FP8_SPEEDUP = {("cudnn", 90): (1.54, 1.5)}
+# A serving engine's FP8 context (prefill) FMHA (workload.fp8_context_attention: TensorRT-LLM with an FP8 KV cache
+# and quantized linears, serving/engines.py TRTLLM_FP8_CONTEXT_FMHA), forward only, as its speedup over the same
+# engine's bf16 kernel. "cudnn" is the kernel class whose Hopper and Blackwell ceilings (ATTENTION_CEILING, 0.55 /
+# 0.42) were fitted on TensorRT-LLM's FMHA (aiconfigurator's context-attention tables), so the speedup is measured on
+# the same kernel: aiconfigurator 095f58a51c4c systems/data/{h100_sxm,h200_sxm,b200_sxm,gb200}/attention/trtllm/
+# 1.3.0rc20/context_attention_perf.parquet, the rows attn_dtype fp8 + kv_cache_dtype fp8 (the collector's
+# use_fp8_context_fmha: QuantAlgo.FP8 and an out_scale, collector/trtllm/collect_attn.py) against bf16 + bf16 at the
+# same shape (torch flow, causal, head dim 128, no window, isl 1,024-16,384, batch x heads >= 64, the extract's
+# filter): median bf16 / fp8 latency 1.244 over 3,713 Hopper pairs (quartiles 1.175 / 1.350) and 1.208 over 3,476
+# Blackwell pairs (1.158 / 1.283). Not the 1.54 of cuDNN's FP8 kernel above (a different kernel, another paper)
+CONTEXT_FMHA_FP8_SPEEDUP = {("cudnn", 90): (1.244, 1.0), ("cudnn", 100): (1.208, 1.0)}
 # The casts TE's FusedAttnFunc adds around an FP8 attention whose inputs and output are bf16 (TransformerEngine
 # d0067d0da attention/dot_product_attention/backends.py FusedAttnFunc, utils.py combine_and_quantize): forward,
 # Q, K and V concatenated (torch.cat of the three, separate sbhd layouts as Megatron passes them: read 2, write 2)
@@ -865,10 +876,18 @@ def fp8_attention(ctx: Context) -> tuple[bool, bool] | None:
     """(forward, backward) in FP8 of the core attention, or None when it runs bf16: TE's fp8_dpa
     (recipes.dpa_recipe: workload.fp8_dot_product_attention when training) runs the forward in FP8 and the backward
     too unless NVTE_FP8_DPA_BWD=0 (workload.fp8_dpa_backward; TransformerEngine d0067d0da backends.py
-    FusedAttnFunc ``is_bwd_fp8 = fp8 and int(os.getenv("NVTE_FP8_DPA_BWD", "1"))``)."""
+    FusedAttnFunc ``is_bwd_fp8 = fp8 and int(os.getenv("NVTE_FP8_DPA_BWD", "1"))``); a serving engine's FP8 context
+    FMHA (workload.fp8_context_attention, inference prefill) the forward, there is no backward."""
     if dpa_recipe(ctx) is None:
-        return None
+        return (True, False) if engine_fp8_attention(ctx) else None
     return True, ctx.work.fp8_dpa_backward
+
+
+def engine_fp8_attention(ctx: Context) -> bool:
+    """Whether the core attention is a serving engine's FP8 context FMHA (workload.fp8_context_attention): an
+    inference pass over a prompt (decode reads the KV cache, priced by its bytes); its speedup is
+    CONTEXT_FMHA_FP8_SPEEDUP and it adds no casts (the engine's fused QKV preprocessing writes Q, K and V in FP8)."""
+    return not ctx.training and ctx.s > 1 and ctx.work.fp8_context_attention
 
 
 def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
@@ -2325,7 +2344,9 @@ def grad_accumulation_bytes(ctx: Context, weights: float) -> float:
 
 
 def _fp8_casts(k: _Layer) -> None:
-    """The quantizing casts of a low-precision recipe's GEMM operands."""
+    """The quantizing casts of a low-precision recipe's GEMM operands; an inference GEMM whose measured ceiling
+    already times its input's quantize (quantize_timed_in_gemm) casts only its weights, if they are not stored
+    quantized, and a pass with nothing left to cast lists no cast kernel."""
     ctx, fwd = k.ctx, k.fwd
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
     # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
@@ -2334,11 +2355,14 @@ def _fp8_casts(k: _Layer) -> None:
     # are not Float8Linear weights and are gathered in bf16, rules/data.py _float8_buffer: they are cast as before)
     stored, gathered = ctx.param_bytes <= 1, float8_gathered(ctx)
     gemms = _cast_gemms(ctx, fwd)
+    timed = [quantize_timed_in_gemm(ctx, g, k.gpu, k.eff) for g in gemms]
     cast = sum(
-        g.shape[0] * g.shape[2] * g.shape[3]
+        (not in_gemm) * g.shape[0] * g.shape[2] * g.shape[3]
         + (not stored and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1] * g.shape[3]
-        for g in gemms
+        for g, in_gemm in zip(gemms, timed, strict=True)
     )
+    if any(timed) and not cast:  # every input's quantize is inside its measured GEMM, and no weight to cast
+        return
     nbytes = cast * cast_bytes_per_element(ctx)
     # the pass's quantize launches at the measured cast rate (CAST_HBM, whose large-tensor measurement holds one
     # kernel's fixed cost): the dense linears' (dense_quantize_launches) and the experts' per-split quantizes
@@ -2440,6 +2464,31 @@ EXPERT_GEMMS = ("experts_fc1", "experts_fc2")
 def fused_grouped_mlp(ctx: Context) -> bool:
     """Whether the routed experts run TE's fused grouped MLP (FUSED_GROUPED_MLP): training, workload's switch."""
     return ctx.training and ctx.work.fused_grouped_mlp
+
+
+# The GEMM classes whose ceiling (GEMM_CEILING, a part's GPUSpec.gemm_table) was fitted on GEMMs timed through
+# TensorRT-LLM's Linear.forward of a bf16 input: aiconfigurator 095f58a51c4c collector/trtllm/collect_gemm.py
+# run_gemm builds ``x`` in bf16, a Linear with QuantConfig NVFP4 / FP8_BLOCK_SCALES and a static input scale, and
+# logs the latency of ``gemm.forward(x)``, which quantizes x inside the timed call (NVFP4LinearMethod: fp4_quantize
+# of the input with its E4M3 scales per 16, then the nvfp4 GEMM; block fp8: fp8_quantize_1x128 / per_token_quant
+# and DeepGEMM, "both labeled torch_flow", the collector's own note). So those ceilings' time holds one rowwise
+# quantize of the activation, the one copy an inference GEMM reads, and a separate cast for it counts it twice.
+# Blackwell's per-tensor fp8 and MXFP8 take block-scaled fp8's ceiling (GEMM_CEILING's note). Not Hopper's bf16 and
+# per-tensor fp8 (this project's torch.mm / torch._scaled_mm tables: the GEMM alone), nor a trace's fitted ceiling
+# (a profiler's GEMM kernel alone), nor grouped expert GEMMs (aiconfigurator times its fused MoE apart). Applied to
+# inference only: a training pass's TE casts write more than that one copy (Recipe.cast_bytes_per_element), left to
+# the training model.
+QUANTIZE_TIMED_IN_GEMM = frozenset({(90, "fp8_block"), (100, "fp8"), (100, "fp8_block"), (100, "mxfp8"),
+                                    (100, "nvfp4")})  # fmt: skip
+
+
+def quantize_timed_in_gemm(ctx: Context, g: Kernel, gpu: GPUSpec, eff: Efficiency) -> bool:
+    """Whether inference GEMM ``g``'s input quantize is inside its priced time: a dense (one-weight) GEMM at a tabled
+    ceiling of a QUANTIZE_TIMED_IN_GEMM class, not one a trace fitted (Efficiency.gemm_ceilings)."""
+    dtype = math_dtype(g.dtype)
+    if ctx.training or g.shape[3] != 1 or (generation(gpu), dtype) not in QUANTIZE_TIMED_IN_GEMM:
+        return False
+    return all(name != dtype for name, _ in eff.gemm_ceilings)
 
 
 def _quantized_in_epilogue(ctx: Context, g: Kernel) -> bool:
@@ -2819,15 +2868,20 @@ def core_attention_flops(b: float, queries: float, keys: float, heads: float, qk
 
 
 def attention_ceiling(
-    kernel: str, gpu: GPUSpec, eff: Efficiency, fp8: tuple[bool, bool] = (False, False)
+    kernel: str,
+    gpu: GPUSpec,
+    eff: Efficiency,
+    fp8: tuple[bool, bool] = (False, False),
+    speedups: Mapping = ATTENTION_FP8_SPEEDUP,
 ) -> tuple[float, float]:
     """(forward, backward) ceiling of ``kernel`` as a fraction of the dense bf16 peak: ATTENTION_CEILING or what a
-    trace fitted, times the FP8 kernel's speedup (ATTENTION_FP8_SPEEDUP) on the passes ``fp8`` runs in FP8."""
+    trace fitted, times the FP8 kernel's speedup (``speedups``: TE's ATTENTION_FP8_SPEEDUP, or a serving engine's
+    CONTEXT_FMHA_FP8_SPEEDUP) on the passes ``fp8`` runs in FP8."""
     fwd, bwd = ATTENTION_CEILING.get((kernel, generation(gpu)), (eff.attention_fwd, eff.attention_bwd))
     if eff.attention_ceilings:  # what a trace fitted for this GPU (planner/trace_fit.py)
         fitted = dict(eff.attention_ceilings)
         fwd, bwd = fitted.get(f"{kernel}_fwd", fwd), fitted.get(f"{kernel}_bwd", bwd)
-    up_f, up_b = ATTENTION_FP8_SPEEDUP.get((kernel, generation(gpu)), (1.0, 1.0))
+    up_f, up_b = speedups.get((kernel, generation(gpu)), (1.0, 1.0))
     return fwd * (up_f if fp8[0] else 1.0), bwd * (up_b if fp8[1] else 1.0)
 
 
@@ -2858,7 +2912,11 @@ def attention_kernels(
     # head_dim_rate's d: per score one exponential against 2·qk + 2·v matmul FLOPs (QKᵀ and PV; its 4·d at
     # qk = v = d), so the exponential is amortised over their mean (qk + v) / 2 (MLA: 160, at the d-128 rate)
     fp8 = fp8_attention(ctx)
-    f_t, b_t = flash_attention_s(flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2, fp8 or (False, False))
+    engine = engine_fp8_attention(ctx)
+    speedups = CONTEXT_FMHA_FP8_SPEEDUP if engine else ATTENTION_FP8_SPEEDUP
+    f_t, b_t = flash_attention_s(
+        flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2, fp8 or (False, False), speedups
+    )  # fmt: skip
     drop_f, drop_b = fused_dropout_s(ctx, kernel, flops / (2.0 * (qk + v)), gpu, fp8 is not None)
     f_t, b_t = f_t + drop_f, b_t + drop_b
     dt_f, dt_b = ("fp8" if p else "bf16" for p in (fp8 or (False, False)))
@@ -2872,7 +2930,7 @@ def attention_kernels(
             floor,
         )
     ]  # fmt: skip
-    if fp8:
+    if fp8 and not engine:  # TE's casts around its FP8 attention; the engine's FMHA quantizes in its preprocessing
         cast_f, cast_b = fp8_attention_casts(ctx, gpu, eff, fp8[1], floor)
         fwd = [*cast_f, *fwd]
         bwd = [*cast_b, *bwd]
@@ -3031,6 +3089,7 @@ def flash_attention_s(
     launches: int = 1,
     head_dim: float = HEAD_DIM_REF,
     fp8: tuple[bool, bool] = (False, False),
+    speedups: Mapping = ATTENTION_FP8_SPEEDUP,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention kernel executing ``flops`` forward over ``s_kv`` keys
     per query block: the kernel's ceiling x s_kv/(s_kv + s0) x its head-dim rate (head_dim_rate) of the bf16 peak,
@@ -3039,7 +3098,7 @@ def flash_attention_s(
     ceiling."""
     shape_f = s_kv / (s_kv + eff.attention_s0)
     d_f, d_b = head_dim_rate(kernel, head_dim)
-    c_f, c_b = attention_ceiling(kernel, gpu, eff, fp8)
+    c_f, c_b = attention_ceiling(kernel, gpu, eff, fp8, speedups)
     c_f, c_b = c_f * d_f, c_b * d_b
     peak = dense_peak(gpu, "bf16")
     forward = flops / (peak * c_f * shape_f) + launches * eff.kernel_s

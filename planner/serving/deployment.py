@@ -54,7 +54,7 @@ from ..workload import (
     WorkloadSpec,
     weight_bytes,
 )
-from .engines import MXFP4_MIN_SM, EngineTraits
+from .engines import FP8_FMHA_WEIGHTS, MXFP4_MIN_SM, EngineTraits
 from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
@@ -131,6 +131,7 @@ class _Worker:
     overlap: tuple | None = None  # the engine's two-batch overlap strategies (prefill, decode): overlap.py
     dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
     allreduce: AllReducePolicy | None = None  # the engine's own TP all-reduce kernels (fused_allreduce.py)
+    fp8_fmha: bool = False  # the engine can run its context attention in FP8 (EngineTraits.fp8_context_attention)
 
 
 def plan_serving(
@@ -290,7 +291,8 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
-                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce)  # fmt: skip
+                   (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce,
+                   traits.fp8_context_attention is not None)  # fmt: skip
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:
@@ -316,7 +318,9 @@ DECODE_ITERATIONS = 12  # Little's-law iterations for a decode batch at a reques
 SATURATED_STEPS = 2  # decode steps a saturated deployment adds: at the full KV cache, at the fed batch
 
 
-def _work(options: ServeOptions, phase: str, batch: int, context: int) -> WorkloadSpec:
+def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha: bool = False) -> WorkloadSpec:
+    """A step's workload; ``fp8_fmha``: the engine runs an FP8 context FMHA (EngineTraits.fp8_context_attention),
+    which it does for a prefill pass with an FP8 KV cache and quantized linears (engines.FP8_FMHA_WEIGHTS)."""
     return WorkloadSpec(
         kind="inference",
         phase=phase,
@@ -330,6 +334,10 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int) -> Worklo
         # per kernel (planner/kernels.py cpu_op_s); prefill runs eager in all three
         cuda_graphs=options.cuda_graphs and phase == "decode",
         fp8_recipe=_gemm_recipe(options),
+        fp8_context_attention=fp8_fmha
+        and phase == "prefill"
+        and options.kv == "fp8"
+        and options.weight_dtype in FP8_FMHA_WEIGHTS,
     )
 
 
@@ -379,7 +387,8 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks, with the
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
-    plan = build_plan(model, _work(options, phase, batch, context), par, w.cluster, Options(timeline=False))
+    plan = build_plan(model, _work(options, phase, batch, context, w.fp8_fmha), par, w.cluster,
+                      Options(timeline=False))  # fmt: skip
     if w.allreduce is not None:
         plan = engine_allreduce_step(plan, w.allreduce, _context(model, options, phase, batch, context, par, w),
                                      w.cluster)  # fmt: skip
@@ -441,7 +450,8 @@ def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str,
 
 
 def _context(model, options, phase, batch, context, par, w) -> Context:
-    return Context(model, _work(options, phase, batch, context), par, w.cluster.devices_per_node, device_sms(w.cluster))
+    return Context(model, _work(options, phase, batch, context, w.fp8_fmha), par, w.cluster.devices_per_node,
+                   device_sms(w.cluster))  # fmt: skip
 
 
 def _calibrated(plan: Plan, scale: float) -> Plan:

@@ -92,6 +92,9 @@ class EngineTraits:
     # worker that replicates them and a decode worker of at least its TP; the string is its source, a 422 otherwise
     # (deployment._check_kv_transfer). None: any pair of layouts
     kv_transfer_replicated_rule: str | None = None
+    # the engine runs its context (prefill) attention as an FP8 FMHA when the KV cache is FP8 and the linears are
+    # quantized (deployment._work: fp8 or nvfp4 weights); the string is its source. None: bf16 context attention
+    fp8_context_attention: str | None = None
 
 
 # vLLM NixlConnectorWorker._validate_remote_agent_handshake (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -106,6 +109,21 @@ VLLM_NIXL_REPLICATED = (
     "> D TP case, not supported'; the remote block must hold tp_ratio local blocks)"
 )
 
+
+# TensorRT-LLM's PyTorch attention backend: with an FP8 KV cache and paged context FMHA (on whenever KV block reuse
+# or chunked prefill is, KvCacheConfig.enable_block_reuse defaulting True) the context attention must be FP8
+# ("When FP8 KV cache is being used, paged context FMHA cannot be used without FP8 attention", raised unless the
+# layers are fp8_qdq, nvfp4 or fp8 block-wise: _torch/attention_backend/trtllm.py TrtllmAttention.forward), and the op
+# takes its FP8 path on ``is_fp8_out || is_fp4_out || (hasFp8KvCache() && use_paged_context_fmha)``
+# (cpp/tensorrt_llm/thop/attentionOp.cpp, as aiconfigurator's collector/trtllm/collect_attn.py quotes it at
+# 1.3.0rc20). trtllm-bench gives an NVFP4 or FP8 checkpoint an FP8 KV cache when it names none
+# (bench/benchmark/utils/general.py _KV_CACHE_MAP: QuantAlgo.FP8 and NVFP4 -> "fp8")
+TRTLLM_FP8_CONTEXT_FMHA = (
+    "TensorRT-LLM _torch/attention_backend/trtllm.py TrtllmAttention.forward (FP8 KV cache + paged context FMHA "
+    "needs FP8 attention) and thop/attentionOp.cpp (hasFp8KvCache() && use_paged_context_fmha: the FP8 path)"
+)
+# the weight formats whose linears TensorRT-LLM's check above counts as quantized (fp8_qdq / fp8 block-wise, nvfp4)
+FP8_FMHA_WEIGHTS = ("fp8", "nvfp4")
 
 ENGINES: dict[str, EngineTraits] = {}
 
@@ -238,6 +256,7 @@ TRTLLM = register(
         # cache transceiver sends one copy: CacheFormatter::needSendCache lets only the ranks with tp rank %
         # mDupHeadFactor == 0 send (cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp; targetIRanks' dup factor)
         kv_head_replication=True,
+        fp8_context_attention=TRTLLM_FP8_CONTEXT_FMHA,
     )
 )
 
@@ -249,4 +268,13 @@ def engine(name: str) -> EngineTraits:
     return traits
 
 
-__all__ = ["ENGINES", "MXFP4_MIN_SM", "VLLM_NIXL_REPLICATED", "EngineTraits", "engine", "register"]
+__all__ = [
+    "ENGINES",
+    "FP8_FMHA_WEIGHTS",
+    "MXFP4_MIN_SM",
+    "TRTLLM_FP8_CONTEXT_FMHA",
+    "VLLM_NIXL_REPLICATED",
+    "EngineTraits",
+    "engine",
+    "register",
+]

@@ -302,7 +302,9 @@ def test_sla_search_that_nothing_meets_says_so():
 
 def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
     """An engine loads the fp8 checkpoint as its only copy: a decode step casts the activations (m x k of each
-    GEMM) and never the weights, and adds no TE weight copies to memory; decode runs in CUDA graphs."""
+    GEMM) and never the weights, and adds no TE weight copies to memory; decode runs in CUDA graphs. Per-tensor
+    scales on Hopper (serve14: block-scaled fp8's ceiling already times the input's quantize,
+    kernels.QUANTIZE_TIMED_IN_GEMM, so it lists no cast; over bf16 weights it casts the weights alone)."""
     from planner import ParallelSpec, WorkloadSpec
     from planner.context import Context
     from planner.kernels import cast_bytes_per_element, layer_kernels
@@ -310,7 +312,7 @@ def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
 
     gpu = cluster_preset("dgx-h100", 1).gpu
     par = ParallelSpec(tp=8)
-    common = dict(kind="inference", phase="decode", batch_size=16, context_length=1024, fp8_recipe="blockwise")
+    common = dict(kind="inference", phase="decode", batch_size=16, context_length=1024, fp8_recipe="tensorwise")
     served = Context(LLAMA70B, WorkloadSpec(param_dtype="fp8", cuda_graphs=True, **common), par, devices_per_node=8)
     gemms = [k for k in layer_kernels(served, False, gpu).forward if k.kind == "gemm" and k.dtype != "bf16"]
     (cast,) = [k for k in layer_kernels(served, False, gpu).forward if k.kind == "cast"]
@@ -321,6 +323,13 @@ def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
     bf16 = Context(LLAMA70B, WorkloadSpec(param_dtype="bf16", **common), par, devices_per_node=8)
     (cast_bf16,) = [k for k in layer_kernels(bf16, False, gpu).forward if k.kind == "cast"]
     assert cast_bf16.bytes > 10 * cast.bytes
+    block = {**common, "fp8_recipe": "blockwise"}
+    served = Context(LLAMA70B, WorkloadSpec(param_dtype="fp8", cuda_graphs=True, **block), par, devices_per_node=8)
+    assert not [k for k in layer_kernels(served, False, gpu).forward if k.kind == "cast"]
+    bf16 = Context(LLAMA70B, WorkloadSpec(param_dtype="bf16", **block), par, devices_per_node=8)
+    (weights,) = [k for k in layer_kernels(bf16, False, gpu).forward if k.kind == "cast"]
+    weight_elements = sum(k.shape[1] * k.shape[2] * k.shape[3] for k in gemms)
+    assert weights.bytes == pytest.approx(weight_elements * cast_bytes_per_element(bf16))
     # the serving planner's decode step asks for CUDA graphs and the fp8 recipe; its prefill runs eager
     out = plan_serving(LLAMA70B, cluster_preset("dgx-h100", 1), engine("vllm"), Traffic(1000, 100, concurrency=16),
                        (Pool(tp=8),), ServeOptions(weight_dtype="fp8"))  # fmt: skip
