@@ -2325,7 +2325,7 @@ def _fp8_casts(k: _Layer) -> None:
     # graphs, at least one host dispatch
     experts = expert_quantize_launches(ctx, gemms)
     for name, dense, out, pass_bytes in (("fp8_cast", False, fwd, nbytes), ("fp8_cast.bwd", True, k.bwd, back)):
-        t = cast_s(pass_bytes, k.gpu, k.eff)
+        t = _mem_s(pass_bytes, k.gpu, k.eff)
         count = dense_quantize_launches(ctx, gemms, backward=dense) + experts
         cast = Kernel(name, "cast", t, bytes=pass_bytes, count=count)
         if count > 1:
@@ -2723,9 +2723,12 @@ def _cast_gemms(ctx: Context, fwd: list[Kernel]) -> list[Kernel]:
 CAST_HBM = 0.636
 
 
-def cast_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
+def _mem_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
     """Seconds of a quantizing cast's bytes (CAST_HBM); a trace's fitted hbm scales it alike."""
     return nbytes / (gpu.hbm_GBps * 1e9 * CAST_HBM * eff.hbm / EFFICIENCY.hbm)
+
+
+cast_s = _mem_s  # the same, for compute.optimizer_s's once-a-step weight casts
 
 
 def _floored(k: Kernel, floor: float) -> Kernel:
