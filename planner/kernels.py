@@ -917,11 +917,26 @@ def operand_bytes(dtype: str) -> float:
     return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5}.get(math_dtype(dtype), 1.0)
 
 
-def cast_bytes_per_element(ctx: Context) -> float:
+def cast_bytes_per_element(ctx: Context, gpu: GPUSpec | None = None) -> float:
     """HBM bytes to quantize one element of a GEMM operand: the recipe's (Recipe.cast_bytes_per_element: read,
-    rowwise and columnwise copies, block scales), or TE's per-tensor cast_transpose (FP8_CAST_BYTES)."""
+    rowwise and columnwise copies, block scales), or TE's per-tensor cast_transpose (FP8_CAST_BYTES). On a ``gpu``
+    whose fp8 GEMMs take any layout (non_tn_fp8) TransformerEngine's per-tensor quantizers write the rowwise data
+    only, no transpose (TransformerEngine v2.9 70f536662a pytorch/csrc/quantizer.cpp l. 126-137 Float8Quantizer and
+    l. 331-340 Float8CurrentScalingQuantizer: ``with_transpose = columnwise_usage &&
+    !nvte_is_non_tn_fp8_gemm_supported()``): one element copy fewer. Block recipes keep their columnwise copy (its
+    scales run along the other dimension)."""
     recipe = ctx.work.recipe
-    return recipe.cast_bytes_per_element if recipe is not None else FP8_CAST_BYTES
+    per = recipe.cast_bytes_per_element if recipe is not None else FP8_CAST_BYTES
+    te_per_tensor = ctx.flavour.te_fp8_recipes and (recipe is None or not recipe.activation_block)
+    one_copy = te_per_tensor and gpu is not None and non_tn_fp8(gpu)
+    return per - (recipe.element_bytes if recipe is not None else 1) if one_copy else per
+
+
+def non_tn_fp8(gpu: GPUSpec) -> bool:
+    """Whether the GPU's fp8 GEMMs take non-TN layouts, so that TE needs no transposed fp8 copy: TransformerEngine
+    v2.9 pytorch/utils.py is_non_tn_fp8_gemm_supported, compute capability 10.x, 11.x and >= 13.0 (Blackwell's
+    datacenter parts; not 12.x)."""
+    return 100 <= gpu.sm < 120 or gpu.sm >= 130
 
 
 def dense_peak(gpu: GPUSpec, dtype: str) -> float:
@@ -2313,7 +2328,7 @@ def _fp8_casts(k: _Layer) -> None:
         * g.shape[3]
         for g in gemms
     )
-    per_element = cast_bytes_per_element(ctx)
+    per_element = cast_bytes_per_element(ctx, k.gpu)
     nbytes = cast * per_element
     # the backward: under TE, what TE quantizes there (te_backward_cast_elements: each GEMM's output gradient and
     # linear_proj's saved original input); elsewhere (torchao's Float8Linear casts its weight and grad output again)
@@ -2397,13 +2412,12 @@ def step_weight_cast_bytes(ctx: Context, stage: int, gpu: GPUSpec) -> float:
     numels = sum(quantized_numels(ctx, stage))
     recipe = ctx.work.recipe or recipe_of("delayed")
     if not (ctx.work.fp8_param_gather and not recipe.activation_block and recipe.gemm_dtype == "fp8"):
-        return numels * cast_bytes_per_element(ctx)
+        return numels * cast_bytes_per_element(ctx, gpu)
     experts = sum(quantized_numels(ctx, stage, experts_only=True))
     par = ctx.par
     dense_shard, expert_shard = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
     master = (numels - experts) / dense_shard + experts / expert_shard
-    tn_only = not (100 <= gpu.sm < 120 or gpu.sm >= 130)
-    return master * MASTER_CAST_BYTES + tn_only * numels * FP8_TRANSPOSE_BYTES
+    return master * MASTER_CAST_BYTES + (not non_tn_fp8(gpu)) * numels * FP8_TRANSPOSE_BYTES
 
 
 # The linears TransformerEngine's LayerNormLinear serves under Megatron-Core's TE spec (Recipe.norm_quantize_launches:
