@@ -5,12 +5,11 @@ optimizer casts the master shard; on Blackwell the per-tensor quantizers write n
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from bench import step_validation
 from collectives.topology.gpu import GPUS
 from planner import ParallelSpec, WorkloadSpec, model_preset
 from planner.compute import optimizer_s
@@ -26,9 +25,6 @@ from planner.kernels import (
     step_weight_cast_bytes,
 )
 from planner.params import quantized_numels
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import step_validation  # noqa: E402
 
 H100, B200, GB200, A100 = (GPUS[n] for n in ("h100-sxm5-80gb", "b200-180gb", "gb200-186gb", "a100-sxm4-80gb"))
 DATA = step_validation.load()
@@ -48,9 +44,8 @@ def by_name(kernels) -> dict:
 def llama8b(recipe: str | None = "tensorwise", framework: str = "megatron", **work) -> Context:
     fields = dict(micro_batch_size=2, global_batch_size=128, seq_length=8192, activation_dtype="fp8")
     fields |= {"fp8_recipe": recipe} if recipe else {}
-    return Context(
-        model_preset("llama3-8b"), WorkloadSpec(**(fields | work)), ParallelSpec(dp=8, zero_stage=1, framework=framework)
-    )
+    par = ParallelSpec(dp=8, zero_stage=1, framework=framework)
+    return Context(model_preset("llama3-8b"), WorkloadSpec(**(fields | work)), par)
 
 
 def test_a_layer_casts_its_inputs_forward_and_its_output_gradients_backward_not_its_weights():
