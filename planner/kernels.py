@@ -2322,14 +2322,16 @@ def _fp8_casts(k: _Layer) -> None:
     # step_weight_cast_bytes, in the optimizer step's time)
     stored, gathered, cached = ctx.param_bytes <= 1, float8_gathered(ctx), te_weight_cache(ctx)
     gemms = _cast_gemms(ctx, fwd)
+    # a LayerNormLinear's input under TE: the norm's fusion takes part of its quantize (norm_fed_cast_bytes)
+    fed = [g for g in gemms if cached and g.name in NORM_FED_LINEARS and g.shape[3] == 1]
     cast = sum(
-        g.shape[0] * g.shape[2] * g.shape[3]
+        g.shape[0] * g.shape[2] * g.shape[3] * (g not in fed)
         + (not (stored or cached) and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1]
         * g.shape[3]
         for g in gemms
     )
     per_element = cast_bytes_per_element(ctx, k.gpu)
-    nbytes = cast * per_element
+    nbytes = cast * per_element + sum(g.shape[0] * g.shape[2] for g in fed) * norm_fed_cast_bytes(ctx, k.gpu)
     # the backward: under TE, what TE quantizes there (te_backward_cast_elements: each GEMM's output gradient and
     # linear_proj's saved original input); elsewhere (torchao's Float8Linear casts its weight and grad output again)
     # the forward's bytes
@@ -2367,6 +2369,21 @@ def te_weight_cache(ctx: Context) -> bool:
     is_first_microbatch False. With fp8 primary weights (fp8_param_gather) the weight is fp8 already: the optimizer
     casts it (step_weight_cast_bytes)."""
     return ctx.training and ctx.flavour.te_fp8_recipes
+
+
+def norm_fed_cast_bytes(ctx: Context, gpu: GPUSpec) -> float:
+    """HBM bytes per element a TE training pass spends beyond the norm to quantize a LayerNormLinear's input
+    (NORM_FED_LINEARS), where the recipe fuses part of it into the norm (Recipe.norm_fused_read_bytes,
+    norm_writes_quantized): the cast's bytes (cast_bytes_per_element) less the read the norm saves; where the norm
+    writes the fp8 rowwise data itself, less that write too and plus the transpose's read of it on a TN-only GPU
+    (non_tn_fp8: no columnwise copy on Blackwell). Delayed scaling 2 B on Hopper, 0 on Blackwell; current scaling 4
+    and 3; the unfused recipes their whole cast. The norm's own output write is left at bf16's 2 B (1 B over under
+    delayed scaling)."""
+    recipe = ctx.work.recipe or recipe_of("delayed")
+    per = cast_bytes_per_element(ctx, gpu) - recipe.norm_fused_read_bytes
+    if recipe.norm_writes_quantized:
+        per -= recipe.element_bytes * non_tn_fp8(gpu)  # Blackwell: no transpose, nothing left to write
+    return per
 
 
 def te_backward_cast_elements(ctx: Context, gemms: list[Kernel]) -> float:

@@ -22,6 +22,7 @@ from planner.kernels import (
     cast_s,
     layer_kernels,
     non_tn_fp8,
+    norm_fed_cast_bytes,
     step_weight_cast_bytes,
 )
 from planner.params import quantized_numels
@@ -50,16 +51,18 @@ def llama8b(recipe: str | None = "tensorwise", framework: str = "megatron", **wo
 
 def test_a_layer_casts_its_inputs_forward_and_its_output_gradients_backward_not_its_weights():
     """GPT3-175B, T = 2,048 tokens, h 12,288, tp 4, delayed scaling (4 B an element: read bf16 2, write the fp8 copy
-    and its transpose, TE v1.8 fp8_cast_transpose_fused): forward the inputs of qkv (h), linear_proj (h/t), fc1 (h)
-    and fc2 (4h/t): T·h·(2 + 5/t) elements; backward the output gradients of qkv (3h/t), linear_proj (h), fc1 (4h/t)
-    and fc2 (h): T·h·(2 + 7/t); none of the 12h²/t weight elements (5.4x the forward's activations here), which TE casts
-    once a step. Before fp8audit14 both passes charged activations and weights: 2,139 MB a pass."""
+    and its transpose, TE v1.8 fp8_cast_transpose_fused): forward the inputs of linear_proj (h/t) and fc2 (4h/t) at 4 B
+    and the LayerNormLinears' qkv and fc1 inputs (h each) at the 2 B of the fp8 norm output's transpose (the norm
+    writes fp8 itself: norm_fed_cast_bytes): T·h·(4 + 20/t) B; backward the output gradients of qkv (3h/t),
+    linear_proj (h), fc1 (4h/t) and fc2 (h): T·h·(2 + 7/t) elements at 4 B; none of the 12h²/t weight elements (5.4x
+    the forward's activations here), which TE casts once a step. Before fp8audit14 both passes charged activations and
+    weights at 4 B: 2,139 MB a pass."""
     ctx = nemo_gpt3_175b()
     lk = layer_kernels(ctx, False, H100)
     fwd, bwd = by_name(lk.forward)["fp8_cast"], by_name(lk.backward)["fp8_cast.bwd"]
     T, h, t = 2048, 12288, 4
-    assert cast_bytes_per_element(ctx, H100) == 4
-    assert fwd.bytes == pytest.approx(4 * T * h * (2 + 5 / t))  # 327 MB
+    assert cast_bytes_per_element(ctx, H100) == 4 and norm_fed_cast_bytes(ctx, H100) == 2
+    assert fwd.bytes == pytest.approx(T * h * (4 + 20 / t))  # 226 MB
     assert bwd.bytes == pytest.approx(4 * T * h * (2 + 7 / t))  # 428 MB
     assert fwd.bytes + bwd.bytes < 0.18 * 2 * 2139.1e6
 
@@ -116,3 +119,19 @@ def test_torchao_and_inference_keep_casting_weights_every_pass():
     serve = Context(model_preset("llama3-8b"), WorkloadSpec(kind="inference", batch_size=8, activation_dtype="fp8"),
                     ParallelSpec())  # fmt: skip
     assert step_weight_cast_bytes(serve, 0, H100) == 0
+
+
+def test_a_layernorm_linears_quantize_is_partly_the_norms():
+    """TE v2.9 csrc/extensions/normalization.cpp: delayed scaling FULLY_FUSED (the norm writes fp8, the columnwise copy
+    an nvte_transpose of it: 2 B on Hopper, none on Blackwell), current scaling FUSED_NORM_AMAX_FP8 (the amax from the
+    norm, the quantize reads once: 6 -> 4 B on Hopper, 5 -> 3 on Blackwell), MXFP8 UNFUSED (its whole cast)."""
+    assert [norm_fed_cast_bytes(llama8b(None), g) for g in (H100, B200)] == [2, 0]
+    assert [norm_fed_cast_bytes(llama8b("delayed"), g) for g in (H100, B200)] == [2, 0]
+    assert [norm_fed_cast_bytes(llama8b(), g) for g in (H100, B200)] == [4, 3]
+    mx = llama8b("mxfp8")
+    assert norm_fed_cast_bytes(mx, B200) == cast_bytes_per_element(mx, B200)
+    # Llama-3 8B at T = 16,384 under current scaling on H100: qkv and fc1 inputs (h each) at 4 B, linear_proj's (h) and
+    # fc2's (14,336) at 6 B
+    fwd = by_name(layer_kernels(llama8b(), False, H100).forward)["fp8_cast"]
+    T, h, f = 16384, 4096, 14336
+    assert fwd.bytes == pytest.approx(T * (2 * h * 4 + (h + f) * 6))
