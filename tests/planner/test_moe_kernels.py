@@ -375,17 +375,19 @@ def test_each_experts_split_is_quantized_by_its_own_launches(recipe, extra, dens
     gradients alike. The bytes (fp8audit14): forward each GEMM's input (m x k per expert), backward each GEMM's output
     gradient (m x n) and, where the recipe saves linear_proj's original input, that input again; no weight (TE's
     is_first_microbatch cache: cast once a step, kernels.step_weight_cast_bytes)."""
-    from planner.kernels import _mem_s, cast_bytes_per_element
+    from planner.kernels import NORM_FED_LINEARS, _mem_s, cast_bytes_per_element, norm_fed_cast_bytes
 
     c = qwen3_fp8(recipe)
     gpu = B200 if recipe == "mxfp8" else H100
     lk = layer_kernels(c, True, gpu)
     cast, back = by_name(lk.forward)["fp8_cast"], by_name(lk.backward)["fp8_cast.bwd"]
     assert (cast.count, back.count) == (dense[0] + extra, dense[1] + extra)
-    gemms = [g.shape for g in lk.forward if g.kind == "gemm" and g.dtype != "bf16"]  # the router's gate stays bf16
-    per = cast_bytes_per_element(c)
+    cast_gemms = [g for g in lk.forward if g.kind == "gemm" and g.dtype != "bf16"]  # the router's gate stays bf16
+    gemms = [g.shape for g in cast_gemms]
+    per, fed = cast_bytes_per_element(c, gpu), norm_fed_cast_bytes(c, gpu)  # qkv's input: the norm's (fp8audit14)
     again = recipe in ("mxfp8", "tensorwise")  # save_original_input: not under delayed scaling
-    assert cast.bytes == pytest.approx(sum(m * k * g for m, _, k, g in gemms) * per)
+    inputs = [(g.shape[0] * g.shape[2] * g.shape[3], g.name in NORM_FED_LINEARS) for g in cast_gemms]
+    assert cast.bytes == pytest.approx(sum(n * (fed if norm else per) for n, norm in inputs))
     proj = by_name(lk.forward)["attn_out"].shape
     assert back.bytes == pytest.approx((sum(m * n * g for m, n, _, g in gemms) + again * proj[0] * proj[2]) * per)
     for k in (cast, back):
