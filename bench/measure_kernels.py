@@ -350,6 +350,16 @@ def gemm_fp8(run: Run, linears, tokens):
                 )
                 rows.append([name, passname, "tensorwise", mm, nn, kk, t, run.timer.clock()])
                 if passname == "fwd":
+                    # TransformerEngine's fprop accumulates fast (v1.8 module/base.py _2X_ACC_FPROP = False; dgrad and
+                    # wgrad split, _2X_ACC_DGRAD / _2X_ACC_WGRAD True, torch._scaled_mm's default use_fast_accum=False):
+                    # the same GEMM with fast accumulation, for the fprop's own ceiling (fp8audit14; not yet measured)
+                    t = run.try_time(
+                        "fp8.tensorwise_fast_accum",
+                        lambda: torch._scaled_mm(
+                            a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
+                        ),
+                    )
+                    rows.append([name, passname, "tensorwise_fast_accum", mm, nn, kk, t, run.timer.clock()])
                     sa = torch.ones(mm, 1, device="cuda", dtype=torch.float32)
                     sb = torch.ones(1, nn, device="cuda", dtype=torch.float32)
                     t = run.try_time(

@@ -30,6 +30,7 @@ from .kernels import (
     Kernel,
     LayerKernels,
     attention_flops,
+    cast_s,
     check_kernel_options,
     combined_pair_launches,
     dense_peak,
@@ -38,6 +39,7 @@ from .kernels import (
     final_norm_kernels,
     flops_keys,
     full_rerun,
+    gemm_dtype,
     gemm_kernels,
     gpu_seconds,
     grad_buffer_bytes,
@@ -58,6 +60,8 @@ from .kernels import (
     per_tokens,
     queue_launch_s,
     rerun_stops_at_last_save,
+    step_weight_cast_bytes,
+    te_weight_cache,
     vocab_shard,
 )
 from .recompute import layer_counts
@@ -628,7 +632,9 @@ def _head(ctx: Context, gpu: GPUSpec, eff: Efficiency) -> PassTime:
 def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None = None) -> float:
     """Adam over the parameters this rank updates: all of them, or 1/dp of them with a sharded optimizer; and, where
     the framework zeroes its whole gradient buffer every iteration (kernels.grad_buffer_bytes: Megatron-Core's
-    zero_grad_buffer), that pass over every local parameter, sharded or not."""
+    zero_grad_buffer), that pass over every local parameter, sharded or not; and TransformerEngine's quantizing casts
+    of the linear weights, which run once a step (kernels.step_weight_cast_bytes: the first micro-batch's cached
+    casts, or the optimizer's cast of fp8 primary weights)."""
     from .memory import param_totals
 
     dense, expert, _ = param_totals(ctx, stage)
@@ -637,7 +643,9 @@ def optimizer_s(ctx: Context, stage: int, gpu: GPUSpec, eff: Efficiency | None =
     shard_expert = par.expert_dp if par.zero_stage >= 1 else 1
     local = dense / shard_dense + expert / shard_expert
     nbytes = local * optimizer_bytes(ctx) + (dense + expert) * grad_buffer_bytes(ctx)
-    return nbytes / (gpu.hbm_GBps * 1e9 * efficiency(gpu, eff).hbm)
+    eff = efficiency(gpu, eff)
+    # TransformerEngine's weight casts, once a step (kernels.step_weight_cast_bytes), at the measured cast rate
+    return nbytes / (gpu.hbm_GBps * 1e9 * eff.hbm) + cast_s(step_weight_cast_bytes(ctx, stage, gpu), gpu, eff)
 
 
 # ---- model FLOPs (the MFU definition) --------------------------------------------------------------------
@@ -735,7 +743,14 @@ def optimizer_key(ctx: Context, stage: int) -> tuple:
     par = ctx.par
     dense, expert, _ = param_totals(ctx, stage)
     shards = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
-    return (dense, expert, *shards, optimizer_bytes(ctx), grad_buffer_bytes(ctx))
+    return (dense, expert, *shards, optimizer_bytes(ctx), grad_buffer_bytes(ctx), *_weight_cast_key(ctx))
+
+
+def _weight_cast_key(ctx: Context) -> tuple:
+    """What kernels.step_weight_cast_bytes reads past the parameter counts, their shards and the GPU (the search's
+    optimizer memo is one GPU's): whether TE caches the weights' casts, the GEMM dtype, the recipe, fp8 primary
+    weights."""
+    return te_weight_cache(ctx), gemm_dtype(ctx), ctx.work.fp8_recipe, ctx.work.fp8_param_gather
 
 
 def layer_forward_key(ctx: Context) -> tuple:

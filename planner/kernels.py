@@ -950,11 +950,26 @@ def operand_bytes(dtype: str) -> float:
     return {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "tf32": 4.0, "nvfp4": 0.5}.get(math_dtype(dtype), 1.0)
 
 
-def cast_bytes_per_element(ctx: Context) -> float:
+def cast_bytes_per_element(ctx: Context, gpu: GPUSpec | None = None) -> float:
     """HBM bytes to quantize one element of a GEMM operand: the recipe's (Recipe.cast_bytes_per_element: read,
-    rowwise and columnwise copies, block scales), or TE's per-tensor cast_transpose (FP8_CAST_BYTES)."""
+    rowwise and columnwise copies, block scales), or TE's per-tensor cast_transpose (FP8_CAST_BYTES). On a ``gpu``
+    whose fp8 GEMMs take any layout (non_tn_fp8) TransformerEngine's per-tensor quantizers write the rowwise data
+    only, no transpose (TransformerEngine v2.9 70f536662a pytorch/csrc/quantizer.cpp l. 126-137 Float8Quantizer and
+    l. 331-340 Float8CurrentScalingQuantizer: ``with_transpose = columnwise_usage &&
+    !nvte_is_non_tn_fp8_gemm_supported()``): one element copy fewer. Block recipes keep their columnwise copy (its
+    scales run along the other dimension)."""
     recipe = ctx.work.recipe
-    return recipe.cast_bytes_per_element if recipe is not None else FP8_CAST_BYTES
+    per = recipe.cast_bytes_per_element if recipe is not None else FP8_CAST_BYTES
+    te_per_tensor = ctx.flavour.te_fp8_recipes and (recipe is None or not recipe.activation_block)
+    one_copy = te_per_tensor and gpu is not None and non_tn_fp8(gpu)
+    return per - (recipe.element_bytes if recipe is not None else 1) if one_copy else per
+
+
+def non_tn_fp8(gpu: GPUSpec) -> bool:
+    """Whether the GPU's fp8 GEMMs take non-TN layouts, so that TE needs no transposed fp8 copy: TransformerEngine
+    v2.9 pytorch/utils.py is_non_tn_fp8_gemm_supported, compute capability 10.x, 11.x and >= 13.0 (Blackwell's
+    datacenter parts; not 12.x)."""
+    return 100 <= gpu.sm < 120 or gpu.sm >= 130
 
 
 def dense_peak(gpu: GPUSpec, dtype: str) -> float:
@@ -2344,37 +2359,45 @@ def grad_accumulation_bytes(ctx: Context, weights: float) -> float:
 
 
 def _fp8_casts(k: _Layer) -> None:
-    """The quantizing casts of a low-precision recipe's GEMM operands; an inference GEMM whose measured ceiling
-    already times its input's quantize (quantize_timed_in_gemm) casts only its weights, if they are not stored
-    quantized, and a pass with nothing left to cast lists no cast kernel."""
+    """The quantizing casts of a low-precision recipe's GEMM operands, one micro-batch; an inference GEMM whose
+    measured ceiling already times its input's quantize (quantize_timed_in_gemm) casts only its weights, if they are
+    not stored quantized, and a pass with nothing left to cast lists no cast kernel."""
     ctx, fwd = k.ctx, k.fwd
     # operands: the activations (m x k), and the weights (k x n) unless they are stored quantized (fp8
-    # parameters, as inference engines load fp8 checkpoints: nothing to cast per step) or arrive quantized (torchao's
+    # parameters, as inference engines load fp8 checkpoints: nothing to cast per step), arrive quantized (torchao's
     # FSDP2 float8 all-gather, recipes.float8_gathered: fsdp_pre_all_gather casts the 1/(dp x cp) shard before the
     # gather, not counted here, and the backward uses the gathered float8 weight; the routed experts' grouped weights
-    # are not Float8Linear weights and are gathered in bf16, rules/data.py _float8_buffer: they are cast as before)
-    stored, gathered = ctx.param_bytes <= 1, float8_gathered(ctx)
+    # are not Float8Linear weights and are gathered in bf16, rules/data.py _float8_buffer: they are cast as before),
+    # or TransformerEngine keeps them quantized between micro-batches (te_weight_cache: cast once a step,
+    # step_weight_cast_bytes, in the optimizer step's time)
+    stored, gathered, cached = ctx.param_bytes <= 1, float8_gathered(ctx), te_weight_cache(ctx)
     gemms = _cast_gemms(ctx, fwd)
     timed = [quantize_timed_in_gemm(ctx, g, k.gpu, k.eff) for g in gemms]
+    # a LayerNormLinear's input under TE: the norm's fusion takes part of its quantize (norm_fed_cast_bytes)
+    fed = [g for g in gemms if cached and g.name in NORM_FED_LINEARS and g.shape[3] == 1]
     cast = sum(
-        (not in_gemm) * g.shape[0] * g.shape[2] * g.shape[3]
-        + (not stored and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1] * g.shape[3]
+        (not in_gemm) * g.shape[0] * g.shape[2] * g.shape[3] * (g not in fed)
+        + (not (stored or cached) and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1]
+        * g.shape[3]
         for g, in_gemm in zip(gemms, timed, strict=True)
     )
-    if any(timed) and not cast:  # every input's quantize is inside its measured GEMM, and no weight to cast
+    if any(timed) and not cast and not fed:  # every input's quantize is inside its measured GEMM, no weight to cast
         return
-    nbytes = cast * cast_bytes_per_element(ctx)
+    per_element = cast_bytes_per_element(ctx, k.gpu)
+    nbytes = cast * per_element + sum(g.shape[0] * g.shape[2] for g in fed) * norm_fed_cast_bytes(ctx, k.gpu)
+    # the backward: under TE, what TE quantizes there (te_backward_cast_elements: each GEMM's output gradient and
+    # linear_proj's saved original input); elsewhere (torchao's Float8Linear casts its weight and grad output again)
+    # the forward's bytes
+    back = te_backward_cast_elements(ctx, gemms) * per_element if cached else nbytes
     # the pass's quantize launches at the measured cast rate (CAST_HBM, whose large-tensor measurement holds one
     # kernel's fixed cost): the dense linears' (dense_quantize_launches) and the experts' per-split quantizes
     # (expert_quantize_launches), each launch beyond the first a memory-bound kernel's fixed cost and, without CUDA
-    # graphs, at least one host dispatch. The backward casts the output gradients (one per GEMM, per expert split
-    # alike); summed over a layer's GEMMs its bytes equal the forward's within a third (T·h·(8 + 28/t) vs
-    # T·h·(8 + 20/t) for a GPT layer): charged alike, with the backward's own launches
-    t = _mem_s(nbytes, k.gpu, k.eff)
+    # graphs, at least one host dispatch
     experts = expert_quantize_launches(ctx, gemms)
-    for name, dense, out in (("fp8_cast", False, fwd), ("fp8_cast.bwd", True, k.bwd)):
+    for name, dense, out, pass_bytes in (("fp8_cast", False, fwd, nbytes), ("fp8_cast.bwd", True, k.bwd, back)):
+        t = _mem_s(pass_bytes, k.gpu, k.eff)
         count = dense_quantize_launches(ctx, gemms, backward=dense) + experts
-        cast = Kernel(name, "cast", t, bytes=nbytes, count=count)
+        cast = Kernel(name, "cast", t, bytes=pass_bytes, count=count)
         if count > 1:
             cast = _floored(replace(cast, time_s=t + (count - 1) * k.eff.kernel_s), k.floor)
         out.append(cast)
@@ -2383,6 +2406,88 @@ def _fp8_casts(k: _Layer) -> None:
         scales, launches = swizzles
         fwd.append(memory_kernel("scale_swizzle", scales, k.gpu, k.eff, launches, k.floor))
         k.bwd.append(memory_kernel("scale_swizzle.bwd", 2 * scales, k.gpu, k.eff, 2 * launches, k.floor))
+
+
+def te_weight_cache(ctx: Context) -> bool:
+    """Whether TransformerEngine quantizes each linear weight once a step rather than in every micro-batch's
+    forward and backward: training under a TE flavour (Flavour.te_fp8_recipes). Megatron-Core passes
+    is_first_microbatch to every TE linear (Megatron-LM core_r0.8.0 baf94af3c6
+    transformer/custom_layers/transformer_engine.py TELinear.forward: ``is_first_microbatch=_is_first_microbatch``,
+    then ``self.is_first_microbatch = False``; pipeline_parallel/schedules.py forward_step
+    ``model.set_is_first_microbatch()`` for the first micro-batch of each model chunk), and TE casts the weight with
+    its transpose into a cached workspace only then (TransformerEngine v1.8 3ec998e96c module/linear.py l. 997-1002:
+    ``update_workspace = is_first_microbatch is None or is_first_microbatch``, ``cache_name="weight"``; v2.9
+    70f536662a the same through get_weight_workspace); the backward's dgrad reads the cached transpose
+    (v1.8 linear.py l. 463 ``weight_fp8.transpose_2d()``), and a full recompute's re-run forward finds
+    is_first_microbatch False. With fp8 primary weights (fp8_param_gather) the weight is fp8 already: the optimizer
+    casts it (step_weight_cast_bytes)."""
+    return ctx.training and ctx.flavour.te_fp8_recipes
+
+
+def norm_fed_cast_bytes(ctx: Context, gpu: GPUSpec) -> float:
+    """HBM bytes per element a TE training pass spends beyond the norm to quantize a LayerNormLinear's input
+    (NORM_FED_LINEARS), where the recipe fuses part of it into the norm (Recipe.norm_fused_read_bytes,
+    norm_writes_quantized): the cast's bytes (cast_bytes_per_element) less the read the norm saves; where the norm
+    writes the fp8 rowwise data itself, less that write too and plus the transpose's read of it on a TN-only GPU
+    (non_tn_fp8: no columnwise copy on Blackwell). Delayed scaling 2 B on Hopper, 0 on Blackwell; current scaling 4
+    and 3; the unfused recipes their whole cast. The norm's own output write is left at bf16's 2 B (1 B over under
+    delayed scaling)."""
+    recipe = ctx.work.recipe or recipe_of("delayed")
+    per = cast_bytes_per_element(ctx, gpu) - recipe.norm_fused_read_bytes
+    if recipe.norm_writes_quantized:
+        per -= recipe.element_bytes * non_tn_fp8(gpu)  # Blackwell: no transpose, nothing left to write
+    return per
+
+
+def te_backward_cast_elements(ctx: Context, gemms: list[Kernel]) -> float:
+    """Elements a TE training backward quantizes, one micro-batch (the pass's cast GEMMs ``gemms``): each linear's
+    output gradient, m x n per group (TransformerEngine v1.8 module/base.py grad_output_preprocess:
+    ``fp8_cast_transpose_fused`` / ``fp8_cast_transpose_bgrad_fused`` of grad_output; v2.9 the same
+    ``quantizer(grad_output)`` / ``tex.bgrad_quantize``: the rowwise copy for dgrad and the columnwise one for wgrad,
+    the recipe's cast bytes), and linear_proj's saved bf16 input quantized again where the recipe honours
+    save_original_input (ORIGINAL_INPUT_LINEARS, as dense_quantize_launches counts it). No weight: TE's backward
+    reads the forward's cached quantized weight (te_weight_cache)."""
+    recipe = ctx.work.recipe or recipe_of("delayed")
+    again = recipe.saves_original_input
+    return sum(
+        g.shape[0] * g.shape[3] * (g.shape[1] + (again and g.name in ORIGINAL_INPUT_LINEARS) * g.shape[2])
+        for g in gemms
+    )
+
+
+# fp8 primary weights (Megatron --fp8-param-gather, TransformerEngine v2.9 70f536662a tensor/utils.py
+# cast_master_weights_to_fp8): per element of the rank's master shard, ``master_weight.to(model_weight.dtype)`` (read
+# fp32 4, write bf16 2), the amax of the bf16 shard (``tex.compute_amax``, read 2; delayed scaling's cast writes its
+# amax as it goes: charged alike) and the cast into the fp8 parameter (``quantizer.update_quantized``: read 2, write 1)
+MASTER_CAST_BYTES = 11
+# and per element of the whole weight, once a step, the transpose of the gathered fp8 weight where the GPU's fp8
+# GEMMs take TN layouts only (float8_tensor_storage.py _create_transpose ``tex.fp8_transpose``: read 1, write 1, from
+# update_usage(columnwise_usage=True) in the first micro-batch; utils.py is_non_tn_fp8_gemm_supported: compute
+# capability 10.x and >= 13.0 need none)
+FP8_TRANSPOSE_BYTES = 2
+
+
+def step_weight_cast_bytes(ctx: Context, stage: int, gpu: GPUSpec) -> float:
+    """HBM bytes a training step of a TE flavour spends quantizing one rank's linear weights on ``stage``, once a step
+    (te_weight_cache): every quantized weight (params.quantized_numels) at the recipe's cast bytes
+    (cast_bytes_per_element: read, the rowwise and the columnwise copy, scales); with fp8 primary weights
+    (fp8_param_gather, a per-tensor recipe: cast_master_weights_to_fp8) the optimizer's cast of the master shard
+    (MASTER_CAST_BYTES over 1/(dp x cp) of the dense and 1/expert_dp of the expert weights under the distributed
+    optimizer) and the transpose of the gathered weight on a TN-only GPU (FP8_TRANSPOSE_BYTES). 0 when nothing is
+    quantized or TE does not cache (inference, torchao's Float8Linear: charged in every pass by _fp8_casts)."""
+    if not te_weight_cache(ctx) or not quantized_gemm(gemm_dtype(ctx)):
+        return 0.0
+    from .params import quantized_numels
+
+    numels = sum(quantized_numels(ctx, stage))
+    recipe = ctx.work.recipe or recipe_of("delayed")
+    if not (ctx.work.fp8_param_gather and not recipe.activation_block and recipe.gemm_dtype == "fp8"):
+        return numels * cast_bytes_per_element(ctx, gpu)
+    experts = sum(quantized_numels(ctx, stage, experts_only=True))
+    par = ctx.par
+    dense_shard, expert_shard = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
+    master = (numels - experts) / dense_shard + experts / expert_shard
+    return master * MASTER_CAST_BYTES + (not non_tn_fp8(gpu)) * numels * FP8_TRANSPOSE_BYTES
 
 
 # The linears TransformerEngine's LayerNormLinear serves under Megatron-Core's TE spec (Recipe.norm_quantize_launches:
@@ -2730,6 +2835,9 @@ CAST_HBM = 0.636
 def _mem_s(nbytes: float, gpu: GPUSpec, eff: Efficiency) -> float:
     """Seconds of a quantizing cast's bytes (CAST_HBM); a trace's fitted hbm scales it alike."""
     return nbytes / (gpu.hbm_GBps * 1e9 * CAST_HBM * eff.hbm / EFFICIENCY.hbm)
+
+
+cast_s = _mem_s  # the same, for compute.optimizer_s's once-a-step weight casts
 
 
 def _floored(k: Kernel, floor: float) -> Kernel:

@@ -99,6 +99,14 @@ class Recipe:
     # default RHT (recipe/__init__.py NVFP4BlockScaling: random_hadamard_transform on fprop inputs) UNFUSED: the norm in
     # bf16, then the quantizer's own launches (quantize_launches)
     norm_quantize_launches: int = 1
+    # the bytes of that quantize the norm's fusion saves, per element (the same normalization.cpp paths): FULLY_FUSED
+    # (delayed) the norm writes the fp8 rowwise data itself, so the quantize's bf16 read (2 B) and rowwise write are
+    # gone and the columnwise copy is nvte_transpose of the fp8 data (rmsnorm_api.cpp l. 96-103; TE v1.8 3ec998e96c
+    # module/layernorm_linear.py l. 126-137 ``ln_out_dtype = torch.uint8``, the backward's ``tex.fp8_transpose(
+    # ln_out_total)`` l. 584: the same bytes); FUSED_NORM_AMAX_FP8 (current scaling) the norm takes the amax, so the
+    # quantize reads its input once (2 B of cast_read_bytes' 4); UNFUSED (MXFP8, blockwise, NVFP4 with RHT) nothing
+    norm_fused_read_bytes: int = 0
+    norm_writes_quantized: bool = False
     # kernel launches one low-precision GEMM call makes to swizzle its two operands' block scales into cuBLAS's layout
     # when the quantizer wrote them unswizzled: TE v2.9 csrc/extensions/gemm.cpp l. 237-240 (general_gemm:
     # swizzle_scaling_factors of A and of B, csrc/util.cpp: MXFP8_1D and NVFP4_1D scaling only) and l. 488-491
@@ -211,13 +219,15 @@ RECIPES: dict[str, Recipe] = {
     "delayed": Recipe(
         "delayed", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.DelayedScaling; Megatron --fp8-recipe delayed (default) --fp8-format hybrid", amax_history=True,
-        fused_split_quantize=True, fp8_dpa=True, dpa_quantized_kv=True, dpa_fp8_output=True,
+        norm_fused_read_bytes=2, norm_writes_quantized=True, fused_split_quantize=True, fp8_dpa=True,
+        dpa_quantized_kv=True, dpa_fp8_output=True,
     ),
     "tensorwise": Recipe(
         "tensorwise", "fp8", "E4M3 / E5M2 (HYBRID)", ("fprop", "dgrad", "wgrad"), 0, (0, 0), 4, 1.0, 89,
         TE + "recipe.Float8CurrentScaling; Megatron --fp8-recipe tensorwise; torchao Float8LinearRecipeName."
         "TENSORWISE (torchtitan --float8.recipe_name tensorwise, the default)", tp_amax=True, cast_read_bytes=4,
-        quantize_launches=4, norm_quantize_launches=3, float8_all_gather=True, fp8_dpa=True, dpa_quantized_kv=True,
+        quantize_launches=4, norm_quantize_launches=3, norm_fused_read_bytes=2, float8_all_gather=True, fp8_dpa=True,
+        dpa_quantized_kv=True,
     ),
     "blockwise": Recipe(
         "blockwise", "fp8", "E4M3 / E4M3", ("fprop", "dgrad", "wgrad"), 128, (128, 128), 4, 1.0, 90,

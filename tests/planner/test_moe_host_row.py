@@ -47,16 +47,17 @@ def test_the_rows_launches_and_syncs_per_layer_are_the_sources():
 
 
 def test_the_pair_is_host_bound_at_the_closed_form():
-    """The combined 1F1B pair: 451 launches at Megatron-Core's measured 38.2 us is 17.2282 ms of host over 12.65 ms
-    of GPU, so its period is the host's time exactly (host.synced_period's host-bound case: the last groups the host
-    enqueues before the wait carry no GPU time in the period)."""
+    """The combined 1F1B pair: 451 launches at Megatron-Core's measured 38.2 us is 17.2282 ms of host over 12.37 ms
+    of GPU (12.65 ms before fp8audit14: the weights no longer cast in every micro-batch), so its period is the host's
+    time exactly (host.synced_period's host-bound case: the last groups the host enqueues before the wait carry no GPU
+    time in the period)."""
     kernels, copy, queued = combined_pair_launches(CTX, LK)
     n = launches(kernels)
     assert n == 451
     assert pytest.approx(38.2e-6) == C
     gpu = sum(gpu_seconds(k) for k in kernels)
     period = synced_period([(C, gpu_seconds(k), k.count) for k in kernels], copy, queued)
-    assert gpu == pytest.approx(12.653e-3, abs=5e-6) and gpu < n * C
+    assert gpu == pytest.approx(12.367e-3, abs=5e-6) and gpu < n * C
     assert period == pytest.approx(n * 38.2e-6, rel=1e-12)
 
 

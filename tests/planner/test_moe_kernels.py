@@ -372,14 +372,24 @@ def test_each_experts_split_is_quantized_by_its_own_launches(recipe, extra, dens
     forward the norm-fed qkv and linear_proj's input, backward their output gradients and, but for delayed scaling,
     linear_proj's saved original input again). Each launch past the first a memory-bound kernel's fixed cost on top
     of the bytes at the cast rate, at least one host dispatch each without CUDA graphs; the backward quantizes its
-    gradients alike."""
-    from planner.kernels import _mem_s
+    gradients alike. The bytes (fp8audit14): forward each GEMM's input (m x k per expert), backward each GEMM's output
+    gradient (m x n) and, where the recipe saves linear_proj's original input, that input again; no weight (TE's
+    is_first_microbatch cache: cast once a step, kernels.step_weight_cast_bytes)."""
+    from planner.kernels import NORM_FED_LINEARS, _mem_s, cast_bytes_per_element, norm_fed_cast_bytes
 
     c = qwen3_fp8(recipe)
     gpu = B200 if recipe == "mxfp8" else H100
     lk = layer_kernels(c, True, gpu)
     cast, back = by_name(lk.forward)["fp8_cast"], by_name(lk.backward)["fp8_cast.bwd"]
-    assert (cast.count, back.count) == (dense[0] + extra, dense[1] + extra) and back.bytes == cast.bytes
+    assert (cast.count, back.count) == (dense[0] + extra, dense[1] + extra)
+    cast_gemms = [g for g in lk.forward if g.kind == "gemm" and g.dtype != "bf16"]  # the router's gate stays bf16
+    gemms = [g.shape for g in cast_gemms]
+    per, fed = cast_bytes_per_element(c, gpu), norm_fed_cast_bytes(c, gpu)  # qkv's input: the norm's (fp8audit14)
+    again = recipe in ("mxfp8", "tensorwise")  # save_original_input: not under delayed scaling
+    inputs = [(g.shape[0] * g.shape[2] * g.shape[3], g.name in NORM_FED_LINEARS) for g in cast_gemms]
+    assert cast.bytes == pytest.approx(sum(n * (fed if norm else per) for n, norm in inputs))
+    proj = by_name(lk.forward)["attn_out"].shape
+    assert back.bytes == pytest.approx((sum(m * n * g for m, n, _, g in gemms) + again * proj[0] * proj[2]) * per)
     for k in (cast, back):
         t = _mem_s(k.bytes, gpu, EFFICIENCY) + (k.count - 1) * EFFICIENCY.kernel_s
         assert k.time_s == pytest.approx(max(t, k.count * EFFICIENCY.cpu_op_s))
@@ -444,8 +454,8 @@ def test_the_fused_grouped_mlp_runs_the_experts_as_grouped_kernels_without_sync_
         assert name in p and name not in f
     assert "expert_activation.bwd" not in by_name(fused.backward)
     assert f["fp8_cast"].count == 3
-    fc2 = p["experts_fc2"].shape  # (rows, n, k, groups): its input rows x k per expert, and its weights
-    fc2_bytes = (fc2[0] * fc2[2] + fc2[2] * fc2[1]) * fc2[3] * cast_bytes_per_element(qwen3_fp8("mxfp8"))
+    fc2 = p["experts_fc2"].shape  # (rows, n, k, groups): its input rows x k per expert (its weights: once a step)
+    fc2_bytes = fc2[0] * fc2[2] * fc2[3] * cast_bytes_per_element(qwen3_fp8("mxfp8"))
     assert p["fp8_cast"].bytes - f["fp8_cast"].bytes == pytest.approx(fc2_bytes)
     assert sum(k.time_s for k in fused.forward + fused.backward) < sum(k.time_s for k in per.forward + per.backward)
 
