@@ -585,7 +585,7 @@ def kernel_summary(trace: Trace) -> list[dict]:
         by[k.kind][0] += 1
         by[k.kind][1] += k.dur_s
     total = sum(t for _, t in by.values()) or 1.0
-    order = ("gemm", "attention", "memory", "copy", "nccl", "other")
+    order = ("gemm", "attention", "conv", "memory", "copy", "nccl", "other")
     return [
         {
             "kind": kind,

@@ -109,7 +109,8 @@ class RunOut(BaseModel):
 
 class KernelClassOut(BaseModel):
     kind: str = Field(
-        description="gemm, attention, memory, copy (memcpy/memset), nccl or other (planner/profile_trace.py "
+        description="gemm, attention, conv (cuDNN/MIOpen convolutions, not modelled), memory, copy (memcpy/memset), "
+        "nccl or other (planner/profile_trace.py "
         "KERNEL_CLASSES, OP_CLASSES)"
     )
     count: int
