@@ -24,6 +24,23 @@ def _bad_input() -> tuple[type[Exception], ...]:
 UNREADABLE = object()
 
 
+def trace_file(path: str) -> Path:
+    """--trace: a trace file, or a folder holding one: torch.profiler.tensorboard_trace_handler(dir_name) writes
+    each rank's trace there as <worker>.<time>.pt.trace.json (.gz with use_gzip; torch/profiler/profiler.py). A folder
+    of several ranks' files is refused naming them: each rank's trace calibrates alone (its kernels, its stage's
+    collectives), so the user names the rank (an OSError, said as the CLI says an unreadable file)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return folder
+    found = sorted(f for f in folder.iterdir() if f.is_file() and f.name.endswith((".json", ".json.gz")))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise OSError(0, "a folder without trace files (*.json, *.json.gz)", path)
+    names = ", ".join(f.name for f in found[:3]) + (", ..." if len(found) > 3 else "")
+    raise OSError(0, f"a folder of {len(found)} trace files ({names}): give one rank's file to --trace", path)
+
+
 def _positive(text: str) -> int:
     """--workers: a count of processes, at least 1 (sweep's 0 was a ValueError traceback from the process pool
     after the spec was read, search's -3 was taken as every core; hostile11)."""
@@ -538,6 +555,7 @@ def _calibrate(args) -> int:
         logs = [{"text": Path(f).read_text(errors="replace"), "name": f, **given} for f in args.logs]
         body = {"cluster": {"preset": args.cluster}, "logs": logs, "network_kind": args.network_kind}
         if args.trace:
+            args.trace = str(trace_file(args.trace))  # a folder's one trace: the tables name the file
             raw = Path(args.trace).read_bytes()  # gzipped: as base64 text, the request's own form for it
             body["trace"] = base64.b64encode(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode(errors="replace")
         if args.compare:

@@ -70,7 +70,9 @@ MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 #   no GEMM);
 # - memory: PyTorch's elementwise/reduce/copy kernels, norms, softmax, Triton (Inductor's fused pointwise), the
 #   optimizer's multi_tensor_apply; cuDNN's ops library (namespace cudnn::ops: tensor transforms nchwToNhwc, pooling,
-#   softmax, activations; cuDNN 8 API reference, "cudnn_ops_infer") and its batch norms (cudnn::bn_fw_*, bn_bw_*);
+#   softmax, activations; cuDNN 8 API reference, "cudnn_ops_infer"), its layout transforms under any namespace (cuDNN
+#   7 named them nchwToNhwcKernel at the top level: Kineto's 2021 ResNet-50 sample) and its batch norms
+#   (cudnn::bn_fw_*, bn_bw_*);
 #   then any other kernel of PyTorch's own (namespace at::native, aten/src/ATen/native/cuda: pooling, dropout,
 #   embedding, losses), which do no matrix product: aten sends those to cuBLAS, cuDNN or CUTLASS; and the legacy
 #   THCUNN kernels of PyTorch <= 1.10 (aten/src/THCUNN: cunn_ClassNLLCriterion_*, cunn_SoftMaxForward...);
@@ -92,7 +94,7 @@ KERNEL_CLASSES = (
     # scatters, index_put's indexing_backward_kernel, top-k, histograms (bincount), and the norms' weight-gradient
     # reduction (GammaBetaBackward): the MoE layer's router and dispatch in the H200 trace
     ("memory", re.compile(r"gather|scatter|index|radix|sort|scan|topk|histogram|gammabeta|arange", re.I)),
-    ("memory", re.compile(r"cudnn::ops::|cudnn::bn_[fb]w|\bat::native::|^(?:void )?cunn_")),
+    ("memory", re.compile(r"cudnn::ops::|nchwToNhwc|nhwcToNchw|cudnn::bn_[fb]w|\bat::native::|^(?:void )?cunn_")),
 )
 # Kernels whose own name says nothing (cuDNN's SDPA backward helpers compute_dot_do_o and convert_dq_to_16bits;
 # torch._grouped_mm's prepare_grouped_gemm_data) take the class of the aten operator that launched them.

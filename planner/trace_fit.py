@@ -345,9 +345,11 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
     if len(plain) >= MIN_POINTS:
         eff, fitted_gpu, constants = _fit_gemms(plain, gpu, eff, warnings)
     else:
+        advice = "too few ran (GEMM_OPERANDS: aten::mm, addmm, bmm, baddbmm, matmul, linear, _scaled_mm)"
         warnings.append(
             f"{len(plain)} GEMM operators with recorded shapes (at least {MIN_POINTS} fit the clock and the GEMM "
-            "constants): profile with record_shapes=True; the GEMM constants keep their defaults"
+            f"constants): {advice if trace.record_shapes else 'profile with record_shapes=True'}; the GEMM "
+            "constants keep their defaults"
         )
     if attns:
         eff, fitted = _fit_attention(attns, fitted_gpu, eff, warnings)
@@ -372,12 +374,7 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
     warnings.append(host_warning(host))
     points = [*gemms, *attns, *mems_all]
     missing, summary = unclassified(trace), kernel_summary(trace)
-    if missing:  # the counts of every unclassified kernel, not only the listed names (MAX_UNCLASSIFIED)
-        other = next(row for row in summary if row["kind"] == "other")
-        warnings.append(
-            f"{other['count']} kernels ({other['share']:.1%} of the kernel time) have no class "
-            f"(profile_trace.KERNEL_CLASSES): {', '.join(r['name'][:60] for r in missing[:3])}; see unclassified"
-        )
+    warnings += coverage_warnings(summary, missing)
     return TraceFit(
         eff,
         fitted_gpu,
@@ -390,6 +387,27 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
         missing,
         host,
     )
+
+
+def coverage_warnings(summary: list[dict], missing: list[dict]) -> list[str]:
+    """What of the kernel time the model does not cover: the convolutions (profile_trace KERNEL_CLASSES "conv":
+    cuDNN/MIOpen, which a transformer's plan has none of) and the kernels no class names, by their counts (every
+    one, not only the listed names: MAX_UNCLASSIFIED)."""
+    by = {row["kind"]: row for row in summary}
+    out = []
+    if "conv" in by:
+        conv = by["conv"]
+        out.append(
+            f"{conv['count']:,} kernels ({conv['share']:.1%} of the kernel time) are convolutions (cuDNN, MIOpen), "
+            "which the planner does not model: counted and timed, not fitted; a transformer's plan has none"
+        )
+    if missing:
+        other = by["other"]
+        out.append(
+            f"{other['count']:,} kernels ({other['share']:.1%} of the kernel time) have no class "
+            f"(profile_trace.KERNEL_CLASSES): {', '.join(r['name'][:60] for r in missing[:3])}; see unclassified"
+        )
+    return out
 
 
 def host_warning(host: HostFit) -> str:
