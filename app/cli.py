@@ -167,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         "trace (POST /v1/calibrate)",
     )
     cal.add_argument("logs", nargs="*", help="nccl-tests output files (stdout of rank 0, as printed)")
-    cal.add_argument("--trace", default=None, help="a torch.profiler Chrome trace (.json or .json.gz)")
+    cal.add_argument(
+        "--trace", default=None,
+        help="a torch.profiler Chrome trace (.json or .json.gz), or the folder holding one (tensorboard_trace_handler)",
+    )
     cal.add_argument(
         "--compare",
         default=None,
