@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     cal.add_argument("logs", nargs="*", help="nccl-tests output files (stdout of rank 0, as printed)")
     cal.add_argument(
-        "--trace", default=None,
+        "--trace",
+        default=None,
         help="a torch.profiler Chrome trace (.json or .json.gz), or the folder holding one (tensorboard_trace_handler)",
     )
     cal.add_argument(
