@@ -393,7 +393,12 @@ def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -
         raise SpecError("trace", f"a Chrome trace is an object with traceEvents or an array; got {type(data).__name__}")
     events = data.get("traceEvents")
     if not isinstance(events, list):
-        raise SpecError("trace.traceEvents", "missing or not a list: torch.profiler's export_chrome_trace writes one")
+        keys = ", ".join(str(k)[:40] for k in list(data)[:6]) + (", ..." if len(data) > 6 else "")
+        other = keys and "traceEvents" not in data  # a PyTorch execution trace (nodes), a Chakra graph (workload_graph)
+        held = f"; the object's keys are {keys}: an execution trace or a Chakra graph is not one" if other else ""
+        raise SpecError(
+            "trace.traceEvents", f"missing or not a list: torch.profiler's export_chrome_trace writes one{held}"
+        )
     if len(events) > max_events:
         raise SpecError("trace.traceEvents", f"{len(events)} events is more than the limit of {max_events}")
     return _read(data, events)

@@ -163,3 +163,16 @@ def test_the_real_traces_classify_as_counted_by_hand():
     for name, kinds in expected.items():
         trace = load_trace((TRACES / name).read_bytes())
         assert Counter(k.kind for k in trace.kernels) == kinds, name
+
+
+def test_an_execution_trace_or_chakra_graph_is_refused_naming_its_keys():
+    """HTA's execution_trace test data (PyTorch's ExecutionTraceObserver: schema, pid, time, start_ts, nodes,
+    finish_ts) and Chakra's JSON graph (workload_graph...) are other files than the Kineto trace: the 422 says so."""
+    et = {"schema": "1.0.3-chakra.0.0.4", "pid": 1, "time": "x", "start_ts": 0, "nodes": [], "finish_ts": 1}
+    with pytest.raises(SpecError) as err:
+        load_trace(json.dumps(et))
+    assert err.value.field == "trace.traceEvents"
+    assert "the object's keys are schema, pid, time, start_ts, nodes, finish_ts: an execution trace" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        load_trace({"traceEvents": 5})
+    assert "keys" not in str(err.value)
