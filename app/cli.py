@@ -586,6 +586,8 @@ def _calibrate(args) -> int:
 def _trace_table(trace: dict, path: str) -> None:
     """The trace's kernel classes, its fitted compute constants with the kernels before and after, and its
     collectives against the plan's ledger."""
+    from planner.trace_fit import constant_text
+
     print(f"{path}: {trace['device'] or 'GPU not recorded'}, {trace['steps']} steps, {trace['events']:,} events")
     for k in trace["kernels"]:
         print(f"  {k['kind']:<9} {k['per_step']:>9.1f} kernels/step  {human_seconds(k['seconds_per_step'])}/step"
@@ -602,7 +604,7 @@ def _trace_table(trace: dict, path: str) -> None:
         after = trace["median_error_after"][group]
         print(f"\n{group}: median |error| {before * 100:.1f}% before, {after * 100:.1f}% after")
     for name, value in trace["constants"].items():
-        print(f"  {name} = {value}")
+        print(f"  {name} = {constant_text(name, value)}")
     host = trace["host"]
     print(f"  host: {host['gaps']} gaps between host-bound launches ({host['host_bound']} of {host['launches']} "
           "launches found the GPU idle)" + (f", median {human_seconds(host['host_launch_s'])} a launch"

@@ -73,6 +73,7 @@ from .profile_trace import (
     grouped_shape,
     value_head_dim,
 )
+from .words import human_seconds
 
 MIN_POINTS = 3
 FIXED_GRID_S = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6, 12e-6, 16e-6)
@@ -360,7 +361,8 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
         constants |= {"hbm": eff.hbm, "kernel_s": eff.kernel_s}
         for name, value, grid_ in (("hbm", eff.hbm, HBM_GRID), ("kernel_s", eff.kernel_s, KERNEL_GRID_S)):
             if value in (grid_[0], grid_[-1]):
-                warnings.append(f"{name} = {value:g} is an end of its range ({grid_[0]:g} .. {grid_[-1]:g})")
+                low, high = constant_text(name, grid_[0]), constant_text(name, grid_[-1])
+                warnings.append(f"{name} = {constant_text(name, value)} is an end of its range ({low} .. {high})")
     else:
         warnings.append(
             f"{len(mems)} contiguous elementwise operators with recorded shapes (at least {MIN_POINTS} fit the HBM "
@@ -533,10 +535,20 @@ def _fit_attention(points, gpu, eff, warnings) -> tuple[Efficiency, dict]:
     return eff, fitted
 
 
+def constant_text(name: str, value) -> str:
+    """A fitted constant as users read it: seconds (a name ending _s: gemm_fixed_s, kernel_s, host_launch_s) in
+    human units, a fraction to 4 digits, a group by key ("fp32 1, tf32 0.6247"): never 1e-06 (the CLI printed
+    ``kernel_s = 1e-06`` and the warnings ``host_launch_s = 0.000`` before traces14)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {constant_text(key, v)}" for key, v in value.items())
+    return human_seconds(value) if name.endswith("_s") else f"{value:.4g}"  # fractions: 0.05-6.4
+
+
 def _clipped(name: str, value: float, bounds: tuple, warnings: list[str]) -> float:
     low, high = bounds
     if not low <= value <= high:
-        warnings.append(f"{name} = {value:.3f} is outside {low:g} .. {high:g}: clipped")
+        shown = (constant_text(name, x) for x in (value, low, high))
+        warnings.append("{} = {} is outside {} .. {}: clipped".format(name, *shown))
     return min(high, max(low, value))
 
 
