@@ -611,11 +611,13 @@ def _trace_table(trace: dict, path: str) -> None:
                                             if host["host_launch_s"] is not None else ""))  # fmt: skip
     if trace["collectives"]:
         print()
-        rows = [("op", "message", "trace calls/step", "trace per call", "plan calls/iteration", "plan per call")]
+        rows = [("op", "message", "group", "trace calls/step", "trace per call", "trace busbw", "plan calls/iteration",
+                 "plan per call")]  # fmt: skip
         for r in trace["collectives"]:
             size = human_bytes(r["message_bytes"]) if r["message_bytes"] is not None else "-"
-            t, p = r["trace_s_per_call"], r["plan_s_per_call"]
-            rows.append((r["op"], size, f"{r['trace_calls_per_step']:g}", human_seconds(t) if t else "-",
+            t, p, bw = r["trace_s_per_call"], r["plan_s_per_call"], r["trace_busbw_GBps"]
+            rows.append((r["op"], size, str(r["group_size"] or "-"), f"{r['trace_calls_per_step']:g}",
+                         human_seconds(t) if t else "-", human_rate(bw) if bw else "-",
                          str(r["plan_calls_per_iteration"]), human_seconds(p) if p else "-"))  # fmt: skip
         _print_rows(rows)
     for warning in trace["warnings"]:

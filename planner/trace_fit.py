@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from statistics import fmean, median, quantiles
 
+from collectives.primitives import Op, busbw_factor
 from collectives.topology.gpu import GPUSpec
 
 from .kernel_fit import class_scales, fit_grid, log_errors
@@ -76,6 +77,7 @@ from .profile_trace import (
 from .words import human_seconds
 
 MIN_POINTS = 3
+OPS_BY_VALUE = {op.value: op for op in Op}  # a traced collective's op ("allreduce"...) as the Op busbw_factor takes
 FIXED_GRID_S = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6, 12e-6, 16e-6)
 HBM_GRID = tuple(round(0.3 + 0.025 * i, 3) for i in range(29))  # 0.3 .. 1.0
 KERNEL_GRID_S = (1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6)
@@ -669,7 +671,7 @@ def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tu
     traced: dict[str, dict] = {}
     for k in trace.kernels:
         if k.kind == "nccl":
-            traced.setdefault(k.collective, {}).setdefault(k.message_bytes, []).append(k.dur_s)
+            traced.setdefault(k.collective, {}).setdefault(k.message_bytes, []).append(k)
     planned: dict[str, dict] = {}
     for pc in calls:
         c = pc.call
@@ -681,23 +683,38 @@ def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tu
         by_size = sizes_t and None not in sizes_t
         keys = sorted(set(sizes_t) | set(sizes_p)) if by_size else [None]
         for size in keys:
-            times = sizes_t.get(size, []) if by_size else [t for v in sizes_t.values() for t in v]
+            kernels = sizes_t.get(size, []) if by_size else [t for v in sizes_t.values() for t in v]
             calls = sizes_p.get(size, []) if by_size else [pc for v in sizes_p.values() for pc in v]
-            n_plan = sum(pc.call.calls_per_iteration for pc in calls)
-            rows.append(
-                {
-                    "op": op,
-                    "message_bytes": size,
-                    "trace_calls_per_step": len(times) / trace.steps,
-                    "trace_s_per_call": sum(times) / len(times) if times else None,
-                    "plan_calls_per_iteration": n_plan,
-                    "plan_s_per_call": (
-                        sum(pc.call.calls_per_iteration * pc.price.time_s for pc in calls) / n_plan if n_plan else None
-                    ),
-                    "plan_calls": sorted({pc.call.name for pc in calls})[:8],
-                }
-            )
+            rows.append(_collective_row(op, size, kernels, calls, trace.steps))
     return rows, stage, warnings
+
+
+def _collective_row(op: str, size: int | None, kernels: list, calls: list, steps: int) -> dict:
+    """One (op, message bytes) row: the trace's calls per step and seconds per call, its recorded group size
+    (Kineto's "Group size", when every kernel of the row records the same one) and the bus bandwidth those give by
+    nccl-tests' convention (message bytes / seconds x busbw_factor: collectives.primitives, doc/PERFORMANCE.md), a
+    lower bound, since a kernel's time includes its wait for the slowest peer; the plan's calls and price."""
+    times = [k.dur_s for k in kernels]
+    groups = {k.group_size for k in kernels}
+    group = groups.pop() if len(groups) == 1 else None
+    per_call = sum(times) / len(times) if times else None
+    busbw = None
+    if per_call and size and group and op in OPS_BY_VALUE:
+        busbw = size / per_call * busbw_factor(OPS_BY_VALUE[op], group) / 1e9
+    n_plan = sum(pc.call.calls_per_iteration for pc in calls)
+    return {
+        "op": op,
+        "message_bytes": size,
+        "group_size": group,
+        "trace_calls_per_step": len(times) / steps,
+        "trace_s_per_call": per_call,
+        "trace_busbw_GBps": busbw,
+        "plan_calls_per_iteration": n_plan,
+        "plan_s_per_call": (
+            sum(pc.call.calls_per_iteration * pc.price.time_s for pc in calls) / n_plan if n_plan else None
+        ),
+        "plan_calls": sorted({pc.call.name for pc in calls})[:8],
+    }
 
 
 __all__ = [

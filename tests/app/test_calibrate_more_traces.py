@@ -86,8 +86,12 @@ def test_the_nccl_calls_carry_their_recorded_sizes(answers):
     sizes = [8_196_000, 9_724_160, 26_255_360, 26_550_272, 31_502_336]  # In msg nelems x 4 (Float)
     assert rows == [("allreduce", b, 1.0) for b in sizes] + [("broadcast", 424, 1.0), ("broadcast", 212_480, 1.0)]
     assert sum(sizes) * 3 == 306_684_384  # jq: the 15 kernels' In msg nelems x 4, summed
+    for r in answers["hta_nccl_data.json.gz"]["collectives"]:  # Group size 2: busbw factor 2(n-1)/n = 1 = broadcast's
+        assert r["group_size"] == 2
+        assert r["trace_busbw_GBps"] == pytest.approx(r["message_bytes"] / r["trace_s_per_call"] / 1e9, rel=1e-12)
     graph = answers["hta_a100_cudagraph_rank0_2steps.json.gz"]["collectives"]  # torch 2.0: no sizes recorded
     assert [(r["op"], r["message_bytes"], r["trace_calls_per_step"]) for r in graph] == [("sendrecv", None, 15.0)]
+    assert graph[0]["group_size"] is None and graph[0]["trace_busbw_GBps"] is None
 
 
 def test_the_fits_say_which_gpu_they_are_for(answers):

@@ -176,3 +176,28 @@ def test_an_execution_trace_or_chakra_graph_is_refused_naming_its_keys():
     with pytest.raises(SpecError) as err:
         load_trace({"traceEvents": 5})
     assert "keys" not in str(err.value)
+
+
+def test_a_collective_row_says_its_group_and_bus_bandwidth():
+    """Kineto's NCCL kernel args (torch >= 2.1: Collective name, In msg nelems, dtype, Group size): two allreduces of
+    524,288 bf16 (1 MiB) in 100 us among 8 ranks are nccl-tests' 1,048,576 / 100e-6 x 2 x 7 / 8 = 18.35 GB/s of bus
+    bandwidth; a row whose kernels record different group sizes says none."""
+    from planner.trace_fit import compare_collectives
+
+    def kernel(ts, group):
+        args = {"Collective name": "allreduce", "In msg nelems": 524288, "Out msg nelems": 524288,
+                "dtype": "BFloat16", "Group size": group}  # fmt: skip
+        return {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", "ts": ts,
+                "dur": 100, "pid": 0, "tid": 7, "args": args}  # fmt: skip
+
+    rows, _, _ = compare_collectives(load_trace({"traceEvents": [kernel(0, 8), kernel(200, 8)]}))
+    (row,) = rows
+    assert (row["op"], row["message_bytes"], row["group_size"], row["trace_calls_per_step"]) == (
+        "allreduce",
+        1_048_576,
+        8,
+        1.0,
+    )  # fmt: skip  (the two kernels repeat: 2 steps of one)
+    assert row["trace_busbw_GBps"] == pytest.approx(1_048_576 / 100e-6 * 2 * 7 / 8 / 1e9, rel=1e-12)
+    (mixed,) = compare_collectives(load_trace({"traceEvents": [kernel(0, 8), kernel(200, 4)]}))[0]
+    assert mixed["group_size"] is None and mixed["trace_busbw_GBps"] is None
