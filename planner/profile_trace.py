@@ -66,8 +66,11 @@ MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 # - gemm: cuBLAS (ampere_sgemm_*, sm90_xmma_gemm_*, nvjet_* since cuBLAS 12.8, gemv*, splitKreduce: the split-K
 #   reduction cuBLAS adds to one GEMM), CUTLASS (cutlass::Kernel, cutlass_80_tensorop_*gemm), DeepGEMM; ROCm's
 #   Tensile kernels (rocBLAS and hipBLASLt: Cijk_Ailk_Bljk_..., Tensile's contraction naming C[ijk] = A[ilk] B[jlk],
-#   the MI250 trace in tests/reference/traces); not fbgemm_gpu's embedding and permute kernels (a library name,
-#   no GEMM);
+#   the MI250 trace in tests/reference/traces); Inductor's Triton templates (triton_tem_<fused ops>_<n>: Inductor
+#   names a kernel triton_ + the first 3 letters of its category, poi(ntwise), red(uction), per(sistent_reduction),
+#   tem(plate), for(each): torch/_inductor/codegen/triton.py define_kernel; a template is a matmul (mm, addmm, bmm)
+#   unless it names attention (flex attention, above) or a convolution (conv, above)); not fbgemm_gpu's embedding and
+#   permute kernels (a library name, no GEMM);
 # - memory: PyTorch's elementwise/reduce/copy kernels, norms, softmax, Triton (Inductor's fused pointwise), the
 #   optimizer's multi_tensor_apply; cuDNN's ops library (namespace cudnn::ops: tensor transforms nchwToNhwc, pooling,
 #   softmax, activations; cuDNN 8 API reference, "cudnn_ops_infer"), its layout transforms under any namespace (cuDNN
@@ -84,11 +87,11 @@ KERNEL_CLASSES = (
         "conv",
         re.compile(
             r"[shi]cudnn_|convolve_[sh]gemm|dgrad_engine|dgrad2d|wgrad_alg|xmma_(?:fprop|dgrad|wgrad)|winograd|fft\dd_"
-            r"|cask_cudnn|cutlass_cudnn|conv::kernel|conv_depthwise|conv[23]d|miopen|naive_conv",
+            r"|cask_cudnn|cutlass_cudnn|conv::kernel|conv_depthwise|conv[23]d|convolution|miopen|naive_conv",
             re.I,
         ),
     ),
-    ("gemm", re.compile(r"(?<!fb)gemm|gemv|cutlass|xmma|nvjet|cublas|splitKreduce|wgmma|^Cijk_", re.I)),
+    ("gemm", re.compile(r"(?<!fb)gemm|gemv|cutlass|xmma|nvjet|cublas|splitKreduce|wgmma|^Cijk_|^triton_tem_", re.I)),
     ("memory", re.compile(r"elementwise|reduce_kernel|copy|norm|softmax|triton|multi_tensor_apply|fill|cat", re.I)),
     # the data-movement kernels of routing and indexing (bytes, no FLOPs): CUB's radix sort and scan, gathers and
     # scatters, index_put's indexing_backward_kernel, top-k, histograms (bincount), and the norms' weight-gradient

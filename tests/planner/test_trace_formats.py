@@ -62,6 +62,17 @@ def _same(a, b) -> None:
         ("void at::native::(anonymous namespace)::max_pool_forward_nchw<float, float>(int)", "memory"),
         ("void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int>(x)", "memory"),
         ("void cunn_ClassNLLCriterion_updateOutput_kernel<float, float>(float*)", "memory"),
+        # Inductor's kernels by category (torch/_inductor/codegen/triton.py: triton_<cat[:3]>_<fused>_<n>): a template
+        # is a matmul unless it is flex attention or a convolution; pointwise and reductions are memory-bound
+        ("triton_tem_fused_addmm_relu_1", "gemm"),
+        ("triton_tem_fused_flex_attention_0", "attention"),
+        ("triton_tem_fused_convolution_2", "conv"),
+        ("triton_per_fused_native_layer_norm_3", "memory"),
+        ("triton_poi_fused_add_cos_sin_0", "memory"),
+        # NCCL 2.19+ (src/device/generate.py) and Blackwell's cuBLAS and cuDNN, as public profiles print them
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "nccl"),
+        ("nvjet_sm100_qrsss_256x256_128x4_2x1_2cta_v_bz_NTT", "gemm"),
+        ("cudnn_generated_fort_native_sdpa_sm100_flash_bprop_f16_knob_7_128x128x64", "attention"),
         # unchanged: cuBLAS GEMMs, fbgemm_gpu's embeddings, NCCL 2.19+'s generic kernel, a sleep
         ("volta_sgemm_64x64_nn", "gemm"),
         ("void split_embedding_codegen_forward_unweighted_kernel<float>(x)", "other"),
