@@ -212,3 +212,14 @@ def test_a_collective_row_says_its_group_and_bus_bandwidth():
     assert row["trace_busbw_GBps"] == pytest.approx(1_048_576 / 100e-6 * 2 * 7 / 8 / 1e9, rel=1e-12)
     (mixed,) = compare_collectives(load_trace({"traceEvents": [kernel(0, 8), kernel(200, 4)]}))[0]
     assert mixed["group_size"] is None and mixed["trace_busbw_GBps"] is None
+
+
+def test_a_trace_without_args_reads_by_names_alone():
+    """The MI250 trace with every event's args removed (a converter that drops them, or a hand-cut trace): the kernels
+    classify by their names as before, nothing links them to an operator or a launch call, and nothing fails."""
+    data = _events("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    bare = {**data, "traceEvents": [{k: v for k, v in e.items() if k != "args"} for e in data["traceEvents"]]}
+    trace, full = load_trace(bare), load_trace(data)
+    assert [(k.name, k.kind) for k in trace.kernels] == [(k.name, k.kind) for k in full.kernels]
+    assert all(k.op_index == -1 for k in trace.kernels) and trace.launches == () and not trace.record_shapes
+    assert len(full.launches) == 14 and trace.steps == full.steps == 2
