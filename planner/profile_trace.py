@@ -403,7 +403,7 @@ def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -
             "trace.traceEvents", f"missing or not a list: torch.profiler's export_chrome_trace writes one{held}"
         )
     if len(events) > max_events:
-        raise SpecError("trace.traceEvents", f"{len(events)} events is more than the limit of {max_events}")
+        raise SpecError("trace.traceEvents", f"{len(events):,} events is more than the limit of {max_events:,}")
     return _read(data, events)
 
 

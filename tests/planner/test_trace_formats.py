@@ -223,3 +223,10 @@ def test_a_trace_without_args_reads_by_names_alone():
     assert [(k.name, k.kind) for k in trace.kernels] == [(k.name, k.kind) for k in full.kernels]
     assert all(k.op_index == -1 for k in trace.kernels) and trace.launches == () and not trace.record_shapes
     assert len(full.launches) == 14 and trace.steps == full.steps == 2
+
+
+def test_a_trace_over_the_event_limit_says_both_counts_in_human_units():
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "ts": i, "dur": 1} for i in range(1001)]
+    with pytest.raises(SpecError) as err:
+        load_trace({"traceEvents": events}, max_events=1000)
+    assert err.value.field == "trace.traceEvents" and "1,001 events is more than the limit of 1,000" in str(err.value)
