@@ -35,6 +35,10 @@ EXPECTED = {
     "hta_alexnet.json.gz": (
         "NVIDIA A100-PG509-200", 1, "none", 0, None, 1408, {"gemm": 12, "conv": 18, "memory": 49, "copy": 19}, 79,
     ),
+    "hta_step_based_gp100.json.gz": (
+        "Quadro GP100", 5, "repeats", 0, None, 1344, {"gemm": 25, "memory": 105, "copy": 10}, 130,
+    ),
+    "hta_large_integer_rank-70.json.gz": ("", 1, "none", None, None, 2, {"nccl": 1}, 0),
     "kineto_resnet50_2steps.json.gz": (
         "Tesla V100-DGXS-32GB", 2, "ProfilerStep", None, None, 14906,
         {"gemm": 10, "conv": 642, "memory": 2272, "copy": 108}, 2924,
