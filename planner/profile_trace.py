@@ -78,7 +78,10 @@ MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 #   (cudnn::bn_fw_*, bn_bw_*);
 #   then any other kernel of PyTorch's own (namespace at::native, aten/src/ATen/native/cuda: pooling, dropout,
 #   embedding, losses), which do no matrix product: aten sends those to cuBLAS, cuDNN or CUTLASS; and the legacy
-#   THCUNN kernels of PyTorch <= 1.10 (aten/src/THCUNN: cunn_ClassNLLCriterion_*, cunn_SoftMaxForward...);
+#   THCUNN kernels of PyTorch <= 1.10 (aten/src/THCUNN: cunn_ClassNLLCriterion_*, cunn_SoftMaxForward...); and
+#   Transformer Engine's own kernels (namespace transformer_engine: cast, transpose, normalization, activation,
+#   softmax, RoPE, MoE permutation; its GEMMs run cuBLASLt, transformer_engine/common/gemm/cublaslt_gemm.cu, and its
+#   fused attention cuDNN's, both named above);
 # - other: the rest (fbgemm_gpu's embedding kernels, DeepEP, a sleep...).
 KERNEL_CLASSES = (
     ("nccl", re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_", re.I)),
@@ -98,6 +101,7 @@ KERNEL_CLASSES = (
     # reduction (GammaBetaBackward): the MoE layer's router and dispatch in the H200 trace
     ("memory", re.compile(r"gather|scatter|index|radix|sort|scan|topk|histogram|gammabeta|arange", re.I)),
     ("memory", re.compile(r"cudnn::ops::|nchwToNhwc|nhwcToNchw|cudnn::bn_[fb]w|\bat::native::|^(?:void )?cunn_")),
+    ("memory", re.compile(r"\btransformer_engine::")),
 )
 # Kernels whose own name says nothing (cuDNN's SDPA backward helpers compute_dot_do_o and convert_dq_to_16bits;
 # torch._grouped_mm's prepare_grouped_gemm_data) take the class of the aten operator that launched them.

@@ -73,6 +73,15 @@ def _same(a, b) -> None:
         ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "nccl"),
         ("nvjet_sm100_qrsss_256x256_128x4_2x1_2cta_v_bz_NTT", "gemm"),
         ("cudnn_generated_fort_native_sdpa_sm100_flash_bprop_f16_knob_7_128x128x64", "attention"),
+        # FlashAttention 2 and 3 (FA3 inside a CUTLASS device kernel: attention is matched first), Transformer
+        # Engine's own kernels (its GEMMs are cuBLASLt's)
+        (
+            "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>>(x)",
+            "attention",
+        ),
+        ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<x>>>(x)", "attention"),
+        ("void transformer_engine::detail::cast_transpose_kernel<8, true, float, __nv_bfloat16>(x)", "memory"),
+        ("void transformer_engine::fused_rope_forward_kernel<__nv_bfloat16>(x)", "memory"),
         # unchanged: cuBLAS GEMMs, fbgemm_gpu's embeddings, NCCL 2.19+'s generic kernel, a sleep
         ("volta_sgemm_64x64_nn", "gemm"),
         ("void split_embedding_codegen_forward_unweighted_kernel<float>(x)", "other"),
