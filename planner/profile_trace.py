@@ -392,7 +392,7 @@ def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -
         except json.JSONDecodeError as err:
             end = " (the text ends there: a truncated file?)" if err.pos >= len(text.rstrip()) - 1 else ""
             raise SpecError(
-                "trace", f"not JSON: {err.msg} at line {err.lineno} column {err.colno} of {len(text)} chars{end}"
+                "trace", f"not JSON: {err.msg} at line {err.lineno:,} column {err.colno:,} of {len(text):,} chars{end}"
             ) from None
     if isinstance(data, list):  # the Chrome trace's array form
         data = {"traceEvents": data}
@@ -423,7 +423,7 @@ def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
             "trace", f"the gzipped trace unpacks to more than {max_bytes:,} bytes ({human_bytes(max_bytes)}, the limit)"
         )
     if not unpack.eof:
-        raise SpecError("trace", f"the gzip stream ends early after {len(data)} bytes (a truncated file?)")
+        raise SpecError("trace", f"the gzip stream ends early after {len(data):,} bytes (a truncated file?)")
     return out
 
 

@@ -160,3 +160,18 @@ def test_the_cli_reads_a_trace_or_the_folder_of_one(capsys, tmp_path):
     empty.mkdir()
     assert main(["calibrate", "--trace", str(empty), "--cluster", "dgx-a100"]) == 2
     assert "a folder without trace files (*.json, *.json.gz)" in capsys.readouterr().err
+
+
+def test_a_cut_real_trace_is_a_422_with_its_numbers(api):
+    """nccl_data's 749,757-byte gzip cut at 300,000 bytes, and its 9,778,890-character JSON cut at 1,000,000 and sent
+    as text (under the 8 MiB body): each refused naming where it ends."""
+    raw = (TRACES / "hta_nccl_data.json.gz").read_bytes()
+    response = _post(api, base64.b64encode(raw[:300_000]).decode())
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["msg"] == "the gzip stream ends early after 300,000 bytes (a truncated file?)"
+    text = gzip.decompress(raw).decode()
+    assert len(text) == 9_778_890
+    response = _post(api, text[:1_000_000])
+    (err,) = response.json()["detail"]
+    assert response.status_code == 422 and err["loc"][-1] == "trace"
+    assert "of 1,000,000 chars (the text ends there: a truncated file?)" in err["msg"], err
