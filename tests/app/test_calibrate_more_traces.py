@@ -175,3 +175,12 @@ def test_a_cut_real_trace_is_a_422_with_its_numbers(api):
     (err,) = response.json()["detail"]
     assert response.status_code == 422 and err["loc"][-1] == "trace"
     assert "of 1,000,000 chars (the text ends there: a truncated file?)" in err["msg"], err
+
+
+def test_base64_of_the_json_itself_is_named(api):
+    """An API user who base64-encodes the .json (not its gzip) is told what was sent and what is read."""
+    text = gzip.decompress((TRACES / "hta_inference_rank_1.json.gz").read_bytes())
+    response = _post(api, base64.b64encode(text).decode())
+    (err,) = response.json()["detail"]
+    assert response.status_code == 422 and err["loc"][-1] == "trace"
+    assert err["msg"].startswith("starts as base64 of a JSON file ('ewo'): send the JSON itself"), err  # '{\\n'
