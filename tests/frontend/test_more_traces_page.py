@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from .test_calibrate_trace_page import REQUEST
+from .test_calibrate_trace_page import REQUEST, trace_summary
 from .test_page import browser, open_page, page, url_state  # noqa: F401  (the page tests' browser and helpers)
 
 pytestmark = pytest.mark.browser
@@ -17,10 +17,7 @@ TRACES = Path(__file__).resolve().parents[1] / "reference" / "traces"
 
 def test_the_page_shows_convolutions_and_each_collective_by_size(page):  # noqa: F811
     open_page(page, url_state(REQUEST | {"cluster": {"preset": "dgx-a100", "num_nodes": 1}}))
-    page.set_input_files("#calib-trace", str(TRACES / "hta_nccl_data.json.gz"))
-    page.click("#calib-run")
-    summary = page.locator("#calib-trace-summary")
-    expect(summary).to_be_visible(timeout=30_000)
+    summary = trace_summary(page, TRACES / "hta_nccl_data.json.gz")
     expect(summary).to_contain_text("Trace (NVIDIA A100-PG509-200, 3 steps)")
     expect(summary).to_contain_text("conv 200/step 13.7 ms (24.8%)")
     # the AllReduce of 8,196,000 B over 2 ranks: 3.94 ms a call, busbw factor 2(n-1)/n = 1 (tests/app)
@@ -30,9 +27,6 @@ def test_the_page_shows_convolutions_and_each_collective_by_size(page):  # noqa:
 
 def test_a_trace_in_the_old_category_names_reads_on_the_page(page):  # noqa: F811
     open_page(page, url_state(REQUEST | {"cluster": {"preset": "dgx-a100", "num_nodes": 1}}))
-    page.set_input_files("#calib-trace", str(TRACES / "kineto_resnet50_2steps.json.gz"))
-    page.click("#calib-run")
-    summary = page.locator("#calib-trace-summary")
-    expect(summary).to_be_visible(timeout=30_000)
+    summary = trace_summary(page, TRACES / "kineto_resnet50_2steps.json.gz")
     expect(summary).to_contain_text("Trace (Tesla V100-DGXS-32GB, 2 steps)")
     expect(summary).to_contain_text("conv 321/step")
