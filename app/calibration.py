@@ -23,6 +23,9 @@ from .schemas.plan import PlanRequest
 from .settings import Settings
 
 GZIP_BASE64 = "H4sI"  # base64 of a gzip file's first three bytes (1f 8b 08)
+# base64 of a JSON file's first bytes: '{"' -> eyJ, '[{' -> W3s, '{\n' -> ewo, '[\n' -> Wwo, '{ ' -> eyA; no JSON text
+# starts so (a letter other than t, f, n opens none), so a trace sent so is named, not called "not JSON"
+JSON_BASE64 = ("eyJ", "W3s", "ewo", "Wwo", "eyA")
 
 
 def calibration_response(body: CalibrateRequest, settings: Settings) -> dict:
@@ -103,6 +106,12 @@ def trace_data(value):
         except (binascii.Error, ValueError) as err:
             raise SpecError("trace", f"starts as base64 of a gzip file but is not base64: {err}") from None
         return gunzip(raw, MAX_TRACE_BYTES)
+    if isinstance(value, str) and value.startswith(JSON_BASE64):
+        raise SpecError(
+            "trace",
+            f"starts as base64 of a JSON file ({value[:3]!r}): send the JSON itself, its text, or base64 of its gzip "
+            "(.json.gz, starting H4sI)",
+        )
     return value
 
 

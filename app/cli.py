@@ -24,6 +24,23 @@ def _bad_input() -> tuple[type[Exception], ...]:
 UNREADABLE = object()
 
 
+def trace_file(path: str) -> Path:
+    """--trace: a trace file, or a folder holding one: torch.profiler.tensorboard_trace_handler(dir_name) writes
+    each rank's trace there as <worker>.<time>.pt.trace.json (.gz with use_gzip; torch/profiler/profiler.py). A folder
+    of several ranks' files is refused naming them: each rank's trace calibrates alone (its kernels, its stage's
+    collectives), so the user names the rank (an OSError, said as the CLI says an unreadable file)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return folder
+    found = sorted(f for f in folder.iterdir() if f.is_file() and f.name.endswith((".json", ".json.gz")))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise OSError(0, "a folder without trace files (*.json, *.json.gz)", path)
+    names = ", ".join(f.name for f in found[:3]) + (", ..." if len(found) > 3 else "")
+    raise OSError(0, f"a folder of {len(found)} trace files ({names}): give one rank's file to --trace", path)
+
+
 def _positive(text: str) -> int:
     """--workers: a count of processes, at least 1 (sweep's 0 was a ValueError traceback from the process pool
     after the spec was read, search's -3 was taken as every core; hostile11)."""
@@ -150,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         "trace (POST /v1/calibrate)",
     )
     cal.add_argument("logs", nargs="*", help="nccl-tests output files (stdout of rank 0, as printed)")
-    cal.add_argument("--trace", default=None, help="a torch.profiler Chrome trace (.json or .json.gz)")
+    cal.add_argument(
+        "--trace",
+        default=None,
+        help="a torch.profiler Chrome trace (.json or .json.gz), or the folder holding one (tensorboard_trace_handler)",
+    )
     cal.add_argument(
         "--compare",
         default=None,
@@ -538,6 +559,7 @@ def _calibrate(args) -> int:
         logs = [{"text": Path(f).read_text(errors="replace"), "name": f, **given} for f in args.logs]
         body = {"cluster": {"preset": args.cluster}, "logs": logs, "network_kind": args.network_kind}
         if args.trace:
+            args.trace = str(trace_file(args.trace))  # a folder's one trace: the tables name the file
             raw = Path(args.trace).read_bytes()  # gzipped: as base64 text, the request's own form for it
             body["trace"] = base64.b64encode(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode(errors="replace")
         if args.compare:
@@ -564,6 +586,8 @@ def _calibrate(args) -> int:
 def _trace_table(trace: dict, path: str) -> None:
     """The trace's kernel classes, its fitted compute constants with the kernels before and after, and its
     collectives against the plan's ledger."""
+    from planner.trace_fit import constant_text
+
     print(f"{path}: {trace['device'] or 'GPU not recorded'}, {trace['steps']} steps, {trace['events']:,} events")
     for k in trace["kernels"]:
         print(f"  {k['kind']:<9} {k['per_step']:>9.1f} kernels/step  {human_seconds(k['seconds_per_step'])}/step"
@@ -580,18 +604,20 @@ def _trace_table(trace: dict, path: str) -> None:
         after = trace["median_error_after"][group]
         print(f"\n{group}: median |error| {before * 100:.1f}% before, {after * 100:.1f}% after")
     for name, value in trace["constants"].items():
-        print(f"  {name} = {value}")
+        print(f"  {name} = {constant_text(name, value)}")
     host = trace["host"]
     print(f"  host: {host['gaps']} gaps between host-bound launches ({host['host_bound']} of {host['launches']} "
           "launches found the GPU idle)" + (f", median {human_seconds(host['host_launch_s'])} a launch"
                                             if host["host_launch_s"] is not None else ""))  # fmt: skip
     if trace["collectives"]:
         print()
-        rows = [("op", "message", "trace calls/step", "trace per call", "plan calls/iteration", "plan per call")]
+        rows = [("op", "message", "group", "trace calls/step", "trace per call", "trace busbw", "plan calls/iteration",
+                 "plan per call")]  # fmt: skip
         for r in trace["collectives"]:
             size = human_bytes(r["message_bytes"]) if r["message_bytes"] is not None else "-"
-            t, p = r["trace_s_per_call"], r["plan_s_per_call"]
-            rows.append((r["op"], size, f"{r['trace_calls_per_step']:g}", human_seconds(t) if t else "-",
+            t, p, bw = r["trace_s_per_call"], r["plan_s_per_call"], r["trace_busbw_GBps"]
+            rows.append((r["op"], size, str(r["group_size"] or "-"), f"{r['trace_calls_per_step']:g}",
+                         human_seconds(t) if t else "-", human_rate(bw) if bw else "-",
                          str(r["plan_calls_per_iteration"]), human_seconds(p) if p else "-"))  # fmt: skip
         _print_rows(rows)
     for warning in trace["warnings"]:

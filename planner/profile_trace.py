@@ -48,34 +48,71 @@ from .words import human_bytes
 MAX_EVENTS = 2_000_000  # a few steps of a large model: ~0.2-1M events (HTA's test traces: 2k-300k)
 MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 
-# Kernel classes by name, first match wins (the names as CUDA, cuBLAS, CUTLASS, NCCL and the attention libraries
-# print them in a trace):
+# Kernel classes by name, first match wins (the names as CUDA, cuBLAS, CUTLASS, cuDNN, NCCL/RCCL, ROCm's libraries
+# and the attention libraries print them in a trace):
 # - nccl: ncclKernel_<Op>_<Algo>_<Proto>_<Red>_<type> (NCCL <= 2.18), ncclDevKernel_<Op>... (2.19+: src/device/
-#   generate.py), the op is the word after the prefix;
+#   generate.py; ncclDevKernel_Generic runs any op: the op comes from Kineto's "Collective name"); RCCL, ROCm's
+#   port, keeps NCCL's names;
 # - attention: FlashAttention (flash_fwd_kernel, flash::...), cuDNN/TRT fused attention (fmha, sdpa), PyTorch's
-#   memory-efficient kernel (fmha_cutlassF/B, mem_efficient);
+#   memory-efficient kernel (fmha_cutlassF/B, mem_efficient), ROCm's CK/aiter fmha;
+# - conv: cuDNN's and MIOpen's convolutions, which the planner does not model (a transformer has none): cuDNN's
+#   precompiled engines <arch>_<s|h|i>cudnn_* (volta_scudnn_128x64_relu_medium_nn_v1, cudnn_infer_ampere_scudnn_...),
+#   implicit/explicit_convolve_sgemm, its dgrad/wgrad engines (dgrad_engine, dgrad2d_alg*, wgrad_alg0_engine),
+#   Winograd and FFT convolutions (fft2d_r2c_32x32...), the xmma fprop/dgrad/wgrad implicit GEMMs
+#   (sm80_xmma_fprop_implicit_gemm_...), cask_cudnn's helpers and cuDNN's bundled CUTLASS (namespaces
+#   cutlass_cudnn_infer/_train: its fprop/dgrad/wgrad engines); CUTLASS's (cutlass::conv::kernel::...), PyTorch's
+#   depthwise ones (conv_depthwise2d_*), MIOpen's (MIOpenConv*, miopenSp3AsmConv*, naive_conv_*). Before gemm: their
+#   names say gemm but no aten GEMM launched them (aten::cudnn_convolution, aten::convolution);
 # - gemm: cuBLAS (ampere_sgemm_*, sm90_xmma_gemm_*, nvjet_* since cuBLAS 12.8, gemv*, splitKreduce: the split-K
-#   reduction cuBLAS adds to one GEMM), CUTLASS (cutlass::Kernel, cutlass_80_tensorop_*gemm), DeepGEMM; not
-#   fbgemm_gpu's embedding and permute kernels (a library name, no GEMM);
+#   reduction cuBLAS adds to one GEMM), CUTLASS (cutlass::Kernel, cutlass_80_tensorop_*gemm), DeepGEMM; ROCm's
+#   Tensile kernels (rocBLAS and hipBLASLt: Cijk_Ailk_Bljk_..., Tensile's contraction naming C[ijk] = A[ilk] B[jlk],
+#   the MI250 trace in tests/reference/traces); Inductor's Triton templates (triton_tem_<fused ops>_<n>: Inductor
+#   names a kernel triton_ + the first 3 letters of its category, poi(ntwise), red(uction), per(sistent_reduction),
+#   tem(plate), for(each): torch/_inductor/codegen/triton.py define_kernel; a template is a matmul (mm, addmm, bmm)
+#   unless it names attention (flex attention, above) or a convolution (conv, above)); not fbgemm_gpu's embedding and
+#   permute kernels (a library name, no GEMM);
 # - memory: PyTorch's elementwise/reduce/copy kernels, norms, softmax, Triton (Inductor's fused pointwise), the
-#   optimizer's multi_tensor_apply;
-# - other: the rest (sort, scan, embedding lookups...).
+#   optimizer's multi_tensor_apply; cuDNN's ops library (namespace cudnn::ops: tensor transforms nchwToNhwc, pooling,
+#   softmax, activations; cuDNN 8 API reference, "cudnn_ops_infer"), its layout transforms under any namespace (cuDNN
+#   7 named them nchwToNhwcKernel at the top level: Kineto's 2021 ResNet-50 sample) and its batch norms
+#   (cudnn::bn_fw_*, bn_bw_*);
+#   then any other kernel of PyTorch's own (namespace at::native, aten/src/ATen/native/cuda: pooling, dropout,
+#   embedding, losses), which do no matrix product: aten sends those to cuBLAS, cuDNN or CUTLASS; and the legacy
+#   THCUNN kernels of PyTorch <= 1.10 (aten/src/THCUNN: cunn_ClassNLLCriterion_*, cunn_SoftMaxForward...); and
+#   Transformer Engine's own kernels (namespace transformer_engine: cast, transpose, normalization, activation,
+#   softmax, RoPE, MoE permutation; its GEMMs run cuBLASLt, transformer_engine/common/gemm/cublaslt_gemm.cu, and its
+#   fused attention cuDNN's, both named above);
+# - other: the rest (fbgemm_gpu's embedding kernels, DeepEP, a sleep...).
 KERNEL_CLASSES = (
     ("nccl", re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_", re.I)),
     ("attention", re.compile(r"flash|fmha|sdpa|attention|mem_eff", re.I)),
-    ("gemm", re.compile(r"(?<!fb)gemm|gemv|cutlass|xmma|nvjet|cublas|splitKreduce|wgmma", re.I)),
+    (
+        "conv",
+        re.compile(
+            r"[shi]cudnn_|convolve_[sh]gemm|dgrad_engine|dgrad2d|wgrad_alg|xmma_(?:fprop|dgrad|wgrad)|winograd|fft\dd_"
+            r"|cask_cudnn|cutlass_cudnn|conv::kernel|conv_depthwise|conv[23]d|convolution|miopen|naive_conv",
+            re.I,
+        ),
+    ),
+    ("gemm", re.compile(r"(?<!fb)gemm|gemv|cutlass|xmma|nvjet|cublas|splitKreduce|wgmma|^Cijk_|^triton_tem_", re.I)),
     ("memory", re.compile(r"elementwise|reduce_kernel|copy|norm|softmax|triton|multi_tensor_apply|fill|cat", re.I)),
     # the data-movement kernels of routing and indexing (bytes, no FLOPs): CUB's radix sort and scan, gathers and
     # scatters, index_put's indexing_backward_kernel, top-k, histograms (bincount), and the norms' weight-gradient
     # reduction (GammaBetaBackward): the MoE layer's router and dispatch in the H200 trace
     ("memory", re.compile(r"gather|scatter|index|radix|sort|scan|topk|histogram|gammabeta|arange", re.I)),
+    ("memory", re.compile(r"cudnn::ops::|nchwToNhwc|nhwcToNchw|cudnn::bn_[fb]w|\bat::native::|^(?:void )?cunn_")),
+    ("memory", re.compile(r"\btransformer_engine::")),
 )
 # Kernels whose own name says nothing (cuDNN's SDPA backward helpers compute_dot_do_o and convert_dq_to_16bits;
 # torch._grouped_mm's prepare_grouped_gemm_data) take the class of the aten operator that launched them.
 OP_CLASSES = (
     ("attention", re.compile(r"^aten::_(?:scaled_dot_product_)?(?:cudnn|flash|efficient)_attention")),
     ("gemm", re.compile(r"^aten::_(?:scaled_)?grouped_mm$")),
+    ("conv", re.compile(r"^aten::(?:cudnn_|miopen_|mkldnn_|_slow_|_)?conv(?:olution|_depthwise|\dd)")),
 )
+# A kernel named as a GEMM that a convolution operator launched is the convolution's: cuDNN's FFT convolutions run
+# complex GEMMs (ampere_gcgemm_*) and split-K reductions, PyTorch's slow convolution im2col + a cuBLAS GEMM
+# (_kernels).
 # The fused attention operators that launch the kernels, from their aten schemas (native_functions.yaml, PyTorch
 # 2.11): op -> (the planner's kernel name (kernels.ATTENTION_CEILING), backward, index of the query in the
 # operands, query layout, index of is_causal among the arguments (the trace's "Concrete Inputs")).
@@ -178,11 +215,17 @@ WRITE_ONLY_SELF = frozenset(("aten::copy_", "aten::fill_", "aten::zero_"))  # se
 # versioned or per-thread-stream suffixes some builds print: cudaLaunchKernel_v7000, cudaLaunchKernel_ptsz). A
 # CUDA graph's launch (cudaGraphLaunch) is one call for many kernels, and a memset or copy is no kernel launch:
 # neither is one (their host time falls in the gaps between launches, as in bench/measure_megatron_moe.py's count).
-LAUNCH_CALL = re.compile(r"^cu(?:da)?Launch(?:Cooperative)?Kernel(?:ExC?)?(?:_v\d+)?(?:_ptsz)?$")
+LAUNCH_CALL = re.compile(
+    r"^cu(?:da)?Launch(?:Cooperative)?Kernel(?:ExC?)?(?:_v\d+)?(?:_ptsz)?$"
+    # ROCm's HIP runtime (hip_runtime_api.h, ROCm 6.2; Kineto's roctracer reports them under cuda_runtime):
+    # hipLaunchKernel for PyTorch's kernels, hipExtModuleLaunchKernel for Tensile's GEMMs (the MI250 trace)
+    r"|^hip(?:Ext)?(?:Module)?Launch(?:Cooperative)?Kernel(?:GGL)?$"
+)
 # The host calls that may wait for the GPU: the synchronisations, and the copies (a device-to-host copy into
 # pageable memory returns when the copy is done: CUDA Runtime API, "API synchronization behavior"); a trace does
-# not say which copies waited, so each is taken as one.
-WAIT_CALL = re.compile(r"^cu(?:da)?(?:Stream|Event|Device|Ctx)Synchronize|^cu(?:da)?Memcpy(?!.*Peer)")
+# not say which copies waited, so each is taken as one. HIP's calls of the same names (hipDeviceSynchronize,
+# hipMemcpyWithStream) likewise.
+WAIT_CALL = re.compile(r"^(?:cu(?:da)?|hip)(?:(?:Stream|Event|Device|Ctx)Synchronize|Memcpy(?!.*Peer))")
 
 
 @dataclass(frozen=True)
@@ -190,7 +233,7 @@ class TraceKernel:
     """One GPU kernel of the trace: its class, time, and what the host operator around its launch says."""
 
     name: str
-    kind: str  # gemm | attention | nccl | memory | other
+    kind: str  # gemm | attention | conv | nccl | memory | copy | other
     dur_s: float
     op_index: int = -1  # the innermost host operator (TraceOp) around its launch; -1: none found
     collective: str = ""  # nccl: the Op value
@@ -349,7 +392,7 @@ def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -
         except json.JSONDecodeError as err:
             end = " (the text ends there: a truncated file?)" if err.pos >= len(text.rstrip()) - 1 else ""
             raise SpecError(
-                "trace", f"not JSON: {err.msg} at line {err.lineno} column {err.colno} of {len(text)} chars{end}"
+                "trace", f"not JSON: {err.msg} at line {err.lineno:,} column {err.colno:,} of {len(text):,} chars{end}"
             ) from None
     if isinstance(data, list):  # the Chrome trace's array form
         data = {"traceEvents": data}
@@ -357,9 +400,14 @@ def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -
         raise SpecError("trace", f"a Chrome trace is an object with traceEvents or an array; got {type(data).__name__}")
     events = data.get("traceEvents")
     if not isinstance(events, list):
-        raise SpecError("trace.traceEvents", "missing or not a list: torch.profiler's export_chrome_trace writes one")
+        keys = ", ".join(str(k)[:40] for k in list(data)[:6]) + (", ..." if len(data) > 6 else "")
+        other = keys and "traceEvents" not in data  # a PyTorch execution trace (nodes), a Chakra graph (workload_graph)
+        held = f"; the object's keys are {keys}: an execution trace or a Chakra graph is not one" if other else ""
+        raise SpecError(
+            "trace.traceEvents", f"missing or not a list: torch.profiler's export_chrome_trace writes one{held}"
+        )
     if len(events) > max_events:
-        raise SpecError("trace.traceEvents", f"{len(events)} events is more than the limit of {max_events}")
+        raise SpecError("trace.traceEvents", f"{len(events):,} events is more than the limit of {max_events:,}")
     return _read(data, events)
 
 
@@ -375,20 +423,14 @@ def gunzip(data: bytes, max_bytes: int = MAX_BYTES) -> bytes:
             "trace", f"the gzipped trace unpacks to more than {max_bytes:,} bytes ({human_bytes(max_bytes)}, the limit)"
         )
     if not unpack.eof:
-        raise SpecError("trace", f"the gzip stream ends early after {len(data)} bytes (a truncated file?)")
+        raise SpecError("trace", f"the gzip stream ends early after {len(data):,} bytes (a truncated file?)")
     return out
 
 
 def _read(data: dict, events: list) -> Trace:
     kernels, ops, launches, steps, calls = _scan(events)
     if not any(cat == "kernel" for *_, cat in kernels):
-        cpu = sum(1 for e in events if type(e) is dict and e.get("cat") == "cpu_op")
-        what = f"{cpu} CPU operators and no GPU activity: a CPU-only run, or" if cpu else "no GPU activity:"
-        raise SpecError(
-            "trace",
-            f"no GPU kernel events (ph 'X', cat 'kernel') among {len(events)} events ({what} profiled without "
-            "CUDA): profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]",
-        )
+        raise SpecError("trace", _no_kernels(events, len(ops)))
     kernels.sort(key=lambda k: k[1])  # by start on the GPU (Kineto writes them by stream and buffer)
     table, out = _kernels(kernels, ops, _enclosing_ops(ops, launches))
     count, steps_from = len(steps), "ProfilerStep"
@@ -414,6 +456,23 @@ def _read(data: dict, events: list) -> Trace:
     )
 
 
+def _no_kernels(events: list, cpu: int) -> str:
+    """Why a trace without GPU kernels is refused: its counts, and the categories it holds instead (an MTIA or
+    other device's activities are named, not taken for a CPU-only run)."""
+    seen: dict[str, int] = {}
+    for e in events:
+        cat = e.get("cat")
+        if e.get("ph") == "X" and type(cat) is str and category(cat) is None and cat.lower() != "trace":
+            seen[cat] = seen.get(cat, 0) + 1
+    what = f"{cpu:,} CPU operators and no GPU activity: a CPU-only run, or" if cpu else "no GPU activity:"
+    found = ", ".join(f"{c} ({n:,})" for c, n in sorted(seen.items(), key=lambda kv: -kv[1])[:3])
+    held = f"; its other activities are {found}, which are not CUDA or ROCm kernels" if found else ""
+    return (
+        f"no GPU kernel events (ph 'X', cat 'kernel') among {len(events):,} events ({what} profiled without "
+        f"CUDA{held}): profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
+    )
+
+
 def repeats(names: list[str]) -> int:
     """How many times the whole sequence is one block repeated back to back (the steps of a profile without
     ProfilerStep annotations: the same layer trained n times launches the same kernels n times); 1 when it is
@@ -427,8 +486,33 @@ def repeats(names: list[str]) -> int:
     return 1
 
 
-_WANTED = ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
+# The categories read, by the name Kineto writes today (libkineto/src/ActivityType.cpp) and the one it wrote before
+# (PyTorch 1.8-1.9: "Operator", "Runtime", "Kernel", "Memcpy", "Memset"; also the roctracer output of Kineto
+# e624b51d, 2021), as TensorBoard's profiler plugin maps them, lower-cased (kineto tb_plugin/torch_tb_profiler/
+# profiler/trace.py EventTypeMap): Kineto's own ResNet-50 samples (tb_plugin/samples, 2020-21) and HTA's
+# inference_rank_1 trace are in the old names.
+CATEGORIES = {
+    "kernel": "kernel",
+    "gpu_memcpy": "gpu_memcpy",
+    "memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset",
+    "memset": "gpu_memset",
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "cuda_runtime": "cuda_runtime",
+    "runtime": "cuda_runtime",
+    "cuda_driver": "cuda_driver",
+    "user_annotation": "user_annotation",
+}
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset")
+PROFILER_STEP = "ProfilerStep#"  # torch.profiler's step annotation (a user_annotation; an "Operator" before 1.10)
+
+
+def category(cat) -> str | None:
+    """The category an event is read as (CATEGORIES), None for one not read."""
+    if type(cat) is not str:
+        return None
+    return CATEGORIES.get(cat) or CATEGORIES.get(cat.lower())
 
 
 def _scan(events: list) -> tuple[list, list, dict, set, list]:
@@ -436,13 +520,11 @@ def _scan(events: list) -> tuple[list, list, dict, set, list]:
     name, args), launches by correlation id (pid, tid, ts), the ProfilerStep names, and the runtime and driver
     calls that launch a kernel or may wait (call_kind, pid, tid, ts, dur, correlation)."""
     kernels, ops, launches, steps, calls = [], [], {}, set(), []
-    for i, e in enumerate(events):
-        checked = _complete_event(i, e)
-        if checked is None:
-            continue
-        cat, ts, dur, args = checked
+    for i, e, cat, ts, dur, args in complete_events(events):
         if cat in _GPU:
             kernels.append((_text(e.get("name", ""), f"trace.traceEvents[{i}].name"), ts, dur, args, cat))
+        elif cat in ("cpu_op", "user_annotation") and str(e.get("name", "")).startswith(PROFILER_STEP):
+            steps.add(str(e["name"]))
         elif cat == "cpu_op":
             name = _text(e.get("name", ""), f"trace.traceEvents[{i}].name")
             ops.append((_id(e.get("pid")), _id(e.get("tid")), ts, ts + dur, name, args))
@@ -452,27 +534,61 @@ def _scan(events: list) -> tuple[list, list, dict, set, list]:
             kind = call_kind(str(e.get("name", "")))
             if kind:
                 calls.append((kind, _id(e.get("pid")), _id(e.get("tid")), ts, dur, _id(args.get("correlation"))))
-        elif str(e.get("name", "")).startswith("ProfilerStep#"):
-            steps.add(str(e["name"]))
     return kernels, ops, launches, steps, calls
 
 
-def _complete_event(i: int, e) -> tuple | None:
-    """Event ``i`` as (cat, ts, dur, args) where it is a complete ('X') event of a wanted category, else None; a
-    422 for an event that is not an object or a complete event without numeric ts and dur."""
-    if type(e) is not dict:
-        raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
-    cat = e.get("cat")
-    if cat not in _WANTED or e.get("ph") != "X":
-        return None
-    ts, dur = e.get("ts"), e.get("dur")
+def complete_events(events: list):
+    """(index, event, category, ts, dur, args) of each complete event of a category read (CATEGORIES): a 'X'
+    event, or a 'B' event closed by the 'E' of its thread (the Chrome trace format's duration events, which nest
+    per thread; the 'E' may carry only ph, ts, pid and tid, its args are merged into the 'B's: "Trace Event Format",
+    Duration Events). A 422 for an event that is not an object, one without numeric ts and dur, an 'E' that closes
+    nothing or a 'B' left open."""
+    open_: dict[tuple, list[tuple[int, dict, str | None]]] = {}
+    for i, e in enumerate(events):
+        if type(e) is not dict:
+            raise SpecError(f"trace.traceEvents[{i}]", f"an event is an object; got {type(e).__name__}")
+        ph = e.get("ph")
+        if ph == "X":
+            cat = category(e.get("cat"))
+            if cat is not None:
+                ts, dur = _times(i, e.get("ts"), e.get("dur"))
+                args = e.get("args")
+                yield i, e, cat, ts, dur, args if type(args) is dict else {}
+        elif ph in ("B", "E"):
+            thread = (_id(e.get("pid")), _id(e.get("tid")))
+            if ph == "B":
+                open_.setdefault(thread, []).append((i, e, category(e.get("cat"))))
+                continue
+            if not open_.get(thread):
+                raise SpecError(f"trace.traceEvents[{i}]", f"an 'E' event with no open 'B' on its thread {thread}")
+            j, begin, cat = open_[thread].pop()
+            if cat is not None:
+                ts, dur = _times(j, begin.get("ts"), _end(i, e.get("ts")) - _end(j, begin.get("ts")))
+                args = begin.get("args") if type(begin.get("args")) is dict else {}
+                yield j, begin, cat, ts, dur, args | (e["args"] if type(e.get("args")) is dict else {})
+    left = [j for stack in open_.values() for j, *_ in stack]
+    if left:
+        raise SpecError(
+            f"trace.traceEvents[{min(left)}]",
+            f"{len(left)} 'B' events are never closed by an 'E' on their thread (a trace cut short?)",
+        )
+
+
+def _end(i: int, ts) -> float:
+    """A 'B' or 'E' event's timestamp, which must be a number (a 422 naming it otherwise)."""
+    if type(ts) not in (int, float) or not abs(ts) < 1e18:
+        raise SpecError(f"trace.traceEvents[{i}]", f"a 'B' or 'E' event needs a numeric ts; got {got(ts)}")
+    return ts
+
+
+def _times(i: int, ts, dur) -> tuple[float, float]:
+    """A complete event's ts and dur, checked: numbers, dur >= 0 (an 'E' before its 'B' gives a negative one)."""
     if type(ts) not in (int, float) or type(dur) not in (int, float) or not (0 <= dur < 1e18 and abs(ts) < 1e18):
         raise SpecError(
             f"trace.traceEvents[{i}]",
             f"a complete ('X') event needs numeric ts and dur >= 0; got {got(ts)}, {got(dur)}",
         )
-    args = e.get("args")
-    return cat, ts, dur, args if type(args) is dict else {}
+    return ts, dur
 
 
 @lru_cache(maxsize=1024)
@@ -528,6 +644,8 @@ def _kernels(kernels: list, ops: list, enclosing: dict) -> tuple[list[TraceOp], 
         kind = "copy" if cat != "kernel" else kernel_class(name)
         if kind == "other" and op_i >= 0:
             kind = op_class(table[op_i].name)
+        elif kind == "gemm" and op_i >= 0 and op_class(table[op_i].name) == "conv":
+            kind = "conv"
         if kind == "nccl":
             op = collective_of(name, args)
             group = _count(args.get("Group size"))

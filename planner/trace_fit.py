@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from statistics import fmean, median, quantiles
 
+from collectives.primitives import Op, busbw_factor
 from collectives.topology.gpu import GPUSpec
 
 from .kernel_fit import class_scales, fit_grid, log_errors
@@ -73,8 +74,10 @@ from .profile_trace import (
     grouped_shape,
     value_head_dim,
 )
+from .words import human_seconds
 
 MIN_POINTS = 3
+OPS_BY_VALUE = {op.value: op for op in Op}  # a traced collective's op ("allreduce"...) as the Op busbw_factor takes
 FIXED_GRID_S = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6, 12e-6, 16e-6)
 HBM_GRID = tuple(round(0.3 + 0.025 * i, 3) for i in range(29))  # 0.3 .. 1.0
 KERNEL_GRID_S = (1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 10e-6)
@@ -345,9 +348,11 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
     if len(plain) >= MIN_POINTS:
         eff, fitted_gpu, constants = _fit_gemms(plain, gpu, eff, warnings)
     else:
+        advice = "too few ran (GEMM_OPERANDS: aten::mm, addmm, bmm, baddbmm, matmul, linear, _scaled_mm)"
         warnings.append(
             f"{len(plain)} GEMM operators with recorded shapes (at least {MIN_POINTS} fit the clock and the GEMM "
-            "constants): profile with record_shapes=True; the GEMM constants keep their defaults"
+            f"constants): {advice if trace.record_shapes else 'profile with record_shapes=True'}; the GEMM "
+            "constants keep their defaults"
         )
     if attns:
         eff, fitted = _fit_attention(attns, fitted_gpu, eff, warnings)
@@ -358,7 +363,8 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
         constants |= {"hbm": eff.hbm, "kernel_s": eff.kernel_s}
         for name, value, grid_ in (("hbm", eff.hbm, HBM_GRID), ("kernel_s", eff.kernel_s, KERNEL_GRID_S)):
             if value in (grid_[0], grid_[-1]):
-                warnings.append(f"{name} = {value:g} is an end of its range ({grid_[0]:g} .. {grid_[-1]:g})")
+                low, high = constant_text(name, grid_[0]), constant_text(name, grid_[-1])
+                warnings.append(f"{name} = {constant_text(name, value)} is an end of its range ({low} .. {high})")
     else:
         warnings.append(
             f"{len(mems)} contiguous elementwise operators with recorded shapes (at least {MIN_POINTS} fit the HBM "
@@ -372,12 +378,7 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
     warnings.append(host_warning(host))
     points = [*gemms, *attns, *mems_all]
     missing, summary = unclassified(trace), kernel_summary(trace)
-    if missing:  # the counts of every unclassified kernel, not only the listed names (MAX_UNCLASSIFIED)
-        other = next(row for row in summary if row["kind"] == "other")
-        warnings.append(
-            f"{other['count']} kernels ({other['share']:.1%} of the kernel time) have no class "
-            f"(profile_trace.KERNEL_CLASSES): {', '.join(r['name'][:60] for r in missing[:3])}; see unclassified"
-        )
+    warnings += coverage_warnings(summary, missing)
     return TraceFit(
         eff,
         fitted_gpu,
@@ -390,6 +391,27 @@ def fit_trace(trace: Trace, gpu: GPUSpec, base: Efficiency | None = None) -> Tra
         missing,
         host,
     )
+
+
+def coverage_warnings(summary: list[dict], missing: list[dict]) -> list[str]:
+    """What of the kernel time the model does not cover: the convolutions (profile_trace KERNEL_CLASSES "conv":
+    cuDNN/MIOpen, which a transformer's plan has none of) and the kernels no class names, by their counts (every
+    one, not only the listed names: MAX_UNCLASSIFIED)."""
+    by = {row["kind"]: row for row in summary}
+    out = []
+    if "conv" in by:
+        conv = by["conv"]
+        out.append(
+            f"{conv['count']:,} kernels ({conv['share']:.1%} of the kernel time) are convolutions (cuDNN, MIOpen), "
+            "which the planner does not model: counted and timed, not fitted; a transformer's plan has none"
+        )
+    if missing:
+        other = by["other"]
+        out.append(
+            f"{other['count']:,} kernels ({other['share']:.1%} of the kernel time) have no class "
+            f"(profile_trace.KERNEL_CLASSES): {', '.join(r['name'][:60] for r in missing[:3])}; see unclassified"
+        )
+    return out
 
 
 def host_warning(host: HostFit) -> str:
@@ -515,10 +537,20 @@ def _fit_attention(points, gpu, eff, warnings) -> tuple[Efficiency, dict]:
     return eff, fitted
 
 
+def constant_text(name: str, value) -> str:
+    """A fitted constant as users read it: seconds (a name ending _s: gemm_fixed_s, kernel_s, host_launch_s) in
+    human units, a fraction to 4 digits, a group by key ("fp32 1, tf32 0.6247"): never 1e-06 (the CLI printed
+    ``kernel_s = 1e-06`` and the warnings ``host_launch_s = 0.000`` before traces14)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {constant_text(key, v)}" for key, v in value.items())
+    return human_seconds(value) if name.endswith("_s") else f"{value:.4g}"  # fractions: 0.05-6.4
+
+
 def _clipped(name: str, value: float, bounds: tuple, warnings: list[str]) -> float:
     low, high = bounds
     if not low <= value <= high:
-        warnings.append(f"{name} = {value:.3f} is outside {low:g} .. {high:g}: clipped")
+        shown = (constant_text(name, x) for x in (value, low, high))
+        warnings.append("{} = {} is outside {} .. {}: clipped".format(name, *shown))
     return min(high, max(low, value))
 
 
@@ -585,7 +617,7 @@ def kernel_summary(trace: Trace) -> list[dict]:
         by[k.kind][0] += 1
         by[k.kind][1] += k.dur_s
     total = sum(t for _, t in by.values()) or 1.0
-    order = ("gemm", "attention", "memory", "copy", "nccl", "other")
+    order = ("gemm", "attention", "conv", "memory", "copy", "nccl", "other")
     return [
         {
             "kind": kind,
@@ -639,7 +671,7 @@ def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tu
     traced: dict[str, dict] = {}
     for k in trace.kernels:
         if k.kind == "nccl":
-            traced.setdefault(k.collective, {}).setdefault(k.message_bytes, []).append(k.dur_s)
+            traced.setdefault(k.collective, {}).setdefault(k.message_bytes, []).append(k)
     planned: dict[str, dict] = {}
     for pc in calls:
         c = pc.call
@@ -651,23 +683,38 @@ def compare_collectives(trace: Trace, plan=None, stage: int | None = None) -> tu
         by_size = sizes_t and None not in sizes_t
         keys = sorted(set(sizes_t) | set(sizes_p)) if by_size else [None]
         for size in keys:
-            times = sizes_t.get(size, []) if by_size else [t for v in sizes_t.values() for t in v]
+            kernels = sizes_t.get(size, []) if by_size else [t for v in sizes_t.values() for t in v]
             calls = sizes_p.get(size, []) if by_size else [pc for v in sizes_p.values() for pc in v]
-            n_plan = sum(pc.call.calls_per_iteration for pc in calls)
-            rows.append(
-                {
-                    "op": op,
-                    "message_bytes": size,
-                    "trace_calls_per_step": len(times) / trace.steps,
-                    "trace_s_per_call": sum(times) / len(times) if times else None,
-                    "plan_calls_per_iteration": n_plan,
-                    "plan_s_per_call": (
-                        sum(pc.call.calls_per_iteration * pc.price.time_s for pc in calls) / n_plan if n_plan else None
-                    ),
-                    "plan_calls": sorted({pc.call.name for pc in calls})[:8],
-                }
-            )
+            rows.append(_collective_row(op, size, kernels, calls, trace.steps))
     return rows, stage, warnings
+
+
+def _collective_row(op: str, size: int | None, kernels: list, calls: list, steps: int) -> dict:
+    """One (op, message bytes) row: the trace's calls per step and seconds per call, its recorded group size
+    (Kineto's "Group size", when every kernel of the row records the same one) and the bus bandwidth those give by
+    nccl-tests' convention (message bytes / seconds x busbw_factor: collectives.primitives, doc/PERFORMANCE.md), a
+    lower bound, since a kernel's time includes its wait for the slowest peer; the plan's calls and price."""
+    times = [k.dur_s for k in kernels]
+    groups = {k.group_size for k in kernels}
+    group = groups.pop() if len(groups) == 1 else None
+    per_call = sum(times) / len(times) if times else None
+    busbw = None
+    if per_call and size and group and op in OPS_BY_VALUE:
+        busbw = size / per_call * busbw_factor(OPS_BY_VALUE[op], group) / 1e9
+    n_plan = sum(pc.call.calls_per_iteration for pc in calls)
+    return {
+        "op": op,
+        "message_bytes": size,
+        "group_size": group,
+        "trace_calls_per_step": len(times) / steps,
+        "trace_s_per_call": per_call,
+        "trace_busbw_GBps": busbw,
+        "plan_calls_per_iteration": n_plan,
+        "plan_s_per_call": (
+            sum(pc.call.calls_per_iteration * pc.price.time_s for pc in calls) / n_plan if n_plan else None
+        ),
+        "plan_calls": sorted({pc.call.name for pc in calls})[:8],
+    }
 
 
 __all__ = [

@@ -109,7 +109,8 @@ class RunOut(BaseModel):
 
 class KernelClassOut(BaseModel):
     kind: str = Field(
-        description="gemm, attention, memory, copy (memcpy/memset), nccl or other (planner/profile_trace.py "
+        description="gemm, attention, conv (cuDNN/MIOpen convolutions, not modelled), memory, copy (memcpy/memset), "
+        "nccl or other (planner/profile_trace.py "
         "KERNEL_CLASSES, OP_CLASSES)"
     )
     count: int
@@ -146,8 +147,16 @@ class KernelRowOut(BaseModel):
 class CollectiveRowOut(BaseModel):
     op: str
     message_bytes: int | None = Field(description="nccl-tests convention; null where the trace records no sizes")
+    group_size: int | None = Field(
+        default=None, description="Kineto's recorded Group size (torch >= 2.1), when the row's kernels agree on one"
+    )
     trace_calls_per_step: float
     trace_s_per_call: float | None
+    trace_busbw_GBps: float | None = Field(
+        default=None,
+        description="nccl-tests' bus bandwidth of the traced calls (message bytes / seconds per call x busbw factor), "
+        "where the size and group are recorded; a lower bound: a kernel's time includes its wait for its peers",
+    )
     plan_calls_per_iteration: int = Field(description="the plan's ledger on the traced rank's stage (0: no plan)")
     plan_s_per_call: float | None
     plan_calls: list[str] = Field(description="the ledger rows' names")

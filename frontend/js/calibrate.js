@@ -4,7 +4,7 @@
 // constants as `kernels`). The constants ride in the request (cluster.calibration), so the URL keeps them.
 import { ApiError, postJson } from "./api.js";
 import { $, el } from "./dom.js";
-import { fmtBytes, fmtInt, fmtPct, fmtTime, sig3 } from "./format.js";
+import { fmtBw, fmtBytes, fmtInt, fmtPct, fmtTime, sig3 } from "./format.js";
 import { state } from "./state.js";
 
 let onUse = () => {}, fitted = null, seq = 0;
@@ -56,7 +56,10 @@ async function readTrace() {
 function describeTrace(t) {
   const kinds = t.kernels.map((k) => `${k.kind} ${sig3(k.per_step)}/step ${fmtTime(k.seconds_per_step)} (${fmtPct(k.share)})`);
   const errors = Object.keys(t.median_error_before).map((g) => `${g} ${fmtPct(t.median_error_before[g])} → ${fmtPct(t.median_error_after[g])}`);
-  const calls = t.collectives.map((c) => `${c.op}: ${sig3(c.trace_calls_per_step)}/step${c.trace_s_per_call ? ` at ${fmtTime(c.trace_s_per_call)}` : ""}`
+  // "allreduce 8.20 MB ×2: 1/step at 3.94 ms (2.08 GB/s bus)": the size and group where the trace records them
+  const calls = t.collectives.map((c) => `${c.op}${c.message_bytes === null ? "" : ` ${fmtBytes(c.message_bytes)}`}`
+    + `${c.group_size ? ` ×${c.group_size}` : ""}: ${sig3(c.trace_calls_per_step)}/step`
+    + `${c.trace_s_per_call ? ` at ${fmtTime(c.trace_s_per_call)}` : ""}${c.trace_busbw_GBps ? ` (${fmtBw(c.trace_busbw_GBps)} bus)` : ""}`
     + (c.plan_calls_per_iteration ? `, plan ${c.plan_calls_per_iteration} at ${fmtTime(c.plan_s_per_call)}` : ""));
   const constants = Object.entries(t.constants).flatMap(([name, v]) => (typeof v === "object"
     ? Object.entries(v).map(([dtype, c]) => `${name}.${dtype} ${sig3(c)}`) : [`${name} ${name.endsWith("_s") ? fmtTime(v) : sig3(v)}`]));

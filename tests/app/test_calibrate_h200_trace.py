@@ -143,7 +143,7 @@ def test_broken_h200_traces_are_422s_naming_what_is_wrong(api):
     cpu_only = copy.deepcopy(DENSE)
     cpu_only["traceEvents"] = [e for e in DENSE["traceEvents"] if e.get("cat") in ("cpu_op", "user_annotation")]
     loc, msg = _loc_msg(api.post("/v1/calibrate", json={"cluster": CLUSTER, "trace": cpu_only}))
-    assert loc[-1] == "trace" and "no GPU kernel events" in msg and "1095 CPU operators" in msg
+    assert loc[-1] == "trace" and "no GPU kernel events" in msg and "1,095 CPU operators" in msg
     assert "CPU-only run" in msg
     # GPU memsets but no kernel: still no kernel to fit
     no_kernels = {"traceEvents": [e for e in DENSE["traceEvents"] if e.get("cat") != "kernel"]}

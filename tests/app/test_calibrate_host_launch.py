@@ -108,7 +108,7 @@ def test_the_cli_prints_the_hosts_time_per_launch(capsys):
     path = str(H200_DIR / "trace_megatron_qwen3_30b.ep8_alltoall_T8192.json.gz")
     assert main(["calibrate", "--trace", path, "--cluster", "dgx-h200"]) == 0
     out = capsys.readouterr().out
-    assert "host_launch_s = 3.2565e-05" in out
+    assert "host_launch_s = 32.6 us" in out  # human units (3.2565e-05 before traces14)
     assert "host: 699 gaps between host-bound launches (750 of 876 launches found the GPU idle), median 32.6 us" in out
     assert main(["calibrate", "--trace", path, "--cluster", "dgx-h200", "--format", "json"]) == 0
     got = json.loads(capsys.readouterr().out)

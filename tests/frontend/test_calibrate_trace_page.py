@@ -24,13 +24,19 @@ REQUEST = {
 }
 
 
-def test_a_profiler_trace_calibrates_on_the_page_then_plans(page):  # noqa: F811
-    open_page(page, url_state(REQUEST))
-    before = page.evaluate("window.commplan.state.plan.step.compute_s")
-    page.set_input_files("#calib-trace", str(TRACE))
+def trace_summary(page, trace: Path):  # noqa: F811
+    """The trace chosen in "or a torch.profiler trace" and fitted: the summary the page shows of it."""
+    page.set_input_files("#calib-trace", str(trace))
     page.click("#calib-run")
     summary = page.locator("#calib-trace-summary")
     expect(summary).to_be_visible(timeout=30_000)
+    return summary
+
+
+def test_a_profiler_trace_calibrates_on_the_page_then_plans(page):  # noqa: F811
+    open_page(page, url_state(REQUEST))
+    before = page.evaluate("window.commplan.state.plan.step.compute_s")
+    summary = trace_summary(page, TRACE)
     expect(summary).to_contain_text("Trace (NVIDIA H200, 3 steps (its kernels repeat so often))")
     expect(summary).to_contain_text("clock 0.963")
     expect(summary).to_contain_text("attention_ceiling.cudnn_fwd 0.721")
@@ -62,10 +68,7 @@ MOE_REQUEST = {
 def test_a_host_bound_trace_gives_the_host_cost_per_launch_on_the_page(page):  # noqa: F811
     open_page(page, url_state(MOE_REQUEST))
     before = page.evaluate("window.commplan.state.plan.step.compute_s")
-    page.set_input_files("#calib-trace", str(MEGATRON))
-    page.click("#calib-run")
-    summary = page.locator("#calib-trace-summary")
-    expect(summary).to_be_visible(timeout=30_000)
+    summary = trace_summary(page, MEGATRON)
     expect(summary).to_contain_text("Fitted compute constants: host_launch_s 32.6 µs;")
     expect(summary).to_contain_text(
         "Host: 750 of 876 launches found the GPU idle, 699 gaps read, median 32.6 µs a launch."

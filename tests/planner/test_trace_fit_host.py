@@ -107,7 +107,7 @@ def test_a_host_slower_than_the_range_is_clipped_and_said():
     fit = fit_trace(_launching(2000, 5), H200)
     assert fit.host.host_launch_s == pytest.approx(2e-3)
     assert fit.constants["host_launch_s"] == fit.efficiency.host_launch_s == 1e-3
-    assert "host_launch_s = 0.002 is outside 0 .. 0.001: clipped" in fit.warnings
+    assert "host_launch_s = 2.00 ms is outside 0 s .. 1.00 ms: clipped" in fit.warnings  # human units, never 0.002
 
 
 # ---- the committed traces -------------------------------------------------------------------------------------------
