@@ -1302,26 +1302,22 @@ def userbuffers_chunks_s(m: float, n: float, k: float, dtype: str, chunks: int, 
     return streamed_gemm_time((m,) * chunks, n / chunks, k, dtype, gpu, eff, streams) - whole
 
 
-def userbuffers_split(
-    ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency | None = None, rerun: bool = False
-) -> tuple[float, float, float]:
+_USERBUFFERS: dict = {}
+
+
+def userbuffers_split(ctx: Context, moe: bool, gpu: GPUSpec, eff=None, rerun: bool = False) -> tuple[float, ...]:
     """What TE's userbuffers add to one layer, one micro-batch, one rank (seconds), in async_tp_split's form:
     (forward GEMMs, forward memory-bound (none), backward GEMMs): each overlapped GEMM as its chunks
     (USERBUFFERS_RING_GEMMS over tp shards of its rows, USERBUFFERS_PIPELINE_GEMMS in USERBUFFERS_PIPELINE_SPLITS
     column blocks) in place of one. An MoE layer's attention only (its experts' GEMMs carry no userbuffers).
     ``rerun``: a fully recomputed layer's re-run (full_rerun's forward GEMMs). Memoised by value (per_layer)."""
-    return per_layer(_USERBUFFERS, _userbuffers_split, ctx, moe, gpu, efficiency(gpu, eff), rerun)
-
-
-_USERBUFFERS: dict = {}
-
-
-def _userbuffers_split(
-    ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool = False
-) -> tuple[float, float, float]:
-    t = ctx.par.tp
-    if t <= 1:
+    if ctx.par.tp <= 1:
         return 0.0, 0.0, 0.0
+    return per_layer(_USERBUFFERS, _userbuffers_extra, ctx, moe, gpu, efficiency(gpu, eff), rerun)
+
+
+def _userbuffers_extra(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool) -> tuple[float, ...]:
+    t = ctx.par.tp
     lk = layer_kernels(ctx, moe, gpu, eff)
     chunked = {n: (t, True) for n in USERBUFFERS_RING_GEMMS} | {
         n: (USERBUFFERS_PIPELINE_SPLITS, False) for n in USERBUFFERS_PIPELINE_GEMMS
