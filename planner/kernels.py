@@ -1270,6 +1270,76 @@ def _async_tp_split(
     return fwd, mem, bwd
 
 
+# TransformerEngine's userbuffers (Megatron --tp-comm-overlap, Flavour.userbuffers) run each GEMM they overlap as
+# chunks, in TE v1.8 (3ec998e96c, NeMo 24.07's; pytorch/csrc/comm_gemm_overlap.h) and v2.9 (70f536662a,
+# Megatron-Bridge 25.11's; common/comm_gemm_overlap/comm_gemm_overlap.cpp) alike, with initialize_ub's defaults
+# (pytorch/module/base.py: methods, ``num_splits = 4 if method == "pipeline" else 0``, _NUM_MAX_UB_STREAMS = 3):
+# - "ring_exchange" (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad): UbufP2PCommOverlap::split_overlap_ag (v2.9
+#   CommOverlapP2PBase::split_overlap_ag) runs one te_gemm per TP rank's shard of the gathered rows (``n_chunk =
+#   _ubufs[0].size(0)``, ``for (int i = 0; i < _tp_size; i++)``), chunk i on ``_stream_compute[i % streams]``;
+# - "pipeline" (proj_fprop, fc2_fprop): UbufCommOverlap::split_overlap_rs (CommOverlapBase::split_overlap_rs) runs
+#   num_splits te_gemms of ``m_chunk = m / _num_splits`` of the weight's rows (m = A.size(0): the output features)
+#   each, over the same streams;
+# - "bulk" (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad): one whole GEMM beside the bulk copy (contention.py).
+# The streams are min(_NUM_MAX_UB_STREAMS, chunks) (the constructors' ``std::min(num_max_streams, tp_size)`` and
+# ``std::min(num_max_streams, num_splits)``): the chunks run as streamed_gemm_time's waves, the home of TE's
+# multi-stream GEMMs. Not read: a run's own ub_cfgs (NeMo's tp_overlap yamls set ``set_sm_margin: 1`` on the
+# pipelined GEMMs, which then run on the SMs the reduce-scatter leaves; the published rows do not carry them).
+USERBUFFERS_RING_GEMMS = ("qkv", "fc1", "attn_out.dgrad", "fc2.dgrad")
+USERBUFFERS_PIPELINE_GEMMS = ("attn_out", "fc2")
+USERBUFFERS_PIPELINE_SPLITS = 4
+USERBUFFERS_STREAMS = 3
+
+
+def userbuffers_chunks_s(m: float, n: float, k: float, dtype: str, chunks: int, by_rows: bool, gpu, eff) -> float:
+    """Seconds of one (m x k)(k x n) GEMM run as TE userbuffers' ``chunks`` te_gemms (USERBUFFERS_RING_GEMMS: by
+    rows, m/chunks each; USERBUFFERS_PIPELINE_GEMMS: by output columns, n/chunks each) over min(3, chunks)
+    streams (streamed_gemm_time), less the whole GEMM's seconds (gemm_time)."""
+    whole = gemm_time((m,), n, k, dtype, gpu, eff)
+    streams = min(USERBUFFERS_STREAMS, chunks)
+    if by_rows:
+        return streamed_gemm_time((m / chunks,) * chunks, n, k, dtype, gpu, eff, streams) - whole
+    return streamed_gemm_time((m,) * chunks, n / chunks, k, dtype, gpu, eff, streams) - whole
+
+
+_USERBUFFERS: dict = {}
+
+
+def userbuffers_split(ctx: Context, moe: bool, gpu: GPUSpec, eff=None, rerun: bool = False) -> tuple[float, ...]:
+    """What TE's userbuffers add to one layer, one micro-batch, one rank (seconds), in async_tp_split's form:
+    (forward GEMMs, forward memory-bound (none), backward GEMMs): each overlapped GEMM as its chunks
+    (USERBUFFERS_RING_GEMMS over tp shards of its rows, USERBUFFERS_PIPELINE_GEMMS in USERBUFFERS_PIPELINE_SPLITS
+    column blocks) in place of one. An MoE layer's attention only (its experts' GEMMs carry no userbuffers).
+    ``rerun``: a fully recomputed layer's re-run (full_rerun's forward GEMMs). Memoised by value (per_layer)."""
+    if ctx.par.tp <= 1:
+        return 0.0, 0.0, 0.0
+    return per_layer(_USERBUFFERS, _userbuffers_extra, ctx, moe, gpu, efficiency(gpu, eff), rerun)
+
+
+def _userbuffers_extra(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool) -> tuple[float, ...]:
+    t = ctx.par.tp
+    lk = layer_kernels(ctx, moe, gpu, eff)
+    chunked = {n: (t, True) for n in USERBUFFERS_RING_GEMMS} | {
+        n: (USERBUFFERS_PIPELINE_SPLITS, False) for n in USERBUFFERS_PIPELINE_GEMMS
+    }
+    if moe:
+        chunked = {n: v for n, v in chunked.items() if n.startswith(("qkv", "attn_out"))}
+
+    def extra(k: Kernel) -> float:
+        if k.kind != "gemm" or k.name not in chunked or not k.shape:
+            return 0.0
+        m, n, kk, _ = k.shape
+        chunks, by_rows = chunked[k.name]
+        if k.name.endswith(".dgrad"):  # the data gradient: (m x n)(n x k), gemm_kernels' shapes
+            n, kk = kk, n
+        return userbuffers_chunks_s(m, n, kk, k.dtype, chunks, by_rows, gpu, eff)
+
+    ran = full_rerun(ctx, lk.forward, moe) if rerun else lk.forward
+    fwd = sum(extra(k) for k in ran)
+    bwd = 0.0 if rerun else sum(extra(k) for k in lk.backward)
+    return fwd, 0.0, bwd
+
+
 def gemm_operand_bytes(ctx: Context, gpu: GPUSpec, name: str) -> float:
     """Bytes of a dense layer's GEMM ``name``'s activation operand A (in the GEMM's operand dtype), forward or
     backward: a forward GEMM's X (m x k); a data gradient's dY (m x n: gemm_kernels' (m x n)(n x k), e.g. a fused

@@ -82,6 +82,7 @@ from .kernels import (
     gemm_operand_bytes,
     reads_stored_operands,
     sp_layout_copy_kernels,
+    userbuffers_split,
 )
 from .ledger import held_ctas
 from .memory import Memory, memory_per_stage, offloaded_bytes
@@ -589,7 +590,9 @@ def assign_streams(
     if ctx.flavour.sp_layout_copies and ctx.par.sp and gpu is not None:
         _sp_layout_copies(ctx, totals, stages, gpu, flags)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul and ctx.par.sp and gpu is not None:
-        _async_tp_split(ctx, stages, gpu)
+        _split_gemms(ctx, stages, gpu, async_tp_split)
+    if flags.tp_comm_overlap and ctx.flavour.userbuffers and ctx.training and userbuffers_rows(ctx) and gpu is not None:
+        _split_gemms(ctx, stages, gpu, userbuffers_split)
     passes = {
         phase: [(kind, stream, acc[key]) for kind, key, stream in streams if key in acc]
         for phase, streams in _PASS_STREAMS.items()
@@ -987,20 +990,22 @@ def _fused_relayout(ctx: Context, gpu: GPUSpec, op: str, moved: float, calls: fl
     return calls * share * gemm_operand_bytes(ctx, gpu, kernel), calls
 
 
-def _async_tp_split(ctx: Context, stages: list[StageStep], gpu: GPUSpec) -> None:
-    """Async TP in torch runs each fused GEMM as tp GEMMs of a rank's shard of rows and sums the reduce-scatter's
-    partials on the compute stream (kernels.async_tp_split): per micro-batch, into each stage's passes, for every
-    layer; a fully recomputed layer adds the share of what its re-run runs (kernels.full_rerun). Left out without
-    ``gpu``, as the FSDP2 copies are (the search's lower bounds)."""
+def _split_gemms(ctx: Context, stages: list[StageStep], gpu: GPUSpec, split) -> None:
+    """TP overlaps that run a GEMM as pieces: torch's async TP runs each fused GEMM as tp GEMMs of a rank's shard of
+    rows and sums the reduce-scatter's partials on the compute stream (``split`` kernels.async_tp_split);
+    TransformerEngine's userbuffers run theirs as ring-exchange and pipelined chunks (kernels.userbuffers_split).
+    Per micro-batch, into each stage's passes, for every layer; a fully recomputed layer adds the share of what its
+    re-run runs (kernels.full_rerun). Left out without ``gpu``, as the FSDP2 copies are (the search's lower
+    bounds)."""
     eff = efficiency(gpu, None)
     for st in stages:
         fwd, bwd = PassTime(), PassTime()
         for (moe, plan), count in layer_counts(ctx, st.stage).items():
-            f_gemm, f_mem, b_gemm = async_tp_split(ctx, moe, gpu, eff)
+            f_gemm, f_mem, b_gemm = split(ctx, moe, gpu, eff)
             fwd = fwd + PassTime(gemm_s=f_gemm, elementwise_s=f_mem).scaled(count)
             redo = PassTime()
             if plan.kind == "full":  # the re-run's share: full_rerun's GEMMs (torch's stops before fc2)
-                r_gemm, r_mem, _ = async_tp_split(ctx, moe, gpu, eff, True)
+                r_gemm, r_mem, _ = split(ctx, moe, gpu, eff, True)
                 redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
             bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
         c = st.compute

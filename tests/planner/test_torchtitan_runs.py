@@ -235,9 +235,10 @@ def test_async_tp_splits_the_fused_gemms_by_rank():
     8B layer's 16,384 rows (b 2 x 8,192) as 8 GEMMs of 2,048 in qkv, attn_out, fc1, fc2 forward and the row-parallel
     dgrads, and the reduce-scatter's partial sum on the compute stream: read 16,384 x 4,096 bf16, write 1/8 of it,
     for attn_out and fc2, at 0.877 of the H100's 3,350 GB/s plus 5 us. The step's compute grows by exactly that
-    for the 4 layers (no recompute), and nothing without tp_comm_overlap or under Megatron."""
+    for the 4 layers (no recompute), and nothing without tp_comm_overlap; under Megatron, TE userbuffers' own pieces
+    (kernels.userbuffers_split, bias14)."""
     from planner.context import Context
-    from planner.kernels import async_tp_split, gemm_kernels, layer_kernels
+    from planner.kernels import async_tp_split, gemm_kernels, layer_kernels, userbuffers_split
 
     plain, overlapped = _tp_plan("torch", False), _tp_plan("torch", True)
     model = replace(model_preset("llama3-8b"), num_layers=4)  # _tp_plan's
@@ -273,10 +274,14 @@ def test_async_tp_splits_the_fused_gemms_by_rank():
     assert grown == pytest.approx(4 * (f_gemm + f_mem + b_gemm) - copies, rel=1e-9)
     te = _tp_plan("megatron", True).step
     megatron = te.compute_s - _tp_plan("megatron", False).step.compute_s
-    # TE's userbuffers split no GEMM; what its overlap adds is the compute slowed beside its 16-SM reduce-scatters
-    # (planner/contention.py, overlap7), one micro-batch
+    # TE's userbuffers run the GEMMs they overlap in pieces (kernels.userbuffers_split, bias14: tp shards of the rows
+    # for the ring exchange, 4 column blocks for the pipelined reduce-scatters, over 3 streams), and the compute is
+    # slowed beside its 16-SM reduce-scatters (planner/contention.py, overlap7); 4 layers, one micro-batch
     st = te.stages[te.critical_stage]
-    assert megatron == pytest.approx(st.slow_fwd_s + st.slow_bwd_s, rel=1e-9)
+    model, w = replace(model_preset("llama3-8b"), num_layers=4), WorkloadSpec(micro_batch_size=2, torch_compile=True)
+    f, _, b = userbuffers_split(Context(model, w, ParallelSpec(tp=8, sequence_parallel=True)), False, H100)
+    assert f > 0 and b > 0
+    assert megatron == pytest.approx(st.slow_fwd_s + st.slow_bwd_s + 4 * (f + b), rel=1e-9)
     assert st.slow_fwd_s > 0
 
 
