@@ -2447,7 +2447,9 @@ def _fp8_casts(k: _Layer) -> None:
     fed = [g for g in gemms if cached and g.name in NORM_FED_LINEARS and g.shape[3] == 1]
     cast = sum(
         (not in_gemm) * g.shape[0] * g.shape[2] * g.shape[3] * (g not in fed)
-        + (not (stored or cached) and not (gathered and g.name not in EXPERT_GEMMS)) * g.shape[2] * g.shape[1]
+        + (not (stored or cached) and not (gathered and g.name not in EXPERT_GEMMS))
+        * g.shape[2]
+        * g.shape[1]
         * g.shape[3]
         for g, in_gemm in zip(gemms, timed, strict=True)
     )
