@@ -38,6 +38,7 @@ from planner.kernels import (
     generation,
     routed_expert_kernels,
     tabled_ceiling,
+    timed_quantize_s,
 )
 
 REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "reference" / "kernels"
@@ -73,12 +74,20 @@ def burst(gpu):
 
 
 def rows(data: dict):
-    """(system, gpu, dtype, m, n, k, measured seconds) for every measured GEMM."""
+    """(system, gpu, dtype, m, n, k, measured seconds of the GEMM alone) for every measured GEMM: the row's latency
+    less the input quantize it holds (gemm_alone_s)."""
     for system, entry in data["systems"].items():
         gpu = GPUS[entry["gpu"]]
         for dtype, table in entry["dtypes"].items():
             for m, n, k, ms in table:
-                yield system, gpu, dtype, m, n, k, ms * 1e-3
+                yield system, gpu, dtype, m, n, k, gemm_alone_s(gpu, dtype, m, k, ms * 1e-3)
+
+
+def gemm_alone_s(gpu, dtype: str, m: int, k: int, measured_s: float) -> float:
+    """A table row's latency less the quantize of its (m x k) input that it holds, at the planner's cast price
+    (kernels.timed_quantize_s: the block-fp8 and nvfp4 rows time TensorRT-LLM's Linear.forward of a bf16 input,
+    kernels.TIMED_QUANTIZE; 0 for the bf16 and per-tensor fp8 classes)."""
+    return measured_s - timed_quantize_s(gpu, dtype, m, k, EFFICIENCY)
 
 
 def predicted(gpu, dtype, m, n, k, eff=EFFICIENCY) -> float:
@@ -145,6 +154,40 @@ OWN_ROUNDS = 12  # the fixed cost and the HBM bound make a GEMM's time not quite
 COMPUTE_BOUND = 0.8
 
 
+# The generation's ceilings of the TIMED_QUANTIZE classes as fitted on the rows as timed (quantize included): Hopper
+# block fp8 (sus12), Blackwell block fp8 and nvfp4 (blackwell13; mend13b kept them). bwcast14 refits each on the rows
+# less their quantize (quantize_free_ceiling), keeping the median bias the ceiling had on the shapes it governs: only
+# the quantize leaves the ceiling, nothing else is refitted.
+AS_TIMED = {("h100_sxm", "fp8_block"): 0.629, ("b200_sxm", "fp8_block"): 0.635, ("b200_sxm", "nvfp4"): 0.415}
+
+
+def quantize_free_ceiling(system: str, dtype: str, as_timed: float | None = None, bound: float | None = None) -> float:
+    """The ceiling of ``system``'s ``dtype`` class that meets its GEMM-alone rows (rows) with the median predicted /
+    measured that ``as_timed`` (AS_TIMED) had on the rows as timed, each over its compute-bound shapes (peak share
+    >= ``bound``, COMPUTE_BOUND: mend13b's rule, a ceiling fitted on the shapes it governs; the small ones, where a
+    quantize is up to half the row, are left to the fixed cost and fill). k0, fill and fixed cost kept; OWN_ROUNDS
+    rounds of scaling. Rounded to 3 places, as GEMM_CEILING carries them."""
+    entry = load()["systems"][system]
+    as_timed = as_timed if as_timed is not None else AS_TIMED[system, dtype]
+    bound = COMPUTE_BOUND if bound is None else bound
+    alone = list(rows({"systems": {system: entry | {"dtypes": {dtype: entry["dtypes"][dtype]}}}}))
+    timed = [(*p[:6], p[6] + timed_quantize_s(p[1], dtype, p[3], p[5], EFFICIENCY)) for p in alone]
+    target = _class_scale(timed, dtype, as_timed, bound)
+    ceiling = as_timed
+    for _ in range(OWN_ROUNDS):
+        ceiling *= _class_scale(alone, dtype, ceiling, bound) / target
+    return round(ceiling, 3)
+
+
+def _class_scale(points: list, dtype: str, ceiling: float, bound: float) -> float:
+    """predicted / measured at the median of ``points`` whose peak share (kernels.gemm_peak_share) is at least
+    ``bound``, with the ``dtype`` ceiling set to ``ceiling`` (an Efficiency.gemm_ceilings entry: kernels.gemm_ceiling,
+    the one reader, takes it first)."""
+    eff = replace(EFFICIENCY, gemm_ceilings=((dtype, ceiling),))
+    kept = [p for p in points if gemm_peak_share(*p[3:6], dtype, burst(p[1]), eff) >= bound]
+    return class_scales(log_errors(kept, eff, _predict, _measured))[None]
+
+
 def own_ceilings(system: str, parts: dict | None = None, bound: float = COMPUTE_BOUND) -> dict[str, float]:
     """A part's GEMM ceilings fitted on its own table, k0, fill and fixed cost kept: each table class (FITTED_ON)
     scaled until the part's median predicted / measured over its compute-bound shapes (peak share >= ``bound`` at
@@ -181,12 +224,13 @@ LARGE = 4096  # the tables' largest shapes: m, n and k all at least this (50 of 
 
 def ordering(system: str, dtype: str, parts: dict | None = None) -> dict:
     """The part's time over the B200's at the tables' largest shapes (LARGE), median over them: as the two tables
-    measured, and as the model prices the two presets (the part's own ceilings against the generation's)."""
+    measured (the GEMM alone: gemm_alone_s), and as the model prices the two presets (the part's own ceilings against
+    the generation's)."""
     parts = parts or load_parts()
     entry = parts["systems"][system]
-    anchor = {tuple(r[:3]): r[3] for r in load()["systems"][ANCHOR]["dtypes"][dtype]}
-    own = {tuple(r[:3]): r[3] for r in entry["dtypes"][dtype] if min(r[:3]) >= LARGE}
     part, b200 = GPUS[entry["gpu"]], GPUS[load()["systems"][ANCHOR]["gpu"]]
+    anchor = {tuple(p[3:6]): p[6] for p in rows({"systems": {ANCHOR: load()["systems"][ANCHOR]}}) if p[2] == dtype}
+    own = {tuple(p[3:6]): p[6] for p in rows({"systems": {system: entry}}) if p[2] == dtype and min(p[3:6]) >= LARGE}
     return {
         "shapes": len(own),
         "measured": median(t / anchor[key] for key, t in own.items()),

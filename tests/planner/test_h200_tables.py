@@ -22,6 +22,7 @@ from planner.kernels import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import h200_tables
+import kernel_fit
 
 CLASSES = {c["class"]: c for c in h200_tables.classes()}
 
@@ -55,8 +56,10 @@ def test_fp8_gemms_and_casts_at_the_h200s_rates():
     tests/planner/test_kernels.py states by how much."""
     fit = h200_tables.fit()
     assert GEMM_CEILING[90, "fp8"] == pytest.approx(fit["gemm_fp8"], rel=0.015)
-    # not measured here: aiconfigurator's H100 block-scaled ceiling (0.596 at its rows' clock) under FP8_CLOCK
-    assert FP8_CLOCK[90] == 0.947 and GEMM_CEILING[90, "fp8_block"] == pytest.approx(0.596 / 0.947, abs=0.001)
+    # not measured here: aiconfigurator's H100 block-scaled ceiling (0.596 at its rows' clock) under FP8_CLOCK, 0.629
+    # on its rows as timed; the GEMM alone, those rows less their input quantize (bwcast14, kernel_fit.AS_TIMED), 0.728
+    assert FP8_CLOCK[90] == 0.947 and kernel_fit.AS_TIMED["h100_sxm", "fp8_block"] == round(0.596 / 0.947, 3)
+    assert GEMM_CEILING[90, "fp8_block"] == kernel_fit.quantize_free_ceiling("h100_sxm", "fp8_block") == 0.728
     assert CLASSES["GEMM fp8 tensorwise"]["median_abs"] < 0.06
     assert CLASSES["memory fp8_cast"]["median_abs"] < 0.05
 

@@ -61,9 +61,11 @@ def test_gemms_match_the_measured_aiconfigurator_tables():
     assert -0.32 < rows["h100_sxm", "fp8"]["signed_median"] < -0.25
     # Blackwell per-tensor fp8 runs at block-scaled fp8's ceiling (planner/kernels.py GEMM_CEILING: one scale per
     # tensor does less than MXFP8's per 32 elements; Megatron-Bridge 25.11 Llama3 8B FP8-CS is 3.7-5.8% faster than
-    # FP8-MX on B200/GB200): aiconfigurator's b200 per-tensor rows come out 25-35% slower, as Hopper's do
+    # FP8-MX on B200/GB200): aiconfigurator's b200 per-tensor rows come out 25-35% slower, as Hopper's do; 36.7% since
+    # bwcast14, the ceiling being the GEMM alone and these rows holding their dynamic amax and quantize (not taken
+    # out: no ceiling is fitted on them, kernels.TIMED_QUANTIZE)
     assert GEMM_CEILING[100, "fp8"] == GEMM_CEILING[100, "mxfp8"] == GEMM_CEILING[100, "fp8_block"]
-    assert -0.35 < rows["b200_sxm", "fp8"]["signed_median"] < -0.25
+    assert -0.40 < rows["b200_sxm", "fp8"]["signed_median"] < -0.33
 
 
 def test_a_measured_gemm_by_hand():

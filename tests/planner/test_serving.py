@@ -302,12 +302,13 @@ def test_sla_search_that_nothing_meets_says_so():
 
 def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
     """An engine loads the fp8 checkpoint as its only copy: a decode step casts the activations (m x k of each
-    GEMM) and never the weights, and adds no TE weight copies to memory; decode runs in CUDA graphs. Per-tensor
-    scales on Hopper (serve14: block-scaled fp8's ceiling already times the input's quantize,
-    kernels.QUANTIZE_TIMED_IN_GEMM, so it lists no cast; over bf16 weights it casts the weights alone)."""
+    GEMM) and never the weights, and adds no TE weight copies to memory; decode runs in CUDA graphs. The activations'
+    quantize is the engine's one rowwise copy (kernels.input_quantize_bytes: per-tensor 3 B, block-scaled 3.03125 B;
+    bwcast14, the GEMM ceilings being the GEMM alone); over bf16 weights the weights are cast too, at the recipe's
+    bytes."""
     from planner import ParallelSpec, WorkloadSpec
     from planner.context import Context
-    from planner.kernels import cast_bytes_per_element, layer_kernels
+    from planner.kernels import cast_bytes_per_element, input_quantize_bytes, layer_kernels
     from planner.params import recipe_weight_bytes
 
     gpu = cluster_preset("dgx-h100", 1).gpu
@@ -317,7 +318,8 @@ def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
     gemms = [k for k in layer_kernels(served, False, gpu).forward if k.kind == "gemm" and k.dtype != "bf16"]
     (cast,) = [k for k in layer_kernels(served, False, gpu).forward if k.kind == "cast"]
     activations = sum(k.shape[0] * k.shape[2] * k.shape[3] for k in gemms)
-    assert cast.bytes == pytest.approx(activations * cast_bytes_per_element(served))
+    assert input_quantize_bytes("tensorwise") == 3
+    assert cast.bytes == pytest.approx(activations * 3)
     assert recipe_weight_bytes(served, 0) == 0
     # the same recipe over bf16 weights (training's master weights) casts the weights every step too
     bf16 = Context(LLAMA70B, WorkloadSpec(param_dtype="bf16", **common), par, devices_per_node=8)
@@ -325,11 +327,12 @@ def test_fp8_serving_casts_activations_only_and_decodes_in_cuda_graphs():
     assert cast_bf16.bytes > 10 * cast.bytes
     block = {**common, "fp8_recipe": "blockwise"}
     served = Context(LLAMA70B, WorkloadSpec(param_dtype="fp8", cuda_graphs=True, **block), par, devices_per_node=8)
-    assert not [k for k in layer_kernels(served, False, gpu).forward if k.kind == "cast"]
+    (cast,) = [k for k in layer_kernels(served, False, gpu).forward if k.kind == "cast"]
+    assert cast.bytes == pytest.approx(activations * (2 + 1 + 4 / 128))
     bf16 = Context(LLAMA70B, WorkloadSpec(param_dtype="bf16", **block), par, devices_per_node=8)
-    (weights,) = [k for k in layer_kernels(bf16, False, gpu).forward if k.kind == "cast"]
+    (both,) = [k for k in layer_kernels(bf16, False, gpu).forward if k.kind == "cast"]
     weight_elements = sum(k.shape[1] * k.shape[2] * k.shape[3] for k in gemms)
-    assert weights.bytes == pytest.approx(weight_elements * cast_bytes_per_element(bf16))
+    assert both.bytes == pytest.approx(weight_elements * cast_bytes_per_element(bf16) + cast.bytes)
     # the serving planner's decode step asks for CUDA graphs and the fp8 recipe; its prefill runs eager
     out = plan_serving(LLAMA70B, cluster_preset("dgx-h100", 1), engine("vllm"), Traffic(1000, 100, concurrency=16),
                        (Pool(tp=8),), ServeOptions(weight_dtype="fp8"))  # fmt: skip

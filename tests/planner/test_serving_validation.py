@@ -14,23 +14,27 @@ def lmsys() -> list[dict]:
     return table()
 
 
-def test_two_batch_overlap_rows_within_target(lmsys):
+def test_two_batch_overlap_rows(lmsys):
     """LMSYS DeepSeek-V3 on 96 H100, as run (two-batch overlap on): prefill +5.7%, decode -8.3% (were +38.1% and
     +22.8% when the overlap hid every exchange; prefill +13.4% before kern4's fp8 clock; +8.1% and -7.4% before
     sus12's H100 clock by throughput: its block-scaled fp8 GEMMs keep aiconfigurator's rate at the burst clock,
     0.596 of the fp8 peak, and run in a step at 0.825 of the datasheet clock where they ran at 0.852, as its bf16
     attention does: compute-bound time x 1.033); both within the 15% target. serve14: +7.6% and -7.7%, the dense
-    linears' block-fp8 input casts inside their measured GEMMs (kernels.QUANTIZE_TIMED_IN_GEMM; the routed experts'
-    grouped GEMMs keep theirs)."""
+    linears' block-fp8 input casts inside their measured GEMMs (the routed experts' grouped GEMMs kept theirs).
+    bwcast14: the Hopper block-fp8 ceiling the GEMM alone (0.629 -> 0.728: aiconfigurator's rows less the input
+    quantize they time) for the dense and the grouped expert GEMMs, each input's one rowwise quantize (3.03 B an
+    element) charged once: +16.3% and -5.5%, the prefill **outside** the 15% target (+14.8% on the ceiling alone);
+    docs/step-time.md "One quantize per GEMM (bwcast14)"."""
     on = {r["row"].split(",")[0]: r for r in lmsys if r["two_batch_overlap"]}
     assert on["DeepSeek-V3 prefill"]["published"] == 52_300 and on["DeepSeek-V3 decode"]["published"] == 22_300
-    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.076, abs=0.005)
-    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.077, abs=0.005)
+    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.163, abs=0.005)
+    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.055, abs=0.005)
     off = {r["row"].split(",")[0]: r for r in lmsys if not r["two_batch_overlap"]}
     gain = {k: on[k]["predicted"] / off[k]["predicted"] for k in on}
-    # the overlap is worth 32% in prefill (34% at the 0.852 clock) and 9% in decode here (serve14: 1.313, 1.081)
-    assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.32, abs=0.02)
-    assert gain["DeepSeek-V3 decode"] == pytest.approx(1.09, abs=0.02)
+    # the overlap is worth 32% in prefill (34% at the 0.852 clock) and 9% in decode here (serve14: 1.313, 1.081;
+    # bwcast14: 1.351, 1.078, the GEMMs shorter against the same exchanges)
+    assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.35, abs=0.02)
+    assert gain["DeepSeek-V3 decode"] == pytest.approx(1.08, abs=0.02)
 
 
 def test_dense_table_held_out():
@@ -47,15 +51,18 @@ def test_dense_table_held_out():
     the free memory). serve14: the prefill attention as TensorRT-LLM runs it with FP8 weights and an FP8 KV cache,
     its FP8 context FMHA (engines.TRTLLM_FP8_CONTEXT_FMHA, 1.244x the bf16 FMHA on Hopper): 6.9% -> 5.5%, worst
     -20.3% -> -20.2%, fourteen rows over (405B H100 TP8 20000/2000 -1.3% -> +0.4% is the fourteenth), up to +8.1%;
-    the first 24 7.5% -> 7.3%. The per-tensor fp8 GEMMs keep their casts (Hopper's fp8 ceiling is the GEMM alone:
-    kernels.QUANTIZE_TIMED_IN_GEMM)."""
+    the first 24 7.5% -> 7.3%. The per-tensor fp8 GEMMs keep their casts (Hopper's fp8 ceiling is the GEMM alone).
+    bwcast14: that cast is TensorRT-LLM's static_quantize_e4m3_per_tensor, one rowwise copy read once (3 B an
+    element, kernels.input_quantize_bytes), not TE's current-scaling cast with its amax read and transpose (6 B):
+    5.5% -> 4.7%, signed -3.9% -> -0.1%, worst -20.2% -> -19.0%, nineteen rows over (up to +11.7%, 405B H200 TP8
+    128/2048); the first 24 7.3% -> 4.7%."""
     assert len(REQUESTS) == 10 and sum(len(rows) for *_, rows in DENSE) == 40
     assert DENSE[1][3][(128, 2048)] == 4336  # H200 TP1 (FP8), 128/2048, the doc's table
     assert DENSE[3][3][(20000, 2000)] == 505 and REQUESTS[(20000, 2000)] == 1000
     rows = dense_table()
-    assert median_abs(rows) == pytest.approx(0.055, abs=0.005)
-    assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.073, abs=0.005)
-    assert all(-0.22 < r["error"] < 0.09 for r in rows) and sum(r["error"] > 0 for r in rows) == 14
+    assert median_abs(rows) == pytest.approx(0.047, abs=0.005)
+    assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.047, abs=0.005)
+    assert all(-0.21 < r["error"] < 0.12 for r in rows) and sum(r["error"] > 0 for r in rows) == 19
     assert all(r["batch"] <= REQUESTS[tuple(map(int, r["row"].split()[-1].split("/")))] for r in rows)
 
 
@@ -72,13 +79,15 @@ def test_nvfp4_table_held_out():
     prefill attention as TensorRT-LLM's FP8 context FMHA (an FP8 KV cache and nvfp4 linears; 1.208x the bf16 FMHA on
     Blackwell): median 16.6% -> 16.2%, worst -26.0% -> -25.3% (405B GB200 TP4 5000/500), the prefill-heavy rows
     0.3-1.5 points up; then no second input quantize beside the nvfp4 GEMMs, whose ceiling was fitted on timings that
-    include it (kernels.QUANTIZE_TIMED_IN_GEMM): 13.3%, signed -13.3%, worst -22.6% (the same row), three rows over
-    (70B 1000/2000 +7.8% B200, +9.2% GB200; 405B GB200 1000/2000 +0.9%) (docs/serving.md "nvfp4 rows as
-    TensorRT-LLM runs them (serve14)")."""
+    include it: 13.3%, signed -13.3%, worst -22.6% (the same row), three rows over (70B 1000/2000 +7.8% B200, +9.2%
+    GB200; 405B GB200 1000/2000 +0.9%) (docs/serving.md "nvfp4 rows as TensorRT-LLM runs them (serve14)").
+    bwcast14: the nvfp4 ceilings the GEMM alone (B200 0.415 -> 0.484, GB200 0.398 -> 0.446) and the input's one
+    rowwise quantize charged (2.5625 B an element): 10.7%, signed -9.2%, worst -20.1% (405B GB200 TP4 5000/500), six
+    rows over (up to +12.7%, 70B B200 1000/2000); docs/step-time.md "One quantize per GEMM (bwcast14)"."""
     rows = fp4_table()
     assert len(rows) == 40 and rows[0]["published"] == 11_147  # 70B B200 TP1 128/128, the doc's table
     med, signed, worst = summary(rows)
-    assert med == pytest.approx(0.133, abs=0.003) and signed == pytest.approx(-0.133, abs=0.003)
-    assert worst == pytest.approx(-0.226, abs=0.003)
-    assert all(-0.24 < r["error"] < 0.10 for r in rows) and sum(r["error"] > 0 for r in rows) == 3
+    assert med == pytest.approx(0.107, abs=0.003) and signed == pytest.approx(-0.092, abs=0.003)
+    assert worst == pytest.approx(-0.201, abs=0.003)
+    assert all(-0.22 < r["error"] < 0.13 for r in rows) and sum(r["error"] > 0 for r in rows) == 6
     assert all(r["batch"] <= r["requests"] for r in rows)
