@@ -2594,8 +2594,9 @@ def fused_grouped_mlp(ctx: Context) -> bool:
 # TensorRT-LLM's Linear.forward of a bf16 input: aiconfigurator 095f58a51c4c collector/trtllm/collect_gemm.py
 # run_gemm builds ``x`` in bf16, a Linear with QuantConfig NVFP4 / FP8_BLOCK_SCALES and a static input scale, and
 # logs the latency of ``gemm.forward(x)``, which quantizes x inside the timed call (NVFP4LinearMethod: fp4_quantize
-# of the input with its E4M3 scales per 16, then the nvfp4 GEMM; block fp8: fp8_quantize_1x128 / per_token_quant
-# and DeepGEMM, "both labeled torch_flow", the collector's own note). So those ceilings' time holds one rowwise
+# of the input with its E4M3 scales per 16, then the nvfp4 GEMM; block fp8: on SM90 TensorRT-LLM's own
+# fp8_quantize_1x128 and fp8_block_scaling_gemm, on SM100/103 per_token_quant and DeepGEMM, "both labeled torch_flow",
+# the collector's own note, collect_gemm.py l.248-253). So those ceilings' time holds one rowwise
 # quantize of the activation, the one copy an inference GEMM reads, and a separate cast for it counts it twice.
 # Blackwell's per-tensor fp8 and MXFP8 take block-scaled fp8's ceiling (GEMM_CEILING's note). Not Hopper's bf16 and
 # per-tensor fp8 (this project's torch.mm / torch._scaled_mm tables: the GEMM alone), nor a trace's fitted ceiling

@@ -153,6 +153,8 @@ def engine_kv_default(traits: EngineTraits, weight_dtype: str, fp8_recipe: str) 
     """The KV cache dtype the engine gives this checkpoint when the request names none (EngineTraits.
     quantized_kv_default), or None where it keeps the planner's default."""
     return dict(traits.quantized_kv_default).get(quant_algo(weight_dtype, fp8_recipe) or "")
+
+
 # the weight formats whose linears TensorRT-LLM's check above counts as quantized (fp8_qdq / fp8 block-wise, nvfp4)
 FP8_FMHA_WEIGHTS = ("fp8", "nvfp4")
 

@@ -7,7 +7,9 @@ pass keep theirs."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,9 @@ from planner.kernels import (
 from planner.serving import Pool, ServeOptions, engine
 from planner.serving.deployment import _context, _worker
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import kernel_fit
+
 LLAMA = MODEL_PRESETS["llama3-70b"]
 
 
@@ -37,10 +42,15 @@ def prefill_layer(cluster: str, tp: int, options: ServeOptions, eff=None):
 
 
 def test_the_classes():
-    """The ceilings fitted on aiconfigurator's Linear timings: Hopper's block-scaled fp8, Blackwell's fp8 classes
-    (per-tensor and MXFP8 take block-scaled fp8's ceiling) and nvfp4; not Hopper's per-tensor fp8 nor any bf16."""
-    expected = {(90, "fp8_block"), (100, "fp8"), (100, "fp8_block"), (100, "mxfp8"), (100, "nvfp4")}
-    assert expected == QUANTIZE_TIMED_IN_GEMM
+    """The classes whose ceiling was fitted on aiconfigurator's Linear timings, read off the kept tables
+    (tests/reference/kernels/aiconfigurator_gemm.json) and the fit's own map: every quantized class of the B200
+    table and the Blackwell classes fitted on one of them (bench/kernel_fit.py FITTED_ON: per-tensor fp8 and MXFP8
+    take block-scaled fp8's ceiling), and the H100 table's quantized classes but per-tensor fp8, whose Hopper ceiling
+    is this project's torch._scaled_mm tables (GEMM_CEILING's note); no bf16 (its GEMMs take no quantize)."""
+    tables = {entry["gpu"]: set(entry["dtypes"]) for entry in kernel_fit.load()["systems"].values()}
+    blackwell = {(100, d) for d, on in kernel_fit.FITTED_ON.items() if d != "bf16" and on in tables["b200-180gb"]}
+    hopper = {(90, d) for d in tables["h100-sxm5-80gb"] - {"bf16", "fp8"}}
+    assert blackwell | hopper == QUANTIZE_TIMED_IN_GEMM
 
 
 def test_nvfp4_prefill_on_a_b200_has_no_cast_kernel():
@@ -66,8 +76,9 @@ def test_per_tensor_fp8_on_hopper_keeps_its_cast_by_hand():
 
 
 def test_block_fp8_on_hopper_and_a_fitted_ceiling():
-    """Block-scaled fp8 on an H100 (aiconfigurator's DeepGEMM Linear timings): no cast. The same B200 nvfp4 layer with
-    a trace's fitted nvfp4 ceiling (the GEMM kernel alone): its cast is back."""
+    """Block-scaled fp8 on an H100 (aiconfigurator's Linear timings: TensorRT-LLM's own fp8_quantize_1x128 and
+    fp8_block_scaling_gemm on SM90, collector/trtllm/collect_gemm.py; DeepGEMM is SM100/103 only): no cast. The same
+    B200 nvfp4 layer with a trace's fitted nvfp4 ceiling (the GEMM kernel alone): its cast is back."""
     _, _, fwd = prefill_layer("dgx-h100", 2, ServeOptions(weight_dtype="fp8", kv_dtype="fp8"))
     assert "fp8_cast" not in fwd
     fitted = replace(EFFICIENCY, gemm_ceilings=(("nvfp4", 0.415),))
