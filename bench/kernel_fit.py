@@ -25,6 +25,7 @@ from statistics import median
 from collectives.topology.gpu import GPUS, MeasuredGemm
 from planner.kernel_fit import centred, class_scales, fit_grid, log_errors
 from planner.kernels import (
+    ATTENTION_CEILING,
     DATASHEET_CLOCK_MHZ,
     EFFICIENCY,
     FUSED,
@@ -328,6 +329,46 @@ def attention_rows():
             flops = 2.0 * batch * isl * causal_keys(isl, None) * heads * (128 + 128)
             predicted, _ = flash_attention_s(flops, isl, FMHA_CLASS[generation(gpu)], gpu)
             yield system, isl, predicted, ms * 1e-3
+
+
+ATTENTION_FP8 = REFERENCE / "aiconfigurator_attention_fp8.json"
+# the s0 grid of the context-FMHA fits (fmha_fit): 0 to 4,096 keys in steps of 64
+FMHA_S0_GRID = tuple(64.0 * i for i in range(65))
+
+
+def fmha_points(fp8: bool) -> list[tuple]:
+    """(system, gpu at the tables' clock, batch, isl, heads, measured s) of TensorRT-LLM's causal context FMHA at
+    head dim 128 on Hopper and Blackwell (aiconfigurator_attention_fp8.json: the FP8 kernel with an FP8 KV cache,
+    ``fp8``, or the bf16 kernel's latency of the same shapes)."""
+    data = json.loads(ATTENTION_FP8.read_text())
+    return [
+        (system, burst(GPUS[entry["gpu"]]), batch, isl, heads, (f8 if fp8 else bf) * 1e-3)
+        for system, entry in data["systems"].items()
+        for batch, isl, heads, _kv, f8, bf in entry["rows"]
+    ]
+
+
+def _fmha_predict(p, eff) -> float:
+    """The bf16 FMHA's forward (flash_attention_s: the cudnn class's ATTENTION_CEILING x s / (s + eff's s0))."""
+    _, gpu, batch, isl, heads, _ = p
+    flops = 2.0 * batch * isl * causal_keys(isl, None) * heads * (128 + 128)
+    return flash_attention_s(flops, isl, FMHA_CLASS[generation(gpu)], gpu, eff)[0]
+
+
+def fmha_fit(points: list[tuple]) -> dict[str, tuple[float, float]]:
+    """One kernel's own (forward ceiling, s0) per system of a context-FMHA table: the s0 of least rms log error
+    over the system's shapes (planner/kernel_fit.py fit_grid over FMHA_S0_GRID), then its ceiling refitted at that
+    s0 (class_scales: the cudnn class's bf16 ATTENTION_CEILING x predicted / measured at the median). The one fit of
+    the bf16 and the FP8 kernel whose ratio planner/kernels.py CONTEXT_FMHA_FP8 holds."""
+    grid = [replace(EFFICIENCY, attention_s0=s0) for s0 in FMHA_S0_GRID]
+    out = {}
+    for system in dict.fromkeys(p[0] for p in points):
+        mine = [p for p in points if p[0] == system]
+        _, eff = fit_grid(mine, grid, _fmha_predict, lambda p: p[5], lambda p: p[0])  # centred: s0 alone
+        (scale,) = class_scales(log_errors(mine, eff, _fmha_predict, lambda p: p[5])).values()
+        gen = generation(mine[0][1])
+        out[system] = (ATTENTION_CEILING[(FMHA_CLASS[gen], gen)][0] * scale, eff.attention_s0)
+    return out
 
 
 def attention_table() -> list[dict]:

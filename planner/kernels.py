@@ -420,17 +420,24 @@ HEAD_DIM_REF = 128
 #   recipes.check_recipe_gpu): no row, the bf16 rate (an upper bound on the time), the casts below still charged.
 FP8_DPA_KERNEL = "cudnn"
 ATTENTION_FP8_SPEEDUP = {("cudnn", 90): (1.54, 1.5)}
-# A serving engine's FP8 context (prefill) FMHA (workload.fp8_context_attention: TensorRT-LLM with an FP8 KV cache
-# and quantized linears, serving/engines.py TRTLLM_FP8_CONTEXT_FMHA), forward only, as its speedup over the same
-# engine's bf16 kernel. "cudnn" is the kernel class whose Hopper and Blackwell ceilings (ATTENTION_CEILING, 0.55 /
-# 0.42) were fitted on TensorRT-LLM's FMHA (aiconfigurator's context-attention tables), so the speedup is measured on
-# the same kernel: aiconfigurator 095f58a51c4c systems/data/{h100_sxm,h200_sxm,b200_sxm,gb200}/attention/trtllm/
-# 1.3.0rc20/context_attention_perf.parquet, the rows attn_dtype fp8 + kv_cache_dtype fp8 (the collector's
-# use_fp8_context_fmha: QuantAlgo.FP8 and an out_scale, collector/trtllm/collect_attn.py) against bf16 + bf16 at the
-# same shape (torch flow, causal, head dim 128, no window, isl 1,024-16,384, batch x heads >= 64, the extract's
-# filter): median bf16 / fp8 latency 1.244 over 3,713 Hopper pairs (quartiles 1.175 / 1.350) and 1.208 over 3,476
-# Blackwell pairs (1.158 / 1.283). Not the 1.54 of cuDNN's FP8 kernel above (a different kernel, another paper)
-CONTEXT_FMHA_FP8_SPEEDUP = {("cudnn", 90): (1.244, 1.0), ("cudnn", 100): (1.208, 1.0)}
+# A serving engine's FP8 context (prefill) FMHA (workload.fp8_context_attention: TensorRT-LLM with quantized linears,
+# serving/engines.py TRTLLM_FP8_CONTEXT_FMHA), forward only, against the same engine's bf16 kernel. "cudnn" is the
+# kernel class whose Hopper and Blackwell ceilings (ATTENTION_CEILING, 0.55 / 0.42) were fitted on TensorRT-LLM's FMHA
+# (aiconfigurator's context-attention tables). Each of the two kernels has its own (forward ceiling, s0), fitted per
+# generation by one procedure (bench/kernel_fit.py fmha_fit: the s0 of least rms log error, then the ceiling at the
+# median) on the same shapes of aiconfigurator 095f58a51c4c systems/data/{h100_sxm,b200_sxm}/attention/trtllm/
+# 1.3.0rc20/context_attention_perf.parquet (tests/reference/kernels/aiconfigurator_attention_fp8.json: 85 shapes a GPU,
+# causal, head dim 128, no window, isl 1,024-16,384, batch x heads >= 64; attn_dtype fp8 + kv_cache_dtype fp8, the
+# collector's use_fp8_context_fmha, against bf16 + bf16): ((bf16 ceiling, s0), (fp8 ceiling, s0)). The FP8 kernel's
+# rate over the bf16 one at s keys, c8 (s + s0_16) / (c16 (s + s0_8)) (context_fmha_fp8_speedup), grows with the
+# prompt as the measured ratio does (H100 1.15 at 1,024 to 1.40 at 16,384; B200 1.18 to 1.28: review r14a, 3), and
+# scales the model's bf16 ceiling at that s (mend14a; it replaces serve14's flat 1.244 / 1.208, the pooled medians).
+# Not measured: head dims other than 128, windowed layers, MLA (aiconfigurator's MLA context tables are bf16 only:
+# no FP8 MLA kernel, engine_fp8_attention), fp8 attention over a bf16 KV cache (no such rows: the fp8 + fp8 fit).
+CONTEXT_FMHA_FP8 = {
+    ("cudnn", 90): ((0.589, 1408.0), (0.853, 2048.0)),
+    ("cudnn", 100): ((0.581, 2560.0), (0.761, 2944.0)),
+}
 # The casts TE's FusedAttnFunc adds around an FP8 attention whose inputs and output are bf16 (TransformerEngine
 # d0067d0da attention/dot_product_attention/backends.py FusedAttnFunc, utils.py combine_and_quantize): forward,
 # Q, K and V concatenated (torch.cat of the three, separate sbhd layouts as Megatron passes them: read 2, write 2)
@@ -891,9 +898,21 @@ def fp8_attention(ctx: Context) -> tuple[bool, bool] | None:
 
 def engine_fp8_attention(ctx: Context) -> bool:
     """Whether the core attention is a serving engine's FP8 context FMHA (workload.fp8_context_attention): an
-    inference pass over a prompt (decode reads the KV cache, priced by its bytes); its speedup is
-    CONTEXT_FMHA_FP8_SPEEDUP and it adds no casts (the engine's fused QKV preprocessing writes Q, K and V in FP8)."""
-    return not ctx.training and ctx.s > 1 and ctx.work.fp8_context_attention
+    inference pass over a prompt (decode reads the KV cache, priced by its bytes) of a model without MLA (TensorRT-LLM
+    runs MLA's context attention in bf16: aiconfigurator's MLA context tables, context_mla_perf.parquet at 1.3.0rc20,
+    hold mla_dtype bfloat16 only, and an FP8 KV cache makes them slower, not faster: review r14a, 2); its rate is
+    context_fmha_fp8_speedup's and it adds no casts (the engine's fused QKV preprocessing writes Q, K and V in FP8)."""
+    return not ctx.training and ctx.s > 1 and ctx.work.fp8_context_attention and not ctx.model.mla
+
+
+def context_fmha_fp8_speedup(kernel: str, gpu: GPUSpec, s_kv: float) -> float:
+    """The engine's FP8 context FMHA's forward rate over its bf16 kernel's at ``s_kv`` keys, from each kernel's own
+    fitted (ceiling, s0) (CONTEXT_FMHA_FP8); 1 where none was fitted (the bf16 rate)."""
+    fit = CONTEXT_FMHA_FP8.get((kernel, generation(gpu)))
+    if fit is None:
+        return 1.0
+    (c16, s16), (c8, s8) = fit
+    return c8 * (s_kv + s16) / (c16 * (s_kv + s8))
 
 
 def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
@@ -3079,7 +3098,7 @@ def attention_ceiling(
 ) -> tuple[float, float]:
     """(forward, backward) ceiling of ``kernel`` as a fraction of the dense bf16 peak: ATTENTION_CEILING or what a
     trace fitted, times the FP8 kernel's speedup (``speedups``: TE's ATTENTION_FP8_SPEEDUP, or a serving engine's
-    CONTEXT_FMHA_FP8_SPEEDUP) on the passes ``fp8`` runs in FP8."""
+    context_fmha_fp8_speedup) on the passes ``fp8`` runs in FP8."""
     fwd, bwd = ATTENTION_CEILING.get((kernel, generation(gpu)), (eff.attention_fwd, eff.attention_bwd))
     if eff.attention_ceilings:  # what a trace fitted for this GPU (planner/trace_fit.py)
         fitted = dict(eff.attention_ceilings)
@@ -3116,7 +3135,8 @@ def attention_kernels(
     # qk = v = d), so the exponential is amortised over their mean (qk + v) / 2 (MLA: 160, at the d-128 rate)
     fp8 = fp8_attention(ctx)
     engine = engine_fp8_attention(ctx)
-    speedups = CONTEXT_FMHA_FP8_SPEEDUP if engine else ATTENTION_FP8_SPEEDUP
+    up = context_fmha_fp8_speedup(kernel, gpu, s_kv) if engine else 0.0
+    speedups = {(kernel, generation(gpu)): (up, 1.0)} if engine else ATTENTION_FP8_SPEEDUP
     f_t, b_t = flash_attention_s(
         flops, s_kv, kernel, gpu, eff, steps, (qk + v) / 2, fp8 or (False, False), speedups
     )  # fmt: skip

@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, make_dataclass, replace
 
 from collectives.topology.gpu import GPUSpec, PeerCopy, peer_copy
+from collectives.topology.pricing import on_nvlink_switch
 
 from ._errors import SpecError
 from .compute import (
@@ -158,7 +159,21 @@ def _resolved(self, ctx: Context) -> Overlap:
     flags = Overlap(**{k: default(ctx) if given[k] is None else given[k] for k, default in OVERLAP_DEFAULTS.items()})
     if flags.tp_comm_overlap and ctx.flavour.userbuffers:
         check_userbuffers(ctx)
+    if flags.tp_comm_overlap:
+        _check_async_tp(ctx)
     return flags
+
+
+def _check_async_tp(ctx: Context) -> None:
+    """A flavour whose TP overlap is a compiler pass (Flavour.async_tp_needs_compile) refuses it without
+    torch.compile: a SpecError naming both fields and the framework's own message."""
+    refusal = ctx.flavour.async_tp_needs_compile
+    if refusal and ctx.par.tp > 1 and not ctx.work.torch_compile:
+        raise SpecError(
+            "options.overlap.tp_comm_overlap",
+            f"async TP (tp_comm_overlap under {ctx.par.framework!r}, tp {ctx.par.tp}) is an Inductor pass and needs "
+            f"workload.torch_compile true, got false: {refusal}",
+        )
 
 
 Overlap = make_dataclass(
@@ -361,6 +376,9 @@ class StreamTotals:
     # sequence-parallel layout copies follow each, _sp_layout_copies) and their seconds here (_async_tp_fused;
     # the backward reduce-scatters an async-TP pass leaves unfused, _async_tp_unfused)
     tp_seconds: dict[str, list[float]] = field(default_factory=dict)
+    # of those calls, the ones whose group sits behind one NVLink switch (collectives pricing.on_nvlink_switch): where
+    # every call of a row does, torch's fused ops pull at the measured copy-engine rate (_async_tp_fused)
+    tp_switched: dict[str, list[int]] = field(default_factory=dict)
     # what each stream's calls hold while they run (planner/contention.py): SM-seconds (NCCL channels x seconds)
     # and HBM bytes; and, on the TP streams, seconds by collective ("tp.forward.reducescatter", ...) for a TP overlap
     # that sets its own SMs (Flavour.tp_overlap_sms)
@@ -411,7 +429,7 @@ class StreamTotals:
 # qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; the *_dgrad ones are all-gathers, layers_all_gather_overlap), an
 # SM-kernel CommOverlap, not the ring exchange's copy engine: their TP op key is "allgather.bulk"
 BULK_GATHER_SUFFIX = ".wgrad_gather"
-_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_seconds")
+_SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest", "tp_seconds", "tp_switched")
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
 
@@ -442,8 +460,11 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int, tp_rows: bool
             key = tp_key(c.phase, c.op.value, c.name)
             _unit_totals(out, key, c, t, stages, False)
             took = out.tp_seconds.setdefault(key, [0.0] * stages)
+            switched = out.tp_switched.setdefault(key, [0] * stages)
+            behind = n if on_nvlink_switch(pc.price) else 0
             for s in c.stages:
                 took[s] += amount
+                switched[s] += behind
         for s in c.stages:
             num[s] += n
             vol[s] += n * c.message_bytes
@@ -834,8 +855,10 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
     of g (as split, kernels.async_tp_gemm_s, times its share: rules/tensor.py async_tp_fused_gemms) takes
     max(c + g/tp, g): the last shard's GEMM (or the first chunk's) cannot overlap the copies; c + g/tp - g of it is
     exposed. The communication c is what the op moves: tp - 1 copy-engine pulls of one peer's shard, one after
-    another (fused_transfer_s), where the GPU's pull was measured (collectives peer_copy); elsewhere the ledger's
-    price of the call (NCCL's). Dense non-MLA models only (else {}: the pass-wide rule of _behind_overlap)."""
+    another (fused_transfer_s), where the GPU's pull was measured (collectives peer_copy) and every call of the row
+    sits where it was measured (PeerCopy.reaches: behind one NVLink switch, StreamTotals.tp_switched, on a board of
+    the measured size); elsewhere the ledger's price of the call (NCCL's). Dense non-MLA models only (else {}: the
+    pass-wide rule of _behind_overlap)."""
     fused = async_tp_fused_gemms(ctx)
     if not fused:
         return
@@ -851,7 +874,12 @@ def _async_tp_fused(ctx: Context, totals: StreamTotals, stages: list[StageStep],
             kernel, share = fused[name]
             g = gemm.get(kernel, 0.0) * share
             calls = totals.unit_count[key][i]
-            c = took[i] / calls if pull is None else fused_transfer_s(totals.unit_volume[key][i] / calls, t, pull)
+            row = totals.tp_switched.get(key)
+            switched = row is not None and row[i] == calls
+            if pull is not None and pull.reaches(switched, ctx.devices_per_node):
+                c = fused_transfer_s(totals.unit_volume[key][i] / calls, t, pull)
+            else:
+                c = took[i] / calls
             out[phase] += calls * fused_op_exposed_s(c, g, t) / m
         st.tp_fused_fwd_s, st.tp_fused_bwd_s = out["forward"], out["backward"]
 
@@ -862,7 +890,8 @@ def fused_transfer_s(message: float, tp: int, pull: PeerCopy) -> float:
     message / tp, one after another (torch/distributed/_symmetric_memory/__init__.py: each step of
     _pipelined_all_gather_and_consume and _pipelined_produce_and_all2all ``copy_``s one remote rank's p2p buffer,
     a contiguous device copy, i.e. cudaMemcpyAsync on the copy engine; "cp" from different streams cannot
-    overlap), at ``pull``'s measured rate (collectives/topology/gpu.py PEER_COPY)."""
+    overlap), at ``pull``'s measured rate after its measured per-copy latency (collectives/topology/gpu.py
+    PEER_COPY)."""
     return pull.seconds(message / tp, tp - 1)
 
 

@@ -126,8 +126,8 @@ class WorkloadSpec:
     # (recipes.check_fp8_dpa)
     fp8_dpa_backward: bool = True
     # inference: the serving engine's context (prefill) attention runs its FP8 FMHA, Q, K and V quantized by its own
-    # fused QKV preprocessing (no separate casts), at kernels.CONTEXT_FMHA_FP8_SPEEDUP; set by planner/serving from
-    # EngineTraits.fp8_context_attention (TensorRT-LLM with an FP8 KV cache and quantized linears), not an API field
+    # fused QKV preprocessing (no separate casts), at kernels.context_fmha_fp8_speedup; set by planner/serving from
+    # EngineTraits.fp8_context_attention (TensorRT-LLM with quantized linears), not an API field
     fp8_context_attention: bool = False
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2

@@ -144,6 +144,12 @@ class KVCacheOut(Out):
     bytes_per_token: int = Field(description="one token of one request, every layer, as the model stores it")
     capacity_tokens: int = Field(description="tokens of KV one worker of the decode (or aggregated) pool holds")
     max_concurrency: int = Field(description="requests of input + output tokens one such worker holds")
+    dtype: str = Field(description="the KV cache's dtype as planned: options.kv_dtype, or the default below")
+    dtype_default: str = Field(
+        description="where options.kv_dtype was not given and the engine chooses the cache's dtype for the "
+        "checkpoint: that rule and its source (TensorRT-LLM: fp8 for FP8 and NVFP4 checkpoints, trtllm-bench "
+        "_KV_CACHE_MAP); empty otherwise (16-bit weights: their dtype; fp8 / nvfp4 weights: bf16)"
+    )
 
 
 class KVTransferOut(Out):

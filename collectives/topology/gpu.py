@@ -313,39 +313,60 @@ def with_power_limit(gpu: GPUSpec, watts: float | None) -> GPUSpec:
 @dataclass(frozen=True)
 class PeerCopy:
     """One copy-engine pull over NVLink as measured: a single ``cudaMemcpyAsync`` from one peer's memory into the
-    calling GPU's (the copy engine of the reading GPU, no SM), at ``GBps`` (1e9 B/s) per direction, ``source`` the
-    measurement. No per-copy fixed cost is added: none was read for this path (at the shards it prices, 100 MB and
-    more, a few microseconds are under 0.1%)."""
+    calling GPU's (the copy engine of the reading GPU, no SM), at ``GBps`` (1e9 B/s) per direction after a fixed
+    ``latency_s`` a copy, ``source`` the measurements, taken between two GPUs of one NVSwitch board of
+    ``board_gpus`` GPUs (``reaches``)."""
 
     GBps: float
     source: str
+    latency_s: float = 0.0
+    board_gpus: int = 0
 
     def seconds(self, nbytes: float, copies: int = 1) -> float:
         """``copies`` pulls of ``nbytes`` each, one after another (one copy engine at a time: the copies do not
-        overlap one another)."""
-        return copies * nbytes / (self.GBps * GB)
+        overlap one another), each its fixed latency plus its bytes at the rate."""
+        return copies * (self.latency_s + nbytes / (self.GBps * GB))
+
+    def reaches(self, switched: bool, per_node: int | None) -> bool:
+        """Whether a group pulls at the measured rate: its ranks joined by one NVLink switch (``switched``:
+        pricing.on_nvlink_switch of the group's price) in a node of at least the measured board's GPUs. Hopper's
+        NVSwitch boards are the 8-GPU HGX H100 / H200; the 4-GPU HGX H100 joins its GPUs by direct NVLink, a third
+        of the links to each peer ("NVSwitch: N/A", NVIDIA HGX H100 datasheet, 2023), the H100 NVL pairs by
+        bridges, and a node of one GPU (GH200 over InfiniBand) has no NVLink peer at all."""
+        return switched and (per_node or 0) >= self.board_gpus
 
 
 # Copy-engine peer reads by (compute capability x 10, NVLink links per GPU): the parts whose GPU-to-GPU path is the
 # measured one. Hopper with 18 NVLink4 links through NVSwitch (HGX H100 / H200 boards): nvbandwidth v0.10
 # ``device_to_device_memcpy_read_ce`` ("Read tests launch a copy from the peer device to the target using the
-# target's context": cuMemcpyAsync, the copy engine) on 8 x "NVIDIA H100 80GB HBM3" (Azure ND96isr_H100_v5, driver
-# 580.159.04, CUDA runtime 12.6), every one of the 56 ordered pairs 394.9-395.1 GB/s, matrix sum 22,122.87 GB/s =
-# 395.05 a pair (github.com/Azure/cluster-health-monitor, pkg/nodecheckerrunner/checkers/gpu/testdata/
-# nvbandwidth_peer_report.json, captured verbatim on that VM). The same boards' copy-engine peer writes,
-# cuda-samples p2pBandwidthLatencyTest (default CE, 160 MB copies), 371-377 GB/s a pair unidirectional and 742-749
-# GB/s both directions at once (NVIDIA/nccl issue 1264, HGX H100 SXM): a pull in each direction at once keeps ~99% of
-# its one-way rate. Other parts: no measurement read (None: the caller prices what it priced before).
+# target's context": cuMemcpyAsync, the copy engine) on 8 x "NVIDIA H100 80GB HBM3" (driver 580.159.04, CUDA runtime
+# 12.6, the report's own fields; it names no machine), every one of the 56 ordered pairs 394.9-395.1 GB/s, matrix sum
+# 22,122.87 GB/s = 395.05 a pair (github.com/Azure/cluster-health-monitor, pkg/nodecheckerrunner/checkers/gpu/
+# testdata/nvbandwidth_peer_report.json at 199cccbd; its matrix in tests/reference/nvbandwidth/h100_peer_copy.json).
+# The same boards' copy-engine peer writes, cuda-samples p2pBandwidthLatencyTest (default CE, 160 MB copies),
+# 371-377 GB/s a pair unidirectional and 742-749 GB/s both directions at once (NVIDIA/nccl issue 1264, HGX H100 SXM):
+# a pull in each direction at once keeps ~99% of its one-way rate.
+# The fixed cost of one copy (mend14a): cuda-samples p2pBandwidthLatencyTest's "P2P=Enabled Latency (P2P Writes)"
+# GPU matrix (outputLatencyMatrix: 100 back-to-back cudaMemcpyPeerAsync of a few bytes on one stream, timed by CUDA
+# events: the copy engine's per-copy cost), on 8 x "NVIDIA H100 80GB HBM3" (NVSwitch, driver 595.71.05, CUDA 13.2)
+# whose nvbandwidth device_to_device_memcpy_read_ce reads 395.05-395.25 GB/s, the rate above (a public report in the
+# stored GitHub index, file id 62193952648; its latency matrix is kept in tests/reference/nvbandwidth/
+# h100_peer_copy.json): median 2.78 us (2.26-3.35). Other parts: no measurement read (None: the caller prices
+# what it priced before).
+PEER_COPY_LATENCY_S = 2.78e-6
 PEER_COPY = {
     (90, 18): PeerCopy(
         395.05,
-        "nvbandwidth v0.10 device_to_device_memcpy_read_ce, 8 x H100 80GB HBM3 (Azure ND96isr_H100_v5): 56 pairs "
-        "394.9-395.1 GB/s (Azure/cluster-health-monitor testdata/nvbandwidth_peer_report.json)",
+        "nvbandwidth v0.10 device_to_device_memcpy_read_ce, 8 x H100 80GB HBM3: 56 pairs 394.9-395.1 GB/s "
+        "(Azure/cluster-health-monitor testdata/nvbandwidth_peer_report.json); 2.78 us a copy, cuda-samples "
+        "p2pBandwidthLatencyTest P2P=Enabled latency, 8 x H100 80GB HBM3 (median of 56 pairs)",
+        PEER_COPY_LATENCY_S,
+        8,
     ),
 }
 
 
 def peer_copy(gpu: GPUSpec) -> PeerCopy | None:
     """The measured copy-engine pull from one NVLink peer of ``gpu``'s kind (PEER_COPY), or None where none was
-    measured."""
+    measured; where the peers sit is the caller's to check (PeerCopy.reaches)."""
     return PEER_COPY.get((gpu.sm, gpu.nvlink_links))

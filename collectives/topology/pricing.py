@@ -26,6 +26,7 @@ from ..primitives import busbw_factor
 from ..schedule import Schedule
 from .calibration import DEFAULT, Calibration
 from .cluster import Cluster, Loads
+from .fabrics.switch import Switch
 from .loads import _Loads
 from .networks._base import alike, pairs_within
 
@@ -46,6 +47,16 @@ class Price:
     protocol: str = ""  # library pricing: NCCL's protocol (LL, LL128, Simple)
     nccl_algorithm: str = ""  # library pricing: NCCL's algorithm (Ring, Tree, NVLS, NVLSTree, CollNet*, PAT)
     channels: int = 0  # library pricing: NCCL channels
+
+
+def on_nvlink_switch(price: Price) -> bool:
+    """Whether the group a price was taken on sits behind one NVLink switch: all its ranks in one node (``span``)
+    and its busiest link an NVLink port of the switch fabric (a device's up- or down-link, fabrics/switch.py), not a
+    direct mesh or ring link, PCIe or a NIC."""
+    link = price.bottleneck if isinstance(price.bottleneck, dict) else {}
+    return (
+        price.span == "intra_node" and link.get("kind") == "nvlink" and link.get("family") in Switch.reduction_families
+    )
 
 
 # Where a placement's groups sit on nodes, by value: the schedule pricer reads it twice per call (the ranks per

@@ -243,6 +243,9 @@ class Flavour:
     # (torch async TP, torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_matmul_reduce_scatter): the
     # column-parallel input gradient summed over separate linears (q, k, v; gate, up) stays exposed (step.py)
     async_tp_single_matmul: bool = False
+    # tp_comm_overlap is a compiler pass, so the framework refuses it without torch.compile: the refusal's source
+    # ("" : no such rule; step.Overlap.resolved raises it on options.overlap.tp_comm_overlap)
+    async_tp_needs_compile: str = ""
     # tp_comm_overlap is TransformerEngine's userbuffers (Megatron --tp-comm-overlap): only the TE linears named
     # qkv, proj, fc1, fc2 overlap their TP collectives; the others fall back to NCCL (rules/tensor.py
     # userbuffers_rows, check_userbuffers)

@@ -107,6 +107,13 @@ FLAVOUR = Flavour(
     # "reduce_scatter_tensor(A @ B)" only: rs_input must be an aten.mm (or its reshape) with one user. The
     # backward reduce-scatter of the q/k/v (gate/up) input gradient takes the sum of three (two) matmuls: unfused
     async_tp_single_matmul=True,
+    # ... which torchtitan refuses without torch.compile of the model: "Async TP requires --training.compile"
+    # (torchtitan/parallelisms/parallelize_llama.py, 2024, the 2024-12 runs' code) and "Async TP requires 'model' in
+    # --compile.components." (torchtitan/config/configs.py CompileConfig.__post_init__, 2025-26)
+    async_tp_needs_compile=(
+        "torchtitan raises 'Async TP requires torch.compile' (parallelize.py; config/configs.py: \"Async TP requires "
+        "'model' in --compile.components\")"
+    ),
     # ... and its fused ops move the shards with copy_ of the peers' symmetric-memory buffers (torch/distributed/
     # _symmetric_memory/__init__.py _pipelined_multi_all_gather_and_consume copy_shard, _pipelined_produce_and_all2all:
     # contiguous same-dtype device copies, which torch issues as cudaMemcpyAsync, i.e. the copy engines): no SMs

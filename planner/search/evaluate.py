@@ -272,7 +272,8 @@ class ShapeEvaluator:
         rows, row_counts, times = [], [], []
         for i, members, curve in self.classes(tpl):
             t = curve.time(msgs[i])
-            rows.append(Row(RowCall.of(tpl.calls[i], members, msgs[i], counts[i]), Priced(t, *curve.detail(msgs[i]))))
+            priced = Priced(t, *curve.detail(msgs[i]), curve)
+            rows.append(Row(RowCall.of(tpl.calls[i], members, msgs[i], counts[i]), priced))
             row_counts.append(counts[i])
             times.append(t)
         return Part(rows, np.array(row_counts, dtype=np.float64), np.array(times))

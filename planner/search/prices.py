@@ -47,6 +47,7 @@ class Curve:
         self._exact: dict[tuple[str, int], float | None] = {}
         self._memo: dict[int, float] = {}
         self._held: dict[int, tuple[int, int, int]] = {}  # NCCL's channels and the bytes sent, received (detail)
+        self._where: tuple[str, dict] | None = None  # the groups' span and busiest link (where)
         # NCCL's model (the plan's default on NVIDIA clusters) switches algorithm, protocol and channel count
         # with the size, so it is not one line between powers of two; it is cheap (memoised per communicator
         # in collectives/topology/library), so those calls are priced exactly, as the plan prices them.
@@ -102,6 +103,16 @@ class Curve:
                 self._held[message] = (ctas, message, message)
         self._memo[message] = best
         return best
+
+    def where(self) -> tuple[str, dict]:
+        """(span, busiest link) of the groups as the plan's price gives them (collectives pricing.on_nvlink_switch
+        reads them): properties of the placement, read off one price at LINEAR_FROM bytes, once."""
+        if self._where is None:
+            from ..plan import _price_op
+
+            price = _price_op(self.op, LINEAR_FROM, self.placement, self.cluster, self.options)
+            self._where = (price.span, price.bottleneck)
+        return self._where
 
     def detail(self, message: int) -> tuple[int, int, int]:
         """What the plan's price of the same call says its kernel holds (step.stream_totals, planner/contention.py):

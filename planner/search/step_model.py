@@ -155,13 +155,24 @@ def _memos(model: ModelSpec, work: WorkloadSpec, gpu) -> _Memos:
 
 @dataclass(frozen=True)
 class Priced:
-    """What step_time reads of a PricedCall: the time of one call, and what its kernel holds beside the compute
-    (NCCL's channels, the bytes one rank sends and receives: planner/contention.py)."""
+    """What step_time reads of a PricedCall: the time of one call, what its kernel holds beside the compute
+    (NCCL's channels, the bytes one rank sends and receives: planner/contention.py), and where its groups sit
+    (``span`` and ``bottleneck``, read by collectives pricing.on_nvlink_switch) from its ``curve``
+    (search/prices.py Curve.where)."""
 
     time_s: float
     channels: int = 0
     bytes_sent_per_rank: int = 0
     bytes_received_per_rank: int = 0
+    curve: object = None
+
+    @property
+    def span(self) -> str:
+        return self.curve.where()[0] if self.curve is not None else ""
+
+    @property
+    def bottleneck(self) -> dict:
+        return self.curve.where()[1] if self.curve is not None else {}
 
 
 class RowCall:

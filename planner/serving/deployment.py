@@ -54,7 +54,13 @@ from ..workload import (
     WorkloadSpec,
     weight_bytes,
 )
-from .engines import FP8_FMHA_WEIGHTS, MXFP4_MIN_SM, EngineTraits
+from .engines import (
+    FP8_FMHA_WEIGHTS,
+    MXFP4_MIN_SM,
+    EngineTraits,
+    engine_kv_default,
+    quant_algo,
+)
 from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
 from .spec import Pool, ServeOptions, Traffic, validate_serving
@@ -65,6 +71,10 @@ class KVCache:
     bytes_per_token: int  # one token of one request, every layer, as the model stores it (no TP replicas)
     capacity_tokens: int  # tokens one worker of the decode (or aggregated) pool can hold
     max_concurrency: int  # requests of ISL + OSL tokens one such worker can hold
+    dtype: str = ""  # the cache's dtype as planned (ServeOptions.kv, after the engine's default: with_engine_kv)
+    # where the request named no kv_dtype and the engine chose one: the engine's rule (EngineTraits
+    # quantized_kv_default's source); "" otherwise
+    dtype_default: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,7 +153,7 @@ def plan_serving(
     options: ServeOptions | None = None,
 ) -> ServePlan:
     """The deployment planned, after its rules (check_deployment: microseconds against a plan's ~0.1 s)."""
-    options = options or ServeOptions()
+    options, chosen = with_engine_kv(options or ServeOptions(), traits)
     check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
@@ -159,7 +169,20 @@ def plan_serving(
             warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
         )  # fmt: skip
     result.cluster = cluster_summary(cluster_for(cluster))
+    if chosen:
+        result.kv_cache = replace(result.kv_cache, dtype_default=chosen)
     return result
+
+
+def with_engine_kv(options: ServeOptions, traits: EngineTraits) -> tuple[ServeOptions, str]:
+    """``options`` with the KV cache dtype the engine gives the checkpoint where the request names none
+    (engines.engine_kv_default: TensorRT-LLM's fp8 for FP8 and NVFP4 checkpoints), and that rule's words ("" where
+    the request named one or the engine keeps the planner's default)."""
+    kv = engine_kv_default(traits, options.weight_dtype, options.fp8_recipe) if options.kv_dtype is None else None
+    if kv is None:
+        return options, ""
+    rule = f"{traits.label} gives {quant_algo(options.weight_dtype, options.fp8_recipe)} checkpoints a {kv} KV cache"
+    return replace(options, kv_dtype=kv), f"{rule} when none is named ({traits.quantized_kv_source})"
 
 
 def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
@@ -181,6 +204,17 @@ def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
     _check_kv_transfer(model, traits, pools)
 
 
+def _check_fp8_kv(traits: EngineTraits, options) -> None:
+    """An engine whose FP8 KV cache needs its FP8 context attention (EngineTraits.fp8_context_attention: TensorRT-LLM)
+    refuses one beside unquantized linears: a 422 on options.kv_dtype naming the rule."""
+    if traits.fp8_context_attention and options.kv == "fp8" and options.weight_dtype not in FP8_FMHA_WEIGHTS:
+        raise SpecError(
+            "options.kv_dtype",
+            f"{traits.label} runs an fp8 KV cache only beside quantized linears ({', '.join(FP8_FMHA_WEIGHTS)} "
+            f"weights), got {options.weight_dtype} weights: {traits.fp8_context_attention}",
+        )
+
+
 def _check_kv_transfer(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...]) -> None:
     """The engine's KV connector's rule on replicated KV heads (EngineTraits.kv_transfer_replicated_rule): where
     either pool's tp passes the model's KV heads, the prefill pool must replicate them and the decode pool's tp be
@@ -199,6 +233,7 @@ def _check_kv_transfer(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool
 
 
 def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
+    _check_fp8_kv(traits, options)
     if options.weight_dtype in WEIGHT_FORMAT_BYTES and options.weight_dtype not in traits.weight_formats:
         raise SpecError(
             "options.weight_dtype",
@@ -299,6 +334,7 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     """(role, workload, parallel, cluster, plans) of every pool's worker as plan_serving plans it: what the
     cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans), after
     check_deployment."""
+    options, _ = with_engine_kv(options, traits)
     check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2
@@ -320,7 +356,8 @@ SATURATED_STEPS = 2  # decode steps a saturated deployment adds: at the full KV 
 
 def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha: bool = False) -> WorkloadSpec:
     """A step's workload; ``fp8_fmha``: the engine runs an FP8 context FMHA (EngineTraits.fp8_context_attention),
-    which it does for a prefill pass with an FP8 KV cache and quantized linears (engines.FP8_FMHA_WEIGHTS)."""
+    which it does for a prefill pass with quantized linears (engines.FP8_FMHA_WEIGHTS: the quantized o_proj's output
+    scale takes the op's FP8 path, whatever the KV cache)."""
     return WorkloadSpec(
         kind="inference",
         phase=phase,
@@ -334,10 +371,7 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha:
         # per kernel (planner/kernels.py cpu_op_s); prefill runs eager in all three
         cuda_graphs=options.cuda_graphs and phase == "decode",
         fp8_recipe=_gemm_recipe(options),
-        fp8_context_attention=fp8_fmha
-        and phase == "prefill"
-        and options.kv == "fp8"
-        and options.weight_dtype in FP8_FMHA_WEIGHTS,
+        fp8_context_attention=fp8_fmha and phase == "prefill" and options.weight_dtype in FP8_FMHA_WEIGHTS,
     )
 
 
@@ -648,7 +682,7 @@ def _result(model, traffic, options, pools, transfer, ttft, tpot, rate, capacity
             saturated=False):  # fmt: skip
     gpus = sum(p.gpus for p in pools)
     out_rate = rate * traffic.output_tokens
-    kv = KVCache(model.num_layers * model.kv_token_bytes(1, DTYPE_BYTES[options.kv]), capacity, max_conc)
+    kv = KVCache(model.num_layers * model.kv_token_bytes(1, DTYPE_BYTES[options.kv]), capacity, max_conc, options.kv)
     fits = all(p.fits for p in pools)
     for p in pools:
         if not p.fits:

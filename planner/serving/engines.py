@@ -92,9 +92,15 @@ class EngineTraits:
     # worker that replicates them and a decode worker of at least its TP; the string is its source, a 422 otherwise
     # (deployment._check_kv_transfer). None: any pair of layouts
     kv_transfer_replicated_rule: str | None = None
-    # the engine runs its context (prefill) attention as an FP8 FMHA when the KV cache is FP8 and the linears are
-    # quantized (deployment._work: fp8 or nvfp4 weights); the string is its source. None: bf16 context attention
+    # the engine runs its context (prefill) attention as an FP8 FMHA when the linears are quantized (deployment._work:
+    # fp8 or nvfp4 weights, whatever the KV cache) and refuses an FP8 KV cache beside bf16 linears (deployment.
+    # _check_engine_options); the string is its source. None: bf16 context attention, any KV cache
     fp8_context_attention: str | None = None
+    # the KV cache dtype the engine gives a quantized checkpoint whose request names none, by the checkpoint's
+    # quantization (quant_algo: "FP8", "NVFP4", "FP8_BLOCK_SCALES"): ((quant_algo, kv dtype), ...); () : the
+    # planner's default (ServeOptions.kv: bf16 for fp8 and nvfp4 weights)
+    quantized_kv_default: tuple[tuple[str, str], ...] = ()
+    quantized_kv_source: str = ""  # that rule's source, said in the response (ServePlan.kv_cache.dtype_default)
 
 
 # vLLM NixlConnectorWorker._validate_remote_agent_handshake (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -110,18 +116,45 @@ VLLM_NIXL_REPLICATED = (
 )
 
 
-# TensorRT-LLM's PyTorch attention backend: with an FP8 KV cache and paged context FMHA (on whenever KV block reuse
-# or chunked prefill is, KvCacheConfig.enable_block_reuse defaulting True) the context attention must be FP8
-# ("When FP8 KV cache is being used, paged context FMHA cannot be used without FP8 attention", raised unless the
-# layers are fp8_qdq, nvfp4 or fp8 block-wise: _torch/attention_backend/trtllm.py TrtllmAttention.forward), and the op
-# takes its FP8 path on ``is_fp8_out || is_fp4_out || (hasFp8KvCache() && use_paged_context_fmha)``
-# (cpp/tensorrt_llm/thop/attentionOp.cpp, as aiconfigurator's collector/trtllm/collect_attn.py quotes it at
-# 1.3.0rc20). trtllm-bench gives an NVFP4 or FP8 checkpoint an FP8 KV cache when it names none
-# (bench/benchmark/utils/general.py _KV_CACHE_MAP: QuantAlgo.FP8 and NVFP4 -> "fp8")
+# TensorRT-LLM's PyTorch attention backend: the op takes its FP8 path on ``is_fp8_out || is_fp4_out ||
+# (hasFp8KvCache() && use_paged_context_fmha)`` (cpp/tensorrt_llm/thop/attentionOp.cpp, as aiconfigurator's
+# collector/trtllm/collect_attn.py quotes it at 1.3.0rc20), and the Attention module passes an output scale
+# (is_fp8_out / is_fp4_out) whenever o_proj is quantized, fp8_qdq, nvfp4 or fp8 block-scaled (_torch/modules/
+# attention.py has_quant_scale, _use_quantize_output): fp8 and nvfp4 weights take the FP8 FMHA whatever the KV cache
+# (review r14a, 4). With an FP8 KV cache and paged context FMHA (on whenever KV block reuse or chunked prefill is,
+# KvCacheConfig.enable_block_reuse defaulting True) and bf16 linears the backend raises ("When FP8 KV cache is being
+# used, paged context FMHA cannot be used without FP8 attention", _torch/attention_backend/trtllm.py
+# TrtllmAttention.forward; aiconfigurator's collector skips that case on SM90, collect_attn.py l.168-174: "attention
+# output scale should be provided", common/attentionOp.cpp:681): a 422 here
 TRTLLM_FP8_CONTEXT_FMHA = (
-    "TensorRT-LLM _torch/attention_backend/trtllm.py TrtllmAttention.forward (FP8 KV cache + paged context FMHA "
-    "needs FP8 attention) and thop/attentionOp.cpp (hasFp8KvCache() && use_paged_context_fmha: the FP8 path)"
+    "TensorRT-LLM _torch/attention_backend/trtllm.py TrtllmAttention.forward ('When FP8 KV cache is being used, "
+    "paged context FMHA cannot be used without FP8 attention') and thop/attentionOp.cpp (is_fp8_out || is_fp4_out: "
+    "the FP8 path whenever o_proj is quantized, _torch/modules/attention.py _use_quantize_output)"
 )
+# trtllm-bench gives an NVFP4 or per-tensor FP8 checkpoint an FP8 KV cache when it names none, and any other one the
+# model's dtype ("auto"): tensorrt_llm/bench/benchmark/utils/general.py _KV_CACHE_MAP = {QuantAlgo.FP8: "fp8",
+# QuantAlgo.NVFP4: "fp8"}, read as _KV_CACHE_MAP.get(quant_algo, "auto"); a block-scaled FP8 checkpoint
+# (FP8_BLOCK_SCALES, DeepSeek-V3's) keeps bf16
+TRTLLM_KV_DEFAULT = (("FP8", "fp8"), ("NVFP4", "fp8"))
+TRTLLM_KV_DEFAULT_SOURCE = "trtllm-bench _KV_CACHE_MAP (bench/benchmark/utils/general.py): FP8 and NVFP4 -> fp8"
+
+
+def quant_algo(weight_dtype: str, fp8_recipe: str) -> str | None:
+    """TensorRT-LLM's QuantAlgo name of a checkpoint's weights (tensorrt_llm/quantization/mode.py): nvfp4 NVFP4, fp8
+    per-tensor FP8, fp8 in 128x128 blocks FP8_BLOCK_SCALES; None for 16-bit weights."""
+    if weight_dtype == "nvfp4":
+        return "NVFP4"
+    if weight_dtype == "fp8":
+        return "FP8" if fp8_recipe == "tensorwise" else "FP8_BLOCK_SCALES"
+    return None
+
+
+def engine_kv_default(traits: EngineTraits, weight_dtype: str, fp8_recipe: str) -> str | None:
+    """The KV cache dtype the engine gives this checkpoint when the request names none (EngineTraits.
+    quantized_kv_default), or None where it keeps the planner's default."""
+    return dict(traits.quantized_kv_default).get(quant_algo(weight_dtype, fp8_recipe) or "")
+
+
 # the weight formats whose linears TensorRT-LLM's check above counts as quantized (fp8_qdq / fp8 block-wise, nvfp4)
 FP8_FMHA_WEIGHTS = ("fp8", "nvfp4")
 
@@ -257,6 +290,8 @@ TRTLLM = register(
         # mDupHeadFactor == 0 send (cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp; targetIRanks' dup factor)
         kv_head_replication=True,
         fp8_context_attention=TRTLLM_FP8_CONTEXT_FMHA,
+        quantized_kv_default=TRTLLM_KV_DEFAULT,
+        quantized_kv_source=TRTLLM_KV_DEFAULT_SOURCE,
     )
 )
 
@@ -273,8 +308,12 @@ __all__ = [
     "FP8_FMHA_WEIGHTS",
     "MXFP4_MIN_SM",
     "TRTLLM_FP8_CONTEXT_FMHA",
+    "TRTLLM_KV_DEFAULT",
+    "TRTLLM_KV_DEFAULT_SOURCE",
     "VLLM_NIXL_REPLICATED",
     "EngineTraits",
     "engine",
+    "engine_kv_default",
+    "quant_algo",
     "register",
 ]

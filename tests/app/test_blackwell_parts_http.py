@@ -57,7 +57,8 @@ def test_a_b300_prefills_nvfp4_faster_than_a_b200_as_its_table_measures(api):
     TensorRT-LLM's FP8 context FMHA (an FP8 KV cache, nvfp4 linears) and no second input quantize beside the nvfp4
     GEMMs whose measured ceiling times it (serve14's skip, since replaced): the B200's 0.1578 -> 0.1553 -> 0.1468 s,
     the B300 0.959 of it. bwcast14: the nvfp4 ceilings the GEMM alone (B200 0.484, B300 0.373) and the one input
-    quantize charged again: 0.1468 -> 0.1475 s, the B300 0.959 -> 0.966 of it (still faster, as its table)."""
+    quantize charged again: 0.1468 -> 0.1475 s, the B300 0.959 -> 0.966 of it (still faster, as its table); mend14a:
+    the FP8 FMHA by its own fitted ceiling (0.1475 -> 0.1469 s)."""
     ttft = {}
     for gpu in ("b200-180gb", "b300-288gb"):
         body = {
@@ -71,5 +72,5 @@ def test_a_b300_prefills_nvfp4_faster_than_a_b200_as_its_table_measures(api):
         r = api.post("/v1/serve", json=body)
         assert r.status_code == 200, r.text
         ttft[gpu] = r.json()["ttft_s"]
-    assert ttft["b200-180gb"] == pytest.approx(0.1475, abs=5e-4)
+    assert ttft["b200-180gb"] == pytest.approx(0.1469, abs=5e-4)
     assert ttft["b300-288gb"] / ttft["b200-180gb"] == pytest.approx(0.966, abs=0.003)

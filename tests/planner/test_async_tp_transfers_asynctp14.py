@@ -11,14 +11,17 @@ transfers (asynctp14)"):
   copy-engine read rate (nvbandwidth device_to_device_memcpy_read_ce on H100 SXM: 395.05 GB/s), not NCCL's price.
 """
 
+import json
 from dataclasses import replace
+from pathlib import Path
+from statistics import median
 
 import pytest
 
 import planner.step as step_module
 from collectives.topology import cluster_preset
 from collectives.topology.gpu import GPUS, PEER_COPY, PeerCopy, peer_copy
-from planner import Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner import Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
 from planner.context import Context
 from planner.kernels import async_tp_gemm_s, reads_stored_operands
 from planner.rules.tensor import async_tp_wgrad_reads
@@ -108,32 +111,93 @@ def _totals(plan):
     return step_module.stream_totals(plan.calls, 1, 0, 1)
 
 
+PEER_DATA = Path(__file__).resolve().parents[1] / "reference" / "nvbandwidth" / "h100_peer_copy.json"
+
+
 def test_the_measured_copy_engine_pull():
-    """nvbandwidth v0.10 on 8 x H100 80GB HBM3 (Azure ND96isr_H100_v5): the 56 pairs' sum 22,122.87 GB/s, 395.05 a
-    pair; Hopper with 18 NVLink links takes it (H100, H200), a part with another NVLink count or generation none."""
+    """The rate and the per-copy latency recomputed from the measurements kept in tests/reference/nvbandwidth: the
+    nvbandwidth read-CE matrix's 56 pairs (sum 22,122.87 GB/s, 395.05 a pair) and the median of
+    p2pBandwidthLatencyTest's 56 off-diagonal P2P latencies (2.78 us); Hopper with 18 NVLink links takes it (H100,
+    H200), a part with another NVLink count or generation none; measured on an 8-GPU board."""
+    data = json.loads(PEER_DATA.read_text())
+    pairs = [float(v) for row in data["read_ce"]["bandwidth_matrix"] for v in row if v != "N/A"]
+    lat = data["p2p_latency"]["gpu_latency_us"]
+    off = [lat[i][j] for i in range(8) for j in range(8) if i != j]
     pull = peer_copy(H100)
-    assert pull == PEER_COPY[(90, 18)] and pull.GBps == 395.05 == round(22122.87 / 56, 2)
-    assert "device_to_device_memcpy_read_ce" in pull.source and "ND96isr_H100_v5" in pull.source
+    assert len(pairs) == len(off) == 56 and sum(pairs) == pytest.approx(data["read_ce"]["sum"], rel=1e-6)
+    assert pull == PEER_COPY[(90, 18)] and pull.GBps == round(sum(pairs) / 56, 2) == 395.05
+    assert pull.latency_s == pytest.approx(median(off) * 1e-6) and pull.board_gpus == 8
+    assert "device_to_device_memcpy_read_ce" in pull.source and data["read_ce"]["name"] in pull.source
     assert peer_copy(GPUS["h200-sxm-141gb"]) is pull
     assert peer_copy(GPUS["h800-sxm5-80gb"]) is None and peer_copy(GPUS["a100-sxm4-80gb"]) is None
     assert peer_copy(GPUS["b200-180gb"]) is None
     assert PeerCopy(100.0, "x").seconds(1e9, 3) == pytest.approx(0.03)
+    assert PeerCopy(100.0, "x", 2e-6).seconds(1e9, 3) == pytest.approx(0.03 + 6e-6)
 
 
-def test_one_fused_all_gather_matmul_in_closed_form():
-    """The 8B's qkv at b 2 (16,384 rows, tp 8): the gathered message is one unit (134,217,728 B); the op pulls 7
-    shards of 16,777,216 B one after another at 395.05 GB/s, 297.3 us, beside its GEMM in 8 pieces; it leaves
-    max(0, c + g/8 - g) exposed. The plan's forward exposure is the four fused calls' sum over 4 layers."""
-    from planner.step import fused_op_exposed_s, fused_transfer_s
+def _fused_by_ledger(plan, gpu, tp):
+    """A plan's forward exposure of its fused calls with each call's communication its ledger price (NCCL's)."""
+    from planner.step import fused_op_exposed_s
 
-    c = fused_transfer_s(UNIT, 8, peer_copy(H100))
-    assert c == pytest.approx(7 * (UNIT / 8) / 395.05e9) and c == pytest.approx(297.3e-6, rel=1e-4)
-    gemm = async_tp_gemm_s(_ctx(), H100)
-    g = gemm["qkv"]
-    assert fused_op_exposed_s(c, g, 8) == pytest.approx(max(0.0, c + g / 8 - g))
-    st = _plan().step.stages[0]
-    fwd = sum(4 * fused_op_exposed_s(c, gemm[k], 8) for k in ("qkv", "fc1", "attn_out", "fc2"))
-    assert st.tp_fused_fwd_s == pytest.approx(fwd, rel=1e-12)
+    price = {pc.call.name: pc.price.time_s for pc in plan.calls}
+    ctx = Context(MODEL, _work(), ParallelSpec(tp=tp, sequence_parallel=True, framework="torch"))
+    gemm = async_tp_gemm_s(ctx, gpu)
+    return sum(4 * fused_op_exposed_s(price[n], gemm[k], tp) for n, k in PAIRS)
+
+
+PAIRS = (
+    ("tp.attn.qkv", "qkv"),
+    ("tp.mlp.up_proj", "fc1"),
+    ("tp.attn.out_proj", "attn_out"),
+    ("tp.mlp.down_proj", "fc2"),
+)
+
+
+@pytest.mark.parametrize(
+    ("where", "tp", "nodes", "per_node"),
+    [("gh200", 4, 4, None), ("dgx-h100", 8, 2, 4), ("dgx-h100", 4, 1, 4), ("dgx-h100", 2, 1, 2)],
+)
+def test_the_measured_pull_only_behind_an_nvswitch_board(where, tp, nodes, per_node):
+    """The measured pull needs both GPUs behind one NVSwitch of an 8-GPU board (PeerCopy.reaches; review r14a, 1):
+    GH200 nodes of one GPU over InfiniBand, tp 8 over two nodes of 4, and H100 nodes of 4 or 2 (no NVSwitch on those
+    boards) price the fused op's transfer at the ledger's (NCCL's) price, as before asynctp14."""
+    cluster = cluster_preset(where, nodes)
+    if per_node:
+        cluster = replace(cluster, devices_per_node=per_node)
+    par = ParallelSpec(tp=tp, sequence_parallel=True, framework="torch")
+    options = Options(timeline=False, overlap=Overlap(tp_comm_overlap=True))
+    plan = build_plan(MODEL, _work(), par, cluster, options)
+    assert peer_copy(cluster.gpu) is not None  # a Hopper part with the measured pull, placed where it does not apply
+    assert plan.step.stages[0].tp_fused_fwd_s == pytest.approx(_fused_by_ledger(plan, cluster.gpu, tp), rel=1e-12)
+
+
+def test_the_switch_test_reads_the_price():
+    """on_nvlink_switch: the DGX H100's TP group (one node, its busiest link an NVSwitch port) is; GH200's (NICs)
+    and a full-mesh node's (no switch) are not."""
+    from collectives.topology.pricing import on_nvlink_switch
+
+    dgx, options = _plan(), Options(timeline=False, overlap=Overlap(tp_comm_overlap=True))
+    gh = build_plan(MODEL, _work(), ParallelSpec(tp=4, sequence_parallel=True, framework="torch"),
+                    cluster_preset("gh200", 4), options)  # fmt: skip
+    tp_rows = [pc for pc in dgx.calls if pc.call.parallelism == "tp"]
+    assert tp_rows and all(on_nvlink_switch(pc.price) for pc in tp_rows)
+    assert not any(on_nvlink_switch(pc.price) for pc in gh.calls if pc.call.parallelism == "tp")
+    h = cluster_preset("dgx-h100", 1)
+    mesh = replace(h, intra=replace(h.intra, fabric="full_mesh"))
+    m = build_plan(MODEL, _work(), ParallelSpec(tp=8, sequence_parallel=True, framework="torch"), mesh, options)
+    assert not any(on_nvlink_switch(pc.price) for pc in m.calls if pc.call.parallelism == "tp")
+
+
+def test_async_tp_without_compile_is_refused():
+    """torchtitan raises 'Async TP requires torch.compile' (review r14a, 1): a SpecError on
+    options.overlap.tp_comm_overlap naming workload.torch_compile; tp 1 (nothing to overlap) passes."""
+    work = WorkloadSpec(micro_batch_size=2, global_batch_size=2, torch_compile=False, loss_parallel=True)
+    options = Options(timeline=False, overlap=Overlap(tp_comm_overlap=True))
+    with pytest.raises(SpecError) as err:
+        build_plan(MODEL, work, ParallelSpec(tp=8, sequence_parallel=True, framework="torch"),
+                   cluster_preset("dgx-h100", 1), options)  # fmt: skip
+    assert err.value.field == "options.overlap.tp_comm_overlap"
+    assert "workload.torch_compile" in str(err.value) and "Async TP requires" in str(err.value)
 
 
 def test_without_a_measured_pull_the_ledger_prices_the_transfer():
@@ -143,15 +207,8 @@ def test_without_a_measured_pull_the_ledger_prices_the_transfer():
     par = ParallelSpec(tp=8, sequence_parallel=True, framework="torch")
     options = Options(timeline=False, overlap=Overlap(tp_comm_overlap=True))
     plan = build_plan(MODEL, _work(), par, a100, options)
-    from planner.step import fused_op_exposed_s
-
-    price = {pc.call.name: pc.price.time_s for pc in plan.calls}
-    gemm = async_tp_gemm_s(_ctx(), a100.gpu)
-    pairs = (("tp.attn.qkv", "qkv"), ("tp.mlp.up_proj", "fc1"), ("tp.attn.out_proj", "attn_out"),
-             ("tp.mlp.down_proj", "fc2"))  # fmt: skip
-    fwd = sum(4 * fused_op_exposed_s(price[n], gemm[k], 8) for n, k in pairs)
     assert peer_copy(a100.gpu) is None
-    assert plan.step.stages[0].tp_fused_fwd_s == pytest.approx(fwd, rel=1e-12)
+    assert plan.step.stages[0].tp_fused_fwd_s == pytest.approx(_fused_by_ledger(plan, a100.gpu, 8), rel=1e-12)
 
 
 def test_a_gather_copies_its_shard_into_its_p2p_buffer_at_any_b():
