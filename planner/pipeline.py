@@ -535,7 +535,12 @@ def _any_m(name: str, m: int, p: int) -> str:
 # OP_WAIT (no time) holds the rank until the input of the backward it names has come (an F&B pair receives both
 # inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
 OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
-OP_CELLS = 50  # one op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells: 115-160 ns / 3 ns a cell
+# One op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells (~3 ns): 52-62 ns measured cold with
+# ZB-H1, ZBV, DualPipe and DualPipeV at p 4-48 (guard14, docs/step-time.md "(guard14)"; 115-160 ns at sched11, the
+# rank's fixed cost then counted in it), and a rank's fixed cost, its runs tiled and numbered (``_Runs.arrays``' ~40
+# numpy calls): 63-121 us a rank (guard14), ORDER_RANK_CELLS
+OP_CELLS = 20
+ORDER_RANK_CELLS = 32_000
 # per op kind: a forward; a backward that sends its input gradient (B, I); one that waits for it too (OP_WAIT, which
 # waits for the input of the backward it names). Tables read as IS_FORWARD[kind], not np.isin (10x its cost on a
 # rank's few thousand ops: ``_Runs.arrays`` 0.31 -> 0.22 ms a rank; vsearch13); pipeline_jitter reads them too
@@ -818,10 +823,11 @@ class ScheduleTraits:
     # True: the order runs some backwards' weight gradients apart (OP_I, then OP_W later: the zero-bubble and DualPipe
     # orders), so the weight gradient's share of a pass moves its list schedule (planner/pipeline_jitter.py)
     splits_weights: bool = False
-    # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out: 0 for the
-    # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
-    # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
+    # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out, and one rank's
+    # fixed cost: 0 for the Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS and
+    # ORDER_RANK_CELLS for one laid out from runs (``_Runs``; docs/step-time.md "(sched11)", "(guard14)")
     order_op_cells: int = 0
+    order_rank_cells: int = 0
     # True: where its ranks or chunks differ, ``bubble_s`` runs ``order`` as a list schedule at each (rank, chunk, op)'s
     # time (planner/pipeline_jitter.py order_span; vsched12), the closed form ``bubble`` where all are equal
     order_priced: bool = False
@@ -910,6 +916,7 @@ register(
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
 _ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS,
+       "order_rank_cells": ORDER_RANK_CELLS,
        "wait_stand_ins": _STAND_INS, "order_priced": True}  # fmt: skip
 _DUALPIPE = {**_ZB, "stage_map": FOLDED, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
 # DualPipe's own layout (dualpipe13, review r12a #3): rank r runs stage r one way and pp - 1 - r the other of a pp-stage
