@@ -237,12 +237,12 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     dep = row[flat][by_level]
     bounds = (0, *(np.flatnonzero(np.diff(level[by_level])) + 1).tolist(), ops)
     traits = schedule_traits(kind)
-    blocks = 4 if traits.splits_weights else 2
+    chunks, blocks = _table_shape(kind, v)
     at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
     split = traits.stage_map.visits(v)  # the chunks a micro-batch visits on one rank
     # the rank's chunk an op runs (pipeline.StageMap.op_chunk: virtual stage s is chunk s // p, Megatron's c·p + d, a
     # V's r and 2p - 1 - r; DualPipe's by the op's direction, stage r one way and p - 1 - r the other; dualpipe13)
-    chunks, rank = max(1, v), np.arange(ops) // n
+    rank = np.arange(ops) // n
     cell = (rank * chunks + traits.stage_map.op_chunk(rank, stage, p)) * blocks + _ROW[op]
     cell = np.where(_ROW[op] < 0, p * chunks * blocks, cell)[by_level].astype(np.int32)
     last = row[np.arange(p) * n + n - 1]
@@ -253,6 +253,13 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
     return graph
+
+
+def _table_shape(kind: str, v: int) -> tuple[int, int]:
+    """(chunks, blocks) of a structure's per-(rank, chunk, block) table (``_Graph.chunks``, ``blocks``): a rank's v
+    chunks, and 4 blocks where the order splits weight gradients off (forward, backward, input gradient, weight
+    gradient), else 2."""
+    return max(1, v), 4 if schedule_traits(kind).splits_weights else 2
 
 
 def durations(t: np.ndarray, phi: float, split: int, omega: float = 0.0, blocks: int = 2) -> np.ndarray:
@@ -664,16 +671,20 @@ def _span_key(passes: Sequence[StagePass], sched: Schedule) -> tuple:
 
 
 def _span_graph(sched: Schedule) -> tuple[int, _Graph | None]:
-    """(the micro-batches the run takes, its structure): 0 and None where the run is over ORDER_OPS, the order is
-    not written out or the schedule's rules do not hold (an order runs only where they hold: its chunks per rank,
-    DualPipe's even pp, DualPipe(V)'s even m >= 2pp; a plan's checked by planner/parallel.py, pipeline_time is also
-    called bare)."""
+    """(the micro-batches the run takes, its structure): 0 and None where it runs none (``_span_takes``)."""
+    run = _span_takes(sched)
+    return (run, _graph(sched.kind, sched.stages, max(1, sched.chunks), run)) if run else (0, None)
+
+
+def _span_takes(sched: Schedule) -> int:
+    """The micro-batches the run takes: 0 where the run is over ORDER_OPS, the order is not written out or the
+    schedule's rules do not hold (an order runs only where they hold: its chunks per rank, DualPipe's even pp,
+    DualPipe(V)'s even m >= 2pp; a plan's checked by planner/parallel.py, pipeline_time is also called bare)."""
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
     traits = sched.traits
     valid = traits.order is not None and traits.runs_chunks(v) and not traits.microbatch_rule(sched.kind, m, p)
     valid = valid and not (traits.even_pp and p % 2)
-    run = span_run(sched.kind, p, v, m) if valid else 0
-    return (run, _graph(sched.kind, p, v, run)) if run else (0, None)
+    return span_run(sched.kind, p, v, m) if valid else 0
 
 
 def _keep(memo: OrderedDict, key: tuple, value, kept: int) -> None:
@@ -716,28 +727,34 @@ def _run_orders(
     the jobs not yet memoised (``again``: of every job), by memo key, each kept in both memos from the same run
     (guard14: the step's ``drain_leads_of`` read the ends through a second run of the same column): grouped by
     structure, each group one sweep or one loop a column (``order_spans``), the slowest pass a micro-batch past the
-    run."""
-    groups: dict[tuple, tuple] = {}
+    run. A table of no time at all (the search's data floors: passes of no compute) ends every rank at 0.0 without
+    a run (every op's max and add of zeros is 0.0; guard14), its structure not laid out for it."""
+    groups: dict[tuple, dict] = {}
     out: dict[tuple, float | None] = {}
     ends: dict[tuple, tuple[float, ...] | None] = {}
     for passes, sched in jobs:
         key = _span_key(passes, sched)
         if (key in _SPANS and not again) or key in out:
             continue
-        run, graph = _span_graph(sched)
-        if graph is None:
+        run = _span_takes(sched)
+        if not run:
             out[key] = ends[key] = None
             continue
-        found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
+        found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), {})
         found.setdefault(key, (own_passes(passes, sched), sched))
-    for group, (graph, pending) in groups.items():
-        run = group[-1]
-        tables = [chunk_table(passes, graph.chunks, graph.blocks) for passes, _ in pending.values()]
-        if _loops_cheaper(len(pending), len(graph.at), len(graph.bounds) - 1):
-            columns = [_ends_one(graph, table[:, 0].tolist()) for table in tables]
-        else:
-            columns = rank_ends(replace(graph, at=graph.cell), np.hstack(tables)).T.tolist()
-        for (key, (passes, sched)), col in zip(pending.items(), columns, strict=True):
+    for (kind, p, v, run), pending in groups.items():
+        tables = {key: chunk_table(passes, *_table_shape(kind, v)) for key, (passes, _) in pending.items()}
+        columns = {key: [0.0] * p for key, table in tables.items() if not table.any()}
+        timed = [key for key in tables if key not in columns]
+        if timed:
+            graph = _graph(kind, p, v, run)
+            if _loops_cheaper(len(timed), len(graph.at), len(graph.bounds) - 1):
+                runs = [_ends_one(graph, tables[key][:, 0].tolist()) for key in timed]
+            else:
+                runs = rank_ends(replace(graph, at=graph.cell), np.hstack([tables[key] for key in timed])).T.tolist()
+            columns.update(zip(timed, runs, strict=True))
+        for key, (passes, sched) in pending.items():
+            col = columns[key]
             out[key] = max(col) + (sched.microbatches - run) * max(x.total_s for x in passes)
             ends[key] = tuple(col) if run == sched.microbatches else None
     for key, span in out.items():
