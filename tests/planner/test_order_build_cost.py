@@ -10,8 +10,9 @@ import random
 
 import pytest
 
+from bench.order_build_cost import _passes
 from planner import pipeline_jitter as pj
-from planner.pipeline import Schedule, StagePass, schedule_traits
+from planner.pipeline import Schedule, schedule_traits
 
 # the charge may be above the cold run's counted cells (its op, level and round counts are upper bounds: ZB-H1's rank
 # 0 never splits a backward, 1.4-1.5x fewer ops than 3 a micro-batch), never below, and at most this factor over
@@ -34,16 +35,6 @@ CASES = [
 
 def _v(kind: str) -> int:
     return 1 if kind == "zb-h1" else 2
-
-
-def _passes(rng: random.Random, p: int, copies: int) -> list[StagePass]:
-    """p ranks of their own pass (total 0.5-1.5, forward 0.25-0.45 of it, W a share of the backward, chunk split)."""
-    out = []
-    for _ in range(p):
-        total, f, a = rng.uniform(0.5, 1.5), rng.uniform(0.25, 0.45), rng.uniform(0.2, 0.8)
-        fwd, bwd = f * total, (1 - f) * total
-        out.append(StagePass(fwd, bwd, copies * fwd * a, copies * bwd * (1 - a), 0.3 * bwd, copies))
-    return out
 
 
 def _counted(kind: str, p: int, v: int, m: int, columns: int) -> int:
