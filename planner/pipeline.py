@@ -535,12 +535,12 @@ def _any_m(name: str, m: int, p: int) -> str:
 # OP_WAIT (no time) holds the rank until the input of the backward it names has come (an F&B pair receives both
 # inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
 OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
-# One op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells (~3 ns): 52-62 ns measured cold with
+# One op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells (~3 ns): 38-62 ns measured cold with
 # ZB-H1, ZBV, DualPipe and DualPipeV at p 4-48 (guard14, docs/step-time.md "(guard14)"; 115-160 ns at sched11, the
-# rank's fixed cost then counted in it), and a rank's fixed cost, its runs tiled and numbered (``_Runs.arrays``' ~40
-# numpy calls): 63-121 us a rank (guard14), ORDER_RANK_CELLS
+# rank's fixed cost then counted in it), and a rank's fixed cost, its runs tiled and numbered (``_Runs.arrays``' ~30
+# numpy calls): 52-74 us a rank (guard14, after its one cumulative count; 63-121 us before), ORDER_RANK_CELLS
 OP_CELLS = 20
-ORDER_RANK_CELLS = 32_000
+ORDER_RANK_CELLS = 20_000
 # per op kind: a forward; a backward that sends its input gradient (B, I); one that waits for it too (OP_WAIT, which
 # waits for the input of the backward it names). Tables read as IS_FORWARD[kind], not np.isin (10x its cost on a
 # rank's few thousand ops: ``_Runs.arrays`` 0.31 -> 0.22 ms a rank; vsearch13); pipeline_jitter reads them too
@@ -600,20 +600,25 @@ class _Runs:
             self.runs.append((pattern, times))
 
     def weights(self) -> None:
-        """The weight gradients still deferred, oldest first (dualpipe.py step 8, the quick ZB-H1's ``pop_all``)."""
-        kind = np.concatenate([np.tile(np.array(p)[:, 0], t) for p, t in self.runs])
-        self.add(int(np.sum(kind == OP_I) - np.sum(kind == OP_W)), WQ)
+        """The weight gradients still deferred, oldest first (dualpipe.py step 8, the quick ZB-H1's ``pop_all``): the
+        runs' input gradients less their weight gradients, counted off the patterns (guard14: not tiled out)."""
+        held = sum(times * sum((k == OP_I) - (k == OP_W) for k, _ in pattern) for pattern, times in self.runs)
+        self.add(held, WQ)
 
     def arrays(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ops = np.concatenate([np.tile(np.array(p, dtype=np.intp), (t, 1)) for p, t in self.runs])
         kind, phase = ops[:, 0], ops[:, 1]
+        # each forward (backward) numbered by its phase's forwards (backwards that send) before it: one cumulative
+        # count over four columns (forward / backward x phase), read at the op's own column (guard14: one cumsum, not
+        # four masked ones; the same numbers)
+        group = np.where(IS_FORWARD[kind], 0, np.where(IS_GRADIENT[kind], 2, -4)) + phase  # < 0: a weight gradient
+        counted = np.flatnonzero(IS_FORWARD[kind] | SENDS_GRADIENT[kind])
+        onehot = np.zeros((len(kind), 4), dtype=np.intp)
+        onehot[counted, group[counted]] = 1
+        ahead = np.cumsum(onehot, axis=0) - onehot  # the column's counted ops before this one
         index = np.zeros(len(kind), dtype=np.intp)
-        forward, backward = IS_FORWARD[kind], IS_GRADIENT[kind]
-        for group, counted in ((forward, forward), (backward, SENDS_GRADIENT[kind])):
-            for ph in (0, 1):
-                sel = group & (phase == ph)
-                ahead = np.cumsum(counted & sel) - (counted & sel)  # the group's counted ops before this one
-                index[sel] = ahead[sel]
+        sel = np.flatnonzero(group >= 0)
+        index[sel] = ahead[sel, group[sel]]
         deferred, popped = np.flatnonzero(kind == OP_I), np.flatnonzero(kind == OP_W)
         for ph in (-1, 0, 1):  # each W takes the (phase, index) of the I it pops
             queue = deferred if ph == -1 else deferred[phase[deferred] == ph]
