@@ -829,8 +829,8 @@ class ScheduleTraits:
     # orders), so the weight gradient's share of a pass moves its list schedule (planner/pipeline_jitter.py)
     splits_weights: bool = False
     # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out, and one rank's
-    # fixed cost: 0 for the Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS and
-    # ORDER_RANK_CELLS for one laid out from runs (``_Runs``; docs/step-time.md "(sched11)", "(guard14)")
+    # fixed cost: the Megatron order's own (``_MEGATRON``; 0 until guard14, "within the relaxation's charge"), OP_CELLS
+    # and ORDER_RANK_CELLS for one laid out from runs (``_Runs``; docs/step-time.md "(sched11)", "(guard14)")
     order_op_cells: int = 0
     order_rank_cells: int = 0
     # True: where its ranks or chunks differ, ``bubble_s`` runs ``order`` as a list schedule at each (rank, chunk, op)'s
@@ -902,7 +902,9 @@ def schedule_traits(kind: str) -> ScheduleTraits:
 # ZBV (up to 2.8x below ZBV's at rho 1)
 _STAND_INS = (("1f1b", 1),)
 # Megatron's two schedules: searched by default, run in Megatron's own order (schedules.py)
-_MEGATRON = {"searched": True, "order": _order_megatron}
+# (its order written out: 25 ns an op and 14 us a rank measured cold at p 8-64, v 1-4, guard14; in pipeline_jitter's
+# ~3 ns cells)
+_MEGATRON = {"searched": True, "order": _order_megatron, "order_op_cells": 8, "order_rank_cells": 4_700}
 # parallel.py's SCHEDULES are these names, in this order
 register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, **_MEGATRON))
 register(
