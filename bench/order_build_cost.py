@@ -64,7 +64,7 @@ def main() -> None:
             run = pj._runs(p, v, m)[-1]
             spent = _cold(lambda p=p, v=v, run=run: pj._graph("interleaved", p, v, run))
             ops = 2 * v * run * p
-            charged = pj.laid_cells(p, ops) * NS_A_CELL
+            charged = pj.laid_cells(p, ops, *pj.build_cells("interleaved")) * NS_A_CELL
             _row(f"interleaved, {v} (structure)", f"{p}, {run}", ops, charged, spent)
     print(f"order runs, measured / charged: {min(ratios):.2f}-{max(ratios):.2f}")
 
