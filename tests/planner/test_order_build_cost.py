@@ -21,15 +21,14 @@ FACTOR = 2.0
 # 16 ms charged at 3 ns a cell against 85 / 19 / 80 ms measured) and small pipelines, where a rank's fixed cost
 # (its order's runs, the relaxation's rank steps) outweighs its ops
 CASES = [
-    ("dualpipe", 32, 1024),
-    ("zb-h1", 16, 128),
-    ("dualpipe", 16, 2048),
-    ("zb-h1", 4, 8),
-    ("zbv", 4, 16),
-    ("zbv", 32, 256),
-    ("dualpipev", 8, 64),
-    ("dualpipev", 48, 192),
-    ("dualpipe", 4, 8),
+    (kind, p, m)
+    for kind, where in (
+        ("dualpipe", ((32, 1024), (16, 2048), (4, 8))),
+        ("zb-h1", ((16, 128), (4, 8))),
+        ("zbv", ((4, 16), (32, 256))),
+        ("dualpipev", ((8, 64), (48, 192))),
+    )
+    for p, m in where
 ]
 
 
