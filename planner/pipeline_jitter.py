@@ -134,8 +134,7 @@ class _Graph:
     chunks: int = 1  # the chunks of a rank in that table (v: DualPipe's two stages though a micro-batch runs one)
     rounds: int = 0  # the relaxation's rounds laying it out took (``_laid``; ``laid_cells`` charges RELAX_CHARGED)
     # ``_sweep``'s per-level gather indices, laid out on its first sweep (``_levels_plan``) and shared by the copies
-    # ``replace`` makes (the same dict): {0: plan}; up to TIMELINE_OPS ops also {1: ``_levels``' per-rank arrays},
-    # which ``order_blocks`` draws from
+    # ``replace`` makes (the same dict): {0: plan}
     plan: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -247,8 +246,8 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     cell = np.where(_ROW[op] < 0, p * chunks * blocks, cell)[by_level].astype(np.int32)
     last = row[np.arange(p) * n + n - 1]
     graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell, chunks, rounds=rounds)
-    if ops <= TIMELINE_OPS:  # the per-rank arrays order_blocks draws from, kept (not laid out again; guard14)
-        graph.plan[1] = tuple(laid)
+    if ops <= TIMELINE_OPS:  # the per-rank arrays order_blocks draws from, kept apart (not laid out again; guard14)
+        _keep(_TIMELINE_LEVELS, key, tuple(laid), TIMELINE_KEPT)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
@@ -810,6 +809,11 @@ __all__ = [
 
 # ops of an order the timeline draws one block each (order_blocks); past it the closed-form timeline (pipeline.timeline)
 TIMELINE_OPS = 4096
+# structures of at most TIMELINE_OPS ops whose per-rank arrays (``_levels``: five intp arrays, 40 bytes an op)
+# ``_graph`` keeps for ``order_blocks``, least recently laid out first: 64, as the lru_cache of the second layout they
+# replace held (guard14), at most ~10 MiB; apart from the structures' cache, whose GRAPH_OPS bound counts 16 B an op
+TIMELINE_KEPT = 64
+_TIMELINE_LEVELS: OrderedDict[tuple, tuple[np.ndarray, ...]] = OrderedDict()
 # the drawn name of each op kind (pipeline.OP_*): the input-gradient backward is a backward, OP_WAIT and OP_IDLE none
 _DRAWN = ("forward", "backward", "backward", "wgrad", "", "forward", "")
 
@@ -843,7 +847,9 @@ def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) ->
     if ends is None or graph is None or len(graph.at) > TIMELINE_OPS:
         return None
     traits = sched.traits
-    op, mb, stage, flat, level = graph.plan[1]  # the structure's own per-rank arrays (``_graph``)
+    key = (sched.kind, p, max(1, sched.chunks), sched.microbatches)  # the run takes all m (``order_ends``)
+    found = _TIMELINE_LEVELS.get(key)  # the per-rank arrays ``_graph`` laid the structure out from
+    op, mb, stage, flat, level = found if found is not None else _levels(*key)
     n = op.shape[1]
     rank = np.arange(p)[:, None]
     cell = (rank * graph.chunks + traits.stage_map.op_chunk(rank, stage, p)) * graph.blocks + _ROW[op]

@@ -107,8 +107,9 @@ def test_one_run_gives_the_makespan_and_the_ends(kind, monkeypatch):
 
 
 def test_the_timeline_draws_from_the_structure_the_run_laid_out(monkeypatch):
-    """order_blocks reads the per-rank arrays the run's structure kept (``_Graph.plan[1]``): with the structure laid
-    out, drawing lays no order out again (a spy on ``_laid``), and its last block ends at the span it is given."""
+    """order_blocks reads the per-rank arrays ``_graph`` kept when it laid the run's structure out
+    (``_TIMELINE_LEVELS``): drawing lays no order out again (a spy on ``_laid``), and its last block ends at the span it
+    is given; with those arrays let go (the bounded memo) it lays them out once more and draws the same blocks."""
     sched = Schedule("dualpipe", 8, 16, 2)
     passes = _passes(random.Random(3), 8, 2)
     pj._GRAPHS.clear()
@@ -120,3 +121,5 @@ def test_the_timeline_draws_from_the_structure_the_run_laid_out(monkeypatch):
     blocks = pj.order_blocks(passes, sched, span)
     assert laid == [] and blocks
     assert max(b["end_s"] for b in blocks) == pytest.approx(span, rel=1e-9)
+    pj._TIMELINE_LEVELS.clear()
+    assert pj.order_blocks(passes, sched, span) == blocks and len(laid) == 1
