@@ -18,5 +18,5 @@ if __name__ == "__main__":
         got = pj.jitter(Schedule(kind, p, m, v), 0.33, 0.05)
         cpu = time.process_time() - start
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        runs = pj.runs_at(p, v, m, pj.per_microbatch(kind, v), pj.build_cells(kind))
+        runs = pj.runs_at(p, v, m, pj.per_microbatch(kind, v), *pj.build_cells(kind))
         print(f"{kind} {p} {v} {m}: {runs} {got} {cpu:.2f} s CPU, max RSS {rss:.0f} MB", flush=True)

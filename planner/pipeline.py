@@ -535,7 +535,12 @@ def _any_m(name: str, m: int, p: int) -> str:
 # OP_WAIT (no time) holds the rank until the input of the backward it names has come (an F&B pair receives both
 # inputs before it computes: dualpipe.py ``_forward_backward_chunk``), OP_IDLE pads a rank's list (no time, no input).
 OP_F, OP_B, OP_I, OP_W, OP_WAIT, OP_F_LATE, OP_IDLE = range(7)  # B: full backward; I: input-gradient only; W: weights
-OP_CELLS = 50  # one op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells: 115-160 ns / 3 ns a cell
+# One op of an order laid out from runs (``_Runs``) in pipeline_jitter's cells (~3 ns): 38-62 ns measured cold with
+# ZB-H1, ZBV, DualPipe and DualPipeV at p 4-48 (guard14, docs/step-time.md "(guard14)"; 115-160 ns at sched11, the
+# rank's fixed cost then counted in it), and a rank's fixed cost, its runs tiled and numbered (``_Runs.arrays``' ~30
+# numpy calls): 52-74 us a rank (guard14, after its one cumulative count; 63-121 us before), ORDER_RANK_CELLS
+OP_CELLS = 20
+ORDER_RANK_CELLS = 20_000
 # per op kind: a forward; a backward that sends its input gradient (B, I); one that waits for it too (OP_WAIT, which
 # waits for the input of the backward it names). Tables read as IS_FORWARD[kind], not np.isin (10x its cost on a
 # rank's few thousand ops: ``_Runs.arrays`` 0.31 -> 0.22 ms a rank; vsearch13); pipeline_jitter reads them too
@@ -595,20 +600,25 @@ class _Runs:
             self.runs.append((pattern, times))
 
     def weights(self) -> None:
-        """The weight gradients still deferred, oldest first (dualpipe.py step 8, the quick ZB-H1's ``pop_all``)."""
-        kind = np.concatenate([np.tile(np.array(p)[:, 0], t) for p, t in self.runs])
-        self.add(int(np.sum(kind == OP_I) - np.sum(kind == OP_W)), WQ)
+        """The weight gradients still deferred, oldest first (dualpipe.py step 8, the quick ZB-H1's ``pop_all``): the
+        runs' input gradients less their weight gradients, counted off the patterns (guard14: not tiled out)."""
+        held = sum(times * sum((k == OP_I) - (k == OP_W) for k, _ in pattern) for pattern, times in self.runs)
+        self.add(held, WQ)
 
     def arrays(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ops = np.concatenate([np.tile(np.array(p, dtype=np.intp), (t, 1)) for p, t in self.runs])
         kind, phase = ops[:, 0], ops[:, 1]
+        # each forward (backward) numbered by its phase's forwards (backwards that send) before it: one cumulative
+        # count over four columns (forward / backward x phase), read at the op's own column (guard14: one cumsum, not
+        # four masked ones; the same numbers)
+        group = np.where(IS_FORWARD[kind], 0, np.where(IS_GRADIENT[kind], 2, -4)) + phase  # < 0: a weight gradient
+        counted = np.flatnonzero(IS_FORWARD[kind] | SENDS_GRADIENT[kind])
+        onehot = np.zeros((len(kind), 4), dtype=np.intp)
+        onehot[counted, group[counted]] = 1
+        ahead = np.cumsum(onehot, axis=0) - onehot  # the column's counted ops before this one
         index = np.zeros(len(kind), dtype=np.intp)
-        forward, backward = IS_FORWARD[kind], IS_GRADIENT[kind]
-        for group, counted in ((forward, forward), (backward, SENDS_GRADIENT[kind])):
-            for ph in (0, 1):
-                sel = group & (phase == ph)
-                ahead = np.cumsum(counted & sel) - (counted & sel)  # the group's counted ops before this one
-                index[sel] = ahead[sel]
+        sel = np.flatnonzero(group >= 0)
+        index[sel] = ahead[sel, group[sel]]
         deferred, popped = np.flatnonzero(kind == OP_I), np.flatnonzero(kind == OP_W)
         for ph in (-1, 0, 1):  # each W takes the (phase, index) of the I it pops
             queue = deferred if ph == -1 else deferred[phase[deferred] == ph]
@@ -818,10 +828,11 @@ class ScheduleTraits:
     # True: the order runs some backwards' weight gradients apart (OP_I, then OP_W later: the zero-bubble and DualPipe
     # orders), so the weight gradient's share of a pass moves its list schedule (planner/pipeline_jitter.py)
     splits_weights: bool = False
-    # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out: 0 for the
-    # Megatron order (40 ns an op at pp 512, within the relaxation's charge), OP_CELLS for one laid out from runs
-    # (``_Runs``: 115-160 ns an op at pp 256-512, docs/step-time.md "(sched11)")
+    # cells (planner/pipeline_jitter.py's work units, 2-5 ns) one op of ``order`` costs to write out, and one rank's
+    # fixed cost: the Megatron order's own (``_MEGATRON``; 0 until guard14, "within the relaxation's charge"), OP_CELLS
+    # and ORDER_RANK_CELLS for one laid out from runs (``_Runs``; docs/step-time.md "(sched11)", "(guard14)")
     order_op_cells: int = 0
+    order_rank_cells: int = 0
     # True: where its ranks or chunks differ, ``bubble_s`` runs ``order`` as a list schedule at each (rank, chunk, op)'s
     # time (planner/pipeline_jitter.py order_span; vsched12), the closed form ``bubble`` where all are equal
     order_priced: bool = False
@@ -891,7 +902,9 @@ def schedule_traits(kind: str) -> ScheduleTraits:
 # ZBV (up to 2.8x below ZBV's at rho 1)
 _STAND_INS = (("1f1b", 1),)
 # Megatron's two schedules: searched by default, run in Megatron's own order (schedules.py)
-_MEGATRON = {"searched": True, "order": _order_megatron}
+# (its order written out: 25 ns an op and 14 us a rank measured cold at p 8-64, v 1-4, guard14; in pipeline_jitter's
+# ~3 ns cells)
+_MEGATRON = {"searched": True, "order": _order_megatron, "order_op_cells": 8, "order_rank_cells": 4_700}
 # parallel.py's SCHEDULES are these names, in this order
 register(ScheduleTraits("1f1b", _bubble_1f1b, _warmup_1f1b, _held_warmup, **_MEGATRON))
 register(
@@ -910,6 +923,7 @@ register(
 # GPipe runs 1F1B's critical path (all forwards, then all backwards) and holds all m micro-batches
 register(ScheduleTraits("gpipe", _bubble_1f1b, _warmup_all, _held_warmup, forwards_first=True))
 _ZB = {"min_pp": 2, "source": ZB_DUALPIPE_SOURCE, "splits_weights": True, "order_op_cells": OP_CELLS,
+       "order_rank_cells": ORDER_RANK_CELLS,
        "wait_stand_ins": _STAND_INS, "order_priced": True}  # fmt: skip
 _DUALPIPE = {**_ZB, "stage_map": FOLDED, "microbatch_rule": _m_even_twice_pp, "overlaps_ep": True, "order": _order_dual}
 # DualPipe's own layout (dualpipe13, review r12a #3): rank r runs stage r one way and pp - 1 - r the other of a pp-stage

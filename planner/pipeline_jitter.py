@@ -87,6 +87,15 @@ CHUNK = 1 << 21  # cells of one sweep's array (16 MiB): columns run in chunks of
 LEVEL_CELLS = 3_000  # one level's numpy steps (10-20 us measured, docs/step-time.md "(mend10a)") in cells
 RELAX_CELLS = 2  # one relaxation round over one op (7-10 ns measured at pp 128, docs/step-time.md) in cells
 RELAX_ROUNDS = 8  # Gauss-Seidel rounds before an order is called deadlocked (Megatron's settle in 2-3; the test)
+# The rounds a structure's relaxation is charged (``laid_cells``): the most measured, the last finding no change:
+# ZB-H1 and ZBV 2, DualPipe and DualPipeV 3 at p 4-48, m 2p-64p (guard14, ``_Graph.rounds``); Megatron's 2-3 (mend10a)
+RELAX_CHARGED = 3
+# one rank step of the relaxation (a gather, two maxima, a cumulative max, a compare over the rank's ops) in cells:
+# 3.8 us fixed measured cold at p 4-48 (guard14; LEVEL_CELLS, a draws' sweep level, was charged before)
+RANK_STEP_CELLS = 1_300
+# one op of a structure laid out past its order and relaxation (``_inputs``: its input found; ``_graph``: the level
+# sort, its rows, its cell; the sweep's plan) in cells: 71 ns measured cold at p 4-48 (guard14; not charged before)
+LAY_CELLS = 24
 # operations kept in the structures' cache (4 int32 arrays an op, ``cell`` too: ~134 MiB at most; with a swept
 # structure's ``plan``, two more: ~200 MiB)
 GRAPH_OPS = 1 << 23
@@ -123,6 +132,7 @@ class _Graph:
     # block), the table's last row (p·chunks·blocks) for no time
     cell: np.ndarray | None = None
     chunks: int = 1  # the chunks of a rank in that table (v: DualPipe's two stages though a micro-batch runs one)
+    rounds: int = 0  # the relaxation's rounds laying it out took (``_laid``; ``laid_cells`` charges RELAX_CHARGED)
     # ``_sweep``'s per-level gather indices, laid out on its first sweep (``_levels_plan``) and shared by the copies
     # ``replace`` makes (the same dict): {0: plan}
     plan: dict = field(default_factory=dict, compare=False, repr=False)
@@ -171,11 +181,17 @@ def _inputs(op: np.ndarray, mb: np.ndarray, stage: np.ndarray, m: int) -> np.nda
 
 
 def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
+    """``_laid`` less its rounds."""
+    return _laid(kind, p, v, m)[:5]
+
+
+def _laid(kind: str, p: int, v: int, m: int) -> tuple:
     """Per rank d and position i (its i-th op): op kind, micro-batch, virtual stage, the flat index d·n + i of its input
     (-1: none) and its longest-path level (ops counted), by relaxation: a level is at least its rank's previous
     op's + 1 and its input's + 1; a round visits the ranks 0..p-1 then back (Gauss-Seidel: each takes its inputs'
     newest levels, then runs a cumulative max along the rank). It was Jacobi (all ranks at once, about 2p rounds:
-    O(p) passes over 8p²v ops, the bound's binding cost at pp 128; review r10a #1); the same levels (test)."""
+    O(p) passes over 8p²v ops, the bound's binding cost at pp 128; review r10a #1); the same levels (test); last,
+    the rounds it took, the one that found no change included (``_Graph.rounds``)."""
     op, mb, stage = _orders(kind, p, v, m)
     n = op.shape[1]
     flat = _inputs(op, mb, stage, m)
@@ -183,7 +199,7 @@ def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
     level = np.append(np.broadcast_to(step + 1, (p, n)).ravel(), 0)  # flat; the last: "no input", level 0
     ranks = level[:-1].reshape(p, n)
     sweep = [*range(p), *range(p - 1, -1, -1)]  # Gauss-Seidel: each rank reads its neighbours' newest levels
-    for _ in range(RELAX_ROUNDS):  # Megatron's orders settle in 1-2 rounds, a third finds no change (mend10a)
+    for rounds in range(1, RELAX_ROUNDS + 1):  # Megatron's settle in 1-2 rounds, a third finds no change (mend10a)
         changed = False
         for d in sweep:
             new = np.maximum(ranks[d], level[flat[d]] + 1)
@@ -192,7 +208,7 @@ def _levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
                 ranks[d] = new
                 changed = True
         if not changed:
-            return op, mb, stage, flat, ranks
+            return op, mb, stage, flat, ranks, rounds
     raise RuntimeError(f"the {kind} orders at p {p}, v {v}, m {m} deadlock (no fixed point in {RELAX_ROUNDS} rounds)")
 
 
@@ -207,7 +223,8 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
         with suppress(KeyError):  # another thread may have let it go since (each step atomic under the GIL)
             _GRAPHS.move_to_end(key)
         return found
-    op, mb, stage, flat, level = (x.ravel() for x in _levels(kind, p, v, m))
+    *laid, rounds = _laid(kind, p, v, m)
+    op, mb, stage, flat, level = (x.ravel() for x in laid)
     ops = len(mb)
     n = ops // p
     by_level = np.argsort(level, kind="stable")
@@ -219,20 +236,29 @@ def _graph(kind: str, p: int, v: int, m: int) -> _Graph:
     dep = row[flat][by_level]
     bounds = (0, *(np.flatnonzero(np.diff(level[by_level])) + 1).tolist(), ops)
     traits = schedule_traits(kind)
-    blocks = 4 if traits.splits_weights else 2
+    chunks, blocks = _table_shape(kind, v)
     at = np.where(_ROW[op] < 0, blocks * m, _ROW[op] * m + mb)[by_level].astype(np.int32)
     split = traits.stage_map.visits(v)  # the chunks a micro-batch visits on one rank
     # the rank's chunk an op runs (pipeline.StageMap.op_chunk: virtual stage s is chunk s // p, Megatron's c·p + d, a
     # V's r and 2p - 1 - r; DualPipe's by the op's direction, stage r one way and p - 1 - r the other; dualpipe13)
-    chunks, rank = max(1, v), np.arange(ops) // n
+    rank = np.arange(ops) // n
     cell = (rank * chunks + traits.stage_map.op_chunk(rank, stage, p)) * blocks + _ROW[op]
     cell = np.where(_ROW[op] < 0, p * chunks * blocks, cell)[by_level].astype(np.int32)
     last = row[np.arange(p) * n + n - 1]
-    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell, chunks)
+    graph = _GRAPHS[key] = _Graph(prev, dep, at, bounds, last, split, blocks, cell, chunks, rounds=rounds)
+    if ops <= TIMELINE_OPS:  # the per-rank arrays order_blocks draws from, kept apart (not laid out again; guard14)
+        _keep(_TIMELINE_LEVELS, key, tuple(laid), TIMELINE_KEPT)
     with suppress(KeyError, RuntimeError):  # another thread's eviction in between
         while sum(len(g.at) for g in list(_GRAPHS.values())) > GRAPH_OPS and len(_GRAPHS) > 1:
             _GRAPHS.popitem(last=False)
     return graph
+
+
+def _table_shape(kind: str, v: int) -> tuple[int, int]:
+    """(chunks, blocks) of a structure's per-(rank, chunk, block) table (``_Graph.chunks``, ``blocks``): a rank's v
+    chunks, and 4 blocks where the order splits weight gradients off (forward, backward, input gradient, weight
+    gradient), else 2."""
+    return max(1, v), 4 if schedule_traits(kind).splits_weights else 2
 
 
 def durations(t: np.ndarray, phi: float, split: int, omega: float = 0.0, blocks: int = 2) -> np.ndarray:
@@ -247,9 +273,15 @@ def durations(t: np.ndarray, phi: float, split: int, omega: float = 0.0, blocks:
 def makespans(graph: _Graph, dur: np.ndarray) -> np.ndarray:
     """The makespan of each column of ``dur`` (``durations``), one vectorised step a level, in column chunks of
     at most CHUNK cells."""
+    return rank_ends(graph, dur).max(axis=0)
+
+
+def rank_ends(graph: _Graph, dur: np.ndarray) -> np.ndarray:
+    """Each rank's last op's end (p x columns) in each column of ``dur``, in column chunks of at most CHUNK cells
+    (``_sweep``): their max down a column is its makespan (``order_ends`` keeps them apart, guard14)."""
     rows = len(graph.at) + 1
     width = max(1, CHUNK // rows)
-    return np.concatenate([_sweep(graph, dur[:, c : c + width]) for c in range(0, dur.shape[1], width)])
+    return np.hstack([_sweep_ends(graph, dur[:, c : c + width]) for c in range(0, dur.shape[1], width)])
 
 
 def _levels_plan(graph: _Graph) -> np.ndarray:
@@ -271,8 +303,14 @@ def _levels_plan(graph: _Graph) -> np.ndarray:
 
 
 def _sweep(graph: _Graph, dur: np.ndarray) -> np.ndarray:
-    """The makespan of each column of ``dur``: level by level, each op the max of its two inputs' ends plus its
-    duration (the rows of ``dur`` gathered in level order once, ``at``), the same max and add as ``_span_one``."""
+    """The makespan of each column of ``dur`` (``_sweep_ends``' max down each column)."""
+    return _sweep_ends(graph, dur).max(axis=0)
+
+
+def _sweep_ends(graph: _Graph, dur: np.ndarray) -> np.ndarray:
+    """Each rank's last op's end (p x columns) in each column of ``dur``: level by level, each op the max of its two
+    inputs' ends plus its duration (the rows of ``dur`` gathered in level order once, ``at``), the same max and add
+    as ``_span_one``."""
     done = np.empty((len(graph.at) + 1, dur.shape[1]))  # every row written (level by level) before it is read
     done[0] = 0.0
     times = dur[graph.at]  # op i's duration at row i - 1 (level order)
@@ -283,7 +321,7 @@ def _sweep(graph: _Graph, dur: np.ndarray) -> np.ndarray:
         k = e - s
         maximum(got[:k], got[k:], out=out)
         out += times[s:e]
-    return done[graph.last].max(axis=0)
+    return done[graph.last]
 
 
 def schedule_makespans(
@@ -301,9 +339,11 @@ def _spans(m2: int, p: int) -> tuple[int, int]:
     return max(2 * p, m2 // 4 // p * p), m2
 
 
-def build_cells(kind: str) -> int:
-    """Cells one op of ``kind``'s order costs to write out (``ScheduleTraits.order_op_cells``)."""
-    return schedule_traits(kind).order_op_cells
+def build_cells(kind: str) -> tuple[int, int]:
+    """Cells one op and one rank of ``kind``'s order cost to write out (``ScheduleTraits.order_op_cells``,
+    ``order_rank_cells``): ``work``'s and ``laid_cells``' ``build`` and ``rank``."""
+    traits = schedule_traits(kind)
+    return traits.order_op_cells, traits.order_rank_cells
 
 
 def per_microbatch(kind: str, v: int) -> int:
@@ -327,30 +367,39 @@ def _runs(p: int, v: int, m: int, per: int = 0) -> tuple[int, ...]:
     return (m,) if m <= m2 else _spans(m2, p)
 
 
-def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES, per: int = 0, build: int = 0) -> int:
+def laid_cells(p: int, ops: int, build: int = 0, rank: int = 0, rounds: int = RELAX_CHARGED) -> int:
+    """Cells of laying a structure of ``ops`` ops on ``p`` ranks out cold (``_graph``): its order written out
+    (``build`` cells an op and ``rank`` a rank: ``build_cells``), each op's input, level sort and rows (LAY_CELLS),
+    and the relaxation (``rounds`` Gauss-Seidel rounds of 2p rank steps over the ops: RELAX_CHARGED up front, a laid
+    structure's own ``_Graph.rounds`` counted after). The one charge of a structure's build: ``work`` (the draws')
+    and ``span_work`` (the step's order) add it (guard14)."""
+    relax = rounds * (RELAX_CELLS * ops + 2 * p * RANK_STEP_CELLS)
+    return (build + LAY_CELLS) * ops + rank * p + relax
+
+
+def work(p: int, v: int, m: int, draws_: int, nodes: int = NODES, per: int = 0, build: int = 0, rank: int = 0) -> int:
     """Cells of one call at ``draws_`` draws on ``nodes`` grid nodes (each with its uniform column): per run of
-    per·m·p ops (``per_microbatch``; 0: 2v), the sweep's ops x columns, its levels' numpy steps (LEVEL_CELLS each,
-    per column chunk) and the levels' relaxation (3 Gauss-Seidel rounds of 2p rank steps over the ops), the
-    structure built once (``build`` cells an op where the order is written op by op: ``build_cells``)."""
+    per·m·p ops (``per_microbatch``; 0: 2v), the sweep's ops x columns and its levels' numpy steps (LEVEL_CELLS
+    each, per column chunk), the structure laid out once (``laid_cells``: ``build`` cells an op and ``rank`` a rank
+    where the order is written from runs, ``build_cells``)."""
     total, columns, per = 0, nodes * (draws_ + 1), per or 2 * v
     for mr in _runs(p, v, m, per):
         ops, levels = per * mr * p, per * mr + 2 * (p - 1)
         chunks = -(-columns // max(1, CHUNK // (ops + 1)))
-        relax = 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)  # 3 Gauss-Seidel rounds of 2p rank steps
-        total += ops * columns + levels * chunks * LEVEL_CELLS + relax + build * ops
+        total += ops * columns + levels * chunks * LEVEL_CELLS + laid_cells(p, ops, build, rank)
     return total
 
 
 @lru_cache(maxsize=1024)
-def runs_at(p: int, v: int, m: int, per: int = 0, build: int = 0) -> tuple[int, int]:
+def runs_at(p: int, v: int, m: int, per: int = 0, build: int = 0, rank: int = 0) -> tuple[int, int]:
     """(nodes, draws) a call runs within CELLS: the grid (NODES nodes, DRAWS draws) where it fits, else the
     candidate's own key (one node) at DRAWS, else at the most of DRAWS / 2^k down to MIN_DRAWS; draws 0: the flow
-    shop (``method`` says which). ``per``: the rank's ops a micro-batch (``per_microbatch``; 0: 2v); ``build``: the
-    cells an op costs to write out (``build_cells``)."""
-    if p == 1 or work(p, v, m, DRAWS, NODES, per, build) <= CELLS:
+    shop (``method`` says which). ``per``: the rank's ops a micro-batch (``per_microbatch``; 0: 2v); ``build``,
+    ``rank``: the cells an op and a rank cost to write out (``build_cells``)."""
+    if p == 1 or work(p, v, m, DRAWS, NODES, per, build, rank) <= CELLS:
         return NODES, DRAWS
     d = DRAWS
-    while d >= MIN_DRAWS and work(p, v, m, d, 1, per, build) > CELLS:
+    while d >= MIN_DRAWS and work(p, v, m, d, 1, per, build, rank) > CELLS:
         d //= 2
     return 1, d if d >= MIN_DRAWS else 0
 
@@ -370,7 +419,7 @@ def order_run(kind: str, p: int, v: int, m: int) -> tuple[str, int, int, int] | 
     if p == 1 or traits.order is None:
         return None
     for k, kv in ((kind, v), *traits.wait_stand_ins):
-        nodes, d = runs_at(p, kv, m, per_microbatch(k, kv), build_cells(k))
+        nodes, d = runs_at(p, kv, m, per_microbatch(k, kv), *build_cells(k))
         if d:
             return k, kv, nodes, d
     return None
@@ -383,7 +432,7 @@ def call_work(kind: str, p: int, v: int, m: int) -> int:
     if run is None:
         return 0
     k, kv, nodes, d = run
-    return work(p, kv, m, d, nodes, per_microbatch(k, kv), build_cells(k))
+    return work(p, kv, m, d, nodes, per_microbatch(k, kv), *build_cells(k))
 
 
 def method(sched: Schedule) -> str:
@@ -533,6 +582,8 @@ SPANS_KEPT = 4096  # (passes, schedule) makespans kept, least recently used firs
 # DualPipeV and ZB-H1 at p 4-48 (docs/step-time.md "(vsearch13)"; 90-130 ns at mend12a's loop), ``span_work`` charges it
 SPAN_LOOP_CELLS = 22
 _SPANS: OrderedDict[tuple, float | None] = OrderedDict()
+ENDS_KEPT = 4096  # (passes, schedule) -> each rank's end in its order's run, least recently used first
+_ENDS: OrderedDict[tuple, tuple[float, ...] | None] = OrderedDict()
 
 
 def chunk_table(passes: Sequence[StagePass], split: int, blocks: int) -> np.ndarray:
@@ -567,22 +618,28 @@ def span_run(kind: str, p: int, v: int, m: int) -> int:
 
 
 def span_work(kind: str, p: int, v: int, m: int, columns: int = 1) -> int:
-    """Cells of ``columns`` order runs at (kind, p, v, m) as ``order_span`` / ``order_spans`` run them (``span_run``: 0
-    over ORDER_OPS or for one stage): the structure laid out once (``build_cells`` an op and ``work``'s three
-    relaxation rounds), then each column its loop (SPAN_LOOP_CELLS an op) where the columns' ops are fewer than
-    LOOP_PER_LEVEL a level, else one sweep (an op and column a cell, SPAN_LEVEL_CELLS a level per column chunk), the
-    levels counted as ``work`` counts them; planner/estimate.py charges it (CELL_UNITS a unit)."""
+    """Cells of ``columns`` order runs at (kind, p, v, m) as ``order_span`` / ``order_spans`` run them cold
+    (``span_run``: 0 over ORDER_OPS or for one stage): the structure laid out once (``laid_cells``: the order
+    written out, each op's input, level and rows, RELAX_CHARGED relaxation rounds; guard14: 0.4-0.6 of it was
+    charged before), then ``run_cells`` of the columns, the ops (per_microbatch·run·p) and levels counted as
+    ``work`` counts them; planner/estimate.py charges it (CELL_UNITS a unit)."""
     traits = schedule_traits(kind)
     run = span_run(kind, p, max(1, v), m) if traits.orders_at(p) else 0
     if not run:
         return 0
     per = per_microbatch(kind, v)
     ops, levels = per * run * p, per * run + 2 * (p - 1)
-    laid = build_cells(kind) * ops + 3 * (RELAX_CELLS * ops + 2 * p * LEVEL_CELLS)
+    return laid_cells(p, ops, *build_cells(kind)) + run_cells(columns, ops, levels)
+
+
+def run_cells(columns: int, ops: int, levels: int) -> int:
+    """Cells of ``columns`` runs of a laid-out structure of ``ops`` ops in ``levels`` levels: each column its loop
+    (SPAN_LOOP_CELLS an op) where the columns' ops are fewer than LOOP_PER_LEVEL a level, else one sweep (an op and
+    column a cell, SPAN_LEVEL_CELLS a level per column chunk, and 2 cells an op: the sweep's plan laid out)."""
     if _loops_cheaper(columns, ops, levels):
-        return laid + columns * ops * SPAN_LOOP_CELLS
+        return columns * ops * SPAN_LOOP_CELLS
     chunks = -(-columns // max(1, CHUNK // (ops + 1)))
-    return laid + 2 * ops + columns * ops + levels * chunks * SPAN_LEVEL_CELLS  # 2 ops: the sweep's plan laid out
+    return 2 * ops + columns * ops + levels * chunks * SPAN_LEVEL_CELLS
 
 
 def _loops_cheaper(columns: int, ops: int, levels: int) -> bool:
@@ -613,23 +670,27 @@ def _span_key(passes: Sequence[StagePass], sched: Schedule) -> tuple:
 
 
 def _span_graph(sched: Schedule) -> tuple[int, _Graph | None]:
-    """(the micro-batches the run takes, its structure): 0 and None where the run is over ORDER_OPS, the order is
-    not written out or the schedule's rules do not hold (an order runs only where they hold: its chunks per rank,
-    DualPipe's even pp, DualPipe(V)'s even m >= 2pp; a plan's checked by planner/parallel.py, pipeline_time is also
-    called bare)."""
+    """(the micro-batches the run takes, its structure): 0 and None where it runs none (``_span_takes``)."""
+    run = _span_takes(sched)
+    return (run, _graph(sched.kind, sched.stages, max(1, sched.chunks), run)) if run else (0, None)
+
+
+def _span_takes(sched: Schedule) -> int:
+    """The micro-batches the run takes: 0 where the run is over ORDER_OPS, the order is not written out or the
+    schedule's rules do not hold (an order runs only where they hold: its chunks per rank, DualPipe's even pp,
+    DualPipe(V)'s even m >= 2pp; a plan's checked by planner/parallel.py, pipeline_time is also called bare)."""
     p, v, m = sched.stages, max(1, sched.chunks), sched.microbatches
     traits = sched.traits
     valid = traits.order is not None and traits.runs_chunks(v) and not traits.microbatch_rule(sched.kind, m, p)
     valid = valid and not (traits.even_pp and p % 2)
-    run = span_run(sched.kind, p, v, m) if valid else 0
-    return (run, _graph(sched.kind, p, v, run)) if run else (0, None)
+    return span_run(sched.kind, p, v, m) if valid else 0
 
 
-def _keep(key: tuple, span: float | None) -> None:
-    _SPANS[key] = span
+def _keep(memo: OrderedDict, key: tuple, value, kept: int) -> None:
+    memo[key] = value
     with suppress(KeyError):
-        while len(_SPANS) > SPANS_KEPT:
-            _SPANS.popitem(last=False)
+        while len(memo) > kept:
+            memo.popitem(last=False)
 
 
 def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
@@ -643,7 +704,7 @@ def order_span(passes: Sequence[StagePass], sched: Schedule) -> float | None:
         with suppress(KeyError):
             _SPANS.move_to_end(key)
             return _SPANS[key]
-    return _run_orders(((passes, sched),)).get(key)
+    return _run_orders(((passes, sched),))[0].get(key)
 
 
 def order_spans(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> None:
@@ -658,33 +719,47 @@ def order_spans(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> None:
     _run_orders(jobs)
 
 
-def _run_orders(jobs: Iterable[tuple[Sequence[StagePass], Schedule]]) -> dict[tuple, float | None]:
-    """The makespans of the jobs not yet memoised, by memo key, each kept (``_keep``): grouped by structure, each
-    group one sweep or one loop a column (``order_spans``), the slowest pass a micro-batch past the run."""
-    groups: dict[tuple, tuple] = {}
+def _run_orders(
+    jobs: Iterable[tuple[Sequence[StagePass], Schedule]], again: bool = False
+) -> tuple[dict[tuple, float | None], dict[tuple, tuple[float, ...] | None]]:
+    """The makespans and each rank's end (``order_ends``: None where the run does not take all m micro-batches) of
+    the jobs not yet memoised (``again``: of every job), by memo key, each kept in both memos from the same run
+    (guard14: the step's ``drain_leads_of`` read the ends through a second run of the same column): grouped by
+    structure, each group one sweep or one loop a column (``order_spans``), the slowest pass a micro-batch past the
+    run. A table of no time at all (the search's data floors: passes of no compute) ends every rank at 0.0 without
+    a run (every op's max and add of zeros is 0.0; guard14), its structure not laid out for it."""
+    groups: dict[tuple, dict] = {}
     out: dict[tuple, float | None] = {}
+    ends: dict[tuple, tuple[float, ...] | None] = {}
     for passes, sched in jobs:
         key = _span_key(passes, sched)
-        if key in _SPANS or key in out:
+        if (key in _SPANS and not again) or key in out:
             continue
-        run, graph = _span_graph(sched)
-        if graph is None:
-            out[key] = None
+        run = _span_takes(sched)
+        if not run:
+            out[key] = ends[key] = None
             continue
-        found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), (graph, {}))[1]
+        found = groups.setdefault((sched.kind, sched.stages, max(1, sched.chunks), run), {})
         found.setdefault(key, (own_passes(passes, sched), sched))
-    for group, (graph, pending) in groups.items():
-        run = group[-1]
-        tables = [chunk_table(passes, graph.chunks, graph.blocks) for passes, _ in pending.values()]
-        if _loops_cheaper(len(pending), len(graph.at), len(graph.bounds) - 1):
-            spans = [_span_one(graph, table[:, 0].tolist()) for table in tables]
-        else:
-            spans = makespans(replace(graph, at=graph.cell), np.hstack(tables)).tolist()
-        for (key, (passes, sched)), span in zip(pending.items(), spans, strict=True):
-            out[key] = span + (sched.microbatches - run) * max(x.total_s for x in passes)
+    for (kind, p, v, run), pending in groups.items():
+        tables = {key: chunk_table(passes, *_table_shape(kind, v)) for key, (passes, _) in pending.items()}
+        columns = {key: [0.0] * p for key, table in tables.items() if not table.any()}
+        timed = [key for key in tables if key not in columns]
+        if timed:
+            graph = _graph(kind, p, v, run)
+            if _loops_cheaper(len(timed), len(graph.at), len(graph.bounds) - 1):
+                runs = [_ends_one(graph, tables[key][:, 0].tolist()) for key in timed]
+            else:
+                runs = rank_ends(replace(graph, at=graph.cell), np.hstack([tables[key] for key in timed])).T.tolist()
+            columns.update(zip(timed, runs, strict=True))
+        for key, (passes, sched) in pending.items():
+            col = columns[key]
+            out[key] = max(col) + (sched.microbatches - run) * max(x.total_s for x in passes)
+            ends[key] = tuple(col) if run == sched.microbatches else None
     for key, span in out.items():
-        _keep(key, span)
-    return out
+        _keep(_SPANS, key, span, SPANS_KEPT)
+        _keep(_ENDS, key, ends[key], ENDS_KEPT)
+    return out, ends
 
 
 def order_method(sched: Schedule) -> str:
@@ -734,10 +809,13 @@ __all__ = [
 
 # ops of an order the timeline draws one block each (order_blocks); past it the closed-form timeline (pipeline.timeline)
 TIMELINE_OPS = 4096
+# structures of at most TIMELINE_OPS ops whose per-rank arrays (``_levels``: five intp arrays, 40 bytes an op)
+# ``_graph`` keeps for ``order_blocks``, least recently laid out first: 64, as the lru_cache of the second layout they
+# replace held (guard14), at most ~10 MiB; apart from the structures' cache, whose GRAPH_OPS bound counts 16 B an op
+TIMELINE_KEPT = 64
+_TIMELINE_LEVELS: OrderedDict[tuple, tuple[np.ndarray, ...]] = OrderedDict()
 # the drawn name of each op kind (pipeline.OP_*): the input-gradient backward is a backward, OP_WAIT and OP_IDLE none
 _DRAWN = ("forward", "backward", "backward", "wgrad", "", "forward", "")
-ENDS_KEPT = 4096  # (passes, schedule) -> each rank's end in its order's run, least recently used first
-_ENDS: OrderedDict[tuple, tuple[float, ...] | None] = OrderedDict()
 
 
 def order_ends(passes: Sequence[StagePass], sched: Schedule) -> tuple[float, ...] | None:
@@ -745,27 +823,14 @@ def order_ends(passes: Sequence[StagePass], sched: Schedule) -> tuple[float, ...
     structure, chunk table and max-then-add; the largest is its makespan), so the step places each rank's gradient
     reduction after its own last backward (planner/step.py ``drain_leads_of``; dualpipe13b: DualPipe's last rank ends
     last too, where 1F1B's shape had it drain first). None where the run does not take all m micro-batches (over
-    ORDER_OPS), the order is not written out or the schedule's rules do not hold. Memoised like ``order_span``."""
+    ORDER_OPS), the order is not written out or the schedule's rules do not hold. Memoised with ``order_span``: the
+    run that prices the makespan keeps the ends too (guard14)."""
     key = _span_key(passes, sched)
     if key in _ENDS:
         with suppress(KeyError):
             _ENDS.move_to_end(key)
             return _ENDS[key]
-    run, graph = _span_graph(sched)
-    ends = None
-    if graph is not None and run == sched.microbatches:
-        table = chunk_table(passes, graph.chunks, graph.blocks)[:, 0].tolist()
-        ends = tuple(_ends_one(graph, table))
-    _ENDS[key] = ends
-    with suppress(KeyError):
-        while len(_ENDS) > ENDS_KEPT:
-            _ENDS.popitem(last=False)
-    return ends
-
-
-@lru_cache(maxsize=64)  # a plan's structure (kind, p, v, m), at most TIMELINE_OPS ops: five small int arrays, read only
-def _timeline_levels(kind: str, p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
-    return _levels(kind, p, v, m)
+    return _run_orders(((passes, sched),), again=True)[1].get(key)
 
 
 def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) -> list[dict] | None:
@@ -777,12 +842,14 @@ def order_blocks(passes: Sequence[StagePass], sched: Schedule, span_s: float) ->
     and time 0 stays 0. DualPipe's blocks carry their ``direction`` (the op's chunk, StageMap.op_chunk). None where
     ``order_ends`` is, or the order holds over TIMELINE_OPS ops."""
     graph = _span_graph(sched)[1]
-    p, m = sched.stages, sched.microbatches
+    p = sched.stages
     ends = order_ends(passes, sched)
     if ends is None or graph is None or len(graph.at) > TIMELINE_OPS:
         return None
     traits = sched.traits
-    op, mb, stage, flat, level = _timeline_levels(sched.kind, p, max(1, sched.chunks), m)
+    key = (sched.kind, p, max(1, sched.chunks), sched.microbatches)  # the run takes all m (``order_ends``)
+    found = _TIMELINE_LEVELS.get(key)  # the per-rank arrays ``_graph`` laid the structure out from
+    op, mb, stage, flat, level = found if found is not None else _levels(*key)
     n = op.shape[1]
     rank = np.arange(p)[:, None]
     cell = (rank * graph.chunks + traits.stage_map.op_chunk(rank, stage, p)) * graph.blocks + _ROW[op]
