@@ -1,0 +1,112 @@
+"""Round 14, a demanding user's walk (docs/page.md, user14): what the page drew or said that the plan does not hold.
+Rounding gaps between a step's passes drawn as pipeline waits (a whole pp lane on a plan with no pipeline); a training
+plan that does not fit shown with its step time, MFU and tokens/s as a run; the SLA search's TTFT and TPOT pushed
+out of view by the pools at 1440 px; an inference pass's calls said to be "outside the passes"."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+# Llama-3.1 405B at TP8 PP1 on one DGX H100: 1,024 micro-batches in one aggregated block, 982 GB a device
+TOO_BIG = {
+    **LLAMA,
+    "model": {"preset": "llama3-405b"},
+    "parallel": {"tp": 8, "pp": 1, "dp": 1, "zero_stage": 1, "sequence_parallel": True},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+}
+DECODE = {
+    "model": {"preset": "llama3-70b"},
+    "workload": {"kind": "inference", "phase": "decode", "batch_size": 64, "context_length": 8192},
+    "parallel": {"tp": 8, "pp": 1, "dp": 1},
+    "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    "options": {"algorithm": "auto", "links_per_call": 24},
+}
+WAITS = """async () => { const m = await import('/static/js/timeline.js'), p = window.commplan.state.plan;
+  return m.derive(m.expand(p.step.timeline).events).filter((e) => e.wait).map((e) => e.end_s - e.start_s); }"""
+
+
+def lanes(page):  # noqa: F811
+    return page.evaluate("window.commplan.state.charts.timeline.getOption().yAxis[0].data")
+
+
+def test_rounding_gaps_are_not_pipeline_waits(page):  # noqa: F811
+    """Passes laid at t + i x period end a float64 rounding (1e-16 to 1e-12 s) before the next starts; each such gap
+    was drawn as a pipeline wait. At PP1 (no pipeline) that made a "stage 0 · pp" lane of 476 orange slivers, a
+    "pipeline wait" legend entry and its sentence; on the 70B TP8 PP4 plan 5 of its 194 waits were 4e-16 to 4e-15 s."""
+    open_page(page, url_state(TOO_BIG))
+    assert page.evaluate(WAITS) == []
+    assert lanes(page) == ["stage 0 · compute", "stage 0 · dp", "stage 0 · tp"]
+    legend = page.eval_on_selector_all("#timeline-legend li", "els => els.map(e => e.textContent)")
+    assert "pipeline wait" not in legend and "tp exposed" in legend, legend
+    expect(page.locator("#timeline-note")).not_to_contain_text("Orange (pp lanes)")
+    open_page(page, url_state(LLAMA))
+    waits = page.evaluate(WAITS)
+    # the fill and drain waits and the steady state's sends: 189 on 4 stages, the shortest 11.7 ms
+    assert len(waits) == 189 and min(waits) > 0.01, (len(waits), min(waits))
+    assert "stage 0 · pp" in lanes(page)
+
+
+def test_a_training_plan_that_does_not_fit_is_not_shown_as_a_run(page):  # noqa: F811
+    """Llama-3.1 405B on one DGX H100 read "Step time 1.40 h, MFU 55.2%, Tokens / s 1.66 K" in full colour, the
+    reason in a warning above: the cards now stand under a verdict, greyed, as the Serve card's since round 13."""
+    open_page(page, url_state(LLAMA))
+    expect(page.locator("#plan-verdict")).to_be_hidden()
+    open_page(page, url_state(TOO_BIG))
+    memory = page.evaluate("window.commplan.state.plan.memory")
+    peak = memory["per_stage"][0]["peak_bytes"]
+    assert memory["fits"] is False and 950e9 < peak < 1000e9 and memory["capacity_bytes"] == 85_520_809_984
+    expect(page.locator("#plan-verdict")).to_have_text(
+        f"Does not fit: it needs {peak / 1e9:.0f} GB per device, over the 85.5 GB a device holds. The step time, MFU "
+        "and tokens/s below are what it would do if it fit, not a run: see Memory per device."
+    )
+    colour = "el => getComputedStyle(el).color"
+    muted = page.locator('[data-card="step"] .metric').evaluate(colour)
+    assert muted == page.locator('[data-card="mfu"] .metric').evaluate(colour) == "rgb(74, 89, 104)"  # --muted
+    assert page.locator('[data-card="sent"] .metric').evaluate(colour) == "rgb(21, 32, 43)"  # --ink: bytes hold
+    expect(page.locator("#warnings")).not_to_contain_text("The plan does not fit in device memory")
+    # two stages over of two: the worst named, and how many
+    two = {**TOO_BIG, "parallel": {**TOO_BIG["parallel"], "pp": 2}, "cluster": {**TOO_BIG["cluster"], "num_nodes": 2}}
+    open_page(page, url_state(two))
+    expect(page.locator("#plan-verdict")).to_contain_text(
+        "Does not fit: stage 0 needs 525 GB per device, over the 85.5 GB a device holds (2 of 2 stages over)."
+    )
+
+
+def test_the_sla_search_shows_ttft_and_tpot_in_its_frame(page):  # noqa: F811
+    """DeepSeek-V3's deployments under a 30 s / 100 ms SLA: each row's pools on one line ("prefill 4× DP16 EP16
+    attention-DP + decode 1× DP32 EP32 attention-DP (96 GPUs)") made the table 1,133 px wide in its 1,015 px frame at
+    1440 px, TTFT and TPOT, the SLA's own columns, behind a sideways scroll."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    page.fill("#serve-sla-ttft", "30000")
+    page.fill("#serve-sla-tpot", "100")
+    page.click("#serve-search-run")
+    expect(page.locator("#serve-search-table tbody tr").first).to_be_visible(timeout=60_000)
+    wrap = page.locator("#serve-search-table-wrap")
+    width, frame = wrap.evaluate("w => [w.scrollWidth, w.clientWidth]")
+    assert width <= frame, (width, frame)
+    right = wrap.evaluate("w => w.getBoundingClientRect().right")
+    for header in ("TTFT", "TPOT"):
+        cell = page.locator("#serve-search-table th", has_text=header)
+        assert cell.evaluate("c => c.getBoundingClientRect().right") <= right + 0.5, header
+
+
+def test_an_inference_pass_says_its_calls_are_inside_it(page):  # noqa: F811
+    """The 70B decode step (TP8, 64 sequences) is one forward block of 27.7 ms, its 6.50 ms of TP calls inside it
+    (planner/step.py _inference; the card: 6.50 ms exposed). The note said "tp 6.50 ms of calls: 0 s exposed, 0 s
+    overlapped, 6.50 ms once per iteration (outside the passes)" and "1 events on 1 lanes"."""
+    open_page(page, url_state(DECODE))
+    wait_until(page, "window.commplan.state.plan.step.timeline.length === 1")
+    tp = page.evaluate("window.commplan.state.plan.totals.by_parallelism.tp.time_s")
+    assert tp == pytest.approx(page.evaluate("window.commplan.state.plan.step.exposed_comm_s"), rel=1e-9)
+    note = page.locator("#timeline-note")
+    expect(note).to_contain_text("1 event on 1 lane over 27.7 ms.")
+    expect(note).to_contain_text("Stage 0: tp 6.50 ms of calls, inside the compute blocks (not drawn apart).")
+    expect(note).not_to_contain_text("outside the passes")
+    expect(note).not_to_contain_text("Per pass, tp, cp and ep are drawn")
