@@ -205,9 +205,18 @@ export function syncVisibility() {
 
 // what the server read from the pasted config.json or the fields alone (the plan's model.* assumptions,
 // planner/assumptions.py)
+// The facts are the last plan's, so they stand only for the model on show: after a refused config.json they gave the
+// last planned one's layers and experts (Kimi K2's 61 and 384 under GLM-4.5's text) beside the refused one's
+// max_position_embeddings (round 14)
 function readFacts(what) {
-  const plan = state.plan, rows = plan && plan.assumptions;
-  if (!rows || !state.request || state.request.model.preset) return "Read when planned: layers, width and parameters appear here.";
+  const plan = state.plan, rows = plan && plan.assumptions, planned = state.planned;
+  let shown = null;
+  try { shown = readForm().model; } catch { /* a config.json that does not parse: the error box says so */ }
+  if (!rows || !planned || planned.model.preset) return "Read when planned: layers, width and parameters appear here.";
+  if (JSON.stringify(shown) !== JSON.stringify(planned.model)) {
+    return state.stale === "invalid" ? `Not read: nothing was planned with ${what === "config.json" ? "this config.json" : "these fields"} (the message above says why).`
+      : "Read when planned: layers, width and parameters appear here.";
+  }
   const v = Object.fromEntries(rows.filter((a) => a.field.startsWith("model.")).map((a) => [a.field.slice(6), a.value]));
   const n = (x) => Number(x).toLocaleString("en-US");
   return `Read from ${what}: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
@@ -219,9 +228,9 @@ function readFacts(what) {
 // max_position_embeddings): the facts said nothing of the sequence, and Assumptions named config.json as the source
 // of its 8,192 where the file says 131,072 (round 13)
 function positions(seq) {
-  const hf = (state.request && state.request.model.hf_config) || {}, text = hf.text_config || hf;
+  const planned = state.planned, hf = planned.model.hf_config || {}, text = hf.text_config || hf;
   const max = Number(text.max_position_embeddings);
-  return max > Number(seq) && !state.request.model.seq_length && !(state.request.workload || {}).seq_length
+  return max > Number(seq) && !planned.model.seq_length && !(planned.workload || {}).seq_length
     ? ` (its max_position_embeddings is ${max.toLocaleString("en-US")}: set Sequence length to plan more)` : "";
 }
 

@@ -64,6 +64,7 @@ async function runPlan(restore = false) {
     if (err instanceof ApiError && (err.status === 422 || err.status === 413)) {
       clearErrors(); banner(null); showErrors(err.detail); setStale("invalid");
       $("status").textContent = "Invalid configuration: see the message above.";
+      syncVisibility();  // the model facts: not the last plan's under a refused config.json
     } else {
       banner(err instanceof Unreachable ? `${err.message} Check that it is running; the page retries when you change a field.` : `The server failed: ${err.message}`);
       setStale("offline");
@@ -75,6 +76,7 @@ async function runPlan(restore = false) {
   $("results").setAttribute("aria-busy", "false");
   clearErrors(); banner(null);
   state.plan = plan;
+  state.planned = request;  // the request the plan on show answers (form.js readFacts)
   setStale(false);
   try { render(); } catch (err) { banner(`The page failed to show this plan: ${err.message}`); throw err; }
 }
@@ -185,7 +187,8 @@ async function start() {
   if (saved) { fillForm(saved.r); state.selected = saved.c; $("scenario").value = entryScenario(); } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
   $("config").setAttribute("aria-busy", "false");
 
-  $("config").addEventListener("input", (e) => { noteEdit(e.target); $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
+  // stale before the facts are read: a config.json typed after a refused one is "Read when planned", not "Not read"
+  $("config").addEventListener("input", (e) => { noteEdit(e.target); $("scenario").value = ""; schedulePlan(); syncVisibility(); countSet(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
   $("cluster-preset").addEventListener("change", switchCluster);
   $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });

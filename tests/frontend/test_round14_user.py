@@ -5,6 +5,9 @@ out of view by the pools at 1440 px; an inference pass's calls said to be "outsi
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from playwright.sync_api import expect
 
@@ -110,3 +113,35 @@ def test_an_inference_pass_says_its_calls_are_inside_it(page):  # noqa: F811
     expect(note).to_contain_text("Stage 0: tp 6.50 ms of calls, inside the compute blocks (not drawn apart).")
     expect(note).not_to_contain_text("outside the passes")
     expect(note).not_to_contain_text("Per pass, tp, cp and ep are drawn")
+
+
+def test_the_model_facts_are_never_of_another_config(page):  # noqa: F811
+    """The facts under a pasted config.json are the last plan's: after Kimi K2 planned, a pasted GLM-4.5 refused at
+    the layout read "61 layers, ... 384 experts (top 8), 1026.41B parameters" under GLM-4.5's 92-layer text, and a
+    refused Jamba "(its max_position_embeddings is 1,048,576 ...)" beside Kimi's layers."""
+    configs = Path(__file__).resolve().parents[1] / "reference" / "hf_configs"
+    request = {
+        **LLAMA,
+        "model": {"hf_config": json.loads((configs / "kimi-k2-instruct.json").read_text())},
+        "parallel": {"tp": 8, "pp": 4, "dp": 16, "ep": 8, "zero_stage": 1, "sequence_parallel": True},
+    }
+    request["parallel"] = {**request["parallel"], "first_stage_layers": 16, "last_stage_layers": 15}
+    open_page(page, url_state(request))
+    facts = page.locator("#model-facts")
+    expect(facts).to_contain_text("Read from config.json: 61 layers, hidden 7,168, 64 heads / 64 KV")
+    expect(facts).to_contain_text("384 experts (top 8)")
+    for name in ("glm-4.5.json", "jamba-v0.1.json"):
+        page.fill("#hf-config", (configs / name).read_text())
+        expect(page.locator("#form-errors")).to_be_visible()
+        expect(facts).to_have_text("Not read: nothing was planned with this config.json (the message above says why).")
+    # typed, not yet planned (read in the input event itself, before any answer): not the last plan's either
+    typed = (
+        (configs / "kimi-k2-instruct.json").read_text().replace('"num_hidden_layers": 61', '"num_hidden_layers": 60')
+    )
+    read = page.evaluate(
+        """(text) => { const box = document.getElementById("hf-config"); box.value = text;
+             box.dispatchEvent(new Event("input", { bubbles: true }));
+             return document.getElementById("model-facts").textContent; }""",
+        typed,
+    )
+    assert read == "Read when planned: layers, width and parameters appear here."
