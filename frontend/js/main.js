@@ -228,6 +228,17 @@ async function start() {
       : `no micro-batch ${$("timeline-mb").value.trim() || "given"} in this step` + (n > 1 ? `: they are numbered 0 to ${fmtInt(n - 1)}${chunks}` : n === 1 ? ": its one is numbered 0" : "");
   });
   $("timeline-all").addEventListener("click", () => { zoomToMicrobatch(-2); $("timeline-zoom-note").textContent = ""; });
+  // Enter in a box does what its card's button does (round 14: keyboard only, an SLA typed and Enter ran nothing, nor
+  // a micro-batch number, nor the Serve card's traffic); the form plans on its own, a textarea keeps its new line.
+  // Delegated: the Serve card's pool boxes are built later (serve.js)
+  const enterRuns = [["#timeline-mb", "timeline-zoom"], ["#search-topk, #search-headroom", "search-run"],
+    ["#serve-sla-ttft, #serve-sla-tpot", "serve-search-run"], ["#calib-nodes, #calib-ranks", "calib-run"],
+    ["#serve-card input", "serve-run"], ["#step-n, #step-count", "step-load"]];
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || !(e.target instanceof HTMLInputElement) || e.target.type === "checkbox") return;
+    const button = (enterRuns.find(([boxes]) => e.target.matches(boxes)) || [])[1];
+    if (button && !$(button).disabled) { e.preventDefault(); $(button).click(); }
+  });
   $("step-op").addEventListener("change", fillStepAlgorithms);
   $("step-load").addEventListener("click", loadSteps);
   $("step-prev").addEventListener("click", () => { stopPlay(); step(-1); });

@@ -145,3 +145,25 @@ def test_the_model_facts_are_never_of_another_config(page):  # noqa: F811
         typed,
     )
     assert read == "Read when planned: layers, width and parameters appear here."
+
+
+def test_enter_in_a_box_runs_its_card(page):  # noqa: F811
+    """Keyboard only: a micro-batch typed and Enter, an SLA typed and Enter, the Serve card's concurrency typed and
+    Enter did nothing; each now does what its card's button does."""
+    open_page(page, url_state(LLAMA))
+    page.fill("#timeline-mb", "10")
+    page.press("#timeline-mb", "Enter")
+    expect(page.locator("#timeline-zoom-note")).to_contain_text("micro-batch 10:")
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    wait_until(page, "() => document.getElementById('serve-status').textContent === ''", timeout=60_000)
+    page.evaluate("window.commplan.state.serve = null")
+    page.fill("#serve-concurrency", "256")
+    page.press("#serve-concurrency", "Enter")
+    wait_until(page, "window.commplan.state.serve", timeout=60_000)
+    assert page.evaluate("window.commplan.serveBody().traffic.concurrency") == 256
+    expect(page.locator('[data-card="ttft"] .metric')).not_to_have_text("14.7 s")  # 2,048 concurrent: 14.7 s
+    page.fill("#serve-sla-ttft", "30000")
+    page.fill("#serve-sla-tpot", "100")
+    page.press("#serve-sla-tpot", "Enter")
+    expect(page.locator("#serve-search-table tbody tr").first).to_be_visible(timeout=60_000)
