@@ -167,3 +167,20 @@ def test_enter_in_a_box_runs_its_card(page):  # noqa: F811
     page.fill("#serve-sla-tpot", "100")
     page.press("#serve-sla-tpot", "Enter")
     expect(page.locator("#serve-search-table tbody tr").first).to_be_visible(timeout=60_000)
+
+
+def test_a_search_where_nothing_fits_says_what_would_help(page):  # noqa: F811
+    """Llama-3.1 405B on one DGX H100: every layout sized needs more memory than a device holds. The search ended
+    "... need more memory than the device has less 5% headroom. No layout fits." with no example and no way out."""
+    open_page(page, url_state(TOO_BIG))
+    page.click("#search-run")
+    status = page.locator("#search-status")
+    expect(status).to_contain_text("No layout fits", timeout=60_000)
+    result = page.evaluate("window.commplan.state.search")
+    assert result["results"] == [] and result["feasible"] == 0
+    assert result["pruned"]["memory"] == result["evaluated"] - result["bounded_before_memory"] > 0
+    expect(status).to_contain_text(
+        "No layout fits: every layout sized needs more memory than a device holds, e.g. "
+        f'"{result["pruned_examples"]["memory"]}"; more nodes, a GPU with more memory or a lower memory headroom '
+        "would let some fit."
+    )
