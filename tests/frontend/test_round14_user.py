@@ -184,3 +184,23 @@ def test_a_search_where_nothing_fits_says_what_would_help(page):  # noqa: F811
         f'"{result["pruned_examples"]["memory"]}"; more nodes, a GPU with more memory or a lower memory headroom '
         "would let some fit."
     )
+
+
+def test_a_pool_refused_whole_is_named_and_marked(page):  # noqa: F811
+    """DeepSeek-V3's serving scenario on a GB200 NVL72 form: its 32-GPU prefill worker neither fills nor divides a
+    72-GPU rack. The card said "deployment.pools.0: a worker's tp*pp*dp = ..." (a path) and marked nothing."""
+    gb200 = {
+        **LLAMA,
+        "workload": {**LLAMA["workload"], "global_batch_size": 1152},
+        "parallel": {**LLAMA["parallel"], "dp": 18},
+        "cluster": {"preset": "gb200-nvl72", "num_nodes": 8},
+    }
+    open_page(page, url_state(gb200))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    status = page.locator("#serve-status")
+    expect(status).to_have_text(
+        "Cannot plan this deployment: Prefill pool (deployment.pools.0): a worker's tp*pp*dp = 1*1*32 = 32 GPUs must "
+        "fill whole nodes of 72 or divide one",
+        timeout=60_000,
+    )
+    expect(page.locator("#serve-p-tp")).to_have_attribute("aria-invalid", "true")
