@@ -298,21 +298,30 @@ export function suggestions(path, request) {
   if (path === "workload.micro_batch_size" && dp) {
     return nearest(w.micro_batch_size || 1, (v) => (w.global_batch_size || 1) % (v * dp) === 0).map((v) => [`micro-batch ${v}`, [["micro-batch", v]]]);
   }
+  // a fix that changes DP keeps the global batch a multiple of micro-batch x DP, or moves it to the nearest one with
+  // it (round 14: "4 nodes, DP 9" on a GB200 form led to "global_batch_size 1024 is not divisible by ... 1*9 = 9")
+  const mbs = w.micro_batch_size || 1, gbs = w.global_batch_size || 1;
+  const batched = ([label, sets], d) => {
+    if (w.kind !== "training" || gbs % (mbs * d) === 0) return [label, sets];
+    const g = nearest(gbs, (v) => v % (mbs * d) === 0, mbs * d).sort((a, b) => Math.abs(a - gbs) - Math.abs(b - gbs))[0];
+    return g ? [`${label}, global batch ${g.toLocaleString("en-US")}`, [...sets, ["global-batch", g]]] : [label, sets];
+  };
   if (path === "parallel" && p.dp) {  // tp*cp*pp*dp is not the cluster's device count
     const out = [];
-    if (devices % inner === 0) out.push([`DP ${devices / inner}`, [["dp", devices / inner]]]);
+    if (devices % inner === 0) out.push(batched([`DP ${devices / inner}`, [["dp", devices / inner]]], devices / inner));
     const per = devicesPerNode(), want = inner * p.dp;
     if (want % per === 0) out.push([`${want / per} nodes`, [["nodes", want / per]]]);
     if (!out.length) {  // neither alone: node counts whose devices divide into tp*cp*pp, with the DP they give
       out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0)
-        .map((n) => [`${n} nodes, DP ${(n * per) / inner}`, [["nodes", n], ["dp", (n * per) / inner]]]));
+        .map((n) => batched([`${n} nodes, DP ${(n * per) / inner}`, [["nodes", n], ["dp", (n * per) / inner]]], (n * per) / inner)));
     }
     return out;
   }
   if (path === "parallel.dp") {  // dp omitted and the devices do not divide into tp*cp*pp
-    const out = nearest(pp, (v) => devices % (tp * cp * v) === 0).map((v) => [`PP ${v}`, [["pp", v]]]);
+    const out = nearest(pp, (v) => devices % (tp * cp * v) === 0).map((v) => batched([`PP ${v}`, [["pp", v]]], devices / (tp * cp * v)));
     const per = devicesPerNode();
-    out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0).map((n) => [`${n} nodes`, [["nodes", n]]]));
+    out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0)
+      .map((n) => batched([`${n} nodes`, [["nodes", n]]], (n * per) / inner)));
     return out;
   }
   return [];

@@ -204,3 +204,24 @@ def test_a_pool_refused_whole_is_named_and_marked(page):  # noqa: F811
         timeout=60_000,
     )
     expect(page.locator("#serve-p-tp")).to_have_attribute("aria-invalid", "true")
+
+
+def test_a_nearest_valid_layout_keeps_the_global_batch_valid(page):  # noqa: F811
+    """512 DGX H100 GPUs switched to GB200 NVL72 racks (504): the fixes offered were "4 nodes, DP 9" and "8 nodes,
+    DP 18", and either led to "global_batch_size 1024 is not divisible by micro_batch_size*dp = 1*9 = 9". Each now
+    moves the global batch to the nearest multiple too, and plans."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#cluster-preset", "gb200-nvl72")
+    errors = page.locator("#form-errors")
+    expect(errors).to_contain_text("but the cluster has 504 devices", timeout=20_000)
+    fixes = errors.locator("button.fix")
+    expect(fixes).to_have_text(["4 nodes, DP 9, global batch 1,026", "8 nodes, DP 18, global batch 1,026"])
+    fixes.nth(1).click()
+    expect(page.locator("#status")).to_contain_text("576 devices", timeout=20_000)
+    expect(errors).to_be_hidden()
+    request = page.evaluate("window.commplan.state.planned")
+    assert (request["parallel"]["dp"], request["cluster"]["num_nodes"], request["workload"]["global_batch_size"]) == (
+        18,
+        8,
+        1026,
+    )
