@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
+from tests.frontend.test_page import (  # noqa: F401
+    LLAMA,
+    PHONE,
+    browser,
+    make_page,
+    open_page,
+    page,
+    url_state,
+    wait_until,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -78,6 +87,15 @@ def test_a_training_plan_that_does_not_fit_is_not_shown_as_a_run(page):  # noqa:
     expect(page.locator("#plan-verdict")).to_contain_text(
         "Does not fit: stage 0 needs 525 GB per device, over the 85.5 GB a device holds (2 of 2 stages over)."
     )
+
+
+def test_a_plan_that_does_not_fit_says_so_in_the_phone_s_first_line(make_page):  # noqa: F811
+    """At 390 px the line over the form said "Step time 1.40 h, MFU 55.2%." for 982 GB a device of 85.5."""
+    phone = make_page(PHONE)
+    open_page(phone, url_state(TOO_BIG))
+    expect(phone.locator("#see-result-text")).to_have_text("Step time 1.40 h, MFU 55.2%. Does not fit in memory.")
+    open_page(phone, url_state(LLAMA))
+    expect(phone.locator("#see-result-text")).to_have_text("Step time 19.3 s, MFU 41.3%.")
 
 
 def test_the_sla_search_shows_ttft_and_tpot_in_its_frame(page):  # noqa: F811
