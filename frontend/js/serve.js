@@ -229,7 +229,7 @@ async function runServeCalibrate() {
     state.serveCalibration = result;
     const c = result.constants;
     $("serve-calib-status").textContent = `Prefill × ${c.prefill_time_scale.toFixed(3)}, decode × ${c.decode_time_scale.toFixed(3)}: `
-      + `median |error| of TTFT and TPOT ${pct(result.median_error_before)} before, ${pct(result.median_error_after)} after.`
+      + `median |error| of TTFT and TPOT ${absPct(result.median_error_before)} before, ${absPct(result.median_error_after)} after.`
       + (result.warnings || []).map((w) => ` Warning: ${w}.`).join("");
     renderServeCalibration(result);
   } catch (err) {
@@ -241,7 +241,14 @@ async function runServeCalibrate() {
   }
 }
 
-const pct = (e) => (e === null || e === undefined ? "–" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(1)}%`).replace("+-", "-");
+// a signed error to 0.1%, rounded before its sign is read (round 14: a fit's -4e-9 read "71.5 ms (-0.0%)" beside
+// "+0.0%"); a median of |errors| unsigned ("median |error| +50.2%" gave an absolute value a sign)
+const pct = (e) => {
+  if (e === null || e === undefined) return "–";
+  const v = Number((100 * e).toFixed(1)) + 0;  // + 0: -0 is 0
+  return `${v >= 0 ? "+" : ""}${v.toFixed(1)}%`;
+};
+const absPct = (e) => (e === null || e === undefined ? "–" : `${(100 * Math.abs(e)).toFixed(1)}%`);
 const timed = (v, e) => (v === null || v === undefined ? "unbounded" : e === undefined ? fmtTime(v) : `${fmtTime(v)} (${pct(e)})`);
 
 // a traffic block's load: its concurrency, else its request rate, else its requests sent at once

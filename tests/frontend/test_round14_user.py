@@ -243,3 +243,23 @@ def test_a_nearest_valid_layout_keeps_the_global_batch_valid(page):  # noqa: F81
         8,
         1026,
     )
+
+
+def test_a_serving_fit_s_errors_never_read_minus_zero(page):  # noqa: F811
+    """One `vllm bench serve` run (the vLLM docs' sample) fitted on the Llama-3 70B serving scenario: two factors fit
+    it exactly, and the row read "71.5 ms (-0.0%)" beside "+0.0%" (a -4e-9 error signed before rounding); the status
+    gave a median of |errors| a sign, "+50.2% before"."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "llama70b-vllm")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    runs = Path(__file__).resolve().parents[1] / "reference" / "serving" / "vllm-bench-serve-docs.txt"
+    page.fill("#serve-calib-text", runs.read_text())
+    page.click("#serve-calib-run")
+    expect(page.locator("#serve-calib-results")).to_be_visible(timeout=60_000)
+    result = page.evaluate("window.commplan.state.serveCalibration")
+    before = result["median_error_before"]
+    expect(page.locator("#serve-calib-status")).to_contain_text(
+        f"median |error| of TTFT and TPOT {100 * abs(before):.1f}% before, 0.0% after."
+    )
+    table = page.locator("#serve-calib-table").inner_text()
+    assert "-0.0%" not in table and table.count("(+0.0%)") == 2, table
