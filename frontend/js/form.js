@@ -205,9 +205,18 @@ export function syncVisibility() {
 
 // what the server read from the pasted config.json or the fields alone (the plan's model.* assumptions,
 // planner/assumptions.py)
+// The facts are the last plan's, so they stand only for the model on show: after a refused config.json they gave the
+// last planned one's layers and experts (Kimi K2's 61 and 384 under GLM-4.5's text) beside the refused one's
+// max_position_embeddings (round 14)
 function readFacts(what) {
-  const plan = state.plan, rows = plan && plan.assumptions;
-  if (!rows || !state.request || state.request.model.preset) return "Read when planned: layers, width and parameters appear here.";
+  const plan = state.plan, rows = plan && plan.assumptions, planned = state.planned;
+  let shown = null;
+  try { shown = readForm().model; } catch { /* a config.json that does not parse: the error box says so */ }
+  if (!rows || !planned || planned.model.preset) return "Read when planned: layers, width and parameters appear here.";
+  if (JSON.stringify(shown) !== JSON.stringify(planned.model)) {
+    return state.stale === "invalid" ? `Not read: nothing was planned with ${what === "config.json" ? "this config.json" : "these fields"} (the message above says why).`
+      : "Read when planned: layers, width and parameters appear here.";
+  }
   const v = Object.fromEntries(rows.filter((a) => a.field.startsWith("model.")).map((a) => [a.field.slice(6), a.value]));
   const n = (x) => Number(x).toLocaleString("en-US");
   return `Read from ${what}: ${n(v.num_layers)} layers, hidden ${n(v.hidden_size)}, ${n(v.num_attention_heads)} heads / ${n(v.num_kv_heads)} KV, `
@@ -219,9 +228,9 @@ function readFacts(what) {
 // max_position_embeddings): the facts said nothing of the sequence, and Assumptions named config.json as the source
 // of its 8,192 where the file says 131,072 (round 13)
 function positions(seq) {
-  const hf = (state.request && state.request.model.hf_config) || {}, text = hf.text_config || hf;
+  const planned = state.planned, hf = planned.model.hf_config || {}, text = hf.text_config || hf;
   const max = Number(text.max_position_embeddings);
-  return max > Number(seq) && !state.request.model.seq_length && !(state.request.workload || {}).seq_length
+  return max > Number(seq) && !planned.model.seq_length && !(planned.workload || {}).seq_length
     ? ` (its max_position_embeddings is ${max.toLocaleString("en-US")}: set Sequence length to plan more)` : "";
 }
 
@@ -289,21 +298,30 @@ export function suggestions(path, request) {
   if (path === "workload.micro_batch_size" && dp) {
     return nearest(w.micro_batch_size || 1, (v) => (w.global_batch_size || 1) % (v * dp) === 0).map((v) => [`micro-batch ${v}`, [["micro-batch", v]]]);
   }
+  // a fix that changes DP keeps the global batch a multiple of micro-batch x DP, or moves it to the nearest one with
+  // it (round 14: "4 nodes, DP 9" on a GB200 form led to "global_batch_size 1024 is not divisible by ... 1*9 = 9")
+  const mbs = w.micro_batch_size || 1, gbs = w.global_batch_size || 1;
+  const batched = ([label, sets], d) => {
+    if (w.kind !== "training" || gbs % (mbs * d) === 0) return [label, sets];
+    const g = nearest(gbs, (v) => v % (mbs * d) === 0, mbs * d).sort((a, b) => Math.abs(a - gbs) - Math.abs(b - gbs))[0];
+    return g ? [`${label}, global batch ${g.toLocaleString("en-US")}`, [...sets, ["global-batch", g]]] : [label, sets];
+  };
   if (path === "parallel" && p.dp) {  // tp*cp*pp*dp is not the cluster's device count
     const out = [];
-    if (devices % inner === 0) out.push([`DP ${devices / inner}`, [["dp", devices / inner]]]);
+    if (devices % inner === 0) out.push(batched([`DP ${devices / inner}`, [["dp", devices / inner]]], devices / inner));
     const per = devicesPerNode(), want = inner * p.dp;
     if (want % per === 0) out.push([`${want / per} nodes`, [["nodes", want / per]]]);
     if (!out.length) {  // neither alone: node counts whose devices divide into tp*cp*pp, with the DP they give
       out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0)
-        .map((n) => [`${n} nodes, DP ${(n * per) / inner}`, [["nodes", n], ["dp", (n * per) / inner]]]));
+        .map((n) => batched([`${n} nodes, DP ${(n * per) / inner}`, [["nodes", n], ["dp", (n * per) / inner]]], (n * per) / inner)));
     }
     return out;
   }
   if (path === "parallel.dp") {  // dp omitted and the devices do not divide into tp*cp*pp
-    const out = nearest(pp, (v) => devices % (tp * cp * v) === 0).map((v) => [`PP ${v}`, [["pp", v]]]);
+    const out = nearest(pp, (v) => devices % (tp * cp * v) === 0).map((v) => batched([`PP ${v}`, [["pp", v]]], devices / (tp * cp * v)));
     const per = devicesPerNode();
-    out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0).map((n) => [`${n} nodes`, [["nodes", n]]]));
+    out.push(...nearest(request.cluster.num_nodes || 1, (n) => (n * per) % inner === 0)
+      .map((n) => batched([`${n} nodes`, [["nodes", n]]], (n * per) / inner)));
     return out;
   }
   return [];

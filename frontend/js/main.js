@@ -64,6 +64,7 @@ async function runPlan(restore = false) {
     if (err instanceof ApiError && (err.status === 422 || err.status === 413)) {
       clearErrors(); banner(null); showErrors(err.detail); setStale("invalid");
       $("status").textContent = "Invalid configuration: see the message above.";
+      syncVisibility();  // the model facts: not the last plan's under a refused config.json
     } else {
       banner(err instanceof Unreachable ? `${err.message} Check that it is running; the page retries when you change a field.` : `The server failed: ${err.message}`);
       setStale("offline");
@@ -75,6 +76,7 @@ async function runPlan(restore = false) {
   $("results").setAttribute("aria-busy", "false");
   clearErrors(); banner(null);
   state.plan = plan;
+  state.planned = request;  // the request the plan on show answers (form.js readFacts)
   setStale(false);
   try { render(); } catch (err) { banner(`The page failed to show this plan: ${err.message}`); throw err; }
 }
@@ -109,8 +111,10 @@ function showSeeResult() {
   $("see-result").hidden = !ONE_COLUMN.matches || !plan;
   if (!plan) return;
   const inference = state.request && state.request.workload.kind === "inference";
-  $("see-result-text").textContent = step ? `${inference ? "Latency" : "Step time"} ${fmtTime(step.time_s)}, MFU ${fmtPct(step.mfu)}.`
-    : `${plan.calls.length} kinds of call.`;
+  // a plan that does not fit said so here too (round 14: "Step time 1.40 h, MFU 55.2%." over 982 GB a device of 85.5)
+  const unfit = plan.memory && plan.memory.fits === false ? " Does not fit in memory." : "";
+  $("see-result-text").textContent = (step ? `${inference ? "Latency" : "Step time"} ${fmtTime(step.time_s)}, MFU ${fmtPct(step.mfu)}.`
+    : `${plan.calls.length} kinds of call.`) + unfit;
 }
 
 // ---- selected call: every ledger field, the topology, the explorer and the step view ---------------------------
@@ -185,7 +189,8 @@ async function start() {
   if (saved) { fillForm(saved.r); state.selected = saved.c; $("scenario").value = entryScenario(); } else { fillForm(SCENARIOS[0].request); $("scenario").value = SCENARIOS[0].id; }
   $("config").setAttribute("aria-busy", "false");
 
-  $("config").addEventListener("input", (e) => { noteEdit(e.target); $("scenario").value = ""; syncVisibility(); countSet(); schedulePlan(); });
+  // stale before the facts are read: a config.json typed after a refused one is "Read when planned", not "Not read"
+  $("config").addEventListener("input", (e) => { noteEdit(e.target); $("scenario").value = ""; schedulePlan(); syncVisibility(); countSet(); });
   // a blur after typing fires "change" for a value already planned: replan only when the request differs
   $("cluster-preset").addEventListener("change", switchCluster);
   $("config").addEventListener("change", () => { syncVisibility(); if (formChanged()) schedulePlan(); });
@@ -225,6 +230,17 @@ async function start() {
       : `no micro-batch ${$("timeline-mb").value.trim() || "given"} in this step` + (n > 1 ? `: they are numbered 0 to ${fmtInt(n - 1)}${chunks}` : n === 1 ? ": its one is numbered 0" : "");
   });
   $("timeline-all").addEventListener("click", () => { zoomToMicrobatch(-2); $("timeline-zoom-note").textContent = ""; });
+  // Enter in a box does what its card's button does (round 14: keyboard only, an SLA typed and Enter ran nothing, nor
+  // a micro-batch number, nor the Serve card's traffic); the form plans on its own, a textarea keeps its new line.
+  // Delegated: the Serve card's pool boxes are built later (serve.js)
+  const enterRuns = [["#timeline-mb", "timeline-zoom"], ["#search-topk, #search-headroom", "search-run"],
+    ["#serve-sla-ttft, #serve-sla-tpot", "serve-search-run"], ["#calib-nodes, #calib-ranks", "calib-run"],
+    ["#serve-card input", "serve-run"], ["#step-n, #step-count", "step-load"]];
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || !(e.target instanceof HTMLInputElement) || e.target.type === "checkbox") return;
+    const button = (enterRuns.find(([boxes]) => e.target.matches(boxes)) || [])[1];
+    if (button && !$(button).disabled) { e.preventDefault(); $(button).click(); }
+  });
   $("step-op").addEventListener("change", fillStepAlgorithms);
   $("step-load").addEventListener("click", loadSteps);
   $("step-prev").addEventListener("click", () => { stopPlay(); step(-1); });

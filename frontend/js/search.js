@@ -135,11 +135,20 @@ export function paretoFront(hits) {
   return front;
 }
 
+// nothing fits: where memory ruled out every layout sized, one of them and what would help (round 14: Llama-3.1 405B
+// on one DGX H100 ended "8,820 need more memory than the device has less 5% headroom. No layout fits.")
+function noFit(result) {
+  const over = (result.pruned || {}).memory || 0, example = (result.pruned_examples || {}).memory;
+  if (!over || over < result.evaluated - (result.bounded_before_memory || 0)) return "No layout fits.";
+  return `No layout fits: every layout sized needs more memory than a device holds${example ? `, e.g. "${example}"` : ""}; `
+    + "more nodes, a GPU with more memory or a lower memory headroom would let some fit.";
+}
+
 export function renderSearch() {
   const result = state.search;
   if (!result) return;
   const hits = result.results || [];
-  $("search-status").textContent = searchSummary(result) + (hits.length ? " Click a row or a point to load the layout." : " No layout fits.")
+  $("search-status").textContent = searchSummary(result) + (hits.length ? " Click a row or a point to load the layout." : ` ${noFit(result)}`)
     + unsearched(state.request && state.request.options);
   $("search-results").hidden = !hits.length;
   if (!hits.length) return;

@@ -229,7 +229,7 @@ async function runServeCalibrate() {
     state.serveCalibration = result;
     const c = result.constants;
     $("serve-calib-status").textContent = `Prefill × ${c.prefill_time_scale.toFixed(3)}, decode × ${c.decode_time_scale.toFixed(3)}: `
-      + `median |error| of TTFT and TPOT ${pct(result.median_error_before)} before, ${pct(result.median_error_after)} after.`
+      + `median |error| of TTFT and TPOT ${absPct(result.median_error_before)} before, ${absPct(result.median_error_after)} after.`
       + (result.warnings || []).map((w) => ` Warning: ${w}.`).join("");
     renderServeCalibration(result);
   } catch (err) {
@@ -241,7 +241,14 @@ async function runServeCalibrate() {
   }
 }
 
-const pct = (e) => (e === null || e === undefined ? "–" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(1)}%`).replace("+-", "-");
+// a signed error to 0.1%, rounded before its sign is read (round 14: a fit's -4e-9 read "71.5 ms (-0.0%)" beside
+// "+0.0%"); a median of |errors| unsigned ("median |error| +50.2%" gave an absolute value a sign)
+const pct = (e) => {
+  if (e === null || e === undefined) return "–";
+  const v = Number((100 * e).toFixed(1)) + 0;  // + 0: -0 is 0
+  return `${v >= 0 ? "+" : ""}${v.toFixed(1)}%`;
+};
+const absPct = (e) => (e === null || e === undefined ? "–" : `${(100 * Math.abs(e)).toFixed(1)}%`);
 const timed = (v, e) => (v === null || v === undefined ? "unbounded" : e === undefined ? fmtTime(v) : `${fmtTime(v)} (${pct(e)})`);
 
 // a traffic block's load: its concurrency, else its request rate, else its requests sent at once
@@ -299,11 +306,15 @@ const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-
   "deployment.pools": "serve-nodes" };
 const POOL_INPUTS = { workers: "workers", tp: "tp", pp: "pp", dp: "dp", ep: "ep", attention_dp: "adp", ep_dispatch: "dispatch" };
 const unmark = () => { for (const node of $("serve-card").querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid"); };
+// a pool as a whole ("deployment.pools.0: a worker's tp*pp*dp = 1*1*32 = 32 GPUs must fill whole nodes of 72 or divide
+// one", DeepSeek-V3's pools on a GB200 form) is its TP box, the first factor of the product, named by its pool's legend
+// alone (round 14: the path alone, nothing marked)
 function inputOf(path) {
-  const pool = /^deployment\.pools\.(\d)\.(\w+)$/.exec(path);
+  const pool = /^deployment\.pools\.(\d)(?:\.(\w+))?$/.exec(path);
   if (!pool) return SERVE_FIELDS[path] && $(SERVE_FIELDS[path]);
   const prefix = $("serve-mode").value === "disaggregated" ? ["serve-p", "serve-d"][Number(pool[1])] : "serve-a";
-  return prefix && POOL_INPUTS[pool[2]] ? $(`${prefix}-${POOL_INPUTS[pool[2]]}`) : null;
+  const field = pool[2] === undefined ? "tp" : POOL_INPUTS[pool[2]];
+  return prefix && field ? $(`${prefix}-${field}`) : null;
 }
 function errorText(err) {
   unmark();
@@ -313,7 +324,8 @@ function errorText(err) {
   if (input) input.setAttribute("aria-invalid", "true");
   const legend = input && input.closest("fieldset") ? `${input.closest("fieldset").querySelector("legend").textContent.trim()} ` : "";
   const label = input && input.labels.length ? input.labels[0].textContent.trim() : "";
-  const name = label ? `${legend}${label} (${path})` : path;
+  const whole = /^deployment\.pools\.\d$/.test(path) && legend;
+  const name = whole ? `${legend.trim()} (${path})` : label ? `${legend}${label} (${path})` : path;
   return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : d.msg}`;
 }
 

@@ -1,7 +1,7 @@
 // Page state and its URL form (#s=base64url(JSON)): the request, the selected call, the Serve card's options and its
 // own inputs.
 export const state = {
-  presets: { models: {}, clusters: {} }, catalogue: [], plan: null, request: null, selected: null,
+  presets: { models: {}, clusters: {} }, catalogue: [], plan: null, request: null, planned: null, selected: null,
   sort: { key: "time_iter", dir: -1 }, planSeq: 0, charts: {}, stale: false, search: null,
   calibration: null,  // fitted constants (POST /v1/calibrate) the plan is priced with: cluster.calibration
   serveOptions: null,  // the Serve card's options once changed (serve.js): kept in the URL as "o"

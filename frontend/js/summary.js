@@ -9,10 +9,27 @@ const card = (label, value, hint, extra, id) => el("div", { className: "card met
 // a call name breaks after its dots and underscores, never mid-word ("pp.activatio n_grad" at 390 px)
 const breakable = (name) => String(name).split(/(?<=[._])/).flatMap((part, i) => (i ? [el("wbr"), part] : [part]));
 
+// what a plan the step cards cannot stand for is, in words (round 14): Llama-3.1 405B on one DGX H100 read "Step time
+// 1.40 h, MFU 55.2%, Tokens / s 1.66 K" in full colour for 982 GB a device of 85.5, the reason in a warning above; the
+// Serve card has said so since round 13 (serve.js verdict)
+function verdict(plan, kind) {
+  const m = plan.memory;
+  if (!plan.step || !m || m.fits !== false) return "";
+  const stages = m.per_stage || [], over = stages.filter((s) => s.peak_bytes > m.capacity_bytes);
+  const worst = over.reduce((a, s) => (s.peak_bytes > a.peak_bytes ? s : a), over[0] || null);
+  const why = worst ? `${stages.length > 1 ? `stage ${worst.stage} needs` : "it needs"} ${fmtBytes(worst.peak_bytes)} per device, over the `
+    + `${fmtBytes(m.capacity_bytes)} a device holds${over.length > 1 ? ` (${over.length} of ${stages.length} stages over)` : ""}`
+    : "a stage does not fit in device memory";
+  return `Does not fit: ${why}. The ${kind === "inference" ? "latency" : "step time"}, MFU and tokens/s below are what it would do if it fit, not a run: see Memory per device.`;
+}
+
 export function renderSummary(plan, onBusiest, kind) {
   const t = plan.totals, stage = t.per_stage[t.busiest_stage] || { bytes_sent: 0, message_bytes: 0 };
   const cards = [];
-  const step = plan.step;
+  const step = plan.step, words = verdict(plan, kind);
+  $("plan-verdict").textContent = words;
+  $("plan-verdict").hidden = !words;
+  $("summary").classList.toggle("unrunnable", !!words);  // the step's cards greyed (style.css)
   if (step) {
     const inference = kind === "inference";
     cards.push(card(inference ? "Latency" : "Step time", fmtTime(step.time_s),
@@ -40,7 +57,7 @@ export function renderSummary(plan, onBusiest, kind) {
   const top = [...onBusiest].sort((a, b) => timeIter(b) - timeIter(a))[0];
   if (top) cards.push(card("Largest cost", breakable(top.name), `${fmtTime(timeIter(top))} per iteration; busiest link ${top.placement.bottleneck_link || "–"}`, null, "top"));
   $("summary").replaceChildren(...cards);
-  const warnings = [...(plan.warnings || []), ...(plan.memory && plan.memory.fits === false ? ["The plan does not fit in device memory: see Memory per stage."] : [])];
+  const warnings = [...(plan.warnings || []), ...(plan.memory && plan.memory.fits === false && !words ? ["The plan does not fit in device memory: see Memory per device."] : [])];
   $("warnings").replaceChildren(...warnings.map((w) => el("li", {}, String(w))));
   $("warnings").hidden = !warnings.length;
 }

@@ -41,8 +41,13 @@ def test_back_and_forward_walk_the_changes_in_place(page):  # noqa: F811
     page.goto("about:blank")
     open_page(page, url_state(LLAMA))
     first, first_step = parallel(page), page.evaluate("window.commplan.state.plan.step.time_s")
-    page.fill("#vpp", "5")
-    page.select_option("#schedule", "interleaved")
+    # both in one task, so the 250 ms debounce cannot plan "1f1b at v5" (a valid request, its own history entry)
+    # between them: at load 6-8 Playwright's two actions took longer than that, and Back then stopped there
+    page.evaluate(
+        """() => { const vpp = document.getElementById("vpp"), schedule = document.getElementById("schedule");
+             vpp.value = "5"; vpp.dispatchEvent(new Event("input", { bubbles: true }));
+             schedule.value = "interleaved"; schedule.dispatchEvent(new Event("change", { bubbles: true })); }"""
+    )
     wait_until(
         page,
         "() => window.commplan.state.request.parallel.virtual_pipeline_stages === 5 && "
