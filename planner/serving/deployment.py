@@ -347,8 +347,8 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
 def _expert_tp(model: ModelSpec, traits: EngineTraits, pool: Pool, where: str) -> int:
     """The expert TP the engine gives the pool's MoE layers (EngineTraits.experts: tp x dp / ep), 1 on a dense
     model; a 422 at the pool's ep where the engine cannot split its experts so."""
-    if model.moe is None:
-        return 1
+    if model.moe is None or model.moe.num_experts % pool.ep:
+        return 1  # experts that do not divide over ep: validate_parallel names that rule
     traits.experts.check(pool.tp, pool.dp, pool.ep, where)
     return traits.experts.expert_tp(pool.tp, pool.dp, pool.ep)
 
