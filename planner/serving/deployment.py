@@ -312,30 +312,13 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
             f"or divide one",
         )
     etp = _expert_tp(model, traits, pool, where)
-    if pool.dp == 1 and pool.ep * etp > 1:
-        # tensor-parallel attention: every EP rank holds every token, so no engine issues a MoE collective (the TP
-        # all-reduce sums the experts' output): vLLM all2all kernels need dp > 1, TensorRT-LLM's
-        # communication_factory returns None without attention DP, SGLang gathers only with DP attention
-        dispatch = "replicated"
-    elif etp > 1 and dispatch not in GATHER_DISPATCHES:
-        if pool.ep_dispatch:
-            raise SpecError(
-                f"{where}.ep_dispatch",
-                f"{dispatch!r} moves tokens to whole experts; ep {pool.ep} splits each expert over {etp} ranks "
-                f"({traits.experts.source}): set ep to tp*dp = {pool.tp * pool.dp}, or leave ep_dispatch out",
-            )
-        dispatch = traits.experts.dispatch
+    dispatch = _moe_dispatch(traits, pool, dispatch, etp, where)
     par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=etp, ep_dispatch=dispatch,
                        kv_head_replication=traits.kv_head_replication)  # fmt: skip
     try:  # the layout's own rules (heads by tp, experts by ep, layers by pp), named at the pool's fields
         validate_parallel(par, model, WorkloadSpec(kind="inference", batch_size=pool.dp), n)
     except SpecError as err:
-        name = err.field.removeprefix("parallel").lstrip(".")
-        if name == "expert_tp":  # the engine's expert TP comes from the pool's tp, dp and ep (EngineTraits.experts)
-            name, rule = "ep", f"{err.rule} (tp*dp / ep = {pool.tp}*{pool.dp} / {pool.ep}: {traits.experts.source})"
-        else:
-            rule = err.rule
-        raise SpecError(f"{where}.{name}" if name else where, rule) from None
+        raise _at_pool(err, traits, pool, where) from None
     decode = par
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
@@ -351,6 +334,36 @@ def _expert_tp(model: ModelSpec, traits: EngineTraits, pool: Pool, where: str) -
         return 1  # experts that do not divide over ep: validate_parallel names that rule
     traits.experts.check(pool.tp, pool.dp, pool.ep, where)
     return traits.experts.expert_tp(pool.tp, pool.dp, pool.ep)
+
+
+def _moe_dispatch(traits: EngineTraits, pool: Pool, dispatch: str, etp: int, where: str) -> str:
+    """The MoE exchange the engine runs for the pool: none with tensor-parallel attention (dp 1), the engine's gather
+    where experts split over TP meet attention DP (EngineTraits.experts.dispatch), else the one asked or its
+    default."""
+    if pool.dp == 1 and pool.ep * etp > 1:
+        # tensor-parallel attention: every EP rank holds every token, so no engine issues a MoE collective (the TP
+        # all-reduce sums the experts' output): vLLM all2all kernels need dp > 1, TensorRT-LLM's
+        # communication_factory returns None without attention DP, SGLang gathers only with DP attention
+        return "replicated"
+    if etp == 1 or dispatch in GATHER_DISPATCHES:
+        return dispatch
+    if pool.ep_dispatch:
+        raise SpecError(
+            f"{where}.ep_dispatch",
+            f"{dispatch!r} moves tokens to whole experts; ep {pool.ep} splits each expert over {etp} ranks "
+            f"({traits.experts.source}): set ep to tp*dp = {pool.tp * pool.dp}, or leave ep_dispatch out",
+        )
+    return traits.experts.dispatch
+
+
+def _at_pool(err: SpecError, traits: EngineTraits, pool: Pool, where: str) -> SpecError:
+    """A layout rule's 422 named at the pool's field; the expert TP's at its ep (the engine derives it from tp, dp
+    and ep: EngineTraits.experts)."""
+    name = err.field.removeprefix("parallel").lstrip(".")
+    rule = err.rule
+    if name == "expert_tp":
+        name, rule = "ep", f"{rule} (tp*dp / ep = {pool.tp}*{pool.dp} / {pool.ep}: {traits.experts.source})"
+    return SpecError(f"{where}.{name}" if name else where, rule)
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:

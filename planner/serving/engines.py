@@ -62,8 +62,7 @@ class ExpertSplit:
             rule = f"ep 1 or {ranks}" if self.ep_all_or_none else f"an ep that divides {ranks}"
             raise SpecError(
                 f"{where}.ep",
-                f"ep {ep} on a worker of tp*dp = {tp}*{dp} = {ranks} ranks: the experts take {rule} "
-                f"({self.source})",
+                f"ep {ep} on a worker of tp*dp = {tp}*{dp} = {ranks} ranks: the experts take {rule} ({self.source})",
             )
 
 
@@ -74,8 +73,8 @@ class ExpertSplit:
 # and tp_size = 1. Without EP no all-to-all kernel runs (use_all2all_kernels needs use_ep): dp > 1 dispatches by
 # the naive all_gatherv / reduce_scatterv (moe_runner.py do_naive_dispatch_combine)
 VLLM_EXPERTS = ExpertSplit(
-    "vLLM FusedMoEParallelConfig.make, fused_moe/config.py at 002d6073aa03: --enable-expert-parallel makes EP = tp x dp, "
-    "else every expert is split over tp x dp",
+    "vLLM FusedMoEParallelConfig.make, fused_moe/config.py at 002d6073aa03: --enable-expert-parallel makes "
+    "EP = tp x dp, else every expert is split over tp x dp",
     ep_all_or_none=True,
     dispatch="agrs",
 )
