@@ -34,8 +34,10 @@ FILES = (ROOT / "docs" / "step-time.md",)
 README = ROOT / "README.md"
 BEGIN, END = "<!-- accuracy-tables:begin (bench/accuracy_tables.py --write) -->", "<!-- accuracy-tables:end -->"
 GPU_OF = {"a100_sxm": "A100", "h100_sxm": "H100", "b200_sxm": "B200"}
-DTYPE_CLASS = {"bf16": "bf16 GEMMs", "fp8": "fp8 GEMMs (per-tensor)", "fp8_block": "fp8 GEMMs (1x128 blocks)",
-               "nvfp4": "nvfp4 GEMMs"}  # fmt: skip
+# the per-tensor fp8 rows keep the dynamic amax and quantize they time, compared with the model's GEMM plus them
+# (kernel_fit.table, kernels.dynamic_quantize_s: mend14b)
+DTYPE_CLASS = {"bf16": "bf16 GEMMs", "fp8": "fp8 GEMMs (per-tensor, with the amax + quantize its rows time)",
+               "fp8_block": "fp8 GEMMs (1x128 blocks)", "nvfp4": "nvfp4 GEMMs"}  # fmt: skip
 
 
 def _pct(x: float) -> str:

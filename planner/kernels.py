@@ -2710,6 +2710,24 @@ def timed_quantize_s(gpu: GPUSpec, dtype: str, m: float, k: float, eff: Efficien
     return input_quantize_s(m * k, recipe, gpu, eff) if recipe else 0.0
 
 
+# The per-tensor fp8 rows (aiconfigurator's "fp8" class, Hopper and Blackwell) time TensorRT-LLM's FP8QDQLinearMethod
+# with no input scale loaded: quantize_e4m3_per_tensor's dynamic path, an amax reduction over x (a kernel reading the
+# bf16 input, BF16_READ_BYTES) and then the one rowwise quantize at that scale (input_quantize_s, per-tensor 3 B), the
+# "compute-scale overhead" the collector's note says the row includes (TIMED_QUANTIZE's note). No ceiling is fitted on
+# these rows, so they are not taken out of them: bench/kernel_fit.py table adds this to the model's GEMM instead, so
+# that the kernel-class table compares like with like (mend14b)
+DYNAMIC_QUANTIZE = {(90, "fp8"): "tensorwise", (100, "fp8"): "tensorwise"}
+
+
+def dynamic_quantize_s(gpu: GPUSpec, dtype: str, m: float, k: float, eff: Efficiency) -> float:
+    """The amax and quantize of the (m x k) bf16 input a per-tensor fp8 table row holds besides the GEMM
+    (DYNAMIC_QUANTIZE; 0 for the other classes), at the planner's cast price (_mem_s, input_quantize_s)."""
+    recipe = DYNAMIC_QUANTIZE.get((generation(gpu), dtype))
+    if recipe is None:
+        return 0.0
+    return _mem_s(m * k * BF16_READ_BYTES, gpu, eff) + input_quantize_s(m * k, recipe, gpu, eff)
+
+
 def _quantized_in_epilogue(ctx: Context, g: Kernel) -> bool:
     """fc2's input under the fused grouped MLP: quantized by fc1's epilogue, no cast kernel of its own."""
     return g.name == EXPERT_GEMMS[1] and fused_grouped_mlp(ctx)

@@ -74,7 +74,7 @@ from .profile_trace import (
     grouped_shape,
     value_head_dim,
 )
-from .words import human_seconds
+from .words import human_seconds, sig3
 
 MIN_POINTS = 3
 OPS_BY_VALUE = {op.value: op for op in Op}  # a traced collective's op ("allreduce"...) as the Op busbw_factor takes
@@ -543,7 +543,10 @@ def constant_text(name: str, value) -> str:
     ``kernel_s = 1e-06`` and the warnings ``host_launch_s = 0.000`` before traces14)."""
     if isinstance(value, dict):
         return ", ".join(f"{key} {constant_text(key, v)}" for key, v in value.items())
-    return human_seconds(value) if name.endswith("_s") else f"{value:.4g}"  # fractions: 0.05-6.4
+    if name.endswith("_s"):
+        return human_seconds(value)
+    text = sig3(value, 4)  # fractions: 0.05-6.4; 4 digits as ":.4g" wrote them, never its exponent (1e-05)
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _clipped(name: str, value: float, bounds: tuple, warnings: list[str]) -> float:

@@ -16,12 +16,13 @@ TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
 LONG_UNITS = (("years", 365.25 * 86400), ("days", 86400.0), ("h", 3600.0), ("min", 60.0))
 
 
-def sig3(x: float) -> str:
-    """3 significant digits as a plain decimal: 1530 -> '1530', 0.01234 -> '0.0123', 0.9996 -> '1.00'."""
-    v = float(f"{x:.3g}")
+def sig3(x: float, digits: int = 3) -> str:
+    """3 (or ``digits``) significant digits as a plain decimal: 1530 -> '1530', 0.01234 -> '0.0123', 0.9996 ->
+    '1.00'; never an exponent (sig3(1e-06, 4) -> '0.000001000')."""
+    v = float(f"{x:.{digits}g}")
     if v == 0:
         return "0"
-    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"
+    return f"{v:.{max(0, digits - 1 - math.floor(math.log10(abs(v))))}f}"
 
 
 def _human(x: float, units: tuple[tuple[str, float], ...]) -> str:

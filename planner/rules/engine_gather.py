@@ -44,6 +44,15 @@ from ..layout import Group
 from ..ledger import Call
 
 GATHER_DISPATCHES = ("agrs", "dp_gather", "agrs_quant", "replicated")
+# the exchanges after which each rank's expert output is still a partial sum over attention TP (its experts' share
+# of every token, or its slice of every expert's FFN): the layer's TP all-reduce of T x h sums it, as a dense MLP's
+# row-parallel output (rules/tensor.py counts the MoE layer as a TP MLP block, one all-reduce with the shared
+# experts' output when there are any). vLLM MoERunner._maybe_reduce_final_output (fused_moe/runner/moe_runner.py at
+# 01cb30845063: tensor_model_parallel_all_reduce when the MoE's tp_size > 1 or ep_size > 1, after the agrs combine
+# over DP); SGLang and TensorRT-LLM with tensor-parallel attention alike (MixtralMoE / DeepseekV2MoE forward: the
+# all-reduce of the experts' output when tp_size > 1). dp_gather and agrs_quant reduce-scatter over the worker's
+# tp x dp ranks, which completes the sum
+TP_SUMMED = ("agrs", "replicated")
 VLLM_AGRS = (
     "vllm 001430048e81 vllm/distributed/device_communicators/all2all.py AgRsAll2AllManager (dispatch_router_logits, "
     "combine); fused_moe/runner/moe_runner.py _maybe_dispatch"

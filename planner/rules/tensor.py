@@ -42,6 +42,7 @@ from ..kernels import memo_by, mtp_runs_bf16, rerun_stops_at_last_save, vocab_pa
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, layer_counts, mtp_checkpointed, rerun_layers
+from .engine_gather import TP_SUMMED
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -112,10 +113,12 @@ def _layer_kinds(ctx: Context, stage: int, layers: str) -> tuple[int | None, int
 def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int | None = None) -> tuple[int, int]:
     """(attention blocks, tensor-parallel MLP blocks) of ``dense`` and ``moe`` layers (default: the
     stage's). An MoE layer's routed experts move tokens by all-to-all (rules/expert.py); only its shared
-    experts form a TP MLP."""
+    experts form a TP MLP, or a serving engine's MoE whose output its exchange leaves partial over TP
+    (engine_gather.TP_SUMMED: one all-reduce of the layer's output, shared experts included)."""
     dense = ctx.dense_layers(stage) if dense is None else dense
     moe = ctx.moe_layers(stage) if moe is None else moe
-    shared = moe if ctx.model.moe and ctx.model.moe.shared_ffn else 0
+    summed = ctx.par.ep_dispatch in TP_SUMMED
+    shared = moe if ctx.model.moe and (ctx.model.moe.shared_ffn or summed) else 0
     return dense + moe, dense + shared
 
 

@@ -44,6 +44,7 @@ from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
 from ..plan import Options, Plan, PricedCall, build_plan, cluster_summary, price_calls
 from ..recipes import check_recipe_gpu
+from ..rules.engine_gather import GATHER_DISPATCHES
 from ..rules.engine_step import dp_sync
 from ..words import human_bytes, human_number, human_percent, human_seconds
 from ..workload import (
@@ -310,24 +311,59 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
             f"a worker's tp*pp*dp = {pool.tp}*{pool.pp}*{pool.dp} = {n} GPUs must fill whole nodes of {per_node} "
             f"or divide one",
         )
-    if pool.dp == 1 and pool.ep > 1:
-        # tensor-parallel attention: every EP rank holds every token, so no engine issues a MoE collective (the TP
-        # all-reduce sums the experts' output): vLLM all2all kernels need dp > 1, TensorRT-LLM's
-        # communication_factory returns None without attention DP, SGLang gathers only with DP attention
-        dispatch = "replicated"
-    par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=1, ep_dispatch=dispatch,
+    etp = _expert_tp(model, traits, pool, where)
+    dispatch = _moe_dispatch(traits, pool, dispatch, etp, where)
+    par = ParallelSpec(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep, expert_tp=etp, ep_dispatch=dispatch,
                        kv_head_replication=traits.kv_head_replication)  # fmt: skip
     try:  # the layout's own rules (heads by tp, experts by ep, layers by pp), named at the pool's fields
         validate_parallel(par, model, WorkloadSpec(kind="inference", batch_size=pool.dp), n)
     except SpecError as err:
-        name = err.field.removeprefix("parallel").lstrip(".")
-        raise SpecError(f"{where}.{name}" if name else where, err.rule) from None
+        raise _at_pool(err, traits, pool, where) from None
     decode = par
     if dispatch == "deepep" and traits.deepep_low_latency_decode:
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
                    (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce,
                    traits.fp8_context_attention is not None)  # fmt: skip
+
+
+def _expert_tp(model: ModelSpec, traits: EngineTraits, pool: Pool, where: str) -> int:
+    """The expert TP the engine gives the pool's MoE layers (EngineTraits.experts: tp x dp / ep), 1 on a dense
+    model; a 422 at the pool's ep where the engine cannot split its experts so."""
+    if model.moe is None or model.moe.num_experts % pool.ep:
+        return 1  # experts that do not divide over ep: validate_parallel names that rule
+    traits.experts.check(pool.tp, pool.dp, pool.ep, where)
+    return traits.experts.expert_tp(pool.tp, pool.dp, pool.ep)
+
+
+def _moe_dispatch(traits: EngineTraits, pool: Pool, dispatch: str, etp: int, where: str) -> str:
+    """The MoE exchange the engine runs for the pool: none with tensor-parallel attention (dp 1), the engine's gather
+    where experts split over TP meet attention DP (EngineTraits.experts.dispatch), else the one asked or its
+    default."""
+    if pool.dp == 1 and pool.ep * etp > 1:
+        # tensor-parallel attention: every EP rank holds every token, so no engine issues a MoE collective (the TP
+        # all-reduce sums the experts' output): vLLM all2all kernels need dp > 1, TensorRT-LLM's
+        # communication_factory returns None without attention DP, SGLang gathers only with DP attention
+        return "replicated"
+    if etp == 1 or dispatch in GATHER_DISPATCHES:
+        return dispatch
+    if pool.ep_dispatch:
+        raise SpecError(
+            f"{where}.ep_dispatch",
+            f"{dispatch!r} moves tokens to whole experts; ep {pool.ep} splits each expert over {etp} ranks "
+            f"({traits.experts.source}): set ep to tp*dp = {pool.tp * pool.dp}, or leave ep_dispatch out",
+        )
+    return traits.experts.dispatch
+
+
+def _at_pool(err: SpecError, traits: EngineTraits, pool: Pool, where: str) -> SpecError:
+    """A layout rule's 422 named at the pool's field; the expert TP's at its ep (the engine derives it from tp, dp
+    and ep: EngineTraits.experts)."""
+    name = err.field.removeprefix("parallel").lstrip(".")
+    rule = err.rule
+    if name == "expert_tp":
+        name, rule = "ep", f"{rule} (tp*dp / ep = {pool.tp}*{pool.dp} / {pool.ep}: {traits.experts.source})"
+    return SpecError(f"{where}.{name}" if name else where, rule)
 
 
 def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple]:

@@ -36,6 +36,69 @@ from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, VLLM_DBO_PREFILL, 
 
 
 @dataclass(frozen=True)
+class ExpertSplit:
+    """How an engine lays a MoE layer's experts over one pipeline stage of a worker, its tp x dp ranks (attention
+    data-parallel ranks included: each engine's MoE group spans them): ``ep`` ranks each hold E / ep whole experts
+    and every expert is split over the remaining tp x dp / ep ranks, its expert tensor parallelism (the expert FFN
+    width ffn / etp a rank, the experts' partial outputs summed after). The three engines agree on that product;
+    vLLM's expert parallelism is all of the ranks or none (``ep_all_or_none``)."""
+
+    source: str
+    # True: EP is every tp x dp rank or none (vLLM --enable-expert-parallel); False: any ep dividing tp x dp
+    ep_all_or_none: bool
+    # the MoE exchange the engine runs with attention DP (dp > 1) where the experts are split over TP (etp > 1) and
+    # the pool names no dispatcher: its all-to-all kernels move tokens to whole experts only (engine_gather.py)
+    dispatch: str
+
+    def expert_tp(self, tp: int, dp: int, ep: int) -> int:
+        """The expert TP of a worker of ``tp`` x ``dp`` ranks with ``ep``-way expert parallelism (ep divides them:
+        ``check``)."""
+        return tp * dp // ep
+
+    def check(self, tp: int, dp: int, ep: int, where: str) -> None:
+        """A 422 at ``where``.ep where the engine cannot split its experts so."""
+        ranks = tp * dp
+        if ranks % ep or (self.ep_all_or_none and ep not in (1, ranks)):
+            rule = f"ep 1 or {ranks}" if self.ep_all_or_none else f"an ep that divides {ranks}"
+            raise SpecError(
+                f"{where}.ep",
+                f"ep {ep} on a worker of tp*dp = {tp}*{dp} = {ranks} ranks: the experts take {rule} ({self.source})",
+            )
+
+
+# vLLM FusedMoEParallelConfig.make (vllm/model_executor/layers/fused_moe/config.py at 002d6073aa03): tp is flattened
+# over dp (flatten_tp_across_dp_and_pcp, tp_size = dp x tp); without enable_expert_parallel the experts are sharded
+# over all of it (FusedMoEConfig.__post_init__ intermediate_size_per_partition = intermediate_size // tp_size; the
+# docs' "the expert layers will by default form a (DP x TP) sized tensor parallel group"), with it ep_size = tp_size
+# and tp_size = 1. Without EP no all-to-all kernel runs (use_all2all_kernels needs use_ep): dp > 1 dispatches by
+# the naive all_gatherv / reduce_scatterv (moe_runner.py do_naive_dispatch_combine)
+VLLM_EXPERTS = ExpertSplit(
+    "vLLM FusedMoEParallelConfig.make, fused_moe/config.py at 002d6073aa03: --enable-expert-parallel makes "
+    "EP = tp x dp, else every expert is split over tp x dp",
+    ep_all_or_none=True,
+    dispatch="agrs",
+)
+# SGLang initialize_model_parallel (python/sglang/srt/distributed/parallel_state.py at 0005973a84f7): moe_tp_size
+# = tp_size // moe_ep_size // moe_dp_size (runtime_context.py derive_parallel_widths; moe_dp_size 1 by default),
+# tp_size the server's --tp-size, which holds the DP-attention ranks (--dp-size divides it); without DeepEP its DP
+# attention gathers before the experts (dp_attention.py)
+SGLANG_EXPERTS = ExpertSplit(
+    "SGLang parallel_state.py initialize_model_parallel at 0005973a84f7: moe_tp_size = tp_size // ep_size",
+    ep_all_or_none=False,
+    dispatch="dp_gather",
+)
+# TensorRT-LLM Mapping.__init__ (tensorrt_llm/mapping.py at 05ebebb2c1d3): neither moe size given, moe_tp_size =
+# tp_size and moe_ep_size = 1; only moe_ep_size (trtllm-serve --ep_size), moe_tp_size = tp_size // moe_ep_size; and
+# moe_tp x moe_ep must be tp_size (attention DP inside it). communication_factory.py (03c36d6222ad) forces the
+# post-quant all-gather + reduce-scatter when MoE TP > 1
+TRTLLM_EXPERTS = ExpertSplit(
+    "TensorRT-LLM mapping.py Mapping.__init__ at 05ebebb2c1d3: moe_tp_size = tp_size // moe_ep_size",
+    ep_all_or_none=False,
+    dispatch="agrs_quant",
+)
+
+
+@dataclass(frozen=True)
 class EngineTraits:
     name: str
     label: str
@@ -47,6 +110,8 @@ class EngineTraits:
     page_tokens: int  # tokens per KV-cache block
     attention_dp: bool  # whether attention can run data-parallel inside a worker
     sources: tuple[str, ...]
+    # how the MoE experts split over a worker's ranks: expert parallelism and expert TP from its tp, dp and ep
+    experts: ExpertSplit
     # DeepEP's mode switch: with "deepep", decode steps run the low-latency kernels (deepep_ll) and prefill the
     # normal ones; False: the mode asked for runs in both phases
     deepep_low_latency_decode: bool = False
@@ -186,6 +251,7 @@ VLLM = register(
         page_tokens=16,
         attention_dp=True,
         sources=("vllm/engine/arg_utils.py", "vllm/config/cache.py", "docs.vllm.ai expert_parallel_deployment"),
+        experts=VLLM_EXPERTS,
         # vllm/config/parallel.py: enable_dbo (dual batch overlap, off), EPLBConfig.num_redundant_experts (0)
         two_batch_overlap_flag="--enable-dbo",
         two_batch_overlap=(VLLM_DBO_PREFILL, VLLM_DBO),
@@ -230,6 +296,7 @@ SGLANG = register(
         page_tokens=1,
         attention_dp=True,
         sources=("python/sglang/srt/server_args.py", "python/sglang/srt/layers/dp_attention.py"),
+        experts=SGLANG_EXPERTS,
         # --deepep-mode auto (the default): low_latency for decode batches, normal for prefill
         # (python/sglang/srt/layers/moe/utils.py DeepEPMode.resolve)
         deepep_low_latency_decode=True,
@@ -275,6 +342,7 @@ TRTLLM = register(
         page_tokens=32,
         attention_dp=True,
         sources=("tensorrt_llm/llmapi/llm_args.py", "_torch/modules/fused_moe/communication/communication_factory.py"),
+        experts=TRTLLM_EXPERTS,
         # communication_factory.py: DeepEPLowLatency for generation when DeepEP is selected
         deepep_low_latency_decode=True,
         # _torch/modules/fused_moe/moe_load_balancer.py: num_slots = experts + redundant (extra_llm_api_options)
@@ -312,6 +380,7 @@ __all__ = [
     "TRTLLM_KV_DEFAULT_SOURCE",
     "VLLM_NIXL_REPLICATED",
     "EngineTraits",
+    "ExpertSplit",
     "engine",
     "engine_kv_default",
     "quant_algo",

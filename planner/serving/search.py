@@ -77,8 +77,9 @@ class ServeSearchResult:
 
 def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
     """Worker layouts worth trying: tensor-parallel workers of a power-of-two size up to a node (PP across
-    nodes beyond it); for MoE models also attention-DP workers with the experts spread over every rank
-    (DeepSeek-V3 report §3.4; SGLang --enable-dp-attention, vLLM --data-parallel-size with EP)."""
+    nodes beyond it); for MoE models each TP worker with its experts whole over EP and split over TP, and
+    attention-DP workers with the experts spread over every rank (DeepSeek-V3 report §3.4; SGLang
+    --enable-dp-attention, vLLM --data-parallel-size with EP)."""
     out = []
     tp = 1
     while tp <= per_node:
@@ -93,7 +94,9 @@ def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
                     break  # pipelines only once a worker fills a node
         tp *= 2
     if model.moe is not None:
-        out = [replace(p, ep=_ep(model, p.tp * p.pp, p.tp)) for p in out if p.pp == 1]
+        # the experts whole over EP where they divide, and split over TP without EP (each engine's default: no
+        # --enable-expert-parallel / --ep-size; EngineTraits.experts)
+        out = [replace(p, ep=ep) for p in out if p.pp == 1 for ep in dict.fromkeys((_ep(model, p.tp), 1))]
         dp = per_node
         while dp <= gpus:
             if model.moe.num_experts % dp == 0:
@@ -102,7 +105,7 @@ def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
     return [p for p in out if p.ep == 1 or model.moe.num_experts % p.ep == 0]
 
 
-def _ep(model: ModelSpec, gpus: int, tp: int) -> int:
+def _ep(model: ModelSpec, tp: int) -> int:
     """Experts over the worker's tensor-parallel ranks (vLLM --enable-expert-parallel: EP = TP x DP)."""
     return tp if model.moe.num_experts % tp == 0 else 1
 

@@ -19,10 +19,13 @@ from planner.kernels import (
     GEMM_CEILING,
     GROUPED_GEMM_K0,
     SUSTAINED_CLOCK,
+    cast_s,
     causal_keys,
+    dynamic_quantize_s,
     expert_rows,
     gemm_time,
     group_rows,
+    input_quantize_s,
     layer_kernels,
     streamed_gemm_time,
     unfused_softmax_bytes,
@@ -48,24 +51,30 @@ def test_gemms_match_the_measured_aiconfigurator_tables():
     """1,568 GEMMs measured by NVIDIA's aiconfigurator (A100, H100, B200; bf16, fp8, block-scaled fp8, nvfp4;
     tests/reference/kernels/aiconfigurator_gemm.json, commit 095f58a5): bf16 on A100 within 5% and H100 within
     7.5% in median (the Hopper bf16 ceiling is the H200's at its logged clocks, these tables' clock is not
-    recorded: bench/h200_tables.py), every class but per-tensor fp8 within 21% and biased less than 21%."""
+    recorded: bench/h200_tables.py), every class within 21% and biased less than 21%: the per-tensor fp8 rows hold
+    their dynamic amax and quantize and are compared with the model's GEMM plus them (kernels.dynamic_quantize_s,
+    mend14b; they read 30.1% and 36.7% slow against the GEMM alone)."""
     rows = {(r["system"], r["dtype"]): r for r in kernel_fit.table(kernel_fit.load())}
     assert len(rows) == 8 and sum(r["n"] for r in rows.values()) == 1568
     assert rows["a100_sxm", "bf16"]["median_abs"] < 0.05
     assert rows["h100_sxm", "bf16"]["median_abs"] < 0.075
-    for key, r in rows.items():
-        if key not in (("h100_sxm", "fp8"), ("b200_sxm", "fp8")):
-            assert r["median_abs"] < 0.21 and abs(r["signed_median"]) < 0.21, r
+    for r in rows.values():
+        assert r["median_abs"] < 0.21 and abs(r["signed_median"]) < 0.21, r
     # Hopper fp8 is the H200's measured ceiling at its logged clocks (test_h200_tables.py); these H100 rows (clock
-    # not recorded), read at the datasheet clock x FP8_CLOCK, are 25-32% slower than that model
-    assert -0.32 < rows["h100_sxm", "fp8"]["signed_median"] < -0.25
+    # not recorded), read at the datasheet clock x FP8_CLOCK with their amax and quantize added, are 6.5% slower
+    assert -0.08 < rows["h100_sxm", "fp8"]["signed_median"] < -0.05
     # Blackwell per-tensor fp8 runs at block-scaled fp8's ceiling (planner/kernels.py GEMM_CEILING: one scale per
     # tensor does less than MXFP8's per 32 elements; Megatron-Bridge 25.11 Llama3 8B FP8-CS is 3.7-5.8% faster than
-    # FP8-MX on B200/GB200): aiconfigurator's b200 per-tensor rows come out 25-35% slower, as Hopper's do; 36.7% since
-    # bwcast14, the ceiling being the GEMM alone and these rows holding their dynamic amax and quantize (not taken
-    # out: no ceiling is fitted on them, kernels.TIMED_QUANTIZE)
+    # FP8-MX on B200/GB200): aiconfigurator's b200 per-tensor rows, their amax and quantize priced, still come out 18%
+    # slower than that (36.7% without them, bwcast14): what is left is that ceiling's assumption
     assert GEMM_CEILING[100, "fp8"] == GEMM_CEILING[100, "mxfp8"] == GEMM_CEILING[100, "fp8_block"]
-    assert -0.40 < rows["b200_sxm", "fp8"]["signed_median"] < -0.33
+    assert -0.20 < rows["b200_sxm", "fp8"]["signed_median"] < -0.16
+    # the quantize the table adds is the planner's cast price: amax (2 B) + one rowwise copy (3 B) an element
+    q = dynamic_quantize_s(H100, "fp8", 8192, 8192, EFFICIENCY)
+    assert q == pytest.approx(cast_s(8192**2 * 2, H100, EFFICIENCY) + input_quantize_s(8192**2, "tensorwise", H100,
+                                                                                     EFFICIENCY))  # fmt: skip
+    assert q == pytest.approx(cast_s(8192**2 * 5, H100, EFFICIENCY), rel=1e-12)
+    assert dynamic_quantize_s(H100, "fp8_block", 8192, 8192, EFFICIENCY) == 0.0
 
 
 def test_a_measured_gemm_by_hand():
