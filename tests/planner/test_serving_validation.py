@@ -83,11 +83,13 @@ def test_nvfp4_table_held_out():
     GB200; 405B GB200 1000/2000 +0.9%) (docs/serving.md "nvfp4 rows as TensorRT-LLM runs them (serve14)").
     bwcast14: the nvfp4 ceilings the GEMM alone (B200 0.415 -> 0.484, GB200 0.398 -> 0.446) and the input's one
     rowwise quantize charged (2.5625 B an element): 10.7%, signed -9.2%, worst -20.1% (405B GB200 TP4 5000/500), six
-    rows over (up to +12.7%, 70B B200 1000/2000); docs/step-time.md "One quantize per GEMM (bwcast14)"."""
+    rows over (up to +12.7%, 70B B200 1000/2000); docs/step-time.md "One quantize per GEMM (bwcast14)". mend14a: the
+    FP8 context FMHA by its own fitted ceiling and s0 (its speedup growing with the prompt): 10.4%, signed -8.9%,
+    worst -20.0%."""
     rows = fp4_table()
     assert len(rows) == 40 and rows[0]["published"] == 11_147  # 70B B200 TP1 128/128, the doc's table
     med, signed, worst = summary(rows)
-    assert med == pytest.approx(0.107, abs=0.003) and signed == pytest.approx(-0.092, abs=0.003)
-    assert worst == pytest.approx(-0.201, abs=0.003)
+    assert med == pytest.approx(0.104, abs=0.003) and signed == pytest.approx(-0.089, abs=0.003)
+    assert worst == pytest.approx(-0.200, abs=0.003)
     assert all(-0.22 < r["error"] < 0.13 for r in rows) and sum(r["error"] > 0 for r in rows) == 6
     assert all(r["batch"] <= r["requests"] for r in rows)
