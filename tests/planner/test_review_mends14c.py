@@ -3,10 +3,13 @@ docs/calibration.md "Review mends (mend14c)"): each test failed before its fix."
 
 from __future__ import annotations
 
+import gzip
+
 import pytest
 
 from collectives.topology import cluster_preset
 from planner import Options, Overlap, ParallelSpec, SpecError, WorkloadSpec, build_plan, model_preset
+from planner.profile_trace import collective_of, kernel_class, load_trace
 from planner.recipes import check_param_gather
 
 H100x2 = cluster_preset("dgx-h100", 2)
@@ -41,3 +44,80 @@ def test_tp_comm_overlap_without_sequence_parallelism_is_refused():
     small = model_preset("llama3-8b")
     off = build_plan(small, work, ParallelSpec(dp=16, zero_stage=1), H100x2).step.time_s
     assert build_plan(small, work, ParallelSpec(dp=16, zero_stage=1), H100x2, on).step.time_s == off
+
+
+def _nccl_trace(args: dict) -> dict:
+    kernel = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_RING_LL", "ts": 5, "dur": 30,
+              "args": {"Collective name": "allreduce", "dtype": "Float"} | args}  # fmt: skip
+    return {"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 0, "dur": 100},
+                            kernel]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ({"Group size": 8, "In msg nelems": 10**400}, "'In msg nelems' is a tensor numel of 0 to"),
+        ({"Group size": 8, "In msg nelems": -1}, "got -1"),
+        ({"Group size": 0, "In msg nelems": 1024}, "'Group size' is a group size of 1 to 2,147,483,647"),
+        ({"Group size": 10**30, "In msg nelems": 1024}, "got 1000000000000000000000000000000"),
+        ({"Group size": 8, "Out msg nelems": 2**63}, "'Out msg nelems'"),
+    ],
+)
+def test_nccl_counts_out_of_range_are_refused_naming_the_event(args, words):
+    """r14b #3: a 401-digit "In msg nelems" overflowed trace_busbw_GBps' float (a 500); a group of 10^30 printed
+    2e26 GB/s; a group of 0 was echoed. torch records numel as int64_t and the group as c10d's int."""
+    with pytest.raises(SpecError) as err:
+        load_trace(_nccl_trace(args))
+    assert err.value.field == "trace.traceEvents[1].args" and words in err.value.rule
+    (k,) = load_trace(_nccl_trace({"Group size": 8, "In msg nelems": 2**20})).kernels
+    assert (k.group_size, k.message_bytes) == (8, 4 * 2**20)
+
+
+def test_a_number_past_pythons_digit_limit_in_a_trace_text_is_a_spec_error():
+    """r14b #4: json.loads raises a plain ValueError (not JSONDecodeError) past sys.get_int_max_str_digits: the text
+    and gzip paths answered 500; now the same SpecError as any text that is no trace."""
+
+    text = '{"traceEvents":[{"ph":"X","cat":"kernel","name":"gemm","ts":' + "9" * 5000 + ',"dur":1}]}'
+    for data in (text, gzip.compress(text.encode())):
+        with pytest.raises(SpecError) as err:
+            load_trace(data)
+        assert err.value.field == "trace" and "a number of more than 4,300 digits" in err.value.rule
+
+
+@pytest.mark.parametrize(
+    ("name", "op"),
+    [
+        ("ncclSymkDevKernel_ReduceScatter_LL_sum_bf16(ncclSymkDevWorkArgs4K)", "reducescatter"),
+        ("ncclSymkDevKernel_AllGather_ST", "allgather"),
+        ("ncclSymkDevKernel_AllReduce_AGxLLMC_R_sum_f32", "allreduce"),
+        ("ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)", "allreduce"),
+    ],
+)
+def test_nccl_symmetric_memory_kernels_are_nccl(name, op):
+    """NCCL 2.27 (ncclSymDevKernel_*) and 2.28 (ncclSymkDevKernel_*) src/device/symmetric/generate.py names: r14b #5
+    read them as memory (through 'scatter', 'gather') or other."""
+    assert kernel_class(name) == "nccl" and collective_of(name, {}) == op
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("MIOpenBatchNormFwdTrainSpatial", "memory"),
+        ("MIOpenBatchNormBwdSpatial", "memory"),
+        ("MIOpenSoftmax", "memory"),
+        ("MIOpenPoolingForward", "memory"),
+        ("miopenGcnAsmBNBwdTrainSpatial", "memory"),
+        ("triton_poi_fused_convolution_relu_0", "memory"),
+        ("triton_per_fused__native_batch_norm_legit_functional_convolution_1", "memory"),
+        ("triton_red_fused_convolution_backward_2", "memory"),
+        ("triton_tem_fused_convolution_0", "conv"),
+        ("MIOpenConv1x1S", "conv"),
+        ("MIOpenGroupConvDirUni", "conv"),
+        ("miopenSp3AsmConv3x3F", "conv"),
+        ("naive_conv_fwd_nchw_float", "conv"),
+    ],
+)
+def test_the_conv_class_is_as_narrow_as_its_rule(name, kind):
+    """r14b #6: a bare 'miopen' and 'convolution' anywhere read MIOpen's batch norms, softmax and pooling and
+    Inductor's fused pointwise/reduction kernels (triton_<poi|red|per>_: memory-bound by Inductor's naming) as conv."""
+    assert kernel_class(name) == kind
