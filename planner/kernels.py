@@ -2551,9 +2551,20 @@ def te_backward_cast_elements(ctx: Context, gemms: list[Kernel]) -> float:
 
 # fp8 primary weights (Megatron --fp8-param-gather, TransformerEngine v2.9 70f536662a tensor/utils.py
 # cast_master_weights_to_fp8): per element of the rank's master shard, ``master_weight.to(model_weight.dtype)`` (read
-# fp32 4, write bf16 2), the amax of the bf16 shard (``tex.compute_amax``, read 2; delayed scaling's cast writes its
-# amax as it goes: charged alike) and the cast into the fp8 parameter (``quantizer.update_quantized``: read 2, write 1)
-MASTER_CAST_BYTES = 11
+# fp32 4, write bf16 2; l. 107, every recipe), then the recipe's cast of the bf16 shard into the fp8 parameter
+# (master_cast_bytes)
+MASTER_TO_BF16_BYTES = 6
+
+
+def master_cast_bytes(recipe) -> float:
+    """HBM bytes per master-shard element of cast_master_weights_to_fp8 under a per-tensor ``recipe``:
+    MASTER_TO_BF16_BYTES, then the recipe's read of the bf16 shard (Recipe.cast_read_bytes) and its fp8 write
+    (element_bytes). Current scaling reads it twice, ``tex.compute_amax`` (l. 274) and ``quantizer.update_quantized``
+    (l. 332): 6 + 4 + 1 = 11 B; delayed scaling once, its update_quantized writing the amax as it casts
+    (_cast_master_weights_to_fp8_delayed_scaling, l. 145-195, no amax pass): 6 + 2 + 1 = 9 B."""
+    return MASTER_TO_BF16_BYTES + recipe.cast_read_bytes + recipe.element_bytes
+
+
 # and per element of the whole weight, once a step, the transpose of the gathered fp8 weight where the GPU's fp8
 # GEMMs take TN layouts only (float8_tensor_storage.py _create_transpose ``tex.fp8_transpose``: read 1, write 1, from
 # update_usage(columnwise_usage=True) in the first micro-batch; utils.py is_non_tn_fp8_gemm_supported: compute
@@ -2566,7 +2577,7 @@ def step_weight_cast_bytes(ctx: Context, stage: int, gpu: GPUSpec) -> float:
     (te_weight_cache): every quantized weight (params.quantized_numels) at the recipe's cast bytes
     (cast_bytes_per_element: read, the rowwise and the columnwise copy, scales); with fp8 primary weights
     (fp8_param_gather, a per-tensor recipe: cast_master_weights_to_fp8) the optimizer's cast of the master shard
-    (MASTER_CAST_BYTES over 1/(dp x cp) of the dense and 1/expert_dp of the expert weights under the distributed
+    (master_cast_bytes over 1/(dp x cp) of the dense and 1/expert_dp of the expert weights under the distributed
     optimizer) and the transpose of the gathered weight on a TN-only GPU (FP8_TRANSPOSE_BYTES). 0 when nothing is
     quantized or TE does not cache (inference, torchao's Float8Linear: charged in every pass by _fp8_casts)."""
     if not te_weight_cache(ctx) or not quantized_gemm(gemm_dtype(ctx)):
@@ -2581,7 +2592,7 @@ def step_weight_cast_bytes(ctx: Context, stage: int, gpu: GPUSpec) -> float:
     par = ctx.par
     dense_shard, expert_shard = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
     master = (numels - experts) / dense_shard + experts / expert_shard
-    return master * MASTER_CAST_BYTES + (not non_tn_fp8(gpu)) * numels * FP8_TRANSPOSE_BYTES
+    return master * master_cast_bytes(recipe) + (not non_tn_fp8(gpu)) * numels * FP8_TRANSPOSE_BYTES
 
 
 # The linears TransformerEngine's LayerNormLinear serves under Megatron-Core's TE spec (Recipe.norm_quantize_launches:
