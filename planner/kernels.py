@@ -1308,10 +1308,15 @@ def _async_tp_split(
 # - "bulk" (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad): one whole GEMM beside the bulk copy (contention.py).
 # The streams are min(_NUM_MAX_UB_STREAMS, chunks) (the constructors' ``std::min(num_max_streams, tp_size)`` and
 # ``std::min(num_max_streams, num_splits)``): the chunks run as streamed_gemm_time's waves, the home of TE's
-# multi-stream GEMMs. Not read: a run's own ub_cfgs (NeMo's tp_overlap yamls set ``set_sm_margin: 1`` on the
-# pipelined GEMMs, which then run on the SMs the reduce-scatter leaves; the published rows do not carry them).
+# multi-stream GEMMs. A run's ub config may set proj_fprop / fc2_fprop to "ring_exchange" instead
+# (workload.userbuffers_proj_fprop / userbuffers_fc2_fprop): split_overlap_rs_p2p then runs tp te_gemms of m/tp rows
+# (Megatron-Bridge 5776a6d90b src/megatron/bridge/training/comm_overlap.py: every userbuffers_fp8_* config but
+# h6144_tp2's, e.g. l. 108-118 userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192, which
+# scripts/performance/configs/llama/llama3_llm_pretrain.py llama3_70b_pretrain_config_h100 picks for the 25.11
+# Llama3-70B FP8-CS row). Not read: the configs' ``set_sm_margin`` (the pipelined GEMMs then run on the SMs the
+# reduce-scatter leaves; docs/step-time.md, sized).
 USERBUFFERS_RING_GEMMS = ("qkv", "fc1", "attn_out.dgrad", "fc2.dgrad")
-USERBUFFERS_PIPELINE_GEMMS = ("attn_out", "fc2")
+USERBUFFERS_PIPELINE_GEMMS = ("attn_out", "fc2")  # by default; the ub config's method: _userbuffers_methods
 USERBUFFERS_PIPELINE_SPLITS = 4
 USERBUFFERS_STREAMS = 3
 
@@ -1341,12 +1346,21 @@ def userbuffers_split(ctx: Context, moe: bool, gpu: GPUSpec, eff=None, rerun: bo
     return per_layer(_USERBUFFERS, _userbuffers_extra, ctx, moe, gpu, efficiency(gpu, eff), rerun)
 
 
-def _userbuffers_extra(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool) -> tuple[float, ...]:
+def _userbuffers_chunks(ctx: Context) -> dict[str, tuple[int, bool]]:
+    """Each overlapped GEMM's (chunks, by rows): the ring exchanges tp row shards, the forward reduce-scatters as
+    the run's ub config has them (workload.userbuffers_proj_fprop / userbuffers_fc2_fprop: "pipeline",
+    USERBUFFERS_PIPELINE_SPLITS column blocks, TE's default; "ring_exchange", tp row shards)."""
     t = ctx.par.tp
-    lk = layer_kernels(ctx, moe, gpu, eff)
-    chunked = {n: (t, True) for n in USERBUFFERS_RING_GEMMS} | {
-        n: (USERBUFFERS_PIPELINE_SPLITS, False) for n in USERBUFFERS_PIPELINE_GEMMS
+    method = {"attn_out": ctx.work.userbuffers_proj_fprop, "fc2": ctx.work.userbuffers_fc2_fprop}
+    return {n: (t, True) for n in USERBUFFERS_RING_GEMMS} | {
+        n: (t, True) if method[n] == "ring_exchange" else (USERBUFFERS_PIPELINE_SPLITS, False)
+        for n in USERBUFFERS_PIPELINE_GEMMS
     }
+
+
+def _userbuffers_extra(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool) -> tuple[float, ...]:
+    lk = layer_kernels(ctx, moe, gpu, eff)
+    chunked = _userbuffers_chunks(ctx)
     if moe:
         chunked = {n: v for n, v in chunked.items() if n.startswith(("qkv", "attn_out"))}
 

@@ -121,3 +121,34 @@ def test_the_conv_class_is_as_narrow_as_its_rule(name, kind):
     """r14b #6: a bare 'miopen' and 'convolution' anywhere read MIOpen's batch norms, softmax and pooling and
     Inductor's fused pointwise/reduction kernels (triton_<poi|red|per>_: memory-bound by Inductor's naming) as conv."""
     assert kernel_class(name) == kind
+
+
+def test_the_reduce_scatter_gemms_run_as_the_ub_config_sets_them():
+    """r14b #7: Megatron-Bridge's FP8 ub configs (comm_overlap.py at 5776a6d90b, e.g. userbuffers_fp8_h100_h8192_tp4)
+    run proj_fprop and fc2_fprop as ring exchanges: tp row chunks (split_overlap_rs_p2p), not TE's default 4
+    pipelined column blocks. Llama-3 70B, tp 8, fp8 on H100: the forward's attn_out and fc2 as 8 row shards."""
+    from dataclasses import replace
+
+    from planner.context import Context
+    from planner.kernels import EFFICIENCY, layer_kernels, userbuffers_chunks_s, userbuffers_split
+
+    gpu = H100x2.gpu
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=16, seq_length=8192, activation_dtype="fp8")
+    par = ParallelSpec(tp=8, dp=2, zero_stage=1, sequence_parallel=True)
+    model = model_preset("llama3-70b")
+    default = Context(model, work, par)
+    ring = Context(model, replace(work, userbuffers_proj_fprop="ring_exchange", userbuffers_fc2_fprop="ring_exchange"),
+                   par)  # fmt: skip
+    shapes = {k.name: k for k in layer_kernels(default, False, gpu).forward if k.kind == "gemm"}
+
+    def piece(name, chunks, by_rows):
+        m, n, k, _ = shapes[name].shape
+        return userbuffers_chunks_s(m, n, k, shapes[name].dtype, chunks, by_rows, gpu, EFFICIENCY)
+
+    f_pipe, _, b_pipe = userbuffers_split(default, False, gpu)
+    f_ring, _, b_ring = userbuffers_split(ring, False, gpu)
+    delta = piece("attn_out", 8, True) + piece("fc2", 8, True) - piece("attn_out", 4, False) - piece("fc2", 4, False)
+    assert f_ring - f_pipe == pytest.approx(delta, rel=1e-9, abs=1e-12) and delta != 0
+    assert b_ring == b_pipe  # the dgrads are ring exchanges either way
+    with pytest.raises(SpecError, match=r"workload\.userbuffers_fc2_fprop"):
+        build_plan(model, replace(work, userbuffers_fc2_fprop="bulk"), par, H100x2)
