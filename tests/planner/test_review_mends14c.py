@@ -152,3 +152,17 @@ def test_the_reduce_scatter_gemms_run_as_the_ub_config_sets_them():
     assert b_ring == b_pipe  # the dgrads are ring exchanges either way
     with pytest.raises(SpecError, match=r"workload\.userbuffers_fc2_fprop"):
         build_plan(model, replace(work, userbuffers_fc2_fprop="bulk"), par, H100x2)
+
+
+def test_the_userbuffers_split_is_never_charged_without_sequence_parallelism(monkeypatch):
+    """r14b #2's second half: with the refusal switched off, tp_comm_overlap without SP adds no chunked GEMMs (before:
+    Llama-3 70B, tp 4, +6.3 ms a step of split GEMMs with nothing overlapped); the step equals the overlap-off one."""
+    import planner.step as step
+
+    monkeypatch.setattr(step, "check_userbuffers", lambda ctx: None)
+    model = model_preset("llama3-70b")
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=16, seq_length=8192)
+    par = ParallelSpec(tp=4, dp=4, zero_stage=1)
+    off = build_plan(model, work, par, H100x2).step.stages[0].compute
+    on = build_plan(model, work, par, H100x2, Options(overlap=Overlap(tp_comm_overlap=True))).step.stages[0].compute
+    assert (on.forward.gemm_s, on.backward.gemm_s) == (off.forward.gemm_s, off.backward.gemm_s)
