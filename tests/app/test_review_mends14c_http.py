@@ -55,6 +55,9 @@ def test_the_userbuffers_methods_are_workload_fields(api):
     ring = api.post("/v1/plan", json=body)
     assert pipe.status_code == ring.status_code == 200, ring.text
     assert ring.json()["step"]["time_s"] != pipe.json()["step"]["time_s"]
+    rows = {r["field"]: r["value"] for r in ring.json()["assumptions"]}
+    assert rows["workload.userbuffers_proj_fprop"] == rows["workload.userbuffers_fc2_fprop"] == "ring_exchange"
+    assert {r["field"]: r["value"] for r in pipe.json()["assumptions"]}["workload.userbuffers_fc2_fprop"] == "pipeline"
     body["workload"]["userbuffers_fc2_fprop"] = "bulk"
     assert _error(api.post("/v1/plan", json=body))[0] == "workload.userbuffers_fc2_fprop"
     serve = {"kind": "inference", "batch_size": 1, "userbuffers_proj_fprop": "ring_exchange"}
