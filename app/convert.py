@@ -100,6 +100,8 @@ ONLY_FOR = {
         "activation_func_fp8_input_store",
         "fused_grouped_mlp",
         "scale_swizzle",
+        "userbuffers_proj_fprop",
+        "userbuffers_fc2_fprop",
         "loss_parallel",
         "optimizer_implementation",
         "document_lengths",

@@ -88,11 +88,25 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     for name, source in SCHEMA_SOURCES.items():
         if _applies(name, ctx):
             add(Assumption(f"options.overlap.{name}", _onoff(getattr(resolved, name)), f"{by}; {source}"))
+    rows += _userbuffers_rows(ctx, resolved.tp_comm_overlap, by)
     add(Assumption("cluster.nccl_version", cluster.nccl_version, f"{COMMPLAN}: the newest NCCL tuning model"))
     add(Assumption("options.pricing", options.pricing, "auto: NCCL's cost model on NVIDIA clusters, else the schedule"))
     add(Assumption("options.nccl_algo", options.nccl_algo, "NCCL_ALGO unset: NCCL picks per call"))
     add(Assumption("options.nccl_proto", options.nccl_proto, "NCCL_PROTO unset: NCCL picks per call"))
     return rows
+
+
+def _userbuffers_rows(ctx: Context, overlapped: bool, by: str) -> list[Assumption]:
+    """Under TE's userbuffers (tp_comm_overlap, Flavour.userbuffers, SP, training), the method of each forward
+    reduce-scatter GEMM (workload.userbuffers_proj_fprop / userbuffers_fc2_fprop: the run's ub config)."""
+    if not (overlapped and ctx.flavour.userbuffers and ctx.par.sp and ctx.training):
+        return []
+    what = f"{by}: pipeline (TE initialize_ub's default; a run's ub config may set ring_exchange)"
+    work = ctx.work
+    return [
+        Assumption("workload.userbuffers_proj_fprop", work.userbuffers_proj_fprop, what),
+        Assumption("workload.userbuffers_fc2_fprop", work.userbuffers_fc2_fprop, what),
+    ]
 
 
 def _kernel_switch_rows(ctx: Context, by: str) -> list[Assumption]:

@@ -1308,10 +1308,15 @@ def _async_tp_split(
 # - "bulk" (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad): one whole GEMM beside the bulk copy (contention.py).
 # The streams are min(_NUM_MAX_UB_STREAMS, chunks) (the constructors' ``std::min(num_max_streams, tp_size)`` and
 # ``std::min(num_max_streams, num_splits)``): the chunks run as streamed_gemm_time's waves, the home of TE's
-# multi-stream GEMMs. Not read: a run's own ub_cfgs (NeMo's tp_overlap yamls set ``set_sm_margin: 1`` on the
-# pipelined GEMMs, which then run on the SMs the reduce-scatter leaves; the published rows do not carry them).
+# multi-stream GEMMs. A run's ub config may set proj_fprop / fc2_fprop to "ring_exchange" instead
+# (workload.userbuffers_proj_fprop / userbuffers_fc2_fprop): split_overlap_rs_p2p then runs tp te_gemms of m/tp rows
+# (Megatron-Bridge 5776a6d90b src/megatron/bridge/training/comm_overlap.py: every userbuffers_fp8_* config but
+# h6144_tp2's, e.g. l. 108-118 userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192, which
+# scripts/performance/configs/llama/llama3_llm_pretrain.py llama3_70b_pretrain_config_h100 picks for the 25.11
+# Llama3-70B FP8-CS row). Not read: the configs' ``set_sm_margin`` (the pipelined GEMMs then run on the SMs the
+# reduce-scatter leaves; docs/step-time.md, sized).
 USERBUFFERS_RING_GEMMS = ("qkv", "fc1", "attn_out.dgrad", "fc2.dgrad")
-USERBUFFERS_PIPELINE_GEMMS = ("attn_out", "fc2")
+USERBUFFERS_PIPELINE_GEMMS = ("attn_out", "fc2")  # by default; the ub config's method: _userbuffers_methods
 USERBUFFERS_PIPELINE_SPLITS = 4
 USERBUFFERS_STREAMS = 3
 
@@ -1341,12 +1346,21 @@ def userbuffers_split(ctx: Context, moe: bool, gpu: GPUSpec, eff=None, rerun: bo
     return per_layer(_USERBUFFERS, _userbuffers_extra, ctx, moe, gpu, efficiency(gpu, eff), rerun)
 
 
-def _userbuffers_extra(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool) -> tuple[float, ...]:
+def _userbuffers_chunks(ctx: Context) -> dict[str, tuple[int, bool]]:
+    """Each overlapped GEMM's (chunks, by rows): the ring exchanges tp row shards, the forward reduce-scatters as
+    the run's ub config has them (workload.userbuffers_proj_fprop / userbuffers_fc2_fprop: "pipeline",
+    USERBUFFERS_PIPELINE_SPLITS column blocks, TE's default; "ring_exchange", tp row shards)."""
     t = ctx.par.tp
-    lk = layer_kernels(ctx, moe, gpu, eff)
-    chunked = {n: (t, True) for n in USERBUFFERS_RING_GEMMS} | {
-        n: (USERBUFFERS_PIPELINE_SPLITS, False) for n in USERBUFFERS_PIPELINE_GEMMS
+    method = {"attn_out": ctx.work.userbuffers_proj_fprop, "fc2": ctx.work.userbuffers_fc2_fprop}
+    return {n: (t, True) for n in USERBUFFERS_RING_GEMMS} | {
+        n: (t, True) if method[n] == "ring_exchange" else (USERBUFFERS_PIPELINE_SPLITS, False)
+        for n in USERBUFFERS_PIPELINE_GEMMS
     }
+
+
+def _userbuffers_extra(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency, rerun: bool) -> tuple[float, ...]:
+    lk = layer_kernels(ctx, moe, gpu, eff)
+    chunked = _userbuffers_chunks(ctx)
     if moe:
         chunked = {n: v for n, v in chunked.items() if n.startswith(("qkv", "attn_out"))}
 
@@ -2551,9 +2565,20 @@ def te_backward_cast_elements(ctx: Context, gemms: list[Kernel]) -> float:
 
 # fp8 primary weights (Megatron --fp8-param-gather, TransformerEngine v2.9 70f536662a tensor/utils.py
 # cast_master_weights_to_fp8): per element of the rank's master shard, ``master_weight.to(model_weight.dtype)`` (read
-# fp32 4, write bf16 2), the amax of the bf16 shard (``tex.compute_amax``, read 2; delayed scaling's cast writes its
-# amax as it goes: charged alike) and the cast into the fp8 parameter (``quantizer.update_quantized``: read 2, write 1)
-MASTER_CAST_BYTES = 11
+# fp32 4, write bf16 2; l. 107, every recipe), then the recipe's cast of the bf16 shard into the fp8 parameter
+# (master_cast_bytes)
+MASTER_TO_BF16_BYTES = 6
+
+
+def master_cast_bytes(recipe) -> float:
+    """HBM bytes per master-shard element of cast_master_weights_to_fp8 under a per-tensor ``recipe``:
+    MASTER_TO_BF16_BYTES, then the recipe's read of the bf16 shard (Recipe.cast_read_bytes) and its fp8 write
+    (element_bytes). Current scaling reads it twice, ``tex.compute_amax`` (l. 274) and ``quantizer.update_quantized``
+    (l. 332): 6 + 4 + 1 = 11 B; delayed scaling once, its update_quantized writing the amax as it casts
+    (_cast_master_weights_to_fp8_delayed_scaling, l. 145-195, no amax pass): 6 + 2 + 1 = 9 B."""
+    return MASTER_TO_BF16_BYTES + recipe.cast_read_bytes + recipe.element_bytes
+
+
 # and per element of the whole weight, once a step, the transpose of the gathered fp8 weight where the GPU's fp8
 # GEMMs take TN layouts only (float8_tensor_storage.py _create_transpose ``tex.fp8_transpose``: read 1, write 1, from
 # update_usage(columnwise_usage=True) in the first micro-batch; utils.py is_non_tn_fp8_gemm_supported: compute
@@ -2566,7 +2591,7 @@ def step_weight_cast_bytes(ctx: Context, stage: int, gpu: GPUSpec) -> float:
     (te_weight_cache): every quantized weight (params.quantized_numels) at the recipe's cast bytes
     (cast_bytes_per_element: read, the rowwise and the columnwise copy, scales); with fp8 primary weights
     (fp8_param_gather, a per-tensor recipe: cast_master_weights_to_fp8) the optimizer's cast of the master shard
-    (MASTER_CAST_BYTES over 1/(dp x cp) of the dense and 1/expert_dp of the expert weights under the distributed
+    (master_cast_bytes over 1/(dp x cp) of the dense and 1/expert_dp of the expert weights under the distributed
     optimizer) and the transpose of the gathered weight on a TN-only GPU (FP8_TRANSPOSE_BYTES). 0 when nothing is
     quantized or TE does not cache (inference, torchao's Float8Linear: charged in every pass by _fp8_casts)."""
     if not te_weight_cache(ctx) or not quantized_gemm(gemm_dtype(ctx)):
@@ -2581,7 +2606,7 @@ def step_weight_cast_bytes(ctx: Context, stage: int, gpu: GPUSpec) -> float:
     par = ctx.par
     dense_shard, expert_shard = (par.dp * par.cp, par.expert_dp) if par.zero_stage >= 1 else (1, 1)
     master = (numels - experts) / dense_shard + experts / expert_shard
-    return master * MASTER_CAST_BYTES + (not non_tn_fp8(gpu)) * numels * FP8_TRANSPOSE_BYTES
+    return master * master_cast_bytes(recipe) + (not non_tn_fp8(gpu)) * numels * FP8_TRANSPOSE_BYTES
 
 
 # The linears TransformerEngine's LayerNormLinear serves under Megatron-Core's TE spec (Recipe.norm_quantize_launches:

@@ -36,6 +36,7 @@ import bisect
 import json
 import math
 import re
+import sys
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,8 +52,15 @@ MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 # Kernel classes by name, first match wins (the names as CUDA, cuBLAS, CUTLASS, cuDNN, NCCL/RCCL, ROCm's libraries
 # and the attention libraries print them in a trace):
 # - nccl: ncclKernel_<Op>_<Algo>_<Proto>_<Red>_<type> (NCCL <= 2.18), ncclDevKernel_<Op>... (2.19+: src/device/
-#   generate.py; ncclDevKernel_Generic runs any op: the op comes from Kineto's "Collective name"); RCCL, ROCm's
-#   port, keeps NCCL's names;
+#   generate.py; ncclDevKernel_Generic runs any op: the op comes from Kineto's "Collective name"); the symmetric-
+#   memory kernels NCCL runs on buffers registered symmetric (torch's NCCL symmetric memory, Megatron's nccl_ub),
+#   ncclSymDevKernel_<Op>_<algo>[_<red>_<type>] (NCCL 2.27, src/device/symmetric/generate.py:
+#   ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)) and ncclSymkDevKernel_<Op>_... (2.28:
+#   ncclSymkDevKernel_ReduceScatter_LL_sum_f32(ncclSymkDevWorkArgs4K)), the op after the prefix as before; RCCL,
+#   ROCm's port, keeps NCCL's names;
+# - memory, first: Inductor's pointwise and reduction kernels, triton_<poi|red|per>_fused_<ops>_<n> (torch/_inductor/
+#   codegen/triton.py define_kernel, below under gemm), memory-bound whatever ops they fuse: a conv's bias add
+#   (triton_poi_fused_convolution_relu_0) is no convolution;
 # - attention: FlashAttention (flash_fwd_kernel, flash::...), cuDNN/TRT fused attention (fmha, sdpa), PyTorch's
 #   memory-efficient kernel (fmha_cutlassF/B, mem_efficient), ROCm's CK/aiter fmha;
 # - conv: cuDNN's and MIOpen's convolutions, which the planner does not model (a transformer has none): cuDNN's
@@ -61,7 +69,9 @@ MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 #   Winograd and FFT convolutions (fft2d_r2c_32x32...), the xmma fprop/dgrad/wgrad implicit GEMMs
 #   (sm80_xmma_fprop_implicit_gemm_...), cask_cudnn's helpers and cuDNN's bundled CUTLASS (namespaces
 #   cutlass_cudnn_infer/_train: its fprop/dgrad/wgrad engines); CUTLASS's (cutlass::conv::kernel::...), PyTorch's
-#   depthwise ones (conv_depthwise2d_*), MIOpen's (MIOpenConv*, miopenSp3AsmConv*, naive_conv_*). Before gemm: their
+#   depthwise ones (conv_depthwise2d_*), MIOpen's (MIOpenConv*, MIOpenGroupConv*, miopenSp3AsmConv*, naive_conv_*;
+#   its other kernels, src/kernels/MIOpenBatchNorm*.cl, MIOpenPooling*.cl, MIOpenSoftmax.cl, gcnAsmBN*, are memory,
+#   below). Before gemm: their
 #   names say gemm but no aten GEMM launched them (aten::cudnn_convolution, aten::convolution);
 # - gemm: cuBLAS (ampere_sgemm_*, sm90_xmma_gemm_*, nvjet_* since cuBLAS 12.8, gemv*, splitKreduce: the split-K
 #   reduction cuBLAS adds to one GEMM), CUTLASS (cutlass::Kernel, cutlass_80_tensorop_*gemm), DeepGEMM; ROCm's
@@ -81,16 +91,18 @@ MAX_BYTES = 1 << 30  # a gzipped trace unpacks to at most this
 #   THCUNN kernels of PyTorch <= 1.10 (aten/src/THCUNN: cunn_ClassNLLCriterion_*, cunn_SoftMaxForward...); and
 #   Transformer Engine's own kernels (namespace transformer_engine: cast, transpose, normalization, activation,
 #   softmax, RoPE, MoE permutation; its GEMMs run cuBLASLt, transformer_engine/common/gemm/cublaslt_gemm.cu, and its
-#   fused attention cuDNN's, both named above);
+#   fused attention cuDNN's, both named above); and MIOpen's kernels that are no convolution (batch norm, pooling,
+#   softmax, LRN, activations, tensor ops: MIOpen* and the assembly batch norms miopenGcnAsmBN*);
 # - other: the rest (fbgemm_gpu's embedding kernels, DeepEP, a sleep...).
 KERNEL_CLASSES = (
-    ("nccl", re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_", re.I)),
+    ("nccl", re.compile(r"^(?:void )?nccl(?:Symk?)?(?:Dev)?Kernel_", re.I)),
+    ("memory", re.compile(r"^triton_(?:poi|red|per)_")),
     ("attention", re.compile(r"flash|fmha|sdpa|attention|mem_eff", re.I)),
     (
         "conv",
         re.compile(
             r"[shi]cudnn_|convolve_[sh]gemm|dgrad_engine|dgrad2d|wgrad_alg|xmma_(?:fprop|dgrad|wgrad)|winograd|fft\dd_"
-            r"|cask_cudnn|cutlass_cudnn|conv::kernel|conv_depthwise|conv[23]d|convolution|miopen|naive_conv",
+            r"|cask_cudnn|cutlass_cudnn|conv::kernel|conv_depthwise|conv[23]d|convolution|miopen\w*conv|naive_conv",
             re.I,
         ),
     ),
@@ -101,6 +113,7 @@ KERNEL_CLASSES = (
     # reduction (GammaBetaBackward): the MoE layer's router and dispatch in the H200 trace
     ("memory", re.compile(r"gather|scatter|index|radix|sort|scan|topk|histogram|gammabeta|arange", re.I)),
     ("memory", re.compile(r"cudnn::ops::|nchwToNhwc|nhwcToNchw|cudnn::bn_[fb]w|\bat::native::|^(?:void )?cunn_")),
+    ("memory", re.compile(r"^MIOpen|^miopenGcnAsmBN")),
     ("memory", re.compile(r"\btransformer_engine::")),
 )
 # Kernels whose own name says nothing (cuDNN's SDPA backward helpers compute_dot_do_o and convert_dq_to_16bits;
@@ -138,7 +151,7 @@ NCCL_OPS = {
     "SendRecv": Op.SENDRECV,
     "AllToAll": Op.ALLTOALL,
 }
-_NCCL_NAME = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_NCCL_NAME = re.compile(r"nccl(?:Symk?)?(?:Dev)?Kernel_([A-Za-z]+)")
 # c10d's collective names (record_param_comms "Collective name": ProcessGroupNCCL.cpp) -> op, first match wins:
 # all_to_all(v)/alltoall_base is the ncclSend/ncclRecv group NCCL runs as SendRecv kernels
 COLLECTIVE_NAMES = (
@@ -341,6 +354,25 @@ def _count(value) -> int | None:
 # torch.distributed's rank and world size are C ints (c10d Backend.hpp / ProcessGroup.hpp `const int rank_; const
 # int size_;`, torch 2.x): a world past 2^31 - 1 is no trace torch wrote
 MAX_WORLD = 2**31 - 1
+# an NCCL kernel's element counts are tensors' numel, int64_t (torch 2.x ProcessGroupNCCL.cpp RECORD_PARAM_COMMS_DATA
+# ``inputTensor.numel()`` into ParamCommsDebugInfo's ``int64_t inMessageNelems_`` / ``outMessageNelems_``, which
+# Kineto writes as "In msg nelems" / "Out msg nelems"; "Group size" its ``int worldSize_``, c10d's int)
+MAX_NELEMS = 2**63 - 1
+NCCL_COUNT_ARGS = {"Group size": (1, MAX_WORLD), "In msg nelems": (0, MAX_NELEMS), "Out msg nelems": (0, MAX_NELEMS)}
+
+
+def _check_nccl_counts(i: int, args: dict) -> None:
+    """A GPU kernel's recorded NCCL counts, where given as numbers, inside NCCL_COUNT_ARGS' ranges: a 422 naming the
+    event otherwise (a 401-digit "In msg nelems" overflowed the bandwidth's float, a group of 0 or 10^30 was
+    answered back: r14b). A count that is not a number is left unread, as message_bytes leaves it."""
+    for key, (low, high) in NCCL_COUNT_ARGS.items():
+        value = args.get(key)
+        if type(value) in (int, float) and not low <= value <= high:
+            raise SpecError(
+                f"trace.traceEvents[{i}].args",
+                f"{key!r} is a {'group size' if low else 'tensor numel'} of {low} to {high:,} (torch's "
+                f"ParamCommsDebugInfo), got {got(value)}",
+            )
 
 
 def _distributed(info) -> tuple[int | None, int | None]:
@@ -394,6 +426,9 @@ def load_trace(data, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -
             raise SpecError(
                 "trace", f"not JSON: {err.msg} at line {err.lineno:,} column {err.colno:,} of {len(text):,} chars{end}"
             ) from None
+        except ValueError:  # CPython's int_max_str_digits (4,300 by default): no profiler writes such a number
+            digits = f"{sys.get_int_max_str_digits():,}"
+            raise SpecError("trace", f"a number of more than {digits} digits: not a profiler trace") from None
     if isinstance(data, list):  # the Chrome trace's array form
         data = {"traceEvents": data}
     if not isinstance(data, dict):
@@ -522,6 +557,8 @@ def _scan(events: list) -> tuple[list, list, dict, set, list]:
     kernels, ops, launches, steps, calls = [], [], {}, set(), []
     for i, e, cat, ts, dur, args in complete_events(events):
         if cat in _GPU:
+            if cat == "kernel":
+                _check_nccl_counts(i, args)
             kernels.append((_text(e.get("name", ""), f"trace.traceEvents[{i}].name"), ts, dur, args, cat))
         elif cat in ("cpu_op", "user_annotation") and str(e.get("name", "")).startswith(PROFILER_STEP):
             steps.add(str(e["name"]))

@@ -382,8 +382,8 @@ def check_float8_tp(work, par) -> None:
 
 
 def check_param_gather(work, par) -> None:
-    """--fp8-param-gather is Megatron's (TE primary weights) with its distributed optimizer or plain DDP; under a
-    torchao flavour it is FSDP2's float8 all-gather (check_fsdp_float8_all_gather)."""
+    """--fp8-param-gather is Megatron's (TE primary weights) with its distributed optimizer (zero_stage 1) in training;
+    under a torchao flavour it is FSDP2's float8 all-gather (check_fsdp_float8_all_gather)."""
     if not work.fp8_param_gather:
         if work.fp8_precompute_scale:
             raise SpecError(
@@ -405,10 +405,17 @@ def check_param_gather(work, par) -> None:
             "workload.fp8_param_gather",
             f"is Megatron's --fp8-param-gather (TransformerEngine primary weights); framework is {par.framework!r}",
         )
-    if par.zero_stage > 1:
+    if work.training and par.zero_stage != 1:
+        # Megatron-LM training/arguments.py validate_args since --fp8-param-gather came in (033d8b0de5), core_r0.8.0
+        # baf94af3c6 alike: ``assert args.use_distributed_optimizer, '--fp8-param-gather only supported with
+        # distributed optimizer'``; d98e8a64dd adds torch FSDP2, Megatron FSDP and inference (no grad), none of which
+        # a TE flavour models here: the distributed optimizer's cast of its master shard is what updates the fp8
+        # weights (kernels.step_weight_cast_bytes)
         raise SpecError(
             "workload.fp8_param_gather",
-            f"is modelled with the distributed optimizer (zero_stage 1) or DDP (0), got zero_stage {par.zero_stage}",
+            f"Megatron's --fp8-param-gather needs its distributed optimizer, parallel.zero_stage 1, got zero_stage "
+            f"{par.zero_stage} (Megatron-LM training/arguments.py: '--fp8-param-gather only supported with "
+            "distributed optimizer')",
         )
 
 

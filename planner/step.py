@@ -612,7 +612,8 @@ def assign_streams(
         _sp_layout_copies(ctx, totals, stages, gpu, flags)
     if flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul and ctx.par.sp and gpu is not None:
         _split_gemms(ctx, stages, gpu, async_tp_split)
-    if flags.tp_comm_overlap and ctx.flavour.userbuffers and ctx.training and userbuffers_rows(ctx) and gpu is not None:
+    ub_split = flags.tp_comm_overlap and ctx.flavour.userbuffers and ctx.par.sp and ctx.training
+    if ub_split and userbuffers_rows(ctx) and gpu is not None:
         _split_gemms(ctx, stages, gpu, userbuffers_split)
     passes = {
         phase: [(kind, stream, acc[key]) for kind, key, stream in streams if key in acc]

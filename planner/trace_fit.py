@@ -704,6 +704,7 @@ def _collective_row(op: str, size: int | None, kernels: list, calls: list, steps
     busbw = None
     if per_call and size and group and op in OPS_BY_VALUE:
         busbw = size / per_call * busbw_factor(OPS_BY_VALUE[op], group) / 1e9
+        busbw = busbw if math.isfinite(busbw) else None  # a sub-ns kernel of an exabyte: no bandwidth to show
     n_plan = sum(pc.call.calls_per_iteration for pc in calls)
     return {
         "op": op,

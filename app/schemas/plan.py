@@ -149,6 +149,19 @@ class ModelIn(Strict):
     )
 
 
+UserbuffersMethod = Literal["pipeline", "ring_exchange"] | None
+
+
+def _userbuffers_method(linear: str, cfg: str):
+    """WorkloadIn's userbuffers_<gemm>_fprop field (planner WorkloadSpec.userbuffers_proj_fprop)."""
+    text = (
+        f"the method TransformerEngine's userbuffers run {linear}'s forward GEMM and reduce-scatter with under "
+        "options.overlap.tp_comm_overlap (Megatron): pipeline (the default, TE's: 4 column blocks) or ring_exchange "
+        f"(tp row chunks), as the run's ub config sets it (Megatron-Bridge TransformerLayerTPOverlapCfg {cfg})"
+    )
+    return Field(default=None, description=text)
+
+
 class WorkloadIn(Strict):
     preset: str | None = Field(default=None, description="a name from GET /v1/presets/workloads")
     kind: Literal["training", "inference"] | None = None
@@ -246,6 +259,8 @@ class WorkloadIn(Strict):
         "the quantizers write them GEMM-ready, TE 2.18 of the Megatron-Bridge 26.08 stack) or gemm (two swizzle "
         "kernels at every low-precision GEMM call, TE 2.9 of the 25.11 stack); no effect on other recipes",
     )
+    userbuffers_proj_fprop: UserbuffersMethod = _userbuffers_method("linear_proj", "proj_fprop")
+    userbuffers_fc2_fprop: UserbuffersMethod = _userbuffers_method("linear_fc2", "fc2_fprop")
     param_dtype: Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"] | None = Field(
         default=None,
         description="the weights' dtype; nvfp4 (inference only, with fp8_recipe nvfp4): a block-scaled checkpoint, "

@@ -364,13 +364,23 @@ def userbuffers_decoder_share(ctx: Context, stage: int) -> dict[str, float]:
 
 
 def check_userbuffers(ctx: Context) -> None:
-    """Under Megatron --tp-comm-overlap, a quantized gather TE's userbuffers cannot take is a 422 (TE raises at the
-    first forward; USERBUFFERS_MXFP8_ROWS): a block recipe other than MXFP8, or an MXFP8 shard whose rows b·s/(cp·tp)
-    are not a multiple of 128. MLA models are exempt: their overlap is off (userbuffers_rows)."""
+    """Under Megatron --tp-comm-overlap, tp > 1 without sequence parallelism is a 422 (Megatron asserts), and so is a
+    quantized gather TE's userbuffers cannot take (TE raises at the first forward; USERBUFFERS_MXFP8_ROWS): a block
+    recipe other than MXFP8, or an MXFP8 shard whose rows b·s/(cp·tp) are not a multiple of 128. MLA models are
+    exempt from the latter: their overlap is off (userbuffers_rows)."""
+    field = "options.overlap.tp_comm_overlap"
+    if ctx.par.tp > 1 and not ctx.par.sp:
+        # Megatron-LM core_r0.8.0 baf94af3c6 training/arguments.py l. 199-200 (the same at d98e8a64dd): userbuffers
+        # overlap the sequence-parallel all-gather and reduce-scatter, and there are none without SP
+        raise SpecError(
+            field,
+            f"Megatron's --tp-comm-overlap needs parallel.sequence_parallel true at tp {ctx.par.tp}, got false "
+            "(Megatron-LM training/arguments.py: 'Tensor parallel communication/GEMM overlap can happen only when "
+            "sequence parallelism is enabled')",
+        )
     recipe = ctx.gather_recipe
     if recipe is None or ctx.par.tp == 1 or not userbuffers_rows(ctx):
         return
-    field = "options.overlap.tp_comm_overlap"
     if recipe.activation_block and recipe.name != "mxfp8":
         raise SpecError(
             field,

@@ -17,15 +17,16 @@ from planner.context import Context
 from planner.kernels import (
     EFFICIENCY,
     FP8_TRANSPOSE_BYTES,
-    MASTER_CAST_BYTES,
     cast_bytes_per_element,
     cast_s,
     layer_kernels,
+    master_cast_bytes,
     non_tn_fp8,
     norm_fed_cast_bytes,
     step_weight_cast_bytes,
 )
 from planner.params import quantized_numels
+from planner.recipes import recipe_of
 
 H100, B200, GB200, A100 = (GPUS[n] for n in ("h100-sxm5-80gb", "b200-180gb", "gb200-186gb", "a100-sxm4-80gb"))
 DATA = step_validation.load()
@@ -84,7 +85,11 @@ def test_fp8_primary_weights_cast_the_master_shard_and_transpose_on_hopper_only(
     """--fp8-param-gather under the distributed optimizer (TE v2.9 cast_master_weights_to_fp8, current scaling):
     11 B an element of the 1/dp master shard (fp32 -> bf16 6, amax 2, cast 3) and, on a TN-only GPU (Hopper), the
     gathered weight's transpose, 2 B an element; Blackwell's fp8 GEMMs take the weight as it is."""
-    assert (MASTER_CAST_BYTES, FP8_TRANSPOSE_BYTES) == (11, 2)
+    assert (master_cast_bytes(recipe_of("tensorwise")), FP8_TRANSPOSE_BYTES) == (11, 2)
+    # delayed scaling's update_quantized writes the amax as it casts: no amax pass (r14b #9, mend14c)
+    assert master_cast_bytes(recipe_of("delayed")) == 9
+    delayed = llama8b("delayed", fp8_param_gather=True)
+    assert step_weight_cast_bytes(delayed, 0, B200) == pytest.approx(sum(quantized_numels(delayed, 0)) / 8 * 9)
     ctx = llama8b(fp8_param_gather=True)
     numels = sum(quantized_numels(ctx, 0))
     assert step_weight_cast_bytes(ctx, 0, H100) == pytest.approx(numels / 8 * 11 + numels * 2)
