@@ -2483,7 +2483,7 @@ def _fp8_casts(k: _Layer) -> None:
     gemms = _cast_gemms(ctx, fwd)
     # a LayerNormLinear's input under TE: the norm's fusion takes part of its quantize (norm_fed_cast_bytes)
     fed = [g for g in gemms if cached and g.name in NORM_FED_LINEARS and g.shape[3] == 1]
-    inputs = sum(g.shape[0] * g.shape[2] * g.shape[3] for g in gemms if g not in fed)
+    inputs = sum(cast_input_elements(ctx, g) for g in gemms if g not in fed)
     weights = sum(
         g.shape[2] * g.shape[1] * g.shape[3]
         for g in gemms
@@ -2514,6 +2514,39 @@ def _fp8_casts(k: _Layer) -> None:
         scales, launches = swizzles
         fwd.append(memory_kernel("scale_swizzle", scales, k.gpu, k.eff, launches, k.floor))
         k.bwd.append(memory_kernel("scale_swizzle.bwd", 2 * scales, k.gpu, k.eff, 2 * launches, k.floor))
+
+
+# Where a DeepEP dispatch of an inference pass carries fp8 (workload.moe_dispatch_dtype), the routed experts' fc1
+# input arrives quantized: DeepEP dispatches fp8 only as (e4m3 data, 1x128 block scales) (deep_ep buffer.py
+# ``dispatch``: ``x`` a tensor or an (FP8, scales) tuple; vLLM's comment in its DeepEP prepare/finalize: "DeepEP kernels
+# only support dispatching block-quantized activation scales"), so the engine quantizes before the exchange, once per
+# token on the sending rank, not per routed copy on the receiving one:
+# - normal kernels ("deepep"): SGLang ``_DeepEPDispatcherImplNormal.dispatch_a`` ("TODO hard code 128 block
+#   quant, use fp8 communication": ``sglang_per_token_group_quant_fp8(hidden_states, 128)`` before
+#   ``buffer.dispatch``; its contiguous experts then ep_scatter the fp8 rows and quantize only the down projection's
+#   input, ``forward_deepgemm_contiguous``); vLLM ``DeepEPHTPrepareAndFinalize.prepare`` (block-quantized: "Quant and
+#   Dispatch", ``moe_kernel_quantize_input`` then ``_do_dispatch``). The cast covers the rank's own tokens;
+# - low-latency kernels ("deepep_ll"): the dispatch kernel casts inside itself (``low_latency_dispatch(...,
+#   use_fp8=True)``, SGLang ``_DeepEPDispatcherImplLowLatency``), timed in DeepEP's table the LL fit reads: no cast.
+# Block-scaled recipes only (DeepEP's fp8 layout); training keeps TE's casts of the permuted copies.
+QUANTIZED_BEFORE_DISPATCH = {"deepep": "sender", "deepep_ll": "in_dispatch"}
+
+
+def cast_input_elements(ctx: Context, g: Kernel) -> float:
+    """Elements of GEMM ``g``'s input that the pass's quantize kernel casts (_fp8_casts): its m x k per group, except
+    the routed experts' fc1 behind an fp8 DeepEP dispatch of an inference pass (QUANTIZED_BEFORE_DISPATCH): the rank's
+    own tokens x k once before the exchange (normal kernels), none outside the dispatch kernel (low-latency)."""
+    where = QUANTIZED_BEFORE_DISPATCH.get(ctx.par.ep_dispatch)
+    quantized = ctx.work.moe_dispatch_dtype == "fp8" and (ctx.work.fp8_recipe or "") in BLOCK_DISPATCH_RECIPES
+    if g.name != EXPERT_GEMMS[0] or ctx.training or where is None or not quantized:
+        return g.shape[0] * g.shape[2] * g.shape[3]
+    if where == "in_dispatch":
+        return 0.0
+    return ctx.b * ctx.s_cp / ctx.par.tp * ctx.par.etp * g.shape[2]  # the tokens this rank dispatches (_moe_mlp)
+
+
+# the fp8 recipes whose activation scales are DeepEP's 1x128 blocks
+BLOCK_DISPATCH_RECIPES = ("blockwise",)
 
 
 def te_weight_cache(ctx: Context) -> bool:

@@ -1,0 +1,61 @@
+"""The routed experts' fc1 input behind DeepEP's fp8 dispatch (kernels.QUANTIZED_BEFORE_DISPATCH, docs/serving.md
+"DeepSeek-V3 prefill, round 14 (dsv3p14)"): SGLang and vLLM quantize it once per token on the sending rank before
+the normal kernels' dispatch (DeepEP dispatches fp8 only with 1x128 block scales), and the low-latency dispatch
+kernel casts inside itself; the cast kernel of an inference pass then holds the rank's own tokens, not the routed
+copies. Closed forms on the LMSYS DeepSeek-V3 pools (bench/serving_validation.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectives.topology import cluster_preset
+from planner import MODEL_PRESETS
+from planner.kernels import _cast_gemms, cast_input_elements, input_quantize_bytes, layer_kernels
+from planner.serving import Pool, ServeOptions, engine
+from planner.serving.deployment import _context, _worker, with_redundant_experts
+
+OPTIONS = ServeOptions(weight_dtype="fp8", redundant_experts=32)
+MODEL = with_redundant_experts(MODEL_PRESETS["deepseek-v3"], 32)
+CLUSTER = cluster_preset("dgx-h100", 12)
+
+
+def moe_layer(pool: Pool, phase: str, per_rank: int, context: int):
+    w = _worker(MODEL, CLUSTER, engine("sglang"), pool, 0)
+    par = w.decode_par if phase == "decode" else w.par
+    ctx = _context(MODEL, OPTIONS, phase, per_rank * pool.dp, context, par, w)
+    return ctx, list(layer_kernels(ctx, True, CLUSTER.gpu).forward)
+
+
+def test_normal_kernels_quantize_the_senders_tokens():
+    """Prefill, EP32, 8 prompts of 2,000 per rank: fc1's input cast is 16,000 x 7,168 elements (the routed copies
+    are 9 experts x 14,390 rows), at 3.03125 B each with every other GEMM input's."""
+    pool = Pool("prefill", dp=32, ep=32, attention_dp=True, ep_dispatch="deepep", max_batch_tokens=16384)
+    ctx, fwd = moe_layer(pool, "prefill", 8, 2000)
+    gemms = _cast_gemms(ctx, fwd)
+    fc1 = next(g for g in gemms if g.name == "experts_fc1")
+    assert fc1.shape[3] == 9 and fc1.shape[0] * fc1.shape[3] > 8 * 16_000  # the copies the GEMM runs
+    assert cast_input_elements(ctx, fc1) == 16_000 * 7168
+    others = sum(g.shape[0] * g.shape[2] * g.shape[3] for g in gemms if g is not fc1)
+    cast = next(k for k in fwd if k.name == "fp8_cast")
+    assert input_quantize_bytes("blockwise") == 3.03125
+    assert cast.bytes == pytest.approx((others + 16_000 * 7168) * 3.03125, rel=1e-12)
+    assert cast.bytes == pytest.approx(3.1879e9, rel=1e-4)  # 5.654e9 when every copy was cast
+
+
+def test_low_latency_dispatch_casts_inside_its_kernel():
+    """Decode, EP72 low-latency: no fc1 input in the cast kernel; fc2's input (the activation's output) still is."""
+    pool = Pool("decode", dp=72, ep=72, attention_dp=True, ep_dispatch="deepep")
+    ctx, fwd = moe_layer(pool, "decode", 256, 2100)
+    assert ctx.par.ep_dispatch == "deepep_ll"
+    gemms = {g.name: g for g in _cast_gemms(ctx, fwd)}
+    assert cast_input_elements(ctx, gemms["experts_fc1"]) == 0.0
+    fc2 = gemms["experts_fc2"]
+    assert cast_input_elements(ctx, fc2) == fc2.shape[0] * fc2.shape[2] * fc2.shape[3] > 0
+
+
+def test_without_an_fp8_deepep_dispatch_every_copy_is_cast():
+    """The all-to-all dispatcher (bf16 or fp8 bytes, no DeepEP block layout): the copies, as before."""
+    pool = Pool("prefill", dp=32, ep=32, attention_dp=True, ep_dispatch="alltoall", max_batch_tokens=16384)
+    ctx, fwd = moe_layer(pool, "prefill", 8, 2000)
+    fc1 = next(g for g in _cast_gemms(ctx, fwd) if g.name == "experts_fc1")
+    assert cast_input_elements(ctx, fc1) == fc1.shape[0] * fc1.shape[2] * fc1.shape[3]
