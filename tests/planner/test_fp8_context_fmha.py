@@ -128,7 +128,7 @@ def test_the_kv_default_is_the_16_bit_cache_whatever_the_recipe(weights, recipe)
     plan = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), options)
     assert plan.kv_cache.dtype == "bf16"
     assert plan.kv_cache.dtype_default == f"bf16 planned; {TRTLLM_KV_DEFAULT_RULE}"
-    assert "kv_cache_quant_algo" in TRTLLM_KV_DEFAULT_RULE and "validate_and_set_kv_cache_quant" in TRTLLM_KV_DEFAULT_RULE
+    assert all(w in TRTLLM_KV_DEFAULT_RULE for w in ("kv_cache_quant_algo", "validate_and_set_kv_cache_quant"))
     named = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), replace(options, kv_dtype="bf16"))
     assert named.kv_cache.dtype_default == "" and named.kv_cache == replace(plan.kv_cache, dtype_default="")
     assert (named.ttft_s, named.tpot_s) == (plan.ttft_s, plan.tpot_s)
