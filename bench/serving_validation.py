@@ -71,8 +71,12 @@ DENSE = (
                                     (2048, 2048): 2948, (5000, 500): 650, (128, 128): 3814, (128, 4096): 4741,
                                     (1000, 2000): 3722, (20000, 2000): 505}),
 )  # fmt: skip
-# ModelOpt's FP8 recipe: per-tensor scales for the weights and activations, and an FP8 KV cache (its export writes
-# quant_algo FP8, kv_cache_quant_algo FP8 into hf_quant_config.json; TensorRT-LLM's KV dtype "auto" follows it)
+# ModelOpt's FP8 recipe: per-tensor scales for the weights and activations. The KV cache is spelled fp8: the rows are
+# trtllm-bench runs (the perf-overview), and TensorRT-LLM's docs/source/performance/perf-benchmarking.md quotes these
+# checkpoints' hf_quant_config.json (nvidia/Llama-3.1-*-Instruct-FP8: "quant_algo": "FP8", "kv_cache_quant_algo":
+# null, "full FP16 cache" under the engine's own "auto") and tabulates that trtllm-bench sets FP8 for a null
+# kv_cache_quant_algo beside FP8 or NVFP4 weights. The Llama 3.3 70B FP8 checkpoint's own file was not read: the
+# row's assumption is the same (a declared FP8 cache or trtllm-bench's choice give the same fp8 cache)
 DENSE_OPTIONS = ServeOptions(weight_dtype="fp8", kv_dtype="fp8", fp8_recipe="tensorwise")
 
 
@@ -96,9 +100,11 @@ FP4_REFERENCE = Path(__file__).resolve().parents[1] / "tests/reference/serving/t
 # the perf-overview's NVFP4 tables' systems: DGX B200 (8 x B200 180GB) and GB200 NVL72 (GB200 192GB)
 FP4_CLUSTERS = {"B200": "dgx-b200", "GB200": "gb200-nvl72"}
 # ModelOpt's NVFP4 checkpoints: the transformer blocks' linear weights and activations in NVFP4 (model cards of
-# nvidia/Llama-3.3-70B-Instruct-FP4 and nvidia/Llama-3.1-405B-Instruct-FP4), the KV cache in FP8 as the FP8 rows':
-# trtllm-bench gives an NVFP4 or FP8 checkpoint an FP8 KV cache when none is named (tensorrt_llm/bench/benchmark/
-# utils/general.py _KV_CACHE_MAP), and with it TensorRT-LLM's FP8 context FMHA (engines.TRTLLM_FP8_CONTEXT_FMHA)
+# nvidia/Llama-3.3-70B-Instruct-FP4 and nvidia/Llama-3.1-405B-Instruct-FP4), the KV cache spelled fp8 as the FP8
+# rows': these checkpoints' hf_quant_config.json was not read here (ModelOpt's NVFP4 exports commonly declare
+# kv_cache_quant_algo FP8); either way a trtllm-bench run gives them an FP8 cache (perf-benchmarking.md's table:
+# NVFP4 + null -> FP8, bench/benchmark/utils/general.py _KV_CACHE_MAP), not the engine's "auto" default
+# (engines.TRTLLM_KV_DEFAULT_RULE). The FP4 linears take TensorRT-LLM's FP8 context FMHA (TRTLLM_FP8_CONTEXT_FMHA)
 FP4_OPTIONS = ServeOptions(weight_dtype="nvfp4", kv_dtype="fp8")
 
 

@@ -433,11 +433,14 @@ _SUMMED = ("time", "count", "volume", "unit_count", "unit_volume", "unit_largest
 _SUMMED += ("sm_time", "hbm", "tp_ops")  # what the calls hold beside the compute (planner/contention.py)
 
 
-def stream_totals(calls: Sequence, m: int, zero: int, stages: int, tp_rows: bool = True) -> StreamTotals:
+def stream_totals(
+    calls: Sequence, m: int, zero: int, stages: int, tp_rows: bool = True, count_switched: bool = False
+) -> StreamTotals:
     """Sums each call's time, count and bytes per stage into the stream it runs on (``_stream``); the legs of
     one kernel (``Call.kernel``) run concurrently, so a kernel adds its longest leg's time. ``tp_rows``: also the
     TP all-gathers and reduce-scatters by ledger row (tp_key; what torch's SP copies and async TP read,
-    tp_rows_read); False skips that work for the flavours that read none."""
+    tp_rows_read); False skips that work for the flavours that read none. ``count_switched``: also count the row's calls
+    behind one NVLink switch (tp_switched; only async TP's fused rows read it, fused_rows_priced: review r14c, 7)."""
     out = StreamTotals()
     acc, counts, volume = out.time, out.count, out.volume
     legs: dict[tuple, float] = {}  # (stream, kernel, stage) -> its longest leg's time
@@ -461,7 +464,7 @@ def stream_totals(calls: Sequence, m: int, zero: int, stages: int, tp_rows: bool
             _unit_totals(out, key, c, t, stages, False)
             took = out.tp_seconds.setdefault(key, [0.0] * stages)
             switched = out.tp_switched.setdefault(key, [0] * stages)
-            behind = n if on_nvlink_switch(pc.price) else 0
+            behind = n if count_switched and on_nvlink_switch(pc.price) else 0
             for s in c.stages:
                 took[s] += amount
                 switched[s] += behind
@@ -543,6 +546,13 @@ def tp_rows_read(ctx: Context, flags: Overlap | None = None) -> bool:
     Megatron's userbuffers fallback (_userbuffers_fallback)."""
     ub = flags is not None and flags.tp_comm_overlap and ctx.flavour.userbuffers
     return ctx.flavour.sp_layout_copies or ctx.flavour.async_tp_single_matmul or bool(ub)
+
+
+def fused_rows_priced(ctx: Context, flags: Overlap | None, gpu: GPUSpec | None) -> bool:
+    """Whether async TP's fused rows are priced with the GPU's measured pull (assign_streams' _async_tp_fused, the
+    only reader of StreamTotals.tp_switched): torch's async TP on (tp_comm_overlap) and a PeerCopy for the GPU."""
+    on = flags is not None and flags.tp_comm_overlap and ctx.flavour.async_tp_single_matmul
+    return bool(on) and gpu is not None and peer_copy(gpu) is not None
 
 
 _PASSES = ("forward", "backward")
@@ -1044,7 +1054,8 @@ def _split_gemms(ctx: Context, stages: list[StageStep], gpu: GPUSpec, split) -> 
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> StreamTotals:
     """Sums each call's time per stage into the stream it runs on; returns the totals (the pipeline's sends)."""
-    totals = stream_totals(calls, ctx.passes, ctx.par.zero_stage, len(stages), tp_rows_read(ctx, flags))
+    rows, switched = tp_rows_read(ctx, flags), fused_rows_priced(ctx, flags, gpu)
+    totals = stream_totals(calls, ctx.passes, ctx.par.zero_stage, len(stages), rows, switched)
     assign_streams(ctx, totals, stages, flags, gpu)
     return totals
 

@@ -146,9 +146,10 @@ class KVCacheOut(Out):
     max_concurrency: int = Field(description="requests of input + output tokens one such worker holds")
     dtype: str = Field(description="the KV cache's dtype as planned: options.kv_dtype, or the default below")
     dtype_default: str = Field(
-        description="where options.kv_dtype was not given and the engine chooses the cache's dtype for the "
-        "checkpoint: that rule and its source (TensorRT-LLM: fp8 for FP8 and NVFP4 checkpoints, trtllm-bench "
-        "_KV_CACHE_MAP); empty otherwise (16-bit weights: their dtype; fp8 / nvfp4 weights: bf16)"
+        description="where options.kv_dtype was not given: the dtype planned and what the engine uses then, with its "
+        "source (TensorRT-LLM: KvCacheConfig.dtype 'auto' follows the checkpoint's kv_cache_quant_algo, else the "
+        "model's dtype; the planner has no checkpoint, so it plans the 16-bit cache); empty where kv_dtype was given "
+        "or the engine states no rule"
     )
 
 

@@ -347,19 +347,25 @@ class PeerCopy:
 # 371-377 GB/s a pair unidirectional and 742-749 GB/s both directions at once (NVIDIA/nccl issue 1264, HGX H100 SXM):
 # a pull in each direction at once keeps ~99% of its one-way rate.
 # The fixed cost of one copy (mend14a): cuda-samples p2pBandwidthLatencyTest's "P2P=Enabled Latency (P2P Writes)"
-# GPU matrix (outputLatencyMatrix: 100 back-to-back cudaMemcpyPeerAsync of a few bytes on one stream, timed by CUDA
-# events: the copy engine's per-copy cost), on 8 x "NVIDIA H100 80GB HBM3" (NVSwitch, driver 595.71.05, CUDA 13.2)
-# whose nvbandwidth device_to_device_memcpy_read_ce reads 395.05-395.25 GB/s, the rate above (a public report in the
-# stored GitHub index, file id 62193952648; its latency matrix is kept in tests/reference/nvbandwidth/
-# h100_peer_copy.json): median 2.78 us (2.26-3.35). Other parts: no measurement read (None: the caller prices
-# what it priced before).
+# GPU matrix (Samples/5_Domain_Specific/p2pBandwidthLatencyTest outputLatencyMatrix: 100 back-to-back
+# cudaMemcpyPeerAsync of one 4-byte element on one stream, timed by CUDA events), on 8 x "NVIDIA H100 80GB HBM3"
+# (NVSwitch, driver 595.71.05, CUDA 13.2) whose nvbandwidth device_to_device_memcpy_read_ce reads 395.05-395.25 GB/s,
+# the rate above: median of the 56 pairs 2.78 us (2.26-3.35; the diagonal's local copies 1.97-2.27 us). Where it is:
+# no public address is known to us. It is the search tool's stored GitHub index, file id 62193952648: a Korean-language
+# server acceptance sheet (SPEC CPU 2017 / sysbench, STREAM, nvbandwidth v0.10.0 and p2pBandwidthLatencyTest outputs
+# pasted as text beside GitHub user-attachments images), whose repository, path and author the index does not give
+# (review r14c, 4); the matrix is kept in tests/reference/nvbandwidth/h100_peer_copy.json. What it measures: the
+# issue-to-completion cost of a 4-byte peer *write* (a copy issued on the source GPU's stream), taken as the cost of
+# torch's pulls, which are peer *reads* (copies issued on the reader's stream): the same copy engine and NVSwitch hop,
+# no read latency measured. Other parts: no measurement read (None: the caller prices what it priced before).
 PEER_COPY_LATENCY_S = 2.78e-6
 PEER_COPY = {
     (90, 18): PeerCopy(
         395.05,
         "nvbandwidth v0.10 device_to_device_memcpy_read_ce, 8 x H100 80GB HBM3: 56 pairs 394.9-395.1 GB/s "
         "(Azure/cluster-health-monitor testdata/nvbandwidth_peer_report.json); 2.78 us a copy, cuda-samples "
-        "p2pBandwidthLatencyTest P2P=Enabled latency, 8 x H100 80GB HBM3 (median of 56 pairs)",
+        "p2pBandwidthLatencyTest P2P=Enabled (P2P Writes) latency, 4-byte copies, 8 x H100 80GB HBM3 (median of 56 "
+        "pairs; a report in the search tool's stored index, no public address known), taken as a read's",
         PEER_COPY_LATENCY_S,
         8,
     ),

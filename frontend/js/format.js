@@ -43,6 +43,10 @@ const RATE_UNITS = [["TB/s", 1e12], ["GB/s", 1e9], ["MB/s", 1e6], ["KB/s", 1e3],
 export const fmtBw = (gbps) => (gbps === null || gbps === undefined || Number.isNaN(gbps) ? "–" : gbps === 0 ? "0 GB/s"
   : Math.abs(gbps) < 0.9995e-9 ? tiny(gbps, "B/s", "0 GB/s") : human(gbps * 1e9, RATE_UNITS));
 // memory capacity: decimal GB as everywhere, with the binary GiB beside it (an "80 GB" H100 holds 79.6 GiB)
+// a memory warning's GB, as the API writes it (planner/memory.py MemoryReport.warnings: "{bytes / 1e9:.1f} GB"), so
+// the page's verdict and the warning below it read one number in one unit (review r14c, 5: "1.05 TB per device" over
+// "1048.5 GB per rank")
+export const fmtWarnGB = (n) => `${(n / 1e9).toFixed(1)} GB`;
 export const fmtCapacity = (n) => `${fmtBytes(n)} (${sig3(n / 2 ** 30)} GiB)`;
 
 // axis ticks: "0" for zero, else the same units (ECharts passes plain numbers) without the trailing zeros of

@@ -1,7 +1,7 @@
 // The headline cards: step time, MFU, tokens/s and exposed communication when the plan has a step block
 // (CONTRACT v1.1), then the communication figures, labelled so nobody reads them as a step time.
 import { $, el } from "./dom.js";
-import { fmtBytes, fmtCount, fmtPct, fmtTime, PAR_COLORS, timeIter } from "./format.js";
+import { fmtBytes, fmtCount, fmtPct, fmtTime, fmtWarnGB, PAR_COLORS, timeIter } from "./format.js";
 
 const card = (label, value, hint, extra, id) => el("div", { className: "card metric-card", "data-card": id },
   el("div", { className: "metric-label" }, label), el("div", { className: "metric" }, value), hint ? el("div", { className: "hint" }, hint) : null, extra);
@@ -17,8 +17,10 @@ function verdict(plan, kind) {
   if (!plan.step || !m || m.fits !== false) return "";
   const stages = m.per_stage || [], over = stages.filter((s) => s.peak_bytes > m.capacity_bytes);
   const worst = over.reduce((a, s) => (s.peak_bytes > a.peak_bytes ? s : a), over[0] || null);
-  const why = worst ? `${stages.length > 1 ? `stage ${worst.stage} needs` : "it needs"} ${fmtBytes(worst.peak_bytes)} per device, over the `
-    + `${fmtBytes(m.capacity_bytes)} a device holds${over.length > 1 ? ` (${over.length} of ${stages.length} stages over)` : ""}`
+  // the memory warning's words and unit (planner/memory.py MemoryReport.warnings: "stage 0 needs 1048.5 GB per rank >
+  // 85.5 GB capacity"), which the warnings list below repeats in full with the largest part
+  const why = worst ? `stage ${worst.stage} needs ${fmtWarnGB(worst.peak_bytes)} per rank > ${fmtWarnGB(m.capacity_bytes)} capacity`
+    + `${over.length > 1 ? ` (${over.length} of ${stages.length} stages over)` : ""}`
     : "a stage does not fit in device memory";
   return `Does not fit: ${why}. The ${kind === "inference" ? "latency" : "step time"}, MFU and tokens/s below are what it would do if it fit, not a run: see Memory per device.`;
 }

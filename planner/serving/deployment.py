@@ -59,8 +59,6 @@ from .engines import (
     FP8_FMHA_WEIGHTS,
     MXFP4_MIN_SM,
     EngineTraits,
-    engine_kv_default,
-    quant_algo,
 )
 from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
@@ -72,9 +70,9 @@ class KVCache:
     bytes_per_token: int  # one token of one request, every layer, as the model stores it (no TP replicas)
     capacity_tokens: int  # tokens one worker of the decode (or aggregated) pool can hold
     max_concurrency: int  # requests of ISL + OSL tokens one such worker can hold
-    dtype: str = ""  # the cache's dtype as planned (ServeOptions.kv, after the engine's default: with_engine_kv)
-    # where the request named no kv_dtype and the engine chose one: the engine's rule (EngineTraits
-    # quantized_kv_default's source); "" otherwise
+    dtype: str = ""  # the cache's dtype as planned (ServeOptions.kv)
+    # where the request named no kv_dtype: what the engine uses then (EngineTraits.kv_default_rule) and the dtype
+    # planned; "" where the request named one or the engine states no rule
     dtype_default: str = ""
 
 
@@ -154,7 +152,7 @@ def plan_serving(
     options: ServeOptions | None = None,
 ) -> ServePlan:
     """The deployment planned, after its rules (check_deployment: microseconds against a plan's ~0.1 s)."""
-    options, chosen = with_engine_kv(options or ServeOptions(), traits)
+    options = options or ServeOptions()
     check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
@@ -170,20 +168,9 @@ def plan_serving(
             warnings, offsets=(sum(p.gpus for p in pools[:pre]), sum(p.gpus for p in pools[:dec])),
         )  # fmt: skip
     result.cluster = cluster_summary(cluster_for(cluster))
-    if chosen:
-        result.kv_cache = replace(result.kv_cache, dtype_default=chosen)
+    if options.kv_dtype is None and traits.kv_default_rule:
+        result.kv_cache = replace(result.kv_cache, dtype_default=f"{options.kv} planned; {traits.kv_default_rule}")
     return result
-
-
-def with_engine_kv(options: ServeOptions, traits: EngineTraits) -> tuple[ServeOptions, str]:
-    """``options`` with the KV cache dtype the engine gives the checkpoint where the request names none
-    (engines.engine_kv_default: TensorRT-LLM's fp8 for FP8 and NVFP4 checkpoints), and that rule's words ("" where
-    the request named one or the engine keeps the planner's default)."""
-    kv = engine_kv_default(traits, options.weight_dtype, options.fp8_recipe) if options.kv_dtype is None else None
-    if kv is None:
-        return options, ""
-    rule = f"{traits.label} gives {quant_algo(options.weight_dtype, options.fp8_recipe)} checkpoints a {kv} KV cache"
-    return replace(options, kv_dtype=kv), f"{rule} when none is named ({traits.quantized_kv_source})"
 
 
 def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
@@ -205,7 +192,7 @@ def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
     _check_kv_transfer(model, traits, pools)
 
 
-def _check_fp8_kv(traits: EngineTraits, options) -> None:
+def check_fp8_kv(traits: EngineTraits, options) -> None:
     """An engine whose FP8 KV cache needs its FP8 context attention (EngineTraits.fp8_context_attention: TensorRT-LLM)
     refuses one beside unquantized linears: a 422 on options.kv_dtype naming the rule."""
     if traits.fp8_context_attention and options.kv == "fp8" and options.weight_dtype not in FP8_FMHA_WEIGHTS:
@@ -234,7 +221,7 @@ def _check_kv_transfer(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool
 
 
 def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
-    _check_fp8_kv(traits, options)
+    check_fp8_kv(traits, options)
     if options.weight_dtype in WEIGHT_FORMAT_BYTES and options.weight_dtype not in traits.weight_formats:
         raise SpecError(
             "options.weight_dtype",
@@ -370,7 +357,6 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     """(role, workload, parallel, cluster, plans) of every pool's worker as plan_serving plans it: what the
     cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans), after
     check_deployment."""
-    options, _ = with_engine_kv(options, traits)
     check_deployment(model, cluster, traits, traffic, pools, options)
     model = with_redundant_experts(model, options.redundant_experts)
     context = traffic.input_tokens + traffic.output_tokens // 2

@@ -161,11 +161,10 @@ class EngineTraits:
     # fp8 or nvfp4 weights, whatever the KV cache) and refuses an FP8 KV cache beside bf16 linears (deployment.
     # _check_engine_options); the string is its source. None: bf16 context attention, any KV cache
     fp8_context_attention: str | None = None
-    # the KV cache dtype the engine gives a quantized checkpoint whose request names none, by the checkpoint's
-    # quantization (quant_algo: "FP8", "NVFP4", "FP8_BLOCK_SCALES"): ((quant_algo, kv dtype), ...); () : the
-    # planner's default (ServeOptions.kv: bf16 for fp8 and nvfp4 weights)
-    quantized_kv_default: tuple[tuple[str, str], ...] = ()
-    quantized_kv_source: str = ""  # that rule's source, said in the response (ServePlan.kv_cache.dtype_default)
+    # the engine's rule for the KV cache's dtype where the request names none, said in the response (ServePlan.
+    # kv_cache.dtype_default); the planner has no checkpoint, so it plans ServeOptions.kv (the 16-bit cache) and the
+    # rule says when to name options.kv_dtype. "": no rule stated (ServeOptions.kv)
+    kv_default_rule: str = ""
 
 
 # vLLM NixlConnectorWorker._validate_remote_agent_handshake (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -196,28 +195,24 @@ TRTLLM_FP8_CONTEXT_FMHA = (
     "paged context FMHA cannot be used without FP8 attention') and thop/attentionOp.cpp (is_fp8_out || is_fp4_out: "
     "the FP8 path whenever o_proj is quantized, _torch/modules/attention.py _use_quantize_output)"
 )
-# trtllm-bench gives an NVFP4 or per-tensor FP8 checkpoint an FP8 KV cache when it names none, and any other one the
-# model's dtype ("auto"): tensorrt_llm/bench/benchmark/utils/general.py _KV_CACHE_MAP = {QuantAlgo.FP8: "fp8",
-# QuantAlgo.NVFP4: "fp8"}, read as _KV_CACHE_MAP.get(quant_algo, "auto"); a block-scaled FP8 checkpoint
-# (FP8_BLOCK_SCALES, DeepSeek-V3's) keeps bf16
-TRTLLM_KV_DEFAULT = (("FP8", "fp8"), ("NVFP4", "fp8"))
-TRTLLM_KV_DEFAULT_SOURCE = "trtllm-bench _KV_CACHE_MAP (bench/benchmark/utils/general.py): FP8 and NVFP4 -> fp8"
-
-
-def quant_algo(weight_dtype: str, fp8_recipe: str) -> str | None:
-    """TensorRT-LLM's QuantAlgo name of a checkpoint's weights (tensorrt_llm/quantization/mode.py): nvfp4 NVFP4, fp8
-    per-tensor FP8, fp8 in 128x128 blocks FP8_BLOCK_SCALES; None for 16-bit weights."""
-    if weight_dtype == "nvfp4":
-        return "NVFP4"
-    if weight_dtype == "fp8":
-        return "FP8" if fp8_recipe == "tensorwise" else "FP8_BLOCK_SCALES"
-    return None
-
-
-def engine_kv_default(traits: EngineTraits, weight_dtype: str, fp8_recipe: str) -> str | None:
-    """The KV cache dtype the engine gives this checkpoint when the request names none (EngineTraits.
-    quantized_kv_default), or None where it keeps the planner's default."""
-    return dict(traits.quantized_kv_default).get(quant_algo(weight_dtype, fp8_recipe) or "")
+# TensorRT-LLM's engine (the LLM API, trtllm-serve) takes the KV cache's dtype from KvCacheConfig.dtype, default
+# "auto" (tensorrt_llm/llmapi/llm_args.py, NVIDIA/TensorRT-LLM b51992a331532b80cb943098d3b1891762feb5f5: "Use 'auto'
+# to follow checkpoint metadata, otherwise force the specified dtype", the LLM API reference); with "auto",
+# _torch/pyexecutor/model_loader.py validate_and_set_kv_cache_quant returns at once ("Using checkpoint KV
+# quantization"): the checkpoint's kv_cache_quant_algo (hf_quant_config.json, QuantConfig) decides, and a checkpoint
+# without one keeps the model's dtype. docs/source/performance/perf-benchmarking.md: NVIDIA's FP8 checkpoints
+# (nvidia/Llama-3.1-*-Instruct-FP8, "kv_cache_quant_algo": null) "default to no KV cache quantization (full FP16
+# cache)"; only trtllm-bench then picks FP8 (its _KV_CACHE_MAP, bench/benchmark/utils/general.py, reached only
+# where the YAML names no dtype and the checkpoint no kv_cache_quant_algo). The planner has no checkpoint: it plans
+# the 16-bit cache whatever the weights (an MLA cache too), and the request names kv_dtype "fp8" for a checkpoint
+# that declares an FP8 KV cache, or for a trtllm-bench run of one that declares none (review r14c, 1)
+TRTLLM_KV_DEFAULT_RULE = (
+    "TensorRT-LLM's KvCacheConfig.dtype 'auto' follows the checkpoint's kv_cache_quant_algo (hf_quant_config.json), "
+    "else the model's dtype (tensorrt_llm/llmapi/llm_args.py; _torch/pyexecutor/model_loader.py "
+    "validate_and_set_kv_cache_quant); with no checkpoint the planner plans the 16-bit cache: name options.kv_dtype "
+    "'fp8' for a checkpoint whose kv_cache_quant_algo is FP8 (trtllm-bench also picks fp8 for FP8 and NVFP4 "
+    "checkpoints that name none, docs/source/performance/perf-benchmarking.md)"
+)
 
 
 # the weight formats whose linears TensorRT-LLM's check above counts as quantized (fp8_qdq / fp8 block-wise, nvfp4)
@@ -358,8 +353,7 @@ TRTLLM = register(
         # mDupHeadFactor == 0 send (cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp; targetIRanks' dup factor)
         kv_head_replication=True,
         fp8_context_attention=TRTLLM_FP8_CONTEXT_FMHA,
-        quantized_kv_default=TRTLLM_KV_DEFAULT,
-        quantized_kv_source=TRTLLM_KV_DEFAULT_SOURCE,
+        kv_default_rule=TRTLLM_KV_DEFAULT_RULE,
     )
 )
 
@@ -376,13 +370,10 @@ __all__ = [
     "FP8_FMHA_WEIGHTS",
     "MXFP4_MIN_SM",
     "TRTLLM_FP8_CONTEXT_FMHA",
-    "TRTLLM_KV_DEFAULT",
-    "TRTLLM_KV_DEFAULT_SOURCE",
+    "TRTLLM_KV_DEFAULT_RULE",
     "VLLM_NIXL_REPLICATED",
     "EngineTraits",
     "ExpertSplit",
     "engine",
-    "engine_kv_default",
-    "quant_algo",
     "register",
 ]

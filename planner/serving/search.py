@@ -22,7 +22,7 @@ from ..model import ModelSpec
 from ..parallel import kv_heads_rule
 from ..words import POOL_DIMS, duration, load_name, pool_name
 from ..workload import WEIGHT_FORMAT_BYTES
-from .deployment import ServePlan, check_weight_format, plan_serving
+from .deployment import ServePlan, check_fp8_kv, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
 from .spec import REQUEST_RATES, Pool, ServeOptions, Traffic, validate_options, validate_traffic
 
@@ -208,7 +208,21 @@ def _checked_request(model, cluster, traffic, engines, modes, options) -> dict[s
             f"{fmt} weights are priced for none of the engines asked for ({', '.join(engines)}); "
             + "; ".join(t.weight_formats_note for t in traits.values() if t.weight_formats_note),
         )
+    _check_kv_for_some_engine(traits, options)
     return traits
+
+
+def _check_kv_for_some_engine(traits: dict[str, EngineTraits], options: ServeOptions) -> None:
+    """/v1/serve's KV cache rule (deployment.check_fp8_kv: TensorRT-LLM's fp8 KV cache only beside quantized
+    linears): its 422 where every engine asked for refuses the request's cache, as the weight formats' above."""
+    refusals: list[SpecError] = []
+    for t in traits.values():
+        try:
+            check_fp8_kv(t, options)
+        except SpecError as e:
+            refusals.append(e)
+    if refusals and len(refusals) == len(traits):
+        raise refusals[0]
 
 
 def search_serving(

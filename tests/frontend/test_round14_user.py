@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -42,6 +43,19 @@ WAITS = """async () => { const m = await import('/static/js/timeline.js'), p = w
   return m.derive(m.expand(p.step.timeline).events).filter((e) => e.wait).map((e) => e.end_s - e.start_s); }"""
 
 
+def api_plan(page, request: dict) -> dict:  # noqa: F811
+    """The API's answer to the request the page sends (review r14c, 6: the page's numbers checked against it, not
+    pinned planner numbers that any kernel constant moves)."""
+    r = httpx.post(page.base + "/v1/plan", json=request, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def fmt(page, name: str, value):  # noqa: F811
+    """``value`` in the page's own formatter (frontend/js/format.js ``name``)."""
+    return page.evaluate("async ([n, x]) => (await import('/static/js/format.js'))[n](x)", [name, value])
+
+
 def lanes(page):  # noqa: F811
     return page.evaluate("window.commplan.state.charts.timeline.getOption().yAxis[0].data")
 
@@ -58,8 +72,8 @@ def test_rounding_gaps_are_not_pipeline_waits(page):  # noqa: F811
     expect(page.locator("#timeline-note")).not_to_contain_text("Orange (pp lanes)")
     open_page(page, url_state(LLAMA))
     waits = page.evaluate(WAITS)
-    # the fill and drain waits and the steady state's sends: 189 on 4 stages, the shortest 11.7 ms
-    assert len(waits) == 189 and min(waits) > 0.01, (len(waits), min(waits))
+    # the fill and drain waits and the steady state's sends on 4 stages, none a rounding sliver (under 1 us)
+    assert waits and min(waits) > 1e-6, (len(waits), min(waits))
     assert "stage 0 · pp" in lanes(page)
 
 
@@ -69,12 +83,17 @@ def test_a_training_plan_that_does_not_fit_is_not_shown_as_a_run(page):  # noqa:
     open_page(page, url_state(LLAMA))
     expect(page.locator("#plan-verdict")).to_be_hidden()
     open_page(page, url_state(TOO_BIG))
-    memory = page.evaluate("window.commplan.state.plan.memory")
-    peak = memory["per_stage"][0]["peak_bytes"]
-    assert memory["fits"] is False and 950e9 < peak < 1000e9 and memory["capacity_bytes"] == 85_520_809_984
+    api = api_plan(page, TOO_BIG)
+    memory = api["memory"]
+    assert page.evaluate("window.commplan.state.plan.memory") == memory
+    peak, cap = memory["per_stage"][0]["peak_bytes"], memory["capacity_bytes"]
+    assert memory["fits"] is False and peak > cap
+    # the verdict in the API memory warning's words and unit (GB per rank, review r14c, 5), a phrase of that warning
+    said = f"stage 0 needs {peak / 1e9:.1f} GB per rank > {cap / 1e9:.1f} GB capacity"
+    assert any(said in w for w in api["warnings"]), api["warnings"]
     expect(page.locator("#plan-verdict")).to_have_text(
-        f"Does not fit: it needs {peak / 1e9:.0f} GB per device, over the 85.5 GB a device holds. The step time, MFU "
-        "and tokens/s below are what it would do if it fit, not a run: see Memory per device."
+        f"Does not fit: {said}. The step time, MFU and tokens/s below are what it would do if it fit, not a run: see "
+        "Memory per device."
     )
     colour = "el => getComputedStyle(el).color"
     muted = page.locator('[data-card="step"] .metric').evaluate(colour)
@@ -84,18 +103,24 @@ def test_a_training_plan_that_does_not_fit_is_not_shown_as_a_run(page):  # noqa:
     # two stages over of two: the worst named, and how many
     two = {**TOO_BIG, "parallel": {**TOO_BIG["parallel"], "pp": 2}, "cluster": {**TOO_BIG["cluster"], "num_nodes": 2}}
     open_page(page, url_state(two))
+    memory = api_plan(page, two)["memory"]
+    stages = memory["per_stage"]
+    worst = max(stages, key=lambda st: st["peak_bytes"])
+    assert len(stages) == 2 and all(st["peak_bytes"] > memory["capacity_bytes"] for st in stages)
     expect(page.locator("#plan-verdict")).to_contain_text(
-        "Does not fit: stage 0 needs 525 GB per device, over the 85.5 GB a device holds (2 of 2 stages over)."
+        f"Does not fit: stage {worst['stage']} needs {worst['peak_bytes'] / 1e9:.1f} GB per rank > "
+        f"{memory['capacity_bytes'] / 1e9:.1f} GB capacity (2 of 2 stages over)."
     )
 
 
 def test_a_plan_that_does_not_fit_says_so_in_the_phone_s_first_line(make_page):  # noqa: F811
     """At 390 px the line over the form said "Step time 1.40 h, MFU 55.2%." for 982 GB a device of 85.5."""
     phone = make_page(PHONE)
-    open_page(phone, url_state(TOO_BIG))
-    expect(phone.locator("#see-result-text")).to_have_text("Step time 1.40 h, MFU 55.2%. Does not fit in memory.")
-    open_page(phone, url_state(LLAMA))
-    expect(phone.locator("#see-result-text")).to_have_text("Step time 19.3 s, MFU 41.3%.")
+    for request, tail in ((TOO_BIG, " Does not fit in memory."), (LLAMA, "")):
+        open_page(phone, url_state(request))
+        step = api_plan(phone, request)["step"]
+        time_s, mfu = fmt(phone, "fmtTime", step["time_s"]), fmt(phone, "fmtPct", step["mfu"])
+        expect(phone.locator("#see-result-text")).to_have_text(f"Step time {time_s}, MFU {mfu}.{tail}")
 
 
 def test_the_sla_search_shows_ttft_and_tpot_in_its_frame(page):  # noqa: F811
@@ -126,9 +151,13 @@ def test_an_inference_pass_says_its_calls_are_inside_it(page):  # noqa: F811
     wait_until(page, "window.commplan.state.plan.step.timeline.length === 1")
     tp = page.evaluate("window.commplan.state.plan.totals.by_parallelism.tp.time_s")
     assert tp == pytest.approx(page.evaluate("window.commplan.state.plan.step.exposed_comm_s"), rel=1e-9)
+    api = api_plan(page, DECODE)
+    block = api["step"]["timeline"][0]
+    pass_s, tp_s = fmt(page, "fmtTime", block["end_s"] - block["start_s"]), fmt(page, "fmtTime", tp)
+    assert tp == api["totals"]["by_parallelism"]["tp"]["time_s"] and len(api["step"]["timeline"]) == 1
     note = page.locator("#timeline-note")
-    expect(note).to_contain_text("1 event on 1 lane over 27.7 ms.")
-    expect(note).to_contain_text("Stage 0: tp 6.50 ms of calls, inside the compute blocks (not drawn apart).")
+    expect(note).to_contain_text(f"1 event on 1 lane over {pass_s}.")
+    expect(note).to_contain_text(f"Stage 0: tp {tp_s} of calls, inside the compute blocks (not drawn apart).")
     expect(note).not_to_contain_text("outside the passes")
     expect(note).not_to_contain_text("Per pass, tp, cp and ep are drawn")
 

@@ -221,3 +221,25 @@ def test_a_gather_copies_its_shard_into_its_p2p_buffer_at_any_b():
     assert step_module._fused_relayout(one, H100, "reducescatter", 8e6, 3.0, ("fc2", 1.0)) == (0.0, 0.0)
     _, calls = step_module._fused_relayout(two, H100, "reducescatter", 8e6, 3.0, ("fc2", 1.0))
     assert calls == 3.0
+
+
+def test_the_switch_test_only_where_the_fused_rows_are_priced(monkeypatch):
+    """StreamTotals.tp_switched is read only by async TP's fused rows (step._async_tp_fused): the NVSwitch test runs
+    only with tp_comm_overlap on torch and a measured pull (step.fused_rows_priced; review r14c, 7). With async TP
+    off no TP call is tested and the per-row tallies count none behind a switch; with it on, every TP row's calls
+    (the DGX H100's one node) are."""
+    on, off = Overlap(tp_comm_overlap=True), Overlap(tp_comm_overlap=False)
+    assert step_module.fused_rows_priced(_ctx(), on, H100)
+    assert not step_module.fused_rows_priced(_ctx(), off, H100) and not step_module.fused_rows_priced(_ctx(), on, None)
+    megatron = Context(MODEL, _work(), ParallelSpec(tp=8, sequence_parallel=True, framework="megatron"))
+    assert not step_module.fused_rows_priced(megatron, on, H100)
+    tested = []
+    real = step_module.on_nvlink_switch
+    monkeypatch.setattr(step_module, "on_nvlink_switch", lambda price: tested.append(price) or real(price))
+    par = ParallelSpec(tp=8, sequence_parallel=True, framework="torch")
+    build_plan(MODEL, _work(), par, cluster_preset("dgx-h100", 1), Options(timeline=False, overlap=off))
+    assert tested == []
+    plan = _plan()
+    totals = step_module.stream_totals(plan.calls, 1, 0, 1, True, count_switched=True)
+    assert tested and totals.tp_switched == {k: [n] for k, (n,) in totals.unit_count.items() if k in totals.tp_switched}
+    assert not any(any(row) for row in _totals(plan).tp_switched.values())

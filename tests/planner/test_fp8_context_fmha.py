@@ -28,7 +28,7 @@ from planner.kernels import (
 )
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
 from planner.serving.deployment import _context, _step, _worker
-from planner.serving.engines import FP8_FMHA_WEIGHTS, TRTLLM_FP8_CONTEXT_FMHA, engine_kv_default
+from planner.serving.engines import FP8_FMHA_WEIGHTS, TRTLLM_FP8_CONTEXT_FMHA, TRTLLM_KV_DEFAULT_RULE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import kernel_fit
@@ -111,22 +111,47 @@ def test_not_on_mla():
     assert all(k.dtype == "bf16" for k in fwd if k.kind == "attention")
 
 
-def test_the_kv_default_is_the_engines():
-    """trtllm-bench's _KV_CACHE_MAP: FP8 (per-tensor) and NVFP4 checkpoints get an fp8 KV cache when none is named,
-    a block-scaled FP8 one (FP8_BLOCK_SCALES) and 16-bit weights keep theirs; vLLM keeps the planner's default. The
-    plan says the rule in kv_cache.dtype_default, and an explicit kv_dtype wins."""
+@pytest.mark.parametrize(
+    ("weights", "recipe"),
+    [("fp8", "tensorwise"), ("fp8", "delayed"), ("fp8", "blockwise"), ("fp8", "mxfp8"), ("nvfp4", "blockwise"),
+     ("bf16", "blockwise")],
+)  # fmt: skip
+def test_the_kv_default_is_the_16_bit_cache_whatever_the_recipe(weights, recipe):
+    """TensorRT-LLM's KvCacheConfig.dtype "auto" follows the checkpoint's kv_cache_quant_algo, else the model's dtype
+    (llm_args.py; model_loader.py validate_and_set_kv_cache_quant returns at once with "auto"); trtllm-bench's
+    _KV_CACHE_MAP is not the engine's (review r14c, 1). With no checkpoint the plan keeps the 16-bit cache for every
+    weight format and recipe (no recipe-keyed rule left: review r14c, 2), the same plan as kv_dtype "bf16" named,
+    and says the rule in kv_cache.dtype_default; vLLM states none."""
     trt, vllm = engine("trtllm"), engine("vllm")
-    assert engine_kv_default(trt, "nvfp4", "blockwise") == "fp8" == engine_kv_default(trt, "fp8", "tensorwise")
-    assert engine_kv_default(trt, "fp8", "blockwise") is None and engine_kv_default(trt, "bf16", "blockwise") is None
-    assert engine_kv_default(vllm, "nvfp4", "blockwise") is None
     traffic = Traffic(input_tokens=2048, output_tokens=128, concurrency=8)
-    plan = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), ServeOptions(weight_dtype="nvfp4"))
-    assert plan.kv_cache.dtype == "fp8" and "_KV_CACHE_MAP" in plan.kv_cache.dtype_default
-    named = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), NVFP4)
-    assert named.kv_cache.dtype == "fp8" and named.kv_cache.dtype_default == ""
-    assert named.ttft_s == plan.ttft_s
-    other = plan_serving(LLAMA, B200, vllm, traffic, (Pool(tp=1),), ServeOptions(weight_dtype="nvfp4"))
+    options = ServeOptions(weight_dtype=weights, fp8_recipe=recipe)
+    plan = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), options)
+    assert plan.kv_cache.dtype == "bf16"
+    assert plan.kv_cache.dtype_default == f"bf16 planned; {TRTLLM_KV_DEFAULT_RULE}"
+    assert all(w in TRTLLM_KV_DEFAULT_RULE for w in ("kv_cache_quant_algo", "validate_and_set_kv_cache_quant"))
+    named = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), replace(options, kv_dtype="bf16"))
+    assert named.kv_cache.dtype_default == "" and named.kv_cache == replace(plan.kv_cache, dtype_default="")
+    assert (named.ttft_s, named.tpot_s) == (plan.ttft_s, plan.tpot_s)
+    # Llama 3.3 70B: 80 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 327,680 B a token
+    assert plan.kv_cache.bytes_per_token == 80 * 8 * 128 * 2 * 2
+    other = plan_serving(LLAMA, B200, vllm, traffic, (Pool(tp=1),), options)
     assert other.kv_cache.dtype == "bf16" and other.kv_cache.dtype_default == ""
+
+
+def test_an_fp8_kv_cache_only_where_named():
+    """A checkpoint that declares kv_cache_quant_algo FP8 is asked for with kv_dtype "fp8": half the bytes a token,
+    at least twice the requests; no FP8 default for MLA either (DeepSeek-V3 NVFP4 on a DGX B200: its 16-bit latent
+    cache, 61 layers x (512 + 64) x 2 B)."""
+    trt = engine("trtllm")
+    traffic = Traffic(input_tokens=2048, output_tokens=128, concurrency=8)
+    auto = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), ServeOptions(weight_dtype="nvfp4"))
+    fp8 = plan_serving(LLAMA, B200, trt, traffic, (Pool(tp=1),), NVFP4)
+    assert fp8.kv_cache.dtype == "fp8" and fp8.kv_cache.dtype_default == ""
+    assert 2 * fp8.kv_cache.bytes_per_token == auto.kv_cache.bytes_per_token
+    assert fp8.kv_cache.max_concurrency >= 2 * auto.kv_cache.max_concurrency
+    v3 = plan_serving(MODEL_PRESETS["deepseek-v3"], B200, trt, Traffic(8192, 16, concurrency=1), (Pool(tp=8),),
+                      ServeOptions(weight_dtype="nvfp4"))  # fmt: skip
+    assert v3.kv_cache.dtype == "bf16" and v3.kv_cache.bytes_per_token == 61 * (512 + 64) * 2
 
 
 def test_bf16_weights_with_an_fp8_kv_cache_are_refused_by_tensorrt_llm():
