@@ -67,10 +67,13 @@ KERNEL_SMS = {"deepep": 20, "hybridep": 16}
 # README 2025-04-22; tests/reference/deepep/normal_h800.json: H800, EP 8/16/32/64, dispatch and combine, 8 rows, now
 # fit, not held out). The value is the median over those rows of (the slower leg's price / DeepEP's time):
 #
-# | constant | value | meaning | source |
-# |---|---|---|---|
-# | ACHIEVED["deepep"] | 0.897 | DeepEP's normal dispatch/combine move their legs' bytes at 0.897 of the rate NCCL's all-to-all gets on those links (slower leg 0.80-0.94 of DeepEP's time, median 0.897) | fitted: 8 rows of DeepEP's H800 table (tests/planner/test_deepep_normal.py reproduces it to 3 decimals) |
-# | ACHIEVED["hybridep"] | 1.0 | not fitted: no HybridEP kernel table kept | - |
+# | constant             | value | meaning                                              | source                       |
+# |----------------------|-------|------------------------------------------------------|------------------------------|
+# | ACHIEVED["deepep"]   | 0.897 | DeepEP's normal dispatch/combine move their legs'    | fitted: the 8 rows of        |
+# |                      |       | bytes at 0.897 of NCCL's all-to-all rate on those    | DeepEP's H800 table; the     |
+# |                      |       | links (the slower leg's price is 0.80-0.94 of        | test reproduces it to 3      |
+# |                      |       | DeepEP's time, median 0.897)                         | decimals                     |
+# | ACHIEVED["hybridep"] | 1.0   | not fitted                                           | no HybridEP kernel table     |
 #
 # What the fit holds, from DeepEP's source (tests/test_intranode.py / test_internode.py at 3b1045d, the version that
 # printed the table): the tuning loop times ``buffer.dispatch(x, handle=..., config)`` with CUDA events (tests/utils.py
@@ -82,8 +85,8 @@ KERNEL_SMS = {"deepep": 20, "hybridep": 16}
 # Megatron's fused_a2a and SGLang's normal dispatcher run pays the notify kernel and the CPU's busy-wait on
 # ``moe_recv_counter`` besides, which no controlled measurement gives a number for (DeepEP issue #94's ~1 ms
 # notify includes the wait for the slowest rank): not priced. The 20 SMs the planner's calls hold (KERNEL_SMS) are
-# priced at the table's rate: DeepSeek-V3 report §3.2.2, "only 20 SMs are sufficient to fully utilize the
-# bandwidths of IB and NVLink".
+# priced at the table's rate: the DeepSeek-V3 report (§3.2.2, its cross-node all-to-all kernels) says 20 SMs
+# suffice to saturate both the IB and the NVLink bandwidth, so 20 against the table's 24 moves no price.
 ACHIEVED = {"deepep": 0.897, "hybridep": 1.0}
 BACKENDS = {
     "deepep": SOURCE,

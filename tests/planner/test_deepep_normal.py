@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS, ParallelSpec, WorkloadSpec, build_plan
-from planner.plan import Options
-from dataclasses import replace
-
 from planner.ledger import kernel_time
-from planner.plan import price_calls
+from planner.plan import Options, price_calls
 from planner.rules.deepep import ACHIEVED, distinct
 from planner.step import stream_totals
 
