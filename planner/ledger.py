@@ -35,6 +35,10 @@ class Call:
     # measurements; added to the price (planner/plan.py _price). 0 for NCCL calls, whose latency NCCL's
     # tables already carry
     fixed_s: float = 0.0
+    # the fraction of its price's rate the call's own kernel achieves, where that kernel is not NCCL's and its own
+    # measurements say so: DeepEP's normal dispatch/combine (rules/deepep.py ACHIEVED, fitted on DeepEP's table);
+    # the time is the price's over it (``kernel_time``). 1.0 for NCCL calls, whose efficiency the price carries
+    achieved: float = 1.0
     # calls with the same non-empty ``kernel`` on a stage are legs of one kernel that run concurrently: DeepEP's
     # normal dispatch and combine pipeline the RDMA leg and the NVLink forwarding in one kernel (different SMs,
     # chunk by chunk: deep_ep/csrc/kernels/internode.cu ``dispatch``/``combine``, whose README tables give one
@@ -76,9 +80,17 @@ class Call:
             self.group,
             self.dtype,
             self.fixed_s,
+            self.achieved,
             self.kernel,
             self.nvlink_peers,
         )
+
+
+def kernel_time(call, time_s: float) -> float:
+    """A call's time from its price's: at the fraction of the price's rate its own kernel achieves
+    (``Call.achieved``), plus the kernel's fixed time (``Call.fixed_s``). The one home of that rule: the plan
+    (plan._price) and the search (search/evaluate.py) read it."""
+    return time_s / call.achieved + call.fixed_s
 
 
 def held_ctas(call, channels: int) -> int:

@@ -28,7 +28,7 @@ from .context import Context, device_sms
 from .kernel_view import drawn_links
 from .kernels import kv_length
 from .layout import Group, RankLayout, layout_for
-from .ledger import Call, held_ctas
+from .ledger import Call, held_ctas, kernel_time
 from .memory import Memory
 from .model import ModelSpec, validate_model
 from .parallel import ParallelSpec, validate_parallel
@@ -606,8 +606,8 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
             | {"bytes": link["bytes"], "busy_s": link["busy_s"], "utilisation": link["utilisation"]}
             for link in price.links
         ]
-    if call.fixed_s:
-        price = with_fixed_time(price, call.fixed_s)
+    if call.fixed_s or call.achieved != 1.0:
+        price = with_kernel_time(price, call)
     links = [dict(link) for link in relabelled[site.shift]]  # each call's own: callers may edit them
     num_groups, group_size = site.devices.shape
     return PricedCall(call, num_groups, group_size, price, list(site.group_ranks), list(site.group_devices), links)
@@ -620,9 +620,10 @@ def price_calls(calls: list[Call], par: ParallelSpec, cluster_spec: ClusterSpec,
     return [row for call in calls for row in _price_by_stage(call, pricer)]
 
 
-def with_fixed_time(price: Price, fixed_s: float) -> Price:
-    """A price with a kernel's fixed time added; its bandwidths are those of the longer time."""
-    time_s = price.time_s + fixed_s
+def with_kernel_time(price: Price, call: Call) -> Price:
+    """A price at its call's own kernel's time (ledger.kernel_time: the fraction of the rate it achieves, its fixed
+    time); its bandwidths are those of the longer time."""
+    time_s = kernel_time(call, price.time_s)
     scale = price.time_s / time_s if time_s else 0.0
     return replace(price, time_s=time_s, algbw_GBps=price.algbw_GBps * scale, busbw_GBps=price.busbw_GBps * scale)
 

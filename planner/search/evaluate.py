@@ -24,6 +24,7 @@ from .. import flavours
 from .._errors import SpecError
 from ..context import device_sms
 from ..layout import RankLayout
+from ..ledger import kernel_time
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, _fits_workload
 from ..plan import Options, price_classes, priced_cluster
@@ -271,7 +272,7 @@ class ShapeEvaluator:
         msgs, counts = tpl.messages(b).tolist(), tpl.counts(m).tolist()
         rows, row_counts, times = [], [], []
         for i, members, curve in self.classes(tpl):
-            t = curve.time(msgs[i])
+            t = kernel_time(tpl.calls[i], curve.time(msgs[i]))  # the call's own kernel's rate (plan._price)
             priced = Priced(t, *curve.detail(msgs[i]), curve)
             rows.append(Row(RowCall.of(tpl.calls[i], members, msgs[i], counts[i]), priced))
             row_counts.append(counts[i])
