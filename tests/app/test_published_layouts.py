@@ -131,13 +131,14 @@ def test_deepseek_v3_as_reported(api):
     # 17 micro-batches of four MoE layers each
     assert stages[1]["peak_bytes"] - stages[2]["peak_bytes"] == 2 * row
     # not from a source (the report gives no layout): two of stage 0's layers on stage 15 instead (the review's layout)
-    # fit every rank, 76.6 GB on ranks 0 and 15, the step within 0.2% (0.11% since fp8audit14: TE casts each weight
-    # once a step, in the optimizer step of the rank that holds it, so the two moved layers move their casts too)
+    # fit every rank, 76.6 GB on ranks 0 and 15, the step within 0.3% (0.03% before this round; 0.21-0.22% since
+    # fp8audit14 casts each weight once a step, in the optimizer step of the rank that holds it, and bwcast14 / deepep14
+    # moved the layers' GEMM and dispatch prices: the two moved layers carry their share)
     moved = copy.deepcopy(DEEPSEEK_V3)
     moved["parallel"]["pipeline_layout"] = "Et*3|(t*4|)*14,t*2mL"
     fits = api.post("/v1/plan", json=moved).json()
     assert fits["warnings"] == [] and max(s["peak_bytes"] for s in fits["memory"]["per_stage"]) < 85.5e9
-    assert fits["step"]["time_s"] == pytest.approx(plan["step"]["time_s"], rel=2e-3)
+    assert fits["step"]["time_s"] == pytest.approx(plan["step"]["time_s"], rel=3e-3)
     bf16 = copy.deepcopy(DEEPSEEK_V3)  # the same run with bf16 activation storage (no recipe, no fp8 SwiGLU input)
     del bf16["workload"]["fp8_recipe"], bf16["workload"]["activation_func_fp8_input_store"]
     bf16["workload"]["recompute_modules"] = ["layernorm", "mla_up_proj"]
