@@ -249,6 +249,13 @@ def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[P
         raise SpecError("options.redundant_experts", f"{r} redundant experts need an MoE model; this one is dense")
     slots = model.moe.num_experts + r
     for i, pool in enumerate(pools):
+        if not traits.experts.takes_redundant(pool.ep):
+            raise SpecError(
+                "options.redundant_experts",
+                f"{r} redundant experts (EPLB) on pool {i} without expert parallelism (ep {pool.ep}): "
+                f"{traits.experts.redundant_needs_ep}; set the pool's ep to tp*dp = {pool.tp * pool.dp} or leave "
+                "redundant_experts out",
+            )
         if pool.ep > 1 and slots % pool.ep:
             raise SpecError(
                 "options.redundant_experts",
