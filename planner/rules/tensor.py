@@ -369,14 +369,18 @@ def check_userbuffers(ctx: Context) -> None:
     recipe other than MXFP8, or an MXFP8 shard whose rows b·s/(cp·tp) are not a multiple of 128. MLA models are
     exempt from the latter: their overlap is off (userbuffers_rows)."""
     field = "options.overlap.tp_comm_overlap"
-    if ctx.par.tp > 1 and not ctx.par.sp:
-        # Megatron-LM core_r0.8.0 baf94af3c6 training/arguments.py l. 199-200 (the same at d98e8a64dd): userbuffers
-        # overlap the sequence-parallel all-gather and reduce-scatter, and there are none without SP
+    if ctx.par.tp == 1 or not ctx.par.sp:
+        # Megatron-LM d98e8a64dd megatron/training/arguments.py validate_args: l. 1430-1439 set args.sequence_parallel
+        # = False whenever tp == 1 ("Disabling sequence parallelism because tensor model parallelism is disabled"),
+        # then l. 1441-1442 assert it under --tp-comm-overlap, so at tp 1 the assert fires whatever SP was asked
+        # (review r14d #6; at core_r0.8.0 baf94af3c6 the assert, l. 199-200, came before the tp 1 reset, l. 469).
+        # Userbuffers overlap the sequence-parallel all-gather and reduce-scatter, and there are none without SP
+        got = "tp 1, where Megatron turns it off first" if ctx.par.tp == 1 else f"false at tp {ctx.par.tp}"
         raise SpecError(
             field,
-            f"Megatron's --tp-comm-overlap needs parallel.sequence_parallel true at tp {ctx.par.tp}, got false "
-            "(Megatron-LM training/arguments.py: 'Tensor parallel communication/GEMM overlap can happen only when "
-            "sequence parallelism is enabled')",
+            f"Megatron's --tp-comm-overlap needs parallel.sequence_parallel, got {got} (Megatron-LM d98e8a64dd "
+            "training/arguments.py: 'Tensor parallel communication/GEMM overlap can happen only when sequence "
+            "parallelism is enabled')",
         )
     recipe = ctx.gather_recipe
     if recipe is None or ctx.par.tp == 1 or not userbuffers_rows(ctx):
