@@ -42,7 +42,7 @@ from ..kernels import memo_by, mtp_runs_bf16, rerun_stops_at_last_save, vocab_pa
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, layer_counts, mtp_checkpointed, rerun_layers
-from .engine_gather import TP_SUMMED
+from .engine_gather import TP_SUMMED, WORKER_REDUCED
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -118,7 +118,9 @@ def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int |
     dense = ctx.dense_layers(stage) if dense is None else dense
     moe = ctx.moe_layers(stage) if moe is None else moe
     summed = ctx.par.ep_dispatch in TP_SUMMED
-    shared = moe if ctx.model.moe and (ctx.model.moe.shared_ffn or summed) else 0
+    # the engines' worker-wide reduce-scatter sums the shared experts with the routed ones (WORKER_REDUCED)
+    reduced = ctx.par.ep_dispatch in WORKER_REDUCED and ctx.par.dp > 1
+    shared = moe if ctx.model.moe and (ctx.model.moe.shared_ffn or summed) and not reduced else 0
     return dense + moe, dense + shared
 
 
