@@ -369,7 +369,8 @@ def serve_search_inputs(body, settings: Settings) -> tuple[dict, dict, int]:
     engines, modes = tuple(dict.fromkeys(body.engines)), tuple(dict.fromkeys(body.modes))
     validate_traffic(traffic)
     sla = SLA(**body.sla.model_dump())
-    deployments = candidates(model, cluster, traffic, engines, modes, sla, settings.max_serve_candidates)
+    options = serve_options(body.options)
+    deployments = candidates(model, cluster, traffic, engines, modes, sla, settings.max_serve_candidates, options)
     if len(deployments) > settings.max_serve_candidates:
         raise SpecError(
             "cluster",
@@ -378,7 +379,7 @@ def serve_search_inputs(body, settings: Settings) -> tuple[dict, dict, int]:
         )
     args = {
         "model": model, "cluster": cluster, "traffic": traffic, "engines": engines, "modes": modes,
-        "sla": sla, "options": serve_options(body.options), "top_k": body.top_k,
+        "sla": sla, "options": options, "top_k": body.top_k,
         "deployments": deployments,
     }  # fmt: skip
     base = body.model_dump(include={"model", "cluster", "options"}, exclude_unset=True)

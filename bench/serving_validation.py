@@ -20,7 +20,7 @@ from pathlib import Path
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
-from planner.serving.deployment import _overlapped, _worker, with_redundant_experts
+from planner.serving.deployment import _overlapped, _worker, served_model
 
 LMSYS = "lmsys.org/blog/2025-05-05-large-scale-ep (SGLang, 12 x 8 H100, DeepEP, DeepGEMM, EPLB, two-batch overlap)"
 # (name, phase, pool, sequences per attention rank, context, published tokens/s per node, source)
@@ -36,7 +36,7 @@ ROWS = (
 
 def predict(phase: str, pool: Pool, per_rank: int, context: int, options: ServeOptions) -> tuple[float, float]:
     """(tokens/s per node, step seconds) of one step of the pool's worker as the serving planner plans it."""
-    model = with_redundant_experts(MODEL_PRESETS["deepseek-v3"], options.redundant_experts)
+    model = served_model(MODEL_PRESETS["deepseek-v3"], options)  # as plan_serving loads it: no MTP module
     cluster = cluster_preset("dgx-h100", 12)
     w = _worker(model, cluster, engine("sglang"), pool, 0)
     plan = _overlapped(model, w, options, phase, per_rank * pool.dp, context)

@@ -104,8 +104,8 @@ def _userbuffers_rows(ctx: Context, overlapped: bool, by: str) -> list[Assumptio
     what = f"{by}: pipeline (TE initialize_ub's default; a run's ub config may set ring_exchange)"
     work = ctx.work
     return [
-        Assumption("workload.userbuffers_proj_fprop", work.userbuffers_proj_fprop, what),
-        Assumption("workload.userbuffers_fc2_fprop", work.userbuffers_fc2_fprop, what),
+        Assumption("workload.userbuffers_proj_fprop", work.userbuffers_proj_fprop or "pipeline", what),
+        Assumption("workload.userbuffers_fc2_fprop", work.userbuffers_fc2_fprop or "pipeline", what),
     ]
 
 

@@ -17,7 +17,7 @@ from .flavours import Flavour
 from .model import ModelSpec
 from .pipeline import SCHEDULE_TRAITS, ScheduleTraits
 from .recipes import check_act_fp8_store, check_param_gather, check_recipe_framework
-from .workload import WorkloadSpec, check_recompute_modules
+from .workload import USERBUFFERS_FIELDS, WorkloadSpec, check_recompute_modules
 
 SCHEDULES = tuple(SCHEDULE_TRAITS)  # 1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev (planner/pipeline.py)
 # the built-in training flavours the search enumerates (planner/flavours/, Flavour.searched), in registration order
@@ -716,6 +716,9 @@ def _framework_switches(par: ParallelSpec, w: WorkloadSpec) -> None:
          "loss is {always} vocab-parallel"),
         (w.optimizer_implementation is not None and not fl.torch_optimizer, "workload.optimizer_implementation",
          "is torch.optim.AdamW's (framework torch); framework {name} runs its own fused Adam"),
+        *((getattr(w, name) is not None and not fl.userbuffers, f"workload.{name}",
+           "is TransformerEngine's userbuffers' method under Megatron-Core --tp-comm-overlap (framework megatron); "
+           "framework {name} runs no userbuffers") for name in USERBUFFERS_FIELDS),
         (w.norm_kernel == "ops" and fl.fused_kernels, "workload.norm_kernel",
          "'ops' is an eager framework's RMSNorm op chain (framework torch or deepspeed); framework {name} runs "
          "its norm fused (TransformerEngine)"),

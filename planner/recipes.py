@@ -406,17 +406,34 @@ def check_param_gather(work, par) -> None:
             f"is Megatron's --fp8-param-gather (TransformerEngine primary weights); framework is {par.framework!r}",
         )
     if work.training and par.zero_stage != 1:
-        # Megatron-LM training/arguments.py validate_args since --fp8-param-gather came in (033d8b0de5), core_r0.8.0
-        # baf94af3c6 alike: ``assert args.use_distributed_optimizer, '--fp8-param-gather only supported with
-        # distributed optimizer'``; d98e8a64dd adds torch FSDP2, Megatron FSDP and inference (no grad), none of which
-        # a TE flavour models here: the distributed optimizer's cast of its master shard is what updates the fp8
-        # weights (kernels.step_weight_cast_bytes)
-        raise SpecError(
-            "workload.fp8_param_gather",
-            f"Megatron's --fp8-param-gather needs its distributed optimizer, parallel.zero_stage 1, got zero_stage "
-            f"{par.zero_stage} (Megatron-LM training/arguments.py: '--fp8-param-gather only supported with "
-            "distributed optimizer')",
+        raise SpecError("workload.fp8_param_gather", _param_gather_refusal(par.zero_stage))
+
+
+# Megatron-LM d98e8a64dd megatron/training/arguments.py validate_args l. 1095-1097, whole: ``assert
+# args.use_distributed_optimizer or args.use_torch_fsdp2 or args.use_megatron_fsdp or not torch.is_grad_enabled(),
+# "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference mode"``
+# (033d8b0de5 l. 316-318, where the flag came in, allowed the distributed optimizer only). Review r14d #5.
+MEGATRON_PARAM_GATHER_RULE = (
+    "Megatron-LM d98e8a64dd training/arguments.py: '--fp8-param-gather only supported with distributed optimizer, "
+    "torch fsdp2, megatron fsdp, or inference mode'"
+)
+
+
+def _param_gather_refusal(zero_stage: int) -> str:
+    """Why a Megatron training plan refuses fp8_param_gather at ``zero_stage`` (not 1): Megatron's own rule without
+    optimizer sharding; with FSDP (zero_stage 2 or 3) Megatron allows it and the limit is this planner's, which prices
+    the fp8 weights' update only as the distributed optimizer's cast of its master shard
+    (kernels.step_weight_cast_bytes), not Megatron FSDP's."""
+    if zero_stage == 0:
+        return (
+            "needs Megatron's distributed optimizer (parallel.zero_stage 1) or FSDP, got zero_stage 0 "
+            f"({MEGATRON_PARAM_GATHER_RULE})"
         )
+    return (
+        f"at parallel.zero_stage {zero_stage} (Megatron FSDP) Megatron allows it ({MEGATRON_PARAM_GATHER_RULE}), but "
+        "this planner does not model Megatron FSDP's fp8 parameter gather: it prices --fp8-param-gather with the "
+        "distributed optimizer only, parallel.zero_stage 1"
+    )
 
 
 def check_fsdp_float8_all_gather(work, par) -> None:

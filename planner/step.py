@@ -160,13 +160,19 @@ def _resolved(self, ctx: Context) -> Overlap:
     if flags.tp_comm_overlap and ctx.flavour.userbuffers:
         check_userbuffers(ctx)
     if flags.tp_comm_overlap:
-        _check_async_tp(ctx)
+        _check_tp_overlap(ctx)
     return flags
 
 
-def _check_async_tp(ctx: Context) -> None:
-    """A flavour whose TP overlap is a compiler pass (Flavour.async_tp_needs_compile) refuses it without
-    torch.compile: a SpecError naming both fields and the framework's own message."""
+def _check_tp_overlap(ctx: Context) -> None:
+    """A flavour without TP overlap (Flavour.no_tp_comm_overlap: Megatron-LM 2021-22) refuses it; one whose TP
+    overlap is a compiler pass (Flavour.async_tp_needs_compile) refuses it without torch.compile: a SpecError naming
+    the fields and the framework's own message."""
+    if ctx.flavour.no_tp_comm_overlap:
+        raise SpecError(
+            "options.overlap.tp_comm_overlap",
+            f"framework {ctx.par.framework!r} has no TP communication overlap: {ctx.flavour.no_tp_comm_overlap}",
+        )
     refusal = ctx.flavour.async_tp_needs_compile
     if refusal and ctx.par.tp > 1 and not ctx.work.torch_compile:
         raise SpecError(

@@ -91,6 +91,10 @@ CLOCK_RANGE = KERNEL_CONSTANTS["clock"]
 FIT_ROUNDS = 4
 CLOCK_STEPS = 20
 CLOCK_TOLERANCE = 1e-4
+# constant_text's range: a fraction and a time shown as digits between these, a bound in words past them (the
+# constants' own ranges, KERNEL_CONSTANTS, are well inside: fractions 0.05-6.4, times 1 us-100 us)
+SHOWN_FRACTION = (1e-6, 1e6)
+SHOWN_S_MAX = 1e3  # below 1 ns human_seconds writes "< 1 ns"
 MAX_ROWS = 100  # per kernel group, the largest total time first
 MAX_UNCLASSIFIED = 20  # kernel names listed by unclassified(), the most time first
 GROUPS = ("gemm", "grouped_gemm", "attention", "memory", "memory_strided")
@@ -453,8 +457,8 @@ def _fit_clock(tabled, gpu: GPUSpec, eff: Efficiency, clock: float) -> float:
             log_errors(tabled, eff, lambda p, e, at=at: predict_gemm(p, at, e), _measured, None, _same)
         )[None]
         clock *= scale
-        if abs(scale - 1) < CLOCK_TOLERANCE:
-            break
+        if abs(scale - 1) < CLOCK_TOLERANCE or not CLOCK_RANGE[0] / 10 <= clock <= CLOCK_RANGE[1] * 10:
+            break  # settled, or well outside what the fit may keep (_clipped says so): it ran to inf (review r14d #2)
     return clock
 
 
@@ -543,14 +547,29 @@ def constant_text(name: str, value) -> str:
     ``kernel_s = 1e-06`` and the warnings ``host_launch_s = 0.000`` before traces14)."""
     if isinstance(value, dict):
         return ", ".join(f"{key} {constant_text(key, v)}" for key, v in value.items())
+    if not math.isfinite(value):
+        return sig3(value)
     if name.endswith("_s"):
-        return human_seconds(value)
+        # past the words' range a bound, never a 300-digit decimal (review r14d #2: constant_text of 1e-300)
+        return human_seconds(value) if abs(value) < SHOWN_S_MAX else "more than 1,000 s"
+    if abs(value) >= SHOWN_FRACTION[1]:
+        return "more than 1,000,000"
+    if 0 < abs(value) < SHOWN_FRACTION[0]:
+        return "under 0.000001"
     text = sig3(value, 4)  # fractions: 0.05-6.4; 4 digits as ":.4g" wrote them, never its exponent (1e-05)
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _clipped(name: str, value: float, bounds: tuple, warnings: list[str]) -> float:
     low, high = bounds
+    if not low / 10 <= value <= high * 10:  # inf, NaN, or run away (_fit_clock stops there): no fit to clip
+        kept = low if math.isnan(value) or value < low else high
+        warnings.append(
+            f"the {name} fit failed: it ran to {constant_text(name, value)}, past 10x its range "
+            f"{constant_text(name, low)} .. {constant_text(name, high)}; {name} = {constant_text(name, kept)} kept, "
+            "its bound; check that the trace's kernel durations are a profiler's microseconds"
+        )
+        return kept
     if not low <= value <= high:
         shown = (constant_text(name, x) for x in (value, low, high))
         warnings.append("{} = {} is outside {} .. {}: clipped".format(name, *shown))

@@ -16,9 +16,15 @@ TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
 LONG_UNITS = (("years", 365.25 * 86400), ("days", 86400.0), ("h", 3600.0), ("min", 60.0))
 
 
+NOT_FINITE, INFINITE = "not a number", "infinite"  # sig3's words for NaN and inf
+
+
 def sig3(x: float, digits: int = 3) -> str:
     """3 (or ``digits``) significant digits as a plain decimal: 1530 -> '1530', 0.01234 -> '0.0123', 0.9996 ->
-    '1.00'; never an exponent (sig3(1e-06, 4) -> '0.000001000')."""
+    '1.00'; never an exponent (sig3(1e-06, 4) -> '0.000001000'); a value that is not finite in words (review r14d #2:
+    an infinite fitted clock raised OverflowError here, a 500 from /v1/calibrate)."""
+    if not math.isfinite(x):
+        return NOT_FINITE if math.isnan(x) else f"{'minus ' if x < 0 else ''}{INFINITE}"
     v = float(f"{x:.{digits}g}")
     if v == 0:
         return "0"
@@ -50,6 +56,8 @@ def human_seconds(s: float) -> str:
     """frontend/js/format.js fmtTime, with 'us' for 'µs' (tests/frontend/test_page.py compares them)."""
     if s == 0:
         return "0 s"
+    if not math.isfinite(s):
+        return sig3(s)
     if abs(s) >= 999.5:
         return _human(s, LONG_UNITS)
     return _below(s, "ns", "0 s") if abs(s) < 0.9995e-9 else _human(s, TIME_UNITS)

@@ -102,8 +102,9 @@ class WorkloadSpec:
     # under Megatron --tp-comm-overlap (kernels.userbuffers_split): the run's ub config (Megatron-Bridge
     # comm_overlap.py TransformerLayerTPOverlapCfg proj_fprop / fc2_fprop), "pipeline" being initialize_ub's default
     # (TE v1.8 / v2.9 pytorch/module/base.py) and "ring_exchange" split_overlap_rs_p2p's tp row chunks
-    userbuffers_proj_fprop: str = "pipeline"
-    userbuffers_fc2_fprop: str = "pipeline"
+    # (None: not given, "pipeline"; given under a framework without userbuffers, a 422: parallel._framework_switches)
+    userbuffers_proj_fprop: str | None = None
+    userbuffers_fc2_fprop: str | None = None
     # inference
     phase: str = "prefill"  # prefill | decode
     batch_size: int = 1  # sequences across all data-parallel replicas
@@ -199,8 +200,9 @@ def validate_workload(w: WorkloadSpec) -> None:
     if w.optimizer_implementation is not None:
         one_of("workload.optimizer_implementation", w.optimizer_implementation, OPTIMIZER_IMPLEMENTATIONS)
     one_of("workload.scale_swizzle", w.scale_swizzle, SCALE_SWIZZLES)
-    one_of("workload.userbuffers_proj_fprop", w.userbuffers_proj_fprop, USERBUFFERS_RS_METHODS)
-    one_of("workload.userbuffers_fc2_fprop", w.userbuffers_fc2_fprop, USERBUFFERS_RS_METHODS)
+    for name in USERBUFFERS_FIELDS:
+        if getattr(w, name) is not None:
+            one_of(f"workload.{name}", getattr(w, name), USERBUFFERS_RS_METHODS)
     if w.training:
         _training_workload(w)
     else:
@@ -260,6 +262,7 @@ def _inference_workload(w: WorkloadSpec) -> None:
 NORM_KERNELS = ("fused", "ops", "apex")
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach")
 SCALE_SWIZZLES = ("quantize", "gemm")  # WorkloadSpec.scale_swizzle
+USERBUFFERS_FIELDS = ("userbuffers_proj_fprop", "userbuffers_fc2_fprop")  # WorkloadSpec's, None: "pipeline"
 USERBUFFERS_RS_METHODS = ("pipeline", "ring_exchange")  # WorkloadSpec.userbuffers_proj_fprop / userbuffers_fc2_fprop
 RECOMPUTE_METHODS = ("uniform", "block")
 # Megatron-Core --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules)

@@ -250,6 +250,9 @@ class Flavour:
     # qkv, proj, fc1, fc2 overlap their TP collectives; the others fall back to NCCL (rules/tensor.py
     # userbuffers_rows, check_userbuffers)
     userbuffers: bool = False
+    # the framework has no TP communication overlap at all: options.overlap.tp_comm_overlap true is a 422 with this
+    # source ("": it has one, userbuffers or a compiler pass; step._check_tp_overlap)
+    no_tp_comm_overlap: str = ""
     # SMs the framework's own TP overlap holds per collective while it hides behind the GEMMs (planner/contention.py),
     # ((op, SMs), ...); (): the NCCL calls' channels (the pricer's)
     tp_overlap_sms: tuple[tuple[str, int], ...] = ()

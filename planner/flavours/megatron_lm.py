@@ -42,4 +42,10 @@ FLAVOUR = replace(
         | {20480, 24576, 25600, 30720, 32768, 40960, 49152, 65536}
     ),
     pp_source="megatron/p2p_communication.py, schedules.py at 6985e58 (scatter/gather: Narayanan et al. 2021 §4.1)",
+    # no --tp-comm-overlap: `git grep "tp_comm_overlap\|userbuffers"` finds nothing at 6985e58 nor at 55ba1f7b96
+    # (review r14d #4); TransformerEngine's userbuffers came with Megatron-Core (megatron.py), so neither they nor
+    # the workload.userbuffers_* methods apply (parallel._framework_switches)
+    userbuffers=False,
+    no_tp_comm_overlap="Megatron-LM 6985e58 (2021-04) and 55ba1f7b96 (2022-05) have no --tp-comm-overlap (arguments.py "
+    "at either: no tp_comm_overlap, no userbuffers; TransformerEngine's userbuffers came with Megatron-Core)",
 )

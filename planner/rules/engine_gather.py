@@ -53,6 +53,15 @@ GATHER_DISPATCHES = ("agrs", "dp_gather", "agrs_quant", "replicated")
 # all-reduce of the experts' output when tp_size > 1). dp_gather and agrs_quant reduce-scatter over the worker's
 # tp x dp ranks, which completes the sum
 TP_SUMMED = ("agrs", "replicated")
+# the exchanges whose combine reduce-scatters over the worker's tp x dp ranks with attention DP (dp > 1): the MoE
+# layer's whole output, its shared experts' partial sums over attention TP included, is summed there, so the layer
+# issues no TP all-reduce of its own (review r14d #7). TensorRT-LLM Deepseekv3MoE (tensorrt_llm/_torch/models/
+# modeling_deepseekv3.py at a43cf9e363d5): the shared experts a GatedMLP with reduce_output=False and the layer's
+# AllReduce built only "if not self.use_dp and self.mapping.tp_size > 1"; SGLang DeepseekV2MoE.forward_normal adds
+# the shared output to the experts' and skips tensor_model_parallel_all_reduce when its communicator reduce-scatters
+# (use_reduce_scatter under DP attention; python/sglang/srt/models/deepseek_v2.py, layers/communicator.py, as r14d
+# read them)
+WORKER_REDUCED = ("dp_gather", "agrs_quant")
 VLLM_AGRS = (
     "vllm 001430048e81 vllm/distributed/device_communicators/all2all.py AgRsAll2AllManager (dispatch_router_logits, "
     "combine); fused_moe/runner/moe_runner.py _maybe_dispatch"

@@ -42,7 +42,7 @@ from ..kernels import memo_by, mtp_runs_bf16, rerun_stops_at_last_save, vocab_pa
 from ..layout import Group
 from ..ledger import Call, recomputed, rule_call, stage_classes
 from ..recompute import Reruns, layer_counts, mtp_checkpointed, rerun_layers
-from .engine_gather import TP_SUMMED
+from .engine_gather import TP_SUMMED, WORKER_REDUCED
 
 TP = Group(("tp",))
 M = "Megatron-LM d98e8a6 "
@@ -118,7 +118,9 @@ def _block_counts(ctx: Context, stage: int, dense: int | None = None, moe: int |
     dense = ctx.dense_layers(stage) if dense is None else dense
     moe = ctx.moe_layers(stage) if moe is None else moe
     summed = ctx.par.ep_dispatch in TP_SUMMED
-    shared = moe if ctx.model.moe and (ctx.model.moe.shared_ffn or summed) else 0
+    # the engines' worker-wide reduce-scatter sums the shared experts with the routed ones (WORKER_REDUCED)
+    reduced = ctx.par.ep_dispatch in WORKER_REDUCED and ctx.par.dp > 1
+    shared = moe if ctx.model.moe and (ctx.model.moe.shared_ffn or summed) and not reduced else 0
     return dense + moe, dense + shared
 
 
@@ -369,14 +371,18 @@ def check_userbuffers(ctx: Context) -> None:
     recipe other than MXFP8, or an MXFP8 shard whose rows b·s/(cp·tp) are not a multiple of 128. MLA models are
     exempt from the latter: their overlap is off (userbuffers_rows)."""
     field = "options.overlap.tp_comm_overlap"
-    if ctx.par.tp > 1 and not ctx.par.sp:
-        # Megatron-LM core_r0.8.0 baf94af3c6 training/arguments.py l. 199-200 (the same at d98e8a64dd): userbuffers
-        # overlap the sequence-parallel all-gather and reduce-scatter, and there are none without SP
+    if ctx.par.tp == 1 or not ctx.par.sp:
+        # Megatron-LM d98e8a64dd megatron/training/arguments.py validate_args: l. 1430-1439 set args.sequence_parallel
+        # = False whenever tp == 1 ("Disabling sequence parallelism because tensor model parallelism is disabled"),
+        # then l. 1441-1442 assert it under --tp-comm-overlap, so at tp 1 the assert fires whatever SP was asked
+        # (review r14d #6; at core_r0.8.0 baf94af3c6 the assert, l. 199-200, came before the tp 1 reset, l. 469).
+        # Userbuffers overlap the sequence-parallel all-gather and reduce-scatter, and there are none without SP
+        got = "tp 1, where Megatron turns it off first" if ctx.par.tp == 1 else f"false at tp {ctx.par.tp}"
         raise SpecError(
             field,
-            f"Megatron's --tp-comm-overlap needs parallel.sequence_parallel true at tp {ctx.par.tp}, got false "
-            "(Megatron-LM training/arguments.py: 'Tensor parallel communication/GEMM overlap can happen only when "
-            "sequence parallelism is enabled')",
+            f"Megatron's --tp-comm-overlap needs parallel.sequence_parallel, got {got} (Megatron-LM d98e8a64dd "
+            "training/arguments.py: 'Tensor parallel communication/GEMM overlap can happen only when sequence "
+            "parallelism is enabled')",
         )
     recipe = ctx.gather_recipe
     if recipe is None or ctx.par.tp == 1 or not userbuffers_rows(ctx):

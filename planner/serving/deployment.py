@@ -154,7 +154,7 @@ def plan_serving(
     """The deployment planned, after its rules (check_deployment: microseconds against a plan's ~0.1 s)."""
     options = options or ServeOptions()
     check_deployment(model, cluster, traits, traffic, pools, options)
-    model = with_redundant_experts(model, options.redundant_experts)
+    model = served_model(model, options)
     workers = [_worker(model, cluster, traits, pool, i) for i, pool in enumerate(pools)]
     tps = options.mtp.tokens_per_step if options.mtp else 1.0
     warnings: list[str] = []
@@ -249,12 +249,33 @@ def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[P
         raise SpecError("options.redundant_experts", f"{r} redundant experts need an MoE model; this one is dense")
     slots = model.moe.num_experts + r
     for i, pool in enumerate(pools):
+        if not traits.experts.takes_redundant(pool.ep):
+            raise SpecError(
+                "options.redundant_experts",
+                f"{r} redundant experts (EPLB) on pool {i} without expert parallelism (ep {pool.ep}): "
+                f"{traits.experts.redundant_needs_ep}; set the pool's ep to tp*dp = {pool.tp * pool.dp} or leave "
+                "redundant_experts out",
+            )
         if pool.ep > 1 and slots % pool.ep:
             raise SpecError(
                 "options.redundant_experts",
                 f"{model.moe.num_experts} experts + {r} redundant = {slots} expert slots do not divide over "
                 f"pool {i}'s ep {pool.ep}",
             )
+
+
+def served_model(model: ModelSpec, options: ServeOptions) -> ModelSpec:
+    """The model as an engine loads it for serving: EPLB's redundant expert slots added (with_redundant_experts), and
+    its MTP modules (ModelSpec.mtp_layers) only with speculative decoding (options.mtp). Without it the engines skip
+    them: vLLM DeepseekV2ForCausalLM.load_weights "continue  # skip spec decode layers for main model"
+    (vllm/model_executor/models/deepseek_v2.py at b863fe5bf4e1, get_spec_layer_idx_from_weight_name: layers from
+    num_hidden_layers on); SGLang loads the NextN layer only into the draft model, DeepseekV2ForCausalLM.load_weights
+    with is_nextn=True (python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330, from models/deepseek_nextn.py, the
+    EAGLE/NextN speculative worker), the main model building num_hidden_layers only. Review r14d #8: DeepSeek-V3 fp8
+    at TP8 held 86,247,862,272 parameters a GPU against the hand count's 84,780,342,272 (+1.47 GB)."""
+    if options.mtp is None and model.mtp_layers:
+        model = replace(model, mtp_layers=0)
+    return with_redundant_experts(model, options.redundant_experts)
 
 
 def with_redundant_experts(model: ModelSpec, redundant: int) -> ModelSpec:
@@ -358,7 +379,7 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     cost guard estimates before any work is done (``plans`` bounds how many steps the pool plans), after
     check_deployment."""
     check_deployment(model, cluster, traits, traffic, pools, options)
-    model = with_redundant_experts(model, options.redundant_experts)
+    model = served_model(model, options)
     context = traffic.input_tokens + traffic.output_tokens // 2
     # with two-batch overlap each step plans the whole batch and up to two halves (deployment._overlapped); at a rate,
     # a saturated deployment plans its decode step at the KV cache's batch and the batch its prefill pool feeds

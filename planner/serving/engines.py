@@ -49,6 +49,13 @@ class ExpertSplit:
     # the MoE exchange the engine runs with attention DP (dp > 1) where the experts are split over TP (etp > 1) and
     # the pool names no dispatcher: its all-to-all kernels move tokens to whole experts only (engine_gather.py)
     dispatch: str
+    # the engine's rule that EPLB's redundant experts (options.redundant_experts) need expert parallelism (a pool's
+    # ep > 1), its source; None: the engine states no such rule at the commit cited
+    redundant_needs_ep: str | None = None
+
+    def takes_redundant(self, ep: int) -> bool:
+        """Whether a worker with ``ep``-way expert parallelism may carry redundant experts (``redundant_needs_ep``)."""
+        return self.redundant_needs_ep is None or ep > 1
 
     def expert_tp(self, tp: int, dp: int, ep: int) -> int:
         """The expert TP of a worker of ``tp`` x ``dp`` ranks with ``ep``-way expert parallelism (ep divides them:
@@ -77,6 +84,11 @@ VLLM_EXPERTS = ExpertSplit(
     "EP = tp x dp, else every expert is split over tp x dp",
     ep_all_or_none=True,
     dispatch="agrs",
+    # ParallelConfig._validate_parallel_config (vllm/config/parallel.py at 00193b82b0e2): with enable_eplb, "if not
+    # self.enable_expert_parallel: raise ValueError('enable_expert_parallel must be True to use EPLB.')", then "EPLB
+    # requires tensor, prefill-context, or data parallelism" where TP x PCP x DP <= 1; so EP over tp x dp > 1 ranks
+    redundant_needs_ep="vLLM ParallelConfig._validate_parallel_config (vllm/config/parallel.py at 00193b82b0e2): "
+    "'enable_expert_parallel must be True to use EPLB.', and EP needs tp x dp > 1",
 )
 # SGLang initialize_model_parallel (python/sglang/srt/distributed/parallel_state.py at 0005973a84f7): moe_tp_size
 # = tp_size // moe_ep_size // moe_dp_size (runtime_context.py derive_parallel_widths; moe_dp_size 1 by default),

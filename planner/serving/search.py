@@ -110,29 +110,53 @@ def _ep(model: ModelSpec, tp: int) -> int:
     return tp if model.moe.num_experts % tp == 0 else 1
 
 
-def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, limit: int | None = None
-               ) -> list[tuple[str, str, tuple[Pool, ...]]]:  # fmt: skip
+def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, limit: int | None = None,
+               options: ServeOptions | None = None) -> list[tuple[str, str, tuple[Pool, ...]]]:  # fmt: skip
     """Every deployment the search will plan, before any is: (engine, mode, pools). First those on the whole
     cluster (what the search tried before round 13), then, smallest first, those on each smaller size of
     ``deployment_sizes`` while the list stays within ``limit`` (the cost guard's COMMPLAN_MAX_SERVE_CANDIDATES: a
     size that would pass it is left out, and the larger ones with it); each pool at most the workers the load keeps
-    busy (``busy_workers``); a deployment reached from two sizes is listed once."""
+    busy (``busy_workers``); a deployment reached from two sizes is listed once. An engine's layouts are those it
+    runs with the options' redundant experts (ExpertSplit.takes_redundant). Where the whole cluster's list passes
+    ``limit``, the expert-TP twins (``expert_tp_twins``) are left out, of the disaggregated pools first, then of the
+    aggregated ones, before the caller refuses the request (review r14d #1: the twins took DeepSeek-V3 on 32 DGX
+    H100 from 1,716 deployments to 2,163, a 422 where the search had answered)."""
     gpus = cluster.num_devices
     layouts = worker_layouts(model, cluster.devices_per_node, gpus)
     busy = busy_workers(traffic, sla)
-    out: dict[tuple, None] = {}
-    for size in (gpus, *deployment_sizes(cluster.devices_per_node, gpus)[:-1]):
-        at = (
-            (name, mode, pools)
-            for name in engines
-            for mode in modes
-            for pools in _deployments(layouts, size, busy, mode)
-        )
-        new = [key for key in dict.fromkeys(at) if key not in out]
-        if limit is not None and size < gpus and len(out) + len(new) > limit:
+    redundant = options is not None and options.redundant_experts > 0 and model.moe is not None
+    runs = {
+        name: [p for p in layouts if not redundant or engine(name).experts.takes_redundant(p.ep)] for name in engines
+    }
+    for pruned in ((), ("disaggregated",), MODES):
+        lays = {(name, mode): _without_twins(runs[name]) if mode in pruned else runs[name]
+                for name in engines for mode in modes}  # fmt: skip
+        whole = list(dict.fromkeys(_listed(lays, gpus, busy)))
+        if limit is None or len(whole) <= limit:
+            break
+    out: dict[tuple, None] = dict.fromkeys(whole)
+    for size in deployment_sizes(cluster.devices_per_node, gpus)[:-1]:
+        new = [key for key in dict.fromkeys(_listed(lays, size, busy)) if key not in out]
+        if limit is not None and len(out) + len(new) > limit:
             break
         out.update(dict.fromkeys(new))
     return list(out)
+
+
+def _listed(lays: dict[tuple[str, str], list[Pool]], size: int, busy: Callable[[Pool], int]):
+    """The deployments on ``size`` GPUs, engine by engine and mode by mode, from each one's layouts."""
+    for (name, mode), layouts in lays.items():
+        for pools in _deployments(layouts, size, busy, mode):
+            yield name, mode, pools
+
+
+def _without_twins(layouts: list[Pool]) -> list[Pool]:
+    """The layouts less each MoE TP worker's expert-TP twin (ep 1: every expert split over the ranks) where the same
+    worker with its experts whole over EP (ep = tp) is listed: the two hold the same bytes a GPU (E/tp whole experts,
+    or E experts at 1/tp), so no memory bound tells them apart, and the EP one is each engine's MoE default for a
+    search (worker_layouts)."""
+    with_ep = {(p.tp, p.pp) for p in layouts if p.ep > 1 and not p.attention_dp}
+    return [p for p in layouts if p.ep > 1 or p.attention_dp or (p.tp, p.pp) not in with_ep]
 
 
 def _deployments(layouts: list[Pool], size: int, busy: Callable[[Pool], int], mode: str):
@@ -244,7 +268,9 @@ def search_serving(
     request's deadline (planner.deadline), so a client that leaves stops the search."""
     options = options or ServeOptions()
     traits = _checked_request(model, cluster, traffic, engines, modes, options)
-    plan_list = deployments if deployments is not None else candidates(model, cluster, traffic, engines, modes, sla)
+    plan_list = deployments
+    if plan_list is None:
+        plan_list = candidates(model, cluster, traffic, engines, modes, sla, options=options)
     tried: list[Candidate] = []
     rejected: dict[str, int] = {}
     start = last = time.monotonic()

@@ -72,3 +72,38 @@ def test_constant_text_never_writes_an_exponent():
         "fp32 1, tf32 0.6247"
     )
     assert not any(EXPONENT.search(constant_text("x", v)) for v in (3.2565e-05, 1e-9, 2.5e7, 0.05, 6.4))
+
+
+def test_constant_text_of_extreme_values_in_words():
+    """Review r14d #2: sig3 raised OverflowError on an infinite constant (a 500), and 1e-300 printed 302 characters.
+    Not finite in words; past the shown range a bound in words, never an exponent nor a 300-digit decimal."""
+    assert constant_text("clock", float("inf")) == "infinite" and constant_text("clock", float("nan")) == "not a number"
+    assert constant_text("kernel_s", float("inf")) == "infinite"
+    assert constant_text("gemm_ceiling", 1e-300) == "under 0.000001"
+    assert constant_text("clock", 1e300) == "more than 1,000,000"
+    assert constant_text("kernel_s", 1e300) == "more than 1,000 s" and constant_text("kernel_s", 1e-300) == "< 1 ns"
+    assert constant_text("clock", 999_999.0) == "1000000" and constant_text("hbm", 2e-6) == "0.000002"
+
+
+def test_gemm_durations_under_a_nanosecond_answer_with_the_fit_failed():
+    """Review r14d #2's reproduction: the kept H200 Llama-3 8B trace with its 36 GEMM kernels' durations x 1e-9 made
+    the clock fit run to inf (_fit_clock) and /v1/calibrate answer 500. Now a 200 whose warning says the clock fit
+    failed and which bound it kept."""
+    import gzip
+    import json
+
+    trace = json.loads(gzip.decompress((REFERENCE / "kernels/h200/trace_llama3_8b.tp1.s4096.json.gz").read_bytes()))
+    scaled = 0
+    for e in trace["traceEvents"]:
+        if (e.get("cat") == "kernel" and "gemm" in e.get("name", "").lower()) or "nvjet" in e.get("name", ""):
+            e["dur"] *= 1e-9
+            scaled += 1
+    assert scaled == 36
+    api = Api(Settings(deadline_s=120.0))
+    r = api.post("/v1/calibrate", json={"cluster": {"preset": "dgx-h200"}, "trace": json.dumps(trace)})
+    api.close()
+    assert r.status_code == 200, r.text
+    messages = _messages(r.json())
+    failed = [m for m in messages if m.startswith("the clock fit failed")]
+    assert len(failed) == 1 and "clock = 1.2 kept" in failed[0] and "0.2 .. 1.2" in failed[0], messages
+    assert not any(EXPONENT.search(m) for m in messages)

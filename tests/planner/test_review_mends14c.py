@@ -16,21 +16,32 @@ H100x2 = cluster_preset("dgx-h100", 2)
 
 
 def test_fp8_param_gather_needs_the_distributed_optimizer():
-    """Megatron-LM training/arguments.py asserts ``args.use_distributed_optimizer`` for --fp8-param-gather (since
-    033d8b0de5; core_r0.8.0 alike): zero_stage 0 (DDP) is a 422 naming both fields, not a slower step (r14b #1:
-    GPT-3 175B, tp 2, dp 8 was priced +1.6%); zero_stage 1 passes; inference (no optimizer) is not asked."""
+    """Megatron-LM training/arguments.py asserts the distributed optimizer, FSDP or inference for --fp8-param-gather
+    (d98e8a64dd l. 1095-1097; 033d8b0de5 the optimizer only): zero_stage 0 (DDP) is a 422 naming both fields, not a
+    slower step (r14b #1: GPT-3 175B, tp 2, dp 8 was priced +1.6%); zero_stage 1 passes; inference (no optimizer) is
+    not asked."""
     work = WorkloadSpec(global_batch_size=64, fp8_recipe="delayed", fp8_param_gather=True)
     with pytest.raises(SpecError) as err:
         check_param_gather(work, ParallelSpec(tp=2, dp=8, zero_stage=0))
     assert err.value.field == "workload.fp8_param_gather"
-    assert "parallel.zero_stage 1, got zero_stage 0" in err.value.rule and "distributed optimizer" in err.value.rule
+    assert "(parallel.zero_stage 1) or FSDP, got zero_stage 0" in err.value.rule
+    # d98e8a64dd's message whole (review r14d #5: the 422 quoted 033d8b0de5's half and cited baf94af3c6, which has no
+    # such flag)
+    assert (
+        "Megatron-LM d98e8a64dd training/arguments.py: '--fp8-param-gather only supported with distributed optimizer, "
+        "torch fsdp2, megatron fsdp, or inference mode'" in err.value.rule
+    )
+    # Megatron FSDP (zero_stage 3) Megatron allows: the refusal is the planner's, said so
+    with pytest.raises(SpecError) as err:
+        check_param_gather(work, ParallelSpec(tp=2, dp=8, zero_stage=3))
+    assert "Megatron allows it" in err.value.rule and "this planner does not model Megatron FSDP" in err.value.rule
     check_param_gather(work, ParallelSpec(tp=2, dp=8, zero_stage=1))
     with pytest.raises(SpecError, match="got zero_stage 0"):
         build_plan(model_preset("llama3-8b"), work, ParallelSpec(tp=2, dp=8, sequence_parallel=True), H100x2)
 
 
 def test_tp_comm_overlap_without_sequence_parallelism_is_refused():
-    """Megatron-LM core_r0.8.0 training/arguments.py l. 199-200: --tp-comm-overlap asserts sequence_parallel. r14b #2:
+    """Megatron-LM d98e8a64dd training/arguments.py l. 1441-1442: --tp-comm-overlap asserts sequence_parallel. r14b #2:
     Llama-3 70B, tp 4 without SP, was charged the userbuffers' chunked GEMMs (+6 ms) with nothing overlapped."""
     model = model_preset("llama3-70b")
     work = WorkloadSpec(micro_batch_size=1, global_batch_size=16, seq_length=8192)
@@ -38,12 +49,16 @@ def test_tp_comm_overlap_without_sequence_parallelism_is_refused():
     with pytest.raises(SpecError) as err:
         build_plan(model, work, ParallelSpec(tp=4, dp=4, zero_stage=1), H100x2, on)
     assert err.value.field == "options.overlap.tp_comm_overlap"
-    assert "parallel.sequence_parallel true at tp 4, got false" in err.value.rule
-    # with SP it plans; at tp 1 there is nothing to overlap and nothing to refuse
+    assert "parallel.sequence_parallel, got false at tp 4" in err.value.rule and "d98e8a64dd" in err.value.rule
+    # with SP it plans
     build_plan(model, work, ParallelSpec(tp=4, dp=4, zero_stage=1, sequence_parallel=True), H100x2, on)
+    # at tp 1 Megatron d98e8a64dd turns SP off (arguments.py l. 1430-1439) before the assert (l. 1441-1442), so it
+    # fires whatever SP was asked (review r14d #6: this planned before, 200)
     small = model_preset("llama3-8b")
-    off = build_plan(small, work, ParallelSpec(dp=16, zero_stage=1), H100x2).step.time_s
-    assert build_plan(small, work, ParallelSpec(dp=16, zero_stage=1), H100x2, on).step.time_s == off
+    for sp in (False, True):
+        with pytest.raises(SpecError, match="got tp 1, where Megatron turns it off first") as err:
+            build_plan(small, work, ParallelSpec(dp=16, zero_stage=1, sequence_parallel=sp), H100x2, on)
+        assert err.value.field == "options.overlap.tp_comm_overlap"
 
 
 def _nccl_trace(args: dict) -> dict:

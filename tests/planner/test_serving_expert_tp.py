@@ -103,3 +103,33 @@ def test_attention_dp_without_ep_gathers_and_splits_experts_over_the_worker():
 def test_dense_models_keep_expert_tp_one():
     w = _worker(MODEL_PRESETS["llama3-8b"], H100, engine("vllm"), Pool(tp=4), 0)
     assert w.par.etp == 1 and w.par.ep_dispatch == "agrs"
+
+
+def test_mtp_weights_only_with_speculative_decoding():
+    """Review r14d #8: DeepSeek-V3 fp8 at TP8 held its MTP module (86,247,862,272 parameters a GPU) with no MTP asked;
+    vLLM and SGLang load it only for speculative decoding (deployment.served_model). The hand count at TP8 is
+    84,780,342,272 (routed experts 58 x 256 x 3 x 7168 x 2048 / 8, shared and dense FFN / 8, MLA's q_b / kv_b / o
+    / 8 and the rest replicated, the router, 2 x 129,280 x 7168 / 8); the planner's 84,781,718,528 is within
+    1,376,256 (0.0016%) of it, as r14d found."""
+    from dataclasses import replace
+
+    from planner.serving import MTP
+    from planner.serving.deployment import plan_serving, served_model
+    from planner.serving.spec import Traffic
+
+    model = MODEL_PRESETS["deepseek-v3"]
+    h200 = cluster_preset("dgx-h200", 1)
+    plain, spec = ServeOptions(weight_dtype="fp8"), ServeOptions(weight_dtype="fp8", mtp=MTP(1, acceptance=0.85))
+    counts = {}
+    for name, options in (("plain", plain), ("mtp", spec)):
+        served = served_model(model, options)
+        worker = _worker(served, h200, engine("sglang"), Pool(tp=8), 0)
+        counts[name] = _step(served, worker, options, "decode", 64, 1100).memory.per_stage[0].param_count
+    assert counts == {"plain": 84_781_718_528, "mtp": 86_247_862_272}
+    # over plan_serving: the preset served without MTP is the model without its MTP module, to the byte
+    traffic, pools = Traffic(1000, 200, concurrency=64), (Pool("both", workers=1, tp=8),)
+    a = plan_serving(model, h200, engine("vllm"), traffic, pools, plain)
+    b = plan_serving(replace(model, mtp_layers=0), h200, engine("vllm"), traffic, pools, plain)
+    assert a.pools[0].memory_peak_bytes == b.pools[0].memory_peak_bytes and a.tpot_s == b.tpot_s
+    c = plan_serving(model, h200, engine("vllm"), traffic, pools, spec)
+    assert c.pools[0].memory_peak_bytes > a.pools[0].memory_peak_bytes + 1.4e9

@@ -12,7 +12,15 @@ from planner import MODEL_PRESETS, ParallelSpec, SpecError, WorkloadSpec, build_
 from planner.compute import layer_forward
 from planner.plan import Options
 from planner.serving import Pool, ServeOptions, Traffic, engine, plan_serving
-from planner.serving.deployment import _context, _overlapped, _step, _work, _worker, with_redundant_experts
+from planner.serving.deployment import (
+    _context,
+    _overlapped,
+    _step,
+    _work,
+    _worker,
+    served_model,
+    with_redundant_experts,
+)
 from planner.serving.overlap import COMM_SMS, SGLANG_DECODE, SGLANG_PREFILL, exchange_times, op_times, simulate
 
 DSV3, LLAMA8B = MODEL_PRESETS["deepseek-v3"], MODEL_PRESETS["llama3-8b"]
@@ -140,13 +148,14 @@ def test_two_batch_overlap_hides_part_of_the_ep_exchange():
     lies between the halves' compute alone and the halves in series."""
     pool = Pool(dp=16, ep=16, attention_dp=True, ep_dispatch="deepep")
     options = ServeOptions(weight_dtype="fp8", two_batch_overlap=True)
-    w = _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0)
-    half = _step(DSV3, w, options, "decode", 128 * 16, 350)
-    whole = _step(DSV3, w, options, "decode", 256 * 16, 350)
+    served = served_model(DSV3, options)  # as plan_serving loads it: no MTP module without options.mtp (mend14e)
+    w = _worker(served, TWO_NODES, engine("sglang"), pool, 0)
+    half = _step(served, w, options, "decode", 128 * 16, 350)
+    whole = _step(served, w, options, "decode", 256 * 16, 350)
     par, gpu = w.decode_par, TWO_NODES.gpu
     assert par.ep_dispatch == "deepep_ll"  # decode: the low-latency kernels, which hold no SMs in flight
-    ctx_half = _context(DSV3, options, "decode", 128 * 16, 350, par, w)
-    ctx_whole = _context(DSV3, options, "decode", 256 * 16, 350, par, w)
+    ctx_half = _context(served, options, "decode", 128 * 16, 350, par, w)
+    ctx_whole = _context(served, options, "decode", 256 * 16, 350, par, w)
     ops, ex = op_times(ctx_half, gpu, 0), exchange_times(half.calls, 0)
     assert ex["dispatch"] == _ep_rows(half.calls)["ep.dispatch.ll"].price.time_s
     assert ex["combine"] == _ep_rows(half.calls)["ep.combine.ll"].price.time_s

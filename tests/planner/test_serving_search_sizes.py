@@ -10,7 +10,7 @@ import pytest
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS
 from planner.serving import Pool, Traffic
-from planner.serving.search import SLA, busy_workers, candidates, deployment_sizes, search_serving
+from planner.serving.search import MODES, SLA, busy_workers, candidates, deployment_sizes, search_serving
 
 LLAMA8B, LLAMA70B = MODEL_PRESETS["llama3-8b"], MODEL_PRESETS["llama3-70b"]
 
@@ -90,3 +90,39 @@ def test_user13_a_smaller_deployment_wins_per_gpu():
     assert best.per_gpu > 10 * old.results[0].per_gpu
     assert [c.per_gpu for c in new.results] == sorted((c.per_gpu for c in new.results), reverse=True)
     assert new.gpus == (5, 512)  # the fewest and the most GPUs a deployment listed uses
+
+
+def test_no_vllm_eplb_pool_without_ep():
+    """vLLM refuses EPLB without expert parallelism (ExpertSplit.redundant_needs_ep, review r14d #3): with redundant
+    experts the search lists no vLLM pool of ep 1; without them it lists the expert-TP twins (ep 1) beside EP = TP;
+    SGLang states no such rule, so its ep 1 pools stay."""
+    from planner.serving import ServeOptions
+
+    model, cluster = MODEL_PRESETS["qwen3-30b-a3b"], cluster_preset("dgx-h100", 1)
+    traffic = Traffic(1000, 200, concurrency=64)
+    eps = lambda engine, options: {  # noqa: E731
+        p.ep for _, _, pools in candidates(model, cluster, traffic, (engine,), MODES, options=options) for p in pools
+    }
+    assert eps("vllm", None) == {1, 2, 4, 8}
+    assert eps("vllm", ServeOptions(redundant_experts=16)) == {2, 4, 8}
+    assert eps("sglang", ServeOptions(redundant_experts=16)) == {1, 2, 4, 8}
+
+
+@pytest.mark.parametrize(("preset", "nodes", "whole"), [("dgx-h100", 32, 256), ("gb200-nvl72", 4, 288)])
+def test_expert_tp_twins_left_out_over_the_limit(preset, nodes, whole):
+    """DeepSeek-V3 on 32 DGX H100 and 4 GB200 racks (review r14d #1): every MoE TP worker with its expert-TP twin
+    (ep 1) made 2,163 and 2,886 deployments, over the 2,000 limit, a 422 where base14 answered. Over the limit the
+    twins of the disaggregated pools are left out: the list fits, keeps the whole cluster's EP = TP and attention-DP
+    deployments, and has no disaggregated pool of a TP worker at ep 1; under no limit they are all there."""
+    model, cluster = MODEL_PRESETS["deepseek-v3"], cluster_preset(preset, nodes)
+    traffic, sla = Traffic(2000, 200, concurrency=256), SLA(3.0, 0.05)
+    engines = ("vllm", "sglang", "trtllm")
+    full = candidates(model, cluster, traffic, engines, MODES, sla)
+    bounded = candidates(model, cluster, traffic, engines, MODES, sla, limit=2000)
+    assert len(full) > 2000 >= len(bounded)
+    twin = lambda pools: any(p.ep == 1 and p.tp > 1 and not p.attention_dp for p in pools)  # noqa: E731
+    assert not any(twin(pools) for _, mode, pools in bounded if mode == "disaggregated")
+    assert any(twin(pools) for _, mode, pools in bounded if mode == "aggregated")
+    assert any(twin(pools) for _, mode, pools in full if mode == "disaggregated")
+    at_whole = {k for k in full if sum(p.gpus for p in k[2]) == whole and not twin(k[2])}
+    assert at_whole and at_whole <= set(bounded)
