@@ -19,7 +19,14 @@ import json
 import sys
 import time
 
-LAYERS_HEADS = {"llama3-8b": (32, 8), "llama3-70b": (80, 8), "llama3-405b": (126, 8), "deepseek-v3": (61, 128), "mixtral-8x22b": (56, 8)}
+# (layers, kv heads) of the presets (planner/presets.py), for the layouts that divide them
+LAYERS_HEADS = {
+    "llama3-8b": (32, 8),
+    "llama3-70b": (80, 8),
+    "llama3-405b": (126, 8),
+    "deepseek-v3": (61, 128),
+    "mixtral-8x22b": (56, 8),
+}
 EXPERTS = {"deepseek-v3": 256, "mixtral-8x22b": 8}
 
 
@@ -45,12 +52,14 @@ def configs(model: str, preset: str, nodes: int, n: int = 1000, per_node: int = 
                 parallel |= {"ep": ep, "expert_tp": 1}
             if layers % pp:  # the first stage takes the remainder (DeepSeek-V3's 61 layers)
                 parallel["first_stage_layers"] = layers - (pp - 1) * (layers // pp)
-            out.append({
-                "model": {"preset": model},
-                "cluster": {"preset": preset, "num_nodes": nodes},
-                "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 4 * k},
-                "parallel": parallel,
-            })
+            out.append(
+                {
+                    "model": {"preset": model},
+                    "cluster": {"preset": preset, "num_nodes": nodes},
+                    "workload": {"micro_batch_size": mb, "global_batch_size": mb * dp * 4 * k},
+                    "parallel": parallel,
+                }
+            )
             if len(out) == n:
                 return out
         if not layouts:
@@ -78,8 +87,9 @@ def main() -> None:
         wall = time.monotonic() - t
         body = r.json() if r.status_code == 200 else {}
         oks = sum(x["ok"] for x in body.get("results", []))
+        detail = r.text[:300] if r.status_code != 200 else ""
         print(json.dumps({"status": r.status_code, "items": len(items), "ok": oks, "wall_s": round(wall, 2),
-                          "bytes": len(r.content), "detail": r.text[:300] if r.status_code != 200 else ""}))  # fmt: skip
+                          "bytes": len(r.content), "detail": detail}))  # fmt: skip
     if args.inprocess:
         from app.routers.plan import _batch
         from app.settings import Settings

@@ -35,6 +35,7 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from collectives import CollectiveError, Op
 from collectives.algorithms import lookup
@@ -240,7 +241,8 @@ def estimate(
     if call is None:
         _documents_work(est, prepared.ctx)
         _order_work(est, prepared.ctx)
-        est.add(PLAN_WEIGHT + LEDGER_CALL_WEIGHT * len(prepared.calls), "the plan's ledger, step time, memory and answer")
+        own = PLAN_WEIGHT + LEDGER_CALL_WEIGHT * len(prepared.calls)
+        est.add(own, "the plan's ledger, step time, memory and answer")
     return est
 
 
@@ -321,7 +323,7 @@ class BatchWork:
     ``CONTENTION_CACHE``; the other half for concurrent requests): past it, an entry may be evicted before a later
     plan reads it, and every plan pays its own, as a plan alone is charged."""
 
-    BOUNDS = {"price": PRICE_CACHE // 2, "contention": CONTENTION_CACHE // 2}
+    BOUNDS: ClassVar[dict[str, int]] = {"price": PRICE_CACHE // 2, "contention": CONTENTION_CACHE // 2}
 
     def __init__(self) -> None:
         self.total = Estimate()
@@ -342,8 +344,8 @@ class BatchWork:
 
 __all__ = [
     "MAX_MESSAGE",
-    "BatchWork",
     "MAX_PARAMS",
+    "BatchWork",
     "Estimate",
     "PricingPath",
     "call_work",
