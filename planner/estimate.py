@@ -27,6 +27,11 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
   (mesh) reduce-scatter, all-gather, allreduce and the direct and hierarchical all-to-alls are all-pairs
   classes, priced in O(g n) (collectives/topology/pricing.py route_all_pairs), and cost what a ring does;
 - placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
+- the plan's own work besides pricing (validation, ledger, step time, memory, the answer): ``PLAN_WEIGHT`` +
+  ``LEDGER_CALL_WEIGHT`` a ledger call, fitted on this service's own plans with their prices memoised (batch14);
+- a batch (:class:`BatchWork`): what the service memoises by value, one call's price on one placement and one
+  contention pass over one placement, charged to the first plan that needs it, while the batch's keys fit half
+  of that cache; measured / estimated CPU of 1,000-config batches 0.88-1.93 at 128-16,384 GPUs (docs/search.md);
 - building a network's routing: the network plug-in's ``work`` (:func:`network_work`; router networks are
   routed by a breadth-first search from each router: num_nodes^2 router visits, x4 for dragonfly and
   hypercube), against their own budget.
