@@ -102,7 +102,7 @@ class Estimate:
     # the plan's set-up and ledger the estimate walked (planner.plan.prepare): build_plan(..., prepared=)
     # prices these instead of building them again
     prepared: Prepared | None = field(default=None, repr=False, compare=False)
-    # the parts of ``units`` the service memoises by value across requests (BatchWork): ((kind, key), units), kind
+    # the parts of ``units`` the service memoises by value across requests (BatchWork): (kind, key, units), kind
     # "price" (planner.plan's price cache) or "contention" (the library pricer's contention pass)
     shared: tuple = field(default=(), repr=False, compare=False)
 
@@ -309,10 +309,10 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first)
         if call is None:  # what the price cache and the contention memo hold, under their own keys
             keys = priced_keys(c, layout, cluster, options)
-            shared.append((("price", options, c.op, c.message_bytes, keys), len(classes) * schedule_work(
-                c.op, n, g, path, in_net, sizes)))  # fmt: skip
+            priced = len(classes) * schedule_work(c.op, n, g, path, in_net, sizes)
+            shared.append(("price", (options, c.op, c.message_bytes, keys), priced))
             if first and path.library and n > 1:
-                shared.append((("contention", keys), len(classes) * contention_work(path, g, n)))
+                shared.append(("contention", keys, len(classes) * contention_work(path, g, n)))
         how = "NCCL model" if path.library else "schedules"
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
@@ -337,8 +337,8 @@ class BatchWork:
     def add(self, est: Estimate, what: str) -> int:
         """Charge one plan's estimate; returns the units charged."""
         units = est.units
-        for (kind, *key), part in est.shared:
-            seen, key = self.seen[kind], tuple(key)
+        for kind, key, part in est.shared:
+            seen = self.seen[kind]
             if key in seen:
                 units -= part
             elif len(seen) < self.BOUNDS[kind]:

@@ -291,13 +291,21 @@ def priced_keys(call: Call, layout: RankLayout, cluster: Cluster, options: Optio
     keeps with the bytes; 64 bits, so that an estimate memoised with its context holds no copy of a placement).
     The price cache (``_PRICES``) and the library pricer's contention pass (collectives/topology/library/
     pricer.py ``_placement_part``) are keyed by these, so a batch's plans that share one pay for it once."""
-    cluster = priced_cluster(call, cluster)
-    places = _placements(cluster, layout)
-    if not call.group.pairs and ("pp" in call.group.dims or call.group.mirror):
-        classes = [call.stages]
-    else:
-        classes = _stage_classes(call, places, options)
-    return tuple((cluster.spec, hash(places.site(call.group, members, options).price_key)) for members in classes)
+    memo = _placements(cluster, layout)._memo  # kept with the cluster's own placements, as _Placements.site keeps
+    kept = options.device_map is None and not options.exact_contention  # its sites
+    key = ("keys", call.group, call.stages, call.nvlink_peers)
+    found = memo.get(key) if kept else None
+    if found is None:
+        cluster = priced_cluster(call, cluster)
+        places = _placements(cluster, layout)
+        if not call.group.pairs and ("pp" in call.group.dims or call.group.mirror):
+            classes = [call.stages]
+        else:
+            classes = _stage_classes(call, places, options)
+        found = tuple((cluster.spec, hash(places.site(call.group, members, options).price_key)) for members in classes)
+        if kept:
+            memo[key] = found
+    return found
 
 
 BUBBLE_WARNING = 0.25  # share of the step idle in the pipeline bubble worth a warning

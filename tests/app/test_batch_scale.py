@@ -74,7 +74,7 @@ def test_a_batch_charges_a_memoised_price_once():
     placed = sum(b.prepared.layout.placement(c.group, c.stages).size for c in b.prepared.calls)
     assert second == own + placed < b.units // 2
     assert first <= a.units and batch.total.units == first + second
-    assert {kind for (kind, *_), _ in a.shared} == {"price", "contention"}
+    assert {kind for kind, _, _ in a.shared} == {"price", "contention"}
 
 
 def test_past_half_the_cache_every_plan_pays_its_own(monkeypatch):
