@@ -300,6 +300,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         g, n = priced_on.shape
         if call is None:
             path = paths.get((c.op, n)) or paths.setdefault((c.op, n), plan_pricing_path(c.op, n, cluster, options))
+            keys = priced_keys(c, layout, cluster, options)  # before price_classes, which may turn to a view
             classes = price_classes(c, layout, cluster, options)
         else:  # the explorer: every schedule at every size, and NCCL's pairs where its model applies
             path, classes = PricingPath(False, every=True), [c.stages]
@@ -308,7 +309,6 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         contended.add((c.group, tuple(classes)))
         units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first)
         if call is None:  # what the price cache and the contention memo hold, under their own keys
-            keys = priced_keys(c, layout, cluster, options)
             priced = len(classes) * schedule_work(c.op, n, g, path, in_net, sizes)
             shared.append(("price", (options, c.op, c.message_bytes, keys), priced))
             if first and path.library and n > 1:
