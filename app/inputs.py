@@ -4,6 +4,8 @@ search request."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner import Plan, build_plan
 from planner.estimate import estimate
 from planner.search import Constraints, Problem
@@ -15,20 +17,24 @@ from .schemas.plan import PlanRequest
 from .schemas.search import SearchRequest
 
 
-def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, **explore_args):
-    """The planner's inputs, after the work they ask for is estimated and found within ``budget``."""
+def bounded_inputs(request: PlanRequest, settings, budget: int | None = None, summary: bool = False, **explore_args):
+    """The planner's inputs, after the work they ask for is estimated and found within ``budget``. ``summary``: the
+    answer leaves the step's timeline out (``?summary=true``), so the plan does not draw it (``Options.timeline``
+    false: no other value reads it; prices are keyed without it, planner.plan.build_plan)."""
     inputs = plan_inputs(request, settings)
+    if summary and inputs[4].timeline:
+        inputs = (*inputs[:4], replace(inputs[4], timeline=False))
     check_router(inputs[3], settings.max_router_pairs)
     work = estimate(*inputs, **explore_args)
     refuse(work, settings.max_work if budget is None else budget, "")
     return inputs, work
 
 
-def plan_of(request: PlanRequest, settings, bounded=None) -> Plan:
+def plan_of(request: PlanRequest, settings, bounded=None, summary: bool = False) -> Plan:
     """The typed plan of a request, after its work is estimated and found within the budget; ``bounded``:
     what :func:`bounded_inputs` already gave for it (the inputs and their estimate, whose set-up and ledger
-    the plan prices instead of building them again)."""
-    inputs, work = bounded or bounded_inputs(request, settings)
+    the plan prices instead of building them again); ``summary``: as for :func:`bounded_inputs`."""
+    inputs, work = bounded or bounded_inputs(request, settings, summary=summary)
     with relocated("options."):  # an algorithm pinned in options that cannot run somewhere
         return build_plan(*inputs, prepared=work.prepared)
 

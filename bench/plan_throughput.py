@@ -94,12 +94,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=str(ROOT), help="the checkout to serve")
     ap.add_argument("--env", nargs="*", default=[], help="NAME=VALUE for the server")
+    ap.add_argument("--port", type=int, help="the server's port (default: a free one)")
     ap.add_argument("--out", help="also append the JSON line to this file (farm-bench throws the output away)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from tests.conftest import free_port
 
-    port = free_port()
+    port = args.port or free_port()
     env = dict(os.environ, PYTHONPATH=args.root, COMMPLAN_DEADLINE_S="300", COMMPLAN_QUEUE_S="300",
                COMMPLAN_WORK_SLOTS="16", **dict(e.split("=", 1) for e in args.env))  # fmt: skip
     cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]

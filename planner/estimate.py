@@ -27,6 +27,11 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
   (mesh) reduce-scatter, all-gather, allreduce and the direct and hierarchical all-to-alls are all-pairs
   classes, priced in O(g n) (collectives/topology/pricing.py route_all_pairs), and cost what a ring does;
 - placing a call: g n (numpy arrays over the whole world, and the answer's rank lists);
+- the plan's own work besides pricing (validation, ledger, step time, memory, the answer): ``PLAN_WEIGHT`` +
+  ``LEDGER_CALL_WEIGHT`` a ledger call, fitted on this service's own plans with their prices memoised (batch14);
+- a batch (:class:`BatchWork`): what the service memoises by value, one call's price on one placement and one
+  contention pass over one placement, charged to the first plan that needs it, while the batch's keys fit half
+  of that cache; measured / estimated CPU of 1,000-config batches 0.88-1.93 at 128-16,384 GPUs (docs/search.md);
 - building a network's routing: the network plug-in's ``work`` (:func:`network_work`; router networks are
   routed by a breadth-first search from each router: num_nodes^2 router visits, x4 for dragonfly and
   hypercube), against their own budget.
@@ -35,10 +40,12 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from collectives import CollectiveError, Op
 from collectives.algorithms import lookup
 from collectives.topology import Cluster, ClusterSpec, candidates
+from collectives.topology.library.pricer import CONTENTION_CACHE
 from collectives.topology.networks import network_type
 from collectives.topology.select import resolve_pricing
 
@@ -48,7 +55,17 @@ from .model import ModelSpec
 from .parallel import ParallelSpec
 from .pipeline_jitter import CELL_UNITS, span_work
 from .pipeline_jitter import call_work as jitter_work
-from .plan import MAX_PARAMS, Options, Prepared, ledger_memo, placement_priced, prepare, price_classes
+from .plan import (
+    MAX_PARAMS,
+    PRICE_CACHE,
+    Options,
+    Prepared,
+    ledger_memo,
+    placement_priced,
+    prepare,
+    price_classes,
+    priced_keys,
+)
 from .workload import WorkloadSpec
 
 # Every bound is far above real jobs and keeps byte counts inside int64 (numpy's) with room for sums:
@@ -66,6 +83,12 @@ BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
 ALLTOALL_WEIGHT = 60  # x n^2: the all-to-alls of explore.QUADRATIC (memory-bound: 613 MiB at n = 2,048)
 ALL_WEIGHT = 70  # x n^2: every algorithm (halving-doubling, the quadratic all-to-alls, ...)
 HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are left out (explorer)
+# what a plan costs besides pricing (validation, its ledger, step time, memory, the summary answer), all its prices
+# memoised: least squares on 2,100 plans of bench/batch_scale.py (Llama-3 70B on 512 H100, DeepSeek-V3 on 256 H800,
+# Llama-3 8B on 16 H100; their later cycles, prices cached; CPU time, load 4-6): 1.35 ms + 78 us a ledger call
+# (docs/search.md, batch14); measured / fitted p5 0.49, p95 1.72
+PLAN_WEIGHT = 90_000
+LEDGER_CALL_WEIGHT = 5_000
 
 
 @dataclass
@@ -79,6 +102,9 @@ class Estimate:
     # the plan's set-up and ledger the estimate walked (planner.plan.prepare): build_plan(..., prepared=)
     # prices these instead of building them again
     prepared: Prepared | None = field(default=None, repr=False, compare=False)
+    # the parts of ``units`` the service memoises by value across requests (BatchWork): (kind, key, units), kind
+    # "price" (planner.plan's price cache) or "contention" (the library pricer's contention pass)
+    shared: tuple = field(default=(), repr=False, compare=False)
 
     def add(self, units: int, what: str) -> None:
         self.units += int(units)
@@ -215,11 +241,13 @@ def estimate(
             memo[key] = walked
             if len(memo) > WALKS_PER_CONTEXT:
                 del memo[next(iter(memo))]
-    units, biggest, biggest_units, parts = walked
-    est = Estimate(units, biggest, biggest_units, list(parts), prepared=prepared)
+    units, biggest, biggest_units, parts, shared = walked
+    est = Estimate(units, biggest, biggest_units, list(parts), prepared=prepared, shared=shared)
     if call is None:
         _documents_work(est, prepared.ctx)
         _order_work(est, prepared.ctx)
+        own = PLAN_WEIGHT + LEDGER_CALL_WEIGHT * len(prepared.calls)
+        est.add(own, "the plan's ledger, step time, memory and answer")
     return est
 
 
@@ -257,7 +285,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
           sizes: int) -> tuple:  # fmt: skip
     """The estimate's walk over the prepared ledger: (units, biggest, biggest_units, parts)."""
     layout, cluster = prepared.layout, prepared.cluster
-    est, in_net, paths, contended = Estimate(), in_network(cluster_spec), {}, set()
+    est, in_net, paths, contended, shared = Estimate(), in_network(cluster_spec), {}, set(), []
     for c in prepared.calls:
         if c.message_bytes > MAX_MESSAGE:
             raise SpecError(
@@ -272,6 +300,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         g, n = priced_on.shape
         if call is None:
             path = paths.get((c.op, n)) or paths.setdefault((c.op, n), plan_pricing_path(c.op, n, cluster, options))
+            keys = priced_keys(c, layout, cluster, options)  # before price_classes, which may turn to a view
             classes = price_classes(c, layout, cluster, options)
         else:  # the explorer: every schedule at every size, and NCCL's pairs where its model applies
             path, classes = PricingPath(False, every=True), [c.stages]
@@ -279,16 +308,49 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         first = (c.group, tuple(classes)) not in contended  # calls on the same groups share one contention pass
         contended.add((c.group, tuple(classes)))
         units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first)
+        if call is None:  # what the price cache and the contention memo hold, under their own keys
+            priced = len(classes) * schedule_work(c.op, n, g, path, in_net, sizes)
+            shared.append(("price", (options, c.op, c.message_bytes, keys), priced))
+            if first and path.library and n > 1:
+                shared.append(("contention", keys, len(classes) * contention_work(path, g, n)))
         how = "NCCL model" if path.library else "schedules"
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
             break
-    return est.units, est.biggest, est.biggest_units, tuple(est.parts)
+    return est.units, est.biggest, est.biggest_units, tuple(est.parts), tuple(shared)
+
+
+class BatchWork:
+    """The estimated work of a batch of plans (app/routers/plan.py): each plan's estimate, less what the service
+    memoises by value and an earlier plan of the batch already pays for (``Estimate.shared``: one price of one call
+    on one placement, one contention pass over one placement), charged once per batch, as the work does it once.
+    Only while the batch's distinct keys of a kind fill at most half of that cache (``PRICE_CACHE``,
+    ``CONTENTION_CACHE``; the other half for concurrent requests): past it, an entry may be evicted before a later
+    plan reads it, and every plan pays its own, as a plan alone is charged."""
+
+    BOUNDS: ClassVar[dict[str, int]] = {"price": PRICE_CACHE // 2, "contention": CONTENTION_CACHE // 2}
+
+    def __init__(self) -> None:
+        self.total = Estimate()
+        self.seen: dict[str, set] = {kind: set() for kind in self.BOUNDS}
+
+    def add(self, est: Estimate, what: str) -> int:
+        """Charge one plan's estimate; returns the units charged."""
+        units = est.units
+        for kind, key, part in est.shared:
+            seen = self.seen[kind]
+            if key in seen:
+                units -= part
+            elif len(seen) < self.BOUNDS[kind]:
+                seen.add(key)
+        self.total.add(units, what)
+        return units
 
 
 __all__ = [
     "MAX_MESSAGE",
     "MAX_PARAMS",
+    "BatchWork",
     "Estimate",
     "PricingPath",
     "call_work",

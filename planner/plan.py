@@ -285,6 +285,29 @@ def placement_priced(call: Call, layout: RankLayout, cluster: Cluster, options: 
     return _placements(cluster, layout).site(call.group, call.stages, options).priced_on
 
 
+def priced_keys(call: Call, layout: RankLayout, cluster: Cluster, options: Options) -> tuple[tuple, ...]:
+    """The values a call's prices are memoised under, one per stage class as ``_price_by_stage`` prices them:
+    (the cluster it is priced on, the hash of the class's ``_Site.price_key``: (shape, bytes), whose hash Python
+    keeps with the bytes; 64 bits, so that an estimate memoised with its context holds no copy of a placement).
+    The price cache (``_PRICES``) and the library pricer's contention pass (collectives/topology/library/
+    pricer.py ``_placement_part``) are keyed by these, so a batch's plans that share one pay for it once."""
+    memo = _placements(cluster, layout)._memo  # kept with the cluster's own placements, as _Placements.site keeps
+    kept = options.device_map is None and not options.exact_contention  # its sites
+    key = ("keys", call.group, call.stages, call.nvlink_peers)
+    found = memo.get(key) if kept else None
+    if found is None:
+        cluster = priced_cluster(call, cluster)
+        places = _placements(cluster, layout)
+        if not call.group.pairs and ("pp" in call.group.dims or call.group.mirror):
+            classes = [call.stages]
+        else:
+            classes = _stage_classes(call, places, options)
+        found = tuple((cluster.spec, hash(places.site(call.group, members, options).price_key)) for members in classes)
+        if kept:
+            memo[key] = found
+    return found
+
+
 BUBBLE_WARNING = 0.25  # share of the step idle in the pipeline bubble worth a warning
 
 
@@ -660,5 +683,6 @@ __all__ = [
     "prepare",
     "price_calls",
     "price_classes",
+    "priced_keys",
     "setup",
 ]

@@ -19,7 +19,7 @@ from collectives import CollectiveError
 from planner import SpecError
 from planner.deadline import check as check_deadline
 from planner.deadline import current as current_deadline
-from planner.estimate import Estimate
+from planner.estimate import BatchWork
 from planner.explore import DEFAULT_SIZES, explore
 from planner.invariants import InvariantError
 
@@ -56,7 +56,7 @@ SUMMARY = Query(False, description="true: totals, step (without its timeline), m
 )
 async def plan(body: PlanRequest, request: Request, summary: bool = SUMMARY) -> Response:
     settings = request.app.state.settings
-    return await run_bounded(request, lambda: plan_json(plan_of(body, settings), summary))
+    return await run_bounded(request, lambda: plan_json(plan_of(body, settings, summary=summary), summary))
 
 
 @router.post(
@@ -78,11 +78,12 @@ async def batch(body: BatchRequest, request: Request, summary: bool = SUMMARY) -
 
 
 def _batch(items: list, settings, summary: bool = False) -> bytes:
-    """Estimate every item first, refuse the batch if the total is over budget, then plan them in order,
+    """Estimate every item first, refuse the batch if the total is over budget (planner.estimate.BatchWork: a price
+    or contention pass the service memoises is charged to the first item that needs it), then plan them in order,
     stopping if the answer grows past its cap. Identical items (the same canonical JSON) are estimated and
     planned once: the plan is a pure function of the request, so each copy's answer is the first's bytes
     (1,000 identical small plans: docs/CONTRACT.md); the cache is the batch's own and ends with it."""
-    total, seen, keys = Estimate(), {}, []
+    total, seen, keys = BatchWork(), {}, []
     for i, item in enumerate(items):
         check_deadline()
         if not isinstance(item, dict):  # its error names its own index: not shared with a copy
@@ -90,12 +91,12 @@ def _batch(items: list, settings, summary: bool = False) -> bytes:
             continue
         key = json.dumps(item, sort_keys=True, default=str)
         if key not in seen:
-            seen[key] = _estimate(item, settings)
+            seen[key] = _estimate(item, settings, summary)
         outcome = seen[key]
         if isinstance(outcome, _Checked):
             work = outcome.bounded[1]
-            total.add(work.units, f"requests.{i} ({work.biggest})")
-            refuse(total, settings.max_batch_work, "requests", "COMMPLAN_MAX_BATCH_WORK")
+            total.add(work, f"requests.{i} ({work.biggest})")
+            refuse(total.total, settings.max_batch_work, "requests", "COMMPLAN_MAX_BATCH_WORK")
         keys.append(key)
     parts, size, answered = [], 0, {}
     clock = _Clock(current_deadline())
@@ -176,12 +177,12 @@ class _Checked(NamedTuple):
     bounded: tuple  # bounded_inputs': (the planner inputs, their estimate)
 
 
-def _estimate(item: dict, settings) -> _Checked | bytes:
+def _estimate(item: dict, settings, summary: bool = False) -> _Checked | bytes:
     """The item validated with its planner inputs and estimate, or its error item when it is invalid or over the
-    single-plan budget."""
+    single-plan budget; ``summary``: without the step's timeline (app.inputs.bounded_inputs)."""
     try:
         request = PlanRequest.model_validate(item)
-        return _Checked(request, bounded_inputs(request, settings))
+        return _Checked(request, bounded_inputs(request, settings, summary=summary))
     except ValidationError as err:
         return _failed(validation_detail(err, ("body",)))
     except (SpecError, CollectiveError) as err:

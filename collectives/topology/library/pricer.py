@@ -273,6 +273,7 @@ def _schedule_bytes(name: str, op: Op, n: int, nbytes: int, local: int) -> tuple
 
 
 _CONTENTION: OrderedDict = OrderedDict()
+CONTENTION_CACHE = 1024  # placements whose contention pass is kept (planner/estimate.py BatchWork reads it)
 
 
 def _placement_part(cluster: Cluster, placement: np.ndarray):
@@ -284,7 +285,7 @@ def _placement_part(cluster: Cluster, placement: np.ndarray):
 
         check_group(placement)
         got = _CONTENTION[key] = (shape_of(cluster, placement[0]), _contention(cluster, placement))
-        if len(_CONTENTION) > 1024:
+        if len(_CONTENTION) > CONTENTION_CACHE:
             _CONTENTION.popitem(last=False)
     return got
 
