@@ -40,8 +40,8 @@ def test_a_deployment_that_does_not_fit_is_not_shown_as_running(page):  # noqa: 
     open_page(page, url_state(LLAMA))
     serve_dsv3(page)
     expect(page.locator("#serve-verdict")).to_be_hidden()
-    # a disaggregated deployment's KV cache is its decode workers'
-    expect(page.locator('[data-card="kv"] .hint')).to_have_text("70.3 KB per token; 20,095 requests per decode worker")
+    # a disaggregated deployment's KV cache is its decode workers' (20,095 before mend14e left out the MTP weights)
+    expect(page.locator('[data-card="kv"] .hint')).to_have_text("70.3 KB per token; 20,317 requests per decode worker")
     page.select_option("#serve-mode", "aggregated")
     for box, value in (("#serve-a-workers", "1"), ("#serve-a-tp", "8"), ("#serve-a-dp", "1"), ("#serve-a-ep", "1")):
         page.fill(box, value)
@@ -73,7 +73,7 @@ def test_a_deployment_that_does_not_fit_is_not_shown_as_running(page):  # noqa: 
     verdict = page.locator("#serve-verdict")
     expect(verdict).to_be_visible()
     expect(verdict).to_contain_text(
-        f"Does not fit: the pool needs {peak / 1e9:.0f} GB per GPU, over the 85.5 GB a GPU holds"
+        f"Does not fit: the pool needs {peak / 1e9:.1f} GB per GPU, over the 85.5 GB a GPU holds"
     )
     # mend13c: the answer is what it serves (saturated), and the verdict names both rates
     assert answer["saturated"] is True and answer["request_rate"] < 20
