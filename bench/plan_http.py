@@ -12,7 +12,7 @@ objects, app/main.py); ``--no-lifespan`` skips that, as this script did before i
     PYTHONPATH=. .venv/bin/python bench/plan_http.py [--rounds 60] [--nodes 2048] [--batch 2048] [--cold]
 
 Prints the median and minimum CPU milliseconds per request (time.process_time: every thread of the process)
-and the wall milliseconds. Whole-process figures: ``farm-bench -- python bench/plan_http.py``.
+and the wall milliseconds. Whole-process figures: ``/usr/bin/time -v python bench/plan_http.py``.
 """
 
 from __future__ import annotations

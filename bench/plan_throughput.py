@@ -2,7 +2,7 @@
 /healthz while they run: the cost side of the compute gate (app/threads.py, issue 26 item 4).
 
     PYTHONPATH=$PWD python bench/plan_throughput.py [--root TREE] [--env COMMPLAN_COMPUTE_THREADS=9 ...]
-    farm-bench -n 3 -- python bench/plan_throughput.py ...   # CPU seconds of the server and the clients
+    /usr/bin/time -v python bench/plan_throughput.py ...   # CPU seconds of the server and the clients
 
 ``--root`` serves another checkout (e.g. ``git archive main``), so a before and an after run the same driver.
 Three phases, each on distinct plans (no answer comes from the price cache of an earlier request):
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--root", default=str(ROOT), help="the checkout to serve")
     ap.add_argument("--env", nargs="*", default=[], help="NAME=VALUE for the server")
     ap.add_argument("--port", type=int, help="the server's port (default: a free one)")
-    ap.add_argument("--out", help="also append the JSON line to this file (farm-bench throws the output away)")
+    ap.add_argument("--out", help="also append the JSON line to this file (a paired timing tool throws the output away)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from tests.conftest import free_port
@@ -136,7 +136,7 @@ def main() -> None:
         probe.join()
     finally:
         server.terminate()
-        server.wait(15)  # reaped here: its CPU seconds count in this process's children (farm-bench's cpu)
+        server.wait(15)  # reaped here: its CPU seconds count in this process's children (a paired timing tool's cpu)
     out = {
         "root": args.root, "env": args.env, "load": round(os.getloadavg()[0], 1),
         "alone": {**summary(alone.pop("lanes")[0]), **alone},
