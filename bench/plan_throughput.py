@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--root", default=str(ROOT), help="the checkout to serve")
     ap.add_argument("--env", nargs="*", default=[], help="NAME=VALUE for the server")
     ap.add_argument("--port", type=int, help="the server's port (default: a free one)")
-    ap.add_argument("--out", help="also append the JSON line to this file (a paired timing tool throws the output away)")
+    ap.add_argument("--out", help="also append the JSON line to this file (a whole-process timer may drop stdout)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from tests.conftest import free_port
