@@ -1,4 +1,4 @@
-"""Serving speed targets (issue 22, "Fast"), timed in one process (imports excluded; a whole-process timer times the whole
+"""Serving speed targets (issue 22, "Fast"), timed in one process (imports excluded; an outside timer times the whole
 process around it):
 
 - one POST /v1/serve for DeepSeek-V3 on 96 H100 (examples/serve-deepseek-v3-disagg.json: SGLang prefill DP32 +
