@@ -314,10 +314,12 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         contended.add((c.group, tuple(classes)))
         units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first)
         if call is None:  # what the price cache and the contention memo hold: one real entry per class's key
-            priced = schedule_work(c.op, n, g, path, in_net, sizes)
+            # the estimate's classes (price_classes) split over the cache's keys (priced_keys, as many or fewer)
+            per_key = len(classes) / max(len(keys), 1)
+            priced = round(per_key * schedule_work(c.op, n, g, path, in_net, sizes))
             shared += [("price", pair, (c.op, c.message_bytes, k), priced) for k in keys]
             if first and path.library and n > 1:
-                shared += [("contention", None, k, contention_work(path, g, n)) for k in keys]
+                shared += [("contention", None, k, round(per_key * contention_work(path, g, n))) for k in keys]
         how = "NCCL model" if path.library else "schedules"
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
