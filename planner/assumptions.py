@@ -168,8 +168,21 @@ def _layout_rows(ctx: Context, by: str) -> list[Assumption]:
         add(Assumption("parallel.cp_comm", par.cp_comm, "Megatron --cp-comm-type (p2p: ring attention)"))
     if ctx.model.moe is not None:
         add(Assumption("parallel.ep_dispatch", par.ep_dispatch, f"{COMMPLAN}: alltoall, as published recipes set it"))
+        rows += _dispatch_rate_rows(ctx)
         add(Assumption("parallel.expert_tp", str(par.etp), by + (" (= tp)" if fl.expert_tp_default_is_tp else " (1)")))
     return rows
+
+
+def _dispatch_rate_rows(ctx: Context) -> list[Assumption]:
+    """The fitted rate of the dispatcher's kernels (rules/deepep.py ACHIEVED), where one is fitted: where it was fitted
+    and that it is carried to this plan's GPU unverified."""
+    from .rules.deepep import ACHIEVED, ACHIEVED_NOTE
+
+    achieved = ACHIEVED.get(ctx.par.ep_dispatch, 1.0)
+    if achieved == 1.0:
+        return []
+    where = f"{ACHIEVED_NOTE}; carried to every GPU unverified"
+    return [Assumption("parallel.ep_dispatch (rate)", f"{achieved} of NCCL's all-to-all rate", f"{COMMPLAN}: {where}")]
 
 
 def _split_and_data_rows(ctx: Context) -> list[Assumption]:

@@ -39,7 +39,9 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import count
 from typing import ClassVar
 
 from collectives import CollectiveError, Op
@@ -58,6 +60,7 @@ from .pipeline_jitter import call_work as jitter_work
 from .plan import (
     MAX_PARAMS,
     PRICE_CACHE,
+    SITES_CACHE,
     Options,
     Prepared,
     ledger_memo,
@@ -65,6 +68,7 @@ from .plan import (
     prepare,
     price_classes,
     priced_keys,
+    pricing_options,
 )
 from .workload import WorkloadSpec
 
@@ -286,6 +290,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
     """The estimate's walk over the prepared ledger: (units, biggest, biggest_units, parts)."""
     layout, cluster = prepared.layout, prepared.cluster
     est, in_net, paths, contended, shared = Estimate(), in_network(cluster_spec), {}, set(), []
+    pair = (cluster_spec, pricing_options(options))  # the price cache's prefix (plan.py _pricer)
     for c in prepared.calls:
         if c.message_bytes > MAX_MESSAGE:
             raise SpecError(
@@ -308,11 +313,13 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         first = (c.group, tuple(classes)) not in contended  # calls on the same groups share one contention pass
         contended.add((c.group, tuple(classes)))
         units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first)
-        if call is None:  # what the price cache and the contention memo hold, under their own keys
-            priced = len(classes) * schedule_work(c.op, n, g, path, in_net, sizes)
-            shared.append(("price", (options, c.op, c.message_bytes, keys), priced))
+        if call is None:  # what the price cache and the contention memo hold: one real entry per class's key
+            # the estimate's classes (price_classes) split over the cache's keys (priced_keys, as many or fewer)
+            per_key = len(classes) / max(len(keys), 1)
+            priced = round(per_key * schedule_work(c.op, n, g, path, in_net, sizes))
+            shared += [("price", pair, (c.op, c.message_bytes, k), priced) for k in keys]
             if first and path.library and n > 1:
-                shared.append(("contention", keys, len(classes) * contention_work(path, g, n)))
+                shared += [("contention", None, k, round(per_key * contention_work(path, g, n))) for k in keys]
         how = "NCCL model" if path.library else "schedules"
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
@@ -320,29 +327,56 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
     return est.units, est.biggest, est.biggest_units, tuple(est.parts), tuple(shared)
 
 
+class _Fifo:
+    """A simulated cache of keys that evicts its oldest entry past ``capacity`` and does not reorder on a hit, as
+    the service's caches (plan.py ``_PRICES``, ``_PREFIXES``; collectives/topology/library/pricer.py
+    ``_CONTENTION``: ``OrderedDict.get`` then ``popitem(last=False)``)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.held = capacity, OrderedDict()
+
+    def get(self, key, make=bool) -> tuple[bool, object]:
+        """(whether ``key`` was held, its value); a miss inserts ``make()`` under it, evicting the oldest."""
+        if key in self.held:
+            return True, self.held[key]
+        value = self.held[key] = make()
+        if len(self.held) > self.capacity:
+            self.held.popitem(last=False)
+        return False, value
+
+
 class BatchWork:
     """The estimated work of a batch of plans (app/routers/plan.py): each plan's estimate, less what the service
-    memoises by value and an earlier plan of the batch already pays for (``Estimate.shared``: one price of one call
-    on one placement, one contention pass over one placement), charged once per batch, as the work does it once.
-    Only while the batch's distinct keys of a kind fill at most half of that cache (``PRICE_CACHE``,
-    ``CONTENTION_CACHE``; the other half for concurrent requests): past it, an entry may be evicted before a later
-    plan reads it, and every plan pays its own, as a plan alone is charged."""
+    memoises by value and an earlier plan of the batch already paid for and the cache still holds when this plan
+    runs (``Estimate.shared``: one price of one call on one stage class's placement, one contention pass over one
+    placement). The caches are simulated in the batch's order, one real entry per key, at half their capacity (the
+    other half for concurrent requests): the price cache (``PRICE_CACHE``), the contention memo
+    (``CONTENTION_CACHE``) and the (cluster, options) prefixes that key every price (plan.py ``_pricer``,
+    ``SITES_CACHE``: an evicted pair comes back under a new prefix, so no price stored under the old one is found
+    again). A key the simulation has evicted is charged again, as the work redoes it."""
 
-    BOUNDS: ClassVar[dict[str, int]] = {"price": PRICE_CACHE // 2, "contention": CONTENTION_CACHE // 2}
+    BOUNDS: ClassVar[dict[str, int]] = {
+        "price": PRICE_CACHE // 2,
+        "contention": CONTENTION_CACHE // 2,
+        "pair": SITES_CACHE // 2,
+    }
 
     def __init__(self) -> None:
         self.total = Estimate()
-        self.seen: dict[str, set] = {kind: set() for kind in self.BOUNDS}
+        self.caches = {kind: _Fifo(bound) for kind, bound in self.BOUNDS.items()}
+        self._prefixes = count()
+        self.missed = dict.fromkeys(self.BOUNDS, 0)  # shared entries charged: the simulated caches' misses
 
     def add(self, est: Estimate, what: str) -> int:
         """Charge one plan's estimate; returns the units charged."""
-        units = est.units
-        for kind, key, part in est.shared:
-            seen = self.seen[kind]
-            if key in seen:
+        units, prefixes, pairs = est.units, {}, self.caches["pair"]
+        for pair in dict.fromkeys(pair for _, pair, _, _ in est.shared if pair is not None):  # as _pricer, first
+            prefixes[pair] = pairs.get(pair, lambda: next(self._prefixes))[1]
+        for kind, pair, key, part in est.shared:
+            if self.caches[kind].get((prefixes.get(pair), key))[0]:
                 units -= part
-            elif len(seen) < self.BOUNDS[kind]:
-                seen.add(key)
+            else:
+                self.missed[kind] += 1
         self.total.add(units, what)
         return units
 

@@ -2153,7 +2153,7 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         k.mem("shared_activation", act_b * T * m.shared_ffn / t, act_n)
         k.gemm("shared_fc2", T, h, m.shared_ffn / t)
     rows, local = expert_rows(ctx, eff)
-    tokens = T / t * par.etp  # tokens this rank dispatches (the etp group's, after SP's gather)
+    tokens = dispatched_tokens(ctx)
     f = m.expert_ffn_hidden_size / par.etp
     x = max(2, ctx.x)  # fp8 recipes keep the tensors between kernels in bf16
     # a training framework's expert GEMMs (Flavour.expert_gemm_streams); serving engines run one fused MoE kernel
@@ -2532,6 +2532,13 @@ def _fp8_casts(k: _Layer) -> None:
 QUANTIZED_BEFORE_DISPATCH = {"deepep": "sender", "deepep_ll": "in_dispatch"}
 
 
+def dispatched_tokens(ctx: Context) -> float:
+    """Tokens this rank dispatches to the routed experts: the etp group's b·s/cp rows after SP's gather (``T / tp x
+    etp``, ``T`` = b·s/cp as _layer_kernels passes it to _moe_mlp); the one home of that count for _moe_mlp and the
+    quantize before a DeepEP dispatch (cast_input_elements)."""
+    return ctx.b * ctx.s_cp / ctx.par.tp * ctx.par.etp
+
+
 def cast_input_elements(ctx: Context, g: Kernel) -> float:
     """Elements of GEMM ``g``'s input that the pass's quantize kernel casts (_fp8_casts): its m x k per group, except
     the routed experts' fc1 behind an fp8 DeepEP dispatch of an inference pass (QUANTIZED_BEFORE_DISPATCH): the rank's
@@ -2542,7 +2549,7 @@ def cast_input_elements(ctx: Context, g: Kernel) -> float:
         return g.shape[0] * g.shape[2] * g.shape[3]
     if where == "in_dispatch":
         return 0.0
-    return ctx.b * ctx.s_cp / ctx.par.tp * ctx.par.etp * g.shape[2]  # the tokens this rank dispatches (_moe_mlp)
+    return dispatched_tokens(ctx) * g.shape[2]
 
 
 # the fp8 recipes whose activation scales are DeepEP's 1x128 blocks

@@ -194,10 +194,7 @@ def build_plan(
     if prepared is None or not prepared.built_from(model, work, par, cluster_spec, options):
         prepared = prepare(model, work, par, cluster_spec, options)
     ctx, layout, cluster = prepared.ctx, prepared.layout, prepared.cluster
-    # the step-time switches do not change a price: keep them out of the price cache's key
-    default = options.overlap == Overlap() and options.timeline
-    pricing = options if default else replace(options, overlap=Overlap(), timeline=True)
-    pricer = _pricer(cluster, layout, pricing)
+    pricer = _pricer(cluster, layout, pricing_options(options))
     priced = [row for call in prepared.calls for row in _price_by_stage(call, pricer)]
     m = ctx.micro_batches
     plan = Plan(par.world_size, m, ctx.passes, priced, par.pp, prepared.params_total, cluster_summary(cluster))
@@ -476,6 +473,15 @@ _PREFIXES: OrderedDict = OrderedDict()
 _next_prefix = iter(range(1 << 62))
 
 
+def pricing_options(options: Options) -> Options:
+    """The options a price is keyed by: the step-time switches (overlap, timeline) do not change a price, so they are
+    kept out of the price cache's key. The one home of that key's options: build_plan, price_calls and the batch's
+    estimate (estimate.py ``_walk``'s shared parts, which BatchWork matches against a simulation of these caches)."""
+    if options.overlap == Overlap() and options.timeline:
+        return options
+    return replace(options, overlap=Overlap(), timeline=True)
+
+
 def _pricer(cluster: Cluster, layout: RankLayout, options: Options) -> _Pricer:
     key = (cluster.spec, options)
     prefix = _PREFIXES.get(key)
@@ -639,7 +645,7 @@ def _price(call: Call, pricer: _Pricer) -> PricedCall:
 def price_calls(calls: list[Call], par: ParallelSpec, cluster_spec: ClusterSpec, options: Options = Options()):
     """Calls a caller adds to a plan's ledger (a serving engine's own per-step calls: rules/engine_step.py), priced
     and placed exactly as build_plan prices its own (the same pricer, caches and per-stage rows)."""
-    pricer = _pricer(cluster_for(cluster_spec), layout_for(par), replace(options, overlap=Overlap(), timeline=True))
+    pricer = _pricer(cluster_for(cluster_spec), layout_for(par), pricing_options(options))
     return [row for call in calls for row in _price_by_stage(call, pricer)]
 
 
@@ -684,5 +690,6 @@ __all__ = [
     "price_calls",
     "price_classes",
     "priced_keys",
+    "pricing_options",
     "setup",
 ]

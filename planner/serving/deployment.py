@@ -141,6 +141,11 @@ class _Worker:
     dp_sync: tuple[int, str] = (0, "")  # the engine's per-step DP all-reduce: int32 rows per rank, source
     allreduce: AllReducePolicy | None = None  # the engine's own TP all-reduce kernels (fused_allreduce.py)
     fp8_fmha: bool = False  # the engine can run its context attention in FP8 (EngineTraits.fp8_context_attention)
+    bf16_dispatches: tuple[str, ...] = ()  # EngineTraits.bf16_dispatches
+
+    def bf16_dispatch(self, par: ParallelSpec) -> bool:
+        """Whether ``par``'s dispatcher moves bf16 rows of an fp8 checkpoint (EngineTraits.bf16_dispatches)."""
+        return par.ep_dispatch in self.bf16_dispatches
 
 
 def plan_serving(
@@ -332,7 +337,7 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
                    (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce,
-                   traits.fp8_context_attention is not None)  # fmt: skip
+                   traits.fp8_context_attention is not None, traits.bf16_dispatches)  # fmt: skip
 
 
 def _expert_tp(model: ModelSpec, traits: EngineTraits, pool: Pool, where: str) -> int:
@@ -389,7 +394,8 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
-        out.append((pool.role, _work(options, "decode", w.par.dp, context), w.par, w.cluster, plans))
+        work = _work(options, "decode", w.par.dp, context, bf16_dispatch=w.bf16_dispatch(w.par))
+        out.append((pool.role, work, w.par, w.cluster, plans))
     return out
 
 
@@ -397,10 +403,12 @@ DECODE_ITERATIONS = 12  # Little's-law iterations for a decode batch at a reques
 SATURATED_STEPS = 2  # decode steps a saturated deployment adds: at the full KV cache, at the fed batch
 
 
-def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha: bool = False) -> WorkloadSpec:
+def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha: bool = False,
+          bf16_dispatch: bool = False) -> WorkloadSpec:  # fmt: skip
     """A step's workload; ``fp8_fmha``: the engine runs an FP8 context FMHA (EngineTraits.fp8_context_attention),
     which it does for a prefill pass with quantized linears (engines.FP8_FMHA_WEIGHTS: the quantized o_proj's output
-    scale takes the op's FP8 path, whatever the KV cache)."""
+    scale takes the op's FP8 path, whatever the KV cache); ``bf16_dispatch``: the pool's dispatcher moves bf16 rows
+    of fp8 weights (_Worker.bf16_dispatch)."""
     return WorkloadSpec(
         kind="inference",
         phase=phase,
@@ -409,7 +417,7 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha:
         param_dtype=options.weight_dtype,
         activation_dtype="bf16" if weight_bytes(options.weight_dtype) < 2 else options.weight_dtype,
         kv_dtype=options.kv,
-        moe_dispatch_dtype="fp8" if options.weight_dtype == "fp8" else None,
+        moe_dispatch_dtype="fp8" if options.weight_dtype == "fp8" and not bf16_dispatch else None,
         # the engines capture decode steps in CUDA graphs by default (vLLM, SGLang, TensorRT-LLM): no host dispatch
         # per kernel (planner/kernels.py cpu_op_s); prefill runs eager in all three
         cuda_graphs=options.cuda_graphs and phase == "decode",
@@ -464,7 +472,7 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks, with the
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
-    plan = build_plan(model, _work(options, phase, batch, context, w.fp8_fmha), par, w.cluster,
+    plan = build_plan(model, _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par)), par, w.cluster,
                       Options(timeline=False))  # fmt: skip
     if w.allreduce is not None:
         plan = engine_allreduce_step(plan, w.allreduce, _context(model, options, phase, batch, context, par, w),
@@ -527,8 +535,8 @@ def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str,
 
 
 def _context(model, options, phase, batch, context, par, w) -> Context:
-    return Context(model, _work(options, phase, batch, context, w.fp8_fmha), par, w.cluster.devices_per_node,
-                   device_sms(w.cluster))  # fmt: skip
+    work = _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par))
+    return Context(model, work, par, w.cluster.devices_per_node, device_sms(w.cluster))
 
 
 def _calibrated(plan: Plan, scale: float) -> Plan:
@@ -586,9 +594,10 @@ def kv_capacity(
     kv_share = traits.memory_fraction if traits.memory_fraction_of_free else 1.0
     budget = gpu.hbm_bytes * share
     par = w.decode_par
-    own = Context(model, _work(options, *counted), w.par if counted[0] == "prefill" else par,
+    counted_par = w.par if counted[0] == "prefill" else par
+    own = Context(model, _work(options, *counted, bf16_dispatch=w.bf16_dispatch(counted_par)), counted_par,
                   w.cluster.devices_per_node, device_sms(w.cluster))  # fmt: skip
-    one = Context(model, _work(options, "decode", par.dp, request_tokens), par,
+    one = Context(model, _work(options, "decode", par.dp, request_tokens, bf16_dispatch=w.bf16_dispatch(par)), par,
                   w.cluster.devices_per_node, device_sms(w.cluster))  # fmt: skip
     tokens = math.inf
     for st, big in zip(plan.memory.per_stage, largest.memory.per_stage, strict=True):

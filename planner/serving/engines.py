@@ -173,6 +173,11 @@ class EngineTraits:
     # fp8 or nvfp4 weights, whatever the KV cache) and refuses an FP8 KV cache beside bf16 linears (deployment.
     # _check_engine_options); the string is its source. None: bf16 context attention, any KV cache
     fp8_context_attention: str | None = None
+    # the dispatchers that move bf16 rows of an fp8 (block-scaled) checkpoint, the experts quantizing every received
+    # copy (planner/kernels.py cast_input_elements casts the routed copies); any other quantizes once per token
+    # before (or inside) the exchange and moves fp8 rows (workload.moe_dispatch_dtype "fp8"; SGLang, vLLM: kernels.py
+    # QUANTIZED_BEFORE_DISPATCH)
+    bf16_dispatches: tuple[str, ...] = ()
     # the engine's rule for the KV cache's dtype where the request names none, said in the response (ServePlan.
     # kv_cache.dtype_default); the planner has no checkpoint, so it plans ServeOptions.kv (the 16-bit cache) and the
     # rule says when to name options.kv_dtype. "": no rule stated (ServeOptions.kv)
@@ -366,6 +371,11 @@ TRTLLM = register(
         kv_head_replication=True,
         fp8_context_attention=TRTLLM_FP8_CONTEXT_FMHA,
         kv_default_rule=TRTLLM_KV_DEFAULT_RULE,
+        # _torch/modules/fused_moe/communication/deep_ep.py (0d2123af) supports_post_quant_dispatch: "DeepEP supports
+        # post-quant dispatch only for nvfp4"; else "Pre-quant dispatch (unquantized data)",
+        # deep_ep_buffer.dispatch(hidden_states, ...) in bf16, the fp8 block-scale MoE quantizing the received rows
+        # (fused_moe_wide_ep.py 01303b38: use_deepseek_fp8_block_scale, no quantize before the dispatch)
+        bf16_dispatches=("deepep",),
     )
 )
 

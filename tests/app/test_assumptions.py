@@ -63,6 +63,9 @@ def test_moe_rows_and_the_summary_leaves_them_out(api):
     }  # fmt: skip
     rows = _rows(api, request)
     assert rows["parallel.ep_dispatch"]["value"] == "deepep"
+    rate = rows["parallel.ep_dispatch (rate)"]  # review r14e finding 5: where the 0.897 comes from, said
+    assert rate["value"] == "0.897 of NCCL's all-to-all rate"
+    assert "H800 table only" in rate["source"] and "unverified" in rate["source"] and "3.8%" in rate["source"]
     assert (rows["model.moe.num_experts"]["value"], rows["model.moe.top_k"]["value"]) == ("8", "2")  # Mixtral 8x7B
     assert rows["parallel.expert_tp"]["value"] == "2"  # Megatron: --expert-tensor-parallel-size defaults to tp
     assert rows["options.overlap.moe_shared_expert_overlap"]["value"] == "off"

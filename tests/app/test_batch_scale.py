@@ -74,12 +74,12 @@ def test_a_batch_charges_a_memoised_price_once():
     placed = sum(b.prepared.layout.placement(c.group, c.stages).size for c in b.prepared.calls)
     assert second == own + placed < b.units // 2
     assert first <= a.units and batch.total.units == first + second
-    assert {kind for kind, _, _ in a.shared} == {"price", "contention"}
+    assert {kind for kind, *_ in a.shared} == {"price", "contention"}
 
 
 def test_past_half_the_cache_every_plan_pays_its_own(monkeypatch):
     """Keys past half a cache's size may be evicted before a later plan reads them: then nothing is deducted."""
-    monkeypatch.setattr(BatchWork, "BOUNDS", {"price": 0, "contention": 0})
+    monkeypatch.setattr(BatchWork, "BOUNDS", {"price": 0, "contention": 0, "pair": 0})
     ests = _estimates(configs_512(200)[:1] + configs_512(200)[96:97])
     batch = BatchWork()
     for e in ests:
@@ -138,3 +138,49 @@ def test_the_plan_weight_is_charged_once_per_plan(monkeypatch):
     calls = len(with_it.prepared.calls)
     assert calls > 10
     assert with_it.units - without.units == PLAN_WEIGHT + LEDGER_CALL_WEIGHT * calls == 90_000 + 5_000 * calls
+
+
+def _cycle(clusters: int, rounds: int) -> list[dict]:
+    """Llama-3 70B at tp 8 on 2+i DGX H100 nodes, i < ``clusters``, in rounds of a growing global batch: every item
+    distinct, each sharing its prices with its cluster's other rounds (review r14e, finding 1, at small sizes)."""
+    return [
+        {
+            "model": {"preset": "llama3-70b"},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 2 + i},
+            "workload": {"micro_batch_size": 1, "global_batch_size": 4 * (r + 1) * (2 + i)},
+            "parallel": {"tp": 8, "pp": 1, "dp": 2 + i, "sequence_parallel": True},
+        }
+        for r in range(rounds)
+        for i in range(clusters)
+    ]
+
+
+@pytest.mark.parametrize(("clusters", "repriced"), [(8, False), (17, True)])
+def test_a_cycle_of_clusters_is_charged_what_the_caches_evict(monkeypatch, clusters, repriced):
+    """BatchWork simulates the price cache's (cluster, options) prefixes (plan.py _pricer, 16 kept, 8 for this
+    batch): 8 clusters cycled three times price each call once and are charged once; 17 evict each prefix before its
+    cluster comes round again, so every round reprices everything, and the batch is charged every price it makes
+    (before: 17 clusters were charged as 16, a third of their prices)."""
+    from collections import OrderedDict
+
+    import collectives.topology.library.pricer as library
+    import planner.plan as plan_mod
+    from app.routers.plan import _batch
+
+    items = _cycle(clusters, 3)
+    batch = BatchWork()
+    for e in _estimates(items):
+        batch.add(e, "x")
+    misses, price_op = [0], plan_mod._price_op
+
+    def counting(*args, **kwargs):
+        misses[0] += 1
+        return price_op(*args, **kwargs)
+
+    monkeypatch.setattr(plan_mod, "_price_op", counting)
+    for module, name in ((plan_mod, "_PRICES"), (plan_mod, "_PREFIXES"), (library, "_CONTENTION")):
+        monkeypatch.setattr(module, name, OrderedDict())
+    _batch(items, Settings(max_batch_work=1 << 40))
+    first_round = misses[0] if not repriced else misses[0] // 3
+    assert misses[0] == (3 if repriced else 1) * first_round > 0
+    assert batch.missed["price"] == misses[0]

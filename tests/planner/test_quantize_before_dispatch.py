@@ -59,3 +59,20 @@ def test_without_an_fp8_deepep_dispatch_every_copy_is_cast():
     ctx, fwd = moe_layer(pool, "prefill", 8, 2000)
     fc1 = next(g for g in _cast_gemms(ctx, fwd) if g.name == "experts_fc1")
     assert cast_input_elements(ctx, fc1) == fc1.shape[0] * fc1.shape[2] * fc1.shape[3]
+
+
+def test_trtllm_deepep_dispatches_bf16_and_casts_every_copy():
+    """TensorRT-LLM's DeepEP (EngineTraits.bf16_dispatches: communication/deep_ep.py post-quant dispatch for nvfp4
+    only): the same prefill pool dispatches 2 B rows and fc1's cast holds every routed copy (9 x 14,390 rows x
+    7,168 a rank, against SGLang's 16,000 x 7,168 sender tokens and 1 B rows)."""
+    pool = Pool("prefill", dp=32, ep=32, attention_dp=True, ep_dispatch="deepep", max_batch_tokens=16384)
+    sglang_ctx, _ = moe_layer(pool, "prefill", 8, 2000)
+    w = _worker(MODEL, CLUSTER, engine("trtllm"), pool, 0)
+    ctx = _context(MODEL, OPTIONS, "prefill", 8 * pool.dp, 2000, w.par, w)
+    fc1 = next(
+        g for g in _cast_gemms(ctx, list(layer_kernels(ctx, True, CLUSTER.gpu).forward)) if g.name == "experts_fc1"
+    )
+    assert (ctx.dispatch_bytes, sglang_ctx.dispatch_bytes) == (2, 1)
+    copies = fc1.shape[0] * fc1.shape[2] * fc1.shape[3]
+    assert cast_input_elements(ctx, fc1) == copies == pytest.approx(928_333_535.6, rel=1e-9)
+    assert copies > 8 * cast_input_elements(sglang_ctx, fc1) / 1.01  # 8.1x the sender's 114,688,000
