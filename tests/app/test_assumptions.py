@@ -57,15 +57,19 @@ def test_moe_rows_and_the_summary_leaves_them_out(api):
     request = {
         "model": {"preset": "mixtral-8x7b"},
         "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 256},
-        "parallel": {"tp": 2, "pp": 1, "dp": 16, "ep": 8, "zero_stage": 1, "sequence_parallel": True,
-                     "ep_dispatch": "deepep"},
+        "parallel": {"tp": 2, "pp": 1, "dp": 16, "ep": 8, "zero_stage": 1, "sequence_parallel": True},
         "cluster": {"preset": "dgx-h100", "num_nodes": 4},
     }  # fmt: skip
     rows = _rows(api, request)
-    assert rows["parallel.ep_dispatch"]["value"] == "deepep"
-    rate = rows["parallel.ep_dispatch (rate)"]  # review r14e finding 5: where the 0.897 comes from, said
+    # DeepEP's normal kernels where they run: tp 1, the 8 EP ranks of a group adjacent on one node (at tp 2 a node
+    # holds 4 of them, a 422 since mend14f: csrc/deep_ep.cpp joins ranks by rank % 8)
+    deepep = {**request, "parallel": {**request["parallel"], "tp": 1, "dp": 32, "ep_dispatch": "deepep"}}
+    deepep_rows = _rows(api, deepep)
+    assert deepep_rows["parallel.ep_dispatch"]["value"] == "deepep"
+    rate = deepep_rows["parallel.ep_dispatch (rate)"]  # review r14e finding 5: where the 0.897 comes from, said
     assert rate["value"] == "0.897 of NCCL's all-to-all rate"
     assert "H800 table only" in rate["source"] and "unverified" in rate["source"] and "3.8%" in rate["source"]
+    assert "parallel.ep_dispatch (rate)" not in rows  # the all-to-all dispatcher: NCCL's own rate, no row
     assert (rows["model.moe.num_experts"]["value"], rows["model.moe.top_k"]["value"]) == ("8", "2")  # Mixtral 8x7B
     assert rows["parallel.expert_tp"]["value"] == "2"  # Megatron: --expert-tensor-parallel-size defaults to tp
     assert rows["options.overlap.moe_shared_expert_overlap"]["value"] == "off"
