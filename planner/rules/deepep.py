@@ -127,7 +127,13 @@ def ep_per_node(ctx: Context) -> int:
         local = min(par.ep, per_node // stride)
     if par.ep_dispatch == "deepep":
         _check_deepep_ranks(par.ep)
-        _check_nvlink_group(par.ep, local, per_node)
+        # DeepEP's buffer joins its group's ranks by rank % 8. Megatron's flex dispatcher builds it over the expert-TP x
+        # EP group (Megatron-LM 60e039626 token_dispatcher.py ``_DeepepManager(group=self.tp_ep_group, ...)``, top-k and
+        # experts folded by tp), whose etp x ep ranks lie together when EP ranks are etp apart: that group is checked
+        if par.etp > 1 and stride == par.etp:
+            _check_nvlink_group(par.etp * par.ep, min(par.etp * par.ep, per_node), per_node)
+        else:
+            _check_nvlink_group(par.ep, local, per_node)
         local = min(local, NUM_MAX_NVL_PEERS)  # DeepEP's "node": 8 consecutive EP ranks at most
     if par.ep % local:
         raise SpecError("parallel.ep_dispatch", f"ep {par.ep} does not split into nodes of {local} EP ranks (DeepEP)")

@@ -31,3 +31,17 @@ def test_a_node_smaller_than_deepeps_nvlink_group_is_a_422(api, nodes, per_node,
 @pytest.mark.parametrize(("nodes", "per_node", "ep"), [(3, 8, 8), (1, 16, 16)])
 def test_nodes_that_hold_the_group_still_plan(api, nodes, per_node, ep):
     assert api.post("/v1/plan?summary=true", json=body(nodes, per_node, ep)).status_code == 200
+
+
+def test_megatrons_flex_dispatcher_joins_the_expert_tp_x_ep_group(api):
+    """Megatron's flex dispatcher builds DeepEP's buffer over the tp x ep group (token_dispatcher.py
+    ``_DeepepManager(group=self.tp_ep_group)``): at tp 2 (expert TP 2 by default) and ep 8 the EP ranks are 2 apart,
+    4 on a node, but the 16-rank tp x ep group fills two 8-GPU nodes, which DeepEP runs; it plans (a 422 for a
+    moment this round, the check read the EP ranks alone)."""
+    request = body(4, 8, 8)
+    request["parallel"] |= {"tp": 2, "dp": 16, "sequence_parallel": True}
+    r = api.post("/v1/plan?summary=true", json=request)
+    assert r.status_code == 200, r.text
+    # with expert TP 1 Megatron re-partitions tp x dp so that the EP ranks are adjacent (parallel_state.py): it plans
+    request["parallel"]["expert_tp"] = 1
+    assert api.post("/v1/plan?summary=true", json=request).status_code == 200
