@@ -1,0 +1,67 @@
+"""Round 15's contract holes (mend15), over HTTP: each failed before its fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA = json.loads((ROOT / "examples/serve-llama3-70b.json").read_text())
+
+
+def _with_pool(engine: str, model: str = "llama3-70b", **pool) -> dict:
+    body = json.loads(json.dumps(LLAMA)) | {"engine": engine, "model": {"preset": model}}
+    body["deployment"]["pools"][0] = {"role": "both", "workers": 1} | pool
+    return body
+
+
+def _server_lines(text: str, head: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines() if line.startswith(head)]
+
+
+def test_sglang_plain_data_parallel_is_one_server_with_its_dp_controller(api):
+    """A pool of dp 2 without attention DP is two replicas of tp 4: SGLang's one server with --dp-size 2 (its
+    DataParallelController, tp_size x pp_size GPUs per DP rank), not --tp-size 4 alone (4 of the worker's 8 GPUs)."""
+    body = _with_pool("sglang", workers=2, tp=4, dp=2)
+    assert api.post("/v1/serve", json=body).status_code == 200
+    r = api.post("/v1/serve/export", params={"model_path": "m"}, json=body)
+    assert r.status_code == 200, r.text
+    first, second = _server_lines(r.text, "python3 -m sglang.launch_server")  # a line per worker
+    argv = first[:-1]  # the trailing "&"
+    assert first == second and argv[argv.index("--tp-size") + 1] == "4" and argv[argv.index("--dp-size") + 1] == "2"
+    assert "--enable-dp-attention" not in argv and "--nnodes" not in argv
+
+
+def test_sglang_plain_data_parallel_over_nodes_and_on_moe_is_a_422(api):
+    over_nodes = api.post("/v1/serve/export", json=_with_pool("sglang", tp=8, dp=2))
+    assert over_nodes.status_code == 422, over_nodes.text
+    (err,) = over_nodes.json()["detail"]
+    assert err["loc"] == ["body", "deployment", "pools", "0", "dp"], err
+    assert "multi-node data parallel is not supported unless dp attention" in err["msg"]
+    assert "16 GPUs spans 2 nodes of 8" in err["msg"] and "2 workers of tp 8, pp 1, dp 1" in err["msg"]
+    moe = api.post("/v1/serve/export", json=_with_pool("sglang", "mixtral-8x7b", tp=2, dp=4, ep=8))
+    assert moe.status_code == 422, moe.text
+    (err,) = moe.json()["detail"]
+    assert err["loc"] == ["body", "deployment", "pools", "0", "attention_dp"] and "tp*dp = 8 ranks" in err["msg"], err
+    with_dp_attention = _with_pool("sglang", "mixtral-8x7b", tp=2, dp=4, ep=8, attention_dp=True)
+    text = api.post("/v1/serve/export", params={"model_path": "m"}, json=with_dp_attention).text
+    (argv,) = _server_lines(text, "python3 -m sglang.launch_server")
+    assert argv[argv.index("--tp-size") + 1] == "8" and "--enable-dp-attention" in argv
+
+
+def test_trtllm_plain_data_parallel_is_a_422_not_one_tp_group(api):
+    """trtllm-serve has no data-parallel size: dp 2 without attention DP was exported as --tp_size 8."""
+    r = api.post("/v1/serve/export", json=_with_pool("trtllm", tp=4, dp=2))
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"][-1] == "attention_dp" and "--tp_size 8, one tensor-parallel group of 8" in err["msg"], err
+    body = _with_pool("trtllm", tp=4, dp=2, attention_dp=True)
+    ok = api.post("/v1/serve/export", params={"model_path": "m"}, json=body)
+    assert ok.status_code == 200 and '"enable_attention_dp": true' in ok.text
+
+
+def test_vllm_plain_data_parallel_keeps_its_data_parallel_size(api):
+    text = api.post("/v1/serve/export", params={"model_path": "m"}, json=_with_pool("vllm", tp=4, dp=2)).text
+    (argv,) = _server_lines(text, "vllm serve")
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+    assert argv[argv.index("--data-parallel-size") + 1] == "2"
