@@ -21,8 +21,7 @@ from .._errors import SpecError
 from ..model import ModelSpec
 from ..parallel import kv_heads_rule
 from ..words import POOL_DIMS, duration, load_name, pool_name
-from ..workload import WEIGHT_FORMAT_BYTES
-from .deployment import ServePlan, check_fp8_kv, check_weight_format, plan_serving
+from .deployment import ENGINE_OPTION_RULES, ServePlan, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
 from .spec import REQUEST_RATES, Pool, ServeOptions, Traffic, validate_options, validate_traffic
 
@@ -225,28 +224,23 @@ def _checked_request(model, cluster, traffic, engines, modes, options) -> dict[s
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
     traits: dict[str, EngineTraits] = {name: engine(name) for name in engines}
-    fmt = options.weight_dtype
-    if fmt in WEIGHT_FORMAT_BYTES and not any(fmt in t.weight_formats for t in traits.values()):
-        raise SpecError(  # deployment._check_engine_options' rule, for every engine asked for
-            "options.weight_dtype",
-            f"{fmt} weights are priced for none of the engines asked for ({', '.join(engines)}); "
-            + "; ".join(t.weight_formats_note for t in traits.values() if t.weight_formats_note),
-        )
-    _check_kv_for_some_engine(traits, options)
+    for rule in ENGINE_OPTION_RULES:
+        _refused_by_every_engine(traits, options, rule)
     return traits
 
 
-def _check_kv_for_some_engine(traits: dict[str, EngineTraits], options: ServeOptions) -> None:
-    """/v1/serve's KV cache rule (deployment.check_fp8_kv: TensorRT-LLM's fp8 KV cache only beside quantized
-    linears): its 422 where every engine asked for refuses the request's cache, as the weight formats' above."""
+def _refused_by_every_engine(traits: dict[str, EngineTraits], options: ServeOptions, rule) -> None:
+    """/v1/serve's engine rule (deployment.ENGINE_OPTION_RULES: the weight formats an engine is priced for,
+    TensorRT-LLM's fp8 KV cache only beside quantized linears) as a 422 where every engine asked for refuses the
+    request: one engine's refusal word for word as /v1/serve says it, several engines' each said once, joined."""
     refusals: list[SpecError] = []
     for t in traits.values():
         try:
-            check_fp8_kv(t, options)
+            rule(t, options)
         except SpecError as e:
             refusals.append(e)
     if refusals and len(refusals) == len(traits):
-        raise refusals[0]
+        raise SpecError(refusals[0].field, "; ".join(dict.fromkeys(e.rule for e in refusals)))
 
 
 def search_serving(

@@ -65,3 +65,33 @@ def test_vllm_plain_data_parallel_keeps_its_data_parallel_size(api):
     (argv,) = _server_lines(text, "vllm serve")
     assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
     assert argv[argv.index("--data-parallel-size") + 1] == "2"
+
+
+def _serve_and_search(api, options: dict) -> tuple[dict, dict]:
+    """One TensorRT-LLM request through /v1/serve and /v1/serve/search (engines: trtllm alone)."""
+    serve = _with_pool("trtllm", "mixtral-8x7b", tp=8) | {"options": options}
+    search = {k: serve[k] for k in ("model", "cluster", "traffic", "options")}
+    search |= {"engines": ["trtllm"], "sla": {"ttft_s": 2.0, "tpot_s": 0.05}}
+    one, two = api.post("/v1/serve", json=serve), api.post("/v1/serve/search", json=search)
+    assert one.status_code == two.status_code == 422, (one.text, two.text)
+    return one.json()["detail"], two.json()["detail"]
+
+
+def test_the_engine_option_rules_answer_alike_on_serve_and_the_search(api):
+    """One home: the search calls /v1/serve's engine rules (deployment.ENGINE_OPTION_RULES); round 13's search
+    restated the weight-format rule in its own words ("priced for none of the engines asked for")."""
+    serve, search = _serve_and_search(api, {"weight_dtype": "mxfp4"})
+    assert serve == search and serve[0]["loc"][-1] == "weight_dtype", (serve, search)
+    assert serve[0]["msg"].startswith("mxfp4 weights are not priced for TensorRT-LLM (its formats here: nvfp4); ")
+    serve, search = _serve_and_search(api, {"kv_dtype": "fp8"})
+    assert serve == search and serve[0]["loc"][-1] == "kv_dtype", (serve, search)
+
+
+def test_the_search_refuses_only_where_every_engine_refuses(api):
+    """mxfp4 is priced for SGLang, not TensorRT-LLM: asked for both, the search plans (SGLang's deployments) where
+    TensorRT-LLM alone is the 422 above."""
+    body = {k: _with_pool("vllm", "mixtral-8x7b", tp=8)[k] for k in ("model", "cluster", "traffic")}
+    body |= {"engines": ["trtllm", "sglang"], "sla": {"ttft_s": 2.0, "tpot_s": 0.05}, "top_k": 1}
+    r = api.post("/v1/serve/search", json=body | {"options": {"weight_dtype": "mxfp4"}})
+    assert r.status_code == 200, r.text
+    assert {x["engine"] for x in r.json()["pareto"]} == {"sglang"}
