@@ -95,3 +95,53 @@ def test_the_search_refuses_only_where_every_engine_refuses(api):
     r = api.post("/v1/serve/search", json=body | {"options": {"weight_dtype": "mxfp4"}})
     assert r.status_code == 200, r.text
     assert {x["engine"] for x in r.json()["pareto"]} == {"sglang"}
+
+
+def _search_within(limit: int, nodes: int) -> dict:
+    """vLLM's aggregated deployments of Mixtral 8x7B (8 experts) on ``nodes`` DGX H100 under a list limit of
+    ``limit`` (COMMPLAN_MAX_SERVE_CANDIDATES)."""
+    from app.settings import Settings
+
+    from .conftest import Api
+
+    client = Api(Settings(max_serve_candidates=limit))
+    body = {
+        "model": {"preset": "mixtral-8x7b"},
+        "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
+        "traffic": {"input_tokens": 1000, "output_tokens": 200, "concurrency": 64},
+        "engines": ["vllm"],
+        "modes": ["aggregated"],
+        "sla": {"ttft_s": 2.0, "tpot_s": 0.05},
+    }
+    try:
+        r = client.post("/v1/serve/search", json=body)
+    finally:
+        client.close()
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_the_search_says_how_many_twins_it_left_out(api):
+    """On one node vLLM's layouts are TP 1, 2, 4, 8 (TP 2, 4, 8 each with EP = TP and at ep 1) and DP 8 EP 8: 8
+    deployments. Under a limit of 5 the three expert-TP twins (TP 2, 4, 8 at ep 1) are left out: round 14 said
+    nothing of them."""
+    whole = _search_within(2000, 1)
+    assert whole["candidates"] == 8 and whole["warnings"] == []
+    assert whole["left_out"] == {"expert_tp_twins": 0, "sizes_gpus": []}
+    d = _search_within(5, 1)
+    assert d["candidates"] == 5 and d["left_out"] == {"expert_tp_twins": 3, "sizes_gpus": []}
+    (warning,) = d["warnings"]
+    assert warning.startswith("3 deployments on the whole cluster not tried, to stay within the limit of 5 ")
+    assert "expert-TP twins of the aggregated pools" in warning
+    eps = {(p["tp"], p.get("ep", 1)) for x in d["pareto"] for p in x["request"]["deployment"]["pools"]}
+    assert not {(2, 1), (4, 1), (8, 1)} & eps
+
+
+def test_the_search_says_which_sizes_it_left_out():
+    """Two nodes: 8 deployments on the whole 16 GPUs and 8 more on one node; under a limit of 8 the one-node ones
+    are not listed, and the answer names the size (deployment_gpus alone read 16 to 16)."""
+    d = _search_within(8, 2)
+    assert d["candidates"] == 8 and d["left_out"] == {"expert_tp_twins": 0, "sizes_gpus": [8]}
+    assert d["deployment_gpus"] == {"fewest": 16, "most": 16}
+    (warning,) = d["warnings"]
+    assert warning.startswith("no deployment on 8 GPUs tried: with them the list passes the limit of 8 ")
