@@ -257,10 +257,11 @@ def sglang_command(
 
 def _sglang_replicas(pool: Pool, per_node: int, num_experts: int) -> int:
     """Plain data parallelism in one SGLang server: --dp-size N without --enable-dp-attention runs N tensor-parallel
-    groups of --tp-size x --pp-size GPUs each, behind the server's DataParallelController (data_parallel_controller.py
-    launch_dp_schedulers: base_gpu_id += tp_size * pp_size * gpu_id_step per DP rank, round-robin dispatch), each group
-    a whole replica; only inside one node: server_args.py check_server_args asserts "multi-node data parallel is not
-    supported unless dp attention!" (dp_size > 1 and nnodes != 1), so a worker over nodes is a 422 at its dp. An MoE
+    groups of --tp-size x --pp-size GPUs each, behind the server's DataParallelController (managers/
+    data_parallel_controller.py at 000a3db1c0c4, launch_dp_schedulers: base_gpu_id += tp_size * pp_size * gpu_id_step
+    per DP rank; requests spread by --load-balance-method), each group a whole replica; only inside one node: SGLang
+    0.5's server_args.py check_server_args asserts "multi-node data parallel is not supported unless dp attention!"
+    (dp_size > 1 and nnodes != 1), so a worker over nodes is a 422 at its dp. An MoE
     model's replicas would each hold every expert over their own --tp-size ranks (parallel_state.py moe_tp_size =
     tp_size // ep_size), where the planner splits the experts over the worker's tp x dp ranks (engines.SGLANG_EXPERTS),
     SGLang's --enable-dp-attention: a 422 at attention_dp rather than a command that runs another layout."""
