@@ -383,6 +383,7 @@ def _serve_search_table(result: dict) -> str:
         lines.append(f"{line}  at {load}{'  meets the SLA' if point['meets_sla'] else ''}")
     if result["rejected"]:
         lines.append("not planned: " + "; ".join(f"{why} ({n})" for why, n in result["rejected"].items()))
+    lines += [f"warning: {w}" for w in result.get("warnings", [])]  # what the list left out (mend15)
     return "\n".join(lines) + "\n"
 
 

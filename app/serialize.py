@@ -239,6 +239,8 @@ def serve_search_dict(result: ServeSearchResult, base: dict, candidates: int) ->
         "deployment_gpus": {"fewest": result.gpus[0], "most": result.gpus[1]},
         "rejected": result.rejected,
         "why": result.why,
+        "left_out": {"expert_tp_twins": result.left_out.twins, "sizes_gpus": list(result.left_out.sizes)},
+        "warnings": result.warnings,
     }  # fmt: skip
 
 

@@ -262,6 +262,12 @@ class DeploymentGpusOut(Out):
     most: int
 
 
+class LeftOutOut(Out):
+    expert_tp_twins: int = Field(description="deployments on the whole cluster not tried: the MoE workers at ep 1 "
+                                 "beside the same worker at ep = tp")  # fmt: skip
+    sizes_gpus: list[int] = Field(description="deployment sizes (GPUs) below the cluster not tried")
+
+
 class ServeSearchOut(Out):
     results: list[ServeCandidateOut] = Field(description="meet the SLA and fit, best tokens/s per GPU first")
     pareto: list[ParetoPointOut] = Field(description="tokens/s per GPU against tokens/s per user, every load tried")
@@ -273,6 +279,11 @@ class ServeSearchOut(Out):
     )
     rejected: dict[str, int]
     why: str
+    left_out: LeftOutOut = Field(
+        description="what the list left out to stay within COMMPLAN_MAX_SERVE_CANDIDATES (mend15): deployments of the "
+        "expert-TP twins on the whole cluster, and the GPU sizes below it not searched"
+    )
+    warnings: list[str] = Field(description="each thing left out, with how many and why (empty: nothing left out)")
 
 
 class BenchRunIn(Strict):

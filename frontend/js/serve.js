@@ -515,7 +515,9 @@ function renderServeSearch(result, sla, traffic, cluster) {
   const met = result.results.length > 0;
   $("serve-search-status").textContent = `${fmtInt(result.candidates)} deployments tried, each using `
     + `${searchedGpus(cluster, result.deployment_gpus)}, each at up to 3 loads; `
-    + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}${notPlanned(result.rejected)}`;
+    + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}${notPlanned(result.rejected)}`
+    // what the list left out to stay within its limit (mend15: the expert-TP twins, sizes below the cluster)
+    + (result.warnings || []).map((w) => ` Warning: ${w}.`).join("");
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
     el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
     el("td", {}, `${c.request.deployment.pools.map(poolName).join(" + ")} (${fmtInt(c.answer.gpus)} GPUs)`),

@@ -225,14 +225,24 @@ def _check_kv_transfer(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool
         )
 
 
-def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
-    check_fp8_kv(traits, options)
+def check_engine_weight_format(traits: EngineTraits, options) -> None:
+    """A block-scaled checkpoint format (workload.WEIGHT_FORMAT_BYTES) the planner does not price for the engine
+    (EngineTraits.weight_formats): a 422 on options.weight_dtype with the engine's note. One rule for /v1/serve and
+    the SLA search (search._checked_request: where every engine asked refuses)."""
     if options.weight_dtype in WEIGHT_FORMAT_BYTES and options.weight_dtype not in traits.weight_formats:
         raise SpecError(
             "options.weight_dtype",
             f"{options.weight_dtype} weights are not priced for {traits.label} (its formats here: "
             f"{', '.join(traits.weight_formats)}); {traits.weight_formats_note}",
         )
+
+
+ENGINE_OPTION_RULES = (check_fp8_kv, check_engine_weight_format)  # (traits, options) rules of a request's engine
+
+
+def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[Pool, ...], options) -> None:
+    for rule in ENGINE_OPTION_RULES:
+        rule(traits, options)
     if options.two_batch_overlap and traits.two_batch_overlap_flag is None:
         raise SpecError(
             "options.two_batch_overlap",

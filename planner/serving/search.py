@@ -21,8 +21,7 @@ from .._errors import SpecError
 from ..model import ModelSpec
 from ..parallel import kv_heads_rule
 from ..words import POOL_DIMS, duration, load_name, pool_name
-from ..workload import WEIGHT_FORMAT_BYTES
-from .deployment import ServePlan, check_fp8_kv, check_weight_format, plan_serving
+from .deployment import ENGINE_OPTION_RULES, ServePlan, check_weight_format, plan_serving
 from .engines import EngineTraits, engine
 from .spec import REQUEST_RATES, Pool, ServeOptions, Traffic, validate_options, validate_traffic
 
@@ -73,6 +72,48 @@ class ServeSearchResult:
     why: str = ""
     # the fewest and the most GPUs a deployment listed uses (candidates: whole-node sizes up to the cluster)
     gpus: tuple[int, int] = (0, 0)
+    # what the list left out to stay within its limit (Listing), counted, and said as sentences
+    left_out: LeftOut = field(default_factory=lambda: LeftOut())
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """What ``candidates`` left out to keep its list within ``limit`` deployments: ``twins`` deployments on the whole
+    cluster (the expert-TP twins, ``_without_twins``, of the ``twin_modes`` pools) and every deployment on the GPU
+    ``sizes`` below the cluster that would have passed the limit (those sizes and the larger ones)."""
+
+    twins: int = 0
+    twin_modes: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+    limit: int = 0
+
+    def warnings(self) -> list[str]:
+        """The answer's sentences: how many, which, why; none where nothing was left out (round 14's mend14e left
+        the twins out silently, mend15)."""
+        out = []
+        if self.twins:
+            out.append(
+                f"{self.twins:,} deployments on the whole cluster not tried, to stay within the limit of "
+                f"{self.limit:,} (COMMPLAN_MAX_SERVE_CANDIDATES): the expert-TP twins of the "
+                f"{' and '.join(self.twin_modes)} pools, each MoE worker at ep 1 whose twin at ep = tp holds the same "
+                "bytes a GPU and was tried; plan one with /v1/serve to compare"
+            )
+        if self.sizes:
+            out.append(
+                f"no deployment on {' or '.join(f'{n:,}' for n in self.sizes)} GPUs tried: with them the list passes "
+                f"the limit of {self.limit:,} (COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or give "
+                "the cluster that size, to search it"
+            )
+        return out
+
+
+class Listing(list):
+    """``candidates``' answer: the deployments (a list, as before) and what was left out of them (``left_out``)."""
+
+    def __init__(self, deployments, left_out: LeftOut | None = None):
+        super().__init__(deployments)
+        self.left_out = left_out or LeftOut()
 
 
 def worker_layouts(model: ModelSpec, per_node: int, gpus: int) -> list[Pool]:
@@ -111,7 +152,7 @@ def _ep(model: ModelSpec, tp: int) -> int:
 
 
 def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, limit: int | None = None,
-               options: ServeOptions | None = None) -> list[tuple[str, str, tuple[Pool, ...]]]:  # fmt: skip
+               options: ServeOptions | None = None) -> Listing:  # fmt: skip
     """Every deployment the search will plan, before any is: (engine, mode, pools). First those on the whole
     cluster (what the search tried before round 13), then, smallest first, those on each smaller size of
     ``deployment_sizes`` while the list stays within ``limit`` (the cost guard's COMMPLAN_MAX_SERVE_CANDIDATES: a
@@ -120,7 +161,8 @@ def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, 
     runs with the options' redundant experts (ExpertSplit.takes_redundant). Where the whole cluster's list passes
     ``limit``, the expert-TP twins (``expert_tp_twins``) are left out, of the disaggregated pools first, then of the
     aggregated ones, before the caller refuses the request (review r14d #1: the twins took DeepSeek-V3 on 32 DGX
-    H100 from 1,716 deployments to 2,163, a 422 where the search had answered)."""
+    H100 from 1,716 deployments to 2,163, a 422 where the search had answered). What is left out is counted in the
+    answer's ``left_out`` (LeftOut: the twins' deployments, the sizes not listed), which the search says as warnings."""
     gpus = cluster.num_devices
     layouts = worker_layouts(model, cluster.devices_per_node, gpus)
     busy = busy_workers(traffic, sla)
@@ -128,19 +170,26 @@ def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, 
     runs = {
         name: [p for p in layouts if not redundant or engine(name).experts.takes_redundant(p.ep)] for name in engines
     }
+    full = 0
     for pruned in ((), ("disaggregated",), MODES):
         lays = {(name, mode): _without_twins(runs[name]) if mode in pruned else runs[name]
                 for name in engines for mode in modes}  # fmt: skip
         whole = list(dict.fromkeys(_listed(lays, gpus, busy)))
+        full = full or len(whole)
         if limit is None or len(whole) <= limit:
             break
     out: dict[tuple, None] = dict.fromkeys(whole)
-    for size in deployment_sizes(cluster.devices_per_node, gpus)[:-1]:
+    smaller = deployment_sizes(cluster.devices_per_node, gpus)[:-1]
+    left: tuple[int, ...] = ()
+    for i, size in enumerate(smaller):
         new = [key for key in dict.fromkeys(_listed(lays, size, busy)) if key not in out]
         if limit is not None and len(out) + len(new) > limit:
+            left = tuple(smaller[i:])
             break
         out.update(dict.fromkeys(new))
-    return list(out)
+    twins = full - len(whole)
+    modes_pruned = tuple(m for m in pruned if m in modes) if twins else ()
+    return Listing(out, LeftOut(twins, modes_pruned, left, limit or 0))
 
 
 def _listed(lays: dict[tuple[str, str], list[Pool]], size: int, busy: Callable[[Pool], int]):
@@ -225,28 +274,23 @@ def _checked_request(model, cluster, traffic, engines, modes, options) -> dict[s
         if m not in MODES:
             raise SpecError("modes", f"must be among {', '.join(MODES)}, got {m!r}")
     traits: dict[str, EngineTraits] = {name: engine(name) for name in engines}
-    fmt = options.weight_dtype
-    if fmt in WEIGHT_FORMAT_BYTES and not any(fmt in t.weight_formats for t in traits.values()):
-        raise SpecError(  # deployment._check_engine_options' rule, for every engine asked for
-            "options.weight_dtype",
-            f"{fmt} weights are priced for none of the engines asked for ({', '.join(engines)}); "
-            + "; ".join(t.weight_formats_note for t in traits.values() if t.weight_formats_note),
-        )
-    _check_kv_for_some_engine(traits, options)
+    for rule in ENGINE_OPTION_RULES:
+        _refused_by_every_engine(traits, options, rule)
     return traits
 
 
-def _check_kv_for_some_engine(traits: dict[str, EngineTraits], options: ServeOptions) -> None:
-    """/v1/serve's KV cache rule (deployment.check_fp8_kv: TensorRT-LLM's fp8 KV cache only beside quantized
-    linears): its 422 where every engine asked for refuses the request's cache, as the weight formats' above."""
+def _refused_by_every_engine(traits: dict[str, EngineTraits], options: ServeOptions, rule) -> None:
+    """/v1/serve's engine rule (deployment.ENGINE_OPTION_RULES: the weight formats an engine is priced for,
+    TensorRT-LLM's fp8 KV cache only beside quantized linears) as a 422 where every engine asked for refuses the
+    request: one engine's refusal word for word as /v1/serve says it, several engines' each said once, joined."""
     refusals: list[SpecError] = []
     for t in traits.values():
         try:
-            check_fp8_kv(t, options)
+            rule(t, options)
         except SpecError as e:
             refusals.append(e)
     if refusals and len(refusals) == len(traits):
-        raise refusals[0]
+        raise SpecError(refusals[0].field, "; ".join(dict.fromkeys(e.rule for e in refusals)))
 
 
 def search_serving(
@@ -305,9 +349,9 @@ def search_serving(
     front = pareto_front(tried)
     why = _why(ranked[0], at_load) if ranked else _miss(at_load, front)
     sizes = [sum(p.gpus for p in pools) for _, _, pools in plan_list]
-    return ServeSearchResult(
-        ranked[:top_k], front, len(tried), rejected, why, (min(sizes, default=0), max(sizes, default=0))
-    )
+    left = plan_list.left_out if isinstance(plan_list, Listing) else LeftOut()
+    gpus = (min(sizes, default=0), max(sizes, default=0))
+    return ServeSearchResult(ranked[:top_k], front, len(tried), rejected, why, gpus, left, left.warnings())
 
 
 def _reason(rule: str, limit: int = 80) -> str:

@@ -44,6 +44,7 @@ def test_mxfp4_refused_where_not_priced(api):
     r = api.post("/v1/serve/search", json=search)
     assert r.status_code == 422, r.text
     err = r.json()["detail"][0]
-    assert err["loc"][1:3] == ["options", "weight_dtype"] and "none of the engines" in err["msg"], err
+    # /v1/serve's own words since mend15 (one rule, deployment.ENGINE_OPTION_RULES; was "none of the engines")
+    assert err["loc"][1:3] == ["options", "weight_dtype"] and "not priced for TensorRT-LLM" in err["msg"], err
     r = api.post("/v1/serve", json=SERVE | {"options": {"weight_dtype": "mxfp6"}})
     assert r.status_code == 422 and "weight_dtype" in r.text
