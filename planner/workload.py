@@ -9,6 +9,7 @@ from functools import lru_cache
 from collectives._hashing import frozen_hash, kept_property
 
 from ._errors import SpecError, at_least_one, one_of
+from .engine_kernels import EngineKernels
 from .model import ModelSpec
 from .recipes import Recipe, recipe_of, validate_recipe
 
@@ -136,6 +137,10 @@ class WorkloadSpec:
     # fused QKV preprocessing (no separate casts), at kernels.context_fmha_fp8_speedup; set by planner/serving from
     # EngineTraits.fp8_context_attention (TensorRT-LLM with quantized linears), not an API field
     fp8_context_attention: bool = False
+    # inference: what the serving engine's own kernels fuse or move in another dtype (planner/engine_kernels.py: MLA's
+    # fused down projection, ep_scatter's fp8 rows, the masked experts' activation quantize); set by planner/serving
+    # from EngineTraits.kernels, not an API field. None: the planner's default kernels
+    engine_kernels: EngineKernels | None = None
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
     activation_func_fp8_input_store: bool = False

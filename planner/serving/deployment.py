@@ -39,6 +39,7 @@ from collectives.topology import ClusterSpec, cluster_for, price_call
 
 from .._errors import SpecError
 from ..context import Context, device_sms
+from ..engine_kernels import EngineKernels
 from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
@@ -142,6 +143,7 @@ class _Worker:
     allreduce: AllReducePolicy | None = None  # the engine's own TP all-reduce kernels (fused_allreduce.py)
     fp8_fmha: bool = False  # the engine can run its context attention in FP8 (EngineTraits.fp8_context_attention)
     bf16_dispatches: tuple[str, ...] = ()  # EngineTraits.bf16_dispatches
+    kernels: EngineKernels | None = None  # EngineTraits.kernels: what the engine's own kernels fuse (engine_kernels.py)
 
     def bf16_dispatch(self, par: ParallelSpec) -> bool:
         """Whether ``par``'s dispatcher moves bf16 rows of an fp8 checkpoint (EngineTraits.bf16_dispatches)."""
@@ -337,7 +339,7 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
                    (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce,
-                   traits.fp8_context_attention is not None, traits.bf16_dispatches)  # fmt: skip
+                   traits.fp8_context_attention is not None, traits.bf16_dispatches, traits.kernels)  # fmt: skip
 
 
 def _expert_tp(model: ModelSpec, traits: EngineTraits, pool: Pool, where: str) -> int:
@@ -394,7 +396,7 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
-        work = _work(options, "decode", w.par.dp, context, bf16_dispatch=w.bf16_dispatch(w.par))
+        work = _work(options, "decode", w.par.dp, context, bf16_dispatch=w.bf16_dispatch(w.par), kernels=w.kernels)
         out.append((pool.role, work, w.par, w.cluster, plans))
     return out
 
@@ -404,11 +406,11 @@ SATURATED_STEPS = 2  # decode steps a saturated deployment adds: at the full KV 
 
 
 def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha: bool = False,
-          bf16_dispatch: bool = False) -> WorkloadSpec:  # fmt: skip
+          bf16_dispatch: bool = False, kernels: EngineKernels | None = None) -> WorkloadSpec:  # fmt: skip
     """A step's workload; ``fp8_fmha``: the engine runs an FP8 context FMHA (EngineTraits.fp8_context_attention),
     which it does for a prefill pass with quantized linears (engines.FP8_FMHA_WEIGHTS: the quantized o_proj's output
     scale takes the op's FP8 path, whatever the KV cache); ``bf16_dispatch``: the pool's dispatcher moves bf16 rows
-    of fp8 weights (_Worker.bf16_dispatch)."""
+    of fp8 weights (_Worker.bf16_dispatch); ``kernels``: what the engine's own kernels fuse (EngineTraits.kernels)."""
     return WorkloadSpec(
         kind="inference",
         phase=phase,
@@ -423,6 +425,7 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha:
         cuda_graphs=options.cuda_graphs and phase == "decode",
         fp8_recipe=_gemm_recipe(options),
         fp8_context_attention=fp8_fmha and phase == "prefill" and options.weight_dtype in FP8_FMHA_WEIGHTS,
+        engine_kernels=kernels,
     )
 
 
@@ -472,8 +475,8 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks, with the
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
-    plan = build_plan(model, _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par)), par, w.cluster,
-                      Options(timeline=False))  # fmt: skip
+    work = _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par), w.kernels)
+    plan = build_plan(model, work, par, w.cluster, Options(timeline=False))
     if w.allreduce is not None:
         plan = engine_allreduce_step(plan, w.allreduce, _context(model, options, phase, batch, context, par, w),
                                      w.cluster)  # fmt: skip
@@ -535,7 +538,7 @@ def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str,
 
 
 def _context(model, options, phase, batch, context, par, w) -> Context:
-    work = _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par))
+    work = _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par), w.kernels)
     return Context(model, work, par, w.cluster.devices_per_node, device_sms(w.cluster))
 
 
