@@ -392,8 +392,12 @@ TRTLLM = register(
         # _torch/modules/fused_moe/communication/deep_ep.py (0d2123af) supports_post_quant_dispatch: "DeepEP supports
         # post-quant dispatch only for nvfp4"; else "Pre-quant dispatch (unquantized data)",
         # deep_ep_buffer.dispatch(hidden_states, ...) in bf16, the fp8 block-scale MoE quantizing the received rows
-        # (fused_moe_wide_ep.py 01303b38: use_deepseek_fp8_block_scale, no quantize before the dispatch)
-        bf16_dispatches=("deepep",),
+        # (fused_moe_wide_ep.py 01303b38: use_deepseek_fp8_block_scale, no quantize before the dispatch). Its
+        # low-latency path the same (dsv3s15): communication/deep_ep_low_latency.py (f72b25a65f89)
+        # supports_post_quant_dispatch is fp8_qdq, nvfp4 or w4afp8 only, else "Pre-quant dispatch (unquantized data)"
+        # through deep_ep_utils.py (95ca1eaeaf08) VariableLengthLowLatencyBuffer.low_latency_dispatch, which calls
+        # DeepEP's ``low_latency_dispatch(..., use_fp8=False)``: bf16 rows of a block-fp8 checkpoint
+        bf16_dispatches=("deepep", "deepep_ll"),
         # its bf16 DeepEP rows are quantized by its own fused MoE (no ep_scatter, no masked activation read here)
         kernels=EngineKernels(fused_mla_down_proj=TRTLLM_FUSED_QKV_A),
     )
