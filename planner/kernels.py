@@ -45,7 +45,7 @@ from .engine_kernels import (
     ep_scatter_bytes,
 )
 from .recipes import check_recipe_gpu, dpa_recipe, float8_gathered, recipe_of
-from .workload import WEIGHT_FORMAT_BYTES
+from .workload import DISPATCH_FORMATS, WEIGHT_FORMAT_BYTES
 
 
 @dataclass(frozen=True)
@@ -2555,6 +2555,12 @@ def _fp8_casts(k: _Layer) -> None:
 #   use_fp8=True)``, SGLang ``_DeepEPDispatcherImplLowLatency``), timed in DeepEP's table the LL fit reads: no cast.
 # Block-scaled recipes only (DeepEP's fp8 layout); training keeps TE's casts of the permuted copies.
 QUANTIZED_BEFORE_DISPATCH = {"deepep": "sender", "deepep_ll": "in_dispatch"}
+# A post-quant dispatch (workload.DISPATCH_FORMATS: TensorRT-LLM's NVFP4 rows on DeepEP's normal and low-latency
+# kernels) takes rows its sender quantized, on both kernels: communication/deep_ep_low_latency.py at f72b25a65f89
+# asserts ``hidden_states.dtype == torch.uint8 and hidden_states_sf is not None`` before low_latency_dispatch_fp4 (no
+# cast inside DeepEP's kernel), deep_ep.py at c12e67bb66fe dispatches the (hidden_states, hidden_states_sf) pair; the
+# cast holds the rank's own tokens at the format's recipe
+POST_QUANT_SENDER = "sender"
 
 
 def dispatched_tokens(ctx: Context) -> float:
@@ -2581,8 +2587,12 @@ def quantized_dispatch(ctx: Context) -> str | None:
     "sender" or "in_dispatch"), where it carries fp8 block-scaled rows (workload.moe_dispatch_dtype under a
     BLOCK_DISPATCH_RECIPES recipe); None: the experts quantize what they receive (training, bf16 rows, another
     dispatcher)."""
-    quantized = ctx.work.moe_dispatch_dtype == "fp8" and (ctx.work.fp8_recipe or "") in BLOCK_DISPATCH_RECIPES
-    return None if ctx.training or not quantized else QUANTIZED_BEFORE_DISPATCH.get(ctx.par.ep_dispatch)
+    dtype, where = ctx.work.moe_dispatch_dtype, QUANTIZED_BEFORE_DISPATCH.get(ctx.par.ep_dispatch)
+    if ctx.training or where is None:
+        return None
+    if dtype in DISPATCH_FORMATS:  # post-quant rows arrive from the sender's own quantize (POST_QUANT_SENDER)
+        return POST_QUANT_SENDER
+    return where if dtype == "fp8" and (ctx.work.fp8_recipe or "") in BLOCK_DISPATCH_RECIPES else None
 
 
 def deepep_received_tokens(ctx: Context, rows: float) -> float:

@@ -37,6 +37,12 @@ WEIGHT_FORMAT_BYTES = {"nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
 WEIGHT_FORMAT_RECIPE: dict[str, str | None] = {"nvfp4": "nvfp4", "mxfp4": None}
 # formats that store only the routed experts' weights (the rest of the model in the activation dtype)
 EXPERT_WEIGHT_FORMATS = ("mxfp4",)
+# Block-scaled formats a MoE dispatch moves its rows in (``moe_dispatch_dtype``, set by planner/serving, not an API
+# value), bytes per element with the scales: TensorRT-LLM's post-quant DeepEP dispatch of an NVFP4 checkpoint
+# (_torch/modules/fused_moe/communication/deep_ep_low_latency.py at f72b25a65f89, nvfp4 branch: hidden_states uint8
+# [tokens, h // 2] and hidden_states_sf uint8 [tokens, h // 16] into low_latency_dispatch_fp4; deep_ep.py at
+# c12e67bb66fe the same pair, the scales viewed as fp32, into the normal dispatch): 0.5 + 1/16 B
+DISPATCH_FORMATS = {"nvfp4": 0.5 + 1 / 16}
 
 
 def weight_bytes(dtype: str) -> float:
@@ -196,8 +202,16 @@ def validate_workload(w: WorkloadSpec) -> None:
     for name in ("param_dtype", "activation_dtype", "grad_reduce_dtype", "moe_dispatch_dtype", "kv_dtype"):
         value = getattr(w, name)
         known = value in DTYPE_BYTES or (name == "param_dtype" and value in WEIGHT_FORMAT_BYTES)
+        known = known or (name == "moe_dispatch_dtype" and value in DISPATCH_FORMATS)
         if value is not None and not known:
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    if w.moe_dispatch_dtype in DISPATCH_FORMATS and (w.training or w.param_dtype != w.moe_dispatch_dtype):
+        raise SpecError(
+            "workload.moe_dispatch_dtype",
+            f"a {w.moe_dispatch_dtype} dispatch is a serving engine's post-quant dispatch of {w.moe_dispatch_dtype} "
+            f"weights (DISPATCH_FORMATS): inference with param_dtype {w.moe_dispatch_dtype!r} only; got {w.kind} with "
+            f"param_dtype {w.param_dtype!r}",
+        )
     validate_recipe(w.fp8_recipe, w.fp8_param_gather)
     one_of("workload.attention_kernel", w.attention_kernel, ATTENTION_KERNELS)
     if w.norm_kernel is not None:

@@ -198,6 +198,9 @@ class EngineTraits:
     # what the engine's own kernels fuse or move in another dtype than the planner's default layer (planner/
     # engine_kernels.py: MLA's fused down projection, ep_scatter's fp8 rows, the masked experts' activation quantize)
     kernels: EngineKernels = DEFAULT_KERNELS
+    # the dispatchers that move a block-format checkpoint's rows in that format, quantized by the sender
+    # (workload.DISPATCH_FORMATS: NVFP4; kernels.POST_QUANT_SENDER); any other moves the activations' dtype
+    post_quant_dispatches: tuple[str, ...] = ()
 
 
 # vLLM NixlConnectorWorker._validate_remote_agent_handshake (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -398,6 +401,10 @@ TRTLLM = register(
         # through deep_ep_utils.py (95ca1eaeaf08) VariableLengthLowLatencyBuffer.low_latency_dispatch, which calls
         # DeepEP's ``low_latency_dispatch(..., use_fp8=False)``: bf16 rows of a block-fp8 checkpoint
         bf16_dispatches=("deepep", "deepep_ll"),
+        # an NVFP4 checkpoint's rows go as NVFP4 on both DeepEP kernels (deep_ep.py at c12e67bb66fe
+        # supports_post_quant_dispatch: "only for nvfp4"; deep_ep_low_latency.py at f72b25a65f89: nvfp4, fp8_qdq or
+        # w4afp8, the nvfp4 rows into low_latency_dispatch_fp4)
+        post_quant_dispatches=("deepep", "deepep_ll"),
         # its bf16 DeepEP rows are quantized by its own fused MoE (no ep_scatter, no masked activation read here)
         kernels=EngineKernels(fused_mla_down_proj=TRTLLM_FUSED_QKV_A),
     )

@@ -11,16 +11,20 @@ import pytest
 
 from collectives.topology import cluster_preset
 from planner import MODEL_PRESETS
+from planner._errors import SpecError
 from planner.engine_kernels import (
     EP_SCATTER_ROW_BYTES,
     MASKED_ACT_QUANT_BYTES,
     ep_gather_bytes,
     ep_scatter_bytes,
 )
-from planner.kernels import _cast_gemms, deepep_received_tokens, layer_kernels, mla_down_proj_n
+from planner.kernels import _cast_gemms, cast_input_elements, deepep_received_tokens, layer_kernels, mla_down_proj_n
+from planner.parallel import validate_parallel
 from planner.rules.deepep import distinct
+from planner.rules.expert import dispatch_row_bytes
 from planner.serving import Pool, ServeOptions, engine
 from planner.serving.deployment import _context, _worker, with_redundant_experts
+from planner.workload import validate_workload
 
 OPTIONS = ServeOptions(weight_dtype="fp8", redundant_experts=32)
 MODEL = with_redundant_experts(MODEL_PRESETS["deepseek-v3"], 32)
@@ -137,3 +141,42 @@ def test_training_keeps_two_down_projections():
     train = replace(ctx, work=replace(ctx.work, kind="training", micro_batch_size=1, global_batch_size=32))
     names = {k.name for k in layer_kernels(train, False, CLUSTER.gpu).forward}
     assert {"q_down", "kv_down"} <= names and "qkv_down" not in names
+
+
+B200 = cluster_preset("dgx-b200", 4)
+FP4 = ServeOptions(weight_dtype="nvfp4")
+
+
+def fp4_context(name: str, pool: Pool, phase: str, per_rank: int, context: int):
+    model = MODEL_PRESETS["deepseek-v3"]
+    w = _worker(model, B200, engine(name), pool, 0)
+    par = w.decode_par if phase == "decode" else w.par
+    return _context(model, FP4, phase, per_rank * pool.dp, context, par, w)
+
+
+@pytest.mark.parametrize(("pool", "phase", "per_rank"), [(PREFILL, "prefill", 8), (DECODE, "decode", 256)])
+def test_trtllm_post_quant_nvfp4_dispatch(pool, phase, per_rank):
+    """TensorRT-LLM with an NVFP4 checkpoint on DeepEP (normal and low-latency): NVFP4 rows, h / 2 packed E2M1 bytes
+    and h / 16 E4M3 scales = 4,032 B of a 7,168-wide token (deep_ep_low_latency.py's assertions), quantized by the
+    sender (fc1's cast: the rank's own tokens); SGLang moves bf16 rows (14,336 B) and quantizes every copy."""
+    pool = replace(pool, dp=32, ep=32)
+    ctx = fp4_context("trtllm", pool, phase, per_rank, 2000)
+    assert ctx.work.moe_dispatch_dtype == "nvfp4" and dispatch_row_bytes(ctx) == 7168 // 2 + 7168 // 16 == 4032
+    fc1 = next(g for g in _cast_gemms(ctx, list(layer_kernels(ctx, True, B200.gpu).forward)) if g.name == "experts_fc1")
+    tokens = per_rank * (2000 if phase == "prefill" else 1)
+    assert cast_input_elements(ctx, fc1) == tokens * 7168
+    sglang = fp4_context("sglang", pool, phase, per_rank, 2000)
+    assert sglang.work.moe_dispatch_dtype is None and dispatch_row_bytes(sglang) == 14_336
+
+
+def test_post_quant_dispatch_rules():
+    """An NVFP4 dispatch is a serving engine's post-quant dispatch of NVFP4 weights on DeepEP's kernels: a training
+    workload or fp8 weights with it, or another dispatcher, is a 422 at workload.moe_dispatch_dtype."""
+    ctx = fp4_context("trtllm", PREFILL, "prefill", 8, 2000)
+    with pytest.raises(SpecError, match="inference with param_dtype 'nvfp4' only"):
+        validate_workload(replace(ctx.work, param_dtype="fp8"))
+    validate_workload(ctx.work)
+    par = replace(ctx.par, ep_dispatch="alltoall")
+    with pytest.raises(SpecError, match="runs on DeepEP's kernels") as err:
+        validate_parallel(par, ctx.model, ctx.work, par.world_size)
+    assert err.value.field == "workload.moe_dispatch_dtype"
