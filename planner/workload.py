@@ -194,6 +194,25 @@ def _histogram(lengths: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(Counter(lengths).items()))
 
 
+def _known_dtype(name: str, value: str) -> bool:
+    """A dtype field's value: a plain dtype; a checkpoint format for param_dtype; a post-quant format for the MoE
+    dispatch (DISPATCH_FORMATS)."""
+    formats = {"param_dtype": WEIGHT_FORMAT_BYTES, "moe_dispatch_dtype": DISPATCH_FORMATS}.get(name, {})
+    return value in DTYPE_BYTES or value in formats
+
+
+def _check_dispatch_format(w: WorkloadSpec) -> None:
+    """A post-quant dispatch format (DISPATCH_FORMATS) is a serving engine's dispatch of weights in that format: an
+    inference workload whose param_dtype is the same, else a 422 naming both."""
+    given = w.moe_dispatch_dtype
+    if given in DISPATCH_FORMATS and (w.training or w.param_dtype != given):
+        raise SpecError(
+            "workload.moe_dispatch_dtype",
+            f"a {given} dispatch is a serving engine's post-quant dispatch of {given} weights (DISPATCH_FORMATS): "
+            f"inference with param_dtype {given!r} only; got {w.kind} with param_dtype {w.param_dtype!r}",
+        )
+
+
 def validate_workload(w: WorkloadSpec) -> None:
     if w.kind not in ("training", "inference"):
         raise SpecError("workload.kind", f"must be 'training' or 'inference', got {w.kind!r}")
@@ -201,17 +220,9 @@ def validate_workload(w: WorkloadSpec) -> None:
         _weight_format(w)
     for name in ("param_dtype", "activation_dtype", "grad_reduce_dtype", "moe_dispatch_dtype", "kv_dtype"):
         value = getattr(w, name)
-        known = value in DTYPE_BYTES or (name == "param_dtype" and value in WEIGHT_FORMAT_BYTES)
-        known = known or (name == "moe_dispatch_dtype" and value in DISPATCH_FORMATS)
-        if value is not None and not known:
+        if value is not None and not _known_dtype(name, value):
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
-    if w.moe_dispatch_dtype in DISPATCH_FORMATS and (w.training or w.param_dtype != w.moe_dispatch_dtype):
-        raise SpecError(
-            "workload.moe_dispatch_dtype",
-            f"a {w.moe_dispatch_dtype} dispatch is a serving engine's post-quant dispatch of {w.moe_dispatch_dtype} "
-            f"weights (DISPATCH_FORMATS): inference with param_dtype {w.moe_dispatch_dtype!r} only; got {w.kind} with "
-            f"param_dtype {w.param_dtype!r}",
-        )
+    _check_dispatch_format(w)
     validate_recipe(w.fp8_recipe, w.fp8_param_gather)
     one_of("workload.attention_kernel", w.attention_kernel, ATTENTION_KERNELS)
     if w.norm_kernel is not None:
