@@ -37,8 +37,15 @@ from collectives.topology.gpu import GPUSpec, nested_constants
 
 from ._errors import SpecError, shown
 from .context import Context
+from .engine_kernels import (
+    EP_GATHER_LAUNCHES,
+    EP_SCATTER_LAUNCHES,
+    MASKED_ACT_QUANT_BYTES,
+    ep_gather_bytes,
+    ep_scatter_bytes,
+)
 from .recipes import check_recipe_gpu, dpa_recipe, float8_gathered, recipe_of
-from .workload import WEIGHT_FORMAT_BYTES
+from .workload import DISPATCH_FORMATS, WEIGHT_FORMAT_BYTES
 
 
 @dataclass(frozen=True)
@@ -1989,13 +1996,18 @@ def _attention_projections(k: _Layer, T: float) -> int:
     if mdl.mla:
         a, heads = mdl.mla, mdl.num_attention_heads
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        fused = a.q_lora_rank and fused_mla_down_proj(k.ctx)
+        if fused:  # one GEMM over the input, its quantize once (engine_kernels: SGLANG_FUSED_QKV_A and the others)
+            k.gemm("qkv_down", T, mla_down_proj_n(a), h)
         if a.q_lora_rank:
-            k.gemm("q_down", T, a.q_lora_rank, h)
+            if not fused:
+                k.gemm("q_down", T, a.q_lora_rank, h)
             k.norm("q_norm", T * a.q_lora_rank)
             k.gemm("q_up", T, heads * qk / t, a.q_lora_rank)
         else:
             k.gemm("q_proj", T, heads * qk / t, h)
-        k.gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
+        if not fused:
+            k.gemm("kv_down", T, a.kv_lora_rank + a.qk_rope_head_dim, h)
         k.norm("kv_norm", T * a.kv_lora_rank)
         k.gemm("kv_up", T, heads * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)
         if mla_rope_fused(k.ctx):
@@ -2022,6 +2034,18 @@ def _attention_projections(k: _Layer, T: float) -> int:
     core_index = len(k.fwd)
     k.gemm("attn_out", T, h, q)
     return core_index
+
+
+def fused_mla_down_proj(ctx: Context) -> bool:
+    """Whether an inference pass runs MLA's q_a and kv_a projections as one GEMM (EngineKernels.fused_mla_down_proj:
+    the serving engine's own fused linear, planner/engine_kernels.py); training keeps Megatron-Core's two."""
+    ek = ctx.work.engine_kernels
+    return not ctx.training and ek is not None and ek.fused_mla_down_proj is not None
+
+
+def mla_down_proj_n(mla) -> int:
+    """The fused down projection's output width: q_lora_rank + kv_lora_rank + qk_rope_head_dim (DeepSeek-V3 2,112)."""
+    return mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim
 
 
 def mla_rope_bytes(mla, heads: float, x: float) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -2198,6 +2222,7 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         glu_clamp=clamp and not fused,
         expert_bias=() if fused else expert_bias_loop(ctx, local),
         weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
+        engine=engine_expert_memory(ctx, rows * local, f, gated, x),
     )
     fl = ctx.flavour
     if (
@@ -2530,6 +2555,12 @@ def _fp8_casts(k: _Layer) -> None:
 #   use_fp8=True)``, SGLang ``_DeepEPDispatcherImplLowLatency``), timed in DeepEP's table the LL fit reads: no cast.
 # Block-scaled recipes only (DeepEP's fp8 layout); training keeps TE's casts of the permuted copies.
 QUANTIZED_BEFORE_DISPATCH = {"deepep": "sender", "deepep_ll": "in_dispatch"}
+# A post-quant dispatch (workload.DISPATCH_FORMATS: TensorRT-LLM's NVFP4 rows on DeepEP's normal and low-latency
+# kernels) takes rows its sender quantized, on both kernels: communication/deep_ep_low_latency.py at f72b25a65f89
+# asserts ``hidden_states.dtype == torch.uint8 and hidden_states_sf is not None`` before low_latency_dispatch_fp4 (no
+# cast inside DeepEP's kernel), deep_ep.py at c12e67bb66fe dispatches the (hidden_states, hidden_states_sf) pair; the
+# cast holds the rank's own tokens at the format's recipe
+POST_QUANT_SENDER = "sender"
 
 
 def dispatched_tokens(ctx: Context) -> float:
@@ -2543,13 +2574,65 @@ def cast_input_elements(ctx: Context, g: Kernel) -> float:
     """Elements of GEMM ``g``'s input that the pass's quantize kernel casts (_fp8_casts): its m x k per group, except
     the routed experts' fc1 behind an fp8 DeepEP dispatch of an inference pass (QUANTIZED_BEFORE_DISPATCH): the rank's
     own tokens x k once before the exchange (normal kernels), none outside the dispatch kernel (low-latency)."""
-    where = QUANTIZED_BEFORE_DISPATCH.get(ctx.par.ep_dispatch)
-    quantized = ctx.work.moe_dispatch_dtype == "fp8" and (ctx.work.fp8_recipe or "") in BLOCK_DISPATCH_RECIPES
-    if g.name != EXPERT_GEMMS[0] or ctx.training or where is None or not quantized:
+    where = quantized_dispatch(ctx)
+    if g.name != EXPERT_GEMMS[0] or where is None:
         return g.shape[0] * g.shape[2] * g.shape[3]
     if where == "in_dispatch":
         return 0.0
     return dispatched_tokens(ctx) * g.shape[2]
+
+
+def quantized_dispatch(ctx: Context) -> str | None:
+    """Where an inference pass's DeepEP dispatch quantizes the routed experts' input (QUANTIZED_BEFORE_DISPATCH:
+    "sender" or "in_dispatch"), where it carries fp8 block-scaled rows (workload.moe_dispatch_dtype under a
+    BLOCK_DISPATCH_RECIPES recipe); None: the experts quantize what they receive (training, bf16 rows, another
+    dispatcher)."""
+    dtype, where = ctx.work.moe_dispatch_dtype, QUANTIZED_BEFORE_DISPATCH.get(ctx.par.ep_dispatch)
+    if ctx.training or where is None:
+        return None
+    if dtype in DISPATCH_FORMATS:  # post-quant rows arrive from the sender's own quantize (POST_QUANT_SENDER)
+        return POST_QUANT_SENDER
+    return where if dtype == "fp8" and (ctx.work.fp8_recipe or "") in BLOCK_DISPATCH_RECIPES else None
+
+
+def deepep_received_tokens(ctx: Context, rows: float) -> float:
+    """Tokens DeepEP delivers to one rank for ``rows`` routed copies over its local experts: each token once, however
+    many of its top-k experts the rank holds; under uniform routing a token's k picks hit distinct(ep, k) of the ep
+    ranks (rules/deepep.py ``distinct``), so a received token carries k / distinct(ep, k) of the rank's copies.
+    DeepSeek's node-limited routing is not applied here (at EP32 on 4 nodes it moves the count 0.8%)."""
+    from .rules.deepep import distinct
+
+    k = ctx.model.moe.top_k
+    return rows * distinct(ctx.par.ep, k) / k
+
+
+def engine_expert_memory(ctx: Context, rows: float, f: float, gated: bool, x: int) -> tuple:
+    """The serving engine's own kernels around its routed experts (planner/engine_kernels.py), as routed_expert_kernels'
+    ``engine`` pairs, for ``rows`` routed copies of expert width ``f``: behind an fp8 DeepEP normal dispatch the
+    contiguous experts' ep_scatter and ep_gather (EngineKernels.fp8_ep_scatter); on the low-latency layout the
+    masked experts' none, and their activation writing fc2's quantized input (EngineKernels.masked_act_quant; fc2's
+    cast then none: _quantized_in_epilogue). (): the default kernels."""
+    ek, where = ctx.work.engine_kernels, quantized_dispatch(ctx)
+    if ek is None or where is None:
+        return ()
+    h, k = ctx.model.hidden_size, ctx.model.moe.top_k
+    if where == "sender" and ek.fp8_ep_scatter:
+        received = deepep_received_tokens(ctx, rows)
+        return (
+            ("permute", (ep_scatter_bytes(received, rows, h, f, k), EP_SCATTER_LAUNCHES, BACKWARD_BYTES)),
+            ("unpermute", (ep_gather_bytes(received, rows, h, k, x), EP_GATHER_LAUNCHES, BACKWARD_BYTES)),
+        )
+    if where == "in_dispatch" and ek.masked_act_quant and gated:
+        act = ("expert_activation", (MASKED_ACT_QUANT_BYTES * rows * f, 1, BACKWARD_BYTES))
+        return (("permute", None), ("unpermute", None), act)
+    return ()
+
+
+def masked_act_quant(ctx: Context) -> bool:
+    """Whether fc2's input is quantized by the masked experts' activation kernel (engine_expert_memory)."""
+    ek = ctx.work.engine_kernels
+    gated = ctx.model.gated_mlp
+    return bool(ek and ek.masked_act_quant and gated and quantized_dispatch(ctx) == "in_dispatch")
 
 
 # the fp8 recipes whose activation scales are DeepEP's 1x128 blocks
@@ -2794,8 +2877,9 @@ def dynamic_quantize_s(gpu: GPUSpec, dtype: str, m: float, k: float, eff: Effici
 
 
 def _quantized_in_epilogue(ctx: Context, g: Kernel) -> bool:
-    """fc2's input under the fused grouped MLP: quantized by fc1's epilogue, no cast kernel of its own."""
-    return g.name == EXPERT_GEMMS[1] and fused_grouped_mlp(ctx)
+    """fc2's input under the fused grouped MLP (quantized by fc1's epilogue) or behind the serving engine's masked
+    activation (masked_act_quant: quantized by the activation kernel): no cast kernel of its own."""
+    return g.name == EXPERT_GEMMS[1] and (fused_grouped_mlp(ctx) or masked_act_quant(ctx))
 
 
 # Megatron-Core's TEGroupedMLP under fp8 pads each expert's rows to the fp8 GEMMs' alignment before linear_fc1 and
@@ -2865,6 +2949,7 @@ def routed_expert_kernels(
     glu_clamp: bool = False,
     expert_bias: tuple[float, int, float, int] = (),
     weighted_act: bool = False,
+    engine: tuple = (),
 ) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of the routed experts on one rank: ``tokens`` dispatched, ``rows`` per local
     expert, ``local`` experts of width ``f``. Permute: argsort of the routing map, then a gather of the rows into
@@ -2882,7 +2967,8 @@ def routed_expert_kernels(
     ``glu_clamp``: the GLU clamp's own kernels before the activation (GLU_CLAMP, per element of the R x f output);
     ``expert_bias``: the fc2 bias added per expert after the second GEMM (expert_bias_loop); (): none.
     ``weighted_act``: the activation multiplies by the probs and its backward sums their gradient in a kernel of its
-    own (WEIGHTED_ACT_GRAD)."""
+    own (WEIGHTED_ACT_GRAD). ``engine``: the serving engine's own kernels in place of some of these
+    (engine_expert_memory: (name, entry or None to drop it) pairs)."""
     R = rows * local
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
@@ -2891,6 +2977,7 @@ def routed_expert_kernels(
     memory, counts, strided = _routed_memory(
         tokens, R, h, f, x, act, fused_activation, fp8_pad, score_combine, weighted_act, expert_bias
     )
+    _replaced(memory, engine)
     for name in _routed_order(sort, glu_clamp, bool(expert_bias), bool(score_combine)):
         if name in gemms:
             kf, kd, kw = gemm_kernels(
@@ -2958,6 +3045,15 @@ def _routed_memory(
         memory["expert_bias"] = (fb * R * h, fn, bb / fb)
         counts["expert_bias"] = (fn, bn)
     return memory, counts, strided
+
+
+def _replaced(memory: dict, engine: tuple) -> None:
+    """``memory`` (routed_expert_kernels' memory-bound kernels) with the engine's entries in place: each (name, entry)
+    sets one, (name, None) drops it."""
+    for name, entry in engine:
+        memory.pop(name, None)
+        if entry is not None:
+            memory[name] = entry
 
 
 def _routed_order(sort: bool, glu_clamp: bool, expert_bias: bool, score_combine: bool) -> list[str]:

@@ -17,7 +17,7 @@ from .flavours import Flavour
 from .model import ModelSpec
 from .pipeline import SCHEDULE_TRAITS, ScheduleTraits
 from .recipes import check_act_fp8_store, check_param_gather, check_recipe_framework
-from .workload import USERBUFFERS_FIELDS, WorkloadSpec, check_recompute_modules
+from .workload import DISPATCH_FORMATS, USERBUFFERS_FIELDS, WorkloadSpec, check_recompute_modules
 
 SCHEDULES = tuple(SCHEDULE_TRAITS)  # 1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev (planner/pipeline.py)
 # the built-in training flavours the search enumerates (planner/flavours/, Flavour.searched), in registration order
@@ -41,6 +41,9 @@ EP_DISPATCH = (
     "hybridep",
 )
 INFERENCE_DISPATCH = ("deepep_ll", "agrs", "dp_gather", "agrs_quant", "replicated")
+# the dispatchers whose rows a post-quant (workload.DISPATCH_FORMATS) dispatch may carry: DeepEP's normal and
+# low-latency kernels, as TensorRT-LLM runs them (communication/deep_ep.py, deep_ep_low_latency.py)
+POST_QUANT_DISPATCHES = ("deepep", "deepep_ll")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
@@ -583,6 +586,12 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             "the HybridEP dispatcher does not support fp8 dispatch (Megatron-LM d98e8a6 "
             "megatron/core/transformer/moe/fused_a2a.py init_hybrid_ep_buffer: assert not fp8_dispatch); got "
             "moe_dispatch_dtype 'fp8' with ep_dispatch 'hybridep'",
+        )
+    if w.moe_dispatch_dtype in DISPATCH_FORMATS and par.ep_dispatch not in POST_QUANT_DISPATCHES:
+        raise SpecError(
+            "workload.moe_dispatch_dtype",
+            f"a {w.moe_dispatch_dtype} dispatch runs on DeepEP's kernels ({', '.join(POST_QUANT_DISPATCHES)}: "
+            f"TensorRT-LLM's post-quant dispatch); got ep_dispatch {par.ep_dispatch!r}",
         )
     _sequence_fits(par, m, w)
     # the recipe's framework rules: here, so that the search's screen (search/space.py Space.check) and /v1/plan

@@ -9,6 +9,7 @@ from functools import lru_cache
 from collectives._hashing import frozen_hash, kept_property
 
 from ._errors import SpecError, at_least_one, one_of
+from .engine_kernels import EngineKernels
 from .model import ModelSpec
 from .recipes import Recipe, recipe_of, validate_recipe
 
@@ -36,6 +37,12 @@ WEIGHT_FORMAT_BYTES = {"nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
 WEIGHT_FORMAT_RECIPE: dict[str, str | None] = {"nvfp4": "nvfp4", "mxfp4": None}
 # formats that store only the routed experts' weights (the rest of the model in the activation dtype)
 EXPERT_WEIGHT_FORMATS = ("mxfp4",)
+# Block-scaled formats a MoE dispatch moves its rows in (``moe_dispatch_dtype``, set by planner/serving, not an API
+# value), bytes per element with the scales: TensorRT-LLM's post-quant DeepEP dispatch of an NVFP4 checkpoint
+# (_torch/modules/fused_moe/communication/deep_ep_low_latency.py at f72b25a65f89, nvfp4 branch: hidden_states uint8
+# [tokens, h // 2] and hidden_states_sf uint8 [tokens, h // 16] into low_latency_dispatch_fp4; deep_ep.py at
+# c12e67bb66fe the same pair, the scales viewed as fp32, into the normal dispatch): 0.5 + 1/16 B
+DISPATCH_FORMATS = {"nvfp4": 0.5 + 1 / 16}
 
 
 def weight_bytes(dtype: str) -> float:
@@ -136,6 +143,10 @@ class WorkloadSpec:
     # fused QKV preprocessing (no separate casts), at kernels.context_fmha_fp8_speedup; set by planner/serving from
     # EngineTraits.fp8_context_attention (TensorRT-LLM with quantized linears), not an API field
     fp8_context_attention: bool = False
+    # inference: what the serving engine's own kernels fuse or move in another dtype (planner/engine_kernels.py: MLA's
+    # fused down projection, ep_scatter's fp8 rows, the masked experts' activation quantize); set by planner/serving
+    # from EngineTraits.kernels, not an API field. None: the planner's default kernels
+    engine_kernels: EngineKernels | None = None
     # Megatron --activation-func-fp8-input-store: the SwiGLU input saved for backward as float8_e4m3fn
     # (megatron/core/fusions/fused_bias_swiglu.py; transformer_config.py: SwiGLU only); DeepSeek-V3 report §3.3.2
     activation_func_fp8_input_store: bool = False
@@ -183,6 +194,25 @@ def _histogram(lengths: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(Counter(lengths).items()))
 
 
+def _known_dtype(name: str, value: str) -> bool:
+    """A dtype field's value: a plain dtype; a checkpoint format for param_dtype; a post-quant format for the MoE
+    dispatch (DISPATCH_FORMATS)."""
+    formats = {"param_dtype": WEIGHT_FORMAT_BYTES, "moe_dispatch_dtype": DISPATCH_FORMATS}.get(name, {})
+    return value in DTYPE_BYTES or value in formats
+
+
+def _check_dispatch_format(w: WorkloadSpec) -> None:
+    """A post-quant dispatch format (DISPATCH_FORMATS) is a serving engine's dispatch of weights in that format: an
+    inference workload whose param_dtype is the same, else a 422 naming both."""
+    given = w.moe_dispatch_dtype
+    if given in DISPATCH_FORMATS and (w.training or w.param_dtype != given):
+        raise SpecError(
+            "workload.moe_dispatch_dtype",
+            f"a {given} dispatch is a serving engine's post-quant dispatch of {given} weights (DISPATCH_FORMATS): "
+            f"inference with param_dtype {given!r} only; got {w.kind} with param_dtype {w.param_dtype!r}",
+        )
+
+
 def validate_workload(w: WorkloadSpec) -> None:
     if w.kind not in ("training", "inference"):
         raise SpecError("workload.kind", f"must be 'training' or 'inference', got {w.kind!r}")
@@ -190,9 +220,9 @@ def validate_workload(w: WorkloadSpec) -> None:
         _weight_format(w)
     for name in ("param_dtype", "activation_dtype", "grad_reduce_dtype", "moe_dispatch_dtype", "kv_dtype"):
         value = getattr(w, name)
-        known = value in DTYPE_BYTES or (name == "param_dtype" and value in WEIGHT_FORMAT_BYTES)
-        if value is not None and not known:
+        if value is not None and not _known_dtype(name, value):
             raise SpecError(f"workload.{name}", f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    _check_dispatch_format(w)
     validate_recipe(w.fp8_recipe, w.fp8_param_gather)
     one_of("workload.attention_kernel", w.attention_kernel, ATTENTION_KERNELS)
     if w.norm_kernel is not None:

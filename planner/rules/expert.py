@@ -22,6 +22,7 @@ counts with an all-to-all instead of an all-gather.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from collectives import Op
@@ -30,6 +31,7 @@ from ..context import Context
 from ..layout import Group
 from ..ledger import Call, equal_blocks, recomputed, rule_call, stage_classes
 from ..recompute import rerun_layers
+from ..workload import DISPATCH_FORMATS
 from . import deepep, engine_gather
 
 M = "Megatron-LM d98e8a6 "
@@ -219,10 +221,13 @@ def _fp8(ctx: Context) -> bool:
 
 def dispatch_row_bytes(ctx: Context) -> int:
     """Bytes of one dispatched token row: h elements, plus with fp8 one fp32 scale per 1x128 tile
-    (DeepSeek-V3 report §3.3 fine-grained quantisation; DeepEP low-latency dispatch sends the same)."""
+    (DeepSeek-V3 report §3.3 fine-grained quantisation; DeepEP low-latency dispatch sends the same); a post-quant
+    block format's packed row with its scales (workload.DISPATCH_FORMATS: nvfp4 h / 2 + h / 16)."""
     h = ctx.model.hidden_size
     if _fp8(ctx):
         return h * ctx.dispatch_bytes + -(-h // FP8_TILE) * 4
+    if ctx.work.moe_dispatch_dtype in DISPATCH_FORMATS:  # a post-quant block format's row with its scales
+        return math.ceil(h * DISPATCH_FORMATS[ctx.work.moe_dispatch_dtype])
     return h * ctx.dispatch_bytes
 
 

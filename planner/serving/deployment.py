@@ -39,6 +39,7 @@ from collectives.topology import ClusterSpec, cluster_for, price_call
 
 from .._errors import SpecError
 from ..context import Context, device_sms
+from ..engine_kernels import EngineKernels
 from ..memory import kv_cache_bytes
 from ..model import ModelSpec
 from ..parallel import ParallelSpec, validate_parallel
@@ -48,6 +49,7 @@ from ..rules.engine_gather import GATHER_DISPATCHES
 from ..rules.engine_step import dp_sync
 from ..words import human_bytes, human_number, human_percent, human_seconds
 from ..workload import (
+    DISPATCH_FORMATS,
     DTYPE_BYTES,
     EXPERT_WEIGHT_FORMATS,
     WEIGHT_FORMAT_BYTES,
@@ -142,10 +144,17 @@ class _Worker:
     allreduce: AllReducePolicy | None = None  # the engine's own TP all-reduce kernels (fused_allreduce.py)
     fp8_fmha: bool = False  # the engine can run its context attention in FP8 (EngineTraits.fp8_context_attention)
     bf16_dispatches: tuple[str, ...] = ()  # EngineTraits.bf16_dispatches
+    kernels: EngineKernels | None = None  # EngineTraits.kernels: what the engine's own kernels fuse (engine_kernels.py)
+    post_quant_dispatches: tuple[str, ...] = ()  # EngineTraits.post_quant_dispatches
 
     def bf16_dispatch(self, par: ParallelSpec) -> bool:
         """Whether ``par``'s dispatcher moves bf16 rows of an fp8 checkpoint (EngineTraits.bf16_dispatches)."""
         return par.ep_dispatch in self.bf16_dispatches
+
+    def post_quant(self, par: ParallelSpec) -> bool:
+        """Whether ``par``'s dispatcher moves a block-format checkpoint's rows in that format
+        (EngineTraits.post_quant_dispatches, workload.DISPATCH_FORMATS)."""
+        return par.ep_dispatch in self.post_quant_dispatches
 
 
 def plan_serving(
@@ -347,7 +356,8 @@ def _worker(model: ModelSpec, cluster: ClusterSpec, traits: EngineTraits, pool: 
         decode = replace(par, ep_dispatch="deepep_ll")
     return _Worker(par, sub, pool.max_batch_tokens or traits.max_batch_tokens, decode, traits.two_batch_overlap,
                    (traits.dp_sync_rows, traits.dp_sync_source), traits.tp_allreduce,
-                   traits.fp8_context_attention is not None, traits.bf16_dispatches)  # fmt: skip
+                   traits.fp8_context_attention is not None, traits.bf16_dispatches, traits.kernels,
+                   traits.post_quant_dispatches)  # fmt: skip
 
 
 def _expert_tp(model: ModelSpec, traits: EngineTraits, pool: Pool, where: str) -> int:
@@ -404,7 +414,8 @@ def worker_inputs(model, cluster, traits, traffic, pools, options) -> list[tuple
     out = []
     for i, pool in enumerate(pools):
         w = _worker(model, cluster, traits, pool, i)
-        work = _work(options, "decode", w.par.dp, context, bf16_dispatch=w.bf16_dispatch(w.par))
+        work = _work(options, "decode", w.par.dp, context, bf16_dispatch=w.bf16_dispatch(w.par), kernels=w.kernels,
+                     post_quant=w.post_quant(w.par))  # fmt: skip
         out.append((pool.role, work, w.par, w.cluster, plans))
     return out
 
@@ -414,11 +425,13 @@ SATURATED_STEPS = 2  # decode steps a saturated deployment adds: at the full KV 
 
 
 def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha: bool = False,
-          bf16_dispatch: bool = False) -> WorkloadSpec:  # fmt: skip
+          bf16_dispatch: bool = False, kernels: EngineKernels | None = None,
+          post_quant: bool = False) -> WorkloadSpec:  # fmt: skip
     """A step's workload; ``fp8_fmha``: the engine runs an FP8 context FMHA (EngineTraits.fp8_context_attention),
     which it does for a prefill pass with quantized linears (engines.FP8_FMHA_WEIGHTS: the quantized o_proj's output
     scale takes the op's FP8 path, whatever the KV cache); ``bf16_dispatch``: the pool's dispatcher moves bf16 rows
-    of fp8 weights (_Worker.bf16_dispatch)."""
+    of fp8 weights (_Worker.bf16_dispatch); ``kernels``: what the engine's own kernels fuse (EngineTraits.kernels);
+    ``post_quant``: the dispatcher moves a block-format checkpoint's rows in that format (_Worker.post_quant)."""
     return WorkloadSpec(
         kind="inference",
         phase=phase,
@@ -427,13 +440,23 @@ def _work(options: ServeOptions, phase: str, batch: int, context: int, fp8_fmha:
         param_dtype=options.weight_dtype,
         activation_dtype="bf16" if weight_bytes(options.weight_dtype) < 2 else options.weight_dtype,
         kv_dtype=options.kv,
-        moe_dispatch_dtype="fp8" if options.weight_dtype == "fp8" and not bf16_dispatch else None,
+        moe_dispatch_dtype=_dispatch_dtype(options.weight_dtype, bf16_dispatch, post_quant),
         # the engines capture decode steps in CUDA graphs by default (vLLM, SGLang, TensorRT-LLM): no host dispatch
         # per kernel (planner/kernels.py cpu_op_s); prefill runs eager in all three
         cuda_graphs=options.cuda_graphs and phase == "decode",
         fp8_recipe=_gemm_recipe(options),
         fp8_context_attention=fp8_fmha and phase == "prefill" and options.weight_dtype in FP8_FMHA_WEIGHTS,
+        engine_kernels=kernels,
     )
+
+
+def _dispatch_dtype(weights: str, bf16_dispatch: bool, post_quant: bool) -> str | None:
+    """The MoE dispatch's dtype for a checkpoint of ``weights``: fp8 weights' fp8 rows unless the dispatcher moves
+    bf16 (_Worker.bf16_dispatch); a block format's own rows where the engine post-quant dispatches it
+    (_Worker.post_quant: TensorRT-LLM's NVFP4 on DeepEP); else None, the activations' dtype."""
+    if weights == "fp8":
+        return None if bf16_dispatch else "fp8"
+    return weights if post_quant and weights in DISPATCH_FORMATS else None
 
 
 def check_weight_format(dtype: str, gpu, model: ModelSpec | None = None, fp8_recipe: str | None = None) -> None:
@@ -482,8 +505,8 @@ def _step(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str, batch
     """One prefill pass or decode step of a worker: ``batch`` sequences over its attention ranks, with the
     engine's own per-step calls (rules/engine_step.py) listed, priced like the plan's and on the critical path."""
     par = w.decode_par if phase == "decode" else w.par
-    plan = build_plan(model, _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par)), par, w.cluster,
-                      Options(timeline=False))  # fmt: skip
+    work = _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par), w.kernels, w.post_quant(par))
+    plan = build_plan(model, work, par, w.cluster, Options(timeline=False))
     if w.allreduce is not None:
         plan = engine_allreduce_step(plan, w.allreduce, _context(model, options, phase, batch, context, par, w),
                                      w.cluster)  # fmt: skip
@@ -545,7 +568,7 @@ def _overlapped(model: ModelSpec, w: _Worker, options: ServeOptions, phase: str,
 
 
 def _context(model, options, phase, batch, context, par, w) -> Context:
-    work = _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par))
+    work = _work(options, phase, batch, context, w.fp8_fmha, w.bf16_dispatch(par), w.kernels, w.post_quant(par))
     return Context(model, work, par, w.cluster.devices_per_node, device_sms(w.cluster))
 
 

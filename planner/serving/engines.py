@@ -10,6 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import SpecError
+from ..engine_kernels import (
+    SGLANG_EP_SCATTER,
+    SGLANG_FUSED_QKV_A,
+    SGLANG_MASKED,
+    TRTLLM_FUSED_QKV_A,
+    VLLM_EP_SCATTER,
+    VLLM_FUSED_QKV_A,
+    VLLM_MASKED,
+    EngineKernels,
+)
 from ..rules.engine_step import DP_SYNC_ROWS, TRTLLM_AR_FUSION, VLLM_DP_SYNC
 from .fused_allreduce import (
     VLLM_CUSTOM_AR_MAX_WITH_SYMM,
@@ -110,6 +120,9 @@ TRTLLM_EXPERTS = ExpertSplit(
 )
 
 
+DEFAULT_KERNELS = EngineKernels()  # the planner's default layer: nothing fused beyond it
+
+
 @dataclass(frozen=True)
 class EngineTraits:
     name: str
@@ -182,6 +195,12 @@ class EngineTraits:
     # kv_cache.dtype_default); the planner has no checkpoint, so it plans ServeOptions.kv (the 16-bit cache) and the
     # rule says when to name options.kv_dtype. "": no rule stated (ServeOptions.kv)
     kv_default_rule: str = ""
+    # what the engine's own kernels fuse or move in another dtype than the planner's default layer (planner/
+    # engine_kernels.py: MLA's fused down projection, ep_scatter's fp8 rows, the masked experts' activation quantize)
+    kernels: EngineKernels = DEFAULT_KERNELS
+    # the dispatchers that move a block-format checkpoint's rows in that format, quantized by the sender
+    # (workload.DISPATCH_FORMATS: NVFP4; kernels.POST_QUANT_SENDER); any other moves the activations' dtype
+    post_quant_dispatches: tuple[str, ...] = ()
 
 
 # vLLM NixlConnectorWorker._validate_remote_agent_handshake (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -291,6 +310,7 @@ VLLM = register(
         # max(1, total // tp) sizes the KV cache (config/model.py at 18ec66292536)
         kv_head_replication=True,
         kv_transfer_replicated_rule=VLLM_NIXL_REPLICATED,
+        kernels=EngineKernels(VLLM_FUSED_QKV_A, VLLM_EP_SCATTER, VLLM_MASKED),
     )
 )
 SGLANG = register(
@@ -335,6 +355,7 @@ SGLANG = register(
         # its heads, copies too (mooncake/conn.py send_kvcache_slice at 0005973a84f7: "GQA replication: how many
         # prefill ranks share the same KV head", unique_head_idx = rank // src_replication, the same decode offset)
         kv_transfer_sends_replicas=True,
+        kernels=EngineKernels(SGLANG_FUSED_QKV_A, SGLANG_EP_SCATTER, SGLANG_MASKED),
     )
 )
 TRTLLM = register(
@@ -374,8 +395,18 @@ TRTLLM = register(
         # _torch/modules/fused_moe/communication/deep_ep.py (0d2123af) supports_post_quant_dispatch: "DeepEP supports
         # post-quant dispatch only for nvfp4"; else "Pre-quant dispatch (unquantized data)",
         # deep_ep_buffer.dispatch(hidden_states, ...) in bf16, the fp8 block-scale MoE quantizing the received rows
-        # (fused_moe_wide_ep.py 01303b38: use_deepseek_fp8_block_scale, no quantize before the dispatch)
-        bf16_dispatches=("deepep",),
+        # (fused_moe_wide_ep.py 01303b38: use_deepseek_fp8_block_scale, no quantize before the dispatch). Its
+        # low-latency path the same (dsv3s15): communication/deep_ep_low_latency.py (f72b25a65f89)
+        # supports_post_quant_dispatch is fp8_qdq, nvfp4 or w4afp8 only, else "Pre-quant dispatch (unquantized data)"
+        # through deep_ep_utils.py (95ca1eaeaf08) VariableLengthLowLatencyBuffer.low_latency_dispatch, which calls
+        # DeepEP's ``low_latency_dispatch(..., use_fp8=False)``: bf16 rows of a block-fp8 checkpoint
+        bf16_dispatches=("deepep", "deepep_ll"),
+        # an NVFP4 checkpoint's rows go as NVFP4 on both DeepEP kernels (deep_ep.py at c12e67bb66fe
+        # supports_post_quant_dispatch: "only for nvfp4"; deep_ep_low_latency.py at f72b25a65f89: nvfp4, fp8_qdq or
+        # w4afp8, the nvfp4 rows into low_latency_dispatch_fp4)
+        post_quant_dispatches=("deepep", "deepep_ll"),
+        # its bf16 DeepEP rows are quantized by its own fused MoE (no ep_scatter, no masked activation read here)
+        kernels=EngineKernels(fused_mla_down_proj=TRTLLM_FUSED_QKV_A),
     )
 )
 

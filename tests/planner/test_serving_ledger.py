@@ -323,7 +323,8 @@ def test_vllm_dp_ranks_all_reduce_their_batch_metadata_each_step():
     assert sync.call.message_bytes == 4 * 4 * 16 == 256 and sync.call.calls_per_iteration == 1
     assert sync.call.op.value == "allreduce" and sync.group_size == 16 and sync.num_groups == 1
     assert "dp_utils.py _run_ar" in sync.call.source
-    bare = build_plan(DSV3, _work(options, "decode", 16 * 16, 1050), w.decode_par, w.cluster, Options(timeline=False))
+    work = _work(options, "decode", 16 * 16, 1050, kernels=w.kernels)  # the engine's own kernels, as _step plans them
+    bare = build_plan(DSV3, work, w.decode_par, w.cluster, Options(timeline=False))
     assert step.step.time_s == pytest.approx(bare.step.time_s + sync.price.time_s, rel=1e-12)
     assert step.step.stages[0].exposed_by_stream[("dp", "forward")] == pytest.approx(sync.price.time_s)
     assert 0 < sync.price.time_s < 1e-4  # a latency-bound 256-byte all-reduce across two nodes

@@ -30,17 +30,21 @@ def test_two_batch_overlap_rows(lmsys):
     "DeepSeek-V3 prefill, round 14 (dsv3p14)"). deepep14: DeepEP's normal kernels at 0.897 of their legs' NCCL rate
     (rules/deepep.py ACHIEVED, fitted on DeepEP's own table): the prefill's exchanges 11.5% longer, +15.7% (TBO off
     -11.9% -> -15.9%); decode runs the low-latency kernels, unchanged (docs/serving.md "DeepEP's normal kernels, round
-    14 (deepep14)")."""
+    14 (deepep14)"). dsv3s15: SGLang's own kernels (planner/engine_kernels.py): MLA's fused q_a / kv_a GEMM (one input
+    quantize), ep_scatter / ep_gather as they move the received fp8 rows and the bf16 outputs (the gather reads and
+    writes every received token, not the rank's own: slower), the low-latency path's masked experts (no permute, the
+    activation writing fc2's fp8 input): prefill +15.7% -> +14.7%, decode -4.8% -> +0.1% (docs/serving.md
+    "DeepSeek-V3 prefill, round 15 (dsv3s15)")."""
     on = {r["row"].split(",")[0]: r for r in lmsys if r["two_batch_overlap"]}
     assert on["DeepSeek-V3 prefill"]["published"] == 52_300 and on["DeepSeek-V3 decode"]["published"] == 22_300
-    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.157, abs=0.005)
-    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.048, abs=0.005)
+    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.147, abs=0.005)
+    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(0.001, abs=0.005)
     off = {r["row"].split(",")[0]: r for r in lmsys if not r["two_batch_overlap"]}
     gain = {k: on[k]["predicted"] / off[k]["predicted"] for k in on}
     # the overlap is worth 32% in prefill (34% at the 0.852 clock) and 9% in decode here (serve14: 1.313, 1.081;
     # bwcast14: 1.351, 1.078, the GEMMs shorter against the same exchanges; dsv3p14: 1.341, 1.072; deepep14: 1.376,
-    # the longer exchanges cost the serial step more than the overlapped one)
-    assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.376, abs=0.02)
+    # the longer exchanges cost the serial step more than the overlapped one; dsv3s15: 1.370 and 1.083)
+    assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.370, abs=0.02)
     assert gain["DeepSeek-V3 decode"] == pytest.approx(1.08, abs=0.02)
 
 
