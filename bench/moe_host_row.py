@@ -9,8 +9,8 @@ the synced layer's cost a launch (``kernels.queue_launch_s``: Megatron-Core's me
 Megatron's combined 1F1B (``kernels.combined_pair_launches``: the host's launches before the count wait, the GPU
 work the wait needs) and its steady-state period (``host.synced_period``); the step's breakdown; what the measured
 step allows a layer pair and a launch; and the cross-rank bound of a two-stage interleaved pipeline with one layer
-a model chunk (``coupled_period``), which is what VP24 on PP2 (the table's) would add to the pair. docs/step-time.md "The MoE rows' host
-time (host13)" holds the figures and the sources. Nothing here changes the model.
+a model chunk (``coupled_period``), which is what VP24 on PP2 (the table's) would add to the pair. docs/step-time.md
+"The MoE rows' host time (host13)" holds the figures and the sources. Nothing here changes the model.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _pair(ctx: Context, cluster, lk, c: float, measured: float) -> None:
     hidden = ctx.model.hidden_size * ctx.work.micro_batch_size * (ctx.work.seq_length or ctx.model.seq_length) * 2
     transfer = hidden / (cluster.nic_bandwidth_GBps * 1e9)
     print(
-        f"interleaved PP2 one layer a chunk: GPU before the copy {gpu_pre * 1e3:.3f} ms, p2p of {hidden / 1e6:.1f} MB "
+        f"interleaved PP2, one layer a chunk: GPU before the copy {gpu_pre * 1e3:.3f} ms, p2p of {hidden / 1e6:.1f} MB "
         f"~{transfer * 1e3:.2f} ms: coupled period {coupled_period(pre, post, gpu_pre, transfer) * 1e3:.3f} ms"
     )
 
