@@ -1733,7 +1733,7 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         _grad_accumulation(k, moe)
     if ctx.flavour.local_linear_biases and mdl.linear_bias:
         _local_biases(k, T, T_sp, moe)
-    forward, backward = te_graphed(ctx, tuple(k.fwd), tuple(k.bwd), eff)
+    forward, backward = te_graphed(ctx, tuple(k.fwd), tuple(k.bwd), eff) if moe else (tuple(k.fwd), tuple(k.bwd))
     rc = ctx.work.activation_recompute if ctx.training else "none"
     if rc == "full":
         recompute = full_rerun(ctx, forward, moe)
@@ -1765,9 +1765,10 @@ def graphed_preprocess(ctx: Context) -> bool:
 
 
 def te_graphed(ctx: Context, forward: tuple, backward: tuple, eff: Efficiency) -> tuple[tuple, tuple]:
-    """``forward`` and ``backward`` with the kernels of a partial TE CUDA graph (TE_GRAPH_KERNELS of the
-    workload's cuda_graph_scope) as one replay each way: the forward's contiguous run from the pre-MLP norm, the
-    backward's kernels of those modules (their names before the first "."); unchanged without a scope."""
+    """An MoE layer's ``forward`` and ``backward`` with the kernels of a partial TE CUDA graph (TE_GRAPH_KERNELS of
+    the workload's cuda_graph_scope) as one replay each way: the forward's contiguous run from the pre-MLP norm, the
+    backward's kernels of those modules (their names before the first "."); unchanged without a scope. A dense
+    layer has no such graph (transformer_layer.py l. 790: ``self.is_moe_layer and 'moe_router' in ...``)."""
     scope = ctx.work.cuda_graph_scope if ctx.training else ()
     names = {n for s in scope for n in TE_GRAPH_KERNELS[s]}
     if not names:

@@ -143,3 +143,15 @@ def test_the_recipes_layouts_replace_the_tables_where_nvidias_next_tables_agree(
         "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": 0.110,
         QWEN_B200: 0.111,
     }
+
+
+def test_a_dense_layer_of_an_moe_model_is_not_graphed():
+    """DeepSeek-V3's first three layers are dense: Megatron graphs the router only in an MoE layer
+    (transformer_layer.py l. 790), so a dense layer's kernels keep their launches under the scope."""
+    spec = model_preset("deepseek-v3")
+    work = dict(micro_batch_size=1, global_batch_size=8, seq_length=4096)
+    par = ParallelSpec(dp=8, ep=8)
+    plain, graphed = (Context(spec, WorkloadSpec(**work, cuda_graph_scope=s), par) for s in ((), SCOPE))
+    gpu = step_validation.cluster_preset("dgx-b200", 1).gpu
+    assert layer_kernels(graphed, False, gpu) == layer_kernels(plain, False, gpu)
+    assert layer_kernels(graphed, True, gpu) != layer_kernels(plain, True, gpu)
