@@ -43,6 +43,7 @@ from .kernels import (
     gemm_kernels,
     gpu_seconds,
     grad_buffer_bytes,
+    host_launches,
     host_sync,
     kv_cache_bytes_per_layer,
     launch,
@@ -178,7 +179,7 @@ def _pair_and_passes(
     period = synced_period([launch(k, c) for k in kernels], copy, queued)
     fwd, bwd = layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
     wait = max(0.0, period - (fwd.total_s - fwd.host_s) - (bwd.total_s - bwd.host_s))
-    f_n, b_n = sum(k.count for k in lk.forward), sum(k.count for k in lk.backward)
+    f_n, b_n = (sum(host_launches(k) for k in p) for p in (lk.forward, lk.backward))
     paired = replace(fwd, host_s=wait * f_n / (f_n + b_n)), replace(bwd, host_s=wait * b_n / (f_n + b_n))
     return paired, (fwd, bwd)
 
