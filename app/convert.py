@@ -99,6 +99,7 @@ ONLY_FOR = {
         "cpu_offloading_num_layers",
         "activation_func_fp8_input_store",
         "fused_grouped_mlp",
+        "cuda_graph_scope",
         "scale_swizzle",
         "userbuffers_proj_fprop",
         "userbuffers_fc2_fprop",
@@ -126,7 +127,7 @@ def workload_spec(block: WorkloadIn) -> WorkloadSpec:
                 f"{', '.join(stray)} {verb} {article} {other} workload, but kind is {kind!r}; "
                 f"the {kind} fields are {', '.join(ONLY_FOR[kind])}",
             )
-    for listed in ("recompute_modules", "document_lengths"):  # hashable, as the spec is a cache key
+    for listed in ("recompute_modules", "document_lengths", "cuda_graph_scope"):  # hashable: the spec is a cache key
         if given.get(listed) is not None:
             given[listed] = tuple(given[listed])
     return WorkloadSpec(**(base | given))

@@ -2,14 +2,15 @@
 
     PYTHONPATH=. python bench/moe_host_row.py ["<published.json case name>"]
 
-Prints, for the row's MoE layer (default: Megatron-Bridge 25.11 Qwen3-30B-A3B FP8-CS on 16 H100, the worst MoE row):
+Prints, for the row's MoE layer (default: Megatron-Bridge 25.11 Qwen3-30B-A3B FP8-CS on 16 H100, host13's worst MoE
+row, since outliers15 at its recipe's VP 12 and micro-batch 1):
 each kernel group of the forward and the backward with its GPU time (``kernels.gpu_seconds``) and its host time at
 the synced layer's cost a launch (``kernels.queue_launch_s``: Megatron-Core's measured 38.2 us); the layer pair of
 Megatron's combined 1F1B (``kernels.combined_pair_launches``: the host's launches before the count wait, the GPU
 work the wait needs) and its steady-state period (``host.synced_period``); the step's breakdown; what the measured
 step allows a layer pair and a launch; and the cross-rank bound of a two-stage interleaved pipeline with one layer
-a model chunk (``coupled_period``), which is what VP24 on PP2 adds to the pair. docs/step-time.md "The MoE rows' host
-time (host13)" holds the figures and the sources. Nothing here changes the model.
+a model chunk (``coupled_period``), which is what VP24 on PP2 (the table's) would add to the pair. docs/step-time.md
+"The MoE rows' host time (host13)" holds the figures and the sources. Nothing here changes the model.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _pair(ctx: Context, cluster, lk, c: float, measured: float) -> None:
     hidden = ctx.model.hidden_size * ctx.work.micro_batch_size * (ctx.work.seq_length or ctx.model.seq_length) * 2
     transfer = hidden / (cluster.nic_bandwidth_GBps * 1e9)
     print(
-        f"interleaved PP2 one layer a chunk: GPU before the copy {gpu_pre * 1e3:.3f} ms, p2p of {hidden / 1e6:.1f} MB "
+        f"interleaved PP2, one layer a chunk: GPU before the copy {gpu_pre * 1e3:.3f} ms, p2p of {hidden / 1e6:.1f} MB "
         f"~{transfer * 1e3:.2f} ms: coupled period {coupled_period(pre, post, gpu_pre, transfer) * 1e3:.3f} ms"
     )
 

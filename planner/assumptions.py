@@ -129,6 +129,8 @@ def _kernel_switch_rows(ctx: Context, by: str) -> list[Assumption]:
     if ctx.model.moe is not None and fl.te_fp8_recipes:
         grouped = _onoff(work.fused_grouped_mlp)
         add(Assumption("workload.fused_grouped_mlp", grouped, f"{by}: off (TEGroupedMLP, a GEMM per local expert)"))
+        scope = ", ".join(work.cuda_graph_scope) or "none"
+        add(Assumption("workload.cuda_graph_scope", scope, f"{by}: none (no TE graphs of the router or preprocess)"))
     recipe = work.recipe
     if fl.te_fp8_recipes and recipe is not None and recipe.gemm_swizzle_launches:
         what = f"{by}: quantize (TE 2.18's quantizers write GEMM-ready scales; gemm: TE 2.9 swizzles at each GEMM)"

@@ -43,8 +43,10 @@ from .kernels import (
     gemm_kernels,
     gpu_seconds,
     grad_buffer_bytes,
+    host_launches,
     host_sync,
     kv_cache_bytes_per_layer,
+    launch,
     layer_kernels,
     layer_kernels_key,
     loss_chain,
@@ -127,7 +129,7 @@ def host_pass_time(kernels: tuple[Kernel, ...], sync: tuple[int, int] | None, ho
         g = gpu_seconds(k)
         by[k.kind] += g
         flops += k.flops
-        launches.append((host_s, g, k.count))
+        launches.append(launch(k, host_s))
     span = free_running(launches) if sync is None else synced_period(launches, *sync)
     busy = sum(by.values())
     return PassTime(by["gemm"], by["attention"], by["memory"], flops, by["cast"], max(0.0, span - busy))
@@ -174,10 +176,10 @@ def _pair_and_passes(
         return None
     kernels, copy, queued = pair
     c = queue_launch_s(ctx, eff)
-    period = synced_period([(c, gpu_seconds(k), k.count) for k in kernels], copy, queued)
+    period = synced_period([launch(k, c) for k in kernels], copy, queued)
     fwd, bwd = layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
     wait = max(0.0, period - (fwd.total_s - fwd.host_s) - (bwd.total_s - bwd.host_s))
-    f_n, b_n = sum(k.count for k in lk.forward), sum(k.count for k in lk.backward)
+    f_n, b_n = (sum(host_launches(k) for k in p) for p in (lk.forward, lk.backward))
     paired = replace(fwd, host_s=wait * f_n / (f_n + b_n)), replace(bwd, host_s=wait * b_n / (f_n + b_n))
     return paired, (fwd, bwd)
 

@@ -838,11 +838,25 @@ class Kernel:
     dtype: str = ""
     count: int = 1
     gpu_s: float | None = None  # the GPU's own time where a host floor raised time_s (None: time_s; gpu_seconds)
+    # the host's launches for the group where they are not ``count``: 1 for the head of a captured CUDA graph (its
+    # replay), 0 for the rest of the graph (te_graphed); None: count (host_launches)
+    host_launches: int | None = None
 
 
 def gpu_seconds(k: Kernel) -> float:
     """A kernel's GPU time without the host floor (``Kernel.gpu_s``): what planner/host.py's queues take."""
     return k.time_s if k.gpu_s is None else k.gpu_s
+
+
+def host_launches(k: Kernel) -> int:
+    """The host's launches for a kernel group: ``count``, or a graph's (Kernel.host_launches)."""
+    return k.count if k.host_launches is None else k.host_launches
+
+
+def launch(k: Kernel, host_s: float) -> tuple[float, float, int]:
+    """A kernel group as planner/host.py's queues take it: (host seconds a launch, GPU seconds, count), the host's
+    time spread over the group's ``count`` so that a graph's members carry its one replay (host_launches)."""
+    return host_s * host_launches(k) / k.count, gpu_seconds(k), k.count
 
 
 @dataclass(frozen=True)
@@ -940,6 +954,8 @@ def check_kernel_options(ctx: Context, gpu: GPUSpec) -> None:
         )
     if ctx.training and ctx.work.fused_grouped_mlp:
         check_fused_grouped_mlp(ctx)
+    if ctx.work.cuda_graph_scope:
+        check_cuda_graph_scope(ctx)
     check_recipe_gpu(ctx.work.fp8_recipe, gpu)  # compute capability, nvfp4's fp4 peak: the one home of the rule
 
 
@@ -956,6 +972,19 @@ def check_fused_grouped_mlp(ctx: Context) -> None:
         raise SpecError(field, f"TE's fused grouped MLP kernels are MXFP8 only: needs fp8_recipe 'mxfp8', got {got!r}")
     if ctx.model.moe is None:
         raise SpecError(field, f"fuses the routed experts' MLP; model {ctx.model.name!r} has no MoE layers")
+
+
+def check_cuda_graph_scope(ctx: Context) -> None:
+    """A partial TE CUDA graph (TE_GRAPH_KERNELS) is Megatron-Core's with TransformerEngine, of an MoE layer, in
+    training (transformer_config.py cba6b0ed0f l. 1616-1620: "moe cuda graph is only supported for MoE"): anything
+    else is a SpecError on workload.cuda_graph_scope."""
+    field = "workload.cuda_graph_scope"
+    if not ctx.flavour.te_fp8_recipes:
+        raise SpecError(field, f"is Megatron-Core's TE CUDA graph scope; framework is {ctx.par.framework!r}")
+    if ctx.model.moe is None:
+        raise SpecError(field, f"captures part of an MoE layer; model {ctx.model.name!r} has no MoE layers")
+    if not ctx.training:
+        raise SpecError(field, "is a training graph (TE make_graphed_callables); the workload is inference")
 
 
 # ---- GEMMs ------------------------------------------------------------------------------------------------
@@ -1711,8 +1740,7 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         _grad_accumulation(k, moe)
     if ctx.flavour.local_linear_biases and mdl.linear_bias:
         _local_biases(k, T, T_sp, moe)
-    forward = tuple(k.fwd)
-    backward = tuple(k.bwd)
+    forward, backward = te_graphed(ctx, tuple(k.fwd), tuple(k.bwd), eff) if moe else (tuple(k.fwd), tuple(k.bwd))
     rc = ctx.work.activation_recompute if ctx.training else "none"
     if rc == "full":
         recompute = full_rerun(ctx, forward, moe)
@@ -1721,6 +1749,60 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
     else:
         recompute = ()
     return LayerKernels(forward, backward, recompute, tuple(core_fwd), tuple(core_bwd))
+
+
+# An MoE layer's kernels in Megatron-Core's partial TransformerEngine CUDA graph (workload.cuda_graph_scope), by scope:
+# "moe_router" captures the pre-MLP norm, the router and, without moe_shared_expert_overlap (the planner runs the
+# shared experts in line), the shared experts (Megatron-LM cba6b0ed0f transformer_layer.py
+# _get_submodules_under_cudagraphs l. 790-797; moe_layer.py l. 296-306: shared_experts_compute, route, preprocess);
+# "moe_preprocess" the alltoall dispatcher's preprocess with them (the graph returns its splits and counts,
+# token_dispatcher.py l. 454-460 cudagraph_attrs). Each graph is one replay a layer and micro-batch on the host (TE
+# make_graphed_callables: a forward graph and a backward graph), its kernels' GPU time unchanged.
+TE_GRAPH_KERNELS = {
+    "moe_router": ("pre_mlp_norm", "router", "router_topk", "shared_fc1", "shared_activation", "shared_fc2"),
+    "moe_preprocess": ("dispatch_preprocess",),
+}
+
+
+def graphed_preprocess(ctx: Context) -> bool:
+    """Whether the dispatcher's preprocess is in the TE graph: Megatron then copies the counts to the host at
+    "before_ep_alltoall", after the permutation, not "before_permutation_1" (token_dispatcher.py cba6b0ed0f l.
+    445-451 ``cuda_dtoh_point``)."""
+    return ctx.training and "moe_preprocess" in ctx.work.cuda_graph_scope
+
+
+def te_graphed(ctx: Context, forward: tuple, backward: tuple, eff: Efficiency) -> tuple[tuple, tuple]:
+    """An MoE layer's ``forward`` and ``backward`` with the kernels of a partial TE CUDA graph (TE_GRAPH_KERNELS of
+    the workload's cuda_graph_scope) as one replay each way: the forward's contiguous run from the pre-MLP norm, the
+    backward's kernels of those modules (their names before the first "."); unchanged without a scope. A dense
+    layer has no such graph (transformer_layer.py l. 790: ``self.is_moe_layer and 'moe_router' in ...``)."""
+    scope = ctx.work.cuda_graph_scope if ctx.training else ()
+    names = {n for s in scope for n in TE_GRAPH_KERNELS[s]}
+    if not names:
+        return forward, backward
+    at = next((i for i, k in enumerate(forward) if k.name == "pre_mlp_norm"), None)
+    if at is None:
+        return forward, backward
+    end = at
+    while end < len(forward) and forward[end].name in names:
+        end += 1
+    fwd = forward[:at] + _one_replay(forward[at:end], eff) + forward[end:]
+    own = [i for i, k in enumerate(backward) if k.name.split(".", 1)[0] in names]
+    if not own:
+        return fwd, backward
+    replayed = dict(zip(own, _one_replay(tuple(backward[i] for i in own), eff), strict=True))
+    return fwd, tuple(replayed.get(i, k) for i, k in enumerate(backward))
+
+
+def _one_replay(kernels: tuple, eff: Efficiency) -> tuple:
+    """A captured graph's kernels: the first carries the replay's one launch (at least one dispatch, cpu_op_s), the
+    rest their GPU time and no launch."""
+    if not kernels:
+        return ()
+    head, rest = kernels[0], kernels[1:]
+    g = gpu_seconds(head)
+    first = replace(head, time_s=max(g, eff.cpu_op_s), gpu_s=g, host_launches=1)
+    return (first, *(replace(k, time_s=gpu_seconds(k), gpu_s=None, host_launches=0) for k in rest))
 
 
 # what a dense layer's forward runs from its output linear on (kernels.full_rerun): fc2, its bias and the residual add
@@ -2240,7 +2322,9 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         # full-iteration graphs with static expert buffers); host_sync then has nothing to find
         # torchtitan reorders its tokens first and then blocks (Flavour.count_sync_after_permute): the sync follows
         # the permute, whose kernels the wait drains (host_sync then finds nothing queued past it)
-        at = next((i + 1 for i, e in enumerate(ef) if e.name == "permute"), 0) if fl.count_sync_after_permute else 0
+        # a TE graph of the preprocess moves Megatron's copy of the counts after the permutation (graphed_preprocess)
+        after = fl.count_sync_after_permute or graphed_preprocess(ctx)
+        at = next((i + 1 for i, e in enumerate(ef) if e.name == "permute"), 0) if after else 0
         ef.insert(at, Kernel(COUNT_SYNC, "memory", eff.cpu_op_s, bytes=8 * m.num_experts, gpu_s=eff.kernel_s))
     pre = dispatch_preprocess(ctx)
     if pre:  # the counts and splits the sync waits for; forward only: integer counts, no gradient

@@ -100,6 +100,11 @@ class WorkloadSpec:
     # with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, the Megatron-Bridge 26.08 MXFP8 recipes): planner/kernels.py
     # FUSED_GROUPED_MLP. False: TEGroupedMLP's per-expert GEMMs (Megatron's default)
     fused_grouped_mlp: bool = False
+    # Megatron-Core's per-layer TransformerEngine CUDA graphs of part of an MoE layer (--cuda-graph-impl
+    # transformer_engine --cuda-graph-scope; the Megatron-Bridge 25.11 Qwen3-30B and DeepSeek-V3 GB200 recipes:
+    # ["moe_router", "moe_preprocess"]): CUDA_GRAPH_SCOPES, planner/kernels.py graphed_groups. () = none; the whole
+    # step captured is cuda_graphs
+    cuda_graph_scope: tuple[str, ...] = ()
     # where TransformerEngine swizzles MXFP8 / NVFP4 block scales into cuBLAS's layout (Recipe.gemm_swizzle_launches):
     # "quantize" = the quantizer writes them swizzled (optimize_for_gemm: the TE v2.18 line of the Megatron-Bridge
     # 26.08 stack, the newest published one, hence the default); "gemm" = two swizzle launches at every low-precision
@@ -264,6 +269,8 @@ def _training_workload(w: WorkloadSpec) -> None:
         at_least_one("workload.seq_length", w.seq_length)
     one_of("workload.activation_recompute", w.activation_recompute, RECOMPUTE)
     _recompute_options(w)
+    if w.cuda_graph_scope:
+        _cuda_graph_scope(w)
     if w.cpu_offloading_num_layers < 0:
         raise SpecError("workload.cpu_offloading_num_layers", f"must be >= 0, got {w.cpu_offloading_num_layers}")
     if w.document_lengths is not None:
@@ -297,6 +304,31 @@ USERBUFFERS_RS_METHODS = ("pipeline", "ring_exchange")  # WorkloadSpec.userbuffe
 RECOMPUTE_METHODS = ("uniform", "block")
 # Megatron-Core --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+# the --cuda-graph-scope values the planner prices (Megatron-LM cba6b0ed0f, the Megatron-Bridge 25.11 submodule,
+# transformer_config.py l. 1596-1625 takes attn, mlp, moe, moe_router, moe_preprocess, mamba): "moe_router" captures
+# an MoE layer's pre-MLP norm and router (transformer_layer.py _get_submodules_under_cudagraphs l. 790: [
+# pre_mlp_layernorm, mlp.router]), "moe_preprocess" the alltoall dispatcher's preprocess with it (moe_layer.py l.
+# 296-306: the graph returns at MoECudaGraphPartialCaptureSignal after self.preprocess)
+CUDA_GRAPH_SCOPES = ("moe_router", "moe_preprocess")
+# recompute modules Megatron refuses beside a moe_router graph (transformer_config.py l. 1668-1674)
+GRAPHED_ROUTER_NO_RECOMPUTE = ("moe", "shared_experts")
+
+
+def _cuda_graph_scope(w: WorkloadSpec) -> None:
+    """Megatron's TransformerConfig rules for a partial TE graph (transformer_config.py l. 1596-1674), on the scopes
+    the planner prices (CUDA_GRAPH_SCOPES); the model's MoE is kernels.check_cuda_graph_scope's."""
+    field = "workload.cuda_graph_scope"
+    for scope in w.cuda_graph_scope:
+        one_of(field, scope, CUDA_GRAPH_SCOPES)
+    if "moe_preprocess" in w.cuda_graph_scope and "moe_router" not in w.cuda_graph_scope:
+        raise SpecError(field, "moe_preprocess is captured only with moe_router (Megatron transformer_config.py)")
+    if w.cuda_graphs:
+        raise SpecError(field, "is part of a layer in TE graphs; cuda_graphs true already captures the whole step")
+    clash = [m for m in w.recompute_modules or () if m in GRAPHED_ROUTER_NO_RECOMPUTE]
+    if clash and w.activation_recompute == "selective":
+        raise SpecError(field, f"a moe_router CUDA graph does not run with {clash[0]!r} recompute (Megatron)")
 
 
 def _recompute_options(w: WorkloadSpec) -> None:

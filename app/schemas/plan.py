@@ -253,6 +253,13 @@ class WorkloadIn(Strict):
         "--use-transformer-engine-op-fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1): one grouped kernel per expert GEMM "
         "with SwiGLU and the quantize in its epilogue, counts on the device (default false: per-expert GEMMs)",
     )
+    cuda_graph_scope: Annotated[list[Literal["moe_router", "moe_preprocess"]], Field(max_length=2)] | None = Field(
+        default=None,
+        description="Megatron-Core's TransformerEngine CUDA graphs of part of each MoE layer (--cuda-graph-impl "
+        "transformer_engine --cuda-graph-scope): moe_router (pre-MLP norm, router, shared experts) and "
+        "moe_preprocess (the dispatcher's preprocess; needs moe_router): one graph replay a layer and micro-batch "
+        "each way instead of their launches (default none)",
+    )
     scale_swizzle: Literal["quantize", "gemm"] | None = Field(
         default=None,
         description="where TransformerEngine swizzles MXFP8 / NVFP4 block scales for cuBLAS: quantize (the default: "

@@ -64,11 +64,15 @@ KNOWN_MISSES = {
     # moe11b (docs/step-time.md "Quantize launches, swizzles and combined 1F1B (moe11b)"): the dense linears' quantizes
     # as TE v2.9 launches them (the norm-fed qkv's 3 under current scaling, linear_proj's input 4; backward each output
     # gradient 4 and linear_proj's saved original input 4 again): +6 forward, +11 backward a layer: -44.4% -> -42.4%
-    "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100": -0.424,
+    # outliers15 (docs/step-time.md "The runs more than 20% off, round 15"): entered at its recipe's micro-batch 1
+    # and VP 12 (Megatron-Bridge r0.2.0 qwen3 workload_base_configs.py; the table's MBS 2 / VP 24 are its 25.09
+    # tokendrop row's): -42.3% -> +11.0%, within 20%, unpinned
     # moe11b: the 25.11 stack's TE v2.9 swizzles MXFP8 scales at every GEMM call (2 launches a call, 24 a layer pair
     # of its MoE layer) and the dense linears' quantizes counted: host-bound at 38.2 us a launch, +10.8% -> +22.0%
-    # (+12.0% without the swizzles): worse by the source, past the 20% all runs are held to, pinned here
-    "Megatron-Bridge Qwen3-30B-A3B MXFP8, 8 B200": 0.220,
+    # (+12.0% without the swizzles): worse by the source, past the 20% all runs are held to, pinned here;
+    # outliers15: its recipe's TE graphs of the router and the preprocess (workload.cuda_graph_scope; r0.2.0
+    # qwen3 workload_base_configs.py), one replay for 21 launches forward and 11 backward, the counts copied after
+    # the permutation: +22.0% -> +11.1%, within 20%, unpinned
     # GPT-OSS since gptoss (docs/step-time.md "GPT-OSS, by mechanism": d-64 attention, Megatron's unfused YaRN RoPE,
     # GLU clamp and per-expert fc2 bias; the 26.08 row with its recipe's fused grouped MLP): H100 -24.5% -> -9.1%, now
     # within the 20% all runs are held to; B200 -55.7% -> -51.7% (its table's EP8 against the recipe's EP64: -13.1% at
@@ -77,10 +81,14 @@ KNOWN_MISSES = {
     # B200 -51.9% -> -47.3%, GB200 -18.0% -> -7.6%, 26.08 -24.6% -> -26.3% (the window only: its fused MLP clamps);
     # blackwell13 (the GB200's GEMMs at its own measured ceilings, collectives/topology/gpu.py gemm_table): GB200
     # -7.6% -> -7.2%, 26.08 -26.2% -> -24.3%; mend13b (those ceilings fitted on the compute-bound shapes: bf16 0.699 ->
-    # 0.685, MXFP8 0.603 -> 0.614): GB200 -7.2% -> -6.5%, 26.08 -24.3% -> -24.7%
-    "Megatron-Bridge GPT-OSS-120B BF16, 64 B200": -0.473,
+    # 0.685, MXFP8 0.603 -> 0.614): GB200 -7.2% -> -6.5%, 26.08 -24.3% -> -24.7%; outliers15: the B200 row at its
+    # recipe's EP64 (r0.2.0 gpt_oss workload_base_configs.py; NVIDIA's 26.02 table measures B200 EP64 at 8047
+    # tokens/s/GPU, its 26.04 one EP8 at 13045; this row 8213): -47.3% -> -8.3%, within 20%, unpinned
     "Megatron-Bridge GPT-OSS-120B BF16, 64 GB200": -0.065,
-    "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.247,
+    # outliers15: both 26.08 rows with their recipes' fp8_dot_product_attention (perf_recipes/*/common.py at
+    # 4ab94dfad), priced at the bf16 rate with TE's casts on Blackwell (no published FP8 rate): -27.2% (main at
+    # 132db4c; pinned -24.7% since mend13b) -> -26.7%, the 26.08 Qwen3-30B row -5.2% -> -4.2%
+    "Megatron-Bridge 26.08 GPT-OSS-120B MXFP8, 64 GB200": -0.267,
     # DeepSeek-V3 MXFP8 256 B200: -31.0% -> -26.8% (mtp6: the MTP module's norms and eh_proj on its rank and the
     # shared output layer and cross-entropy once more on the loss's), -19.2% on main at 9532726, -16.0% since moehost's
     # host queue: within 20%, unpinned (-11.6% since moe11b's swizzles and dense quantize launches)
@@ -501,9 +509,10 @@ def test_a_host_bound_pass_absorbs_the_slowdown_of_what_it_hides():
     dense quantize launches, +6 forward and +11 backward a layer; 0.0587 s since sus12: the H100's GEMMs and attention
     at 0.825 take longer, so the same host queue leaves the GPU 0.5 ms less to wait; 0.0623 s since fp8audit14: the
     weights' casts once a step, the output gradients' alone in the backward, leave the GPU less work under the same
-    queue), and neither is lengthened."""
+    queue; 0.1283 s since outliers15 enters the row at its recipe's micro-batch 1 and VP 12: the same launches over
+    half the tokens leave the GPU twice as idle), and neither is lengthened."""
     st = build_plan(*step_validation.case_inputs(CASES["Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100"], DATA)).step
     stage = st.stages[0]
     assert stage.hidden_by_stream[("ep", "forward")] > 0 and stage.compute.forward.host_s > 0.02
     assert stage.slow_fwd_s == 0.0
-    assert round(stage.compute.backward.host_s, 4) == 0.0623 and stage.slow_bwd_s == 0.0
+    assert round(stage.compute.backward.host_s, 4) == 0.1283 and stage.slow_bwd_s == 0.0
