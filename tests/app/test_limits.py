@@ -18,6 +18,10 @@ from planner.estimate import (
     ALLTOALL_WEIGHT,
     BLOCKED_WEIGHT,
     CONTENTION_WEIGHT,
+    EVERY_CANDIDATE_PLACED_WEIGHT,
+    EVERY_CANDIDATE_RANK_WEIGHT,
+    EVERY_CANDIDATE_WEIGHT,
+    EVERY_SQUARE_WEIGHT,
     LIBRARY_WEIGHT,
     ROUTE_WEIGHT,
     SCHEDULE_WEIGHT,
@@ -45,8 +49,11 @@ def test_schedule_work_closed_forms():
     assert schedule_work(Op.ALLTOALL, n, g, pairwise) == base + (ALLTOALL_WEIGHT + g) * n * n
     # direct and hierarchical all-to-alls are all-pairs step classes, priced in O(g n) (pricing.route_all_pairs)
     assert schedule_work(Op.ALLTOALL, n, g, PricingPath(False, ("direct", "hierarchical"))) == base
-    every = PricingPath(False, ("ring",), every=True)
-    assert schedule_work(Op.ALLREDUCE, n, g, every) == base + (ALL_WEIGHT + g) * n * n
+    every = PricingPath(False, ("ring",), every=True)  # a plan's candidates: all (every_work, speed15)
+    per_candidate = EVERY_CANDIDATE_WEIGHT + EVERY_CANDIDATE_RANK_WEIGHT * n + EVERY_CANDIDATE_PLACED_WEIGHT * g * n
+    assert schedule_work(Op.ALLREDUCE, n, g, every) == per_candidate + EVERY_SQUARE_WEIGHT * n * n
+    explorer = PricingPath(False, every=True)  # every schedule at every size: its own n = 4,096 calibration
+    assert schedule_work(Op.ALLREDUCE, n, g, explorer) == base + (ALL_WEIGHT + g) * n * n
     assert schedule_work(Op.ALLREDUCE, n, g, RING, sizes=14) == 14 * base
     assert schedule_work(Op.SENDRECV, 1, 100, PricingPath(False, ("direct",))) == 0
     # a full mesh's direct allreduce is priced per class in O(n): charged as a ring, not n^2
