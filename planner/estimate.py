@@ -113,6 +113,11 @@ EVERY_STEP_PLACED_WEIGHT = 12
 # (docs/search.md, batch14); measured / fitted p5 0.49, p95 1.72
 PLAN_WEIGHT = 90_000
 LEDGER_CALL_WEIGHT = 5_000
+# ranks of a call's placement a unit: planner/layout.py ``RankLayout.placement`` over a 16,384-GPU world measured
+# 0.63 ns a rank (20 Llama-3 70B layouts of bench/batch_scale.py, every call's placement, memo cleared; 9.4 ns at
+# 512 GPUs, where its per-call numpy steps dominate, which LEDGER_CALL_WEIGHT holds); 1 unit a rank charged 24x its
+# CPU and refused 1,000 configs on 16,384 GPUs (batch14; speed15, docs/search.md)
+PLACED_PER_UNIT = 16
 
 
 @dataclass
@@ -239,12 +244,19 @@ def contention_work(path: PricingPath, g: int, n: int) -> int:
     return CONTENTION_WEIGHT * g * n if path.library and n > 1 else 0
 
 
+def placing_work(placed: int, n: int) -> int:
+    """Placing a call's ``placed`` ranks (numpy over the world's rank arrays, memoised per layout: PLACED_PER_UNIT
+    ranks a unit) and its group 0's ``n`` ranks listed (the answer's ``group_ranks`` and ``group_devices``, copied
+    into every plan and written in a full answer: a unit a rank)."""
+    return placed // PLACED_PER_UNIT + n
+
+
 def call_work(op: Op, g: int, n: int, path: PricingPath, in_net: bool, placed: int, classes: int = 1,
               sizes: int = 1, contend: bool = True, message: int = MAX_MESSAGE) -> int:  # fmt: skip
     """One call priced on ``g`` groups of ``n`` ranks: pricing on each of its ``classes`` stage classes
     (:func:`schedule_work`), its contention pass unless another call on the same groups paid it (``contend``),
-    and placing and describing all its groups, ``placed`` ranks (numpy over them, then the answer's lists)."""
-    units = classes * schedule_work(op, n, g, path, in_net, sizes, message) + placed
+    and placing and describing all its groups, ``placed`` ranks (:func:`placing_work`)."""
+    units = classes * schedule_work(op, n, g, path, in_net, sizes, message) + placing_work(placed, n)
     return units + (classes * contention_work(path, g, n) if contend else 0)
 
 
@@ -452,6 +464,7 @@ __all__ = [
     "every_work",
     "in_network",
     "network_work",
+    "placing_work",
     "plan_pricing_path",
     "price_estimate",
     "pricing_path",

@@ -17,7 +17,8 @@ from app.schemas.plan import PlanRequest
 from app.serialize import plan_item_json
 from app.settings import Settings
 from planner import estimate as est_mod
-from planner.estimate import LEDGER_CALL_WEIGHT, PLAN_WEIGHT, BatchWork, estimate
+from planner.estimate import LEDGER_CALL_WEIGHT, PLAN_WEIGHT, BatchWork, estimate, placing_work
+from planner.plan import Options, placement_priced
 
 from .conftest import Api
 
@@ -72,7 +73,11 @@ def test_a_batch_charges_a_memoised_price_once():
     batch = BatchWork()
     first, second = batch.add(a, "a"), batch.add(b, "b")
     own = PLAN_WEIGHT + LEDGER_CALL_WEIGHT * len(b.prepared.calls)
-    placed = sum(b.prepared.layout.placement(c.group, c.stages).size for c in b.prepared.calls)
+    layout, cluster = b.prepared.layout, b.prepared.cluster
+    placed = sum(
+        placing_work(layout.placement(c.group, c.stages).size, placement_priced(c, layout, cluster, Options()).shape[1])
+        for c in b.prepared.calls
+    )
     assert second == own + placed < b.units // 2
     assert first <= a.units and batch.total.units == first + second
     assert {kind for kind, *_ in a.shared} == {"price", "contention"}

@@ -23,6 +23,7 @@ from planner.estimate import (
     EVERY_CANDIDATE_WEIGHT,
     EVERY_SQUARE_WEIGHT,
     LIBRARY_WEIGHT,
+    PLACED_PER_UNIT,
     ROUTE_WEIGHT,
     SCHEDULE_WEIGHT,
     PricingPath,
@@ -98,7 +99,7 @@ def test_the_estimate_is_built_from_the_plans_set_up():
     assert norm.message_bytes == 4 and placement_priced(norm, layout, cluster, options).shape == (1, 131072)
     assert price_classes(norm, layout, cluster, options) == [norm.stages]  # one group: one class
     assert est.biggest.startswith("dp.grad_norm (allreduce on 1 groups of 131072 ranks, NCCL model)")
-    assert est.biggest_units == LIBRARY_WEIGHT + CONTENTION_WEIGHT * 131072 + 131072
+    assert est.biggest_units == LIBRARY_WEIGHT + CONTENTION_WEIGHT * 131072 + 131072 // PLACED_PER_UNIT + 131072
     assert est.units < 1 << 27
     # the TP calls share their groups: one contention pass for all of them, one model call each
     tp = [c for c in ledger(ctx) if c.parallelism == "tp"]
