@@ -162,30 +162,18 @@ def _cycle(clusters: int, rounds: int) -> list[dict]:
 
 
 @pytest.mark.parametrize(("clusters", "repriced"), [(8, False), (17, True)])
-def test_a_cycle_of_clusters_is_charged_what_the_caches_evict(monkeypatch, clusters, repriced):
+def test_a_cycle_of_clusters_is_charged_what_the_caches_evict(cold_prices, clusters, repriced):
     """BatchWork simulates the price cache's (cluster, options) prefixes (plan.py _pricer, 16 kept, 8 for this
     batch): 8 clusters cycled three times price each call once and are charged once; 17 evict each prefix before its
     cluster comes round again, so every round reprices everything, and the batch is charged every price it makes
     (before: 17 clusters were charged as 16, a third of their prices)."""
-    from collections import OrderedDict
-
-    import collectives.topology.library.pricer as library
-    import planner.plan as plan_mod
     from app.routers.plan import _batch
 
     items = _cycle(clusters, 3)
     batch = BatchWork()
     for e in _estimates(items):
         batch.add(e, "x")
-    misses, price_op = [0], plan_mod._price_op
-
-    def counting(*args, **kwargs):
-        misses[0] += 1
-        return price_op(*args, **kwargs)
-
-    monkeypatch.setattr(plan_mod, "_price_op", counting)
-    for module, name in ((plan_mod, "_PRICES"), (plan_mod, "_PREFIXES"), (library, "_CONTENTION")):
-        monkeypatch.setattr(module, name, OrderedDict())
+    misses = cold_prices
     _batch(items, Settings(max_batch_work=1 << 40))
     first_round = misses[0] if not repriced else misses[0] // 3
     assert misses[0] == (3 if repriced else 1) * first_round > 0

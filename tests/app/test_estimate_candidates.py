@@ -4,11 +4,8 @@ pricing per price it really makes; 1,000 configs on 16,384 GPUs within the batch
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import pytest
 
-import collectives.topology.library.pricer as library
 import planner.plan as plan_mod
 from app.convert import plan_inputs
 from app.schemas.plan import PlanRequest
@@ -54,7 +51,7 @@ def test_ring_broadcast_is_charged_its_steps():
     assert large - small == 2_650 * (64 - 2)
 
 
-def test_a_plan_charges_each_price_it_makes_once(monkeypatch):
+def test_a_plan_charges_each_price_it_makes_once(cold_prices):
     """A ledger repeats a call's (op, message, placement) (the TP all-gathers of each layer): the plan prices it once
     (plan.py's price cache), so the estimate charges one pricing per distinct price key, as many as the plan's real
     ``_price_op`` calls from cold caches; a plan alone in a batch is charged no less than alone (nothing taken off
@@ -71,17 +68,8 @@ def test_a_plan_charges_each_price_it_makes_once(monkeypatch):
     keys = [key for kind, _, key, _ in est.shared if kind == "price"]
     assert len(keys) == len(set(keys)) < len(est.prepared.calls)
     assert BatchWork().add(est, "alone") == est.units
-    priced, price_op = [0], plan_mod._price_op
-
-    def counting(*args, **kwargs):
-        priced[0] += 1
-        return price_op(*args, **kwargs)
-
-    monkeypatch.setattr(plan_mod, "_price_op", counting)
-    for module, name in ((plan_mod, "_PRICES"), (plan_mod, "_PREFIXES"), (library, "_CONTENTION")):
-        monkeypatch.setattr(module, name, OrderedDict())
     build_plan(*inputs)
-    assert priced[0] == len(keys) == 10
+    assert cold_prices[0] == len(keys) == 10
 
 
 def test_a_thousand_configs_on_16384_gpus_fit_the_batch_budget():
