@@ -648,23 +648,20 @@ def _loops_cheaper(columns: int, ops: int, levels: int) -> bool:
     return columns * ops < LOOP_PER_LEVEL * levels
 
 
-def _span_one(graph: _Graph, table: Sequence[float] | np.ndarray) -> float:
+def _span_one(graph: _Graph, table: list[float]) -> float:
     """``_sweep`` of one column as a loop over the ops in level order (each op's inputs are earlier rows)."""
     return max(_ends_one(graph, table))
 
 
-def _ends_one(graph: _Graph, table: Sequence[float] | np.ndarray) -> list[float]:
-    """Each rank's last op's end in ``_span_one``'s loop (order_ends reads them apart; dualpipe13b). Each op's
-    duration is gathered from the chunk table in one numpy step first (the same floats the loop read as
-    ``table[cell]``: speed15, 78 against 93 ns an op at zbv p 40, m 260, load ~1.5)."""
-    prev, dep = memoryview(graph.prev), memoryview(graph.dep)  # int32, no copy
-    took = np.asarray(table, dtype=np.float64)[graph.cell].tolist()
+def _ends_one(graph: _Graph, table: list[float]) -> list[float]:
+    """Each rank's last op's end in ``_span_one``'s loop (order_ends reads them apart; dualpipe13b)."""
+    prev, dep, cell = (memoryview(x) for x in (graph.prev, graph.dep, graph.cell))  # int32, no copy
     done = [0.0]  # op i's end at i + 1, appended in level order (vsearch13: 75-80 ns an op, 90-100 indexed)
     append = done.append
-    for a, b, t in zip(prev, dep, took, strict=True):
+    for a, b, c in zip(prev, dep, cell, strict=True):
         x = done[a]
         y = done[b]
-        append((x if x > y else y) + t)
+        append((x if x > y else y) + table[c])
     return [done[r] for r in graph.last.tolist()]
 
 
@@ -751,7 +748,7 @@ def _run_orders(
         if timed:
             graph = _graph(kind, p, v, run)
             if _loops_cheaper(len(timed), len(graph.at), len(graph.bounds) - 1):
-                runs = [_ends_one(graph, tables[key][:, 0]) for key in timed]
+                runs = [_ends_one(graph, tables[key][:, 0].tolist()) for key in timed]
             else:
                 runs = rank_ends(replace(graph, at=graph.cell), np.hstack([tables[key] for key in timed])).T.tolist()
             columns.update(zip(timed, runs, strict=True))
