@@ -45,7 +45,7 @@ from itertools import count
 from typing import ClassVar
 
 from collectives import CollectiveError, Op
-from collectives.algorithms import lookup
+from collectives.algorithms import Request, lookup
 from collectives.topology import Cluster, ClusterSpec, candidates
 from collectives.topology.library.pricer import CONTENTION_CACHE
 from collectives.topology.networks import network_type
@@ -87,12 +87,37 @@ BLOCKED_WEIGHT = 15  # x n^2: in-network all-gather / reduce-scatter
 ALLTOALL_WEIGHT = 60  # x n^2: the all-to-alls of explore.QUADRATIC (memory-bound: 613 MiB at n = 2,048)
 ALL_WEIGHT = 70  # x n^2: every algorithm (halving-doubling, the quadratic all-to-alls, ...)
 HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are left out (explorer)
+# A plan's ``candidates: all`` call (``every_work``: the pricer builds and evaluates each candidate schedule of the op,
+# collectives/topology/select.py ``_price_schedule``): least squares on relative error over 123 cold
+# ``price_call(which="all", pricing="schedule")`` runs on DGX H100 placements (allreduce, all-gather, reduce-scatter,
+# broadcast, all-to-all; n 2-2,048 ranks on g 1-1,024 groups, 256 MiB, the schedule and route memos cleared; CPU
+# time, load 1-4; speed15, docs/search.md "(speed15)"): measured / charged 0.51-3.5 a call, median 1.13, where
+# 70 n^2 + g n^2 (fitted at n = 4,096) charged n 128-1,024 at 6-10x and n 8-16 at 0.04-0.15x (no candidate's fixed
+# cost was charged)
+EVERY_CANDIDATE_WEIGHT = 8_600  # a candidate schedule built and evaluated (0.13 ms; n 8: 0.1-0.5 ms a candidate)
+EVERY_CANDIDATE_RANK_WEIGHT = 240  # x n, a candidate: its schedule's arrays over the group
+EVERY_CANDIDATE_PLACED_WEIGHT = 5  # x g n, a candidate: routing every group (allreduce on 1,024 groups of 8: 12 ms)
+EVERY_SQUARE_WEIGHT = 4  # x n^2: the op's candidates together (allreduce 750 ms at n 2,048: 12 n^2)
+# x n^2 and x g n^2: the quadratic all-to-alls (explore.QUADRATIC: pairwise, Bruck list n(n - 1) transfers; all-to-all
+# on 1,024 ranks 572 ms, on 8 groups of 1,024 1.83 s)
+EVERY_QUADRATIC_WEIGHT = 36
+EVERY_QUADRATIC_GROUP_WEIGHT = 7
+# a schedule priced step by step (no closed-form step classes: ring broadcast's pipelined chain, K + n - 2 steps,
+# collectives/algorithms/ring.py): 2,650 units a step and 12 a placed rank (ring broadcast at n 1,024: 88 ms)
+STEPWISE = frozenset({("ring", Op.BROADCAST)})
+EVERY_STEP_WEIGHT = 2_650
+EVERY_STEP_PLACED_WEIGHT = 12
 # what a plan costs besides pricing (validation, its ledger, step time, memory, the summary answer), all its prices
 # memoised: least squares on 2,100 plans of bench/batch_scale.py (Llama-3 70B on 512 H100, DeepSeek-V3 on 256 H800,
 # Llama-3 8B on 16 H100; their later cycles, prices cached; CPU time, load 4-6): 1.35 ms + 78 us a ledger call
 # (docs/search.md, batch14); measured / fitted p5 0.49, p95 1.72
 PLAN_WEIGHT = 90_000
 LEDGER_CALL_WEIGHT = 5_000
+# ranks of a call's placement a unit: planner/layout.py ``RankLayout.placement`` over a 16,384-GPU world measured
+# 0.63 ns a rank (20 Llama-3 70B layouts of bench/batch_scale.py, every call's placement, memo cleared; 9.4 ns at
+# 512 GPUs, where its per-call numpy steps dominate, which LEDGER_CALL_WEIGHT holds); 1 unit a rank charged 24x its
+# CPU and refused 1,000 configs on 16,384 GPUs (batch14; speed15, docs/search.md)
+PLACED_PER_UNIT = 16
 
 
 @dataclass
@@ -172,7 +197,8 @@ def in_network(cluster: ClusterSpec) -> bool:
     return cluster.intra.in_network_reduction or cluster.network.in_network_reduction
 
 
-def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = False, sizes: int = 1) -> int:
+def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = False, sizes: int = 1,
+                  message: int = MAX_MESSAGE) -> int:  # fmt: skip
     """Work units to price one call of ``op`` on ``g`` groups of ``n`` ranks along ``path``, at ``sizes``
     message sizes (the explorer prices each, and leaves the quadratic schedules out above
     planner.explore.QUADRATIC_LIMIT transfers); ``in_net``: the cluster can reduce in its switches."""
@@ -184,7 +210,9 @@ def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = Fals
     units = SCHEDULE_WEIGHT * n * log + ROUTE_WEIGHT * g * n * log
     if in_net and op in (Op.ALLGATHER, Op.REDUCESCATTER) and "in_network" in path.algorithms:
         units += BLOCKED_WEIGHT * n * n
-    if path.every:
+    if path.every and path.algorithms and sizes == 1:  # a plan's ``candidates: all`` (speed15)
+        return every_work(op, n, g, path.algorithms, message)
+    if path.every:  # the explorer: every schedule at every size (its own calibration at n = 4,096)
         quadratic_ok = sizes == 1 or n * n * g <= QUADRATIC_LIMIT
         units += (ALL_WEIGHT + g) * n * n if quadratic_ok else HALVING_WEIGHT * n * n
     elif any((name, op) in QUADRATIC for name in path.algorithms):
@@ -192,17 +220,43 @@ def schedule_work(op: Op, n: int, g: int, path: PricingPath, in_net: bool = Fals
     return units * sizes
 
 
+def every_work(op: Op, n: int, g: int, algorithms: tuple[str, ...], message: int = MAX_MESSAGE) -> int:
+    """Work units of pricing one call of ``op`` on ``g`` groups of ``n`` ranks with each of ``algorithms`` (its
+    ``candidates: all``), measured (EVERY_* weights): each candidate's fixed cost, its arrays over n ranks and its
+    routing of g n; n^2 for the op's candidates, or the quadratic all-to-alls' n^2 and g n^2 where they are among
+    them; and each step of a schedule priced step by step (STEPWISE: its registered closed-form step count at the
+    call's ``message`` bytes, ``Implementation.cost``) with its g n."""
+    k = len(algorithms)
+    units = k * (EVERY_CANDIDATE_WEIGHT + EVERY_CANDIDATE_RANK_WEIGHT * n + EVERY_CANDIDATE_PLACED_WEIGHT * g * n)
+    if any((name, op) in QUADRATIC for name in algorithms):
+        units += (EVERY_QUADRATIC_WEIGHT + EVERY_QUADRATIC_GROUP_WEIGHT * g) * n * n
+    else:
+        units += EVERY_SQUARE_WEIGHT * n * n
+    for name in algorithms:
+        if (name, op) in STEPWISE:
+            steps = lookup(name, op).cost(Request(op, n, max(message, 1), 1)).steps  # its pipeline chunks' steps
+            units += EVERY_STEP_WEIGHT * steps + EVERY_STEP_PLACED_WEIGHT * g * n
+    return units
+
+
 def contention_work(path: PricingPath, g: int, n: int) -> int:
     """The library pricer's contention pass over ``g`` groups of ``n`` ranks (memoised per placement)."""
     return CONTENTION_WEIGHT * g * n if path.library and n > 1 else 0
 
 
+def placing_work(placed: int, n: int) -> int:
+    """Placing a call's ``placed`` ranks (numpy over the world's rank arrays, memoised per layout: PLACED_PER_UNIT
+    ranks a unit) and its group 0's ``n`` ranks listed (the answer's ``group_ranks`` and ``group_devices``, copied
+    into every plan and written in a full answer: a unit a rank)."""
+    return placed // PLACED_PER_UNIT + n
+
+
 def call_work(op: Op, g: int, n: int, path: PricingPath, in_net: bool, placed: int, classes: int = 1,
-              sizes: int = 1, contend: bool = True) -> int:  # fmt: skip
+              sizes: int = 1, contend: bool = True, message: int = MAX_MESSAGE) -> int:  # fmt: skip
     """One call priced on ``g`` groups of ``n`` ranks: pricing on each of its ``classes`` stage classes
     (:func:`schedule_work`), its contention pass unless another call on the same groups paid it (``contend``),
-    and placing and describing all its groups, ``placed`` ranks (numpy over them, then the answer's lists)."""
-    units = classes * schedule_work(op, n, g, path, in_net, sizes) + placed
+    and placing and describing all its groups, ``placed`` ranks (:func:`placing_work`)."""
+    units = classes * schedule_work(op, n, g, path, in_net, sizes, message) + placing_work(placed, n)
     return units + (classes * contention_work(path, g, n) if contend else 0)
 
 
@@ -289,7 +343,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
           sizes: int) -> tuple:  # fmt: skip
     """The estimate's walk over the prepared ledger: (units, biggest, biggest_units, parts)."""
     layout, cluster = prepared.layout, prepared.cluster
-    est, in_net, paths, contended, shared = Estimate(), in_network(cluster_spec), {}, set(), []
+    est, in_net, paths, contended, shared, seen = Estimate(), in_network(cluster_spec), {}, set(), [], set()
     pair = (cluster_spec, pricing_options(options))  # the price cache's prefix (plan.py _pricer)
     for c in prepared.calls:
         if c.message_bytes > MAX_MESSAGE:
@@ -312,19 +366,36 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         placed = layout.placement(c.group, c.stages).size
         first = (c.group, tuple(classes)) not in contended  # calls on the same groups share one contention pass
         contended.add((c.group, tuple(classes)))
-        units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first)
+        units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first, c.message_bytes)
         if call is None:  # what the price cache and the contention memo hold: one real entry per class's key
             # the estimate's classes (price_classes) split over the cache's keys (priced_keys, as many or fewer)
             per_key = len(classes) / max(len(keys), 1)
-            priced = round(per_key * schedule_work(c.op, n, g, path, in_net, sizes))
-            shared += [("price", pair, (c.op, c.message_bytes, k), priced) for k in keys]
+            priced = round(per_key * schedule_work(c.op, n, g, path, in_net, sizes, c.message_bytes))
+            entries = [("price", pair, (c.op, c.message_bytes, k), priced) for k in keys]
             if first and path.library and n > 1:
-                shared += [("contention", None, k, round(per_key * contention_work(path, g, n))) for k in keys]
+                entries += [("contention", None, k, round(per_key * contention_work(path, g, n))) for k in keys]
+            units -= _repeats(entries, shared, seen)
         how = "NCCL model" if path.library else "schedules"
         est.add(units, f"{c.name} ({c.op.value} on {g} groups of {n} ranks, {how})")
         if call is not None:
             break
     return est.units, est.biggest, est.biggest_units, tuple(est.parts), tuple(shared)
+
+
+def _repeats(entries: list, shared: list, seen: set) -> int:
+    """The units of ``entries`` (one call's price and contention keys) that an earlier call of the same plan already
+    put in the service's caches (``seen``): the plan prices a key once (plan.py ``_PRICES``, the library pricer's
+    ``_CONTENTION``), so a repeat costs a look-up only, not charged (speed15: a ledger's ~10 TP calls of one shape
+    and message were each charged their pricing); the others are appended to ``shared`` (``BatchWork``)."""
+    repeated = 0
+    for entry in entries:
+        key = (entry[0], entry[2])
+        if key in seen:
+            repeated += entry[3]
+        else:
+            seen.add(key)
+            shared.append(entry)
+    return repeated
 
 
 class _Fifo:
@@ -390,8 +461,10 @@ __all__ = [
     "call_work",
     "contention_work",
     "estimate",
+    "every_work",
     "in_network",
     "network_work",
+    "placing_work",
     "plan_pricing_path",
     "price_estimate",
     "pricing_path",

@@ -47,6 +47,27 @@ def small_limits():
     client.close()
 
 
+@pytest.fixture
+def cold_prices(monkeypatch) -> list[int]:
+    """A counter ([calls]) of planner.plan's ``_price_op``, the prices the service really makes, from empty price,
+    (cluster, options) prefix and contention caches."""
+    from collections import OrderedDict
+
+    import collectives.topology.library.pricer as library
+    import planner.plan as plan_mod
+
+    calls, price_op = [0], plan_mod._price_op
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return price_op(*args, **kwargs)
+
+    monkeypatch.setattr(plan_mod, "_price_op", counting)
+    for module, name in ((plan_mod, "_PRICES"), (plan_mod, "_PREFIXES"), (library, "_CONTENTION")):
+        monkeypatch.setattr(module, name, OrderedDict())
+    return calls
+
+
 LLAMA70B = {
     "model": {"preset": "llama3-70b"},
     "workload": {"kind": "training", "micro_batch_size": 1, "global_batch_size": 1024},

@@ -18,7 +18,12 @@ from planner.estimate import (
     ALLTOALL_WEIGHT,
     BLOCKED_WEIGHT,
     CONTENTION_WEIGHT,
+    EVERY_CANDIDATE_PLACED_WEIGHT,
+    EVERY_CANDIDATE_RANK_WEIGHT,
+    EVERY_CANDIDATE_WEIGHT,
+    EVERY_SQUARE_WEIGHT,
     LIBRARY_WEIGHT,
+    PLACED_PER_UNIT,
     ROUTE_WEIGHT,
     SCHEDULE_WEIGHT,
     PricingPath,
@@ -45,8 +50,11 @@ def test_schedule_work_closed_forms():
     assert schedule_work(Op.ALLTOALL, n, g, pairwise) == base + (ALLTOALL_WEIGHT + g) * n * n
     # direct and hierarchical all-to-alls are all-pairs step classes, priced in O(g n) (pricing.route_all_pairs)
     assert schedule_work(Op.ALLTOALL, n, g, PricingPath(False, ("direct", "hierarchical"))) == base
-    every = PricingPath(False, ("ring",), every=True)
-    assert schedule_work(Op.ALLREDUCE, n, g, every) == base + (ALL_WEIGHT + g) * n * n
+    every = PricingPath(False, ("ring",), every=True)  # a plan's candidates: all (every_work, speed15)
+    per_candidate = EVERY_CANDIDATE_WEIGHT + EVERY_CANDIDATE_RANK_WEIGHT * n + EVERY_CANDIDATE_PLACED_WEIGHT * g * n
+    assert schedule_work(Op.ALLREDUCE, n, g, every) == per_candidate + EVERY_SQUARE_WEIGHT * n * n
+    explorer = PricingPath(False, every=True)  # every schedule at every size: its own n = 4,096 calibration
+    assert schedule_work(Op.ALLREDUCE, n, g, explorer) == base + (ALL_WEIGHT + g) * n * n
     assert schedule_work(Op.ALLREDUCE, n, g, RING, sizes=14) == 14 * base
     assert schedule_work(Op.SENDRECV, 1, 100, PricingPath(False, ("direct",))) == 0
     # a full mesh's direct allreduce is priced per class in O(n): charged as a ring, not n^2
@@ -91,7 +99,7 @@ def test_the_estimate_is_built_from_the_plans_set_up():
     assert norm.message_bytes == 4 and placement_priced(norm, layout, cluster, options).shape == (1, 131072)
     assert price_classes(norm, layout, cluster, options) == [norm.stages]  # one group: one class
     assert est.biggest.startswith("dp.grad_norm (allreduce on 1 groups of 131072 ranks, NCCL model)")
-    assert est.biggest_units == LIBRARY_WEIGHT + CONTENTION_WEIGHT * 131072 + 131072
+    assert est.biggest_units == LIBRARY_WEIGHT + CONTENTION_WEIGHT * 131072 + 131072 // PLACED_PER_UNIT + 131072
     assert est.units < 1 << 27
     # the TP calls share their groups: one contention pass for all of them, one model call each
     tp = [c for c in ledger(ctx) if c.parallelism == "tp"]

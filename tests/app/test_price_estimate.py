@@ -10,7 +10,14 @@ from app.main import create_app
 from app.settings import Settings
 from collectives import Op
 from collectives.topology import cluster_for, cluster_preset, price_call
-from planner.estimate import CONTENTION_WEIGHT, LIBRARY_WEIGHT, ROUTE_WEIGHT, SCHEDULE_WEIGHT, price_estimate
+from planner.estimate import (
+    CONTENTION_WEIGHT,
+    LIBRARY_WEIGHT,
+    PLACED_PER_UNIT,
+    ROUTE_WEIGHT,
+    SCHEDULE_WEIGHT,
+    price_estimate,
+)
 
 H100x2 = {"preset": "dgx-h100", "num_nodes": 2}
 LIBRARY = {"op": "allreduce", "message_bytes": 1 << 20, "group_size": 16, "cluster": H100x2}
@@ -19,17 +26,18 @@ RING = {**LIBRARY, "algorithm": "ring"}
 
 def test_price_estimate_closed_forms():
     cluster = cluster_for(cluster_preset("dgx-h100", 2))
-    # NCCL's model: O(1) per call, the contention pass over the g x n ranks, and placing them
+    # NCCL's model: O(1) per call, the contention pass over the g x n ranks, and placing them (placing_work: the
+    # g x n ranks PLACED_PER_UNIT a unit and group 0's n listed, speed15)
     library = price_estimate(Op.ALLREDUCE, 1, 16, cluster, "auto", "library", "auto")
-    assert library.units == LIBRARY_WEIGHT + CONTENTION_WEIGHT * 16 + 16
+    assert library.units == LIBRARY_WEIGHT + CONTENTION_WEIGHT * 16 + 16 // PLACED_PER_UNIT + 16
     assert library.biggest == "allreduce: 1 groups of 16 ranks"
     # a pinned schedule: building it (n log2 n), routing it on each group (g n log2 n), placing; no NCCL pass
     ring = price_estimate(Op.ALLREDUCE, 3, 16, cluster, "ring", "library", "auto")
-    assert ring.units == SCHEDULE_WEIGHT * 16 * 4 + ROUTE_WEIGHT * 3 * 16 * 4 + 3 * 16
+    assert ring.units == SCHEDULE_WEIGHT * 16 * 4 + ROUTE_WEIGHT * 3 * 16 * 4 + 3 * 16 // PLACED_PER_UNIT + 16
 
 
-@pytest.mark.parametrize(("body", "units"), [(LIBRARY, LIBRARY_WEIGHT + CONTENTION_WEIGHT * 16 + 16),
-                                             (RING, SCHEDULE_WEIGHT * 64 + ROUTE_WEIGHT * 64 + 16)])  # fmt: skip
+@pytest.mark.parametrize(("body", "units"), [(LIBRARY, LIBRARY_WEIGHT + CONTENTION_WEIGHT * 16 + 1 + 16),
+                                             (RING, SCHEDULE_WEIGHT * 64 + ROUTE_WEIGHT * 64 + 1 + 16)])  # fmt: skip
 def test_price_is_refused_over_http_exactly_above_its_estimate(body, units):
     at = TestClient(create_app(Settings(max_work=units))).post("/v1/collectives/price", json=body)
     assert at.status_code == 200, at.text
