@@ -281,7 +281,8 @@ def test_the_cli_refuses_a_long_integer_as_the_service_does(tmp_path, capsys):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(PLAN).replace('"global_batch_size": 64', f'"global_batch_size": {"7" * 4400}'))
     assert read_request(str(path)) is UNREADABLE
-    assert "an integer of 4,400 digits, longer than the 4,300 Python converts" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"{path}: workload.global_batch_size: an integer of 4,400 digits, longer than the 4,300 Python" in said
 
 
 BIG_ITERATION = {
