@@ -51,7 +51,8 @@ def sound(response, body) -> dict | None:
             msg = err["msg"]
             budget = "COMMPLAN_" in msg  # a refusal up front names the whole request and the setting
             assert err["loc"][:1] == ["body"] and (len(err["loc"]) >= 2 or budget), (err, why)
-            assert re.search(r"\d|'|\"", msg), ("no number or name in the rule", err, why)
+            named = re.search(r"\d|'|\"|missing|required", msg)  # a number, a quoted name, or the absent field's rule
+            assert named, ("no number or name in the rule", err, why)
             assert not scientific(msg), ("scientific notation in a 422", err, why)
         return None
     if response.status_code != 200:
