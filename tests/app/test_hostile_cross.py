@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import hypothesis
@@ -22,6 +23,9 @@ from hypothesis import strategies as st
 
 from app.cli import UNREADABLE, read_request
 from app.limits import non_finite, non_finite_rule, unreadable_number
+from planner import ParallelSpec, WorkloadSpec, model_preset
+from planner.compute import model_flops_per_token
+from planner.context import Context
 from planner.memory import MAX_STAGE_BYTES
 
 from .test_hostile_combos import Picker, custom_plan_body, fuzz, plan_body, serve_body, serve_search_body
@@ -377,6 +381,30 @@ def test_a_zero_config_and_a_gpu_figure_out_of_range_are_said_in_jsons_words(api
     assert r.json()["detail"][0]["msg"] == (
         "Value error, must be 0 (not given) or within [0.001, 1,000,000], got 0.0005"
     ), r.text
+
+
+def test_a_prefill_counts_its_lm_head_once_a_sequence_as_it_runs(api):
+    """A prefill samples each sequence's last position only (compute.head_kernels: the LM head on b rows), but the
+    model FLOPs counted it on every position: a 2-layer Mixtral 8x22B of vocabulary 2^24 answered MFU 5.56, past the
+    invariant's 2, a 500. Closed form: two vocabularies differ by 2 x (V2 - V1) x h / s FLOPs a token (the input
+    embedding is not counted); training still counts the head on every token."""
+    body = {
+        "model": {"preset": "mixtral-8x22b", "num_layers": 2, "vocab_size": 1 << 24},
+        "workload": {"kind": "inference", "phase": "prefill", "batch_size": 18},
+        "parallel": {"tp": 8, "ep": 2, "sequence_parallel": True},
+        "cluster": {"preset": "gb300-nvl72", "num_nodes": 2},
+    }
+    answer = sound(api.post("/v1/plan", json=body), body)
+    assert 0 < answer["step"]["mfu"] < 1, answer["step"]["mfu"]
+    base, par = model_preset("llama3-8b"), ParallelSpec(tp=8)
+    h, s = base.hidden_size, 4096
+    for work, per_token in [
+        (WorkloadSpec("inference", phase="prefill", batch_size=8, context_length=s), 2 * h / s),
+        (WorkloadSpec("inference", phase="decode", batch_size=8, context_length=s), 2 * h),
+        (WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=s), 6 * h),
+    ]:
+        small, large = (Context(replace(base, vocab_size=v), work, par) for v in (128_000, 256_000))
+        assert model_flops_per_token(large) - model_flops_per_token(small) == pytest.approx(128_000 * per_token)
 
 
 def test_a_traffic_of_both_loads_is_refused_without_scientific_notation(api):
