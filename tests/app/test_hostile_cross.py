@@ -407,6 +407,26 @@ def test_a_prefill_counts_its_lm_head_once_a_sequence_as_it_runs(api):
         assert model_flops_per_token(large) - model_flops_per_token(small) == pytest.approx(128_000 * per_token)
 
 
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_inference_counts_no_mtp_module_it_does_not_run(api, phase):
+    """Inference runs the main model only (compute.mtp_depths), but its MTP modules' parameters were counted: Mixtral
+    8x22B cut to 1 layer with 3 MTP layers answered a prefill MFU of 2.45, an invariant 500. Now the MTP layers change
+    neither the step nor the MFU of an inference pass; training still counts them."""
+    answers = []
+    for mtp in (0, 3):
+        body = {
+            "model": {"preset": "mixtral-8x22b", "num_layers": 1, "sliding_window": 128, "mtp_layers": mtp},
+            "workload": {"kind": "inference", "phase": phase, "batch_size": 4096, "fp8_recipe": "delayed"},
+            "parallel": {"tp": 2},
+            "cluster": {"preset": "hgx-h20", "num_nodes": 1},
+        }
+        answers.append(sound(api.post("/v1/plan", json=body), body)["step"])
+    assert answers[0]["time_s"] == answers[1]["time_s"] and answers[0]["mfu"] == answers[1]["mfu"] < 1, answers
+    work = WorkloadSpec(micro_batch_size=1, global_batch_size=8, seq_length=4096)
+    plain, mtp = (Context(replace(model_preset("deepseek-v3"), mtp_layers=k), work, ParallelSpec()) for k in (0, 1))
+    assert model_flops_per_token(mtp) > model_flops_per_token(plain)
+
+
 def test_a_traffic_of_both_loads_is_refused_without_scientific_notation(api):
     body = {
         "model": LLAMA_8B,
