@@ -62,7 +62,7 @@ MASTER_BYTES = 4  # fp32 master weights when the parameters are not fp32
 # 2^57 (144 PB, 10^6 x an H200's memory), so that a stage's parts, and the bytes sent (up to log2 n = 17 x the message
 # under recursive doubling), sum inside int64 (2^63), the largest integer a JSON reader takes. The bounds of each
 # field (b, s, h, micro-batches) keep each factor in range, not their product: Llama-3 8B at global_batch_size 2^24
-# and seq_length 2^22 answered 6.7e19 B of activations and 3.3e20 B of traffic a stage (hostile15).
+# and seq_length 2^22 (tp 4, pp 2, gpipe) answered 6.7e19 B of activations and 3.3e20 B of traffic a stage (hostile15).
 MAX_STAGE_BYTES = 1 << 57
 ZERO3_UNITS_IN_FLIGHT = 2  # the unit computing and the one prefetched (FSDP2 / DeepSpeed prefetch)
 
