@@ -62,11 +62,12 @@ def read_request(path: str):
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
         if path.endswith((".yaml", ".yml")):
             return _yaml(text)
-        from .limits import non_finite_rule
+        from .limits import unreadable_number
 
-        bad = non_finite_rule(text.encode())  # the service's body filter: Python's json reads NaN, RFC 8259 has none
+        bad = unreadable_number(text.encode())  # the service's body filter: Python's json reads NaN, RFC 8259 has none
         if bad is not None:
-            print(f"commplan: {path}: {bad}", file=sys.stderr)
+            where = ".".join(map(str, bad[0][1:]))  # the field, as the service's 422 names it
+            print(f"commplan: {path}: {where + ': ' if where else ''}{bad[1]}", file=sys.stderr)
             return UNREADABLE
         return json.loads(text)
     except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors

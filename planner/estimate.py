@@ -53,6 +53,7 @@ from collectives.topology.select import resolve_pricing
 
 from ._errors import SpecError
 from .explore import QUADRATIC, QUADRATIC_LIMIT
+from .memory import MAX_STAGE_BYTES, fewer_tokens
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .pipeline_jitter import CELL_UNITS, span_work
@@ -336,6 +337,23 @@ def _order_work(est: Estimate, ctx) -> None:
         est.add(cells // CELL_UNITS, f"{what} (planner/pipeline_jitter.py order_span)")
 
 
+def _check_traffic(calls, training: bool) -> None:
+    """Each stage's bytes in one iteration (the answer's ``totals.per_stage``: calls x bytes, summed) within
+    memory.MAX_STAGE_BYTES: every call within MAX_MESSAGE, but times its micro-batches (2^24 at most) and layers the
+    sum left int64 (hostile15)."""
+    stages: dict[int, int] = {}
+    for c in calls:
+        for s in c.stages:
+            stages[s] = stages.get(s, 0) + c.calls_per_iteration * c.message_bytes
+    stage, total = max(stages.items(), key=lambda item: item[1], default=(0, 0))
+    if total > MAX_STAGE_BYTES:
+        raise SpecError(
+            "workload",
+            f"stage {stage} would move {total:,} bytes of messages in one iteration, over {MAX_STAGE_BYTES:,} (2^57, "
+            f"the most a stage is planned with: past it the byte counts overflow 64 bits); {fewer_tokens(training)}",
+        )
+
+
 WALKS_PER_CONTEXT = 16  # (cluster, options, explored call) estimates kept per memoised context
 
 
@@ -344,6 +362,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
     """The estimate's walk over the prepared ledger: (units, biggest, biggest_units, parts)."""
     layout, cluster = prepared.layout, prepared.cluster
     est, in_net, paths, contended, shared, seen = Estimate(), in_network(cluster_spec), {}, set(), [], set()
+    _check_traffic(prepared.calls, prepared.ctx.training)
     pair = (cluster_spec, pricing_options(options))  # the price cache's prefix (plan.py _pricer)
     for c in prepared.calls:
         if c.message_bytes > MAX_MESSAGE:

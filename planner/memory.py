@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ._errors import SpecError
 from .compute import kv_cache_bytes_per_layer, mtp_bf16_context
 from .context import Context
 from .kernels import fp8_attention, loss_vocab
@@ -57,6 +58,12 @@ GIB = 1 << 30
 WORKSPACE_BYTES = 1 * GIB
 ADAM_STATE_BYTES = 8  # m and v in fp32
 MASTER_BYTES = 4  # fp32 master weights when the parameters are not fp32
+# The most bytes one stage holds (its activations) or moves in an iteration (planner/estimate.py) in a plan answered:
+# 2^57 (144 PB, 10^6 x an H200's memory), so that a stage's parts, and the bytes sent (up to log2 n = 17 x the message
+# under recursive doubling), sum inside int64 (2^63), the largest integer a JSON reader takes. The bounds of each
+# field (b, s, h, micro-batches) keep each factor in range, not their product: Llama-3 8B at global_batch_size 2^24
+# and seq_length 2^22 (tp 4, pp 2, gpipe) answered 6.7e19 B of activations and 3.3e20 B of traffic a stage (hostile15).
+MAX_STAGE_BYTES = 1 << 57
 ZERO3_UNITS_IN_FLIGHT = 2  # the unit computing and the one prefetched (FSDP2 / DeepSpeed prefetch)
 
 
@@ -608,6 +615,12 @@ def stage_memory(
     if not ctx.training:
         acts += kv_cache_bytes(ctx, stage)
     comm = comm_buffers(calls).get(stage, 0) if comm_buffer is None else comm_buffer
+    if acts > MAX_STAGE_BYTES:
+        raise SpecError(
+            "workload",
+            f"stage {stage} would hold {int(acts):,} bytes of activations, over {MAX_STAGE_BYTES:,} (2^57, the most "
+            f"a stage is planned with: past it the byte counts overflow 64 bits); {fewer_tokens(ctx.training)}",
+        )
     return StageMemory(
         stage,
         held.param_count,
@@ -617,6 +630,13 @@ def stage_memory(
         int(acts),
         held.buffers_bytes + int(comm),
     )
+
+
+def fewer_tokens(training: bool) -> str:
+    """What shrinks a stage's bytes past MAX_STAGE_BYTES: the tokens of one iteration."""
+    if training:
+        return "fewer tokens an iteration (global_batch_size x seq_length) or micro-batches in flight"
+    return "fewer tokens a pass (batch_size x context_length)"
 
 
 def gathered_unit_bytes(ctx: Context, stage: int, unit: int) -> int:

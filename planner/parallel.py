@@ -11,7 +11,7 @@ from functools import lru_cache
 from collectives._hashing import frozen_hash
 
 from . import flavours
-from ._errors import SpecError, one_of, shown
+from ._errors import SpecError, got, one_of, shown
 from .documents import pack_moments
 from .flavours import Flavour
 from .model import ModelSpec
@@ -167,7 +167,7 @@ def zero_config_from_dict(values: dict | None) -> ZeroConfig:
             )
         if key in ZERO_BOOLS:
             if not (isinstance(value, bool) or (value is None and key == "overlap_comm")):
-                raise SpecError(f"parallel.zero_config.{key}", f"must be true or false, got {value!r}")
+                raise SpecError(f"parallel.zero_config.{key}", f"must be true or false, got {got(value)}")
             continue
         if (
             isinstance(value, bool)
@@ -176,7 +176,7 @@ def zero_config_from_dict(values: dict | None) -> ZeroConfig:
             or value != int(value)
             or value < 0
         ):
-            raise SpecError(f"parallel.zero_config.{key}", f"must be a whole number of elements >= 0, got {value!r}")
+            raise SpecError(f"parallel.zero_config.{key}", f"must be a whole number of elements >= 0, got {got(value)}")
     return ZeroConfig(**{k: v if k in ZERO_BOOLS else int(v) for k, v in values.items()})
 
 
@@ -425,7 +425,7 @@ def _ddp(par: ParallelSpec) -> None:
     cap = par.ddp.bucket_cap_mb
     if cap is not None:
         if not (math.isfinite(cap) and 0 < cap <= 1 << 20):
-            raise SpecError("parallel.ddp.bucket_cap_mb", f"must be > 0 and <= 1048576 MiB, got {cap!r}")
+            raise SpecError("parallel.ddp.bucket_cap_mb", f"must be > 0 and <= 1,048,576 MiB, got {got(cap)}")
         if par.dp_bucket_bytes is not None:
             raise SpecError(
                 "parallel.ddp.bucket_cap_mb",

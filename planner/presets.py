@@ -450,7 +450,7 @@ class _HFConfig:
 
     def __init__(self, config, prefix: str = "model.hf_config", traits: dict | None = None):
         if not isinstance(config, dict):
-            raise SpecError(prefix, f"must be a JSON object, got {type(config).__name__}")
+            raise SpecError(prefix, f"must be a JSON object, got {got(config)}")
         self.config, self.prefix = config, prefix
         self.aliases, self.defaults = (traits or {}).get("aliases", {}), (traits or {}).get("defaults", {})
         self.filled: dict[str, object] = {}  # the keys read as the class's defaults (where written: value)
@@ -479,8 +479,8 @@ class _HFConfig:
         if value is None:
             return default
         if type(value) is not int:
-            shown = f"{value!r}"[:40]
-            raise SpecError(self._where(key), f"must be an integer, got {shown} ({type(value).__name__})")
+            written = " written as a float" if isinstance(value, float) else ""  # 1e16 reads 10000000000000000
+            raise SpecError(self._where(key), f"must be an integer, got {got(value)}{written}")
         if value == 0 and key in HF_ZERO_IS_NONE:
             return default
         lo, hi = BOUNDS[HF_KEYS[key]]
@@ -514,7 +514,7 @@ class _HFConfig:
         if value is None:
             return default
         if type(value) is not bool:
-            raise SpecError(self._where(key), f"must be true or false, got {f'{value!r}'[:40]}")
+            raise SpecError(self._where(key), f"must be true or false, got {got(value)}")
         return value
 
     def number(self, key: str, default=None):
@@ -523,7 +523,7 @@ class _HFConfig:
         if value is None:
             return default
         if type(value) not in (int, float) or not 0 < value <= 1e6:
-            raise SpecError(self._where(key), f"must be a number in (0, 1e6], got {f'{value!r}'[:40]}")
+            raise SpecError(self._where(key), f"must be a number in (0, 1,000,000], got {got(value)}")
         return float(value)
 
     def probability(self, keys: tuple[str, ...], default=None) -> float | None:
@@ -536,9 +536,7 @@ class _HFConfig:
             return default
         value = self.get(key)
         if type(value) not in (int, float) or not 0 <= value < 1:
-            raise SpecError(
-                self._where(key), f"a dropout probability must be a number in [0, 1), got {f'{value!r}'[:40]}"
-            )
+            raise SpecError(self._where(key), f"a dropout probability must be a number in [0, 1), got {got(value)}")
         return float(value)
 
     def rope_scaling(self) -> str | None:
@@ -548,7 +546,7 @@ class _HFConfig:
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise SpecError(self._where("rope_scaling"), f"must be an object or null, got {f'{value!r}'[:40]}")
+            raise SpecError(self._where("rope_scaling"), f"must be an object or null, got {got(value)}")
         kind = value.get("rope_type", value.get("type"))
         return kind if kind in ROPE_SCALINGS else None
 
@@ -557,7 +555,7 @@ class _HFConfig:
         if value is None:
             return default
         if not isinstance(value, str) or len(value) > HF_TEXT[key]:
-            got_ = f"{len(value)} characters" if isinstance(value, str) else shown(value)[:40]
+            got_ = f"{len(value):,} characters" if isinstance(value, str) else got(value)
             raise SpecError(self._where(key), f"must be a string of at most {HF_TEXT[key]} characters, got {got_}")
         return value
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, Field
 
 from collectives.topology import fabrics, networks
+from planner._errors import got
 from planner.kernels import ATTENTION_CEILING_KEYS, GEMM_DTYPES, KERNEL_CONSTANTS
 
 from .base import Strict, optional_positive
@@ -26,7 +27,7 @@ def _zero_or_in(low: float, high: float):
 
     def check(value: float) -> float:
         if value != 0 and not low <= value <= high:
-            raise ValueError(f"must be 0 (not given) or within [{low:g}, {high:g}], got {value!r}")
+            raise ValueError(f"must be 0 (not given) or within [{got(low)}, {high:,.0f}], got {got(value)}")
         return value
 
     return AfterValidator(check)

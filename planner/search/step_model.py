@@ -52,6 +52,7 @@ from ..compute import (
 from ..context import Context
 from ..ledger import Call
 from ..memory import (
+    MAX_STAGE_BYTES,
     chunk_activation_key,
     chunk_activations,
     comm_buffers,
@@ -80,6 +81,11 @@ from ..step import (
 )
 from ..workload import WorkloadSpec
 from .space import recompute_fields
+
+# A stage's activations or buffer past memory.MAX_STAGE_BYTES counts as this (it fits no device): the int64 arrays
+# of the screen hold it, and the two with the static bytes (2^50 parameters x 16 B at most) sum inside int64; an
+# iteration of 2^24 sequences of 2^22 tokens was a 500, OverflowError, before (hostile15)
+BEYOND = MAX_STAGE_BYTES + 1
 
 # Context's cached properties that read only the model, the layout's pipeline split (parallel._split_key) and
 # whether it trains (fixed per scope): the chunks and layers each stage holds, their kinds, MTP blocks and roles
@@ -392,7 +398,7 @@ class StepModel:
                 parts = memos.acts.get((tokens, rest))
                 if parts is None:
                     parts = memos.put(memos.acts, (tokens, rest), chunk_activations(self._ctx(v, b, rc), s))
-                sizes.append(held_activation_bytes(parts, counts, losses))
+                sizes.append(min(held_activation_bytes(parts, counts, losses), BEYOND))
             out = memos.put(memos.arrays, key, np.array(sizes, dtype=np.int64))
         return out
 
@@ -441,7 +447,7 @@ class StepModel:
         peak = self._static_bytes(par) + self._activation_bytes(par, b, rc)
         if rows is not None:
             for stage, size in comm_buffers(rows).items():
-                peak[stage] += size
+                peak[stage] += min(size, BEYOND)
         worst = int(np.argmax(peak))
         if peak[worst] <= self.capacity:
             return True
@@ -462,8 +468,9 @@ class StepModel:
         return ok
 
     def _reason(self, stage: int, peak: float) -> str:
+        need = f"{peak / 1e9:.1f} GB" if peak < BEYOND else f"over {MAX_STAGE_BYTES / 1e9:,.0f} GB"
         return (
-            f"stage {stage} needs {peak / 1e9:.1f} GB per device, above {self.capacity / 1e9:.1f} GB "
+            f"stage {stage} needs {need} per device, above {self.capacity / 1e9:.1f} GB "
             f"({self.gpu.hbm_bytes / 1e9:.1f} GB x (1 - headroom {self.headroom:g}))"
         )
 

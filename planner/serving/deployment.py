@@ -256,7 +256,7 @@ def _check_engine_options(model: ModelSpec, traits: EngineTraits, pools: tuple[P
         raise SpecError(
             "options.two_batch_overlap",
             f"{traits.label} has no two-batch overlap switch this planner models (SGLang --enable-two-batch-overlap, "
-            "vLLM --enable-dbo)",
+            f"vLLM --enable-dbo); got two_batch_overlap true with engine {traits.name!r}",
         )
     if options.two_batch_overlap and model.moe is None:
         # both engines overlap one half's expert all-to-all with the other half's compute: SGLang's operations

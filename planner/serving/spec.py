@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._errors import SpecError
+from .._errors import SpecError, got
 from ..workload import DTYPE_BYTES, WEIGHT_FORMAT_BYTES, weight_bytes
 
 ROLES = ("both", "prefill", "decode")
@@ -109,7 +109,7 @@ def validate_traffic(traffic: Traffic) -> None:
         raise SpecError(
             "traffic",
             f"give exactly one of concurrency and request_rate; got concurrency {traffic.concurrency}, request_rate "
-            f"{traffic.request_rate}"
+            f"{got(traffic.request_rate)}"
             if traffic.concurrency is not None
             else "give exactly one of concurrency and request_rate; got neither",
         )
@@ -117,7 +117,8 @@ def validate_traffic(traffic: Traffic) -> None:
         raise SpecError("traffic.concurrency", f"must be >= 1, got {traffic.concurrency}")
     low, high = REQUEST_RATES
     if traffic.request_rate is not None and not low <= traffic.request_rate <= high:
-        raise SpecError("traffic.request_rate", f"must be in [1e-6, 1e6] requests/s, got {traffic.request_rate}")
+        rates = f"[{got(low)}, {high:,.0f}]"
+        raise SpecError("traffic.request_rate", f"must be in {rates} requests/s, got {got(traffic.request_rate)}")
 
 
 def validate_pools(pools: tuple[Pool, ...]) -> None:
