@@ -58,7 +58,9 @@ def test_the_search_counts_plain_dp_refusals_nowhere_since_it_lists_none(api):
 def test_trtllm_deepep_without_attention_dp_is_a_422(api):
     """Review r15a #6: TensorRT-LLM's communication factory returns no strategy without attention DP, so a DeepEP
     pool of tp 8 ep 8 ran no all-to-all; /v1/serve answered 200 with the asked dispatcher silently dropped."""
-    body = _on_one_node("trtllm", "deepseek-v3", tp=8, ep=8, ep_dispatch="deepep") | {"options": {"weight_dtype": "fp8"}}
+    body = _on_one_node("trtllm", "deepseek-v3", tp=8, ep=8, ep_dispatch="deepep") | {
+        "options": {"weight_dtype": "fp8"}
+    }
     r = api.post("/v1/serve", json=body)
     assert r.status_code == 422, r.text
     (err,) = r.json()["detail"]
