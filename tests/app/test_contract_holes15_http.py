@@ -131,10 +131,30 @@ def test_the_search_says_how_many_twins_it_left_out(api):
     d = _search_within(5, 1)
     assert d["candidates"] == 5 and d["left_out"] == {"expert_tp_twins": 3, "sizes_gpus": []}
     (warning,) = d["warnings"]
-    assert warning.startswith("3 deployments on the whole cluster not tried, to stay within the limit of 5 ")
+    assert warning.startswith("3 deployments not tried (3 on the whole cluster), to stay within the limit of 5 ")
     assert "expert-TP twins of the aggregated pools" in warning
     eps = {(p["tp"], p.get("ep", 1)) for x in d["pareto"] for p in x["request"]["deployment"]["pools"]}
     assert not {(2, 1), (4, 1), (8, 1)} & eps
+
+
+def test_the_twins_of_the_smaller_sizes_are_counted_too():
+    """Review r15a #2: Mixtral 8x7B on 2 DGX H100, vLLM, both modes, under a limit of 89: 197 deployments unbounded,
+    89 listed, so 108 not tried; the answer said 81 (the whole cluster's twins) and nothing of the 27 ep-1 twins of
+    the one-node size, reached from the pruned layouts. Now 108, 81 of them on the whole cluster, said so."""
+    from collectives.topology import cluster_preset
+    from planner import MODEL_PRESETS
+    from planner.serving import Traffic
+    from planner.serving.search import MODES, SLA, candidates
+
+    model, cluster = MODEL_PRESETS["mixtral-8x7b"], cluster_preset("dgx-h100", 2)
+    traffic, sla = Traffic(1000, 200, concurrency=64), SLA(2.0, 0.05)
+    full = candidates(model, cluster, traffic, ("vllm",), MODES, sla)
+    bounded = candidates(model, cluster, traffic, ("vllm",), MODES, sla, limit=89)
+    assert (len(full), len(bounded)) == (197, 89) and set(bounded) <= set(full)
+    assert (bounded.left_out.twins, bounded.left_out.twins_whole, bounded.left_out.sizes) == (108, 81, ())
+    assert len(full) - len(bounded) == bounded.left_out.twins
+    (warning,) = bounded.left_out.warnings()
+    assert warning.startswith("108 deployments not tried (81 on the whole cluster), to stay within the limit of 89 ")
 
 
 def test_the_search_says_which_sizes_it_left_out():
