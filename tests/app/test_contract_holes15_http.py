@@ -206,6 +206,39 @@ def _answer_fields(components: dict, root: str) -> dict[str, str]:
     return out
 
 
+def _code(text: str) -> str:
+    """The text inside CONTRACT.md's code: fenced blocks and inline spans (a fence first, its backticks unpaired)."""
+    import re
+
+    fence = r"^```.*?^```"
+    return " ".join(re.findall(fence, text, re.M | re.S) + re.findall(r"`([^`]*)`", re.sub(fence, " ", text,
+                    flags=re.M | re.S)))  # fmt: skip
+
+
+def _route_text(doc: str, route: str) -> str:
+    """The code of ``route``'s sections (each heading naming it, to the next heading of its level or above; /v1/plan's
+    `?summary=true` too) and of the bullets of mend15's "Answer fields" list that start with it or with no route."""
+    import re
+
+    heads = [(m.start(), len(m.group(1)), m.group(2)) for m in re.finditer(r"^(#+) (.*)$", doc, re.M)]
+    named = rf"(?<![\w/]){re.escape(route)}(?![\w/])"
+    out = []
+    for i, (pos, level, title) in enumerate(heads):
+        end = next((p for p, lv, _ in heads[i + 1 :] if lv <= level), len(doc))
+        if re.search(named, title) or (route == "/v1/plan" and title.startswith("`?summary=true`")):
+            out.append(doc[pos:end])
+        elif title.startswith("Answer fields the sections above"):
+            bullets = re.split(r"^- ", doc[pos:end], flags=re.M)[1:]
+            out += [b for b in bullets if re.match(named + ":", b) or not b.startswith("/v1/")]
+    return _code("\n".join(out))
+
+
+def _unnamed(text: str, fields) -> list[str]:
+    import re
+
+    return sorted(f for f in fields if not re.search(rf"(?<![\w]){re.escape(f)}(?![\w])", text))
+
+
 def test_every_answer_field_is_named_in_the_contract(api):
     """Round 14 answered busiest_stage, nccl_algorithm, expert_grid, bottleneck_link, group_ranks, busy_s,
     layouts_per_s, communication_s and the cluster block's custom fields without CONTRACT.md naming them."""
@@ -217,10 +250,18 @@ def test_every_answer_field_is_named_in_the_contract(api):
         content = spec["paths"][route]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
         assert set(roots) == set(_refs(content)), (route, content)
     doc = (ROOT / "docs/CONTRACT.md").read_text()
+    code = _code(doc)
     missing = {
         (route, root): sorted(f"{owner}.{field}" for field, owner in _answer_fields(components, root).items()
-                      if not re.search(rf"(?<![\w]){re.escape(field)}(?![\w])", doc))
+                      if not re.search(rf"(?<![\w]){re.escape(field)}(?![\w])", code))
         for route, roots in ANSWERS.items() for root in roots
     }  # fmt: skip
     assert not any(missing.values()), missing
     assert len(_answer_fields(components, "PlanOut")) > 100  # the walk reaches the nested blocks
+    # review r15a #7: a name only as a common word passed (index, dims, efficiency), and a field moved between
+    # routes; now code spans only, and each answer's own fields under its route
+    unplaced = {route: _unnamed(_route_text(doc, route), [f for r in roots for f in components[r]["properties"]])
+                for route, roots in ANSWERS.items()}  # fmt: skip
+    assert not any(unplaced.values()), unplaced
+    assert {"ttft_s", "tpot_s", "pools"} <= set(_unnamed(_route_text(doc, "/v1/plan"), ["ttft_s", "tpot_s", "pools"]))
+    assert _unnamed(_code("index, a word; `dims`, code"), ["index", "dims"]) == ["index"]
