@@ -2304,7 +2304,7 @@ def _moe_mlp(k: _Layer, T: float, T_sp: float) -> None:
         glu_clamp=clamp and not fused,
         expert_bias=() if fused else expert_bias_loop(ctx, local),
         weighted_act=bool(gated and ctx.training and ctx.flavour.weighted_act_grad),
-        engine=engine_expert_memory(ctx, rows * local, f, gated, x),
+        engine=engine_expert_memory(ctx, rows * local, f, x),
     )
     fl = ctx.flavour
     if (
@@ -2681,16 +2681,15 @@ def quantized_dispatch(ctx: Context) -> str | None:
 
 def deepep_received_tokens(ctx: Context, rows: float) -> float:
     """Tokens DeepEP delivers to one rank for ``rows`` routed copies over its local experts: each token once, however
-    many of its top-k experts the rank holds; under uniform routing a token's k picks hit distinct(ep, k) of the ep
-    ranks (rules/deepep.py ``distinct``), so a received token carries k / distinct(ep, k) of the rank's copies.
-    DeepSeek's node-limited routing is not applied here (at EP32 on 4 nodes it moves the count 0.8%)."""
-    from .rules.deepep import distinct
+    many of its top-k experts the rank holds; under uniform routing a token reaches D distinct EP ranks (rules/
+    deepep.py ``destinations``, DeepSeek's node-limited routing included, the count DeepEP's legs move), so a
+    received token carries k / D of the rank's copies."""
+    from .rules.deepep import destinations
 
-    k = ctx.model.moe.top_k
-    return rows * distinct(ctx.par.ep, k) / k
+    return rows * destinations(ctx)[1] / ctx.model.moe.top_k
 
 
-def engine_expert_memory(ctx: Context, rows: float, f: float, gated: bool, x: int) -> tuple:
+def engine_expert_memory(ctx: Context, rows: float, f: float, x: int) -> tuple:
     """The serving engine's own kernels around its routed experts (planner/engine_kernels.py), as routed_expert_kernels'
     ``engine`` pairs, for ``rows`` routed copies of expert width ``f``: behind an fp8 DeepEP normal dispatch the
     contiguous experts' ep_scatter and ep_gather (EngineKernels.fp8_ep_scatter); on the low-latency layout the
@@ -2700,13 +2699,13 @@ def engine_expert_memory(ctx: Context, rows: float, f: float, gated: bool, x: in
     if ek is None or where is None:
         return ()
     h, k = ctx.model.hidden_size, ctx.model.moe.top_k
-    if where == "sender" and ek.fp8_ep_scatter:
+    if where == "sender" and ek.fp8_ep_scatter and ctx.work.moe_dispatch_dtype == "fp8":  # ep_scatter's fp8 rows
         received = deepep_received_tokens(ctx, rows)
         return (
             ("permute", (ep_scatter_bytes(received, rows, h, f, k), EP_SCATTER_LAUNCHES, BACKWARD_BYTES)),
             ("unpermute", (ep_gather_bytes(received, rows, h, k, x), EP_GATHER_LAUNCHES, BACKWARD_BYTES)),
         )
-    if where == "in_dispatch" and ek.masked_act_quant and gated:
+    if masked_act_quant(ctx):
         act = ("expert_activation", (MASKED_ACT_QUANT_BYTES * rows * f, 1, BACKWARD_BYTES))
         return (("permute", None), ("unpermute", None), act)
     return ()

@@ -263,8 +263,9 @@ class DeploymentGpusOut(Out):
 
 
 class LeftOutOut(Out):
-    expert_tp_twins: int = Field(description="deployments on the whole cluster not tried: the MoE workers at ep 1 "
-                                 "beside the same worker at ep = tp")  # fmt: skip
+    expert_tp_twins: int = Field(description="deployments not tried over every size listed (the whole cluster and "
+                                 "the smaller sizes): the MoE workers at ep 1 beside the same worker at "
+                                 "ep = tp")  # fmt: skip
     sizes_gpus: list[int] = Field(description="deployment sizes (GPUs) below the cluster not tried")
 
 

@@ -175,23 +175,36 @@ def _check_deepep_ranks(ep: int) -> None:
         )
 
 
-def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple[list[tuple], list[tuple]]:
-    """(dispatch legs, combine legs) as (leg, group, message bytes per row kind) for one MoE layer."""
+def destinations(ctx: Context) -> tuple[float, float]:
+    """(nodes, ranks) one token is sent to under uniform routing of its top-k picks: the distinct nodes of the EP
+    group it reaches, at most the model's node limit (DeepSeek-V3's node-limited routing, ``MoESpec.node_limit``),
+    and the distinct EP ranks, its picks spread over the local ranks of each node it reaches. The one home of the
+    (token, destination rank) count: DeepEP's legs (the NVLink rows) and the tokens a rank receives
+    (kernels.deepep_received_tokens) read it (review r15a #3: the two disagreed by 3.0% at EP32)."""
     moe, par = ctx.model.moe, ctx.par
     local = ep_per_node(ctx)
     nodes = par.ep // local
     k = moe.top_k
     if nodes == 1:
-        rows = round(tokens * distinct(local, k))
+        return 1.0, distinct(local, k)
+    nodes_per_token = distinct(min(moe.node_limit or nodes, nodes), k)
+    return nodes_per_token, nodes_per_token * distinct(local, k / nodes_per_token)
+
+
+def legs(ctx: Context, tokens: int, row_bytes: int, combine_bytes: int) -> tuple[list[tuple], list[tuple]]:
+    """(dispatch legs, combine legs) as (leg, group, message bytes per row kind) for one MoE layer."""
+    par = ctx.par
+    local = ep_per_node(ctx)
+    nodes = par.ep // local
+    nodes_per_token, ranks_per_token = destinations(ctx)
+    if nodes == 1:
+        rows = round(tokens * ranks_per_token)
         group = Group(("ep",), expert=True)
         return [("nvlink", group, equal_blocks(rows * row_bytes, par.ep))], [
             ("nvlink", group, equal_blocks(rows * combine_bytes, par.ep))
         ]
-    limit = min(moe.node_limit or nodes, nodes)
-    nodes_per_token = distinct(limit, k)
-    gpus_per_node = distinct(local, k / nodes_per_token)
     rdma_rows = round(tokens * nodes_per_token)
-    nvlink_rows = round(tokens * nodes_per_token * gpus_per_node)
+    nvlink_rows = round(tokens * ranks_per_token)
     inter = Group(("ep_node",), expert=True, split=local)
     intra = Group(("ep_local",), expert=True, split=local)
     # each leg's send buffer in equal blocks over its group (ledger.equal_blocks): fp8 rows with their scales

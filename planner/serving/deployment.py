@@ -64,6 +64,7 @@ from .engines import (
 )
 from .fused_allreduce import AllReducePolicy, engine_allreduce_step
 from .overlap import overlapped_step
+from .pool_rules import check_pool_rules
 from .spec import Pool, ServeOptions, Traffic, validate_serving
 
 
@@ -203,6 +204,7 @@ def check_deployment(model, cluster, traits, traffic, pools, options) -> None:
             f"has {cluster.num_devices}",
         )
     _check_engine_options(model, traits, pools, options)
+    check_pool_rules(model, traits, pools, cluster.devices_per_node, options.weight_dtype, DISPATCH_FORMATS)
     _check_kv_transfer(model, traits, pools)
 
 

@@ -43,6 +43,7 @@ from .launch import (
     vllm_router,
 )
 from .overlap import SGLANG_DECODE, SGLANG_PREFILL, VLLM_DBO, VLLM_DBO_PREFILL, OverlapStrategy
+from .pool_rules import NO_PLAIN_DP, PlainDP
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,14 @@ class EngineTraits:
     # the dispatchers that move a block-format checkpoint's rows in that format, quantized by the sender
     # (workload.DISPATCH_FORMATS: NVFP4; kernels.POST_QUANT_SENDER); any other moves the activations' dtype
     post_quant_dispatches: tuple[str, ...] = ()
+    # a post-quant dispatch's rule on the hidden size: (the multiple it must be, the source); (1, ""): none
+    # (pool_rules.check_post_quant_rows)
+    post_quant_hidden_multiple: tuple[int, str] = (1, "")
+    # how the engine runs a pool's dp without attention DP (pool_rules.PlainDP, check_plain_dp): by default none
+    plain_dp: PlainDP = NO_PLAIN_DP
+    # the engine creates no MoE exchange without attention DP, the string its source: a dispatcher asked for there is
+    # a 422 at the pool's ep_dispatch (pool_rules.check_moe_exchange); None: the asked one is planned as the others
+    moe_exchange_needs_attention_dp: str | None = None
 
 
 # vLLM NixlConnectorWorker._validate_remote_agent_handshake (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -311,6 +320,11 @@ VLLM = register(
         kv_head_replication=True,
         kv_transfer_replicated_rule=VLLM_NIXL_REPLICATED,
         kernels=EngineKernels(VLLM_FUSED_QKV_A, VLLM_EP_SCATTER, VLLM_MASKED),
+        # --data-parallel-size N without EP on attention: N engine cores, each a whole replica, on any nodes
+        # (docs.vllm.ai serving/data_parallel_deployment: --data-parallel-size-local, --data-parallel-start-rank,
+        # --headless); an MoE model's experts still span every DP rank (vllm/config/parallel.py: the EP group is
+        # tp x dp with --enable-expert-parallel; FusedMoE's dp_size), as the plan splits them
+        plain_dp=PlainDP(True, "vLLM --data-parallel-size, docs.vllm.ai serving/data_parallel_deployment"),
     )
 )
 SGLANG = register(
@@ -356,6 +370,18 @@ SGLANG = register(
         # prefill ranks share the same KV head", unique_head_idx = rank // src_replication, the same decode offset)
         kv_transfer_sends_replicas=True,
         kernels=EngineKernels(SGLANG_FUSED_QKV_A, SGLANG_EP_SCATTER, SGLANG_MASKED),
+        # --dp-size N without --enable-dp-attention: N tensor-parallel groups of --tp-size x --pp-size GPUs behind
+        # the DataParallelController (managers/data_parallel_controller.py at 000a3db1c0c4, launch_dp_schedulers:
+        # base_gpu_id += tp_size * pp_size * gpu_id_step per DP rank), one node only, each replica holding every
+        # expert over its own --tp-size ranks
+        plain_dp=PlainDP(
+            True,
+            "SGLang 0.5 server_args.py check_server_args: 'multi-node data parallel is not supported unless dp "
+            "attention!' (dp_size > 1 and nnodes != 1)",
+            one_node=True,
+            moe=False,
+            moe_source="SGLang parallel_state.py: moe_tp_size = tp_size // ep_size",
+        ),
     )
 )
 TRTLLM = register(
@@ -407,6 +433,27 @@ TRTLLM = register(
         post_quant_dispatches=("deepep", "deepep_ll"),
         # its bf16 DeepEP rows are quantized by its own fused MoE (no ep_scatter, no masked activation read here)
         kernels=EngineKernels(fused_mla_down_proj=TRTLLM_FUSED_QKV_A),
+        # deep_ep_low_latency.py at f72b25a65f89, before low_latency_dispatch_fp4: assert hidden_size % 32 == 0,
+        # "HiddenSize should be divisible by 32 in nvfp4 postquant alltoall" (review r15a #5)
+        post_quant_hidden_multiple=(
+            32,
+            "TensorRT-LLM deep_ep_low_latency.py at f72b25a65f89: 'HiddenSize should be divisible by 32 in nvfp4 "
+            "postquant alltoall'",
+        ),
+        # trtllm-serve's parallelism flags (tensorrt_llm/commands/serve.py, "Parallelism Configuration"): --tp_size,
+        # --pp_size, --ep_size, --cluster_size, --gpus_per_node; no data-parallel size: its data parallelism is
+        # attention DP (enable_attention_dp) over the tp_size ranks
+        plain_dp=PlainDP(
+            False,
+            "trtllm-serve's parallelism flags: --tp_size, --pp_size, --ep_size, --cluster_size; data parallelism "
+            "only as attention DP, enable_attention_dp",
+        ),
+        # communication_factory.py CommunicationFactory.create_strategy (03c36d6222ad): "if (not
+        # mapping.enable_attention_dp) or mapping.dp_size == 1: return None", no MoE communication (review r15a #6)
+        moe_exchange_needs_attention_dp=(
+            "TensorRT-LLM communication_factory.py create_strategy: 'if (not mapping.enable_attention_dp) or "
+            "mapping.dp_size == 1: return None'"
+        ),
     )
 )
 

@@ -123,27 +123,14 @@ def launch_commands(
     if traits.launch is None:
         raise SpecError("engine", f"engine {traits.name!r} ({traits.label}) has no launch command builder")
     out = []
-    for i, pool in enumerate(pools):
-        try:
-            command = traits.launch(model_path, traits, pool, options, len(pools) > 1, devices_per_node, num_experts)
-        except PoolRefusal as err:  # the builder names the pool's field; the request names the pool
-            raise SpecError(f"deployment.pools.{i}.{err.field}", err.rule) from None
+    for pool in pools:
+        command = traits.launch(model_path, traits, pool, options, len(pools) > 1, devices_per_node, num_experts)
         nodes = max(1, -(-pool.worker_gpus // devices_per_node))
         per_node = min(pool.worker_gpus, devices_per_node)
         for w in range(pool.workers):
             port = BASE_PORT + 1 + len(out) if command.port_flag else 0
             out.append(Launch(pool.role, w, nodes, command, per_node, port))
     return out
-
-
-class PoolRefusal(SpecError):
-    """A pool the engine's launch command cannot express, raised by a builder at the pool's own field (``dp``,
-    ``attention_dp``); ``launch_commands`` names the pool (``deployment.pools.N.field``)."""
-
-
-def _replicas_hint(pool: Pool) -> str:
-    """What serves the same plain replicas as separate servers: the pool's dp as workers."""
-    return f"serve the replicas as workers ({pool.workers * pool.dp} workers of tp {pool.tp}, pp {pool.pp}, dp 1)"
 
 
 # what an engine's ``launch`` trait is: (model path, traits, pool, options, disaggregated, GPUs per node,
@@ -233,7 +220,10 @@ def sglang_command(
     if pool.attention_dp and pool.dp > 1:
         argv += ["--dp-size", str(pool.dp), "--enable-dp-attention"]
     elif pool.dp > 1:
-        argv += ["--dp-size", str(_sglang_replicas(pool, per_node, num_experts))]
+        # plain data parallelism, --dp-size N without --enable-dp-attention: N replicas of --tp-size x --pp-size
+        # behind the DataParallelController, one node only and dense only (EngineTraits.plain_dp, checked before any
+        # command by deployment.check_deployment: pool_rules.check_plain_dp)
+        argv += ["--dp-size", str(pool.dp)]
     if pool.pp > 1:
         argv += ["--pp-size", str(pool.pp)]
     if pool.ep > 1:
@@ -255,49 +245,10 @@ def sglang_command(
     )
 
 
-def _sglang_replicas(pool: Pool, per_node: int, num_experts: int) -> int:
-    """Plain data parallelism in one SGLang server: --dp-size N without --enable-dp-attention runs N tensor-parallel
-    groups of --tp-size x --pp-size GPUs each, behind the server's DataParallelController (managers/
-    data_parallel_controller.py at 000a3db1c0c4, launch_dp_schedulers: base_gpu_id += tp_size * pp_size * gpu_id_step
-    per DP rank; requests spread by --load-balance-method), each group a whole replica; only inside one node: SGLang
-    0.5's server_args.py check_server_args asserts "multi-node data parallel is not supported unless dp attention!"
-    (dp_size > 1 and nnodes != 1), so a worker over nodes is a 422 at its dp. An MoE
-    model's replicas would each hold every expert over their own --tp-size ranks (parallel_state.py moe_tp_size =
-    tp_size // ep_size), where the planner splits the experts over the worker's tp x dp ranks (engines.SGLANG_EXPERTS),
-    SGLang's --enable-dp-attention: a 422 at attention_dp rather than a command that runs another layout."""
-    if num_experts:
-        raise PoolRefusal(
-            "attention_dp",
-            f"SGLang's plain --dp-size replicas each hold the {num_experts} experts over their own --tp-size "
-            f"{pool.tp} ranks (parallel_state.py: moe_tp_size = tp_size // ep_size), and the plan splits them over the "
-            f"worker's tp*dp = {pool.tp * pool.dp} ranks, which SGLang runs with --enable-dp-attention: set "
-            f"attention_dp, or {_replicas_hint(pool)}",
-        )
-    if pool.worker_gpus > per_node:
-        raise PoolRefusal(
-            "dp",
-            f"SGLang runs plain data parallelism (--dp-size without --enable-dp-attention) inside one node only "
-            f"(server_args.py check_server_args: 'multi-node data parallel is not supported unless dp attention!'); "
-            f"a worker of tp*pp*dp = {pool.tp}*{pool.pp}*{pool.dp} = {pool.worker_gpus} GPUs spans "
-            f"{-(-pool.worker_gpus // per_node)} nodes of {per_node}: {_replicas_hint(pool)}, or set attention_dp",
-        )
-    return pool.dp
-
-
 def trtllm_command(
     model: str, traits: EngineTraits, pool: Pool, options: ServeOptions, disagg: bool, per_node: int, num_experts: int
 ) -> Command:
-    if pool.dp > 1 and not pool.attention_dp:
-        # trtllm-serve's parallelism flags (tensorrt_llm/commands/serve.py, "Parallelism Configuration"): --tp_size,
-        # --pp_size, --ep_size, --cluster_size, --gpus_per_node; no data-parallel size: its data parallelism is
-        # attention DP (enable_attention_dp) over the tp_size ranks. --tp_size tp*dp alone: one tensor-parallel group
-        raise PoolRefusal(
-            "attention_dp",
-            f"TensorRT-LLM's trtllm-serve runs no plain data-parallel replicas in one server (its parallelism flags: "
-            f"--tp_size, --pp_size, --ep_size, --cluster_size; data parallelism only as attention DP, "
-            f"enable_attention_dp): dp {pool.dp} without attention_dp would launch --tp_size {pool.tp * pool.dp}, one "
-            f"tensor-parallel group of {pool.tp * pool.dp}; set attention_dp, or {_replicas_hint(pool)}",
-        )
+    # --tp_size tp*dp: attention DP over them (no plain replicas: EngineTraits.plain_dp, pool_rules.check_plain_dp)
     argv = [
         "trtllm-serve",
         model,

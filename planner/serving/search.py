@@ -79,14 +79,16 @@ class ServeSearchResult:
 
 @dataclass(frozen=True)
 class LeftOut:
-    """What ``candidates`` left out to keep its list within ``limit`` deployments: ``twins`` deployments on the whole
-    cluster (the expert-TP twins, ``_without_twins``, of the ``twin_modes`` pools) and every deployment on the GPU
+    """What ``candidates`` left out to keep its list within ``limit`` deployments: ``twins`` deployments over every
+    size listed, ``twins_whole`` of them on the whole cluster (the expert-TP twins, ``_without_twins``, of the
+    ``twin_modes`` pools) and every deployment on the GPU
     ``sizes`` below the cluster that would have passed the limit (those sizes and the larger ones)."""
 
     twins: int = 0
     twin_modes: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
     limit: int = 0
+    twins_whole: int = 0  # of ``twins``, those on the whole cluster (the rest on the smaller sizes listed)
 
     def warnings(self) -> list[str]:
         """The answer's sentences: how many, which, why; none where nothing was left out (round 14's mend14e left
@@ -94,7 +96,8 @@ class LeftOut:
         out = []
         if self.twins:
             out.append(
-                f"{self.twins:,} deployments on the whole cluster not tried, to stay within the limit of "
+                f"{self.twins:,} deployments not tried ({self.twins_whole:,} on the whole cluster), to stay within "
+                "the limit of "
                 f"{self.limit:,} (COMMPLAN_MAX_SERVE_CANDIDATES): the expert-TP twins of the "
                 f"{' and '.join(self.twin_modes)} pools, each MoE worker at ep 1 whose twin at ep = tp holds the same "
                 "bytes a GPU and was tried; plan one with /v1/serve to compare"
@@ -179,6 +182,10 @@ def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, 
         if limit is None or len(whole) <= limit:
             break
     out: dict[tuple, None] = dict.fromkeys(whole)
+    # the same sizes unpruned: every twin not tried is counted, those of the smaller sizes too (review r15a #2: the
+    # pruned layouts served the smaller sizes, their twins dropped without a word)
+    unpruned = {(name, mode): runs[name] for name in engines for mode in modes}
+    every: dict[tuple, None] = dict.fromkeys(_listed(unpruned, gpus, busy)) if pruned else out
     smaller = deployment_sizes(cluster.devices_per_node, gpus)[:-1]
     left: tuple[int, ...] = ()
     for i, size in enumerate(smaller):
@@ -187,9 +194,11 @@ def candidates(model, cluster, traffic, engines, modes, sla: SLA | None = None, 
             left = tuple(smaller[i:])
             break
         out.update(dict.fromkeys(new))
-    twins = full - len(whole)
+        if pruned:
+            every.update(dict.fromkeys(_listed(unpruned, size, busy)))
+    twins = len(every) - len(out)
     modes_pruned = tuple(m for m in pruned if m in modes) if twins else ()
-    return Listing(out, LeftOut(twins, modes_pruned, left, limit or 0))
+    return Listing(out, LeftOut(twins, modes_pruned, left, limit or 0, full - len(whole)))
 
 
 def _listed(lays: dict[tuple[str, str], list[Pool]], size: int, busy: Callable[[Pool], int]):

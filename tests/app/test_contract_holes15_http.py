@@ -131,10 +131,30 @@ def test_the_search_says_how_many_twins_it_left_out(api):
     d = _search_within(5, 1)
     assert d["candidates"] == 5 and d["left_out"] == {"expert_tp_twins": 3, "sizes_gpus": []}
     (warning,) = d["warnings"]
-    assert warning.startswith("3 deployments on the whole cluster not tried, to stay within the limit of 5 ")
+    assert warning.startswith("3 deployments not tried (3 on the whole cluster), to stay within the limit of 5 ")
     assert "expert-TP twins of the aggregated pools" in warning
     eps = {(p["tp"], p.get("ep", 1)) for x in d["pareto"] for p in x["request"]["deployment"]["pools"]}
     assert not {(2, 1), (4, 1), (8, 1)} & eps
+
+
+def test_the_twins_of_the_smaller_sizes_are_counted_too():
+    """Review r15a #2: Mixtral 8x7B on 2 DGX H100, vLLM, both modes, under a limit of 89: 197 deployments unbounded,
+    89 listed, so 108 not tried; the answer said 81 (the whole cluster's twins) and nothing of the 27 ep-1 twins of
+    the one-node size, reached from the pruned layouts. Now 108, 81 of them on the whole cluster, said so."""
+    from collectives.topology import cluster_preset
+    from planner import MODEL_PRESETS
+    from planner.serving import Traffic
+    from planner.serving.search import MODES, SLA, candidates
+
+    model, cluster = MODEL_PRESETS["mixtral-8x7b"], cluster_preset("dgx-h100", 2)
+    traffic, sla = Traffic(1000, 200, concurrency=64), SLA(2.0, 0.05)
+    full = candidates(model, cluster, traffic, ("vllm",), MODES, sla)
+    bounded = candidates(model, cluster, traffic, ("vllm",), MODES, sla, limit=89)
+    assert (len(full), len(bounded)) == (197, 89) and set(bounded) <= set(full)
+    assert (bounded.left_out.twins, bounded.left_out.twins_whole, bounded.left_out.sizes) == (108, 81, ())
+    assert len(full) - len(bounded) == bounded.left_out.twins
+    (warning,) = bounded.left_out.warnings()
+    assert warning.startswith("108 deployments not tried (81 on the whole cluster), to stay within the limit of 89 ")
 
 
 def test_the_search_says_which_sizes_it_left_out():
@@ -186,6 +206,39 @@ def _answer_fields(components: dict, root: str) -> dict[str, str]:
     return out
 
 
+def _code(text: str) -> str:
+    """The text inside CONTRACT.md's code: fenced blocks and inline spans (a fence first, its backticks unpaired)."""
+    import re
+
+    fence = r"^```.*?^```"
+    return " ".join(re.findall(fence, text, re.M | re.S) + re.findall(r"`([^`]*)`", re.sub(fence, " ", text,
+                    flags=re.M | re.S)))  # fmt: skip
+
+
+def _route_text(doc: str, route: str) -> str:
+    """The code of ``route``'s sections (each heading naming it, to the next heading of its level or above; /v1/plan's
+    `?summary=true` too) and of the bullets of mend15's "Answer fields" list that start with it or with no route."""
+    import re
+
+    heads = [(m.start(), len(m.group(1)), m.group(2)) for m in re.finditer(r"^(#+) (.*)$", doc, re.M)]
+    named = rf"(?<![\w/]){re.escape(route)}(?![\w/])"
+    out = []
+    for i, (pos, level, title) in enumerate(heads):
+        end = next((p for p, lv, _ in heads[i + 1 :] if lv <= level), len(doc))
+        if re.search(named, title) or (route == "/v1/plan" and title.startswith("`?summary=true`")):
+            out.append(doc[pos:end])
+        elif title.startswith("Answer fields the sections above"):
+            bullets = re.split(r"^- ", doc[pos:end], flags=re.M)[1:]
+            out += [b for b in bullets if re.match(named + ":", b) or not b.startswith("/v1/")]
+    return _code("\n".join(out))
+
+
+def _unnamed(text: str, fields) -> list[str]:
+    import re
+
+    return sorted(f for f in fields if not re.search(rf"(?<![\w]){re.escape(f)}(?![\w])", text))
+
+
 def test_every_answer_field_is_named_in_the_contract(api):
     """Round 14 answered busiest_stage, nccl_algorithm, expert_grid, bottleneck_link, group_ranks, busy_s,
     layouts_per_s, communication_s and the cluster block's custom fields without CONTRACT.md naming them."""
@@ -197,10 +250,18 @@ def test_every_answer_field_is_named_in_the_contract(api):
         content = spec["paths"][route]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
         assert set(roots) == set(_refs(content)), (route, content)
     doc = (ROOT / "docs/CONTRACT.md").read_text()
+    code = _code(doc)
     missing = {
         (route, root): sorted(f"{owner}.{field}" for field, owner in _answer_fields(components, root).items()
-                      if not re.search(rf"(?<![\w]){re.escape(field)}(?![\w])", doc))
+                      if not re.search(rf"(?<![\w]){re.escape(field)}(?![\w])", code))
         for route, roots in ANSWERS.items() for root in roots
     }  # fmt: skip
     assert not any(missing.values()), missing
     assert len(_answer_fields(components, "PlanOut")) > 100  # the walk reaches the nested blocks
+    # review r15a #7: a name only as a common word passed (index, dims, efficiency), and a field moved between
+    # routes; now code spans only, and each answer's own fields under its route
+    unplaced = {route: _unnamed(_route_text(doc, route), [f for r in roots for f in components[r]["properties"]])
+                for route, roots in ANSWERS.items()}  # fmt: skip
+    assert not any(unplaced.values()), unplaced
+    assert {"ttft_s", "tpot_s", "pools"} <= set(_unnamed(_route_text(doc, "/v1/plan"), ["ttft_s", "tpot_s", "pools"]))
+    assert _unnamed(_code("index, a word; `dims`, code"), ["index", "dims"]) == ["index"]

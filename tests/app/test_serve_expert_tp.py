@@ -96,12 +96,13 @@ def test_sglang_attention_dp_sums_shared_experts_once(api):
     """Review r14d #7: DeepSeek-V3 fp8 on SGLang, tp 2 x dp 8, ep 16 (2 DGX H200) issued the TP all-reduce of
     tp.mlp.down_proj 61 times a step (3 dense layers + 58 MoE layers' shared experts) beside the reduce-scatter over
     the worker that already sums them (engine_gather.WORKER_REDUCED): now the 3 dense layers' only. TPOT 37.97 ms
-    before, 37.32 ms now."""
+    before, 37.32 ms now. The pool names attention_dp (mend15b, review r15a #1: without it SGLang runs plain --dp-size
+    replicas, each holding every expert over its own tp ranks, a 422 now where it was planned as attention DP)."""
     body = {
         "model": {"preset": "deepseek-v3"}, "cluster": {"preset": "dgx-h200", "num_nodes": 2}, "engine": "sglang",
         "traffic": {"input_tokens": 1000, "output_tokens": 200, "concurrency": 64},
         "options": {"weight_dtype": "fp8"},
-        "deployment": {"pools": [{"role": "both", "workers": 1, "tp": 2, "dp": 8, "ep": 16}]},
+        "deployment": {"pools": [{"role": "both", "workers": 1, "tp": 2, "dp": 8, "ep": 16, "attention_dp": True}]},
     }  # fmt: skip
     r = api.post("/v1/serve", json=body)
     assert r.status_code == 200, r.text

@@ -18,9 +18,18 @@ from planner.engine_kernels import (
     ep_gather_bytes,
     ep_scatter_bytes,
 )
-from planner.kernels import _cast_gemms, cast_input_elements, deepep_received_tokens, layer_kernels, mla_down_proj_n
+from planner.kernels import (
+    _cast_gemms,
+    cast_input_elements,
+    deepep_received_tokens,
+    engine_expert_memory,
+    layer_kernels,
+    masked_act_quant,
+    mla_down_proj_n,
+    quantized_dispatch,
+)
 from planner.parallel import validate_parallel
-from planner.rules.deepep import distinct
+from planner.rules.deepep import distinct, legs
 from planner.rules.expert import dispatch_row_bytes
 from planner.serving import Pool, ServeOptions, engine
 from planner.serving.deployment import _context, _worker, with_redundant_experts
@@ -74,15 +83,21 @@ def test_fused_down_projection_is_one_gemm_of_2112():
 
 def test_ep_scatter_moves_fp8_rows():
     """SGLang's prefill MoE layer at EP32 (9 local experts, 129,511 routed copies): the received tokens carry
-    k / distinct(32, 8) = 8 / 7.18 copies each; ep_scatter reads each received row once and writes each copy, 7,392 B
-    a row (7,168 e4m3 + 56 fp32 scales), with the int64 ids and indices and the two scale transposes; ep_gather reads
-    each copy's bf16 output and writes each received token's sum (2 B x 7,168 a row)."""
+    k / D = 8 / 7.395 copies each, D the distinct ranks a token reaches under DeepSeek's 4-node limit on 4 nodes of
+    8 (rules/deepep.py destinations: 3.6 nodes x distinct(8, 8 / 3.6) ranks; mend15b, review r15a #3: it was
+    distinct(32, 8) = 7.178 with no node limit, 3.0% apart from the legs' count); ep_scatter reads each received row
+    once and writes each copy, 7,392 B a row (7,168 e4m3 + 56 fp32 scales), with the int64 ids and indices and the
+    two scale transposes; ep_gather reads each copy's bf16 output and writes each received token's sum (2 B x 7,168
+    a row). The ratios to the default layer moved with D (0.910 -> 0.922, 1.697 -> 1.721 at 7.178 -> 7.395)."""
     ctx, k = layer("sglang", PREFILL, "prefill", 8, 2000)
     fc1 = k["experts_fc1"]
     rows = fc1.shape[0] * fc1.shape[3]
     assert rows == pytest.approx(129_510.8, rel=1e-5)
     received = deepep_received_tokens(ctx, rows)
-    assert received == pytest.approx(rows * 32 * (1 - (31 / 32) ** 8) / 8, rel=1e-12)
+    nodes = 4 * (1 - (3 / 4) ** 8)
+    ranks = nodes * 8 * (1 - (7 / 8) ** (8 / nodes))
+    assert ranks == pytest.approx(7.395, abs=1e-3)
+    assert received == pytest.approx(rows * ranks / 8, rel=1e-12)
     assert EP_SCATTER_ROW_BYTES * 7168 == 7392
     h, f = 7168, 2048
     scatter = 7392 * (received + rows) + 8 * 8 * received + 12 * rows + rows * (h + f) / 16
@@ -94,8 +109,20 @@ def test_ep_scatter_moves_fp8_rows():
     # against the default layer's bf16 permute of the rank's own 16,000 tokens: the scatter moves less, the gather more
     _, default = layer("sglang", PREFILL, "prefill", 8, 2000, kernels=False)
     assert default["permute"].bytes == pytest.approx(2 * h * (16_000 + rows) + 16 * rows, rel=1e-12)
-    assert k["permute"].bytes / default["permute"].bytes == pytest.approx(0.910, abs=0.001)
-    assert k["unpermute"].bytes / default["unpermute"].bytes == pytest.approx(1.697, abs=0.001)
+    assert k["permute"].bytes / default["permute"].bytes == pytest.approx(0.922, abs=0.001)
+    assert k["unpermute"].bytes / default["unpermute"].bytes == pytest.approx(1.721, abs=0.001)
+
+
+def test_received_tokens_are_the_legs_rows():
+    """One home (review r15a #3): the tokens a rank receives are the (token, destination rank) pairs DeepEP's legs
+    move over NVLink, per routed copy: at EP32 on 4 nodes and EP72 on 9 the two agree (3.0% apart before)."""
+    for pool, phase, per_rank in ((PREFILL, "prefill", 8), (DECODE, "prefill", 8)):
+        ctx, _ = layer("sglang", pool, phase, per_rank, 2000)
+        tokens = 1_000_000
+        dispatch, _ = legs(ctx, tokens, 1, 1)
+        nvlink = sum(m for leg, _, m in dispatch if leg == "nvlink")
+        k = ctx.model.moe.top_k
+        assert deepep_received_tokens(ctx, k * 1000.0) == pytest.approx(1000.0 * nvlink / tokens, rel=1e-5)
 
 
 def test_received_tokens_follow_uniform_routing():
@@ -180,3 +207,20 @@ def test_post_quant_dispatch_rules():
     with pytest.raises(SpecError, match="runs on DeepEP's kernels") as err:
         validate_parallel(par, ctx.model, ctx.work, par.world_size)
     assert err.value.field == "workload.moe_dispatch_dtype"
+
+
+def test_fp8_ep_scatter_rows_only_for_fp8_rows():
+    """Review r15a #4: an NVFP4 post-quant dispatch's rows arrive from the sender too, and an engine with
+    fp8_ep_scatter (SGLang's kernels, given TensorRT-LLM's NVFP4 DeepEP rows) priced them as ep_scatter's 7,392 B
+    fp8 rows; the trait reads fp8 rows only, and the masked condition has one home (masked_act_quant)."""
+    ctx = fp4_context("trtllm", PREFILL, "prefill", 8, 2000)
+    ctx = replace(ctx, work=replace(ctx.work, engine_kernels=engine("sglang").kernels))
+    assert quantized_dispatch(ctx) == "sender" and ctx.work.moe_dispatch_dtype == "nvfp4"
+    assert engine_expert_memory(ctx, 1000.0, 2048, 2) == ()
+    fp8, _ = layer("sglang", PREFILL, "prefill", 8, 2000)
+    assert [name for name, _ in engine_expert_memory(fp8, 1000.0, 2048, 2)] == ["permute", "unpermute"]
+    decode, _ = layer("sglang", DECODE, "decode", 256, 2100)
+    assert masked_act_quant(decode)
+    assert [name for name, _ in engine_expert_memory(decode, 1000.0, 2048, 2)][-1] == "expert_activation"
+    dense_act = replace(decode, model=replace(decode.model, gated_mlp=False))
+    assert not masked_act_quant(dense_act) and engine_expert_memory(dense_act, 1000.0, 2048, 2) == ()

@@ -93,9 +93,16 @@ def test_trtllm_all_gather_is_post_quant():
 @pytest.mark.parametrize("name", ["vllm", "sglang", "trtllm"])
 def test_tensor_parallel_attention_issues_no_moe_collective(name):
     """dp 1: every EP rank holds every token; the experts' output is summed by the TP all-reduce (vLLM all2all
-    kernels need dp > 1; TensorRT-LLM's factory returns None; SGLang gathers only with DP attention)."""
+    kernels need dp > 1; TensorRT-LLM's factory returns None; SGLang gathers only with DP attention). TensorRT-LLM
+    refuses a dispatcher asked for there (EngineTraits.moe_exchange_needs_attention_dp, review r15a #6)."""
     for dispatch in (None, "deepep"):
         pool = (Pool(workers=2, tp=8, ep=8, ep_dispatch=dispatch),)
+        if dispatch and engine(name).moe_exchange_needs_attention_dp:
+            with pytest.raises(SpecError, match="no MoE exchange without attention DP") as err:
+                plan_serving(DSV3, TWO_NODES, engine(name), Traffic(1000, 100, concurrency=8), pool,
+                             ServeOptions(weight_dtype="fp8"))  # fmt: skip
+            assert err.value.field == "deployment.pools.0.ep_dispatch"
+            continue
         out = plan_serving(DSV3, TWO_NODES, engine(name), Traffic(1000, 100, concurrency=8), pool,
                            ServeOptions(weight_dtype="fp8"))  # fmt: skip
         for calls in (out.pools[0].calls, out.pools[0].prefill_calls):
