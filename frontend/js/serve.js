@@ -105,15 +105,23 @@ export function initServe() {
 function serveCard() {
   return { model: $("serve-model").value, nodes: num("serve-nodes"), engine: $("serve-engine").value, traffic: traffic(),
     deployment: { pools: cardPools() }, sla: { ttft_ms: num("serve-sla-ttft"), tpot_ms: num("serve-sla-tpot") },
-    planned: !$("serve-results").hidden };
+    planned: !$("serve-results").hidden || Boolean(state.serveCard && state.serveCard.planned),
+    drawn: Boolean(state.serveCard && state.serveCard.drawn) };
 }
+// planned stays on once asked for (round 15): a serving scenario picked plans at once (runServe: planned), then its
+// change event reached the card's own listener before the answer, while the results were still hidden, and wrote
+// planned: false. The link and a reload brought the card back without its TTFT, TPOT or KV transfer.
 function keepCard(planned) { state.serveCard = { ...serveCard(), ...(planned ? { planned } : {}) }; saveUrl(); }
 
 // the card from a URL's "o" and "v" (state.js loadUrl: objects, else null); a value of the wrong type keeps the box's
 const objectOr = (v) => (v && typeof v === "object" && !Array.isArray(v) ? v : {});
 const numberText = (v, fallback) => (typeof v === "number" && Number.isFinite(v) ? String(v) : fallback);
+// the KV transfer drawn when the card was saved (v.drawn): drawn again once its deployment is planned (round 15: a link
+// to the drawn transfer opened on the ledger's first call)
+let redraw = false;
 export function restoreServe(o, v) {
   state.serveOptions = o; state.serveCard = v;
+  redraw = Boolean(v && v.drawn);
   if (o) fillServeOptions(o);
   if (!v) return;
   $("serve-model").value = typeof v.model === "string" ? v.model : "";
@@ -295,6 +303,9 @@ export function serveBody() {
 // bf16 weights" named a field the card has no control for, and a pool's "deployment.pools.0.ep" was a path alone)
 const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-tpot", "traffic.input_tokens": "serve-isl",
   "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency",
+  // neither given (the box blank): "traffic: give exactly one of concurrency and request_rate; got neither" marked
+  // nothing (round 15)
+  traffic: "serve-concurrency",
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
   "options.mtp": "serve-mtp-draft", "options.mtp.draft_tokens": "serve-mtp-draft", "options.mtp.acceptance": "serve-mtp-acceptance",
@@ -326,7 +337,9 @@ function errorText(err) {
   const label = input && input.labels.length ? input.labels[0].textContent.trim() : "";
   const whole = /^deployment\.pools\.\d$/.test(path) && legend;
   const name = whole ? `${legend.trim()} (${path})` : label ? `${legend}${label} (${path})` : path;
-  return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : d.msg}`;
+  // a blank box is sent as null: "Input should be a valid integer, got null" named a JSON word for an empty box (round 15)
+  const msg = input && input.value.trim() === "" ? d.msg.replace(/, got null$/, ", and the box is blank") : d.msg;
+  return `${name}: ${path.endsWith("_s") ? msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : msg}`;
 }
 
 let serveSeq = 0;  // only the latest request's answer is shown
@@ -343,6 +356,7 @@ async function runServe() {
     state.serve = answer;
     $("serve-status").textContent = "";
     renderServe(state.serve, body.traffic);
+    if (redraw) { redraw = false; await drawTransfer(); }
   } catch (err) {
     if (seq !== serveSeq) return;
     $("serve-status").textContent = `Cannot plan this deployment: ${errorText(err)}`;
@@ -441,6 +455,7 @@ async function drawTransfer() {
   clearExplorer("The explorer prices a ledger call's collective algorithms; the KV transfer is point-to-point sends of "
     + "the transfer engine (Mooncake, NIXL), priced on the graph above (docs/serving.md). Select a ledger row to explore one.");
   $("detail").scrollIntoView({ block: "nearest" });
+  state.serveCard = { ...serveCard(), drawn: true }; saveUrl();
 }
 
 async function runServeSearch() {
