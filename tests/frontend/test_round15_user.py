@@ -15,15 +15,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.frontend.test_page import (  # noqa: F401
-    LLAMA,
-    browser,
-    make_page,
-    open_page,
-    page,
-    url_state,
-    wait_until,
-)
+# the shared page fixtures (browser, page) and helpers of the page tests
+from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.browser
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
@@ -41,7 +34,9 @@ def fmt(page, name: str, value):  # noqa: F811
 
 
 def serve_idle(page):  # noqa: F811
-    wait_until(page, "() => !document.getElementById('serve-status').textContent.startsWith('Planning')", timeout=60_000)
+    wait_until(
+        page, "() => !document.getElementById('serve-status').textContent.startsWith('Planning')", timeout=60_000
+    )
 
 
 def test_a_serving_scenarios_link_plans_it_and_draws_its_transfer(page, browser):  # noqa: F811
@@ -129,8 +124,9 @@ def test_a_refused_trace_drops_the_last_fits_summary(page, tmp_path):  # noqa: F
     assert refused.status_code == 422, refused.text
     page.set_input_files("#calib-trace", str(cut))
     page.click("#calib-run")
-    expect(page.locator("#calib-status")).to_contain_text(f"Calibration failed: trace: {refused.json()['detail'][0]['msg']}",
-                                                          timeout=60_000)
+    expect(page.locator("#calib-status")).to_contain_text(
+        f"Calibration failed: trace: {refused.json()['detail'][0]['msg']}", timeout=60_000
+    )
     expect(summary).to_be_hidden()
     expect(page.locator("#calib-results")).to_be_hidden()
 
@@ -144,15 +140,19 @@ def test_fifty_logs_say_their_runs_once(page, tmp_path):  # noqa: F811
     for i in range(50):
         files.append(tmp_path / f"run{i:02d}.txt")
         files[-1].write_text(text)
-    answer = api(page, "/v1/calibrate", {"cluster": LLAMA["cluster"], "logs": [{"text": text, "name": f.name} for f in files]})
+    answer = api(
+        page, "/v1/calibrate", {"cluster": LLAMA["cluster"], "logs": [{"text": text, "name": f.name} for f in files]}
+    )
     assert answer.status_code == 200, answer.text
     body = answer.json()
     alike: dict[tuple, list[int]] = {}
     for r in body["runs"]:
         key = (r["op"], r["nodes"], r["ranks"] // r["nodes"], ", ".join(r["devices"]))
         alike.setdefault(key, []).append(r["rows"])
-    said = [f"{op} on {nodes} nodes × {per} ({len(rows)} runs, {sum(rows):,} rows, {devices})"
-            for (op, nodes, per, devices), rows in alike.items()]
+    said = [
+        f"{op} on {nodes} nodes × {per} ({len(rows)} runs, {sum(rows):,} rows, {devices})"
+        for (op, nodes, per, devices), rows in alike.items()
+    ]
     open_page(page, url_state(LLAMA))
     page.set_input_files("#calib-files", [str(f) for f in files])
     page.click("#calib-run")
@@ -166,12 +166,16 @@ def test_fifty_logs_say_their_runs_once(page, tmp_path):  # noqa: F811
 def test_disabled_buttons_look_disabled(page):  # noqa: F811
     """A fit that keeps no constant leaves "Plan with these constants" disabled, and it looked as clickable as ever
     (only the search's two buttons were styled disabled). The answer here is the API's own, its constants emptied."""
-    answer = api(page, "/v1/calibrate", {"cluster": LLAMA["cluster"], "logs": [{"text": SAMPLE_LOG.read_text(), "name": "a"}]})
+    answer = api(
+        page, "/v1/calibrate", {"cluster": LLAMA["cluster"], "logs": [{"text": SAMPLE_LOG.read_text(), "name": "a"}]}
+    )
     assert answer.status_code == 200, answer.text
     kept_none = {**answer.json(), "constants": {}}
     kept_none["cluster"] = {**kept_none["cluster"], "calibration": {}}
-    page.route("**/v1/calibrate", lambda route: route.fulfill(status=200, content_type="application/json",
-                                                              body=json.dumps(kept_none)))
+    page.route(
+        "**/v1/calibrate",
+        lambda route: route.fulfill(status=200, content_type="application/json", body=json.dumps(kept_none)),
+    )
     open_page(page, url_state(LLAMA))
     page.fill("#calib-text", SAMPLE_LOG.read_text())
     page.click("#calib-run")
@@ -227,8 +231,12 @@ def test_a_config_json_with_a_bom_or_a_number_past_float64(page):  # noqa: F811
     assert expected.status_code == 200, expected.text
     page.check("#model-source-hf")
     page.fill("#hf-config", "\ufeff" + json.dumps(config))
-    wait_until(page, "() => window.commplan.state.plan && window.commplan.state.request.model.hf_config", timeout=30_000)
-    wait_until(page, "(n) => window.commplan.state.plan.params_total === n", expected.json()["params_total"], timeout=30_000)
+    wait_until(
+        page, "() => window.commplan.state.plan && window.commplan.state.request.model.hf_config", timeout=30_000
+    )
+    wait_until(
+        page, "(n) => window.commplan.state.plan.params_total === n", expected.json()["params_total"], timeout=30_000
+    )
     for key in ("rope_theta", "hidden_size"):
         page.fill("#hf-config", json.dumps(config)[:-1] + f', "{key}": 1e400' + "}")
         errors = page.locator("#form-errors")
