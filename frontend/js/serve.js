@@ -418,10 +418,10 @@ export function renderServe(d, traffic) {
   }
   $("serve-cards").replaceChildren(...cards);
   const rows = d.pools.map((p) => el("tr", {},
-    el("td", {}, p.role), el("td", { className: "num" }, fmtInt(p.gpus)), el("td", { className: "num" }, fmtInt(p.batch)),
+    el("td", {}, p.role), el("td", { className: "num" }, fmtInt(p.gpus)), el("td", { className: "num col-wide" }, fmtInt(p.batch)),
     el("td", { className: "num" }, fmtTime(p.step_s)), el("td", { className: "num" }, poolTokens(p)),
     el("td", {}, p.fits ? "fits" : "does not fit"),
-    el("td", { title: p.calls.map((c) => `${c.name} ${fmtBytes(c.message_bytes)} × ${c.calls_per_iteration}: ${fmtTime(c.time_s)}`).join("\n") },
+    el("td", { className: "col-wide", title: p.calls.map((c) => `${c.name} ${fmtBytes(c.message_bytes)} × ${c.calls_per_iteration}: ${fmtTime(c.time_s)}`).join("\n") },
       `${p.calls.length}: ${fmtTime(p.calls.reduce((s, c) => s + c.time_s * c.calls_per_iteration, 0))} if serialised`)));
   $("serve-pools").querySelector("tbody").replaceChildren(...rows);
   const links = d.kv_transfer ? d.kv_transfer.links.map((l) => el("li", {}, `${l.label}: ${fmtBytes(l.bytes)}, ${Math.round(100 * l.utilisation)}% busy`)) : [];
@@ -532,10 +532,12 @@ function renderServeSearch(result, sla, traffic, cluster) {
     + `${searchedGpus(cluster, result.deployment_gpus)}, each at up to 3 loads; `
     + `${fmtInt(result.evaluated)} of those plans fit. ${met ? `Best: ${result.why}.` : sentence(result.why)}${notPlanned(result.rejected)}`;
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
-    el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
-    el("td", {}, `${c.request.deployment.pools.map(poolName).join(" + ")} (${fmtInt(c.answer.gpus)} GPUs)`),
+    el("td", { className: "num" }, String(i + 1)), el("td", { className: "col-wide" }, `${engineName(c.engine)} ${c.mode}`),
+    // under 600 px the engine column folds into the pools' (round 15: at 390 px TTFT and TPOT sat 400 px to the right)
+    el("td", {}, el("span", { className: "narrow-only" }, `${engineName(c.engine)} ${c.mode}`),
+      `${c.request.deployment.pools.map(poolName).join(" + ")} (${fmtInt(c.answer.gpus)} GPUs)`),
     el("td", { className: "num" }, fmtCount(c.answer.throughput.output_tokens_per_s_per_gpu)),
-    el("td", { className: "num" }, fmtCount(c.answer.throughput.tokens_per_s_per_user)),
+    el("td", { className: "num col-wide" }, fmtCount(c.answer.throughput.tokens_per_s_per_user)),
     el("td", { className: "num" }, c.answer.ttft_s === null ? "unbounded" : fmtTime(c.answer.ttft_s)),
     el("td", { className: "num" }, fmtTime(c.answer.tpot_s))));
   $("serve-search-table").querySelector("tbody").replaceChildren(...rows);

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 # the shared page fixtures (browser, page) and helpers of the page tests
-from tests.frontend.test_page import LLAMA, browser, open_page, page, url_state, wait_until  # noqa: F401
+from tests.frontend.test_page import LLAMA, PHONE, browser, make_page, open_page, page, url_state, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.browser
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
@@ -243,3 +243,34 @@ def test_a_config_json_with_a_bom_or_a_number_past_float64(page):  # noqa: F811
         expect(errors).to_contain_text(f"config.json's {key} is a number too large for a 64-bit float", timeout=30_000)
         expect(errors).not_to_contain_text("null")
         assert page.evaluate("document.getElementById('hf-config').getAttribute('aria-invalid')") == "true"
+
+
+def test_the_sla_table_and_the_pools_fit_a_phone(make_page):  # noqa: F811
+    """At 390 px the SLA search's table was 753 px wide in its 341 px frame, TTFT and TPOT, the SLA's own columns,
+    400 px to the right; the pools' table 598 px, its tokens/s and memory cut. The engine folds into the pools' cell,
+    per user, a pool's batch and its calls per step go (as the ledger's wide columns do), and the cells are smaller."""
+    phone = make_page(PHONE)
+    open_page(phone, url_state(LLAMA))
+    phone.select_option("#serve-scenario", "dsv3-pd")
+    expect(phone.locator("#serve-results")).to_be_visible(timeout=60_000)
+    serve_idle(phone)
+    phone.fill("#serve-sla-ttft", "30000")
+    phone.fill("#serve-sla-tpot", "100")
+    phone.click("#serve-search-run")
+    rows = phone.locator("#serve-search-table tbody tr")
+    expect(rows.first).to_be_visible(timeout=120_000)
+    best = phone.evaluate("window.commplan.state.serveSearch.results[0]")
+    cells = rows.first.locator("td")
+    expect(cells.nth(5)).to_have_text(fmt(phone, "fmtTime", best["answer"]["ttft_s"]))
+    expect(cells.nth(6)).to_have_text(fmt(phone, "fmtTime", best["answer"]["tpot_s"]))
+    for frame, headers in (("#serve-search-table-wrap", ("TTFT", "TPOT")), ("#serve-pools", ("Step", "Tokens/s"))):
+        wrap = phone.locator(frame).locator("xpath=ancestor-or-self::div[contains(@class, 'table-wrap')][1]")
+        width, inside = wrap.evaluate("w => [w.scrollWidth, w.clientWidth]")
+        assert width <= inside, (frame, width, inside)
+        right = wrap.evaluate("w => w.getBoundingClientRect().right")
+        for header in headers:
+            cell = phone.locator(f"{frame} th", has_text=header).first
+            assert cell.evaluate("c => c.getBoundingClientRect().right") <= right + 0.5, (frame, header)
+    # the engine still said, in the pools' cell
+    engine = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}[best["engine"]]
+    expect(cells.nth(2)).to_contain_text(engine)
