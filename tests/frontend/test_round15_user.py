@@ -257,8 +257,13 @@ def test_the_sla_table_and_the_pools_fit_a_phone(make_page):  # noqa: F811
     phone.fill("#serve-sla-ttft", "30000")
     phone.fill("#serve-sla-tpot", "100")
     phone.click("#serve-search-run")
+    wait_until(
+        phone,
+        "() => !document.getElementById('serve-search-status').textContent.startsWith('Searching')",
+        timeout=120_000,
+    )
     rows = phone.locator("#serve-search-table tbody tr")
-    expect(rows.first).to_be_visible(timeout=120_000)
+    assert rows.first.is_visible(), phone.locator("#serve-search-status").inner_text()
     best = phone.evaluate("window.commplan.state.serveSearch.results[0]")
     cells = rows.first.locator("td")
     expect(cells.nth(5)).to_have_text(fmt(phone, "fmtTime", best["answer"]["ttft_s"]))
