@@ -306,6 +306,10 @@ const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-
   // neither given (the box blank): "traffic: give exactly one of concurrency and request_rate; got neither" marked
   // nothing (round 15)
   traffic: "serve-concurrency",
+  // the search's candidates over the service's limit ("cluster: 2,610 deployments to plan, above the limit of 2,000
+  // (COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or a smaller cluster": 2,048 nodes) marked nothing and
+  // named the operator's setting; the card searches every engine and mode, so the Nodes box is the one to change
+  cluster: "serve-nodes",
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
   "options.mtp": "serve-mtp-draft", "options.mtp.draft_tokens": "serve-mtp-draft", "options.mtp.acceptance": "serve-mtp-acceptance",
@@ -338,7 +342,9 @@ function errorText(err) {
   const whole = /^deployment\.pools\.\d$/.test(path) && legend;
   const name = whole ? `${legend.trim()} (${path})` : label ? `${legend}${label} (${path})` : path;
   // a blank box is sent as null: "Input should be a valid integer, got null" named a JSON word for an empty box (round 15)
-  const msg = input && input.value.trim() === "" ? d.msg.replace(/, got null$/, ", and the box is blank") : d.msg;
+  const said = d.msg.replace(/ \(COMMPLAN_MAX_SERVE_CANDIDATES\)/, " this server plans in one search")
+    .replace("narrow engines or modes, or a smaller cluster", "the card searches every engine and mode: fewer nodes narrow it");
+  const msg = input && input.value.trim() === "" ? said.replace(/, got null$/, ", and the box is blank") : said;
   return `${name}: ${path.endsWith("_s") ? msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : msg}`;
 }
 

@@ -279,3 +279,30 @@ def test_the_sla_table_and_the_pools_fit_a_phone(make_page):  # noqa: F811
     # the engine still said, in the pools' cell
     engine = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}[best["engine"]]
     expect(cells.nth(2)).to_contain_text(engine)
+
+
+def test_a_serving_search_over_the_limit_marks_nodes(page):  # noqa: F811
+    """DeepSeek-V3's SLA search on 2,048 nodes: "Search failed: cluster: 2,610 deployments to plan, above the limit of
+    2,000 (COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or a smaller cluster": nothing marked, the
+    operator's setting named, and engines or modes the card has no control for (it searches them all)."""
+    open_page(page, url_state(LLAMA))
+    page.select_option("#serve-scenario", "dsv3-pd")
+    expect(page.locator("#serve-results")).to_be_visible(timeout=60_000)
+    serve_idle(page)
+    for box, value in (("#serve-nodes", "2048"), ("#serve-sla-ttft", "30000"), ("#serve-sla-tpot", "100")):
+        page.fill(box, value)
+    body = {k: v for k, v in page.evaluate("window.commplan.serveBody()").items() if k not in ("engine", "deployment")}
+    refused = api(page, "/v1/serve/search", {**body, "sla": {"ttft_s": 30.0, "tpot_s": 0.1}, "top_k": 10})
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"][0]
+    assert detail["loc"] == ["body", "cluster"], detail
+    asked, limit = re.match(r"([\d,]+) deployments to plan, above the limit of ([\d,]+)", detail["msg"]).groups()
+    page.click("#serve-search-run")
+    status = page.locator("#serve-search-status")
+    expect(status).to_contain_text(
+        f"Search failed: Nodes (blank: the form's) (cluster): {asked} deployments to plan, above the limit of {limit} "
+        "this server plans in one search; the card searches every engine and mode: fewer nodes narrow it",
+        timeout=60_000,
+    )
+    expect(status).not_to_contain_text("COMMPLAN_")
+    assert page.evaluate("document.getElementById('serve-nodes').getAttribute('aria-invalid')") == "true"
