@@ -301,13 +301,13 @@ function goTo(input) {
 
 export function showErrors(detail) {
   const items = detail.map((d) => {
-    const { name, msg, inputs, fixes } = errorItem(d);
+    const { name, msg, inputs, fixes, lead = " Nearest valid: " } = errorItem(d);
     for (const input of inputs) input.setAttribute("aria-invalid", "true");
     const go = inputs.length ? el("button", { type: "button", className: "link", onclick: () => goTo(inputs[0]) }, `Go to ${labelOf(inputs[0])}`) : null;
     const buttons = fixes.map(([label, sets]) => el("button", { type: "button", className: "link fix",
       onclick: () => { for (const [id, value] of sets) $(id).value = String(value); $(sets[0][0]).dispatchEvent(new Event("input", { bubbles: true })); } }, label));
     return el("li", {}, el("strong", {}, name), ": ", msg, " ", go,
-      buttons.length ? el("span", { className: "fixes" }, " Nearest valid: ", buttons) : null);
+      buttons.length ? el("span", { className: "fixes" }, lead, buttons) : null);
   });
   $("form-errors").replaceChildren(el("h2", {}, "This configuration cannot be planned"), el("ul", {}, items));
   $("form-errors").hidden = false;
@@ -329,7 +329,7 @@ function overBudget(msg, request) {
   const inputs = costly.length ? costly.map(([, , id]) => $(id)) : [$("nodes")];
   const cheaper = costly.length ? `${costly.map(([, , , label]) => label).join(" or ")} costs less.` : "Fewer ranks per group (fewer nodes) cost less.";
   return { msg: `pricing this plan is an estimated ${m[1]} units of work, over the ${m[2]} this server allows a request; `
-    + `the largest part: ${part}. ${cheaper}`, inputs, fixes: costly.map(([, , id, label]) => [label, [[id, ""]]]) };
+    + `the largest part: ${part}. ${cheaper}`, inputs, fixes: costly.map(([, , id, label]) => [label, [[id, ""]]]), lead: " Plan with: " };
 }
 
 // ---- divisibility errors offer the nearest valid values: [label, [[input id, value], ...]], from the request sent ----
