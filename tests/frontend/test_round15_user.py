@@ -297,12 +297,12 @@ def test_a_serving_search_over_the_limit_marks_nodes(page):  # noqa: F811
     detail = refused.json()["detail"][0]
     assert detail["loc"] == ["body", "cluster"], detail
     asked, limit = re.match(r"([\d,]+) deployments to plan, above the limit of ([\d,]+)", detail["msg"]).groups()
+    said = (
+        f"Search failed: Nodes (blank: the form's) (cluster): {asked} deployments to plan, above the limit of {limit} "
+        "this server plans in one search; the card searches every engine and mode: fewer nodes narrow it"
+    )
     page.click("#serve-search-run")
     status = page.locator("#serve-search-status")
-    expect(status).to_contain_text(
-        f"Search failed: Nodes (blank: the form's) (cluster): {asked} deployments to plan, above the limit of {limit} "
-        "this server plans in one search; the card searches every engine and mode: fewer nodes narrow it",
-        timeout=60_000,
-    )
+    expect(status).to_contain_text(said, timeout=60_000)
     expect(status).not_to_contain_text("COMMPLAN_")
     assert page.evaluate("document.getElementById('serve-nodes').getAttribute('aria-invalid')") == "true"
