@@ -95,7 +95,8 @@ async function runCalibrate() {
   if (!logs.length && trace === null) { $("calib-status").textContent = "Choose nccl-tests output files, paste one, or choose a profiler trace."; return; }
   if (!state.request) return;
   $("calib-run").disabled = true;
-  $("calib-status").textContent = `Fitting to ${logs.length} log${logs.length === 1 ? "" : "s"}${trace === null ? "" : " and a trace"} on ${state.request.cluster.preset}…`;
+  const what = [logs.length ? `${fmtInt(logs.length)} log${logs.length === 1 ? "" : "s"}` : "", trace === null ? "" : "a trace"].filter(Boolean).join(" and ");
+  $("calib-status").textContent = `Fitting to ${what} on ${state.request.cluster.preset}…`;
   const cluster = { ...state.request.cluster };
   delete cluster.calibration;  // fit from the defaults, not from an earlier fit
   try {
@@ -105,11 +106,28 @@ async function runCalibrate() {
     renderFit(body, logs);
   } catch (err) {
     if (mine !== seq) return;
-    fitted = null; $("calib-results").hidden = true;
+    // the last fit's trace summary goes too (round 15: a truncated trace refused "not JSON ... a truncated file?" under
+    // the previous trace's whole analysis, its constants and warnings, as if read from this file)
+    fitted = null; $("calib-results").hidden = true; $("calib-trace-summary").hidden = true;
     $("calib-status").textContent = `Calibration failed: ${explain(err, logs)}`;
   } finally {
     if (mine === seq) $("calib-run").disabled = false;
   }
+}
+
+// the runs found, alike ones once with their count (round 15: 50 logs of one test, 1,000 rows, listed 100 runs, "allreduce
+// on 2 nodes × 8 (16 rows, NVIDIA H100 80GB HBM3); allgather ..." over 40 lines of the card)
+function runsSaid(runs) {
+  const alike = new Map();
+  for (const r of runs) {
+    const key = `${r.op} on ${r.nodes} node${r.nodes > 1 ? "s" : ""} × ${r.ranks / r.nodes}|${r.devices.join(", ")}`;
+    const seen = alike.get(key) || { runs: 0, rows: 0 };
+    alike.set(key, { runs: seen.runs + 1, rows: seen.rows + r.rows });
+  }
+  return [...alike].map(([key, { runs: n, rows }]) => {
+    const [what, devices] = key.split("|");
+    return `${what} (${n > 1 ? `${fmtInt(n)} runs, ` : ""}${fmtInt(rows)} row${rows > 1 ? "s" : ""}${devices ? `, ${devices}` : ""})`;
+  });
 }
 
 function renderFit(body, logs) {
@@ -124,7 +142,7 @@ function renderFit(body, logs) {
     $("calib-results").hidden = !Object.keys(constants).length;
     return;
   }
-  const runs = body.runs.map((r) => `${r.op} on ${r.nodes} node${r.nodes > 1 ? "s" : ""} × ${r.ranks / r.nodes} (${r.rows} row${r.rows > 1 ? "s" : ""}${r.devices.length ? `, ${r.devices.join(", ")}` : ""})`);
+  const runs = runsSaid(body.runs);
   $("calib-status").textContent = `Median |error| of the bus bandwidth over ${fmtInt(body.rows.length)} rows: ${fmtPct(body.median_error_before)} with the defaults, `
     + `${fmtPct(body.median_error_after)} fitted. Fitted: ${describeConstants(body.constants)}. Runs: ${runs.join("; ")}.`;
   $("calib-table").tBodies[0].replaceChildren(...body.rows.map((r) => el("tr", {},

@@ -70,7 +70,7 @@ export class FormError extends Error {
 export function readForm() {
   const model = {}, source = modelSource();
   if (source === "hf") {
-    try { model.hf_config = JSON.parse($("hf-config").value || "{}"); } catch (e) { throw new FormError("model.hf_config", `config.json is not valid JSON: ${e.message}`); }
+    model.hf_config = readConfigJson($("hf-config").value);
   } else if (source === "preset") model.preset = $("model-preset").value;
   put(model, "seq_length", num("seq-length"));
   readModelFields(model, FormError);
@@ -99,6 +99,23 @@ export function readForm() {
   if (state.calibration) cluster.calibration = state.calibration;
   // 24 links: enough to colour a node's GPU links and NICs in the topology view
   return readControls({ model, workload, parallel, cluster, options: { algorithm: $("algorithm").value, links_per_call: 24 } }, FormError);
+}
+
+// A pasted config.json (round 15): a file saved with a byte-order mark (U+FEFF, as Windows editors write it) was "not
+// valid JSON: Unexpected token '\ufeff'", the mark invisible in the box; a number JSON.parse takes past float64
+// (1e400) became Infinity and was sent as null, so "hidden_size": 1e400 read "required field is missing (or null)"
+// and a value the server ignores was dropped unsaid. The mark is skipped; a number out of range is refused by name.
+function readConfigJson(text) {
+  let config;
+  try { config = JSON.parse(text.replace(/^\ufeff/, "") || "{}"); } catch (e) { throw new FormError("model.hf_config", `config.json is not valid JSON: ${e.message}`); }
+  const bad = [];
+  const walk = (v, path) => {
+    if (typeof v === "number" && !Number.isFinite(v)) bad.push(path);
+    else if (v && typeof v === "object") for (const [k, x] of Object.entries(v)) walk(x, path ? `${path}.${k}` : k);
+  };
+  walk(config, "");
+  if (bad.length) throw new FormError("model.hf_config", `config.json's ${bad.join(", ")} ${bad.length > 1 ? "are numbers" : "is a number"} too large for a 64-bit float: not a value a config can mean`);
+  return config;
 }
 
 const str = (v, d = "") => (v === undefined || v === null ? d : String(v));
@@ -259,22 +276,60 @@ const PRODUCT = ["tp", "cp", "pp", "dp", "nodes", "dpn", "cluster-preset"];
 let lastProduct = "dp";
 export function noteEdit(target) { if (target && PRODUCT.includes(target.id)) lastProduct = target.id; }
 
+// a 422 item as the page says it: the field's name, the message, the inputs it marks and the fixes it offers
+function errorItem(d) {
+  const path = (d.loc || []).filter((x) => x !== "body").join(".");
+  const budget = overBudget(String(d.msg ?? ""), state.request);
+  if (budget) return { name: "work budget", ...budget };
+  const control = path === "parallel" ? lastProduct
+    : FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
+  const input = control && $(control);
+  // a blank box is left out of the request, so the rule names the default planned in its place ("global_batch_size 1
+  // is not divisible by ...", "the cluster has 8 devices" for a Nodes box emptied): said (round 15)
+  const blank = input && input.tagName === "INPUT" && input.type !== "checkbox" && input.value.trim() === "" ? ` (${labelOf(input)} is blank: the default was planned)` : "";
+  return { name: path || "request", msg: String(d.msg ?? "") + blank, inputs: input ? [input] : [], fixes: suggestions(path, state.request) };
+}
+
+const labelOf = (input) => LABELS[input.id] || (input.labels && input.labels[0] ? input.labels[0].textContent.trim() : input.id);
+
+// "Go to" a control under More settings: its folded groups are opened first (round 15: the button scrolled to a
+// control inside a closed <details>, which showed nothing)
+function goTo(input) {
+  for (let d = input.closest("details"); d; d = d.parentElement && d.parentElement.closest("details")) d.open = true;
+  input.scrollIntoView({ block: "center" }); input.focus();
+}
+
 export function showErrors(detail) {
   const items = detail.map((d) => {
-    const path = (d.loc || []).filter((x) => x !== "body").join(".");
-    const control = path === "parallel" ? lastProduct
-      : FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
-    const input = control && $(control);
-    if (input) input.setAttribute("aria-invalid", "true");
-    const go = input ? el("button", { type: "button", className: "link", onclick: () => { input.scrollIntoView({ block: "center" }); input.focus(); } },
-      `Go to ${LABELS[control] || (input.labels && input.labels[0] ? input.labels[0].textContent.trim() : control)}`) : null;
-    const fixes = suggestions(path, state.request).map(([label, sets]) => el("button", { type: "button", className: "link fix",
+    const { name, msg, inputs, fixes, lead = " Nearest valid: " } = errorItem(d);
+    for (const input of inputs) input.setAttribute("aria-invalid", "true");
+    const go = inputs.length ? el("button", { type: "button", className: "link", onclick: () => goTo(inputs[0]) }, `Go to ${labelOf(inputs[0])}`) : null;
+    const buttons = fixes.map(([label, sets]) => el("button", { type: "button", className: "link fix",
       onclick: () => { for (const [id, value] of sets) $(id).value = String(value); $(sets[0][0]).dispatchEvent(new Event("input", { bubbles: true })); } }, label));
-    return el("li", {}, el("strong", {}, path || "request"), ": ", String(d.msg ?? ""), " ", go,
-      fixes.length ? el("span", { className: "fixes" }, " Nearest valid: ", fixes) : null);
+    return el("li", {}, el("strong", {}, name), ": ", msg, " ", go,
+      buttons.length ? el("span", { className: "fixes" }, lead, buttons) : null);
   });
   $("form-errors").replaceChildren(el("h2", {}, "This configuration cannot be planned"), el("ul", {}, items));
   $("form-errors").hidden = false;
+}
+
+// The service's work budget (app/limits.py refuse, loc ["body"]): "estimated work 19,088,108,752 units is over this
+// service's budget of 134,217,728 (COMMPLAN_MAX_WORK); the largest part: dp.grad_norm (allreduce on 1 groups of 16384
+// ranks, schedules), ... (docs/hardening.md ...: fewer ranks per group, contention 'neighbourhood' or candidates
+// 'library' cost less)" read "request: ..." with nothing marked and the operator's setting named (round 15: Candidates
+// "every algorithm" on Llama-3 405B's 16,384 GPUs). In words, the costly settings the request has marked, and their
+// cheaper values (blank: the default) offered as fixes; with none of them set, fewer nodes.
+const COSTLY = [["candidates", "all", "f-candidates", "Candidates: what the library picks from"],
+  ["contention", "full", "f-contention", "Contention: neighbourhood"]];
+function overBudget(msg, request) {
+  const m = /estimated work ([\d,]+) units is over this service's budget of ([\d,]+).*?the largest part: (.*?), [\d,]+ units \(/.exec(msg);
+  if (!m) return null;
+  const part = m[3].replace(/\b1 groups\b/, "one group").replace(/\d{4,}/g, (n) => Number(n).toLocaleString("en-US"));
+  const costly = COSTLY.filter(([key, value]) => request && request.options && request.options[key] === value);
+  const inputs = costly.length ? costly.map(([, , id]) => $(id)) : [$("nodes")];
+  const cheaper = costly.length ? `${costly.map(([, , , label]) => label).join(" or ")} costs less.` : "Fewer ranks per group (fewer nodes) cost less.";
+  return { msg: `pricing this plan is an estimated ${m[1]} units of work, over the ${m[2]} this server allows a request; `
+    + `the largest part: ${part}. ${cheaper}`, inputs, fixes: costly.map(([, , id, label]) => [label, [[id, ""]]]), lead: " Plan with: " };
 }
 
 // ---- divisibility errors offer the nearest valid values: [label, [[input id, value], ...]], from the request sent ----

@@ -121,6 +121,7 @@ function showSeeResult() {
 function selectCall(call, save = true) {
   if (!call) return;
   state.selected = { name: call.name, stage: call.stages[0] };
+  if (state.serveCard) state.serveCard.drawn = false;  // the detail shows this call, not the KV transfer (serve.js)
   const rows = [...$("ledger").tBodies[0].rows], on = (row) => row.dataset.name === call.name && Number(row.dataset.stage) === call.stages[0];
   for (const row of rows) row.setAttribute("aria-selected", String(on(row)));
   if (rows.some(on)) for (const row of rows) row.tabIndex = on(row) ? 0 : -1;  // the ledger's one tab stop (ledger.js)

@@ -105,15 +105,23 @@ export function initServe() {
 function serveCard() {
   return { model: $("serve-model").value, nodes: num("serve-nodes"), engine: $("serve-engine").value, traffic: traffic(),
     deployment: { pools: cardPools() }, sla: { ttft_ms: num("serve-sla-ttft"), tpot_ms: num("serve-sla-tpot") },
-    planned: !$("serve-results").hidden };
+    planned: !$("serve-results").hidden || Boolean(state.serveCard && state.serveCard.planned),
+    drawn: Boolean(state.serveCard && state.serveCard.drawn) };
 }
+// planned stays on once asked for (round 15): a serving scenario picked plans at once (runServe: planned), then its
+// change event reached the card's own listener before the answer, while the results were still hidden, and wrote
+// planned: false. The link and a reload brought the card back without its TTFT, TPOT or KV transfer.
 function keepCard(planned) { state.serveCard = { ...serveCard(), ...(planned ? { planned } : {}) }; saveUrl(); }
 
 // the card from a URL's "o" and "v" (state.js loadUrl: objects, else null); a value of the wrong type keeps the box's
 const objectOr = (v) => (v && typeof v === "object" && !Array.isArray(v) ? v : {});
 const numberText = (v, fallback) => (typeof v === "number" && Number.isFinite(v) ? String(v) : fallback);
+// the KV transfer drawn when the card was saved (v.drawn): drawn again once its deployment is planned (round 15: a link
+// to the drawn transfer opened on the ledger's first call)
+let redraw = false;
 export function restoreServe(o, v) {
   state.serveOptions = o; state.serveCard = v;
+  redraw = Boolean(v && v.drawn);
   if (o) fillServeOptions(o);
   if (!v) return;
   $("serve-model").value = typeof v.model === "string" ? v.model : "";
@@ -295,6 +303,13 @@ export function serveBody() {
 // bf16 weights" named a field the card has no control for, and a pool's "deployment.pools.0.ep" was a path alone)
 const SERVE_FIELDS = { "sla.ttft_s": "serve-sla-ttft", "sla.tpot_s": "serve-sla-tpot", "traffic.input_tokens": "serve-isl",
   "traffic.output_tokens": "serve-osl", "traffic.concurrency": "serve-concurrency", "traffic.request_rate": "serve-concurrency",
+  // neither given (the box blank): "traffic: give exactly one of concurrency and request_rate; got neither" marked
+  // nothing (round 15)
+  traffic: "serve-concurrency",
+  // the search's candidates over the service's limit ("cluster: 2,610 deployments to plan, above the limit of 2,000
+  // (COMMPLAN_MAX_SERVE_CANDIDATES); narrow engines or modes, or a smaller cluster": 2,048 nodes) marked nothing and
+  // named the operator's setting; the card searches every engine and mode, so the Nodes box is the one to change
+  cluster: "serve-nodes",
   "options.weight_dtype": "serve-weights", "options.fp8_recipe": "serve-weights", "options.kv_dtype": "serve-kv",
   "options.two_batch_overlap": "serve-tbo", "options.redundant_experts": "serve-redundant", engine: "serve-engine",
   "options.mtp": "serve-mtp-draft", "options.mtp.draft_tokens": "serve-mtp-draft", "options.mtp.acceptance": "serve-mtp-acceptance",
@@ -326,7 +341,11 @@ function errorText(err) {
   const label = input && input.labels.length ? input.labels[0].textContent.trim() : "";
   const whole = /^deployment\.pools\.\d$/.test(path) && legend;
   const name = whole ? `${legend.trim()} (${path})` : label ? `${legend}${label} (${path})` : path;
-  return `${name}: ${path.endsWith("_s") ? d.msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : d.msg}`;
+  // a blank box is sent as null: "Input should be a valid integer, got null" named a JSON word for an empty box (round 15)
+  const said = d.msg.replace(/ \(COMMPLAN_MAX_SERVE_CANDIDATES\)/, " this server plans in one search")
+    .replace("narrow engines or modes, or a smaller cluster", "the card searches every engine and mode: fewer nodes narrow it");
+  const msg = input && input.value.trim() === "" ? said.replace(/, got null$/, ", and the box is blank") : said;
+  return `${name}: ${path.endsWith("_s") ? msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : msg}`;
 }
 
 let serveSeq = 0;  // only the latest request's answer is shown
@@ -343,6 +362,7 @@ async function runServe() {
     state.serve = answer;
     $("serve-status").textContent = "";
     renderServe(state.serve, body.traffic);
+    if (redraw) { redraw = false; await drawTransfer(); }
   } catch (err) {
     if (seq !== serveSeq) return;
     $("serve-status").textContent = `Cannot plan this deployment: ${errorText(err)}`;
@@ -404,10 +424,10 @@ export function renderServe(d, traffic) {
   }
   $("serve-cards").replaceChildren(...cards);
   const rows = d.pools.map((p) => el("tr", {},
-    el("td", {}, p.role), el("td", { className: "num" }, fmtInt(p.gpus)), el("td", { className: "num" }, fmtInt(p.batch)),
+    el("td", {}, p.role), el("td", { className: "num" }, fmtInt(p.gpus)), el("td", { className: "num col-wide" }, fmtInt(p.batch)),
     el("td", { className: "num" }, fmtTime(p.step_s)), el("td", { className: "num" }, poolTokens(p)),
     el("td", {}, p.fits ? "fits" : "does not fit"),
-    el("td", { title: p.calls.map((c) => `${c.name} ${fmtBytes(c.message_bytes)} × ${c.calls_per_iteration}: ${fmtTime(c.time_s)}`).join("\n") },
+    el("td", { className: "col-wide", title: p.calls.map((c) => `${c.name} ${fmtBytes(c.message_bytes)} × ${c.calls_per_iteration}: ${fmtTime(c.time_s)}`).join("\n") },
       `${p.calls.length}: ${fmtTime(p.calls.reduce((s, c) => s + c.time_s * c.calls_per_iteration, 0))} if serialised`)));
   $("serve-pools").querySelector("tbody").replaceChildren(...rows);
   const links = d.kv_transfer ? d.kv_transfer.links.map((l) => el("li", {}, `${l.label}: ${fmtBytes(l.bytes)}, ${Math.round(100 * l.utilisation)}% busy`)) : [];
@@ -441,6 +461,7 @@ async function drawTransfer() {
   clearExplorer("The explorer prices a ledger call's collective algorithms; the KV transfer is point-to-point sends of "
     + "the transfer engine (Mooncake, NIXL), priced on the graph above (docs/serving.md). Select a ledger row to explore one.");
   $("detail").scrollIntoView({ block: "nearest" });
+  state.serveCard = { ...serveCard(), drawn: true }; saveUrl();
 }
 
 async function runServeSearch() {
@@ -519,10 +540,12 @@ function renderServeSearch(result, sla, traffic, cluster) {
     // what the list left out to stay within its limit (mend15: the expert-TP twins, sizes below the cluster)
     + (result.warnings || []).map((w) => ` Warning: ${w}.`).join("");
   const rows = result.results.map((c, i) => el("tr", loadable(c.request),
-    el("td", { className: "num" }, String(i + 1)), el("td", {}, `${engineName(c.engine)} ${c.mode}`),
-    el("td", {}, `${c.request.deployment.pools.map(poolName).join(" + ")} (${fmtInt(c.answer.gpus)} GPUs)`),
+    el("td", { className: "num" }, String(i + 1)), el("td", { className: "col-wide" }, `${engineName(c.engine)} ${c.mode}`),
+    // under 600 px the engine column folds into the pools' (round 15: at 390 px TTFT and TPOT sat 400 px to the right)
+    el("td", {}, el("span", { className: "narrow-only" }, `${engineName(c.engine)} ${c.mode}`),
+      `${c.request.deployment.pools.map(poolName).join(" + ")} (${fmtInt(c.answer.gpus)} GPUs)`),
     el("td", { className: "num" }, fmtCount(c.answer.throughput.output_tokens_per_s_per_gpu)),
-    el("td", { className: "num" }, fmtCount(c.answer.throughput.tokens_per_s_per_user)),
+    el("td", { className: "num col-wide" }, fmtCount(c.answer.throughput.tokens_per_s_per_user)),
     el("td", { className: "num" }, c.answer.ttft_s === null ? "unbounded" : fmtTime(c.answer.ttft_s)),
     el("td", { className: "num" }, fmtTime(c.answer.tpot_s))));
   $("serve-search-table").querySelector("tbody").replaceChildren(...rows);
