@@ -214,3 +214,18 @@ def test_the_calibration_free_part_of_the_candidates_is_the_fresh_computation_an
     assert [M.candidates(Op.ALLREDUCE, shape, feat, cal) for cal in (DEFAULT_LIBRARY, other)] == warm
     assert warm[0] != warm[1]  # the calibration still reaches the candidates
     assert M._calibration_free.cache_info().maxsize == 1024 and L._schedule_bytes.cache_info().maxsize == 8192
+
+
+def test_a_log_read_twice_fits_as_read_once(reference):
+    """user15: the 2-node H100 sample uploaded twice fitted nothing (4.87% stayed 4.87%) where once it fits to 2.75%:
+    each repeated row sat in both halves of the hold-out test, so no row was held out. A fit searches each
+    measurement once (fit._distinct), and a copy of a fitted row is not held out: the same constants and errors."""
+    from collectives.topology.calibrate import Log, calibrate
+
+    text = reference("nccl_logs/sample_h100_2node.txt").read_text()
+    once = calibrate(dgx_h100(2), [Log(text)], max_rows=1000, max_devices=1000).result
+    twice = calibrate(dgx_h100(2), [Log(text), Log(text)], max_rows=1000, max_devices=1000).result
+    assert once.median_error_after == pytest.approx(0.027523747676601706, rel=1e-12)
+    assert twice.constants == once.constants
+    assert twice.median_error_after == pytest.approx(once.median_error_after, rel=1e-12)
+    assert len(twice.rows) == 2 * len(once.rows)  # every row read is still answered
