@@ -975,12 +975,10 @@ def check_fused_grouped_mlp(ctx: Context) -> None:
 
 
 def check_cuda_graph_scope(ctx: Context) -> None:
-    """A partial TE CUDA graph (TE_GRAPH_KERNELS) is Megatron-Core's with TransformerEngine, of an MoE layer, in
+    """A partial TE CUDA graph (TE_GRAPH_KERNELS) is of an MoE layer, in
     training (transformer_config.py cba6b0ed0f l. 1616-1620: "moe cuda graph is only supported for MoE"): anything
     else is a SpecError on workload.cuda_graph_scope."""
-    field = "workload.cuda_graph_scope"
-    if not ctx.flavour.te_fp8_recipes:
-        raise SpecError(field, f"is Megatron-Core's TE CUDA graph scope; framework is {ctx.par.framework!r}")
+    field = "workload.cuda_graph_scope"  # the framework's rule: parallel.check_graph_scope (Flavour.te_graph_scopes)
     if ctx.model.moe is None:
         raise SpecError(field, f"captures part of an MoE layer; model {ctx.model.name!r} has no MoE layers")
     if not ctx.training:

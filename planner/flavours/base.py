@@ -199,6 +199,9 @@ class Flavour:
     # ---- FP8 (rules/fp8.py, recipes.py) ----------------------------------------------------------------
     # TransformerEngine's FP8/FP4 recipes: amax reductions, --fp8-param-gather (Megatron + TE)
     te_fp8_recipes: bool = False
+    # the --cuda-graph-scope values of Megatron-Core's TransformerEngine graphs of part of an MoE layer that this
+    # framework runs (workload.cuda_graph_scope, kernels.TE_GRAPH_KERNELS); (): none (parallel.check_graph_scope)
+    te_graph_scopes: tuple[str, ...] = ()
     # torchao.float8 (Float8Linear): its torchao-only recipes (rowwise, recipes.Recipe.library) and FSDP2's float8
     # all-gather (workload.fp8_param_gather as enable_fsdp_float8_all_gather, rules/data.py)
     torchao_float8: bool = False
