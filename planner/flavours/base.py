@@ -175,6 +175,9 @@ class Flavour:
     # (dropless over more than one expert-TP x EP rank, dropless on one, drop-and-pad); () none listed
     # (planner/kernels.py dispatch_preprocess; Megatron's: megatron.py)
     dispatch_preprocess_launches: tuple[int, int, int] = ()
+    # of those, the device-to-host copies of the counts (the same three cases): a TE graph of the preprocess leaves
+    # them outside, at the all-to-all (planner/kernels.py te_graphed; Megatron's: megatron.py)
+    dispatch_count_copies: tuple[int, int, int] = ()
     # the alltoall dispatcher sends each routed row's probability in an all-to-all of its own beside the rows, and
     # its gradient back in the backward (rules/expert.py _probs; Megatron's: megatron.py); False: the rows only
     dispatch_probs_alltoall: bool = False

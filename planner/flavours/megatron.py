@@ -63,6 +63,9 @@ FLAVOUR = Flavour(
     # the sum, .long() and the counts' copy: 3; drop-and-pad builds its counts on the host and runs one torch.full
     # on the device: 1
     dispatch_preprocess_launches=(11, 3, 1),
+    # of which the copies to the host (_maybe_dtoh_and_synchronize at cuda_dtoh_point; none with drop-and-pad):
+    # cba6b0ed0f token_dispatcher.py l. 870-900
+    dispatch_count_copies=(4, 1, 0),
     # token_dispatcher.py (92c8482e6d) MoEAlltoAllTokenDispatcher.token_dispatch: global_probs = all_to_all(ep_group,
     # permuted_probs, output_splits, input_splits) after the rows' all_to_all; the probs carry a gradient (they scale
     # the experts' output in the unpermute), so the backward sends it back (tensor_parallel/mappings.py _AllToAll)
