@@ -1782,11 +1782,16 @@ def graphed_preprocess(ctx: Context) -> bool:
     counts to the host at "before_ep_alltoall", after the permutation, not "before_permutation_1"
     (token_dispatcher.py cba6b0ed0f l. 445-451 ``cuda_dtoh_point``, an attribute of MoEAlltoAllTokenDispatcher
     only: the other dispatchers' preprocess moves no copy)."""
-    return (
-        ctx.training
-        and "moe_preprocess" in ctx.work.cuda_graph_scope
-        and ctx.par.ep_dispatch in PERMUTE_BEFORE_WAIT
-    )
+    return ctx.training and "moe_preprocess" in ctx.work.cuda_graph_scope and ctx.par.ep_dispatch in PERMUTE_BEFORE_WAIT
+
+
+def graphed_pre_mlp_norm(ctx: Context, moe: bool) -> bool:
+    """Whether an MoE layer's pre-MLP norm is in a moe_router TE graph: Megatron then does not recompute it under
+    selective "layernorm" recompute, only the input norm (transformer_layer.py cba6b0ed0f l. 386-397
+    recompute_pre_mlp_layernorm; transformer_config.py l. 1690-1698 warns "Will only recompute the
+    input_layernorm"). compute.recompute_modules_forward (the rerun's time) and memory.freed_activations (the MLP
+    input then stays) read it."""
+    return moe and ctx.training and "moe_router" in ctx.work.cuda_graph_scope
 
 
 def graph_copies(k: _Layer, T_sp: float) -> tuple[Kernel, Kernel] | None:

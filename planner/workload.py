@@ -336,7 +336,8 @@ def _cuda_graph_scope(w: WorkloadSpec) -> None:
     if w.cpu_offloading_num_layers > 0:
         # transformer_config.py cba6b0ed0f l. 1572-1573: ValueError("CUDA graphs not supported with CPU offloading.")
         raise SpecError(
-            field, f"Megatron runs no CUDA graphs with CPU offloading (cpu_offloading_num_layers "
+            field,
+            f"Megatron runs no CUDA graphs with CPU offloading (cpu_offloading_num_layers "
             f"{w.cpu_offloading_num_layers})",
         )
     clash = [m for m in w.recompute_modules or () if m in GRAPHED_ROUTER_NO_RECOMPUTE]
