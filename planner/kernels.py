@@ -1801,7 +1801,7 @@ def graph_copies(k: _Layer, T_sp: float) -> tuple[Kernel, Kernel] | None:
     scope = ctx.work.cuda_graph_scope if ctx.training else ()
     if not scope:
         return None
-    m, h, x = ctx.model.moe, ctx.model.hidden_size, ctx.x
+    m, h, x = ctx.model.moe, ctx.model.hidden_size, max(ctx.x, 2)  # the layer's bf16 tensors (fp8 is in the GEMMs)
     size = {"hidden": h, "logits": m.num_experts, "rows": m.top_k * h, "row_probs": m.top_k}
     outputs = GRAPH_GRAD_OUTPUTS["moe_preprocess" if "moe_preprocess" in scope else "moe_router"]
     outputs += ("hidden",) if m.shared_ffn else ()  # the shared experts' output
