@@ -109,9 +109,8 @@ def _table(title: str, kernels, c: float) -> None:
     print("| kernel group | kind | launches | GPU (us) | host at the queue's cost (us) |")
     print("|---|---|---|---|---|")
     for k in kernels:
-        print(
-            f"| {k.name} | {k.kind} | {host_launches(k)} | {gpu_seconds(k) * 1e6:,.1f} | {host_launches(k) * c * 1e6:,.1f} |"
-        )
+        n = host_launches(k)
+        print(f"| {k.name} | {k.kind} | {n} | {gpu_seconds(k) * 1e6:,.1f} | {n * c * 1e6:,.1f} |")
 
 
 def _per_layer_measured(ctx: Context, measured: float) -> tuple[int, int, float]:

@@ -23,7 +23,6 @@ from ._errors import SpecError
 from .context import Context
 from .host import free_running, synced_period
 from .kernels import (
-    graphed_pre_mlp_norm,
     EFFICIENCY,
     FLASH_BWD,
     MLA_UP_PROJ_KERNELS,
@@ -44,6 +43,7 @@ from .kernels import (
     gemm_kernels,
     gpu_seconds,
     grad_buffer_bytes,
+    graphed_pre_mlp_norm,
     host_launches,
     host_sync,
     kv_cache_bytes_per_layer,

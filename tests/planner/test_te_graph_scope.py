@@ -173,8 +173,8 @@ def _entered(case: dict) -> dict:
     spec, work, par, _, options = step_validation.case_inputs(case, DATA)
     scope = list(work.cuda_graph_scope) or None
     return {
-        "tp": par.tp, "pp": par.pp, "cp": par.cp, "vp": par.virtual_pipeline_stages if par.virtual_pipeline_stages != 1 else None,
-        "ep": par.ep,
+        "tp": par.tp, "pp": par.pp, "cp": par.cp, "ep": par.ep,
+        "vp": par.virtual_pipeline_stages if par.virtual_pipeline_stages != 1 else None,
         "mbs": work.micro_batch_size, "gbs": work.global_batch_size, "seq": work.seq_length or spec.seq_length,
         "cuda_graph_scope": scope, "full_iteration": bool(work.cuda_graphs), "hybridep": par.ep_dispatch == "hybridep",
         "moe_a2a_overlap": bool(options.overlap.overlap_moe_expert_parallel_comm),
