@@ -22,7 +22,15 @@ from planner import build_plan
 from planner.compute import layer_pass
 from planner.context import Context
 from planner.host import synced_period
-from planner.kernels import combined_pair_launches, gpu_efficiency, gpu_seconds, layer_kernels, queue_launch_s
+from planner.kernels import (
+    combined_pair_launches,
+    gpu_efficiency,
+    gpu_seconds,
+    host_launches,
+    launch,
+    layer_kernels,
+    queue_launch_s,
+)
 
 ROW = "Megatron-Bridge Qwen3-30B-A3B FP8-CS, 16 H100"
 
@@ -80,8 +88,8 @@ def pair_split(launches, copy: int, queued: int, host_s: float) -> tuple[float, 
     combined 1F1B pair (kernels.combined_pair_launches: the host enqueues ``queued`` groups after the copy before it
     waits)."""
     wait = copy + queued
-    pre = sum(k.count for k in launches[: wait + 1]) * host_s
-    post = sum(k.count for k in launches[wait + 1 :]) * host_s
+    pre = sum(host_launches(k) for k in launches[: wait + 1]) * host_s
+    post = sum(host_launches(k) for k in launches[wait + 1 :]) * host_s
     gpu_pre = sum(gpu_seconds(k) for k in launches[: copy + 1])
     return pre, post, gpu_pre
 
@@ -95,13 +103,14 @@ def row(name: str = ROW):
 
 
 def _table(title: str, kernels, c: float) -> None:
-    launches = sum(k.count for k in kernels)
+    launches = sum(host_launches(k) for k in kernels)  # the host's: a TE graph's kernels are one replay
     gpu = sum(gpu_seconds(k) for k in kernels)
     print(f"\n{title}: {launches} launches, GPU {gpu * 1e3:.3f} ms, host {launches * c * 1e3:.3f} ms\n")
     print("| kernel group | kind | launches | GPU (us) | host at the queue's cost (us) |")
     print("|---|---|---|---|---|")
     for k in kernels:
-        print(f"| {k.name} | {k.kind} | {k.count} | {gpu_seconds(k) * 1e6:,.1f} | {k.count * c * 1e6:,.1f} |")
+        n = host_launches(k)
+        print(f"| {k.name} | {k.kind} | {n} | {gpu_seconds(k) * 1e6:,.1f} | {n * c * 1e6:,.1f} |")
 
 
 def _per_layer_measured(ctx: Context, measured: float) -> tuple[int, int, float]:
@@ -116,9 +125,9 @@ def _pair(ctx: Context, cluster, lk, c: float, measured: float) -> None:
     """The combined 1F1B pair: launches, GPU, host before and after the wait, the period, the measured bound and
     the interleaved pipeline's coupled period."""
     kernels, copy, queued = combined_pair_launches(ctx, lk)
-    n = sum(k.count for k in kernels)
+    n = sum(host_launches(k) for k in kernels)
     g = sum(gpu_seconds(k) for k in kernels)
-    period = synced_period([(c, gpu_seconds(k), k.count) for k in kernels], copy, queued)
+    period = synced_period([launch(k, c) for k in kernels], copy, queued)  # as compute._pair_and_passes
     pre, post, gpu_pre = pair_split(kernels, copy, queued, c)
     m, layers, per_pair = _per_layer_measured(ctx, measured)
     print(
@@ -143,7 +152,7 @@ def _passes(ctx: Context, lk, eff, measured: float) -> None:
     for the host)."""
     f, b = layer_pass(ctx, lk, eff), layer_pass(ctx, lk, eff, backward=True)
     m, layers, per_layer = _per_layer_measured(ctx, measured)
-    n = sum(k.count for k in lk.forward) + sum(k.count for k in lk.backward)
+    n = sum(host_launches(k) for k in lk.forward) + sum(host_launches(k) for k in lk.backward)
     print(
         f"forward {f.total_s * 1e3:.3f} ms (host wait {f.host_s * 1e3:.3f}), backward {b.total_s * 1e3:.3f} ms "
         f"(host wait {b.host_s * 1e3:.3f}); measured: {m} micro-batches x {layers} layers a rank -> "

@@ -129,6 +129,7 @@ def _kernel_switch_rows(ctx: Context, by: str) -> list[Assumption]:
     if ctx.model.moe is not None and fl.te_fp8_recipes:
         grouped = _onoff(work.fused_grouped_mlp)
         add(Assumption("workload.fused_grouped_mlp", grouped, f"{by}: off (TEGroupedMLP, a GEMM per local expert)"))
+    if ctx.model.moe is not None and fl.te_graph_scopes:  # the frameworks that run them (Flavour.te_graph_scopes)
         scope = ", ".join(work.cuda_graph_scope) or "none"
         add(Assumption("workload.cuda_graph_scope", scope, f"{by}: none (no TE graphs of the router or preprocess)"))
     recipe = work.recipe

@@ -43,6 +43,7 @@ from .kernels import (
     gemm_kernels,
     gpu_seconds,
     grad_buffer_bytes,
+    graphed_pre_mlp_norm,
     host_launches,
     host_sync,
     kv_cache_bytes_per_layer,
@@ -344,10 +345,15 @@ def recompute_modules_forward(ctx: Context, lk, layer: PassTime, gpu: GPUSpec, e
     x, t = max(ctx.x, 2), ctx.par.tp
     tokens = ctx.b * ctx.s_cp
     kernels = []
-    if "layernorm" in modules:  # two norms, each reading and writing b·s·h (/t with SP)
+    if "layernorm" in modules:  # two norms (one under a moe_router graph), each reading and writing b·s·h (/t, SP)
+        norms = 1 if graphed_pre_mlp_norm(ctx, moe) else 2
         kernels.append(
             memory_kernel(
-                "layernorm.recompute", 2 * 2 * tokens * mdl.hidden_size * x / (t if ctx.par.sp else 1), gpu, eff, 2
+                "layernorm.recompute",
+                norms * 2 * tokens * mdl.hidden_size * x / (t if ctx.par.sp else 1),
+                gpu,
+                eff,
+                norms,
             )
         )
     if "mla_up_proj" in modules and mdl.mla:  # the checkpointed qkv_up_proj_and_rope_apply's memory-bound kernels

@@ -975,12 +975,10 @@ def check_fused_grouped_mlp(ctx: Context) -> None:
 
 
 def check_cuda_graph_scope(ctx: Context) -> None:
-    """A partial TE CUDA graph (TE_GRAPH_KERNELS) is Megatron-Core's with TransformerEngine, of an MoE layer, in
+    """A partial TE CUDA graph (TE_GRAPH_KERNELS) is of an MoE layer, in
     training (transformer_config.py cba6b0ed0f l. 1616-1620: "moe cuda graph is only supported for MoE"): anything
     else is a SpecError on workload.cuda_graph_scope."""
-    field = "workload.cuda_graph_scope"
-    if not ctx.flavour.te_fp8_recipes:
-        raise SpecError(field, f"is Megatron-Core's TE CUDA graph scope; framework is {ctx.par.framework!r}")
+    field = "workload.cuda_graph_scope"  # the framework's rule: parallel.check_graph_scope (Flavour.te_graph_scopes)
     if ctx.model.moe is None:
         raise SpecError(field, f"captures part of an MoE layer; model {ctx.model.name!r} has no MoE layers")
     if not ctx.training:
@@ -1740,7 +1738,10 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
         _grad_accumulation(k, moe)
     if ctx.flavour.local_linear_biases and mdl.linear_bias:
         _local_biases(k, T, T_sp, moe)
-    forward, backward = te_graphed(ctx, tuple(k.fwd), tuple(k.bwd), eff) if moe else (tuple(k.fwd), tuple(k.bwd))
+    if moe:
+        forward, backward = te_graphed(ctx, tuple(k.fwd), tuple(k.bwd), eff, graph_copies(k, T_sp))
+    else:
+        forward, backward = tuple(k.fwd), tuple(k.bwd)
     rc = ctx.work.activation_recompute if ctx.training else "none"
     if rc == "full":
         recompute = full_rerun(ctx, forward, moe)
@@ -1755,43 +1756,101 @@ def _layer_kernels(ctx: Context, moe: bool, gpu: GPUSpec, eff: Efficiency) -> La
 # "moe_router" captures the pre-MLP norm, the router and, without moe_shared_expert_overlap (the planner runs the
 # shared experts in line), the shared experts (Megatron-LM cba6b0ed0f transformer_layer.py
 # _get_submodules_under_cudagraphs l. 790-797; moe_layer.py l. 296-306: shared_experts_compute, route, preprocess);
-# "moe_preprocess" the alltoall dispatcher's preprocess with them (the graph returns its splits and counts,
-# token_dispatcher.py l. 454-460 cudagraph_attrs). Each graph is one replay a layer and micro-batch on the host (TE
+# "moe_preprocess" the dispatcher's preprocess with them (moe_layer.py l. 190-203 MoELayer.preprocess, the graph
+# returning at MoECudaGraphPartialCaptureSignal). Each graph is one replay a layer and micro-batch on the host (TE
 # make_graphed_callables: a forward graph and a backward graph), its kernels' GPU time unchanged.
 TE_GRAPH_KERNELS = {
     "moe_router": ("pre_mlp_norm", "router", "router_topk", "shared_fc1", "shared_activation", "shared_fc2"),
     "moe_preprocess": ("dispatch_preprocess",),
 }
+# The alltoall dispatcher's dispatch_preprocess ends with permutation 1 (token_dispatcher.py cba6b0ed0f l. 600-653:
+# preprocess, then permute(...) l. 641-653), so its graph holds the permute too; the allgather dispatcher's permute
+# runs in dispatch_postprocess after the all-gather (l. 253-261, 304) and the flex dispatchers' preprocess is metadata
+# (l. 1426-1450): PERMUTE_BEFORE_WAIT below names the dispatchers whose preprocess graph captures it
+GRAPHED_PERMUTE = "permute"
+# TE v2.9 pytorch/graph.py l. 650-655 and 668-673: each replay first copies its user arguments into the graph's static
+# inputs (forward: the MoE layer's hidden_states, one copy_) and, backward, each incoming gradient into the static
+# grad outputs (one copy_ per graph output with a gradient). The outputs (Megatron-LM cba6b0ed0f moe_utils.py l.
+# 1052-1092 get_early_return_outputs): "route" returns hidden_states, probs and the bool routing_map (2 with a
+# gradient), "preprocess" the permuted hidden_states and probs and the residual (3); the shared experts' output
+# besides where there is one. Each by its elements a token: "hidden" h, "logits" E, "rows" top_k x h, "row_probs" top_k
+GRAPH_GRAD_OUTPUTS = {"moe_router": ("hidden", "logits"), "moe_preprocess": ("rows", "row_probs", "hidden")}
 
 
 def graphed_preprocess(ctx: Context) -> bool:
-    """Whether the dispatcher's preprocess is in the TE graph: Megatron then copies the counts to the host at
-    "before_ep_alltoall", after the permutation, not "before_permutation_1" (token_dispatcher.py cba6b0ed0f l.
-    445-451 ``cuda_dtoh_point``)."""
-    return ctx.training and "moe_preprocess" in ctx.work.cuda_graph_scope
+    """Whether the alltoall dispatcher's preprocess (and its permutation) is in the TE graph: Megatron then copies the
+    counts to the host at "before_ep_alltoall", after the permutation, not "before_permutation_1"
+    (token_dispatcher.py cba6b0ed0f l. 445-451 ``cuda_dtoh_point``, an attribute of MoEAlltoAllTokenDispatcher
+    only: the other dispatchers' preprocess moves no copy)."""
+    return ctx.training and "moe_preprocess" in ctx.work.cuda_graph_scope and ctx.par.ep_dispatch in PERMUTE_BEFORE_WAIT
 
 
-def te_graphed(ctx: Context, forward: tuple, backward: tuple, eff: Efficiency) -> tuple[tuple, tuple]:
+def graphed_pre_mlp_norm(ctx: Context, moe: bool) -> bool:
+    """Whether an MoE layer's pre-MLP norm is in a moe_router TE graph: Megatron then does not recompute it under
+    selective "layernorm" recompute, only the input norm (transformer_layer.py cba6b0ed0f l. 386-397
+    recompute_pre_mlp_layernorm; transformer_config.py l. 1690-1698 warns "Will only recompute the
+    input_layernorm"). compute.recompute_modules_forward (the rerun's time) and memory.freed_activations (the MLP
+    input then stays) read it."""
+    return moe and ctx.training and "moe_router" in ctx.work.cuda_graph_scope
+
+
+def graph_copies(k: _Layer, T_sp: float) -> tuple[Kernel, Kernel] | None:
+    """TE's copies around a partial graph's replays (GRAPH_GRAD_OUTPUTS): the forward's input copy and the backward's
+    incoming gradients' copies, memory-bound (read and write), one launch each; None without a scope."""
+    ctx = k.ctx
+    scope = ctx.work.cuda_graph_scope if ctx.training else ()
+    if not scope:
+        return None
+    m, h, x = ctx.model.moe, ctx.model.hidden_size, max(ctx.x, 2)  # the layer's bf16 tensors (fp8 is in the GEMMs)
+    size = {"hidden": h, "logits": m.num_experts, "rows": m.top_k * h, "row_probs": m.top_k}
+    outputs = GRAPH_GRAD_OUTPUTS["moe_preprocess" if "moe_preprocess" in scope else "moe_router"]
+    outputs += ("hidden",) if m.shared_ffn else ()  # the shared experts' output
+    grads, per_token = len(outputs), sum(size[o] for o in outputs)
+    forward = memory_kernel("graph_input_copy", 2 * T_sp * h * x, k.gpu, k.eff, 1, k.floor)
+    backward = memory_kernel("graph_grad_copy", 2 * T_sp * per_token * x, k.gpu, k.eff, grads, k.floor)
+    return forward, backward
+
+
+def te_graphed(
+    ctx: Context, forward: tuple, backward: tuple, eff: Efficiency, copies: tuple[Kernel, Kernel] | None = None
+) -> tuple[tuple, tuple]:
     """An MoE layer's ``forward`` and ``backward`` with the kernels of a partial TE CUDA graph (TE_GRAPH_KERNELS of
-    the workload's cuda_graph_scope) as one replay each way: the forward's contiguous run from the pre-MLP norm, the
-    backward's kernels of those modules (their names before the first "."); unchanged without a scope. A dense
+    the workload's cuda_graph_scope, GRAPHED_PERMUTE under graphed_preprocess) as one replay each way, after TE's
+    copies (``copies``: graph_copies): the forward's contiguous run from the pre-MLP norm, the backward's kernels of
+    those modules (their names before the first "."); the preprocess's copies of the counts stay host launches
+    (Flavour.dispatch_count_copies: made at the all-to-all, outside the graph). Unchanged without a scope. A dense
     layer has no such graph (transformer_layer.py l. 790: ``self.is_moe_layer and 'moe_router' in ...``)."""
     scope = ctx.work.cuda_graph_scope if ctx.training else ()
-    names = {n for s in scope for n in TE_GRAPH_KERNELS[s]}
-    if not names:
-        return forward, backward
-    at = next((i for i, k in enumerate(forward) if k.name == "pre_mlp_norm"), None)
+    names = {n for s in scope for n in TE_GRAPH_KERNELS[s]} | ({GRAPHED_PERMUTE} if graphed_preprocess(ctx) else set())
+    at = next((i for i, k in enumerate(forward) if k.name == "pre_mlp_norm"), None) if names else None
     if at is None:
         return forward, backward
     end = at
     while end < len(forward) and forward[end].name in names:
         end += 1
-    fwd = forward[:at] + _one_replay(forward[at:end], eff) + forward[end:]
+    copy_f, copy_b = ((c,) for c in copies) if copies is not None else ((), ())
+    left = dispatch_count_copies(ctx)
+    run = tuple(replace(k, host_launches=left) if k.name == "dispatch_preprocess" else k
+                for k in _one_replay(forward[at:end], eff))  # fmt: skip
+    fwd = forward[:at] + copy_f + run + forward[end:]
     own = [i for i, k in enumerate(backward) if k.name.split(".", 1)[0] in names]
     if not own:
         return fwd, backward
     replayed = dict(zip(own, _one_replay(tuple(backward[i] for i in own), eff), strict=True))
-    return fwd, tuple(replayed.get(i, k) for i, k in enumerate(backward))
+    bwd = tuple(replayed.get(i, k) for i, k in enumerate(backward))
+    return fwd, bwd[: own[0]] + copy_b + bwd[own[0] :]
+
+
+def dispatch_count_copies(ctx: Context) -> int:
+    """The preprocess's device-to-host copies of the counts (Flavour.dispatch_count_copies, dispatch_preprocess's
+    three cases) where its graph leaves them outside; 0 where the preprocess is not graphed."""
+    copies = ctx.flavour.dispatch_count_copies
+    if not copies or not graphed_preprocess(ctx) or not dispatch_preprocess(ctx):
+        return 0
+    many, one, padded = copies
+    if ctx.model.moe.capacity_factor:
+        return padded
+    return many if ctx.par.ep * ctx.par.etp > 1 else one
 
 
 def _one_replay(kernels: tuple, eff: Efficiency) -> tuple:

@@ -43,7 +43,7 @@ from functools import lru_cache
 from ._errors import SpecError
 from .compute import kv_cache_bytes_per_layer, mtp_bf16_context
 from .context import Context
-from .kernels import fp8_attention, loss_vocab
+from .kernels import fp8_attention, graphed_pre_mlp_norm, loss_vocab
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .params import _holding, quantized_numels, recipe_weight_bytes, stage_params, total
@@ -268,8 +268,10 @@ def freed_activations(ctx: Context, moe: bool, modules: frozenset[str]) -> Layer
     copies_go = recipe is None or recipe.saves_original_input
     names: list[str] = []
     if "layernorm" in modules:  # the norms' outputs: the QKV input and the MLP input
-        names += ["mlp_in"] if moe else []
-        names += ["qkv_in", "mlp_in_copy"] + ([] if moe else ["mlp_in"]) if copies_go else []
+        # the pre-MLP norm of an MoE layer in a moe_router graph is not recomputed: its output and copy stay
+        mlp = [] if graphed_pre_mlp_norm(ctx, moe) else ["mlp_in"]
+        names += mlp if moe else []
+        names += ["qkv_in"] + [f"{n}_copy" for n in mlp] + ([] if moe else ["mlp_in"]) if copies_go else []
     if "mla_up_proj" in modules and ctx.model.mla:  # Q, K and V after the up-projections
         names.append("qkv")
     if not moe:

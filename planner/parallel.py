@@ -573,6 +573,21 @@ def _fits_moe(par: ParallelSpec, m: ModelSpec, work: WorkloadSpec) -> None:
         )
 
 
+def check_graph_scope(w: WorkloadSpec, par: ParallelSpec) -> None:
+    """workload.cuda_graph_scope's framework rule: each scope must be one the flavour runs (Flavour.te_graph_scopes:
+    Megatron-Core's TE graphs of an MoE layer). Here, with the layout's rules, so that the search prunes the
+    frameworks that refuse it (search/space.py Space.check) and /v1/plan refuses the same layouts."""
+    runs = par.flavour.te_graph_scopes
+    missing = [s for s in w.cuda_graph_scope if s not in runs]
+    if missing:
+        has = ", ".join(runs) if runs else "none"
+        raise SpecError(
+            "workload.cuda_graph_scope",
+            f"{missing[0]} is a TransformerEngine CUDA graph scope of Megatron-Core; framework {par.framework!r} runs "
+            f"{has}",
+        )
+
+
 def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
     if par.ep_dispatch in INFERENCE_DISPATCH and w.training:
         raise SpecError(
@@ -594,6 +609,7 @@ def _fits_workload(par: ParallelSpec, m: ModelSpec, w: WorkloadSpec) -> None:
             f"TensorRT-LLM's post-quant dispatch); got ep_dispatch {par.ep_dispatch!r}",
         )
     _sequence_fits(par, m, w)
+    check_graph_scope(w, par)
     # the recipe's framework rules: here, so that the search's screen (search/space.py Space.check) and /v1/plan
     # refuse the same layouts (a torchao recipe under Megatron, FSDP2's float8 all-gather without fully_shard)
     check_recipe_framework(w, par)

@@ -322,10 +322,24 @@ def _cuda_graph_scope(w: WorkloadSpec) -> None:
     field = "workload.cuda_graph_scope"
     for scope in w.cuda_graph_scope:
         one_of(field, scope, CUDA_GRAPH_SCOPES)
+    twice = sorted({s for s in w.cuda_graph_scope if w.cuda_graph_scope.count(s) > 1})
+    if twice:  # one graph per scope: a repeated value would read as another graph (and another cache key)
+        raise SpecError(field, f"lists {twice[0]!r} {w.cuda_graph_scope.count(twice[0])} times; list each scope once")
     if "moe_preprocess" in w.cuda_graph_scope and "moe_router" not in w.cuda_graph_scope:
         raise SpecError(field, "moe_preprocess is captured only with moe_router (Megatron transformer_config.py)")
     if w.cuda_graphs:
         raise SpecError(field, "is part of a layer in TE graphs; cuda_graphs true already captures the whole step")
+    if w.activation_recompute == "full":
+        # transformer_config.py cba6b0ed0f l. 1645-1649: ValueError("Full-layer CUDA graphs not supported with
+        # activation recomputation."); arguments.py l. 1255-1257: assert args.recompute_granularity != 'full'
+        raise SpecError(field, "Megatron runs no CUDA graphs with full activation recompute (activation_recompute)")
+    if w.cpu_offloading_num_layers > 0:
+        # transformer_config.py cba6b0ed0f l. 1572-1573: ValueError("CUDA graphs not supported with CPU offloading.")
+        raise SpecError(
+            field,
+            f"Megatron runs no CUDA graphs with CPU offloading (cpu_offloading_num_layers "
+            f"{w.cpu_offloading_num_layers})",
+        )
     clash = [m for m in w.recompute_modules or () if m in GRAPHED_ROUTER_NO_RECOMPUTE]
     if clash and w.activation_recompute == "selective":
         raise SpecError(field, f"a moe_router CUDA graph does not run with {clash[0]!r} recompute (Megatron)")

@@ -175,6 +175,9 @@ class Flavour:
     # (dropless over more than one expert-TP x EP rank, dropless on one, drop-and-pad); () none listed
     # (planner/kernels.py dispatch_preprocess; Megatron's: megatron.py)
     dispatch_preprocess_launches: tuple[int, int, int] = ()
+    # of those, the device-to-host copies of the counts (the same three cases): a TE graph of the preprocess leaves
+    # them outside, at the all-to-all (planner/kernels.py te_graphed; Megatron's: megatron.py)
+    dispatch_count_copies: tuple[int, int, int] = ()
     # the alltoall dispatcher sends each routed row's probability in an all-to-all of its own beside the rows, and
     # its gradient back in the backward (rules/expert.py _probs; Megatron's: megatron.py); False: the rows only
     dispatch_probs_alltoall: bool = False
@@ -199,6 +202,9 @@ class Flavour:
     # ---- FP8 (rules/fp8.py, recipes.py) ----------------------------------------------------------------
     # TransformerEngine's FP8/FP4 recipes: amax reductions, --fp8-param-gather (Megatron + TE)
     te_fp8_recipes: bool = False
+    # the --cuda-graph-scope values of Megatron-Core's TransformerEngine graphs of part of an MoE layer that this
+    # framework runs (workload.cuda_graph_scope, kernels.TE_GRAPH_KERNELS); (): none (parallel.check_graph_scope)
+    te_graph_scopes: tuple[str, ...] = ()
     # torchao.float8 (Float8Linear): its torchao-only recipes (rowwise, recipes.Recipe.library) and FSDP2's float8
     # all-gather (workload.fp8_param_gather as enable_fsdp_float8_all_gather, rules/data.py)
     torchao_float8: bool = False

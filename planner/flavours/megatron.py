@@ -63,6 +63,9 @@ FLAVOUR = Flavour(
     # the sum, .long() and the counts' copy: 3; drop-and-pad builds its counts on the host and runs one torch.full
     # on the device: 1
     dispatch_preprocess_launches=(11, 3, 1),
+    # of which the copies to the host (_maybe_dtoh_and_synchronize at cuda_dtoh_point; none with drop-and-pad):
+    # cba6b0ed0f token_dispatcher.py l. 870-900
+    dispatch_count_copies=(4, 1, 0),
     # token_dispatcher.py (92c8482e6d) MoEAlltoAllTokenDispatcher.token_dispatch: global_probs = all_to_all(ep_group,
     # permuted_probs, output_splits, input_splits) after the rows' all_to_all; the probs carry a gradient (they scale
     # the experts' output in the unpermute), so the backward sends it back (tensor_parallel/mappings.py _AllToAll)
@@ -116,6 +119,9 @@ FLAVOUR = Flavour(
     moe_tp_ep_needs_sp=True,  # arguments.py: "sequence parallel must be used with MoE when tp > 1 and ep > 1"
     router_reductions=True,  # megatron/core/transformer/moe/router.py, finalize_model_grads.py
     te_fp8_recipes=True,  # TransformerEngine fp8_autocast recipes, --fp8-param-gather
+    # --cuda-graph-impl transformer_engine --cuda-graph-scope moe_router moe_preprocess (Megatron-LM cba6b0ed0f, the
+    # Megatron-Bridge 25.11 submodule: transformer_config.py l. 1596-1625, transformer_layer.py l. 790-797)
+    te_graph_scopes=("moe_router", "moe_preprocess"),
     userbuffers=True,  # --tp-comm-overlap: TE userbuffers (extensions/transformer_engine.py TELinear)
     # TransformerEngine v2.9 module/linear.py l. 175-207, layernorm_linear.py l. 234-268: the input quantized, then
     # distributed.py gather_along_first_dim(..., quantizer) under every recipe; base.py grad_output_preprocess

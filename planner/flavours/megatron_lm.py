@@ -20,6 +20,9 @@ FLAVOUR = replace(
     # gather_split_1d_tensor (torch.distributed.all_gather over the TP group, megatron/mpu/random.py); 55ba1f7b96
     # keeps it when sequence parallelism is off. Narayanan et al. 2021 §4.1 (Fig. 9).
     pp_scatter_gather=True,
+    # neither TransformerEngine nor --cuda-graph-scope exists at 6985e58 or 55ba1f7b96 (arguments.py has no CUDA graph
+    # argument): no TE graphs of an MoE layer's router or preprocess
+    te_graph_scopes=(),
     # mpu/layers.py ColumnParallelLinear (skip_bias_add False for query_key_value): F.linear on the 3-D [s, b, h]
     # input, which PyTorch 1.8's at::linear runs as matmul then output.add_(bias) (addmm only for 2-D input);
     # 55ba1f7b96 LinearWithGradAccumulationAndAsyncAllreduce: ``output = output + bias``, backward

@@ -724,10 +724,11 @@ class Space:
     def recompute_rule(self, par: ParallelSpec, choice: str | Recompute) -> SpecError | None:
         """The rule /v1/plan would refuse an opt-in recompute choice (``Recompute.options``) on a valid layout
         with (offload with pp > 1, torch's option under Megatron, a module the model lacks, uniform groups of
-        several layers with MTP), or None: the
+        several layers with MTP, full recompute or offload beside a TE graph), or None: the
         workload's and the layout's own checks (workload.validate_workload, parallel._fits_workload), memoised
         per (choice, framework, pp)."""
-        if isinstance(choice, str) or not (choice.options() or choice.num_layers):  # num_layers: MTP's rule
+        plain = isinstance(choice, str) or not (choice.options() or choice.num_layers)  # num_layers: MTP's rule
+        if plain and not self.work.cuda_graph_scope:  # a TE graph refuses full recompute (workload._cuda_graph_scope)
             return None
         memo = self.__dict__.setdefault("_recompute_rules", {})
         key = (choice, par.framework, par.pp)
