@@ -277,8 +277,8 @@ def test_the_cli_names_a_long_yaml_integer_at_its_field_as_for_json(tmp_path, ca
     path.write_text(f"model: {{preset: llama3-8b}}\nparallel:\n  dp: 2\n  tp: {'1_' * 4400}1\n")
     assert read_request(str(path)) is UNREADABLE
     said = capsys.readouterr().err.strip()
-    assert said == f"commplan: {path}: parallel.tp: an integer of 4,401 digits, longer than the 4,300 Python converts " \
-        "(sys.int_info)"  # fmt: skip
+    why = "an integer of 4,401 digits, longer than the 4,300 Python converts (sys.int_info)"
+    assert said == f"commplan: {path}: parallel.tp: {why}"
     path.write_text(f"items:\n  - {{a: 1}}\n  - [0, -{'5' * 4400}]\nname: '{'7' * 5000}'\n")
     assert read_request(str(path)) is UNREADABLE
     assert f"{path}: items.1.1: an integer of 4,400 digits, longer than the 4,300 Python" in capsys.readouterr().err
