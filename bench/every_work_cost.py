@@ -44,12 +44,26 @@ def cluster_for(preset: str, nodes: int, network: str | None = None) -> Cluster:
     return Cluster(spec)
 
 
+def placement_of(n: int, g: int, per: int) -> np.ndarray:
+    """g groups of n ranks: one node each where n <= ``per`` (a node's devices), else one rank a node, strided by g."""
+    return np.arange(g * n).reshape(g, n) if n <= per else np.arange(g * n).reshape(n, g).T.copy()
+
+
+def charged_units(op: Op, n: int, g: int, message: int, cluster: Cluster) -> tuple[int, int]:
+    """(units the cost guard charges a ``candidates: all`` call of ``op`` on g groups of n ranks placed as
+    :func:`placement_of`, those of them for routing its node pairs)."""
+    placement = placement_of(n, g, cluster.per_node)
+    algorithms = select.candidates(op, cluster, "all")
+    routing = routing_work(cluster, placement, op, PricingPath(False, algorithms, every=True))
+    return every_work(op, n, g, algorithms, message) + routing, routing
+
+
 def cold_ms(op: Op, n: int, g: int, message: int, preset: str = "dgx-h100", network: str | None = None):
     """(measured ms, charged ms, node pairs' routing units) of one cold ``candidates: all`` call of ``op`` on g
     groups of n ranks."""
     per = cluster_preset(preset, 1).devices_per_node
     nodes = max(1, g * n // per)
-    placement = np.arange(g * n).reshape(g, n) if n <= per else np.arange(g * n).reshape(n, g).T.copy()
+    placement = placement_of(n, g, per)
     size = message // (n * 8) * n * 8 if op is Op.ALLTOALL else message
     best = []
     for _ in range(2):
@@ -60,10 +74,8 @@ def cold_ms(op: Op, n: int, g: int, message: int, preset: str = "dgx-h100", netw
         start = time.process_time()
         select.price_call(op, size, placement, cluster, "auto", which="all", pricing="schedule")
         best.append(time.process_time() - start)
-    algorithms = select.candidates(op, cluster, "all")
-    routing = routing_work(cluster, placement, op, PricingPath(False, algorithms, every=True))
-    charged = (every_work(op, n, g, algorithms, size) + routing) * UNIT_S
-    return min(best) * 1e3, charged * 1e3, routing
+    charged, routing = charged_units(op, n, g, size, cluster)
+    return min(best) * 1e3, charged * UNIT_S * 1e3, routing
 
 
 ROW = re.compile(r"(\w+)\s+n\s+(\d+) g\s+(\d+):\s+([\d.]+) ms CPU")

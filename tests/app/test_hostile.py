@@ -605,10 +605,13 @@ TIGHT_PID: list[int] = []
 
 @pytest.fixture(scope="module")
 def tight_server():
-    """`commplan serve` with one work slot, a 5 s deadline and no router budget: a 1,000-router torus
-    (about a minute of routing) gets past the estimate and must be stopped by the deadline or the disconnect."""
+    """`commplan serve` with one work slot, a 5 s deadline and no router or work budget: a 1,000-router torus
+    (about a minute of routing) gets past the estimate and must be stopped by the deadline or the disconnect. (The
+    estimate charges it 1.3e9 units since it charges a router network's routing of each node pair, mend15d: without
+    COMMPLAN_MAX_WORK lifted it is a 422.)"""
     port = free_port()
-    env = dict(os.environ, COMMPLAN_WORK_SLOTS="1", COMMPLAN_DEADLINE_S="5", COMMPLAN_MAX_ROUTER_PAIRS=str(1 << 40))
+    env = dict(os.environ, COMMPLAN_WORK_SLOTS="1", COMMPLAN_DEADLINE_S="5", COMMPLAN_MAX_ROUTER_PAIRS=str(1 << 40),
+               COMMPLAN_MAX_WORK=str(1 << 40))  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT,
