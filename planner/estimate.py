@@ -307,12 +307,18 @@ def call_work(op: Op, g: int, n: int, path: PricingPath, in_net: bool, placed: i
     return units + (classes * contention_work(path, g, n) if contend else 0)
 
 
-def price_estimate(op: Op, g: int, n: int, cluster: Cluster, algorithm: str, which: str, pricing: str) -> Estimate:
+def price_estimate(op: Op, g: int, n: int, cluster: Cluster, algorithm: str, which: str, pricing: str,
+                   placement=None) -> Estimate:  # fmt: skip
     """The estimate of pricing one call on ``g`` concurrent groups of ``n`` ranks (POST /v1/collectives/price):
-    the path ``price_call`` takes with these arguments, as a plan's call is charged."""
+    the path ``price_call`` takes with these arguments, as a plan's call is charged, with the routing of the
+    ``placement``'s node pairs on a router network (:func:`routing_work`; review r15c: a torus allreduce of 256
+    ranks, ``candidates: all``, 6.5 s of CPU charged 13.6 ms)."""
     path = pricing_path(op, n, cluster, algorithm, which, pricing)
     est = Estimate()
-    est.add(call_work(op, g, n, path, in_network(cluster.spec), g * n), f"{op.value}: {g} groups of {n} ranks")
+    units = call_work(op, g, n, path, in_network(cluster.spec), g * n)
+    if placement is not None:
+        units += routing_work(cluster, placement, op, path)
+    est.add(units, f"{op.value}: {g} groups of {n} ranks")
     return est
 
 
