@@ -34,7 +34,9 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
   of that cache; measured / estimated CPU of 1,000-config batches 0.88-1.93 at 128-16,384 GPUs (docs/search.md);
 - building a network's routing: the network plug-in's ``work`` (:func:`network_work`; router networks are
   routed by a breadth-first search from each router: num_nodes^2 router visits, x4 for dragonfly and
-  hypercube), against their own budget.
+  hypercube), against their own budget;
+- routing a schedule-priced call's node pairs the first time: the network plug-in's ``pairs_work`` over the pairs
+  its candidates meet (:func:`routing_work`: a router network's Python pass over its links a pair; 0 on fat-trees).
 """
 
 from __future__ import annotations
@@ -96,7 +98,10 @@ HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are
 # broadcast, all-to-all; n 2-2,048 ranks on g 1-1,024 groups, 256 MiB, the schedule and route memos cleared; CPU
 # time, load 1-4; speed15, docs/search.md "(speed15)"): measured / charged 0.51-3.5 a call, median 1.13, where
 # 70 n^2 + g n^2 (fitted at n = 4,096) charged n 128-1,024 at 6-10x and n 8-16 at 0.04-0.15x (no candidate's fixed
-# cost was charged)
+# cost was charged). The band stated is 0.5-4.6: the all-gather at n = 2,048 measured 4.40 (load 6-8; review r15c:
+# 4.55), its three block-listing candidates (Bruck, recursive doubling, in-network) sorting 4M-entry block lists
+# past the caches; the reduce-scatter and allreduce there 2.1-2.2 (mend15d, tests/app/test_estimate_candidates.py
+# holds the worst corner of each network type). Router networks add their node pairs' routing (routing_work).
 EVERY_CANDIDATE_WEIGHT = 8_600  # a candidate schedule built and evaluated (0.13 ms; n 8: 0.1-0.5 ms a candidate)
 EVERY_CANDIDATE_RANK_WEIGHT = 240  # x n, a candidate: its schedule's arrays over the group
 EVERY_CANDIDATE_PLACED_WEIGHT = 5  # x g n, a candidate: routing every group (allreduce on 1,024 groups of 8: 12 ms)
@@ -275,15 +280,17 @@ def routing_work(cluster: Cluster, placement, op: Op, path: PricingPath, routed:
     over its links: review r15c's 256-router torus, ``candidates: all``, charged 145x under its CPU); 0 for NCCL's
     model and for networks routed vectorised (fat-trees: in the EVERY_* fit). ``routed``: the node groups a plan's
     earlier calls routed all pairs of, as the network's path memo holds them."""
-    if path.library or not path.algorithms or cluster.network.pairs_work(1) == 0:
+    # the explorer's path lists no candidates: it prices every registered schedule (at every size, one routing)
+    algorithms = path.algorithms or (candidates(op, cluster, "all") if path.every else ())
+    if path.library or not algorithms or cluster.network.pairs_work(1) == 0:
         return 0
     nodes = np.unique(np.sort(cluster.node_of(np.asarray(placement)), axis=1), axis=0)
     key = nodes.tobytes()
     if routed is not None and key in routed:
         return 0
-    if routed is not None and any((name, op) in ALL_PAIRS for name in path.algorithms):
+    if routed is not None and any((name, op) in ALL_PAIRS for name in algorithms):
         routed.add(key)
-    return cluster.network.pairs_work(min(routed_pairs(op, nodes, path.algorithms), cluster.num_nodes**2))
+    return cluster.network.pairs_work(min(routed_pairs(op, nodes, algorithms), cluster.num_nodes**2))
 
 
 def contention_work(path: PricingPath, g: int, n: int) -> int:
